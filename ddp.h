@@ -1,0 +1,2172 @@
+/* ddp.h — data-parallel training for C, in one header.
+
+   Replicate the model on every rank, give each rank its own slice of the batch, average the
+   gradients with an allreduce that runs while the backward pass is still computing, and take
+   the same AdamW step everywhere. N ranks at batch B train exactly the model one rank trains at
+   batch N*B — only faster.
+
+   QUICK START
+       #define DDP_IMPLEMENTATION          // in exactly one .c file
+       #include "ddp.h"
+
+       ddp_context *ddp;
+       if (ddp_init(&ddp, NULL) != DDP_OK) { fprintf(stderr, "%s\n", ddp_last_error(ddp)); ... }
+       int w = -1;
+       ddp_register_param(ddp, "w", 1024, 0, w_init, &w);  // name, floats, flags, initial values
+       ddp_commit(ddp);                     // flat buffers, buckets, rank 0's values everywhere
+       for (int step = 0; step < steps; step++) {
+           ddp_zero_grad(ddp);
+           forward(...);                    // ops read ddp_param(ddp, w), record their backward
+                                            // with ddp_tape_record(..., &w, 1)
+           ddp_backward(ddp);               // replay the tape; buckets reduce while it runs
+           ddp_adamw_step(ddp, &opt, NULL); // identical step on every rank
+       }
+       ddp_shutdown(ddp);
+
+   Launch with the bundled `ddprun -n 4 ./train`, or torchrun, mpirun, srun (see README.md).
+   With no launcher environment at all the program is a single rank that needs no network.
+
+   ONE STEP, AS DATA FLOWS
+     ddp_commit lays every parameter out in ONE flat parameter buffer and ONE flat gradient
+     buffer. Buckets are contiguous ranges of the gradient buffer in reverse registration order
+     (a small first bucket, then up to bucket_cap_mb each, never splitting a parameter), so a
+     gradient *is* a view into its bucket and nothing is ever copied into a bucket.
+     During backward, when the op that finalizes a parameter's gradient has run, the parameter
+     is marked ready; when a bucket's last parameter is ready the bucket is handed to the rank's
+     communication thread, which averages it across ranks while backward goes on. Buckets are
+     launched in bucket order on every rank. ddp_finish (called by ddp_backward) launches what is
+     left and waits for the rest.
+
+   OPTIONS (ddp_desc; zero means default; the resolved values: ddp_config())
+     backend          DDP_BACKEND_AUTO     AUTO = NCCL when built with CUDA and a GPU is visible,
+                                           otherwise CPU (POSIX shared memory, one host)
+     timeout_s        300 ($DDP_TIMEOUT)   longest wait for a peer before DDP_ERR_TIMEOUT; a peer
+                                           that dies is noticed within ~1 s regardless
+     bucket_cap_mb    25                   bucket size cap in MiB
+     first_bucket_mb  1                    the first bucket (last parameters) is kept small so
+                                           communication starts early
+     find_unused      0                    1: parameters without a gradient are zero-filled and
+                                           reduced; 0: they are an error that names them
+     world_size, rank, local_rank, local_world_size, master_addr, master_port, job_token
+                                           set world_size > 0 to give the process group by hand
+                                           instead of through the environment
+     log, log_user, log_level              logger callback (default: stderr), threshold
+                                           (default DDP_LOG_WARN, or $DDP_LOG=debug|info|warn|error)
+
+   ENVIRONMENT (first match wins)
+     torchrun style  RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+     Open MPI        OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE (+ MASTER_ADDR/PORT)
+     Slurm           SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID (+ MASTER_ADDR/PORT)
+     none            one rank, no network
+     DDP_JOB_TOKEN   shared secret of the job (ddprun makes a fresh one); the rendezvous store
+                     refuses clients that do not present it
+     DDP_TIMEOUT     seconds, see timeout_s
+
+   ERRORS
+     Every call that can fail returns a ddp_result; ddp_last_error(ctx) says what, where and on
+     which rank. The library never exits or aborts the program. An error inside a collective (a
+     dead peer, a timeout, a mismatch between ranks) poisons the process group: every rank fails
+     fast with a message naming the rank that failed first, instead of waiting for the timeout.
+
+   THREAD SAFETY
+     A context belongs to the thread that uses it (the library runs one communication thread of
+     its own per context). Distinct contexts are independent: several ranks may live as threads
+     of one process. ddp_result_string is safe from any thread.
+
+   ALLOCATOR AND ASSERT HOOKS
+     #define DDP_MALLOC(size) / DDP_FREE(ptr) / DDP_ASSERT(cond) before the implementation.
+
+   Version: DDP_VERSION_STRING. License: see the end of this file.
+*/
+/* The implementation needs POSIX and Linux declarations: include ddp.h first in the file that
+   defines DDP_IMPLEMENTATION (or build with -D_GNU_SOURCE). */
+#if defined(DDP_IMPLEMENTATION) && !defined(_GNU_SOURCE) && !defined(_POSIX_C_SOURCE)
+#define _GNU_SOURCE
+#endif
+
+#ifndef DDP_H
+#define DDP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define DDP_VERSION_MAJOR 0
+#define DDP_VERSION_MINOR 1
+#define DDP_VERSION_PATCH 0
+#define DDP_VERSION_STRING "0.1.0"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum ddp_result {
+    DDP_OK = 0,
+    DDP_ERR_INVALID_ARGUMENT,  /* a bad argument or descriptor field */
+    DDP_ERR_INVALID_STATE,     /* a call in the wrong order (e.g. a step before commit) */
+    DDP_ERR_BAD_ENV,           /* launcher environment missing, malformed or inconsistent */
+    DDP_ERR_NETWORK,           /* rendezvous: port in use, address unresolvable, bad peer */
+    DDP_ERR_TIMEOUT,           /* a peer did not arrive or answer within timeout_s */
+    DDP_ERR_PEER_LOST,         /* a peer rank died or failed */
+    DDP_ERR_MISMATCH,          /* ranks disagree: parameters, options, collective calls */
+    DDP_ERR_UNUSED_PARAMETER,  /* parameters got no gradient and find_unused is off */
+    DDP_ERR_DOUBLE_READY,      /* a gradient was marked ready twice in one backward */
+    DDP_ERR_OUT_OF_MEMORY,
+    DDP_ERR_SYSTEM,            /* an operating-system call failed (shared memory, threads) */
+    DDP_ERR_BACKEND            /* the GPU backend failed */
+} ddp_result;
+
+typedef enum ddp_backend { DDP_BACKEND_AUTO = 0, DDP_BACKEND_CPU, DDP_BACKEND_NCCL } ddp_backend;
+typedef enum ddp_op { DDP_AVG = 0, DDP_SUM } ddp_op;
+typedef enum ddp_log_level {
+    DDP_LOG_DEFAULT = 0, DDP_LOG_DEBUG, DDP_LOG_INFO, DDP_LOG_WARN, DDP_LOG_ERROR, DDP_LOG_OFF
+} ddp_log_level;
+
+/* rank is -1 for messages from before the rank is known. */
+typedef void (*ddp_log_fn)(void *user, ddp_log_level level, int rank, const char *message);
+
+typedef struct ddp_desc {
+    ddp_backend backend;
+    double timeout_s;
+    double bucket_cap_mb;
+    double first_bucket_mb;
+    int find_unused;
+    int world_size;            /* > 0: the fields below replace the launcher environment */
+    int rank;
+    int local_rank;            /* default: rank */
+    int local_world_size;      /* default: world_size */
+    const char *master_addr;   /* default: 127.0.0.1 */
+    int master_port;
+    const char *job_token;     /* default: $DDP_JOB_TOKEN */
+    ddp_log_fn log;
+    void *log_user;
+    ddp_log_level log_level;
+} ddp_desc;
+
+typedef struct ddp_context ddp_context;
+
+/* Parameter flags. */
+enum { DDP_NO_DECAY = 1 << 0 };   /* AdamW skips weight decay for this parameter */
+
+typedef struct ddp_adamw {
+    float lr;                  /* used as given (0 is a valid learning rate) */
+    float beta1, beta2, eps;   /* 0: 0.9, 0.999, 1e-8 */
+    float weight_decay;        /* decoupled, as given; parameters flagged DDP_NO_DECAY skip it */
+    float max_grad_norm;       /* > 0: clip by the global L2 norm first */
+} ddp_adamw;
+
+typedef struct ddp_bucket_info {
+    size_t offset, count;      /* range of the flat gradient buffer, in floats */
+    int first_param, last_param; /* registration ids covered, inclusive */
+} ddp_bucket_info;
+
+typedef struct ddp_step_stats {
+    double backward_ms;        /* backward start to ddp_finish */
+    double comm_ms;            /* time the communication thread spent reducing buckets */
+    double exposed_ms;         /* time ddp_finish waited for communication */
+    uint64_t bytes_reduced;
+    int buckets_launched;
+} ddp_step_stats;
+
+/* Process group. On failure *out may still hold a context that only reports the error: call
+   ddp_last_error(*out), then ddp_shutdown(*out). */
+ddp_result ddp_init(ddp_context **out, const ddp_desc *desc);
+ddp_result ddp_shutdown(ddp_context *ctx);
+int ddp_rank(const ddp_context *ctx);
+int ddp_world_size(const ddp_context *ctx);
+int ddp_local_rank(const ddp_context *ctx);
+const ddp_desc *ddp_config(const ddp_context *ctx);   /* every default resolved */
+const char *ddp_backend_name(const ddp_context *ctx);
+const char *ddp_last_error(const ddp_context *ctx);
+const char *ddp_result_string(ddp_result result);
+
+/* Parameters: register before commit (init may be NULL for zeros; it is read at commit). */
+ddp_result ddp_register_param(ddp_context *ctx, const char *name, size_t count, unsigned flags,
+                              const float *init, int *id_out);
+ddp_result ddp_commit(ddp_context *ctx);
+float *ddp_param(ddp_context *ctx, int id);          /* views into the flat buffers */
+float *ddp_grad(ddp_context *ctx, int id);
+size_t ddp_param_count(const ddp_context *ctx, int id);
+const char *ddp_param_name(const ddp_context *ctx, int id);
+int ddp_num_params(const ddp_context *ctx);
+float *ddp_flat_params(ddp_context *ctx, size_t *count_out);
+float *ddp_flat_grads(ddp_context *ctx, size_t *count_out);
+int ddp_num_buckets(const ddp_context *ctx);
+ddp_result ddp_bucket(const ddp_context *ctx, int index, ddp_bucket_info *out);
+
+/* The tape: an op records its backward (args are copied) and the ids of the parameters whose
+   gradients that backward finalizes. ddp_backward replays it in reverse, then ddp_finish. */
+typedef void (*ddp_backward_fn)(void *args);
+ddp_result ddp_tape_record(ddp_context *ctx, ddp_backward_fn backward, const void *args,
+                           size_t args_size, const int *param_ids, int num_param_ids);
+ddp_result ddp_backward(ddp_context *ctx);
+void ddp_tape_reset(ddp_context *ctx);               /* drop a forward that needs no backward */
+
+/* For programs with their own autograd: mark a gradient final, then ddp_finish. */
+ddp_result ddp_grad_ready(ddp_context *ctx, int id);
+ddp_result ddp_finish(ddp_context *ctx);
+ddp_result ddp_zero_grad(ddp_context *ctx);
+/* Gradient accumulation: with sync off, backward accumulates locally and nothing is sent. */
+void ddp_set_sync(ddp_context *ctx, int enabled);
+
+ddp_result ddp_adamw_step(ddp_context *ctx, const ddp_adamw *opt, float *grad_norm_out);
+/* Optimizer state for checkpoints: m and v are flat like the parameters. */
+ddp_result ddp_adamw_state(ddp_context *ctx, float **m, float **v, int64_t **step);
+
+/* Collectives on user buffers, between steps (not while a backward is in flight). */
+ddp_result ddp_allreduce(ddp_context *ctx, float *data, size_t count, ddp_op op);
+ddp_result ddp_broadcast(ddp_context *ctx, void *data, size_t bytes, int root);
+ddp_result ddp_barrier(ddp_context *ctx);
+
+ddp_result ddp_last_step_stats(const ddp_context *ctx, ddp_step_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DDP_H */
+
+/* ============================================================================================
+   IMPLEMENTATION
+   ============================================================================================ */
+#ifdef DDP_IMPLEMENTATION
+#ifndef DDP__IMPLEMENTED
+#define DDP__IMPLEMENTED
+
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <arpa/inet.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <dirent.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#endif
+
+#ifndef DDP_MALLOC
+#define DDP_MALLOC(size) malloc(size)
+#define DDP_FREE(ptr) free(ptr)
+#endif
+#ifndef DDP_ASSERT
+#include <assert.h>
+#define DDP_ASSERT(cond) assert(cond)
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* --------------------------------------------------------------------------------------------
+   Tunables. The shared-memory allreduce streams buffers through per-rank slots of
+   DDP__CHUNK_BYTES, DDP__SLOTS deep, so the data being reduced stays in cache while ranks
+   pipeline chunk after chunk.
+   -------------------------------------------------------------------------------------------- */
+#define DDP__NAME_MAX 128
+#define DDP__ALIGN_FLOATS 16                 /* parameters start on 64-byte boundaries */
+#define DDP__CHUNK_BYTES (256u * 1024u)
+#define DDP__SLOTS 4u
+#define DDP__SPIN_ITERS 20000                /* busy-wait before sleeping on a futex */
+#define DDP__LIVENESS_PERIOD_S 0.1           /* how often a waiter checks that peers live */
+#define DDP__STORE_MAX_KEY 1024u
+#define DDP__STORE_MAX_VALUE (64u << 20)
+#define DDP__ERR_MAX 1024
+
+typedef struct ddp__param {
+    char name[DDP__NAME_MAX];
+    size_t count, offset;
+    unsigned flags;
+    const float *init;
+    int bucket;
+    int ready;          /* marked ready in the current backward */
+    int touched;        /* got a gradient since ddp_zero_grad */
+} ddp__param;
+
+typedef struct ddp__bucket {
+    size_t offset, count;
+    int first_param, last_param;
+    int pending;        /* parameters not yet ready in this backward */
+} ddp__bucket;
+
+typedef struct ddp__tape_op {
+    ddp_backward_fn fn;
+    size_t args_offset, ids_offset;
+    int num_ids;
+} ddp__tape_op;
+
+/* One rank's control block in the shared segment; each field a cache line of its own. */
+typedef struct ddp__shm_counter { uint32_t value; uint32_t waiters; char pad[56]; } ddp__shm_counter;
+typedef struct ddp__shm_sig { uint32_t id, kind, root, pad0; uint64_t count; } ddp__shm_sig;
+typedef struct ddp__shm_rank {
+    int32_t pid;
+    uint32_t pad0;
+    ddp__shm_sig sig;
+    char pad1[64 - 8 - sizeof(ddp__shm_sig)];
+    ddp__shm_counter stage[3];
+} ddp__shm_rank;
+enum { DDP__STAGE_IN = 0, DDP__STAGE_RED = 1, DDP__STAGE_OUT = 2 };
+
+typedef struct ddp__shm_header {
+    uint64_t magic;
+    uint32_t world, slots;
+    uint64_t chunk_bytes, total_bytes;
+    int32_t failed_rank;   /* -1, or the first rank that poisoned the group */
+    int32_t failed_code;
+    char failed_msg[DDP__ERR_MAX];
+} ddp__shm_header;
+
+typedef struct ddp__store_server ddp__store_server;
+
+struct ddp_context {
+    ddp_desc desc;                 /* resolved */
+    char master_addr[256];
+    char job_token[128];
+    int rank, world, local_rank, local_world;
+    int backend;                   /* 0 = single rank, DDP_BACKEND_CPU */
+    ddp_result failed;             /* sticky: set when the process group is poisoned */
+    char err[DDP__ERR_MAX];
+    pthread_mutex_t err_lock;
+
+    /* rendezvous */
+    int store_fd;
+    ddp__store_server *server;
+
+    /* shared memory */
+    char shm_name[64];
+    unsigned char *shm;
+    size_t shm_bytes;
+    uint32_t shm_seq;              /* chunks processed: the same on every rank */
+    uint32_t shm_collectives;      /* collectives issued: the same on every rank */
+    const char *shm_what;          /* what the current collective is, for errors */
+    char shm_what_buf[96];
+
+    /* parameters and buckets */
+    ddp__param *params;
+    int num_params, cap_params;
+    int committed;
+    float *flat_params, *flat_grads, *adam_m, *adam_v;
+    size_t flat_count;
+    int64_t adam_step;
+    ddp__bucket *buckets;
+    int num_buckets;
+
+    /* the tape */
+    ddp__tape_op *tape;
+    int tape_len, tape_cap;
+    unsigned char *tape_arena;
+    size_t arena_len, arena_cap;
+
+    /* the step */
+    int sync_enabled;
+    int in_step;                   /* a backward has started and ddp_finish has not run */
+    int next_launch;
+    double step_start;
+    ddp_step_stats stats, last_stats;
+
+    /* the communication thread */
+    pthread_t comm_thread;
+    int comm_started, comm_stop;
+    pthread_mutex_t comm_lock;
+    pthread_cond_t comm_wake, comm_done_cond;
+    int comm_launched, comm_done;
+    ddp_result comm_error;
+    double comm_seconds;
+};
+
+/* --------------------------------------------------------------------------------------------
+   Small helpers: time, memory, errors, logging
+   -------------------------------------------------------------------------------------------- */
+static double ddp__now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void *ddp__calloc(size_t bytes) {
+    void *p = DDP_MALLOC(bytes ? bytes : 1);
+    if (p) memset(p, 0, bytes);
+    return p;
+}
+
+/* Buffers the hot loops stream over are 64-byte aligned; the original pointer sits just
+   before the aligned block so DDP_FREE gets what DDP_MALLOC returned. */
+static float *ddp__alloc_floats(size_t count) {
+    size_t bytes = count * sizeof(float) + 64 + sizeof(void *);
+    unsigned char *raw = (unsigned char *)DDP_MALLOC(bytes);
+    uintptr_t aligned;
+    if (!raw) return NULL;
+    aligned = ((uintptr_t)(raw + sizeof(void *)) + 63u) & ~(uintptr_t)63u;
+    memcpy((unsigned char *)aligned - sizeof(void *), &raw, sizeof(void *));
+    memset((void *)aligned, 0, count * sizeof(float));
+    return (float *)aligned;
+}
+
+static void ddp__free_floats(float *p) {
+    void *raw;
+    if (!p) return;
+    memcpy(&raw, (unsigned char *)p - sizeof(void *), sizeof(void *));
+    DDP_FREE(raw);
+}
+
+static const char *ddp__level_name(ddp_log_level level) {
+    switch (level) {
+    case DDP_LOG_DEBUG: return "debug";
+    case DDP_LOG_INFO: return "info";
+    case DDP_LOG_WARN: return "warning";
+    case DDP_LOG_ERROR: return "error";
+    default: return "log";
+    }
+}
+
+static void ddp__log(ddp_context *ctx, ddp_log_level level, const char *fmt, ...) {
+    char msg[DDP__ERR_MAX];
+    va_list ap;
+    if (level < ctx->desc.log_level) return;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (ctx->desc.log) ctx->desc.log(ctx->desc.log_user, level, ctx->rank, msg);
+    else fprintf(stderr, "ddp rank %d %s: %s\n", ctx->rank, ddp__level_name(level), msg);
+}
+
+/* Record an error; the message always starts with the rank. Returns code for `return`. */
+static ddp_result ddp__fail(ddp_context *ctx, ddp_result code, const char *fmt, ...) {
+    char msg[DDP__ERR_MAX - 32];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&ctx->err_lock);
+    if (ctx->rank >= 0) snprintf(ctx->err, sizeof ctx->err, "rank %d: %s", ctx->rank, msg);
+    else snprintf(ctx->err, sizeof ctx->err, "%s", msg);
+    pthread_mutex_unlock(&ctx->err_lock);
+    ddp__log(ctx, DDP_LOG_DEBUG, "%s", msg);
+    return code;
+}
+
+static void ddp__poison_group(ddp_context *ctx, ddp_result code);
+
+/* A failure that leaves the ranks out of step: mark the context dead and tell the peers. */
+static ddp_result ddp__fatal(ddp_context *ctx, ddp_result code) {
+    if (!ctx->failed) ctx->failed = code;
+    ddp__poison_group(ctx, code);
+    return code;
+}
+
+const char *ddp_result_string(ddp_result result) {
+    switch (result) {
+    case DDP_OK: return "ok";
+    case DDP_ERR_INVALID_ARGUMENT: return "invalid argument";
+    case DDP_ERR_INVALID_STATE: return "call out of order";
+    case DDP_ERR_BAD_ENV: return "bad launcher environment";
+    case DDP_ERR_NETWORK: return "rendezvous network error";
+    case DDP_ERR_TIMEOUT: return "timed out waiting for a peer";
+    case DDP_ERR_PEER_LOST: return "peer rank lost";
+    case DDP_ERR_MISMATCH: return "ranks disagree";
+    case DDP_ERR_UNUSED_PARAMETER: return "parameters got no gradient";
+    case DDP_ERR_DOUBLE_READY: return "gradient marked ready twice";
+    case DDP_ERR_OUT_OF_MEMORY: return "out of memory";
+    case DDP_ERR_SYSTEM: return "operating-system call failed";
+    case DDP_ERR_BACKEND: return "GPU backend failure";
+    }
+    return "unknown ddp_result";
+}
+
+const char *ddp_last_error(const ddp_context *ctx) {
+    if (!ctx) return "no context (out of memory while creating it)";
+    return ctx->err[0] ? ctx->err : "no error";
+}
+
+int ddp_rank(const ddp_context *ctx) { return ctx->rank; }
+int ddp_world_size(const ddp_context *ctx) { return ctx->world; }
+int ddp_local_rank(const ddp_context *ctx) { return ctx->local_rank; }
+const ddp_desc *ddp_config(const ddp_context *ctx) { return &ctx->desc; }
+const char *ddp_backend_name(const ddp_context *ctx) {
+    return ctx->backend == DDP_BACKEND_CPU ? "cpu" : "single";
+}
+
+/* --------------------------------------------------------------------------------------------
+   The launcher environment
+   -------------------------------------------------------------------------------------------- */
+/* Parse an integer variable; 0 = absent, 1 = ok, -1 = malformed (error recorded). */
+static int ddp__env_int(ddp_context *ctx, const char *name, long lo, long hi, int *out) {
+    const char *s = getenv(name);
+    char *end;
+    long v;
+    if (!s || !*s) return 0;
+    errno = 0;
+    v = strtol(s, &end, 10);
+    if (errno || *end || v < lo || v > hi) {
+        ddp__fail(ctx, DDP_ERR_BAD_ENV, "%s='%s' is not an integer in [%ld, %ld]", name, s, lo, hi);
+        return -1;
+    }
+    *out = (int)v;
+    return 1;
+}
+
+typedef struct ddp__env_scheme {
+    const char *rank, *world, *local_rank, *local_world, *launcher;
+} ddp__env_scheme;
+
+static ddp_result ddp__read_env(ddp_context *ctx) {
+    static const ddp__env_scheme schemes[] = {
+        { "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "torchrun-style" },
+        { "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+          "OMPI_COMM_WORLD_LOCAL_SIZE", "Open MPI" },
+        { "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "Slurm" },
+    };
+    const ddp__env_scheme *sc = NULL;
+    const char *addr;
+    size_t i;
+    int port = 29500, r;
+    for (i = 0; i < sizeof schemes / sizeof schemes[0] && !sc; i++)
+        if (getenv(schemes[i].rank) || getenv(schemes[i].world)) sc = &schemes[i];
+    if (!sc) { ctx->rank = 0; ctx->world = 1; ctx->local_rank = 0; ctx->local_world = 1; return DDP_OK; }
+
+    ctx->rank = -1;
+    if (ddp__env_int(ctx, sc->world, 1, 1 << 20, &ctx->world) != 1 ||
+        ddp__env_int(ctx, sc->rank, 0, INT_MAX, &r) != 1) {
+        if (!ctx->err[0])
+            ddp__fail(ctx, DDP_ERR_BAD_ENV, "%s environment is incomplete: %s and %s must both be set",
+                      sc->launcher, sc->rank, sc->world);
+        return DDP_ERR_BAD_ENV;
+    }
+    if (r >= ctx->world)
+        return ddp__fail(ctx, DDP_ERR_BAD_ENV, "%s=%d is not below %s=%d", sc->rank, r, sc->world, ctx->world);
+    ctx->rank = r;
+    ctx->local_rank = r;
+    ctx->local_world = ctx->world;
+    if (ddp__env_int(ctx, sc->local_rank, 0, INT_MAX, &ctx->local_rank) < 0) return DDP_ERR_BAD_ENV;
+    if (ddp__env_int(ctx, sc->local_world, 1, ctx->world, &ctx->local_world) < 0) return DDP_ERR_BAD_ENV;
+    if (ctx->local_rank >= ctx->local_world)
+        return ddp__fail(ctx, DDP_ERR_BAD_ENV, "%s=%d is not below %s=%d", sc->local_rank,
+                         ctx->local_rank, sc->local_world, ctx->local_world);
+    addr = getenv("MASTER_ADDR");
+    if (ctx->world > 1 && ctx->local_world < ctx->world && (!addr || !*addr))
+        return ddp__fail(ctx, DDP_ERR_BAD_ENV, "MASTER_ADDR must be set for a job that spans hosts");
+    snprintf(ctx->master_addr, sizeof ctx->master_addr, "%s", addr && *addr ? addr : "127.0.0.1");
+    if (ddp__env_int(ctx, "MASTER_PORT", 1, 65535, &port) < 0) return DDP_ERR_BAD_ENV;
+    if (ctx->world > 1 && !getenv("MASTER_PORT") && sc == &schemes[0])
+        return ddp__fail(ctx, DDP_ERR_BAD_ENV, "MASTER_PORT is not set (WORLD_SIZE=%d)", ctx->world);
+    ctx->desc.master_port = port;
+    return DDP_OK;
+}
+
+static ddp_result ddp__resolve_desc(ddp_context *ctx, const ddp_desc *in) {
+    const char *s;
+    ddp_desc *d = &ctx->desc;
+    if (in) *d = *in;
+    if (!d->log_level) {
+        d->log_level = DDP_LOG_WARN;
+        if ((s = getenv("DDP_LOG")) != NULL) {
+            if (!strcmp(s, "debug")) d->log_level = DDP_LOG_DEBUG;
+            else if (!strcmp(s, "info")) d->log_level = DDP_LOG_INFO;
+            else if (!strcmp(s, "error")) d->log_level = DDP_LOG_ERROR;
+            else if (!strcmp(s, "off")) d->log_level = DDP_LOG_OFF;
+        }
+    }
+    if (d->timeout_s < 0 || d->bucket_cap_mb < 0 || d->first_bucket_mb < 0 || d->world_size < 0)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: timeout_s, bucket_cap_mb, "
+                         "first_bucket_mb and world_size must not be negative");
+    if (d->timeout_s == 0) {
+        d->timeout_s = 300;
+        if ((s = getenv("DDP_TIMEOUT")) != NULL && *s) {
+            char *end;
+            double t = strtod(s, &end);
+            if (*end || !(t > 0))
+                return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_TIMEOUT='%s' is not a positive number of seconds", s);
+            d->timeout_s = t;
+        }
+    }
+    if (d->bucket_cap_mb == 0) d->bucket_cap_mb = 25;
+    if (d->first_bucket_mb == 0) d->first_bucket_mb = d->bucket_cap_mb < 1 ? d->bucket_cap_mb : 1;
+    s = d->job_token ? d->job_token : getenv("DDP_JOB_TOKEN");
+    snprintf(ctx->job_token, sizeof ctx->job_token, "%s", s ? s : "");
+    d->job_token = ctx->job_token;
+
+    if (d->world_size > 0) {
+        if (d->rank < 0 || d->rank >= d->world_size)
+            return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: rank %d is not in [0, %d)", d->rank, d->world_size);
+        ctx->rank = d->rank;
+        ctx->world = d->world_size;
+        ctx->local_rank = d->local_world_size ? d->local_rank : d->rank;
+        ctx->local_world = d->local_world_size ? d->local_world_size : d->world_size;
+        snprintf(ctx->master_addr, sizeof ctx->master_addr, "%s", d->master_addr ? d->master_addr : "127.0.0.1");
+        if (d->world_size > 1 && (d->master_port <= 0 || d->master_port > 65535))
+            return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: master_port %d is not in [1, 65535]", d->master_port);
+    } else {
+        ddp_result r = ddp__read_env(ctx);
+        if (r != DDP_OK) return r;
+    }
+    d->world_size = ctx->world;
+    d->rank = ctx->rank;
+    d->local_rank = ctx->local_rank;
+    d->local_world_size = ctx->local_world;
+    d->master_addr = ctx->master_addr;
+    if (d->backend == DDP_BACKEND_NCCL)
+        return ddp__fail(ctx, DDP_ERR_BACKEND, "the NCCL backend needs the implementation compiled with CUDA");
+    if (ctx->world > 1 && ctx->local_world != ctx->world)
+        return ddp__fail(ctx, DDP_ERR_BAD_ENV, "the CPU backend needs every rank on one host, but "
+                         "WORLD_SIZE=%d and LOCAL_WORLD_SIZE=%d", ctx->world, ctx->local_world);
+    d->backend = DDP_BACKEND_CPU;
+    return DDP_OK;
+}
+
+/* --------------------------------------------------------------------------------------------
+   Rendezvous: a small TCP key/value store served by rank 0.
+   A frame is a 16-byte header (magic, op, key length, value length; little endian) followed by
+   the key and the value. Every length is checked against a cap before anything is allocated.
+   A client's first frame must be HELLO with the job token; anything else closes the
+   connection. GET waits on the server until the key exists or the client's deadline passes.
+   -------------------------------------------------------------------------------------------- */
+#define DDP__STORE_MAGIC 0x53504444u   /* "DDPS" */
+enum { DDP__OP_HELLO = 1, DDP__OP_SET, DDP__OP_GET, DDP__OP_ADD, DDP__OP_CHECK };
+enum { DDP__REPLY_OK = 0, DDP__REPLY_MISSING, DDP__REPLY_REFUSED };
+
+static void ddp__put_u32(unsigned char *p, uint32_t v) {
+    p[0] = (unsigned char)v; p[1] = (unsigned char)(v >> 8);
+    p[2] = (unsigned char)(v >> 16); p[3] = (unsigned char)(v >> 24);
+}
+static uint32_t ddp__get_u32(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* Send all bytes, or fail by the deadline. */
+static int ddp__send_all(int fd, const void *buf, size_t len, double deadline) {
+    const unsigned char *p = (const unsigned char *)buf;
+    while (len) {
+        ssize_t n = send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) { p += n; len -= (size_t)n; continue; }
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return -1;
+        {
+            struct pollfd pfd;
+            double left = deadline - ddp__now();
+            if (left <= 0) return -1;
+            pfd.fd = fd; pfd.events = POLLOUT; pfd.revents = 0;
+            poll(&pfd, 1, (int)(left * 1000) + 1);
+        }
+    }
+    return 0;
+}
+
+/* Receive exactly len bytes by the deadline: 0 ok, -1 error or closed, -2 timed out. */
+static int ddp__recv_all(int fd, void *buf, size_t len, double deadline) {
+    unsigned char *p = (unsigned char *)buf;
+    while (len) {
+        struct pollfd pfd;
+        double left = deadline - ddp__now();
+        ssize_t n;
+        if (left <= 0) return -2;
+        pfd.fd = fd; pfd.events = POLLIN; pfd.revents = 0;
+        if (poll(&pfd, 1, (int)(left * 1000) + 1) <= 0) continue;
+        n = recv(fd, p, len, 0);
+        if (n == 0) return -1;
+        if (n < 0) { if (errno == EINTR || errno == EAGAIN) continue; return -1; }
+        p += n; len -= (size_t)n;
+    }
+    return 0;
+}
+
+static int ddp__send_frame(int fd, uint32_t op, const void *key, uint32_t klen,
+                           const void *val, uint32_t vlen, double deadline) {
+    unsigned char hdr[16];
+    ddp__put_u32(hdr, DDP__STORE_MAGIC); ddp__put_u32(hdr + 4, op);
+    ddp__put_u32(hdr + 8, klen); ddp__put_u32(hdr + 12, vlen);
+    if (ddp__send_all(fd, hdr, 16, deadline)) return -1;
+    if (klen && ddp__send_all(fd, key, klen, deadline)) return -1;
+    if (vlen && ddp__send_all(fd, val, vlen, deadline)) return -1;
+    return 0;
+}
+
+/* ---- the server (a thread of rank 0) ---- */
+typedef struct ddp__kv { char *key; unsigned char *val; uint32_t vlen; } ddp__kv;
+typedef struct ddp__conn {
+    int fd, authed, waiting;       /* waiting: a GET parked until its key appears */
+    unsigned char hdr[16];
+    size_t got;                    /* bytes of header + body received so far */
+    unsigned char *body;
+    uint32_t op, klen, vlen;
+    double deadline, opened;
+} ddp__conn;
+
+struct ddp__store_server {
+    ddp_context *ctx;
+    int listen_fd, wake_pipe[2], stop;
+    pthread_t thread;
+    ddp__kv *kv;
+    int num_kv, cap_kv;
+    ddp__conn *conns;
+    int num_conns, max_conns;
+};
+
+static ddp__kv *ddp__kv_find(ddp__store_server *s, const char *key) {
+    int i;
+    for (i = 0; i < s->num_kv; i++) if (!strcmp(s->kv[i].key, key)) return &s->kv[i];
+    return NULL;
+}
+
+static int ddp__kv_set(ddp__store_server *s, const char *key, const unsigned char *val, uint32_t vlen) {
+    ddp__kv *kv = ddp__kv_find(s, key);
+    unsigned char *copy = (unsigned char *)DDP_MALLOC(vlen ? vlen : 1);
+    if (!copy) return -1;
+    if (vlen) memcpy(copy, val, vlen);
+    if (!kv) {
+        size_t klen = strlen(key) + 1;
+        if (s->num_kv == s->cap_kv) {
+            int cap = s->cap_kv ? 2 * s->cap_kv : 64;
+            ddp__kv *grown = (ddp__kv *)DDP_MALLOC(sizeof(ddp__kv) * (size_t)cap);
+            if (!grown) { DDP_FREE(copy); return -1; }
+            if (s->num_kv) memcpy(grown, s->kv, sizeof(ddp__kv) * (size_t)s->num_kv);
+            DDP_FREE(s->kv);
+            s->kv = grown; s->cap_kv = cap;
+        }
+        kv = &s->kv[s->num_kv];
+        kv->key = (char *)DDP_MALLOC(klen);
+        if (!kv->key) { DDP_FREE(copy); return -1; }
+        memcpy(kv->key, key, klen);
+        kv->val = NULL;
+        s->num_kv++;
+    }
+    DDP_FREE(kv->val);
+    kv->val = copy; kv->vlen = vlen;
+    return 0;
+}
+
+static void ddp__conn_close(ddp__store_server *s, int i) {
+    close(s->conns[i].fd);
+    DDP_FREE(s->conns[i].body);
+    s->conns[i] = s->conns[--s->num_conns];
+}
+
+static void ddp__conn_reset(ddp__conn *c) {
+    DDP_FREE(c->body);
+    c->body = NULL; c->got = 0; c->waiting = 0;
+}
+
+static int ddp__reply(ddp__conn *c, uint32_t status, const void *val, uint32_t vlen) {
+    return ddp__send_frame(c->fd, status, NULL, 0, val, vlen, ddp__now() + 5.0);
+}
+
+/* Handle one complete request; returns -1 to drop the connection. */
+static int ddp__serve_request(ddp__store_server *s, ddp__conn *c) {
+    char key[DDP__STORE_MAX_KEY + 1];
+    const unsigned char *val = c->body + c->klen;
+    ddp__kv *kv;
+    memcpy(key, c->body, c->klen);
+    key[c->klen] = 0;
+    if (!c->authed) {
+        const char *token = s->ctx->job_token;
+        size_t tlen = strlen(token), i;
+        unsigned diff = (unsigned)(tlen != c->klen);
+        if (c->op != DDP__OP_HELLO) return -1;
+        for (i = 0; i < c->klen && i < tlen; i++) diff |= (unsigned)(key[i] ^ token[i]);
+        if (diff) {
+            ddp__log(s->ctx, DDP_LOG_WARN, "rendezvous store refused a client with a wrong job token");
+            ddp__reply(c, DDP__REPLY_REFUSED, "bad job token", 13);
+            return -1;
+        }
+        c->authed = 1;
+        return ddp__reply(c, DDP__REPLY_OK, NULL, 0);
+    }
+    switch (c->op) {
+    case DDP__OP_SET:
+        if (ddp__kv_set(s, key, val, c->vlen)) return -1;
+        return ddp__reply(c, DDP__REPLY_OK, NULL, 0);
+    case DDP__OP_CHECK:
+        return ddp__reply(c, ddp__kv_find(s, key) ? DDP__REPLY_OK : DDP__REPLY_MISSING, NULL, 0);
+    case DDP__OP_ADD: {
+        char num[32];
+        long long cur = 0, delta;
+        if (c->vlen >= sizeof num) return -1;
+        memcpy(num, val, c->vlen); num[c->vlen] = 0;
+        delta = strtoll(num, NULL, 10);
+        if ((kv = ddp__kv_find(s, key)) != NULL && kv->vlen < sizeof num) {
+            memcpy(num, kv->val, kv->vlen); num[kv->vlen] = 0;
+            cur = strtoll(num, NULL, 10);
+        }
+        snprintf(num, sizeof num, "%lld", cur + delta);
+        if (ddp__kv_set(s, key, (const unsigned char *)num, (uint32_t)strlen(num))) return -1;
+        return ddp__reply(c, DDP__REPLY_OK, num, (uint32_t)strlen(num));
+    }
+    case DDP__OP_GET: {
+        char num[32];
+        if ((kv = ddp__kv_find(s, key)) != NULL) return ddp__reply(c, DDP__REPLY_OK, kv->val, kv->vlen);
+        if (c->vlen >= sizeof num) return -1;
+        memcpy(num, val, c->vlen); num[c->vlen] = 0;
+        c->deadline = ddp__now() + 1e-3 * strtod(num, NULL);
+        c->waiting = 1;              /* answered when the key is set or the deadline passes */
+        return 0;
+    }
+    default:
+        return -1;
+    }
+}
+
+/* Answer parked GETs whose key now exists or whose deadline has passed. */
+static void ddp__serve_parked(ddp__store_server *s) {
+    int i;
+    double now = ddp__now();
+    for (i = 0; i < s->num_conns; i++) {
+        ddp__conn *c = &s->conns[i];
+        char key[DDP__STORE_MAX_KEY + 1];
+        ddp__kv *kv;
+        int rc;
+        if (!c->waiting) continue;
+        memcpy(key, c->body, c->klen); key[c->klen] = 0;
+        kv = ddp__kv_find(s, key);
+        if (kv) rc = ddp__reply(c, DDP__REPLY_OK, kv->val, kv->vlen);
+        else if (now >= c->deadline) rc = ddp__reply(c, DDP__REPLY_MISSING, NULL, 0);
+        else continue;
+        ddp__conn_reset(c);
+        if (rc) ddp__conn_close(s, i--);
+    }
+}
+
+/* Read what is available; returns -1 to drop the connection. */
+static int ddp__conn_read(ddp__store_server *s, ddp__conn *c) {
+    for (;;) {
+        size_t need = c->got < 16 ? 16 - c->got : 16 + (size_t)c->klen + c->vlen - c->got;
+        unsigned char *dst = c->got < 16 ? c->hdr + c->got : c->body + (c->got - 16);
+        ssize_t n;
+        if (c->waiting) return 0;   /* one request at a time per client */
+        if (need == 0) {
+            if (ddp__serve_request(s, c)) return -1;
+            if (!c->waiting) ddp__conn_reset(c);
+            continue;
+        }
+        n = recv(c->fd, dst, need, MSG_DONTWAIT);
+        if (n == 0) return -1;
+        if (n < 0) return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
+        c->got += (size_t)n;
+        if (c->got == 16) {
+            c->op = ddp__get_u32(c->hdr + 4);
+            c->klen = ddp__get_u32(c->hdr + 8);
+            c->vlen = ddp__get_u32(c->hdr + 12);
+            if (ddp__get_u32(c->hdr) != DDP__STORE_MAGIC || c->klen > DDP__STORE_MAX_KEY ||
+                c->vlen > DDP__STORE_MAX_VALUE || (!c->authed && c->vlen > 64)) {
+                ddp__log(s->ctx, DDP_LOG_WARN, "rendezvous store dropped a client that sent a malformed frame");
+                return -1;
+            }
+            c->body = (unsigned char *)DDP_MALLOC((size_t)c->klen + c->vlen + 1);
+            if (!c->body) return -1;
+        }
+    }
+}
+
+static void ddp__server_accept(ddp__store_server *s) {
+    int fd = accept(s->listen_fd, NULL, NULL), one = 1;
+    if (fd < 0) return;
+    if (s->num_conns == s->max_conns) { close(fd); return; }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    fcntl(fd, F_SETFD, FD_CLOEXEC);
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    memset(&s->conns[s->num_conns], 0, sizeof(ddp__conn));
+    s->conns[s->num_conns].fd = fd;
+    s->conns[s->num_conns].opened = ddp__now();
+    s->num_conns++;
+}
+
+static void *ddp__server_main(void *arg) {
+    ddp__store_server *s = (ddp__store_server *)arg;
+    struct pollfd *pfds = (struct pollfd *)ddp__calloc(sizeof(struct pollfd) * (size_t)(s->max_conns + 2));
+    if (!pfds) return NULL;
+    while (!s->stop) {
+        int i, n = 0;
+        double now = ddp__now();
+        pfds[n].fd = s->wake_pipe[0]; pfds[n++].events = POLLIN;
+        pfds[n].fd = s->listen_fd; pfds[n++].events = POLLIN;
+        for (i = 0; i < s->num_conns; i++) {
+            pfds[n].fd = s->conns[i].fd; pfds[n].events = POLLIN; pfds[n++].revents = 0;
+        }
+        poll(pfds, (nfds_t)n, 50);
+        if (pfds[1].revents & POLLIN) ddp__server_accept(s);
+        for (i = s->num_conns - 1; i >= 0; i--) {
+            ddp__conn *c = &s->conns[i];
+            int unauth_too_long = !c->authed && now - c->opened > 10.0;
+            if (i + 2 < n && pfds[i + 2].fd == c->fd && (pfds[i + 2].revents & (POLLIN | POLLHUP | POLLERR))) {
+                if (ddp__conn_read(s, c)) { ddp__conn_close(s, i); continue; }
+            }
+            if (unauth_too_long) ddp__conn_close(s, i);
+        }
+        ddp__serve_parked(s);
+    }
+    DDP_FREE(pfds);
+    return NULL;
+}
+
+static int ddp__resolve(ddp_context *ctx, int port, struct addrinfo **out) {
+    struct addrinfo hints;
+    char port_s[16];
+    int rc;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    snprintf(port_s, sizeof port_s, "%d", port);
+    rc = getaddrinfo(ctx->master_addr, port_s, &hints, out);
+    if (rc) {
+        ddp__fail(ctx, DDP_ERR_NETWORK, "cannot resolve MASTER_ADDR '%s': %s", ctx->master_addr, gai_strerror(rc));
+        return -1;
+    }
+    return 0;
+}
+
+static void ddp__server_free(ddp__store_server *s) {
+    int i;
+    if (!s) return;
+    while (s->num_conns) ddp__conn_close(s, s->num_conns - 1);
+    for (i = 0; i < s->num_kv; i++) { DDP_FREE(s->kv[i].key); DDP_FREE(s->kv[i].val); }
+    DDP_FREE(s->kv);
+    DDP_FREE(s->conns);
+    if (s->listen_fd >= 0) close(s->listen_fd);
+    if (s->wake_pipe[0] >= 0) { close(s->wake_pipe[0]); close(s->wake_pipe[1]); }
+    DDP_FREE(s);
+}
+
+/* Rank 0 listens on the master address only (not on every interface). */
+static ddp_result ddp__server_start(ddp_context *ctx) {
+    struct addrinfo *ai;
+    ddp__store_server *s;
+    int one = 1, err;
+    if (ddp__resolve(ctx, ctx->desc.master_port, &ai)) return DDP_ERR_NETWORK;
+    s = (ddp__store_server *)ddp__calloc(sizeof *s);
+    if (!s) { freeaddrinfo(ai); return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory starting the store"); }
+    s->ctx = ctx;
+    s->wake_pipe[0] = s->wake_pipe[1] = -1;
+    s->max_conns = 4 * ctx->world + 16;
+    s->conns = (ddp__conn *)ddp__calloc(sizeof(ddp__conn) * (size_t)s->max_conns);
+    s->listen_fd = socket(ai->ai_family, SOCK_STREAM, 0);
+    if (!s->conns || s->listen_fd < 0 || pipe(s->wake_pipe)) {
+        freeaddrinfo(ai); ddp__server_free(s);
+        return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot create the store socket: %s", strerror(errno));
+    }
+    fcntl(s->listen_fd, F_SETFD, FD_CLOEXEC);
+    setsockopt(s->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(s->listen_fd, ai->ai_addr, ai->ai_addrlen) || listen(s->listen_fd, 128)) {
+        err = errno;
+        freeaddrinfo(ai); ddp__server_free(s);
+        if (err == EADDRINUSE)
+            return ddp__fail(ctx, DDP_ERR_NETWORK, "MASTER_PORT %d on %s is already in use (another job, "
+                             "or a process still holding it); pick another port", ctx->desc.master_port, ctx->master_addr);
+        return ddp__fail(ctx, DDP_ERR_NETWORK, "cannot listen on %s:%d (MASTER_ADDR:MASTER_PORT): %s",
+                         ctx->master_addr, ctx->desc.master_port, strerror(err));
+    }
+    freeaddrinfo(ai);
+    fcntl(s->listen_fd, F_SETFL, fcntl(s->listen_fd, F_GETFL) | O_NONBLOCK);
+    if (pthread_create(&s->thread, NULL, ddp__server_main, s)) {
+        ddp__server_free(s);
+        return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot start the store thread");
+    }
+    ctx->server = s;
+    return DDP_OK;
+}
+
+static void ddp__server_stop(ddp_context *ctx) {
+    ddp__store_server *s = ctx->server;
+    if (!s) return;
+    s->stop = 1;
+    if (write(s->wake_pipe[1], "x", 1) < 0) { /* the 50 ms poll wakes it anyway */ }
+    pthread_join(s->thread, NULL);
+    ddp__server_free(s);
+    ctx->server = NULL;
+}
+
+/* ---- the client (every rank, rank 0 included) ---- */
+static ddp_result ddp__store_request(ddp_context *ctx, uint32_t op, const char *key, const void *val,
+                                     uint32_t vlen, unsigned char **reply, uint32_t *reply_len,
+                                     uint32_t *status, double wait_s) {
+    unsigned char hdr[16];
+    uint32_t rlen;
+    int rc;
+    double deadline = ddp__now() + wait_s + 10.0;
+    if (ddp__send_frame(ctx->store_fd, op, key, (uint32_t)strlen(key), val, vlen, ddp__now() + 10.0))
+        return ddp__fail(ctx, DDP_ERR_PEER_LOST, "lost the connection to the rendezvous store on rank 0 (%s:%d)",
+                         ctx->master_addr, ctx->desc.master_port);
+    rc = ddp__recv_all(ctx->store_fd, hdr, 16, deadline);
+    if (rc == 0 && ddp__get_u32(hdr) != DDP__STORE_MAGIC) rc = -1;
+    rlen = ddp__get_u32(hdr + 12);
+    if (rc == 0 && rlen > DDP__STORE_MAX_VALUE) rc = -1;
+    if (rc) return ddp__fail(ctx, rc == -2 ? DDP_ERR_TIMEOUT : DDP_ERR_PEER_LOST,
+                             "no answer from the rendezvous store on rank 0 (%s:%d)", ctx->master_addr,
+                             ctx->desc.master_port);
+    *status = ddp__get_u32(hdr + 4);
+    if (reply) {
+        *reply = (unsigned char *)DDP_MALLOC(rlen + 1);
+        if (!*reply) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory reading from the store");
+        if (ddp__recv_all(ctx->store_fd, *reply, rlen, deadline)) {
+            DDP_FREE(*reply); *reply = NULL;
+            return ddp__fail(ctx, DDP_ERR_PEER_LOST, "lost the connection to the rendezvous store");
+        }
+        (*reply)[rlen] = 0;
+        if (reply_len) *reply_len = rlen;
+    } else {
+        unsigned char sink[256];
+        while (rlen) {
+            uint32_t n = rlen < sizeof sink ? rlen : (uint32_t)sizeof sink;
+            if (ddp__recv_all(ctx->store_fd, sink, n, deadline))
+                return ddp__fail(ctx, DDP_ERR_PEER_LOST, "lost the connection to the rendezvous store");
+            rlen -= n;
+        }
+    }
+    return DDP_OK;
+}
+
+static ddp_result ddp__store_set(ddp_context *ctx, const char *key, const void *val, size_t len) {
+    uint32_t status;
+    return ddp__store_request(ctx, DDP__OP_SET, key, val, (uint32_t)len, NULL, NULL, &status, 0);
+}
+
+/* Wait for key until the deadline; *found = 0 when it never appeared. */
+static ddp_result ddp__store_get(ddp_context *ctx, const char *key, double deadline,
+                                 unsigned char **val, uint32_t *len, int *found) {
+    char ms[32];
+    uint32_t status;
+    double wait_s = deadline - ddp__now();
+    ddp_result r;
+    if (wait_s < 0) wait_s = 0;
+    snprintf(ms, sizeof ms, "%.0f", wait_s * 1000);
+    *val = NULL;
+    r = ddp__store_request(ctx, DDP__OP_GET, key, ms, (uint32_t)strlen(ms), val, len, &status, wait_s);
+    if (r != DDP_OK) return r;
+    *found = status == DDP__REPLY_OK;
+    if (!*found) { DDP_FREE(*val); *val = NULL; }
+    return DDP_OK;
+}
+
+static ddp_result ddp__store_check(ddp_context *ctx, const char *key, int *exists) {
+    uint32_t status;
+    ddp_result r = ddp__store_request(ctx, DDP__OP_CHECK, key, NULL, 0, NULL, NULL, &status, 0);
+    *exists = status == DDP__REPLY_OK;
+    return r;
+}
+
+/* Connect to rank 0's store, retrying until it is up or the deadline passes. */
+static ddp_result ddp__store_connect(ddp_context *ctx, double deadline) {
+    struct addrinfo *ai, *a;
+    char rank_s[16];
+    uint32_t status;
+    int one = 1, last_err = 0;
+    if (ddp__resolve(ctx, ctx->desc.master_port, &ai)) return DDP_ERR_NETWORK;
+    for (;;) {
+        for (a = ai; a; a = a->ai_next) {
+            int fd = socket(a->ai_family, SOCK_STREAM, 0);
+            if (fd < 0) continue;
+            if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) { ctx->store_fd = fd; break; }
+            last_err = errno;
+            close(fd);
+        }
+        if (ctx->store_fd >= 0 || ddp__now() > deadline) break;
+        usleep(20000);
+    }
+    freeaddrinfo(ai);
+    if (ctx->store_fd < 0)
+        return ddp__fail(ctx, DDP_ERR_TIMEOUT, "cannot reach rank 0's rendezvous store at %s:%d within %.0f s: %s",
+                         ctx->master_addr, ctx->desc.master_port, ctx->desc.timeout_s, strerror(last_err));
+    fcntl(ctx->store_fd, F_SETFD, FD_CLOEXEC);
+    setsockopt(ctx->store_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    snprintf(rank_s, sizeof rank_s, "%d", ctx->rank);
+    if (ddp__send_frame(ctx->store_fd, DDP__OP_HELLO, ctx->job_token, (uint32_t)strlen(ctx->job_token),
+                        rank_s, (uint32_t)strlen(rank_s), ddp__now() + 10.0))
+        return ddp__fail(ctx, DDP_ERR_NETWORK, "rendezvous store at %s:%d closed the connection",
+                         ctx->master_addr, ctx->desc.master_port);
+    {
+        unsigned char hdr[16];
+        uint32_t rlen;
+        if (ddp__recv_all(ctx->store_fd, hdr, 16, ddp__now() + 10.0) || ddp__get_u32(hdr) != DDP__STORE_MAGIC)
+            return ddp__fail(ctx, DDP_ERR_NETWORK, "the rendezvous store at %s:%d refused this rank: the job "
+                             "token (DDP_JOB_TOKEN) does not match rank 0's, or the port belongs to another program",
+                             ctx->master_addr, ctx->desc.master_port);
+        status = ddp__get_u32(hdr + 4);
+        rlen = ddp__get_u32(hdr + 12);
+        if (status != DDP__REPLY_OK || rlen > 256)
+            return ddp__fail(ctx, DDP_ERR_NETWORK, "the rendezvous store at %s:%d refused this rank: the job "
+                             "token (DDP_JOB_TOKEN) does not match rank 0's", ctx->master_addr, ctx->desc.master_port);
+    }
+    return DDP_OK;
+}
+
+/* --------------------------------------------------------------------------------------------
+   The CPU backend: collectives through one POSIX shared-memory segment.
+
+   Every rank owns DDP__SLOTS slots of DDP__CHUNK_BYTES and three monotonically increasing
+   stage counters (IN, RED, OUT), bumped once per chunk. An allreduce streams the buffer chunk
+   by chunk; for chunk q each rank
+     IN   copies the parts of its chunk that other ranks reduce into its slot q % DDP__SLOTS,
+     RED  sums its own part over all ranks, in rank order (so the result is the same bits
+          whichever rank computes it), and leaves the sum in its slot,
+     OUT  copies the other ranks' sums out of their slots,
+   waiting between stages until every rank has posted the previous one. That is reduce-scatter
+   then all-gather, with every rank doing 1/N of the arithmetic, and the working set stays in
+   cache. A slot is rewritten only once every rank has posted OUT for the chunk it held.
+   A waiter spins briefly, then sleeps on a futex; while asleep it checks every
+   DDP__LIVENESS_PERIOD_S that its peers are alive and that the group is not poisoned.
+   -------------------------------------------------------------------------------------------- */
+enum { DDP__KIND_BARRIER = 1, DDP__KIND_BROADCAST, DDP__KIND_SUM, DDP__KIND_AVG };
+#define DDP__SHM_MAGIC 0x31504444534d4853ull
+
+static size_t ddp__round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+static size_t ddp__shm_ranks_offset(void) { return ddp__round_up(sizeof(ddp__shm_header), 64); }
+static size_t ddp__shm_data_offset(int world) {
+    return ddp__round_up(ddp__shm_ranks_offset() + sizeof(ddp__shm_rank) * (size_t)world, 4096);
+}
+static size_t ddp__shm_size(int world) {
+    return ddp__shm_data_offset(world) + (size_t)world * DDP__SLOTS * DDP__CHUNK_BYTES;
+}
+static ddp__shm_header *ddp__shm_hdr(ddp_context *ctx) { return (ddp__shm_header *)ctx->shm; }
+static ddp__shm_rank *ddp__shm_block(ddp_context *ctx, int r) {
+    return (ddp__shm_rank *)(ctx->shm + ddp__shm_ranks_offset()) + r;
+}
+static unsigned char *ddp__shm_slot(ddp_context *ctx, int r, uint32_t chunk) {
+    size_t index = (size_t)r * DDP__SLOTS + chunk % DDP__SLOTS;
+    return ctx->shm + ddp__shm_data_offset(ctx->world) + index * DDP__CHUNK_BYTES;
+}
+
+/* Alive = exists and is not a zombie (a dead child its launcher has not reaped yet). */
+static int ddp__pid_alive(int pid) {
+    char path[64], buf[256];
+    const char *close_paren;
+    FILE *f;
+    size_t n;
+    if (pid <= 0) return 1;              /* not attached yet: nothing to say */
+    if (kill(pid, 0) != 0 && errno == ESRCH) return 0;
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    if (!(f = fopen(path, "r"))) return 1;
+    n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    close_paren = strrchr(buf, ')');
+    return !(close_paren && (close_paren[2] == 'Z' || close_paren[2] == 'X'));
+}
+
+static void ddp__futex_wait(uint32_t *addr, uint32_t seen, double seconds) {
+#ifdef __linux__
+    struct timespec ts;
+    ts.tv_sec = (time_t)seconds;
+    ts.tv_nsec = (long)((seconds - (double)ts.tv_sec) * 1e9);
+    syscall(SYS_futex, addr, FUTEX_WAIT, seen, &ts, NULL, 0);
+#else
+    (void)addr; (void)seen; (void)seconds;
+    usleep(50);
+#endif
+}
+
+static void ddp__futex_wake(uint32_t *addr) {
+#ifdef __linux__
+    syscall(SYS_futex, addr, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+#else
+    (void)addr;
+#endif
+}
+
+static inline void ddp__cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static int ddp__reached(uint32_t value, uint32_t target) { return (int32_t)(value - target) >= 0; }
+
+static void ddp__shm_post(ddp_context *ctx, int stage, uint32_t value) {
+    ddp__shm_counter *c = &ddp__shm_block(ctx, ctx->rank)->stage[stage];
+    __atomic_store_n(&c->value, value, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&c->waiters, __ATOMIC_SEQ_CST)) ddp__futex_wake(&c->value);
+}
+
+static void ddp__poison_group(ddp_context *ctx, ddp_result code) {
+    ddp__shm_header *h;
+    int32_t none = -1;
+    if (!ctx->shm) return;
+    h = ddp__shm_hdr(ctx);
+    pthread_mutex_lock(&ctx->err_lock);
+    if (__atomic_load_n(&h->failed_rank, __ATOMIC_ACQUIRE) == -1) {
+        snprintf(h->failed_msg, sizeof h->failed_msg, "%s", ctx->err);
+        h->failed_code = (int32_t)code;
+        __atomic_compare_exchange_n(&h->failed_rank, &none, ctx->rank, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    }
+    pthread_mutex_unlock(&ctx->err_lock);
+}
+
+/* Checked while sleeping: the group poisoned by another rank, a dead peer, the deadline. */
+static ddp_result ddp__shm_check_peers(ddp_context *ctx, int stage, uint32_t target, double deadline) {
+    ddp__shm_header *h = ddp__shm_hdr(ctx);
+    int s, failed = __atomic_load_n(&h->failed_rank, __ATOMIC_ACQUIRE);
+    if (failed == ctx->rank) return ctx->failed ? ctx->failed : DDP_ERR_PEER_LOST;   /* already told */
+    if (failed >= 0)
+        return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_PEER_LOST, "stopped in %s because %s", ctx->shm_what, h->failed_msg));
+    for (s = 0; s < ctx->world; s++) {
+        int pid = __atomic_load_n(&ddp__shm_block(ctx, s)->pid, __ATOMIC_ACQUIRE);
+        if (s != ctx->rank && !ddp__pid_alive(pid))
+            return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_PEER_LOST, "rank %d (pid %d) died; this rank was in %s",
+                                             s, pid, ctx->shm_what));
+    }
+    if (ddp__now() > deadline) {
+        char missing[256];
+        size_t len = 0;
+        missing[0] = 0;
+        for (s = 0; s < ctx->world && len < sizeof missing - 16; s++) {
+            uint32_t v = __atomic_load_n(&ddp__shm_block(ctx, s)->stage[stage].value, __ATOMIC_ACQUIRE);
+            if (s != ctx->rank && !ddp__reached(v, target))
+                len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d", len ? ", " : "", s);
+        }
+        return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_TIMEOUT, "timed out after %.0f s in %s waiting for rank(s) %s",
+                                         ctx->desc.timeout_s, ctx->shm_what, missing));
+    }
+    return DDP_OK;
+}
+
+static ddp_result ddp__shm_wait_all(ddp_context *ctx, int stage, uint32_t target) {
+    double deadline = 0, next_check = 0;
+    int s;
+    for (s = 0; s < ctx->world; s++) {
+        ddp__shm_counter *c = &ddp__shm_block(ctx, s)->stage[stage];
+        int spins = 0;
+        if (s == ctx->rank) continue;
+        while (!ddp__reached(__atomic_load_n(&c->value, __ATOMIC_ACQUIRE), target)) {
+            uint32_t seen;
+            if (++spins < DDP__SPIN_ITERS) { ddp__cpu_relax(); continue; }
+            if (deadline == 0) { deadline = ddp__now() + ctx->desc.timeout_s; next_check = 0; }
+            if (ddp__now() >= next_check) {
+                ddp_result r = ddp__shm_check_peers(ctx, stage, target, deadline);
+                if (r != DDP_OK) return r;
+                next_check = ddp__now() + DDP__LIVENESS_PERIOD_S;
+            }
+            __atomic_add_fetch(&c->waiters, 1, __ATOMIC_SEQ_CST);
+            seen = __atomic_load_n(&c->value, __ATOMIC_SEQ_CST);
+            if (!ddp__reached(seen, target)) ddp__futex_wait(&c->value, seen, 0.02);
+            __atomic_sub_fetch(&c->waiters, 1, __ATOMIC_SEQ_CST);
+        }
+    }
+    return DDP_OK;
+}
+
+static const char *ddp__kind_name(uint32_t kind) {
+    switch (kind) {
+    case DDP__KIND_BARRIER: return "barrier";
+    case DDP__KIND_BROADCAST: return "broadcast";
+    case DDP__KIND_SUM: return "allreduce(sum)";
+    case DDP__KIND_AVG: return "allreduce(avg)";
+    }
+    return "?";
+}
+
+/* Every rank must be in the same collective: compare what each posted with this rank's. */
+static ddp_result ddp__shm_check_sigs(ddp_context *ctx) {
+    const ddp__shm_sig *mine = &ddp__shm_block(ctx, ctx->rank)->sig;
+    int s;
+    for (s = 0; s < ctx->world; s++) {
+        const ddp__shm_sig *o = &ddp__shm_block(ctx, s)->sig;
+        if (o->id != mine->id || o->kind != mine->kind || o->count != mine->count || o->root != mine->root)
+            return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_MISMATCH,
+                "ranks called different collectives: this rank is in %s of %llu elements (collective #%u, "
+                "root %u), rank %d in %s of %llu elements (collective #%u, root %u)",
+                ddp__kind_name(mine->kind), (unsigned long long)mine->count, mine->id, mine->root,
+                s, ddp__kind_name(o->kind), (unsigned long long)o->count, o->id, o->root));
+    }
+    return DDP_OK;
+}
+
+/* The part of an m-element chunk that rank s reduces: 64-byte aligned, possibly empty. */
+static void ddp__part(size_t m, int world, int s, size_t *lo, size_t *hi) {
+    size_t part = ddp__round_up((m + (size_t)world - 1) / (size_t)world, DDP__ALIGN_FLOATS);
+    *lo = part * (size_t)s < m ? part * (size_t)s : m;
+    *hi = *lo + part < m ? *lo + part : m;
+}
+
+static void ddp__reduce_part(ddp_context *ctx, float *buf, size_t lo, size_t hi, uint32_t chunk, uint32_t kind) {
+    float *acc = (float *)ddp__shm_slot(ctx, ctx->rank, chunk) + lo;
+    const float *src[2];
+    size_t j, n = hi - lo;
+    int s;
+    if (!n) return;
+    src[0] = ctx->rank == 0 ? buf + lo : (const float *)ddp__shm_slot(ctx, 0, chunk) + lo;
+    src[1] = ctx->rank == 1 ? buf + lo : (const float *)ddp__shm_slot(ctx, 1, chunk) + lo;
+    for (j = 0; j < n; j++) acc[j] = src[0][j] + src[1][j];
+    for (s = 2; s < ctx->world; s++) {
+        const float *x = s == ctx->rank ? buf + lo : (const float *)ddp__shm_slot(ctx, s, chunk) + lo;
+        for (j = 0; j < n; j++) acc[j] += x[j];
+    }
+    if (kind == DDP__KIND_AVG) {
+        float w = (float)ctx->world;
+        for (j = 0; j < n; j++) acc[j] /= w;
+    }
+    memcpy(buf + lo, acc, n * sizeof(float));
+}
+
+static void ddp__stage_in(ddp_context *ctx, uint32_t kind, unsigned char *buf, size_t m, int root, uint32_t chunk) {
+    unsigned char *slot = ddp__shm_slot(ctx, ctx->rank, chunk);
+    int s;
+    if (kind == DDP__KIND_BROADCAST) {
+        if (ctx->rank == root) memcpy(slot, buf, m);
+    } else if (kind != DDP__KIND_BARRIER) {
+        for (s = 0; s < ctx->world; s++) {
+            size_t lo, hi;
+            ddp__part(m, ctx->world, s, &lo, &hi);
+            if (s != ctx->rank && hi > lo) memcpy(slot + lo * 4, buf + lo * 4, (hi - lo) * 4);
+        }
+    }
+}
+
+static void ddp__stage_out(ddp_context *ctx, uint32_t kind, unsigned char *buf, size_t m, int root, uint32_t chunk) {
+    int s;
+    if (kind == DDP__KIND_BROADCAST) {
+        if (ctx->rank != root) memcpy(buf, ddp__shm_slot(ctx, root, chunk), m);
+    } else if (kind != DDP__KIND_BARRIER) {
+        for (s = 0; s < ctx->world; s++) {
+            size_t lo, hi;
+            ddp__part(m, ctx->world, s, &lo, &hi);
+            if (s != ctx->rank && hi > lo) memcpy(buf + lo * 4, ddp__shm_slot(ctx, s, chunk) + lo * 4, (hi - lo) * 4);
+        }
+    }
+}
+
+/* One collective over the segment; count is in floats for reductions, bytes for broadcast. */
+static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root) {
+    ddp__shm_sig *sig = &ddp__shm_block(ctx, ctx->rank)->sig;
+    size_t unit = (kind == DDP__KIND_SUM || kind == DDP__KIND_AVG) ? sizeof(float) : 1;
+    size_t per_chunk = DDP__CHUNK_BYTES / unit, done = 0;
+    unsigned char *buf = (unsigned char *)data;
+    int first = 1;
+    if (ctx->failed) return ctx->failed;
+    sig->id = ++ctx->shm_collectives;
+    sig->kind = kind;
+    sig->root = (uint32_t)root;
+    sig->count = count;
+    do {
+        uint32_t q = ctx->shm_seq;
+        size_t m = count - done < per_chunk ? count - done : per_chunk;
+        size_t lo, hi;
+        ddp_result r = ddp__shm_wait_all(ctx, DDP__STAGE_OUT, q + 1 - DDP__SLOTS);
+        if (r != DDP_OK) return r;
+        ddp__stage_in(ctx, kind, buf + done * unit, m, root, q);
+        ddp__shm_post(ctx, DDP__STAGE_IN, q + 1);
+        if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_IN, q + 1)) != DDP_OK) return r;
+        if (first && (r = ddp__shm_check_sigs(ctx)) != DDP_OK) return r;
+        if (unit == sizeof(float)) {
+            ddp__part(m, ctx->world, ctx->rank, &lo, &hi);
+            ddp__reduce_part(ctx, (float *)(void *)(buf + done * unit), lo, hi, q, kind);
+        }
+        ddp__shm_post(ctx, DDP__STAGE_RED, q + 1);
+        if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_RED, q + 1)) != DDP_OK) return r;
+        ddp__stage_out(ctx, kind, buf + done * unit, m, root, q);
+        ddp__shm_post(ctx, DDP__STAGE_OUT, q + 1);
+        ctx->shm_seq = q + 1;
+        done += m;
+        first = 0;
+    } while (done < count);
+    return DDP_OK;
+}
+
+/* Segments are named after the creating pid, so a segment whose creator is gone belongs to a
+   crashed job and can go. (A healthy job unlinks its segment as soon as every rank has it
+   mapped, so normally nothing is left in /dev/shm at all.) */
+static void ddp__shm_sweep_stale(ddp_context *ctx) {
+    DIR *dir = opendir("/dev/shm");
+    struct dirent *e;
+    if (!dir) return;
+    while ((e = readdir(dir)) != NULL) {
+        char path[300];
+        struct stat st;
+        int pid;
+        if (sscanf(e->d_name, "ddp-%d-", &pid) != 1 || ddp__pid_alive(pid)) continue;
+        snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
+        if (stat(path, &st) || st.st_uid != geteuid()) continue;
+        snprintf(path, sizeof path, "/%s", e->d_name);
+        if (shm_unlink(path) == 0) ddp__log(ctx, DDP_LOG_INFO, "removed %s left by a crashed job", path);
+    }
+    closedir(dir);
+}
+
+static ddp_result ddp__shm_map(ddp_context *ctx, int fd, size_t bytes) {
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED)
+        return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot map shared memory %s (%zu bytes): %s", ctx->shm_name, bytes, strerror(errno));
+    ctx->shm = (unsigned char *)p;
+    ctx->shm_bytes = bytes;
+    return DDP_OK;
+}
+
+static ddp_result ddp__shm_create(ddp_context *ctx) {
+    size_t bytes = ddp__shm_size(ctx->world);
+    ddp__shm_header *h;
+    int fd = -1, attempt, s;
+    ddp_result r;
+    ddp__shm_sweep_stale(ctx);
+    for (attempt = 0; attempt < 16 && fd < 0; attempt++) {
+        unsigned nonce = (unsigned)(ddp__now() * 1e9) ^ ((unsigned)(uintptr_t)ctx * 2654435761u) ^ (unsigned)attempt;
+        snprintf(ctx->shm_name, sizeof ctx->shm_name, "/ddp-%d-%08x", (int)getpid(), nonce);
+        fd = shm_open(ctx->shm_name, O_RDWR | O_CREAT | O_EXCL, 0600);   /* owner-only */
+    }
+    if (fd < 0) return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot create shared memory %s: %s", ctx->shm_name, strerror(errno));
+    if (ftruncate(fd, (off_t)bytes)) {
+        int err = errno;
+        close(fd);
+        shm_unlink(ctx->shm_name);
+        return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot size shared memory %s to %zu bytes (is /dev/shm full?): %s",
+                         ctx->shm_name, bytes, strerror(err));
+    }
+    if ((r = ddp__shm_map(ctx, fd, bytes)) != DDP_OK) { shm_unlink(ctx->shm_name); return r; }
+    h = ddp__shm_hdr(ctx);
+    h->world = (uint32_t)ctx->world;
+    h->slots = DDP__SLOTS;
+    h->chunk_bytes = DDP__CHUNK_BYTES;
+    h->total_bytes = bytes;
+    h->failed_rank = -1;
+    for (s = 0; s < ctx->world; s++) ddp__shm_block(ctx, s)->pid = 0;
+    __atomic_store_n(&h->magic, DDP__SHM_MAGIC, __ATOMIC_RELEASE);
+    return DDP_OK;
+}
+
+static ddp_result ddp__shm_attach(ddp_context *ctx, const char *name) {
+    size_t bytes = ddp__shm_size(ctx->world);
+    struct stat st;
+    ddp__shm_header *h;
+    ddp_result r;
+    int fd;
+    snprintf(ctx->shm_name, sizeof ctx->shm_name, "%s", name);
+    fd = shm_open(ctx->shm_name, O_RDWR, 0600);
+    if (fd < 0) return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot open rank 0's shared memory %s: %s "
+                                 "(are all ranks on one host?)", name, strerror(errno));
+    if (fstat(fd, &st) || (size_t)st.st_size != bytes) {
+        close(fd);
+        return ddp__fail(ctx, DDP_ERR_MISMATCH, "rank 0's shared memory %s has the wrong size (a different ddp.h "
+                         "version or world size?)", name);
+    }
+    if ((r = ddp__shm_map(ctx, fd, bytes)) != DDP_OK) return r;
+    h = ddp__shm_hdr(ctx);
+    if (h->magic != DDP__SHM_MAGIC || h->world != (uint32_t)ctx->world || h->chunk_bytes != DDP__CHUNK_BYTES)
+        return ddp__fail(ctx, DDP_ERR_MISMATCH, "rank 0's shared memory %s was made by a different ddp.h version", name);
+    return DDP_OK;
+}
+
+/* Rank 0 creates the segment and publishes its name; once everyone has it mapped it is
+   unlinked, so a crash from here on leaves nothing behind. */
+static ddp_result ddp__shm_setup(ddp_context *ctx, double deadline) {
+    ddp_result r;
+    if (ctx->rank == 0) {
+        if ((r = ddp__shm_create(ctx)) != DDP_OK) return r;
+        if ((r = ddp__store_set(ctx, "shm", ctx->shm_name, strlen(ctx->shm_name))) != DDP_OK) return r;
+    } else {
+        unsigned char *name;
+        uint32_t len;
+        int found;
+        if ((r = ddp__store_get(ctx, "shm", deadline, &name, &len, &found)) != DDP_OK) return r;
+        if (!found) return ddp__fail(ctx, DDP_ERR_TIMEOUT, "rank 0 did not publish its shared memory in time");
+        r = ddp__shm_attach(ctx, (const char *)name);
+        DDP_FREE(name);
+        if (r != DDP_OK) return r;
+    }
+    __atomic_store_n(&ddp__shm_block(ctx, ctx->rank)->pid, (int32_t)getpid(), __ATOMIC_RELEASE);
+    ctx->shm_what = "the shared-memory handshake";
+    r = ddp__shm_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0);
+    if (ctx->rank == 0) shm_unlink(ctx->shm_name);
+    return r;
+}
+
+/* --------------------------------------------------------------------------------------------
+   Process group: init, rendezvous, shutdown
+   -------------------------------------------------------------------------------------------- */
+static ddp_result ddp__list_missing(ddp_context *ctx, const char *prefix, int from, char *out, size_t cap) {
+    size_t len = 0;
+    int s, exists;
+    out[0] = 0;
+    for (s = from; s < ctx->world && len + 16 < cap; s++) {
+        char key[64];
+        ddp_result r;
+        snprintf(key, sizeof key, "%s%d", prefix, s);
+        if ((r = ddp__store_check(ctx, key, &exists)) != DDP_OK) return r;
+        if (!exists) len += (size_t)snprintf(out + len, cap - len, "%s%d", len ? ", " : "", s);
+    }
+    return DDP_OK;
+}
+
+/* Every rank announces itself; each then waits for all the others and checks they agree. */
+static ddp_result ddp__rendezvous(ddp_context *ctx, double deadline) {
+    char key[64], info[128], num[8];
+    unsigned char *reply;
+    uint32_t len, status;
+    int s, found;
+    ddp_result r;
+    snprintf(key, sizeof key, "claim/%d", ctx->rank);
+    r = ddp__store_request(ctx, DDP__OP_ADD, key, "1", 1, &reply, &len, &status, 0);
+    if (r != DDP_OK) return r;
+    snprintf(num, sizeof num, "%.7s", (const char *)reply);
+    DDP_FREE(reply);
+    if (strcmp(num, "1"))
+        return ddp__fail(ctx, DDP_ERR_BAD_ENV, "two processes of this job were started as rank %d", ctx->rank);
+    snprintf(key, sizeof key, "rank/%d", ctx->rank);
+    snprintf(info, sizeof info, "%d %d", ctx->world, (int)getpid());
+    if ((r = ddp__store_set(ctx, key, info, strlen(info))) != DDP_OK) return r;
+    for (s = 0; s < ctx->world; s++) {
+        int world = 0, pid = 0;
+        snprintf(key, sizeof key, "rank/%d", s);
+        if ((r = ddp__store_get(ctx, key, deadline, &reply, &len, &found)) != DDP_OK) return r;
+        if (!found) {
+            char missing[256];
+            if ((r = ddp__list_missing(ctx, "rank/", s, missing, sizeof missing)) != DDP_OK) return r;
+            return ddp__fail(ctx, DDP_ERR_TIMEOUT, "rank(s) %s never arrived at the rendezvous on %s:%d within "
+                             "%.0f s (WORLD_SIZE=%d)", missing, ctx->master_addr, ctx->desc.master_port,
+                             ctx->desc.timeout_s, ctx->world);
+        }
+        sscanf((const char *)reply, "%d %d", &world, &pid);
+        DDP_FREE(reply);
+        if (world != ctx->world)
+            return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks disagree on the world size: rank %d (pid %d) was "
+                             "started with WORLD_SIZE=%d, this rank with %d", s, pid, world, ctx->world);
+    }
+    return DDP_OK;
+}
+
+static void ddp__comm_stop(ddp_context *ctx);
+
+ddp_result ddp_init(ddp_context **out, const ddp_desc *desc) {
+    ddp_context *ctx;
+    double deadline;
+    ddp_result r;
+    if (!out) return DDP_ERR_INVALID_ARGUMENT;
+    *out = ctx = (ddp_context *)ddp__calloc(sizeof *ctx);
+    if (!ctx) return DDP_ERR_OUT_OF_MEMORY;
+    pthread_mutex_init(&ctx->err_lock, NULL);
+    pthread_mutex_init(&ctx->comm_lock, NULL);
+    pthread_cond_init(&ctx->comm_wake, NULL);
+    pthread_cond_init(&ctx->comm_done_cond, NULL);
+    ctx->store_fd = -1;
+    ctx->rank = -1;
+    ctx->sync_enabled = 1;
+    if ((r = ddp__resolve_desc(ctx, desc)) != DDP_OK) return ctx->failed = r;
+    if (ctx->world == 1) { ctx->backend = 0; return DDP_OK; }
+    ctx->backend = DDP_BACKEND_CPU;
+    if (!ctx->job_token[0])
+        ddp__log(ctx, DDP_LOG_INFO, "no DDP_JOB_TOKEN: the rendezvous store accepts any local client");
+    deadline = ddp__now() + ctx->desc.timeout_s;
+    if (ctx->rank == 0 && (r = ddp__server_start(ctx)) != DDP_OK) return ctx->failed = r;
+    if ((r = ddp__store_connect(ctx, deadline)) != DDP_OK) return ctx->failed = r;
+    if ((r = ddp__rendezvous(ctx, deadline)) != DDP_OK) return ctx->failed = r;
+    if ((r = ddp__shm_setup(ctx, deadline)) != DDP_OK) return ddp__fatal(ctx, r);
+    ddp__log(ctx, DDP_LOG_INFO, "rank %d of %d up (cpu backend, segment %s)", ctx->rank, ctx->world, ctx->shm_name);
+    return DDP_OK;
+}
+
+ddp_result ddp_shutdown(ddp_context *ctx) {
+    ddp_result r = DDP_OK;
+    if (!ctx) return DDP_OK;
+    ddp__comm_stop(ctx);
+    /* Rank 0 keeps its store up until every rank is done with it. */
+    if (ctx->shm && !ctx->failed) {
+        ctx->shm_what = "the shutdown barrier";
+        r = ddp__shm_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0);
+    }
+    if (ctx->store_fd >= 0) close(ctx->store_fd);
+    ddp__server_stop(ctx);
+    if (ctx->shm) {
+        munmap(ctx->shm, ctx->shm_bytes);
+        if (ctx->rank == 0) shm_unlink(ctx->shm_name);   /* already gone unless init failed */
+    }
+    ddp__free_floats(ctx->flat_params);
+    ddp__free_floats(ctx->flat_grads);
+    ddp__free_floats(ctx->adam_m);
+    ddp__free_floats(ctx->adam_v);
+    DDP_FREE(ctx->params);
+    DDP_FREE(ctx->buckets);
+    DDP_FREE(ctx->tape);
+    DDP_FREE(ctx->tape_arena);
+    pthread_mutex_destroy(&ctx->err_lock);
+    pthread_mutex_destroy(&ctx->comm_lock);
+    pthread_cond_destroy(&ctx->comm_wake);
+    pthread_cond_destroy(&ctx->comm_done_cond);
+    DDP_FREE(ctx);
+    return r;
+}
+
+/* Every public call that needs a live process group starts here. */
+static ddp_result ddp__usable(ddp_context *ctx, int need_commit, const char *call) {
+    if (!ctx) return DDP_ERR_INVALID_ARGUMENT;
+    if (ctx->failed) return ctx->failed;
+    if (need_commit && !ctx->committed)
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s needs ddp_commit first", call);
+    return DDP_OK;
+}
+
+/* --------------------------------------------------------------------------------------------
+   Parameters, the flat buffers and the buckets
+   -------------------------------------------------------------------------------------------- */
+ddp_result ddp_register_param(ddp_context *ctx, const char *name, size_t count, unsigned flags,
+                              const float *init, int *id_out) {
+    ddp_result r = ddp__usable(ctx, 0, "ddp_register_param");
+    ddp__param *p;
+    int i;
+    if (r != DDP_OK) return r;
+    if (ctx->committed)
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_register_param('%s') after ddp_commit", name ? name : "");
+    if (!name || !*name || strlen(name) >= DDP__NAME_MAX || strchr(name, '\n'))
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "parameter names must be 1 to %d characters without newlines",
+                         DDP__NAME_MAX - 1);
+    if (count == 0 || count > ((size_t)1 << 40))
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "parameter '%s' has %zu elements", name, count);
+    if (flags & ~(unsigned)DDP_NO_DECAY)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "parameter '%s' has unknown flags 0x%x", name, flags);
+    for (i = 0; i < ctx->num_params; i++)
+        if (!strcmp(ctx->params[i].name, name))
+            return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "parameter '%s' is registered twice", name);
+    if (ctx->num_params == ctx->cap_params) {
+        int cap = ctx->cap_params ? 2 * ctx->cap_params : 32;
+        ddp__param *grown = (ddp__param *)DDP_MALLOC(sizeof(ddp__param) * (size_t)cap);
+        if (!grown) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory registering '%s'", name);
+        if (ctx->num_params) memcpy(grown, ctx->params, sizeof(ddp__param) * (size_t)ctx->num_params);
+        DDP_FREE(ctx->params);
+        ctx->params = grown;
+        ctx->cap_params = cap;
+    }
+    p = &ctx->params[ctx->num_params];
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->count = count;
+    p->flags = flags;
+    p->init = init;
+    if (id_out) *id_out = ctx->num_params;
+    ctx->num_params++;
+    return DDP_OK;
+}
+
+/* Buckets walk the parameters backwards (the order backward finalizes them): the first is
+   capped at first_bucket_mb so communication starts early, the rest at bucket_cap_mb. A
+   parameter larger than the cap gets a bucket of its own; none is ever split. */
+static ddp_result ddp__build_buckets(ddp_context *ctx) {
+    size_t first_cap = (size_t)(ctx->desc.first_bucket_mb * 1048576.0);
+    size_t cap = (size_t)(ctx->desc.bucket_cap_mb * 1048576.0);
+    int i, n = 0;
+    ctx->buckets = (ddp__bucket *)ddp__calloc(sizeof(ddp__bucket) * (size_t)ctx->num_params);
+    if (!ctx->buckets) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory building buckets");
+    for (i = ctx->num_params - 1; i >= 0; i--) {
+        ddp__param *p = &ctx->params[i];
+        size_t end = i + 1 < ctx->num_params ? ctx->params[i + 1].offset : ctx->flat_count;
+        size_t bytes = (end - p->offset) * sizeof(float);
+        ddp__bucket *b = n ? &ctx->buckets[n - 1] : NULL;
+        size_t limit = n <= 1 ? first_cap : cap;
+        if (!b || (b->count * sizeof(float) + bytes > limit && b->count > 0)) {
+            b = &ctx->buckets[n++];
+            b->last_param = i;
+            b->count = 0;
+        }
+        b->first_param = i;
+        b->offset = p->offset;
+        b->count += end - p->offset;
+        p->bucket = n - 1;
+    }
+    ctx->num_buckets = n;
+    return DDP_OK;
+}
+
+/* One line per parameter; every rank must produce the same text. */
+static char *ddp__layout_text(ddp_context *ctx, size_t *len_out) {
+    size_t cap = 256 + (size_t)ctx->num_params * (DDP__NAME_MAX + 48), len;
+    char *text = (char *)DDP_MALLOC(cap);
+    int i;
+    if (!text) return NULL;
+    len = (size_t)snprintf(text, cap, "buckets %.6f %.6f %d\n", ctx->desc.first_bucket_mb,
+                           ctx->desc.bucket_cap_mb, ctx->desc.find_unused);
+    for (i = 0; i < ctx->num_params; i++)
+        len += (size_t)snprintf(text + len, cap - len, "%s %zu %u\n", ctx->params[i].name,
+                                ctx->params[i].count, ctx->params[i].flags);
+    *len_out = len;
+    return text;
+}
+
+static const char *ddp__line(const char *text, int index, char *out, size_t cap) {
+    int i;
+    for (i = 0; i < index && text; i++) { text = strchr(text, '\n'); if (text) text++; }
+    if (!text || !*text) { snprintf(out, cap, "nothing"); return out; }
+    snprintf(out, cap, "%.*s", (int)(strchr(text, '\n') ? strchr(text, '\n') - text : (long)strlen(text)), text);
+    return out;
+}
+
+/* Name the first line where two layouts differ, as a sentence every rank prints alike. */
+static ddp_result ddp__layout_mismatch(ddp_context *ctx, const char *a, const char *b, int rank_b) {
+    char la[DDP__NAME_MAX + 64], lb[DDP__NAME_MAX + 64];
+    int i = 0;
+    while (!strcmp(ddp__line(a, i, la, sizeof la), ddp__line(b, i, lb, sizeof lb))) i++;
+    if (i == 0)
+        return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks 0 and %d use different options: rank 0 has '%s', rank %d "
+                         "has '%s' (first_bucket_mb, bucket_cap_mb, find_unused)", rank_b, la, rank_b, lb);
+    return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks registered different parameters: parameter #%d is '%s' "
+                     "(name, elements, flags) on rank 0 but '%s' on rank %d", i - 1, la, lb, rank_b);
+}
+
+/* All ranks fetch rank 0's layout and every other rank's, so all reach the same verdict. */
+static ddp_result ddp__verify_layout(ddp_context *ctx) {
+    size_t len;
+    char *mine = ddp__layout_text(ctx, &len), *ref = NULL, key[32];
+    double deadline = ddp__now() + ctx->desc.timeout_s;
+    ddp_result r;
+    uint32_t rlen;
+    int s, found;
+    if (!mine) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory checking the layout");
+    snprintf(key, sizeof key, "layout/%d", ctx->rank);
+    r = ddp__store_set(ctx, key, mine, len);
+    for (s = 0; s < ctx->world && r == DDP_OK; s++) {
+        unsigned char *text;
+        snprintf(key, sizeof key, "layout/%d", s);
+        if ((r = ddp__store_get(ctx, key, deadline, &text, &rlen, &found)) != DDP_OK) break;
+        if (!found) { r = ddp__fail(ctx, DDP_ERR_TIMEOUT, "rank %d did not reach ddp_commit within %.0f s", s, ctx->desc.timeout_s); break; }
+        if (s == 0) { ref = (char *)text; continue; }
+        if (strcmp(ref, (const char *)text)) r = ddp__layout_mismatch(ctx, ref, (const char *)text, s);
+        DDP_FREE(text);
+    }
+    DDP_FREE(ref);
+    DDP_FREE(mine);
+    return r;
+}
+
+static ddp_result ddp__comm_start(ddp_context *ctx);
+
+ddp_result ddp_commit(ddp_context *ctx) {
+    ddp_result r = ddp__usable(ctx, 0, "ddp_commit");
+    size_t offset = 0;
+    int i;
+    if (r != DDP_OK) return r;
+    if (ctx->committed) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_commit called twice");
+    if (ctx->num_params == 0) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_commit with no parameters registered");
+    for (i = 0; i < ctx->num_params; i++) {
+        ctx->params[i].offset = offset;
+        offset += ddp__round_up(ctx->params[i].count, DDP__ALIGN_FLOATS);
+    }
+    ctx->flat_count = offset;
+    ctx->flat_params = ddp__alloc_floats(offset);
+    ctx->flat_grads = ddp__alloc_floats(offset);
+    if (!ctx->flat_params || !ctx->flat_grads)
+        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %zu parameters", offset);
+    for (i = 0; i < ctx->num_params; i++) {
+        ddp__param *p = &ctx->params[i];
+        if (p->init) memcpy(ctx->flat_params + p->offset, p->init, p->count * sizeof(float));
+        p->init = NULL;
+    }
+    if ((r = ddp__build_buckets(ctx)) != DDP_OK) return r;
+    if (ctx->world > 1) {
+        if ((r = ddp__verify_layout(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
+        ctx->shm_what = "the broadcast of rank 0's initial parameters";
+        r = ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->flat_params, offset * sizeof(float), 0);
+        if (r != DDP_OK) return r;
+        if ((r = ddp__comm_start(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
+    }
+    ctx->committed = 1;
+    return DDP_OK;
+}
+
+static int ddp__valid_id(const ddp_context *ctx, int id) { return ctx && ctx->committed && id >= 0 && id < ctx->num_params; }
+float *ddp_param(ddp_context *ctx, int id) { return ddp__valid_id(ctx, id) ? ctx->flat_params + ctx->params[id].offset : NULL; }
+float *ddp_grad(ddp_context *ctx, int id) { return ddp__valid_id(ctx, id) ? ctx->flat_grads + ctx->params[id].offset : NULL; }
+size_t ddp_param_count(const ddp_context *ctx, int id) { return ctx && id >= 0 && id < ctx->num_params ? ctx->params[id].count : 0; }
+const char *ddp_param_name(const ddp_context *ctx, int id) { return ctx && id >= 0 && id < ctx->num_params ? ctx->params[id].name : NULL; }
+int ddp_num_params(const ddp_context *ctx) { return ctx->num_params; }
+int ddp_num_buckets(const ddp_context *ctx) { return ctx->num_buckets; }
+float *ddp_flat_params(ddp_context *ctx, size_t *count_out) { if (count_out) *count_out = ctx->flat_count; return ctx->flat_params; }
+float *ddp_flat_grads(ddp_context *ctx, size_t *count_out) { if (count_out) *count_out = ctx->flat_count; return ctx->flat_grads; }
+
+ddp_result ddp_bucket(const ddp_context *ctx, int index, ddp_bucket_info *out) {
+    const ddp__bucket *b;
+    if (!ctx || !out || index < 0 || index >= ctx->num_buckets) return DDP_ERR_INVALID_ARGUMENT;
+    b = &ctx->buckets[index];
+    out->offset = b->offset;
+    out->count = b->count;
+    out->first_param = b->first_param;
+    out->last_param = b->last_param;
+    return DDP_OK;
+}
+
+/* --------------------------------------------------------------------------------------------
+   The communication thread. Buckets are launched strictly in bucket order, so the queue is
+   just two counters: launched and done; the thread reduces bucket `done` next.
+   -------------------------------------------------------------------------------------------- */
+static void *ddp__comm_main(void *arg) {
+    ddp_context *ctx = (ddp_context *)arg;
+    pthread_mutex_lock(&ctx->comm_lock);
+    for (;;) {
+        int index;
+        double t0, seconds = 0;
+        ddp_result r = DDP_OK;
+        while (!ctx->comm_stop && ctx->comm_done == ctx->comm_launched) pthread_cond_wait(&ctx->comm_wake, &ctx->comm_lock);
+        if (ctx->comm_done == ctx->comm_launched) break;
+        index = ctx->comm_done;
+        pthread_mutex_unlock(&ctx->comm_lock);
+        if (!ctx->comm_error) {
+            const ddp__bucket *b = &ctx->buckets[index];
+            snprintf(ctx->shm_what_buf, sizeof ctx->shm_what_buf, "the allreduce of gradient bucket %d", index);
+            ctx->shm_what = ctx->shm_what_buf;
+            t0 = ddp__now();
+            r = ddp__shm_collective(ctx, DDP__KIND_AVG, ctx->flat_grads + b->offset, b->count, 0);
+            seconds = ddp__now() - t0;
+        }
+        pthread_mutex_lock(&ctx->comm_lock);
+        ctx->comm_seconds += seconds;
+        if (r != DDP_OK && !ctx->comm_error) ctx->comm_error = r;
+        ctx->comm_done++;
+        pthread_cond_broadcast(&ctx->comm_done_cond);
+    }
+    pthread_mutex_unlock(&ctx->comm_lock);
+    return NULL;
+}
+
+static ddp_result ddp__comm_start(ddp_context *ctx) {
+    if (pthread_create(&ctx->comm_thread, NULL, ddp__comm_main, ctx))
+        return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot start the communication thread");
+    ctx->comm_started = 1;
+    return DDP_OK;
+}
+
+static void ddp__comm_stop(ddp_context *ctx) {
+    if (!ctx->comm_started) return;
+    pthread_mutex_lock(&ctx->comm_lock);
+    if (ctx->comm_done != ctx->comm_launched && !ctx->failed) {
+        /* Leaving mid-step: tell the peers rather than let them wait for the timeout. */
+        pthread_mutex_unlock(&ctx->comm_lock);
+        ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_shutdown in the middle of a step"));
+        pthread_mutex_lock(&ctx->comm_lock);
+    }
+    ctx->comm_stop = 1;
+    pthread_cond_signal(&ctx->comm_wake);
+    pthread_mutex_unlock(&ctx->comm_lock);
+    pthread_join(ctx->comm_thread, NULL);
+    ctx->comm_started = 0;
+}
+
+static void ddp__launch(ddp_context *ctx, int index) {
+    ctx->stats.buckets_launched++;
+    ctx->stats.bytes_reduced += ctx->buckets[index].count * sizeof(float);
+    pthread_mutex_lock(&ctx->comm_lock);
+    ctx->comm_launched++;
+    pthread_cond_signal(&ctx->comm_wake);
+    pthread_mutex_unlock(&ctx->comm_lock);
+}
+
+/* Launch every bucket that is complete and whose predecessors are launched. */
+static void ddp__launch_ready(ddp_context *ctx) {
+    if (!ctx->sync_enabled || ctx->world == 1) return;
+    while (ctx->next_launch < ctx->num_buckets && ctx->buckets[ctx->next_launch].pending == 0)
+        ddp__launch(ctx, ctx->next_launch++);
+}
+
+/* --------------------------------------------------------------------------------------------
+   The step: ready hooks, the tape, finish
+   -------------------------------------------------------------------------------------------- */
+static void ddp__begin_step(ddp_context *ctx) {
+    int i;
+    if (ctx->in_step) return;
+    ctx->in_step = 1;
+    ctx->step_start = ddp__now();
+    memset(&ctx->stats, 0, sizeof ctx->stats);
+    for (i = 0; i < ctx->num_buckets; i++)
+        ctx->buckets[i].pending = ctx->buckets[i].last_param - ctx->buckets[i].first_param + 1;
+    ctx->next_launch = 0;
+}
+
+ddp_result ddp_grad_ready(ddp_context *ctx, int id) {
+    ddp_result r = ddp__usable(ctx, 1, "ddp_grad_ready");
+    ddp__param *p;
+    if (r != DDP_OK) return r;
+    if (id < 0 || id >= ctx->num_params)
+        return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_grad_ready: no parameter has id %d", id));
+    ddp__begin_step(ctx);
+    p = &ctx->params[id];
+    if (p->ready)
+        return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_DOUBLE_READY, "the gradient of '%s' was marked ready twice in "
+                                         "one backward (list a parameter only with the op whose backward finishes it)", p->name));
+    p->ready = 1;
+    p->touched = 1;
+    if (--ctx->buckets[p->bucket].pending == 0) ddp__launch_ready(ctx);
+    return DDP_OK;
+}
+
+/* Parameters without a gradient in a synchronizing backward: an error naming them, or (with
+   find_unused) a zero gradient unless an earlier accumulation micro-step gave them one. */
+static ddp_result ddp__handle_unused(ddp_context *ctx) {
+    char names[512];
+    size_t len = 0;
+    int i, unused = 0;
+    names[0] = 0;
+    for (i = 0; i < ctx->num_params; i++) {
+        ddp__param *p = &ctx->params[i];
+        if (p->ready) continue;
+        if (ctx->desc.find_unused) {
+            if (!p->touched) memset(ctx->flat_grads + p->offset, 0, p->count * sizeof(float));
+            p->ready = 1;
+            ctx->buckets[p->bucket].pending--;
+            continue;
+        }
+        if (unused++ < 8 && len + DDP__NAME_MAX + 8 < sizeof names)
+            len += (size_t)snprintf(names + len, sizeof names - len, "%s'%s'", len ? ", " : "", p->name);
+    }
+    if (unused > 8) snprintf(names + len, sizeof names - len, " and %d more", unused - 8);
+    if (unused)
+        return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_UNUSED_PARAMETER, "%d parameter(s) got no gradient in this "
+                                         "backward: %s (set find_unused in ddp_desc if that is intended)", unused, names));
+    return DDP_OK;
+}
+
+static void ddp__end_step(ddp_context *ctx) {
+    int i;
+    for (i = 0; i < ctx->num_params; i++) ctx->params[i].ready = 0;
+    ctx->in_step = 0;
+    ctx->last_stats = ctx->stats;
+}
+
+ddp_result ddp_finish(ddp_context *ctx) {
+    ddp_result r = ddp__usable(ctx, 1, "ddp_finish");
+    double t_wait;
+    if (r != DDP_OK) return r;
+    ddp__begin_step(ctx);
+    t_wait = ddp__now();
+    ctx->stats.backward_ms = 1e3 * (t_wait - ctx->step_start);
+    if (ctx->sync_enabled) {
+        if ((r = ddp__handle_unused(ctx)) != DDP_OK) return r;
+        ddp__launch_ready(ctx);
+        pthread_mutex_lock(&ctx->comm_lock);
+        while (ctx->comm_done < ctx->comm_launched) pthread_cond_wait(&ctx->comm_done_cond, &ctx->comm_lock);
+        r = ctx->comm_error;
+        ctx->stats.comm_ms = 1e3 * ctx->comm_seconds;
+        ctx->comm_seconds = 0;
+        ctx->comm_launched = ctx->comm_done = 0;
+        pthread_mutex_unlock(&ctx->comm_lock);
+        ctx->stats.exposed_ms = 1e3 * (ddp__now() - t_wait);
+    }
+    ddp__end_step(ctx);
+    return r;
+}
+
+ddp_result ddp_tape_record(ddp_context *ctx, ddp_backward_fn backward, const void *args,
+                           size_t args_size, const int *param_ids, int num_param_ids) {
+    ddp_result r = ddp__usable(ctx, 1, "ddp_tape_record");
+    size_t args_at, ids_at, need;
+    ddp__tape_op *op;
+    int i;
+    if (r != DDP_OK) return r;
+    if (!backward || (args_size && !args) || num_param_ids < 0 || (num_param_ids && !param_ids))
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_tape_record: needs a backward function, and args/ids "
+                         "pointers when their sizes are non-zero");
+    for (i = 0; i < num_param_ids; i++)
+        if (param_ids[i] < 0 || param_ids[i] >= ctx->num_params)
+            return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_tape_record: no parameter has id %d", param_ids[i]);
+    args_at = ddp__round_up(ctx->arena_len, 16);
+    ids_at = ddp__round_up(args_at + args_size, sizeof(int));
+    need = ids_at + sizeof(int) * (size_t)num_param_ids;
+    if (need > ctx->arena_cap) {
+        size_t cap = ctx->arena_cap ? ctx->arena_cap : 4096;
+        unsigned char *grown;
+        while (cap < need) cap *= 2;
+        if (!(grown = (unsigned char *)DDP_MALLOC(cap))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory growing the tape");
+        if (ctx->arena_len) memcpy(grown, ctx->tape_arena, ctx->arena_len);
+        DDP_FREE(ctx->tape_arena);
+        ctx->tape_arena = grown;
+        ctx->arena_cap = cap;
+    }
+    if (ctx->tape_len == ctx->tape_cap) {
+        int cap = ctx->tape_cap ? 2 * ctx->tape_cap : 64;
+        ddp__tape_op *grown = (ddp__tape_op *)DDP_MALLOC(sizeof(ddp__tape_op) * (size_t)cap);
+        if (!grown) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory growing the tape");
+        if (ctx->tape_len) memcpy(grown, ctx->tape, sizeof(ddp__tape_op) * (size_t)ctx->tape_len);
+        DDP_FREE(ctx->tape);
+        ctx->tape = grown;
+        ctx->tape_cap = cap;
+    }
+    if (args_size) memcpy(ctx->tape_arena + args_at, args, args_size);
+    if (num_param_ids) memcpy(ctx->tape_arena + ids_at, param_ids, sizeof(int) * (size_t)num_param_ids);
+    ctx->arena_len = need;
+    op = &ctx->tape[ctx->tape_len++];
+    op->fn = backward;
+    op->args_offset = args_at;
+    op->ids_offset = ids_at;
+    op->num_ids = num_param_ids;
+    return DDP_OK;
+}
+
+void ddp_tape_reset(ddp_context *ctx) { ctx->tape_len = 0; ctx->arena_len = 0; }
+
+ddp_result ddp_backward(ddp_context *ctx) {
+    ddp_result r = ddp__usable(ctx, 1, "ddp_backward");
+    int i, k;
+    if (r != DDP_OK) return r;
+    ddp__begin_step(ctx);
+    for (i = ctx->tape_len - 1; i >= 0 && r == DDP_OK; i--) {
+        const ddp__tape_op *op = &ctx->tape[i];
+        int ids[64];
+        int n = op->num_ids;
+        op->fn(ctx->tape_arena + op->args_offset);
+        for (k = 0; k < n && r == DDP_OK; k += 64) {
+            int j, m = n - k < 64 ? n - k : 64;
+            memcpy(ids, ctx->tape_arena + op->ids_offset + sizeof(int) * (size_t)k, sizeof(int) * (size_t)m);
+            for (j = 0; j < m && r == DDP_OK; j++) r = ddp_grad_ready(ctx, ids[j]);
+        }
+    }
+    ddp_tape_reset(ctx);
+    return r == DDP_OK ? ddp_finish(ctx) : r;
+}
+
+ddp_result ddp_zero_grad(ddp_context *ctx) {
+    ddp_result r = ddp__usable(ctx, 1, "ddp_zero_grad");
+    int i;
+    if (r != DDP_OK) return r;
+    if (ctx->in_step) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_zero_grad while a backward is in flight");
+    memset(ctx->flat_grads, 0, ctx->flat_count * sizeof(float));
+    for (i = 0; i < ctx->num_params; i++) ctx->params[i].touched = 0;
+    return DDP_OK;
+}
+
+void ddp_set_sync(ddp_context *ctx, int enabled) {
+    if (ctx->in_step) { ddp__log(ctx, DDP_LOG_WARN, "ddp_set_sync ignored: a backward is in flight"); return; }
+    ctx->sync_enabled = enabled != 0;
+}
+
+ddp_result ddp_last_step_stats(const ddp_context *ctx, ddp_step_stats *out) {
+    if (!ctx || !out) return DDP_ERR_INVALID_ARGUMENT;
+    *out = ctx->last_stats;
+    return DDP_OK;
+}
+
+/* --------------------------------------------------------------------------------------------
+   AdamW: one fused pass over the flat buffers (the same arithmetic as PyTorch's AdamW).
+   -------------------------------------------------------------------------------------------- */
+static double ddp__sum_squares(const float *x, size_t n) {
+    double total = 0;
+    size_t i, j;
+    for (i = 0; i < n; i += 4096) {            /* float partials, double across blocks */
+        float part = 0;
+        size_t end = i + 4096 < n ? i + 4096 : n;
+        for (j = i; j < end; j++) part += x[j] * x[j];
+        total += part;
+    }
+    return total;
+}
+
+static void ddp__adamw_range(float *p, const float *g, float *m, float *v, size_t n, float clip, float lr,
+                             float b1, float b2, float eps, float decay, float step_size, float bc2_sqrt) {
+    size_t i;
+    for (i = 0; i < n; i++) {
+        float grad = g[i] * clip;
+        m[i] = b1 * m[i] + (1.0f - b1) * grad;
+        v[i] = b2 * v[i] + (1.0f - b2) * grad * grad;
+        p[i] -= lr * decay * p[i];
+        p[i] -= step_size * m[i] / (sqrtf(v[i]) / bc2_sqrt + eps);
+    }
+}
+
+ddp_result ddp_adamw_step(ddp_context *ctx, const ddp_adamw *opt, float *grad_norm_out) {
+    ddp_result r = ddp__usable(ctx, 1, "ddp_adamw_step");
+    float b1, b2, eps, clip = 1.0f, step_size, bc2_sqrt;
+    double norm;
+    int i;
+    if (r != DDP_OK) return r;
+    if (ctx->in_step)
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_adamw_step while a backward is in flight (call ddp_finish first)");
+    if (!opt) return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_adamw_step needs options");
+    b1 = opt->beta1 ? opt->beta1 : 0.9f;
+    b2 = opt->beta2 ? opt->beta2 : 0.999f;
+    eps = opt->eps ? opt->eps : 1e-8f;
+    if (!(opt->lr >= 0) || !(b1 > 0 && b1 < 1) || !(b2 > 0 && b2 < 1) || !(eps > 0) ||
+        !(opt->weight_decay >= 0) || !(opt->max_grad_norm >= 0))
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_adamw: lr=%g beta1=%g beta2=%g eps=%g weight_decay=%g "
+                         "max_grad_norm=%g out of range", opt->lr, b1, b2, eps, opt->weight_decay, opt->max_grad_norm);
+    if (!ctx->adam_m) {
+        ctx->adam_m = ddp__alloc_floats(ctx->flat_count);
+        ctx->adam_v = ddp__alloc_floats(ctx->flat_count);
+        if (!ctx->adam_m || !ctx->adam_v) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for AdamW state");
+    }
+    norm = sqrt(ddp__sum_squares(ctx->flat_grads, ctx->flat_count));
+    if (grad_norm_out) *grad_norm_out = (float)norm;
+    if (opt->max_grad_norm > 0 && norm > opt->max_grad_norm) clip = (float)(opt->max_grad_norm / (norm + 1e-6));
+    ctx->adam_step++;
+    step_size = (float)(opt->lr / (1.0 - pow(b1, (double)ctx->adam_step)));
+    bc2_sqrt = (float)sqrt(1.0 - pow(b2, (double)ctx->adam_step));
+    for (i = 0; i < ctx->num_params; i++) {
+        const ddp__param *p = &ctx->params[i];
+        float decay = (p->flags & DDP_NO_DECAY) ? 0.0f : opt->weight_decay;
+        ddp__adamw_range(ctx->flat_params + p->offset, ctx->flat_grads + p->offset, ctx->adam_m + p->offset,
+                         ctx->adam_v + p->offset, p->count, clip, opt->lr, b1, b2, eps, decay, step_size, bc2_sqrt);
+    }
+    return DDP_OK;
+}
+
+ddp_result ddp_adamw_state(ddp_context *ctx, float **m, float **v, int64_t **step) {
+    ddp_result r = ddp__usable(ctx, 1, "ddp_adamw_state");
+    if (r != DDP_OK) return r;
+    if (!ctx->adam_m) {
+        ctx->adam_m = ddp__alloc_floats(ctx->flat_count);
+        ctx->adam_v = ddp__alloc_floats(ctx->flat_count);
+        if (!ctx->adam_m || !ctx->adam_v) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for AdamW state");
+    }
+    if (m) *m = ctx->adam_m;
+    if (v) *v = ctx->adam_v;
+    if (step) *step = &ctx->adam_step;
+    return DDP_OK;
+}
+
+/* --------------------------------------------------------------------------------------------
+   Collectives on user buffers
+   -------------------------------------------------------------------------------------------- */
+static ddp_result ddp__user_collective(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root, const char *name) {
+    ddp_result r = ddp__usable(ctx, 0, name);
+    if (r != DDP_OK) return r;
+    if (ctx->in_step)
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s while a backward is in flight (call it between steps)", name);
+    if (count && !data) return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: NULL buffer of %zu elements", name, count);
+    if (root < 0 || root >= ctx->world)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: root %d is not a rank (world size %d)", name, root, ctx->world);
+    if (ctx->world == 1) return DDP_OK;
+    snprintf(ctx->shm_what_buf, sizeof ctx->shm_what_buf, "%s of %zu elements", name, count);
+    ctx->shm_what = ctx->shm_what_buf;
+    return ddp__shm_collective(ctx, kind, data, count, root);
+}
+
+ddp_result ddp_allreduce(ddp_context *ctx, float *data, size_t count, ddp_op op) {
+    if (ctx && op != DDP_AVG && op != DDP_SUM)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_allreduce: unknown op %d", (int)op);
+    return ddp__user_collective(ctx, op == DDP_SUM ? DDP__KIND_SUM : DDP__KIND_AVG, data, count, 0, "ddp_allreduce");
+}
+
+ddp_result ddp_broadcast(ddp_context *ctx, void *data, size_t bytes, int root) {
+    return ddp__user_collective(ctx, DDP__KIND_BROADCAST, data, bytes, root, "ddp_broadcast");
+}
+
+ddp_result ddp_barrier(ddp_context *ctx) {
+    return ddp__user_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0, "ddp_barrier");
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DDP__IMPLEMENTED */
+#endif /* DDP_IMPLEMENTATION */
+
+/*
+   LICENSE (MIT)
+   Copyright (c) 2026 the ddp.h authors
+
+   Permission is hereby granted, free of charge, to any person obtaining a copy of this software
+   and associated documentation files (the "Software"), to deal in the Software without
+   restriction, including without limitation the rights to use, copy, modify, merge, publish,
+   distribute, sublicense, and/or sell copies of the Software, and to permit persons to whom the
+   Software is furnished to do so, subject to the following conditions:
+
+   The above copyright notice and this permission notice shall be included in all copies or
+   substantial portions of the Software.
+
+   THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR IMPLIED, INCLUDING
+   BUT NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY, FITNESS FOR A PARTICULAR PURPOSE AND
+   NONINFRINGEMENT. IN NO EVENT SHALL THE AUTHORS OR COPYRIGHT HOLDERS BE LIABLE FOR ANY CLAIM,
+   DAMAGES OR OTHER LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM,
+   OUT OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE SOFTWARE.
+*/

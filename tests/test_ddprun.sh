@@ -1,0 +1,216 @@
+#!/usr/bin/env bash
+# Tests for the ddprun launcher.  Usage: tests/test_ddprun.sh [path/to/ddprun]
+# Prints "PASS <name>" or "FAIL <name>: <why>" per check; exits 1 if any failed.
+# Ranks are `sh -c` scripts, so no extra binaries are needed.
+set -u
+
+DDPRUN=${1:-build/ddprun}
+case $DDPRUN in */*) ;; *) DDPRUN=./$DDPRUN ;; esac
+if [ ! -x "$DDPRUN" ]; then
+    echo "FAIL setup: '$DDPRUN' is not an executable"
+    exit 1
+fi
+
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/test_ddprun.XXXXXX") || exit 1
+trap 'rm -rf "$TMP"' EXIT
+failures=0
+
+report() { # name why
+    if [ -z "$2" ]; then echo "PASS $1"; else echo "FAIL $1: $2"; failures=$((failures + 1)); fi
+}
+
+now_ms() { echo $(($(date +%s%N) / 1000000)); }
+
+# run SECONDS ARGS...: ddprun under a timeout; sets rc, elapsed_ms, out/err files.
+run() {
+    local limit=$1 start
+    shift
+    start=$(now_ms)
+    timeout -s KILL "$limit" "$DDPRUN" "$@" >"$TMP/out" 2>"$TMP/err"
+    rc=$?
+    elapsed_ms=$(($(now_ms) - start))
+}
+
+# A zombie waiting for its reaper counts as gone.
+alive() {
+    kill -0 "$1" 2>/dev/null || return 1
+    ! grep -q '^[0-9]* (.*) Z' "/proc/$1/stat" 2>/dev/null
+}
+
+# leftovers DIR: pids (one per *.pid file) still alive after up to 3 s.
+leftovers() {
+    local tries pid file left
+    for tries in $(seq 30); do
+        left=""
+        for file in "$1"/*.pid; do
+            [ -e "$file" ] || continue
+            pid=$(cat "$file")
+            if [ -n "$pid" ] && alive "$pid"; then left="$left $pid"; fi
+        done
+        [ -z "$left" ] && return 0
+        sleep 0.1
+    done
+    echo "$left"
+    kill -9 $left 2>/dev/null # don't leak them past the test
+}
+
+# A rank script that records its shell's pid and its child's pid, then waits.
+# The background sleep checks that ddprun stops a rank's whole process group.
+SLEEPER='echo $$ > "$PIDS/sh.$RANK.pid"; sleep 30 & echo $! > "$PIDS/sleep.$RANK.pid"; wait'
+
+test_environment() {
+    local why="" r tokens token2 port
+    run 10 -n 3 --master-port 29555 sh -c \
+        'echo "$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT $DDP_JOB_TOKEN"'
+    [ $rc -eq 0 ] || why="exit $rc"
+    [ "$(wc -l <"$TMP/out")" -eq 3 ] || why="$why; expected 3 lines, got $(wc -l <"$TMP/out")"
+    for r in 0 1 2; do
+        grep -Eq "^\[rank $r\] $r 3 $r 3 127\.0\.0\.1 29555 [0-9a-f]{32}\$" "$TMP/out" ||
+            why="$why; no correct line for rank $r"
+    done
+    tokens=$(awk '{print $NF}' "$TMP/out" | sort -u)
+    [ "$(echo "$tokens" | wc -l)" -eq 1 ] || why="$why; ranks got different tokens"
+    report "environment and prefixes" "${why#; }"
+
+    why=""
+    run 10 --nproc=2 sh -c 'echo "$MASTER_PORT $DDP_JOB_TOKEN"'
+    [ $rc -eq 0 ] || why="exit $rc"
+    port=$(awk '{print $3}' "$TMP/out" | sort -u)
+    token2=$(awk '{print $4}' "$TMP/out" | sort -u)
+    [ "$(echo "$port" | wc -l)" -eq 1 ] && [[ $port =~ ^[0-9]+$ ]] && [ "$port" -ge 1 ] &&
+        [ "$port" -le 65535 ] || why="$why; bad MASTER_PORT '$port'"
+    [[ $token2 =~ ^[0-9a-f]{32}$ ]] || why="$why; bad token '$token2'"
+    [ "$token2" != "$tokens" ] || why="$why; two jobs got the same token"
+    report "free port and fresh token per job" "${why#; }"
+}
+
+test_failing_rank() {
+    local why=""
+    run 20 -n 3 sh -c 'if [ "$RANK" = 1 ]; then sleep 0.2; exit 3; fi; sleep 30'
+    [ $rc -eq 3 ] || why="exit $rc, expected 3"
+    [ $elapsed_ms -lt 10000 ] || why="$why; took ${elapsed_ms} ms"
+    grep -q 'rank 1 .*exited with status 3' "$TMP/err" || why="$why; stderr does not name rank 1 and status 3"
+    report "failing rank stops the job" "${why#; }"
+}
+
+test_killed_rank() {
+    local why="" left
+    export PIDS="$TMP/killed" && mkdir -p "$PIDS"
+    run 20 -n 3 sh -c 'if [ "$RANK" = 2 ]; then sleep 0.5; kill -9 $$; fi; '"$SLEEPER"
+    [ $rc -eq 137 ] || why="exit $rc, expected 137"
+    grep -q 'rank 2 .*killed by signal 9' "$TMP/err" || why="$why; stderr does not name rank 2 and signal 9"
+    left=$(leftovers "$PIDS") || why="$why; processes left running:$left"
+    [ "$(ls "$PIDS" | wc -l)" -eq 4 ] || why="$why; ranks did not start"
+    report "rank killed by a signal" "${why#; }"
+}
+
+test_grace_kill() {
+    local why="" left
+    export PIDS="$TMP/grace" && mkdir -p "$PIDS"
+    run 20 --grace 1 -n 3 sh -c 'trap "" TERM; if [ "$RANK" = 0 ]; then sleep 0.3; exit 5; fi; '"$SLEEPER"
+    [ $rc -eq 5 ] || why="exit $rc, expected 5"
+    [ $elapsed_ms -ge 1000 ] && [ $elapsed_ms -lt 4000 ] || why="$why; took ${elapsed_ms} ms, expected 1-4 s"
+    left=$(leftovers "$PIDS") || why="$why; processes left running:$left"
+    report "TERM-ignoring ranks are killed after the grace period" "${why#; }"
+}
+
+# signal_test NAME SIGNAL EXPECTED_RC RANK_PREAMBLE [SECOND_SIGNAL]
+signal_test() {
+    local name=$1 sig=$2 expect=$3 preamble=$4 second=${5:-} why="" pid tries left start
+    export PIDS="$TMP/sig.$sig$second" && mkdir -p "$PIDS"
+    "$DDPRUN" --grace 20 -n 2 sh -c "$preamble $SLEEPER" >"$TMP/out" 2>"$TMP/err" &
+    pid=$!
+    for tries in $(seq 50); do
+        [ "$(ls "$PIDS" | wc -l)" -eq 4 ] && break
+        sleep 0.1
+    done
+    start=$(now_ms)
+    kill -"$sig" "$pid"
+    if [ -n "$second" ]; then sleep 0.3; kill -"$second" "$pid"; fi
+    for tries in $(seq 100); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+        why="ddprun still running 10 s after SIG$sig"
+        kill -9 "$pid"
+    fi
+    wait "$pid"
+    rc=$?
+    [ $rc -eq "$expect" ] || why="$why; exit $rc, expected $expect"
+    [ $(($(now_ms) - start)) -lt 5000 ] || why="$why; too slow to stop"
+    left=$(leftovers "$PIDS") || why="$why; processes left running:$left"
+    report "$name" "${why#; }"
+}
+
+test_bad_usage() {
+    local why="" args
+    for args in "-n 0 true" "-n abc true" "-n 1025 true" "-n 2" "--master-port 70000 true" \
+        "--grace x true" "--bogus true" "-n"; do
+        # shellcheck disable=SC2086 # split on purpose
+        run 5 $args
+        [ $rc -eq 2 ] || why="$why; '$args' exit $rc"
+        grep -q usage "$TMP/err" || why="$why; '$args' printed no usage"
+        [ "$(wc -l <"$TMP/err")" -ge 2 ] || why="$why; '$args' printed no message"
+    done
+    run 5 --help
+    [ $rc -eq 0 ] && grep -q usage "$TMP/out" || why="$why; --help exit $rc"
+    report "bad usage exits 2" "${why#; }"
+}
+
+test_missing_program() {
+    local why="" prog
+    for prog in /nonexistent/program no-such-program-ddprun-test; do
+        run 10 -n 2 "$prog"
+        [ $rc -ne 0 ] || why="$why; $prog exit 0"
+        grep -q "cannot run '$prog'" "$TMP/err" || why="$why; no 'cannot run' for $prog"
+    done
+    report "missing program" "${why#; }"
+}
+
+test_no_interleaving() {
+    local why="" line bad
+    line=$(printf '%0200d' 0 | tr 0 x)
+    run 30 -n 2 sh -c 'yes "$1" | head -n 2000' sh "$line"
+    [ $rc -eq 0 ] || why="exit $rc"
+    bad=$(grep -Evc "^\[rank [01]\] $line\$" "$TMP/out")
+    [ "$bad" -eq 0 ] || why="$why; $bad malformed lines"
+    [ "$(grep -c '^\[rank 0\]' "$TMP/out")" -eq 2000 ] && [ "$(grep -c '^\[rank 1\]' "$TMP/out")" -eq 2000 ] ||
+        why="$why; wrong line counts"
+    report "lines are not interleaved" "${why#; }"
+}
+
+test_long_and_partial_lines() {
+    local why="" xs
+    run 10 -n 1 sh -c 'head -c 200000 /dev/zero | tr "\0" x; echo; printf tail; printf oops >&2'
+    [ $rc -eq 0 ] || why="exit $rc"
+    xs=$(grep -v tail "$TMP/out" | sed 's/^\[rank 0\] //' | tr -d '\n' | wc -c)
+    [ "$xs" -eq 200000 ] || why="$why; got $xs of 200000 bytes"
+    [ "$(grep -vc '^\[rank 0\] ' "$TMP/out")" -eq 0 ] || why="$why; a piece lacks the prefix"
+    [ "$(tail -n 1 "$TMP/out")" = "[rank 0] tail" ] || why="$why; unterminated stdout line lost"
+    grep -qx '\[rank 0\] oops' "$TMP/err" || why="$why; unterminated stderr line lost"
+    report "long and unterminated lines" "${why#; }"
+}
+
+test_closed_stdout() {
+    local why="" rcs
+    timeout -s KILL 20 "$DDPRUN" -n 2 sh -c 'yes | head -n 100000' 2>"$TMP/err" | head -n 1 >/dev/null
+    rcs=${PIPESTATUS[0]}
+    [ "$rcs" -eq 0 ] || why="exit $rcs"
+    report "closed stdout does not stop supervision" "$why"
+}
+
+test_environment
+test_failing_rank
+test_killed_rank
+test_grace_kill
+signal_test "SIGINT stops the job with 130" INT 130 ""
+signal_test "SIGTERM stops the job with 143" TERM 143 ""
+signal_test "second SIGINT kills at once" INT 130 'trap "" INT TERM;' INT
+test_bad_usage
+test_missing_program
+test_no_interleaving
+test_long_and_partial_lines
+test_closed_stdout
+
+[ $failures -eq 0 ]

@@ -1,0 +1,537 @@
+/*
+ * ddprun - start N local ranks of a data-parallel program (a tiny torchrun).
+ *
+ *   ddprun [-n N] [--master-port P] [--grace SECONDS] [--] PROGRAM [ARGS...]
+ *
+ * Every rank runs PROGRAM (looked up in PATH) with RANK, WORLD_SIZE,
+ * LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT and a
+ * per-job random DDP_JOB_TOKEN added to the environment.  Each line a rank
+ * writes is copied to ddprun's stdout/stderr prefixed with "[rank R] ".
+ * If a rank fails, or ddprun gets SIGINT/SIGTERM, the other ranks get
+ * SIGTERM (or the forwarded signal) and, after the grace period, SIGKILL.
+ *
+ * Exit status: 0 if every rank exited 0; else the first failing rank's exit
+ * status (128+signal if it was killed); 130/143 after SIGINT/SIGTERM;
+ * 2 for bad usage; 1 if ddprun itself could not start the job.
+ *
+ * Each rank runs in its own process group so that stopping it also stops
+ * whatever it spawned (a shell's children, data-loader workers...).
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
+enum { MAX_RANKS = 1024, LINE_CAP = 64 * 1024, POLL_MS = 100 };
+
+struct stream {
+    int fd;     /* read end of the rank's pipe; -1 once at EOF */
+    int dest;   /* STDOUT_FILENO or STDERR_FILENO */
+    int rank;   /* for the "[rank R] " prefix */
+    char *buf;  /* unfinished line, allocated on first read */
+    size_t len;
+};
+
+struct rank {
+    int index;
+    pid_t pid;   /* also its process group id */
+    int running; /* not reaped yet, so signalling its group is safe */
+    struct stream out, err;
+};
+
+struct job {
+    int nranks, port, prefix_width;
+    double grace;
+    char token[33];
+    char **argv;
+    struct rank *ranks;
+    int stopping;    /* SIGTERM/forwarded signal already sent */
+    int killed;      /* SIGKILL already sent */
+    double kill_at;  /* when the grace period ends */
+    int exit_status; /* -1 until the first failure decides it */
+};
+
+static volatile sig_atomic_t first_signal, signals_received;
+static int dest_broken[3];       /* our stdout/stderr hit EPIPE */
+static sigset_t original_sigmask; /* restored in the children */
+
+static const char usage_text[] =
+    "usage: ddprun [-n N] [--master-port P] [--grace SECONDS] [--] PROGRAM [ARGS...]\n"
+    "  -n, --nproc, --nproc-per-node N  number of ranks, 1..1024 (default 1)\n"
+    "  --master-port P                  MASTER_PORT (default: a free port)\n"
+    "  --grace SECONDS                  wait before SIGKILL when stopping (default 5)\n"
+    "  -h, --help                       show this help\n";
+
+static void usage_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("ddprun: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    fputs(usage_text, stderr);
+    exit(2);
+}
+
+static void die(const char *what)
+{
+    fprintf(stderr, "ddprun: %s: %s\n", what, strerror(errno));
+    exit(1);
+}
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static int parse_int(const char *s, long min, long max, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end != '\0' || v < min || v > max)
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
+static void parse_args(int argc, char **argv, struct job *job)
+{
+    int i = 1;
+    while (i < argc) {
+        const char *arg = argv[i], *value = NULL;
+        if (strcmp(arg, "--") == 0) { i++; break; }
+        if (arg[0] != '-' || arg[1] == '\0')
+            break; /* PROGRAM: options end here */
+        if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
+            fputs(usage_text, stdout);
+            exit(0);
+        }
+        size_t name_len = strlen(arg);
+        const char *eq = strncmp(arg, "--", 2) == 0 ? strchr(arg, '=') : NULL;
+        if (eq) { name_len = (size_t)(eq - arg); value = eq + 1; }
+#define IS(name) (name_len == strlen(name) && strncmp(arg, name, name_len) == 0)
+        int is_nproc = IS("-n") || IS("--nproc") || IS("--nproc-per-node");
+        int is_port = IS("--master-port"), is_grace = IS("--grace");
+#undef IS
+        if (!is_nproc && !is_port && !is_grace)
+            usage_error("unknown option '%s'", arg);
+        if (!value) {
+            if (i + 1 >= argc)
+                usage_error("option '%.*s' needs a value", (int)name_len, arg);
+            value = argv[++i];
+        }
+        if (is_nproc && parse_int(value, 1, MAX_RANKS, &job->nranks) < 0)
+            usage_error("number of ranks must be an integer 1..%d, not '%s'", MAX_RANKS, value);
+        if (is_port && parse_int(value, 1, 65535, &job->port) < 0)
+            usage_error("port must be an integer 1..65535, not '%s'", value);
+        if (is_grace) {
+            char *end;
+            job->grace = strtod(value, &end);
+            if (end == value || *end != '\0' || !(job->grace >= 0 && job->grace <= 86400))
+                usage_error("grace must be 0..86400 seconds, not '%s'", value);
+        }
+        i++;
+    }
+    if (i >= argc)
+        usage_error("missing PROGRAM");
+    job->argv = argv + i;
+}
+
+/* Children's pipes must never land on fds 0-2, or dup2 would clobber them. */
+static void ensure_std_fds_open(void)
+{
+    for (int fd = 0; fd <= 2; fd++)
+        if (fcntl(fd, F_GETFD) < 0 && open("/dev/null", O_RDWR) < 0)
+            die("open /dev/null");
+}
+
+static void make_job_token(char token[33])
+{
+    unsigned char bytes[16];
+    size_t got = 0;
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        die("open /dev/urandom");
+    while (got < sizeof bytes) {
+        ssize_t n = read(fd, bytes + got, sizeof bytes - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            die("read /dev/urandom");
+        got += (size_t)n;
+    }
+    close(fd);
+    for (size_t i = 0; i < sizeof bytes; i++)
+        snprintf(token + 2 * i, 3, "%02x", bytes[i]);
+}
+
+/* Let the kernel pick a port that is free right now (another process could
+ * still take it before rank 0 binds it; torchrun has the same window). */
+static int pick_free_port(void)
+{
+    struct sockaddr_in addr;
+    socklen_t len = sizeof addr;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        die("socket");
+    memset(&addr, 0, sizeof addr);
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (bind(fd, (struct sockaddr *)&addr, sizeof addr) < 0 ||
+        getsockname(fd, (struct sockaddr *)&addr, &len) < 0)
+        die("finding a free port");
+    close(fd);
+    return ntohs(addr.sin_port);
+}
+
+static void on_stop_signal(int sig)
+{
+    if (!first_signal)
+        first_signal = sig;
+    signals_received++;
+}
+
+static void install_signal_handlers(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal; /* no SA_RESTART: poll returns early */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN); /* a closed stdout must not kill the supervisor */
+}
+
+static void set_env_int(const char *name, int value)
+{
+    char text[16];
+    snprintf(text, sizeof text, "%d", value);
+    setenv(name, text, 1);
+}
+
+/* Runs in the forked child; never returns. */
+static void exec_rank(const struct job *job, int index, int out_fd, int err_fd, pid_t parent)
+{
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGPIPE, SIG_DFL);
+    sigprocmask(SIG_SETMASK, &original_sigmask, NULL);
+    setpgid(0, 0);
+#ifdef __linux__
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* ddprun SIGKILLed: take the rank along */
+    if (getppid() != parent)          /* ddprun died before prctl took effect */
+        _exit(1);
+#else
+    (void)parent;
+#endif
+    /* The pipes are O_CLOEXEC, so only these dup2'd copies survive exec. */
+    if (dup2(out_fd, STDOUT_FILENO) < 0 || dup2(err_fd, STDERR_FILENO) < 0)
+        _exit(127);
+    set_env_int("RANK", index);
+    set_env_int("WORLD_SIZE", job->nranks);
+    set_env_int("LOCAL_RANK", index);
+    set_env_int("LOCAL_WORLD_SIZE", job->nranks);
+    set_env_int("MASTER_PORT", job->port);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("DDP_JOB_TOKEN", job->token, 1);
+    execvp(job->argv[0], job->argv);
+    fprintf(stderr, "ddprun: cannot run '%s': %s\n", job->argv[0], strerror(errno));
+    _exit(127);
+}
+
+static int spawn_rank(const struct job *job, struct rank *r)
+{
+    int out[2], err[2];
+    if (pipe2(out, O_CLOEXEC) < 0)
+        return -1;
+    if (pipe2(err, O_CLOEXEC) < 0) {
+        close(out[0]); close(out[1]);
+        return -1;
+    }
+    pid_t parent = getpid(), pid = fork();
+    if (pid == 0)
+        exec_rank(job, r->index, out[1], err[1], parent);
+    close(out[1]);
+    close(err[1]);
+    if (pid < 0) {
+        close(out[0]); close(err[0]);
+        return -1;
+    }
+    setpgid(pid, pid); /* also here, so the group exists before we signal it */
+    r->pid = pid;
+    r->running = 1;
+    r->out = (struct stream){ out[0], STDOUT_FILENO, r->index, NULL, 0 };
+    r->err = (struct stream){ err[0], STDERR_FILENO, r->index, NULL, 0 };
+    return 0;
+}
+
+static void write_all(int fd, const char *data, size_t len)
+{
+    while (len > 0 && !dest_broken[fd]) {
+        ssize_t n = write(fd, data, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) { /* EPIPE or worse: drop this output, keep supervising */
+            dest_broken[fd] = 1;
+            return;
+        }
+        data += n;
+        len -= (size_t)n;
+    }
+}
+
+/* One write per line, so lines of different ranks never mix. */
+static void emit_line(const struct job *job, const struct stream *s, const char *line, size_t len)
+{
+    static char out[LINE_CAP + 64];
+    int n = snprintf(out, 64, "[rank %*d] ", job->prefix_width, s->rank);
+    memcpy(out + n, line, len);
+    out[(size_t)n + len] = '\n';
+    write_all(s->dest, out, (size_t)n + len + 1);
+}
+
+static void close_stream(const struct job *job, struct stream *s)
+{
+    if (s->len > 0) /* last line without newline */
+        emit_line(job, s, s->buf, s->len);
+    free(s->buf);
+    close(s->fd);
+    s->fd = -1;
+    s->buf = NULL;
+    s->len = 0;
+}
+
+static void read_stream(const struct job *job, struct stream *s)
+{
+    if (!s->buf && !(s->buf = malloc(LINE_CAP)))
+        die("malloc");
+    ssize_t n = read(s->fd, s->buf + s->len, LINE_CAP - s->len);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN))
+        return;
+    if (n <= 0) {
+        close_stream(job, s);
+        return;
+    }
+    s->len += (size_t)n;
+    size_t start = 0;
+    char *nl;
+    while ((nl = memchr(s->buf + start, '\n', s->len - start)) != NULL) {
+        size_t end = (size_t)(nl - s->buf);
+        emit_line(job, s, s->buf + start, end - start);
+        start = end + 1;
+    }
+    if (start == 0 && s->len == LINE_CAP) { /* no newline in 64 KiB: flush a piece */
+        emit_line(job, s, s->buf, s->len);
+        start = s->len;
+    }
+    memmove(s->buf, s->buf + start, s->len - start);
+    s->len -= start;
+}
+
+/* Poll every open pipe once and read what is there; returns the number of
+ * pipes that were ready (0 on timeout). */
+static int drain_output(struct job *job, struct pollfd *fds, struct stream **owners, int timeout_ms)
+{
+    int count = 0;
+    for (int i = 0; i < job->nranks; i++) {
+        struct stream *pair[2] = { &job->ranks[i].out, &job->ranks[i].err };
+        for (int k = 0; k < 2; k++)
+            if (pair[k]->fd >= 0) {
+                fds[count] = (struct pollfd){ .fd = pair[k]->fd, .events = POLLIN };
+                owners[count++] = pair[k];
+            }
+    }
+    int ready = poll(fds, (nfds_t)count, timeout_ms);
+    for (int i = 0; i < count && ready > 0; i++)
+        if (fds[i].revents)
+            read_stream(job, owners[i]);
+    return ready;
+}
+
+static int open_streams(const struct job *job)
+{
+    int count = 0;
+    for (int i = 0; i < job->nranks; i++)
+        count += (job->ranks[i].out.fd >= 0) + (job->ranks[i].err.fd >= 0);
+    return count;
+}
+
+static int running_ranks(const struct job *job)
+{
+    int count = 0;
+    for (int i = 0; i < job->nranks; i++)
+        count += job->ranks[i].running;
+    return count;
+}
+
+/* Only groups whose leader is not reaped yet: a reaped pid may be reused. */
+static void signal_running(struct job *job, int sig)
+{
+    for (int i = 0; i < job->nranks; i++)
+        if (job->ranks[i].running && kill(-job->ranks[i].pid, sig) < 0)
+            kill(job->ranks[i].pid, sig); /* group not set up yet */
+}
+
+static void begin_stop(struct job *job, int sig, const char *message)
+{
+    if (running_ranks(job) > 0)
+        fprintf(stderr, "ddprun: %s\n", message);
+    job->stopping = 1;
+    job->kill_at = now_seconds() + job->grace;
+    signal_running(job, sig);
+}
+
+static void kill_now(struct job *job)
+{
+    if (!job->killed && running_ranks(job) > 0)
+        fprintf(stderr, "ddprun: killing the remaining ranks\n");
+    job->stopping = job->killed = 1;
+    signal_running(job, SIGKILL);
+}
+
+/* The first failure is the cause and gets the full story; ranks that die
+ * because we stopped them get a short note. */
+static void report_exit(struct job *job, struct rank *r, int status)
+{
+    r->running = 0;
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        return;
+    int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    if (job->exit_status >= 0) {
+        if (sig)
+            fprintf(stderr, "ddprun: rank %d stopped by signal %d (%s)\n", r->index, sig, strsignal(sig));
+        else
+            fprintf(stderr, "ddprun: rank %d stopped with status %d\n", r->index, WEXITSTATUS(status));
+        return;
+    }
+    if (sig)
+        fprintf(stderr, "ddprun: rank %d (pid %ld) was killed by signal %d (%s)\n",
+                r->index, (long)r->pid, sig, strsignal(sig));
+    else
+        fprintf(stderr, "ddprun: rank %d (pid %ld) exited with status %d\n",
+                r->index, (long)r->pid, WEXITSTATUS(status));
+    job->exit_status = sig ? 128 + sig : WEXITSTATUS(status);
+    if (!job->stopping)
+        begin_stop(job, SIGTERM, "stopping the other ranks");
+}
+
+static void reap_ranks(struct job *job)
+{
+    int status;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
+        for (int i = 0; i < job->nranks; i++)
+            if (job->ranks[i].pid == pid && job->ranks[i].running)
+                report_exit(job, &job->ranks[i], status);
+}
+
+static void handle_signals(struct job *job, int *signals_handled)
+{
+    if (signals_received == *signals_handled)
+        return;
+    *signals_handled = signals_received;
+    if (job->stopping) { /* second Ctrl-C, or impatience during the grace period */
+        kill_now(job);
+        return;
+    }
+    int sig = first_signal;
+    if (job->exit_status < 0)
+        job->exit_status = 128 + sig;
+    begin_stop(job, sig, sig == SIGINT ? "interrupted, stopping all ranks"
+                                       : "terminated, stopping all ranks");
+}
+
+/* Supervise until every rank is reaped and its output drained. */
+static void supervise(struct job *job)
+{
+    struct pollfd *fds = calloc(2 * (size_t)job->nranks, sizeof *fds);
+    struct stream **owners = calloc(2 * (size_t)job->nranks, sizeof *owners);
+    int signals_handled = 0;
+    if (!fds || !owners)
+        die("calloc");
+    while (running_ranks(job) > 0 || open_streams(job) > 0) {
+        handle_signals(job, &signals_handled);
+        int all_exited = running_ranks(job) == 0;
+        int ready = open_streams(job) > 0 ? drain_output(job, fds, owners, POLL_MS)
+                                          : poll(NULL, 0, POLL_MS);
+        /* All ranks gone and their pipes quiet: whatever still holds a pipe
+         * open is a stray descendant; don't wait for it. */
+        if (all_exited && ready == 0)
+            for (int i = 0; i < job->nranks; i++) {
+                if (job->ranks[i].out.fd >= 0) close_stream(job, &job->ranks[i].out);
+                if (job->ranks[i].err.fd >= 0) close_stream(job, &job->ranks[i].err);
+            }
+        reap_ranks(job);
+        if (job->stopping && !job->killed && now_seconds() >= job->kill_at)
+            kill_now(job);
+    }
+    free(fds);
+    free(owners);
+}
+
+/* Could not start every rank: take down the ones that did start. */
+static void abort_start(struct job *job, int started)
+{
+    int saved = errno;
+    for (int i = 0; i < started; i++) {
+        kill(-job->ranks[i].pid, SIGKILL);
+        waitpid(job->ranks[i].pid, NULL, 0);
+    }
+    errno = saved;
+    die("starting ranks");
+}
+
+int main(int argc, char **argv)
+{
+    struct job job;
+    memset(&job, 0, sizeof job);
+    job.nranks = 1;
+    job.grace = 5.0;
+    job.exit_status = -1;
+    parse_args(argc, argv, &job);
+    ensure_std_fds_open();
+    make_job_token(job.token);
+    if (job.port == 0)
+        job.port = pick_free_port();
+    job.prefix_width = snprintf(NULL, 0, "%d", job.nranks - 1); /* columns line up */
+    if (!(job.ranks = calloc((size_t)job.nranks, sizeof *job.ranks)))
+        die("calloc");
+
+    install_signal_handlers();
+    /* Hold INT/TERM while forking: a child must not run our handler. */
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGINT);
+    sigaddset(&stop_signals, SIGTERM);
+    sigprocmask(SIG_BLOCK, &stop_signals, &original_sigmask);
+    for (int i = 0; i < job.nranks; i++) {
+        job.ranks[i].index = i;
+        if (spawn_rank(&job, &job.ranks[i]) < 0)
+            abort_start(&job, i);
+    }
+    sigprocmask(SIG_SETMASK, &original_sigmask, NULL);
+
+    supervise(&job);
+    free(job.ranks);
+    return job.exit_status < 0 ? 0 : job.exit_status;
+}
