@@ -750,7 +750,8 @@ static int ddp__kv_set(ddp__store_server *s, const char *key, const unsigned cha
 static void ddp__conn_close(ddp__store_server *s, int i) {
     close(s->conns[i].fd);
     DDP_FREE(s->conns[i].body);
-    s->conns[i] = s->conns[--s->num_conns];
+    s->conns[i] = s->conns[s->num_conns - 1];
+    __atomic_sub_fetch(&s->num_conns, 1, __ATOMIC_RELEASE);   /* read by ddp__server_stop */
 }
 
 static void ddp__conn_reset(ddp__conn *c) {
@@ -878,7 +879,7 @@ static void ddp__server_accept(ddp__store_server *s) {
     memset(&s->conns[s->num_conns], 0, sizeof(ddp__conn));
     s->conns[s->num_conns].fd = fd;
     s->conns[s->num_conns].opened = ddp__now();
-    s->num_conns++;
+    __atomic_add_fetch(&s->num_conns, 1, __ATOMIC_RELEASE);
 }
 
 static void *ddp__server_main(void *arg) {
@@ -975,9 +976,13 @@ static ddp_result ddp__server_start(ddp_context *ctx) {
     return DDP_OK;
 }
 
+/* After a failure the other ranks may still be reading the store to reach the same verdict:
+   linger (a few seconds at most) until they have disconnected. */
 static void ddp__server_stop(ddp_context *ctx) {
     ddp__store_server *s = ctx->server;
+    double until = ddp__now() + 5.0;
     if (!s) return;
+    while (ctx->failed && __atomic_load_n(&s->num_conns, __ATOMIC_ACQUIRE) > 0 && ddp__now() < until) usleep(10000);
     s->stop = 1;
     if (write(s->wake_pipe[1], "x", 1) < 0) { /* the 50 ms poll wakes it anyway */ }
     pthread_join(s->thread, NULL);
@@ -1000,9 +1005,10 @@ static ddp_result ddp__store_request(ddp_context *ctx, uint32_t op, const char *
     if (rc == 0 && ddp__get_u32(hdr) != DDP__STORE_MAGIC) rc = -1;
     rlen = ddp__get_u32(hdr + 12);
     if (rc == 0 && rlen > DDP__STORE_MAX_VALUE) rc = -1;
-    if (rc) return ddp__fail(ctx, rc == -2 ? DDP_ERR_TIMEOUT : DDP_ERR_PEER_LOST,
-                             "no answer from the rendezvous store on rank 0 (%s:%d)", ctx->master_addr,
-                             ctx->desc.master_port);
+    if (rc == -2) return ddp__fail(ctx, DDP_ERR_TIMEOUT, "no answer from the rendezvous store on rank 0 (%s:%d)",
+                                   ctx->master_addr, ctx->desc.master_port);
+    if (rc) return ddp__fail(ctx, DDP_ERR_PEER_LOST, "lost the connection to the rendezvous store on rank 0 "
+                             "(%s:%d): rank 0 failed or exited", ctx->master_addr, ctx->desc.master_port);
     *status = ddp__get_u32(hdr + 4);
     if (reply) {
         *reply = (unsigned char *)DDP_MALLOC(rlen + 1);

@@ -52,6 +52,7 @@ leftovers() {
     done
     echo "$left"
     kill -9 $left 2>/dev/null # don't leak them past the test
+    return 1
 }
 
 # A rank script that records its shell's pid and its child's pid, then waits.

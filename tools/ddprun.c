@@ -15,7 +15,10 @@
  * 2 for bad usage; 1 if ddprun itself could not start the job.
  *
  * Each rank runs in its own process group so that stopping it also stops
- * whatever it spawned (a shell's children, data-loader workers...).
+ * whatever it spawned (a shell's children, data-loader workers...).  Exited
+ * ranks stay unreaped zombies until ddprun ends: that keeps their pid, and so
+ * their group id, from being reused, which makes signalling the group safe at
+ * any time.  Before exiting, ddprun SIGKILLs what is left in every group.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -51,7 +54,7 @@ struct stream {
 struct rank {
     int index;
     pid_t pid;   /* also its process group id */
-    int running; /* not reaped yet, so signalling its group is safe */
+    int running; /* has not exited yet */
     struct stream out, err;
 };
 
@@ -384,11 +387,11 @@ static int running_ranks(const struct job *job)
     return count;
 }
 
-/* Only groups whose leader is not reaped yet: a reaped pid may be reused. */
-static void signal_running(struct job *job, int sig)
+/* Every rank's group, exited ranks too: their children may still run. */
+static void signal_groups(struct job *job, int sig)
 {
     for (int i = 0; i < job->nranks; i++)
-        if (job->ranks[i].running && kill(-job->ranks[i].pid, sig) < 0)
+        if (kill(-job->ranks[i].pid, sig) < 0 && job->ranks[i].running)
             kill(job->ranks[i].pid, sig); /* group not set up yet */
 }
 
@@ -398,7 +401,7 @@ static void begin_stop(struct job *job, int sig, const char *message)
         fprintf(stderr, "ddprun: %s\n", message);
     job->stopping = 1;
     job->kill_at = now_seconds() + job->grace;
-    signal_running(job, sig);
+    signal_groups(job, sig);
 }
 
 static void kill_now(struct job *job)
@@ -406,22 +409,21 @@ static void kill_now(struct job *job)
     if (!job->killed && running_ranks(job) > 0)
         fprintf(stderr, "ddprun: killing the remaining ranks\n");
     job->stopping = job->killed = 1;
-    signal_running(job, SIGKILL);
+    signal_groups(job, SIGKILL);
 }
 
 /* The first failure is the cause and gets the full story; ranks that die
  * because we stopped them get a short note. */
-static void report_exit(struct job *job, struct rank *r, int status)
+static void report_exit(struct job *job, struct rank *r, int code, int sig)
 {
     r->running = 0;
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
+    if (!sig && code == 0)
         return;
-    int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
     if (job->exit_status >= 0) {
         if (sig)
             fprintf(stderr, "ddprun: rank %d stopped by signal %d (%s)\n", r->index, sig, strsignal(sig));
         else
-            fprintf(stderr, "ddprun: rank %d stopped with status %d\n", r->index, WEXITSTATUS(status));
+            fprintf(stderr, "ddprun: rank %d stopped with status %d\n", r->index, code);
         return;
     }
     if (sig)
@@ -429,20 +431,37 @@ static void report_exit(struct job *job, struct rank *r, int status)
                 r->index, (long)r->pid, sig, strsignal(sig));
     else
         fprintf(stderr, "ddprun: rank %d (pid %ld) exited with status %d\n",
-                r->index, (long)r->pid, WEXITSTATUS(status));
-    job->exit_status = sig ? 128 + sig : WEXITSTATUS(status);
+                r->index, (long)r->pid, code);
+    job->exit_status = sig ? 128 + sig : code;
     if (!job->stopping)
         begin_stop(job, SIGTERM, "stopping the other ranks");
 }
 
-static void reap_ranks(struct job *job)
+/* Notice exited ranks without reaping them (WNOWAIT; see the top). */
+static void check_ranks(struct job *job)
 {
-    int status;
-    pid_t pid;
-    while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
-        for (int i = 0; i < job->nranks; i++)
-            if (job->ranks[i].pid == pid && job->ranks[i].running)
-                report_exit(job, &job->ranks[i], status);
+    for (int i = 0; i < job->nranks; i++) {
+        siginfo_t info;
+        memset(&info, 0, sizeof info); /* si_pid stays 0 if nothing happened */
+        if (!job->ranks[i].running ||
+            waitid(P_PID, (id_t)job->ranks[i].pid, &info, WEXITED | WNOHANG | WNOWAIT) < 0 ||
+            info.si_pid == 0)
+            continue;
+        if (info.si_code == CLD_EXITED)
+            report_exit(job, &job->ranks[i], info.si_status, 0);
+        else
+            report_exit(job, &job->ranks[i], 0, info.si_status);
+    }
+}
+
+/* ddprun must not leave anything behind: kill the rest of every group,
+ * then reap the zombie leaders. */
+static void finish_job(struct job *job)
+{
+    signal_groups(job, SIGKILL);
+    for (int i = 0; i < job->nranks; i++)
+        while (waitpid(job->ranks[i].pid, NULL, 0) < 0 && errno == EINTR)
+            ;
 }
 
 static void handle_signals(struct job *job, int *signals_handled)
@@ -461,7 +480,7 @@ static void handle_signals(struct job *job, int *signals_handled)
                                        : "terminated, stopping all ranks");
 }
 
-/* Supervise until every rank is reaped and its output drained. */
+/* Supervise until every rank has exited and its output is drained. */
 static void supervise(struct job *job)
 {
     struct pollfd *fds = calloc(2 * (size_t)job->nranks, sizeof *fds);
@@ -481,7 +500,7 @@ static void supervise(struct job *job)
                 if (job->ranks[i].out.fd >= 0) close_stream(job, &job->ranks[i].out);
                 if (job->ranks[i].err.fd >= 0) close_stream(job, &job->ranks[i].err);
             }
-        reap_ranks(job);
+        check_ranks(job);
         if (job->stopping && !job->killed && now_seconds() >= job->kill_at)
             kill_now(job);
     }
@@ -532,6 +551,7 @@ int main(int argc, char **argv)
     sigprocmask(SIG_SETMASK, &original_sigmask, NULL);
 
     supervise(&job);
+    finish_job(&job);
     free(job.ranks);
     return job.exit_status < 0 ? 0 : job.exit_status;
 }

@@ -1,0 +1,116 @@
+/* test_collectives.c — allreduce, broadcast and barrier against a float64 reference.
+   Run as real processes: build/ddprun -n N build/test_collectives   (N = 1, 2, 3, 4).
+   Sizes run from 1 element to 40 MiB, around the chunk and rank-count boundaries. */
+#include "testlib.h"
+#include <float.h>
+
+static ddp_context *ddp;
+static int rank, world;
+
+/* All ranks' failures, so rank 0's verdict covers everyone. */
+static int failures_everywhere(int mine) {
+    float f = (float)mine;
+    if (ddp_allreduce(ddp, &f, 1, DDP_SUM) != DDP_OK) return 1;
+    return f != 0;
+}
+
+static uint64_t fnv1a(const void *data, size_t bytes) {
+    const unsigned char *p = (const unsigned char *)data;
+    uint64_t h = 1469598103934665603ull;
+    size_t i;
+    for (i = 0; i < bytes; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+/* 1 if every rank holds the same bytes as rank 0. */
+static int same_on_every_rank(const void *data, size_t bytes) {
+    uint64_t mine = fnv1a(data, bytes), ref = mine;
+    if (ddp_broadcast(ddp, &ref, sizeof ref, 0) != DDP_OK) return 0;
+    return !failures_everywhere(ref != mine);
+}
+
+static void check_allreduce(size_t n, ddp_op op) {
+    char name[96];
+    float *buf = (float *)malloc(n * sizeof(float));
+    size_t i, bad = 0, first_bad = 0;
+    double worst = 0;
+    int r, ok;
+    snprintf(name, sizeof name, "allreduce_%s_n%zu_ranks%d", op == DDP_SUM ? "sum" : "avg", n, world);
+    for (i = 0; i < n; i++) buf[i] = test_value((uint64_t)rank * 7919 + n, i) * (1.0f + (float)(i % 7));
+    if (ddp_allreduce(ddp, buf, n, op) != DDP_OK) {
+        verdict(0, name, "%s", ddp_last_error(ddp));
+        free(buf);
+        return;
+    }
+    for (i = 0; i < n; i++) {
+        double sum = 0, sum_abs = 0, err, tol;
+        for (r = 0; r < world; r++) {
+            double x = (double)(test_value((uint64_t)r * 7919 + n, i) * (1.0f + (float)(i % 7)));
+            sum += x;
+            sum_abs += fabs(x);
+        }
+        if (op == DDP_AVG) { sum /= world; sum_abs /= world; }
+        /* float32 summation of `world` terms: at most (world - 1) roundings, plus the division */
+        tol = (world + 1) * FLT_EPSILON * sum_abs + 1e-30;
+        err = fabs((double)buf[i] - sum);
+        if (err > tol) { if (!bad++) first_bad = i; }
+        if (err / tol > worst) worst = err / tol;
+    }
+    ok = !failures_everywhere(bad != 0);
+    verdict(ok, name, "%zu element(s) off the float64 reference on some rank (first at %zu)", bad, first_bad);
+    snprintf(name, sizeof name, "allreduce_%s_n%zu_ranks%d_identical", op == DDP_SUM ? "sum" : "avg", n, world);
+    verdict(same_on_every_rank(buf, n * sizeof(float)), name, "ranks hold different bits");
+    free(buf);
+}
+
+static void check_broadcast(size_t bytes, int root) {
+    char name[96];
+    unsigned char *buf = (unsigned char *)malloc(bytes);
+    size_t i, bad = 0;
+    snprintf(name, sizeof name, "broadcast_%zuB_root%d_ranks%d", bytes, root, world);
+    for (i = 0; i < bytes; i++) buf[i] = (unsigned char)(rank == root ? (i * 31 + 7) : 0xee);
+    if (ddp_broadcast(ddp, buf, bytes, root) != DDP_OK) { verdict(0, name, "%s", ddp_last_error(ddp)); free(buf); return; }
+    for (i = 0; i < bytes; i++) bad += buf[i] != (unsigned char)(i * 31 + 7);
+    verdict(!failures_everywhere(bad != 0), name, "%zu byte(s) differ from the root's", bad);
+    free(buf);
+}
+
+/* Nobody leaves a barrier before the last rank has entered it. */
+static void check_barrier(void) {
+    float arrive[64] = { 0 }, leave[64] = { 0 };
+    double t0 = ddp__now();
+    int r, ok = 1;
+    if (world > 64) return;
+    usleep(30000u * (unsigned)rank);
+    arrive[rank] = (float)(ddp__now() - t0);
+    if (ddp_barrier(ddp) != DDP_OK) { verdict(0, "barrier", "%s", ddp_last_error(ddp)); return; }
+    leave[rank] = (float)(ddp__now() - t0);
+    ddp_allreduce(ddp, arrive, (size_t)world, DDP_SUM);
+    ddp_allreduce(ddp, leave, (size_t)world, DDP_SUM);
+    for (r = 0; r < world; r++) {
+        int s;
+        for (s = 0; s < world; s++) ok &= leave[r] >= arrive[s];
+    }
+    verdict(ok, "barrier_waits_for_the_last_rank", "a rank left before another arrived");
+}
+
+int main(void) {
+    static const size_t sizes[] = { 1, 2, 3, 7, 16, 17, 1000, 4097, 65535, 65536, 65537, 196613,
+                                    (1u << 20) + 3, 10u * (1u << 20) + 1 };
+    static const size_t bcast_sizes[] = { 1, 13, 262144 + 7, 3u * 1048576 + 1 };
+    size_t i;
+    int root;
+    if (ddp_init(&ddp, NULL) != DDP_OK) { fprintf(stderr, "%s\n", ddp_last_error(ddp)); return 1; }
+    rank = ddp_rank(ddp);
+    world = ddp_world_size(ddp);
+    if (rank != 0) { FILE *quiet = freopen("/dev/null", "w", stdout); (void)quiet; }  /* rank 0 speaks for all */
+    for (i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        check_allreduce(sizes[i], DDP_SUM);
+        if (sizes[i] < 100000 || i + 1 == sizeof sizes / sizeof sizes[0]) check_allreduce(sizes[i], DDP_AVG);
+    }
+    for (i = 0; i < sizeof bcast_sizes / sizeof bcast_sizes[0]; i++)
+        for (root = 0; root < world; root++) check_broadcast(bcast_sizes[i], root);
+    check_barrier();
+    if (ddp_shutdown(ddp) != DDP_OK) { printf("FAIL shutdown_ranks%d\n", world); test_failures++; }
+    return test_summary("test_collectives");
+}

@@ -1,0 +1,519 @@
+/* test_unit.c — the library's rules, one by one, with ranks as threads of this process:
+   bucket layout, tape order, launch order, accumulation, unused parameters, double ready,
+   AdamW against a float64 reference, and every bad input we can name. */
+#include "testlib.h"
+
+static int contains(const char *haystack, const char *needle) { return strstr(haystack, needle) != NULL; }
+
+/* ---- bucket layout ---- */
+static void test_bucket_layout(void) {
+    static const size_t sizes[] = { 300000, 100, 2000000, 500000, 500000, 200000, 50000, 1000, 3 };
+    const int n = (int)(sizeof sizes / sizeof sizes[0]);
+    ddp_context *ctx;
+    ddp_desc d;
+    int i, b, ids[16], ok = 1;
+    size_t flat, expect_end;
+    char why[256] = "";
+    memset(&d, 0, sizeof d);
+    d.world_size = 1; d.bucket_cap_mb = 4; d.first_bucket_mb = 1;
+    ddp_init(&ctx, &d);
+    for (i = 0; i < n; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "p%d", i);
+        ddp_register_param(ctx, name, sizes[i], 0, NULL, &ids[i]);
+    }
+    if (ddp_commit(ctx) != DDP_OK) { verdict(0, "bucket_layout", "%s", ddp_last_error(ctx)); ddp_shutdown(ctx); return; }
+    ddp_flat_grads(ctx, &flat);
+    expect_end = flat;
+    for (b = 0; b < ddp_num_buckets(ctx) && ok; b++) {
+        ddp_bucket_info info;
+        size_t limit = (b == 0 ? 1 : 4) * 1048576, bytes;
+        ddp_bucket(ctx, b, &info);
+        bytes = info.count * sizeof(float);
+        /* reverse registration order, contiguous, back to front */
+        if (info.offset + info.count != expect_end) { ok = 0; snprintf(why, sizeof why, "bucket %d is not contiguous", b); }
+        if (b > 0 && info.last_param != 0 && 0) ok = 0;
+        if (bytes > limit && info.first_param != info.last_param) { ok = 0; snprintf(why, sizeof why, "bucket %d over its cap", b); }
+        /* greedy: the next parameter would not have fitted */
+        if (info.first_param > 0) {
+            size_t next = ddp__round_up(sizes[info.first_param - 1], 16) * sizeof(float);
+            if (bytes + next <= limit) { ok = 0; snprintf(why, sizeof why, "bucket %d closed early", b); }
+        }
+        /* every parameter lies wholly inside its bucket and its gradient is a view into it */
+        for (i = info.first_param; i <= info.last_param; i++) {
+            float *g = ddp_grad(ctx, ids[i]);
+            float *start = ddp_flat_grads(ctx, NULL) + info.offset;
+            if (g < start || g + sizes[i] > start + info.count) { ok = 0; snprintf(why, sizeof why, "p%d split or outside bucket %d", i, b); }
+        }
+        if (b == 0 && info.last_param != n - 1) { ok = 0; snprintf(why, sizeof why, "bucket 0 does not hold the last parameter"); }
+        expect_end = info.offset;
+    }
+    if (expect_end != 0) { ok = 0; snprintf(why, sizeof why, "buckets do not cover the flat buffer"); }
+    verdict(ok, "bucket_layout_reverse_order_first_bucket_cap_no_split", "%s", why);
+    {   /* the oversized parameter (8 MB > 4 MB cap) has a bucket of its own */
+        ddp_bucket_info info;
+        int found = 0;
+        for (b = 0; b < ddp_num_buckets(ctx); b++) {
+            ddp_bucket(ctx, b, &info);
+            if (info.first_param <= 2 && info.last_param >= 2) found = info.first_param == 2 && info.last_param == 2;
+        }
+        verdict(found, "bucket_oversized_param_alone", "p2 shares its bucket");
+    }
+    ddp_shutdown(ctx);
+}
+
+/* ---- the tape replays in reverse and fires the hooks ---- */
+static int replay_log[8], replay_len;
+static void log_backward(void *args) { replay_log[replay_len++] = *(const int *)args; }
+
+static void test_tape_order(void) {
+    ddp_context *ctx;
+    ddp_desc d;
+    int ids[3], i, ok;
+    memset(&d, 0, sizeof d);
+    d.world_size = 1;
+    ddp_init(&ctx, &d);
+    ddp_register_param(ctx, "a", 10, 0, NULL, &ids[0]);
+    ddp_register_param(ctx, "b", 10, 0, NULL, &ids[1]);
+    ddp_register_param(ctx, "c", 10, 0, NULL, &ids[2]);
+    ddp_commit(ctx);
+    for (i = 0; i < 3; i++) ddp_tape_record(ctx, log_backward, &i, sizeof i, &ids[i], 1);
+    replay_len = 0;
+    ok = ddp_backward(ctx) == DDP_OK;
+    verdict(ok && replay_len == 3 && replay_log[0] == 2 && replay_log[1] == 1 && replay_log[2] == 0,
+            "tape_replays_in_reverse", "order %d %d %d (%s)", replay_log[0], replay_log[1], replay_log[2], ddp_last_error(ctx));
+    replay_len = 0;
+    ok = ddp_backward(ctx);   /* the tape was consumed: nothing replays, and nothing was ready */
+    verdict(replay_len == 0 && ok == DDP_ERR_UNUSED_PARAMETER, "tape_cleared_after_backward", "replayed %d ops", replay_len);
+    ddp_shutdown(ctx);
+}
+
+/* ---- launch order: ranks make gradients ready in different orders ---- */
+#define LO_PARAMS 12
+static size_t lo_size(int i) { return (size_t)(100 + 37 * i * i); }
+
+static void launch_order_rank(test_rank *self) {
+    ddp_context *ctx;
+    ddp_desc d = test_desc(self);
+    int i, ids[LO_PARAMS], bad = 0;
+    d.first_bucket_mb = 0.001; d.bucket_cap_mb = 0.004;   /* many buckets of different sizes */
+    if ((self->result = ddp_init(&ctx, &d)) != DDP_OK) goto out;
+    for (i = 0; i < LO_PARAMS; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "w%d", i);
+        ddp_register_param(ctx, name, lo_size(i), 0, NULL, &ids[i]);
+    }
+    if ((self->result = ddp_commit(ctx)) != DDP_OK) goto out;
+    ddp_zero_grad(ctx);
+    for (i = 0; i < LO_PARAMS; i++) {
+        /* rank 0 goes backwards like a real backward; rank 1 in a scrambled order */
+        int p = self->rank == 0 ? LO_PARAMS - 1 - i : (i * 5 + 3) % LO_PARAMS;
+        size_t k;
+        for (k = 0; k < lo_size(p); k++) ddp_grad(ctx, ids[p])[k] = (float)(self->rank + 1) * (float)(p + k % 5);
+        if ((self->result = ddp_grad_ready(ctx, ids[p])) != DDP_OK) goto out;
+    }
+    if ((self->result = ddp_finish(ctx)) != DDP_OK) goto out;
+    for (i = 0; i < LO_PARAMS; i++) {
+        size_t k;
+        for (k = 0; k < lo_size(i); k++) bad += ddp_grad(ctx, ids[i])[k] != 1.5f * (float)(i + k % 5);
+    }
+    if (bad) { self->result = DDP_ERR_MISMATCH; snprintf(self->error, sizeof self->error, "%d wrong values", bad); }
+    else {
+        ddp_step_stats st;
+        ddp_last_step_stats(ctx, &st);
+        if (st.buckets_launched != ddp_num_buckets(ctx) || ddp_num_buckets(ctx) < 4) {
+            self->result = DDP_ERR_MISMATCH;
+            snprintf(self->error, sizeof self->error, "launched %d of %d buckets", st.buckets_launched, ddp_num_buckets(ctx));
+        }
+    }
+out:
+    if (self->result != DDP_OK && !self->error[0]) snprintf(self->error, sizeof self->error, "%s", ddp_last_error(ctx));
+    ddp_shutdown(ctx);
+}
+
+static void test_launch_order(void) {
+    test_rank ranks[2];
+    void *shared[1] = { (void *)launch_order_rank };
+    test_run_ranks(2, shared, ranks);
+    verdict(ranks[0].result == DDP_OK && ranks[1].result == DDP_OK, "launch_order_same_on_every_rank",
+            "rank 0: %s | rank 1: %s", ranks[0].error, ranks[1].error);
+}
+
+/* ---- gradient accumulation: no communication until the synchronizing micro-step ---- */
+static void accumulation_rank(test_rank *self) {
+    ddp_context *ctx;
+    ddp_desc d = test_desc(self);
+    int w, micro, bad = 0;
+    size_t k, n = 5000;
+    ddp_step_stats st;
+    if ((self->result = ddp_init(&ctx, &d)) != DDP_OK) goto out;
+    ddp_register_param(ctx, "w", n, 0, NULL, &w);
+    if ((self->result = ddp_commit(ctx)) != DDP_OK) goto out;
+    ddp_zero_grad(ctx);
+    for (micro = 0; micro < 3; micro++) {
+        ddp_set_sync(ctx, micro == 2);
+        for (k = 0; k < n; k++) ddp_grad(ctx, w)[k] += (float)((self->rank + 1) * (micro + 1));
+        if ((self->result = ddp_grad_ready(ctx, w)) != DDP_OK || (self->result = ddp_finish(ctx)) != DDP_OK) goto out;
+        ddp_last_step_stats(ctx, &st);
+        if (micro < 2 && (st.buckets_launched || st.bytes_reduced)) bad++;
+        if (micro < 2 && ddp_grad(ctx, w)[0] != (float)((self->rank + 1) * (micro + 1) * (micro + 2) / 2)) bad++;
+    }
+    /* local sums 6 (rank 0) and 12 (rank 1), averaged */
+    for (k = 0; k < n; k++) bad += ddp_grad(ctx, w)[k] != 9.0f;
+    if (st.buckets_launched != 1) bad++;
+    if (bad) { self->result = DDP_ERR_MISMATCH; snprintf(self->error, sizeof self->error, "%d wrong", bad); }
+out:
+    if (self->result != DDP_OK && !self->error[0]) snprintf(self->error, sizeof self->error, "%s", ddp_last_error(ctx));
+    ddp_shutdown(ctx);
+}
+
+static void test_accumulation(void) {
+    test_rank ranks[2];
+    void *shared[1] = { (void *)accumulation_rank };
+    test_run_ranks(2, shared, ranks);
+    verdict(ranks[0].result == DDP_OK && ranks[1].result == DDP_OK, "accumulation_no_comm_until_sync",
+            "rank 0: %s | rank 1: %s", ranks[0].error, ranks[1].error);
+}
+
+/* ---- unused parameters ---- */
+static void unused_rank(test_rank *self) {
+    ddp_context *ctx;
+    ddp_desc d = test_desc(self);
+    int a, b, c;
+    size_t k, n = 1000;
+    if ((self->result = ddp_init(&ctx, &d)) != DDP_OK) goto out;
+    ddp_register_param(ctx, "a", n, 0, NULL, &a);
+    ddp_register_param(ctx, "b.unused", n, 0, NULL, &b);
+    ddp_register_param(ctx, "c", n, 0, NULL, &c);
+    if ((self->result = ddp_commit(ctx)) != DDP_OK) goto out;
+    ddp_zero_grad(ctx);
+    for (k = 0; k < n; k++) { ddp_grad(ctx, a)[k] = 2; ddp_grad(ctx, c)[k] = 4; }
+    ddp_grad_ready(ctx, c);
+    ddp_grad_ready(ctx, a);
+    self->result = ddp_finish(ctx);
+out:
+    snprintf(self->error, sizeof self->error, "%s", ddp_last_error(ctx));
+    ddp_shutdown(ctx);
+}
+
+static void find_unused_rank(test_rank *self) {
+    ddp_context *ctx;
+    ddp_desc d = test_desc(self);
+    int a, b, bad = 0;
+    size_t k, n = 1000;
+    d.find_unused = 1;
+    if ((self->result = ddp_init(&ctx, &d)) != DDP_OK) goto out;
+    ddp_register_param(ctx, "a", n, 0, NULL, &a);
+    ddp_register_param(ctx, "b", n, 0, NULL, &b);
+    if ((self->result = ddp_commit(ctx)) != DDP_OK) goto out;
+    ddp_zero_grad(ctx);
+    for (k = 0; k < n; k++) { ddp_grad(ctx, a)[k] = 2.0f * (float)(self->rank + 1); ddp_grad(ctx, b)[k] = 99; }
+    if (self->rank == 0) ddp_grad_ready(ctx, b);        /* rank 1 never touches b: its 99s are stale */
+    else for (k = 0; k < n; k++) ddp_grad(ctx, b)[k] = 99;
+    if (self->rank == 0) for (k = 0; k < n; k++) ddp_grad(ctx, b)[k] = 8;
+    ddp_grad_ready(ctx, a);
+    if ((self->result = ddp_finish(ctx)) != DDP_OK) goto out;
+    for (k = 0; k < n; k++) bad += ddp_grad(ctx, a)[k] != 3.0f || ddp_grad(ctx, b)[k] != 4.0f;
+    if (bad) { self->result = DDP_ERR_MISMATCH; snprintf(self->error, sizeof self->error, "%d wrong (b[0]=%g)", bad, ddp_grad(ctx, b)[0]); }
+out:
+    if (self->result != DDP_OK && !self->error[0]) snprintf(self->error, sizeof self->error, "%s", ddp_last_error(ctx));
+    ddp_shutdown(ctx);
+}
+
+static void test_unused(void) {
+    test_rank ranks[2];
+    void *shared[1] = { (void *)unused_rank };
+    test_run_ranks(2, shared, ranks);
+    verdict(ranks[0].result == DDP_ERR_UNUSED_PARAMETER && ranks[1].result == DDP_ERR_UNUSED_PARAMETER &&
+            contains(ranks[0].error, "'b.unused'") && contains(ranks[1].error, "'b.unused'"),
+            "unused_parameter_error_names_it", "rank 0: %s | rank 1: %s", ranks[0].error, ranks[1].error);
+    {
+        void *shared2[1] = { (void *)find_unused_rank };
+        test_run_ranks(2, shared2, ranks);
+        verdict(ranks[0].result == DDP_OK && ranks[1].result == DDP_OK, "find_unused_zero_fills_and_reduces",
+                "rank 0: %s | rank 1: %s", ranks[0].error, ranks[1].error);
+    }
+}
+
+/* ---- marking a gradient ready twice ---- */
+static void test_double_ready(void) {
+    ddp_context *ctx;
+    ddp_desc d;
+    int w, v;
+    ddp_result r;
+    memset(&d, 0, sizeof d);
+    d.world_size = 1;
+    ddp_init(&ctx, &d);
+    ddp_register_param(ctx, "layer1.weight", 10, 0, NULL, &w);
+    ddp_register_param(ctx, "layer1.bias", 10, 0, NULL, &v);
+    ddp_commit(ctx);
+    ddp_grad_ready(ctx, w);
+    r = ddp_grad_ready(ctx, w);
+    verdict(r == DDP_ERR_DOUBLE_READY && contains(ddp_last_error(ctx), "'layer1.weight'"), "double_ready_error_names_param",
+            "%s (%s)", ddp_result_string(r), ddp_last_error(ctx));
+    ddp_shutdown(ctx);
+}
+
+/* ---- AdamW against a plain float64 loop ---- */
+static void test_adamw(void) {
+    enum { N0 = 1000, N1 = 37, STEPS = 12 };
+    ddp_context *ctx;
+    ddp_desc d;
+    ddp_adamw opt;
+    double p[N0 + N1], m[N0 + N1], v[N0 + N1], worst = 0;
+    float init[N0 + N1], norm = 0;
+    int a, b, step, i, ok = 1;
+    memset(&d, 0, sizeof d);
+    memset(&opt, 0, sizeof opt);
+    d.world_size = 1;
+    opt.lr = 0.01f; opt.weight_decay = 0.1f; opt.beta1 = 0.8f; opt.beta2 = 0.99f; opt.eps = 1e-6f;
+    for (i = 0; i < N0 + N1; i++) {   /* magnitudes in [0.5, 1]: relative error is meaningful */
+        float u = test_value(1, (uint64_t)i);
+        init[i] = u < 0 ? u - 0.5f * (1 + u) : 0.5f + 0.5f * u;
+        p[i] = init[i]; m[i] = v[i] = 0;
+    }
+    ddp_init(&ctx, &d);
+    ddp_register_param(ctx, "w", N0, 0, init, &a);
+    ddp_register_param(ctx, "bias", N1, DDP_NO_DECAY, init + N0, &b);
+    ddp_commit(ctx);
+    for (step = 1; step <= STEPS; step++) {
+        double sq = 0, clip = 1, bc1 = 1 - pow(0.8, step), bc2 = 1 - pow(0.99, step);
+        float *g0 = ddp_grad(ctx, a), *g1 = ddp_grad(ctx, b);
+        opt.max_grad_norm = step % 3 == 0 ? 1.0f : 0.0f;      /* clip on some steps */
+        for (i = 0; i < N0 + N1; i++) {
+            float g = test_value(100 + (uint64_t)step, (uint64_t)i) * (i % 2 ? 0.01f : 1.0f);
+            if (i < N0) g0[i] = g; else g1[i - N0] = g;
+            sq += (double)g * g;
+        }
+        if (opt.max_grad_norm > 0 && sqrt(sq) > opt.max_grad_norm) clip = opt.max_grad_norm / (sqrt(sq) + 1e-6);
+        for (i = 0; i < N0 + N1; i++) {
+            double g = (double)(i < N0 ? g0[i] : g1[i - N0]) * clip, wd = i < N0 ? 0.1 : 0.0;
+            m[i] = 0.8 * m[i] + 0.2 * g;
+            v[i] = 0.99 * v[i] + 0.01 * g * g;
+            p[i] -= 0.01 * wd * p[i];
+            p[i] -= 0.01 * (m[i] / bc1) / (sqrt(v[i] / bc2) + 1e-6);
+        }
+        ddp_adamw_step(ctx, &opt, &norm);
+        if (fabs(norm - sqrt(sq)) > 1e-6 * sqrt(sq)) ok = 0;
+    }
+    for (i = 0; i < N0 + N1; i++) {
+        double got = i < N0 ? ddp_param(ctx, a)[i] : ddp_param(ctx, b)[i - N0];
+        double rel = fabs(got - p[i]) / fabs(p[i]);
+        if (rel > worst) worst = rel;
+    }
+    verdict(ok && worst <= 1e-6, "adamw_matches_float64_reference", "worst relative error %.3g (norm ok %d)", worst, ok);
+    ddp_shutdown(ctx);
+}
+
+/* ---- bad environments: each a named error, no network touched ---- */
+static void expect_env_error(const char *name, const char *const *vars, ddp_result expected, const char *needle) {
+    static const char *all[] = { "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                                 "DDP_TIMEOUT", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS" };
+    ddp_context *ctx;
+    ddp_result r;
+    size_t i;
+    for (i = 0; i < sizeof all / sizeof all[0]; i++) unsetenv(all[i]);
+    for (i = 0; vars[i]; i += 2) setenv(vars[i], vars[i + 1], 1);
+    r = ddp_init(&ctx, NULL);
+    verdict(r == expected && contains(ddp_last_error(ctx), needle), name, "got %s: %s", ddp_result_string(r), ddp_last_error(ctx));
+    ddp_shutdown(ctx);
+    for (i = 0; i < sizeof all / sizeof all[0]; i++) unsetenv(all[i]);
+}
+
+static void test_bad_env(void) {
+    const char *rank_too_big[] = { "RANK", "2", "WORLD_SIZE", "2", "MASTER_PORT", "1", NULL };
+    const char *rank_not_int[] = { "RANK", "one", "WORLD_SIZE", "2", NULL };
+    const char *no_world[] = { "RANK", "0", NULL };
+    const char *no_port[] = { "RANK", "0", "WORLD_SIZE", "2", NULL };
+    const char *bad_port[] = { "RANK", "0", "WORLD_SIZE", "2", "MASTER_PORT", "70000", NULL };
+    const char *two_hosts[] = { "RANK", "0", "WORLD_SIZE", "4", "LOCAL_WORLD_SIZE", "2", "MASTER_ADDR", "127.0.0.1", "MASTER_PORT", "1", NULL };
+    const char *bad_timeout[] = { "DDP_TIMEOUT", "soon", NULL };
+    const char *ompi_rank[] = { "OMPI_COMM_WORLD_RANK", "5", "OMPI_COMM_WORLD_SIZE", "4", NULL };
+    const char *slurm_half[] = { "SLURM_PROCID", "1", NULL };
+    const char *bad_local[] = { "RANK", "1", "WORLD_SIZE", "2", "LOCAL_RANK", "3", "MASTER_PORT", "1", NULL };
+    const char *none[] = { NULL };
+    ddp_context *ctx;
+    expect_env_error("env_rank_not_below_world", rank_too_big, DDP_ERR_BAD_ENV, "RANK=2 is not below WORLD_SIZE=2");
+    expect_env_error("env_rank_not_integer", rank_not_int, DDP_ERR_BAD_ENV, "RANK='one'");
+    expect_env_error("env_world_missing", no_world, DDP_ERR_BAD_ENV, "WORLD_SIZE");
+    expect_env_error("env_master_port_missing", no_port, DDP_ERR_BAD_ENV, "MASTER_PORT is not set");
+    expect_env_error("env_master_port_range", bad_port, DDP_ERR_BAD_ENV, "MASTER_PORT='70000'");
+    expect_env_error("env_cpu_backend_needs_one_host", two_hosts, DDP_ERR_BAD_ENV, "LOCAL_WORLD_SIZE=2");
+    expect_env_error("env_timeout_malformed", bad_timeout, DDP_ERR_BAD_ENV, "DDP_TIMEOUT='soon'");
+    expect_env_error("env_ompi_rank_not_below_size", ompi_rank, DDP_ERR_BAD_ENV, "OMPI_COMM_WORLD_RANK=5");
+    expect_env_error("env_slurm_incomplete", slurm_half, DDP_ERR_BAD_ENV, "SLURM_NTASKS");
+    expect_env_error("env_local_rank_not_below_local_world", bad_local, DDP_ERR_BAD_ENV, "LOCAL_RANK=3");
+    {   /* no environment at all: one rank, no network */
+        ddp_result r;
+        expect_env_error("env_none_is_single_rank", none, DDP_OK, "no error");
+        r = ddp_init(&ctx, NULL);
+        verdict(r == DDP_OK && ddp_world_size(ctx) == 1 && ddp_rank(ctx) == 0 && ddp_config(ctx)->timeout_s == 300 &&
+                ddp_config(ctx)->bucket_cap_mb == 25 && ddp_config(ctx)->first_bucket_mb == 1,
+                "defaults_resolved", "world %d timeout %g cap %g", ddp_world_size(ctx), ddp_config(ctx)->timeout_s,
+                ddp_config(ctx)->bucket_cap_mb);
+        ddp_shutdown(ctx);
+    }
+}
+
+/* ---- rendezvous failures ---- */
+static void test_port_in_use(void) {
+    int port = test_free_port(), fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a;
+    ddp_context *ctx;
+    ddp_desc d;
+    ddp_result r;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET; a.sin_port = htons((uint16_t)port); a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(fd, (struct sockaddr *)&a, sizeof a);
+    listen(fd, 1);
+    memset(&d, 0, sizeof d);
+    d.world_size = 2; d.rank = 0; d.master_port = port; d.timeout_s = 2; d.log_level = DDP_LOG_OFF;
+    r = ddp_init(&ctx, &d);
+    verdict(r == DDP_ERR_NETWORK && contains(ddp_last_error(ctx), "already in use"), "port_in_use_named",
+            "%s: %s", ddp_result_string(r), ddp_last_error(ctx));
+    ddp_shutdown(ctx);
+    close(fd);
+}
+
+static void test_unresolvable(void) {
+    ddp_context *ctx;
+    ddp_desc d;
+    ddp_result r;
+    memset(&d, 0, sizeof d);
+    d.world_size = 2; d.rank = 1; d.master_port = 29999; d.timeout_s = 2; d.master_addr = "no-such-host.invalid";
+    d.log_level = DDP_LOG_OFF;
+    r = ddp_init(&ctx, &d);
+    verdict(r == DDP_ERR_NETWORK && contains(ddp_last_error(ctx), "cannot resolve MASTER_ADDR 'no-such-host.invalid'"),
+            "master_addr_unresolvable", "%s: %s", ddp_result_string(r), ddp_last_error(ctx));
+    ddp_shutdown(ctx);
+}
+
+/* Ranks run fn with a per-rank tweak of the descriptor; the tweak is in shared[1]. */
+typedef void (*desc_tweak)(test_rank *self, ddp_desc *d);
+static void init_only_rank(test_rank *self) {
+    ddp_context *ctx;
+    ddp_desc d = test_desc(self);
+    ((desc_tweak)((void **)self->shared)[1])(self, &d);
+    self->result = ddp_init(&ctx, &d);
+    snprintf(self->error, sizeof self->error, "%s", ddp_last_error(ctx));
+    ddp_shutdown(ctx);
+}
+
+static void tweak_missing_rank(test_rank *self, ddp_desc *d) { d->world_size = 3; d->timeout_s = 1.5; (void)self; }
+static void tweak_tokens(test_rank *self, ddp_desc *d) { d->job_token = self->rank ? "intruder" : "secret"; d->timeout_s = 2; }
+static void tweak_world(test_rank *self, ddp_desc *d) { d->world_size = 2 + self->rank; d->timeout_s = 3; }
+
+static void test_rendezvous_failures(void) {
+    test_rank ranks[2];
+    void *shared[2] = { (void *)init_only_rank, (void *)tweak_missing_rank };
+    test_run_ranks(2, shared, ranks);   /* world 3, but only ranks 0 and 1 start */
+    verdict(ranks[0].result == DDP_ERR_TIMEOUT && contains(ranks[0].error, "rank(s) 2 never arrived") &&
+            ranks[1].result == DDP_ERR_TIMEOUT, "missing_ranks_listed", "rank 0: %s | rank 1: %s", ranks[0].error, ranks[1].error);
+    shared[1] = (void *)tweak_tokens;
+    test_run_ranks(2, shared, ranks);
+    verdict(ranks[1].result == DDP_ERR_NETWORK && contains(ranks[1].error, "job token") && ranks[0].result == DDP_ERR_TIMEOUT,
+            "wrong_job_token_refused", "rank 0: %s | rank 1: %s", ranks[0].error, ranks[1].error);
+    shared[1] = (void *)tweak_world;
+    test_run_ranks(2, shared, ranks);
+    verdict(ranks[0].result == DDP_ERR_MISMATCH && ranks[1].result == DDP_ERR_MISMATCH && contains(ranks[0].error, "WORLD_SIZE=3"),
+            "world_size_disagreement", "rank 0: %s | rank 1: %s", ranks[0].error, ranks[1].error);
+}
+
+/* ---- ranks that disagree after init ---- */
+static void mismatch_rank(test_rank *self) {
+    ddp_context *ctx;
+    ddp_desc d = test_desc(self);
+    int id, kind = *(int *)((void **)self->shared)[1];
+    if ((self->result = ddp_init(&ctx, &d)) != DDP_OK) goto out;
+    if (kind == 2) {        /* bucket options */
+        ddp_shutdown(ctx);
+        d.bucket_cap_mb = self->rank ? 50 : 25;
+        d.master_port += 1;
+        if ((self->result = ddp_init(&ctx, &d)) != DDP_OK) goto out;
+    }
+    if (kind == 0) {        /* parameter names */
+        ddp_register_param(ctx, "embed", 64, 0, NULL, &id);
+        ddp_register_param(ctx, self->rank ? "fc1.weight" : "fc1.w", 128, 0, NULL, &id);
+        self->result = ddp_commit(ctx);
+    } else if (kind == 1) { /* parameter sizes */
+        ddp_register_param(ctx, "fc1.w", self->rank ? 129 : 128, 0, NULL, &id);
+        self->result = ddp_commit(ctx);
+    } else if (kind == 2) {
+        ddp_register_param(ctx, "fc1.w", 128, 0, NULL, &id);
+        self->result = ddp_commit(ctx);
+    } else {                /* collective sizes */
+        float buf[100] = { 0 };
+        self->result = ddp_allreduce(ctx, buf, self->rank ? 50 : 100, DDP_SUM);
+    }
+out:
+    snprintf(self->error, sizeof self->error, "%s", ddp_last_error(ctx));
+    ddp_shutdown(ctx);
+}
+
+static void test_mismatches(void) {
+    static const char *names[] = { "mismatched_param_names", "mismatched_param_sizes", "mismatched_bucket_caps",
+                                   "mismatched_collective_sizes" };
+    static const char *needles[] = { "'fc1.w", "'fc1.w 128", "bucket", "100 elements" };
+    test_rank ranks[2];
+    int kind;
+    for (kind = 0; kind < 4; kind++) {
+        void *shared[2] = { (void *)mismatch_rank, &kind };
+        test_run_ranks(2, shared, ranks);
+        verdict(ranks[0].result == DDP_ERR_MISMATCH && ranks[1].result != DDP_OK &&
+                contains(ranks[0].error, needles[kind]) && contains(ranks[1].error, needles[kind]),
+                names[kind], "rank 0: %s | rank 1: %s", ranks[0].error, ranks[1].error);
+    }
+}
+
+/* ---- calls in the wrong order ---- */
+static void noop_backward(void *args) { (void)args; }
+static void test_wrong_order(void) {
+    ddp_context *ctx;
+    ddp_desc d;
+    ddp_adamw opt;
+    float x = 1;
+    int w, ok;
+    memset(&d, 0, sizeof d);
+    memset(&opt, 0, sizeof opt);
+    d.world_size = 1;
+    ddp_init(&ctx, &d);
+    ok = ddp_backward(ctx) == DDP_ERR_INVALID_STATE && contains(ddp_last_error(ctx), "ddp_commit");
+    ok &= ddp_adamw_step(ctx, &opt, NULL) == DDP_ERR_INVALID_STATE;
+    ok &= ddp_commit(ctx) == DDP_ERR_INVALID_STATE;   /* nothing registered */
+    ddp_register_param(ctx, "w", 4, 0, NULL, &w);
+    ok &= ddp_register_param(ctx, "w", 4, 0, NULL, &w) == DDP_ERR_INVALID_ARGUMENT;   /* twice */
+    ok &= ddp_register_param(ctx, "", 4, 0, NULL, &w) == DDP_ERR_INVALID_ARGUMENT;
+    ok &= ddp_register_param(ctx, "empty", 0, 0, NULL, &w) == DDP_ERR_INVALID_ARGUMENT;
+    ddp_commit(ctx);
+    ok &= ddp_register_param(ctx, "late", 4, 0, NULL, &w) == DDP_ERR_INVALID_STATE && contains(ddp_last_error(ctx), "after ddp_commit");
+    ok &= ddp_commit(ctx) == DDP_ERR_INVALID_STATE;
+    ok &= ddp_tape_record(ctx, noop_backward, NULL, 0, &w, 1) == DDP_OK;
+    ddp_tape_reset(ctx);
+    ok &= ddp_tape_record(ctx, noop_backward, NULL, 0, (const int[]){ 7 }, 1) == DDP_ERR_INVALID_ARGUMENT;
+    ddp_grad_ready(ctx, 0);   /* a step in flight ... */
+    ok &= ddp_adamw_step(ctx, &opt, NULL) == DDP_ERR_INVALID_STATE;
+    ok &= ddp_zero_grad(ctx) == DDP_ERR_INVALID_STATE;
+    ok &= ddp_allreduce(ctx, &x, 1, DDP_SUM) == DDP_ERR_INVALID_STATE;
+    ok &= ddp_finish(ctx) == DDP_OK;   /* ... and done */
+    ok &= ddp_adamw_step(ctx, &opt, NULL) == DDP_OK;
+    ok &= ddp_broadcast(ctx, &x, 4, 1) == DDP_ERR_INVALID_ARGUMENT;
+    verdict(ok, "calls_in_wrong_order_rejected", "last error: %s", ddp_last_error(ctx));
+    ddp_shutdown(ctx);
+}
+
+int main(void) {
+    test_bucket_layout();
+    test_tape_order();
+    test_launch_order();
+    test_accumulation();
+    test_unused();
+    test_double_ready();
+    test_adamw();
+    test_bad_env();
+    test_port_in_use();
+    test_unresolvable();
+    test_rendezvous_failures();
+    test_mismatches();
+    test_wrong_order();
+    return test_summary("test_unit");
+}

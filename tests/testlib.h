@@ -1,0 +1,90 @@
+/* testlib.h — what the tests share: verdict lines, deterministic data, ranks as threads.
+   A test prints one line per check, "PASS name" or "FAIL name: why"; tests/run.sh counts them. */
+#ifndef DDP_TESTLIB_H
+#define DDP_TESTLIB_H
+#define DDP_IMPLEMENTATION
+#include "../ddp.h"
+#include <stdio.h>
+
+static int test_failures;
+
+static inline void verdict(int ok, const char *name, const char *fmt, ...) {
+    va_list ap;
+    if (ok) { printf("PASS %s\n", name); fflush(stdout); return; }
+    test_failures++;
+    printf("FAIL %s: ", name);
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    printf("\n");
+    fflush(stdout);
+}
+
+/* Deterministic value in [-1, 1) for (stream, index): any rank can make any rank's data. */
+static inline float test_value(uint64_t stream, uint64_t index) {
+    uint64_t z = stream * 0x9e3779b97f4a7c15ull + index * 0xbf58476d1ce4e5b9ull + 0x94d049bb133111ebull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (float)(z >> 40) / 8388608.0f - 1.0f;
+}
+
+/* A TCP port nobody listens on right now. */
+static inline int test_free_port(void) {
+    struct sockaddr_in a;
+    socklen_t len = sizeof a;
+    int fd = socket(AF_INET, SOCK_STREAM, 0), port = 0;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0) close(fd);
+    return port;
+}
+
+/* Run fn on `world` threads, each its own rank of one process group. */
+typedef struct test_rank {
+    int rank, world, port;
+    void *shared;
+    ddp_result result;        /* what fn reports */
+    char error[1024];
+} test_rank;
+
+typedef void (*test_rank_fn)(test_rank *self);
+
+static inline void *test__rank_main(void *arg) {
+    test_rank *self = (test_rank *)arg;
+    ((test_rank_fn)((void **)self->shared)[0])(self);
+    return NULL;
+}
+
+/* shared[0] must be the function; the rest is the test's. */
+static inline void test_run_ranks(int world, void **shared, test_rank *ranks) {
+    pthread_t threads[16];
+    int r, port = test_free_port();
+    for (r = 0; r < world; r++) {
+        memset(&ranks[r], 0, sizeof ranks[r]);
+        ranks[r].rank = r; ranks[r].world = world; ranks[r].port = port; ranks[r].shared = shared;
+        pthread_create(&threads[r], NULL, test__rank_main, &ranks[r]);
+    }
+    for (r = 0; r < world; r++) pthread_join(threads[r], NULL);
+}
+
+/* A descriptor for thread-rank tests: the process group by hand, not from the environment. */
+static inline ddp_desc test_desc(const test_rank *self) {
+    ddp_desc d;
+    memset(&d, 0, sizeof d);
+    d.world_size = self->world;
+    d.rank = self->rank;
+    d.master_port = self->port;
+    d.timeout_s = 20;
+    d.log_level = DDP_LOG_OFF;
+    return d;
+}
+
+static inline int test_summary(const char *program) {
+    fprintf(stderr, "%s: %d failure(s)\n", program, test_failures);
+    return test_failures ? 1 : 0;
+}
+#endif
