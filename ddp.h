@@ -1211,16 +1211,17 @@ static void ddp__poison_group(ddp_context *ctx, ddp_result code) {
 /* Checked while sleeping: the group poisoned by another rank, a dead peer, the deadline. */
 static ddp_result ddp__shm_check_peers(ddp_context *ctx, int stage, uint32_t target, double deadline) {
     ddp__shm_header *h = ddp__shm_hdr(ctx);
-    int s, failed = __atomic_load_n(&h->failed_rank, __ATOMIC_ACQUIRE);
-    if (failed == ctx->rank) return ctx->failed ? ctx->failed : DDP_ERR_PEER_LOST;   /* already told */
-    if (failed >= 0)
-        return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_PEER_LOST, "stopped in %s because %s", ctx->shm_what, h->failed_msg));
+    int s, failed;
     for (s = 0; s < ctx->world; s++) {
         int pid = __atomic_load_n(&ddp__shm_block(ctx, s)->pid, __ATOMIC_ACQUIRE);
         if (s != ctx->rank && !ddp__pid_alive(pid))
             return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_PEER_LOST, "rank %d (pid %d) died; this rank was in %s",
                                              s, pid, ctx->shm_what));
     }
+    failed = __atomic_load_n(&h->failed_rank, __ATOMIC_ACQUIRE);
+    if (failed == ctx->rank) return ctx->failed ? ctx->failed : DDP_ERR_PEER_LOST;   /* already told */
+    if (failed >= 0)
+        return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_PEER_LOST, "stopped in %s because %s", ctx->shm_what, h->failed_msg));
     if (ddp__now() > deadline) {
         char missing[256];
         size_t len = 0;
@@ -1573,13 +1574,13 @@ ddp_result ddp_shutdown(ddp_context *ctx) {
     ddp_result r = DDP_OK;
     if (!ctx) return DDP_OK;
     ddp__comm_stop(ctx);
-    /* Rank 0 keeps its store up until every rank is done with it. */
-    if (ctx->shm && !ctx->failed) {
-        ctx->shm_what = "the shutdown barrier";
-        r = ddp__shm_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0);
-    }
+    /* Two barriers: rank 0 closes its store only once every rank is done with it, and no rank
+       returns (and perhaps starts a new group on the same port) before the store is closed. */
+    ctx->shm_what = "the shutdown barrier";
+    if (ctx->shm && !ctx->failed) r = ddp__shm_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0);
     if (ctx->store_fd >= 0) close(ctx->store_fd);
     ddp__server_stop(ctx);
+    if (ctx->shm && !ctx->failed) r = ddp__shm_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0);
     if (ctx->shm) {
         munmap(ctx->shm, ctx->shm_bytes);
         if (ctx->rank == 0) shm_unlink(ctx->shm_name);   /* already gone unless init failed */

@@ -2,6 +2,7 @@
 # Tests for the ddprun launcher.  Usage: tests/test_ddprun.sh [path/to/ddprun]
 # Prints "PASS <name>" or "FAIL <name>: <why>" per check; exits 1 if any failed.
 # Ranks are `sh -c` scripts, so no extra binaries are needed.
+# shellcheck disable=SC2016 # rank scripts are single-quoted on purpose
 set -u
 
 DDPRUN=${1:-build/ddprun}
@@ -39,8 +40,8 @@ alive() {
 
 # leftovers DIR: pids (one per *.pid file) still alive after up to 3 s.
 leftovers() {
-    local tries pid file left
-    for tries in $(seq 30); do
+    local pid file left
+    for _ in $(seq 30); do
         left=""
         for file in "$1"/*.pid; do
             [ -e "$file" ] || continue
@@ -51,9 +52,12 @@ leftovers() {
         sleep 0.1
     done
     echo "$left"
+    # shellcheck disable=SC2086 # a list of pids
     kill -9 $left 2>/dev/null # don't leak them past the test
     return 1
 }
+
+count_files() { local files=("$1"/*); [ -e "${files[0]}" ] && echo ${#files[@]} || echo 0; }
 
 # A rank script that records its shell's pid and its child's pid, then waits.
 # The background sleep checks that ddprun stops a rank's whole process group.
@@ -101,7 +105,7 @@ test_killed_rank() {
     [ $rc -eq 137 ] || why="exit $rc, expected 137"
     grep -q 'rank 2 .*killed by signal 9' "$TMP/err" || why="$why; stderr does not name rank 2 and signal 9"
     left=$(leftovers "$PIDS") || why="$why; processes left running:$left"
-    [ "$(ls "$PIDS" | wc -l)" -eq 4 ] || why="$why; ranks did not start"
+    [ "$(count_files "$PIDS")" -eq 4 ] || why="$why; ranks did not start"
     report "rank killed by a signal" "${why#; }"
 }
 
@@ -117,18 +121,18 @@ test_grace_kill() {
 
 # signal_test NAME SIGNAL EXPECTED_RC RANK_PREAMBLE [SECOND_SIGNAL]
 signal_test() {
-    local name=$1 sig=$2 expect=$3 preamble=$4 second=${5:-} why="" pid tries left start
+    local name=$1 sig=$2 expect=$3 preamble=$4 second=${5:-} why="" pid left start
     export PIDS="$TMP/sig.$sig$second" && mkdir -p "$PIDS"
     "$DDPRUN" --grace 20 -n 2 sh -c "$preamble $SLEEPER" >"$TMP/out" 2>"$TMP/err" &
     pid=$!
-    for tries in $(seq 50); do
-        [ "$(ls "$PIDS" | wc -l)" -eq 4 ] && break
+    for _ in $(seq 50); do
+        [ "$(count_files "$PIDS")" -eq 4 ] && break
         sleep 0.1
     done
     start=$(now_ms)
     kill -"$sig" "$pid"
     if [ -n "$second" ]; then sleep 0.3; kill -"$second" "$pid"; fi
-    for tries in $(seq 100); do
+    for _ in $(seq 100); do
         kill -0 "$pid" 2>/dev/null || break
         sleep 0.1
     done

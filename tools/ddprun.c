@@ -19,6 +19,8 @@
  * ranks stay unreaped zombies until ddprun ends: that keeps their pid, and so
  * their group id, from being reused, which makes signalling the group safe at
  * any time.  Before exiting, ddprun SIGKILLs what is left in every group.
+ * Being in a background group, a rank reading the terminal would stop on
+ * SIGTTIN, so ranks get /dev/null as stdin when ddprun's stdin is a tty.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -33,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -73,6 +76,8 @@ struct job {
 static volatile sig_atomic_t first_signal, signals_received;
 static int dest_broken[3];       /* our stdout/stderr hit EPIPE */
 static sigset_t original_sigmask; /* restored in the children */
+static struct job *started_job;   /* for die(): never leave ranks behind */
+static struct rlimit original_nofile; /* restored in the children */
 
 static const char usage_text[] =
     "usage: ddprun [-n N] [--master-port P] [--grace SECONDS] [--] PROGRAM [ARGS...]\n"
@@ -93,9 +98,13 @@ static void usage_error(const char *fmt, ...)
     exit(2);
 }
 
+static void signal_groups(struct job *job, int sig);
+
 static void die(const char *what)
 {
     fprintf(stderr, "ddprun: %s: %s\n", what, strerror(errno));
+    if (started_job)
+        signal_groups(started_job, SIGKILL);
     exit(1);
 }
 
@@ -160,6 +169,17 @@ static void parse_args(int argc, char **argv, struct job *job)
     job->argv = argv + i;
 }
 
+/* Two pipes per rank can exceed the usual soft limit of 1024 fds. */
+static void raise_fd_limit(void)
+{
+    struct rlimit raised;
+    if (getrlimit(RLIMIT_NOFILE, &original_nofile) < 0)
+        return;
+    raised = original_nofile;
+    raised.rlim_cur = raised.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &raised);
+}
+
 /* Children's pipes must never land on fds 0-2, or dup2 would clobber them. */
 static void ensure_std_fds_open(void)
 {
@@ -220,6 +240,8 @@ static void install_signal_handlers(void)
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_stop_signal; /* no SA_RESTART: poll returns early */
     sigemptyset(&sa.sa_mask);
+    sigaddset(&sa.sa_mask, SIGINT);
+    sigaddset(&sa.sa_mask, SIGTERM);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN); /* a closed stdout must not kill the supervisor */
@@ -239,6 +261,7 @@ static void exec_rank(const struct job *job, int index, int out_fd, int err_fd, 
     signal(SIGTERM, SIG_DFL);
     signal(SIGPIPE, SIG_DFL);
     sigprocmask(SIG_SETMASK, &original_sigmask, NULL);
+    setrlimit(RLIMIT_NOFILE, &original_nofile);
     setpgid(0, 0);
 #ifdef __linux__
     prctl(PR_SET_PDEATHSIG, SIGKILL); /* ddprun SIGKILLed: take the rank along */
@@ -250,6 +273,13 @@ static void exec_rank(const struct job *job, int index, int out_fd, int err_fd, 
     /* The pipes are O_CLOEXEC, so only these dup2'd copies survive exec. */
     if (dup2(out_fd, STDOUT_FILENO) < 0 || dup2(err_fd, STDERR_FILENO) < 0)
         _exit(127);
+    if (isatty(STDIN_FILENO)) { /* see the top */
+        int null_fd = open("/dev/null", O_RDONLY);
+        if (null_fd > STDIN_FILENO) {
+            dup2(null_fd, STDIN_FILENO);
+            close(null_fd);
+        }
+    }
     set_env_int("RANK", index);
     set_env_int("WORLD_SIZE", job->nranks);
     set_env_int("LOCAL_RANK", index);
@@ -391,7 +421,7 @@ static int running_ranks(const struct job *job)
 static void signal_groups(struct job *job, int sig)
 {
     for (int i = 0; i < job->nranks; i++)
-        if (kill(-job->ranks[i].pid, sig) < 0 && job->ranks[i].running)
+        if (job->ranks[i].pid > 0 && kill(-job->ranks[i].pid, sig) < 0 && job->ranks[i].running)
             kill(job->ranks[i].pid, sig); /* group not set up yet */
 }
 
@@ -512,10 +542,8 @@ static void supervise(struct job *job)
 static void abort_start(struct job *job, int started)
 {
     int saved = errno;
-    for (int i = 0; i < started; i++) {
-        kill(-job->ranks[i].pid, SIGKILL);
-        waitpid(job->ranks[i].pid, NULL, 0);
-    }
+    job->nranks = started;
+    finish_job(job);
     errno = saved;
     die("starting ranks");
 }
@@ -529,6 +557,7 @@ int main(int argc, char **argv)
     job.exit_status = -1;
     parse_args(argc, argv, &job);
     ensure_std_fds_open();
+    raise_fd_limit();
     make_job_token(job.token);
     if (job.port == 0)
         job.port = pick_free_port();
@@ -549,9 +578,11 @@ int main(int argc, char **argv)
             abort_start(&job, i);
     }
     sigprocmask(SIG_SETMASK, &original_sigmask, NULL);
+    started_job = &job;
 
     supervise(&job);
     finish_job(&job);
+    started_job = NULL;
     free(job.ranks);
     return job.exit_status < 0 ? 0 : job.exit_status;
 }

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# test_failures.sh — a dying rank, bad input from a real launch, leftovers. Prints PASS/FAIL lines.
+# Usage: tests/test_failures.sh [BUILD_DIR]
+set -u
+B=${1:-build}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+pass() { echo "PASS $1"; }
+fail() { echo "FAIL $1: $2"; fails=$((fails + 1)); }
+port() { "$B/test_free_port" 2>/dev/null || echo $((20000 + RANDOM % 20000)); }
+now() { date +%s.%N; }
+shm_ours() { ls /dev/shm 2>/dev/null | grep -E "^ddp-($1)-" || true; }
+
+# 1. A rank SIGKILLed inside backward, ranks started by hand (no launcher to clean up):
+#    the others must exit non-zero within 10 s with an error that names the dead rank.
+p=$(port)
+pids=()
+for r in 0 1 2; do
+  RANK=$r WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$p DIE_RANK=1 DIE_STEP=15 \
+    timeout 60 "$B/test_fault" 100000 >"$tmp/out$r" 2>"$tmp/err$r" &
+  pids+=($!)
+done
+wait "${pids[1]}"; died_at=$(now)
+for r in 0 2; do
+  wait "${pids[$r]}"; rc=$?; t=$(now)
+  secs=$(awk -v a="$died_at" -v b="$t" 'BEGIN { printf "%.2f", b - a }')
+  if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && awk -v s="$secs" 'BEGIN { exit !(s < 10) }' &&
+     grep -q "rank 1 (pid [0-9]*) died" "$tmp/err$r"; then
+    pass "peer_killed_rank${r}_exits_nonzero_naming_rank1 (${secs}s)"
+  else
+    fail "peer_killed_rank${r}_exits_nonzero_naming_rank1" "rc=$rc after ${secs}s: $(tail -n 1 "$tmp/err$r")"
+  fi
+done
+left=$(shm_ours "$(IFS='|'; echo "${pids[*]}")")
+[ -z "$left" ] && pass "peer_killed_no_shm_left" || fail "peer_killed_no_shm_left" "$left"
+
+# 2. Killed from outside while training, under ddprun: ddprun exits non-zero and says who.
+p=$(port)
+timeout 60 "$B/ddprun" -n 3 --master-port "$p" "$B/test_fault" 100000 >"$tmp/run_out" 2>"$tmp/run_err" &
+runner=$!
+for _ in $(seq 200); do grep -q "^\[rank 2\] step 5$" "$tmp/run_out" 2>/dev/null && break; sleep 0.05; done
+victim=$(pgrep -f "$B/test_fault 100000" | head -n 3 | tail -n 1)
+kill -9 "$victim" 2>/dev/null
+wait "$runner"; rc=$?
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && grep -q "killed by signal 9" "$tmp/run_err"; then
+  pass "ddprun_reports_killed_rank"
+else
+  fail "ddprun_reports_killed_rank" "rc=$rc: $(grep ddprun "$tmp/run_err" | head -n 2)"
+fi
+sleep 0.2
+left=$(pgrep -f "$B/test_fault 100000" || true)
+[ -z "$left" ] && pass "ddprun_leaves_no_rank_running" || fail "ddprun_leaves_no_rank_running" "pids $left"
+
+# 3. A segment left behind by a crashed job does not break the next run, and is swept away.
+stale=/dev/shm/ddp-999999-deadbeef
+: >"$stale" 2>/dev/null
+p=$(port)
+if timeout 60 "$B/ddprun" -n 2 --master-port "$p" "$B/test_fault" 3 >"$tmp/stale_out" 2>&1 && [ ! -e "$stale" ]; then
+  pass "stale_segment_swept_next_run_ok"
+else
+  fail "stale_segment_swept_next_run_ok" "$(tail -n 2 "$tmp/stale_out")"
+fi
+rm -f "$stale"
+
+# 4. Bad environment on a real launch: a clear error, non-zero exit, no hang.
+RANK=5 WORLD_SIZE=2 MASTER_PORT=1 timeout 20 "$B/minimal" >/dev/null 2>"$tmp/env_err"; rc=$?
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && grep -q "RANK=5 is not below WORLD_SIZE=2" "$tmp/env_err"; then
+  pass "bad_env_real_process"
+else
+  fail "bad_env_real_process" "rc=$rc: $(cat "$tmp/env_err")"
+fi
+
+# 5. Ranks that registered different parameters: every rank fails naming the parameter.
+p=$(port)
+timeout 60 "$B/ddprun" -n 2 --master-port "$p" sh -c 'MISMATCH_RANK=1 exec "$0" 3' "$B/test_fault" \
+  >"$tmp/mm_out" 2>&1; rc=$?
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && grep -q "\[rank 0\].*layer0.weight" "$tmp/mm_out" &&
+   grep -q "\[rank 1\].*layer0.weight" "$tmp/mm_out"; then
+  pass "mismatched_params_real_processes"
+else
+  fail "mismatched_params_real_processes" "rc=$rc: $(grep -v step "$tmp/mm_out" | head -n 3)"
+fi
+exit $((fails > 0))
