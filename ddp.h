@@ -242,6 +242,7 @@ ddp_result ddp_last_step_stats(const ddp_context *ctx, ddp_step_stats *out);
 #include <arpa/inet.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -281,7 +282,10 @@ extern "C" {
 #define DDP__ALIGN_FLOATS 16                 /* parameters start on 64-byte boundaries */
 #define DDP__CHUNK_BYTES (256u * 1024u)
 #define DDP__SLOTS 4u
-#define DDP__SPIN_ITERS 20000                /* busy-wait before sleeping on a futex */
+/* A waiter polls, yielding the core between polls (free when nobody else wants the core, and
+   the compute thread or an oversubscribed peer gets it when they do), then sleeps on a futex. */
+#define DDP__SPIN_ITERS 4000
+#define DDP__SPIN_ITERS_OVERSUBSCRIBED 64    /* more ranks than CPUs: sleep sooner */
 #define DDP__LIVENESS_PERIOD_S 0.1           /* how often a waiter checks that peers live */
 #define DDP__STORE_MAX_KEY 1024u
 #define DDP__STORE_MAX_VALUE (64u << 20)
@@ -352,6 +356,7 @@ struct ddp_context {
     size_t shm_bytes;
     uint32_t shm_seq;              /* chunks processed: the same on every rank */
     uint32_t shm_collectives;      /* collectives issued: the same on every rank */
+    int spin_iters;
     const char *shm_what;          /* what the current collective is, for errors */
     char shm_what_buf[96];
 
@@ -1178,14 +1183,6 @@ static void ddp__futex_wake(uint32_t *addr) {
 #endif
 }
 
-static inline void ddp__cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
-
 static int ddp__reached(uint32_t value, uint32_t target) { return (int32_t)(value - target) >= 0; }
 
 static void ddp__shm_post(ddp_context *ctx, int stage, uint32_t value) {
@@ -1246,7 +1243,7 @@ static ddp_result ddp__shm_wait_all(ddp_context *ctx, int stage, uint32_t target
         if (s == ctx->rank) continue;
         while (!ddp__reached(__atomic_load_n(&c->value, __ATOMIC_ACQUIRE), target)) {
             uint32_t seen;
-            if (++spins < DDP__SPIN_ITERS) { ddp__cpu_relax(); continue; }
+            if (++spins < ctx->spin_iters) { sched_yield(); continue; }
             if (deadline == 0) { deadline = ddp__now() + ctx->desc.timeout_s; next_check = 0; }
             if (ddp__now() >= next_check) {
                 ddp_result r = ddp__shm_check_peers(ctx, stage, target, deadline);
@@ -1480,6 +1477,7 @@ static ddp_result ddp__shm_setup(ddp_context *ctx, double deadline) {
         if (r != DDP_OK) return r;
     }
     __atomic_store_n(&ddp__shm_block(ctx, ctx->rank)->pid, (int32_t)getpid(), __ATOMIC_RELEASE);
+    ctx->spin_iters = ctx->local_world > sysconf(_SC_NPROCESSORS_ONLN) ? DDP__SPIN_ITERS_OVERSUBSCRIBED : DDP__SPIN_ITERS;
     ctx->shm_what = "the shared-memory handshake";
     r = ddp__shm_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0);
     if (ctx->rank == 0) shm_unlink(ctx->shm_name);

@@ -467,21 +467,26 @@ static void report_exit(struct job *job, struct rank *r, int code, int sig)
         begin_stop(job, SIGTERM, "stopping the other ranks");
 }
 
-/* Notice exited ranks without reaping them (WNOWAIT; see the top). */
+/* Notice exited ranks without reaping them (WNOWAIT; see the top). Ranks
+ * killed by a signal are reported before ranks that exited in the same
+ * round: when one rank dies, its peers notice and exit with an error almost
+ * at once, and the death is the cause worth naming. */
 static void check_ranks(struct job *job)
 {
-    for (int i = 0; i < job->nranks; i++) {
-        siginfo_t info;
-        memset(&info, 0, sizeof info); /* si_pid stays 0 if nothing happened */
-        if (!job->ranks[i].running ||
-            waitid(P_PID, (id_t)job->ranks[i].pid, &info, WEXITED | WNOHANG | WNOWAIT) < 0 ||
-            info.si_pid == 0)
-            continue;
-        if (info.si_code == CLD_EXITED)
-            report_exit(job, &job->ranks[i], info.si_status, 0);
-        else
-            report_exit(job, &job->ranks[i], 0, info.si_status);
-    }
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < job->nranks; i++) {
+            siginfo_t info;
+            memset(&info, 0, sizeof info); /* si_pid stays 0 if nothing happened */
+            if (!job->ranks[i].running ||
+                waitid(P_PID, (id_t)job->ranks[i].pid, &info, WEXITED | WNOHANG | WNOWAIT) < 0 ||
+                info.si_pid == 0)
+                continue;
+            int killed = info.si_code != CLD_EXITED;
+            if (pass == 0 && killed)
+                report_exit(job, &job->ranks[i], 0, info.si_status);
+            else if (pass == 1 && !killed)
+                report_exit(job, &job->ranks[i], info.si_status, 0);
+        }
 }
 
 /* ddprun must not leave anything behind: kill the rest of every group,

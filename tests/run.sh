@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# run.sh — every CPU test; the last line is "N passed, N failed".
+# Multi-rank tests run as real processes under ddprun. Usage: tests/run.sh [BUILD_DIR]
+set -u
+B=${1:-build}
+cd "$(dirname "$0")/.." || exit 1
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+passed=0 failed=0
+
+# Run one test command; count its PASS/FAIL lines. A command that fails without saying FAIL
+# (a crash, a hang cut by the timeout) counts as one failure of its own.
+run() {
+    local name=$1; shift
+    echo "== $name"
+    timeout 300 "$@" >"$log" 2>&1
+    local rc=$?
+    grep -E "(^|\] )(PASS|FAIL) " "$log" | sed -E 's/^\[rank [0-9 ]+\] //'
+    local p f
+    p=$(grep -cE "(^|\] )PASS " "$log")
+    f=$(grep -cE "(^|\] )FAIL " "$log")
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+        echo "FAIL $name: exited with status $rc"
+        tail -n 5 "$log" | sed 's/^/    /'
+        f=1
+    fi
+    passed=$((passed + p)); failed=$((failed + f))
+}
+
+run unit "$B/test_unit"
+for n in 1 2 3 4; do run "collectives, $n rank(s)" "$B/ddprun" -n "$n" "$B/test_collectives"; done
+for n in 1 2 4; do run "equivalence, $n rank(s)" "$B/ddprun" -n "$n" "$B/test_equivalence"; done
+run "failures" tests/test_failures.sh "$B"
+run "ddprun" tests/test_ddprun.sh "$B/ddprun"
+run "minimal example, 2 ranks" "$B/ddprun" -n 2 "$B/minimal"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
