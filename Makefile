@@ -11,7 +11,7 @@ PROGRAMS := $(B)/ddprun $(B)/minimal $(B)/bench_allreduce \
             $(B)/test_unit $(B)/test_collectives $(B)/test_equivalence $(B)/test_fault
 CHECKS   := $(B)/cxx_check.o
 
-.PHONY: all test bench clean
+.PHONY: all run test bench clean
 all: $(PROGRAMS) $(CHECKS)
 
 $(B):
@@ -31,6 +31,10 @@ $(B)/%: bench/%.c ddp.h | $(B)
 # The header, implementation included, must also compile as C++.
 $(B)/cxx_check.o: tests/cxx_check.cpp ddp.h | $(B)
 	$(CXX) -std=c++11 $(CFLAGS) $(WARN) -c -o $@ $<
+
+# The main job: train on 2 local ranks.
+run: $(B)/ddprun $(B)/minimal
+	$(B)/ddprun -n 2 $(B)/minimal
 
 test: all
 	@tests/run.sh $(B)

@@ -458,7 +458,7 @@ static ddp_result ddp__fail(ddp_context *ctx, ddp_result code, const char *fmt, 
     va_end(ap);
     pthread_mutex_lock(&ctx->err_lock);
     if (ctx->rank >= 0) snprintf(ctx->err, sizeof ctx->err, "rank %d: %s", ctx->rank, msg);
-    else snprintf(ctx->err, sizeof ctx->err, "%s", msg);
+    else snprintf(ctx->err, sizeof ctx->err, "pid %d (rank not known yet): %s", (int)getpid(), msg);
     pthread_mutex_unlock(&ctx->err_lock);
     ddp__log(ctx, DDP_LOG_DEBUG, "%s", msg);
     return code;
