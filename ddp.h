@@ -52,6 +52,13 @@
                                            instead of through the environment
      log, log_user, log_level              logger callback (default: stderr), threshold
                                            (default DDP_LOG_WARN, or $DDP_LOG=debug|info|warn|error)
+     timeline_path    $DDP_TIMELINE        record every step (forward, each backward op, bucket
+                                           ready, each allreduce, the wait, AdamW) and write ONE
+                                           Chrome/Perfetto trace of all ranks at ddp_shutdown
+                                           (tools/trace_svg.py draws it); costs nothing when off
+     inject_comm_latency_ms, inject_comm_gbps
+                                           benchmarks/tests only: allreduces also take as long as
+                                           a network of that latency and bandwidth would
 
    ENVIRONMENT (first match wins)
      torchrun style  RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
@@ -140,6 +147,11 @@ typedef struct ddp_desc {
     ddp_log_fn log;
     void *log_user;
     ddp_log_level log_level;
+    const char *timeline_path; /* default $DDP_TIMELINE; NULL/empty: no timeline */
+    /* Benchmarks and tests only: every gradient/user allreduce also waits as if it crossed a
+       network with this per-call latency and bandwidth (0: off). */
+    double inject_comm_latency_ms;
+    double inject_comm_gbps;
 } ddp_desc;
 
 typedef struct ddp_context ddp_context;
@@ -163,6 +175,8 @@ typedef struct ddp_step_stats {
     double backward_ms;        /* backward start to ddp_finish */
     double comm_ms;            /* time the communication thread spent reducing buckets */
     double exposed_ms;         /* time ddp_finish waited for communication */
+    double overlap_pct;        /* share of comm hidden under backward: 100 * (1 - exposed / comm) */
+    double last_bucket_comm_ms;/* the last bucket's allreduce: what overlap cannot hide */
     uint64_t bytes_reduced;
     int buckets_launched;
 } ddp_step_stats;
@@ -329,6 +343,7 @@ typedef struct ddp__shm_header {
     uint64_t magic;
     uint32_t world, slots;
     uint64_t chunk_bytes, total_bytes;
+    double origin;         /* rank 0's clock at creation: the job's time zero */
     int32_t failed_rank;   /* -1, or the first rank that poisoned the group */
     int32_t failed_code;
     char failed_msg[DDP__ERR_MAX];
@@ -340,6 +355,7 @@ struct ddp_context {
     ddp_desc desc;                 /* resolved */
     char master_addr[256];
     char job_token[128];
+    char timeline_path[512];
     int rank, world, local_rank, local_world;
     int backend;                   /* 0 = single rank, DDP_BACKEND_CPU */
     ddp_result failed;             /* sticky: set when the process group is poisoned */
@@ -383,6 +399,11 @@ struct ddp_context {
     double step_start;
     ddp_step_stats stats, last_stats;
 
+    /* the timeline: one event list per thread, merged at shutdown */
+    struct ddp__timeline *tl_main, *tl_comm;
+    double tl_origin, forward_start;
+    int tl_step;
+
     /* the communication thread */
     pthread_t comm_thread;
     int comm_started, comm_stop;
@@ -390,7 +411,7 @@ struct ddp_context {
     pthread_cond_t comm_wake, comm_done_cond;
     int comm_launched, comm_done;
     ddp_result comm_error;
-    double comm_seconds;
+    double comm_seconds, comm_last_seconds;
 };
 
 /* --------------------------------------------------------------------------------------------
@@ -505,6 +526,150 @@ const char *ddp_backend_name(const ddp_context *ctx) {
     return ctx->backend == DDP_BACKEND_CPU ? "cpu" : "single";
 }
 
+
+/* --------------------------------------------------------------------------------------------
+   The timeline. Each thread appends to its own event list (no locks on the hot path; when the
+   timeline is off the lists are NULL and recording is one branch). At shutdown every rank
+   turns its events into Chrome trace JSON and rank 0 gathers them into one file.
+   -------------------------------------------------------------------------------------------- */
+enum { DDP__EV_FORWARD, DDP__EV_BACKWARD_OP, DDP__EV_READY, DDP__EV_ALLREDUCE, DDP__EV_WAIT,
+       DDP__EV_ADAMW, DDP__EV_STEP };
+#define DDP__TIMELINE_MAX_EVENTS 150000      /* per thread: keeps a rank's trace under the store's cap */
+
+typedef struct ddp__event {
+    double t0, t1;
+    int kind, step, index;             /* index: tape op or bucket (-1: a user collective) */
+    int first_param, num_params;       /* backward ops: the parameters they finish */
+    uint64_t bytes;
+} ddp__event;
+
+typedef struct ddp__timeline { ddp__event *ev; size_t len, cap; int full; } ddp__timeline;
+
+static void ddp__tl_add(ddp__timeline *tl, int kind, int step, double t0, double t1, int index, uint64_t bytes) {
+    ddp__event *e;
+    if (tl->len == tl->cap) {
+        size_t cap = tl->cap ? 2 * tl->cap : 4096;
+        ddp__event *grown;
+        if (tl->len >= DDP__TIMELINE_MAX_EVENTS || !(grown = (ddp__event *)DDP_MALLOC(cap * sizeof *grown))) { tl->full = 1; return; }
+        if (tl->len) memcpy(grown, tl->ev, tl->len * sizeof *grown);
+        DDP_FREE(tl->ev);
+        tl->ev = grown;
+        tl->cap = cap;
+    }
+    e = &tl->ev[tl->len++];
+    e->t0 = t0; e->t1 = t1; e->kind = kind; e->step = step; e->index = index; e->bytes = bytes;
+    e->first_param = -1; e->num_params = 0;
+}
+
+/* Recording sites call this: one branch when the timeline is off. What happens between two
+   backwards (AdamW, loss averaging) belongs to the step that just finished. */
+static inline void ddp__record(ddp_context *ctx, ddp__timeline *tl, int kind, double t0, double t1, int index, uint64_t bytes) {
+    if (tl) ddp__tl_add(tl, kind, ctx->in_step || !ctx->tl_step ? ctx->tl_step : ctx->tl_step - 1, t0, t1, index, bytes);
+}
+
+typedef struct ddp__text { char *buf; size_t len, cap; int oom; } ddp__text;
+
+static void ddp__text_printf(ddp__text *t, const char *fmt, ...) {
+    va_list ap;
+    int n;
+    if (t->oom) return;
+    for (;;) {
+        size_t room = t->cap - t->len;
+        va_start(ap, fmt);
+        n = vsnprintf(t->buf ? t->buf + t->len : NULL, t->buf ? room : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) { t->oom = 1; return; }
+        if (t->buf && (size_t)n < room) { t->len += (size_t)n; return; }
+        {
+            size_t cap = t->cap ? t->cap : 65536;
+            char *grown;
+            while (cap - t->len <= (size_t)n) cap *= 2;
+            if (!(grown = (char *)DDP_MALLOC(cap))) { t->oom = 1; return; }
+            if (t->len) memcpy(grown, t->buf, t->len);
+            DDP_FREE(t->buf);
+            t->buf = grown;
+            t->cap = cap;
+        }
+    }
+}
+
+/* Parameter names are ours (no quotes or backslashes can hurt: they are printed as given, so
+   escape the two characters JSON cares about). */
+static void ddp__text_json_name(ddp__text *t, const char *name) {
+    for (; *name; name++) {
+        if (*name == '"' || *name == '\\') ddp__text_printf(t, "\\%c", *name);
+        else if ((unsigned char)*name >= 0x20) ddp__text_printf(t, "%c", *name);
+    }
+}
+
+static void ddp__tl_event_json(ddp_context *ctx, ddp__text *t, const ddp__event *e) {
+    static const char *cats[] = { "forward", "backward", "ready", "comm", "exposed", "optimizer", "step" };
+    static const int tids[] = { 0, 0, 0, 1, 0, 0, 2 };
+    double ts = 1e6 * (e->t0 - ctx->tl_origin), dur = 1e6 * (e->t1 - e->t0);
+    int i;
+    ddp__text_printf(t, ",\n{\"name\":\"");
+    switch (e->kind) {
+    case DDP__EV_BACKWARD_OP: ddp__text_printf(t, "backward op %d", e->index); break;
+    case DDP__EV_READY: ddp__text_printf(t, "bucket %d ready", e->index); break;
+    case DDP__EV_ALLREDUCE:
+        if (e->index >= 0) ddp__text_printf(t, "allreduce bucket %d", e->index);
+        else ddp__text_printf(t, "allreduce (user)");
+        break;
+    case DDP__EV_WAIT: ddp__text_printf(t, "wait for comm"); break;
+    default: ddp__text_printf(t, "%s", e->kind == DDP__EV_ADAMW ? "adamw" : cats[e->kind]); break;
+    }
+    ddp__text_printf(t, "\",\"cat\":\"%s\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,", cats[e->kind], ctx->rank, tids[e->kind], ts);
+    if (e->kind == DDP__EV_READY) ddp__text_printf(t, "\"ph\":\"i\",\"s\":\"t\",");
+    else ddp__text_printf(t, "\"ph\":\"X\",\"dur\":%.3f,", dur);
+    ddp__text_printf(t, "\"args\":{\"step\":%d", e->step);
+    if (e->kind == DDP__EV_READY || (e->kind == DDP__EV_ALLREDUCE && e->index >= 0)) ddp__text_printf(t, ",\"bucket\":%d", e->index);
+    if (e->kind == DDP__EV_ALLREDUCE) ddp__text_printf(t, ",\"bytes\":%llu", (unsigned long long)e->bytes);
+    if (e->kind == DDP__EV_BACKWARD_OP && e->num_params > 0) {
+        ddp__text_printf(t, ",\"params\":\"");
+        for (i = 0; i < e->num_params && i < 4; i++) {
+            if (i) ddp__text_printf(t, " ");
+            ddp__text_json_name(t, ctx->params[e->first_param + i].name);
+        }
+        if (e->num_params > 4) ddp__text_printf(t, " +%d", e->num_params - 4);
+        ddp__text_printf(t, "\"");
+    }
+    ddp__text_printf(t, "}}");
+}
+
+/* This rank's part of the trace: its process/thread names, then its events. */
+static void ddp__tl_rank_json(ddp_context *ctx, ddp__text *t) {
+    static const char *threads[] = { "compute", "comm", "steps" };
+    const ddp__timeline *lists[2];
+    size_t i;
+    int k;
+    lists[0] = ctx->tl_main; lists[1] = ctx->tl_comm;
+    ddp__text_printf(t, ",\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}", ctx->rank, ctx->rank);
+    for (k = 0; k < 3; k++)
+        ddp__text_printf(t, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s\"}}",
+                         ctx->rank, k, threads[k]);
+    for (k = 0; k < 2; k++)
+        for (i = 0; lists[k] && i < lists[k]->len; i++) ddp__tl_event_json(ctx, t, &lists[k]->ev[i]);
+}
+
+static ddp_result ddp__tl_write_file(ddp_context *ctx, const char *path, const ddp__text *body) {
+    FILE *f = fopen(path, "w");
+    int ok;
+    if (!f) return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot write the timeline %s: %s", path, strerror(errno));
+    /* body starts with ",\n": skip the first comma so the array is valid JSON */
+    ok = fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n") > 0 &&
+         fwrite(body->buf + 2, 1, body->len - 2, f) == body->len - 2 && fprintf(f, "\n]}\n") > 0;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok) return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot write the timeline %s: %s", path, strerror(errno));
+    ddp__log(ctx, DDP_LOG_INFO, "timeline written to %s", path);
+    return DDP_OK;
+}
+
+static void ddp__tl_free(ddp__timeline *tl) {
+    if (!tl) return;
+    DDP_FREE(tl->ev);
+    DDP_FREE(tl);
+}
+
 /* --------------------------------------------------------------------------------------------
    The launcher environment
    -------------------------------------------------------------------------------------------- */
@@ -585,9 +750,18 @@ static ddp_result ddp__resolve_desc(ddp_context *ctx, const ddp_desc *in) {
             else if (!strcmp(s, "off")) d->log_level = DDP_LOG_OFF;
         }
     }
-    if (d->timeout_s < 0 || d->bucket_cap_mb < 0 || d->first_bucket_mb < 0 || d->world_size < 0)
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: timeout_s, bucket_cap_mb, "
-                         "first_bucket_mb and world_size must not be negative");
+    if (d->timeout_s < 0 || d->bucket_cap_mb < 0 || d->first_bucket_mb < 0 || d->world_size < 0 ||
+        d->inject_comm_latency_ms < 0 || d->inject_comm_gbps < 0)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: timeout_s, bucket_cap_mb, first_bucket_mb, "
+                         "world_size and the inject_comm fields must not be negative");
+    s = d->timeline_path ? d->timeline_path : getenv("DDP_TIMELINE");
+    snprintf(ctx->timeline_path, sizeof ctx->timeline_path, "%s", s ? s : "");
+    d->timeline_path = ctx->timeline_path;
+    if (ctx->timeline_path[0]) {
+        ctx->tl_main = (ddp__timeline *)ddp__calloc(sizeof(ddp__timeline));
+        ctx->tl_comm = (ddp__timeline *)ddp__calloc(sizeof(ddp__timeline));
+        if (!ctx->tl_main || !ctx->tl_comm) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the timeline");
+    }
     if (d->timeout_s == 0) {
         d->timeout_s = 300;
         if ((s = getenv("DDP_TIMEOUT")) != NULL && *s) {
@@ -1339,6 +1513,19 @@ static void ddp__stage_out(ddp_context *ctx, uint32_t kind, unsigned char *buf, 
     }
 }
 
+/* Benchmarks and tests stand a slow network in for shared memory: sleep what the transfer
+   would have cost beyond the time it took. */
+static void ddp__inject_comm_delay(ddp_context *ctx, size_t bytes, double started) {
+    double want = 1e-3 * ctx->desc.inject_comm_latency_ms, left;
+    struct timespec ts;
+    if (ctx->desc.inject_comm_gbps > 0) want += (double)bytes / (ctx->desc.inject_comm_gbps * 1e9);
+    left = want - (ddp__now() - started);
+    if (left <= 0) return;
+    ts.tv_sec = (time_t)left;
+    ts.tv_nsec = (long)((left - (double)ts.tv_sec) * 1e9);
+    while (nanosleep(&ts, &ts) && errno == EINTR) {}
+}
+
 /* One collective over the segment; count is in floats for reductions, bytes for broadcast. */
 static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root) {
     ddp__shm_sig *sig = &ddp__shm_block(ctx, ctx->rank)->sig;
@@ -1346,6 +1533,7 @@ static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *dat
     size_t per_chunk = DDP__CHUNK_BYTES / unit, done = 0;
     unsigned char *buf = (unsigned char *)data;
     int first = 1;
+    double started = ddp__now();
     if (ctx->failed) return ctx->failed;
     sig->id = ++ctx->shm_collectives;
     sig->kind = kind;
@@ -1373,6 +1561,8 @@ static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *dat
         done += m;
         first = 0;
     } while (done < count);
+    if (unit == sizeof(float) && (ctx->desc.inject_comm_latency_ms > 0 || ctx->desc.inject_comm_gbps > 0))
+        ddp__inject_comm_delay(ctx, count * sizeof(float), started);
     return DDP_OK;
 }
 
@@ -1432,6 +1622,7 @@ static ddp_result ddp__shm_create(ddp_context *ctx) {
     h->chunk_bytes = DDP__CHUNK_BYTES;
     h->total_bytes = bytes;
     h->failed_rank = -1;
+    h->origin = ctx->tl_origin;
     for (s = 0; s < ctx->world; s++) ddp__shm_block(ctx, s)->pid = 0;
     __atomic_store_n(&h->magic, DDP__SHM_MAGIC, __ATOMIC_RELEASE);
     return DDP_OK;
@@ -1477,6 +1668,7 @@ static ddp_result ddp__shm_setup(ddp_context *ctx, double deadline) {
         if (r != DDP_OK) return r;
     }
     __atomic_store_n(&ddp__shm_block(ctx, ctx->rank)->pid, (int32_t)getpid(), __ATOMIC_RELEASE);
+    ctx->tl_origin = ddp__shm_hdr(ctx)->origin;   /* one clock (CLOCK_MONOTONIC), one zero */
     ctx->spin_iters = ctx->local_world > sysconf(_SC_NPROCESSORS_ONLN) ? DDP__SPIN_ITERS_OVERSUBSCRIBED : DDP__SPIN_ITERS;
     ctx->shm_what = "the shared-memory handshake";
     r = ddp__shm_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0);
@@ -1554,6 +1746,7 @@ ddp_result ddp_init(ddp_context **out, const ddp_desc *desc) {
     ctx->store_fd = -1;
     ctx->rank = -1;
     ctx->sync_enabled = 1;
+    ctx->tl_origin = ddp__now();
     if ((r = ddp__resolve_desc(ctx, desc)) != DDP_OK) return ctx->failed = r;
     if (ctx->world == 1) { ctx->backend = 0; return DDP_OK; }
     ctx->backend = DDP_BACKEND_CPU;
@@ -1568,14 +1761,57 @@ ddp_result ddp_init(ddp_context **out, const ddp_desc *desc) {
     return DDP_OK;
 }
 
+/* The timeline, at shutdown: every rank's events go through the store to rank 0, which writes
+   one trace. After a failure (or when a rank's trace does not fit the store) each rank writes
+   its own, PATH.rankR.json. Called twice: before the shutdown barrier (publish) and after it
+   (rank 0 gathers). */
+static void ddp__tl_shutdown(ddp_context *ctx, ddp__text *mine, int gather) {
+    int together = ctx->shm && !ctx->failed && !mine->oom && mine->len <= DDP__STORE_MAX_VALUE;
+    char key[32], path[600];
+    int s, found;
+    if (!ctx->tl_main) return;
+    if (!gather) {
+        if (!mine->buf) ddp__text_printf(mine, ",\n{\"name\":\"empty\",\"ph\":\"M\",\"pid\":%d}", ctx->rank);
+        snprintf(key, sizeof key, "timeline/%d", ctx->rank);
+        if (together && ctx->rank != 0) ddp__store_set(ctx, key, mine->buf, mine->len);
+        return;
+    }
+    if (!together) {
+        if (ctx->world > 1) snprintf(path, sizeof path, "%s.rank%d.json", ctx->timeline_path, ctx->rank);
+        else snprintf(path, sizeof path, "%s", ctx->timeline_path);
+        ddp__tl_write_file(ctx, path, mine);
+        return;
+    }
+    if (ctx->rank != 0) return;
+    for (s = 1; s < ctx->world; s++) {
+        unsigned char *text;
+        uint32_t len;
+        snprintf(key, sizeof key, "timeline/%d", s);
+        if (ddp__store_get(ctx, key, ddp__now() + ctx->desc.timeout_s, &text, &len, &found) != DDP_OK || !found) continue;
+        ddp__text_printf(mine, "%.*s", (int)len, (const char *)text);
+        DDP_FREE(text);
+    }
+    if (ctx->tl_main->full || ctx->tl_comm->full)
+        ddp__log(ctx, DDP_LOG_WARN, "the timeline kept only the first %d events per thread", DDP__TIMELINE_MAX_EVENTS);
+    ddp__tl_write_file(ctx, ctx->timeline_path, mine);
+}
+
 ddp_result ddp_shutdown(ddp_context *ctx) {
     ddp_result r = DDP_OK;
+    ddp__text timeline;
     if (!ctx) return DDP_OK;
+    memset(&timeline, 0, sizeof timeline);
     ddp__comm_stop(ctx);
+    if (ctx->tl_main) ddp__tl_rank_json(ctx, &timeline);
+    ddp__tl_shutdown(ctx, &timeline, 0);
     /* Two barriers: rank 0 closes its store only once every rank is done with it, and no rank
        returns (and perhaps starts a new group on the same port) before the store is closed. */
     ctx->shm_what = "the shutdown barrier";
     if (ctx->shm && !ctx->failed) r = ddp__shm_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0);
+    ddp__tl_shutdown(ctx, &timeline, 1);
+    DDP_FREE(timeline.buf);
+    ddp__tl_free(ctx->tl_main);
+    ddp__tl_free(ctx->tl_comm);
     if (ctx->store_fd >= 0) close(ctx->store_fd);
     ddp__server_stop(ctx);
     if (ctx->shm && !ctx->failed) r = ddp__shm_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0);
@@ -1816,9 +2052,11 @@ static void *ddp__comm_main(void *arg) {
             t0 = ddp__now();
             r = ddp__shm_collective(ctx, DDP__KIND_AVG, ctx->flat_grads + b->offset, b->count, 0);
             seconds = ddp__now() - t0;
+            ddp__record(ctx, ctx->tl_comm, DDP__EV_ALLREDUCE, t0, t0 + seconds, index, b->count * sizeof(float));
         }
         pthread_mutex_lock(&ctx->comm_lock);
         ctx->comm_seconds += seconds;
+        ctx->comm_last_seconds = seconds;
         if (r != DDP_OK && !ctx->comm_error) ctx->comm_error = r;
         ctx->comm_done++;
         pthread_cond_broadcast(&ctx->comm_done_cond);
@@ -1893,7 +2131,10 @@ ddp_result ddp_grad_ready(ddp_context *ctx, int id) {
                                          "one backward (list a parameter only with the op whose backward finishes it)", p->name));
     p->ready = 1;
     p->touched = 1;
-    if (--ctx->buckets[p->bucket].pending == 0) ddp__launch_ready(ctx);
+    if (--ctx->buckets[p->bucket].pending == 0) {
+        if (ctx->tl_main) { double t = ddp__now(); ddp__record(ctx, ctx->tl_main, DDP__EV_READY, t, t, p->bucket, 0); }
+        ddp__launch_ready(ctx);
+    }
     return DDP_OK;
 }
 
@@ -1927,6 +2168,7 @@ static void ddp__end_step(ddp_context *ctx) {
     int i;
     for (i = 0; i < ctx->num_params; i++) ctx->params[i].ready = 0;
     ctx->in_step = 0;
+    ctx->tl_step++;
     ctx->last_stats = ctx->stats;
 }
 
@@ -1944,10 +2186,20 @@ ddp_result ddp_finish(ddp_context *ctx) {
         while (ctx->comm_done < ctx->comm_launched) pthread_cond_wait(&ctx->comm_done_cond, &ctx->comm_lock);
         r = ctx->comm_error;
         ctx->stats.comm_ms = 1e3 * ctx->comm_seconds;
-        ctx->comm_seconds = 0;
+        ctx->stats.last_bucket_comm_ms = 1e3 * ctx->comm_last_seconds;
+        ctx->comm_seconds = ctx->comm_last_seconds = 0;
         ctx->comm_launched = ctx->comm_done = 0;
         pthread_mutex_unlock(&ctx->comm_lock);
         ctx->stats.exposed_ms = 1e3 * (ddp__now() - t_wait);
+        if (ctx->stats.comm_ms > 0) {
+            double hidden = 1.0 - ctx->stats.exposed_ms / ctx->stats.comm_ms;
+            ctx->stats.overlap_pct = 100.0 * (hidden < 0 ? 0 : hidden);
+        }
+        if (ctx->tl_main) {
+            double t = ddp__now();
+            ddp__record(ctx, ctx->tl_main, DDP__EV_WAIT, t_wait, t, -1, 0);
+            ddp__record(ctx, ctx->tl_main, DDP__EV_STEP, ctx->step_start, t, -1, 0);
+        }
     }
     ddp__end_step(ctx);
     return r;
@@ -1988,6 +2240,7 @@ ddp_result ddp_tape_record(ddp_context *ctx, ddp_backward_fn backward, const voi
         ctx->tape = grown;
         ctx->tape_cap = cap;
     }
+    if (ctx->tl_main && ctx->tape_len == 0) ctx->forward_start = ddp__now();
     if (args_size) memcpy(ctx->tape_arena + args_at, args, args_size);
     if (num_param_ids) memcpy(ctx->tape_arena + ids_at, param_ids, sizeof(int) * (size_t)num_param_ids);
     ctx->arena_len = need;
@@ -2001,16 +2254,33 @@ ddp_result ddp_tape_record(ddp_context *ctx, ddp_backward_fn backward, const voi
 
 void ddp_tape_reset(ddp_context *ctx) { ctx->tape_len = 0; ctx->arena_len = 0; }
 
+/* A backward op's event names the parameters it finishes (the first few; they are registered
+   in order in the common case of one layer per op). */
+static void ddp__tl_record_op(ddp_context *ctx, const ddp__tape_op *op, int index, double t0) {
+    ddp__timeline *tl = ctx->tl_main;
+    size_t before = tl->len;
+    ddp__record(ctx, tl, DDP__EV_BACKWARD_OP, t0, ddp__now(), index, 0);
+    if (tl->len > before && op->num_ids > 0) {
+        int first;
+        memcpy(&first, ctx->tape_arena + op->ids_offset, sizeof first);
+        tl->ev[tl->len - 1].first_param = first;
+        tl->ev[tl->len - 1].num_params = first + op->num_ids <= ctx->num_params ? op->num_ids : 1;
+    }
+}
+
 ddp_result ddp_backward(ddp_context *ctx) {
     ddp_result r = ddp__usable(ctx, 1, "ddp_backward");
     int i, k;
     if (r != DDP_OK) return r;
     ddp__begin_step(ctx);
+    if (ctx->tl_main && ctx->tape_len) ddp__record(ctx, ctx->tl_main, DDP__EV_FORWARD, ctx->forward_start, ctx->step_start, -1, 0);
     for (i = ctx->tape_len - 1; i >= 0 && r == DDP_OK; i--) {
         const ddp__tape_op *op = &ctx->tape[i];
         int ids[64];
         int n = op->num_ids;
+        double t0 = ctx->tl_main ? ddp__now() : 0;
         op->fn(ctx->tape_arena + op->args_offset);
+        if (ctx->tl_main) ddp__tl_record_op(ctx, op, i, t0);
         for (k = 0; k < n && r == DDP_OK; k += 64) {
             int j, m = n - k < 64 ? n - k : 64;
             memcpy(ids, ctx->tape_arena + op->ids_offset + sizeof(int) * (size_t)k, sizeof(int) * (size_t)m);
@@ -2093,6 +2363,7 @@ ddp_result ddp_adamw_step(ddp_context *ctx, const ddp_adamw *opt, float *grad_no
     norm = sqrt(ddp__sum_squares(ctx->flat_grads, ctx->flat_count));
     if (grad_norm_out) *grad_norm_out = (float)norm;
     if (opt->max_grad_norm > 0 && norm > opt->max_grad_norm) clip = (float)(opt->max_grad_norm / (norm + 1e-6));
+    double t0 = ddp__now();
     ctx->adam_step++;
     step_size = (float)(opt->lr / (1.0 - pow(b1, (double)ctx->adam_step)));
     bc2_sqrt = (float)sqrt(1.0 - pow(b2, (double)ctx->adam_step));
@@ -2102,6 +2373,7 @@ ddp_result ddp_adamw_step(ddp_context *ctx, const ddp_adamw *opt, float *grad_no
         ddp__adamw_range(ctx->flat_params + p->offset, ctx->flat_grads + p->offset, ctx->adam_m + p->offset,
                          ctx->adam_v + p->offset, p->count, clip, opt->lr, b1, b2, eps, decay, step_size, bc2_sqrt);
     }
+    ddp__record(ctx, ctx->tl_main, DDP__EV_ADAMW, t0, ddp__now(), -1, 0);
     return DDP_OK;
 }
 
@@ -2133,6 +2405,12 @@ static ddp_result ddp__user_collective(ddp_context *ctx, uint32_t kind, void *da
     if (ctx->world == 1) return DDP_OK;
     snprintf(ctx->shm_what_buf, sizeof ctx->shm_what_buf, "%s of %zu elements", name, count);
     ctx->shm_what = ctx->shm_what_buf;
+    if (ctx->tl_main && (kind == DDP__KIND_SUM || kind == DDP__KIND_AVG)) {
+        double t0 = ddp__now();
+        r = ddp__shm_collective(ctx, kind, data, count, root);
+        ddp__record(ctx, ctx->tl_comm, DDP__EV_ALLREDUCE, t0, ddp__now(), -1, count * sizeof(float));
+        return r;
+    }
     return ddp__shm_collective(ctx, kind, data, count, root);
 }
 

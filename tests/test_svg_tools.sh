@@ -1,0 +1,223 @@
+#!/usr/bin/env bash
+# test_svg_tools.sh — tools/trace_svg.py and tools/sweep_svg.py on synthetic input.
+# One line per check, "PASS name" or "FAIL name: why"; exit status 1 if any check failed.
+# Usage: tests/test_svg_tools.sh [--keep DIR]   (--keep: also copy the SVGs made into DIR)
+set -u
+cd "$(dirname "$0")/.." || exit 1
+keep=
+if [ "${1:-}" = "--keep" ]; then keep=${2:?--keep needs a directory}; fi
+
+PY=python3
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failed=0
+
+pass() { echo "PASS $1"; }
+fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
+# check NAME COMMAND...: PASS when the command succeeds.
+check() { local n=$1; shift; if "$@" >/dev/null 2>&1; then pass "$n"; else fail "$n" "${WHY:-'$*' failed}"; fi; WHY=; }
+WHY=
+# has NAME FILE STRING: the file contains STRING literally.
+has() { WHY="'$3' not found in $(basename "$2")" check "$1" grep -qF -- "$3" "$2"; }
+hasnt() { if grep -qF -- "$3" "$2"; then fail "$1" "'$3' found in $(basename "$2")"; else pass "$1"; fi; }
+wellformed() { WHY="$(basename "$2") is not well-formed XML" check "$1" $PY -c 'import sys, xml.dom.minidom; xml.dom.minidom.parse(sys.argv[1])' "$2"; }
+# bad NAME TOOL ARGS...: the tool exits with status 2 and says something on stderr.
+bad() {
+    local n=$1; shift
+    "$PY" "$@" >"$tmp/bad.out" 2>"$tmp/bad.err"
+    local rc=$?
+    if [ "$rc" -ne 2 ]; then fail "$n" "exit status $rc, expected 2"
+    elif [ ! -s "$tmp/bad.err" ]; then fail "$n" "nothing on stderr"
+    else pass "$n"; fi
+}
+
+# ---------------------------------------------------------------- synthetic trace
+# 2 ranks, steps 0-2 complete plus a step 3 cut off mid-backward (so the default must be step 2).
+# Per rank and step, times in ms from the step's start:
+#   load batch (cat "data", unknown) 0-1, forward 1-9, backward ops 5..0 back to back from 9 with
+#   durations 6 5 7 8 6 9 (rank 1: op 0 takes 8), so backward ends at 50 (rank 1: 49).
+#   Buckets 0-3 are ready after ops 5, 3, 1, 0. The comm thread starts each allreduce 0.05 ms
+#   after max(ready, previous allreduce end); durations 2, 8, 9 and 3.5 + (2 - step) ms, and an
+#   allreduce ends at the same time on both ranks (the collective waits for the later rank).
+#   Step 2: b0 15.05-17.05, b1 27.05-35.05, b2 41.05-50.05, b3 50.10-53.60 (both ranks).
+#   wait for comm: backward end -> 53.60: rank 0 3.60 ms, rank 1 4.60 ms; then a 3 us grad norm
+#   (a sliver), adamw 4 ms. comm = 2 + 8 + 9 + 3.5 = 22.50 ms; overlap rank 0 = 1 - 3.6/22.5 =
+#   84.0 %, rank 1 = 1 - 4.6/22.5 = 79.6 %. compute (forward + backward) = 8 + 41 = 49.00 ms
+#   (rank 1: 48.00 ms). Step 1: b3 takes 4.5 ms, so exposed 4.60 / 5.60 ms.
+cat >"$tmp/gen_trace.py" <<'EOF'
+import json, sys
+ev = []
+for r in range(2):
+    ev.append({"name": "process_name", "ph": "M", "pid": r, "args": {"name": "rank %d" % r}})
+    ev.append({"name": "thread_name", "ph": "M", "pid": r, "tid": 0, "args": {"name": "compute"}})
+    ev.append({"name": "thread_name", "ph": "M", "pid": r, "tid": 1, "args": {"name": "comm"}})
+params = {5: "head.weight head.bias", 4: "fc2.bias", 3: "fc2.weight", 2: "fc1.bias",
+          1: "fc1.weight", 0: "embed.weight"}
+bucket_after = {5: 0, 3: 1, 1: 2, 0: 3}
+ar_ms = [2.0, 8.0, 9.0, None]
+US = 1000.0
+
+def X(r, tid, name, cat, start, dur, step, **a):
+    a["step"] = step
+    ev.append({"name": name, "cat": cat, "ph": "X", "pid": r, "tid": tid,
+               "ts": round(start * US, 3), "dur": round(dur * US, 3), "args": a})
+
+for step in range(4):
+    base = 1000.0 + 100.0 * step           # ms; rank clocks differ by 25 us
+    ready = {0: {}, 1: {}}
+    bw_end = {}
+    for r in range(2):
+        o = base + 0.025 * r
+        X(r, 0, "load batch", "data", o + 0, 1, step)
+        X(r, 0, "forward", "forward", o + 1, 8, step)
+        t = 9.0
+        for op, d in zip([5, 4, 3, 2, 1, 0], [6, 5, 7, 8, 6, 9 if r == 0 else 8]):
+            if step == 3 and op == 2:
+                break                       # the trace ends in the middle of step 3
+            X(r, 0, "backward op %d" % op, "backward", o + t, d, step, params=params[op])
+            t += d
+            if op in bucket_after:
+                b = bucket_after[op]
+                ready[r][b] = t
+                ev.append({"name": "bucket %d ready" % b, "cat": "ready", "ph": "i", "s": "t",
+                           "pid": r, "tid": 0, "ts": round((o + t) * US, 3),
+                           "args": {"step": step, "bucket": b}})
+        bw_end[r] = t
+    if step == 3:
+        break
+    prev = {0: 0.0, 1: 0.0}
+    for b in range(4):
+        dur = ar_ms[b] if ar_ms[b] is not None else 3.5 + (2 - step)
+        starts = {r: max(ready[r][b], prev[r]) + 0.05 for r in range(2)}
+        end = max(starts.values()) + dur
+        for r in range(2):
+            o = base + 0.025 * r
+            X(r, 1, "allreduce bucket %d" % b, "comm", o + starts[r], end - starts[r], step,
+              bucket=b, bytes=[262144, 4194304, 4718592, 1835008][b])
+            prev[r] = end
+    for r in range(2):
+        o = base + 0.025 * r
+        X(r, 0, "wait for comm", "exposed", o + bw_end[r], prev[r] - bw_end[r], step)
+        X(r, 0, "grad norm", "optimizer", o + prev[r], 0.003, step)
+        X(r, 0, "adamw", "optimizer", o + prev[r] + 0.003, 4.0, step)
+        X(r, 2, "step", "step", o, prev[r] + 4.003, step)
+json.dump({"displayTimeUnit": "ms", "traceEvents": ev}, sys.stdout)
+EOF
+$PY "$tmp/gen_trace.py" >"$tmp/trace.json" || { echo "FAIL generate trace: generator failed"; exit 1; }
+
+# ---------------------------------------------------------------- trace_svg.py
+T=tools/trace_svg.py
+check "trace_svg is executable" test -x "$T"
+check "sweep_svg is executable" test -x tools/sweep_svg.py
+
+if $PY "$T" "$tmp/trace.json" -o "$tmp/trace.svg" >"$tmp/out" 2>"$tmp/err"; then
+    pass "trace_svg exits 0"
+else
+    fail "trace_svg exits 0" "status $?: $(head -c 300 "$tmp/err")"
+fi
+S=$tmp/trace.svg
+wellformed "trace_svg output is well-formed XML" "$S"
+has "title names step 2 (last complete) and 2 ranks" "$S" "ddp.h step 2 — 2 ranks"
+for r in 0 1; do
+    has "lane label rank $r compute" "$S" ">rank $r compute<"
+    has "lane label rank $r comm" "$S" ">rank $r comm<"
+done
+has "exposed label rank 0 (3.60 ms)" "$S" ">exposed 3.60 ms<"
+has "exposed label rank 1 (4.60 ms)" "$S" ">exposed 4.60 ms<"
+has "summary overlap rank 0 (84.0%)" "$S" ">overlap 84.0%<"
+has "summary overlap rank 1 (79.6%)" "$S" ">overlap 79.6%<"
+has "summary comm 22.50 ms" "$S" ">comm 22.50 ms<"
+has "summary compute rank 0 (forward+backward 49.00 ms)" "$S" ">compute 49.00 ms<"
+has "summary compute rank 1 (48.00 ms)" "$S" ">compute 48.00 ms<"
+has "hatched exposed band" "$S" 'fill="url(#hatch)"'
+has "ready marker labelled b3" "$S" ">b3<"
+has "tooltip with args" "$S" "params: fc1.weight"
+hasnt "events of other steps ignored (step 1)" "$S" ">exposed 5.60 ms<"
+hasnt "events of other steps ignored (step 0)" "$S" ">exposed 6.60 ms<"
+cat >"$tmp/rects.py" <<'EOF'
+import sys, xml.dom.minidom
+d = xml.dom.minidom.parse(sys.argv[1])
+r = [e for e in d.getElementsByTagName("rect") if e.getAttribute("class").startswith("ev ")]
+w = [float(e.getAttribute("width")) for e in r]
+ok = len(r) == int(sys.argv[2]) and min(w) >= 1.0
+print(len(r), min(w)); sys.exit(0 if ok else 1)
+EOF
+# per rank: load batch, forward, 6 backward, 4 allreduce, wait, grad norm, adamw = 15 boxes
+WHY="expected 30 event boxes, each at least 1 px wide" check "30 event boxes, slivers at least 1 px" $PY "$tmp/rects.py" "$S" 30
+has "unknown category drawn as other" "$S" 'class="ev cat-other"'
+
+$PY "$T" "$tmp/trace.json" --step 1 -o "$tmp/step1.svg" >/dev/null 2>&1
+has "--step 1: rank 1 exposed 5.60 ms" "$tmp/step1.svg" ">exposed 5.60 ms<"
+hasnt "--step 1: no step-2 numbers" "$tmp/step1.svg" ">exposed 3.60 ms<"
+has "--step 1: title" "$tmp/step1.svg" "ddp.h step 1 — 2 ranks"
+
+cp "$tmp/trace.json" "$tmp/copy.json"
+$PY "$T" "$tmp/copy.json" --width 700 --title 'custom <title> & "quotes"' >/dev/null 2>&1
+check "default output is TRACE.svg" test -s "$tmp/copy.svg"
+wellformed "escaped custom title is well-formed" "$tmp/copy.svg"
+has "custom title escaped" "$tmp/copy.svg" "custom &lt;title&gt; &amp; &quot;quotes&quot;"
+check "--width 700 honoured" grep -q 'width="700"' "$tmp/copy.svg"
+
+if [ -x /usr/bin/python3 ]; then
+    WHY="/usr/bin/python3 failed" check "trace_svg runs under /usr/bin/python3" \
+        /usr/bin/python3 "$T" "$tmp/trace.json" -o "$tmp/sys.svg"
+fi
+
+bad "missing trace file exits 2" "$T" "$tmp/nope.json"
+printf '{"traceEvents": [ {"name": oops' >"$tmp/invalid.json"
+bad "invalid JSON exits 2" "$T" "$tmp/invalid.json"
+echo '{"traceEvents": []}' >"$tmp/empty.json"
+bad "empty trace exits 2" "$T" "$tmp/empty.json"
+bad "missing step exits 2" "$T" "$tmp/trace.json" --step 99 -o "$tmp/x.svg"
+grep -q "step 99" "$tmp/bad.err" && pass "missing step is named on stderr" || fail "missing step is named on stderr" "$(cat "$tmp/bad.err")"
+
+# ---------------------------------------------------------------- sweep_svg.py
+# Two runs per cap; extra columns must be ignored. Mean step_ms per cap:
+#   1: 62.0  2: 57.0  5: 54.0  10: 52.5  25: 51.0 (best)  50: 53.0  100: 58.0
+cat >"$tmp/sweep.csv" <<'EOF'
+world,bucket_cap_mb,step_ms,comm_ms,exposed_ms,compute_ms,note
+2,1,61.5,30.1,9.0,49.2,small buckets
+2,1,62.5,30.5,9.6,49.0,
+2,2,56.8,26.0,4.2,49.1,
+2,2,57.2,26.4,4.4,48.9,
+2,5,53.7,24.0,1.6,49.0,
+2,5,54.3,24.2,1.8,49.2,
+2,10,52.3,23.1,0.4,49.1,
+2,10,52.7,23.3,0.6,48.9,
+2,25,50.6,22.4,0.1,48.8,
+2,25,51.4,22.6,0.3,49.0,
+2,50,52.8,22.2,3.5,49.1,
+2,50,53.2,22.0,3.9,49.3,
+2,100,57.6,21.9,8.6,49.0,one bucket
+2,100,58.4,22.1,9.2,49.2,
+EOF
+W=tools/sweep_svg.py
+if $PY "$W" "$tmp/sweep.csv" -o "$tmp/sweep.svg" >"$tmp/out" 2>"$tmp/err"; then
+    pass "sweep_svg exits 0"
+else
+    fail "sweep_svg exits 0" "status $?: $(head -c 300 "$tmp/err")"
+fi
+wellformed "sweep_svg output is well-formed XML" "$tmp/sweep.svg"
+has "sweep default title" "$tmp/sweep.svg" ">Step time vs bucket cap<"
+has "best cap is 25 MiB" "$tmp/sweep.svg" "best: 25 MiB"
+has "compute-only reference line" "$tmp/sweep.svg" "compute only"
+has "tick at cap 100" "$tmp/sweep.svg" ">100<"
+has "x axis label" "$tmp/sweep.svg" "bucket cap (MiB"
+$PY "$W" "$tmp/sweep.csv" >/dev/null 2>&1
+check "sweep default output is SWEEP.svg" test -s "$tmp/sweep.svg"
+if [ -x /usr/bin/python3 ]; then
+    WHY="/usr/bin/python3 failed" check "sweep_svg runs under /usr/bin/python3" \
+        /usr/bin/python3 "$W" "$tmp/sweep.csv" -o "$tmp/sys_sweep.svg" --title "x & y"
+fi
+
+bad "missing CSV exits 2" "$W" "$tmp/nope.csv"
+cut -d, -f1,2,4- "$tmp/sweep.csv" >"$tmp/nostep.csv"
+bad "CSV without step_ms exits 2" "$W" "$tmp/nostep.csv"
+grep -q "step_ms" "$tmp/bad.err" && pass "missing column is named on stderr" || fail "missing column is named on stderr" "$(cat "$tmp/bad.err")"
+printf 'bucket_cap_mb,step_ms,comm_ms,exposed_ms,compute_ms\n25,fast,1,1,1\n' >"$tmp/nan.csv"
+bad "non-numeric CSV value exits 2" "$W" "$tmp/nan.csv"
+printf 'bucket_cap_mb,step_ms,comm_ms,exposed_ms,compute_ms\n' >"$tmp/norows.csv"
+bad "CSV without rows exits 2" "$W" "$tmp/norows.csv"
+
+if [ -n "$keep" ]; then mkdir -p "$keep" && cp "$tmp"/trace.svg "$tmp"/sweep.svg "$tmp"/trace.json "$tmp"/sweep.csv "$keep"/; fi
+[ "$failed" -eq 0 ]
