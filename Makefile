@@ -7,7 +7,7 @@ WARN     := -Wall -Wextra
 LDLIBS   := -lpthread -lm
 B        := build
 
-PROGRAMS := $(B)/ddprun $(B)/minimal $(B)/bench_allreduce \
+PROGRAMS := $(B)/ddprun $(B)/minimal $(B)/bench_allreduce $(B)/bench_overlap \
             $(B)/test_unit $(B)/test_collectives $(B)/test_equivalence $(B)/test_fault
 CHECKS   := $(B)/cxx_check.o
 

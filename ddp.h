@@ -264,6 +264,7 @@ ddp_result ddp_last_step_stats(const ddp_context *ctx, ddp_step_stats *out);
 #include <string.h>
 #include <dirent.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -296,10 +297,14 @@ extern "C" {
 #define DDP__ALIGN_FLOATS 16                 /* parameters start on 64-byte boundaries */
 #define DDP__CHUNK_BYTES (256u * 1024u)
 #define DDP__SLOTS 4u
-/* A waiter polls, yielding the core between polls (free when nobody else wants the core, and
-   the compute thread or an oversubscribed peer gets it when they do), then sleeps on a futex. */
-#define DDP__SPIN_ITERS 4000
-#define DDP__SPIN_ITERS_OVERSUBSCRIBED 64    /* more ranks than CPUs: sleep sooner */
+/* A waiter polls for a short while, yielding the core between polls (free when nobody else
+   wants it), then sleeps on a futex. The poll is bounded in time, not in polls: a yield to a
+   busy compute thread can cost a whole scheduler slice. */
+#define DDP__SPIN_SECONDS 100e-6
+#define DDP__SPIN_SECONDS_OVERSUBSCRIBED 10e-6   /* more ranks than CPUs: sleep sooner */
+/* The communication thread works while compute threads want every core: every poll it makes
+   is compute lost, and (with its short slice, below) a futex wake-up reaches it quickly. */
+#define DDP__SPIN_SECONDS_COMM_THREAD 5e-6
 #define DDP__LIVENESS_PERIOD_S 0.1           /* how often a waiter checks that peers live */
 #define DDP__STORE_MAX_KEY 1024u
 #define DDP__STORE_MAX_VALUE (64u << 20)
@@ -372,7 +377,7 @@ struct ddp_context {
     size_t shm_bytes;
     uint32_t shm_seq;              /* chunks processed: the same on every rank */
     uint32_t shm_collectives;      /* collectives issued: the same on every rank */
-    int spin_iters;
+    double spin_seconds;
     const char *shm_what;          /* what the current collective is, for errors */
     char shm_what_buf[96];
 
@@ -605,6 +610,7 @@ static void ddp__text_json_name(ddp__text *t, const char *name) {
 static void ddp__tl_event_json(ddp_context *ctx, ddp__text *t, const ddp__event *e) {
     static const char *cats[] = { "forward", "backward", "ready", "comm", "exposed", "optimizer", "step" };
     static const int tids[] = { 0, 0, 0, 1, 0, 0, 2 };
+    const char *cat = e->kind == DDP__EV_ALLREDUCE && e->index < 0 ? "user_comm" : cats[e->kind];
     double ts = 1e6 * (e->t0 - ctx->tl_origin), dur = 1e6 * (e->t1 - e->t0);
     int i;
     ddp__text_printf(t, ",\n{\"name\":\"");
@@ -618,7 +624,7 @@ static void ddp__tl_event_json(ddp_context *ctx, ddp__text *t, const ddp__event 
     case DDP__EV_WAIT: ddp__text_printf(t, "wait for comm"); break;
     default: ddp__text_printf(t, "%s", e->kind == DDP__EV_ADAMW ? "adamw" : cats[e->kind]); break;
     }
-    ddp__text_printf(t, "\",\"cat\":\"%s\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,", cats[e->kind], ctx->rank, tids[e->kind], ts);
+    ddp__text_printf(t, "\",\"cat\":\"%s\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,", cat, ctx->rank, tids[e->kind], ts);
     if (e->kind == DDP__EV_READY) ddp__text_printf(t, "\"ph\":\"i\",\"s\":\"t\",");
     else ddp__text_printf(t, "\"ph\":\"X\",\"dur\":%.3f,", dur);
     ddp__text_printf(t, "\"args\":{\"step\":%d", e->step);
@@ -1413,11 +1419,14 @@ static ddp_result ddp__shm_wait_all(ddp_context *ctx, int stage, uint32_t target
     int s;
     for (s = 0; s < ctx->world; s++) {
         ddp__shm_counter *c = &ddp__shm_block(ctx, s)->stage[stage];
-        int spins = 0;
+        double spin_until = 0;
+        int polls = 0;
         if (s == ctx->rank) continue;
         while (!ddp__reached(__atomic_load_n(&c->value, __ATOMIC_ACQUIRE), target)) {
             uint32_t seen;
-            if (++spins < ctx->spin_iters) { sched_yield(); continue; }
+            if (polls++ % 16 == 0 && spin_until == 0)
+                spin_until = ddp__now() + (ctx->in_step ? DDP__SPIN_SECONDS_COMM_THREAD : ctx->spin_seconds);
+            if (polls % 16 || ddp__now() < spin_until) { sched_yield(); continue; }
             if (deadline == 0) { deadline = ddp__now() + ctx->desc.timeout_s; next_check = 0; }
             if (ddp__now() >= next_check) {
                 ddp_result r = ddp__shm_check_peers(ctx, stage, target, deadline);
@@ -1669,7 +1678,7 @@ static ddp_result ddp__shm_setup(ddp_context *ctx, double deadline) {
     }
     __atomic_store_n(&ddp__shm_block(ctx, ctx->rank)->pid, (int32_t)getpid(), __ATOMIC_RELEASE);
     ctx->tl_origin = ddp__shm_hdr(ctx)->origin;   /* one clock (CLOCK_MONOTONIC), one zero */
-    ctx->spin_iters = ctx->local_world > sysconf(_SC_NPROCESSORS_ONLN) ? DDP__SPIN_ITERS_OVERSUBSCRIBED : DDP__SPIN_ITERS;
+    ctx->spin_seconds = ctx->local_world > sysconf(_SC_NPROCESSORS_ONLN) ? DDP__SPIN_SECONDS_OVERSUBSCRIBED : DDP__SPIN_SECONDS;
     ctx->shm_what = "the shared-memory handshake";
     r = ddp__shm_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0);
     if (ctx->rank == 0) shm_unlink(ctx->shm_name);
@@ -2034,8 +2043,28 @@ ddp_result ddp_bucket(const ddp_context *ctx, int index, ddp_bucket_info *out) {
    The communication thread. Buckets are launched strictly in bucket order, so the queue is
    just two counters: launched and done; the thread reduces bucket `done` next.
    -------------------------------------------------------------------------------------------- */
+/* The communication thread shares the cores with compute threads that never sleep. Each chunk
+   of an allreduce is a handshake with the peers' communication threads, so what matters is how
+   soon a woken communication thread runs. On Linux >= 6.12 (EEVDF) a short scheduler slice
+   lets it preempt a busy compute thread at once; elsewhere the call fails and nothing changes.
+   No privilege is needed and the thread's nice value is kept. */
+static void ddp__comm_thread_short_slice(void) {
+#if defined(__linux__) && defined(SYS_sched_setattr)
+    struct { uint32_t size, policy; uint64_t flags; int32_t nice; uint32_t priority;
+             uint64_t runtime, deadline, period; } attr;
+    memset(&attr, 0, sizeof attr);
+    attr.size = sizeof attr;          /* 48: SCHED_ATTR_SIZE_VER0 */
+    attr.policy = 0;                  /* SCHED_OTHER */
+    errno = 0;
+    attr.nice = getpriority(PRIO_PROCESS, 0);
+    attr.runtime = 100000;            /* slice: 0.1 ms */
+    if (errno == 0) syscall(SYS_sched_setattr, 0, &attr, 0);
+#endif
+}
+
 static void *ddp__comm_main(void *arg) {
     ddp_context *ctx = (ddp_context *)arg;
+    ddp__comm_thread_short_slice();
     pthread_mutex_lock(&ctx->comm_lock);
     for (;;) {
         int index;
@@ -2198,7 +2227,8 @@ ddp_result ddp_finish(ddp_context *ctx) {
         if (ctx->tl_main) {
             double t = ddp__now();
             ddp__record(ctx, ctx->tl_main, DDP__EV_WAIT, t_wait, t, -1, 0);
-            ddp__record(ctx, ctx->tl_main, DDP__EV_STEP, ctx->step_start, t, -1, 0);
+            ddp__record(ctx, ctx->tl_main, DDP__EV_STEP, ctx->forward_start ? ctx->forward_start : ctx->step_start, t, -1, 0);
+            ctx->forward_start = 0;
         }
     }
     ddp__end_step(ctx);
@@ -2273,7 +2303,8 @@ ddp_result ddp_backward(ddp_context *ctx) {
     int i, k;
     if (r != DDP_OK) return r;
     ddp__begin_step(ctx);
-    if (ctx->tl_main && ctx->tape_len) ddp__record(ctx, ctx->tl_main, DDP__EV_FORWARD, ctx->forward_start, ctx->step_start, -1, 0);
+    if (ctx->tl_main && ctx->tape_len && ctx->forward_start)
+        ddp__record(ctx, ctx->tl_main, DDP__EV_FORWARD, ctx->forward_start, ctx->step_start, -1, 0);
     for (i = ctx->tape_len - 1; i >= 0 && r == DDP_OK; i--) {
         const ddp__tape_op *op = &ctx->tape[i];
         int ids[64];

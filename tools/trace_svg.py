@@ -8,7 +8,9 @@ bare array of events). Every rank (event "pid") gets two lanes, "compute" (tid 0
 (tid 1); the step's "X" events are drawn as rectangles coloured by category, "ready" instants as
 small markers, and the exposed communication ("wait for comm", cat "exposed") as a red, hatched
 band across both lanes of its rank. Hovering over an event in a browser shows its name, duration
-and args.
+and args. The summary under the title gives, per rank, the step, compute (forward + backward ops),
+comm (all "comm" events), exposed ("exposed" events) and overlap = 100 x (1 - exposed/comm),
+clamped to 0-100 % (the wait can outlast a rank's own comm when it also waits for a slower rank).
 
 Which step: --step N, or by default the LAST COMPLETE step: the highest args.step in which every
 rank of the trace has its "step" event (or, for traces without those, a "wait for comm" event).
@@ -119,7 +121,12 @@ def tick_decimals(step):
 
 
 def fmt_ms(us):
-    return "%.2f ms" % (us / 1000.0)
+    """Microseconds as 'X.XX ms'; more decimals below 1 ms so that short steps stay readable."""
+    ms = us / 1000.0
+    dec = 2
+    if 0 < ms < 0.995:
+        dec = min(4, 2 + int(math.ceil(-math.log10(ms) - 1e-9)))
+    return "%.*f ms" % (dec, ms)
 
 
 def fmt_dur(us):
@@ -369,7 +376,21 @@ def render(evs, step, width, title, source):
     sum_y0 = 62
     SUM_LH = 19
     legend_y = sum_y0 + SUM_LH * len(ranks) + 10
-    top = legend_y + 30
+
+    # legend items, wrapped onto as many rows as the width needs
+    items = [c for c in CAT_ORDER if c in cats_present or c in ("backward", "comm", "exposed")]
+    if has_ready:
+        items.append("ready")
+    legend = []
+    lx, lrow = 24.0, 0
+    for it in items:
+        label = "bucket ready" if it == "ready" else CATS[it][1]
+        iw = 19 + text_w(label, 12)
+        if lx > 24 and lx + iw > W - MR:
+            lx, lrow = 24.0, lrow + 1
+        legend.append((it, label, lx, legend_y + 20 * lrow))
+        lx += iw + 20
+    top = legend_y + 30 + 20 * lrow
     HEAD = 24      # bracket and labels above a rank's lanes
     LANE = 30
     MID = 17       # gap between compute and comm lanes (ready markers)
@@ -404,21 +425,26 @@ def render(evs, step, width, title, source):
     for r in ranks:
         p = per[r]
         if p["comm_ms"] > 0:
-            ov = "overlap %.1f%%" % (100.0 * (1.0 - p["exposed_ms"] / p["comm_ms"]))
+            # clamped: the wait can outlast this rank's comm when it also waits for a slower rank
+            ov = "overlap %.1f%%" % min(100.0, max(0.0, 100.0 * (1.0 - p["exposed_ms"] / p["comm_ms"])))
         else:
             ov = "overlap n/a"
         step_ms = max((ev.dur for ev in p["steps"]), default=None)
         rows.append(["rank %d" % r,
-                     "step %.2f ms" % (step_ms / 1000.0) if step_ms is not None else "",
-                     "compute %.2f ms" % p["compute_ms"],
-                     "comm %.2f ms" % p["comm_ms"],
-                     "exposed %.2f ms" % p["exposed_ms"],
+                     "step " + fmt_ms(step_ms) if step_ms is not None else "",
+                     "compute " + fmt_ms(p["compute_ms"] * 1000.0),
+                     "comm " + fmt_ms(p["comm_ms"] * 1000.0),
+                     "exposed " + fmt_ms(p["exposed_ms"] * 1000.0),
                      ov])
     ncol = len(rows[0])
     colw = [max(text_w(row[c], 12.5) for row in rows) for c in range(ncol)]
-    xs = [24]
+    xs = [24.0]
     for c in range(1, ncol):
         xs.append(xs[-1] + colw[c - 1] + (18 if c > 1 else 14) if colw[c - 1] > 0 else xs[-1])
+    # a narrow picture shrinks the summary rather than cutting it off
+    scale = min(1.0, (W - MR - 24) / (xs[-1] + colw[-1] - 24))
+    sum_fs = 12.5 * scale
+    xs = [24 + (x - 24) * scale for x in xs]
     for i, row in enumerate(rows):
         y = sum_y0 + i * SUM_LH
         for c, cell in enumerate(row):
@@ -431,28 +457,23 @@ def render(evs, step, width, title, source):
                 attrs = ' fill="%s"' % EXPOSED_RED
             elif c > 0:
                 attrs = ' fill="#374151"'
-            o('<text x="%s" y="%d" font-size="12.5"%s>%s</text>' % (num(xs[c]), y, attrs, esc(cell)))
+            o('<text x="%s" y="%d" font-size="%s"%s>%s</text>'
+              % (num(xs[c]), y, num(sum_fs), attrs, esc(cell)))
     o('<line x1="24" x2="%d" y1="%d" y2="%d" stroke="%s"/>'
       % (W - MR, legend_y - 16, legend_y - 16, GRID))
 
     # --- legend
-    lx = 24.0
-    for cat in CAT_ORDER:
-        if cat not in cats_present and cat not in ("backward", "comm", "exposed"):
-            continue
-        fill, label = CATS[cat]
-        o('<rect x="%s" y="%d" width="14" height="11" rx="2" fill="%s"/>'
-          % (num(lx), legend_y - 10, fill))
-        if cat == "exposed":
-            o('<rect x="%s" y="%d" width="14" height="11" rx="2" fill="url(#hatch)" '
-              'stroke="%s" stroke-width="0.8"/>' % (num(lx), legend_y - 10, EXPOSED_RED))
+    for it, label, lx, ly in legend:
+        if it == "ready":
+            o('<path d="M%s %d l5 0 l-5 7 l-5 -7 z" fill="#374151"/>' % (num(lx + 7), ly - 9))
+        else:
+            o('<rect x="%s" y="%d" width="14" height="11" rx="2" fill="%s"/>'
+              % (num(lx), ly - 10, CATS[it][0]))
+            if it == "exposed":
+                o('<rect x="%s" y="%d" width="14" height="11" rx="2" fill="url(#hatch)" '
+                  'stroke="%s" stroke-width="0.8"/>' % (num(lx), ly - 10, EXPOSED_RED))
         o('<text x="%s" y="%d" font-size="12" fill="#374151">%s</text>'
-          % (num(lx + 19), legend_y, esc(label)))
-        lx += 19 + text_w(label, 12) + 20
-    if has_ready:
-        o('<path d="M%s %d l5 0 l-5 7 l-5 -7 z" fill="#374151"/>' % (num(lx + 5), legend_y - 9))
-        o('<text x="%s" y="%d" font-size="12" fill="#374151">bucket ready</text>'
-          % (num(lx + 16), legend_y))
+          % (num(lx + 19), ly, esc(label)))
 
     # --- lanes (backgrounds and labels)
     geo = {}
@@ -551,8 +572,8 @@ def render(evs, step, width, title, source):
             o('<rect x="%s" y="%d" width="%s" height="%d" fill="url(#hatch)" stroke="%s" '
               'stroke-width="1" stroke-dasharray="3 2" pointer-events="none"/>'
               % (num(x1), cy - 2, num(w), ky + LANE - cy + 4, EXPOSED_RED))
-            lab = "exposed %.2f ms" % (ev.dur / 1000.0)
-            lw = text_w(lab, 11.5)
+            lab = "exposed " + fmt_ms(ev.dur)
+            lw = text_w(lab, 11.5) * 1.1     # bold
             cx = x1 + w / 2.0
             lx = min(max(cx - lw / 2.0, step_label_end + 6), ML + PW - lw)
             o('<rect x="%s" y="%d" width="%s" height="15" fill="#ffffff"/>'
@@ -576,7 +597,7 @@ def render(evs, step, width, title, source):
                 o('<text x="%s" y="%s" font-size="9.5" fill="%s" stroke="#ffffff" '
                   'stroke-width="2.5" stroke-linejoin="round" paint-order="stroke">%s</text>'
                   % (num(x + 6), num(b + 11), MUTED, esc(lab)))
-                last_end = x + 6 + lw + 3
+                last_end = x + 6 + lw + 5
             o('</g>')
 
     o('</svg>')
@@ -609,7 +630,7 @@ def main(argv=None):
     out = a.output
     if not out:
         base, ext = os.path.splitext(a.trace)
-        out = (base if ext.lower() == ".json" or ext else a.trace) + ".svg"
+        out = (base if ext else a.trace) + ".svg"
     try:
         with open(out, "w", encoding="utf-8") as f:
             f.write(svg)
