@@ -8,7 +8,8 @@ LDLIBS   := -lpthread -lm
 B        := build
 
 PROGRAMS := $(B)/ddprun $(B)/minimal $(B)/bench_allreduce $(B)/bench_overlap \
-            $(B)/test_unit $(B)/test_collectives $(B)/test_equivalence $(B)/test_fault
+            $(B)/test_unit $(B)/test_collectives $(B)/test_equivalence $(B)/test_fault \
+            $(B)/test_overlap
 CHECKS   := $(B)/cxx_check.o
 
 .PHONY: all run test bench clean

@@ -231,7 +231,7 @@ ddp_result ddp_allreduce(ddp_context *ctx, float *data, size_t count, ddp_op op)
 ddp_result ddp_broadcast(ddp_context *ctx, void *data, size_t bytes, int root);
 ddp_result ddp_barrier(ddp_context *ctx);
 
-ddp_result ddp_last_step_stats(const ddp_context *ctx, ddp_step_stats *out);
+ddp_step_stats ddp_last_step_stats(const ddp_context *ctx);   /* of the last ddp_finish */
 
 #ifdef __cplusplus
 }
@@ -2337,11 +2337,7 @@ void ddp_set_sync(ddp_context *ctx, int enabled) {
     ctx->sync_enabled = enabled != 0;
 }
 
-ddp_result ddp_last_step_stats(const ddp_context *ctx, ddp_step_stats *out) {
-    if (!ctx || !out) return DDP_ERR_INVALID_ARGUMENT;
-    *out = ctx->last_stats;
-    return DDP_OK;
-}
+ddp_step_stats ddp_last_step_stats(const ddp_context *ctx) { return ctx->last_stats; }
 
 /* --------------------------------------------------------------------------------------------
    AdamW: one fused pass over the flat buffers (the same arithmetic as PyTorch's AdamW).

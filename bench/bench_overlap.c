@@ -99,7 +99,7 @@ static int run(const options *o, double cap_mb, int blocking, result *out) {
             ddp_tape_record(ddp, layer_backward, &a, sizeof a, &ids[l], 1);
         }
         if (ddp_backward(ddp) != DDP_OK) goto fail;
-        ddp_last_step_stats(ddp, &st);
+        st = ddp_last_step_stats(ddp);
         if (blocking) {                        /* everything at once, after backward */
             double c0 = ddp__now();
             if (ddp_allreduce(ddp, ddp_flat_grads(ddp, NULL), total, DDP_AVG) != DDP_OK) goto fail;

@@ -80,11 +80,10 @@ int main(void) {
         CHECK(ddp_backward(ddp));            /* gradients are now averaged over all ranks */
         CHECK(ddp_adamw_step(ddp, &opt, NULL));
         CHECK(ddp_allreduce(ddp, &loss, 1, DDP_AVG));
-        ddp_step_stats st;
-        ddp_last_step_stats(ddp, &st);
+        ddp_step_stats st = ddp_last_step_stats(ddp);
         if (rank == 0 && (step % 50 == 0 || step == STEPS - 1))
-            printf("step %3d  loss %.5f  backward %.3f ms  comm %.3f ms  exposed %.3f ms\n",
-                   step, loss, st.backward_ms, st.comm_ms, st.exposed_ms);
+            printf("step %3d  loss %.5f  compute %.3f ms  comm %.3f ms  exposed %.3f ms  overlap %.0f%%\n",
+                   step, loss, st.backward_ms, st.comm_ms, st.exposed_ms, st.overlap_pct);
     }
     return ddp_shutdown(ddp) == DDP_OK ? 0 : 1;
 }

@@ -30,6 +30,9 @@ run() {
 run unit "$B/test_unit"
 for n in 1 2 3 4; do run "collectives, $n rank(s)" "$B/ddprun" -n "$n" "$B/test_collectives"; done
 for n in 1 2 4; do run "equivalence, $n rank(s)" "$B/ddprun" -n "$n" "$B/test_equivalence"; done
+run "overlap, 2 ranks" "$B/ddprun" -n 2 "$B/test_overlap"
+run "timeline" tests/test_timeline.sh "$B"
+run "svg tools" tests/test_svg_tools.sh
 run "failures" tests/test_failures.sh "$B"
 run "ddprun" tests/test_ddprun.sh "$B/ddprun"
 run "minimal example, 2 ranks" "$B/ddprun" -n 2 "$B/minimal"

@@ -119,8 +119,7 @@ static void launch_order_rank(test_rank *self) {
     }
     if (bad) { self->result = DDP_ERR_MISMATCH; snprintf(self->error, sizeof self->error, "%d wrong values", bad); }
     else {
-        ddp_step_stats st;
-        ddp_last_step_stats(ctx, &st);
+        ddp_step_stats st = ddp_last_step_stats(ctx);
         if (st.buckets_launched != ddp_num_buckets(ctx) || ddp_num_buckets(ctx) < 4) {
             self->result = DDP_ERR_MISMATCH;
             snprintf(self->error, sizeof self->error, "launched %d of %d buckets", st.buckets_launched, ddp_num_buckets(ctx));
@@ -154,7 +153,7 @@ static void accumulation_rank(test_rank *self) {
         ddp_set_sync(ctx, micro == 2);
         for (k = 0; k < n; k++) ddp_grad(ctx, w)[k] += (float)((self->rank + 1) * (micro + 1));
         if ((self->result = ddp_grad_ready(ctx, w)) != DDP_OK || (self->result = ddp_finish(ctx)) != DDP_OK) goto out;
-        ddp_last_step_stats(ctx, &st);
+        st = ddp_last_step_stats(ctx);
         if (micro < 2 && (st.buckets_launched || st.bytes_reduced)) bad++;
         if (micro < 2 && ddp_grad(ctx, w)[0] != (float)((self->rank + 1) * (micro + 1) * (micro + 2) / 2)) bad++;
     }
