@@ -40,8 +40,9 @@ run: $(B)/ddprun $(B)/minimal
 test: all
 	@tests/run.sh $(B)
 
-bench: $(B)/ddprun $(B)/bench_allreduce
+bench: $(B)/ddprun $(B)/bench_allreduce $(B)/bench_overlap
 	@bench/compare_allreduce.sh
+	@bench/overlap.sh
 
 clean:
 	rm -rf $(B)
