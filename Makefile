@@ -9,10 +9,10 @@ B        := build
 
 PROGRAMS := $(B)/ddprun $(B)/minimal $(B)/bench_allreduce $(B)/bench_overlap \
             $(B)/test_unit $(B)/test_collectives $(B)/test_equivalence $(B)/test_fault \
-            $(B)/test_overlap
+            $(B)/test_overlap $(B)/train_gpt $(B)/test_gpt
 CHECKS   := $(B)/cxx_check.o
 
-.PHONY: all run test bench clean
+.PHONY: all run test test-asan test-tsan bench clean
 all: $(PROGRAMS) $(CHECKS)
 
 $(B):
@@ -33,9 +33,40 @@ $(B)/%: bench/%.c ddp.h | $(B)
 $(B)/cxx_check.o: tests/cxx_check.cpp ddp.h | $(B)
 	$(CXX) -std=c++11 $(CFLAGS) $(WARN) -c -o $@ $<
 
-# The main job: train on 2 local ranks.
-run: $(B)/ddprun $(B)/minimal
-	$(B)/ddprun -n 2 $(B)/minimal
+# The tiny GPT (examples/gpt): matmuls through OpenBLAS when <cblas.h> and -lopenblas are
+# there (Debian: libopenblas-dev), else the portable fallback. `make GPT_BLAS=0` forces it.
+GPT_HASH := \#
+ifndef GPT_BLAS
+GPT_BLAS := $(shell printf '$(GPT_HASH)include <cblas.h>\nvoid openblas_set_num_threads(int);\nint main(void) { openblas_set_num_threads(1); return 0; }\n' \
+              | $(CC) -x c - -o /dev/null -lopenblas >/dev/null 2>&1 && echo 1 || echo 0)
+endif
+ifeq ($(GPT_BLAS),1)
+GPT_DEFS :=
+GPT_LIBS := -lopenblas
+else
+GPT_DEFS := -DGPT_NO_BLAS
+GPT_LIBS :=
+endif
+
+# -fno-math-errno: sqrtf (AdamW) and friends vectorize; results are unchanged (errno is never read).
+$(B)/train_gpt: examples/gpt/train_gpt.c examples/gpt/gpt.h ddp.h | $(B)
+	$(CC) -std=c99 $(CFLAGS) $(WARN) -fno-math-errno $(GPT_DEFS) -o $@ $< $(GPT_LIBS) $(LDLIBS)
+$(B)/test_gpt: tests/test_gpt.c tests/testlib.h examples/gpt/gpt.h ddp.h | $(B)
+	$(CC) -std=c99 $(CFLAGS) $(WARN) -fno-math-errno $(GPT_DEFS) -o $@ $< $(GPT_LIBS) $(LDLIBS)
+
+# The default corpus: Debian's fortunes text (installed when missing), never committed.
+$(B)/fortunes.txt: | $(B)
+	@if [ ! -f /usr/share/games/fortunes/fortunes ]; then \
+	    echo "installing Debian's 'fortunes' package for the default corpus"; \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get install -y -qq fortunes >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq fortunes; } \
+	    || { echo "cannot install 'fortunes'; pass --data PATH to build/train_gpt instead"; exit 1; }; fi
+	find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' | LC_ALL=C sort | xargs cat > $@.tmp
+	mv $@.tmp $@
+
+# The main job: train the tiny GPT on 2 local ranks (about two minutes on 2 cores).
+run: all $(B)/fortunes.txt
+	$(B)/ddprun -n 2 $(B)/train_gpt --data $(B)/fortunes.txt --steps 600 --batch 8 --eval-every 100 --log-every 10 --sample 400
 
 test: all
 	@tests/run.sh $(B)
@@ -44,5 +75,13 @@ bench: $(B)/ddprun $(B)/bench_allreduce $(B)/bench_overlap
 	@bench/compare_allreduce.sh
 	@bench/overlap.sh
 
+# The same tests under sanitizers, each in a build directory of its own.
+ASAN_OPT := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+TSAN_OPT := -O1 -g -fsanitize=thread
+test-asan:
+	@$(MAKE) --no-print-directory B=build-asan OPT="$(ASAN_OPT)" test
+test-tsan:
+	@$(MAKE) --no-print-directory B=build-tsan OPT="$(TSAN_OPT)" test
+
 clean:
-	rm -rf $(B)
+	rm -rf $(B) build-asan build-tsan

@@ -363,7 +363,7 @@ struct ddp_context {
     char timeline_path[512];
     int rank, world, local_rank, local_world;
     int backend;                   /* 0 = single rank, DDP_BACKEND_CPU */
-    ddp_result failed;             /* sticky: set when the process group is poisoned */
+    int failed;                    /* sticky ddp_result, set when the group is poisoned (atomic) */
     char err[DDP__ERR_MAX];
     pthread_mutex_t err_lock;
 
@@ -492,9 +492,17 @@ static ddp_result ddp__fail(ddp_context *ctx, ddp_result code, const char *fmt, 
 
 static void ddp__poison_group(ddp_context *ctx, ddp_result code);
 
+/* The sticky failure is set by either thread of a context and read by both. */
+static ddp_result ddp__failed(const ddp_context *ctx) { return (ddp_result)__atomic_load_n(&ctx->failed, __ATOMIC_ACQUIRE); }
+static ddp_result ddp__set_failed(ddp_context *ctx, ddp_result code) {
+    int none = DDP_OK;
+    __atomic_compare_exchange_n(&ctx->failed, &none, (int)code, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+    return code;
+}
+
 /* A failure that leaves the ranks out of step: mark the context dead and tell the peers. */
 static ddp_result ddp__fatal(ddp_context *ctx, ddp_result code) {
-    if (!ctx->failed) ctx->failed = code;
+    ddp__set_failed(ctx, code);
     ddp__poison_group(ctx, code);
     return code;
 }
@@ -1071,7 +1079,7 @@ static void *ddp__server_main(void *arg) {
     ddp__store_server *s = (ddp__store_server *)arg;
     struct pollfd *pfds = (struct pollfd *)ddp__calloc(sizeof(struct pollfd) * (size_t)(s->max_conns + 2));
     if (!pfds) return NULL;
-    while (!s->stop) {
+    while (!__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE)) {
         int i, n = 0;
         double now = ddp__now();
         pfds[n].fd = s->wake_pipe[0]; pfds[n++].events = POLLIN;
@@ -1167,8 +1175,8 @@ static void ddp__server_stop(ddp_context *ctx) {
     ddp__store_server *s = ctx->server;
     double until = ddp__now() + 5.0;
     if (!s) return;
-    while (ctx->failed && __atomic_load_n(&s->num_conns, __ATOMIC_ACQUIRE) > 0 && ddp__now() < until) usleep(10000);
-    s->stop = 1;
+    while (ddp__failed(ctx) && __atomic_load_n(&s->num_conns, __ATOMIC_ACQUIRE) > 0 && ddp__now() < until) usleep(10000);
+    __atomic_store_n(&s->stop, 1, __ATOMIC_RELEASE);
     if (write(s->wake_pipe[1], "x", 1) < 0) { /* the 50 ms poll wakes it anyway */ }
     pthread_join(s->thread, NULL);
     ddp__server_free(s);
@@ -1396,7 +1404,7 @@ static ddp_result ddp__shm_check_peers(ddp_context *ctx, int stage, uint32_t tar
                                              s, pid, ctx->shm_what));
     }
     failed = __atomic_load_n(&h->failed_rank, __ATOMIC_ACQUIRE);
-    if (failed == ctx->rank) return ctx->failed ? ctx->failed : DDP_ERR_PEER_LOST;   /* already told */
+    if (failed == ctx->rank) return ddp__failed(ctx) ? ddp__failed(ctx) : DDP_ERR_PEER_LOST;   /* already told */
     if (failed >= 0)
         return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_PEER_LOST, "stopped in %s because %s", ctx->shm_what, h->failed_msg));
     if (ddp__now() > deadline) {
@@ -1543,7 +1551,7 @@ static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *dat
     unsigned char *buf = (unsigned char *)data;
     int first = 1;
     double started = ddp__now();
-    if (ctx->failed) return ctx->failed;
+    if (ddp__failed(ctx)) return ddp__failed(ctx);
     sig->id = ++ctx->shm_collectives;
     sig->kind = kind;
     sig->root = (uint32_t)root;
@@ -1756,15 +1764,15 @@ ddp_result ddp_init(ddp_context **out, const ddp_desc *desc) {
     ctx->rank = -1;
     ctx->sync_enabled = 1;
     ctx->tl_origin = ddp__now();
-    if ((r = ddp__resolve_desc(ctx, desc)) != DDP_OK) return ctx->failed = r;
+    if ((r = ddp__resolve_desc(ctx, desc)) != DDP_OK) return ddp__set_failed(ctx, r);
     if (ctx->world == 1) { ctx->backend = 0; return DDP_OK; }
     ctx->backend = DDP_BACKEND_CPU;
     if (!ctx->job_token[0])
         ddp__log(ctx, DDP_LOG_INFO, "no DDP_JOB_TOKEN: the rendezvous store accepts any local client");
     deadline = ddp__now() + ctx->desc.timeout_s;
-    if (ctx->rank == 0 && (r = ddp__server_start(ctx)) != DDP_OK) return ctx->failed = r;
-    if ((r = ddp__store_connect(ctx, deadline)) != DDP_OK) return ctx->failed = r;
-    if ((r = ddp__rendezvous(ctx, deadline)) != DDP_OK) return ctx->failed = r;
+    if (ctx->rank == 0 && (r = ddp__server_start(ctx)) != DDP_OK) return ddp__set_failed(ctx, r);
+    if ((r = ddp__store_connect(ctx, deadline)) != DDP_OK) return ddp__set_failed(ctx, r);
+    if ((r = ddp__rendezvous(ctx, deadline)) != DDP_OK) return ddp__set_failed(ctx, r);
     if ((r = ddp__shm_setup(ctx, deadline)) != DDP_OK) return ddp__fatal(ctx, r);
     ddp__log(ctx, DDP_LOG_INFO, "rank %d of %d up (cpu backend, segment %s)", ctx->rank, ctx->world, ctx->shm_name);
     return DDP_OK;
@@ -1775,7 +1783,7 @@ ddp_result ddp_init(ddp_context **out, const ddp_desc *desc) {
    its own, PATH.rankR.json. Called twice: before the shutdown barrier (publish) and after it
    (rank 0 gathers). */
 static void ddp__tl_shutdown(ddp_context *ctx, ddp__text *mine, int gather) {
-    int together = ctx->shm && !ctx->failed && !mine->oom && mine->len <= DDP__STORE_MAX_VALUE;
+    int together = ctx->shm && !ddp__failed(ctx) && !mine->oom && mine->len <= DDP__STORE_MAX_VALUE;
     char key[32], path[600];
     int s, found;
     if (!ctx->tl_main) return;
@@ -1816,14 +1824,14 @@ ddp_result ddp_shutdown(ddp_context *ctx) {
     /* Two barriers: rank 0 closes its store only once every rank is done with it, and no rank
        returns (and perhaps starts a new group on the same port) before the store is closed. */
     ctx->shm_what = "the shutdown barrier";
-    if (ctx->shm && !ctx->failed) r = ddp__shm_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0);
+    if (ctx->shm && !ddp__failed(ctx)) r = ddp__shm_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0);
     ddp__tl_shutdown(ctx, &timeline, 1);
     DDP_FREE(timeline.buf);
     ddp__tl_free(ctx->tl_main);
     ddp__tl_free(ctx->tl_comm);
     if (ctx->store_fd >= 0) close(ctx->store_fd);
     ddp__server_stop(ctx);
-    if (ctx->shm && !ctx->failed) r = ddp__shm_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0);
+    if (ctx->shm && !ddp__failed(ctx)) r = ddp__shm_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0);
     if (ctx->shm) {
         munmap(ctx->shm, ctx->shm_bytes);
         if (ctx->rank == 0) shm_unlink(ctx->shm_name);   /* already gone unless init failed */
@@ -1847,7 +1855,7 @@ ddp_result ddp_shutdown(ddp_context *ctx) {
 /* Every public call that needs a live process group starts here. */
 static ddp_result ddp__usable(ddp_context *ctx, int need_commit, const char *call) {
     if (!ctx) return DDP_ERR_INVALID_ARGUMENT;
-    if (ctx->failed) return ctx->failed;
+    if (ddp__failed(ctx)) return ddp__failed(ctx);
     if (need_commit && !ctx->committed)
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s needs ddp_commit first", call);
     return DDP_OK;
@@ -2104,7 +2112,7 @@ static ddp_result ddp__comm_start(ddp_context *ctx) {
 static void ddp__comm_stop(ddp_context *ctx) {
     if (!ctx->comm_started) return;
     pthread_mutex_lock(&ctx->comm_lock);
-    if (ctx->comm_done != ctx->comm_launched && !ctx->failed) {
+    if (ctx->comm_done != ctx->comm_launched && !ddp__failed(ctx)) {
         /* Leaving mid-step: tell the peers rather than let them wait for the timeout. */
         pthread_mutex_unlock(&ctx->comm_lock);
         ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_shutdown in the middle of a step"));

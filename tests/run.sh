@@ -6,7 +6,7 @@ B=${1:-build}
 cd "$(dirname "$0")/.." || exit 1
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-passed=0 failed=0
+passed=0 failed=0 skipped=0
 
 # Run one test command; count its PASS/FAIL lines. A command that fails without saying FAIL
 # (a crash, a hang cut by the timeout) counts as one failure of its own.
@@ -15,8 +15,9 @@ run() {
     echo "== $name"
     timeout 300 "$@" >"$log" 2>&1
     local rc=$?
-    grep -E "(^|\] )(PASS|FAIL) " "$log" | sed -E 's/^\[rank [0-9 ]+\] //'
+    grep -E "(^|\] )(PASS|FAIL|SKIP) " "$log" | sed -E 's/^\[rank [0-9 ]+\] //'
     local p f
+    skipped=$((skipped + $(grep -cE "(^|\] )SKIP " "$log")))
     p=$(grep -cE "(^|\] )PASS " "$log")
     f=$(grep -cE "(^|\] )FAIL " "$log")
     if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
@@ -36,5 +37,6 @@ run "svg tools" tests/test_svg_tools.sh
 run "failures" tests/test_failures.sh "$B"
 run "ddprun" tests/test_ddprun.sh "$B/ddprun"
 run "minimal example, 2 ranks" "$B/ddprun" -n 2 "$B/minimal"
-echo "$passed passed, $failed failed"
+if [ "$skipped" -gt 0 ]; then echo "$passed passed, $failed failed, $skipped skipped"
+else echo "$passed passed, $failed failed"; fi
 [ "$failed" -eq 0 ]

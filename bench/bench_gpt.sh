@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# bench_gpt.sh — training throughput of the tiny GPT, side by side in one run:
+#   ours (build/train_gpt, OpenBLAS 1 thread) on 1 rank and on 2 ranks (ddprun), and PyTorch
+#   (1 intra-op thread per process) on 1 rank and on 2 ranks with DDP over gloo.
+# Config: 4 layers, 4 heads, width 128, context 64, batch 4 per rank (weak scaling: 2 ranks do
+# twice the work per step). Each configuration runs REPS times, interleaved; the table shows the
+# median. tokens/s is global; scaling efficiency = tokens/s(2 ranks) / (2 x tokens/s(1 rank)).
+# Usage: bench/bench_gpt.sh [BUILD_DIR]    env: REPS (3), STEPS (110, first 10 untimed), DATA
+set -u
+B=${1:-build}
+cd "$(dirname "$0")/.." || exit 1
+DATA=${DATA:-../shared/data/tinyshakespeare.txt}
+[ -f "$DATA" ] || DATA=$B/fortunes.txt
+[ -f "$DATA" ] || { echo "bench_gpt: no data (set DATA=FILE or run make $B/fortunes.txt)"; exit 1; }
+REPS=${REPS:-3}
+STEPS=${STEPS:-110}
+SKIP=10
+CFG=(--layers 4 --heads 4 --dim 128 --seq 64 --batch 4)
+PY=/usr/bin/python3
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# ours N -> global tokens/s over steps SKIP+1..STEPS (each step line: "step i/n | ... | X ms | ...")
+ours() {
+    local n=$1
+    "$B/ddprun" -n "$n" "$B/train_gpt" --data "$DATA" "${CFG[@]}" --steps "$STEPS" --warmup 10 --eval-every 0 \
+        --eval-batches 1 --sample 0 --log-every 1 >"$tmp/ours.log" 2>&1 || { echo "0"; return; }
+    sed -E 's/^\[rank [0-9]+\] //' "$tmp/ours.log" | awk -F'|' -v skip=$SKIP -v tok=$((n * 4 * 64)) '
+        /^step +[0-9]+\/[0-9]+ \| loss/ { split($1, s, /[ \/]+/); if (s[2] > skip) { ms += $5 + 0; k++ } }
+        END { if (k) printf "%.0f\n", tok * k / (ms / 1000); else print 0 }'
+}
+
+have_torch=1
+$PY -c "import torch" 2>/dev/null || have_torch=0
+torch_run() {
+    local n=$1 port r
+    if [ $have_torch -eq 0 ]; then echo "-"; return; fi
+    port=$((29600 + RANDOM % 2000))
+    for ((r = n - 1; r >= 0; r--)); do
+        OMP_NUM_THREADS=1 RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+            $PY bench/gpt_torch.py --data "$DATA" "${CFG[@]}" --steps 45 --skip 5 >"$tmp/torch$r.log" 2>&1 &
+    done
+    wait
+    sed -n 's/^torch tokens\/s \([0-9]*\).*/\1/p' "$tmp/torch0.log" | head -n 1 | grep . || echo 0
+}
+
+median() { sort -n | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
+
+echo "bench_gpt: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "config: 4 layers, 4 heads, width 128, context 64, batch 4 per rank; data $DATA; $REPS interleaved runs each"
+for ((i = 1; i <= REPS; i++)); do
+    o1=$(ours 1); o2=$(ours 2); t1=$(torch_run 1); t2=$(torch_run 2)
+    echo "  run $i: ours 1 rank $o1, ours 2 ranks $o2, torch 1 rank $t1, torch 2 ranks (gloo) $t2 tokens/s"
+    echo "$o1" >>"$tmp/o1"; echo "$o2" >>"$tmp/o2"; echo "$t1" >>"$tmp/t1"; echo "$t2" >>"$tmp/t2"
+done
+O1=$(median <"$tmp/o1"); O2=$(median <"$tmp/o2")
+echo
+echo "| implementation | 1 rank (tokens/s) | 2 ranks (tokens/s, global) | weak scaling 1→2 |"
+echo "|---|---:|---:|---:|"
+awk -v a="$O1" -v b="$O2" 'BEGIN { printf "| ddp.h train_gpt (OpenBLAS, 1 thread/rank) | %.0f | %.0f | %.1f%% |\n", a, b, 100 * b / (2 * a) }'
+if [ $have_torch -eq 1 ]; then
+    T1=$(median <"$tmp/t1"); T2=$(median <"$tmp/t2")
+    awk -v a="$T1" -v b="$T2" 'BEGIN { printf "| PyTorch %s (1 thread/rank; 2 ranks: DDP over gloo) | %.0f | %.0f | %.1f%% |\n", "'"$($PY -c 'import torch; print(torch.__version__)')"'", a, b, b > 0 && a > 0 ? 100 * b / (2 * a) : 0 }'
+    awk -v o1="$O1" -v o2="$O2" -v t1="$T1" -v t2="$T2" 'BEGIN { printf "\nours / PyTorch: %.1fx at 1 rank, %.1fx at 2 ranks\n", o1 / t1, o2 / t2 }'
+else
+    echo "(PyTorch skipped: $PY has no torch; Debian: apt-get install python3-torch)"
+fi
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -1,0 +1,102 @@
+#!/usr/bin/python3
+"""gpt_torch.py — the tiny GPT of examples/gpt in PyTorch, timed the way bench_gpt.sh times ours.
+
+Same architecture (byte-level GPT-2 block stack, tied head, no dropout), AdamW, clipping, random
+windows of the data file; 1 intra-op thread per process. With WORLD_SIZE > 1 in the environment
+(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT: torchrun's variables, set by hand) it wraps the
+model in DistributedDataParallel over gloo. Prints one line: "torch tokens/s N" (global).
+
+    /usr/bin/python3 bench/gpt_torch.py --data FILE [--layers 4 --heads 4 --dim 128 --seq 64 --batch 4]
+"""
+import argparse
+import math
+import os
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, C, NH):
+        super().__init__()
+        self.NH = NH
+        self.ln1, self.ln2 = nn.LayerNorm(C), nn.LayerNorm(C)
+        self.qkv, self.proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
+        self.fc, self.fcproj = nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
+
+    def forward(self, x, mask):
+        B, T, C = x.shape
+        hs = C // self.NH
+        q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
+        q = q.view(B, T, self.NH, hs).transpose(1, 2)
+        k = k.view(B, T, self.NH, hs).transpose(1, 2)
+        v = v.view(B, T, self.NH, hs).transpose(1, 2)
+        att = F.softmax(((q @ k.transpose(-2, -1)) / math.sqrt(hs)).masked_fill(~mask[:T, :T], float("-inf")), dim=-1)
+        x = x + self.proj((att @ v).transpose(1, 2).contiguous().view(B, T, C))
+        return x + self.fcproj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(self, L, NH, C, T):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(256, C), nn.Embedding(T, C)
+        self.blocks = nn.ModuleList(Block(C, NH) for _ in range(L))
+        self.lnf = nn.LayerNorm(C)
+        self.register_buffer("mask", torch.tril(torch.ones(T, T, dtype=torch.bool)), persistent=False)
+
+    def forward(self, idx, targets):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        for b in self.blocks:
+            x = b(x, self.mask)
+        logits = self.lnf(x) @ self.wte.weight.t()
+        return F.cross_entropy(logits.view(-1, 256), targets.view(-1))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--skip", type=int, default=10, help="untimed first steps")
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    torch.manual_seed(1337)
+    model = GPT(a.layers, a.heads, a.dim, a.seq)
+    if world > 1:
+        torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+        model = nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)
+    data = torch.frombuffer(bytearray(open(a.data, "rb").read()), dtype=torch.uint8)
+    g = torch.Generator().manual_seed(1000 + rank)
+    t0 = None
+    for step in range(a.steps):
+        if step == a.skip:
+            if world > 1:
+                torch.distributed.barrier()
+            t0 = time.perf_counter()
+        ix = torch.randint(0, len(data) - a.seq - 1, (a.batch,), generator=g)
+        w = torch.stack([data[i:i + a.seq + 1] for i in ix.tolist()]).long()
+        loss = model(w[:, :-1], w[:, 1:])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+    if world > 1:
+        torch.distributed.barrier()
+    secs = time.perf_counter() - t0
+    if rank == 0:
+        print("torch tokens/s %.0f (%d rank(s), %d steps timed, loss %.3f)"
+              % (world * a.batch * a.seq * (a.steps - a.skip) / secs, world, a.steps - a.skip, loss.item()))
+    if world > 1:
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

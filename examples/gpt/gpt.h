@@ -1,0 +1,628 @@
+/* gpt.h — a byte-level GPT-2-style decoder whose every op records its backward on the ddp.h tape.
+
+   Token + learned position embeddings, pre-LayerNorm blocks (causal multi-head self-attention,
+   GELU-tanh MLP of 4x width), a final LayerNorm, and an output head tied to the token embedding.
+   No dropout. CPU math: matmuls through OpenBLAS (cblas_sgemm), or a portable blocked fallback
+   when built with -DGPT_NO_BLAS; the other kernels are plain loops written to vectorize.
+
+   Include after ddp.h (the file that defines DDP_IMPLEMENTATION includes ddp.h first).
+   Used by examples/gpt/train_gpt.c and tests/test_gpt.c.
+
+   Gradient flow: one residual-gradient buffer (dres) serves the whole residual stream. The
+   final LayerNorm's backward writes it; every block's LayerNorm backward adds its branch into
+   it; the residual projections read it. So the residual additions need no backward op at all.
+   The tied embedding: the head's backward adds into grad(wte), the embedding op's backward (the
+   last one replayed) adds the rest and is the op that finishes wte. */
+#ifndef GPT_H
+#define GPT_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef GPT_NO_BLAS
+#include <cblas.h>
+void openblas_set_num_threads(int num_threads);
+#endif
+
+enum { GPT_VOCAB = 256, GPT_LANES = 16 };
+
+typedef struct gpt_config {
+    int layers, heads, dim, seq;   /* seq: the context length (max T) */
+    int batch;                     /* the largest micro-batch a forward will see */
+} gpt_config;
+
+/* Parameter ids, in registration (= forward) order. */
+typedef struct gpt_layer_ids {
+    int ln1w, ln1b, qkvw, qkvb, projw, projb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
+} gpt_layer_ids;
+
+/* One block's saved activations. */
+typedef struct gpt_layer_acts {
+    float *res_in;                 /* [BT, C] block input (residual stream) */
+    float *ln1, *ln1_mean, *ln1_rstd;
+    float *qkv;                    /* [BT, 3C] */
+    float *att;                    /* [B, NH, T, T] softmax probabilities (0 above the diagonal) */
+    float *att_out;                /* [BT, C] heads merged */
+    float *res_mid;                /* [BT, C] res_in + attention branch */
+    float *ln2, *ln2_mean, *ln2_rstd;
+    float *fc;                     /* [BT, 4C] before GELU */
+    float *gelu;                   /* [BT, 4C] */
+    float *res_out;                /* [BT, C] = next block's res_in */
+} gpt_layer_acts;
+
+typedef struct gpt {
+    gpt_config cfg;
+    ddp_context *ddp;
+    int wte, wpe, lnfw, lnfb;
+    gpt_layer_ids *layer;
+    gpt_layer_acts *acts;
+    float *res0, *lnf, *lnf_mean, *lnf_rstd, *logits;
+    /* gradient scratch, reused by every layer (backward runs one op at a time) */
+    float *dres, *dln, *dqkv, *datt_out, *dfc, *dgelu, *dlogits, *datt_row;
+    int *tokens, *targets;         /* this forward's batch */
+    int B, T;                      /* this forward's shape */
+    void *arena;
+    size_t num_floats;             /* total parameters */
+} gpt;
+
+/* ---------------------------------------------------------------------------------------------
+   Small vectorizable helpers. Reductions keep GPT_LANES partial sums so the compiler vectorizes
+   them without -ffast-math; the final fold is in a fixed order (deterministic).
+   --------------------------------------------------------------------------------------------- */
+static inline float gpt__sum(const float *x, int n) {
+    float acc[GPT_LANES] = {0}, s = 0;
+    int i = 0, j;
+    for (; i + GPT_LANES <= n; i += GPT_LANES)
+        for (j = 0; j < GPT_LANES; j++) acc[j] += x[i + j];
+    for (; i < n; i++) s += x[i];
+    for (j = 0; j < GPT_LANES; j++) s += acc[j];
+    return s;
+}
+
+static inline float gpt__dot(const float *x, const float *y, int n) {
+    float acc[GPT_LANES] = {0}, s = 0;
+    int i = 0, j;
+    for (; i + GPT_LANES <= n; i += GPT_LANES)
+        for (j = 0; j < GPT_LANES; j++) acc[j] += x[i + j] * y[i + j];
+    for (; i < n; i++) s += x[i] * y[i];
+    for (j = 0; j < GPT_LANES; j++) s += acc[j];
+    return s;
+}
+
+static inline float gpt__max(const float *x, int n) {
+    float acc[GPT_LANES], m = x[0];
+    int i = 0, j;
+    for (j = 0; j < GPT_LANES; j++) acc[j] = x[0];
+    for (; i + GPT_LANES <= n; i += GPT_LANES)
+        for (j = 0; j < GPT_LANES; j++) acc[j] = x[i + j] > acc[j] ? x[i + j] : acc[j];
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    for (j = 0; j < GPT_LANES; j++) m = acc[j] > m ? acc[j] : m;
+    return m;
+}
+
+/* exp(x) to ~1 ulp on [-80, 80] (inputs are clamped there: no overflow, no denormals), in
+   straight-line code the compiler vectorizes: 2^n * e^r with |r| <= ln2/2, degree-7 Taylor. */
+static inline float gpt__exp(float x) {
+    float t, n, r, p, scale;
+    int32_t i;
+    uint32_t bits;
+    x = x < -80.0f ? -80.0f : x;
+    x = x > 80.0f ? 80.0f : x;
+    t = x * 1.44269504088896341f + 12582912.0f;     /* round to nearest via 1.5 * 2^23 */
+    n = t - 12582912.0f;
+    r = x - n * 0.693145751953125f;                  /* ln2 split in two for accuracy */
+    r = r - n * 1.428606765330187e-06f;
+    p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720 + r * (1.0f / 5040)))))));
+    i = (int32_t)n;
+    bits = (uint32_t)(i + 127) << 23;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+/* ---------------------------------------------------------------------------------------------
+   Matmul: C = alpha * op(A) op(B) + beta * C, row-major, op = transpose when ta/tb.
+   --------------------------------------------------------------------------------------------- */
+#ifdef GPT_NO_BLAS
+/* Portable fallback: B is packed as a K x N row-major panel (transposed when tb), then each
+   row of C accumulates alpha*A(i,k) * panel row k: the inner loop is contiguous and vectorizes.
+   K is blocked so a panel block stays in cache while every row of C passes over it. */
+static void gpt_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                     const float *B, int ldb, float beta, float *C, int ldc) {
+    enum { KB = 128, MB = 32 };
+    float *panel = (float *)malloc(sizeof(float) * (size_t)KB * (size_t)N);
+    int i, j, k, k0, i0;
+    if (!panel) { fprintf(stderr, "gpt_gemm: out of memory\n"); exit(1); }
+    for (i = 0; i < M; i++) {
+        float *c = C + (size_t)i * ldc;
+        if (beta == 0.0f) for (j = 0; j < N; j++) c[j] = 0.0f;
+        else if (beta != 1.0f) for (j = 0; j < N; j++) c[j] *= beta;
+    }
+    for (k0 = 0; k0 < K; k0 += KB) {
+        int kn = K - k0 < KB ? K - k0 : KB;
+        for (k = 0; k < kn; k++) {
+            float *p = panel + (size_t)k * N;
+            if (tb) for (j = 0; j < N; j++) p[j] = B[(size_t)j * ldb + k0 + k];
+            else memcpy(p, B + (size_t)(k0 + k) * ldb, sizeof(float) * (size_t)N);
+        }
+        for (i0 = 0; i0 < M; i0 += MB) {
+            int in = M - i0 < MB ? M - i0 : MB;
+            for (i = i0; i < i0 + in; i++) {
+                float *c = C + (size_t)i * ldc;
+                for (k = 0; k < kn; k++) {
+                    float a = alpha * (ta ? A[(size_t)(k0 + k) * lda + i] : A[(size_t)i * lda + k0 + k]);
+                    const float *p = panel + (size_t)k * N;
+                    for (j = 0; j < N; j++) c[j] += a * p[j];
+                }
+            }
+        }
+    }
+    free(panel);
+}
+static void gpt_blas_init(void) {}
+static inline const char *gpt_blas_name(void) { return "portable fallback (GPT_NO_BLAS)"; }
+#else
+static void gpt_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                     const float *B, int ldb, float beta, float *C, int ldc) {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+/* Ranks are the parallelism: OpenBLAS runs in the calling thread. */
+static void gpt_blas_init(void) { openblas_set_num_threads(1); }
+static inline const char *gpt_blas_name(void) { return "OpenBLAS, 1 thread"; }
+#endif
+
+/* ---------------------------------------------------------------------------------------------
+   Ops. Each forward computes its output and, when training, records its backward with the ids
+   of the parameters whose gradients that backward finishes. Parameter gradients accumulate
+   (+=), so gradient accumulation over micro-steps needs nothing special.
+   --------------------------------------------------------------------------------------------- */
+static void gpt__record(gpt *m, ddp_backward_fn fn, const void *args, size_t size, const int *ids, int n) {
+    ddp_result r = ddp_tape_record(m->ddp, fn, args, size, ids, n);
+    if (r != DDP_OK) { fprintf(stderr, "%s\n", ddp_last_error(m->ddp)); exit(1); }
+}
+
+/* Embedding: res0[b,t] = wte[token] + wpe[t]. Its backward finishes wte (after the head's
+   share) and wpe. */
+typedef struct { gpt *m; } gpt__embed_args;
+
+static void gpt__embed_backward(void *p) {
+    gpt *m = ((gpt__embed_args *)p)->m;
+    int C = m->cfg.dim, BT = m->B * m->T, i, c;
+    float *gwte = ddp_grad(m->ddp, m->wte), *gwpe = ddp_grad(m->ddp, m->wpe);
+    for (i = 0; i < BT; i++) {
+        const float *d = m->dres + (size_t)i * C;
+        float *gt = gwte + (size_t)m->tokens[i] * C, *gp = gwpe + (size_t)(i % m->T) * C;
+        for (c = 0; c < C; c++) { gt[c] += d[c]; gp[c] += d[c]; }
+    }
+}
+
+static void gpt__embed(gpt *m, int record) {
+    int C = m->cfg.dim, BT = m->B * m->T, i, c;
+    const float *wte = ddp_param(m->ddp, m->wte), *wpe = ddp_param(m->ddp, m->wpe);
+    for (i = 0; i < BT; i++) {
+        const float *e = wte + (size_t)m->tokens[i] * C, *q = wpe + (size_t)(i % m->T) * C;
+        float *o = m->res0 + (size_t)i * C;
+        for (c = 0; c < C; c++) o[c] = e[c] + q[c];
+    }
+    if (record) {
+        gpt__embed_args a = { m };
+        int ids[2] = { m->wte, m->wpe };
+        gpt__record(m, gpt__embed_backward, &a, sizeof a, ids, 2);
+    }
+}
+
+/* LayerNorm over the last dimension (eps 1e-5, biased variance, as PyTorch). The backward
+   writes dx (accumulate = 0) or adds to it (accumulate = 1: the residual stream). */
+typedef struct {
+    gpt *m; int w, b, rows, accumulate;
+    const float *x, *mean, *rstd, *dout; float *dx;
+} gpt__ln_args;
+
+static void gpt__layernorm_backward(void *p) {
+    const gpt__ln_args *a = (const gpt__ln_args *)p;
+    int C = a->m->cfg.dim, i, c;
+    const float *restrict w = ddp_param(a->m->ddp, a->w);
+    float *restrict gw = ddp_grad(a->m->ddp, a->w), *restrict gb = ddp_grad(a->m->ddp, a->b);
+    float *restrict xhat = a->m->datt_row, *restrict dxhat = xhat + C;   /* scratch: datt_row >= 2C */
+    for (i = 0; i < a->rows; i++) {
+        const float *restrict x = a->x + (size_t)i * C, *restrict dy = a->dout + (size_t)i * C;
+        float *restrict dx = a->dx + (size_t)i * C, mu = a->mean[i], rs = a->rstd[i], mdx, mdxx;
+        for (c = 0; c < C; c++) {
+            xhat[c] = (x[c] - mu) * rs;
+            dxhat[c] = dy[c] * w[c];
+        }
+        for (c = 0; c < C; c++) {
+            gw[c] += dy[c] * xhat[c];
+            gb[c] += dy[c];
+        }
+        mdx = gpt__sum(dxhat, C) / (float)C;
+        mdxx = gpt__dot(dxhat, xhat, C) / (float)C;
+        if (a->accumulate) for (c = 0; c < C; c++) dx[c] += rs * (dxhat[c] - mdx - xhat[c] * mdxx);
+        else for (c = 0; c < C; c++) dx[c] = rs * (dxhat[c] - mdx - xhat[c] * mdxx);
+    }
+}
+
+static void gpt__layernorm(gpt *m, int w, int b, const float *x, float *out, float *mean, float *rstd,
+                           const float *dout, float *dx, int accumulate, int record) {
+    int C = m->cfg.dim, rows = m->B * m->T, i, c;
+    const float *W = ddp_param(m->ddp, w), *Bv = ddp_param(m->ddp, b);
+    for (i = 0; i < rows; i++) {
+        const float *xi = x + (size_t)i * C;
+        float *o = out + (size_t)i * C, mu, var, rs;
+        mu = gpt__sum(xi, C) / (float)C;
+        for (c = 0; c < C; c++) o[c] = xi[c] - mu;          /* centred, then scaled in place */
+        var = gpt__dot(o, o, C) / (float)C;
+        rs = 1.0f / sqrtf(var + 1e-5f);
+        for (c = 0; c < C; c++) o[c] = o[c] * rs * W[c] + Bv[c];
+        mean[i] = mu;
+        rstd[i] = rs;
+    }
+    if (record) {
+        gpt__ln_args a;
+        int ids[2];
+        a.m = m; a.w = w; a.b = b; a.rows = rows; a.accumulate = accumulate;
+        a.x = x; a.mean = mean; a.rstd = rstd; a.dout = dout; a.dx = dx;
+        ids[0] = w; ids[1] = b;
+        gpt__record(m, gpt__layernorm_backward, &a, sizeof a, ids, 2);
+    }
+}
+
+/* Linear: out[N, OC] = inp[N, IC] W[OC, IC]^T + b (+ resid, the residual add, when given).
+   Its backward finishes W and b; dinp may be NULL. */
+typedef struct {
+    gpt *m; int w, b, n, in, out;
+    const float *inp, *dout; float *dinp;
+} gpt__linear_args;
+
+static void gpt__linear_backward(void *p) {
+    const gpt__linear_args *a = (const gpt__linear_args *)p;
+    float *gw = ddp_grad(a->m->ddp, a->w), *gb = ddp_grad(a->m->ddp, a->b);
+    int i, o;
+    if (a->dinp)
+        gpt_gemm(0, 0, a->n, a->in, a->out, 1.0f, a->dout, a->out, ddp_param(a->m->ddp, a->w), a->in, 0.0f, a->dinp, a->in);
+    gpt_gemm(1, 0, a->out, a->in, a->n, 1.0f, a->dout, a->out, a->inp, a->in, 1.0f, gw, a->in);
+    for (i = 0; i < a->n; i++) {
+        const float *d = a->dout + (size_t)i * a->out;
+        for (o = 0; o < a->out; o++) gb[o] += d[o];
+    }
+}
+
+static void gpt__linear(gpt *m, int w, int b, const float *inp, float *out, const float *resid, int in, int outc,
+                        const float *dout, float *dinp, int record) {
+    int n = m->B * m->T, i, o;
+    const float *Bv = ddp_param(m->ddp, b);
+    for (i = 0; i < n; i++) {
+        float *y = out + (size_t)i * outc;
+        if (resid) { const float *r = resid + (size_t)i * outc; for (o = 0; o < outc; o++) y[o] = r[o] + Bv[o]; }
+        else for (o = 0; o < outc; o++) y[o] = Bv[o];
+    }
+    gpt_gemm(0, 1, n, outc, in, 1.0f, inp, in, ddp_param(m->ddp, w), in, 1.0f, out, outc);
+    if (record) {
+        gpt__linear_args a;
+        int ids[2];
+        a.m = m; a.w = w; a.b = b; a.n = n; a.in = in; a.out = outc; a.inp = inp; a.dout = dout; a.dinp = dinp;
+        ids[0] = w; ids[1] = b;
+        gpt__record(m, gpt__linear_backward, &a, sizeof a, ids, 2);
+    }
+}
+
+/* Causal multi-head self-attention on qkv [BT, 3C] (q | k | v, head h at columns h*hs..). */
+typedef struct { gpt *m; const float *qkv, *att, *dout; float *dqkv; } gpt__attn_args;
+
+static void gpt__attention_backward(void *p) {
+    const gpt__attn_args *a = (const gpt__attn_args *)p;
+    gpt *m = a->m;
+    int B = m->B, T = m->T, C = m->cfg.dim, NH = m->cfg.heads, hs = C / NH, C3 = 3 * C, b, h, t;
+    float scale = 1.0f / sqrtf((float)hs);
+    float *ds = m->datt_row;   /* [T, T] scratch */
+    for (b = 0; b < B; b++)
+        for (h = 0; h < NH; h++) {
+            const float *q = a->qkv + (size_t)b * T * C3 + h * hs, *k = q + C, *v = q + 2 * C;
+            const float *P = a->att + ((size_t)b * NH + h) * T * T;
+            const float *dO = a->dout + (size_t)b * T * C + h * hs;
+            float *dq = a->dqkv + (size_t)b * T * C3 + h * hs, *dk = dq + C, *dv = dq + 2 * C;
+            gpt_gemm(0, 1, T, T, hs, 1.0f, dO, C, v, C3, 0.0f, ds, T);     /* dP = dO V^T */
+            gpt_gemm(1, 0, T, hs, T, 1.0f, P, T, dO, C, 0.0f, dv, C3);     /* dV = P^T dO */
+            for (t = 0; t < T; t++) {                                      /* dS = P (dP - <P, dP>) */
+                const float *pr = P + (size_t)t * T;
+                float *d = ds + (size_t)t * T, s = gpt__dot(pr, d, t + 1);
+                int u;
+                for (u = 0; u < T; u++) d[u] = pr[u] * (d[u] - s);
+            }
+            gpt_gemm(0, 0, T, hs, T, scale, ds, T, k, C3, 0.0f, dq, C3);   /* dQ = scale dS K */
+            gpt_gemm(1, 0, T, hs, T, scale, ds, T, q, C3, 0.0f, dk, C3);   /* dK = scale dS^T Q */
+        }
+}
+
+static void gpt__attention(gpt *m, const float *qkv, float *att, float *out, const float *dout, float *dqkv, int record) {
+    int B = m->B, T = m->T, C = m->cfg.dim, NH = m->cfg.heads, hs = C / NH, C3 = 3 * C, b, h, t, u;
+    float scale = 1.0f / sqrtf((float)hs);
+    for (b = 0; b < B; b++)
+        for (h = 0; h < NH; h++) {
+            const float *q = qkv + (size_t)b * T * C3 + h * hs, *k = q + C, *v = q + 2 * C;
+            float *P = att + ((size_t)b * NH + h) * T * T;
+            gpt_gemm(0, 1, T, T, hs, scale, q, C3, k, C3, 0.0f, P, T);    /* S = scale Q K^T */
+            for (t = 0; t < T; t++) {                                     /* causal softmax */
+                float *row = P + (size_t)t * T, mx = gpt__max(row, t + 1), sum, inv;
+                for (u = 0; u <= t; u++) row[u] = gpt__exp(row[u] - mx);
+                sum = gpt__sum(row, t + 1);
+                inv = 1.0f / sum;
+                for (u = 0; u <= t; u++) row[u] *= inv;
+                for (u = t + 1; u < T; u++) row[u] = 0.0f;
+            }
+            gpt_gemm(0, 0, T, hs, T, 1.0f, P, T, v, C3, 0.0f, out + (size_t)b * T * C + h * hs, C);  /* O = P V */
+        }
+    if (record) {
+        gpt__attn_args a;
+        a.m = m; a.qkv = qkv; a.att = att; a.dout = dout; a.dqkv = dqkv;
+        gpt__record(m, gpt__attention_backward, &a, sizeof a, NULL, 0);
+    }
+}
+
+/* GELU, tanh approximation: 0.5 x (1 + tanh(u)) = x * sigmoid(2u), u = sqrt(2/pi)(x + 0.044715 x^3). */
+#define GPT__GELU_K 0.7978845608028654f
+typedef struct { size_t n; const float *x, *dout; float *dx; } gpt__gelu_args;
+
+static void gpt__gelu_backward(void *p) {
+    const gpt__gelu_args *a = (const gpt__gelu_args *)p;
+    size_t i;
+    for (i = 0; i < a->n; i++) {
+        float x = a->x[i], u = GPT__GELU_K * (x + 0.044715f * x * x * x);
+        float s = 1.0f / (1.0f + gpt__exp(-2.0f * u));
+        float du = GPT__GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+        a->dx[i] = a->dout[i] * (s + x * s * (1.0f - s) * 2.0f * du);
+    }
+}
+
+static void gpt__gelu(gpt *m, const float *x, float *y, size_t n, const float *dout, float *dx, int record) {
+    size_t i;
+    for (i = 0; i < n; i++) {
+        float v = x[i], u = GPT__GELU_K * (v + 0.044715f * v * v * v);
+        y[i] = v / (1.0f + gpt__exp(-2.0f * u));
+    }
+    if (record) {
+        gpt__gelu_args a;
+        a.n = n; a.x = x; a.dout = dout; a.dx = dx;
+        gpt__record(m, gpt__gelu_backward, &a, sizeof a, NULL, 0);
+    }
+}
+
+/* Head tied to wte: logits[BT, V] = lnf[BT, C] wte[V, C]^T. Its backward adds its share of
+   grad(wte) but does not finish it: the embedding's backward does. */
+typedef struct { gpt *m; } gpt__head_args;
+
+static void gpt__head_backward(void *p) {
+    gpt *m = ((gpt__head_args *)p)->m;
+    int C = m->cfg.dim, BT = m->B * m->T;
+    gpt_gemm(0, 0, BT, C, GPT_VOCAB, 1.0f, m->dlogits, GPT_VOCAB, ddp_param(m->ddp, m->wte), C, 0.0f, m->dln, C);
+    gpt_gemm(1, 0, GPT_VOCAB, C, BT, 1.0f, m->dlogits, GPT_VOCAB, m->lnf, C, 1.0f, ddp_grad(m->ddp, m->wte), C);
+}
+
+static void gpt__head(gpt *m, int record) {
+    int C = m->cfg.dim, BT = m->B * m->T;
+    gpt_gemm(0, 1, BT, GPT_VOCAB, C, 1.0f, m->lnf, C, ddp_param(m->ddp, m->wte), C, 0.0f, m->logits, GPT_VOCAB);
+    if (record) {
+        gpt__head_args a = { m };
+        gpt__record(m, gpt__head_backward, &a, sizeof a, NULL, 0);
+    }
+}
+
+/* Mean cross-entropy over the BT positions; with grad, dlogits = scale * (softmax - onehot) / BT
+   right away (it needs nothing else), so no tape op. */
+static float gpt__cross_entropy(gpt *m, float scale, int grad) {
+    int BT = m->B * m->T, i, v;
+    double loss = 0;
+    float *tmp = m->datt_row;
+    for (i = 0; i < BT; i++) {
+        const float *z = m->logits + (size_t)i * GPT_VOCAB;
+        float *d = grad ? m->dlogits + (size_t)i * GPT_VOCAB : tmp, mx = gpt__max(z, GPT_VOCAB), sum, k;
+        for (v = 0; v < GPT_VOCAB; v++) d[v] = gpt__exp(z[v] - mx);
+        sum = gpt__sum(d, GPT_VOCAB);
+        loss += (double)(logf(sum) + mx - z[m->targets[i]]);
+        if (grad) {
+            k = scale / (float)BT;
+            for (v = 0; v < GPT_VOCAB; v++) d[v] = d[v] / sum * k;
+            d[m->targets[i]] -= k;
+        }
+    }
+    return (float)(loss / BT);
+}
+
+/* ---------------------------------------------------------------------------------------------
+   Model: registration, init, forward
+   --------------------------------------------------------------------------------------------- */
+static uint64_t gpt__mix(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* A standard normal for (seed, stream, index): counter-based, so every rank (and the PyTorch
+   reference, which reads our dump) sees the same numbers. Box-Muller in double. */
+static float gpt__normal(uint64_t seed, uint64_t stream, uint64_t index) {
+    uint64_t a = gpt__mix(seed * 0x9e3779b97f4a7c15ull ^ gpt__mix(stream + 0x632be59bd9b4e019ull) ^ (2 * index));
+    uint64_t b = gpt__mix(a ^ (2 * index + 1) * 0xd1b54a32d192ed03ull);
+    double u1 = ((double)(a >> 11) + 1.0) / 9007199254740993.0;   /* (0, 1] */
+    double u2 = (double)(b >> 11) / 9007199254740992.0;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+static inline int gpt_config_check(const gpt_config *c, char *why, size_t n) {
+    if (c->layers < 1 || c->heads < 1 || c->dim < 1 || c->seq < 1 || c->batch < 1) {
+        snprintf(why, n, "layers, heads, dim, seq and batch must all be >= 1 (got %d, %d, %d, %d, %d)",
+                 c->layers, c->heads, c->dim, c->seq, c->batch);
+        return 0;
+    }
+    if (c->dim % c->heads) { snprintf(why, n, "heads (%d) must divide dim (%d)", c->heads, c->dim); return 0; }
+    return 1;
+}
+
+static size_t gpt__round16(size_t n) { return (n + 15) & ~(size_t)15; }
+
+/* Registers every parameter (forward order, initial values from seed) and commits. Matrices
+   (wte and wpe included) decay; biases and LayerNorm parameters do not. */
+static ddp_result gpt_create(gpt *m, ddp_context *ddp, const gpt_config *cfg, uint64_t seed) {
+    int L = cfg->layers, C = cfg->dim, NH = cfg->heads, T = cfg->seq, B = cfg->batch, l, stream = 0;
+    size_t BT = (size_t)B * T, total, used = 0, k;
+    float *init;
+    ddp_result r = DDP_OK;
+    float proj_std = 0.02f / sqrtf(2.0f * (float)L);
+    char name[64];
+    memset(m, 0, sizeof *m);
+    m->cfg = *cfg;
+    m->ddp = ddp;
+    total = (size_t)GPT_VOCAB * C + (size_t)T * C + (size_t)L * (12 * (size_t)C * C + 13 * (size_t)C) + 2 * (size_t)C;
+    m->layer = (gpt_layer_ids *)calloc((size_t)L, sizeof *m->layer);
+    m->acts = (gpt_layer_acts *)calloc((size_t)L, sizeof *m->acts);
+    init = (float *)malloc(sizeof(float) * total);   /* read by ddp_commit: lives until then */
+    if (!m->layer || !m->acts || !init) { free(init); return DDP_ERR_OUT_OF_MEMORY; }
+
+    /* Each tensor is its own stream of the seeded normal generator. */
+#define GPT__REG(nm, count, flags, kind, std, id) do { \
+        float *v_ = init + used; size_t n_ = (size_t)(count); \
+        for (k = 0; k < n_; k++) v_[k] = (kind) == 0 ? 0.0f : (kind) == 1 ? 1.0f : (std) * gpt__normal(seed, (uint64_t)stream, k); \
+        stream++; used += n_; \
+        if (r == DDP_OK) r = ddp_register_param(ddp, nm, n_, flags, v_, id); } while (0)
+#define GPT__NAME(s) (snprintf(name, sizeof name, "h%d.%s", l, s), name)
+    GPT__REG("wte", (size_t)GPT_VOCAB * C, 0, 2, 0.02f, &m->wte);
+    GPT__REG("wpe", (size_t)T * C, 0, 2, 0.02f, &m->wpe);
+    for (l = 0; l < L; l++) {
+        gpt_layer_ids *ids = &m->layer[l];
+        GPT__REG(GPT__NAME("ln1.w"), C, DDP_NO_DECAY, 1, 0.0f, &ids->ln1w);
+        GPT__REG(GPT__NAME("ln1.b"), C, DDP_NO_DECAY, 0, 0.0f, &ids->ln1b);
+        GPT__REG(GPT__NAME("attn.qkv.w"), (size_t)3 * C * C, 0, 2, 0.02f, &ids->qkvw);
+        GPT__REG(GPT__NAME("attn.qkv.b"), 3 * C, DDP_NO_DECAY, 0, 0.0f, &ids->qkvb);
+        GPT__REG(GPT__NAME("attn.proj.w"), (size_t)C * C, 0, 2, proj_std, &ids->projw);
+        GPT__REG(GPT__NAME("attn.proj.b"), C, DDP_NO_DECAY, 0, 0.0f, &ids->projb);
+        GPT__REG(GPT__NAME("ln2.w"), C, DDP_NO_DECAY, 1, 0.0f, &ids->ln2w);
+        GPT__REG(GPT__NAME("ln2.b"), C, DDP_NO_DECAY, 0, 0.0f, &ids->ln2b);
+        GPT__REG(GPT__NAME("mlp.fc.w"), (size_t)4 * C * C, 0, 2, 0.02f, &ids->fcw);
+        GPT__REG(GPT__NAME("mlp.fc.b"), 4 * C, DDP_NO_DECAY, 0, 0.0f, &ids->fcb);
+        GPT__REG(GPT__NAME("mlp.proj.w"), (size_t)4 * C * C, 0, 2, proj_std, &ids->fcprojw);
+        GPT__REG(GPT__NAME("mlp.proj.b"), C, DDP_NO_DECAY, 0, 0.0f, &ids->fcprojb);
+    }
+    GPT__REG("lnf.w", C, DDP_NO_DECAY, 1, 0.0f, &m->lnfw);
+    GPT__REG("lnf.b", C, DDP_NO_DECAY, 0, 0.0f, &m->lnfb);
+#undef GPT__NAME
+#undef GPT__REG
+    if (r == DDP_OK) r = ddp_commit(ddp);
+    free(init);
+    if (r != DDP_OK) return r;
+    m->num_floats = total;
+
+    /* Activations for the largest batch: one arena, every buffer 64-byte aligned. */
+    {
+        size_t per_layer = gpt__round16(BT * C) * 6 + gpt__round16(BT) * 4 + gpt__round16(BT * 3 * C) +
+                           gpt__round16((size_t)B * NH * T * T) + gpt__round16(BT * 4 * C) * 2;
+        size_t row = (size_t)T * T > (size_t)2 * C ? (size_t)T * T : (size_t)2 * C;
+        size_t rest, floats, bytes;
+        float *p;
+        row = gpt__round16(row > GPT_VOCAB ? row : GPT_VOCAB);
+        rest = gpt__round16(BT * C) * 5 + gpt__round16(BT) * 2 + gpt__round16(BT * GPT_VOCAB) * 2 +
+               gpt__round16(BT * 3 * C) + gpt__round16(BT * 4 * C) * 2 + row;
+        floats = per_layer * (size_t)L + rest;
+        bytes = (sizeof(float) * floats + 63) & ~(size_t)63;
+        m->arena = aligned_alloc(64, bytes);
+        m->tokens = (int *)malloc(sizeof(int) * BT);
+        m->targets = (int *)malloc(sizeof(int) * BT);
+        if (!m->arena || !m->tokens || !m->targets) return DDP_ERR_OUT_OF_MEMORY;
+        memset(m->arena, 0, bytes);
+        p = (float *)m->arena;
+#define GPT__TAKE(dst, n) do { (dst) = p; p += gpt__round16(n); } while (0)
+        GPT__TAKE(m->res0, BT * C);
+        for (l = 0; l < L; l++) {
+            gpt_layer_acts *a = &m->acts[l];
+            a->res_in = l == 0 ? m->res0 : m->acts[l - 1].res_out;
+            GPT__TAKE(a->ln1, BT * C); GPT__TAKE(a->ln1_mean, BT); GPT__TAKE(a->ln1_rstd, BT);
+            GPT__TAKE(a->qkv, BT * 3 * C); GPT__TAKE(a->att, (size_t)B * NH * T * T);
+            GPT__TAKE(a->att_out, BT * C); GPT__TAKE(a->res_mid, BT * C);
+            GPT__TAKE(a->ln2, BT * C); GPT__TAKE(a->ln2_mean, BT); GPT__TAKE(a->ln2_rstd, BT);
+            GPT__TAKE(a->fc, BT * 4 * C); GPT__TAKE(a->gelu, BT * 4 * C);
+            GPT__TAKE(a->res_out, BT * C);
+        }
+        GPT__TAKE(m->lnf, BT * C); GPT__TAKE(m->lnf_mean, BT); GPT__TAKE(m->lnf_rstd, BT);
+        GPT__TAKE(m->logits, BT * GPT_VOCAB); GPT__TAKE(m->dlogits, BT * GPT_VOCAB);
+        GPT__TAKE(m->dres, BT * C); GPT__TAKE(m->dln, BT * C); GPT__TAKE(m->datt_out, BT * C);
+        GPT__TAKE(m->dqkv, BT * 3 * C); GPT__TAKE(m->dfc, BT * 4 * C); GPT__TAKE(m->dgelu, BT * 4 * C);
+        GPT__TAKE(m->datt_row, row);
+#undef GPT__TAKE
+        if ((size_t)(p - (float *)m->arena) > floats) { fprintf(stderr, "gpt: arena overflow\n"); exit(1); }
+    }
+    return DDP_OK;
+}
+
+static void gpt_destroy(gpt *m) {
+    free(m->layer); free(m->acts); free(m->arena); free(m->tokens); free(m->targets);
+    memset(m, 0, sizeof *m);
+}
+
+/* Forward over B sequences of T tokens (B <= cfg.batch, T <= cfg.seq). With targets, returns the
+   mean cross-entropy; with train, records the backward on the tape and leaves dlogits =
+   loss_scale * d(mean loss)/d(logits) (loss_scale: 1/accumulation steps). */
+static float gpt_forward(gpt *m, const int *tokens, const int *targets, int B, int T, float loss_scale, int train) {
+    int L = m->cfg.layers, C = m->cfg.dim, l;
+    size_t BT = (size_t)B * T;
+    float loss = 0;
+    if (B < 1 || B > m->cfg.batch || T < 1 || T > m->cfg.seq) {
+        fprintf(stderr, "gpt_forward: shape %dx%d outside the allocated %dx%d\n", B, T, m->cfg.batch, m->cfg.seq);
+        exit(1);
+    }
+    m->B = B;
+    m->T = T;
+    memcpy(m->tokens, tokens, sizeof(int) * BT);
+    if (targets) memcpy(m->targets, targets, sizeof(int) * BT);
+    gpt__embed(m, train);
+    for (l = 0; l < L; l++) {
+        const gpt_layer_ids *id = &m->layer[l];
+        gpt_layer_acts *a = &m->acts[l];
+        gpt__layernorm(m, id->ln1w, id->ln1b, a->res_in, a->ln1, a->ln1_mean, a->ln1_rstd, m->dln, m->dres, 1, train);
+        gpt__linear(m, id->qkvw, id->qkvb, a->ln1, a->qkv, NULL, C, 3 * C, m->dqkv, m->dln, train);
+        gpt__attention(m, a->qkv, a->att, a->att_out, m->datt_out, m->dqkv, train);
+        gpt__linear(m, id->projw, id->projb, a->att_out, a->res_mid, a->res_in, C, C, m->dres, m->datt_out, train);
+        gpt__layernorm(m, id->ln2w, id->ln2b, a->res_mid, a->ln2, a->ln2_mean, a->ln2_rstd, m->dln, m->dres, 1, train);
+        gpt__linear(m, id->fcw, id->fcb, a->ln2, a->fc, NULL, C, 4 * C, m->dfc, m->dln, train);
+        gpt__gelu(m, a->fc, a->gelu, BT * 4 * C, m->dgelu, m->dfc, train);
+        gpt__linear(m, id->fcprojw, id->fcprojb, a->gelu, a->res_out, a->res_mid, 4 * C, C, m->dres, m->dgelu, train);
+    }
+    gpt__layernorm(m, m->lnfw, m->lnfb, m->acts[L - 1].res_out, m->lnf, m->lnf_mean, m->lnf_rstd, m->dln, m->dres, 0, train);
+    gpt__head(m, train);
+    if (targets) loss = gpt__cross_entropy(m, loss_scale, train);
+    return loss;
+}
+
+/* ---------------------------------------------------------------------------------------------
+   Data: the byte windows of a global batch. Window i of optimizer step `step` starts at a
+   position drawn from (seed, step, i) alone, so every rank can make any rank's slice and N
+   ranks at batch B see exactly the windows 1 rank sees at batch N*B.
+   --------------------------------------------------------------------------------------------- */
+static size_t gpt_window_start(uint64_t seed, uint64_t step, uint64_t index, size_t span) {
+    uint64_t z = gpt__mix(gpt__mix(seed ^ 0x5851f42d4c957f2dull) + step * 0x9e3779b97f4a7c15ull + index * 0xda942042e4dd58b5ull);
+    return (size_t)(z % span);
+}
+
+/* Fills tokens/targets [B, T] with windows first..first+B-1 of (seed, step) from data[0, len). */
+static void gpt_make_batch(const unsigned char *data, size_t len, uint64_t seed, uint64_t step, int first, int B, int T,
+                           int *tokens, int *targets) {
+    size_t span = len - (size_t)T;   /* starts 0 .. len-T-1 keep T+1 bytes in range */
+    int b, t;
+    for (b = 0; b < B; b++) {
+        size_t s = gpt_window_start(seed, step, (uint64_t)(first + b), span);
+        for (t = 0; t < T; t++) {
+            tokens[b * T + t] = data[s + t];
+            targets[b * T + t] = data[s + t + 1];
+        }
+    }
+}
+
+static uint64_t gpt_fnv1a(const void *data, size_t bytes, uint64_t h) {
+    const unsigned char *p = (const unsigned char *)data;
+    size_t i;
+    for (i = 0; i < bytes; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+#define GPT_FNV_INIT 1469598103934665603ull
+
+#endif /* GPT_H */

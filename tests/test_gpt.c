@@ -1,0 +1,278 @@
+/* test_gpt.c — the tiny GPT of examples/gpt against PyTorch, and N ranks against 1 rank.
+
+   1. Against tests/gpt_reference.bin (tools/gpt_reference.py: the same architecture in PyTorch,
+      float64, from the initial parameters our init makes): our init reproduces the file's
+      parameters bit for bit; then one fixed batch through our float32 CPU model must match the
+      reference's logits, loss and every parameter gradient, and 10 AdamW steps (clipping and
+      weight decay on) must match its 10 losses and its final parameters. Tolerances (float32
+      against float64; stated once here, printed with the worst error found):
+          logits, loss, step losses  |err| <= 1e-5 * max|ref| + 1e-5 * |ref|
+          each gradient tensor       |err| <= 1e-4 * max|ref of that tensor| + 1e-4 * |ref|
+          final parameters           |err| <= 2e-5 + 1e-4 * |ref|
+      Checked on rank 0 only, in a single-rank context of its own.
+   2. N ranks at batch B each train the model 1 rank trains at batch N*B (each rank also trains
+      that reference itself), with and without 2-step gradient accumulation, to the tolerance of
+      tests/test_equivalence.c; and every rank holds the same bits.
+   Run: build/test_gpt  or  build/ddprun -n 2 build/test_gpt    (run from the repository root) */
+#include "testlib.h"
+#include "../examples/gpt/gpt.h"
+
+#define REF_PATH "tests/gpt_reference.bin"
+
+typedef struct reference {
+    int32_t layers, heads, dim, seq, batch, vocab, steps;
+    uint32_t seed;
+    float lr, beta1, beta2, eps, wd, clip;
+    int64_t num_floats;
+    int32_t *data;
+    float *init, *logits, loss, *grads, *step_losses, *final;
+} reference;
+
+static int read_reference(reference *r, char *why, size_t n) {
+    FILE *f = fopen(REF_PATH, "rb");
+    char magic[8];
+    size_t P, BT, ok = 1;
+    memset(r, 0, sizeof *r);
+    if (!f) { snprintf(why, n, "cannot open %s (run from the repository root)", REF_PATH); return 0; }
+    ok = fread(magic, 8, 1, f) == 1 && memcmp(magic, "GPTREF01", 8) == 0 &&
+         fread(&r->layers, 4, 7, f) == 7 && fread(&r->seed, 4, 1, f) == 1 && fread(&r->lr, 4, 6, f) == 6 &&
+         fread(&r->num_floats, 8, 1, f) == 1 && r->vocab == GPT_VOCAB && r->num_floats > 0 && r->steps > 0;
+    if (ok) {
+        P = (size_t)r->num_floats;
+        BT = (size_t)r->batch * r->seq;
+        r->data = (int32_t *)malloc(sizeof(int32_t) * (size_t)r->batch * (r->seq + 1));
+        r->init = (float *)malloc(sizeof(float) * P);
+        r->logits = (float *)malloc(sizeof(float) * BT * GPT_VOCAB);
+        r->grads = (float *)malloc(sizeof(float) * P);
+        r->step_losses = (float *)malloc(sizeof(float) * (size_t)r->steps);
+        r->final = (float *)malloc(sizeof(float) * P);
+        ok = r->data && r->init && r->logits && r->grads && r->step_losses && r->final &&
+             fread(r->data, 4, (size_t)r->batch * (r->seq + 1), f) == (size_t)r->batch * (r->seq + 1) &&
+             fread(r->init, 4, P, f) == P && fread(r->logits, 4, BT * GPT_VOCAB, f) == BT * GPT_VOCAB &&
+             fread(&r->loss, 4, 1, f) == 1 && fread(r->grads, 4, P, f) == P &&
+             fread(r->step_losses, 4, (size_t)r->steps, f) == (size_t)r->steps && fread(r->final, 4, P, f) == P;
+    }
+    fclose(f);
+    if (!ok) snprintf(why, n, "%s is malformed or truncated (regenerate: /usr/bin/python3 tools/gpt_reference.py)", REF_PATH);
+    return (int)ok;
+}
+
+/* Worst |got - want| / (atol + rtol |want|) over n values, atol = abs + rel_max * max|want|. */
+static double worst_ratio(const float *got, const float *want, size_t n, double abs_tol, double rel_max, double rtol) {
+    double mx = 0, worst = 0, atol;
+    size_t i;
+    for (i = 0; i < n; i++) mx = fabs(want[i]) > mx ? fabs(want[i]) : mx;
+    atol = abs_tol + rel_max * mx;
+    for (i = 0; i < n; i++) {
+        double e = fabs((double)got[i] - want[i]) / (atol + rtol * fabs(want[i]));
+        if (!(e <= worst)) worst = e;   /* NaN counts as the worst */
+    }
+    return worst;
+}
+
+static void test_reference(void) {
+    reference ref;
+    char why[512];
+    ddp_context *ddp;
+    ddp_desc solo;
+    gpt m;
+    gpt_config cfg;
+    int *tok, *tgt, b, t, i, s;
+    size_t P, BT;
+    double w;
+    if (!read_reference(&ref, why, sizeof why)) { verdict(0, "gpt_reference_file", "%s", why); return; }
+    memset(&solo, 0, sizeof solo);
+    solo.world_size = 1;
+    if (ddp_init(&ddp, &solo) != DDP_OK) { verdict(0, "gpt_reference_init", "%s", ddp_last_error(ddp)); return; }
+    cfg.layers = ref.layers; cfg.heads = ref.heads; cfg.dim = ref.dim; cfg.seq = ref.seq; cfg.batch = ref.batch;
+    if (gpt_create(&m, ddp, &cfg, ref.seed) != DDP_OK) { verdict(0, "gpt_reference_init", "%s", ddp_last_error(ddp)); return; }
+    P = m.num_floats;
+    BT = (size_t)ref.batch * ref.seq;
+    if ((int64_t)P != ref.num_floats) {
+        verdict(0, "gpt_reference_shapes", "%zu parameters here, %lld in the reference", P, (long long)ref.num_floats);
+        return;
+    }
+    verdict(memcmp(ddp_flat_params(ddp, NULL), ref.init, P * sizeof(float)) == 0, "gpt_init_matches_reference_bitwise",
+            "our seeded init differs from the parameters the reference was made from (regenerate the file?)");
+    memcpy(ddp_flat_params(ddp, NULL), ref.init, P * sizeof(float));   /* compare the math regardless */
+
+    tok = (int *)malloc(sizeof(int) * BT);
+    tgt = (int *)malloc(sizeof(int) * BT);
+    for (b = 0; b < ref.batch; b++)
+        for (t = 0; t < ref.seq; t++) {
+            tok[b * ref.seq + t] = ref.data[b * (ref.seq + 1) + t];
+            tgt[b * ref.seq + t] = ref.data[b * (ref.seq + 1) + t + 1];
+        }
+    {
+        float loss;
+        ddp_zero_grad(ddp);
+        loss = gpt_forward(&m, tok, tgt, ref.batch, ref.seq, 1.0f, 1);
+        w = worst_ratio(m.logits, ref.logits, BT * GPT_VOCAB, 0, 1e-5, 1e-5);
+        verdict(w <= 1, "gpt_logits_match_pytorch", "worst error %.3g of the tolerance", w);
+        printf("  (logits: worst error %.3f of |err| <= 1e-5*max|ref| + 1e-5*|ref|)\n", w);
+        w = worst_ratio(&loss, &ref.loss, 1, 0, 1e-5, 1e-5);
+        verdict(w <= 1, "gpt_loss_matches_pytorch", "loss %.7f, reference %.7f", loss, ref.loss);
+        printf("  (loss %.7f vs %.7f)\n", loss, ref.loss);
+        if (ddp_backward(ddp) != DDP_OK) { verdict(0, "gpt_backward", "%s", ddp_last_error(ddp)); return; }
+    }
+    {
+        const float *g = ddp_flat_grads(ddp, NULL);
+        char bad[1024];
+        size_t len = 0, off = 0;
+        double worst = 0;
+        int nbad = 0, worst_id = 0;
+        bad[0] = 0;
+        for (i = 0; i < ddp_num_params(ddp); i++) {
+            size_t n = ddp_param_count(ddp, i);
+            /* the flat gradient buffer pads tensors; the reference is packed */
+            w = worst_ratio(ddp_grad(ddp, i), ref.grads + off, n, 0, 1e-4, 1e-4);
+            if (w > worst) { worst = w; worst_id = i; }
+            if (!(w <= 1) && len + 80 < sizeof bad)
+                len += (size_t)snprintf(bad + len, sizeof bad - len, "%s%s (%.3g)", nbad++ ? ", " : "", ddp_param_name(ddp, i), w);
+            off += n;
+        }
+        (void)g;
+        verdict(nbad == 0, "gpt_every_gradient_matches_pytorch", "%d tensor(s) beyond tolerance: %s", nbad, bad);
+        printf("  (%d gradient tensors: worst error %.3f of |err| <= 1e-4*max|ref| + 1e-4*|ref|, in %s)\n",
+               ddp_num_params(ddp), worst, ddp_param_name(ddp, worst_id));
+    }
+    {
+        ddp_adamw opt;
+        float losses[64];
+        double wl = 0;
+        memset(&opt, 0, sizeof opt);
+        opt.lr = ref.lr; opt.beta1 = ref.beta1; opt.beta2 = ref.beta2; opt.eps = ref.eps;
+        opt.weight_decay = ref.wd; opt.max_grad_norm = ref.clip;
+        for (s = 0; s < ref.steps && s < 64; s++) {
+            ddp_zero_grad(ddp);
+            losses[s] = gpt_forward(&m, tok, tgt, ref.batch, ref.seq, 1.0f, 1);
+            if (ddp_backward(ddp) != DDP_OK || ddp_adamw_step(ddp, &opt, NULL) != DDP_OK) {
+                verdict(0, "gpt_adamw_steps", "%s", ddp_last_error(ddp));
+                return;
+            }
+            w = worst_ratio(&losses[s], &ref.step_losses[s], 1, 0, 1e-5, 1e-5);
+            wl = w > wl ? w : wl;
+        }
+        verdict(wl <= 1, "gpt_10_adamw_step_losses_match_pytorch", "worst %.3g of the tolerance; last loss %.6f vs %.6f",
+                wl, losses[ref.steps - 1], ref.step_losses[ref.steps - 1]);
+        printf("  (step losses %.5f .. %.5f: worst error %.3f of the tolerance)\n", losses[0], losses[ref.steps - 1], wl);
+        {
+            size_t off = 0;
+            double worst = 0;
+            for (i = 0; i < ddp_num_params(ddp); i++) {
+                size_t n = ddp_param_count(ddp, i);
+                w = worst_ratio(ddp_param(ddp, i), ref.final + off, n, 2e-5, 0, 1e-4);
+                worst = w > worst ? w : worst;
+                off += n;
+            }
+            verdict(worst <= 1, "gpt_params_after_10_adamw_steps_match_pytorch", "worst %.3g of |err| <= 2e-5 + 1e-4*|ref|", worst);
+            printf("  (parameters after %d steps: worst error %.3f of |err| <= 2e-5 + 1e-4*|ref|)\n", ref.steps, worst);
+        }
+    }
+    free(tok); free(tgt);
+    gpt_destroy(&m);
+    ddp_shutdown(ddp);
+}
+
+/* ---- N ranks == 1 rank at N x batch ---- */
+enum { EQ_GLOBAL = 8, EQ_STEPS = 6, EQ_DATA = 4096 };
+static unsigned char eq_data[EQ_DATA];
+
+/* One optimizer step of `world` ranks' global batch `step`, this rank's share: `count` windows
+   in `micro` micro-steps, micro-step u taking windows (u*world + rank)*count/micro onwards (as
+   train_gpt slices them; loss scaled by 1/micro, sync on the last micro-step). */
+static ddp_result eq_step(gpt *m, int step, int rank, int world, int count, int micro, int *tok, int *tgt) {
+    ddp_adamw opt;
+    ddp_result r;
+    int u, n = count / micro, T = m->cfg.seq;
+    memset(&opt, 0, sizeof opt);
+    opt.lr = 1e-3f; opt.beta2 = 0.99f; opt.weight_decay = 0.1f; opt.max_grad_norm = 1.0f;
+    if ((r = ddp_zero_grad(m->ddp)) != DDP_OK) return r;
+    for (u = 0; u < micro; u++) {
+        gpt_make_batch(eq_data, EQ_DATA, 7, (uint64_t)step, (u * world + rank) * n, n, T, tok, tgt);
+        ddp_set_sync(m->ddp, u == micro - 1);
+        gpt_forward(m, tok, tgt, n, T, 1.0f / (float)micro, 1);
+        if ((r = ddp_backward(m->ddp)) != DDP_OK) return r;
+    }
+    return ddp_adamw_step(m->ddp, &opt, NULL);
+}
+
+static int test_equivalence_ranks(void) {
+    ddp_context *ddp, *solo;
+    ddp_desc solo_desc;
+    gpt model, ref;
+    gpt_config cfg;
+    int rank, world, micro, step, i, tok[EQ_GLOBAL * 16], tgt[EQ_GLOBAL * 16];
+    char name[128];
+    for (i = 0; i < EQ_DATA; i++)   /* text-like bytes: letters and spaces */
+        eq_data[i] = (unsigned char)(test_value(3, (uint64_t)i) > 0.6f ? ' ' : 'a' + (int)(13.0f * (1.0f + test_value(4, (uint64_t)i))));
+    memset(&solo_desc, 0, sizeof solo_desc);
+    solo_desc.world_size = 1;
+    if (ddp_init(&ddp, NULL) != DDP_OK) { fprintf(stderr, "%s\n", ddp_last_error(ddp)); return 0; }
+    rank = ddp_rank(ddp);
+    world = ddp_world_size(ddp);
+    if (rank != 0) { FILE *quiet = freopen("/dev/null", "w", stdout); (void)quiet; }
+    if (rank == 0) test_reference();
+    if (EQ_GLOBAL % (2 * world)) { printf("FAIL gpt_equivalence: world %d must divide %d\n", world, EQ_GLOBAL / 2); return 0; }
+    cfg.layers = 2; cfg.heads = 2; cfg.dim = 32; cfg.seq = 16;
+    for (micro = 1; micro <= 2; micro++) {
+        ddp_context *d = ddp;
+        double worst = 0, tol_abs = 2e-6, tol_rel = 2e-5;
+        size_t count, k;
+        float fails = 0;
+        uint64_t mine, rank0;
+        if (micro == 2) {   /* a fresh process group: parameters can be registered only once */
+            ddp_shutdown(ddp);
+            if (ddp_init(&d, NULL) != DDP_OK) { printf("FAIL gpt_reinit: %s\n", ddp_last_error(d)); return 0; }
+        }
+        if (ddp_init(&solo, &solo_desc) != DDP_OK) { printf("FAIL gpt_solo: %s\n", ddp_last_error(solo)); return 0; }
+        cfg.batch = EQ_GLOBAL / world / micro;
+        if (gpt_create(&model, d, &cfg, 42) != DDP_OK) { printf("FAIL gpt_create: %s\n", ddp_last_error(d)); return 0; }
+        cfg.batch = EQ_GLOBAL;
+        if (gpt_create(&ref, solo, &cfg, 42) != DDP_OK) { printf("FAIL gpt_create: %s\n", ddp_last_error(solo)); return 0; }
+        for (step = 0; step < EQ_STEPS; step++) {
+            if (eq_step(&model, step, rank, world, EQ_GLOBAL / world, micro, tok, tgt) != DDP_OK) {
+                printf("FAIL gpt_equivalence_ranks%d: step %d: %s\n", world, step, ddp_last_error(d));
+                return 0;
+            }
+            if (eq_step(&ref, step, 0, 1, EQ_GLOBAL, 1, tok, tgt) != DDP_OK) { printf("FAIL gpt_reference_run: %s\n", ddp_last_error(solo)); return 0; }
+        }
+        {
+            const float *got = ddp_flat_params(d, &count), *want = ddp_flat_params(solo, NULL);
+            int bad = 0;
+            for (k = 0; k < count; k++) {
+                double err = fabs((double)got[k] - want[k]), tol = tol_abs + tol_rel * fabs(want[k]);
+                if (!(err <= tol)) bad++;
+                if (err / tol > worst) worst = err / tol;
+                if (getenv("GPT_DEBUG") && err > tol) {
+                    int p;
+                    for (p = 0; p < ddp_num_params(d); p++)
+                        if (got + k >= ddp_param(d, p) && got + k < ddp_param(d, p) + ddp_param_count(d, p))
+                            fprintf(stderr, "%s[%ld] got %g want %g\n", ddp_param_name(d, p), (long)(got + k - ddp_param(d, p)), got[k], want[k]);
+                }
+            }
+            fails = (float)bad;
+            ddp_allreduce(d, &fails, 1, DDP_SUM);
+            snprintf(name, sizeof name, "gpt_ranks%d_batch%d_accum%d_equals_1rank_batch%d", world, EQ_GLOBAL / world / micro, micro, EQ_GLOBAL);
+            verdict(fails == 0, name, "%g parameter(s) beyond |err| <= %g + %g*|ref| (worst %.2f of tolerance)", fails, tol_abs, tol_rel, worst);
+            printf("  (%s: %d steps, worst error %.3f of |err| <= %g + %g*|ref|)\n", name, EQ_STEPS, worst, tol_abs, tol_rel);
+            mine = rank0 = gpt_fnv1a(got, count * sizeof(float), GPT_FNV_INIT);
+            ddp_broadcast(d, &rank0, sizeof rank0, 0);
+            fails = (float)(mine != rank0);
+            ddp_allreduce(d, &fails, 1, DDP_SUM);
+            snprintf(name, sizeof name, "gpt_ranks%d_accum%d_bitwise_identical_across_ranks", world, micro);
+            verdict(fails == 0, name, "%g rank(s) differ from rank 0", fails);
+        }
+        gpt_destroy(&model);
+        gpt_destroy(&ref);
+        ddp_shutdown(solo);
+        ddp = d;
+    }
+    return ddp_shutdown(ddp) == DDP_OK;
+}
+
+int main(void) {
+    gpt_blas_init();
+    if (!test_equivalence_ranks()) test_failures++;
+    return test_summary("test_gpt");
+}
