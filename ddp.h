@@ -369,6 +369,7 @@ struct ddp_context {
 
     /* rendezvous */
     int store_fd;
+    int *peer_pids;                /* from the rendezvous: liveness before the segment is shared */
     ddp__store_server *server;
 
     /* shared memory */
@@ -829,7 +830,7 @@ static ddp_result ddp__resolve_desc(ddp_context *ctx, const ddp_desc *in) {
    -------------------------------------------------------------------------------------------- */
 #define DDP__STORE_MAGIC 0x53504444u   /* "DDPS" */
 enum { DDP__OP_HELLO = 1, DDP__OP_SET, DDP__OP_GET, DDP__OP_ADD, DDP__OP_CHECK };
-enum { DDP__REPLY_OK = 0, DDP__REPLY_MISSING, DDP__REPLY_REFUSED };
+enum { DDP__REPLY_OK = 0, DDP__REPLY_MISSING, DDP__REPLY_REFUSED, DDP__REPLY_PEER_LOST };
 
 static void ddp__put_u32(unsigned char *p, uint32_t v) {
     p[0] = (unsigned char)v; p[1] = (unsigned char)(v >> 8);
@@ -890,6 +891,7 @@ static int ddp__send_frame(int fd, uint32_t op, const void *key, uint32_t klen,
 typedef struct ddp__kv { char *key; unsigned char *val; uint32_t vlen; } ddp__kv;
 typedef struct ddp__conn {
     int fd, authed, waiting;       /* waiting: a GET parked until its key appears */
+    int rank;                      /* as announced in HELLO */
     unsigned char hdr[16];
     size_t got;                    /* bytes of header + body received so far */
     unsigned char *body;
@@ -905,6 +907,7 @@ struct ddp__store_server {
     int num_kv, cap_kv;
     ddp__conn *conns;
     int num_conns, max_conns;
+    int lost_rank;                 /* -1, or the first rank whose connection dropped */
 };
 
 static ddp__kv *ddp__kv_find(ddp__store_server *s, const char *key) {
@@ -940,7 +943,10 @@ static int ddp__kv_set(ddp__store_server *s, const char *key, const unsigned cha
     return 0;
 }
 
+/* A rank that drops its connection before the job ends has died or failed: remember it, so
+   that nobody waits out the timeout for a key it will never set. */
 static void ddp__conn_close(ddp__store_server *s, int i) {
+    if (s->conns[i].authed && s->lost_rank < 0 && !__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE)) s->lost_rank = s->conns[i].rank;
     close(s->conns[i].fd);
     DDP_FREE(s->conns[i].body);
     s->conns[i] = s->conns[s->num_conns - 1];
@@ -975,6 +981,12 @@ static int ddp__serve_request(ddp__store_server *s, ddp__conn *c) {
             return -1;
         }
         c->authed = 1;
+        {
+            char num[16];
+            uint32_t n = c->vlen < sizeof num - 1 ? c->vlen : (uint32_t)sizeof num - 1;
+            memcpy(num, val, n); num[n] = 0;
+            c->rank = atoi(num);
+        }
         return ddp__reply(c, DDP__REPLY_OK, NULL, 0);
     }
     switch (c->op) {
@@ -1024,6 +1036,11 @@ static void ddp__serve_parked(ddp__store_server *s) {
         memcpy(key, c->body, c->klen); key[c->klen] = 0;
         kv = ddp__kv_find(s, key);
         if (kv) rc = ddp__reply(c, DDP__REPLY_OK, kv->val, kv->vlen);
+        else if (s->lost_rank >= 0) {
+            char num[16];
+            snprintf(num, sizeof num, "%d", s->lost_rank);
+            rc = ddp__reply(c, DDP__REPLY_PEER_LOST, num, (uint32_t)strlen(num));
+        }
         else if (now >= c->deadline) rc = ddp__reply(c, DDP__REPLY_MISSING, NULL, 0);
         else continue;
         ddp__conn_reset(c);
@@ -1037,7 +1054,11 @@ static int ddp__conn_read(ddp__store_server *s, ddp__conn *c) {
         size_t need = c->got < 16 ? 16 - c->got : 16 + (size_t)c->klen + c->vlen - c->got;
         unsigned char *dst = c->got < 16 ? c->hdr + c->got : c->body + (c->got - 16);
         ssize_t n;
-        if (c->waiting) return 0;   /* one request at a time per client */
+        if (c->waiting) {            /* one request at a time: only a hang-up can come now */
+            char byte;
+            ssize_t n = recv(c->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+            return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
+        }
         if (need == 0) {
             if (ddp__serve_request(s, c)) return -1;
             if (!c->waiting) ddp__conn_reset(c);
@@ -1140,6 +1161,7 @@ static ddp_result ddp__server_start(ddp_context *ctx) {
     s = (ddp__store_server *)ddp__calloc(sizeof *s);
     if (!s) { freeaddrinfo(ai); return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory starting the store"); }
     s->ctx = ctx;
+    s->lost_rank = -1;
     s->wake_pipe[0] = s->wake_pipe[1] = -1;
     s->max_conns = 4 * ctx->world + 16;
     s->conns = (ddp__conn *)ddp__calloc(sizeof(ddp__conn) * (size_t)s->max_conns);
@@ -1241,6 +1263,12 @@ static ddp_result ddp__store_get(ddp_context *ctx, const char *key, double deadl
     *val = NULL;
     r = ddp__store_request(ctx, DDP__OP_GET, key, ms, (uint32_t)strlen(ms), val, len, &status, wait_s);
     if (r != DDP_OK) return r;
+    if (status == DDP__REPLY_PEER_LOST) {
+        int lost = atoi((const char *)*val);
+        DDP_FREE(*val); *val = NULL;
+        return ddp__fail(ctx, DDP_ERR_PEER_LOST, "rank %d disconnected from the rendezvous store (it died or "
+                         "failed) while this rank waited for '%s'", lost, key);
+    }
     *found = status == DDP__REPLY_OK;
     if (!*found) { DDP_FREE(*val); *val = NULL; }
     return DDP_OK;
@@ -1399,6 +1427,7 @@ static ddp_result ddp__shm_check_peers(ddp_context *ctx, int stage, uint32_t tar
     int s, failed;
     for (s = 0; s < ctx->world; s++) {
         int pid = __atomic_load_n(&ddp__shm_block(ctx, s)->pid, __ATOMIC_ACQUIRE);
+        if (!pid && ctx->peer_pids) pid = ctx->peer_pids[s];    /* not attached yet */
         if (s != ctx->rank && !ddp__pid_alive(pid))
             return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_PEER_LOST, "rank %d (pid %d) died; this rank was in %s",
                                              s, pid, ctx->shm_what));
@@ -1717,6 +1746,8 @@ static ddp_result ddp__rendezvous(ddp_context *ctx, double deadline) {
     uint32_t len, status;
     int s, found;
     ddp_result r;
+    if (!(ctx->peer_pids = (int *)ddp__calloc(sizeof(int) * (size_t)ctx->world)))
+        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %d ranks", ctx->world);
     snprintf(key, sizeof key, "claim/%d", ctx->rank);
     r = ddp__store_request(ctx, DDP__OP_ADD, key, "1", 1, &reply, &len, &status, 0);
     if (r != DDP_OK) return r;
@@ -1740,6 +1771,7 @@ static ddp_result ddp__rendezvous(ddp_context *ctx, double deadline) {
         }
         sscanf((const char *)reply, "%d %d", &world, &pid);
         DDP_FREE(reply);
+        ctx->peer_pids[s] = pid;
         if (world != ctx->world)
             return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks disagree on the world size: rank %d (pid %d) was "
                              "started with WORLD_SIZE=%d, this rank with %d", s, pid, world, ctx->world);
@@ -1768,7 +1800,8 @@ ddp_result ddp_init(ddp_context **out, const ddp_desc *desc) {
     if (ctx->world == 1) { ctx->backend = 0; return DDP_OK; }
     ctx->backend = DDP_BACKEND_CPU;
     if (!ctx->job_token[0])
-        ddp__log(ctx, DDP_LOG_INFO, "no DDP_JOB_TOKEN: the rendezvous store accepts any local client");
+        ddp__log(ctx, ctx->local_world < ctx->world ? DDP_LOG_WARN : DDP_LOG_INFO, "no DDP_JOB_TOKEN: the "
+                 "rendezvous store on %s:%d accepts any client that can reach it", ctx->master_addr, ctx->desc.master_port);
     deadline = ddp__now() + ctx->desc.timeout_s;
     if (ctx->rank == 0 && (r = ddp__server_start(ctx)) != DDP_OK) return ddp__set_failed(ctx, r);
     if ((r = ddp__store_connect(ctx, deadline)) != DDP_OK) return ddp__set_failed(ctx, r);
@@ -1841,6 +1874,7 @@ ddp_result ddp_shutdown(ddp_context *ctx) {
     ddp__free_floats(ctx->adam_m);
     ddp__free_floats(ctx->adam_v);
     DDP_FREE(ctx->params);
+    DDP_FREE(ctx->peer_pids);
     DDP_FREE(ctx->buckets);
     DDP_FREE(ctx->tape);
     DDP_FREE(ctx->tape_arena);

@@ -3,8 +3,9 @@
 #   ours (build/train_gpt, OpenBLAS 1 thread) on 1 rank and on 2 ranks (ddprun), and PyTorch
 #   (1 intra-op thread per process) on 1 rank and on 2 ranks with DDP over gloo.
 # Config: 4 layers, 4 heads, width 128, context 64, batch 4 per rank (weak scaling: 2 ranks do
-# twice the work per step). Each configuration runs REPS times, interleaved; the table shows the
-# median. tokens/s is global; scaling efficiency = tokens/s(2 ranks) / (2 x tokens/s(1 rank)).
+# twice the work per step). Each run's rate comes from its median step time; each configuration
+# runs REPS times, interleaved, and the table shows the median run. tokens/s is global;
+# scaling efficiency = tokens/s(2 ranks) / (2 x tokens/s(1 rank)).
 # Usage: bench/bench_gpt.sh [BUILD_DIR]    env: REPS (3), STEPS (110, first 10 untimed), DATA
 set -u
 B=${1:-build}
@@ -20,14 +21,17 @@ PY=/usr/bin/python3
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-# ours N -> global tokens/s over steps SKIP+1..STEPS (each step line: "step i/n | ... | X ms | ...")
+median() { sort -n | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
+
+# ours N -> global tokens/s from the median step time of steps SKIP+1..STEPS (the step lines:
+# "step i/n | ... | X ms | ..."); the median keeps a stray job on the machine from skewing it.
 ours() {
     local n=$1
     "$B/ddprun" -n "$n" "$B/train_gpt" --data "$DATA" "${CFG[@]}" --steps "$STEPS" --warmup 10 --eval-every 0 \
         --eval-batches 1 --sample 0 --log-every 1 >"$tmp/ours.log" 2>&1 || { echo "0"; return; }
-    sed -E 's/^\[rank [0-9]+\] //' "$tmp/ours.log" | awk -F'|' -v skip=$SKIP -v tok=$((n * 4 * 64)) '
-        /^step +[0-9]+\/[0-9]+ \| loss/ { split($1, s, /[ \/]+/); if (s[2] > skip) { ms += $5 + 0; k++ } }
-        END { if (k) printf "%.0f\n", tok * k / (ms / 1000); else print 0 }'
+    sed -E 's/^\[rank [0-9]+\] //' "$tmp/ours.log" | awk -F'|' -v skip=$SKIP '
+        /^step +[0-9]+\/[0-9]+ \| loss/ { split($1, s, /[ \/]+/); if (s[2] > skip) print $5 + 0 }' |
+        median | awk -v tok=$((n * 4 * 64)) '{ printf "%.0f\n", ($1 > 0) ? tok / ($1 / 1000) : 0 }'
 }
 
 have_torch=1
@@ -44,7 +48,6 @@ torch_run() {
     sed -n 's/^torch tokens\/s \([0-9]*\).*/\1/p' "$tmp/torch0.log" | head -n 1 | grep . || echo 0
 }
 
-median() { sort -n | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 
 echo "bench_gpt: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "config: 4 layers, 4 heads, width 128, context 64, batch 4 per rank; data $DATA; $REPS interleaved runs each"
@@ -60,8 +63,8 @@ echo "|---|---:|---:|---:|"
 awk -v a="$O1" -v b="$O2" 'BEGIN { printf "| ddp.h train_gpt (OpenBLAS, 1 thread/rank) | %.0f | %.0f | %.1f%% |\n", a, b, 100 * b / (2 * a) }'
 if [ $have_torch -eq 1 ]; then
     T1=$(median <"$tmp/t1"); T2=$(median <"$tmp/t2")
-    awk -v a="$T1" -v b="$T2" 'BEGIN { printf "| PyTorch %s (1 thread/rank; 2 ranks: DDP over gloo) | %.0f | %.0f | %.1f%% |\n", "'"$($PY -c 'import torch; print(torch.__version__)')"'", a, b, b > 0 && a > 0 ? 100 * b / (2 * a) : 0 }'
-    awk -v o1="$O1" -v o2="$O2" -v t1="$T1" -v t2="$T2" 'BEGIN { printf "\nours / PyTorch: %.1fx at 1 rank, %.1fx at 2 ranks\n", o1 / t1, o2 / t2 }'
+    awk -v a="$T1" -v b="$T2" 'BEGIN { printf "| PyTorch %s (1 thread/rank; 2 ranks: DDP over gloo) | %.0f | %.0f | %.1f%% |\n", "'"$($PY -c 'import torch; print(torch.__version__)')"'", a, b, (b > 0 && a > 0) ? 100 * b / (2 * a) : 0 }'
+    awk -v o1="$O1" -v o2="$O2" -v t1="$T1" -v t2="$T2" 'BEGIN { if (t1 > 0 && t2 > 0) printf "\nours / PyTorch: %.2fx at 1 rank, %.2fx at 2 ranks\n", o1 / t1, o2 / t2 }'
 else
     echo "(PyTorch skipped: $PY has no torch; Debian: apt-get install python3-torch)"
 fi

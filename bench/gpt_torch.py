@@ -4,7 +4,7 @@
 Same architecture (byte-level GPT-2 block stack, tied head, no dropout), AdamW, clipping, random
 windows of the data file; 1 intra-op thread per process. With WORLD_SIZE > 1 in the environment
 (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT: torchrun's variables, set by hand) it wraps the
-model in DistributedDataParallel over gloo. Prints one line: "torch tokens/s N" (global).
+model in DistributedDataParallel over gloo. Prints one line: "torch tokens/s N" (global, from the median step time).
 
     /usr/bin/python3 bench/gpt_torch.py --data FILE [--layers 4 --heads 4 --dim 128 --seq 64 --batch 4]
 """
@@ -44,14 +44,19 @@ class GPT(nn.Module):
         self.wte, self.wpe = nn.Embedding(256, C), nn.Embedding(T, C)
         self.blocks = nn.ModuleList(Block(C, NH) for _ in range(L))
         self.lnf = nn.LayerNorm(C)
-        self.register_buffer("mask", torch.tril(torch.ones(T, T, dtype=torch.bool)), persistent=False)
+        self.mask = torch.tril(torch.ones(T, T, dtype=torch.bool))   # not a buffer: gloo cannot broadcast bool
+        for name, p in self.named_parameters():   # GPT-2 init, as gpt.h
+            if name.endswith("bias"):
+                nn.init.zeros_(p)
+            elif p.dim() == 2:
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * L) if name.endswith(("proj.weight",)) else 0.02)
 
     def forward(self, idx, targets):
         x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
         for b in self.blocks:
             x = b(x, self.mask)
         logits = self.lnf(x) @ self.wte.weight.t()
-        return F.cross_entropy(logits.view(-1, 256), targets.view(-1))
+        return F.cross_entropy(logits.reshape(-1, 256), targets.reshape(-1))
 
 
 def main():
@@ -75,12 +80,11 @@ def main():
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)
     data = torch.frombuffer(bytearray(open(a.data, "rb").read()), dtype=torch.uint8)
     g = torch.Generator().manual_seed(1000 + rank)
-    t0 = None
+    times = []
+    if world > 1:
+        torch.distributed.barrier()
     for step in range(a.steps):
-        if step == a.skip:
-            if world > 1:
-                torch.distributed.barrier()
-            t0 = time.perf_counter()
+        t0 = time.perf_counter()
         ix = torch.randint(0, len(data) - a.seq - 1, (a.batch,), generator=g)
         w = torch.stack([data[i:i + a.seq + 1] for i in ix.tolist()]).long()
         loss = model(w[:, :-1], w[:, 1:])
@@ -88,12 +92,15 @@ def main():
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        loss.item()   # the step is done when its loss is known (DDP: gradients were averaged)
+        times.append(time.perf_counter() - t0)
     if world > 1:
         torch.distributed.barrier()
-    secs = time.perf_counter() - t0
-    if rank == 0:
-        print("torch tokens/s %.0f (%d rank(s), %d steps timed, loss %.3f)"
-              % (world * a.batch * a.seq * (a.steps - a.skip) / secs, world, a.steps - a.skip, loss.item()))
+    timed = sorted(times[a.skip:])
+    median = timed[len(timed) // 2] if len(timed) % 2 else 0.5 * (timed[len(timed) // 2 - 1] + timed[len(timed) // 2])
+    if rank == 0:   # the median step time, like bench_gpt.sh reads ours
+        print("torch tokens/s %.0f (%d rank(s), median of %d steps, loss %.3f)"
+              % (world * a.batch * a.seq / median, world, len(timed), loss.item()))
     if world > 1:
         torch.distributed.destroy_process_group()
 

@@ -12,28 +12,73 @@ port() { "$B/test_free_port" 2>/dev/null || echo $((20000 + RANDOM % 20000)); }
 now() { date +%s.%N; }
 shm_ours() { ls /dev/shm 2>/dev/null | grep -E "^ddp-($1)-" || true; }
 
-# 1. A rank SIGKILLed inside backward, ranks started by hand (no launcher to clean up):
-#    the others must exit non-zero within 10 s with an error that names the dead rank.
+# 1. A rank SIGKILLed in the forward, inside backward (its peers mid-allreduce) or just before
+#    the optimizer step, ranks started by hand (no launcher to clean up): the others must exit
+#    non-zero within 10 s with an error that names the dead rank, and leave nothing in /dev/shm.
+for where in forward backward optimizer; do
+  p=$(port)
+  pids=()
+  for r in 0 1 2; do
+    RANK=$r WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$p DIE_RANK=1 DIE_STEP=15 DIE_WHERE=$where \
+      timeout 60 "$B/test_fault" 100000 >"$tmp/out$r" 2>"$tmp/err$r" &
+    pids+=($!)
+  done
+  wait "${pids[1]}" 2>/dev/null; died_at=$(now)
+  for r in 0 2; do
+    wait "${pids[$r]}"; rc=$?; t=$(now)
+    secs=$(awk -v a="$died_at" -v b="$t" 'BEGIN { printf "%.2f", b - a }')
+    if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && awk -v s="$secs" 'BEGIN { exit !(s < 10) }' &&
+       grep -q "rank 1 (pid [0-9]*) died" "$tmp/err$r"; then
+      pass "killed_in_${where}_rank${r}_exits_nonzero_naming_rank1 (${secs}s)"
+    else
+      fail "killed_in_${where}_rank${r}_exits_nonzero_naming_rank1" "rc=$rc after ${secs}s: $(tail -n 1 "$tmp/err$r")"
+    fi
+  done
+  left=$(shm_ours "$(IFS='|'; echo "${pids[*]}")")
+  [ -z "$left" ] && pass "killed_in_${where}_no_shm_left" || fail "killed_in_${where}_no_shm_left" "$left"
+  if ss -ltn 2>/dev/null | grep -q ":$p "; then fail "killed_in_${where}_port_released" "port $p still listening"
+  else pass "killed_in_${where}_port_released"; fi
+done
+
+# 1b. A rank killed during the rendezvous: rank 0 is waiting for the others and names it at once.
+p=$(port)
+RANK=0 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$p timeout 60 "$B/test_fault" 3 >/dev/null 2>"$tmp/rdv0" &
+r0=$!
+RANK=2 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$p timeout 60 "$B/test_fault" 3 >/dev/null 2>&1 &
+r2=$!
+sleep 1
+pkill -9 -P "$r2" 2>/dev/null; died_at=$(now)   # the rank under timeout
+wait "$r0"; rc=$?
+secs=$(awk -v a="$died_at" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }')
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && awk -v s="$secs" 'BEGIN { exit !(s < 10) }' && grep -q "rank 2 disconnected" "$tmp/rdv0"; then
+  pass "killed_in_rendezvous_names_rank2 (${secs}s)"
+else
+  fail "killed_in_rendezvous_names_rank2" "rc=$rc after ${secs}s: $(cat "$tmp/rdv0")"
+fi
+wait "$r2" 2>/dev/null || true
+
+# 1c. A rank that stops answering without dying (SIGSTOP): the timeout names it and the collective.
 p=$(port)
 pids=()
 for r in 0 1 2; do
-  RANK=$r WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$p DIE_RANK=1 DIE_STEP=15 \
+  RANK=$r WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$p DDP_TIMEOUT=2 \
     timeout 60 "$B/test_fault" 100000 >"$tmp/out$r" 2>"$tmp/err$r" &
   pids+=($!)
 done
-wait "${pids[1]}" 2>/dev/null; died_at=$(now)
+for _ in $(seq 200); do grep -q "^step 5$" "$tmp/out1" 2>/dev/null && break; sleep 0.05; done
+victim=$(pgrep -P "${pids[1]}" | head -n 1)
+kill -STOP "$victim"; stopped_at=$(now)
+ok=1; why=""
 for r in 0 2; do
-  wait "${pids[$r]}"; rc=$?; t=$(now)
-  secs=$(awk -v a="$died_at" -v b="$t" 'BEGIN { printf "%.2f", b - a }')
-  if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && awk -v s="$secs" 'BEGIN { exit !(s < 10) }' &&
-     grep -q "rank 1 (pid [0-9]*) died" "$tmp/err$r"; then
-    pass "peer_killed_rank${r}_exits_nonzero_naming_rank1 (${secs}s)"
-  else
-    fail "peer_killed_rank${r}_exits_nonzero_naming_rank1" "rc=$rc after ${secs}s: $(tail -n 1 "$tmp/err$r")"
+  wait "${pids[$r]}"; rc=$?
+  secs=$(awk -v a="$stopped_at" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }')
+  if ! { [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && awk -v s="$secs" 'BEGIN { exit !(s < 10) }' &&
+         grep -q "timed out after 2 s in .* waiting for rank(s) 1" "$tmp/err$r"; }; then
+    ok=0; why="$why rank $r rc=$rc after ${secs}s: $(tail -n 1 "$tmp/err$r");"
   fi
 done
-left=$(shm_ours "$(IFS='|'; echo "${pids[*]}")")
-[ -z "$left" ] && pass "peer_killed_no_shm_left" || fail "peer_killed_no_shm_left" "$left"
+kill -KILL "$victim" 2>/dev/null; wait "${pids[1]}" 2>/dev/null
+[ "$ok" -eq 1 ] && pass "stopped_rank_named_by_timeout" || fail "stopped_rank_named_by_timeout" "$why"
 
 # 2. Killed from outside while training, under ddprun: ddprun exits non-zero and says who.
 p=$(port)
@@ -83,7 +128,7 @@ done
 ok=1
 for r in 0 1; do
   wait "${pids[$r]}"; rc=$?
-  { [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && grep -q "'layer0.weight 65536 0'.*'layer0.weights 65536 0' on rank 1" "$tmp/mm_err$r"; } || ok=0
+  { [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && grep -q "'layer0.weight [0-9]* 0'.*'layer0.weights [0-9]* 0' on rank 1" "$tmp/mm_err$r"; } || ok=0
 done
 [ "$ok" -eq 1 ] && pass "mismatched_params_every_rank_names_it" ||
   fail "mismatched_params_every_rank_names_it" "$(cat "$tmp/mm_err0" "$tmp/mm_err1")"

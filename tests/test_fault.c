@@ -1,15 +1,25 @@
 /* test_fault.c — a training loop for the fault tests (tests/test_failures.sh).
    A deep stack of linear layers with gradients in several buckets, so allreduces are in flight
    while backward runs. With DIE_RANK=r and DIE_STEP=s, rank r SIGKILLs itself inside the
-   backward of step s, while its peers are mid-allreduce.
+   backward of step s, while its peers are mid-allreduce; DIE_WHERE=forward or optimizer moves the
+   kill before the forward or between backward and the AdamW step.
    Usage: test_fault STEPS; prints "step N" per step; on error prints the error, exits 3. */
 #include "testlib.h"
 #include <signal.h>
 
+#ifdef TEST_SANITIZED
+enum { LAYERS = 8, WIDTH = 64, BATCH = 4 };
+#else
 enum { LAYERS = 8, WIDTH = 256, BATCH = 16 };
+#endif
 
 static ddp_context *ddp;
 static int die_rank = -1, die_step = -1, step;
+static const char *die_where = "backward";
+
+static void maybe_die(const char *where) {
+    if (step == die_step && ddp_rank(ddp) == die_rank && !strcmp(where, die_where)) raise(SIGKILL);
+}
 static float acts[LAYERS + 1][BATCH * WIDTH], grads[LAYERS + 1][BATCH * WIDTH];
 
 typedef struct { int layer, w; } layer_args;
@@ -20,7 +30,7 @@ static void layer_backward(void *p) {
     const float *W = ddp_param(ddp, a->w), *x = acts[a->layer], *dy = grads[a->layer + 1];
     float *dx = grads[a->layer];
     int i, o, k;
-    if (step == die_step && ddp_rank(ddp) == die_rank && a->layer == LAYERS / 2) raise(SIGKILL);
+    if (a->layer == LAYERS / 2) maybe_die("backward");
     for (i = 0; i < BATCH; i++)
         for (o = 0; o < WIDTH; o++)
             for (k = 0; k < WIDTH; k++) gw[o * WIDTH + k] += dy[i * WIDTH + o] * x[i * WIDTH + k];
@@ -39,10 +49,11 @@ int main(int argc, char **argv) {
     memset(&opt, 0, sizeof opt);
     memset(&desc, 0, sizeof desc);
     opt.lr = 1e-3f;
-    desc.first_bucket_mb = 0.25;    /* one layer per bucket: many allreduces per step */
-    desc.bucket_cap_mb = 0.25;
+    desc.first_bucket_mb = WIDTH * WIDTH * 4 / 1048576.0;   /* one layer per bucket: many allreduces per step */
+    desc.bucket_cap_mb = desc.first_bucket_mb;
     if (getenv("DIE_RANK")) die_rank = atoi(getenv("DIE_RANK"));
     if (getenv("DIE_STEP")) die_step = atoi(getenv("DIE_STEP"));
+    if (getenv("DIE_WHERE")) die_where = getenv("DIE_WHERE");
     if (ddp_init(&ddp, &desc) != DDP_OK) goto fail;
     for (l = 0; l < LAYERS; l++) {
         char name[32];
@@ -53,6 +64,7 @@ int main(int argc, char **argv) {
     }
     if (ddp_commit(ddp) != DDP_OK) goto fail;
     for (step = 0; step < steps; step++) {
+        maybe_die("forward");
         for (i = 0; i < BATCH * WIDTH; i++) acts[0][i] = test_value((uint64_t)step, (uint64_t)i);
         for (i = 0; i < BATCH * WIDTH; i++) grads[LAYERS][i] = 1e-3f;
         if (ddp_zero_grad(ddp) != DDP_OK) goto fail;
@@ -61,7 +73,9 @@ int main(int argc, char **argv) {
             a.layer = l; a.w = ids[l];
             if (ddp_tape_record(ddp, layer_backward, &a, sizeof a, &ids[l], 1) != DDP_OK) goto fail;
         }
-        if (ddp_backward(ddp) != DDP_OK || ddp_adamw_step(ddp, &opt, NULL) != DDP_OK) goto fail;
+        if (ddp_backward(ddp) != DDP_OK) goto fail;
+        maybe_die("optimizer");
+        if (ddp_adamw_step(ddp, &opt, NULL) != DDP_OK) goto fail;
         printf("step %d\n", step);
         fflush(stdout);
     }

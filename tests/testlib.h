@@ -8,6 +8,16 @@
 
 static int test_failures;
 
+/* Sanitized builds run many times slower: timing properties are skipped there and heavy tests
+   shrink their work (what they check stays the same). */
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#define TEST_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
+#define TEST_SANITIZED 1
+#endif
+#endif
+
 static inline void verdict(int ok, const char *name, const char *fmt, ...) {
     va_list ap;
     if (ok) { printf("PASS %s\n", name); fflush(stdout); return; }

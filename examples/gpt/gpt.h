@@ -126,35 +126,49 @@ static inline float gpt__exp(float x) {
    Matmul: C = alpha * op(A) op(B) + beta * C, row-major, op = transpose when ta/tb.
    --------------------------------------------------------------------------------------------- */
 #ifdef GPT_NO_BLAS
-/* Portable fallback: B is packed as a K x N row-major panel (transposed when tb), then each
-   row of C accumulates alpha*A(i,k) * panel row k: the inner loop is contiguous and vectorizes.
-   K is blocked so a panel block stays in cache while every row of C passes over it. */
+/* Portable fallback. Per block of KB values of k: B is packed as a KB x N row-major panel
+   (transposed when tb), A as panels of 4 rows (k-major); a 4 x 16 tile of C then accumulates in
+   local arrays the compiler keeps in vector registers, and is added to C once per k-block. */
+enum { GPT__KB = 256, GPT__MR = 4, GPT__NR = 16 };
 static void gpt_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                      const float *B, int ldb, float beta, float *C, int ldc) {
-    enum { KB = 128, MB = 32 };
-    float *panel = (float *)malloc(sizeof(float) * (size_t)KB * (size_t)N);
-    int i, j, k, k0, i0;
+    float *panel = (float *)malloc(sizeof(float) * ((size_t)GPT__KB * (size_t)(N + GPT__NR) + (size_t)GPT__KB * GPT__MR));
+    float *apack = panel + (size_t)GPT__KB * (size_t)(N + GPT__NR);
+    int i, j, k, k0, r, jj;
     if (!panel) { fprintf(stderr, "gpt_gemm: out of memory\n"); exit(1); }
     for (i = 0; i < M; i++) {
         float *c = C + (size_t)i * ldc;
         if (beta == 0.0f) for (j = 0; j < N; j++) c[j] = 0.0f;
         else if (beta != 1.0f) for (j = 0; j < N; j++) c[j] *= beta;
     }
-    for (k0 = 0; k0 < K; k0 += KB) {
-        int kn = K - k0 < KB ? K - k0 : KB;
-        for (k = 0; k < kn; k++) {
-            float *p = panel + (size_t)k * N;
+    for (k0 = 0; k0 < K; k0 += GPT__KB) {
+        int kn = K - k0 < GPT__KB ? K - k0 : GPT__KB, np = (N + GPT__NR - 1) / GPT__NR * GPT__NR;
+        for (k = 0; k < kn; k++) {   /* panel row k: B(k0+k, 0..N), zero-padded to np */
+            float *p = panel + (size_t)k * np;
             if (tb) for (j = 0; j < N; j++) p[j] = B[(size_t)j * ldb + k0 + k];
             else memcpy(p, B + (size_t)(k0 + k) * ldb, sizeof(float) * (size_t)N);
+            for (j = N; j < np; j++) p[j] = 0.0f;
         }
-        for (i0 = 0; i0 < M; i0 += MB) {
-            int in = M - i0 < MB ? M - i0 : MB;
-            for (i = i0; i < i0 + in; i++) {
-                float *c = C + (size_t)i * ldc;
+        for (i = 0; i < M; i += GPT__MR) {
+            int mr = M - i < GPT__MR ? M - i : GPT__MR;
+            for (k = 0; k < kn; k++)   /* apack[k][r] = alpha * A(i+r, k0+k), zero rows past M */
+                for (r = 0; r < GPT__MR; r++)
+                    apack[k * GPT__MR + r] = r >= mr ? 0.0f : alpha * (ta ? A[(size_t)(k0 + k) * lda + i + r] : A[(size_t)(i + r) * lda + k0 + k]);
+            for (j = 0; j < np; j += GPT__NR) {
+                float c0[GPT__NR], c1[GPT__NR], c2[GPT__NR], c3[GPT__NR], *rows[GPT__MR];
+                int nr = N - j < GPT__NR ? N - j : GPT__NR;
+                for (jj = 0; jj < GPT__NR; jj++) c0[jj] = c1[jj] = c2[jj] = c3[jj] = 0.0f;
                 for (k = 0; k < kn; k++) {
-                    float a = alpha * (ta ? A[(size_t)(k0 + k) * lda + i] : A[(size_t)i * lda + k0 + k]);
-                    const float *p = panel + (size_t)k * N;
-                    for (j = 0; j < N; j++) c[j] += a * p[j];
+                    const float *p = panel + (size_t)k * np + j, *a = apack + k * GPT__MR;
+                    float a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];
+                    for (jj = 0; jj < GPT__NR; jj++) {
+                        c0[jj] += a0 * p[jj]; c1[jj] += a1 * p[jj]; c2[jj] += a2 * p[jj]; c3[jj] += a3 * p[jj];
+                    }
+                }
+                rows[0] = c0; rows[1] = c1; rows[2] = c2; rows[3] = c3;
+                for (r = 0; r < mr; r++) {
+                    float *c = C + (size_t)(i + r) * ldc + j;
+                    for (jj = 0; jj < nr; jj++) c[jj] += rows[r][jj];
                 }
             }
         }

@@ -23,7 +23,7 @@ typedef struct options {
     const char *data, *save, *resume, *dump_init, *prompt;
     gpt_config model;
     int steps, warmup, accum, eval_every, eval_batches, sample, top_k, stop_at, save_every, log_every;
-    float lr, min_lr, wd, clip, beta1, beta2, temperature;
+    float lr, min_lr, wd, clip, beta1, beta2, temperature, bucket_mb;
     uint64_t seed;
 } options;
 
@@ -55,6 +55,7 @@ static void usage(FILE *f) {
         "  --temperature X    sampling temperature (1.0)      --top-k N   0 = off (0)\n"
         "  --prompt TEXT      what generation starts from (a newline)\n"
         "  --log-every N      progress line every N steps (1)\n"
+        "  --bucket-mb X      gradient bucket cap in MiB (ddp.h's default, 25; smaller: more, earlier buckets)\n"
         "  --dump-init PATH   write the initial parameters (float32, registration order) and exit\n");
 }
 
@@ -99,6 +100,7 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errn)
         else if (!strcmp(a, "--beta1")) fp = &o->beta1;
         else if (!strcmp(a, "--beta2")) fp = &o->beta2;
         else if (!strcmp(a, "--temperature")) fp = &o->temperature;
+        else if (!strcmp(a, "--bucket-mb")) fp = &o->bucket_mb;
         else if (!strcmp(a, "--seed")) {
             if (!v) { snprintf(err, errn, "%s needs a value", a); return 0; }
             errno = 0;
@@ -370,7 +372,12 @@ int main(int argc, char **argv) {
         return ddp_shutdown(ddp) == DDP_OK ? 0 : 1;
     }
 
-    CHECK(ddp_init(&ddp, NULL));
+    {
+        ddp_desc desc;
+        memset(&desc, 0, sizeof desc);
+        desc.bucket_cap_mb = o.bucket_mb;
+        CHECK(ddp_init(&ddp, &desc));
+    }
     rank = ddp_rank(ddp);
     world = ddp_world_size(ddp);
     B = o.model.batch;
@@ -386,8 +393,8 @@ int main(int argc, char **argv) {
     }
     if (rank == 0) {
         printf("train_gpt: %d rank(s) | %d layers, %d heads, dim %d, context %d | %zu parameters | batch %d x %d ranks x %d accum "
-               "= %d windows, %d tokens/step | %s\n", world, o.model.layers, o.model.heads, o.model.dim, T, model.num_floats, B,
-               world, o.accum, B * world * o.accum, B * world * o.accum * T, gpt_blas_name());
+               "= %d windows, %d tokens/step | %d gradient buckets | %s\n", world, o.model.layers, o.model.heads, o.model.dim, T, model.num_floats, B,
+               world, o.accum, B * world * o.accum, B * world * o.accum * T, ddp_num_buckets(ddp), gpt_blas_name());
         printf("data: %s, %zu bytes (train %zu, val %zu) | steps %d, lr %g -> %g, warmup %d, AdamW betas %g/%g wd %g, clip %g%s\n",
                o.data ? o.data : DEFAULT_DATA, data.len, data.train_len, data.val_len, o.steps, o.lr, o.min_lr, o.warmup,
                o.beta1, o.beta2, o.wd, o.clip, o.resume ? "" : "");
