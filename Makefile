@@ -66,7 +66,7 @@ $(B)/fortunes.txt: | $(B)
 
 # The main job: train the tiny GPT on 2 local ranks (about two minutes on 2 cores).
 run: all $(B)/fortunes.txt
-	$(B)/ddprun -n 2 $(B)/train_gpt --data $(B)/fortunes.txt --steps 1500 --batch 8 --eval-every 250 --log-every 25 --sample 600
+	$(B)/ddprun -n 2 $(B)/train_gpt --data $(B)/fortunes.txt --steps 1200 --batch 8 --eval-every 200 --log-every 25 --sample 600
 
 test: all
 	@tests/run.sh $(B)

@@ -47,6 +47,10 @@
                                            communication starts early
      find_unused      0                    1: parameters without a gradient are zero-filled and
                                            reduced; 0: they are an error that names them
+     skip_nonfinite   0                    what ddp_adamw_step does with NaN/Inf gradients: 0 =
+                                           DDP_ERR_NONFINITE naming the step and parameter, 1 =
+                                           skip the step (a warning); either way nothing changes,
+                                           on every rank alike (the averaged gradients are equal)
      world_size, rank, local_rank, local_world_size, master_addr, master_port, job_token
                                            set world_size > 0 to give the process group by hand
                                            instead of through the environment
@@ -119,7 +123,8 @@ typedef enum ddp_result {
     DDP_ERR_DOUBLE_READY,      /* a gradient was marked ready twice in one backward */
     DDP_ERR_OUT_OF_MEMORY,
     DDP_ERR_SYSTEM,            /* an operating-system call failed (shared memory, threads) */
-    DDP_ERR_BACKEND            /* the GPU backend failed */
+    DDP_ERR_BACKEND,           /* the GPU backend failed */
+    DDP_ERR_NONFINITE          /* the averaged gradients hold NaN or Inf (parameters unchanged) */
 } ddp_result;
 
 typedef enum ddp_backend { DDP_BACKEND_AUTO = 0, DDP_BACKEND_CPU, DDP_BACKEND_NCCL } ddp_backend;
@@ -137,6 +142,7 @@ typedef struct ddp_desc {
     double bucket_cap_mb;
     double first_bucket_mb;
     int find_unused;
+    int skip_nonfinite;        /* 1: a step whose gradients hold NaN/Inf is skipped (everywhere) */
     int world_size;            /* > 0: the fields below replace the launcher environment */
     int rank;
     int local_rank;            /* default: rank */
@@ -523,6 +529,7 @@ const char *ddp_result_string(ddp_result result) {
     case DDP_ERR_OUT_OF_MEMORY: return "out of memory";
     case DDP_ERR_SYSTEM: return "operating-system call failed";
     case DDP_ERR_BACKEND: return "GPU backend failure";
+    case DDP_ERR_NONFINITE: return "gradients are not finite";
     }
     return "unknown ddp_result";
 }
@@ -2384,16 +2391,35 @@ ddp_step_stats ddp_last_step_stats(const ddp_context *ctx) { return ctx->last_st
 /* --------------------------------------------------------------------------------------------
    AdamW: one fused pass over the flat buffers (the same arithmetic as PyTorch's AdamW).
    -------------------------------------------------------------------------------------------- */
+/* In double: float squares of large gradients would overflow into a false "not finite". */
 static double ddp__sum_squares(const float *x, size_t n) {
     double total = 0;
-    size_t i, j;
-    for (i = 0; i < n; i += 4096) {            /* float partials, double across blocks */
-        float part = 0;
-        size_t end = i + 4096 < n ? i + 4096 : n;
-        for (j = i; j < end; j++) part += x[j] * x[j];
-        total += part;
-    }
+    size_t i;
+    for (i = 0; i < n; i++) total += (double)x[i] * (double)x[i];
     return total;
+}
+
+/* The gradients are not finite: name the first offender. Nothing has been touched yet. */
+static ddp_result ddp__nonfinite(ddp_context *ctx, double norm) {
+    int i;
+    size_t k;
+    for (i = 0; i < ctx->num_params; i++) {
+        const ddp__param *p = &ctx->params[i];
+        const float *g = ctx->flat_grads + p->offset;
+        for (k = 0; k < p->count; k++) {
+            if (isfinite(g[k])) continue;
+            if (ctx->desc.skip_nonfinite) {
+                if (ctx->rank == 0)
+                    ddp__log(ctx, DDP_LOG_WARN, "optimizer step %lld skipped: the gradient of '%s' is %g at element "
+                             "%zu", (long long)ctx->adam_step + 1, p->name, (double)g[k], k);
+                return DDP_OK;
+            }
+            return ddp__fail(ctx, DDP_ERR_NONFINITE, "optimizer step %lld: the gradient of '%s' is %g at element %zu; "
+                             "parameters unchanged (skip_nonfinite skips such steps)", (long long)ctx->adam_step + 1,
+                             p->name, (double)g[k], k);
+        }
+    }
+    return ddp__fail(ctx, DDP_ERR_NONFINITE, "optimizer step %lld: the gradient norm is %g", (long long)ctx->adam_step + 1, norm);
 }
 
 static void ddp__adamw_range(float *p, const float *g, float *m, float *v, size_t n, float clip, float lr,
@@ -2431,6 +2457,7 @@ ddp_result ddp_adamw_step(ddp_context *ctx, const ddp_adamw *opt, float *grad_no
     }
     norm = sqrt(ddp__sum_squares(ctx->flat_grads, ctx->flat_count));
     if (grad_norm_out) *grad_norm_out = (float)norm;
+    if (!isfinite(norm)) return ddp__nonfinite(ctx, norm);
     if (opt->max_grad_norm > 0 && norm > opt->max_grad_norm) clip = (float)(opt->max_grad_norm / (norm + 1e-6));
     double t0 = ddp__now();
     ctx->adam_step++;

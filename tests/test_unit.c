@@ -304,6 +304,53 @@ static void test_adamw(void) {
     ddp_shutdown(ctx);
 }
 
+/* ---- NaN/Inf gradients: a named error, or a skipped step; nothing changes either way ---- */
+static void nonfinite_rank(test_rank *self) {
+    ddp_context *ctx;
+    ddp_desc d = test_desc(self);
+    ddp_adamw opt;
+    float before[64], norm = 0, *m;
+    int a, b, k;
+    memset(&opt, 0, sizeof opt);
+    opt.lr = 0.1f;
+    d.skip_nonfinite = *(int *)((void **)self->shared)[1];
+    if ((self->result = ddp_init(&ctx, &d)) != DDP_OK) goto out;
+    ddp_register_param(ctx, "layer1.weight", 64, 0, NULL, &a);
+    ddp_register_param(ctx, "layer2.bias", 8, DDP_NO_DECAY, NULL, &b);
+    if ((self->result = ddp_commit(ctx)) != DDP_OK) goto out;
+    for (k = 0; k < 64; k++) ddp_param(ctx, a)[k] = before[k] = (float)k;
+    ddp_zero_grad(ctx);
+    for (k = 0; k < 64; k++) ddp_grad(ctx, a)[k] = 1;
+    if (self->rank == 0) ddp_grad(ctx, b)[3] = NAN;     /* one rank's NaN reaches everyone */
+    ddp_grad_ready(ctx, b);
+    ddp_grad_ready(ctx, a);
+    if ((self->result = ddp_finish(ctx)) != DDP_OK) goto out;
+    self->result = ddp_adamw_step(ctx, &opt, &norm);
+    snprintf(self->error, sizeof self->error, "%s", ddp_last_error(ctx));
+    ddp_adamw_state(ctx, &m, NULL, NULL);
+    if (memcmp(before, ddp_param(ctx, a), sizeof before) || m[0] != 0 || isfinite(norm)) {
+        self->result = DDP_ERR_MISMATCH;
+        snprintf(self->error, sizeof self->error, "parameters or state changed (norm %g)", norm);
+    }
+out:
+    if (self->result != DDP_OK && !self->error[0]) snprintf(self->error, sizeof self->error, "%s", ddp_last_error(ctx));
+    ddp_shutdown(ctx);
+}
+
+static void test_nonfinite(void) {
+    test_rank ranks[2];
+    int skip = 0;
+    void *shared[2] = { (void *)nonfinite_rank, &skip };
+    test_run_ranks(2, shared, ranks);
+    verdict(ranks[0].result == DDP_ERR_NONFINITE && ranks[1].result == DDP_ERR_NONFINITE &&
+            contains(ranks[1].error, "step 1: the gradient of 'layer2.bias' is nan at element 3"),
+            "nonfinite_grad_named_every_rank_nothing_changed", "rank 0: %s | rank 1: %s", ranks[0].error, ranks[1].error);
+    skip = 1;
+    test_run_ranks(2, shared, ranks);
+    verdict(ranks[0].result == DDP_OK && ranks[1].result == DDP_OK, "nonfinite_step_skipped_on_every_rank",
+            "rank 0: %s | rank 1: %s", ranks[0].error, ranks[1].error);
+}
+
 /* ---- bad environments: each a named error, no network touched ---- */
 static void expect_env_error(const char *name, const char *const *vars, ddp_result expected, const char *needle) {
     static const char *all[] = { "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
@@ -508,6 +555,7 @@ int main(void) {
     test_unused();
     test_double_ready();
     test_adamw();
+    test_nonfinite();
     test_bad_env();
     test_port_in_use();
     test_unresolvable();
