@@ -12,7 +12,7 @@ PROGRAMS := $(B)/ddprun $(B)/minimal $(B)/bench_allreduce $(B)/bench_overlap \
             $(B)/test_overlap $(B)/train_gpt $(B)/test_gpt
 CHECKS   := $(B)/cxx_check.o
 
-.PHONY: all run test test-asan test-tsan bench clean
+.PHONY: all run test test-asan test-tsan fuzz bench clean
 all: $(PROGRAMS) $(CHECKS)
 
 $(B):
@@ -82,6 +82,15 @@ test-asan:
 	@$(MAKE) --no-print-directory B=build-asan OPT="$(ASAN_OPT)" test
 test-tsan:
 	@$(MAKE) --no-print-directory B=build-tsan OPT="$(TSAN_OPT)" test
+
+# libFuzzer targets (clang): the store's message parser, ...; FUZZ_SECONDS each.
+FUZZ_SECONDS ?= 60
+FUZZ_CC      ?= clang
+FUZZERS      := $(B)/fuzz_store
+$(B)/fuzz_%: fuzz/fuzz_%.c ddp.h | $(B)
+	$(FUZZ_CC) -std=c99 -g -O1 -fsanitize=fuzzer,address,undefined $(WARN) -o $@ $< $(LDLIBS)
+fuzz: $(FUZZERS)
+	@fuzz/run.sh $(B) $(FUZZ_SECONDS)
 
 clean:
 	rm -rf $(B) build-asan build-tsan

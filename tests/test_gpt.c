@@ -170,6 +170,7 @@ static void test_reference(void) {
         }
     }
     free(tok); free(tgt);
+    free(ref.data); free(ref.init); free(ref.logits); free(ref.grads); free(ref.step_losses); free(ref.final);
     gpt_destroy(&m);
     ddp_shutdown(ddp);
 }

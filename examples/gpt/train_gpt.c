@@ -369,6 +369,7 @@ int main(int argc, char **argv) {
                 DIE("train_gpt: cannot write '%s': %s", o.dump_init, strerror(errno));
         }
         printf("wrote %zu initial parameters to %s\n", n, o.dump_init);
+        gpt_destroy(&model);
         return ddp_shutdown(ddp) == DDP_OK ? 0 : 1;
     }
 
