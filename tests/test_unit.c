@@ -138,6 +138,31 @@ static void test_launch_order(void) {
             "rank 0: %s | rank 1: %s", ranks[0].error, ranks[1].error);
 }
 
+/* ---- commit gives every rank rank 0's initial values ---- */
+static void initial_values_rank(test_rank *self) {
+    ddp_context *ctx;
+    ddp_desc d = test_desc(self);
+    float init[300];
+    int w, k, bad = 0;
+    for (k = 0; k < 300; k++) init[k] = (float)(self->rank * 1000 + k);
+    if ((self->result = ddp_init(&ctx, &d)) != DDP_OK) goto out;
+    ddp_register_param(ctx, "w", 300, 0, init, &w);
+    if ((self->result = ddp_commit(ctx)) != DDP_OK) goto out;
+    for (k = 0; k < 300; k++) bad += ddp_param(ctx, w)[k] != (float)k;
+    if (bad) { self->result = DDP_ERR_MISMATCH; snprintf(self->error, sizeof self->error, "%d values are not rank 0's", bad); }
+out:
+    if (self->result != DDP_OK && !self->error[0]) snprintf(self->error, sizeof self->error, "%s", ddp_last_error(ctx));
+    ddp_shutdown(ctx);
+}
+
+static void test_initial_values(void) {
+    test_rank ranks[3];
+    void *shared[1] = { (void *)initial_values_rank };
+    test_run_ranks(3, shared, ranks);
+    verdict(ranks[0].result == DDP_OK && ranks[1].result == DDP_OK && ranks[2].result == DDP_OK,
+            "commit_broadcasts_rank0_initial_values", "%s | %s | %s", ranks[0].error, ranks[1].error, ranks[2].error);
+}
+
 /* ---- gradient accumulation: no communication until the synchronizing micro-step ---- */
 static void accumulation_rank(test_rank *self) {
     ddp_context *ctx;
@@ -551,6 +576,7 @@ int main(void) {
     test_bucket_layout();
     test_tape_order();
     test_launch_order();
+    test_initial_values();
     test_accumulation();
     test_unused();
     test_double_ready();
