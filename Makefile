@@ -1,7 +1,7 @@
 # ddp.h — build, test, benchmark. `make` needs only a C compiler.
 CC       ?= cc
 CXX      ?= c++
-OPT      ?= -O3 -march=native -g
+OPT      ?= -O3 -march=native -fno-math-errno -g   # no errno: sqrtf in AdamW vectorizes
 CFLAGS   ?= $(OPT)
 WARN     := -Wall -Wextra
 LDLIBS   := -lpthread -lm
@@ -12,7 +12,7 @@ PROGRAMS := $(B)/ddprun $(B)/minimal $(B)/bench_allreduce $(B)/bench_overlap \
             $(B)/test_overlap $(B)/train_gpt $(B)/test_gpt
 CHECKS   := $(B)/cxx_check.o
 
-.PHONY: all run test test-asan test-tsan fuzz bench clean
+.PHONY: all run train-2-ranks deps test test-asan test-tsan fuzz bench bench-gpt clean
 all: $(PROGRAMS) $(CHECKS)
 
 $(B):
@@ -64,9 +64,17 @@ $(B)/fortunes.txt: | $(B)
 	find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' | LC_ALL=C sort | xargs cat > $@.tmp
 	mv $@.tmp $@
 
-# The main job: train the tiny GPT on 2 local ranks (about two minutes on 2 cores).
-run: all $(B)/fortunes.txt
+# The main job: train the tiny GPT on 2 local ranks (about two minutes on 2 cores). OpenBLAS
+# is installed first when missing (Debian), then make starts again so the build finds it.
+run:
+	@$(MAKE) --no-print-directory deps
+	@$(MAKE) --no-print-directory train-2-ranks
+train-2-ranks: all $(B)/fortunes.txt
 	$(B)/ddprun -n 2 $(B)/train_gpt --data $(B)/fortunes.txt --steps 1200 --batch 8 --eval-every 200 --log-every 25 --sample 600
+deps:
+	@[ "$(GPT_BLAS)" = 1 ] || ! command -v apt-get >/dev/null || { echo "installing libopenblas-dev for the GPT's matmuls"; \
+	    { apt-get install -y -qq libopenblas-dev >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq libopenblas-dev; }; } \
+	    || echo "no OpenBLAS: the GPT uses its portable matmuls (slower)"; }
 
 test: all
 	@tests/run.sh $(B)
@@ -74,6 +82,10 @@ test: all
 bench: $(B)/ddprun $(B)/bench_allreduce $(B)/bench_overlap
 	@bench/compare_allreduce.sh
 	@bench/overlap.sh
+
+# The tiny GPT's throughput: ours on 1 and 2 ranks next to PyTorch (needs python3-torch for that half).
+bench-gpt: $(B)/ddprun $(B)/train_gpt
+	@bench/bench_gpt.sh $(B)
 
 # The same tests under sanitizers, each in a build directory of its own.
 ASAN_OPT := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined

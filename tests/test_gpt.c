@@ -11,8 +11,13 @@
           final parameters           |err| <= 2e-5 + 1e-4 * |ref|
       Checked on rank 0 only, in a single-rank context of its own.
    2. N ranks at batch B each train the model 1 rank trains at batch N*B (each rank also trains
-      that reference itself), with and without 2-step gradient accumulation, to the tolerance of
-      tests/test_equivalence.c; and every rank holds the same bits.
+      that reference itself), with and without 2-step gradient accumulation, 6 AdamW steps, to
+      the tolerance of tests/test_equivalence.c (|err| <= 2e-6 + 2e-5 |ref|); and every rank
+      holds the same bits. lr is 1e-3 (the trainer's): AdamW divides each gradient by its own
+      running RMS, so a gradient that is pure rounding noise (the attention key bias's gradient
+      is exactly zero in exact arithmetic: softmax ignores a constant added to every score) moves
+      by up to ~lr per step, differently for each summation order; at 3e-3 those few parameters
+      reach 1.1x the tolerance, at 1e-3 the worst of all parameters is ~0.6x.
    Run: build/test_gpt  or  build/ddprun -n 2 build/test_gpt    (run from the repository root) */
 #include "testlib.h"
 #include "../examples/gpt/gpt.h"
@@ -116,7 +121,6 @@ static void test_reference(void) {
         if (ddp_backward(ddp) != DDP_OK) { verdict(0, "gpt_backward", "%s", ddp_last_error(ddp)); return; }
     }
     {
-        const float *g = ddp_flat_grads(ddp, NULL);
         char bad[1024];
         size_t len = 0, off = 0;
         double worst = 0;
@@ -131,7 +135,6 @@ static void test_reference(void) {
                 len += (size_t)snprintf(bad + len, sizeof bad - len, "%s%s (%.3g)", nbad++ ? ", " : "", ddp_param_name(ddp, i), w);
             off += n;
         }
-        (void)g;
         verdict(nbad == 0, "gpt_every_gradient_matches_pytorch", "%d tensor(s) beyond tolerance: %s", nbad, bad);
         printf("  (%d gradient tensors: worst error %.3f of |err| <= 1e-4*max|ref| + 1e-4*|ref|, in %s)\n",
                ddp_num_params(ddp), worst, ddp_param_name(ddp, worst_id));

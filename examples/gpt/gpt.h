@@ -50,6 +50,7 @@ typedef struct gpt_layer_acts {
     float *ln2, *ln2_mean, *ln2_rstd;
     float *fc;                     /* [BT, 4C] before GELU */
     float *gelu;                   /* [BT, 4C] */
+    float *gelu_s;                 /* [BT, 4C] sigmoid(2u), saved for the backward */
     float *res_out;                /* [BT, C] = next block's res_in */
 } gpt_layer_acts;
 
@@ -378,28 +379,29 @@ static void gpt__attention(gpt *m, const float *qkv, float *att, float *out, con
 
 /* GELU, tanh approximation: 0.5 x (1 + tanh(u)) = x * sigmoid(2u), u = sqrt(2/pi)(x + 0.044715 x^3). */
 #define GPT__GELU_K 0.7978845608028654f
-typedef struct { size_t n; const float *x, *dout; float *dx; } gpt__gelu_args;
+typedef struct { size_t n; const float *x, *s, *dout; float *dx; } gpt__gelu_args;
 
 static void gpt__gelu_backward(void *p) {
     const gpt__gelu_args *a = (const gpt__gelu_args *)p;
     size_t i;
     for (i = 0; i < a->n; i++) {
-        float x = a->x[i], u = GPT__GELU_K * (x + 0.044715f * x * x * x);
-        float s = 1.0f / (1.0f + gpt__exp(-2.0f * u));
+        float x = a->x[i], s = a->s[i];
         float du = GPT__GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
         a->dx[i] = a->dout[i] * (s + x * s * (1.0f - s) * 2.0f * du);
     }
 }
 
-static void gpt__gelu(gpt *m, const float *x, float *y, size_t n, const float *dout, float *dx, int record) {
+static void gpt__gelu(gpt *m, const float *x, float *y, float *sig, size_t n, const float *dout, float *dx, int record) {
     size_t i;
     for (i = 0; i < n; i++) {
         float v = x[i], u = GPT__GELU_K * (v + 0.044715f * v * v * v);
-        y[i] = v / (1.0f + gpt__exp(-2.0f * u));
+        float s = 1.0f / (1.0f + gpt__exp(-2.0f * u));
+        sig[i] = s;
+        y[i] = v * s;
     }
     if (record) {
         gpt__gelu_args a;
-        a.n = n; a.x = x; a.dout = dout; a.dx = dx;
+        a.n = n; a.x = x; a.s = sig; a.dout = dout; a.dx = dx;
         gpt__record(m, gpt__gelu_backward, &a, sizeof a, NULL, 0);
     }
 }
@@ -530,7 +532,7 @@ static ddp_result gpt_create(gpt *m, ddp_context *ddp, const gpt_config *cfg, ui
     /* Activations for the largest batch: one arena, every buffer 64-byte aligned. */
     {
         size_t per_layer = gpt__round16(BT * C) * 6 + gpt__round16(BT) * 4 + gpt__round16(BT * 3 * C) +
-                           gpt__round16((size_t)B * NH * T * T) + gpt__round16(BT * 4 * C) * 2;
+                           gpt__round16((size_t)B * NH * T * T) + gpt__round16(BT * 4 * C) * 3;
         size_t row = (size_t)T * T > (size_t)2 * C ? (size_t)T * T : (size_t)2 * C;
         size_t rest, floats, bytes;
         float *p;
@@ -554,7 +556,7 @@ static ddp_result gpt_create(gpt *m, ddp_context *ddp, const gpt_config *cfg, ui
             GPT__TAKE(a->qkv, BT * 3 * C); GPT__TAKE(a->att, (size_t)B * NH * T * T);
             GPT__TAKE(a->att_out, BT * C); GPT__TAKE(a->res_mid, BT * C);
             GPT__TAKE(a->ln2, BT * C); GPT__TAKE(a->ln2_mean, BT); GPT__TAKE(a->ln2_rstd, BT);
-            GPT__TAKE(a->fc, BT * 4 * C); GPT__TAKE(a->gelu, BT * 4 * C);
+            GPT__TAKE(a->fc, BT * 4 * C); GPT__TAKE(a->gelu, BT * 4 * C); GPT__TAKE(a->gelu_s, BT * 4 * C);
             GPT__TAKE(a->res_out, BT * C);
         }
         GPT__TAKE(m->lnf, BT * C); GPT__TAKE(m->lnf_mean, BT); GPT__TAKE(m->lnf_rstd, BT);
@@ -598,7 +600,7 @@ static float gpt_forward(gpt *m, const int *tokens, const int *targets, int B, i
         gpt__linear(m, id->projw, id->projb, a->att_out, a->res_mid, a->res_in, C, C, m->dres, m->datt_out, train);
         gpt__layernorm(m, id->ln2w, id->ln2b, a->res_mid, a->ln2, a->ln2_mean, a->ln2_rstd, m->dln, m->dres, 1, train);
         gpt__linear(m, id->fcw, id->fcb, a->ln2, a->fc, NULL, C, 4 * C, m->dfc, m->dln, train);
-        gpt__gelu(m, a->fc, a->gelu, BT * 4 * C, m->dgelu, m->dfc, train);
+        gpt__gelu(m, a->fc, a->gelu, a->gelu_s, BT * 4 * C, m->dgelu, m->dfc, train);
         gpt__linear(m, id->fcprojw, id->fcprojb, a->gelu, a->res_out, a->res_mid, 4 * C, C, m->dres, m->dgelu, train);
     }
     gpt__layernorm(m, m->lnfw, m->lnfb, m->acts[L - 1].res_out, m->lnf, m->lnf_mean, m->lnf_rstd, m->dln, m->dres, 0, train);
