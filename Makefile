@@ -9,7 +9,7 @@ B        := build
 
 PROGRAMS := $(B)/ddprun $(B)/minimal $(B)/bench_allreduce $(B)/bench_overlap \
             $(B)/test_unit $(B)/test_collectives $(B)/test_equivalence $(B)/test_fault \
-            $(B)/test_overlap $(B)/train_gpt $(B)/test_gpt
+            $(B)/test_overlap $(B)/test_bf16 $(B)/train_gpt $(B)/test_gpt
 CHECKS   := $(B)/cxx_check.o
 
 .PHONY: all run test test-asan test-tsan fuzz bench clean

@@ -98,6 +98,12 @@
 #ifndef DDP_H
 #define DDP_H
 
+/* nvcc compiling the implementation adds the NCCL backend; so does -DDDP_CUDA with a C compiler
+   (then link cudart and nccl, and compile ddp_kernels.cuh once with DDP_KERNELS_IMPLEMENTATION). */
+#if defined(__CUDACC__) && !defined(DDP_CUDA)
+#define DDP_CUDA 1
+#endif
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -129,6 +135,7 @@ typedef enum ddp_result {
 
 typedef enum ddp_backend { DDP_BACKEND_AUTO = 0, DDP_BACKEND_CPU, DDP_BACKEND_NCCL } ddp_backend;
 typedef enum ddp_op { DDP_AVG = 0, DDP_SUM } ddp_op;
+typedef enum ddp_dtype { DDP_DTYPE_FP32 = 0, DDP_DTYPE_BF16 } ddp_dtype;
 typedef enum ddp_log_level {
     DDP_LOG_DEFAULT = 0, DDP_LOG_DEBUG, DDP_LOG_INFO, DDP_LOG_WARN, DDP_LOG_ERROR, DDP_LOG_OFF
 } ddp_log_level;
@@ -158,6 +165,13 @@ typedef struct ddp_desc {
        network with this per-call latency and bandwidth (0: off). */
     double inject_comm_latency_ms;
     double inject_comm_gbps;
+    /* What gradient buckets travel as: FP32 (default), or BF16 (half the bytes; every rank's
+       contribution and the average are rounded to bf16, the fp32 gradients receive the result).
+       Every rank must use the same (checked at commit). User collectives stay fp32. */
+    ddp_dtype reduce_dtype;
+    /* NCCL backend: the compute stream (a cudaStream_t) the program's kernels run on; buckets
+       wait on it and it waits on them. NULL: the legacy default stream. */
+    void *cuda_stream;
 } ddp_desc;
 
 typedef struct ddp_context ddp_context;
@@ -183,8 +197,10 @@ typedef struct ddp_step_stats {
     double exposed_ms;         /* time ddp_finish waited for communication */
     double overlap_pct;        /* share of comm hidden under backward: 100 * (1 - exposed / comm) */
     double last_bucket_comm_ms;/* the last bucket's allreduce: what overlap cannot hide */
-    uint64_t bytes_reduced;
+    uint64_t bytes_reduced;    /* gradient bytes handed to the allreduce, in the reduce dtype */
     int buckets_launched;
+    int64_t step;              /* which ddp_finish (1, 2, ...) these numbers describe; on the NCCL
+                                  backend the newest one whose GPU work has completed */
 } ddp_step_stats;
 
 /* Process group. On failure *out may still hold a context that only reports the error: call
@@ -772,6 +788,9 @@ static ddp_result ddp__resolve_desc(ddp_context *ctx, const ddp_desc *in) {
             else if (!strcmp(s, "off")) d->log_level = DDP_LOG_OFF;
         }
     }
+    if (d->reduce_dtype != DDP_DTYPE_FP32 && d->reduce_dtype != DDP_DTYPE_BF16)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: reduce_dtype %d is neither DDP_DTYPE_FP32 nor "
+                         "DDP_DTYPE_BF16", (int)d->reduce_dtype);
     if (d->timeout_s < 0 || d->bucket_cap_mb < 0 || d->first_bucket_mb < 0 || d->world_size < 0 ||
         d->inject_comm_latency_ms < 0 || d->inject_comm_gbps < 0)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: timeout_s, bucket_cap_mb, first_bucket_mb, "
@@ -1349,7 +1368,7 @@ static ddp_result ddp__store_connect(ddp_context *ctx, double deadline) {
    A waiter spins briefly, then sleeps on a futex; while asleep it checks every
    DDP__LIVENESS_PERIOD_S that its peers are alive and that the group is not poisoned.
    -------------------------------------------------------------------------------------------- */
-enum { DDP__KIND_BARRIER = 1, DDP__KIND_BROADCAST, DDP__KIND_SUM, DDP__KIND_AVG };
+enum { DDP__KIND_BARRIER = 1, DDP__KIND_BROADCAST, DDP__KIND_SUM, DDP__KIND_AVG, DDP__KIND_AVG_BF16 };
 #define DDP__SHM_MAGIC 0x31504444534d4853ull
 
 static size_t ddp__round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
@@ -1492,6 +1511,7 @@ static const char *ddp__kind_name(uint32_t kind) {
     case DDP__KIND_BROADCAST: return "broadcast";
     case DDP__KIND_SUM: return "allreduce(sum)";
     case DDP__KIND_AVG: return "allreduce(avg)";
+    case DDP__KIND_AVG_BF16: return "allreduce(avg, bf16)";
     }
     return "?";
 }
@@ -1519,6 +1539,41 @@ static void ddp__part(size_t m, int world, int s, size_t *lo, size_t *hi) {
     *hi = *lo + part < m ? *lo + part : m;
 }
 
+/* bf16 is the upper half of a float, rounded to nearest even; NaN stays a (quiet) NaN. The same
+   rounding as ddp_kernels.cuh, so both backends put the same bits on the wire. */
+static uint16_t ddp__to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static float ddp__from_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* The bf16 average: slots carry bf16; the owner of a part adds every rank's bf16 values in
+   float, in rank order, divides, and rounds once more. Its own values are rounded the same way
+   first, so the result does not depend on which rank owns the part. */
+static void ddp__reduce_part_bf16(ddp_context *ctx, float *buf, size_t lo, size_t hi, uint32_t chunk) {
+    uint16_t *acc = (uint16_t *)(void *)ddp__shm_slot(ctx, ctx->rank, chunk) + lo;
+    float w = (float)ctx->world;
+    size_t j, n = hi - lo;
+    int s;
+    for (j = 0; j < n; j++) {
+        float sum = 0;
+        for (s = 0; s < ctx->world; s++) {
+            float x = s == ctx->rank ? ddp__from_bf16(ddp__to_bf16(buf[lo + j]))
+                                     : ddp__from_bf16(((const uint16_t *)(void *)ddp__shm_slot(ctx, s, chunk))[lo + j]);
+            sum = s == 0 ? x : sum + x;
+        }
+        acc[j] = ddp__to_bf16(sum / w);
+        buf[lo + j] = ddp__from_bf16(acc[j]);
+    }
+}
+
 static void ddp__reduce_part(ddp_context *ctx, float *buf, size_t lo, size_t hi, uint32_t chunk, uint32_t kind) {
     float *acc = (float *)ddp__shm_slot(ctx, ctx->rank, chunk) + lo;
     const float *src[2];
@@ -1542,7 +1597,14 @@ static void ddp__reduce_part(ddp_context *ctx, float *buf, size_t lo, size_t hi,
 static void ddp__stage_in(ddp_context *ctx, uint32_t kind, unsigned char *buf, size_t m, int root, uint32_t chunk) {
     unsigned char *slot = ddp__shm_slot(ctx, ctx->rank, chunk);
     int s;
-    if (kind == DDP__KIND_BROADCAST) {
+    if (kind == DDP__KIND_AVG_BF16) {
+        for (s = 0; s < ctx->world; s++) {
+            size_t lo, hi, j;
+            ddp__part(m, ctx->world, s, &lo, &hi);
+            if (s == ctx->rank) continue;
+            for (j = lo; j < hi; j++) ((uint16_t *)(void *)slot)[j] = ddp__to_bf16(((const float *)(void *)buf)[j]);
+        }
+    } else if (kind == DDP__KIND_BROADCAST) {
         if (ctx->rank == root) memcpy(slot, buf, m);
     } else if (kind != DDP__KIND_BARRIER) {
         for (s = 0; s < ctx->world; s++) {
@@ -1555,7 +1617,15 @@ static void ddp__stage_in(ddp_context *ctx, uint32_t kind, unsigned char *buf, s
 
 static void ddp__stage_out(ddp_context *ctx, uint32_t kind, unsigned char *buf, size_t m, int root, uint32_t chunk) {
     int s;
-    if (kind == DDP__KIND_BROADCAST) {
+    if (kind == DDP__KIND_AVG_BF16) {
+        for (s = 0; s < ctx->world; s++) {
+            const uint16_t *sums = (const uint16_t *)(void *)ddp__shm_slot(ctx, s, chunk);
+            size_t lo, hi, j;
+            ddp__part(m, ctx->world, s, &lo, &hi);
+            if (s == ctx->rank) continue;
+            for (j = lo; j < hi; j++) ((float *)(void *)buf)[j] = ddp__from_bf16(sums[j]);
+        }
+    } else if (kind == DDP__KIND_BROADCAST) {
         if (ctx->rank != root) memcpy(buf, ddp__shm_slot(ctx, root, chunk), m);
     } else if (kind != DDP__KIND_BARRIER) {
         for (s = 0; s < ctx->world; s++) {
@@ -1582,8 +1652,10 @@ static void ddp__inject_comm_delay(ddp_context *ctx, size_t bytes, double starte
 /* One collective over the segment; count is in floats for reductions, bytes for broadcast. */
 static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root) {
     ddp__shm_sig *sig = &ddp__shm_block(ctx, ctx->rank)->sig;
-    size_t unit = (kind == DDP__KIND_SUM || kind == DDP__KIND_AVG) ? sizeof(float) : 1;
-    size_t per_chunk = DDP__CHUNK_BYTES / unit, done = 0;
+    int reduces = kind == DDP__KIND_SUM || kind == DDP__KIND_AVG || kind == DDP__KIND_AVG_BF16;
+    size_t unit = reduces ? sizeof(float) : 1;                              /* in the user's buffer */
+    size_t wire = kind == DDP__KIND_AVG_BF16 ? sizeof(uint16_t) : unit;     /* in the slots */
+    size_t per_chunk = DDP__CHUNK_BYTES / wire, done = 0;
     unsigned char *buf = (unsigned char *)data;
     int first = 1;
     double started = ddp__now();
@@ -1602,9 +1674,10 @@ static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *dat
         ddp__shm_post(ctx, DDP__STAGE_IN, q + 1);
         if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_IN, q + 1)) != DDP_OK) return r;
         if (first && (r = ddp__shm_check_sigs(ctx)) != DDP_OK) return r;
-        if (unit == sizeof(float)) {
+        if (reduces) {
             ddp__part(m, ctx->world, ctx->rank, &lo, &hi);
-            ddp__reduce_part(ctx, (float *)(void *)(buf + done * unit), lo, hi, q, kind);
+            if (kind == DDP__KIND_AVG_BF16) ddp__reduce_part_bf16(ctx, (float *)(void *)(buf + done * unit), lo, hi, q);
+            else ddp__reduce_part(ctx, (float *)(void *)(buf + done * unit), lo, hi, q, kind);
         }
         ddp__shm_post(ctx, DDP__STAGE_RED, q + 1);
         if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_RED, q + 1)) != DDP_OK) return r;
@@ -1614,8 +1687,8 @@ static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *dat
         done += m;
         first = 0;
     } while (done < count);
-    if (unit == sizeof(float) && (ctx->desc.inject_comm_latency_ms > 0 || ctx->desc.inject_comm_gbps > 0))
-        ddp__inject_comm_delay(ctx, count * sizeof(float), started);
+    if (reduces && (ctx->desc.inject_comm_latency_ms > 0 || ctx->desc.inject_comm_gbps > 0))
+        ddp__inject_comm_delay(ctx, count * wire, started);
     return DDP_OK;
 }
 
@@ -1978,8 +2051,9 @@ static char *ddp__layout_text(ddp_context *ctx, size_t *len_out) {
     char *text = (char *)DDP_MALLOC(cap);
     int i;
     if (!text) return NULL;
-    len = (size_t)snprintf(text, cap, "buckets %.6f %.6f %d\n", ctx->desc.first_bucket_mb,
-                           ctx->desc.bucket_cap_mb, ctx->desc.find_unused);
+    len = (size_t)snprintf(text, cap, "buckets %.6f %.6f %d reduce %s\n", ctx->desc.first_bucket_mb,
+                           ctx->desc.bucket_cap_mb, ctx->desc.find_unused,
+                           ctx->desc.reduce_dtype == DDP_DTYPE_BF16 ? "bf16" : "fp32");
     for (i = 0; i < ctx->num_params; i++)
         len += (size_t)snprintf(text + len, cap - len, "%s %zu %u\n", ctx->params[i].name,
                                 ctx->params[i].count, ctx->params[i].flags);
@@ -2002,7 +2076,7 @@ static ddp_result ddp__layout_mismatch(ddp_context *ctx, const char *a, const ch
     while (!strcmp(ddp__line(a, i, la, sizeof la), ddp__line(b, i, lb, sizeof lb))) i++;
     if (i == 0)
         return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks 0 and %d use different options: rank 0 has '%s', rank %d "
-                         "has '%s' (first_bucket_mb, bucket_cap_mb, find_unused)", rank_b, la, rank_b, lb);
+                         "has '%s' (first_bucket_mb, bucket_cap_mb, find_unused, reduce_dtype)", rank_b, la, rank_b, lb);
     return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks registered different parameters: parameter #%d is '%s' "
                      "(name, elements, flags) on rank 0 but '%s' on rank %d", i - 1, la, lb, rank_b);
 }
@@ -2111,6 +2185,14 @@ static void ddp__comm_thread_short_slice(void) {
 #endif
 }
 
+/* Gradient buckets travel as the reduce dtype says. */
+static uint32_t ddp__grad_kind(const ddp_context *ctx) {
+    return ctx->desc.reduce_dtype == DDP_DTYPE_BF16 ? DDP__KIND_AVG_BF16 : DDP__KIND_AVG;
+}
+static size_t ddp__wire_bytes(const ddp_context *ctx) {
+    return ctx->desc.reduce_dtype == DDP_DTYPE_BF16 ? sizeof(uint16_t) : sizeof(float);
+}
+
 static void *ddp__comm_main(void *arg) {
     ddp_context *ctx = (ddp_context *)arg;
     ddp__comm_thread_short_slice();
@@ -2128,9 +2210,9 @@ static void *ddp__comm_main(void *arg) {
             snprintf(ctx->shm_what_buf, sizeof ctx->shm_what_buf, "the allreduce of gradient bucket %d", index);
             ctx->shm_what = ctx->shm_what_buf;
             t0 = ddp__now();
-            r = ddp__shm_collective(ctx, DDP__KIND_AVG, ctx->flat_grads + b->offset, b->count, 0);
+            r = ddp__shm_collective(ctx, ddp__grad_kind(ctx), ctx->flat_grads + b->offset, b->count, 0);
             seconds = ddp__now() - t0;
-            ddp__record(ctx, ctx->tl_comm, DDP__EV_ALLREDUCE, t0, t0 + seconds, index, b->count * sizeof(float));
+            ddp__record(ctx, ctx->tl_comm, DDP__EV_ALLREDUCE, t0, t0 + seconds, index, b->count * ddp__wire_bytes(ctx));
         }
         pthread_mutex_lock(&ctx->comm_lock);
         ctx->comm_seconds += seconds;
@@ -2168,7 +2250,7 @@ static void ddp__comm_stop(ddp_context *ctx) {
 
 static void ddp__launch(ddp_context *ctx, int index) {
     ctx->stats.buckets_launched++;
-    ctx->stats.bytes_reduced += ctx->buckets[index].count * sizeof(float);
+    ctx->stats.bytes_reduced += ctx->buckets[index].count * ddp__wire_bytes(ctx);
     pthread_mutex_lock(&ctx->comm_lock);
     ctx->comm_launched++;
     pthread_cond_signal(&ctx->comm_wake);
