@@ -38,6 +38,7 @@ run "svg tools" tests/test_svg_tools.sh
 run "failures" tests/test_failures.sh "$B"
 run "ddprun" tests/test_ddprun.sh "$B/ddprun"
 run "minimal example, 2 ranks" "$B/ddprun" -n 2 "$B/minimal"
+run "gpu" tests/gpu/run.sh "$B"
 if [ "$skipped" -gt 0 ]; then echo "$passed passed, $failed failed, $skipped skipped"
 else echo "$passed passed, $failed failed"; fi
 [ "$failed" -eq 0 ]
