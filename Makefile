@@ -37,7 +37,7 @@ GPU_BENCH  := $(G)/bench_gpu
 
 ifeq ($(strip $(NVCC)),)
 gpu:
-	@echo "no nvcc found (CUDA_HOME=$(CUDA_HOME)): building the CPU parts only"
+	@echo "no nvcc (CUDA_HOME=$(CUDA_HOME), or NVCC= given): building the CPU parts only"
 else
 gpu: $(GPU_TESTS) $(GPU_BENCH)
 endif
@@ -56,7 +56,7 @@ $(G)/bench_gpu: bench/gpu/bench_gpu.cu $(GPU_DEPS) | $(G)
 $(G)/kernels_impl.o: tests/gpu/kernels_impl.cu ddp_kernels.cuh | $(G)
 	$(NVCC) $(NVFLAGS) -c -o $@ $<
 $(G)/c_link_check: tests/gpu/c_link_check.c $(G)/kernels_impl.o ddp.h ddp_kernels.cuh | $(G)
-	$(CC) -std=c99 $(CFLAGS) $(WARN) -DDDP_CUDA $(GPU_INCS) -I$(dir $(NVCC))../include -c -o $(G)/c_link_check.o $<
+	$(CC) -std=c99 -O2 -g $(WARN) -DDDP_CUDA $(GPU_INCS) -I$(dir $(NVCC))../include -c -o $(G)/c_link_check.o $<
 	$(NVCC) -arch=$(CUDA_ARCH) -o $@ $(G)/c_link_check.o $(G)/kernels_impl.o $(GPU_RPATH) $(NCCL_LINK) -lpthread -lm
 
 $(B):
@@ -128,13 +128,14 @@ bench-gpu: $(GPU_BENCH)
 	@$(GPU_BENCH)
 endif
 
-# The same tests under sanitizers, each in a build directory of its own.
+# The same tests under sanitizers, each in a build directory of its own (CPU parts only: the
+# GPU binaries are not sanitizer builds, and their tests need a GPU).
 ASAN_OPT := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
 TSAN_OPT := -O1 -g -fsanitize=thread
 test-asan:
-	@$(MAKE) --no-print-directory B=build-asan OPT="$(ASAN_OPT)" test
+	@$(MAKE) --no-print-directory B=build-asan OPT="$(ASAN_OPT)" NVCC= test
 test-tsan:
-	@$(MAKE) --no-print-directory B=build-tsan OPT="$(TSAN_OPT)" test
+	@$(MAKE) --no-print-directory B=build-tsan OPT="$(TSAN_OPT)" NVCC= test
 
 # libFuzzer targets (clang): the store's message parser, ...; FUZZ_SECONDS each.
 FUZZ_SECONDS ?= 60

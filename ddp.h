@@ -62,7 +62,29 @@
                                            (tools/trace_svg.py draws it); costs nothing when off
      inject_comm_latency_ms, inject_comm_gbps
                                            benchmarks/tests only: allreduces also take as long as
-                                           a network of that latency and bandwidth would
+                                           a network of that latency and bandwidth would (NCCL: a
+                                           spin kernel on the comm stream before each bucket)
+     reduce_dtype     DDP_DTYPE_FP32       DDP_DTYPE_BF16: gradient buckets travel as bf16 (half
+                                           the bytes; inputs and average rounded to nearest even,
+                                           result written back into the fp32 gradients, the same
+                                           bits on every rank); both backends; ranks must agree
+     cuda_stream      NULL                 NCCL: the program's compute stream (a cudaStream_t);
+                                           NULL = the legacy default stream
+
+   THE NCCL BACKEND (implementation compiled by nvcc, or with -DDDP_CUDA and ddp_kernels.cuh)
+     Each rank uses GPU LOCAL_RANK % device count; rank 0's ncclUniqueId goes through the store.
+     ddp_param, ddp_grad, ddp_flat_params/grads and ddp_adamw_state's m and v are DEVICE
+     pointers (initial values given to ddp_register_param are host memory). A ready bucket is an
+     event on the compute stream, a wait on it by ddp.h's comm stream and ncclAllReduce(ncclAvg)
+     in place; ddp_finish makes the compute stream wait for the last bucket. Nothing in a step
+     waits on the host. ddp_adamw_step runs on the compute stream and clips/skips on the device;
+     only with max_grad_norm > 0 or grad_norm_out does it read the norm back (a small copy and a
+     wait), which is also when NaN/Inf gives DDP_ERR_NONFINITE at once (otherwise the step is
+     skipped on the device and the next ddp_adamw_step reports it). User collectives: device
+     buffers are enqueued on the compute stream; host buffers are staged and waited for. A
+     watchdog thread polls NCCL's asynchronous errors, the age of unfinished communication and
+     the group's poison, and aborts the communicator rather than hang. Step stats come from CUDA
+     events read lazily (stats.step names the step they describe).
 
    ENVIRONMENT (first match wins)
      torchrun style  RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
@@ -80,8 +102,8 @@
      fast with a message naming the rank that failed first, instead of waiting for the timeout.
 
    THREAD SAFETY
-     A context belongs to the thread that uses it (the library runs one communication thread of
-     its own per context). Distinct contexts are independent: several ranks may live as threads
+     A context belongs to the thread that uses it (the library runs one thread of its own per
+     context: the communication thread on the CPU, the watchdog on NCCL). Distinct contexts are independent: several ranks may live as threads
      of one process. ddp_result_string is safe from any thread.
 
    ALLOCATOR AND ASSERT HOOKS
@@ -219,7 +241,7 @@ const char *ddp_result_string(ddp_result result);
 ddp_result ddp_register_param(ddp_context *ctx, const char *name, size_t count, unsigned flags,
                               const float *init, int *id_out);
 ddp_result ddp_commit(ddp_context *ctx);
-float *ddp_param(ddp_context *ctx, int id);          /* views into the flat buffers */
+float *ddp_param(ddp_context *ctx, int id);          /* views into the flat buffers (device memory on NCCL) */
 float *ddp_grad(ddp_context *ctx, int id);
 size_t ddp_param_count(const ddp_context *ctx, int id);
 const char *ddp_param_name(const ddp_context *ctx, int id);
@@ -2418,6 +2440,9 @@ static void ddp__gpu_poison(ddp_context *ctx) {
             reply && !strcmp((const char *)reply, "1"))
             ddp__store_request_on(ctx, fd, DDP__OP_SET, "poison", msg, (uint32_t)strlen(msg), NULL, NULL, &status, 0);
         DDP_FREE(reply);
+        pthread_mutex_lock(&ctx->err_lock);   /* a store that is gone must not replace the real error */
+        snprintf(ctx->err, sizeof ctx->err, "%s", msg);
+        pthread_mutex_unlock(&ctx->err_lock);
     }
     ddp__gpu_abort(ctx);
 }
