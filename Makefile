@@ -9,11 +9,55 @@ B        := build
 
 PROGRAMS := $(B)/ddprun $(B)/minimal $(B)/bench_allreduce $(B)/bench_overlap \
             $(B)/test_unit $(B)/test_collectives $(B)/test_equivalence $(B)/test_fault \
-            $(B)/test_overlap $(B)/train_gpt $(B)/test_gpt
+            $(B)/test_overlap $(B)/test_bf16 $(B)/train_gpt $(B)/test_gpt
 CHECKS   := $(B)/cxx_check.o
 
-.PHONY: all run train-2-ranks deps test test-asan test-tsan fuzz bench bench-gpt clean
-all: $(PROGRAMS) $(CHECKS)
+.PHONY: all run train-2-ranks deps test test-asan test-tsan fuzz bench bench-gpt bench-gpu clean
+all: $(PROGRAMS) $(CHECKS) gpu
+
+# ---- The GPU path: built whenever nvcc is found (CI compiles and links it on every run);
+# the tests run where a GPU is (tests/gpu/run.sh prints one SKIP line elsewhere). nvcc, NCCL
+# and cuBLAS are looked up in CUDA_HOME, NCCL_HOME, /usr/local/cuda, /usr and the nvidia/nccl,
+# nvidia/cublas Python wheels (tools/gpu_paths.sh); the binaries carry an rpath to them.
+CUDA_ARCH  ?= sm_90
+NVCC       ?= $(shell tools/gpu_paths.sh nvcc)
+NCCL_INC   ?= $(shell tools/gpu_paths.sh nccl-inc)
+NCCL_LIB   ?= $(shell tools/gpu_paths.sh nccl-lib)
+NCCL_LINK  ?= $(shell tools/gpu_paths.sh nccl-link)
+CUBLAS_INC ?= $(shell tools/gpu_paths.sh cublas-inc)
+CUBLAS_LIB ?= $(shell tools/gpu_paths.sh cublas-lib)
+CUBLAS_LINK?= $(shell tools/gpu_paths.sh cublas-link)
+G          := $(B)/gpu
+CUDA_RT_LIB = $(dir $(NVCC))../lib64
+GPU_INCS    = $(addprefix -I,$(sort $(NCCL_INC) $(CUBLAS_INC)))
+GPU_RPATH   = $(foreach d,$(sort $(NCCL_LIB) $(CUBLAS_LIB)),-L$(d) -Xlinker -rpath -Xlinker $(d))
+NVFLAGS    ?= -O3 -g -std=c++17 -arch=$(CUDA_ARCH) -Xcompiler -Wall,-Wextra -Werror all-warnings
+GPU_TESTS  := $(G)/test_gpu_kernels $(G)/test_gpu_train $(G)/test_gpu_overlap $(G)/nccl_version $(G)/c_link_check
+GPU_BENCH  := $(G)/bench_gpu
+
+ifeq ($(strip $(NVCC)),)
+gpu:
+	@echo "no nvcc (CUDA_HOME=$(CUDA_HOME), or NVCC= given): building the CPU parts only"
+else
+gpu: $(GPU_TESTS) $(GPU_BENCH)
+endif
+
+$(G):
+	@mkdir -p $(G)
+GPU_DEPS := ddp.h ddp_kernels.cuh tests/testlib.h tests/gpu/gpu_common.h
+$(G)/%: tests/gpu/%.cu $(GPU_DEPS) | $(G)
+	$(NVCC) $(NVFLAGS) $(GPU_INCS) -o $@ $< $(GPU_RPATH) $(NCCL_LINK) -lpthread
+# The model's ops without fused multiply-add: the same arithmetic as the CPU reference.
+$(G)/test_gpu_train: tests/gpu/test_gpu_train.cu tests/test_equivalence.c $(GPU_DEPS) | $(G)
+	$(NVCC) $(NVFLAGS) --fmad=false $(GPU_INCS) -o $@ $< $(GPU_RPATH) $(NCCL_LINK) -lpthread
+$(G)/bench_gpu: bench/gpu/bench_gpu.cu $(GPU_DEPS) | $(G)
+	$(NVCC) $(NVFLAGS) $(GPU_INCS) -o $@ $< $(GPU_RPATH) $(NCCL_LINK) $(CUBLAS_LINK) -lpthread
+# The implementation compiled by the C compiler with -DDDP_CUDA, the kernels by nvcc.
+$(G)/kernels_impl.o: tests/gpu/kernels_impl.cu ddp_kernels.cuh | $(G)
+	$(NVCC) $(NVFLAGS) -c -o $@ $<
+$(G)/c_link_check: tests/gpu/c_link_check.c $(G)/kernels_impl.o ddp.h ddp_kernels.cuh | $(G)
+	$(CC) -std=c99 -O2 -g $(WARN) -DDDP_CUDA $(GPU_INCS) -I$(dir $(NVCC))../include -c -o $(G)/c_link_check.o $<
+	$(NVCC) -arch=$(CUDA_ARCH) -o $@ $(G)/c_link_check.o $(G)/kernels_impl.o $(GPU_RPATH) $(NCCL_LINK) -lpthread -lm
 
 $(B):
 	@mkdir -p $(B)
@@ -79,21 +123,32 @@ deps:
 test: all
 	@tests/run.sh $(B)
 
-bench: $(B)/ddprun $(B)/bench_allreduce $(B)/bench_overlap
+bench: $(B)/ddprun $(B)/bench_allreduce $(B)/bench_overlap $(B)/train_gpt bench-gpu
 	@bench/compare_allreduce.sh
 	@bench/overlap.sh
+	@bench/bench_gpt.sh $(B)
 
 # The tiny GPT's throughput: ours on 1 and 2 ranks next to PyTorch (needs python3-torch for that half).
 bench-gpt: $(B)/ddprun $(B)/train_gpt
 	@bench/bench_gpt.sh $(B)
 
-# The same tests under sanitizers, each in a build directory of its own.
+# GPU benchmarks: skipped with a line where there is no nvcc or no GPU.
+ifeq ($(strip $(NVCC)),)
+bench-gpu:
+	@echo "SKIP gpu benchmarks: no nvcc"
+else
+bench-gpu: $(GPU_BENCH)
+	@$(GPU_BENCH)
+endif
+
+# The same tests under sanitizers, each in a build directory of its own (CPU parts only: the
+# GPU binaries are not sanitizer builds, and their tests need a GPU).
 ASAN_OPT := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
 TSAN_OPT := -O1 -g -fsanitize=thread
 test-asan:
-	@$(MAKE) --no-print-directory B=build-asan OPT="$(ASAN_OPT)" test
+	@$(MAKE) --no-print-directory B=build-asan OPT="$(ASAN_OPT)" NVCC= test
 test-tsan:
-	@$(MAKE) --no-print-directory B=build-tsan OPT="$(TSAN_OPT)" test
+	@$(MAKE) --no-print-directory B=build-tsan OPT="$(TSAN_OPT)" NVCC= test
 
 # libFuzzer targets (clang): the store's message parser, ...; FUZZ_SECONDS each.
 FUZZ_SECONDS ?= 60

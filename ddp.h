@@ -62,7 +62,29 @@
                                            (tools/trace_svg.py draws it); costs nothing when off
      inject_comm_latency_ms, inject_comm_gbps
                                            benchmarks/tests only: allreduces also take as long as
-                                           a network of that latency and bandwidth would
+                                           a network of that latency and bandwidth would (NCCL: a
+                                           spin kernel on the comm stream before each bucket)
+     reduce_dtype     DDP_DTYPE_FP32       DDP_DTYPE_BF16: gradient buckets travel as bf16 (half
+                                           the bytes; inputs and average rounded to nearest even,
+                                           result written back into the fp32 gradients, the same
+                                           bits on every rank); both backends; ranks must agree
+     cuda_stream      NULL                 NCCL: the program's compute stream (a cudaStream_t);
+                                           NULL = the legacy default stream
+
+   THE NCCL BACKEND (implementation compiled by nvcc, or with -DDDP_CUDA and ddp_kernels.cuh)
+     Each rank uses GPU LOCAL_RANK % device count; rank 0's ncclUniqueId goes through the store.
+     ddp_param, ddp_grad, ddp_flat_params/grads and ddp_adamw_state's m and v are DEVICE
+     pointers (initial values given to ddp_register_param are host memory). A ready bucket is an
+     event on the compute stream, a wait on it by ddp.h's comm stream and ncclAllReduce(ncclAvg)
+     in place; ddp_finish makes the compute stream wait for the last bucket. Nothing in a step
+     waits on the host. ddp_adamw_step runs on the compute stream and clips/skips on the device;
+     only with max_grad_norm > 0 or grad_norm_out does it read the norm back (a small copy and a
+     wait), which is also when NaN/Inf gives DDP_ERR_NONFINITE at once (otherwise the step is
+     skipped on the device and the next ddp_adamw_step reports it). User collectives: device
+     buffers are enqueued on the compute stream; host buffers are staged and waited for. A
+     watchdog thread polls NCCL's asynchronous errors, the age of unfinished communication and
+     the group's poison, and aborts the communicator rather than hang. Step stats come from CUDA
+     events read lazily (stats.step names the step they describe).
 
    ENVIRONMENT (first match wins)
      torchrun style  RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
@@ -80,8 +102,8 @@
      fast with a message naming the rank that failed first, instead of waiting for the timeout.
 
    THREAD SAFETY
-     A context belongs to the thread that uses it (the library runs one communication thread of
-     its own per context). Distinct contexts are independent: several ranks may live as threads
+     A context belongs to the thread that uses it (the library runs one thread of its own per
+     context: the communication thread on the CPU, the watchdog on NCCL). Distinct contexts are independent: several ranks may live as threads
      of one process. ddp_result_string is safe from any thread.
 
    ALLOCATOR AND ASSERT HOOKS
@@ -97,6 +119,12 @@
 
 #ifndef DDP_H
 #define DDP_H
+
+/* nvcc compiling the implementation adds the NCCL backend; so does -DDDP_CUDA with a C compiler
+   (then link cudart and nccl, and compile ddp_kernels.cuh once with DDP_KERNELS_IMPLEMENTATION). */
+#if defined(__CUDACC__) && !defined(DDP_CUDA)
+#define DDP_CUDA 1
+#endif
 
 #include <stddef.h>
 #include <stdint.h>
@@ -129,6 +157,7 @@ typedef enum ddp_result {
 
 typedef enum ddp_backend { DDP_BACKEND_AUTO = 0, DDP_BACKEND_CPU, DDP_BACKEND_NCCL } ddp_backend;
 typedef enum ddp_op { DDP_AVG = 0, DDP_SUM } ddp_op;
+typedef enum ddp_dtype { DDP_DTYPE_FP32 = 0, DDP_DTYPE_BF16 } ddp_dtype;
 typedef enum ddp_log_level {
     DDP_LOG_DEFAULT = 0, DDP_LOG_DEBUG, DDP_LOG_INFO, DDP_LOG_WARN, DDP_LOG_ERROR, DDP_LOG_OFF
 } ddp_log_level;
@@ -158,6 +187,13 @@ typedef struct ddp_desc {
        network with this per-call latency and bandwidth (0: off). */
     double inject_comm_latency_ms;
     double inject_comm_gbps;
+    /* What gradient buckets travel as: FP32 (default), or BF16 (half the bytes; every rank's
+       contribution and the average are rounded to bf16, the fp32 gradients receive the result).
+       Every rank must use the same (checked at commit). User collectives stay fp32. */
+    ddp_dtype reduce_dtype;
+    /* NCCL backend: the compute stream (a cudaStream_t) the program's kernels run on; buckets
+       wait on it and it waits on them. NULL: the legacy default stream. */
+    void *cuda_stream;
 } ddp_desc;
 
 typedef struct ddp_context ddp_context;
@@ -183,8 +219,10 @@ typedef struct ddp_step_stats {
     double exposed_ms;         /* time ddp_finish waited for communication */
     double overlap_pct;        /* share of comm hidden under backward: 100 * (1 - exposed / comm) */
     double last_bucket_comm_ms;/* the last bucket's allreduce: what overlap cannot hide */
-    uint64_t bytes_reduced;
+    uint64_t bytes_reduced;    /* gradient bytes handed to the allreduce, in the reduce dtype */
     int buckets_launched;
+    int64_t step;              /* which ddp_finish (1, 2, ...) these numbers describe; on the NCCL
+                                  backend the newest one whose GPU work has completed */
 } ddp_step_stats;
 
 /* Process group. On failure *out may still hold a context that only reports the error: call
@@ -203,7 +241,7 @@ const char *ddp_result_string(ddp_result result);
 ddp_result ddp_register_param(ddp_context *ctx, const char *name, size_t count, unsigned flags,
                               const float *init, int *id_out);
 ddp_result ddp_commit(ddp_context *ctx);
-float *ddp_param(ddp_context *ctx, int id);          /* views into the flat buffers */
+float *ddp_param(ddp_context *ctx, int id);          /* views into the flat buffers (device memory on NCCL) */
 float *ddp_grad(ddp_context *ctx, int id);
 size_t ddp_param_count(const ddp_context *ctx, int id);
 const char *ddp_param_name(const ddp_context *ctx, int id);
@@ -290,6 +328,15 @@ ddp_step_stats ddp_last_step_stats(const ddp_context *ctx);   /* of the last ddp
 #define DDP_ASSERT(cond) assert(cond)
 #endif
 
+#ifdef DDP_CUDA
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#if defined(__CUDACC__) && !defined(DDP_KERNELS_IMPLEMENTATION)
+#define DDP_KERNELS_IMPLEMENTATION   /* nvcc: the kernels come with the implementation */
+#endif
+#include "ddp_kernels.cuh"
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -361,6 +408,7 @@ typedef struct ddp__shm_header {
 } ddp__shm_header;
 
 typedef struct ddp__store_server ddp__store_server;
+typedef struct ddp__gpu ddp__gpu;   /* the NCCL backend's state (only built with CUDA) */
 
 struct ddp_context {
     ddp_desc desc;                 /* resolved */
@@ -424,7 +472,30 @@ struct ddp_context {
     int comm_launched, comm_done;
     ddp_result comm_error;
     double comm_seconds, comm_last_seconds;
+
+    ddp__gpu *gpu;                 /* the NCCL backend; NULL on the CPU */
 };
+
+/* The backend interface. The CPU backend is written inline (shared memory, the comm thread);
+   the NCCL backend's counterparts are these, called at the few places that differ: bring-up,
+   the flat buffers, launching a bucket, finishing a step, zeroing, AdamW, user collectives,
+   poisoning and teardown. Built without CUDA they are stubs that are never reached. */
+static int ddp__on_gpu(const ddp_context *ctx) { return ctx->backend == DDP_BACKEND_NCCL; }
+static int ddp__gpu_visible(void);
+static ddp_result ddp__gpu_setup(ddp_context *ctx, double deadline);
+static ddp_result ddp__gpu_alloc_flat(ddp_context *ctx);
+static ddp_result ddp__gpu_commit(ddp_context *ctx);
+static ddp_result ddp__gpu_launch(ddp_context *ctx, int index);
+static void ddp__gpu_begin_step(ddp_context *ctx);
+static void ddp__gpu_harvest(ddp_context *ctx, int parity);
+static ddp_result ddp__gpu_finish(ddp_context *ctx);
+static ddp_result ddp__gpu_zero(ddp_context *ctx, float *x, size_t count);
+static ddp_result ddp__gpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b1, float b2, float eps, float *grad_norm_out);
+static ddp_result ddp__gpu_adamw_state(ddp_context *ctx);
+static ddp_result ddp__gpu_collective(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root);
+static void ddp__gpu_poison(ddp_context *ctx);
+static void ddp__gpu_stop_watchdog(ddp_context *ctx);
+static void ddp__gpu_teardown(ddp_context *ctx);
 
 /* --------------------------------------------------------------------------------------------
    Small helpers: time, memory, errors, logging
@@ -544,7 +615,7 @@ int ddp_world_size(const ddp_context *ctx) { return ctx->world; }
 int ddp_local_rank(const ddp_context *ctx) { return ctx->local_rank; }
 const ddp_desc *ddp_config(const ddp_context *ctx) { return &ctx->desc; }
 const char *ddp_backend_name(const ddp_context *ctx) {
-    return ctx->backend == DDP_BACKEND_CPU ? "cpu" : "single";
+    return ctx->backend == DDP_BACKEND_CPU ? "cpu" : ctx->backend == DDP_BACKEND_NCCL ? "nccl" : "single";
 }
 
 
@@ -772,6 +843,9 @@ static ddp_result ddp__resolve_desc(ddp_context *ctx, const ddp_desc *in) {
             else if (!strcmp(s, "off")) d->log_level = DDP_LOG_OFF;
         }
     }
+    if (d->reduce_dtype != DDP_DTYPE_FP32 && d->reduce_dtype != DDP_DTYPE_BF16)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: reduce_dtype %d is neither DDP_DTYPE_FP32 nor "
+                         "DDP_DTYPE_BF16", (int)d->reduce_dtype);
     if (d->timeout_s < 0 || d->bucket_cap_mb < 0 || d->first_bucket_mb < 0 || d->world_size < 0 ||
         d->inject_comm_latency_ms < 0 || d->inject_comm_gbps < 0)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: timeout_s, bucket_cap_mb, first_bucket_mb, "
@@ -819,8 +893,17 @@ static ddp_result ddp__resolve_desc(ddp_context *ctx, const ddp_desc *in) {
     d->local_rank = ctx->local_rank;
     d->local_world_size = ctx->local_world;
     d->master_addr = ctx->master_addr;
-    if (d->backend == DDP_BACKEND_NCCL)
+    if (d->backend != DDP_BACKEND_AUTO && d->backend != DDP_BACKEND_CPU && d->backend != DDP_BACKEND_NCCL)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: unknown backend %d", (int)d->backend);
+    /* AUTO: NCCL when built with CUDA and a GPU is visible, so one binary runs everywhere. */
+    if (d->backend == DDP_BACKEND_NCCL || (d->backend == DDP_BACKEND_AUTO && ddp__gpu_visible())) {
+#ifdef DDP_CUDA
+        d->backend = DDP_BACKEND_NCCL;
+        return DDP_OK;
+#else
         return ddp__fail(ctx, DDP_ERR_BACKEND, "the NCCL backend needs the implementation compiled with CUDA");
+#endif
+    }
     if (ctx->world > 1 && ctx->local_world != ctx->world)
         return ddp__fail(ctx, DDP_ERR_BAD_ENV, "the CPU backend needs every rank on one host, but "
                          "WORLD_SIZE=%d and LOCAL_WORLD_SIZE=%d", ctx->world, ctx->local_world);
@@ -1213,17 +1296,18 @@ static void ddp__server_stop(ddp_context *ctx) {
 }
 
 /* ---- the client (every rank, rank 0 included) ---- */
-static ddp_result ddp__store_request(ddp_context *ctx, uint32_t op, const char *key, const void *val,
-                                     uint32_t vlen, unsigned char **reply, uint32_t *reply_len,
-                                     uint32_t *status, double wait_s) {
+/* On `fd`: the rank's connection, or the NCCL watchdog's own. */
+static ddp_result ddp__store_request_on(ddp_context *ctx, int fd, uint32_t op, const char *key, const void *val,
+                                        uint32_t vlen, unsigned char **reply, uint32_t *reply_len,
+                                        uint32_t *status, double wait_s) {
     unsigned char hdr[16];
     uint32_t rlen;
     int rc;
     double deadline = ddp__now() + wait_s + 10.0;
-    if (ddp__send_frame(ctx->store_fd, op, key, (uint32_t)strlen(key), val, vlen, ddp__now() + 10.0))
+    if (ddp__send_frame(fd, op, key, (uint32_t)strlen(key), val, vlen, ddp__now() + 10.0))
         return ddp__fail(ctx, DDP_ERR_PEER_LOST, "lost the connection to the rendezvous store on rank 0 (%s:%d)",
                          ctx->master_addr, ctx->desc.master_port);
-    rc = ddp__recv_all(ctx->store_fd, hdr, 16, deadline);
+    rc = ddp__recv_all(fd, hdr, 16, deadline);
     if (rc == 0 && ddp__get_u32(hdr) != DDP__STORE_MAGIC) rc = -1;
     rlen = ddp__get_u32(hdr + 12);
     if (rc == 0 && rlen > DDP__STORE_MAX_VALUE) rc = -1;
@@ -1235,7 +1319,7 @@ static ddp_result ddp__store_request(ddp_context *ctx, uint32_t op, const char *
     if (reply) {
         *reply = (unsigned char *)DDP_MALLOC(rlen + 1);
         if (!*reply) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory reading from the store");
-        if (ddp__recv_all(ctx->store_fd, *reply, rlen, deadline)) {
+        if (ddp__recv_all(fd, *reply, rlen, deadline)) {
             DDP_FREE(*reply); *reply = NULL;
             return ddp__fail(ctx, DDP_ERR_PEER_LOST, "lost the connection to the rendezvous store");
         }
@@ -1245,12 +1329,18 @@ static ddp_result ddp__store_request(ddp_context *ctx, uint32_t op, const char *
         unsigned char sink[256];
         while (rlen) {
             uint32_t n = rlen < sizeof sink ? rlen : (uint32_t)sizeof sink;
-            if (ddp__recv_all(ctx->store_fd, sink, n, deadline))
+            if (ddp__recv_all(fd, sink, n, deadline))
                 return ddp__fail(ctx, DDP_ERR_PEER_LOST, "lost the connection to the rendezvous store");
             rlen -= n;
         }
     }
     return DDP_OK;
+}
+
+static ddp_result ddp__store_request(ddp_context *ctx, uint32_t op, const char *key, const void *val,
+                                     uint32_t vlen, unsigned char **reply, uint32_t *reply_len,
+                                     uint32_t *status, double wait_s) {
+    return ddp__store_request_on(ctx, ctx->store_fd, op, key, val, vlen, reply, reply_len, status, wait_s);
 }
 
 static ddp_result ddp__store_set(ddp_context *ctx, const char *key, const void *val, size_t len) {
@@ -1288,39 +1378,41 @@ static ddp_result ddp__store_check(ddp_context *ctx, const char *key, int *exist
     return r;
 }
 
-/* Connect to rank 0's store, retrying until it is up or the deadline passes. */
-static ddp_result ddp__store_connect(ddp_context *ctx, double deadline) {
+/* Connect to rank 0's store, retrying until it is up or the deadline passes. The connection
+   announces `announce` as its rank: the store takes a hang-up of a rank's connection for that
+   rank's death, so secondary connections announce -1. */
+static ddp_result ddp__store_connect_as(ddp_context *ctx, double deadline, int announce, int *fd_out) {
     struct addrinfo *ai, *a;
     char rank_s[16];
     uint32_t status;
-    int one = 1, last_err = 0;
+    int one = 1, last_err = 0, sfd = -1;
     if (ddp__resolve(ctx, ctx->desc.master_port, &ai)) return DDP_ERR_NETWORK;
     for (;;) {
         for (a = ai; a; a = a->ai_next) {
             int fd = socket(a->ai_family, SOCK_STREAM, 0);
             if (fd < 0) continue;
-            if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) { ctx->store_fd = fd; break; }
+            if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) { *fd_out = sfd = fd; break; }
             last_err = errno;
             close(fd);
         }
-        if (ctx->store_fd >= 0 || ddp__now() > deadline) break;
+        if (sfd >= 0 || ddp__now() > deadline) break;
         usleep(20000);
     }
     freeaddrinfo(ai);
-    if (ctx->store_fd < 0)
+    if (sfd < 0)
         return ddp__fail(ctx, DDP_ERR_TIMEOUT, "cannot reach rank 0's rendezvous store at %s:%d within %.0f s: %s",
                          ctx->master_addr, ctx->desc.master_port, ctx->desc.timeout_s, strerror(last_err));
-    fcntl(ctx->store_fd, F_SETFD, FD_CLOEXEC);
-    setsockopt(ctx->store_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    snprintf(rank_s, sizeof rank_s, "%d", ctx->rank);
-    if (ddp__send_frame(ctx->store_fd, DDP__OP_HELLO, ctx->job_token, (uint32_t)strlen(ctx->job_token),
+    fcntl(sfd, F_SETFD, FD_CLOEXEC);
+    setsockopt(sfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    snprintf(rank_s, sizeof rank_s, "%d", announce);
+    if (ddp__send_frame(sfd, DDP__OP_HELLO, ctx->job_token, (uint32_t)strlen(ctx->job_token),
                         rank_s, (uint32_t)strlen(rank_s), ddp__now() + 10.0))
         return ddp__fail(ctx, DDP_ERR_NETWORK, "rendezvous store at %s:%d closed the connection",
                          ctx->master_addr, ctx->desc.master_port);
     {
         unsigned char hdr[16];
         uint32_t rlen;
-        if (ddp__recv_all(ctx->store_fd, hdr, 16, ddp__now() + 10.0) || ddp__get_u32(hdr) != DDP__STORE_MAGIC)
+        if (ddp__recv_all(sfd, hdr, 16, ddp__now() + 10.0) || ddp__get_u32(hdr) != DDP__STORE_MAGIC)
             return ddp__fail(ctx, DDP_ERR_NETWORK, "the rendezvous store at %s:%d refused this rank: the job "
                              "token (DDP_JOB_TOKEN) does not match rank 0's, or the port belongs to another program",
                              ctx->master_addr, ctx->desc.master_port);
@@ -1331,6 +1423,10 @@ static ddp_result ddp__store_connect(ddp_context *ctx, double deadline) {
                              "token (DDP_JOB_TOKEN) does not match rank 0's", ctx->master_addr, ctx->desc.master_port);
     }
     return DDP_OK;
+}
+
+static ddp_result ddp__store_connect(ddp_context *ctx, double deadline) {
+    return ddp__store_connect_as(ctx, deadline, ctx->rank, &ctx->store_fd);
 }
 
 /* --------------------------------------------------------------------------------------------
@@ -1349,7 +1445,7 @@ static ddp_result ddp__store_connect(ddp_context *ctx, double deadline) {
    A waiter spins briefly, then sleeps on a futex; while asleep it checks every
    DDP__LIVENESS_PERIOD_S that its peers are alive and that the group is not poisoned.
    -------------------------------------------------------------------------------------------- */
-enum { DDP__KIND_BARRIER = 1, DDP__KIND_BROADCAST, DDP__KIND_SUM, DDP__KIND_AVG };
+enum { DDP__KIND_BARRIER = 1, DDP__KIND_BROADCAST, DDP__KIND_SUM, DDP__KIND_AVG, DDP__KIND_AVG_BF16 };
 #define DDP__SHM_MAGIC 0x31504444534d4853ull
 
 static size_t ddp__round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
@@ -1417,6 +1513,8 @@ static void ddp__shm_post(ddp_context *ctx, int stage, uint32_t value) {
 static void ddp__poison_group(ddp_context *ctx, ddp_result code) {
     ddp__shm_header *h;
     int32_t none = -1;
+    (void)code;
+    if (ddp__on_gpu(ctx)) { ddp__gpu_poison(ctx); return; }
     if (!ctx->shm) return;
     h = ddp__shm_hdr(ctx);
     pthread_mutex_lock(&ctx->err_lock);
@@ -1492,6 +1590,7 @@ static const char *ddp__kind_name(uint32_t kind) {
     case DDP__KIND_BROADCAST: return "broadcast";
     case DDP__KIND_SUM: return "allreduce(sum)";
     case DDP__KIND_AVG: return "allreduce(avg)";
+    case DDP__KIND_AVG_BF16: return "allreduce(avg, bf16)";
     }
     return "?";
 }
@@ -1519,6 +1618,41 @@ static void ddp__part(size_t m, int world, int s, size_t *lo, size_t *hi) {
     *hi = *lo + part < m ? *lo + part : m;
 }
 
+/* bf16 is the upper half of a float, rounded to nearest even; NaN stays a (quiet) NaN. The same
+   rounding as ddp_kernels.cuh, so both backends put the same bits on the wire. */
+static uint16_t ddp__to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static float ddp__from_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* The bf16 average: slots carry bf16; the owner of a part adds every rank's bf16 values in
+   float, in rank order, divides, and rounds once more. Its own values are rounded the same way
+   first, so the result does not depend on which rank owns the part. */
+static void ddp__reduce_part_bf16(ddp_context *ctx, float *buf, size_t lo, size_t hi, uint32_t chunk) {
+    uint16_t *acc = (uint16_t *)(void *)ddp__shm_slot(ctx, ctx->rank, chunk) + lo;
+    float w = (float)ctx->world;
+    size_t j, n = hi - lo;
+    int s;
+    for (j = 0; j < n; j++) {
+        float sum = 0;
+        for (s = 0; s < ctx->world; s++) {
+            float x = s == ctx->rank ? ddp__from_bf16(ddp__to_bf16(buf[lo + j]))
+                                     : ddp__from_bf16(((const uint16_t *)(void *)ddp__shm_slot(ctx, s, chunk))[lo + j]);
+            sum = s == 0 ? x : sum + x;
+        }
+        acc[j] = ddp__to_bf16(sum / w);
+        buf[lo + j] = ddp__from_bf16(acc[j]);
+    }
+}
+
 static void ddp__reduce_part(ddp_context *ctx, float *buf, size_t lo, size_t hi, uint32_t chunk, uint32_t kind) {
     float *acc = (float *)ddp__shm_slot(ctx, ctx->rank, chunk) + lo;
     const float *src[2];
@@ -1542,7 +1676,14 @@ static void ddp__reduce_part(ddp_context *ctx, float *buf, size_t lo, size_t hi,
 static void ddp__stage_in(ddp_context *ctx, uint32_t kind, unsigned char *buf, size_t m, int root, uint32_t chunk) {
     unsigned char *slot = ddp__shm_slot(ctx, ctx->rank, chunk);
     int s;
-    if (kind == DDP__KIND_BROADCAST) {
+    if (kind == DDP__KIND_AVG_BF16) {
+        for (s = 0; s < ctx->world; s++) {
+            size_t lo, hi, j;
+            ddp__part(m, ctx->world, s, &lo, &hi);
+            if (s == ctx->rank) continue;
+            for (j = lo; j < hi; j++) ((uint16_t *)(void *)slot)[j] = ddp__to_bf16(((const float *)(void *)buf)[j]);
+        }
+    } else if (kind == DDP__KIND_BROADCAST) {
         if (ctx->rank == root) memcpy(slot, buf, m);
     } else if (kind != DDP__KIND_BARRIER) {
         for (s = 0; s < ctx->world; s++) {
@@ -1555,7 +1696,15 @@ static void ddp__stage_in(ddp_context *ctx, uint32_t kind, unsigned char *buf, s
 
 static void ddp__stage_out(ddp_context *ctx, uint32_t kind, unsigned char *buf, size_t m, int root, uint32_t chunk) {
     int s;
-    if (kind == DDP__KIND_BROADCAST) {
+    if (kind == DDP__KIND_AVG_BF16) {
+        for (s = 0; s < ctx->world; s++) {
+            const uint16_t *sums = (const uint16_t *)(void *)ddp__shm_slot(ctx, s, chunk);
+            size_t lo, hi, j;
+            ddp__part(m, ctx->world, s, &lo, &hi);
+            if (s == ctx->rank) continue;
+            for (j = lo; j < hi; j++) ((float *)(void *)buf)[j] = ddp__from_bf16(sums[j]);
+        }
+    } else if (kind == DDP__KIND_BROADCAST) {
         if (ctx->rank != root) memcpy(buf, ddp__shm_slot(ctx, root, chunk), m);
     } else if (kind != DDP__KIND_BARRIER) {
         for (s = 0; s < ctx->world; s++) {
@@ -1582,8 +1731,10 @@ static void ddp__inject_comm_delay(ddp_context *ctx, size_t bytes, double starte
 /* One collective over the segment; count is in floats for reductions, bytes for broadcast. */
 static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root) {
     ddp__shm_sig *sig = &ddp__shm_block(ctx, ctx->rank)->sig;
-    size_t unit = (kind == DDP__KIND_SUM || kind == DDP__KIND_AVG) ? sizeof(float) : 1;
-    size_t per_chunk = DDP__CHUNK_BYTES / unit, done = 0;
+    int reduces = kind == DDP__KIND_SUM || kind == DDP__KIND_AVG || kind == DDP__KIND_AVG_BF16;
+    size_t unit = reduces ? sizeof(float) : 1;                              /* in the user's buffer */
+    size_t wire = kind == DDP__KIND_AVG_BF16 ? sizeof(uint16_t) : unit;     /* in the slots */
+    size_t per_chunk = DDP__CHUNK_BYTES / wire, done = 0;
     unsigned char *buf = (unsigned char *)data;
     int first = 1;
     double started = ddp__now();
@@ -1602,9 +1753,10 @@ static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *dat
         ddp__shm_post(ctx, DDP__STAGE_IN, q + 1);
         if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_IN, q + 1)) != DDP_OK) return r;
         if (first && (r = ddp__shm_check_sigs(ctx)) != DDP_OK) return r;
-        if (unit == sizeof(float)) {
+        if (reduces) {
             ddp__part(m, ctx->world, ctx->rank, &lo, &hi);
-            ddp__reduce_part(ctx, (float *)(void *)(buf + done * unit), lo, hi, q, kind);
+            if (kind == DDP__KIND_AVG_BF16) ddp__reduce_part_bf16(ctx, (float *)(void *)(buf + done * unit), lo, hi, q);
+            else ddp__reduce_part(ctx, (float *)(void *)(buf + done * unit), lo, hi, q, kind);
         }
         ddp__shm_post(ctx, DDP__STAGE_RED, q + 1);
         if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_RED, q + 1)) != DDP_OK) return r;
@@ -1614,8 +1766,8 @@ static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *dat
         done += m;
         first = 0;
     } while (done < count);
-    if (unit == sizeof(float) && (ctx->desc.inject_comm_latency_ms > 0 || ctx->desc.inject_comm_gbps > 0))
-        ddp__inject_comm_delay(ctx, count * sizeof(float), started);
+    if (reduces && (ctx->desc.inject_comm_latency_ms > 0 || ctx->desc.inject_comm_gbps > 0))
+        ddp__inject_comm_delay(ctx, count * wire, started);
     return DDP_OK;
 }
 
@@ -1804,8 +1956,12 @@ ddp_result ddp_init(ddp_context **out, const ddp_desc *desc) {
     ctx->sync_enabled = 1;
     ctx->tl_origin = ddp__now();
     if ((r = ddp__resolve_desc(ctx, desc)) != DDP_OK) return ddp__set_failed(ctx, r);
+    if (ctx->desc.backend == DDP_BACKEND_NCCL && ctx->world == 1) {   /* no store, a communicator of one */
+        ctx->backend = DDP_BACKEND_NCCL;
+        return (r = ddp__gpu_setup(ctx, 0)) != DDP_OK ? ddp__set_failed(ctx, r) : DDP_OK;
+    }
     if (ctx->world == 1) { ctx->backend = 0; return DDP_OK; }
-    ctx->backend = DDP_BACKEND_CPU;
+    ctx->backend = ctx->desc.backend;
     if (!ctx->job_token[0])
         ddp__log(ctx, ctx->local_world < ctx->world ? DDP_LOG_WARN : DDP_LOG_INFO, "no DDP_JOB_TOKEN: the "
                  "rendezvous store on %s:%d accepts any client that can reach it", ctx->master_addr, ctx->desc.master_port);
@@ -1813,6 +1969,7 @@ ddp_result ddp_init(ddp_context **out, const ddp_desc *desc) {
     if (ctx->rank == 0 && (r = ddp__server_start(ctx)) != DDP_OK) return ddp__set_failed(ctx, r);
     if ((r = ddp__store_connect(ctx, deadline)) != DDP_OK) return ddp__set_failed(ctx, r);
     if ((r = ddp__rendezvous(ctx, deadline)) != DDP_OK) return ddp__set_failed(ctx, r);
+    if (ddp__on_gpu(ctx)) return (r = ddp__gpu_setup(ctx, deadline)) != DDP_OK ? ddp__fatal(ctx, r) : DDP_OK;
     if ((r = ddp__shm_setup(ctx, deadline)) != DDP_OK) return ddp__fatal(ctx, r);
     ddp__log(ctx, DDP_LOG_INFO, "rank %d of %d up (cpu backend, segment %s)", ctx->rank, ctx->world, ctx->shm_name);
     return DDP_OK;
@@ -1823,7 +1980,8 @@ ddp_result ddp_init(ddp_context **out, const ddp_desc *desc) {
    its own, PATH.rankR.json. Called twice: before the shutdown barrier (publish) and after it
    (rank 0 gathers). */
 static void ddp__tl_shutdown(ddp_context *ctx, ddp__text *mine, int gather) {
-    int together = ctx->shm && !ddp__failed(ctx) && !mine->oom && mine->len <= DDP__STORE_MAX_VALUE;
+    int together = (ctx->shm || (ddp__on_gpu(ctx) && ctx->store_fd >= 0)) && !ddp__failed(ctx) && !mine->oom &&
+                   mine->len <= DDP__STORE_MAX_VALUE;
     char key[32], path[600];
     int s, found;
     if (!ctx->tl_main) return;
@@ -1853,29 +2011,38 @@ static void ddp__tl_shutdown(ddp_context *ctx, ddp__text *mine, int gather) {
     ddp__tl_write_file(ctx, ctx->timeline_path, mine);
 }
 
+/* The shutdown barriers: through shared memory, or the communicator (world > 1 only). */
+static ddp_result ddp__group_barrier(ddp_context *ctx) {
+    if (ddp__failed(ctx) || ctx->world == 1) return DDP_OK;
+    if (ddp__on_gpu(ctx)) return ctx->gpu ? ddp__gpu_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0) : DDP_OK;
+    return ctx->shm ? ddp__shm_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0) : DDP_OK;
+}
+
 ddp_result ddp_shutdown(ddp_context *ctx) {
     ddp_result r = DDP_OK;
     ddp__text timeline;
     if (!ctx) return DDP_OK;
     memset(&timeline, 0, sizeof timeline);
     ddp__comm_stop(ctx);
+    ddp__gpu_stop_watchdog(ctx);
     if (ctx->tl_main) ddp__tl_rank_json(ctx, &timeline);
     ddp__tl_shutdown(ctx, &timeline, 0);
     /* Two barriers: rank 0 closes its store only once every rank is done with it, and no rank
        returns (and perhaps starts a new group on the same port) before the store is closed. */
     ctx->shm_what = "the shutdown barrier";
-    if (ctx->shm && !ddp__failed(ctx)) r = ddp__shm_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0);
+    r = ddp__group_barrier(ctx);
     ddp__tl_shutdown(ctx, &timeline, 1);
     DDP_FREE(timeline.buf);
     ddp__tl_free(ctx->tl_main);
     ddp__tl_free(ctx->tl_comm);
     if (ctx->store_fd >= 0) close(ctx->store_fd);
     ddp__server_stop(ctx);
-    if (ctx->shm && !ddp__failed(ctx)) r = ddp__shm_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0);
+    if (r == DDP_OK) r = ddp__group_barrier(ctx);
     if (ctx->shm) {
         munmap(ctx->shm, ctx->shm_bytes);
         if (ctx->rank == 0) shm_unlink(ctx->shm_name);   /* already gone unless init failed */
     }
+    ddp__gpu_teardown(ctx);   /* frees the device buffers */
     ddp__free_floats(ctx->flat_params);
     ddp__free_floats(ctx->flat_grads);
     ddp__free_floats(ctx->adam_m);
@@ -1978,8 +2145,9 @@ static char *ddp__layout_text(ddp_context *ctx, size_t *len_out) {
     char *text = (char *)DDP_MALLOC(cap);
     int i;
     if (!text) return NULL;
-    len = (size_t)snprintf(text, cap, "buckets %.6f %.6f %d\n", ctx->desc.first_bucket_mb,
-                           ctx->desc.bucket_cap_mb, ctx->desc.find_unused);
+    len = (size_t)snprintf(text, cap, "buckets %.6f %.6f %d reduce %s\n", ctx->desc.first_bucket_mb,
+                           ctx->desc.bucket_cap_mb, ctx->desc.find_unused,
+                           ctx->desc.reduce_dtype == DDP_DTYPE_BF16 ? "bf16" : "fp32");
     for (i = 0; i < ctx->num_params; i++)
         len += (size_t)snprintf(text + len, cap - len, "%s %zu %u\n", ctx->params[i].name,
                                 ctx->params[i].count, ctx->params[i].flags);
@@ -2002,7 +2170,7 @@ static ddp_result ddp__layout_mismatch(ddp_context *ctx, const char *a, const ch
     while (!strcmp(ddp__line(a, i, la, sizeof la), ddp__line(b, i, lb, sizeof lb))) i++;
     if (i == 0)
         return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks 0 and %d use different options: rank 0 has '%s', rank %d "
-                         "has '%s' (first_bucket_mb, bucket_cap_mb, find_unused)", rank_b, la, rank_b, lb);
+                         "has '%s' (first_bucket_mb, bucket_cap_mb, find_unused, reduce_dtype)", rank_b, la, rank_b, lb);
     return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks registered different parameters: parameter #%d is '%s' "
                      "(name, elements, flags) on rank 0 but '%s' on rank %d", i - 1, la, lb, rank_b);
 }
@@ -2034,6 +2202,20 @@ static ddp_result ddp__verify_layout(ddp_context *ctx) {
 
 static ddp_result ddp__comm_start(ddp_context *ctx);
 
+static ddp_result ddp__cpu_alloc_flat(ddp_context *ctx) {
+    int i;
+    ctx->flat_params = ddp__alloc_floats(ctx->flat_count);
+    ctx->flat_grads = ddp__alloc_floats(ctx->flat_count);
+    if (!ctx->flat_params || !ctx->flat_grads)
+        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %zu parameters", ctx->flat_count);
+    for (i = 0; i < ctx->num_params; i++) {
+        ddp__param *p = &ctx->params[i];
+        if (p->init) memcpy(ctx->flat_params + p->offset, p->init, p->count * sizeof(float));
+        p->init = NULL;
+    }
+    return DDP_OK;
+}
+
 ddp_result ddp_commit(ddp_context *ctx) {
     ddp_result r = ddp__usable(ctx, 0, "ddp_commit");
     size_t offset = 0;
@@ -2046,17 +2228,11 @@ ddp_result ddp_commit(ddp_context *ctx) {
         offset += ddp__round_up(ctx->params[i].count, DDP__ALIGN_FLOATS);
     }
     ctx->flat_count = offset;
-    ctx->flat_params = ddp__alloc_floats(offset);
-    ctx->flat_grads = ddp__alloc_floats(offset);
-    if (!ctx->flat_params || !ctx->flat_grads)
-        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %zu parameters", offset);
-    for (i = 0; i < ctx->num_params; i++) {
-        ddp__param *p = &ctx->params[i];
-        if (p->init) memcpy(ctx->flat_params + p->offset, p->init, p->count * sizeof(float));
-        p->init = NULL;
-    }
+    if ((r = ddp__on_gpu(ctx) ? ddp__gpu_alloc_flat(ctx) : ddp__cpu_alloc_flat(ctx)) != DDP_OK) return r;
     if ((r = ddp__build_buckets(ctx)) != DDP_OK) return r;
-    if (ctx->world > 1) {
+    if (ddp__on_gpu(ctx)) {
+        if ((r = ddp__gpu_commit(ctx)) != DDP_OK) return r;
+    } else if (ctx->world > 1) {
         if ((r = ddp__verify_layout(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
         ctx->shm_what = "the broadcast of rank 0's initial parameters";
         r = ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->flat_params, offset * sizeof(float), 0);
@@ -2111,6 +2287,14 @@ static void ddp__comm_thread_short_slice(void) {
 #endif
 }
 
+/* Gradient buckets travel as the reduce dtype says. */
+static uint32_t ddp__grad_kind(const ddp_context *ctx) {
+    return ctx->desc.reduce_dtype == DDP_DTYPE_BF16 ? DDP__KIND_AVG_BF16 : DDP__KIND_AVG;
+}
+static size_t ddp__wire_bytes(const ddp_context *ctx) {
+    return ctx->desc.reduce_dtype == DDP_DTYPE_BF16 ? sizeof(uint16_t) : sizeof(float);
+}
+
 static void *ddp__comm_main(void *arg) {
     ddp_context *ctx = (ddp_context *)arg;
     ddp__comm_thread_short_slice();
@@ -2128,9 +2312,9 @@ static void *ddp__comm_main(void *arg) {
             snprintf(ctx->shm_what_buf, sizeof ctx->shm_what_buf, "the allreduce of gradient bucket %d", index);
             ctx->shm_what = ctx->shm_what_buf;
             t0 = ddp__now();
-            r = ddp__shm_collective(ctx, DDP__KIND_AVG, ctx->flat_grads + b->offset, b->count, 0);
+            r = ddp__shm_collective(ctx, ddp__grad_kind(ctx), ctx->flat_grads + b->offset, b->count, 0);
             seconds = ddp__now() - t0;
-            ddp__record(ctx, ctx->tl_comm, DDP__EV_ALLREDUCE, t0, t0 + seconds, index, b->count * sizeof(float));
+            ddp__record(ctx, ctx->tl_comm, DDP__EV_ALLREDUCE, t0, t0 + seconds, index, b->count * ddp__wire_bytes(ctx));
         }
         pthread_mutex_lock(&ctx->comm_lock);
         ctx->comm_seconds += seconds;
@@ -2166,20 +2350,676 @@ static void ddp__comm_stop(ddp_context *ctx) {
     ctx->comm_started = 0;
 }
 
-static void ddp__launch(ddp_context *ctx, int index) {
+/* --------------------------------------------------------------------------------------------
+   The NCCL backend. Flat parameters, gradients and AdamW state live in device memory. There is
+   no communication thread: launching a bucket is enqueueing it. An event recorded on the
+   compute stream when the bucket's last gradient is ready makes the comm stream wait, the comm
+   stream averages the bucket in place (ncclAvg), and at ddp_finish the compute stream waits for
+   the last bucket. The host never waits inside a step. A watchdog thread polls NCCL's
+   asynchronous errors, the age of unfinished communication (timeout_s) and the store's poison
+   key, and aborts the communicator instead of letting the job hang.
+   Every CUDA and NCCL call is checked; a failure is DDP_ERR_BACKEND (or _PEER_LOST, _TIMEOUT)
+   with the call, file, line and rank.
+   -------------------------------------------------------------------------------------------- */
+#ifdef DDP_CUDA
+struct ddp__gpu {
+    int device;
+    cudaStream_t compute;          /* the program's (desc.cuda_stream); NULL: legacy default */
+    cudaStream_t comm;             /* ours: bucket allreduces */
+    ncclComm_t nccl;
+    int nccl_live;                 /* created, neither destroyed nor aborted (under lock) */
+    pthread_mutex_t lock;          /* NCCL calls vs the watchdog's abort; the watch fields */
+    cudaEvent_t *ready;            /* per bucket: the compute stream reached its last gradient */
+    cudaEvent_t *comm_start[2], *comm_end[2];   /* per bucket; two steps' worth (parity) */
+    cudaEvent_t step_begin[2], step_finish[2];
+    int timed[2], last_bucket[2];  /* that parity holds a step whose times are not read yet */
+    ddp_step_stats timed_stats[2];
+    unsigned char *no_decay;       /* one byte per DDP_K_MASK_GROUP elements */
+    double *norm_partials, *norm_sq;
+    ddp_k_adamw_state *state;      /* device: step, clip, skip */
+    ddp_k_adamw_state *state_host; /* pinned copy, read when state_copied has completed */
+    cudaEvent_t state_copied;
+    int state_pending, step_dirty; /* step_dirty: the program may have changed the step count */
+    long long skipped_seen;
+    uint16_t *bf16;                /* staging for bf16 buckets (the largest bucket) */
+    void *scratch, *scratch_host;  /* user collectives on host memory go through these */
+    size_t scratch_bytes;
+    cudaEvent_t sync_event, watch_event;
+    double watch_since;            /* host time of the oldest comm work not known done; 0: none */
+    char watch_what[96];
+    pthread_t watchdog;
+    int watchdog_started, watchdog_stop;
+    pthread_cond_t watchdog_wake;
+    int watch_fd;                  /* the watchdog's own store connection (-1: none) */
+};
+
+static ddp_result ddp__cuda_fail(ddp_context *ctx, cudaError_t e, const char *call, const char *file, int line) {
+    return ddp__fail(ctx, DDP_ERR_BACKEND, "%s failed at %s:%d: %s (%s)", call, file, line, cudaGetErrorName(e),
+                     cudaGetErrorString(e));
+}
+static ddp_result ddp__nccl_fail(ddp_context *ctx, ncclResult_t e, const char *call, const char *file, int line) {
+    const char *detail = ctx->gpu && ctx->gpu->nccl_live ? ncclGetLastError(ctx->gpu->nccl) : NULL;
+    return ddp__fail(ctx, e == ncclRemoteError ? DDP_ERR_PEER_LOST : DDP_ERR_BACKEND, "%s failed at %s:%d: %s%s%s",
+                     call, file, line, ncclGetErrorString(e), detail && *detail ? ": " : "", detail ? detail : "");
+}
+/* In a function with `ctx` in scope: any failure poisons the group and returns. */
+#define DDP__CUDA(call) do { cudaError_t e_ = (call); \
+    if (e_ != cudaSuccess) return ddp__fatal(ctx, ddp__cuda_fail(ctx, e_, #call, __FILE__, __LINE__)); } while (0)
+#define DDP__NCCL(call) do { ncclResult_t e_ = (call); \
+    if (e_ != ncclSuccess) return ddp__fatal(ctx, ddp__nccl_fail(ctx, e_, #call, __FILE__, __LINE__)); } while (0)
+
+static int ddp__gpu_visible(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) { cudaGetLastError(); return 0; }
+    return n > 0;
+}
+
+static void ddp__gpu_abort(ddp_context *ctx) {
+    ddp__gpu *g = ctx->gpu;
+    if (!g) return;
+    pthread_mutex_lock(&g->lock);
+    if (g->nccl_live) { ncclCommAbort(g->nccl); g->nccl_live = 0; }
+    pthread_mutex_unlock(&g->lock);
+}
+
+/* Poison: the first rank to fail leaves its message in the store (an ADD decides who is first),
+   every rank's watchdog polls it; then this rank's communicator is aborted so that nothing of
+   its own waits on the peers. */
+static void ddp__gpu_poison(ddp_context *ctx) {
+    ddp__gpu *g = ctx->gpu;
+    int from_watchdog = g && g->watchdog_started && pthread_equal(pthread_self(), g->watchdog);
+    int fd = from_watchdog ? g->watch_fd : ctx->store_fd;
+    if (fd >= 0) {
+        unsigned char *reply = NULL;
+        uint32_t len, status;
+        char msg[DDP__ERR_MAX];
+        pthread_mutex_lock(&ctx->err_lock);
+        snprintf(msg, sizeof msg, "%s", ctx->err);
+        pthread_mutex_unlock(&ctx->err_lock);
+        if (ddp__store_request_on(ctx, fd, DDP__OP_ADD, "poisoned", "1", 1, &reply, &len, &status, 0) == DDP_OK &&
+            reply && !strcmp((const char *)reply, "1"))
+            ddp__store_request_on(ctx, fd, DDP__OP_SET, "poison", msg, (uint32_t)strlen(msg), NULL, NULL, &status, 0);
+        DDP_FREE(reply);
+        pthread_mutex_lock(&ctx->err_lock);   /* a store that is gone must not replace the real error */
+        snprintf(ctx->err, sizeof ctx->err, "%s", msg);
+        pthread_mutex_unlock(&ctx->err_lock);
+    }
+    ddp__gpu_abort(ctx);
+}
+
+/* What the watchdog sees with the lock held: an asynchronous NCCL error, or communication that
+   has not finished within the timeout. Returns a ddp_result and fills msg. */
+static ddp_result ddp__gpu_inspect_locked(ddp_context *ctx, char *msg, size_t cap) {
+    ddp__gpu *g = ctx->gpu;
+    ncclResult_t async = ncclSuccess;
+    if (!g->nccl_live) return DDP_OK;
+    if (ncclCommGetAsyncError(g->nccl, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress) {
+        const char *detail = ncclGetLastError(g->nccl);
+        snprintf(msg, cap, "NCCL reported an asynchronous error during %s: %s%s%s; the communicator was aborted",
+                 g->watch_what[0] ? g->watch_what : "communication", ncclGetErrorString(async),
+                 detail && *detail ? ": " : "", detail ? detail : "");
+        return async == ncclRemoteError ? DDP_ERR_PEER_LOST : DDP_ERR_BACKEND;
+    }
+    if (g->watch_since > 0) {
+        cudaError_t q = cudaEventQuery(g->watch_event);
+        if (q == cudaSuccess) g->watch_since = 0;
+        else if (q != cudaErrorNotReady) {
+            snprintf(msg, cap, "the GPU failed during %s: %s (%s)", g->watch_what, cudaGetErrorName(q), cudaGetErrorString(q));
+            return DDP_ERR_BACKEND;
+        } else if (ddp__now() - g->watch_since > ctx->desc.timeout_s) {
+            snprintf(msg, cap, "timed out after %.0f s in %s: the GPU never finished it (a peer stuck or gone?); "
+                     "the NCCL communicator was aborted", ctx->desc.timeout_s, g->watch_what);
+            return DDP_ERR_TIMEOUT;
+        }
+    }
+    return DDP_OK;
+}
+
+/* Another rank poisoned the group, or a rank's store connection dropped (it died). */
+static ddp_result ddp__gpu_check_store(ddp_context *ctx, char *msg, size_t cap) {
+    ddp__gpu *g = ctx->gpu;
+    unsigned char *val = NULL;
+    uint32_t len = 0, status = 0;
+    ddp_result r;
+    if (g->watch_fd < 0) return DDP_OK;
+    r = ddp__store_request_on(ctx, g->watch_fd, DDP__OP_GET, "poison", "0", 1, &val, &len, &status, 0);
+    if (r != DDP_OK) {
+        DDP_FREE(val);
+        snprintf(msg, cap, "lost the watchdog's connection to the rendezvous store on rank 0 (rank 0 died or "
+                 "failed); the NCCL communicator was aborted");
+        return DDP_ERR_PEER_LOST;
+    }
+    if (status == DDP__REPLY_OK) snprintf(msg, cap, "stopped because %s", val ? (const char *)val : "?");
+    else if (status == DDP__REPLY_PEER_LOST)
+        snprintf(msg, cap, "rank %s disconnected from the rendezvous store (it died or failed); the NCCL "
+                 "communicator was aborted", val ? (const char *)val : "?");
+    DDP_FREE(val);
+    return status == DDP__REPLY_OK || status == DDP__REPLY_PEER_LOST ? DDP_ERR_PEER_LOST : DDP_OK;
+}
+
+static void *ddp__gpu_watchdog_main(void *arg) {
+    ddp_context *ctx = (ddp_context *)arg;
+    ddp__gpu *g = ctx->gpu;
+    char msg[DDP__ERR_MAX - 64];
+    cudaSetDevice(g->device);
+    pthread_mutex_lock(&g->lock);
+    while (!g->watchdog_stop) {
+        struct timespec ts;
+        ddp_result r;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        pthread_cond_timedwait(&g->watchdog_wake, &g->lock, &ts);
+        if (g->watchdog_stop || ddp__failed(ctx)) continue;
+        r = ddp__gpu_inspect_locked(ctx, msg, sizeof msg);
+        pthread_mutex_unlock(&g->lock);
+        if (r != DDP_OK) ddp__fatal(ctx, ddp__fail(ctx, r, "%s", msg));   /* tells the peers, aborts */
+        else if ((r = ddp__gpu_check_store(ctx, msg, sizeof msg)) != DDP_OK) {
+            ddp__set_failed(ctx, ddp__fail(ctx, r, "%s", msg));   /* already told: only abort */
+            ddp__gpu_abort(ctx);
+        }
+        pthread_mutex_lock(&g->lock);
+    }
+    pthread_mutex_unlock(&g->lock);
+    return NULL;
+}
+
+static void ddp__gpu_stop_watchdog(ddp_context *ctx) {
+    ddp__gpu *g = ctx->gpu;
+    if (!g || !g->watchdog_started) return;
+    pthread_mutex_lock(&g->lock);
+    g->watchdog_stop = 1;
+    pthread_cond_signal(&g->watchdog_wake);
+    pthread_mutex_unlock(&g->lock);
+    pthread_join(g->watchdog, NULL);
+    g->watchdog_started = 0;
+}
+
+/* Note communication enqueued on `stream`: the watchdog times it from now if nothing older is
+   pending. Called with the lock held. */
+static cudaError_t ddp__gpu_watch_locked(ddp__gpu *g, cudaStream_t stream, const char *what) {
+    if (g->watch_since == 0) {
+        g->watch_since = ddp__now();
+        snprintf(g->watch_what, sizeof g->watch_what, "%s", what);
+    }
+    return cudaEventRecord(g->watch_event, stream);
+}
+
+/* Wait for `stream` on the host without blocking in CUDA: poll, so that a timeout, an
+   asynchronous NCCL error or a poisoned group ends the wait. Only outside the step. */
+static ddp_result ddp__gpu_wait(ddp_context *ctx, cudaStream_t stream, const char *what) {
+    ddp__gpu *g = ctx->gpu;
+    double deadline = ddp__now() + ctx->desc.timeout_s;
+    char msg[DDP__ERR_MAX - 64];
+    DDP__CUDA(cudaEventRecord(g->sync_event, stream));
+    for (;;) {
+        cudaError_t q = cudaEventQuery(g->sync_event);
+        ddp_result r;
+        if (q == cudaSuccess) return DDP_OK;
+        if (q != cudaErrorNotReady) return ddp__fatal(ctx, ddp__cuda_fail(ctx, q, what, __FILE__, __LINE__));
+        if (ddp__failed(ctx)) return ddp__failed(ctx);
+        pthread_mutex_lock(&g->lock);
+        r = ddp__gpu_inspect_locked(ctx, msg, sizeof msg);
+        pthread_mutex_unlock(&g->lock);
+        if (r != DDP_OK) return ddp__fatal(ctx, ddp__fail(ctx, r, "%s", msg));
+        if (ddp__now() > deadline)
+            return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_TIMEOUT, "timed out after %.0f s waiting for %s on the GPU",
+                                             ctx->desc.timeout_s, what));
+        usleep(50);
+    }
+}
+
+/* Bring-up: the device (LOCAL_RANK modulo the devices visible), the comm stream, and the
+   communicator: rank 0 makes the ncclUniqueId and shares it through the store. */
+static ddp_result ddp__gpu_setup(ddp_context *ctx, double deadline) {
+    ddp__gpu *g;
+    ncclUniqueId id;
+    int count = 0, version = 0, k;
+    cudaError_t e;
+    if (!(g = (ddp__gpu *)ddp__calloc(sizeof *g))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
+    ctx->gpu = g;
+    g->watch_fd = -1;
+    pthread_mutex_init(&g->lock, NULL);
+    pthread_cond_init(&g->watchdog_wake, NULL);
+    if ((e = cudaGetDeviceCount(&count)) != cudaSuccess || count == 0)
+        return ddp__fail(ctx, DDP_ERR_BACKEND, "the NCCL backend needs a CUDA device, but cudaGetDeviceCount says %s",
+                         e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    g->device = ctx->local_rank % count;
+    DDP__CUDA(cudaSetDevice(g->device));
+    DDP__NCCL(ncclGetVersion(&version));
+    if (version < 21000)
+        return ddp__fail(ctx, DDP_ERR_BACKEND, "the NCCL backend needs NCCL 2.10 or newer (ncclAvg); this is %d", version);
+    g->compute = (cudaStream_t)ctx->desc.cuda_stream;
+    DDP__CUDA(cudaStreamCreateWithFlags(&g->comm, cudaStreamNonBlocking));
+    DDP__CUDA(cudaEventCreateWithFlags(&g->sync_event, cudaEventDisableTiming));
+    DDP__CUDA(cudaEventCreateWithFlags(&g->watch_event, cudaEventDisableTiming));
+    DDP__CUDA(cudaEventCreateWithFlags(&g->state_copied, cudaEventDisableTiming));
+    for (k = 0; k < 2; k++) {
+        DDP__CUDA(cudaEventCreate(&g->step_begin[k]));
+        DDP__CUDA(cudaEventCreate(&g->step_finish[k]));
+    }
+    if (ctx->world == 1) DDP__NCCL(ncclGetUniqueId(&id));
+    else if (ctx->rank == 0) {
+        ddp_result r;
+        DDP__NCCL(ncclGetUniqueId(&id));
+        if ((r = ddp__store_set(ctx, "nccl/id", &id, sizeof id)) != DDP_OK) return r;
+    } else {
+        unsigned char *val;
+        uint32_t len;
+        int found;
+        ddp_result r = ddp__store_get(ctx, "nccl/id", deadline, &val, &len, &found);
+        if (r != DDP_OK) return r;
+        if (!found || len != sizeof id) { DDP_FREE(val); return ddp__fail(ctx, DDP_ERR_TIMEOUT, "rank 0 did not publish its ncclUniqueId in time"); }
+        memcpy(&id, val, sizeof id);
+        DDP_FREE(val);
+    }
+    DDP__NCCL(ncclCommInitRank(&g->nccl, ctx->world, id, ctx->rank));
+    g->nccl_live = 1;
+    ddp__log(ctx, DDP_LOG_INFO, "rank %d of %d up (nccl backend %d.%d.%d, device %d)", ctx->rank, ctx->world,
+             version / 10000, version / 100 % 100, version % 100, g->device);
+    return DDP_OK;
+}
+
+/* Commit, first half: the flat buffers in device memory with this rank's initial values (rank
+   0's reach everyone later, by broadcast), and the no-decay mask. */
+static ddp_result ddp__gpu_alloc_flat(ddp_context *ctx) {
+    ddp__gpu *g = ctx->gpu;
+    size_t bytes = ctx->flat_count * sizeof(float), groups = ctx->flat_count / DDP_K_MASK_GROUP, k;
+    unsigned char *mask;
+    int i, any_no_decay = 0;
+    DDP__CUDA(cudaMalloc((void **)&ctx->flat_params, bytes));
+    DDP__CUDA(cudaMalloc((void **)&ctx->flat_grads, bytes));
+    DDP__CUDA(cudaMemset(ctx->flat_params, 0, bytes));
+    DDP__CUDA(cudaMemset(ctx->flat_grads, 0, bytes));
+    for (i = 0; i < ctx->num_params; i++) {
+        ddp__param *p = &ctx->params[i];
+        if (p->init) DDP__CUDA(cudaMemcpy(ctx->flat_params + p->offset, p->init, p->count * sizeof(float), cudaMemcpyHostToDevice));
+        p->init = NULL;
+        any_no_decay |= (p->flags & DDP_NO_DECAY) != 0;
+    }
+    if (any_no_decay) {   /* parameters start on 16-float boundaries, so a group never mixes two */
+        if (!(mask = (unsigned char *)ddp__calloc(groups))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
+        for (i = 0; i < ctx->num_params; i++) {
+            const ddp__param *p = &ctx->params[i];
+            if (!(p->flags & DDP_NO_DECAY)) continue;
+            for (k = p->offset / DDP_K_MASK_GROUP; k < (p->offset + p->count + DDP_K_MASK_GROUP - 1) / DDP_K_MASK_GROUP; k++) mask[k] = 1;
+        }
+        {
+            cudaError_t e = cudaMalloc((void **)&g->no_decay, groups);
+            if (e == cudaSuccess) e = cudaMemcpy(g->no_decay, mask, groups, cudaMemcpyHostToDevice);
+            DDP_FREE(mask);
+            DDP__CUDA(e);
+        }
+    }
+    return DDP_OK;
+}
+
+static ddp_result ddp__gpu_create_events(ddp_context *ctx, cudaEvent_t **events, unsigned flags) {
+    int b;
+    if (!(*events = (cudaEvent_t *)ddp__calloc(sizeof(cudaEvent_t) * (size_t)ctx->num_buckets)))
+        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for bucket events");
+    for (b = 0; b < ctx->num_buckets; b++) DDP__CUDA(cudaEventCreateWithFlags(&(*events)[b], flags));
+    return DDP_OK;
+}
+
+/* Commit, second half (buckets exist): events, staging, the layout check, rank 0's parameters
+   to everyone, the watchdog. */
+static ddp_result ddp__gpu_commit(ddp_context *ctx) {
+    ddp__gpu *g = ctx->gpu;
+    size_t largest = 0;
+    ddp_result r;
+    int b, k;
+    if ((r = ddp__gpu_create_events(ctx, &g->ready, cudaEventDisableTiming)) != DDP_OK) return r;
+    for (k = 0; k < 2; k++) {
+        if ((r = ddp__gpu_create_events(ctx, &g->comm_start[k], cudaEventDefault)) != DDP_OK) return r;
+        if ((r = ddp__gpu_create_events(ctx, &g->comm_end[k], cudaEventDefault)) != DDP_OK) return r;
+    }
+    for (b = 0; b < ctx->num_buckets; b++) if (ctx->buckets[b].count > largest) largest = ctx->buckets[b].count;
+    if (ctx->desc.reduce_dtype == DDP_DTYPE_BF16 && ctx->world > 1)
+        DDP__CUDA(cudaMalloc((void **)&g->bf16, largest * sizeof(uint16_t)));
+    if (ctx->world > 1) {
+        if ((r = ddp__verify_layout(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
+        pthread_mutex_lock(&g->lock);
+        {
+            ncclResult_t e = ncclBroadcast(ctx->flat_params, ctx->flat_params, ctx->flat_count, ncclFloat, 0, g->nccl, g->comm);
+            cudaError_t w = e == ncclSuccess ? ddp__gpu_watch_locked(g, g->comm, "the broadcast of rank 0's initial parameters") : cudaSuccess;
+            pthread_mutex_unlock(&g->lock);
+            if (e != ncclSuccess) return ddp__fatal(ctx, ddp__nccl_fail(ctx, e, "ncclBroadcast(initial parameters)", __FILE__, __LINE__));
+            DDP__CUDA(w);
+        }
+        if ((r = ddp__gpu_wait(ctx, g->comm, "the broadcast of rank 0's initial parameters")) != DDP_OK) return r;
+        if ((r = ddp__store_connect_as(ctx, ddp__now() + ctx->desc.timeout_s, -1, &g->watch_fd)) != DDP_OK) return ddp__fatal(ctx, r);
+    }
+    if (pthread_create(&g->watchdog, NULL, ddp__gpu_watchdog_main, ctx))
+        return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot start the NCCL watchdog thread"));
+    g->watchdog_started = 1;
+    return DDP_OK;
+}
+
+/* A bucket is ready: the comm stream waits for the compute stream up to here, then averages
+   the bucket in place (through bf16 staging when asked), all enqueued, nothing waited for. */
+static ddp_result ddp__gpu_launch(ddp_context *ctx, int index) {
+    ddp__gpu *g = ctx->gpu;
+    const ddp__bucket *b = &ctx->buckets[index];
+    float *grads = ctx->flat_grads + b->offset;
+    int par = ctx->tl_step & 1, bf16 = ctx->desc.reduce_dtype == DDP_DTYPE_BF16 && ctx->world > 1;
+    double inject_ms = ctx->desc.inject_comm_latency_ms;
+    char what[96];
+    ncclResult_t e;
+    cudaError_t w = cudaSuccess;
+    if (ctx->desc.inject_comm_gbps > 0) inject_ms += 1e3 * (double)(b->count * ddp__wire_bytes(ctx)) / (ctx->desc.inject_comm_gbps * 1e9);
+    DDP__CUDA(cudaEventRecord(g->ready[index], g->compute));
+    DDP__CUDA(cudaStreamWaitEvent(g->comm, g->ready[index], 0));
+    DDP__CUDA(cudaEventRecord(g->comm_start[par][index], g->comm));
+    if (inject_ms > 0) DDP__CUDA(ddp_k_spin(inject_ms, g->comm));   /* tests/benchmarks: a slow network */
+    if (bf16) DDP__CUDA(ddp_k_f32_to_bf16(grads, g->bf16, b->count, g->comm));
+    snprintf(what, sizeof what, "the allreduce of gradient bucket %d", index);
+    pthread_mutex_lock(&g->lock);
+    if (!g->nccl_live) e = ncclInvalidUsage;
+    else if (bf16) e = ncclAllReduce(g->bf16, g->bf16, b->count, ncclBfloat16, ncclAvg, g->nccl, g->comm);
+    else e = ncclAllReduce(grads, grads, b->count, ncclFloat, ncclAvg, g->nccl, g->comm);
+    if (e == ncclSuccess) w = ddp__gpu_watch_locked(g, g->comm, what);
+    pthread_mutex_unlock(&g->lock);
+    if (e != ncclSuccess) {
+        if (ddp__failed(ctx)) return ddp__failed(ctx);
+        return ddp__fatal(ctx, ddp__nccl_fail(ctx, e, "ncclAllReduce(gradient bucket)", __FILE__, __LINE__));
+    }
+    DDP__CUDA(w);
+    if (bf16) DDP__CUDA(ddp_k_bf16_to_f32(g->bf16, grads, b->count, g->comm));
+    DDP__CUDA(cudaEventRecord(g->comm_end[par][index], g->comm));
+    g->last_bucket[par] = index;
+    return DDP_OK;
+}
+
+/* The GPU times of a step, once its events have completed (never waited for). */
+static void ddp__gpu_harvest(ddp_context *ctx, int par) {
+    ddp__gpu *g = ctx->gpu;
+    ddp_step_stats st = g->timed_stats[par];
+    int b, last = g->last_bucket[par];
+    float ms;
+    if (!g->timed[par] || cudaEventQuery(g->step_finish[par]) != cudaSuccess) return;
+    if (st.buckets_launched && cudaEventQuery(g->comm_end[par][last]) != cudaSuccess) return;
+    if (cudaEventElapsedTime(&ms, g->step_begin[par], g->step_finish[par]) == cudaSuccess) st.backward_ms = ms;
+    for (b = 0; b < st.buckets_launched; b++)
+        if (cudaEventElapsedTime(&ms, g->comm_start[par][b], g->comm_end[par][b]) == cudaSuccess) st.comm_ms += ms;
+    if (st.buckets_launched) {
+        if (cudaEventElapsedTime(&ms, g->comm_start[par][last], g->comm_end[par][last]) == cudaSuccess) st.last_bucket_comm_ms = ms;
+        if (cudaEventElapsedTime(&ms, g->step_finish[par], g->comm_end[par][last]) == cudaSuccess) st.exposed_ms = ms > 0 ? ms : 0;
+    }
+    if (st.comm_ms > 0) {
+        double hidden = 1.0 - st.exposed_ms / st.comm_ms;
+        st.overlap_pct = 100.0 * (hidden < 0 ? 0 : hidden);
+    }
+    cudaGetLastError();   /* a NotReady from the queries above is not an error */
+    ctx->last_stats = st;
+    g->timed[par] = 0;
+}
+
+/* A step begins: read what the last two steps' events can tell, then mark the start. */
+static void ddp__gpu_begin_step(ddp_context *ctx) {
+    ddp__gpu *g = ctx->gpu;
+    int par = ctx->tl_step & 1;
+    ddp__gpu_harvest(ctx, par);       /* two steps ago */
+    ddp__gpu_harvest(ctx, par ^ 1);   /* the last step: newest wins */
+    g->timed[par] = 0;   /* two steps old and still running: its times are lost, its events reused */
+    if (cudaEventRecord(g->step_begin[par], g->compute) != cudaSuccess)
+        ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_BACKEND, "cudaEventRecord on the compute stream failed: %s", cudaGetErrorString(cudaGetLastError())));
+}
+
+/* Finish: the compute stream waits for the last bucket. Nothing waits on the host. */
+static ddp_result ddp__gpu_finish(ddp_context *ctx) {
+    ddp__gpu *g = ctx->gpu;
+    int par = ctx->tl_step & 1;
+    DDP__CUDA(cudaEventRecord(g->step_finish[par], g->compute));
+    if (ctx->stats.buckets_launched) DDP__CUDA(cudaStreamWaitEvent(g->compute, g->comm_end[par][g->last_bucket[par]], 0));
+    g->timed_stats[par] = ctx->stats;
+    g->timed_stats[par].step = ctx->tl_step + 1;
+    g->timed[par] = 1;
+    return ddp__failed(ctx);
+}
+
+static ddp_result ddp__gpu_zero(ddp_context *ctx, float *x, size_t count) {
+    DDP__CUDA(cudaMemsetAsync(x, 0, count * sizeof(float), ctx->gpu->compute));
+    return DDP_OK;
+}
+
+static ddp_result ddp__gpu_alloc_adamw(ddp_context *ctx) {
+    ddp__gpu *g = ctx->gpu;
+    size_t bytes = ctx->flat_count * sizeof(float);
+    if (ctx->adam_m) return DDP_OK;
+    DDP__CUDA(cudaMalloc((void **)&ctx->adam_m, bytes));
+    DDP__CUDA(cudaMalloc((void **)&ctx->adam_v, bytes));
+    DDP__CUDA(cudaMemset(ctx->adam_m, 0, bytes));
+    DDP__CUDA(cudaMemset(ctx->adam_v, 0, bytes));
+    DDP__CUDA(cudaMalloc((void **)&g->norm_partials, DDP_K_NORM_BLOCKS * sizeof(double)));
+    DDP__CUDA(cudaMalloc((void **)&g->norm_sq, sizeof(double)));
+    DDP__CUDA(cudaMalloc((void **)&g->state, sizeof(ddp_k_adamw_state)));
+    DDP__CUDA(cudaMemset(g->state, 0, sizeof(ddp_k_adamw_state)));
+    DDP__CUDA(cudaMallocHost((void **)&g->state_host, sizeof(ddp_k_adamw_state)));
+    memset(g->state_host, 0, sizeof(ddp_k_adamw_state));
+    return DDP_OK;
+}
+
+/* A step skipped on the device (gradients not finite, nobody asked for the norm on the host)
+   is reported by the next call that finds the pinned copy of the state complete. */
+static ddp_result ddp__gpu_report_skips(ddp_context *ctx) {
+    ddp__gpu *g = ctx->gpu;
+    long long skipped;
+    if (!g->state_pending || cudaEventQuery(g->state_copied) != cudaSuccess) { cudaGetLastError(); return DDP_OK; }
+    g->state_pending = 0;
+    ctx->adam_step = g->state_host->step;
+    skipped = g->state_host->skipped - g->skipped_seen;
+    g->skipped_seen = g->state_host->skipped;
+    if (skipped <= 0) return DDP_OK;
+    if (ctx->desc.skip_nonfinite) {
+        if (ctx->rank == 0)
+            ddp__log(ctx, DDP_LOG_WARN, "%lld optimizer step(s) skipped on the GPU: the gradients were not finite", skipped);
+        return DDP_OK;
+    }
+    return ddp__fail(ctx, DDP_ERR_NONFINITE, "%lld earlier optimizer step(s) had non-finite gradients and were skipped on "
+                     "the GPU (parameters unchanged by them); set max_grad_norm or pass grad_norm_out to get this "
+                     "error from the step itself, naming the parameter", skipped);
+}
+
+static ddp_result ddp__nonfinite(ddp_context *ctx, const float *grads, double norm);
+
+/* AdamW on the device: sum of squares -> (skip, clip, step, bias corrections) -> the fused
+   step, all on the compute stream. Only with max_grad_norm > 0 or grad_norm_out does the host
+   read the norm back (one 40-byte copy and a wait for the compute stream). */
+static ddp_result ddp__gpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b1, float b2, float eps, float *grad_norm_out) {
+    ddp__gpu *g = ctx->gpu;
+    int host_norm = opt->max_grad_norm > 0 || grad_norm_out;
+    ddp_result r;
+    if ((r = ddp__gpu_alloc_adamw(ctx)) != DDP_OK) return r;
+    if ((r = ddp__gpu_report_skips(ctx)) != DDP_OK) return r;
+    if (g->step_dirty) {   /* ddp_adamw_state handed out the step count: it may have been restored */
+        DDP__CUDA(cudaMemcpyAsync(&g->state->step, &ctx->adam_step, sizeof(long long), cudaMemcpyHostToDevice, g->compute));
+        g->step_dirty = 0;
+    }
+    DDP__CUDA(ddp_k_sum_squares(ctx->flat_grads, ctx->flat_count, g->norm_partials, g->norm_sq, g->compute));
+    DDP__CUDA(ddp_k_adamw_prepare(g->state, g->norm_sq, opt->max_grad_norm, opt->lr, b1, b2, g->compute));
+    if (host_norm) {
+        double norm;
+        DDP__CUDA(cudaMemcpyAsync(g->state_host, g->state, sizeof(ddp_k_adamw_state), cudaMemcpyDeviceToHost, g->compute));
+        if ((r = ddp__gpu_wait(ctx, g->compute, "the gradient norm")) != DDP_OK) return r;
+        g->state_pending = 0;
+        g->skipped_seen = g->state_host->skipped;
+        ctx->adam_step = g->state_host->step;
+        norm = sqrt(g->state_host->norm_sq);
+        if (grad_norm_out) *grad_norm_out = (float)norm;
+        if (!isfinite(norm)) {   /* the device skipped the step; name the culprit like the CPU does */
+            float *host = (float *)DDP_MALLOC(ctx->flat_count * sizeof(float) + 1);
+            if (!host) return ddp__fail(ctx, DDP_ERR_NONFINITE, "optimizer step %lld: the gradient norm is %g", ctx->adam_step + 1, norm);
+            DDP__CUDA(cudaMemcpy(host, ctx->flat_grads, ctx->flat_count * sizeof(float), cudaMemcpyDeviceToHost));
+            r = ddp__nonfinite(ctx, host, norm);
+            DDP_FREE(host);
+            return r;
+        }
+    }
+    DDP__CUDA(ddp_k_adamw(ctx->flat_params, ctx->flat_grads, ctx->adam_m, ctx->adam_v, ctx->flat_count, g->no_decay,
+                          opt->lr, b1, b2, eps, opt->weight_decay, g->state, g->compute));
+    if (!host_norm) {
+        DDP__CUDA(cudaMemcpyAsync(g->state_host, g->state, sizeof(ddp_k_adamw_state), cudaMemcpyDeviceToHost, g->compute));
+        DDP__CUDA(cudaEventRecord(g->state_copied, g->compute));
+        g->state_pending = 1;
+    }
+    return DDP_OK;
+}
+
+/* Checkpoints: m and v are device pointers; the step count is read from the device now, and
+   whatever the program leaves in it is uploaded before the next step. */
+static ddp_result ddp__gpu_adamw_state(ddp_context *ctx) {
+    ddp__gpu *g = ctx->gpu;
+    ddp_result r;
+    if ((r = ddp__gpu_alloc_adamw(ctx)) != DDP_OK) return r;
+    if (!g->step_dirty) {
+        DDP__CUDA(cudaMemcpyAsync(g->state_host, g->state, sizeof(ddp_k_adamw_state), cudaMemcpyDeviceToHost, g->compute));
+        if ((r = ddp__gpu_wait(ctx, g->compute, "reading the optimizer step")) != DDP_OK) return r;
+        ctx->adam_step = g->state_host->step;
+        g->state_pending = 0;
+    }
+    g->step_dirty = 1;
+    return DDP_OK;
+}
+
+/* Collectives on user buffers, on the compute stream. Device memory: enqueued, ordered with
+   the program's kernels, not waited for. Host memory: staged through pinned memory and waited
+   for (polled, with the timeout). */
+static ddp_result ddp__gpu_collective(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root) {
+    ddp__gpu *g = ctx->gpu;
+    struct cudaPointerAttributes at;
+    size_t bytes = kind == DDP__KIND_BROADCAST ? count : kind == DDP__KIND_BARRIER ? sizeof(float) : count * sizeof(float);
+    int on_device = 0;
+    void *buf = data;
+    ncclResult_t e;
+    cudaError_t w = cudaSuccess;
+    if (data && cudaPointerGetAttributes(&at, data) == cudaSuccess)
+        on_device = at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged;
+    cudaGetLastError();
+    if (!on_device) {
+        if (bytes > g->scratch_bytes) {
+            if (g->scratch) { cudaFree(g->scratch); cudaFreeHost(g->scratch_host); g->scratch = g->scratch_host = NULL; g->scratch_bytes = 0; }
+            DDP__CUDA(cudaMalloc(&g->scratch, bytes));
+            DDP__CUDA(cudaMallocHost(&g->scratch_host, bytes));
+            g->scratch_bytes = bytes;
+        }
+        buf = g->scratch;
+        if (data && bytes) {
+            memcpy(g->scratch_host, data, bytes);
+            DDP__CUDA(cudaMemcpyAsync(g->scratch, g->scratch_host, bytes, cudaMemcpyHostToDevice, g->compute));
+        } else DDP__CUDA(cudaMemsetAsync(g->scratch, 0, bytes, g->compute));
+    }
+    pthread_mutex_lock(&g->lock);
+    if (!g->nccl_live) e = ncclInvalidUsage;
+    else if (kind == DDP__KIND_BROADCAST) e = ncclBroadcast(buf, buf, count, ncclUint8, root, g->nccl, g->compute);
+    else if (kind == DDP__KIND_BARRIER) e = ncclAllReduce(buf, buf, 1, ncclFloat, ncclSum, g->nccl, g->compute);
+    else e = ncclAllReduce(buf, buf, count, ncclFloat, kind == DDP__KIND_SUM ? ncclSum : ncclAvg, g->nccl, g->compute);
+    if (e == ncclSuccess) w = ddp__gpu_watch_locked(g, g->compute, ctx->shm_what);
+    pthread_mutex_unlock(&g->lock);
+    if (e != ncclSuccess) {
+        if (ddp__failed(ctx)) return ddp__failed(ctx);
+        return ddp__fatal(ctx, ddp__nccl_fail(ctx, e, ctx->shm_what, __FILE__, __LINE__));
+    }
+    DDP__CUDA(w);
+    if (on_device) return DDP_OK;
+    if (data && bytes && kind != DDP__KIND_BARRIER) {
+        ddp_result r;
+        DDP__CUDA(cudaMemcpyAsync(g->scratch_host, g->scratch, bytes, cudaMemcpyDeviceToHost, g->compute));
+        if ((r = ddp__gpu_wait(ctx, g->compute, ctx->shm_what)) != DDP_OK) return r;
+        memcpy(data, g->scratch_host, bytes);
+        return DDP_OK;
+    }
+    return ddp__gpu_wait(ctx, g->compute, ctx->shm_what);
+}
+
+/* Teardown: destroy the communicator, or abort it after a failure (destroy would wait for
+   operations that can never finish). */
+static void ddp__gpu_teardown(ddp_context *ctx) {
+    ddp__gpu *g = ctx->gpu;
+    int k, b;
+    if (!g) return;
+    ddp__gpu_stop_watchdog(ctx);
+    if (g->nccl_live) {
+        if (ddp__failed(ctx) || ddp__gpu_wait(ctx, g->comm, "the last communication before shutdown") != DDP_OK) ncclCommAbort(g->nccl);
+        else ncclCommDestroy(g->nccl);
+        g->nccl_live = 0;
+    }
+    cudaFree(ctx->flat_params); cudaFree(ctx->flat_grads); cudaFree(ctx->adam_m); cudaFree(ctx->adam_v);
+    ctx->flat_params = ctx->flat_grads = ctx->adam_m = ctx->adam_v = NULL;
+    cudaFree(g->no_decay); cudaFree(g->norm_partials); cudaFree(g->norm_sq); cudaFree(g->state); cudaFree(g->bf16);
+    cudaFree(g->scratch);
+    if (g->scratch_host) cudaFreeHost(g->scratch_host);
+    if (g->state_host) cudaFreeHost(g->state_host);
+    for (b = 0; b < ctx->num_buckets; b++) {
+        if (g->ready) cudaEventDestroy(g->ready[b]);
+        for (k = 0; k < 2; k++) {
+            if (g->comm_start[k]) cudaEventDestroy(g->comm_start[k][b]);
+            if (g->comm_end[k]) cudaEventDestroy(g->comm_end[k][b]);
+        }
+    }
+    DDP_FREE(g->ready);
+    for (k = 0; k < 2; k++) {
+        DDP_FREE(g->comm_start[k]); DDP_FREE(g->comm_end[k]);
+        if (g->step_begin[k]) cudaEventDestroy(g->step_begin[k]);
+        if (g->step_finish[k]) cudaEventDestroy(g->step_finish[k]);
+    }
+    if (g->sync_event) cudaEventDestroy(g->sync_event);
+    if (g->watch_event) cudaEventDestroy(g->watch_event);
+    if (g->state_copied) cudaEventDestroy(g->state_copied);
+    if (g->comm) cudaStreamDestroy(g->comm);
+    cudaGetLastError();
+    if (g->watch_fd >= 0) close(g->watch_fd);
+    pthread_mutex_destroy(&g->lock);
+    pthread_cond_destroy(&g->watchdog_wake);
+    DDP_FREE(g);
+    ctx->gpu = NULL;
+}
+
+#else /* built without CUDA: the NCCL backend does not exist, and nothing here is called */
+static int ddp__gpu_visible(void) { return 0; }
+static void ddp__gpu_poison(ddp_context *ctx) { (void)ctx; }
+static void ddp__gpu_stop_watchdog(ddp_context *ctx) { (void)ctx; }
+static ddp_result ddp__gpu_unavailable(ddp_context *ctx) {
+    return ddp__fail(ctx, DDP_ERR_BACKEND, "the NCCL backend needs the implementation compiled with CUDA");
+}
+static ddp_result ddp__gpu_setup(ddp_context *ctx, double deadline) { (void)deadline; return ddp__gpu_unavailable(ctx); }
+static ddp_result ddp__gpu_alloc_flat(ddp_context *ctx) { return ddp__gpu_unavailable(ctx); }
+static ddp_result ddp__gpu_commit(ddp_context *ctx) { return ddp__gpu_unavailable(ctx); }
+static ddp_result ddp__gpu_launch(ddp_context *ctx, int index) { (void)index; return ddp__gpu_unavailable(ctx); }
+static void ddp__gpu_harvest(ddp_context *ctx, int par) { (void)ctx; (void)par; }
+static void ddp__gpu_begin_step(ddp_context *ctx) { (void)ctx; }
+static ddp_result ddp__gpu_finish(ddp_context *ctx) { return ddp__gpu_unavailable(ctx); }
+static ddp_result ddp__gpu_zero(ddp_context *ctx, float *x, size_t count) { (void)x; (void)count; return ddp__gpu_unavailable(ctx); }
+static ddp_result ddp__gpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b1, float b2, float eps, float *grad_norm_out) {
+    (void)opt; (void)b1; (void)b2; (void)eps; (void)grad_norm_out; return ddp__gpu_unavailable(ctx);
+}
+static ddp_result ddp__gpu_adamw_state(ddp_context *ctx) { return ddp__gpu_unavailable(ctx); }
+static ddp_result ddp__gpu_collective(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root) {
+    (void)kind; (void)data; (void)count; (void)root; return ddp__gpu_unavailable(ctx);
+}
+static void ddp__gpu_teardown(ddp_context *ctx) { (void)ctx; }
+#endif /* DDP_CUDA */
+
+
+static ddp_result ddp__launch(ddp_context *ctx, int index) {
     ctx->stats.buckets_launched++;
-    ctx->stats.bytes_reduced += ctx->buckets[index].count * sizeof(float);
+    ctx->stats.bytes_reduced += ctx->buckets[index].count * ddp__wire_bytes(ctx);
+    if (ddp__on_gpu(ctx)) return ddp__gpu_launch(ctx, index);
     pthread_mutex_lock(&ctx->comm_lock);
     ctx->comm_launched++;
     pthread_cond_signal(&ctx->comm_wake);
     pthread_mutex_unlock(&ctx->comm_lock);
+    return DDP_OK;
 }
 
-/* Launch every bucket that is complete and whose predecessors are launched. */
-static void ddp__launch_ready(ddp_context *ctx) {
-    if (!ctx->sync_enabled || ctx->world == 1) return;
-    while (ctx->next_launch < ctx->num_buckets && ctx->buckets[ctx->next_launch].pending == 0)
-        ddp__launch(ctx, ctx->next_launch++);
+/* Launch every bucket that is complete and whose predecessors are launched. The NCCL backend
+   launches even alone (a communicator of one), so one GPU runs the path many GPUs run. */
+static ddp_result ddp__launch_ready(ddp_context *ctx) {
+    ddp_result r = DDP_OK;
+    if (!ctx->sync_enabled || ctx->backend == 0) return DDP_OK;
+    while (r == DDP_OK && ctx->next_launch < ctx->num_buckets && ctx->buckets[ctx->next_launch].pending == 0)
+        r = ddp__launch(ctx, ctx->next_launch++);
+    return r;
 }
 
 /* --------------------------------------------------------------------------------------------
@@ -2194,6 +3034,7 @@ static void ddp__begin_step(ddp_context *ctx) {
     for (i = 0; i < ctx->num_buckets; i++)
         ctx->buckets[i].pending = ctx->buckets[i].last_param - ctx->buckets[i].first_param + 1;
     ctx->next_launch = 0;
+    if (ddp__on_gpu(ctx)) ddp__gpu_begin_step(ctx);
 }
 
 ddp_result ddp_grad_ready(ddp_context *ctx, int id) {
@@ -2211,7 +3052,7 @@ ddp_result ddp_grad_ready(ddp_context *ctx, int id) {
     p->touched = 1;
     if (--ctx->buckets[p->bucket].pending == 0) {
         if (ctx->tl_main) { double t = ddp__now(); ddp__record(ctx, ctx->tl_main, DDP__EV_READY, t, t, p->bucket, 0); }
-        ddp__launch_ready(ctx);
+        return ddp__launch_ready(ctx);
     }
     return DDP_OK;
 }
@@ -2227,7 +3068,10 @@ static ddp_result ddp__handle_unused(ddp_context *ctx) {
         ddp__param *p = &ctx->params[i];
         if (p->ready) continue;
         if (ctx->desc.find_unused) {
-            if (!p->touched) memset(ctx->flat_grads + p->offset, 0, p->count * sizeof(float));
+            if (!p->touched && ddp__on_gpu(ctx)) {
+                ddp_result r = ddp__gpu_zero(ctx, ctx->flat_grads + p->offset, p->count);
+                if (r != DDP_OK) return r;
+            } else if (!p->touched) memset(ctx->flat_grads + p->offset, 0, p->count * sizeof(float));
             p->ready = 1;
             ctx->buckets[p->bucket].pending--;
             continue;
@@ -2247,7 +3091,9 @@ static void ddp__end_step(ddp_context *ctx) {
     for (i = 0; i < ctx->num_params; i++) ctx->params[i].ready = 0;
     ctx->in_step = 0;
     ctx->tl_step++;
-    ctx->last_stats = ctx->stats;
+    ctx->stats.step = ctx->tl_step;
+    /* NCCL: a synchronizing step's times arrive later, from its events (ddp__gpu_harvest) */
+    if (!ddp__on_gpu(ctx) || !ctx->sync_enabled) ctx->last_stats = ctx->stats;
 }
 
 ddp_result ddp_finish(ddp_context *ctx) {
@@ -2259,7 +3105,12 @@ ddp_result ddp_finish(ddp_context *ctx) {
     ctx->stats.backward_ms = 1e3 * (t_wait - ctx->step_start);
     if (ctx->sync_enabled) {
         if ((r = ddp__handle_unused(ctx)) != DDP_OK) return r;
-        ddp__launch_ready(ctx);
+        if ((r = ddp__launch_ready(ctx)) != DDP_OK) return r;
+        if (ddp__on_gpu(ctx)) {
+            r = ddp__gpu_finish(ctx);
+            ddp__end_step(ctx);
+            return r;
+        }
         pthread_mutex_lock(&ctx->comm_lock);
         while (ctx->comm_done < ctx->comm_launched) pthread_cond_wait(&ctx->comm_done_cond, &ctx->comm_lock);
         r = ctx->comm_error;
@@ -2376,7 +3227,8 @@ ddp_result ddp_zero_grad(ddp_context *ctx) {
     int i;
     if (r != DDP_OK) return r;
     if (ctx->in_step) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_zero_grad while a backward is in flight");
-    memset(ctx->flat_grads, 0, ctx->flat_count * sizeof(float));
+    if (ddp__on_gpu(ctx)) { if ((r = ddp__gpu_zero(ctx, ctx->flat_grads, ctx->flat_count)) != DDP_OK) return r; }
+    else memset(ctx->flat_grads, 0, ctx->flat_count * sizeof(float));
     for (i = 0; i < ctx->num_params; i++) ctx->params[i].touched = 0;
     return DDP_OK;
 }
@@ -2386,7 +3238,14 @@ void ddp_set_sync(ddp_context *ctx, int enabled) {
     ctx->sync_enabled = enabled != 0;
 }
 
-ddp_step_stats ddp_last_step_stats(const ddp_context *ctx) { return ctx->last_stats; }
+/* NCCL: reading completed events changes only this cache, so the call stays const to callers. */
+ddp_step_stats ddp_last_step_stats(const ddp_context *ctx) {
+    if (ddp__on_gpu(ctx) && ctx->gpu) {
+        ddp__gpu_harvest((ddp_context *)(uintptr_t)ctx, ctx->tl_step & 1);         /* the step before the last */
+        ddp__gpu_harvest((ddp_context *)(uintptr_t)ctx, (ctx->tl_step + 1) & 1);   /* the last: newest wins */
+    }
+    return ctx->last_stats;
+}
 
 /* --------------------------------------------------------------------------------------------
    AdamW: one fused pass over the flat buffers (the same arithmetic as PyTorch's AdamW).
@@ -2400,12 +3259,12 @@ static double ddp__sum_squares(const float *x, size_t n) {
 }
 
 /* The gradients are not finite: name the first offender. Nothing has been touched yet. */
-static ddp_result ddp__nonfinite(ddp_context *ctx, double norm) {
+static ddp_result ddp__nonfinite(ddp_context *ctx, const float *grads, double norm) {
     int i;
     size_t k;
     for (i = 0; i < ctx->num_params; i++) {
         const ddp__param *p = &ctx->params[i];
-        const float *g = ctx->flat_grads + p->offset;
+        const float *g = grads + p->offset;
         for (k = 0; k < p->count; k++) {
             if (isfinite(g[k])) continue;
             if (ctx->desc.skip_nonfinite) {
@@ -2450,6 +3309,12 @@ ddp_result ddp_adamw_step(ddp_context *ctx, const ddp_adamw *opt, float *grad_no
         !(opt->weight_decay >= 0) || !(opt->max_grad_norm >= 0))
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_adamw: lr=%g beta1=%g beta2=%g eps=%g weight_decay=%g "
                          "max_grad_norm=%g out of range", opt->lr, b1, b2, eps, opt->weight_decay, opt->max_grad_norm);
+    if (ddp__on_gpu(ctx)) {
+        double t0 = ddp__now();
+        r = ddp__gpu_adamw(ctx, opt, b1, b2, eps, grad_norm_out);
+        ddp__record(ctx, ctx->tl_main, DDP__EV_ADAMW, t0, ddp__now(), -1, 0);   /* host time: the enqueue */
+        return r;
+    }
     if (!ctx->adam_m) {
         ctx->adam_m = ddp__alloc_floats(ctx->flat_count);
         ctx->adam_v = ddp__alloc_floats(ctx->flat_count);
@@ -2457,7 +3322,7 @@ ddp_result ddp_adamw_step(ddp_context *ctx, const ddp_adamw *opt, float *grad_no
     }
     norm = sqrt(ddp__sum_squares(ctx->flat_grads, ctx->flat_count));
     if (grad_norm_out) *grad_norm_out = (float)norm;
-    if (!isfinite(norm)) return ddp__nonfinite(ctx, norm);
+    if (!isfinite(norm)) return ddp__nonfinite(ctx, ctx->flat_grads, norm);
     if (opt->max_grad_norm > 0 && norm > opt->max_grad_norm) clip = (float)(opt->max_grad_norm / (norm + 1e-6));
     double t0 = ddp__now();
     ctx->adam_step++;
@@ -2476,6 +3341,7 @@ ddp_result ddp_adamw_step(ddp_context *ctx, const ddp_adamw *opt, float *grad_no
 ddp_result ddp_adamw_state(ddp_context *ctx, float **m, float **v, int64_t **step) {
     ddp_result r = ddp__usable(ctx, 1, "ddp_adamw_state");
     if (r != DDP_OK) return r;
+    if (ddp__on_gpu(ctx) && (r = ddp__gpu_adamw_state(ctx)) != DDP_OK) return r;
     if (!ctx->adam_m) {
         ctx->adam_m = ddp__alloc_floats(ctx->flat_count);
         ctx->adam_v = ddp__alloc_floats(ctx->flat_count);
@@ -2501,6 +3367,7 @@ static ddp_result ddp__user_collective(ddp_context *ctx, uint32_t kind, void *da
     if (ctx->world == 1) return DDP_OK;
     snprintf(ctx->shm_what_buf, sizeof ctx->shm_what_buf, "%s of %zu elements", name, count);
     ctx->shm_what = ctx->shm_what_buf;
+    if (ddp__on_gpu(ctx)) return ddp__gpu_collective(ctx, kind, data, count, root);
     if (ctx->tl_main && (kind == DDP__KIND_SUM || kind == DDP__KIND_AVG)) {
         double t0 = ddp__now();
         r = ddp__shm_collective(ctx, kind, data, count, root);

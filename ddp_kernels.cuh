@@ -1,0 +1,323 @@
+/* ddp_kernels.cuh — the CUDA kernels of ddp.h's NCCL backend, usable on their own.
+
+   What is here: fused AdamW over flat fp32 buffers (float4 loads, bias correction, decoupled
+   weight decay with a no-decay mask, an optional clip factor and skip flag read from device
+   memory so clipping needs no host synchronisation); a deterministic global sum of squares
+   (fixed grid, per-block partial sums in double, a second kernel that adds the partials in a
+   fixed order: the same bits on every run and every GPU); scale; fill; fp32 <-> bf16 casts with
+   round-to-nearest-even (NaN stays NaN, sign kept); and a spin kernel that holds a stream for a
+   while (tests and benchmarks stand it in for a slow network).
+
+   Use: every translation unit may include this file for the declarations (C or C++). Exactly
+   one CUDA translation unit defines DDP_KERNELS_IMPLEMENTATION first to get the definitions.
+   ddp.h does that itself when its implementation is compiled by nvcc; a program that compiles
+   the ddp.h implementation with a C compiler and -DDDP_CUDA compiles one small .cu file with
+       #define DDP_KERNELS_IMPLEMENTATION
+       #include "ddp_kernels.cuh"
+   Every launcher checks its launch (cudaGetLastError) and returns the cudaError_t.
+
+   The AdamW arithmetic is ddp.h's CPU loop (PyTorch's AdamW), operation for operation, with
+   every product, sum, quotient and square root rounded on its own (no fused multiply-add), so a
+   GPU step equals a CPU step bit for bit when the inputs are equal:
+       g = g * clip
+       m = b1 * m + (1 - b1) * g
+       v = b2 * v + (1 - b2) * g * g
+       p = p - (lr * wd) * p
+       p = p - (step_size * m) / (sqrt(v) / bc2_sqrt + eps)   step_size = lr / (1 - b1^t),
+                                                              bc2_sqrt = sqrt(1 - b2^t)
+   License: MIT, as ddp.h. */
+#ifndef DDP_KERNELS_CUH
+#define DDP_KERNELS_CUH
+
+#include <stddef.h>
+#include <stdint.h>
+#include <cuda_runtime_api.h>
+
+#define DDP_K_MASK_GROUP 16      /* the no-decay mask has one byte per 16 elements */
+#define DDP_K_NORM_BLOCKS 1024   /* fixed grid of the sum of squares: the result never depends on the GPU */
+#define DDP_K_NORM_THREADS 256
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Per-step optimizer scalars, in device memory. ddp_k_adamw_prepare writes them; ddp_k_adamw
+   reads them, so the step needs no host round trip. */
+typedef struct ddp_k_adamw_state {
+    double norm_sq;            /* sum of squares of the gradients this step (before clipping) */
+    long long step;            /* optimizer steps taken (skipped steps do not count) */
+    long long skipped;         /* steps skipped because the gradients were not finite */
+    float clip;                /* gradient scale: min(1, max_norm / (norm + 1e-6)) */
+    float step_size;           /* lr / (1 - beta1^step) */
+    float bc2_sqrt;            /* sqrt(1 - beta2^step) */
+    int skip;                  /* 1: this step's gradients hold NaN/Inf; ddp_k_adamw changes nothing */
+} ddp_k_adamw_state;
+
+/* Sum of squares of x[0..n) in double, into *out (device): two kernels, DDP_K_NORM_BLOCKS
+   partials in `partials` (device, that many doubles). */
+cudaError_t ddp_k_sum_squares(const float *x, size_t n, double *partials, double *out, cudaStream_t stream);
+
+/* One thread: reads *norm_sq (NULL: no clipping, no finite check), decides skip/clip, advances
+   the step and the bias corrections. max_grad_norm <= 0: no clipping. */
+cudaError_t ddp_k_adamw_prepare(ddp_k_adamw_state *state, const double *norm_sq, float max_grad_norm,
+                                float lr, float beta1, float beta2, cudaStream_t stream);
+
+/* The fused AdamW step over n elements. no_decay: NULL, or one byte per DDP_K_MASK_GROUP
+   elements (non-zero: no weight decay for that group). state: from ddp_k_adamw_prepare. */
+cudaError_t ddp_k_adamw(float *p, const float *g, float *m, float *v, size_t n, const unsigned char *no_decay,
+                        float lr, float beta1, float beta2, float eps, float weight_decay,
+                        const ddp_k_adamw_state *state, cudaStream_t stream);
+
+cudaError_t ddp_k_scale(float *x, size_t n, float factor, cudaStream_t stream);
+cudaError_t ddp_k_fill(float *x, size_t n, float value, cudaStream_t stream);
+cudaError_t ddp_k_f32_to_bf16(const float *in, uint16_t *out, size_t n, cudaStream_t stream);
+cudaError_t ddp_k_bf16_to_f32(const uint16_t *in, float *out, size_t n, cudaStream_t stream);
+/* Keep `stream` busy for about `ms` milliseconds (one thread spinning on the global timer). */
+cudaError_t ddp_k_spin(double ms, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+/* ============================================================================================
+   Definitions
+   ============================================================================================ */
+#if defined(DDP_KERNELS_IMPLEMENTATION) && defined(__CUDACC__) && !defined(DDP_KERNELS__IMPLEMENTED)
+#define DDP_KERNELS__IMPLEMENTED
+
+/* Grid for an elementwise kernel over `items` work items: enough blocks to fill any current
+   GPU, grid-stride loops for the rest. */
+static unsigned ddp_k__blocks(size_t items, unsigned threads) {
+    size_t blocks = (items + threads - 1) / threads;
+    if (blocks == 0) blocks = 1;
+    return blocks > 65535u ? 65535u : (unsigned)blocks;
+}
+
+static int ddp_k__aligned16(const void *a, const void *b, const void *c, const void *d) {
+    return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d) & 15u) == 0;
+}
+
+/* ---- bf16: the upper half of the float, rounded to nearest even ---- */
+static __host__ __device__ __forceinline__ uint16_t ddp_k__to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);   /* NaN: quiet, sign kept */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static __host__ __device__ __forceinline__ float ddp_k__from_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* ---- AdamW ---- */
+struct ddp_k__adamw_consts { float lr, b1, b2, one_minus_b1, one_minus_b2, eps, lr_wd; };
+
+static __device__ __forceinline__ void ddp_k__adamw_one(float &p, float g, float &m, float &v, float decay_on,
+                                                        const ddp_k__adamw_consts &c, float clip,
+                                                        float step_size, float bc2_sqrt) {
+    float grad = __fmul_rn(g, clip);
+    float lr_wd = decay_on != 0.0f ? c.lr_wd : 0.0f;
+    m = __fadd_rn(__fmul_rn(c.b1, m), __fmul_rn(c.one_minus_b1, grad));
+    v = __fadd_rn(__fmul_rn(c.b2, v), __fmul_rn(__fmul_rn(c.one_minus_b2, grad), grad));
+    p = __fsub_rn(p, __fmul_rn(lr_wd, p));
+    p = __fsub_rn(p, __fdiv_rn(__fmul_rn(step_size, m), __fadd_rn(__fdiv_rn(__fsqrt_rn(v), bc2_sqrt), c.eps)));
+}
+
+static __device__ __forceinline__ float ddp_k__decay_on(const unsigned char *no_decay, size_t i) {
+    return no_decay && no_decay[i / DDP_K_MASK_GROUP] ? 0.0f : 1.0f;
+}
+
+/* Four elements per thread; n4 = n / 4 float4s, the scalar kernel takes the tail. */
+static __global__ void ddp_k__adamw_vec4(float4 *p, const float4 *g, float4 *m, float4 *v, size_t n4,
+                                         const unsigned char *no_decay, ddp_k__adamw_consts c,
+                                         const ddp_k_adamw_state *state) {
+    size_t i;
+    float clip, step_size, bc2_sqrt;
+    if (state->skip) return;
+    clip = state->clip; step_size = state->step_size; bc2_sqrt = state->bc2_sqrt;
+    for (i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
+        float4 pp = p[i], gg = g[i], mm = m[i], vv = v[i];
+        float d = ddp_k__decay_on(no_decay, 4 * i);   /* a group of 16 never straddles a float4 */
+        ddp_k__adamw_one(pp.x, gg.x, mm.x, vv.x, d, c, clip, step_size, bc2_sqrt);
+        ddp_k__adamw_one(pp.y, gg.y, mm.y, vv.y, d, c, clip, step_size, bc2_sqrt);
+        ddp_k__adamw_one(pp.z, gg.z, mm.z, vv.z, d, c, clip, step_size, bc2_sqrt);
+        ddp_k__adamw_one(pp.w, gg.w, mm.w, vv.w, d, c, clip, step_size, bc2_sqrt);
+        p[i] = pp; m[i] = mm; v[i] = vv;
+    }
+}
+
+static __global__ void ddp_k__adamw_scalar(float *p, const float *g, float *m, float *v, size_t begin, size_t n,
+                                           const unsigned char *no_decay, ddp_k__adamw_consts c,
+                                           const ddp_k_adamw_state *state) {
+    size_t i;
+    if (state->skip) return;
+    for (i = begin + blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        ddp_k__adamw_one(p[i], g[i], m[i], v[i], ddp_k__decay_on(no_decay, i), c, state->clip,
+                         state->step_size, state->bc2_sqrt);
+}
+
+static __global__ void ddp_k__adamw_prepare(ddp_k_adamw_state *s, const double *norm_sq, float max_grad_norm,
+                                            float lr, float beta1, float beta2) {
+    double norm;
+    s->norm_sq = norm_sq ? *norm_sq : 0.0;
+    norm = sqrt(s->norm_sq);
+    s->skip = !isfinite(norm);
+    if (s->skip) { s->skipped++; return; }
+    s->clip = 1.0f;
+    if (max_grad_norm > 0 && norm > (double)max_grad_norm) s->clip = (float)((double)max_grad_norm / (norm + 1e-6));
+    s->step++;
+    s->step_size = (float)((double)lr / (1.0 - pow((double)beta1, (double)s->step)));
+    s->bc2_sqrt = (float)sqrt(1.0 - pow((double)beta2, (double)s->step));
+}
+
+/* ---- the sum of squares: each block sums its grid-stride share in double and reduces it in
+   shared memory in a fixed tree; the second kernel adds the partials in a fixed tree ---- */
+static __device__ __forceinline__ double ddp_k__block_sum(double x, double *shared) {
+    unsigned t = threadIdx.x, stride;
+    shared[t] = x;
+    __syncthreads();
+    for (stride = blockDim.x / 2; stride > 0; stride /= 2) {
+        if (t < stride) shared[t] += shared[t + stride];
+        __syncthreads();
+    }
+    return shared[0];
+}
+
+static __global__ void ddp_k__sum_squares_partials(const float *x, size_t n, int vec4, double *partials) {
+    __shared__ double shared[DDP_K_NORM_THREADS];
+    double acc = 0;
+    size_t i, stride = (size_t)gridDim.x * blockDim.x, first = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (vec4) {
+        const float4 *x4 = (const float4 *)x;
+        for (i = first; i < n / 4; i += stride) {
+            float4 a = x4[i];
+            acc += (double)a.x * a.x + (double)a.y * a.y + (double)a.z * a.z + (double)a.w * a.w;
+        }
+        for (i = n / 4 * 4 + first; i < n; i += stride) acc += (double)x[i] * x[i];
+    } else {
+        for (i = first; i < n; i += stride) acc += (double)x[i] * x[i];
+    }
+    acc = ddp_k__block_sum(acc, shared);
+    if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+
+static __global__ void ddp_k__sum_partials(const double *partials, double *out) {
+    __shared__ double shared[DDP_K_NORM_BLOCKS];
+    double total = ddp_k__block_sum(partials[threadIdx.x], shared);
+    if (threadIdx.x == 0) *out = total;
+}
+
+/* ---- small elementwise kernels ---- */
+static __global__ void ddp_k__scale(float *x, size_t n, float factor) {
+    size_t i;
+    for (i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) x[i] *= factor;
+}
+static __global__ void ddp_k__fill(float *x, size_t n, float value) {
+    size_t i;
+    for (i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) x[i] = value;
+}
+static __global__ void ddp_k__to_bf16_kernel(const float *in, uint16_t *out, size_t n, int vec4) {
+    size_t i, stride = (size_t)gridDim.x * blockDim.x, first = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (vec4) {
+        for (i = first; i < n / 4; i += stride) {
+            float4 a = ((const float4 *)in)[i];
+            ushort4 h;
+            h.x = ddp_k__to_bf16(a.x); h.y = ddp_k__to_bf16(a.y); h.z = ddp_k__to_bf16(a.z); h.w = ddp_k__to_bf16(a.w);
+            ((ushort4 *)out)[i] = h;
+        }
+        first += n / 4 * 4;
+    }
+    for (i = first; i < n; i += stride) out[i] = ddp_k__to_bf16(in[i]);
+}
+static __global__ void ddp_k__from_bf16_kernel(const uint16_t *in, float *out, size_t n, int vec4) {
+    size_t i, stride = (size_t)gridDim.x * blockDim.x, first = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (vec4) {
+        for (i = first; i < n / 4; i += stride) {
+            ushort4 h = ((const ushort4 *)in)[i];
+            float4 a;
+            a.x = ddp_k__from_bf16(h.x); a.y = ddp_k__from_bf16(h.y); a.z = ddp_k__from_bf16(h.z); a.w = ddp_k__from_bf16(h.w);
+            ((float4 *)out)[i] = a;
+        }
+        first += n / 4 * 4;
+    }
+    for (i = first; i < n; i += stride) out[i] = ddp_k__from_bf16(in[i]);
+}
+static __global__ void ddp_k__spin(unsigned long long ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
+}
+
+/* ---- launchers ---- */
+extern "C" cudaError_t ddp_k_sum_squares(const float *x, size_t n, double *partials, double *out, cudaStream_t stream) {
+    cudaError_t e;
+    ddp_k__sum_squares_partials<<<DDP_K_NORM_BLOCKS, DDP_K_NORM_THREADS, 0, stream>>>(x, n, ((uintptr_t)x & 15u) == 0, partials);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    ddp_k__sum_partials<<<1, DDP_K_NORM_BLOCKS, 0, stream>>>(partials, out);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t ddp_k_adamw_prepare(ddp_k_adamw_state *state, const double *norm_sq, float max_grad_norm,
+                                           float lr, float beta1, float beta2, cudaStream_t stream) {
+    ddp_k__adamw_prepare<<<1, 1, 0, stream>>>(state, norm_sq, max_grad_norm, lr, beta1, beta2);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t ddp_k_adamw(float *p, const float *g, float *m, float *v, size_t n, const unsigned char *no_decay,
+                                   float lr, float beta1, float beta2, float eps, float weight_decay,
+                                   const ddp_k_adamw_state *state, cudaStream_t stream) {
+    ddp_k__adamw_consts c;
+    size_t done = 0;
+    cudaError_t e;
+    c.lr = lr; c.b1 = beta1; c.b2 = beta2; c.eps = eps;
+    c.one_minus_b1 = 1.0f - beta1; c.one_minus_b2 = 1.0f - beta2;   /* rounded as the CPU rounds them */
+    c.lr_wd = lr * weight_decay;
+    if (n == 0) return cudaSuccess;
+    if (ddp_k__aligned16(p, g, m, v) && n >= 4) {
+        size_t n4 = n / 4;
+        ddp_k__adamw_vec4<<<ddp_k__blocks(n4, 256), 256, 0, stream>>>((float4 *)p, (const float4 *)g, (float4 *)m,
+                                                                     (float4 *)v, n4, no_decay, c, state);
+        if ((e = cudaGetLastError()) != cudaSuccess) return e;
+        done = n4 * 4;
+    }
+    if (done == n) return cudaSuccess;
+    ddp_k__adamw_scalar<<<ddp_k__blocks(n - done, 256), 256, 0, stream>>>(p, g, m, v, done, n, no_decay, c, state);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t ddp_k_scale(float *x, size_t n, float factor, cudaStream_t stream) {
+    if (n == 0) return cudaSuccess;
+    ddp_k__scale<<<ddp_k__blocks(n, 256), 256, 0, stream>>>(x, n, factor);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t ddp_k_fill(float *x, size_t n, float value, cudaStream_t stream) {
+    if (n == 0) return cudaSuccess;
+    ddp_k__fill<<<ddp_k__blocks(n, 256), 256, 0, stream>>>(x, n, value);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t ddp_k_f32_to_bf16(const float *in, uint16_t *out, size_t n, cudaStream_t stream) {
+    int vec4 = (((uintptr_t)in & 15u) | ((uintptr_t)out & 7u)) == 0;
+    if (n == 0) return cudaSuccess;
+    ddp_k__to_bf16_kernel<<<ddp_k__blocks(vec4 ? n / 4 + 1 : n, 256), 256, 0, stream>>>(in, out, n, vec4);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t ddp_k_bf16_to_f32(const uint16_t *in, float *out, size_t n, cudaStream_t stream) {
+    int vec4 = (((uintptr_t)in & 7u) | ((uintptr_t)out & 15u)) == 0;
+    if (n == 0) return cudaSuccess;
+    ddp_k__from_bf16_kernel<<<ddp_k__blocks(vec4 ? n / 4 + 1 : n, 256), 256, 0, stream>>>(in, out, n, vec4);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t ddp_k_spin(double ms, cudaStream_t stream) {
+    if (!(ms > 0)) return cudaSuccess;
+    ddp_k__spin<<<1, 1, 0, stream>>>((unsigned long long)(ms * 1e6));
+    return cudaGetLastError();
+}
+
+#endif /* DDP_KERNELS_IMPLEMENTATION && __CUDACC__ */
+#endif /* DDP_KERNELS_CUH */

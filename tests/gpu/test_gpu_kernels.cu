@@ -1,0 +1,178 @@
+/* test_gpu_kernels.cu — ddp_kernels.cuh against CPU references: AdamW against ddp.h's CPU loop
+   (<= 1e-6 relative; the arithmetic is the same, so normally bit for bit), the sum of squares
+   against float64 (and the same bits twice), fp32->bf16 over all 2^32 bit patterns and
+   bf16->fp32 over all 2^16 against the CPU's round-to-nearest-even, fill and scale.
+   Prints "SKIP gpu: ..." and exits 0 without a device. */
+#include "../testlib.h"
+#include "gpu_common.h"
+
+static __global__ void iota_bits(uint32_t *out, uint32_t base, size_t n) {
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i < n) out[i] = base + (uint32_t)i;
+}
+
+static void test_casts(void) {
+    const size_t chunk = (size_t)1 << 26;
+    uint32_t *d_in;
+    uint16_t *d_out, *h_out = (uint16_t *)malloc(chunk * sizeof(uint16_t)), *d_h;
+    float *d_f, *h_f = (float *)malloc(65536 * sizeof(float));
+    uint64_t base, bad = 0, first_bad = 0;
+    size_t i;
+    CK(cudaMalloc((void **)&d_in, chunk * 4));
+    CK(cudaMalloc((void **)&d_out, chunk * 2));
+    for (base = 0; base < ((uint64_t)1 << 32); base += chunk) {
+        iota_bits<<<(unsigned)((chunk + 255) / 256), 256>>>(d_in, (uint32_t)base, chunk);
+        CK(cudaGetLastError());
+        CK(ddp_k_f32_to_bf16((const float *)d_in, d_out, chunk, 0));
+        CK(cudaMemcpy(h_out, d_out, chunk * 2, cudaMemcpyDeviceToHost));
+        for (i = 0; i < chunk; i++) {
+            uint32_t u = (uint32_t)(base + i);
+            float f;
+            memcpy(&f, &u, 4);
+            if (h_out[i] != ddp__to_bf16(f)) { if (!bad) first_bad = base + i; bad++; }
+        }
+    }
+    verdict(bad == 0, "gpu_f32_to_bf16_exhaustive_2^32", "%llu mismatches, first at bits 0x%08llx",
+            (unsigned long long)bad, (unsigned long long)first_bad);
+    bad = 0;
+    CK(cudaMalloc((void **)&d_h, 65536 * 2));
+    CK(cudaMalloc((void **)&d_f, 65536 * 4));
+    for (i = 0; i < 65536; i++) h_out[i] = (uint16_t)i;
+    CK(cudaMemcpy(d_h, h_out, 65536 * 2, cudaMemcpyHostToDevice));
+    CK(ddp_k_bf16_to_f32(d_h, d_f, 65536, 0));
+    CK(cudaMemcpy(h_f, d_f, 65536 * 4, cudaMemcpyDeviceToHost));
+    for (i = 0; i < 65536; i++) {
+        float want = ddp__from_bf16((uint16_t)i);
+        if (memcmp(&want, &h_f[i], 4)) bad++;
+    }
+    verdict(bad == 0, "gpu_bf16_to_f32_exhaustive_2^16", "%llu mismatches", (unsigned long long)bad);
+    cudaFree(d_in); cudaFree(d_out); cudaFree(d_h); cudaFree(d_f);
+    free(h_out); free(h_f);
+}
+
+static void test_norm(void) {
+    const size_t n = 10000003;   /* odd: the float4 path and its tail */
+    float *h = (float *)malloc(n * 4), *d;
+    double *partials, *d_out, got[2], ref = 0;
+    size_t i;
+    for (i = 0; i < n; i++) { h[i] = test_value(7, i) * (i % 11 == 0 ? 1e3f : 1.0f); ref += (double)h[i] * h[i]; }
+    CK(cudaMalloc((void **)&d, n * 4));
+    CK(cudaMalloc((void **)&partials, DDP_K_NORM_BLOCKS * sizeof(double)));
+    CK(cudaMalloc((void **)&d_out, sizeof(double)));
+    CK(cudaMemcpy(d, h, n * 4, cudaMemcpyHostToDevice));
+    for (i = 0; i < 2; i++) {
+        CK(ddp_k_sum_squares(d, n, partials, d_out, 0));
+        CK(cudaMemcpy(&got[i], d_out, sizeof(double), cudaMemcpyDeviceToHost));
+    }
+    verdict(fabs(got[0] - ref) <= 1e-12 * ref, "gpu_sum_squares_vs_float64", "got %.17g, want %.17g", got[0], ref);
+    verdict(memcmp(&got[0], &got[1], sizeof(double)) == 0, "gpu_sum_squares_deterministic", "%.17g vs %.17g", got[0], got[1]);
+    CK(ddp_k_sum_squares(d + 1, n - 1, partials, d_out, 0));   /* unaligned: the scalar path */
+    CK(cudaMemcpy(&got[1], d_out, sizeof(double), cudaMemcpyDeviceToHost));
+    ref -= (double)h[0] * h[0];
+    verdict(fabs(got[1] - ref) <= 1e-12 * ref, "gpu_sum_squares_unaligned", "got %.17g, want %.17g", got[1], ref);
+    cudaFree(d); cudaFree(partials); cudaFree(d_out); free(h);
+}
+
+/* AdamW: N0 elements with decay then N1 without (a 16-aligned boundary, as ddp.h lays out). */
+static void test_adamw(int offset) {
+    enum { N0 = 1 << 20, N1 = 4096 + 16, STEPS = 6 };
+    const size_t n = N0 + N1;
+    const float lr = 0.01f, b1 = 0.8f, b2 = 0.99f, eps = 1e-6f, wd = 0.1f;
+    float *hp = (float *)malloc(n * 4), *hg = (float *)malloc(n * 4), *hm = (float *)calloc(n, 4), *hv = (float *)calloc(n, 4);
+    float *got = (float *)malloc(n * 4), *buf;
+    unsigned char mask[N0 / DDP_K_MASK_GROUP + N1 / DDP_K_MASK_GROUP], *d_mask;
+    double *partials, *norm_sq;
+    ddp_k_adamw_state *state;
+    size_t i, exact = 0, count = n - (size_t)offset;
+    double worst = 0;
+    int step;
+    char name[96];
+    for (i = 0; i < n; i++) hp[i] = 0.5f + 0.5f * fabsf(test_value(1, i));
+    for (i = 0; i < sizeof mask; i++) mask[i] = i >= N0 / DDP_K_MASK_GROUP;
+    CK(cudaMalloc((void **)&buf, 4 * n * 4 + 64));
+    CK(cudaMalloc((void **)&d_mask, sizeof mask));
+    CK(cudaMalloc((void **)&partials, DDP_K_NORM_BLOCKS * sizeof(double)));
+    CK(cudaMalloc((void **)&norm_sq, sizeof(double)));
+    CK(cudaMalloc((void **)&state, sizeof *state));
+    CK(cudaMemset(state, 0, sizeof *state));
+    CK(cudaMemset(buf, 0, 4 * n * 4 + 64));
+    CK(cudaMemcpy(d_mask, mask, sizeof mask, cudaMemcpyHostToDevice));
+    float *dp = buf + offset, *dg = buf + n + 16 + offset, *dm = buf + 2 * n + 32 + offset, *dv = buf + 3 * n + 48 + offset;
+    if (offset) CK(cudaMalloc((void **)&dv, n * 4));   /* keep one pointer aligned, others not */
+    CK(cudaMemcpy(dp, hp + offset, count * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemset(dm, 0, count * 4));
+    CK(cudaMemset(dv, 0, count * 4));
+    for (step = 1; step <= STEPS; step++) {
+        float max_norm = step % 2 ? 1.0f : 0.0f, clip = 1, step_size, bc2_sqrt;
+        double norm;
+        for (i = 0; i < n; i++) hg[i] = test_value(100 + (uint64_t)step, i) * (i % 3 ? 0.01f : 1.0f);
+        norm = sqrt(ddp__sum_squares(hg + offset, count));
+        if (max_norm > 0 && norm > max_norm) clip = (float)(max_norm / (norm + 1e-6));
+        step_size = (float)(lr / (1.0 - pow(b1, (double)step)));
+        bc2_sqrt = (float)sqrt(1.0 - pow(b2, (double)step));
+        ddp__adamw_range(hp + offset, hg + offset, hm + offset, hv + offset, (offset ? N0 - offset : N0), clip, lr, b1, b2, eps, wd, step_size, bc2_sqrt);
+        ddp__adamw_range(hp + N0, hg + N0, hm + N0, hv + N0, N1, clip, lr, b1, b2, eps, 0.0f, step_size, bc2_sqrt);
+        CK(cudaMemcpy(dg, hg + offset, count * 4, cudaMemcpyHostToDevice));
+        CK(ddp_k_sum_squares(dg, count, partials, norm_sq, 0));
+        CK(ddp_k_adamw_prepare(state, norm_sq, max_norm, lr, b1, b2, 0));
+        /* the mask is indexed from the pointer given: the unaligned run has none and is compared
+           only where it decays, [offset, N0) */
+        CK(ddp_k_adamw(dp, dg, dm, dv, count, offset ? NULL : d_mask, lr, b1, b2, eps, wd, state, 0));
+    }
+    CK(cudaMemcpy(got + offset, dp, count * 4, cudaMemcpyDeviceToHost));
+    for (i = (size_t)offset; i < (offset ? (size_t)N0 : n); i++) {
+        double rel = fabs((double)got[i] - hp[i]) / fabs(hp[i]);
+        if (rel > worst) worst = rel;
+        exact += memcmp(&got[i], &hp[i], 4) == 0;
+    }
+    snprintf(name, sizeof name, "gpu_adamw_vs_cpu%s", offset ? "_unaligned_scalar_path" : "_float4_path_with_no_decay_mask");
+    verdict(worst <= 1e-6, name, "worst relative error %.3g", worst);
+    printf("  (%s: worst relative error %.3g, %zu of %zu elements bit-identical)\n", name, worst, exact,
+           (offset ? (size_t)N0 : n) - (size_t)offset);
+    cudaFree(buf); cudaFree(d_mask); cudaFree(partials); cudaFree(norm_sq); cudaFree(state);
+    if (offset) cudaFree(dv);
+    free(hp); free(hg); free(hm); free(hv); free(got);
+}
+
+/* Non-finite gradients: prepare marks the step skipped, AdamW changes nothing, the step count stays. */
+static void test_adamw_skip(void) {
+    const size_t n = 1024;
+    float *d, h[1024], before[1024];
+    double *partials, *norm_sq;
+    ddp_k_adamw_state *state, st;
+    size_t i;
+    CK(cudaMalloc((void **)&d, 4 * n * 4));
+    CK(cudaMalloc((void **)&partials, DDP_K_NORM_BLOCKS * sizeof(double)));
+    CK(cudaMalloc((void **)&norm_sq, sizeof(double)));
+    CK(cudaMalloc((void **)&state, sizeof *state));
+    CK(cudaMemset(state, 0, sizeof *state));
+    CK(cudaMemset(d, 0, 4 * n * 4));
+    CK(ddp_k_fill(d, n, 1.5f, 0));
+    CK(ddp_k_fill(d + n, n, 2.0f, 0));
+    CK(ddp_k_scale(d + n, n, 0.25f, 0));   /* grads 0.5 */
+    CK(cudaMemcpy(before, d, n * 4, cudaMemcpyDeviceToHost));
+    h[0] = NAN;
+    CK(cudaMemcpy(d + n + 3, h, 4, cudaMemcpyHostToDevice));
+    CK(ddp_k_sum_squares(d + n, n, partials, norm_sq, 0));
+    CK(ddp_k_adamw_prepare(state, norm_sq, 0.0f, 0.1f, 0.9f, 0.999f, 0));
+    CK(ddp_k_adamw(d, d + n, d + 2 * n, d + 3 * n, n, NULL, 0.1f, 0.9f, 0.999f, 1e-8f, 0.1f, state, 0));
+    CK(cudaMemcpy(h, d, n * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(&st, state, sizeof st, cudaMemcpyDeviceToHost));
+    verdict(memcmp(h, before, sizeof h) == 0 && st.skip == 1 && st.skipped == 1 && st.step == 0,
+            "gpu_adamw_skips_nonfinite_on_device", "skip %d skipped %lld step %lld", st.skip, st.skipped, st.step);
+    CK(cudaMemcpy(h, d + n, n * 4, cudaMemcpyDeviceToHost));
+    for (i = 0; i < n && (i == 3 || h[i] == 0.5f); i++) {}
+    verdict(i == n, "gpu_fill_and_scale", "element %zu is %g", i, i < n ? h[i] : 0.0f);
+    cudaFree(d); cudaFree(partials); cudaFree(norm_sq); cudaFree(state);
+}
+
+int main(void) {
+    gpu_require_device();
+    printf("  (device: %s)\n", gpu_name());
+    test_adamw(0);
+    test_adamw(1);
+    test_adamw_skip();
+    test_norm();
+    test_casts();
+    return test_summary("test_gpu_kernels");
+}
