@@ -59,7 +59,8 @@
      timeline_path    $DDP_TIMELINE        record every step (forward, each backward op, bucket
                                            ready, each allreduce, the wait, AdamW) and write ONE
                                            Chrome/Perfetto trace of all ranks at ddp_shutdown
-                                           (tools/trace_svg.py draws it); costs nothing when off
+                                           (tools/trace_svg.py draws it); costs nothing when off.
+                                           NCCL backend: the comm lane comes from CUDA events
      inject_comm_latency_ms, inject_comm_gbps
                                            benchmarks/tests only: allreduces also take as long as
                                            a network of that latency and bandwidth would (NCCL: a
@@ -495,6 +496,7 @@ static ddp_result ddp__gpu_adamw_state(ddp_context *ctx);
 static ddp_result ddp__gpu_collective(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root);
 static void ddp__gpu_poison(ddp_context *ctx);
 static void ddp__gpu_stop_watchdog(ddp_context *ctx);
+static void ddp__gpu_drain(ddp_context *ctx);
 static void ddp__gpu_teardown(ddp_context *ctx);
 
 /* --------------------------------------------------------------------------------------------
@@ -2024,6 +2026,7 @@ ddp_result ddp_shutdown(ddp_context *ctx) {
     if (!ctx) return DDP_OK;
     memset(&timeline, 0, sizeof timeline);
     ddp__comm_stop(ctx);
+    ddp__gpu_drain(ctx);
     ddp__gpu_stop_watchdog(ctx);
     if (ctx->tl_main) ddp__tl_rank_json(ctx, &timeline);
     ddp__tl_shutdown(ctx, &timeline, 0);
@@ -2373,6 +2376,7 @@ struct ddp__gpu {
     cudaEvent_t *comm_start[2], *comm_end[2];   /* per bucket; two steps' worth (parity) */
     cudaEvent_t step_begin[2], step_finish[2];
     int timed[2], last_bucket[2];  /* that parity holds a step whose times are not read yet */
+    double host_begin[2];          /* host clock when step_begin was recorded: the timeline's anchor */
     ddp_step_stats timed_stats[2];
     unsigned char *no_decay;       /* one byte per DDP_K_MASK_GROUP elements */
     double *norm_partials, *norm_sq;
@@ -2731,6 +2735,21 @@ static ddp_result ddp__gpu_launch(ddp_context *ctx, int index) {
     return DDP_OK;
 }
 
+/* The timeline's comm lane on this backend: each bucket's allreduce as the comm stream's events
+   saw it, placed on the host clock relative to the step's first event. (The compute lane holds
+   host times: when the program enqueued its work.) */
+static void ddp__gpu_timeline(ddp_context *ctx, int par, const ddp_step_stats *st) {
+    ddp__gpu *g = ctx->gpu;
+    int b;
+    float t0, t1;
+    if (!ctx->tl_comm) return;
+    for (b = 0; b < st->buckets_launched; b++)
+        if (cudaEventElapsedTime(&t0, g->step_begin[par], g->comm_start[par][b]) == cudaSuccess &&
+            cudaEventElapsedTime(&t1, g->step_begin[par], g->comm_end[par][b]) == cudaSuccess)
+            ddp__tl_add(ctx->tl_comm, DDP__EV_ALLREDUCE, (int)st->step - 1, g->host_begin[par] + 1e-3 * t0,
+                        g->host_begin[par] + 1e-3 * t1, b, ctx->buckets[b].count * ddp__wire_bytes(ctx));
+}
+
 /* The GPU times of a step, once its events have completed (never waited for). */
 static void ddp__gpu_harvest(ddp_context *ctx, int par) {
     ddp__gpu *g = ctx->gpu;
@@ -2750,6 +2769,7 @@ static void ddp__gpu_harvest(ddp_context *ctx, int par) {
         double hidden = 1.0 - st.exposed_ms / st.comm_ms;
         st.overlap_pct = 100.0 * (hidden < 0 ? 0 : hidden);
     }
+    ddp__gpu_timeline(ctx, par, &st);
     cudaGetLastError();   /* a NotReady from the queries above is not an error */
     ctx->last_stats = st;
     g->timed[par] = 0;
@@ -2762,8 +2782,21 @@ static void ddp__gpu_begin_step(ddp_context *ctx) {
     ddp__gpu_harvest(ctx, par);       /* two steps ago */
     ddp__gpu_harvest(ctx, par ^ 1);   /* the last step: newest wins */
     g->timed[par] = 0;   /* two steps old and still running: its times are lost, its events reused */
+    g->host_begin[par] = ddp__now();
     if (cudaEventRecord(g->step_begin[par], g->compute) != cudaSuccess)
         ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_BACKEND, "cudaEventRecord on the compute stream failed: %s", cudaGetErrorString(cudaGetLastError())));
+}
+
+/* Shutdown: let the last steps' GPU work finish so that their times reach the stats and the
+   timeline (the only host wait for step work, outside any step). */
+static void ddp__gpu_drain(ddp_context *ctx) {
+    ddp__gpu *g = ctx->gpu;
+    int older = ctx->tl_step & 1;
+    if (!g || ddp__failed(ctx)) return;
+    if (ddp__gpu_wait(ctx, g->compute, "the last step before shutdown") != DDP_OK) return;
+    if (ddp__gpu_wait(ctx, g->comm, "the last communication before shutdown") != DDP_OK) return;
+    ddp__gpu_harvest(ctx, older);
+    ddp__gpu_harvest(ctx, older ^ 1);
 }
 
 /* Finish: the compute stream waits for the last bucket. Nothing waits on the host. */
@@ -2998,6 +3031,7 @@ static ddp_result ddp__gpu_collective(ddp_context *ctx, uint32_t kind, void *dat
     (void)kind; (void)data; (void)count; (void)root; return ddp__gpu_unavailable(ctx);
 }
 static void ddp__gpu_teardown(ddp_context *ctx) { (void)ctx; }
+static void ddp__gpu_drain(ddp_context *ctx) { (void)ctx; }
 #endif /* DDP_CUDA */
 
 

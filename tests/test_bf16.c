@@ -5,14 +5,6 @@
    Run: build/ddprun -n N build/test_bf16      (N >= 2) */
 #include "testlib.h"
 
-static uint64_t fnv1a(const void *data, size_t bytes) {
-    const unsigned char *p = (const unsigned char *)data;
-    uint64_t h = 1469598103934665603ull;
-    size_t i;
-    for (i = 0; i < bytes; i++) h = (h ^ p[i]) * 1099511628211ull;
-    return h;
-}
-
 static float bits_to_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
 /* Round-to-nearest-even on the bits that decide it, NaN and overflow included. */
@@ -111,7 +103,7 @@ int main(void) {
     {
         size_t count;
         const float *all = ddp_flat_grads(ddp, &count);
-        uint64_t mine = fnv1a(all, count * sizeof(float)), rank0 = mine;
+        uint64_t mine = test_hash(all, count * sizeof(float)), rank0 = mine;
         float differ;
         ddp_broadcast(ddp, &rank0, sizeof rank0, 0);
         differ = (float)(mine != rank0);

@@ -137,14 +137,6 @@ static ddp_result mlp_step(mlp *m, int step, int first, int count, int micro) {
     return ddp_adamw_step(m->ddp, &opt, NULL);
 }
 
-static uint64_t fnv1a(const void *data, size_t bytes) {
-    const unsigned char *p = (const unsigned char *)data;
-    uint64_t h = 1469598103934665603ull;
-    size_t i;
-    for (i = 0; i < bytes; i++) h = (h ^ p[i]) * 1099511628211ull;
-    return h;
-}
-
 static mlp model, reference;
 
 int main(void) {
@@ -191,7 +183,7 @@ int main(void) {
         }
         {
             const float *got = ddp_flat_params(d, &count), *want = ddp_flat_params(solo, NULL);
-            uint64_t mine = fnv1a(got, count * sizeof(float)), rank0 = mine;
+            uint64_t mine = test_hash(got, count * sizeof(float)), rank0 = mine;
             float fails;
             for (i = 0; i < count; i++) {
                 double err = fabs((double)got[i] - want[i]), tol = tol_abs + tol_rel * fabs(want[i]);

@@ -39,6 +39,15 @@ static inline float test_value(uint64_t stream, uint64_t index) {
     return (float)(z >> 40) / 8388608.0f - 1.0f;
 }
 
+/* FNV-1a of a buffer: ranks compare bits by comparing hashes. */
+static inline uint64_t test_hash(const void *data, size_t bytes) {
+    const unsigned char *p = (const unsigned char *)data;
+    uint64_t h = 1469598103934665603ull;
+    size_t i;
+    for (i = 0; i < bytes; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
 /* A TCP port nobody listens on right now. */
 static inline int test_free_port(void) {
     struct sockaddr_in a;
