@@ -12,7 +12,8 @@ for bin in "$B"/fuzz_*; do
     name=${bin##*/fuzz_}
     mkdir -p "$B/corpus/$name"
     log="$B/fuzz_$name.log"
-    "$bin" -max_total_time="$SECONDS_EACH" -max_len=4096 -timeout=10 -print_final_stats=1 \
+    # no -max_len: libFuzzer takes the largest seed (at least 4096 bytes) as the limit
+    "$bin" -max_total_time="$SECONDS_EACH" -timeout=10 -print_final_stats=1 \
         -artifact_prefix="$B/" "$B/corpus/$name" "fuzz/corpus/$name" >"$log" 2>&1
     rc=$?
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
