@@ -24,16 +24,14 @@ import os
 import re
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from svgkit import FONT, INK, MUTED, FAINT, GRID, esc, num, text_w, nice_step, tick_decimals  # noqa: E402
+
 PROG = "sweep_svg"
 REQUIRED = ["bucket_cap_mb", "step_ms", "comm_ms", "exposed_ms", "compute_ms"]
 
 # the same look as trace_svg.py
-FONT = "'Helvetica Neue', Helvetica, Arial, 'DejaVu Sans', 'Liberation Sans', sans-serif"
-INK = "#1f2937"
 TEXT2 = "#374151"
-MUTED = "#6b7280"
-FAINT = "#9ca3af"
-GRID = "#e5e7eb"
 PLOT_BG = "#fbfbfc"
 
 SERIES = [  # column, legend label, colour, line width, marker radius
@@ -48,54 +46,6 @@ BEST_COLOR = "#2ca02c"
 def die(msg):
     sys.stderr.write("%s: error: %s\n" % (PROG, msg))
     sys.exit(2)
-
-
-_BAD_XML_CHARS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
-
-
-def esc(s):
-    s = _BAD_XML_CHARS.sub("", str(s))
-    return (s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-             .replace('"', "&quot;"))
-
-
-def num(v):
-    r = round(v, 2)
-    if r == int(r):
-        return str(int(r))
-    return ("%.2f" % r).rstrip("0").rstrip(".")
-
-
-def text_w(s, size):
-    w = 0.0
-    for ch in s:
-        if ch in "il.,:;|!'":
-            w += 0.3
-        elif ch in "mwMW@%":
-            w += 0.9
-        elif ch.isupper() or ch.isdigit():
-            w += 0.66
-        elif ch == " ":
-            w += 0.3
-        else:
-            w += 0.57
-    return w * size
-
-
-def nice_step(span, target):
-    raw = span / max(1, target)
-    mag = 10 ** math.floor(math.log10(raw))
-    for m in (1, 2, 2.5, 5, 10):
-        if raw <= m * mag * (1 + 1e-9):
-            return m * mag
-    return 10 * mag
-
-
-def tick_decimals(step):
-    d = max(0, -int(math.floor(math.log10(step) + 1e-9)))
-    while d < 6 and abs(step * 10 ** d - round(step * 10 ** d)) > 1e-6:
-        d += 1
-    return d
 
 
 def fmt_cap(c):

@@ -29,13 +29,11 @@ import os
 import re
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from svgkit import FONT, INK, MUTED, FAINT, GRID, esc, num, text_w, nice_step, tick_decimals  # noqa: E402
+
 PROG = "trace_svg"
 
-FONT = "'Helvetica Neue', Helvetica, Arial, 'DejaVu Sans', 'Liberation Sans', sans-serif"
-INK = "#1f2937"       # titles, main text
-MUTED = "#6b7280"     # secondary text
-FAINT = "#9ca3af"     # brackets, ticks
-GRID = "#e5e7eb"      # grid lines
 LANE_BG = "#f6f7f9"   # lane background
 EXPOSED_RED = "#d62728"
 
@@ -62,62 +60,10 @@ def warn(msg):
 
 # ---------------------------------------------------------------- small helpers
 
-_BAD_XML_CHARS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
-
-
-def esc(s):
-    """Text or attribute value, escaped for XML (control characters dropped)."""
-    s = _BAD_XML_CHARS.sub("", str(s))
-    return (s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-             .replace('"', "&quot;"))
-
-
-def num(v):
-    """Compact number for SVG attributes."""
-    r = round(v, 2)
-    if r == int(r):
-        return str(int(r))
-    return ("%.2f" % r).rstrip("0").rstrip(".")
-
-
-def text_w(s, size):
-    """Rough width of s in px for a sans-serif font (no font metrics in the standard library)."""
-    w = 0.0
-    for ch in s:
-        if ch in "il.,:;|!'":
-            w += 0.3
-        elif ch in "mwMW@%":
-            w += 0.9
-        elif ch.isupper() or ch.isdigit():
-            w += 0.66
-        elif ch == " ":
-            w += 0.3
-        else:
-            w += 0.57
-    return w * size
-
-
 def luminance(hex_color):
     h = hex_color.lstrip("#")
     r, g, b = (int(h[i:i + 2], 16) / 255.0 for i in (0, 2, 4))
     return 0.2126 * r + 0.7152 * g + 0.0722 * b
-
-
-def nice_step(span, target):
-    """A 1/2/2.5/5 x 10^k step giving about `target` intervals over span."""
-    raw = span / max(1, target)
-    mag = 10 ** math.floor(math.log10(raw))
-    for m in (1, 2, 2.5, 5, 10):
-        if raw <= m * mag * (1 + 1e-9):
-            return m * mag
-    return 10 * mag
-
-
-def tick_decimals(step):
-    d = max(0, -int(math.floor(math.log10(step) + 1e-9)))
-    while d < 6 and abs(step * 10 ** d - round(step * 10 ** d)) > 1e-6:
-        d += 1
-    return d
 
 
 def fmt_ms(us):
