@@ -1531,7 +1531,12 @@ static void ddp__poison_group(ddp_context *ctx, ddp_result code) {
 /* Checked while sleeping: the group poisoned by another rank, a dead peer, the deadline. */
 static ddp_result ddp__shm_check_peers(ddp_context *ctx, int stage, uint32_t target, double deadline) {
     ddp__shm_header *h = ddp__shm_hdr(ctx);
-    int s, failed;
+    /* The poison first: it names the root cause (a rank that timed out waiting for a stopped
+       peer, then exited, must not be reported as the problem). */
+    int s, failed = __atomic_load_n(&h->failed_rank, __ATOMIC_ACQUIRE);
+    if (failed == ctx->rank) return ddp__failed(ctx) ? ddp__failed(ctx) : DDP_ERR_PEER_LOST;   /* already told */
+    if (failed >= 0)
+        return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_PEER_LOST, "stopped in %s because %s", ctx->shm_what, h->failed_msg));
     for (s = 0; s < ctx->world; s++) {
         int pid = __atomic_load_n(&ddp__shm_block(ctx, s)->pid, __ATOMIC_ACQUIRE);
         if (!pid && ctx->peer_pids) pid = ctx->peer_pids[s];    /* not attached yet */
@@ -1539,10 +1544,6 @@ static ddp_result ddp__shm_check_peers(ddp_context *ctx, int stage, uint32_t tar
             return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_PEER_LOST, "rank %d (pid %d) died; this rank was in %s",
                                              s, pid, ctx->shm_what));
     }
-    failed = __atomic_load_n(&h->failed_rank, __ATOMIC_ACQUIRE);
-    if (failed == ctx->rank) return ddp__failed(ctx) ? ddp__failed(ctx) : DDP_ERR_PEER_LOST;   /* already told */
-    if (failed >= 0)
-        return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_PEER_LOST, "stopped in %s because %s", ctx->shm_what, h->failed_msg));
     if (ddp__now() > deadline) {
         char missing[256];
         size_t len = 0;

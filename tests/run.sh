@@ -40,6 +40,7 @@ run "ddprun" tests/test_ddprun.sh "$B/ddprun"
 run "minimal example, 2 ranks" "$B/ddprun" -n 2 "$B/minimal"
 for n in 1 2 4; do run "tiny GPT vs PyTorch, N ranks vs 1, $n rank(s)" "$B/ddprun" -n "$n" "$B/test_gpt"; done
 run "tiny GPT trainer: resume, checkpoints, data errors, sampling" tests/test_gpt.sh "$B"
+run "rank 0 killed while writing a checkpoint, 3 ranks" tests/test_checkpoint_crash.sh "$B"
 run "gpu" tests/gpu/run.sh "$B"
 if [ "$skipped" -gt 0 ]; then echo "$passed passed, $failed failed, $skipped skipped"
 else echo "$passed passed, $failed failed"; fi

@@ -58,6 +58,8 @@ struct rank {
     int index;
     pid_t pid;   /* also its process group id */
     int running; /* has not exited yet */
+    int code, sig;  /* how it ended: exit status, or the signal that killed it */
+    int failed_seq; /* 0, or the order in which its failure was seen (1, 2, ...) */
     struct stream out, err;
 };
 
@@ -71,7 +73,15 @@ struct job {
     int killed;      /* SIGKILL already sent */
     double kill_at;  /* when the grace period ends */
     int exit_status; /* -1 until the first failure decides it */
+    double settle_until; /* after a first failure: when to name the cause and stop the rest */
+    int failures_seen;
 };
+
+/* When one rank dies, its peers notice (ddp.h: within ~0.1 s) and exit with an error that names
+ * it. Before stopping anyone, ddprun waits this long: the survivors get to say what happened,
+ * and a rank killed by a signal, the likely cause, is named first even if a peer's error exit
+ * was seen a moment earlier. */
+#define SETTLE_SECONDS 0.5
 
 static volatile sig_atomic_t first_signal, signals_received;
 static int dest_broken[3];       /* our stdout/stderr hit EPIPE */
@@ -444,26 +454,51 @@ static void kill_now(struct job *job)
 
 /* The first failure is the cause and gets the full story; ranks that die
  * because we stopped them get a short note. */
+static void print_stopped(const struct rank *r)
+{
+    if (r->sig)
+        fprintf(stderr, "ddprun: rank %d stopped by signal %d (%s)\n", r->index, r->sig, strsignal(r->sig));
+    else
+        fprintf(stderr, "ddprun: rank %d stopped with status %d\n", r->index, r->code);
+}
+
 static void report_exit(struct job *job, struct rank *r, int code, int sig)
 {
     r->running = 0;
+    r->code = code;
+    r->sig = sig;
     if (!sig && code == 0)
         return;
-    if (job->exit_status >= 0) {
-        if (sig)
-            fprintf(stderr, "ddprun: rank %d stopped by signal %d (%s)\n", r->index, sig, strsignal(sig));
-        else
-            fprintf(stderr, "ddprun: rank %d stopped with status %d\n", r->index, code);
+    if (job->exit_status >= 0) { /* the cause is known: later ones get a short note */
+        print_stopped(r);
         return;
     }
-    if (sig)
+    r->failed_seq = ++job->failures_seen;
+    if (job->settle_until == 0)
+        job->settle_until = now_seconds() + SETTLE_SECONDS;
+}
+
+/* The settle time is over (or nobody is left): the first rank killed by a signal is the cause,
+ * else the first that failed; it gets the full story, the others a short note. */
+static void name_the_cause(struct job *job)
+{
+    struct rank *cause = NULL;
+    for (int pass = 0; pass < 2 && !cause; pass++)
+        for (int seq = 1; seq <= job->failures_seen && !cause; seq++)
+            for (int i = 0; i < job->nranks; i++)
+                if (job->ranks[i].failed_seq == seq && (pass == 1 || job->ranks[i].sig))
+                    cause = &job->ranks[i];
+    if (cause->sig)
         fprintf(stderr, "ddprun: rank %d (pid %ld) was killed by signal %d (%s)\n",
-                r->index, (long)r->pid, sig, strsignal(sig));
+                cause->index, (long)cause->pid, cause->sig, strsignal(cause->sig));
     else
         fprintf(stderr, "ddprun: rank %d (pid %ld) exited with status %d\n",
-                r->index, (long)r->pid, code);
-    job->exit_status = sig ? 128 + sig : code;
-    if (!job->stopping)
+                cause->index, (long)cause->pid, cause->code);
+    job->exit_status = cause->sig ? 128 + cause->sig : cause->code;
+    for (int i = 0; i < job->nranks; i++)
+        if (job->ranks[i].failed_seq && &job->ranks[i] != cause)
+            print_stopped(&job->ranks[i]);
+    if (!job->stopping && running_ranks(job) > 0)
         begin_stop(job, SIGTERM, "stopping the other ranks");
 }
 
@@ -536,6 +571,9 @@ static void supervise(struct job *job)
                 if (job->ranks[i].err.fd >= 0) close_stream(job, &job->ranks[i].err);
             }
         check_ranks(job);
+        if (job->exit_status < 0 && job->failures_seen &&
+            (now_seconds() >= job->settle_until || running_ranks(job) == 0))
+            name_the_cause(job);
         if (job->stopping && !job->killed && now_seconds() >= job->kill_at)
             kill_now(job);
     }

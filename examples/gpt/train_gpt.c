@@ -11,6 +11,7 @@
 #include "gpt.h"
 #include <ctype.h>
 #include <errno.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <time.h>
 #include <unistd.h>
@@ -217,8 +218,14 @@ static int save_checkpoint(ddp_context *ddp, const gpt *m, const options *o, int
     hd.step = step; hd.adam_step = *adam_step; hd.num_floats = n; hd.seed = o->seed;
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     if (!(f = fopen(tmp, "wb"))) { snprintf(err, errn, "rank 0: cannot write the checkpoint '%s': %s", tmp, strerror(errno)); return 0; }
-    ok = write_all(f, &hd, sizeof hd, &h) && write_all(f, params, n * sizeof(float), &h) &&
-         write_all(f, mom, n * sizeof(float), &h) && write_all(f, var, n * sizeof(float), &h) &&
+    ok = write_all(f, &hd, sizeof hd, &h) && write_all(f, params, n * sizeof(float), &h);
+    {   /* TEST-ONLY fault hook (tests/test_checkpoint_crash.sh, tools/soak.sh): with
+           DDP_TEST_DIE_IN_CHECKPOINT=S, rank 0 SIGKILLs itself while writing the checkpoint of
+           step S: header and params are in the temp file, the AdamW state is not, no fsync/rename. */
+        const char *die = getenv("DDP_TEST_DIE_IN_CHECKPOINT");
+        if (die && atoi(die) == step) { fflush(f); kill(getpid(), SIGKILL); }
+    }
+    ok = ok && write_all(f, mom, n * sizeof(float), &h) && write_all(f, var, n * sizeof(float), &h) &&
          fwrite(&h, sizeof h, 1, f) == 1 && fflush(f) == 0 && fsync(fileno(f)) == 0;
     ok = (fclose(f) == 0) && ok;
     if (!ok || rename(tmp, path) != 0) {
