@@ -1178,7 +1178,15 @@ static int ddp__conn_read(ddp__store_server *s, ddp__conn *c) {
 static void ddp__server_accept(ddp__store_server *s) {
     int fd = accept(s->listen_fd, NULL, NULL), one = 1;
     if (fd < 0) return;
-    if (s->num_conns == s->max_conns) { close(fd); return; }
+    if (s->num_conns == s->max_conns) {
+        /* Full: the oldest client that has not shown the token yet makes room, so silent or
+           garbage connections cannot lock the ranks out. */
+        int i, oldest = -1;
+        for (i = 0; i < s->num_conns; i++)
+            if (!s->conns[i].authed && (oldest < 0 || s->conns[i].opened < s->conns[oldest].opened)) oldest = i;
+        if (oldest < 0) { close(fd); return; }
+        ddp__conn_close(s, oldest);
+    }
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
     fcntl(fd, F_SETFD, FD_CLOEXEC);
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -1383,47 +1391,52 @@ static ddp_result ddp__store_check(ddp_context *ctx, const char *key, int *exist
 /* Connect to rank 0's store, retrying until it is up or the deadline passes. The connection
    announces `announce` as its rank: the store takes a hang-up of a rank's connection for that
    rank's death, so secondary connections announce -1. */
-static ddp_result ddp__store_connect_as(ddp_context *ctx, double deadline, int announce, int *fd_out) {
-    struct addrinfo *ai, *a;
+/* One attempt at connect + HELLO: 0 in, 1 try again (not listening yet, or the store closed
+   the connection without an answer, e.g. while busy), -1 refused for good (error recorded). */
+static int ddp__store_hello(ddp_context *ctx, const struct addrinfo *ai, int announce, int *fd_out, int *last_err) {
+    const struct addrinfo *a;
+    unsigned char hdr[16];
     char rank_s[16];
-    uint32_t status;
-    int one = 1, last_err = 0, sfd = -1;
-    if (ddp__resolve(ctx, ctx->desc.master_port, &ai)) return DDP_ERR_NETWORK;
-    for (;;) {
-        for (a = ai; a; a = a->ai_next) {
-            int fd = socket(a->ai_family, SOCK_STREAM, 0);
-            if (fd < 0) continue;
-            if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) { *fd_out = sfd = fd; break; }
-            last_err = errno;
-            close(fd);
-        }
-        if (sfd >= 0 || ddp__now() > deadline) break;
-        usleep(20000);
+    int one = 1, sfd = -1;
+    for (a = ai; a && sfd < 0; a = a->ai_next) {
+        int fd = socket(a->ai_family, SOCK_STREAM, 0);
+        if (fd < 0) continue;
+        if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) sfd = fd;
+        else { *last_err = errno; close(fd); }
     }
-    freeaddrinfo(ai);
-    if (sfd < 0)
-        return ddp__fail(ctx, DDP_ERR_TIMEOUT, "cannot reach rank 0's rendezvous store at %s:%d within %.0f s: %s",
-                         ctx->master_addr, ctx->desc.master_port, ctx->desc.timeout_s, strerror(last_err));
+    if (sfd < 0) return 1;
     fcntl(sfd, F_SETFD, FD_CLOEXEC);
     setsockopt(sfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     snprintf(rank_s, sizeof rank_s, "%d", announce);
-    if (ddp__send_frame(sfd, DDP__OP_HELLO, ctx->job_token, (uint32_t)strlen(ctx->job_token),
-                        rank_s, (uint32_t)strlen(rank_s), ddp__now() + 10.0))
-        return ddp__fail(ctx, DDP_ERR_NETWORK, "rendezvous store at %s:%d closed the connection",
-                         ctx->master_addr, ctx->desc.master_port);
-    {
-        unsigned char hdr[16];
-        uint32_t rlen;
-        if (ddp__recv_all(sfd, hdr, 16, ddp__now() + 10.0) || ddp__get_u32(hdr) != DDP__STORE_MAGIC)
-            return ddp__fail(ctx, DDP_ERR_NETWORK, "the rendezvous store at %s:%d refused this rank: the job "
-                             "token (DDP_JOB_TOKEN) does not match rank 0's, or the port belongs to another program",
-                             ctx->master_addr, ctx->desc.master_port);
-        status = ddp__get_u32(hdr + 4);
-        rlen = ddp__get_u32(hdr + 12);
-        if (status != DDP__REPLY_OK || rlen > 256)
-            return ddp__fail(ctx, DDP_ERR_NETWORK, "the rendezvous store at %s:%d refused this rank: the job "
-                             "token (DDP_JOB_TOKEN) does not match rank 0's", ctx->master_addr, ctx->desc.master_port);
+    if (ddp__send_frame(sfd, DDP__OP_HELLO, ctx->job_token, (uint32_t)strlen(ctx->job_token), rank_s,
+                        (uint32_t)strlen(rank_s), ddp__now() + 10.0) ||
+        ddp__recv_all(sfd, hdr, 16, ddp__now() + 10.0)) {
+        *last_err = ECONNRESET;
+        close(sfd);
+        return 1;
     }
+    if (ddp__get_u32(hdr) != DDP__STORE_MAGIC || ddp__get_u32(hdr + 4) != DDP__REPLY_OK || ddp__get_u32(hdr + 12) > 256) {
+        close(sfd);
+        ddp__fail(ctx, DDP_ERR_NETWORK, "the rendezvous store at %s:%d refused this rank: the job token "
+                  "(DDP_JOB_TOKEN) does not match rank 0's, or the port belongs to another program",
+                  ctx->master_addr, ctx->desc.master_port);
+        return -1;
+    }
+    *fd_out = sfd;
+    return 0;
+}
+
+/* Connect to rank 0's store, retrying until it is up (and has room) or the deadline passes. */
+static ddp_result ddp__store_connect_as(ddp_context *ctx, double deadline, int announce, int *fd_out) {
+    struct addrinfo *ai;
+    int rc, last_err = 0;
+    if (ddp__resolve(ctx, ctx->desc.master_port, &ai)) return DDP_ERR_NETWORK;
+    while ((rc = ddp__store_hello(ctx, ai, announce, fd_out, &last_err)) == 1 && ddp__now() < deadline) usleep(20000);
+    freeaddrinfo(ai);
+    if (rc < 0) return DDP_ERR_NETWORK;
+    if (rc > 0)
+        return ddp__fail(ctx, DDP_ERR_TIMEOUT, "cannot reach rank 0's rendezvous store at %s:%d within %.0f s: %s",
+                         ctx->master_addr, ctx->desc.master_port, ctx->desc.timeout_s, strerror(last_err));
     return DDP_OK;
 }
 

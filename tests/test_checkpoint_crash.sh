@@ -102,5 +102,12 @@ if [ "$rc" -eq 0 ] && [ "$rc3" -eq 0 ] && cmp -s final.resumed final.ref; then
   pass "resume_after_crash_equals_uninterrupted_run (params fnv1a $(sed -n 's/^\[rank 0\] params fnv1a //p' out.ref))"
 else fail "resume_after_crash_equals_uninterrupted_run" "rc=$rc/$rc3: $(cmp final.resumed final.ref 2>&1)"; fi
 
+# ---- d. the next save into the same path removes the partial file the dead writer left ----
+p=$(free_port)
+timeout 30 "$B/ddprun" -n 3 --master-port "$p" "$B/train_gpt" "${GPT[@]}" --resume ck.copy --save ck >out.clean 2>&1
+left=$(ls ck.tmp.* 2>/dev/null)
+if [ -z "$left" ] && [ -s ck ]; then pass "stale_partial_checkpoint_removed_by_next_save"
+else fail "stale_partial_checkpoint_removed_by_next_save" "left: $left"; fi
+
 [ "$fails" -eq 0 ] || { echo "test_checkpoint_crash: $fails check(s) failed"; exit 1; }
 exit 0

@@ -490,6 +490,94 @@ static void test_rendezvous_failures(void) {
             "world_size_disagreement", "rank 0: %s | rank 1: %s", ranks[0].error, ranks[1].error);
 }
 
+/* ---- the store under attack: garbage and silent clients while the ranks meet ---- */
+static volatile int attack_stop;
+static void *attacker_main(void *arg) {
+    int port = *(int *)arg, round = 0;
+    while (!attack_stop && round < 2000) {
+        struct sockaddr_in a;
+        unsigned char junk[64];
+        int fd = socket(AF_INET, SOCK_STREAM, 0), k;
+        memset(&a, 0, sizeof a);
+        a.sin_family = AF_INET; a.sin_port = htons((uint16_t)port); a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) {
+            for (k = 0; k < 64; k++) junk[k] = (unsigned char)(k * 37 + round);
+            if (round % 3 == 0) { ddp__put_u32(junk, DDP__STORE_MAGIC); ddp__put_u32(junk + 12, 0x7fffffff); }  /* a huge length */
+            if (round % 3 != 2 && send(fd, junk, sizeof junk, MSG_NOSIGNAL) < 0) {}   /* else: connect and say nothing */
+        }
+        usleep(2000);
+        if (round % 3 != 2 || round % 30 == 29) close(fd);   /* some silent ones stay open a while */
+        round++;
+    }
+    return NULL;
+}
+
+static void attacked_rank(test_rank *self) {
+    ddp_context *ctx;
+    ddp_desc d = test_desc(self);
+    float x = (float)self->rank;
+    d.job_token = "the-real-token";
+    if (self->rank == 1) usleep(200000);   /* the attacker gets there first */
+    if ((self->result = ddp_init(&ctx, &d)) == DDP_OK && (self->result = ddp_allreduce(ctx, &x, 1, DDP_SUM)) == DDP_OK && x != 1.0f)
+        self->result = DDP_ERR_MISMATCH;
+    snprintf(self->error, sizeof self->error, "%s", ddp_last_error(ctx));
+    ddp_shutdown(ctx);
+}
+
+static void test_store_under_attack(void) {
+    test_rank ranks[2];
+    void *shared[1] = { (void *)attacked_rank };
+    pthread_t attacker;
+    int port;
+    /* test_run_ranks picks the port; learn it by running the attacker against the port it will pick */
+    port = test_free_port();
+    attack_stop = 0;
+    {
+        pthread_t threads[2];
+        int r;
+        for (r = 0; r < 2; r++) {
+            memset(&ranks[r], 0, sizeof ranks[r]);
+            ranks[r].rank = r; ranks[r].world = 2; ranks[r].port = port; ranks[r].shared = shared;
+        }
+        pthread_create(&threads[0], NULL, test__rank_main, &ranks[0]);
+        usleep(50000);
+        pthread_create(&attacker, NULL, attacker_main, &port);
+        pthread_create(&threads[1], NULL, test__rank_main, &ranks[1]);
+        for (r = 0; r < 2; r++) pthread_join(threads[r], NULL);
+    }
+    attack_stop = 1;
+    pthread_join(attacker, NULL);
+    verdict(ranks[0].result == DDP_OK && ranks[1].result == DDP_OK, "store_survives_garbage_and_silent_clients",
+            "rank 0: %s | rank 1: %s", ranks[0].error, ranks[1].error);
+}
+
+/* ---- the shared segment is owner-only (checked through the mapping, as it is unlinked) ---- */
+static void shm_mode_rank(test_rank *self) {
+    ddp_context *ctx;
+    ddp_desc d = test_desc(self);
+    if ((self->result = ddp_init(&ctx, &d)) == DDP_OK && self->rank == 0) {
+        char path[128];
+        struct stat st;
+        snprintf(path, sizeof path, "/proc/self/map_files/%lx-%lx", (unsigned long)(uintptr_t)ctx->shm,
+                 (unsigned long)((uintptr_t)ctx->shm + ctx->shm_bytes));
+        if (stat(path, &st) != 0) snprintf(self->error, sizeof self->error, "SKIP %s: %s", path, strerror(errno));
+        else if ((st.st_mode & 0777) != 0600) {
+            self->result = DDP_ERR_SYSTEM;
+            snprintf(self->error, sizeof self->error, "mode %o", (unsigned)(st.st_mode & 0777));
+        }
+    }
+    ddp_barrier(ctx);
+    ddp_shutdown(ctx);
+}
+
+static void test_shm_owner_only(void) {
+    test_rank ranks[2];
+    void *shared[1] = { (void *)shm_mode_rank };
+    test_run_ranks(2, shared, ranks);
+    if (!strncmp(ranks[0].error, "SKIP", 4)) { printf("SKIP shm_segment_owner_only: cannot inspect the mapping (%s)\n", ranks[0].error + 5); return; }
+    verdict(ranks[0].result == DDP_OK && ranks[1].result == DDP_OK, "shm_segment_owner_only", "%s", ranks[0].error);
+}
+
 /* ---- ranks that disagree after init ---- */
 static void mismatch_rank(test_rank *self) {
     ddp_context *ctx;
@@ -587,6 +675,8 @@ int main(void) {
     test_unresolvable();
     test_rendezvous_failures();
     test_mismatches();
+    test_store_under_attack();
+    test_shm_owner_only();
     test_wrong_order();
     return test_summary("test_unit");
 }

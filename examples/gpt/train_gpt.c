@@ -10,6 +10,7 @@
 #include "../../ddp.h"
 #include "gpt.h"
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -200,6 +201,30 @@ static int write_all(FILE *f, const void *p, size_t n, uint64_t *h) {
     return fwrite(p, 1, n, f) == n;
 }
 
+/* A writer killed mid-checkpoint leaves PATH.tmp.<its pid>; the next save removes those whose
+   writer is gone (the real PATH was never touched by them). */
+static void remove_stale_temps(const char *path) {
+    char dir[4096], prefix[4096];
+    const char *slash = strrchr(path, '/');
+    size_t plen;
+    DIR *d;
+    struct dirent *e;
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+    snprintf(prefix, sizeof prefix, "%s.tmp.", slash ? slash + 1 : path);
+    plen = strlen(prefix);
+    if (!(d = opendir(dir[0] ? dir : "/"))) return;
+    while ((e = readdir(d)) != NULL) {
+        char victim[8192], *end;
+        long pid;
+        if (strncmp(e->d_name, prefix, plen)) continue;
+        pid = strtol(e->d_name + plen, &end, 10);
+        if (*end || pid <= 0 || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
+        snprintf(victim, sizeof victim, "%s/%s", dir[0] ? dir : "", e->d_name);
+        remove(victim);
+    }
+    closedir(d);
+}
+
 static int save_checkpoint(ddp_context *ddp, const gpt *m, const options *o, int step, const char *path, char *err, size_t errn) {
     ckpt_header hd;
     float *mom, *var, *params;
@@ -216,6 +241,7 @@ static int save_checkpoint(ddp_context *ddp, const gpt *m, const options *o, int
     hd.version = CKPT_VERSION; hd.vocab = GPT_VOCAB;
     hd.layers = m->cfg.layers; hd.heads = m->cfg.heads; hd.dim = m->cfg.dim; hd.seq = m->cfg.seq;
     hd.step = step; hd.adam_step = *adam_step; hd.num_floats = n; hd.seed = o->seed;
+    remove_stale_temps(path);
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     if (!(f = fopen(tmp, "wb"))) { snprintf(err, errn, "rank 0: cannot write the checkpoint '%s': %s", tmp, strerror(errno)); return 0; }
     ok = write_all(f, &hd, sizeof hd, &h) && write_all(f, params, n * sizeof(float), &h);
