@@ -46,6 +46,10 @@ cp "$tmp/ck1" "$tmp/bad"; printf '\x55' | dd of="$tmp/bad" bs=1 seek=200 conv=no
 out=$(train --steps 8 --resume "$tmp/bad" 2>&1); rc=$?
 if [ $rc -ne 0 ] && grep -q "corrupt (checksum mismatch)" <<<"$out"; then pass gpt_resume_refuses_corrupt_checkpoint
 else fail gpt_resume_refuses_corrupt_checkpoint "rc $rc: $(tail -n 2 <<<"$out")"; fi
+head -c 5000 "$tmp/ck1" >"$tmp/short"
+out=$(train --steps 8 --resume "$tmp/short" 2>&1); rc=$?
+if [ $rc -ne 0 ] && grep -q "is truncated" <<<"$out"; then pass gpt_resume_refuses_truncated_checkpoint
+else fail gpt_resume_refuses_truncated_checkpoint "rc $rc: $(tail -n 2 <<<"$out")"; fi
 ls "$tmp"/ck1.tmp.* >/dev/null 2>&1 && fail gpt_checkpoint_no_temp_left "a temp file was left" || pass gpt_checkpoint_no_temp_left
 
 # --- data errors: a clear message naming rank, file, size and need; a non-zero exit ---
