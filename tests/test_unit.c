@@ -491,13 +491,13 @@ static void test_rendezvous_failures(void) {
 }
 
 /* ---- the store under attack: garbage and silent clients while the ranks meet ---- */
-static volatile int attack_stop;
+static int attack_stop;
 static void *attacker_main(void *arg) {
-    int port = *(int *)arg, round = 0;
-    while (!attack_stop && round < 2000) {
+    int port = *(int *)arg, round = 0, silent[2000], num_silent = 0, k;
+    while (!__atomic_load_n(&attack_stop, __ATOMIC_ACQUIRE) && round < 2000) {
         struct sockaddr_in a;
         unsigned char junk[64];
-        int fd = socket(AF_INET, SOCK_STREAM, 0), k;
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
         memset(&a, 0, sizeof a);
         a.sin_family = AF_INET; a.sin_port = htons((uint16_t)port); a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
         if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) {
@@ -506,9 +506,11 @@ static void *attacker_main(void *arg) {
             if (round % 3 != 2 && send(fd, junk, sizeof junk, MSG_NOSIGNAL) < 0) {}   /* else: connect and say nothing */
         }
         usleep(2000);
-        if (round % 3 != 2 || round % 30 == 29) close(fd);   /* some silent ones stay open a while */
+        if (round % 3 != 2) close(fd);
+        else silent[num_silent++] = fd;   /* silent ones stay open until the end */
         round++;
     }
+    for (k = 0; k < num_silent; k++) close(silent[k]);
     return NULL;
 }
 
@@ -531,7 +533,7 @@ static void test_store_under_attack(void) {
     int port;
     /* test_run_ranks picks the port; learn it by running the attacker against the port it will pick */
     port = test_free_port();
-    attack_stop = 0;
+    __atomic_store_n(&attack_stop, 0, __ATOMIC_RELEASE);
     {
         pthread_t threads[2];
         int r;
@@ -545,7 +547,7 @@ static void test_store_under_attack(void) {
         pthread_create(&threads[1], NULL, test__rank_main, &ranks[1]);
         for (r = 0; r < 2; r++) pthread_join(threads[r], NULL);
     }
-    attack_stop = 1;
+    __atomic_store_n(&attack_stop, 1, __ATOMIC_RELEASE);
     pthread_join(attacker, NULL);
     verdict(ranks[0].result == DDP_OK && ranks[1].result == DDP_OK, "store_survives_garbage_and_silent_clients",
             "rank 0: %s | rank 1: %s", ranks[0].error, ranks[1].error);
