@@ -60,3 +60,16 @@ def tick_decimals(step):
     while d < 6 and abs(step * 10 ** d - round(step * 10 ** d)) > 1e-6:
         d += 1
     return d
+
+
+def read_text(path, die):
+    """The file as text (UTF-8, a BOM allowed), or die() with why not."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        die("cannot read %s: %s" % (path, e.strerror or e))
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        die("%s is not UTF-8 text" % path)

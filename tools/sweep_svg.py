@@ -25,7 +25,7 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from svgkit import FONT, INK, MUTED, FAINT, GRID, esc, num, text_w, nice_step, tick_decimals  # noqa: E402
+from svgkit import FONT, INK, MUTED, FAINT, GRID, esc, num, text_w, nice_step, tick_decimals, read_text  # noqa: E402
 
 PROG = "sweep_svg"
 REQUIRED = ["bucket_cap_mb", "step_ms", "comm_ms", "exposed_ms", "compute_ms"]
@@ -59,15 +59,7 @@ def fmt_cap(c):
 # ---------------------------------------------------------------- reading
 
 def read_sweep(path):
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as e:
-        die("cannot read %s: %s" % (path, e.strerror or e))
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        die("%s is not UTF-8 text" % path)
+    text = read_text(path, die)
     lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
     if not lines:
         die("%s is empty (expected a header line with %s)" % (path, ", ".join(REQUIRED)))

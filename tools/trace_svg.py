@@ -30,7 +30,7 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from svgkit import FONT, INK, MUTED, FAINT, GRID, esc, num, text_w, nice_step, tick_decimals  # noqa: E402
+from svgkit import FONT, INK, MUTED, FAINT, GRID, esc, num, text_w, nice_step, tick_decimals, read_text  # noqa: E402
 
 PROG = "trace_svg"
 
@@ -84,15 +84,7 @@ def fmt_dur(us):
 # ---------------------------------------------------------------- reading the trace
 
 def load_events(path):
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as e:
-        die("cannot read %s: %s" % (path, e.strerror or e))
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        die("%s is not UTF-8 text" % path)
+    text = read_text(path, die)
     if not text.strip():
         die("%s is empty" % path)
     try:
