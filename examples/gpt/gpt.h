@@ -27,6 +27,13 @@
 void openblas_set_num_threads(int num_threads);
 #endif
 
+/* C99's restrict; nvcc and g++ (gpt_cuda.cuh's builds compile this file as C++) spell it __restrict__. */
+#ifdef __cplusplus
+#define GPT_RESTRICT __restrict__
+#else
+#define GPT_RESTRICT restrict
+#endif
+
 enum { GPT_VOCAB = 256, GPT_LANES = 16 };
 
 typedef struct gpt_config {
@@ -239,12 +246,12 @@ typedef struct {
 static void gpt__layernorm_backward(void *p) {
     const gpt__ln_args *a = (const gpt__ln_args *)p;
     int C = a->m->cfg.dim, i, c;
-    const float *restrict w = ddp_param(a->m->ddp, a->w);
-    float *restrict gw = ddp_grad(a->m->ddp, a->w), *restrict gb = ddp_grad(a->m->ddp, a->b);
-    float *restrict xhat = a->m->datt_row, *restrict dxhat = xhat + C;   /* scratch: datt_row >= 2C */
+    const float *GPT_RESTRICT w = ddp_param(a->m->ddp, a->w);
+    float *GPT_RESTRICT gw = ddp_grad(a->m->ddp, a->w), *GPT_RESTRICT gb = ddp_grad(a->m->ddp, a->b);
+    float *GPT_RESTRICT xhat = a->m->datt_row, *GPT_RESTRICT dxhat = xhat + C;   /* scratch: datt_row >= 2C */
     for (i = 0; i < a->rows; i++) {
-        const float *restrict x = a->x + (size_t)i * C, *restrict dy = a->dout + (size_t)i * C;
-        float *restrict dx = a->dx + (size_t)i * C, mu = a->mean[i], rs = a->rstd[i], mdx, mdxx;
+        const float *GPT_RESTRICT x = a->x + (size_t)i * C, *GPT_RESTRICT dy = a->dout + (size_t)i * C;
+        float *GPT_RESTRICT dx = a->dx + (size_t)i * C, mu = a->mean[i], rs = a->rstd[i], mdx, mdxx;
         for (c = 0; c < C; c++) {
             xhat[c] = (x[c] - mu) * rs;
             dxhat[c] = dy[c] * w[c];
@@ -478,23 +485,27 @@ static inline int gpt_config_check(const gpt_config *c, char *why, size_t n) {
 
 static size_t gpt__round16(size_t n) { return (n + 15) & ~(size_t)15; }
 
+/* The parameter ids of a model, in registration (= forward) order. */
+typedef struct gpt_param_ids {
+    int wte, wpe, lnfw, lnfb;
+    gpt_layer_ids *layer;          /* cfg.layers entries, filled by gpt_register_params */
+} gpt_param_ids;
+
 /* Registers every parameter (forward order, initial values from seed) and commits. Matrices
-   (wte and wpe included) decay; biases and LayerNorm parameters do not. */
-static ddp_result gpt_create(gpt *m, ddp_context *ddp, const gpt_config *cfg, uint64_t seed) {
-    int L = cfg->layers, C = cfg->dim, NH = cfg->heads, T = cfg->seq, B = cfg->batch, l, stream = 0;
-    size_t BT = (size_t)B * T, total, used = 0, k;
+   (wte and wpe included) decay; biases and LayerNorm parameters do not. The initial values are
+   made here on the host for both models (gpt.h's and gpt_cuda.cuh's): ddp_commit copies them
+   into its flat buffer (device memory on the NCCL backend), so a seed gives the same bits. */
+static ddp_result gpt_register_params(ddp_context *ddp, const gpt_config *cfg, uint64_t seed, gpt_param_ids *ids_out,
+                                      size_t *num_floats) {
+    int L = cfg->layers, C = cfg->dim, T = cfg->seq, l, stream = 0;
+    size_t total, used = 0, k;
     float *init;
     ddp_result r = DDP_OK;
     float proj_std = 0.02f / sqrtf(2.0f * (float)L);
     char name[64];
-    memset(m, 0, sizeof *m);
-    m->cfg = *cfg;
-    m->ddp = ddp;
     total = (size_t)GPT_VOCAB * C + (size_t)T * C + (size_t)L * (12 * (size_t)C * C + 13 * (size_t)C) + 2 * (size_t)C;
-    m->layer = (gpt_layer_ids *)calloc((size_t)L, sizeof *m->layer);
-    m->acts = (gpt_layer_acts *)calloc((size_t)L, sizeof *m->acts);
     init = (float *)malloc(sizeof(float) * total);   /* read by ddp_commit: lives until then */
-    if (!m->layer || !m->acts || !init) { free(init); return DDP_ERR_OUT_OF_MEMORY; }
+    if (!init) return DDP_ERR_OUT_OF_MEMORY;
 
     /* Each tensor is its own stream of the seeded normal generator. */
 #define GPT__REG(nm, count, flags, kind, std, id) do { \
@@ -503,10 +514,10 @@ static ddp_result gpt_create(gpt *m, ddp_context *ddp, const gpt_config *cfg, ui
         stream++; used += n_; \
         if (r == DDP_OK) r = ddp_register_param(ddp, nm, n_, flags, v_, id); } while (0)
 #define GPT__NAME(s) (snprintf(name, sizeof name, "h%d.%s", l, s), name)
-    GPT__REG("wte", (size_t)GPT_VOCAB * C, 0, 2, 0.02f, &m->wte);
-    GPT__REG("wpe", (size_t)T * C, 0, 2, 0.02f, &m->wpe);
+    GPT__REG("wte", (size_t)GPT_VOCAB * C, 0, 2, 0.02f, &ids_out->wte);
+    GPT__REG("wpe", (size_t)T * C, 0, 2, 0.02f, &ids_out->wpe);
     for (l = 0; l < L; l++) {
-        gpt_layer_ids *ids = &m->layer[l];
+        gpt_layer_ids *ids = &ids_out->layer[l];
         GPT__REG(GPT__NAME("ln1.w"), C, DDP_NO_DECAY, 1, 0.0f, &ids->ln1w);
         GPT__REG(GPT__NAME("ln1.b"), C, DDP_NO_DECAY, 0, 0.0f, &ids->ln1b);
         GPT__REG(GPT__NAME("attn.qkv.w"), (size_t)3 * C * C, 0, 2, 0.02f, &ids->qkvw);
@@ -520,14 +531,31 @@ static ddp_result gpt_create(gpt *m, ddp_context *ddp, const gpt_config *cfg, ui
         GPT__REG(GPT__NAME("mlp.proj.w"), (size_t)4 * C * C, 0, 2, proj_std, &ids->fcprojw);
         GPT__REG(GPT__NAME("mlp.proj.b"), C, DDP_NO_DECAY, 0, 0.0f, &ids->fcprojb);
     }
-    GPT__REG("lnf.w", C, DDP_NO_DECAY, 1, 0.0f, &m->lnfw);
-    GPT__REG("lnf.b", C, DDP_NO_DECAY, 0, 0.0f, &m->lnfb);
+    GPT__REG("lnf.w", C, DDP_NO_DECAY, 1, 0.0f, &ids_out->lnfw);
+    GPT__REG("lnf.b", C, DDP_NO_DECAY, 0, 0.0f, &ids_out->lnfb);
 #undef GPT__NAME
 #undef GPT__REG
     if (r == DDP_OK) r = ddp_commit(ddp);
     free(init);
-    if (r != DDP_OK) return r;
-    m->num_floats = total;
+    if (r == DDP_OK) *num_floats = total;
+    return r;
+}
+
+/* The CPU model: registers and commits the parameters, then allocates the activations. */
+static ddp_result gpt_create(gpt *m, ddp_context *ddp, const gpt_config *cfg, uint64_t seed) {
+    int L = cfg->layers, C = cfg->dim, NH = cfg->heads, T = cfg->seq, B = cfg->batch, l;
+    size_t BT = (size_t)B * T;
+    gpt_param_ids ids;
+    ddp_result r;
+    memset(m, 0, sizeof *m);
+    m->cfg = *cfg;
+    m->ddp = ddp;
+    m->layer = (gpt_layer_ids *)calloc((size_t)L, sizeof *m->layer);
+    m->acts = (gpt_layer_acts *)calloc((size_t)L, sizeof *m->acts);
+    if (!m->layer || !m->acts) return DDP_ERR_OUT_OF_MEMORY;
+    ids.layer = m->layer;
+    if ((r = gpt_register_params(ddp, cfg, seed, &ids, &m->num_floats)) != DDP_OK) return r;
+    m->wte = ids.wte; m->wpe = ids.wpe; m->lnfw = ids.lnfw; m->lnfb = ids.lnfb;
 
     /* Activations for the largest batch: one arena, every buffer 64-byte aligned. */
     {
