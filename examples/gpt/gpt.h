@@ -564,7 +564,7 @@ static ddp_result gpt_create(gpt *m, ddp_context *ddp, const gpt_config *cfg, ui
         size_t row = (size_t)T * T > (size_t)2 * C ? (size_t)T * T : (size_t)2 * C;
         size_t rest, floats, bytes;
         float *p;
-        row = gpt__round16(row > GPT_VOCAB ? row : GPT_VOCAB);
+        row = gpt__round16(row > (size_t)GPT_VOCAB ? row : (size_t)GPT_VOCAB);
         rest = gpt__round16(BT * C) * 5 + gpt__round16(BT) * 2 + gpt__round16(BT * GPT_VOCAB) * 2 +
                gpt__round16(BT * 3 * C) + gpt__round16(BT * 4 * C) * 2 + row;
         floats = per_layer * (size_t)L + rest;

@@ -2,6 +2,12 @@
 
        make build/train_gpt && build/ddprun -n 2 build/train_gpt --data input.txt --steps 500
 
+   One source, two builds. A C compiler makes the CPU trainer (build/train_gpt). nvcc (-x cu)
+   makes build/gpu/train_gpt, which runs the CUDA model (gpt_cuda.cuh) when ddp.h picks its NCCL
+   backend (a GPU is visible) and gpt.h's CPU model otherwise (or with --cpu), so one binary
+   serves both kinds of machine. -DGPT_CUDA_EMULATE with a C++ compiler runs the CUDA model's
+   code on the host (tests: the GPU path of this file without a GPU).
+
    Every optimizer step takes a global batch of world x batch x grad-accum windows of seq+1 bytes
    from the first 90% of the file; rank r takes windows [r*batch, (r+1)*batch) of each micro-step,
    so N ranks train exactly what 1 rank trains at N x batch. Validation: the last 10%, the same
@@ -9,6 +15,10 @@
 #define DDP_IMPLEMENTATION
 #include "../../ddp.h"
 #include "gpt.h"
+#if defined(__CUDACC__) || defined(GPT_CUDA_EMULATE)
+#define TRAIN_CUDA_MODEL 1
+#include "gpt_cuda.cuh"
+#endif
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
@@ -25,6 +35,7 @@ typedef struct options {
     const char *data, *save, *resume, *dump_init, *prompt;
     gpt_config model;
     int steps, warmup, accum, eval_every, eval_batches, sample, top_k, stop_at, save_every, log_every;
+    int cpu, tf32;                 /* --cpu: CPU backend and model even where a GPU is; --tf32 */
     float lr, min_lr, wd, clip, beta1, beta2, temperature, bucket_mb;
     uint64_t seed;
 } options;
@@ -58,7 +69,9 @@ static void usage(FILE *f) {
         "  --prompt TEXT      what generation starts from (a newline)\n"
         "  --log-every N      progress line every N steps (1)\n"
         "  --bucket-mb X      gradient bucket cap in MiB (ddp.h's default, 25; smaller: more, earlier buckets)\n"
-        "  --dump-init PATH   write the initial parameters (float32, registration order) and exit\n");
+        "  --dump-init PATH   write the initial parameters (float32, registration order) and exit\n"
+        "  --cpu              the CPU backend and model even where a GPU is visible (GPU build)\n"
+        "  --tf32             GPU: TF32 tensor-core matmuls (faster, less exact; default pure fp32)\n");
 }
 
 static int parse_args(int argc, char **argv, options *o, char *err, size_t errn) {
@@ -75,6 +88,8 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errn)
         float *fp = NULL;
         const char **sp = NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); exit(0); }
+        else if (!strcmp(a, "--cpu")) { o->cpu = 1; continue; }
+        else if (!strcmp(a, "--tf32")) { o->tf32 = 1; continue; }
         else if (!strcmp(a, "--data")) sp = &o->data;
         else if (!strcmp(a, "--save")) sp = &o->save;
         else if (!strcmp(a, "--resume")) sp = &o->resume;
@@ -187,6 +202,161 @@ static int load_data(const options *o, int rank, int world, dataset *d, char *er
     return 1;
 }
 
+/* ---- the model: gpt.h's on the CPU backend, gpt_cuda.cuh's on NCCL ---- */
+typedef struct model {
+    int on_gpu;                    /* the CUDA model (device buffers); else gpt.h's */
+    gpt cpu;
+#ifdef TRAIN_CUDA_MODEL
+    gpt_cuda gpu;
+#endif
+    size_t num_floats;
+    float *losses;                 /* CPU model: losses of the forwards not read yet */
+    int num_losses, cap_losses;
+} model;
+
+/* The CUDA model runs where ddp.h runs on NCCL (its buffers are device memory there); the
+   host emulation build runs it on the CPU backend unless --cpu. */
+static int model_uses_cuda(ddp_context *ddp, const options *o) {
+#if defined(GPT_CUDA_EMULATE)
+    (void)ddp;
+    return !o->cpu;
+#elif defined(__CUDACC__)
+    (void)o;
+    return !strcmp(ddp_backend_name(ddp), "nccl");
+#else
+    (void)ddp; (void)o;
+    return 0;
+#endif
+}
+
+static ddp_result model_create(model *mo, ddp_context *ddp, const options *o) {
+    ddp_result r;
+    memset(mo, 0, sizeof *mo);
+    mo->on_gpu = model_uses_cuda(ddp, o);
+#ifdef TRAIN_CUDA_MODEL
+    if (mo->on_gpu) {
+        r = gpt_cuda_create(&mo->gpu, ddp, &o->model, o->seed, o->tf32);
+        mo->num_floats = mo->gpu.num_floats;
+        return r;
+    }
+#endif
+    r = gpt_create(&mo->cpu, ddp, &o->model, o->seed);
+    mo->num_floats = mo->cpu.num_floats;
+    return r;
+}
+
+static void model_destroy(model *mo) {
+#ifdef TRAIN_CUDA_MODEL
+    if (mo->on_gpu) gpt_cuda_destroy(&mo->gpu);
+    else
+#endif
+    gpt_destroy(&mo->cpu);
+    free(mo->losses);
+}
+
+/* gpt_forward; the loss (with targets) is kept for model_loss_sum. On the GPU nothing here
+   waits for the device. */
+static void model_forward(model *mo, const int *tok, const int *tgt, int B, int T, float loss_scale, int train) {
+    float loss;
+#ifdef TRAIN_CUDA_MODEL
+    if (mo->on_gpu) { gpt_cuda_forward(&mo->gpu, tok, tgt, B, T, loss_scale, train); return; }
+#endif
+    loss = gpt_forward(&mo->cpu, tok, tgt, B, T, loss_scale, train);
+    if (!tgt) return;
+    if (mo->num_losses == mo->cap_losses) {
+        int cap = mo->cap_losses ? 2 * mo->cap_losses : 64;
+        float *grown = (float *)realloc(mo->losses, sizeof(float) * (size_t)cap);
+        if (!grown) { fprintf(stderr, "train_gpt: out of memory\n"); exit(1); }
+        mo->losses = grown;
+        mo->cap_losses = cap;
+    }
+    mo->losses[mo->num_losses++] = loss;
+}
+
+/* Sum of loss / divisor over the forwards since the last call, in order: what the loop
+   `loss += gpt_forward(...) / divisor` gives, to the bit. On the GPU the one wait of a step. */
+static float model_loss_sum(model *mo, float divisor) {
+    const float *l = mo->losses;
+    float sum = 0;
+    int n = mo->num_losses, i;
+#ifdef TRAIN_CUDA_MODEL
+    if (mo->on_gpu) l = gpt_cuda_losses(&mo->gpu, &n);
+#endif
+    for (i = 0; i < n; i++) sum += l[i] / divisor;
+    mo->num_losses = 0;
+    return sum;
+}
+
+/* Row `row` of the last forward's logits. */
+static void model_logits_row(model *mo, int row, float *out) {
+#ifdef TRAIN_CUDA_MODEL
+    if (mo->on_gpu) { gpt_cuda_logits_row(&mo->gpu, row, out); return; }
+#endif
+    memcpy(out, mo->cpu.logits + (size_t)row * GPT_VOCAB, sizeof(float) * GPT_VOCAB);
+}
+
+static const char *model_describe(const model *mo, char *buf, size_t n) {
+#ifdef TRAIN_CUDA_MODEL
+    if (mo->on_gpu) { gpt_cuda_describe(&mo->gpu, buf, n); return buf; }
+#else
+    (void)mo;
+#endif
+    snprintf(buf, n, "%s", gpt_blas_name());
+    return buf;
+}
+
+/* The flat parameters and AdamW m, v as host arrays, for checkpoints and the final hash. The
+   CPU model's are ddp.h's own buffers, used in place; the CUDA model's are device memory,
+   copied through `held` (downloaded when asked, uploaded back by state_close when asked). */
+typedef struct host_state {
+    float *params, *m, *v, *held;
+    float *dev_params, *dev_m, *dev_v;
+    int64_t *adam_step;
+    size_t n;
+} host_state;
+
+static int state_open(ddp_context *ddp, const model *mo, host_state *s, int download, char *err, size_t errn) {
+    memset(s, 0, sizeof *s);
+    if (ddp_adamw_state(ddp, &s->dev_m, &s->dev_v, &s->adam_step) != DDP_OK) { snprintf(err, errn, "%s", ddp_last_error(ddp)); return 0; }
+    s->dev_params = ddp_flat_params(ddp, &s->n);
+    s->params = s->dev_params; s->m = s->dev_m; s->v = s->dev_v;
+#ifdef TRAIN_CUDA_MODEL
+    if (mo->on_gpu) {
+        size_t bytes = s->n * sizeof(float);
+        void *stream = ddp_config(ddp)->cuda_stream;
+        if (!(s->held = (float *)malloc(3 * bytes + 1))) {
+            snprintf(err, errn, "rank %d: out of memory for a host copy of the %zu parameters", ddp_rank(ddp), s->n);
+            return 0;
+        }
+        s->params = s->held; s->m = s->held + s->n; s->v = s->held + 2 * s->n;
+        if (download) {
+            gpt_cuda_download(stream, s->params, s->dev_params, bytes);
+            gpt_cuda_download(stream, s->m, s->dev_m, bytes);
+            gpt_cuda_download(stream, s->v, s->dev_v, bytes);
+        }
+    }
+#else
+    (void)mo; (void)download;
+#endif
+    return 1;
+}
+
+static void state_close(ddp_context *ddp, host_state *s, int upload) {
+#ifdef TRAIN_CUDA_MODEL
+    if (s->held && upload) {
+        size_t bytes = s->n * sizeof(float);
+        void *stream = ddp_config(ddp)->cuda_stream;
+        gpt_cuda_upload(stream, s->dev_params, s->params, bytes);
+        gpt_cuda_upload(stream, s->dev_m, s->m, bytes);
+        gpt_cuda_upload(stream, s->dev_v, s->v, bytes);
+    }
+#else
+    (void)ddp; (void)upload;
+#endif
+    free(s->held);
+    s->held = NULL;
+}
+
 /* ---- checkpoints: header, params, AdamW m and v; a checksum; temp file, fsync, rename ---- */
 typedef struct ckpt_header {
     char magic[8];
@@ -225,35 +395,39 @@ static void remove_stale_temps(const char *path) {
     closedir(d);
 }
 
-static int save_checkpoint(ddp_context *ddp, const gpt *m, const options *o, int step, const char *path, char *err, size_t errn) {
+static int save_checkpoint(ddp_context *ddp, const model *mo, const options *o, int step, const char *path, char *err, size_t errn) {
     ckpt_header hd;
-    float *mom, *var, *params;
-    int64_t *adam_step;
+    host_state s;
     size_t n;
     uint64_t h = GPT_FNV_INIT;
     char tmp[4096];
     FILE *f;
     int ok;
-    if (ddp_adamw_state(ddp, &mom, &var, &adam_step) != DDP_OK) { snprintf(err, errn, "%s", ddp_last_error(ddp)); return 0; }
-    params = ddp_flat_params(ddp, &n);
+    if (!state_open(ddp, mo, &s, 1, err, errn)) return 0;
+    n = s.n;
     memset(&hd, 0, sizeof hd);
     memcpy(hd.magic, CKPT_MAGIC, 8);
     hd.version = CKPT_VERSION; hd.vocab = GPT_VOCAB;
-    hd.layers = m->cfg.layers; hd.heads = m->cfg.heads; hd.dim = m->cfg.dim; hd.seq = m->cfg.seq;
-    hd.step = step; hd.adam_step = *adam_step; hd.num_floats = n; hd.seed = o->seed;
+    hd.layers = o->model.layers; hd.heads = o->model.heads; hd.dim = o->model.dim; hd.seq = o->model.seq;
+    hd.step = step; hd.adam_step = *s.adam_step; hd.num_floats = n; hd.seed = o->seed;
     remove_stale_temps(path);
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    if (!(f = fopen(tmp, "wb"))) { snprintf(err, errn, "rank 0: cannot write the checkpoint '%s': %s", tmp, strerror(errno)); return 0; }
-    ok = write_all(f, &hd, sizeof hd, &h) && write_all(f, params, n * sizeof(float), &h);
+    if (!(f = fopen(tmp, "wb"))) {
+        snprintf(err, errn, "rank 0: cannot write the checkpoint '%s': %s", tmp, strerror(errno));
+        state_close(ddp, &s, 0);
+        return 0;
+    }
+    ok = write_all(f, &hd, sizeof hd, &h) && write_all(f, s.params, n * sizeof(float), &h);
     {   /* TEST-ONLY fault hook (tests/test_checkpoint_crash.sh, tools/soak.sh): with
            DDP_TEST_DIE_IN_CHECKPOINT=S, rank 0 SIGKILLs itself while writing the checkpoint of
            step S: header and params are in the temp file, the AdamW state is not, no fsync/rename. */
         const char *die = getenv("DDP_TEST_DIE_IN_CHECKPOINT");
         if (die && atoi(die) == step) { fflush(f); kill(getpid(), SIGKILL); }
     }
-    ok = ok && write_all(f, mom, n * sizeof(float), &h) && write_all(f, var, n * sizeof(float), &h) &&
+    ok = ok && write_all(f, s.m, n * sizeof(float), &h) && write_all(f, s.v, n * sizeof(float), &h) &&
          fwrite(&h, sizeof h, 1, f) == 1 && fflush(f) == 0 && fsync(fileno(f)) == 0;
     ok = (fclose(f) == 0) && ok;
+    state_close(ddp, &s, 0);
     if (!ok || rename(tmp, path) != 0) {
         snprintf(err, errn, "rank 0: cannot write the checkpoint '%s': %s", path, strerror(errno));
         remove(tmp);
@@ -264,15 +438,16 @@ static int save_checkpoint(ddp_context *ddp, const gpt *m, const options *o, int
 
 /* Rank 0 reads and checks the file; every rank gets its content by broadcast (so a multi-host
    job needs the file only where rank 0 runs). Returns the step to continue from, or -1. */
-static int load_checkpoint(ddp_context *ddp, const gpt *m, const char *path, char *err, size_t errn) {
+static int load_checkpoint(ddp_context *ddp, const model *mo, const options *o, const char *path, char *err, size_t errn) {
     ckpt_header hd;
+    host_state s;
     float *mom, *var, *params;
-    int64_t *adam_step;
     size_t n;
     int32_t status[2] = { 0, 0 };   /* ok, step */
     int rank = ddp_rank(ddp);
-    if (ddp_adamw_state(ddp, &mom, &var, &adam_step) != DDP_OK) { snprintf(err, errn, "%s", ddp_last_error(ddp)); return -1; }
-    params = ddp_flat_params(ddp, &n);
+    const gpt_config *cfg = &o->model;
+    if (!state_open(ddp, mo, &s, 0, err, errn)) return -1;
+    params = s.params; mom = s.m; var = s.v; n = s.n;
     if (rank == 0) {
         FILE *f = fopen(path, "rb");
         uint64_t h = GPT_FNV_INIT, stored = 0;
@@ -281,11 +456,11 @@ static int load_checkpoint(ddp_context *ddp, const gpt *m, const char *path, cha
             snprintf(err, errn, "rank 0: '%s' is not a train_gpt checkpoint", path);
         else if (hd.version != CKPT_VERSION)
             snprintf(err, errn, "rank 0: checkpoint '%s' has version %u, this program reads %u", path, hd.version, CKPT_VERSION);
-        else if (hd.layers != m->cfg.layers || hd.heads != m->cfg.heads || hd.dim != m->cfg.dim || hd.seq != m->cfg.seq ||
+        else if (hd.layers != cfg->layers || hd.heads != cfg->heads || hd.dim != cfg->dim || hd.seq != cfg->seq ||
                  hd.num_floats != n || hd.vocab != GPT_VOCAB)
             snprintf(err, errn, "rank 0: checkpoint '%s' holds a model with --layers %d --heads %d --dim %d --seq %d; "
                      "this run asks for --layers %d --heads %d --dim %d --seq %d", path, hd.layers, hd.heads, hd.dim, hd.seq,
-                     m->cfg.layers, m->cfg.heads, m->cfg.dim, m->cfg.seq);
+                     cfg->layers, cfg->heads, cfg->dim, cfg->seq);
         else if (fread(params, sizeof(float), n, f) != n || fread(mom, sizeof(float), n, f) != n ||
                  fread(var, sizeof(float), n, f) != n || fread(&stored, sizeof stored, 1, f) != 1)
             snprintf(err, errn, "rank 0: checkpoint '%s' is truncated", path);
@@ -295,20 +470,24 @@ static int load_checkpoint(ddp_context *ddp, const gpt *m, const char *path, cha
             h = gpt_fnv1a(mom, n * sizeof(float), h);
             h = gpt_fnv1a(var, n * sizeof(float), h);
             if (h != stored) snprintf(err, errn, "rank 0: checkpoint '%s' is corrupt (checksum mismatch)", path);
-            else { status[0] = 1; status[1] = (int32_t)hd.step; *adam_step = hd.adam_step; }
+            else { status[0] = 1; status[1] = (int32_t)hd.step; *s.adam_step = hd.adam_step; }
         }
         if (f) fclose(f);
     }
-    if (ddp_broadcast(ddp, status, sizeof status, 0) != DDP_OK) { snprintf(err, errn, "%s", ddp_last_error(ddp)); return -1; }
+    if (ddp_broadcast(ddp, status, sizeof status, 0) != DDP_OK) { snprintf(err, errn, "%s", ddp_last_error(ddp)); state_close(ddp, &s, 0); return -1; }
     if (!status[0]) {
         if (rank != 0) snprintf(err, errn, "rank %d: rank 0 could not load the checkpoint '%s'", rank, path);
+        state_close(ddp, &s, 0);
         return -1;
     }
+    /* Host arrays (on NCCL ddp.h stages them and waits); the CUDA model's go up afterwards. */
     if (ddp_broadcast(ddp, params, n * sizeof(float), 0) != DDP_OK || ddp_broadcast(ddp, mom, n * sizeof(float), 0) != DDP_OK ||
-        ddp_broadcast(ddp, var, n * sizeof(float), 0) != DDP_OK || ddp_broadcast(ddp, adam_step, sizeof *adam_step, 0) != DDP_OK) {
+        ddp_broadcast(ddp, var, n * sizeof(float), 0) != DDP_OK || ddp_broadcast(ddp, s.adam_step, sizeof *s.adam_step, 0) != DDP_OK) {
         snprintf(err, errn, "%s", ddp_last_error(ddp));
+        state_close(ddp, &s, 0);
         return -1;
     }
+    state_close(ddp, &s, 1);
     return status[1];
 }
 
@@ -316,14 +495,15 @@ static int load_checkpoint(ddp_context *ddp, const gpt *m, const char *path, cha
 
 /* Mean loss over eval_batches x world x batch fixed windows of the validation split, every rank
    its own slice, averaged across ranks. Returns NAN when the split is shorter than a window. */
-static float evaluate(ddp_context *ddp, gpt *m, const options *o, const dataset *d, int *tok, int *tgt) {
+static float evaluate(ddp_context *ddp, model *mo, const options *o, const dataset *d, int *tok, int *tgt) {
     int B = o->model.batch, T = o->model.seq, rank = ddp_rank(ddp), k;
-    float loss = 0;
+    float loss;
     if (d->val_len < (size_t)T + 1) return NAN;
     for (k = 0; k < o->eval_batches; k++) {
         gpt_make_batch(d->bytes + d->train_len, d->val_len, o->seed ^ 0xe7a1u, (uint64_t)k, rank * B, B, T, tok, tgt);
-        loss += gpt_forward(m, tok, tgt, B, T, 1.0f, 0) / (float)o->eval_batches;
+        model_forward(mo, tok, tgt, B, T, 1.0f, 0);
     }
+    loss = model_loss_sum(mo, (float)o->eval_batches);
     ddp_allreduce(ddp, &loss, 1, DDP_AVG);
     return loss;
 }
@@ -336,10 +516,10 @@ static void put_byte(int c) {
 }
 
 /* Rank 0 only: generate n bytes after the prompt, temperature and optional top-k, seeded. */
-static void sample_text(gpt *m, const options *o) {
-    int T = m->cfg.seq, len = 0, cap = (int)strlen(o->prompt) + o->sample + 1, i, v;
+static void sample_text(model *mo, const options *o) {
+    int T = o->model.seq, len = 0, cap = (int)strlen(o->prompt) + o->sample + 1, i, v;
     int *ctx = (int *)malloc(sizeof(int) * (size_t)cap);
-    float probs[GPT_VOCAB], sorted[GPT_VOCAB];
+    float probs[GPT_VOCAB], sorted[GPT_VOCAB], z[GPT_VOCAB];
     uint64_t rng = o->seed * 0x2545f4914f6cdd1dull + 7;
     for (i = 0; o->prompt[i]; i++) ctx[len++] = (unsigned char)o->prompt[i];
     if (len == 0) ctx[len++] = '\n';
@@ -347,10 +527,9 @@ static void sample_text(gpt *m, const options *o) {
     for (i = 0; o->prompt[i]; i++) put_byte((unsigned char)o->prompt[i]);
     for (i = 0; i < o->sample; i++) {
         int n = len < T ? len : T, pick = GPT_VOCAB - 1;
-        const float *z;
         float mx, sum = 0, cut = -INFINITY, u, acc = 0;
-        gpt_forward(m, ctx + len - n, NULL, 1, n, 1.0f, 0);
-        z = m->logits + (size_t)(n - 1) * GPT_VOCAB;
+        model_forward(mo, ctx + len - n, NULL, 1, n, 1.0f, 0);
+        model_logits_row(mo, n - 1, z);
         if (o->top_k > 0 && o->top_k < GPT_VOCAB) {   /* the k-th largest logit is the cut */
             int a, b;
             memcpy(sorted, z, sizeof sorted);
@@ -377,10 +556,10 @@ static void sample_text(gpt *m, const options *o) {
 
 int main(int argc, char **argv) {
     options o;
-    char err[8192];
+    char err[8192], what[256];
     ddp_context *ddp = NULL;
     dataset data;
-    gpt model;
+    model mo;
     int rank, world, step = 0, B, T, *tok, *tgt;
     double t_start;
     float val = NAN;
@@ -390,19 +569,21 @@ int main(int argc, char **argv) {
     gpt_blas_init();
     if (o.dump_init) {   /* for tools/gpt_reference.py: the initial parameters, nothing else */
         ddp_desc solo;
+        gpt cpu_model;
         size_t n;
         FILE *f;
         memset(&solo, 0, sizeof solo);
         solo.world_size = 1;
+        solo.backend = DDP_BACKEND_CPU;   /* host buffers to write out; the init is the same everywhere */
         CHECK(ddp_init(&ddp, &solo));
-        CHECK(gpt_create(&model, ddp, &o.model, o.seed));
+        CHECK(gpt_create(&cpu_model, ddp, &o.model, o.seed));
         {
             const float *p = ddp_flat_params(ddp, &n);
             if (!(f = fopen(o.dump_init, "wb")) || fwrite(p, sizeof(float), n, f) != n || fclose(f) != 0)
                 DIE("train_gpt: cannot write '%s': %s", o.dump_init, strerror(errno));
         }
         printf("wrote %zu initial parameters to %s\n", n, o.dump_init);
-        gpt_destroy(&model);
+        gpt_destroy(&cpu_model);
         return ddp_shutdown(ddp) == DDP_OK ? 0 : 1;
     }
 
@@ -410,6 +591,13 @@ int main(int argc, char **argv) {
         ddp_desc desc;
         memset(&desc, 0, sizeof desc);
         desc.bucket_cap_mb = o.bucket_mb;
+        desc.backend = o.cpu ? DDP_BACKEND_CPU : DDP_BACKEND_AUTO;
+#ifdef __CUDACC__
+        /* The compute stream: this thread's per-thread default stream. It is a stream of
+           whichever device ddp_init selects (LOCAL_RANK modulo the devices), so it can be named
+           before that choice is made; cuBLAS and every kernel of the model use it too. */
+        desc.cuda_stream = (void *)cudaStreamPerThread;
+#endif
         CHECK(ddp_init(&ddp, &desc));
     }
     rank = ddp_rank(ddp);
@@ -417,18 +605,18 @@ int main(int argc, char **argv) {
     B = o.model.batch;
     T = o.model.seq;
     if (!load_data(&o, rank, world, &data, err, sizeof err)) DIE("train_gpt: %s", err);
-    CHECK(gpt_create(&model, ddp, &o.model, o.seed));
+    CHECK(model_create(&mo, ddp, &o));
     tok = (int *)malloc(sizeof(int) * (size_t)B * T);
     tgt = (int *)malloc(sizeof(int) * (size_t)B * T);
     if (!tok || !tgt) DIE("rank %d: out of memory", rank);
     if (o.resume) {
-        step = load_checkpoint(ddp, &model, o.resume, err, sizeof err);
+        step = load_checkpoint(ddp, &mo, &o, o.resume, err, sizeof err);
         if (step < 0) DIE("train_gpt: %s", err);
     }
     if (rank == 0) {
         printf("train_gpt: %d rank(s) | %d layers, %d heads, dim %d, context %d | %zu parameters | batch %d x %d ranks x %d accum "
-               "= %d windows, %d tokens/step | %d gradient buckets | %s\n", world, o.model.layers, o.model.heads, o.model.dim, T, model.num_floats, B,
-               world, o.accum, B * world * o.accum, B * world * o.accum * T, ddp_num_buckets(ddp), gpt_blas_name());
+               "= %d windows, %d tokens/step | %d gradient buckets | %s\n", world, o.model.layers, o.model.heads, o.model.dim, T, mo.num_floats, B,
+               world, o.accum, B * world * o.accum, B * world * o.accum * T, ddp_num_buckets(ddp), model_describe(&mo, what, sizeof what));
         printf("data: %s, %zu bytes (train %zu, val %zu) | steps %d, lr %g -> %g, warmup %d, AdamW betas %g/%g wd %g, clip %g%s\n",
                o.data ? o.data : DEFAULT_DATA, data.len, data.train_len, data.val_len, o.steps, o.lr, o.min_lr, o.warmup,
                o.beta1, o.beta2, o.wd, o.clip, o.resume ? "" : "");
@@ -438,7 +626,7 @@ int main(int argc, char **argv) {
     t_start = now_s();
     while (step < o.steps && !(o.stop_at > 0 && step >= o.stop_at)) {
         double t0 = now_s(), ms;
-        float loss = 0, lr = lr_at(&o, step), norm = 0;
+        float loss, lr = lr_at(&o, step), norm = 0;
         ddp_adamw opt;
         ddp_step_stats st;
         int u;
@@ -446,13 +634,14 @@ int main(int argc, char **argv) {
         for (u = 0; u < o.accum; u++) {   /* micro-step u: windows u*world*B + rank*B ... */
             gpt_make_batch(data.bytes, data.train_len, o.seed, (uint64_t)step, (u * world + rank) * B, B, T, tok, tgt);
             ddp_set_sync(ddp, u == o.accum - 1);
-            loss += gpt_forward(&model, tok, tgt, B, T, 1.0f / (float)o.accum, 1) / (float)o.accum;
+            model_forward(&mo, tok, tgt, B, T, 1.0f / (float)o.accum, 1);
             CHECK(ddp_backward(ddp));
         }
         memset(&opt, 0, sizeof opt);
         opt.lr = lr; opt.beta1 = o.beta1; opt.beta2 = o.beta2; opt.weight_decay = o.wd; opt.max_grad_norm = o.clip;
         CHECK(ddp_adamw_step(ddp, &opt, &norm));
         st = ddp_last_step_stats(ddp);
+        loss = model_loss_sum(&mo, (float)o.accum);   /* GPU: the step's one wait for the device */
         CHECK(ddp_allreduce(ddp, &loss, 1, DDP_AVG));
         step++;
         ms = 1e3 * (now_s() - t0);
@@ -461,28 +650,29 @@ int main(int argc, char **argv) {
                    "exposed %.2f ms overlap %3.0f%%\n", step, o.steps, loss, lr, norm, ms,
                    (double)world * B * T * o.accum / (ms / 1e3), st.backward_ms, st.comm_ms, st.exposed_ms, st.overlap_pct);
         if (o.eval_every > 0 && step % o.eval_every == 0 && step < o.steps) {
-            val = evaluate(ddp, &model, &o, &data, tok, tgt);
+            val = evaluate(ddp, &mo, &o, &data, tok, tgt);
             if (rank == 0) printf("step %5d | val loss %.4f\n", step, val);
         }
         if (o.save && o.save_every > 0 && step % o.save_every == 0 && rank == 0 &&
-            !save_checkpoint(ddp, &model, &o, step, o.save, err, sizeof err))
+            !save_checkpoint(ddp, &mo, &o, step, o.save, err, sizeof err))
             DIE("train_gpt: %s", err);
     }
     {
         double secs = now_s() - t_start;
-        val = evaluate(ddp, &model, &o, &data, tok, tgt);
+        val = evaluate(ddp, &mo, &o, &data, tok, tgt);
         if (rank == 0) {
-            size_t n;
-            const float *p = ddp_flat_params(ddp, &n);
+            host_state s;
+            if (!state_open(ddp, &mo, &s, 1, err, sizeof err)) DIE("train_gpt: %s", err);
             printf("done: step %d | val loss %.4f | %.1f s training\n", step, val, secs);
-            printf("params fnv1a %016llx\n", (unsigned long long)gpt_fnv1a(p, n * sizeof(float), GPT_FNV_INIT));
+            printf("params fnv1a %016llx\n", (unsigned long long)gpt_fnv1a(s.params, s.n * sizeof(float), GPT_FNV_INIT));
+            state_close(ddp, &s, 0);
         }
     }
-    if (o.save && rank == 0 && !save_checkpoint(ddp, &model, &o, step, o.save, err, sizeof err)) DIE("train_gpt: %s", err);
+    if (o.save && rank == 0 && !save_checkpoint(ddp, &mo, &o, step, o.save, err, sizeof err)) DIE("train_gpt: %s", err);
     if (o.save && rank == 0) printf("checkpoint: %s (step %d)\n", o.save, step);
-    if (rank == 0 && o.sample > 0) sample_text(&model, &o);
+    if (rank == 0 && o.sample > 0) sample_text(&mo, &o);
     CHECK(ddp_barrier(ddp));
     free(tok); free(tgt); free(data.bytes);
-    gpt_destroy(&model);
+    model_destroy(&mo);
     return ddp_shutdown(ddp) == DDP_OK ? 0 : 1;
 }

@@ -1,0 +1,985 @@
+/* gpt_cuda.cuh — the GPT of gpt.h on a GPU: the same parameters (registered and initialised by
+   gpt.h's own gpt_register_params, so a seed gives the same bits), the same ops in the same
+   order, the same tape; activations in device memory, cuBLAS for every matmul (attention's
+   Q K^T and P V included, strided-batched over the heads), kernels of ours for the rest.
+
+   Include after ddp.h and gpt.h in a file nvcc compiles (CUDA C++17); link cuBLAS.
+
+   Streams. Every kernel and cuBLAS call goes to ddp.h's compute stream (desc.cuda_stream, read
+   back with ddp_config). Each op records its backward on the ddp tape with the parameters it
+   finishes, exactly as gpt.h does, so when ddp_backward replays the tape ddp.h records an event
+   per finished bucket and its comm stream averages that bucket while the compute stream goes
+   on with earlier layers' backward.
+   The host never waits inside forward or backward: a batch goes up through a ring of pinned
+   slots (the host waits for a slot only when it runs GC_UPLOAD_SLOTS forwards ahead of the
+   GPU), and each forward's loss stays on the device until gpt_cuda_losses() reads them all at
+   once (the trainer does that after ddp_adamw_step).
+
+   Determinism. No atomics anywhere. Every reduction has a fixed order: a row's sums go through
+   a fixed butterfly of the warp; parameter gradients of LayerNorm and biases are column sums
+   over GC_CHUNKS fixed chunks of rows, then the chunks in order; the embedding's backward gives
+   each (token, column) one thread that adds the positions holding that token in increasing
+   order (the host sorts the positions when it uploads the batch) — the CPU's order too. cuBLAS
+   with one stream, atomics off, is deterministic on one GPU model and library version. So two
+   runs give the same bits.
+
+   Precision. fp32 throughout, TF32 off (CUBLAS_DEFAULT_MATH never uses TF32 for SGEMM); pass
+   tf32 = 1 to gpt_cuda_create for TF32 tensor cores (faster, ~1e-3 relative error in matmuls).
+
+   Errors. Every CUDA and cuBLAS call and every kernel launch (cudaGetLastError) is checked; a
+   failure prints "gpt_cuda: FILE:LINE: what failed: why" and exits, as gpt.h does on its errors.
+
+   Host emulation (-DGPT_CUDA_EMULATE, any C++17 compiler, no CUDA at all). Each kernel is a
+   row or element function, written once: on the GPU a warp shares a row (lane l takes elements
+   l, l+32, ...) or a thread takes an element; in emulation a host loop calls the same function
+   with a "warp" of one lane. cuBLAS calls go to a naive column-major sgemm that enforces
+   cuBLAS's argument rules (leading dimensions) and does not read C when beta is 0; device
+   memory is malloc, one block per buffer (so AddressSanitizer sees every overrun), filled with
+   NaN like the GPU's buffers (a read of something never written shows up). The CPU tests run
+   the model that way on every machine: its buffers, strides, the row-major to column-major
+   mapping, the tape, the ids — everything but the CUDA calls themselves. */
+#ifndef GPT_CUDA_CUH
+#define GPT_CUDA_CUH
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef GPT_CUDA_EMULATE
+#define GC_HD
+typedef void *gc_stream;
+typedef void *gc_blas;
+typedef int gc_event;
+#else
+#include <cuda_runtime.h>
+#include <cublas_v2.h>
+#define GC_HD __host__ __device__
+typedef cudaStream_t gc_stream;
+typedef cublasHandle_t gc_blas;
+typedef cudaEvent_t gc_event;
+#endif
+
+enum {
+    GC_WARP = 32,
+    GC_THREADS = 256,          /* threads per block: 8 rows (warps) or 256 elements */
+    GC_CHUNKS = 64,            /* column sums: rows are cut into this many chunks, summed in order */
+    GC_UPLOAD_SLOTS = 8,       /* pinned batch slots: how far the host may run ahead */
+    GC_LOSS_SLOTS = 1024       /* per-forward losses kept on the device until read */
+};
+
+/* ---------------------------------------------------------------------------------------------
+   Errors: print where and why, exit (the trainer is a program, not a library).
+   --------------------------------------------------------------------------------------------- */
+static void gc_die(const char *file, int line, const char *what, const char *why) {
+    fprintf(stderr, "gpt_cuda: %s:%d: %s failed: %s\n", file, line, what, why);
+    exit(1);
+}
+
+#ifndef GPT_CUDA_EMULATE
+static void gc_check_cuda(cudaError_t e, const char *what, const char *file, int line) {
+    char why[256];
+    if (e == cudaSuccess) return;
+    snprintf(why, sizeof why, "%s (%s)", cudaGetErrorName(e), cudaGetErrorString(e));
+    gc_die(file, line, what, why);
+}
+static void gc_check_cublas(cublasStatus_t s, const char *what, const char *file, int line) {
+    char why[256];
+    if (s == CUBLAS_STATUS_SUCCESS) return;
+    snprintf(why, sizeof why, "%s (%s)", cublasGetStatusName(s), cublasGetStatusString(s));
+    gc_die(file, line, what, why);
+}
+#define GC_CUDA(call) gc_check_cuda((call), #call, __FILE__, __LINE__)
+#define GC_CUBLAS(call) gc_check_cublas((call), #call, __FILE__, __LINE__)
+#endif
+
+/* ---------------------------------------------------------------------------------------------
+   Lane groups and launches. A row function takes the lanes that share its row: a warp on the
+   GPU, one lane in emulation. sum/max leave the same bits in every lane: the butterfly adds
+   the same two values in each lane of a pair (a + b == b + a exactly), stage after stage.
+   --------------------------------------------------------------------------------------------- */
+struct gc_one_lane {
+    GC_HD int lane() const { return 0; }
+    GC_HD int size() const { return 1; }
+    GC_HD float sum(float v) const { return v; }
+    GC_HD double sum(double v) const { return v; }
+    GC_HD float max(float v) const { return v; }
+};
+
+#ifndef GPT_CUDA_EMULATE
+struct gc_warp_lanes {
+#ifdef __CUDA_ARCH__
+    __device__ int lane() const { return (int)(threadIdx.x % GC_WARP); }
+    __device__ int size() const { return GC_WARP; }
+    __device__ float sum(float v) const {
+        for (int o = GC_WARP / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+        return v;
+    }
+    __device__ double sum(double v) const {
+        for (int o = GC_WARP / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+        return v;
+    }
+    __device__ float max(float v) const {
+        for (int o = GC_WARP / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+        return v;
+    }
+#else   /* the host pass of nvcc sees the declarations only */
+    int lane() const { return 0; }
+    int size() const { return 1; }
+    float sum(float v) const { return v; }
+    double sum(double v) const { return v; }
+    float max(float v) const { return v; }
+#endif
+};
+
+/* One warp per row. blockDim is a multiple of 32, so a row never straddles two warps and the
+   `row < rows` branch is the same for every lane of a warp (the shuffles need the full warp). */
+template <class Op> __global__ void gc_rows_kernel(Op op, int rows) {
+    int row = (int)(((size_t)blockIdx.x * blockDim.x + threadIdx.x) / GC_WARP);
+    if (row < rows) op(gc_warp_lanes(), row);
+}
+
+template <class Op> __global__ void gc_each_kernel(Op op, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) op(i);
+}
+#endif
+
+template <class Op> static void gc_for_rows(gc_stream s, const Op &op, int rows, const char *what, const char *file, int line) {
+    if (rows <= 0) return;
+#ifdef GPT_CUDA_EMULATE
+    (void)s; (void)what; (void)file; (void)line;
+    for (int r = 0; r < rows; r++) op(gc_one_lane(), r);
+#else
+    unsigned blocks = (unsigned)(((size_t)rows * GC_WARP + GC_THREADS - 1) / GC_THREADS);
+    gc_rows_kernel<<<blocks, GC_THREADS, 0, s>>>(op, rows);
+    gc_check_cuda(cudaGetLastError(), what, file, line);
+#endif
+}
+
+template <class Op> static void gc_for_each(gc_stream s, const Op &op, size_t n, const char *what, const char *file, int line) {
+    if (n == 0) return;
+#ifdef GPT_CUDA_EMULATE
+    (void)s; (void)what; (void)file; (void)line;
+    for (size_t i = 0; i < n; i++) op(i);
+#else
+    unsigned blocks = (unsigned)((n + GC_THREADS - 1) / GC_THREADS);
+    gc_each_kernel<<<blocks, GC_THREADS, 0, s>>>(op, n);
+    gc_check_cuda(cudaGetLastError(), what, file, line);
+#endif
+}
+
+#define GC_FOR_ROWS(m, op, rows) gc_for_rows((m)->stream, (op), (rows), "the kernel launch of '" #op "'", __FILE__, __LINE__)
+#define GC_FOR_EACH(m, op, n) gc_for_each((m)->stream, (op), (n), "the kernel launch of '" #op "'", __FILE__, __LINE__)
+
+/* ---------------------------------------------------------------------------------------------
+   The model's state.
+   --------------------------------------------------------------------------------------------- */
+typedef struct gpt_cuda_layer {    /* one block's saved activations (device), as gpt_layer_acts */
+    float *res_in;                 /* [BT, C] the block's input: the previous block's res_out */
+    float *ln1, *ln1_mean, *ln1_rstd;
+    float *qkv;                    /* [BT, 3C] */
+    float *att;                    /* [B, NH, T, T] softmax probabilities, 0 above the diagonal */
+    float *att_out;                /* [BT, C] */
+    float *res_mid;
+    float *ln2, *ln2_mean, *ln2_rstd;
+    float *fc, *gelu;              /* [BT, 4C] (GELU's backward recomputes its sigmoid) */
+    float *res_out;
+} gpt_cuda_layer;
+
+typedef struct gpt_cuda {
+    gpt_config cfg;
+    ddp_context *ddp;
+    int wte, wpe, lnfw, lnfb;
+    gpt_layer_ids *layer;
+    gpt_cuda_layer *acts;
+    float *res0, *lnf, *lnf_mean, *lnf_rstd, *logits;
+    /* gradient scratch shared by every layer, as in gpt.h; datt: [B, NH, T, T] */
+    float *dres, *dln, *dqkv, *datt_out, *dfc, *dgelu, *dlogits, *datt;
+    float *row_loss;               /* [BT] the last forward's loss per position */
+    float *losses;                 /* [GC_LOSS_SLOTS] one mean loss per forward, not yet read */
+    float *partial_a, *partial_b;  /* [GC_CHUNKS, 4C] column sums per chunk of rows */
+    /* the batch on the device: tokens [BT], targets [BT], token_start [V+1], positions [BT]
+       (the positions sorted by token, increasing within a token: the embedding's backward) */
+    int *tokens, *targets, *token_start, *positions;
+    size_t batch_ints;
+    int *upload[GC_UPLOAD_SLOTS];  /* pinned host slots, same layout */
+    gc_event upload_done[GC_UPLOAD_SLOTS];
+    int upload_used[GC_UPLOAD_SLOTS], upload_next;
+    int losses_pending;            /* forwards whose loss is in `losses` */
+    float *losses_host;            /* pinned, GC_LOSS_SLOTS */
+    float *loss_list;              /* read losses, in forward order */
+    int loss_count, loss_cap;
+    gc_stream stream;
+    gc_blas blas;
+    int tf32;
+    int B, T;                      /* this forward's shape */
+    size_t num_floats;
+    void **allocs;                 /* every device buffer, freed by gpt_cuda_destroy */
+    int num_allocs, cap_allocs;
+} gpt_cuda;
+
+/* ---------------------------------------------------------------------------------------------
+   Memory and copies.
+   --------------------------------------------------------------------------------------------- */
+static void *gc_device_alloc(gpt_cuda *m, size_t bytes) {
+    void *p = NULL;
+    if (m->num_allocs == m->cap_allocs) {
+        int cap = m->cap_allocs ? 2 * m->cap_allocs : 64;
+        void **grown = (void **)realloc(m->allocs, sizeof(void *) * (size_t)cap);
+        if (!grown) gc_die(__FILE__, __LINE__, "realloc", "out of host memory");
+        m->allocs = grown;
+        m->cap_allocs = cap;
+    }
+#ifdef GPT_CUDA_EMULATE
+    if (!(p = malloc(bytes ? bytes : 1))) gc_die(__FILE__, __LINE__, "malloc (emulated device memory)", "out of memory");
+    memset(p, 0xff, bytes);   /* NaN as floats, -1 as ints: what was never written shows */
+#else
+    GC_CUDA(cudaMalloc(&p, bytes ? bytes : 1));
+    GC_CUDA(cudaMemset(p, 0xff, bytes));
+#endif
+    m->allocs[m->num_allocs++] = p;
+    return p;
+}
+static float *gc_floats(gpt_cuda *m, size_t n) { return (float *)gc_device_alloc(m, n * sizeof(float)); }
+
+static void *gc_pinned_alloc(size_t bytes) {
+    void *p = NULL;
+#ifdef GPT_CUDA_EMULATE
+    if (!(p = malloc(bytes))) gc_die(__FILE__, __LINE__, "malloc", "out of host memory");
+#else
+    GC_CUDA(cudaMallocHost(&p, bytes));
+#endif
+    return p;
+}
+static void gc_pinned_free(void *p) {
+#ifdef GPT_CUDA_EMULATE
+    free(p);
+#else
+    if (p) cudaFreeHost(p);
+#endif
+}
+
+/* Blocking copies between host memory and device buffers, ordered after everything enqueued
+   on `stream` (ddp.h's cuda_stream): for checkpoints, sampling and tests, never inside a step. */
+static void gpt_cuda_download(void *stream, void *host, const void *device, size_t bytes) {
+#ifdef GPT_CUDA_EMULATE
+    (void)stream;
+    memcpy(host, device, bytes);
+#else
+    GC_CUDA(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, (cudaStream_t)stream));
+    GC_CUDA(cudaStreamSynchronize((cudaStream_t)stream));
+#endif
+}
+static void gpt_cuda_upload(void *stream, void *device, const void *host, size_t bytes) {
+#ifdef GPT_CUDA_EMULATE
+    (void)stream;
+    memcpy(device, host, bytes);
+#else
+    GC_CUDA(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, (cudaStream_t)stream));
+    GC_CUDA(cudaStreamSynchronize((cudaStream_t)stream));   /* the caller may free `host` at once */
+#endif
+}
+
+/* ---------------------------------------------------------------------------------------------
+   Matmul. gc_gemm is gpt.h's gpt_gemm — row-major C[M,N] = alpha op(A)[M,K] op(B)[K,N] + beta C,
+   op = transpose when ta/tb — for `count` problems spaced by the strides (attention: the heads).
+   cuBLAS is column-major, and a row-major matrix read column-major is its transpose, so this
+   asks cuBLAS for C^T[N,M] = op(B)^T op(A)^T: the operands swap places, M and N swap roles, each
+   operand keeps its own transpose flag and leading dimension.
+   --------------------------------------------------------------------------------------------- */
+#ifdef GPT_CUDA_EMULATE
+static int gc_imax(int a, int b) { return a > b ? a : b; }
+
+/* cublasSgemm's contract on the host: column-major, its argument checks, C not read when beta
+   is 0. Naive, and exact about which element is which. */
+static void gc_sgemm_host(int transa, int transb, int M, int N, int K, float alpha, const float *A, int lda,
+                          const float *B, int ldb, float beta, float *C, int ldc, const char *file, int line) {
+    int i, j, k;
+    if (M < 0 || N < 0 || K < 0 || lda < gc_imax(1, transa ? K : M) || ldb < gc_imax(1, transb ? N : K) || ldc < gc_imax(1, M)) {
+        char why[256];
+        snprintf(why, sizeof why, "cuBLAS would refuse m=%d n=%d k=%d lda=%d ldb=%d ldc=%d (trans %d %d)",
+                 M, N, K, lda, ldb, ldc, transa, transb);
+        gc_die(file, line, "cublasSgemm (emulated)", why);
+    }
+    for (j = 0; j < N; j++)
+        for (i = 0; i < M; i++) {
+            float s = 0;
+            for (k = 0; k < K; k++)
+                s += (transa ? A[k + (size_t)i * lda] : A[i + (size_t)k * lda]) *
+                     (transb ? B[j + (size_t)k * ldb] : B[k + (size_t)j * ldb]);
+            C[i + (size_t)j * ldc] = beta == 0.0f ? alpha * s : alpha * s + beta * C[i + (size_t)j * ldc];
+        }
+}
+#endif
+
+static void gc_gemm(gpt_cuda *m, int ta, int tb, int M, int N, int K, float alpha,
+                    const float *A, int lda, long long stride_a, const float *B, int ldb, long long stride_b,
+                    float beta, float *C, int ldc, long long stride_c, int count, const char *file, int line) {
+#ifdef GPT_CUDA_EMULATE
+    int i;
+    (void)m;
+    for (i = 0; i < count; i++)
+        gc_sgemm_host(tb, ta, N, M, K, alpha, B + i * stride_b, ldb, A + i * stride_a, lda, beta, C + i * stride_c, ldc, file, line);
+#else
+    cublasOperation_t op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N, op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    if (count == 1)
+        gc_check_cublas(cublasSgemm(m->blas, op_b, op_a, N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc),
+                        "cublasSgemm", file, line);
+    else
+        gc_check_cublas(cublasSgemmStridedBatched(m->blas, op_b, op_a, N, M, K, &alpha, B, ldb, stride_b, A, lda, stride_a,
+                                                  &beta, C, ldc, stride_c, count),
+                        "cublasSgemmStridedBatched", file, line);
+#endif
+}
+#define GC_MATMUL(m, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) \
+    gc_gemm(m, ta, tb, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1, __FILE__, __LINE__)
+#define GC_MATMUL_HEADS(m, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C, ldc, sc, count) \
+    gc_gemm(m, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C, ldc, sc, count, __FILE__, __LINE__)
+
+/* ---------------------------------------------------------------------------------------------
+   The kernels' bodies. Element functions take a flat index; row functions a lane group and a
+   row. Each states the CPU loop of gpt.h it follows; the arithmetic is written the same way.
+   --------------------------------------------------------------------------------------------- */
+
+/* Embedding: out[i, c] = wte[token i, c] + wpe[i mod T, c]. */
+struct gc_embed_fwd {
+    const float *wte, *wpe;
+    const int *tokens;
+    float *out;
+    int C, T;
+    GC_HD void operator()(size_t i) const {
+        size_t row = i / (size_t)C, c = i % (size_t)C;
+        out[i] = wte[(size_t)tokens[row] * C + c] + wpe[(row % (size_t)T) * C + c];
+    }
+};
+
+/* grad wpe[t, c] += dres[b, t, c] for b = 0, 1, ... in order (the CPU's order). i = t*C + c. */
+struct gc_wpe_bwd {
+    const float *dres;
+    float *gwpe;
+    int B, T, C;
+    GC_HD void operator()(size_t i) const {
+        size_t t = i / (size_t)C, c = i % (size_t)C;
+        float acc = gwpe[i];
+        for (int b = 0; b < B; b++) acc += dres[((size_t)b * T + t) * C + c];
+        gwpe[i] = acc;
+    }
+};
+
+/* grad wte[v, c] += dres[p, c] over the positions p that hold token v, in increasing p (the
+   CPU's order): one thread per (v, c), no atomics. i = v*C + c. */
+struct gc_wte_bwd {
+    const float *dres;
+    float *gwte;
+    const int *token_start, *positions;
+    int C;
+    GC_HD void operator()(size_t i) const {
+        size_t v = i / (size_t)C, c = i % (size_t)C;
+        float acc = gwte[i];
+        for (int j = token_start[v]; j < token_start[v + 1]; j++) acc += dres[(size_t)positions[j] * C + c];
+        gwte[i] = acc;
+    }
+};
+
+/* LayerNorm of one row (eps 1e-5, biased variance): mean, then the variance of the centred
+   values, as gpt__layernorm. */
+struct gc_layernorm_fwd {
+    const float *x, *w, *b;
+    float *out, *mean, *rstd;
+    int C;
+    template <class Lanes> GC_HD void operator()(const Lanes &g, int row) const {
+        const float *xr = x + (size_t)row * C;
+        float *o = out + (size_t)row * C, s = 0, v = 0, mu, rs;
+        int c;
+        for (c = g.lane(); c < C; c += g.size()) s += xr[c];
+        mu = g.sum(s) / (float)C;
+        for (c = g.lane(); c < C; c += g.size()) { float d = xr[c] - mu; v += d * d; }
+        rs = 1.0f / sqrtf(g.sum(v) / (float)C + 1e-5f);
+        for (c = g.lane(); c < C; c += g.size()) o[c] = (xr[c] - mu) * rs * w[c] + b[c];
+        if (g.lane() == 0) { mean[row] = mu; rstd[row] = rs; }
+    }
+};
+
+/* LayerNorm backward, the input's gradient of one row: dx = rstd (dxhat - mean(dxhat) -
+   xhat mean(dxhat xhat)), dxhat = dy w; written (accumulate 0) or added (1: the residual). */
+struct gc_layernorm_bwd_dx {
+    const float *x, *mean, *rstd, *w, *dout;
+    float *dx;
+    int C, accumulate;
+    template <class Lanes> GC_HD void operator()(const Lanes &g, int row) const {
+        const float *xr = x + (size_t)row * C, *dy = dout + (size_t)row * C;
+        float *dxr = dx + (size_t)row * C, mu = mean[row], rs = rstd[row], a = 0, b = 0, mdx, mdxx;
+        int c;
+        for (c = g.lane(); c < C; c += g.size()) {
+            float xhat = (xr[c] - mu) * rs, dxhat = dy[c] * w[c];
+            a += dxhat;
+            b += dxhat * xhat;
+        }
+        mdx = g.sum(a) / (float)C;
+        mdxx = g.sum(b) / (float)C;
+        for (c = g.lane(); c < C; c += g.size()) {
+            float xhat = (xr[c] - mu) * rs, dxhat = dy[c] * w[c], v = rs * (dxhat - mdx - xhat * mdxx);
+            dxr[c] = accumulate ? dxr[c] + v : v;
+        }
+    }
+};
+
+/* Rows per chunk of a column sum. */
+static int gc_per_chunk(int rows) { return (rows + GC_CHUNKS - 1) / GC_CHUNKS; }
+
+/* LayerNorm's parameter gradients, chunk k of the rows: pw[k, c] = sum dy xhat, pb[k, c] = sum dy.
+   i = k*C + c. */
+struct gc_layernorm_param_partials {
+    const float *x, *mean, *rstd, *dout;
+    float *pw, *pb;
+    int rows, C, per_chunk;
+    GC_HD void operator()(size_t i) const {
+        int k = (int)(i / (size_t)C), c = (int)(i % (size_t)C), r, r1 = (k + 1) * per_chunk;
+        float sw = 0, sb = 0;
+        if (r1 > rows) r1 = rows;
+        for (r = k * per_chunk; r < r1; r++) {
+            float dy = dout[(size_t)r * C + c];
+            sw += dy * ((x[(size_t)r * C + c] - mean[r]) * rstd[r]);
+            sb += dy;
+        }
+        pw[i] = sw;
+        pb[i] = sb;
+    }
+};
+
+/* A bias gradient, chunk k of the rows of mat [rows, width]: partial[k, c] = sum mat[r, c]. */
+struct gc_column_partials {
+    const float *mat;
+    float *partial;
+    int rows, width, per_chunk;
+    GC_HD void operator()(size_t i) const {
+        int k = (int)(i / (size_t)width), c = (int)(i % (size_t)width), r, r1 = (k + 1) * per_chunk;
+        float s = 0;
+        if (r1 > rows) r1 = rows;
+        for (r = k * per_chunk; r < r1; r++) s += mat[(size_t)r * width + c];
+        partial[i] = s;
+    }
+};
+
+/* grad[c] += the chunks' partial sums, chunk 0 first. */
+struct gc_add_partials {
+    const float *partial;
+    float *grad;
+    int width;
+    GC_HD void operator()(size_t c) const {
+        float s = 0;
+        for (int k = 0; k < GC_CHUNKS; k++) s += partial[(size_t)k * width + c];
+        grad[c] += s;
+    }
+};
+
+/* A linear layer's output before the matmul adds onto it: bias (+ the residual). */
+struct gc_linear_init {
+    const float *bias, *resid;
+    float *out;
+    int width;
+    GC_HD void operator()(size_t i) const {
+        float b = bias[i % (size_t)width];
+        out[i] = resid ? resid[i] + b : b;
+    }
+};
+
+/* Causal softmax of row (b, h, t) of att [B NH T, T], in place: over u <= t, 0 above. */
+struct gc_causal_softmax_fwd {
+    float *att;
+    int T;
+    template <class Lanes> GC_HD void operator()(const Lanes &g, int row) const {
+        float *p = att + (size_t)row * T, mx = -INFINITY, s = 0, inv;
+        int n = row % T + 1, u;
+        for (u = g.lane(); u < n; u += g.size()) mx = fmaxf(mx, p[u]);
+        mx = g.max(mx);
+        for (u = g.lane(); u < n; u += g.size()) { float e = expf(p[u] - mx); p[u] = e; s += e; }
+        inv = 1.0f / g.sum(s);
+        for (u = g.lane(); u < n; u += g.size()) p[u] *= inv;
+        for (u = n + g.lane(); u < T; u += g.size()) p[u] = 0.0f;
+    }
+};
+
+/* Softmax backward in place: d = P (d - <P, d>) over the row (0 above the diagonal, where P is). */
+struct gc_causal_softmax_bwd {
+    const float *att;
+    float *datt;
+    int T;
+    template <class Lanes> GC_HD void operator()(const Lanes &g, int row) const {
+        const float *p = att + (size_t)row * T;
+        float *d = datt + (size_t)row * T, s = 0;
+        int n = row % T + 1, u;
+        for (u = g.lane(); u < n; u += g.size()) s += p[u] * d[u];
+        s = g.sum(s);
+        for (u = g.lane(); u < T; u += g.size()) d[u] = p[u] * (d[u] - s);
+    }
+};
+
+/* GELU, tanh form: x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3), as gpt__gelu. */
+#define GC_GELU_K 0.7978845608028654f
+struct gc_gelu_fwd {
+    const float *x;
+    float *y;
+    GC_HD void operator()(size_t i) const {
+        float v = x[i], u = GC_GELU_K * (v + 0.044715f * v * v * v);
+        y[i] = v * (1.0f / (1.0f + expf(-2.0f * u)));
+    }
+};
+struct gc_gelu_bwd {
+    const float *x, *dout;
+    float *dx;
+    GC_HD void operator()(size_t i) const {
+        float v = x[i], u = GC_GELU_K * (v + 0.044715f * v * v * v), s = 1.0f / (1.0f + expf(-2.0f * u));
+        float du = GC_GELU_K * (1.0f + 3.0f * 0.044715f * v * v);
+        dx[i] = dout[i] * (s + v * s * (1.0f - s) * 2.0f * du);
+    }
+};
+
+/* Cross-entropy of one row of logits [BT, V]: row_loss = log sum exp(z - max) + max - z[target];
+   with dlogits, d = k (softmax - onehot), k = scale / BT, as gpt__cross_entropy. */
+struct gc_cross_entropy_rows {
+    const float *logits;
+    const int *targets;
+    float *dlogits, *row_loss;
+    float k;
+    template <class Lanes> GC_HD void operator()(const Lanes &g, int row) const {
+        const float *z = logits + (size_t)row * GPT_VOCAB;
+        float mx = -INFINITY, s = 0;
+        int target = targets[row], v;
+        for (v = g.lane(); v < GPT_VOCAB; v += g.size()) mx = fmaxf(mx, z[v]);
+        mx = g.max(mx);
+        for (v = g.lane(); v < GPT_VOCAB; v += g.size()) s += expf(z[v] - mx);
+        s = g.sum(s);
+        if (g.lane() == 0) row_loss[row] = logf(s) + mx - z[target];
+        if (dlogits) {
+            float *d = dlogits + (size_t)row * GPT_VOCAB;
+            for (v = g.lane(); v < GPT_VOCAB; v += g.size()) {
+                float dv = expf(z[v] - mx) / s * k;
+                if (v == target) dv -= k;
+                d[v] = dv;
+            }
+        }
+    }
+};
+
+/* The mean of row_loss[0, n) in double (one row of lanes, a fixed order) into *out. */
+struct gc_mean_loss {
+    const float *row_loss;
+    float *out;
+    int n;
+    template <class Lanes> GC_HD void operator()(const Lanes &g, int row) const {
+        double s = 0;
+        (void)row;
+        for (int i = g.lane(); i < n; i += g.size()) s += (double)row_loss[i];
+        s = g.sum(s);
+        if (g.lane() == 0) *out = (float)(s / n);
+    }
+};
+
+/* ---------------------------------------------------------------------------------------------
+   Ops: each launches its forward and, when training, records its backward with the ids of the
+   parameters that backward finishes — gpt.h's ops, one for one.
+   --------------------------------------------------------------------------------------------- */
+static void gc_record(gpt_cuda *m, ddp_backward_fn fn, const void *args, size_t size, const int *ids, int n) {
+    ddp_result r = ddp_tape_record(m->ddp, fn, args, size, ids, n);
+    if (r != DDP_OK) { fprintf(stderr, "%s\n", ddp_last_error(m->ddp)); exit(1); }
+}
+
+/* Embedding; its backward finishes wte (after the head's share) and wpe. */
+typedef struct { gpt_cuda *m; } gc_embed_args;
+
+static void gc_embed_backward(void *p) {
+    gpt_cuda *m = ((gc_embed_args *)p)->m;
+    int C = m->cfg.dim;
+    gc_wpe_bwd wpe = { m->dres, ddp_grad(m->ddp, m->wpe), m->B, m->T, C };
+    gc_wte_bwd wte = { m->dres, ddp_grad(m->ddp, m->wte), m->token_start, m->positions, C };
+    GC_FOR_EACH(m, wpe, (size_t)m->T * C);
+    GC_FOR_EACH(m, wte, (size_t)GPT_VOCAB * C);
+}
+
+static void gc_embed(gpt_cuda *m, int record) {
+    int C = m->cfg.dim;
+    gc_embed_fwd embed = { ddp_param(m->ddp, m->wte), ddp_param(m->ddp, m->wpe), m->tokens, m->res0, C, m->T };
+    GC_FOR_EACH(m, embed, (size_t)m->B * m->T * C);
+    if (record) {
+        gc_embed_args a = { m };
+        int ids[2] = { m->wte, m->wpe };
+        gc_record(m, gc_embed_backward, &a, sizeof a, ids, 2);
+    }
+}
+
+/* LayerNorm; the backward writes dx (accumulate 0) or adds to it (1), and finishes w and b. */
+typedef struct {
+    gpt_cuda *m; int w, b, rows, accumulate;
+    const float *x, *mean, *rstd, *dout; float *dx;
+} gc_ln_args;
+
+static void gc_layernorm_backward(void *p) {
+    const gc_ln_args *a = (const gc_ln_args *)p;
+    gpt_cuda *m = a->m;
+    int C = m->cfg.dim;
+    gc_layernorm_bwd_dx dx = { a->x, a->mean, a->rstd, ddp_param(m->ddp, a->w), a->dout, a->dx, C, a->accumulate };
+    gc_layernorm_param_partials partials = { a->x, a->mean, a->rstd, a->dout, m->partial_a, m->partial_b, a->rows, C,
+                                             gc_per_chunk(a->rows) };
+    gc_add_partials gw = { m->partial_a, ddp_grad(m->ddp, a->w), C };
+    gc_add_partials gb = { m->partial_b, ddp_grad(m->ddp, a->b), C };
+    GC_FOR_ROWS(m, dx, a->rows);
+    GC_FOR_EACH(m, partials, (size_t)GC_CHUNKS * C);
+    GC_FOR_EACH(m, gw, (size_t)C);
+    GC_FOR_EACH(m, gb, (size_t)C);
+}
+
+static void gc_layernorm(gpt_cuda *m, int w, int b, const float *x, float *out, float *mean, float *rstd,
+                         const float *dout, float *dx, int accumulate, int record) {
+    int rows = m->B * m->T;
+    gc_layernorm_fwd ln = { x, ddp_param(m->ddp, w), ddp_param(m->ddp, b), out, mean, rstd, m->cfg.dim };
+    GC_FOR_ROWS(m, ln, rows);
+    if (record) {
+        gc_ln_args a;
+        int ids[2];
+        a.m = m; a.w = w; a.b = b; a.rows = rows; a.accumulate = accumulate;
+        a.x = x; a.mean = mean; a.rstd = rstd; a.dout = dout; a.dx = dx;
+        ids[0] = w; ids[1] = b;
+        gc_record(m, gc_layernorm_backward, &a, sizeof a, ids, 2);
+    }
+}
+
+/* Linear: out[n, outc] = inp[n, in] W[outc, in]^T + b (+ resid). The backward finishes W and b;
+   dinp may be NULL. */
+typedef struct {
+    gpt_cuda *m; int w, b, n, in, out;
+    const float *inp, *dout; float *dinp;
+} gc_linear_args;
+
+static void gc_linear_backward(void *p) {
+    const gc_linear_args *a = (const gc_linear_args *)p;
+    gpt_cuda *m = a->m;
+    gc_column_partials partials = { a->dout, m->partial_a, a->n, a->out, gc_per_chunk(a->n) };
+    gc_add_partials gb = { m->partial_a, ddp_grad(m->ddp, a->b), a->out };
+    if (a->dinp)   /* dinp = dout W */
+        GC_MATMUL(m, 0, 0, a->n, a->in, a->out, 1.0f, a->dout, a->out, ddp_param(m->ddp, a->w), a->in, 0.0f, a->dinp, a->in);
+    /* grad W += dout^T inp */
+    GC_MATMUL(m, 1, 0, a->out, a->in, a->n, 1.0f, a->dout, a->out, a->inp, a->in, 1.0f, ddp_grad(m->ddp, a->w), a->in);
+    GC_FOR_EACH(m, partials, (size_t)GC_CHUNKS * a->out);
+    GC_FOR_EACH(m, gb, (size_t)a->out);
+}
+
+static void gc_linear(gpt_cuda *m, int w, int b, const float *inp, float *out, const float *resid, int in, int outc,
+                      const float *dout, float *dinp, int record) {
+    int n = m->B * m->T;
+    gc_linear_init init = { ddp_param(m->ddp, b), resid, out, outc };
+    GC_FOR_EACH(m, init, (size_t)n * outc);
+    GC_MATMUL(m, 0, 1, n, outc, in, 1.0f, inp, in, ddp_param(m->ddp, w), in, 1.0f, out, outc);
+    if (record) {
+        gc_linear_args a;
+        int ids[2];
+        a.m = m; a.w = w; a.b = b; a.n = n; a.in = in; a.out = outc; a.inp = inp; a.dout = dout; a.dinp = dinp;
+        ids[0] = w; ids[1] = b;
+        gc_record(m, gc_linear_backward, &a, sizeof a, ids, 2);
+    }
+}
+
+/* Causal multi-head self-attention on qkv [BT, 3C] (q | k | v, head h at columns h*hs..). Per
+   sequence b, one strided-batched matmul covers the heads: head h's q/k/v start h*hs columns
+   further, its [T, T] score matrix T*T floats further. */
+typedef struct { gpt_cuda *m; const float *qkv, *att, *dout; float *dqkv; } gc_attn_args;
+
+static void gc_attention_backward(void *p) {
+    const gc_attn_args *a = (const gc_attn_args *)p;
+    gpt_cuda *m = a->m;
+    int B = m->B, T = m->T, C = m->cfg.dim, NH = m->cfg.heads, hs = C / NH, C3 = 3 * C, b;
+    long long TT = (long long)T * T;
+    float scale = 1.0f / sqrtf((float)hs);
+    gc_causal_softmax_bwd softmax = { a->att, m->datt, T };
+    for (b = 0; b < B; b++) {
+        const float *v = a->qkv + (size_t)b * T * C3 + 2 * C, *P = a->att + (size_t)b * NH * TT;
+        const float *dO = a->dout + (size_t)b * T * C;
+        float *dP = m->datt + (size_t)b * NH * TT, *dv = a->dqkv + (size_t)b * T * C3 + 2 * C;
+        GC_MATMUL_HEADS(m, 0, 1, T, T, hs, 1.0f, dO, C, hs, v, C3, hs, 0.0f, dP, T, TT, NH);   /* dP = dO V^T */
+        GC_MATMUL_HEADS(m, 1, 0, T, hs, T, 1.0f, P, T, TT, dO, C, hs, 0.0f, dv, C3, hs, NH);   /* dV = P^T dO */
+    }
+    GC_FOR_ROWS(m, softmax, B * NH * T);                                                       /* dS, in place */
+    for (b = 0; b < B; b++) {
+        const float *q = a->qkv + (size_t)b * T * C3, *k = q + C, *dS = m->datt + (size_t)b * NH * TT;
+        float *dq = a->dqkv + (size_t)b * T * C3, *dk = dq + C;
+        GC_MATMUL_HEADS(m, 0, 0, T, hs, T, scale, dS, T, TT, k, C3, hs, 0.0f, dq, C3, hs, NH); /* dQ = scale dS K */
+        GC_MATMUL_HEADS(m, 1, 0, T, hs, T, scale, dS, T, TT, q, C3, hs, 0.0f, dk, C3, hs, NH); /* dK = scale dS^T Q */
+    }
+}
+
+static void gc_attention(gpt_cuda *m, const float *qkv, float *att, float *out, const float *dout, float *dqkv, int record) {
+    int B = m->B, T = m->T, C = m->cfg.dim, NH = m->cfg.heads, hs = C / NH, C3 = 3 * C, b;
+    long long TT = (long long)T * T;
+    float scale = 1.0f / sqrtf((float)hs);
+    gc_causal_softmax_fwd softmax = { att, T };
+    for (b = 0; b < B; b++) {   /* S = scale Q K^T */
+        const float *q = qkv + (size_t)b * T * C3, *k = q + C;
+        GC_MATMUL_HEADS(m, 0, 1, T, T, hs, scale, q, C3, hs, k, C3, hs, 0.0f, att + (size_t)b * NH * TT, T, TT, NH);
+    }
+    GC_FOR_ROWS(m, softmax, B * NH * T);
+    for (b = 0; b < B; b++) {   /* O = P V, the heads side by side in out [BT, C] */
+        const float *v = qkv + (size_t)b * T * C3 + 2 * C;
+        GC_MATMUL_HEADS(m, 0, 0, T, hs, T, 1.0f, att + (size_t)b * NH * TT, T, TT, v, C3, hs, 0.0f, out + (size_t)b * T * C, C, hs, NH);
+    }
+    if (record) {
+        gc_attn_args a;
+        a.m = m; a.qkv = qkv; a.att = att; a.dout = dout; a.dqkv = dqkv;
+        gc_record(m, gc_attention_backward, &a, sizeof a, NULL, 0);
+    }
+}
+
+/* GELU; the backward recomputes the sigmoid from x (cheaper than keeping it). */
+typedef struct { gpt_cuda *m; size_t n; const float *x, *dout; float *dx; } gc_gelu_args;
+
+static void gc_gelu_backward(void *p) {
+    const gc_gelu_args *a = (const gc_gelu_args *)p;
+    gc_gelu_bwd bwd = { a->x, a->dout, a->dx };
+    GC_FOR_EACH(a->m, bwd, a->n);
+}
+
+static void gc_gelu(gpt_cuda *m, const float *x, float *y, size_t n, const float *dout, float *dx, int record) {
+    gc_gelu_fwd fwd = { x, y };
+    GC_FOR_EACH(m, fwd, n);
+    if (record) {
+        gc_gelu_args a;
+        a.m = m; a.n = n; a.x = x; a.dout = dout; a.dx = dx;
+        gc_record(m, gc_gelu_backward, &a, sizeof a, NULL, 0);
+    }
+}
+
+/* Head tied to wte: logits = lnf wte^T. Its backward adds its share of grad(wte), which the
+   embedding's backward finishes. */
+typedef struct { gpt_cuda *m; } gc_head_args;
+
+static void gc_head_backward(void *p) {
+    gpt_cuda *m = ((gc_head_args *)p)->m;
+    int C = m->cfg.dim, BT = m->B * m->T;
+    GC_MATMUL(m, 0, 0, BT, C, GPT_VOCAB, 1.0f, m->dlogits, GPT_VOCAB, ddp_param(m->ddp, m->wte), C, 0.0f, m->dln, C);
+    GC_MATMUL(m, 1, 0, GPT_VOCAB, C, BT, 1.0f, m->dlogits, GPT_VOCAB, m->lnf, C, 1.0f, ddp_grad(m->ddp, m->wte), C);
+}
+
+static void gc_head(gpt_cuda *m, int record) {
+    int C = m->cfg.dim, BT = m->B * m->T;
+    GC_MATMUL(m, 0, 1, BT, GPT_VOCAB, C, 1.0f, m->lnf, C, ddp_param(m->ddp, m->wte), C, 0.0f, m->logits, GPT_VOCAB);
+    if (record) {
+        gc_head_args a = { m };
+        gc_record(m, gc_head_backward, &a, sizeof a, NULL, 0);
+    }
+}
+
+/* Reads the device's unread losses into loss_list (a blocking copy: only gpt_cuda_losses, and a
+   forward that finds all GC_LOSS_SLOTS full, come here). */
+static void gc_collect_losses(gpt_cuda *m) {
+    int n = m->losses_pending, i;
+    if (!n) return;
+    gpt_cuda_download(m->stream, m->losses_host, m->losses, sizeof(float) * (size_t)n);
+    if (m->loss_count + n > m->loss_cap) {
+        int cap = 2 * (m->loss_count + n);
+        float *grown = (float *)realloc(m->loss_list, sizeof(float) * (size_t)cap);
+        if (!grown) gc_die(__FILE__, __LINE__, "realloc", "out of host memory");
+        m->loss_list = grown;
+        m->loss_cap = cap;
+    }
+    for (i = 0; i < n; i++) m->loss_list[m->loss_count++] = m->losses_host[i];
+    m->losses_pending = 0;
+}
+
+/* Mean cross-entropy over the BT positions into the next loss slot; with grad, dlogits =
+   scale * d(mean loss)/d(logits) right away (no tape op, as in gpt.h). */
+static void gc_cross_entropy(gpt_cuda *m, float scale, int grad) {
+    int BT = m->B * m->T;
+    gc_cross_entropy_rows ce = { m->logits, m->targets, grad ? m->dlogits : NULL, m->row_loss, scale / (float)BT };
+    GC_FOR_ROWS(m, ce, BT);
+    if (m->losses_pending == GC_LOSS_SLOTS) gc_collect_losses(m);
+    {
+        gc_mean_loss mean = { m->row_loss, m->losses + m->losses_pending, BT };
+        GC_FOR_ROWS(m, mean, 1);
+        m->losses_pending++;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+   The batch: tokens, targets, and for the embedding's backward the positions grouped by token
+   (a counting sort; increasing within a token), through the next pinned slot.
+   --------------------------------------------------------------------------------------------- */
+static void gc_upload_batch(gpt_cuda *m, const int *tokens, const int *targets, int BT) {
+    size_t max_bt = (size_t)m->cfg.batch * m->cfg.seq;
+    int slot = m->upload_next, *h = m->upload[slot], *start, *positions, next[GPT_VOCAB], i, v;
+    m->upload_next = (slot + 1) % GC_UPLOAD_SLOTS;
+#ifndef GPT_CUDA_EMULATE
+    /* Only waits when the host is GC_UPLOAD_SLOTS forwards ahead of the GPU. */
+    if (m->upload_used[slot]) GC_CUDA(cudaEventSynchronize(m->upload_done[slot]));
+#endif
+    start = h + 2 * max_bt;
+    positions = start + GPT_VOCAB + 1;
+    for (i = 0; i < BT; i++)
+        if (tokens[i] < 0 || tokens[i] >= GPT_VOCAB || (targets && (targets[i] < 0 || targets[i] >= GPT_VOCAB))) {
+            char why[128];
+            snprintf(why, sizeof why, "position %d holds token %d, target %d: not a byte", i, tokens[i], targets ? targets[i] : 0);
+            gc_die(__FILE__, __LINE__, "gpt_cuda_forward", why);
+        }
+    memcpy(h, tokens, sizeof(int) * (size_t)BT);
+    if (targets) memcpy(h + max_bt, targets, sizeof(int) * (size_t)BT);
+    for (v = 0; v <= GPT_VOCAB; v++) start[v] = 0;
+    for (i = 0; i < BT; i++) start[tokens[i] + 1]++;
+    for (v = 0; v < GPT_VOCAB; v++) { start[v + 1] += start[v]; next[v] = start[v]; }
+    for (i = 0; i < BT; i++) positions[next[tokens[i]]++] = i;
+#ifdef GPT_CUDA_EMULATE
+    memcpy(m->tokens, h, sizeof(int) * m->batch_ints);
+#else
+    GC_CUDA(cudaMemcpyAsync(m->tokens, h, sizeof(int) * m->batch_ints, cudaMemcpyHostToDevice, m->stream));
+    GC_CUDA(cudaEventRecord(m->upload_done[slot], m->stream));
+#endif
+    m->upload_used[slot] = 1;
+}
+
+/* ---------------------------------------------------------------------------------------------
+   The model's API.
+   --------------------------------------------------------------------------------------------- */
+
+/* Registers and commits the parameters (gpt.h's code: same order, shapes, init), then makes the
+   cuBLAS handle on ddp.h's compute stream and the device buffers for the largest batch.
+   Call after ddp_init on the NCCL backend (ddp.h chose the device). tf32: 1 = TF32 matmuls. */
+static ddp_result gpt_cuda_create(gpt_cuda *m, ddp_context *ddp, const gpt_config *cfg, uint64_t seed, int tf32) {
+    int L = cfg->layers, C = cfg->dim, NH = cfg->heads, T = cfg->seq, B = cfg->batch, l, s;
+    size_t BT = (size_t)B * T, BHTT = (size_t)B * NH * T * T;
+    gpt_param_ids ids;
+    ddp_result r;
+    memset(m, 0, sizeof *m);
+    m->cfg = *cfg;
+    m->ddp = ddp;
+    m->tf32 = tf32;
+    m->layer = (gpt_layer_ids *)calloc((size_t)L, sizeof *m->layer);
+    m->acts = (gpt_cuda_layer *)calloc((size_t)L, sizeof *m->acts);
+    if (!m->layer || !m->acts) return DDP_ERR_OUT_OF_MEMORY;
+    ids.layer = m->layer;
+    if ((r = gpt_register_params(ddp, cfg, seed, &ids, &m->num_floats)) != DDP_OK) return r;
+    m->wte = ids.wte; m->wpe = ids.wpe; m->lnfw = ids.lnfw; m->lnfb = ids.lnfb;
+    m->stream = (gc_stream)ddp_config(ddp)->cuda_stream;
+#ifndef GPT_CUDA_EMULATE
+    GC_CUBLAS(cublasCreate(&m->blas));
+    GC_CUBLAS(cublasSetStream(m->blas, m->stream));
+    GC_CUBLAS(cublasSetMathMode(m->blas, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    GC_CUBLAS(cublasSetAtomicsMode(m->blas, CUBLAS_ATOMICS_NOT_ALLOWED));   /* the default; determinism needs it */
+#endif
+    m->res0 = gc_floats(m, BT * C);
+    for (l = 0; l < L; l++) {
+        gpt_cuda_layer *a = &m->acts[l];
+        a->res_in = l == 0 ? m->res0 : m->acts[l - 1].res_out;
+        a->ln1 = gc_floats(m, BT * C); a->ln1_mean = gc_floats(m, BT); a->ln1_rstd = gc_floats(m, BT);
+        a->qkv = gc_floats(m, BT * 3 * C); a->att = gc_floats(m, BHTT);
+        a->att_out = gc_floats(m, BT * C); a->res_mid = gc_floats(m, BT * C);
+        a->ln2 = gc_floats(m, BT * C); a->ln2_mean = gc_floats(m, BT); a->ln2_rstd = gc_floats(m, BT);
+        a->fc = gc_floats(m, BT * 4 * C); a->gelu = gc_floats(m, BT * 4 * C);
+        a->res_out = gc_floats(m, BT * C);
+    }
+    m->lnf = gc_floats(m, BT * C); m->lnf_mean = gc_floats(m, BT); m->lnf_rstd = gc_floats(m, BT);
+    m->logits = gc_floats(m, BT * GPT_VOCAB); m->dlogits = gc_floats(m, BT * GPT_VOCAB);
+    m->dres = gc_floats(m, BT * C); m->dln = gc_floats(m, BT * C); m->datt_out = gc_floats(m, BT * C);
+    m->dqkv = gc_floats(m, BT * 3 * C); m->dfc = gc_floats(m, BT * 4 * C); m->dgelu = gc_floats(m, BT * 4 * C);
+    m->datt = gc_floats(m, BHTT);
+    m->row_loss = gc_floats(m, BT);
+    m->losses = gc_floats(m, GC_LOSS_SLOTS);
+    m->partial_a = gc_floats(m, (size_t)GC_CHUNKS * 4 * C);
+    m->partial_b = gc_floats(m, (size_t)GC_CHUNKS * 4 * C);
+    m->batch_ints = 3 * BT + GPT_VOCAB + 1;
+    m->tokens = (int *)gc_device_alloc(m, sizeof(int) * m->batch_ints);
+    m->targets = m->tokens + BT;
+    m->token_start = m->targets + BT;
+    m->positions = m->token_start + GPT_VOCAB + 1;
+    for (s = 0; s < GC_UPLOAD_SLOTS; s++) {
+        m->upload[s] = (int *)gc_pinned_alloc(sizeof(int) * m->batch_ints);
+        memset(m->upload[s], 0, sizeof(int) * m->batch_ints);
+#ifndef GPT_CUDA_EMULATE
+        GC_CUDA(cudaEventCreateWithFlags(&m->upload_done[s], cudaEventDisableTiming));
+#endif
+    }
+    m->losses_host = (float *)gc_pinned_alloc(sizeof(float) * GC_LOSS_SLOTS);
+#ifndef GPT_CUDA_EMULATE
+    /* The NaN fills ran on the legacy stream: done before the compute stream uses the buffers,
+       whatever kind of stream it is. (Set-up, not a step.) */
+    GC_CUDA(cudaDeviceSynchronize());
+#endif
+    return DDP_OK;
+}
+
+static void gpt_cuda_destroy(gpt_cuda *m) {
+    int i;
+#ifndef GPT_CUDA_EMULATE
+    cudaStreamSynchronize(m->stream);
+    if (m->blas) cublasDestroy(m->blas);
+    for (i = 0; i < GC_UPLOAD_SLOTS; i++) if (m->upload_done[i]) cudaEventDestroy(m->upload_done[i]);
+    for (i = 0; i < m->num_allocs; i++) cudaFree(m->allocs[i]);
+#else
+    for (i = 0; i < m->num_allocs; i++) free(m->allocs[i]);
+#endif
+    for (i = 0; i < GC_UPLOAD_SLOTS; i++) gc_pinned_free(m->upload[i]);
+    gc_pinned_free(m->losses_host);
+    free(m->allocs); free(m->layer); free(m->acts); free(m->loss_list);
+    memset(m, 0, sizeof *m);
+}
+
+/* Forward over B sequences of T tokens (B <= cfg.batch, T <= cfg.seq), enqueued on the stream.
+   With targets, the mean cross-entropy goes to the next loss slot (read with gpt_cuda_losses);
+   with train, the backward is recorded on the tape and dlogits = loss_scale * d(mean loss)/
+   d(logits). gpt_forward's contract, with the loss read later. */
+static void gpt_cuda_forward(gpt_cuda *m, const int *tokens, const int *targets, int B, int T, float loss_scale, int train) {
+    int L = m->cfg.layers, C = m->cfg.dim, l;
+    size_t BT = (size_t)B * T;
+    if (B < 1 || B > m->cfg.batch || T < 1 || T > m->cfg.seq) {
+        fprintf(stderr, "gpt_cuda_forward: shape %dx%d outside the allocated %dx%d\n", B, T, m->cfg.batch, m->cfg.seq);
+        exit(1);
+    }
+    m->B = B;
+    m->T = T;
+    gc_upload_batch(m, tokens, targets, (int)BT);
+    gc_embed(m, train);
+    for (l = 0; l < L; l++) {
+        const gpt_layer_ids *id = &m->layer[l];
+        gpt_cuda_layer *a = &m->acts[l];
+        gc_layernorm(m, id->ln1w, id->ln1b, a->res_in, a->ln1, a->ln1_mean, a->ln1_rstd, m->dln, m->dres, 1, train);
+        gc_linear(m, id->qkvw, id->qkvb, a->ln1, a->qkv, NULL, C, 3 * C, m->dqkv, m->dln, train);
+        gc_attention(m, a->qkv, a->att, a->att_out, m->datt_out, m->dqkv, train);
+        gc_linear(m, id->projw, id->projb, a->att_out, a->res_mid, a->res_in, C, C, m->dres, m->datt_out, train);
+        gc_layernorm(m, id->ln2w, id->ln2b, a->res_mid, a->ln2, a->ln2_mean, a->ln2_rstd, m->dln, m->dres, 1, train);
+        gc_linear(m, id->fcw, id->fcb, a->ln2, a->fc, NULL, C, 4 * C, m->dfc, m->dln, train);
+        gc_gelu(m, a->fc, a->gelu, BT * 4 * C, m->dgelu, m->dfc, train);
+        gc_linear(m, id->fcprojw, id->fcprojb, a->gelu, a->res_out, a->res_mid, 4 * C, C, m->dres, m->dgelu, train);
+    }
+    gc_layernorm(m, m->lnfw, m->lnfb, m->acts[L - 1].res_out, m->lnf, m->lnf_mean, m->lnf_rstd, m->dln, m->dres, 0, train);
+    gc_head(m, train);
+    if (targets) gc_cross_entropy(m, loss_scale, train);
+}
+
+/* The mean loss of every forward with targets since the last call, in forward order: waits for
+   the GPU once. The array lives until the next forward. */
+static const float *gpt_cuda_losses(gpt_cuda *m, int *count) {
+    gc_collect_losses(m);
+    *count = m->loss_count;
+    m->loss_count = 0;
+    return m->loss_list;
+}
+
+/* Row `row` of the last forward's logits [BT, 256] into out (blocking: for sampling). */
+static void gpt_cuda_logits_row(gpt_cuda *m, int row, float *out) {
+    gpt_cuda_download(m->stream, out, m->logits + (size_t)row * GPT_VOCAB, sizeof(float) * GPT_VOCAB);
+}
+
+/* "CUDA <device>, cuBLAS fp32" and the like, for the trainer's banner. */
+static void gpt_cuda_describe(const gpt_cuda *m, char *buf, size_t n) {
+#ifdef GPT_CUDA_EMULATE
+    snprintf(buf, n, "CUDA model emulated on the host (GPT_CUDA_EMULATE)%s", m->tf32 ? ", --tf32 ignored" : "");
+#else
+    int dev = 0;
+    struct cudaDeviceProp prop;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(prop.name, sizeof prop.name, "unknown GPU");
+    }
+    snprintf(buf, n, "CUDA %s (device %d), cuBLAS %s", prop.name, dev, m->tf32 ? "TF32 tensor cores" : "fp32, TF32 off");
+#endif
+}
+
+#endif /* GPT_CUDA_CUH */
