@@ -9,7 +9,8 @@ B        := build
 
 PROGRAMS := $(B)/ddprun $(B)/minimal $(B)/bench_allreduce $(B)/bench_overlap \
             $(B)/test_unit $(B)/test_collectives $(B)/test_equivalence $(B)/test_fault \
-            $(B)/test_overlap $(B)/test_bf16 $(B)/train_gpt $(B)/test_gpt
+            $(B)/test_overlap $(B)/test_bf16 $(B)/train_gpt $(B)/test_gpt \
+            $(B)/train_gpt_emulated $(B)/test_gpt_gpu_emulated
 CHECKS   := $(B)/cxx_check.o
 
 .PHONY: all run train-2-ranks deps test test-asan test-tsan fuzz bench bench-gpt bench-gpu clean
@@ -32,14 +33,16 @@ CUDA_RT_LIB = $(dir $(NVCC))../lib64
 GPU_INCS    = $(addprefix -I,$(sort $(NCCL_INC) $(CUBLAS_INC)))
 GPU_RPATH   = $(foreach d,$(sort $(NCCL_LIB) $(CUBLAS_LIB)),-L$(d) -Xlinker -rpath -Xlinker $(d))
 NVFLAGS    ?= -O3 -g -std=c++17 -arch=$(CUDA_ARCH) -Xcompiler -Wall,-Wextra -Werror all-warnings
-GPU_TESTS  := $(G)/test_gpu_kernels $(G)/test_gpu_train $(G)/test_gpu_overlap $(G)/nccl_version $(G)/c_link_check
+GPU_TESTS  := $(G)/test_gpu_kernels $(G)/test_gpu_train $(G)/test_gpu_overlap $(G)/nccl_version $(G)/c_link_check \
+              $(G)/test_gpt_gpu
 GPU_BENCH  := $(G)/bench_gpu
+GPU_TOOLS  := $(G)/train_gpt $(G)/gpu_count
 
 ifeq ($(strip $(NVCC)),)
 gpu:
 	@echo "no nvcc (CUDA_HOME=$(CUDA_HOME), or NVCC= given): building the CPU parts only"
 else
-gpu: $(GPU_TESTS) $(GPU_BENCH)
+gpu: $(GPU_TESTS) $(GPU_BENCH) $(GPU_TOOLS)
 endif
 
 $(G):
@@ -58,6 +61,18 @@ $(G)/kernels_impl.o: tests/gpu/kernels_impl.cu ddp_kernels.cuh | $(G)
 $(G)/c_link_check: tests/gpu/c_link_check.c $(G)/kernels_impl.o ddp.h ddp_kernels.cuh | $(G)
 	$(CC) -std=c99 -O2 -g $(WARN) -DDDP_CUDA $(GPU_INCS) -I$(dir $(NVCC))../include -c -o $(G)/c_link_check.o $<
 	$(NVCC) -arch=$(CUDA_ARCH) -o $@ $(G)/c_link_check.o $(G)/kernels_impl.o $(GPU_RPATH) $(NCCL_LINK) -lpthread -lm
+$(G)/gpu_count: tools/gpu_count.cu | $(G)
+	$(NVCC) $(NVFLAGS) -o $@ $<
+# The tiny GPT, nvcc-built: the CUDA model (examples/gpt/gpt_cuda.cuh) on the NCCL backend, gpt.h's
+# CPU model elsewhere. Its host code gets the C build's math flags, and -ffp-contract=off because
+# g++ fuses a*b+c in C++ mode where gcc -std=c99 does not: so its CPU path (--cpu, or no GPU)
+# trains the same bits as build/train_gpt (tests/test_gpt.sh checks).
+GPT_CUDA_DEPS := examples/gpt/gpt_cuda.cuh examples/gpt/gpt.h ddp.h
+GPT_HOST_MATH := -Xcompiler -march=native,-fno-math-errno,-ffp-contract=off
+$(G)/train_gpt: examples/gpt/train_gpt.c $(GPT_CUDA_DEPS) ddp_kernels.cuh | $(G)
+	$(NVCC) $(NVFLAGS) $(GPT_HOST_MATH) $(GPT_DEFS) $(GPU_INCS) -x cu -o $@ $< $(GPU_RPATH) $(NCCL_LINK) $(CUBLAS_LINK) $(GPT_LIBS) -lpthread
+$(G)/test_gpt_gpu: tests/gpu/test_gpt_gpu.cu tests/test_gpt.c $(GPT_CUDA_DEPS) $(GPU_DEPS) | $(G)
+	$(NVCC) $(NVFLAGS) $(GPT_HOST_MATH) $(GPT_DEFS) $(GPU_INCS) -o $@ $< $(GPU_RPATH) $(NCCL_LINK) $(CUBLAS_LINK) $(GPT_LIBS) -lpthread
 
 $(B):
 	@mkdir -p $(B)
@@ -97,6 +112,13 @@ $(B)/train_gpt: examples/gpt/train_gpt.c examples/gpt/gpt.h ddp.h | $(B)
 	$(CC) -std=c99 $(CFLAGS) $(WARN) -fno-math-errno $(GPT_DEFS) -o $@ $< $(GPT_LIBS) $(LDLIBS)
 $(B)/test_gpt: tests/test_gpt.c tests/testlib.h examples/gpt/gpt.h ddp.h | $(B)
 	$(CC) -std=c99 $(CFLAGS) $(WARN) -fno-math-errno $(GPT_DEFS) -o $@ $< $(GPT_LIBS) $(LDLIBS)
+# The GPT's CUDA model run on the host (-DGPT_CUDA_EMULATE, C++17, no CUDA needed): the same
+# kernel code and matmul calls as the GPU build, in host loops; the trainer and the GPU test
+# built that way run in every `make test`, so the model's logic is checked without a GPU.
+$(B)/train_gpt_emulated: examples/gpt/train_gpt.c examples/gpt/gpt_cuda.cuh examples/gpt/gpt.h ddp.h | $(B)
+	$(CXX) -std=c++17 $(CFLAGS) $(WARN) -fno-math-errno -DGPT_CUDA_EMULATE $(GPT_DEFS) -x c++ -o $@ $< -x none $(GPT_LIBS) $(LDLIBS)
+$(B)/test_gpt_gpu_emulated: tests/gpu/test_gpt_gpu.cu tests/test_gpt.c tests/testlib.h examples/gpt/gpt_cuda.cuh examples/gpt/gpt.h ddp.h | $(B)
+	$(CXX) -std=c++17 $(CFLAGS) $(WARN) -fno-math-errno -DGPT_CUDA_EMULATE $(GPT_DEFS) -x c++ -o $@ $< -x none $(GPT_LIBS) $(LDLIBS)
 
 # The default corpus: Debian's fortunes text (installed when missing), never committed.
 $(B)/fortunes.txt: | $(B)
@@ -110,11 +132,14 @@ $(B)/fortunes.txt: | $(B)
 
 # The main job: train the tiny GPT on 2 local ranks (about two minutes on 2 cores). OpenBLAS
 # is installed first when missing (Debian), then make starts again so the build finds it.
+# tools/train_gpt_run.sh picks the binary: build/gpu/train_gpt where nvcc built it and a GPU is
+# visible (2 ranks on 2 GPUs, or sharing one with NCCL >= 2.30.3, else 1 rank at twice the
+# batch: the same training), build/train_gpt (CPU) otherwise.
 run:
 	@$(MAKE) --no-print-directory deps
 	@$(MAKE) --no-print-directory train-2-ranks
 train-2-ranks: all $(B)/fortunes.txt
-	$(B)/ddprun -n 2 $(B)/train_gpt --data $(B)/fortunes.txt --steps 1200 --batch 8 --eval-every 200 --log-every 25 --sample 600
+	tools/train_gpt_run.sh $(B) --data $(B)/fortunes.txt --steps 1200 --batch 8 --eval-every 200 --log-every 25 --sample 600
 deps:
 	@[ "$(GPT_BLAS)" = 1 ] || ! command -v apt-get >/dev/null || { echo "installing libopenblas-dev for the GPT's matmuls"; \
 	    { apt-get install -y -qq libopenblas-dev >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq libopenblas-dev; }; } \
@@ -137,8 +162,9 @@ ifeq ($(strip $(NVCC)),)
 bench-gpu:
 	@echo "SKIP gpu benchmarks: no nvcc"
 else
-bench-gpu: $(GPU_BENCH)
+bench-gpu: $(GPU_BENCH) $(G)/train_gpt
 	@$(GPU_BENCH)
+	@bench/gpu/bench_gpt_gpu.sh $(B)
 endif
 
 # The same tests under sanitizers, each in a build directory of its own (CPU parts only: the

@@ -9,7 +9,8 @@
 #undef main
 
 static ddp_context *fuzz_ddp;
-static gpt fuzz_model;
+static model fuzz_model;
+static options fuzz_options;
 static char fuzz_path[64];
 
 static void write_file(const char *path, const void *data, size_t n) {
@@ -18,14 +19,11 @@ static void write_file(const char *path, const void *data, size_t n) {
 }
 
 static void write_seeds(const char *dir) {
-    options o;
     char err[512], path[512], *buf;
     long n;
     FILE *f;
-    memset(&o, 0, sizeof o);
-    o.seed = 1;
     snprintf(path, sizeof path, "%s/valid", dir);
-    if (!save_checkpoint(fuzz_ddp, &fuzz_model, &o, 7, path, err, sizeof err)) { fprintf(stderr, "%s\n", err); exit(1); }
+    if (!save_checkpoint(fuzz_ddp, &fuzz_model, &fuzz_options, 7, path, err, sizeof err)) { fprintf(stderr, "%s\n", err); exit(1); }
     if (!(f = fopen(path, "rb")) || fseek(f, 0, SEEK_END) || (n = ftell(f)) <= 0) exit(1);
     buf = (char *)malloc((size_t)n);
     rewind(f);
@@ -43,13 +41,15 @@ static void write_seeds(const char *dir) {
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     ddp_desc desc;
-    gpt_config cfg;
+    options *o = &fuzz_options;
     (void)argc; (void)argv;
     memset(&desc, 0, sizeof desc);
     desc.world_size = 1;
     desc.log_level = DDP_LOG_OFF;
-    cfg.layers = 1; cfg.heads = 1; cfg.dim = 4; cfg.seq = 2; cfg.batch = 1;
-    if (ddp_init(&fuzz_ddp, &desc) != DDP_OK || gpt_create(&fuzz_model, fuzz_ddp, &cfg, 1) != DDP_OK) {
+    memset(o, 0, sizeof *o);
+    o->model.layers = 1; o->model.heads = 1; o->model.dim = 4; o->model.seq = 2; o->model.batch = 1;
+    o->seed = 1;
+    if (ddp_init(&fuzz_ddp, &desc) != DDP_OK || model_create(&fuzz_model, fuzz_ddp, o) != DDP_OK) {
         fprintf(stderr, "fuzz_checkpoint: setup failed: %s\n", ddp_last_error(fuzz_ddp));
         exit(1);
     }
@@ -62,7 +62,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char err[1024];
     err[0] = 0;
     write_file(fuzz_path, data, size);
-    if (load_checkpoint(fuzz_ddp, &fuzz_model, fuzz_path, err, sizeof err) < 0 && !err[0]) {
+    if (load_checkpoint(fuzz_ddp, &fuzz_model, &fuzz_options, fuzz_path, err, sizeof err) < 0 && !err[0]) {
         fprintf(stderr, "fuzz_checkpoint: a refused checkpoint without a message\n");
         abort();
     }

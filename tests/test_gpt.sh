@@ -3,24 +3,30 @@
 #   checkpoint resume is bit-identical (train 2k steps == train k, save, resume, train k more),
 #   with and without gradient accumulation; a checkpoint of another model or a damaged one is
 #   refused; a missing, empty or too small data file is a clear error and a non-zero exit;
-#   --dump-init and --sample work. Prints one PASS/FAIL line per check.
+#   --dump-init and --sample work; and where nvcc built BUILD_DIR/gpu/train_gpt, its CPU path
+#   (--cpu) trains bit for bit what build/train_gpt trains. Prints one PASS/FAIL line per check.
 # Usage: tests/test_gpt.sh [BUILD_DIR]      (data: ddp.h itself, any file is bytes)
+#   env: TRAIN_GPT (the trainer to test, default BUILD_DIR/train_gpt), GPT_TEST_RANKS (2),
+#        TEST_PREFIX (what the check names start with instead of "gpt")
 set -u
 B=${1:-build}
 cd "$(dirname "$0")/.." || exit 1
+BIN=${TRAIN_GPT:-$B/train_gpt}
+N=${GPT_TEST_RANKS:-2}
+pfx=${TEST_PREFIX:-gpt}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fails=0
-pass() { echo "PASS $1"; }
-fail() { echo "FAIL $1: $2"; fails=$((fails + 1)); }
+pass() { echo "PASS ${1/#gpt_/${pfx}_}"; }
+fail() { echo "FAIL ${1/#gpt_/${pfx}_}: $2"; fails=$((fails + 1)); }
 
 TINY=(--data ddp.h --layers 2 --heads 2 --dim 32 --seq 16 --batch 2 --eval-every 0 --eval-batches 2 --sample 0 --warmup 2 --lr 3e-3)
-train() { timeout 120 "$B/ddprun" -n 2 "$B/train_gpt" "${TINY[@]}" "$@"; }
+train() { timeout 120 "$B/ddprun" -n "$N" "$BIN" "${TINY[@]}" "$@"; }
 hash_of() { sed -n 's/.*params fnv1a \([0-9a-f]*\).*/\1/p' "$1" | head -n 1; }
 
 # --- resume: bitwise ---
 for accum in 1 2; do
-    name="gpt_resume_bitwise_2ranks_accum$accum"
+    name="gpt_resume_bitwise_${N}ranks_accum$accum"
     train --steps 8 --grad-accum $accum >"$tmp/straight.log" 2>&1 || { fail "$name" "straight run failed: $(tail -n 2 "$tmp/straight.log")"; continue; }
     train --steps 8 --grad-accum $accum --stop-at 4 --save "$tmp/ck$accum" >"$tmp/first.log" 2>&1 || { fail "$name" "first half failed: $(tail -n 2 "$tmp/first.log")"; continue; }
     train --steps 8 --grad-accum $accum --resume "$tmp/ck$accum" >"$tmp/second.log" 2>&1 || { fail "$name" "resumed run failed: $(tail -n 2 "$tmp/second.log")"; continue; }
@@ -54,11 +60,11 @@ ls "$tmp"/ck1.tmp.* >/dev/null 2>&1 && fail gpt_checkpoint_no_temp_left "a temp 
 
 # --- data errors: a clear message naming rank, file, size and need; a non-zero exit ---
 : >"$tmp/empty.txt"
-head -c 40 ddp.h >"$tmp/small.txt"
+head -c 20 ddp.h >"$tmp/small.txt"
 check_data() {   # name, path, expected words
     local name=$1 path=$2 want=$3 out rc
-    out=$(timeout 60 "$B/ddprun" -n 2 "$B/train_gpt" --data "$path" --layers 2 --heads 2 --dim 32 --seq 16 --batch 2 --steps 2 2>&1); rc=$?
-    if [ $rc -ne 0 ] && grep -q "rank [01]: .*'$path'.*$want.*at least 69 bytes (world 2 x batch 2 x (seq 16 + 1) + 1)" <<<"$out"; then
+    out=$(timeout 60 "$B/ddprun" -n "$N" "$BIN" --data "$path" --layers 2 --heads 2 --dim 32 --seq 16 --batch 2 --steps 2 2>&1); rc=$?
+    if [ $rc -ne 0 ] && grep -q "rank [01]: .*'$path'.*$want.*at least $((N * 34 + 1)) bytes (world $N x batch 2 x (seq 16 + 1) + 1)" <<<"$out"; then
         pass "$name"; echo "  ($(grep -m1 -o "rank [01]: .*" <<<"$out"))"
     else
         fail "$name" "rc $rc: $(tail -n 3 <<<"$out" | tr '\n' ' ')"
@@ -66,19 +72,33 @@ check_data() {   # name, path, expected words
 }
 check_data gpt_data_missing_is_a_clear_error "$tmp/nope.txt" "No such file"
 check_data gpt_data_empty_is_a_clear_error "$tmp/empty.txt" "is empty (0 bytes)"
-check_data gpt_data_too_small_is_a_clear_error "$tmp/small.txt" "is too small (40 bytes)"
+check_data gpt_data_too_small_is_a_clear_error "$tmp/small.txt" "is too small (20 bytes)"
 
 # --- dump-init and sampling ---
-if "$B/train_gpt" --dump-init "$tmp/init.bin" --layers 2 --heads 2 --dim 32 --seq 16 >/dev/null 2>&1 &&
+if "$BIN" --dump-init "$tmp/init.bin" --layers 2 --heads 2 --dim 32 --seq 16 >/dev/null 2>&1 &&
    [ "$(stat -c %s "$tmp/init.bin")" -eq $((34176 * 4)) ]; then pass gpt_dump_init
 else fail gpt_dump_init "no file of 34176 floats"; fi
-out=$(timeout 60 "$B/train_gpt" "${TINY[@]}" --steps 3 --sample 200 --seed 5 --top-k 20 2>&1)
+out=$(timeout 60 "$BIN" "${TINY[@]}" --steps 3 --sample 200 --seed 5 --top-k 20 2>&1)
 if grep -q -- "---- sample (200 bytes" <<<"$out" && grep -q -- "---- end of sample" <<<"$out" &&
    ! LC_ALL=C grep -q -P '[\x00-\x08\x0b-\x1f\x7f-\xff]' <<<"$out"; then pass gpt_sample_printable
 else fail gpt_sample_printable "no sample, or raw non-printable bytes in it"; fi
-again=$(timeout 60 "$B/train_gpt" "${TINY[@]}" --steps 3 --sample 200 --seed 5 --top-k 20 2>&1)
+again=$(timeout 60 "$BIN" "${TINY[@]}" --steps 3 --sample 200 --seed 5 --top-k 20 2>&1)
 sample_of() { sed -n '/---- sample/,/---- end of sample/p' <<<"$1"; }
 [ -n "$(sample_of "$out")" ] && [ "$(sample_of "$out")" = "$(sample_of "$again")" ] && pass gpt_sample_seeded || fail gpt_sample_seeded "two runs with --seed 5 differ"
+
+# --- the nvcc build's CPU path is the C build, bit for bit (same source, same host math) ---
+if [ -z "${TRAIN_GPT:-}" ] && [ -x "$B/gpu/train_gpt" ]; then
+    name=gpt_nvcc_build_cpu_path_equals_c_build
+    args=(--steps 6 --grad-accum 2 --eval-every 3 --sample 120 --seed 3)
+    train "${args[@]}" >"$tmp/c.log" 2>&1; rc_c=$?
+    timeout 120 "$B/ddprun" -n "$N" "$B/gpu/train_gpt" --cpu "${TINY[@]}" "${args[@]}" >"$tmp/nvcc.log" 2>&1; rc_n=$?
+    digest() { { grep -oE "(val )?loss [0-9.]+|params fnv1a [0-9a-f]+" "$1"; sed -n '/---- sample/,/---- end of sample/p' "$1"; } | sed -E 's/^\[rank [0-9]+\] //'; }
+    if [ $rc_c -eq 0 ] && [ $rc_n -eq 0 ] && [ -n "$(digest "$tmp/c.log")" ] && [ "$(digest "$tmp/c.log")" = "$(digest "$tmp/nvcc.log")" ]; then
+        pass "$name"; echo "  ($N ranks, 6 steps of 2 micro-steps, evaluation, a sample: the same losses, parameters and text)"
+    else
+        fail "$name" "rc $rc_c / $rc_n; C: $(digest "$tmp/c.log" | tail -n 3 | tr '\n' ' ') nvcc: $(digest "$tmp/nvcc.log" | tail -n 3 | tr '\n' ' ')"
+    fi
+fi
 
 echo "test_gpt.sh: $fails failure(s)" >&2
 [ "$fails" -eq 0 ]

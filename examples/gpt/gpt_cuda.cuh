@@ -263,7 +263,7 @@ static void gc_pinned_free(void *p) {
 
 /* Blocking copies between host memory and device buffers, ordered after everything enqueued
    on `stream` (ddp.h's cuda_stream): for checkpoints, sampling and tests, never inside a step. */
-static void gpt_cuda_download(void *stream, void *host, const void *device, size_t bytes) {
+static inline void gpt_cuda_download(void *stream, void *host, const void *device, size_t bytes) {
 #ifdef GPT_CUDA_EMULATE
     (void)stream;
     memcpy(host, device, bytes);
@@ -272,7 +272,7 @@ static void gpt_cuda_download(void *stream, void *host, const void *device, size
     GC_CUDA(cudaStreamSynchronize((cudaStream_t)stream));
 #endif
 }
-static void gpt_cuda_upload(void *stream, void *device, const void *host, size_t bytes) {
+static inline void gpt_cuda_upload(void *stream, void *device, const void *host, size_t bytes) {
 #ifdef GPT_CUDA_EMULATE
     (void)stream;
     memcpy(device, host, bytes);
@@ -842,7 +842,7 @@ static void gc_upload_batch(gpt_cuda *m, const int *tokens, const int *targets, 
 /* Registers and commits the parameters (gpt.h's code: same order, shapes, init), then makes the
    cuBLAS handle on ddp.h's compute stream and the device buffers for the largest batch.
    Call after ddp_init on the NCCL backend (ddp.h chose the device). tf32: 1 = TF32 matmuls. */
-static ddp_result gpt_cuda_create(gpt_cuda *m, ddp_context *ddp, const gpt_config *cfg, uint64_t seed, int tf32) {
+static inline ddp_result gpt_cuda_create(gpt_cuda *m, ddp_context *ddp, const gpt_config *cfg, uint64_t seed, int tf32) {
     int L = cfg->layers, C = cfg->dim, NH = cfg->heads, T = cfg->seq, B = cfg->batch, l, s;
     size_t BT = (size_t)B * T, BHTT = (size_t)B * NH * T * T;
     gpt_param_ids ids;
@@ -905,7 +905,7 @@ static ddp_result gpt_cuda_create(gpt_cuda *m, ddp_context *ddp, const gpt_confi
     return DDP_OK;
 }
 
-static void gpt_cuda_destroy(gpt_cuda *m) {
+static inline void gpt_cuda_destroy(gpt_cuda *m) {
     int i;
 #ifndef GPT_CUDA_EMULATE
     cudaStreamSynchronize(m->stream);
@@ -925,7 +925,7 @@ static void gpt_cuda_destroy(gpt_cuda *m) {
    With targets, the mean cross-entropy goes to the next loss slot (read with gpt_cuda_losses);
    with train, the backward is recorded on the tape and dlogits = loss_scale * d(mean loss)/
    d(logits). gpt_forward's contract, with the loss read later. */
-static void gpt_cuda_forward(gpt_cuda *m, const int *tokens, const int *targets, int B, int T, float loss_scale, int train) {
+static inline void gpt_cuda_forward(gpt_cuda *m, const int *tokens, const int *targets, int B, int T, float loss_scale, int train) {
     int L = m->cfg.layers, C = m->cfg.dim, l;
     size_t BT = (size_t)B * T;
     if (B < 1 || B > m->cfg.batch || T < 1 || T > m->cfg.seq) {
@@ -955,7 +955,7 @@ static void gpt_cuda_forward(gpt_cuda *m, const int *tokens, const int *targets,
 
 /* The mean loss of every forward with targets since the last call, in forward order: waits for
    the GPU once. The array lives until the next forward. */
-static const float *gpt_cuda_losses(gpt_cuda *m, int *count) {
+static inline const float *gpt_cuda_losses(gpt_cuda *m, int *count) {
     gc_collect_losses(m);
     *count = m->loss_count;
     m->loss_count = 0;
@@ -963,12 +963,12 @@ static const float *gpt_cuda_losses(gpt_cuda *m, int *count) {
 }
 
 /* Row `row` of the last forward's logits [BT, 256] into out (blocking: for sampling). */
-static void gpt_cuda_logits_row(gpt_cuda *m, int row, float *out) {
+static inline void gpt_cuda_logits_row(gpt_cuda *m, int row, float *out) {
     gpt_cuda_download(m->stream, out, m->logits + (size_t)row * GPT_VOCAB, sizeof(float) * GPT_VOCAB);
 }
 
 /* "CUDA <device>, cuBLAS fp32" and the like, for the trainer's banner. */
-static void gpt_cuda_describe(const gpt_cuda *m, char *buf, size_t n) {
+static inline void gpt_cuda_describe(const gpt_cuda *m, char *buf, size_t n) {
 #ifdef GPT_CUDA_EMULATE
     snprintf(buf, n, "CUDA model emulated on the host (GPT_CUDA_EMULATE)%s", m->tf32 ? ", --tf32 ignored" : "");
 #else
@@ -978,7 +978,7 @@ static void gpt_cuda_describe(const gpt_cuda *m, char *buf, size_t n) {
         cudaGetLastError();
         snprintf(prop.name, sizeof prop.name, "unknown GPU");
     }
-    snprintf(buf, n, "CUDA %s (device %d), cuBLAS %s", prop.name, dev, m->tf32 ? "TF32 tensor cores" : "fp32, TF32 off");
+    snprintf(buf, n, "CUDA %.120s (device %d), cuBLAS %s", prop.name, dev, m->tf32 ? "TF32 tensor cores" : "fp32, TF32 off");
 #endif
 }
 

@@ -1,0 +1,337 @@
+/* test_gpt_gpu.cu — the CUDA model of examples/gpt (gpt_cuda.cuh), one rank:
+   1. Against tests/gpt_reference.bin (PyTorch, float64), exactly as tests/test_gpt.c part 1
+      checks the CPU model: the seeded init reproduces the file's parameters bit for bit; one
+      fixed batch gives its logits, loss and every gradient; 10 AdamW steps (clip, weight decay)
+      give its 10 losses and final parameters. The tolerances are the CPU model's, unchanged:
+          logits, loss, step losses  |err| <= 1e-5 * max|ref| + 1e-5 * |ref|
+          each gradient tensor       |err| <= 1e-4 * max|ref of that tensor| + 1e-4 * |ref|
+          final parameters           |err| <= 2e-5 + 1e-4 * |ref|
+      Why the same: they bound float32 rounding against float64, and the GPU's float32 differs
+      from the CPU's only in which roundings happen — expf/logf/sqrtf within 1-2 ulp of the
+      correctly rounded value (the CPU's exp polynomial is ~1 ulp too), fused multiply-adds
+      (one rounding fewer), and cuBLAS's summation order (blocked, if anything more accurate
+      than a dot product's running sum). None of that changes the size of the error, so a
+      looser bound would only hide bugs. (The CPU model uses 1.4%, 0.5% and 41% of them.)
+   2. Against the CPU model (gpt.h) on the same batches, at configs whose sizes are not
+      multiples of a warp: logits, loss and every gradient after one forward/backward, then
+      the parameters after 3 AdamW steps on further batches. Tolerances: as part 1 (two float32
+      computations of the same function; each is within those bounds of the exact result).
+   3. Determinism: two identical training runs (fresh contexts, 4 steps of 2 accumulated
+      micro-steps) give the same losses and parameters, bit for bit.
+   Built twice from this file: by nvcc (build/gpu/test_gpt_gpu: NCCL backend; prints "SKIP
+   gpu: ..." without a device) and by a C++ compiler with -DGPT_CUDA_EMULATE
+   (build/test_gpt_gpu_emulated: the model's kernels and matmuls run on the host, CPU backend;
+   part of `make test`, so everything but the CUDA calls is checked on every machine). */
+#define main test_gpt_main   /* reuse its reference reader and worst_ratio */
+#include "../test_gpt.c"
+#undef main
+#ifndef GPT_CUDA_EMULATE
+#include "gpu_common.h"
+#endif
+#include "../../examples/gpt/gpt_cuda.cuh"
+
+#ifdef GPT_CUDA_EMULATE
+#define NAME(s) "gpt_cuda_emulated_" s
+#else
+#define NAME(s) "gpt_cuda_" s
+#endif
+
+/* A single-rank context: NCCL with the per-thread default stream as the compute stream (as
+   train_gpt), or the CPU backend (the CPU model, and the emulated CUDA model). */
+static ddp_context *open_solo(int for_cuda_model) {
+    ddp_context *ddp;
+    ddp_desc d;
+    memset(&d, 0, sizeof d);
+    d.world_size = 1;
+    d.backend = DDP_BACKEND_CPU;
+#ifndef GPT_CUDA_EMULATE
+    if (for_cuda_model) { d.backend = DDP_BACKEND_NCCL; d.cuda_stream = (void *)cudaStreamPerThread; }
+#else
+    (void)for_cuda_model;
+#endif
+    if (ddp_init(&ddp, &d) != DDP_OK) { printf("FAIL %s: %s\n", NAME("init"), ddp_last_error(ddp)); exit(1); }
+    return ddp;
+}
+
+/* n floats of device memory (host memory in emulation) as a fresh host array. */
+static float *download(ddp_context *ddp, const float *device, size_t n) {
+    float *host = (float *)malloc(n * sizeof(float) + 1);
+    if (!host) { printf("FAIL %s: out of memory\n", NAME("download")); exit(1); }
+    gpt_cuda_download(ddp_config(ddp)->cuda_stream, host, device, n * sizeof(float));
+    return host;
+}
+
+static void step_or_die(ddp_context *ddp, ddp_result r, const char *what) {
+    if (r != DDP_OK) { printf("FAIL %s: %s: %s\n", NAME("step"), what, ddp_last_error(ddp)); exit(1); }
+}
+
+static float one_loss(gpt_cuda *m) {
+    int n = 0;
+    const float *l = gpt_cuda_losses(m, &n);
+    if (n != 1) { printf("FAIL %s: %d losses read back, 1 expected\n", NAME("loss_readback"), n); exit(1); }
+    return l[0];
+}
+
+/* Worst error over every gradient tensor (device) against packed host values, naming the worst. */
+static double worst_gradient(ddp_context *ddp, const float *want_packed, ddp_context *want_ctx, char *bad, size_t badn, int *nbad,
+                             const char **worst_name) {
+    size_t off = 0, len = 0;
+    double worst = 0;
+    int i;
+    *nbad = 0;
+    bad[0] = 0;
+    *worst_name = ddp_param_name(ddp, 0);
+    for (i = 0; i < ddp_num_params(ddp); i++) {
+        size_t n = ddp_param_count(ddp, i);
+        float *got = download(ddp, ddp_grad(ddp, i), n);
+        const float *want = want_ctx ? ddp_grad(want_ctx, i) : want_packed + off;
+        double w = worst_ratio(got, want, n, 0, 1e-4, 1e-4);
+        if (w > worst) { worst = w; *worst_name = ddp_param_name(ddp, i); }
+        if (!(w <= 1) && len + 80 < badn)
+            len += (size_t)snprintf(bad + len, badn - len, "%s%s (%.3g)", (*nbad)++ ? ", " : "", ddp_param_name(ddp, i), w);
+        off += n;
+        free(got);
+    }
+    return worst;
+}
+
+/* Worst error of every parameter tensor (device) against packed host values or another context. */
+static double worst_params(ddp_context *ddp, const float *want_packed, ddp_context *want_ctx) {
+    size_t off = 0;
+    double worst = 0;
+    int i;
+    for (i = 0; i < ddp_num_params(ddp); i++) {
+        size_t n = ddp_param_count(ddp, i);
+        float *got = download(ddp, ddp_param(ddp, i), n);
+        const float *want = want_ctx ? ddp_param(want_ctx, i) : want_packed + off;
+        double w = worst_ratio(got, want, n, 2e-5, 0, 1e-4);
+        worst = w > worst ? w : worst;
+        off += n;
+        free(got);
+    }
+    return worst;
+}
+
+/* ---- 1. against the PyTorch reference ---- */
+static void test_cuda_reference(void) {
+    reference ref;
+    char why[512], bad[1024];
+    ddp_context *ddp;
+    gpt_cuda m;
+    gpt_config cfg;
+    int *tok, *tgt, b, t, i, s, nbad, init_same = 1;
+    size_t BT, off = 0;
+    double w;
+    const char *worst_name;
+    if (!read_reference(&ref, why, sizeof why)) { verdict(0, NAME("reference_file"), "%s", why); return; }
+    ddp = open_solo(1);
+    cfg.layers = ref.layers; cfg.heads = ref.heads; cfg.dim = ref.dim; cfg.seq = ref.seq; cfg.batch = ref.batch;
+    if (gpt_cuda_create(&m, ddp, &cfg, ref.seed, 0) != DDP_OK) { verdict(0, NAME("create"), "%s", ddp_last_error(ddp)); return; }
+    if ((int64_t)m.num_floats != ref.num_floats) {
+        verdict(0, NAME("reference_shapes"), "%zu parameters here, %lld in the reference", m.num_floats, (long long)ref.num_floats);
+        return;
+    }
+    for (i = 0; i < ddp_num_params(ddp); i++) {   /* tensor by tensor: the flat buffer pads them */
+        size_t n = ddp_param_count(ddp, i);
+        float *got = download(ddp, ddp_param(ddp, i), n);
+        init_same &= memcmp(got, ref.init + off, n * sizeof(float)) == 0;
+        gpt_cuda_upload(ddp_config(ddp)->cuda_stream, ddp_param(ddp, i), ref.init + off, n * sizeof(float));   /* compare the math regardless */
+        off += n;
+        free(got);
+    }
+    verdict(init_same, NAME("init_matches_reference_bitwise"), "the seeded init uploaded by ddp.h differs from the reference's parameters");
+
+    BT = (size_t)ref.batch * ref.seq;
+    tok = (int *)malloc(sizeof(int) * BT);
+    tgt = (int *)malloc(sizeof(int) * BT);
+    for (b = 0; b < ref.batch; b++)
+        for (t = 0; t < ref.seq; t++) {
+            tok[b * ref.seq + t] = ref.data[b * (ref.seq + 1) + t];
+            tgt[b * ref.seq + t] = ref.data[b * (ref.seq + 1) + t + 1];
+        }
+    {
+        float loss, *logits;
+        step_or_die(ddp, ddp_zero_grad(ddp), "zero_grad");
+        gpt_cuda_forward(&m, tok, tgt, ref.batch, ref.seq, 1.0f, 1);
+        loss = one_loss(&m);
+        logits = download(ddp, m.logits, BT * GPT_VOCAB);
+        w = worst_ratio(logits, ref.logits, BT * GPT_VOCAB, 0, 1e-5, 1e-5);
+        verdict(w <= 1, NAME("logits_match_pytorch"), "worst error %.3g of the tolerance", w);
+        printf("  (logits: worst error %.3f of |err| <= 1e-5*max|ref| + 1e-5*|ref|)\n", w);
+        w = worst_ratio(&loss, &ref.loss, 1, 0, 1e-5, 1e-5);
+        verdict(w <= 1, NAME("loss_matches_pytorch"), "loss %.7f, reference %.7f", loss, ref.loss);
+        printf("  (loss %.7f vs %.7f)\n", loss, ref.loss);
+        free(logits);
+        step_or_die(ddp, ddp_backward(ddp), "backward");
+    }
+    w = worst_gradient(ddp, ref.grads, NULL, bad, sizeof bad, &nbad, &worst_name);
+    verdict(nbad == 0, NAME("every_gradient_matches_pytorch"), "%d tensor(s) beyond tolerance: %s", nbad, bad);
+    printf("  (%d gradient tensors: worst error %.3f of |err| <= 1e-4*max|ref| + 1e-4*|ref|, in %s)\n",
+           ddp_num_params(ddp), w, worst_name);
+    {
+        ddp_adamw opt;
+        float losses[64];
+        double wl = 0;
+        memset(&opt, 0, sizeof opt);
+        opt.lr = ref.lr; opt.beta1 = ref.beta1; opt.beta2 = ref.beta2; opt.eps = ref.eps;
+        opt.weight_decay = ref.wd; opt.max_grad_norm = ref.clip;
+        for (s = 0; s < ref.steps && s < 64; s++) {
+            step_or_die(ddp, ddp_zero_grad(ddp), "zero_grad");
+            gpt_cuda_forward(&m, tok, tgt, ref.batch, ref.seq, 1.0f, 1);
+            step_or_die(ddp, ddp_backward(ddp), "backward");
+            step_or_die(ddp, ddp_adamw_step(ddp, &opt, NULL), "adamw");
+            losses[s] = one_loss(&m);
+            w = worst_ratio(&losses[s], &ref.step_losses[s], 1, 0, 1e-5, 1e-5);
+            wl = w > wl ? w : wl;
+        }
+        verdict(wl <= 1, NAME("10_adamw_step_losses_match_pytorch"), "worst %.3g of the tolerance; last loss %.6f vs %.6f",
+                wl, losses[ref.steps - 1], ref.step_losses[ref.steps - 1]);
+        printf("  (step losses %.5f .. %.5f: worst error %.3f of the tolerance)\n", losses[0], losses[ref.steps - 1], wl);
+        w = worst_params(ddp, ref.final, NULL);
+        verdict(w <= 1, NAME("params_after_10_adamw_steps_match_pytorch"), "worst %.3g of |err| <= 2e-5 + 1e-4*|ref|", w);
+        printf("  (parameters after %d steps: worst error %.3f of |err| <= 2e-5 + 1e-4*|ref|)\n", ref.steps, w);
+    }
+    free(tok); free(tgt);
+    free(ref.data); free(ref.init); free(ref.logits); free(ref.grads); free(ref.step_losses); free(ref.final);
+    gpt_cuda_destroy(&m);
+    ddp_shutdown(ddp);
+}
+
+/* ---- 2. against the CPU model, same batches ---- */
+enum { DATA_BYTES = 1 << 14 };
+static unsigned char text[DATA_BYTES];
+
+static void make_text(void) {   /* text-like bytes: letters, spaces, a few newlines */
+    int i;
+    for (i = 0; i < DATA_BYTES; i++) {
+        float u = test_value(11, (uint64_t)i);
+        text[i] = (unsigned char)(u > 0.9f ? '\n' : u > 0.6f ? ' ' : 'a' + (int)(13.0f * (1.0f + test_value(12, (uint64_t)i))));
+    }
+}
+
+static void test_cuda_vs_cpu(const gpt_config *cfg) {
+    ddp_context *gd = open_solo(1), *cd = open_solo(0);
+    gpt_cuda gm;
+    gpt cm;
+    ddp_adamw opt;
+    char name[160], what[96], bad[1024];
+    int B = cfg->batch, T = cfg->seq, *tok, *tgt, step, nbad;
+    size_t BT = (size_t)B * T;
+    double w;
+    const char *worst_name;
+    snprintf(what, sizeof what, "%dL_%dH_C%d_T%d_B%d", cfg->layers, cfg->heads, cfg->dim, cfg->seq, cfg->batch);
+    if (gpt_cuda_create(&gm, gd, cfg, 7, 0) != DDP_OK || gpt_create(&cm, cd, cfg, 7) != DDP_OK) {
+        printf("FAIL %s: %s / %s\n", NAME("vs_cpu_create"), ddp_last_error(gd), ddp_last_error(cd));
+        exit(1);
+    }
+    tok = (int *)malloc(sizeof(int) * BT);
+    tgt = (int *)malloc(sizeof(int) * BT);
+    memset(&opt, 0, sizeof opt);
+    opt.lr = 1e-3f; opt.beta2 = 0.99f; opt.weight_decay = 0.1f; opt.max_grad_norm = 1.0f;
+    for (step = 0; step < 4; step++) {
+        float gl, cl;
+        gpt_make_batch(text, DATA_BYTES, 3, (uint64_t)step, 0, B, T, tok, tgt);
+        step_or_die(gd, ddp_zero_grad(gd), "zero_grad");
+        step_or_die(cd, ddp_zero_grad(cd), "zero_grad");
+        gpt_cuda_forward(&gm, tok, tgt, B, T, 1.0f, 1);
+        cl = gpt_forward(&cm, tok, tgt, B, T, 1.0f, 1);
+        gl = one_loss(&gm);
+        if (step == 0) {   /* the first forward/backward, in detail */
+            float *logits = download(gd, gm.logits, BT * GPT_VOCAB);
+            w = worst_ratio(logits, cm.logits, BT * GPT_VOCAB, 0, 1e-5, 1e-5);
+            snprintf(name, sizeof name, NAME("logits_match_cpu_model_%s"), what);
+            verdict(w <= 1, name, "worst error %.3g of the tolerance", w);
+            printf("  (%s: worst error %.3f of |err| <= 1e-5*max|cpu| + 1e-5*|cpu|)\n", name, w);
+            w = worst_ratio(&gl, &cl, 1, 0, 1e-5, 1e-5);
+            snprintf(name, sizeof name, NAME("loss_matches_cpu_model_%s"), what);
+            verdict(w <= 1, name, "loss %.7f, CPU %.7f", gl, cl);
+            free(logits);
+        }
+        step_or_die(gd, ddp_backward(gd), "backward");
+        step_or_die(cd, ddp_backward(cd), "backward");
+        if (step == 0) {
+            w = worst_gradient(gd, NULL, cd, bad, sizeof bad, &nbad, &worst_name);
+            snprintf(name, sizeof name, NAME("every_gradient_matches_cpu_model_%s"), what);
+            verdict(nbad == 0, name, "%d tensor(s) beyond tolerance: %s", nbad, bad);
+            printf("  (%s: worst error %.3f of |err| <= 1e-4*max|cpu| + 1e-4*|cpu|, in %s)\n", name, w, worst_name);
+        }
+        step_or_die(gd, ddp_adamw_step(gd, &opt, NULL), "adamw");
+        step_or_die(cd, ddp_adamw_step(cd, &opt, NULL), "adamw");
+    }
+    w = worst_params(gd, NULL, cd);
+    snprintf(name, sizeof name, NAME("params_after_4_steps_match_cpu_model_%s"), what);
+    verdict(w <= 1, name, "worst %.3g of |err| <= 2e-5 + 1e-4*|cpu|", w);
+    printf("  (%s: worst error %.3f of |err| <= 2e-5 + 1e-4*|cpu|)\n", name, w);
+    free(tok); free(tgt);
+    gpt_cuda_destroy(&gm);
+    gpt_destroy(&cm);
+    ddp_shutdown(gd);
+    ddp_shutdown(cd);
+}
+
+/* ---- 3. two identical runs, the same bits ---- */
+enum { RUN_STEPS = 4, RUN_MICRO = 2 };
+
+/* Trains a fresh model; returns the FNV-1a of its parameters and fills the step losses. */
+static uint64_t train_run(const gpt_config *cfg, float *losses) {
+    ddp_context *ddp = open_solo(1);
+    gpt_cuda m;
+    ddp_adamw opt;
+    int B = cfg->batch, T = cfg->seq, *tok, *tgt, step, u, n;
+    size_t count;
+    float *params, *flat;
+    uint64_t h;
+    if (gpt_cuda_create(&m, ddp, cfg, 9, 0) != DDP_OK) { printf("FAIL %s: %s\n", NAME("run_create"), ddp_last_error(ddp)); exit(1); }
+    tok = (int *)malloc(sizeof(int) * (size_t)B * T);
+    tgt = (int *)malloc(sizeof(int) * (size_t)B * T);
+    memset(&opt, 0, sizeof opt);
+    opt.lr = 3e-3f; opt.beta2 = 0.99f; opt.weight_decay = 0.1f;   /* no clip: no norm read, nothing waits */
+    for (step = 0; step < RUN_STEPS; step++) {
+        const float *l;
+        step_or_die(ddp, ddp_zero_grad(ddp), "zero_grad");
+        for (u = 0; u < RUN_MICRO; u++) {
+            gpt_make_batch(text, DATA_BYTES, 5, (uint64_t)step, u * B, B, T, tok, tgt);
+            ddp_set_sync(ddp, u == RUN_MICRO - 1);
+            gpt_cuda_forward(&m, tok, tgt, B, T, 1.0f / RUN_MICRO, 1);
+            step_or_die(ddp, ddp_backward(ddp), "backward");
+        }
+        step_or_die(ddp, ddp_adamw_step(ddp, &opt, NULL), "adamw");
+        l = gpt_cuda_losses(&m, &n);
+        losses[step] = n == RUN_MICRO ? l[0] + l[1] : NAN;
+    }
+    flat = ddp_flat_params(ddp, &count);
+    params = download(ddp, flat, count);
+    h = test_hash(params, count * sizeof(float));
+    free(params); free(tok); free(tgt);
+    gpt_cuda_destroy(&m);
+    ddp_shutdown(ddp);
+    return h;
+}
+
+static void test_cuda_deterministic(const gpt_config *cfg) {
+    float a[RUN_STEPS], b[RUN_STEPS];
+    uint64_t ha = train_run(cfg, a), hb = train_run(cfg, b);
+    verdict(ha == hb && memcmp(a, b, sizeof a) == 0 && !isnan(a[RUN_STEPS - 1]), NAME("two_runs_bitwise_identical"),
+            "parameters %016llx vs %016llx, last loss %.9g vs %.9g", (unsigned long long)ha, (unsigned long long)hb,
+            a[RUN_STEPS - 1], b[RUN_STEPS - 1]);
+    printf("  (%d steps of %d micro-steps, twice: parameters fnv1a %016llx both, losses %.6f .. %.6f)\n", RUN_STEPS, RUN_MICRO,
+           (unsigned long long)ha, a[0], a[RUN_STEPS - 1]);
+}
+
+int main(void) {
+    gpt_config small = { 3, 4, 80, 40, 3 };   /* layers, heads, dim, seq, batch: nothing a multiple of 32 */
+#ifndef GPT_CUDA_EMULATE
+    gpt_config larger = { 2, 6, 384, 256, 4 };
+    gpu_require_device();
+    printf("device: %s\n", gpu_name());
+#endif
+    gpt_blas_init();
+    make_text();
+    test_cuda_reference();
+    test_cuda_vs_cpu(&small);
+#ifndef GPT_CUDA_EMULATE
+    test_cuda_vs_cpu(&larger);
+#endif
+    test_cuda_deterministic(&small);
+    return test_summary(NAME("test"));
+}
