@@ -4,9 +4,14 @@
 Same architecture (byte-level GPT-2 block stack, tied head, no dropout), AdamW, clipping, random
 windows of the data file; 1 intra-op thread per process. With WORLD_SIZE > 1 in the environment
 (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT: torchrun's variables, set by hand) it wraps the
-model in DistributedDataParallel over gloo. Prints one line: "torch tokens/s N" (global, from the median step time).
+model in DistributedDataParallel over gloo (NCCL with --device cuda). Prints one line: "torch tokens/s N"
+(global, from the median step time).
+--device cuda runs it on the GPU (bench/gpu/bench_gpt_gpu.sh), in fp32 with TF32 off unless --tf32
+(the same two settings as build/gpu/train_gpt); attention stays the explicit causal softmax of a
+[T, T] matrix, as ours.
 
     /usr/bin/python3 bench/gpt_torch.py --data FILE [--layers 4 --heads 4 --dim 128 --seq 64 --batch 4]
+    python3 bench/gpt_torch.py --device cuda [--tf32] --data FILE --layers 12 --heads 12 --dim 768 --seq 1024 --batch 8
 """
 import argparse
 import math
@@ -52,7 +57,7 @@ class GPT(nn.Module):
                 nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * L) if name.endswith(("proj.weight",)) else 0.02)
 
     def forward(self, idx, targets):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
         for b in self.blocks:
             x = b(x, self.mask)
         logits = self.lnf(x) @ self.wte.weight.t()
@@ -69,14 +74,23 @@ def main():
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--skip", type=int, default=10, help="untimed first steps")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--tf32", action="store_true", help="cuda: TF32 tensor-core matmuls (default: fp32)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    cuda = a.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.backends.cuda.matmul.allow_tf32 = a.tf32
+        torch.backends.cudnn.allow_tf32 = a.tf32
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     torch.manual_seed(1337)
-    model = GPT(a.layers, a.heads, a.dim, a.seq)
+    model = GPT(a.layers, a.heads, a.dim, a.seq).to(device)
+    model.mask = model.mask.to(device)
     if world > 1:
-        torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
-        model = nn.parallel.DistributedDataParallel(model)
+        torch.distributed.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
+        model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)
     data = torch.frombuffer(bytearray(open(a.data, "rb").read()), dtype=torch.uint8)
     g = torch.Generator().manual_seed(1000 + rank)
@@ -86,7 +100,7 @@ def main():
     for step in range(a.steps):
         t0 = time.perf_counter()
         ix = torch.randint(0, len(data) - a.seq - 1, (a.batch,), generator=g)
-        w = torch.stack([data[i:i + a.seq + 1] for i in ix.tolist()]).long()
+        w = torch.stack([data[i:i + a.seq + 1] for i in ix.tolist()]).long().to(device)
         loss = model(w[:, :-1], w[:, 1:])
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -99,8 +113,9 @@ def main():
     timed = sorted(times[a.skip:])
     median = timed[len(timed) // 2] if len(timed) % 2 else 0.5 * (timed[len(timed) // 2 - 1] + timed[len(timed) // 2])
     if rank == 0:   # the median step time, like bench_gpt.sh reads ours
-        print("torch tokens/s %.0f (%d rank(s), median of %d steps, loss %.3f)"
-              % (world * a.batch * a.seq / median, world, len(timed), loss.item()))
+        print("torch tokens/s %.0f (%d rank(s), median of %d steps, %.1f ms, loss %.3f, %s%s)"
+              % (world * a.batch * a.seq / median, world, len(timed), 1e3 * median, loss.item(), device,
+                 ", tf32" if a.tf32 else ""))
     if world > 1:
         torch.distributed.destroy_process_group()
 

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # bench/gpu_check.sh — the whole GPU check in one call, for a machine with a GPU:
 # the device and NCCL version, the GPU build, the GPU tests (tests/gpu/run.sh: kernels vs CPU,
-# NCCL training == CPU, overlap on streams, 2 ranks on one GPU where NCCL >= 2.30.3) and the
-# GPU benchmarks (bench/gpu/bench_gpu.cu). Logs go to $OUT (or build/gpu-check); the RESULT
-# lines of bench.log are what bench/RESULTS.md's GPU section wants.
+# NCCL training == CPU, overlap on streams, 2 ranks on one GPU where NCCL >= 2.30.3, the CUDA
+# GPT against PyTorch / the CPU model / itself, the GPT trainer on the GPU) and the GPU
+# benchmarks (bench/gpu/bench_gpu.cu; bench/gpu/bench_gpt_gpu.sh: GPT-2-small-sized training,
+# ours vs PyTorch, tokens/s and MFU). Logs go to $OUT (or build/gpu-check); the RESULT lines
+# of bench.log and bench_gpt.log are what bench/RESULTS.md's GPU section wants.
 # Usage: bench/gpu_check.sh            (CUDA_ARCH=sm_90 by default; make's variables apply)
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -30,6 +32,9 @@ tests/run.sh build >"$out/cpu-tests.log" 2>&1 || status=1
 tail -n 1 "$out/cpu-tests.log"
 echo "== GPU benchmarks (log: $out/bench.log)"
 build/gpu/bench_gpu 2>&1 | tee "$out/bench.log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+echo "== GPT-2-small-sized training, ours vs PyTorch (log: $out/bench_gpt.log)"
+bench/gpu/bench_gpt_gpu.sh build 2>&1 | tee "$out/bench_gpt.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 echo "== done: $([ $status -eq 0 ] && echo ok || echo FAILED); logs in $out"
 exit $status
