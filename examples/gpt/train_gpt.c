@@ -595,7 +595,10 @@ int main(int argc, char **argv) {
 #ifdef __CUDACC__
         /* The compute stream: this thread's per-thread default stream. It is a stream of
            whichever device ddp_init selects (LOCAL_RANK modulo the devices), so it can be named
-           before that choice is made; cuBLAS and every kernel of the model use it too. */
+           before that choice is made; cuBLAS and every kernel of the model use it too. The
+           handle means "the calling thread's": fine, as every CUDA, cuBLAS and NCCL call of a
+           step comes from this thread (ddp.h's communicator is a blocking one; NCCL issue #1976
+           is what a non-blocking one would do with it). */
         desc.cuda_stream = (void *)cudaStreamPerThread;
 #endif
         CHECK(ddp_init(&ddp, &desc));

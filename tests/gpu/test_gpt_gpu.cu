@@ -13,9 +13,15 @@
       than a dot product's running sum). None of that changes the size of the error, so a
       looser bound would only hide bugs. (The CPU model uses 1.4%, 0.5% and 41% of them.)
    2. Against the CPU model (gpt.h) on the same batches, at configs whose sizes are not
-      multiples of a warp: logits, loss and every gradient after one forward/backward, then
-      the parameters after 3 AdamW steps on further batches. Tolerances: as part 1 (two float32
-      computations of the same function; each is within those bounds of the exact result).
+      multiples of a warp: the logits of the first forward, the loss of every forward and every
+      gradient after each of 4 steps (1, then 2 accumulated micro-steps), each step starting
+      both models from the same parameters (the CPU's, uploaded). Tolerances: part 1's (two
+      float32 computations of one function, each within those bounds of the exact result).
+      Parameters after several AdamW steps are compared only in part 1, against float64: AdamW
+      divides each element's gradient by its own RMS, so an element whose gradient is a
+      near-cancelling sum moves by a fraction of lr in a direction that rounding decides, and
+      two float32 implementations drift apart by amounts no |ref|-relative bound covers (seen
+      in emulation: 3e-5, 1.4x that bound, in mlp.proj.w after 4 steps at lr 1e-3, width 384).
    3. Determinism: two identical training runs (fresh contexts, 4 steps of 2 accumulated
       micro-steps) give the same losses and parameters, bit for bit.
    Built twice from this file: by nvcc (build/gpu/test_gpt_gpu: NCCL backend; prints "SKIP
@@ -95,17 +101,25 @@ static double worst_gradient(ddp_context *ddp, const float *want_packed, ddp_con
     return worst;
 }
 
-/* Worst error of every parameter tensor (device) against packed host values or another context. */
-static double worst_params(ddp_context *ddp, const float *want_packed, ddp_context *want_ctx) {
+/* Worst error of every parameter tensor (device) against packed host values or another context;
+   names the worst tensor. */
+static double worst_params(ddp_context *ddp, const float *want_packed, ddp_context *want_ctx, const char **worst_name) {
     size_t off = 0;
     double worst = 0;
     int i;
+    *worst_name = ddp_param_name(ddp, 0);
     for (i = 0; i < ddp_num_params(ddp); i++) {
         size_t n = ddp_param_count(ddp, i);
         float *got = download(ddp, ddp_param(ddp, i), n);
         const float *want = want_ctx ? ddp_param(want_ctx, i) : want_packed + off;
         double w = worst_ratio(got, want, n, 2e-5, 0, 1e-4);
-        worst = w > worst ? w : worst;
+        if (getenv("GPT_TEST_DEBUG")) {
+            size_t k, kw = 0;
+            double e = 0;
+            for (k = 0; k < n; k++) if (fabs((double)got[k] - want[k]) > e) { e = fabs((double)got[k] - want[k]); kw = k; }
+            printf("    %-16s worst %.3f: [%zu] %.9g vs %.9g\n", ddp_param_name(ddp, i), w, kw, got[kw], want[kw]);
+        }
+        if (w > worst) { worst = w; *worst_name = ddp_param_name(ddp, i); }
         off += n;
         free(got);
     }
@@ -187,9 +201,9 @@ static void test_cuda_reference(void) {
         verdict(wl <= 1, NAME("10_adamw_step_losses_match_pytorch"), "worst %.3g of the tolerance; last loss %.6f vs %.6f",
                 wl, losses[ref.steps - 1], ref.step_losses[ref.steps - 1]);
         printf("  (step losses %.5f .. %.5f: worst error %.3f of the tolerance)\n", losses[0], losses[ref.steps - 1], wl);
-        w = worst_params(ddp, ref.final, NULL);
-        verdict(w <= 1, NAME("params_after_10_adamw_steps_match_pytorch"), "worst %.3g of |err| <= 2e-5 + 1e-4*|ref|", w);
-        printf("  (parameters after %d steps: worst error %.3f of |err| <= 2e-5 + 1e-4*|ref|)\n", ref.steps, w);
+        w = worst_params(ddp, ref.final, NULL, &worst_name);
+        verdict(w <= 1, NAME("params_after_10_adamw_steps_match_pytorch"), "worst %.3g of |err| <= 2e-5 + 1e-4*|ref|, in %s", w, worst_name);
+        printf("  (parameters after %d steps: worst error %.3f of |err| <= 2e-5 + 1e-4*|ref|, in %s)\n", ref.steps, w, worst_name);
     }
     free(tok); free(tgt);
     free(ref.data); free(ref.init); free(ref.logits); free(ref.grads); free(ref.step_losses); free(ref.final);
@@ -214,11 +228,11 @@ static void test_cuda_vs_cpu(const gpt_config *cfg) {
     gpt_cuda gm;
     gpt cm;
     ddp_adamw opt;
-    char name[160], what[96], bad[1024];
-    int B = cfg->batch, T = cfg->seq, *tok, *tgt, step, nbad;
-    size_t BT = (size_t)B * T;
-    double w;
-    const char *worst_name;
+    char name[160], what[96], bad[1024], first_bad[1024] = "";
+    int B = cfg->batch, T = cfg->seq, *tok, *tgt, step, u, nbad, bad_steps = 0, forwards = 0;
+    size_t BT = (size_t)B * T, count;
+    double w, worst_loss = 0, worst_grad = 0;
+    const char *worst_name, *worst_grad_name = "";
     snprintf(what, sizeof what, "%dL_%dH_C%d_T%d_B%d", cfg->layers, cfg->heads, cfg->dim, cfg->seq, cfg->batch);
     if (gpt_cuda_create(&gm, gd, cfg, 7, 0) != DDP_OK || gpt_create(&cm, cd, cfg, 7) != DDP_OK) {
         printf("FAIL %s: %s / %s\n", NAME("vs_cpu_create"), ddp_last_error(gd), ddp_last_error(cd));
@@ -229,39 +243,48 @@ static void test_cuda_vs_cpu(const gpt_config *cfg) {
     memset(&opt, 0, sizeof opt);
     opt.lr = 1e-3f; opt.beta2 = 0.99f; opt.weight_decay = 0.1f; opt.max_grad_norm = 1.0f;
     for (step = 0; step < 4; step++) {
-        float gl, cl;
-        gpt_make_batch(text, DATA_BYTES, 3, (uint64_t)step, 0, B, T, tok, tgt);
+        int micro = step == 0 ? 1 : 2;   /* later steps accumulate two micro-batches */
+        if (step > 0) {   /* the same starting point for both (see the file's comment, part 2) */
+            const float *cpu_params = ddp_flat_params(cd, &count);
+            gpt_cuda_upload(ddp_config(gd)->cuda_stream, ddp_flat_params(gd, NULL), cpu_params, count * sizeof(float));
+        }
         step_or_die(gd, ddp_zero_grad(gd), "zero_grad");
         step_or_die(cd, ddp_zero_grad(cd), "zero_grad");
-        gpt_cuda_forward(&gm, tok, tgt, B, T, 1.0f, 1);
-        cl = gpt_forward(&cm, tok, tgt, B, T, 1.0f, 1);
-        gl = one_loss(&gm);
-        if (step == 0) {   /* the first forward/backward, in detail */
-            float *logits = download(gd, gm.logits, BT * GPT_VOCAB);
-            w = worst_ratio(logits, cm.logits, BT * GPT_VOCAB, 0, 1e-5, 1e-5);
-            snprintf(name, sizeof name, NAME("logits_match_cpu_model_%s"), what);
-            verdict(w <= 1, name, "worst error %.3g of the tolerance", w);
-            printf("  (%s: worst error %.3f of |err| <= 1e-5*max|cpu| + 1e-5*|cpu|)\n", name, w);
+        for (u = 0; u < micro; u++) {
+            float gl, cl;
+            gpt_make_batch(text, DATA_BYTES, 3, (uint64_t)step, u * B, B, T, tok, tgt);
+            ddp_set_sync(gd, u == micro - 1);
+            ddp_set_sync(cd, u == micro - 1);
+            gpt_cuda_forward(&gm, tok, tgt, B, T, 1.0f / (float)micro, 1);
+            cl = gpt_forward(&cm, tok, tgt, B, T, 1.0f / (float)micro, 1);
+            gl = one_loss(&gm);
             w = worst_ratio(&gl, &cl, 1, 0, 1e-5, 1e-5);
-            snprintf(name, sizeof name, NAME("loss_matches_cpu_model_%s"), what);
-            verdict(w <= 1, name, "loss %.7f, CPU %.7f", gl, cl);
-            free(logits);
+            worst_loss = w > worst_loss || w != w ? w : worst_loss;
+            forwards++;
+            if (step == 0) {   /* the logits of the first forward */
+                float *logits = download(gd, gm.logits, BT * GPT_VOCAB);
+                w = worst_ratio(logits, cm.logits, BT * GPT_VOCAB, 0, 1e-5, 1e-5);
+                snprintf(name, sizeof name, NAME("logits_match_cpu_model_%s"), what);
+                verdict(w <= 1, name, "worst error %.3g of the tolerance", w);
+                printf("  (%s: worst error %.3f of |err| <= 1e-5*max|cpu| + 1e-5*|cpu|)\n", name, w);
+                free(logits);
+            }
+            step_or_die(gd, ddp_backward(gd), "backward");
+            step_or_die(cd, ddp_backward(cd), "backward");
         }
-        step_or_die(gd, ddp_backward(gd), "backward");
-        step_or_die(cd, ddp_backward(cd), "backward");
-        if (step == 0) {
-            w = worst_gradient(gd, NULL, cd, bad, sizeof bad, &nbad, &worst_name);
-            snprintf(name, sizeof name, NAME("every_gradient_matches_cpu_model_%s"), what);
-            verdict(nbad == 0, name, "%d tensor(s) beyond tolerance: %s", nbad, bad);
-            printf("  (%s: worst error %.3f of |err| <= 1e-4*max|cpu| + 1e-4*|cpu|, in %s)\n", name, w, worst_name);
-        }
+        w = worst_gradient(gd, NULL, cd, bad, sizeof bad, &nbad, &worst_name);
+        if (w > worst_grad || w != w) { worst_grad = w; worst_grad_name = worst_name; }
+        if (nbad && !bad_steps++) snprintf(first_bad, sizeof first_bad, "step %d: %.900s", step, bad);
         step_or_die(gd, ddp_adamw_step(gd, &opt, NULL), "adamw");
         step_or_die(cd, ddp_adamw_step(cd, &opt, NULL), "adamw");
     }
-    w = worst_params(gd, NULL, cd);
-    snprintf(name, sizeof name, NAME("params_after_4_steps_match_cpu_model_%s"), what);
-    verdict(w <= 1, name, "worst %.3g of |err| <= 2e-5 + 1e-4*|cpu|", w);
-    printf("  (%s: worst error %.3f of |err| <= 2e-5 + 1e-4*|cpu|)\n", name, w);
+    snprintf(name, sizeof name, NAME("losses_match_cpu_model_%s"), what);
+    verdict(worst_loss <= 1, name, "worst error %.3g of the tolerance", worst_loss);
+    printf("  (%s: %d forwards, worst error %.3f of |err| <= 2e-5*|cpu|)\n", name, forwards, worst_loss);
+    snprintf(name, sizeof name, NAME("every_gradient_matches_cpu_model_%s"), what);
+    verdict(bad_steps == 0, name, "%d step(s) with tensors beyond tolerance; first %s", bad_steps, first_bad);
+    printf("  (%s: 4 steps, 1 then 2 micro-steps, worst error %.3f of |err| <= 1e-4*max|cpu| + 1e-4*|cpu|, in %s)\n", name,
+           worst_grad, worst_grad_name);
     free(tok); free(tgt);
     gpt_cuda_destroy(&gm);
     gpt_destroy(&cm);
@@ -297,7 +320,7 @@ static uint64_t train_run(const gpt_config *cfg, float *losses) {
         }
         step_or_die(ddp, ddp_adamw_step(ddp, &opt, NULL), "adamw");
         l = gpt_cuda_losses(&m, &n);
-        losses[step] = n == RUN_MICRO ? l[0] + l[1] : NAN;
+        losses[step] = n == RUN_MICRO ? l[0] / RUN_MICRO + l[1] / RUN_MICRO : NAN;   /* the step's mean, as train_gpt */
     }
     flat = ddp_flat_params(ddp, &count);
     params = download(ddp, flat, count);
@@ -320,18 +343,19 @@ static void test_cuda_deterministic(const gpt_config *cfg) {
 
 int main(void) {
     gpt_config small = { 3, 4, 80, 40, 3 };   /* layers, heads, dim, seq, batch: nothing a multiple of 32 */
-#ifndef GPT_CUDA_EMULATE
     gpt_config larger = { 2, 6, 384, 256, 4 };
+    int run_larger = 1;
+#ifndef GPT_CUDA_EMULATE
     gpu_require_device();
     printf("device: %s\n", gpu_name());
+#else
+    run_larger = getenv("GPT_TEST_LARGER") != NULL;   /* the naive host sgemm takes ~a minute */
 #endif
     gpt_blas_init();
     make_text();
     test_cuda_reference();
     test_cuda_vs_cpu(&small);
-#ifndef GPT_CUDA_EMULATE
-    test_cuda_vs_cpu(&larger);
-#endif
+    if (run_larger) test_cuda_vs_cpu(&larger);
     test_cuda_deterministic(&small);
     return test_summary(NAME("test"));
 }
