@@ -1448,7 +1448,8 @@ static ddp_result ddp__store_connect(ddp_context *ctx, double deadline) {
 }
 
 /* --------------------------------------------------------------------------------------------
-   The CPU backend: collectives through one POSIX shared-memory segment.
+   The CPU backend: collectives through one POSIX shared-memory segment (and the gradient
+   buckets through a second one that holds every rank's gradients; see below).
 
    Every rank owns DDP__SLOTS slots of DDP__CHUNK_BYTES and three monotonically increasing
    stage counters (IN, RED, OUT), bumped once per chunk. An allreduce streams the buffer chunk
