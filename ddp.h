@@ -2638,13 +2638,33 @@ static ddp_result ddp__gpu_setup(ddp_context *ctx, double deadline) {
     return DDP_OK;
 }
 
+/* The no-decay mask ddp_k_adamw reads: one byte per DDP_K_MASK_GROUP elements of the flat
+   buffer, 1 where the parameter there is flagged DDP_NO_DECAY (parameters start on 16-float
+   boundaries, so a group never mixes two). NULL with *status DDP_OK when no parameter is. */
+static unsigned char *ddp__gpu_no_decay_mask(const ddp_context *ctx, ddp_result *status) {
+    size_t groups = ctx->flat_count / DDP_K_MASK_GROUP, k;
+    unsigned char *mask;
+    int i, any = 0;
+    *status = DDP_OK;
+    for (i = 0; i < ctx->num_params; i++) any |= (ctx->params[i].flags & DDP_NO_DECAY) != 0;
+    if (!any) return NULL;
+    if (!(mask = (unsigned char *)ddp__calloc(groups))) { *status = DDP_ERR_OUT_OF_MEMORY; return NULL; }
+    for (i = 0; i < ctx->num_params; i++) {
+        const ddp__param *p = &ctx->params[i];
+        if (!(p->flags & DDP_NO_DECAY)) continue;
+        for (k = p->offset / DDP_K_MASK_GROUP; k < (p->offset + p->count + DDP_K_MASK_GROUP - 1) / DDP_K_MASK_GROUP; k++) mask[k] = 1;
+    }
+    return mask;
+}
+
 /* Commit, first half: the flat buffers in device memory with this rank's initial values (rank
    0's reach everyone later, by broadcast), and the no-decay mask. */
 static ddp_result ddp__gpu_alloc_flat(ddp_context *ctx) {
     ddp__gpu *g = ctx->gpu;
-    size_t bytes = ctx->flat_count * sizeof(float), groups = ctx->flat_count / DDP_K_MASK_GROUP, k;
+    size_t bytes = ctx->flat_count * sizeof(float), groups = ctx->flat_count / DDP_K_MASK_GROUP;
     unsigned char *mask;
-    int i, any_no_decay = 0;
+    ddp_result r;
+    int i;
     DDP__CUDA(cudaMalloc((void **)&ctx->flat_params, bytes));
     DDP__CUDA(cudaMalloc((void **)&ctx->flat_grads, bytes));
     DDP__CUDA(cudaMemset(ctx->flat_params, 0, bytes));
@@ -2653,22 +2673,13 @@ static ddp_result ddp__gpu_alloc_flat(ddp_context *ctx) {
         ddp__param *p = &ctx->params[i];
         if (p->init) DDP__CUDA(cudaMemcpy(ctx->flat_params + p->offset, p->init, p->count * sizeof(float), cudaMemcpyHostToDevice));
         p->init = NULL;
-        any_no_decay |= (p->flags & DDP_NO_DECAY) != 0;
     }
-    if (any_no_decay) {   /* parameters start on 16-float boundaries, so a group never mixes two */
-        if (!(mask = (unsigned char *)ddp__calloc(groups))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
-        for (i = 0; i < ctx->num_params; i++) {
-            const ddp__param *p = &ctx->params[i];
-            if (!(p->flags & DDP_NO_DECAY)) continue;
-            for (k = p->offset / DDP_K_MASK_GROUP; k < (p->offset + p->count + DDP_K_MASK_GROUP - 1) / DDP_K_MASK_GROUP; k++) mask[k] = 1;
-        }
-        {
-            cudaError_t e = cudaMalloc((void **)&g->no_decay, groups);
-            if (e == cudaSuccess) e = cudaMemcpy(g->no_decay, mask, groups, cudaMemcpyHostToDevice);
-            DDP_FREE(mask);
-            DDP__CUDA(e);
-        }
-    }
+    if ((mask = ddp__gpu_no_decay_mask(ctx, &r)) != NULL) {
+        cudaError_t e = cudaMalloc((void **)&g->no_decay, groups);
+        if (e == cudaSuccess) e = cudaMemcpy(g->no_decay, mask, groups, cudaMemcpyHostToDevice);
+        DDP_FREE(mask);
+        DDP__CUDA(e);
+    } else if (r != DDP_OK) return ddp__fail(ctx, r, "out of memory for the no-decay mask");
     return DDP_OK;
 }
 
