@@ -333,8 +333,17 @@ static __global__ void ddp_k__spin(unsigned long long ns) {
 }
 
 /* ---- launchers ---- */
+/* cudaEventQuery/cudaStreamQuery record cudaErrorNotReady in the thread's last-error slot like an
+   error. Left there by a caller's polling, it would be what the cudaGetLastError after a launch
+   below returns: a healthy launch reported as failed. Only that value is cleared; any other
+   pending error stays for the check to report. */
+static void ddp_k__forget_not_ready(void) {
+    if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();
+}
+
 extern "C" cudaError_t ddp_k_sum_squares(const float *x, size_t n, double *partials, double *out, cudaStream_t stream) {
     cudaError_t e;
+    ddp_k__forget_not_ready();
     ddp_k__sum_squares_partials<<<DDP_K_NORM_BLOCKS, DDP_K_NORM_THREADS, 0, stream>>>(x, n, ((uintptr_t)x & 15u) == 0, partials);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     ddp_k__sum_partials<<<1, DDP_K_NORM_BLOCKS, 0, stream>>>(partials, out);
@@ -343,6 +352,7 @@ extern "C" cudaError_t ddp_k_sum_squares(const float *x, size_t n, double *parti
 
 extern "C" cudaError_t ddp_k_adamw_prepare(ddp_k_adamw_state *state, const double *norm_sq, float max_grad_norm,
                                            float lr, float beta1, float beta2, cudaStream_t stream) {
+    ddp_k__forget_not_ready();
     ddp_k__adamw_prepare<<<1, 1, 0, stream>>>(state, norm_sq, max_grad_norm, lr, beta1, beta2);
     return cudaGetLastError();
 }
@@ -353,6 +363,7 @@ extern "C" cudaError_t ddp_k_adamw(float *p, const float *g, float *m, float *v,
     ddp_k__adamw_consts c = ddp_k__adamw_make_consts(lr, beta1, beta2, eps, weight_decay);
     size_t done = ddp_k__adamw_vec4_count(p, g, m, v, n);
     cudaError_t e;
+    ddp_k__forget_not_ready();
     if (n == 0) return cudaSuccess;
     if (done) {
         size_t n4 = done / 4;
@@ -366,12 +377,14 @@ extern "C" cudaError_t ddp_k_adamw(float *p, const float *g, float *m, float *v,
 }
 
 extern "C" cudaError_t ddp_k_scale(float *x, size_t n, float factor, cudaStream_t stream) {
+    ddp_k__forget_not_ready();
     if (n == 0) return cudaSuccess;
     ddp_k__scale<<<ddp_k__blocks(n, 256), 256, 0, stream>>>(x, n, factor);
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t ddp_k_fill(float *x, size_t n, float value, cudaStream_t stream) {
+    ddp_k__forget_not_ready();
     if (n == 0) return cudaSuccess;
     ddp_k__fill<<<ddp_k__blocks(n, 256), 256, 0, stream>>>(x, n, value);
     return cudaGetLastError();
@@ -379,6 +392,7 @@ extern "C" cudaError_t ddp_k_fill(float *x, size_t n, float value, cudaStream_t 
 
 extern "C" cudaError_t ddp_k_f32_to_bf16(const float *in, uint16_t *out, size_t n, cudaStream_t stream) {
     int vec4 = (((uintptr_t)in & 15u) | ((uintptr_t)out & 7u)) == 0;
+    ddp_k__forget_not_ready();
     if (n == 0) return cudaSuccess;
     ddp_k__to_bf16_kernel<<<ddp_k__blocks(vec4 ? n / 4 + 1 : n, 256), 256, 0, stream>>>(in, out, n, vec4);
     return cudaGetLastError();
@@ -386,12 +400,14 @@ extern "C" cudaError_t ddp_k_f32_to_bf16(const float *in, uint16_t *out, size_t 
 
 extern "C" cudaError_t ddp_k_bf16_to_f32(const uint16_t *in, float *out, size_t n, cudaStream_t stream) {
     int vec4 = (((uintptr_t)in & 7u) | ((uintptr_t)out & 15u)) == 0;
+    ddp_k__forget_not_ready();
     if (n == 0) return cudaSuccess;
     ddp_k__from_bf16_kernel<<<ddp_k__blocks(vec4 ? n / 4 + 1 : n, 256), 256, 0, stream>>>(in, out, n, vec4);
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t ddp_k_spin(double ms, cudaStream_t stream) {
+    ddp_k__forget_not_ready();
     if (!(ms > 0)) return cudaSuccess;
     ddp_k__spin<<<1, 1, 0, stream>>>((unsigned long long)(ms * 1e6));
     return cudaGetLastError();

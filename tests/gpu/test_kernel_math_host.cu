@@ -13,7 +13,9 @@
      arithmetic, over the special cases and sweeps of bit patterns, and against the CPU
      backend's cast; bf16 -> fp32 over all 2^16;
    - the two-stage sum of squares in the kernels' order against float64, and exactly on data
-     whose sum is exact (an element missed or counted twice shows). */
+     whose sum is exact (an element missed or counted twice shows);
+   - the watchdog's clock (ddp__watch): a host running ahead of the GPU for 1000 s is never a
+     timeout, a GPU that stops is one within timeout_s. */
 #define DDP_KERNELS_HOST_REFERENCE
 #include "../testlib.h"
 
@@ -282,9 +284,48 @@ static void test_norm(void) {
     free(ints);
 }
 
+/* ---- the watchdog's clock ---- */
+/* The host enqueues communication every 10 ms for `seconds`; each operation completes `lag`
+   seconds after its enqueue (a GPU that far behind), or never once the GPU hangs at `hang_at`.
+   The watchdog polls every 100 ms. Returns the time of the first timeout, or -1. */
+static double simulate_watch(double seconds, double lag, double hang_at, double timeout_s, char *what, size_t cap) {
+    ddp__watch w;
+    double recorded[2] = { 0, 0 };   /* when each event was last recorded: it completes lag after */
+    int oldest = 0, tick;
+    memset(&w, 0, sizeof w);
+    for (tick = 0; tick * 0.01 <= seconds; tick++) {
+        double now = tick * 0.01;
+        char name[32];
+        snprintf(name, sizeof name, "op at %.2f s", now);
+        recorded[ddp__watch_enqueue(&w, now, name) ? oldest ^ 1 : oldest] = now;
+        if (tick % 10) continue;
+        for (;;) {   /* as ddp__gpu_inspect_locked */
+            double done_at = recorded[oldest] + lag;
+            int done = done_at <= now && done_at < hang_at;
+            if (ddp__watch_progress(&w, done, now)) { oldest ^= 1; continue; }
+            if (ddp__watch_expired(&w, now, timeout_s)) { snprintf(what, cap, "%s", w.what); return now; }
+            break;
+        }
+    }
+    return -1;
+}
+
+static void test_watch(void) {
+    char what[96] = "";
+    double t = simulate_watch(1000, 2.0, 1e9, 5.0, what, sizeof what);
+    verdict(t < 0, "host_watchdog_no_timeout_while_the_host_runs_ahead", "timed out at %.2f s in %s (GPU 2 s behind, timeout 5 s)", t, what);
+    t = simulate_watch(1000, 0.005, 1e9, 5.0, what, sizeof what);
+    verdict(t < 0, "host_watchdog_no_timeout_when_the_gpu_keeps_up", "timed out at %.2f s in %s", t, what);
+    t = simulate_watch(1000, 2.0, 500, 5.0, what, sizeof what);
+    verdict(t >= 500 && t <= 500 + 5.0 + 0.3, "host_watchdog_times_out_a_stopped_gpu_within_timeout",
+            "timeout at %.2f s for a GPU stopped at 500 s (timeout 5 s)", t);
+    printf("  (stopped GPU: timed out at %.2f s in \"%s\")\n", t, what);
+}
+
 int main(void) {
     test_adamw_parity();
     test_bf16();
     test_norm();
+    test_watch();
     return test_summary("test_kernel_math_host");
 }
