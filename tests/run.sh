@@ -41,6 +41,8 @@ run "minimal example, 2 ranks" "$B/ddprun" -n 2 "$B/minimal"
 for n in 1 2 4; do run "tiny GPT vs PyTorch, N ranks vs 1, $n rank(s)" "$B/ddprun" -n "$n" "$B/test_gpt"; done
 run "tiny GPT trainer: resume, checkpoints, data errors, sampling" tests/test_gpt.sh "$B"
 run "rank 0 killed while writing a checkpoint, 3 ranks" tests/test_checkpoint_crash.sh "$B"
+# The GPU kernels' arithmetic on the host: built wherever nvcc is, needs no GPU.
+if [ -x "$B/gpu/test_kernel_math_host" ]; then run "gpu kernel math on the host" "$B/gpu/test_kernel_math_host"; fi
 run "gpu" tests/gpu/run.sh "$B"
 if [ "$skipped" -gt 0 ]; then echo "$passed passed, $failed failed, $skipped skipped"
 else echo "$passed passed, $failed failed"; fi
