@@ -2178,6 +2178,7 @@ ddp_result ddp_shutdown(ddp_context *ctx) {
     ddp__tl_free(ctx->tl_main);
     ddp__tl_free(ctx->tl_comm);
     if (ctx->store_fd >= 0) close(ctx->store_fd);
+    ctx->store_fd = -1;   /* a late poison must not write to a reused descriptor */
     ddp__server_stop(ctx);
     if (r == DDP_OK) r = ddp__group_barrier(ctx);
     if (ctx->shm) {
