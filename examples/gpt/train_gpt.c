@@ -382,7 +382,8 @@ int main(int argc, char **argv) {
     dataset data;
     gpt model;
     int rank, world, step = 0, B, T, *tok, *tgt;
-    double t_start;
+    double t_start, t_line;   /* t_line, step_line: when and at which step the last progress line was */
+    int step_line;
     float val = NAN;
 
     if (!parse_args(argc, argv, &o, err, sizeof err)) { fprintf(stderr, "train_gpt: %s\n", err); return 2; }
@@ -435,9 +436,10 @@ int main(int argc, char **argv) {
         if (o.resume) printf("resumed from %s at step %d\n", o.resume, step);
     }
 
-    t_start = now_s();
+    t_start = t_line = now_s();
+    step_line = step;
     while (step < o.steps && !(o.stop_at > 0 && step >= o.stop_at)) {
-        double t0 = now_s(), ms;
+        double ms;
         float loss = 0, lr = lr_at(&o, step), norm = 0;
         ddp_adamw opt;
         ddp_step_stats st;
@@ -453,16 +455,25 @@ int main(int argc, char **argv) {
         opt.lr = lr; opt.beta1 = o.beta1; opt.beta2 = o.beta2; opt.weight_decay = o.wd; opt.max_grad_norm = o.clip;
         CHECK(ddp_adamw_step(ddp, &opt, &norm));
         st = ddp_last_step_stats(ddp);
-        CHECK(ddp_allreduce(ddp, &loss, 1, DDP_AVG));
         step++;
-        ms = 1e3 * (now_s() - t0);
-        if (rank == 0 && (step % o.log_every == 0 || step == 1 || step == o.steps))
-            printf("step %5d/%d | loss %.6f | lr %.3e | norm %.3f | %7.1f ms | %6.0f tok/s | compute %.1f ms comm %.2f ms "
-                   "exposed %.2f ms overlap %3.0f%%\n", step, o.steps, loss, lr, norm, ms,
-                   (double)world * B * T * o.accum / (ms / 1e3), st.backward_ms, st.comm_ms, st.exposed_ms, st.overlap_pct);
+        /* The loss is averaged across ranks only for the lines that show it: every collective
+           is a point where all ranks wait for the slowest, and the step needs none beyond the
+           gradient buckets. (The same decision on every rank: it depends on the step alone.) */
+        if (step % o.log_every == 0 || step == 1 || step == o.steps) {
+            CHECK(ddp_allreduce(ddp, &loss, 1, DDP_AVG));
+            ms = 1e3 * (now_s() - t_line) / (step - step_line);   /* the mean step since the last line */
+            t_line = now_s();
+            step_line = step;
+            if (rank == 0)
+                printf("step %5d/%d | loss %.6f | lr %.3e | norm %.3f | %7.1f ms | %6.0f tok/s | compute %.1f ms comm %.2f ms "
+                       "exposed %.2f ms overlap %3.0f%%\n", step, o.steps, loss, lr, norm, ms,
+                       (double)world * B * T * o.accum / (ms / 1e3), st.backward_ms, st.comm_ms, st.exposed_ms, st.overlap_pct);
+        }
         if (o.eval_every > 0 && step % o.eval_every == 0 && step < o.steps) {
             val = evaluate(ddp, &model, &o, &data, tok, tgt);
             if (rank == 0) printf("step %5d | val loss %.4f\n", step, val);
+            t_line = now_s();   /* the next line's mean is of training steps only */
+            step_line = step;
         }
         if (o.save && o.save_every > 0 && step % o.save_every == 0 && rank == 0 &&
             !save_checkpoint(ddp, &model, &o, step, o.save, err, sizeof err))
