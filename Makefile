@@ -34,7 +34,7 @@ GPU_INCS    = $(addprefix -I,$(sort $(NCCL_INC) $(CUBLAS_INC)))
 GPU_RPATH   = $(foreach d,$(sort $(NCCL_LIB) $(CUBLAS_LIB)),-L$(d) -Xlinker -rpath -Xlinker $(d))
 NVFLAGS    ?= -O3 -g -std=c++17 -arch=$(CUDA_ARCH) -Xcompiler -Wall,-Wextra -Werror all-warnings
 GPU_TESTS  := $(G)/test_gpu_kernels $(G)/test_gpu_train $(G)/test_gpu_overlap $(G)/nccl_version $(G)/c_link_check \
-              $(G)/test_gpt_gpu
+              $(G)/test_kernel_math_host $(G)/test_gpt_gpu
 GPU_BENCH  := $(G)/bench_gpu
 GPU_TOOLS  := $(G)/train_gpt $(G)/gpu_count
 
@@ -53,6 +53,10 @@ $(G)/%: tests/gpu/%.cu $(GPU_DEPS) | $(G)
 # The model's ops without fused multiply-add: the same arithmetic as the CPU reference.
 $(G)/test_gpu_train: tests/gpu/test_gpu_train.cu tests/test_equivalence.c $(GPU_DEPS) | $(G)
 	$(NVCC) $(NVFLAGS) --fmad=false $(GPU_INCS) -o $@ $< $(GPU_RPATH) $(NCCL_LINK) -lpthread
+# The kernels' arithmetic run on the host (no GPU needed; tests/run.sh runs it wherever it was
+# built): host float operations must not be fused into multiply-adds, as on the device.
+$(G)/test_kernel_math_host: tests/gpu/test_kernel_math_host.cu $(GPU_DEPS) | $(G)
+	$(NVCC) $(NVFLAGS) --fmad=false -Xcompiler -ffp-contract=off $(GPU_INCS) -o $@ $< $(GPU_RPATH) $(NCCL_LINK) -lpthread
 $(G)/bench_gpu: bench/gpu/bench_gpu.cu $(GPU_DEPS) | $(G)
 	$(NVCC) $(NVFLAGS) $(GPU_INCS) -o $@ $< $(GPU_RPATH) $(NCCL_LINK) $(CUBLAS_LINK) -lpthread
 # The implementation compiled by the C compiler with -DDDP_CUDA, the kernels by nvcc.

@@ -69,8 +69,10 @@
                                            the bytes; inputs and average rounded to nearest even,
                                            result written back into the fp32 gradients, the same
                                            bits on every rank); both backends; ranks must agree
-     cuda_stream      NULL                 NCCL: the program's compute stream (a cudaStream_t);
-                                           NULL = the legacy default stream
+     cuda_stream      NULL                 NCCL: the program's compute stream (a cudaStream_t),
+                                           created on this rank's GPU (LOCAL_RANK % device
+                                           count: cudaSetDevice first); NULL = the legacy
+                                           default stream
 
    THE NCCL BACKEND (implementation compiled by nvcc, or with -DDDP_CUDA and ddp_kernels.cuh)
      Each rank uses GPU LOCAL_RANK % device count; rank 0's ncclUniqueId goes through the store.
@@ -436,6 +438,9 @@ struct ddp_context {
     double spin_seconds;
     const char *shm_what;          /* what the current collective is, for errors */
     char shm_what_buf[96];
+    char grads_name[64];           /* every rank's gradients, in one segment (world > 1) */
+    unsigned char *grads_shm;
+    size_t grads_shm_bytes, grads_stride;   /* stride: floats from one rank's buffer to the next */
 
     /* parameters and buckets */
     ddp__param *params;
@@ -1445,7 +1450,8 @@ static ddp_result ddp__store_connect(ddp_context *ctx, double deadline) {
 }
 
 /* --------------------------------------------------------------------------------------------
-   The CPU backend: collectives through one POSIX shared-memory segment.
+   The CPU backend: collectives through one POSIX shared-memory segment (and the gradient
+   buckets through a second one that holds every rank's gradients; see below).
 
    Every rank owns DDP__SLOTS slots of DDP__CHUNK_BYTES and three monotonically increasing
    stage counters (IN, RED, OUT), bumped once per chunk. An allreduce streams the buffer chunk
@@ -1787,6 +1793,69 @@ static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *dat
     return DDP_OK;
 }
 
+/* --------------------------------------------------------------------------------------------
+   Gradient buckets in place. With more than one rank every rank's flat gradient buffer lives in
+   one more shared segment (ddp__grads_share), so a bucket needs no staging: each rank averages
+   its part straight from every rank's buffer (in rank order, the same arithmetic as the staged
+   path, so the same bits), writes it into its own buffer, and then copies the other ranks'
+   parts from theirs. Per rank that reads 1.5 and writes 1 bucket's worth of memory where the
+   staged path moves 2 and 2, and it takes three handshakes per bucket instead of three per
+   256 KiB chunk. Both matter when compute keeps every core busy: the reduction's CPU time and
+   each wake-up come straight out of the step.
+   -------------------------------------------------------------------------------------------- */
+static float *ddp__rank_grads(ddp_context *ctx, int s) { return (float *)(void *)ctx->grads_shm + (size_t)s * ctx->grads_stride; }
+
+static void ddp__average_part_in_place(ddp_context *ctx, size_t offset, size_t lo, size_t hi) {
+    float *mine = ddp__rank_grads(ctx, ctx->rank) + offset;
+    const float *a = ddp__rank_grads(ctx, 0) + offset, *b = ddp__rank_grads(ctx, 1) + offset;
+    float w = (float)ctx->world;
+    size_t j;
+    int s;
+    if (ctx->world == 2) {                     /* the common case in one pass */
+        for (j = lo; j < hi; j++) mine[j] = (a[j] + b[j]) / w;
+        return;
+    }
+    for (j = lo; j < hi; j++) {
+        float sum = a[j] + b[j];
+        for (s = 2; s < ctx->world; s++) sum += ddp__rank_grads(ctx, s)[offset + j];
+        mine[j] = sum / w;
+    }
+}
+
+static ddp_result ddp__shm_bucket_in_place(ddp_context *ctx, size_t offset, size_t count) {
+    ddp__shm_sig *sig = &ddp__shm_block(ctx, ctx->rank)->sig;
+    uint32_t q = ctx->shm_seq;
+    size_t lo, hi;
+    int s;
+    ddp_result r;
+    double started = ddp__now();
+    if (ddp__failed(ctx)) return ddp__failed(ctx);
+    sig->id = ++ctx->shm_collectives;
+    sig->kind = DDP__KIND_AVG;
+    sig->root = 0;
+    sig->count = count;
+    ddp__shm_post(ctx, DDP__STAGE_IN, q + 1);                 /* my gradients are final */
+    if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_IN, q + 1)) != DDP_OK) return r;
+    if ((r = ddp__shm_check_sigs(ctx)) != DDP_OK) return r;
+    ddp__part(count, ctx->world, ctx->rank, &lo, &hi);
+    ddp__average_part_in_place(ctx, offset, lo, hi);
+    ddp__shm_post(ctx, DDP__STAGE_RED, q + 1);
+    if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_RED, q + 1)) != DDP_OK) return r;
+    for (s = 0; s < ctx->world; s++) {
+        if (s == ctx->rank) continue;
+        ddp__part(count, ctx->world, s, &lo, &hi);
+        if (hi > lo) memcpy(ddp__rank_grads(ctx, ctx->rank) + offset + lo, ddp__rank_grads(ctx, s) + offset + lo, (hi - lo) * sizeof(float));
+    }
+    ddp__shm_post(ctx, DDP__STAGE_OUT, q + 1);
+    /* Until every rank has copied my part, my buffer must not change: the step may go on to
+       zero or accumulate into it as soon as this bucket counts as done. */
+    if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_OUT, q + 1)) != DDP_OK) return r;
+    ctx->shm_seq = q + 1;
+    if (ctx->desc.inject_comm_latency_ms > 0 || ctx->desc.inject_comm_gbps > 0)
+        ddp__inject_comm_delay(ctx, count * sizeof(float), started);
+    return DDP_OK;
+}
+
 /* Segments are named after the creating pid, so a segment whose creator is gone belongs to a
    crashed job and can go. (A healthy job unlinks its segment as soon as every rank has it
    mapped, so normally nothing is left in /dev/shm at all.) */
@@ -1817,25 +1886,34 @@ static ddp_result ddp__shm_map(ddp_context *ctx, int fd, size_t bytes) {
     return DDP_OK;
 }
 
-static ddp_result ddp__shm_create(ddp_context *ctx) {
-    size_t bytes = ddp__shm_size(ctx->world);
-    ddp__shm_header *h;
-    int fd = -1, attempt, s;
-    ddp_result r;
-    ddp__shm_sweep_stale(ctx);
+/* A new owner-only segment of `bytes` under a fresh name "/ddp-PID-NONCE" (the pid lets a later
+   job sweep it if this one crashes before unlinking it). Returns the open fd, or -1 (failed). */
+static int ddp__shm_new(ddp_context *ctx, char name[64], size_t bytes) {
+    int fd = -1, attempt;
     for (attempt = 0; attempt < 16 && fd < 0; attempt++) {
-        unsigned nonce = (unsigned)(ddp__now() * 1e9) ^ ((unsigned)(uintptr_t)ctx * 2654435761u) ^ (unsigned)attempt;
-        snprintf(ctx->shm_name, sizeof ctx->shm_name, "/ddp-%d-%08x", (int)getpid(), nonce);
-        fd = shm_open(ctx->shm_name, O_RDWR | O_CREAT | O_EXCL, 0600);   /* owner-only */
+        unsigned nonce = (unsigned)(ddp__now() * 1e9) ^ ((unsigned)(uintptr_t)name * 2654435761u) ^ (unsigned)attempt;
+        snprintf(name, 64, "/ddp-%d-%08x", (int)getpid(), nonce);
+        fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);   /* owner-only */
     }
-    if (fd < 0) return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot create shared memory %s: %s", ctx->shm_name, strerror(errno));
+    if (fd < 0) { ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot create shared memory %s: %s", name, strerror(errno)); return -1; }
     if (ftruncate(fd, (off_t)bytes)) {
         int err = errno;
         close(fd);
-        shm_unlink(ctx->shm_name);
-        return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot size shared memory %s to %zu bytes (is /dev/shm full?): %s",
-                         ctx->shm_name, bytes, strerror(err));
+        shm_unlink(name);
+        ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot size shared memory %s to %zu bytes (is /dev/shm full?): %s",
+                  name, bytes, strerror(err));
+        return -1;
     }
+    return fd;
+}
+
+static ddp_result ddp__shm_create(ddp_context *ctx) {
+    size_t bytes = ddp__shm_size(ctx->world);
+    ddp__shm_header *h;
+    int fd, s;
+    ddp_result r;
+    ddp__shm_sweep_stale(ctx);
+    if ((fd = ddp__shm_new(ctx, ctx->shm_name, bytes)) < 0) return DDP_ERR_SYSTEM;
     if ((r = ddp__shm_map(ctx, fd, bytes)) != DDP_OK) { shm_unlink(ctx->shm_name); return r; }
     h = ddp__shm_hdr(ctx);
     h->world = (uint32_t)ctx->world;
@@ -1895,6 +1973,53 @@ static ddp_result ddp__shm_setup(ddp_context *ctx, double deadline) {
     r = ddp__shm_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0);
     if (ctx->rank == 0) shm_unlink(ctx->shm_name);
     return r;
+}
+
+/* At commit (world > 1, CPU backend): rank 0 makes the gradient segment, one page-aligned
+   buffer per rank, and publishes its name; every rank maps it and uses its own buffer as
+   ddp_flat_grads. A fresh segment reads as zeros, like a fresh gradient buffer. Rank 0 unlinks
+   it once every rank has it mapped (ddp__grads_unlink, after the next collective). */
+static ddp_result ddp__grads_share(ddp_context *ctx, double deadline) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), bytes;
+    struct stat st;
+    void *p;
+    int fd;
+    ctx->grads_stride = ddp__round_up(ctx->flat_count * sizeof(float), page) / sizeof(float);
+    bytes = ctx->grads_stride * sizeof(float) * (size_t)ctx->world;
+    if (ctx->rank == 0) {
+        ddp_result r;
+        if ((fd = ddp__shm_new(ctx, ctx->grads_name, bytes)) < 0) return DDP_ERR_SYSTEM;
+        if ((r = ddp__store_set(ctx, "grads", ctx->grads_name, strlen(ctx->grads_name))) != DDP_OK) { close(fd); return r; }
+    } else {
+        unsigned char *name;
+        uint32_t len;
+        int found;
+        ddp_result r = ddp__store_get(ctx, "grads", deadline, &name, &len, &found);
+        if (r != DDP_OK) return r;
+        if (!found) return ddp__fail(ctx, DDP_ERR_TIMEOUT, "rank 0 did not publish its gradient segment in time");
+        snprintf(ctx->grads_name, sizeof ctx->grads_name, "%s", (const char *)name);
+        DDP_FREE(name);
+        if ((fd = shm_open(ctx->grads_name, O_RDWR, 0600)) < 0)
+            return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot open rank 0's gradient segment %s: %s", ctx->grads_name, strerror(errno));
+        if (fstat(fd, &st) || (size_t)st.st_size != bytes) {
+            close(fd);
+            return ddp__fail(ctx, DDP_ERR_MISMATCH, "rank 0's gradient segment %s has the wrong size", ctx->grads_name);
+        }
+    }
+    p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED)
+        return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot map the gradient segment %s (%zu bytes): %s", ctx->grads_name, bytes, strerror(errno));
+    ctx->grads_shm = (unsigned char *)p;
+    ctx->grads_shm_bytes = bytes;
+    ddp__free_floats(ctx->flat_grads);
+    ctx->flat_grads = ddp__rank_grads(ctx, ctx->rank);
+    return DDP_OK;
+}
+
+static void ddp__grads_unlink(ddp_context *ctx) {
+    if (ctx->rank == 0 && ctx->grads_name[0]) shm_unlink(ctx->grads_name);
+    ctx->grads_name[0] = 0;
 }
 
 /* --------------------------------------------------------------------------------------------
@@ -2053,15 +2178,18 @@ ddp_result ddp_shutdown(ddp_context *ctx) {
     ddp__tl_free(ctx->tl_main);
     ddp__tl_free(ctx->tl_comm);
     if (ctx->store_fd >= 0) close(ctx->store_fd);
+    ctx->store_fd = -1;   /* a late poison must not write to a reused descriptor */
     ddp__server_stop(ctx);
     if (r == DDP_OK) r = ddp__group_barrier(ctx);
     if (ctx->shm) {
         munmap(ctx->shm, ctx->shm_bytes);
         if (ctx->rank == 0) shm_unlink(ctx->shm_name);   /* already gone unless init failed */
     }
+    ddp__grads_unlink(ctx);                               /* likewise */
+    if (ctx->grads_shm) munmap(ctx->grads_shm, ctx->grads_shm_bytes);
+    else ddp__free_floats(ctx->flat_grads);
     ddp__gpu_teardown(ctx);   /* frees the device buffers */
     ddp__free_floats(ctx->flat_params);
-    ddp__free_floats(ctx->flat_grads);
     ddp__free_floats(ctx->adam_m);
     ddp__free_floats(ctx->adam_v);
     DDP_FREE(ctx->params);
@@ -2251,8 +2379,10 @@ ddp_result ddp_commit(ddp_context *ctx) {
         if ((r = ddp__gpu_commit(ctx)) != DDP_OK) return r;
     } else if (ctx->world > 1) {
         if ((r = ddp__verify_layout(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
+        if ((r = ddp__grads_share(ctx, ddp__now() + ctx->desc.timeout_s)) != DDP_OK) return ddp__fatal(ctx, r);
         ctx->shm_what = "the broadcast of rank 0's initial parameters";
         r = ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->flat_params, offset * sizeof(float), 0);
+        ddp__grads_unlink(ctx);   /* every rank passed ddp__grads_share to get here */
         if (r != DDP_OK) return r;
         if ((r = ddp__comm_start(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     }
@@ -2329,7 +2459,9 @@ static void *ddp__comm_main(void *arg) {
             snprintf(ctx->shm_what_buf, sizeof ctx->shm_what_buf, "the allreduce of gradient bucket %d", index);
             ctx->shm_what = ctx->shm_what_buf;
             t0 = ddp__now();
-            r = ddp__shm_collective(ctx, ddp__grad_kind(ctx), ctx->flat_grads + b->offset, b->count, 0);
+            r = ctx->grads_shm && ddp__grad_kind(ctx) == DDP__KIND_AVG
+                    ? ddp__shm_bucket_in_place(ctx, b->offset, b->count)
+                    : ddp__shm_collective(ctx, ddp__grad_kind(ctx), ctx->flat_grads + b->offset, b->count, 0);
             seconds = ddp__now() - t0;
             ddp__record(ctx, ctx->tl_comm, DDP__EV_ALLREDUCE, t0, t0 + seconds, index, b->count * ddp__wire_bytes(ctx));
         }
@@ -2379,6 +2511,47 @@ static void ddp__comm_stop(ddp_context *ctx) {
    with the call, file, line and rank.
    -------------------------------------------------------------------------------------------- */
 #ifdef DDP_CUDA
+/* The watchdog's clock for unfinished communication, kept as two groups: the oldest (its event
+   recorded at the first enqueue after everything before it was seen done, counting from then)
+   and everything enqueued since (one event re-recorded at each enqueue, so it covers them all).
+   When the oldest group completes, the newer one takes its place and counts from that moment:
+   a timeout means no progress for timeout_s. (One event re-recorded at every enqueue, counting
+   from the first, is never seen complete while the host keeps ahead of the GPU, and a healthy
+   job that never waits on the host would be aborted timeout_s after its first bucket.) Plain
+   logic, no CUDA calls: tests/gpu/test_kernel_math_host.cu drives it without a GPU. */
+typedef struct ddp__watch {
+    double since;                  /* when the oldest group began to count; 0: nothing pending */
+    int newer;                     /* something was enqueued after the oldest group */
+    char what[96], newer_what[96]; /* the first operation of each group, for messages */
+} ddp__watch;
+
+/* An enqueue at `now`: returns which event to record, 0 the oldest group's, 1 the newer one's. */
+static int ddp__watch_enqueue(ddp__watch *w, double now, const char *what) {
+    if (w->since == 0) {
+        w->since = now;
+        snprintf(w->what, sizeof w->what, "%s", what);
+        return 0;
+    }
+    if (!w->newer) snprintf(w->newer_what, sizeof w->newer_what, "%s", what);
+    w->newer = 1;
+    return 1;
+}
+
+/* What a query of the oldest group's event found (done or not) at `now`. Returns 1 when the
+   newer group became the oldest: the caller swaps the two events and queries again. */
+static int ddp__watch_progress(ddp__watch *w, int done, double now) {
+    if (w->since == 0 || !done) return 0;
+    if (!w->newer) { w->since = 0; return 0; }
+    w->since = now;
+    w->newer = 0;
+    memcpy(w->what, w->newer_what, sizeof w->what);
+    return 1;
+}
+
+static int ddp__watch_expired(const ddp__watch *w, double now, double timeout_s) {
+    return w->since > 0 && now - w->since > timeout_s;
+}
+
 struct ddp__gpu {
     int device;
     cudaStream_t compute;          /* the program's (desc.cuda_stream); NULL: legacy default */
@@ -2402,9 +2575,10 @@ struct ddp__gpu {
     uint16_t *bf16;                /* staging for bf16 buckets (the largest bucket) */
     void *scratch, *scratch_host;  /* user collectives on host memory go through these */
     size_t scratch_bytes;
-    cudaEvent_t sync_event, watch_event;
-    double watch_since;            /* host time of the oldest comm work not known done; 0: none */
-    char watch_what[96];
+    cudaEvent_t sync_event;
+    cudaEvent_t watch_event;       /* the oldest group of unfinished communication (ddp__watch) */
+    cudaEvent_t watch_newer;       /* everything enqueued after that group */
+    ddp__watch watch;
     pthread_t watchdog;
     int watchdog_started, watchdog_stop;
     pthread_cond_t watchdog_wake;
@@ -2416,7 +2590,9 @@ static ddp_result ddp__cuda_fail(ddp_context *ctx, cudaError_t e, const char *ca
                      cudaGetErrorString(e));
 }
 static ddp_result ddp__nccl_fail(ddp_context *ctx, ncclResult_t e, const char *call, const char *file, int line) {
-    const char *detail = ctx->gpu && ctx->gpu->nccl_live ? ncclGetLastError(ctx->gpu->nccl) : NULL;
+    /* NCCL ignores the argument (the last error is per thread), so the detail is there for a
+       failed ncclCommInitRank too, e.g. "Duplicate GPU detected" when ranks share a device. */
+    const char *detail = ncclGetLastError(NULL);
     return ddp__fail(ctx, e == ncclRemoteError ? DDP_ERR_PEER_LOST : DDP_ERR_BACKEND, "%s failed at %s:%d: %s%s%s",
                      call, file, line, ncclGetErrorString(e), detail && *detail ? ": " : "", detail ? detail : "");
 }
@@ -2425,6 +2601,15 @@ static ddp_result ddp__nccl_fail(ddp_context *ctx, ncclResult_t e, const char *c
     if (e_ != cudaSuccess) return ddp__fatal(ctx, ddp__cuda_fail(ctx, e_, #call, __FILE__, __LINE__)); } while (0)
 #define DDP__NCCL(call) do { ncclResult_t e_ = (call); \
     if (e_ != ncclSuccess) return ddp__fatal(ctx, ddp__nccl_fail(ctx, e_, #call, __FILE__, __LINE__)); } while (0)
+
+/* An event's state, without waiting. cudaEventQuery records cudaErrorNotReady as the thread's
+   last error; left there, the next cudaGetLastError (a launcher's check, or the program's own
+   after its kernels) would report a healthy launch as failed. So NotReady is taken back here. */
+static cudaError_t ddp__gpu_query(cudaEvent_t event) {
+    cudaError_t q = cudaEventQuery(event);
+    if (q == cudaErrorNotReady) (void)cudaGetLastError();
+    return q;
+}
 
 static int ddp__gpu_visible(void) {
     int n = 0;
@@ -2474,21 +2659,29 @@ static ddp_result ddp__gpu_inspect_locked(ddp_context *ctx, char *msg, size_t ca
     if (ncclCommGetAsyncError(g->nccl, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress) {
         const char *detail = ncclGetLastError(g->nccl);
         snprintf(msg, cap, "NCCL reported an asynchronous error during %s: %s%s%s; the communicator was aborted",
-                 g->watch_what[0] ? g->watch_what : "communication", ncclGetErrorString(async),
+                 g->watch.what[0] ? g->watch.what : "communication", ncclGetErrorString(async),
                  detail && *detail ? ": " : "", detail ? detail : "");
         return async == ncclRemoteError ? DDP_ERR_PEER_LOST : DDP_ERR_BACKEND;
     }
-    if (g->watch_since > 0) {
-        cudaError_t q = cudaEventQuery(g->watch_event);
-        if (q == cudaSuccess) g->watch_since = 0;
-        else if (q != cudaErrorNotReady) {
-            snprintf(msg, cap, "the GPU failed during %s: %s (%s)", g->watch_what, cudaGetErrorName(q), cudaGetErrorString(q));
+    while (g->watch.since > 0) {
+        cudaError_t q = ddp__gpu_query(g->watch_event);
+        double now = ddp__now();
+        if (q != cudaSuccess && q != cudaErrorNotReady) {
+            snprintf(msg, cap, "the GPU failed during %s: %s (%s)", g->watch.what, cudaGetErrorName(q), cudaGetErrorString(q));
             return DDP_ERR_BACKEND;
-        } else if (ddp__now() - g->watch_since > ctx->desc.timeout_s) {
+        }
+        if (ddp__watch_progress(&g->watch, q == cudaSuccess, now)) {   /* the newer group is the oldest now */
+            cudaEvent_t oldest = g->watch_newer;
+            g->watch_newer = g->watch_event;
+            g->watch_event = oldest;
+            continue;
+        }
+        if (ddp__watch_expired(&g->watch, now, ctx->desc.timeout_s)) {
             snprintf(msg, cap, "timed out after %.0f s in %s: the GPU never finished it (a peer stuck or gone?); "
-                     "the NCCL communicator was aborted", ctx->desc.timeout_s, g->watch_what);
+                     "the NCCL communicator was aborted", ctx->desc.timeout_s, g->watch.what);
             return DDP_ERR_TIMEOUT;
         }
+        break;
     }
     return DDP_OK;
 }
@@ -2553,14 +2746,10 @@ static void ddp__gpu_stop_watchdog(ddp_context *ctx) {
     g->watchdog_started = 0;
 }
 
-/* Note communication enqueued on `stream`: the watchdog times it from now if nothing older is
-   pending. Called with the lock held. */
+/* Note communication enqueued on `stream` for the watchdog (see ddp__watch). Called with the
+   lock held. */
 static cudaError_t ddp__gpu_watch_locked(ddp__gpu *g, cudaStream_t stream, const char *what) {
-    if (g->watch_since == 0) {
-        g->watch_since = ddp__now();
-        snprintf(g->watch_what, sizeof g->watch_what, "%s", what);
-    }
-    return cudaEventRecord(g->watch_event, stream);
+    return cudaEventRecord(ddp__watch_enqueue(&g->watch, ddp__now(), what) ? g->watch_newer : g->watch_event, stream);
 }
 
 /* Wait for `stream` on the host without blocking in CUDA: poll, so that a timeout, an
@@ -2571,7 +2760,7 @@ static ddp_result ddp__gpu_wait(ddp_context *ctx, cudaStream_t stream, const cha
     char msg[DDP__ERR_MAX - 64];
     DDP__CUDA(cudaEventRecord(g->sync_event, stream));
     for (;;) {
-        cudaError_t q = cudaEventQuery(g->sync_event);
+        cudaError_t q = ddp__gpu_query(g->sync_event);
         ddp_result r;
         if (q == cudaSuccess) return DDP_OK;
         if (q != cudaErrorNotReady) return ddp__fatal(ctx, ddp__cuda_fail(ctx, q, what, __FILE__, __LINE__));
@@ -2611,6 +2800,7 @@ static ddp_result ddp__gpu_setup(ddp_context *ctx, double deadline) {
     DDP__CUDA(cudaStreamCreateWithFlags(&g->comm, cudaStreamNonBlocking));
     DDP__CUDA(cudaEventCreateWithFlags(&g->sync_event, cudaEventDisableTiming));
     DDP__CUDA(cudaEventCreateWithFlags(&g->watch_event, cudaEventDisableTiming));
+    DDP__CUDA(cudaEventCreateWithFlags(&g->watch_newer, cudaEventDisableTiming));
     DDP__CUDA(cudaEventCreateWithFlags(&g->state_copied, cudaEventDisableTiming));
     for (k = 0; k < 2; k++) {
         DDP__CUDA(cudaEventCreate(&g->step_begin[k]));
@@ -2638,13 +2828,33 @@ static ddp_result ddp__gpu_setup(ddp_context *ctx, double deadline) {
     return DDP_OK;
 }
 
+/* The no-decay mask ddp_k_adamw reads: one byte per DDP_K_MASK_GROUP elements of the flat
+   buffer, 1 where the parameter there is flagged DDP_NO_DECAY (parameters start on 16-float
+   boundaries, so a group never mixes two). NULL with *status DDP_OK when no parameter is. */
+static unsigned char *ddp__gpu_no_decay_mask(const ddp_context *ctx, ddp_result *status) {
+    size_t groups = ctx->flat_count / DDP_K_MASK_GROUP, k;
+    unsigned char *mask;
+    int i, any = 0;
+    *status = DDP_OK;
+    for (i = 0; i < ctx->num_params; i++) any |= (ctx->params[i].flags & DDP_NO_DECAY) != 0;
+    if (!any) return NULL;
+    if (!(mask = (unsigned char *)ddp__calloc(groups))) { *status = DDP_ERR_OUT_OF_MEMORY; return NULL; }
+    for (i = 0; i < ctx->num_params; i++) {
+        const ddp__param *p = &ctx->params[i];
+        if (!(p->flags & DDP_NO_DECAY)) continue;
+        for (k = p->offset / DDP_K_MASK_GROUP; k < (p->offset + p->count + DDP_K_MASK_GROUP - 1) / DDP_K_MASK_GROUP; k++) mask[k] = 1;
+    }
+    return mask;
+}
+
 /* Commit, first half: the flat buffers in device memory with this rank's initial values (rank
    0's reach everyone later, by broadcast), and the no-decay mask. */
 static ddp_result ddp__gpu_alloc_flat(ddp_context *ctx) {
     ddp__gpu *g = ctx->gpu;
-    size_t bytes = ctx->flat_count * sizeof(float), groups = ctx->flat_count / DDP_K_MASK_GROUP, k;
+    size_t bytes = ctx->flat_count * sizeof(float), groups = ctx->flat_count / DDP_K_MASK_GROUP;
     unsigned char *mask;
-    int i, any_no_decay = 0;
+    ddp_result r;
+    int i;
     DDP__CUDA(cudaMalloc((void **)&ctx->flat_params, bytes));
     DDP__CUDA(cudaMalloc((void **)&ctx->flat_grads, bytes));
     DDP__CUDA(cudaMemset(ctx->flat_params, 0, bytes));
@@ -2653,22 +2863,19 @@ static ddp_result ddp__gpu_alloc_flat(ddp_context *ctx) {
         ddp__param *p = &ctx->params[i];
         if (p->init) DDP__CUDA(cudaMemcpy(ctx->flat_params + p->offset, p->init, p->count * sizeof(float), cudaMemcpyHostToDevice));
         p->init = NULL;
-        any_no_decay |= (p->flags & DDP_NO_DECAY) != 0;
     }
-    if (any_no_decay) {   /* parameters start on 16-float boundaries, so a group never mixes two */
-        if (!(mask = (unsigned char *)ddp__calloc(groups))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
-        for (i = 0; i < ctx->num_params; i++) {
-            const ddp__param *p = &ctx->params[i];
-            if (!(p->flags & DDP_NO_DECAY)) continue;
-            for (k = p->offset / DDP_K_MASK_GROUP; k < (p->offset + p->count + DDP_K_MASK_GROUP - 1) / DDP_K_MASK_GROUP; k++) mask[k] = 1;
-        }
-        {
-            cudaError_t e = cudaMalloc((void **)&g->no_decay, groups);
-            if (e == cudaSuccess) e = cudaMemcpy(g->no_decay, mask, groups, cudaMemcpyHostToDevice);
-            DDP_FREE(mask);
-            DDP__CUDA(e);
-        }
-    }
+    if ((mask = ddp__gpu_no_decay_mask(ctx, &r)) != NULL) {
+        cudaError_t e = cudaMalloc((void **)&g->no_decay, groups);
+        if (e == cudaSuccess) e = cudaMemcpy(g->no_decay, mask, groups, cudaMemcpyHostToDevice);
+        DDP_FREE(mask);
+        DDP__CUDA(e);
+    } else if (r != DDP_OK) return ddp__fail(ctx, r, "out of memory for the no-decay mask");
+    /* cudaMemset returns before it is done, and a pageable cudaMemcpy before its last DMA lands;
+       both run on the legacy default stream, which the comm stream (non-blocking) and a
+       non-blocking compute stream do not wait for: rank 0's broadcast or the first forward
+       could read the parameters before they hold their values. Nothing is in flight on ddp.h's
+       side yet, so one device-wide wait here costs nothing and cannot hang. */
+    DDP__CUDA(cudaDeviceSynchronize());
     return DDP_OK;
 }
 
@@ -2770,8 +2977,8 @@ static void ddp__gpu_harvest(ddp_context *ctx, int par) {
     ddp_step_stats st = g->timed_stats[par];
     int b, last = g->last_bucket[par];
     float ms;
-    if (!g->timed[par] || cudaEventQuery(g->step_finish[par]) != cudaSuccess) return;
-    if (st.buckets_launched && cudaEventQuery(g->comm_end[par][last]) != cudaSuccess) return;
+    if (!g->timed[par] || ddp__gpu_query(g->step_finish[par]) != cudaSuccess) return;
+    if (st.buckets_launched && ddp__gpu_query(g->comm_end[par][last]) != cudaSuccess) return;
     if (cudaEventElapsedTime(&ms, g->step_begin[par], g->step_finish[par]) == cudaSuccess) st.backward_ms = ms;
     for (b = 0; b < st.buckets_launched; b++)
         if (cudaEventElapsedTime(&ms, g->comm_start[par][b], g->comm_end[par][b]) == cudaSuccess) st.comm_ms += ms;
@@ -2836,12 +3043,15 @@ static ddp_result ddp__gpu_alloc_adamw(ddp_context *ctx) {
     if (ctx->adam_m) return DDP_OK;
     DDP__CUDA(cudaMalloc((void **)&ctx->adam_m, bytes));
     DDP__CUDA(cudaMalloc((void **)&ctx->adam_v, bytes));
-    DDP__CUDA(cudaMemset(ctx->adam_m, 0, bytes));
-    DDP__CUDA(cudaMemset(ctx->adam_v, 0, bytes));
     DDP__CUDA(cudaMalloc((void **)&g->norm_partials, DDP_K_NORM_BLOCKS * sizeof(double)));
     DDP__CUDA(cudaMalloc((void **)&g->norm_sq, sizeof(double)));
     DDP__CUDA(cudaMalloc((void **)&g->state, sizeof(ddp_k_adamw_state)));
-    DDP__CUDA(cudaMemset(g->state, 0, sizeof(ddp_k_adamw_state)));
+    /* Zeroed on the compute stream, where the AdamW kernels read them next: a plain cudaMemset
+       runs on the legacy default stream, which a non-blocking compute stream does not wait for
+       (the first step could read an uninitialized step count and moments). */
+    DDP__CUDA(cudaMemsetAsync(ctx->adam_m, 0, bytes, g->compute));
+    DDP__CUDA(cudaMemsetAsync(ctx->adam_v, 0, bytes, g->compute));
+    DDP__CUDA(cudaMemsetAsync(g->state, 0, sizeof(ddp_k_adamw_state), g->compute));
     DDP__CUDA(cudaMallocHost((void **)&g->state_host, sizeof(ddp_k_adamw_state)));
     memset(g->state_host, 0, sizeof(ddp_k_adamw_state));
     return DDP_OK;
@@ -2852,7 +3062,7 @@ static ddp_result ddp__gpu_alloc_adamw(ddp_context *ctx) {
 static ddp_result ddp__gpu_report_skips(ddp_context *ctx) {
     ddp__gpu *g = ctx->gpu;
     long long skipped;
-    if (!g->state_pending || cudaEventQuery(g->state_copied) != cudaSuccess) { cudaGetLastError(); return DDP_OK; }
+    if (!g->state_pending || ddp__gpu_query(g->state_copied) != cudaSuccess) return DDP_OK;
     g->state_pending = 0;
     ctx->adam_step = g->state_host->step;
     skipped = g->state_host->skipped - g->skipped_seen;
@@ -2878,6 +3088,11 @@ static ddp_result ddp__gpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b
     int host_norm = opt->max_grad_norm > 0 || grad_norm_out;
     ddp_result r;
     if ((r = ddp__gpu_alloc_adamw(ctx)) != DDP_OK) return r;
+    /* This call waits for the compute stream below anyway. An earlier step's lazy copy of the
+       state that has not completed yet (the host ran ahead) would be overwritten by this step's
+       and its skip counted as seen, never reported: settle it first, before anything of this
+       step is enqueued. */
+    if (host_norm && g->state_pending && (r = ddp__gpu_wait(ctx, g->compute, "the optimizer state")) != DDP_OK) return r;
     if ((r = ddp__gpu_report_skips(ctx)) != DDP_OK) return r;
     if (g->step_dirty) {   /* ddp_adamw_state handed out the step count: it may have been restored */
         DDP__CUDA(cudaMemcpyAsync(&g->state->step, &ctx->adam_step, sizeof(long long), cudaMemcpyHostToDevice, g->compute));
@@ -2897,7 +3112,9 @@ static ddp_result ddp__gpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b
         if (!isfinite(norm)) {   /* the device skipped the step; name the culprit like the CPU does */
             float *host = (float *)DDP_MALLOC(ctx->flat_count * sizeof(float) + 1);
             if (!host) return ddp__fail(ctx, DDP_ERR_NONFINITE, "optimizer step %lld: the gradient norm is %g", ctx->adam_step + 1, norm);
-            DDP__CUDA(cudaMemcpy(host, ctx->flat_grads, ctx->flat_count * sizeof(float), cudaMemcpyDeviceToHost));
+            cudaError_t e = cudaMemcpy(host, ctx->flat_grads, ctx->flat_count * sizeof(float), cudaMemcpyDeviceToHost);
+            if (e != cudaSuccess) DDP_FREE(host);
+            DDP__CUDA(e);
             r = ddp__nonfinite(ctx, host, norm);
             DDP_FREE(host);
             return r;
@@ -3012,6 +3229,7 @@ static void ddp__gpu_teardown(ddp_context *ctx) {
     }
     if (g->sync_event) cudaEventDestroy(g->sync_event);
     if (g->watch_event) cudaEventDestroy(g->watch_event);
+    if (g->watch_newer) cudaEventDestroy(g->watch_newer);
     if (g->state_copied) cudaEventDestroy(g->state_copied);
     if (g->comm) cudaStreamDestroy(g->comm);
     cudaGetLastError();

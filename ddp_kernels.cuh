@@ -15,6 +15,10 @@
        #define DDP_KERNELS_IMPLEMENTATION
        #include "ddp_kernels.cuh"
    Every launcher checks its launch (cudaGetLastError) and returns the cudaError_t.
+   The element arithmetic (AdamW, its step scalars, the no-decay lookup, the bf16 casts, each
+   thread's share of the sum of squares) is __host__ __device__; defining
+   DDP_KERNELS_HOST_REFERENCE as well adds host drivers that run it as the kernels do, so
+   tests/gpu/test_kernel_math_host.cu checks it against the CPU on machines without a GPU.
 
    The AdamW arithmetic is ddp.h's CPU loop (PyTorch's AdamW), operation for operation, with
    every product, sum, quotient and square root rounded on its own (no fused multiply-add), so a
@@ -111,22 +115,90 @@ static __host__ __device__ __forceinline__ float ddp_k__from_bf16(uint16_t h) {
     return f;
 }
 
+/* ---- rounding: every operation rounded on its own, never fused into a multiply-add. On the
+   device the _rn intrinsics; on the host (tests/gpu/test_kernel_math_host.cu, no GPU needed)
+   plain IEEE float operations, which round identically when the host compiler does not
+   contract them (that test is built with -ffp-contract=off). ---- */
+static __host__ __device__ __forceinline__ float ddp_k__mul(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fmul_rn(a, b);
+#else
+    return a * b;
+#endif
+}
+static __host__ __device__ __forceinline__ float ddp_k__add(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fadd_rn(a, b);
+#else
+    return a + b;
+#endif
+}
+static __host__ __device__ __forceinline__ float ddp_k__sub(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fsub_rn(a, b);
+#else
+    return a - b;
+#endif
+}
+static __host__ __device__ __forceinline__ float ddp_k__div(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fdiv_rn(a, b);
+#else
+    return a / b;
+#endif
+}
+static __host__ __device__ __forceinline__ float ddp_k__sqrt(float a) {
+#ifdef __CUDA_ARCH__
+    return __fsqrt_rn(a);
+#else
+    return sqrtf(a);
+#endif
+}
+
 /* ---- AdamW ---- */
 struct ddp_k__adamw_consts { float lr, b1, b2, one_minus_b1, one_minus_b2, eps, lr_wd; };
 
-static __device__ __forceinline__ void ddp_k__adamw_one(float &p, float g, float &m, float &v, float decay_on,
-                                                        const ddp_k__adamw_consts &c, float clip,
-                                                        float step_size, float bc2_sqrt) {
-    float grad = __fmul_rn(g, clip);
-    float lr_wd = decay_on != 0.0f ? c.lr_wd : 0.0f;
-    m = __fadd_rn(__fmul_rn(c.b1, m), __fmul_rn(c.one_minus_b1, grad));
-    v = __fadd_rn(__fmul_rn(c.b2, v), __fmul_rn(__fmul_rn(c.one_minus_b2, grad), grad));
-    p = __fsub_rn(p, __fmul_rn(lr_wd, p));
-    p = __fsub_rn(p, __fdiv_rn(__fmul_rn(step_size, m), __fadd_rn(__fdiv_rn(__fsqrt_rn(v), bc2_sqrt), c.eps)));
+/* On the host, as the CPU rounds them (float operations, like ddp.h's CPU loop). */
+static ddp_k__adamw_consts ddp_k__adamw_make_consts(float lr, float beta1, float beta2, float eps, float weight_decay) {
+    ddp_k__adamw_consts c;
+    c.lr = lr; c.b1 = beta1; c.b2 = beta2; c.eps = eps;
+    c.one_minus_b1 = 1.0f - beta1; c.one_minus_b2 = 1.0f - beta2;
+    c.lr_wd = lr * weight_decay;
+    return c;
 }
 
-static __device__ __forceinline__ float ddp_k__decay_on(const unsigned char *no_decay, size_t i) {
+static __host__ __device__ __forceinline__ void ddp_k__adamw_one(float &p, float g, float &m, float &v, float decay_on,
+                                                                 const ddp_k__adamw_consts &c, float clip,
+                                                                 float step_size, float bc2_sqrt) {
+    float grad = ddp_k__mul(g, clip);
+    float lr_wd = decay_on != 0.0f ? c.lr_wd : 0.0f;
+    m = ddp_k__add(ddp_k__mul(c.b1, m), ddp_k__mul(c.one_minus_b1, grad));
+    v = ddp_k__add(ddp_k__mul(c.b2, v), ddp_k__mul(ddp_k__mul(c.one_minus_b2, grad), grad));
+    p = ddp_k__sub(p, ddp_k__mul(lr_wd, p));
+    p = ddp_k__sub(p, ddp_k__div(ddp_k__mul(step_size, m), ddp_k__add(ddp_k__div(ddp_k__sqrt(v), bc2_sqrt), c.eps)));
+}
+
+static __host__ __device__ __forceinline__ float ddp_k__decay_on(const unsigned char *no_decay, size_t i) {
     return no_decay && no_decay[i / DDP_K_MASK_GROUP] ? 0.0f : 1.0f;
+}
+
+/* Float4 number i: elements 4i .. 4i+3 (a group of 16 never straddles a float4). */
+static __host__ __device__ __forceinline__ void ddp_k__adamw_vec4_at(float4 *p, const float4 *g, float4 *m, float4 *v, size_t i,
+                                                                     const unsigned char *no_decay, const ddp_k__adamw_consts &c,
+                                                                     float clip, float step_size, float bc2_sqrt) {
+    float4 pp = p[i], gg = g[i], mm = m[i], vv = v[i];
+    float d = ddp_k__decay_on(no_decay, 4 * i);
+    ddp_k__adamw_one(pp.x, gg.x, mm.x, vv.x, d, c, clip, step_size, bc2_sqrt);
+    ddp_k__adamw_one(pp.y, gg.y, mm.y, vv.y, d, c, clip, step_size, bc2_sqrt);
+    ddp_k__adamw_one(pp.z, gg.z, mm.z, vv.z, d, c, clip, step_size, bc2_sqrt);
+    ddp_k__adamw_one(pp.w, gg.w, mm.w, vv.w, d, c, clip, step_size, bc2_sqrt);
+    p[i] = pp; m[i] = mm; v[i] = vv;
+}
+
+/* How many leading elements the float4 kernel takes (all four buffers 16-byte aligned); the
+   scalar kernel takes the rest. */
+static size_t ddp_k__adamw_vec4_count(const float *p, const float *g, const float *m, const float *v, size_t n) {
+    return ddp_k__aligned16(p, g, m, v) && n >= 4 ? n / 4 * 4 : 0;
 }
 
 /* Four elements per thread; n4 = n / 4 float4s, the scalar kernel takes the tail. */
@@ -137,15 +209,8 @@ static __global__ void ddp_k__adamw_vec4(float4 *p, const float4 *g, float4 *m, 
     float clip, step_size, bc2_sqrt;
     if (state->skip) return;
     clip = state->clip; step_size = state->step_size; bc2_sqrt = state->bc2_sqrt;
-    for (i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
-        float4 pp = p[i], gg = g[i], mm = m[i], vv = v[i];
-        float d = ddp_k__decay_on(no_decay, 4 * i);   /* a group of 16 never straddles a float4 */
-        ddp_k__adamw_one(pp.x, gg.x, mm.x, vv.x, d, c, clip, step_size, bc2_sqrt);
-        ddp_k__adamw_one(pp.y, gg.y, mm.y, vv.y, d, c, clip, step_size, bc2_sqrt);
-        ddp_k__adamw_one(pp.z, gg.z, mm.z, vv.z, d, c, clip, step_size, bc2_sqrt);
-        ddp_k__adamw_one(pp.w, gg.w, mm.w, vv.w, d, c, clip, step_size, bc2_sqrt);
-        p[i] = pp; m[i] = mm; v[i] = vv;
-    }
+    for (i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x)
+        ddp_k__adamw_vec4_at(p, g, m, v, i, no_decay, c, clip, step_size, bc2_sqrt);
 }
 
 static __global__ void ddp_k__adamw_scalar(float *p, const float *g, float *m, float *v, size_t begin, size_t n,
@@ -158,8 +223,11 @@ static __global__ void ddp_k__adamw_scalar(float *p, const float *g, float *m, f
                          state->step_size, state->bc2_sqrt);
 }
 
-static __global__ void ddp_k__adamw_prepare(ddp_k_adamw_state *s, const double *norm_sq, float max_grad_norm,
-                                            float lr, float beta1, float beta2) {
+/* The step scalars, in double as ddp.h's CPU step computes them (pow and sqrt of the host's
+   libm on the host, CUDA's on the device). */
+static __host__ __device__ __forceinline__ void ddp_k__adamw_prepare_one(ddp_k_adamw_state *s, const double *norm_sq,
+                                                                         float max_grad_norm, float lr, float beta1,
+                                                                         float beta2) {
     double norm;
     s->norm_sq = norm_sq ? *norm_sq : 0.0;
     norm = sqrt(s->norm_sq);
@@ -170,6 +238,11 @@ static __global__ void ddp_k__adamw_prepare(ddp_k_adamw_state *s, const double *
     s->step++;
     s->step_size = (float)((double)lr / (1.0 - pow((double)beta1, (double)s->step)));
     s->bc2_sqrt = (float)sqrt(1.0 - pow((double)beta2, (double)s->step));
+}
+
+static __global__ void ddp_k__adamw_prepare(ddp_k_adamw_state *s, const double *norm_sq, float max_grad_norm,
+                                            float lr, float beta1, float beta2) {
+    ddp_k__adamw_prepare_one(s, norm_sq, max_grad_norm, lr, beta1, beta2);
 }
 
 /* ---- the sum of squares: each block sums its grid-stride share in double and reduces it in
@@ -185,10 +258,12 @@ static __device__ __forceinline__ double ddp_k__block_sum(double x, double *shar
     return shared[0];
 }
 
-static __global__ void ddp_k__sum_squares_partials(const float *x, size_t n, int vec4, double *partials) {
-    __shared__ double shared[DDP_K_NORM_THREADS];
+/* One thread's share of the sum of squares: first, first + stride, ... (float4s when vec4,
+   then the scalar tail), in double. */
+static __host__ __device__ __forceinline__ double ddp_k__sum_squares_thread(const float *x, size_t n, int vec4,
+                                                                            size_t first, size_t stride) {
     double acc = 0;
-    size_t i, stride = (size_t)gridDim.x * blockDim.x, first = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    size_t i;
     if (vec4) {
         const float4 *x4 = (const float4 *)x;
         for (i = first; i < n / 4; i += stride) {
@@ -199,6 +274,13 @@ static __global__ void ddp_k__sum_squares_partials(const float *x, size_t n, int
     } else {
         for (i = first; i < n; i += stride) acc += (double)x[i] * x[i];
     }
+    return acc;
+}
+
+static __global__ void ddp_k__sum_squares_partials(const float *x, size_t n, int vec4, double *partials) {
+    __shared__ double shared[DDP_K_NORM_THREADS];
+    double acc = ddp_k__sum_squares_thread(x, n, vec4, blockIdx.x * (size_t)blockDim.x + threadIdx.x,
+                                           (size_t)gridDim.x * blockDim.x);
     acc = ddp_k__block_sum(acc, shared);
     if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
@@ -251,8 +333,17 @@ static __global__ void ddp_k__spin(unsigned long long ns) {
 }
 
 /* ---- launchers ---- */
+/* cudaEventQuery/cudaStreamQuery record cudaErrorNotReady in the thread's last-error slot like an
+   error. Left there by a caller's polling, it would be what the cudaGetLastError after a launch
+   below returns: a healthy launch reported as failed. Only that value is cleared; any other
+   pending error stays for the check to report. */
+static void ddp_k__forget_not_ready(void) {
+    if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();
+}
+
 extern "C" cudaError_t ddp_k_sum_squares(const float *x, size_t n, double *partials, double *out, cudaStream_t stream) {
     cudaError_t e;
+    ddp_k__forget_not_ready();
     ddp_k__sum_squares_partials<<<DDP_K_NORM_BLOCKS, DDP_K_NORM_THREADS, 0, stream>>>(x, n, ((uintptr_t)x & 15u) == 0, partials);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     ddp_k__sum_partials<<<1, DDP_K_NORM_BLOCKS, 0, stream>>>(partials, out);
@@ -261,6 +352,7 @@ extern "C" cudaError_t ddp_k_sum_squares(const float *x, size_t n, double *parti
 
 extern "C" cudaError_t ddp_k_adamw_prepare(ddp_k_adamw_state *state, const double *norm_sq, float max_grad_norm,
                                            float lr, float beta1, float beta2, cudaStream_t stream) {
+    ddp_k__forget_not_ready();
     ddp_k__adamw_prepare<<<1, 1, 0, stream>>>(state, norm_sq, max_grad_norm, lr, beta1, beta2);
     return cudaGetLastError();
 }
@@ -268,19 +360,16 @@ extern "C" cudaError_t ddp_k_adamw_prepare(ddp_k_adamw_state *state, const doubl
 extern "C" cudaError_t ddp_k_adamw(float *p, const float *g, float *m, float *v, size_t n, const unsigned char *no_decay,
                                    float lr, float beta1, float beta2, float eps, float weight_decay,
                                    const ddp_k_adamw_state *state, cudaStream_t stream) {
-    ddp_k__adamw_consts c;
-    size_t done = 0;
+    ddp_k__adamw_consts c = ddp_k__adamw_make_consts(lr, beta1, beta2, eps, weight_decay);
+    size_t done = ddp_k__adamw_vec4_count(p, g, m, v, n);
     cudaError_t e;
-    c.lr = lr; c.b1 = beta1; c.b2 = beta2; c.eps = eps;
-    c.one_minus_b1 = 1.0f - beta1; c.one_minus_b2 = 1.0f - beta2;   /* rounded as the CPU rounds them */
-    c.lr_wd = lr * weight_decay;
+    ddp_k__forget_not_ready();
     if (n == 0) return cudaSuccess;
-    if (ddp_k__aligned16(p, g, m, v) && n >= 4) {
-        size_t n4 = n / 4;
+    if (done) {
+        size_t n4 = done / 4;
         ddp_k__adamw_vec4<<<ddp_k__blocks(n4, 256), 256, 0, stream>>>((float4 *)p, (const float4 *)g, (float4 *)m,
                                                                      (float4 *)v, n4, no_decay, c, state);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
-        done = n4 * 4;
     }
     if (done == n) return cudaSuccess;
     ddp_k__adamw_scalar<<<ddp_k__blocks(n - done, 256), 256, 0, stream>>>(p, g, m, v, done, n, no_decay, c, state);
@@ -288,12 +377,14 @@ extern "C" cudaError_t ddp_k_adamw(float *p, const float *g, float *m, float *v,
 }
 
 extern "C" cudaError_t ddp_k_scale(float *x, size_t n, float factor, cudaStream_t stream) {
+    ddp_k__forget_not_ready();
     if (n == 0) return cudaSuccess;
     ddp_k__scale<<<ddp_k__blocks(n, 256), 256, 0, stream>>>(x, n, factor);
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t ddp_k_fill(float *x, size_t n, float value, cudaStream_t stream) {
+    ddp_k__forget_not_ready();
     if (n == 0) return cudaSuccess;
     ddp_k__fill<<<ddp_k__blocks(n, 256), 256, 0, stream>>>(x, n, value);
     return cudaGetLastError();
@@ -301,6 +392,7 @@ extern "C" cudaError_t ddp_k_fill(float *x, size_t n, float value, cudaStream_t 
 
 extern "C" cudaError_t ddp_k_f32_to_bf16(const float *in, uint16_t *out, size_t n, cudaStream_t stream) {
     int vec4 = (((uintptr_t)in & 15u) | ((uintptr_t)out & 7u)) == 0;
+    ddp_k__forget_not_ready();
     if (n == 0) return cudaSuccess;
     ddp_k__to_bf16_kernel<<<ddp_k__blocks(vec4 ? n / 4 + 1 : n, 256), 256, 0, stream>>>(in, out, n, vec4);
     return cudaGetLastError();
@@ -308,16 +400,64 @@ extern "C" cudaError_t ddp_k_f32_to_bf16(const float *in, uint16_t *out, size_t 
 
 extern "C" cudaError_t ddp_k_bf16_to_f32(const uint16_t *in, float *out, size_t n, cudaStream_t stream) {
     int vec4 = (((uintptr_t)in & 7u) | ((uintptr_t)out & 15u)) == 0;
+    ddp_k__forget_not_ready();
     if (n == 0) return cudaSuccess;
     ddp_k__from_bf16_kernel<<<ddp_k__blocks(vec4 ? n / 4 + 1 : n, 256), 256, 0, stream>>>(in, out, n, vec4);
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t ddp_k_spin(double ms, cudaStream_t stream) {
+    ddp_k__forget_not_ready();
     if (!(ms > 0)) return cudaSuccess;
     ddp_k__spin<<<1, 1, 0, stream>>>((unsigned long long)(ms * 1e6));
     return cudaGetLastError();
 }
+
+#ifdef DDP_KERNELS_HOST_REFERENCE
+/* ---- the kernels' arithmetic on the host, for tests on machines without a GPU
+   (tests/gpu/test_kernel_math_host.cu): the same element functions in the same split as the
+   launchers, and the sum of squares in the kernels' order (threads of the fixed grid, each
+   block's tree, the tree over the partials). ---- */
+static inline void ddp_k__adamw_prepare_host(ddp_k_adamw_state *state, const double *norm_sq, float max_grad_norm,
+                                             float lr, float beta1, float beta2) {
+    ddp_k__adamw_prepare_one(state, norm_sq, max_grad_norm, lr, beta1, beta2);
+}
+
+static inline void ddp_k__adamw_host(float *p, const float *g, float *m, float *v, size_t n, const unsigned char *no_decay,
+                                     float lr, float beta1, float beta2, float eps, float weight_decay,
+                                     const ddp_k_adamw_state *state) {
+    ddp_k__adamw_consts c = ddp_k__adamw_make_consts(lr, beta1, beta2, eps, weight_decay);
+    size_t i, done = ddp_k__adamw_vec4_count(p, g, m, v, n);
+    if (state->skip) return;
+    for (i = 0; i < done / 4; i++)
+        ddp_k__adamw_vec4_at((float4 *)p, (const float4 *)g, (float4 *)m, (float4 *)v, i, no_decay, c, state->clip,
+                             state->step_size, state->bc2_sqrt);
+    for (i = done; i < n; i++)
+        ddp_k__adamw_one(p[i], g[i], m[i], v[i], ddp_k__decay_on(no_decay, i), c, state->clip, state->step_size,
+                         state->bc2_sqrt);
+}
+
+/* ddp_k__block_sum's order: at each level t += t + stride, strides halving. */
+static inline double ddp_k__tree_sum_host(double *x, unsigned count) {
+    unsigned t, stride;
+    for (stride = count / 2; stride > 0; stride /= 2)
+        for (t = 0; t < stride; t++) x[t] += x[t + stride];
+    return x[0];
+}
+
+static inline double ddp_k__sum_squares_host(const float *x, size_t n) {
+    static double threads[DDP_K_NORM_THREADS], partials[DDP_K_NORM_BLOCKS];
+    const size_t stride = (size_t)DDP_K_NORM_BLOCKS * DDP_K_NORM_THREADS;
+    int vec4 = ((uintptr_t)x & 15u) == 0;   /* as ddp_k_sum_squares decides */
+    unsigned b, t;
+    for (b = 0; b < DDP_K_NORM_BLOCKS; b++) {
+        for (t = 0; t < DDP_K_NORM_THREADS; t++)
+            threads[t] = ddp_k__sum_squares_thread(x, n, vec4, (size_t)b * DDP_K_NORM_THREADS + t, stride);
+        partials[b] = ddp_k__tree_sum_host(threads, DDP_K_NORM_THREADS);
+    }
+    return ddp_k__tree_sum_host(partials, DDP_K_NORM_BLOCKS);
+}
+#endif /* DDP_KERNELS_HOST_REFERENCE */
 
 #endif /* DDP_KERNELS_IMPLEMENTATION && __CUDACC__ */
 #endif /* DDP_KERNELS_CUH */

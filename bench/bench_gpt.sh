@@ -3,8 +3,9 @@
 #   ours (build/train_gpt, OpenBLAS 1 thread) on 1 rank and on 2 ranks (ddprun), and PyTorch
 #   (1 intra-op thread per process) on 1 rank and on 2 ranks with DDP over gloo.
 # Config: 4 layers, 4 heads, width 128, context 64, batch 4 per rank (weak scaling: 2 ranks do
-# twice the work per step). Each run's rate comes from its median step time; each configuration
-# runs REPS times, interleaved, and the table shows the median run. tokens/s is global;
+# twice the work per step). Each run's rate comes from its median step time (ours: the median
+# of 10-step means); each configuration runs REPS times, interleaved, and the table shows the
+# median run. tokens/s is global;
 # scaling efficiency = tokens/s(2 ranks) / (2 x tokens/s(1 rank)).
 # Usage: bench/bench_gpt.sh [BUILD_DIR]    env: REPS (3), STEPS (110, first 10 untimed), DATA
 set -u
@@ -23,12 +24,14 @@ trap 'rm -rf "$tmp"' EXIT
 
 median() { sort -n | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 
-# ours N -> global tokens/s from the median step time of steps SKIP+1..STEPS (the step lines:
-# "step i/n | ... | X ms | ..."); the median keeps a stray job on the machine from skewing it.
+# ours N -> global tokens/s from the median of the progress lines after step SKIP. A line comes
+# every 10 steps ("step i/n | ... | X ms | ...", X the mean step since the line before), the way
+# a user runs it: train_gpt averages the loss across ranks only for a line. The median of the
+# lines keeps a stray job on the machine from skewing the result.
 ours() {
     local n=$1
     "$B/ddprun" -n "$n" "$B/train_gpt" --data "$DATA" "${CFG[@]}" --steps "$STEPS" --warmup 10 --eval-every 0 \
-        --eval-batches 1 --sample 0 --log-every 1 >"$tmp/ours.log" 2>&1 || { echo "0"; return; }
+        --eval-batches 1 --sample 0 --log-every 10 >"$tmp/ours.log" 2>&1 || { echo "0"; return; }
     sed -E 's/^\[rank [0-9]+\] //' "$tmp/ours.log" | awk -F'|' -v skip=$SKIP '
         /^step +[0-9]+\/[0-9]+ \| loss/ { split($1, s, /[ \/]+/); if (s[2] > skip) print $5 + 0 }' |
         median | awk -v tok=$((n * 4 * 64)) '{ printf "%.0f\n", ($1 > 0) ? tok / ($1 / 1000) : 0 }'

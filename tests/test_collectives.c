@@ -87,13 +87,62 @@ static void check_barrier(void) {
     verdict(ok, "barrier_waits_for_the_last_rank", "a rank left before another arrived");
 }
 
+/* Gradient buckets: parameters of awkward sizes over many small buckets (some smaller than
+   world x 16 floats, so a rank's part can be empty), two steps so a bucket's buffer is reused.
+   Each step every gradient is set, marked ready from the last parameter to the first (the order
+   a backward finishes them), and must come back as the float64 average on every rank, with
+   the same bits everywhere. */
+static void check_gradient_buckets(void) {
+    static const size_t counts[] = { 1, 3, 17, 33, 4097, 65537, 196613, 5, (1u << 20) + 3, 2 };
+    enum { NP = sizeof counts / sizeof counts[0] };
+    char name[96];
+    int ids[NP], p, step, r;
+    size_t i, total;
+    for (p = 0; p < NP; p++) {
+        snprintf(name, sizeof name, "p%d", p);
+        if (ddp_register_param(ddp, name, counts[p], 0, NULL, &ids[p]) != DDP_OK) { verdict(0, "buckets_register", "%s", ddp_last_error(ddp)); return; }
+    }
+    if (ddp_commit(ddp) != DDP_OK) { verdict(0, "buckets_commit", "%s", ddp_last_error(ddp)); return; }
+    for (step = 0; step < 2; step++) {
+        size_t bad = 0;
+        double worst = 0;
+        for (p = 0; p < NP; p++)
+            for (i = 0; i < counts[p]; i++) ddp_grad(ddp, ids[p])[i] = test_value((uint64_t)(rank * 131 + step * 17 + p), i);
+        for (p = NP - 1; p >= 0; p--)
+            if (ddp_grad_ready(ddp, ids[p]) != DDP_OK) { verdict(0, "buckets_ready", "%s", ddp_last_error(ddp)); return; }
+        if (ddp_finish(ddp) != DDP_OK) { verdict(0, "buckets_finish", "%s", ddp_last_error(ddp)); return; }
+        for (p = 0; p < NP; p++)
+            for (i = 0; i < counts[p]; i++) {
+                double sum = 0, sum_abs = 0, err, tol;
+                for (r = 0; r < world; r++) {
+                    double x = test_value((uint64_t)(r * 131 + step * 17 + p), i);
+                    sum += x / world;
+                    sum_abs += fabs(x) / world;
+                }
+                tol = (world + 1) * FLT_EPSILON * sum_abs + 1e-30;
+                err = fabs((double)ddp_grad(ddp, ids[p])[i] - sum);
+                bad += err > tol;
+                if (err / tol > worst) worst = err / tol;
+            }
+        snprintf(name, sizeof name, "gradient_buckets_step%d_ranks%d_%d_buckets", step, world, ddp_num_buckets(ddp));
+        verdict(!failures_everywhere(bad != 0), name, "%zu gradient element(s) off the float64 average on some rank", bad);
+        ddp_flat_grads(ddp, &total);
+        snprintf(name, sizeof name, "gradient_buckets_step%d_ranks%d_identical", step, world);
+        verdict(same_on_every_rank(ddp_flat_grads(ddp, NULL), total * sizeof(float)), name, "ranks hold different bits");
+    }
+}
+
 int main(void) {
     static const size_t sizes[] = { 1, 2, 3, 7, 16, 17, 1000, 4097, 65535, 65536, 65537, 196613,
                                     (1u << 20) + 3, 10u * (1u << 20) + 1 };
     static const size_t bcast_sizes[] = { 1, 13, 262144 + 7, 3u * 1048576 + 1 };
     size_t i;
     int root;
-    if (ddp_init(&ddp, NULL) != DDP_OK) { fprintf(stderr, "%s\n", ddp_last_error(ddp)); return 1; }
+    ddp_desc desc;
+    memset(&desc, 0, sizeof desc);
+    desc.bucket_cap_mb = 0.25;      /* many buckets for check_gradient_buckets */
+    desc.first_bucket_mb = 0.0001;
+    if (ddp_init(&ddp, &desc) != DDP_OK) { fprintf(stderr, "%s\n", ddp_last_error(ddp)); return 1; }
     rank = ddp_rank(ddp);
     world = ddp_world_size(ddp);
     if (rank != 0) { FILE *quiet = freopen("/dev/null", "w", stdout); (void)quiet; }  /* rank 0 speaks for all */
@@ -104,6 +153,7 @@ int main(void) {
     for (i = 0; i < sizeof bcast_sizes / sizeof bcast_sizes[0]; i++)
         for (root = 0; root < world; root++) check_broadcast(bcast_sizes[i], root);
     check_barrier();
+    check_gradient_buckets();
     if (ddp_shutdown(ddp) != DDP_OK) { printf("FAIL shutdown_ranks%d\n", world); test_failures++; }
     return test_summary("test_collectives");
 }

@@ -273,16 +273,17 @@ static void model_forward(model *mo, const int *tok, const int *tgt, int B, int 
     mo->losses[mo->num_losses++] = loss;
 }
 
-/* Sum of loss / divisor over the forwards since the last call, in order: what the loop
-   `loss += gpt_forward(...) / divisor` gives, to the bit. On the GPU the one wait of a step. */
-static float model_loss_sum(model *mo, float divisor) {
+/* Sum of loss / divisor over the last `last` forwards with targets, in order: what the loop
+   `loss += gpt_forward(...) / divisor` over them gives, to the bit. Earlier unread losses (steps
+   without a progress line) are dropped. On the GPU this waits for the device. */
+static float model_loss_sum(model *mo, float divisor, int last) {
     const float *l = mo->losses;
     float sum = 0;
     int n = mo->num_losses, i;
 #ifdef TRAIN_CUDA_MODEL
     if (mo->on_gpu) l = gpt_cuda_losses(&mo->gpu, &n);
 #endif
-    for (i = 0; i < n; i++) sum += l[i] / divisor;
+    for (i = n > last ? n - last : 0; i < n; i++) sum += l[i] / divisor;
     mo->num_losses = 0;
     return sum;
 }
@@ -503,7 +504,7 @@ static float evaluate(ddp_context *ddp, model *mo, const options *o, const datas
         gpt_make_batch(d->bytes + d->train_len, d->val_len, o->seed ^ 0xe7a1u, (uint64_t)k, rank * B, B, T, tok, tgt);
         model_forward(mo, tok, tgt, B, T, 1.0f, 0);
     }
-    loss = model_loss_sum(mo, (float)o->eval_batches);
+    loss = model_loss_sum(mo, (float)o->eval_batches, o->eval_batches);
     ddp_allreduce(ddp, &loss, 1, DDP_AVG);
     return loss;
 }
@@ -561,7 +562,8 @@ int main(int argc, char **argv) {
     dataset data;
     model mo;
     int rank, world, step = 0, B, T, *tok, *tgt;
-    double t_start;
+    double t_start, t_line;   /* t_line, step_line: when and at which step the last progress line was */
+    int step_line;
     float val = NAN;
 
     if (!parse_args(argc, argv, &o, err, sizeof err)) { fprintf(stderr, "train_gpt: %s\n", err); return 2; }
@@ -626,9 +628,10 @@ int main(int argc, char **argv) {
         if (o.resume) printf("resumed from %s at step %d\n", o.resume, step);
     }
 
-    t_start = now_s();
+    t_start = t_line = now_s();
+    step_line = step;
     while (step < o.steps && !(o.stop_at > 0 && step >= o.stop_at)) {
-        double t0 = now_s(), ms;
+        double ms;
         float loss, lr = lr_at(&o, step), norm = 0;
         ddp_adamw opt;
         ddp_step_stats st;
@@ -644,17 +647,26 @@ int main(int argc, char **argv) {
         opt.lr = lr; opt.beta1 = o.beta1; opt.beta2 = o.beta2; opt.weight_decay = o.wd; opt.max_grad_norm = o.clip;
         CHECK(ddp_adamw_step(ddp, &opt, &norm));
         st = ddp_last_step_stats(ddp);
-        loss = model_loss_sum(&mo, (float)o.accum);   /* GPU: the step's one wait for the device */
-        CHECK(ddp_allreduce(ddp, &loss, 1, DDP_AVG));
         step++;
-        ms = 1e3 * (now_s() - t0);
-        if (rank == 0 && (step % o.log_every == 0 || step == 1 || step == o.steps))
-            printf("step %5d/%d | loss %.6f | lr %.3e | norm %.3f | %7.1f ms | %6.0f tok/s | compute %.1f ms comm %.2f ms "
-                   "exposed %.2f ms overlap %3.0f%%\n", step, o.steps, loss, lr, norm, ms,
-                   (double)world * B * T * o.accum / (ms / 1e3), st.backward_ms, st.comm_ms, st.exposed_ms, st.overlap_pct);
+        /* The loss is averaged across ranks only for the lines that show it: every collective
+           is a point where all ranks wait for the slowest, and the step needs none beyond the
+           gradient buckets. (The same decision on every rank: it depends on the step alone.) */
+        if (step % o.log_every == 0 || step == 1 || step == o.steps) {
+            loss = model_loss_sum(&mo, (float)o.accum, o.accum);   /* this step's; GPU: waits for the device */
+            CHECK(ddp_allreduce(ddp, &loss, 1, DDP_AVG));
+            ms = 1e3 * (now_s() - t_line) / (step - step_line);   /* the mean step since the last line */
+            t_line = now_s();
+            step_line = step;
+            if (rank == 0)
+                printf("step %5d/%d | loss %.6f | lr %.3e | norm %.3f | %7.1f ms | %6.0f tok/s | compute %.1f ms comm %.2f ms "
+                       "exposed %.2f ms overlap %3.0f%%\n", step, o.steps, loss, lr, norm, ms,
+                       (double)world * B * T * o.accum / (ms / 1e3), st.backward_ms, st.comm_ms, st.exposed_ms, st.overlap_pct);
+        }
         if (o.eval_every > 0 && step % o.eval_every == 0 && step < o.steps) {
             val = evaluate(ddp, &mo, &o, &data, tok, tgt);
             if (rank == 0) printf("step %5d | val loss %.4f\n", step, val);
+            t_line = now_s();   /* the next line's mean is of training steps only */
+            step_line = step;
         }
         if (o.save && o.save_every > 0 && step % o.save_every == 0 && rank == 0 &&
             !save_checkpoint(ddp, &mo, &o, step, o.save, err, sizeof err))

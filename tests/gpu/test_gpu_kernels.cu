@@ -1,7 +1,8 @@
 /* test_gpu_kernels.cu — ddp_kernels.cuh against CPU references: AdamW against ddp.h's CPU loop
    (<= 1e-6 relative; the arithmetic is the same, so normally bit for bit), the sum of squares
    against float64 (and the same bits twice), fp32->bf16 over all 2^32 bit patterns and
-   bf16->fp32 over all 2^16 against the CPU's round-to-nearest-even, fill and scale.
+   bf16->fp32 over all 2^16 against the CPU's round-to-nearest-even, fill and scale, and a
+   launcher after the caller's polling left cudaErrorNotReady behind.
    Prints "SKIP gpu: ..." and exits 0 without a device. */
 #include "../testlib.h"
 #include "gpu_common.h"
@@ -166,8 +167,29 @@ static void test_adamw_skip(void) {
     cudaFree(d); cudaFree(partials); cudaFree(norm_sq); cudaFree(state);
 }
 
+/* A caller that polls (cudaEventQuery on unfinished work) leaves cudaErrorNotReady as the
+   thread's last error; a launcher must not report it as its own launch failing. */
+static void test_stale_not_ready(void) {
+    cudaEvent_t e;
+    cudaError_t q, launched, after;
+    float *d;
+    CK(cudaMalloc((void **)&d, 1024 * sizeof(float)));
+    CK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    CK(ddp_k_spin(200.0, 0));
+    CK(cudaEventRecord(e, 0));
+    q = cudaEventQuery(e);
+    launched = ddp_k_fill(d, 1024, 1.0f, 0);
+    after = cudaGetLastError();
+    verdict(q == cudaErrorNotReady && launched == cudaSuccess && after == cudaSuccess, "gpu_launcher_ignores_a_stale_not_ready",
+            "query %s, launch %s, then %s", cudaGetErrorName(q), cudaGetErrorName(launched), cudaGetErrorName(after));
+    CK(cudaDeviceSynchronize());
+    cudaEventDestroy(e);
+    cudaFree(d);
+}
+
 int main(void) {
     gpu_require_device();
+    test_stale_not_ready();
     printf("  (device: %s)\n", gpu_name());
     test_adamw(0);
     test_adamw(1);

@@ -49,6 +49,14 @@ int main(void) {
         }
         if (ddp_finish(ddp) != DDP_OK) { printf("FAIL gpu_overlap_finish: %s\n", ddp_last_error(ddp)); return 1; }
     }
+    {   /* the GPU is steps behind: the stats' event queries find them unfinished (NotReady),
+           and must not leave that behind for the program's next cudaGetLastError */
+        cudaError_t stale;
+        (void)ddp_last_step_stats(ddp);
+        stale = cudaGetLastError();
+        verdict(stale == cudaSuccess, "gpu_event_queries_leave_no_stale_error", "cudaGetLastError after ddp_last_step_stats: %s",
+                cudaGetErrorName(stale));
+    }
     CK(cudaEventRecord(t1, stream));
     CK(cudaEventSynchronize(t1));
     CK(cudaEventElapsedTime(&ms, t0, t1));

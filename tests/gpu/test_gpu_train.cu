@@ -110,6 +110,12 @@ int main(void) {
     int rank, world, step, micro;
     char name[128];
     gpu_require_device();
+    {   /* the stream must live on the GPU ddp.h binds this rank to: LOCAL_RANK % device count */
+        int devices = 1;
+        const char *local = getenv("LOCAL_RANK");
+        CK(cudaGetDeviceCount(&devices));
+        CK(cudaSetDevice((local ? atoi(local) : 0) % devices));
+    }
     CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     memset(&d, 0, sizeof d);
     d.backend = DDP_BACKEND_NCCL;
