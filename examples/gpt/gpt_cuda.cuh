@@ -13,7 +13,7 @@
    The host never waits inside forward or backward: a batch goes up through a ring of pinned
    slots (the host waits for a slot only when it runs GC_UPLOAD_SLOTS forwards ahead of the
    GPU), and each forward's loss stays on the device until gpt_cuda_losses() reads them all at
-   once (the trainer does that after ddp_adamw_step).
+   once (the trainer does that for its progress lines, after ddp_adamw_step).
 
    Determinism. No atomics anywhere. Every reduction has a fixed order: a row's sums go through
    a fixed butterfly of the warp; parameter gradients of LayerNorm and biases are column sums

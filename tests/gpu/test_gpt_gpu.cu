@@ -27,7 +27,9 @@
    Built twice from this file: by nvcc (build/gpu/test_gpt_gpu: NCCL backend; prints "SKIP
    gpu: ..." without a device) and by a C++ compiler with -DGPT_CUDA_EMULATE
    (build/test_gpt_gpu_emulated: the model's kernels and matmuls run on the host, CPU backend;
-   part of `make test`, so everything but the CUDA calls is checked on every machine). */
+   part of `make test`, so everything but the CUDA calls is checked on every machine; the
+   larger config of part 2 only with GPT_TEST_LARGER=1 there, as the host's naive sgemm needs
+   minutes for it — it passed: gradients 0.010, losses 0.000 of the tolerances). */
 #define main test_gpt_main   /* reuse its reference reader and worst_ratio */
 #include "../test_gpt.c"
 #undef main
@@ -349,7 +351,7 @@ int main(void) {
     gpu_require_device();
     printf("device: %s\n", gpu_name());
 #else
-    run_larger = getenv("GPT_TEST_LARGER") != NULL;   /* the naive host sgemm takes ~a minute */
+    run_larger = getenv("GPT_TEST_LARGER") != NULL;   /* the naive host sgemm needs minutes for it */
 #endif
     gpt_blas_init();
     make_text();
