@@ -1949,6 +1949,17 @@ static ddp_result ddp__shm_attach(ddp_context *ctx, const char *name) {
     return DDP_OK;
 }
 
+/* What rank 0 published under `key` (a segment's name, the ncclUniqueId), waited for until
+   `deadline`; the caller frees *val. */
+static ddp_result ddp__fetch_from_rank0(ddp_context *ctx, const char *key, const char *what, double deadline,
+                                        unsigned char **val, uint32_t *len) {
+    int found = 0;
+    ddp_result r = ddp__store_get(ctx, key, deadline, val, len, &found);
+    if (r != DDP_OK) return r;
+    if (!found) return ddp__fail(ctx, DDP_ERR_TIMEOUT, "rank 0 did not publish %s in time", what);
+    return DDP_OK;
+}
+
 /* Rank 0 creates the segment and publishes its name; once everyone has it mapped it is
    unlinked, so a crash from here on leaves nothing behind. */
 static ddp_result ddp__shm_setup(ddp_context *ctx, double deadline) {
@@ -1959,9 +1970,7 @@ static ddp_result ddp__shm_setup(ddp_context *ctx, double deadline) {
     } else {
         unsigned char *name;
         uint32_t len;
-        int found;
-        if ((r = ddp__store_get(ctx, "shm", deadline, &name, &len, &found)) != DDP_OK) return r;
-        if (!found) return ddp__fail(ctx, DDP_ERR_TIMEOUT, "rank 0 did not publish its shared memory in time");
+        if ((r = ddp__fetch_from_rank0(ctx, "shm", "its shared memory", deadline, &name, &len)) != DDP_OK) return r;
         r = ddp__shm_attach(ctx, (const char *)name);
         DDP_FREE(name);
         if (r != DDP_OK) return r;
@@ -1993,10 +2002,8 @@ static ddp_result ddp__grads_share(ddp_context *ctx, double deadline) {
     } else {
         unsigned char *name;
         uint32_t len;
-        int found;
-        ddp_result r = ddp__store_get(ctx, "grads", deadline, &name, &len, &found);
+        ddp_result r = ddp__fetch_from_rank0(ctx, "grads", "its gradient segment", deadline, &name, &len);
         if (r != DDP_OK) return r;
-        if (!found) return ddp__fail(ctx, DDP_ERR_TIMEOUT, "rank 0 did not publish its gradient segment in time");
         snprintf(ctx->grads_name, sizeof ctx->grads_name, "%s", (const char *)name);
         DDP_FREE(name);
         if ((fd = shm_open(ctx->grads_name, O_RDWR, 0600)) < 0)
@@ -2814,10 +2821,9 @@ static ddp_result ddp__gpu_setup(ddp_context *ctx, double deadline) {
     } else {
         unsigned char *val;
         uint32_t len;
-        int found;
-        ddp_result r = ddp__store_get(ctx, "nccl/id", deadline, &val, &len, &found);
+        ddp_result r = ddp__fetch_from_rank0(ctx, "nccl/id", "its ncclUniqueId", deadline, &val, &len);
         if (r != DDP_OK) return r;
-        if (!found || len != sizeof id) { DDP_FREE(val); return ddp__fail(ctx, DDP_ERR_TIMEOUT, "rank 0 did not publish its ncclUniqueId in time"); }
+        if (len != sizeof id) { DDP_FREE(val); return ddp__fail(ctx, DDP_ERR_MISMATCH, "rank 0's ncclUniqueId has %u bytes, not %zu (another NCCL version?)", len, sizeof id); }
         memcpy(&id, val, sizeof id);
         DDP_FREE(val);
     }
