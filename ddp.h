@@ -1888,20 +1888,34 @@ static ddp_result ddp__shm_map(ddp_context *ctx, int fd, size_t bytes) {
 
 /* A new owner-only segment of `bytes` under a fresh name "/ddp-PID-NONCE" (the pid lets a later
    job sweep it if this one crashes before unlinking it). Returns the open fd, or -1 (failed). */
+/* Size a new segment and take its pages now. A tmpfs that runs out of room while a page is
+   first touched kills the process with SIGBUS, mid-step; reserved here, the shortage is an
+   error at init or commit instead. Returns 0 or an errno. */
+static int ddp__shm_reserve(int fd, size_t bytes) {
+    int err;
+    if (ftruncate(fd, (off_t)bytes)) return errno;
+#ifdef __linux__
+    err = posix_fallocate(fd, 0, (off_t)bytes);
+    if (err == EOPNOTSUPP || err == EINVAL) err = 0;   /* a file system without it: as before */
+#else
+    err = 0;
+#endif
+    return err;
+}
+
 static int ddp__shm_new(ddp_context *ctx, char name[64], size_t bytes) {
-    int fd = -1, attempt;
+    int fd = -1, attempt, err;
     for (attempt = 0; attempt < 16 && fd < 0; attempt++) {
         unsigned nonce = (unsigned)(ddp__now() * 1e9) ^ ((unsigned)(uintptr_t)name * 2654435761u) ^ (unsigned)attempt;
         snprintf(name, 64, "/ddp-%d-%08x", (int)getpid(), nonce);
         fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);   /* owner-only */
     }
     if (fd < 0) { ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot create shared memory %s: %s", name, strerror(errno)); return -1; }
-    if (ftruncate(fd, (off_t)bytes)) {
-        int err = errno;
+    if ((err = ddp__shm_reserve(fd, bytes)) != 0) {
         close(fd);
         shm_unlink(name);
-        ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot size shared memory %s to %zu bytes (is /dev/shm full?): %s",
-                  name, bytes, strerror(err));
+        ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot reserve %zu bytes of shared memory for %s (/dev/shm too small or "
+                  "full? a container's default is 64 MiB: docker run --shm-size): %s", bytes, name, strerror(err));
         return -1;
     }
     return fd;
@@ -1997,15 +2011,26 @@ static ddp_result ddp__grads_share(ddp_context *ctx, double deadline) {
     bytes = ctx->grads_stride * sizeof(float) * (size_t)ctx->world;
     if (ctx->rank == 0) {
         ddp_result r;
-        if ((fd = ddp__shm_new(ctx, ctx->grads_name, bytes)) < 0) return DDP_ERR_SYSTEM;
-        if ((r = ddp__store_set(ctx, "grads", ctx->grads_name, strlen(ctx->grads_name))) != DDP_OK) { close(fd); return r; }
+        fd = ddp__shm_new(ctx, ctx->grads_name, bytes);
+        if (fd < 0) {   /* no room in /dev/shm: the gradients stay private, buckets take the staged path */
+            const char *why = strncmp(ctx->err, "rank 0: ", 8) ? ctx->err : ctx->err + 8;
+            ddp__log(ctx, DDP_LOG_WARN, "%s; gradient buckets go through the staging slots instead (slower)", why);
+            ctx->grads_name[0] = 0;
+            ctx->err[0] = 0;
+        }
+        if ((r = ddp__store_set(ctx, "grads", ctx->grads_name, strlen(ctx->grads_name))) != DDP_OK) {
+            if (fd >= 0) close(fd);
+            return r;
+        }
+        if (fd < 0) return DDP_OK;
     } else {
         unsigned char *name;
         uint32_t len;
         ddp_result r = ddp__fetch_from_rank0(ctx, "grads", "its gradient segment", deadline, &name, &len);
         if (r != DDP_OK) return r;
-        snprintf(ctx->grads_name, sizeof ctx->grads_name, "%s", (const char *)name);
+        snprintf(ctx->grads_name, sizeof ctx->grads_name, "%.*s", (int)len, (const char *)name);
         DDP_FREE(name);
+        if (!ctx->grads_name[0]) return DDP_OK;   /* rank 0 had no room: private gradients everywhere */
         if ((fd = shm_open(ctx->grads_name, O_RDWR, 0600)) < 0)
             return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot open rank 0's gradient segment %s: %s", ctx->grads_name, strerror(errno));
         if (fstat(fd, &st) || (size_t)st.st_size != bytes) {
