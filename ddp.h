@@ -1799,8 +1799,8 @@ static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *dat
    its part straight from every rank's buffer (in rank order, the same arithmetic as the staged
    path, so the same bits), writes it into its own buffer, and then copies the other ranks'
    parts from theirs. Per rank that reads 1.5 and writes 1 bucket's worth of memory where the
-   staged path moves 2 and 2, and it takes three handshakes per bucket instead of three per
-   256 KiB chunk. Both matter when compute keeps every core busy: the reduction's CPU time and
+   staged path moves 2 and 2, and it waits for its peers four times per bucket instead of
+   three times per 256 KiB chunk. Both matter when compute keeps every core busy: the reduction's CPU time and
    each wake-up come straight out of the step.
    -------------------------------------------------------------------------------------------- */
 static float *ddp__rank_grads(ddp_context *ctx, int s) { return (float *)(void *)ctx->grads_shm + (size_t)s * ctx->grads_stride; }
