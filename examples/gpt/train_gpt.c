@@ -306,53 +306,64 @@ static const char *model_describe(const model *mo, char *buf, size_t n) {
     return buf;
 }
 
-/* The flat parameters and AdamW m, v as host arrays, for checkpoints and the final hash. The
-   CPU model's are ddp.h's own buffers, used in place; the CUDA model's are device memory,
-   copied through `held` (downloaded when asked, uploaded back by state_close when asked). */
+/* The flat parameters and AdamW m, v as host arrays, for checkpoints and the final hash.
+   Reading (download = 1), the CPU model's are ddp.h's own buffers, used in place; the CUDA
+   model's are device memory, copied into `held`. Loading (download = 0) always goes through
+   `held`, so a checkpoint that turns out bad leaves the live state untouched: state_close puts
+   it in place only when told to (upload = 1, once every check passed). */
 typedef struct host_state {
     float *params, *m, *v, *held;
-    float *dev_params, *dev_m, *dev_v;
+    float *dev_params, *dev_m, *dev_v;   /* ddp.h's buffers (device memory for the CUDA model) */
     int64_t *adam_step;
     size_t n;
+    int on_gpu;
 } host_state;
 
 static int state_open(ddp_context *ddp, const model *mo, host_state *s, int download, char *err, size_t errn) {
+    size_t bytes;
     memset(s, 0, sizeof *s);
     if (ddp_adamw_state(ddp, &s->dev_m, &s->dev_v, &s->adam_step) != DDP_OK) { snprintf(err, errn, "%s", ddp_last_error(ddp)); return 0; }
     s->dev_params = ddp_flat_params(ddp, &s->n);
     s->params = s->dev_params; s->m = s->dev_m; s->v = s->dev_v;
 #ifdef TRAIN_CUDA_MODEL
-    if (mo->on_gpu) {
-        size_t bytes = s->n * sizeof(float);
-        void *stream = ddp_config(ddp)->cuda_stream;
-        if (!(s->held = (float *)malloc(3 * bytes + 1))) {
-            snprintf(err, errn, "rank %d: out of memory for a host copy of the %zu parameters", ddp_rank(ddp), s->n);
-            return 0;
-        }
-        s->params = s->held; s->m = s->held + s->n; s->v = s->held + 2 * s->n;
-        if (download) {
-            gpt_cuda_download(stream, s->params, s->dev_params, bytes);
-            gpt_cuda_download(stream, s->m, s->dev_m, bytes);
-            gpt_cuda_download(stream, s->v, s->dev_v, bytes);
-        }
-    }
+    s->on_gpu = mo->on_gpu;
 #else
-    (void)mo; (void)download;
+    (void)mo;
+#endif
+    if (download && !s->on_gpu) return 1;
+    bytes = s->n * sizeof(float);
+    if (!(s->held = (float *)malloc(3 * bytes + 1))) {
+        snprintf(err, errn, "rank %d: out of memory for a host copy of the %zu parameters", ddp_rank(ddp), s->n);
+        return 0;
+    }
+    s->params = s->held; s->m = s->held + s->n; s->v = s->held + 2 * s->n;
+#ifdef TRAIN_CUDA_MODEL
+    if (download) {
+        void *stream = ddp_config(ddp)->cuda_stream;
+        gpt_cuda_download(stream, s->params, s->dev_params, bytes);
+        gpt_cuda_download(stream, s->m, s->dev_m, bytes);
+        gpt_cuda_download(stream, s->v, s->dev_v, bytes);
+    }
 #endif
     return 1;
 }
 
 static void state_close(ddp_context *ddp, host_state *s, int upload) {
+    size_t bytes = s->n * sizeof(float);
+    if (s->held && upload && !s->on_gpu) {
+        memcpy(s->dev_params, s->params, bytes);
+        memcpy(s->dev_m, s->m, bytes);
+        memcpy(s->dev_v, s->v, bytes);
+    }
 #ifdef TRAIN_CUDA_MODEL
-    if (s->held && upload) {
-        size_t bytes = s->n * sizeof(float);
+    if (s->held && upload && s->on_gpu) {
         void *stream = ddp_config(ddp)->cuda_stream;
         gpt_cuda_upload(stream, s->dev_params, s->params, bytes);
         gpt_cuda_upload(stream, s->dev_m, s->m, bytes);
         gpt_cuda_upload(stream, s->dev_v, s->v, bytes);
     }
 #else
-    (void)ddp; (void)upload;
+    (void)ddp;
 #endif
     free(s->held);
     s->held = NULL;
