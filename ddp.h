@@ -97,6 +97,9 @@
      DDP_JOB_TOKEN   shared secret of the job (ddprun makes a fresh one); the rendezvous store
                      refuses clients that do not present it
      DDP_TIMEOUT     seconds, see timeout_s
+     DDP_STAGED_GRADS=1  (CPU backend, read by rank 0) gradient buckets through the staging
+                     slots instead of in place through the shared gradient segment: the same
+                     bits, slower; for comparisons
 
    ERRORS
      Every call that can fail returns a ddp_result; ddp_last_error(ctx) says what, where and on
@@ -2002,6 +2005,27 @@ static ddp_result ddp__shm_setup(ddp_context *ctx, double deadline) {
    buffer per rank, and publishes its name; every rank maps it and uses its own buffer as
    ddp_flat_grads. A fresh segment reads as zeros, like a fresh gradient buffer. Rank 0 unlinks
    it once every rank has it mapped (ddp__grads_unlink, after the next collective). */
+/* Rank 0's part: make the gradient segment, or settle on the staged path (asked for with
+   DDP_STAGED_GRADS, or no room in /dev/shm, which costs speed only), and publish the choice: a
+   segment name, or "" for the staged path. Returns the segment's fd, or -1 for the staged path. */
+static int ddp__grads_create(ddp_context *ctx, size_t bytes, ddp_result *r) {
+    const char *staged = getenv("DDP_STAGED_GRADS");
+    int fd = -1;
+    ctx->grads_name[0] = 0;
+    if (!staged || !strcmp(staged, "0")) {
+        fd = ddp__shm_new(ctx, ctx->grads_name, bytes);
+        if (fd < 0) {
+            const char *why = strncmp(ctx->err, "rank 0: ", 8) ? ctx->err : ctx->err + 8;
+            ddp__log(ctx, DDP_LOG_WARN, "%s; gradient buckets go through the staging slots instead (slower)", why);
+            ctx->grads_name[0] = 0;
+            ctx->err[0] = 0;
+        }
+    }
+    *r = ddp__store_set(ctx, "grads", ctx->grads_name, strlen(ctx->grads_name));
+    if (*r != DDP_OK && fd >= 0) { close(fd); fd = -1; }   /* the name stays: shutdown unlinks it */
+    return fd;
+}
+
 static ddp_result ddp__grads_share(ddp_context *ctx, double deadline) {
     size_t page = (size_t)sysconf(_SC_PAGESIZE), bytes;
     struct stat st;
@@ -2011,17 +2035,8 @@ static ddp_result ddp__grads_share(ddp_context *ctx, double deadline) {
     bytes = ctx->grads_stride * sizeof(float) * (size_t)ctx->world;
     if (ctx->rank == 0) {
         ddp_result r;
-        fd = ddp__shm_new(ctx, ctx->grads_name, bytes);
-        if (fd < 0) {   /* no room in /dev/shm: the gradients stay private, buckets take the staged path */
-            const char *why = strncmp(ctx->err, "rank 0: ", 8) ? ctx->err : ctx->err + 8;
-            ddp__log(ctx, DDP_LOG_WARN, "%s; gradient buckets go through the staging slots instead (slower)", why);
-            ctx->grads_name[0] = 0;
-            ctx->err[0] = 0;
-        }
-        if ((r = ddp__store_set(ctx, "grads", ctx->grads_name, strlen(ctx->grads_name))) != DDP_OK) {
-            if (fd >= 0) close(fd);
-            return r;
-        }
+        fd = ddp__grads_create(ctx, bytes, &r);
+        if (r != DDP_OK) return r;
         if (fd < 0) return DDP_OK;
     } else {
         unsigned char *name;

@@ -67,16 +67,17 @@ torch_run() {
 echo "bench_gpt: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "config: 4 layers, 4 heads, width 128, context 64, batch 4 per rank; data $DATA; $REPS interleaved runs each"
 for ((i = 1; i <= REPS; i++)); do
-    o1=$(ours 1); o2=$(ours 2); op=$(pair); t1=$(torch_run 1); t2=$(torch_run 2)
-    echo "  run $i: ours 1 rank $o1, ours 2 ranks $o2, two independent 1-rank runs $op, torch 1 rank $t1, torch 2 ranks (gloo) $t2 tokens/s"
-    echo "$o1" >>"$tmp/o1"; echo "$o2" >>"$tmp/o2"; echo "$op" >>"$tmp/op"; echo "$t1" >>"$tmp/t1"; echo "$t2" >>"$tmp/t2"
+    o1=$(ours 1); o2=$(ours 2); os=$(DDP_STAGED_GRADS=1 ours 2); op=$(pair); t1=$(torch_run 1); t2=$(torch_run 2)
+    echo "  run $i: ours 1 rank $o1, ours 2 ranks $o2 (staged buckets $os), two independent 1-rank runs $op, torch 1 rank $t1, torch 2 ranks (gloo) $t2 tokens/s"
+    echo "$o1" >>"$tmp/o1"; echo "$o2" >>"$tmp/o2"; echo "$os" >>"$tmp/os"; echo "$op" >>"$tmp/op"; echo "$t1" >>"$tmp/t1"; echo "$t2" >>"$tmp/t2"
 done
-O1=$(median <"$tmp/o1"); O2=$(median <"$tmp/o2"); OP=$(median <"$tmp/op")
+O1=$(median <"$tmp/o1"); O2=$(median <"$tmp/o2"); OS=$(median <"$tmp/os"); OP=$(median <"$tmp/op")
 echo
 echo "| implementation | 1 rank (tokens/s) | 2 ranks (tokens/s, global) | weak scaling 1→2 |"
 echo "|---|---:|---:|---:|"
 awk -v a="$O1" -v b="$OP" 'BEGIN { printf "| the machine'"'"'s bound: two independent 1-rank runs at once, no communication | %.0f | %.0f | %.1f%% |\n", a, b, 100 * b / (2 * a) }'
 awk -v a="$O1" -v b="$O2" 'BEGIN { printf "| ddp.h train_gpt (OpenBLAS, 1 thread/rank) | %.0f | %.0f | %.1f%% |\n", a, b, 100 * b / (2 * a) }'
+awk -v a="$O1" -v b="$OS" 'BEGIN { printf "| the same, buckets through the staging slots (DDP_STAGED_GRADS=1) | %.0f | %.0f | %.1f%% |\n", a, b, 100 * b / (2 * a) }'
 if [ $have_torch -eq 1 ]; then
     T1=$(median <"$tmp/t1"); T2=$(median <"$tmp/t2")
     awk -v a="$T1" -v b="$T2" 'BEGIN { printf "| PyTorch %s (1 thread/rank; 2 ranks: DDP over gloo) | %.0f | %.0f | %.1f%% |\n", "'"$($PY -c 'import torch; print(torch.__version__)')"'", a, b, (b > 0 && a > 0) ? 100 * b / (2 * a) : 0 }'

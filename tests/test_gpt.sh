@@ -24,6 +24,15 @@ TINY=(--data ddp.h --layers 2 --heads 2 --dim 32 --seq 16 --batch 2 --eval-every
 train() { timeout 120 "$B/ddprun" -n "$N" "$BIN" "${TINY[@]}" "$@"; }
 hash_of() { sed -n 's/.*params fnv1a \([0-9a-f]*\).*/\1/p' "$1" | head -n 1; }
 
+# --- gradient buckets in place (the shared gradient segment) and through the staging slots
+#     (DDP_STAGED_GRADS=1): the same arithmetic, so the same bits ---
+name="gpt_in_place_and_staged_buckets_same_bits_${N}ranks"
+train --steps 6 --grad-accum 2 >"$tmp/inplace.log" 2>&1
+DDP_STAGED_GRADS=1 train --steps 6 --grad-accum 2 >"$tmp/staged.log" 2>&1
+a=$(hash_of "$tmp/inplace.log"); c=$(hash_of "$tmp/staged.log")
+if [ -n "$a" ] && [ "$a" = "$c" ]; then pass "$name"; echo "  (params fnv1a $a, both)"
+else fail "$name" "in place $a, staged $c: $(tail -n 2 "$tmp/staged.log")"; fi
+
 # --- resume: bitwise ---
 for accum in 1 2; do
     name="gpt_resume_bitwise_${N}ranks_accum$accum"
