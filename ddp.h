@@ -1803,8 +1803,8 @@ static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *dat
    path, so the same bits), writes it into its own buffer, and then copies the other ranks'
    parts from theirs. Per rank that reads 1.5 and writes 1 bucket's worth of memory where the
    staged path moves 2 and 2, and it waits for its peers four times per bucket instead of
-   three times per 256 KiB chunk. Both matter when compute keeps every core busy: the reduction's CPU time and
-   each wake-up come straight out of the step.
+   three times per 256 KiB chunk. Both matter when compute keeps every core busy: the
+   reduction's CPU time and each wake-up come straight out of the step.
    -------------------------------------------------------------------------------------------- */
 static float *ddp__rank_grads(ddp_context *ctx, int s) { return (float *)(void *)ctx->grads_shm + (size_t)s * ctx->grads_stride; }
 
@@ -1889,8 +1889,6 @@ static ddp_result ddp__shm_map(ddp_context *ctx, int fd, size_t bytes) {
     return DDP_OK;
 }
 
-/* A new owner-only segment of `bytes` under a fresh name "/ddp-PID-NONCE" (the pid lets a later
-   job sweep it if this one crashes before unlinking it). Returns the open fd, or -1 (failed). */
 /* Size a new segment and take its pages now. A tmpfs that runs out of room while a page is
    first touched kills the process with SIGBUS, mid-step; reserved here, the shortage is an
    error at init or commit instead. Returns 0 or an errno. */
@@ -1906,6 +1904,8 @@ static int ddp__shm_reserve(int fd, size_t bytes) {
     return err;
 }
 
+/* A new owner-only segment of `bytes` under a fresh name "/ddp-PID-NONCE" (the pid lets a later
+   job sweep it if this one crashes before unlinking it). Returns the open fd, or -1 (failed). */
 static int ddp__shm_new(ddp_context *ctx, char name[64], size_t bytes) {
     int fd = -1, attempt, err;
     for (attempt = 0; attempt < 16 && fd < 0; attempt++) {
@@ -2001,10 +2001,6 @@ static ddp_result ddp__shm_setup(ddp_context *ctx, double deadline) {
     return r;
 }
 
-/* At commit (world > 1, CPU backend): rank 0 makes the gradient segment, one page-aligned
-   buffer per rank, and publishes its name; every rank maps it and uses its own buffer as
-   ddp_flat_grads. A fresh segment reads as zeros, like a fresh gradient buffer. Rank 0 unlinks
-   it once every rank has it mapped (ddp__grads_unlink, after the next collective). */
 /* Rank 0's part: make the gradient segment, or settle on the staged path (asked for with
    DDP_STAGED_GRADS, or no room in /dev/shm, which costs speed only), and publish the choice: a
    segment name, or "" for the staged path. Returns the segment's fd, or -1 for the staged path. */
@@ -2026,6 +2022,10 @@ static int ddp__grads_create(ddp_context *ctx, size_t bytes, ddp_result *r) {
     return fd;
 }
 
+/* At commit (world > 1, CPU backend): rank 0 makes the gradient segment, one page-aligned
+   buffer per rank, and publishes its name; every rank maps it and uses its own buffer as
+   ddp_flat_grads. A fresh segment reads as zeros, like a fresh gradient buffer. Rank 0 unlinks
+   it once every rank has it mapped (ddp__grads_unlink, after the next collective). */
 static ddp_result ddp__grads_share(ddp_context *ctx, double deadline) {
     size_t page = (size_t)sysconf(_SC_PAGESIZE), bytes;
     struct stat st;
