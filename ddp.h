@@ -1814,7 +1814,7 @@ static void ddp__average_part_in_place(ddp_context *ctx, size_t offset, size_t l
     float w = (float)ctx->world;
     size_t j;
     int s;
-    if (ctx->world == 2) {                     /* the common case in one pass */
+    if (ctx->world == 2) {   /* the common case: a loop without an inner one, which the compiler vectorizes */
         for (j = lo; j < hi; j++) mine[j] = (a[j] + b[j]) / w;
         return;
     }

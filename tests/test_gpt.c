@@ -33,6 +33,15 @@ typedef struct reference {
     float *init, *logits, loss, *grads, *step_losses, *final;
 } reference;
 
+/* The AdamW settings the reference's 10 steps used. */
+static ddp_adamw reference_adamw(const reference *r) {
+    ddp_adamw opt;
+    memset(&opt, 0, sizeof opt);
+    opt.lr = r->lr; opt.beta1 = r->beta1; opt.beta2 = r->beta2; opt.eps = r->eps;
+    opt.weight_decay = r->wd; opt.max_grad_norm = r->clip;
+    return opt;
+}
+
 static int read_reference(reference *r, char *why, size_t n) {
     FILE *f = fopen(REF_PATH, "rb");
     char magic[8];
@@ -140,12 +149,9 @@ static void test_reference(void) {
                ddp_num_params(ddp), worst, ddp_param_name(ddp, worst_id));
     }
     {
-        ddp_adamw opt;
+        ddp_adamw opt = reference_adamw(&ref);
         float losses[64];
         double wl = 0;
-        memset(&opt, 0, sizeof opt);
-        opt.lr = ref.lr; opt.beta1 = ref.beta1; opt.beta2 = ref.beta2; opt.eps = ref.eps;
-        opt.weight_decay = ref.wd; opt.max_grad_norm = ref.clip;
         for (s = 0; s < ref.steps && s < 64; s++) {
             ddp_zero_grad(ddp);
             losses[s] = gpt_forward(&m, tok, tgt, ref.batch, ref.seq, 1.0f, 1);

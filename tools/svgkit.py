@@ -73,3 +73,11 @@ def read_text(path, die):
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError:
         die("%s is not UTF-8 text" % path)
+
+
+def svg_open(out, width, height, title):
+    """Append the <svg> element's opening and the <title> (the caller closes it)."""
+    out.append('<?xml version="1.0" encoding="UTF-8"?>')
+    out.append('<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" '
+               'font-family="%s" font-size="12" fill="%s">' % (width, height, width, height, esc(FONT), INK))
+    out.append('<title>%s</title>' % esc(title))

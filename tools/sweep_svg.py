@@ -21,11 +21,10 @@ import csv
 import io
 import math
 import os
-import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from svgkit import FONT, INK, MUTED, FAINT, GRID, esc, num, text_w, nice_step, tick_decimals, read_text  # noqa: E402
+from svgkit import MUTED, FAINT, GRID, esc, num, text_w, nice_step, tick_decimals, read_text, svg_open  # noqa: E402
 
 PROG = "sweep_svg"
 REQUIRED = ["bucket_cap_mb", "step_ms", "comm_ms", "exposed_ms", "compute_ms"]
@@ -145,10 +144,7 @@ def render(data, title, source):
 
     out = []
     o = out.append
-    o('<?xml version="1.0" encoding="UTF-8"?>')
-    o('<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" '
-      'font-family="%s" font-size="12" fill="%s">' % (W, H, W, H, esc(FONT), INK))
-    o('<title>%s</title>' % esc(title))
+    svg_open(out, W, H, title)
     o('<rect width="100%" height="100%" fill="#ffffff"/>')
 
     # title block

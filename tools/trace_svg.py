@@ -26,11 +26,10 @@ import argparse
 import json
 import math
 import os
-import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from svgkit import FONT, INK, MUTED, FAINT, GRID, esc, num, text_w, nice_step, tick_decimals, read_text  # noqa: E402
+from svgkit import INK, MUTED, FAINT, GRID, esc, num, text_w, nice_step, tick_decimals, read_text, svg_open  # noqa: E402
 
 PROG = "trace_svg"
 
@@ -341,10 +340,7 @@ def render(evs, step, width, title, source):
 
     out = []
     o = out.append
-    o('<?xml version="1.0" encoding="UTF-8"?>')
-    o('<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" '
-      'font-family="%s" font-size="12" fill="%s">' % (W, H, W, H, esc(FONT), INK))
-    o('<title>%s</title>' % esc(title))
+    svg_open(out, W, H, title)
     o('<defs>'
       '<pattern id="hatch" width="7" height="7" patternUnits="userSpaceOnUse" '
       'patternTransform="rotate(45)">'

@@ -185,12 +185,9 @@ static void test_cuda_reference(void) {
     printf("  (%d gradient tensors: worst error %.3f of |err| <= 1e-4*max|ref| + 1e-4*|ref|, in %s)\n",
            ddp_num_params(ddp), w, worst_name);
     {
-        ddp_adamw opt;
+        ddp_adamw opt = reference_adamw(&ref);
         float losses[64];
         double wl = 0;
-        memset(&opt, 0, sizeof opt);
-        opt.lr = ref.lr; opt.beta1 = ref.beta1; opt.beta2 = ref.beta2; opt.eps = ref.eps;
-        opt.weight_decay = ref.wd; opt.max_grad_norm = ref.clip;
         for (s = 0; s < ref.steps && s < 64; s++) {
             step_or_die(ddp, ddp_zero_grad(ddp), "zero_grad");
             gpt_cuda_forward(&m, tok, tgt, ref.batch, ref.seq, 1.0f, 1);
