@@ -578,6 +578,12 @@ static ddp_result ddp__fail(ddp_context *ctx, ddp_result code, const char *fmt, 
     return code;
 }
 
+/* The error without its "rank N: " lead, for log lines (which name the rank themselves). */
+static const char *ddp__err_body(const ddp_context *ctx) {
+    const char *colon = strncmp(ctx->err, "rank ", 5) ? NULL : strstr(ctx->err, ": ");
+    return colon ? colon + 2 : ctx->err;
+}
+
 static void ddp__poison_group(ddp_context *ctx, ddp_result code);
 
 /* The sticky failure is set by either thread of a context and read by both. */
@@ -1562,7 +1568,11 @@ static ddp_result ddp__shm_check_peers(ddp_context *ctx, int stage, uint32_t tar
     for (s = 0; s < ctx->world; s++) {
         int pid = __atomic_load_n(&ddp__shm_block(ctx, s)->pid, __ATOMIC_ACQUIRE);
         if (!pid && ctx->peer_pids) pid = ctx->peer_pids[s];    /* not attached yet */
-        if (s != ctx->rank && !ddp__pid_alive(pid))
+        /* A peer that posted what this wait needs and then exited is done, not lost: after the
+           last barrier of ddp_shutdown a rank may exit between our look at its counter and this
+           check. Its counter is read after its death is seen, so "not reached" is final. */
+        if (s != ctx->rank && !ddp__pid_alive(pid) &&
+            !ddp__reached(__atomic_load_n(&ddp__shm_block(ctx, s)->stage[stage].value, __ATOMIC_ACQUIRE), target))
             return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_PEER_LOST, "rank %d (pid %d) died; this rank was in %s",
                                              s, pid, ctx->shm_what));
     }
@@ -2011,8 +2021,8 @@ static int ddp__grads_create(ddp_context *ctx, size_t bytes, ddp_result *r) {
     if (!staged || !strcmp(staged, "0")) {
         fd = ddp__shm_new(ctx, ctx->grads_name, bytes);
         if (fd < 0) {
-            const char *why = strncmp(ctx->err, "rank 0: ", 8) ? ctx->err : ctx->err + 8;
-            ddp__log(ctx, DDP_LOG_WARN, "%s; gradient buckets go through the staging slots instead (slower)", why);
+            ddp__log(ctx, DDP_LOG_WARN, "%s; gradient buckets go through the staging slots instead (slower)",
+                     ddp__err_body(ctx));
             ctx->grads_name[0] = 0;
             ctx->err[0] = 0;
         }
@@ -2228,6 +2238,8 @@ ddp_result ddp_shutdown(ddp_context *ctx) {
     ctx->store_fd = -1;   /* a late poison must not write to a reused descriptor */
     ddp__server_stop(ctx);
     if (r == DDP_OK) r = ddp__group_barrier(ctx);
+    /* The context is freed below, so ddp_last_error cannot tell the caller: say it here. */
+    if (r != DDP_OK) ddp__log(ctx, DDP_LOG_ERROR, "ddp_shutdown: %s", ddp__err_body(ctx));
     if (ctx->shm) {
         munmap(ctx->shm, ctx->shm_bytes);
         if (ctx->rank == 0) shm_unlink(ctx->shm_name);   /* already gone unless init failed */

@@ -2,6 +2,7 @@
    bucket layout, tape order, launch order, accumulation, unused parameters, double ready,
    AdamW against a float64 reference, and every bad input we can name. */
 #include "testlib.h"
+#include <sys/wait.h>
 
 static int contains(const char *haystack, const char *needle) { return strstr(haystack, needle) != NULL; }
 
@@ -579,6 +580,40 @@ static void test_shm_owner_only(void) {
     verdict(ranks[0].result == DDP_OK && ranks[1].result == DDP_OK, "shm_segment_owner_only", "%s", ranks[0].error);
 }
 
+/* ---- a peer that posted what a wait needs and then exited is done, not lost ----
+   After ddp_shutdown's last barrier a rank may exit between a waiter's look at its counter and
+   the waiter's liveness check. Rank 1 plays that waiter: rank 0's pid is swapped for an exited
+   child's, its counter already at the target; the check must pass (and fail one past it, which
+   the kill tests in test_fault cover, as that poisons the group). */
+static void exited_peer_rank(test_rank *self) {
+    ddp_context *ctx;
+    ddp_desc d = test_desc(self);
+    if ((self->result = ddp_init(&ctx, &d)) == DDP_OK) self->result = ddp_barrier(ctx);
+    if (self->result == DDP_OK && self->rank == 1) {
+        ddp__shm_rank *peer = ddp__shm_block(ctx, 0);
+        int live_pid = peer->pid;
+        siginfo_t info;
+        pid_t child = fork();
+        if (child == 0) _exit(0);
+        waitid(P_PID, (id_t)child, &info, WEXITED | WNOWAIT);   /* a zombie: dead to ddp__pid_alive */
+        peer->pid = (int)child;
+        self->result = ddp__shm_check_peers(ctx, 0, peer->stage[0].value, ddp__now() + 10);
+        snprintf(self->error, sizeof self->error, "%s", ddp_last_error(ctx));
+        peer->pid = live_pid;
+        waitpid(child, NULL, 0);
+    }
+    if (ddp_barrier(ctx) != DDP_OK && self->result == DDP_OK) self->result = DDP_ERR_PEER_LOST;
+    ddp_shutdown(ctx);
+}
+
+static void test_exited_peer(void) {
+    test_rank ranks[2];
+    void *shared[1] = { (void *)exited_peer_rank };
+    test_run_ranks(2, shared, ranks);
+    verdict(ranks[0].result == DDP_OK && ranks[1].result == DDP_OK, "peer_exited_after_posting_is_not_lost",
+            "rank 0: %d %s | rank 1: %d %s", ranks[0].result, ranks[0].error, ranks[1].result, ranks[1].error);
+}
+
 /* ---- ranks that disagree after init ---- */
 static void mismatch_rank(test_rank *self) {
     ddp_context *ctx;
@@ -678,6 +713,7 @@ int main(void) {
     test_mismatches();
     test_store_under_attack();
     test_shm_owner_only();
+    test_exited_peer();
     test_wrong_order();
     return test_summary("test_unit");
 }
