@@ -7,6 +7,10 @@
 # of 10-step means); each configuration runs REPS times, interleaved, and the table shows the
 # median run. tokens/s is global;
 # scaling efficiency = tokens/s(2 ranks) / (2 x tokens/s(1 rank)).
+# A host under the VM that slows one vCPU or both for seconds at a time moves every number, so
+# each round also gives its own ratios of runs made back to back (1 rank, two independent 1-rank
+# runs, 2 ranks): their medians compare runs that saw the same host. The host's steal time (CPU
+# taken by other guests, /proc/stat) is printed per round.
 # Usage: bench/bench_gpt.sh [BUILD_DIR]    env: REPS (3), STEPS (110, first 10 untimed), DATA
 set -u
 B=${1:-build}
@@ -49,6 +53,11 @@ pair() {
     echo $((a + b))
 }
 
+# cpu_ticks -> "total steal" from /proc/stat; steal_pct BEFORE AFTER -> steal share in between (%)
+cpu_ticks() { awk '/^cpu / { t = 0; for (i = 2; i <= 9; i++) t += $i; print t, $9 }' /proc/stat; }
+steal_pct() { echo "$1 $2" | awk '{ printf "%.1f", ($3 > $1) ? 100 * ($4 - $2) / ($3 - $1) : 0 }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.4f\n", (b > 0) ? a / b : 0 }'; }
+
 have_torch=1
 $PY -c "import torch" 2>/dev/null || have_torch=0
 torch_run() {
@@ -67,9 +76,13 @@ torch_run() {
 echo "bench_gpt: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "config: 4 layers, 4 heads, width 128, context 64, batch 4 per rank; data $DATA; $REPS interleaved runs each"
 for ((i = 1; i <= REPS; i++)); do
-    o1=$(ours 1); o2=$(ours 2); os=$(DDP_STAGED_GRADS=1 ours 2); op=$(pair); t1=$(torch_run 1); t2=$(torch_run 2)
-    echo "  run $i: ours 1 rank $o1, ours 2 ranks $o2 (staged buckets $os), two independent 1-rank runs $op, torch 1 rank $t1, torch 2 ranks (gloo) $t2 tokens/s"
+    c0=$(cpu_ticks)
+    o1=$(ours 1); op=$(pair); o2=$(ours 2); os=$(DDP_STAGED_GRADS=1 ours 2)
+    steal=$(steal_pct "$c0" "$(cpu_ticks)")
+    t1=$(torch_run 1); t2=$(torch_run 2)
+    echo "  run $i: ours 1 rank $o1, two independent 1-rank runs $op, ours 2 ranks $o2 (staged buckets $os), torch 1 rank $t1, torch 2 ranks (gloo) $t2 tokens/s; host steal during ours ${steal}%"
     echo "$o1" >>"$tmp/o1"; echo "$o2" >>"$tmp/o2"; echo "$os" >>"$tmp/os"; echo "$op" >>"$tmp/op"; echo "$t1" >>"$tmp/t1"; echo "$t2" >>"$tmp/t2"
+    ratio "$o2" $((2 * o1)) >>"$tmp/r_o2"; ratio "$op" $((2 * o1)) >>"$tmp/r_op"; ratio "$o2" "$op" >>"$tmp/r_o2op"
 done
 O1=$(median <"$tmp/o1"); O2=$(median <"$tmp/o2"); OS=$(median <"$tmp/os"); OP=$(median <"$tmp/op")
 echo
@@ -78,6 +91,13 @@ echo "|---|---:|---:|---:|"
 awk -v a="$O1" -v b="$OP" 'BEGIN { printf "| the machine'"'"'s bound: two independent 1-rank runs at once, no communication | %.0f | %.0f | %.1f%% |\n", a, b, 100 * b / (2 * a) }'
 awk -v a="$O1" -v b="$O2" 'BEGIN { printf "| ddp.h train_gpt (OpenBLAS, 1 thread/rank) | %.0f | %.0f | %.1f%% |\n", a, b, 100 * b / (2 * a) }'
 awk -v a="$O1" -v b="$OS" 'BEGIN { printf "| the same, buckets through the staging slots (DDP_STAGED_GRADS=1) | %.0f | %.0f | %.1f%% |\n", a, b, 100 * b / (2 * a) }'
+echo
+echo "Runs made back to back (each round: 1 rank, the pair, 2 ranks), medians of their ratios:"
+awk -v a="$(median <"$tmp/r_op")" -v b="$(median <"$tmp/r_o2")" -v c="$(median <"$tmp/r_o2op")" 'BEGIN {
+    printf "  the machine: pair / (2 x 1 rank) %.1f%%\n  weak scaling: 2 ranks / (2 x 1 rank) %.1f%%\n", 100 * a, 100 * b
+    printf "  ddp.h against the machine: 2 ranks / pair %.1f%%\n", 100 * c }'
+echo "  per round, 2 ranks / (2 x 1 rank): $(tr '\n' ' ' <"$tmp/r_o2")"
+echo
 if [ $have_torch -eq 1 ]; then
     T1=$(median <"$tmp/t1"); T2=$(median <"$tmp/t2")
     awk -v a="$T1" -v b="$T2" 'BEGIN { printf "| PyTorch %s (1 thread/rank; 2 ranks: DDP over gloo) | %.0f | %.0f | %.1f%% |\n", "'"$($PY -c 'import torch; print(torch.__version__)')"'", a, b, (b > 0 && a > 0) ? 100 * b / (2 * a) : 0 }'
