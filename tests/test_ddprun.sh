@@ -87,6 +87,17 @@ test_environment() {
     [[ $token2 =~ ^[0-9a-f]{32}$ ]] || why="$why; bad token '$token2'"
     [ "$token2" != "$tokens" ] || why="$why; two jobs got the same token"
     report "free port and fresh token per job" "${why#; }"
+
+    # thread pools: each of N ranks gets its share of the CPUs, unless the user chose
+    why=""
+    local share=$(( $(nproc) / 2 )); [ "$share" -ge 1 ] || share=1
+    (unset OMP_NUM_THREADS OPENBLAS_NUM_THREADS; run 10 -n 2 sh -c 'echo "${OMP_NUM_THREADS-unset} ${OPENBLAS_NUM_THREADS-unset}"')
+    [ "$(sed 's/^\[rank [01]\] //' "$TMP/out" | sort -u)" = "$share $share" ] || why="2 ranks: $(tr '\n' ' ' <"$TMP/out"), expected $share each"
+    OMP_NUM_THREADS=7 run 10 -n 2 sh -c 'echo "$OMP_NUM_THREADS"'
+    [ "$(sed 's/^\[rank [01]\] //' "$TMP/out" | sort -u)" = 7 ] || why="$why; a user's OMP_NUM_THREADS=7 became $(tr '\n' ' ' <"$TMP/out")"
+    (unset OMP_NUM_THREADS OPENBLAS_NUM_THREADS; run 10 -n 1 sh -c 'echo "${OMP_NUM_THREADS-unset} ${OPENBLAS_NUM_THREADS-unset}"')
+    [ "$(sed 's/^\[rank 0\] //' "$TMP/out")" = "unset unset" ] || why="$why; 1 rank: $(cat "$TMP/out"), expected both unset"
+    report "thread pools get each rank's share of the CPUs" "${why#; }"
 }
 
 test_failing_rank() {

@@ -5,8 +5,10 @@
  *
  * Every rank runs PROGRAM (looked up in PATH) with RANK, WORLD_SIZE,
  * LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT and a
- * per-job random DDP_JOB_TOKEN added to the environment.  Each line a rank
- * writes is copied to ddprun's stdout/stderr prefixed with "[rank R] ".
+ * per-job random DDP_JOB_TOKEN added to the environment.  With more than one
+ * rank, OMP_NUM_THREADS and OPENBLAS_NUM_THREADS default to each rank's share
+ * of the CPUs ddprun may use (at least 1; a value already set is kept).  Each
+ * line a rank writes is copied to ddprun's stdout/stderr prefixed with "[rank R] ".
  * If a rank fails, or ddprun gets SIGINT/SIGTERM, the other ranks get
  * SIGTERM (or the forwarded signal) and, after the grace period, SIGKILL.
  *
@@ -30,6 +32,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -264,6 +267,26 @@ static void set_env_int(const char *name, int value)
     setenv(name, text, 1);
 }
 
+/* Thread pools sized for the whole machine, one per rank, would put N threads on
+ * every core: N ranks share the CPUs, so each pool gets its share. (OpenBLAS's
+ * pthread build also starts its idle workers at load time, before the program
+ * can ask for one thread; only the environment stops that.) A user's choice wins. */
+static void set_thread_share(const struct job *job)
+{
+    int cpus = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    char text[16];
+#ifdef __linux__
+    cpu_set_t allowed;
+    if (sched_getaffinity(0, sizeof allowed, &allowed) == 0)
+        cpus = CPU_COUNT(&allowed);
+#endif
+    if (job->nranks < 2)
+        return;
+    snprintf(text, sizeof text, "%d", cpus > job->nranks ? cpus / job->nranks : 1);
+    setenv("OMP_NUM_THREADS", text, 0);
+    setenv("OPENBLAS_NUM_THREADS", text, 0);
+}
+
 /* Runs in the forked child; never returns. */
 static void exec_rank(const struct job *job, int index, int out_fd, int err_fd, pid_t parent)
 {
@@ -297,6 +320,7 @@ static void exec_rank(const struct job *job, int index, int out_fd, int err_fd, 
     set_env_int("MASTER_PORT", job->port);
     setenv("MASTER_ADDR", "127.0.0.1", 1);
     setenv("DDP_JOB_TOKEN", job->token, 1);
+    set_thread_share(job);
     execvp(job->argv[0], job->argv);
     fprintf(stderr, "ddprun: cannot run '%s': %s\n", job->argv[0], strerror(errno));
     _exit(127);
