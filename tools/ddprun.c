@@ -275,13 +275,13 @@ static void set_thread_share(const struct job *job)
 {
     int cpus = (int)sysconf(_SC_NPROCESSORS_ONLN);
     char text[16];
+    if (job->nranks < 2)
+        return;
 #ifdef __linux__
     cpu_set_t allowed;
     if (sched_getaffinity(0, sizeof allowed, &allowed) == 0)
         cpus = CPU_COUNT(&allowed);
 #endif
-    if (job->nranks < 2)
-        return;
     snprintf(text, sizeof text, "%d", cpus > job->nranks ? cpus / job->nranks : 1);
     setenv("OMP_NUM_THREADS", text, 0);
     setenv("OPENBLAS_NUM_THREADS", text, 0);
