@@ -42,6 +42,19 @@ static ddp_adamw reference_adamw(const reference *r) {
     return opt;
 }
 
+/* The reference's fixed batch as model inputs: each row of data holds seq + 1 bytes, the
+   tokens and, shifted by one, their targets. The caller frees *tok and *tgt. */
+static void reference_batch(const reference *r, int **tok, int **tgt) {
+    int b, t;
+    *tok = (int *)malloc(sizeof(int) * (size_t)r->batch * r->seq);
+    *tgt = (int *)malloc(sizeof(int) * (size_t)r->batch * r->seq);
+    for (b = 0; b < r->batch; b++)
+        for (t = 0; t < r->seq; t++) {
+            (*tok)[b * r->seq + t] = r->data[b * (r->seq + 1) + t];
+            (*tgt)[b * r->seq + t] = r->data[b * (r->seq + 1) + t + 1];
+        }
+}
+
 static int read_reference(reference *r, char *why, size_t n) {
     FILE *f = fopen(REF_PATH, "rb");
     char magic[8];
@@ -91,7 +104,7 @@ static void test_reference(void) {
     ddp_desc solo;
     gpt m;
     gpt_config cfg;
-    int *tok, *tgt, b, t, i, s;
+    int *tok, *tgt, i, s;
     size_t P, BT;
     double w;
     if (!read_reference(&ref, why, sizeof why)) { verdict(0, "gpt_reference_file", "%s", why); return; }
@@ -110,13 +123,7 @@ static void test_reference(void) {
             "our seeded init differs from the parameters the reference was made from (regenerate the file?)");
     memcpy(ddp_flat_params(ddp, NULL), ref.init, P * sizeof(float));   /* compare the math regardless */
 
-    tok = (int *)malloc(sizeof(int) * BT);
-    tgt = (int *)malloc(sizeof(int) * BT);
-    for (b = 0; b < ref.batch; b++)
-        for (t = 0; t < ref.seq; t++) {
-            tok[b * ref.seq + t] = ref.data[b * (ref.seq + 1) + t];
-            tgt[b * ref.seq + t] = ref.data[b * (ref.seq + 1) + t + 1];
-        }
+    reference_batch(&ref, &tok, &tgt);
     {
         float loss;
         ddp_zero_grad(ddp);

@@ -135,7 +135,7 @@ static void test_cuda_reference(void) {
     ddp_context *ddp;
     gpt_cuda m;
     gpt_config cfg;
-    int *tok, *tgt, b, t, i, s, nbad, init_same = 1;
+    int *tok, *tgt, i, s, nbad, init_same = 1;
     size_t BT, off = 0;
     double w;
     const char *worst_name;
@@ -158,13 +158,7 @@ static void test_cuda_reference(void) {
     verdict(init_same, NAME("init_matches_reference_bitwise"), "the seeded init uploaded by ddp.h differs from the reference's parameters");
 
     BT = (size_t)ref.batch * ref.seq;
-    tok = (int *)malloc(sizeof(int) * BT);
-    tgt = (int *)malloc(sizeof(int) * BT);
-    for (b = 0; b < ref.batch; b++)
-        for (t = 0; t < ref.seq; t++) {
-            tok[b * ref.seq + t] = ref.data[b * (ref.seq + 1) + t];
-            tgt[b * ref.seq + t] = ref.data[b * (ref.seq + 1) + t + 1];
-        }
+    reference_batch(&ref, &tok, &tgt);
     {
         float loss, *logits;
         step_or_die(ddp, ddp_zero_grad(ddp), "zero_grad");
