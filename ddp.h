@@ -161,7 +161,7 @@ typedef enum ddp_result {
     DDP_ERR_NONFINITE          /* the averaged gradients hold NaN or Inf (parameters unchanged) */
 } ddp_result;
 
-typedef enum ddp_backend { DDP_BACKEND_AUTO = 0, DDP_BACKEND_CPU, DDP_BACKEND_NCCL } ddp_backend;
+typedef enum ddp_backend { DDP_BACKEND_AUTO = 0, DDP_BACKEND_CPU, DDP_BACKEND_NCCL, DDP_BACKEND_SINGLE } ddp_backend;
 typedef enum ddp_op { DDP_AVG = 0, DDP_SUM } ddp_op;
 typedef enum ddp_dtype { DDP_DTYPE_FP32 = 0, DDP_DTYPE_BF16 } ddp_dtype;
 typedef enum ddp_log_level {
@@ -212,6 +212,7 @@ typedef struct ddp_adamw {
     float beta1, beta2, eps;   /* 0: 0.9, 0.999, 1e-8 */
     float weight_decay;        /* decoupled, as given; parameters flagged DDP_NO_DECAY skip it */
     float max_grad_norm;       /* > 0: clip by the global L2 norm first */
+    int as_given;              /* 1: beta1, beta2 and eps are used exactly as given, 0 included */
 } ddp_adamw;
 
 typedef struct ddp_bucket_info {
@@ -273,8 +274,16 @@ ddp_result ddp_zero_grad(ddp_context *ctx);
 void ddp_set_sync(ddp_context *ctx, int enabled);
 
 ddp_result ddp_adamw_step(ddp_context *ctx, const ddp_adamw *opt, float *grad_norm_out);
-/* Optimizer state for checkpoints: m and v are flat like the parameters. */
+/* Optimizer state for checkpoints: m and v are flat like the parameters (device memory on NCCL);
+   *step is host memory on every backend. */
 ddp_result ddp_adamw_state(ddp_context *ctx, float **m, float **v, int64_t **step);
+
+/* Host copies of the training state on any backend: `count` floats of a flat buffer from
+   `offset` (ddp_param(ctx, id) - ddp_flat_params(ctx, NULL) is a parameter's offset). Writing
+   parameters or moments on one rank only makes the replicas differ: write the same everywhere. */
+typedef enum ddp_buffer { DDP_PARAMS = 0, DDP_GRADS, DDP_ADAM_M, DDP_ADAM_V } ddp_buffer;
+ddp_result ddp_copy_to_host(ddp_context *ctx, ddp_buffer which, size_t offset, float *dst, size_t count);
+ddp_result ddp_copy_from_host(ddp_context *ctx, ddp_buffer which, size_t offset, const float *src, size_t count);
 
 /* Collectives on user buffers, between steps (not while a backward is in flight). */
 ddp_result ddp_allreduce(ddp_context *ctx, float *data, size_t count, ddp_op op);
@@ -413,8 +422,64 @@ typedef struct ddp__shm_header {
     char failed_msg[DDP__ERR_MAX];
 } ddp__shm_header;
 
+/* What a collective does (the CPU backend also compares it across ranks before it runs one). */
+enum { DDP__KIND_BARRIER = 1, DDP__KIND_BROADCAST, DDP__KIND_SUM, DDP__KIND_AVG, DDP__KIND_AVG_BF16 };
+
 typedef struct ddp__store_server ddp__store_server;
-typedef struct ddp__gpu ddp__gpu;   /* the NCCL backend's state (only built with CUDA) */
+
+/* The CPU backend's state: the collective segment, every rank's gradients in one more segment,
+   and the communication thread that averages buckets while backward runs (>>cpu). */
+typedef struct ddp__cpu {
+    char shm_name[64];
+    unsigned char *shm;
+    size_t shm_bytes;
+    uint32_t shm_seq;              /* chunks processed: the same on every rank */
+    uint32_t shm_collectives;      /* collectives issued: the same on every rank */
+    double spin_seconds;
+    char grads_name[64];           /* every rank's gradients, in one segment (world > 1) */
+    unsigned char *grads_shm;
+    size_t grads_shm_bytes, grads_stride;   /* stride: floats from one rank's buffer to the next */
+    pthread_t comm_thread;
+    int comm_started, comm_stop;
+    pthread_mutex_t comm_lock;
+    pthread_cond_t comm_wake, comm_done_cond;
+    int comm_launched, comm_done;
+    ddp_result comm_error;
+    double comm_seconds, comm_last_seconds;
+} ddp__cpu;
+
+typedef struct ddp__gpu ddp__gpu;   /* the NCCL backend's state (>>nccl; only built with CUDA) */
+
+/* The backend interface. ddp_init picks one table (>>group: ddp__choose_backend); everything
+   that differs between backends goes through it, and nothing else asks which backend runs.
+   Adding a backend is adding a section that fills one of these. Entries run on the thread that
+   owns the context unless noted. */
+typedef struct ddp__backend {
+    const char *name;              /* what ddp_backend_name says */
+    ddp_backend id;                /* what ddp_config()->backend says */
+    int stats_later;               /* a synchronizing step's stats arrive later (stats below) */
+    /* after the rendezvous (world > 1; the NCCL backend also at world 1): bring up the data plane */
+    ddp_result (*setup)(ddp_context *ctx, double deadline);
+    /* commit, first half: ctx->flat_params / flat_grads for ctx->flat_count floats, each
+       parameter's initial values in place */
+    ddp_result (*alloc_flat)(ddp_context *ctx);
+    /* commit, second half (buckets built, layouts verified alike on every rank): rank 0's
+       parameters to everyone, whatever runs beside the step */
+    ddp_result (*commit)(ddp_context *ctx);
+    void (*begin_step)(ddp_context *ctx);
+    ddp_result (*launch)(ddp_context *ctx, int bucket);          /* average one bucket, in bucket order */
+    ddp_result (*finish)(ddp_context *ctx, double t_wait);       /* every bucket launched: settle them */
+    ddp_result (*zero)(ddp_context *ctx, float *x, size_t count);
+    ddp_result (*adamw)(ddp_context *ctx, const ddp_adamw *opt, float b1, float b2, float eps, float *grad_norm_out);
+    ddp_result (*adamw_state)(ddp_context *ctx);                 /* m, v exist; ctx->adam_step is current */
+    /* a copy between a flat buffer (params, grads, m, v: device memory on NCCL) and host memory */
+    ddp_result (*copy)(ddp_context *ctx, void *dst, const void *src, size_t bytes, int to_host);
+    ddp_result (*collective)(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root);
+    void (*stats)(ddp_context *ctx);                             /* bring ctx->last_stats up to date */
+    void (*poison)(ddp_context *ctx, ddp_result code);           /* tell the peers; any thread */
+    void (*stop)(ddp_context *ctx);                              /* shutdown: no step work in flight */
+    void (*teardown)(ddp_context *ctx);                          /* free what the backend owns */
+} ddp__backend;
 
 struct ddp_context {
     ddp_desc desc;                 /* resolved */
@@ -422,28 +487,18 @@ struct ddp_context {
     char job_token[128];
     char timeline_path[512];
     int rank, world, local_rank, local_world;
-    int backend;                   /* 0 = single rank, DDP_BACKEND_CPU */
+    const ddp__backend *be;        /* NULL until ddp_init has chosen one */
+    int up;                        /* the backend's setup succeeded */
     int failed;                    /* sticky ddp_result, set when the group is poisoned (atomic) */
     char err[DDP__ERR_MAX];
     pthread_mutex_t err_lock;
+    const char *what;              /* the collective in progress, for errors */
+    char what_buf[96];
 
     /* rendezvous */
     int store_fd;
     int *peer_pids;                /* from the rendezvous: liveness before the segment is shared */
     ddp__store_server *server;
-
-    /* shared memory */
-    char shm_name[64];
-    unsigned char *shm;
-    size_t shm_bytes;
-    uint32_t shm_seq;              /* chunks processed: the same on every rank */
-    uint32_t shm_collectives;      /* collectives issued: the same on every rank */
-    double spin_seconds;
-    const char *shm_what;          /* what the current collective is, for errors */
-    char shm_what_buf[96];
-    char grads_name[64];           /* every rank's gradients, in one segment (world > 1) */
-    unsigned char *grads_shm;
-    size_t grads_shm_bytes, grads_stride;   /* stride: floats from one rank's buffer to the next */
 
     /* parameters and buckets */
     ddp__param *params;
@@ -473,39 +528,9 @@ struct ddp_context {
     double tl_origin, forward_start;
     int tl_step;
 
-    /* the communication thread */
-    pthread_t comm_thread;
-    int comm_started, comm_stop;
-    pthread_mutex_t comm_lock;
-    pthread_cond_t comm_wake, comm_done_cond;
-    int comm_launched, comm_done;
-    ddp_result comm_error;
-    double comm_seconds, comm_last_seconds;
-
-    ddp__gpu *gpu;                 /* the NCCL backend; NULL on the CPU */
+    ddp__cpu *cpu;                 /* the CPU backend's state; NULL elsewhere */
+    ddp__gpu *gpu;                 /* the NCCL backend's state; NULL elsewhere */
 };
-
-/* The backend interface. The CPU backend is written inline (shared memory, the comm thread);
-   the NCCL backend's counterparts are these, called at the few places that differ: bring-up,
-   the flat buffers, launching a bucket, finishing a step, zeroing, AdamW, user collectives,
-   poisoning and teardown. Built without CUDA they are stubs that are never reached. */
-static int ddp__on_gpu(const ddp_context *ctx) { return ctx->backend == DDP_BACKEND_NCCL; }
-static int ddp__gpu_visible(void);
-static ddp_result ddp__gpu_setup(ddp_context *ctx, double deadline);
-static ddp_result ddp__gpu_alloc_flat(ddp_context *ctx);
-static ddp_result ddp__gpu_commit(ddp_context *ctx);
-static ddp_result ddp__gpu_launch(ddp_context *ctx, int index);
-static void ddp__gpu_begin_step(ddp_context *ctx);
-static void ddp__gpu_harvest(ddp_context *ctx, int parity);
-static ddp_result ddp__gpu_finish(ddp_context *ctx);
-static ddp_result ddp__gpu_zero(ddp_context *ctx, float *x, size_t count);
-static ddp_result ddp__gpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b1, float b2, float eps, float *grad_norm_out);
-static ddp_result ddp__gpu_adamw_state(ddp_context *ctx);
-static ddp_result ddp__gpu_collective(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root);
-static void ddp__gpu_poison(ddp_context *ctx);
-static void ddp__gpu_stop_watchdog(ddp_context *ctx);
-static void ddp__gpu_drain(ddp_context *ctx);
-static void ddp__gpu_teardown(ddp_context *ctx);
 
 /* --------------------------------------------------------------------------------------------
    Small helpers: time, memory, errors, logging
@@ -555,7 +580,7 @@ static const char *ddp__level_name(ddp_log_level level) {
 static void ddp__log(ddp_context *ctx, ddp_log_level level, const char *fmt, ...) {
     char msg[DDP__ERR_MAX];
     va_list ap;
-    if (level < ctx->desc.log_level) return;
+    if (level < (ctx->desc.log_level ? ctx->desc.log_level : DDP_LOG_WARN)) return;   /* not resolved yet: the default */
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
@@ -584,8 +609,6 @@ static const char *ddp__err_body(const ddp_context *ctx) {
     return colon ? colon + 2 : ctx->err;
 }
 
-static void ddp__poison_group(ddp_context *ctx, ddp_result code);
-
 /* The sticky failure is set by either thread of a context and read by both. */
 static ddp_result ddp__failed(const ddp_context *ctx) { return (ddp_result)__atomic_load_n(&ctx->failed, __ATOMIC_ACQUIRE); }
 static ddp_result ddp__set_failed(ddp_context *ctx, ddp_result code) {
@@ -597,41 +620,16 @@ static ddp_result ddp__set_failed(ddp_context *ctx, ddp_result code) {
 /* A failure that leaves the ranks out of step: mark the context dead and tell the peers. */
 static ddp_result ddp__fatal(ddp_context *ctx, ddp_result code) {
     ddp__set_failed(ctx, code);
-    ddp__poison_group(ctx, code);
+    if (ctx->be) ctx->be->poison(ctx, code);
     return code;
 }
 
-const char *ddp_result_string(ddp_result result) {
-    switch (result) {
-    case DDP_OK: return "ok";
-    case DDP_ERR_INVALID_ARGUMENT: return "invalid argument";
-    case DDP_ERR_INVALID_STATE: return "call out of order";
-    case DDP_ERR_BAD_ENV: return "bad launcher environment";
-    case DDP_ERR_NETWORK: return "rendezvous network error";
-    case DDP_ERR_TIMEOUT: return "timed out waiting for a peer";
-    case DDP_ERR_PEER_LOST: return "peer rank lost";
-    case DDP_ERR_MISMATCH: return "ranks disagree";
-    case DDP_ERR_UNUSED_PARAMETER: return "parameters got no gradient";
-    case DDP_ERR_DOUBLE_READY: return "gradient marked ready twice";
-    case DDP_ERR_OUT_OF_MEMORY: return "out of memory";
-    case DDP_ERR_SYSTEM: return "operating-system call failed";
-    case DDP_ERR_BACKEND: return "GPU backend failure";
-    case DDP_ERR_NONFINITE: return "gradients are not finite";
-    }
-    return "unknown ddp_result";
+/* Gradient buckets travel as the reduce dtype says. */
+static uint32_t ddp__grad_kind(const ddp_context *ctx) {
+    return ctx->desc.reduce_dtype == DDP_DTYPE_BF16 ? DDP__KIND_AVG_BF16 : DDP__KIND_AVG;
 }
-
-const char *ddp_last_error(const ddp_context *ctx) {
-    if (!ctx) return "no context (out of memory while creating it)";
-    return ctx->err[0] ? ctx->err : "no error";
-}
-
-int ddp_rank(const ddp_context *ctx) { return ctx->rank; }
-int ddp_world_size(const ddp_context *ctx) { return ctx->world; }
-int ddp_local_rank(const ddp_context *ctx) { return ctx->local_rank; }
-const ddp_desc *ddp_config(const ddp_context *ctx) { return &ctx->desc; }
-const char *ddp_backend_name(const ddp_context *ctx) {
-    return ctx->backend == DDP_BACKEND_CPU ? "cpu" : ctx->backend == DDP_BACKEND_NCCL ? "nccl" : "single";
+static size_t ddp__wire_bytes(const ddp_context *ctx) {
+    return ctx->desc.reduce_dtype == DDP_DTYPE_BF16 ? sizeof(uint16_t) : sizeof(float);
 }
 
 
@@ -846,19 +844,42 @@ static ddp_result ddp__read_env(ddp_context *ctx) {
     return DDP_OK;
 }
 
-static ddp_result ddp__resolve_desc(ddp_context *ctx, const ddp_desc *in) {
+/* What the environment says for fields the descriptor leaves at zero. Strings are copied into
+   the context, so the caller's may go away after ddp_init. */
+static ddp_result ddp__desc_from_env(ddp_context *ctx, ddp_desc *d) {
     const char *s;
-    ddp_desc *d = &ctx->desc;
-    if (in) *d = *in;
-    if (!d->log_level) {
-        d->log_level = DDP_LOG_WARN;
-        if ((s = getenv("DDP_LOG")) != NULL) {
-            if (!strcmp(s, "debug")) d->log_level = DDP_LOG_DEBUG;
-            else if (!strcmp(s, "info")) d->log_level = DDP_LOG_INFO;
-            else if (!strcmp(s, "error")) d->log_level = DDP_LOG_ERROR;
-            else if (!strcmp(s, "off")) d->log_level = DDP_LOG_OFF;
-        }
+    if (!d->log_level && (s = getenv("DDP_LOG")) != NULL) {
+        if (!strcmp(s, "debug")) d->log_level = DDP_LOG_DEBUG;
+        else if (!strcmp(s, "info")) d->log_level = DDP_LOG_INFO;
+        else if (!strcmp(s, "warn")) d->log_level = DDP_LOG_WARN;
+        else if (!strcmp(s, "error")) d->log_level = DDP_LOG_ERROR;
+        else if (!strcmp(s, "off")) d->log_level = DDP_LOG_OFF;
     }
+    s = d->timeline_path ? d->timeline_path : getenv("DDP_TIMELINE");
+    snprintf(ctx->timeline_path, sizeof ctx->timeline_path, "%s", s ? s : "");
+    d->timeline_path = ctx->timeline_path;
+    s = d->job_token ? d->job_token : getenv("DDP_JOB_TOKEN");
+    snprintf(ctx->job_token, sizeof ctx->job_token, "%s", s ? s : "");
+    d->job_token = ctx->job_token;
+    if (d->timeout_s == 0 && (s = getenv("DDP_TIMEOUT")) != NULL && *s) {
+        char *end;
+        double t = strtod(s, &end);
+        if (*end || !(t > 0))
+            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_TIMEOUT='%s' is not a positive number of seconds", s);
+        d->timeout_s = t;
+    }
+    return DDP_OK;
+}
+
+/* Every default, in one place: a field still zero gets its documented value. Pure. */
+static void ddp__desc_defaults(ddp_desc *d) {
+    if (!d->log_level) d->log_level = DDP_LOG_WARN;
+    if (d->timeout_s == 0) d->timeout_s = 300;
+    if (d->bucket_cap_mb == 0) d->bucket_cap_mb = 25;
+    if (d->first_bucket_mb == 0) d->first_bucket_mb = d->bucket_cap_mb < 1 ? d->bucket_cap_mb : 1;
+}
+
+static ddp_result ddp__desc_validate(ddp_context *ctx, const ddp_desc *d) {
     if (d->reduce_dtype != DDP_DTYPE_FP32 && d->reduce_dtype != DDP_DTYPE_BF16)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: reduce_dtype %d is neither DDP_DTYPE_FP32 nor "
                          "DDP_DTYPE_BF16", (int)d->reduce_dtype);
@@ -866,30 +887,15 @@ static ddp_result ddp__resolve_desc(ddp_context *ctx, const ddp_desc *in) {
         d->inject_comm_latency_ms < 0 || d->inject_comm_gbps < 0)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: timeout_s, bucket_cap_mb, first_bucket_mb, "
                          "world_size and the inject_comm fields must not be negative");
-    s = d->timeline_path ? d->timeline_path : getenv("DDP_TIMELINE");
-    snprintf(ctx->timeline_path, sizeof ctx->timeline_path, "%s", s ? s : "");
-    d->timeline_path = ctx->timeline_path;
-    if (ctx->timeline_path[0]) {
-        ctx->tl_main = (ddp__timeline *)ddp__calloc(sizeof(ddp__timeline));
-        ctx->tl_comm = (ddp__timeline *)ddp__calloc(sizeof(ddp__timeline));
-        if (!ctx->tl_main || !ctx->tl_comm) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the timeline");
-    }
-    if (d->timeout_s == 0) {
-        d->timeout_s = 300;
-        if ((s = getenv("DDP_TIMEOUT")) != NULL && *s) {
-            char *end;
-            double t = strtod(s, &end);
-            if (*end || !(t > 0))
-                return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_TIMEOUT='%s' is not a positive number of seconds", s);
-            d->timeout_s = t;
-        }
-    }
-    if (d->bucket_cap_mb == 0) d->bucket_cap_mb = 25;
-    if (d->first_bucket_mb == 0) d->first_bucket_mb = d->bucket_cap_mb < 1 ? d->bucket_cap_mb : 1;
-    s = d->job_token ? d->job_token : getenv("DDP_JOB_TOKEN");
-    snprintf(ctx->job_token, sizeof ctx->job_token, "%s", s ? s : "");
-    d->job_token = ctx->job_token;
+    if (d->backend != DDP_BACKEND_AUTO && d->backend != DDP_BACKEND_CPU && d->backend != DDP_BACKEND_NCCL &&
+        d->backend != DDP_BACKEND_SINGLE)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: unknown backend %d", (int)d->backend);
+    return DDP_OK;
+}
 
+/* The process group: given by hand (world_size > 0) or read from the launcher's environment. */
+static ddp_result ddp__resolve_group(ddp_context *ctx) {
+    ddp_desc *d = &ctx->desc;
     if (d->world_size > 0) {
         if (d->rank < 0 || d->rank >= d->world_size)
             return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: rank %d is not in [0, %d)", d->rank, d->world_size);
@@ -909,22 +915,18 @@ static ddp_result ddp__resolve_desc(ddp_context *ctx, const ddp_desc *in) {
     d->local_rank = ctx->local_rank;
     d->local_world_size = ctx->local_world;
     d->master_addr = ctx->master_addr;
-    if (d->backend != DDP_BACKEND_AUTO && d->backend != DDP_BACKEND_CPU && d->backend != DDP_BACKEND_NCCL)
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: unknown backend %d", (int)d->backend);
-    /* AUTO: NCCL when built with CUDA and a GPU is visible, so one binary runs everywhere. */
-    if (d->backend == DDP_BACKEND_NCCL || (d->backend == DDP_BACKEND_AUTO && ddp__gpu_visible())) {
-#ifdef DDP_CUDA
-        d->backend = DDP_BACKEND_NCCL;
-        return DDP_OK;
-#else
-        return ddp__fail(ctx, DDP_ERR_BACKEND, "the NCCL backend needs the implementation compiled with CUDA");
-#endif
-    }
-    if (ctx->world > 1 && ctx->local_world != ctx->world)
-        return ddp__fail(ctx, DDP_ERR_BAD_ENV, "the CPU backend needs every rank on one host, but "
-                         "WORLD_SIZE=%d and LOCAL_WORLD_SIZE=%d", ctx->world, ctx->local_world);
-    d->backend = DDP_BACKEND_CPU;
     return DDP_OK;
+}
+
+/* The descriptor as ddp_config() reports it: copied, environment, defaults, checked, the group
+   resolved. The backend is chosen later (>>group), once the backends are defined. */
+static ddp_result ddp__resolve_desc(ddp_context *ctx, const ddp_desc *in) {
+    ddp_result r;
+    if (in) ctx->desc = *in;
+    if ((r = ddp__desc_from_env(ctx, &ctx->desc)) != DDP_OK) return r;
+    ddp__desc_defaults(&ctx->desc);
+    if ((r = ddp__desc_validate(ctx, &ctx->desc)) != DDP_OK) return r;
+    return ddp__resolve_group(ctx);
 }
 
 /* --------------------------------------------------------------------------------------------
@@ -1458,8 +1460,193 @@ static ddp_result ddp__store_connect(ddp_context *ctx, double deadline) {
     return ddp__store_connect_as(ctx, deadline, ctx->rank, &ctx->store_fd);
 }
 
+/* What rank 0 published under `key` (a segment's name, the ncclUniqueId), waited for until
+   `deadline`; the caller frees *val. */
+static ddp_result ddp__fetch_from_rank0(ddp_context *ctx, const char *key, const char *what, double deadline,
+                                        unsigned char **val, uint32_t *len) {
+    int found = 0;
+    ddp_result r = ddp__store_get(ctx, key, deadline, val, len, &found);
+    if (r != DDP_OK) return r;
+    if (!found) return ddp__fail(ctx, DDP_ERR_TIMEOUT, "rank 0 did not publish %s in time", what);
+    return DDP_OK;
+}
+
 /* --------------------------------------------------------------------------------------------
-   The CPU backend: collectives through one POSIX shared-memory segment (and the gradient
+   >>host  What the two host backends (single, cpu) share: flat buffers in host memory, the
+   AdamW arithmetic (the NCCL backend's kernels compute the same, and its tests compare with
+   these functions), the bf16 rounding both backends put on the wire.
+   -------------------------------------------------------------------------------------------- */
+/* bf16 is the upper half of a float, rounded to nearest even; NaN stays a (quiet) NaN. The same
+   rounding as ddp_kernels.cuh, so both backends put the same bits on the wire. */
+static uint16_t ddp__to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static float ddp__from_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* In double: float squares of large gradients would overflow into a false "not finite". Eight
+   running sums in a fixed order: one sum is a chain of dependent adds (4 cycles each, 1.3 ms for
+   this repo's tiny GPT, 5% of its step); eight independent ones vectorize and keep the order,
+   and so the bits, the same on every rank and every run. */
+#define DDP__NORM_LANES 8
+static double ddp__sum_squares(const float *x, size_t n) {
+    double lane[DDP__NORM_LANES] = { 0 }, total = 0;
+    size_t i = 0;
+    int j;
+    for (; i + DDP__NORM_LANES <= n; i += DDP__NORM_LANES)
+        for (j = 0; j < DDP__NORM_LANES; j++) lane[j] += (double)x[i + j] * (double)x[i + j];
+    for (j = 0; i < n; i++, j++) lane[j] += (double)x[i] * (double)x[i];
+    for (j = 0; j < DDP__NORM_LANES; j++) total += lane[j];
+    return total;
+}
+
+/* The gradients are not finite: name the first offender. Nothing has been touched yet. */
+static ddp_result ddp__nonfinite(ddp_context *ctx, const float *grads, double norm) {
+    int i;
+    size_t k;
+    for (i = 0; i < ctx->num_params; i++) {
+        const ddp__param *p = &ctx->params[i];
+        const float *g = grads + p->offset;
+        for (k = 0; k < p->count; k++) {
+            if (isfinite(g[k])) continue;
+            if (ctx->desc.skip_nonfinite) {
+                if (ctx->rank == 0)
+                    ddp__log(ctx, DDP_LOG_WARN, "optimizer step %lld skipped: the gradient of '%s' is %g at element "
+                             "%zu", (long long)ctx->adam_step + 1, p->name, (double)g[k], k);
+                return DDP_OK;
+            }
+            return ddp__fail(ctx, DDP_ERR_NONFINITE, "optimizer step %lld: the gradient of '%s' is %g at element %zu; "
+                             "parameters unchanged (skip_nonfinite skips such steps)", (long long)ctx->adam_step + 1,
+                             p->name, (double)g[k], k);
+        }
+    }
+    return ddp__fail(ctx, DDP_ERR_NONFINITE, "optimizer step %lld: the gradient norm is %g", (long long)ctx->adam_step + 1, norm);
+}
+
+static void ddp__adamw_range(float *p, const float *g, float *m, float *v, size_t n, float clip, float lr,
+                             float b1, float b2, float eps, float decay, float step_size, float bc2_sqrt) {
+    size_t i;
+    for (i = 0; i < n; i++) {
+        float grad = g[i] * clip;
+        m[i] = b1 * m[i] + (1.0f - b1) * grad;
+        v[i] = b2 * v[i] + (1.0f - b2) * grad * grad;
+        p[i] -= lr * decay * p[i];
+        p[i] -= step_size * m[i] / (sqrtf(v[i]) / bc2_sqrt + eps);
+    }
+}
+
+static ddp_result ddp__host_alloc_flat(ddp_context *ctx) {
+    int i;
+    ctx->flat_params = ddp__alloc_floats(ctx->flat_count);
+    ctx->flat_grads = ddp__alloc_floats(ctx->flat_count);
+    if (!ctx->flat_params || !ctx->flat_grads)
+        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %zu parameters", ctx->flat_count);
+    for (i = 0; i < ctx->num_params; i++) {
+        ddp__param *p = &ctx->params[i];
+        if (p->init) memcpy(ctx->flat_params + p->offset, p->init, p->count * sizeof(float));
+        p->init = NULL;
+    }
+    return DDP_OK;
+}
+
+static ddp_result ddp__host_zero(ddp_context *ctx, float *x, size_t count) {
+    (void)ctx;
+    memset(x, 0, count * sizeof(float));
+    return DDP_OK;
+}
+
+static ddp_result ddp__host_adamw_state(ddp_context *ctx) {
+    if (ctx->adam_m) return DDP_OK;
+    ctx->adam_m = ddp__alloc_floats(ctx->flat_count);
+    ctx->adam_v = ddp__alloc_floats(ctx->flat_count);
+    if (!ctx->adam_m || !ctx->adam_v) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for AdamW state");
+    return DDP_OK;
+}
+
+static ddp_result ddp__host_adamw(ddp_context *ctx, const ddp_adamw *opt, float b1, float b2, float eps, float *grad_norm_out) {
+    float clip = 1.0f, step_size, bc2_sqrt;
+    double norm;
+    ddp_result r;
+    int i;
+    if ((r = ddp__host_adamw_state(ctx)) != DDP_OK) return r;
+    norm = sqrt(ddp__sum_squares(ctx->flat_grads, ctx->flat_count));
+    if (grad_norm_out) *grad_norm_out = (float)norm;
+    if (!isfinite(norm)) return ddp__nonfinite(ctx, ctx->flat_grads, norm);
+    if (opt->max_grad_norm > 0 && norm > opt->max_grad_norm) clip = (float)(opt->max_grad_norm / (norm + 1e-6));
+    ctx->adam_step++;
+    step_size = (float)(opt->lr / (1.0 - pow(b1, (double)ctx->adam_step)));
+    bc2_sqrt = (float)sqrt(1.0 - pow(b2, (double)ctx->adam_step));
+    for (i = 0; i < ctx->num_params; i++) {
+        const ddp__param *p = &ctx->params[i];
+        float decay = (p->flags & DDP_NO_DECAY) ? 0.0f : opt->weight_decay;
+        ddp__adamw_range(ctx->flat_params + p->offset, ctx->flat_grads + p->offset, ctx->adam_m + p->offset,
+                         ctx->adam_v + p->offset, p->count, clip, opt->lr, b1, b2, eps, decay, step_size, bc2_sqrt);
+    }
+    return DDP_OK;
+}
+
+static ddp_result ddp__host_copy(ddp_context *ctx, void *dst, const void *src, size_t bytes, int to_host) {
+    (void)ctx; (void)to_host;
+    memmove(dst, src, bytes);
+    return DDP_OK;
+}
+
+/* The end of a synchronizing step on the host: how long ddp_finish waited, the share of
+   communication hidden under backward, the timeline's wait and step events. */
+static void ddp__host_step_done(ddp_context *ctx, double t_wait) {
+    double t = ddp__now();
+    ctx->stats.exposed_ms = 1e3 * (t - t_wait);
+    if (ctx->stats.comm_ms > 0) {
+        double hidden = 1.0 - ctx->stats.exposed_ms / ctx->stats.comm_ms;
+        ctx->stats.overlap_pct = 100.0 * (hidden < 0 ? 0 : hidden);
+    }
+    if (ctx->tl_main) {
+        ddp__record(ctx, ctx->tl_main, DDP__EV_WAIT, t_wait, t, -1, 0);
+        ddp__record(ctx, ctx->tl_main, DDP__EV_STEP, ctx->forward_start ? ctx->forward_start : ctx->step_start, t, -1, 0);
+        ctx->forward_start = 0;
+    }
+}
+
+static void ddp__host_free(ddp_context *ctx) {
+    ddp__free_floats(ctx->flat_params);
+    ddp__free_floats(ctx->flat_grads);
+    ddp__free_floats(ctx->adam_m);
+    ddp__free_floats(ctx->adam_v);
+    ctx->flat_params = ctx->flat_grads = ctx->adam_m = ctx->adam_v = NULL;
+}
+
+/* --------------------------------------------------------------------------------------------
+   >>single  One rank and nobody to talk to: no network, no shared memory, no thread. Buckets
+   are still built and marked ready (the same bookkeeping as with peers), and launching one
+   does nothing.
+   -------------------------------------------------------------------------------------------- */
+static ddp_result ddp__single_nothing(ddp_context *ctx) { (void)ctx; return DDP_OK; }
+static ddp_result ddp__single_setup(ddp_context *ctx, double deadline) { (void)ctx; (void)deadline; return DDP_OK; }
+static void ddp__single_quiet(ddp_context *ctx) { (void)ctx; }
+static ddp_result ddp__single_launch(ddp_context *ctx, int bucket) { (void)ctx; (void)bucket; return DDP_OK; }
+static ddp_result ddp__single_finish(ddp_context *ctx, double t_wait) { ddp__host_step_done(ctx, t_wait); return DDP_OK; }
+static ddp_result ddp__single_collective(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root) {
+    (void)ctx; (void)kind; (void)data; (void)count; (void)root;
+    return DDP_OK;   /* one rank: its data already is the result */
+}
+static void ddp__single_poison(ddp_context *ctx, ddp_result code) { (void)ctx; (void)code; }
+
+static const ddp__backend ddp__single_backend = {
+    "single", DDP_BACKEND_SINGLE, 0,
+    ddp__single_setup, ddp__host_alloc_flat, ddp__single_nothing, ddp__single_quiet, ddp__single_launch,
+    ddp__single_finish, ddp__host_zero, ddp__host_adamw, ddp__host_adamw_state, ddp__host_copy,
+    ddp__single_collective, ddp__single_quiet, ddp__single_poison, ddp__single_quiet, ddp__host_free
+};
+
+/* --------------------------------------------------------------------------------------------
+   >>cpu  The CPU backend: collectives through one POSIX shared-memory segment (and the gradient
    buckets through a second one that holds every rank's gradients; see below).
 
    Every rank owns DDP__SLOTS slots of DDP__CHUNK_BYTES and three monotonically increasing
@@ -1475,7 +1662,6 @@ static ddp_result ddp__store_connect(ddp_context *ctx, double deadline) {
    A waiter spins briefly, then sleeps on a futex; while asleep it checks every
    DDP__LIVENESS_PERIOD_S that its peers are alive and that the group is not poisoned.
    -------------------------------------------------------------------------------------------- */
-enum { DDP__KIND_BARRIER = 1, DDP__KIND_BROADCAST, DDP__KIND_SUM, DDP__KIND_AVG, DDP__KIND_AVG_BF16 };
 #define DDP__SHM_MAGIC 0x31504444534d4853ull
 
 static size_t ddp__round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
@@ -1486,13 +1672,13 @@ static size_t ddp__shm_data_offset(int world) {
 static size_t ddp__shm_size(int world) {
     return ddp__shm_data_offset(world) + (size_t)world * DDP__SLOTS * DDP__CHUNK_BYTES;
 }
-static ddp__shm_header *ddp__shm_hdr(ddp_context *ctx) { return (ddp__shm_header *)ctx->shm; }
+static ddp__shm_header *ddp__shm_hdr(ddp_context *ctx) { return (ddp__shm_header *)ctx->cpu->shm; }
 static ddp__shm_rank *ddp__shm_block(ddp_context *ctx, int r) {
-    return (ddp__shm_rank *)(ctx->shm + ddp__shm_ranks_offset()) + r;
+    return (ddp__shm_rank *)(ctx->cpu->shm + ddp__shm_ranks_offset()) + r;
 }
 static unsigned char *ddp__shm_slot(ddp_context *ctx, int r, uint32_t chunk) {
     size_t index = (size_t)r * DDP__SLOTS + chunk % DDP__SLOTS;
-    return ctx->shm + ddp__shm_data_offset(ctx->world) + index * DDP__CHUNK_BYTES;
+    return ctx->cpu->shm + ddp__shm_data_offset(ctx->world) + index * DDP__CHUNK_BYTES;
 }
 
 /* Alive = exists and is not a zombie (a dead child its launcher has not reaped yet). */
@@ -1540,12 +1726,12 @@ static void ddp__shm_post(ddp_context *ctx, int stage, uint32_t value) {
     if (__atomic_load_n(&c->waiters, __ATOMIC_SEQ_CST)) ddp__futex_wake(&c->value);
 }
 
-static void ddp__poison_group(ddp_context *ctx, ddp_result code) {
+/* Poison: the first rank to fail leaves its message in the segment's header, where every
+   waiter looks (ddp__shm_check_peers). */
+static void ddp__cpu_poison(ddp_context *ctx, ddp_result code) {
     ddp__shm_header *h;
     int32_t none = -1;
-    (void)code;
-    if (ddp__on_gpu(ctx)) { ddp__gpu_poison(ctx); return; }
-    if (!ctx->shm) return;
+    if (!ctx->cpu || !ctx->cpu->shm) return;
     h = ddp__shm_hdr(ctx);
     pthread_mutex_lock(&ctx->err_lock);
     if (__atomic_load_n(&h->failed_rank, __ATOMIC_ACQUIRE) == -1) {
@@ -1564,7 +1750,7 @@ static ddp_result ddp__shm_check_peers(ddp_context *ctx, int stage, uint32_t tar
     int s, failed = __atomic_load_n(&h->failed_rank, __ATOMIC_ACQUIRE);
     if (failed == ctx->rank) return ddp__failed(ctx) ? ddp__failed(ctx) : DDP_ERR_PEER_LOST;   /* already told */
     if (failed >= 0)
-        return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_PEER_LOST, "stopped in %s because %s", ctx->shm_what, h->failed_msg));
+        return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_PEER_LOST, "stopped in %s because %s", ctx->what, h->failed_msg));
     for (s = 0; s < ctx->world; s++) {
         int pid = __atomic_load_n(&ddp__shm_block(ctx, s)->pid, __ATOMIC_ACQUIRE);
         if (!pid && ctx->peer_pids) pid = ctx->peer_pids[s];    /* not attached yet */
@@ -1574,7 +1760,7 @@ static ddp_result ddp__shm_check_peers(ddp_context *ctx, int stage, uint32_t tar
         if (s != ctx->rank && !ddp__pid_alive(pid) &&
             !ddp__reached(__atomic_load_n(&ddp__shm_block(ctx, s)->stage[stage].value, __ATOMIC_ACQUIRE), target))
             return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_PEER_LOST, "rank %d (pid %d) died; this rank was in %s",
-                                             s, pid, ctx->shm_what));
+                                             s, pid, ctx->what));
     }
     if (ddp__now() > deadline) {
         char missing[256];
@@ -1586,7 +1772,7 @@ static ddp_result ddp__shm_check_peers(ddp_context *ctx, int stage, uint32_t tar
                 len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d", len ? ", " : "", s);
         }
         return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_TIMEOUT, "timed out after %.0f s in %s waiting for rank(s) %s",
-                                         ctx->desc.timeout_s, ctx->shm_what, missing));
+                                         ctx->desc.timeout_s, ctx->what, missing));
     }
     return DDP_OK;
 }
@@ -1602,7 +1788,7 @@ static ddp_result ddp__shm_wait_all(ddp_context *ctx, int stage, uint32_t target
         while (!ddp__reached(__atomic_load_n(&c->value, __ATOMIC_ACQUIRE), target)) {
             uint32_t seen;
             if (polls++ % 16 == 0 && spin_until == 0)
-                spin_until = ddp__now() + (ctx->in_step ? DDP__SPIN_SECONDS_COMM_THREAD : ctx->spin_seconds);
+                spin_until = ddp__now() + (ctx->in_step ? DDP__SPIN_SECONDS_COMM_THREAD : ctx->cpu->spin_seconds);
             if (polls % 16 || ddp__now() < spin_until) { sched_yield(); continue; }
             if (deadline == 0) { deadline = ddp__now() + ctx->desc.timeout_s; next_check = 0; }
             if (ddp__now() >= next_check) {
@@ -1651,21 +1837,6 @@ static void ddp__part(size_t m, int world, int s, size_t *lo, size_t *hi) {
     size_t part = ddp__round_up((m + (size_t)world - 1) / (size_t)world, DDP__ALIGN_FLOATS);
     *lo = part * (size_t)s < m ? part * (size_t)s : m;
     *hi = *lo + part < m ? *lo + part : m;
-}
-
-/* bf16 is the upper half of a float, rounded to nearest even; NaN stays a (quiet) NaN. The same
-   rounding as ddp_kernels.cuh, so both backends put the same bits on the wire. */
-static uint16_t ddp__to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-static float ddp__from_bf16(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
 }
 
 /* The bf16 average: slots carry bf16; the owner of a part adds every rank's bf16 values in
@@ -1774,12 +1945,12 @@ static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *dat
     int first = 1;
     double started = ddp__now();
     if (ddp__failed(ctx)) return ddp__failed(ctx);
-    sig->id = ++ctx->shm_collectives;
+    sig->id = ++ctx->cpu->shm_collectives;
     sig->kind = kind;
     sig->root = (uint32_t)root;
     sig->count = count;
     do {
-        uint32_t q = ctx->shm_seq;
+        uint32_t q = ctx->cpu->shm_seq;
         size_t m = count - done < per_chunk ? count - done : per_chunk;
         size_t lo, hi;
         ddp_result r = ddp__shm_wait_all(ctx, DDP__STAGE_OUT, q + 1 - DDP__SLOTS);
@@ -1797,7 +1968,7 @@ static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *dat
         if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_RED, q + 1)) != DDP_OK) return r;
         ddp__stage_out(ctx, kind, buf + done * unit, m, root, q);
         ddp__shm_post(ctx, DDP__STAGE_OUT, q + 1);
-        ctx->shm_seq = q + 1;
+        ctx->cpu->shm_seq = q + 1;
         done += m;
         first = 0;
     } while (done < count);
@@ -1816,7 +1987,7 @@ static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *dat
    three times per 256 KiB chunk. Both matter when compute keeps every core busy: the
    reduction's CPU time and each wake-up come straight out of the step.
    -------------------------------------------------------------------------------------------- */
-static float *ddp__rank_grads(ddp_context *ctx, int s) { return (float *)(void *)ctx->grads_shm + (size_t)s * ctx->grads_stride; }
+static float *ddp__rank_grads(ddp_context *ctx, int s) { return (float *)(void *)ctx->cpu->grads_shm + (size_t)s * ctx->cpu->grads_stride; }
 
 static void ddp__average_part_in_place(ddp_context *ctx, size_t offset, size_t lo, size_t hi) {
     float *mine = ddp__rank_grads(ctx, ctx->rank) + offset;
@@ -1837,13 +2008,13 @@ static void ddp__average_part_in_place(ddp_context *ctx, size_t offset, size_t l
 
 static ddp_result ddp__shm_bucket_in_place(ddp_context *ctx, size_t offset, size_t count) {
     ddp__shm_sig *sig = &ddp__shm_block(ctx, ctx->rank)->sig;
-    uint32_t q = ctx->shm_seq;
+    uint32_t q = ctx->cpu->shm_seq;
     size_t lo, hi;
     int s;
     ddp_result r;
     double started = ddp__now();
     if (ddp__failed(ctx)) return ddp__failed(ctx);
-    sig->id = ++ctx->shm_collectives;
+    sig->id = ++ctx->cpu->shm_collectives;
     sig->kind = DDP__KIND_AVG;
     sig->root = 0;
     sig->count = count;
@@ -1863,7 +2034,7 @@ static ddp_result ddp__shm_bucket_in_place(ddp_context *ctx, size_t offset, size
     /* Until every rank has copied my part, my buffer must not change: the step may go on to
        zero or accumulate into it as soon as this bucket counts as done. */
     if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_OUT, q + 1)) != DDP_OK) return r;
-    ctx->shm_seq = q + 1;
+    ctx->cpu->shm_seq = q + 1;
     if (ctx->desc.inject_comm_latency_ms > 0 || ctx->desc.inject_comm_gbps > 0)
         ddp__inject_comm_delay(ctx, count * sizeof(float), started);
     return DDP_OK;
@@ -1893,9 +2064,9 @@ static ddp_result ddp__shm_map(ddp_context *ctx, int fd, size_t bytes) {
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (p == MAP_FAILED)
-        return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot map shared memory %s (%zu bytes): %s", ctx->shm_name, bytes, strerror(errno));
-    ctx->shm = (unsigned char *)p;
-    ctx->shm_bytes = bytes;
+        return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot map shared memory %s (%zu bytes): %s", ctx->cpu->shm_name, bytes, strerror(errno));
+    ctx->cpu->shm = (unsigned char *)p;
+    ctx->cpu->shm_bytes = bytes;
     return DDP_OK;
 }
 
@@ -1940,8 +2111,8 @@ static ddp_result ddp__shm_create(ddp_context *ctx) {
     int fd, s;
     ddp_result r;
     ddp__shm_sweep_stale(ctx);
-    if ((fd = ddp__shm_new(ctx, ctx->shm_name, bytes)) < 0) return DDP_ERR_SYSTEM;
-    if ((r = ddp__shm_map(ctx, fd, bytes)) != DDP_OK) { shm_unlink(ctx->shm_name); return r; }
+    if ((fd = ddp__shm_new(ctx, ctx->cpu->shm_name, bytes)) < 0) return DDP_ERR_SYSTEM;
+    if ((r = ddp__shm_map(ctx, fd, bytes)) != DDP_OK) { shm_unlink(ctx->cpu->shm_name); return r; }
     h = ddp__shm_hdr(ctx);
     h->world = (uint32_t)ctx->world;
     h->slots = DDP__SLOTS;
@@ -1960,8 +2131,8 @@ static ddp_result ddp__shm_attach(ddp_context *ctx, const char *name) {
     ddp__shm_header *h;
     ddp_result r;
     int fd;
-    snprintf(ctx->shm_name, sizeof ctx->shm_name, "%s", name);
-    fd = shm_open(ctx->shm_name, O_RDWR, 0600);
+    snprintf(ctx->cpu->shm_name, sizeof ctx->cpu->shm_name, "%s", name);
+    fd = shm_open(ctx->cpu->shm_name, O_RDWR, 0600);
     if (fd < 0) return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot open rank 0's shared memory %s: %s "
                                  "(are all ranks on one host?)", name, strerror(errno));
     if (fstat(fd, &st) || (size_t)st.st_size != bytes) {
@@ -1976,24 +2147,13 @@ static ddp_result ddp__shm_attach(ddp_context *ctx, const char *name) {
     return DDP_OK;
 }
 
-/* What rank 0 published under `key` (a segment's name, the ncclUniqueId), waited for until
-   `deadline`; the caller frees *val. */
-static ddp_result ddp__fetch_from_rank0(ddp_context *ctx, const char *key, const char *what, double deadline,
-                                        unsigned char **val, uint32_t *len) {
-    int found = 0;
-    ddp_result r = ddp__store_get(ctx, key, deadline, val, len, &found);
-    if (r != DDP_OK) return r;
-    if (!found) return ddp__fail(ctx, DDP_ERR_TIMEOUT, "rank 0 did not publish %s in time", what);
-    return DDP_OK;
-}
-
 /* Rank 0 creates the segment and publishes its name; once everyone has it mapped it is
    unlinked, so a crash from here on leaves nothing behind. */
 static ddp_result ddp__shm_setup(ddp_context *ctx, double deadline) {
     ddp_result r;
     if (ctx->rank == 0) {
         if ((r = ddp__shm_create(ctx)) != DDP_OK) return r;
-        if ((r = ddp__store_set(ctx, "shm", ctx->shm_name, strlen(ctx->shm_name))) != DDP_OK) return r;
+        if ((r = ddp__store_set(ctx, "shm", ctx->cpu->shm_name, strlen(ctx->cpu->shm_name))) != DDP_OK) return r;
     } else {
         unsigned char *name;
         uint32_t len;
@@ -2004,10 +2164,10 @@ static ddp_result ddp__shm_setup(ddp_context *ctx, double deadline) {
     }
     __atomic_store_n(&ddp__shm_block(ctx, ctx->rank)->pid, (int32_t)getpid(), __ATOMIC_RELEASE);
     ctx->tl_origin = ddp__shm_hdr(ctx)->origin;   /* one clock (CLOCK_MONOTONIC), one zero */
-    ctx->spin_seconds = ctx->local_world > sysconf(_SC_NPROCESSORS_ONLN) ? DDP__SPIN_SECONDS_OVERSUBSCRIBED : DDP__SPIN_SECONDS;
-    ctx->shm_what = "the shared-memory handshake";
+    ctx->cpu->spin_seconds = ctx->local_world > sysconf(_SC_NPROCESSORS_ONLN) ? DDP__SPIN_SECONDS_OVERSUBSCRIBED : DDP__SPIN_SECONDS;
+    ctx->what = "the shared-memory handshake";
     r = ddp__shm_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0);
-    if (ctx->rank == 0) shm_unlink(ctx->shm_name);
+    if (ctx->rank == 0) shm_unlink(ctx->cpu->shm_name);
     return r;
 }
 
@@ -2017,17 +2177,17 @@ static ddp_result ddp__shm_setup(ddp_context *ctx, double deadline) {
 static int ddp__grads_create(ddp_context *ctx, size_t bytes, ddp_result *r) {
     const char *staged = getenv("DDP_STAGED_GRADS");
     int fd = -1;
-    ctx->grads_name[0] = 0;
+    ctx->cpu->grads_name[0] = 0;
     if (!staged || !strcmp(staged, "0")) {
-        fd = ddp__shm_new(ctx, ctx->grads_name, bytes);
+        fd = ddp__shm_new(ctx, ctx->cpu->grads_name, bytes);
         if (fd < 0) {
             ddp__log(ctx, DDP_LOG_WARN, "%s; gradient buckets go through the staging slots instead (slower)",
                      ddp__err_body(ctx));
-            ctx->grads_name[0] = 0;
+            ctx->cpu->grads_name[0] = 0;
             ctx->err[0] = 0;
         }
     }
-    *r = ddp__store_set(ctx, "grads", ctx->grads_name, strlen(ctx->grads_name));
+    *r = ddp__store_set(ctx, "grads", ctx->cpu->grads_name, strlen(ctx->cpu->grads_name));
     if (*r != DDP_OK && fd >= 0) { close(fd); fd = -1; }   /* the name stays: shutdown unlinks it */
     return fd;
 }
@@ -2041,8 +2201,8 @@ static ddp_result ddp__grads_share(ddp_context *ctx, double deadline) {
     struct stat st;
     void *p;
     int fd;
-    ctx->grads_stride = ddp__round_up(ctx->flat_count * sizeof(float), page) / sizeof(float);
-    bytes = ctx->grads_stride * sizeof(float) * (size_t)ctx->world;
+    ctx->cpu->grads_stride = ddp__round_up(ctx->flat_count * sizeof(float), page) / sizeof(float);
+    bytes = ctx->cpu->grads_stride * sizeof(float) * (size_t)ctx->world;
     if (ctx->rank == 0) {
         ddp_result r;
         fd = ddp__grads_create(ctx, bytes, &r);
@@ -2053,427 +2213,34 @@ static ddp_result ddp__grads_share(ddp_context *ctx, double deadline) {
         uint32_t len;
         ddp_result r = ddp__fetch_from_rank0(ctx, "grads", "its gradient segment", deadline, &name, &len);
         if (r != DDP_OK) return r;
-        snprintf(ctx->grads_name, sizeof ctx->grads_name, "%.*s", (int)len, (const char *)name);
+        snprintf(ctx->cpu->grads_name, sizeof ctx->cpu->grads_name, "%.*s", (int)len, (const char *)name);
         DDP_FREE(name);
-        if (!ctx->grads_name[0]) return DDP_OK;   /* rank 0 had no room: private gradients everywhere */
-        if ((fd = shm_open(ctx->grads_name, O_RDWR, 0600)) < 0)
-            return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot open rank 0's gradient segment %s: %s", ctx->grads_name, strerror(errno));
+        if (!ctx->cpu->grads_name[0]) return DDP_OK;   /* rank 0 had no room: private gradients everywhere */
+        if ((fd = shm_open(ctx->cpu->grads_name, O_RDWR, 0600)) < 0)
+            return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot open rank 0's gradient segment %s: %s", ctx->cpu->grads_name, strerror(errno));
         if (fstat(fd, &st) || (size_t)st.st_size != bytes) {
             close(fd);
-            return ddp__fail(ctx, DDP_ERR_MISMATCH, "rank 0's gradient segment %s has the wrong size", ctx->grads_name);
+            return ddp__fail(ctx, DDP_ERR_MISMATCH, "rank 0's gradient segment %s has the wrong size", ctx->cpu->grads_name);
         }
     }
     p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (p == MAP_FAILED)
-        return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot map the gradient segment %s (%zu bytes): %s", ctx->grads_name, bytes, strerror(errno));
-    ctx->grads_shm = (unsigned char *)p;
-    ctx->grads_shm_bytes = bytes;
+        return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot map the gradient segment %s (%zu bytes): %s", ctx->cpu->grads_name, bytes, strerror(errno));
+    ctx->cpu->grads_shm = (unsigned char *)p;
+    ctx->cpu->grads_shm_bytes = bytes;
     ddp__free_floats(ctx->flat_grads);
     ctx->flat_grads = ddp__rank_grads(ctx, ctx->rank);
     return DDP_OK;
 }
 
 static void ddp__grads_unlink(ddp_context *ctx) {
-    if (ctx->rank == 0 && ctx->grads_name[0]) shm_unlink(ctx->grads_name);
-    ctx->grads_name[0] = 0;
+    if (ctx->rank == 0 && ctx->cpu->grads_name[0]) shm_unlink(ctx->cpu->grads_name);
+    ctx->cpu->grads_name[0] = 0;
 }
 
-/* --------------------------------------------------------------------------------------------
-   Process group: init, rendezvous, shutdown
-   -------------------------------------------------------------------------------------------- */
-static ddp_result ddp__list_missing(ddp_context *ctx, const char *prefix, int from, char *out, size_t cap) {
-    size_t len = 0;
-    int s, exists;
-    out[0] = 0;
-    for (s = from; s < ctx->world && len + 16 < cap; s++) {
-        char key[64];
-        ddp_result r;
-        snprintf(key, sizeof key, "%s%d", prefix, s);
-        if ((r = ddp__store_check(ctx, key, &exists)) != DDP_OK) return r;
-        if (!exists) len += (size_t)snprintf(out + len, cap - len, "%s%d", len ? ", " : "", s);
-    }
-    return DDP_OK;
-}
-
-/* Every rank announces itself; each then waits for all the others and checks they agree. */
-static ddp_result ddp__rendezvous(ddp_context *ctx, double deadline) {
-    char key[64], info[128], num[8];
-    unsigned char *reply;
-    uint32_t len, status;
-    int s, found;
-    ddp_result r;
-    if (!(ctx->peer_pids = (int *)ddp__calloc(sizeof(int) * (size_t)ctx->world)))
-        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %d ranks", ctx->world);
-    snprintf(key, sizeof key, "claim/%d", ctx->rank);
-    r = ddp__store_request(ctx, DDP__OP_ADD, key, "1", 1, &reply, &len, &status, 0);
-    if (r != DDP_OK) return r;
-    snprintf(num, sizeof num, "%.7s", (const char *)reply);
-    DDP_FREE(reply);
-    if (strcmp(num, "1"))
-        return ddp__fail(ctx, DDP_ERR_BAD_ENV, "two processes of this job were started as rank %d", ctx->rank);
-    snprintf(key, sizeof key, "rank/%d", ctx->rank);
-    snprintf(info, sizeof info, "%d %d", ctx->world, (int)getpid());
-    if ((r = ddp__store_set(ctx, key, info, strlen(info))) != DDP_OK) return r;
-    for (s = 0; s < ctx->world; s++) {
-        int world = 0, pid = 0;
-        snprintf(key, sizeof key, "rank/%d", s);
-        if ((r = ddp__store_get(ctx, key, deadline, &reply, &len, &found)) != DDP_OK) return r;
-        if (!found) {
-            char missing[256];
-            if ((r = ddp__list_missing(ctx, "rank/", s, missing, sizeof missing)) != DDP_OK) return r;
-            return ddp__fail(ctx, DDP_ERR_TIMEOUT, "rank(s) %s never arrived at the rendezvous on %s:%d within "
-                             "%.0f s (WORLD_SIZE=%d)", missing, ctx->master_addr, ctx->desc.master_port,
-                             ctx->desc.timeout_s, ctx->world);
-        }
-        sscanf((const char *)reply, "%d %d", &world, &pid);
-        DDP_FREE(reply);
-        ctx->peer_pids[s] = pid;
-        if (world != ctx->world)
-            return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks disagree on the world size: rank %d (pid %d) was "
-                             "started with WORLD_SIZE=%d, this rank with %d", s, pid, world, ctx->world);
-    }
-    return DDP_OK;
-}
-
-static void ddp__comm_stop(ddp_context *ctx);
-
-ddp_result ddp_init(ddp_context **out, const ddp_desc *desc) {
-    ddp_context *ctx;
-    double deadline;
-    ddp_result r;
-    if (!out) return DDP_ERR_INVALID_ARGUMENT;
-    *out = ctx = (ddp_context *)ddp__calloc(sizeof *ctx);
-    if (!ctx) return DDP_ERR_OUT_OF_MEMORY;
-    pthread_mutex_init(&ctx->err_lock, NULL);
-    pthread_mutex_init(&ctx->comm_lock, NULL);
-    pthread_cond_init(&ctx->comm_wake, NULL);
-    pthread_cond_init(&ctx->comm_done_cond, NULL);
-    ctx->store_fd = -1;
-    ctx->rank = -1;
-    ctx->sync_enabled = 1;
-    ctx->tl_origin = ddp__now();
-    if ((r = ddp__resolve_desc(ctx, desc)) != DDP_OK) return ddp__set_failed(ctx, r);
-    if (ctx->desc.backend == DDP_BACKEND_NCCL && ctx->world == 1) {   /* no store, a communicator of one */
-        ctx->backend = DDP_BACKEND_NCCL;
-        return (r = ddp__gpu_setup(ctx, 0)) != DDP_OK ? ddp__set_failed(ctx, r) : DDP_OK;
-    }
-    if (ctx->world == 1) { ctx->backend = 0; return DDP_OK; }
-    ctx->backend = ctx->desc.backend;
-    if (!ctx->job_token[0])
-        ddp__log(ctx, ctx->local_world < ctx->world ? DDP_LOG_WARN : DDP_LOG_INFO, "no DDP_JOB_TOKEN: the "
-                 "rendezvous store on %s:%d accepts any client that can reach it", ctx->master_addr, ctx->desc.master_port);
-    deadline = ddp__now() + ctx->desc.timeout_s;
-    if (ctx->rank == 0 && (r = ddp__server_start(ctx)) != DDP_OK) return ddp__set_failed(ctx, r);
-    if ((r = ddp__store_connect(ctx, deadline)) != DDP_OK) return ddp__set_failed(ctx, r);
-    if ((r = ddp__rendezvous(ctx, deadline)) != DDP_OK) return ddp__set_failed(ctx, r);
-    if (ddp__on_gpu(ctx)) return (r = ddp__gpu_setup(ctx, deadline)) != DDP_OK ? ddp__fatal(ctx, r) : DDP_OK;
-    if ((r = ddp__shm_setup(ctx, deadline)) != DDP_OK) return ddp__fatal(ctx, r);
-    ddp__log(ctx, DDP_LOG_INFO, "rank %d of %d up (cpu backend, segment %s)", ctx->rank, ctx->world, ctx->shm_name);
-    return DDP_OK;
-}
-
-/* The timeline, at shutdown: every rank's events go through the store to rank 0, which writes
-   one trace. After a failure (or when a rank's trace does not fit the store) each rank writes
-   its own, PATH.rankR.json. Called twice: before the shutdown barrier (publish) and after it
-   (rank 0 gathers). */
-static void ddp__tl_shutdown(ddp_context *ctx, ddp__text *mine, int gather) {
-    int together = (ctx->shm || (ddp__on_gpu(ctx) && ctx->store_fd >= 0)) && !ddp__failed(ctx) && !mine->oom &&
-                   mine->len <= DDP__STORE_MAX_VALUE;
-    char key[32], path[600];
-    int s, found;
-    if (!ctx->tl_main) return;
-    if (!gather) {
-        if (!mine->buf) ddp__text_printf(mine, ",\n{\"name\":\"empty\",\"ph\":\"M\",\"pid\":%d}", ctx->rank);
-        snprintf(key, sizeof key, "timeline/%d", ctx->rank);
-        if (together && ctx->rank != 0) ddp__store_set(ctx, key, mine->buf, mine->len);
-        return;
-    }
-    if (!together) {
-        if (ctx->world > 1) snprintf(path, sizeof path, "%s.rank%d.json", ctx->timeline_path, ctx->rank);
-        else snprintf(path, sizeof path, "%s", ctx->timeline_path);
-        ddp__tl_write_file(ctx, path, mine);
-        return;
-    }
-    if (ctx->rank != 0) return;
-    for (s = 1; s < ctx->world; s++) {
-        unsigned char *text;
-        uint32_t len;
-        snprintf(key, sizeof key, "timeline/%d", s);
-        if (ddp__store_get(ctx, key, ddp__now() + ctx->desc.timeout_s, &text, &len, &found) != DDP_OK || !found) continue;
-        ddp__text_printf(mine, "%.*s", (int)len, (const char *)text);
-        DDP_FREE(text);
-    }
-    if (ctx->tl_main->full || ctx->tl_comm->full)
-        ddp__log(ctx, DDP_LOG_WARN, "the timeline kept only the first %d events per thread", DDP__TIMELINE_MAX_EVENTS);
-    ddp__tl_write_file(ctx, ctx->timeline_path, mine);
-}
-
-/* The shutdown barriers: through shared memory, or the communicator (world > 1 only). */
-static ddp_result ddp__group_barrier(ddp_context *ctx) {
-    if (ddp__failed(ctx) || ctx->world == 1) return DDP_OK;
-    if (ddp__on_gpu(ctx)) return ctx->gpu ? ddp__gpu_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0) : DDP_OK;
-    return ctx->shm ? ddp__shm_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0) : DDP_OK;
-}
-
-ddp_result ddp_shutdown(ddp_context *ctx) {
-    ddp_result r = DDP_OK;
-    ddp__text timeline;
-    if (!ctx) return DDP_OK;
-    memset(&timeline, 0, sizeof timeline);
-    ddp__comm_stop(ctx);
-    ddp__gpu_drain(ctx);
-    ddp__gpu_stop_watchdog(ctx);
-    if (ctx->tl_main) ddp__tl_rank_json(ctx, &timeline);
-    ddp__tl_shutdown(ctx, &timeline, 0);
-    /* Two barriers: rank 0 closes its store only once every rank is done with it, and no rank
-       returns (and perhaps starts a new group on the same port) before the store is closed. */
-    ctx->shm_what = "the shutdown barrier";
-    r = ddp__group_barrier(ctx);
-    ddp__tl_shutdown(ctx, &timeline, 1);
-    DDP_FREE(timeline.buf);
-    ddp__tl_free(ctx->tl_main);
-    ddp__tl_free(ctx->tl_comm);
-    if (ctx->store_fd >= 0) close(ctx->store_fd);
-    ctx->store_fd = -1;   /* a late poison must not write to a reused descriptor */
-    ddp__server_stop(ctx);
-    if (r == DDP_OK) r = ddp__group_barrier(ctx);
-    /* The context is freed below, so ddp_last_error cannot tell the caller: say it here. */
-    if (r != DDP_OK) ddp__log(ctx, DDP_LOG_ERROR, "ddp_shutdown: %s", ddp__err_body(ctx));
-    if (ctx->shm) {
-        munmap(ctx->shm, ctx->shm_bytes);
-        if (ctx->rank == 0) shm_unlink(ctx->shm_name);   /* already gone unless init failed */
-    }
-    ddp__grads_unlink(ctx);                               /* likewise */
-    if (ctx->grads_shm) munmap(ctx->grads_shm, ctx->grads_shm_bytes);
-    else ddp__free_floats(ctx->flat_grads);
-    ddp__gpu_teardown(ctx);   /* frees the device buffers */
-    ddp__free_floats(ctx->flat_params);
-    ddp__free_floats(ctx->adam_m);
-    ddp__free_floats(ctx->adam_v);
-    DDP_FREE(ctx->params);
-    DDP_FREE(ctx->peer_pids);
-    DDP_FREE(ctx->buckets);
-    DDP_FREE(ctx->tape);
-    DDP_FREE(ctx->tape_arena);
-    pthread_mutex_destroy(&ctx->err_lock);
-    pthread_mutex_destroy(&ctx->comm_lock);
-    pthread_cond_destroy(&ctx->comm_wake);
-    pthread_cond_destroy(&ctx->comm_done_cond);
-    DDP_FREE(ctx);
-    return r;
-}
-
-/* Every public call that needs a live process group starts here. */
-static ddp_result ddp__usable(ddp_context *ctx, int need_commit, const char *call) {
-    if (!ctx) return DDP_ERR_INVALID_ARGUMENT;
-    if (ddp__failed(ctx)) return ddp__failed(ctx);
-    if (need_commit && !ctx->committed)
-        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s needs ddp_commit first", call);
-    return DDP_OK;
-}
-
-/* --------------------------------------------------------------------------------------------
-   Parameters, the flat buffers and the buckets
-   -------------------------------------------------------------------------------------------- */
-ddp_result ddp_register_param(ddp_context *ctx, const char *name, size_t count, unsigned flags,
-                              const float *init, int *id_out) {
-    ddp_result r = ddp__usable(ctx, 0, "ddp_register_param");
-    ddp__param *p;
-    int i;
-    if (r != DDP_OK) return r;
-    if (ctx->committed)
-        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_register_param('%s') after ddp_commit", name ? name : "");
-    if (!name || !*name || strlen(name) >= DDP__NAME_MAX || strchr(name, '\n'))
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "parameter names must be 1 to %d characters without newlines",
-                         DDP__NAME_MAX - 1);
-    if (count == 0 || count > ((size_t)1 << 40))
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "parameter '%s' has %zu elements", name, count);
-    if (flags & ~(unsigned)DDP_NO_DECAY)
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "parameter '%s' has unknown flags 0x%x", name, flags);
-    for (i = 0; i < ctx->num_params; i++)
-        if (!strcmp(ctx->params[i].name, name))
-            return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "parameter '%s' is registered twice", name);
-    if (ctx->num_params == ctx->cap_params) {
-        int cap = ctx->cap_params ? 2 * ctx->cap_params : 32;
-        ddp__param *grown = (ddp__param *)DDP_MALLOC(sizeof(ddp__param) * (size_t)cap);
-        if (!grown) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory registering '%s'", name);
-        if (ctx->num_params) memcpy(grown, ctx->params, sizeof(ddp__param) * (size_t)ctx->num_params);
-        DDP_FREE(ctx->params);
-        ctx->params = grown;
-        ctx->cap_params = cap;
-    }
-    p = &ctx->params[ctx->num_params];
-    memset(p, 0, sizeof *p);
-    snprintf(p->name, sizeof p->name, "%s", name);
-    p->count = count;
-    p->flags = flags;
-    p->init = init;
-    if (id_out) *id_out = ctx->num_params;
-    ctx->num_params++;
-    return DDP_OK;
-}
-
-/* Buckets walk the parameters backwards (the order backward finalizes them): the first is
-   capped at first_bucket_mb so communication starts early, the rest at bucket_cap_mb. A
-   parameter larger than the cap gets a bucket of its own; none is ever split. */
-static ddp_result ddp__build_buckets(ddp_context *ctx) {
-    size_t first_cap = (size_t)(ctx->desc.first_bucket_mb * 1048576.0);
-    size_t cap = (size_t)(ctx->desc.bucket_cap_mb * 1048576.0);
-    int i, n = 0;
-    ctx->buckets = (ddp__bucket *)ddp__calloc(sizeof(ddp__bucket) * (size_t)ctx->num_params);
-    if (!ctx->buckets) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory building buckets");
-    for (i = ctx->num_params - 1; i >= 0; i--) {
-        ddp__param *p = &ctx->params[i];
-        size_t end = i + 1 < ctx->num_params ? ctx->params[i + 1].offset : ctx->flat_count;
-        size_t bytes = (end - p->offset) * sizeof(float);
-        ddp__bucket *b = n ? &ctx->buckets[n - 1] : NULL;
-        size_t limit = n <= 1 ? first_cap : cap;
-        if (!b || (b->count * sizeof(float) + bytes > limit && b->count > 0)) {
-            b = &ctx->buckets[n++];
-            b->last_param = i;
-            b->count = 0;
-        }
-        b->first_param = i;
-        b->offset = p->offset;
-        b->count += end - p->offset;
-        p->bucket = n - 1;
-    }
-    ctx->num_buckets = n;
-    return DDP_OK;
-}
-
-/* One line per parameter; every rank must produce the same text. */
-static char *ddp__layout_text(ddp_context *ctx, size_t *len_out) {
-    size_t cap = 256 + (size_t)ctx->num_params * (DDP__NAME_MAX + 48), len;
-    char *text = (char *)DDP_MALLOC(cap);
-    int i;
-    if (!text) return NULL;
-    len = (size_t)snprintf(text, cap, "buckets %.6f %.6f %d reduce %s\n", ctx->desc.first_bucket_mb,
-                           ctx->desc.bucket_cap_mb, ctx->desc.find_unused,
-                           ctx->desc.reduce_dtype == DDP_DTYPE_BF16 ? "bf16" : "fp32");
-    for (i = 0; i < ctx->num_params; i++)
-        len += (size_t)snprintf(text + len, cap - len, "%s %zu %u\n", ctx->params[i].name,
-                                ctx->params[i].count, ctx->params[i].flags);
-    *len_out = len;
-    return text;
-}
-
-static const char *ddp__line(const char *text, int index, char *out, size_t cap) {
-    int i;
-    for (i = 0; i < index && text; i++) { text = strchr(text, '\n'); if (text) text++; }
-    if (!text || !*text) { snprintf(out, cap, "nothing"); return out; }
-    snprintf(out, cap, "%.*s", (int)(strchr(text, '\n') ? strchr(text, '\n') - text : (long)strlen(text)), text);
-    return out;
-}
-
-/* Name the first line where two layouts differ, as a sentence every rank prints alike. */
-static ddp_result ddp__layout_mismatch(ddp_context *ctx, const char *a, const char *b, int rank_b) {
-    char la[DDP__NAME_MAX + 64], lb[DDP__NAME_MAX + 64];
-    int i = 0;
-    while (!strcmp(ddp__line(a, i, la, sizeof la), ddp__line(b, i, lb, sizeof lb))) i++;
-    if (i == 0)
-        return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks 0 and %d use different options: rank 0 has '%s', rank %d "
-                         "has '%s' (first_bucket_mb, bucket_cap_mb, find_unused, reduce_dtype)", rank_b, la, rank_b, lb);
-    return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks registered different parameters: parameter #%d is '%s' "
-                     "(name, elements, flags) on rank 0 but '%s' on rank %d", i - 1, la, lb, rank_b);
-}
-
-/* All ranks fetch rank 0's layout and every other rank's, so all reach the same verdict. */
-static ddp_result ddp__verify_layout(ddp_context *ctx) {
-    size_t len;
-    char *mine = ddp__layout_text(ctx, &len), *ref = NULL, key[32];
-    double deadline = ddp__now() + ctx->desc.timeout_s;
-    ddp_result r;
-    uint32_t rlen;
-    int s, found;
-    if (!mine) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory checking the layout");
-    snprintf(key, sizeof key, "layout/%d", ctx->rank);
-    r = ddp__store_set(ctx, key, mine, len);
-    for (s = 0; s < ctx->world && r == DDP_OK; s++) {
-        unsigned char *text;
-        snprintf(key, sizeof key, "layout/%d", s);
-        if ((r = ddp__store_get(ctx, key, deadline, &text, &rlen, &found)) != DDP_OK) break;
-        if (!found) { r = ddp__fail(ctx, DDP_ERR_TIMEOUT, "rank %d did not reach ddp_commit within %.0f s", s, ctx->desc.timeout_s); break; }
-        if (s == 0) { ref = (char *)text; continue; }
-        if (strcmp(ref, (const char *)text)) r = ddp__layout_mismatch(ctx, ref, (const char *)text, s);
-        DDP_FREE(text);
-    }
-    DDP_FREE(ref);
-    DDP_FREE(mine);
-    return r;
-}
-
-static ddp_result ddp__comm_start(ddp_context *ctx);
-
-static ddp_result ddp__cpu_alloc_flat(ddp_context *ctx) {
-    int i;
-    ctx->flat_params = ddp__alloc_floats(ctx->flat_count);
-    ctx->flat_grads = ddp__alloc_floats(ctx->flat_count);
-    if (!ctx->flat_params || !ctx->flat_grads)
-        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %zu parameters", ctx->flat_count);
-    for (i = 0; i < ctx->num_params; i++) {
-        ddp__param *p = &ctx->params[i];
-        if (p->init) memcpy(ctx->flat_params + p->offset, p->init, p->count * sizeof(float));
-        p->init = NULL;
-    }
-    return DDP_OK;
-}
-
-ddp_result ddp_commit(ddp_context *ctx) {
-    ddp_result r = ddp__usable(ctx, 0, "ddp_commit");
-    size_t offset = 0;
-    int i;
-    if (r != DDP_OK) return r;
-    if (ctx->committed) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_commit called twice");
-    if (ctx->num_params == 0) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_commit with no parameters registered");
-    for (i = 0; i < ctx->num_params; i++) {
-        ctx->params[i].offset = offset;
-        offset += ddp__round_up(ctx->params[i].count, DDP__ALIGN_FLOATS);
-    }
-    ctx->flat_count = offset;
-    if ((r = ddp__on_gpu(ctx) ? ddp__gpu_alloc_flat(ctx) : ddp__cpu_alloc_flat(ctx)) != DDP_OK) return r;
-    if ((r = ddp__build_buckets(ctx)) != DDP_OK) return r;
-    if (ddp__on_gpu(ctx)) {
-        if ((r = ddp__gpu_commit(ctx)) != DDP_OK) return r;
-    } else if (ctx->world > 1) {
-        if ((r = ddp__verify_layout(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
-        if ((r = ddp__grads_share(ctx, ddp__now() + ctx->desc.timeout_s)) != DDP_OK) return ddp__fatal(ctx, r);
-        ctx->shm_what = "the broadcast of rank 0's initial parameters";
-        r = ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->flat_params, offset * sizeof(float), 0);
-        ddp__grads_unlink(ctx);   /* every rank passed ddp__grads_share to get here */
-        if (r != DDP_OK) return r;
-        if ((r = ddp__comm_start(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
-    }
-    ctx->committed = 1;
-    return DDP_OK;
-}
-
-static int ddp__valid_id(const ddp_context *ctx, int id) { return ctx && ctx->committed && id >= 0 && id < ctx->num_params; }
-float *ddp_param(ddp_context *ctx, int id) { return ddp__valid_id(ctx, id) ? ctx->flat_params + ctx->params[id].offset : NULL; }
-float *ddp_grad(ddp_context *ctx, int id) { return ddp__valid_id(ctx, id) ? ctx->flat_grads + ctx->params[id].offset : NULL; }
-size_t ddp_param_count(const ddp_context *ctx, int id) { return ctx && id >= 0 && id < ctx->num_params ? ctx->params[id].count : 0; }
-const char *ddp_param_name(const ddp_context *ctx, int id) { return ctx && id >= 0 && id < ctx->num_params ? ctx->params[id].name : NULL; }
-int ddp_num_params(const ddp_context *ctx) { return ctx->num_params; }
-int ddp_num_buckets(const ddp_context *ctx) { return ctx->num_buckets; }
-float *ddp_flat_params(ddp_context *ctx, size_t *count_out) { if (count_out) *count_out = ctx->flat_count; return ctx->flat_params; }
-float *ddp_flat_grads(ddp_context *ctx, size_t *count_out) { if (count_out) *count_out = ctx->flat_count; return ctx->flat_grads; }
-
-ddp_result ddp_bucket(const ddp_context *ctx, int index, ddp_bucket_info *out) {
-    const ddp__bucket *b;
-    if (!ctx || !out || index < 0 || index >= ctx->num_buckets) return DDP_ERR_INVALID_ARGUMENT;
-    b = &ctx->buckets[index];
-    out->offset = b->offset;
-    out->count = b->count;
-    out->first_param = b->first_param;
-    out->last_param = b->last_param;
-    return DDP_OK;
-}
-
-/* --------------------------------------------------------------------------------------------
-   The communication thread. Buckets are launched strictly in bucket order, so the queue is
-   just two counters: launched and done; the thread reduces bucket `done` next.
-   -------------------------------------------------------------------------------------------- */
+/* The communication thread. Buckets are launched strictly in bucket order, so the queue is
+   just two counters: launched and done; the thread reduces bucket `done` next. */
 /* The communication thread shares the cores with compute threads that never sleep. Each chunk
    of an allreduce is a handshake with the peers' communication threads, so what matters is how
    soon a woken communication thread runs. On Linux >= 6.12 (EEVDF) a short scheduler slice
@@ -2493,73 +2260,160 @@ static void ddp__comm_thread_short_slice(void) {
 #endif
 }
 
-/* Gradient buckets travel as the reduce dtype says. */
-static uint32_t ddp__grad_kind(const ddp_context *ctx) {
-    return ctx->desc.reduce_dtype == DDP_DTYPE_BF16 ? DDP__KIND_AVG_BF16 : DDP__KIND_AVG;
-}
-static size_t ddp__wire_bytes(const ddp_context *ctx) {
-    return ctx->desc.reduce_dtype == DDP_DTYPE_BF16 ? sizeof(uint16_t) : sizeof(float);
-}
-
 static void *ddp__comm_main(void *arg) {
     ddp_context *ctx = (ddp_context *)arg;
     ddp__comm_thread_short_slice();
-    pthread_mutex_lock(&ctx->comm_lock);
+    pthread_mutex_lock(&ctx->cpu->comm_lock);
     for (;;) {
         int index;
         double t0, seconds = 0;
         ddp_result r = DDP_OK;
-        while (!ctx->comm_stop && ctx->comm_done == ctx->comm_launched) pthread_cond_wait(&ctx->comm_wake, &ctx->comm_lock);
-        if (ctx->comm_done == ctx->comm_launched) break;
-        index = ctx->comm_done;
-        pthread_mutex_unlock(&ctx->comm_lock);
-        if (!ctx->comm_error) {
+        while (!ctx->cpu->comm_stop && ctx->cpu->comm_done == ctx->cpu->comm_launched) pthread_cond_wait(&ctx->cpu->comm_wake, &ctx->cpu->comm_lock);
+        if (ctx->cpu->comm_done == ctx->cpu->comm_launched) break;
+        index = ctx->cpu->comm_done;
+        pthread_mutex_unlock(&ctx->cpu->comm_lock);
+        if (!ctx->cpu->comm_error) {
             const ddp__bucket *b = &ctx->buckets[index];
-            snprintf(ctx->shm_what_buf, sizeof ctx->shm_what_buf, "the allreduce of gradient bucket %d", index);
-            ctx->shm_what = ctx->shm_what_buf;
+            snprintf(ctx->what_buf, sizeof ctx->what_buf, "the allreduce of gradient bucket %d", index);
+            ctx->what = ctx->what_buf;
             t0 = ddp__now();
-            r = ctx->grads_shm && ddp__grad_kind(ctx) == DDP__KIND_AVG
+            r = ctx->cpu->grads_shm && ddp__grad_kind(ctx) == DDP__KIND_AVG
                     ? ddp__shm_bucket_in_place(ctx, b->offset, b->count)
                     : ddp__shm_collective(ctx, ddp__grad_kind(ctx), ctx->flat_grads + b->offset, b->count, 0);
             seconds = ddp__now() - t0;
             ddp__record(ctx, ctx->tl_comm, DDP__EV_ALLREDUCE, t0, t0 + seconds, index, b->count * ddp__wire_bytes(ctx));
         }
-        pthread_mutex_lock(&ctx->comm_lock);
-        ctx->comm_seconds += seconds;
-        ctx->comm_last_seconds = seconds;
-        if (r != DDP_OK && !ctx->comm_error) ctx->comm_error = r;
-        ctx->comm_done++;
-        pthread_cond_broadcast(&ctx->comm_done_cond);
+        pthread_mutex_lock(&ctx->cpu->comm_lock);
+        ctx->cpu->comm_seconds += seconds;
+        ctx->cpu->comm_last_seconds = seconds;
+        if (r != DDP_OK && !ctx->cpu->comm_error) ctx->cpu->comm_error = r;
+        ctx->cpu->comm_done++;
+        pthread_cond_broadcast(&ctx->cpu->comm_done_cond);
     }
-    pthread_mutex_unlock(&ctx->comm_lock);
+    pthread_mutex_unlock(&ctx->cpu->comm_lock);
     return NULL;
 }
 
 static ddp_result ddp__comm_start(ddp_context *ctx) {
-    if (pthread_create(&ctx->comm_thread, NULL, ddp__comm_main, ctx))
+    if (pthread_create(&ctx->cpu->comm_thread, NULL, ddp__comm_main, ctx))
         return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot start the communication thread");
-    ctx->comm_started = 1;
+    ctx->cpu->comm_started = 1;
     return DDP_OK;
 }
 
 static void ddp__comm_stop(ddp_context *ctx) {
-    if (!ctx->comm_started) return;
-    pthread_mutex_lock(&ctx->comm_lock);
-    if (ctx->comm_done != ctx->comm_launched && !ddp__failed(ctx)) {
+    if (!ctx->cpu || !ctx->cpu->comm_started) return;   /* setup failed, or nothing committed */
+    pthread_mutex_lock(&ctx->cpu->comm_lock);
+    if (ctx->cpu->comm_done != ctx->cpu->comm_launched && !ddp__failed(ctx)) {
         /* Leaving mid-step: tell the peers rather than let them wait for the timeout. */
-        pthread_mutex_unlock(&ctx->comm_lock);
+        pthread_mutex_unlock(&ctx->cpu->comm_lock);
         ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_shutdown in the middle of a step"));
-        pthread_mutex_lock(&ctx->comm_lock);
+        pthread_mutex_lock(&ctx->cpu->comm_lock);
     }
-    ctx->comm_stop = 1;
-    pthread_cond_signal(&ctx->comm_wake);
-    pthread_mutex_unlock(&ctx->comm_lock);
-    pthread_join(ctx->comm_thread, NULL);
-    ctx->comm_started = 0;
+    ctx->cpu->comm_stop = 1;
+    pthread_cond_signal(&ctx->cpu->comm_wake);
+    pthread_mutex_unlock(&ctx->cpu->comm_lock);
+    pthread_join(ctx->cpu->comm_thread, NULL);
+    ctx->cpu->comm_started = 0;
 }
 
+/* The CPU backend's entry points (the table at the end). */
+static ddp_result ddp__cpu_setup(ddp_context *ctx, double deadline) {
+    ddp__cpu *c;
+    ddp_result r;
+    if (ctx->world > 1 && ctx->local_world != ctx->world)
+        return ddp__fail(ctx, DDP_ERR_BAD_ENV, "the CPU backend needs every rank on one host, but "
+                         "WORLD_SIZE=%d and LOCAL_WORLD_SIZE=%d", ctx->world, ctx->local_world);
+    if (!(c = ctx->cpu = (ddp__cpu *)ddp__calloc(sizeof *c))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
+    pthread_mutex_init(&c->comm_lock, NULL);
+    pthread_cond_init(&c->comm_wake, NULL);
+    pthread_cond_init(&c->comm_done_cond, NULL);
+    if ((r = ddp__shm_setup(ctx, deadline)) != DDP_OK) return r;
+    ddp__log(ctx, DDP_LOG_INFO, "rank %d of %d up (cpu backend, segment %s)", ctx->rank, ctx->world, c->shm_name);
+    return DDP_OK;
+}
+
+/* Every rank's gradients into the shared segment, rank 0's parameters to everyone, the
+   communication thread. */
+static ddp_result ddp__cpu_commit(ddp_context *ctx) {
+    ddp_result r;
+    if ((r = ddp__grads_share(ctx, ddp__now() + ctx->desc.timeout_s)) != DDP_OK) return ddp__fatal(ctx, r);
+    ctx->what = "the broadcast of rank 0's initial parameters";
+    r = ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->flat_params, ctx->flat_count * sizeof(float), 0);
+    ddp__grads_unlink(ctx);   /* every rank passed ddp__grads_share to get here */
+    if (r != DDP_OK) return r;
+    if ((r = ddp__comm_start(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
+    return DDP_OK;
+}
+
+static ddp_result ddp__cpu_launch(ddp_context *ctx, int index) {
+    ddp__cpu *c = ctx->cpu;
+    ctx->stats.buckets_launched++;
+    ctx->stats.bytes_reduced += ctx->buckets[index].count * ddp__wire_bytes(ctx);
+    pthread_mutex_lock(&c->comm_lock);
+    c->comm_launched++;
+    pthread_cond_signal(&c->comm_wake);
+    pthread_mutex_unlock(&c->comm_lock);
+    return DDP_OK;
+}
+
+static ddp_result ddp__cpu_finish(ddp_context *ctx, double t_wait) {
+    ddp__cpu *c = ctx->cpu;
+    ddp_result r;
+    pthread_mutex_lock(&c->comm_lock);
+    while (c->comm_done < c->comm_launched) pthread_cond_wait(&c->comm_done_cond, &c->comm_lock);
+    r = c->comm_error;
+    ctx->stats.comm_ms = 1e3 * c->comm_seconds;
+    ctx->stats.last_bucket_comm_ms = 1e3 * c->comm_last_seconds;
+    c->comm_seconds = c->comm_last_seconds = 0;
+    c->comm_launched = c->comm_done = 0;
+    pthread_mutex_unlock(&c->comm_lock);
+    ddp__host_step_done(ctx, t_wait);
+    return r;
+}
+
+/* User collectives (and the shutdown barrier); reductions appear on the timeline's comm lane. */
+static ddp_result ddp__cpu_collective(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root) {
+    double t0;
+    ddp_result r;
+    if (!ctx->tl_main || (kind != DDP__KIND_SUM && kind != DDP__KIND_AVG)) return ddp__shm_collective(ctx, kind, data, count, root);
+    t0 = ddp__now();
+    r = ddp__shm_collective(ctx, kind, data, count, root);
+    ddp__record(ctx, ctx->tl_comm, DDP__EV_ALLREDUCE, t0, ddp__now(), -1, count * sizeof(float));
+    return r;
+}
+
+static void ddp__cpu_teardown(ddp_context *ctx) {
+    ddp__cpu *c = ctx->cpu;
+    if (c) {
+        ddp__comm_stop(ctx);
+        if (c->shm) {
+            munmap(c->shm, c->shm_bytes);
+            if (ctx->rank == 0) shm_unlink(c->shm_name);   /* already gone unless init failed */
+        }
+        ddp__grads_unlink(ctx);                            /* likewise */
+        if (c->grads_shm) {
+            munmap(c->grads_shm, c->grads_shm_bytes);
+            ctx->flat_grads = NULL;                        /* it pointed into the segment */
+        }
+        pthread_mutex_destroy(&c->comm_lock);
+        pthread_cond_destroy(&c->comm_wake);
+        pthread_cond_destroy(&c->comm_done_cond);
+        DDP_FREE(c);
+        ctx->cpu = NULL;
+    }
+    ddp__host_free(ctx);
+}
+
+static const ddp__backend ddp__cpu_backend = {
+    "cpu", DDP_BACKEND_CPU, 0,
+    ddp__cpu_setup, ddp__host_alloc_flat, ddp__cpu_commit, ddp__single_quiet, ddp__cpu_launch,
+    ddp__cpu_finish, ddp__host_zero, ddp__host_adamw, ddp__host_adamw_state, ddp__host_copy,
+    ddp__cpu_collective, ddp__single_quiet, ddp__cpu_poison, ddp__comm_stop, ddp__cpu_teardown
+};
+
 /* --------------------------------------------------------------------------------------------
-   The NCCL backend. Flat parameters, gradients and AdamW state live in device memory. There is
+   >>nccl  The NCCL backend. Flat parameters, gradients and AdamW state live in device memory. There is
    no communication thread: launching a bucket is enqueueing it. An event recorded on the
    compute stream when the bucket's last gradient is ready makes the comm stream wait, the comm
    stream averages the bucket in place (ncclAvg), and at ddp_finish the compute stream waits for
@@ -2687,9 +2541,12 @@ static void ddp__gpu_abort(ddp_context *ctx) {
 /* Poison: the first rank to fail leaves its message in the store (an ADD decides who is first),
    every rank's watchdog polls it; then this rank's communicator is aborted so that nothing of
    its own waits on the peers. */
-static void ddp__gpu_poison(ddp_context *ctx) {
+static void ddp__gpu_poison(ddp_context *ctx, ddp_result code) {
     ddp__gpu *g = ctx->gpu;
-    int from_watchdog = g && g->watchdog_started && pthread_equal(pthread_self(), g->watchdog);
+    int from_watchdog;
+    (void)code;
+    if (!g) return;
+    from_watchdog = g->watchdog_started && pthread_equal(pthread_self(), g->watchdog);
     int fd = from_watchdog ? g->watch_fd : ctx->store_fd;
     if (fd >= 0) {
         unsigned char *reply = NULL;
@@ -2945,7 +2802,7 @@ static ddp_result ddp__gpu_create_events(ddp_context *ctx, cudaEvent_t **events,
     return DDP_OK;
 }
 
-/* Commit, second half (buckets exist): events, staging, the layout check, rank 0's parameters
+/* Commit, second half (buckets exist, layouts checked): events, staging, rank 0's parameters
    to everyone, the watchdog. */
 static ddp_result ddp__gpu_commit(ddp_context *ctx) {
     ddp__gpu *g = ctx->gpu;
@@ -2961,7 +2818,6 @@ static ddp_result ddp__gpu_commit(ddp_context *ctx) {
     if (ctx->desc.reduce_dtype == DDP_DTYPE_BF16 && ctx->world > 1)
         DDP__CUDA(cudaMalloc((void **)&g->bf16, largest * sizeof(uint16_t)));
     if (ctx->world > 1) {
-        if ((r = ddp__verify_layout(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
         pthread_mutex_lock(&g->lock);
         {
             ncclResult_t e = ncclBroadcast(ctx->flat_params, ctx->flat_params, ctx->flat_count, ncclFloat, 0, g->nccl, g->comm);
@@ -2990,6 +2846,8 @@ static ddp_result ddp__gpu_launch(ddp_context *ctx, int index) {
     char what[96];
     ncclResult_t e;
     cudaError_t w = cudaSuccess;
+    ctx->stats.buckets_launched++;
+    ctx->stats.bytes_reduced += b->count * ddp__wire_bytes(ctx);
     if (ctx->desc.inject_comm_gbps > 0) inject_ms += 1e3 * (double)(b->count * ddp__wire_bytes(ctx)) / (ctx->desc.inject_comm_gbps * 1e9);
     DDP__CUDA(cudaEventRecord(g->ready[index], g->compute));
     DDP__CUDA(cudaStreamWaitEvent(g->comm, g->ready[index], 0));
@@ -3079,9 +2937,10 @@ static void ddp__gpu_drain(ddp_context *ctx) {
 }
 
 /* Finish: the compute stream waits for the last bucket. Nothing waits on the host. */
-static ddp_result ddp__gpu_finish(ddp_context *ctx) {
+static ddp_result ddp__gpu_finish(ddp_context *ctx, double t_wait) {
     ddp__gpu *g = ctx->gpu;
     int par = ctx->tl_step & 1;
+    (void)t_wait;   /* the wait happens on the device; its time comes from the events */
     DDP__CUDA(cudaEventRecord(g->step_finish[par], g->compute));
     if (ctx->stats.buckets_launched) DDP__CUDA(cudaStreamWaitEvent(g->compute, g->comm_end[par][g->last_bucket[par]], 0));
     g->timed_stats[par] = ctx->stats;
@@ -3236,22 +3095,22 @@ static ddp_result ddp__gpu_collective(ddp_context *ctx, uint32_t kind, void *dat
     else if (kind == DDP__KIND_BROADCAST) e = ncclBroadcast(buf, buf, count, ncclUint8, root, g->nccl, g->compute);
     else if (kind == DDP__KIND_BARRIER) e = ncclAllReduce(buf, buf, 1, ncclFloat, ncclSum, g->nccl, g->compute);
     else e = ncclAllReduce(buf, buf, count, ncclFloat, kind == DDP__KIND_SUM ? ncclSum : ncclAvg, g->nccl, g->compute);
-    if (e == ncclSuccess) w = ddp__gpu_watch_locked(g, g->compute, ctx->shm_what);
+    if (e == ncclSuccess) w = ddp__gpu_watch_locked(g, g->compute, ctx->what);
     pthread_mutex_unlock(&g->lock);
     if (e != ncclSuccess) {
         if (ddp__failed(ctx)) return ddp__failed(ctx);
-        return ddp__fatal(ctx, ddp__nccl_fail(ctx, e, ctx->shm_what, __FILE__, __LINE__));
+        return ddp__fatal(ctx, ddp__nccl_fail(ctx, e, ctx->what, __FILE__, __LINE__));
     }
     DDP__CUDA(w);
     if (on_device) return DDP_OK;
     if (data && bytes && kind != DDP__KIND_BARRIER) {
         ddp_result r;
         DDP__CUDA(cudaMemcpyAsync(g->scratch_host, g->scratch, bytes, cudaMemcpyDeviceToHost, g->compute));
-        if ((r = ddp__gpu_wait(ctx, g->compute, ctx->shm_what)) != DDP_OK) return r;
+        if ((r = ddp__gpu_wait(ctx, g->compute, ctx->what)) != DDP_OK) return r;
         memcpy(data, g->scratch_host, bytes);
         return DDP_OK;
     }
-    return ddp__gpu_wait(ctx, g->compute, ctx->shm_what);
+    return ddp__gpu_wait(ctx, g->compute, ctx->what);
 }
 
 /* Teardown: destroy the communicator, or abort it after a failure (destroy would wait for
@@ -3298,57 +3157,382 @@ static void ddp__gpu_teardown(ddp_context *ctx) {
     ctx->gpu = NULL;
 }
 
-#else /* built without CUDA: the NCCL backend does not exist, and nothing here is called */
-static int ddp__gpu_visible(void) { return 0; }
-static void ddp__gpu_poison(ddp_context *ctx) { (void)ctx; }
-static void ddp__gpu_stop_watchdog(ddp_context *ctx) { (void)ctx; }
-static ddp_result ddp__gpu_unavailable(ddp_context *ctx) {
-    return ddp__fail(ctx, DDP_ERR_BACKEND, "the NCCL backend needs the implementation compiled with CUDA");
+/* NCCL: reading completed events changes only this cache. */
+static void ddp__gpu_stats(ddp_context *ctx) {
+    ddp__gpu_harvest(ctx, ctx->tl_step & 1);         /* the step before the last */
+    ddp__gpu_harvest(ctx, (ctx->tl_step + 1) & 1);   /* the last: newest wins */
 }
-static ddp_result ddp__gpu_setup(ddp_context *ctx, double deadline) { (void)deadline; return ddp__gpu_unavailable(ctx); }
-static ddp_result ddp__gpu_alloc_flat(ddp_context *ctx) { return ddp__gpu_unavailable(ctx); }
-static ddp_result ddp__gpu_commit(ddp_context *ctx) { return ddp__gpu_unavailable(ctx); }
-static ddp_result ddp__gpu_launch(ddp_context *ctx, int index) { (void)index; return ddp__gpu_unavailable(ctx); }
-static void ddp__gpu_harvest(ddp_context *ctx, int par) { (void)ctx; (void)par; }
-static void ddp__gpu_begin_step(ddp_context *ctx) { (void)ctx; }
-static ddp_result ddp__gpu_finish(ddp_context *ctx) { return ddp__gpu_unavailable(ctx); }
-static ddp_result ddp__gpu_zero(ddp_context *ctx, float *x, size_t count) { (void)x; (void)count; return ddp__gpu_unavailable(ctx); }
-static ddp_result ddp__gpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b1, float b2, float eps, float *grad_norm_out) {
-    (void)opt; (void)b1; (void)b2; (void)eps; (void)grad_norm_out; return ddp__gpu_unavailable(ctx);
+
+/* Host <-> device, for checkpoints and inspection: ordered after the compute stream's work
+   (a copy on that stream, then a polled wait), outside any step. */
+static ddp_result ddp__gpu_copy(ddp_context *ctx, void *dst, const void *src, size_t bytes, int to_host) {
+    ddp__gpu *g = ctx->gpu;
+    DDP__CUDA(cudaMemcpyAsync(dst, src, bytes, to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, g->compute));
+    return ddp__gpu_wait(ctx, g->compute, to_host ? "a copy to host memory" : "a copy from host memory");
 }
-static ddp_result ddp__gpu_adamw_state(ddp_context *ctx) { return ddp__gpu_unavailable(ctx); }
-static ddp_result ddp__gpu_collective(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root) {
-    (void)kind; (void)data; (void)count; (void)root; return ddp__gpu_unavailable(ctx);
+
+static void ddp__gpu_stop(ddp_context *ctx) {
+    ddp__gpu_drain(ctx);
+    ddp__gpu_stop_watchdog(ctx);
 }
-static void ddp__gpu_teardown(ddp_context *ctx) { (void)ctx; }
-static void ddp__gpu_drain(ddp_context *ctx) { (void)ctx; }
+
+static const ddp__backend ddp__nccl_backend = {
+    "nccl", DDP_BACKEND_NCCL, 1,
+    ddp__gpu_setup, ddp__gpu_alloc_flat, ddp__gpu_commit, ddp__gpu_begin_step, ddp__gpu_launch,
+    ddp__gpu_finish, ddp__gpu_zero, ddp__gpu_adamw, ddp__gpu_adamw_state, ddp__gpu_copy,
+    ddp__gpu_collective, ddp__gpu_stats, ddp__gpu_poison, ddp__gpu_stop, ddp__gpu_teardown
+};
 #endif /* DDP_CUDA */
 
 
-static ddp_result ddp__launch(ddp_context *ctx, int index) {
-    ctx->stats.buckets_launched++;
-    ctx->stats.bytes_reduced += ctx->buckets[index].count * ddp__wire_bytes(ctx);
-    if (ddp__on_gpu(ctx)) return ddp__gpu_launch(ctx, index);
-    pthread_mutex_lock(&ctx->comm_lock);
-    ctx->comm_launched++;
-    pthread_cond_signal(&ctx->comm_wake);
-    pthread_mutex_unlock(&ctx->comm_lock);
+/* --------------------------------------------------------------------------------------------
+   >>group  The process group: the choice of backend, the rendezvous, init and shutdown
+   -------------------------------------------------------------------------------------------- */
+/* The one place that knows every backend. AUTO: NCCL when built with CUDA and a GPU is
+   visible (so one binary runs everywhere), else single for one rank, cpu for several. */
+static ddp_result ddp__choose_backend(ddp_context *ctx) {
+    ddp_desc *d = &ctx->desc;
+    int nccl = d->backend == DDP_BACKEND_NCCL;
+#ifdef DDP_CUDA
+    if (d->backend == DDP_BACKEND_AUTO && ddp__gpu_visible()) nccl = 1;
+    if (nccl) { ctx->be = &ddp__nccl_backend; d->backend = DDP_BACKEND_NCCL; return DDP_OK; }
+#else
+    if (nccl)
+        return ddp__fail(ctx, DDP_ERR_BACKEND, "the NCCL backend needs the implementation compiled with CUDA (by nvcc, "
+                         "or with -DDDP_CUDA and ddp_kernels.cuh)");
+#endif
+    if (d->backend == DDP_BACKEND_SINGLE && ctx->world > 1)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: the single backend is for one rank, but the world "
+                         "size is %d", ctx->world);
+    if (ctx->world == 1) { ctx->be = &ddp__single_backend; d->backend = DDP_BACKEND_SINGLE; return DDP_OK; }
+    if (ctx->local_world != ctx->world)
+        return ddp__fail(ctx, DDP_ERR_BAD_ENV, "the CPU backend needs every rank on one host, but "
+                         "WORLD_SIZE=%d and LOCAL_WORLD_SIZE=%d", ctx->world, ctx->local_world);
+    ctx->be = &ddp__cpu_backend;
+    d->backend = DDP_BACKEND_CPU;
     return DDP_OK;
 }
 
-/* Launch every bucket that is complete and whose predecessors are launched. The NCCL backend
-   launches even alone (a communicator of one), so one GPU runs the path many GPUs run. */
-static ddp_result ddp__launch_ready(ddp_context *ctx) {
-    ddp_result r = DDP_OK;
-    if (!ctx->sync_enabled || ctx->backend == 0) return DDP_OK;
-    while (r == DDP_OK && ctx->next_launch < ctx->num_buckets && ctx->buckets[ctx->next_launch].pending == 0)
-        r = ddp__launch(ctx, ctx->next_launch++);
+static ddp_result ddp__list_missing(ddp_context *ctx, const char *prefix, int from, char *out, size_t cap) {
+    size_t len = 0;
+    int s, exists;
+    out[0] = 0;
+    for (s = from; s < ctx->world && len + 16 < cap; s++) {
+        char key[64];
+        ddp_result r;
+        snprintf(key, sizeof key, "%s%d", prefix, s);
+        if ((r = ddp__store_check(ctx, key, &exists)) != DDP_OK) return r;
+        if (!exists) len += (size_t)snprintf(out + len, cap - len, "%s%d", len ? ", " : "", s);
+    }
+    return DDP_OK;
+}
+
+/* Every rank announces itself; each then waits for all the others and checks they agree. */
+static ddp_result ddp__rendezvous(ddp_context *ctx, double deadline) {
+    char key[64], info[128], num[8];
+    unsigned char *reply;
+    uint32_t len, status;
+    int s, found;
+    ddp_result r;
+    if (!(ctx->peer_pids = (int *)ddp__calloc(sizeof(int) * (size_t)ctx->world)))
+        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %d ranks", ctx->world);
+    snprintf(key, sizeof key, "claim/%d", ctx->rank);
+    r = ddp__store_request(ctx, DDP__OP_ADD, key, "1", 1, &reply, &len, &status, 0);
+    if (r != DDP_OK) return r;
+    snprintf(num, sizeof num, "%.7s", (const char *)reply);
+    DDP_FREE(reply);
+    if (strcmp(num, "1"))
+        return ddp__fail(ctx, DDP_ERR_BAD_ENV, "two processes of this job were started as rank %d", ctx->rank);
+    snprintf(key, sizeof key, "rank/%d", ctx->rank);
+    snprintf(info, sizeof info, "%d %d", ctx->world, (int)getpid());
+    if ((r = ddp__store_set(ctx, key, info, strlen(info))) != DDP_OK) return r;
+    for (s = 0; s < ctx->world; s++) {
+        int world = 0, pid = 0;
+        snprintf(key, sizeof key, "rank/%d", s);
+        if ((r = ddp__store_get(ctx, key, deadline, &reply, &len, &found)) != DDP_OK) return r;
+        if (!found) {
+            char missing[256];
+            if ((r = ddp__list_missing(ctx, "rank/", s, missing, sizeof missing)) != DDP_OK) return r;
+            return ddp__fail(ctx, DDP_ERR_TIMEOUT, "rank(s) %s never arrived at the rendezvous on %s:%d within "
+                             "%.0f s (WORLD_SIZE=%d)", missing, ctx->master_addr, ctx->desc.master_port,
+                             ctx->desc.timeout_s, ctx->world);
+        }
+        sscanf((const char *)reply, "%d %d", &world, &pid);
+        DDP_FREE(reply);
+        ctx->peer_pids[s] = pid;
+        if (world != ctx->world)
+            return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks disagree on the world size: rank %d (pid %d) was "
+                             "started with WORLD_SIZE=%d, this rank with %d", s, pid, world, ctx->world);
+    }
+    return DDP_OK;
+}
+
+/* The timeline, at shutdown: every rank's events go through the store to rank 0, which writes
+   one trace. After a failure (or when a rank's trace does not fit the store) each rank writes
+   its own, PATH.rankR.json. Called twice: before the shutdown barrier (publish) and after it
+   (rank 0 gathers). */
+static void ddp__tl_shutdown(ddp_context *ctx, ddp__text *mine, int gather) {
+    int together = ctx->world > 1 && ctx->up && ctx->store_fd >= 0 && !ddp__failed(ctx) && !mine->oom &&
+                   mine->len <= DDP__STORE_MAX_VALUE;
+    char key[32], path[600];
+    int s, found;
+    if (!ctx->tl_main) return;
+    if (!gather) {
+        if (!mine->buf) ddp__text_printf(mine, ",\n{\"name\":\"empty\",\"ph\":\"M\",\"pid\":%d}", ctx->rank);
+        snprintf(key, sizeof key, "timeline/%d", ctx->rank);
+        if (together && ctx->rank != 0) ddp__store_set(ctx, key, mine->buf, mine->len);
+        return;
+    }
+    if (!together) {
+        if (ctx->world > 1) snprintf(path, sizeof path, "%s.rank%d.json", ctx->timeline_path, ctx->rank);
+        else snprintf(path, sizeof path, "%s", ctx->timeline_path);
+        ddp__tl_write_file(ctx, path, mine);
+        return;
+    }
+    if (ctx->rank != 0) return;
+    for (s = 1; s < ctx->world; s++) {
+        unsigned char *text;
+        uint32_t len;
+        snprintf(key, sizeof key, "timeline/%d", s);
+        if (ddp__store_get(ctx, key, ddp__now() + ctx->desc.timeout_s, &text, &len, &found) != DDP_OK || !found) continue;
+        ddp__text_printf(mine, "%.*s", (int)len, (const char *)text);
+        DDP_FREE(text);
+    }
+    if (ctx->tl_main->full || ctx->tl_comm->full)
+        ddp__log(ctx, DDP_LOG_WARN, "the timeline kept only the first %d events per thread", DDP__TIMELINE_MAX_EVENTS);
+    ddp__tl_write_file(ctx, ctx->timeline_path, mine);
+}
+
+
+/* The shutdown barriers: through the backend (world > 1 only). */
+static ddp_result ddp__group_barrier(ddp_context *ctx) {
+    if (ddp__failed(ctx) || ctx->world == 1 || !ctx->up) return DDP_OK;
+    return ctx->be->collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0);
+}
+
+/* Environment and descriptor, the timeline's lists, the backend; with peers, the store and the
+   rendezvous; then the backend's data plane. */
+static ddp_result ddp__init(ddp_context *ctx, const ddp_desc *desc) {
+    double deadline;
+    ddp_result r;
+    if ((r = ddp__resolve_desc(ctx, desc)) != DDP_OK) return r;
+    if (ctx->timeline_path[0]) {
+        ctx->tl_main = (ddp__timeline *)ddp__calloc(sizeof(ddp__timeline));
+        ctx->tl_comm = (ddp__timeline *)ddp__calloc(sizeof(ddp__timeline));
+        if (!ctx->tl_main || !ctx->tl_comm) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the timeline");
+    }
+    if ((r = ddp__choose_backend(ctx)) != DDP_OK) return r;
+    deadline = ddp__now() + ctx->desc.timeout_s;
+    if (ctx->world > 1) {
+        if (!ctx->job_token[0])
+            ddp__log(ctx, ctx->local_world < ctx->world ? DDP_LOG_WARN : DDP_LOG_INFO, "no DDP_JOB_TOKEN: the "
+                     "rendezvous store on %s:%d accepts any client that can reach it", ctx->master_addr, ctx->desc.master_port);
+        if (ctx->rank == 0 && (r = ddp__server_start(ctx)) != DDP_OK) return r;
+        if ((r = ddp__store_connect(ctx, deadline)) != DDP_OK) return r;
+        if ((r = ddp__rendezvous(ctx, deadline)) != DDP_OK) return r;
+    }
+    if ((r = ctx->be->setup(ctx, deadline)) != DDP_OK) return ddp__fatal(ctx, r);
+    ctx->up = 1;
+    return DDP_OK;
+}
+
+/* The backend's step work settled, the timeline gathered, two barriers (rank 0 closes its store
+   only once every rank is done with it, and no rank returns, and perhaps starts a new group on
+   the same port, before the store is closed), then everything freed. */
+static ddp_result ddp__shutdown(ddp_context *ctx) {
+    ddp_result r;
+    ddp__text timeline;
+    memset(&timeline, 0, sizeof timeline);
+    if (ctx->be) ctx->be->stop(ctx);
+    if (ctx->tl_main) ddp__tl_rank_json(ctx, &timeline);
+    ddp__tl_shutdown(ctx, &timeline, 0);
+    ctx->what = "the shutdown barrier";
+    r = ddp__group_barrier(ctx);
+    ddp__tl_shutdown(ctx, &timeline, 1);
+    DDP_FREE(timeline.buf);
+    ddp__tl_free(ctx->tl_main);
+    ddp__tl_free(ctx->tl_comm);
+    if (ctx->store_fd >= 0) close(ctx->store_fd);
+    ctx->store_fd = -1;   /* a late poison must not write to a reused descriptor */
+    ddp__server_stop(ctx);
+    if (r == DDP_OK) r = ddp__group_barrier(ctx);
+    /* The context is freed below, so ddp_last_error cannot tell the caller: say it here. */
+    if (r != DDP_OK) ddp__log(ctx, DDP_LOG_ERROR, "ddp_shutdown: %s", ddp__err_body(ctx));
+    if (ctx->be) ctx->be->teardown(ctx);
+    DDP_FREE(ctx->params);
+    DDP_FREE(ctx->peer_pids);
+    DDP_FREE(ctx->buckets);
+    DDP_FREE(ctx->tape);
+    DDP_FREE(ctx->tape_arena);
+    pthread_mutex_destroy(&ctx->err_lock);
+    DDP_FREE(ctx);
     return r;
 }
 
 /* --------------------------------------------------------------------------------------------
-   The step: ready hooks, the tape, finish
+   >>params  Parameters, the flat buffers and the buckets
    -------------------------------------------------------------------------------------------- */
+static ddp_result ddp__register_param(ddp_context *ctx, const char *name, size_t count, unsigned flags,
+                                      const float *init, int *id_out) {
+    ddp__param *p;
+    int i;
+    if (ctx->committed)
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_register_param('%s') after ddp_commit", name ? name : "");
+    if (!name || !*name || strlen(name) >= DDP__NAME_MAX || strchr(name, '\n'))
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "parameter names must be 1 to %d characters without newlines",
+                         DDP__NAME_MAX - 1);
+    if (count == 0 || count > ((size_t)1 << 40))
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "parameter '%s' has %zu elements", name, count);
+    if (flags & ~(unsigned)DDP_NO_DECAY)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "parameter '%s' has unknown flags 0x%x", name, flags);
+    for (i = 0; i < ctx->num_params; i++)
+        if (!strcmp(ctx->params[i].name, name))
+            return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "parameter '%s' is registered twice", name);
+    if (ctx->num_params == ctx->cap_params) {
+        int cap = ctx->cap_params ? 2 * ctx->cap_params : 32;
+        ddp__param *grown = (ddp__param *)DDP_MALLOC(sizeof(ddp__param) * (size_t)cap);
+        if (!grown) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory registering '%s'", name);
+        if (ctx->num_params) memcpy(grown, ctx->params, sizeof(ddp__param) * (size_t)ctx->num_params);
+        DDP_FREE(ctx->params);
+        ctx->params = grown;
+        ctx->cap_params = cap;
+    }
+    p = &ctx->params[ctx->num_params];
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->count = count;
+    p->flags = flags;
+    p->init = init;
+    if (id_out) *id_out = ctx->num_params;
+    ctx->num_params++;
+    return DDP_OK;
+}
+
+/* Buckets walk the parameters backwards (the order backward finalizes them): the first is
+   capped at first_bucket_mb so communication starts early, the rest at bucket_cap_mb. A
+   parameter larger than the cap gets a bucket of its own; none is ever split. */
+static ddp_result ddp__build_buckets(ddp_context *ctx) {
+    size_t first_cap = (size_t)(ctx->desc.first_bucket_mb * 1048576.0);
+    size_t cap = (size_t)(ctx->desc.bucket_cap_mb * 1048576.0);
+    int i, n = 0;
+    ctx->buckets = (ddp__bucket *)ddp__calloc(sizeof(ddp__bucket) * (size_t)ctx->num_params);
+    if (!ctx->buckets) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory building buckets");
+    for (i = ctx->num_params - 1; i >= 0; i--) {
+        ddp__param *p = &ctx->params[i];
+        size_t end = i + 1 < ctx->num_params ? ctx->params[i + 1].offset : ctx->flat_count;
+        size_t bytes = (end - p->offset) * sizeof(float);
+        ddp__bucket *b = n ? &ctx->buckets[n - 1] : NULL;
+        size_t limit = n <= 1 ? first_cap : cap;
+        if (!b || (b->count * sizeof(float) + bytes > limit && b->count > 0)) {
+            b = &ctx->buckets[n++];
+            b->last_param = i;
+            b->count = 0;
+        }
+        b->first_param = i;
+        b->offset = p->offset;
+        b->count += end - p->offset;
+        p->bucket = n - 1;
+    }
+    ctx->num_buckets = n;
+    return DDP_OK;
+}
+
+/* One line per parameter; every rank must produce the same text. */
+static char *ddp__layout_text(ddp_context *ctx, size_t *len_out) {
+    size_t cap = 256 + (size_t)ctx->num_params * (DDP__NAME_MAX + 48), len;
+    char *text = (char *)DDP_MALLOC(cap);
+    int i;
+    if (!text) return NULL;
+    len = (size_t)snprintf(text, cap, "buckets %.6f %.6f %d reduce %s\n", ctx->desc.first_bucket_mb,
+                           ctx->desc.bucket_cap_mb, ctx->desc.find_unused,
+                           ctx->desc.reduce_dtype == DDP_DTYPE_BF16 ? "bf16" : "fp32");
+    for (i = 0; i < ctx->num_params; i++)
+        len += (size_t)snprintf(text + len, cap - len, "%s %zu %u\n", ctx->params[i].name,
+                                ctx->params[i].count, ctx->params[i].flags);
+    *len_out = len;
+    return text;
+}
+
+static const char *ddp__line(const char *text, int index, char *out, size_t cap) {
+    int i;
+    for (i = 0; i < index && text; i++) { text = strchr(text, '\n'); if (text) text++; }
+    if (!text || !*text) { snprintf(out, cap, "nothing"); return out; }
+    snprintf(out, cap, "%.*s", (int)(strchr(text, '\n') ? strchr(text, '\n') - text : (long)strlen(text)), text);
+    return out;
+}
+
+/* Name the first line where two layouts differ, as a sentence every rank prints alike. */
+static ddp_result ddp__layout_mismatch(ddp_context *ctx, const char *a, const char *b, int rank_b) {
+    char la[DDP__NAME_MAX + 64], lb[DDP__NAME_MAX + 64];
+    int i = 0;
+    while (!strcmp(ddp__line(a, i, la, sizeof la), ddp__line(b, i, lb, sizeof lb))) i++;
+    if (i == 0)
+        return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks 0 and %d use different options: rank 0 has '%s', rank %d "
+                         "has '%s' (first_bucket_mb, bucket_cap_mb, find_unused, reduce_dtype)", rank_b, la, rank_b, lb);
+    return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks registered different parameters: parameter #%d is '%s' "
+                     "(name, elements, flags) on rank 0 but '%s' on rank %d", i - 1, la, lb, rank_b);
+}
+
+/* All ranks fetch rank 0's layout and every other rank's, so all reach the same verdict. */
+static ddp_result ddp__verify_layout(ddp_context *ctx) {
+    size_t len;
+    char *mine = ddp__layout_text(ctx, &len), *ref = NULL, key[32];
+    double deadline = ddp__now() + ctx->desc.timeout_s;
+    ddp_result r;
+    uint32_t rlen;
+    int s, found;
+    if (!mine) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory checking the layout");
+    snprintf(key, sizeof key, "layout/%d", ctx->rank);
+    r = ddp__store_set(ctx, key, mine, len);
+    for (s = 0; s < ctx->world && r == DDP_OK; s++) {
+        unsigned char *text;
+        snprintf(key, sizeof key, "layout/%d", s);
+        if ((r = ddp__store_get(ctx, key, deadline, &text, &rlen, &found)) != DDP_OK) break;
+        if (!found) { r = ddp__fail(ctx, DDP_ERR_TIMEOUT, "rank %d did not reach ddp_commit within %.0f s", s, ctx->desc.timeout_s); break; }
+        if (s == 0) { ref = (char *)text; continue; }
+        if (strcmp(ref, (const char *)text)) r = ddp__layout_mismatch(ctx, ref, (const char *)text, s);
+        DDP_FREE(text);
+    }
+    DDP_FREE(ref);
+    DDP_FREE(mine);
+    return r;
+}
+
+/* The layout (parameters on 16-float boundaries), the backend's flat buffers, the buckets, the
+   check that every rank registered the same, then the backend's own commit. */
+static ddp_result ddp__commit(ddp_context *ctx) {
+    size_t offset = 0;
+    ddp_result r;
+    int i;
+    if (ctx->committed) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_commit called twice");
+    if (ctx->num_params == 0) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_commit with no parameters registered");
+    for (i = 0; i < ctx->num_params; i++) {
+        ctx->params[i].offset = offset;
+        offset += ddp__round_up(ctx->params[i].count, DDP__ALIGN_FLOATS);
+    }
+    ctx->flat_count = offset;
+    if ((r = ctx->be->alloc_flat(ctx)) != DDP_OK) return r;
+    if ((r = ddp__build_buckets(ctx)) != DDP_OK) return r;
+    if (ctx->world > 1 && (r = ddp__verify_layout(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
+    if ((r = ctx->be->commit(ctx)) != DDP_OK) return r;
+    ctx->committed = 1;
+    return DDP_OK;
+}
+
+/* --------------------------------------------------------------------------------------------
+   >>step  The step: ready hooks, the tape, finish
+   -------------------------------------------------------------------------------------------- */
+/* Launch every bucket that is complete and whose predecessors are launched, in bucket order
+   (the same on every rank). The NCCL backend launches even alone (a communicator of one), so
+   one GPU runs the path many GPUs run. */
+static ddp_result ddp__launch_ready(ddp_context *ctx) {
+    ddp_result r = DDP_OK;
+    if (!ctx->sync_enabled) return DDP_OK;
+    while (r == DDP_OK && ctx->next_launch < ctx->num_buckets && ctx->buckets[ctx->next_launch].pending == 0)
+        r = ctx->be->launch(ctx, ctx->next_launch++);
+    return r;
+}
+
 static void ddp__begin_step(ddp_context *ctx) {
     int i;
     if (ctx->in_step) return;
@@ -3358,13 +3542,11 @@ static void ddp__begin_step(ddp_context *ctx) {
     for (i = 0; i < ctx->num_buckets; i++)
         ctx->buckets[i].pending = ctx->buckets[i].last_param - ctx->buckets[i].first_param + 1;
     ctx->next_launch = 0;
-    if (ddp__on_gpu(ctx)) ddp__gpu_begin_step(ctx);
+    ctx->be->begin_step(ctx);
 }
 
-ddp_result ddp_grad_ready(ddp_context *ctx, int id) {
-    ddp_result r = ddp__usable(ctx, 1, "ddp_grad_ready");
+static ddp_result ddp__grad_ready(ddp_context *ctx, int id) {
     ddp__param *p;
-    if (r != DDP_OK) return r;
     if (id < 0 || id >= ctx->num_params)
         return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_grad_ready: no parameter has id %d", id));
     ddp__begin_step(ctx);
@@ -3392,10 +3574,10 @@ static ddp_result ddp__handle_unused(ddp_context *ctx) {
         ddp__param *p = &ctx->params[i];
         if (p->ready) continue;
         if (ctx->desc.find_unused) {
-            if (!p->touched && ddp__on_gpu(ctx)) {
-                ddp_result r = ddp__gpu_zero(ctx, ctx->flat_grads + p->offset, p->count);
+            if (!p->touched) {
+                ddp_result r = ctx->be->zero(ctx, ctx->flat_grads + p->offset, p->count);
                 if (r != DDP_OK) return r;
-            } else if (!p->touched) memset(ctx->flat_grads + p->offset, 0, p->count * sizeof(float));
+            }
             p->ready = 1;
             ctx->buckets[p->bucket].pending--;
             continue;
@@ -3416,56 +3598,30 @@ static void ddp__end_step(ddp_context *ctx) {
     ctx->in_step = 0;
     ctx->tl_step++;
     ctx->stats.step = ctx->tl_step;
-    /* NCCL: a synchronizing step's times arrive later, from its events (ddp__gpu_harvest) */
-    if (!ddp__on_gpu(ctx) || !ctx->sync_enabled) ctx->last_stats = ctx->stats;
+    /* NCCL: a synchronizing step's times arrive later, from its events (be->stats) */
+    if (!ctx->be->stats_later || !ctx->sync_enabled) ctx->last_stats = ctx->stats;
 }
 
-ddp_result ddp_finish(ddp_context *ctx) {
-    ddp_result r = ddp__usable(ctx, 1, "ddp_finish");
+static ddp_result ddp__finish(ddp_context *ctx) {
+    ddp_result r = DDP_OK;
     double t_wait;
-    if (r != DDP_OK) return r;
     ddp__begin_step(ctx);
     t_wait = ddp__now();
     ctx->stats.backward_ms = 1e3 * (t_wait - ctx->step_start);
     if (ctx->sync_enabled) {
         if ((r = ddp__handle_unused(ctx)) != DDP_OK) return r;
         if ((r = ddp__launch_ready(ctx)) != DDP_OK) return r;
-        if (ddp__on_gpu(ctx)) {
-            r = ddp__gpu_finish(ctx);
-            ddp__end_step(ctx);
-            return r;
-        }
-        pthread_mutex_lock(&ctx->comm_lock);
-        while (ctx->comm_done < ctx->comm_launched) pthread_cond_wait(&ctx->comm_done_cond, &ctx->comm_lock);
-        r = ctx->comm_error;
-        ctx->stats.comm_ms = 1e3 * ctx->comm_seconds;
-        ctx->stats.last_bucket_comm_ms = 1e3 * ctx->comm_last_seconds;
-        ctx->comm_seconds = ctx->comm_last_seconds = 0;
-        ctx->comm_launched = ctx->comm_done = 0;
-        pthread_mutex_unlock(&ctx->comm_lock);
-        ctx->stats.exposed_ms = 1e3 * (ddp__now() - t_wait);
-        if (ctx->stats.comm_ms > 0) {
-            double hidden = 1.0 - ctx->stats.exposed_ms / ctx->stats.comm_ms;
-            ctx->stats.overlap_pct = 100.0 * (hidden < 0 ? 0 : hidden);
-        }
-        if (ctx->tl_main) {
-            double t = ddp__now();
-            ddp__record(ctx, ctx->tl_main, DDP__EV_WAIT, t_wait, t, -1, 0);
-            ddp__record(ctx, ctx->tl_main, DDP__EV_STEP, ctx->forward_start ? ctx->forward_start : ctx->step_start, t, -1, 0);
-            ctx->forward_start = 0;
-        }
+        r = ctx->be->finish(ctx, t_wait);
     }
     ddp__end_step(ctx);
     return r;
 }
 
-ddp_result ddp_tape_record(ddp_context *ctx, ddp_backward_fn backward, const void *args,
-                           size_t args_size, const int *param_ids, int num_param_ids) {
-    ddp_result r = ddp__usable(ctx, 1, "ddp_tape_record");
+static ddp_result ddp__tape_record(ddp_context *ctx, ddp_backward_fn backward, const void *args,
+                                   size_t args_size, const int *param_ids, int num_param_ids) {
     size_t args_at, ids_at, need;
     ddp__tape_op *op;
     int i;
-    if (r != DDP_OK) return r;
     if (!backward || (args_size && !args) || num_param_ids < 0 || (num_param_ids && !param_ids))
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_tape_record: needs a backward function, and args/ids "
                          "pointers when their sizes are non-zero");
@@ -3506,7 +3662,7 @@ ddp_result ddp_tape_record(ddp_context *ctx, ddp_backward_fn backward, const voi
     return DDP_OK;
 }
 
-void ddp_tape_reset(ddp_context *ctx) { ctx->tape_len = 0; ctx->arena_len = 0; }
+static void ddp__tape_reset(ddp_context *ctx) { ctx->tape_len = 0; ctx->arena_len = 0; }
 
 /* A backward op's event names the parameters it finishes (the first few; they are registered
    in order in the common case of one layer per op). */
@@ -3522,10 +3678,9 @@ static void ddp__tl_record_op(ddp_context *ctx, const ddp__tape_op *op, int inde
     }
 }
 
-ddp_result ddp_backward(ddp_context *ctx) {
-    ddp_result r = ddp__usable(ctx, 1, "ddp_backward");
+static ddp_result ddp__backward(ddp_context *ctx) {
+    ddp_result r = DDP_OK;
     int i, k;
-    if (r != DDP_OK) return r;
     ddp__begin_step(ctx);
     if (ctx->tl_main && ctx->tape_len && ctx->forward_start)
         ddp__record(ctx, ctx->tl_main, DDP__EV_FORWARD, ctx->forward_start, ctx->step_start, -1, 0);
@@ -3539,188 +3694,291 @@ ddp_result ddp_backward(ddp_context *ctx) {
         for (k = 0; k < n && r == DDP_OK; k += 64) {
             int j, m = n - k < 64 ? n - k : 64;
             memcpy(ids, ctx->tape_arena + op->ids_offset + sizeof(int) * (size_t)k, sizeof(int) * (size_t)m);
-            for (j = 0; j < m && r == DDP_OK; j++) r = ddp_grad_ready(ctx, ids[j]);
+            for (j = 0; j < m && r == DDP_OK; j++) r = ddp__grad_ready(ctx, ids[j]);
         }
     }
-    ddp_tape_reset(ctx);
-    return r == DDP_OK ? ddp_finish(ctx) : r;
+    ddp__tape_reset(ctx);
+    return r == DDP_OK ? ddp__finish(ctx) : r;
 }
 
-ddp_result ddp_zero_grad(ddp_context *ctx) {
-    ddp_result r = ddp__usable(ctx, 1, "ddp_zero_grad");
+static ddp_result ddp__zero_grad(ddp_context *ctx) {
+    ddp_result r;
     int i;
-    if (r != DDP_OK) return r;
     if (ctx->in_step) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_zero_grad while a backward is in flight");
-    if (ddp__on_gpu(ctx)) { if ((r = ddp__gpu_zero(ctx, ctx->flat_grads, ctx->flat_count)) != DDP_OK) return r; }
-    else memset(ctx->flat_grads, 0, ctx->flat_count * sizeof(float));
+    if ((r = ctx->be->zero(ctx, ctx->flat_grads, ctx->flat_count)) != DDP_OK) return r;
     for (i = 0; i < ctx->num_params; i++) ctx->params[i].touched = 0;
     return DDP_OK;
 }
 
-void ddp_set_sync(ddp_context *ctx, int enabled) {
-    if (ctx->in_step) { ddp__log(ctx, DDP_LOG_WARN, "ddp_set_sync ignored: a backward is in flight"); return; }
-    ctx->sync_enabled = enabled != 0;
-}
-
-/* NCCL: reading completed events changes only this cache, so the call stays const to callers. */
-ddp_step_stats ddp_last_step_stats(const ddp_context *ctx) {
-    if (ddp__on_gpu(ctx) && ctx->gpu) {
-        ddp__gpu_harvest((ddp_context *)(uintptr_t)ctx, ctx->tl_step & 1);         /* the step before the last */
-        ddp__gpu_harvest((ddp_context *)(uintptr_t)ctx, (ctx->tl_step + 1) & 1);   /* the last: newest wins */
-    }
-    return ctx->last_stats;
-}
-
 /* --------------------------------------------------------------------------------------------
-   AdamW: one fused pass over the flat buffers (the same arithmetic as PyTorch's AdamW).
+   >>adamw  AdamW: the hyperparameters resolved and checked, then one fused pass over the flat
+   buffers by the backend (host: >>host, ddp__host_adamw; NCCL: ddp_kernels.cuh).
    -------------------------------------------------------------------------------------------- */
-/* In double: float squares of large gradients would overflow into a false "not finite". Eight
-   running sums in a fixed order: one sum is a chain of dependent adds (4 cycles each, 1.3 ms for
-   this repo's tiny GPT, 5% of its step); eight independent ones vectorize and keep the order,
-   and so the bits, the same on every rank and every run. */
-#define DDP__NORM_LANES 8
-static double ddp__sum_squares(const float *x, size_t n) {
-    double lane[DDP__NORM_LANES] = { 0 }, total = 0;
-    size_t i = 0;
-    int j;
-    for (; i + DDP__NORM_LANES <= n; i += DDP__NORM_LANES)
-        for (j = 0; j < DDP__NORM_LANES; j++) lane[j] += (double)x[i + j] * (double)x[i + j];
-    for (j = 0; i < n; i++, j++) lane[j] += (double)x[i] * (double)x[i];
-    for (j = 0; j < DDP__NORM_LANES; j++) total += lane[j];
-    return total;
-}
-
-/* The gradients are not finite: name the first offender. Nothing has been touched yet. */
-static ddp_result ddp__nonfinite(ddp_context *ctx, const float *grads, double norm) {
-    int i;
-    size_t k;
-    for (i = 0; i < ctx->num_params; i++) {
-        const ddp__param *p = &ctx->params[i];
-        const float *g = grads + p->offset;
-        for (k = 0; k < p->count; k++) {
-            if (isfinite(g[k])) continue;
-            if (ctx->desc.skip_nonfinite) {
-                if (ctx->rank == 0)
-                    ddp__log(ctx, DDP_LOG_WARN, "optimizer step %lld skipped: the gradient of '%s' is %g at element "
-                             "%zu", (long long)ctx->adam_step + 1, p->name, (double)g[k], k);
-                return DDP_OK;
-            }
-            return ddp__fail(ctx, DDP_ERR_NONFINITE, "optimizer step %lld: the gradient of '%s' is %g at element %zu; "
-                             "parameters unchanged (skip_nonfinite skips such steps)", (long long)ctx->adam_step + 1,
-                             p->name, (double)g[k], k);
-        }
-    }
-    return ddp__fail(ctx, DDP_ERR_NONFINITE, "optimizer step %lld: the gradient norm is %g", (long long)ctx->adam_step + 1, norm);
-}
-
-static void ddp__adamw_range(float *p, const float *g, float *m, float *v, size_t n, float clip, float lr,
-                             float b1, float b2, float eps, float decay, float step_size, float bc2_sqrt) {
-    size_t i;
-    for (i = 0; i < n; i++) {
-        float grad = g[i] * clip;
-        m[i] = b1 * m[i] + (1.0f - b1) * grad;
-        v[i] = b2 * v[i] + (1.0f - b2) * grad * grad;
-        p[i] -= lr * decay * p[i];
-        p[i] -= step_size * m[i] / (sqrtf(v[i]) / bc2_sqrt + eps);
-    }
-}
-
-ddp_result ddp_adamw_step(ddp_context *ctx, const ddp_adamw *opt, float *grad_norm_out) {
-    ddp_result r = ddp__usable(ctx, 1, "ddp_adamw_step");
-    float b1, b2, eps, clip = 1.0f, step_size, bc2_sqrt;
-    double norm;
-    int i;
-    if (r != DDP_OK) return r;
+static ddp_result ddp__adamw_step(ddp_context *ctx, const ddp_adamw *opt, float *grad_norm_out) {
+    float b1, b2, eps;
+    double t0;
+    ddp_result r;
     if (ctx->in_step)
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_adamw_step while a backward is in flight (call ddp_finish first)");
-    if (!opt) return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_adamw_step needs options");
-    b1 = opt->beta1 ? opt->beta1 : 0.9f;
-    b2 = opt->beta2 ? opt->beta2 : 0.999f;
-    eps = opt->eps ? opt->eps : 1e-8f;
-    if (!(opt->lr >= 0) || !(b1 > 0 && b1 < 1) || !(b2 > 0 && b2 < 1) || !(eps > 0) ||
+    if (!opt) return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_adamw_step needs options (a ddp_adamw)");
+    b1 = opt->beta1 || opt->as_given ? opt->beta1 : 0.9f;
+    b2 = opt->beta2 || opt->as_given ? opt->beta2 : 0.999f;
+    eps = opt->eps || opt->as_given ? opt->eps : 1e-8f;
+    if (!(opt->lr >= 0) || !(b1 >= 0 && b1 < 1) || !(b2 >= 0 && b2 < 1) || !(eps >= 0) ||
         !(opt->weight_decay >= 0) || !(opt->max_grad_norm >= 0))
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_adamw: lr=%g beta1=%g beta2=%g eps=%g weight_decay=%g "
-                         "max_grad_norm=%g out of range", opt->lr, b1, b2, eps, opt->weight_decay, opt->max_grad_norm);
-    if (ddp__on_gpu(ctx)) {
-        double t0 = ddp__now();
-        r = ddp__gpu_adamw(ctx, opt, b1, b2, eps, grad_norm_out);
-        ddp__record(ctx, ctx->tl_main, DDP__EV_ADAMW, t0, ddp__now(), -1, 0);   /* host time: the enqueue */
-        return r;
-    }
-    if (!ctx->adam_m) {
-        ctx->adam_m = ddp__alloc_floats(ctx->flat_count);
-        ctx->adam_v = ddp__alloc_floats(ctx->flat_count);
-        if (!ctx->adam_m || !ctx->adam_v) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for AdamW state");
-    }
-    norm = sqrt(ddp__sum_squares(ctx->flat_grads, ctx->flat_count));
-    if (grad_norm_out) *grad_norm_out = (float)norm;
-    if (!isfinite(norm)) return ddp__nonfinite(ctx, ctx->flat_grads, norm);
-    if (opt->max_grad_norm > 0 && norm > opt->max_grad_norm) clip = (float)(opt->max_grad_norm / (norm + 1e-6));
-    double t0 = ddp__now();
-    ctx->adam_step++;
-    step_size = (float)(opt->lr / (1.0 - pow(b1, (double)ctx->adam_step)));
-    bc2_sqrt = (float)sqrt(1.0 - pow(b2, (double)ctx->adam_step));
-    for (i = 0; i < ctx->num_params; i++) {
-        const ddp__param *p = &ctx->params[i];
-        float decay = (p->flags & DDP_NO_DECAY) ? 0.0f : opt->weight_decay;
-        ddp__adamw_range(ctx->flat_params + p->offset, ctx->flat_grads + p->offset, ctx->adam_m + p->offset,
-                         ctx->adam_v + p->offset, p->count, clip, opt->lr, b1, b2, eps, decay, step_size, bc2_sqrt);
-    }
-    ddp__record(ctx, ctx->tl_main, DDP__EV_ADAMW, t0, ddp__now(), -1, 0);
-    return DDP_OK;
-}
-
-ddp_result ddp_adamw_state(ddp_context *ctx, float **m, float **v, int64_t **step) {
-    ddp_result r = ddp__usable(ctx, 1, "ddp_adamw_state");
-    if (r != DDP_OK) return r;
-    if (ddp__on_gpu(ctx) && (r = ddp__gpu_adamw_state(ctx)) != DDP_OK) return r;
-    if (!ctx->adam_m) {
-        ctx->adam_m = ddp__alloc_floats(ctx->flat_count);
-        ctx->adam_v = ddp__alloc_floats(ctx->flat_count);
-        if (!ctx->adam_m || !ctx->adam_v) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for AdamW state");
-    }
-    if (m) *m = ctx->adam_m;
-    if (v) *v = ctx->adam_v;
-    if (step) *step = &ctx->adam_step;
-    return DDP_OK;
+                         "max_grad_norm=%g out of range (lr, eps, weight_decay, max_grad_norm >= 0; betas in [0, 1))",
+                         opt->lr, b1, b2, eps, opt->weight_decay, opt->max_grad_norm);
+    t0 = ddp__now();
+    r = ctx->be->adamw(ctx, opt, b1, b2, eps, grad_norm_out);
+    ddp__record(ctx, ctx->tl_main, DDP__EV_ADAMW, t0, ddp__now(), -1, 0);   /* NCCL: host time, the enqueue */
+    return r;
 }
 
 /* --------------------------------------------------------------------------------------------
-   Collectives on user buffers
+   >>collectives  Collectives on user buffers, between steps
    -------------------------------------------------------------------------------------------- */
 static ddp_result ddp__user_collective(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root, const char *name) {
-    ddp_result r = ddp__usable(ctx, 0, name);
-    if (r != DDP_OK) return r;
     if (ctx->in_step)
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s while a backward is in flight (call it between steps)", name);
     if (count && !data) return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: NULL buffer of %zu elements", name, count);
     if (root < 0 || root >= ctx->world)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: root %d is not a rank (world size %d)", name, root, ctx->world);
     if (ctx->world == 1) return DDP_OK;
-    snprintf(ctx->shm_what_buf, sizeof ctx->shm_what_buf, "%s of %zu elements", name, count);
-    ctx->shm_what = ctx->shm_what_buf;
-    if (ddp__on_gpu(ctx)) return ddp__gpu_collective(ctx, kind, data, count, root);
-    if (ctx->tl_main && (kind == DDP__KIND_SUM || kind == DDP__KIND_AVG)) {
-        double t0 = ddp__now();
-        r = ddp__shm_collective(ctx, kind, data, count, root);
-        ddp__record(ctx, ctx->tl_comm, DDP__EV_ALLREDUCE, t0, ddp__now(), -1, count * sizeof(float));
-        return r;
+    snprintf(ctx->what_buf, sizeof ctx->what_buf, "%s of %zu %s", name, count, kind == DDP__KIND_BROADCAST ? "bytes" : "elements");
+    ctx->what = ctx->what_buf;
+    return ctx->be->collective(ctx, kind, data, count, root);
+}
+
+/* The flat buffer a host copy reads or writes, with its range checked. AdamW's moments exist
+   (as zeros) from the first copy on. */
+static ddp_result ddp__state_buffer(ddp_context *ctx, ddp_buffer which, size_t offset, const void *host, size_t count,
+                                    const char *call, float **flat) {
+    ddp_result r;
+    if (ctx->in_step) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s while a backward is in flight", call);
+    if (count && !host) return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: NULL host buffer of %zu floats", call, count);
+    if (offset > ctx->flat_count || count > ctx->flat_count - offset)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: floats [%zu, %zu) are outside the flat buffer of %zu",
+                         call, offset, offset + count, ctx->flat_count);
+    switch (which) {
+    case DDP_PARAMS: *flat = ctx->flat_params; return DDP_OK;
+    case DDP_GRADS: *flat = ctx->flat_grads; return DDP_OK;
+    case DDP_ADAM_M: case DDP_ADAM_V:
+        if ((r = ctx->be->adamw_state(ctx)) != DDP_OK) return r;
+        *flat = which == DDP_ADAM_M ? ctx->adam_m : ctx->adam_v;
+        return DDP_OK;
     }
-    return ddp__shm_collective(ctx, kind, data, count, root);
+    return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: unknown buffer %d", call, (int)which);
+}
+
+/* --------------------------------------------------------------------------------------------
+   >>public  The public functions: each checks its arguments and the context's state, then hands
+   off to its section. A NULL context is refused with DDP_ERR_INVALID_ARGUMENT (accessors return
+   the neutral value the manual lists), and the message goes to ddp_last_error(NULL), per thread.
+   -------------------------------------------------------------------------------------------- */
+#if defined(__GNUC__) || defined(__clang__)
+#define DDP__THREAD_LOCAL __thread
+#else
+#define DDP__THREAD_LOCAL
+#endif
+static DDP__THREAD_LOCAL char ddp__no_context_err[256];
+
+static ddp_result ddp__no_context(ddp_result code, const char *call, const char *why) {
+    snprintf(ddp__no_context_err, sizeof ddp__no_context_err, "pid %d: %s: %s", (int)getpid(), call, why);
+    return code;
+}
+
+/* Every public call that takes a context starts here: not NULL, not failed, committed if asked. */
+static ddp_result ddp__usable(ddp_context *ctx, int need_commit, const char *call) {
+    if (!ctx) return ddp__no_context(DDP_ERR_INVALID_ARGUMENT, call, "the context is NULL");
+    if (ddp__failed(ctx)) return ddp__failed(ctx);
+    if (need_commit && !ctx->committed)
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s needs ddp_commit first", call);
+    return DDP_OK;
+}
+
+const char *ddp_result_string(ddp_result result) {
+    switch (result) {
+    case DDP_OK: return "ok";
+    case DDP_ERR_INVALID_ARGUMENT: return "invalid argument";
+    case DDP_ERR_INVALID_STATE: return "call out of order";
+    case DDP_ERR_BAD_ENV: return "bad launcher environment";
+    case DDP_ERR_NETWORK: return "rendezvous network error";
+    case DDP_ERR_TIMEOUT: return "timed out waiting for a peer";
+    case DDP_ERR_PEER_LOST: return "peer rank lost";
+    case DDP_ERR_MISMATCH: return "ranks disagree";
+    case DDP_ERR_UNUSED_PARAMETER: return "parameters got no gradient";
+    case DDP_ERR_DOUBLE_READY: return "gradient marked ready twice";
+    case DDP_ERR_OUT_OF_MEMORY: return "out of memory";
+    case DDP_ERR_SYSTEM: return "operating-system call failed";
+    case DDP_ERR_BACKEND: return "GPU backend failure";
+    case DDP_ERR_NONFINITE: return "gradients are not finite";
+    }
+    return "unknown ddp_result";
+}
+
+const char *ddp_last_error(const ddp_context *ctx) {
+    if (!ctx) return ddp__no_context_err[0] ? ddp__no_context_err : "no error (and no context: NULL was passed)";
+    return ctx->err[0] ? ctx->err : "no error";
+}
+
+ddp_result ddp_init(ddp_context **out, const ddp_desc *desc) {
+    ddp_context *ctx;
+    ddp_result r;
+    if (!out) return ddp__no_context(DDP_ERR_INVALID_ARGUMENT, "ddp_init", "out is NULL (pass the address of a ddp_context *)");
+    *out = ctx = (ddp_context *)ddp__calloc(sizeof *ctx);
+    if (!ctx) return ddp__no_context(DDP_ERR_OUT_OF_MEMORY, "ddp_init", "out of memory for the context");
+    pthread_mutex_init(&ctx->err_lock, NULL);
+    ctx->store_fd = -1;
+    ctx->rank = -1;
+    ctx->sync_enabled = 1;
+    ctx->tl_origin = ddp__now();
+    if ((r = ddp__init(ctx, desc)) != DDP_OK) return ddp__set_failed(ctx, r);
+    return DDP_OK;
+}
+
+ddp_result ddp_shutdown(ddp_context *ctx) { return ctx ? ddp__shutdown(ctx) : DDP_OK; }
+
+int ddp_rank(const ddp_context *ctx) { return ctx ? ctx->rank : -1; }
+int ddp_world_size(const ddp_context *ctx) { return ctx ? ctx->world : 0; }
+int ddp_local_rank(const ddp_context *ctx) { return ctx ? ctx->local_rank : -1; }
+const ddp_desc *ddp_config(const ddp_context *ctx) { return ctx ? &ctx->desc : NULL; }
+const char *ddp_backend_name(const ddp_context *ctx) { return ctx && ctx->be ? ctx->be->name : "none"; }
+
+ddp_result ddp_register_param(ddp_context *ctx, const char *name, size_t count, unsigned flags,
+                              const float *init, int *id_out) {
+    ddp_result r = ddp__usable(ctx, 0, "ddp_register_param");
+    if (r == DDP_OK) return ddp__register_param(ctx, name, count, flags, init, id_out);
+    if (id_out) *id_out = -1;   /* no context, or a failed one: an id no call accepts */
+    return r;
+}
+
+ddp_result ddp_commit(ddp_context *ctx) {
+    ddp_result r = ddp__usable(ctx, 0, "ddp_commit");
+    return r != DDP_OK ? r : ddp__commit(ctx);
+}
+
+static int ddp__valid_id(const ddp_context *ctx, int id) { return ctx && ctx->committed && id >= 0 && id < ctx->num_params; }
+float *ddp_param(ddp_context *ctx, int id) { return ddp__valid_id(ctx, id) ? ctx->flat_params + ctx->params[id].offset : NULL; }
+float *ddp_grad(ddp_context *ctx, int id) { return ddp__valid_id(ctx, id) ? ctx->flat_grads + ctx->params[id].offset : NULL; }
+size_t ddp_param_count(const ddp_context *ctx, int id) { return ctx && id >= 0 && id < ctx->num_params ? ctx->params[id].count : 0; }
+const char *ddp_param_name(const ddp_context *ctx, int id) { return ctx && id >= 0 && id < ctx->num_params ? ctx->params[id].name : NULL; }
+int ddp_num_params(const ddp_context *ctx) { return ctx ? ctx->num_params : 0; }
+int ddp_num_buckets(const ddp_context *ctx) { return ctx ? ctx->num_buckets : 0; }
+
+float *ddp_flat_params(ddp_context *ctx, size_t *count_out) {
+    if (count_out) *count_out = ctx ? ctx->flat_count : 0;
+    return ctx ? ctx->flat_params : NULL;
+}
+
+float *ddp_flat_grads(ddp_context *ctx, size_t *count_out) {
+    if (count_out) *count_out = ctx ? ctx->flat_count : 0;
+    return ctx ? ctx->flat_grads : NULL;
+}
+
+ddp_result ddp_bucket(const ddp_context *ctx, int index, ddp_bucket_info *out) {
+    const ddp__bucket *b;
+    ddp_context *c = (ddp_context *)(uintptr_t)ctx;   /* only its error message changes */
+    if (!ctx) return ddp__no_context(DDP_ERR_INVALID_ARGUMENT, "ddp_bucket", "the context is NULL");
+    if (!out) return ddp__fail(c, DDP_ERR_INVALID_ARGUMENT, "ddp_bucket: out is NULL");
+    if (index < 0 || index >= ctx->num_buckets)
+        return ddp__fail(c, DDP_ERR_INVALID_ARGUMENT, "ddp_bucket: no bucket %d (there are %d%s)", index, ctx->num_buckets,
+                         ctx->committed ? "" : "; buckets exist after ddp_commit");
+    b = &ctx->buckets[index];
+    out->offset = b->offset;
+    out->count = b->count;
+    out->first_param = b->first_param;
+    out->last_param = b->last_param;
+    return DDP_OK;
+}
+
+ddp_result ddp_tape_record(ddp_context *ctx, ddp_backward_fn backward, const void *args,
+                           size_t args_size, const int *param_ids, int num_param_ids) {
+    ddp_result r = ddp__usable(ctx, 1, "ddp_tape_record");
+    return r != DDP_OK ? r : ddp__tape_record(ctx, backward, args, args_size, param_ids, num_param_ids);
+}
+
+ddp_result ddp_backward(ddp_context *ctx) {
+    ddp_result r = ddp__usable(ctx, 1, "ddp_backward");
+    return r != DDP_OK ? r : ddp__backward(ctx);
+}
+
+void ddp_tape_reset(ddp_context *ctx) { if (ctx) ddp__tape_reset(ctx); }
+
+ddp_result ddp_grad_ready(ddp_context *ctx, int id) {
+    ddp_result r = ddp__usable(ctx, 1, "ddp_grad_ready");
+    return r != DDP_OK ? r : ddp__grad_ready(ctx, id);
+}
+
+ddp_result ddp_finish(ddp_context *ctx) {
+    ddp_result r = ddp__usable(ctx, 1, "ddp_finish");
+    return r != DDP_OK ? r : ddp__finish(ctx);
+}
+
+ddp_result ddp_zero_grad(ddp_context *ctx) {
+    ddp_result r = ddp__usable(ctx, 1, "ddp_zero_grad");
+    return r != DDP_OK ? r : ddp__zero_grad(ctx);
+}
+
+void ddp_set_sync(ddp_context *ctx, int enabled) {
+    if (!ctx) return;
+    if (ctx->in_step) { ddp__log(ctx, DDP_LOG_WARN, "ddp_set_sync ignored: a backward is in flight"); return; }
+    ctx->sync_enabled = enabled != 0;
+}
+
+ddp_step_stats ddp_last_step_stats(const ddp_context *ctx) {
+    ddp_step_stats none;
+    if (!ctx) { memset(&none, 0, sizeof none); return none; }
+    if (ctx->be && ctx->up) ctx->be->stats((ddp_context *)(uintptr_t)ctx);   /* refreshes a cache only */
+    return ctx->last_stats;
+}
+
+ddp_result ddp_adamw_step(ddp_context *ctx, const ddp_adamw *opt, float *grad_norm_out) {
+    ddp_result r = ddp__usable(ctx, 1, "ddp_adamw_step");
+    return r != DDP_OK ? r : ddp__adamw_step(ctx, opt, grad_norm_out);
+}
+
+ddp_result ddp_adamw_state(ddp_context *ctx, float **m, float **v, int64_t **step) {
+    ddp_result r = ddp__usable(ctx, 1, "ddp_adamw_state");
+    if (m) *m = NULL;
+    if (v) *v = NULL;
+    if (step) *step = NULL;
+    if (r != DDP_OK || (r = ctx->be->adamw_state(ctx)) != DDP_OK) return r;
+    if (m) *m = ctx->adam_m;
+    if (v) *v = ctx->adam_v;
+    if (step) *step = &ctx->adam_step;
+    return DDP_OK;
+}
+
+ddp_result ddp_copy_to_host(ddp_context *ctx, ddp_buffer which, size_t offset, float *dst, size_t count) {
+    ddp_result r = ddp__usable(ctx, 1, "ddp_copy_to_host");
+    float *flat = NULL;
+    if (r != DDP_OK || (r = ddp__state_buffer(ctx, which, offset, dst, count, "ddp_copy_to_host", &flat)) != DDP_OK) return r;
+    return count ? ctx->be->copy(ctx, dst, flat + offset, count * sizeof(float), 1) : DDP_OK;
+}
+
+ddp_result ddp_copy_from_host(ddp_context *ctx, ddp_buffer which, size_t offset, const float *src, size_t count) {
+    ddp_result r = ddp__usable(ctx, 1, "ddp_copy_from_host");
+    float *flat = NULL;
+    if (r != DDP_OK || (r = ddp__state_buffer(ctx, which, offset, src, count, "ddp_copy_from_host", &flat)) != DDP_OK) return r;
+    return count ? ctx->be->copy(ctx, flat + offset, src, count * sizeof(float), 0) : DDP_OK;
 }
 
 ddp_result ddp_allreduce(ddp_context *ctx, float *data, size_t count, ddp_op op) {
-    if (ctx && op != DDP_AVG && op != DDP_SUM)
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_allreduce: unknown op %d", (int)op);
+    ddp_result r = ddp__usable(ctx, 0, "ddp_allreduce");
+    if (r != DDP_OK) return r;
+    if (op != DDP_AVG && op != DDP_SUM) return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_allreduce: unknown op %d", (int)op);
     return ddp__user_collective(ctx, op == DDP_SUM ? DDP__KIND_SUM : DDP__KIND_AVG, data, count, 0, "ddp_allreduce");
 }
 
 ddp_result ddp_broadcast(ddp_context *ctx, void *data, size_t bytes, int root) {
-    return ddp__user_collective(ctx, DDP__KIND_BROADCAST, data, bytes, root, "ddp_broadcast");
+    ddp_result r = ddp__usable(ctx, 0, "ddp_broadcast");
+    return r != DDP_OK ? r : ddp__user_collective(ctx, DDP__KIND_BROADCAST, data, bytes, root, "ddp_broadcast");
 }
 
 ddp_result ddp_barrier(ddp_context *ctx) {
-    return ddp__user_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0, "ddp_barrier");
+    ddp_result r = ddp__usable(ctx, 0, "ddp_barrier");
+    return r != DDP_OK ? r : ddp__user_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0, "ddp_barrier");
 }
 
 #ifdef __cplusplus
