@@ -489,6 +489,7 @@ struct ddp_context {
     int rank, world, local_rank, local_world;
     const ddp__backend *be;        /* NULL until ddp_init has chosen one */
     int up;                        /* the backend's setup succeeded */
+    int closing;                   /* ddp_shutdown has begun (atomic: the NCCL watchdog reads it) */
     int failed;                    /* sticky ddp_result, set when the group is poisoned (atomic) */
     char err[DDP__ERR_MAX];
     pthread_mutex_t err_lock;
@@ -1645,6 +1646,21 @@ static const ddp__backend ddp__single_backend = {
     ddp__single_collective, ddp__single_quiet, ddp__single_poison, ddp__single_quiet, ddp__host_free
 };
 
+/* The ranks from `from` on that have not set PREFIX<rank> in the store, as "2, 5". */
+static ddp_result ddp__list_missing(ddp_context *ctx, const char *prefix, int from, char *out, size_t cap) {
+    size_t len = 0;
+    int s, exists;
+    out[0] = 0;
+    for (s = from; s < ctx->world && len + 16 < cap; s++) {
+        char key[64];
+        ddp_result r;
+        snprintf(key, sizeof key, "%s%d", prefix, s);
+        if ((r = ddp__store_check(ctx, key, &exists)) != DDP_OK) return r;
+        if (!exists) len += (size_t)snprintf(out + len, cap - len, "%s%d", len ? ", " : "", s);
+    }
+    return DDP_OK;
+}
+
 /* --------------------------------------------------------------------------------------------
    >>cpu  The CPU backend: collectives through one POSIX shared-memory segment (and the gradient
    buckets through a second one that holds every rank's gradients; see below).
@@ -2469,9 +2485,12 @@ struct ddp__gpu {
     int device;
     cudaStream_t compute;          /* the program's (desc.cuda_stream); NULL: legacy default */
     cudaStream_t comm;             /* ours: bucket allreduces */
-    ncclComm_t nccl;
+    ncclComm_t nccl;               /* non-blocking: no NCCL call waits for the peers */
     int nccl_live;                 /* created, neither destroyed nor aborted (under lock) */
-    pthread_mutex_t lock;          /* NCCL calls vs the watchdog's abort; the watch fields */
+    int in_call;                   /* threads inside an NCCL call on it (under lock) */
+    int abort_pending;             /* abort asked for while in_call > 0: the last one out aborts */
+    pthread_mutex_t lock;          /* the three fields above, the watch fields; never held across
+                                      an NCCL call that can take time */
     cudaEvent_t *ready;            /* per bucket: the compute stream reached its last gradient */
     cudaEvent_t *comm_start[2], *comm_end[2];   /* per bucket; two steps' worth (parity) */
     cudaEvent_t step_begin[2], step_finish[2];
@@ -2489,6 +2508,7 @@ struct ddp__gpu {
     void *scratch, *scratch_host;  /* user collectives on host memory go through these */
     size_t scratch_bytes;
     cudaEvent_t sync_event;
+    cudaEvent_t coll_ready, coll_done;   /* a user collective's hand-over between the two streams */
     cudaEvent_t watch_event;       /* the oldest group of unfinished communication (ddp__watch) */
     cudaEvent_t watch_newer;       /* everything enqueued after that group */
     ddp__watch watch;
@@ -2518,24 +2538,66 @@ static ddp_result ddp__nccl_fail(ddp_context *ctx, ncclResult_t e, const char *c
 /* An event's state, without waiting. cudaEventQuery records cudaErrorNotReady as the thread's
    last error; left there, the next cudaGetLastError (a launcher's check, or the program's own
    after its kernels) would report a healthy launch as failed. So NotReady is taken back here. */
+static void ddp__cuda_forget(cudaError_t ours) {
+    if (cudaPeekAtLastError() == ours) (void)cudaGetLastError();   /* only ours: a program's own error stays */
+}
+
 static cudaError_t ddp__gpu_query(cudaEvent_t event) {
     cudaError_t q = cudaEventQuery(event);
-    if (q == cudaErrorNotReady) (void)cudaGetLastError();
+    if (q == cudaErrorNotReady) ddp__cuda_forget(q);
     return q;
 }
 
 static int ddp__gpu_visible(void) {
     int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) { cudaGetLastError(); return 0; }
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) { ddp__cuda_forget(e); return 0; }
     return n > 0;
 }
 
+/* The communicator's life under g->lock: a thread that calls NCCL enters (refused once the
+   communicator is aborted or claimed for teardown), makes the call without the lock, and
+   leaves. An abort asked for while a call is in progress is left to the last thread out, so
+   nobody frees the communicator under a call, and the watchdog never waits on one. */
+static int ddp__nccl_enter(ddp__gpu *g) {
+    int live;
+    pthread_mutex_lock(&g->lock);
+    live = g->nccl_live && !g->abort_pending;
+    if (live) g->in_call++;
+    pthread_mutex_unlock(&g->lock);
+    return live;
+}
+
+static void ddp__nccl_leave(ddp__gpu *g) {
+    int abort_now = 0;
+    pthread_mutex_lock(&g->lock);
+    if (--g->in_call == 0 && g->abort_pending && g->nccl_live) { g->nccl_live = 0; abort_now = 1; }
+    pthread_mutex_unlock(&g->lock);
+    if (abort_now) ncclCommAbort(g->nccl);
+}
+
+/* Abort the communicator (any thread): whatever of this rank waits on its peers ends. */
 static void ddp__gpu_abort(ddp_context *ctx) {
     ddp__gpu *g = ctx->gpu;
+    int abort_now = 0;
     if (!g) return;
     pthread_mutex_lock(&g->lock);
-    if (g->nccl_live) { ncclCommAbort(g->nccl); g->nccl_live = 0; }
+    if (g->nccl_live) {
+        if (g->in_call) g->abort_pending = 1;
+        else { g->nccl_live = 0; abort_now = 1; }
+    }
     pthread_mutex_unlock(&g->lock);
+    if (abort_now) ncclCommAbort(g->nccl);
+}
+
+/* Take the communicator for teardown: 1 if this thread may now destroy it. */
+static int ddp__nccl_claim(ddp__gpu *g) {
+    int mine;
+    pthread_mutex_lock(&g->lock);
+    mine = g->nccl_live && !g->in_call && !g->abort_pending;
+    if (mine) g->nccl_live = 0;
+    pthread_mutex_unlock(&g->lock);
+    return mine;
 }
 
 /* Poison: the first rank to fail leaves its message in the store (an ADD decides who is first),
@@ -2603,15 +2665,16 @@ static ddp_result ddp__gpu_inspect_locked(ddp_context *ctx, char *msg, size_t ca
 }
 
 /* Another rank poisoned the group, or a rank's store connection dropped (it died). */
-static ddp_result ddp__gpu_check_store(ddp_context *ctx, char *msg, size_t cap) {
-    ddp__gpu *g = ctx->gpu;
+static ddp_result ddp__gpu_check_store(ddp_context *ctx, int fd, char *msg, size_t cap) {
     unsigned char *val = NULL;
     uint32_t len = 0, status = 0;
     ddp_result r;
-    if (g->watch_fd < 0) return DDP_OK;
-    r = ddp__store_request_on(ctx, g->watch_fd, DDP__OP_GET, "poison", "0", 1, &val, &len, &status, 0);
+    if (fd < 0) return DDP_OK;
+    r = ddp__store_request_on(ctx, fd, DDP__OP_GET, "poison", "0", 1, &val, &len, &status, 0);
     if (r != DDP_OK) {
         DDP_FREE(val);
+        /* rank 0 closes the store in ddp_shutdown: its going away then is no news */
+        if (__atomic_load_n(&ctx->closing, __ATOMIC_ACQUIRE)) return DDP_OK;
         snprintf(msg, cap, "lost the watchdog's connection to the rendezvous store on rank 0 (rank 0 died or "
                  "failed); the NCCL communicator was aborted");
         return DDP_ERR_PEER_LOST;
@@ -2641,7 +2704,7 @@ static void *ddp__gpu_watchdog_main(void *arg) {
         r = ddp__gpu_inspect_locked(ctx, msg, sizeof msg);
         pthread_mutex_unlock(&g->lock);
         if (r != DDP_OK) ddp__fatal(ctx, ddp__fail(ctx, r, "%s", msg));   /* tells the peers, aborts */
-        else if ((r = ddp__gpu_check_store(ctx, msg, sizeof msg)) != DDP_OK) {
+        else if ((r = ddp__gpu_check_store(ctx, g->watch_fd, msg, sizeof msg)) != DDP_OK) {
             ddp__set_failed(ctx, ddp__fail(ctx, r, "%s", msg));   /* already told: only abort */
             ddp__gpu_abort(ctx);
         }
@@ -2692,6 +2755,96 @@ static ddp_result ddp__gpu_wait(ddp_context *ctx, cudaStream_t stream, const cha
     }
 }
 
+/* Calls on a non-blocking communicator may return ncclInProgress: NCCL finishes them in the
+   background (set-up, a first connection to a peer), and nothing else may be called on the
+   communicator before it has. Poll its state until then, against `deadline`, the group's
+   poison and (at set-up, where the watchdog does not run yet) the store. Call between
+   ddp__nccl_enter and _leave, so that the communicator cannot be freed meanwhile. */
+static ddp_result ddp__nccl_settle(ddp_context *ctx, ncclResult_t e, const char *what, double deadline) {
+    ddp__gpu *g = ctx->gpu;
+    double next_store_check = 0;
+    char msg[DDP__ERR_MAX - 64];
+    while (e == ncclInProgress) {
+        ddp_result r;
+        if (ddp__failed(ctx)) return ddp__failed(ctx);
+        if (!g->watchdog_started && ddp__now() >= next_store_check) {
+            if ((r = ddp__gpu_check_store(ctx, ctx->store_fd, msg, sizeof msg)) != DDP_OK)
+                return ddp__set_failed(ctx, ddp__fail(ctx, r, "%s (during %s)", msg, what));   /* told already */
+            next_store_check = ddp__now() + DDP__LIVENESS_PERIOD_S;
+        }
+        if (ddp__now() > deadline) return DDP_ERR_TIMEOUT;   /* the caller names what is missing */
+        usleep(200);
+        if (ncclCommGetAsyncError(g->nccl, &e) != ncclSuccess) e = ncclInternalError;
+    }
+    if (e != ncclSuccess) return ddp__failed(ctx) ? ddp__failed(ctx) : ddp__fatal(ctx, ddp__nccl_fail(ctx, e, what, __FILE__, __LINE__));
+    return DDP_OK;
+}
+
+/* One collective on ddp.h's comm stream, in place: entered, settled, left, then noted for the
+   watchdog. Nothing waits for it. */
+static ddp_result ddp__nccl_enqueue(ddp_context *ctx, void *buf, size_t count, ncclDataType_t type, ncclRedOp_t op,
+                                    int broadcast_root, const char *what) {
+    ddp__gpu *g = ctx->gpu;
+    ncclResult_t e;
+    ddp_result r;
+    cudaError_t w;
+    if (!ddp__nccl_enter(g))
+        return ddp__failed(ctx) ? ddp__failed(ctx) : ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_BACKEND, "%s: the NCCL "
+                                                                                "communicator is gone (aborted)", what));
+    if (broadcast_root >= 0) e = ncclBroadcast(buf, buf, count, type, broadcast_root, g->nccl, g->comm);
+    else e = ncclAllReduce(buf, buf, count, type, op, g->nccl, g->comm);
+    r = ddp__nccl_settle(ctx, e, what, ddp__now() + ctx->desc.timeout_s);
+    ddp__nccl_leave(g);
+    if (r == DDP_ERR_TIMEOUT && !ddp__failed(ctx))
+        r = ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_TIMEOUT, "timed out after %.0f s in %s: NCCL never finished "
+                                      "enqueueing it (a peer stuck or gone?)", ctx->desc.timeout_s, what));
+    if (r != DDP_OK) return r;
+    pthread_mutex_lock(&g->lock);
+    w = ddp__gpu_watch_locked(g, g->comm, what);
+    pthread_mutex_unlock(&g->lock);
+    DDP__CUDA(w);
+    return DDP_OK;
+}
+
+/* Every entry point runs on the caller's thread, which may have another device current. */
+#define DDP__GPU_DEVICE(g) DDP__CUDA(cudaSetDevice((g)->device))
+
+/* The communicator, non-blocking: ncclCommInitRank would wait for every peer with no deadline,
+   and one that died or never came would hang this rank for good. Each rank says in the store
+   when it starts and when it is done, so a timeout can name the ranks that never came and
+   those that came but never finished. */
+static ddp_result ddp__gpu_init_comm(ddp_context *ctx, ncclUniqueId *id, double deadline, int version) {
+    ddp__gpu *g = ctx->gpu;
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    ncclResult_t e;
+    ddp_result r;
+    char key[32], never[256], unfinished[256];
+    config.blocking = 0;
+    snprintf(key, sizeof key, "nccl/start/%d", ctx->rank);
+    if (ctx->world > 1 && (r = ddp__store_set(ctx, key, "1", 1)) != DDP_OK) return r;
+    e = ncclCommInitRankConfig(&g->nccl, ctx->world, *id, ctx->rank, &config);
+    if (e != ncclSuccess && e != ncclInProgress) return ddp__nccl_fail(ctx, e, "ncclCommInitRankConfig", __FILE__, __LINE__);
+    g->nccl_live = 1;
+    g->in_call = 1;   /* alone until set-up returns: nobody else can reach g yet */
+    r = ddp__nccl_settle(ctx, e, "NCCL's set-up (ncclCommInitRankConfig)", deadline);
+    ddp__nccl_leave(g);
+    if (r == DDP_ERR_TIMEOUT && !ddp__failed(ctx)) {
+        never[0] = unfinished[0] = 0;
+        if (ctx->world > 1 && ddp__list_missing(ctx, "nccl/start/", 0, never, sizeof never) == DDP_OK)
+            ddp__list_missing(ctx, "nccl/done/", 0, unfinished, sizeof unfinished);
+        ddp__gpu_abort(ctx);
+        return ddp__fail(ctx, DDP_ERR_TIMEOUT, "timed out after %.0f s in NCCL's set-up; rank(s) never started it: "
+                         "%s; rank(s) that did not finish it: %s; the communicator was aborted", ctx->desc.timeout_s,
+                         never[0] ? never : "none", unfinished[0] ? unfinished : "none");
+    }
+    if (r != DDP_OK) return r;
+    snprintf(key, sizeof key, "nccl/done/%d", ctx->rank);
+    if (ctx->world > 1 && (r = ddp__store_set(ctx, key, "1", 1)) != DDP_OK) return r;
+    ddp__log(ctx, DDP_LOG_INFO, "rank %d of %d up (nccl backend %d.%d.%d, device %d)", ctx->rank, ctx->world,
+             version / 10000, version / 100 % 100, version % 100, g->device);
+    return DDP_OK;
+}
+
 /* Bring-up: the device (LOCAL_RANK modulo the devices visible), the comm stream, and the
    communicator: rank 0 makes the ncclUniqueId and shares it through the store. */
 static ddp_result ddp__gpu_setup(ddp_context *ctx, double deadline) {
@@ -2715,6 +2868,8 @@ static ddp_result ddp__gpu_setup(ddp_context *ctx, double deadline) {
     g->compute = (cudaStream_t)ctx->desc.cuda_stream;
     DDP__CUDA(cudaStreamCreateWithFlags(&g->comm, cudaStreamNonBlocking));
     DDP__CUDA(cudaEventCreateWithFlags(&g->sync_event, cudaEventDisableTiming));
+    DDP__CUDA(cudaEventCreateWithFlags(&g->coll_ready, cudaEventDisableTiming));
+    DDP__CUDA(cudaEventCreateWithFlags(&g->coll_done, cudaEventDisableTiming));
     DDP__CUDA(cudaEventCreateWithFlags(&g->watch_event, cudaEventDisableTiming));
     DDP__CUDA(cudaEventCreateWithFlags(&g->watch_newer, cudaEventDisableTiming));
     DDP__CUDA(cudaEventCreateWithFlags(&g->state_copied, cudaEventDisableTiming));
@@ -2736,11 +2891,7 @@ static ddp_result ddp__gpu_setup(ddp_context *ctx, double deadline) {
         memcpy(&id, val, sizeof id);
         DDP_FREE(val);
     }
-    DDP__NCCL(ncclCommInitRank(&g->nccl, ctx->world, id, ctx->rank));
-    g->nccl_live = 1;
-    ddp__log(ctx, DDP_LOG_INFO, "rank %d of %d up (nccl backend %d.%d.%d, device %d)", ctx->rank, ctx->world,
-             version / 10000, version / 100 % 100, version % 100, g->device);
-    return DDP_OK;
+    return ddp__gpu_init_comm(ctx, &id, deadline, version);
 }
 
 /* The no-decay mask ddp_k_adamw reads: one byte per DDP_K_MASK_GROUP elements of the flat
@@ -2770,6 +2921,7 @@ static ddp_result ddp__gpu_alloc_flat(ddp_context *ctx) {
     unsigned char *mask;
     ddp_result r;
     int i;
+    DDP__GPU_DEVICE(g);
     DDP__CUDA(cudaMalloc((void **)&ctx->flat_params, bytes));
     DDP__CUDA(cudaMalloc((void **)&ctx->flat_grads, bytes));
     DDP__CUDA(cudaMemset(ctx->flat_params, 0, bytes));
@@ -2809,6 +2961,7 @@ static ddp_result ddp__gpu_commit(ddp_context *ctx) {
     size_t largest = 0;
     ddp_result r;
     int b, k;
+    DDP__GPU_DEVICE(g);
     if ((r = ddp__gpu_create_events(ctx, &g->ready, cudaEventDisableTiming)) != DDP_OK) return r;
     for (k = 0; k < 2; k++) {
         if ((r = ddp__gpu_create_events(ctx, &g->comm_start[k], cudaEventDefault)) != DDP_OK) return r;
@@ -2818,15 +2971,9 @@ static ddp_result ddp__gpu_commit(ddp_context *ctx) {
     if (ctx->desc.reduce_dtype == DDP_DTYPE_BF16 && ctx->world > 1)
         DDP__CUDA(cudaMalloc((void **)&g->bf16, largest * sizeof(uint16_t)));
     if (ctx->world > 1) {
-        pthread_mutex_lock(&g->lock);
-        {
-            ncclResult_t e = ncclBroadcast(ctx->flat_params, ctx->flat_params, ctx->flat_count, ncclFloat, 0, g->nccl, g->comm);
-            cudaError_t w = e == ncclSuccess ? ddp__gpu_watch_locked(g, g->comm, "the broadcast of rank 0's initial parameters") : cudaSuccess;
-            pthread_mutex_unlock(&g->lock);
-            if (e != ncclSuccess) return ddp__fatal(ctx, ddp__nccl_fail(ctx, e, "ncclBroadcast(initial parameters)", __FILE__, __LINE__));
-            DDP__CUDA(w);
-        }
-        if ((r = ddp__gpu_wait(ctx, g->comm, "the broadcast of rank 0's initial parameters")) != DDP_OK) return r;
+        const char *what = "the broadcast of rank 0's initial parameters";
+        if ((r = ddp__nccl_enqueue(ctx, ctx->flat_params, ctx->flat_count, ncclFloat, ncclSum, 0, what)) != DDP_OK) return r;
+        if ((r = ddp__gpu_wait(ctx, g->comm, what)) != DDP_OK) return r;
         if ((r = ddp__store_connect_as(ctx, ddp__now() + ctx->desc.timeout_s, -1, &g->watch_fd)) != DDP_OK) return ddp__fatal(ctx, r);
     }
     if (pthread_create(&g->watchdog, NULL, ddp__gpu_watchdog_main, ctx))
@@ -2844,8 +2991,8 @@ static ddp_result ddp__gpu_launch(ddp_context *ctx, int index) {
     int par = ctx->tl_step & 1, bf16 = ctx->desc.reduce_dtype == DDP_DTYPE_BF16 && ctx->world > 1;
     double inject_ms = ctx->desc.inject_comm_latency_ms;
     char what[96];
-    ncclResult_t e;
-    cudaError_t w = cudaSuccess;
+    ddp_result r;
+    DDP__GPU_DEVICE(g);
     ctx->stats.buckets_launched++;
     ctx->stats.bytes_reduced += b->count * ddp__wire_bytes(ctx);
     if (ctx->desc.inject_comm_gbps > 0) inject_ms += 1e3 * (double)(b->count * ddp__wire_bytes(ctx)) / (ctx->desc.inject_comm_gbps * 1e9);
@@ -2854,18 +3001,10 @@ static ddp_result ddp__gpu_launch(ddp_context *ctx, int index) {
     DDP__CUDA(cudaEventRecord(g->comm_start[par][index], g->comm));
     if (inject_ms > 0) DDP__CUDA(ddp_k_spin(inject_ms, g->comm));   /* tests/benchmarks: a slow network */
     if (bf16) DDP__CUDA(ddp_k_f32_to_bf16(grads, g->bf16, b->count, g->comm));
-    snprintf(what, sizeof what, "the allreduce of gradient bucket %d", index);
-    pthread_mutex_lock(&g->lock);
-    if (!g->nccl_live) e = ncclInvalidUsage;
-    else if (bf16) e = ncclAllReduce(g->bf16, g->bf16, b->count, ncclBfloat16, ncclAvg, g->nccl, g->comm);
-    else e = ncclAllReduce(grads, grads, b->count, ncclFloat, ncclAvg, g->nccl, g->comm);
-    if (e == ncclSuccess) w = ddp__gpu_watch_locked(g, g->comm, what);
-    pthread_mutex_unlock(&g->lock);
-    if (e != ncclSuccess) {
-        if (ddp__failed(ctx)) return ddp__failed(ctx);
-        return ddp__fatal(ctx, ddp__nccl_fail(ctx, e, "ncclAllReduce(gradient bucket)", __FILE__, __LINE__));
-    }
-    DDP__CUDA(w);
+    snprintf(what, sizeof what, "the allreduce of gradient bucket %d (%zu elements)", index, b->count);
+    if (bf16) r = ddp__nccl_enqueue(ctx, g->bf16, b->count, ncclBfloat16, ncclAvg, -1, what);
+    else r = ddp__nccl_enqueue(ctx, grads, b->count, ncclFloat, ncclAvg, -1, what);
+    if (r != DDP_OK) return r;
     if (bf16) DDP__CUDA(ddp_k_bf16_to_f32(g->bf16, grads, b->count, g->comm));
     DDP__CUDA(cudaEventRecord(g->comm_end[par][index], g->comm));
     g->last_bucket[par] = index;
@@ -2907,7 +3046,6 @@ static void ddp__gpu_harvest(ddp_context *ctx, int par) {
         st.overlap_pct = 100.0 * (hidden < 0 ? 0 : hidden);
     }
     ddp__gpu_timeline(ctx, par, &st);
-    cudaGetLastError();   /* a NotReady from the queries above is not an error */
     ctx->last_stats = st;
     g->timed[par] = 0;
 }
@@ -2916,12 +3054,18 @@ static void ddp__gpu_harvest(ddp_context *ctx, int par) {
 static void ddp__gpu_begin_step(ddp_context *ctx) {
     ddp__gpu *g = ctx->gpu;
     int par = ctx->tl_step & 1;
+    if (cudaSetDevice(g->device) != cudaSuccess) {
+        ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_BACKEND, "cudaSetDevice(%d) failed at the start of a step", g->device));
+        return;
+    }
     ddp__gpu_harvest(ctx, par);       /* two steps ago */
     ddp__gpu_harvest(ctx, par ^ 1);   /* the last step: newest wins */
     g->timed[par] = 0;   /* two steps old and still running: its times are lost, its events reused */
     g->host_begin[par] = ddp__now();
-    if (cudaEventRecord(g->step_begin[par], g->compute) != cudaSuccess)
-        ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_BACKEND, "cudaEventRecord on the compute stream failed: %s", cudaGetErrorString(cudaGetLastError())));
+    {
+        cudaError_t e = cudaEventRecord(g->step_begin[par], g->compute);
+        if (e != cudaSuccess) ddp__fatal(ctx, ddp__cuda_fail(ctx, e, "cudaEventRecord(step begin, compute stream)", __FILE__, __LINE__));
+    }
 }
 
 /* Shutdown: let the last steps' GPU work finish so that their times reach the stats and the
@@ -2941,6 +3085,7 @@ static ddp_result ddp__gpu_finish(ddp_context *ctx, double t_wait) {
     ddp__gpu *g = ctx->gpu;
     int par = ctx->tl_step & 1;
     (void)t_wait;   /* the wait happens on the device; its time comes from the events */
+    DDP__GPU_DEVICE(g);
     DDP__CUDA(cudaEventRecord(g->step_finish[par], g->compute));
     if (ctx->stats.buckets_launched) DDP__CUDA(cudaStreamWaitEvent(g->compute, g->comm_end[par][g->last_bucket[par]], 0));
     g->timed_stats[par] = ctx->stats;
@@ -2950,6 +3095,7 @@ static ddp_result ddp__gpu_finish(ddp_context *ctx, double t_wait) {
 }
 
 static ddp_result ddp__gpu_zero(ddp_context *ctx, float *x, size_t count) {
+    DDP__GPU_DEVICE(ctx->gpu);
     DDP__CUDA(cudaMemsetAsync(x, 0, count * sizeof(float), ctx->gpu->compute));
     return DDP_OK;
 }
@@ -2991,19 +3137,21 @@ static ddp_result ddp__gpu_report_skips(ddp_context *ctx) {
         return DDP_OK;
     }
     return ddp__fail(ctx, DDP_ERR_NONFINITE, "%lld earlier optimizer step(s) had non-finite gradients and were skipped on "
-                     "the GPU (parameters unchanged by them); set max_grad_norm or pass grad_norm_out to get this "
-                     "error from the step itself, naming the parameter", skipped);
+                     "the GPU (parameters unchanged by them); pass grad_norm_out to get this error from the step "
+                     "itself, naming the parameter", skipped);
 }
 
 static ddp_result ddp__nonfinite(ddp_context *ctx, const float *grads, double norm);
 
 /* AdamW on the device: sum of squares -> (skip, clip, step, bias corrections) -> the fused
-   step, all on the compute stream. Only with max_grad_norm > 0 or grad_norm_out does the host
-   read the norm back (one 40-byte copy and a wait for the compute stream). */
+   step, all on the compute stream. Only with grad_norm_out does the host read the norm back
+   (one 40-byte copy and a wait for the compute stream); a program that wants no host wait in
+   its steps asks for the norm only on the steps it logs. */
 static ddp_result ddp__gpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b1, float b2, float eps, float *grad_norm_out) {
     ddp__gpu *g = ctx->gpu;
-    int host_norm = opt->max_grad_norm > 0 || grad_norm_out;
+    int host_norm = grad_norm_out != NULL;   /* clipping happens on the device either way */
     ddp_result r;
+    DDP__GPU_DEVICE(g);
     if ((r = ddp__gpu_alloc_adamw(ctx)) != DDP_OK) return r;
     /* This call waits for the compute stream below anyway. An earlier step's lazy copy of the
        state that has not completed yet (the host ran ahead) would be overwritten by this step's
@@ -3052,6 +3200,7 @@ static ddp_result ddp__gpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b
 static ddp_result ddp__gpu_adamw_state(ddp_context *ctx) {
     ddp__gpu *g = ctx->gpu;
     ddp_result r;
+    DDP__GPU_DEVICE(g);
     if ((r = ddp__gpu_alloc_adamw(ctx)) != DDP_OK) return r;
     if (!g->step_dirty) {
         DDP__CUDA(cudaMemcpyAsync(g->state_host, g->state, sizeof(ddp_k_adamw_state), cudaMemcpyDeviceToHost, g->compute));
@@ -3072,11 +3221,14 @@ static ddp_result ddp__gpu_collective(ddp_context *ctx, uint32_t kind, void *dat
     size_t bytes = kind == DDP__KIND_BROADCAST ? count : kind == DDP__KIND_BARRIER ? sizeof(float) : count * sizeof(float);
     int on_device = 0;
     void *buf = data;
-    ncclResult_t e;
-    cudaError_t w = cudaSuccess;
-    if (data && cudaPointerGetAttributes(&at, data) == cudaSuccess)
-        on_device = at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged;
-    cudaGetLastError();
+    cudaError_t e;
+    ddp_result r;
+    DDP__GPU_DEVICE(g);
+    if (data) {
+        e = cudaPointerGetAttributes(&at, data);
+        if (e == cudaSuccess) on_device = at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged;
+        else ddp__cuda_forget(e);   /* older CUDA: plain host memory is an error here, and ours */
+    }
     if (!on_device) {
         if (bytes > g->scratch_bytes) {
             if (g->scratch) { cudaFree(g->scratch); cudaFreeHost(g->scratch_host); g->scratch = g->scratch_host = NULL; g->scratch_bytes = 0; }
@@ -3090,21 +3242,18 @@ static ddp_result ddp__gpu_collective(ddp_context *ctx, uint32_t kind, void *dat
             DDP__CUDA(cudaMemcpyAsync(g->scratch, g->scratch_host, bytes, cudaMemcpyHostToDevice, g->compute));
         } else DDP__CUDA(cudaMemsetAsync(g->scratch, 0, bytes, g->compute));
     }
-    pthread_mutex_lock(&g->lock);
-    if (!g->nccl_live) e = ncclInvalidUsage;
-    else if (kind == DDP__KIND_BROADCAST) e = ncclBroadcast(buf, buf, count, ncclUint8, root, g->nccl, g->compute);
-    else if (kind == DDP__KIND_BARRIER) e = ncclAllReduce(buf, buf, 1, ncclFloat, ncclSum, g->nccl, g->compute);
-    else e = ncclAllReduce(buf, buf, count, ncclFloat, kind == DDP__KIND_SUM ? ncclSum : ncclAvg, g->nccl, g->compute);
-    if (e == ncclSuccess) w = ddp__gpu_watch_locked(g, g->compute, ctx->what);
-    pthread_mutex_unlock(&g->lock);
-    if (e != ncclSuccess) {
-        if (ddp__failed(ctx)) return ddp__failed(ctx);
-        return ddp__fatal(ctx, ddp__nccl_fail(ctx, e, ctx->what, __FILE__, __LINE__));
-    }
-    DDP__CUDA(w);
+    /* NCCL runs on ddp.h's comm stream, after the compute stream's work so far, and the compute
+       stream's later work runs after it: ordered like a kernel of the program's own. */
+    DDP__CUDA(cudaEventRecord(g->coll_ready, g->compute));
+    DDP__CUDA(cudaStreamWaitEvent(g->comm, g->coll_ready, 0));
+    if (kind == DDP__KIND_BROADCAST) r = ddp__nccl_enqueue(ctx, buf, count, ncclUint8, ncclSum, root, ctx->what);
+    else if (kind == DDP__KIND_BARRIER) r = ddp__nccl_enqueue(ctx, buf, 1, ncclFloat, ncclSum, -1, ctx->what);
+    else r = ddp__nccl_enqueue(ctx, buf, count, ncclFloat, kind == DDP__KIND_SUM ? ncclSum : ncclAvg, -1, ctx->what);
+    if (r != DDP_OK) return r;
+    DDP__CUDA(cudaEventRecord(g->coll_done, g->comm));
+    DDP__CUDA(cudaStreamWaitEvent(g->compute, g->coll_done, 0));
     if (on_device) return DDP_OK;
     if (data && bytes && kind != DDP__KIND_BARRIER) {
-        ddp_result r;
         DDP__CUDA(cudaMemcpyAsync(g->scratch_host, g->scratch, bytes, cudaMemcpyDeviceToHost, g->compute));
         if ((r = ddp__gpu_wait(ctx, g->compute, ctx->what)) != DDP_OK) return r;
         memcpy(data, g->scratch_host, bytes);
@@ -3113,18 +3262,33 @@ static ddp_result ddp__gpu_collective(ddp_context *ctx, uint32_t kind, void *dat
     return ddp__gpu_wait(ctx, g->compute, ctx->what);
 }
 
-/* Teardown: destroy the communicator, or abort it after a failure (destroy would wait for
-   operations that can never finish). */
+/* The communicator's end: finalized (every operation issued completes; polled, the watchdog
+   still watching) and destroyed; after a failure, or when finalizing fails, aborted (destroy
+   would wait for operations that can never finish). */
+static void ddp__gpu_close_comm(ddp_context *ctx) {
+    ddp__gpu *g = ctx->gpu;
+    ddp_result r = DDP_ERR_BACKEND;
+    if (!ddp__failed(ctx) && ddp__nccl_enter(g)) {
+        r = ddp__gpu_wait(ctx, g->comm, "the last communication before shutdown");
+        if (r == DDP_OK) r = ddp__nccl_settle(ctx, ncclCommFinalize(g->nccl), "ncclCommFinalize", ddp__now() + ctx->desc.timeout_s);
+        ddp__nccl_leave(g);
+        if (r == DDP_ERR_TIMEOUT && !ddp__failed(ctx))
+            ddp__set_failed(ctx, ddp__fail(ctx, DDP_ERR_TIMEOUT, "timed out after %.0f s finalizing the NCCL communicator "
+                                           "at shutdown (a peer stuck or gone?); it was aborted", ctx->desc.timeout_s));
+    }
+    if (r == DDP_OK && ddp__nccl_claim(g)) ncclCommDestroy(g->nccl);
+    else ddp__gpu_abort(ctx);
+}
+
+/* Teardown: the communicator closed while the watchdog still runs, then the watchdog, then
+   the memory. */
 static void ddp__gpu_teardown(ddp_context *ctx) {
     ddp__gpu *g = ctx->gpu;
     int k, b;
     if (!g) return;
+    cudaSetDevice(g->device);
+    ddp__gpu_close_comm(ctx);
     ddp__gpu_stop_watchdog(ctx);
-    if (g->nccl_live) {
-        if (ddp__failed(ctx) || ddp__gpu_wait(ctx, g->comm, "the last communication before shutdown") != DDP_OK) ncclCommAbort(g->nccl);
-        else ncclCommDestroy(g->nccl);
-        g->nccl_live = 0;
-    }
     cudaFree(ctx->flat_params); cudaFree(ctx->flat_grads); cudaFree(ctx->adam_m); cudaFree(ctx->adam_v);
     ctx->flat_params = ctx->flat_grads = ctx->adam_m = ctx->adam_v = NULL;
     cudaFree(g->no_decay); cudaFree(g->norm_partials); cudaFree(g->norm_sq); cudaFree(g->state); cudaFree(g->bf16);
@@ -3145,11 +3309,12 @@ static void ddp__gpu_teardown(ddp_context *ctx) {
         if (g->step_finish[k]) cudaEventDestroy(g->step_finish[k]);
     }
     if (g->sync_event) cudaEventDestroy(g->sync_event);
+    if (g->coll_ready) cudaEventDestroy(g->coll_ready);
+    if (g->coll_done) cudaEventDestroy(g->coll_done);
     if (g->watch_event) cudaEventDestroy(g->watch_event);
     if (g->watch_newer) cudaEventDestroy(g->watch_newer);
     if (g->state_copied) cudaEventDestroy(g->state_copied);
     if (g->comm) cudaStreamDestroy(g->comm);
-    cudaGetLastError();
     if (g->watch_fd >= 0) close(g->watch_fd);
     pthread_mutex_destroy(&g->lock);
     pthread_cond_destroy(&g->watchdog_wake);
@@ -3167,13 +3332,15 @@ static void ddp__gpu_stats(ddp_context *ctx) {
    (a copy on that stream, then a polled wait), outside any step. */
 static ddp_result ddp__gpu_copy(ddp_context *ctx, void *dst, const void *src, size_t bytes, int to_host) {
     ddp__gpu *g = ctx->gpu;
+    DDP__GPU_DEVICE(g);
     DDP__CUDA(cudaMemcpyAsync(dst, src, bytes, to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, g->compute));
     return ddp__gpu_wait(ctx, g->compute, to_host ? "a copy to host memory" : "a copy from host memory");
 }
 
+/* Shutdown begins: the last steps' work done. The watchdog keeps watching until teardown. */
 static void ddp__gpu_stop(ddp_context *ctx) {
+    if (ctx->gpu) cudaSetDevice(ctx->gpu->device);
     ddp__gpu_drain(ctx);
-    ddp__gpu_stop_watchdog(ctx);
 }
 
 static const ddp__backend ddp__nccl_backend = {
@@ -3210,20 +3377,6 @@ static ddp_result ddp__choose_backend(ddp_context *ctx) {
                          "WORLD_SIZE=%d and LOCAL_WORLD_SIZE=%d", ctx->world, ctx->local_world);
     ctx->be = &ddp__cpu_backend;
     d->backend = DDP_BACKEND_CPU;
-    return DDP_OK;
-}
-
-static ddp_result ddp__list_missing(ddp_context *ctx, const char *prefix, int from, char *out, size_t cap) {
-    size_t len = 0;
-    int s, exists;
-    out[0] = 0;
-    for (s = from; s < ctx->world && len + 16 < cap; s++) {
-        char key[64];
-        ddp_result r;
-        snprintf(key, sizeof key, "%s%d", prefix, s);
-        if ((r = ddp__store_check(ctx, key, &exists)) != DDP_OK) return r;
-        if (!exists) len += (size_t)snprintf(out + len, cap - len, "%s%d", len ? ", " : "", s);
-    }
     return DDP_OK;
 }
 
@@ -3343,6 +3496,7 @@ static ddp_result ddp__shutdown(ddp_context *ctx) {
     ddp_result r;
     ddp__text timeline;
     memset(&timeline, 0, sizeof timeline);
+    __atomic_store_n(&ctx->closing, 1, __ATOMIC_RELEASE);
     if (ctx->be) ctx->be->stop(ctx);
     if (ctx->tl_main) ddp__tl_rank_json(ctx, &timeline);
     ddp__tl_shutdown(ctx, &timeline, 0);
