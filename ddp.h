@@ -2481,16 +2481,44 @@ static int ddp__watch_expired(const ddp__watch *w, double now, double timeout_s)
     return w->since > 0 && now - w->since > timeout_s;
 }
 
+/* Who may call NCCL on the communicator, and who frees it: the decisions of ddp__nccl_enter,
+   _leave, _claim and ddp__gpu_abort, as plain logic (the callers hold the lock and make the
+   NCCL call the answer asks for). tests/gpu/test_kernel_math_host.cu drives it without a GPU. */
+typedef struct ddp__life {
+    int live;                      /* created, neither destroyed nor aborted */
+    int in_call;                   /* threads inside an NCCL call on it */
+    int abort_pending;             /* abort asked for while in_call > 0: the last one out aborts */
+} ddp__life;
+
+static int ddp__life_enter(ddp__life *l) {            /* 1: call NCCL, then leave */
+    if (!l->live || l->abort_pending) return 0;
+    l->in_call++;
+    return 1;
+}
+static int ddp__life_leave(ddp__life *l) {            /* 1: abort it now */
+    if (--l->in_call > 0 || !l->abort_pending || !l->live) return 0;
+    l->live = 0;
+    return 1;
+}
+static int ddp__life_abort(ddp__life *l) {            /* 1: abort it now */
+    if (!l->live) return 0;
+    if (l->in_call) { l->abort_pending = 1; return 0; }
+    l->live = 0;
+    return 1;
+}
+static int ddp__life_claim(ddp__life *l) {            /* 1: destroy it now */
+    if (!l->live || l->in_call || l->abort_pending) return 0;
+    l->live = 0;
+    return 1;
+}
+
 struct ddp__gpu {
     int device;
     cudaStream_t compute;          /* the program's (desc.cuda_stream); NULL: legacy default */
     cudaStream_t comm;             /* ours: bucket allreduces */
     ncclComm_t nccl;               /* non-blocking: no NCCL call waits for the peers */
-    int nccl_live;                 /* created, neither destroyed nor aborted (under lock) */
-    int in_call;                   /* threads inside an NCCL call on it (under lock) */
-    int abort_pending;             /* abort asked for while in_call > 0: the last one out aborts */
-    pthread_mutex_t lock;          /* the three fields above, the watch fields; never held across
-                                      an NCCL call that can take time */
+    ddp__life life;                /* under lock */
+    pthread_mutex_t lock;          /* life, the watch fields; never held across an NCCL call */
     cudaEvent_t *ready;            /* per bucket: the compute stream reached its last gradient */
     cudaEvent_t *comm_start[2], *comm_end[2];   /* per bucket; two steps' worth (parity) */
     cudaEvent_t step_begin[2], step_finish[2];
@@ -2562,16 +2590,15 @@ static int ddp__gpu_visible(void) {
 static int ddp__nccl_enter(ddp__gpu *g) {
     int live;
     pthread_mutex_lock(&g->lock);
-    live = g->nccl_live && !g->abort_pending;
-    if (live) g->in_call++;
+    live = ddp__life_enter(&g->life);
     pthread_mutex_unlock(&g->lock);
     return live;
 }
 
 static void ddp__nccl_leave(ddp__gpu *g) {
-    int abort_now = 0;
+    int abort_now;
     pthread_mutex_lock(&g->lock);
-    if (--g->in_call == 0 && g->abort_pending && g->nccl_live) { g->nccl_live = 0; abort_now = 1; }
+    abort_now = ddp__life_leave(&g->life);
     pthread_mutex_unlock(&g->lock);
     if (abort_now) ncclCommAbort(g->nccl);
 }
@@ -2579,13 +2606,10 @@ static void ddp__nccl_leave(ddp__gpu *g) {
 /* Abort the communicator (any thread): whatever of this rank waits on its peers ends. */
 static void ddp__gpu_abort(ddp_context *ctx) {
     ddp__gpu *g = ctx->gpu;
-    int abort_now = 0;
+    int abort_now;
     if (!g) return;
     pthread_mutex_lock(&g->lock);
-    if (g->nccl_live) {
-        if (g->in_call) g->abort_pending = 1;
-        else { g->nccl_live = 0; abort_now = 1; }
-    }
+    abort_now = ddp__life_abort(&g->life);
     pthread_mutex_unlock(&g->lock);
     if (abort_now) ncclCommAbort(g->nccl);
 }
@@ -2594,8 +2618,7 @@ static void ddp__gpu_abort(ddp_context *ctx) {
 static int ddp__nccl_claim(ddp__gpu *g) {
     int mine;
     pthread_mutex_lock(&g->lock);
-    mine = g->nccl_live && !g->in_call && !g->abort_pending;
-    if (mine) g->nccl_live = 0;
+    mine = ddp__life_claim(&g->life);
     pthread_mutex_unlock(&g->lock);
     return mine;
 }
@@ -2633,7 +2656,7 @@ static void ddp__gpu_poison(ddp_context *ctx, ddp_result code) {
 static ddp_result ddp__gpu_inspect_locked(ddp_context *ctx, char *msg, size_t cap) {
     ddp__gpu *g = ctx->gpu;
     ncclResult_t async = ncclSuccess;
-    if (!g->nccl_live) return DDP_OK;
+    if (!g->life.live) return DDP_OK;
     if (ncclCommGetAsyncError(g->nccl, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress) {
         const char *detail = ncclGetLastError(g->nccl);
         snprintf(msg, cap, "NCCL reported an asynchronous error during %s: %s%s%s; the communicator was aborted",
@@ -2824,8 +2847,8 @@ static ddp_result ddp__gpu_init_comm(ddp_context *ctx, ncclUniqueId *id, double 
     if (ctx->world > 1 && (r = ddp__store_set(ctx, key, "1", 1)) != DDP_OK) return r;
     e = ncclCommInitRankConfig(&g->nccl, ctx->world, *id, ctx->rank, &config);
     if (e != ncclSuccess && e != ncclInProgress) return ddp__nccl_fail(ctx, e, "ncclCommInitRankConfig", __FILE__, __LINE__);
-    g->nccl_live = 1;
-    g->in_call = 1;   /* alone until set-up returns: nobody else can reach g yet */
+    g->life.live = 1;
+    g->life.in_call = 1;   /* alone until set-up returns: nobody else can reach g yet */
     r = ddp__nccl_settle(ctx, e, "NCCL's set-up (ncclCommInitRankConfig)", deadline);
     ddp__nccl_leave(g);
     if (r == DDP_ERR_TIMEOUT && !ddp__failed(ctx)) {

@@ -15,7 +15,10 @@
    - the two-stage sum of squares in the kernels' order against float64, and exactly on data
      whose sum is exact (an element missed or counted twice shows);
    - the watchdog's clock (ddp__watch): a host running ahead of the GPU for 1000 s is never a
-     timeout, a GPU that stops is one within timeout_s. */
+     timeout, a GPU that stops is one within timeout_s;
+   - the communicator's life (ddp__life): an abort asked for during an NCCL call waits for the
+     last thread out, the communicator is freed exactly once and never under a call, and nothing
+     enters it after; over fixed cases and a million random interleavings. */
 #define DDP_KERNELS_HOST_REFERENCE
 #include "../testlib.h"
 
@@ -322,7 +325,52 @@ static void test_watch(void) {
     printf("  (stopped GPU: timed out at %.2f s in \"%s\")\n", t, what);
 }
 
+/* ---- the communicator's life ---- */
+static void test_life(void) {
+    ddp__life l;
+    int ok = 1, run, step, frees_bad = 0, late_bad = 0, lost_abort = 0;
+    unsigned rng = 12345;
+    memset(&l, 0, sizeof l);
+    l.live = 1;
+    ok &= ddp__life_abort(&l) == 1 && ddp__life_abort(&l) == 0 && ddp__life_enter(&l) == 0 && ddp__life_claim(&l) == 0;
+    verdict(ok, "host_life_abort_idle_once", "an idle communicator: abort once, then nothing enters or frees it");
+    memset(&l, 0, sizeof l);
+    l.live = 1;
+    ok = ddp__life_enter(&l) && ddp__life_enter(&l);            /* two calls in flight */
+    ok &= ddp__life_abort(&l) == 0 && ddp__life_claim(&l) == 0;  /* deferred; teardown must not take it */
+    ok &= ddp__life_enter(&l) == 0;                              /* nobody new gets in */
+    ok &= ddp__life_leave(&l) == 0 && ddp__life_leave(&l) == 1;  /* the last one out aborts */
+    ok &= ddp__life_abort(&l) == 0 && ddp__life_enter(&l) == 0;
+    verdict(ok, "host_life_abort_during_calls_deferred_to_the_last_out", "two calls in flight, then an abort");
+    memset(&l, 0, sizeof l);
+    l.live = 1;
+    ok = ddp__life_enter(&l) && ddp__life_leave(&l) == 0 && ddp__life_claim(&l) == 1 && ddp__life_abort(&l) == 0 &&
+         ddp__life_enter(&l) == 0;
+    verdict(ok, "host_life_claimed_for_teardown_once", "a clean teardown: claimed once, never aborted after");
+    /* Random interleavings of up to 3 threads' calls, aborts from the watchdog, a teardown claim. */
+    for (run = 0; run < 20000; run++) {
+        int frees = 0, asked = 0;
+        memset(&l, 0, sizeof l);
+        l.live = 1;
+        for (step = 0; step < 50; step++) {
+            unsigned op;
+            rng = rng * 1103515245u + 12345u;
+            op = (rng >> 16) % 4;
+            if (op == 0 && l.in_call < 3) { if (ddp__life_enter(&l) && frees) late_bad++; }
+            else if (op == 1 && l.in_call > 0) { if (ddp__life_leave(&l)) { frees++; if (l.in_call) frees_bad++; } }
+            else if (op == 2) { asked |= l.live; if (ddp__life_abort(&l)) { frees++; if (l.in_call) frees_bad++; } }
+            else if (op == 3) { if (ddp__life_claim(&l)) { frees++; if (l.in_call) frees_bad++; } }
+        }
+        while (l.in_call > 0) if (ddp__life_leave(&l)) frees++;   /* everyone leaves */
+        if (frees > 1) frees_bad++;
+        if (asked && frees == 0) lost_abort++;
+    }
+    verdict(!frees_bad && !late_bad && !lost_abort, "host_life_random_interleavings",
+            "%d double or in-call frees, %d entries after a free, %d aborts never carried out", frees_bad, late_bad, lost_abort);
+}
+
 int main(void) {
+    test_life();
     test_adamw_parity();
     test_bf16();
     test_norm();
