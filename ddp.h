@@ -304,6 +304,14 @@ ddp_step_stats ddp_last_step_stats(const ddp_context *ctx);   /* of the last ddp
 #ifndef DDP__IMPLEMENTED
 #define DDP__IMPLEMENTED
 
+/* The implementation needs POSIX and Linux declarations (clock_gettime, getaddrinfo, syscall,
+   usleep). A strict -std=c99 hides them unless a feature macro is defined before the FIRST
+   system header; when an earlier #include already settled that without them, no define here
+   can bring them back. */
+#if defined(__GLIBC__) && !defined(__USE_MISC)
+#error "ddp.h: the implementation needs POSIX declarations that this file's earlier #includes left out (strict -std=c99). Put #define DDP_IMPLEMENTATION and #include \"ddp.h\" before every other #include in this file, or compile with -D_GNU_SOURCE (or -std=gnu99)."
+#endif
+
 
 #include <errno.h>
 #include <fcntl.h>
@@ -402,10 +410,10 @@ typedef struct ddp__tape_op {
 
 /* One rank's control block in the shared segment; each field a cache line of its own. */
 typedef struct ddp__shm_counter { uint32_t value; uint32_t waiters; char pad[56]; } ddp__shm_counter;
-typedef struct ddp__shm_sig { uint32_t id, kind, root, pad0; uint64_t count; } ddp__shm_sig;
+typedef struct ddp__shm_sig { uint32_t id, kind, root, bucket; uint64_t count; } ddp__shm_sig;   /* bucket: index + 1, 0: none */
 typedef struct ddp__shm_rank {
     int32_t pid;
-    uint32_t pad0;
+    int32_t tid;           /* the thread that steps this rank (ranks may be threads of one process) */
     ddp__shm_sig sig;
     char pad1[64 - 8 - sizeof(ddp__shm_sig)];
     ddp__shm_counter stage[3];
@@ -423,7 +431,8 @@ typedef struct ddp__shm_header {
 } ddp__shm_header;
 
 /* What a collective does (the CPU backend also compares it across ranks before it runs one). */
-enum { DDP__KIND_BARRIER = 1, DDP__KIND_BROADCAST, DDP__KIND_SUM, DDP__KIND_AVG, DDP__KIND_AVG_BF16 };
+enum { DDP__KIND_BARRIER = 1, DDP__KIND_BROADCAST, DDP__KIND_SUM, DDP__KIND_AVG, DDP__KIND_AVG_BF16,
+       DDP__KIND_SHUTDOWN /* a barrier, named so that a peer still training can say why it ended */ };
 
 typedef struct ddp__store_server ddp__store_server;
 
@@ -436,6 +445,7 @@ typedef struct ddp__cpu {
     uint32_t shm_seq;              /* chunks processed: the same on every rank */
     uint32_t shm_collectives;      /* collectives issued: the same on every rank */
     double spin_seconds;
+    uint32_t sig_bucket;           /* the gradient bucket the next collective averages, + 1; 0: none */
     char grads_name[64];           /* every rank's gradients, in one segment (world > 1) */
     unsigned char *grads_shm;
     size_t grads_shm_bytes, grads_stride;   /* stride: floats from one rank's buffer to the next */
@@ -618,11 +628,21 @@ static ddp_result ddp__set_failed(ddp_context *ctx, ddp_result code) {
     return code;
 }
 
-/* A failure that leaves the ranks out of step: mark the context dead and tell the peers. */
+/* A failure that leaves the ranks out of step: mark the context dead and tell the peers. For an
+   error a callee has recorded already (ddp__fail); ddp__fail_group records and escalates in one. */
 static ddp_result ddp__fatal(ddp_context *ctx, ddp_result code) {
     ddp__set_failed(ctx, code);
     if (ctx->be) ctx->be->poison(ctx, code);
     return code;
+}
+
+static ddp_result ddp__fail_group(ddp_context *ctx, ddp_result code, const char *fmt, ...) {
+    char msg[DDP__ERR_MAX - 64];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return ddp__fatal(ctx, ddp__fail(ctx, code, "%s", msg));
 }
 
 /* Gradient buckets travel as the reduce dtype says. */
@@ -1714,6 +1734,35 @@ static int ddp__pid_alive(int pid) {
     return !(close_paren && (close_paren[2] == 'Z' || close_paren[2] == 'X'));
 }
 
+/* The calling thread's id, and whether thread `tid` of process `pid` still runs. With ranks as
+   threads of one process the process outlives a rank whose thread ended without ddp_shutdown:
+   its peers must see that as they see a dead process. */
+static int ddp__thread_id(void) {
+#ifdef __linux__
+    return (int)syscall(SYS_gettid);
+#else
+    return 0;
+#endif
+}
+
+static int ddp__thread_alive(int pid, int tid) {
+    char path[64], buf[256];
+    const char *close_paren;
+    FILE *f;
+    size_t n;
+    if (pid <= 0 || tid <= 0) return 1;
+    snprintf(path, sizeof path, "/proc/%d/task/%d/stat", pid, tid);
+    if (!(f = fopen(path, "r"))) {
+        snprintf(path, sizeof path, "/proc/%d", pid);
+        return access(path, F_OK) != 0;   /* no /proc to ask: nothing to say */
+    }
+    n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    close_paren = strrchr(buf, ')');
+    return !(close_paren && (close_paren[2] == 'Z' || close_paren[2] == 'X'));
+}
+
 static void ddp__futex_wait(uint32_t *addr, uint32_t seen, double seconds) {
 #ifdef __linux__
     struct timespec ts;
@@ -1766,17 +1815,22 @@ static ddp_result ddp__shm_check_peers(ddp_context *ctx, int stage, uint32_t tar
     int s, failed = __atomic_load_n(&h->failed_rank, __ATOMIC_ACQUIRE);
     if (failed == ctx->rank) return ddp__failed(ctx) ? ddp__failed(ctx) : DDP_ERR_PEER_LOST;   /* already told */
     if (failed >= 0)
-        return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_PEER_LOST, "stopped in %s because %s", ctx->what, h->failed_msg));
+        return ddp__fail_group(ctx, DDP_ERR_PEER_LOST, "stopped in %s because %s", ctx->what, h->failed_msg);
     for (s = 0; s < ctx->world; s++) {
         int pid = __atomic_load_n(&ddp__shm_block(ctx, s)->pid, __ATOMIC_ACQUIRE);
         if (!pid && ctx->peer_pids) pid = ctx->peer_pids[s];    /* not attached yet */
         /* A peer that posted what this wait needs and then exited is done, not lost: after the
            last barrier of ddp_shutdown a rank may exit between our look at its counter and this
            check. Its counter is read after its death is seen, so "not reached" is final. */
-        if (s != ctx->rank && !ddp__pid_alive(pid) &&
-            !ddp__reached(__atomic_load_n(&ddp__shm_block(ctx, s)->stage[stage].value, __ATOMIC_ACQUIRE), target))
-            return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_PEER_LOST, "rank %d (pid %d) died; this rank was in %s",
-                                             s, pid, ctx->what));
+        int tid = __atomic_load_n(&ddp__shm_block(ctx, s)->tid, __ATOMIC_ACQUIRE);
+        int process = ddp__pid_alive(pid), thread = !process || ddp__thread_alive(pid, tid);
+        if (s != ctx->rank && (!process || !thread) &&
+            !ddp__reached(__atomic_load_n(&ddp__shm_block(ctx, s)->stage[stage].value, __ATOMIC_ACQUIRE), target)) {
+            if (!process) return ddp__fail_group(ctx, DDP_ERR_PEER_LOST, "rank %d (pid %d) died; this rank was in %s",
+                                                 s, pid, ctx->what);
+            return ddp__fail_group(ctx, DDP_ERR_PEER_LOST, "rank %d (pid %d, thread %d) ended without ddp_shutdown; "
+                                   "this rank was in %s", s, pid, tid, ctx->what);
+        }
     }
     if (ddp__now() > deadline) {
         char missing[256];
@@ -1787,8 +1841,8 @@ static ddp_result ddp__shm_check_peers(ddp_context *ctx, int stage, uint32_t tar
             if (s != ctx->rank && !ddp__reached(v, target))
                 len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d", len ? ", " : "", s);
         }
-        return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_TIMEOUT, "timed out after %.0f s in %s waiting for rank(s) %s",
-                                         ctx->desc.timeout_s, ctx->what, missing));
+        return ddp__fail_group(ctx, DDP_ERR_TIMEOUT, "timed out after %.0f s in %s waiting for rank(s) %s",
+                                         ctx->desc.timeout_s, ctx->what, missing);
     }
     return DDP_OK;
 }
@@ -1821,29 +1875,40 @@ static ddp_result ddp__shm_wait_all(ddp_context *ctx, int stage, uint32_t target
     return DDP_OK;
 }
 
-static const char *ddp__kind_name(uint32_t kind) {
-    switch (kind) {
-    case DDP__KIND_BARRIER: return "barrier";
-    case DDP__KIND_BROADCAST: return "broadcast";
-    case DDP__KIND_SUM: return "allreduce(sum)";
-    case DDP__KIND_AVG: return "allreduce(avg)";
-    case DDP__KIND_AVG_BF16: return "allreduce(avg, bf16)";
+/* What a rank's posted collective is, in words. */
+static const char *ddp__describe_sig(const ddp__shm_sig *sig, char *out, size_t cap) {
+    unsigned long long n = (unsigned long long)sig->count;
+    const char *avg = sig->kind == DDP__KIND_AVG_BF16 ? "avg, bf16" : "avg";
+    switch (sig->kind) {
+    case DDP__KIND_SHUTDOWN: snprintf(out, cap, "ddp_shutdown"); break;
+    case DDP__KIND_BARRIER: snprintf(out, cap, "a barrier"); break;
+    case DDP__KIND_BROADCAST: snprintf(out, cap, "a broadcast of %llu bytes from rank %u", n, sig->root); break;
+    case DDP__KIND_SUM: snprintf(out, cap, "an allreduce(sum) of %llu elements", n); break;
+    case DDP__KIND_AVG: case DDP__KIND_AVG_BF16:
+        if (sig->bucket) snprintf(out, cap, "the allreduce(%s) of gradient bucket %u (%llu elements)", avg, sig->bucket - 1, n);
+        else snprintf(out, cap, "an allreduce(%s) of %llu elements", avg, n);
+        break;
+    default: snprintf(out, cap, "collective kind %u", sig->kind); break;
     }
-    return "?";
+    return out;
 }
 
 /* Every rank must be in the same collective: compare what each posted with this rank's. */
 static ddp_result ddp__shm_check_sigs(ddp_context *ctx) {
     const ddp__shm_sig *mine = &ddp__shm_block(ctx, ctx->rank)->sig;
+    char a[128], b[128];
     int s;
     for (s = 0; s < ctx->world; s++) {
         const ddp__shm_sig *o = &ddp__shm_block(ctx, s)->sig;
-        if (o->id != mine->id || o->kind != mine->kind || o->count != mine->count || o->root != mine->root)
-            return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_MISMATCH,
-                "ranks called different collectives: this rank is in %s of %llu elements (collective #%u, "
-                "root %u), rank %d in %s of %llu elements (collective #%u, root %u)",
-                ddp__kind_name(mine->kind), (unsigned long long)mine->count, mine->id, mine->root,
-                s, ddp__kind_name(o->kind), (unsigned long long)o->count, o->id, o->root));
+        if (o->id == mine->id && o->kind == mine->kind && o->count == mine->count && o->root == mine->root &&
+            o->bucket == mine->bucket)
+            continue;
+        if (o->kind == DDP__KIND_SHUTDOWN)
+            return ddp__fail_group(ctx, DDP_ERR_PEER_LOST, "rank %d called ddp_shutdown while this rank is in %s",
+                                   s, ddp__describe_sig(mine, a, sizeof a));
+        return ddp__fail_group(ctx, DDP_ERR_MISMATCH, "ranks called different collectives: this rank is in %s "
+                               "(collective #%u), rank %d in %s (collective #%u)", ddp__describe_sig(mine, a, sizeof a),
+                               mine->id, s, ddp__describe_sig(o, b, sizeof b), o->id);
     }
     return DDP_OK;
 }
@@ -1964,6 +2029,7 @@ static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *dat
     sig->id = ++ctx->cpu->shm_collectives;
     sig->kind = kind;
     sig->root = (uint32_t)root;
+    sig->bucket = ctx->cpu->sig_bucket;
     sig->count = count;
     do {
         uint32_t q = ctx->cpu->shm_seq;
@@ -2033,6 +2099,7 @@ static ddp_result ddp__shm_bucket_in_place(ddp_context *ctx, size_t offset, size
     sig->id = ++ctx->cpu->shm_collectives;
     sig->kind = DDP__KIND_AVG;
     sig->root = 0;
+    sig->bucket = ctx->cpu->sig_bucket;
     sig->count = count;
     ddp__shm_post(ctx, DDP__STAGE_IN, q + 1);                 /* my gradients are final */
     if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_IN, q + 1)) != DDP_OK) return r;
@@ -2178,6 +2245,7 @@ static ddp_result ddp__shm_setup(ddp_context *ctx, double deadline) {
         DDP_FREE(name);
         if (r != DDP_OK) return r;
     }
+    __atomic_store_n(&ddp__shm_block(ctx, ctx->rank)->tid, (int32_t)ddp__thread_id(), __ATOMIC_RELEASE);
     __atomic_store_n(&ddp__shm_block(ctx, ctx->rank)->pid, (int32_t)getpid(), __ATOMIC_RELEASE);
     ctx->tl_origin = ddp__shm_hdr(ctx)->origin;   /* one clock (CLOCK_MONOTONIC), one zero */
     ctx->cpu->spin_seconds = ctx->local_world > sysconf(_SC_NPROCESSORS_ONLN) ? DDP__SPIN_SECONDS_OVERSUBSCRIBED : DDP__SPIN_SECONDS;
@@ -2293,9 +2361,11 @@ static void *ddp__comm_main(void *arg) {
             snprintf(ctx->what_buf, sizeof ctx->what_buf, "the allreduce of gradient bucket %d", index);
             ctx->what = ctx->what_buf;
             t0 = ddp__now();
+            ctx->cpu->sig_bucket = (uint32_t)index + 1;
             r = ctx->cpu->grads_shm && ddp__grad_kind(ctx) == DDP__KIND_AVG
                     ? ddp__shm_bucket_in_place(ctx, b->offset, b->count)
                     : ddp__shm_collective(ctx, ddp__grad_kind(ctx), ctx->flat_grads + b->offset, b->count, 0);
+            ctx->cpu->sig_bucket = 0;
             seconds = ddp__now() - t0;
             ddp__record(ctx, ctx->tl_comm, DDP__EV_ALLREDUCE, t0, t0 + seconds, index, b->count * ddp__wire_bytes(ctx));
         }
@@ -2323,7 +2393,7 @@ static void ddp__comm_stop(ddp_context *ctx) {
     if (ctx->cpu->comm_done != ctx->cpu->comm_launched && !ddp__failed(ctx)) {
         /* Leaving mid-step: tell the peers rather than let them wait for the timeout. */
         pthread_mutex_unlock(&ctx->cpu->comm_lock);
-        ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_shutdown in the middle of a step"));
+        ddp__fail_group(ctx, DDP_ERR_INVALID_STATE, "ddp_shutdown in the middle of a step");
         pthread_mutex_lock(&ctx->cpu->comm_lock);
     }
     ctx->cpu->comm_stop = 1;
@@ -2360,6 +2430,13 @@ static ddp_result ddp__cpu_commit(ddp_context *ctx) {
     if (r != DDP_OK) return r;
     if ((r = ddp__comm_start(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     return DDP_OK;
+}
+
+/* The thread that steps a rank is the rank (ddp__thread_alive): note it each step, so a
+   context handed to another thread follows it. */
+static void ddp__cpu_begin_step(ddp_context *ctx) {
+    int32_t *tid = &ddp__shm_block(ctx, ctx->rank)->tid, me = (int32_t)ddp__thread_id();
+    if (__atomic_load_n(tid, __ATOMIC_RELAXED) != me) __atomic_store_n(tid, me, __ATOMIC_RELEASE);
 }
 
 static ddp_result ddp__cpu_launch(ddp_context *ctx, int index) {
@@ -2423,7 +2500,7 @@ static void ddp__cpu_teardown(ddp_context *ctx) {
 
 static const ddp__backend ddp__cpu_backend = {
     "cpu", DDP_BACKEND_CPU, 0,
-    ddp__cpu_setup, ddp__host_alloc_flat, ddp__cpu_commit, ddp__single_quiet, ddp__cpu_launch,
+    ddp__cpu_setup, ddp__host_alloc_flat, ddp__cpu_commit, ddp__cpu_begin_step, ddp__cpu_launch,
     ddp__cpu_finish, ddp__host_zero, ddp__host_adamw, ddp__host_adamw_state, ddp__host_copy,
     ddp__cpu_collective, ddp__single_quiet, ddp__cpu_poison, ddp__comm_stop, ddp__cpu_teardown
 };
@@ -2726,7 +2803,7 @@ static void *ddp__gpu_watchdog_main(void *arg) {
         if (g->watchdog_stop || ddp__failed(ctx)) continue;
         r = ddp__gpu_inspect_locked(ctx, msg, sizeof msg);
         pthread_mutex_unlock(&g->lock);
-        if (r != DDP_OK) ddp__fatal(ctx, ddp__fail(ctx, r, "%s", msg));   /* tells the peers, aborts */
+        if (r != DDP_OK) ddp__fail_group(ctx, r, "%s", msg);   /* tells the peers, aborts */
         else if ((r = ddp__gpu_check_store(ctx, g->watch_fd, msg, sizeof msg)) != DDP_OK) {
             ddp__set_failed(ctx, ddp__fail(ctx, r, "%s", msg));   /* already told: only abort */
             ddp__gpu_abort(ctx);
@@ -2770,10 +2847,10 @@ static ddp_result ddp__gpu_wait(ddp_context *ctx, cudaStream_t stream, const cha
         pthread_mutex_lock(&g->lock);
         r = ddp__gpu_inspect_locked(ctx, msg, sizeof msg);
         pthread_mutex_unlock(&g->lock);
-        if (r != DDP_OK) return ddp__fatal(ctx, ddp__fail(ctx, r, "%s", msg));
+        if (r != DDP_OK) return ddp__fail_group(ctx, r, "%s", msg);
         if (ddp__now() > deadline)
-            return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_TIMEOUT, "timed out after %.0f s waiting for %s on the GPU",
-                                             ctx->desc.timeout_s, what));
+            return ddp__fail_group(ctx, DDP_ERR_TIMEOUT, "timed out after %.0f s waiting for %s on the GPU",
+                                             ctx->desc.timeout_s, what);
         usleep(50);
     }
 }
@@ -2812,15 +2889,15 @@ static ddp_result ddp__nccl_enqueue(ddp_context *ctx, void *buf, size_t count, n
     ddp_result r;
     cudaError_t w;
     if (!ddp__nccl_enter(g))
-        return ddp__failed(ctx) ? ddp__failed(ctx) : ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_BACKEND, "%s: the NCCL "
-                                                                                "communicator is gone (aborted)", what));
+        return ddp__failed(ctx) ? ddp__failed(ctx) : ddp__fail_group(ctx, DDP_ERR_BACKEND, "%s: the NCCL "
+                                                                                "communicator is gone (aborted)", what);
     if (broadcast_root >= 0) e = ncclBroadcast(buf, buf, count, type, broadcast_root, g->nccl, g->comm);
     else e = ncclAllReduce(buf, buf, count, type, op, g->nccl, g->comm);
     r = ddp__nccl_settle(ctx, e, what, ddp__now() + ctx->desc.timeout_s);
     ddp__nccl_leave(g);
     if (r == DDP_ERR_TIMEOUT && !ddp__failed(ctx))
-        r = ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_TIMEOUT, "timed out after %.0f s in %s: NCCL never finished "
-                                      "enqueueing it (a peer stuck or gone?)", ctx->desc.timeout_s, what));
+        r = ddp__fail_group(ctx, DDP_ERR_TIMEOUT, "timed out after %.0f s in %s: NCCL never finished "
+                                      "enqueueing it (a peer stuck or gone?)", ctx->desc.timeout_s, what);
     if (r != DDP_OK) return r;
     pthread_mutex_lock(&g->lock);
     w = ddp__gpu_watch_locked(g, g->comm, what);
@@ -3000,7 +3077,7 @@ static ddp_result ddp__gpu_commit(ddp_context *ctx) {
         if ((r = ddp__store_connect_as(ctx, ddp__now() + ctx->desc.timeout_s, -1, &g->watch_fd)) != DDP_OK) return ddp__fatal(ctx, r);
     }
     if (pthread_create(&g->watchdog, NULL, ddp__gpu_watchdog_main, ctx))
-        return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot start the NCCL watchdog thread"));
+        return ddp__fail_group(ctx, DDP_ERR_SYSTEM, "cannot start the NCCL watchdog thread");
     g->watchdog_started = 1;
     return DDP_OK;
 }
@@ -3078,7 +3155,7 @@ static void ddp__gpu_begin_step(ddp_context *ctx) {
     ddp__gpu *g = ctx->gpu;
     int par = ctx->tl_step & 1;
     if (cudaSetDevice(g->device) != cudaSuccess) {
-        ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_BACKEND, "cudaSetDevice(%d) failed at the start of a step", g->device));
+        ddp__fail_group(ctx, DDP_ERR_BACKEND, "cudaSetDevice(%d) failed at the start of a step", g->device);
         return;
     }
     ddp__gpu_harvest(ctx, par);       /* two steps ago */
@@ -3241,7 +3318,8 @@ static ddp_result ddp__gpu_adamw_state(ddp_context *ctx) {
 static ddp_result ddp__gpu_collective(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root) {
     ddp__gpu *g = ctx->gpu;
     struct cudaPointerAttributes at;
-    size_t bytes = kind == DDP__KIND_BROADCAST ? count : kind == DDP__KIND_BARRIER ? sizeof(float) : count * sizeof(float);
+    int barrier = kind == DDP__KIND_BARRIER || kind == DDP__KIND_SHUTDOWN;
+    size_t bytes = kind == DDP__KIND_BROADCAST ? count : barrier ? sizeof(float) : count * sizeof(float);
     int on_device = 0;
     void *buf = data;
     cudaError_t e;
@@ -3270,13 +3348,13 @@ static ddp_result ddp__gpu_collective(ddp_context *ctx, uint32_t kind, void *dat
     DDP__CUDA(cudaEventRecord(g->coll_ready, g->compute));
     DDP__CUDA(cudaStreamWaitEvent(g->comm, g->coll_ready, 0));
     if (kind == DDP__KIND_BROADCAST) r = ddp__nccl_enqueue(ctx, buf, count, ncclUint8, ncclSum, root, ctx->what);
-    else if (kind == DDP__KIND_BARRIER) r = ddp__nccl_enqueue(ctx, buf, 1, ncclFloat, ncclSum, -1, ctx->what);
+    else if (kind == DDP__KIND_BARRIER || kind == DDP__KIND_SHUTDOWN) r = ddp__nccl_enqueue(ctx, buf, 1, ncclFloat, ncclSum, -1, ctx->what);
     else r = ddp__nccl_enqueue(ctx, buf, count, ncclFloat, kind == DDP__KIND_SUM ? ncclSum : ncclAvg, -1, ctx->what);
     if (r != DDP_OK) return r;
     DDP__CUDA(cudaEventRecord(g->coll_done, g->comm));
     DDP__CUDA(cudaStreamWaitEvent(g->compute, g->coll_done, 0));
     if (on_device) return DDP_OK;
-    if (data && bytes && kind != DDP__KIND_BARRIER) {
+    if (data && bytes && !barrier) {
         DDP__CUDA(cudaMemcpyAsync(g->scratch_host, g->scratch, bytes, cudaMemcpyDeviceToHost, g->compute));
         if ((r = ddp__gpu_wait(ctx, g->compute, ctx->what)) != DDP_OK) return r;
         memcpy(data, g->scratch_host, bytes);
@@ -3483,7 +3561,7 @@ static void ddp__tl_shutdown(ddp_context *ctx, ddp__text *mine, int gather) {
 /* The shutdown barriers: through the backend (world > 1 only). */
 static ddp_result ddp__group_barrier(ddp_context *ctx) {
     if (ddp__failed(ctx) || ctx->world == 1 || !ctx->up) return DDP_OK;
-    return ctx->be->collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0);
+    return ctx->be->collective(ctx, DDP__KIND_SHUTDOWN, NULL, 0, 0);
 }
 
 /* Environment and descriptor, the timeline's lists, the backend; with peers, the store and the
@@ -3725,12 +3803,12 @@ static void ddp__begin_step(ddp_context *ctx) {
 static ddp_result ddp__grad_ready(ddp_context *ctx, int id) {
     ddp__param *p;
     if (id < 0 || id >= ctx->num_params)
-        return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_grad_ready: no parameter has id %d", id));
+        return ddp__fail_group(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_grad_ready: no parameter has id %d", id);
     ddp__begin_step(ctx);
     p = &ctx->params[id];
     if (p->ready)
-        return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_DOUBLE_READY, "the gradient of '%s' was marked ready twice in "
-                                         "one backward (list a parameter only with the op whose backward finishes it)", p->name));
+        return ddp__fail_group(ctx, DDP_ERR_DOUBLE_READY, "the gradient of '%s' was marked ready twice in "
+                                         "one backward (list a parameter only with the op whose backward finishes it)", p->name);
     p->ready = 1;
     p->touched = 1;
     if (--ctx->buckets[p->bucket].pending == 0) {
@@ -3764,8 +3842,8 @@ static ddp_result ddp__handle_unused(ddp_context *ctx) {
     }
     if (unused > 8) snprintf(names + len, sizeof names - len, " and %d more", unused - 8);
     if (unused)
-        return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_UNUSED_PARAMETER, "%d parameter(s) got no gradient in this "
-                                         "backward: %s (set find_unused in ddp_desc if that is intended)", unused, names));
+        return ddp__fail_group(ctx, DDP_ERR_UNUSED_PARAMETER, "%d parameter(s) got no gradient in this "
+                                         "backward: %s (set find_unused in ddp_desc if that is intended)", unused, names);
     return DDP_OK;
 }
 
@@ -3858,6 +3936,10 @@ static void ddp__tl_record_op(ddp_context *ctx, const ddp__tape_op *op, int inde
 static ddp_result ddp__backward(ddp_context *ctx) {
     ddp_result r = DDP_OK;
     int i, k;
+    if (ctx->tape_len == 0 && !ctx->in_step)
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_backward: the tape is empty: nothing was recorded since the "
+                         "last ddp_backward (called twice for one forward?); record each op's backward with "
+                         "ddp_tape_record, or use ddp_grad_ready and ddp_finish");
     ddp__begin_step(ctx);
     if (ctx->tl_main && ctx->tape_len && ctx->forward_start)
         ddp__record(ctx, ctx->tl_main, DDP__EV_FORWARD, ctx->forward_start, ctx->step_start, -1, 0);

@@ -1,0 +1,208 @@
+/* test_embed.c — what a new user embedding ddp.h in their own program runs into: every entry
+   point safe on a NULL context, every error with a message that starts with the rank (or the
+   pid, without a context), calls that say what went wrong instead of pointing elsewhere, a
+   thread-rank that ends without ddp_shutdown noticed at once, the backend asked for by name,
+   AdamW's betas and eps usable at zero, host copies of the state. */
+#include "testlib.h"
+
+static int starts_with_rank(const char *msg) { return !strncmp(msg, "rank ", 5) || !strncmp(msg, "pid ", 4); }
+
+static void test_null_context(void) {
+    float x = 1;
+    size_t n = 7;
+    ddp_bucket_info info;
+    ddp_step_stats st;
+    int ok = 1;
+    ok &= ddp_rank(NULL) == -1 && ddp_world_size(NULL) == 0 && ddp_local_rank(NULL) == -1;
+    ok &= ddp_config(NULL) == NULL && !strcmp(ddp_backend_name(NULL), "none");
+    ok &= ddp_num_params(NULL) == 0 && ddp_num_buckets(NULL) == 0;
+    ok &= ddp_flat_params(NULL, &n) == NULL && n == 0;
+    n = 7;
+    ok &= ddp_flat_grads(NULL, &n) == NULL && n == 0;
+    ok &= ddp_param(NULL, 0) == NULL && ddp_grad(NULL, 0) == NULL && ddp_param_count(NULL, 0) == 0 && ddp_param_name(NULL, 0) == NULL;
+    ddp_set_sync(NULL, 0);
+    ddp_tape_reset(NULL);
+    st = ddp_last_step_stats(NULL);
+    ok &= st.step == 0 && st.buckets_launched == 0;
+    ok &= ddp_register_param(NULL, "w", 4, 0, NULL, NULL) == DDP_ERR_INVALID_ARGUMENT;
+    ok &= ddp_commit(NULL) == DDP_ERR_INVALID_ARGUMENT && ddp_backward(NULL) == DDP_ERR_INVALID_ARGUMENT;
+    ok &= ddp_finish(NULL) == DDP_ERR_INVALID_ARGUMENT && ddp_zero_grad(NULL) == DDP_ERR_INVALID_ARGUMENT;
+    ok &= ddp_grad_ready(NULL, 0) == DDP_ERR_INVALID_ARGUMENT && ddp_adamw_step(NULL, NULL, NULL) == DDP_ERR_INVALID_ARGUMENT;
+    ok &= ddp_adamw_state(NULL, NULL, NULL, NULL) == DDP_ERR_INVALID_ARGUMENT;
+    ok &= ddp_allreduce(NULL, &x, 1, DDP_SUM) == DDP_ERR_INVALID_ARGUMENT && ddp_broadcast(NULL, &x, 4, 0) == DDP_ERR_INVALID_ARGUMENT;
+    ok &= ddp_barrier(NULL) == DDP_ERR_INVALID_ARGUMENT && ddp_bucket(NULL, 0, &info) == DDP_ERR_INVALID_ARGUMENT;
+    ok &= ddp_copy_to_host(NULL, DDP_PARAMS, 0, &x, 1) == DDP_ERR_INVALID_ARGUMENT;
+    ok &= ddp_tape_record(NULL, NULL, NULL, 0, NULL, 0) == DDP_ERR_INVALID_ARGUMENT;
+    ok &= ddp_shutdown(NULL) == DDP_OK;
+    verdict(ok, "embed_every_entry_point_safe_on_null", "an accessor or call misbehaved on a NULL context");
+    verdict(starts_with_rank(ddp_last_error(NULL)) && strstr(ddp_last_error(NULL), "ddp_tape_record: the context is NULL"),
+            "embed_null_context_error_names_the_call", "ddp_last_error(NULL) = '%s'", ddp_last_error(NULL));
+}
+
+static void test_init_null_out(void) {
+    ddp_result r = ddp_init(NULL, NULL);
+    verdict(r == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(NULL), "ddp_init: out is NULL") &&
+            !strstr(ddp_last_error(NULL), "out of memory"),
+            "embed_init_null_out_says_so", "%s: '%s'", ddp_result_string(r), ddp_last_error(NULL));
+}
+
+static ddp_context *single(void) {
+    ddp_context *ctx = NULL;
+    ddp_desc d;
+    memset(&d, 0, sizeof d);
+    d.world_size = 1;
+    d.log_level = DDP_LOG_OFF;
+    if (ddp_init(&ctx, &d) != DDP_OK) printf("FAIL embed_init: %s\n", ddp_last_error(ctx));
+    return ctx;
+}
+
+static void test_messages(void) {
+    ddp_context *ctx = single();
+    ddp_bucket_info info;
+    int w, ok;
+    ddp_register_param(ctx, "w", 16, 0, NULL, &w);
+    ddp_commit(ctx);
+    ok = ddp_bucket(ctx, 0, NULL) == DDP_ERR_INVALID_ARGUMENT;
+    verdict(ok && starts_with_rank(ddp_last_error(ctx)) && strstr(ddp_last_error(ctx), "ddp_bucket: out is NULL"),
+            "embed_bucket_null_out_has_a_message", "'%s'", ddp_last_error(ctx));
+    ok = ddp_bucket(ctx, 5, &info) == DDP_ERR_INVALID_ARGUMENT;
+    verdict(ok && strstr(ddp_last_error(ctx), "no bucket 5"), "embed_bucket_out_of_range_has_a_message", "'%s'", ddp_last_error(ctx));
+    verdict(!strcmp(ddp_backend_name(ctx), "single") && ddp_config(ctx)->backend == DDP_BACKEND_SINGLE,
+            "embed_one_rank_is_the_single_backend", "%s, config backend %d", ddp_backend_name(ctx), (int)ddp_config(ctx)->backend);
+    ddp_shutdown(ctx);
+}
+
+/* Calling ddp_backward twice for one forward names that, with find_unused on or off. */
+static void noop(void *args) { (void)args; }
+static void test_backward_twice(void) {
+    int find_unused;
+    for (find_unused = 0; find_unused < 2; find_unused++) {
+        ddp_context *ctx = NULL;
+        ddp_desc d;
+        int w, r1, r2;
+        memset(&d, 0, sizeof d);
+        d.world_size = 1;
+        d.find_unused = find_unused;
+        d.log_level = DDP_LOG_OFF;
+        ddp_init(&ctx, &d);
+        ddp_register_param(ctx, "w", 16, 0, NULL, &w);
+        ddp_commit(ctx);
+        ddp_zero_grad(ctx);
+        ddp_tape_record(ctx, noop, NULL, 0, &w, 1);
+        r1 = ddp_backward(ctx);
+        r2 = ddp_backward(ctx);
+        verdict(r1 == DDP_OK && r2 == DDP_ERR_INVALID_STATE && strstr(ddp_last_error(ctx), "called twice"),
+                find_unused ? "embed_backward_twice_named_find_unused" : "embed_backward_twice_named",
+                "first %s, second %s: '%s'", ddp_result_string(r1), ddp_result_string(r2), ddp_last_error(ctx));
+        ddp_shutdown(ctx);
+    }
+}
+
+/* beta1 = 0 (and eps = 0) can be asked for: m is then the gradient itself. */
+static void test_adamw_as_given(void) {
+    ddp_context *ctx = single();
+    ddp_adamw opt;
+    float *m = NULL, g[16], host[16];
+    int w, k, ok = 1;
+    memset(&opt, 0, sizeof opt);
+    opt.lr = 0.01f;
+    opt.beta2 = 0.999f;
+    opt.eps = 1e-8f;
+    opt.as_given = 1;          /* beta1 = 0 exactly */
+    ddp_register_param(ctx, "w", 16, 0, NULL, &w);
+    ddp_commit(ctx);
+    ddp_zero_grad(ctx);
+    for (k = 0; k < 16; k++) ddp_grad(ctx, w)[k] = g[k] = (float)(k - 8) * 0.25f;
+    ddp_grad_ready(ctx, w);
+    ddp_finish(ctx);
+    ok &= ddp_adamw_step(ctx, &opt, NULL) == DDP_OK;
+    ok &= ddp_adamw_state(ctx, &m, NULL, NULL) == DDP_OK;
+    for (k = 0; k < 16 && ok; k++) ok &= m[k] == g[k];
+    verdict(ok, "embed_adamw_beta1_zero_as_given", "m differs from the gradient with beta1 = 0 (%s)", ddp_last_error(ctx));
+    opt.as_given = 0;
+    opt.beta1 = -0.5f;
+    verdict(ddp_adamw_step(ctx, &opt, NULL) == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(ctx), "beta1=-0.5"),
+            "embed_adamw_negative_beta_refused", "'%s'", ddp_last_error(ctx));
+    /* host copies: the state round-trips through host memory */
+    ok = ddp_copy_to_host(ctx, DDP_ADAM_M, 0, host, 16) == DDP_OK && !memcmp(host, g, sizeof g);
+    for (k = 0; k < 16; k++) host[k] = (float)k;
+    ok &= ddp_copy_from_host(ctx, DDP_PARAMS, 0, host, 16) == DDP_OK && ddp_param(ctx, w)[5] == 5.0f;
+    ok &= ddp_copy_to_host(ctx, DDP_PARAMS, 10, host, 16) == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(ctx), "outside");
+    verdict(ok, "embed_host_copies", "'%s'", ddp_last_error(ctx));
+    ddp_shutdown(ctx);
+}
+
+/* A thread-rank that returns without ddp_shutdown: its peer fails at once, naming it. */
+static ddp_context *abandoned;
+static void abandon_rank(test_rank *self) {
+    ddp_context *ctx = NULL;
+    ddp_desc d = test_desc(self);
+    float x[4] = { 1, 2, 3, 4 };
+    int w;
+    d.timeout_s = 120;         /* the timeout must not be what ends the wait */
+    if ((self->result = ddp_init(&ctx, &d)) != DDP_OK) goto out;
+    ddp_register_param(ctx, "w", 64, 0, NULL, &w);
+    if ((self->result = ddp_commit(ctx)) != DDP_OK) goto out;
+    if (self->rank == 1) { abandoned = ctx; return; }   /* gone, context and all */
+    self->result = ddp_allreduce(ctx, x, 4, DDP_SUM);
+out:
+    snprintf(self->error, sizeof self->error, "%s", ddp_last_error(ctx));
+    ddp_shutdown(ctx);
+}
+
+static void test_abandoned_thread_rank(void) {
+    test_rank ranks[2];
+    void *shared[1] = { (void *)abandon_rank };
+    test_run_ranks(2, shared, ranks);
+    verdict(ranks[0].result == DDP_ERR_PEER_LOST && strstr(ranks[0].error, "rank 1") &&
+            strstr(ranks[0].error, "ended without ddp_shutdown"),
+            "embed_thread_rank_ending_without_shutdown_noticed", "rank 0: %s: %s", ddp_result_string(ranks[0].result), ranks[0].error);
+    ddp_shutdown(abandoned);   /* the host program cleans up what the rank left */
+}
+
+/* Rank 1 shuts down while rank 0 still communicates; then rank 1 averages a gradient bucket
+   while rank 0 calls a user allreduce. Each message says what the other rank did. */
+static void early_shutdown_rank(test_rank *self) {
+    ddp_context *ctx = NULL;
+    ddp_desc d = test_desc(self);
+    float x[4] = { 1, 2, 3, 4 };
+    int w, kind = *(int *)((void **)self->shared)[1];
+    if ((self->result = ddp_init(&ctx, &d)) != DDP_OK) goto out;
+    ddp_register_param(ctx, "w", 16, 0, NULL, &w);
+    if ((self->result = ddp_commit(ctx)) != DDP_OK) goto out;
+    if (self->rank == 1 && kind == 0) { self->result = ddp_shutdown(ctx); return; }
+    if (self->rank == 1) {     /* a step: the bucket goes to the communication thread */
+        ddp_zero_grad(ctx);
+        ddp_grad_ready(ctx, w);
+        self->result = ddp_finish(ctx);
+    } else self->result = ddp_allreduce(ctx, x, 4, DDP_SUM);
+out:
+    snprintf(self->error, sizeof self->error, "%s", ddp_last_error(ctx));
+    ddp_shutdown(ctx);
+}
+
+static void test_what_the_peer_did(void) {
+    test_rank ranks[2];
+    int kind = 0;
+    void *shared[2] = { (void *)early_shutdown_rank, &kind };
+    test_run_ranks(2, shared, ranks);
+    verdict(ranks[0].result == DDP_ERR_PEER_LOST && strstr(ranks[0].error, "rank 1 called ddp_shutdown while this rank is in "
+                                                           "an allreduce(sum) of 4 elements"),
+            "embed_peer_shutdown_named", "rank 0: %s", ranks[0].error);
+    kind = 1;
+    test_run_ranks(2, shared, ranks);
+    verdict(ranks[1].result == DDP_ERR_MISMATCH && strstr(ranks[1].error, "gradient bucket 0 (16 elements)") &&
+            strstr(ranks[1].error, "rank 0 in an allreduce(sum) of 4 elements"),
+            "embed_gradient_bucket_named_in_mismatch", "rank 1: %s", ranks[1].error);
+}
+
+int main(void) {
+    test_null_context();
+    test_init_null_out();
+    test_messages();
+    test_backward_twice();
+    test_adamw_as_given();
+    test_abandoned_thread_rank();
+    test_what_the_peer_did();
+    return test_summary("test_embed");
+}
