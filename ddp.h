@@ -301,16 +301,16 @@ ddp_step_stats ddp_last_step_stats(const ddp_context *ctx);   /* of the last ddp
    IMPLEMENTATION
    ============================================================================================ */
 #ifdef DDP_IMPLEMENTATION
-#ifndef DDP__IMPLEMENTED
-#define DDP__IMPLEMENTED
-
 /* The implementation needs POSIX and Linux declarations (clock_gettime, getaddrinfo, syscall,
    usleep). A strict -std=c99 hides them unless a feature macro is defined before the FIRST
    system header; when an earlier #include already settled that without them, no define here
-   can bring them back. */
-#if defined(__GLIBC__) && !defined(__USE_MISC)
+   can bring them back: say so once, and skip the implementation (no wall of follow-on errors). */
+#if defined(__GLIBC__) && !defined(__USE_MISC) && !defined(DDP__IMPLEMENTED)
 #error "ddp.h: the implementation needs POSIX declarations that this file's earlier #includes left out (strict -std=c99). Put #define DDP_IMPLEMENTATION and #include \"ddp.h\" before every other #include in this file, or compile with -D_GNU_SOURCE (or -std=gnu99)."
+#define DDP__IMPLEMENTED
 #endif
+#ifndef DDP__IMPLEMENTED
+#define DDP__IMPLEMENTED
 
 
 #include <errno.h>
