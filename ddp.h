@@ -5,8 +5,12 @@
    the same AdamW step everywhere. N ranks at batch B train exactly the model one rank trains at
    batch N*B — only faster.
 
+   CONTENTS
+     QUICK START · ONE STEP, AS DATA FLOWS · OPTIONS · ADAMW · BACKENDS · ENVIRONMENT · ERRORS ·
+     NULL, LIFETIME AND THREADS · COMPILE-TIME OPTIONS · THE IMPLEMENTATION, SECTION BY SECTION
+
    QUICK START
-       #define DDP_IMPLEMENTATION          // in exactly one .c file
+       #define DDP_IMPLEMENTATION          // in exactly one .c file, before any other #include
        #include "ddp.h"
 
        ddp_context *ddp;
@@ -21,7 +25,7 @@
            ddp_backward(ddp);               // replay the tape; buckets reduce while it runs
            ddp_adamw_step(ddp, &opt, NULL); // identical step on every rank
        }
-       ddp_shutdown(ddp);
+       ddp_shutdown(ddp);                   // frees the context
 
    Launch with the bundled `ddprun -n 4 ./train`, or torchrun, mpirun, srun (see README.md).
    With no launcher environment at all the program is a single rank that needs no network.
@@ -32,16 +36,20 @@
      (a small first bucket, then up to bucket_cap_mb each, never splitting a parameter), so a
      gradient *is* a view into its bucket and nothing is ever copied into a bucket.
      During backward, when the op that finalizes a parameter's gradient has run, the parameter
-     is marked ready; when a bucket's last parameter is ready the bucket is handed to the rank's
-     communication thread, which averages it across ranks while backward goes on. Buckets are
-     launched in bucket order on every rank. ddp_finish (called by ddp_backward) launches what is
-     left and waits for the rest.
+     is marked ready; when a bucket's last parameter is ready the bucket is handed to the
+     backend, which averages it across ranks while backward goes on. Buckets are launched in
+     bucket order on every rank. ddp_finish (called by ddp_backward) launches what is left and
+     waits for the rest. A program with its own autograd calls ddp_grad_ready and ddp_finish.
+     Gradient accumulation: ddp_set_sync(ddp, 0) for micro-steps 0..k-2 (nothing is sent), 1
+     for the last.
 
    OPTIONS (ddp_desc; zero means default; the resolved values: ddp_config())
-     backend          DDP_BACKEND_AUTO     AUTO = NCCL when built with CUDA and a GPU is visible,
-                                           otherwise CPU (POSIX shared memory, one host)
-     timeout_s        300 ($DDP_TIMEOUT)   longest wait for a peer before DDP_ERR_TIMEOUT; a peer
-                                           that dies is noticed within ~1 s regardless
+     backend          DDP_BACKEND_AUTO     which backend runs (BACKENDS below); ddp_config()->
+                                           backend says which one did. AUTO = NCCL when built
+                                           with CUDA and a GPU is visible, else SINGLE for one
+                                           rank, CPU for several
+     timeout_s        300 ($DDP_TIMEOUT)   longest wait for a peer before DDP_ERR_TIMEOUT (a
+                                           dead peer is noticed much sooner: ERRORS)
      bucket_cap_mb    25                   bucket size cap in MiB
      first_bucket_mb  1                    the first bucket (last parameters) is kept small so
                                            communication starts early
@@ -53,9 +61,11 @@
                                            on every rank alike (the averaged gradients are equal)
      world_size, rank, local_rank, local_world_size, master_addr, master_port, job_token
                                            set world_size > 0 to give the process group by hand
-                                           instead of through the environment
+                                           instead of through the environment (ranks as threads
+                                           of one process: one context per thread)
      log, log_user, log_level              logger callback (default: stderr), threshold
-                                           (default DDP_LOG_WARN, or $DDP_LOG=debug|info|warn|error)
+                                           (default DDP_LOG_WARN, or $DDP_LOG=debug|info|warn|
+                                           error|off)
      timeline_path    $DDP_TIMELINE        record every step (forward, each backward op, bucket
                                            ready, each allreduce, the wait, AdamW) and write ONE
                                            Chrome/Perfetto trace of all ranks at ddp_shutdown
@@ -74,20 +84,43 @@
                                            count: cudaSetDevice first); NULL = the legacy
                                            default stream
 
-   THE NCCL BACKEND (implementation compiled by nvcc, or with -DDDP_CUDA and ddp_kernels.cuh)
-     Each rank uses GPU LOCAL_RANK % device count; rank 0's ncclUniqueId goes through the store.
-     ddp_param, ddp_grad, ddp_flat_params/grads and ddp_adamw_state's m and v are DEVICE
-     pointers (initial values given to ddp_register_param are host memory). A ready bucket is an
-     event on the compute stream, a wait on it by ddp.h's comm stream and ncclAllReduce(ncclAvg)
-     in place; ddp_finish makes the compute stream wait for the last bucket. Nothing in a step
-     waits on the host. ddp_adamw_step runs on the compute stream and clips/skips on the device;
-     only with max_grad_norm > 0 or grad_norm_out does it read the norm back (a small copy and a
-     wait), which is also when NaN/Inf gives DDP_ERR_NONFINITE at once (otherwise the step is
-     skipped on the device and the next ddp_adamw_step reports it). User collectives: device
-     buffers are enqueued on the compute stream; host buffers are staged and waited for. A
-     watchdog thread polls NCCL's asynchronous errors, the age of unfinished communication and
-     the group's poison, and aborts the communicator rather than hang. Step stats come from CUDA
-     events read lazily (stats.step names the step they describe).
+   ADAMW (ddp_adamw; ddp_adamw_step(ddp, &opt, &norm or NULL))
+     lr as given (0 is valid); beta1, beta2, eps: 0 means 0.9, 0.999, 1e-8 unless as_given = 1,
+     which uses all three exactly as given (beta1 = 0 included); weight_decay: decoupled,
+     skipped for parameters registered with DDP_NO_DECAY; max_grad_norm > 0: clip by the global
+     L2 norm first (computed in double, in a fixed order: the same bits on every rank).
+     What matches torch.optim.AdamW: the formula (m, v, bias corrections 1 - beta^t, eps added
+     to sqrt(v_hat), the decoupled decay lr * wd * p, applied before the Adam update), and the
+     clipping of torch.nn.utils.clip_grad_norm_ (scale max / (norm + 1e-6) when norm > max).
+     What does not: rounding. ddp.h computes p -= lr*wd*p where torch computes p *= 1 - lr*wd,
+     and divides by sqrt(v)/sqrt(1 - beta2^t) + eps in float; over 40 steps the two differ by
+     up to ~100 ulp. ddp_adamw_state gives m, v and the step count (for checkpoints);
+     ddp_copy_to_host / ddp_copy_from_host copy any flat buffer to and from host memory on
+     every backend.
+
+   BACKENDS (one table each: THE IMPLEMENTATION below)
+     single  one rank, no launcher: no network, no shared memory, no thread
+     cpu     ranks on one host: POSIX shared memory; each rank's communication thread averages
+             buckets while backward runs; every rank reduces its own part, so all end with the
+             same bits
+     nccl    GPUs (implementation compiled by nvcc, or with -DDDP_CUDA and ddp_kernels.cuh).
+             Each rank uses GPU LOCAL_RANK % device count; rank 0's ncclUniqueId goes through
+             the store; the communicator is non-blocking (set-up has a deadline that names the
+             ranks that never started or finished it). ddp_param, ddp_grad, ddp_flat_params/
+             grads and ddp_adamw_state's m and v are DEVICE pointers (initial values given to
+             ddp_register_param are host memory). A ready bucket is an event on the compute
+             stream, a wait on it by ddp.h's comm stream and ncclAllReduce(ncclAvg) in place;
+             ddp_finish makes the compute stream wait for the last bucket. Nothing in a step
+             waits on the host. ddp_adamw_step runs on the compute stream and clips and skips
+             on the device; only with grad_norm_out does it read the norm back (a small copy
+             and a wait: ask for it on the steps you log), which is also when NaN/Inf gives
+             DDP_ERR_NONFINITE at once (otherwise the step is skipped on the device and the next
+             ddp_adamw_step reports it). User collectives run on the comm stream, ordered after
+             the compute stream's work and before its later work; host buffers are staged and
+             waited for. A watchdog thread polls NCCL's asynchronous errors, the age of
+             unfinished communication and the group's poison, and aborts the communicator rather
+             than hang, until ddp_shutdown has destroyed it. Step stats come from CUDA events,
+             read lazily (stats.step names the step they describe).
 
    ENVIRONMENT (first match wins)
      torchrun style  RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
@@ -103,17 +136,71 @@
 
    ERRORS
      Every call that can fail returns a ddp_result; ddp_last_error(ctx) says what, where and on
-     which rank. The library never exits or aborts the program. An error inside a collective (a
-     dead peer, a timeout, a mismatch between ranks) poisons the process group: every rank fails
-     fast with a message naming the rank that failed first, instead of waiting for the timeout.
+     which rank (every message starts with "rank N: ", or "pid P" before the rank is known). The
+     library never exits or aborts the program. An error inside a collective (a dead peer, a
+     timeout, a mismatch between ranks) poisons the process group: every rank fails fast with a
+     message naming the rank that failed first, instead of waiting for the timeout. A peer that
+     dies (a process, or a thread-rank that ends without ddp_shutdown) is noticed within about
+     0.1 s on the CPU backend (every waiter looks every DDP__LIVENESS_PERIOD_S; measured
+     0.04-0.25 s), and by the NCCL watchdog's poll of the store (every 0.1 s) or NCCL's own
+     error on the NCCL backend. Numbers in README.md point here.
 
-   THREAD SAFETY
-     A context belongs to the thread that uses it (the library runs one thread of its own per
-     context: the communication thread on the CPU, the watchdog on NCCL). Distinct contexts are independent: several ranks may live as threads
-     of one process. ddp_result_string is safe from any thread.
+   NULL, LIFETIME AND THREADS
+     Every entry point accepts a NULL context: calls return DDP_ERR_INVALID_ARGUMENT and leave
+     the message in ddp_last_error(NULL) (per thread); accessors return -1 (ddp_rank,
+     ddp_local_rank), 0 (ddp_world_size, ddp_num_params, ddp_num_buckets, ddp_param_count, a
+     zeroed ddp_step_stats), NULL (ddp_config, ddp_param, ddp_grad, ddp_param_name, ddp_flat_*,
+     which also set *count_out = 0), "none" (ddp_backend_name); ddp_set_sync and ddp_tape_reset
+     do nothing. ddp_shutdown(NULL) is DDP_OK. ddp_shutdown frees the context: calling it twice,
+     or anything after it, is a use after free. On failure ddp_init may still leave a context in
+     *out that only reports the error: call ddp_last_error, then ddp_shutdown.
+     A context belongs to the thread that steps it (the library runs one thread of its own per
+     context: the communication thread on the CPU, the watchdog on NCCL). With ranks as threads
+     of one process, the thread that last stepped the context is the rank: if it ends while the
+     context is live its peers fail at once, as for a dead process. Distinct contexts are
+     independent. ddp_result_string is safe from any thread.
 
-   ALLOCATOR AND ASSERT HOOKS
-     #define DDP_MALLOC(size) / DDP_FREE(ptr) / DDP_ASSERT(cond) before the implementation.
+   COMPILE-TIME OPTIONS
+     DDP_IMPLEMENTATION   in one file: the implementation (include ddp.h before other headers,
+                          or build with -D_GNU_SOURCE; a strict -std=c99 otherwise stops with an
+                          #error that says so)
+     DDP_CUDA             the NCCL backend (nvcc defines it); with a C compiler, link cudart and
+                          nccl and compile ddp_kernels.cuh once with DDP_KERNELS_IMPLEMENTATION
+     DDP_MALLOC(size), DDP_FREE(ptr), DDP_ASSERT(cond)   allocator and assert hooks
+
+   THE IMPLEMENTATION, SECTION BY SECTION (bottom-up; grep the marker, e.g. ">>cpu")
+     >>types        tunables; parameters, buckets, tape ops, shared-segment blocks; ddp__cpu; the
+                    backend table ddp__backend; ddp_context
+     >>util         time, aligned memory, logging, the error verbs (below)
+     >>timeline     per-thread event lists, the Chrome trace written at shutdown
+     >>env          the launcher environment; the descriptor: environment, ddp__desc_defaults
+                    (every default, pure), validation, the group
+     >>store        the rendezvous store (server thread on rank 0, client on every rank)
+     >>host         what single and cpu share: host flat buffers, AdamW arithmetic, bf16 rounding
+     >>single       the single backend's table
+     >>cpu          shared-memory collectives, liveness, poison; >>cpu-grads buckets averaged in
+                    place; the communication thread; the cpu backend's table
+     >>nccl         the NCCL backend (only with DDP_CUDA): the communicator's life, the
+                    watchdog, set-up, buckets on the comm stream, AdamW kernels; its table
+     >>group        ddp__choose_backend (the one place that knows every backend), rendezvous,
+                    init, shutdown
+     >>params       registration, layout, buckets, the cross-rank layout check, commit
+     >>step         ready hooks, launch in bucket order, the tape, finish
+     >>adamw        hyperparameters resolved and checked, handed to the backend
+     >>collectives  user collectives, host copies of the state
+     >>public       every public function: checks its arguments and the context, hands off
+     The backend table (ddp__backend in >>types) is the only way generic code reaches a
+     backend: setup, alloc_flat, commit, begin_step, launch, finish, zero, adamw, adamw_state,
+     copy, collective, stats, poison, stop, teardown. Adding a backend is adding a section that
+     fills one and a line in ddp__choose_backend.
+     The error rule. ddp__fail records a message (rank first) and returns its code: for errors
+     that leave the ranks in step (bad arguments, calls out of order, local resources); the
+     context stays usable. ddp__fail_group records, makes the failure sticky and poisons the
+     group (the peers stop at their next wait): for errors that leave the ranks out of step;
+     code on the collective path calls it at the point of failure, and its callers only pass
+     the result up. ddp__fatal escalates an error a callee recorded with ddp__fail, at the few
+     boundaries where a local failure leaves the ranks out of step (a backend's setup and
+     commit). ddp__set_failed marks the context alone (the peers were told already).
 
    Version: DDP_VERSION_STRING. License: see the end of this file.
 */
@@ -365,7 +452,7 @@ extern "C" {
 #endif
 
 /* --------------------------------------------------------------------------------------------
-   Tunables. The shared-memory allreduce streams buffers through per-rank slots of
+   >>types  Tunables and types. The shared-memory allreduce streams buffers through per-rank slots of
    DDP__CHUNK_BYTES, DDP__SLOTS deep, so the data being reduced stays in cache while ranks
    pipeline chunk after chunk.
    -------------------------------------------------------------------------------------------- */
@@ -544,7 +631,7 @@ struct ddp_context {
 };
 
 /* --------------------------------------------------------------------------------------------
-   Small helpers: time, memory, errors, logging
+   >>util  Small helpers: time, memory, errors, logging
    -------------------------------------------------------------------------------------------- */
 static double ddp__now(void) {
     struct timespec ts;
@@ -655,7 +742,7 @@ static size_t ddp__wire_bytes(const ddp_context *ctx) {
 
 
 /* --------------------------------------------------------------------------------------------
-   The timeline. Each thread appends to its own event list (no locks on the hot path; when the
+   >>timeline  Each thread appends to its own event list (no locks on the hot path; when the
    timeline is off the lists are NULL and recording is one branch). At shutdown every rank
    turns its events into Chrome trace JSON and rank 0 gathers them into one file.
    -------------------------------------------------------------------------------------------- */
@@ -799,7 +886,7 @@ static void ddp__tl_free(ddp__timeline *tl) {
 }
 
 /* --------------------------------------------------------------------------------------------
-   The launcher environment
+   >>env  The launcher environment and the descriptor: what each field resolves to
    -------------------------------------------------------------------------------------------- */
 /* Parse an integer variable; 0 = absent, 1 = ok, -1 = malformed (error recorded). */
 static int ddp__env_int(ddp_context *ctx, const char *name, long lo, long hi, int *out) {
@@ -951,7 +1038,7 @@ static ddp_result ddp__resolve_desc(ddp_context *ctx, const ddp_desc *in) {
 }
 
 /* --------------------------------------------------------------------------------------------
-   Rendezvous: a small TCP key/value store served by rank 0.
+   >>store  Rendezvous: a small TCP key/value store served by rank 0.
    A frame is a 16-byte header (magic, op, key length, value length; little endian) followed by
    the key and the value. Every length is checked against a cap before anything is allocated.
    A client's first frame must be HELLO with the job token; anything else closes the
@@ -2060,7 +2147,7 @@ static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *dat
 }
 
 /* --------------------------------------------------------------------------------------------
-   Gradient buckets in place. With more than one rank every rank's flat gradient buffer lives in
+   >>cpu-grads  Gradient buckets in place. With more than one rank every rank's flat gradient buffer lives in
    one more shared segment (ddp__grads_share), so a bucket needs no staging: each rank averages
    its part straight from every rank's buffer (in rank order, the same arithmetic as the staged
    path, so the same bits), writes it into its own buffer, and then copies the other ranks'
@@ -2506,13 +2593,14 @@ static const ddp__backend ddp__cpu_backend = {
 };
 
 /* --------------------------------------------------------------------------------------------
-   >>nccl  The NCCL backend. Flat parameters, gradients and AdamW state live in device memory. There is
-   no communication thread: launching a bucket is enqueueing it. An event recorded on the
-   compute stream when the bucket's last gradient is ready makes the comm stream wait, the comm
-   stream averages the bucket in place (ncclAvg), and at ddp_finish the compute stream waits for
-   the last bucket. The host never waits inside a step. A watchdog thread polls NCCL's
+   >>nccl  The NCCL backend. Flat parameters, gradients and AdamW state live in device memory.
+   There is no communication thread: launching a bucket is enqueueing it. An event recorded on
+   the compute stream when the bucket's last gradient is ready makes the comm stream wait, the
+   comm stream averages the bucket in place (ncclAvg), and at ddp_finish the compute stream
+   waits for the last bucket. The host never waits inside a step. The communicator is
+   non-blocking, so no NCCL call can hang the caller; a watchdog thread polls NCCL's
    asynchronous errors, the age of unfinished communication (timeout_s) and the store's poison
-   key, and aborts the communicator instead of letting the job hang.
+   key, and aborts the communicator instead of letting the job hang, until teardown is done.
    Every CUDA and NCCL call is checked; a failure is DDP_ERR_BACKEND (or _PEER_LOST, _TIMEOUT)
    with the call, file, line and rank.
    -------------------------------------------------------------------------------------------- */
