@@ -17,9 +17,9 @@ CHECKS   := $(B)/cxx_check.o
 all: $(PROGRAMS) $(CHECKS) gpu
 
 # ---- The GPU path: built whenever nvcc is found (CI compiles and links it on every run);
-# the tests run where a GPU is (tests/gpu/run.sh prints one SKIP line elsewhere). nvcc, NCCL
-# and cuBLAS are looked up in CUDA_HOME, NCCL_HOME, /usr/local/cuda, /usr and the nvidia/nccl,
-# nvidia/cublas Python wheels (tools/gpu_paths.sh); the binaries carry an rpath to them.
+# the tests run where a GPU is (tests/gpu/run.sh: one SKIP line a test elsewhere). nvcc, NCCL
+# and cuBLAS are looked up in CUDA_HOME, NCCL_HOME, /usr/local/cuda, /usr and the Python wheels
+# (nvidia/nccl, nvidia/cu13, nvidia/cublas; tools/gpu_paths.sh); the binaries carry an rpath to them.
 CUDA_ARCH  ?= sm_90
 NVCC       ?= $(shell tools/gpu_paths.sh nvcc)
 NCCL_INC   ?= $(shell tools/gpu_paths.sh nccl-inc)

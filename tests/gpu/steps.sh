@@ -58,6 +58,15 @@ gpu_steps_abort() {
 gpu_step() {
     local name=$1 limit=$2 needs=$3 f
     shift 3
+    if [ -n "${GPU_STEPS_DEADLINE:-}" ]; then
+        local left=$((GPU_STEPS_DEADLINE - $(date +%s)))
+        if [ "$left" -lt 10 ]; then
+            echo "SKIP $name: out of time (the run's deadline has passed; not a result)"
+            gpu__record OUT_OF_TIME "$name" 0 0 0 1 "the run's deadline"
+            return 0
+        fi
+        [ "$left" -lt "$limit" ] && limit=$left
+    fi
     for f in $needs; do
         if [ ! -x "$f" ] && [ "${GPU_STEPS_MISSING:-}" = skip ]; then
             gpu_skip "$name" "$f not built"
@@ -68,15 +77,6 @@ gpu_step() {
             return 0
         fi
     done
-    if [ -n "${GPU_STEPS_DEADLINE:-}" ]; then
-        local left=$((GPU_STEPS_DEADLINE - $(date +%s)))
-        if [ "$left" -lt 10 ]; then
-            echo "SKIP $name: out of time (the run's deadline has passed; not a result)"
-            gpu__record OUT_OF_TIME "$name" 0 0 0 1 "the run's deadline"
-            return 0
-        fi
-        [ "$left" -lt "$limit" ] && limit=$left
-    fi
     local out tailpid="" t0 t1 rc timed_out=0 quiet=0
     [ "${GPU_STEPS_MODE:-}" = quiet ] && quiet=1
     out=$(mktemp)
