@@ -58,6 +58,7 @@ after=$(
     timeout 30 "$G/nccl_version" 2>&1 || echo "(no $G/nccl_version)"
     echo "-- ldd $G/test_gpt_gpu: the NCCL and cuBLAS it loads"
     ldd "$G/test_gpt_gpu" 2>&1 | grep -E "nccl|cublas|cudart|not found" || echo "(not built)"
+    ldd "$G/test_gpt_gpu" 2>/dev/null | awk '/=> \// { print $3 }' | grep -E "nccl|cublas" | xargs -r readlink -f | sed 's/^/    file: /'
 )
 echo "$after" >>"$ENV"
 echo "$after"
