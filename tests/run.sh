@@ -47,6 +47,8 @@ run "tiny GPT trainer, CUDA model emulated on the host" env TRAIN_GPT="$B/train_
 run "rank 0 killed while writing a checkpoint, 3 ranks" tests/test_checkpoint_crash.sh "$B"
 # The GPU kernels' arithmetic on the host: built wherever nvcc is, needs no GPU.
 if [ -x "$B/gpu/test_kernel_math_host" ]; then run "gpu kernel math on the host" "$B/gpu/test_kernel_math_host"; fi
+run "gpu_paths.sh: NCCL and cuBLAS in toolkit and wheel layouts" tests/test_gpu_paths.sh
+run "GPU machine's check scripts, dry run (no GPU: every step SKIPs)" tests/test_gpu_check.sh "$B"
 run "gpu" tests/gpu/run.sh "$B"
 if [ "$skipped" -gt 0 ]; then echo "$passed passed, $failed failed, $skipped skipped"
 else echo "$passed passed, $failed failed"; fi

@@ -7,12 +7,15 @@
 #   (--cpu) trains bit for bit what build/train_gpt trains. Prints one PASS/FAIL line per check.
 # Usage: tests/test_gpt.sh [BUILD_DIR]      (data: ddp.h itself, any file is bytes)
 #   env: TRAIN_GPT (the trainer to test, default BUILD_DIR/train_gpt), GPT_TEST_RANKS (2),
-#        TEST_PREFIX (what the check names start with instead of "gpt")
+#        TEST_PREFIX (what the check names start with instead of "gpt"), RANK_WRAPPER (a
+#        command each rank of a multi-rank run starts through, e.g. tools/nccl_one_gpu.sh
+#        for 2 ranks on one GPU)
 set -u
 B=${1:-build}
 cd "$(dirname "$0")/.." || exit 1
 BIN=${TRAIN_GPT:-$B/train_gpt}
 N=${GPT_TEST_RANKS:-2}
+read -r -a WRAP <<<"${RANK_WRAPPER:-}"
 pfx=${TEST_PREFIX:-gpt}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -21,7 +24,7 @@ pass() { echo "PASS ${1/#gpt_/${pfx}_}"; }
 fail() { echo "FAIL ${1/#gpt_/${pfx}_}: $2"; fails=$((fails + 1)); }
 
 TINY=(--data ddp.h --layers 2 --heads 2 --dim 32 --seq 16 --batch 2 --eval-every 0 --eval-batches 2 --sample 0 --warmup 2 --lr 3e-3)
-train() { timeout 120 "$B/ddprun" -n "$N" "$BIN" "${TINY[@]}" "$@"; }
+train() { timeout 120 "$B/ddprun" -n "$N" "${WRAP[@]}" "$BIN" "${TINY[@]}" "$@"; }
 hash_of() { sed -n 's/.*params fnv1a \([0-9a-f]*\).*/\1/p' "$1" | head -n 1; }
 
 # --- gradient buckets in place (the shared gradient segment) and through the staging slots
@@ -72,7 +75,7 @@ ls "$tmp"/ck1.tmp.* >/dev/null 2>&1 && fail gpt_checkpoint_no_temp_left "a temp 
 head -c 20 ddp.h >"$tmp/small.txt"
 check_data() {   # name, path, expected words
     local name=$1 path=$2 want=$3 out rc
-    out=$(timeout 60 "$B/ddprun" -n "$N" "$BIN" --data "$path" --layers 2 --heads 2 --dim 32 --seq 16 --batch 2 --steps 2 2>&1); rc=$?
+    out=$(timeout 60 "$B/ddprun" -n "$N" "${WRAP[@]}" "$BIN" --data "$path" --layers 2 --heads 2 --dim 32 --seq 16 --batch 2 --steps 2 2>&1); rc=$?
     if [ $rc -ne 0 ] && grep -q "rank [01]: .*'$path'.*$want.*at least $((N * 34 + 1)) bytes (world $N x batch 2 x (seq 16 + 1) + 1)" <<<"$out"; then
         pass "$name"; echo "  ($(grep -m1 -o "rank [01]: .*" <<<"$out"))"
     else

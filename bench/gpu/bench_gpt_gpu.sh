@@ -51,7 +51,7 @@ ours() {
 
 PY=${PY:-}
 if [ -z "$PY" ]; then
-    for p in python3 /usr/bin/python3; do
+    for p in python3 /opt/torch/.venv/bin/python3 /usr/bin/python3; do
         if "$p" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then PY=$p; break; fi
     done
 fi

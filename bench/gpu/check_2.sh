@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# bench/gpu/check_2.sh — the second of the GPU machine's two calls: the GPU benchmarks.
+#   bench/gpu/bench_gpu.cu      device-to-device copy vs the fused AdamW kernel (GB/s), ddp.h's
+#                               cost at 1 rank on a chain of cuBLAS layers
+#   bench/gpu/bench_gpt_gpu.sh  GPT-2-small-sized training, ours vs PyTorch: tokens/s, MFU
+# It builds what it needs itself (make is a no-op where check_1's machine is still warm; a
+# fresh one builds 3 targets). Their RESULT lines are what bench/RESULTS.md's GPU section wants.
+#
+# The two commands for the device tool (each one bash command; give it timeout_s 600):
+#     OUT=$OUT bash bench/gpu/check_1.sh      # ~4 min: environment, build, GPU tests
+#     OUT=$OUT bash bench/gpu/check_2.sh      # ~3 min: GPU benchmarks
+#
+# Files under $OUT, written as it goes:
+#   2-build.log      the build (warnings shown, not fatal)
+#   2-bench.log      build/gpu/bench_gpu
+#   2-bench_gpt.log  bench/gpu/bench_gpt_gpu.sh
+#   2-summary.txt    the GPU this ran on (check_1's may have been another), one line a step,
+#                    the RESULT lines, the verdict last
+# No step starts after CHECK_BUDGET_S (360 s). Without a GPU every step says SKIP.
+# Usage: bench/gpu/check_2.sh [--no-build] [BUILD_DIR]
+#   env: OUT (build/gpu-check), CHECK_BUDGET_S (360), CHECK_JOBS (nproc), CHECK_TARGETS;
+#        bench_gpt_gpu.sh's own (STEPS, BATCH, PY, ...)
+set -u
+cd "$(dirname "$0")/../.." || exit 1
+. tests/gpu/steps.sh
+. bench/gpu/check_common.sh
+check_init 2 360 "$@"
+
+gpu=$(timeout 30 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -n 1)
+echo "# GPU: ${gpu:-none (nvidia-smi lists none)}" | tee -a "$SUMMARY"
+
+TARGETS=${CHECK_TARGETS:-"$G/gpu_count $G/bench_gpu $G/train_gpt"}
+if [ "$NO_BUILD" -eq 1 ]; then
+    echo "== build: skipped (--no-build)"
+    echo "SKIP build 0 0 0 1 --no-build" >>"$SUMMARY"
+elif [ -z "$(tools/gpu_paths.sh nvcc)" ]; then
+    echo "SKIP build: no nvcc"
+    echo "SKIP build 0 0 0 1 no nvcc" >>"$SUMMARY"
+else
+    check_nvcc_probe "$(tools/gpu_paths.sh nvcc)"   # as check_1: a fresh machine, the same host compiler
+    # shellcheck disable=SC2086  # the list is words
+    check_build "$OUT/2-build.log" $TARGETS
+fi
+gpus=$(timeout 60 "$G/gpu_count" 2>/dev/null)
+case "$gpus" in '' | *[!0-9]*) gpus=0 ;; esac
+[ "$gpus" -eq 0 ] && export GPU_STEPS_MODE=quiet
+
+# each in a pipeline's subshell (to tee its log): each with its own trap
+{ trap 'gpu_steps_abort; exit 130' INT TERM; gpu_step bench_gpu 180 "$G/bench_gpu" "$G/bench_gpu"; } 2>&1 | tee "$OUT/2-bench.log"
+{ trap 'gpu_steps_abort; exit 130' INT TERM; gpu_step bench_gpt_gpu 300 "$G/train_gpt" bench/gpu/bench_gpt_gpu.sh "$B"; } 2>&1 |
+    tee "$OUT/2-bench_gpt.log"
+grep -h "^RESULT" "$OUT/2-bench.log" "$OUT/2-bench_gpt.log" 2>/dev/null | sed 's/^/# /' >>"$SUMMARY"
+grep -h "^| " "$OUT/2-bench_gpt.log" 2>/dev/null | sed 's/^/# /' >>"$SUMMARY"
+check_verdict
