@@ -2875,6 +2875,23 @@ static ddp_result ddp__gpu_check_store(ddp_context *ctx, int fd, char *msg, size
     return status == DDP__REPLY_OK || status == DDP__REPLY_PEER_LOST ? DDP_ERR_PEER_LOST : DDP_OK;
 }
 
+/* NCCL failed asynchronously (or timed out). When a peer died, NCCL's error (a closed socket,
+   a remote error) says nothing of who: the store learns of the death from the dead rank's
+   connection at about the same moment. Ask it for half a second before blaming NCCL alone,
+   so that the message names the rank. Then tell the peers and abort. */
+static void ddp__gpu_report(ddp_context *ctx, ddp_result r, const char *nccl_msg) {
+    char who[DDP__ERR_MAX / 2];
+    double until = ddp__now() + 0.5;
+    do {
+        if (ddp__gpu_check_store(ctx, ctx->gpu->watch_fd, who, sizeof who) != DDP_OK) {
+            ddp__fail_group(ctx, DDP_ERR_PEER_LOST, "%s (%.300s)", who, nccl_msg);
+            return;
+        }
+        usleep(20000);
+    } while (r != DDP_ERR_TIMEOUT && ddp__now() < until);
+    ddp__fail_group(ctx, r, "%s", nccl_msg);
+}
+
 static void *ddp__gpu_watchdog_main(void *arg) {
     ddp_context *ctx = (ddp_context *)arg;
     ddp__gpu *g = ctx->gpu;
@@ -2891,7 +2908,7 @@ static void *ddp__gpu_watchdog_main(void *arg) {
         if (g->watchdog_stop || ddp__failed(ctx)) continue;
         r = ddp__gpu_inspect_locked(ctx, msg, sizeof msg);
         pthread_mutex_unlock(&g->lock);
-        if (r != DDP_OK) ddp__fail_group(ctx, r, "%s", msg);   /* tells the peers, aborts */
+        if (r != DDP_OK) ddp__gpu_report(ctx, r, msg);
         else if ((r = ddp__gpu_check_store(ctx, g->watch_fd, msg, sizeof msg)) != DDP_OK) {
             ddp__set_failed(ctx, ddp__fail(ctx, r, "%s", msg));   /* already told: only abort */
             ddp__gpu_abort(ctx);
