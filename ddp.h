@@ -1345,7 +1345,8 @@ static ddp_result ddp__store_request_on(ddp_context *ctx, int fd, uint32_t op, c
         if (!*reply) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory reading from the store");
         if (ddp__recv_all(fd, *reply, rlen, deadline)) {
             DDP_FREE(*reply); *reply = NULL;
-            return ddp__fail(ctx, DDP_ERR_PEER_LOST, "lost the connection to the rendezvous store");
+            return ddp__fail(ctx, DDP_ERR_PEER_LOST, "lost the connection to the rendezvous store on rank 0 "
+                             "(%s:%d): rank 0 failed or exited", ctx->master_addr, ctx->desc.master_port);
         }
         (*reply)[rlen] = 0;
         if (reply_len) *reply_len = rlen;
@@ -1354,7 +1355,8 @@ static ddp_result ddp__store_request_on(ddp_context *ctx, int fd, uint32_t op, c
         while (rlen) {
             uint32_t n = rlen < sizeof sink ? rlen : (uint32_t)sizeof sink;
             if (ddp__recv_all(fd, sink, n, deadline))
-                return ddp__fail(ctx, DDP_ERR_PEER_LOST, "lost the connection to the rendezvous store");
+                return ddp__fail(ctx, DDP_ERR_PEER_LOST, "lost the connection to the rendezvous store on rank 0 "
+                                 "(%s:%d): rank 0 failed or exited", ctx->master_addr, ctx->desc.master_port);
             rlen -= n;
         }
     }
@@ -1869,9 +1871,28 @@ static ddp_result ddp__shm_bucket_in_place(ddp_context *ctx, size_t offset, size
     return DDP_OK;
 }
 
+/* A process on its way out (SIGKILLed, say): its sockets may already be closed, so a peer can
+   see it gone before it is a zombie. PF_EXITING is the 9th field of /proc/PID/stat. */
+static int ddp__pid_exiting(int pid) {
+    char path[64], buf[512];
+    const char *p;
+    unsigned flags = 0;
+    FILE *f;
+    size_t n;
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    if (!(f = fopen(path, "r"))) return 0;
+    n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    p = strrchr(buf, ')');
+    return p && sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %u", &flags) == 1 && (flags & 0x4u);
+}
+
 /* Segments are named after the creating pid, so a segment whose creator is gone belongs to a
    crashed job and can go. (A healthy job unlinks its segment as soon as every rank has it
-   mapped, so normally nothing is left in /dev/shm at all.) */
+   mapped, so normally nothing is left in /dev/shm at all.) Rank 0 sweeps before it creates
+   one, and every rank after a failure: a rank 0 killed between creating a segment and its
+   peers' mapping it leaves it behind. */
 static void ddp__shm_sweep_stale(ddp_context *ctx) {
     DIR *dir = opendir("/dev/shm");
     struct dirent *e;
@@ -1880,7 +1901,7 @@ static void ddp__shm_sweep_stale(ddp_context *ctx) {
         char path[300];
         struct stat st;
         int pid;
-        if (sscanf(e->d_name, "ddp-%d-", &pid) != 1 || ddp__pid_alive(pid)) continue;
+        if (sscanf(e->d_name, "ddp-%d-", &pid) != 1 || (ddp__pid_alive(pid) && !ddp__pid_exiting(pid))) continue;
         snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
         if (stat(path, &st) || st.st_uid != geteuid()) continue;
         snprintf(path, sizeof path, "/%s", e->d_name);
@@ -1987,13 +2008,27 @@ static ddp_result ddp__fetch_from_rank0(ddp_context *ctx, const char *key, const
     return DDP_OK;
 }
 
+/* Tests only: built with DDP_TEST_KILL_POINTS, DDP_TEST_KILL_AT=POINT:RANK SIGKILLs that rank at
+   that point (tests/test_failures.sh checks what a kill there leaves behind). */
+#ifdef DDP_TEST_KILL_POINTS
+static void ddp__kill_point(const ddp_context *ctx, const char *point) {
+    const char *at = getenv("DDP_TEST_KILL_AT"), *colon = at ? strrchr(at, ':') : NULL;
+    size_t n = strlen(point);
+    if (colon && (size_t)(colon - at) == n && !strncmp(at, point, n) && atoi(colon + 1) == ctx->rank) raise(SIGKILL);
+}
+#else
+#define ddp__kill_point(ctx, point) ((void)(ctx))
+#endif
+
 /* Rank 0 creates the segment and publishes its name; once everyone has it mapped it is
    unlinked, so a crash from here on leaves nothing behind. */
 static ddp_result ddp__shm_setup(ddp_context *ctx, double deadline) {
     ddp_result r;
     if (ctx->rank == 0) {
         if ((r = ddp__shm_create(ctx)) != DDP_OK) return r;
+        ddp__kill_point(ctx, "shm-created");
         if ((r = ddp__store_set(ctx, "shm", ctx->shm_name, strlen(ctx->shm_name))) != DDP_OK) return r;
+        ddp__kill_point(ctx, "shm-published");
     } else {
         unsigned char *name;
         uint32_t len;
@@ -2047,6 +2082,7 @@ static ddp_result ddp__grads_share(ddp_context *ctx, double deadline) {
         ddp_result r;
         fd = ddp__grads_create(ctx, bytes, &r);
         if (r != DDP_OK) return r;
+        ddp__kill_point(ctx, "grads-published");
         if (fd < 0) return DDP_OK;
     } else {
         unsigned char *name;
@@ -2247,6 +2283,7 @@ ddp_result ddp_shutdown(ddp_context *ctx) {
     ddp__grads_unlink(ctx);                               /* likewise */
     if (ctx->grads_shm) munmap(ctx->grads_shm, ctx->grads_shm_bytes);
     else ddp__free_floats(ctx->flat_grads);
+    if (ddp__failed(ctx) && ctx->backend == DDP_BACKEND_CPU) ddp__shm_sweep_stale(ctx);   /* a dead rank 0's */
     ddp__gpu_teardown(ctx);   /* frees the device buffers */
     ddp__free_floats(ctx->flat_params);
     ddp__free_floats(ctx->adam_m);

@@ -57,6 +57,29 @@ else
 fi
 wait "$r2" 2>/dev/null || true
 
+# 1b'. Rank 0 SIGKILLed inside ddp.h between creating a shared segment and its peers' mapping it
+#      (the kill points of DDP_TEST_KILL_AT): the survivors fail at once and sweep the segment, so
+#      nothing of the dead rank 0 stays in /dev/shm until some later job.
+for point in shm-created shm-published grads-published; do
+  p=$(port)
+  pids=()
+  for r in 0 1 2; do
+    RANK=$r WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$p DDP_TIMEOUT=20 DDP_TEST_KILL_AT=$point:0 \
+      "$B/test_fault" 3 >/dev/null 2>"$tmp/kp$r" &
+    pids+=($!)
+  done
+  ok=1; why=""
+  wait "${pids[0]}"; rc0=$?
+  [ "$rc0" -eq 137 ] || { ok=0; why="rank 0 exited $rc0, not killed;"; }
+  for r in 1 2; do
+    wait "${pids[$r]}"; rc=$?
+    [ "$rc" -ne 0 ] && grep -q "rank 0" "$tmp/kp$r" || { ok=0; why="$why rank $r rc=$rc: $(tail -n 1 "$tmp/kp$r");"; }
+  done
+  left=$(shm_ours "${pids[0]}")
+  [ -z "$left" ] || { ok=0; why="$why left in /dev/shm: $left"; rm -f /dev/shm/$left; }
+  [ "$ok" -eq 1 ] && pass "rank0_killed_at_${point}_no_shm_left" || fail "rank0_killed_at_${point}_no_shm_left" "$why"
+done
+
 # 1c. A rank that stops answering without dying (SIGSTOP): the timeout names it and the collective.
 p=$(port)
 pids=()
