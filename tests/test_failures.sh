@@ -80,6 +80,24 @@ for point in shm-created shm-published grads-published; do
   [ "$ok" -eq 1 ] && pass "rank0_killed_at_${point}_no_shm_left" || fail "rank0_killed_at_${point}_no_shm_left" "$why"
 done
 
+# 1b''. Two jobs on one node and one port, launched without ddprun (no DDP_JOB_TOKEN): job B's
+#       rank 1 must not train inside job A. The launcher's job id (here Slurm's) tells them apart:
+#       B's rank 1 is refused with a message naming both jobs, and job A then completes.
+p=$(port)
+slurm() { SLURM_JOB_ID=$1 SLURM_STEP_ID=0 SLURM_PROCID=$2 SLURM_LOCALID=$2 SLURM_NTASKS=2 SLURM_NTASKS_PER_NODE=2 \
+          MASTER_PORT=$p DDP_TIMEOUT=20 timeout 60 "$B/test_fault" 3; }
+slurm 100 0 >/dev/null 2>"$tmp/jobA0" & a0=$!
+sleep 0.3
+slurm 200 1 >/dev/null 2>"$tmp/jobB1"; rcb=$?
+slurm 100 1 >/dev/null 2>"$tmp/jobA1" & a1=$!
+wait "$a0"; rca0=$?; wait "$a1"; rca1=$?
+if [ "$rcb" -ne 0 ] && [ "$rcb" -ne 124 ] && grep -q "another job ('Slurm job 100 step 0'); this rank is in job 'Slurm job 200 step 0'" "$tmp/jobB1" &&
+   [ "$rca0" -eq 0 ] && [ "$rca1" -eq 0 ]; then
+  pass "rank_of_another_job_on_same_port_refused"
+else
+  fail "rank_of_another_job_on_same_port_refused" "job B rank 1 rc=$rcb: $(tail -n 1 "$tmp/jobB1"); job A rc=$rca0,$rca1: $(tail -n 1 "$tmp/jobA0")"
+fi
+
 # 1c. A rank that stops answering without dying (SIGSTOP): the timeout names it and the collective.
 p=$(port)
 pids=()
