@@ -54,6 +54,12 @@
      world_size, rank, local_rank, local_world_size, master_addr, master_port, job_token
                                            set world_size > 0 to give the process group by hand
                                            instead of through the environment
+     job_id           $DDP_JOB_ID, else    which job this rank belongs to; a rank of another job
+                      the launcher's       is refused at the rendezvous (see JOB IDENTITY)
+     shutdown_timeout_s  1                 after a failure, the longest ddp_shutdown lingers so
+                                           peers still reading rank 0's store get the verdict;
+                                           it stops as soon as they go quiet (a hung peer is not
+                                           waited for)
      log, log_user, log_level              logger callback (default: stderr), threshold
                                            (default DDP_LOG_WARN, or $DDP_LOG=debug|info|warn|error)
      timeline_path    $DDP_TIMELINE        record every step (forward, each backward op, bucket
@@ -94,18 +100,37 @@
      Open MPI        OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE (+ MASTER_ADDR/PORT)
      Slurm           SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID (+ MASTER_ADDR/PORT)
      none            one rank, no network
-     DDP_JOB_TOKEN   shared secret of the job (ddprun makes a fresh one); the rendezvous store
-                     refuses clients that do not present it
+     DDP_JOB_TOKEN   shared secret of the job (ddprun makes a fresh one): rank 0's store and each
+                     rank prove to each other that they know it, without sending it
+     DDP_JOB_ID      the job's name, the same on every rank (default: the launcher's job id)
      DDP_TIMEOUT     seconds, see timeout_s
      DDP_STAGED_GRADS=1  (CPU backend, read by rank 0) gradient buckets through the staging
                      slots instead of in place through the shared gradient segment: the same
                      bits, slower; for comparisons
+
+   JOB IDENTITY
+     Two jobs on one host and one MASTER_PORT must not merge. The rendezvous checks the job id:
+     desc.job_id, else $DDP_JOB_ID, else what the launcher sets alike for every rank of a job:
+     Open MPI's PMIX_NAMESPACE (or OMPI_MCA_ess_base_jobid), Slurm's SLURM_JOB_ID and
+     SLURM_STEP_ID, torchrun's TORCHELASTIC_RUN_ID (its default static rendezvous calls every run
+     "none"; on one host the run's log directory in TORCHELASTIC_ERROR_FILE names it). A rank
+     whose id differs from rank 0's is refused, and the message names both. Under ddprun the
+     token is the identity. With no token and no id (ranks started by hand) rank 0 warns.
+     The handshake (a challenge-response with HMAC-SHA-256, both ways, keyed by the token and the
+     id) proves knowledge of the token without sending it: a program squatting on MASTER_PORT
+     learns nothing usable and the ranks refuse it. It is not encryption: someone who can read
+     or alter the traffic can read or alter the frames after the handshake (keep MASTER_ADDR on
+     a trusted network), and a short guessable token can be guessed offline from one exchange.
 
    ERRORS
      Every call that can fail returns a ddp_result; ddp_last_error(ctx) says what, where and on
      which rank. The library never exits or aborts the program. An error inside a collective (a
      dead peer, a timeout, a mismatch between ranks) poisons the process group: every rank fails
      fast with a message naming the rank that failed first, instead of waiting for the timeout.
+     Rank 0 gone before it listens (never started, or killed early) cannot be told from a slow
+     one: without a launcher that stops the job, the other ranks fail after timeout_s with "no
+     store at ADDR:PORT - did rank 0 start?". ddp_shutdown frees the context, after a failure
+     too: call it exactly once (a second call, or any call after it, is a use after free).
 
    THREAD SAFETY
      A context belongs to the thread that uses it (the library runs one thread of its own per
@@ -238,7 +263,7 @@ typedef struct ddp_step_stats {
 } ddp_step_stats;
 
 /* Process group. On failure *out may still hold a context that only reports the error: call
-   ddp_last_error(*out), then ddp_shutdown(*out). */
+   ddp_last_error(*out), then ddp_shutdown(*out). ddp_shutdown frees the context: call it once. */
 ddp_result ddp_init(ddp_context **out, const ddp_desc *desc);
 ddp_result ddp_shutdown(ddp_context *ctx);
 int ddp_rank(const ddp_context *ctx);
