@@ -851,9 +851,9 @@ static void ddp__launcher_job_id(ddp_context *ctx, const ddp__env_scheme *sc) {
         if (!(b = getenv("SLURM_STEP_ID")) || !*b) b = getenv("SLURM_STEPID");
         if (a && *a) snprintf(out, cap, "Slurm job %s step %s", a, b && *b ? b : "-");
     } else if ((a = getenv("TORCHELASTIC_RUN_ID")) != NULL && *a) {
-        b = getenv("TORCHELASTIC_RESTART_COUNT");
+        /* not TORCHELASTIC_RESTART_COUNT: each host's agent counts its own restarts */
         if (strcmp(a, "none")) {   /* --standalone makes a fresh uuid; c10d takes --rdzv-id */
-            snprintf(out, cap, "torchrun run %s attempt %s", a, b && *b ? b : "0");
+            snprintf(out, cap, "torchrun run %s", a);
         } else if (ctx->local_world == ctx->world && (b = getenv("TORCHELASTIC_ERROR_FILE")) != NULL) {
             /* The default static rendezvous calls every run "none", but one host's agent gives
                its workers a fresh log directory: DIR/attempt_N/LOCAL_RANK/error.json */

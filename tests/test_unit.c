@@ -656,7 +656,7 @@ static void test_launcher_job_ids(void) {
     expect_job_id("job_id_open_mpi_4", ompi4, "Open MPI job 1100218369");
     expect_job_id("job_id_open_mpi_5", ompi5, "Open MPI job prterun-host-4242@1");
     expect_job_id("job_id_slurm_job_and_step", slurm, "Slurm job 77 step 3");
-    expect_job_id("job_id_torchrun_run_id", torch_run, "torchrun run 4f6c0b attempt 1");
+    expect_job_id("job_id_torchrun_run_id", torch_run, "torchrun run 4f6c0b");
     expect_job_id("job_id_torchrun_static_log_dir", torch_none, "torchrun /tmp/torchelastic_k2/none_x9/attempt_0");
     expect_job_id("job_id_none_by_hand", by_hand, "");
     expect_job_id("job_id_ddp_job_id_wins", explicit_id, "mine");
