@@ -63,6 +63,12 @@
                                            set world_size > 0 to give the process group by hand
                                            instead of through the environment (ranks as threads
                                            of one process: one context per thread)
+     job_id           $DDP_JOB_ID, else    which job this rank belongs to; a rank of another job
+                      the launcher's       is refused at the rendezvous (see JOB IDENTITY)
+     shutdown_timeout_s  1                 after a failure, the longest ddp_shutdown lingers so
+                                           peers still reading rank 0's store get the verdict;
+                                           it stops as soon as they go quiet (a hung peer is not
+                                           waited for)
      log, log_user, log_level              logger callback (default: stderr), threshold
                                            (default DDP_LOG_WARN, or $DDP_LOG=debug|info|warn|
                                            error|off)
@@ -127,12 +133,27 @@
      Open MPI        OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE (+ MASTER_ADDR/PORT)
      Slurm           SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID (+ MASTER_ADDR/PORT)
      none            one rank, no network
-     DDP_JOB_TOKEN   shared secret of the job (ddprun makes a fresh one); the rendezvous store
-                     refuses clients that do not present it
+     DDP_JOB_TOKEN   shared secret of the job (ddprun makes a fresh one): rank 0's store and each
+                     rank prove to each other that they know it, without sending it
+     DDP_JOB_ID      the job's name, the same on every rank (default: the launcher's job id)
      DDP_TIMEOUT     seconds, see timeout_s
      DDP_STAGED_GRADS=1  (CPU backend, read by rank 0) gradient buckets through the staging
                      slots instead of in place through the shared gradient segment: the same
                      bits, slower; for comparisons
+
+   JOB IDENTITY
+     Two jobs on one host and one MASTER_PORT must not merge. The rendezvous checks the job id:
+     desc.job_id, else $DDP_JOB_ID, else what the launcher sets alike for every rank of a job:
+     Open MPI's PMIX_NAMESPACE (or OMPI_MCA_ess_base_jobid), Slurm's SLURM_JOB_ID and
+     SLURM_STEP_ID, torchrun's TORCHELASTIC_RUN_ID (its default static rendezvous calls every run
+     "none"; on one host the run's log directory in TORCHELASTIC_ERROR_FILE names it). A rank
+     whose id differs from rank 0's is refused, and the message names both. Under ddprun the
+     token is the identity. With no token and no id (ranks started by hand) rank 0 warns.
+     The handshake (a challenge-response with HMAC-SHA-256, both ways, keyed by the token and the
+     id) proves knowledge of the token without sending it: a program squatting on MASTER_PORT
+     learns nothing usable and the ranks refuse it. It is not encryption: someone who can read
+     or alter the traffic can read or alter the frames after the handshake (keep MASTER_ADDR on
+     a trusted network), and a short guessable token can be guessed offline from one exchange.
 
    ERRORS
      Every call that can fail returns a ddp_result; ddp_last_error(ctx) says what, where and on
@@ -143,7 +164,10 @@
      dies (a process, or a thread-rank that ends without ddp_shutdown) is noticed within about
      0.1 s on the CPU backend (every waiter looks every DDP__LIVENESS_PERIOD_S; measured
      0.04-0.25 s), and by the NCCL watchdog's poll of the store (every 0.1 s) or NCCL's own
-     error on the NCCL backend. Numbers in README.md point here.
+     error on the NCCL backend. Rank 0 gone before it listens (never started, or killed early)
+     cannot be told from a slow one: without a launcher that stops the job, the other ranks fail
+     after timeout_s with "no store at ADDR:PORT - did rank 0 start?". Numbers in README.md
+     point here.
 
    NULL, LIFETIME AND THREADS
      Every entry point accepts a NULL context: calls return DDP_ERR_INVALID_ARGUMENT and leave
@@ -287,6 +311,12 @@ typedef struct ddp_desc {
     /* NCCL backend: the compute stream (a cudaStream_t) the program's kernels run on; buckets
        wait on it and it waits on them. NULL: the legacy default stream. */
     void *cuda_stream;
+    /* Which job this rank belongs to; a rank of another job is refused at the rendezvous.
+       Default: $DDP_JOB_ID, else the launcher's job id (see JOB IDENTITY in the manual). */
+    const char *job_id;
+    /* Longest ddp_shutdown waits, after a failure, for peers still reading rank 0's store
+       (default 1 s; without a failure shutdown waits for the peers as long as timeout_s). */
+    double shutdown_timeout_s;
 } ddp_desc;
 
 typedef struct ddp_context ddp_context;
@@ -320,7 +350,7 @@ typedef struct ddp_step_stats {
 } ddp_step_stats;
 
 /* Process group. On failure *out may still hold a context that only reports the error: call
-   ddp_last_error(*out), then ddp_shutdown(*out). */
+   ddp_last_error(*out), then ddp_shutdown(*out). ddp_shutdown frees the context: call it once. */
 ddp_result ddp_init(ddp_context **out, const ddp_desc *desc);
 ddp_result ddp_shutdown(ddp_context *ctx);
 int ddp_rank(const ddp_context *ctx);
@@ -582,6 +612,8 @@ struct ddp_context {
     ddp_desc desc;                 /* resolved */
     char master_addr[256];
     char job_token[128];
+    char job_id[256];              /* who this rank's job is (desc.job_id): checked at the rendezvous */
+    unsigned char store_key[32];   /* from the token and the job id: the store handshake's key */
     char timeline_path[512];
     int rank, world, local_rank, local_world;
     const ddp__backend *be;        /* NULL until ddp_init has chosen one */
@@ -908,6 +940,36 @@ typedef struct ddp__env_scheme {
     const char *rank, *world, *local_rank, *local_world, *launcher;
 } ddp__env_scheme;
 
+/* The launcher's own job id, where it gives one: the same for every rank of one job, another for
+   another job (say, one started on the same MASTER_PORT). Left "" where none can be had. Only the
+   scheme that gave the rank is asked: its variables are the ones its launcher set alike. */
+static void ddp__launcher_job_id(ddp_context *ctx, const ddp__env_scheme *sc) {
+    char *out = ctx->job_id;
+    size_t cap = sizeof ctx->job_id;
+    const char *a, *b;
+    if (!strcmp(sc->launcher, "Open MPI")) {
+        /* Open MPI 4 sets both (equal), Open MPI 5 (PRRTE) the PMIx namespace */
+        if (((a = getenv("PMIX_NAMESPACE")) && *a) || ((a = getenv("OMPI_MCA_ess_base_jobid")) && *a))
+            snprintf(out, cap, "Open MPI job %s", a);
+    } else if (!strcmp(sc->launcher, "Slurm")) {
+        if (!(a = getenv("SLURM_JOB_ID")) || !*a) a = getenv("SLURM_JOBID");
+        if (!(b = getenv("SLURM_STEP_ID")) || !*b) b = getenv("SLURM_STEPID");
+        if (a && *a) snprintf(out, cap, "Slurm job %s step %s", a, b && *b ? b : "-");
+    } else if ((a = getenv("TORCHELASTIC_RUN_ID")) != NULL && *a) {
+        /* not TORCHELASTIC_RESTART_COUNT: each host's agent counts its own restarts */
+        if (strcmp(a, "none")) {   /* --standalone makes a fresh uuid; c10d takes --rdzv-id */
+            snprintf(out, cap, "torchrun run %s", a);
+        } else if (ctx->local_world == ctx->world && (b = getenv("TORCHELASTIC_ERROR_FILE")) != NULL) {
+            /* The default static rendezvous calls every run "none", but one host's agent gives
+               its workers a fresh log directory: DIR/attempt_N/LOCAL_RANK/error.json */
+            const char *end = b + strlen(b);
+            int slashes = 0;
+            while (end > b && slashes < 2) if (*--end == '/') slashes++;
+            if (slashes == 2 && strstr(b, "/attempt_")) snprintf(out, cap, "torchrun %.*s", (int)(end - b), b);
+        }
+    }
+}
+
 static ddp_result ddp__read_env(ddp_context *ctx) {
     static const ddp__env_scheme schemes[] = {
         { "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "torchrun-style" },
@@ -949,6 +1011,7 @@ static ddp_result ddp__read_env(ddp_context *ctx) {
     if (ctx->world > 1 && !getenv("MASTER_PORT") && sc == &schemes[0])
         return ddp__fail(ctx, DDP_ERR_BAD_ENV, "MASTER_PORT is not set (WORLD_SIZE=%d)", ctx->world);
     ctx->desc.master_port = port;
+    if (!ctx->job_id[0]) ddp__launcher_job_id(ctx, sc);
     return DDP_OK;
 }
 
@@ -969,6 +1032,8 @@ static ddp_result ddp__desc_from_env(ddp_context *ctx, ddp_desc *d) {
     s = d->job_token ? d->job_token : getenv("DDP_JOB_TOKEN");
     snprintf(ctx->job_token, sizeof ctx->job_token, "%s", s ? s : "");
     d->job_token = ctx->job_token;
+    s = d->job_id ? d->job_id : getenv("DDP_JOB_ID");   /* else the launcher's, in ddp__read_env */
+    snprintf(ctx->job_id, sizeof ctx->job_id, "%s", s ? s : "");
     if (d->timeout_s == 0 && (s = getenv("DDP_TIMEOUT")) != NULL && *s) {
         char *end;
         double t = strtod(s, &end);
@@ -985,6 +1050,7 @@ static void ddp__desc_defaults(ddp_desc *d) {
     if (d->timeout_s == 0) d->timeout_s = 300;
     if (d->bucket_cap_mb == 0) d->bucket_cap_mb = 25;
     if (d->first_bucket_mb == 0) d->first_bucket_mb = d->bucket_cap_mb < 1 ? d->bucket_cap_mb : 1;
+    if (d->shutdown_timeout_s == 0) d->shutdown_timeout_s = 1;
 }
 
 static ddp_result ddp__desc_validate(ddp_context *ctx, const ddp_desc *d) {
@@ -992,9 +1058,9 @@ static ddp_result ddp__desc_validate(ddp_context *ctx, const ddp_desc *d) {
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: reduce_dtype %d is neither DDP_DTYPE_FP32 nor "
                          "DDP_DTYPE_BF16", (int)d->reduce_dtype);
     if (d->timeout_s < 0 || d->bucket_cap_mb < 0 || d->first_bucket_mb < 0 || d->world_size < 0 ||
-        d->inject_comm_latency_ms < 0 || d->inject_comm_gbps < 0)
+        d->inject_comm_latency_ms < 0 || d->inject_comm_gbps < 0 || d->shutdown_timeout_s < 0)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: timeout_s, bucket_cap_mb, first_bucket_mb, "
-                         "world_size and the inject_comm fields must not be negative");
+                         "world_size, shutdown_timeout_s and the inject_comm fields must not be negative");
     if (d->backend != DDP_BACKEND_AUTO && d->backend != DDP_BACKEND_CPU && d->backend != DDP_BACKEND_NCCL &&
         d->backend != DDP_BACKEND_SINGLE)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: unknown backend %d", (int)d->backend);
@@ -1023,6 +1089,7 @@ static ddp_result ddp__resolve_group(ddp_context *ctx) {
     d->local_rank = ctx->local_rank;
     d->local_world_size = ctx->local_world;
     d->master_addr = ctx->master_addr;
+    d->job_id = ctx->job_id;
     return DDP_OK;
 }
 
@@ -1041,12 +1108,158 @@ static ddp_result ddp__resolve_desc(ddp_context *ctx, const ddp_desc *in) {
    >>store  Rendezvous: a small TCP key/value store served by rank 0.
    A frame is a 16-byte header (magic, op, key length, value length; little endian) followed by
    the key and the value. Every length is checked against a cap before anything is allocated.
-   A client's first frame must be HELLO with the job token; anything else closes the
-   connection. GET waits on the server until the key exists or the client's deadline passes.
+   GET waits on the server until the key exists or the client's deadline passes.
+
+   The handshake proves, both ways, that the other side knows the job token, without sending it:
+   K = HMAC-SHA-256(token, "ddp.h store key" 0 job_id), then
+     client -> HELLO  key: job_id (in clear: a rank of another job is told whose store it reached)
+                      value: rank (int32) | client nonce (32 random bytes)
+     server -> OK     value: server nonce (32) | HMAC(K, "server" 0 rank nonce_c nonce_s)
+               or OTHER_JOB with the server's job id
+     client -> AUTH   value: HMAC(K, "client" 0 rank nonce_c nonce_s)   (empty: "you failed")
+     server -> OK, or REFUSED
+   The server proves first, so a program squatting on MASTER_PORT learns only a random nonce
+   and is refused by the ranks. Until AUTH passes, nothing but these two frames is accepted.
    -------------------------------------------------------------------------------------------- */
 #define DDP__STORE_MAGIC 0x53504444u   /* "DDPS" */
-enum { DDP__OP_HELLO = 1, DDP__OP_SET, DDP__OP_GET, DDP__OP_ADD, DDP__OP_CHECK };
-enum { DDP__REPLY_OK = 0, DDP__REPLY_MISSING, DDP__REPLY_REFUSED, DDP__REPLY_PEER_LOST };
+enum { DDP__OP_HELLO = 1, DDP__OP_SET, DDP__OP_GET, DDP__OP_ADD, DDP__OP_CHECK, DDP__OP_AUTH };
+enum { DDP__REPLY_OK = 0, DDP__REPLY_MISSING, DDP__REPLY_REFUSED, DDP__REPLY_PEER_LOST, DDP__REPLY_OTHER_JOB,
+       DDP__REPLY_FAILED };
+#define DDP__NONCE_BYTES 32u
+#define DDP__HELLO_BYTES (4u + DDP__NONCE_BYTES)
+
+/* ---- SHA-256 (FIPS 180-4) and HMAC (RFC 2104): the handshake's keyed hash ---- */
+typedef struct ddp__sha256 { uint32_t h[8]; uint64_t bytes; unsigned char buf[64]; } ddp__sha256;
+
+static uint32_t ddp__ror32(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+
+static void ddp__sha256_block(uint32_t h[8], const unsigned char *p) {
+    static const uint32_t k[64] = {
+        0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+        0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+        0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+        0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+        0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+        0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+        0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+        0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2 };
+    uint32_t w[64], v[8], t1, t2;
+    int i;
+    for (i = 0; i < 16; i++)
+        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 | (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
+    for (i = 16; i < 64; i++)
+        w[i] = w[i - 16] + (ddp__ror32(w[i - 15], 7) ^ ddp__ror32(w[i - 15], 18) ^ (w[i - 15] >> 3)) + w[i - 7] +
+               (ddp__ror32(w[i - 2], 17) ^ ddp__ror32(w[i - 2], 19) ^ (w[i - 2] >> 10));
+    memcpy(v, h, sizeof v);
+    for (i = 0; i < 64; i++) {
+        t1 = v[7] + (ddp__ror32(v[4], 6) ^ ddp__ror32(v[4], 11) ^ ddp__ror32(v[4], 25)) +
+             ((v[4] & v[5]) ^ (~v[4] & v[6])) + k[i] + w[i];
+        t2 = (ddp__ror32(v[0], 2) ^ ddp__ror32(v[0], 13) ^ ddp__ror32(v[0], 22)) +
+             ((v[0] & v[1]) ^ (v[0] & v[2]) ^ (v[1] & v[2]));
+        memmove(v + 1, v, 7 * sizeof v[0]);
+        v[4] += t1;
+        v[0] = t1 + t2;
+    }
+    for (i = 0; i < 8; i++) h[i] += v[i];
+}
+
+static void ddp__sha256_init(ddp__sha256 *c) {
+    static const uint32_t h0[8] = { 0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                                    0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19 };
+    memcpy(c->h, h0, sizeof h0);
+    c->bytes = 0;
+}
+
+static void ddp__sha256_update(ddp__sha256 *c, const void *data, size_t len) {
+    const unsigned char *p = (const unsigned char *)data;
+    while (len) {
+        size_t fill = (size_t)(c->bytes % 64), n = 64 - fill < len ? 64 - fill : len;
+        memcpy(c->buf + fill, p, n);
+        c->bytes += n; p += n; len -= n;
+        if (fill + n == 64) ddp__sha256_block(c->h, c->buf);
+    }
+}
+
+static void ddp__sha256_final(ddp__sha256 *c, unsigned char out[32]) {
+    unsigned char tail[72];
+    uint64_t bits = c->bytes * 8;
+    size_t pad = 64 - (size_t)((c->bytes + 8) % 64), i;   /* 1..64 bytes: 0x80, then zeros */
+    memset(tail, 0, sizeof tail);
+    tail[0] = 0x80;
+    for (i = 0; i < 8; i++) tail[pad + i] = (unsigned char)(bits >> (56 - 8 * i));
+    ddp__sha256_update(c, tail, pad + 8);
+    for (i = 0; i < 32; i++) out[i] = (unsigned char)(c->h[i / 4] >> (24 - 8 * (i % 4)));
+}
+
+static void ddp__hmac_sha256(const void *key, size_t klen, const void *msg, size_t mlen, unsigned char out[32]) {
+    unsigned char k0[64], pad[64];
+    ddp__sha256 c;
+    size_t i;
+    memset(k0, 0, sizeof k0);
+    if (klen > 64) { ddp__sha256_init(&c); ddp__sha256_update(&c, key, klen); ddp__sha256_final(&c, k0); }
+    else if (klen) memcpy(k0, key, klen);
+    for (i = 0; i < 64; i++) pad[i] = (unsigned char)(k0[i] ^ 0x36);
+    ddp__sha256_init(&c); ddp__sha256_update(&c, pad, 64); ddp__sha256_update(&c, msg, mlen); ddp__sha256_final(&c, out);
+    for (i = 0; i < 64; i++) pad[i] = (unsigned char)(k0[i] ^ 0x5c);
+    ddp__sha256_init(&c); ddp__sha256_update(&c, pad, 64); ddp__sha256_update(&c, out, 32); ddp__sha256_final(&c, out);
+}
+
+/* Equal in time independent of where they differ. */
+static int ddp__same_bytes(const unsigned char *a, const unsigned char *b, size_t n) {
+    unsigned diff = 0;
+    size_t i;
+    for (i = 0; i < n; i++) diff |= (unsigned)(a[i] ^ b[i]);
+    return diff == 0;
+}
+
+/* Fresh nonces from the kernel: 0, or -1 when none can be had. */
+static int ddp__random_bytes(void *buf, size_t len) {
+    unsigned char *p = (unsigned char *)buf;
+    int fd;
+#ifdef DDP__FIXED_NONCES_FOR_FUZZING   /* fuzz/fuzz_store.c: its seeds carry proofs made for these */
+    memset(buf, 0x5a, len);
+    return 0;
+#endif
+#if defined(__linux__) && defined(SYS_getrandom)
+    while (len) {
+        long n = syscall(SYS_getrandom, p, len, 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;                     /* an old kernel: /dev/urandom below */
+        p += n; len -= (size_t)n;
+    }
+    if (!len) return 0;
+#endif
+    if ((fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC)) < 0) return -1;
+    while (len) {
+        ssize_t n = read(fd, p, len);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) { close(fd); return -1; }
+        p += n; len -= (size_t)n;
+    }
+    close(fd);
+    return 0;
+}
+
+/* The handshake key: the token and the job id, so one exchange checks both. */
+static void ddp__derive_store_key(ddp_context *ctx) {
+    static const char label[] = "ddp.h store key";
+    unsigned char msg[sizeof label + sizeof ctx->job_id];
+    size_t idlen = strlen(ctx->job_id);
+    memcpy(msg, label, sizeof label);            /* the label's 0 separates it from the id */
+    memcpy(msg + sizeof label, ctx->job_id, idlen);
+    ddp__hmac_sha256(ctx->job_token, strlen(ctx->job_token), msg, sizeof label + idlen, ctx->store_key);
+}
+
+/* One side's proof: HMAC(K, side 0 rank nonce_c nonce_s). */
+static void ddp__handshake_proof(const ddp_context *ctx, const char *side, const unsigned char hello[DDP__HELLO_BYTES],
+                                 const unsigned char nonce_s[DDP__NONCE_BYTES], unsigned char out[32]) {
+    unsigned char msg[8 + DDP__HELLO_BYTES + DDP__NONCE_BYTES];
+    size_t n = strlen(side) + 1;
+    memcpy(msg, side, n);
+    memcpy(msg + n, hello, DDP__HELLO_BYTES);
+    memcpy(msg + n + DDP__HELLO_BYTES, nonce_s, DDP__NONCE_BYTES);
+    ddp__hmac_sha256(ctx->store_key, sizeof ctx->store_key, msg, n + DDP__HELLO_BYTES + DDP__NONCE_BYTES, out);
+}
 
 static void ddp__put_u32(unsigned char *p, uint32_t v) {
     p[0] = (unsigned char)v; p[1] = (unsigned char)(v >> 8);
@@ -1108,6 +1321,8 @@ typedef struct ddp__kv { char *key; unsigned char *val; uint32_t vlen; } ddp__kv
 typedef struct ddp__conn {
     int fd, authed, waiting;       /* waiting: a GET parked until its key appears */
     int rank;                      /* as announced in HELLO */
+    int challenged;                /* HELLO answered; its AUTH is due */
+    unsigned char hello[DDP__HELLO_BYTES], nonce_s[DDP__NONCE_BYTES];
     unsigned char hdr[16];
     size_t got;                    /* bytes of header + body received so far */
     unsigned char *body;
@@ -1124,7 +1339,37 @@ struct ddp__store_server {
     ddp__conn *conns;
     int num_conns, max_conns;
     int lost_rank;                 /* -1, or the first rank whose connection dropped */
+    int64_t last_request_us;       /* when a request was last served (atomic; the linger reads it) */
+    unsigned turned_away[3], unlogged;   /* per ddp__store_warn kind; not logged since the last count */
+    double count_logged_at;
 };
+
+/* Clients turned away are logged, the first few of each kind in full, then only counted: a
+   flood of wrong-token connections must not flood the log. */
+enum { DDP__WARN_MALFORMED, DDP__WARN_TOKEN, DDP__WARN_OTHER_JOB };
+#define DDP__STORE_WARN_FIRST 3
+#define DDP__STORE_WARN_COUNT_EVERY_S 60.0
+static void ddp__store_warn(ddp__store_server *s, int kind, const char *fmt, ...) {
+    char msg[DDP__ERR_MAX];
+    va_list ap;
+    unsigned n = ++s->turned_away[kind];
+    if (n > DDP__STORE_WARN_FIRST) { s->unlogged++; return; }
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    ddp__log(s->ctx, DDP_LOG_WARN, "%s%s", msg, n == DDP__STORE_WARN_FIRST ? " (more of these are counted, not logged)" : "");
+}
+
+/* The count of what was not logged: every DDP__STORE_WARN_COUNT_EVERY_S while it grows, and at stop. */
+static void ddp__store_warn_count(ddp__store_server *s, int final) {
+    double now = ddp__now();
+    if (!s->unlogged || (!final && now < s->count_logged_at + DDP__STORE_WARN_COUNT_EVERY_S)) return;
+    ddp__log(s->ctx, DDP_LOG_WARN, "the rendezvous store turned away %u more client(s) without logging each; in all "
+             "%u with a wrong job token, %u of another job, %u that sent malformed frames", s->unlogged,
+             s->turned_away[DDP__WARN_TOKEN], s->turned_away[DDP__WARN_OTHER_JOB], s->turned_away[DDP__WARN_MALFORMED]);
+    s->unlogged = 0;
+    s->count_logged_at = now;
+}
 
 static ddp__kv *ddp__kv_find(ddp__store_server *s, const char *key) {
     int i;
@@ -1163,6 +1408,9 @@ static int ddp__kv_set(ddp__store_server *s, const char *key, const unsigned cha
    that nobody waits out the timeout for a key it will never set. */
 static void ddp__conn_close(ddp__store_server *s, int i) {
     if (s->conns[i].authed && s->lost_rank < 0 && !__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE)) s->lost_rank = s->conns[i].rank;
+    if (s->conns[i].challenged && !s->conns[i].authed && !__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE))
+        ddp__store_warn(s, DDP__WARN_TOKEN, "rendezvous store: a client announcing rank %d did not finish the "
+                        "handshake (it did not prove that it knows the job token)", s->conns[i].rank);
     close(s->conns[i].fd);
     DDP_FREE(s->conns[i].body);
     s->conns[i] = s->conns[s->num_conns - 1];
@@ -1174,8 +1422,79 @@ static void ddp__conn_reset(ddp__conn *c) {
     c->body = NULL; c->got = 0; c->waiting = 0;
 }
 
-static int ddp__reply(ddp__conn *c, uint32_t status, const void *val, uint32_t vlen) {
-    return ddp__send_frame(c->fd, status, NULL, 0, val, vlen, ddp__now() + 5.0);
+/* Send within the job's timeout; a stop (ddp_shutdown) cuts short a send to a client that does
+   not read. */
+static int ddp__server_send(ddp__store_server *s, int fd, const void *buf, size_t len, double deadline) {
+    const unsigned char *p = (const unsigned char *)buf;
+    while (len) {
+        struct pollfd pfd;
+        double left = deadline - ddp__now();
+        ssize_t n = send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) { p += n; len -= (size_t)n; continue; }
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return -1;
+        if (left <= 0 || __atomic_load_n(&s->stop, __ATOMIC_ACQUIRE)) return -1;
+        pfd.fd = fd; pfd.events = POLLOUT; pfd.revents = 0;
+        poll(&pfd, 1, left < 0.05 ? (int)(left * 1000) + 1 : 50);
+    }
+    return 0;
+}
+
+static int ddp__reply(ddp__store_server *s, ddp__conn *c, uint32_t status, const void *val, uint32_t vlen) {
+    unsigned char hdr[16];
+    double deadline = ddp__now() + s->ctx->desc.timeout_s;
+    ddp__put_u32(hdr, DDP__STORE_MAGIC); ddp__put_u32(hdr + 4, status);
+    ddp__put_u32(hdr + 8, 0); ddp__put_u32(hdr + 12, vlen);
+    if (ddp__server_send(s, c->fd, hdr, 16, deadline)) return -1;
+    return vlen ? ddp__server_send(s, c->fd, val, vlen, deadline) : 0;
+}
+
+/* The server's half of the handshake (see the top of this section). */
+static int ddp__serve_handshake(ddp__store_server *s, ddp__conn *c, const unsigned char *key, const unsigned char *val) {
+    ddp_context *ctx = s->ctx;
+    unsigned char proof[32], reply[DDP__NONCE_BYTES + 32];
+    size_t idlen = strlen(ctx->job_id);
+    if (!c->challenged) {
+        if (c->op != DDP__OP_HELLO || c->vlen != DDP__HELLO_BYTES) {
+            ddp__store_warn(s, DDP__WARN_MALFORMED, "rendezvous store dropped a client whose first frame is not a "
+                            "ddp.h handshake (another program, or a ddp.h of another version)");
+            return -1;
+        }
+        memcpy(c->hello, val, DDP__HELLO_BYTES);
+        c->rank = (int32_t)ddp__get_u32(val);
+        if (c->klen != idlen || memcmp(key, ctx->job_id, idlen)) {
+            ddp__store_warn(s, DDP__WARN_OTHER_JOB, "rendezvous store refused rank %d of another job: it is in job "
+                            "'%.*s', this job is '%s' (two jobs on MASTER_PORT %d?)", c->rank, (int)c->klen,
+                            (const char *)key, idlen ? ctx->job_id : "(none)", ctx->desc.master_port);
+            ddp__reply(s, c, DDP__REPLY_OTHER_JOB, ctx->job_id, (uint32_t)idlen);
+            return -1;
+        }
+        if (ddp__random_bytes(c->nonce_s, DDP__NONCE_BYTES)) return -1;
+        ddp__handshake_proof(ctx, "server", c->hello, c->nonce_s, proof);
+        memcpy(reply, c->nonce_s, DDP__NONCE_BYTES);
+        memcpy(reply + DDP__NONCE_BYTES, proof, 32);
+        c->challenged = 1;
+        return ddp__reply(s, c, DDP__REPLY_OK, reply, sizeof reply);
+    }
+    c->challenged = 0;   /* answered: leaving now is not "left during the handshake" */
+    if (c->op != DDP__OP_AUTH || c->klen || (c->vlen != 0 && c->vlen != 32)) {
+        ddp__store_warn(s, DDP__WARN_MALFORMED, "rendezvous store dropped a client that broke off the handshake "
+                        "with a malformed frame");
+        return -1;
+    }
+    if (c->vlen == 0) {
+        ddp__store_warn(s, DDP__WARN_TOKEN, "rendezvous store: a client announcing rank %d has another job token "
+                        "(it could not verify this store's proof); it was not let in", c->rank);
+        return -1;
+    }
+    ddp__handshake_proof(ctx, "client", c->hello, c->nonce_s, proof);
+    if (!ddp__same_bytes(proof, val, 32)) {
+        ddp__store_warn(s, DDP__WARN_TOKEN, "rendezvous store refused a client announcing rank %d: its proof of the "
+                        "job token is wrong", c->rank);
+        ddp__reply(s, c, DDP__REPLY_REFUSED, NULL, 0);
+        return -1;
+    }
+    c->authed = 1;
+    return ddp__reply(s, c, DDP__REPLY_OK, NULL, 0);
 }
 
 /* Handle one complete request; returns -1 to drop the connection. */
@@ -1185,32 +1504,14 @@ static int ddp__serve_request(ddp__store_server *s, ddp__conn *c) {
     ddp__kv *kv;
     memcpy(key, c->body, c->klen);
     key[c->klen] = 0;
-    if (!c->authed) {
-        const char *token = s->ctx->job_token;
-        size_t tlen = strlen(token), i;
-        unsigned diff = (unsigned)(tlen != c->klen);
-        if (c->op != DDP__OP_HELLO) return -1;
-        for (i = 0; i < c->klen && i < tlen; i++) diff |= (unsigned)(key[i] ^ token[i]);
-        if (diff) {
-            ddp__log(s->ctx, DDP_LOG_WARN, "rendezvous store refused a client with a wrong job token");
-            ddp__reply(c, DDP__REPLY_REFUSED, "bad job token", 13);
-            return -1;
-        }
-        c->authed = 1;
-        {
-            char num[16];
-            uint32_t n = c->vlen < sizeof num - 1 ? c->vlen : (uint32_t)sizeof num - 1;
-            memcpy(num, val, n); num[n] = 0;
-            c->rank = atoi(num);
-        }
-        return ddp__reply(c, DDP__REPLY_OK, NULL, 0);
-    }
+    if (!c->authed) return ddp__serve_handshake(s, c, c->body, val);
+    __atomic_store_n(&s->last_request_us, (int64_t)(ddp__now() * 1e6), __ATOMIC_RELEASE);
     switch (c->op) {
     case DDP__OP_SET:
         if (ddp__kv_set(s, key, val, c->vlen)) return -1;
-        return ddp__reply(c, DDP__REPLY_OK, NULL, 0);
+        return ddp__reply(s, c, DDP__REPLY_OK, NULL, 0);
     case DDP__OP_CHECK:
-        return ddp__reply(c, ddp__kv_find(s, key) ? DDP__REPLY_OK : DDP__REPLY_MISSING, NULL, 0);
+        return ddp__reply(s, c, ddp__kv_find(s, key) ? DDP__REPLY_OK : DDP__REPLY_MISSING, NULL, 0);
     case DDP__OP_ADD: {
         char num[32];
         long long cur = 0, delta;
@@ -1223,11 +1524,11 @@ static int ddp__serve_request(ddp__store_server *s, ddp__conn *c) {
         }
         snprintf(num, sizeof num, "%lld", cur + delta);
         if (ddp__kv_set(s, key, (const unsigned char *)num, (uint32_t)strlen(num))) return -1;
-        return ddp__reply(c, DDP__REPLY_OK, num, (uint32_t)strlen(num));
+        return ddp__reply(s, c, DDP__REPLY_OK, num, (uint32_t)strlen(num));
     }
     case DDP__OP_GET: {
         char num[32];
-        if ((kv = ddp__kv_find(s, key)) != NULL) return ddp__reply(c, DDP__REPLY_OK, kv->val, kv->vlen);
+        if ((kv = ddp__kv_find(s, key)) != NULL) return ddp__reply(s, c, DDP__REPLY_OK, kv->val, kv->vlen);
         if (c->vlen >= sizeof num) return -1;
         memcpy(num, val, c->vlen); num[c->vlen] = 0;
         c->deadline = ddp__now() + 1e-3 * strtod(num, NULL);
@@ -1251,13 +1552,21 @@ static void ddp__serve_parked(ddp__store_server *s) {
         if (!c->waiting) continue;
         memcpy(key, c->body, c->klen); key[c->klen] = 0;
         kv = ddp__kv_find(s, key);
-        if (kv) rc = ddp__reply(c, DDP__REPLY_OK, kv->val, kv->vlen);
+        if (kv) rc = ddp__reply(s, c, DDP__REPLY_OK, kv->val, kv->vlen);
         else if (s->lost_rank >= 0) {
             char num[16];
             snprintf(num, sizeof num, "%d", s->lost_rank);
-            rc = ddp__reply(c, DDP__REPLY_PEER_LOST, num, (uint32_t)strlen(num));
+            rc = ddp__reply(s, c, DDP__REPLY_PEER_LOST, num, (uint32_t)strlen(num));
+        } else if (ddp__failed(s->ctx)) {
+            /* Rank 0 itself failed: the waiter gets its verdict now, not at its deadline. */
+            char msg[4 + DDP__ERR_MAX];
+            ddp__put_u32((unsigned char *)msg, (uint32_t)ddp__failed(s->ctx));
+            pthread_mutex_lock(&s->ctx->err_lock);
+            snprintf(msg + 4, DDP__ERR_MAX, "%s", s->ctx->err);
+            pthread_mutex_unlock(&s->ctx->err_lock);
+            rc = ddp__reply(s, c, DDP__REPLY_FAILED, msg, (uint32_t)(4 + strlen(msg + 4)));
         }
-        else if (now >= c->deadline) rc = ddp__reply(c, DDP__REPLY_MISSING, NULL, 0);
+        else if (now >= c->deadline) rc = ddp__reply(s, c, DDP__REPLY_MISSING, NULL, 0);
         else continue;
         ddp__conn_reset(c);
         if (rc) ddp__conn_close(s, i--);
@@ -1289,8 +1598,8 @@ static int ddp__conn_read(ddp__store_server *s, ddp__conn *c) {
             c->klen = ddp__get_u32(c->hdr + 8);
             c->vlen = ddp__get_u32(c->hdr + 12);
             if (ddp__get_u32(c->hdr) != DDP__STORE_MAGIC || c->klen > DDP__STORE_MAX_KEY ||
-                c->vlen > DDP__STORE_MAX_VALUE || (!c->authed && c->vlen > 64)) {
-                ddp__log(s->ctx, DDP_LOG_WARN, "rendezvous store dropped a client that sent a malformed frame");
+                c->vlen > DDP__STORE_MAX_VALUE || (!c->authed && (c->vlen > 64 || c->klen >= sizeof s->ctx->job_id))) {
+                ddp__store_warn(s, DDP__WARN_MALFORMED, "rendezvous store dropped a client that sent a malformed frame");
                 return -1;
             }
             c->body = (unsigned char *)DDP_MALLOC((size_t)c->klen + c->vlen + 1);
@@ -1336,13 +1645,15 @@ static void *ddp__server_main(void *arg) {
         if (pfds[1].revents & POLLIN) ddp__server_accept(s);
         for (i = s->num_conns - 1; i >= 0; i--) {
             ddp__conn *c = &s->conns[i];
-            int unauth_too_long = !c->authed && now - c->opened > 10.0;
+            /* a rank's handshake takes milliseconds; a rank itself gives up at its timeout */
+            int unauth_too_long = !c->authed && now - c->opened > (s->ctx->desc.timeout_s < 10 ? s->ctx->desc.timeout_s : 10);
             if (i + 2 < n && pfds[i + 2].fd == c->fd && (pfds[i + 2].revents & (POLLIN | POLLHUP | POLLERR))) {
                 if (ddp__conn_read(s, c)) { ddp__conn_close(s, i); continue; }
             }
             if (unauth_too_long) ddp__conn_close(s, i);
         }
         ddp__serve_parked(s);
+        ddp__store_warn_count(s, 0);
     }
     DDP_FREE(pfds);
     return NULL;
@@ -1386,6 +1697,7 @@ static ddp_result ddp__server_start(ddp_context *ctx) {
     if (!s) { freeaddrinfo(ai); return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory starting the store"); }
     s->ctx = ctx;
     s->lost_rank = -1;
+    s->count_logged_at = ddp__now();
     s->wake_pipe[0] = s->wake_pipe[1] = -1;
     s->max_conns = 4 * ctx->world + 16;
     s->conns = (ddp__conn *)ddp__calloc(sizeof(ddp__conn) * (size_t)s->max_conns);
@@ -1416,20 +1728,28 @@ static ddp_result ddp__server_start(ddp_context *ctx) {
 }
 
 /* After a failure the other ranks may still be reading the store to reach the same verdict:
-   linger (a few seconds at most) until they have disconnected. */
+   linger while they make requests, at most shutdown_timeout_s. Peers that have gone quiet (they
+   have their verdict, or hang) are not waited for; a NCCL watchdog asks every 0.1 s. */
+#define DDP__STORE_QUIET_S 0.25
 static void ddp__server_stop(ddp_context *ctx) {
     ddp__store_server *s = ctx->server;
-    double until = ddp__now() + 5.0;
+    double start = ddp__now(), until = start + ctx->desc.shutdown_timeout_s;
     if (!s) return;
-    while (ddp__failed(ctx) && __atomic_load_n(&s->num_conns, __ATOMIC_ACQUIRE) > 0 && ddp__now() < until) usleep(10000);
+    while (ddp__failed(ctx) && __atomic_load_n(&s->num_conns, __ATOMIC_ACQUIRE) > 0 && ddp__now() < until) {
+        double last = 1e-6 * (double)__atomic_load_n(&s->last_request_us, __ATOMIC_ACQUIRE);
+        if (ddp__now() - (last > start ? last : start) >= DDP__STORE_QUIET_S) break;
+        usleep(10000);
+    }
     __atomic_store_n(&s->stop, 1, __ATOMIC_RELEASE);
     if (write(s->wake_pipe[1], "x", 1) < 0) { /* the 50 ms poll wakes it anyway */ }
     pthread_join(s->thread, NULL);
+    ddp__store_warn_count(s, 1);
     ddp__server_free(s);
     ctx->server = NULL;
 }
 
 /* ---- the client (every rank, rank 0 included) ---- */
+#define DDP__STORE_GRACE_S 2.0
 /* On `fd`: the rank's connection, or the NCCL watchdog's own. */
 static ddp_result ddp__store_request_on(ddp_context *ctx, int fd, uint32_t op, const char *key, const void *val,
                                         uint32_t vlen, unsigned char **reply, uint32_t *reply_len,
@@ -1437,16 +1757,20 @@ static ddp_result ddp__store_request_on(ddp_context *ctx, int fd, uint32_t op, c
     unsigned char hdr[16];
     uint32_t rlen;
     int rc;
-    double deadline = ddp__now() + wait_s + 10.0;
-    if (ddp__send_frame(fd, op, key, (uint32_t)strlen(key), val, vlen, ddp__now() + 10.0))
+    /* A parked GET is answered at its deadline; beyond that the store gets a short grace, any
+       other request the job's timeout. */
+    double timeout = ctx->desc.timeout_s, grace = wait_s > 0 && timeout > DDP__STORE_GRACE_S ? DDP__STORE_GRACE_S : timeout;
+    double deadline = ddp__now() + wait_s + grace;
+    if (ddp__send_frame(fd, op, key, (uint32_t)strlen(key), val, vlen, ddp__now() + timeout))
         return ddp__fail(ctx, DDP_ERR_PEER_LOST, "lost the connection to the rendezvous store on rank 0 (%s:%d)",
                          ctx->master_addr, ctx->desc.master_port);
     rc = ddp__recv_all(fd, hdr, 16, deadline);
     if (rc == 0 && ddp__get_u32(hdr) != DDP__STORE_MAGIC) rc = -1;
     rlen = ddp__get_u32(hdr + 12);
     if (rc == 0 && rlen > DDP__STORE_MAX_VALUE) rc = -1;
-    if (rc == -2) return ddp__fail(ctx, DDP_ERR_TIMEOUT, "no answer from the rendezvous store on rank 0 (%s:%d)",
-                                   ctx->master_addr, ctx->desc.master_port);
+    if (rc == -2) return ddp__fail(ctx, DDP_ERR_TIMEOUT, "the rendezvous store on rank 0 (%s:%d) did not answer within "
+                                   "%.0f s: rank 0 is stopped or overloaded", ctx->master_addr, ctx->desc.master_port,
+                                   wait_s + grace);
     if (rc) return ddp__fail(ctx, DDP_ERR_PEER_LOST, "lost the connection to the rendezvous store on rank 0 "
                              "(%s:%d): rank 0 failed or exited", ctx->master_addr, ctx->desc.master_port);
     *status = ddp__get_u32(hdr + 4);
@@ -1455,7 +1779,8 @@ static ddp_result ddp__store_request_on(ddp_context *ctx, int fd, uint32_t op, c
         if (!*reply) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory reading from the store");
         if (ddp__recv_all(fd, *reply, rlen, deadline)) {
             DDP_FREE(*reply); *reply = NULL;
-            return ddp__fail(ctx, DDP_ERR_PEER_LOST, "lost the connection to the rendezvous store");
+            return ddp__fail(ctx, DDP_ERR_PEER_LOST, "lost the connection to the rendezvous store on rank 0 "
+                             "(%s:%d): rank 0 failed or exited", ctx->master_addr, ctx->desc.master_port);
         }
         (*reply)[rlen] = 0;
         if (reply_len) *reply_len = rlen;
@@ -1464,7 +1789,8 @@ static ddp_result ddp__store_request_on(ddp_context *ctx, int fd, uint32_t op, c
         while (rlen) {
             uint32_t n = rlen < sizeof sink ? rlen : (uint32_t)sizeof sink;
             if (ddp__recv_all(fd, sink, n, deadline))
-                return ddp__fail(ctx, DDP_ERR_PEER_LOST, "lost the connection to the rendezvous store");
+                return ddp__fail(ctx, DDP_ERR_PEER_LOST, "lost the connection to the rendezvous store on rank 0 "
+                                 "(%s:%d): rank 0 failed or exited", ctx->master_addr, ctx->desc.master_port);
             rlen -= n;
         }
     }
@@ -1500,6 +1826,13 @@ static ddp_result ddp__store_get(ddp_context *ctx, const char *key, double deadl
         return ddp__fail(ctx, DDP_ERR_PEER_LOST, "rank %d disconnected from the rendezvous store (it died or "
                          "failed) while this rank waited for '%s'", lost, key);
     }
+    if (status == DDP__REPLY_FAILED && *len >= 4) {   /* rank 0 failed: its code and message */
+        ddp_result code = (ddp_result)ddp__get_u32(*val);
+        if (code <= DDP_OK || code > DDP_ERR_NONFINITE) code = DDP_ERR_PEER_LOST;
+        r = ddp__fail(ctx, code, "stopped while waiting for '%s' because %s", key, (const char *)*val + 4);
+        DDP_FREE(*val); *val = NULL;
+        return r;
+    }
     *found = status == DDP__REPLY_OK;
     if (!*found) { DDP_FREE(*val); *val = NULL; }
     return DDP_OK;
@@ -1515,36 +1848,115 @@ static ddp_result ddp__store_check(ddp_context *ctx, const char *key, int *exist
 /* Connect to rank 0's store, retrying until it is up or the deadline passes. The connection
    announces `announce` as its rank: the store takes a hang-up of a rank's connection for that
    rank's death, so secondary connections announce -1. */
-/* One attempt at connect + HELLO: 0 in, 1 try again (not listening yet, or the store closed
-   the connection without an answer, e.g. while busy), -1 refused for good (error recorded). */
-static int ddp__store_hello(ddp_context *ctx, const struct addrinfo *ai, int announce, int *fd_out, int *last_err) {
-    const struct addrinfo *a;
+/* Why the last attempt did not get in (for the message at the deadline). */
+enum { DDP__HELLO_NO_CONNECT = 1, DDP__HELLO_CLOSED, DDP__HELLO_SILENT };
+
+/* connect(), given up at the deadline (a blocking one to an unreachable host takes minutes).
+   0, or -1 with errno set. */
+static int ddp__connect_by(int fd, const struct addrinfo *a, double deadline) {
+    int flags = fcntl(fd, F_GETFL), err = 0;
+    socklen_t len = sizeof err;
+    fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+    if (connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+        if (errno != EINPROGRESS) return -1;
+        for (;;) {
+            struct pollfd pfd;
+            double left = deadline - ddp__now();
+            int n;
+            if (left <= 0) { errno = 0; return -1; }   /* out of time: not a verdict on the address */
+            pfd.fd = fd; pfd.events = POLLOUT; pfd.revents = 0;
+            n = poll(&pfd, 1, (int)(left * 1000) + 1);
+            if (n > 0) break;
+            if (n < 0 && errno != EINTR) return -1;
+        }
+        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) || err) { errno = err ? err : errno; return -1; }
+    }
+    fcntl(fd, F_SETFL, flags);
+    return 0;
+}
+
+/* Read a reply's header and its value (at most cap bytes) by the deadline: 0 ok, 1 closed,
+   2 no answer in time, -1 not a ddp.h store's answer. */
+static int ddp__hello_reply(int fd, double deadline, uint32_t *status, unsigned char *val, uint32_t cap, uint32_t *vlen) {
     unsigned char hdr[16];
-    char rank_s[16];
-    int one = 1, sfd = -1;
+    int rc = ddp__recv_all(fd, hdr, 16, deadline);
+    if (rc) return rc == -2 ? 2 : 1;
+    *status = ddp__get_u32(hdr + 4);
+    *vlen = ddp__get_u32(hdr + 12);
+    if (ddp__get_u32(hdr) != DDP__STORE_MAGIC || ddp__get_u32(hdr + 8) || *vlen > cap) return -1;
+    rc = *vlen ? ddp__recv_all(fd, val, *vlen, deadline) : 0;
+    return rc ? (rc == -2 ? 2 : 1) : 0;
+}
+
+/* One attempt at connect + handshake: 0 in, 1 try again (not listening yet, or the store closed
+   the connection without an answer, e.g. while busy; *why says which), -1 refused for good
+   (error recorded, *code). */
+static int ddp__store_hello(ddp_context *ctx, const struct addrinfo *ai, int announce, double deadline, int *fd_out,
+                            int *why, int *last_err, ddp_result *code) {
+    const struct addrinfo *a;
+    unsigned char hello[DDP__HELLO_BYTES], val[DDP__NONCE_BYTES + 32 + sizeof ctx->job_id], proof[32];
+    uint32_t status = 0, vlen = 0;
+    int one = 1, sfd = -1, rc;
     for (a = ai; a && sfd < 0; a = a->ai_next) {
         int fd = socket(a->ai_family, SOCK_STREAM, 0);
         if (fd < 0) continue;
-        if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) sfd = fd;
-        else { *last_err = errno; close(fd); }
+        if (ddp__connect_by(fd, a, deadline) == 0) sfd = fd;
+        else { if (errno) *last_err = errno; close(fd); }
     }
-    if (sfd < 0) return 1;
+    if (sfd < 0) { *why = DDP__HELLO_NO_CONNECT; return 1; }
     fcntl(sfd, F_SETFD, FD_CLOEXEC);
     setsockopt(sfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    snprintf(rank_s, sizeof rank_s, "%d", announce);
-    if (ddp__send_frame(sfd, DDP__OP_HELLO, ctx->job_token, (uint32_t)strlen(ctx->job_token), rank_s,
-                        (uint32_t)strlen(rank_s), ddp__now() + 10.0) ||
-        ddp__recv_all(sfd, hdr, 16, ddp__now() + 10.0)) {
-        *last_err = ECONNRESET;
+    ddp__put_u32(hello, (uint32_t)announce);
+    if (ddp__random_bytes(hello + 4, DDP__NONCE_BYTES)) {
+        close(sfd);
+        *code = ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot read random bytes for the rendezvous handshake (getrandom, "
+                          "/dev/urandom): %s", strerror(errno));
+        return -1;
+    }
+    rc = ddp__send_frame(sfd, DDP__OP_HELLO, ctx->job_id, (uint32_t)strlen(ctx->job_id), hello, DDP__HELLO_BYTES, deadline)
+         ? 1 : ddp__hello_reply(sfd, deadline, &status, val, sizeof val - 1, &vlen);
+    if (rc == 0 && status == DDP__REPLY_OTHER_JOB) {
+        val[vlen] = 0;
+        close(sfd);
+        *code = ddp__fail(ctx, DDP_ERR_NETWORK, "the rendezvous store at %s:%d belongs to another job ('%s'); this "
+                          "rank is in job '%s'. Two jobs on one MASTER_PORT? Give each its own (if this is one job, "
+                          "set DDP_JOB_ID alike on every rank)", ctx->master_addr, ctx->desc.master_port, vlen ? (const char *)val : "(none)",
+                          ctx->job_id[0] ? ctx->job_id : "(none)");
+        return -1;
+    }
+    if (rc == 0 && (status != DDP__REPLY_OK || vlen != DDP__NONCE_BYTES + 32)) rc = -1;
+    if (rc == 0) {
+        ddp__handshake_proof(ctx, "server", hello, val, proof);
+        if (!ddp__same_bytes(proof, val + DDP__NONCE_BYTES, 32)) {
+            ddp__send_frame(sfd, DDP__OP_AUTH, NULL, 0, NULL, 0, ddp__now() + 0.1);   /* "you failed": for its log */
+            close(sfd);
+            *code = ddp__fail(ctx, DDP_ERR_NETWORK, "the process on %s:%d (MASTER_ADDR:MASTER_PORT) could not prove "
+                              "that it knows this rank's job token: rank 0 runs with another DDP_JOB_TOKEN (another "
+                              "job on this port?) or another program holds the port. Nothing secret was sent",
+                              ctx->master_addr, ctx->desc.master_port);
+            return -1;
+        }
+        ddp__handshake_proof(ctx, "client", hello, val, proof);
+        rc = ddp__send_frame(sfd, DDP__OP_AUTH, NULL, 0, proof, 32, deadline) ? 1
+             : ddp__hello_reply(sfd, deadline, &status, val, sizeof val - 1, &vlen);
+        if (rc == 0 && status != DDP__REPLY_OK) {
+            close(sfd);
+            *code = ddp__fail(ctx, DDP_ERR_NETWORK, "rank 0's rendezvous store at %s:%d refused this rank's proof of "
+                              "the job token", ctx->master_addr, ctx->desc.master_port);
+            return -1;
+        }
+    }
+    if (rc < 0) {
+        close(sfd);
+        *code = ddp__fail(ctx, DDP_ERR_NETWORK, "the process on %s:%d (MASTER_ADDR:MASTER_PORT) is not a ddp.h "
+                          "rendezvous store of this version (it answered the handshake with something else): another "
+                          "program holds the port", ctx->master_addr, ctx->desc.master_port);
+        return -1;
+    }
+    if (rc) {
+        *why = rc == 2 ? DDP__HELLO_SILENT : DDP__HELLO_CLOSED;
         close(sfd);
         return 1;
-    }
-    if (ddp__get_u32(hdr) != DDP__STORE_MAGIC || ddp__get_u32(hdr + 4) != DDP__REPLY_OK || ddp__get_u32(hdr + 12) > 256) {
-        close(sfd);
-        ddp__fail(ctx, DDP_ERR_NETWORK, "the rendezvous store at %s:%d refused this rank: the job token "
-                  "(DDP_JOB_TOKEN) does not match rank 0's, or the port belongs to another program",
-                  ctx->master_addr, ctx->desc.master_port);
-        return -1;
     }
     *fd_out = sfd;
     return 0;
@@ -1553,15 +1965,31 @@ static int ddp__store_hello(ddp_context *ctx, const struct addrinfo *ai, int ann
 /* Connect to rank 0's store, retrying until it is up (and has room) or the deadline passes. */
 static ddp_result ddp__store_connect_as(ddp_context *ctx, double deadline, int announce, int *fd_out) {
     struct addrinfo *ai;
-    int rc, last_err = 0;
+    int rc, why = 0, last_err = 0;
+    ddp_result code = DDP_ERR_NETWORK;
+    const char *addr = ctx->master_addr;
+    int port = ctx->desc.master_port;
+    double waited = ctx->desc.timeout_s;
     if (ddp__resolve(ctx, ctx->desc.master_port, &ai)) return DDP_ERR_NETWORK;
-    while ((rc = ddp__store_hello(ctx, ai, announce, fd_out, &last_err)) == 1 && ddp__now() < deadline) usleep(20000);
+    while ((rc = ddp__store_hello(ctx, ai, announce, deadline, fd_out, &why, &last_err, &code)) == 1 && ddp__now() < deadline)
+        usleep(20000);
     freeaddrinfo(ai);
-    if (rc < 0) return DDP_ERR_NETWORK;
-    if (rc > 0)
+    if (rc < 0) return code;
+    if (rc == 0) return DDP_OK;
+    if (why == DDP__HELLO_NO_CONNECT && last_err == ECONNREFUSED)
+        return ddp__fail(ctx, DDP_ERR_TIMEOUT, "no store at %s:%d - did rank 0 start? Nothing listened there for %.0f s "
+                         "(timeout_s, DDP_TIMEOUT). Without a launcher that stops the job when a rank dies, a rank "
+                         "cannot tell a rank 0 that died before it listened from one slow to start", addr, port, waited);
+    if (why == DDP__HELLO_NO_CONNECT)
         return ddp__fail(ctx, DDP_ERR_TIMEOUT, "cannot reach rank 0's rendezvous store at %s:%d within %.0f s: %s",
-                         ctx->master_addr, ctx->desc.master_port, ctx->desc.timeout_s, strerror(last_err));
-    return DDP_OK;
+                         addr, port, waited, strerror(last_err ? last_err : ETIMEDOUT));
+    if (why == DDP__HELLO_SILENT)
+        return ddp__fail(ctx, DDP_ERR_TIMEOUT, "a process listens on %s:%d but did not answer the rendezvous handshake "
+                         "within %.0f s: rank 0 is stopped or overloaded, or another program holds MASTER_PORT",
+                         addr, port, waited);
+    return ddp__fail(ctx, DDP_ERR_TIMEOUT, "the process on %s:%d closed every connection during the rendezvous "
+                     "handshake for %.0f s: another program holds MASTER_PORT, or rank 0's store is flooded with "
+                     "connections", addr, port, waited);
 }
 
 static ddp_result ddp__store_connect(ddp_context *ctx, double deadline) {
@@ -2210,9 +2638,28 @@ static ddp_result ddp__shm_bucket_in_place(ddp_context *ctx, size_t offset, size
     return DDP_OK;
 }
 
+/* A process on its way out (SIGKILLed, say): its sockets may already be closed, so a peer can
+   see it gone before it is a zombie. PF_EXITING is the 9th field of /proc/PID/stat. */
+static int ddp__pid_exiting(int pid) {
+    char path[64], buf[512];
+    const char *p;
+    unsigned flags = 0;
+    FILE *f;
+    size_t n;
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    if (!(f = fopen(path, "r"))) return 0;
+    n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    p = strrchr(buf, ')');
+    return p && sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %u", &flags) == 1 && (flags & 0x4u);
+}
+
 /* Segments are named after the creating pid, so a segment whose creator is gone belongs to a
    crashed job and can go. (A healthy job unlinks its segment as soon as every rank has it
-   mapped, so normally nothing is left in /dev/shm at all.) */
+   mapped, so normally nothing is left in /dev/shm at all.) Rank 0 sweeps before it creates
+   one, and every rank after a failure: a rank 0 killed between creating a segment and its
+   peers' mapping it leaves it behind. */
 static void ddp__shm_sweep_stale(ddp_context *ctx) {
     DIR *dir = opendir("/dev/shm");
     struct dirent *e;
@@ -2221,7 +2668,7 @@ static void ddp__shm_sweep_stale(ddp_context *ctx) {
         char path[300];
         struct stat st;
         int pid;
-        if (sscanf(e->d_name, "ddp-%d-", &pid) != 1 || ddp__pid_alive(pid)) continue;
+        if (sscanf(e->d_name, "ddp-%d-", &pid) != 1 || (ddp__pid_alive(pid) && !ddp__pid_exiting(pid))) continue;
         snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
         if (stat(path, &st) || st.st_uid != geteuid()) continue;
         snprintf(path, sizeof path, "/%s", e->d_name);
@@ -2317,13 +2764,27 @@ static ddp_result ddp__shm_attach(ddp_context *ctx, const char *name) {
     return DDP_OK;
 }
 
+/* Tests only: built with DDP_TEST_KILL_POINTS, DDP_TEST_KILL_AT=POINT:RANK SIGKILLs that rank at
+   that point (tests/test_failures.sh checks what a kill there leaves behind). */
+#ifdef DDP_TEST_KILL_POINTS
+static void ddp__kill_point(const ddp_context *ctx, const char *point) {
+    const char *at = getenv("DDP_TEST_KILL_AT"), *colon = at ? strrchr(at, ':') : NULL;
+    size_t n = strlen(point);
+    if (colon && (size_t)(colon - at) == n && !strncmp(at, point, n) && atoi(colon + 1) == ctx->rank) raise(SIGKILL);
+}
+#else
+#define ddp__kill_point(ctx, point) ((void)(ctx))
+#endif
+
 /* Rank 0 creates the segment and publishes its name; once everyone has it mapped it is
    unlinked, so a crash from here on leaves nothing behind. */
 static ddp_result ddp__shm_setup(ddp_context *ctx, double deadline) {
     ddp_result r;
     if (ctx->rank == 0) {
         if ((r = ddp__shm_create(ctx)) != DDP_OK) return r;
+        ddp__kill_point(ctx, "shm-created");
         if ((r = ddp__store_set(ctx, "shm", ctx->cpu->shm_name, strlen(ctx->cpu->shm_name))) != DDP_OK) return r;
+        ddp__kill_point(ctx, "shm-published");
     } else {
         unsigned char *name;
         uint32_t len;
@@ -2378,6 +2839,7 @@ static ddp_result ddp__grads_share(ddp_context *ctx, double deadline) {
         ddp_result r;
         fd = ddp__grads_create(ctx, bytes, &r);
         if (r != DDP_OK) return r;
+        ddp__kill_point(ctx, "grads-published");
         if (fd < 0) return DDP_OK;
     } else {
         unsigned char *name;
@@ -2582,6 +3044,7 @@ static void ddp__cpu_teardown(ddp_context *ctx) {
         DDP_FREE(c);
         ctx->cpu = NULL;
     }
+    if (ddp__failed(ctx) && ctx->world > 1) ddp__shm_sweep_stale(ctx);   /* a dead rank 0's, made before we mapped it */
     ddp__host_free(ctx);
 }
 
@@ -2871,8 +3334,10 @@ static ddp_result ddp__gpu_check_store(ddp_context *ctx, int fd, char *msg, size
     else if (status == DDP__REPLY_PEER_LOST)
         snprintf(msg, cap, "rank %s disconnected from the rendezvous store (it died or failed); the NCCL "
                  "communicator was aborted", val ? (const char *)val : "?");
+    else if (status == DDP__REPLY_FAILED)   /* rank 0 failed: its code, then its message */
+        snprintf(msg, cap, "stopped because %s", val && len > 4 ? (const char *)val + 4 : "rank 0 failed");
     DDP_FREE(val);
-    return status == DDP__REPLY_OK || status == DDP__REPLY_PEER_LOST ? DDP_ERR_PEER_LOST : DDP_OK;
+    return status == DDP__REPLY_OK || status == DDP__REPLY_PEER_LOST || status == DDP__REPLY_FAILED ? DDP_ERR_PEER_LOST : DDP_OK;
 }
 
 /* NCCL failed asynchronously (or timed out). When a peer died, NCCL's error (a closed socket,
@@ -3683,9 +4148,16 @@ static ddp_result ddp__init(ddp_context *ctx, const ddp_desc *desc) {
     if ((r = ddp__choose_backend(ctx)) != DDP_OK) return r;
     deadline = ddp__now() + ctx->desc.timeout_s;
     if (ctx->world > 1) {
-        if (!ctx->job_token[0])
+        if (!ctx->job_token[0] && !ctx->job_id[0])
+            ddp__log(ctx, ctx->rank == 0 ? DDP_LOG_WARN : DDP_LOG_INFO, "no job identity: no DDP_JOB_TOKEN or DDP_JOB_ID, "
+                     "and the launcher gives no job id (TORCHELASTIC_RUN_ID, PMIX_NAMESPACE, SLURM_JOB_ID); a rank of "
+                     "another job started on %s:%d would be taken into this one. Set DDP_JOB_ID (or DDP_JOB_TOKEN) "
+                     "alike on every rank of a job; ddprun does", ctx->master_addr, ctx->desc.master_port);
+        else if (!ctx->job_token[0])
             ddp__log(ctx, ctx->local_world < ctx->world ? DDP_LOG_WARN : DDP_LOG_INFO, "no DDP_JOB_TOKEN: the "
-                     "rendezvous store on %s:%d accepts any client that can reach it", ctx->master_addr, ctx->desc.master_port);
+                     "rendezvous store on %s:%d accepts any client that can reach it and names this job ('%s')",
+                     ctx->master_addr, ctx->desc.master_port, ctx->job_id);
+        ddp__derive_store_key(ctx);
         if (ctx->rank == 0 && (r = ddp__server_start(ctx)) != DDP_OK) return r;
         if ((r = ddp__store_connect(ctx, deadline)) != DDP_OK) return r;
         if ((r = ddp__rendezvous(ctx, deadline)) != DDP_OK) return r;

@@ -2,9 +2,12 @@
    Each input is what one client sends: it goes through a socketpair into the server's own
    reader (ddp__conn_read -> ddp__serve_request), exactly as bytes from the network would, and
    the server's replies are drained. Anything may arrive: garbage, lies about lengths, requests
-   before the job token, huge or truncated frames. The server must stay well.
+   before the handshake, huge or truncated frames. The server must stay well.
+   The server's handshake nonces are fixed here (DDP__FIXED_NONCES_FOR_FUZZING), so seeds can
+   carry a valid proof of the job token and the fuzzer gets past the handshake.
    Build and run: make fuzz  (or: make build/fuzz_store && build/fuzz_store fuzz/corpus/store) */
 #define DDP_IMPLEMENTATION
+#define DDP__FIXED_NONCES_FOR_FUZZING
 #include "../ddp.h"
 
 static ddp_context ctx;
@@ -17,7 +20,9 @@ static void setup_once(void) {
     ctx.rank = 0;
     ctx.world = 4;
     snprintf(ctx.job_token, sizeof ctx.job_token, "fuzz-token");
+    ddp__derive_store_key(&ctx);   /* job id "": fuzz/make_store_corpus.py makes its proofs the same way */
     ctx.desc.log_level = DDP_LOG_OFF;
+    ctx.desc.timeout_s = 5;
     pthread_mutex_init(&ctx.err_lock, NULL);
     server.ctx = &ctx;
     server.lost_rank = -1;

@@ -57,6 +57,49 @@ else
 fi
 wait "$r2" 2>/dev/null || true
 
+# 1b'. Rank 0 SIGKILLed inside ddp.h between creating a shared segment and its peers' mapping it
+#      (the kill points of DDP_TEST_KILL_AT): the survivors fail at once and sweep the segment, so
+#      nothing of the dead rank 0 stays in /dev/shm until some later job.
+for point in shm-created shm-published grads-published; do
+  p=$(port)
+  pids=()
+  for r in 0 1 2; do
+    # a job id of its own: a by-hand rank of some other test on this host cannot wander in
+    RANK=$r WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$p DDP_TIMEOUT=20 DDP_TEST_KILL_AT=$point:0 \
+      DDP_JOB_ID="kill-point-$$-$point" "$B/test_fault" 3 >/dev/null 2>"$tmp/kp$r" &
+    pids+=($!)
+  done
+  ok=1; why=""
+  wait "${pids[0]}"; rc0=$?
+  [ "$rc0" -eq 137 ] || { ok=0; why="rank 0 exited $rc0, not killed;"; }
+  for r in 1 2; do
+    wait "${pids[$r]}"; rc=$?
+    [ "$rc" -ne 0 ] && grep -q "rank 0" "$tmp/kp$r" || { ok=0; why="$why rank $r rc=$rc: $(tail -n 1 "$tmp/kp$r");"; }
+  done
+  left=$(shm_ours "${pids[0]}")
+  [ -z "$left" ] || { ok=0; why="$why left in /dev/shm: $left (rank 1: $(tail -n 1 "$tmp/kp1"))"; rm -f /dev/shm/$left; }
+  [ "$ok" -eq 1 ] && pass "rank0_killed_at_${point}_no_shm_left" || fail "rank0_killed_at_${point}_no_shm_left" "$why"
+done
+
+# 1b''. Two jobs on one node and one port, launched without ddprun (no DDP_JOB_TOKEN): job B's
+#       rank 1 must not train inside job A. The launcher's job id (here Slurm's) tells them apart:
+#       B's rank 1 is refused with a message naming both jobs, and job A then completes.
+p=$(port)
+job_a=1$$ job_b=2$$   # job ids of their own: no other test's ranks can match them
+slurm() { SLURM_JOB_ID=$1 SLURM_STEP_ID=0 SLURM_PROCID=$2 SLURM_LOCALID=$2 SLURM_NTASKS=2 SLURM_NTASKS_PER_NODE=2 \
+          MASTER_PORT=$p DDP_TIMEOUT=20 timeout 60 "$B/test_fault" 3; }
+slurm "$job_a" 0 >/dev/null 2>"$tmp/jobA0" & a0=$!
+sleep 0.3
+slurm "$job_b" 1 >/dev/null 2>"$tmp/jobB1"; rcb=$?
+slurm "$job_a" 1 >/dev/null 2>"$tmp/jobA1" & a1=$!
+wait "$a0"; rca0=$?; wait "$a1"; rca1=$?
+if [ "$rcb" -ne 0 ] && [ "$rcb" -ne 124 ] && grep -q "another job ('Slurm job $job_a step 0'); this rank is in job 'Slurm job $job_b step 0'" "$tmp/jobB1" &&
+   [ "$rca0" -eq 0 ] && [ "$rca1" -eq 0 ]; then
+  pass "rank_of_another_job_on_same_port_refused"
+else
+  fail "rank_of_another_job_on_same_port_refused" "job B rank 1 rc=$rcb: $(tail -n 1 "$tmp/jobB1"); job A rc=$rca0,$rca1: $(tail -n 1 "$tmp/jobA0")"
+fi
+
 # 1c. A rank that stops answering without dying (SIGSTOP): the timeout names it and the collective.
 p=$(port)
 pids=()

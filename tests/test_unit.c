@@ -554,6 +554,293 @@ static void test_store_under_attack(void) {
             "rank 0: %s | rank 1: %s", ranks[0].error, ranks[1].error);
 }
 
+/* ---- the handshake's keyed hash: SHA-256 (FIPS 180-4 examples), HMAC-SHA-256 (RFC 4231) ---- */
+static void hex32(const unsigned char *d, char out[65]) {
+    int i;
+    for (i = 0; i < 32; i++) snprintf(out + 2 * i, 3, "%02x", d[i]);
+}
+
+static void test_sha256_hmac(void) {
+    static const char *msgs[] = { "abc", "", "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq" };
+    static const char *digests[] = { "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad",
+                                     "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+                                     "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1" };
+    unsigned char key[131], data[152], out[32];
+    char hex[65], why[256] = "";
+    ddp__sha256 c;
+    int i, ok = 1;
+    for (i = 0; i < 3; i++) {
+        ddp__sha256_init(&c);
+        ddp__sha256_update(&c, msgs[i], strlen(msgs[i]));
+        ddp__sha256_final(&c, out);
+        hex32(out, hex);
+        if (strcmp(hex, digests[i])) { ok = 0; snprintf(why, sizeof why, "sha256('%s') = %s", msgs[i], hex); }
+    }
+    ddp__sha256_init(&c);   /* a million 'a', fed in uneven pieces: every buffering path */
+    memset(data, 'a', sizeof data);
+    for (i = 0; i < 1000000;) { int n = 1 + i % 151; if (n > 1000000 - i) n = 1000000 - i; ddp__sha256_update(&c, data, (size_t)n); i += n; }
+    ddp__sha256_final(&c, out);
+    hex32(out, hex);
+    if (strcmp(hex, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0")) { ok = 0; snprintf(why, sizeof why, "sha256(1M a) = %s", hex); }
+    verdict(ok, "sha256_fips_examples", "%s", why);
+    ok = 1;
+    memset(key, 0x0b, 20);
+    ddp__hmac_sha256(key, 20, "Hi There", 8, out); hex32(out, hex);                                /* RFC 4231 case 1 */
+    ok &= !strcmp(hex, "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
+    ddp__hmac_sha256("Jefe", 4, "what do ya want for nothing?", 28, out); hex32(out, hex);             /* case 2 */
+    ok &= !strcmp(hex, "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+    memset(key, 0xaa, 20); memset(data, 0xdd, 50);
+    ddp__hmac_sha256(key, 20, data, 50, out); hex32(out, hex);                                        /* case 3 */
+    ok &= !strcmp(hex, "773ea91e36800e46854db8ebd09181a72959098b3ef8c122d9635514ced565fe");
+    for (i = 0; i < 25; i++) key[i] = (unsigned char)(i + 1);
+    memset(data, 0xcd, 50);
+    ddp__hmac_sha256(key, 25, data, 50, out); hex32(out, hex);                                        /* case 4 */
+    ok &= !strcmp(hex, "82558a389a443c0ea4cc819899f2083a85f0faa3e578f8077a2e3ff46729665b");
+    memset(key, 0xaa, 131);
+    ddp__hmac_sha256(key, 131, "Test Using Larger Than Block-Size Key - Hash Key First", 54, out); hex32(out, hex);   /* case 6 */
+    ok &= !strcmp(hex, "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
+    {
+        const char *m = "This is a test using a larger than block-size key and a larger than block-size data. The key "
+                        "needs to be hashed before being used by the HMAC algorithm.";
+        ddp__hmac_sha256(key, 131, m, strlen(m), out); hex32(out, hex);                               /* case 7 */
+        ok &= !strcmp(hex, "9b09ffa71b942fcb27635fbcd5b0e944bfdc63644f0713938a7f51535c3a35e2");
+    }
+    verdict(ok, "hmac_sha256_rfc4231_vectors", "last: %s", hex);
+}
+
+/* ---- ranks of different jobs on one port ---- */
+static void tweak_job_ids(test_rank *self, ddp_desc *d) { d->job_id = self->rank ? "job-B" : "job-A"; d->timeout_s = 2; }
+
+static void test_job_identity(void) {
+    test_rank ranks[2];
+    void *shared[2] = { (void *)init_only_rank, (void *)tweak_job_ids };
+    test_run_ranks(2, shared, ranks);
+    verdict(ranks[1].result == DDP_ERR_NETWORK && contains(ranks[1].error, "another job ('job-A')") &&
+            contains(ranks[1].error, "this rank is in job 'job-B'") && ranks[0].result == DDP_ERR_TIMEOUT,
+            "rank_of_another_job_refused_naming_both", "rank 0: %s | rank 1: %s", ranks[0].error, ranks[1].error);
+}
+
+/* The job id each launcher's variables give (a rank 1 that finds no store: init fails fast, the
+   resolved id stays readable). */
+static void expect_job_id(const char *name, const char *const *vars, const char *want) {
+    static const char *all[] = { "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                                 "DDP_TIMEOUT", "DDP_JOB_ID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                                 "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID",
+                                 "SLURM_STEP_ID", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_ERROR_FILE",
+                                 "DDP_LOG" };
+    char port[16];
+    ddp_context *ctx;
+    size_t i;
+    for (i = 0; i < sizeof all / sizeof all[0]; i++) unsetenv(all[i]);
+    snprintf(port, sizeof port, "%d", test_free_port());
+    setenv("MASTER_PORT", port, 1);
+    setenv("DDP_TIMEOUT", "0.2", 1);
+    setenv("DDP_LOG", "off", 1);
+    for (i = 0; vars[i]; i += 2) setenv(vars[i], vars[i + 1], 1);
+    ddp_init(&ctx, NULL);
+    verdict(ddp_config(ctx)->job_id && !strcmp(ddp_config(ctx)->job_id, want), name, "job id '%s', want '%s' (%s)",
+            ddp_config(ctx)->job_id ? ddp_config(ctx)->job_id : "(null)", want, ddp_last_error(ctx));
+    ddp_shutdown(ctx);
+    for (i = 0; i < sizeof all / sizeof all[0]; i++) unsetenv(all[i]);
+}
+
+static void test_launcher_job_ids(void) {
+    const char *ompi4[] = { "OMPI_COMM_WORLD_RANK", "1", "OMPI_COMM_WORLD_SIZE", "2", "OMPI_MCA_ess_base_jobid", "1100218369",
+                            "PMIX_NAMESPACE", "1100218369", NULL };
+    const char *ompi5[] = { "OMPI_COMM_WORLD_RANK", "1", "OMPI_COMM_WORLD_SIZE", "2", "PMIX_NAMESPACE", "prterun-host-4242@1", NULL };
+    const char *slurm[] = { "SLURM_PROCID", "1", "SLURM_NTASKS", "2", "SLURM_JOB_ID", "77", "SLURM_STEP_ID", "3", NULL };
+    const char *torch_run[] = { "RANK", "1", "WORLD_SIZE", "2", "TORCHELASTIC_RUN_ID", "4f6c0b", "TORCHELASTIC_RESTART_COUNT", "1", NULL };
+    const char *torch_none[] = { "RANK", "1", "WORLD_SIZE", "2", "TORCHELASTIC_RUN_ID", "none", "TORCHELASTIC_RESTART_COUNT", "0",
+                                 "TORCHELASTIC_ERROR_FILE", "/tmp/torchelastic_k2/none_x9/attempt_0/1/error.json", NULL };
+    const char *by_hand[] = { "RANK", "1", "WORLD_SIZE", "2", NULL };
+    const char *explicit_id[] = { "SLURM_PROCID", "1", "SLURM_NTASKS", "2", "SLURM_JOB_ID", "77", "DDP_JOB_ID", "mine", NULL };
+    expect_job_id("job_id_open_mpi_4", ompi4, "Open MPI job 1100218369");
+    expect_job_id("job_id_open_mpi_5", ompi5, "Open MPI job prterun-host-4242@1");
+    expect_job_id("job_id_slurm_job_and_step", slurm, "Slurm job 77 step 3");
+    expect_job_id("job_id_torchrun_run_id", torch_run, "torchrun run 4f6c0b");
+    expect_job_id("job_id_torchrun_static_log_dir", torch_none, "torchrun /tmp/torchelastic_k2/none_x9/attempt_0");
+    expect_job_id("job_id_none_by_hand", by_hand, "");
+    expect_job_id("job_id_ddp_job_id_wins", explicit_id, "mine");
+}
+
+/* ---- a program squatting on MASTER_PORT learns nothing usable and is refused ---- */
+typedef struct { int listen_fd; unsigned char got[4096]; size_t len; } squatter;
+static void *squatter_main(void *arg) {
+    squatter *q = (squatter *)arg;
+    int fd = accept(q->listen_fd, NULL, NULL);
+    double until = ddp__now() + 2;
+    int answered = 0;
+    if (fd < 0) return NULL;
+    while (ddp__now() < until && q->len < sizeof q->got) {
+        struct pollfd pfd = { fd, POLLIN, 0 };
+        ssize_t n;
+        if (poll(&pfd, 1, 50) <= 0) continue;
+        if ((n = recv(fd, q->got + q->len, sizeof q->got - q->len, 0)) <= 0) break;
+        q->len += (size_t)n;
+        if (!answered && q->len >= 16) {   /* a well-formed answer with a made-up challenge */
+            unsigned char reply[16 + 64];
+            int i;
+            ddp__put_u32(reply, DDP__STORE_MAGIC); ddp__put_u32(reply + 4, 0);
+            ddp__put_u32(reply + 8, 0); ddp__put_u32(reply + 12, 64);
+            for (i = 0; i < 64; i++) reply[16 + i] = (unsigned char)(i * 29 + 7);
+            if (send(fd, reply, sizeof reply, MSG_NOSIGNAL) < 0) break;
+            answered = 1;
+        }
+    }
+    close(fd);
+    return NULL;
+}
+
+static int holds(const unsigned char *hay, size_t n, const char *needle) {
+    size_t k = strlen(needle), i;
+    for (i = 0; i + k <= n; i++) if (!memcmp(hay + i, needle, k)) return 1;
+    return 0;
+}
+
+static void test_squatter(void) {
+    static squatter q;
+    struct sockaddr_in a;
+    pthread_t t;
+    ddp_context *ctx;
+    ddp_desc d;
+    ddp_result r;
+    int port = test_free_port();
+    memset(&q, 0, sizeof q);
+    q.listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET; a.sin_port = htons((uint16_t)port); a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(q.listen_fd, (struct sockaddr *)&a, sizeof a);
+    listen(q.listen_fd, 4);
+    pthread_create(&t, NULL, squatter_main, &q);
+    memset(&d, 0, sizeof d);
+    d.world_size = 2; d.rank = 1; d.master_port = port; d.timeout_s = 3; d.log_level = DDP_LOG_OFF;
+    d.job_token = "s3cret-token-7fa1c9";
+    r = ddp_init(&ctx, &d);
+    pthread_join(t, NULL);
+    close(q.listen_fd);
+    verdict(r == DDP_ERR_NETWORK && contains(ddp_last_error(ctx), "could not prove") && q.len > 0 &&
+            !holds(q.got, q.len, "s3cret-token-7fa1c9"), "squatter_on_port_refused_learns_no_token",
+            "%s: %s; the squatter got %zu bytes%s", ddp_result_string(r), ddp_last_error(ctx), q.len,
+            holds(q.got, q.len, "s3cret-token-7fa1c9") ? ", the token among them" : "");
+    ddp_shutdown(ctx);
+}
+
+/* ---- waits follow the timeout, and the messages say what happened ---- */
+static void test_store_waits(void) {
+    struct sockaddr_in a;
+    ddp_context *ctx;
+    ddp_desc d;
+    ddp_result r;
+    double t0, took;
+    int port = test_free_port(), fd = socket(AF_INET, SOCK_STREAM, 0);
+    char want[64];
+    memset(&d, 0, sizeof d);
+    d.world_size = 2; d.rank = 1; d.master_port = port; d.timeout_s = 1; d.log_level = DDP_LOG_OFF;
+    /* nothing listens: rank 0 never started (or died before it listened) */
+    t0 = ddp__now();
+    r = ddp_init(&ctx, &d);
+    took = ddp__now() - t0;
+    snprintf(want, sizeof want, "no store at 127.0.0.1:%d - did rank 0 start?", port);
+    verdict(r == DDP_ERR_TIMEOUT && contains(ddp_last_error(ctx), want) && took < 4, "no_store_asks_did_rank0_start",
+            "%s after %.1f s: %s", ddp_result_string(r), took, ddp_last_error(ctx));
+    ddp_shutdown(ctx);
+    /* a listener that never answers the handshake (it never even accepts) */
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET; a.sin_port = htons((uint16_t)port); a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(fd, (struct sockaddr *)&a, sizeof a);
+    listen(fd, 16);
+    d.timeout_s = 1.5;
+    t0 = ddp__now();
+    r = ddp_init(&ctx, &d);
+    took = ddp__now() - t0;
+    verdict(r == DDP_ERR_TIMEOUT && contains(ddp_last_error(ctx), "did not answer the rendezvous handshake within 2 s") &&
+            !contains(ddp_last_error(ctx), "reset") && took < 5, "silent_listener_handshake_wait_follows_timeout",
+            "%s after %.1f s: %s", ddp_result_string(r), took, ddp_last_error(ctx));
+    ddp_shutdown(ctx);
+    close(fd);
+}
+
+/* After a failure, ddp_shutdown does not wait on a peer that hangs (connected, silent). */
+static void hung_peer_rank(test_rank *self) {
+    ddp_context *ctx;
+    ddp_desc d = test_desc(self);
+    double t0;
+    d.timeout_s = 1;
+    if ((self->result = ddp_init(&ctx, &d)) != DDP_OK) { snprintf(self->error, sizeof self->error, "%s", ddp_last_error(ctx)); ddp_shutdown(ctx); return; }
+    if (self->rank == 1) { usleep(5000000); ddp_shutdown(ctx); return; }   /* hangs, its store connection open */
+    self->result = ddp_barrier(ctx);
+    snprintf(self->error, sizeof self->error, "%s", ddp_last_error(ctx));
+    t0 = ddp__now();
+    ddp_shutdown(ctx);
+    *(double *)((void **)self->shared)[1] = ddp__now() - t0;
+}
+
+static void test_shutdown_after_failure(void) {
+    test_rank ranks[2];
+    double took = -1;
+    void *shared[2] = { (void *)hung_peer_rank, &took };
+    ddp_context *ctx;
+    ddp_desc d;
+    test_run_ranks(2, shared, ranks);
+    verdict(ranks[0].result == DDP_ERR_TIMEOUT && took >= 0 && took < 2.5, "shutdown_after_failure_does_not_wait_for_hung_peer",
+            "barrier: %s; ddp_shutdown took %.2f s", ranks[0].error, took);
+    memset(&d, 0, sizeof d);
+    d.world_size = 1;
+    ddp_init(&ctx, &d);
+    verdict(ddp_config(ctx)->shutdown_timeout_s == 1, "shutdown_timeout_default_resolved", "%g", ddp_config(ctx)->shutdown_timeout_s);
+    ddp_shutdown(ctx);
+}
+
+/* ---- a flood of wrong-token clients: the first few are logged, the rest counted ---- */
+typedef struct { int lines; char last[1024]; } log_tally;
+static void tally_log(void *user, ddp_log_level level, int rank, const char *msg) {
+    log_tally *t = (log_tally *)user;
+    (void)rank;
+    if (level < DDP_LOG_WARN) return;
+    t->lines++;
+    snprintf(t->last, sizeof t->last, "%s", msg);
+}
+
+static void flooded_rank(test_rank *self) {
+    ddp_context *ctx;
+    ddp_desc d = test_desc(self);
+    log_tally *tally = (log_tally *)((void **)self->shared)[1];
+    int n = *(int *)((void **)self->shared)[2], i;
+    d.job_token = "the-real-token";
+    if (self->rank == 0) { d.log = tally_log; d.log_user = tally; d.log_level = DDP_LOG_WARN; }
+    else {
+        for (i = 0; i < n; i++) {   /* intruders with the wrong token, then the real rank 1 */
+            ddp_context *bad;
+            ddp_desc b = d;
+            b.job_token = "intruder";
+            if (ddp_init(&bad, &b) != DDP_ERR_NETWORK) self->result = DDP_ERR_MISMATCH;
+            ddp_shutdown(bad);
+        }
+    }
+    if ((self->result = ddp_init(&ctx, &d)) == DDP_OK) self->result = ddp_barrier(ctx);
+    snprintf(self->error, sizeof self->error, "%s", ddp_last_error(ctx));
+    ddp_shutdown(ctx);
+}
+
+static void test_log_flood(void) {
+    static log_tally tally;
+#ifdef TEST_SANITIZED
+    int n = 200;
+#else
+    int n = 1000;
+#endif
+    char want[64];
+    test_rank ranks[2];
+    void *shared[3] = { (void *)flooded_rank, &tally, &n };
+    memset(&tally, 0, sizeof tally);
+    test_run_ranks(2, shared, ranks);
+    snprintf(want, sizeof want, "%d with a wrong job token", n);
+    verdict(ranks[0].result == DDP_OK && ranks[1].result == DDP_OK && tally.lines <= DDP__STORE_WARN_FIRST + 1 &&
+            contains(tally.last, want), "wrong_token_flood_logged_few_lines_then_a_count",
+            "%d clients, %d warning lines, last: %s | rank 0: %s | rank 1: %s", n, tally.lines, tally.last,
+            ranks[0].error, ranks[1].error);
+}
+
 /* ---- the shared segment is owner-only (checked through the mapping, as it is unlinked) ---- */
 static void shm_mode_rank(test_rank *self) {
     ddp_context *ctx;
@@ -713,6 +1000,13 @@ int main(void) {
     test_rendezvous_failures();
     test_mismatches();
     test_store_under_attack();
+    test_sha256_hmac();
+    test_job_identity();
+    test_launcher_job_ids();
+    test_squatter();
+    test_store_waits();
+    test_shutdown_after_failure();
+    test_log_flood();
     test_shm_owner_only();
     test_exited_peer();
     test_wrong_order();

@@ -3,6 +3,7 @@
 #ifndef DDP_TESTLIB_H
 #define DDP_TESTLIB_H
 #define DDP_IMPLEMENTATION
+#define DDP_TEST_KILL_POINTS   /* DDP_TEST_KILL_AT=POINT:RANK (ddp.h): SIGKILL a rank inside the library */
 #include "../ddp.h"
 #include <stdio.h>
 
