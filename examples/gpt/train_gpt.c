@@ -22,8 +22,10 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -156,6 +158,48 @@ static float lr_at(const options *o, int s) {
     return (float)(o->min_lr + 0.5 * (1.0 + cos(3.14159265358979323846 * ratio)) * (o->lr - o->min_lr));
 }
 
+/* ---- files ---- */
+
+static const char *file_kind(mode_t mode) {
+    return S_ISFIFO(mode) ? "a FIFO (named pipe)" : S_ISDIR(mode) ? "a directory" : S_ISCHR(mode) ? "a character device"
+         : S_ISBLK(mode) ? "a block device" : S_ISSOCK(mode) ? "a socket" : "not a regular file";
+}
+
+/* Opens PATH for reading if it is a regular file; else NULL, errno set, and *kind says what it is
+   (NULL when the open itself failed). A FIFO with no writer would block fopen forever, before any
+   timeout applies: O_NONBLOCK makes the open return at once, and fstat on the opened descriptor
+   checks the very file that was opened (stat, then open, leaves a window to swap the path). */
+static FILE *open_regular(const char *path, const char **kind) {
+    struct stat st;
+    FILE *f = NULL;
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC), e;
+    *kind = NULL;
+    if (fd < 0) return NULL;
+    if (fstat(fd, &st) != 0) goto fail;
+    if (!S_ISREG(st.st_mode)) { *kind = file_kind(st.st_mode); errno = EINVAL; goto fail; }
+    if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0 || !(f = fdopen(fd, "rb"))) goto fail;
+    return f;
+fail:
+    e = errno;
+    close(fd);
+    errno = e;
+    return NULL;
+}
+
+/* fsync the directory holding PATH: a rename is durable only once its directory is on disk, or a
+   power loss after "checkpoint written" can bring back the old file, or none. */
+static int sync_dir_of(const char *path) {
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    int fd, ok;
+    if (slash) snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+    else snprintf(dir, sizeof dir, ".");
+    if ((fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) return 0;
+    ok = fsync(fd) == 0 || errno == EINVAL;   /* EINVAL: a file system that cannot sync a directory */
+    close(fd);
+    return ok;
+}
+
 /* ---- data ---- */
 typedef struct dataset { unsigned char *bytes; size_t len, train_len, val_len; } dataset;
 
@@ -166,13 +210,19 @@ static int load_data(const options *o, int rank, int world, dataset *d, char *er
     FILE *f;
     long size;
     char what[256];
+    const char *kind;
     /* The 90% training split must hold one window of seq+1 bytes too. */
     min_split = ((size_t)o->model.seq + 1) * 10 / 9 + 2;
     if (need < min_split) need = min_split;
     snprintf(what, sizeof what, "at least %zu bytes (world %d x batch %d x (seq %d + 1) + 1%s)", need, world,
              o->model.batch, o->model.seq, need == min_split ? ", and a 90% split that holds one window" : "");
     memset(d, 0, sizeof *d);
-    f = fopen(path, "rb");
+    f = open_regular(path, &kind);
+    if (!f && kind) {
+        snprintf(err, errn, "rank %d: the training data '%s' is %s, not a regular file; train_gpt reads the whole file "
+                 "to pick its windows: save the text to a file and pass that to --data", rank, path, kind);
+        return 0;
+    }
     if (!f) {
         snprintf(err, errn, "rank %d: cannot open the training data '%s': %s; it needs %s%s", rank, path, strerror(errno), what,
                  o->data ? "" : " (the default corpus: run `make build/fortunes.txt`, or pass --data PATH)");
@@ -191,8 +241,16 @@ static int load_data(const options *o, int rank, int world, dataset *d, char *er
     }
     d->len = (size_t)size;
     d->bytes = (unsigned char *)malloc(d->len);
-    if (!d->bytes || fread(d->bytes, 1, d->len, f) != d->len) {
-        snprintf(err, errn, "rank %d: cannot read %zu bytes of '%s'", rank, d->len, path);
+    if (!d->bytes) {
+        snprintf(err, errn, "rank %d: out of memory reading the training data '%s' (%zu bytes); use a smaller file", rank, path, d->len);
+        fclose(f);
+        return 0;
+    }
+    if (fread(d->bytes, 1, d->len, f) != d->len) {
+        snprintf(err, errn, "rank %d: cannot read %zu bytes of '%s': %s", rank, d->len, path,
+                 ferror(f) ? strerror(errno) : "the file got shorter while it was read");
+        free(d->bytes);
+        d->bytes = NULL;
         fclose(f);
         return 0;
     }
@@ -245,6 +303,25 @@ static ddp_result model_create(model *mo, ddp_context *ddp, const options *o) {
     return r;
 }
 
+/* What a failed model_create says. gpt.h's and gpt_cuda.cuh's own allocations fail with a bare
+   DDP_ERR_OUT_OF_MEMORY (ddp.h's last error stays empty): say then how much the model needs. */
+static const char *model_create_failure(ddp_context *ddp, const options *o, ddp_result r, char *buf, size_t n) {
+    const gpt_config *c = &o->model;
+    double C = c->dim, T = c->seq, L = c->layers, BT = (double)c->batch * c->seq;
+    double params = GPT_VOCAB * C + T * C + L * (12 * C * C + 13 * C) + 2 * C;
+    double acts = L * (21 * BT * C + (double)c->batch * c->heads * T * T + 4 * BT) + 16 * BT * C + 2 * BT * GPT_VOCAB;
+    if (strcmp(ddp_last_error(ddp), "no error") != 0) return ddp_last_error(ddp);
+    if (r != DDP_ERR_OUT_OF_MEMORY) {
+        snprintf(buf, n, "rank %d: cannot create the model: %s", ddp_rank(ddp), ddp_result_string(r));
+        return buf;
+    }
+    snprintf(buf, n, "rank %d: out of memory creating the model: --layers %d --heads %d --dim %d --seq %d --batch %d has %.3g "
+             "parameters and needs about %.3g GiB (parameters, gradients, AdamW m and v, activations); make --dim, --layers, "
+             "--seq or --batch smaller", ddp_rank(ddp), c->layers, c->heads, c->dim, c->seq, c->batch, params,
+             (20 * params + 4 * acts) / (1024.0 * 1024 * 1024));
+    return buf;
+}
+
 static void model_destroy(model *mo) {
 #ifdef TRAIN_CUDA_MODEL
     if (mo->on_gpu) gpt_cuda_destroy(&mo->gpu);
@@ -266,7 +343,7 @@ static void model_forward(model *mo, const int *tok, const int *tgt, int B, int 
     if (mo->num_losses == mo->cap_losses) {
         int cap = mo->cap_losses ? 2 * mo->cap_losses : 64;
         float *grown = (float *)realloc(mo->losses, sizeof(float) * (size_t)cap);
-        if (!grown) { fprintf(stderr, "train_gpt: out of memory\n"); exit(1); }
+        if (!grown) { fprintf(stderr, "train_gpt: rank %d: out of memory keeping %d losses\n", ddp_rank(mo->cpu.ddp), cap); exit(1); }
         mo->losses = grown;
         mo->cap_losses = cap;
     }
@@ -445,11 +522,20 @@ static int save_checkpoint(ddp_context *ddp, const model *mo, const options *o, 
         remove(tmp);
         return 0;
     }
+    if (!sync_dir_of(path)) {
+        snprintf(err, errn, "rank 0: wrote the checkpoint '%s' but cannot sync its directory to disk: %s", path, strerror(errno));
+        return 0;
+    }
     return 1;
 }
 
+/* The largest step a run can reach (--steps is at most 10^9): a checkpoint's step beyond it is damage. */
+#define CKPT_MAX_STEP 1000000000
+
 /* Rank 0 reads and checks the file; every rank gets its content by broadcast (so a multi-host
-   job needs the file only where rank 0 runs). Returns the step to continue from, or -1. */
+   job needs the file only where rank 0 runs). Returns the step to continue from, or -1 with a
+   message in err. The checksum is checked before the header's meaning (step, seed), so a damaged
+   file is called corrupt rather than foreign. */
 static int load_checkpoint(ddp_context *ddp, const model *mo, const options *o, const char *path, char *err, size_t errn) {
     ckpt_header hd;
     host_state s;
@@ -461,9 +547,11 @@ static int load_checkpoint(ddp_context *ddp, const model *mo, const options *o, 
     if (!state_open(ddp, mo, &s, 0, err, errn)) return -1;
     params = s.params; mom = s.m; var = s.v; n = s.n;
     if (rank == 0) {
-        FILE *f = fopen(path, "rb");
+        const char *kind;
+        FILE *f = open_regular(path, &kind);
         uint64_t h = GPT_FNV_INIT, stored = 0;
-        if (!f) snprintf(err, errn, "rank 0: cannot open the checkpoint '%s': %s", path, strerror(errno));
+        if (!f && kind) snprintf(err, errn, "rank 0: the checkpoint '%s' is %s, not a regular file; pass the checkpoint file itself", path, kind);
+        else if (!f) snprintf(err, errn, "rank 0: cannot open the checkpoint '%s': %s", path, strerror(errno));
         else if (fread(&hd, sizeof hd, 1, f) != 1 || memcmp(hd.magic, CKPT_MAGIC, 8) != 0)
             snprintf(err, errn, "rank 0: '%s' is not a train_gpt checkpoint", path);
         else if (hd.version != CKPT_VERSION)
@@ -476,19 +564,32 @@ static int load_checkpoint(ddp_context *ddp, const model *mo, const options *o, 
         else if (fread(params, sizeof(float), n, f) != n || fread(mom, sizeof(float), n, f) != n ||
                  fread(var, sizeof(float), n, f) != n || fread(&stored, sizeof stored, 1, f) != 1)
             snprintf(err, errn, "rank 0: checkpoint '%s' is truncated", path);
+        else if (fgetc(f) != EOF) {   /* a file train_gpt wrote ends with its checksum */
+            long expected = (long)(sizeof hd + 3 * n * sizeof(float) + sizeof stored), size = -1;
+            if (fseek(f, 0, SEEK_END) == 0) size = ftell(f);
+            snprintf(err, errn, "rank 0: checkpoint '%s' goes on after its checksum (%ld bytes; a checkpoint of this model is %ld): "
+                     "not a file train_gpt wrote, or two files run together", path, size, expected);
+        }
         else {
             h = gpt_fnv1a(&hd, sizeof hd, h);
             h = gpt_fnv1a(params, n * sizeof(float), h);
             h = gpt_fnv1a(mom, n * sizeof(float), h);
             h = gpt_fnv1a(var, n * sizeof(float), h);
             if (h != stored) snprintf(err, errn, "rank 0: checkpoint '%s' is corrupt (checksum mismatch)", path);
+            else if (hd.step < 0 || hd.step > CKPT_MAX_STEP || hd.adam_step < 0 || hd.adam_step > hd.step)
+                snprintf(err, errn, "rank 0: checkpoint '%s' holds step %lld and AdamW step %lld; a checkpoint train_gpt wrote has "
+                         "0 <= AdamW step <= step <= %d", path, (long long)hd.step, (long long)hd.adam_step, CKPT_MAX_STEP);
+            else if (hd.seed != o->seed)   /* the data order and the sampling follow the seed: another one is another run */
+                snprintf(err, errn, "rank 0: checkpoint '%s' was trained with --seed %llu, this run has --seed %llu; the seed picks "
+                         "the data order, so resuming with another one silently changes the run: pass --seed %llu", path,
+                         (unsigned long long)hd.seed, (unsigned long long)o->seed, (unsigned long long)hd.seed);
             else { status[0] = 1; status[1] = (int32_t)hd.step; *s.adam_step = hd.adam_step; }
         }
         if (f) fclose(f);
     }
     if (ddp_broadcast(ddp, status, sizeof status, 0) != DDP_OK) { snprintf(err, errn, "%s", ddp_last_error(ddp)); state_close(ddp, &s, 0); return -1; }
     if (!status[0]) {
-        if (rank != 0) snprintf(err, errn, "rank %d: rank 0 could not load the checkpoint '%s'", rank, path);
+        if (rank != 0) snprintf(err, errn, "rank %d: rank 0 could not load the checkpoint '%s' (rank 0's message says why)", rank, path);
         state_close(ddp, &s, 0);
         return -1;
     }
@@ -506,18 +607,17 @@ static int load_checkpoint(ddp_context *ddp, const model *mo, const options *o, 
 /* ---- evaluation and sampling ---- */
 
 /* Mean loss over eval_batches x world x batch fixed windows of the validation split, every rank
-   its own slice, averaged across ranks. Returns NAN when the split is shorter than a window. */
-static float evaluate(ddp_context *ddp, model *mo, const options *o, const dataset *d, int *tok, int *tgt) {
+   its own slice, averaged across ranks, into *loss: NAN when the split is shorter than a window. */
+static ddp_result evaluate(ddp_context *ddp, model *mo, const options *o, const dataset *d, int *tok, int *tgt, float *loss) {
     int B = o->model.batch, T = o->model.seq, rank = ddp_rank(ddp), k;
-    float loss;
-    if (d->val_len < (size_t)T + 1) return NAN;
+    *loss = NAN;
+    if (d->val_len < (size_t)T + 1) return DDP_OK;
     for (k = 0; k < o->eval_batches; k++) {
         gpt_make_batch(d->bytes + d->train_len, d->val_len, o->seed ^ 0xe7a1u, (uint64_t)k, rank * B, B, T, tok, tgt);
         model_forward(mo, tok, tgt, B, T, 1.0f, 0);
     }
-    loss = model_loss_sum(mo, (float)o->eval_batches, o->eval_batches);
-    ddp_allreduce(ddp, &loss, 1, DDP_AVG);
-    return loss;
+    *loss = model_loss_sum(mo, (float)o->eval_batches, o->eval_batches);
+    return ddp_allreduce(ddp, loss, 1, DDP_AVG);
 }
 
 static uint64_t rng_next(uint64_t *s) { *s += 0x9e3779b97f4a7c15ull; return gpt__mix(*s); }
@@ -527,12 +627,15 @@ static void put_byte(int c) {
     else printf("\\x%02x", c);
 }
 
-/* Rank 0 only: generate n bytes after the prompt, temperature and optional top-k, seeded. */
-static void sample_text(model *mo, const options *o) {
-    int T = o->model.seq, len = 0, cap = (int)strlen(o->prompt) + o->sample + 1, i, v;
-    int *ctx = (int *)malloc(sizeof(int) * (size_t)cap);
+/* Rank 0 only: generate n bytes after the prompt, temperature and optional top-k, seeded.
+   Returns 0 when out of memory. */
+static int sample_text(model *mo, const options *o) {
+    size_t cap = strlen(o->prompt) + (size_t)o->sample + 1;
+    int T = o->model.seq, len = 0, i, v;
+    int *ctx = (int *)malloc(sizeof(int) * cap);
     float probs[GPT_VOCAB], sorted[GPT_VOCAB], z[GPT_VOCAB];
     uint64_t rng = o->seed * 0x2545f4914f6cdd1dull + 7;
+    if (!ctx) return 0;
     for (i = 0; o->prompt[i]; i++) ctx[len++] = (unsigned char)o->prompt[i];
     if (len == 0) ctx[len++] = '\n';
     printf("---- sample (%d bytes, temperature %g%s) ----\n", o->sample, o->temperature, o->top_k ? ", top-k" : "");
@@ -560,15 +663,25 @@ static void sample_text(model *mo, const options *o) {
     printf("\n---- end of sample ----\n");
     fflush(stdout);
     free(ctx);
+    return 1;
 }
 
 /* ---- main ---- */
+
+/* ddp.h's message for a failed call, or, where a call failed without one, the rank and what the
+   result means: no failure of train_gpt goes unexplained. */
+static const char *failure_text(ddp_context *ddp, ddp_result r, char *buf, size_t n) {
+    if (!ddp || strcmp(ddp_last_error(ddp), "no error") != 0) return ddp_last_error(ddp);
+    snprintf(buf, n, "rank %d: %s", ddp_rank(ddp), ddp_result_string(r));
+    return buf;
+}
+
 #define DIE(...) do { fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); if (ddp) ddp_shutdown(ddp); return 1; } while (0)
-#define CHECK(call) do { if ((call) != DDP_OK) DIE("%s", ddp_last_error(ddp)); } while (0)
+#define CHECK(call) do { ddp_result r_ = (call); if (r_ != DDP_OK) DIE("%s", failure_text(ddp, r_, why, sizeof why)); } while (0)
 
 int main(int argc, char **argv) {
     options o;
-    char err[8192], what[256];
+    char err[8192], what[256], why[512];
     ddp_context *ddp = NULL;
     dataset data;
     model mo;
@@ -589,7 +702,10 @@ int main(int argc, char **argv) {
         solo.world_size = 1;
         solo.backend = DDP_BACKEND_CPU;   /* host buffers to write out; the init is the same everywhere */
         CHECK(ddp_init(&ddp, &solo));
-        CHECK(gpt_create(&cpu_model, ddp, &o.model, o.seed));
+        {
+            ddp_result r = gpt_create(&cpu_model, ddp, &o.model, o.seed);
+            if (r != DDP_OK) DIE("train_gpt: %s", model_create_failure(ddp, &o, r, err, sizeof err));
+        }
         {
             const float *p = ddp_flat_params(ddp, &n);
             if (!(f = fopen(o.dump_init, "wb")) || fwrite(p, sizeof(float), n, f) != n || fclose(f) != 0)
@@ -621,11 +737,15 @@ int main(int argc, char **argv) {
     B = o.model.batch;
     T = o.model.seq;
     if (!load_data(&o, rank, world, &data, err, sizeof err)) DIE("train_gpt: %s", err);
-    CHECK(model_create(&mo, ddp, &o));
+    {
+        ddp_result r = model_create(&mo, ddp, &o);
+        if (r != DDP_OK) DIE("train_gpt: %s", model_create_failure(ddp, &o, r, err, sizeof err));
+    }
     tok = (int *)malloc(sizeof(int) * (size_t)B * T);
     tgt = (int *)malloc(sizeof(int) * (size_t)B * T);
-    if (!tok || !tgt) DIE("rank %d: out of memory", rank);
+    if (!tok || !tgt) DIE("train_gpt: rank %d: out of memory for a batch of %d x %d tokens", rank, B, T);
     if (o.resume) {
+        snprintf(err, sizeof err, "rank %d: cannot load the checkpoint '%s'", rank, o.resume);   /* load_checkpoint says why */
         step = load_checkpoint(ddp, &mo, &o, o.resume, err, sizeof err);
         if (step < 0) DIE("train_gpt: %s", err);
     }
@@ -674,7 +794,7 @@ int main(int argc, char **argv) {
                        (double)world * B * T * o.accum / (ms / 1e3), st.backward_ms, st.comm_ms, st.exposed_ms, st.overlap_pct);
         }
         if (o.eval_every > 0 && step % o.eval_every == 0 && step < o.steps) {
-            val = evaluate(ddp, &mo, &o, &data, tok, tgt);
+            CHECK(evaluate(ddp, &mo, &o, &data, tok, tgt, &val));
             if (rank == 0) printf("step %5d | val loss %.4f\n", step, val);
             t_line = now_s();   /* the next line's mean is of training steps only */
             step_line = step;
@@ -685,7 +805,7 @@ int main(int argc, char **argv) {
     }
     {
         double secs = now_s() - t_start;
-        val = evaluate(ddp, &mo, &o, &data, tok, tgt);
+        CHECK(evaluate(ddp, &mo, &o, &data, tok, tgt, &val));
         if (rank == 0) {
             host_state s;
             if (!state_open(ddp, &mo, &s, 1, err, sizeof err)) DIE("train_gpt: %s", err);
@@ -696,7 +816,7 @@ int main(int argc, char **argv) {
     }
     if (o.save && rank == 0 && !save_checkpoint(ddp, &mo, &o, step, o.save, err, sizeof err)) DIE("train_gpt: %s", err);
     if (o.save && rank == 0) printf("checkpoint: %s (step %d)\n", o.save, step);
-    if (rank == 0 && o.sample > 0) sample_text(&mo, &o);
+    if (rank == 0 && o.sample > 0 && !sample_text(&mo, &o)) DIE("train_gpt: rank 0: out of memory for a sample of %d bytes", o.sample);
     CHECK(ddp_barrier(ddp));
     free(tok); free(tgt); free(data.bytes);
     model_destroy(&mo);
