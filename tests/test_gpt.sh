@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test_gpt.sh — build/train_gpt as a user runs it, on 2 real ranks under ddprun:
 #   checkpoint resume is bit-identical (train 2k steps == train k, save, resume, train k more),
-#   with and without gradient accumulation; a checkpoint of another model or seed, a damaged, overlong or out-of-range one, or a
+#   with and without gradient accumulation; --save PATH resumes from what PATH holds (--fresh:
+#   not); a checkpoint of another model or seed, a damaged, overlong or out-of-range one, or a
 #   FIFO is refused; the rename of a checkpoint is followed by an fsync of its directory; a
 #   missing, empty, too small or FIFO data file is a clear error and a non-zero exit, and so is
 #   running out of memory;
@@ -46,6 +47,22 @@ for accum in 1 2; do
         pass "$name"; echo "  (8 steps straight and 4 + resume + 4: parameters fnv1a $a, both)"
     else
         fail "$name" "straight $a, after 4 steps $h, resumed $c"
+    fi
+    # --save PATH where PATH holds a checkpoint continues from it (a restarted job runs the same
+    # command again), saying so; --fresh starts over
+    if [ "$accum" = 1 ]; then
+        cp "$tmp/ck$accum" "$tmp/auto$accum"
+        train --steps 8 --grad-accum $accum --save "$tmp/auto$accum" >"$tmp/auto.log" 2>&1
+        c=$(hash_of "$tmp/auto.log")
+        if [ -n "$a" ] && [ "$a" = "$c" ] && grep -q "resumed from $tmp/auto$accum at step 4 (the --save path held a checkpoint" "$tmp/auto.log"; then
+            pass gpt_save_path_with_checkpoint_resumes
+        else fail gpt_save_path_with_checkpoint_resumes "straight $a, via --save $c: $(grep -v '^\[rank 0\] step' "$tmp/auto.log" | tail -n 2)"; fi
+        cp "$tmp/ck$accum" "$tmp/fresh$accum"
+        train --steps 8 --grad-accum $accum --save "$tmp/fresh$accum" --fresh >"$tmp/fresh.log" 2>&1
+        c=$(hash_of "$tmp/fresh.log")
+        if [ -n "$a" ] && [ "$a" = "$c" ] && ! grep -q "resumed" "$tmp/fresh.log" && cmp -s "$tmp/fresh$accum" "$tmp/auto$accum"; then
+            pass gpt_save_fresh_starts_over
+        else fail gpt_save_fresh_starts_over "straight $a, --fresh $c: $(tail -n 2 "$tmp/fresh.log")"; fi
     fi
     # the resumed run's step lines 5..8 must print the straight run's losses exactly
     if diff <(grep -oE "step +[5-8]/8 \| loss [0-9.]+" "$tmp/straight.log") <(grep -oE "step +[5-8]/8 \| loss [0-9.]+" "$tmp/second.log") >/dev/null; then
@@ -103,6 +120,10 @@ out=$(timeout 30 "$B/ddprun" -n "$N" "$BIN" "${TINY[@]}" --steps 8 --resume "$tm
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "rank 0: the checkpoint '$tmp/fifo' is a FIFO (named pipe), not a regular file" <<<"$out"; then
     pass gpt_resume_refuses_fifo
 else fail gpt_resume_refuses_fifo "rc $rc (124: it blocked in open): $(tail -n 2 <<<"$out" | tr '\n' ' ')"; fi
+out=$(train --steps 8 --dim 64 --save "$tmp/ck1" 2>&1); rc=$?
+if [ $rc -ne 0 ] && grep -q "holds a model with --layers 2 --heads 2 --dim 32.*--save '$tmp/ck1' already holds that file: pass --fresh" <<<"$out"; then
+    pass gpt_save_path_with_other_checkpoint_refused
+else fail gpt_save_path_with_other_checkpoint_refused "rc $rc: $(tail -n 2 <<<"$out" | tr '\n' ' ')"; fi
 
 # --- the checkpoint's rename reaches the disk: the directory is fsync'ed after it (strace) ---
 mkdir -p "$tmp/dur"
