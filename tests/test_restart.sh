@@ -26,8 +26,8 @@ echo "kill points drawn with SEED=$SEED"
 
 seq 1 4000 | awk '{ printf "line %d: the quick brown fox jumps over the lazy dog, %d times.\n", $1, ($1 * 7919) % 1000 }' >data.txt
 STEPS=60 EVERY=10 N=3
-GPT=(--data data.txt --layers 1 --heads 2 --dim 32 --seq 16 --batch 2 --steps $STEPS --warmup 5
-     --eval-every 0 --eval-batches 1 --sample 0 --log-every 10 --save-every $EVERY)
+GPT=(--data data.txt --layers 1 --heads 2 --dim 32 --seq 16 --batch 2 --steps "$STEPS" --warmup 5
+     --eval-every 0 --eval-batches 1 --sample 0 --log-every 10 --save-every "$EVERY")
 
 # kill_points K: sets points to K points "rank:step[:save]" at distinct steps at least 2 apart
 # (two points in one attempt would fire together), in the order they fire (by step; see

@@ -35,7 +35,8 @@ ranks_now() { pgrep -P "${ddprun_pid:-0}" | sort -n | tr '\n' ' '; }
 
 # K kill targets: one random step in each of K equal slices of [E, N - E).
 span=$(( (N - 2 * E) / K )); [ "$span" -lt 1 ] && span=1
-targets=($(for k in $(seq 0 $((K - 1))); do echo $(( E + k * span + (RANDOM * 32768 + RANDOM) % span )); done))
+targets=()   # drawn in this shell: bash seeds RANDOM anew in a $(...) subshell, and --seed would not repeat a soak
+for k in $(seq 0 $((K - 1))); do targets+=($(( E + k * span + (RANDOM * 32768 + RANDOM) % span ))); done
 rows=() ok=1 kills=0 t_start=$(date +%s)
 timeout 3600 "$B/ddprun" -n 2 --max-restarts "$K" "$B/train_gpt" "${GPT[@]}" --save ck >out 2>err &
 job=$!
