@@ -773,7 +773,7 @@ static void name_the_cause(struct job *job)
                  (long)cause->pid, cause->code);
     if (stalled)
         say("%s: rank %d exited with status %d after waiting for it%s", job->cause, first->index, first->code,
-            stop_sig ? " (continue it with SIGCONT, or find what stopped it: a debugger? kill -STOP?)"
+            stop_sig ? " (what stopped it: a debugger? a kill -STOP?)"
                      : ", and it is still running, not stopped: busy, blocked or deadlocked?");
     else
         say("%s", job->cause);
