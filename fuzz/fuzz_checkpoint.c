@@ -1,7 +1,7 @@
 /* fuzz_checkpoint.c — libFuzzer target for train_gpt's checkpoint loader (examples/gpt).
    Each input is a whole checkpoint file: the loader must refuse anything but a complete,
-   checksummed checkpoint of the same model with a clear message, and never read or write out
-   of bounds. The model is tiny so that a real checkpoint (the seed) is a few KiB.
+   checksummed checkpoint of the same model and seed, with nothing after the checksum and a step
+   a run can reach, with a clear message, and never read or write out of bounds. The model is tiny so that a real checkpoint (the seed) is a few KiB.
    Seeds: a valid checkpoint and a few damaged ones, written by this binary when it is run with
    FUZZ_WRITE_SEEDS=DIR (fuzz/run.sh does that). */
 #define main train_gpt_main
@@ -60,10 +60,16 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char err[1024];
+    int step;
     err[0] = 0;
     write_file(fuzz_path, data, size);
-    if (load_checkpoint(fuzz_ddp, &fuzz_model, &fuzz_options, fuzz_path, err, sizeof err) < 0 && !err[0]) {
+    step = load_checkpoint(fuzz_ddp, &fuzz_model, &fuzz_options, fuzz_path, err, sizeof err);
+    if (step < 0 && !err[0]) {
         fprintf(stderr, "fuzz_checkpoint: a refused checkpoint without a message\n");
+        abort();
+    }
+    if (step > CKPT_MAX_STEP) {   /* accepted: the step must be one a run can reach */
+        fprintf(stderr, "fuzz_checkpoint: accepted step %d\n", step);
         abort();
     }
     return 0;

@@ -162,7 +162,7 @@ signal_test() {
 test_bad_usage() {
     local why="" args
     for args in "-n 0 true" "-n abc true" "-n 1025 true" "-n 2" "--master-port 70000 true" \
-        "--grace x true" "--bogus true" "-n"; do
+        "--grace x true" "--bogus true" "-n" "--max-restarts -1 true" "--max-restarts x true"; do
         # shellcheck disable=SC2086 # split on purpose
         run 5 $args
         [ $rc -eq 2 ] || why="$why; '$args' exit $rc"
@@ -216,6 +216,111 @@ test_closed_stdout() {
     report "closed stdout does not stop supervision" "$why"
 }
 
+# stdout into a pipe nobody reads for 6 s, rank 0 flooding it: ddprun must still notice at once
+# that rank 1 failed (it queues output and drops what does not fit, with a count, rather than
+# block in a write), and the reader gets a line that says how much was dropped.
+test_blocked_stdout() {
+    local why="" start t=""
+    rm -f "$TMP/err" "$TMP/rc"
+    start=$(now_ms)
+    { timeout -s KILL 30 "$DDPRUN" -n 2 sh -c \
+        'if [ "$RANK" = 1 ]; then sleep 1; exit 3; fi; yes "rank 0 says something rather long, again and again" | head -n 1000000; sleep 30' \
+        2>"$TMP/err"; echo $? >"$TMP/rc"; } | { sleep 6; cat >"$TMP/out"; } &
+    for _ in $(seq 80); do
+        if grep -q 'rank 1 .*exited with status 3' "$TMP/err" 2>/dev/null; then t=$(($(now_ms) - start)); break; fi
+        sleep 0.1
+    done
+    wait
+    [ -n "$t" ] && [ "$t" -lt 4500 ] || why="the failure of rank 1 was reported after ${t:-more than 8000} ms (the reader starts at 6000)"
+    [ "$(cat "$TMP/rc" 2>/dev/null)" = 3 ] || why="$why; exit $(cat "$TMP/rc" 2>/dev/null), expected 3"
+    grep -Eq '^ddprun: [0-9]+ line\(s\) \([0-9]+ bytes\) dropped here: stdout was not read fast enough$' "$TMP/out" ||
+        why="$why; no 'dropped here' line in stdout"
+    [ "$(grep -c '^\[rank 0\] rank 0 says' "$TMP/out")" -gt 10000 ] || why="$why; too little of rank 0's output arrived"
+    report "blocked stdout does not stop supervision (failure seen after ${t:-?} ms)" "${why#; }"
+}
+
+# Ctrl-Z (SIGTSTP to ddprun) stops every rank with it, and SIGCONT continues them all: no rank
+# runs on alone (it would wait for a stopped peer and time out). ddprun runs as a job of a shell
+# with job control (set -m), so its process group is not orphaned and a stop is not discarded.
+test_ctrl_z() {
+    local why="" pid ranks r before after st
+    export PIDS="$TMP/tstp" && mkdir -p "$PIDS"
+    ( set -m
+      "$DDPRUN" -n 2 sh -c 'i=0; while [ $i -lt 40 ]; do echo $i >"$PIDS/count.$RANK"; echo "tick $i"; i=$((i + 1)); sleep 0.05; done' \
+          >"$TMP/out" 2>"$TMP/err" &
+      echo $! >"$PIDS/ddprun"
+      wait $!; echo $? >"$PIDS/rc" ) &
+    for _ in $(seq 50); do [ -s "$PIDS/count.0" ] && [ -s "$PIDS/count.1" ] && break; sleep 0.05; done
+    pid=$(cat "$PIDS/ddprun")
+    ranks=$(pgrep -P "$pid" | tr '\n' ' ')
+    kill -TSTP "$pid"
+    sleep 0.5
+    before="$(cat "$PIDS/count.0") $(cat "$PIDS/count.1")"
+    sleep 0.5
+    after="$(cat "$PIDS/count.0") $(cat "$PIDS/count.1")"
+    st=$(awk '{ print $3 }' "/proc/$pid/stat" 2>/dev/null)
+    [ "$st" = T ] || why="ddprun is in state '$st', not stopped"
+    for r in $ranks; do
+        [ "$(awk '{ print $3 }' "/proc/$r/stat" 2>/dev/null)" = T ] || why="$why; rank pid $r still runs"
+    done
+    [ "$before" = "$after" ] || why="$why; the ranks went on counting while stopped ($before -> $after)"
+    kill -CONT "$pid"
+    wait
+    [ "$(cat "$PIDS/rc" 2>/dev/null)" = 0 ] || why="$why; exit $(cat "$PIDS/rc" 2>/dev/null) after SIGCONT: $(tr '\n' '|' <"$TMP/err")"
+    [ "$(grep -c 'tick 39$' "$TMP/out")" -eq 2 ] || why="$why; the ranks did not both finish"
+    report "Ctrl-Z stops every rank, SIGCONT continues them all" "${why#; }"
+}
+
+# A rank that stalls: the survivor's error says it timed out waiting for it (ddp.h's words). The
+# stalled rank is named as the cause, not the survivor that reported the timeout.
+test_stalled_rank_named() {
+    local why=""
+    run 20 -n 2 sh -c 'if [ "$RANK" = 0 ]; then sleep 0.3; echo "rank 0: timed out after 2 s in the allreduce waiting for rank(s) 1" >&2; exit 3; fi; sleep 30'
+    [ $rc -eq 3 ] || why="exit $rc, expected 3"
+    grep -q '^ddprun: rank 1 (pid [0-9]*) stalled: rank 0 exited with status 3 after waiting for it, and it is still running' "$TMP/err" ||
+        why="$why; rank 1 not named: $(grep '^ddprun' "$TMP/err" | head -n 2 | tr '\n' '|')"
+    report "a stalled rank the survivors waited for is named" "${why#; }"
+}
+
+# --max-restarts: a failed job starts again (a new token and port each time) until it succeeds,
+# or the restarts are used up; every restart says why.
+test_max_restarts() {
+    local why="" tokens ports
+    export PIDS="$TMP/restarts" && mkdir -p "$PIDS"
+    # rank 1 fails in the first two attempts, then all goes well
+    run 30 -n 2 --max-restarts 2 sh -c 'echo "$MASTER_PORT $DDP_JOB_TOKEN"; if [ "$RANK" = 1 ]; then n=$(cat "$PIDS/n" 2>/dev/null || echo 0); echo $((n + 1)) >"$PIDS/n"; [ "$n" -ge 2 ] || { sleep 0.2; exit 4; }; fi'
+    [ $rc -eq 0 ] || why="exit $rc, expected 0"
+    for k in 1 2; do
+        grep -q "^ddprun: restart $k of 2: rank 1 (pid [0-9]*) exited with status 4; starting all 2 rank(s) again\$" "$TMP/err" ||
+            why="$why; no line for restart $k"
+    done
+    tokens=$(grep '^\[rank 0\]' "$TMP/out" | awk '{ print $4 }' | sort -u | wc -l)
+    ports=$(grep '^\[rank 0\]' "$TMP/out" | awk '{ print $3 }' | sort -u | wc -l)
+    [ "$tokens" -eq 3 ] && [ "$ports" -eq 3 ] || why="$why; $tokens tokens and $ports ports in 3 attempts"
+    # always failing: 1 + 1 attempts, then the failure is named
+    run 30 -n 2 --max-restarts 1 sh -c 'if [ "$RANK" = 0 ]; then exit 5; fi; sleep 30'
+    [ $rc -eq 5 ] || why="$why; always failing: exit $rc, expected 5"
+    [ "$(grep -c '^ddprun: restart ' "$TMP/err")" -eq 1 ] || why="$why; always failing: $(grep -c '^ddprun: restart ' "$TMP/err") restarts"
+    grep -q '^ddprun: giving up: the job failed 2 times (--max-restarts 1); the last failure: rank 0 (pid [0-9]*) exited with status 5$' "$TMP/err" ||
+        why="$why; no 'giving up' line: $(tail -n 1 "$TMP/err")"
+    report "--max-restarts restarts a failed job, then gives up naming the failure" "${why#; }"
+}
+
+# SIGINT while a job with restarts runs: stop, no restart.
+test_interrupt_no_restart() {
+    local why="" pid
+    "$DDPRUN" -n 2 --max-restarts 3 sh -c 'sleep 30' >"$TMP/out" 2>"$TMP/err" &
+    pid=$!
+    sleep 0.5
+    kill -INT "$pid"
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null
+    wait "$pid"; rc=$?
+    [ $rc -eq 130 ] || why="exit $rc, expected 130"
+    ! grep -q '^ddprun: restart' "$TMP/err" || why="$why; it restarted"
+    report "SIGINT stops a job with --max-restarts for good" "${why#; }"
+}
+
 test_environment
 test_failing_rank
 test_killed_rank
@@ -228,5 +333,10 @@ test_missing_program
 test_no_interleaving
 test_long_and_partial_lines
 test_closed_stdout
+test_blocked_stdout
+test_ctrl_z
+test_stalled_rank_named
+test_max_restarts
+test_interrupt_no_restart
 
 [ $failures -eq 0 ]

@@ -142,6 +142,31 @@ sleep 0.2
 left=$(pgrep -P "$runner" || true; pgrep -f "^$B/test_fault 100000" || true)
 [ -z "$left" ] && pass "ddprun_leaves_no_rank_running" || fail "ddprun_leaves_no_rank_running" "pids $left"
 
+# 2b. A rank stopped (SIGSTOP) under ddprun with DDP_TIMEOUT=2: the survivors time out, and ddprun
+#     names the stopped rank as the cause, not the survivor that reported the timeout; the job
+#     ends soon after (the stopped rank gets SIGCONT after its SIGTERM, not SIGKILL 5 s later).
+p=$(port)
+DDP_TIMEOUT=2 "$B/ddprun" -n 3 --master-port "$p" "$B/test_fault" 100000 >"$tmp/stall_out" 2>"$tmp/stall_err" &
+runner=$!
+for _ in $(seq 200); do grep -q "^\[rank 2\] step 5$" "$tmp/stall_out" 2>/dev/null && break; sleep 0.05; done
+victim=""
+for c in $(pgrep -P "$runner"); do
+  [ "$(tr '\0' '\n' <"/proc/$c/environ" 2>/dev/null | sed -n 's/^RANK=//p')" = 1 ] && victim=$c
+done
+kill -STOP "$victim"; stopped_at=$(now)
+( sleep 40; kill -9 "$runner" 2>/dev/null ) & guard=$!
+wait "$runner"; rc=$?
+kill "$guard" 2>/dev/null
+secs=$(awk -v a="$stopped_at" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }')
+first=$(grep -m1 '^ddprun: rank' "$tmp/stall_err")
+if [ -n "$victim" ] && [ "$rc" -eq 3 ] && awk -v s="$secs" 'BEGIN { exit !(s < 10) }' &&
+   [[ $first == "ddprun: rank 1 (pid $victim) is stopped by signal 19 "*": rank "[02]" exited with status 3 after waiting for it"* ]]; then
+  pass "ddprun_names_stopped_rank_not_the_survivor (${secs}s)"
+else
+  fail "ddprun_names_stopped_rank_not_the_survivor" "rc=$rc after ${secs}s, victim '$victim': $(grep '^ddprun' "$tmp/stall_err" | head -n 3 | tr '\n' '|')"
+fi
+kill -9 "$victim" 2>/dev/null
+
 # 3. A segment left behind by a crashed job does not break the next run, and is swept away.
 stale=/dev/shm/ddp-999999-deadbeef
 : >"$stale" 2>/dev/null

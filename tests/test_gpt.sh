@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # test_gpt.sh — build/train_gpt as a user runs it, on 2 real ranks under ddprun:
 #   checkpoint resume is bit-identical (train 2k steps == train k, save, resume, train k more),
-#   with and without gradient accumulation; a checkpoint of another model or a damaged one is
-#   refused; a missing, empty or too small data file is a clear error and a non-zero exit;
+#   with and without gradient accumulation; --save PATH resumes from what PATH holds (--fresh:
+#   not); a checkpoint of another model or seed, a damaged, overlong or out-of-range one, or a
+#   FIFO is refused; the rename of a checkpoint is followed by an fsync of its directory; a
+#   missing, empty, too small or FIFO data file is a clear error and a non-zero exit, and so is
+#   running out of memory;
 #   --dump-init and --sample work; and where nvcc built BUILD_DIR/gpu/train_gpt, its CPU path
 #   (--cpu) trains bit for bit what build/train_gpt trains. Prints one PASS/FAIL line per check.
 # Usage: tests/test_gpt.sh [BUILD_DIR]      (data: ddp.h itself, any file is bytes)
@@ -48,6 +51,22 @@ for accum in 1 2; do
     else
         fail "$name" "straight $a, after 4 steps $h, resumed $c"
     fi
+    # --save PATH where PATH holds a checkpoint continues from it (a restarted job runs the same
+    # command again), saying so; --fresh starts over
+    if [ "$accum" = 1 ]; then
+        cp "$tmp/ck$accum" "$tmp/auto$accum"
+        train --steps 8 --grad-accum $accum --save "$tmp/auto$accum" >"$tmp/auto.log" 2>&1
+        c=$(hash_of "$tmp/auto.log")
+        if [ -n "$a" ] && [ "$a" = "$c" ] && grep -q "resumed from $tmp/auto$accum at step 4 (the --save path held a checkpoint" "$tmp/auto.log"; then
+            pass gpt_save_path_with_checkpoint_resumes
+        else fail gpt_save_path_with_checkpoint_resumes "straight $a, via --save $c: $(grep -v '^\[rank 0\] step' "$tmp/auto.log" | tail -n 2)"; fi
+        cp "$tmp/ck$accum" "$tmp/fresh$accum"
+        train --steps 8 --grad-accum $accum --save "$tmp/fresh$accum" --fresh >"$tmp/fresh.log" 2>&1
+        c=$(hash_of "$tmp/fresh.log")
+        if [ -n "$a" ] && [ "$a" = "$c" ] && ! grep -q "resumed" "$tmp/fresh.log" && cmp -s "$tmp/fresh$accum" "$tmp/auto$accum"; then
+            pass gpt_save_fresh_starts_over
+        else fail gpt_save_fresh_starts_over "straight $a, --fresh $c: $(tail -n 2 "$tmp/fresh.log")"; fi
+    fi
     # the resumed run's step lines 5..8 must print the straight run's losses exactly
     if diff <(grep -oE "step +[5-8]/8 \| loss [0-9.]+" "$tmp/straight.log") <(grep -oE "step +[5-8]/8 \| loss [0-9.]+" "$tmp/second.log") >/dev/null; then
         pass "gpt_resume_same_losses_accum$accum"
@@ -70,6 +89,62 @@ if [ $rc -ne 0 ] && grep -q "is truncated" <<<"$out"; then pass gpt_resume_refus
 else fail gpt_resume_refuses_truncated_checkpoint "rc $rc: $(tail -n 2 <<<"$out")"; fi
 ls "$tmp"/ck1.tmp.* >/dev/null 2>&1 && fail gpt_checkpoint_no_temp_left "a temp file was left" || pass gpt_checkpoint_no_temp_left
 
+# reseal SRC DST STEP [SEED]: a copy of a checkpoint with the header's step (int64 at byte 32) and
+# seed (uint64 at byte 56) changed and the FNV-1a checksum (the last 8 bytes) made valid again:
+# what only the loader's own checks can refuse.
+reseal() {
+    python3 - "$@" <<'PY'
+import struct, sys
+b = bytearray(open(sys.argv[1], 'rb').read())
+struct.pack_into('<q', b, 32, int(sys.argv[3]))
+if len(sys.argv) > 4: struct.pack_into('<Q', b, 56, int(sys.argv[4]))
+h = 1469598103934665603
+for x in memoryview(b)[:-8]: h = ((h ^ x) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+struct.pack_into('<Q', b, len(b) - 8, h)
+open(sys.argv[2], 'wb').write(b)
+PY
+}
+refused() {   # name, checkpoint, expected words, [more train flags]
+    local name=$1 ck=$2 want=$3 out rc; shift 3
+    out=$(train --steps 8 --resume "$ck" "$@" 2>&1); rc=$?
+    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q -- "$want" <<<"$out" && ! grep -q "resumed from" <<<"$out"; then
+        pass "$name"; echo "  ($(grep -m1 -o "rank 0: .*" <<<"$out" | cut -c1-150))"
+    else fail "$name" "rc $rc: $(grep -v '^\[rank 0\] step' <<<"$out" | tail -n 2 | tr '\n' ' ')"; fi
+}
+cat "$tmp/ck1" >"$tmp/long"; printf 'x' >>"$tmp/long"
+refused gpt_resume_refuses_bytes_after_checksum "$tmp/long" "goes on after its checksum"
+reseal "$tmp/ck1" "$tmp/step_wraps" $(( (1 << 32) + 5 ))
+refused gpt_resume_refuses_step_beyond_int32 "$tmp/step_wraps" "holds step 4294967301 and AdamW step 4"
+reseal "$tmp/ck1" "$tmp/step_negative" -3
+refused gpt_resume_refuses_negative_step "$tmp/step_negative" "holds step -3 and AdamW step 4"
+refused gpt_resume_refuses_other_seed "$tmp/ck1" "trained with --seed 1337, this run has --seed 7.*pass --seed 1337" --seed 7
+mkfifo "$tmp/fifo"
+out=$(timeout 30 "$B/ddprun" -n "$N" "$BIN" "${TINY[@]}" --steps 8 --resume "$tmp/fifo" 2>&1); rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "rank 0: the checkpoint '$tmp/fifo' is a FIFO (named pipe), not a regular file" <<<"$out"; then
+    pass gpt_resume_refuses_fifo
+else fail gpt_resume_refuses_fifo "rc $rc (124: it blocked in open): $(tail -n 2 <<<"$out" | tr '\n' ' ')"; fi
+out=$(train --steps 8 --dim 64 --save "$tmp/ck1" 2>&1); rc=$?
+if [ $rc -ne 0 ] && grep -q "holds a model with --layers 2 --heads 2 --dim 32.*--save '$tmp/ck1' already holds that file: pass --fresh" <<<"$out"; then
+    pass gpt_save_path_with_other_checkpoint_refused
+else fail gpt_save_path_with_other_checkpoint_refused "rc $rc: $(tail -n 2 <<<"$out" | tr '\n' ' ')"; fi
+
+# --- the checkpoint's rename reaches the disk: the directory is fsync'ed after it (strace) ---
+mkdir -p "$tmp/dur"
+if ! command -v strace >/dev/null || ! strace -o /dev/null true 2>/dev/null; then
+    echo "SKIP gpt_checkpoint_rename_is_synced: no strace, or ptrace not permitted here"
+else
+    strace -f -e trace=rename,renameat,renameat2,openat,fsync,fdatasync -o "$tmp/strace.txt" \
+        timeout 60 "$BIN" "${TINY[@]}" --steps 2 --save "$tmp/dur/ck" >/dev/null 2>&1
+    # after the rename onto dur/ck: an fsync of a descriptor opened on the directory dur
+    if awk -v dir="\"$tmp/dur\"" '
+        /rename/ && index($0, "/dur/ck\"") { renamed = 1; next }
+        renamed && /openat\(/ && index($0, dir) && /O_DIRECTORY/ { fd = $NF }
+        renamed && fd != "" && $0 ~ ("fsync\\(" fd "\\)") { ok = 1 }
+        END { exit !ok }' "$tmp/strace.txt"; then
+        pass gpt_checkpoint_rename_is_synced
+    else fail gpt_checkpoint_rename_is_synced "no fsync of '$tmp/dur' after the rename: $(grep -A3 rename "$tmp/strace.txt" | tr '\n' ' ' | cut -c1-300)"; fi
+fi
+
 # --- data errors: a clear message naming rank, file, size and need; a non-zero exit ---
 : >"$tmp/empty.txt"
 head -c 20 ddp.h >"$tmp/small.txt"
@@ -85,6 +160,20 @@ check_data() {   # name, path, expected words
 check_data gpt_data_missing_is_a_clear_error "$tmp/nope.txt" "No such file"
 check_data gpt_data_empty_is_a_clear_error "$tmp/empty.txt" "is empty (0 bytes)"
 check_data gpt_data_too_small_is_a_clear_error "$tmp/small.txt" "is too small (20 bytes)"
+# a FIFO would block in open forever, before any timeout applies
+out=$(timeout 30 "$B/ddprun" -n "$N" "$BIN" --data "$tmp/fifo" --layers 2 --heads 2 --dim 32 --seq 16 --batch 2 --steps 2 2>&1); rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "rank [01]: the training data '$tmp/fifo' is a FIFO (named pipe), not a regular file" <<<"$out"; then
+    pass gpt_data_fifo_is_a_clear_error
+else fail gpt_data_fifo_is_a_clear_error "rc $rc (124: it blocked in open): $(tail -n 2 <<<"$out" | tr '\n' ' ')"; fi
+
+# --- out of memory: a message that says so and what to change, not "no error" ---
+out=$(ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}allocator_may_return_null=1" \
+      TSAN_OPTIONS="${TSAN_OPTIONS:+$TSAN_OPTIONS:}allocator_may_return_null=1" \
+      timeout 60 "$BIN" --data ddp.h --dim 1000000 --heads 1 --steps 1 2>&1); rc=$?
+if [ $rc -eq 1 ] && grep -q "rank 0: out of memory creating the model: --layers 4 --heads 1 --dim 1000000 .*make --dim" <<<"$out" &&
+   ! grep -q "no error" <<<"$out"; then
+    pass gpt_out_of_memory_is_named
+else fail gpt_out_of_memory_is_named "rc $rc: $(tail -n 2 <<<"$out" | tr '\n' ' ')"; fi
 
 # --- dump-init and sampling ---
 if "$BIN" --dump-init "$tmp/init.bin" --layers 2 --heads 2 --dim 32 --seq 16 >/dev/null 2>&1 &&

@@ -1,7 +1,7 @@
 /*
  * ddprun - start N local ranks of a data-parallel program (a tiny torchrun).
  *
- *   ddprun [-n N] [--master-port P] [--grace SECONDS] [--] PROGRAM [ARGS...]
+ *   ddprun [-n N] [--master-port P] [--grace SECONDS] [--max-restarts N] [--] PROGRAM [ARGS...]
  *
  * Every rank runs PROGRAM (looked up in PATH) with RANK, WORLD_SIZE,
  * LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT and a
@@ -11,10 +11,15 @@
  * line a rank writes is copied to ddprun's stdout/stderr prefixed with "[rank R] ".
  * If a rank fails, or ddprun gets SIGINT/SIGTERM, the other ranks get
  * SIGTERM (or the forwarded signal) and, after the grace period, SIGKILL.
+ * With --max-restarts N, a failed job is then started again (a new token,
+ * and a new port unless --master-port), up to N times; the program resumes
+ * from its own checkpoints.  SIGTSTP (Ctrl-Z) stops every rank, then ddprun;
+ * SIGCONT continues them all, so no rank waits for a stopped peer and times out.
  *
  * Exit status: 0 if every rank exited 0; else the first failing rank's exit
- * status (128+signal if it was killed); 130/143 after SIGINT/SIGTERM;
- * 2 for bad usage; 1 if ddprun itself could not start the job.
+ * status (128+signal if it was killed), of the last attempt with restarts;
+ * 130/143 after SIGINT/SIGTERM; 2 for bad usage; 1 if ddprun itself could
+ * not start the job.
  *
  * Each rank runs in its own process group so that stopping it also stops
  * whatever it spawned (a shell's children, data-loader workers...).  Exited
@@ -32,6 +37,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -63,11 +69,14 @@ struct rank {
     int running; /* has not exited yet */
     int code, sig;  /* how it ended: exit status, or the signal that killed it */
     int failed_seq; /* 0, or the order in which its failure was seen (1, 2, ...) */
+    int waited_for; /* -1, or the rank its stderr said it timed out waiting for (ddp.h's words) */
     struct stream out, err;
 };
 
 struct job {
     int nranks, port, prefix_width;
+    int user_port;   /* --master-port given: every attempt uses it */
+    int max_restarts;
     double grace;
     char token[33];
     char **argv;
@@ -78,6 +87,8 @@ struct job {
     int exit_status; /* -1 until the first failure decides it */
     double settle_until; /* after a first failure: when to name the cause and stop the rest */
     int failures_seen;
+    int interrupted;     /* stopped by SIGINT/SIGTERM to ddprun: no restart */
+    char cause[256];     /* what ended the attempt, for the restart line */
 };
 
 /* When one rank dies, its peers notice (ddp.h: within ~0.1 s) and exit with an error that names
@@ -86,18 +97,197 @@ struct job {
  * was seen a moment earlier. */
 #define SETTLE_SECONDS 0.5
 
-static volatile sig_atomic_t first_signal, signals_received;
-static int dest_broken[3];       /* our stdout/stderr hit EPIPE */
+static volatile sig_atomic_t first_signal, signals_received, tstp_pending, cont_pending;
 static sigset_t original_sigmask; /* restored in the children */
 static struct job *started_job;   /* for die(): never leave ranks behind */
 static struct rlimit original_nofile; /* restored in the children */
 
 static const char usage_text[] =
-    "usage: ddprun [-n N] [--master-port P] [--grace SECONDS] [--] PROGRAM [ARGS...]\n"
+    "usage: ddprun [-n N] [--master-port P] [--grace SECONDS] [--max-restarts N] [--] PROGRAM [ARGS...]\n"
     "  -n, --nproc, --nproc-per-node N  number of ranks, 1..1024 (default 1)\n"
-    "  --master-port P                  MASTER_PORT (default: a free port)\n"
+    "  --master-port P                  MASTER_PORT (default: a free port, a new one per attempt)\n"
     "  --grace SECONDS                  wait before SIGKILL when stopping (default 5)\n"
+    "  --max-restarts N                 when a rank fails, stop all and start them again, up to\n"
+    "                                   N times (default 0); the program resumes from its checkpoint\n"
     "  -h, --help                       show this help\n";
+
+/* ---- output ----
+ * The ranks' lines and ddprun's own messages go into a bounded queue per destination (stdout,
+ * stderr), and a thread of its own writes each queue out. Whatever a destination does (a pager
+ * nobody scrolls, `| sleep 20`, a terminal held by Ctrl-S), the supervising thread never waits
+ * on it: it keeps reading the ranks' pipes, so no rank blocks in a write, and it keeps noticing
+ * failures and stopping the job. When a queue is full, lines are dropped and counted, and one
+ * line where they were says how many. Dropping, not holding back the ranks' pipes: a rank
+ * blocked on a full pipe stalls the whole job (its peers wait for it in the next collective and
+ * time out), and a gap in the log costs less than the run. At exit ddprun waits for the queues
+ * to drain, as any program writing into a pipe does; by then no rank is left to supervise. */
+enum { QUEUE_CAP = 4 << 20, QUEUE_SLACK = 512, CHUNK = 4096 };
+
+struct outq {
+    int fd, started, closing, broken;
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t more;
+    char *ring;                  /* QUEUE_CAP + QUEUE_SLACK bytes (the slack: the dropped-lines notes) */
+    size_t head, len;
+    int dropping;                /* full: dropping until it is half empty again */
+    unsigned long dropped_lines;
+    unsigned long long dropped_bytes;
+};
+static struct outq queues[3];    /* indexed by STDOUT_FILENO, STDERR_FILENO */
+
+static int write_all(int fd, const char *data, size_t len)
+{
+    while (len > 0) {
+        ssize_t n = write(fd, data, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return -1;
+        data += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+static void ring_put(struct outq *q, const char *data, size_t len)
+{
+    size_t size = QUEUE_CAP + QUEUE_SLACK, at = (q->head + q->len) % size, first = size - at;
+    if (first > len)
+        first = len;
+    memcpy(q->ring + at, data, first);
+    memcpy(q->ring, data + first, len - first);
+    q->len += len;
+}
+
+static void note_dropped(struct outq *q)
+{
+    char note[QUEUE_SLACK];
+    int n = snprintf(note, sizeof note, "ddprun: %lu line(s) (%llu bytes) dropped here: %s was not read fast enough\n",
+                     q->dropped_lines, q->dropped_bytes, q->fd == STDOUT_FILENO ? "stdout" : "stderr");
+    ring_put(q, note, (size_t)n);
+    q->dropped_lines = 0;
+    q->dropped_bytes = 0;
+}
+
+/* Queue one complete line (ending in '\n'); never blocks on the destination. */
+static void emit(int fd, const char *data, size_t len)
+{
+    struct outq *q = &queues[fd];
+    if (!q->started) { /* before the writers start (usage errors) */
+        (void)write_all(fd, data, len);
+        return;
+    }
+    pthread_mutex_lock(&q->lock);
+    if (q->dropping && q->len <= QUEUE_CAP / 2) {
+        q->dropping = 0;
+        note_dropped(q);
+    }
+    if (q->broken) {
+        /* EPIPE or worse: drop this output, keep supervising */
+    } else if (q->dropping || q->len + len > QUEUE_CAP) {
+        q->dropping = 1;
+        q->dropped_lines++;
+        q->dropped_bytes += len;
+    } else {
+        ring_put(q, data, len);
+        pthread_cond_signal(&q->more);
+    }
+    pthread_mutex_unlock(&q->lock);
+}
+
+/* ddprun's own messages: "ddprun: ...\n" on stderr, through its queue. */
+static void say(const char *fmt, ...)
+{
+    char line[1024];
+    va_list ap;
+    int n = snprintf(line, sizeof line, "ddprun: ");
+    va_start(ap, fmt);
+    n += vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+    va_end(ap);
+    if (n > (int)sizeof line - 2)
+        n = (int)sizeof line - 2;
+    line[n++] = '\n';
+    emit(STDERR_FILENO, line, (size_t)n);
+}
+
+/* Whole lines, at most CHUNK bytes a write (one longer line alone): a write of up to PIPE_BUF
+ * bytes to a pipe is atomic, so with stdout and stderr on one pipe (2>&1) lines do not mix. */
+static void *writer_main(void *arg)
+{
+    struct outq *q = arg;
+    static char chunks[3][LINE_CAP + 128];
+    char *chunk = chunks[q->fd];
+    size_t size = QUEUE_CAP + QUEUE_SLACK;
+    pthread_mutex_lock(&q->lock);
+    for (;;) {
+        size_t n = 0, take = 0;
+        while (q->len == 0 && !q->closing)
+            pthread_cond_wait(&q->more, &q->lock);
+        if (q->len == 0)
+            break; /* closing, and all written */
+        while (n < q->len && (take == 0 || n < CHUNK) && n < sizeof chunks[0]) {
+            chunk[n] = q->ring[(q->head + n) % size];
+            if (chunk[n++] == '\n')
+                take = n;
+        }
+        if (take == 0)
+            take = n;
+        q->head = (q->head + take) % size;
+        q->len -= take;
+        pthread_mutex_unlock(&q->lock);
+        int failed = write_all(q->fd, chunk, take) < 0;
+        pthread_mutex_lock(&q->lock);
+        if (failed) { /* EPIPE or worse: drop this output from now on, keep supervising */
+            q->broken = 1;
+            q->len = 0;
+        }
+    }
+    pthread_mutex_unlock(&q->lock);
+    return NULL;
+}
+
+static void die(const char *what);
+
+/* The writers block every signal: INT, TERM, TSTP and CONT must reach the supervising thread
+ * (and interrupt its poll). */
+static void start_output(void)
+{
+    sigset_t all, saved;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &saved);
+    for (int fd = STDOUT_FILENO; fd <= STDERR_FILENO; fd++) {
+        struct outq *q = &queues[fd];
+        q->fd = fd;
+        if (!(q->ring = malloc(QUEUE_CAP + QUEUE_SLACK)))
+            die("malloc");
+        pthread_mutex_init(&q->lock, NULL);
+        pthread_cond_init(&q->more, NULL);
+        if (pthread_create(&q->thread, NULL, writer_main, q) != 0)
+            die("pthread_create");
+        q->started = 1;
+    }
+    pthread_sigmask(SIG_SETMASK, &saved, NULL);
+}
+
+/* Write out what is queued (this waits for a slow reader; nothing is left to supervise). */
+static void finish_output(void)
+{
+    for (int fd = STDOUT_FILENO; fd <= STDERR_FILENO; fd++) {
+        struct outq *q = &queues[fd];
+        if (!q->started)
+            continue;
+        pthread_mutex_lock(&q->lock);
+        if (q->dropping || q->dropped_lines)
+            note_dropped(q); /* the slack always has room for it */
+        q->closing = 1;
+        pthread_cond_signal(&q->more);
+        pthread_mutex_unlock(&q->lock);
+        pthread_join(q->thread, NULL);
+        q->started = 0;
+        free(q->ring);
+    }
+}
 
 static void usage_error(const char *fmt, ...)
 {
@@ -115,9 +305,10 @@ static void signal_groups(struct job *job, int sig);
 
 static void die(const char *what)
 {
-    fprintf(stderr, "ddprun: %s: %s\n", what, strerror(errno));
+    say("%s: %s", what, strerror(errno));
     if (started_job)
         signal_groups(started_job, SIGKILL);
+    finish_output();
     exit(1);
 }
 
@@ -156,9 +347,9 @@ static void parse_args(int argc, char **argv, struct job *job)
         if (eq) { name_len = (size_t)(eq - arg); value = eq + 1; }
 #define IS(name) (name_len == strlen(name) && strncmp(arg, name, name_len) == 0)
         int is_nproc = IS("-n") || IS("--nproc") || IS("--nproc-per-node");
-        int is_port = IS("--master-port"), is_grace = IS("--grace");
+        int is_port = IS("--master-port"), is_grace = IS("--grace"), is_restarts = IS("--max-restarts");
 #undef IS
-        if (!is_nproc && !is_port && !is_grace)
+        if (!is_nproc && !is_port && !is_grace && !is_restarts)
             usage_error("unknown option '%s'", arg);
         if (!value) {
             if (i + 1 >= argc)
@@ -169,6 +360,10 @@ static void parse_args(int argc, char **argv, struct job *job)
             usage_error("number of ranks must be an integer 1..%d, not '%s'", MAX_RANKS, value);
         if (is_port && parse_int(value, 1, 65535, &job->port) < 0)
             usage_error("port must be an integer 1..65535, not '%s'", value);
+        if (is_port)
+            job->user_port = job->port;
+        if (is_restarts && parse_int(value, 0, 1000000, &job->max_restarts) < 0)
+            usage_error("--max-restarts must be an integer 0..1000000, not '%s'", value);
         if (is_grace) {
             char *end;
             job->grace = strtod(value, &end);
@@ -247,6 +442,14 @@ static void on_stop_signal(int sig)
     signals_received++;
 }
 
+static void on_job_control(int sig)
+{
+    if (sig == SIGTSTP)
+        tstp_pending = 1;
+    else
+        cont_pending = 1;
+}
+
 static void install_signal_handlers(void)
 {
     struct sigaction sa;
@@ -257,6 +460,11 @@ static void install_signal_handlers(void)
     sigaddset(&sa.sa_mask, SIGTERM);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    /* Ctrl-Z must stop the job as a whole: a rank running on while ddprun is stopped fills its
+     * output pipe and blocks, or waits for a stopped peer and times out. */
+    sa.sa_handler = on_job_control;
+    sigaction(SIGTSTP, &sa, NULL);
+    sigaction(SIGCONT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN); /* a closed stdout must not kill the supervisor */
 }
 
@@ -292,6 +500,8 @@ static void exec_rank(const struct job *job, int index, int out_fd, int err_fd, 
 {
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
+    signal(SIGTSTP, SIG_DFL);
+    signal(SIGCONT, SIG_DFL);
     signal(SIGPIPE, SIG_DFL);
     sigprocmask(SIG_SETMASK, &original_sigmask, NULL);
     setrlimit(RLIMIT_NOFILE, &original_nofile);
@@ -352,32 +562,34 @@ static int spawn_rank(const struct job *job, struct rank *r)
     return 0;
 }
 
-static void write_all(int fd, const char *data, size_t len)
+/* ddp.h's timeout error names the ranks a survivor waited for: "... waiting for rank(s) 1, 2".
+ * The first one is kept, to name a stalled rank that is not stopped (busy, blocked, deadlocked). */
+static void note_waited_for(struct job *job, int index, const char *line, size_t len)
 {
-    while (len > 0 && !dest_broken[fd]) {
-        ssize_t n = write(fd, data, len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) { /* EPIPE or worse: drop this output, keep supervising */
-            dest_broken[fd] = 1;
-            return;
-        }
-        data += n;
-        len -= (size_t)n;
-    }
+    static const char key[] = "waiting for rank(s) ";
+    const char *at = memmem(line, len, key, sizeof key - 1);
+    int peer = 0, digits = 0;
+    if (!at || job->ranks[index].waited_for >= 0)
+        return;
+    for (at += sizeof key - 1; at < line + len && *at >= '0' && *at <= '9' && digits < 7; at++, digits++)
+        peer = peer * 10 + (*at - '0');
+    if (digits > 0 && peer < job->nranks && peer != index)
+        job->ranks[index].waited_for = peer;
 }
 
-/* One write per line, so lines of different ranks never mix. */
-static void emit_line(const struct job *job, const struct stream *s, const char *line, size_t len)
+/* Each line is queued whole, so lines of different ranks never mix. */
+static void emit_line(struct job *job, const struct stream *s, const char *line, size_t len)
 {
     static char out[LINE_CAP + 64];
     int n = snprintf(out, 64, "[rank %*d] ", job->prefix_width, s->rank);
     memcpy(out + n, line, len);
     out[(size_t)n + len] = '\n';
-    write_all(s->dest, out, (size_t)n + len + 1);
+    if (s->dest == STDERR_FILENO)
+        note_waited_for(job, s->rank, line, len);
+    emit(s->dest, out, (size_t)n + len + 1);
 }
 
-static void close_stream(const struct job *job, struct stream *s)
+static void close_stream(struct job *job, struct stream *s)
 {
     if (s->len > 0) /* last line without newline */
         emit_line(job, s, s->buf, s->len);
@@ -388,7 +600,7 @@ static void close_stream(const struct job *job, struct stream *s)
     s->len = 0;
 }
 
-static void read_stream(const struct job *job, struct stream *s)
+static void read_stream(struct job *job, struct stream *s)
 {
     if (!s->buf && !(s->buf = malloc(LINE_CAP)))
         die("malloc");
@@ -462,16 +674,17 @@ static void signal_groups(struct job *job, int sig)
 static void begin_stop(struct job *job, int sig, const char *message)
 {
     if (running_ranks(job) > 0)
-        fprintf(stderr, "ddprun: %s\n", message);
+        say("%s", message);
     job->stopping = 1;
     job->kill_at = now_seconds() + job->grace;
     signal_groups(job, sig);
+    signal_groups(job, SIGCONT); /* a stopped rank acts on the signal only once it runs */
 }
 
 static void kill_now(struct job *job)
 {
     if (!job->killed && running_ranks(job) > 0)
-        fprintf(stderr, "ddprun: killing the remaining ranks\n");
+        say("killing the remaining ranks");
     job->stopping = job->killed = 1;
     signal_groups(job, SIGKILL);
 }
@@ -481,9 +694,9 @@ static void kill_now(struct job *job)
 static void print_stopped(const struct rank *r)
 {
     if (r->sig)
-        fprintf(stderr, "ddprun: rank %d stopped by signal %d (%s)\n", r->index, r->sig, strsignal(r->sig));
+        say("rank %d stopped by signal %d (%s)", r->index, r->sig, strsignal(r->sig));
     else
-        fprintf(stderr, "ddprun: rank %d stopped with status %d\n", r->index, r->code);
+        say("rank %d stopped with status %d", r->index, r->code);
 }
 
 static void report_exit(struct job *job, struct rank *r, int code, int sig)
@@ -502,22 +715,68 @@ static void report_exit(struct job *job, struct rank *r, int code, int sig)
         job->settle_until = now_seconds() + SETTLE_SECONDS;
 }
 
+/* The signal that stopped a rank still running, or 0 if it is not stopped. WNOWAIT leaves the
+ * state to be seen again; a stop ends with SIGCONT, and then this says 0. */
+static int stop_signal(const struct rank *r)
+{
+    siginfo_t info;
+    memset(&info, 0, sizeof info);
+    if (!r->running || waitid(P_PID, (id_t)r->pid, &info, WSTOPPED | WNOHANG | WNOWAIT) < 0 || info.si_pid == 0 ||
+        info.si_code != CLD_STOPPED)
+        return 0;
+    return info.si_status;
+}
+
+/* When every failure so far is an error exit, the ranks that exited may be the ones that gave up
+ * waiting (ddp.h's timeout) for a rank that stalled: that rank is the cause. It is found by what
+ * the kernel says first (a rank still running but stopped: SIGSTOP, SIGTSTP, SIGTTIN...), which
+ * needs nothing from the program; else by the survivors' own words, ddp.h's "waiting for
+ * rank(s) N" on the stderr of the first that failed, if that rank N is still running (busy,
+ * blocked or deadlocked; ptrace-stopped ranks are found this way too). */
+static struct rank *find_stalled(struct job *job, const struct rank *first, int *stop_sig)
+{
+    *stop_sig = 0;
+    for (int i = 0; i < job->nranks; i++)
+        if ((*stop_sig = stop_signal(&job->ranks[i])) != 0)
+            return &job->ranks[i];
+    if (first->waited_for >= 0 && job->ranks[first->waited_for].running)
+        return &job->ranks[first->waited_for];
+    return NULL;
+}
+
 /* The settle time is over (or nobody is left): the first rank killed by a signal is the cause,
- * else the first that failed; it gets the full story, the others a short note. */
+ * else a stalled rank the failed ones waited for, else the first that failed; it gets the full
+ * story, the others a short note. */
 static void name_the_cause(struct job *job)
 {
-    struct rank *cause = NULL;
+    struct rank *cause = NULL, *first = NULL, *stalled = NULL;
+    int stop_sig = 0;
     for (int pass = 0; pass < 2 && !cause; pass++)
         for (int seq = 1; seq <= job->failures_seen && !cause; seq++)
             for (int i = 0; i < job->nranks; i++)
                 if (job->ranks[i].failed_seq == seq && (pass == 1 || job->ranks[i].sig))
                     cause = &job->ranks[i];
-    if (cause->sig)
-        fprintf(stderr, "ddprun: rank %d (pid %ld) was killed by signal %d (%s)\n",
-                cause->index, (long)cause->pid, cause->sig, strsignal(cause->sig));
+    if (!cause->sig) {
+        first = cause;
+        stalled = find_stalled(job, first, &stop_sig);
+    }
+    if (stalled && stop_sig)
+        snprintf(job->cause, sizeof job->cause, "rank %d (pid %ld) is stopped by signal %d (%s)", stalled->index,
+                 (long)stalled->pid, stop_sig, strsignal(stop_sig));
+    else if (stalled)
+        snprintf(job->cause, sizeof job->cause, "rank %d (pid %ld) stalled", stalled->index, (long)stalled->pid);
+    else if (cause->sig)
+        snprintf(job->cause, sizeof job->cause, "rank %d (pid %ld) was killed by signal %d (%s)", cause->index,
+                 (long)cause->pid, cause->sig, strsignal(cause->sig));
     else
-        fprintf(stderr, "ddprun: rank %d (pid %ld) exited with status %d\n",
-                cause->index, (long)cause->pid, cause->code);
+        snprintf(job->cause, sizeof job->cause, "rank %d (pid %ld) exited with status %d", cause->index,
+                 (long)cause->pid, cause->code);
+    if (stalled)
+        say("%s: rank %d exited with status %d after waiting for it%s", job->cause, first->index, first->code,
+            stop_sig ? " (what stopped it: a debugger? a kill -STOP?)"
+                     : ", and it is still running, not stopped: busy, blocked or deadlocked?");
+    else
+        say("%s", job->cause);
     job->exit_status = cause->sig ? 128 + cause->sig : cause->code;
     for (int i = 0; i < job->nranks; i++)
         if (job->ranks[i].failed_seq && &job->ranks[i] != cause)
@@ -554,12 +813,41 @@ static void finish_job(struct job *job)
 {
     signal_groups(job, SIGKILL);
     for (int i = 0; i < job->nranks; i++)
-        while (waitpid(job->ranks[i].pid, NULL, 0) < 0 && errno == EINTR)
+        while (job->ranks[i].pid > 0 && waitpid(job->ranks[i].pid, NULL, 0) < 0 && errno == EINTR)
             ;
+}
+
+/* Ctrl-Z: stop every rank's group, then ddprun itself; on SIGCONT (fg, bg, kill -CONT), continue
+ * them all. If ddprun's process group is orphaned, the kernel discards the SIGTSTP raised here
+ * and ddprun continues the ranks at once: the job stops as a whole or not at all. */
+static void handle_job_control(struct job *job)
+{
+    if (tstp_pending) {
+        struct sigaction dfl, saved;
+        sigset_t tstp, old;
+        tstp_pending = 0;
+        signal_groups(job, SIGSTOP);
+        memset(&dfl, 0, sizeof dfl);
+        dfl.sa_handler = SIG_DFL;
+        sigemptyset(&dfl.sa_mask);
+        sigaction(SIGTSTP, &dfl, &saved);
+        sigemptyset(&tstp);
+        sigaddset(&tstp, SIGTSTP);
+        pthread_sigmask(SIG_UNBLOCK, &tstp, &old);
+        raise(SIGTSTP); /* stops here until SIGCONT */
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        sigaction(SIGTSTP, &saved, NULL);
+        cont_pending = 1;
+    }
+    if (cont_pending) {
+        cont_pending = 0;
+        signal_groups(job, SIGCONT);
+    }
 }
 
 static void handle_signals(struct job *job, int *signals_handled)
 {
+    handle_job_control(job);
     if (signals_received == *signals_handled)
         return;
     *signals_handled = signals_received;
@@ -568,6 +856,7 @@ static void handle_signals(struct job *job, int *signals_handled)
         return;
     }
     int sig = first_signal;
+    job->interrupted = 1;
     if (job->exit_status < 0)
         job->exit_status = 128 + sig;
     begin_stop(job, sig, sig == SIGINT ? "interrupted, stopping all ranks"
@@ -579,7 +868,7 @@ static void supervise(struct job *job)
 {
     struct pollfd *fds = calloc(2 * (size_t)job->nranks, sizeof *fds);
     struct stream **owners = calloc(2 * (size_t)job->nranks, sizeof *owners);
-    int signals_handled = 0;
+    static int signals_handled = 0; /* across attempts: a signal stops the job only once */
     if (!fds || !owners)
         die("calloc");
     while (running_ranks(job) > 0 || open_streams(job) > 0) {
@@ -615,6 +904,40 @@ static void abort_start(struct job *job, int started)
     die("starting ranks");
 }
 
+/* One attempt: a fresh token (and port, unless the user chose one), every rank started, supervised
+ * to the end, and reaped. */
+static void run_attempt(struct job *job)
+{
+    sigset_t held;
+    job->stopping = job->killed = job->failures_seen = job->interrupted = 0;
+    job->kill_at = job->settle_until = 0;
+    job->exit_status = -1;
+    job->cause[0] = '\0';
+    memset(job->ranks, 0, (size_t)job->nranks * sizeof *job->ranks);
+    make_job_token(job->token);
+    /* A new port for each attempt: the last one's store may linger in TIME_WAIT. (A port the user
+     * gave is used again: ddp.h's store binds with SO_REUSEADDR.) */
+    job->port = job->user_port ? job->user_port : pick_free_port();
+    /* Hold INT/TERM/TSTP/CONT while forking: a child must not run our handlers. */
+    sigemptyset(&held);
+    sigaddset(&held, SIGINT);
+    sigaddset(&held, SIGTERM);
+    sigaddset(&held, SIGTSTP);
+    sigaddset(&held, SIGCONT);
+    pthread_sigmask(SIG_BLOCK, &held, NULL);
+    for (int i = 0; i < job->nranks; i++) {
+        job->ranks[i].index = i;
+        job->ranks[i].waited_for = -1;
+        if (spawn_rank(job, &job->ranks[i]) < 0)
+            abort_start(job, i);
+    }
+    pthread_sigmask(SIG_SETMASK, &original_sigmask, NULL);
+    started_job = job;
+    supervise(job);
+    finish_job(job);
+    started_job = NULL;
+}
+
 int main(int argc, char **argv)
 {
     struct job job;
@@ -625,31 +948,27 @@ int main(int argc, char **argv)
     parse_args(argc, argv, &job);
     ensure_std_fds_open();
     raise_fd_limit();
-    make_job_token(job.token);
-    if (job.port == 0)
-        job.port = pick_free_port();
     job.prefix_width = snprintf(NULL, 0, "%d", job.nranks - 1); /* columns line up */
     if (!(job.ranks = calloc((size_t)job.nranks, sizeof *job.ranks)))
         die("calloc");
-
+    pthread_sigmask(SIG_SETMASK, NULL, &original_sigmask);
     install_signal_handlers();
-    /* Hold INT/TERM while forking: a child must not run our handler. */
-    sigset_t stop_signals;
-    sigemptyset(&stop_signals);
-    sigaddset(&stop_signals, SIGINT);
-    sigaddset(&stop_signals, SIGTERM);
-    sigprocmask(SIG_BLOCK, &stop_signals, &original_sigmask);
-    for (int i = 0; i < job.nranks; i++) {
-        job.ranks[i].index = i;
-        if (spawn_rank(&job, &job.ranks[i]) < 0)
-            abort_start(&job, i);
-    }
-    sigprocmask(SIG_SETMASK, &original_sigmask, NULL);
-    started_job = &job;
+    start_output();
 
-    supervise(&job);
-    finish_job(&job);
-    started_job = NULL;
+    for (int restarts = 0;; restarts++) {
+        run_attempt(&job);
+        if (job.exit_status < 0 || job.interrupted || signals_received)
+            break;
+        if (restarts == job.max_restarts) {
+            if (job.max_restarts > 0)
+                say("giving up: the job failed %d times (--max-restarts %d); the last failure: %s",
+                    restarts + 1, job.max_restarts, job.cause);
+            break;
+        }
+        say("restart %d of %d: %s; starting all %d rank(s) again", restarts + 1, job.max_restarts, job.cause,
+            job.nranks);
+    }
     free(job.ranks);
+    finish_output();
     return job.exit_status < 0 ? 0 : job.exit_status;
 }
