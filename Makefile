@@ -89,7 +89,7 @@ $(B):
 	@mkdir -p $(B)
 
 $(B)/ddprun: tools/ddprun.c | $(B)
-	$(CC) -std=c99 -D_GNU_SOURCE $(CFLAGS) $(WARN) -o $@ $<
+	$(CC) -std=c99 -D_GNU_SOURCE -pthread $(CFLAGS) $(WARN) -o $@ $<
 
 # Everything that includes the header rebuilds when it changes.
 $(B)/%: examples/%.c ddp.h | $(B)

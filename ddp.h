@@ -2362,8 +2362,13 @@ static ddp_result ddp__shm_check_peers(ddp_context *ctx, int stage, uint32_t tar
     return DDP_OK;
 }
 
+/* The deadline counts time this process could run: a gap between two looks far longer than the
+   poll (the whole job stopped with Ctrl-Z and continued, say) moves it out by the gap, or the
+   first rank to run again would time out before its peers got the CPU back. */
+#define DDP__STOPPED_GAP_S 1.0
+
 static ddp_result ddp__shm_wait_all(ddp_context *ctx, int stage, uint32_t target) {
-    double deadline = 0, next_check = 0;
+    double deadline = 0, next_check = 0, last_look = 0;
     int s;
     for (s = 0; s < ctx->world; s++) {
         ddp__shm_counter *c = &ddp__shm_block(ctx, s)->stage[stage];
@@ -2375,7 +2380,13 @@ static ddp_result ddp__shm_wait_all(ddp_context *ctx, int stage, uint32_t target
             if (polls++ % 16 == 0 && spin_until == 0)
                 spin_until = ddp__now() + (ctx->in_step ? DDP__SPIN_SECONDS_COMM_THREAD : ctx->cpu->spin_seconds);
             if (polls % 16 || ddp__now() < spin_until) { sched_yield(); continue; }
-            if (deadline == 0) { deadline = ddp__now() + ctx->desc.timeout_s; next_check = 0; }
+            if (deadline == 0) {
+                last_look = ddp__now();
+                deadline = last_look + ctx->desc.timeout_s;
+                next_check = 0;
+            }
+            if (ddp__now() - last_look > DDP__STOPPED_GAP_S) deadline += ddp__now() - last_look;
+            last_look = ddp__now();
             if (ddp__now() >= next_check) {
                 ddp_result r = ddp__shm_check_peers(ctx, stage, target, deadline);
                 if (r != DDP_OK) return r;

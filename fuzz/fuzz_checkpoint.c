@@ -23,7 +23,7 @@ static void write_seeds(const char *dir) {
     long n;
     FILE *f;
     snprintf(path, sizeof path, "%s/valid", dir);
-    if (!save_checkpoint(fuzz_ddp, &fuzz_model, &fuzz_options, 7, path, err, sizeof err)) { fprintf(stderr, "%s\n", err); exit(1); }
+    if (!save_checkpoint(fuzz_ddp, &fuzz_options, 7, path, err, sizeof err)) { fprintf(stderr, "%s\n", err); exit(1); }
     if (!(f = fopen(path, "rb")) || fseek(f, 0, SEEK_END) || (n = ftell(f)) <= 0) exit(1);
     buf = (char *)malloc((size_t)n);
     rewind(f);
@@ -63,7 +63,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int step;
     err[0] = 0;
     write_file(fuzz_path, data, size);
-    step = load_checkpoint(fuzz_ddp, &fuzz_model, &fuzz_options, fuzz_path, err, sizeof err);
+    step = load_checkpoint(fuzz_ddp, &fuzz_options, fuzz_path, err, sizeof err);
     if (step < 0 && !err[0]) {
         fprintf(stderr, "fuzz_checkpoint: a refused checkpoint without a message\n");
         abort();

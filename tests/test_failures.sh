@@ -123,6 +123,25 @@ done
 kill -KILL "$victim" 2>/dev/null; wait "${pids[1]}" 2>/dev/null
 [ "$ok" -eq 1 ] && pass "stopped_rank_named_by_timeout" || fail "stopped_rank_named_by_timeout" "$why"
 
+# 1d. The whole job stopped (Ctrl-Z on every rank) for twice DDP_TIMEOUT, then continued: time a
+#     rank could not run is not waiting for its peers, so nobody times out and the run finishes.
+p=$(port)
+pids=()
+for r in 0 1; do
+  RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$p DDP_TIMEOUT=2 \
+    timeout 60 "$B/test_fault" 400 >"$tmp/out$r" 2>"$tmp/err$r" &
+  pids+=($!)
+done
+for _ in $(seq 200); do grep -q "^step 5$" "$tmp/out1" 2>/dev/null && break; sleep 0.05; done
+procs=$(for r in 0 1; do pgrep -P "${pids[$r]}"; done)
+kill -STOP $procs; sleep 4; kill -CONT $procs
+ok=1; why=""
+for r in 0 1; do
+  wait "${pids[$r]}"; rc=$?
+  [ "$rc" -eq 0 ] || { ok=0; why="$why rank $r rc=$rc: $(tail -n 1 "$tmp/err$r");"; }
+done
+[ "$ok" -eq 1 ] && pass "whole_job_stopped_longer_than_timeout_continues" || fail "whole_job_stopped_longer_than_timeout_continues" "$why"
+
 # 2. Killed from outside while training, under ddprun: ddprun exits non-zero and says who.
 p=$(port)
 "$B/ddprun" -n 3 --master-port "$p" "$B/test_fault" 100000 >"$tmp/run_out" 2>"$tmp/run_err" &

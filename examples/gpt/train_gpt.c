@@ -52,7 +52,8 @@ static double now_s(void) {
 static void usage(FILE *f) {
     fprintf(f,
         "usage: train_gpt [flags]        (launch several ranks with: ddprun -n N train_gpt [flags])\n"
-        "  --data PATH        training text, any file as bytes (default " DEFAULT_DATA ", made by `make`)\n"
+        "  --data PATH        training text, any file as bytes (default " DEFAULT_DATA ", made by `make run`\n"
+        "                     or `make build/fortunes.txt`)\n"
         "  --layers N         transformer blocks (4)          --heads N   attention heads (4)\n"
         "  --dim N            width (128)                     --seq N     context length (64)\n"
         "  --batch N          sequences per rank per micro-step (8)\n"
@@ -285,7 +286,7 @@ static int model_uses_cuda(ddp_context *ddp, const options *o) {
     return !o->cpu;
 #elif defined(__CUDACC__)
     (void)o;
-    return !strcmp(ddp_backend_name(ddp), "nccl");
+    return ddp_config(ddp)->backend == DDP_BACKEND_NCCL;
 #else
     (void)ddp; (void)o;
     return 0;
@@ -388,67 +389,47 @@ static const char *model_describe(const model *mo, char *buf, size_t n) {
     return buf;
 }
 
-/* The flat parameters and AdamW m, v as host arrays, for checkpoints and the final hash.
-   Reading (download = 1), the CPU model's are ddp.h's own buffers, used in place; the CUDA
-   model's are device memory, copied into `held`. Loading (download = 0) always goes through
-   `held`, so a checkpoint that turns out bad leaves the live state untouched: state_close puts
-   it in place only when told to (upload = 1, once every check passed). */
+/* The flat parameters and AdamW m, v as host arrays, for checkpoints and the final hash, on
+   any backend: ddp_copy_to_host / ddp_copy_from_host (the CUDA model's state is device memory).
+   Loading goes through the host copy too, so a checkpoint that turns out bad leaves the live
+   state untouched: state_close puts it in place only when told to (upload = 1, once every check
+   passed). */
 typedef struct host_state {
-    float *params, *m, *v, *held;
-    float *dev_params, *dev_m, *dev_v;   /* ddp.h's buffers (device memory for the CUDA model) */
-    int64_t *adam_step;
+    float *params, *m, *v;
+    int64_t *adam_step;   /* ddp.h's own count (host memory on every backend) */
     size_t n;
-    int on_gpu;
 } host_state;
 
-static int state_open(ddp_context *ddp, const model *mo, host_state *s, int download, char *err, size_t errn) {
-    size_t bytes;
+static int state_open(ddp_context *ddp, host_state *s, int download, char *err, size_t errn) {
     memset(s, 0, sizeof *s);
-    if (ddp_adamw_state(ddp, &s->dev_m, &s->dev_v, &s->adam_step) != DDP_OK) { snprintf(err, errn, "%s", ddp_last_error(ddp)); return 0; }
-    s->dev_params = ddp_flat_params(ddp, &s->n);
-    s->params = s->dev_params; s->m = s->dev_m; s->v = s->dev_v;
-#ifdef TRAIN_CUDA_MODEL
-    s->on_gpu = mo->on_gpu;
-#else
-    (void)mo;
-#endif
-    if (download && !s->on_gpu) return 1;
-    bytes = s->n * sizeof(float);
-    if (!(s->held = (float *)malloc(3 * bytes + 1))) {
+    ddp_flat_params(ddp, &s->n);
+    if (ddp_adamw_state(ddp, NULL, NULL, &s->adam_step) != DDP_OK) { snprintf(err, errn, "%s", ddp_last_error(ddp)); return 0; }
+    if (!(s->params = (float *)malloc(3 * s->n * sizeof(float) + 1))) {
         snprintf(err, errn, "rank %d: out of memory for a host copy of the %zu parameters", ddp_rank(ddp), s->n);
         return 0;
     }
-    s->params = s->held; s->m = s->held + s->n; s->v = s->held + 2 * s->n;
-#ifdef TRAIN_CUDA_MODEL
-    if (download) {
-        void *stream = ddp_config(ddp)->cuda_stream;
-        gpt_cuda_download(stream, s->params, s->dev_params, bytes);
-        gpt_cuda_download(stream, s->m, s->dev_m, bytes);
-        gpt_cuda_download(stream, s->v, s->dev_v, bytes);
+    s->m = s->params + s->n;
+    s->v = s->params + 2 * s->n;
+    if (download && (ddp_copy_to_host(ddp, DDP_PARAMS, 0, s->params, s->n) != DDP_OK ||
+                     ddp_copy_to_host(ddp, DDP_ADAM_M, 0, s->m, s->n) != DDP_OK ||
+                     ddp_copy_to_host(ddp, DDP_ADAM_V, 0, s->v, s->n) != DDP_OK)) {
+        snprintf(err, errn, "%s", ddp_last_error(ddp));
+        free(s->params);
+        s->params = NULL;
+        return 0;
     }
-#endif
     return 1;
 }
 
-static void state_close(ddp_context *ddp, host_state *s, int upload) {
-    size_t bytes = s->n * sizeof(float);
-    if (s->held && upload && !s->on_gpu) {
-        memcpy(s->dev_params, s->params, bytes);
-        memcpy(s->dev_m, s->m, bytes);
-        memcpy(s->dev_v, s->v, bytes);
-    }
-#ifdef TRAIN_CUDA_MODEL
-    if (s->held && upload && s->on_gpu) {
-        void *stream = ddp_config(ddp)->cuda_stream;
-        gpt_cuda_upload(stream, s->dev_params, s->params, bytes);
-        gpt_cuda_upload(stream, s->dev_m, s->m, bytes);
-        gpt_cuda_upload(stream, s->dev_v, s->v, bytes);
-    }
-#else
-    (void)ddp;
-#endif
-    free(s->held);
-    s->held = NULL;
+/* 0 when putting the state in place failed (err says why). */
+static int state_close(ddp_context *ddp, host_state *s, int upload, char *err, size_t errn) {
+    int ok = !upload || (ddp_copy_from_host(ddp, DDP_PARAMS, 0, s->params, s->n) == DDP_OK &&
+                         ddp_copy_from_host(ddp, DDP_ADAM_M, 0, s->m, s->n) == DDP_OK &&
+                         ddp_copy_from_host(ddp, DDP_ADAM_V, 0, s->v, s->n) == DDP_OK);
+    if (!ok && err) snprintf(err, errn, "%s", ddp_last_error(ddp));
+    free(s->params);
+    s->params = NULL;
+    return ok;
 }
 
 /* TEST-ONLY fault hook (tests/test_restart.sh): DDP_TEST_KILL="R:S[:save],..." makes rank R
@@ -512,7 +493,7 @@ static void remove_stale_temps(const char *path) {
     closedir(d);
 }
 
-static int save_checkpoint(ddp_context *ddp, const model *mo, const options *o, int step, const char *path, char *err, size_t errn) {
+static int save_checkpoint(ddp_context *ddp, const options *o, int step, const char *path, char *err, size_t errn) {
     ckpt_header hd;
     host_state s;
     size_t n;
@@ -520,7 +501,7 @@ static int save_checkpoint(ddp_context *ddp, const model *mo, const options *o, 
     char tmp[4096];
     FILE *f;
     int ok;
-    if (!state_open(ddp, mo, &s, 1, err, errn)) return 0;
+    if (!state_open(ddp, &s, 1, err, errn)) return 0;
     n = s.n;
     memset(&hd, 0, sizeof hd);
     memcpy(hd.magic, CKPT_MAGIC, 8);
@@ -531,7 +512,7 @@ static int save_checkpoint(ddp_context *ddp, const model *mo, const options *o, 
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     if (!(f = fopen(tmp, "wb"))) {
         snprintf(err, errn, "rank 0: cannot write the checkpoint '%s': %s", tmp, strerror(errno));
-        state_close(ddp, &s, 0);
+        state_close(ddp, &s, 0, NULL, 0);
         return 0;
     }
     ok = write_all(f, &hd, sizeof hd, &h) && write_all(f, s.params, n * sizeof(float), &h);
@@ -546,7 +527,7 @@ static int save_checkpoint(ddp_context *ddp, const model *mo, const options *o, 
     ok = ok && write_all(f, s.m, n * sizeof(float), &h) && write_all(f, s.v, n * sizeof(float), &h) &&
          fwrite(&h, sizeof h, 1, f) == 1 && fflush(f) == 0 && fsync(fileno(f)) == 0;
     ok = (fclose(f) == 0) && ok;
-    state_close(ddp, &s, 0);
+    state_close(ddp, &s, 0, NULL, 0);
     if (!ok || rename(tmp, path) != 0) {
         snprintf(err, errn, "rank 0: cannot write the checkpoint '%s': %s", path, strerror(errno));
         remove(tmp);
@@ -566,7 +547,7 @@ static int save_checkpoint(ddp_context *ddp, const model *mo, const options *o, 
    job needs the file only where rank 0 runs). Returns the step to continue from, or -1 with a
    message in err. The checksum is checked before the header's meaning (step, seed), so a damaged
    file is called corrupt rather than foreign. */
-static int load_checkpoint(ddp_context *ddp, const model *mo, const options *o, const char *path, char *err, size_t errn) {
+static int load_checkpoint(ddp_context *ddp, const options *o, const char *path, char *err, size_t errn) {
     ckpt_header hd;
     host_state s;
     float *mom, *var, *params;
@@ -574,7 +555,7 @@ static int load_checkpoint(ddp_context *ddp, const model *mo, const options *o, 
     int32_t status[2] = { 0, 0 };   /* ok, step */
     int rank = ddp_rank(ddp);
     const gpt_config *cfg = &o->model;
-    if (!state_open(ddp, mo, &s, 0, err, errn)) return -1;
+    if (!state_open(ddp, &s, 0, err, errn)) return -1;
     params = s.params; mom = s.m; var = s.v; n = s.n;
     if (rank == 0) {
         const char *kind;
@@ -617,20 +598,20 @@ static int load_checkpoint(ddp_context *ddp, const model *mo, const options *o, 
         }
         if (f) fclose(f);
     }
-    if (ddp_broadcast(ddp, status, sizeof status, 0) != DDP_OK) { snprintf(err, errn, "%s", ddp_last_error(ddp)); state_close(ddp, &s, 0); return -1; }
+    if (ddp_broadcast(ddp, status, sizeof status, 0) != DDP_OK) { snprintf(err, errn, "%s", ddp_last_error(ddp)); state_close(ddp, &s, 0, NULL, 0); return -1; }
     if (!status[0]) {
         if (rank != 0) snprintf(err, errn, "rank %d: rank 0 could not load the checkpoint '%s' (rank 0's message says why)", rank, path);
-        state_close(ddp, &s, 0);
+        state_close(ddp, &s, 0, NULL, 0);
         return -1;
     }
     /* Host arrays (on NCCL ddp.h stages them and waits); the CUDA model's go up afterwards. */
     if (ddp_broadcast(ddp, params, n * sizeof(float), 0) != DDP_OK || ddp_broadcast(ddp, mom, n * sizeof(float), 0) != DDP_OK ||
         ddp_broadcast(ddp, var, n * sizeof(float), 0) != DDP_OK || ddp_broadcast(ddp, s.adam_step, sizeof *s.adam_step, 0) != DDP_OK) {
         snprintf(err, errn, "%s", ddp_last_error(ddp));
-        state_close(ddp, &s, 0);
+        state_close(ddp, &s, 0, NULL, 0);
         return -1;
     }
-    state_close(ddp, &s, 1);
+    if (!state_close(ddp, &s, 1, err, errn)) return -1;
     return status[1];
 }
 
@@ -800,7 +781,7 @@ int main(int argc, char **argv) {
     }
     if (resume_from) {
         snprintf(err, sizeof err, "rank %d: cannot load the checkpoint '%s'", rank, resume_from);   /* load_checkpoint says why */
-        step = load_checkpoint(ddp, &mo, &o, resume_from, err, sizeof err);
+        step = load_checkpoint(ddp, &o, resume_from, err, sizeof err);
         if (step < 0 && resume_from != o.resume)
             DIE("train_gpt: %s; --save '%s' already holds that file: pass --fresh to start over and overwrite it, or "
                 "--save another path", err, o.save);
@@ -824,7 +805,7 @@ int main(int argc, char **argv) {
         float loss, lr = lr_at(&o, step), norm = 0;
         ddp_adamw opt;
         ddp_step_stats st;
-        int u;
+        int u, logs;
         CHECK(ddp_zero_grad(ddp));
         for (u = 0; u < o.accum; u++) {   /* micro-step u: windows u*world*B + rank*B ... */
             gpt_make_batch(data.bytes, data.train_len, o.seed, (uint64_t)step, (u * world + rank) * B, B, T, tok, tgt);
@@ -835,13 +816,15 @@ int main(int argc, char **argv) {
         test_kill_point(rank, step + 1, "step");
         memset(&opt, 0, sizeof opt);
         opt.lr = lr; opt.beta1 = o.beta1; opt.beta2 = o.beta2; opt.weight_decay = o.wd; opt.max_grad_norm = o.clip;
-        CHECK(ddp_adamw_step(ddp, &opt, &norm));
-        st = ddp_last_step_stats(ddp);
         step++;
-        /* The loss is averaged across ranks only for the lines that show it: every collective
-           is a point where all ranks wait for the slowest, and the step needs none beyond the
-           gradient buckets. (The same decision on every rank: it depends on the step alone.) */
-        if (step % o.log_every == 0 || step == 1 || step == o.steps) {
+        /* The loss is averaged across ranks, and the gradient norm read back, only for the lines
+           that show them: every collective is a point where all ranks wait for the slowest, and
+           on a GPU reading the norm is a wait for the device; the step needs neither (clipping
+           happens on the device). The same decision on every rank: it depends on the step. */
+        logs = step % o.log_every == 0 || step == 1 || step == o.steps;
+        CHECK(ddp_adamw_step(ddp, &opt, logs ? &norm : NULL));
+        st = ddp_last_step_stats(ddp);
+        if (logs) {
             loss = model_loss_sum(&mo, (float)o.accum, o.accum);   /* this step's; GPU: waits for the device */
             CHECK(ddp_allreduce(ddp, &loss, 1, DDP_AVG));
             ms = 1e3 * (now_s() - t_line) / (step - step_line);   /* the mean step since the last line */
@@ -859,7 +842,7 @@ int main(int argc, char **argv) {
             step_line = step;
         }
         if (o.save && o.save_every > 0 && step % o.save_every == 0 && rank == 0 &&
-            !save_checkpoint(ddp, &mo, &o, step, o.save, err, sizeof err))
+            !save_checkpoint(ddp, &o, step, o.save, err, sizeof err))
             DIE("train_gpt: %s", err);
     }
     {
@@ -867,13 +850,13 @@ int main(int argc, char **argv) {
         CHECK(evaluate(ddp, &mo, &o, &data, tok, tgt, &val));
         if (rank == 0) {
             host_state s;
-            if (!state_open(ddp, &mo, &s, 1, err, sizeof err)) DIE("train_gpt: %s", err);
+            if (!state_open(ddp, &s, 1, err, sizeof err)) DIE("train_gpt: %s", err);
             printf("done: step %d | val loss %.4f | %.1f s training\n", step, val, secs);
             printf("params fnv1a %016llx\n", (unsigned long long)gpt_fnv1a(s.params, s.n * sizeof(float), GPT_FNV_INIT));
-            state_close(ddp, &s, 0);
+            state_close(ddp, &s, 0, NULL, 0);
         }
     }
-    if (o.save && rank == 0 && !save_checkpoint(ddp, &mo, &o, step, o.save, err, sizeof err)) DIE("train_gpt: %s", err);
+    if (o.save && rank == 0 && !save_checkpoint(ddp, &o, step, o.save, err, sizeof err)) DIE("train_gpt: %s", err);
     if (o.save && rank == 0) printf("checkpoint: %s (step %d)\n", o.save, step);
     if (rank == 0 && o.sample > 0 && !sample_text(&mo, &o)) DIE("train_gpt: rank 0: out of memory for a sample of %d bytes", o.sample);
     CHECK(ddp_barrier(ddp));
