@@ -2356,6 +2356,7 @@ static ddp_result ddp__shm_check_peers(ddp_context *ctx, int stage, uint32_t tar
             if (s != ctx->rank && !ddp__reached(v, target))
                 len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d", len ? ", " : "", s);
         }
+        if (!missing[0]) return DDP_OK;   /* everyone posted as the deadline passed: not a timeout */
         return ddp__fail_group(ctx, DDP_ERR_TIMEOUT, "timed out after %.0f s in %s waiting for rank(s) %s",
                                          ctx->desc.timeout_s, ctx->what, missing);
     }

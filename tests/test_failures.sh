@@ -133,8 +133,9 @@ for r in 0 1; do
   pids+=($!)
 done
 for _ in $(seq 200); do grep -q "^step 5$" "$tmp/out1" 2>/dev/null && break; sleep 0.05; done
-procs=$(for r in 0 1; do pgrep -P "${pids[$r]}"; done)
-kill -STOP $procs; sleep 4; kill -CONT $procs
+r0=$(pgrep -P "${pids[0]}" | head -n 1); r1=$(pgrep -P "${pids[1]}" | head -n 1)
+kill -STOP "$r1"; sleep 0.5    # rank 0 is now waiting for rank 1: its wait began before the stop
+kill -STOP "$r0"; sleep 4; kill -CONT "$r0" "$r1"
 ok=1; why=""
 for r in 0 1; do
   wait "${pids[$r]}"; rc=$?
