@@ -6,10 +6,13 @@
 #
 #   bench/compare_builds.sh OLD_REF [BUILD_DIR]
 #
-# OLD_REF is a git revision: its ddp.h is built with this checkout's trainer and benchmark
-# sources into $tmp (so only the header differs), next to BUILD_DIR's (default build). Each
-# round runs old and new back to back, in alternating order; the table shows the medians and
-# new/old. env: REPS (5), STEPS (110, first 10 untimed), DATA.
+# OLD_REF is a git revision: its ddp.h, trainer (examples/gpt/train_gpt.c, gpt.h) and
+# bench_allreduce.c are built into $tmp with the same compiler flags as BUILD_DIR's (default
+# build). The trainer's step loop is the same code on both sides unless the revisions changed
+# it (read `git diff OLD_REF -- examples/gpt` before reading the GPT rows as the library's).
+# Both sides run under this checkout's ddprun. Each round runs old and new back to back, in
+# alternating order; the table shows the medians and new/old. env: REPS (5), STEPS (110, first
+# 10 untimed), DATA.
 set -u
 OLD=${1:?usage: bench/compare_builds.sh OLD_REF [BUILD_DIR]}
 B=${2:-build}
@@ -24,11 +27,11 @@ CFG=(--layers 4 --heads 4 --dim 128 --seq 64 --batch 4)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-# The old header beside this checkout's sources: examples/, tests/ and bench/ include "../ddp.h".
+# The old revision's files, laid out as in the repository (they include "../ddp.h").
 mkdir -p "$tmp/src/examples/gpt" "$tmp/src/bench" "$tmp/src/build"
-git show "$OLD:ddp.h" >"$tmp/src/ddp.h" || { echo "compare_builds: no ddp.h at $OLD"; exit 1; }
-cp examples/gpt/train_gpt.c examples/gpt/gpt.h "$tmp/src/examples/gpt/"
-cp bench/bench_allreduce.c "$tmp/src/bench/"
+for f in ddp.h examples/gpt/train_gpt.c examples/gpt/gpt.h bench/bench_allreduce.c; do
+    git show "$OLD:$f" >"$tmp/src/$f" || { echo "compare_builds: no $f at $OLD"; exit 1; }
+done
 OPT="-O3 -march=native -fno-math-errno -g"
 # OpenBLAS as the Makefile finds it (the trainer's matmuls), else the portable ones, on both sides
 if printf '#include <cblas.h>\nint main(void) { return 0; }\n' | cc -x c - -o /dev/null -lopenblas >/dev/null 2>&1; then
@@ -37,8 +40,7 @@ make -s NVCC= "$B/ddprun" "$B/train_gpt" "$B/bench_allreduce" || exit 1
 ( cd "$tmp/src" &&
   cc -std=c99 $OPT -Wall -Wextra $defs -o build/train_gpt examples/gpt/train_gpt.c $libs -lpthread -lm &&
   cc -std=c99 $OPT -Wall -Wextra -o build/bench_allreduce bench/bench_allreduce.c -lpthread -lm ) 2>"$tmp/build.log" ||
-  { echo "compare_builds: the old header does not build with these sources:"; tail -n 20 "$tmp/build.log"; exit 1; }
-# train_gpt's new API calls may not exist in the old header: then the sources do not build, said above.
+  { echo "compare_builds: $OLD does not build:"; tail -n 20 "$tmp/build.log"; exit 1; }
 
 median() { sort -n | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 
