@@ -40,6 +40,7 @@ run "ddprun" tests/test_ddprun.sh "$B/ddprun"
 run "minimal example, 2 ranks" "$B/ddprun" -n 2 "$B/minimal"
 run "embedding: NULL contexts, messages, thread-ranks, host copies" "$B/test_embed"
 run "include order" tests/test_include_order.sh
+run "make run and make help" tests/test_make.sh
 for n in 1 2 4; do run "tiny GPT vs PyTorch, N ranks vs 1, $n rank(s)" "$B/ddprun" -n "$n" "$B/test_gpt"; done
 run "tiny GPT trainer: resume, checkpoints, data errors, sampling" tests/test_gpt.sh "$B"
 run "tiny GPT, CUDA model emulated on the host: vs PyTorch, vs the CPU model, determinism" "$B/test_gpt_gpu_emulated"

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# test_make.sh — what the two commands build. `make run` on a machine with nvcc but no GPU builds
+# only what it runs (ddprun and the CPU trainer), not the GPU targets; `make help` lists the
+# targets a new user types. Dry runs (make -n) in a scratch build directory: nothing is built.
+# Usage: tests/test_make.sh
+set -u
+cd "$(dirname "$0")/.." || exit 1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+mkdir -p "$tmp/bin"
+printf '#!/bin/sh\nexit 1\n' >"$tmp/bin/nvidia-smi"   # "no GPU", whatever this machine has
+chmod +x "$tmp/bin/nvidia-smi"
+# train-2-ranks is what `make run` runs after installing its dependencies
+PATH="$tmp/bin:$PATH" make -n B="$tmp/b" NVCC=/usr/local/cuda/bin/nvcc train-2-ranks >"$tmp/plan" 2>&1
+if ! grep -q "$tmp/b/train_gpt" "$tmp/plan" || ! grep -q "$tmp/b/ddprun" "$tmp/plan"; then
+    echo "FAIL make_run_builds_no_gpu_target_without_a_gpu: the plan does not build ddprun and the CPU trainer"
+elif grep -qE -- "-o $tmp/b/gpu/[a-z_]+ " "$tmp/plan"; then
+    echo "FAIL make_run_builds_no_gpu_target_without_a_gpu: $(grep -oE -- "-o $tmp/b/gpu/[a-z_]+" "$tmp/plan" | head -n 3 | tr '\n' ' ')"
+else
+    echo "PASS make_run_builds_no_gpu_target_without_a_gpu"
+fi
+make -s help >"$tmp/help" 2>&1
+missing=""
+for t in run test test-asan test-tsan bench fuzz clean; do grep -qE "^make $t( |$)" "$tmp/help" || missing="$missing $t"; done
+[ -z "$missing" ] && echo "PASS make_help_lists_the_targets" || echo "FAIL make_help_lists_the_targets: missing$missing"
