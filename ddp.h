@@ -3823,8 +3823,6 @@ static ddp_result ddp__gpu_report_skips(ddp_context *ctx) {
                      "itself, naming the parameter", skipped);
 }
 
-static ddp_result ddp__nonfinite(ddp_context *ctx, const float *grads, double norm);
-
 /* AdamW on the device: sum of squares -> (skip, clip, step, bias corrections) -> the fused
    step, all on the compute stream. Only with grad_norm_out does the host read the norm back
    (one 40-byte copy and a wait for the compute stream); a program that wants no host wait in
