@@ -23,6 +23,9 @@ STEPS=${STEPS:-110}
 SKIP=10
 CFG=(--layers 4 --heads 4 --dim 128 --seq 64 --batch 4)
 PY=/usr/bin/python3
+# One OpenBLAS thread per rank, as for PyTorch (1 intra-op thread): weak scaling compares like with
+# like. (train_gpt alone uses the CPUs its ranks share: OPENBLAS_NUM_THREADS overrides that.)
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 

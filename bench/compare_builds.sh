@@ -24,6 +24,8 @@ REPS=${REPS:-5}
 STEPS=${STEPS:-110}
 SKIP=10
 CFG=(--layers 4 --heads 4 --dim 128 --seq 64 --batch 4)
+# The revision before 2026-11-23 forced one OpenBLAS thread; both sides get one.
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 

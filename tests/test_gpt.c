@@ -289,7 +289,8 @@ static int test_equivalence_ranks(void) {
 }
 
 int main(void) {
-    gpt_blas_init();
+    const char *world = getenv("WORLD_SIZE");
+    gpt_blas_init(world ? atoi(world) : 1);
     if (!test_equivalence_ranks()) test_failures++;
     return test_summary("test_gpt");
 }

@@ -24,6 +24,7 @@
 
 #ifndef GPT_NO_BLAS
 #include <cblas.h>
+#include <unistd.h>   /* sysconf: the CPUs OpenBLAS may use */
 void openblas_set_num_threads(int num_threads);
 #endif
 
@@ -183,7 +184,7 @@ static void gpt_gemm(int ta, int tb, int M, int N, int K, float alpha, const flo
     }
     free(panel);
 }
-static void gpt_blas_init(void) {}
+static void gpt_blas_init(int ranks_on_host) { (void)ranks_on_host; }
 static inline const char *gpt_blas_name(void) { return "portable fallback (GPT_NO_BLAS)"; }
 #else
 static void gpt_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
@@ -191,9 +192,24 @@ static void gpt_gemm(int ta, int tb, int M, int N, int K, float alpha, const flo
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                 M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
-/* Ranks are the parallelism: OpenBLAS runs in the calling thread. */
-static void gpt_blas_init(void) { openblas_set_num_threads(1); }
-static inline const char *gpt_blas_name(void) { return "OpenBLAS, 1 thread"; }
+/* OpenBLAS's threads: OPENBLAS_NUM_THREADS, else OMP_NUM_THREADS, when set (ddprun sets each
+   rank's share of the CPUs), else this host's CPUs shared among the ranks on it. One rank alone
+   on a 2-core machine then uses both cores for its matmuls; N ranks on N cores one each, so the
+   ranks are the parallelism and OpenBLAS's idle workers do not compete with them. */
+static int gpt__blas_threads = 1;
+static void gpt_blas_init(int ranks_on_host) {
+    const char *e = getenv("OPENBLAS_NUM_THREADS");
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN), n;
+    if (!e || atoi(e) <= 0) e = getenv("OMP_NUM_THREADS");
+    n = e && atoi(e) > 0 ? atoi(e) : cpus / (ranks_on_host > 0 ? ranks_on_host : 1);
+    gpt__blas_threads = n < 1 ? 1 : (int)n;
+    openblas_set_num_threads(gpt__blas_threads);
+}
+static inline const char *gpt_blas_name(void) {
+    static char name[48];
+    snprintf(name, sizeof name, "OpenBLAS, %d thread%s", gpt__blas_threads, gpt__blas_threads == 1 ? "" : "s");
+    return name;
+}
 #endif
 
 /* ---------------------------------------------------------------------------------------------

@@ -716,7 +716,6 @@ int main(int argc, char **argv) {
 
     if (!parse_args(argc, argv, &o, err, sizeof err)) { fprintf(stderr, "train_gpt: %s\n", err); return 2; }
     setvbuf(stdout, NULL, _IOLBF, 0);
-    gpt_blas_init();
     if (o.dump_init) {   /* for tools/gpt_reference.py: the initial parameters, nothing else */
         ddp_desc solo;
         gpt cpu_model;
@@ -726,6 +725,7 @@ int main(int argc, char **argv) {
         solo.world_size = 1;
         solo.backend = DDP_BACKEND_CPU;   /* host buffers to write out; the init is the same everywhere */
         CHECK(ddp_init(&ddp, &solo));
+        gpt_blas_init(1);
         {
             ddp_result r = gpt_create(&cpu_model, ddp, &o.model, o.seed);
             if (r != DDP_OK) DIE("train_gpt: %s", model_create_failure(ddp, &o, r, err, sizeof err));
@@ -755,6 +755,7 @@ int main(int argc, char **argv) {
         desc.cuda_stream = (void *)cudaStreamPerThread;
 #endif
         CHECK(ddp_init(&ddp, &desc));
+        gpt_blas_init(ddp_config(ddp)->local_world_size);
     }
     rank = ddp_rank(ddp);
     world = ddp_world_size(ddp);

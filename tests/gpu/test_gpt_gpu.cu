@@ -546,7 +546,7 @@ int main(void) {
 #else
     run_larger = getenv("GPT_TEST_LARGER") != NULL;   /* the naive host sgemm needs minutes for it */
 #endif
-    gpt_blas_init();
+    gpt_blas_init(1);
     make_text();
     test_cuda_reference();
     test_cuda_vs_cpu(&small);
