@@ -3437,6 +3437,24 @@ static ddp_result ddp__gpu_wait(ddp_context *ctx, cudaStream_t stream, const cha
     }
 }
 
+/* NCCL's remote error says a peer went away, not which: a failing rank leaves its message in
+   the store before it aborts its communicator, so ask the store (this thread's connection) for
+   half a second and name the rank, as ddp__gpu_report does for the watchdog's findings. */
+static ddp_result ddp__nccl_remote_fail(ddp_context *ctx, ncclResult_t e, const char *what) {
+    char who[DDP__ERR_MAX / 2], nccl_msg[DDP__ERR_MAX / 2];
+    const char *detail = ncclGetLastError(NULL);
+    double until = ddp__now() + 0.5;
+    snprintf(nccl_msg, sizeof nccl_msg, "%s failed: %s%s%s", what, ncclGetErrorString(e), detail && *detail ? ": " : "",
+             detail ? detail : "");
+    do {
+        if (ddp__failed(ctx)) return ddp__failed(ctx);
+        if (ddp__gpu_check_store(ctx, ctx->store_fd, who, sizeof who) != DDP_OK)
+            return ddp__fail_group(ctx, DDP_ERR_PEER_LOST, "%s (%.300s)", who, nccl_msg);
+        usleep(20000);
+    } while (ddp__now() < until);
+    return ddp__fatal(ctx, ddp__nccl_fail(ctx, e, what, __FILE__, __LINE__));
+}
+
 /* Calls on a non-blocking communicator may return ncclInProgress: NCCL finishes them in the
    background (set-up, a first connection to a peer), and nothing else may be called on the
    communicator before it has. Poll its state until then, against `deadline`, the group's
@@ -3458,7 +3476,9 @@ static ddp_result ddp__nccl_settle(ddp_context *ctx, ncclResult_t e, const char 
         usleep(200);
         if (ncclCommGetAsyncError(g->nccl, &e) != ncclSuccess) e = ncclInternalError;
     }
-    if (e != ncclSuccess) return ddp__failed(ctx) ? ddp__failed(ctx) : ddp__fatal(ctx, ddp__nccl_fail(ctx, e, what, __FILE__, __LINE__));
+    if (e != ncclSuccess && ddp__failed(ctx)) return ddp__failed(ctx);
+    if (e == ncclRemoteError) return ddp__nccl_remote_fail(ctx, e, what);
+    if (e != ncclSuccess) return ddp__fatal(ctx, ddp__nccl_fail(ctx, e, what, __FILE__, __LINE__));
     return DDP_OK;
 }
 
