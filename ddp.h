@@ -3297,13 +3297,8 @@ static ddp_result ddp__gpu_inspect_locked(ddp_context *ctx, char *msg, size_t ca
     ddp__gpu *g = ctx->gpu;
     ncclResult_t async = ncclSuccess;
     if (!g->life.live) return DDP_OK;
-    if (ncclCommGetAsyncError(g->nccl, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress) {
-        const char *detail = ncclGetLastError(g->nccl);
-        snprintf(msg, cap, "NCCL reported an asynchronous error during %s: %s%s%s; the communicator was aborted",
-                 g->watch.what[0] ? g->watch.what : "communication", ncclGetErrorString(async),
-                 detail && *detail ? ": " : "", detail ? detail : "");
-        return async == ncclRemoteError ? DDP_ERR_PEER_LOST : DDP_ERR_BACKEND;
-    }
+    /* The clock first, so that an asynchronous error names what is still unfinished, not an
+       operation that completed long ago and was not yet seen complete. */
     while (g->watch.since > 0) {
         cudaError_t q = ddp__gpu_query(g->watch_event);
         double now = ddp__now();
@@ -3317,12 +3312,19 @@ static ddp_result ddp__gpu_inspect_locked(ddp_context *ctx, char *msg, size_t ca
             g->watch_event = oldest;
             continue;
         }
-        if (ddp__watch_expired(&g->watch, now, ctx->desc.timeout_s)) {
-            snprintf(msg, cap, "timed out after %.0f s in %s: the GPU never finished it (a peer stuck or gone?); "
-                     "the NCCL communicator was aborted", ctx->desc.timeout_s, g->watch.what);
-            return DDP_ERR_TIMEOUT;
-        }
         break;
+    }
+    if (ncclCommGetAsyncError(g->nccl, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress) {
+        const char *detail = ncclGetLastError(g->nccl);
+        snprintf(msg, cap, "NCCL reported an asynchronous error during %s: %s%s%s; the communicator was aborted",
+                 g->watch.since > 0 ? g->watch.what : "communication", ncclGetErrorString(async),
+                 detail && *detail ? ": " : "", detail ? detail : "");
+        return async == ncclRemoteError ? DDP_ERR_PEER_LOST : DDP_ERR_BACKEND;
+    }
+    if (ddp__watch_expired(&g->watch, ddp__now(), ctx->desc.timeout_s)) {
+        snprintf(msg, cap, "timed out after %.0f s in %s: the GPU never finished it (a peer stuck or gone?); "
+                 "the NCCL communicator was aborted", ctx->desc.timeout_s, g->watch.what);
+        return DDP_ERR_TIMEOUT;
     }
     return DDP_OK;
 }
