@@ -70,8 +70,14 @@ void fakegpu_set_inprogress_polls(int polls) { inprogress_polls = polls; }
 void fakegpu_set_init_delay(double seconds) { init_delay_s = seconds; }
 void fakegpu_stall_init(int rank) { stall_rank = rank; }
 void fakegpu_inject_async_error(int rank, int after, ncclResult_t error) {
+    struct ncclComm *c;
     pthread_mutex_lock(&nccl_lock);
-    inject_rank = rank; inject_after = after; inject_error = error;
+    if (after < 0) {   /* now, on that rank's live communicators */
+        for (c = comms; c; c = c->next)
+            if (c->magic == COMM_MAGIC && c->rank == rank) c->async_error = error;
+    } else {
+        inject_rank = rank; inject_after = after; inject_error = error;
+    }
     pthread_mutex_unlock(&nccl_lock);
 }
 void fakegpu_nccl_set_timeout(double seconds) { nccl_timeout_s = seconds; }

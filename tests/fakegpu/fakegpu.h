@@ -56,7 +56,8 @@ void fakegpu_stall_init(int rank);
 
 /* Rank `rank`'s communicator reports `error` as its asynchronous error once it has enqueued
    `after` collectives; its collective number `after` (counting from 0) is never delivered to
-   its peers, as when that rank's GPU or network failed. rank -1: none. */
+   its peers, as when that rank's GPU or network failed. rank -1: none. after < 0: at once, on
+   that rank's live communicators (nothing enqueued: only a poll of the error finds it). */
 void fakegpu_inject_async_error(int rank, int after, ncclResult_t error);
 
 /* How long a blocking NCCL call or a synchronizing CUDA call waits for peers or a held device
