@@ -3284,8 +3284,11 @@ static void ddp__gpu_poison(ddp_context *ctx, ddp_result code) {
             reply && !strcmp((const char *)reply, "1"))
             ddp__store_request_on(ctx, fd, DDP__OP_SET, "poison", msg, (uint32_t)strlen(msg), NULL, NULL, &status, 0);
         DDP_FREE(reply);
-        pthread_mutex_lock(&ctx->err_lock);   /* a store that is gone must not replace the real error */
-        snprintf(ctx->err, sizeof ctx->err, "%s", msg);
+        /* A store that is gone must not replace the real error. Only then is it written back:
+           the context is marked failed already, and its own thread may be reading the message
+           (from the watchdog, an unconditional rewrite raced ddp_last_error). */
+        pthread_mutex_lock(&ctx->err_lock);
+        if (strcmp(ctx->err, msg)) snprintf(ctx->err, sizeof ctx->err, "%s", msg);
         pthread_mutex_unlock(&ctx->err_lock);
     }
     ddp__gpu_abort(ctx);
