@@ -10,7 +10,7 @@ B        := build
 PROGRAMS := $(B)/ddprun $(B)/minimal $(B)/bench_allreduce $(B)/bench_overlap \
             $(B)/test_unit $(B)/test_collectives $(B)/test_equivalence $(B)/test_fault \
             $(B)/test_overlap $(B)/test_bf16 $(B)/test_embed $(B)/train_gpt $(B)/test_gpt \
-            $(B)/train_gpt_emulated $(B)/test_gpt_gpu_emulated
+            $(B)/train_gpt_emulated $(B)/test_gpt_gpu_emulated $(B)/test_fake_nccl
 CHECKS   := $(B)/cxx_check.o
 
 .PHONY: all help run train-2-ranks deps test test-asan test-tsan fuzz bench bench-gpt bench-gpu clean
@@ -130,6 +130,26 @@ $(B)/train_gpt_emulated: examples/gpt/train_gpt.c examples/gpt/gpt_cuda.cuh exam
 	$(CXX) -std=c++17 $(CFLAGS) $(WARN) -fno-math-errno -DGPT_CUDA_EMULATE $(GPT_DEFS) -x c++ -o $@ $< -x none $(GPT_LIBS) $(LDLIBS)
 $(B)/test_gpt_gpu_emulated: tests/gpu/test_gpt_gpu.cu tests/test_gpt.c tests/testlib.h examples/gpt/gpt_cuda.cuh examples/gpt/gpt.h ddp.h | $(B)
 	$(CXX) -std=c++17 $(CFLAGS) $(WARN) -fno-math-errno -DGPT_CUDA_EMULATE $(GPT_DEFS) -x c++ -o $@ $< -x none $(GPT_LIBS) $(LDLIBS)
+
+# ddp.h's NCCL backend run without a GPU: the implementation compiled by the C compiler with
+# -DDDP_CUDA against tests/fakegpu's CUDA runtime and NCCL (host memory, ranks as threads), the
+# kernels' launchers on the host with ddp_kernels.cuh's own element arithmetic (extracted by
+# host_kernels.awk; C++, no fused multiply-adds). No nvcc needed: built and run by every `make
+# test`, sanitizer runs included.
+FAKE_DIR   := tests/fakegpu
+FAKE_HDRS  := $(FAKE_DIR)/cuda_runtime_api.h $(FAKE_DIR)/nccl.h $(FAKE_DIR)/fakegpu.h $(FAKE_DIR)/fake_internal.h
+FAKE_OBJS  := $(B)/fakegpu/fake_cuda.o $(B)/fakegpu/fake_nccl.o $(B)/fakegpu/fake_kernels.o
+$(B)/fakegpu:
+	@mkdir -p $(B)/fakegpu
+$(B)/fakegpu/ddp_kernels_host.inc: ddp_kernels.cuh $(FAKE_DIR)/host_kernels.awk | $(B)/fakegpu
+	awk -f $(FAKE_DIR)/host_kernels.awk ddp_kernels.cuh > $@.tmp && mv $@.tmp $@
+$(B)/fakegpu/%.o: $(FAKE_DIR)/%.c $(FAKE_HDRS) | $(B)/fakegpu
+	$(CC) -std=c99 $(CFLAGS) $(WARN) -ffp-contract=off -pthread -I$(FAKE_DIR) -c -o $@ $<
+$(B)/fakegpu/fake_kernels.o: $(FAKE_DIR)/fake_kernels.cpp $(B)/fakegpu/ddp_kernels_host.inc ddp_kernels.cuh $(FAKE_HDRS) | $(B)/fakegpu
+	$(CXX) -std=c++11 $(CFLAGS) $(WARN) -ffp-contract=off -pthread -I$(FAKE_DIR) -I$(B)/fakegpu -c -o $@ $<
+$(B)/test_fake_nccl: tests/test_fake_nccl.c tests/test_equivalence.c tests/testlib.h ddp.h ddp_kernels.cuh $(FAKE_OBJS) $(FAKE_HDRS) | $(B)
+	$(CC) -std=c99 $(CFLAGS) $(WARN) -DDDP_CUDA -I$(FAKE_DIR) -c -o $(B)/fakegpu/test_fake_nccl.o $<
+	$(CXX) $(CFLAGS) -o $@ $(B)/fakegpu/test_fake_nccl.o $(FAKE_OBJS) $(LDLIBS)
 
 # The default corpus: Debian's fortunes text (installed when missing), never committed.
 $(B)/fortunes.txt: | $(B)

@@ -3284,8 +3284,11 @@ static void ddp__gpu_poison(ddp_context *ctx, ddp_result code) {
             reply && !strcmp((const char *)reply, "1"))
             ddp__store_request_on(ctx, fd, DDP__OP_SET, "poison", msg, (uint32_t)strlen(msg), NULL, NULL, &status, 0);
         DDP_FREE(reply);
-        pthread_mutex_lock(&ctx->err_lock);   /* a store that is gone must not replace the real error */
-        snprintf(ctx->err, sizeof ctx->err, "%s", msg);
+        /* A store that is gone must not replace the real error. Only then is it written back:
+           the context is marked failed already, and its own thread may be reading the message
+           (from the watchdog, an unconditional rewrite raced ddp_last_error). */
+        pthread_mutex_lock(&ctx->err_lock);
+        if (strcmp(ctx->err, msg)) snprintf(ctx->err, sizeof ctx->err, "%s", msg);
         pthread_mutex_unlock(&ctx->err_lock);
     }
     ddp__gpu_abort(ctx);
@@ -3297,13 +3300,8 @@ static ddp_result ddp__gpu_inspect_locked(ddp_context *ctx, char *msg, size_t ca
     ddp__gpu *g = ctx->gpu;
     ncclResult_t async = ncclSuccess;
     if (!g->life.live) return DDP_OK;
-    if (ncclCommGetAsyncError(g->nccl, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress) {
-        const char *detail = ncclGetLastError(g->nccl);
-        snprintf(msg, cap, "NCCL reported an asynchronous error during %s: %s%s%s; the communicator was aborted",
-                 g->watch.what[0] ? g->watch.what : "communication", ncclGetErrorString(async),
-                 detail && *detail ? ": " : "", detail ? detail : "");
-        return async == ncclRemoteError ? DDP_ERR_PEER_LOST : DDP_ERR_BACKEND;
-    }
+    /* The clock first, so that an asynchronous error names what is still unfinished, not an
+       operation that completed long ago and was not yet seen complete. */
     while (g->watch.since > 0) {
         cudaError_t q = ddp__gpu_query(g->watch_event);
         double now = ddp__now();
@@ -3317,12 +3315,19 @@ static ddp_result ddp__gpu_inspect_locked(ddp_context *ctx, char *msg, size_t ca
             g->watch_event = oldest;
             continue;
         }
-        if (ddp__watch_expired(&g->watch, now, ctx->desc.timeout_s)) {
-            snprintf(msg, cap, "timed out after %.0f s in %s: the GPU never finished it (a peer stuck or gone?); "
-                     "the NCCL communicator was aborted", ctx->desc.timeout_s, g->watch.what);
-            return DDP_ERR_TIMEOUT;
-        }
         break;
+    }
+    if (ncclCommGetAsyncError(g->nccl, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress) {
+        const char *detail = ncclGetLastError(g->nccl);
+        snprintf(msg, cap, "NCCL reported an asynchronous error during %s: %s%s%s; the communicator was aborted",
+                 g->watch.since > 0 ? g->watch.what : "communication", ncclGetErrorString(async),
+                 detail && *detail ? ": " : "", detail ? detail : "");
+        return async == ncclRemoteError ? DDP_ERR_PEER_LOST : DDP_ERR_BACKEND;
+    }
+    if (ddp__watch_expired(&g->watch, ddp__now(), ctx->desc.timeout_s)) {
+        snprintf(msg, cap, "timed out after %.0f s in %s: the GPU never finished it (a peer stuck or gone?); "
+                 "the NCCL communicator was aborted", ctx->desc.timeout_s, g->watch.what);
+        return DDP_ERR_TIMEOUT;
     }
     return DDP_OK;
 }
@@ -3437,6 +3442,24 @@ static ddp_result ddp__gpu_wait(ddp_context *ctx, cudaStream_t stream, const cha
     }
 }
 
+/* NCCL's remote error says a peer went away, not which: a failing rank leaves its message in
+   the store before it aborts its communicator, so ask the store (this thread's connection) for
+   half a second and name the rank, as ddp__gpu_report does for the watchdog's findings. */
+static ddp_result ddp__nccl_remote_fail(ddp_context *ctx, ncclResult_t e, const char *what) {
+    char who[DDP__ERR_MAX / 2], nccl_msg[DDP__ERR_MAX / 2];
+    const char *detail = ncclGetLastError(NULL);
+    double until = ddp__now() + 0.5;
+    snprintf(nccl_msg, sizeof nccl_msg, "%s failed: %s%s%s", what, ncclGetErrorString(e), detail && *detail ? ": " : "",
+             detail ? detail : "");
+    do {
+        if (ddp__failed(ctx)) return ddp__failed(ctx);
+        if (ddp__gpu_check_store(ctx, ctx->store_fd, who, sizeof who) != DDP_OK)
+            return ddp__fail_group(ctx, DDP_ERR_PEER_LOST, "%s (%.300s)", who, nccl_msg);
+        usleep(20000);
+    } while (ddp__now() < until);
+    return ddp__fatal(ctx, ddp__nccl_fail(ctx, e, what, __FILE__, __LINE__));
+}
+
 /* Calls on a non-blocking communicator may return ncclInProgress: NCCL finishes them in the
    background (set-up, a first connection to a peer), and nothing else may be called on the
    communicator before it has. Poll its state until then, against `deadline`, the group's
@@ -3458,7 +3481,9 @@ static ddp_result ddp__nccl_settle(ddp_context *ctx, ncclResult_t e, const char 
         usleep(200);
         if (ncclCommGetAsyncError(g->nccl, &e) != ncclSuccess) e = ncclInternalError;
     }
-    if (e != ncclSuccess) return ddp__failed(ctx) ? ddp__failed(ctx) : ddp__fatal(ctx, ddp__nccl_fail(ctx, e, what, __FILE__, __LINE__));
+    if (e != ncclSuccess && ddp__failed(ctx)) return ddp__failed(ctx);
+    if (e == ncclRemoteError) return ddp__nccl_remote_fail(ctx, e, what);
+    if (e != ncclSuccess) return ddp__fatal(ctx, ddp__nccl_fail(ctx, e, what, __FILE__, __LINE__));
     return DDP_OK;
 }
 

@@ -1,0 +1,79 @@
+/* fakegpu.h — the knobs of the fake CUDA runtime and NCCL (tests/fakegpu): what a test turns to
+   exercise ddp.h's NCCL backend on a machine without a GPU.
+
+   What the fake is: CUDA's runtime API and NCCL's, emulated in host memory, with ranks as
+   threads of one process. Every enqueued operation runs at once on the calling thread (its
+   data is final when the call returns); completion *times* are modelled per stream (a kernel
+   that spins, ddp_k_spin, makes the stream busy that long; an event completes when its
+   stream's earlier work would have), so ddp.h's polling paths see events that are not ready
+   yet. Collectives: every rank posts its part; the last to arrive computes the result into
+   every rank's buffer, in rank order. A non-blocking communicator answers ncclInProgress until
+   then (ddp.h polls ncclCommGetAsyncError); a blocking one waits, bounded by
+   fakegpu_set_nccl_timeout. The fake checks what a GPU and NCCL would refuse or crash on:
+   device pointers and ranges, copy directions, streams and events of another device, two
+   ranks on one GPU, mismatched collectives, use of a destroyed communicator, event or stream;
+   each such misuse is counted (fakegpu_misuse_count) and printed.
+   What it is not: it proves ddp.h's host logic, not the CUDA kernels (their element arithmetic
+   is reused on the host, fake_kernels.cpp) and not NCCL's algorithms, protocols or transport;
+   streams never run concurrently, so no data race between streams can show. */
+#ifndef FAKEGPU_H
+#define FAKEGPU_H
+#include "nccl.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Back to the defaults below (between tests; no communicator, stream or event may be live). */
+void fakegpu_reset(void);
+
+/* Devices cudaGetDeviceCount reports (default 4; 0: no device). */
+void fakegpu_set_device_count(int count);
+
+/* A stuck GPU: events recorded on `device` while held never complete (cudaEventQuery says
+   cudaErrorNotReady) until released; work enqueued before the hold completes as usual. */
+void fakegpu_hold_device(int device, int hold);
+
+/* Every event recorded on `device` completes `seconds` after its stream's work (default 0). */
+void fakegpu_set_event_delay(int device, double seconds);
+
+/* ncclAvg's arithmetic: 0 (default) sums in float in rank order and divides by the rank count,
+   rounding once, as ddp.h's CPU backend and NCCL's SumPostDiv paths do; 1 multiplies every
+   rank's input by 1/nranks first (rounded to the type) and sums the products in rank order, as
+   NCCL's ring and tree kernels do for floating types (ncclDevPreMulSum). bf16 data is summed
+   in float and rounded to bf16 once (mode 0) or after every addition (mode 1, as NCCL's hops). */
+void fakegpu_set_avg_premul(int premul);
+
+/* Non-blocking communicators: a completed collective still answers ncclInProgress to this many
+   ncclCommGetAsyncError polls (default 0); set-up completes no sooner than `init_delay_s` after
+   the last rank called ncclCommInitRankConfig (default 0). */
+void fakegpu_set_inprogress_polls(int polls);
+void fakegpu_set_init_delay(double seconds);
+
+/* Rank `rank`'s ncclCommInitRankConfig starts and never finishes (non-blocking: ncclInProgress
+   for ever; it never joins, so its peers never finish either). -1: none. */
+void fakegpu_stall_init(int rank);
+
+/* Rank `rank`'s communicator reports `error` as its asynchronous error once it has enqueued
+   `after` collectives; its collective number `after` (counting from 0) is never delivered to
+   its peers, as when that rank's GPU or network failed. rank -1: none. after < 0: at once, on
+   that rank's live communicators (nothing enqueued: only a poll of the error finds it). */
+void fakegpu_inject_async_error(int rank, int after, ncclResult_t error);
+
+/* How long a blocking NCCL call or a synchronizing CUDA call waits for peers or a held device
+   before it fails (default 60 s): the fake itself never hangs. */
+void fakegpu_set_timeout(double seconds);
+
+/* Misuse seen so far (see above) and the first message. */
+int fakegpu_misuse_count(void);
+const char *fakegpu_misuse_first(void);
+
+/* Communicators, device allocations and events live now (leak checks). */
+int fakegpu_live_comms(void);
+size_t fakegpu_live_device_bytes(void);
+int fakegpu_live_events(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

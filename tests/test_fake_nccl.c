@@ -1,0 +1,595 @@
+/* test_fake_nccl.c — ddp.h's NCCL backend RUN without a GPU: the implementation compiled by the
+   C compiler with -DDDP_CUDA against tests/fakegpu (a host emulation of the CUDA runtime and of
+   NCCL, ranks as threads of one process; see tests/fakegpu/fakegpu.h for what it emulates and
+   what it does not). It proves the backend's host logic: set-up, buckets, the order of
+   enqueues, the AdamW launches and their arguments, user collectives, host copies, stats,
+   non-finite gradients, the watchdog, timeouts, aborts and shutdown. It proves nothing about
+   the CUDA kernels on a GPU or about real NCCL.
+   Checks:
+   - training the MLP of tests/test_equivalence.c on 1, 2 and 3 thread-ranks on the NCCL backend
+     ends with the same bits as the same training on the CPU backend (single for 1 rank), with
+     accumulation, bf16 buckets, clipping and the norm read back on some steps; with NCCL's
+     pre-multiplied ncclAvg, the same bits on 2 ranks and a stated bound on 3;
+   - user collectives on device and host buffers, host copies of every flat buffer, step stats;
+   - non-finite gradients, named by the step with grad_norm_out, reported by the next without;
+   - faults: an asynchronous NCCL error on one rank, a rank that aborts its communicator, a rank
+     that stops, a GPU that stops (events never complete) — every rank fails with a named error
+     within seconds, nothing hangs, shutdown is fast; set-up that completes late, that never
+     completes (the timeout names the ranks), two ranks on one GPU;
+   - the fake saw no misuse of the CUDA or NCCL API (wrong pointers, devices, destroyed handles)
+     and nothing leaked (communicators, events, device memory). */
+#define main test_equivalence_main   /* its model, data and CPU ops */
+#include "test_equivalence.c"
+#undef main
+#include "fakegpu/fakegpu.h"
+
+#define MAX_WORLD 4
+
+typedef struct result {
+    ddp_result r, shut;
+    int fail_step;
+    char err[DDP__ERR_MAX];
+    float *params;
+    size_t count;
+    uint64_t hash;
+    int same_as_rank0;
+    ddp_step_stats st;
+    int buckets;
+    double t_fail, t_shutdown;
+} result;
+
+/* What a training run does; set before the ranks start. */
+static struct {
+    ddp_backend backend;
+    int micro, bf16, norm_every, steps;
+    double timeout_s;
+    int abort_rank, abort_step;    /* that rank aborts its communicator before that step */
+    int hold_rank, hold_step;      /* that rank's GPU stops before that step */
+    int stop_rank, stop_step;      /* that rank stops stepping (sleeps) at that step */
+    int stop_fails;                /* ... after its communicator got an asynchronous error */
+    int inject_comm_ms;
+} cfg;
+static result res[MAX_WORLD];
+
+static double t_start;
+
+static void reset_cfg(void) {
+    int r;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.backend = DDP_BACKEND_NCCL;
+    cfg.micro = 1;
+    cfg.steps = STEPS;
+    cfg.abort_rank = cfg.hold_rank = cfg.stop_rank = -1;
+    for (r = 0; r < MAX_WORLD; r++) { free(res[r].params); memset(&res[r], 0, sizeof res[r]); }
+}
+
+static ddp_result train_step(mlp *m, int step, int first, int count, int micro, float *norm) {
+    ddp_adamw opt;
+    ddp_result r;
+    int u, i, n = count / micro;
+    memset(&opt, 0, sizeof opt);
+    opt.lr = 0.01f; opt.weight_decay = 0.05f; opt.max_grad_norm = 1.0f;   /* as mlp_step */
+    if ((r = ddp_zero_grad(m->ddp)) != DDP_OK) return r;
+    for (u = 0; u < micro; u++) {
+        /* the fake's device memory is host memory: the CPU ops read parameters and write
+           gradients in place, as kernels on the compute stream would */
+        for (i = 0; i < n; i++) make_example(step, first + u * n + i, m->x + i * IN, &m->label[i]);
+        ddp_set_sync(m->ddp, u == micro - 1);
+        linear(m->ddp, m->w1, m->b1, m->x, m->h, n, IN, HID, NULL, m->dh);
+        tanh_op(m->ddp, m->h, m->a, (size_t)n * HID, m->da, m->dh);
+        linear(m->ddp, m->w2, m->b2, m->a, m->z, n, HID, CLASSES, m->da, m->dz);
+        cross_entropy(m->z, m->label, m->dz, n, 1.0f / (float)micro);
+        if ((r = ddp_backward(m->ddp)) != DDP_OK) return r;
+    }
+    return ddp_adamw_step(m->ddp, &opt, norm);
+}
+
+static void train_rank(test_rank *self) {
+    result *out = &res[self->rank];
+    ddp_desc d = test_desc(self);
+    ddp_context *ctx = NULL;
+    mlp *m = (mlp *)calloc(1, sizeof *m);
+    int step, n = GLOBAL_BATCH / self->world;
+    double t0;
+    d.backend = cfg.backend;
+    d.bucket_cap_mb = 0.004;   /* several buckets for this small model */
+    d.first_bucket_mb = 0.001;
+    d.reduce_dtype = cfg.bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
+    d.inject_comm_latency_ms = cfg.inject_comm_ms;
+    if (cfg.timeout_s > 0) d.timeout_s = cfg.timeout_s;
+    out->fail_step = -1;
+    out->r = ddp_init(&ctx, &d);
+    if (out->r == DDP_OK) out->r = mlp_init(m, ctx);
+    for (step = 0; out->r == DDP_OK && step < cfg.steps; step++) {
+        float norm = 0;
+        if (self->rank == cfg.hold_rank && step == cfg.hold_step) fakegpu_hold_device(ctx->gpu->device, 1);
+        if (self->rank == cfg.abort_rank && step == cfg.abort_step) ddp__gpu_abort(ctx);   /* as the watchdog does */
+        if (self->rank == cfg.stop_rank && step == cfg.stop_step) {
+            if (cfg.stop_fails) fakegpu_inject_async_error(self->rank, -1, ncclSystemError);
+            while (!ddp__failed(ctx)) usleep(1000);   /* a rank that hangs: until its peers give up */
+            out->r = ddp__failed(ctx);
+            break;
+        }
+        out->r = train_step(m, step, self->rank * n, n, cfg.micro, cfg.norm_every && step % cfg.norm_every == 0 ? &norm : NULL);
+        if (out->r != DDP_OK) out->fail_step = step;
+    }
+    out->t_fail = ddp__now() - t_start;
+    if (out->r == DDP_OK) {
+        ddp_flat_params(ctx, &out->count);
+        out->params = (float *)malloc(out->count * sizeof(float));
+        out->r = ddp_copy_to_host(ctx, DDP_PARAMS, 0, out->params, out->count);
+        out->hash = test_hash(out->params, out->count * sizeof(float));
+        if (out->r == DDP_OK && self->world > 1) {   /* a host-buffer broadcast and allreduce */
+            uint64_t rank0 = out->hash;
+            float differ;
+            out->r = ddp_broadcast(ctx, &rank0, sizeof rank0, 0);
+            differ = (float)(rank0 != out->hash);
+            if (out->r == DDP_OK) out->r = ddp_allreduce(ctx, &differ, 1, DDP_SUM);
+            out->same_as_rank0 = differ == 0;
+        } else out->same_as_rank0 = 1;
+        out->st = ddp_last_step_stats(ctx);
+        out->buckets = ddp_num_buckets(ctx);
+    }
+    snprintf(out->err, sizeof out->err, "%s", ddp_last_error(ctx));
+    t0 = ddp__now();
+    out->shut = ddp_shutdown(ctx);
+    out->t_shutdown = ddp__now() - t0;
+    free(m);
+}
+
+static void run(int world, test_rank_fn fn) {
+    void *shared[1];
+    test_rank ranks[MAX_WORLD];
+    shared[0] = (void *)fn;
+    t_start = ddp__now();
+    test_run_ranks(world, shared, ranks);
+}
+
+/* After every scenario: no misuse seen by the fake, nothing left behind. */
+static void check_clean(const char *scenario) {
+    char name[256];
+    snprintf(name, sizeof name, "fake_%s_no_cuda_or_nccl_misuse", scenario);
+    verdict(fakegpu_misuse_count() == 0, name, "%d misuse(s), first: %s", fakegpu_misuse_count(), fakegpu_misuse_first());
+    snprintf(name, sizeof name, "fake_%s_nothing_leaked", scenario);
+    verdict(fakegpu_live_comms() == 0 && fakegpu_live_events() == 0 && fakegpu_live_device_bytes() == 0, name,
+            "%d communicator(s), %d event(s), %zu bytes of device memory left", fakegpu_live_comms(), fakegpu_live_events(),
+            fakegpu_live_device_bytes());
+}
+
+/* ---- (a) training: NCCL backend == CPU backend, bit for bit ---- */
+static int train(int world, ddp_backend backend, float **params, size_t *count, char *why, size_t cap) {
+    int r, ok = 1;
+    cfg.backend = backend;
+    run(world, train_rank);
+    for (r = 0; r < world; r++) {
+        if (res[r].r != DDP_OK || res[r].shut != DDP_OK) {
+            snprintf(why, cap, "rank %d: %s", r, res[r].err);
+            return 0;
+        }
+        if (!res[r].same_as_rank0) { snprintf(why, cap, "rank %d's parameters differ from rank 0's", r); ok = 0; }
+    }
+    *params = res[0].params;
+    *count = res[0].count;
+    res[0].params = NULL;
+    return ok;
+}
+
+static void test_training(int world, int micro, int bf16, int norm_every, int premul) {
+    float *gpu = NULL, *cpu = NULL;
+    size_t ng = 0, nc = 0, i, differ = 0;
+    double worst = 0, tol_abs = 2e-6, tol_rel = 2e-5;
+    char name[160], why[DDP__ERR_MAX + 64];
+    ddp_step_stats st;
+    int ok, buckets;
+    fakegpu_reset();
+    fakegpu_set_avg_premul(premul);
+    reset_cfg();
+    cfg.micro = micro; cfg.bf16 = bf16; cfg.norm_every = norm_every;
+    snprintf(name, sizeof name, "fake_nccl_ranks%d_accum%d%s%s%s_trains", world, micro, bf16 ? "_bf16" : "",
+             norm_every ? "_norm" : "", premul ? "_premul" : "");
+    why[0] = 0;
+    ok = train(world, DDP_BACKEND_NCCL, &gpu, &ng, why, sizeof why);
+    st = res[0].st;
+    buckets = res[0].buckets;
+    verdict(ok, name, "%s", why);
+    if (!ok) { free(gpu); return; }
+    reset_cfg();
+    cfg.micro = micro; cfg.bf16 = bf16; cfg.norm_every = norm_every;
+    if (!train(world, DDP_BACKEND_CPU, &cpu, &nc, why, sizeof why) || nc != ng) {
+        verdict(0, name, "the CPU reference failed: %s", why);
+        free(gpu); free(cpu);
+        return;
+    }
+    for (i = 0; i < ng; i++) {
+        double err = fabs((double)gpu[i] - cpu[i]), tol = tol_abs + tol_rel * fabs(cpu[i]);
+        differ += memcmp(&gpu[i], &cpu[i], sizeof(float)) != 0;
+        if (err / tol > worst) worst = err / tol;
+    }
+    if (premul && world > 2) {   /* x/3 rounded per rank, then summed: not the CPU's (sum)/3 */
+        snprintf(name, sizeof name, "fake_nccl_ranks%d_accum%d%s_premul_avg_within_bound_of_cpu", world, micro, bf16 ? "_bf16" : "");
+        verdict(worst <= 1, name, "worst %.3f of |err| <= %g + %g*|ref|", worst, tol_abs, tol_rel);
+        printf("  (%s: %zu of %zu parameters differ from the CPU backend's; worst %.3f of the tolerance)\n", name, differ, ng, worst);
+    } else {
+        snprintf(name, sizeof name, "fake_nccl_ranks%d_accum%d%s%s%s_bitwise_equals_cpu_backend", world, micro, bf16 ? "_bf16" : "",
+                 norm_every ? "_norm" : "", premul ? "_premul" : "");
+        verdict(differ == 0, name, "%zu of %zu parameters differ (worst %.3f of |err| <= %g + %g*|ref|)", differ, ng, worst,
+                tol_abs, tol_rel);
+    }
+    snprintf(name, sizeof name, "fake_nccl_ranks%d_accum%d%s_stats", world, micro, bf16 ? "_bf16" : "");
+    verdict(st.step == (int64_t)STEPS * micro && st.buckets_launched == buckets && buckets > 2, name,
+            "step %lld (want %d), %d of %d buckets", (long long)st.step, STEPS * micro, st.buckets_launched, buckets);
+    free(gpu);
+    free(cpu);
+    snprintf(name, sizeof name, "train_ranks%d_accum%d%s", world, micro, bf16 ? "_bf16" : "");
+    check_clean(name);
+}
+
+/* ---- a small model whose gradients the test writes itself ---- */
+enum { NA = 100, NB = 37 };
+
+static ddp_result small_init(test_rank *self, ddp_context **ctx, int *a, int *b, int skip_nonfinite) {
+    ddp_desc d = test_desc(self);
+    float ia[NA], ib[NB];
+    ddp_result r;
+    int i;
+    d.backend = DDP_BACKEND_NCCL;
+    d.skip_nonfinite = skip_nonfinite;
+    d.first_bucket_mb = 0.0001;   /* "b" and "a" in buckets of their own */
+    for (i = 0; i < NA; i++) ia[i] = test_value(100 + (uint64_t)self->rank, (uint64_t)i);   /* rank 0's must win */
+    for (i = 0; i < NB; i++) ib[i] = test_value(200 + (uint64_t)self->rank, (uint64_t)i);
+    if ((r = ddp_init(ctx, &d)) != DDP_OK) return r;
+    if ((r = ddp_register_param(*ctx, "a", NA, 0, ia, a)) != DDP_OK) return r;
+    if ((r = ddp_register_param(*ctx, "b", NB, DDP_NO_DECAY, ib, b)) != DDP_OK) return r;
+    return ddp_commit(*ctx);
+}
+
+/* One backward by hand: rank r's gradient of element i is grad(r, i); NaN at b[3] on rank
+   `nan_rank`. Device memory is host memory here: written in place, as a kernel would. */
+static float grad_value(int rank, int i) { return (float)(rank + 1) * 0.25f + (float)i * 0.125f; }
+static ddp_result small_backward(ddp_context *ctx, int a, int b, int rank, int nan_rank) {
+    float *ga = ddp_grad(ctx, a), *gb = ddp_grad(ctx, b);
+    ddp_result r;
+    int i;
+    if ((r = ddp_zero_grad(ctx)) != DDP_OK) return r;
+    for (i = 0; i < NB; i++) gb[i] = grad_value(rank, i);
+    if (rank == nan_rank) gb[3] = NAN;
+    if ((r = ddp_grad_ready(ctx, b)) != DDP_OK) return r;
+    for (i = 0; i < NA; i++) ga[i] = grad_value(rank, i);
+    if ((r = ddp_grad_ready(ctx, a)) != DDP_OK) return r;
+    return ddp_finish(ctx);
+}
+
+#define CHECK(cond, ...) do { if (!(cond)) { snprintf(out->err, sizeof out->err, __VA_ARGS__); out->r = DDP_ERR_BACKEND; goto done; } } while (0)
+#define CALL(call) do { ddp_result r_ = (call); if (r_ != DDP_OK) { snprintf(out->err, sizeof out->err, "%.60s: %.900s", #call, ddp_last_error(ctx)); out->r = r_; goto done; } } while (0)
+
+/* ---- (b) user collectives, (c) host copies, (d) stats ---- */
+static void collectives_rank(test_rank *self) {
+    result *out = &res[self->rank];
+    ddp_context *ctx = NULL;
+    enum { N = 1000, BYTES = 13 };
+    float host[N], back[N], want;
+    unsigned char bytes[BYTES];
+    float *dev = NULL, *flat, m[NA + NB + 32];
+    int a, b, i, s, world = self->world, root = world - 1;
+    size_t ob;   /* b's offset: parameters start on 16-float boundaries */
+    int64_t *step;
+    float *mdev, *vdev;
+    ddp_step_stats st;
+    size_t count;
+    out->fail_step = -1;
+    CALL(small_init(self, &ctx, &a, &b, 0));
+    flat = ddp_flat_params(ctx, &count);
+    ob = (size_t)(ddp_param(ctx, b) - flat);
+    CHECK(flat == ddp_param(ctx, a) && ob >= NA && count == ob + NB + (16 - NB % 16) % 16, "layout: b at %zu of %zu", ob, count);
+    /* (c) rank 0's initial parameters everywhere (the commit's broadcast), read on the host */
+    CALL(ddp_copy_to_host(ctx, DDP_PARAMS, 0, host, count));
+    for (i = 0; i < NA; i++) CHECK(host[i] == test_value(100, (uint64_t)i), "parameter a[%d] is not rank 0's", i);
+    for (i = 0; i < NB; i++) CHECK(host[ob + i] == test_value(200, (uint64_t)i), "parameter b[%d] is not rank 0's", i);
+    /* (b) allreduce sum and avg on device memory, in place */
+    CHECK(cudaMalloc((void **)&dev, N * sizeof(float)) == cudaSuccess, "cudaMalloc");
+    for (i = 0; i < N; i++) host[i] = grad_value(self->rank, i);
+    CHECK(cudaMemcpy(dev, host, sizeof host, cudaMemcpyHostToDevice) == cudaSuccess, "cudaMemcpy");
+    CALL(ddp_allreduce(ctx, dev, N, DDP_SUM));
+    CHECK(cudaMemcpy(back, dev, sizeof back, cudaMemcpyDeviceToHost) == cudaSuccess, "cudaMemcpy back");
+    for (i = 0; i < N; i++) {
+        for (want = grad_value(0, i), s = 1; s < world; s++) want += grad_value(s, i);
+        CHECK(back[i] == want, "device allreduce(sum)[%d] = %g, want %g", i, back[i], want);
+    }
+    CHECK(cudaMemcpy(dev, host, sizeof host, cudaMemcpyHostToDevice) == cudaSuccess, "cudaMemcpy");
+    CALL(ddp_allreduce(ctx, dev, N, DDP_AVG));
+    CHECK(cudaMemcpy(back, dev, sizeof back, cudaMemcpyDeviceToHost) == cudaSuccess, "cudaMemcpy back");
+    for (i = 0; i < N; i++) {
+        for (want = grad_value(0, i), s = 1; s < world; s++) want += grad_value(s, i);
+        want = want / (float)world;   /* the average of the sum just computed: exact inputs */
+        CHECK(back[i] == want, "device allreduce(avg)[%d] = %g, want %g", i, back[i], want);
+    }
+    /* host memory: staged and waited for */
+    for (i = 0; i < N; i++) host[i] = grad_value(self->rank, i);
+    CALL(ddp_allreduce(ctx, host, N, DDP_AVG));
+    for (i = 0; i < N; i++) {
+        for (want = grad_value(0, i), s = 1; s < world; s++) want += grad_value(s, i);
+        want = want / (float)world;
+        CHECK(host[i] == want, "host allreduce(avg)[%d] = %g, want %g", i, host[i], want);
+    }
+    /* broadcast: host bytes, then device bytes, from the last rank */
+    for (i = 0; i < BYTES; i++) bytes[i] = (unsigned char)(self->rank * 16 + i);
+    CALL(ddp_broadcast(ctx, bytes, BYTES, root));
+    for (i = 0; i < BYTES; i++) CHECK(bytes[i] == (unsigned char)(root * 16 + i), "host broadcast byte %d = %d", i, bytes[i]);
+    for (i = 0; i < N; i++) host[i] = (float)(self->rank * N + i);
+    CHECK(cudaMemcpy(dev, host, sizeof host, cudaMemcpyHostToDevice) == cudaSuccess, "cudaMemcpy");
+    CALL(ddp_broadcast(ctx, dev, 7 * sizeof(float) + 1, root));
+    CHECK(cudaMemcpy(back, dev, sizeof back, cudaMemcpyDeviceToHost) == cudaSuccess, "cudaMemcpy back");
+    for (i = 0; i < N; i++) {
+        float w = i < 7 ? (float)(root * N + i) : i == 7 ? back[7] : (float)(self->rank * N + i);
+        CHECK(back[i] == w, "device broadcast[%d] = %g, want %g", i, back[i], w);
+    }
+    CALL(ddp_barrier(ctx));
+    /* (c) host copies of every flat buffer; (d) stats of a step */
+    CALL(small_backward(ctx, a, b, self->rank, -1));
+    CALL(ddp_copy_to_host(ctx, DDP_GRADS, 0, host, count));
+    for (i = 0; i < (int)count; i++) {
+        int k = i < NA ? i : i - (int)ob;
+        if ((i >= NA && i < (int)ob) || i >= (int)ob + NB) continue;   /* padding */
+        for (want = grad_value(0, k), s = 1; s < world; s++) want += grad_value(s, k);
+        want = want / (float)world;
+        CHECK(host[i] == want, "averaged gradient %d = %g, want %g", i, host[i], want);
+    }
+    {
+        ddp_adamw opt;
+        memset(&opt, 0, sizeof opt);
+        opt.lr = 0.01f;
+        CALL(ddp_adamw_step(ctx, &opt, NULL));
+    }
+    CALL(ddp_copy_to_host(ctx, DDP_ADAM_M, 0, m, count));
+    for (i = 0; i < (int)count; i++) {   /* first step, no clipping: m = 0.9 * 0 + (1 - 0.9) * g */
+        float one_minus_b1 = 1.0f - 0.9f, b1m = 0.9f * 0.0f, g1 = host[i] * 1.0f;
+        CHECK(m[i] == b1m + one_minus_b1 * g1, "m[%d] = %g, want %g", i, m[i], b1m + one_minus_b1 * g1);
+    }
+    CALL(ddp_adamw_state(ctx, &mdev, &vdev, &step));
+    CHECK(*step == 1 && mdev && vdev, "ddp_adamw_state: step %lld", (long long)*step);
+    for (i = 0; i < NB; i++) host[i] = (float)i;
+    CALL(ddp_copy_from_host(ctx, DDP_PARAMS, ob, host, NB));
+    CALL(ddp_copy_to_host(ctx, DDP_PARAMS, 0, back, count));
+    for (i = 0; i < NB; i++) CHECK(back[ob + i] == (float)i, "copy_from_host: b[%d] = %g", i, back[ob + i]);
+    st = ddp_last_step_stats(ctx);
+    CHECK(st.step == 1 && st.buckets_launched == 2 && ddp_num_buckets(ctx) == 2 &&
+          st.bytes_reduced == (world > 1 ? (uint64_t)count * sizeof(float) : st.bytes_reduced),
+          "stats: step %lld, %d buckets of %d, %llu bytes", (long long)st.step, st.buckets_launched, ddp_num_buckets(ctx),
+          (unsigned long long)st.bytes_reduced);
+done:
+    if (dev) cudaFree(dev);
+    if (out->r == DDP_OK) out->same_as_rank0 = 1;
+    out->shut = ddp_shutdown(ctx);
+}
+
+/* ---- (e) non-finite gradients ---- */
+static void nonfinite_rank(test_rank *self) {
+    result *out = &res[self->rank];
+    ddp_context *ctx = NULL;
+    ddp_adamw opt;
+    float before[NA + NB + 32], after[NA + NB + 32], norm = 0;
+    size_t count;
+    ddp_result r;
+    int a, b;
+    memset(&opt, 0, sizeof opt);
+    opt.lr = 0.01f; opt.max_grad_norm = 1.0f;
+    out->fail_step = -1;
+    memset(before, 0, sizeof before);
+    memset(after, 0, sizeof after);
+    CALL(small_init(self, &ctx, &a, &b, 0));
+    ddp_flat_params(ctx, &count);
+    CHECK(count <= NA + NB + 32, "layout");
+    CALL(small_backward(ctx, a, b, self->rank, -1));
+    CALL(ddp_adamw_step(ctx, &opt, &norm));
+    CHECK(norm > 0 && isfinite(norm), "norm %g", norm);
+    /* with grad_norm_out: the step itself fails and names the parameter; nothing changes */
+    CALL(ddp_copy_to_host(ctx, DDP_PARAMS, 0, before, count));
+    CALL(small_backward(ctx, a, b, self->rank, self->world - 1));
+    r = ddp_adamw_step(ctx, &opt, &norm);
+    CHECK(r == DDP_ERR_NONFINITE && strstr(ddp_last_error(ctx), "optimizer step 2: the gradient of 'b' is nan at element 3"),
+          "step 2 with grad_norm_out: %s: %.800s", ddp_result_string(r), ddp_last_error(ctx));
+    CALL(ddp_copy_to_host(ctx, DDP_PARAMS, 0, after, count));
+    CHECK(!memcmp(before, after, sizeof before), "a non-finite step changed the parameters");
+    /* without: skipped on the device, reported by the next step */
+    CALL(small_backward(ctx, a, b, self->rank, self->world - 1));
+    r = ddp_adamw_step(ctx, &opt, NULL);
+    CHECK(r == DDP_OK, "the skipped step itself: %s: %.800s", ddp_result_string(r), ddp_last_error(ctx));
+    CALL(small_backward(ctx, a, b, self->rank, -1));
+    r = ddp_adamw_step(ctx, &opt, NULL);
+    CHECK(r == DDP_ERR_NONFINITE && strstr(ddp_last_error(ctx), "earlier optimizer step(s) had non-finite gradients"),
+          "the step after a skipped one: %s: %.800s", ddp_result_string(r), ddp_last_error(ctx));
+    CALL(ddp_copy_to_host(ctx, DDP_PARAMS, 0, after, count));
+    CHECK(!memcmp(before, after, sizeof before), "a skipped step changed the parameters");
+    /* and training goes on */
+    CALL(small_backward(ctx, a, b, self->rank, -1));
+    CALL(ddp_adamw_step(ctx, &opt, &norm));
+    CALL(ddp_copy_to_host(ctx, DDP_PARAMS, 0, after, count));
+    CHECK(memcmp(before, after, sizeof before), "a finite step after the skips changed nothing");
+done:
+    if (out->r == DDP_OK) out->same_as_rank0 = 1;
+    out->shut = ddp_shutdown(ctx);
+}
+
+static void run_small(const char *name, int world, test_rank_fn fn) {
+    int r, ok = 1;
+    char why[DDP__ERR_MAX + 64] = "";
+    fakegpu_reset();
+    reset_cfg();
+    run(world, fn);
+    for (r = 0; r < world && ok; r++)
+        if (res[r].r != DDP_OK || res[r].shut != DDP_OK) { ok = 0; snprintf(why, sizeof why, "rank %d: %s", r, res[r].err); }
+    verdict(ok, name, "%s", why);
+    check_clean(name);
+}
+
+/* ---- (f), (g) faults: every rank fails, with a message, soon; shutdown is quick ---- */
+static void expect_failure(const char *name, int world, double within_s, const char *const *want) {
+    int r, ok = 1;
+    char why[2 * DDP__ERR_MAX] = "";
+    for (r = 0; r < world; r++) {
+        const char *w = want[r < 3 ? r : 2];
+        printf("  (%s: rank %d: %s after %.2f s, shutdown %.2f s: %s)\n", name, r, ddp_result_string(res[r].r), res[r].t_fail,
+               res[r].t_shutdown, res[r].err);
+        if (ok && res[r].r == DDP_OK) { ok = 0; snprintf(why, sizeof why, "rank %d did not fail", r); }
+        else if (ok && w && !strstr(res[r].err, w)) { ok = 0; snprintf(why, sizeof why, "rank %d's error lacks '%s': %s", r, w, res[r].err); }
+        else if (ok && res[r].t_fail > within_s) { ok = 0; snprintf(why, sizeof why, "rank %d failed after %.1f s (> %.1f s)", r, res[r].t_fail, within_s); }
+        else if (ok && res[r].t_shutdown > 3) { ok = 0; snprintf(why, sizeof why, "rank %d's shutdown took %.1f s", r, res[r].t_shutdown); }
+    }
+    verdict(ok, name, "%s", why);
+    check_clean(name);
+}
+
+static void fault_inject(int world, int after) {
+    char name[96];
+    const char *want[3] = { "stopped because rank 1", "unhandled system error", "stopped because rank 1" };
+    fakegpu_reset();
+    reset_cfg();
+    fakegpu_inject_async_error(1, after, ncclSystemError);
+    run(world, train_rank);
+    snprintf(name, sizeof name, "fake_nccl_ranks%d_async_error_on_rank1_after%d_fails_every_rank", world, after);
+    expect_failure(name, world, 5, want);
+}
+
+/* The error arrives while rank 1 enqueues nothing: its watchdog finds it. */
+static void fault_async_idle(void) {
+    const char *want[3] = { "stopped because rank 1", "NCCL reported an asynchronous error", NULL };
+    fakegpu_reset();
+    reset_cfg();
+    cfg.stop_rank = 1; cfg.stop_step = 3; cfg.stop_fails = 1;
+    run(2, train_rank);
+    expect_failure("fake_nccl_async_error_found_by_watchdog_fails_every_rank", 2, 5, want);
+    /* everything it enqueued had completed: the message must not blame an old operation */
+    verdict(!strstr(res[1].err, "initial parameters"), "fake_nccl_async_error_names_no_completed_operation", "%s", res[1].err);
+}
+
+static void fault_abort(int world) {
+    const char *want[3] = { "stopped because rank 1", "the NCCL communicator is gone (aborted)", "stopped because rank 1" };
+    fakegpu_reset();
+    reset_cfg();
+    cfg.abort_rank = 1; cfg.abort_step = 3;
+    run(world, train_rank);
+    expect_failure(world == 2 ? "fake_nccl_ranks2_rank1_aborts_fails_every_rank" : "fake_nccl_ranks3_rank1_aborts_fails_every_rank",
+                   world, 5, want);
+}
+
+static void fault_stop(void) {
+    const char *want[3] = { "timed out after 2 s", "timed out after 2 s", NULL };
+    fakegpu_reset();
+    reset_cfg();
+    cfg.stop_rank = 1; cfg.stop_step = 3; cfg.timeout_s = 2;
+    run(2, train_rank);
+    expect_failure("fake_nccl_rank1_stops_peer_times_out_naming_it", 2, 6, want);
+}
+
+static void fault_hold(void) {
+    const char *want[3] = { "the GPU never finished it", "stopped because rank 0: timed out after 2 s", NULL };
+    fakegpu_reset();
+    reset_cfg();
+    cfg.hold_rank = 0; cfg.hold_step = 3; cfg.timeout_s = 2; cfg.steps = 1000000;   /* until it fails */
+    run(2, train_rank);
+    fakegpu_hold_device(0, 0);
+    expect_failure("fake_nccl_gpu_stops_events_never_complete_timeout_names_it", 2, 6, want);
+}
+
+static void init_never_completes(void) {
+    const char *want[3] = { "rank(s) that did not finish it: 0, 1, 2", "rank(s) that did not finish it: 0, 1, 2",
+                            "rank(s) that did not finish it: 0, 1, 2" };
+    fakegpu_reset();
+    reset_cfg();
+    fakegpu_stall_init(1);
+    cfg.timeout_s = 2;
+    run(3, train_rank);
+    expect_failure("fake_nccl_setup_never_completes_timeout_names_ranks", 3, 6, want);
+}
+
+static void duplicate_gpu(void) {
+    const char *want[3] = { "Duplicate GPU detected", "Duplicate GPU detected", NULL };
+    fakegpu_reset();
+    reset_cfg();
+    fakegpu_set_device_count(1);
+    cfg.timeout_s = 5;
+    run(2, train_rank);
+    expect_failure("fake_nccl_two_ranks_one_gpu_named", 2, 6, want);
+}
+
+static void auto_backend(void) {
+    ddp_context *ctx;
+    ddp_desc d;
+    memset(&d, 0, sizeof d);
+    d.world_size = 1;
+    d.log_level = DDP_LOG_OFF;
+    fakegpu_reset();
+    ddp_init(&ctx, &d);
+    verdict(!strcmp(ddp_backend_name(ctx), "nccl"), "fake_auto_backend_is_nccl_with_a_gpu", "got %s", ddp_backend_name(ctx));
+    ddp_shutdown(ctx);
+    fakegpu_set_device_count(0);
+    ddp_init(&ctx, &d);
+    verdict(!strcmp(ddp_backend_name(ctx), "single"), "fake_auto_backend_without_a_gpu", "got %s", ddp_backend_name(ctx));
+    ddp_shutdown(ctx);
+    check_clean("auto_backend");
+}
+
+/* Non-blocking set-up that completes late, collectives that answer ncclInProgress a few polls
+   after they are done, and a stream kept busy (events not ready when first polled). */
+static void slow_nccl(int world) {
+    float *gpu = NULL, *cpu = NULL;
+    size_t ng = 0, nc = 0;
+    char why[DDP__ERR_MAX + 64] = "", name[96];
+    int ok;
+    fakegpu_reset();
+    reset_cfg();
+    fakegpu_set_init_delay(0.3);
+    fakegpu_set_inprogress_polls(3);
+    cfg.inject_comm_ms = 1;
+    cfg.steps = 10;
+    ok = train(world, DDP_BACKEND_NCCL, &gpu, &ng, why, sizeof why);
+    snprintf(name, sizeof name, "fake_nccl_ranks%d_late_setup_inprogress_busy_stream_trains", world);
+    verdict(ok && res[0].t_fail >= 0.3, name, "%s (%.2f s)", why, res[0].t_fail);
+    if (ok) {
+        reset_cfg();
+        cfg.steps = 10;
+        ok = train(world, DDP_BACKEND_CPU, &cpu, &nc, why, sizeof why) && nc == ng && !memcmp(gpu, cpu, ng * sizeof(float));
+        snprintf(name, sizeof name, "fake_nccl_ranks%d_late_setup_inprogress_bitwise_equals_cpu_backend", world);
+        verdict(ok, name, "%s", why[0] ? why : "parameters differ");
+    }
+    free(gpu);
+    free(cpu);
+    check_clean(name);
+}
+
+int main(void) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    /* (a) training equals the CPU backend */
+    test_training(1, 1, 0, 0, 0);
+    test_training(2, 1, 0, 0, 0);
+    test_training(3, 1, 0, 0, 0);
+    test_training(1, 2, 0, 0, 0);
+    test_training(2, 2, 0, 0, 0);
+    test_training(3, 2, 0, 0, 0);
+    test_training(2, 1, 1, 0, 0);
+    test_training(3, 2, 1, 0, 0);
+    test_training(2, 1, 0, 3, 0);
+    test_training(3, 2, 1, 4, 0);
+    test_training(2, 1, 0, 0, 1);
+    test_training(3, 1, 0, 0, 1);
+    slow_nccl(2);
+    /* (b)-(e) */
+    run_small("fake_nccl_ranks1_collectives_copies_stats", 1, collectives_rank);
+    run_small("fake_nccl_ranks2_collectives_copies_stats", 2, collectives_rank);
+    run_small("fake_nccl_ranks3_collectives_copies_stats", 3, collectives_rank);
+    run_small("fake_nccl_ranks1_nonfinite_named_or_reported_next_step", 1, nonfinite_rank);
+    run_small("fake_nccl_ranks2_nonfinite_named_or_reported_next_step", 2, nonfinite_rank);
+    auto_backend();
+    /* (f), (g) faults */
+    fault_inject(2, 6);
+    fault_inject(3, 20);
+    fault_inject(2, 0);
+    fault_async_idle();
+    fault_abort(2);
+    fault_abort(3);
+    fault_stop();
+    fault_hold();
+    init_never_completes();
+    duplicate_gpu();
+    return test_summary("test_fake_nccl");
+}
