@@ -2488,7 +2488,10 @@ static ddp_result ddp__shm_wait_all(ddp_context *ctx, int stage, uint32_t target
             {   /* between two futex sleeps (20 ms): a cancel, and a poison, seen at once */
                 ddp_result r = ddp__check_cancel(ctx, ctx->what);
                 if (r != DDP_OK) return r;
-                if (__atomic_load_n(&ddp__shm_hdr(ctx)->failed_rank, __ATOMIC_ACQUIRE) >= 0) next_check = 0;
+                /* (a peer that posted, then failed, is looked at in its collective first) */
+                if (__atomic_load_n(&ddp__shm_hdr(ctx)->failed_rank, __ATOMIC_ACQUIRE) >= 0 &&
+                    !ddp__reached(__atomic_load_n(&c->value, __ATOMIC_ACQUIRE), target))
+                    next_check = 0;
             }
             if (ddp__now() >= next_check) {
                 ddp_result r = ddp__shm_check_peers(ctx, stage, target, deadline);
@@ -4346,9 +4349,10 @@ static void ddp__progress_publish(ddp_context *ctx) {
     size_t i;
     memset(words, 0, sizeof words);
     memcpy(words, &ctx->progress, sizeof ctx->progress);
-    __atomic_store_n(&ctx->progress_seq, seq + 1, __ATOMIC_RELAXED);   /* odd: a write in progress */
-    __atomic_thread_fence(__ATOMIC_RELEASE);
-    for (i = 0; i < DDP__PROGRESS_WORDS; i++) __atomic_store_n(&ctx->progress_words[i], words[i], __ATOMIC_RELAXED);
+    /* odd: a write in progress. Release stores of the words (no fences: ThreadSanitizer does not
+       model them): a reader that sees a new word sees the odd count after it. */
+    __atomic_store_n(&ctx->progress_seq, seq + 1, __ATOMIC_RELAXED);
+    for (i = 0; i < DDP__PROGRESS_WORDS; i++) __atomic_store_n(&ctx->progress_words[i], words[i], __ATOMIC_RELEASE);
     __atomic_store_n(&ctx->progress_seq, seq + 2, __ATOMIC_RELEASE);
 }
 
@@ -4359,8 +4363,7 @@ static void ddp__progress_read(const ddp_context *ctx, ddp_progress *out) {
     for (tries = 0;; tries++) {
         uint32_t before = __atomic_load_n(&ctx->progress_seq, __ATOMIC_ACQUIRE), after;
         if (!(before & 1)) {
-            for (i = 0; i < DDP__PROGRESS_WORDS; i++) words[i] = __atomic_load_n(&ctx->progress_words[i], __ATOMIC_RELAXED);
-            __atomic_thread_fence(__ATOMIC_ACQUIRE);
+            for (i = 0; i < DDP__PROGRESS_WORDS; i++) words[i] = __atomic_load_n(&ctx->progress_words[i], __ATOMIC_ACQUIRE);
             after = __atomic_load_n(&ctx->progress_seq, __ATOMIC_RELAXED);
             if (after == before) break;
         }
