@@ -7,7 +7,8 @@
 
    CONTENTS
      QUICK START · ONE STEP, AS DATA FLOWS · OPTIONS · ADAMW · BACKENDS · ENVIRONMENT · ERRORS ·
-     NULL, LIFETIME AND THREADS · COMPILE-TIME OPTIONS · THE IMPLEMENTATION, SECTION BY SECTION
+     NULL, LIFETIME AND THREADS · EMBEDDING: CANCEL, PROGRESS, UNEVEN INPUTS · COMPILE-TIME OPTIONS ·
+     THE IMPLEMENTATION, SECTION BY SECTION
 
    QUICK START
        #define DDP_IMPLEMENTATION          // in exactly one .c file, before any other #include
@@ -89,6 +90,10 @@
                                            created on this rank's GPU (LOCAL_RANK % device
                                            count: cudaSetDevice first); NULL = the legacy
                                            default stream
+     cancel_token     NULL                 a ddp_cancel_token the host program owns; setting it
+                                           cancels every context that holds it (EMBEDDING)
+     uneven_inputs    DDP_JOIN_OFF         DDP_JOIN_DIVIDE_BY_WORLD or _BY_ACTIVE: ranks may run
+                                           out of data and ddp_join (EMBEDDING); ranks must agree
 
    ADAMW (ddp_adamw; ddp_adamw_step(ddp, &opt, &norm or NULL))
      lr as given (0 is valid); beta1, beta2, eps: 0 means 0.9, 0.999, 1e-8 unless as_given = 1,
@@ -167,7 +172,8 @@
      error on the NCCL backend. Rank 0 gone before it listens (never started, or killed early)
      cannot be told from a slow one: without a launcher that stops the job, the other ranks fail
      after timeout_s with "no store at ADDR:PORT - did rank 0 start?". Numbers in README.md
-     point here.
+     point here. DDP_ERR_CANCELLED is not a failure of the job: the host program asked for it
+     (EMBEDDING); it poisons the group like an error, so the peers stop too.
 
    NULL, LIFETIME AND THREADS
      Every entry point accepts a NULL context: calls return DDP_ERR_INVALID_ARGUMENT and leave
@@ -181,8 +187,43 @@
      A context belongs to the thread that steps it (the library runs one thread of its own per
      context: the communication thread on the CPU, the watchdog on NCCL). With ranks as threads
      of one process, the thread that last stepped the context is the rank: if it ends while the
-     context is live its peers fail at once, as for a dead process. Distinct contexts are
-     independent. ddp_result_string is safe from any thread.
+     context is live (it returns, calls pthread_exit, or is cancelled with pthread_cancel, even in
+     the middle of a backward) its peers fail at once, as for a dead process, and the host program
+     can still ddp_shutdown the context it left. Distinct contexts are independent.
+     From any thread: ddp_result_string; ddp_cancel_token_set and ddp_cancel_token_is_set (also
+     from a signal handler: one atomic store or load); ddp_cancel and ddp_progress_read while the
+     context is live, that is from the end of ddp_init until ddp_shutdown begins (the host program
+     keeps the context from going meanwhile, e.g. a slot under its own lock that the rank clears
+     before ddp_shutdown: examples/engine.c). ddp_progress_read takes no lock and never holds up
+     the rank (a seqlock: the rank's writes never wait, a reader retries). Everything else,
+     ddp_report_loss and ddp_join included, on the thread that steps the context.
+
+   EMBEDDING: CANCEL, PROGRESS, UNEVEN INPUTS (examples/engine.c; README.md)
+     Cancel. ddp_cancel(ctx) cancels one rank; a ddp_cancel_token in ddp_desc.cancel_token (the
+     host program's, outliving the contexts) cancels every rank that holds it, ddp_init included
+     (a rendezvous waiting for a peer that never comes). The rank's current call, or its next
+     one, returns DDP_ERR_CANCELLED within milliseconds: every wait looks (shared-memory waits
+     between 20 ms futex sleeps, the communication thread, the rendezvous store's waits, NCCL's
+     polls and its watchdog, which also aborts the communicator); the group is poisoned, so the
+     peers (threads or processes) stop at their next wait, with DDP_ERR_CANCELLED on the CPU
+     backend and DDP_ERR_PEER_LOST naming the cancel on NCCL, and before the shared memory is
+     up (rendezvous) with DDP_ERR_PEER_LOST once the cancelled rank leaves. Nothing waits out a
+     timeout. Then ddp_shutdown as after any failure: quick, and it returns DDP_OK.
+     Progress. ddp_progress_read(ctx, &p) from any thread: the step count, the last
+     ddp_report_loss value and its step (this rank's number; nothing is sent), the last step's
+     wall time and its ddp_step_stats times, the ranks with data, and the context's failure
+     (DDP_ERR_CANCELLED once cancelled). It is written at each ddp_finish and ddp_report_loss.
+     Uneven inputs (PyTorch's Join). With ddp_desc.uneven_inputs set on every rank, each
+     synchronizing step begins with a tiny allreduce of who has data (on NCCL a host wait). A
+     rank out of data calls ddp_join between steps: inside it the rank answers every step of the
+     others with zero gradients (same buckets, same order) until all have joined. Their average
+     is divided by the initial world size (DDP_JOIN_DIVIDE_BY_WORLD, PyTorch's default:
+     joined ranks count as zeros) or by the ranks with data (DDP_JOIN_DIVIDE_BY_ACTIVE). A joined
+     rank takes no AdamW steps; when the last rank joins, the lowest rank that still had data
+     broadcasts its parameters and AdamW state (m, v, step) to every rank, so the replicas end
+     bit-identical, and ddp_join returns on every rank. While a rank has joined, the others may
+     not call user collectives (ddp_allreduce, ddp_broadcast, ddp_barrier): both sides fail with
+     an error that names ddp_join, instead of hanging.
 
    COMPILE-TIME OPTIONS
      DDP_IMPLEMENTATION   in one file: the implementation (include ddp.h before other headers,
@@ -195,7 +236,7 @@
    THE IMPLEMENTATION, SECTION BY SECTION (bottom-up; grep the marker, e.g. ">>cpu")
      >>types        tunables; parameters, buckets, tape ops, shared-segment blocks; ddp__cpu; the
                     backend table ddp__backend; ddp_context
-     >>util         time, aligned memory, logging, the error verbs (below)
+     >>util         time, aligned memory, logging, the error verbs (below), the cancel check
      >>timeline     per-thread event lists, the Chrome trace written at shutdown
      >>env          the launcher environment; the descriptor: environment, ddp__desc_defaults
                     (every default, pure), validation, the group
@@ -208,14 +249,18 @@
                     watchdog, set-up, buckets on the comm stream, AdamW kernels; its table
      >>group        ddp__choose_backend (the one place that knows every backend), rendezvous,
                     init, shutdown
+     >>embed        progress: the seqlock the rank writes and any thread reads (cancel itself:
+                    ddp__check_cancel in >>util, called by every wait)
      >>params       registration, layout, buckets, the cross-rank layout check, commit
      >>step         ready hooks, launch in bucket order, the tape, finish
      >>adamw        hyperparameters resolved and checked, handed to the backend
      >>collectives  user collectives, host copies of the state
+     >>join         uneven inputs: the count of ranks with data, ddp_join's shadow steps, the
+                    replicas synced at the end
      >>public       every public function: checks its arguments and the context, hands off
      The backend table (ddp__backend in >>types) is the only way generic code reaches a
-     backend: setup, alloc_flat, commit, begin_step, launch, finish, zero, adamw, adamw_state,
-     copy, collective, stats, poison, stop, teardown. Adding a backend is adding a section that
+     backend: setup, alloc_flat, commit, begin_step, launch, finish, zero, scale, adamw,
+     adamw_state, copy, collective, stats, poison, stop, teardown. Adding a backend is adding a section that
      fills one and a line in ddp__choose_backend.
      The error rule. ddp__fail records a message (rank first) and returns its code: for errors
      that leave the ranks in step (bad arguments, calls out of order, local resources); the
