@@ -299,7 +299,22 @@ out:
 
 static void *exit_rank_main(void *arg) { exit_rank((test_rank *)arg); return NULL; }
 
+/* AddressSanitizer reports its own thread teardown after a forced unwind (pthread_exit,
+   pthread_cancel) as a stack-use-after-scope: these two run everywhere else (TSan included). */
+#if defined(__SANITIZE_ADDRESS__)
+#define TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TEST_ASAN 1
+#endif
+#endif
+
 static void test_thread_rank_exits_mid_backward(void) {
+#ifdef TEST_ASAN
+    printf("SKIP host_thread_rank_exiting_mid_backward_noticed: AddressSanitizer misreports a thread's forced unwind\n");
+    printf("SKIP host_thread_rank_cancelled_mid_backward_noticed: AddressSanitizer misreports a thread's forced unwind\n");
+    return;
+#endif
     for (exit_how = 0; exit_how < 2; exit_how++) {
         test_rank ranks[2];
         pthread_t threads[2];
