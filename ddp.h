@@ -252,11 +252,11 @@
      >>embed        progress: the seqlock the rank writes and any thread reads (cancel itself:
                     ddp__check_cancel in >>util, called by every wait)
      >>params       registration, layout, buckets, the cross-rank layout check, commit
-     >>step         ready hooks, launch in bucket order, the tape, finish
+     >>step         ready hooks, launch in bucket order, the tape, finish; with uneven inputs the
+                    count of the ranks with data that begins a synchronizing step
      >>adamw        hyperparameters resolved and checked, handed to the backend
      >>collectives  user collectives, host copies of the state
-     >>join         uneven inputs: the count of ranks with data, ddp_join's shadow steps, the
-                    replicas synced at the end
+     >>join         uneven inputs: ddp_join's shadow steps, the replicas synced at the end
      >>public       every public function: checks its arguments and the context, hands off
      The backend table (ddp__backend in >>types) is the only way generic code reaches a
      backend: setup, alloc_flat, commit, begin_step, launch, finish, zero, scale, adamw,
@@ -4603,7 +4603,23 @@ static ddp_result ddp__launch_ready(ddp_context *ctx) {
     return r;
 }
 
-static ddp_result ddp__join_count(ddp_context *ctx, int has_data);
+/* Uneven inputs (>>join): every rank says whether it has data this step (a sum of one-hot
+   rows); the count and the lowest rank with data are kept for the step and for ddp_join. */
+static ddp_result ddp__join_count(ddp_context *ctx, int has_data) {
+    int s, n = 0, first = -1;
+    ddp_result r;
+    if (!ctx->join_mask && !(ctx->join_mask = (float *)ddp__calloc(sizeof(float) * (size_t)ctx->world)))
+        return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the uneven-inputs count");
+    for (s = 0; s < ctx->world; s++) ctx->join_mask[s] = 0;
+    ctx->join_mask[ctx->rank] = has_data ? 1.0f : 0.0f;
+    ctx->what = "the count of the ranks with data (uneven inputs)";
+    if ((r = ctx->be->collective(ctx, DDP__KIND_JOIN, ctx->join_mask, (size_t)ctx->world, 0)) != DDP_OK) return r;
+    for (s = 0; s < ctx->world; s++)
+        if (ctx->join_mask[s] != 0) { n++; if (first < 0) first = s; }
+    ctx->join_active = n;
+    if (n > 0 && n < ctx->world) { ctx->join_uneven = 1; ctx->join_root = first; }
+    return DDP_OK;
+}
 
 static ddp_result ddp__begin_step(ddp_context *ctx) {
     int i;
@@ -4871,22 +4887,6 @@ static ddp_result ddp__state_buffer(ddp_context *ctx, ddp_buffer which, size_t o
    so every replica ends bit-identical. A user collective made by a rank with data while another
    has joined is refused on both sides as a mismatch (the message names the join).
    -------------------------------------------------------------------------------------------- */
-static ddp_result ddp__join_count(ddp_context *ctx, int has_data) {
-    int s, n = 0, first = -1;
-    ddp_result r;
-    if (!ctx->join_mask && !(ctx->join_mask = (float *)ddp__calloc(sizeof(float) * (size_t)ctx->world)))
-        return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the uneven-inputs count");
-    for (s = 0; s < ctx->world; s++) ctx->join_mask[s] = 0;
-    ctx->join_mask[ctx->rank] = has_data ? 1.0f : 0.0f;
-    ctx->what = "the count of the ranks with data (uneven inputs)";
-    if ((r = ctx->be->collective(ctx, DDP__KIND_JOIN, ctx->join_mask, (size_t)ctx->world, 0)) != DDP_OK) return r;
-    for (s = 0; s < ctx->world; s++)
-        if (ctx->join_mask[s] != 0) { n++; if (first < 0) first = s; }
-    ctx->join_active = n;
-    if (n > 0 && n < ctx->world) { ctx->join_uneven = 1; ctx->join_root = first; }
-    return DDP_OK;
-}
-
 /* The ranks with data's replicas to every rank: parameters, AdamW's moments and step count. */
 static ddp_result ddp__join_sync_replicas(ddp_context *ctx) {
     size_t bytes = ctx->flat_count * sizeof(float);
