@@ -7,7 +7,8 @@
 
    CONTENTS
      QUICK START · ONE STEP, AS DATA FLOWS · OPTIONS · ADAMW · BACKENDS · ENVIRONMENT · ERRORS ·
-     NULL, LIFETIME AND THREADS · COMPILE-TIME OPTIONS · THE IMPLEMENTATION, SECTION BY SECTION
+     NULL, LIFETIME AND THREADS · EMBEDDING: CANCEL, PROGRESS, UNEVEN INPUTS · COMPILE-TIME OPTIONS ·
+     THE IMPLEMENTATION, SECTION BY SECTION
 
    QUICK START
        #define DDP_IMPLEMENTATION          // in exactly one .c file, before any other #include
@@ -89,6 +90,10 @@
                                            created on this rank's GPU (LOCAL_RANK % device
                                            count: cudaSetDevice first); NULL = the legacy
                                            default stream
+     cancel_token     NULL                 a ddp_cancel_token the host program owns; setting it
+                                           cancels every context that holds it (EMBEDDING)
+     uneven_inputs    DDP_JOIN_OFF         DDP_JOIN_DIVIDE_BY_WORLD or _BY_ACTIVE: ranks may run
+                                           out of data and ddp_join (EMBEDDING); ranks must agree
 
    ADAMW (ddp_adamw; ddp_adamw_step(ddp, &opt, &norm or NULL))
      lr as given (0 is valid); beta1, beta2, eps: 0 means 0.9, 0.999, 1e-8 unless as_given = 1,
@@ -167,7 +172,8 @@
      error on the NCCL backend. Rank 0 gone before it listens (never started, or killed early)
      cannot be told from a slow one: without a launcher that stops the job, the other ranks fail
      after timeout_s with "no store at ADDR:PORT - did rank 0 start?". Numbers in README.md
-     point here.
+     point here. DDP_ERR_CANCELLED is not a failure of the job: the host program asked for it
+     (EMBEDDING); it poisons the group like an error, so the peers stop too.
 
    NULL, LIFETIME AND THREADS
      Every entry point accepts a NULL context: calls return DDP_ERR_INVALID_ARGUMENT and leave
@@ -181,8 +187,43 @@
      A context belongs to the thread that steps it (the library runs one thread of its own per
      context: the communication thread on the CPU, the watchdog on NCCL). With ranks as threads
      of one process, the thread that last stepped the context is the rank: if it ends while the
-     context is live its peers fail at once, as for a dead process. Distinct contexts are
-     independent. ddp_result_string is safe from any thread.
+     context is live (it returns, calls pthread_exit, or is cancelled with pthread_cancel, even in
+     the middle of a backward) its peers fail at once, as for a dead process, and the host program
+     can still ddp_shutdown the context it left. Distinct contexts are independent.
+     From any thread: ddp_result_string; ddp_cancel_token_set and ddp_cancel_token_is_set (also
+     from a signal handler: one atomic store or load); ddp_cancel and ddp_progress_read while the
+     context is live, that is from the end of ddp_init until ddp_shutdown begins (the host program
+     keeps the context from going meanwhile, e.g. a slot under its own lock that the rank clears
+     before ddp_shutdown: examples/engine.c). ddp_progress_read takes no lock and never holds up
+     the rank (a seqlock: the rank's writes never wait, a reader retries). Everything else,
+     ddp_report_loss and ddp_join included, on the thread that steps the context.
+
+   EMBEDDING: CANCEL, PROGRESS, UNEVEN INPUTS (examples/engine.c; README.md)
+     Cancel. ddp_cancel(ctx) cancels one rank; a ddp_cancel_token in ddp_desc.cancel_token (the
+     host program's, outliving the contexts) cancels every rank that holds it, ddp_init included
+     (a rendezvous waiting for a peer that never comes). The rank's current call, or its next
+     one, returns DDP_ERR_CANCELLED within milliseconds: every wait looks (shared-memory waits
+     between 20 ms futex sleeps, the communication thread, the rendezvous store's waits, NCCL's
+     polls and its watchdog, which also aborts the communicator); the group is poisoned, so the
+     peers (threads or processes) stop at their next wait, with DDP_ERR_CANCELLED on the CPU
+     backend and DDP_ERR_PEER_LOST naming the cancel on NCCL, and before the shared memory is
+     up (rendezvous) with DDP_ERR_PEER_LOST once the cancelled rank leaves. Nothing waits out a
+     timeout. Then ddp_shutdown as after any failure: quick, and it returns DDP_OK.
+     Progress. ddp_progress_read(ctx, &p) from any thread: the step count, the last
+     ddp_report_loss value and its step (this rank's number; nothing is sent), the last step's
+     wall time and its ddp_step_stats times, the ranks with data, and the context's failure
+     (DDP_ERR_CANCELLED once cancelled). It is written at each ddp_finish and ddp_report_loss.
+     Uneven inputs (PyTorch's Join). With ddp_desc.uneven_inputs set on every rank, each
+     synchronizing step begins with a tiny allreduce of who has data (on NCCL a host wait). A
+     rank out of data calls ddp_join between steps: inside it the rank answers every step of the
+     others with zero gradients (same buckets, same order) until all have joined. Their average
+     is divided by the initial world size (DDP_JOIN_DIVIDE_BY_WORLD, PyTorch's default:
+     joined ranks count as zeros) or by the ranks with data (DDP_JOIN_DIVIDE_BY_ACTIVE). A joined
+     rank takes no AdamW steps; when the last rank joins, the lowest rank that still had data
+     broadcasts its parameters and AdamW state (m, v, step) to every rank, so the replicas end
+     bit-identical, and ddp_join returns on every rank. While a rank has joined, the others may
+     not call user collectives (ddp_allreduce, ddp_broadcast, ddp_barrier): both sides fail with
+     an error that names ddp_join, instead of hanging.
 
    COMPILE-TIME OPTIONS
      DDP_IMPLEMENTATION   in one file: the implementation (include ddp.h before other headers,
@@ -195,7 +236,7 @@
    THE IMPLEMENTATION, SECTION BY SECTION (bottom-up; grep the marker, e.g. ">>cpu")
      >>types        tunables; parameters, buckets, tape ops, shared-segment blocks; ddp__cpu; the
                     backend table ddp__backend; ddp_context
-     >>util         time, aligned memory, logging, the error verbs (below)
+     >>util         time, aligned memory, logging, the error verbs (below), the cancel check
      >>timeline     per-thread event lists, the Chrome trace written at shutdown
      >>env          the launcher environment; the descriptor: environment, ddp__desc_defaults
                     (every default, pure), validation, the group
@@ -208,14 +249,18 @@
                     watchdog, set-up, buckets on the comm stream, AdamW kernels; its table
      >>group        ddp__choose_backend (the one place that knows every backend), rendezvous,
                     init, shutdown
+     >>embed        progress: the seqlock the rank writes and any thread reads (cancel itself:
+                    ddp__check_cancel in >>util, called by every wait)
      >>params       registration, layout, buckets, the cross-rank layout check, commit
-     >>step         ready hooks, launch in bucket order, the tape, finish
+     >>step         ready hooks, launch in bucket order, the tape, finish; with uneven inputs the
+                    count of the ranks with data that begins a synchronizing step
      >>adamw        hyperparameters resolved and checked, handed to the backend
      >>collectives  user collectives, host copies of the state
+     >>join         uneven inputs: ddp_join's shadow steps, the replicas synced at the end
      >>public       every public function: checks its arguments and the context, hands off
      The backend table (ddp__backend in >>types) is the only way generic code reaches a
-     backend: setup, alloc_flat, commit, begin_step, launch, finish, zero, adamw, adamw_state,
-     copy, collective, stats, poison, stop, teardown. Adding a backend is adding a section that
+     backend: setup, alloc_flat, commit, begin_step, launch, finish, zero, scale, adamw,
+     adamw_state, copy, collective, stats, poison, stop, teardown. Adding a backend is adding a section that
      fills one and a line in ddp__choose_backend.
      The error rule. ddp__fail records a message (rank first) and returns its code: for errors
      that leave the ranks in step (bad arguments, calls out of order, local resources); the
@@ -269,12 +314,21 @@ typedef enum ddp_result {
     DDP_ERR_OUT_OF_MEMORY,
     DDP_ERR_SYSTEM,            /* an operating-system call failed (shared memory, threads) */
     DDP_ERR_BACKEND,           /* the GPU backend failed */
-    DDP_ERR_NONFINITE          /* the averaged gradients hold NaN or Inf (parameters unchanged) */
+    DDP_ERR_NONFINITE,         /* the averaged gradients hold NaN or Inf (parameters unchanged) */
+    DDP_ERR_CANCELLED          /* ddp_cancel or a cancel token stopped this rank or a peer */
 } ddp_result;
 
 typedef enum ddp_backend { DDP_BACKEND_AUTO = 0, DDP_BACKEND_CPU, DDP_BACKEND_NCCL, DDP_BACKEND_SINGLE } ddp_backend;
 typedef enum ddp_op { DDP_AVG = 0, DDP_SUM } ddp_op;
 typedef enum ddp_dtype { DDP_DTYPE_FP32 = 0, DDP_DTYPE_BF16 } ddp_dtype;
+/* Uneven inputs (ddp_join): what a step's averaged gradient is divided by while some ranks have
+   joined: the initial world size (their zeros count; PyTorch's default) or the ranks with data. */
+typedef enum ddp_join_mode { DDP_JOIN_OFF = 0, DDP_JOIN_DIVIDE_BY_WORLD, DDP_JOIN_DIVIDE_BY_ACTIVE } ddp_join_mode;
+
+/* A cancel token the host program owns (zero-initialized), shared by any number of contexts
+   (ddp_desc.cancel_token): ddp_cancel_token_set stops every rank that holds it. It outlives the
+   contexts, so setting it never races with a ddp_shutdown. */
+typedef struct ddp_cancel_token { int cancelled; } ddp_cancel_token;
 typedef enum ddp_log_level {
     DDP_LOG_DEFAULT = 0, DDP_LOG_DEBUG, DDP_LOG_INFO, DDP_LOG_WARN, DDP_LOG_ERROR, DDP_LOG_OFF
 } ddp_log_level;
@@ -317,6 +371,12 @@ typedef struct ddp_desc {
     /* Longest ddp_shutdown waits, after a failure, for peers still reading rank 0's store
        (default 1 s; without a failure shutdown waits for the peers as long as timeout_s). */
     double shutdown_timeout_s;
+    /* Host programs: a token that cancels this rank when set (any thread, a signal handler too),
+       with every other context that holds it. NULL: only ddp_cancel(ctx) cancels. */
+    ddp_cancel_token *cancel_token;
+    /* Uneven inputs: DDP_JOIN_OFF (default; ddp_join is an error), or the divisor while ranks
+       have joined. Each synchronizing step then begins with a tiny allreduce (who has data). */
+    ddp_join_mode uneven_inputs;
 } ddp_desc;
 
 typedef struct ddp_context ddp_context;
@@ -408,6 +468,28 @@ ddp_result ddp_broadcast(ddp_context *ctx, void *data, size_t bytes, int root);
 ddp_result ddp_barrier(ddp_context *ctx);
 
 ddp_step_stats ddp_last_step_stats(const ddp_context *ctx);   /* of the last ddp_finish */
+
+/* Embedding: cancel, progress, uneven inputs (NULL, LIFETIME AND THREADS in the manual says
+   which thread may call what). */
+ddp_result ddp_cancel(ddp_context *ctx);                  /* any thread, while ctx is live */
+void ddp_cancel_token_set(ddp_cancel_token *token);       /* any thread, async-signal-safe */
+int ddp_cancel_token_is_set(const ddp_cancel_token *token);
+typedef struct ddp_progress {
+    int64_t step;              /* ddp_finish calls completed on this rank (0: none yet) */
+    int64_t loss_step;         /* the step the last ddp_report_loss came after (0: none reported) */
+    double loss;               /* the last value given to ddp_report_loss */
+    double step_ms;            /* wall time between the last two ddp_finish calls */
+    double backward_ms, comm_ms, exposed_ms;   /* ddp_last_step_stats' values at the last ddp_finish */
+    uint64_t bytes_reduced;
+    int32_t active_ranks;      /* ranks with data in the last step (uneven inputs), else the world size */
+    int32_t failed;            /* the context's sticky ddp_result: DDP_ERR_CANCELLED after a cancel */
+} ddp_progress;
+ddp_result ddp_progress_read(const ddp_context *ctx, ddp_progress *out);   /* any thread, lock-free */
+ddp_result ddp_report_loss(ddp_context *ctx, float loss);                  /* this rank's; no communication */
+/* Uneven inputs (ddp_desc.uneven_inputs): a rank out of data calls ddp_join between steps and
+   answers the other ranks' steps with zero gradients until every rank has joined; then every
+   rank holds the parameters and AdamW state of the last ranks with data. */
+ddp_result ddp_join(ddp_context *ctx);
 
 #ifdef __cplusplus
 }
@@ -502,6 +584,7 @@ extern "C" {
 #define DDP__STORE_MAX_KEY 1024u
 #define DDP__STORE_MAX_VALUE (64u << 20)
 #define DDP__ERR_MAX 1024
+#define DDP__PROGRESS_WORDS ((sizeof(ddp_progress) + 7) / 8)
 
 typedef struct ddp__param {
     char name[DDP__NAME_MAX];
@@ -545,11 +628,13 @@ typedef struct ddp__shm_header {
     int32_t failed_rank;   /* -1, or the first rank that poisoned the group */
     int32_t failed_code;
     char failed_msg[DDP__ERR_MAX];
+    int32_t poison_claimed; /* 1 once a rank has begun to write failed_*: one writer, then failed_rank */
 } ddp__shm_header;
 
 /* What a collective does (the CPU backend also compares it across ranks before it runs one). */
 enum { DDP__KIND_BARRIER = 1, DDP__KIND_BROADCAST, DDP__KIND_SUM, DDP__KIND_AVG, DDP__KIND_AVG_BF16,
-       DDP__KIND_SHUTDOWN /* a barrier, named so that a peer still training can say why it ended */ };
+       DDP__KIND_SHUTDOWN /* a barrier, named so that a peer still training can say why it ended */,
+       DDP__KIND_JOIN     /* a sum: which ranks have data this step (uneven inputs, >>join) */ };
 
 typedef struct ddp__store_server ddp__store_server;
 
@@ -597,6 +682,7 @@ typedef struct ddp__backend {
     ddp_result (*launch)(ddp_context *ctx, int bucket);          /* average one bucket, in bucket order */
     ddp_result (*finish)(ddp_context *ctx, double t_wait);       /* every bucket launched: settle them */
     ddp_result (*zero)(ddp_context *ctx, float *x, size_t count);
+    ddp_result (*scale)(ddp_context *ctx, float *x, size_t count, float factor);   /* x *= factor, after finish */
     ddp_result (*adamw)(ddp_context *ctx, const ddp_adamw *opt, float b1, float b2, float eps, float *grad_norm_out);
     ddp_result (*adamw_state)(ddp_context *ctx);                 /* m, v exist; ctx->adam_step is current */
     /* a copy between a flat buffer (params, grads, m, v: device memory on NCCL) and host memory */
@@ -657,6 +743,20 @@ struct ddp_context {
     struct ddp__timeline *tl_main, *tl_comm;
     double tl_origin, forward_start;
     int tl_step;
+
+    /* embedding (>>embed): cancel from any thread, progress read from any thread */
+    int cancel;                    /* ddp_cancel was called (atomic) */
+    uint32_t progress_seq;         /* seqlock: odd while the owner writes progress_words */
+    uint64_t progress_words[DDP__PROGRESS_WORDS];   /* a ddp_progress, each word atomic */
+    ddp_progress progress;         /* the owner's copy, published into progress_words */
+    double progress_last_finish;
+
+    /* uneven inputs (>>join) */
+    float *join_mask;              /* world floats: 1 for a rank with data this step */
+    int join_active;               /* ranks with data in the current/last step */
+    int join_root;                 /* the lowest of them, in the last step some rank had joined */
+    int join_uneven;               /* some step since the last ddp_join ran with joined ranks */
+    int join_shadow;               /* ddp_join's shadow step: the count is taken already */
 
     ddp__cpu *cpu;                 /* the CPU backend's state; NULL elsewhere */
     ddp__gpu *gpu;                 /* the NCCL backend's state; NULL elsewhere */
@@ -762,6 +862,21 @@ static ddp_result ddp__fail_group(ddp_context *ctx, ddp_result code, const char 
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     return ddp__fatal(ctx, ddp__fail(ctx, code, "%s", msg));
+}
+
+/* Cancel (ddp_cancel, or the host's token): asked for from any thread, seen by every wait of
+   the rank (shared-memory waits, the communication thread, the store, NCCL's polls). The first
+   wait to see it makes it the group's failure, so the peers stop with DDP_ERR_CANCELLED too. */
+static int ddp__cancel_requested(const ddp_context *ctx) {
+    return __atomic_load_n(&ctx->cancel, __ATOMIC_ACQUIRE) ||
+           (ctx->desc.cancel_token && __atomic_load_n(&ctx->desc.cancel_token->cancelled, __ATOMIC_ACQUIRE));
+}
+
+/* In a wait: DDP_OK, or the cancel made the group's failure (`where` for the message). */
+static ddp_result ddp__check_cancel(ddp_context *ctx, const char *where) {
+    if (!ddp__cancel_requested(ctx)) return DDP_OK;
+    if (ddp__failed(ctx)) return ddp__failed(ctx);
+    return ddp__fail_group(ctx, DDP_ERR_CANCELLED, "cancelled (ddp_cancel or the cancel token) in %s", where ? where : "a wait");
 }
 
 /* Gradient buckets travel as the reduce dtype says. */
@@ -1061,6 +1176,9 @@ static ddp_result ddp__desc_validate(ddp_context *ctx, const ddp_desc *d) {
         d->inject_comm_latency_ms < 0 || d->inject_comm_gbps < 0 || d->shutdown_timeout_s < 0)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: timeout_s, bucket_cap_mb, first_bucket_mb, "
                          "world_size, shutdown_timeout_s and the inject_comm fields must not be negative");
+    if (d->uneven_inputs != DDP_JOIN_OFF && d->uneven_inputs != DDP_JOIN_DIVIDE_BY_WORLD &&
+        d->uneven_inputs != DDP_JOIN_DIVIDE_BY_ACTIVE)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: uneven_inputs %d is not a ddp_join_mode", (int)d->uneven_inputs);
     if (d->backend != DDP_BACKEND_AUTO && d->backend != DDP_BACKEND_CPU && d->backend != DDP_BACKEND_NCCL &&
         d->backend != DDP_BACKEND_SINGLE)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: unknown backend %d", (int)d->backend);
@@ -1764,6 +1882,18 @@ static ddp_result ddp__store_request_on(ddp_context *ctx, int fd, uint32_t op, c
     if (ddp__send_frame(fd, op, key, (uint32_t)strlen(key), val, vlen, ddp__now() + timeout))
         return ddp__fail(ctx, DDP_ERR_PEER_LOST, "lost the connection to the rendezvous store on rank 0 (%s:%d)",
                          ctx->master_addr, ctx->desc.master_port);
+    /* A parked GET can wait long: look for a cancel while the answer has not begun to arrive.
+       Cancelled, the connection is out of step (its answer comes later): it is closed. */
+    for (rc = 0; wait_s > 0;) {
+        struct pollfd pfd;
+        double left = deadline - ddp__now();
+        pfd.fd = fd; pfd.events = POLLIN; pfd.revents = 0;
+        if (left <= 0 || poll(&pfd, 1, left < 0.02 ? (int)(left * 1000) + 1 : 20) > 0) break;
+        if (ddp__cancel_requested(ctx)) {   /* closed first: the poison must not use it */
+            if (fd == ctx->store_fd) { close(fd); ctx->store_fd = -1; }
+            return ddp__check_cancel(ctx, "a wait for the rendezvous store");
+        }
+    }
     rc = ddp__recv_all(fd, hdr, 16, deadline);
     if (rc == 0 && ddp__get_u32(hdr) != DDP__STORE_MAGIC) rc = -1;
     rlen = ddp__get_u32(hdr + 12);
@@ -1812,7 +1942,7 @@ static ddp_result ddp__store_set(ddp_context *ctx, const char *key, const void *
 static ddp_result ddp__store_get(ddp_context *ctx, const char *key, double deadline,
                                  unsigned char **val, uint32_t *len, int *found) {
     char ms[32];
-    uint32_t status;
+    uint32_t status = 0;
     double wait_s = deadline - ddp__now();
     ddp_result r;
     if (wait_s < 0) wait_s = 0;
@@ -1828,7 +1958,7 @@ static ddp_result ddp__store_get(ddp_context *ctx, const char *key, double deadl
     }
     if (status == DDP__REPLY_FAILED && *len >= 4) {   /* rank 0 failed: its code and message */
         ddp_result code = (ddp_result)ddp__get_u32(*val);
-        if (code <= DDP_OK || code > DDP_ERR_NONFINITE) code = DDP_ERR_PEER_LOST;
+        if (code <= DDP_OK || code > DDP_ERR_CANCELLED) code = DDP_ERR_PEER_LOST;
         r = ddp__fail(ctx, code, "stopped while waiting for '%s' because %s", key, (const char *)*val + 4);
         DDP_FREE(*val); *val = NULL;
         return r;
@@ -1971,8 +2101,10 @@ static ddp_result ddp__store_connect_as(ddp_context *ctx, double deadline, int a
     int port = ctx->desc.master_port;
     double waited = ctx->desc.timeout_s;
     if (ddp__resolve(ctx, ctx->desc.master_port, &ai)) return DDP_ERR_NETWORK;
-    while ((rc = ddp__store_hello(ctx, ai, announce, deadline, fd_out, &why, &last_err, &code)) == 1 && ddp__now() < deadline)
+    while ((rc = ddp__store_hello(ctx, ai, announce, deadline, fd_out, &why, &last_err, &code)) == 1 && ddp__now() < deadline) {
+        if (ddp__cancel_requested(ctx)) { rc = -1; code = ddp__check_cancel(ctx, "the connection to rank 0's rendezvous store"); break; }
         usleep(20000);
+    }
     freeaddrinfo(ai);
     if (rc < 0) return code;
     if (rc == 0) return DDP_OK;
@@ -2098,6 +2230,13 @@ static ddp_result ddp__host_zero(ddp_context *ctx, float *x, size_t count) {
     return DDP_OK;
 }
 
+static ddp_result ddp__host_scale(ddp_context *ctx, float *x, size_t count, float factor) {
+    size_t i;
+    (void)ctx;
+    for (i = 0; i < count; i++) x[i] *= factor;
+    return DDP_OK;
+}
+
 static ddp_result ddp__host_adamw_state(ddp_context *ctx) {
     if (ctx->adam_m) return DDP_OK;
     ctx->adam_m = ddp__alloc_floats(ctx->flat_count);
@@ -2177,7 +2316,7 @@ static void ddp__single_poison(ddp_context *ctx, ddp_result code) { (void)ctx; (
 static const ddp__backend ddp__single_backend = {
     "single", DDP_BACKEND_SINGLE, 0,
     ddp__single_setup, ddp__host_alloc_flat, ddp__single_nothing, ddp__single_quiet, ddp__single_launch,
-    ddp__single_finish, ddp__host_zero, ddp__host_adamw, ddp__host_adamw_state, ddp__host_copy,
+    ddp__single_finish, ddp__host_zero, ddp__host_scale, ddp__host_adamw, ddp__host_adamw_state, ddp__host_copy,
     ddp__single_collective, ddp__single_quiet, ddp__single_poison, ddp__single_quiet, ddp__host_free
 };
 
@@ -2310,16 +2449,18 @@ static void ddp__shm_post(ddp_context *ctx, int stage, uint32_t value) {
    waiter looks (ddp__shm_check_peers). */
 static void ddp__cpu_poison(ddp_context *ctx, ddp_result code) {
     ddp__shm_header *h;
-    int32_t none = -1;
+    int32_t none = -1, none_claimed = 0;
     if (!ctx->cpu || !ctx->cpu->shm) return;
     h = ddp__shm_hdr(ctx);
-    pthread_mutex_lock(&ctx->err_lock);
-    if (__atomic_load_n(&h->failed_rank, __ATOMIC_ACQUIRE) == -1) {
+    /* One writer (ranks failing at once, a cancel token say, race for the claim), and
+       failed_rank only once the message is there: a reader that sees it reads the message. */
+    if (__atomic_compare_exchange_n(&h->poison_claimed, &none_claimed, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        pthread_mutex_lock(&ctx->err_lock);
         snprintf(h->failed_msg, sizeof h->failed_msg, "%s", ctx->err);
+        pthread_mutex_unlock(&ctx->err_lock);
         h->failed_code = (int32_t)code;
         __atomic_compare_exchange_n(&h->failed_rank, &none, ctx->rank, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
     }
-    pthread_mutex_unlock(&ctx->err_lock);
 }
 
 /* Checked while sleeping: the group poisoned by another rank, a dead peer, the deadline. */
@@ -2329,8 +2470,9 @@ static ddp_result ddp__shm_check_peers(ddp_context *ctx, int stage, uint32_t tar
        peer, then exited, must not be reported as the problem). */
     int s, failed = __atomic_load_n(&h->failed_rank, __ATOMIC_ACQUIRE);
     if (failed == ctx->rank) return ddp__failed(ctx) ? ddp__failed(ctx) : DDP_ERR_PEER_LOST;   /* already told */
-    if (failed >= 0)
-        return ddp__fail_group(ctx, DDP_ERR_PEER_LOST, "stopped in %s because %s", ctx->what, h->failed_msg);
+    if (failed >= 0)   /* a cancel stays a cancel: the host program stopped the job, nothing broke */
+        return ddp__fail_group(ctx, h->failed_code == DDP_ERR_CANCELLED ? DDP_ERR_CANCELLED : DDP_ERR_PEER_LOST,
+                               "stopped in %s because %s", ctx->what, h->failed_msg);
     for (s = 0; s < ctx->world; s++) {
         int pid = __atomic_load_n(&ddp__shm_block(ctx, s)->pid, __ATOMIC_ACQUIRE);
         if (!pid && ctx->peer_pids) pid = ctx->peer_pids[s];    /* not attached yet */
@@ -2388,6 +2530,14 @@ static ddp_result ddp__shm_wait_all(ddp_context *ctx, int stage, uint32_t target
             }
             if (ddp__now() - last_look > DDP__STOPPED_GAP_S) deadline += ddp__now() - last_look;
             last_look = ddp__now();
+            {   /* between two futex sleeps (20 ms): a cancel, and a poison, seen at once */
+                ddp_result r = ddp__check_cancel(ctx, ctx->what);
+                if (r != DDP_OK) return r;
+                /* (a peer that posted, then failed, is looked at in its collective first) */
+                if (__atomic_load_n(&ddp__shm_hdr(ctx)->failed_rank, __ATOMIC_ACQUIRE) >= 0 &&
+                    !ddp__reached(__atomic_load_n(&c->value, __ATOMIC_ACQUIRE), target))
+                    next_check = 0;
+            }
             if (ddp__now() >= next_check) {
                 ddp_result r = ddp__shm_check_peers(ctx, stage, target, deadline);
                 if (r != DDP_OK) return r;
@@ -2411,6 +2561,8 @@ static const char *ddp__describe_sig(const ddp__shm_sig *sig, char *out, size_t 
     case DDP__KIND_BARRIER: snprintf(out, cap, "a barrier"); break;
     case DDP__KIND_BROADCAST: snprintf(out, cap, "a broadcast of %llu bytes from rank %u", n, sig->root); break;
     case DDP__KIND_SUM: snprintf(out, cap, "an allreduce(sum) of %llu elements", n); break;
+    case DDP__KIND_JOIN: snprintf(out, cap, "the count of the ranks with data (uneven inputs: a step, or ddp_join; "
+                                  "no user collective while a rank has joined)"); break;
     case DDP__KIND_AVG: case DDP__KIND_AVG_BF16:
         if (sig->bucket) snprintf(out, cap, "the allreduce(%s) of gradient bucket %u (%llu elements)", avg, sig->bucket - 1, n);
         else snprintf(out, cap, "an allreduce(%s) of %llu elements", avg, n);
@@ -2545,7 +2697,7 @@ static void ddp__inject_comm_delay(ddp_context *ctx, size_t bytes, double starte
 /* One collective over the segment; count is in floats for reductions, bytes for broadcast. */
 static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root) {
     ddp__shm_sig *sig = &ddp__shm_block(ctx, ctx->rank)->sig;
-    int reduces = kind == DDP__KIND_SUM || kind == DDP__KIND_AVG || kind == DDP__KIND_AVG_BF16;
+    int reduces = kind == DDP__KIND_SUM || kind == DDP__KIND_AVG || kind == DDP__KIND_AVG_BF16 || kind == DDP__KIND_JOIN;
     size_t unit = reduces ? sizeof(float) : 1;                              /* in the user's buffer */
     size_t wire = kind == DDP__KIND_AVG_BF16 ? sizeof(uint16_t) : unit;     /* in the slots */
     size_t per_chunk = DDP__CHUNK_BYTES / wire, done = 0;
@@ -3014,6 +3166,10 @@ static ddp_result ddp__cpu_launch(ddp_context *ctx, int index) {
 static ddp_result ddp__cpu_finish(ddp_context *ctx, double t_wait) {
     ddp__cpu *c = ctx->cpu;
     ddp_result r;
+    int cancel_state;
+    /* pthread_cancel of the rank's thread here would leave it holding the lock, and the
+       communication thread (and the host's ddp_shutdown of the context) stuck on it. */
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
     pthread_mutex_lock(&c->comm_lock);
     while (c->comm_done < c->comm_launched) pthread_cond_wait(&c->comm_done_cond, &c->comm_lock);
     r = c->comm_error;
@@ -3022,6 +3178,7 @@ static ddp_result ddp__cpu_finish(ddp_context *ctx, double t_wait) {
     c->comm_seconds = c->comm_last_seconds = 0;
     c->comm_launched = c->comm_done = 0;
     pthread_mutex_unlock(&c->comm_lock);
+    pthread_setcancelstate(cancel_state, NULL);
     ddp__host_step_done(ctx, t_wait);
     return r;
 }
@@ -3063,7 +3220,7 @@ static void ddp__cpu_teardown(ddp_context *ctx) {
 static const ddp__backend ddp__cpu_backend = {
     "cpu", DDP_BACKEND_CPU, 0,
     ddp__cpu_setup, ddp__host_alloc_flat, ddp__cpu_commit, ddp__cpu_begin_step, ddp__cpu_launch,
-    ddp__cpu_finish, ddp__host_zero, ddp__host_adamw, ddp__host_adamw_state, ddp__host_copy,
+    ddp__cpu_finish, ddp__host_zero, ddp__host_scale, ddp__host_adamw, ddp__host_adamw_state, ddp__host_copy,
     ddp__cpu_collective, ddp__single_quiet, ddp__cpu_poison, ddp__comm_stop, ddp__cpu_teardown
 };
 
@@ -3390,7 +3547,11 @@ static void *ddp__gpu_watchdog_main(void *arg) {
         if (g->watchdog_stop || ddp__failed(ctx)) continue;
         r = ddp__gpu_inspect_locked(ctx, msg, sizeof msg);
         pthread_mutex_unlock(&g->lock);
-        if (r != DDP_OK) ddp__gpu_report(ctx, r, msg);
+        if (r == DDP_OK && ddp__cancel_requested(ctx)) {
+            /* cancelled: tell the peers, abort the communicator (whatever of this rank waits on
+               the GPU for them ends) */
+            ddp__check_cancel(ctx, "the NCCL watchdog's poll");
+        } else if (r != DDP_OK) ddp__gpu_report(ctx, r, msg);
         else if ((r = ddp__gpu_check_store(ctx, g->watch_fd, msg, sizeof msg)) != DDP_OK) {
             ddp__set_failed(ctx, ddp__fail(ctx, r, "%s", msg));   /* already told: only abort */
             ddp__gpu_abort(ctx);
@@ -3431,6 +3592,7 @@ static ddp_result ddp__gpu_wait(ddp_context *ctx, cudaStream_t stream, const cha
         if (q == cudaSuccess) return DDP_OK;
         if (q != cudaErrorNotReady) return ddp__fatal(ctx, ddp__cuda_fail(ctx, q, what, __FILE__, __LINE__));
         if (ddp__failed(ctx)) return ddp__failed(ctx);
+        if ((r = ddp__check_cancel(ctx, what)) != DDP_OK) return r;
         pthread_mutex_lock(&g->lock);
         r = ddp__gpu_inspect_locked(ctx, msg, sizeof msg);
         pthread_mutex_unlock(&g->lock);
@@ -3472,6 +3634,7 @@ static ddp_result ddp__nccl_settle(ddp_context *ctx, ncclResult_t e, const char 
     while (e == ncclInProgress) {
         ddp_result r;
         if (ddp__failed(ctx)) return ddp__failed(ctx);
+        if ((r = ddp__check_cancel(ctx, what)) != DDP_OK) return r;
         if (!g->watchdog_started && ddp__now() >= next_store_check) {
             if ((r = ddp__gpu_check_store(ctx, ctx->store_fd, msg, sizeof msg)) != DDP_OK)
                 return ddp__set_failed(ctx, ddp__fail(ctx, r, "%s (during %s)", msg, what));   /* told already */
@@ -3807,6 +3970,12 @@ static ddp_result ddp__gpu_zero(ddp_context *ctx, float *x, size_t count) {
     return DDP_OK;
 }
 
+static ddp_result ddp__gpu_scale(ddp_context *ctx, float *x, size_t count, float factor) {
+    DDP__GPU_DEVICE(ctx->gpu);
+    DDP__CUDA(ddp_k_scale(x, count, factor, ctx->gpu->compute));
+    return DDP_OK;
+}
+
 static ddp_result ddp__gpu_alloc_adamw(ddp_context *ctx) {
     ddp__gpu *g = ctx->gpu;
     size_t bytes = ctx->flat_count * sizeof(float);
@@ -3954,7 +4123,8 @@ static ddp_result ddp__gpu_collective(ddp_context *ctx, uint32_t kind, void *dat
     DDP__CUDA(cudaStreamWaitEvent(g->comm, g->coll_ready, 0));
     if (kind == DDP__KIND_BROADCAST) r = ddp__nccl_enqueue(ctx, buf, count, ncclUint8, ncclSum, root, ctx->what);
     else if (kind == DDP__KIND_BARRIER || kind == DDP__KIND_SHUTDOWN) r = ddp__nccl_enqueue(ctx, buf, 1, ncclFloat, ncclSum, -1, ctx->what);
-    else r = ddp__nccl_enqueue(ctx, buf, count, ncclFloat, kind == DDP__KIND_SUM ? ncclSum : ncclAvg, -1, ctx->what);
+    else r = ddp__nccl_enqueue(ctx, buf, count, ncclFloat, kind == DDP__KIND_SUM || kind == DDP__KIND_JOIN ? ncclSum : ncclAvg,
+                               -1, ctx->what);
     if (r != DDP_OK) return r;
     DDP__CUDA(cudaEventRecord(g->coll_done, g->comm));
     DDP__CUDA(cudaStreamWaitEvent(g->compute, g->coll_done, 0));
@@ -4052,7 +4222,7 @@ static void ddp__gpu_stop(ddp_context *ctx) {
 static const ddp__backend ddp__nccl_backend = {
     "nccl", DDP_BACKEND_NCCL, 1,
     ddp__gpu_setup, ddp__gpu_alloc_flat, ddp__gpu_commit, ddp__gpu_begin_step, ddp__gpu_launch,
-    ddp__gpu_finish, ddp__gpu_zero, ddp__gpu_adamw, ddp__gpu_adamw_state, ddp__gpu_copy,
+    ddp__gpu_finish, ddp__gpu_zero, ddp__gpu_scale, ddp__gpu_adamw, ddp__gpu_adamw_state, ddp__gpu_copy,
     ddp__gpu_collective, ddp__gpu_stats, ddp__gpu_poison, ddp__gpu_stop, ddp__gpu_teardown
 };
 #endif /* DDP_CUDA */
@@ -4228,12 +4398,70 @@ static ddp_result ddp__shutdown(ddp_context *ctx) {
     if (ctx->be) ctx->be->teardown(ctx);
     DDP_FREE(ctx->params);
     DDP_FREE(ctx->peer_pids);
+    DDP_FREE(ctx->join_mask);
     DDP_FREE(ctx->buckets);
     DDP_FREE(ctx->tape);
     DDP_FREE(ctx->tape_arena);
     pthread_mutex_destroy(&ctx->err_lock);
     DDP_FREE(ctx);
     return r;
+}
+
+/* --------------------------------------------------------------------------------------------
+   >>embed  What a host program running ranks as threads reads from another thread: progress,
+   through a seqlock the owner writes without waiting for anyone (the reader retries instead).
+   Every word is an atomic, so a reader never sees a torn value and ThreadSanitizer sees no race.
+   (Cancel: ddp__check_cancel in >>util, called by every wait.)
+   -------------------------------------------------------------------------------------------- */
+static void ddp__progress_publish(ddp_context *ctx) {
+    uint64_t words[DDP__PROGRESS_WORDS];
+    uint32_t seq = ctx->progress_seq;   /* only the owner writes it */
+    size_t i;
+    memset(words, 0, sizeof words);
+    memcpy(words, &ctx->progress, sizeof ctx->progress);
+    /* odd: a write in progress. Release stores of the words (no fences: ThreadSanitizer does not
+       model them): a reader that sees a new word sees the odd count after it. */
+    __atomic_store_n(&ctx->progress_seq, seq + 1, __ATOMIC_RELAXED);
+    for (i = 0; i < DDP__PROGRESS_WORDS; i++) __atomic_store_n(&ctx->progress_words[i], words[i], __ATOMIC_RELEASE);
+    __atomic_store_n(&ctx->progress_seq, seq + 2, __ATOMIC_RELEASE);
+}
+
+static void ddp__progress_read(const ddp_context *ctx, ddp_progress *out) {
+    uint64_t words[DDP__PROGRESS_WORDS];
+    int tries;
+    size_t i;
+    for (tries = 0;; tries++) {
+        uint32_t before = __atomic_load_n(&ctx->progress_seq, __ATOMIC_ACQUIRE), after;
+        if (!(before & 1)) {
+            for (i = 0; i < DDP__PROGRESS_WORDS; i++) words[i] = __atomic_load_n(&ctx->progress_words[i], __ATOMIC_ACQUIRE);
+            after = __atomic_load_n(&ctx->progress_seq, __ATOMIC_RELAXED);
+            if (after == before) break;
+        }
+        if (tries > 64) sched_yield();   /* the owner was preempted mid-write: let it finish */
+    }
+    memcpy(out, words, sizeof *out);
+    out->failed = (int32_t)ddp__failed(ctx);
+}
+
+/* The end of a step (ddp_finish): what the host program's progress display shows. */
+static void ddp__progress_step(ddp_context *ctx) {
+    double now = ddp__now();
+    ddp_progress *p = &ctx->progress;
+    p->step = ctx->tl_step;
+    p->step_ms = ctx->progress_last_finish > 0 ? 1e3 * (now - ctx->progress_last_finish) : 0;
+    ctx->progress_last_finish = now;
+    p->backward_ms = ctx->last_stats.backward_ms;
+    p->comm_ms = ctx->last_stats.comm_ms;
+    p->exposed_ms = ctx->last_stats.exposed_ms;
+    p->bytes_reduced = ctx->last_stats.bytes_reduced;
+    p->active_ranks = ctx->join_active ? ctx->join_active : ctx->world;
+    ddp__progress_publish(ctx);
+}
+
+static void ddp__report_loss(ddp_context *ctx, float loss) {
+    ctx->progress.loss = loss;
+    ctx->progress.loss_step = ctx->tl_step;
+    ddp__progress_publish(ctx);
 }
 
 /* --------------------------------------------------------------------------------------------
@@ -4310,9 +4538,9 @@ static char *ddp__layout_text(ddp_context *ctx, size_t *len_out) {
     char *text = (char *)DDP_MALLOC(cap);
     int i;
     if (!text) return NULL;
-    len = (size_t)snprintf(text, cap, "buckets %.6f %.6f %d reduce %s\n", ctx->desc.first_bucket_mb,
+    len = (size_t)snprintf(text, cap, "buckets %.6f %.6f %d reduce %s uneven %d\n", ctx->desc.first_bucket_mb,
                            ctx->desc.bucket_cap_mb, ctx->desc.find_unused,
-                           ctx->desc.reduce_dtype == DDP_DTYPE_BF16 ? "bf16" : "fp32");
+                           ctx->desc.reduce_dtype == DDP_DTYPE_BF16 ? "bf16" : "fp32", (int)ctx->desc.uneven_inputs);
     for (i = 0; i < ctx->num_params; i++)
         len += (size_t)snprintf(text + len, cap - len, "%s %zu %u\n", ctx->params[i].name,
                                 ctx->params[i].count, ctx->params[i].flags);
@@ -4335,7 +4563,7 @@ static ddp_result ddp__layout_mismatch(ddp_context *ctx, const char *a, const ch
     while (!strcmp(ddp__line(a, i, la, sizeof la), ddp__line(b, i, lb, sizeof lb))) i++;
     if (i == 0)
         return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks 0 and %d use different options: rank 0 has '%s', rank %d "
-                         "has '%s' (first_bucket_mb, bucket_cap_mb, find_unused, reduce_dtype)", rank_b, la, rank_b, lb);
+                         "has '%s' (first_bucket_mb, bucket_cap_mb, find_unused, reduce_dtype, uneven_inputs)", rank_b, la, rank_b, lb);
     return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks registered different parameters: parameter #%d is '%s' "
                      "(name, elements, flags) on rank 0 but '%s' on rank %d", i - 1, la, lb, rank_b);
 }
@@ -4400,9 +4628,33 @@ static ddp_result ddp__launch_ready(ddp_context *ctx) {
     return r;
 }
 
-static void ddp__begin_step(ddp_context *ctx) {
+/* Uneven inputs (>>join): every rank says whether it has data this step (a sum of one-hot
+   rows); the count and the lowest rank with data are kept for the step and for ddp_join. */
+static ddp_result ddp__join_count(ddp_context *ctx, int has_data) {
+    int s, n = 0, first = -1;
+    ddp_result r;
+    if (!ctx->join_mask && !(ctx->join_mask = (float *)ddp__calloc(sizeof(float) * (size_t)ctx->world)))
+        return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the uneven-inputs count");
+    for (s = 0; s < ctx->world; s++) ctx->join_mask[s] = 0;
+    ctx->join_mask[ctx->rank] = has_data ? 1.0f : 0.0f;
+    ctx->what = "the count of the ranks with data (uneven inputs)";
+    if ((r = ctx->be->collective(ctx, DDP__KIND_JOIN, ctx->join_mask, (size_t)ctx->world, 0)) != DDP_OK) return r;
+    for (s = 0; s < ctx->world; s++)
+        if (ctx->join_mask[s] != 0) { n++; if (first < 0) first = s; }
+    ctx->join_active = n;
+    if (n > 0 && n < ctx->world) { ctx->join_uneven = 1; ctx->join_root = first; }
+    return DDP_OK;
+}
+
+static ddp_result ddp__begin_step(ddp_context *ctx) {
     int i;
-    if (ctx->in_step) return;
+    if (ctx->in_step) return DDP_OK;
+    /* uneven inputs: a synchronizing step first counts the ranks with data (ddp_join's shadow
+       step has counted already); nothing of this step is in flight yet */
+    if (ctx->desc.uneven_inputs && ctx->world > 1 && ctx->sync_enabled && !ctx->join_shadow) {
+        ddp_result r = ddp__join_count(ctx, 1);
+        if (r != DDP_OK) return r;
+    }
     ctx->in_step = 1;
     ctx->step_start = ddp__now();
     memset(&ctx->stats, 0, sizeof ctx->stats);
@@ -4410,13 +4662,15 @@ static void ddp__begin_step(ddp_context *ctx) {
         ctx->buckets[i].pending = ctx->buckets[i].last_param - ctx->buckets[i].first_param + 1;
     ctx->next_launch = 0;
     ctx->be->begin_step(ctx);
+    return DDP_OK;
 }
 
 static ddp_result ddp__grad_ready(ddp_context *ctx, int id) {
     ddp__param *p;
+    ddp_result r;
     if (id < 0 || id >= ctx->num_params)
         return ddp__fail_group(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_grad_ready: no parameter has id %d", id);
-    ddp__begin_step(ctx);
+    if ((r = ddp__begin_step(ctx)) != DDP_OK) return r;
     p = &ctx->params[id];
     if (p->ready)
         return ddp__fail_group(ctx, DDP_ERR_DOUBLE_READY, "the gradient of '%s' was marked ready twice in "
@@ -4467,18 +4721,23 @@ static void ddp__end_step(ddp_context *ctx) {
     ctx->stats.step = ctx->tl_step;
     /* NCCL: a synchronizing step's times arrive later, from its events (be->stats) */
     if (!ctx->be->stats_later || !ctx->sync_enabled) ctx->last_stats = ctx->stats;
+    ddp__progress_step(ctx);
 }
 
 static ddp_result ddp__finish(ddp_context *ctx) {
-    ddp_result r = DDP_OK;
+    ddp_result r;
     double t_wait;
-    ddp__begin_step(ctx);
+    if ((r = ddp__begin_step(ctx)) != DDP_OK) return r;
     t_wait = ddp__now();
     ctx->stats.backward_ms = 1e3 * (t_wait - ctx->step_start);
     if (ctx->sync_enabled) {
         if ((r = ddp__handle_unused(ctx)) != DDP_OK) return r;
         if ((r = ddp__launch_ready(ctx)) != DDP_OK) return r;
         r = ctx->be->finish(ctx, t_wait);
+        /* uneven inputs, divided by the ranks with data: the buckets divided by the world size */
+        if (r == DDP_OK && ctx->desc.uneven_inputs == DDP_JOIN_DIVIDE_BY_ACTIVE && ctx->join_active > 0 &&
+            ctx->join_active < ctx->world)
+            r = ctx->be->scale(ctx, ctx->flat_grads, ctx->flat_count, (float)((double)ctx->world / ctx->join_active));
     }
     ddp__end_step(ctx);
     return r;
@@ -4552,7 +4811,7 @@ static ddp_result ddp__backward(ddp_context *ctx) {
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_backward: the tape is empty: nothing was recorded since the "
                          "last ddp_backward (called twice for one forward?); record each op's backward with "
                          "ddp_tape_record, or use ddp_grad_ready and ddp_finish");
-    ddp__begin_step(ctx);
+    if ((r = ddp__begin_step(ctx)) != DDP_OK) { ddp__tape_reset(ctx); return r; }
     if (ctx->tl_main && ctx->tape_len && ctx->forward_start)
         ddp__record(ctx, ctx->tl_main, DDP__EV_FORWARD, ctx->forward_start, ctx->step_start, -1, 0);
     for (i = ctx->tape_len - 1; i >= 0 && r == DDP_OK; i--) {
@@ -4643,6 +4902,61 @@ static ddp_result ddp__state_buffer(ddp_context *ctx, ddp_buffer which, size_t o
 }
 
 /* --------------------------------------------------------------------------------------------
+   >>join  Uneven inputs (PyTorch's Join). With desc.uneven_inputs every synchronizing step begins
+   with a tiny allreduce in which each rank says whether it has data (1) or has joined (0). A
+   rank out of data calls ddp_join, which answers every step of the others with a shadow step:
+   the same count, then every bucket in bucket order, its gradients zero (so the average is over
+   the initial world size, or, divided by the ranks with data, rescaled after ddp_finish). It
+   takes no AdamW steps of its own: once the count is zero (every rank has joined), the lowest
+   rank that had data in the last uneven step broadcasts its parameters and AdamW state to all,
+   so every replica ends bit-identical. A user collective made by a rank with data while another
+   has joined is refused on both sides as a mismatch (the message names the join).
+   -------------------------------------------------------------------------------------------- */
+/* The ranks with data's replicas to every rank: parameters, AdamW's moments and step count. */
+static ddp_result ddp__join_sync_replicas(ddp_context *ctx) {
+    size_t bytes = ctx->flat_count * sizeof(float);
+    int root = ctx->join_root;
+    ddp_result r;
+    if ((r = ctx->be->adamw_state(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
+    ctx->what = "ddp_join's broadcast of the parameters";
+    if ((r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, ctx->flat_params, bytes, root)) != DDP_OK) return r;
+    ctx->what = "ddp_join's broadcast of the AdamW state";
+    if ((r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, ctx->adam_m, bytes, root)) != DDP_OK) return r;
+    if ((r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, ctx->adam_v, bytes, root)) != DDP_OK) return r;
+    return ctx->be->collective(ctx, DDP__KIND_BROADCAST, &ctx->adam_step, sizeof ctx->adam_step, root);
+}
+
+static ddp_result ddp__join(ddp_context *ctx) {
+    ddp_result r = DDP_OK;
+    int i;
+    if (!ctx->desc.uneven_inputs)
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_join needs ddp_desc.uneven_inputs (DDP_JOIN_DIVIDE_BY_WORLD "
+                         "or DDP_JOIN_DIVIDE_BY_ACTIVE) on every rank");
+    if (ctx->in_step) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_join while a backward is in flight (call it between steps)");
+    if (!ctx->sync_enabled)
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_join with sync off (ddp_set_sync(ctx, 1) first: the last "
+                         "micro-step of an accumulation syncs)");
+    if (ctx->world == 1) return DDP_OK;
+    for (;;) {
+        if ((r = ddp__join_count(ctx, 0)) != DDP_OK) return r;
+        if (ctx->join_active == 0) break;
+        /* a shadow step: zero gradients, every bucket in order, the same finish */
+        if ((r = ctx->be->zero(ctx, ctx->flat_grads, ctx->flat_count)) != DDP_OK) return r;
+        for (i = 0; i < ctx->num_params; i++) ctx->params[i].touched = 0;
+        ddp__tape_reset(ctx);
+        ctx->join_shadow = 1;
+        for (i = 0; i < ctx->num_params && r == DDP_OK; i++) r = ddp__grad_ready(ctx, i);
+        if (r == DDP_OK) r = ddp__finish(ctx);
+        ctx->join_shadow = 0;
+        if (r != DDP_OK) return r;
+    }
+    if (ctx->join_uneven) r = ddp__join_sync_replicas(ctx);
+    ctx->join_uneven = 0;
+    ctx->join_active = 0;
+    return r;
+}
+
+/* --------------------------------------------------------------------------------------------
    >>public  The public functions: each checks its arguments and the context's state, then hands
    off to its section. A NULL context is refused with DDP_ERR_INVALID_ARGUMENT (accessors return
    the neutral value the manual lists), and the message goes to ddp_last_error(NULL), per thread.
@@ -4663,6 +4977,8 @@ static ddp_result ddp__no_context(ddp_result code, const char *call, const char 
 static ddp_result ddp__usable(ddp_context *ctx, int need_commit, const char *call) {
     if (!ctx) return ddp__no_context(DDP_ERR_INVALID_ARGUMENT, call, "the context is NULL");
     if (ddp__failed(ctx)) return ddp__failed(ctx);
+    if (ddp__cancel_requested(ctx) && ctx->be)
+        return ddp__check_cancel(ctx, call);
     if (need_commit && !ctx->committed)
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s needs ddp_commit first", call);
     return DDP_OK;
@@ -4684,6 +5000,7 @@ const char *ddp_result_string(ddp_result result) {
     case DDP_ERR_SYSTEM: return "operating-system call failed";
     case DDP_ERR_BACKEND: return "GPU backend failure";
     case DDP_ERR_NONFINITE: return "gradients are not finite";
+    case DDP_ERR_CANCELLED: return "cancelled";
     }
     return "unknown ddp_result";
 }
@@ -4850,6 +5167,41 @@ ddp_result ddp_broadcast(ddp_context *ctx, void *data, size_t bytes, int root) {
 ddp_result ddp_barrier(ddp_context *ctx) {
     ddp_result r = ddp__usable(ctx, 0, "ddp_barrier");
     return r != DDP_OK ? r : ddp__user_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0, "ddp_barrier");
+}
+
+ddp_result ddp_cancel(ddp_context *ctx) {
+    if (!ctx) return ddp__no_context(DDP_ERR_INVALID_ARGUMENT, "ddp_cancel", "the context is NULL");
+    __atomic_store_n(&ctx->cancel, 1, __ATOMIC_RELEASE);
+    return DDP_OK;
+}
+
+void ddp_cancel_token_set(ddp_cancel_token *token) {
+    if (token) __atomic_store_n(&token->cancelled, 1, __ATOMIC_RELEASE);
+}
+
+int ddp_cancel_token_is_set(const ddp_cancel_token *token) {
+    return token ? __atomic_load_n(&token->cancelled, __ATOMIC_ACQUIRE) : 0;
+}
+
+ddp_result ddp_progress_read(const ddp_context *ctx, ddp_progress *out) {
+    if (!ctx) {
+        if (out) memset(out, 0, sizeof *out);
+        return ddp__no_context(DDP_ERR_INVALID_ARGUMENT, "ddp_progress_read", "the context is NULL");
+    }
+    if (!out) return ddp__no_context(DDP_ERR_INVALID_ARGUMENT, "ddp_progress_read", "out is NULL");
+    ddp__progress_read(ctx, out);
+    return DDP_OK;
+}
+
+ddp_result ddp_report_loss(ddp_context *ctx, float loss) {
+    ddp_result r = ddp__usable(ctx, 0, "ddp_report_loss");
+    if (r == DDP_OK) ddp__report_loss(ctx, loss);
+    return r;
+}
+
+ddp_result ddp_join(ddp_context *ctx) {
+    ddp_result r = ddp__usable(ctx, 1, "ddp_join");
+    return r != DDP_OK ? r : ddp__join(ctx);
 }
 
 #ifdef __cplusplus
