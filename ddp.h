@@ -1934,7 +1934,7 @@ static ddp_result ddp__store_request(ddp_context *ctx, uint32_t op, const char *
 }
 
 static ddp_result ddp__store_set(ddp_context *ctx, const char *key, const void *val, size_t len) {
-    uint32_t status;
+    uint32_t status = 0;
     return ddp__store_request(ctx, DDP__OP_SET, key, val, (uint32_t)len, NULL, NULL, &status, 0);
 }
 
@@ -1969,9 +1969,9 @@ static ddp_result ddp__store_get(ddp_context *ctx, const char *key, double deadl
 }
 
 static ddp_result ddp__store_check(ddp_context *ctx, const char *key, int *exists) {
-    uint32_t status;
+    uint32_t status = 0;
     ddp_result r = ddp__store_request(ctx, DDP__OP_CHECK, key, NULL, 0, NULL, NULL, &status, 0);
-    *exists = status == DDP__REPLY_OK;
+    *exists = r == DDP_OK && status == DDP__REPLY_OK;
     return r;
 }
 
@@ -3432,7 +3432,7 @@ static void ddp__gpu_poison(ddp_context *ctx, ddp_result code) {
     int fd = from_watchdog ? g->watch_fd : ctx->store_fd;
     if (fd >= 0) {
         unsigned char *reply = NULL;
-        uint32_t len, status;
+        uint32_t len = 0, status = 0;
         char msg[DDP__ERR_MAX];
         pthread_mutex_lock(&ctx->err_lock);
         snprintf(msg, sizeof msg, "%s", ctx->err);
@@ -4260,7 +4260,7 @@ static ddp_result ddp__choose_backend(ddp_context *ctx) {
 static ddp_result ddp__rendezvous(ddp_context *ctx, double deadline) {
     char key[64], info[128], num[8];
     unsigned char *reply;
-    uint32_t len, status;
+    uint32_t len = 0, status = 0;
     int s, found;
     ddp_result r;
     if (!(ctx->peer_pids = (int *)ddp__calloc(sizeof(int) * (size_t)ctx->world)))
