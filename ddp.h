@@ -221,9 +221,16 @@
      joined ranks count as zeros) or by the ranks with data (DDP_JOIN_DIVIDE_BY_ACTIVE). A joined
      rank takes no AdamW steps; when the last rank joins, the lowest rank that still had data
      broadcasts its parameters and AdamW state (m, v, step) to every rank, so the replicas end
-     bit-identical, and ddp_join returns on every rank. While a rank has joined, the others may
-     not call user collectives (ddp_allreduce, ddp_broadcast, ddp_barrier): both sides fail with
-     an error that names ddp_join, instead of hanging.
+     bit-identical, and ddp_join returns on every rank (also when all join in the same step:
+     then nothing is broadcast, the replicas are equal already). Gradient accumulation: a rank
+     may call ddp_join with sync on or off, between micro-steps. Gradients it accumulated since
+     its last ddp_zero_grad or synchronizing step (micro-steps with sync off) go into the others'
+     next synchronizing step in place of its zeros, and it counts as a rank with data for that
+     step's divisor (PyTorch's Join sends zeros instead); from then on it sends zeros. If no
+     rank steps any more (all have joined), they are dropped: no one takes a step for them.
+     ddp_join leaves ddp_set_sync as it found it. While a rank has joined, the others may not
+     call user collectives (ddp_allreduce, ddp_broadcast, ddp_barrier): both sides fail with an
+     error that names ddp_join, instead of hanging.
 
    COMPILE-TIME OPTIONS
      DDP_IMPLEMENTATION   in one file: the implementation (include ddp.h before other headers,
@@ -486,9 +493,10 @@ typedef struct ddp_progress {
 } ddp_progress;
 ddp_result ddp_progress_read(const ddp_context *ctx, ddp_progress *out);   /* any thread, lock-free */
 ddp_result ddp_report_loss(ddp_context *ctx, float loss);                  /* this rank's; no communication */
-/* Uneven inputs (ddp_desc.uneven_inputs): a rank out of data calls ddp_join between steps and
-   answers the other ranks' steps with zero gradients until every rank has joined; then every
-   rank holds the parameters and AdamW state of the last ranks with data. */
+/* Uneven inputs (ddp_desc.uneven_inputs): a rank out of data calls ddp_join between steps (or
+   micro-steps: what it accumulated goes into the others' next step) and answers the other
+   ranks' steps with zero gradients until every rank has joined; then every rank holds the
+   parameters and AdamW state of the last ranks with data. */
 ddp_result ddp_join(ddp_context *ctx);
 
 #ifdef __cplusplus
@@ -757,6 +765,7 @@ struct ddp_context {
     int join_root;                 /* the lowest of them, in the last step some rank had joined */
     int join_uneven;               /* some step since the last ddp_join ran with joined ranks */
     int join_shadow;               /* ddp_join's shadow step: the count is taken already */
+    int join_pending;              /* micro-steps with sync off since the last zero_grad or sync */
 
     ddp__cpu *cpu;                 /* the CPU backend's state; NULL elsewhere */
     ddp__gpu *gpu;                 /* the NCCL backend's state; NULL elsewhere */
@@ -4628,21 +4637,27 @@ static ddp_result ddp__launch_ready(ddp_context *ctx) {
     return r;
 }
 
-/* Uneven inputs (>>join): every rank says whether it has data this step (a sum of one-hot
-   rows); the count and the lowest rank with data are kept for the step and for ddp_join. */
-static ddp_result ddp__join_count(ddp_context *ctx, int has_data) {
-    int s, n = 0, first = -1;
+/* Uneven inputs (>>join): every rank says what it brings to this step (a sum of one-hot rows):
+   1, a step of its own (data, and an AdamW step after); 2, only the gradients it accumulated
+   before it joined (no step); 0, zeros. The ranks that bring gradients (the divisor of
+   DIVIDE_BY_ACTIVE) and the lowest rank that steps are kept for the step and for ddp_join;
+   *stepping (may be NULL) gets how many ranks step. */
+static ddp_result ddp__join_count(ddp_context *ctx, int has_data, int *stepping) {
+    int s, n = 0, steps = 0, first = -1;
     ddp_result r;
     if (!ctx->join_mask && !(ctx->join_mask = (float *)ddp__calloc(sizeof(float) * (size_t)ctx->world)))
         return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the uneven-inputs count");
     for (s = 0; s < ctx->world; s++) ctx->join_mask[s] = 0;
-    ctx->join_mask[ctx->rank] = has_data ? 1.0f : 0.0f;
+    ctx->join_mask[ctx->rank] = (float)has_data;
     ctx->what = "the count of the ranks with data (uneven inputs)";
     if ((r = ctx->be->collective(ctx, DDP__KIND_JOIN, ctx->join_mask, (size_t)ctx->world, 0)) != DDP_OK) return r;
-    for (s = 0; s < ctx->world; s++)
-        if (ctx->join_mask[s] != 0) { n++; if (first < 0) first = s; }
+    for (s = 0; s < ctx->world; s++) {
+        if (ctx->join_mask[s] != 0) n++;
+        if (ctx->join_mask[s] == 1.0f) { steps++; if (first < 0) first = s; }
+    }
     ctx->join_active = n;
-    if (n > 0 && n < ctx->world) { ctx->join_uneven = 1; ctx->join_root = first; }
+    if (steps > 0 && steps < ctx->world) { ctx->join_uneven = 1; ctx->join_root = first; }
+    if (stepping) *stepping = steps;
     return DDP_OK;
 }
 
@@ -4652,7 +4667,7 @@ static ddp_result ddp__begin_step(ddp_context *ctx) {
     /* uneven inputs: a synchronizing step first counts the ranks with data (ddp_join's shadow
        step has counted already); nothing of this step is in flight yet */
     if (ctx->desc.uneven_inputs && ctx->world > 1 && ctx->sync_enabled && !ctx->join_shadow) {
-        ddp_result r = ddp__join_count(ctx, 1);
+        ddp_result r = ddp__join_count(ctx, 1, NULL);
         if (r != DDP_OK) return r;
     }
     ctx->in_step = 1;
@@ -4739,6 +4754,7 @@ static ddp_result ddp__finish(ddp_context *ctx) {
             ctx->join_active < ctx->world)
             r = ctx->be->scale(ctx, ctx->flat_grads, ctx->flat_count, (float)((double)ctx->world / ctx->join_active));
     }
+    ctx->join_pending = !ctx->sync_enabled;   /* a micro-step's gradients wait for the sync (>>join) */
     ddp__end_step(ctx);
     return r;
 }
@@ -4837,6 +4853,7 @@ static ddp_result ddp__zero_grad(ddp_context *ctx) {
     if (ctx->in_step) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_zero_grad while a backward is in flight");
     if ((r = ctx->be->zero(ctx, ctx->flat_grads, ctx->flat_count)) != DDP_OK) return r;
     for (i = 0; i < ctx->num_params; i++) ctx->params[i].touched = 0;
+    ctx->join_pending = 0;
     return DDP_OK;
 }
 
@@ -4906,11 +4923,19 @@ static ddp_result ddp__state_buffer(ddp_context *ctx, ddp_buffer which, size_t o
    with a tiny allreduce in which each rank says whether it has data (1) or has joined (0). A
    rank out of data calls ddp_join, which answers every step of the others with a shadow step:
    the same count, then every bucket in bucket order, its gradients zero (so the average is over
-   the initial world size, or, divided by the ranks with data, rescaled after ddp_finish). It
-   takes no AdamW steps of its own: once the count is zero (every rank has joined), the lowest
-   rank that had data in the last uneven step broadcasts its parameters and AdamW state to all,
-   so every replica ends bit-identical. A user collective made by a rank with data while another
-   has joined is refused on both sides as a mismatch (the message names the join).
+   the initial world size, or, divided by the ranks with data, rescaled after ddp_finish). A
+   rank that joins in the middle of an accumulation window (micro-steps with sync off since its
+   last zero_grad or synchronizing step) says 2 in its first count instead: its first shadow
+   step sends the gradients it accumulated instead of zeros, and it counts among the ranks with
+   data for that step's divisor, but takes no step. It takes no AdamW steps of its own: once no
+   rank steps (every rank has joined), the lowest rank that stepped in the last uneven step
+   broadcasts its parameters and AdamW state to all, so every replica ends bit-identical.
+   Nothing here depends on the backend's bucket path (the CPU backend's in-place buckets wait
+   until every peer has read a rank's buffer before the step ends, so the next shadow step may
+   zero it) or on reduce_dtype (a zero is a zero in bf16; the rescale of DIVIDE_BY_ACTIVE is the
+   same float multiply on every rank); with find_unused a shadow step marks every parameter
+   ready, so nothing of it is zero-filled twice. A user collective made by a rank with data
+   while another has joined is refused on both sides as a mismatch (the message names the join).
    -------------------------------------------------------------------------------------------- */
 /* The ranks with data's replicas to every rank: parameters, AdamW's moments and step count. */
 static ddp_result ddp__join_sync_replicas(ddp_context *ctx) {
@@ -4928,29 +4953,31 @@ static ddp_result ddp__join_sync_replicas(ddp_context *ctx) {
 
 static ddp_result ddp__join(ddp_context *ctx) {
     ddp_result r = DDP_OK;
-    int i;
+    int i, stepping, sync = ctx->sync_enabled, pending = ctx->join_pending;
     if (!ctx->desc.uneven_inputs)
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_join needs ddp_desc.uneven_inputs (DDP_JOIN_DIVIDE_BY_WORLD "
                          "or DDP_JOIN_DIVIDE_BY_ACTIVE) on every rank");
     if (ctx->in_step) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_join while a backward is in flight (call it between steps)");
-    if (!ctx->sync_enabled)
-        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_join with sync off (ddp_set_sync(ctx, 1) first: the last "
-                         "micro-step of an accumulation syncs)");
     if (ctx->world == 1) return DDP_OK;
+    ctx->sync_enabled = 1;   /* the shadow steps synchronize; the caller's setting comes back at the end */
     for (;;) {
-        if ((r = ddp__join_count(ctx, 0)) != DDP_OK) return r;
-        if (ctx->join_active == 0) break;
-        /* a shadow step: zero gradients, every bucket in order, the same finish */
-        if ((r = ctx->be->zero(ctx, ctx->flat_grads, ctx->flat_count)) != DDP_OK) return r;
+        /* 2: this rank's accumulated micro-steps go into the others' next step (the first one) */
+        if ((r = ddp__join_count(ctx, pending ? 2 : 0, &stepping)) != DDP_OK) break;
+        if (stepping == 0) break;   /* every rank has joined (gradients still pending are dropped: no one steps) */
+        /* a shadow step: zero gradients (or the pending ones, once), every bucket in order, the same finish */
+        if (!pending && (r = ctx->be->zero(ctx, ctx->flat_grads, ctx->flat_count)) != DDP_OK) break;
+        pending = 0;
         for (i = 0; i < ctx->num_params; i++) ctx->params[i].touched = 0;
         ddp__tape_reset(ctx);
         ctx->join_shadow = 1;
         for (i = 0; i < ctx->num_params && r == DDP_OK; i++) r = ddp__grad_ready(ctx, i);
         if (r == DDP_OK) r = ddp__finish(ctx);
         ctx->join_shadow = 0;
-        if (r != DDP_OK) return r;
+        if (r != DDP_OK) break;
     }
-    if (ctx->join_uneven) r = ddp__join_sync_replicas(ctx);
+    if (r == DDP_OK && ctx->join_uneven) r = ddp__join_sync_replicas(ctx);
+    ctx->sync_enabled = sync;
+    ctx->join_pending = 0;
     ctx->join_uneven = 0;
     ctx->join_active = 0;
     return r;

@@ -2,8 +2,11 @@
    cancels them: a cancel in every phase (rendezvous, forward, backward with buckets in flight,
    AdamW, a user collective, at random) returns DDP_ERR_CANCELLED on every rank well before the
    timeout and the contexts shut down cleanly; progress read from another thread while training
-   runs; a thread-rank that exits or is cancelled mid-backward; uneven inputs (ddp_join) against a
-   float64 reference of the same schedule, replicas bit-identical. */
+   runs; a thread-rank that exits or is cancelled mid-backward; uneven inputs (ddp_join): 3 ranks
+   with 3, 5 and 8 batches and other schedules, every rank joining in the same step, a join in the
+   middle of an accumulation window, bf16 buckets, find_unused; each ends with the same bits on
+   every rank, equal bit for bit to a 1-rank ddp.h run fed the buckets' arithmetic, and within
+   2e-5 (bf16: 1e-3) of a float64 reference of the chosen averaging. */
 #include "testlib.h"
 
 #define HOST_TIMEOUT_S 60.0    /* a cancel must end every wait long before this */
@@ -349,7 +352,6 @@ static void test_thread_rank_exits_mid_backward(void) {
 /* ---- uneven inputs ---- */
 #define JN 40                  /* parameters: w (JN floats) and b (1 float) */
 #define JB 4                   /* examples per batch */
-static int join_batches[3];
 
 /* Linear regression: loss = mean over the batch of 0.5 (w.x + b - y)^2; rank r's batch t. */
 static void join_example(int r, int t, int e, double *x, double *y) {
@@ -383,37 +385,76 @@ static void join_adamw(double *p, const double *g, double *m, double *v, int n, 
     }
 }
 
-typedef struct join_case { int world, mode; uint64_t hash[3]; float params[3][JN + 1]; ddp_result result[3]; char error[3][DDP__ERR_MAX]; } join_case;
+/* One uneven-inputs case: rank r has batches[r] micro-batches; every `accum` of them make one
+   synchronizing step (accum 1: no accumulation), the last ones of a rank that runs out in the
+   middle of a window are pending when it calls ddp_join (with sync off). */
+typedef struct join_case {
+    int world, mode, accum, bf16, find_unused, batches[3];
+    uint64_t hash[3];
+    float params[3][JN + 1], m[3][JN + 1], v[3][JN + 1];
+    int64_t step[3];
+    ddp_result result[3];
+    char error[3][DDP__ERR_MAX];
+} join_case;
+
+static ddp_desc join_desc(const test_rank *self, const join_case *jc) {
+    ddp_desc d = test_desc(self);
+    d.reduce_dtype = jc->bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
+    d.find_unused = jc->find_unused;
+    return d;
+}
+
+/* w, b, and with find_unused a parameter u that never gets a gradient */
+static ddp_result join_register(ddp_context *ctx, const join_case *jc, int *w, int *b) {
+    float init[JN];
+    int k, u;
+    for (k = 0; k < JN; k++) init[k] = 0.1f * test_value(5, (uint64_t)k);
+    ddp_register_param(ctx, "w", JN, 0, init, w);
+    ddp_register_param(ctx, "b", 1, 0, NULL, b);
+    if (jc->find_unused) ddp_register_param(ctx, "u", 8, 0, init, &u);
+    return ddp_commit(ctx);
+}
+
+static void join_read_state(ddp_context *ctx, int w, int b, float *params, float *m, float *v, int64_t *step) {
+    float *fm, *fv;
+    int64_t *st;
+    ddp_adamw_state(ctx, &fm, &fv, &st);
+    memcpy(params, ddp_param(ctx, w), JN * sizeof(float));
+    params[JN] = ddp_param(ctx, b)[0];
+    memcpy(m, fm + (ddp_param(ctx, w) - ddp_flat_params(ctx, NULL)), JN * sizeof(float));
+    m[JN] = fm[ddp_param(ctx, b) - ddp_flat_params(ctx, NULL)];
+    memcpy(v, fv + (ddp_param(ctx, w) - ddp_flat_params(ctx, NULL)), JN * sizeof(float));
+    v[JN] = fv[ddp_param(ctx, b) - ddp_flat_params(ctx, NULL)];
+    *step = *st;
+}
 
 static void join_rank(test_rank *self) {
     join_case *jc = (join_case *)((void **)self->shared)[1];
     ddp_context *ctx = NULL;
-    ddp_desc d = test_desc(self);
+    ddp_desc d = join_desc(self, jc);
     ddp_adamw opt;
-    float init[JN];
     int w, b, t, k, r = self->rank;
     ddp_result res = DDP_OK;
     memset(&opt, 0, sizeof opt);
     opt.lr = 0.01f;
     d.uneven_inputs = (ddp_join_mode)jc->mode;
-    for (k = 0; k < JN; k++) init[k] = 0.1f * test_value(5, (uint64_t)k);
     if ((res = ddp_init(&ctx, &d)) != DDP_OK) goto out;
-    ddp_register_param(ctx, "w", JN, 0, init, &w);
-    ddp_register_param(ctx, "b", 1, 0, NULL, &b);
-    if ((res = ddp_commit(ctx)) != DDP_OK) goto out;
-    for (t = 0; t < join_batches[r] && res == DDP_OK; t++) {
+    if ((res = join_register(ctx, jc, &w, &b)) != DDP_OK) goto out;
+    for (t = 0; t < jc->batches[r] && res == DDP_OK; t++) {
         double pw[JN], gw[JN], gb;
-        ddp_zero_grad(ctx);
+        int sync = t % jc->accum == jc->accum - 1;
+        if (t % jc->accum == 0) ddp_zero_grad(ctx);
+        ddp_set_sync(ctx, sync);
         for (k = 0; k < JN; k++) pw[k] = ddp_param(ctx, w)[k];
         join_grad(r, t, pw, ddp_param(ctx, b)[0], gw, &gb);
-        for (k = 0; k < JN; k++) ddp_grad(ctx, w)[k] = (float)gw[k];
-        ddp_grad(ctx, b)[0] = (float)gb;
+        for (k = 0; k < JN; k++) ddp_grad(ctx, w)[k] += (float)gw[k];
+        ddp_grad(ctx, b)[0] += (float)gb;
         if ((res = ddp_grad_ready(ctx, b)) != DDP_OK) break;
         if ((res = ddp_grad_ready(ctx, w)) != DDP_OK) break;
         if ((res = ddp_finish(ctx)) != DDP_OK) break;
-        res = ddp_adamw_step(ctx, &opt, NULL);
+        if (sync) res = ddp_adamw_step(ctx, &opt, NULL);
     }
-    if (res == DDP_OK) res = ddp_join(ctx);
+    if (res == DDP_OK) res = ddp_join(ctx);   /* sync off if the rank ran out mid-window */
     if (res == DDP_OK) {
         float *m, *v;
         int64_t *step;
@@ -422,8 +463,7 @@ static void join_rank(test_rank *self) {
         ddp_adamw_state(ctx, &m, &v, &step);
         jc->hash[r] = test_hash(flat, n * sizeof(float)) ^ 3 * test_hash(m, n * sizeof(float)) ^
                       7 * test_hash(v, n * sizeof(float)) ^ (uint64_t)*step;
-        memcpy(jc->params[r], ddp_param(ctx, w), JN * sizeof(float));
-        jc->params[r][JN] = ddp_param(ctx, b)[0];
+        join_read_state(ctx, w, b, jc->params[r], jc->m[r], jc->v[r], &jc->step[r]);
     }
 out:
     jc->result[r] = res;
@@ -431,47 +471,111 @@ out:
     ddp_shutdown(ctx);
 }
 
-static void test_join(int world, int mode) {
+/* The references. (a) A real 1-rank ddp.h run (the same AdamW code) whose gradient at each
+   synchronizing step is what the ranks' buckets compute, written out here in float: every
+   rank's accumulated float gradient (zeros for a rank that has joined), added in rank order,
+   divided by the world size (bf16: each rounded to bf16 first, the quotient rounded again), then
+   for DIVIDE_BY_ACTIVE multiplied by world / (ranks that brought gradients). It must match bit
+   for bit: parameters, m, v and step. (b) float64 of the same schedule, the averaging exactly
+   as the mode says ((sum of the gradients of the ranks with data) / world or / active): within
+   2e-5 (fp32 buckets) or 1e-3 (bf16 buckets). A step runs only if some rank completes its
+   window; a rank's partial window goes into that step. */
+static void join_reference(join_case *jc, float *ref_p, float *ref_m, float *ref_v, int64_t *ref_step, double *p64) {
+    test_rank self;
+    ddp_context *ctx = NULL;
+    ddp_desc d;
+    ddp_adamw opt;
+    double m64[JN + 1], v64[JN + 1];
+    int w, b, s, r, t, k, world = jc->world, K = jc->accum, t64 = 0;
+    memset(&self, 0, sizeof self);
+    self.world = 1;
+    self.port = test_free_port();
+    d = join_desc(&self, jc);
+    memset(&opt, 0, sizeof opt);
+    opt.lr = 0.01f;
+    if (ddp_init(&ctx, &d) != DDP_OK || join_register(ctx, jc, &w, &b) != DDP_OK) {
+        fprintf(stderr, "join reference: %s\n", ddp_last_error(ctx));
+        ddp_shutdown(ctx);
+        return;
+    }
+    for (k = 0; k < JN; k++) p64[k] = (double)(0.1f * test_value(5, (uint64_t)k));
+    p64[JN] = 0;
+    memset(m64, 0, sizeof m64); memset(v64, 0, sizeof v64);
+    for (s = 0;; s++) {
+        float acc[3][JN + 1], g[JN + 1];
+        double g64[JN + 1];
+        int stepping = 0, active = 0;
+        for (r = 0; r < world; r++) stepping += jc->batches[r] >= s * K + K;
+        if (!stepping) break;
+        memset(acc, 0, sizeof acc);
+        memset(g64, 0, sizeof g64);
+        for (r = 0; r < world; r++) {
+            double pw[JN], gw[JN], gb;
+            active += jc->batches[r] > s * K;
+            for (t = s * K; t < s * K + K && t < jc->batches[r]; t++) {
+                for (k = 0; k < JN; k++) pw[k] = ddp_param(ctx, w)[k];
+                join_grad(r, t, pw, ddp_param(ctx, b)[0], gw, &gb);
+                for (k = 0; k < JN; k++) acc[r][k] += (float)gw[k];
+                acc[r][JN] += (float)gb;
+                join_grad(r, t, p64, p64[JN], gw, &gb);
+                for (k = 0; k < JN; k++) g64[k] += gw[k];
+                g64[JN] += gb;
+            }
+        }
+        for (k = 0; k <= JN; k++) {
+            float sum = 0;
+            for (r = 0; r < world; r++) {
+                float x = jc->bf16 ? ddp__from_bf16(ddp__to_bf16(acc[r][k])) : acc[r][k];
+                sum = r == 0 ? x : sum + x;
+            }
+            g[k] = jc->bf16 ? ddp__from_bf16(ddp__to_bf16(sum / (float)world)) : sum / (float)world;
+            if (jc->mode == DDP_JOIN_DIVIDE_BY_ACTIVE && active < world) g[k] *= (float)((double)world / active);
+            g64[k] /= jc->mode == DDP_JOIN_DIVIDE_BY_ACTIVE ? active : world;
+        }
+        ddp_zero_grad(ctx);
+        memcpy(ddp_grad(ctx, w), g, JN * sizeof(float));
+        ddp_grad(ctx, b)[0] = g[JN];
+        ddp_grad_ready(ctx, b);
+        ddp_grad_ready(ctx, w);
+        if (ddp_finish(ctx) != DDP_OK || ddp_adamw_step(ctx, &opt, NULL) != DDP_OK)
+            fprintf(stderr, "join reference: %s\n", ddp_last_error(ctx));
+        join_adamw(p64, g64, m64, v64, JN + 1, ++t64, 0.01);
+    }
+    join_read_state(ctx, w, b, ref_p, ref_m, ref_v, ref_step);
+    ddp_shutdown(ctx);
+}
+
+static void test_join_case(const char *label, int world, int mode, int accum, int bf16, int find_unused,
+                           int b0, int b1, int b2) {
     static join_case jc;
     test_rank ranks[3];
     void *shared[2] = { (void *)join_rank, &jc };
-    double p[JN + 1], m[JN + 1], v[JN + 1], worst = 0;
-    int r, t, k, steps = 0, ok = 1, same = 1;
-    char name[96];
+    float ref_p[JN + 1], ref_m[JN + 1], ref_v[JN + 1];
+    int64_t ref_step = -1;
+    double p64[JN + 1], worst = 0, bound = bf16 ? 1e-3 : 2e-5;
+    int r, k, ok = 1, same = 1, bitwise;
+    char name[128];
     memset(&jc, 0, sizeof jc);
-    jc.world = world; jc.mode = mode;
-    join_batches[0] = 6; join_batches[1] = world == 3 ? 6 : 2; join_batches[2] = 3;   /* the last rank runs out first */
+    jc.world = world; jc.mode = mode; jc.accum = accum; jc.bf16 = bf16; jc.find_unused = find_unused;
+    jc.batches[0] = b0; jc.batches[1] = b1; jc.batches[2] = b2;
     test_run_ranks(world, shared, ranks);
-    /* the reference: float64, the same schedule */
-    for (k = 0; k < JN; k++) p[k] = (double)(0.1f * test_value(5, (uint64_t)k));
-    p[JN] = 0;
-    memset(m, 0, sizeof m); memset(v, 0, sizeof v);
-    for (r = 0; r < world; r++) if (join_batches[r] > steps) steps = join_batches[r];
-    for (t = 0; t < steps; t++) {
-        double g[JN + 1], gw[JN], gb;
-        int active = 0;
-        memset(g, 0, sizeof g);
-        for (r = 0; r < world; r++) {
-            if (t >= join_batches[r]) continue;
-            active++;
-            join_grad(r, t, p, p[JN], gw, &gb);
-            for (k = 0; k < JN; k++) g[k] += gw[k];
-            g[JN] += gb;
-        }
-        for (k = 0; k <= JN; k++) g[k] /= mode == DDP_JOIN_DIVIDE_BY_ACTIVE ? active : world;
-        join_adamw(p, g, m, v, JN + 1, t + 1, 0.01);
-    }
+    join_reference(&jc, ref_p, ref_m, ref_v, &ref_step, p64);
     for (r = 0; r < world; r++) {
         ok &= jc.result[r] == DDP_OK;
         same &= jc.hash[r] == jc.hash[0] && !memcmp(jc.params[r], jc.params[0], sizeof jc.params[0]);
     }
-    for (k = 0; k <= JN; k++) if (fabs(jc.params[0][k] - p[k]) > worst) worst = fabs(jc.params[0][k] - p[k]);
-    snprintf(name, sizeof name, "host_join_%d_ranks_divide_by_%s", world, mode == DDP_JOIN_DIVIDE_BY_ACTIVE ? "active" : "world");
-    verdict(ok && worst < 2e-5, name, "results %s / %s / %s (%s); largest difference from the float64 reference %g",
+    bitwise = !memcmp(jc.params[0], ref_p, sizeof ref_p) && !memcmp(jc.m[0], ref_m, sizeof ref_m) &&
+              !memcmp(jc.v[0], ref_v, sizeof ref_v) && jc.step[0] == ref_step;
+    for (k = 0; k <= JN; k++) if (fabs(jc.params[0][k] - p64[k]) > worst) worst = fabs(jc.params[0][k] - p64[k]);
+    snprintf(name, sizeof name, "host_join_%s_divide_by_%s", label, mode == DDP_JOIN_DIVIDE_BY_ACTIVE ? "active" : "world");
+    verdict(ok && worst < bound, name, "results %s / %s / %s (%s); largest difference from the float64 reference %g (bound %g)",
             ddp_result_string(jc.result[0]), ddp_result_string(jc.result[1]), ddp_result_string(jc.result[world - 1]),
-            jc.error[0], worst);
-    snprintf(name, sizeof name, "host_join_%d_ranks_divide_by_%s_replicas_identical", world, mode == DDP_JOIN_DIVIDE_BY_ACTIVE ? "active" : "world");
+            jc.error[0], worst, bound);
+    snprintf(name, sizeof name, "host_join_%s_divide_by_%s_replicas_identical", label, mode == DDP_JOIN_DIVIDE_BY_ACTIVE ? "active" : "world");
     verdict(ok && same, name, "parameters or AdamW state differ between ranks after ddp_join");
+    snprintf(name, sizeof name, "host_join_%s_divide_by_%s_equals_1_rank_bitwise", label, mode == DDP_JOIN_DIVIDE_BY_ACTIVE ? "active" : "world");
+    verdict(ok && bitwise, name, "parameters, m, v or step differ from the 1-rank ddp.h run (step %lld vs %lld; p[0] %.9g vs %.9g)",
+            (long long)jc.step[0], (long long)ref_step, jc.params[0][0], ref_p[0]);
 }
 
 /* A user collective while a rank has joined: refused on both sides, naming the join. */
@@ -508,9 +612,23 @@ int main(void) {
     run_cancel_case(PH_BACKWARD, 3);
     test_progress();
     test_thread_rank_exits_mid_backward();
-    test_join(3, DDP_JOIN_DIVIDE_BY_WORLD);
-    test_join(3, DDP_JOIN_DIVIDE_BY_ACTIVE);
-    test_join(2, DDP_JOIN_DIVIDE_BY_WORLD);
+    /* the case: 3 ranks with 3, 5 and 8 batches */
+    test_join_case("3_ranks_3_5_8", 3, DDP_JOIN_DIVIDE_BY_WORLD, 1, 0, 0, 3, 5, 8);
+    test_join_case("3_ranks_3_5_8", 3, DDP_JOIN_DIVIDE_BY_ACTIVE, 1, 0, 0, 3, 5, 8);
+    test_join_case("3_ranks_6_6_3", 3, DDP_JOIN_DIVIDE_BY_ACTIVE, 1, 0, 0, 6, 6, 3);
+    test_join_case("2_ranks_6_2", 2, DDP_JOIN_DIVIDE_BY_WORLD, 1, 0, 0, 6, 2, 0);
+    /* every rank joins in the same step: at once, and after an uneven stretch */
+    test_join_case("3_ranks_all_at_once_4_4_4", 3, DDP_JOIN_DIVIDE_BY_WORLD, 1, 0, 0, 4, 4, 4);
+    test_join_case("3_ranks_two_at_once_2_5_5", 3, DDP_JOIN_DIVIDE_BY_ACTIVE, 1, 0, 0, 2, 5, 5);
+    /* accumulation windows of 3: ranks run out after 2 and 1 micro-steps of a window */
+    test_join_case("3_ranks_accum3_5_7_9", 3, DDP_JOIN_DIVIDE_BY_WORLD, 3, 0, 0, 5, 7, 9);
+    test_join_case("3_ranks_accum3_5_7_9", 3, DDP_JOIN_DIVIDE_BY_ACTIVE, 3, 0, 0, 5, 7, 9);
+    /* a partial window when every other rank has joined: no one steps, it is dropped */
+    test_join_case("3_ranks_accum3_dropped_4_3_3", 3, DDP_JOIN_DIVIDE_BY_ACTIVE, 3, 0, 0, 4, 3, 3);
+    /* bf16 buckets (the staged path), find_unused */
+    test_join_case("3_ranks_3_5_8_bf16", 3, DDP_JOIN_DIVIDE_BY_ACTIVE, 1, 1, 0, 3, 5, 8);
+    test_join_case("3_ranks_accum2_4_5_8_bf16", 3, DDP_JOIN_DIVIDE_BY_WORLD, 2, 1, 0, 4, 5, 8);
+    test_join_case("3_ranks_accum2_3_5_8_find_unused", 3, DDP_JOIN_DIVIDE_BY_ACTIVE, 2, 0, 1, 3, 5, 8);
     test_join_refuses_collectives();
     return test_summary("test_host");
 }
