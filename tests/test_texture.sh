@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_texture.sh — examples/engine/texture.c: 2 thread-ranks train briefly and exit 0, the PNGs
 # are valid (every chunk's CRC, the zlib stream's Adler-32, the size), the PSNR passes a bar
-# (measured 26.0 dB at 32x32 after 600 steps; the bar leaves margin), a time limit cancels a
+# (measured 25.0 dB at 32x32 after 600 steps of global batch 128; the bar leaves margin), a time limit cancels a
 # run that has no step count and it still ends with its result, and the C++ build agrees.
 # Usage: tests/test_texture.sh [BUILD_DIR]
 set -u
@@ -35,12 +35,12 @@ check() {   # name, then the condition's command
     if "$@"; then echo "PASS $name"; else echo "FAIL $name"; fail=1; fi
 }
 
-if ! "$B/texture" --ranks 2 --size 32 --steps 600 --seconds 0 --preview-every 200 --out "$dir" >"$dir/log" 2>&1; then
+if ! "$B/texture" --ranks 2 --size 32 --steps 600 --batch 128 --seconds 0 --preview-every 200 --out "$dir" >"$dir/log" 2>&1; then
     echo "FAIL texture_trains: exited with status $?"; tail -n 5 "$dir/log"; exit 1
 fi
 psnr=$(sed -n 's/^PSNR \([0-9.]*\) dB$/\1/p' "$dir/log")
 echo "texture: PSNR ${psnr:-none} dB after 600 steps"
-check texture_psnr_above_22_db awk -v p="${psnr:-0}" 'BEGIN { exit !(p > 22) }'
+check texture_psnr_above_21_db awk -v p="${psnr:-0}" 'BEGIN { exit !(p > 21) }'
 check texture_previews_every_200_steps test "$(grep -c 'preview written' "$dir/log")" -eq 3
 check texture_allocator_counted_and_all_freed grep -q ', 0 live at the end' "$dir/log"
 ok=1
@@ -52,12 +52,12 @@ check texture_pngs_valid_crc_adler_size test "$ok" = 1
 check texture_time_limit_cancels_exits_0 test $? -eq 0
 check texture_time_limit_says_cancelled grep -q 'training cancelled' "$dir/log2"
 
-# The C++ build trains too (g++ may fuse multiply-adds that gcc -std=c99 does not: the same
-# bar, not the same bits).
+# The C++ build trains too, briefly (g++ may fuse multiply-adds that gcc -std=c99 does not:
+# a bar, not the same bits; measured 17.7 dB after 300 steps of batch 64, the C build 18.6).
 if [ -x "$B/texture_cxx" ]; then
-    "$B/texture_cxx" --ranks 2 --size 32 --steps 600 --seconds 0 --preview-every 200 --out "$dir" >"$dir/log3" 2>&1
+    "$B/texture_cxx" --ranks 2 --size 32 --steps 300 --batch 64 --seconds 0 --preview-every 100 --out "$dir" >"$dir/log3" 2>&1
     check texture_cxx_build_exits_0 test $? -eq 0
     psnr_cxx=$(sed -n 's/^PSNR \([0-9.]*\) dB$/\1/p' "$dir/log3")
-    check texture_cxx_build_psnr_above_22_db awk -v p="${psnr_cxx:-0}" 'BEGIN { exit !(p > 22) }'
+    check texture_cxx_build_psnr_above_14_db awk -v p="${psnr_cxx:-0}" 'BEGIN { exit !(p > 14) }'
 fi
 exit $fail
