@@ -41,6 +41,7 @@ run "minimal example, 2 ranks" "$B/ddprun" -n 2 "$B/minimal"
 run "embedding: NULL contexts, messages, thread-ranks, host copies" "$B/test_embed"
 run "host program: cancel in every phase, progress, thread-ranks exiting mid-backward, uneven inputs (ddp_join)" "$B/test_host"
 run "engine example: ranks as threads, progress, cancel, join" sh -c '"$1" && "$1" --batches 60 --cancel-after 0 && echo PASS engine_example_cancels_and_joins' sh "$B/engine"
+run "neural texture example: thread-ranks, previews, PNGs, PSNR, time-limit cancel" tests/test_texture.sh "$B"
 run "include order" tests/test_include_order.sh
 run "make run and make help" tests/test_make.sh
 for n in 1 2 4; do run "tiny GPT vs PyTorch, N ranks vs 1, $n rank(s)" "$B/ddprun" -n "$n" "$B/test_gpt"; done
