@@ -68,8 +68,8 @@
                       the launcher's       is refused at the rendezvous (see JOB IDENTITY)
      shutdown_timeout_s  1                 after a failure, the longest ddp_shutdown lingers so
                                            peers still reading rank 0's store get the verdict;
-                                           it stops as soon as they go quiet (a hung peer is not
-                                           waited for)
+                                           it stops as soon as every peer has hung up (a hung
+                                           peer costs at most this)
      log, log_user, log_level              logger callback (default: stderr), threshold
                                            (default DDP_LOG_WARN, or $DDP_LOG=debug|info|warn|
                                            error|off)
@@ -1466,7 +1466,6 @@ struct ddp__store_server {
     ddp__conn *conns;
     int num_conns, max_conns;
     int lost_rank;                 /* -1, or the first rank whose connection dropped */
-    int64_t last_request_us;       /* when a request was last served (atomic; the linger reads it) */
     unsigned turned_away[3], unlogged;   /* per ddp__store_warn kind; not logged since the last count */
     double count_logged_at;
 };
@@ -1632,7 +1631,6 @@ static int ddp__serve_request(ddp__store_server *s, ddp__conn *c) {
     memcpy(key, c->body, c->klen);
     key[c->klen] = 0;
     if (!c->authed) return ddp__serve_handshake(s, c, c->body, val);
-    __atomic_store_n(&s->last_request_us, (int64_t)(ddp__now() * 1e6), __ATOMIC_RELEASE);
     switch (c->op) {
     case DDP__OP_SET:
         if (ddp__kv_set(s, key, val, c->vlen)) return -1;
@@ -1854,19 +1852,16 @@ static ddp_result ddp__server_start(ddp_context *ctx) {
     return DDP_OK;
 }
 
-/* After a failure the other ranks may still be reading the store to reach the same verdict:
-   linger while they make requests, at most shutdown_timeout_s. Peers that have gone quiet (they
-   have their verdict, or hang) are not waited for; a NCCL watchdog asks every 0.1 s. */
-#define DDP__STORE_QUIET_S 0.25
+/* After a failure the other ranks may still be reading the store to reach the same verdict. */
 static void ddp__server_stop(ddp_context *ctx) {
     ddp__store_server *s = ctx->server;
-    double start = ddp__now(), until = start + ctx->desc.shutdown_timeout_s;
+    double until = ddp__now() + ctx->desc.shutdown_timeout_s;
     if (!s) return;
-    while (ddp__failed(ctx) && __atomic_load_n(&s->num_conns, __ATOMIC_ACQUIRE) > 0 && ddp__now() < until) {
-        double last = 1e-6 * (double)__atomic_load_n(&s->last_request_us, __ATOMIC_ACQUIRE);
-        if (ddp__now() - (last > start ? last : start) >= DDP__STORE_QUIET_S) break;
+    /* After a failure, stay until every peer has hung up (each got its verdict, or died), at most
+       shutdown_timeout_s: a peer descheduled for a moment between two requests must still find
+       the store, and a hung one costs no more than the cap. */
+    while (ddp__failed(ctx) && __atomic_load_n(&s->num_conns, __ATOMIC_ACQUIRE) > 0 && ddp__now() < until)
         usleep(10000);
-    }
     __atomic_store_n(&s->stop, 1, __ATOMIC_RELEASE);
     if (write(s->wake_pipe[1], "x", 1) < 0) { /* the 50 ms poll wakes it anyway */ }
     pthread_join(s->thread, NULL);
