@@ -546,6 +546,7 @@ int main(void) {
 #else
     run_larger = getenv("GPT_TEST_LARGER") != NULL;   /* the naive host sgemm needs minutes for it */
 #endif
+    test_blas_threads();
     gpt_blas_init(1);
     make_text();
     test_cuda_reference();
