@@ -107,7 +107,8 @@
      and divides by sqrt(v)/sqrt(1 - beta2^t) + eps in float; over 40 steps the two differ by
      up to ~100 ulp. ddp_adamw_state gives m, v and the step count (for checkpoints);
      ddp_copy_to_host / ddp_copy_from_host copy any flat buffer to and from host memory on
-     every backend.
+     every backend; ddp_gather_to_host / ddp_scatter_from_host (collective) move a range between
+     the ranks that hold it and one rank's host memory.
 
    BACKENDS (one table each: THE IMPLEMENTATION below)
      single  one rank, no launcher: no network, no shared memory, no thread
@@ -468,6 +469,12 @@ ddp_result ddp_adamw_state(ddp_context *ctx, float **m, float **v, int64_t **ste
 typedef enum ddp_buffer { DDP_PARAMS = 0, DDP_GRADS, DDP_ADAM_M, DDP_ADAM_V } ddp_buffer;
 ddp_result ddp_copy_to_host(ddp_context *ctx, ddp_buffer which, size_t offset, float *dst, size_t count);
 ddp_result ddp_copy_from_host(ddp_context *ctx, ddp_buffer which, size_t offset, const float *src, size_t count);
+/* The same for checkpoints of a sharded state (ddp_desc.shard_optimizer): collective calls, made
+   alike on every rank. Gather: root's dst receives the range from whichever rank holds it (dst
+   may be NULL elsewhere). Scatter: root's src goes to every rank that holds part of the range
+   (src may be NULL elsewhere). Unsharded, a gather sends nothing (root copies its own). */
+ddp_result ddp_gather_to_host(ddp_context *ctx, ddp_buffer which, size_t offset, float *dst, size_t count, int root);
+ddp_result ddp_scatter_from_host(ddp_context *ctx, ddp_buffer which, size_t offset, const float *src, size_t count, int root);
 
 /* Collectives on user buffers, between steps (not while a backward is in flight). */
 ddp_result ddp_allreduce(ddp_context *ctx, float *data, size_t count, ddp_op op);
@@ -4913,6 +4920,44 @@ static ddp_result ddp__state_buffer(ddp_context *ctx, ddp_buffer which, size_t o
     return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: unknown buffer %d", call, (int)which);
 }
 
+/* The state to and from one rank's host memory, for checkpoints: collective calls, alike on
+   every rank. Gather: root's dst receives [offset, offset + count) of `which` from whichever rank
+   holds it. Scatter: root's src goes to every rank that holds part of the range. Without a
+   sharded optimizer every rank holds everything: a gather is root's own copy (nothing is
+   sent), a scatter a broadcast in chunks through a bounce buffer (root's src is only read). */
+#define DDP__SCATTER_CHUNK ((size_t)1 << 20)   /* floats per broadcast: 4 MiB of bounce buffer */
+
+static ddp_result ddp__gather_to_host(ddp_context *ctx, ddp_buffer which, size_t offset, float *dst, size_t count, int root) {
+    float *flat = NULL;
+    ddp_result r = ddp__state_buffer(ctx, which, offset, ctx->rank == root ? (const void *)dst : (const void *)ctx, count,
+                                     "ddp_gather_to_host", &flat);
+    if (r != DDP_OK || ctx->rank != root || !count) return r;
+    return ctx->be->copy(ctx, dst, flat + offset, count * sizeof(float), 1);
+}
+
+static ddp_result ddp__scatter_from_host(ddp_context *ctx, ddp_buffer which, size_t offset, const float *src, size_t count, int root) {
+    float *flat = NULL, *bounce;
+    size_t done, n;
+    ddp_result r = ddp__state_buffer(ctx, which, offset, ctx, count, "ddp_scatter_from_host", &flat);
+    if (r != DDP_OK || !count) return r;
+    if (ctx->rank == root && !src)   /* the peers wait in the broadcast: stop them too */
+        return ddp__fail_group(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_scatter_from_host: the root's source is NULL (%zu floats)", count);
+    if (ctx->world == 1) return ctx->be->copy(ctx, flat + offset, src, count * sizeof(float), 0);
+    bounce = (float *)DDP_MALLOC((count < DDP__SCATTER_CHUNK ? count : DDP__SCATTER_CHUNK) * sizeof(float));
+    if (!bounce)   /* the peers are in the broadcast already: they must hear of it */
+        return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "ddp_scatter_from_host: no memory for a bounce buffer of %zu floats",
+                               count < DDP__SCATTER_CHUNK ? count : DDP__SCATTER_CHUNK);
+    ctx->what = "ddp_scatter_from_host's broadcast";
+    for (done = 0; done < count && r == DDP_OK; done += n) {
+        n = count - done < DDP__SCATTER_CHUNK ? count - done : DDP__SCATTER_CHUNK;
+        if (ctx->rank == root) memcpy(bounce, src + done, n * sizeof(float));
+        r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, bounce, n * sizeof(float), root);
+        if (r == DDP_OK) r = ctx->be->copy(ctx, flat + offset + done, bounce, n * sizeof(float), 0);
+    }
+    DDP_FREE(bounce);
+    return r;
+}
+
 /* --------------------------------------------------------------------------------------------
    >>join  Uneven inputs (PyTorch's Join). With desc.uneven_inputs every synchronizing step begins
    with a tiny allreduce in which each rank says whether it has data (1) or has joined (0). A
@@ -5172,6 +5217,24 @@ ddp_result ddp_copy_from_host(ddp_context *ctx, ddp_buffer which, size_t offset,
     float *flat = NULL;
     if (r != DDP_OK || (r = ddp__state_buffer(ctx, which, offset, src, count, "ddp_copy_from_host", &flat)) != DDP_OK) return r;
     return count ? ctx->be->copy(ctx, flat + offset, src, count * sizeof(float), 0) : DDP_OK;
+}
+
+static ddp_result ddp__check_root(ddp_context *ctx, int root, const char *call) {
+    if (root < 0 || root >= ctx->world)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: root %d is not a rank (world size %d)", call, root, ctx->world);
+    return DDP_OK;
+}
+
+ddp_result ddp_gather_to_host(ddp_context *ctx, ddp_buffer which, size_t offset, float *dst, size_t count, int root) {
+    ddp_result r = ddp__usable(ctx, 1, "ddp_gather_to_host");
+    if (r == DDP_OK) r = ddp__check_root(ctx, root, "ddp_gather_to_host");
+    return r != DDP_OK ? r : ddp__gather_to_host(ctx, which, offset, dst, count, root);
+}
+
+ddp_result ddp_scatter_from_host(ddp_context *ctx, ddp_buffer which, size_t offset, const float *src, size_t count, int root) {
+    ddp_result r = ddp__usable(ctx, 1, "ddp_scatter_from_host");
+    if (r == DDP_OK) r = ddp__check_root(ctx, root, "ddp_scatter_from_host");
+    return r != DDP_OK ? r : ddp__scatter_from_host(ctx, which, offset, src, count, root);
 }
 
 ddp_result ddp_allreduce(ddp_context *ctx, float *data, size_t count, ddp_op op) {

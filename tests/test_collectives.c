@@ -132,6 +132,43 @@ static void check_gradient_buckets(void) {
     }
 }
 
+/* ddp_scatter_from_host / ddp_gather_to_host: the committed state from one rank's host memory
+   to every rank and back, from every root, for parameters and AdamW's m; bad input named. */
+static void check_state_scatter_gather(void) {
+    char name[96];
+    size_t total, i, bad = 0, off, n;
+    float *src, *back;
+    int root, w;
+    ddp_buffer which;
+    ddp_flat_params(ddp, &total);
+    src = (float *)malloc(total * sizeof(float));
+    back = (float *)malloc(total * sizeof(float));
+    for (root = 0; root < world; root++)
+        for (w = 0; w < 2; w++) {
+            which = w ? DDP_ADAM_M : DDP_PARAMS;
+            for (i = 0; i < total; i++) src[i] = test_value((uint64_t)(root * 7 + w + 1000), i);
+            off = (size_t)root * 3 + 1;                 /* a range that starts and ends inside parameters */
+            n = total - off - 5;
+            bad = ddp_scatter_from_host(ddp, which, off, rank == root ? src + off : NULL, n, root) != DDP_OK;
+            memset(back, 0, total * sizeof(float));
+            if (!bad) bad = ddp_copy_to_host(ddp, which, off, back + off, n) != DDP_OK;
+            for (i = off; i < off + n && !bad; i++) bad = back[i] != src[i];
+            snprintf(name, sizeof name, "scatter_from_host_%s_root%d_ranks%d", w ? "m" : "params", root, world);
+            verdict(!failures_everywhere(bad != 0), name, "some rank does not hold root's values: %s", ddp_last_error(ddp));
+            memset(back, 0, total * sizeof(float));
+            bad = ddp_gather_to_host(ddp, which, off, rank == root ? back : NULL, n, root) != DDP_OK;
+            for (i = 0; rank == root && i < n && !bad; i++) bad = back[i] != src[off + i];
+            snprintf(name, sizeof name, "gather_to_host_%s_root%d_ranks%d", w ? "m" : "params", root, world);
+            verdict(!failures_everywhere(bad != 0), name, "root's copy differs: %s", ddp_last_error(ddp));
+        }
+    bad = ddp_gather_to_host(ddp, DDP_PARAMS, 0, back, 1, world) != DDP_ERR_INVALID_ARGUMENT || !strstr(ddp_last_error(ddp), "root");
+    bad |= ddp_scatter_from_host(ddp, DDP_PARAMS, total, src, 1, 0) != DDP_ERR_INVALID_ARGUMENT || !strstr(ddp_last_error(ddp), "outside");
+    snprintf(name, sizeof name, "scatter_gather_bad_input_named_ranks%d", world);
+    verdict(!failures_everywhere(bad != 0), name, "a bad root or range was not refused by name: %s", ddp_last_error(ddp));
+    free(src);
+    free(back);
+}
+
 int main(void) {
     static const size_t sizes[] = { 1, 2, 3, 7, 16, 17, 1000, 4097, 65535, 65536, 65537, 196613,
                                     (1u << 20) + 3, 10u * (1u << 20) + 1 };
@@ -154,6 +191,7 @@ int main(void) {
         for (root = 0; root < world; root++) check_broadcast(bcast_sizes[i], root);
     check_barrier();
     check_gradient_buckets();
+    check_state_scatter_gather();
     if (ddp_shutdown(ddp) != DDP_OK) { printf("FAIL shutdown_ranks%d\n", world); test_failures++; }
     return test_summary("test_collectives");
 }
