@@ -5547,8 +5547,8 @@ static int ddp__ckpt_verify(ddp_context *ctx, const char *path, size_t user_capa
     }
     *stored = ddp__get_le(b, 8);
     if (*stored != f.hash) {
-        ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is corrupt (checksum mismatch: it holds %016llx, "
-                         "its bytes give %016llx)", path, (unsigned long long)*stored, (unsigned long long)f.hash);
+        ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is corrupt (checksum mismatch): it holds %016llx, "
+                         "its bytes give %016llx", path, (unsigned long long)*stored, (unsigned long long)f.hash);
         goto fail;
     }
     if (st->user_bytes > user_capacity) {

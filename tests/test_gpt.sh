@@ -79,7 +79,7 @@ done
 out=$(train --steps 8 --dim 64 --resume "$tmp/ck1" 2>&1); rc=$?
 if [ $rc -ne 0 ] && grep -q "holds a model with --layers 2 --heads 2 --dim 32" <<<"$out"; then pass gpt_resume_refuses_other_model
 else fail gpt_resume_refuses_other_model "rc $rc: $(tail -n 2 <<<"$out")"; fi
-cp "$tmp/ck1" "$tmp/bad"; printf '\x55' | dd of="$tmp/bad" bs=1 seek=200 conv=notrunc 2>/dev/null
+cp "$tmp/ck1" "$tmp/bad"; printf '\x55' | dd of="$tmp/bad" bs=1 seek=$(( $(stat -c %s "$tmp/ck1") / 2 )) conv=notrunc 2>/dev/null
 out=$(train --steps 8 --resume "$tmp/bad" 2>&1); rc=$?
 if [ $rc -ne 0 ] && grep -q "corrupt (checksum mismatch)" <<<"$out"; then pass gpt_resume_refuses_corrupt_checkpoint
 else fail gpt_resume_refuses_corrupt_checkpoint "rc $rc: $(tail -n 2 <<<"$out")"; fi
@@ -89,15 +89,18 @@ if [ $rc -ne 0 ] && grep -q "is truncated" <<<"$out"; then pass gpt_resume_refus
 else fail gpt_resume_refuses_truncated_checkpoint "rc $rc: $(tail -n 2 <<<"$out")"; fi
 ls "$tmp"/ck1.tmp.* >/dev/null 2>&1 && fail gpt_checkpoint_no_temp_left "a temp file was left" || pass gpt_checkpoint_no_temp_left
 
-# reseal SRC DST STEP [SEED]: a copy of a checkpoint with the header's step (int64 at byte 32) and
-# seed (uint64 at byte 56) changed and the FNV-1a checksum (the last 8 bytes) made valid again:
-# what only the loader's own checks can refuse.
+# reseal SRC DST STEP [SEED]: a copy of a checkpoint with train_gpt's step and seed changed (its
+# run_state, the 56-byte user blob before ddp.h's checksum: step an int64 at byte 32 of it, seed a
+# uint64 at 40) and the FNV-1a checksum (the last 8 bytes) made valid again: what only the
+# loader's own checks can refuse.
 reseal() {
     python3 - "$@" <<'PY'
 import struct, sys
 b = bytearray(open(sys.argv[1], 'rb').read())
-struct.pack_into('<q', b, 32, int(sys.argv[3]))
-if len(sys.argv) > 4: struct.pack_into('<Q', b, 56, int(sys.argv[4]))
+blob = len(b) - 8 - 56
+assert b[blob:blob + 8] == b'GPTRUN01'
+struct.pack_into('<q', b, blob + 32, int(sys.argv[3]))
+if len(sys.argv) > 4: struct.pack_into('<Q', b, blob + 40, int(sys.argv[4]))
 h = 1469598103934665603
 for x in memoryview(b)[:-8]: h = ((h ^ x) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
 struct.pack_into('<Q', b, len(b) - 8, h)
