@@ -5068,7 +5068,9 @@ static ddp_result ddp__join(ddp_context *ctx) {
 #define DDP__CKPT_MAGIC "DDP-CKPT"
 #define DDP__CKPT_VERSION 1u
 #define DDP__CKPT_FIXED 56u                 /* bytes before the shard table */
+#ifndef DDP__CKPT_CHUNK                     /* tests make it small, to stream in many chunks */
 #define DDP__CKPT_CHUNK ((size_t)1 << 20)   /* floats per gather / scatter: 4 MiB on rank 0 */
+#endif
 #define DDP__FNV_INIT 1469598103934665603ull
 
 /* The optimizer's sharding as a checkpoint records it (information only: the data is stored
