@@ -6,7 +6,7 @@
    batch N*B — only faster.
 
    CONTENTS
-     QUICK START · ONE STEP, AS DATA FLOWS · OPTIONS · ADAMW · BACKENDS · ENVIRONMENT · ERRORS ·
+     QUICK START · ONE STEP, AS DATA FLOWS · OPTIONS · ADAMW · CHECKPOINTS · BACKENDS · ENVIRONMENT · ERRORS ·
      NULL, LIFETIME AND THREADS · EMBEDDING: CANCEL, PROGRESS, UNEVEN INPUTS · COMPILE-TIME OPTIONS ·
      THE IMPLEMENTATION, SECTION BY SECTION
 
@@ -109,6 +109,33 @@
      ddp_copy_to_host / ddp_copy_from_host copy any flat buffer to and from host memory on
      every backend; ddp_gather_to_host / ddp_scatter_from_host (collective) move a range between
      the ranks that hold it and one rank's host memory.
+
+   CHECKPOINTS (ddp_save, ddp_load, ddp_save_check; collective: every rank calls them alike)
+       int holds;
+       ddp_save_check(ddp, path, &holds);        // before training: a bad path fails now
+       if (holds) ddp_load(ddp, path, &mine, sizeof mine, my_check, &args, &info);
+       ... ddp_save(ddp, path, &mine, sizeof mine);   // parameters, m, v, step + your blob
+     What is saved: the parameters, AdamW's m, v and step, and an opaque user blob (rank 0's:
+     the program's config, data position, RNG). Rank 0 writes one file: every rank's part of the
+     state streams to it through ddp_gather_to_host in chunks of 4 MiB (no host copy of the
+     model anywhere), so one file serves every world size and every sharding of the optimizer,
+     and only rank 0's file system needs it (a file per rank plus an index would need a commit
+     across files; one rename commits one). The stored world size and sharding are information
+     (ddp_checkpoint_info), not constraints. Writing: PATH.tmp.<pid>.<64 random bits> created
+     with O_CREAT|O_EXCL|O_NOFOLLOW, fsync, rename onto PATH (a symlink at PATH is replaced,
+     its target untouched), fsync of the directory; a killed writer leaves only its temporary,
+     and the next save sweeps those of dead writers (this user's, plain files). Reading, on rank
+     0: a FIFO, directory or device is refused at once (never blocked on); then magic, version,
+     header (world size, sharding and shard layout, the parameters' names, sizes and flags)
+     against the file's length (nothing after the checksum), the checksum (FNV-1a over every
+     byte), the caller's check of the user blob (ddp_checkpoint_check_fn, e.g. "another seed"),
+     the parameters against this model by name; every integer at its stored width. Only then a
+     second pass scatters the state to every rank (ddp_scatter_from_host), checksumming again: a
+     refused file leaves the state untouched and the context usable; a file that changes during
+     the load fails the group. Rank 0's refusal is every rank's error ("rank 0 could not load
+     the checkpoint 'P': why"), so no rank waits for ever. Identical across world sizes: after
+     ddp_load on M ranks every rank holds the saved bits, and M ranks continue exactly as M
+     ranks handed that state in memory (tests/test_checkpoint.c). Format: >>checkpoint.
 
    BACKENDS (one table each: THE IMPLEMENTATION below)
      single  one rank, no launcher: no network, no shared memory, no thread
@@ -240,6 +267,9 @@
      DDP_CUDA             the NCCL backend (nvcc defines it); with a C compiler, link cudart and
                           nccl and compile ddp_kernels.cuh once with DDP_KERNELS_IMPLEMENTATION
      DDP_MALLOC(size), DDP_FREE(ptr), DDP_ASSERT(cond)   allocator and assert hooks
+     DDP_TEST_KILL_POINTS tests only: DDP_TEST_KILL_AT=POINT:RANK, and DDP_TEST_DIE_IN_CHECKPOINT=S
+                          (rank 0 SIGKILLed inside ddp_save of AdamW step S, parameters written,
+                          m and v not) kill a rank inside the library
 
    THE IMPLEMENTATION, SECTION BY SECTION (bottom-up; grep the marker, e.g. ">>cpu")
      >>types        tunables; parameters, buckets, tape ops, shared-segment blocks; ddp__cpu; the
@@ -265,6 +295,8 @@
      >>adamw        hyperparameters resolved and checked, handed to the backend
      >>collectives  user collectives, host copies of the state
      >>join         uneven inputs: ddp_join's shadow steps, the replicas synced at the end
+     >>checkpoint   ddp_save / ddp_load: the file format, the atomic write, the strict two-pass
+                    read, rank 0's verdict broadcast to every rank
      >>public       every public function: checks its arguments and the context, hands off
      The backend table (ddp__backend in >>types) is the only way generic code reaches a
      backend: setup, alloc_flat, commit, begin_step, launch, finish, zero, scale, adamw,
