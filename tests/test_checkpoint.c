@@ -361,6 +361,17 @@ static void phase_errors(const char *dir) {
         check_all(rr != DDP_OK && strstr(ddp_last_error(ddp), "holds a user blob of 24 bytes; the caller's buffer takes 8") != NULL,
                   "ckpt_user_blob_larger_than_buffer_refused", "%s", ddp_last_error(ddp));
     }
+    {   /* bad arguments: named, on the calling rank, nothing collective started */
+        int h = 7;
+        int ok = ddp_save(NULL, ck, NULL, 0) == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(NULL), "ddp_save: the context is NULL") &&
+                 ddp_load(NULL, ck, NULL, 0, NULL, NULL, NULL) == DDP_ERR_INVALID_ARGUMENT &&
+                 ddp_save_check(NULL, ck, &h) == DDP_ERR_INVALID_ARGUMENT && h == 0 &&
+                 ddp_save(ddp, NULL, NULL, 0) == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(ddp), "ddp_save: no path") &&
+                 ddp_save(ddp, ck, NULL, 5) == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(ddp), "NULL user blob of 5 bytes") &&
+                 ddp_load(ddp, "", NULL, 0, NULL, NULL, NULL) == DDP_ERR_INVALID_ARGUMENT &&
+                 ddp_load(ddp, ck, NULL, 4, NULL, NULL, NULL) == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(ddp), "NULL user buffer");
+        check_all(ok, "ckpt_bad_arguments_named", "last: %s", ddp_last_error(ddp));
+    }
     /* saving: a destination that cannot be written fails on every rank, by name */
     path_in(p, sizeof p, dir, "no-such-dir/ck");
     r = ddp_save_check(ddp, p, &holds);
