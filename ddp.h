@@ -127,9 +127,9 @@
      and the next save sweeps those of dead writers (this user's, plain files). Reading, on rank
      0: a FIFO, directory or device is refused at once (never blocked on); then magic, version,
      header (world size, sharding and shard layout, the parameters' names, sizes and flags)
-     against the file's length (nothing after the checksum), the checksum (FNV-1a over every
-     byte), the caller's check of the user blob (ddp_checkpoint_check_fn, e.g. "another seed"),
-     the parameters against this model by name; every integer at its stored width. Only then a
+     against the file's length (nothing after the checksum), the checksum over every byte, the
+     caller's check of the user blob (ddp_checkpoint_check_fn, e.g. "another seed"), the
+     parameters against this model by name; every integer at its stored width. Only then a
      second pass scatters the state to every rank (ddp_scatter_from_host), checksumming again: a
      refused file leaves the state untouched and the context usable; a file that changes during
      the load fails the group. Rank 0's refusal is every rank's error ("rank 0 could not load
@@ -5087,7 +5087,8 @@ static ddp_result ddp__join(ddp_context *ctx) {
      "DDP-CKPT" u32 version u32 world u32 sharded u32 num_params i64 step u64 floats u64 user_bytes
      u32 num_shards u32 0 | num_shards x u64 first float of each shard | num_params x (u32 name
      length, name, u64 count, u32 flags) | parameters, then m, then v, each parameter's floats in
-     registration order (no padding) | the user blob | u64 FNV-1a of every byte before it.
+     registration order (no padding) | the user blob | u64 checksum of every byte before it
+     (ddp__sum_add: FNV-1a's step on 64-bit words in four lanes, then FNV-1a of lanes and tail).
    Writing: a temporary PATH.tmp.<pid>.<random> (O_CREAT|O_EXCL|O_NOFOLLOW), fsync, rename,
    fsync of the directory; temporaries of writers that died are swept first. Reading: the kind
    of file (a FIFO is refused, not waited on), the header against the file's length, the
@@ -5116,6 +5117,7 @@ static uint64_t ddp__fnv1a(const void *data, size_t n, uint64_t h) {
     for (i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
     return h;
 }
+
 static void ddp__put_le(unsigned char *b, uint64_t x, int bytes) {
     int i;
     for (i = 0; i < bytes; i++) b[i] = (unsigned char)(x >> (8 * i));
@@ -5125,6 +5127,58 @@ static uint64_t ddp__get_le(const unsigned char *b, int bytes) {
     int i;
     for (i = bytes - 1; i >= 0; i--) x = (x << 8) | b[i];
     return x;
+}
+
+/* The checksum: FNV-1a's step on 64-bit little-endian words, four independent lanes (lane k
+   takes word k of every 32-byte block), then FNV-1a over the four lanes, the bytes of the last
+   partial block and the length. Any change to one word changes its lane (each step is a
+   bijection), like FNV-1a on bytes, at ~15x its speed (a checkpoint is read twice). */
+typedef struct ddp__ckpt_sum { uint64_t lane[4], total; unsigned char tail[32]; size_t ntail; } ddp__ckpt_sum;
+static void ddp__sum_init(ddp__ckpt_sum *s) {
+    int k;
+    memset(s, 0, sizeof *s);
+    for (k = 0; k < 4; k++) s->lane[k] = DDP__FNV_INIT + (uint64_t)k;
+}
+static uint64_t ddp__le64(const unsigned char *p) {
+    uint64_t x;
+    memcpy(&x, p, 8);
+#if defined(__BYTE_ORDER__) && defined(__ORDER_BIG_ENDIAN__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    x = __builtin_bswap64(x);
+#endif
+    return x;
+}
+static void ddp__sum_blocks(ddp__ckpt_sum *s, const unsigned char *p, size_t blocks) {
+    uint64_t l0 = s->lane[0], l1 = s->lane[1], l2 = s->lane[2], l3 = s->lane[3];
+    size_t i;
+    for (i = 0; i < blocks; i++, p += 32) {
+        l0 = (l0 ^ ddp__le64(p)) * 1099511628211ull;
+        l1 = (l1 ^ ddp__le64(p + 8)) * 1099511628211ull;
+        l2 = (l2 ^ ddp__le64(p + 16)) * 1099511628211ull;
+        l3 = (l3 ^ ddp__le64(p + 24)) * 1099511628211ull;
+    }
+    s->lane[0] = l0; s->lane[1] = l1; s->lane[2] = l2; s->lane[3] = l3;
+}
+static void ddp__sum_add(ddp__ckpt_sum *s, const void *data, size_t n) {
+    const unsigned char *p = (const unsigned char *)data;
+    s->total += n;
+    if (s->ntail) {
+        size_t take = 32 - s->ntail < n ? 32 - s->ntail : n;
+        memcpy(s->tail + s->ntail, p, take);
+        s->ntail += take; p += take; n -= take;
+        if (s->ntail < 32) return;
+        ddp__sum_blocks(s, s->tail, 1);
+        s->ntail = 0;
+    }
+    ddp__sum_blocks(s, p, n / 32);
+    memcpy(s->tail, p + n / 32 * 32, n % 32);
+    s->ntail = n % 32;
+}
+static uint64_t ddp__sum_value(const ddp__ckpt_sum *s) {
+    unsigned char b[40];
+    int k;
+    for (k = 0; k < 4; k++) ddp__put_le(b + 8 * k, s->lane[k], 8);
+    ddp__put_le(b + 32, s->total, 8);
+    return ddp__fnv1a(b + 32, 8, ddp__fnv1a(s->tail, s->ntail, ddp__fnv1a(b, 32, DDP__FNV_INIT)));
 }
 
 /* What rank 0 tells every rank: its verdict (code, message) and what the file holds. */
@@ -5239,13 +5293,14 @@ static int ddp__ckpt_sync_dir(const char *path) {
 
 typedef struct ddp__ckpt_file {
     int fd, err;        /* err: errno of the first failure (later writes are skipped) */
-    uint64_t pos, size, hash;
+    uint64_t pos, size;
+    ddp__ckpt_sum sum;
 } ddp__ckpt_file;
 
 static void ddp__ckpt_write(ddp__ckpt_file *f, const void *data, size_t n, int hashed) {
     const char *p = (const char *)data;
     if (f->err) return;
-    if (hashed) f->hash = ddp__fnv1a(data, n, f->hash);
+    if (hashed) ddp__sum_add(&f->sum, data, n);
     while (n > 0) {
         ssize_t w = write(f->fd, p, n);
         if (w < 0 && errno == EINTR) continue;
@@ -5270,7 +5325,7 @@ static int ddp__ckpt_read(ddp__ckpt_file *f, void *data, size_t n, int hashed) {
         left -= (size_t)got;
         f->pos += (uint64_t)got;
     }
-    if (hashed) f->hash = ddp__fnv1a(data, n, f->hash);
+    if (hashed) ddp__sum_add(&f->sum, data, n);
     return 1;
 }
 
@@ -5354,7 +5409,7 @@ static ddp_result ddp__save(ddp_context *ctx, const char *path, const void *user
     memset(&st, 0, sizeof st);
     memset(&f, 0, sizeof f);
     f.fd = -1;
-    f.hash = DDP__FNV_INIT;
+    ddp__sum_init(&f.sum);
     tmp[0] = 0;
     if (ctx->rank == 0) {
         hdr = ddp__ckpt_header(ctx, user_bytes, &hdr_len);
@@ -5378,7 +5433,7 @@ static ddp_result ddp__save(ddp_context *ctx, const char *path, const void *user
     }
     if (r == DDP_OK && ctx->rank == 0) {
         if (user_bytes) ddp__ckpt_write(&f, user, user_bytes, 1);
-        ddp__put_le(sum, f.hash, 8);
+        ddp__put_le(sum, ddp__sum_value(&f.sum), 8);
         ddp__ckpt_write(&f, sum, 8, 0);
         if (!f.err && fsync(f.fd) != 0) f.err = errno;
         if (close(f.fd) != 0 && !f.err) f.err = errno;
@@ -5451,7 +5506,7 @@ static int ddp__ckpt_verify(ddp_context *ctx, const char *path, size_t user_capa
     uint32_t nparams, version, world, sharded;
     float *buf = NULL;
     memset(&f, 0, sizeof f);
-    f.hash = DDP__FNV_INIT;
+    ddp__sum_init(&f.sum);
     mismatch[0] = 0;
     *blob = NULL;
     f.fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);   /* O_NONBLOCK: a FIFO must not block the open */
@@ -5580,9 +5635,9 @@ static int ddp__ckpt_verify(ddp_context *ctx, const char *path, size_t user_capa
         goto fail;
     }
     *stored = ddp__get_le(b, 8);
-    if (*stored != f.hash) {
+    if (*stored != ddp__sum_value(&f.sum)) {
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is corrupt (checksum mismatch): it holds %016llx, "
-                         "its bytes give %016llx", path, (unsigned long long)*stored, (unsigned long long)f.hash);
+                         "its bytes give %016llx", path, (unsigned long long)*stored, (unsigned long long)ddp__sum_value(&f.sum));
         goto fail;
     }
     if (st->user_bytes > user_capacity) {
@@ -5659,7 +5714,7 @@ static ddp_result ddp__load(ddp_context *ctx, const char *path, void *user, size
         uint64_t at, floats = 0;
         int i;
         for (i = 0; i < ctx->num_params; i++) floats += ctx->params[i].count;
-        f.hash = DDP__FNV_INIT;
+        ddp__sum_init(&f.sum);
         f.size = data_at + 12 * floats + st.user_bytes;   /* the length the first pass checked, less the checksum */
         for (at = 0; at < data_at;) {
             size_t n = data_at - at < sizeof hb ? (size_t)(data_at - at) : sizeof hb;
@@ -5675,8 +5730,8 @@ static ddp_result ddp__load(ddp_context *ctx, const char *path, void *user, size
         if (r != DDP_OK) goto out;
     }
     if (ctx->rank == 0) {
-        if (st.user_bytes) f.hash = ddp__fnv1a(blob, (size_t)st.user_bytes, f.hash);
-        if (f.err || f.hash != stored)
+        if (st.user_bytes) ddp__sum_add(&f.sum, blob, (size_t)st.user_bytes);
+        if (f.err || ddp__sum_value(&f.sum) != stored)
             ddp__ckpt_refuse(&st, DDP_ERR_SYSTEM, "the checkpoint '%s' changed while it was loaded (%s); the parameters and "
                              "AdamW state are partly overwritten", path, f.err ? strerror(f.err) : "its second reading has "
                              "another checksum");

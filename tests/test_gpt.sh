@@ -101,8 +101,15 @@ blob = len(b) - 8 - 56
 assert b[blob:blob + 8] == b'GPTRUN01'
 struct.pack_into('<q', b, blob + 32, int(sys.argv[3]))
 if len(sys.argv) > 4: struct.pack_into('<Q', b, blob + 40, int(sys.argv[4]))
+# ddp.h's checksum (>>checkpoint): FNV-1a's step on little-endian 64-bit words in four lanes
+# (lane k: word k of each 32-byte block), then FNV-1a over the lanes, the partial block, the length
+P, M, d = 1099511628211, (1 << 64) - 1, bytes(b[:-8])
+lanes = [1469598103934665603 + k for k in range(4)]
+words = struct.unpack_from('<%dQ' % (len(d) // 32 * 4), d)
+for i in range(0, len(words), 4):
+    for k in range(4): lanes[k] = ((lanes[k] ^ words[i + k]) * P) & M
 h = 1469598103934665603
-for x in memoryview(b)[:-8]: h = ((h ^ x) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+for x in struct.pack('<4Q', *lanes) + d[len(d) // 32 * 32:] + struct.pack('<Q', len(d)): h = ((h ^ x) * P) & M
 struct.pack_into('<Q', b, len(b) - 8, h)
 open(sys.argv[2], 'wb').write(b)
 PY
