@@ -53,6 +53,7 @@ static void die(const char *what) {
 
 static int setup(const size_t *sz) {
     ddp_desc desc;
+    float *init[3];
     int i, id;
     memset(&desc, 0, sizeof desc);
     desc.log_level = DDP_LOG_OFF;
@@ -62,15 +63,15 @@ static int setup(const size_t *sz) {
     if (ddp_init(&ddp, &desc) != DDP_OK) { printf("FAIL init: %s\n", ddp_last_error(ddp)); exit(1); }
     rank = ddp_rank(ddp);
     world = ddp_world_size(ddp);
-    for (i = 0, total = 0; i < 3; i++) {
-        float *init = (float *)malloc(sz[i] * sizeof(float));
+    for (i = 0, total = 0; i < 3; i++) {   /* the initial values are read at commit: kept until then */
         size_t k;
-        for (k = 0; k < sz[i]; k++) init[k] = 0.5f * test_value(100 + i, k);
-        if (ddp_register_param(ddp, names[i], sz[i], i == 1 ? DDP_NO_DECAY : 0, init, &id) != DDP_OK) die("register");
-        free(init);
+        init[i] = (float *)malloc(sz[i] * sizeof(float));
+        for (k = 0; k < sz[i]; k++) init[i][k] = 0.5f * test_value(100 + i, k);
+        if (ddp_register_param(ddp, names[i], sz[i], i == 1 ? DDP_NO_DECAY : 0, init[i], &id) != DDP_OK) die("register");
         total += sz[i];
     }
     if (ddp_commit(ddp) != DDP_OK) die("commit");
+    for (i = 0; i < 3; i++) free(init[i]);
     return 0;
 }
 
