@@ -16,6 +16,7 @@
 #                                                          are started by hand)
 #   mpi   mpirun -n N build/mpi_allreduce                  (built here with mpicc; default
 #                                                          Open MPI settings)
+#   grads build/ddprun -n N build/bench_allreduce --grads  (gradient buckets in place)
 #   gloo  /usr/bin/python3 bench/gloo_allreduce.py -n N    (torch.distributed, gloo, 1 thread)
 # keeps, per implementation, setting and size, the fastest of the repeats (the same rule for all),
 # and prints a table per rank count and setting: each busbw beside the shared-memory bound (the
@@ -131,22 +132,25 @@ MPI_FLAGS=""
 
 free_port() { "$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null || echo $((20000 + RANDOM % 20000)); }
 
-run_ddp() { # N
+run_ddp() { # N [--grads]
     local n=$1 r pids="" rc=0 port
+    shift
     if [ -n "$DDPRUN" ]; then
-        timeout -k 5 "$RUN_LIMIT_S" "$DDPRUN" -n "$n" "$BUILD/bench_allreduce" --sizes "$SIZES" --target-s "$TARGET_S"
+        timeout -k 5 "$RUN_LIMIT_S" "$DDPRUN" -n "$n" "$BUILD/bench_allreduce" --sizes "$SIZES" --target-s "$TARGET_S" "$@"
         return
     fi
     port=$(free_port)
     for ((r = 0; r < n; r++)); do
         RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
             DDP_JOB_TOKEN="compare-$$-$port" timeout -k 5 "$RUN_LIMIT_S" \
-            "$BUILD/bench_allreduce" --sizes "$SIZES" --target-s "$TARGET_S" &
+            "$BUILD/bench_allreduce" --sizes "$SIZES" --target-s "$TARGET_S" "$@" &
         pids="$pids $!"
     done
     for r in $pids; do wait "$r" || rc=$?; done
     return $rc
 }
+
+run_grads() { run_ddp "$1" --grads; }   # gradient buckets, in place (impl=ddp-grads)
 
 run_mpi() { # N
     local n=$1 extra=""
@@ -174,9 +178,9 @@ for ((rep = 1; rep <= REPEAT; rep++)); do
     fi
     for n in $RANKS; do
         for setting in $SETTINGS; do
-            for impl in ddp mpi gloo; do
+            for impl in ddp grads mpi gloo; do
                 case $impl in
-                ddp) [ $HAVE_DDP = 1 ] || continue ;;
+                ddp|grads) [ $HAVE_DDP = 1 ] || continue ;;
                 mpi) [ $HAVE_MPI = 1 ] || continue ;;
                 gloo) [ $HAVE_GLOO = 1 ] || continue ;;
                 esac
@@ -225,9 +229,9 @@ table() { # N SETTING
     END {
         if (nb == 0) { print "(no results)"; exit }
 
-        n = want + 0; c = n < ncpu ? n : ncpu; copies = (5 - 2 / n) / 2
-        print "| size | copy GB/s | bound busbw | ddp busbw | mpi busbw | gloo busbw | ddp/bound | mpi/bound | gloo/bound | ddp/mpi | targets |"
-        print "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---|"
+        n = want + 0; c = n < ncpu ? n : ncpu; copies = (5 - 2 / n) / 2; gcopies = (3 - 1 / n) / 2
+        print "| size | copy GB/s | bound busbw | ddp busbw | mpi busbw | gloo busbw | ddp/bound | mpi/bound | gloo/bound | ddp/mpi | grads bound | grads busbw | grads/bound | targets |"
+        print "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---|"
         for (i = 1; i <= nb; i++) {
             b = order[i]
             d = ("ddp" SUBSEP b) in best ? bw["ddp" SUBSEP b] : ""
@@ -236,13 +240,16 @@ table() { # N SETTING
             cp = (b in copy) ? sprintf("%.1f", copy[b]) : ""
             # t_bound = copies * b * n / (c * copy bytes/s); busbw = b / t * 2(n-1)/n
             bd = (!(104857600 in copy) || n < 2) ? "" : sprintf("%.2f", copy[104857600] * c / (copies * n) * 2 * (n - 1) / n)
+            gr = ("ddp-grads" SUBSEP b) in best ? bw["ddp-grads" SUBSEP b] : ""
+            gbd = bd == "" ? "" : sprintf("%.2f", bd * copies / gcopies)
             rm = ratio(d, m); tgt = ""
             if (b >= 262144 && b <= 268435456 && bd != "")
-                tgt = (d != "" && d / bd >= 0.7) ? "bound met (≥0.7)" : "bound MISSED (≥0.7)"
+                tgt = ((d != "" && d / bd >= 0.7) ? "bound met (≥0.7)" : "bound MISSED (≥0.7)") \
+                      ((gr != "" && gr / gbd >= 0.7) ? ", grads met" : ", grads MISSED")
             if (b >= 1048576 && rm != "—")
                 tgt = tgt (tgt == "" ? "" : ", ") ((rm >= 1.5) ? "mpi met (≥1.5×)" : "mpi MISSED (≥1.5×)")
-            printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", label(b), cell(cp), cell(bd), cell(d), cell(m), cell(g),
-                ratio(d, bd), ratio(m, bd), ratio(g, bd), rm, tgt
+            printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", label(b), cell(cp), cell(bd), cell(d), cell(m), cell(g),
+                ratio(d, bd), ratio(m, bd), ratio(g, bd), rm, cell(gbd), cell(gr), ratio(gr, gbd), tgt
         }
     }' "$RAW"
 }
@@ -274,7 +281,7 @@ SECTION="$TMP/section"
     else
         echo "- torch: not available (gloo skipped)"
     fi
-    echo "- Method (identical for all three): float32 SUM allreduce in place on a user buffer; per size one exact correctness check, a calibration/warm-up, then iterations for ~${TARGET_S} s after a barrier; time_us = slowest rank's elapsed time / iterations; busbw = bytes / time × 2(n−1)/n in GB/s (1e9). copy GB/s = the best single-core memcpy of that size (build/copy_bw; small sizes copy within the cache); bound busbw = the busbw of a shared-memory allreduce that moves (5 − 2/N)/2 copies of the buffer per rank at the memory copy bandwidth (memcpy of 100 MiB) (ranks beyond the CPUs share them); x/bound = busbw / bound. Targets: ddp ≥ 0.7 of the bound from 256 KiB to 256 MiB; ddp ≥ 1.5× mpi from 1 MiB, with the same malloc setting."
+    echo "- Method (identical for all three): float32 SUM allreduce in place on a user buffer; per size one exact correctness check, a calibration/warm-up, then iterations for ~${TARGET_S} s after a barrier; time_us = slowest rank's elapsed time / iterations; busbw = bytes / time × 2(n−1)/n in GB/s (1e9). copy GB/s = the best single-core memcpy of that size (build/copy_bw; small sizes copy within the cache); bound busbw = the busbw of a shared-memory allreduce that moves (5 − 2/N)/2 copies of the buffer per rank at the memory copy bandwidth (memcpy of 100 MiB) (ranks beyond the CPUs share them); x/bound = busbw / bound. grads = gradient buckets averaged in place through the shared gradient segment (bench_allreduce --grads: one parameter, one bucket, ddp_grad_ready + ddp_finish per iteration), whose bound is (3 − 1/N)/2 copies (no staging in). Targets: ddp ≥ 0.7 of the bound from 256 KiB to 256 MiB; ddp ≥ 1.5× mpi from 1 MiB, with the same malloc setting."
     if [ -s "$NOTES" ]; then sed 's/^/- /' "$NOTES"; fi
     echo "- Memory copy bandwidth (100 MiB), pass by pass (the host's state: it switches between a slow and a fast phase every few minutes, so only columns of one run compare):${COPY_PASSES:- not measured} GB/s; load average after the run: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)"
     for n in $RANKS; do
