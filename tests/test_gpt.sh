@@ -39,6 +39,28 @@ a=$(hash_of "$tmp/inplace.log"); c=$(hash_of "$tmp/staged.log")
 if [ -n "$a" ] && [ "$a" = "$c" ]; then pass "$name"; echo "  (params fnv1a $a, both)"
 else fail "$name" "in place $a, staged $c: $(tail -n 2 "$tmp/staged.log")"; fi
 
+# --- dropout: the masks follow the step and the global batch position, so a resumed run draws
+#     what a straight run draws; it changes the training; a probability out of range is refused ---
+name="gpt_dropout_resume_bitwise_${N}ranks"
+train --steps 6 --dropout 0.2 >"$tmp/drop.log" 2>&1
+train --steps 6 --dropout 0.2 --stop-at 3 --save "$tmp/ckdrop" >"$tmp/drop1.log" 2>&1
+train --steps 6 --dropout 0.2 --resume "$tmp/ckdrop" >"$tmp/drop2.log" 2>&1
+train --steps 6 >"$tmp/nodrop.log" 2>&1
+a=$(hash_of "$tmp/drop.log"); c=$(hash_of "$tmp/drop2.log"); z=$(hash_of "$tmp/nodrop.log")
+if [ -n "$a" ] && [ "$a" = "$c" ] && [ -n "$z" ] && [ "$a" != "$z" ]; then pass "$name"; echo "  (6 steps with dropout 0.2, straight and 3 + resume + 3: params fnv1a $a; without dropout $z)"
+else fail "$name" "straight $a, resumed $c, without dropout $z: $(tail -n 2 "$tmp/drop2.log")"; fi
+out=$(train --steps 1 --dropout 1 2>&1); rc=$?
+if [ $rc -ne 0 ] && grep -q "dropout must be in \[0, 1)" <<<"$out"; then pass gpt_dropout_out_of_range_refused
+else fail gpt_dropout_out_of_range_refused "rc $rc: $(tail -n 2 <<<"$out")"; fi
+
+# --- tools/shakespeare_char.sh (nanoGPT's shakespeare_char configuration) starts, here on the CPU
+#     backend, with the model shrunk by flags that override its own ---
+if [ -z "${TRAIN_GPT:-}" ] && [ -f ../shared/data/tinyshakespeare.txt ]; then
+    out=$(timeout 120 tools/shakespeare_char.sh "$B" --ranks 2 --layers 1 --heads 2 --dim 32 --seq 32 --batch 2 --stop-at 2 2>&1); rc=$?
+    if [ $rc = 0 ] && grep -q "step     2/5000" <<<"$out" && grep -q "done: step 2 | val loss" <<<"$out"; then pass gpt_shakespeare_char_script_runs
+    else fail gpt_shakespeare_char_script_runs "rc $rc: $(tail -n 3 <<<"$out")"; fi
+fi
+
 # --- resume: bitwise ---
 for accum in 1 2; do
     name="gpt_resume_bitwise_${N}ranks_accum$accum"
