@@ -257,4 +257,4 @@ help:
 	@echo "make clean        remove build/, build-asan/, build-tsan/"
 	@echo "variables: CUDA_ARCH (sm_90), NVCC, CUDA_HOME, NCCL_HOME, WERROR (nvcc's -Werror; WERROR= shows warnings only),"
 	@echo "           GPT_BLAS (0: portable matmuls), OPT, B (build directory)"
-	@echo "on a GPU machine: bench/gpu/check_1.sh (environment, build, GPU tests), bench/gpu/check_2.sh (GPU benchmarks)"
+	@echo "on a GPU machine: bench/gpu/check_1.sh (environment, build, GPU tests), bench/gpu/check_2.sh (GPU benchmarks), check_3.sh (shakespeare_char target)"

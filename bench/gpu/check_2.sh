@@ -9,6 +9,7 @@
 # The two commands for the device tool (each one bash command; give it timeout_s 600):
 #     OUT=$OUT bash bench/gpu/check_1.sh      # ~4 min: environment, build, GPU tests
 #     OUT=$OUT bash bench/gpu/check_2.sh      # ~3 min: GPU benchmarks
+#     OUT=$OUT bash bench/gpu/check_3.sh      # optional, ~8 min: nanoGPT shakespeare_char target
 #
 # Files under $OUT, written as it goes:
 #   2-build.log      the build (warnings shown, not fatal)
