@@ -96,7 +96,7 @@ $(B)/%: examples/%.c ddp.h | $(B)
 	$(CC) -std=c99 $(CFLAGS) $(WARN) -o $@ $< $(LDLIBS)
 $(B)/%: tests/%.c tests/testlib.h ddp.h | $(B)
 	$(CC) -std=c99 $(CFLAGS) $(WARN) -o $@ $< $(LDLIBS)
-$(B)/%: bench/%.c ddp.h | $(B)
+$(B)/%: bench/%.c bench/bench_sizes.h ddp.h | $(B)
 	$(CC) -std=c99 $(CFLAGS) $(WARN) -o $@ $< $(LDLIBS)
 
 # The neural-texture host program (examples/engine/), built as C and as C++.

@@ -83,11 +83,11 @@ if [ -f Makefile ] && command -v make >/dev/null 2>&1; then
     make -k --no-print-directory B="$BUILD" "$BUILD/bench_allreduce" "$BUILD/ddprun" "$BUILD/copy_bw" >"$TMP/make.log" 2>&1 ||
         { cat "$TMP/make.log"; note "warning: make $BUILD/bench_allreduce $BUILD/ddprun $BUILD/copy_bw failed"; }
 fi
-if stale "$BUILD/copy_bw" bench/copy_bw.c && command -v cc >/dev/null 2>&1; then
+if stale "$BUILD/copy_bw" bench/copy_bw.c bench/bench_sizes.h && command -v cc >/dev/null 2>&1; then
     cc -std=c99 -O3 -march=native -Wall -Wextra -o "$BUILD/copy_bw" bench/copy_bw.c || rm -f "$BUILD/copy_bw"
 fi
 [ -x "$BUILD/copy_bw" ] || note "warning: $BUILD/copy_bw could not be built: no copy bandwidth, no bound columns"
-if stale "$BUILD/bench_allreduce" ddp.h bench/bench_allreduce.c && command -v cc >/dev/null 2>&1; then
+if stale "$BUILD/bench_allreduce" ddp.h bench/bench_allreduce.c bench/bench_sizes.h && command -v cc >/dev/null 2>&1; then
     echo "building $BUILD/bench_allreduce"
     if ! cc -std=c99 -O3 -march=native -Wall -Wextra -o "$BUILD/bench_allreduce" bench/bench_allreduce.c -lpthread -lm; then
         rm -f "$BUILD/bench_allreduce"    # never measure a binary older than ddp.h
@@ -108,7 +108,7 @@ fi
 MPI_VERSION="not installed"
 if command -v mpicc >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1; then
     MPI_VERSION=$(mpirun --version 2>/dev/null | head -n 1)
-    if stale "$BUILD/mpi_allreduce" bench/mpi_allreduce.c; then
+    if stale "$BUILD/mpi_allreduce" bench/mpi_allreduce.c bench/bench_sizes.h; then
         echo "building $BUILD/mpi_allreduce"
         mpicc -std=c99 -O3 -march=native -Wall -Wextra -o "$BUILD/mpi_allreduce" bench/mpi_allreduce.c || rm -f "$BUILD/mpi_allreduce"
     fi

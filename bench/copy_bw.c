@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "bench_sizes.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -20,23 +21,6 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static int parse_size(const char **p, size_t *out) {
-    char *end;
-    unsigned long long v = strtoull(*p, &end, 10);
-    if (end == *p) return 0;
-    switch (*end) {
-    case 'k': case 'K': v <<= 10; end++; break;
-    case 'm': case 'M': v <<= 20; end++; break;
-    case 'g': case 'G': v <<= 30; end++; break;
-    default: break;
-    }
-    if (*end == 'i' || *end == 'I') end++;
-    if (*end == 'b' || *end == 'B') end++;
-    if ((*end != ',' && *end != 0) || v == 0) return 0;
-    *out = (size_t)v;
-    *p = *end == ',' ? end + 1 : end;
-    return 1;
-}
 
 /* Time `iters` copies of `bytes`; the two buffers swap roles so neither stays only read. */
 static double time_copies(unsigned char *a, unsigned char *b, size_t bytes, long iters) {
@@ -50,9 +34,10 @@ static double time_copies(unsigned char *a, unsigned char *b, size_t bytes, long
 }
 
 int main(int argc, char **argv) {
-    const char *sizes = "64K,256K,1M,4M,16M,25M,64M,256M", *p;
+    const char *sizes = default_sizes;
+    size_t list[BENCH_MAX_SIZES];
     double target_s = 0.2;
-    int passes = 5, i;
+    int passes = 5, i, n, k;
     for (i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--sizes") && i + 1 < argc) sizes = argv[++i];
         else if (!strcmp(argv[i], "--target-s") && i + 1 < argc) target_s = atof(argv[++i]);
@@ -60,13 +45,12 @@ int main(int argc, char **argv) {
         else { fprintf(stderr, "copy_bw: unknown argument '%s' (usage: copy_bw [--sizes LIST] [--target-s S] [--passes N])\n", argv[i]); return 2; }
     }
     if (!(target_s > 0) || passes < 1) { fprintf(stderr, "copy_bw: --target-s must be > 0 and --passes >= 1\n"); return 2; }
-    for (p = sizes; *p;) {
-        size_t bytes;
+    if ((n = parse_sizes(sizes, list, BENCH_MAX_SIZES)) <= 0) { fprintf(stderr, "copy_bw: bad --sizes '%s' (e.g. 64K,1M,256M)\n", sizes); return 2; }
+    for (i = 0; i < n; i++) {
+        size_t bytes = list[i];
         unsigned char *a, *b;
         long iters = 1;
         double t, best = 1e30;
-        int k;
-        if (!parse_size(&p, &bytes)) { fprintf(stderr, "copy_bw: bad --sizes '%s' (e.g. 64K,1M,256M)\n", sizes); return 2; }
         a = (unsigned char *)malloc(bytes);
         b = (unsigned char *)malloc(bytes);
         if (!a || !b) { fprintf(stderr, "copy_bw: no memory for 2 x %zu bytes\n", bytes); return 1; }

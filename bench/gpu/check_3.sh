@@ -13,22 +13,7 @@ cd "$(dirname "$0")/../.." || exit 1
 . bench/gpu/check_common.sh
 check_init 3 330 "$@"
 
-gpu=$(timeout 30 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -n 1)
-echo "# GPU: ${gpu:-none (nvidia-smi lists none)}" | tee -a "$SUMMARY"
-TARGETS="$B/ddprun $B/train_gpt $G/gpu_count $G/train_gpt"
-if [ "$NO_BUILD" -eq 1 ]; then
-    echo "SKIP build 0 0 0 1 --no-build" >>"$SUMMARY"
-elif [ -z "$(tools/gpu_paths.sh nvcc)" ]; then
-    echo "SKIP build: no nvcc"
-    echo "SKIP build 0 0 0 1 no nvcc" >>"$SUMMARY"
-else
-    check_nvcc_probe "$(tools/gpu_paths.sh nvcc)"
-    # shellcheck disable=SC2086
-    check_build "$OUT/3-build.log" $TARGETS
-fi
-gpus=$(timeout 60 "$G/gpu_count" 2>/dev/null)
-case "$gpus" in '' | *[!0-9]*) gpus=0 ;; esac
-[ "$gpus" -eq 0 ] && export GPU_STEPS_MODE=quiet
+check_gpu_and_build "$OUT/3-build.log" "$B/ddprun" "$B/train_gpt" "$G/gpu_count" "$G/train_gpt"
 for r in 1 2; do
     { trap 'gpu_steps_abort; exit 130' INT TERM; gpu_step "shakespeare_char_${r}rank" 260 "$G/train_gpt" bench/gpu/shakespeare_gpu.sh "$B" "$r"; } 2>&1 |
         tee "$OUT/3-shakespeare_${r}rank.log"

@@ -257,14 +257,21 @@ GPT_HD static inline float gpt__drop_factor(uint64_t key, uint64_t i, uint32_t t
     return (uint32_t)(gpt__mix(key + i * 0x9e3779b97f4a7c15ull) >> 32) >= threshold ? scale : 0.0f;
 }
 
+/* A dropout probability's scale 1/(1 - p) and threshold p * 2^32 (what gpt__drop_factor takes);
+   0 for a p outside [0, 1). The CPU and the CUDA model both set theirs here. */
+static inline int gpt__dropout_setting(float p, float *scale, uint32_t *threshold) {
+    double t = (double)p * 4294967296.0;
+    if (!(p >= 0.0f && p < 1.0f)) return 0;
+    *scale = 1.0f / (1.0f - p);
+    *threshold = t >= 4294967295.0 ? 4294967295u : (uint32_t)t;
+    return 1;
+}
+
 /* Dropout with probability p (0 <= p < 1; 0: off, the default), masks drawn from seed. Returns 0
    for a p out of range. */
 static inline int gpt_set_dropout(gpt *m, float p, uint64_t seed) {
-    double t = (double)p * 4294967296.0;
-    if (!(p >= 0.0f && p < 1.0f)) return 0;
+    if (!gpt__dropout_setting(p, &m->drop_scale, &m->drop_threshold)) return 0;
     m->drop_p = p;
-    m->drop_scale = 1.0f / (1.0f - p);
-    m->drop_threshold = t >= 4294967295.0 ? 4294967295u : (uint32_t)t;
     m->drop_seed = seed;
     return 1;
 }

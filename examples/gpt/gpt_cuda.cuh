@@ -1011,11 +1011,8 @@ static inline void gpt_cuda_forward(gpt_cuda *m, const int *tokens, const int *t
 /* Dropout as gpt_set_dropout (0 <= p < 1; returns 0 otherwise), and where the next forward's rows
    sit in the step's global batch, as gpt_set_rows: the same masks as the CPU model. */
 static inline int gpt_cuda_set_dropout(gpt_cuda *m, float p, uint64_t seed) {
-    double t = (double)p * 4294967296.0;
-    if (!(p >= 0.0f && p < 1.0f)) return 0;
+    if (!gpt__dropout_setting(p, &m->drop_scale, &m->drop_threshold)) return 0;
     m->drop_p = p;
-    m->drop_scale = 1.0f / (1.0f - p);
-    m->drop_threshold = t >= 4294967295.0 ? 4294967295u : (uint32_t)t;
     m->drop_seed = seed;
     return 1;
 }
