@@ -207,7 +207,7 @@ static ddp_result eq_step(gpt *m, int step, int rank, int world, int count, int 
     if ((r = ddp_zero_grad(m->ddp)) != DDP_OK) return r;
     for (u = 0; u < micro; u++) {
         gpt_make_batch(eq_data, EQ_DATA, 7, (uint64_t)step, (u * world + rank) * n, n, T, tok, tgt);
-        gpt_set_rows(m, (uint64_t)step, (uint64_t)((u * world + rank) * n));   /* dropout's masks */
+        gpt_set_rows(m, (uint64_t)step, (uint64_t)((u * world + rank) * n), 1);   /* dropout's masks */
         ddp_set_sync(m->ddp, u == micro - 1);
         gpt_forward(m, tok, tgt, n, T, 1.0f / (float)micro, 1);
         if ((r = ddp_backward(m->ddp)) != DDP_OK) return r;
@@ -339,7 +339,7 @@ static void test_dropout_gradient(void) {
         verdict(0, "gpt_dropout_gradient_setup", "%s", ddp_last_error(ddp));
         return;
     }
-    gpt_set_rows(&m, 4, 6);
+    gpt_set_rows(&m, 4, 6, 3);
     for (i = 0; i < B * T; i++) { tok[i] = 'a' + (int)(13 * (1 + test_value(21, (uint64_t)i))); tgt[i] = 'a' + (int)(13 * (1 + test_value(22, (uint64_t)i))); }
     {   /* dropout changes a training forward, and only a training forward */
         float plain = dropout_loss(&m, tok, tgt, B, T), dropped, eval;

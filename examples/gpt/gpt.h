@@ -16,10 +16,11 @@
    last one replayed) adds the rest and is the op that finishes wte.
 
    Dropout masks are never stored: a unit is kept when a counter-based hash of (dropout seed,
-   optimizer step, the sample's row in the step's GLOBAL batch, site, element) clears the
+   optimizer step, the sample's position in the step's GLOBAL batch, site, element) clears the
    threshold, and the backward draws the same mask again. A sample's mask so depends only on
-   where it sits in the global batch: N ranks (each told its first row, gpt_set_rows) drop exactly
-   what 1 rank drops at N times the batch, and the CUDA model (gpt_cuda.cuh) draws the same bits. */
+   where it sits in the global batch: N ranks (each told where its rows sit, gpt_set_rows) drop
+   exactly what 1 rank drops at N times the batch, and the CUDA model (gpt_cuda.cuh) draws the
+   same bits. */
 #ifndef GPT_H
 #define GPT_H
 
@@ -91,7 +92,7 @@ typedef struct gpt {
        probabilities (scratch) */
     float drop_p, drop_scale;
     uint32_t drop_threshold;
-    uint64_t drop_seed, drop_step, drop_row0;
+    uint64_t drop_seed, drop_step, drop_row0, drop_stride;
     int dropping;                  /* this forward trains with dropout on */
     float *ddrop, *patt;
     void *arena;
@@ -276,12 +277,18 @@ static inline int gpt_set_dropout(gpt *m, float p, uint64_t seed) {
     return 1;
 }
 
-/* Where the next forward's rows sit: optimizer step `step`, row 0 = the global batch's row `row0`. */
-static inline void gpt_set_rows(gpt *m, uint64_t step, uint64_t row0) { m->drop_step = step; m->drop_row0 = row0; }
+/* Where the next forward's rows sit: optimizer step `step`; its row b is the sample at global
+   position row0 + b * stride (with ddp_sampler: rank r's samples first.. of the epoch are global
+   positions first * world + r, stride world). Positions must not repeat within a step. */
+static inline void gpt_set_rows(gpt *m, uint64_t step, uint64_t row0, uint64_t stride) {
+    m->drop_step = step;
+    m->drop_row0 = row0;
+    m->drop_stride = stride;
+}
 
 /* x[i] *= mask of (row b of this forward, site, element base + i), for n elements. */
 static void gpt__drop(const gpt *m, uint32_t site, int b, uint64_t base, float *x, size_t n) {
-    uint64_t key = gpt__drop_key(m->drop_seed, m->drop_step, m->drop_row0 + (uint64_t)b, site);
+    uint64_t key = gpt__drop_key(m->drop_seed, m->drop_step, m->drop_row0 + (uint64_t)b * m->drop_stride, site);
     size_t i;
     for (i = 0; i < n; i++) x[i] *= gpt__drop_factor(key, base + i, m->drop_threshold, m->drop_scale);
 }
@@ -664,6 +671,7 @@ static ddp_result gpt_create(gpt *m, ddp_context *ddp, const gpt_config *cfg, ui
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->ddp = ddp;
+    m->drop_stride = 1;   /* gpt_set_rows: row b of a forward is sample b unless told otherwise */
     m->layer = (gpt_layer_ids *)calloc((size_t)L, sizeof *m->layer);
     m->acts = (gpt_layer_acts *)calloc((size_t)L, sizeof *m->acts);
     if (!m->layer || !m->acts) return DDP_ERR_OUT_OF_MEMORY;

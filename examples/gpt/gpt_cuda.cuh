@@ -219,7 +219,7 @@ typedef struct gpt_cuda {
        branch gradient */
     float drop_p, drop_scale;
     uint32_t drop_threshold;
-    uint64_t drop_seed, drop_step, drop_row0;
+    uint64_t drop_seed, drop_step, drop_row0, drop_stride;
     int dropping;
     float *ddrop;
     size_t num_floats;
@@ -499,12 +499,12 @@ struct gc_linear_init {
 struct gc_dropout {
     const float *src, *add;
     float *out;
-    uint64_t seed, step, row0;
+    uint64_t seed, step, row0, stride;
     uint32_t site, threshold;
     float scale;
     size_t per_sample;
     GC_HD void operator()(size_t i) const {
-        uint64_t key = gpt__drop_key(seed, step, row0 + i / per_sample, site);
+        uint64_t key = gpt__drop_key(seed, step, row0 + (uint64_t)(i / per_sample) * stride, site);
         float y = src[i] * gpt__drop_factor(key, i % per_sample, threshold, scale);
         out[i] = add ? add[i] + y : y;
     }
@@ -615,7 +615,7 @@ static void gc_record(gpt_cuda *m, ddp_backward_fn fn, const void *args, size_t 
 static void gc_drop(gpt_cuda *m, uint32_t site, const float *src, const float *add, float *out, size_t n, size_t per_sample) {
     gc_dropout d;
     d.src = src; d.add = add; d.out = out;
-    d.seed = m->drop_seed; d.step = m->drop_step; d.row0 = m->drop_row0;
+    d.seed = m->drop_seed; d.step = m->drop_step; d.row0 = m->drop_row0; d.stride = m->drop_stride;
     d.site = site; d.threshold = m->drop_threshold; d.scale = m->drop_scale; d.per_sample = per_sample;
     GC_FOR_EACH(m, d, n);
 }
@@ -903,6 +903,7 @@ static inline ddp_result gpt_cuda_create(gpt_cuda *m, ddp_context *ddp, const gp
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->ddp = ddp;
+    m->drop_stride = 1;   /* as gpt.h */
     m->tf32 = tf32;
     m->layer = (gpt_layer_ids *)calloc((size_t)L, sizeof *m->layer);
     m->acts = (gpt_cuda_layer *)calloc((size_t)L, sizeof *m->acts);
@@ -1016,7 +1017,11 @@ static inline int gpt_cuda_set_dropout(gpt_cuda *m, float p, uint64_t seed) {
     m->drop_seed = seed;
     return 1;
 }
-static inline void gpt_cuda_set_rows(gpt_cuda *m, uint64_t step, uint64_t row0) { m->drop_step = step; m->drop_row0 = row0; }
+static inline void gpt_cuda_set_rows(gpt_cuda *m, uint64_t step, uint64_t row0, uint64_t stride) {
+    m->drop_step = step;
+    m->drop_row0 = row0;
+    m->drop_stride = stride;
+}
 
 /* The mean loss of every forward with targets since the last call, in forward order: waits for
    the GPU once. The array lives until the next forward. */

@@ -315,12 +315,13 @@ static ddp_result model_create(model *mo, ddp_context *ddp, const options *o) {
     return r;
 }
 
-/* Where the next training forward's rows sit in the step's global batch (dropout's masks). */
-static void model_set_rows(model *mo, int step, int row0) {
+/* Where the next training forward's rows sit in the step's global batch (dropout's masks):
+   row b is global position row0 + b * stride. */
+static void model_set_rows(model *mo, int step, uint64_t row0, uint64_t stride) {
 #ifdef TRAIN_CUDA_MODEL
-    if (mo->on_gpu) { gpt_cuda_set_rows(&mo->gpu, (uint64_t)step, (uint64_t)row0); return; }
+    if (mo->on_gpu) { gpt_cuda_set_rows(&mo->gpu, (uint64_t)step, row0, stride); return; }
 #endif
-    gpt_set_rows(&mo->cpu, (uint64_t)step, (uint64_t)row0);
+    gpt_set_rows(&mo->cpu, (uint64_t)step, row0, stride);
 }
 
 /* What a failed model_create says. gpt.h's and gpt_cuda.cuh's own allocations fail with a bare
@@ -824,7 +825,7 @@ int main(int argc, char **argv) {
         CHECK(ddp_zero_grad(ddp));
         for (u = 0; u < o.accum; u++) {   /* micro-step u: windows u*world*B + rank*B ... */
             gpt_make_batch(data.bytes, data.train_len, o.seed, (uint64_t)step, (u * world + rank) * B, B, T, tok, tgt);
-            model_set_rows(&mo, step, (u * world + rank) * B);
+            model_set_rows(&mo, step, (uint64_t)((u * world + rank) * B), 1);
             ddp_set_sync(ddp, u == o.accum - 1);
             model_forward(&mo, tok, tgt, B, T, 1.0f / (float)o.accum, 1);
             CHECK(ddp_backward(ddp));

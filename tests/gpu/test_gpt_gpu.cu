@@ -451,8 +451,8 @@ static void test_cuda_vs_cpu(const gpt_config *cfg, float dropout) {
         for (u = 0; u < micro; u++) {
             float gl, cl;
             gpt_make_batch(text, DATA_BYTES, 3, (uint64_t)step, u * B, B, T, tok, tgt);
-            gpt_cuda_set_rows(&gm, (uint64_t)step, (uint64_t)(u * B));
-            gpt_set_rows(&cm, (uint64_t)step, (uint64_t)(u * B));
+            gpt_cuda_set_rows(&gm, (uint64_t)step, (uint64_t)(u * B * 2 + 1), 2);   /* as rank 1 of 2 */
+            gpt_set_rows(&cm, (uint64_t)step, (uint64_t)(u * B * 2 + 1), 2);
             ddp_set_sync(gd, u == micro - 1);
             ddp_set_sync(cd, u == micro - 1);
             gpt_cuda_forward(&gm, tok, tgt, B, T, 1.0f / (float)micro, 1);
