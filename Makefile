@@ -7,13 +7,13 @@ WARN     := -Wall -Wextra
 LDLIBS   := -lpthread -lm
 B        := build
 
-PROGRAMS := $(B)/ddprun $(B)/minimal $(B)/engine $(B)/texture $(B)/texture_cxx $(B)/bench_allreduce $(B)/bench_overlap \
+PROGRAMS := $(B)/ddprun $(B)/minimal $(B)/engine $(B)/texture $(B)/texture_cxx $(B)/bench_allreduce $(B)/bench_overlap $(B)/copy_bw \
             $(B)/test_unit $(B)/test_collectives $(B)/test_equivalence $(B)/test_fault \
             $(B)/test_overlap $(B)/test_bf16 $(B)/test_embed $(B)/test_host $(B)/test_checkpoint $(B)/train_gpt $(B)/test_gpt \
             $(B)/train_gpt_emulated $(B)/test_gpt_gpu_emulated $(B)/test_fake_nccl
 CHECKS   := $(B)/cxx_check.o
 
-.PHONY: all help run train-2-ranks deps test test-asan test-tsan fuzz bench bench-gpt bench-gpu clean
+.PHONY: all help run train-2-ranks deps bench-deps test test-asan test-tsan fuzz bench bench-gpt bench-gpu clean
 all: $(PROGRAMS) $(CHECKS) gpu
 
 # ---- The GPU path: built whenever nvcc is found (CI compiles and links it on every run);
@@ -96,7 +96,7 @@ $(B)/%: examples/%.c ddp.h | $(B)
 	$(CC) -std=c99 $(CFLAGS) $(WARN) -o $@ $< $(LDLIBS)
 $(B)/%: tests/%.c tests/testlib.h ddp.h | $(B)
 	$(CC) -std=c99 $(CFLAGS) $(WARN) -o $@ $< $(LDLIBS)
-$(B)/%: bench/%.c ddp.h | $(B)
+$(B)/%: bench/%.c bench/bench_sizes.h ddp.h | $(B)
 	$(CC) -std=c99 $(CFLAGS) $(WARN) -o $@ $< $(LDLIBS)
 
 # The neural-texture host program (examples/engine/), built as C and as C++.
@@ -190,10 +190,18 @@ deps:
 test: all
 	@tests/run.sh $(B)
 
-bench: $(B)/ddprun $(B)/bench_allreduce $(B)/bench_overlap $(B)/train_gpt bench-gpu
+bench: bench-deps $(B)/ddprun $(B)/bench_allreduce $(B)/copy_bw $(B)/bench_overlap $(B)/train_gpt bench-gpu
 	@bench/compare_allreduce.sh
 	@bench/overlap.sh
 	@bench/bench_gpt.sh $(B)
+
+# What the side-by-side comparisons run against: Open MPI and PyTorch's gloo (Debian's packages;
+# without apt-get, or when it fails, the comparison skips them with a note).
+bench-deps:
+	@command -v mpicc >/dev/null && command -v mpirun >/dev/null && /usr/bin/python3 -c 'import torch' 2>/dev/null || \
+	    ! command -v apt-get >/dev/null || { echo "installing openmpi-bin libopenmpi-dev python3-torch for the comparisons"; \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev python3-torch >/dev/null; } \
+	    || echo "could not install them: the comparisons skip Open MPI and gloo"; }
 
 # The tiny GPT's throughput: ours on 1 and 2 ranks next to PyTorch (needs python3-torch for that half).
 bench-gpt: $(B)/ddprun $(B)/train_gpt
@@ -245,9 +253,10 @@ help:
 	@echo "make fuzz         the libFuzzer targets, FUZZ_SECONDS (60) each (clang)"
 	@echo "make bench        allreduce vs Open MPI and gloo, overlap and bucket sweep, the GPT's throughput, GPU benchmarks"
 	@echo "make bench-gpt    the tiny GPT's tokens/s on 1 and 2 ranks, next to PyTorch"
+	@echo "make bench-deps   install Open MPI and PyTorch (Debian packages) for the comparisons; make bench does it first"
 	@echo "make bench-gpu    GPU benchmarks: AdamW bandwidth, ddp.h's cost at 1 rank, GPT-2-small-sized training (SKIP without a GPU)"
 	@echo "make deps         install OpenBLAS for the GPT's matmuls (Debian, when missing)"
 	@echo "make clean        remove build/, build-asan/, build-tsan/"
 	@echo "variables: CUDA_ARCH (sm_90), NVCC, CUDA_HOME, NCCL_HOME, WERROR (nvcc's -Werror; WERROR= shows warnings only),"
 	@echo "           GPT_BLAS (0: portable matmuls), OPT, B (build directory)"
-	@echo "on a GPU machine: bench/gpu/check_1.sh (environment, build, GPU tests), bench/gpu/check_2.sh (GPU benchmarks)"
+	@echo "on a GPU machine: bench/gpu/check_1.sh (environment, build, GPU tests), bench/gpu/check_2.sh (GPU benchmarks), check_3.sh (shakespeare_char target)"

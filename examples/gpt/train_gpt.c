@@ -38,7 +38,7 @@ typedef struct options {
     int steps, warmup, accum, eval_every, eval_batches, sample, top_k, stop_at, save_every, log_every;
     int cpu, tf32;                 /* --cpu: CPU backend and model even where a GPU is; --tf32 */
     int fresh;                     /* --fresh: --save PATH starts over even where PATH holds a checkpoint */
-    float lr, min_lr, wd, clip, beta1, beta2, temperature, bucket_mb;
+    float lr, min_lr, wd, clip, beta1, beta2, temperature, bucket_mb, dropout;
     uint64_t seed;
 } options;
 
@@ -57,6 +57,8 @@ static void usage(FILE *f) {
         "  --dim N            width (128)                     --seq N     context length (64)\n"
         "  --batch N          sequences per rank per micro-step (8)\n"
         "  --grad-accum N     micro-steps per optimizer step (1); loss scaled by 1/N\n"
+        "  --dropout P        dropout probability while training, 0 <= P < 1 (0): embedding, attention,\n"
+        "                     residual branches; the masks follow the global batch, not the rank\n"
         "  --steps N          optimizer steps; the cosine schedule ends here (500)\n"
         "  --lr X             peak learning rate (1e-3)       --min-lr X  end of the cosine (1e-4)\n"
         "  --warmup N         linear warmup steps (100)       --wd X      AdamW weight decay (0.1)\n"
@@ -124,6 +126,7 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errn)
         else if (!strcmp(a, "--beta2")) fp = &o->beta2;
         else if (!strcmp(a, "--temperature")) fp = &o->temperature;
         else if (!strcmp(a, "--bucket-mb")) fp = &o->bucket_mb;
+        else if (!strcmp(a, "--dropout")) fp = &o->dropout;
         else if (!strcmp(a, "--seed")) {
             if (!v) { snprintf(err, errn, "%s needs a value", a); return 0; }
             errno = 0;
@@ -147,6 +150,7 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errn)
         }
     }
     if (!gpt_config_check(&o->model, err, errn)) return 0;
+    if (!(o->dropout < 1)) { snprintf(err, errn, "--dropout must be in [0, 1) (got %g)", (double)o->dropout); return 0; }
     if (o->accum < 1 || o->eval_batches < 1 || o->log_every < 1) { snprintf(err, errn, "--grad-accum, --eval-batches and --log-every must be >= 1"); return 0; }
     if (!(o->beta1 < 1 && o->beta2 < 1) || !(o->temperature > 0)) { snprintf(err, errn, "betas must be < 1 and the temperature > 0"); return 0; }
     if (o->fresh && (!o->save || o->resume)) { snprintf(err, errn, "--fresh goes with --save PATH (start over there) and not with --resume"); return 0; }
@@ -286,12 +290,23 @@ static ddp_result model_create(model *mo, ddp_context *ddp, const options *o) {
     if (mo->on_gpu) {
         r = gpt_cuda_create(&mo->gpu, ddp, &o->model, o->seed, o->tf32);
         mo->num_floats = mo->gpu.num_floats;
+        if (r == DDP_OK) gpt_cuda_set_dropout(&mo->gpu, o->dropout, o->seed ^ 0xd40b0u);   /* checked in parse */
         return r;
     }
 #endif
     r = gpt_create(&mo->cpu, ddp, &o->model, o->seed);
     mo->num_floats = mo->cpu.num_floats;
+    if (r == DDP_OK) gpt_set_dropout(&mo->cpu, o->dropout, o->seed ^ 0xd40b0u);
     return r;
+}
+
+/* Where the next training forward's rows sit in the step's global batch (dropout's masks):
+   row b is global position row0 + b * stride. */
+static void model_set_rows(model *mo, int step, uint64_t row0, uint64_t stride) {
+#ifdef TRAIN_CUDA_MODEL
+    if (mo->on_gpu) { gpt_cuda_set_rows(&mo->gpu, (uint64_t)step, row0, stride); return; }
+#endif
+    gpt_set_rows(&mo->cpu, (uint64_t)step, row0, stride);
 }
 
 /* What a failed model_create says. gpt.h's and gpt_cuda.cuh's own allocations fail with a bare
@@ -413,7 +428,8 @@ static void test_kill_point(int rank, int step, const char *where) {
 typedef struct run_state {
     char magic[8];                 /* "GPTRUN01" */
     uint32_t vocab;
-    int32_t layers, heads, dim, seq, pad;
+    int32_t layers, heads, dim, seq;
+    float dropout;                 /* --dropout: another one is another run */
     int64_t step;                  /* optimizer steps done: the next batch is step's */
     uint64_t seed;
     uint64_t windows;              /* training windows consumed (global: every rank's) */
@@ -429,6 +445,7 @@ static run_state run_state_of(const options *o, int step, uint64_t windows) {
     memcpy(rs.magic, RUN_MAGIC, 8);
     rs.vocab = GPT_VOCAB;
     rs.layers = o->model.layers; rs.heads = o->model.heads; rs.dim = o->model.dim; rs.seq = o->model.seq;
+    rs.dropout = o->dropout;
     rs.step = step; rs.seed = o->seed; rs.windows = windows;
     return rs;
 }
@@ -437,7 +454,8 @@ typedef struct resume_check { const options *o; const char *path; } resume_check
 
 /* ddp_load's check, on rank 0, of a checkpoint whose checksum holds: is it this run's? The
    model first (ddp.h would name the first parameter that differs; the flags say more), then the
-   step, then the seed (the data order and the sampling follow it: another one is another run). */
+   step, then the seed (the data order and the sampling follow it: another one is another run),
+   then the dropout. */
 static int check_run_state(void *arg, const ddp_checkpoint_info *info, const void *user, size_t n, char *err, size_t errn) {
     const resume_check *rc = (const resume_check *)arg;
     const options *o = rc->o;
@@ -460,6 +478,9 @@ static int check_run_state(void *arg, const ddp_checkpoint_info *info, const voi
         snprintf(err, errn, "checkpoint '%s' was trained with --seed %llu, this run has --seed %llu; the seed picks the data "
                  "order, so resuming with another one silently changes the run: pass --seed %llu", rc->path,
                  (unsigned long long)rs.seed, (unsigned long long)o->seed, (unsigned long long)rs.seed);
+    else if (rs.dropout != o->dropout)
+        snprintf(err, errn, "checkpoint '%s' was trained with --dropout %g, this run has --dropout %g: pass --dropout %g",
+                 rc->path, (double)rs.dropout, (double)o->dropout, (double)rs.dropout);
     else return 1;
     return 0;
 }
@@ -676,6 +697,7 @@ int main(int argc, char **argv) {
         CHECK(ddp_zero_grad(ddp));
         for (u = 0; u < o.accum; u++) {   /* micro-step u: windows u*world*B + rank*B ... */
             gpt_make_batch(data.bytes, data.train_len, o.seed, (uint64_t)step, (u * world + rank) * B, B, T, tok, tgt);
+            model_set_rows(&mo, step, (uint64_t)((u * world + rank) * B), 1);
             ddp_set_sync(ddp, u == o.accum - 1);
             model_forward(&mo, tok, tgt, B, T, 1.0f / (float)o.accum, 1);
             CHECK(ddp_backward(ddp));
