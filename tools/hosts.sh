@@ -4,6 +4,7 @@
 #   tools/hosts.sh up [N] [--rate RATE]   make hosts h1..hN (N = 2 or 3, default 2); again: no-op
 #   tools/hosts.sh down                   stop every process in them, remove them (also if half made)
 #   tools/hosts.sh exec HOST CMD [ARGS..] run CMD inside HOST (its network, mounts, hostname; same cwd)
+#   tools/hosts.sh kill HOST              SIGKILL every process inside HOST (the host crashes)
 #   tools/hosts.sh list                   one line per host: name, address, rate, pids inside
 #   tools/hosts.sh addr HOST              the host's address (10.77.0.1 for h1, ...)
 #   tools/hosts.sh agent HOST CMD...      for mpirun --mca plm_rsh_agent: like ssh HOST CMD
@@ -33,7 +34,7 @@ SUBNET=10.77.0
 me=$(basename "$0")
 
 die() { echo "$me: $*" >&2; exit 1; }
-usage() { sed -n '3,10p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '3,11p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 case $PREFIX in *[!a-z0-9]*|"") die "DDP_HOSTS_PREFIX must be lowercase letters and digits, not '$PREFIX'" ;; esac
 [ ${#PREFIX} -le 10 ] || die "DDP_HOSTS_PREFIX '$PREFIX' is longer than 10 characters"
@@ -54,7 +55,8 @@ hosts() { local f; for f in "$STATE"/h*.addr; do [ -e "$f" ] && basename "$f" .a
 ns() { echo "$PREFIX-$1"; }
 
 # Processes whose network namespace is one of ours: by the namespace's inode.
-ns_pids() {
+ns_pids() { ip netns pids "$(ns "$1")" 2>/dev/null; }
+ns_pids_slow() {
     local ino p
     ino=$(stat -L -c %i "/run/netns/$(ns "$1")" 2>/dev/null) || return 0
     for p in /proc/[0-9]*; do
@@ -155,6 +157,21 @@ up() {
 enter() { # HOST CMD...
     local h=$1; shift
     [ -e "$STATE/$h.addr" ] || die "no host '$h' (tools/hosts.sh up first; hosts: $(hosts | tr '\n' ' '))"
+    # Inside a host (mpirun's agent starting ranks on h2 from h1) the hosts' namespace files are
+    # not mounted: that mount namespace was copied, privately, before they were. Go back to the
+    # mount namespace of the nearest ancestor outside the hosts (whoever ran `exec h1 mpirun`),
+    # where they are, and enter from there.
+    if [ "$(stat -f -c %T "$STATE/$h.mnt" 2>/dev/null)" != nsfs ]; then
+        local p=$PPID mine; mine=$(readlink /proc/self/ns/mnt)
+        while [ "$p" -gt 1 ]; do
+            if [ "$(readlink "/proc/$p/ns/mnt" 2>/dev/null)" != "$mine" ] &&
+               nsenter --mount="/proc/$p/ns/mnt" stat -f -c %T "$STATE/$h.mnt" 2>/dev/null | grep -qx nsfs; then
+                exec nsenter --mount="/proc/$p/ns/mnt" --wd="$PWD" -- "$0" exec "$h" "$@"
+            fi
+            p=$(awk '{print $4}' "/proc/$p/stat" 2>/dev/null || echo 1)
+        done
+        die "host '$h': its namespaces are not reachable from here (half made or gone, or this process does not descend from one outside the hosts)"
+    fi
     exec nsenter --net="/run/netns/$(ns "$h")" --mount="$STATE/$h.mnt" --uts="$STATE/$h.uts" --wd="$PWD" -- "$@"
 }
 
@@ -170,6 +187,12 @@ case $cmd in
         [ $# -ge 2 ] || die "agent: expected HOST COMMAND"
         h=$1; shift
         enter "$h" /bin/sh -c "$*" ;;
+    kill)
+        [ $# -eq 1 ] || usage; [ -e "$STATE/$1.addr" ] || die "no host '$1'"
+        pids=$(ns_pids "$1")
+        # shellcheck disable=SC2086
+        [ -z "$pids" ] || kill -KILL $pids 2>/dev/null
+        exit 0 ;;
     addr) [ $# -eq 1 ] || usage; [ -e "$STATE/$1.addr" ] || die "no host '$1'"; cat "$STATE/$1.addr" ;;
     list)
         for h in $(hosts); do
