@@ -40,6 +40,7 @@ typedef struct options {
     int cpu, tf32;                 /* --cpu: CPU backend and model even where a GPU is; --tf32 */
     int fresh;                     /* --fresh: --save PATH starts over even where PATH holds a checkpoint */
     float lr, min_lr, wd, clip, beta1, beta2, temperature, bucket_mb;
+    float inject_latency_ms, inject_gbps;   /* ddp.h's emulated network (benchmarks: tools/scaling.py) */
     uint64_t seed;
 } options;
 
@@ -75,6 +76,8 @@ static void usage(FILE *f) {
         "  --prompt TEXT      what generation starts from (a newline)\n"
         "  --log-every N      progress line every N steps (1)\n"
         "  --bucket-mb X      gradient bucket cap in MiB (ddp.h's default, 25; smaller: more, earlier buckets)\n"
+        "  --inject-latency-ms X --inject-gbps X  benchmarks only: each allreduce also takes as long as a\n"
+        "                     network of that latency and bandwidth would (ddp.h's inject_comm_*; 0 = off)\n"
         "  --dump-init PATH   write the initial parameters (float32, registration order) and exit\n"
         "  --cpu              the CPU backend and model even where a GPU is visible (GPU build)\n"
         "  --tf32             GPU: TF32 tensor-core matmuls (faster, less exact; default pure fp32)\n");
@@ -125,6 +128,8 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errn)
         else if (!strcmp(a, "--beta2")) fp = &o->beta2;
         else if (!strcmp(a, "--temperature")) fp = &o->temperature;
         else if (!strcmp(a, "--bucket-mb")) fp = &o->bucket_mb;
+        else if (!strcmp(a, "--inject-latency-ms")) fp = &o->inject_latency_ms;
+        else if (!strcmp(a, "--inject-gbps")) fp = &o->inject_gbps;
         else if (!strcmp(a, "--seed")) {
             if (!v) { snprintf(err, errn, "%s needs a value", a); return 0; }
             errno = 0;
@@ -744,6 +749,8 @@ int main(int argc, char **argv) {
         ddp_desc desc;
         memset(&desc, 0, sizeof desc);
         desc.bucket_cap_mb = o.bucket_mb;
+        desc.inject_comm_latency_ms = o.inject_latency_ms;
+        desc.inject_comm_gbps = o.inject_gbps;
         desc.backend = o.cpu ? DDP_BACKEND_CPU : DDP_BACKEND_AUTO;
 #ifdef __CUDACC__
         /* The compute stream: this thread's per-thread default stream. It is a stream of
