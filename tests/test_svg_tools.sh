@@ -284,8 +284,14 @@ same "scaling: --compute-scale 2 stretches compute and readiness" "$(row 2 "$tmp
 # 28.107, 33.350, 38.593 and 40 ms and take 1.049, 4 x 2.097 and 0.563 ms at 1e9 B/s: the fifth
 # ends at 40.690, the last at 41.253: exposed 1.253 ms, step 46.253 ms.
 $PY $S "$tmp/scal.json" --algo flat --inter-gbps 8 --ranks 2 --grad-bytes 10000000 --bucket-mb 2 -o "$tmp/rb.svg" >"$tmp/rb.out" 2>&1
-has "scaling: re-made buckets are counted" "$tmp/rb.out" "6 bucket(s), 10.00 MB of gradients"
+has "scaling: re-made buckets are counted" "$tmp/rb.out" "6 bucket(s) of at most 2 MiB, 10.00 MB of gradients"
 same "scaling: re-made buckets from the readiness curve" "$(row 2 "$tmp/rb.out" | cut -d' ' -f1,3)" "46.253 1.253"
+# --ready-at-end 0.5: half the bytes wait for backward's end; the rest keeps the measured shape
+# scaled to 0.5 (0.5 by a third of backward): buckets 0 and 1 ready at 12.097 and 16.291 ms, the
+# other four at 40 ms: 3 x 2.097 + 0.563 = 6.854 ms exposed, step 51.854 ms, 86.8 %.
+$PY $S "$tmp/scal.json" --algo flat --inter-gbps 8 --ranks 2 --grad-bytes 10000000 --bucket-mb 2 --ready-at-end 0.5 -o "$tmp/re.svg" >"$tmp/re.out" 2>&1
+same "scaling: --ready-at-end holds a share back to backward's end" "$(row 2 "$tmp/re.out")" "51.854 10.000 6.854 86.8%"
+bad "scaling: --ready-at-end without --grad-bytes exits 2" $S "$tmp/scal.json" --inter-gbps 1 --ready-at-end 0.3
 
 bad "scaling: missing trace exits 2" $S "$tmp/nope.json" --inter-gbps 1
 bad "scaling: no bandwidth exits 2" $S "$tmp/scal.json"

@@ -38,6 +38,9 @@ THE WORKLOAD (to ask about a model that was not measured; each is an assumption 
                           the measured readiness: the fraction of bytes ready by each fraction of
                           backward is kept, interpolated linearly
   --bucket-mb MB          bucket cap for re-made buckets (25, ddp.h's default; the first bucket 1)
+  --ready-at-end F        with --grad-bytes: a share F of the bytes is ready only when backward ends
+                          (a tied token embedding: GPT-2 small's wte + wpe are 0.317 of its bytes);
+                          the rest keeps the measured readiness curve
 
 OUTPUT
   A table on stdout (N, step ms, comm ms, exposed ms, efficiency %), the same as CSV with --csv,
@@ -198,7 +201,7 @@ class Fabric:
 
 # ---------------------------------------------------------------- the workload, re-made
 
-def remake(step, compute_scale, grad_bytes, bucket_mb):
+def remake(step, compute_scale, grad_bytes, bucket_mb, ready_at_end=None):
     """The step with compute scaled and, with grad_bytes, buckets re-made from the readiness curve."""
     s = dict(step)
     k = compute_scale
@@ -217,6 +220,13 @@ def remake(step, compute_scale, grad_bytes, bucket_mb):
             acc += b["bytes"] / total
             x = min(1.0, max(0.0, (b["ready"] - t0) / (t1 - t0))) if t1 > t0 else 1.0
             pts.append((max(x, pts[-1][0]), acc))
+        if ready_at_end is not None:
+            # A share F of the bytes is finished only by backward's last op (a tied embedding): the
+            # rest keeps the measured shape, scaled to 1 - F, and F joins at the end.
+            before = [p for p in pts if p[0] < 1.0]
+            top = before[-1][1] if before else 0.0
+            k = (1.0 - ready_at_end) / top if top > 0 else 0.0
+            pts = [(x, y * k) for x, y in before] + [(1.0, 1.0 - ready_at_end), (1.0, 1.0)]
 
         def time_for(frac):
             for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
@@ -364,6 +374,7 @@ def main(argv=None):
     ap.add_argument("--compute-scale", type=float, default=1.0)
     ap.add_argument("--grad-bytes", type=float)
     ap.add_argument("--bucket-mb", type=float, default=25.0)
+    ap.add_argument("--ready-at-end", type=float)
     ap.add_argument("--ranks", default=",".join(str(1 << k) for k in range(11)))
     ap.add_argument("-o", "--output")
     ap.add_argument("--csv")
@@ -395,6 +406,8 @@ def main(argv=None):
         die("--grad-bytes must be > 0")
     if not a.bucket_mb > 0:
         die("--bucket-mb must be > 0")
+    if a.ready_at_end is not None and (a.grad_bytes is None or not 0 <= a.ready_at_end < 1):
+        die("--ready-at-end needs --grad-bytes and a share in [0, 1), not %r" % a.ready_at_end)
     ranks = parse_ranks(a.ranks)
 
     steps = measure_steps(load_events(a.trace), a.rank)
@@ -404,7 +417,8 @@ def main(argv=None):
             die("step %d is not a complete step of rank %d in the trace" % (a.step, a.rank))
     elif len(steps) > 1:
         steps = steps[1:]   # the first step warms up (allocations, first touches)
-    steps = [remake(s, a.compute_scale, a.grad_bytes, a.bucket_mb) for s in steps]
+    measured = steps
+    steps = [remake(s, a.compute_scale, a.grad_bytes, a.bucket_mb, a.ready_at_end) for s in steps]
 
     rows = []
     base = statistics.median(predict(s, fabric, 1)[0] for s in steps)
@@ -416,15 +430,21 @@ def main(argv=None):
         user = t - exp_ - statistics.median(s["compute"] for s in steps)
         rows.append((n, t, comm, exp_, max(0.0, user), 100.0 * base / t if t > 0 else 0.0))
 
-    meas = steps[0]
-    nb = len(meas["buckets"])
-    gb = sum(b["bytes"] for b in meas["buckets"])
+    med = lambda key, ss=measured: statistics.median(s[key] for s in ss)
+    mb = [sum(b["bytes"] for b in s["buckets"]) for s in measured]
     print("# %s" % fabric.describe())
     print("# measured: rank %d, %d step(s) used; step %.2f ms of which compute %.2f ms (backward ends at %.2f ms); "
           "%d bucket(s), %.2f MB of gradients; measured comm %.2f ms, exposed %.2f ms" % (
-              a.rank, len(steps), statistics.median(s["period"] for s in steps) / 1e3,
-              statistics.median(s["compute"] for s in steps) / 1e3, meas["bwd_end"] / 1e3, nb, gb / 1e6,
-              statistics.median(s["comm"] for s in steps) / 1e3, statistics.median(s["exposed"] for s in steps) / 1e3))
+              a.rank, len(measured), med("period") / 1e3, med("compute") / 1e3, med("bwd_end") / 1e3,
+              len(measured[0]["buckets"]), statistics.median(mb) / 1e6, med("comm") / 1e3, med("exposed") / 1e3))
+    nb = len(steps[0]["buckets"])
+    gb = sum(b["bytes"] for b in steps[0]["buckets"])
+    if a.compute_scale != 1 or a.grad_bytes:
+        print("# modelled: compute x %.4g: %.2f ms, backward ends at %.2f ms; %d bucket(s) of at most %g MiB, %.2f MB of "
+              "gradients%s" % (a.compute_scale, med("compute", steps) / 1e3, med("bwd_end", steps) / 1e3, nb,
+                               a.bucket_mb if a.grad_bytes else float("nan"), gb / 1e6,
+                               ", %.1f %% of them ready only when backward ends" % (100 * a.ready_at_end)
+                               if a.ready_at_end is not None else ""))
     print("%6s %12s %12s %12s %11s" % ("ranks", "step_ms", "comm_ms", "exposed_ms", "efficiency"))
     for r in rows:
         print("%6d %12.3f %12.3f %12.3f %10.1f%%" % (r[0], r[1] / 1e3, r[2] / 1e3, r[3] / 1e3, r[5]))
