@@ -16,7 +16,7 @@ B=${1:-build}
 cd "$(dirname "$0")/.."
 STEPS=${STEPS:-40}
 BUCKET_MB=${BUCKET_MB:-0.5}
-SETTINGS=${SETTINGS:-"0.2:0.2 0.5:1 1:0.5 2:2 5:1 10:0.25"}   # latency_ms:gbps
+SETTINGS=${SETTINGS:-"0.2:0.05 0.5:0.2 1:0.1 2:0.5 5:0.2 10:0.05"}   # latency_ms:GB/s (inject_comm_gbps is in 1e9 bytes/s)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 [ -f "$B/fortunes.txt" ] || make -s "$B/fortunes.txt"
@@ -28,15 +28,15 @@ run() { # OUT.json [train_gpt options]
 # header numbers of a trace: "STEP_MS EXPOSED_MS" (median over its steps after the first)
 measured() { python3 tools/scaling.py "$1" --algo flat --inter-gbps 1 --ranks 1 -o /dev/null |
     sed -n 's/.*measured: .* step \([0-9.]*\) ms of which.* exposed \([0-9.]*\) ms$/\1 \2/p'; }
-# predicted "STEP_MS EXPOSED_MS" on 2 ranks from TRACE for latency LAT ms and GBPS
+# predicted "STEP_MS EXPOSED_MS" on 2 ranks from TRACE for latency LAT ms and GB/s (scaling.py: Gbit/s)
 predicted() { python3 tools/scaling.py "$1" --algo flat --inter-latency-us "$(awk -v l="$2" 'BEGIN { print l * 1000 }')" \
-    --inter-gbps "$3" --ranks 2 -o /dev/null | awk '$1 == 2 { print $2, $4 }'; }
+    --inter-gbps "$(awk -v g="$3" 'BEGIN { print g * 8 }')" --ranks 2 -o /dev/null | awk '$1 == 2 { print $2, $4 }'; }
 pct() { awk -v m="$1" -v p="$2" 'BEGIN { printf "%+.1f%%", 100 * (p - m) / m }'; }
 run "$tmp/base.json"
 read -r bstep bexp < <(measured "$tmp/base.json")
 echo "base (no emulation): step $bstep ms, exposed $bexp ms; $(python3 tools/scaling.py "$tmp/base.json" --algo flat --inter-gbps 1 --ranks 1 -o /dev/null | sed -n 's/.*; \([0-9]* bucket(s), [0-9.]* MB of gradients\).*/\1/p')"
 echo "A: predicted from the base run's compute and readiness; B: from the run's own (its measured comm and wait removed)"
-printf "%-8s %-7s | %9s %9s | %9s %7s | %9s %7s | %8s %8s\n" lat_ms Gbit/s meas_step meas_exp A_step A_err B_step B_err B_exp B_exp_err
+printf "%-8s %-7s | %9s %9s | %9s %7s | %9s %7s | %8s %8s\n" lat_ms GB/s meas_step meas_exp A_step A_err B_step B_err B_exp B_exp_err
 errs_a="" errs_b=""
 for s in $SETTINGS; do
     lat=${s%%:*} gbps=${s##*:}

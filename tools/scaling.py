@@ -8,7 +8,8 @@ usage: tools/scaling.py TRACE.json [--rank R] [--step N] [fabric] [workload] [-o
 THE MODEL (weak scaling: every rank keeps its batch, so N ranks do N times the work)
   From the trace, for the chosen rank and step (default: rank 0, every complete step after the
   first, the median taken): the step's period P (from its start to the next step's start), the
-  end of backward E, each gradient bucket's ready time r_i and size b_i (bytes), the measured
+  end of backward E, each gradient bucket's ready time r_i (the latest over the ranks in the
+  trace: its allreduce cannot start before every rank has it) and size b_i (bytes), the measured
   exposed wait X (the "wait for comm" event) and the user collectives U (e.g. a logged loss).
   What is not communication, C = P - X - U, is taken as the same on N ranks (the compute of one
   rank's batch; ddp.h's own costs included).
@@ -93,6 +94,14 @@ def measure_steps(events, rank):
     if not mine:
         ranks = sorted({e.get("pid") for e in events if e.get("ph") == "X"}, key=str)
         die("no events of rank %s in the trace (ranks there: %s)" % (rank, ", ".join(map(str, ranks)) or "none"))
+    # A bucket's allreduce starts when the LAST rank has it ready: the latest ready instant of each
+    # (step, bucket) over every rank of the trace (ddp.h's trace has one clock for all ranks).
+    latest = {}
+    for e in events:
+        a = e.get("args")
+        if e.get("cat") == "ready" and isinstance(a, dict) and "bucket" in a and isinstance(e.get("ts"), (int, float)):
+            k = (a.get("step"), a["bucket"])
+            latest[k] = max(latest.get(k, e["ts"]), e["ts"])
     by_step = {}
     for e in mine:
         by_step.setdefault(step_of(e), []).append(e)
@@ -114,7 +123,7 @@ def measure_steps(events, rank):
         for e in evs:
             a = e.get("args") or {}
             if e.get("cat") == "ready" and "bucket" in a:
-                buckets.setdefault(a["bucket"], {})["ready"] = e["ts"] - t0
+                buckets.setdefault(a["bucket"], {})["ready"] = latest[(s, a["bucket"])] - t0
             if e.get("cat") == "comm" and "bucket" in a:
                 b = buckets.setdefault(a["bucket"], {})
                 b["bytes"] = a.get("bytes", 0)

@@ -76,8 +76,8 @@ static void usage(FILE *f) {
         "  --prompt TEXT      what generation starts from (a newline)\n"
         "  --log-every N      progress line every N steps (1)\n"
         "  --bucket-mb X      gradient bucket cap in MiB (ddp.h's default, 25; smaller: more, earlier buckets)\n"
-        "  --inject-latency-ms X --inject-gbps X  benchmarks only: each allreduce also takes as long as a\n"
-        "                     network of that latency and bandwidth would (ddp.h's inject_comm_*; 0 = off)\n"
+        "  --inject-latency-ms X --inject-gbps X  benchmarks only: each allreduce takes at least as long as\n"
+        "                     over a network of X ms latency and X GB/s (1e9 bytes/s) (ddp.h's inject_comm_*)\n"
         "  --dump-init PATH   write the initial parameters (float32, registration order) and exit\n"
         "  --cpu              the CPU backend and model even where a GPU is visible (GPU build)\n"
         "  --tf32             GPU: TF32 tensor-core matmuls (faster, less exact; default pure fp32)\n");
