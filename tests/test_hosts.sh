@@ -218,9 +218,10 @@ done
 sleep $((2 * SLOW))
 "$H" kill h3
 t0=$(now)
-wait "$p0"; rc0=$?; t_0=$(secs "$t0" "$(now)")
-wait "$p1"; rc1=$?; t_1=$(secs "$t0" "$(now)")
-wait "$p2" 2>/dev/null
+# (2>/dev/null: the shell's own "Killed" notice of h3's job)
+{ wait "$p0"; } 2>/dev/null; rc0=$?; t_0=$(secs "$t0" "$(now)")
+{ wait "$p1"; } 2>/dev/null; rc1=$?; t_1=$(secs "$t0" "$(now)")
+{ wait "$p2"; } 2>/dev/null
 why=""
 for r in 0 1; do
     grep -q "^\[rank $r\] hosts_nccl: rank $r: ddp_init failed after .*rank $r: .*rank 2 disconnected from the rendezvous store" "$tmp/k$r.log" ||
