@@ -211,17 +211,17 @@ fi
 #    fail within seconds, naming rank 2, long before the timeout.
 next_port
 for n in 0 1 2; do
-    HOSTS_TIMEOUT=$((60 * SLOW)) "$H" exec "h$((n + 1))" "$B/ddprun" --nnodes 3 --node-rank $n --master-addr "$A1" \
-        --master-port $port --job-token $TOKEN "$B/hosts_nccl_fake" >"$tmp/k$n.log" 2>&1 &
+    # in a subshell whose stderr is dropped: the shell's "Killed" notice of h3's job goes there
+    ( HOSTS_TIMEOUT=$((60 * SLOW)) "$H" exec "h$((n + 1))" "$B/ddprun" --nnodes 3 --node-rank $n --master-addr "$A1" \
+        --master-port $port --job-token $TOKEN "$B/hosts_nccl_fake" >"$tmp/k$n.log" 2>&1 & wait $! ) 2>/dev/null &
     eval "p$n=\$!"
 done
 sleep $((2 * SLOW))
 "$H" kill h3
 t0=$(now)
-# (2>/dev/null: the shell's own "Killed" notice of h3's job)
-{ wait "$p0"; } 2>/dev/null; rc0=$?; t_0=$(secs "$t0" "$(now)")
-{ wait "$p1"; } 2>/dev/null; rc1=$?; t_1=$(secs "$t0" "$(now)")
-{ wait "$p2"; } 2>/dev/null
+wait "$p0"; rc0=$?; t_0=$(secs "$t0" "$(now)")
+wait "$p1"; rc1=$?; t_1=$(secs "$t0" "$(now)")
+wait "$p2"
 why=""
 for r in 0 1; do
     grep -q "^\[rank $r\] hosts_nccl: rank $r: ddp_init failed after .*rank $r: .*rank 2 disconnected from the rendezvous store" "$tmp/k$r.log" ||
