@@ -54,15 +54,8 @@ why_not() {
 hosts() { local f; for f in "$STATE"/h*.addr; do [ -e "$f" ] && basename "$f" .addr; done; }
 ns() { echo "$PREFIX-$1"; }
 
-# Processes whose network namespace is one of ours: by the namespace's inode.
+# Processes inside a host: those in its network namespace.
 ns_pids() { ip netns pids "$(ns "$1")" 2>/dev/null; }
-ns_pids_slow() {
-    local ino p
-    ino=$(stat -L -c %i "/run/netns/$(ns "$1")" 2>/dev/null) || return 0
-    for p in /proc/[0-9]*; do
-        [ "$(stat -L -c %i "$p/ns/net" 2>/dev/null)" = "$ino" ] && echo "${p#/proc/}"
-    done
-}
 
 down() {
     local h pids n
