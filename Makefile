@@ -10,7 +10,7 @@ B        := build
 PROGRAMS := $(B)/ddprun $(B)/minimal $(B)/engine $(B)/texture $(B)/texture_cxx $(B)/bench_allreduce $(B)/bench_overlap $(B)/copy_bw \
             $(B)/test_unit $(B)/test_collectives $(B)/test_equivalence $(B)/test_fault \
             $(B)/test_overlap $(B)/test_bf16 $(B)/test_embed $(B)/test_host $(B)/test_checkpoint $(B)/train_gpt $(B)/test_gpt \
-            $(B)/train_gpt_emulated $(B)/test_gpt_gpu_emulated $(B)/test_fake_nccl
+            $(B)/train_gpt_emulated $(B)/test_gpt_gpu_emulated $(B)/test_fake_nccl $(B)/hosts_nccl_fake
 CHECKS   := $(B)/cxx_check.o
 
 .PHONY: all help run train-2-ranks deps bench-deps test test-asan test-tsan fuzz bench bench-gpt bench-gpu clean
@@ -41,7 +41,7 @@ WERROR     ?= -Werror all-warnings
 NVCC_EXTRA ?=
 NVFLAGS    ?= -O3 -g -std=c++17 -arch=$(CUDA_ARCH) -Xcompiler -Wall,-Wextra $(WERROR) $(NVCC_EXTRA)
 GPU_TESTS  := $(G)/test_gpu_kernels $(G)/test_gpu_train $(G)/test_gpu_overlap $(G)/nccl_version $(G)/c_link_check \
-              $(G)/test_kernel_math_host $(G)/test_gpt_gpu
+              $(G)/test_kernel_math_host $(G)/test_gpt_gpu $(G)/hosts_nccl
 GPU_BENCH  := $(G)/bench_gpu
 GPU_TOOLS  := $(G)/train_gpt $(G)/gpu_count
 
@@ -64,6 +64,9 @@ $(G)/test_gpu_train: tests/gpu/test_gpu_train.cu tests/test_equivalence.c $(GPU_
 # built): host float operations must not be fused into multiply-adds, as on the device.
 $(G)/test_kernel_math_host: tests/gpu/test_kernel_math_host.cu $(GPU_DEPS) | $(G)
 	$(NVCC) $(NVFLAGS) --fmad=false -Xcompiler -ffp-contract=off $(GPU_INCS) -o $@ $< $(GPU_RPATH) $(NCCL_LINK) -lpthread
+# One rank of the NCCL backend for tests/test_hosts.sh (the same source as the fake build below).
+$(G)/hosts_nccl: tests/hosts_nccl.c ddp.h ddp_kernels.cuh | $(G)
+	$(NVCC) $(NVFLAGS) $(GPU_INCS) -x cu -o $@ $< $(GPU_RPATH) $(NCCL_LINK) -lpthread
 $(G)/bench_gpu: bench/gpu/bench_gpu.cu $(GPU_DEPS) | $(G)
 	$(NVCC) $(NVFLAGS) $(GPU_INCS) -o $@ $< $(GPU_RPATH) $(NCCL_LINK) $(CUBLAS_LINK) -lpthread
 # The implementation compiled by the C compiler with -DDDP_CUDA, the kernels by nvcc.
@@ -156,6 +159,11 @@ $(B)/fakegpu/fake_kernels.o: $(FAKE_DIR)/fake_kernels.cpp $(B)/fakegpu/ddp_kerne
 $(B)/test_fake_nccl: tests/test_fake_nccl.c tests/test_equivalence.c tests/testlib.h ddp.h ddp_kernels.cuh $(FAKE_OBJS) $(FAKE_HDRS) | $(B)
 	$(CC) -std=c99 $(CFLAGS) $(WARN) -DDDP_CUDA -I$(FAKE_DIR) -c -o $(B)/fakegpu/test_fake_nccl.o $<
 	$(CXX) $(CFLAGS) -o $@ $(B)/fakegpu/test_fake_nccl.o $(FAKE_OBJS) $(LDLIBS)
+
+# tests/test_hosts.sh's NCCL rank on the fake GPU: one process per rank, on namespace hosts.
+$(B)/hosts_nccl_fake: tests/hosts_nccl.c ddp.h ddp_kernels.cuh $(FAKE_OBJS) $(FAKE_HDRS) | $(B)
+	$(CC) -std=c99 $(CFLAGS) $(WARN) -DDDP_CUDA -DHOSTS_FAKEGPU -I$(FAKE_DIR) -c -o $(B)/fakegpu/hosts_nccl_fake.o $<
+	$(CXX) $(CFLAGS) -o $@ $(B)/fakegpu/hosts_nccl_fake.o $(FAKE_OBJS) $(LDLIBS)
 
 # The default corpus: Debian's fortunes text (installed when missing), never committed.
 $(B)/fortunes.txt: | $(B)

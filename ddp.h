@@ -4313,9 +4313,17 @@ static ddp_result ddp__choose_backend(ddp_context *ctx) {
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: the single backend is for one rank, but the world "
                          "size is %d", ctx->world);
     if (ctx->world == 1) { ctx->be = &ddp__single_backend; d->backend = DDP_BACKEND_SINGLE; return DDP_OK; }
-    if (ctx->local_world != ctx->world)
+    if (ctx->local_world != ctx->world) {
+        /* Said at once, on every rank, before any network: the hosts this rank knows of, and
+           what would run instead. */
+        char host[256] = "?";
+        gethostname(host, sizeof host - 1);
         return ddp__fail(ctx, DDP_ERR_BAD_ENV, "the CPU backend needs every rank on one host, but "
-                         "WORLD_SIZE=%d and LOCAL_WORLD_SIZE=%d", ctx->world, ctx->local_world);
+                         "WORLD_SIZE=%d and LOCAL_WORLD_SIZE=%d: the job spans hosts (this rank on '%s', rank 0's "
+                         "store on MASTER_ADDR %s). What works: all %d ranks on one host (ddprun -n %d), or GPUs "
+                         "(the NCCL backend); ddp.h has no CPU backend across hosts yet", ctx->world,
+                         ctx->local_world, host, ctx->master_addr, ctx->world, ctx->world);
+    }
     ctx->be = &ddp__cpu_backend;
     d->backend = DDP_BACKEND_CPU;
     return DDP_OK;

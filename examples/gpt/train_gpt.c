@@ -39,6 +39,7 @@ typedef struct options {
     int cpu, tf32;                 /* --cpu: CPU backend and model even where a GPU is; --tf32 */
     int fresh;                     /* --fresh: --save PATH starts over even where PATH holds a checkpoint */
     float lr, min_lr, wd, clip, beta1, beta2, temperature, bucket_mb, dropout;
+    float inject_latency_ms, inject_gbps;   /* ddp.h's emulated network (benchmarks: tools/scaling.py) */
     uint64_t seed;
 } options;
 
@@ -76,6 +77,8 @@ static void usage(FILE *f) {
         "  --prompt TEXT      what generation starts from (a newline)\n"
         "  --log-every N      progress line every N steps (1)\n"
         "  --bucket-mb X      gradient bucket cap in MiB (ddp.h's default, 25; smaller: more, earlier buckets)\n"
+        "  --inject-latency-ms X --inject-gbps X  benchmarks only: each allreduce takes at least as long as\n"
+        "                     over a network of X ms latency and X GB/s (1e9 bytes/s) (ddp.h's inject_comm_*)\n"
         "  --dump-init PATH   write the initial parameters (float32, registration order) and exit\n"
         "  --cpu              the CPU backend and model even where a GPU is visible (GPU build)\n"
         "  --tf32             GPU: TF32 tensor-core matmuls (faster, less exact; default pure fp32)\n");
@@ -126,7 +129,8 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errn)
         else if (!strcmp(a, "--beta2")) fp = &o->beta2;
         else if (!strcmp(a, "--temperature")) fp = &o->temperature;
         else if (!strcmp(a, "--bucket-mb")) fp = &o->bucket_mb;
-        else if (!strcmp(a, "--dropout")) fp = &o->dropout;
+    float lr, min_lr, wd, clip, beta1, beta2, temperature, bucket_mb, dropout;
+    float inject_latency_ms, inject_gbps;   /* ddp.h's emulated network (benchmarks: tools/scaling.py) */
         else if (!strcmp(a, "--seed")) {
             if (!v) { snprintf(err, errn, "%s needs a value", a); return 0; }
             errno = 0;
@@ -627,6 +631,8 @@ int main(int argc, char **argv) {
         ddp_desc desc;
         memset(&desc, 0, sizeof desc);
         desc.bucket_cap_mb = o.bucket_mb;
+        desc.inject_comm_latency_ms = o.inject_latency_ms;
+        desc.inject_comm_gbps = o.inject_gbps;
         desc.backend = o.cpu ? DDP_BACKEND_CPU : DDP_BACKEND_AUTO;
 #ifdef __CUDACC__
         /* The compute stream: this thread's per-thread default stream. It is a stream of
