@@ -129,8 +129,9 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errn)
         else if (!strcmp(a, "--beta2")) fp = &o->beta2;
         else if (!strcmp(a, "--temperature")) fp = &o->temperature;
         else if (!strcmp(a, "--bucket-mb")) fp = &o->bucket_mb;
-    float lr, min_lr, wd, clip, beta1, beta2, temperature, bucket_mb, dropout;
-    float inject_latency_ms, inject_gbps;   /* ddp.h's emulated network (benchmarks: tools/scaling.py) */
+        else if (!strcmp(a, "--dropout")) fp = &o->dropout;
+        else if (!strcmp(a, "--inject-latency-ms")) fp = &o->inject_latency_ms;
+        else if (!strcmp(a, "--inject-gbps")) fp = &o->inject_gbps;
         else if (!strcmp(a, "--seed")) {
             if (!v) { snprintf(err, errn, "%s needs a value", a); return 0; }
             errno = 0;
