@@ -1651,9 +1651,20 @@ static int ddp__kv_set(ddp__store_server *s, const char *key, const unsigned cha
 }
 
 /* A rank that drops its connection before the job ends has died or failed: remember it, so
-   that nobody waits out the timeout for a key it will never set. */
+   that nobody waits out the timeout for a key it will never set. A rank that passed the
+   shutdown barrier said goodbye first ("bye/RANK", ddp__shutdown): its hang-up is no loss. (It
+   was one: a peer's NCCL watchdog, polling while that peer still waited for the same barrier to
+   complete on its GPU, read it as a death and failed that peer's ddp_shutdown.) */
+static int ddp__conn_said_bye(ddp__store_server *s, int rank) {
+    char key[32];
+    snprintf(key, sizeof key, "bye/%d", rank);
+    return ddp__kv_find(s, key) != NULL;
+}
+
 static void ddp__conn_close(ddp__store_server *s, int i) {
-    if (s->conns[i].authed && s->lost_rank < 0 && !__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE)) s->lost_rank = s->conns[i].rank;
+    if (s->conns[i].authed && s->lost_rank < 0 && !__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE) &&
+        !ddp__conn_said_bye(s, s->conns[i].rank))
+        s->lost_rank = s->conns[i].rank;
     if (s->conns[i].challenged && !s->conns[i].authed && !__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE))
         ddp__store_warn(s, DDP__WARN_TOKEN, "rendezvous store: a client announcing rank %d did not finish the "
                         "handshake (it did not prove that it knows the job token)", s->conns[i].rank);
@@ -4513,6 +4524,11 @@ static ddp_result ddp__shutdown(ddp_context *ctx) {
     DDP_FREE(timeline.buf);
     ddp__tl_free(ctx->tl_main);
     ddp__tl_free(ctx->tl_comm);
+    if (ctx->store_fd >= 0 && r == DDP_OK && !ddp__failed(ctx)) {   /* every rank is here: hanging up is no death */
+        char bye[32];
+        snprintf(bye, sizeof bye, "bye/%d", ctx->rank);
+        (void)ddp__store_set(ctx, bye, "1", 1);   /* a failure here is the close below, as before */
+    }
     if (ctx->store_fd >= 0) close(ctx->store_fd);
     ctx->store_fd = -1;   /* a late poison must not write to a reused descriptor */
     ddp__server_stop(ctx);
