@@ -250,11 +250,12 @@
      [k*G, (k+1)*G) of the epoch (G = world x per-rank batch, each rank its i*world + r) trains
      the same samples a batch on any number of ranks; it differs from torch.randperm's (the
      counts, padding and rank split are the same). It is a keyed bijection evaluated at one
-     position in O(1) (>>sampler): no memory, any n up to 2^64 - 1.
+     position in O(1) (>>sampler; up to 32 samples an exact shuffle in 32 bytes of stack): no
+     memory, any n up to 2^64 - 1.
      Resuming: the position is (epoch, i), both plain integers; a checkpoint stores them (or the
      step they follow from) and the next run continues with ddp_sample(&s, epoch, i, ...) on the
-     same n, seed, shuffle and drop_last. A world*count-sample stream across epochs: sample k of
-     this rank is (epoch k / count, i = k mod count).
+     same n, seed, shuffle and drop_last. As one stream across epochs: this rank's k-th sample
+     overall is (epoch k / count, i = k mod count).
      Errors: a NULL sampler or out pointer, n = 0, world < 1 (0 is not taken for 1: a sampler whose
      world was never set would give every rank every sample), rank outside 0 .. world-1, and i >=
      count are DDP_ERR_INVALID_ARGUMENT with the reason (and the rank) in ddp_last_error(NULL);
@@ -273,7 +274,8 @@
                     backend table ddp__backend; ddp_context
      >>util         time, aligned memory, logging, the error verbs (below), the cancel check
      >>sampler      the distributed sampler's arithmetic: counts, the epoch's keyed permutation
-                    (cycle-walking Feistel), a rank's i-th sample; pure (its entry points, which
+                    (cycle-walking Feistel; an exact shuffle up to 32 samples), a rank's i-th
+                    sample; pure (its entry points, which
                     only check the struct, are in >>public like every other)
      >>timeline     per-thread event lists, the Chrome trace written at shutdown
      >>env          the launcher environment; the descriptor: environment, ddp__desc_defaults
@@ -952,8 +954,8 @@ static size_t ddp__wire_bytes(const ddp_context *ctx) {
    until it lands inside [0, n) (cycle walking: the domain is under 4n, so under 4 rounds of the
    network on average, and it always ends, since the walk follows the cycle of a point that is
    itself inside). Keys come from (seed, epoch) alone: every rank computes the same permutation.
-   A Feistel network only makes even permutations of its domain, and on the smallest domains
-   (16 points) that shows through the walk: for n = 5 some orders came 3x as often as others,
+   A Feistel network on halves of 2 bits or more only makes even permutations of its domain, and
+   on the smallest such domain (16 points) that shows through the walk: for n = 5 some orders came 3x as often as others,
    whatever the rounds. So up to DDP__SAMPLER_SMALL samples the permutation is an exact
    Fisher-Yates shuffle on a stack array instead (O(n) for one position, n <= 32).
    -------------------------------------------------------------------------------------------- */
