@@ -7,7 +7,7 @@
 
    CONTENTS
      QUICK START · ONE STEP, AS DATA FLOWS · OPTIONS · ADAMW · CHECKPOINTS · BACKENDS · ENVIRONMENT · ERRORS ·
-     NULL, LIFETIME AND THREADS · EMBEDDING: CANCEL, PROGRESS, UNEVEN INPUTS · COMPILE-TIME OPTIONS ·
+     NULL, LIFETIME AND THREADS · EMBEDDING: CANCEL, PROGRESS, UNEVEN INPUTS · SAMPLER · COMPILE-TIME OPTIONS ·
      THE IMPLEMENTATION, SECTION BY SECTION
 
    QUICK START
@@ -218,8 +218,9 @@
      context is live (it returns, calls pthread_exit, or is cancelled with pthread_cancel, even in
      the middle of a backward) its peers fail at once, as for a dead process, and the host program
      can still ddp_shutdown the context it left. Distinct contexts are independent.
-     From any thread: ddp_result_string; ddp_cancel_token_set and ddp_cancel_token_is_set (also
-     from a signal handler: one atomic store or load); ddp_cancel and ddp_progress_read while the
+     From any thread: ddp_result_string; ddp_sampler_count and ddp_sample (pure, no context);
+     ddp_cancel_token_set and ddp_cancel_token_is_set (also from a signal handler: one atomic
+     store or load); ddp_cancel and ddp_progress_read while the
      context is live, that is from the end of ddp_init until ddp_shutdown begins (the host program
      keeps the context from going meanwhile, e.g. a slot under its own lock that the rank clears
      before ddp_shutdown: examples/engine.c). ddp_progress_read takes no lock and never holds up
@@ -260,6 +261,34 @@
      call user collectives (ddp_allreduce, ddp_broadcast, ddp_barrier): both sides fail with an
      error that names ddp_join, instead of hanging.
 
+   SAMPLER (ddp_sampler; PyTorch's DistributedSampler, without its table of n indices)
+       ddp_sampler s = { .n = samples, .world = ddp_world_size(ddp), .rank = ddp_rank(ddp),
+                         .seed = 42, .shuffle = 1, .drop_last = 0 };
+       uint64_t count, index;
+       ddp_sampler_count(&s, &count);              // this rank's samples per epoch
+       for (uint64_t i = 0; i < count; i++) { ddp_sample(&s, epoch, i, &index); ... }
+     Each epoch is a sequence of global positions 0 .. world*count-1: the permutation of [0, n)
+     (the identity without shuffle), and with padding its first world*count - n entries again at
+     the end (drop_last: the last n mod world positions are dropped). Rank r's i-th sample is
+     global position i*world + r. So the ranks' shares of an epoch are disjoint and, without
+     drop_last, cover every sample (the padded ones twice); counts are PyTorch's: padding
+     ceil(n/world) a rank (n < world: one each, the samples repeat), drop_last floor(n/world)
+     (n < world: 0, and every ddp_sample is an error). The permutation depends only on (n, seed,
+     epoch), not on world or rank, so a consumer that takes global batch k as positions
+     [k*G, (k+1)*G) of the epoch (G = world x per-rank batch, each rank its i*world + r) trains
+     the same samples a batch on any number of ranks; it differs from torch.randperm's (the
+     counts, padding and rank split are the same). It is a keyed bijection evaluated at one
+     position in O(1) (>>sampler; up to 32 samples an exact shuffle in 32 bytes of stack): no
+     memory, any n up to 2^64 - 1.
+     Resuming: the position is (epoch, i), both plain integers; a checkpoint stores them (or the
+     step they follow from) and the next run continues with ddp_sample(&s, epoch, i, ...) on the
+     same n, seed, shuffle and drop_last. As one stream across epochs: this rank's k-th sample
+     overall is (epoch k / count, i = k mod count).
+     Errors: a NULL sampler or out pointer, n = 0, world < 1 (0 is not taken for 1: a sampler whose
+     world was never set would give every rank every sample), rank outside 0 .. world-1, and i >=
+     count are DDP_ERR_INVALID_ARGUMENT with the reason (and the rank) in ddp_last_error(NULL);
+     ddp_sample then sets *index_out = UINT64_MAX. Pure: any thread, before ddp_init or without it.
+
    COMPILE-TIME OPTIONS
      DDP_IMPLEMENTATION   in one file: the implementation (include ddp.h before other headers,
                           or build with -D_GNU_SOURCE; a strict -std=c99 otherwise stops with an
@@ -275,6 +304,10 @@
      >>types        tunables; parameters, buckets, tape ops, shared-segment blocks; ddp__cpu; the
                     backend table ddp__backend; ddp_context
      >>util         time, aligned memory, logging, the error verbs (below), the cancel check
+     >>sampler      the distributed sampler's arithmetic: counts, the epoch's keyed permutation
+                    (cycle-walking Feistel; an exact shuffle up to 32 samples), a rank's i-th
+                    sample; pure (its entry points, which
+                    only check the struct, are in >>public like every other)
      >>timeline     per-thread event lists, the Chrome trace written at shutdown
      >>env          the launcher environment; the descriptor: environment, ddp__desc_defaults
                     (every default, pure), validation, the group
@@ -559,6 +592,22 @@ ddp_result ddp_report_loss(ddp_context *ctx, float loss);                  /* th
    ranks' steps with zero gradients until every rank has joined; then every rank holds the
    parameters and AdamW state of the last ranks with data. */
 ddp_result ddp_join(ddp_context *ctx);
+
+/* The distributed sampler (SAMPLER in the manual): this rank's disjoint share of each epoch of a
+   dataset of n samples, the epoch's permutation the same on every rank. Pure functions of the
+   struct: no context (usable before ddp_init, or without ddp.h's process group), no allocation,
+   any thread. A checkpoint stores the position (epoch, i); the struct's fields must match. */
+typedef struct ddp_sampler {
+    uint64_t n;                /* samples in the dataset, >= 1 */
+    int world, rank;           /* world >= 1 (0 is an error, not a default), 0 <= rank < world */
+    uint64_t seed;             /* with the epoch, picks the permutation */
+    int shuffle;               /* 0: the dataset's order; else a permutation seeded by (seed, epoch) */
+    int drop_last;             /* 0: pad by repetition to ceil(n/world) a rank; else drop to floor(n/world) */
+} ddp_sampler;
+ddp_result ddp_sampler_count(const ddp_sampler *s, uint64_t *count_out);   /* this rank's samples per epoch */
+/* The dataset index of this rank's i-th sample of `epoch`, 0 <= i < count (else an error and
+   *index_out = UINT64_MAX). */
+ddp_result ddp_sample(const ddp_sampler *s, uint64_t epoch, uint64_t i, uint64_t *index_out);
 
 #ifdef __cplusplus
 }
@@ -957,6 +1006,79 @@ static size_t ddp__wire_bytes(const ddp_context *ctx) {
     return ctx->desc.reduce_dtype == DDP_DTYPE_BF16 ? sizeof(uint16_t) : sizeof(float);
 }
 
+
+/* --------------------------------------------------------------------------------------------
+   >>sampler  The distributed sampler's arithmetic: pure functions of the ddp_sampler and the
+   position, no context, no allocation, no state (the public entry points check their arguments
+   in >>public and come here). The epoch's permutation is a keyed bijection on [0, n) evaluated
+   at one position: a balanced Feistel network on the smallest even-bit domain 4^h >= n, walked
+   until it lands inside [0, n) (cycle walking: the domain is under 4n, so under 4 rounds of the
+   network on average, and it always ends, since the walk follows the cycle of a point that is
+   itself inside). Keys come from (seed, epoch) alone: every rank computes the same permutation.
+   A Feistel network on halves of 2 bits or more only makes even permutations of its domain, and
+   on the smallest such domain (16 points) that shows through the walk: for n = 5 some orders came 3x as often as others,
+   whatever the rounds. So up to DDP__SAMPLER_SMALL samples the permutation is an exact
+   Fisher-Yates shuffle on a stack array instead (O(n) for one position, n <= 32).
+   -------------------------------------------------------------------------------------------- */
+#define DDP__SAMPLER_ROUNDS 6   /* 4 make a pseudo-random permutation in theory; 2 more are cheap */
+#define DDP__SAMPLER_SMALL 32
+
+static uint64_t ddp__mix64(uint64_t z) {   /* a 64-bit finalizer: every input bit reaches every output bit */
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* This rank's samples per epoch: PyTorch's DistributedSampler count (world >= 1). */
+static uint64_t ddp__sampler_count(const ddp_sampler *s) {
+    uint64_t w = (uint64_t)s->world;
+    return s->drop_last ? s->n / w : s->n / w + (s->n % w != 0);
+}
+
+/* The epoch's permutation of [0, n) at position x (< n). */
+static uint64_t ddp__sampler_permute(const ddp_sampler *s, uint64_t epoch, uint64_t x) {
+    uint64_t keys[DDP__SAMPLER_ROUNDS], mask, k = ddp__mix64(s->seed ^ 0x6a09e667f3bcc909ull);
+    unsigned h = 1;
+    int r;
+    if (!s->shuffle || s->n == 1) return x;
+    k = ddp__mix64(k + ddp__mix64(epoch + 0x3c6ef372fe94f82bull));
+    if (s->n <= DDP__SAMPLER_SMALL) {   /* r % (j + 1): a bias below 2^-58, far under any test's reach */
+        unsigned char order[DDP__SAMPLER_SMALL];
+        unsigned j;
+        for (j = 0; j < (unsigned)s->n; j++) order[j] = (unsigned char)j;
+        for (j = (unsigned)s->n - 1; j > 0; j--) {
+            unsigned pick = (unsigned)((k = ddp__mix64(k + 0x9e3779b97f4a7c15ull)) % (j + 1));
+            unsigned char t = order[j];
+            order[j] = order[pick];
+            order[pick] = t;
+        }
+        return order[x];
+    }
+    while (h < 32 && ((s->n - 1) >> (2 * h)) != 0) h++;   /* halves of h bits: 4^h >= n */
+    mask = (h == 32) ? 0xffffffffull : (((uint64_t)1 << h) - 1);
+    for (r = 0; r < DDP__SAMPLER_ROUNDS; r++) keys[r] = k = ddp__mix64(k + 0x9e3779b97f4a7c15ull);
+    do {
+        uint64_t left = x >> h, right = x & mask;
+        for (r = 0; r < DDP__SAMPLER_ROUNDS; r++) {
+            uint64_t f = ddp__mix64(right ^ keys[r]) & mask;
+            uint64_t next = left ^ f;
+            left = right;
+            right = next;
+        }
+        x = (left << h) | right;
+    } while (x >= s->n);
+    return x;
+}
+
+/* This rank's i-th sample of `epoch` (i < ddp__sampler_count): global position g = i*world +
+   rank of the epoch's sequence, which is the permutation of [0, n) followed, with padding, by
+   its own beginning again (g >= n reads position g mod n), computed without overflow for any n. */
+static uint64_t ddp__sample(const ddp_sampler *s, uint64_t epoch, uint64_t i) {
+    uint64_t w = (uint64_t)s->world, rank = (uint64_t)s->rank, base = i * w, g;   /* base < n: i < ceil(n/w) */
+    if (rank < s->n - base) g = base + rank;
+    else g = (rank - (s->n - base)) % s->n;   /* a padded position: (base + rank - n) mod n */
+    return ddp__sampler_permute(s, epoch, g);
+}
 
 /* --------------------------------------------------------------------------------------------
    >>timeline  Each thread appends to its own event list (no locks on the hot path; when the
@@ -1592,9 +1714,20 @@ static int ddp__kv_set(ddp__store_server *s, const char *key, const unsigned cha
 }
 
 /* A rank that drops its connection before the job ends has died or failed: remember it, so
-   that nobody waits out the timeout for a key it will never set. */
+   that nobody waits out the timeout for a key it will never set. A rank that passed the
+   shutdown barrier said goodbye first ("bye/RANK", ddp__shutdown): its hang-up is no loss. (It
+   was one: a peer's NCCL watchdog, polling while that peer still waited for the same barrier to
+   complete on its GPU, read it as a death and failed that peer's ddp_shutdown.) */
+static int ddp__conn_said_bye(ddp__store_server *s, int rank) {
+    char key[32];
+    snprintf(key, sizeof key, "bye/%d", rank);
+    return ddp__kv_find(s, key) != NULL;
+}
+
 static void ddp__conn_close(ddp__store_server *s, int i) {
-    if (s->conns[i].authed && s->lost_rank < 0 && !__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE)) s->lost_rank = s->conns[i].rank;
+    if (s->conns[i].authed && s->lost_rank < 0 && !__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE) &&
+        !ddp__conn_said_bye(s, s->conns[i].rank))
+        s->lost_rank = s->conns[i].rank;
     if (s->conns[i].challenged && !s->conns[i].authed && !__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE))
         ddp__store_warn(s, DDP__WARN_TOKEN, "rendezvous store: a client announcing rank %d did not finish the "
                         "handshake (it did not prove that it knows the job token)", s->conns[i].rank);
@@ -4462,6 +4595,11 @@ static ddp_result ddp__shutdown(ddp_context *ctx) {
     DDP_FREE(timeline.buf);
     ddp__tl_free(ctx->tl_main);
     ddp__tl_free(ctx->tl_comm);
+    if (ctx->store_fd >= 0 && r == DDP_OK && !ddp__failed(ctx)) {   /* every rank is here: hanging up is no death */
+        char bye[32];
+        snprintf(bye, sizeof bye, "bye/%d", ctx->rank);
+        (void)ddp__store_set(ctx, bye, "1", 1);   /* a failure here is the close below, as before */
+    }
     if (ctx->store_fd >= 0) close(ctx->store_fd);
     ctx->store_fd = -1;   /* a late poison must not write to a reused descriptor */
     ddp__server_stop(ctx);
@@ -6051,6 +6189,51 @@ ddp_result ddp_report_loss(ddp_context *ctx, float loss) {
 ddp_result ddp_join(ddp_context *ctx) {
     ddp_result r = ddp__usable(ctx, 1, "ddp_join");
     return r != DDP_OK ? r : ddp__join(ctx);
+}
+
+/* The sampler's entry points need no context: a bad field is named in ddp_last_error(NULL). */
+static ddp_result ddp__sampler_valid(const ddp_sampler *s, const char *call) {
+    char why[192];
+    if (!s) return ddp__no_context(DDP_ERR_INVALID_ARGUMENT, call, "the sampler is NULL");
+    if (s->n == 0) {
+        snprintf(why, sizeof why, "rank %d: the sampler's dataset is empty (n = 0)", s->rank);
+        return ddp__no_context(DDP_ERR_INVALID_ARGUMENT, call, why);
+    }
+    if (s->world < 1) {
+        snprintf(why, sizeof why, "the sampler's world is %d; it must be >= 1 (the number of ranks that share the dataset)", s->world);
+        return ddp__no_context(DDP_ERR_INVALID_ARGUMENT, call, why);
+    }
+    if (s->rank < 0 || s->rank >= s->world) {
+        snprintf(why, sizeof why, "the sampler's rank %d is out of range for world %d (0 .. %d)", s->rank, s->world, s->world - 1);
+        return ddp__no_context(DDP_ERR_INVALID_ARGUMENT, call, why);
+    }
+    return DDP_OK;
+}
+
+ddp_result ddp_sampler_count(const ddp_sampler *s, uint64_t *count_out) {
+    ddp_result r = ddp__sampler_valid(s, "ddp_sampler_count");
+    if (count_out) *count_out = 0;
+    if (r != DDP_OK) return r;
+    if (!count_out) return ddp__no_context(DDP_ERR_INVALID_ARGUMENT, "ddp_sampler_count", "count_out is NULL");
+    *count_out = ddp__sampler_count(s);
+    return DDP_OK;
+}
+
+ddp_result ddp_sample(const ddp_sampler *s, uint64_t epoch, uint64_t i, uint64_t *index_out) {
+    ddp_result r = ddp__sampler_valid(s, "ddp_sample");
+    uint64_t count;
+    char why[192];   /* the longest message fits, and the call's name too in ddp_last_error(NULL)'s 256 */
+    if (index_out) *index_out = UINT64_MAX;
+    if (r != DDP_OK) return r;
+    if (!index_out) return ddp__no_context(DDP_ERR_INVALID_ARGUMENT, "ddp_sample", "index_out is NULL");
+    if (i >= (count = ddp__sampler_count(s))) {
+        snprintf(why, sizeof why, "rank %d: position %llu is past this rank's %llu sample(s) an epoch (n = %llu, world %d, %s)",
+                 s->rank, (unsigned long long)i, (unsigned long long)count, (unsigned long long)s->n, s->world,
+                 s->drop_last ? "drop_last: floor(n/world)" : "padded: ceil(n/world)");
+        return ddp__no_context(DDP_ERR_INVALID_ARGUMENT, "ddp_sample", why);
+    }
+    *index_out = ddp__sample(s, epoch, i);
+    return DDP_OK;
 }
 
 #ifdef __cplusplus

@@ -1,14 +1,15 @@
 /* minimal.c — the smallest complete ddp.h training program.
-   Fits a linear model y = W x + b to a synthetic target. Every rank takes its own slice of each
-   global batch; ddp.h averages the gradients while backward runs and steps AdamW on every rank.
+   Fits a linear model y = W x + b to a synthetic dataset of 1000 examples, in shuffled epochs:
+   ddp.h's distributed sampler gives every rank its own part of each global batch; ddp.h averages
+   the gradients while backward runs and steps AdamW on every rank.
        make && build/ddprun -n 2 build/minimal                                                 */
 #define DDP_IMPLEMENTATION
 #include "../ddp.h"
 #include <stdio.h>
 
-enum { IN = 32, OUT = 8, GLOBAL_BATCH = 64, STEPS = 300 };
+enum { IN = 32, OUT = 8, GLOBAL_BATCH = 64, STEPS = 300, EXAMPLES = 1000 };
 
-/* Deterministic numbers in [-1, 1): every rank can make any example of any batch. */
+/* Deterministic numbers in [-1, 1): every rank can make any example of the dataset. */
 static float noise(unsigned seed) {
     seed = seed * 2654435761u ^ 0x9e3779b9u; seed ^= seed >> 15; seed *= 2246822519u; seed ^= seed >> 13;
     return (float)(seed & 0xffffff) / 8388608.0f - 1.0f;
@@ -44,6 +45,8 @@ static void linear(ddp_context *ddp, int w, int b, const float *x, float *y, con
 
 #define CHECK(call) do { if ((call) != DDP_OK) { fprintf(stderr, "%s\n", ddp_last_error(ddp)); \
                                                  ddp_shutdown(ddp); return 1; } } while (0)
+/* The sampler needs no context: its message is in ddp_last_error(NULL). */
+#define SAMPLER_FAILED() do { fprintf(stderr, "%s\n", ddp_last_error(NULL)); ddp_shutdown(ddp); return 1; } while (0)
 
 int main(void) {
     ddp_context *ddp;
@@ -58,11 +61,22 @@ int main(void) {
     CHECK(ddp_register_param(ddp, "linear.bias", OUT, DDP_NO_DECAY, NULL, &b));
     CHECK(ddp_commit(ddp));
 
+    /* Each epoch a permutation of the examples, the same on every rank; rank r takes its
+       positions r, r + world, ... (drop_last: floor(1000 / world) each). Global batch k of an
+       epoch is positions [64k, 64k + 64) whatever the world: 15 batches an epoch. */
+    ddp_sampler sampler = { .n = EXAMPLES, .world = world, .rank = rank, .seed = 1, .shuffle = 1, .drop_last = 1 };
+    uint64_t per_rank;
+    if (ddp_sampler_count(&sampler, &per_rank) != DDP_OK) SAMPLER_FAILED();
+    int batches_per_epoch = (int)(per_rank / (uint64_t)n);
+
     static float x[GLOBAL_BATCH * IN], t[GLOBAL_BATCH * OUT], y[GLOBAL_BATCH * OUT], dy[GLOBAL_BATCH * OUT];
     ddp_adamw opt = { .lr = 0.02f, .weight_decay = 0.01f, .max_grad_norm = 1.0f };
     for (int step = 0; step < STEPS; step++) {
-        for (int i = 0; i < n; i++) {        /* this rank's slice of global batch `step` */
-            unsigned example = (unsigned)(step * GLOBAL_BATCH + rank * n + i) * 131u;
+        uint64_t epoch = (uint64_t)(step / batches_per_epoch), first = (uint64_t)(step % batches_per_epoch * n);
+        for (int i = 0; i < n; i++) {        /* this rank's part of global batch `step` */
+            uint64_t index;
+            if (ddp_sample(&sampler, epoch, first + (uint64_t)i, &index) != DDP_OK) SAMPLER_FAILED();
+            unsigned example = (unsigned)index * 131u;
             for (int k = 0; k < IN; k++) x[i * IN + k] = noise(example + k);
             for (int o = 0; o < OUT; o++) {  /* the target: a fixed linear map plus noise */
                 float s = 0.5f * (float)(o - OUT / 2) / OUT + 0.01f * noise(example + 99 + o);

@@ -1,8 +1,8 @@
 /* fuzz_data.c — libFuzzer target for train_gpt's data loader (examples/gpt).
    An input is a configuration (first 3 bytes: context 1..64, batch 1..8, world 1..4) and a
    training file (the rest). load_data must refuse a file that is empty or too small with a
-   message, and when it accepts one, every window of every rank's batch must lie inside the
-   training split (ASan checks each byte read). */
+   message, and when it accepts one, every rank has a batch from the sampler and every window of it
+   lies inside the training split (ASan checks each byte read). */
 #define main train_gpt_main
 #include "../examples/gpt/train_gpt.c"
 #undef main
@@ -21,6 +21,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     o.data = fuzz_path;
     o.model.seq = 1 + data[0] % 64;
     o.model.batch = 1 + data[1] % 8;
+    o.accum = 1;
     world = 1 + data[2] % 4;
     o.seed = data[0] * 31u + data[1];
     if (!(f = fopen(fuzz_path, "wb"))) return 0;
@@ -34,9 +35,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     tok = (int *)malloc(sizeof(int) * (size_t)o.model.batch * o.model.seq);
     tgt = (int *)malloc(sizeof(int) * (size_t)o.model.batch * o.model.seq);
     for (step = 0; step < 3; step++)
-        for (rank = 0; rank < world; rank++)
-            gpt_make_batch(d.bytes, d.train_len, o.seed, (uint64_t)step, rank * o.model.batch, o.model.batch,
-                           o.model.seq, tok, tgt);
+        for (rank = 0; rank < world; rank++) {   /* what train_gpt draws: a file load_data accepts always has a batch */
+            ddp_sampler s = gpt_window_sampler(d.train_len, o.model.seq, world, rank, o.seed);
+            uint64_t epoch, first;
+            if (gpt_batch_position(&s, o.model.batch, o.accum, (uint64_t)step, 0, &epoch, &first) != DDP_OK ||
+                gpt_sampled_batch(d.bytes, &s, epoch, first, o.model.batch, o.model.seq, tok, tgt) != DDP_OK) {
+                fprintf(stderr, "fuzz_data: load_data accepted a file with no batch for rank %d step %d: %s\n", rank, step,
+                        ddp_last_error(NULL));
+                abort();
+            }
+        }
     free(tok);
     free(tgt);
     free(d.bytes);

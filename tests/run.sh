@@ -29,6 +29,8 @@ run() {
 }
 
 run unit "$B/test_unit"
+run "sampler: counts, cover, permutation, large n, resume, bad input" "$B/test_sampler"
+for n in 2 3; do run "sampler, $n processes" "$B/ddprun" -n "$n" "$B/test_sampler"; done
 for n in 1 2 3 4; do run "collectives, $n rank(s)" "$B/ddprun" -n "$n" "$B/test_collectives"; done
 for n in 1 2 4; do run "equivalence, $n rank(s)" "$B/ddprun" -n "$n" "$B/test_equivalence"; done
 for n in 2 3; do run "bf16 reduction, $n ranks" "$B/ddprun" -n "$n" "$B/test_bf16"; done

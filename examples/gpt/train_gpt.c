@@ -9,9 +9,12 @@
    code on the host (tests: the GPU path of this file without a GPU).
 
    Every optimizer step takes a global batch of world x batch x grad-accum windows of seq+1 bytes
-   from the first 90% of the file; rank r takes windows [r*batch, (r+1)*batch) of each micro-step,
-   so N ranks train exactly what 1 rank trains at N x batch. Validation: the last 10%, the same
-   fixed windows every time, averaged over ranks. Run with --help for the flags. */
+   from the first 90% of the file, in epochs: ddp.h's distributed sampler (ddp_sample) gives
+   each rank its disjoint share of each epoch's permutation of the windows, and global batches are
+   consecutive positions of the epoch (gpt.h: gpt_batch_position), so N ranks train exactly what
+   1 rank trains at N x batch, and the step alone says where the data stand (a checkpoint needs
+   nothing more). Validation: the last 10%, the same fixed windows every time, averaged over
+   ranks. Run with --help for the flags. */
 #define DDP_IMPLEMENTATION
 #define DDP_TEST_KILL_POINTS   /* its tests kill rank 0 inside ddp_save (DDP_TEST_DIE_IN_CHECKPOINT) */
 #include "../../ddp.h"
@@ -257,6 +260,21 @@ static int load_data(const options *o, int rank, int world, dataset *d, char *er
     fclose(f);
     d->train_len = d->len * 9 / 10;
     d->val_len = d->len - d->train_len;
+    {   /* an epoch must hold one optimizer step: each rank's share of the windows, batch x grad-accum */
+        ddp_sampler s = gpt_window_sampler(d->train_len, o->model.seq, world, rank, o->seed);
+        uint64_t count = 0, need_windows = (uint64_t)o->model.batch * (uint64_t)(o->accum > 0 ? o->accum : 1);
+        ddp_sampler_count(&s, &count);
+        if (count < need_windows) {
+            snprintf(err, errn, "rank %d: the training data '%s' (%zu bytes) is too small for one optimizer step: its first 90%% "
+                     "holds %llu windows of seq %d + 1 bytes (one a byte offset), %llu a rank; a step takes batch %d x "
+                     "grad-accum %d = %llu a rank (world %d): use a larger file, or a smaller --batch, --grad-accum or --seq",
+                     rank, path, d->len, (unsigned long long)s.n, o->model.seq, (unsigned long long)count, o->model.batch,
+                     o->accum > 0 ? o->accum : 1, (unsigned long long)need_windows, world);
+            free(d->bytes);
+            d->bytes = NULL;
+            return 0;
+        }
+    }
     return 1;
 }
 
@@ -598,6 +616,7 @@ int main(int argc, char **argv) {
     model mo;
     int rank, world, step = 0, B, T, *tok, *tgt;
     uint64_t windows = 0;          /* training windows consumed, all ranks (the checkpoint's position) */
+    ddp_sampler sampler;           /* this rank's share of each epoch of training windows */
     double t_start, t_line;   /* t_line, step_line: when and at which step the last progress line was */
     int step_line;
     float val = NAN;
@@ -652,6 +671,7 @@ int main(int argc, char **argv) {
     B = o.model.batch;
     T = o.model.seq;
     if (!load_data(&o, rank, world, &data, err, sizeof err)) DIE("train_gpt: %s", err);
+    sampler = gpt_window_sampler(data.train_len, T, world, rank, o.seed);
     {
         ddp_result r = model_create(&mo, ddp, &o);
         if (r != DDP_OK) DIE("train_gpt: %s", model_create_failure(ddp, &o, r, err, sizeof err));
@@ -702,9 +722,12 @@ int main(int argc, char **argv) {
         ddp_step_stats st;
         int u, logs;
         CHECK(ddp_zero_grad(ddp));
-        for (u = 0; u < o.accum; u++) {   /* micro-step u: windows u*world*B + rank*B ... */
-            gpt_make_batch(data.bytes, data.train_len, o.seed, (uint64_t)step, (u * world + rank) * B, B, T, tok, tgt);
-            model_set_rows(&mo, step, (uint64_t)((u * world + rank) * B), 1);
+        for (u = 0; u < o.accum; u++) {   /* micro-step u: this rank's next B samples of the epoch */
+            uint64_t epoch = 0, first = 0;
+            if (gpt_batch_position(&sampler, B, o.accum, (uint64_t)step, u, &epoch, &first) != DDP_OK ||
+                gpt_sampled_batch(data.bytes, &sampler, epoch, first, B, T, tok, tgt) != DDP_OK)   /* load_data made sure it cannot */
+                DIE("train_gpt: rank %d: no batch for step %d: %s", rank, step + 1, ddp_last_error(NULL));
+            model_set_rows(&mo, step, first * (uint64_t)world + (uint64_t)rank, (uint64_t)world);   /* global positions: dropout's masks */
             ddp_set_sync(ddp, u == o.accum - 1);
             model_forward(&mo, tok, tgt, B, T, 1.0f / (float)o.accum, 1);
             CHECK(ddp_backward(ddp));
