@@ -3576,7 +3576,10 @@ struct ddp__gpu {
     double host_begin[2];          /* host clock when step_begin was recorded: the timeline's anchor */
     ddp_step_stats timed_stats[2];
     unsigned char *no_decay;       /* one byte per DDP_K_MASK_GROUP elements */
-    double *norm_partials, *norm_sq;
+    double *norm_blocks;           /* ddp.h's norm: one sum of squares per block (ctx->norm_blocks) */
+    cudaEvent_t *updated;          /* sharded, per bucket: the compute stream updated this rank's part */
+    cudaEvent_t gathered;          /* sharded: the comm stream has all-gathered every bucket */
+    double *norm_sq;
     ddp_k_adamw_state *state;      /* device: step, clip, skip */
     ddp_k_adamw_state *state_host; /* pinned copy, read when state_copied has completed */
     cudaEvent_t state_copied;
@@ -3903,10 +3906,12 @@ static ddp_result ddp__nccl_settle(ddp_context *ctx, ncclResult_t e, const char 
     return DDP_OK;
 }
 
-/* One collective on ddp.h's comm stream, in place: entered, settled, left, then noted for the
-   watchdog. Nothing waits for it. */
-static ddp_result ddp__nccl_enqueue(ddp_context *ctx, void *buf, size_t count, ncclDataType_t type, ncclRedOp_t op,
-                                    int broadcast_root, const char *what) {
+/* One collective on ddp.h's comm stream: entered, settled, left, then noted for the watchdog.
+   Nothing waits for it. count is NCCL's: a reduce-scatter's per-rank result, an all-gather's
+   per-rank contribution (in place when recv/send is the other + rank * count). */
+enum { DDP__NCCL_ALLREDUCE, DDP__NCCL_BROADCAST, DDP__NCCL_REDUCE, DDP__NCCL_REDUCE_SCATTER, DDP__NCCL_ALL_GATHER };
+static ddp_result ddp__nccl_call(ddp_context *ctx, int call, const void *send, void *recv, size_t count, ncclDataType_t type,
+                                 ncclRedOp_t op, int root, const char *what) {
     ddp__gpu *g = ctx->gpu;
     ncclResult_t e;
     ddp_result r;
@@ -3914,8 +3919,13 @@ static ddp_result ddp__nccl_enqueue(ddp_context *ctx, void *buf, size_t count, n
     if (!ddp__nccl_enter(g))
         return ddp__failed(ctx) ? ddp__failed(ctx) : ddp__fail_group(ctx, DDP_ERR_BACKEND, "%s: the NCCL "
                                                                                 "communicator is gone (aborted)", what);
-    if (broadcast_root >= 0) e = ncclBroadcast(buf, buf, count, type, broadcast_root, g->nccl, g->comm);
-    else e = ncclAllReduce(buf, buf, count, type, op, g->nccl, g->comm);
+    switch (call) {
+    case DDP__NCCL_BROADCAST: e = ncclBroadcast(send, recv, count, type, root, g->nccl, g->comm); break;
+    case DDP__NCCL_REDUCE: e = ncclReduce(send, recv, count, type, op, root, g->nccl, g->comm); break;
+    case DDP__NCCL_REDUCE_SCATTER: e = ncclReduceScatter(send, recv, count, type, op, g->nccl, g->comm); break;
+    case DDP__NCCL_ALL_GATHER: e = ncclAllGather(send, recv, count, type, g->nccl, g->comm); break;
+    default: e = ncclAllReduce(send, recv, count, type, op, g->nccl, g->comm); break;
+    }
     r = ddp__nccl_settle(ctx, e, what, ddp__now() + ctx->desc.timeout_s);
     ddp__nccl_leave(g);
     if (r == DDP_ERR_TIMEOUT && !ddp__failed(ctx))
@@ -3927,6 +3937,36 @@ static ddp_result ddp__nccl_enqueue(ddp_context *ctx, void *buf, size_t count, n
     pthread_mutex_unlock(&g->lock);
     DDP__CUDA(w);
     return DDP_OK;
+}
+
+/* In place: an allreduce, or a broadcast from broadcast_root >= 0. */
+static ddp_result ddp__nccl_enqueue(ddp_context *ctx, void *buf, size_t count, ncclDataType_t type, ncclRedOp_t op,
+                                    int broadcast_root, const char *what) {
+    return ddp__nccl_call(ctx, broadcast_root >= 0 ? DDP__NCCL_BROADCAST : DDP__NCCL_ALLREDUCE, buf, buf, count, type, op,
+                          broadcast_root, what);
+}
+
+/* Sharded (ddp__shard_range): bucket b's parts, rank s's at s * part for part floats, the last
+   rank's also the tail from world * part on. A reduce-scatter of the equal parts, in place (NCCL
+   wants equal counts), and a reduce of the tail to the last rank; or (gather) an all-gather and a
+   broadcast of the tail from the last rank. `base` is the bucket's start in the buffer. */
+static ddp_result ddp__nccl_parts(ddp_context *ctx, int b, void *base, ncclDataType_t type, size_t elem, int gather,
+                                  const char *what) {
+    const ddp__bucket *k = &ctx->buckets[b];
+    size_t lo, hi, part, tail;
+    unsigned char *at = (unsigned char *)base;
+    ddp_result r;
+    ddp__shard_range(ctx, b, 0, &lo, &hi);
+    part = hi - lo;
+    tail = k->count - part * (size_t)ctx->world;
+    if (part) {
+        r = gather ? ddp__nccl_call(ctx, DDP__NCCL_ALL_GATHER, at + (size_t)ctx->rank * part * elem, at, part, type, ncclSum, 0, what)
+                   : ddp__nccl_call(ctx, DDP__NCCL_REDUCE_SCATTER, at, at + (size_t)ctx->rank * part * elem, part, type, ncclAvg, 0, what);
+        if (r != DDP_OK) return r;
+    }
+    if (!tail) return DDP_OK;
+    at += part * (size_t)ctx->world * elem;
+    return ddp__nccl_call(ctx, gather ? DDP__NCCL_BROADCAST : DDP__NCCL_REDUCE, at, at, tail, type, ncclAvg, ctx->world - 1, what);
 }
 
 /* Every entry point runs on the caller's thread, which may have another device current. */
@@ -4090,6 +4130,10 @@ static ddp_result ddp__gpu_commit(ddp_context *ctx) {
         if ((r = ddp__gpu_create_events(ctx, &g->comm_start[k], cudaEventDefault)) != DDP_OK) return r;
         if ((r = ddp__gpu_create_events(ctx, &g->comm_end[k], cudaEventDefault)) != DDP_OK) return r;
     }
+    if (ctx->desc.shard_optimizer && ctx->world > 1) {
+        if ((r = ddp__gpu_create_events(ctx, &g->updated, cudaEventDisableTiming)) != DDP_OK) return r;
+        DDP__CUDA(cudaEventCreateWithFlags(&g->gathered, cudaEventDisableTiming));
+    }
     for (b = 0; b < ctx->num_buckets; b++) if (ctx->buckets[b].count > largest) largest = ctx->buckets[b].count;
     if (ctx->desc.reduce_dtype == DDP_DTYPE_BF16 && ctx->world > 1)
         DDP__CUDA(cudaMalloc((void **)&g->bf16, largest * sizeof(uint16_t)));
@@ -4106,7 +4150,8 @@ static ddp_result ddp__gpu_commit(ddp_context *ctx) {
 }
 
 /* A bucket is ready: the comm stream waits for the compute stream up to here, then averages
-   the bucket in place (through bf16 staging when asked), all enqueued, nothing waited for. */
+   the bucket in place (through bf16 staging when asked), all enqueued, nothing waited for.
+   Sharded: reduce-scattered instead (ddp__nccl_parts). */
 static ddp_result ddp__gpu_launch(ddp_context *ctx, int index) {
     ddp__gpu *g = ctx->gpu;
     const ddp__bucket *b = &ctx->buckets[index];
@@ -4124,11 +4169,21 @@ static ddp_result ddp__gpu_launch(ddp_context *ctx, int index) {
     DDP__CUDA(cudaEventRecord(g->comm_start[par][index], g->comm));
     if (inject_ms > 0) DDP__CUDA(ddp_k_spin(inject_ms, g->comm));   /* tests/benchmarks: a slow network */
     if (bf16) DDP__CUDA(ddp_k_f32_to_bf16(grads, g->bf16, b->count, g->comm));
-    snprintf(what, sizeof what, "the allreduce of gradient bucket %d (%zu elements)", index, b->count);
-    if (bf16) r = ddp__nccl_enqueue(ctx, g->bf16, b->count, ncclBfloat16, ncclAvg, -1, what);
-    else r = ddp__nccl_enqueue(ctx, grads, b->count, ncclFloat, ncclAvg, -1, what);
-    if (r != DDP_OK) return r;
-    if (bf16) DDP__CUDA(ddp_k_bf16_to_f32(g->bf16, grads, b->count, g->comm));
+    if (ctx->desc.shard_optimizer && ctx->world > 1) {   /* a reduce-scatter: this rank's part is averaged */
+        size_t lo, hi;
+        snprintf(what, sizeof what, "the reduce-scatter of gradient bucket %d (%zu elements)", index, b->count);
+        r = bf16 ? ddp__nccl_parts(ctx, index, g->bf16, ncclBfloat16, sizeof(uint16_t), 0, what)
+                 : ddp__nccl_parts(ctx, index, grads, ncclFloat, sizeof(float), 0, what);
+        if (r != DDP_OK) return r;
+        ddp__shard_range(ctx, index, ctx->rank, &lo, &hi);
+        if (bf16) DDP__CUDA(ddp_k_bf16_to_f32(g->bf16 + (lo - b->offset), ctx->flat_grads + lo, hi - lo, g->comm));
+    } else {
+        snprintf(what, sizeof what, "the allreduce of gradient bucket %d (%zu elements)", index, b->count);
+        if (bf16) r = ddp__nccl_enqueue(ctx, g->bf16, b->count, ncclBfloat16, ncclAvg, -1, what);
+        else r = ddp__nccl_enqueue(ctx, grads, b->count, ncclFloat, ncclAvg, -1, what);
+        if (r != DDP_OK) return r;
+        if (bf16) DDP__CUDA(ddp_k_bf16_to_f32(g->bf16, grads, b->count, g->comm));
+    }
     DDP__CUDA(cudaEventRecord(g->comm_end[par][index], g->comm));
     g->last_bucket[par] = index;
     return DDP_OK;
@@ -4229,13 +4284,14 @@ static ddp_result ddp__gpu_scale(ddp_context *ctx, float *x, size_t count, float
     return DDP_OK;
 }
 
+/* m and v: this rank's parts (shard_count floats; unsharded the whole flat buffer). */
 static ddp_result ddp__gpu_alloc_adamw(ddp_context *ctx) {
     ddp__gpu *g = ctx->gpu;
-    size_t bytes = ctx->flat_count * sizeof(float);
+    size_t bytes = ctx->shard_count * sizeof(float);
     if (ctx->adam_m) return DDP_OK;
-    DDP__CUDA(cudaMalloc((void **)&ctx->adam_m, bytes));
-    DDP__CUDA(cudaMalloc((void **)&ctx->adam_v, bytes));
-    DDP__CUDA(cudaMalloc((void **)&g->norm_partials, DDP_K_NORM_BLOCKS * sizeof(double)));
+    DDP__CUDA(cudaMalloc((void **)&ctx->adam_m, bytes ? bytes : sizeof(float)));
+    DDP__CUDA(cudaMalloc((void **)&ctx->adam_v, bytes ? bytes : sizeof(float)));
+    DDP__CUDA(cudaMalloc((void **)&g->norm_blocks, (ctx->norm_blocks + 1) * sizeof(double)));
     DDP__CUDA(cudaMalloc((void **)&g->norm_sq, sizeof(double)));
     DDP__CUDA(cudaMalloc((void **)&g->state, sizeof(ddp_k_adamw_state)));
     /* Zeroed on the compute stream, where the AdamW kernels read them next: a plain cudaMemset
@@ -4270,6 +4326,68 @@ static ddp_result ddp__gpu_report_skips(ddp_context *ctx) {
                      "itself, naming the parameter", skipped);
 }
 
+/* The global norm's square into g->norm_sq: each bucket's blocks in this rank's part (all of it
+   unsharded), sharded their exchange (an allreduce of the block array: every block is non-zero
+   on its owner only, so nothing is rounded), then the blocks added in order: the CPU backend's
+   bits, sharded or not. The exchange runs on the comm stream between the compute stream's work. */
+static ddp_result ddp__gpu_norm(ddp_context *ctx) {
+    ddp__gpu *g = ctx->gpu;
+    size_t lo, hi;
+    int b, sharded = ctx->desc.shard_optimizer && ctx->world > 1;
+    /* sharded: the last exchange left every rank's blocks here; the others' must be zeros again */
+    if (sharded) DDP__CUDA(cudaMemsetAsync(g->norm_blocks, 0, ctx->norm_blocks * sizeof(double), g->compute));
+    for (b = 0; b < ctx->num_buckets; b++) {
+        size_t off = ctx->buckets[b].offset;
+        ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
+        DDP__CUDA(ddp_k_norm_blocks(ctx->flat_grads + lo, hi - lo, DDP__SHARD_GRAIN,
+                                    g->norm_blocks + ctx->norm_base[b] + (lo - off) / DDP__SHARD_GRAIN, g->compute));
+    }
+    if (sharded) {
+        ddp_result r;
+        DDP__CUDA(cudaEventRecord(g->coll_ready, g->compute));
+        DDP__CUDA(cudaStreamWaitEvent(g->comm, g->coll_ready, 0));
+        r = ddp__nccl_enqueue(ctx, g->norm_blocks, ctx->norm_blocks, ncclFloat64, ncclSum, -1,
+                              "ddp_adamw_step's allreduce of the gradient norm's blocks (shard_optimizer)");
+        if (r != DDP_OK) return r;
+        DDP__CUDA(cudaEventRecord(g->coll_done, g->comm));
+        DDP__CUDA(cudaStreamWaitEvent(g->compute, g->coll_done, 0));
+    }
+    DDP__CUDA(ddp_k_sum_doubles(g->norm_blocks, ctx->norm_blocks, g->norm_sq, g->compute));
+    return DDP_OK;
+}
+
+/* The fused step on this rank's part of each bucket (the whole buffer unsharded). Sharded, as
+   each bucket's part is updated the comm stream all-gathers that bucket (the gather of early
+   buckets overlaps the update of later ones), and the compute stream waits for the last
+   gather before the program's next kernels read the parameters. A skipped step (state->skip)
+   changes nothing, and the gather then moves the unchanged values. */
+static ddp_result ddp__gpu_update(ddp_context *ctx, const ddp_adamw *opt, float b1, float b2, float eps) {
+    ddp__gpu *g = ctx->gpu;
+    int b, sharded = ctx->desc.shard_optimizer && ctx->world > 1;
+    size_t lo, hi;
+    if (!sharded) {
+        DDP__CUDA(ddp_k_adamw(ctx->flat_params, ctx->flat_grads, ctx->adam_m, ctx->adam_v, ctx->flat_count, g->no_decay,
+                              opt->lr, b1, b2, eps, opt->weight_decay, g->state, g->compute));
+        return DDP_OK;
+    }
+    for (b = 0; b < ctx->num_buckets; b++) {
+        const ddp__bucket *k = &ctx->buckets[b];
+        char what[96];
+        ddp_result r;
+        ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
+        DDP__CUDA(ddp_k_adamw(ctx->flat_params + lo, ctx->flat_grads + lo, ctx->adam_m + ctx->shard_base[b],
+                              ctx->adam_v + ctx->shard_base[b], hi - lo, g->no_decay ? g->no_decay + lo / DDP_K_MASK_GROUP : NULL,
+                              opt->lr, b1, b2, eps, opt->weight_decay, g->state, g->compute));
+        DDP__CUDA(cudaEventRecord(g->updated[b], g->compute));
+        DDP__CUDA(cudaStreamWaitEvent(g->comm, g->updated[b], 0));
+        snprintf(what, sizeof what, "the all-gather of bucket %d's updated parameters (shard_optimizer)", b);
+        if ((r = ddp__nccl_parts(ctx, b, ctx->flat_params + k->offset, ncclFloat, sizeof(float), 1, what)) != DDP_OK) return r;
+    }
+    DDP__CUDA(cudaEventRecord(g->gathered, g->comm));
+    DDP__CUDA(cudaStreamWaitEvent(g->compute, g->gathered, 0));
+    return DDP_OK;
+}
+
 /* AdamW on the device: sum of squares -> (skip, clip, step, bias corrections) -> the fused
    step, all on the compute stream. Only with grad_norm_out does the host read the norm back
    (one 40-byte copy and a wait for the compute stream); a program that wants no host wait in
@@ -4290,7 +4408,7 @@ static ddp_result ddp__gpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b
         DDP__CUDA(cudaMemcpyAsync(&g->state->step, &ctx->adam_step, sizeof(long long), cudaMemcpyHostToDevice, g->compute));
         g->step_dirty = 0;
     }
-    DDP__CUDA(ddp_k_sum_squares(ctx->flat_grads, ctx->flat_count, g->norm_partials, g->norm_sq, g->compute));
+    if ((r = ddp__gpu_norm(ctx)) != DDP_OK) return r;
     DDP__CUDA(ddp_k_adamw_prepare(g->state, g->norm_sq, opt->max_grad_norm, opt->lr, b1, b2, g->compute));
     if (host_norm) {
         double norm;
@@ -4312,8 +4430,7 @@ static ddp_result ddp__gpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b
             return r;
         }
     }
-    DDP__CUDA(ddp_k_adamw(ctx->flat_params, ctx->flat_grads, ctx->adam_m, ctx->adam_v, ctx->flat_count, g->no_decay,
-                          opt->lr, b1, b2, eps, opt->weight_decay, g->state, g->compute));
+    if ((r = ddp__gpu_update(ctx, opt, b1, b2, eps)) != DDP_OK) return r;
     if (!host_norm) {
         DDP__CUDA(cudaMemcpyAsync(g->state_host, g->state, sizeof(ddp_k_adamw_state), cudaMemcpyDeviceToHost, g->compute));
         DDP__CUDA(cudaEventRecord(g->state_copied, g->compute));
@@ -4420,7 +4537,7 @@ static void ddp__gpu_teardown(ddp_context *ctx) {
     ddp__gpu_stop_watchdog(ctx);
     cudaFree(ctx->flat_params); cudaFree(ctx->flat_grads); cudaFree(ctx->adam_m); cudaFree(ctx->adam_v);
     ctx->flat_params = ctx->flat_grads = ctx->adam_m = ctx->adam_v = NULL;
-    cudaFree(g->no_decay); cudaFree(g->norm_partials); cudaFree(g->norm_sq); cudaFree(g->state); cudaFree(g->bf16);
+    cudaFree(g->no_decay); cudaFree(g->norm_blocks); cudaFree(g->norm_sq); cudaFree(g->state); cudaFree(g->bf16);
     cudaFree(g->scratch);
     if (g->scratch_host) cudaFreeHost(g->scratch_host);
     if (g->state_host) cudaFreeHost(g->state_host);
@@ -4431,6 +4548,9 @@ static void ddp__gpu_teardown(ddp_context *ctx) {
             if (g->comm_end[k]) cudaEventDestroy(g->comm_end[k][b]);
         }
     }
+    for (b = 0; g->updated && b < ctx->num_buckets; b++) cudaEventDestroy(g->updated[b]);
+    DDP_FREE(g->updated);
+    if (g->gathered) cudaEventDestroy(g->gathered);
     DDP_FREE(g->ready);
     for (k = 0; k < 2; k++) {
         DDP_FREE(g->comm_start[k]); DDP_FREE(g->comm_end[k]);
@@ -4473,7 +4593,7 @@ static void ddp__gpu_stop(ddp_context *ctx) {
 }
 
 static const ddp__backend ddp__nccl_backend = {
-    "nccl", DDP_BACKEND_NCCL, 1, 0,
+    "nccl", DDP_BACKEND_NCCL, 1, 1,
     ddp__gpu_setup, ddp__gpu_alloc_flat, ddp__gpu_commit, ddp__gpu_begin_step, ddp__gpu_launch,
     ddp__gpu_finish, ddp__gpu_zero, ddp__gpu_scale, ddp__gpu_adamw, ddp__gpu_adamw_state, ddp__gpu_copy,
     ddp__gpu_collective, ddp__gpu_stats, ddp__gpu_poison, ddp__gpu_stop, ddp__gpu_teardown
