@@ -6,7 +6,8 @@
    batch N*B — only faster.
 
    CONTENTS
-     QUICK START · ONE STEP, AS DATA FLOWS · OPTIONS · ADAMW · BACKENDS · ENVIRONMENT · ERRORS ·
+     QUICK START · ONE STEP, AS DATA FLOWS · OPTIONS · ADAMW · SHARDED OPTIMIZER (ZeRO-1) · BACKENDS ·
+     ENVIRONMENT · ERRORS ·
      NULL, LIFETIME AND THREADS · EMBEDDING: CANCEL, PROGRESS, UNEVEN INPUTS · COMPILE-TIME OPTIONS ·
      THE IMPLEMENTATION, SECTION BY SECTION
 
@@ -94,12 +95,17 @@
                                            cancels every context that holds it (EMBEDDING)
      uneven_inputs    DDP_JOIN_OFF         DDP_JOIN_DIVIDE_BY_WORLD or _BY_ACTIVE: ranks may run
                                            out of data and ddp_join (EMBEDDING); ranks must agree
+     shard_optimizer  0 ($DDP_SHARD_       1: ZeRO stage 1, AdamW's m and v split across the ranks
+                      OPTIMIZER)           (SHARDED OPTIMIZER below); the same bits as 0; ranks
+                                           must agree; not with uneven_inputs
 
    ADAMW (ddp_adamw; ddp_adamw_step(ddp, &opt, &norm or NULL))
      lr as given (0 is valid); beta1, beta2, eps: 0 means 0.9, 0.999, 1e-8 unless as_given = 1,
      which uses all three exactly as given (beta1 = 0 included); weight_decay: decoupled,
      skipped for parameters registered with DDP_NO_DECAY; max_grad_norm > 0: clip by the global
-     L2 norm first (computed in double, in a fixed order: the same bits on every rank).
+     L2 norm first (computed in double, in a fixed order: the same bits on every rank, on both
+     backends, sharded or not: the sum of squares of each block of 1024 floats of each bucket,
+     eight running sums in element order, then the blocks added in bucket order, block order).
      What matches torch.optim.AdamW: the formula (m, v, bias corrections 1 - beta^t, eps added
      to sqrt(v_hat), the decoupled decay lr * wd * p, applied before the Adam update), and the
      clipping of torch.nn.utils.clip_grad_norm_ (scale max / (norm + 1e-6) when norm > max).
@@ -109,6 +115,49 @@
      ddp_copy_to_host / ddp_copy_from_host copy any flat buffer to and from host memory on
      every backend; ddp_gather_to_host / ddp_scatter_from_host (collective) move a range between
      the ranks that hold it and one rank's host memory.
+
+   SHARDED OPTIMIZER (ZeRO-1; ddp_desc.shard_optimizer = 1 or DDP_SHARD_OPTIMIZER=1)
+     What: every rank keeps the parameters and the gradients whole, but AdamW's m and v only for
+     its own part of each bucket. A synchronizing step reduce-scatters each bucket instead of
+     averaging all of it (only this rank's part of ddp_flat_grads holds the average afterwards;
+     the rest keeps this rank's own gradients); ddp_adamw_step updates this rank's parts and
+     all-gathers the parameters bucket by bucket, so every rank ends the step with the same
+     parameters, bit for bit those of an unsharded run (tests/test_shard.c, 1-4 ranks).
+     Layout (chosen: per bucket, not one contiguous range of the flat buffer per rank): rank s
+     owns floats [s*P, (s+1)*P) of a bucket, P = its 1/world share rounded down to 1024 floats,
+     and the last rank also the tail up to the bucket's end. Per bucket, because a bucket is one
+     collective: its reduce-scatter can start while backward runs, and the gather of bucket b
+     overlaps the update of bucket b+1; a contiguous range per rank would cut buckets into
+     unequal pieces that NCCL's equal-count ncclReduceScatter / ncclAllGather cannot take. The
+     equal parts go through those, in place; the tail (under world*1024 floats) through one
+     ncclReduce to, and one ncclBroadcast from, the last rank. No padding: the flat layout, and
+     so every offset, is the same sharded or not at any world size. The parts are balanced to
+     within world*1024 floats a bucket; a bucket under world*1024 floats belongs to the last
+     rank whole (tiny models shard little).
+     The norm: blocks of 1024 floats never straddle two owners, so each rank sums the squares of
+     its own blocks, the block sums reach every rank unchanged (CPU: one broadcast per rank of
+     its block array; NCCL: an allreduce of doubles where every block is non-zero on one rank
+     only, so nothing is rounded), and every rank adds all blocks in order: the norm is
+     bit-identical to the unsharded one (ADAMW above), not merely close.
+     m and v: ddp_adamw_state's m and v point to this rank's parts, packed in flat order
+     (shard_count floats; unsharded m[i] is flat element i as before). ddp_copy_to_host /
+     _from_host of DDP_ADAM_M / _V take flat offsets and accept a range that lies in one of this
+     rank's parts; any other is refused by name ("not all held by rank R"). ddp_gather_to_host /
+     ddp_scatter_from_host (collective) reach any range: each part travels from or to its owner
+     (m, v and, gathered, the averaged gradients; parameters are everywhere).
+     Memory per parameter and rank: 4 (parameters) + 4 (gradients) + 8/world (m, v) bytes,
+     against 16 unsharded (plus the CPU backend's shared segment: its parameters and gradients
+     ARE the flat buffers, nothing more). reduce_dtype BF16, find_unused, skip_nonfinite,
+     accumulation, clipping: supported, same bits. uneven_inputs (ddp_join): refused at ddp_init
+     (a joined rank takes no optimizer steps, but sharded every rank must update its part).
+     CPU backend: the in-place buckets (>>cpu-grads) skip the copy-out (that is the reduce-
+     scatter); the parameters live in the shared segment beside the gradients, and a rank
+     copies each peer's part of a bucket straight from the peer's parameters once the peer has
+     posted it. Without the segment (DDP_STAGED_GRADS, no room in /dev/shm) the buckets are
+     averaged whole and the parts travel by broadcast: the same bits, slower. NCCL: the comm
+     stream reduce-scatters the buckets, the compute stream runs the norm (its exchange on the
+     comm stream) and each bucket's update, the comm stream all-gathers each bucket after its
+     update, and the compute stream waits for the last gather (no host wait, as unsharded).
 
    BACKENDS (one table each: THE IMPLEMENTATION below)
      single  one rank, no launcher: no network, no shared memory, no thread
@@ -143,6 +192,7 @@
                      rank prove to each other that they know it, without sending it
      DDP_JOB_ID      the job's name, the same on every rank (default: the launcher's job id)
      DDP_TIMEOUT     seconds, see timeout_s
+     DDP_SHARD_OPTIMIZER=0|1  shard_optimizer when the descriptor leaves it 0
      DDP_STAGED_GRADS=1  (CPU backend, read by rank 0) gradient buckets through the staging
                      slots instead of in place through the shared gradient segment: the same
                      bits, slower; for comparisons
@@ -249,10 +299,12 @@
      >>env          the launcher environment; the descriptor: environment, ddp__desc_defaults
                     (every default, pure), validation, the group
      >>store        the rendezvous store (server thread on rank 0, client on every rank)
-     >>host         what single and cpu share: host flat buffers, AdamW arithmetic, bf16 rounding
+     >>host         what single and cpu share: host flat buffers, AdamW arithmetic, bf16 rounding;
+                    the shard layout (ddp__shard_range) and the norm's blocks every backend uses
      >>single       the single backend's table
-     >>cpu          shared-memory collectives, liveness, poison; >>cpu-grads buckets averaged in
-                    place; the communication thread; the cpu backend's table
+     >>cpu          shared-memory collectives, liveness, poison; >>cpu-grads buckets averaged (or
+                    reduce-scattered) in place; sharded AdamW and its all-gather; the
+                    communication thread; the cpu backend's table
      >>nccl         the NCCL backend (only with DDP_CUDA): the communicator's life, the
                     watchdog, set-up, buckets on the comm stream, AdamW kernels; its table
      >>group        ddp__choose_backend (the one place that knows every backend), rendezvous,
@@ -268,7 +320,8 @@
      >>public       every public function: checks its arguments and the context, hands off
      The backend table (ddp__backend in >>types) is the only way generic code reaches a
      backend: setup, alloc_flat, commit, begin_step, launch, finish, zero, scale, adamw,
-     adamw_state, copy, collective, stats, poison, stop, teardown. Adding a backend is adding a section that
+     adamw_state, copy, collective, stats, poison, stop, teardown; its `shards` flag says whether
+     it runs shard_optimizer (ddp_init refuses it by the backend's name otherwise). Adding a backend is adding a section that
      fills one and a line in ddp__choose_backend.
      The error rule. ddp__fail records a message (rank first) and returns its code: for errors
      that leave the ranks in step (bad arguments, calls out of order, local resources); the
@@ -464,6 +517,7 @@ void ddp_set_sync(ddp_context *ctx, int enabled);
 
 ddp_result ddp_adamw_step(ddp_context *ctx, const ddp_adamw *opt, float *grad_norm_out);
 /* Optimizer state for checkpoints: m and v are flat like the parameters (device memory on NCCL);
+   with shard_optimizer they hold this rank's parts only (SHARDED OPTIMIZER in the manual).
    *step is host memory on every backend. */
 ddp_result ddp_adamw_state(ddp_context *ctx, float **m, float **v, int64_t **step);
 

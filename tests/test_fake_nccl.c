@@ -255,7 +255,7 @@ static void shard_rank(test_rank *self) {
     ddp_adamw opt;
     ddp_result r;
     int ids[SH_PARAMS], k, step, u;
-    static float init[MAX_WORLD][SH_MAX];
+    static float init[MAX_WORLD][SH_PARAMS][SH_MAX];   /* one each: ddp_commit reads them */
     memset(&opt, 0, sizeof opt);
     opt.lr = 0.01f; opt.weight_decay = 0.1f; opt.max_grad_norm = 5.0f;
     d.backend = cfg.backend;
@@ -267,9 +267,9 @@ static void shard_rank(test_rank *self) {
     for (k = 0; k < SH_PARAMS && r == DDP_OK; k++) {
         char name[16];
         size_t i;
-        for (i = 0; i < sh_sizes[k]; i++) init[self->rank][i] = 0.5f * test_value(77 + (uint64_t)k, i);
+        for (i = 0; i < sh_sizes[k]; i++) init[self->rank][k][i] = 0.5f * test_value(77 + (uint64_t)k, i);
         snprintf(name, sizeof name, "p%d", k);
-        r = ddp_register_param(ctx, name, sh_sizes[k], k % 2 ? DDP_NO_DECAY : 0, init[self->rank], &ids[k]);
+        r = ddp_register_param(ctx, name, sh_sizes[k], k % 2 ? DDP_NO_DECAY : 0, init[self->rank][k], &ids[k]);
     }
     if (r == DDP_OK) r = ddp_commit(ctx);
     for (step = 0; step < SH_STEPS && r == DDP_OK; step++) {

@@ -38,6 +38,7 @@ typedef struct options {
     gpt_config model;
     int steps, warmup, accum, eval_every, eval_batches, sample, top_k, stop_at, save_every, log_every;
     int cpu, tf32;                 /* --cpu: CPU backend and model even where a GPU is; --tf32 */
+    int shard;                     /* --shard-optimizer: ddp_desc.shard_optimizer (ZeRO-1) */
     int fresh;                     /* --fresh: --save PATH starts over even where PATH holds a checkpoint */
     float lr, min_lr, wd, clip, beta1, beta2, temperature, bucket_mb;
     uint64_t seed;
@@ -77,6 +78,7 @@ static void usage(FILE *f) {
         "  --bucket-mb X      gradient bucket cap in MiB (ddp.h's default, 25; smaller: more, earlier buckets)\n"
         "  --dump-init PATH   write the initial parameters (float32, registration order) and exit\n"
         "  --cpu              the CPU backend and model even where a GPU is visible (GPU build)\n"
+        "  --shard-optimizer  AdamW's m and v sharded across the ranks (ZeRO-1; same results)\n"
         "  --tf32             GPU: TF32 tensor-core matmuls (faster, less exact; default pure fp32)\n");
 }
 
@@ -96,6 +98,7 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errn)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); exit(0); }
         else if (!strcmp(a, "--cpu")) { o->cpu = 1; continue; }
         else if (!strcmp(a, "--tf32")) { o->tf32 = 1; continue; }
+        else if (!strcmp(a, "--shard-optimizer")) { o->shard = 1; continue; }
         else if (!strcmp(a, "--fresh")) { o->fresh = 1; continue; }
         else if (!strcmp(a, "--data")) sp = &o->data;
         else if (!strcmp(a, "--save")) sp = &o->save;
@@ -745,6 +748,7 @@ int main(int argc, char **argv) {
         memset(&desc, 0, sizeof desc);
         desc.bucket_cap_mb = o.bucket_mb;
         desc.backend = o.cpu ? DDP_BACKEND_CPU : DDP_BACKEND_AUTO;
+        desc.shard_optimizer = o.shard;
 #ifdef __CUDACC__
         /* The compute stream: this thread's per-thread default stream. It is a stream of
            whichever device ddp_init selects (LOCAL_RANK modulo the devices), so it can be named
