@@ -6,6 +6,7 @@
    + 4 (gradients) + 8 (m, v) = 16 bytes; sharded 8 + 8 x (this rank's part) / (all parameters),
    about 8 + 8 / world.
    Run: build/ddprun -n N build/bench_shard_memory [PARAMS_MILLIONS (8)] */
+#define _GNU_SOURCE   /* the counting allocator's includes come before ddp.h's */
 #include <stdlib.h>
 #include <stddef.h>
 static size_t bench_live;
