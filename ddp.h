@@ -306,7 +306,9 @@
                     reduce-scattered) in place; sharded AdamW and its all-gather; the
                     communication thread; the cpu backend's table
      >>nccl         the NCCL backend (only with DDP_CUDA): the communicator's life, the
-                    watchdog, set-up, buckets on the comm stream, AdamW kernels; its table
+                    watchdog, set-up, buckets on the comm stream (sharded: reduce-scattered),
+                    the norm's blocks, AdamW kernels (sharded: per bucket, then all-gathered);
+                    its table
      >>group        ddp__choose_backend (the one place that knows every backend), rendezvous,
                     init, shutdown
      >>embed        progress: the seqlock the rank writes and any thread reads (cancel itself:
@@ -5380,13 +5382,13 @@ static ddp_result ddp__state_at(ddp_context *ctx, ddp_buffer which, size_t offse
     ddp_result r = ddp__state_buffer(ctx, which, offset, host, count, call, &flat);
     int b;
     if (r != DDP_OK) return r;
-    if ((which != DDP_ADAM_M && which != DDP_ADAM_V) || !ctx->desc.shard_optimizer || ctx->world == 1) {
+    if ((which != DDP_ADAM_M && which != DDP_ADAM_V) || !ctx->desc.shard_optimizer || ctx->world == 1 || !count) {
         *at = flat + offset;
         return DDP_OK;
     }
     for (b = 0; b < ctx->num_buckets; b++) {
         ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
-        if (offset >= lo && offset + count <= hi && (count || offset < hi)) { *at = flat + ctx->shard_base[b] + (offset - lo); return DDP_OK; }
+        if (offset >= lo && offset + count <= hi) { *at = flat + ctx->shard_base[b] + (offset - lo); return DDP_OK; }
     }
     return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: floats [%zu, %zu) of AdamW's %s are not all held by rank %d: with "
                      "shard_optimizer each rank holds m and v only for its own part of each bucket (ddp_gather_to_host "
