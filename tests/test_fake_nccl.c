@@ -258,6 +258,7 @@ static void shard_rank(test_rank *self) {
     static float init[MAX_WORLD][SH_PARAMS][SH_MAX];   /* one each: ddp_commit reads them */
     memset(&opt, 0, sizeof opt);
     opt.lr = 0.01f; opt.weight_decay = 0.1f; opt.max_grad_norm = 5.0f;
+    d.log = keep_errors; d.log_level = DDP_LOG_ERROR;   /* ddp_shutdown's own failure, into res[].logged */
     d.backend = cfg.backend;
     d.shard_optimizer = cfg.shard;
     d.reduce_dtype = cfg.bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
@@ -317,7 +318,11 @@ static void test_shard_parts(int world, int micro, int bf16) {
         memset(&sh, 0, sizeof sh);
         run(world, shard_rank);
         for (r = 0; r < world; r++) {
-            if (sh.r[r] != DDP_OK && ok) { snprintf(why, sizeof why, "%s, rank %d: %s", pass ? "nccl" : "cpu", r, sh.err[r]); ok = 0; }
+            if (sh.r[r] != DDP_OK && ok) {
+                snprintf(why, sizeof why, "%s, rank %d: %s%s%.400s", pass ? "nccl" : "cpu", r, sh.err[r],
+                         res[r].logged[0] ? "; ddp_shutdown: " : "", res[r].logged);
+                ok = 0;
+            }
             if (ok && r > 0 && memcmp(sh.params[r], sh.params[0], sh.count * sizeof(float))) {
                 snprintf(why, sizeof why, "%s: rank %d's parameters differ from rank 0's", pass ? "nccl" : "cpu", r);
                 ok = 0;
