@@ -153,6 +153,11 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errn)
     if (!gpt_config_check(&o->model, err, errn)) return 0;
     if (o->accum < 1 || o->eval_batches < 1 || o->log_every < 1) { snprintf(err, errn, "--grad-accum, --eval-batches and --log-every must be >= 1"); return 0; }
     if (!(o->beta1 < 1 && o->beta2 < 1) || !(o->temperature > 0)) { snprintf(err, errn, "betas must be < 1 and the temperature > 0"); return 0; }
+    if (o->shard && (o->save || o->resume)) {   /* this trainer's checkpoints copy m and v whole from rank 0 */
+        snprintf(err, errn, "--shard-optimizer does not go with --save or --resume yet (each rank holds only its part of "
+                 "AdamW's m and v; the checkpoint code copies them whole from rank 0)");
+        return 0;
+    }
     if (o->fresh && (!o->save || o->resume)) { snprintf(err, errn, "--fresh goes with --save PATH (start over there) and not with --resume"); return 0; }
     return 1;
 }
@@ -413,9 +418,10 @@ static int state_open(ddp_context *ddp, host_state *s, int download, char *err, 
     }
     s->m = s->params + s->n;
     s->v = s->params + 2 * s->n;
+    /* sharded (--shard-optimizer, never with checkpoints): only the parameters are whole here */
     if (download && (ddp_copy_to_host(ddp, DDP_PARAMS, 0, s->params, s->n) != DDP_OK ||
-                     ddp_copy_to_host(ddp, DDP_ADAM_M, 0, s->m, s->n) != DDP_OK ||
-                     ddp_copy_to_host(ddp, DDP_ADAM_V, 0, s->v, s->n) != DDP_OK)) {
+                     (!ddp_config(ddp)->shard_optimizer && (ddp_copy_to_host(ddp, DDP_ADAM_M, 0, s->m, s->n) != DDP_OK ||
+                                                            ddp_copy_to_host(ddp, DDP_ADAM_V, 0, s->v, s->n) != DDP_OK)))) {
         snprintf(err, errn, "%s", ddp_last_error(ddp));
         free(s->params);
         s->params = NULL;
