@@ -158,6 +158,8 @@
      stream reduce-scatters the buckets, the compute stream runs the norm (its exchange on the
      comm stream) and each bucket's update, the comm stream all-gathers each bucket after its
      update, and the compute stream waits for the last gather (no host wait, as unsharded).
+     The gather does not overlap the next forward: buckets run in reverse registration order,
+     so the last bucket gathered holds the first layers, the ones the forward reads first.
 
    BACKENDS (one table each: THE IMPLEMENTATION below)
      single  one rank, no launcher: no network, no shared memory, no thread
