@@ -7,14 +7,14 @@ WARN     := -Wall -Wextra
 LDLIBS   := -lpthread -lm
 B        := build
 
-PROGRAMS := $(B)/ddprun $(B)/minimal $(B)/engine $(B)/texture $(B)/texture_cxx $(B)/bench_allreduce $(B)/bench_overlap \
+PROGRAMS := $(B)/ddprun $(B)/minimal $(B)/engine $(B)/texture $(B)/texture_cxx $(B)/bench_allreduce $(B)/bench_overlap $(B)/copy_bw \
             $(B)/test_unit $(B)/test_collectives $(B)/test_equivalence $(B)/test_fault \
-            $(B)/test_overlap $(B)/test_bf16 $(B)/test_shard $(B)/test_embed $(B)/test_host $(B)/train_gpt $(B)/test_gpt \
-            $(B)/train_gpt_emulated $(B)/test_gpt_gpu_emulated $(B)/test_fake_nccl
+            $(B)/test_overlap $(B)/test_bf16 $(B)/test_shard $(B)/test_embed $(B)/test_host $(B)/test_checkpoint $(B)/train_gpt $(B)/test_gpt \
+            $(B)/train_gpt_emulated $(B)/test_gpt_gpu_emulated $(B)/test_fake_nccl $(B)/hosts_nccl_fake
 CHECKS   := $(B)/cxx_check.o
 PROGRAMS += $(B)/bench_shard_memory   # sharded optimizer: bytes per parameter (bench/RESULTS.md)
 
-.PHONY: all help run train-2-ranks deps test test-asan test-tsan fuzz bench bench-gpt bench-gpu clean
+.PHONY: all help run train-2-ranks deps bench-deps test test-asan test-tsan fuzz bench bench-gpt bench-gpu clean
 all: $(PROGRAMS) $(CHECKS) gpu
 
 # ---- The GPU path: built whenever nvcc is found (CI compiles and links it on every run);
@@ -42,7 +42,7 @@ WERROR     ?= -Werror all-warnings
 NVCC_EXTRA ?=
 NVFLAGS    ?= -O3 -g -std=c++17 -arch=$(CUDA_ARCH) -Xcompiler -Wall,-Wextra $(WERROR) $(NVCC_EXTRA)
 GPU_TESTS  := $(G)/test_gpu_kernels $(G)/test_gpu_train $(G)/test_gpu_overlap $(G)/nccl_version $(G)/c_link_check \
-              $(G)/test_kernel_math_host $(G)/test_gpt_gpu
+              $(G)/test_kernel_math_host $(G)/test_gpt_gpu $(G)/hosts_nccl
 GPU_BENCH  := $(G)/bench_gpu
 GPU_TOOLS  := $(G)/train_gpt $(G)/gpu_count
 
@@ -65,6 +65,9 @@ $(G)/test_gpu_train: tests/gpu/test_gpu_train.cu tests/test_equivalence.c $(GPU_
 # built): host float operations must not be fused into multiply-adds, as on the device.
 $(G)/test_kernel_math_host: tests/gpu/test_kernel_math_host.cu $(GPU_DEPS) | $(G)
 	$(NVCC) $(NVFLAGS) --fmad=false -Xcompiler -ffp-contract=off $(GPU_INCS) -o $@ $< $(GPU_RPATH) $(NCCL_LINK) -lpthread
+# One rank of the NCCL backend for tests/test_hosts.sh (the same source as the fake build below).
+$(G)/hosts_nccl: tests/hosts_nccl.c ddp.h ddp_kernels.cuh | $(G)
+	$(NVCC) $(NVFLAGS) $(GPU_INCS) -x cu -o $@ $< $(GPU_RPATH) $(NCCL_LINK) -lpthread
 $(G)/bench_gpu: bench/gpu/bench_gpu.cu $(GPU_DEPS) | $(G)
 	$(NVCC) $(NVFLAGS) $(GPU_INCS) -o $@ $< $(GPU_RPATH) $(NCCL_LINK) $(CUBLAS_LINK) -lpthread
 # The implementation compiled by the C compiler with -DDDP_CUDA, the kernels by nvcc.
@@ -97,7 +100,7 @@ $(B)/%: examples/%.c ddp.h | $(B)
 	$(CC) -std=c99 $(CFLAGS) $(WARN) -o $@ $< $(LDLIBS)
 $(B)/%: tests/%.c tests/testlib.h ddp.h | $(B)
 	$(CC) -std=c99 $(CFLAGS) $(WARN) -o $@ $< $(LDLIBS)
-$(B)/%: bench/%.c ddp.h | $(B)
+$(B)/%: bench/%.c bench/bench_sizes.h ddp.h | $(B)
 	$(CC) -std=c99 $(CFLAGS) $(WARN) -o $@ $< $(LDLIBS)
 
 # The neural-texture host program (examples/engine/), built as C and as C++.
@@ -158,6 +161,11 @@ $(B)/test_fake_nccl: tests/test_fake_nccl.c tests/test_equivalence.c tests/testl
 	$(CC) -std=c99 $(CFLAGS) $(WARN) -DDDP_CUDA -I$(FAKE_DIR) -c -o $(B)/fakegpu/test_fake_nccl.o $<
 	$(CXX) $(CFLAGS) -o $@ $(B)/fakegpu/test_fake_nccl.o $(FAKE_OBJS) $(LDLIBS)
 
+# tests/test_hosts.sh's NCCL rank on the fake GPU: one process per rank, on namespace hosts.
+$(B)/hosts_nccl_fake: tests/hosts_nccl.c ddp.h ddp_kernels.cuh $(FAKE_OBJS) $(FAKE_HDRS) | $(B)
+	$(CC) -std=c99 $(CFLAGS) $(WARN) -DDDP_CUDA -DHOSTS_FAKEGPU -I$(FAKE_DIR) -c -o $(B)/fakegpu/hosts_nccl_fake.o $<
+	$(CXX) $(CFLAGS) -o $@ $(B)/fakegpu/hosts_nccl_fake.o $(FAKE_OBJS) $(LDLIBS)
+
 # The default corpus: Debian's fortunes text (installed when missing), never committed.
 $(B)/fortunes.txt: | $(B)
 	@if [ ! -f /usr/share/games/fortunes/fortunes ]; then \
@@ -191,10 +199,18 @@ deps:
 test: all
 	@tests/run.sh $(B)
 
-bench: $(B)/ddprun $(B)/bench_allreduce $(B)/bench_overlap $(B)/train_gpt bench-gpu
+bench: bench-deps $(B)/ddprun $(B)/bench_allreduce $(B)/copy_bw $(B)/bench_overlap $(B)/train_gpt bench-gpu
 	@bench/compare_allreduce.sh
 	@bench/overlap.sh
 	@bench/bench_gpt.sh $(B)
+
+# What the side-by-side comparisons run against: Open MPI and PyTorch's gloo (Debian's packages;
+# without apt-get, or when it fails, the comparison skips them with a note).
+bench-deps:
+	@command -v mpicc >/dev/null && command -v mpirun >/dev/null && /usr/bin/python3 -c 'import torch' 2>/dev/null || \
+	    ! command -v apt-get >/dev/null || { echo "installing openmpi-bin libopenmpi-dev python3-torch for the comparisons"; \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev python3-torch >/dev/null; } \
+	    || echo "could not install them: the comparisons skip Open MPI and gloo"; }
 
 # The tiny GPT's throughput: ours on 1 and 2 ranks next to PyTorch (needs python3-torch for that half).
 bench-gpt: $(B)/ddprun $(B)/train_gpt
@@ -219,13 +235,15 @@ test-asan:
 test-tsan:
 	@$(MAKE) --no-print-directory B=build-tsan OPT="$(TSAN_OPT)" NVCC= test
 
-# libFuzzer targets (clang): the rendezvous store's message handling, the GPT's checkpoint
-# loader and data loader; FUZZ_SECONDS each.
+# libFuzzer targets (clang): the rendezvous store's message handling, ddp.h's checkpoint
+# loader (ddp_load), the GPT's data loader; FUZZ_SECONDS each.
 FUZZ_SECONDS ?= 60
 FUZZ_CC      ?= clang
 FUZZERS      := $(B)/fuzz_store $(B)/fuzz_checkpoint $(B)/fuzz_data
 FUZZ_FLAGS   := -std=c99 -g -O1 -fno-math-errno -fsanitize=fuzzer,address,undefined $(WARN)
 $(B)/fuzz_store: fuzz/fuzz_store.c ddp.h | $(B)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $< $(LDLIBS)
+$(B)/fuzz_checkpoint: fuzz/fuzz_checkpoint.c ddp.h | $(B)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $< $(LDLIBS)
 $(B)/fuzz_%: fuzz/fuzz_%.c examples/gpt/train_gpt.c examples/gpt/gpt.h ddp.h | $(B)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -DGPT_NO_BLAS -o $@ $< $(LDLIBS)
@@ -244,9 +262,10 @@ help:
 	@echo "make fuzz         the libFuzzer targets, FUZZ_SECONDS (60) each (clang)"
 	@echo "make bench        allreduce vs Open MPI and gloo, overlap and bucket sweep, the GPT's throughput, GPU benchmarks"
 	@echo "make bench-gpt    the tiny GPT's tokens/s on 1 and 2 ranks, next to PyTorch"
+	@echo "make bench-deps   install Open MPI and PyTorch (Debian packages) for the comparisons; make bench does it first"
 	@echo "make bench-gpu    GPU benchmarks: AdamW bandwidth, ddp.h's cost at 1 rank, GPT-2-small-sized training (SKIP without a GPU)"
 	@echo "make deps         install OpenBLAS for the GPT's matmuls (Debian, when missing)"
 	@echo "make clean        remove build/, build-asan/, build-tsan/"
 	@echo "variables: CUDA_ARCH (sm_90), NVCC, CUDA_HOME, NCCL_HOME, WERROR (nvcc's -Werror; WERROR= shows warnings only),"
 	@echo "           GPT_BLAS (0: portable matmuls), OPT, B (build directory)"
-	@echo "on a GPU machine: bench/gpu/check_1.sh (environment, build, GPU tests), bench/gpu/check_2.sh (GPU benchmarks)"
+	@echo "on a GPU machine: bench/gpu/check_1.sh (environment, build, GPU tests), bench/gpu/check_2.sh (GPU benchmarks), check_3.sh (shakespeare_char target)"

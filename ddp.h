@@ -6,8 +6,8 @@
    batch N*B — only faster.
 
    CONTENTS
-     QUICK START · ONE STEP, AS DATA FLOWS · OPTIONS · ADAMW · SHARDED OPTIMIZER (ZeRO-1) · BACKENDS ·
-     ENVIRONMENT · ERRORS ·
+     QUICK START · ONE STEP, AS DATA FLOWS · OPTIONS · ADAMW · SHARDED OPTIMIZER (ZeRO-1) · CHECKPOINTS ·
+     BACKENDS · ENVIRONMENT · ERRORS ·
      NULL, LIFETIME AND THREADS · EMBEDDING: CANCEL, PROGRESS, UNEVEN INPUTS · COMPILE-TIME OPTIONS ·
      THE IMPLEMENTATION, SECTION BY SECTION
 
@@ -161,6 +161,33 @@
      The gather does not overlap the next forward: buckets run in reverse registration order,
      so the last bucket gathered holds the first layers, the ones the forward reads first.
 
+   CHECKPOINTS (ddp_save, ddp_load, ddp_save_check; collective: every rank calls them alike)
+       int holds;
+       ddp_save_check(ddp, path, &holds);        // before training: a bad path fails now
+       if (holds) ddp_load(ddp, path, &mine, sizeof mine, my_check, &args, &info);
+       ... ddp_save(ddp, path, &mine, sizeof mine);   // parameters, m, v, step + your blob
+     What is saved: the parameters, AdamW's m, v and step, and an opaque user blob (rank 0's:
+     the program's config, data position, RNG). Rank 0 writes one file: every rank's part of the
+     state streams to it through ddp_gather_to_host in chunks of 4 MiB (no host copy of the
+     model anywhere), so one file serves every world size and every sharding of the optimizer,
+     and only rank 0's file system needs it (a file per rank plus an index would need a commit
+     across files; one rename commits one). The stored world size and sharding are information
+     (ddp_checkpoint_info), not constraints. Writing: PATH.tmp.<pid>.<64 random bits> created
+     with O_CREAT|O_EXCL|O_NOFOLLOW, fsync, rename onto PATH (a symlink at PATH is replaced,
+     its target untouched), fsync of the directory; a killed writer leaves only its temporary,
+     and the next save sweeps those of dead writers (this user's, plain files). Reading, on rank
+     0: a FIFO, directory or device is refused at once (never blocked on); then magic, version,
+     header (world size, sharding and shard layout, the parameters' names, sizes and flags)
+     against the file's length (nothing after the checksum), the checksum over every byte, the
+     caller's check of the user blob (ddp_checkpoint_check_fn, e.g. "another seed"), the
+     parameters against this model by name; every integer at its stored width. Only then a
+     second pass scatters the state to every rank (ddp_scatter_from_host), checksumming again: a
+     refused file leaves the state untouched and the context usable; a file that changes during
+     the load fails the group. Rank 0's refusal is every rank's error ("rank 0 could not load
+     the checkpoint 'P': why"), so no rank waits for ever. Identical across world sizes: after
+     ddp_load on M ranks every rank holds the saved bits, and M ranks continue exactly as M
+     ranks handed that state in memory (tests/test_checkpoint.c). Format: >>checkpoint.
+
    BACKENDS (one table each: THE IMPLEMENTATION below)
      single  one rank, no launcher: no network, no shared memory, no thread
      cpu     ranks on one host: POSIX shared memory; each rank's communication thread averages
@@ -292,6 +319,9 @@
      DDP_CUDA             the NCCL backend (nvcc defines it); with a C compiler, link cudart and
                           nccl and compile ddp_kernels.cuh once with DDP_KERNELS_IMPLEMENTATION
      DDP_MALLOC(size), DDP_FREE(ptr), DDP_ASSERT(cond)   allocator and assert hooks
+     DDP_TEST_KILL_POINTS tests only: DDP_TEST_KILL_AT=POINT:RANK, and DDP_TEST_DIE_IN_CHECKPOINT=S
+                          (rank 0 SIGKILLed inside ddp_save of AdamW step S, parameters written,
+                          m and v not) kill a rank inside the library
 
    THE IMPLEMENTATION, SECTION BY SECTION (bottom-up; grep the marker, e.g. ">>cpu")
      >>types        tunables; parameters, buckets, tape ops, shared-segment blocks; ddp__cpu; the
@@ -321,6 +351,8 @@
      >>adamw        hyperparameters resolved and checked, handed to the backend
      >>collectives  user collectives, host copies of the state
      >>join         uneven inputs: ddp_join's shadow steps, the replicas synced at the end
+     >>checkpoint   ddp_save / ddp_load: the file format, the atomic write, the strict two-pass
+                    read, rank 0's verdict broadcast to every rank
      >>public       every public function: checks its arguments and the context, hands off
      The backend table (ddp__backend in >>types) is the only way generic code reaches a
      backend: setup, alloc_flat, commit, begin_step, launch, finish, zero, scale, adamw,
@@ -537,6 +569,28 @@ ddp_result ddp_copy_from_host(ddp_context *ctx, ddp_buffer which, size_t offset,
    (src may be NULL elsewhere). Unsharded, a gather sends nothing (root copies its own). */
 ddp_result ddp_gather_to_host(ddp_context *ctx, ddp_buffer which, size_t offset, float *dst, size_t count, int root);
 ddp_result ddp_scatter_from_host(ddp_context *ctx, ddp_buffer which, size_t offset, const float *src, size_t count, int root);
+
+/* Checkpoints (CHECKPOINTS in the manual): collective calls, made alike on every rank. Rank 0
+   writes and reads the one file; the state streams through ddp_gather_to_host /
+   ddp_scatter_from_host, so any backend, world size and sharding saves and loads it. */
+typedef struct ddp_checkpoint_info {
+    int64_t step;              /* AdamW steps taken (ddp_adamw_state's count) */
+    int32_t world_size;        /* of the run that saved it (information: any world size loads it) */
+    int32_t sharded;           /* 1: that run's optimizer state was sharded (information) */
+    uint64_t user_bytes;       /* the size of the user blob it holds */
+} ddp_checkpoint_info;
+/* Rank 0's look at a checkpoint's user blob (checksum verified) before anything is loaded:
+   return 0 to refuse it, with the reason in err (the caller's error on every rank). */
+typedef int (*ddp_checkpoint_check_fn)(void *arg, const ddp_checkpoint_info *info, const void *user,
+                                       size_t user_bytes, char *err, size_t err_size);
+/* Parameters, AdamW m, v and step, and rank 0's opaque user blob, to `path`, atomically. */
+ddp_result ddp_save(ddp_context *ctx, const char *path, const void *user, size_t user_bytes);
+/* Before training: can `path` take a checkpoint? *holds_out = 1 when a regular file is there. */
+ddp_result ddp_save_check(ddp_context *ctx, const char *path, int *holds_out);
+/* The state from `path` into every rank, the user blob into `user` (user_capacity bytes, the
+   same on every rank; check may be NULL; info_out may be NULL). */
+ddp_result ddp_load(ddp_context *ctx, const char *path, void *user, size_t user_capacity,
+                    ddp_checkpoint_check_fn check, void *check_arg, ddp_checkpoint_info *info_out);
 
 /* Collectives on user buffers, between steps (not while a backward is in flight). */
 ddp_result ddp_allreduce(ddp_context *ctx, float *data, size_t count, ddp_op op);
@@ -4679,9 +4733,17 @@ static ddp_result ddp__choose_backend(ddp_context *ctx) {
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: the single backend is for one rank, but the world "
                          "size is %d", ctx->world);
     if (ctx->world == 1) { ctx->be = &ddp__single_backend; d->backend = DDP_BACKEND_SINGLE; return DDP_OK; }
-    if (ctx->local_world != ctx->world)
+    if (ctx->local_world != ctx->world) {
+        /* Said at once, on every rank, before any network: the hosts this rank knows of, and
+           what would run instead. */
+        char host[256] = "?";
+        gethostname(host, sizeof host - 1);
         return ddp__fail(ctx, DDP_ERR_BAD_ENV, "the CPU backend needs every rank on one host, but "
-                         "WORLD_SIZE=%d and LOCAL_WORLD_SIZE=%d", ctx->world, ctx->local_world);
+                         "WORLD_SIZE=%d and LOCAL_WORLD_SIZE=%d: the job spans hosts (this rank on '%s', rank 0's "
+                         "store on MASTER_ADDR %s). What works: all %d ranks on one host (ddprun -n %d), or GPUs "
+                         "(the NCCL backend); ddp.h has no CPU backend across hosts yet", ctx->world,
+                         ctx->local_world, host, ctx->master_addr, ctx->world, ctx->world);
+    }
     ctx->be = &ddp__cpu_backend;
     d->backend = DDP_BACKEND_CPU;
     return DDP_OK;
@@ -5551,6 +5613,681 @@ static ddp_result ddp__join(ddp_context *ctx) {
 }
 
 /* --------------------------------------------------------------------------------------------
+   >>checkpoint  ddp_save / ddp_load / ddp_save_check. One file, written and read by rank 0: the
+   state reaches it through ddp__gather_to_host / ddp__scatter_from_host in chunks of
+   DDP__CKPT_CHUNK floats (no full host copy anywhere), so the file is the same whatever the
+   world size or sharding of the run that wrote it, and any run loads it. (One file per rank plus
+   an index would need a commit across files; one rename commits one file.) Format, little-endian,
+   every integer at its stated width:
+     "DDP-CKPT" u32 version u32 world u32 sharded u32 num_params i64 step u64 floats u64 user_bytes
+     u32 num_shards u32 0 | num_shards x u64 first float of each shard | num_params x (u32 name
+     length, name, u64 count, u32 flags) | parameters, then m, then v, each parameter's floats in
+     registration order (no padding) | the user blob | u64 checksum of every byte before it
+     (ddp__sum_add: FNV-1a's step on 64-bit words in four lanes, then FNV-1a of lanes and tail).
+   Writing: a temporary PATH.tmp.<pid>.<random> (O_CREAT|O_EXCL|O_NOFOLLOW), fsync, rename,
+   fsync of the directory; temporaries of writers that died are swept first. Reading: the kind
+   of file (a FIFO is refused, not waited on), the header against the file's length, the
+   checksum, then the caller's check of the user blob, then the parameters against this model by
+   name; only then a second pass puts the state in place, checksumming again (a file that
+   changes in between fails the group: the state is partly overwritten). Rank 0's verdict and
+   message reach every rank through a broadcast (ddp__ckpt_share), so no rank waits for ever and
+   each names rank 0's reason.
+   -------------------------------------------------------------------------------------------- */
+#define DDP__CKPT_MAGIC "DDP-CKPT"
+#define DDP__CKPT_VERSION 1u
+#define DDP__CKPT_FIXED 56u                 /* bytes before the shard table */
+#ifndef DDP__CKPT_CHUNK                     /* tests make it small, to stream in many chunks */
+#define DDP__CKPT_CHUNK ((size_t)1 << 20)   /* floats per gather / scatter: 4 MiB on rank 0 */
+#endif
+#define DDP__FNV_INIT 1469598103934665603ull
+
+/* The optimizer's sharding as a checkpoint records it (information only: the data is stored
+   whole). ZeRO-1 (ddp_desc.shard_optimizer) connects here: 1 and each rank's first float. */
+static int ddp__ckpt_sharded(const ddp_context *ctx) { (void)ctx; return 0; }
+static uint64_t ddp__ckpt_shard_start(const ddp_context *ctx, int shard) { (void)ctx; (void)shard; return 0; }
+
+static uint64_t ddp__fnv1a(const void *data, size_t n, uint64_t h) {
+    const unsigned char *p = (const unsigned char *)data;
+    size_t i;
+    for (i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+static void ddp__put_le(unsigned char *b, uint64_t x, int bytes) {
+    int i;
+    for (i = 0; i < bytes; i++) b[i] = (unsigned char)(x >> (8 * i));
+}
+static uint64_t ddp__get_le(const unsigned char *b, int bytes) {
+    uint64_t x = 0;
+    int i;
+    for (i = bytes - 1; i >= 0; i--) x = (x << 8) | b[i];
+    return x;
+}
+
+/* The checksum: FNV-1a's step on 64-bit little-endian words, four independent lanes (lane k
+   takes word k of every 32-byte block), then FNV-1a over the four lanes, the bytes of the last
+   partial block and the length. Any change to one word changes its lane (each step is a
+   bijection), like FNV-1a on bytes, at ~15x its speed (a checkpoint is read twice). */
+typedef struct ddp__ckpt_sum { uint64_t lane[4], total; unsigned char tail[32]; size_t ntail; } ddp__ckpt_sum;
+static void ddp__sum_init(ddp__ckpt_sum *s) {
+    int k;
+    memset(s, 0, sizeof *s);
+    for (k = 0; k < 4; k++) s->lane[k] = DDP__FNV_INIT + (uint64_t)k;
+}
+static uint64_t ddp__le64(const unsigned char *p) {
+    uint64_t x;
+    memcpy(&x, p, 8);
+#if defined(__BYTE_ORDER__) && defined(__ORDER_BIG_ENDIAN__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    x = __builtin_bswap64(x);
+#endif
+    return x;
+}
+static void ddp__sum_blocks(ddp__ckpt_sum *s, const unsigned char *p, size_t blocks) {
+    uint64_t l0 = s->lane[0], l1 = s->lane[1], l2 = s->lane[2], l3 = s->lane[3];
+    size_t i;
+    for (i = 0; i < blocks; i++, p += 32) {
+        l0 = (l0 ^ ddp__le64(p)) * 1099511628211ull;
+        l1 = (l1 ^ ddp__le64(p + 8)) * 1099511628211ull;
+        l2 = (l2 ^ ddp__le64(p + 16)) * 1099511628211ull;
+        l3 = (l3 ^ ddp__le64(p + 24)) * 1099511628211ull;
+    }
+    s->lane[0] = l0; s->lane[1] = l1; s->lane[2] = l2; s->lane[3] = l3;
+}
+static void ddp__sum_add(ddp__ckpt_sum *s, const void *data, size_t n) {
+    const unsigned char *p = (const unsigned char *)data;
+    s->total += n;
+    if (s->ntail) {
+        size_t take = 32 - s->ntail < n ? 32 - s->ntail : n;
+        memcpy(s->tail + s->ntail, p, take);
+        s->ntail += take; p += take; n -= take;
+        if (s->ntail < 32) return;
+        ddp__sum_blocks(s, s->tail, 1);
+        s->ntail = 0;
+    }
+    ddp__sum_blocks(s, p, n / 32);
+    memcpy(s->tail, p + n / 32 * 32, n % 32);
+    s->ntail = n % 32;
+}
+static uint64_t ddp__sum_value(const ddp__ckpt_sum *s) {
+    unsigned char b[40];
+    int k;
+    for (k = 0; k < 4; k++) ddp__put_le(b + 8 * k, s->lane[k], 8);
+    ddp__put_le(b + 32, s->total, 8);
+    return ddp__fnv1a(b + 32, 8, ddp__fnv1a(s->tail, s->ntail, ddp__fnv1a(b, 32, DDP__FNV_INIT)));
+}
+
+/* What rank 0 tells every rank: its verdict (code, message) and what the file holds. */
+typedef struct ddp__ckpt_status {
+    int32_t code, world, sharded, pad;
+    int64_t step;
+    uint64_t user_bytes;
+    char msg[DDP__ERR_MAX - 64];
+} ddp__ckpt_status;
+
+static void ddp__ckpt_refuse(ddp__ckpt_status *st, ddp_result code, const char *fmt, ...) {
+    va_list ap;
+    if (st->code != DDP_OK) return;   /* the first reason is the one that counts */
+    st->code = (int32_t)code;
+    va_start(ap, fmt);
+    vsnprintf(st->msg, sizeof st->msg, fmt, ap);
+    va_end(ap);
+}
+
+/* Rank 0's status to every rank; a refusal becomes each rank's error, naming rank 0 elsewhere.
+   The ranks stay in step (everyone returns here), so the context stays usable. */
+static ddp_result ddp__ckpt_share(ddp_context *ctx, ddp__ckpt_status *st, const char *verb, const char *path) {
+    ddp_result r;
+    if (ctx->world > 1) {
+        ctx->what = "a checkpoint's verdict from rank 0";
+        if ((r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, st, sizeof *st, 0)) != DDP_OK) return r;
+    }
+    st->msg[sizeof st->msg - 1] = 0;
+    if (st->code == DDP_OK) return DDP_OK;
+    if (ctx->rank == 0) return ddp__fail(ctx, (ddp_result)st->code, "%s", st->msg);
+    return ddp__fail(ctx, (ddp_result)st->code, "rank 0 could not %s the checkpoint '%s': %s", verb, path, st->msg);
+}
+
+static const char *ddp__file_kind(mode_t mode) {
+    return S_ISFIFO(mode) ? "a FIFO (named pipe)" : S_ISDIR(mode) ? "a directory" : S_ISCHR(mode) ? "a character device"
+         : S_ISBLK(mode) ? "a block device" : S_ISSOCK(mode) ? "a socket" : "not a regular file";
+}
+
+/* The directory of `path` and the file's own name in it. */
+static void ddp__ckpt_split(const char *path, char *dir, size_t n, const char **base) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) { snprintf(dir, n, "."); *base = path; return; }
+    snprintf(dir, n, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+    *base = slash + 1;
+}
+
+/* Temporaries PATH.tmp.<pid>.<16 hex> this user's dead writers left (a SIGKILL mid-write):
+   removed. Another user's, a live writer's, and anything not a plain file stay. */
+static void ddp__ckpt_sweep(const char *path) {
+    char dir[PATH_MAX], prefix[PATH_MAX + 8];
+    const char *base;
+    size_t plen;
+    DIR *d;
+    struct dirent *e;
+    ddp__ckpt_split(path, dir, sizeof dir, &base);
+    snprintf(prefix, sizeof prefix, "%s.tmp.", base);
+    plen = strlen(prefix);
+    if (!(d = opendir(dir))) return;
+    while ((e = readdir(d)) != NULL) {
+        struct stat st;
+        char *end;
+        long pid;
+        if (strncmp(e->d_name, prefix, plen) != 0) continue;
+        errno = 0;
+        pid = strtol(e->d_name + plen, &end, 10);
+        if (errno || pid <= 0 || *end != '.' || strlen(end + 1) != 16 || strspn(end + 1, "0123456789abcdef") != 16) continue;
+        if (pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
+        if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()) continue;
+        unlinkat(dirfd(d), e->d_name, 0);
+    }
+    closedir(d);
+}
+
+/* A new temporary next to `path` under a name nobody can guess (so nobody plants a symlink
+   there first; O_EXCL|O_NOFOLLOW refuse one anyway). -1 with errno set on failure. */
+static int ddp__ckpt_create_temp(const char *path, char *tmp, size_t n) {
+    int attempt;
+    for (attempt = 0; attempt < 16; attempt++) {
+        uint64_t rnd = 0;
+        int fd = -1;
+        ssize_t got = -1;
+#ifdef SYS_getrandom
+        got = syscall(SYS_getrandom, &rnd, sizeof rnd, 0);
+#endif
+        if (got != (ssize_t)sizeof rnd) {
+            int u = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+            got = u >= 0 ? read(u, &rnd, sizeof rnd) : -1;
+            if (u >= 0) close(u);
+            if (got != (ssize_t)sizeof rnd) { errno = EIO; return -1; }
+        }
+        if ((size_t)snprintf(tmp, n, "%s.tmp.%ld.%016llx", path, (long)getpid(), (unsigned long long)rnd) >= n) {
+            errno = ENAMETOOLONG;
+            return -1;
+        }
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+        if (fd >= 0 || errno != EEXIST) return fd;
+    }
+    return -1;
+}
+
+/* fsync the directory holding `path`: a rename is durable only once its directory is. */
+static int ddp__ckpt_sync_dir(const char *path) {
+    char dir[PATH_MAX];
+    const char *base;
+    int fd, ok;
+    ddp__ckpt_split(path, dir, sizeof dir, &base);
+    if ((fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) return 0;
+    ok = fsync(fd) == 0 || errno == EINVAL;   /* EINVAL: a file system that cannot sync a directory */
+    close(fd);
+    return ok;
+}
+
+typedef struct ddp__ckpt_file {
+    int fd, err;        /* err: errno of the first failure (later writes are skipped) */
+    uint64_t pos, size;
+    ddp__ckpt_sum sum;
+} ddp__ckpt_file;
+
+static void ddp__ckpt_write(ddp__ckpt_file *f, const void *data, size_t n, int hashed) {
+    const char *p = (const char *)data;
+    if (f->err) return;
+    if (hashed) ddp__sum_add(&f->sum, data, n);
+    while (n > 0) {
+        ssize_t w = write(f->fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) { f->err = w < 0 ? errno : ENOSPC; return; }
+        p += w;
+        n -= (size_t)w;
+        f->pos += (uint64_t)w;
+    }
+}
+
+/* n bytes at the reader's position, checksummed; 0 when the file ends first (f->err: EIO on a
+   read error). */
+static int ddp__ckpt_read(ddp__ckpt_file *f, void *data, size_t n, int hashed) {
+    char *p = (char *)data;
+    size_t left = n;
+    if (f->err || n > f->size - f->pos) return 0;
+    while (left > 0) {
+        ssize_t got = pread(f->fd, p, left, (off_t)f->pos);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) { f->err = got < 0 ? errno : EIO; return 0; }
+        p += got;
+        left -= (size_t)got;
+        f->pos += (uint64_t)got;
+    }
+    if (hashed) ddp__sum_add(&f->sum, data, n);
+    return 1;
+}
+
+/* The header of this model's state as rank 0 writes it; NULL when out of memory. */
+static unsigned char *ddp__ckpt_header(ddp_context *ctx, uint64_t user_bytes, size_t *len) {
+    int i, shards = ddp__ckpt_sharded(ctx) ? ctx->world : 1;
+    size_t n = DDP__CKPT_FIXED + 8 * (size_t)shards, at;
+    uint64_t floats = 0;
+    unsigned char *h;
+    for (i = 0; i < ctx->num_params; i++) { n += 16 + strlen(ctx->params[i].name); floats += ctx->params[i].count; }
+    if (!(h = (unsigned char *)DDP_MALLOC(n))) return NULL;
+    memcpy(h, DDP__CKPT_MAGIC, 8);
+    ddp__put_le(h + 8, DDP__CKPT_VERSION, 4);
+    ddp__put_le(h + 12, (uint64_t)ctx->world, 4);
+    ddp__put_le(h + 16, (uint64_t)ddp__ckpt_sharded(ctx), 4);
+    ddp__put_le(h + 20, (uint64_t)ctx->num_params, 4);
+    ddp__put_le(h + 24, (uint64_t)ctx->adam_step, 8);
+    ddp__put_le(h + 32, floats, 8);
+    ddp__put_le(h + 40, user_bytes, 8);
+    ddp__put_le(h + 48, (uint64_t)shards, 4);
+    ddp__put_le(h + 52, 0, 4);
+    at = DDP__CKPT_FIXED;
+    for (i = 0; i < shards; i++, at += 8) ddp__put_le(h + at, ddp__ckpt_shard_start(ctx, i), 8);
+    for (i = 0; i < ctx->num_params; i++) {
+        const ddp__param *p = &ctx->params[i];
+        size_t l = strlen(p->name);
+        ddp__put_le(h + at, l, 4);
+        memcpy(h + at + 4, p->name, l);
+        ddp__put_le(h + at + 4 + l, p->count, 8);
+        ddp__put_le(h + at + 12 + l, p->flags, 4);
+        at += 16 + l;
+    }
+    *len = n;
+    return h;
+}
+
+/* Every parameter's floats of one buffer, in registration order, chunk by chunk: a gather
+   (save) or scatter (load) on every rank; rank 0 writes or reads `f` (NULL elsewhere). A chunk
+   rank 0 cannot read goes out as zeros and leaves f->err set. */
+static ddp_result ddp__ckpt_stream(ddp_context *ctx, ddp_buffer which, ddp__ckpt_file *f, float *buf, int save) {
+    int i;
+    ddp_result r = DDP_OK;
+    for (i = 0; i < ctx->num_params && r == DDP_OK; i++) {
+        size_t done, n, count = ctx->params[i].count, offset = ctx->params[i].offset;
+        for (done = 0; done < count && r == DDP_OK; done += n) {
+            n = count - done < DDP__CKPT_CHUNK ? count - done : DDP__CKPT_CHUNK;
+            if (save) {
+                r = ddp__gather_to_host(ctx, which, offset + done, f ? buf : NULL, n, 0);
+                if (r == DDP_OK && f) ddp__ckpt_write(f, buf, n * sizeof(float), 1);
+            } else {
+                if (f && !ddp__ckpt_read(f, buf, n * sizeof(float), 1)) memset(buf, 0, n * sizeof(float));
+                r = ddp__scatter_from_host(ctx, which, offset + done, f ? buf : NULL, n, 0);
+            }
+        }
+    }
+    return r;
+}
+
+/* Tests only (DDP_TEST_KILL_POINTS): DDP_TEST_DIE_IN_CHECKPOINT=S SIGKILLs rank 0 in the middle
+   of writing the checkpoint of AdamW step S: header and parameters written, m and v not. */
+static void ddp__ckpt_kill_point(const ddp_context *ctx) {
+#ifdef DDP_TEST_KILL_POINTS
+    const char *die = getenv("DDP_TEST_DIE_IN_CHECKPOINT");
+    if (ctx->rank == 0 && die && *die && strtoll(die, NULL, 10) == (long long)ctx->adam_step) raise(SIGKILL);
+#else
+    (void)ctx;
+#endif
+}
+
+static ddp_result ddp__save(ddp_context *ctx, const char *path, const void *user, size_t user_bytes) {
+    ddp__ckpt_status st;
+    ddp__ckpt_file f;
+    char tmp[PATH_MAX + 64];
+    unsigned char *hdr = NULL, sum[8];
+    float *buf = NULL;
+    size_t hdr_len = 0;
+    ddp_result r;
+    int renamed = 0;
+    if (ctx->in_step) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_save while a backward is in flight (call it between steps)");
+    if ((r = ctx->be->adamw_state(ctx)) != DDP_OK) return ddp__fatal(ctx, r);   /* the peers are on their way to the broadcast */
+    memset(&st, 0, sizeof st);
+    memset(&f, 0, sizeof f);
+    f.fd = -1;
+    ddp__sum_init(&f.sum);
+    tmp[0] = 0;
+    if (ctx->rank == 0) {
+        hdr = ddp__ckpt_header(ctx, user_bytes, &hdr_len);
+        buf = (float *)DDP_MALLOC(DDP__CKPT_CHUNK * sizeof(float));
+        if (!hdr || !buf) ddp__ckpt_refuse(&st, DDP_ERR_OUT_OF_MEMORY, "no memory to write the checkpoint '%s'", path);
+        if (st.code == DDP_OK) {
+            ddp__ckpt_sweep(path);
+            if ((f.fd = ddp__ckpt_create_temp(path, tmp, sizeof tmp)) < 0)
+                ddp__ckpt_refuse(&st, DDP_ERR_SYSTEM, "cannot create a temporary file next to the checkpoint '%s': %s",
+                                 path, strerror(errno));
+        }
+        if (st.code == DDP_OK) ddp__ckpt_write(&f, hdr, hdr_len, 1);
+    }
+    r = ddp__ckpt_share(ctx, &st, "save", path);
+    if (r == DDP_OK) {
+        ddp__ckpt_file *fp = ctx->rank == 0 ? &f : NULL;
+        r = ddp__ckpt_stream(ctx, DDP_PARAMS, fp, buf, 1);
+        ddp__ckpt_kill_point(ctx);
+        if (r == DDP_OK) r = ddp__ckpt_stream(ctx, DDP_ADAM_M, fp, buf, 1);
+        if (r == DDP_OK) r = ddp__ckpt_stream(ctx, DDP_ADAM_V, fp, buf, 1);
+    }
+    if (r == DDP_OK && ctx->rank == 0) {
+        if (user_bytes) ddp__ckpt_write(&f, user, user_bytes, 1);
+        ddp__put_le(sum, ddp__sum_value(&f.sum), 8);
+        ddp__ckpt_write(&f, sum, 8, 0);
+        if (!f.err && fsync(f.fd) != 0) f.err = errno;
+        if (close(f.fd) != 0 && !f.err) f.err = errno;
+        f.fd = -1;
+        if (f.err) ddp__ckpt_refuse(&st, DDP_ERR_SYSTEM, "cannot write the checkpoint '%s' (its temporary file '%s'): %s",
+                                    path, tmp, strerror(f.err));
+        else if (rename(tmp, path) != 0)
+            ddp__ckpt_refuse(&st, DDP_ERR_SYSTEM, "cannot rename '%s' to the checkpoint '%s': %s", tmp, path, strerror(errno));
+        else {
+            renamed = 1;
+            if (!ddp__ckpt_sync_dir(path))
+                ddp__ckpt_refuse(&st, DDP_ERR_SYSTEM, "wrote the checkpoint '%s' but cannot sync its directory to disk: %s",
+                                 path, strerror(errno));
+        }
+    }
+    if (f.fd >= 0) close(f.fd);
+    if (ctx->rank == 0 && tmp[0] && !renamed) unlink(tmp);
+    DDP_FREE(hdr);
+    DDP_FREE(buf);
+    return r != DDP_OK ? r : ddp__ckpt_share(ctx, &st, "save", path);
+}
+
+/* With --save-like options: rank 0 looks at `path` before any training. A regular file there:
+   *holds = 1; nothing: 0; a FIFO, directory or device, or a directory where no file can be
+   created: refused, by name, on every rank. */
+static ddp_result ddp__save_check(ddp_context *ctx, const char *path, int *holds) {
+    ddp__ckpt_status st;
+    ddp_result r;
+    memset(&st, 0, sizeof st);
+    if (ctx->rank == 0) {
+        struct stat sb;
+        char tmp[PATH_MAX + 64];
+        int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+        if (fd >= 0 && fstat(fd, &sb) == 0 && !S_ISREG(sb.st_mode))
+            ddp__ckpt_refuse(&st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint path '%s' is %s, not a regular file; name a "
+                             "file to write checkpoints to", path, ddp__file_kind(sb.st_mode));
+        else if (fd < 0 && errno != ENOENT)
+            ddp__ckpt_refuse(&st, DDP_ERR_SYSTEM, "cannot look at the checkpoint path '%s': %s", path, strerror(errno));
+        st.step = fd >= 0;   /* the status carries "a file is there" in its step */
+        if (fd >= 0) close(fd);
+        if (st.code == DDP_OK) {   /* the directory takes a new file (the save's temporary) */
+            int t = ddp__ckpt_create_temp(path, tmp, sizeof tmp);
+            if (t < 0) {
+                char dir[PATH_MAX];
+                const char *base;
+                ddp__ckpt_split(path, dir, sizeof dir, &base);
+                ddp__ckpt_refuse(&st, DDP_ERR_SYSTEM, "cannot write the checkpoint '%s': no file can be created in the "
+                                 "directory '%s': %s", path, dir, strerror(errno));
+            } else {
+                close(t);
+                unlink(tmp);
+            }
+        }
+    }
+    r = ddp__ckpt_share(ctx, &st, "write", path);
+    if (r == DDP_OK && holds) *holds = (int)st.step;
+    return r;
+}
+
+/* Rank 0's first pass over a checkpoint: everything checked, nothing loaded. Returns the open
+   file (positioned nowhere in particular) and the checksum it holds, or -1 with st refused.
+   `blob` receives the user blob (st->user_bytes of it). */
+static int ddp__ckpt_verify(ddp_context *ctx, const char *path, size_t user_capacity, ddp_checkpoint_check_fn check,
+                            void *check_arg, ddp__ckpt_status *st, void **blob, uint64_t *data_at, uint64_t *stored) {
+    ddp__ckpt_file f;
+    struct stat sb;
+    unsigned char fixed[DDP__CKPT_FIXED], b[16];
+    char name[DDP__NAME_MAX], mismatch[512];
+    uint64_t floats, sum = 0, shards, i, prev = 0, expect, left;
+    uint32_t nparams, version, world, sharded;
+    float *buf = NULL;
+    memset(&f, 0, sizeof f);
+    ddp__sum_init(&f.sum);
+    mismatch[0] = 0;
+    *blob = NULL;
+    f.fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);   /* O_NONBLOCK: a FIFO must not block the open */
+    if (f.fd < 0) { ddp__ckpt_refuse(st, DDP_ERR_SYSTEM, "cannot open the checkpoint '%s': %s", path, strerror(errno)); return -1; }
+    if (fstat(f.fd, &sb) != 0) { ddp__ckpt_refuse(st, DDP_ERR_SYSTEM, "cannot look at the checkpoint '%s': %s", path, strerror(errno)); goto fail; }
+    if (!S_ISREG(sb.st_mode)) {
+        ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is %s, not a regular file; pass the checkpoint file "
+                         "itself", path, ddp__file_kind(sb.st_mode));
+        goto fail;
+    }
+    f.size = (uint64_t)sb.st_size;
+    if (!ddp__ckpt_read(&f, fixed, 8, 1) || memcmp(fixed, DDP__CKPT_MAGIC, 8) != 0) {
+        ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "'%s' is not a ddp.h checkpoint (%s)", path,
+                         f.err && f.err != EIO ? strerror(f.err) : "it does not begin with " DDP__CKPT_MAGIC);
+        goto fail;
+    }
+    if (!ddp__ckpt_read(&f, fixed + 8, DDP__CKPT_FIXED - 8, 1)) {
+        ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is truncated (%llu bytes: not even its header)",
+                         path, (unsigned long long)f.size);
+        goto fail;
+    }
+    version = (uint32_t)ddp__get_le(fixed + 8, 4);
+    world = (uint32_t)ddp__get_le(fixed + 12, 4);
+    sharded = (uint32_t)ddp__get_le(fixed + 16, 4);
+    nparams = (uint32_t)ddp__get_le(fixed + 20, 4);
+    st->step = (int64_t)ddp__get_le(fixed + 24, 8);
+    floats = ddp__get_le(fixed + 32, 8);
+    st->user_bytes = ddp__get_le(fixed + 40, 8);
+    shards = ddp__get_le(fixed + 48, 4);
+    if (version != DDP__CKPT_VERSION) {
+        ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' has format version %u; this ddp.h reads version %u",
+                         path, version, DDP__CKPT_VERSION);
+        goto fail;
+    }
+    if (world < 1 || world > INT32_MAX || sharded > 1 || shards != (sharded ? world : 1u) || ddp__get_le(fixed + 52, 4) != 0 ||
+        st->step < 0) {
+        ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' has an impossible header: world size %u, sharded %u, "
+                         "%llu shards, reserved field %llu, AdamW step %lld", path, world, sharded, (unsigned long long)shards,
+                         (unsigned long long)ddp__get_le(fixed + 52, 4), (long long)st->step);
+        goto fail;
+    }
+    st->world = (int32_t)world;
+    st->sharded = (int32_t)sharded;
+    if (shards > (f.size - f.pos) / 8 || (uint64_t)nparams > (f.size - f.pos - 8 * shards) / 17) {
+        ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is truncated (%llu bytes; its header lists %llu "
+                         "shards and %u parameters)", path, (unsigned long long)f.size, (unsigned long long)shards, nparams);
+        goto fail;
+    }
+    for (i = 0; i < shards; i++) {
+        uint64_t start;
+        if (!ddp__ckpt_read(&f, b, 8, 1)) goto truncated;
+        start = ddp__get_le(b, 8);
+        if ((i == 0 && start != 0) || start < prev || start > floats) {
+            ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' has an impossible shard layout: shard %llu "
+                             "starts at float %llu (previous %llu, of %llu)", path, (unsigned long long)i,
+                             (unsigned long long)start, (unsigned long long)prev, (unsigned long long)floats);
+            goto fail;
+        }
+        prev = start;
+    }
+    for (i = 0; i < nparams; i++) {
+        uint64_t len, count;
+        uint32_t flags;
+        if (!ddp__ckpt_read(&f, b, 4, 1)) goto truncated;
+        len = ddp__get_le(b, 4);
+        if (len < 1 || len >= DDP__NAME_MAX) {
+            ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is damaged: the name of its parameter %llu is "
+                             "%llu bytes long (1 to %d)", path, (unsigned long long)i, (unsigned long long)len, DDP__NAME_MAX - 1);
+            goto fail;
+        }
+        if (!ddp__ckpt_read(&f, name, (size_t)len, 1) || !ddp__ckpt_read(&f, b, 12, 1)) goto truncated;
+        name[len] = 0;
+        count = ddp__get_le(b, 8);
+        flags = (uint32_t)ddp__get_le(b + 8, 4);
+        if (count > floats - sum) {
+            ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is damaged: its parameters hold more than the "
+                             "%llu floats its header counts", path, (unsigned long long)floats);
+            goto fail;
+        }
+        sum += count;
+        if (!mismatch[0] && i < (uint64_t)ctx->num_params) {
+            const ddp__param *p = &ctx->params[i];
+            if (strcmp(p->name, name) != 0 || p->count != count || p->flags != flags)
+                snprintf(mismatch, sizeof mismatch, "the checkpoint '%s' is of another model: its parameter %llu is '%s' of "
+                         "%llu floats (flags %u); this model's is '%s' of %zu floats (flags %u)", path,
+                         (unsigned long long)i, name, (unsigned long long)count, flags, p->name, p->count, p->flags);
+        }
+    }
+    if (!mismatch[0] && nparams != (uint32_t)ctx->num_params)
+        snprintf(mismatch, sizeof mismatch, "the checkpoint '%s' is of another model: it holds %u parameters, this model "
+                 "has %d (the first %d agree)", path, nparams, ctx->num_params, (int)(nparams < (uint32_t)ctx->num_params ?
+                 nparams : (uint32_t)ctx->num_params));
+    if (sum != floats) {
+        ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is damaged: its parameters hold %llu floats, its "
+                         "header counts %llu", path, (unsigned long long)sum, (unsigned long long)floats);
+        goto fail;
+    }
+    *data_at = f.pos;
+    left = f.size - f.pos;
+    if (floats > (left / 12) || st->user_bytes > left - 12 * floats || left - 12 * floats - st->user_bytes < 8) {
+        expect = 0;
+        goto truncated;
+    }
+    expect = f.pos + 12 * floats + st->user_bytes + 8;
+    if (expect != f.size) {
+        ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' goes on after its checksum (%llu bytes; its header "
+                         "describes %llu): not a file ddp_save wrote, or two files run together", path,
+                         (unsigned long long)f.size, (unsigned long long)expect);
+        goto fail;
+    }
+    /* the checksum, over the data in chunks (nothing is loaded yet) and the user blob */
+    if (!(buf = (float *)DDP_MALLOC(DDP__CKPT_CHUNK * sizeof(float))) ||
+        (st->user_bytes && !(*blob = DDP_MALLOC((size_t)st->user_bytes)))) {
+        ddp__ckpt_refuse(st, DDP_ERR_OUT_OF_MEMORY, "no memory to read the checkpoint '%s' (its user blob: %llu bytes)", path,
+                         (unsigned long long)st->user_bytes);
+        goto fail;
+    }
+    for (left = 12 * floats; left > 0;) {
+        size_t n = left < DDP__CKPT_CHUNK * sizeof(float) ? (size_t)left : DDP__CKPT_CHUNK * sizeof(float);
+        if (!ddp__ckpt_read(&f, buf, n, 1)) break;
+        left -= n;
+    }
+    if (st->user_bytes) ddp__ckpt_read(&f, *blob, (size_t)st->user_bytes, 1);
+    if (!ddp__ckpt_read(&f, b, 8, 0)) {
+        ddp__ckpt_refuse(st, DDP_ERR_SYSTEM, "cannot read the checkpoint '%s': %s", path, strerror(f.err ? f.err : EIO));
+        goto fail;
+    }
+    *stored = ddp__get_le(b, 8);
+    if (*stored != ddp__sum_value(&f.sum)) {
+        ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is corrupt (checksum mismatch): it holds %016llx, "
+                         "its bytes give %016llx", path, (unsigned long long)*stored, (unsigned long long)ddp__sum_value(&f.sum));
+        goto fail;
+    }
+    if (st->user_bytes > user_capacity) {
+        ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' holds a user blob of %llu bytes; the caller's "
+                         "buffer takes %zu", path, (unsigned long long)st->user_bytes, user_capacity);
+        goto fail;
+    }
+    if (check) {
+        ddp_checkpoint_info info;
+        char why[sizeof st->msg];
+        info.step = st->step;
+        info.world_size = st->world;
+        info.sharded = st->sharded;
+        info.user_bytes = st->user_bytes;
+        why[0] = 0;
+        if (!check(check_arg, &info, *blob, (size_t)st->user_bytes, why, sizeof why)) {
+            why[sizeof why - 1] = 0;
+            ddp__ckpt_refuse(st, DDP_ERR_MISMATCH, "%s", why[0] ? why : "the checkpoint was refused by the program's check "
+                             "(it gave no reason)");
+            goto fail;
+        }
+    }
+    if (mismatch[0]) { ddp__ckpt_refuse(st, DDP_ERR_MISMATCH, "%s", mismatch); goto fail; }
+    DDP_FREE(buf);
+    return f.fd;
+truncated:
+    ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is truncated (%llu bytes%s)", path,
+                     (unsigned long long)f.size, f.err && f.err != EIO ? ", and reading it failed" : "");
+fail:
+    DDP_FREE(buf);
+    DDP_FREE(*blob);
+    *blob = NULL;
+    close(f.fd);
+    return -1;
+}
+
+static ddp_result ddp__load(ddp_context *ctx, const char *path, void *user, size_t user_capacity, ddp_checkpoint_check_fn check,
+                            void *check_arg, ddp_checkpoint_info *info_out) {
+    ddp__ckpt_status st;
+    ddp__ckpt_file f;
+    void *blob = NULL;
+    float *buf = NULL;
+    uint64_t data_at = 0, stored = 0;
+    ddp_result r;
+    if (ctx->in_step) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_load while a backward is in flight (call it between steps)");
+    if ((r = ctx->be->adamw_state(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
+    memset(&st, 0, sizeof st);
+    memset(&f, 0, sizeof f);
+    f.fd = -1;
+    if (ctx->rank == 0) {
+        f.fd = ddp__ckpt_verify(ctx, path, user_capacity, check, check_arg, &st, &blob, &data_at, &stored);
+        if (f.fd >= 0 && !(buf = (float *)DDP_MALLOC(DDP__CKPT_CHUNK * sizeof(float))))
+            ddp__ckpt_refuse(&st, DDP_ERR_OUT_OF_MEMORY, "no memory to read the checkpoint '%s'", path);
+    }
+    if ((r = ddp__ckpt_share(ctx, &st, "load", path)) != DDP_OK) goto out;
+    /* From here on every rank takes part to the end: the user blob, then the state. */
+    if (ctx->rank != 0 && st.user_bytes && !(blob = DDP_MALLOC((size_t)st.user_bytes))) {
+        r = ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "ddp_load: no memory for the checkpoint's user blob of %llu bytes",
+                            (unsigned long long)st.user_bytes);
+        goto out;
+    }
+    if (st.user_bytes && ctx->world > 1) {
+        ctx->what = "ddp_load's broadcast of the user blob";
+        if ((r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, blob, (size_t)st.user_bytes, 0)) != DDP_OK) goto out;
+    }
+    if (st.user_bytes > user_capacity) {   /* rank 0's capacity took it; this rank's is smaller */
+        r = ddp__fail_group(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_load: the checkpoint's user blob is %llu bytes, this rank's "
+                            "buffer takes %zu (pass the same capacity on every rank)", (unsigned long long)st.user_bytes,
+                            user_capacity);
+        goto out;
+    }
+    if (ctx->rank == 0) {   /* the second pass checksums what it puts in place: header again, data, blob */
+        unsigned char hb[4096];
+        uint64_t at, floats = 0;
+        int i;
+        for (i = 0; i < ctx->num_params; i++) floats += ctx->params[i].count;
+        ddp__sum_init(&f.sum);
+        f.size = data_at + 12 * floats + st.user_bytes;   /* the length the first pass checked, less the checksum */
+        for (at = 0; at < data_at;) {
+            size_t n = data_at - at < sizeof hb ? (size_t)(data_at - at) : sizeof hb;
+            if (!ddp__ckpt_read(&f, hb, n, 1)) break;
+            at += n;
+        }
+    }
+    {
+        ddp__ckpt_file *fp = ctx->rank == 0 ? &f : NULL;
+        r = ddp__ckpt_stream(ctx, DDP_PARAMS, fp, buf, 0);
+        if (r == DDP_OK) r = ddp__ckpt_stream(ctx, DDP_ADAM_M, fp, buf, 0);
+        if (r == DDP_OK) r = ddp__ckpt_stream(ctx, DDP_ADAM_V, fp, buf, 0);
+        if (r != DDP_OK) goto out;
+    }
+    if (ctx->rank == 0) {
+        if (st.user_bytes) ddp__sum_add(&f.sum, blob, (size_t)st.user_bytes);
+        if (f.err || ddp__sum_value(&f.sum) != stored)
+            ddp__ckpt_refuse(&st, DDP_ERR_SYSTEM, "the checkpoint '%s' changed while it was loaded (%s); the parameters and "
+                             "AdamW state are partly overwritten", path, f.err ? strerror(f.err) : "its second reading has "
+                             "another checksum");
+    }
+    if ((r = ddp__ckpt_share(ctx, &st, "load", path)) != DDP_OK) { r = ddp__fatal(ctx, r); goto out; }
+    ctx->adam_step = st.step;   /* adamw_state above: a GPU backend uploads it before its next step */
+    if (st.user_bytes) memcpy(user, blob, (size_t)st.user_bytes);
+    if (info_out) {
+        info_out->step = st.step;
+        info_out->world_size = st.world;
+        info_out->sharded = st.sharded;
+        info_out->user_bytes = st.user_bytes;
+    }
+out:
+    if (f.fd >= 0) close(f.fd);
+    DDP_FREE(blob);
+    DDP_FREE(buf);
+    return r;
+}
+
+/* --------------------------------------------------------------------------------------------
    >>public  The public functions: each checks its arguments and the context's state, then hands
    off to its section. A NULL context is refused with DDP_ERR_INVALID_ARGUMENT (accessors return
    the neutral value the manual lists), and the message goes to ddp_last_error(NULL), per thread.
@@ -5762,6 +6499,33 @@ ddp_result ddp_scatter_from_host(ddp_context *ctx, ddp_buffer which, size_t offs
     ddp_result r = ddp__usable(ctx, 1, "ddp_scatter_from_host");
     if (r == DDP_OK) r = ddp__check_root(ctx, root, "ddp_scatter_from_host");
     return r != DDP_OK ? r : ddp__scatter_from_host(ctx, which, offset, src, count, root);
+}
+
+ddp_result ddp_save(ddp_context *ctx, const char *path, const void *user, size_t user_bytes) {
+    ddp_result r = ddp__usable(ctx, 1, "ddp_save");
+    if (r != DDP_OK) return r;
+    if (!path || !*path) return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_save: no path (NULL or empty)");
+    if (strlen(path) >= PATH_MAX - 64) return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_save: the path is %zu bytes long", strlen(path));
+    if (user_bytes && !user) return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_save: NULL user blob of %zu bytes", user_bytes);
+    return ddp__save(ctx, path, user, user_bytes);
+}
+
+ddp_result ddp_save_check(ddp_context *ctx, const char *path, int *holds_out) {
+    ddp_result r = ddp__usable(ctx, 0, "ddp_save_check");
+    if (holds_out) *holds_out = 0;
+    if (r != DDP_OK) return r;
+    if (!path || !*path) return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_save_check: no path (NULL or empty)");
+    if (strlen(path) >= PATH_MAX - 64) return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_save_check: the path is %zu bytes long", strlen(path));
+    return ddp__save_check(ctx, path, holds_out);
+}
+
+ddp_result ddp_load(ddp_context *ctx, const char *path, void *user, size_t user_capacity,
+                    ddp_checkpoint_check_fn check, void *check_arg, ddp_checkpoint_info *info_out) {
+    ddp_result r = ddp__usable(ctx, 1, "ddp_load");
+    if (r != DDP_OK) return r;
+    if (!path || !*path) return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_load: no path (NULL or empty)");
+    if (user_capacity && !user) return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_load: NULL user buffer of %zu bytes", user_capacity);
+    return ddp__load(ctx, path, user, user_capacity, check, check_arg, info_out);
 }
 
 ddp_result ddp_allreduce(ddp_context *ctx, float *data, size_t count, ddp_op op) {

@@ -1,7 +1,11 @@
 /* bench_allreduce — time ddp_allreduce(SUM) on user buffers of float32, size by size.
 
      build/ddprun -n 2 build/bench_allreduce [--sizes 64K,256K,1M,4M,16M,25M,64M,256M]
-                                             [--iters auto|N] [--target-s 0.5]
+                                             [--iters auto|N] [--target-s 0.5] [--grads]
+
+   --grads times gradient buckets instead (impl=ddp-grads): per size a context with one
+   parameter of that size, which is one bucket; an iteration is ddp_grad_ready + ddp_finish (the
+   bucket averaged in place through the shared gradient segment), the path a training step takes.
 
    Sizes are bytes of float32 data (K/M/G are powers of 1024). For each size every rank
      1. fills its buffer with rank-dependent integers, allreduces once and checks every element
@@ -23,39 +27,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "bench_sizes.h"
 
-#define BENCH_MAX_SIZES 64
 #define BENCH_MIN_ITERS 3
 #define BENCH_MAX_ITERS 1000000L
-
-static const char *default_sizes = "64K,256K,1M,4M,16M,25M,64M,256M";
 
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int parse_sizes(const char *spec, size_t *out, int max) {
-    int n = 0;
-    const char *p = spec;
-    while (*p) {
-        char *end;
-        unsigned long long v = strtoull(p, &end, 10);
-        if (end == p) return -1;
-        switch (*end) {
-        case 'k': case 'K': v <<= 10; end++; break;
-        case 'm': case 'M': v <<= 20; end++; break;
-        case 'g': case 'G': v <<= 30; end++; break;
-        default: break;
-        }
-        if (*end == 'i' || *end == 'I') end++;               /* accept KiB/MiB spelled out */
-        if (*end == 'b' || *end == 'B') end++;
-        if ((*end != ',' && *end != 0) || v == 0 || v % 4 != 0 || n >= max) return -1;
-        out[n++] = (size_t)v;
-        p = *end == ',' ? end + 1 : end;
-    }
-    return n;
 }
 
 static void die(ddp_context *ctx, const char *what, ddp_result r) {
@@ -78,22 +58,97 @@ static double max_across_ranks(ddp_context *ctx, float *scratch, double value) {
     return m;
 }
 
-/* Seconds the slowest rank took for k allreduces of n floats, started after a barrier. */
-static double timed_run(ddp_context *ctx, float *buf, size_t n, long k, float *scratch) {
+/* One gradient bucket averaged, the way a step does it (--grads): the only parameter is ready. */
+static ddp_result bucket_step(ddp_context *ctx) {
+    ddp_result r = ddp_grad_ready(ctx, 0);
+    return r != DDP_OK ? r : ddp_finish(ctx);
+}
+
+/* Seconds the slowest rank took for k allreduces of n floats (or k bucket steps), started after
+   a barrier. */
+static double timed_run(ddp_context *ctx, float *buf, size_t n, long k, float *scratch, int grads) {
     double t0, t;
     long i;
     ddp_result r;
     if ((r = ddp_barrier(ctx)) != DDP_OK) die(ctx, "ddp_barrier", r);
     t0 = now_s();
     for (i = 0; i < k; i++)
-        if ((r = ddp_allreduce(ctx, buf, n, DDP_SUM)) != DDP_OK) die(ctx, "ddp_allreduce", r);
+        if ((r = grads ? bucket_step(ctx) : ddp_allreduce(ctx, buf, n, DDP_SUM)) != DDP_OK) die(ctx, grads ? "bucket step" : "ddp_allreduce", r);
     t = now_s() - t0;
     return max_across_ranks(ctx, scratch, t * 1e6) * 1e-6;   /* microseconds keep float precision */
 }
 
+/* One size: the exact check, the calibration, the timed run; rank 0 prints the line. */
+static void measure(ddp_context *ctx, float *buf, size_t bytes, long fixed_iters, double target_s, float *scratch, int grads) {
+    size_t n = bytes / sizeof(float), j;
+    int rank = ddp_rank(ctx), world = ddp_world_size(ctx);
+    const float ranks_sum = (float)(world * (world + 1) / 2);
+    long k, iters;
+    double t, per, busbw;
+    ddp_result r;
+
+    /* 1. correctness: element j of rank s holds (j % 251 + 1) * (s + 1), all small integers,
+       so the float sum is exact, and so is the average (a multiple of (world + 1) / 2). */
+    for (j = 0; j < n; j++) buf[j] = (float)((j % 251 + 1) * (size_t)(rank + 1));
+    if ((r = grads ? bucket_step(ctx) : ddp_allreduce(ctx, buf, n, DDP_SUM)) != DDP_OK) die(ctx, "the checked allreduce", r);
+    for (j = 0; j < n; j++) {
+        float want = (float)(j % 251 + 1) * (grads ? ranks_sum / (float)world : ranks_sum);
+        if (buf[j] != want) {
+            fprintf(stderr, "bench_allreduce: rank %d: WRONG RESULT at %zu bytes: element %zu is %g, expected %g\n",
+                    rank, bytes, j, (double)buf[j], (double)want);
+            ddp_shutdown(ctx);
+            exit(1);
+        }
+    }
+
+    /* 2. calibrate (doubles as warm-up) on zeros. */
+    memset(buf, 0, n * sizeof(float));
+    k = 1;
+    for (;;) {
+        t = timed_run(ctx, buf, n, k, scratch, grads);
+        if (t >= 0.05 || k >= BENCH_MAX_ITERS / 4) break;
+        k *= 4;
+    }
+    per = t / (double)k;
+    if (fixed_iters) iters = fixed_iters;
+    else {
+        double want = target_s / (per > 0 ? per : 1e-9);
+        iters = want > (double)BENCH_MAX_ITERS ? BENCH_MAX_ITERS : (long)want;
+        if (iters < BENCH_MIN_ITERS) iters = BENCH_MIN_ITERS;
+    }
+
+    /* 3. measure. */
+    t = timed_run(ctx, buf, n, iters, scratch, grads);
+    per = t / (double)iters;
+    busbw = world > 1 ? (double)bytes / per * 2.0 * (world - 1) / world / 1e9 : 0.0;
+    if (rank == 0) {
+        printf("allreduce impl=%s ranks=%d bytes=%zu iters=%ld time_us=%.1f busbw=%.3f\n",
+               grads ? "ddp-grads" : "ddp", world, bytes, iters, per * 1e6, busbw);
+        fflush(stdout);
+    }
+}
+
+/* --grads: a context per size whose one parameter is one bucket; its gradient is the buffer. */
+static void measure_grads(size_t bytes, long fixed_iters, double target_s) {
+    ddp_context *ctx = NULL;
+    ddp_desc desc;
+    float *scratch;
+    int id;
+    ddp_result r;
+    memset(&desc, 0, sizeof desc);
+    desc.bucket_cap_mb = desc.first_bucket_mb = (double)bytes / 1048576.0 + 1.0;
+    if ((r = ddp_init(&ctx, &desc)) != DDP_OK) die(ctx, "ddp_init", r);
+    if ((r = ddp_register_param(ctx, "g", bytes / sizeof(float), 0, NULL, &id)) != DDP_OK) die(ctx, "ddp_register_param", r);
+    if ((r = ddp_commit(ctx)) != DDP_OK) die(ctx, "ddp_commit", r);
+    if (!(scratch = (float *)calloc((size_t)ddp_world_size(ctx), sizeof(float)))) die(ctx, "calloc", DDP_ERR_OUT_OF_MEMORY);
+    measure(ctx, ddp_grad(ctx, id), bytes, fixed_iters, target_s, scratch, 1);
+    free(scratch);
+    if ((r = ddp_shutdown(ctx)) != DDP_OK) { fprintf(stderr, "bench_allreduce: ddp_shutdown: %s\n", ddp_result_string(r)); exit(1); }
+}
+
 int main(int argc, char **argv) {
     size_t sizes[BENCH_MAX_SIZES], max_bytes = 0;
-    int nsizes, i, rank, world;
+    int nsizes, i, rank, world, grads = 0;
     long fixed_iters = 0;
     double target_s = 0.5;
     const char *size_spec = default_sizes;
@@ -103,6 +158,7 @@ int main(int argc, char **argv) {
 
     for (i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--sizes") && i + 1 < argc) size_spec = argv[++i];
+        else if (!strcmp(argv[i], "--grads")) grads = 1;
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc) {
             const char *v = argv[++i];
             fixed_iters = strcmp(v, "auto") ? atol(v) : 0;
@@ -111,7 +167,7 @@ int main(int argc, char **argv) {
             target_s = atof(argv[++i]);
             if (!(target_s > 0)) { fprintf(stderr, "bad --target-s\n"); return 2; }
         } else {
-            fprintf(stderr, "usage: %s [--sizes 64K,1M,...] [--iters auto|N] [--target-s SECONDS]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--sizes 64K,1M,...] [--iters auto|N] [--target-s SECONDS] [--grads]\n", argv[0]);
             return 2;
         }
     }
@@ -119,6 +175,10 @@ int main(int argc, char **argv) {
     if (nsizes <= 0) {
         fprintf(stderr, "bad --sizes '%s' (comma-separated byte counts, multiples of 4, K/M/G suffixes)\n", size_spec);
         return 2;
+    }
+    if (grads) {
+        for (i = 0; i < nsizes; i++) measure_grads(sizes[i], fixed_iters, target_s);
+        return 0;
     }
     for (i = 0; i < nsizes; i++) if (sizes[i] > max_bytes) max_bytes = sizes[i];
 
@@ -132,53 +192,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     memset(buf, 0, max_bytes);   /* fault every page in before any timing */
-
-    for (i = 0; i < nsizes; i++) {
-        size_t n = sizes[i] / sizeof(float), j;
-        const float ranks_sum = (float)(world * (world + 1) / 2);
-        long k, iters;
-        double t, per, busbw;
-
-        /* 1. correctness: element j of rank s holds (j % 251 + 1) * (s + 1), all small
-           integers, so the float sum is exact. */
-        for (j = 0; j < n; j++) buf[j] = (float)((j % 251 + 1) * (size_t)(rank + 1));
-        if ((r = ddp_allreduce(ctx, buf, n, DDP_SUM)) != DDP_OK) die(ctx, "ddp_allreduce", r);
-        for (j = 0; j < n; j++) {
-            float want = (float)(j % 251 + 1) * ranks_sum;
-            if (buf[j] != want) {
-                fprintf(stderr, "bench_allreduce: rank %d: WRONG RESULT at %zu bytes: element %zu is %g, expected %g\n",
-                        rank, sizes[i], j, (double)buf[j], (double)want);
-                ddp_shutdown(ctx);
-                return 1;
-            }
-        }
-
-        /* 2. calibrate (doubles as warm-up) on zeros. */
-        memset(buf, 0, n * sizeof(float));
-        k = 1;
-        for (;;) {
-            t = timed_run(ctx, buf, n, k, scratch);
-            if (t >= 0.05 || k >= BENCH_MAX_ITERS / 4) break;
-            k *= 4;
-        }
-        per = t / (double)k;
-        if (fixed_iters) iters = fixed_iters;
-        else {
-            double want = target_s / (per > 0 ? per : 1e-9);
-            iters = want > (double)BENCH_MAX_ITERS ? BENCH_MAX_ITERS : (long)want;
-            if (iters < BENCH_MIN_ITERS) iters = BENCH_MIN_ITERS;
-        }
-
-        /* 3. measure. */
-        t = timed_run(ctx, buf, n, iters, scratch);
-        per = t / (double)iters;
-        busbw = world > 1 ? (double)sizes[i] / per * 2.0 * (world - 1) / world / 1e9 : 0.0;
-        if (rank == 0) {
-            printf("allreduce impl=ddp ranks=%d bytes=%zu iters=%ld time_us=%.1f busbw=%.3f\n",
-                   world, sizes[i], iters, per * 1e6, busbw);
-            fflush(stdout);
-        }
-    }
+    for (i = 0; i < nsizes; i++) measure(ctx, buf, sizes[i], fixed_iters, target_s, scratch, 0);
 
     free(scratch);
     free(buf);

@@ -2,17 +2,25 @@
 # compare_allreduce.sh — ddp.h's allreduce against Open MPI and PyTorch/gloo, side by side.
 #
 #   bench/compare_allreduce.sh [--ranks "2 4"] [--sizes 64K,...,256M] [--repeat 2]
-#                              [--target-s 0.5] [--no-write]
+#                              [--malloc both|default|nommap] [--target-s 0.5] [--no-write]
 #
+# Every pass first measures the single-core copy bandwidth at each size (build/copy_bw), then, for
+# each malloc setting, runs the three implementations under the same environment:
+#   default  glibc's malloc as it comes (a buffer above its mmap threshold, which grows to at
+#            most 32 MiB, is mmapped and page-faulted afresh after every free)
+#   nommap   GLIBC_TUNABLES=glibc.malloc.mmap_threshold=2147483647:glibc.malloc.trim_threshold=
+#            4294967295 for all three: freed memory is kept and reused
 # For every rank count it runs, interleaved --repeat times:
 #   ddp   build/ddprun -n N build/bench_allreduce          (both made first if missing or older
 #                                                          than ddp.h; without ddprun the ranks
 #                                                          are started by hand)
 #   mpi   mpirun -n N build/mpi_allreduce                  (built here with mpicc; default
 #                                                          Open MPI settings)
+#   grads build/ddprun -n N build/bench_allreduce --grads  (gradient buckets in place)
 #   gloo  /usr/bin/python3 bench/gloo_allreduce.py -n N    (torch.distributed, gloo, 1 thread)
-# keeps, per implementation and size, the fastest of the repeats (the same rule for all three),
-# prints a table per rank count and replaces the section between <!-- allreduce:begin --> and
+# keeps, per implementation, setting and size, the fastest of the repeats (the same rule for all),
+# and prints a table per rank count and setting: each busbw beside the shared-memory bound (the
+# copy bandwidth over the bytes a rank must move; RESULTS.md says how), and replaces the section between <!-- allreduce:begin --> and
 # <!-- allreduce:end --> of bench/RESULTS.md (unless --no-write).
 # An implementation whose toolchain is missing is skipped with a line saying so.
 # Rank counts above the number of CPUs oversubscribe the cores; their tables say so.
@@ -25,6 +33,7 @@ PYTHON=${PYTHON:-/usr/bin/python3}
 RANKS="2 4"
 SIZES="64K,256K,1M,4M,16M,25M,64M,256M"
 REPEAT=2
+MALLOC=both
 TARGET_S=0.5
 WRITE=1
 RUN_LIMIT_S=${RUN_LIMIT_S:-240}     # one benchmark run longer than this is killed
@@ -37,11 +46,18 @@ while [ $# -gt 0 ]; do
     --repeat) REPEAT=$2; shift 2 ;;
     --target-s) TARGET_S=$2; shift 2 ;;
     --no-write) WRITE=0; shift ;;
-    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --malloc) MALLOC=$2; shift 2 ;;
+    -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "compare_allreduce.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
     esac
 done
 case $REPEAT in ''|*[!0-9]*|0) echo "compare_allreduce.sh: --repeat must be a positive integer" >&2; exit 2 ;; esac
+case $MALLOC in
+both) SETTINGS="default nommap" ;;
+default|nommap) SETTINGS=$MALLOC ;;
+*) echo "compare_allreduce.sh: --malloc must be both, default or nommap (got '$MALLOC')" >&2; exit 2 ;;
+esac
+NOMMAP_TUNABLES="glibc.malloc.mmap_threshold=2147483647:glibc.malloc.trim_threshold=4294967295"
 
 NCPU=$(nproc 2>/dev/null || echo 1)
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/compare_allreduce.XXXXXX") || exit 1
@@ -64,10 +80,14 @@ stale() {
 HAVE_DDP=0 HAVE_MPI=0 HAVE_GLOO=0 DDPRUN=""
 if [ -f Makefile ] && command -v make >/dev/null 2>&1; then
     # The owner's rules (and flags) first; make rebuilds whatever is older than ddp.h.
-    make -k --no-print-directory B="$BUILD" "$BUILD/bench_allreduce" "$BUILD/ddprun" >"$TMP/make.log" 2>&1 ||
-        { cat "$TMP/make.log"; note "warning: make $BUILD/bench_allreduce $BUILD/ddprun failed"; }
+    make -k --no-print-directory B="$BUILD" "$BUILD/bench_allreduce" "$BUILD/ddprun" "$BUILD/copy_bw" >"$TMP/make.log" 2>&1 ||
+        { cat "$TMP/make.log"; note "warning: make $BUILD/bench_allreduce $BUILD/ddprun $BUILD/copy_bw failed"; }
 fi
-if stale "$BUILD/bench_allreduce" ddp.h bench/bench_allreduce.c && command -v cc >/dev/null 2>&1; then
+if stale "$BUILD/copy_bw" bench/copy_bw.c bench/bench_sizes.h && command -v cc >/dev/null 2>&1; then
+    cc -std=c99 -O3 -march=native -Wall -Wextra -o "$BUILD/copy_bw" bench/copy_bw.c || rm -f "$BUILD/copy_bw"
+fi
+[ -x "$BUILD/copy_bw" ] || note "warning: $BUILD/copy_bw could not be built: no copy bandwidth, no bound columns"
+if stale "$BUILD/bench_allreduce" ddp.h bench/bench_allreduce.c bench/bench_sizes.h && command -v cc >/dev/null 2>&1; then
     echo "building $BUILD/bench_allreduce"
     if ! cc -std=c99 -O3 -march=native -Wall -Wextra -o "$BUILD/bench_allreduce" bench/bench_allreduce.c -lpthread -lm; then
         rm -f "$BUILD/bench_allreduce"    # never measure a binary older than ddp.h
@@ -88,7 +108,7 @@ fi
 MPI_VERSION="not installed"
 if command -v mpicc >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1; then
     MPI_VERSION=$(mpirun --version 2>/dev/null | head -n 1)
-    if stale "$BUILD/mpi_allreduce" bench/mpi_allreduce.c; then
+    if stale "$BUILD/mpi_allreduce" bench/mpi_allreduce.c bench/bench_sizes.h; then
         echo "building $BUILD/mpi_allreduce"
         mpicc -std=c99 -O3 -march=native -Wall -Wextra -o "$BUILD/mpi_allreduce" bench/mpi_allreduce.c || rm -f "$BUILD/mpi_allreduce"
     fi
@@ -112,27 +132,31 @@ MPI_FLAGS=""
 
 free_port() { "$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null || echo $((20000 + RANDOM % 20000)); }
 
-run_ddp() { # N
+run_ddp() { # N [--grads]
     local n=$1 r pids="" rc=0 port
+    shift
     if [ -n "$DDPRUN" ]; then
-        timeout -k 5 "$RUN_LIMIT_S" "$DDPRUN" -n "$n" "$BUILD/bench_allreduce" --sizes "$SIZES" --target-s "$TARGET_S"
+        timeout -k 5 "$RUN_LIMIT_S" "$DDPRUN" -n "$n" "$BUILD/bench_allreduce" --sizes "$SIZES" --target-s "$TARGET_S" "$@"
         return
     fi
     port=$(free_port)
     for ((r = 0; r < n; r++)); do
         RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
             DDP_JOB_TOKEN="compare-$$-$port" timeout -k 5 "$RUN_LIMIT_S" \
-            "$BUILD/bench_allreduce" --sizes "$SIZES" --target-s "$TARGET_S" &
+            "$BUILD/bench_allreduce" --sizes "$SIZES" --target-s "$TARGET_S" "$@" &
         pids="$pids $!"
     done
     for r in $pids; do wait "$r" || rc=$?; done
     return $rc
 }
 
+run_grads() { run_ddp "$1" --grads; }   # gradient buckets, in place (impl=ddp-grads)
+
 run_mpi() { # N
     local n=$1 extra=""
     [ "$n" -gt "$NCPU" ] && extra="--oversubscribe"
     # shellcheck disable=SC2086
+    [ -n "${GLIBC_TUNABLES:-}" ] && extra="$extra -x GLIBC_TUNABLES"
     timeout -k 5 "$RUN_LIMIT_S" mpirun $MPI_FLAGS $extra -n "$n" "$BUILD/mpi_allreduce" --sizes "$SIZES" --target-s "$TARGET_S"
 }
 
@@ -145,30 +169,45 @@ RAW="$TMP/raw"
 : >"$RAW"
 START=$(date +%s)
 LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)
-for n in $RANKS; do
-    for ((rep = 1; rep <= REPEAT; rep++)); do
-        for impl in ddp mpi gloo; do
-            case $impl in
-            ddp) [ $HAVE_DDP = 1 ] || continue ;;
-            mpi) [ $HAVE_MPI = 1 ] || continue ;;
-            gloo) [ $HAVE_GLOO = 1 ] || continue ;;
-            esac
-            echo "running $impl, $n ranks, pass $rep/$REPEAT ..."
-            "run_$impl" "$n" >"$TMP/out" 2>"$TMP/err"
-            rc=$?
-            sed -n 's/^.*\(allreduce impl=\)/\1/p' "$TMP/out" | tee -a "$RAW" | sed 's/^/  /'
-            if [ $rc != 0 ]; then
-                note "warning: $impl with $n ranks (pass $rep) exited with status $rc: $(tail -n 3 "$TMP/err" | tr '\n' ' ')"
-            fi
+COPY_PASSES=""
+for ((rep = 1; rep <= REPEAT; rep++)); do
+    if [ -x "$BUILD/copy_bw" ]; then
+        echo "measuring the copy bandwidth, pass $rep/$REPEAT ..."
+        timeout -k 5 "$RUN_LIMIT_S" "$BUILD/copy_bw" --sizes "$SIZES,100M" | tee -a "$RAW" >"$TMP/copy" && sed 's/^/  /' "$TMP/copy"
+        COPY_PASSES="$COPY_PASSES $(awk 'END { for (i = 1; i <= NF; i++) if ($i ~ /^gbps=/) print substr($i, 6) }' "$TMP/copy")"   # the 100 MiB copy
+    fi
+    for n in $RANKS; do
+        for setting in $SETTINGS; do
+            for impl in ddp grads mpi gloo; do
+                case $impl in
+                ddp|grads) [ $HAVE_DDP = 1 ] || continue ;;
+                mpi) [ $HAVE_MPI = 1 ] || continue ;;
+                gloo) [ $HAVE_GLOO = 1 ] || continue ;;
+                esac
+                echo "running $impl, $n ranks, malloc $setting, pass $rep/$REPEAT ..."
+                if [ "$setting" = nommap ]; then
+                    GLIBC_TUNABLES=$NOMMAP_TUNABLES "run_$impl" "$n" >"$TMP/out" 2>"$TMP/err"
+                else
+                    "run_$impl" "$n" >"$TMP/out" 2>"$TMP/err"
+                fi
+                rc=$?
+                sed -n "s/^.*\\(allreduce impl=\\)/\\1/p" "$TMP/out" | sed "s/\$/ malloc=$setting/" | tee -a "$RAW" | sed 's/^/  /'
+                if [ $rc != 0 ]; then
+                    note "warning: $impl with $n ranks, malloc $setting (pass $rep) exited with status $rc: $(tail -n 3 "$TMP/err" | tr '\n' ' ')"
+                fi
+            done
         done
     done
 done
 ELAPSED=$(($(date +%s) - START))
 
 # ---------------------------------------------------------------- tables
-# One markdown table for N ranks from the raw lines: the fastest repeat per impl and size.
-table() { # N
-    awk -v want="$1" '
+# One markdown table for N ranks and one malloc setting from the raw lines: the fastest repeat
+# per impl and size, the best copy bandwidth at that size, the bound it gives, the fractions.
+# The bound (RESULTS.md derives it): each rank moves (5 - 2/N)/2 copies' worth of its buffer
+# (stage in, reduce its part, copy the others' parts out); ranks beyond the CPUs share them.
+table() { # N SETTING
+    awk -v want="$1" -v setting="$2" -v ncpu="$NCPU" '
     function field(name,   i, kv) {
         for (i = 1; i <= NF; i++) { split($i, kv, "="); if (kv[1] == name) return kv[2] }
         return ""
@@ -180,7 +219,8 @@ table() { # N
     }
     function cell(x) { return x == "" ? "—" : x }
     function ratio(a, b) { return (a == "" || b == "" || b + 0 == 0) ? "—" : sprintf("%.2f", a / b) }
-    $1 == "allreduce" && field("ranks") == want {
+    $1 == "copy" { b = field("bytes") + 0; g = field("gbps") + 0; if (!(b in copy) || g > copy[b]) copy[b] = g }
+    $1 == "allreduce" && field("ranks") == want && field("malloc") == setting {
         impl = field("impl"); b = field("bytes") + 0; t = field("time_us") + 0
         if (!(b in seen)) { seen[b] = 1; order[++nb] = b }
         k = impl SUBSEP b
@@ -188,22 +228,28 @@ table() { # N
     }
     END {
         if (nb == 0) { print "(no results)"; exit }
-        print "| size | ddp time_us | ddp busbw | mpi busbw | gloo busbw | ddp/mpi | ddp/gloo | target |"
-        print "|---:|---:|---:|---:|---:|---:|---:|:---|"
+
+        n = want + 0; c = n < ncpu ? n : ncpu; copies = (5 - 2 / n) / 2; gcopies = (3 - 1 / n) / 2
+        print "| size | copy GB/s | bound busbw | ddp busbw | mpi busbw | gloo busbw | ddp/bound | mpi/bound | gloo/bound | ddp/mpi | grads bound | grads busbw | grads/bound | targets |"
+        print "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---|"
         for (i = 1; i <= nb; i++) {
             b = order[i]
             d = ("ddp" SUBSEP b) in best ? bw["ddp" SUBSEP b] : ""
             m = ("mpi" SUBSEP b) in best ? bw["mpi" SUBSEP b] : ""
             g = ("gloo" SUBSEP b) in best ? bw["gloo" SUBSEP b] : ""
-            dt = ("ddp" SUBSEP b) in best ? sprintf("%.1f", best["ddp" SUBSEP b]) : ""
-            rm = ratio(d, m); rg = ratio(d, g); tgt = ""
-            if (b >= 25 * 1048576 && rm != "—" && rg != "—")
-                tgt = (rm >= 1.5 && rg >= 3) ? "met (≥1.5× mpi, ≥3× gloo)" : "MISSED (needs ≥1.5× mpi, ≥3× gloo)"
-            else if (b >= 25 * 1048576 && rm != "—")
-                tgt = (rm >= 1.5) ? "met (≥1.5× mpi)" : "MISSED (needs ≥1.5× mpi)"
-            else if (b <= 1048576 && rm != "—")
-                tgt = (rm >= 1 / 1.5) ? "met (latency ≤1.5× mpi)" : "MISSED (latency ≤1.5× mpi)"
-            printf "| %s | %s | %s | %s | %s | %s | %s | %s |\n", label(b), cell(dt), cell(d), cell(m), cell(g), rm, rg, tgt
+            cp = (b in copy) ? sprintf("%.1f", copy[b]) : ""
+            # t_bound = copies * b * n / (c * copy bytes/s); busbw = b / t * 2(n-1)/n
+            bd = (!(104857600 in copy) || n < 2) ? "" : sprintf("%.2f", copy[104857600] * c / (copies * n) * 2 * (n - 1) / n)
+            gr = ("ddp-grads" SUBSEP b) in best ? bw["ddp-grads" SUBSEP b] : ""
+            gbd = bd == "" ? "" : sprintf("%.2f", bd * copies / gcopies)
+            rm = ratio(d, m); tgt = ""
+            if (b >= 262144 && b <= 268435456 && bd != "")
+                tgt = ((d != "" && d / bd >= 0.7) ? "bound met (≥0.7)" : "bound MISSED (≥0.7)") \
+                      ((gr != "" && gr / gbd >= 0.7) ? ", grads met" : ", grads MISSED")
+            if (b >= 1048576 && rm != "—")
+                tgt = tgt (tgt == "" ? "" : ", ") ((rm >= 1.5) ? "mpi met (≥1.5×)" : "mpi MISSED (≥1.5×)")
+            printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", label(b), cell(cp), cell(bd), cell(d), cell(m), cell(g),
+                ratio(d, bd), ratio(m, bd), ratio(g, bd), rm, cell(gbd), cell(gr), ratio(gr, gbd), tgt
         }
     }' "$RAW"
 }
@@ -235,17 +281,20 @@ SECTION="$TMP/section"
     else
         echo "- torch: not available (gloo skipped)"
     fi
-    echo "- Method (identical for all three): float32 SUM allreduce in place on a user buffer; per size one exact correctness check, a calibration/warm-up, then iterations for ~${TARGET_S} s after a barrier; time_us = slowest rank's elapsed time / iterations; busbw = bytes / time × 2(n−1)/n in GB/s (1e9). ddp/mpi and ddp/gloo are busbw ratios (> 1: ddp faster; for latency, mpi time / ddp time). Targets: ≥ 25 MiB: ddp ≥ 1.5× mpi and ≥ 3× gloo; ≤ 1 MiB: ddp time ≤ 1.5× mpi (ratio ≥ 0.67)."
+    echo "- Method (identical for all three): float32 SUM allreduce in place on a user buffer; per size one exact correctness check, a calibration/warm-up, then iterations for ~${TARGET_S} s after a barrier; time_us = slowest rank's elapsed time / iterations; busbw = bytes / time × 2(n−1)/n in GB/s (1e9). copy GB/s = the best single-core memcpy of that size (build/copy_bw; small sizes copy within the cache); bound busbw = the busbw of a shared-memory allreduce that moves (5 − 2/N)/2 copies of the buffer per rank at the memory copy bandwidth (memcpy of 100 MiB) (ranks beyond the CPUs share them); x/bound = busbw / bound. grads = gradient buckets averaged in place through the shared gradient segment (bench_allreduce --grads: one parameter, one bucket, ddp_grad_ready + ddp_finish per iteration), whose bound is (3 − 1/N)/2 copies (no staging in). Targets: ddp ≥ 0.7 of the bound from 256 KiB to 256 MiB; ddp ≥ 1.5× mpi from 1 MiB, with the same malloc setting."
     if [ -s "$NOTES" ]; then sed 's/^/- /' "$NOTES"; fi
+    echo "- Memory copy bandwidth (100 MiB), pass by pass (the host's state: it switches between a slow and a fast phase every few minutes, so only columns of one run compare):${COPY_PASSES:- not measured} GB/s; load average after the run: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)"
     for n in $RANKS; do
-        echo
-        if [ "$n" -gt "$NCPU" ]; then
-            echo "### $n ranks (OVERSUBSCRIBED: $n ranks on $NCPU CPUs)"
-        else
-            echo "### $n ranks"
-        fi
-        echo
-        table "$n"
+        for setting in $SETTINGS; do
+            echo
+            if [ "$n" -gt "$NCPU" ]; then
+                echo "### $n ranks, malloc $setting (OVERSUBSCRIBED: $n ranks on $NCPU CPUs)"
+            else
+                echo "### $n ranks, malloc $setting"
+            fi
+            echo
+            table "$n" "$setting"
+        done
     done
 } >"$SECTION"
 

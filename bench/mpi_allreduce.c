@@ -16,34 +16,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "bench_sizes.h"
 
-#define BENCH_MAX_SIZES 64
 #define BENCH_MIN_ITERS 3
 #define BENCH_MAX_ITERS 1000000L
-
-static const char *default_sizes = "64K,256K,1M,4M,16M,25M,64M,256M";
-
-static int parse_sizes(const char *spec, size_t *out, int max) {
-    int n = 0;
-    const char *p = spec;
-    while (*p) {
-        char *end;
-        unsigned long long v = strtoull(p, &end, 10);
-        if (end == p) return -1;
-        switch (*end) {
-        case 'k': case 'K': v <<= 10; end++; break;
-        case 'm': case 'M': v <<= 20; end++; break;
-        case 'g': case 'G': v <<= 30; end++; break;
-        default: break;
-        }
-        if (*end == 'i' || *end == 'I') end++;
-        if (*end == 'b' || *end == 'B') end++;
-        if ((*end != ',' && *end != 0) || v == 0 || v % 4 != 0 || n >= max) return -1;
-        out[n++] = (size_t)v;
-        p = *end == ',' ? end + 1 : end;
-    }
-    return n;
-}
 
 static void check_mpi(int rc, const char *what) {
     if (rc != MPI_SUCCESS) {

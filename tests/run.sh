@@ -40,7 +40,24 @@ run "timeline" tests/test_timeline.sh "$B"
 run "svg tools" tests/test_svg_tools.sh
 run "failures" tests/test_failures.sh "$B"
 run "ddprun" tests/test_ddprun.sh "$B/ddprun"
+run "ranks on several namespace hosts (tools/hosts.sh): own /dev/shm, stranger refused, CPU backend refused, NCCL set-up, a host killed or cut off" tests/test_hosts.sh "$B"
 run "minimal example, 2 ranks" "$B/ddprun" -n 2 "$B/minimal"
+# Checkpoints (ddp_save / ddp_load): saved on 2 ranks, loaded on 3, 1 and 2; refusals; another model.
+# ZeRO-1 (ddp_desc.shard_optimizer): the *-sharded phases SKIP until ddp.h has it and the build
+# defines DDP_HAS_SHARD_OPTIMIZER; then: the unsharded checkpoint loaded sharded on 3 ranks, and
+# one saved sharded on 2 ranks loaded unsharded on 3 and on 1.
+ckdir=$(mktemp -d)
+run "checkpoint saved on 2 ranks" "$B/ddprun" -n 2 "$B/test_checkpoint" save "$ckdir"
+for n in 3 1 2; do run "checkpoint of 2 ranks loaded on $n" "$B/ddprun" -n "$n" "$B/test_checkpoint" resume "$ckdir"; done
+run "checkpoint refusals, 3 ranks" "$B/ddprun" -n 3 "$B/test_checkpoint" errors "$ckdir"
+run "checkpoint of another model, 2 ranks" "$B/ddprun" -n 2 "$B/test_checkpoint" other "$ckdir"
+run "checkpoint of 2 ranks loaded sharded on 3" "$B/ddprun" -n 3 "$B/test_checkpoint" resume-sharded "$ckdir"
+rm -rf "$ckdir"; ckdir=$(mktemp -d)
+run "checkpoint saved sharded on 2 ranks" "$B/ddprun" -n 2 "$B/test_checkpoint" save-sharded "$ckdir"
+if [ -s "$ckdir/ck" ]; then
+    for n in 3 1; do run "sharded checkpoint of 2 ranks loaded unsharded on $n" "$B/ddprun" -n "$n" "$B/test_checkpoint" resume "$ckdir"; done
+fi
+rm -rf "$ckdir"
 run "embedding: NULL contexts, messages, thread-ranks, host copies" "$B/test_embed"
 run "host program: cancel in every phase, progress, thread-ranks exiting mid-backward, uneven inputs (ddp_join)" "$B/test_host"
 run "engine example: ranks as threads, progress, cancel, join" sh -c '"$1" && "$1" --batches 60 --cancel-after 0 && echo PASS engine_example_cancels_and_joins' sh "$B/engine"

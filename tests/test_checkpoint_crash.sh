@@ -74,10 +74,11 @@ for r in $pids; do kill -0 "$r" 2>/dev/null && alive="$alive $r"; done
 
 # ---- b. the file on disk is the old complete checkpoint ----
 tmpf=$(ls ck.tmp.* 2>/dev/null | head -n 1)
-if [ -n "$pid0" ] && [ "$tmpf" = "ck.tmp.$pid0" ] && [ -s ck ] && [ "$(stat -c %s "$tmpf")" -lt "$(stat -c %s ck)" ]; then
+# ddp_save's temporary: ck.tmp.<pid>.<16 random hex digits> (a name nobody can plant a link at first)
+if [ -n "$pid0" ] && [[ "$tmpf" =~ ^ck\.tmp\.$pid0\.[0-9a-f]{16}$ ]] && [ -s ck ] && [ "$(stat -c %s "$tmpf")" -lt "$(stat -c %s ck)" ]; then
   pass "crash_hit_mid_write ($tmpf: $(stat -c %s "$tmpf") of $(stat -c %s ck) bytes)"
 else
-  fail "crash_hit_mid_write" "want a partial ck.tmp.$pid0 next to ck: $(ls -l ck* 2>&1 | tr '\n' '|')"
+  fail "crash_hit_mid_write" "want a partial ck.tmp.$pid0.<random> next to ck: $(ls -l ck* 2>&1 | tr '\n' '|')"
 fi
 cp ck ck.copy 2>/dev/null
 p=$(free_port)

@@ -321,6 +321,51 @@ test_interrupt_no_restart() {
     report "SIGINT stops a job with --max-restarts for good" "${why#; }"
 }
 
+# Several nodes: node-major ranks, per-node LOCAL_*, the user's address, port, token and job id
+# on every rank; both spellings of the flags; a node's failing rank is named by its job rank.
+test_multi_node() {
+    local why="" r tok=0123456789abcdef0123456789abcdef
+    run 10 --nnodes 3 --node-rank 1 --master-addr 10.77.0.1 --master-port 29561 --job-token "$tok" \
+        --job-id train-7 -n 2 sh -c 'echo "$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT $DDP_JOB_TOKEN $DDP_JOB_ID"'
+    [ $rc -eq 0 ] || why="exit $rc: $(head -n 2 "$TMP/err")"
+    for r in 2 3; do
+        grep -qx "\[rank $r\] $r 6 $((r - 2)) 2 10\.77\.0\.1 29561 $tok train-7" "$TMP/out" || why="$why; no correct line for rank $r"
+    done
+    [ "$(wc -l <"$TMP/out")" -eq 2 ] || why="$why; expected 2 lines, got $(wc -l <"$TMP/out")"
+    # '=' forms, the token from the environment, node 2 of 3 with 1 rank each
+    DDP_JOB_TOKEN=$tok run 10 --nnodes=3 --node-rank=2 --master-addr=h1 --master-port=29562 --nproc-per-node=1 \
+        sh -c 'echo "$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT $DDP_JOB_TOKEN"'
+    grep -qx "\[rank 2\] 2 3 0 1 h1 29562 $tok" "$TMP/out" || why="$why; '=' forms: $(cat "$TMP/out" "$TMP/err" | head -n 2)"
+    # a failing rank on node 1 is named by its rank in the job
+    run 10 --nnodes 2 --node-rank 1 --master-addr 127.0.0.1 --master-port 29563 --job-token "$tok" -n 2 \
+        sh -c '[ "$LOCAL_RANK" = 1 ] && exit 3; sleep 30'
+    [ $rc -eq 3 ] || why="$why; failing rank: exit $rc, expected 3"
+    grep -q '^ddprun: rank 3 (pid [0-9]*) exited with status 3' "$TMP/err" || why="$why; failing rank not named as rank 3: $(head -n 1 "$TMP/err")"
+    report "--nnodes/--node-rank: node-major ranks, LOCAL_* per node, address, port, token and job id" "${why#; }"
+}
+
+# Inconsistent multi-node flags: exit 2 before anything starts, naming the flags at odds.
+test_multi_node_bad_flags() {
+    local why="" tok=0123456789abcdef0123456789abcdef
+    bad_flags() { # WANT ARGS...
+        local want=$1; shift
+        env -u DDP_JOB_TOKEN "$DDPRUN" "$@" sh -c 'echo started' >"$TMP/out" 2>"$TMP/err"; rc=$?
+        if [ $rc -ne 2 ] || [ -s "$TMP/out" ] || ! grep -qF -- "$want" "$TMP/err"; then
+            why="$why; '$*': exit $rc, wanted 2 and '$want': $(head -n 1 "$TMP/err")"
+        fi
+    }
+    bad_flags "--node-rank 2 is not below --nnodes 2" --nnodes 2 --node-rank 2 --master-addr a --master-port 1 --job-token "$tok"
+    bad_flags "--node-rank 1 is not below --nnodes 1" --node-rank 1
+    bad_flags "--nnodes 2 needs --master-addr" --nnodes 2 --master-port 1 --job-token "$tok"
+    bad_flags "--nnodes 2 needs --master-port" --nnodes 2 --master-addr a --job-token "$tok"
+    bad_flags "--nnodes 2 needs a job token" --nnodes 2 --master-addr a --master-port 1
+    bad_flags "must be 16..127 characters" --nnodes 2 --master-addr a --master-port 1 --job-token short
+    bad_flags "--max-restarts with --nnodes 2" --nnodes 2 --master-addr a --master-port 1 --job-token "$tok" --max-restarts 1
+    bad_flags "--nnodes must be an integer 1..1024" --nnodes 0
+    bad_flags "--nnodes 512 x --nproc-per-node 4 = 2048 ranks" --nnodes 512 -n 4 --master-addr a --master-port 1 --job-token "$tok"
+    report "inconsistent multi-node flags: exit 2, the flags named, nothing started" "${why#; }"
+}
+
 test_environment
 test_failing_rank
 test_killed_rank
@@ -338,5 +383,7 @@ test_ctrl_z
 test_stalled_rank_named
 test_max_restarts
 test_interrupt_no_restart
+test_multi_node
+test_multi_node_bad_flags
 
 [ $failures -eq 0 ]

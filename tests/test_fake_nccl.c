@@ -555,6 +555,97 @@ static void run_small(const char *name, int world, test_rank_fn fn) {
     check_clean(name);
 }
 
+/* ---- (h) checkpoints: ddp_save on 2 NCCL ranks (device memory), ddp_load on 3 and 1 NCCL
+   ranks and on 2 CPU-backend ranks: every rank holds the saved bits, and the step count reaches
+   the device (the next step is the saved one + 1) ---- */
+static char ck_path[64];
+static float ck_saved[3][NA + NB];   /* parameters, m, v of a and b, as rank 0 of the saver had them */
+static int64_t ck_step;
+static ddp_backend ck_backend;
+
+static ddp_result ck_state(ddp_context *ctx, int a, int b, float out[3][NA + NB]) {
+    ddp_buffer which[3] = { DDP_PARAMS, DDP_ADAM_M, DDP_ADAM_V };
+    size_t oa = (size_t)(ddp_param(ctx, a) - ddp_flat_params(ctx, NULL)), ob = (size_t)(ddp_param(ctx, b) - ddp_flat_params(ctx, NULL));
+    ddp_result r = DDP_OK;
+    int k;
+    for (k = 0; k < 3 && r == DDP_OK; k++) {
+        r = ddp_copy_to_host(ctx, which[k], oa, out[k], NA);
+        if (r == DDP_OK) r = ddp_copy_to_host(ctx, which[k], ob, out[k] + NA, NB);
+    }
+    return r;
+}
+
+static void ckpt_save_rank(test_rank *self) {
+    result *out = &res[self->rank];
+    ddp_context *ctx = NULL;
+    ddp_adamw opt;
+    int64_t *step;
+    int a, b, s;
+    memset(&opt, 0, sizeof opt);
+    opt.lr = 0.01f; opt.weight_decay = 0.1f;
+    out->fail_step = -1;
+    CALL(small_init(self, &ctx, &a, &b, 0));
+    for (s = 0; s < 3; s++) {
+        CALL(small_backward(ctx, a, b, self->rank, -1));
+        CALL(ddp_adamw_step(ctx, &opt, NULL));   /* no norm read back: the step count stays on the device */
+    }
+    CALL(ddp_save(ctx, ck_path, "fake-nccl", 10));
+    if (self->rank == 0) {
+        CALL(ck_state(ctx, a, b, ck_saved));
+        CALL(ddp_adamw_state(ctx, NULL, NULL, &step));
+        ck_step = *step;
+    }
+done:
+    if (out->r == DDP_OK) out->same_as_rank0 = 1;
+    out->shut = ddp_shutdown(ctx);
+}
+
+static void ckpt_load_rank(test_rank *self) {
+    result *out = &res[self->rank];
+    ddp_context *ctx = NULL;
+    ddp_desc d = test_desc(self);
+    ddp_adamw opt;
+    ddp_checkpoint_info info;
+    float got[3][NA + NB], ia[NA], ib[NB];
+    char blob[16];
+    int64_t *step;
+    int a, b, i;
+    memset(&opt, 0, sizeof opt);
+    opt.lr = 0.01f; opt.weight_decay = 0.1f;
+    out->fail_step = -1;
+    d.log = keep_errors; d.log_level = DDP_LOG_ERROR;
+    d.backend = ck_backend;
+    for (i = 0; i < NA; i++) ia[i] = 0.5f;   /* not the saved values */
+    for (i = 0; i < NB; i++) ib[i] = -0.5f;
+    CALL(ddp_init(&ctx, &d));
+    CALL(ddp_register_param(ctx, "a", NA, 0, ia, &a));
+    CALL(ddp_register_param(ctx, "b", NB, DDP_NO_DECAY, ib, &b));
+    CALL(ddp_commit(ctx));
+    CALL(ddp_load(ctx, ck_path, blob, sizeof blob, NULL, NULL, &info));
+    CHECK(info.world_size == 2 && info.step == ck_step && info.user_bytes == 10 && !strcmp(blob, "fake-nccl"),
+          "info: world %d step %lld (saved %lld), blob '%.10s'", info.world_size, (long long)info.step, (long long)ck_step, blob);
+    CALL(ck_state(ctx, a, b, got));
+    CHECK(!memcmp(got, ck_saved, sizeof got), "the loaded parameters, m or v differ from the saved ones");
+    CALL(small_backward(ctx, a, b, self->rank, -1));
+    CALL(ddp_adamw_step(ctx, &opt, NULL));
+    CALL(ddp_adamw_state(ctx, NULL, NULL, &step));
+    CHECK(*step == ck_step + 1, "the step after the load is %lld, want %lld", (long long)*step, (long long)ck_step + 1);
+done:
+    if (out->r == DDP_OK) out->same_as_rank0 = 1;
+    out->shut = ddp_shutdown(ctx);
+}
+
+static void checkpoints(void) {
+    snprintf(ck_path, sizeof ck_path, "/tmp/fake_nccl_ckpt.%d", (int)getpid());
+    ck_backend = DDP_BACKEND_NCCL;
+    run_small("fake_nccl_ranks2_ddp_save_from_device_memory", 2, ckpt_save_rank);
+    run_small("fake_nccl_ranks3_ddp_load_into_device_memory_bitwise", 3, ckpt_load_rank);
+    run_small("fake_nccl_ranks1_ddp_load_into_device_memory_bitwise", 1, ckpt_load_rank);
+    ck_backend = DDP_BACKEND_CPU;
+    run_small("fake_nccl_checkpoint_loaded_on_cpu_backend_bitwise", 2, ckpt_load_rank);
+    unlink(ck_path);
+}
+
 /* ---- (f), (g) faults: every rank fails, with a message, soon; shutdown is quick ---- */
 /* `want` may list alternatives, "a|b": a peer learns of rank 1's failure either from its poison
    ("stopped because rank 1: ...") or, when rank 1 has shut down first, from its store connection
@@ -745,6 +836,7 @@ int main(void) {
     run_small("fake_nccl_ranks1_nonfinite_named_or_reported_next_step", 1, nonfinite_rank);
     run_small("fake_nccl_ranks2_nonfinite_named_or_reported_next_step", 2, nonfinite_rank);
     auto_backend();
+    checkpoints();
     /* (f), (g) faults */
     fault_inject(2, 6);
     fault_inject(3, 20);

@@ -207,6 +207,7 @@ static ddp_result eq_step(gpt *m, int step, int rank, int world, int count, int 
     if ((r = ddp_zero_grad(m->ddp)) != DDP_OK) return r;
     for (u = 0; u < micro; u++) {
         gpt_make_batch(eq_data, EQ_DATA, 7, (uint64_t)step, (u * world + rank) * n, n, T, tok, tgt);
+        gpt_set_rows(m, (uint64_t)step, (uint64_t)((u * world + rank) * n), 1);   /* dropout's masks */
         ddp_set_sync(m->ddp, u == micro - 1);
         gpt_forward(m, tok, tgt, n, T, 1.0f / (float)micro, 1);
         if ((r = ddp_backward(m->ddp)) != DDP_OK) return r;
@@ -219,7 +220,8 @@ static int test_equivalence_ranks(void) {
     ddp_desc solo_desc;
     gpt model, ref;
     gpt_config cfg;
-    int rank, world, micro, step, i, tok[EQ_GLOBAL * 16], tgt[EQ_GLOBAL * 16];
+    int rank, world, micro, round, step, i, tok[EQ_GLOBAL * 16], tgt[EQ_GLOBAL * 16];
+    float dropout;
     char name[128];
     for (i = 0; i < EQ_DATA; i++)   /* text-like bytes: letters and spaces */
         eq_data[i] = (unsigned char)(test_value(3, (uint64_t)i) > 0.6f ? ' ' : 'a' + (int)(13.0f * (1.0f + test_value(4, (uint64_t)i))));
@@ -232,13 +234,15 @@ static int test_equivalence_ranks(void) {
     if (rank == 0) test_reference();
     if (EQ_GLOBAL % (2 * world)) { printf("FAIL gpt_equivalence: world %d must divide %d\n", world, EQ_GLOBAL / 2); return 0; }
     cfg.layers = 2; cfg.heads = 2; cfg.dim = 32; cfg.seq = 16;
-    for (micro = 1; micro <= 2; micro++) {
+    for (round = 0; round < 3; round++) {   /* 1 micro-step; 2; 2 with dropout */
         ddp_context *d = ddp;
         double worst = 0, tol_abs = 2e-6, tol_rel = 2e-5;
         size_t count, k;
         float fails = 0;
         uint64_t mine, rank0;
-        if (micro == 2) {   /* a fresh process group: parameters can be registered only once */
+        micro = round ? 2 : 1;
+        dropout = round == 2 ? 0.25f : 0.0f;
+        if (round) {   /* a fresh process group: parameters can be registered only once */
             ddp_shutdown(ddp);
             if (ddp_init(&d, NULL) != DDP_OK) { printf("FAIL gpt_reinit: %s\n", ddp_last_error(d)); return 0; }
         }
@@ -247,6 +251,8 @@ static int test_equivalence_ranks(void) {
         if (gpt_create(&model, d, &cfg, 42) != DDP_OK) { printf("FAIL gpt_create: %s\n", ddp_last_error(d)); return 0; }
         cfg.batch = EQ_GLOBAL;
         if (gpt_create(&ref, solo, &cfg, 42) != DDP_OK) { printf("FAIL gpt_create: %s\n", ddp_last_error(solo)); return 0; }
+        gpt_set_dropout(&model, dropout, 99);
+        gpt_set_dropout(&ref, dropout, 99);
         for (step = 0; step < EQ_STEPS; step++) {
             if (eq_step(&model, step, rank, world, EQ_GLOBAL / world, micro, tok, tgt) != DDP_OK) {
                 printf("FAIL gpt_equivalence_ranks%d: step %d: %s\n", world, step, ddp_last_error(d));
@@ -270,14 +276,15 @@ static int test_equivalence_ranks(void) {
             }
             fails = (float)bad;
             ddp_allreduce(d, &fails, 1, DDP_SUM);
-            snprintf(name, sizeof name, "gpt_ranks%d_batch%d_accum%d_equals_1rank_batch%d", world, EQ_GLOBAL / world / micro, micro, EQ_GLOBAL);
+            snprintf(name, sizeof name, "gpt_ranks%d_batch%d_accum%d%s_equals_1rank_batch%d", world, EQ_GLOBAL / world / micro, micro,
+                     dropout > 0 ? "_dropout" : "", EQ_GLOBAL);
             verdict(fails == 0, name, "%g parameter(s) beyond |err| <= %g + %g*|ref| (worst %.2f of tolerance)", fails, tol_abs, tol_rel, worst);
             printf("  (%s: %d steps, worst error %.3f of |err| <= %g + %g*|ref|)\n", name, EQ_STEPS, worst, tol_abs, tol_rel);
             mine = rank0 = gpt_fnv1a(got, count * sizeof(float), GPT_FNV_INIT);
             ddp_broadcast(d, &rank0, sizeof rank0, 0);
             fails = (float)(mine != rank0);
             ddp_allreduce(d, &fails, 1, DDP_SUM);
-            snprintf(name, sizeof name, "gpt_ranks%d_accum%d_bitwise_identical_across_ranks", world, micro);
+            snprintf(name, sizeof name, "gpt_ranks%d_accum%d%s_bitwise_identical_across_ranks", world, micro, dropout > 0 ? "_dropout" : "");
             verdict(fails == 0, name, "%g rank(s) differ from rank 0", fails);
         }
         gpt_destroy(&model);
@@ -286,6 +293,99 @@ static int test_equivalence_ranks(void) {
         ddp = d;
     }
     return ddp_shutdown(ddp) == DDP_OK;
+}
+
+/* ---- dropout: the masks, and the backward as the derivative of the forward with them ---- */
+static void test_dropout_masks(void) {
+    gpt m;
+    uint64_t key = gpt__drop_key(5, 3, 17, GPT_DROP_ATT(1)), i, n = 1u << 20, dropped = 0, same = 0;
+    int ok;
+    memset(&m, 0, sizeof m);
+    ok = gpt_set_dropout(&m, 0.2f, 5) && m.drop_scale == 1.0f / 0.8f;
+    for (i = 0; i < n; i++) {
+        float f = gpt__drop_factor(key, i, m.drop_threshold, m.drop_scale);
+        ok &= f == 0.0f || f == m.drop_scale;
+        dropped += f == 0.0f;
+    }
+    verdict(ok && fabs((double)dropped / n - 0.2) < 0.003, "gpt_dropout_drops_p_and_scales_the_rest",
+            "dropped %.4f of 2^20 units (want 0.2 +- 0.003), scale %g", (double)dropped / n, m.drop_scale);
+    for (i = 0; i < 4096; i++)   /* another step, row or site: another mask */
+        same += (gpt__drop_factor(key, i, m.drop_threshold, 1.0f) == 0) == (gpt__drop_factor(gpt__drop_key(5, 4, 17, GPT_DROP_ATT(1)), i, m.drop_threshold, 1.0f) == 0);
+    verdict(same < 4096 * 0.75, "gpt_dropout_masks_change_with_the_step", "%llu of 4096 units agree", (unsigned long long)same);
+    ok = gpt_set_dropout(&m, 0.0f, 5) && gpt__drop_factor(key, 7, m.drop_threshold, m.drop_scale) == 1.0f;
+    ok &= !gpt_set_dropout(&m, 1.0f, 5) && !gpt_set_dropout(&m, -0.1f, 5) && !gpt_set_dropout(&m, NAN, 5);
+    verdict(ok, "gpt_dropout_p0_keeps_all_and_bad_p_refused", "p = 0 dropped a unit, or p = 1, -0.1 or NaN was taken");
+}
+
+/* Loss of a training forward (dropout on) with nothing kept on the tape. */
+static float dropout_loss(gpt *m, const int *tok, const int *tgt, int B, int T) {
+    float loss = gpt_forward(m, tok, tgt, B, T, 1.0f, 1);
+    ddp_tape_reset(m->ddp);
+    return loss;
+}
+
+static void test_dropout_gradient(void) {
+    enum { B = 2, T = 8, PER_PARAM = 8 };
+    ddp_context *ddp;
+    ddp_desc desc;
+    gpt m;
+    gpt_config cfg;
+    int tok[B * T], tgt[B * T], i, bad = 0, probe, probes;
+    double worst = 0;
+    memset(&desc, 0, sizeof desc);
+    desc.world_size = 1;
+    cfg.layers = 2; cfg.heads = 2; cfg.dim = 8; cfg.seq = T; cfg.batch = B;
+    if (ddp_init(&ddp, &desc) != DDP_OK || gpt_create(&m, ddp, &cfg, 11) != DDP_OK) {
+        verdict(0, "gpt_dropout_gradient_setup", "%s", ddp_last_error(ddp));
+        return;
+    }
+    gpt_set_rows(&m, 4, 6, 3);
+    for (i = 0; i < B * T; i++) { tok[i] = 'a' + (int)(13 * (1 + test_value(21, (uint64_t)i))); tgt[i] = 'a' + (int)(13 * (1 + test_value(22, (uint64_t)i))); }
+    {   /* dropout changes a training forward, and only a training forward */
+        float plain = dropout_loss(&m, tok, tgt, B, T), dropped, eval;
+        gpt_set_dropout(&m, 0.3f, 77);
+        dropped = dropout_loss(&m, tok, tgt, B, T);
+        eval = gpt_forward(&m, tok, tgt, B, T, 1.0f, 0);
+        verdict(dropped != plain && eval == plain, "gpt_dropout_only_while_training", "loss %.9g without dropout, %.9g with, %.9g evaluating",
+                plain, dropped, eval);
+    }
+    {   /* train a little first: at init attention is near uniform and its q, k gradients tiny */
+        ddp_adamw opt;
+        memset(&opt, 0, sizeof opt);
+        opt.lr = 3e-2f;
+        for (i = 0; i < 30; i++) {
+            ddp_zero_grad(ddp);
+            gpt_forward(&m, tok, tgt, B, T, 1.0f, 1);
+            ddp_backward(ddp);
+            ddp_adamw_step(ddp, &opt, NULL);
+        }
+    }
+    ddp_zero_grad(ddp);
+    gpt_forward(&m, tok, tgt, B, T, 1.0f, 1);
+    ddp_backward(ddp);
+    probes = PER_PARAM * ddp_num_params(ddp);
+    for (probe = 0; probe < probes; probe++) {   /* central differences at h and h/2, Richardson-extrapolated */
+        int id = probe / PER_PARAM;
+        size_t k = (size_t)(probe * 7919) % ddp_param_count(ddp, id);
+        float *w = ddp_param(ddp, id) + k, keep = *w, h = 4e-3f, d[4];
+        double g = ddp_grad(ddp, id)[k], fd, err, tol;
+        *w = keep + h; d[0] = dropout_loss(&m, tok, tgt, B, T);
+        *w = keep - h; d[1] = dropout_loss(&m, tok, tgt, B, T);
+        *w = keep + h / 2; d[2] = dropout_loss(&m, tok, tgt, B, T);
+        *w = keep - h / 2; d[3] = dropout_loss(&m, tok, tgt, B, T);
+        *w = keep;
+        fd = (4.0 * ((double)d[2] - d[3]) / h - ((double)d[0] - d[1]) / (2.0 * h)) / 3.0;
+        err = fabs(fd - g);
+        tol = 2e-4 + 1e-2 * fabs(g);
+        bad += !(err <= tol);
+        if (err / tol > worst) worst = err / tol;
+        if (getenv("GPT_DEBUG") && !(err <= tol)) fprintf(stderr, "%s[%zu]: grad %g, central difference %g\n", ddp_param_name(ddp, id), k, g, fd);
+    }
+    verdict(bad == 0, "gpt_dropout_backward_is_the_forwards_derivative", "%d of %d probes beyond |fd - grad| <= 2e-4 + 1e-2|grad| (worst %.2f)",
+            bad, probes, worst);
+    printf("  (dropout 0.3: %d elements of every parameter, worst %.3f of the tolerance)\n", PER_PARAM, worst);
+    gpt_destroy(&m);
+    ddp_shutdown(ddp);
 }
 
 /* OpenBLAS's worker threads are not instrumented: under ThreadSanitizer their hand-offs read as
@@ -300,6 +400,7 @@ int main(void) {
     const char *world = getenv("WORLD_SIZE");
     test_blas_threads();
     gpt_blas_init(world ? atoi(world) : 1);
+    if (!getenv("RANK") || !strcmp(getenv("RANK"), "0")) { test_dropout_masks(); test_dropout_gradient(); }
     if (!test_equivalence_ranks()) test_failures++;
     return test_summary("test_gpt");
 }

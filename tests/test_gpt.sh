@@ -39,6 +39,28 @@ a=$(hash_of "$tmp/inplace.log"); c=$(hash_of "$tmp/staged.log")
 if [ -n "$a" ] && [ "$a" = "$c" ]; then pass "$name"; echo "  (params fnv1a $a, both)"
 else fail "$name" "in place $a, staged $c: $(tail -n 2 "$tmp/staged.log")"; fi
 
+# --- dropout: the masks follow the step and the global batch position, so a resumed run draws
+#     what a straight run draws; it changes the training; a probability out of range is refused ---
+name="gpt_dropout_resume_bitwise_${N}ranks"
+train --steps 6 --dropout 0.2 >"$tmp/drop.log" 2>&1
+train --steps 6 --dropout 0.2 --stop-at 3 --save "$tmp/ckdrop" >"$tmp/drop1.log" 2>&1
+train --steps 6 --dropout 0.2 --resume "$tmp/ckdrop" >"$tmp/drop2.log" 2>&1
+train --steps 6 >"$tmp/nodrop.log" 2>&1
+a=$(hash_of "$tmp/drop.log"); c=$(hash_of "$tmp/drop2.log"); z=$(hash_of "$tmp/nodrop.log")
+if [ -n "$a" ] && [ "$a" = "$c" ] && [ -n "$z" ] && [ "$a" != "$z" ]; then pass "$name"; echo "  (6 steps with dropout 0.2, straight and 3 + resume + 3: params fnv1a $a; without dropout $z)"
+else fail "$name" "straight $a, resumed $c, without dropout $z: $(tail -n 2 "$tmp/drop2.log")"; fi
+out=$(train --steps 1 --dropout 1 2>&1); rc=$?
+if [ $rc -ne 0 ] && grep -q "dropout must be in \[0, 1)" <<<"$out"; then pass gpt_dropout_out_of_range_refused
+else fail gpt_dropout_out_of_range_refused "rc $rc: $(tail -n 2 <<<"$out")"; fi
+
+# --- tools/shakespeare_char.sh (nanoGPT's shakespeare_char configuration) starts, here on the CPU
+#     backend, with the model shrunk by flags that override its own ---
+if [ -z "${TRAIN_GPT:-}" ] && [ -f ../shared/data/tinyshakespeare.txt ]; then
+    out=$(timeout 120 tools/shakespeare_char.sh "$B" --ranks 2 --layers 1 --heads 2 --dim 32 --seq 32 --batch 2 --stop-at 2 2>&1); rc=$?
+    if [ $rc = 0 ] && grep -q "step     2/5000" <<<"$out" && grep -q "done: step 2 | val loss" <<<"$out"; then pass gpt_shakespeare_char_script_runs
+    else fail gpt_shakespeare_char_script_runs "rc $rc: $(tail -n 3 <<<"$out")"; fi
+fi
+
 # --- resume: bitwise ---
 for accum in 1 2; do
     name="gpt_resume_bitwise_${N}ranks_accum$accum"
@@ -79,7 +101,7 @@ done
 out=$(train --steps 8 --dim 64 --resume "$tmp/ck1" 2>&1); rc=$?
 if [ $rc -ne 0 ] && grep -q "holds a model with --layers 2 --heads 2 --dim 32" <<<"$out"; then pass gpt_resume_refuses_other_model
 else fail gpt_resume_refuses_other_model "rc $rc: $(tail -n 2 <<<"$out")"; fi
-cp "$tmp/ck1" "$tmp/bad"; printf '\x55' | dd of="$tmp/bad" bs=1 seek=200 conv=notrunc 2>/dev/null
+cp "$tmp/ck1" "$tmp/bad"; printf '\x55' | dd of="$tmp/bad" bs=1 seek=$(( $(stat -c %s "$tmp/ck1") / 2 )) conv=notrunc 2>/dev/null
 out=$(train --steps 8 --resume "$tmp/bad" 2>&1); rc=$?
 if [ $rc -ne 0 ] && grep -q "corrupt (checksum mismatch)" <<<"$out"; then pass gpt_resume_refuses_corrupt_checkpoint
 else fail gpt_resume_refuses_corrupt_checkpoint "rc $rc: $(tail -n 2 <<<"$out")"; fi
@@ -89,17 +111,27 @@ if [ $rc -ne 0 ] && grep -q "is truncated" <<<"$out"; then pass gpt_resume_refus
 else fail gpt_resume_refuses_truncated_checkpoint "rc $rc: $(tail -n 2 <<<"$out")"; fi
 ls "$tmp"/ck1.tmp.* >/dev/null 2>&1 && fail gpt_checkpoint_no_temp_left "a temp file was left" || pass gpt_checkpoint_no_temp_left
 
-# reseal SRC DST STEP [SEED]: a copy of a checkpoint with the header's step (int64 at byte 32) and
-# seed (uint64 at byte 56) changed and the FNV-1a checksum (the last 8 bytes) made valid again:
-# what only the loader's own checks can refuse.
+# reseal SRC DST STEP [SEED]: a copy of a checkpoint with train_gpt's step and seed changed (its
+# run_state, the 56-byte user blob before ddp.h's checksum: step an int64 at byte 32 of it, seed a
+# uint64 at 40) and the checksum (the last 8 bytes) made valid again: what only the
+# loader's own checks can refuse.
 reseal() {
     python3 - "$@" <<'PY'
 import struct, sys
 b = bytearray(open(sys.argv[1], 'rb').read())
-struct.pack_into('<q', b, 32, int(sys.argv[3]))
-if len(sys.argv) > 4: struct.pack_into('<Q', b, 56, int(sys.argv[4]))
+blob = len(b) - 8 - 56
+assert b[blob:blob + 8] == b'GPTRUN01'
+struct.pack_into('<q', b, blob + 32, int(sys.argv[3]))
+if len(sys.argv) > 4: struct.pack_into('<Q', b, blob + 40, int(sys.argv[4]))
+# ddp.h's checksum (>>checkpoint): FNV-1a's step on little-endian 64-bit words in four lanes
+# (lane k: word k of each 32-byte block), then FNV-1a over the lanes, the partial block, the length
+P, M, d = 1099511628211, (1 << 64) - 1, bytes(b[:-8])
+lanes = [1469598103934665603 + k for k in range(4)]
+words = struct.unpack_from('<%dQ' % (len(d) // 32 * 4), d)
+for i in range(0, len(words), 4):
+    for k in range(4): lanes[k] = ((lanes[k] ^ words[i + k]) * P) & M
 h = 1469598103934665603
-for x in memoryview(b)[:-8]: h = ((h ^ x) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+for x in struct.pack('<4Q', *lanes) + d[len(d) // 32 * 32:] + struct.pack('<Q', len(d)): h = ((h ^ x) * P) & M
 struct.pack_into('<Q', b, len(b) - 8, h)
 open(sys.argv[2], 'wb').write(b)
 PY
@@ -118,6 +150,7 @@ refused gpt_resume_refuses_step_beyond_int32 "$tmp/step_wraps" "holds step 42949
 reseal "$tmp/ck1" "$tmp/step_negative" -3
 refused gpt_resume_refuses_negative_step "$tmp/step_negative" "holds step -3 and AdamW step 4"
 refused gpt_resume_refuses_other_seed "$tmp/ck1" "trained with --seed 1337, this run has --seed 7.*pass --seed 1337" --seed 7
+refused gpt_resume_refuses_other_dropout "$tmp/ck1" "trained with --dropout 0, this run has --dropout 0.1: pass --dropout 0" --dropout 0.1
 mkfifo "$tmp/fifo"
 out=$(timeout 30 "$B/ddprun" -n "$N" "$BIN" "${TINY[@]}" --steps 8 --resume "$tmp/fifo" 2>&1); rc=$?
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "rank 0: the checkpoint '$tmp/fifo' is a FIFO (named pipe), not a regular file" <<<"$out"; then

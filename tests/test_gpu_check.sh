@@ -76,6 +76,15 @@ else
     fail gpu_check_budget_spent_starts_nothing "exit $rc: $(tail -n 3 "$tmp/late.log" | tr '\n' ' ')"
 fi
 
+# The optional third call (nanoGPT's shakespeare_char target): without a GPU each run says SKIP.
+OUT=$tmp/c3 timeout 120 bench/gpu/check_3.sh --no-build "$B" >"$tmp/c3.log" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && [ "$(grep -c "^SKIP shakespeare_char_[12]rank 0" "$tmp/c3/3-summary.txt")" -eq 2 ]; then
+    pass gpu_check_3_dry_run_skips_both_runs
+else
+    fail gpu_check_3_dry_run_skips_both_runs "exit $rc: $(tail -n 3 "$tmp/c3.log" | tr '\n' ' ')"
+fi
+
 # A hang: cut at its limit, what was running named, its whole process group gone.
 marker="gpu_check_hang_$$"
 t0=$(date +%s)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_svg_tools.sh — tools/trace_svg.py and tools/sweep_svg.py on synthetic input.
+# test_svg_tools.sh — tools/trace_svg.py, tools/sweep_svg.py and tools/scaling.py on synthetic input.
 # One line per check, "PASS name" or "FAIL name: why"; exit status 1 if any check failed.
 # Usage: tests/test_svg_tools.sh [--keep DIR]   (--keep: also copy the SVGs made into DIR)
 set -u
@@ -27,7 +27,7 @@ bad() {
     "$PY" "$@" >"$tmp/bad.out" 2>"$tmp/bad.err"
     local rc=$?
     if [ "$rc" -ne 2 ]; then fail "$n" "exit status $rc, expected 2"
-    elif ! grep -qE "^(trace|sweep)_svg(\.py)?: error: " "$tmp/bad.err"; then
+    elif ! grep -qE "^((trace|sweep)_svg(\.py)?|scaling): error: " "$tmp/bad.err"; then
         fail "$n" "no error message from the tool on stderr: $(head -c 200 "$tmp/bad.err")"
     else pass "$n"; fi
 }
@@ -220,5 +220,88 @@ bad "non-numeric CSV value exits 2" "$W" "$tmp/nan.csv"
 printf 'bucket_cap_mb,step_ms,comm_ms,exposed_ms,compute_ms\n' >"$tmp/norows.csv"
 bad "CSV without rows exits 2" "$W" "$tmp/norows.csv"
 
-if [ -n "$keep" ]; then mkdir -p "$keep" && cp "$tmp"/trace.svg "$tmp"/sweep.svg "$tmp"/trace.json "$tmp"/sweep.csv "$keep"/; fi
+# ---------------------------------------------------------------- tools/scaling.py
+# One rank, steps 0-3 of 50 ms each (the next step starts at +50 ms): forward 0-10 ms, backward
+# ops 10-40 ms, bucket 0 (1e6 bytes) ready at 20 ms, bucket 1 (4e6 bytes) at 40 ms, a measured
+# wait for comm 40-45 ms, adamw 45-50. Compute C = 50 - 5 = 45 ms. By hand:
+#   flat 1 ms + bytes / 8 Gbit/s (1e9 B/s): b0 20-22 ms, b1 40-45 ms: exposed 5, step 50.000 ms,
+#     efficiency 45/50 = 90.0 %, comm 2 + 5 = 7.000 ms;
+#   ring, 1 rank per node, 8 Gbit/s, no latency, N=4: T = 2*3/4 * b / 1e9: b0 1.5 ms, b1 6 ms:
+#     exposed 6, step 51.000 ms, efficiency 88.2 %;
+#   hierarchical, 2 ranks/node, 80 Gbit/s inside, one 8 Gbit/s NIC per node, N=4: b1 = 4e6/1e10
+#     (inside) + 2 * (2e6) / (2 * 5e8) (across, each rank's half of the NIC) = 0.4 + 4 ms:
+#     exposed 4.4, step 49.400 ms, efficiency 91.1 %;
+#   --compute-scale 2 with flat: C 90, b1 ready at 80 ms: exposed 5, step 95.000 ms, 94.7 %.
+cat >"$tmp/gen_scaling.py" <<'EOF'
+import json, sys
+ev = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": "rank 0"}}]
+MS = 1000.0
+for s in range(4):
+    t = 1000 * MS + s * 50 * MS
+    def X(name, cat, a, b, tid=0, **kw):
+        ev.append({"name": name, "cat": cat, "pid": 0, "tid": tid, "ph": "X", "ts": t + a * MS,
+                   "dur": (b - a) * MS, "args": dict({"step": s}, **kw)})
+    X("step", "step", 0, 45, tid=2)
+    X("forward", "forward", 0, 10)
+    for k, a in enumerate((10, 20, 30)):
+        X("backward op %d" % (2 - k), "backward", a, a + 10)
+    for b, (ready, nbytes) in enumerate(((20, 1000000), (40, 4000000))):
+        ev.append({"name": "bucket %d ready" % b, "cat": "ready", "pid": 0, "tid": 0, "ph": "i", "s": "t",
+                   "ts": t + ready * MS, "args": {"step": s, "bucket": b}})
+        X("allreduce bucket %d" % b, "comm", ready, ready + 1, tid=1, bucket=b, bytes=nbytes)
+    X("wait for comm", "exposed", 40, 45)
+    X("adamw", "optimizer", 45, 50)
+json.dump({"traceEvents": ev}, open(sys.argv[1], "w"))
+EOF
+$PY "$tmp/gen_scaling.py" "$tmp/scal.json"
+S=tools/scaling.py
+row() { awk -v n="$1" '$1 == n { print $2, $3, $4, $5 }' "$2"; }   # step comm exposed efficiency
+# same NAME GOT WANT
+same() { if [ "$2" = "$3" ]; then pass "$1"; else fail "$1" "got '$2', want '$3'"; fi; }
+if $PY $S "$tmp/scal.json" --algo flat --inter-latency-us 1000 --inter-gbps 8 --ranks 1,2,1024 -o "$tmp/scal.svg" \
+    --csv "$tmp/scal.csv" >"$tmp/scal.out" 2>"$tmp/err"; then pass "scaling exits 0"
+else fail "scaling exits 0" "status $?: $(head -c 300 "$tmp/err")"; fi
+same "scaling: 1 rank is the compute alone (45 ms)" "$(row 1 "$tmp/scal.out")" "45.000 0.000 0.000 100.0%"
+same "scaling: flat network, 2 ranks: 50 ms, comm 7, exposed 5, 90 %" "$(row 2 "$tmp/scal.out")" "50.000 7.000 5.000 90.0%"
+same "scaling: a flat network does not depend on N" "$(row 1024 "$tmp/scal.out")" "50.000 7.000 5.000 90.0%"
+has "scaling: the measured step is summarized" "$tmp/scal.out" "step 50.00 ms of which compute 45.00 ms (backward ends at 40.00 ms); 2 bucket(s), 5.00 MB of gradients; measured comm 2.00 ms, exposed 5.00 ms"
+has "scaling: CSV row" "$tmp/scal.csv" "2,50.0000,7.0000,5.0000,90.00"
+wellformed "scaling SVG is well-formed XML" "$tmp/scal.svg"
+has "scaling SVG says the last point" "$tmp/scal.svg" "at N=1024: 50.0 ms per step, 5.0 ms exposed, efficiency 90.0 %"
+has "scaling SVG has the exposed band" "$tmp/scal.svg" "<title>exposed communication</title>"
+$PY $S "$tmp/scal.json" --algo ring --inter-gbps 8 --ranks 4 -o "$tmp/ring.svg" >"$tmp/ring.out" 2>&1
+same "scaling: ring of 4: 51 ms, exposed 6, 88.2 %" "$(row 4 "$tmp/ring.out")" "51.000 7.500 6.000 88.2%"
+printf '{"algo": "ring", "ranks_per_node": 2, "intra_gbps": 80, "inter_gbps": 8, "nics_per_node": 1}\n' >"$tmp/fabric.json"
+$PY $S "$tmp/scal.json" --fabric "$tmp/fabric.json" --ranks 2,4 -o "$tmp/hier.svg" >"$tmp/hier.out" 2>&1
+same "scaling: 2 nodes of 2, one NIC each: 49.4 ms, exposed 4.4, 91.1 %" "$(row 4 "$tmp/hier.out")" "49.400 5.500 4.400 91.1%"
+# N=2 fits in one node: only its links, 4e6 / 1e10 = 0.4 ms for b1 after 40 ms: exposed 0.4
+same "scaling: inside one node only the node's links count" "$(row 2 "$tmp/hier.out")" "45.400 0.500 0.400 99.1%"
+$PY $S "$tmp/scal.json" --algo flat --inter-latency-us 1000 --inter-gbps 8 --ranks 2 --compute-scale 2 -o "$tmp/x2.svg" >"$tmp/x2.out" 2>&1
+same "scaling: --compute-scale 2 stretches compute and readiness" "$(row 2 "$tmp/x2.out")" "95.000 7.000 5.000 94.7%"
+# Re-made buckets: the measured 5e6 bytes become 10e6 in 2 MiB buckets (the first 1 MiB): 1 MiB,
+# 4 x 2 MiB, 562816 bytes. Readiness from the measured buckets: 20 % of the bytes by a third of
+# backward (10-40 ms), all by its end, linear between: the buckets are ready at 15.243, 22.864,
+# 28.107, 33.350, 38.593 and 40 ms and take 1.049, 4 x 2.097 and 0.563 ms at 1e9 B/s: the fifth
+# ends at 40.690, the last at 41.253: exposed 1.253 ms, step 46.253 ms.
+$PY $S "$tmp/scal.json" --algo flat --inter-gbps 8 --ranks 2 --grad-bytes 10000000 --bucket-mb 2 -o "$tmp/rb.svg" >"$tmp/rb.out" 2>&1
+has "scaling: re-made buckets are counted" "$tmp/rb.out" "6 bucket(s) of at most 2 MiB, 10.00 MB of gradients"
+same "scaling: re-made buckets from the readiness curve" "$(row 2 "$tmp/rb.out" | cut -d' ' -f1,3)" "46.253 1.253"
+# --ready-at-end 0.5: half the bytes wait for backward's end; the rest keeps the measured shape
+# scaled to 0.5 (0.5 by a third of backward): buckets 0 and 1 ready at 12.097 and 16.291 ms, the
+# other four at 40 ms: 3 x 2.097 + 0.563 = 6.854 ms exposed, step 51.854 ms, 86.8 %.
+$PY $S "$tmp/scal.json" --algo flat --inter-gbps 8 --ranks 2 --grad-bytes 10000000 --bucket-mb 2 --ready-at-end 0.5 -o "$tmp/re.svg" >"$tmp/re.out" 2>&1
+same "scaling: --ready-at-end holds a share back to backward's end" "$(row 2 "$tmp/re.out")" "51.854 10.000 6.854 86.8%"
+bad "scaling: --ready-at-end without --grad-bytes exits 2" $S "$tmp/scal.json" --inter-gbps 1 --ready-at-end 0.3
+
+bad "scaling: missing trace exits 2" $S "$tmp/nope.json" --inter-gbps 1
+bad "scaling: no bandwidth exits 2" $S "$tmp/scal.json"
+bad "scaling: unknown algorithm exits 2" $S "$tmp/scal.json" --algo mesh --inter-gbps 1
+printf '{"algo": "ring", "inter_gbs": 8}\n' >"$tmp/badfabric.json"
+bad "scaling: unknown fabric key exits 2" $S "$tmp/scal.json" --fabric "$tmp/badfabric.json"
+has "scaling: the unknown key is named" "$tmp/bad.err" "inter_gbs"
+bad "scaling: absent step exits 2" $S "$tmp/scal.json" --inter-gbps 1 --step 9
+bad "scaling: absent rank exits 2" $S "$tmp/scal.json" --inter-gbps 1 --rank 3
+bad "scaling: bad rank list exits 2" $S "$tmp/scal.json" --inter-gbps 1 --ranks 0,2
+
+if [ -n "$keep" ]; then mkdir -p "$keep" && cp "$tmp"/trace.svg "$tmp"/sweep.svg "$tmp"/scal.svg "$tmp"/trace.json "$tmp"/sweep.csv "$keep"/; fi
 [ "$failed" -eq 0 ]

@@ -2,10 +2,18 @@
  * ddprun - start N local ranks of a data-parallel program (a tiny torchrun).
  *
  *   ddprun [-n N] [--master-port P] [--grace SECONDS] [--max-restarts N] [--] PROGRAM [ARGS...]
+ *   ddprun --nnodes M --node-rank K --master-addr A --master-port P --job-token T -n N PROGRAM...
  *
  * Every rank runs PROGRAM (looked up in PATH) with RANK, WORLD_SIZE,
  * LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT and a
- * per-job random DDP_JOB_TOKEN added to the environment.  With more than one
+ * per-job random DDP_JOB_TOKEN added to the environment.
+ * Several machines: the same command on each, with its own --node-rank (torchrun's
+ * meaning): node K runs ranks K*N .. K*N+N-1 (node-major), WORLD_SIZE = M*N, LOCAL_RANK and
+ * LOCAL_WORLD_SIZE count this node's ranks. The nodes cannot share a token ddprun makes up, so
+ * the user gives the same one to every node (--job-token or $DDP_JOB_TOKEN), and the same
+ * --master-addr and --master-port (node 0's address: rank 0's store); --job-id (or $DDP_JOB_ID,
+ * passed on as it is) names the job alike everywhere. Each node's ddprun supervises its own
+ * ranks only; a rank failing on another node reaches these through ddp.h (the group fails).  With more than one
  * rank, OMP_NUM_THREADS and OPENBLAS_NUM_THREADS default to each rank's share
  * of the CPUs ddprun may use (at least 1; a value already set is kept).  Each
  * line a rank writes is copied to ddprun's stdout/stderr prefixed with "[rank R] ".
@@ -64,7 +72,8 @@ struct stream {
 };
 
 struct rank {
-    int index;
+    int index;   /* in this node's array */
+    int rank;    /* in the job: the node's base + index */
     pid_t pid;   /* also its process group id */
     int running; /* has not exited yet */
     int code, sig;  /* how it ended: exit status, or the signal that killed it */
@@ -76,9 +85,11 @@ struct rank {
 struct job {
     int nranks, port, prefix_width;
     int user_port;   /* --master-port given: every attempt uses it */
+    int nnodes, node_rank, base;   /* --nnodes, --node-rank; base = node_rank * nranks */
+    const char *master_addr, *user_token, *job_id;   /* NULL: 127.0.0.1, a fresh token, unset */
     int max_restarts;
     double grace;
-    char token[33];
+    char token[128];
     char **argv;
     struct rank *ranks;
     int stopping;    /* SIGTERM/forwarded signal already sent */
@@ -104,8 +115,22 @@ static struct rlimit original_nofile; /* restored in the children */
 
 static const char usage_text[] =
     "usage: ddprun [-n N] [--master-port P] [--grace SECONDS] [--max-restarts N] [--] PROGRAM [ARGS...]\n"
-    "  -n, --nproc, --nproc-per-node N  number of ranks, 1..1024 (default 1)\n"
-    "  --master-port P                  MASTER_PORT (default: a free port, a new one per attempt)\n"
+    "       ddprun --nnodes M --node-rank K --master-addr A --master-port P --job-token T [-n N] PROGRAM...\n"
+    "  -n, --nproc, --nproc-per-node N  number of ranks (on this node), 1..1024 (default 1)\n"
+    "  --master-port P                  MASTER_PORT (default: a free port, a new one per attempt;\n"
+    "                                   required with --nnodes > 1)\n"
+    "  --nnodes M                       machines in the job, 1..1024 (default 1); run the same\n"
+    "                                   command on each, with its own --node-rank; ranks are\n"
+    "                                   numbered node-major (node K: K*N .. K*N+N-1)\n"
+    "  --node-rank K                    this machine's place, 0..M-1 (default 0)\n"
+    "  --master-addr A                  MASTER_ADDR: node 0's address, where rank 0's store\n"
+    "                                   listens (default 127.0.0.1; required with --nnodes > 1)\n"
+    "  --job-token T                    DDP_JOB_TOKEN, the job's shared secret, 16..127 characters\n"
+    "                                   without spaces (default: $DDP_JOB_TOKEN with --nnodes > 1,\n"
+    "                                   where one is required: the same on every node, e.g. from\n"
+    "                                   `openssl rand -hex 16`; else a fresh random one)\n"
+    "  --job-id ID                      DDP_JOB_ID, the job's name, the same on every node\n"
+    "                                   (default: $DDP_JOB_ID as it is, or none: the token names it)\n"
     "  --grace SECONDS                  wait before SIGKILL when stopping (default 5)\n"
     "  --max-restarts N                 when a rank fails, stop all and start them again, up to\n"
     "                                   N times (default 0); the program resumes from its checkpoint\n"
@@ -330,6 +355,40 @@ static int parse_int(const char *s, long min, long max, int *out)
     return 0;
 }
 
+/* The multi-node flags must agree with each other; each error names the flags at odds. */
+static void check_nodes(struct job *job)
+{
+    const char *env_token = getenv("DDP_JOB_TOKEN");
+    if (job->node_rank >= job->nnodes)
+        usage_error("--node-rank %d is not below --nnodes %d (nodes are numbered 0..%d)", job->node_rank,
+                    job->nnodes, job->nnodes - 1);
+    if ((long)job->nnodes * job->nranks > MAX_RANKS)
+        usage_error("--nnodes %d x --nproc-per-node %d = %ld ranks, more than %d", job->nnodes, job->nranks,
+                    (long)job->nnodes * job->nranks, MAX_RANKS);
+    if (!job->user_token && job->nnodes > 1 && env_token && *env_token)
+        job->user_token = env_token;
+    if (job->user_token) {
+        size_t n = strlen(job->user_token);
+        if (n < 16 || n > 127 || strpbrk(job->user_token, " \t\n"))
+            usage_error("the job token (--job-token or $DDP_JOB_TOKEN) must be 16..127 characters without "
+                        "spaces; this one has %zu", n);
+    }
+    if (job->nnodes > 1) {
+        if (!job->master_addr)
+            usage_error("--nnodes %d needs --master-addr: node 0's address, the same on every node", job->nnodes);
+        if (!job->user_port)
+            usage_error("--nnodes %d needs --master-port: the same port on every node (rank 0's store)", job->nnodes);
+        if (!job->user_token)
+            usage_error("--nnodes %d needs a job token, the same on every node: --job-token T or $DDP_JOB_TOKEN "
+                        "(e.g. `export DDP_JOB_TOKEN=$(openssl rand -hex 16)` before starting ddprun on each "
+                        "node); each node's ddprun cannot make up one the others know", job->nnodes);
+        if (job->max_restarts > 0)
+            usage_error("--max-restarts with --nnodes %d: each node's ddprun would restart its own ranks "
+                        "alone; use --max-restarts 0 (restart the whole job from outside)", job->nnodes);
+    }
+    job->base = job->node_rank * job->nranks;
+}
+
 static void parse_args(int argc, char **argv, struct job *job)
 {
     int i = 1;
@@ -348,8 +407,11 @@ static void parse_args(int argc, char **argv, struct job *job)
 #define IS(name) (name_len == strlen(name) && strncmp(arg, name, name_len) == 0)
         int is_nproc = IS("-n") || IS("--nproc") || IS("--nproc-per-node");
         int is_port = IS("--master-port"), is_grace = IS("--grace"), is_restarts = IS("--max-restarts");
+        int is_nnodes = IS("--nnodes"), is_node_rank = IS("--node-rank") || IS("--node_rank");
+        int is_addr = IS("--master-addr") || IS("--master_addr"), is_token = IS("--job-token"), is_id = IS("--job-id");
 #undef IS
-        if (!is_nproc && !is_port && !is_grace && !is_restarts)
+        if (!is_nproc && !is_port && !is_grace && !is_restarts && !is_nnodes && !is_node_rank && !is_addr &&
+            !is_token && !is_id)
             usage_error("unknown option '%s'", arg);
         if (!value) {
             if (i + 1 >= argc)
@@ -362,6 +424,20 @@ static void parse_args(int argc, char **argv, struct job *job)
             usage_error("port must be an integer 1..65535, not '%s'", value);
         if (is_port)
             job->user_port = job->port;
+        if (is_nnodes && parse_int(value, 1, MAX_RANKS, &job->nnodes) < 0)
+            usage_error("--nnodes must be an integer 1..%d, not '%s'", MAX_RANKS, value);
+        if (is_node_rank && parse_int(value, 0, MAX_RANKS - 1, &job->node_rank) < 0)
+            usage_error("--node-rank must be an integer 0..%d, not '%s'", MAX_RANKS - 1, value);
+        if (is_addr && (!*value || strlen(value) > 255 || strpbrk(value, " \t\n")))
+            usage_error("--master-addr must be a host name or address, not '%s'", value);
+        if (is_addr)
+            job->master_addr = value;
+        if (is_token)
+            job->user_token = value;
+        if (is_id && (!*value || strlen(value) > 127))
+            usage_error("--job-id must be 1..127 characters, not '%s'", value);
+        if (is_id)
+            job->job_id = value;
         if (is_restarts && parse_int(value, 0, 1000000, &job->max_restarts) < 0)
             usage_error("--max-restarts must be an integer 0..1000000, not '%s'", value);
         if (is_grace) {
@@ -375,6 +451,7 @@ static void parse_args(int argc, char **argv, struct job *job)
     if (i >= argc)
         usage_error("missing PROGRAM");
     job->argv = argv + i;
+    check_nodes(job);
 }
 
 /* Two pipes per rank can exceed the usual soft limit of 1024 fds. */
@@ -523,13 +600,15 @@ static void exec_rank(const struct job *job, int index, int out_fd, int err_fd, 
             close(null_fd);
         }
     }
-    set_env_int("RANK", index);
-    set_env_int("WORLD_SIZE", job->nranks);
+    set_env_int("RANK", job->base + index);
+    set_env_int("WORLD_SIZE", job->nnodes * job->nranks);
     set_env_int("LOCAL_RANK", index);
     set_env_int("LOCAL_WORLD_SIZE", job->nranks);
     set_env_int("MASTER_PORT", job->port);
-    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_ADDR", job->master_addr ? job->master_addr : "127.0.0.1", 1);
     setenv("DDP_JOB_TOKEN", job->token, 1);
+    if (job->job_id)
+        setenv("DDP_JOB_ID", job->job_id, 1);
     set_thread_share(job);
     execvp(job->argv[0], job->argv);
     fprintf(stderr, "ddprun: cannot run '%s': %s\n", job->argv[0], strerror(errno));
@@ -557,15 +636,16 @@ static int spawn_rank(const struct job *job, struct rank *r)
     setpgid(pid, pid); /* also here, so the group exists before we signal it */
     r->pid = pid;
     r->running = 1;
-    r->out = (struct stream){ out[0], STDOUT_FILENO, r->index, NULL, 0 };
-    r->err = (struct stream){ err[0], STDERR_FILENO, r->index, NULL, 0 };
+    r->out = (struct stream){ out[0], STDOUT_FILENO, job->base + r->index, NULL, 0 };
+    r->err = (struct stream){ err[0], STDERR_FILENO, job->base + r->index, NULL, 0 };
     return 0;
 }
 
 /* ddp.h's timeout error names the ranks a survivor waited for: "... waiting for rank(s) 1, 2".
  * The first one is kept, to name a stalled rank that is not stopped (busy, blocked, deadlocked). */
-static void note_waited_for(struct job *job, int index, const char *line, size_t len)
+static void note_waited_for(struct job *job, int rank, const char *line, size_t len)
 {
+    int index = rank - job->base;   /* this node's ranks only; a peer elsewhere is not ours to name */
     static const char key[] = "waiting for rank(s) ";
     const char *at = memmem(line, len, key, sizeof key - 1);
     int peer = 0, digits = 0;
@@ -573,7 +653,8 @@ static void note_waited_for(struct job *job, int index, const char *line, size_t
         return;
     for (at += sizeof key - 1; at < line + len && *at >= '0' && *at <= '9' && digits < 7; at++, digits++)
         peer = peer * 10 + (*at - '0');
-    if (digits > 0 && peer < job->nranks && peer != index)
+    peer -= job->base;
+    if (digits > 0 && peer >= 0 && peer < job->nranks && peer != index)
         job->ranks[index].waited_for = peer;
 }
 
@@ -694,9 +775,9 @@ static void kill_now(struct job *job)
 static void print_stopped(const struct rank *r)
 {
     if (r->sig)
-        say("rank %d stopped by signal %d (%s)", r->index, r->sig, strsignal(r->sig));
+        say("rank %d stopped by signal %d (%s)", r->rank, r->sig, strsignal(r->sig));
     else
-        say("rank %d stopped with status %d", r->index, r->code);
+        say("rank %d stopped with status %d", r->rank, r->code);
 }
 
 static void report_exit(struct job *job, struct rank *r, int code, int sig)
@@ -761,18 +842,18 @@ static void name_the_cause(struct job *job)
         stalled = find_stalled(job, first, &stop_sig);
     }
     if (stalled && stop_sig)
-        snprintf(job->cause, sizeof job->cause, "rank %d (pid %ld) is stopped by signal %d (%s)", stalled->index,
+        snprintf(job->cause, sizeof job->cause, "rank %d (pid %ld) is stopped by signal %d (%s)", stalled->rank,
                  (long)stalled->pid, stop_sig, strsignal(stop_sig));
     else if (stalled)
-        snprintf(job->cause, sizeof job->cause, "rank %d (pid %ld) stalled", stalled->index, (long)stalled->pid);
+        snprintf(job->cause, sizeof job->cause, "rank %d (pid %ld) stalled", stalled->rank, (long)stalled->pid);
     else if (cause->sig)
-        snprintf(job->cause, sizeof job->cause, "rank %d (pid %ld) was killed by signal %d (%s)", cause->index,
+        snprintf(job->cause, sizeof job->cause, "rank %d (pid %ld) was killed by signal %d (%s)", cause->rank,
                  (long)cause->pid, cause->sig, strsignal(cause->sig));
     else
-        snprintf(job->cause, sizeof job->cause, "rank %d (pid %ld) exited with status %d", cause->index,
+        snprintf(job->cause, sizeof job->cause, "rank %d (pid %ld) exited with status %d", cause->rank,
                  (long)cause->pid, cause->code);
     if (stalled)
-        say("%s: rank %d exited with status %d after waiting for it%s", job->cause, first->index, first->code,
+        say("%s: rank %d exited with status %d after waiting for it%s", job->cause, first->rank, first->code,
             stop_sig ? " (what stopped it: a debugger? a kill -STOP?)"
                      : ", and it is still running, not stopped: busy, blocked or deadlocked?");
     else
@@ -914,7 +995,10 @@ static void run_attempt(struct job *job)
     job->exit_status = -1;
     job->cause[0] = '\0';
     memset(job->ranks, 0, (size_t)job->nranks * sizeof *job->ranks);
-    make_job_token(job->token);
+    if (job->user_token)
+        snprintf(job->token, sizeof job->token, "%s", job->user_token);
+    else
+        make_job_token(job->token);
     /* A new port for each attempt: the last one's store may linger in TIME_WAIT. (A port the user
      * gave is used again: ddp.h's store binds with SO_REUSEADDR.) */
     job->port = job->user_port ? job->user_port : pick_free_port();
@@ -927,6 +1011,7 @@ static void run_attempt(struct job *job)
     pthread_sigmask(SIG_BLOCK, &held, NULL);
     for (int i = 0; i < job->nranks; i++) {
         job->ranks[i].index = i;
+        job->ranks[i].rank = job->base + i;
         job->ranks[i].waited_for = -1;
         if (spawn_rank(job, &job->ranks[i]) < 0)
             abort_start(job, i);
@@ -943,12 +1028,13 @@ int main(int argc, char **argv)
     struct job job;
     memset(&job, 0, sizeof job);
     job.nranks = 1;
+    job.nnodes = 1;
     job.grace = 5.0;
     job.exit_status = -1;
     parse_args(argc, argv, &job);
     ensure_std_fds_open();
     raise_fd_limit();
-    job.prefix_width = snprintf(NULL, 0, "%d", job.nranks - 1); /* columns line up */
+    job.prefix_width = snprintf(NULL, 0, "%d", job.nnodes * job.nranks - 1); /* columns line up */
     if (!(job.ranks = calloc((size_t)job.nranks, sizeof *job.ranks)))
         die("calloc");
     pthread_sigmask(SIG_SETMASK, NULL, &original_sigmask);

@@ -27,7 +27,7 @@ cd "$tmp" || exit 2
 seq 1 20000 | awk '{ printf "line %d: the quick brown fox jumps over the lazy dog, %d times.\n", $1, ($1 * 7919) % 1000 }' >data.txt
 GPT=(--data data.txt --layers 2 --heads 2 --dim 64 --seq 32 --batch 4 --steps "$N" --warmup 50
      --eval-every 0 --eval-batches 2 --sample 0 --log-every 10 --save-every "$E")
-ck_step() { [ -s ck ] && od -An -t d8 -j 32 -N 8 ck | tr -d ' ' || echo 0; }   # ckpt_header.step
+ck_step() { [ -s ck ] && od -An -t d8 -j 24 -N 8 ck | tr -d ' ' || echo 0; }   # ddp.h's header: the AdamW step
 last_step() { sed -n 's/^\[rank 0\] step *\([0-9]*\)\/.*/\1/p' out 2>/dev/null | tail -n 1; }
 rank_of() { tr '\0' '\n' <"/proc/$1/environ" 2>/dev/null | sed -n 's/^RANK=//p'; }
 restarts() { grep -c '^ddprun: restart ' err 2>/dev/null; }

@@ -43,16 +43,8 @@ grep -E "^-- (nvcc|nccl|cublas):|^#define NCCL_MAJOR|^#define CUBLAS_VER_MAJOR|^
 grep -A1 "^-- nvcc probe" "$ENV" | head -n 2
 
 TARGETS=${CHECK_TARGETS:-"$B/ddprun $G/gpu_count $G/nccl_version $G/test_gpu_kernels $G/test_gpu_train $G/test_gpu_overlap $G/c_link_check $G/test_gpt_gpu $G/train_gpt"}
-if [ "$NO_BUILD" -eq 1 ]; then
-    echo "== build: skipped (--no-build)"
-    echo "SKIP build 0 0 0 1 --no-build" >>"$SUMMARY"
-elif [ -z "$(tools/gpu_paths.sh nvcc)" ]; then
-    echo "SKIP build: no nvcc (see $ENV)"
-    echo "SKIP build 0 0 0 1 no nvcc" >>"$SUMMARY"
-else
-    # shellcheck disable=SC2086  # the list is words
-    check_build "$OUT/1-build.log" $TARGETS
-fi
+# shellcheck disable=SC2086  # the list is words (the nvcc probe ran with the environment facts)
+check_build_step 0 "$OUT/1-build.log" $TARGETS
 after=$(
     echo "-- after the build: the NCCL the binaries load (ncclGetVersion)"
     timeout 30 "$G/nccl_version" 2>&1 || echo "(no $G/nccl_version)"

@@ -9,6 +9,7 @@
 # The two commands for the device tool (each one bash command; give it timeout_s 600):
 #     OUT=$OUT bash bench/gpu/check_1.sh      # ~4 min: environment, build, GPU tests
 #     OUT=$OUT bash bench/gpu/check_2.sh      # ~3 min: GPU benchmarks
+#     OUT=$OUT bash bench/gpu/check_3.sh      # optional, ~8 min: nanoGPT shakespeare_char target
 #
 # Files under $OUT, written as it goes:
 #   2-build.log      the build (warnings shown, not fatal)
@@ -26,24 +27,8 @@ cd "$(dirname "$0")/../.." || exit 1
 . bench/gpu/check_common.sh
 check_init 2 360 "$@"
 
-gpu=$(timeout 30 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -n 1)
-echo "# GPU: ${gpu:-none (nvidia-smi lists none)}" | tee -a "$SUMMARY"
-
-TARGETS=${CHECK_TARGETS:-"$G/gpu_count $G/bench_gpu $G/train_gpt"}
-if [ "$NO_BUILD" -eq 1 ]; then
-    echo "== build: skipped (--no-build)"
-    echo "SKIP build 0 0 0 1 --no-build" >>"$SUMMARY"
-elif [ -z "$(tools/gpu_paths.sh nvcc)" ]; then
-    echo "SKIP build: no nvcc"
-    echo "SKIP build 0 0 0 1 no nvcc" >>"$SUMMARY"
-else
-    check_nvcc_probe "$(tools/gpu_paths.sh nvcc)"   # as check_1: a fresh machine, the same host compiler
-    # shellcheck disable=SC2086  # the list is words
-    check_build "$OUT/2-build.log" $TARGETS
-fi
-gpus=$(timeout 60 "$G/gpu_count" 2>/dev/null)
-case "$gpus" in '' | *[!0-9]*) gpus=0 ;; esac
-[ "$gpus" -eq 0 ] && export GPU_STEPS_MODE=quiet
+# shellcheck disable=SC2086  # the list is words
+check_gpu_and_build "$OUT/2-build.log" ${CHECK_TARGETS:-"$G/gpu_count $G/bench_gpu $G/train_gpt"}
 
 # each in a pipeline's subshell (to tee its log): each with its own trap
 { trap 'gpu_steps_abort; exit 130' INT TERM; gpu_step bench_gpu 180 "$G/bench_gpu" "$G/bench_gpu"; } 2>&1 | tee "$OUT/2-bench.log"

@@ -1,4 +1,4 @@
-# bench/gpu/check_common.sh — sourced by bench/gpu/check_1.sh and check_2.sh: arguments, $OUT,
+# bench/gpu/check_common.sh — sourced by bench/gpu/check_1.sh, check_2.sh and check_3.sh: arguments, $OUT,
 # the time budget, the environment facts, the build, the verdict.
 
 check_usage() {
@@ -152,6 +152,39 @@ check_build() {
         return 1
     fi
     echo "ok build $(($(date +%s) - t0)) 1 0 0" >>"$SUMMARY"
+    return 0
+}
+
+# check_build_step PROBE LOG TARGET...: the build step of every call: SKIP with --no-build or
+# without nvcc; else (after the nvcc probe when PROBE is 1) check_build.
+check_build_step() {
+    local probe=$1 log=$2
+    shift 2
+    if [ "$NO_BUILD" -eq 1 ]; then
+        echo "== build: skipped (--no-build)"
+        echo "SKIP build 0 0 0 1 --no-build" >>"$SUMMARY"
+    elif [ -z "$(tools/gpu_paths.sh nvcc)" ]; then
+        echo "SKIP build: no nvcc"
+        echo "SKIP build 0 0 0 1 no nvcc" >>"$SUMMARY"
+    else
+        [ "$probe" = 1 ] && check_nvcc_probe "$(tools/gpu_paths.sh nvcc)"
+        check_build "$log" "$@"
+    fi
+    return 0
+}
+
+# check_gpu_and_build LOG TARGET...: what check_2 and check_3 begin with: the GPU this call got
+# (check_1's may have been another) in the summary, the build (unless --no-build or no nvcc),
+# then the GPU count; with none, the steps run quiet (one SKIP line each).
+check_gpu_and_build() {
+    local log=$1 gpu
+    shift
+    gpu=$(timeout 30 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -n 1)
+    echo "# GPU: ${gpu:-none (nvidia-smi lists none)}" | tee -a "$SUMMARY"
+    check_build_step 1 "$log" "$@"   # probe as check_1 did: a fresh machine, the same host compiler
+    gpus=$(timeout 60 "$G/gpu_count" 2>/dev/null)
+    case "$gpus" in '' | *[!0-9]*) gpus=0 ;; esac
+    [ "$gpus" -eq 0 ] && export GPU_STEPS_MODE=quiet
     return 0
 }
 

@@ -2,7 +2,8 @@
 
    Token + learned position embeddings, pre-LayerNorm blocks (causal multi-head self-attention,
    GELU-tanh MLP of 4x width), a final LayerNorm, and an output head tied to the token embedding.
-   No dropout. CPU math: matmuls through OpenBLAS (cblas_sgemm), or a portable blocked fallback
+   Dropout (gpt_set_dropout; off by default) where nanoGPT puts it: on the embedding sum, the
+   attention probabilities, and each residual branch before it joins the stream. CPU math: matmuls through OpenBLAS (cblas_sgemm), or a portable blocked fallback
    when built with -DGPT_NO_BLAS; the other kernels are plain loops written to vectorize.
 
    Include after ddp.h (the file that defines DDP_IMPLEMENTATION includes ddp.h first).
@@ -12,7 +13,14 @@
    final LayerNorm's backward writes it; every block's LayerNorm backward adds its branch into
    it; the residual projections read it. So the residual additions need no backward op at all.
    The tied embedding: the head's backward adds into grad(wte), the embedding op's backward (the
-   last one replayed) adds the rest and is the op that finishes wte. */
+   last one replayed) adds the rest and is the op that finishes wte.
+
+   Dropout masks are never stored: a unit is kept when a counter-based hash of (dropout seed,
+   optimizer step, the sample's position in the step's GLOBAL batch, site, element) clears the
+   threshold, and the backward draws the same mask again. A sample's mask so depends only on
+   where it sits in the global batch: N ranks (each told where its rows sit, gpt_set_rows) drop
+   exactly what 1 rank drops at N times the batch, and the CUDA model (gpt_cuda.cuh) draws the
+   same bits. */
 #ifndef GPT_H
 #define GPT_H
 
@@ -33,6 +41,12 @@ void openblas_set_num_threads(int num_threads);
 #define GPT_RESTRICT __restrict__
 #else
 #define GPT_RESTRICT restrict
+#endif
+/* The dropout hash runs on the host and, in gpt_cuda.cuh's kernels, on the device. */
+#ifdef __CUDACC__
+#define GPT_HD __host__ __device__
+#else
+#define GPT_HD
 #endif
 
 enum { GPT_VOCAB = 256, GPT_LANES = 16 };
@@ -73,6 +87,14 @@ typedef struct gpt {
     float *dres, *dln, *dqkv, *datt_out, *dfc, *dgelu, *dlogits, *datt_row;
     int *tokens, *targets;         /* this forward's batch */
     int B, T;                      /* this forward's shape */
+    /* dropout: p, its threshold and scale (gpt_set_dropout); where this forward's rows sit in
+       the step's global batch (gpt_set_rows); the masked branch gradient and dropped
+       probabilities (scratch) */
+    float drop_p, drop_scale;
+    uint32_t drop_threshold;
+    uint64_t drop_seed, drop_step, drop_row0, drop_stride;
+    int dropping;                  /* this forward trains with dropout on */
+    float *ddrop, *patt;
     void *arena;
     size_t num_floats;             /* total parameters */
 } gpt;
@@ -213,6 +235,65 @@ static inline const char *gpt_blas_name(void) {
 #endif
 
 /* ---------------------------------------------------------------------------------------------
+   Dropout masks: a counter-based hash, so a mask costs no memory and the backward redraws it.
+   --------------------------------------------------------------------------------------------- */
+GPT_HD static inline uint64_t gpt__mix(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Sites: the embedding, then per layer the attention probabilities and the two residual branches. */
+enum { GPT_DROP_EMBED = 0 };
+#define GPT_DROP_ATT(l) (1u + 3u * (uint32_t)(l))
+#define GPT_DROP_ATTN_RESID(l) (2u + 3u * (uint32_t)(l))
+#define GPT_DROP_MLP_RESID(l) (3u + 3u * (uint32_t)(l))
+
+/* The key of one sample's mask at one site; element i is kept when gpt__drop_keep says so. */
+GPT_HD static inline uint64_t gpt__drop_key(uint64_t seed, uint64_t step, uint64_t row, uint32_t site) {
+    return gpt__mix(gpt__mix(seed ^ 0xd6e8feb86659fd93ull) + step * 0xa0761d6478bd642full +
+                    row * 0xe7037ed1a0b428dbull + (uint64_t)site * 0x8ebc6af09c88c6e3ull);
+}
+GPT_HD static inline float gpt__drop_factor(uint64_t key, uint64_t i, uint32_t threshold, float scale) {
+    return (uint32_t)(gpt__mix(key + i * 0x9e3779b97f4a7c15ull) >> 32) >= threshold ? scale : 0.0f;
+}
+
+/* A dropout probability's scale 1/(1 - p) and threshold p * 2^32 (what gpt__drop_factor takes);
+   0 for a p outside [0, 1). The CPU and the CUDA model both set theirs here. */
+static inline int gpt__dropout_setting(float p, float *scale, uint32_t *threshold) {
+    double t = (double)p * 4294967296.0;
+    if (!(p >= 0.0f && p < 1.0f)) return 0;
+    *scale = 1.0f / (1.0f - p);
+    *threshold = t >= 4294967295.0 ? 4294967295u : (uint32_t)t;
+    return 1;
+}
+
+/* Dropout with probability p (0 <= p < 1; 0: off, the default), masks drawn from seed. Returns 0
+   for a p out of range. */
+static inline int gpt_set_dropout(gpt *m, float p, uint64_t seed) {
+    if (!gpt__dropout_setting(p, &m->drop_scale, &m->drop_threshold)) return 0;
+    m->drop_p = p;
+    m->drop_seed = seed;
+    return 1;
+}
+
+/* Where the next forward's rows sit: optimizer step `step`; its row b is the sample at global
+   position row0 + b * stride (with ddp_sampler: rank r's samples first.. of the epoch are global
+   positions first * world + r, stride world). Positions must not repeat within a step. */
+static inline void gpt_set_rows(gpt *m, uint64_t step, uint64_t row0, uint64_t stride) {
+    m->drop_step = step;
+    m->drop_row0 = row0;
+    m->drop_stride = stride;
+}
+
+/* x[i] *= mask of (row b of this forward, site, element base + i), for n elements. */
+static void gpt__drop(const gpt *m, uint32_t site, int b, uint64_t base, float *x, size_t n) {
+    uint64_t key = gpt__drop_key(m->drop_seed, m->drop_step, m->drop_row0 + (uint64_t)b * m->drop_stride, site);
+    size_t i;
+    for (i = 0; i < n; i++) x[i] *= gpt__drop_factor(key, base + i, m->drop_threshold, m->drop_scale);
+}
+
+/* ---------------------------------------------------------------------------------------------
    Ops. Each forward computes its output and, when training, records its backward with the ids
    of the parameters whose gradients that backward finishes. Parameter gradients accumulate
    (+=), so gradient accumulation over micro-steps needs nothing special.
@@ -230,6 +311,8 @@ static void gpt__embed_backward(void *p) {
     gpt *m = ((gpt__embed_args *)p)->m;
     int C = m->cfg.dim, BT = m->B * m->T, i, c;
     float *gwte = ddp_grad(m->ddp, m->wte), *gwpe = ddp_grad(m->ddp, m->wpe);
+    if (m->dropping)   /* dres is not read after this op: mask it in place */
+        for (i = 0; i < BT; i++) gpt__drop(m, GPT_DROP_EMBED, i / m->T, (uint64_t)(i % m->T) * C, m->dres + (size_t)i * C, (size_t)C);
     for (i = 0; i < BT; i++) {
         const float *d = m->dres + (size_t)i * C;
         float *gt = gwte + (size_t)m->tokens[i] * C, *gp = gwpe + (size_t)(i % m->T) * C;
@@ -244,6 +327,7 @@ static void gpt__embed(gpt *m, int record) {
         const float *e = wte + (size_t)m->tokens[i] * C, *q = wpe + (size_t)(i % m->T) * C;
         float *o = m->res0 + (size_t)i * C;
         for (c = 0; c < C; c++) o[c] = e[c] + q[c];
+        if (m->dropping) gpt__drop(m, GPT_DROP_EMBED, i / m->T, (uint64_t)(i % m->T) * C, o, (size_t)C);
     }
     if (record) {
         gpt__embed_args a = { m };
@@ -311,44 +395,67 @@ static void gpt__layernorm(gpt *m, int w, int b, const float *x, float *out, flo
 /* Linear: out[N, OC] = inp[N, IC] W[OC, IC]^T + b (+ resid, the residual add, when given).
    Its backward finishes W and b; dinp may be NULL. */
 typedef struct {
-    gpt *m; int w, b, n, in, out;
+    gpt *m; int w, b, n, in, out, drop; uint32_t site;
     const float *inp, *dout; float *dinp;
 } gpt__linear_args;
 
 static void gpt__linear_backward(void *p) {
-    const gpt__linear_args *a = (const gpt__linear_args *)p;
-    float *gw = ddp_grad(a->m->ddp, a->w), *gb = ddp_grad(a->m->ddp, a->b);
+    gpt__linear_args a = *(const gpt__linear_args *)p;
+    float *gw = ddp_grad(a.m->ddp, a.w), *gb = ddp_grad(a.m->ddp, a.b);
     int i, o;
-    if (a->dinp)
-        gpt_gemm(0, 0, a->n, a->in, a->out, 1.0f, a->dout, a->out, ddp_param(a->m->ddp, a->w), a->in, 0.0f, a->dinp, a->in);
-    gpt_gemm(1, 0, a->out, a->in, a->n, 1.0f, a->dout, a->out, a->inp, a->in, 1.0f, gw, a->in);
-    for (i = 0; i < a->n; i++) {
-        const float *d = a->dout + (size_t)i * a->out;
-        for (o = 0; o < a->out; o++) gb[o] += d[o];
+    if (a.drop) {   /* the branch's gradient is the stream's, masked (the stream's own passes on as is) */
+        gpt *m = a.m;
+        memcpy(m->ddrop, a.dout, sizeof(float) * (size_t)a.n * a.out);
+        for (i = 0; i < a.n; i++) gpt__drop(m, a.site, i / m->T, (uint64_t)(i % m->T) * a.out, m->ddrop + (size_t)i * a.out, (size_t)a.out);
+        a.dout = m->ddrop;
+    }
+    if (a.dinp)
+        gpt_gemm(0, 0, a.n, a.in, a.out, 1.0f, a.dout, a.out, ddp_param(a.m->ddp, a.w), a.in, 0.0f, a.dinp, a.in);
+    gpt_gemm(1, 0, a.out, a.in, a.n, 1.0f, a.dout, a.out, a.inp, a.in, 1.0f, gw, a.in);
+    for (i = 0; i < a.n; i++) {
+        const float *d = a.dout + (size_t)i * a.out;
+        for (o = 0; o < a.out; o++) gb[o] += d[o];
     }
 }
 
+/* out = inp W^T + b, plus resid when given: a residual branch, which dropout (when on) masks
+   at `site` before it joins the stream. */
 static void gpt__linear(gpt *m, int w, int b, const float *inp, float *out, const float *resid, int in, int outc,
-                        const float *dout, float *dinp, int record) {
-    int n = m->B * m->T, i, o;
+                        const float *dout, float *dinp, uint32_t site, int record) {
+    int n = m->B * m->T, i, o, drop = resid && m->dropping;
     const float *Bv = ddp_param(m->ddp, b);
     for (i = 0; i < n; i++) {
         float *y = out + (size_t)i * outc;
-        if (resid) { const float *r = resid + (size_t)i * outc; for (o = 0; o < outc; o++) y[o] = r[o] + Bv[o]; }
+        if (resid && !drop) { const float *r = resid + (size_t)i * outc; for (o = 0; o < outc; o++) y[o] = r[o] + Bv[o]; }
         else for (o = 0; o < outc; o++) y[o] = Bv[o];
     }
     gpt_gemm(0, 1, n, outc, in, 1.0f, inp, in, ddp_param(m->ddp, w), in, 1.0f, out, outc);
+    for (i = 0; drop && i < n; i++) {
+        float *y = out + (size_t)i * outc;
+        const float *r = resid + (size_t)i * outc;
+        gpt__drop(m, site, i / m->T, (uint64_t)(i % m->T) * outc, y, (size_t)outc);
+        for (o = 0; o < outc; o++) y[o] += r[o];
+    }
     if (record) {
         gpt__linear_args a;
         int ids[2];
         a.m = m; a.w = w; a.b = b; a.n = n; a.in = in; a.out = outc; a.inp = inp; a.dout = dout; a.dinp = dinp;
+        a.drop = drop; a.site = site;
         ids[0] = w; ids[1] = b;
         gpt__record(m, gpt__linear_backward, &a, sizeof a, ids, 2);
     }
 }
 
 /* Causal multi-head self-attention on qkv [BT, 3C] (q | k | v, head h at columns h*hs..). */
-typedef struct { gpt *m; const float *qkv, *att, *dout; float *dqkv; } gpt__attn_args;
+typedef struct { gpt *m; const float *qkv, *att, *dout; float *dqkv; uint32_t site; } gpt__attn_args;
+
+/* The dropped probabilities of (row b, head h): P with the site's mask, into m->patt. */
+static const float *gpt__dropped_probs(gpt *m, uint32_t site, int b, int h, const float *P) {
+    size_t TT = (size_t)m->T * m->T;
+    memcpy(m->patt, P, sizeof(float) * TT);
+    gpt__drop(m, site, b, (uint64_t)h * TT, m->patt, TT);
+    return m->patt;
+}
 
 static void gpt__attention_backward(void *p) {
     const gpt__attn_args *a = (const gpt__attn_args *)p;
@@ -361,9 +468,11 @@ static void gpt__attention_backward(void *p) {
             const float *q = a->qkv + (size_t)b * T * C3 + h * hs, *k = q + C, *v = q + 2 * C;
             const float *P = a->att + ((size_t)b * NH + h) * T * T;
             const float *dO = a->dout + (size_t)b * T * C + h * hs;
+            const float *Pd = m->dropping ? gpt__dropped_probs(m, a->site, b, h, P) : P;   /* what met V */
             float *dq = a->dqkv + (size_t)b * T * C3 + h * hs, *dk = dq + C, *dv = dq + 2 * C;
-            gpt_gemm(0, 1, T, T, hs, 1.0f, dO, C, v, C3, 0.0f, ds, T);     /* dP = dO V^T */
-            gpt_gemm(1, 0, T, hs, T, 1.0f, P, T, dO, C, 0.0f, dv, C3);     /* dV = P^T dO */
+            gpt_gemm(0, 1, T, T, hs, 1.0f, dO, C, v, C3, 0.0f, ds, T);     /* dPd = dO V^T */
+            gpt_gemm(1, 0, T, hs, T, 1.0f, Pd, T, dO, C, 0.0f, dv, C3);    /* dV = Pd^T dO */
+            if (m->dropping) gpt__drop(m, a->site, b, (uint64_t)h * T * T, ds, (size_t)T * T);   /* dP = dPd * mask */
             for (t = 0; t < T; t++) {                                      /* dS = P (dP - <P, dP>) */
                 const float *pr = P + (size_t)t * T;
                 float *d = ds + (size_t)t * T, s = gpt__dot(pr, d, t + 1);
@@ -375,7 +484,8 @@ static void gpt__attention_backward(void *p) {
         }
 }
 
-static void gpt__attention(gpt *m, const float *qkv, float *att, float *out, const float *dout, float *dqkv, int record) {
+static void gpt__attention(gpt *m, const float *qkv, float *att, float *out, const float *dout, float *dqkv, uint32_t site,
+                           int record) {
     int B = m->B, T = m->T, C = m->cfg.dim, NH = m->cfg.heads, hs = C / NH, C3 = 3 * C, b, h, t, u;
     float scale = 1.0f / sqrtf((float)hs);
     for (b = 0; b < B; b++)
@@ -391,11 +501,12 @@ static void gpt__attention(gpt *m, const float *qkv, float *att, float *out, con
                 for (u = 0; u <= t; u++) row[u] *= inv;
                 for (u = t + 1; u < T; u++) row[u] = 0.0f;
             }
-            gpt_gemm(0, 0, T, hs, T, 1.0f, P, T, v, C3, 0.0f, out + (size_t)b * T * C + h * hs, C);  /* O = P V */
+            gpt_gemm(0, 0, T, hs, T, 1.0f, m->dropping ? gpt__dropped_probs(m, site, b, h, P) : P, T, v, C3, 0.0f,
+                     out + (size_t)b * T * C + h * hs, C);                /* O = dropout(P) V */
         }
     if (record) {
         gpt__attn_args a;
-        a.m = m; a.qkv = qkv; a.att = att; a.dout = dout; a.dqkv = dqkv;
+        a.m = m; a.qkv = qkv; a.att = att; a.dout = dout; a.dqkv = dqkv; a.site = site;
         gpt__record(m, gpt__attention_backward, &a, sizeof a, NULL, 0);
     }
 }
@@ -473,12 +584,6 @@ static float gpt__cross_entropy(gpt *m, float scale, int grad) {
 /* ---------------------------------------------------------------------------------------------
    Model: registration, init, forward
    --------------------------------------------------------------------------------------------- */
-static uint64_t gpt__mix(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 /* A standard normal for (seed, stream, index): counter-based, so every rank (and the PyTorch
    reference, which reads our dump) sees the same numbers. Box-Muller in double. */
 static float gpt__normal(uint64_t seed, uint64_t stream, uint64_t index) {
@@ -566,6 +671,7 @@ static ddp_result gpt_create(gpt *m, ddp_context *ddp, const gpt_config *cfg, ui
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->ddp = ddp;
+    m->drop_stride = 1;   /* gpt_set_rows: row b of a forward is sample b unless told otherwise */
     m->layer = (gpt_layer_ids *)calloc((size_t)L, sizeof *m->layer);
     m->acts = (gpt_layer_acts *)calloc((size_t)L, sizeof *m->acts);
     if (!m->layer || !m->acts) return DDP_ERR_OUT_OF_MEMORY;
@@ -581,7 +687,7 @@ static ddp_result gpt_create(gpt *m, ddp_context *ddp, const gpt_config *cfg, ui
         size_t rest, floats, bytes;
         float *p;
         row = gpt__round16(row > (size_t)GPT_VOCAB ? row : (size_t)GPT_VOCAB);
-        rest = gpt__round16(BT * C) * 5 + gpt__round16(BT) * 2 + gpt__round16(BT * GPT_VOCAB) * 2 +
+        rest = gpt__round16(BT * C) * 6 + gpt__round16((size_t)T * T) + gpt__round16(BT) * 2 + gpt__round16(BT * GPT_VOCAB) * 2 +
                gpt__round16(BT * 3 * C) + gpt__round16(BT * 4 * C) * 2 + row;
         floats = per_layer * (size_t)L + rest;
         bytes = (sizeof(float) * floats + 63) & ~(size_t)63;
@@ -608,6 +714,7 @@ static ddp_result gpt_create(gpt *m, ddp_context *ddp, const gpt_config *cfg, ui
         GPT__TAKE(m->dres, BT * C); GPT__TAKE(m->dln, BT * C); GPT__TAKE(m->datt_out, BT * C);
         GPT__TAKE(m->dqkv, BT * 3 * C); GPT__TAKE(m->dfc, BT * 4 * C); GPT__TAKE(m->dgelu, BT * 4 * C);
         GPT__TAKE(m->datt_row, row);
+        GPT__TAKE(m->ddrop, BT * C); GPT__TAKE(m->patt, (size_t)T * T);
 #undef GPT__TAKE
         if ((size_t)(p - (float *)m->arena) > floats) { fprintf(stderr, "gpt: arena overflow\n"); exit(1); }
     }
@@ -632,6 +739,7 @@ static float gpt_forward(gpt *m, const int *tokens, const int *targets, int B, i
     }
     m->B = B;
     m->T = T;
+    m->dropping = train && m->drop_p > 0.0f;
     memcpy(m->tokens, tokens, sizeof(int) * BT);
     if (targets) memcpy(m->targets, targets, sizeof(int) * BT);
     gpt__embed(m, train);
@@ -639,13 +747,13 @@ static float gpt_forward(gpt *m, const int *tokens, const int *targets, int B, i
         const gpt_layer_ids *id = &m->layer[l];
         gpt_layer_acts *a = &m->acts[l];
         gpt__layernorm(m, id->ln1w, id->ln1b, a->res_in, a->ln1, a->ln1_mean, a->ln1_rstd, m->dln, m->dres, 1, train);
-        gpt__linear(m, id->qkvw, id->qkvb, a->ln1, a->qkv, NULL, C, 3 * C, m->dqkv, m->dln, train);
-        gpt__attention(m, a->qkv, a->att, a->att_out, m->datt_out, m->dqkv, train);
-        gpt__linear(m, id->projw, id->projb, a->att_out, a->res_mid, a->res_in, C, C, m->dres, m->datt_out, train);
+        gpt__linear(m, id->qkvw, id->qkvb, a->ln1, a->qkv, NULL, C, 3 * C, m->dqkv, m->dln, 0, train);
+        gpt__attention(m, a->qkv, a->att, a->att_out, m->datt_out, m->dqkv, GPT_DROP_ATT(l), train);
+        gpt__linear(m, id->projw, id->projb, a->att_out, a->res_mid, a->res_in, C, C, m->dres, m->datt_out, GPT_DROP_ATTN_RESID(l), train);
         gpt__layernorm(m, id->ln2w, id->ln2b, a->res_mid, a->ln2, a->ln2_mean, a->ln2_rstd, m->dln, m->dres, 1, train);
-        gpt__linear(m, id->fcw, id->fcb, a->ln2, a->fc, NULL, C, 4 * C, m->dfc, m->dln, train);
+        gpt__linear(m, id->fcw, id->fcb, a->ln2, a->fc, NULL, C, 4 * C, m->dfc, m->dln, 0, train);
         gpt__gelu(m, a->fc, a->gelu, a->gelu_s, BT * 4 * C, m->dgelu, m->dfc, train);
-        gpt__linear(m, id->fcprojw, id->fcprojb, a->gelu, a->res_out, a->res_mid, 4 * C, C, m->dres, m->dgelu, train);
+        gpt__linear(m, id->fcprojw, id->fcprojb, a->gelu, a->res_out, a->res_mid, 4 * C, C, m->dres, m->dgelu, GPT_DROP_MLP_RESID(l), train);
     }
     gpt__layernorm(m, m->lnfw, m->lnfb, m->acts[L - 1].res_out, m->lnf, m->lnf_mean, m->lnf_rstd, m->dln, m->dres, 0, train);
     gpt__head(m, train);

@@ -215,6 +215,13 @@ typedef struct gpt_cuda {
     gc_blas blas;
     int tf32;
     int B, T;                      /* this forward's shape */
+    /* dropout, as gpt.h (gpt_cuda_set_dropout, gpt_cuda_set_rows); ddrop: [BT, C] the masked
+       branch gradient */
+    float drop_p, drop_scale;
+    uint32_t drop_threshold;
+    uint64_t drop_seed, drop_step, drop_row0, drop_stride;
+    int dropping;
+    float *ddrop;
     size_t num_floats;
     void **allocs;                 /* every device buffer, freed by gpt_cuda_destroy */
     int num_allocs, cap_allocs;
@@ -486,6 +493,23 @@ struct gc_linear_init {
     }
 };
 
+/* Dropout, gpt.h's masks (gpt__drop_key, gpt__drop_factor): element i of x [B, per_sample] is
+   sample b = i / per_sample, element i % per_sample of its mask. out = src * mask, plus add[i]
+   when add is given (a residual branch joining the stream); out may be src. */
+struct gc_dropout {
+    const float *src, *add;
+    float *out;
+    uint64_t seed, step, row0, stride;
+    uint32_t site, threshold;
+    float scale;
+    size_t per_sample;
+    GC_HD void operator()(size_t i) const {
+        uint64_t key = gpt__drop_key(seed, step, row0 + (uint64_t)(i / per_sample) * stride, site);
+        float y = src[i] * gpt__drop_factor(key, i % per_sample, threshold, scale);
+        out[i] = add ? add[i] + y : y;
+    }
+};
+
 /* Causal softmax of row (b, h, t) of att [B NH T, T], in place: over u <= t, 0 above. */
 struct gc_causal_softmax_fwd {
     float *att;
@@ -587,6 +611,15 @@ static void gc_record(gpt_cuda *m, ddp_backward_fn fn, const void *args, size_t 
     if (r != DDP_OK) { fprintf(stderr, "%s\n", ddp_last_error(m->ddp)); exit(1); }
 }
 
+/* out = src * mask (+ add) over `n` floats of per_sample each, at `site`: gc_dropout launched. */
+static void gc_drop(gpt_cuda *m, uint32_t site, const float *src, const float *add, float *out, size_t n, size_t per_sample) {
+    gc_dropout d;
+    d.src = src; d.add = add; d.out = out;
+    d.seed = m->drop_seed; d.step = m->drop_step; d.row0 = m->drop_row0; d.stride = m->drop_stride;
+    d.site = site; d.threshold = m->drop_threshold; d.scale = m->drop_scale; d.per_sample = per_sample;
+    GC_FOR_EACH(m, d, n);
+}
+
 /* Embedding; its backward finishes wte (after the head's share) and wpe. */
 typedef struct { gpt_cuda *m; } gc_embed_args;
 
@@ -595,6 +628,8 @@ static void gc_embed_backward(void *p) {
     int C = m->cfg.dim;
     gc_wpe_bwd wpe = { m->dres, ddp_grad(m->ddp, m->wpe), m->B, m->T, C };
     gc_wte_bwd wte = { m->dres, ddp_grad(m->ddp, m->wte), m->token_start, m->positions, C };
+    if (m->dropping)   /* dres is not read after this op: mask it in place */
+        gc_drop(m, GPT_DROP_EMBED, m->dres, NULL, m->dres, (size_t)m->B * m->T * C, (size_t)m->T * C);
     GC_FOR_EACH(m, wpe, (size_t)m->T * C);
     GC_FOR_EACH(m, wte, (size_t)GPT_VOCAB * C);
 }
@@ -603,6 +638,7 @@ static void gc_embed(gpt_cuda *m, int record) {
     int C = m->cfg.dim;
     gc_embed_fwd embed = { ddp_param(m->ddp, m->wte), ddp_param(m->ddp, m->wpe), m->tokens, m->res0, C, m->T };
     GC_FOR_EACH(m, embed, (size_t)m->B * m->T * C);
+    if (m->dropping) gc_drop(m, GPT_DROP_EMBED, m->res0, NULL, m->res0, (size_t)m->B * m->T * C, (size_t)m->T * C);
     if (record) {
         gc_embed_args a = { m };
         int ids[2] = { m->wte, m->wpe };
@@ -649,13 +685,18 @@ static void gc_layernorm(gpt_cuda *m, int w, int b, const float *x, float *out, 
 /* Linear: out[n, outc] = inp[n, in] W[outc, in]^T + b (+ resid). The backward finishes W and b;
    dinp may be NULL. */
 typedef struct {
-    gpt_cuda *m; int w, b, n, in, out;
+    gpt_cuda *m; int w, b, n, in, out, drop; uint32_t site;
     const float *inp, *dout; float *dinp;
 } gc_linear_args;
 
 static void gc_linear_backward(void *p) {
-    const gc_linear_args *a = (const gc_linear_args *)p;
+    gc_linear_args masked = *(const gc_linear_args *)p;
+    const gc_linear_args *a = &masked;
     gpt_cuda *m = a->m;
+    if (a->drop) {   /* the branch's gradient: the stream's, masked */
+        gc_drop(m, a->site, a->dout, NULL, m->ddrop, (size_t)a->n * a->out, (size_t)m->T * a->out);
+        masked.dout = m->ddrop;
+    }
     gc_column_partials partials = { a->dout, m->partial_a, a->n, a->out, gc_per_chunk(a->n) };
     gc_add_partials gb = { m->partial_a, ddp_grad(m->ddp, a->b), a->out };
     if (a->dinp)   /* dinp = dout W */
@@ -667,15 +708,17 @@ static void gc_linear_backward(void *p) {
 }
 
 static void gc_linear(gpt_cuda *m, int w, int b, const float *inp, float *out, const float *resid, int in, int outc,
-                      const float *dout, float *dinp, int record) {
-    int n = m->B * m->T;
-    gc_linear_init init = { ddp_param(m->ddp, b), resid, out, outc };
+                      const float *dout, float *dinp, uint32_t site, int record) {
+    int n = m->B * m->T, drop = resid && m->dropping;
+    gc_linear_init init = { ddp_param(m->ddp, b), drop ? NULL : resid, out, outc };
     GC_FOR_EACH(m, init, (size_t)n * outc);
     GC_MATMUL(m, 0, 1, n, outc, in, 1.0f, inp, in, ddp_param(m->ddp, w), in, 1.0f, out, outc);
+    if (drop) gc_drop(m, site, out, resid, out, (size_t)n * outc, (size_t)m->T * outc);   /* resid + dropout(branch) */
     if (record) {
         gc_linear_args a;
         int ids[2];
         a.m = m; a.w = w; a.b = b; a.n = n; a.in = in; a.out = outc; a.inp = inp; a.dout = dout; a.dinp = dinp;
+        a.drop = drop; a.site = site;
         ids[0] = w; ids[1] = b;
         gc_record(m, gc_linear_backward, &a, sizeof a, ids, 2);
     }
@@ -684,7 +727,7 @@ static void gc_linear(gpt_cuda *m, int w, int b, const float *inp, float *out, c
 /* Causal multi-head self-attention on qkv [BT, 3C] (q | k | v, head h at columns h*hs..). Per
    sequence b, one strided-batched matmul covers the heads: head h's q/k/v start h*hs columns
    further, its [T, T] score matrix T*T floats further. */
-typedef struct { gpt_cuda *m; const float *qkv, *att, *dout; float *dqkv; } gc_attn_args;
+typedef struct { gpt_cuda *m; const float *qkv, *att, *dout; float *dqkv; uint32_t site; } gc_attn_args;
 
 static void gc_attention_backward(void *p) {
     const gc_attn_args *a = (const gc_attn_args *)p;
@@ -693,13 +736,20 @@ static void gc_attention_backward(void *p) {
     long long TT = (long long)T * T;
     float scale = 1.0f / sqrtf((float)hs);
     gc_causal_softmax_bwd softmax = { a->att, m->datt, T };
+    const float *Pd = a->att;   /* what met V: with dropout, P masked (drawn again into datt, used before dP goes there) */
+    if (m->dropping) { gc_drop(m, a->site, a->att, NULL, m->datt, (size_t)B * NH * TT, (size_t)NH * TT); Pd = m->datt; }
     for (b = 0; b < B; b++) {
-        const float *v = a->qkv + (size_t)b * T * C3 + 2 * C, *P = a->att + (size_t)b * NH * TT;
         const float *dO = a->dout + (size_t)b * T * C;
-        float *dP = m->datt + (size_t)b * NH * TT, *dv = a->dqkv + (size_t)b * T * C3 + 2 * C;
-        GC_MATMUL_HEADS(m, 0, 1, T, T, hs, 1.0f, dO, C, hs, v, C3, hs, 0.0f, dP, T, TT, NH);   /* dP = dO V^T */
-        GC_MATMUL_HEADS(m, 1, 0, T, hs, T, 1.0f, P, T, TT, dO, C, hs, 0.0f, dv, C3, hs, NH);   /* dV = P^T dO */
+        float *dv = a->dqkv + (size_t)b * T * C3 + 2 * C;
+        GC_MATMUL_HEADS(m, 1, 0, T, hs, T, 1.0f, Pd + (size_t)b * NH * TT, T, TT, dO, C, hs, 0.0f, dv, C3, hs, NH);   /* dV = Pd^T dO */
     }
+    for (b = 0; b < B; b++) {
+        const float *v = a->qkv + (size_t)b * T * C3 + 2 * C;
+        const float *dO = a->dout + (size_t)b * T * C;
+        float *dP = m->datt + (size_t)b * NH * TT;
+        GC_MATMUL_HEADS(m, 0, 1, T, T, hs, 1.0f, dO, C, hs, v, C3, hs, 0.0f, dP, T, TT, NH);   /* dPd = dO V^T */
+    }
+    if (m->dropping) gc_drop(m, a->site, m->datt, NULL, m->datt, (size_t)B * NH * TT, (size_t)NH * TT);   /* dP = dPd * mask */
     GC_FOR_ROWS(m, softmax, B * NH * T);                                                       /* dS, in place */
     for (b = 0; b < B; b++) {
         const float *q = a->qkv + (size_t)b * T * C3, *k = q + C, *dS = m->datt + (size_t)b * NH * TT;
@@ -709,7 +759,8 @@ static void gc_attention_backward(void *p) {
     }
 }
 
-static void gc_attention(gpt_cuda *m, const float *qkv, float *att, float *out, const float *dout, float *dqkv, int record) {
+static void gc_attention(gpt_cuda *m, const float *qkv, float *att, float *out, const float *dout, float *dqkv, uint32_t site,
+                         int record) {
     int B = m->B, T = m->T, C = m->cfg.dim, NH = m->cfg.heads, hs = C / NH, C3 = 3 * C, b;
     long long TT = (long long)T * T;
     float scale = 1.0f / sqrtf((float)hs);
@@ -719,13 +770,15 @@ static void gc_attention(gpt_cuda *m, const float *qkv, float *att, float *out, 
         GC_MATMUL_HEADS(m, 0, 1, T, T, hs, scale, q, C3, hs, k, C3, hs, 0.0f, att + (size_t)b * NH * TT, T, TT, NH);
     }
     GC_FOR_ROWS(m, softmax, B * NH * T);
-    for (b = 0; b < B; b++) {   /* O = P V, the heads side by side in out [BT, C] */
+    const float *Pd = att;   /* with dropout, P masked into datt (free until the backward) */
+    if (m->dropping) { gc_drop(m, site, att, NULL, m->datt, (size_t)B * NH * TT, (size_t)NH * TT); Pd = m->datt; }
+    for (b = 0; b < B; b++) {   /* O = dropout(P) V, the heads side by side in out [BT, C] */
         const float *v = qkv + (size_t)b * T * C3 + 2 * C;
-        GC_MATMUL_HEADS(m, 0, 0, T, hs, T, 1.0f, att + (size_t)b * NH * TT, T, TT, v, C3, hs, 0.0f, out + (size_t)b * T * C, C, hs, NH);
+        GC_MATMUL_HEADS(m, 0, 0, T, hs, T, 1.0f, Pd + (size_t)b * NH * TT, T, TT, v, C3, hs, 0.0f, out + (size_t)b * T * C, C, hs, NH);
     }
     if (record) {
         gc_attn_args a;
-        a.m = m; a.qkv = qkv; a.att = att; a.dout = dout; a.dqkv = dqkv;
+        a.m = m; a.qkv = qkv; a.att = att; a.dout = dout; a.dqkv = dqkv; a.site = site;
         gc_record(m, gc_attention_backward, &a, sizeof a, NULL, 0);
     }
 }
@@ -850,6 +903,7 @@ static inline ddp_result gpt_cuda_create(gpt_cuda *m, ddp_context *ddp, const gp
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->ddp = ddp;
+    m->drop_stride = 1;   /* as gpt.h */
     m->tf32 = tf32;
     m->layer = (gpt_layer_ids *)calloc((size_t)L, sizeof *m->layer);
     m->acts = (gpt_cuda_layer *)calloc((size_t)L, sizeof *m->acts);
@@ -880,6 +934,7 @@ static inline ddp_result gpt_cuda_create(gpt_cuda *m, ddp_context *ddp, const gp
     m->dres = gc_floats(m, BT * C); m->dln = gc_floats(m, BT * C); m->datt_out = gc_floats(m, BT * C);
     m->dqkv = gc_floats(m, BT * 3 * C); m->dfc = gc_floats(m, BT * 4 * C); m->dgelu = gc_floats(m, BT * 4 * C);
     m->datt = gc_floats(m, BHTT);
+    m->ddrop = gc_floats(m, BT * C);
     m->row_loss = gc_floats(m, BT);
     m->losses = gc_floats(m, GC_LOSS_SLOTS);
     m->partial_a = gc_floats(m, (size_t)GC_CHUNKS * 4 * C);
@@ -934,23 +989,38 @@ static inline void gpt_cuda_forward(gpt_cuda *m, const int *tokens, const int *t
     }
     m->B = B;
     m->T = T;
+    m->dropping = train && m->drop_p > 0.0f;
     gc_upload_batch(m, tokens, targets, (int)BT);
     gc_embed(m, train);
     for (l = 0; l < L; l++) {
         const gpt_layer_ids *id = &m->layer[l];
         gpt_cuda_layer *a = &m->acts[l];
         gc_layernorm(m, id->ln1w, id->ln1b, a->res_in, a->ln1, a->ln1_mean, a->ln1_rstd, m->dln, m->dres, 1, train);
-        gc_linear(m, id->qkvw, id->qkvb, a->ln1, a->qkv, NULL, C, 3 * C, m->dqkv, m->dln, train);
-        gc_attention(m, a->qkv, a->att, a->att_out, m->datt_out, m->dqkv, train);
-        gc_linear(m, id->projw, id->projb, a->att_out, a->res_mid, a->res_in, C, C, m->dres, m->datt_out, train);
+        gc_linear(m, id->qkvw, id->qkvb, a->ln1, a->qkv, NULL, C, 3 * C, m->dqkv, m->dln, 0, train);
+        gc_attention(m, a->qkv, a->att, a->att_out, m->datt_out, m->dqkv, GPT_DROP_ATT(l), train);
+        gc_linear(m, id->projw, id->projb, a->att_out, a->res_mid, a->res_in, C, C, m->dres, m->datt_out, GPT_DROP_ATTN_RESID(l), train);
         gc_layernorm(m, id->ln2w, id->ln2b, a->res_mid, a->ln2, a->ln2_mean, a->ln2_rstd, m->dln, m->dres, 1, train);
-        gc_linear(m, id->fcw, id->fcb, a->ln2, a->fc, NULL, C, 4 * C, m->dfc, m->dln, train);
+        gc_linear(m, id->fcw, id->fcb, a->ln2, a->fc, NULL, C, 4 * C, m->dfc, m->dln, 0, train);
         gc_gelu(m, a->fc, a->gelu, BT * 4 * C, m->dgelu, m->dfc, train);
-        gc_linear(m, id->fcprojw, id->fcprojb, a->gelu, a->res_out, a->res_mid, 4 * C, C, m->dres, m->dgelu, train);
+        gc_linear(m, id->fcprojw, id->fcprojb, a->gelu, a->res_out, a->res_mid, 4 * C, C, m->dres, m->dgelu, GPT_DROP_MLP_RESID(l), train);
     }
     gc_layernorm(m, m->lnfw, m->lnfb, m->acts[L - 1].res_out, m->lnf, m->lnf_mean, m->lnf_rstd, m->dln, m->dres, 0, train);
     gc_head(m, train);
     if (targets) gc_cross_entropy(m, loss_scale, train);
+}
+
+/* Dropout as gpt_set_dropout (0 <= p < 1; returns 0 otherwise), and where the next forward's rows
+   sit in the step's global batch, as gpt_set_rows: the same masks as the CPU model. */
+static inline int gpt_cuda_set_dropout(gpt_cuda *m, float p, uint64_t seed) {
+    if (!gpt__dropout_setting(p, &m->drop_scale, &m->drop_threshold)) return 0;
+    m->drop_p = p;
+    m->drop_seed = seed;
+    return 1;
+}
+static inline void gpt_cuda_set_rows(gpt_cuda *m, uint64_t step, uint64_t row0, uint64_t stride) {
+    m->drop_step = step;
+    m->drop_row0 = row0;
+    m->drop_stride = stride;
 }
 
 /* The mean loss of every forward with targets since the last call, in forward order: waits for

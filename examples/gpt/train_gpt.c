@@ -13,6 +13,7 @@
    so N ranks train exactly what 1 rank trains at N x batch. Validation: the last 10%, the same
    fixed windows every time, averaged over ranks. Run with --help for the flags. */
 #define DDP_IMPLEMENTATION
+#define DDP_TEST_KILL_POINTS   /* its tests kill rank 0 inside ddp_save (DDP_TEST_DIE_IN_CHECKPOINT) */
 #include "../../ddp.h"
 #include "gpt.h"
 #if defined(__CUDACC__) || defined(GPT_CUDA_EMULATE)
@@ -30,8 +31,6 @@
 #include <unistd.h>
 
 #define DEFAULT_DATA "build/fortunes.txt"
-#define CKPT_MAGIC "DDPGPTCK"
-#define CKPT_VERSION 1u
 
 typedef struct options {
     const char *data, *save, *resume, *dump_init, *prompt;
@@ -40,7 +39,8 @@ typedef struct options {
     int cpu, tf32;                 /* --cpu: CPU backend and model even where a GPU is; --tf32 */
     int shard;                     /* --shard-optimizer: ddp_desc.shard_optimizer (ZeRO-1) */
     int fresh;                     /* --fresh: --save PATH starts over even where PATH holds a checkpoint */
-    float lr, min_lr, wd, clip, beta1, beta2, temperature, bucket_mb;
+    float lr, min_lr, wd, clip, beta1, beta2, temperature, bucket_mb, dropout;
+    float inject_latency_ms, inject_gbps;   /* ddp.h's emulated network (benchmarks: tools/scaling.py) */
     uint64_t seed;
 } options;
 
@@ -59,6 +59,8 @@ static void usage(FILE *f) {
         "  --dim N            width (128)                     --seq N     context length (64)\n"
         "  --batch N          sequences per rank per micro-step (8)\n"
         "  --grad-accum N     micro-steps per optimizer step (1); loss scaled by 1/N\n"
+        "  --dropout P        dropout probability while training, 0 <= P < 1 (0): embedding, attention,\n"
+        "                     residual branches; the masks follow the global batch, not the rank\n"
         "  --steps N          optimizer steps; the cosine schedule ends here (500)\n"
         "  --lr X             peak learning rate (1e-3)       --min-lr X  end of the cosine (1e-4)\n"
         "  --warmup N         linear warmup steps (100)       --wd X      AdamW weight decay (0.1)\n"
@@ -76,6 +78,8 @@ static void usage(FILE *f) {
         "  --prompt TEXT      what generation starts from (a newline)\n"
         "  --log-every N      progress line every N steps (1)\n"
         "  --bucket-mb X      gradient bucket cap in MiB (ddp.h's default, 25; smaller: more, earlier buckets)\n"
+        "  --inject-latency-ms X --inject-gbps X  benchmarks only: each allreduce takes at least as long as\n"
+        "                     over a network of X ms latency and X GB/s (1e9 bytes/s) (ddp.h's inject_comm_*)\n"
         "  --dump-init PATH   write the initial parameters (float32, registration order) and exit\n"
         "  --cpu              the CPU backend and model even where a GPU is visible (GPU build)\n"
         "  --shard-optimizer  AdamW's m and v sharded across the ranks (ZeRO-1; same results)\n"
@@ -128,6 +132,9 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errn)
         else if (!strcmp(a, "--beta2")) fp = &o->beta2;
         else if (!strcmp(a, "--temperature")) fp = &o->temperature;
         else if (!strcmp(a, "--bucket-mb")) fp = &o->bucket_mb;
+        else if (!strcmp(a, "--dropout")) fp = &o->dropout;
+        else if (!strcmp(a, "--inject-latency-ms")) fp = &o->inject_latency_ms;
+        else if (!strcmp(a, "--inject-gbps")) fp = &o->inject_gbps;
         else if (!strcmp(a, "--seed")) {
             if (!v) { snprintf(err, errn, "%s needs a value", a); return 0; }
             errno = 0;
@@ -151,13 +158,9 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errn)
         }
     }
     if (!gpt_config_check(&o->model, err, errn)) return 0;
+    if (!(o->dropout < 1)) { snprintf(err, errn, "--dropout must be in [0, 1) (got %g)", (double)o->dropout); return 0; }
     if (o->accum < 1 || o->eval_batches < 1 || o->log_every < 1) { snprintf(err, errn, "--grad-accum, --eval-batches and --log-every must be >= 1"); return 0; }
     if (!(o->beta1 < 1 && o->beta2 < 1) || !(o->temperature > 0)) { snprintf(err, errn, "betas must be < 1 and the temperature > 0"); return 0; }
-    if (o->shard && (o->save || o->resume)) {   /* this trainer's checkpoints copy m and v whole from rank 0 */
-        snprintf(err, errn, "--shard-optimizer does not go with --save or --resume yet (each rank holds only its part of "
-                 "AdamW's m and v; the checkpoint code copies them whole from rank 0)");
-        return 0;
-    }
     if (o->fresh && (!o->save || o->resume)) { snprintf(err, errn, "--fresh goes with --save PATH (start over there) and not with --resume"); return 0; }
     return 1;
 }
@@ -198,20 +201,6 @@ fail:
     close(fd);
     errno = e;
     return NULL;
-}
-
-/* fsync the directory holding PATH: a rename is durable only once its directory is on disk, or a
-   power loss after "checkpoint written" can bring back the old file, or none. */
-static int sync_dir_of(const char *path) {
-    char dir[4096];
-    const char *slash = strrchr(path, '/');
-    int fd, ok;
-    if (slash) snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
-    else snprintf(dir, sizeof dir, ".");
-    if ((fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) return 0;
-    ok = fsync(fd) == 0 || errno == EINVAL;   /* EINVAL: a file system that cannot sync a directory */
-    close(fd);
-    return ok;
 }
 
 /* ---- data ---- */
@@ -309,12 +298,23 @@ static ddp_result model_create(model *mo, ddp_context *ddp, const options *o) {
     if (mo->on_gpu) {
         r = gpt_cuda_create(&mo->gpu, ddp, &o->model, o->seed, o->tf32);
         mo->num_floats = mo->gpu.num_floats;
+        if (r == DDP_OK) gpt_cuda_set_dropout(&mo->gpu, o->dropout, o->seed ^ 0xd40b0u);   /* checked in parse */
         return r;
     }
 #endif
     r = gpt_create(&mo->cpu, ddp, &o->model, o->seed);
     mo->num_floats = mo->cpu.num_floats;
+    if (r == DDP_OK) gpt_set_dropout(&mo->cpu, o->dropout, o->seed ^ 0xd40b0u);
     return r;
+}
+
+/* Where the next training forward's rows sit in the step's global batch (dropout's masks):
+   row b is global position row0 + b * stride. */
+static void model_set_rows(model *mo, int step, uint64_t row0, uint64_t stride) {
+#ifdef TRAIN_CUDA_MODEL
+    if (mo->on_gpu) { gpt_cuda_set_rows(&mo->gpu, (uint64_t)step, row0, stride); return; }
+#endif
+    gpt_set_rows(&mo->cpu, (uint64_t)step, row0, stride);
 }
 
 /* What a failed model_create says. gpt.h's and gpt_cuda.cuh's own allocations fail with a bare
@@ -397,54 +397,11 @@ static const char *model_describe(const model *mo, char *buf, size_t n) {
     return buf;
 }
 
-/* The flat parameters and AdamW m, v as host arrays, for checkpoints and the final hash, on
-   any backend: ddp_copy_to_host / ddp_copy_from_host (the CUDA model's state is device memory).
-   Loading goes through the host copy too, so a checkpoint that turns out bad leaves the live
-   state untouched: state_close puts it in place only when told to (upload = 1, once every check
-   passed). */
-typedef struct host_state {
-    float *params, *m, *v;
-    int64_t *adam_step;   /* ddp.h's own count (host memory on every backend) */
-    size_t n;
-} host_state;
-
-static int state_open(ddp_context *ddp, host_state *s, int download, char *err, size_t errn) {
-    memset(s, 0, sizeof *s);
-    ddp_flat_params(ddp, &s->n);
-    if (ddp_adamw_state(ddp, NULL, NULL, &s->adam_step) != DDP_OK) { snprintf(err, errn, "%s", ddp_last_error(ddp)); return 0; }
-    if (!(s->params = (float *)malloc(3 * s->n * sizeof(float) + 1))) {
-        snprintf(err, errn, "rank %d: out of memory for a host copy of the %zu parameters", ddp_rank(ddp), s->n);
-        return 0;
-    }
-    s->m = s->params + s->n;
-    s->v = s->params + 2 * s->n;
-    /* sharded (--shard-optimizer, never with checkpoints): only the parameters are whole here */
-    if (download && (ddp_copy_to_host(ddp, DDP_PARAMS, 0, s->params, s->n) != DDP_OK ||
-                     (!ddp_config(ddp)->shard_optimizer && (ddp_copy_to_host(ddp, DDP_ADAM_M, 0, s->m, s->n) != DDP_OK ||
-                                                            ddp_copy_to_host(ddp, DDP_ADAM_V, 0, s->v, s->n) != DDP_OK)))) {
-        snprintf(err, errn, "%s", ddp_last_error(ddp));
-        free(s->params);
-        s->params = NULL;
-        return 0;
-    }
-    return 1;
-}
-
-/* 0 when putting the state in place failed (err says why). */
-static int state_close(ddp_context *ddp, host_state *s, int upload, char *err, size_t errn) {
-    int ok = !upload || (ddp_copy_from_host(ddp, DDP_PARAMS, 0, s->params, s->n) == DDP_OK &&
-                         ddp_copy_from_host(ddp, DDP_ADAM_M, 0, s->m, s->n) == DDP_OK &&
-                         ddp_copy_from_host(ddp, DDP_ADAM_V, 0, s->v, s->n) == DDP_OK);
-    if (!ok && err) snprintf(err, errn, "%s", ddp_last_error(ddp));
-    free(s->params);
-    s->params = NULL;
-    return ok;
-}
-
 /* TEST-ONLY fault hook (tests/test_restart.sh): DDP_TEST_KILL="R:S[:save],..." makes rank R
    SIGKILL itself in step S (1 = the first), after its backward and before the AdamW step, or with
-   ":save" (rank 0) in the middle of writing the checkpoint of step S. With DDP_TEST_KILL_ONCE=DIR
-   each point fires once (it leaves DIR/kill.<its index>), so a restarted job gets past it. */
+   ":save" (rank 0) in the middle of writing the checkpoint of step S (ddp.h's own test hook,
+   DDP_TEST_DIE_IN_CHECKPOINT, does the kill inside ddp_save). With DDP_TEST_KILL_ONCE=DIR each
+   point fires once (it leaves DIR/kill.<its index>), so a restarted job gets past it. */
 static void test_kill_point(int rank, int step, const char *where) {
     const char *p = getenv("DDP_TEST_KILL"), *once = getenv("DDP_TEST_KILL_ONCE");
     int index = 0;
@@ -460,168 +417,104 @@ static void test_kill_point(int rank, int step, const char *where) {
             if ((fd = open(mark, O_WRONLY | O_CREAT | O_EXCL, 0600)) < 0) continue;   /* fired before */
             close(fd);
         }
+        if (!strcmp(where, "save")) {
+            char at[32];
+            snprintf(at, sizeof at, "%d", step);
+            setenv("DDP_TEST_DIE_IN_CHECKPOINT", at, 1);
+            return;
+        }
         kill(getpid(), SIGKILL);
     }
 }
 
-/* ---- checkpoints: header, params, AdamW m and v; a checksum; temp file, fsync, rename ---- */
-typedef struct ckpt_header {
-    char magic[8];
-    uint32_t version, vocab;
+/* ---- checkpoints: ddp.h's ddp_save / ddp_load; this program's part is the run_state blob ---- */
+
+/* What train_gpt keeps in a checkpoint besides ddp.h's state (parameters, AdamW m, v, step):
+   the model's shape, the seed and where the run is. The position is global (the step, and the
+   windows of the training split consumed so far, world x batch x grad-accum a step), so it means
+   the same at any world size. ddp.h stores it as an opaque blob; the same program reads it. */
+typedef struct run_state {
+    char magic[8];                 /* "GPTRUN01" */
+    uint32_t vocab;
     int32_t layers, heads, dim, seq;
-    int64_t step, adam_step;
-    uint64_t num_floats, seed;
-} ckpt_header;
-
-static int write_all(FILE *f, const void *p, size_t n, uint64_t *h) {
-    *h = gpt_fnv1a(p, n, *h);
-    return fwrite(p, 1, n, f) == n;
-}
-
-/* A writer killed mid-checkpoint leaves PATH.tmp.<its pid>; the next save removes those whose
-   writer is gone (the real PATH was never touched by them). */
-static void remove_stale_temps(const char *path) {
-    char dir[4096], prefix[4096];
-    const char *slash = strrchr(path, '/');
-    size_t plen;
-    DIR *d;
-    struct dirent *e;
-    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
-    snprintf(prefix, sizeof prefix, "%s.tmp.", slash ? slash + 1 : path);
-    plen = strlen(prefix);
-    if (!(d = opendir(dir[0] ? dir : "/"))) return;
-    while ((e = readdir(d)) != NULL) {
-        char victim[8192], *end;
-        long pid;
-        if (strncmp(e->d_name, prefix, plen)) continue;
-        pid = strtol(e->d_name + plen, &end, 10);
-        if (*end || pid <= 0 || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
-        snprintf(victim, sizeof victim, "%s/%s", dir[0] ? dir : "", e->d_name);
-        remove(victim);
-    }
-    closedir(d);
-}
-
-static int save_checkpoint(ddp_context *ddp, const options *o, int step, const char *path, char *err, size_t errn) {
-    ckpt_header hd;
-    host_state s;
-    size_t n;
-    uint64_t h = GPT_FNV_INIT;
-    char tmp[4096];
-    FILE *f;
-    int ok;
-    if (!state_open(ddp, &s, 1, err, errn)) return 0;
-    n = s.n;
-    memset(&hd, 0, sizeof hd);
-    memcpy(hd.magic, CKPT_MAGIC, 8);
-    hd.version = CKPT_VERSION; hd.vocab = GPT_VOCAB;
-    hd.layers = o->model.layers; hd.heads = o->model.heads; hd.dim = o->model.dim; hd.seq = o->model.seq;
-    hd.step = step; hd.adam_step = *s.adam_step; hd.num_floats = n; hd.seed = o->seed;
-    remove_stale_temps(path);
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    if (!(f = fopen(tmp, "wb"))) {
-        snprintf(err, errn, "rank 0: cannot write the checkpoint '%s': %s", tmp, strerror(errno));
-        state_close(ddp, &s, 0, NULL, 0);
-        return 0;
-    }
-    ok = write_all(f, &hd, sizeof hd, &h) && write_all(f, s.params, n * sizeof(float), &h);
-    {   /* TEST-ONLY fault hook (tests/test_checkpoint_crash.sh, tools/soak.sh): with
-           DDP_TEST_DIE_IN_CHECKPOINT=S, rank 0 SIGKILLs itself while writing the checkpoint of
-           step S: header and params are in the temp file, the AdamW state is not, no fsync/rename. */
-        const char *die = getenv("DDP_TEST_DIE_IN_CHECKPOINT");
-        if (die && atoi(die) == step) { fflush(f); kill(getpid(), SIGKILL); }
-        fflush(f);
-        test_kill_point(0, step, "save");
-    }
-    ok = ok && write_all(f, s.m, n * sizeof(float), &h) && write_all(f, s.v, n * sizeof(float), &h) &&
-         fwrite(&h, sizeof h, 1, f) == 1 && fflush(f) == 0 && fsync(fileno(f)) == 0;
-    ok = (fclose(f) == 0) && ok;
-    state_close(ddp, &s, 0, NULL, 0);
-    if (!ok || rename(tmp, path) != 0) {
-        snprintf(err, errn, "rank 0: cannot write the checkpoint '%s': %s", path, strerror(errno));
-        remove(tmp);
-        return 0;
-    }
-    if (!sync_dir_of(path)) {
-        snprintf(err, errn, "rank 0: wrote the checkpoint '%s' but cannot sync its directory to disk: %s", path, strerror(errno));
-        return 0;
-    }
-    return 1;
-}
+    float dropout;                 /* --dropout: another one is another run */
+    int64_t step;                  /* optimizer steps done: the next batch is step's */
+    uint64_t seed;
+    uint64_t windows;              /* training windows consumed (global: every rank's) */
+} run_state;
+#define RUN_MAGIC "GPTRUN01"
 
 /* The largest step a run can reach (--steps is at most 10^9): a checkpoint's step beyond it is damage. */
 #define CKPT_MAX_STEP 1000000000
 
-/* Rank 0 reads and checks the file; every rank gets its content by broadcast (so a multi-host
-   job needs the file only where rank 0 runs). Returns the step to continue from, or -1 with a
-   message in err. The checksum is checked before the header's meaning (step, seed), so a damaged
-   file is called corrupt rather than foreign. */
-static int load_checkpoint(ddp_context *ddp, const options *o, const char *path, char *err, size_t errn) {
-    ckpt_header hd;
-    host_state s;
-    float *mom, *var, *params;
-    size_t n;
-    int32_t status[2] = { 0, 0 };   /* ok, step */
-    int rank = ddp_rank(ddp);
-    const gpt_config *cfg = &o->model;
-    if (!state_open(ddp, &s, 0, err, errn)) return -1;
-    params = s.params; mom = s.m; var = s.v; n = s.n;
-    if (rank == 0) {
-        const char *kind;
-        FILE *f = open_regular(path, &kind);
-        uint64_t h = GPT_FNV_INIT, stored = 0;
-        if (!f && kind) snprintf(err, errn, "rank 0: the checkpoint '%s' is %s, not a regular file; pass the checkpoint file itself", path, kind);
-        else if (!f) snprintf(err, errn, "rank 0: cannot open the checkpoint '%s': %s", path, strerror(errno));
-        else if (fread(&hd, sizeof hd, 1, f) != 1 || memcmp(hd.magic, CKPT_MAGIC, 8) != 0)
-            snprintf(err, errn, "rank 0: '%s' is not a train_gpt checkpoint", path);
-        else if (hd.version != CKPT_VERSION)
-            snprintf(err, errn, "rank 0: checkpoint '%s' has version %u, this program reads %u", path, hd.version, CKPT_VERSION);
-        else if (hd.layers != cfg->layers || hd.heads != cfg->heads || hd.dim != cfg->dim || hd.seq != cfg->seq ||
-                 hd.num_floats != n || hd.vocab != GPT_VOCAB)
-            snprintf(err, errn, "rank 0: checkpoint '%s' holds a model with --layers %d --heads %d --dim %d --seq %d; "
-                     "this run asks for --layers %d --heads %d --dim %d --seq %d", path, hd.layers, hd.heads, hd.dim, hd.seq,
-                     cfg->layers, cfg->heads, cfg->dim, cfg->seq);
-        else if (fread(params, sizeof(float), n, f) != n || fread(mom, sizeof(float), n, f) != n ||
-                 fread(var, sizeof(float), n, f) != n || fread(&stored, sizeof stored, 1, f) != 1)
-            snprintf(err, errn, "rank 0: checkpoint '%s' is truncated", path);
-        else if (fgetc(f) != EOF) {   /* a file train_gpt wrote ends with its checksum */
-            long expected = (long)(sizeof hd + 3 * n * sizeof(float) + sizeof stored), size = -1;
-            if (fseek(f, 0, SEEK_END) == 0) size = ftell(f);
-            snprintf(err, errn, "rank 0: checkpoint '%s' goes on after its checksum (%ld bytes; a checkpoint of this model is %ld): "
-                     "not a file train_gpt wrote, or two files run together", path, size, expected);
-        }
-        else {
-            h = gpt_fnv1a(&hd, sizeof hd, h);
-            h = gpt_fnv1a(params, n * sizeof(float), h);
-            h = gpt_fnv1a(mom, n * sizeof(float), h);
-            h = gpt_fnv1a(var, n * sizeof(float), h);
-            if (h != stored) snprintf(err, errn, "rank 0: checkpoint '%s' is corrupt (checksum mismatch)", path);
-            else if (hd.step < 0 || hd.step > CKPT_MAX_STEP || hd.adam_step < 0 || hd.adam_step > hd.step)
-                snprintf(err, errn, "rank 0: checkpoint '%s' holds step %lld and AdamW step %lld; a checkpoint train_gpt wrote has "
-                         "0 <= AdamW step <= step <= %d", path, (long long)hd.step, (long long)hd.adam_step, CKPT_MAX_STEP);
-            else if (hd.seed != o->seed)   /* the data order and the sampling follow the seed: another one is another run */
-                snprintf(err, errn, "rank 0: checkpoint '%s' was trained with --seed %llu, this run has --seed %llu; the seed picks "
-                         "the data order, so resuming with another one silently changes the run: pass --seed %llu", path,
-                         (unsigned long long)hd.seed, (unsigned long long)o->seed, (unsigned long long)hd.seed);
-            else { status[0] = 1; status[1] = (int32_t)hd.step; *s.adam_step = hd.adam_step; }
-        }
-        if (f) fclose(f);
+static run_state run_state_of(const options *o, int step, uint64_t windows) {
+    run_state rs;
+    memset(&rs, 0, sizeof rs);
+    memcpy(rs.magic, RUN_MAGIC, 8);
+    rs.vocab = GPT_VOCAB;
+    rs.layers = o->model.layers; rs.heads = o->model.heads; rs.dim = o->model.dim; rs.seq = o->model.seq;
+    rs.dropout = o->dropout;
+    rs.step = step; rs.seed = o->seed; rs.windows = windows;
+    return rs;
+}
+
+typedef struct resume_check { const options *o; const char *path; } resume_check;
+
+/* ddp_load's check, on rank 0, of a checkpoint whose checksum holds: is it this run's? The
+   model first (ddp.h would name the first parameter that differs; the flags say more), then the
+   step, then the seed (the data order and the sampling follow it: another one is another run),
+   then the dropout. */
+static int check_run_state(void *arg, const ddp_checkpoint_info *info, const void *user, size_t n, char *err, size_t errn) {
+    const resume_check *rc = (const resume_check *)arg;
+    const options *o = rc->o;
+    run_state rs;
+    if (n != sizeof rs || memcmp(user, RUN_MAGIC, 8) != 0) {
+        snprintf(err, errn, "checkpoint '%s' was not written by train_gpt (its user blob is %zu bytes, not a train_gpt "
+                 "run state of %zu)", rc->path, n, sizeof rs);
+        return 0;
     }
-    if (ddp_broadcast(ddp, status, sizeof status, 0) != DDP_OK) { snprintf(err, errn, "%s", ddp_last_error(ddp)); state_close(ddp, &s, 0, NULL, 0); return -1; }
-    if (!status[0]) {
-        if (rank != 0) snprintf(err, errn, "rank %d: rank 0 could not load the checkpoint '%s' (rank 0's message says why)", rank, path);
-        state_close(ddp, &s, 0, NULL, 0);
-        return -1;
+    memcpy(&rs, user, sizeof rs);
+    if (rs.layers != o->model.layers || rs.heads != o->model.heads || rs.dim != o->model.dim || rs.seq != o->model.seq ||
+        rs.vocab != GPT_VOCAB)
+        snprintf(err, errn, "checkpoint '%s' holds a model with --layers %d --heads %d --dim %d --seq %d; this run asks for "
+                 "--layers %d --heads %d --dim %d --seq %d", rc->path, rs.layers, rs.heads, rs.dim, rs.seq,
+                 o->model.layers, o->model.heads, o->model.dim, o->model.seq);
+    else if (rs.step < 0 || rs.step > CKPT_MAX_STEP || info->step > rs.step)
+        snprintf(err, errn, "checkpoint '%s' holds step %lld and AdamW step %lld; a checkpoint train_gpt wrote has "
+                 "0 <= AdamW step <= step <= %d", rc->path, (long long)rs.step, (long long)info->step, CKPT_MAX_STEP);
+    else if (rs.seed != o->seed)
+        snprintf(err, errn, "checkpoint '%s' was trained with --seed %llu, this run has --seed %llu; the seed picks the data "
+                 "order, so resuming with another one silently changes the run: pass --seed %llu", rc->path,
+                 (unsigned long long)rs.seed, (unsigned long long)o->seed, (unsigned long long)rs.seed);
+    else if (rs.dropout != o->dropout)
+        snprintf(err, errn, "checkpoint '%s' was trained with --dropout %g, this run has --dropout %g: pass --dropout %g",
+                 rc->path, (double)rs.dropout, (double)o->dropout, (double)rs.dropout);
+    else return 1;
+    return 0;
+}
+
+/* The FNV-1a of the flat parameters (padding included), streamed to rank 0 a chunk at a time:
+   the hash the tests compare between runs. Every rank calls it; rank 0's *hash is the one. */
+static ddp_result params_hash(ddp_context *ddp, uint64_t *hash) {
+    static float buf[1 << 16];
+    const size_t CHUNK = sizeof buf / sizeof buf[0];
+    size_t n, done, k;
+    ddp_result r = DDP_OK;
+    ddp_flat_params(ddp, &n);
+    *hash = GPT_FNV_INIT;
+    for (done = 0; done < n && r == DDP_OK; done += k) {
+        k = n - done < CHUNK ? n - done : CHUNK;
+        r = ddp_gather_to_host(ddp, DDP_PARAMS, done, ddp_rank(ddp) == 0 ? buf : NULL, k, 0);
+        if (r == DDP_OK && ddp_rank(ddp) == 0) *hash = gpt_fnv1a(buf, k * sizeof(float), *hash);
     }
-    /* Host arrays (on NCCL ddp.h stages them and waits); the CUDA model's go up afterwards. */
-    if (ddp_broadcast(ddp, params, n * sizeof(float), 0) != DDP_OK || ddp_broadcast(ddp, mom, n * sizeof(float), 0) != DDP_OK ||
-        ddp_broadcast(ddp, var, n * sizeof(float), 0) != DDP_OK || ddp_broadcast(ddp, s.adam_step, sizeof *s.adam_step, 0) != DDP_OK) {
-        snprintf(err, errn, "%s", ddp_last_error(ddp));
-        state_close(ddp, &s, 0, NULL, 0);
-        return -1;
-    }
-    if (!state_close(ddp, &s, 1, err, errn)) return -1;
-    return status[1];
+    return r;
+}
+
+/* A checkpoint of step `step` to --save (every rank calls it: ddp_save is collective). */
+static ddp_result save_run(ddp_context *ddp, const options *o, int step, uint64_t windows) {
+    run_state rs = run_state_of(o, step, windows);
+    test_kill_point(ddp_rank(ddp), step, "save");
+    return ddp_save(ddp, o->save, &rs, sizeof rs);
 }
 
 /* ---- evaluation and sampling ---- */
@@ -696,18 +589,6 @@ static const char *failure_text(ddp_context *ddp, ddp_result r, char *buf, size_
     return buf;
 }
 
-/* With --save PATH (and neither --resume nor --fresh), rank 0 looks at PATH: 1 = a file to resume
-   from, 0 = nothing there yet, -1 = unusable (message in err). */
-static int32_t probe_save_path(const char *path, char *err, size_t errn) {
-    const char *kind;
-    FILE *f = open_regular(path, &kind);
-    if (f) { fclose(f); return 1; }
-    if (!kind && errno == ENOENT) return 0;
-    if (kind) snprintf(err, errn, "rank 0: --save '%s' is %s, not a regular file; name a file to write checkpoints to", path, kind);
-    else snprintf(err, errn, "rank 0: cannot look at --save '%s': %s", path, strerror(errno));
-    return -1;
-}
-
 #define DIE(...) do { fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); if (ddp) ddp_shutdown(ddp); return 1; } while (0)
 #define CHECK(call) do { ddp_result r_ = (call); if (r_ != DDP_OK) DIE("%s", failure_text(ddp, r_, why, sizeof why)); } while (0)
 
@@ -719,6 +600,7 @@ int main(int argc, char **argv) {
     dataset data;
     model mo;
     int rank, world, step = 0, B, T, *tok, *tgt;
+    uint64_t windows = 0;          /* training windows consumed, all ranks (the checkpoint's position) */
     double t_start, t_line;   /* t_line, step_line: when and at which step the last progress line was */
     int step_line;
     float val = NAN;
@@ -753,6 +635,8 @@ int main(int argc, char **argv) {
         ddp_desc desc;
         memset(&desc, 0, sizeof desc);
         desc.bucket_cap_mb = o.bucket_mb;
+        desc.inject_comm_latency_ms = o.inject_latency_ms;
+        desc.inject_comm_gbps = o.inject_gbps;
         desc.backend = o.cpu ? DDP_BACKEND_CPU : DDP_BACKEND_AUTO;
         desc.shard_optimizer = o.shard;
 #ifdef __CUDACC__
@@ -780,23 +664,27 @@ int main(int argc, char **argv) {
     tgt = (int *)malloc(sizeof(int) * (size_t)B * T);
     if (!tok || !tgt) DIE("train_gpt: rank %d: out of memory for a batch of %d x %d tokens", rank, B, T);
     resume_from = o.resume;
-    if (o.save && !o.resume && !o.fresh) {
-        /* A restarted job (ddprun --max-restarts) runs the same command again: it continues from
-           its last complete checkpoint. Rank 0 looks (only it needs the file) and tells the rest. */
-        int32_t there = rank == 0 ? probe_save_path(o.save, err, sizeof err) : 0;
-        CHECK(ddp_broadcast(ddp, &there, sizeof there, 0));
-        if (there < 0 && rank != 0)
-            snprintf(err, sizeof err, "rank %d: rank 0 cannot use --save '%s' (its message says why)", rank, o.save);
-        if (there < 0) DIE("train_gpt: %s", err);
-        if (there) resume_from = o.save;
+    if (o.save) {
+        /* The destination is checked now, not after the run. A restarted job (ddprun
+           --max-restarts) runs the same command again: it continues from its last complete
+           checkpoint, which --save PATH holds (unless --fresh or --resume). */
+        int there = 0;
+        CHECK(ddp_save_check(ddp, o.save, &there));
+        if (there && !o.resume && !o.fresh) resume_from = o.save;
     }
     if (resume_from) {
-        snprintf(err, sizeof err, "rank %d: cannot load the checkpoint '%s'", rank, resume_from);   /* load_checkpoint says why */
-        step = load_checkpoint(ddp, &o, resume_from, err, sizeof err);
-        if (step < 0 && resume_from != o.resume)
+        run_state rs;
+        resume_check rc;
+        ddp_result r;
+        rc.o = &o;
+        rc.path = resume_from;
+        r = ddp_load(ddp, resume_from, &rs, sizeof rs, check_run_state, &rc, NULL);
+        if (r != DDP_OK && resume_from != o.resume)
             DIE("train_gpt: %s; --save '%s' already holds that file: pass --fresh to start over and overwrite it, or "
-                "--save another path", err, o.save);
-        if (step < 0) DIE("train_gpt: %s", err);
+                "--save another path", failure_text(ddp, r, why, sizeof why), o.save);
+        if (r != DDP_OK) DIE("train_gpt: %s", failure_text(ddp, r, why, sizeof why));
+        step = (int)rs.step;
+        windows = rs.windows;
     }
     if (rank == 0) {
         printf("train_gpt: %d rank(s) | %d layers, %d heads, dim %d, context %d | %zu parameters | batch %d x %d ranks x %d accum "
@@ -820,11 +708,13 @@ int main(int argc, char **argv) {
         CHECK(ddp_zero_grad(ddp));
         for (u = 0; u < o.accum; u++) {   /* micro-step u: windows u*world*B + rank*B ... */
             gpt_make_batch(data.bytes, data.train_len, o.seed, (uint64_t)step, (u * world + rank) * B, B, T, tok, tgt);
+            model_set_rows(&mo, step, (uint64_t)((u * world + rank) * B), 1);
             ddp_set_sync(ddp, u == o.accum - 1);
             model_forward(&mo, tok, tgt, B, T, 1.0f / (float)o.accum, 1);
             CHECK(ddp_backward(ddp));
         }
         test_kill_point(rank, step + 1, "step");
+        windows += (uint64_t)world * B * o.accum;
         memset(&opt, 0, sizeof opt);
         opt.lr = lr; opt.beta1 = o.beta1; opt.beta2 = o.beta2; opt.weight_decay = o.wd; opt.max_grad_norm = o.clip;
         step++;
@@ -852,22 +742,19 @@ int main(int argc, char **argv) {
             t_line = now_s();   /* the next line's mean is of training steps only */
             step_line = step;
         }
-        if (o.save && o.save_every > 0 && step % o.save_every == 0 && rank == 0 &&
-            !save_checkpoint(ddp, &o, step, o.save, err, sizeof err))
-            DIE("train_gpt: %s", err);
+        if (o.save && o.save_every > 0 && step % o.save_every == 0) CHECK(save_run(ddp, &o, step, windows));
     }
     {
         double secs = now_s() - t_start;
+        uint64_t hash;
         CHECK(evaluate(ddp, &mo, &o, &data, tok, tgt, &val));
+        CHECK(params_hash(ddp, &hash));
         if (rank == 0) {
-            host_state s;
-            if (!state_open(ddp, &s, 1, err, sizeof err)) DIE("train_gpt: %s", err);
             printf("done: step %d | val loss %.4f | %.1f s training\n", step, val, secs);
-            printf("params fnv1a %016llx\n", (unsigned long long)gpt_fnv1a(s.params, s.n * sizeof(float), GPT_FNV_INIT));
-            state_close(ddp, &s, 0, NULL, 0);
+            printf("params fnv1a %016llx\n", (unsigned long long)hash);
         }
     }
-    if (o.save && rank == 0 && !save_checkpoint(ddp, &o, step, o.save, err, sizeof err)) DIE("train_gpt: %s", err);
+    if (o.save) CHECK(save_run(ddp, &o, step, windows));
     if (o.save && rank == 0) printf("checkpoint: %s (step %d)\n", o.save, step);
     if (rank == 0 && o.sample > 0 && !sample_text(&mo, &o)) DIE("train_gpt: rank 0: out of memory for a sample of %d bytes", o.sample);
     CHECK(ddp_barrier(ddp));

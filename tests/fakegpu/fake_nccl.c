@@ -60,6 +60,7 @@ static pthread_cond_t nccl_cond = PTHREAD_COND_INITIALIZER;
 static group *groups;
 static struct ncclComm *comms;   /* every communicator ever made: a destroyed one stays, marked, to catch its use */
 static unsigned long long id_counter;
+static ncclUniqueId last_made, last_joined;   /* under nccl_lock */
 static int avg_premul, inprogress_polls, stall_rank = -1, inject_rank = -1, inject_after;
 static ncclResult_t inject_error = ncclSystemError;
 static double init_delay_s, nccl_timeout_s = 60;
@@ -138,7 +139,27 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
     n = ++id_counter;
     pthread_mutex_unlock(&nccl_lock);
     snprintf(id->internal, sizeof id->internal, "fakenccl pid %d id %llu", (int)getpid(), n);
+    pthread_mutex_lock(&nccl_lock);
+    last_made = *id;
+    pthread_mutex_unlock(&nccl_lock);
     return ncclSuccess;
+}
+
+/* Copies that stay valid while another thread makes or joins an id (one slot per call site). */
+const char *fakegpu_last_made_id(void) {
+    static char text[NCCL_UNIQUE_ID_BYTES + 1];
+    pthread_mutex_lock(&nccl_lock);
+    memcpy(text, last_made.internal, NCCL_UNIQUE_ID_BYTES);
+    pthread_mutex_unlock(&nccl_lock);
+    return text;
+}
+
+const char *fakegpu_last_joined_id(void) {
+    static char text[NCCL_UNIQUE_ID_BYTES + 1];
+    pthread_mutex_lock(&nccl_lock);
+    memcpy(text, last_joined.internal, NCCL_UNIQUE_ID_BYTES);
+    pthread_mutex_unlock(&nccl_lock);
+    return text;
 }
 
 /* A communicator handle as NCCL would see it: a destroyed or aborted one is misuse. Lock held. */
@@ -193,6 +214,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *out, int nranks, ncclUniqueId id
     pthread_mutex_lock(&nccl_lock);
     c->next = comms; comms = c;
     *out = c;
+    last_joined = id;
     if (rank == stall_rank) {   /* started, never joins */
         c->state = ST_STALLED;
         if (!blocking) { pthread_mutex_unlock(&nccl_lock); return ncclInProgress; }

@@ -64,6 +64,12 @@ void fakegpu_inject_async_error(int rank, int after, ncclResult_t error);
    before it fails (default 60 s): the fake itself never hangs. */
 void fakegpu_set_timeout(double seconds);
 
+/* The last ncclUniqueId this process made (ncclGetUniqueId) and the last one a communicator
+   was set up with (ncclCommInitRankConfig), as text ("" if none): a test sees which id a rank
+   got through ddp.h's store (the id names the process that made it). */
+const char *fakegpu_last_made_id(void);
+const char *fakegpu_last_joined_id(void);
+
 /* Misuse seen so far (see above) and the first message. */
 int fakegpu_misuse_count(void);
 const char *fakegpu_misuse_first(void);

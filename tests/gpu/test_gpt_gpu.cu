@@ -418,7 +418,7 @@ static void make_text(void) {   /* text-like bytes: letters, spaces, a few newli
     }
 }
 
-static void test_cuda_vs_cpu(const gpt_config *cfg) {
+static void test_cuda_vs_cpu(const gpt_config *cfg, float dropout) {
     ddp_context *gd = open_solo(1), *cd = open_solo(0);
     gpt_cuda gm;
     gpt cm;
@@ -428,11 +428,14 @@ static void test_cuda_vs_cpu(const gpt_config *cfg) {
     size_t BT = (size_t)B * T, count;
     double w, worst_loss = 0, worst_grad = 0;
     const char *worst_name, *worst_grad_name = "";
-    snprintf(what, sizeof what, "%dL_%dH_C%d_T%d_B%d", cfg->layers, cfg->heads, cfg->dim, cfg->seq, cfg->batch);
+    snprintf(what, sizeof what, "%dL_%dH_C%d_T%d_B%d%s", cfg->layers, cfg->heads, cfg->dim, cfg->seq, cfg->batch,
+             dropout > 0 ? "_dropout" : "");
     if (gpt_cuda_create(&gm, gd, cfg, 7, 0) != DDP_OK || gpt_create(&cm, cd, cfg, 7) != DDP_OK) {
         printf("FAIL %s: %s / %s\n", NAME("vs_cpu_create"), ddp_last_error(gd), ddp_last_error(cd));
         exit(1);
     }
+    gpt_cuda_set_dropout(&gm, dropout, 13);   /* the same masks on both: drawn from (seed, step, row) */
+    gpt_set_dropout(&cm, dropout, 13);
     tok = (int *)malloc(sizeof(int) * BT);
     tgt = (int *)malloc(sizeof(int) * BT);
     memset(&opt, 0, sizeof opt);
@@ -448,6 +451,8 @@ static void test_cuda_vs_cpu(const gpt_config *cfg) {
         for (u = 0; u < micro; u++) {
             float gl, cl;
             gpt_make_batch(text, DATA_BYTES, 3, (uint64_t)step, u * B, B, T, tok, tgt);
+            gpt_cuda_set_rows(&gm, (uint64_t)step, (uint64_t)(u * B * 2 + 1), 2);   /* as rank 1 of 2 */
+            gpt_set_rows(&cm, (uint64_t)step, (uint64_t)(u * B * 2 + 1), 2);
             ddp_set_sync(gd, u == micro - 1);
             ddp_set_sync(cd, u == micro - 1);
             gpt_cuda_forward(&gm, tok, tgt, B, T, 1.0f / (float)micro, 1);
@@ -550,8 +555,9 @@ int main(void) {
     gpt_blas_init(1);
     make_text();
     test_cuda_reference();
-    test_cuda_vs_cpu(&small);
-    if (run_larger) test_cuda_vs_cpu(&larger);
+    test_cuda_vs_cpu(&small, 0.0f);
+    test_cuda_vs_cpu(&small, 0.2f);
+    if (run_larger) test_cuda_vs_cpu(&larger, 0.0f);
     test_cuda_deterministic(&small);
     return test_summary(NAME("test"));
 }
