@@ -9,9 +9,10 @@ B        := build
 
 PROGRAMS := $(B)/ddprun $(B)/minimal $(B)/engine $(B)/texture $(B)/texture_cxx $(B)/bench_allreduce $(B)/bench_overlap $(B)/copy_bw \
             $(B)/test_unit $(B)/test_collectives $(B)/test_equivalence $(B)/test_fault \
-            $(B)/test_overlap $(B)/test_bf16 $(B)/test_embed $(B)/test_host $(B)/test_sampler $(B)/test_checkpoint $(B)/train_gpt $(B)/test_gpt \
+            $(B)/test_overlap $(B)/test_bf16 $(B)/test_shard $(B)/test_embed $(B)/test_host $(B)/test_sampler $(B)/test_checkpoint $(B)/train_gpt $(B)/test_gpt \
             $(B)/train_gpt_emulated $(B)/test_gpt_gpu_emulated $(B)/test_fake_nccl $(B)/hosts_nccl_fake
 CHECKS   := $(B)/cxx_check.o
+PROGRAMS += $(B)/bench_shard_memory   # sharded optimizer: bytes per parameter (bench/RESULTS.md)
 
 .PHONY: all help run train-2-ranks deps bench-deps test test-asan test-tsan fuzz bench bench-gpt bench-gpu clean
 all: $(PROGRAMS) $(CHECKS) gpu

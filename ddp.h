@@ -6,8 +6,9 @@
    batch N*B — only faster.
 
    CONTENTS
-     QUICK START · ONE STEP, AS DATA FLOWS · OPTIONS · ADAMW · CHECKPOINTS · BACKENDS · ENVIRONMENT · ERRORS ·
-     NULL, LIFETIME AND THREADS · EMBEDDING: CANCEL, PROGRESS, UNEVEN INPUTS · SAMPLER · COMPILE-TIME OPTIONS ·
+     QUICK START · ONE STEP, AS DATA FLOWS · OPTIONS · ADAMW · SHARDED OPTIMIZER (ZeRO-1) · CHECKPOINTS ·
+     BACKENDS · ENVIRONMENT · ERRORS · NULL, LIFETIME AND THREADS · EMBEDDING: CANCEL, PROGRESS,
+     UNEVEN INPUTS · SAMPLER · COMPILE-TIME OPTIONS ·
      THE IMPLEMENTATION, SECTION BY SECTION
 
    QUICK START
@@ -94,12 +95,17 @@
                                            cancels every context that holds it (EMBEDDING)
      uneven_inputs    DDP_JOIN_OFF         DDP_JOIN_DIVIDE_BY_WORLD or _BY_ACTIVE: ranks may run
                                            out of data and ddp_join (EMBEDDING); ranks must agree
+     shard_optimizer  0 ($DDP_SHARD_       1: ZeRO stage 1, AdamW's m and v split across the ranks
+                      OPTIMIZER)           (SHARDED OPTIMIZER below); the same bits as 0; ranks
+                                           must agree; not with uneven_inputs
 
    ADAMW (ddp_adamw; ddp_adamw_step(ddp, &opt, &norm or NULL))
      lr as given (0 is valid); beta1, beta2, eps: 0 means 0.9, 0.999, 1e-8 unless as_given = 1,
      which uses all three exactly as given (beta1 = 0 included); weight_decay: decoupled,
      skipped for parameters registered with DDP_NO_DECAY; max_grad_norm > 0: clip by the global
-     L2 norm first (computed in double, in a fixed order: the same bits on every rank).
+     L2 norm first (computed in double, in a fixed order: the same bits on every rank, on both
+     backends, sharded or not: the sum of squares of each block of 1024 floats of each bucket,
+     eight running sums in element order, then the blocks added in bucket order, block order).
      What matches torch.optim.AdamW: the formula (m, v, bias corrections 1 - beta^t, eps added
      to sqrt(v_hat), the decoupled decay lr * wd * p, applied before the Adam update), and the
      clipping of torch.nn.utils.clip_grad_norm_ (scale max / (norm + 1e-6) when norm > max).
@@ -109,6 +115,51 @@
      ddp_copy_to_host / ddp_copy_from_host copy any flat buffer to and from host memory on
      every backend; ddp_gather_to_host / ddp_scatter_from_host (collective) move a range between
      the ranks that hold it and one rank's host memory.
+
+   SHARDED OPTIMIZER (ZeRO-1; ddp_desc.shard_optimizer = 1 or DDP_SHARD_OPTIMIZER=1)
+     What: every rank keeps the parameters and the gradients whole, but AdamW's m and v only for
+     its own part of each bucket. A synchronizing step reduce-scatters each bucket instead of
+     averaging all of it (only this rank's part of ddp_flat_grads holds the average afterwards;
+     the rest keeps this rank's own gradients); ddp_adamw_step updates this rank's parts and
+     all-gathers the parameters bucket by bucket, so every rank ends the step with the same
+     parameters, bit for bit those of an unsharded run (tests/test_shard.c, 1-4 ranks).
+     Layout (chosen: per bucket, not one contiguous range of the flat buffer per rank): rank s
+     owns floats [s*P, (s+1)*P) of a bucket, P = its 1/world share rounded down to 1024 floats,
+     and the last rank also the tail up to the bucket's end. Per bucket, because a bucket is one
+     collective: its reduce-scatter can start while backward runs, and the gather of bucket b
+     overlaps the update of bucket b+1; a contiguous range per rank would cut buckets into
+     unequal pieces that NCCL's equal-count ncclReduceScatter / ncclAllGather cannot take. The
+     equal parts go through those, in place; the tail (under world*1024 floats) through one
+     ncclReduce to, and one ncclBroadcast from, the last rank. No padding: the flat layout, and
+     so every offset, is the same sharded or not at any world size. The parts are balanced to
+     within world*1024 floats a bucket; a bucket under world*1024 floats belongs to the last
+     rank whole (tiny models shard little).
+     The norm: blocks of 1024 floats never straddle two owners, so each rank sums the squares of
+     its own blocks, the block sums reach every rank unchanged (CPU: one broadcast per rank of
+     its block array; NCCL: an allreduce of doubles where every block is non-zero on one rank
+     only, so nothing is rounded), and every rank adds all blocks in order: the norm is
+     bit-identical to the unsharded one (ADAMW above), not merely close.
+     m and v: ddp_adamw_state's m and v point to this rank's parts, packed in flat order
+     (shard_count floats; unsharded m[i] is flat element i as before). ddp_copy_to_host /
+     _from_host of DDP_ADAM_M / _V take flat offsets and accept a range that lies in one of this
+     rank's parts; any other is refused by name ("not all held by rank R"). ddp_gather_to_host /
+     ddp_scatter_from_host (collective) reach any range: each part travels from or to its owner
+     (m, v and, gathered, the averaged gradients; parameters are everywhere).
+     Memory per parameter and rank: 4 (parameters) + 4 (gradients) + 8/world (m, v) bytes,
+     against 16 unsharded (plus the CPU backend's shared segment: its parameters and gradients
+     ARE the flat buffers, nothing more). reduce_dtype BF16, find_unused, skip_nonfinite,
+     accumulation, clipping: supported, same bits. uneven_inputs (ddp_join): refused at ddp_init
+     (a joined rank takes no optimizer steps, but sharded every rank must update its part).
+     CPU backend: the in-place buckets (>>cpu-grads) skip the copy-out (that is the reduce-
+     scatter); the parameters live in the shared segment beside the gradients, and a rank
+     copies each peer's part of a bucket straight from the peer's parameters once the peer has
+     posted it. Without the segment (DDP_STAGED_GRADS, no room in /dev/shm) the buckets are
+     averaged whole and the parts travel by broadcast: the same bits, slower. NCCL: the comm
+     stream reduce-scatters the buckets, the compute stream runs the norm (its exchange on the
+     comm stream) and each bucket's update, the comm stream all-gathers each bucket after its
+     update, and the compute stream waits for the last gather (no host wait, as unsharded).
+     The gather does not overlap the next forward: buckets run in reverse registration order,
+     so the last bucket gathered holds the first layers, the ones the forward reads first.
 
    CHECKPOINTS (ddp_save, ddp_load, ddp_save_check; collective: every rank calls them alike)
        int holds;
@@ -170,6 +221,7 @@
                      rank prove to each other that they know it, without sending it
      DDP_JOB_ID      the job's name, the same on every rank (default: the launcher's job id)
      DDP_TIMEOUT     seconds, see timeout_s
+     DDP_SHARD_OPTIMIZER=0|1  shard_optimizer when the descriptor leaves it 0
      DDP_STAGED_GRADS=1  (CPU backend, read by rank 0) gradient buckets through the staging
                      slots instead of in place through the shared gradient segment: the same
                      bits, slower; for comparisons
@@ -312,12 +364,16 @@
      >>env          the launcher environment; the descriptor: environment, ddp__desc_defaults
                     (every default, pure), validation, the group
      >>store        the rendezvous store (server thread on rank 0, client on every rank)
-     >>host         what single and cpu share: host flat buffers, AdamW arithmetic, bf16 rounding
+     >>host         what single and cpu share: host flat buffers, AdamW arithmetic, bf16 rounding;
+                    the shard layout (ddp__shard_range) and the norm's blocks every backend uses
      >>single       the single backend's table
-     >>cpu          shared-memory collectives, liveness, poison; >>cpu-grads buckets averaged in
-                    place; the communication thread; the cpu backend's table
+     >>cpu          shared-memory collectives, liveness, poison; >>cpu-grads buckets averaged (or
+                    reduce-scattered) in place; sharded AdamW and its all-gather; the
+                    communication thread; the cpu backend's table
      >>nccl         the NCCL backend (only with DDP_CUDA): the communicator's life, the
-                    watchdog, set-up, buckets on the comm stream, AdamW kernels; its table
+                    watchdog, set-up, buckets on the comm stream (sharded: reduce-scattered),
+                    the norm's blocks, AdamW kernels (sharded: per bucket, then all-gathered);
+                    its table
      >>group        ddp__choose_backend (the one place that knows every backend), rendezvous,
                     init, shutdown
      >>embed        progress: the seqlock the rank writes and any thread reads (cancel itself:
@@ -333,7 +389,8 @@
      >>public       every public function: checks its arguments and the context, hands off
      The backend table (ddp__backend in >>types) is the only way generic code reaches a
      backend: setup, alloc_flat, commit, begin_step, launch, finish, zero, scale, adamw,
-     adamw_state, copy, collective, stats, poison, stop, teardown. Adding a backend is adding a section that
+     adamw_state, copy, collective, stats, poison, stop, teardown; its `shards` flag says whether
+     it runs shard_optimizer (ddp_init refuses it by the backend's name otherwise). Adding a backend is adding a section that
      fills one and a line in ddp__choose_backend.
      The error rule. ddp__fail records a message (rank first) and returns its code: for errors
      that leave the ranks in step (bad arguments, calls out of order, local resources); the
@@ -450,6 +507,10 @@ typedef struct ddp_desc {
     /* Uneven inputs: DDP_JOIN_OFF (default; ddp_join is an error), or the divisor while ranks
        have joined. Each synchronizing step then begins with a tiny allreduce (who has data). */
     ddp_join_mode uneven_inputs;
+    /* ZeRO stage 1 (default $DDP_SHARD_OPTIMIZER, else 0): each rank keeps AdamW's m and v for its
+       own part of every bucket only; buckets are reduce-scattered, each rank updates its part, the
+       parameters are all-gathered. The same bits as unsharded. Ranks must agree. */
+    int shard_optimizer;
 } ddp_desc;
 
 typedef struct ddp_context ddp_context;
@@ -525,6 +586,7 @@ void ddp_set_sync(ddp_context *ctx, int enabled);
 
 ddp_result ddp_adamw_step(ddp_context *ctx, const ddp_adamw *opt, float *grad_norm_out);
 /* Optimizer state for checkpoints: m and v are flat like the parameters (device memory on NCCL);
+   with shard_optimizer they hold this rank's parts only (SHARDED OPTIMIZER in the manual).
    *step is host memory on every backend. */
 ddp_result ddp_adamw_state(ddp_context *ctx, float **m, float **v, int64_t **step);
 
@@ -703,6 +765,11 @@ extern "C" {
 #define DDP__STORE_MAX_VALUE (64u << 20)
 #define DDP__ERR_MAX 1024
 #define DDP__PROGRESS_WORDS ((sizeof(ddp_progress) + 7) / 8)
+/* Sharding and the gradient norm share one grain: a rank's part of a bucket starts and ends on a
+   multiple of this many floats from the bucket's start (the last rank also takes the tail), and
+   the norm is summed per block of this many floats of a bucket, in bucket order then block order,
+   whoever owns the block: so sharded and unsharded sum the same terms in the same order. */
+#define DDP__SHARD_GRAIN 1024
 
 typedef struct ddp__param {
     char name[DDP__NAME_MAX];
@@ -752,7 +819,8 @@ typedef struct ddp__shm_header {
 /* What a collective does (the CPU backend also compares it across ranks before it runs one). */
 enum { DDP__KIND_BARRIER = 1, DDP__KIND_BROADCAST, DDP__KIND_SUM, DDP__KIND_AVG, DDP__KIND_AVG_BF16,
        DDP__KIND_SHUTDOWN /* a barrier, named so that a peer still training can say why it ended */,
-       DDP__KIND_JOIN     /* a sum: which ranks have data this step (uneven inputs, >>join) */ };
+       DDP__KIND_JOIN     /* a sum: which ranks have data this step (uneven inputs, >>join) */,
+       DDP__KIND_GATHER   /* sharded AdamW: the updated parameters, bucket by bucket (>>cpu-grads) */ };
 
 typedef struct ddp__store_server ddp__store_server;
 
@@ -769,6 +837,8 @@ typedef struct ddp__cpu {
     char grads_name[64];           /* every rank's gradients, in one segment (world > 1) */
     unsigned char *grads_shm;
     size_t grads_shm_bytes, grads_stride;   /* stride: floats from one rank's buffer to the next */
+    int params_shared;             /* sharded: every rank's parameters follow the gradients in the segment */
+    double *norm_recv;             /* sharded: a peer's norm blocks, as they arrive */
     pthread_t comm_thread;
     int comm_started, comm_stop;
     pthread_mutex_t comm_lock;
@@ -788,6 +858,8 @@ typedef struct ddp__backend {
     const char *name;              /* what ddp_backend_name says */
     ddp_backend id;                /* what ddp_config()->backend says */
     int stats_later;               /* a synchronizing step's stats arrive later (stats below) */
+    int shards;                    /* 1: runs desc.shard_optimizer (adamw then updates this rank's part
+                                      and all-gathers the parameters); 0: ddp_init refuses it */
     /* after the rendezvous (world > 1; the NCCL backend also at world 1): bring up the data plane */
     ddp_result (*setup)(ddp_context *ctx, double deadline);
     /* commit, first half: ctx->flat_params / flat_grads for ctx->flat_count floats, each
@@ -843,6 +915,12 @@ struct ddp_context {
     int64_t adam_step;
     ddp__bucket *buckets;
     int num_buckets;
+    /* sharding (desc.shard_optimizer; unsharded, a rank's part of a bucket is all of it): per
+       bucket, where this rank's part begins in m and v (its parts in flat order, packed), and
+       the bucket's first norm block; shard_count floats of m and v, norm_blocks blocks */
+    size_t *shard_base, *norm_base;
+    size_t shard_count, norm_blocks;
+    double *norm_sums;
 
     /* the tape */
     ddp__tape_op *tape;
@@ -1348,6 +1426,11 @@ static ddp_result ddp__desc_from_env(ddp_context *ctx, ddp_desc *d) {
             return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_TIMEOUT='%s' is not a positive number of seconds", s);
         d->timeout_s = t;
     }
+    if (!d->shard_optimizer && (s = getenv("DDP_SHARD_OPTIMIZER")) != NULL && *s) {
+        if (strcmp(s, "0") && strcmp(s, "1"))
+            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_SHARD_OPTIMIZER='%s' is neither 0 nor 1", s);
+        d->shard_optimizer = s[0] == '1';
+    }
     return DDP_OK;
 }
 
@@ -1371,6 +1454,13 @@ static ddp_result ddp__desc_validate(ddp_context *ctx, const ddp_desc *d) {
     if (d->uneven_inputs != DDP_JOIN_OFF && d->uneven_inputs != DDP_JOIN_DIVIDE_BY_WORLD &&
         d->uneven_inputs != DDP_JOIN_DIVIDE_BY_ACTIVE)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: uneven_inputs %d is not a ddp_join_mode", (int)d->uneven_inputs);
+    if (d->shard_optimizer != 0 && d->shard_optimizer != 1)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_optimizer %d is neither 0 nor 1", d->shard_optimizer);
+    /* A rank that has joined takes no optimizer steps, but sharded, the others' parameters need
+       its part of every step: it would have to keep updating its shard inside ddp_join. */
+    if (d->shard_optimizer && d->uneven_inputs != DDP_JOIN_OFF)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_optimizer cannot be combined with uneven_inputs "
+                         "(a rank inside ddp_join takes no optimizer steps, but sharded every rank must update its part)");
     if (d->backend != DDP_BACKEND_AUTO && d->backend != DDP_BACKEND_CPU && d->backend != DDP_BACKEND_NCCL &&
         d->backend != DDP_BACKEND_SINGLE)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: unknown backend %d", (int)d->backend);
@@ -2373,7 +2463,58 @@ static double ddp__sum_squares(const float *x, size_t n) {
     return total;
 }
 
-/* The gradients are not finite: name the first offender. Nothing has been touched yet. */
+/* This rank's part of bucket b, as a range of the flat buffer. Unsharded (or one rank) every
+   rank holds all of it. Sharded, rank s holds [s*P, (s+1)*P) of the bucket, P its 1/world share
+   rounded down to DDP__SHARD_GRAIN, and the last rank the rest up to the bucket's end: parts
+   are contiguous (a bucket is one reduce-scatter, its parts one all-gather), balanced to within
+   world * DDP__SHARD_GRAIN floats, and a norm block never straddles two owners. */
+static void ddp__shard_range(const ddp_context *ctx, int b, int s, size_t *lo, size_t *hi) {
+    const ddp__bucket *k = &ctx->buckets[b];
+    size_t part;
+    if (!ctx->desc.shard_optimizer || ctx->world == 1) { *lo = k->offset; *hi = k->offset + k->count; return; }
+    part = k->count / (size_t)ctx->world / DDP__SHARD_GRAIN * DDP__SHARD_GRAIN;
+    *lo = k->offset + part * (size_t)s;
+    *hi = s == ctx->world - 1 ? k->offset + k->count : *lo + part;
+}
+
+static int ddp__holds(const ddp_context *ctx, size_t i) {
+    size_t lo, hi;
+    int b;
+    for (b = 0; b < ctx->num_buckets; b++) {
+        const ddp__bucket *k = &ctx->buckets[b];
+        if (i < k->offset || i >= k->offset + k->count) continue;
+        ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
+        return i >= lo && i < hi;
+    }
+    return 0;
+}
+
+/* The sums of squares of the norm blocks that lie in this rank's part (every block when
+   unsharded) into sums[norm_base[b] + j]; the others are left alone. */
+static void ddp__norm_blocks(ddp_context *ctx, double *sums) {
+    int b;
+    for (b = 0; b < ctx->num_buckets; b++) {
+        const ddp__bucket *k = &ctx->buckets[b];
+        size_t lo, hi, at;
+        ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
+        for (at = lo; at < hi; at += DDP__SHARD_GRAIN) {
+            size_t n = hi - at < DDP__SHARD_GRAIN ? hi - at : DDP__SHARD_GRAIN;
+            sums[ctx->norm_base[b] + (at - k->offset) / DDP__SHARD_GRAIN] = ddp__sum_squares(ctx->flat_grads + at, n);
+        }
+    }
+}
+
+/* The global norm from every block's sum, in block order: the same terms, the same order and so
+   the same bits whether one rank computed them all or each its own. */
+static double ddp__norm_total(const double *sums, size_t n) {
+    double total = 0;
+    size_t j;
+    for (j = 0; j < n; j++) total += sums[j];
+    return sqrt(total);
+}
+
+/* The gradients are not finite: name the first offender (sharded: in this rank's part, the only
+   one averaged here). Nothing has been touched yet. */
 static ddp_result ddp__nonfinite(ddp_context *ctx, const float *grads, double norm) {
     int i;
     size_t k;
@@ -2381,7 +2522,7 @@ static ddp_result ddp__nonfinite(ddp_context *ctx, const float *grads, double no
         const ddp__param *p = &ctx->params[i];
         const float *g = grads + p->offset;
         for (k = 0; k < p->count; k++) {
-            if (isfinite(g[k])) continue;
+            if (isfinite(g[k]) || (ctx->desc.shard_optimizer && !ddp__holds(ctx, p->offset + k))) continue;
             if (ctx->desc.skip_nonfinite) {
                 if (ctx->rank == 0)
                     ddp__log(ctx, DDP_LOG_WARN, "optimizer step %lld skipped: the gradient of '%s' is %g at element "
@@ -2393,7 +2534,15 @@ static ddp_result ddp__nonfinite(ddp_context *ctx, const float *grads, double no
                              p->name, (double)g[k], k);
         }
     }
-    return ddp__fail(ctx, DDP_ERR_NONFINITE, "optimizer step %lld: the gradient norm is %g", (long long)ctx->adam_step + 1, norm);
+    if (ctx->desc.skip_nonfinite) {
+        if (ctx->rank == 0)
+            ddp__log(ctx, DDP_LOG_WARN, "optimizer step %lld skipped: the gradient norm is %g (in another rank's shard)",
+                     (long long)ctx->adam_step + 1, norm);
+        return DDP_OK;
+    }
+    return ddp__fail(ctx, DDP_ERR_NONFINITE, "optimizer step %lld: the gradient norm is %g%s; parameters unchanged",
+                     (long long)ctx->adam_step + 1, norm, ctx->desc.shard_optimizer ? " (the culprit is in another rank's "
+                     "shard)" : "");
 }
 
 static void ddp__adamw_range(float *p, const float *g, float *m, float *v, size_t n, float clip, float lr,
@@ -2435,33 +2584,63 @@ static ddp_result ddp__host_scale(ddp_context *ctx, float *x, size_t count, floa
     return DDP_OK;
 }
 
+/* m and v: this rank's parts only (sharded: shard_count floats, packed in flat order; unsharded
+   shard_count is the flat buffer's size and m[i] belongs to flat element i). */
 static ddp_result ddp__host_adamw_state(ddp_context *ctx) {
     if (ctx->adam_m) return DDP_OK;
-    ctx->adam_m = ddp__alloc_floats(ctx->flat_count);
-    ctx->adam_v = ddp__alloc_floats(ctx->flat_count);
+    ctx->adam_m = ddp__alloc_floats(ctx->shard_count);
+    ctx->adam_v = ddp__alloc_floats(ctx->shard_count);
     if (!ctx->adam_m || !ctx->adam_v) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for AdamW state");
     return DDP_OK;
 }
 
-static ddp_result ddp__host_adamw(ddp_context *ctx, const ddp_adamw *opt, float b1, float b2, float eps, float *grad_norm_out) {
-    float clip = 1.0f, step_size, bc2_sqrt;
-    double norm;
-    ddp_result r;
-    int i;
-    if ((r = ddp__host_adamw_state(ctx)) != DDP_OK) return r;
-    norm = sqrt(ddp__sum_squares(ctx->flat_grads, ctx->flat_count));
+/* What one AdamW step needs besides the options: the clip factor and the bias corrections. */
+typedef struct ddp__adamw_now { float clip, step_size, bc2_sqrt, b1, b2, eps; } ddp__adamw_now;
+
+/* The norm is known: skip (not finite), or advance the step and fill `now`. Returns DDP_OK with
+   *skip = 1 for a skipped step. */
+static ddp_result ddp__adamw_prepare(ddp_context *ctx, const ddp_adamw *opt, float b1, float b2, float eps, double norm,
+                                     float *grad_norm_out, ddp__adamw_now *now, int *skip) {
+    *skip = 0;
     if (grad_norm_out) *grad_norm_out = (float)norm;
-    if (!isfinite(norm)) return ddp__nonfinite(ctx, ctx->flat_grads, norm);
-    if (opt->max_grad_norm > 0 && norm > opt->max_grad_norm) clip = (float)(opt->max_grad_norm / (norm + 1e-6));
+    if (!isfinite(norm)) { *skip = 1; return ddp__nonfinite(ctx, ctx->flat_grads, norm); }
+    now->clip = 1.0f;
+    if (opt->max_grad_norm > 0 && norm > opt->max_grad_norm) now->clip = (float)(opt->max_grad_norm / (norm + 1e-6));
     ctx->adam_step++;
-    step_size = (float)(opt->lr / (1.0 - pow(b1, (double)ctx->adam_step)));
-    bc2_sqrt = (float)sqrt(1.0 - pow(b2, (double)ctx->adam_step));
-    for (i = 0; i < ctx->num_params; i++) {
+    now->step_size = (float)(opt->lr / (1.0 - pow(b1, (double)ctx->adam_step)));
+    now->bc2_sqrt = (float)sqrt(1.0 - pow(b2, (double)ctx->adam_step));
+    now->b1 = b1; now->b2 = b2; now->eps = eps;
+    return DDP_OK;
+}
+
+/* AdamW on this rank's part of bucket b (all of it unsharded), parameter by parameter (the
+   decay flag), skipping the padding between parameters. */
+static void ddp__adamw_bucket(ddp_context *ctx, int b, const ddp_adamw *opt, const ddp__adamw_now *now) {
+    const ddp__bucket *k = &ctx->buckets[b];
+    size_t lo, hi;
+    int i;
+    ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
+    for (i = k->first_param; i <= k->last_param; i++) {
         const ddp__param *p = &ctx->params[i];
+        size_t from = p->offset > lo ? p->offset : lo, to = p->offset + p->count < hi ? p->offset + p->count : hi;
+        size_t at = ctx->shard_base[b] + (from - lo);
         float decay = (p->flags & DDP_NO_DECAY) ? 0.0f : opt->weight_decay;
-        ddp__adamw_range(ctx->flat_params + p->offset, ctx->flat_grads + p->offset, ctx->adam_m + p->offset,
-                         ctx->adam_v + p->offset, p->count, clip, opt->lr, b1, b2, eps, decay, step_size, bc2_sqrt);
+        if (to <= from) continue;
+        ddp__adamw_range(ctx->flat_params + from, ctx->flat_grads + from, ctx->adam_m + at, ctx->adam_v + at, to - from,
+                         now->clip, opt->lr, now->b1, now->b2, now->eps, decay, now->step_size, now->bc2_sqrt);
     }
+}
+
+/* Every rank holds every part (unsharded, or one rank). */
+static ddp_result ddp__host_adamw(ddp_context *ctx, const ddp_adamw *opt, float b1, float b2, float eps, float *grad_norm_out) {
+    ddp__adamw_now now;
+    ddp_result r;
+    int b, skip;
+    if ((r = ddp__host_adamw_state(ctx)) != DDP_OK) return r;
+    ddp__norm_blocks(ctx, ctx->norm_sums);
+    r = ddp__adamw_prepare(ctx, opt, b1, b2, eps, ddp__norm_total(ctx->norm_sums, ctx->norm_blocks), grad_norm_out, &now, &skip);
+    if (r != DDP_OK || skip) return r;
+    for (b = 0; b < ctx->num_buckets; b++) ddp__adamw_bucket(ctx, b, opt, &now);
     return DDP_OK;
 }
 
@@ -2512,7 +2691,7 @@ static ddp_result ddp__single_collective(ddp_context *ctx, uint32_t kind, void *
 static void ddp__single_poison(ddp_context *ctx, ddp_result code) { (void)ctx; (void)code; }
 
 static const ddp__backend ddp__single_backend = {
-    "single", DDP_BACKEND_SINGLE, 0,
+    "single", DDP_BACKEND_SINGLE, 0, 1,
     ddp__single_setup, ddp__host_alloc_flat, ddp__single_nothing, ddp__single_quiet, ddp__single_launch,
     ddp__single_finish, ddp__host_zero, ddp__host_scale, ddp__host_adamw, ddp__host_adamw_state, ddp__host_copy,
     ddp__single_collective, ddp__single_quiet, ddp__single_poison, ddp__single_quiet, ddp__host_free
@@ -2759,6 +2938,7 @@ static const char *ddp__describe_sig(const ddp__shm_sig *sig, char *out, size_t 
     case DDP__KIND_BARRIER: snprintf(out, cap, "a barrier"); break;
     case DDP__KIND_BROADCAST: snprintf(out, cap, "a broadcast of %llu bytes from rank %u", n, sig->root); break;
     case DDP__KIND_SUM: snprintf(out, cap, "an allreduce(sum) of %llu elements", n); break;
+    case DDP__KIND_GATHER: snprintf(out, cap, "ddp_adamw_step's all-gather of the updated parameters (shard_optimizer)"); break;
     case DDP__KIND_JOIN: snprintf(out, cap, "the count of the ranks with data (uneven inputs: a step, or ddp_join; "
                                   "no user collective while a rank has joined)"); break;
     case DDP__KIND_AVG: case DDP__KIND_AVG_BF16:
@@ -2965,7 +3145,9 @@ static void ddp__average_part_in_place(ddp_context *ctx, size_t offset, size_t l
     }
 }
 
-static ddp_result ddp__shm_bucket_in_place(ddp_context *ctx, size_t offset, size_t count) {
+/* A bucket averaged in place: an allreduce, or with bucket >= 0 (sharded) a reduce-scatter into
+   the parts ddp__shard_range gives. */
+static ddp_result ddp__shm_bucket_in_place(ddp_context *ctx, size_t offset, size_t count, int bucket) {
     ddp__shm_sig *sig = &ddp__shm_block(ctx, ctx->rank)->sig;
     uint32_t q = ctx->cpu->shm_seq;
     size_t lo, hi;
@@ -2981,6 +3163,18 @@ static ddp_result ddp__shm_bucket_in_place(ddp_context *ctx, size_t offset, size
     ddp__shm_post(ctx, DDP__STAGE_IN, q + 1);                 /* my gradients are final */
     if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_IN, q + 1)) != DDP_OK) return r;
     if ((r = ddp__shm_check_sigs(ctx)) != DDP_OK) return r;
+    if (bucket >= 0) {   /* sharded: a reduce-scatter; each rank's part is where its AdamW needs it */
+        ddp__shard_range(ctx, bucket, ctx->rank, &lo, &hi);
+        ddp__average_part_in_place(ctx, offset, lo - offset, hi - offset);
+        ddp__shm_post(ctx, DDP__STAGE_RED, q + 1);
+        /* every rank has read my buffer once all have averaged: then it may change */
+        if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_RED, q + 1)) != DDP_OK) return r;
+        ddp__shm_post(ctx, DDP__STAGE_OUT, q + 1);
+        ctx->cpu->shm_seq = q + 1;
+        if (ctx->desc.inject_comm_latency_ms > 0 || ctx->desc.inject_comm_gbps > 0)
+            ddp__inject_comm_delay(ctx, count * sizeof(float), started);
+        return DDP_OK;
+    }
     ddp__part(count, ctx->world, ctx->rank, &lo, &hi);
     ddp__average_part_in_place(ctx, offset, lo, hi);
     ddp__shm_post(ctx, DDP__STAGE_RED, q + 1);
@@ -3192,11 +3386,12 @@ static int ddp__grads_create(ddp_context *ctx, size_t bytes, ddp_result *r) {
    it once every rank has it mapped (ddp__grads_unlink, after the next collective). */
 static ddp_result ddp__grads_share(ddp_context *ctx, double deadline) {
     size_t page = (size_t)sysconf(_SC_PAGESIZE), bytes;
+    int copies = ctx->desc.shard_optimizer ? 2 : 1;   /* sharded: the parameters too (the all-gather) */
     struct stat st;
     void *p;
     int fd;
     ctx->cpu->grads_stride = ddp__round_up(ctx->flat_count * sizeof(float), page) / sizeof(float);
-    bytes = ctx->cpu->grads_stride * sizeof(float) * (size_t)ctx->world;
+    bytes = ctx->cpu->grads_stride * sizeof(float) * (size_t)ctx->world * (size_t)copies;
     if (ctx->rank == 0) {
         ddp_result r;
         fd = ddp__grads_create(ctx, bytes, &r);
@@ -3226,12 +3421,115 @@ static ddp_result ddp__grads_share(ddp_context *ctx, double deadline) {
     ctx->cpu->grads_shm_bytes = bytes;
     ddp__free_floats(ctx->flat_grads);
     ctx->flat_grads = ddp__rank_grads(ctx, ctx->rank);
+    if (copies == 2) {   /* this rank's parameters (its initial values) move into the segment */
+        float *mine = ddp__rank_grads(ctx, ctx->world + ctx->rank);
+        memcpy(mine, ctx->flat_params, ctx->flat_count * sizeof(float));
+        ddp__free_floats(ctx->flat_params);
+        ctx->flat_params = mine;
+        ctx->cpu->params_shared = 1;
+    }
     return DDP_OK;
 }
 
 static void ddp__grads_unlink(ddp_context *ctx) {
     if (ctx->rank == 0 && ctx->cpu->grads_name[0]) shm_unlink(ctx->cpu->grads_name);
     ctx->cpu->grads_name[0] = 0;
+}
+
+/* Sharded AdamW (desc.shard_optimizer). The buckets were reduce-scattered: this rank's part of
+   each holds the average, the rest its own gradients. (1) The norm: each rank sums the norm
+   blocks of its parts, every rank's blocks reach every rank (one broadcast per rank of its block
+   array, nothing added on the way, so exact), and each adds all blocks in block order: the same
+   bits as unsharded. (2) Each rank updates its part of bucket 0, 1, ... and posts each as done;
+   (3) one bucket behind, it copies the peers' parts of the bucket before from their parameters
+   in the segment (the all-gather), so the copies of early buckets overlap the peers' updates of
+   later ones. Without the segment (no room in /dev/shm, DDP_STAGED_GRADS) the parts travel by
+   broadcast. Before returning every rank waits until all have copied from it: the program may
+   write its parameters next. */
+static float *ddp__rank_params(ddp_context *ctx, int s) { return ddp__rank_grads(ctx, ctx->world + s); }
+
+static ddp_result ddp__cpu_norm_exchange(ddp_context *ctx) {
+    size_t bytes = ctx->norm_blocks * sizeof(double), lo, hi;
+    ddp_result r;
+    int s, b;
+    if (!ctx->cpu->norm_recv && !(ctx->cpu->norm_recv = (double *)ddp__calloc(bytes ? bytes : 1)))
+        return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the gradient norm's blocks");
+    ctx->what = "ddp_adamw_step's exchange of the gradient norm's blocks (shard_optimizer)";
+    for (s = 0; s < ctx->world; s++) {
+        if (s == ctx->rank) {
+            if ((r = ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->norm_sums, bytes, s)) != DDP_OK) return r;
+            continue;
+        }
+        if ((r = ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->cpu->norm_recv, bytes, s)) != DDP_OK) return r;
+        for (b = 0; b < ctx->num_buckets; b++) {
+            size_t first, end, off = ctx->buckets[b].offset;
+            ddp__shard_range(ctx, b, s, &lo, &hi);
+            first = ctx->norm_base[b] + (lo - off) / DDP__SHARD_GRAIN;
+            end = ctx->norm_base[b] + (hi - off + DDP__SHARD_GRAIN - 1) / DDP__SHARD_GRAIN;
+            if (end > first) memcpy(ctx->norm_sums + first, ctx->cpu->norm_recv + first, (end - first) * sizeof(double));
+        }
+    }
+    return DDP_OK;
+}
+
+/* The peers' parts of bucket b, once each has posted it (sequence number q). */
+static ddp_result ddp__cpu_gather_bucket(ddp_context *ctx, int b, uint32_t q, int first) {
+    size_t lo, hi;
+    ddp_result r;
+    int s;
+    if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_IN, q + 1)) != DDP_OK) return r;
+    if (first && (r = ddp__shm_check_sigs(ctx)) != DDP_OK) return r;
+    for (s = 0; s < ctx->world; s++) {
+        if (s == ctx->rank) continue;
+        ddp__shard_range(ctx, b, s, &lo, &hi);
+        if (hi > lo) memcpy(ctx->flat_params + lo, ddp__rank_params(ctx, s) + lo, (hi - lo) * sizeof(float));
+    }
+    ddp__shm_post(ctx, DDP__STAGE_RED, q + 1);
+    ddp__shm_post(ctx, DDP__STAGE_OUT, q + 1);
+    return DDP_OK;
+}
+
+static ddp_result ddp__cpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b1, float b2, float eps, float *grad_norm_out) {
+    ddp__shm_sig *sig;
+    ddp__adamw_now now;
+    ddp_result r;
+    uint32_t q0;
+    size_t lo, hi;
+    int b, s, skip;
+    if (!ctx->desc.shard_optimizer || ctx->world == 1) return ddp__host_adamw(ctx, opt, b1, b2, eps, grad_norm_out);
+    if ((r = ddp__host_adamw_state(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
+    ddp__norm_blocks(ctx, ctx->norm_sums);
+    if ((r = ddp__cpu_norm_exchange(ctx)) != DDP_OK) return r;
+    r = ddp__adamw_prepare(ctx, opt, b1, b2, eps, ddp__norm_total(ctx->norm_sums, ctx->norm_blocks), grad_norm_out, &now, &skip);
+    if (r != DDP_OK || skip) return r;   /* the norm is the same everywhere: every rank returns here alike */
+    ctx->what = "ddp_adamw_step's all-gather of the updated parameters (shard_optimizer)";
+    if (!ctx->cpu->params_shared) {
+        for (b = 0; b < ctx->num_buckets; b++) ddp__adamw_bucket(ctx, b, opt, &now);
+        for (b = 0; b < ctx->num_buckets; b++)
+            for (s = 0; s < ctx->world; s++) {
+                ddp__shard_range(ctx, b, s, &lo, &hi);
+                if (hi > lo && (r = ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->flat_params + lo,
+                                                        (hi - lo) * sizeof(float), s)) != DDP_OK) return r;
+            }
+        return DDP_OK;
+    }
+    if (ddp__failed(ctx)) return ddp__failed(ctx);
+    sig = &ddp__shm_block(ctx, ctx->rank)->sig;
+    sig->id = ++ctx->cpu->shm_collectives;
+    sig->kind = DDP__KIND_GATHER;
+    sig->root = 0;
+    sig->bucket = 0;
+    sig->count = ctx->flat_count;
+    q0 = ctx->cpu->shm_seq;
+    for (b = 0; b <= ctx->num_buckets; b++) {
+        if (b < ctx->num_buckets) {
+            ddp__adamw_bucket(ctx, b, opt, &now);
+            ddp__shm_post(ctx, DDP__STAGE_IN, q0 + (uint32_t)b + 1);
+        }
+        if (b > 0 && (r = ddp__cpu_gather_bucket(ctx, b - 1, q0 + (uint32_t)b - 1, b == 1)) != DDP_OK) return r;
+    }
+    ctx->cpu->shm_seq = q0 + (uint32_t)ctx->num_buckets;
+    return ddp__shm_wait_all(ctx, DDP__STAGE_OUT, ctx->cpu->shm_seq);
 }
 
 /* The communication thread. Buckets are launched strictly in bucket order, so the queue is
@@ -3274,7 +3572,7 @@ static void *ddp__comm_main(void *arg) {
             t0 = ddp__now();
             ctx->cpu->sig_bucket = (uint32_t)index + 1;
             r = ctx->cpu->grads_shm && ddp__grad_kind(ctx) == DDP__KIND_AVG
-                    ? ddp__shm_bucket_in_place(ctx, b->offset, b->count)
+                    ? ddp__shm_bucket_in_place(ctx, b->offset, b->count, ctx->desc.shard_optimizer ? index : -1)
                     : ddp__shm_collective(ctx, ddp__grad_kind(ctx), ctx->flat_grads + b->offset, b->count, 0);
             ctx->cpu->sig_bucket = 0;
             seconds = ddp__now() - t0;
@@ -3404,7 +3702,9 @@ static void ddp__cpu_teardown(ddp_context *ctx) {
         if (c->grads_shm) {
             munmap(c->grads_shm, c->grads_shm_bytes);
             ctx->flat_grads = NULL;                        /* it pointed into the segment */
+            if (c->params_shared) ctx->flat_params = NULL; /* so did this */
         }
+        DDP_FREE(c->norm_recv);
         pthread_mutex_destroy(&c->comm_lock);
         pthread_cond_destroy(&c->comm_wake);
         pthread_cond_destroy(&c->comm_done_cond);
@@ -3416,9 +3716,9 @@ static void ddp__cpu_teardown(ddp_context *ctx) {
 }
 
 static const ddp__backend ddp__cpu_backend = {
-    "cpu", DDP_BACKEND_CPU, 0,
+    "cpu", DDP_BACKEND_CPU, 0, 1,
     ddp__cpu_setup, ddp__host_alloc_flat, ddp__cpu_commit, ddp__cpu_begin_step, ddp__cpu_launch,
-    ddp__cpu_finish, ddp__host_zero, ddp__host_scale, ddp__host_adamw, ddp__host_adamw_state, ddp__host_copy,
+    ddp__cpu_finish, ddp__host_zero, ddp__host_scale, ddp__cpu_adamw, ddp__host_adamw_state, ddp__host_copy,
     ddp__cpu_collective, ddp__single_quiet, ddp__cpu_poison, ddp__comm_stop, ddp__cpu_teardown
 };
 
@@ -3521,7 +3821,10 @@ struct ddp__gpu {
     double host_begin[2];          /* host clock when step_begin was recorded: the timeline's anchor */
     ddp_step_stats timed_stats[2];
     unsigned char *no_decay;       /* one byte per DDP_K_MASK_GROUP elements */
-    double *norm_partials, *norm_sq;
+    double *norm_blocks;           /* ddp.h's norm: one sum of squares per block (ctx->norm_blocks) */
+    cudaEvent_t *updated;          /* sharded, per bucket: the compute stream updated this rank's part */
+    cudaEvent_t gathered;          /* sharded: the comm stream has all-gathered every bucket */
+    double *norm_sq;
     ddp_k_adamw_state *state;      /* device: step, clip, skip */
     ddp_k_adamw_state *state_host; /* pinned copy, read when state_copied has completed */
     cudaEvent_t state_copied;
@@ -3848,10 +4151,12 @@ static ddp_result ddp__nccl_settle(ddp_context *ctx, ncclResult_t e, const char 
     return DDP_OK;
 }
 
-/* One collective on ddp.h's comm stream, in place: entered, settled, left, then noted for the
-   watchdog. Nothing waits for it. */
-static ddp_result ddp__nccl_enqueue(ddp_context *ctx, void *buf, size_t count, ncclDataType_t type, ncclRedOp_t op,
-                                    int broadcast_root, const char *what) {
+/* One collective on ddp.h's comm stream: entered, settled, left, then noted for the watchdog.
+   Nothing waits for it. count is NCCL's: a reduce-scatter's per-rank result, an all-gather's
+   per-rank contribution (in place when recv/send is the other + rank * count). */
+enum { DDP__NCCL_ALLREDUCE, DDP__NCCL_BROADCAST, DDP__NCCL_REDUCE, DDP__NCCL_REDUCE_SCATTER, DDP__NCCL_ALL_GATHER };
+static ddp_result ddp__nccl_call(ddp_context *ctx, int call, const void *send, void *recv, size_t count, ncclDataType_t type,
+                                 ncclRedOp_t op, int root, const char *what) {
     ddp__gpu *g = ctx->gpu;
     ncclResult_t e;
     ddp_result r;
@@ -3859,8 +4164,13 @@ static ddp_result ddp__nccl_enqueue(ddp_context *ctx, void *buf, size_t count, n
     if (!ddp__nccl_enter(g))
         return ddp__failed(ctx) ? ddp__failed(ctx) : ddp__fail_group(ctx, DDP_ERR_BACKEND, "%s: the NCCL "
                                                                                 "communicator is gone (aborted)", what);
-    if (broadcast_root >= 0) e = ncclBroadcast(buf, buf, count, type, broadcast_root, g->nccl, g->comm);
-    else e = ncclAllReduce(buf, buf, count, type, op, g->nccl, g->comm);
+    switch (call) {
+    case DDP__NCCL_BROADCAST: e = ncclBroadcast(send, recv, count, type, root, g->nccl, g->comm); break;
+    case DDP__NCCL_REDUCE: e = ncclReduce(send, recv, count, type, op, root, g->nccl, g->comm); break;
+    case DDP__NCCL_REDUCE_SCATTER: e = ncclReduceScatter(send, recv, count, type, op, g->nccl, g->comm); break;
+    case DDP__NCCL_ALL_GATHER: e = ncclAllGather(send, recv, count, type, g->nccl, g->comm); break;
+    default: e = ncclAllReduce(send, recv, count, type, op, g->nccl, g->comm); break;
+    }
     r = ddp__nccl_settle(ctx, e, what, ddp__now() + ctx->desc.timeout_s);
     ddp__nccl_leave(g);
     if (r == DDP_ERR_TIMEOUT && !ddp__failed(ctx))
@@ -3872,6 +4182,36 @@ static ddp_result ddp__nccl_enqueue(ddp_context *ctx, void *buf, size_t count, n
     pthread_mutex_unlock(&g->lock);
     DDP__CUDA(w);
     return DDP_OK;
+}
+
+/* In place: an allreduce, or a broadcast from broadcast_root >= 0. */
+static ddp_result ddp__nccl_enqueue(ddp_context *ctx, void *buf, size_t count, ncclDataType_t type, ncclRedOp_t op,
+                                    int broadcast_root, const char *what) {
+    return ddp__nccl_call(ctx, broadcast_root >= 0 ? DDP__NCCL_BROADCAST : DDP__NCCL_ALLREDUCE, buf, buf, count, type, op,
+                          broadcast_root, what);
+}
+
+/* Sharded (ddp__shard_range): bucket b's parts, rank s's at s * part for part floats, the last
+   rank's also the tail from world * part on. A reduce-scatter of the equal parts, in place (NCCL
+   wants equal counts), and a reduce of the tail to the last rank; or (gather) an all-gather and a
+   broadcast of the tail from the last rank. `base` is the bucket's start in the buffer. */
+static ddp_result ddp__nccl_parts(ddp_context *ctx, int b, void *base, ncclDataType_t type, size_t elem, int gather,
+                                  const char *what) {
+    const ddp__bucket *k = &ctx->buckets[b];
+    size_t lo, hi, part, tail;
+    unsigned char *at = (unsigned char *)base;
+    ddp_result r;
+    ddp__shard_range(ctx, b, 0, &lo, &hi);
+    part = hi - lo;
+    tail = k->count - part * (size_t)ctx->world;
+    if (part) {
+        r = gather ? ddp__nccl_call(ctx, DDP__NCCL_ALL_GATHER, at + (size_t)ctx->rank * part * elem, at, part, type, ncclSum, 0, what)
+                   : ddp__nccl_call(ctx, DDP__NCCL_REDUCE_SCATTER, at, at + (size_t)ctx->rank * part * elem, part, type, ncclAvg, 0, what);
+        if (r != DDP_OK) return r;
+    }
+    if (!tail) return DDP_OK;
+    at += part * (size_t)ctx->world * elem;
+    return ddp__nccl_call(ctx, gather ? DDP__NCCL_BROADCAST : DDP__NCCL_REDUCE, at, at, tail, type, ncclAvg, ctx->world - 1, what);
 }
 
 /* Every entry point runs on the caller's thread, which may have another device current. */
@@ -4035,6 +4375,10 @@ static ddp_result ddp__gpu_commit(ddp_context *ctx) {
         if ((r = ddp__gpu_create_events(ctx, &g->comm_start[k], cudaEventDefault)) != DDP_OK) return r;
         if ((r = ddp__gpu_create_events(ctx, &g->comm_end[k], cudaEventDefault)) != DDP_OK) return r;
     }
+    if (ctx->desc.shard_optimizer && ctx->world > 1) {
+        if ((r = ddp__gpu_create_events(ctx, &g->updated, cudaEventDisableTiming)) != DDP_OK) return r;
+        DDP__CUDA(cudaEventCreateWithFlags(&g->gathered, cudaEventDisableTiming));
+    }
     for (b = 0; b < ctx->num_buckets; b++) if (ctx->buckets[b].count > largest) largest = ctx->buckets[b].count;
     if (ctx->desc.reduce_dtype == DDP_DTYPE_BF16 && ctx->world > 1)
         DDP__CUDA(cudaMalloc((void **)&g->bf16, largest * sizeof(uint16_t)));
@@ -4051,7 +4395,8 @@ static ddp_result ddp__gpu_commit(ddp_context *ctx) {
 }
 
 /* A bucket is ready: the comm stream waits for the compute stream up to here, then averages
-   the bucket in place (through bf16 staging when asked), all enqueued, nothing waited for. */
+   the bucket in place (through bf16 staging when asked), all enqueued, nothing waited for.
+   Sharded: reduce-scattered instead (ddp__nccl_parts). */
 static ddp_result ddp__gpu_launch(ddp_context *ctx, int index) {
     ddp__gpu *g = ctx->gpu;
     const ddp__bucket *b = &ctx->buckets[index];
@@ -4069,11 +4414,21 @@ static ddp_result ddp__gpu_launch(ddp_context *ctx, int index) {
     DDP__CUDA(cudaEventRecord(g->comm_start[par][index], g->comm));
     if (inject_ms > 0) DDP__CUDA(ddp_k_spin(inject_ms, g->comm));   /* tests/benchmarks: a slow network */
     if (bf16) DDP__CUDA(ddp_k_f32_to_bf16(grads, g->bf16, b->count, g->comm));
-    snprintf(what, sizeof what, "the allreduce of gradient bucket %d (%zu elements)", index, b->count);
-    if (bf16) r = ddp__nccl_enqueue(ctx, g->bf16, b->count, ncclBfloat16, ncclAvg, -1, what);
-    else r = ddp__nccl_enqueue(ctx, grads, b->count, ncclFloat, ncclAvg, -1, what);
-    if (r != DDP_OK) return r;
-    if (bf16) DDP__CUDA(ddp_k_bf16_to_f32(g->bf16, grads, b->count, g->comm));
+    if (ctx->desc.shard_optimizer && ctx->world > 1) {   /* a reduce-scatter: this rank's part is averaged */
+        size_t lo, hi;
+        snprintf(what, sizeof what, "the reduce-scatter of gradient bucket %d (%zu elements)", index, b->count);
+        r = bf16 ? ddp__nccl_parts(ctx, index, g->bf16, ncclBfloat16, sizeof(uint16_t), 0, what)
+                 : ddp__nccl_parts(ctx, index, grads, ncclFloat, sizeof(float), 0, what);
+        if (r != DDP_OK) return r;
+        ddp__shard_range(ctx, index, ctx->rank, &lo, &hi);
+        if (bf16) DDP__CUDA(ddp_k_bf16_to_f32(g->bf16 + (lo - b->offset), ctx->flat_grads + lo, hi - lo, g->comm));
+    } else {
+        snprintf(what, sizeof what, "the allreduce of gradient bucket %d (%zu elements)", index, b->count);
+        if (bf16) r = ddp__nccl_enqueue(ctx, g->bf16, b->count, ncclBfloat16, ncclAvg, -1, what);
+        else r = ddp__nccl_enqueue(ctx, grads, b->count, ncclFloat, ncclAvg, -1, what);
+        if (r != DDP_OK) return r;
+        if (bf16) DDP__CUDA(ddp_k_bf16_to_f32(g->bf16, grads, b->count, g->comm));
+    }
     DDP__CUDA(cudaEventRecord(g->comm_end[par][index], g->comm));
     g->last_bucket[par] = index;
     return DDP_OK;
@@ -4174,13 +4529,14 @@ static ddp_result ddp__gpu_scale(ddp_context *ctx, float *x, size_t count, float
     return DDP_OK;
 }
 
+/* m and v: this rank's parts (shard_count floats; unsharded the whole flat buffer). */
 static ddp_result ddp__gpu_alloc_adamw(ddp_context *ctx) {
     ddp__gpu *g = ctx->gpu;
-    size_t bytes = ctx->flat_count * sizeof(float);
+    size_t bytes = ctx->shard_count * sizeof(float);
     if (ctx->adam_m) return DDP_OK;
-    DDP__CUDA(cudaMalloc((void **)&ctx->adam_m, bytes));
-    DDP__CUDA(cudaMalloc((void **)&ctx->adam_v, bytes));
-    DDP__CUDA(cudaMalloc((void **)&g->norm_partials, DDP_K_NORM_BLOCKS * sizeof(double)));
+    DDP__CUDA(cudaMalloc((void **)&ctx->adam_m, bytes ? bytes : sizeof(float)));
+    DDP__CUDA(cudaMalloc((void **)&ctx->adam_v, bytes ? bytes : sizeof(float)));
+    DDP__CUDA(cudaMalloc((void **)&g->norm_blocks, (ctx->norm_blocks + 1) * sizeof(double)));
     DDP__CUDA(cudaMalloc((void **)&g->norm_sq, sizeof(double)));
     DDP__CUDA(cudaMalloc((void **)&g->state, sizeof(ddp_k_adamw_state)));
     /* Zeroed on the compute stream, where the AdamW kernels read them next: a plain cudaMemset
@@ -4215,6 +4571,68 @@ static ddp_result ddp__gpu_report_skips(ddp_context *ctx) {
                      "itself, naming the parameter", skipped);
 }
 
+/* The global norm's square into g->norm_sq: each bucket's blocks in this rank's part (all of it
+   unsharded), sharded their exchange (an allreduce of the block array: every block is non-zero
+   on its owner only, so nothing is rounded), then the blocks added in order: the CPU backend's
+   bits, sharded or not. The exchange runs on the comm stream between the compute stream's work. */
+static ddp_result ddp__gpu_norm(ddp_context *ctx) {
+    ddp__gpu *g = ctx->gpu;
+    size_t lo, hi;
+    int b, sharded = ctx->desc.shard_optimizer && ctx->world > 1;
+    /* sharded: the last exchange left every rank's blocks here; the others' must be zeros again */
+    if (sharded) DDP__CUDA(cudaMemsetAsync(g->norm_blocks, 0, ctx->norm_blocks * sizeof(double), g->compute));
+    for (b = 0; b < ctx->num_buckets; b++) {
+        size_t off = ctx->buckets[b].offset;
+        ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
+        DDP__CUDA(ddp_k_norm_blocks(ctx->flat_grads + lo, hi - lo, DDP__SHARD_GRAIN,
+                                    g->norm_blocks + ctx->norm_base[b] + (lo - off) / DDP__SHARD_GRAIN, g->compute));
+    }
+    if (sharded) {
+        ddp_result r;
+        DDP__CUDA(cudaEventRecord(g->coll_ready, g->compute));
+        DDP__CUDA(cudaStreamWaitEvent(g->comm, g->coll_ready, 0));
+        r = ddp__nccl_enqueue(ctx, g->norm_blocks, ctx->norm_blocks, ncclFloat64, ncclSum, -1,
+                              "ddp_adamw_step's allreduce of the gradient norm's blocks (shard_optimizer)");
+        if (r != DDP_OK) return r;
+        DDP__CUDA(cudaEventRecord(g->coll_done, g->comm));
+        DDP__CUDA(cudaStreamWaitEvent(g->compute, g->coll_done, 0));
+    }
+    DDP__CUDA(ddp_k_sum_doubles(g->norm_blocks, ctx->norm_blocks, g->norm_sq, g->compute));
+    return DDP_OK;
+}
+
+/* The fused step on this rank's part of each bucket (the whole buffer unsharded). Sharded, as
+   each bucket's part is updated the comm stream all-gathers that bucket (the gather of early
+   buckets overlaps the update of later ones), and the compute stream waits for the last
+   gather before the program's next kernels read the parameters. A skipped step (state->skip)
+   changes nothing, and the gather then moves the unchanged values. */
+static ddp_result ddp__gpu_update(ddp_context *ctx, const ddp_adamw *opt, float b1, float b2, float eps) {
+    ddp__gpu *g = ctx->gpu;
+    int b, sharded = ctx->desc.shard_optimizer && ctx->world > 1;
+    size_t lo, hi;
+    if (!sharded) {
+        DDP__CUDA(ddp_k_adamw(ctx->flat_params, ctx->flat_grads, ctx->adam_m, ctx->adam_v, ctx->flat_count, g->no_decay,
+                              opt->lr, b1, b2, eps, opt->weight_decay, g->state, g->compute));
+        return DDP_OK;
+    }
+    for (b = 0; b < ctx->num_buckets; b++) {
+        const ddp__bucket *k = &ctx->buckets[b];
+        char what[96];
+        ddp_result r;
+        ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
+        DDP__CUDA(ddp_k_adamw(ctx->flat_params + lo, ctx->flat_grads + lo, ctx->adam_m + ctx->shard_base[b],
+                              ctx->adam_v + ctx->shard_base[b], hi - lo, g->no_decay ? g->no_decay + lo / DDP_K_MASK_GROUP : NULL,
+                              opt->lr, b1, b2, eps, opt->weight_decay, g->state, g->compute));
+        DDP__CUDA(cudaEventRecord(g->updated[b], g->compute));
+        DDP__CUDA(cudaStreamWaitEvent(g->comm, g->updated[b], 0));
+        snprintf(what, sizeof what, "the all-gather of bucket %d's updated parameters (shard_optimizer)", b);
+        if ((r = ddp__nccl_parts(ctx, b, ctx->flat_params + k->offset, ncclFloat, sizeof(float), 1, what)) != DDP_OK) return r;
+    }
+    DDP__CUDA(cudaEventRecord(g->gathered, g->comm));
+    DDP__CUDA(cudaStreamWaitEvent(g->compute, g->gathered, 0));
+    return DDP_OK;
+}
+
 /* AdamW on the device: sum of squares -> (skip, clip, step, bias corrections) -> the fused
    step, all on the compute stream. Only with grad_norm_out does the host read the norm back
    (one 40-byte copy and a wait for the compute stream); a program that wants no host wait in
@@ -4235,7 +4653,7 @@ static ddp_result ddp__gpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b
         DDP__CUDA(cudaMemcpyAsync(&g->state->step, &ctx->adam_step, sizeof(long long), cudaMemcpyHostToDevice, g->compute));
         g->step_dirty = 0;
     }
-    DDP__CUDA(ddp_k_sum_squares(ctx->flat_grads, ctx->flat_count, g->norm_partials, g->norm_sq, g->compute));
+    if ((r = ddp__gpu_norm(ctx)) != DDP_OK) return r;
     DDP__CUDA(ddp_k_adamw_prepare(g->state, g->norm_sq, opt->max_grad_norm, opt->lr, b1, b2, g->compute));
     if (host_norm) {
         double norm;
@@ -4257,8 +4675,7 @@ static ddp_result ddp__gpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b
             return r;
         }
     }
-    DDP__CUDA(ddp_k_adamw(ctx->flat_params, ctx->flat_grads, ctx->adam_m, ctx->adam_v, ctx->flat_count, g->no_decay,
-                          opt->lr, b1, b2, eps, opt->weight_decay, g->state, g->compute));
+    if ((r = ddp__gpu_update(ctx, opt, b1, b2, eps)) != DDP_OK) return r;
     if (!host_norm) {
         DDP__CUDA(cudaMemcpyAsync(g->state_host, g->state, sizeof(ddp_k_adamw_state), cudaMemcpyDeviceToHost, g->compute));
         DDP__CUDA(cudaEventRecord(g->state_copied, g->compute));
@@ -4365,7 +4782,7 @@ static void ddp__gpu_teardown(ddp_context *ctx) {
     ddp__gpu_stop_watchdog(ctx);
     cudaFree(ctx->flat_params); cudaFree(ctx->flat_grads); cudaFree(ctx->adam_m); cudaFree(ctx->adam_v);
     ctx->flat_params = ctx->flat_grads = ctx->adam_m = ctx->adam_v = NULL;
-    cudaFree(g->no_decay); cudaFree(g->norm_partials); cudaFree(g->norm_sq); cudaFree(g->state); cudaFree(g->bf16);
+    cudaFree(g->no_decay); cudaFree(g->norm_blocks); cudaFree(g->norm_sq); cudaFree(g->state); cudaFree(g->bf16);
     cudaFree(g->scratch);
     if (g->scratch_host) cudaFreeHost(g->scratch_host);
     if (g->state_host) cudaFreeHost(g->state_host);
@@ -4376,6 +4793,9 @@ static void ddp__gpu_teardown(ddp_context *ctx) {
             if (g->comm_end[k]) cudaEventDestroy(g->comm_end[k][b]);
         }
     }
+    for (b = 0; g->updated && b < ctx->num_buckets; b++) cudaEventDestroy(g->updated[b]);
+    DDP_FREE(g->updated);
+    if (g->gathered) cudaEventDestroy(g->gathered);
     DDP_FREE(g->ready);
     for (k = 0; k < 2; k++) {
         DDP_FREE(g->comm_start[k]); DDP_FREE(g->comm_end[k]);
@@ -4418,7 +4838,7 @@ static void ddp__gpu_stop(ddp_context *ctx) {
 }
 
 static const ddp__backend ddp__nccl_backend = {
-    "nccl", DDP_BACKEND_NCCL, 1,
+    "nccl", DDP_BACKEND_NCCL, 1, 1,
     ddp__gpu_setup, ddp__gpu_alloc_flat, ddp__gpu_commit, ddp__gpu_begin_step, ddp__gpu_launch,
     ddp__gpu_finish, ddp__gpu_zero, ddp__gpu_scale, ddp__gpu_adamw, ddp__gpu_adamw_state, ddp__gpu_copy,
     ddp__gpu_collective, ddp__gpu_stats, ddp__gpu_poison, ddp__gpu_stop, ddp__gpu_teardown
@@ -4557,6 +4977,9 @@ static ddp_result ddp__init(ddp_context *ctx, const ddp_desc *desc) {
         if (!ctx->tl_main || !ctx->tl_comm) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the timeline");
     }
     if ((r = ddp__choose_backend(ctx)) != DDP_OK) return r;
+    if (ctx->desc.shard_optimizer && !ctx->be->shards)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_optimizer is not supported by the %s backend "
+                         "(yet): run unsharded there", ctx->be->name);
     deadline = ddp__now() + ctx->desc.timeout_s;
     if (ctx->world > 1) {
         if (!ctx->job_token[0] && !ctx->job_id[0])
@@ -4611,6 +5034,9 @@ static ddp_result ddp__shutdown(ddp_context *ctx) {
     DDP_FREE(ctx->peer_pids);
     DDP_FREE(ctx->join_mask);
     DDP_FREE(ctx->buckets);
+    DDP_FREE(ctx->shard_base);
+    DDP_FREE(ctx->norm_base);
+    DDP_FREE(ctx->norm_sums);
     DDP_FREE(ctx->tape);
     DDP_FREE(ctx->tape_arena);
     pthread_mutex_destroy(&ctx->err_lock);
@@ -4743,15 +5169,40 @@ static ddp_result ddp__build_buckets(ddp_context *ctx) {
     return DDP_OK;
 }
 
+/* Where each bucket's part of this rank begins in m and v (parts packed in flat order, so
+   unsharded m[i] is flat element i), and each bucket's first norm block. */
+static ddp_result ddp__shard_layout(ddp_context *ctx) {
+    size_t at = 0, blocks = 0, lo, hi;
+    int b;
+    ctx->shard_base = (size_t *)ddp__calloc(sizeof(size_t) * (size_t)ctx->num_buckets);
+    ctx->norm_base = (size_t *)ddp__calloc(sizeof(size_t) * (size_t)ctx->num_buckets);
+    if (!ctx->shard_base || !ctx->norm_base) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the shard layout");
+    for (b = ctx->num_buckets - 1; b >= 0; b--) {   /* the last bucket holds the first parameters */
+        ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
+        ctx->shard_base[b] = at;
+        at += hi - lo;
+    }
+    for (b = 0; b < ctx->num_buckets; b++) {
+        ctx->norm_base[b] = blocks;
+        blocks += (ctx->buckets[b].count + DDP__SHARD_GRAIN - 1) / DDP__SHARD_GRAIN;
+    }
+    ctx->shard_count = at;
+    ctx->norm_blocks = blocks;
+    if (!(ctx->norm_sums = (double *)ddp__calloc(sizeof(double) * (blocks ? blocks : 1))))
+        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the norm's blocks");
+    return DDP_OK;
+}
+
 /* One line per parameter; every rank must produce the same text. */
 static char *ddp__layout_text(ddp_context *ctx, size_t *len_out) {
     size_t cap = 256 + (size_t)ctx->num_params * (DDP__NAME_MAX + 48), len;
     char *text = (char *)DDP_MALLOC(cap);
     int i;
     if (!text) return NULL;
-    len = (size_t)snprintf(text, cap, "buckets %.6f %.6f %d reduce %s uneven %d\n", ctx->desc.first_bucket_mb,
+    len = (size_t)snprintf(text, cap, "buckets %.6f %.6f %d reduce %s uneven %d shard %d\n", ctx->desc.first_bucket_mb,
                            ctx->desc.bucket_cap_mb, ctx->desc.find_unused,
-                           ctx->desc.reduce_dtype == DDP_DTYPE_BF16 ? "bf16" : "fp32", (int)ctx->desc.uneven_inputs);
+                           ctx->desc.reduce_dtype == DDP_DTYPE_BF16 ? "bf16" : "fp32", (int)ctx->desc.uneven_inputs,
+                           ctx->desc.shard_optimizer);
     for (i = 0; i < ctx->num_params; i++)
         len += (size_t)snprintf(text + len, cap - len, "%s %zu %u\n", ctx->params[i].name,
                                 ctx->params[i].count, ctx->params[i].flags);
@@ -4774,7 +5225,7 @@ static ddp_result ddp__layout_mismatch(ddp_context *ctx, const char *a, const ch
     while (!strcmp(ddp__line(a, i, la, sizeof la), ddp__line(b, i, lb, sizeof lb))) i++;
     if (i == 0)
         return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks 0 and %d use different options: rank 0 has '%s', rank %d "
-                         "has '%s' (first_bucket_mb, bucket_cap_mb, find_unused, reduce_dtype, uneven_inputs)", rank_b, la, rank_b, lb);
+                         "has '%s' (first_bucket_mb, bucket_cap_mb, find_unused, reduce_dtype, uneven_inputs, shard_optimizer)", rank_b, la, rank_b, lb);
     return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks registered different parameters: parameter #%d is '%s' "
                      "(name, elements, flags) on rank 0 but '%s' on rank %d", i - 1, la, lb, rank_b);
 }
@@ -4819,6 +5270,7 @@ static ddp_result ddp__commit(ddp_context *ctx) {
     ctx->flat_count = offset;
     if ((r = ctx->be->alloc_flat(ctx)) != DDP_OK) return r;
     if ((r = ddp__build_buckets(ctx)) != DDP_OK) return r;
+    if ((r = ddp__shard_layout(ctx)) != DDP_OK) return r;
     if (ctx->world > 1 && (r = ddp__verify_layout(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     if ((r = ctx->be->commit(ctx)) != DDP_OK) return r;
     ctx->committed = 1;
@@ -5120,17 +5572,90 @@ static ddp_result ddp__state_buffer(ddp_context *ctx, ddp_buffer which, size_t o
     return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: unknown buffer %d", call, (int)which);
 }
 
+#define DDP__SCATTER_CHUNK ((size_t)1 << 20)   /* floats per broadcast: 4 MiB of bounce buffer */
+
+/* Where flat element `offset` of `which` is in this rank's memory, `count` floats from there.
+   Sharded, m and v hold this rank's parts only (packed: ddp__shard_layout): a range outside
+   one of its parts is refused by name (the collective calls below reach any range). */
+static ddp_result ddp__state_at(ddp_context *ctx, ddp_buffer which, size_t offset, const void *host, size_t count,
+                                const char *call, float **at) {
+    float *flat = NULL;
+    size_t lo, hi;
+    ddp_result r = ddp__state_buffer(ctx, which, offset, host, count, call, &flat);
+    int b;
+    if (r != DDP_OK) return r;
+    if ((which != DDP_ADAM_M && which != DDP_ADAM_V) || !ctx->desc.shard_optimizer || ctx->world == 1 || !count) {
+        *at = flat + offset;
+        return DDP_OK;
+    }
+    for (b = 0; b < ctx->num_buckets; b++) {
+        ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
+        if (offset >= lo && offset + count <= hi) { *at = flat + ctx->shard_base[b] + (offset - lo); return DDP_OK; }
+    }
+    return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: floats [%zu, %zu) of AdamW's %s are not all held by rank %d: with "
+                     "shard_optimizer each rank holds m and v only for its own part of each bucket (ddp_gather_to_host "
+                     "and ddp_scatter_from_host reach any range)", call, offset, offset + count,
+                     which == DDP_ADAM_M ? "m" : "v", ctx->rank);
+}
+
+/* Sharded: the pieces of [offset, offset + count) of m, v (or, gathered, the averaged gradients)
+   by owner, in bucket order then rank order, the same walk on every rank. A piece its owner
+   holds on the root is a local copy; any other travels by broadcast (from its owner for a
+   gather, from the root for a scatter) through a bounce buffer. */
+static ddp_result ddp__sharded_move(ddp_context *ctx, ddp_buffer which, size_t offset, float *host, size_t count, int root,
+                                    int gather) {
+    float *bounce = NULL, *mine = which == DDP_ADAM_M ? ctx->adam_m : which == DDP_ADAM_V ? ctx->adam_v : ctx->flat_grads;
+    size_t lo, hi, chunk = count < DDP__SCATTER_CHUNK ? count : DDP__SCATTER_CHUNK;
+    ddp_result r = DDP_OK;
+    int b, s;
+    if (!(bounce = (float *)DDP_MALLOC(chunk * sizeof(float) + 1)))   /* the peers are in it already: they must hear */
+        return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "%s: no memory for a bounce buffer of %zu floats",
+                               gather ? "ddp_gather_to_host" : "ddp_scatter_from_host", chunk);
+    ctx->what = gather ? "ddp_gather_to_host's broadcast from a part's owner" : "ddp_scatter_from_host's broadcast";
+    for (b = 0; b < ctx->num_buckets && r == DDP_OK; b++)
+        for (s = 0; s < ctx->world && r == DDP_OK; s++) {
+            size_t a, z, done, n, mlo, mhi;
+            float *local = NULL;
+            ddp__shard_range(ctx, b, s, &lo, &hi);
+            a = lo > offset ? lo : offset;
+            z = hi < offset + count ? hi : offset + count;
+            if (z <= a) continue;
+            if (s == ctx->rank) {   /* where the piece is here */
+                ddp__shard_range(ctx, b, ctx->rank, &mlo, &mhi);
+                local = which == DDP_GRADS ? mine + a : mine + ctx->shard_base[b] + (a - mlo);
+            }
+            if (s == root) {
+                if (ctx->rank == root)
+                    r = gather ? ctx->be->copy(ctx, host + (a - offset), local, (z - a) * sizeof(float), 1)
+                               : ctx->be->copy(ctx, local, host + (a - offset), (z - a) * sizeof(float), 0);
+                continue;
+            }
+            for (done = a; done < z && r == DDP_OK; done += n) {
+                n = z - done < chunk ? z - done : chunk;
+                if (gather && s == ctx->rank) r = ctx->be->copy(ctx, bounce, local + (done - a), n * sizeof(float), 1);
+                if (!gather && ctx->rank == root) memcpy(bounce, host + (done - offset), n * sizeof(float));
+                if (r == DDP_OK) r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, bounce, n * sizeof(float), gather ? s : root);
+                if (r != DDP_OK) break;
+                if (gather && ctx->rank == root) memcpy(host + (done - offset), bounce, n * sizeof(float));
+                if (!gather && s == ctx->rank) r = ctx->be->copy(ctx, local + (done - a), bounce, n * sizeof(float), 0);
+            }
+        }
+    DDP_FREE(bounce);
+    return r;
+}
+
 /* The state to and from one rank's host memory, for checkpoints: collective calls, alike on
    every rank. Gather: root's dst receives [offset, offset + count) of `which` from whichever rank
    holds it. Scatter: root's src goes to every rank that holds part of the range. Without a
    sharded optimizer every rank holds everything: a gather is root's own copy (nothing is
    sent), a scatter a broadcast in chunks through a bounce buffer (root's src is only read). */
-#define DDP__SCATTER_CHUNK ((size_t)1 << 20)   /* floats per broadcast: 4 MiB of bounce buffer */
 
 static ddp_result ddp__gather_to_host(ddp_context *ctx, ddp_buffer which, size_t offset, float *dst, size_t count, int root) {
     float *flat = NULL;
     ddp_result r = ddp__state_buffer(ctx, which, offset, ctx->rank == root ? (const void *)dst : (const void *)ctx, count,
                                      "ddp_gather_to_host", &flat);
+    if (r == DDP_OK && count && which != DDP_PARAMS && ctx->desc.shard_optimizer && ctx->world > 1)
+        return ddp__sharded_move(ctx, which, offset, dst, count, root, 1);
     if (r != DDP_OK || ctx->rank != root || !count) return r;
     return ctx->be->copy(ctx, dst, flat + offset, count * sizeof(float), 1);
 }
@@ -5143,6 +5668,8 @@ static ddp_result ddp__scatter_from_host(ddp_context *ctx, ddp_buffer which, siz
     if (ctx->rank == root && !src)   /* the peers wait in the broadcast: stop them too */
         return ddp__fail_group(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_scatter_from_host: the root's source is NULL (%zu floats)", count);
     if (ctx->world == 1) return ctx->be->copy(ctx, flat + offset, src, count * sizeof(float), 0);
+    if ((which == DDP_ADAM_M || which == DDP_ADAM_V) && ctx->desc.shard_optimizer)
+        return ddp__sharded_move(ctx, which, offset, (float *)(uintptr_t)src, count, root, 0);
     bounce = (float *)DDP_MALLOC((count < DDP__SCATTER_CHUNK ? count : DDP__SCATTER_CHUNK) * sizeof(float));
     if (!bounce)   /* the peers are in the broadcast already: they must hear of it */
         return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "ddp_scatter_from_host: no memory for a bounce buffer of %zu floats",
@@ -5253,9 +5780,18 @@ static ddp_result ddp__join(ddp_context *ctx) {
 #define DDP__FNV_INIT 1469598103934665603ull
 
 /* The optimizer's sharding as a checkpoint records it (information only: the data is stored
-   whole). ZeRO-1 (ddp_desc.shard_optimizer) connects here: 1 and each rank's first float. */
-static int ddp__ckpt_sharded(const ddp_context *ctx) { (void)ctx; return 0; }
-static uint64_t ddp__ckpt_shard_start(const ddp_context *ctx, int shard) { (void)ctx; (void)shard; return 0; }
+   whole, so any world size and either mode loads it). Sharded, rank s holds a part of every
+   bucket (ddp__shard_range); the table's entry s is the number of floats the ranks before s
+   hold, so it starts at 0 and grows, and the difference of two entries is a rank's share. */
+static int ddp__ckpt_sharded(const ddp_context *ctx) { return ctx->desc.shard_optimizer && ctx->world > 1; }
+static uint64_t ddp__ckpt_shard_start(const ddp_context *ctx, int shard) {
+    uint64_t before = 0;
+    size_t lo, hi;
+    int s, b;
+    for (s = 0; s < shard; s++)
+        for (b = 0; b < ctx->num_buckets; b++) { ddp__shard_range(ctx, b, s, &lo, &hi); before += hi - lo; }
+    return before;
+}
 
 static uint64_t ddp__fnv1a(const void *data, size_t n, uint64_t h) {
     const unsigned char *p = (const unsigned char *)data;
@@ -6082,16 +6618,16 @@ ddp_result ddp_adamw_state(ddp_context *ctx, float **m, float **v, int64_t **ste
 
 ddp_result ddp_copy_to_host(ddp_context *ctx, ddp_buffer which, size_t offset, float *dst, size_t count) {
     ddp_result r = ddp__usable(ctx, 1, "ddp_copy_to_host");
-    float *flat = NULL;
-    if (r != DDP_OK || (r = ddp__state_buffer(ctx, which, offset, dst, count, "ddp_copy_to_host", &flat)) != DDP_OK) return r;
-    return count ? ctx->be->copy(ctx, dst, flat + offset, count * sizeof(float), 1) : DDP_OK;
+    float *at = NULL;
+    if (r != DDP_OK || (r = ddp__state_at(ctx, which, offset, dst, count, "ddp_copy_to_host", &at)) != DDP_OK) return r;
+    return count ? ctx->be->copy(ctx, dst, at, count * sizeof(float), 1) : DDP_OK;
 }
 
 ddp_result ddp_copy_from_host(ddp_context *ctx, ddp_buffer which, size_t offset, const float *src, size_t count) {
     ddp_result r = ddp__usable(ctx, 1, "ddp_copy_from_host");
-    float *flat = NULL;
-    if (r != DDP_OK || (r = ddp__state_buffer(ctx, which, offset, src, count, "ddp_copy_from_host", &flat)) != DDP_OK) return r;
-    return count ? ctx->be->copy(ctx, flat + offset, src, count * sizeof(float), 0) : DDP_OK;
+    float *at = NULL;
+    if (r != DDP_OK || (r = ddp__state_at(ctx, which, offset, src, count, "ddp_copy_from_host", &at)) != DDP_OK) return r;
+    return count ? ctx->be->copy(ctx, at, src, count * sizeof(float), 0) : DDP_OK;
 }
 
 static ddp_result ddp__check_root(ddp_context *ctx, int root, const char *call) {

@@ -4,7 +4,8 @@
    weight decay with a no-decay mask, an optional clip factor and skip flag read from device
    memory so clipping needs no host synchronisation); a deterministic global sum of squares
    (fixed grid, per-block partial sums in double, a second kernel that adds the partials in a
-   fixed order: the same bits on every run and every GPU); scale; fill; fp32 <-> bf16 casts with
+   fixed order: the same bits on every run and every GPU); the sums of squares of fixed blocks
+   in ddp.h's CPU order and their sum in order (ddp.h's norm, the same bits as its CPU backend); scale; fill; fp32 <-> bf16 casts with
    round-to-nearest-even (NaN stays NaN, sign kept); and a spin kernel that holds a stream for a
    while (tests and benchmarks stand it in for a slow network).
 
@@ -60,6 +61,14 @@ typedef struct ddp_k_adamw_state {
 /* Sum of squares of x[0..n) in double, into *out (device): two kernels, DDP_K_NORM_BLOCKS
    partials in `partials` (device, that many doubles). */
 cudaError_t ddp_k_sum_squares(const float *x, size_t n, double *partials, double *out, cudaStream_t stream);
+
+/* The sum of squares of each block of `grain` floats of x[0..n) (the last may be shorter) into
+   out[0..ceil(n / grain)), in double, with ddp.h's CPU arithmetic (eight running sums, in its
+   order): ddp.h's global norm adds these blocks in order, so the NCCL backend's norm equals the
+   CPU backend's bit for bit, sharded or not. */
+cudaError_t ddp_k_norm_blocks(const float *x, size_t n, size_t grain, double *out, cudaStream_t stream);
+/* *out = x[0] + x[1] + ... + x[n-1], in that order (one thread: the order is the point). */
+cudaError_t ddp_k_sum_doubles(const double *x, size_t n, double *out, cudaStream_t stream);
 
 /* One thread: reads *norm_sq (NULL: no clipping, no finite check), decides skip/clip, advances
    the step and the bias corrections. max_grad_norm <= 0: no clipping. */
@@ -291,6 +300,33 @@ static __global__ void ddp_k__sum_partials(const double *partials, double *out) 
     if (threadIdx.x == 0) *out = total;
 }
 
+/* ---- the norm's blocks, as ddp.h's CPU sums them (ddp__sum_squares: eight running sums, the
+   tail into the first lanes, the lanes added in order). A float's square is exact in double, so
+   a fused multiply-add rounds exactly like a multiply then an add: no intrinsics needed. ---- */
+static __host__ __device__ __forceinline__ double ddp_k__block_squares(const float *x, size_t n) {
+    double lane[8] = { 0, 0, 0, 0, 0, 0, 0, 0 }, total = 0;
+    size_t i = 0;
+    int j;
+    for (; i + 8 <= n; i += 8)
+        for (j = 0; j < 8; j++) lane[j] += (double)x[i + j] * (double)x[i + j];
+    for (j = 0; i < n; i++, j++) lane[j] += (double)x[i] * (double)x[i];
+    for (j = 0; j < 8; j++) total += lane[j];
+    return total;
+}
+
+static __global__ void ddp_k__norm_blocks(const float *x, size_t n, size_t grain, double *out) {
+    size_t b, blocks = (n + grain - 1) / grain;
+    for (b = blockIdx.x * (size_t)blockDim.x + threadIdx.x; b < blocks; b += (size_t)gridDim.x * blockDim.x)
+        out[b] = ddp_k__block_squares(x + b * grain, n - b * grain < grain ? n - b * grain : grain);
+}
+
+static __global__ void ddp_k__sum_doubles(const double *x, size_t n, double *out) {
+    double total = 0;
+    size_t i;
+    for (i = 0; i < n; i++) total += x[i];
+    *out = total;
+}
+
 /* ---- small elementwise kernels ---- */
 static __global__ void ddp_k__scale(float *x, size_t n, float factor) {
     size_t i;
@@ -347,6 +383,20 @@ extern "C" cudaError_t ddp_k_sum_squares(const float *x, size_t n, double *parti
     ddp_k__sum_squares_partials<<<DDP_K_NORM_BLOCKS, DDP_K_NORM_THREADS, 0, stream>>>(x, n, ((uintptr_t)x & 15u) == 0, partials);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     ddp_k__sum_partials<<<1, DDP_K_NORM_BLOCKS, 0, stream>>>(partials, out);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t ddp_k_norm_blocks(const float *x, size_t n, size_t grain, double *out, cudaStream_t stream) {
+    size_t blocks = grain ? (n + grain - 1) / grain : 0;
+    ddp_k__forget_not_ready();
+    if (blocks == 0) return cudaSuccess;
+    ddp_k__norm_blocks<<<ddp_k__blocks(blocks, 128), 128, 0, stream>>>(x, n, grain, out);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t ddp_k_sum_doubles(const double *x, size_t n, double *out, cudaStream_t stream) {
+    ddp_k__forget_not_ready();
+    ddp_k__sum_doubles<<<1, 1, 0, stream>>>(x, n, out);
     return cudaGetLastError();
 }
 

@@ -2,6 +2,7 @@
 # bench_gpt.sh — training throughput of the tiny GPT, side by side in one run:
 #   ours (build/train_gpt, OpenBLAS 1 thread) on 1 rank and on 2 ranks (ddprun), and PyTorch
 #   (1 intra-op thread per process) on 1 rank and on 2 ranks with DDP over gloo.
+# ours on 2 ranks also runs with --shard-optimizer (ddp_desc.shard_optimizer, ZeRO-1), in the same round.
 # Config: 4 layers, 4 heads, width 128, context 64, batch 4 per rank (weak scaling: 2 ranks do
 # twice the work per step). Each run's rate comes from its median step time (ours: the median
 # of 10-step means); each configuration runs REPS times, interleaved, and the table shows the
@@ -38,7 +39,7 @@ median() { sort -n | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] 
 ours() {
     local n=$1 log=${2:-$tmp/ours.log}
     "$B/ddprun" -n "$n" "$B/train_gpt" --data "$DATA" "${CFG[@]}" --steps "$STEPS" --warmup 10 --eval-every 0 \
-        --eval-batches 1 --sample 0 --log-every 10 >"$log" 2>&1 || { echo "0"; return; }
+        --eval-batches 1 --sample 0 --log-every 10 ${OURS_FLAGS:-} >"$log" 2>&1 || { echo "0"; return; }
     sed -E 's/^\[rank [0-9]+\] //' "$log" | awk -F'|' -v skip=$SKIP '
         /^step +[0-9]+\/[0-9]+ \| loss/ { split($1, s, /[ \/]+/); if (s[2] > skip) print $5 + 0 }' |
         median | awk -v tok=$((n * 4 * 64)) '{ printf "%.0f\n", ($1 > 0) ? tok / ($1 / 1000) : 0 }'
@@ -80,19 +81,20 @@ echo "bench_gpt: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: 
 echo "config: 4 layers, 4 heads, width 128, context 64, batch 4 per rank; data $DATA; $REPS interleaved runs each"
 for ((i = 1; i <= REPS; i++)); do
     c0=$(cpu_ticks)
-    o1=$(ours 1); op=$(pair); o2=$(ours 2); os=$(DDP_STAGED_GRADS=1 ours 2)
+    o1=$(ours 1); op=$(pair); o2=$(ours 2); oz=$(OURS_FLAGS=--shard-optimizer ours 2); os=$(DDP_STAGED_GRADS=1 ours 2)
     steal=$(steal_pct "$c0" "$(cpu_ticks)")
     t1=$(torch_run 1); t2=$(torch_run 2)
-    echo "  run $i: ours 1 rank $o1, two independent 1-rank runs $op, ours 2 ranks $o2 (staged buckets $os), torch 1 rank $t1, torch 2 ranks (gloo) $t2 tokens/s; host steal during ours ${steal}%"
-    echo "$o1" >>"$tmp/o1"; echo "$o2" >>"$tmp/o2"; echo "$os" >>"$tmp/os"; echo "$op" >>"$tmp/op"; echo "$t1" >>"$tmp/t1"; echo "$t2" >>"$tmp/t2"
+    echo "  run $i: ours 1 rank $o1, two independent 1-rank runs $op, ours 2 ranks $o2 (sharded optimizer $oz, staged buckets $os), torch 1 rank $t1, torch 2 ranks (gloo) $t2 tokens/s; host steal during ours ${steal}%"
+    echo "$o1" >>"$tmp/o1"; echo "$o2" >>"$tmp/o2"; echo "$oz" >>"$tmp/oz"; ratio "$oz" $((2 * o1)) >>"$tmp/r_oz"; echo "$os" >>"$tmp/os"; echo "$op" >>"$tmp/op"; echo "$t1" >>"$tmp/t1"; echo "$t2" >>"$tmp/t2"
     ratio "$o2" $((2 * o1)) >>"$tmp/r_o2"; ratio "$op" $((2 * o1)) >>"$tmp/r_op"; ratio "$o2" "$op" >>"$tmp/r_o2op"
 done
-O1=$(median <"$tmp/o1"); O2=$(median <"$tmp/o2"); OS=$(median <"$tmp/os"); OP=$(median <"$tmp/op")
+O1=$(median <"$tmp/o1"); O2=$(median <"$tmp/o2"); OZ=$(median <"$tmp/oz"); OS=$(median <"$tmp/os"); OP=$(median <"$tmp/op")
 echo
 echo "| implementation | 1 rank (tokens/s) | 2 ranks (tokens/s, global) | weak scaling 1→2 |"
 echo "|---|---:|---:|---:|"
 awk -v a="$O1" -v b="$OP" 'BEGIN { printf "| the machine'"'"'s bound: two independent 1-rank runs at once, no communication | %.0f | %.0f | %.1f%% |\n", a, b, 100 * b / (2 * a) }'
 awk -v a="$O1" -v b="$O2" 'BEGIN { printf "| ddp.h train_gpt (OpenBLAS, 1 thread/rank) | %.0f | %.0f | %.1f%% |\n", a, b, 100 * b / (2 * a) }'
+awk -v a="$O1" -v b="$OZ" 'BEGIN { printf "| the same, AdamW state sharded (--shard-optimizer, ZeRO-1) | %.0f | %.0f | %.1f%% |\n", a, b, 100 * b / (2 * a) }'
 awk -v a="$O1" -v b="$OS" 'BEGIN { printf "| the same, buckets through the staging slots (DDP_STAGED_GRADS=1) | %.0f | %.0f | %.1f%% |\n", a, b, 100 * b / (2 * a) }'
 echo
 echo "Runs made back to back (each round: 1 rank, the pair, 2 ranks), medians of their ratios:"
@@ -100,6 +102,7 @@ awk -v a="$(median <"$tmp/r_op")" -v b="$(median <"$tmp/r_o2")" -v c="$(median <
     printf "  the machine: pair / (2 x 1 rank) %.1f%%\n  weak scaling: 2 ranks / (2 x 1 rank) %.1f%%\n", 100 * a, 100 * b
     printf "  ddp.h against the machine: 2 ranks / pair %.1f%%\n", 100 * c }'
 echo "  per round, 2 ranks / (2 x 1 rank): $(tr '\n' ' ' <"$tmp/r_o2")"
+echo "  sharded (--shard-optimizer): 2 ranks / (2 x 1 rank) median $(median <"$tmp/r_oz" | awk '{ printf "%.1f%%", 100 * $1 }'); per round: $(tr '\n' ' ' <"$tmp/r_oz")"
 echo
 if [ $have_torch -eq 1 ]; then
     T1=$(median <"$tmp/t1"); T2=$(median <"$tmp/t2")

@@ -33,6 +33,9 @@ run "sampler: counts, cover, permutation, large n, resume, bad input" "$B/test_s
 for n in 2 3; do run "sampler, $n processes" "$B/ddprun" -n "$n" "$B/test_sampler"; done
 for n in 1 2 3 4; do run "collectives, $n rank(s)" "$B/ddprun" -n "$n" "$B/test_collectives"; done
 for n in 1 2 4; do run "equivalence, $n rank(s)" "$B/ddprun" -n "$n" "$B/test_equivalence"; done
+for n in 1 2 3 4; do run "sharded optimizer (ZeRO-1) = unsharded, bit for bit, $n rank(s)" "$B/ddprun" -n "$n" "$B/test_shard"; done
+run "sharded optimizer vs PyTorch ZeroRedundancyOptimizer(AdamW) over gloo, 2 and 3 ranks" tests/test_shard_torch.sh "$B"
+run "tiny GPT trainer --shard-optimizer = unsharded, bit for bit, 2 and 3 ranks" tests/test_shard_gpt.sh "$B"
 for n in 2 3; do run "bf16 reduction, $n ranks" "$B/ddprun" -n "$n" "$B/test_bf16"; done
 run "overlap, 2 ranks" "$B/ddprun" -n 2 "$B/test_overlap"
 run "timeline" tests/test_timeline.sh "$B"

@@ -16,6 +16,7 @@
    The chunk of the library's streaming is made small here (DDP__CKPT_CHUNK) so that parameters
    cross chunk boundaries. Sharded optimizer state: see the note at TEST_SHARDED. */
 #define DDP__CKPT_CHUNK ((size_t)1000)
+#define DDP_HAS_SHARD_OPTIMIZER   /* ddp_desc.shard_optimizer is here: the *-sharded phases run */
 #include "testlib.h"
 #include <sys/wait.h>
 
@@ -25,9 +26,10 @@ static size_t sizes[3] = { 3001, 17, 2500 };
 static const char *const names[3] = { "embed", "bias", "proj" };
 static size_t total;   /* floats in the three parameters */
 
-/* ZeRO-1 (ddp_desc.shard_optimizer, being merged): with DDP_HAS_SHARD_OPTIMIZER defined, the
-   phases "save-sharded" and "resume-sharded" run with it on; tests/run.sh runs them (they SKIP
-   without it): save on 2 ranks sharded, load on 3 unsharded and on 1, and the reverse. */
+/* ZeRO-1 (ddp_desc.shard_optimizer): the phases "save-sharded" and "resume-sharded" run with it
+   on (tests/run.sh): save on 2 ranks sharded, load on 3 unsharded and on 1, and the reverse. The
+   state is read and written through the collective gather/scatter, which reach m and v wherever
+   they live. */
 static int want_sharded;
 
 static ddp_context *ddp;
@@ -85,7 +87,9 @@ static float *state_now(int64_t *step) {
     int b, i;
     for (b = 0; b < 3; b++)
         for (i = 0; i < 3; i++) {
-            if (ddp_copy_to_host(ddp, bufs[b], (size_t)(ddp_param(ddp, i) - p0), s + at, sizes[i]) != DDP_OK) die("copy_to_host");
+            /* collective: with shard_optimizer m and v live on their owners */
+            if (ddp_gather_to_host(ddp, bufs[b], (size_t)(ddp_param(ddp, i) - p0), s + at, sizes[i], 0) != DDP_OK) die("gather_to_host");
+            if (ddp_broadcast(ddp, s + at, sizes[i] * sizeof(float), 0) != DDP_OK) die("broadcast");
             at += sizes[i];
         }
     if (ddp_adamw_state(ddp, NULL, NULL, &st) != DDP_OK) die("adamw_state");
@@ -101,7 +105,7 @@ static void state_set(const float *s, int64_t step) {
     int b, i;
     for (b = 0; b < 3; b++)
         for (i = 0; i < 3; i++) {
-            if (ddp_copy_from_host(ddp, bufs[b], (size_t)(ddp_param(ddp, i) - p0), s + at, sizes[i]) != DDP_OK) die("copy_from_host");
+            if (ddp_scatter_from_host(ddp, bufs[b], (size_t)(ddp_param(ddp, i) - p0), s + at, sizes[i], 0) != DDP_OK) die("scatter_from_host");
             at += sizes[i];
         }
     if (ddp_adamw_state(ddp, NULL, NULL, &st) != DDP_OK) die("adamw_state");

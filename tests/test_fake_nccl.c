@@ -43,6 +43,7 @@ typedef struct result {
 static struct {
     ddp_backend backend;
     int micro, bf16, norm_every, steps;
+    int shard;                     /* ddp_desc.shard_optimizer */
     double timeout_s;
     int abort_rank, abort_step;    /* that rank aborts its communicator before that step */
     int hold_rank, hold_step;      /* that rank's GPU stops before that step */
@@ -105,6 +106,7 @@ static void train_rank(test_rank *self) {
     d.bucket_cap_mb = 0.004;   /* several buckets for this small model */
     d.first_bucket_mb = 0.001;
     d.reduce_dtype = cfg.bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
+    d.shard_optimizer = cfg.shard;
     d.inject_comm_latency_ms = cfg.inject_comm_ms;
     if (cfg.timeout_s > 0) d.timeout_s = cfg.timeout_s;
     out->fail_step = -1;
@@ -186,7 +188,7 @@ static int train(int world, ddp_backend backend, float **params, size_t *count, 
     return ok;
 }
 
-static void test_training(int world, int micro, int bf16, int norm_every, int premul) {
+static void test_training_shard(int world, int micro, int bf16, int norm_every, int premul, int shard) {
     float *gpu = NULL, *cpu = NULL;
     size_t ng = 0, nc = 0, i, differ = 0;
     double worst = 0, tol_abs = 2e-6, tol_rel = 2e-5;
@@ -196,9 +198,9 @@ static void test_training(int world, int micro, int bf16, int norm_every, int pr
     fakegpu_reset();
     fakegpu_set_avg_premul(premul);
     reset_cfg();
-    cfg.micro = micro; cfg.bf16 = bf16; cfg.norm_every = norm_every;
-    snprintf(name, sizeof name, "fake_nccl_ranks%d_accum%d%s%s%s_trains", world, micro, bf16 ? "_bf16" : "",
-             norm_every ? "_norm" : "", premul ? "_premul" : "");
+    cfg.micro = micro; cfg.bf16 = bf16; cfg.norm_every = norm_every; cfg.shard = shard;
+    snprintf(name, sizeof name, "fake_nccl_ranks%d_accum%d%s%s%s%s_trains", world, micro, bf16 ? "_bf16" : "",
+             norm_every ? "_norm" : "", premul ? "_premul" : "", shard ? "_sharded" : "");
     why[0] = 0;
     ok = train(world, DDP_BACKEND_NCCL, &gpu, &ng, why, sizeof why);
     st = res[0].st;
@@ -222,8 +224,8 @@ static void test_training(int world, int micro, int bf16, int norm_every, int pr
         verdict(worst <= 1, name, "worst %.3f of |err| <= %g + %g*|ref|", worst, tol_abs, tol_rel);
         printf("  (%s: %zu of %zu parameters differ from the CPU backend's; worst %.3f of the tolerance)\n", name, differ, ng, worst);
     } else {
-        snprintf(name, sizeof name, "fake_nccl_ranks%d_accum%d%s%s%s_bitwise_equals_cpu_backend", world, micro, bf16 ? "_bf16" : "",
-                 norm_every ? "_norm" : "", premul ? "_premul" : "");
+        snprintf(name, sizeof name, "fake_nccl_ranks%d_accum%d%s%s%s%s_bitwise_equals_cpu_backend", world, micro, bf16 ? "_bf16" : "",
+                 norm_every ? "_norm" : "", premul ? "_premul" : "", shard ? "_sharded" : "");
         verdict(differ == 0, name, "%zu of %zu parameters differ (worst %.3f of |err| <= %g + %g*|ref|)", differ, ng, worst,
                 tol_abs, tol_rel);
     }
@@ -232,7 +234,123 @@ static void test_training(int world, int micro, int bf16, int norm_every, int pr
             "step %lld (want %d), %d of %d buckets", (long long)st.step, STEPS * micro, st.buckets_launched, buckets);
     free(gpu);
     free(cpu);
-    snprintf(name, sizeof name, "train_ranks%d_accum%d%s", world, micro, bf16 ? "_bf16" : "");
+    snprintf(name, sizeof name, "train_ranks%d_accum%d%s%s", world, micro, bf16 ? "_bf16" : "", shard ? "_sharded" : "");
+    check_clean(name);
+}
+
+static void test_training(int world, int micro, int bf16, int norm_every, int premul) {
+    test_training_shard(world, micro, bf16, norm_every, premul, 0);
+}
+
+/* ---- sharded AdamW (shard_optimizer) on parameters large enough that every rank holds a part
+   of most buckets (the MLP above is so small that the last rank holds every bucket: the
+   reduce-and-broadcast tail path): NCCL sharded == CPU unsharded, bit for bit, every step's norm,
+   the parameters, and m and v gathered to rank 0 ---- */
+enum { SH_PARAMS = 5, SH_STEPS = 6, SH_MAX = 9000 };
+static const size_t sh_sizes[SH_PARAMS] = { 9000, 50, 6000, 3000, 700 };
+static struct { float norm[MAX_WORLD][SH_STEPS]; float *params[MAX_WORLD], *m, *v; size_t count; ddp_result r[MAX_WORLD];
+                char err[MAX_WORLD][DDP__ERR_MAX]; } sh;
+
+static void shard_rank(test_rank *self) {
+    ddp_desc d = test_desc(self);
+    ddp_context *ctx = NULL;
+    ddp_adamw opt;
+    ddp_result r;
+    int ids[SH_PARAMS], k, step, u;
+    static float init[MAX_WORLD][SH_PARAMS][SH_MAX];   /* one each: ddp_commit reads them */
+    memset(&opt, 0, sizeof opt);
+    opt.lr = 0.01f; opt.weight_decay = 0.1f; opt.max_grad_norm = 5.0f;
+    d.log = keep_errors; d.log_level = DDP_LOG_ERROR;   /* ddp_shutdown's own failure, into res[].logged */
+    d.backend = cfg.backend;
+    d.shard_optimizer = cfg.shard;
+    d.reduce_dtype = cfg.bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
+    d.bucket_cap_mb = 0.05;
+    d.first_bucket_mb = 0.01;
+    r = ddp_init(&ctx, &d);
+    for (k = 0; k < SH_PARAMS && r == DDP_OK; k++) {
+        char name[16];
+        size_t i;
+        for (i = 0; i < sh_sizes[k]; i++) init[self->rank][k][i] = 0.5f * test_value(77 + (uint64_t)k, i);
+        snprintf(name, sizeof name, "p%d", k);
+        r = ddp_register_param(ctx, name, sh_sizes[k], k % 2 ? DDP_NO_DECAY : 0, init[self->rank][k], &ids[k]);
+    }
+    if (r == DDP_OK) r = ddp_commit(ctx);
+    for (step = 0; step < SH_STEPS && r == DDP_OK; step++) {
+        r = ddp_zero_grad(ctx);
+        for (u = 0; u < cfg.micro && r == DDP_OK; u++) {
+            ddp_set_sync(ctx, u == cfg.micro - 1);
+            for (k = SH_PARAMS - 1; k >= 0 && r == DDP_OK; k--) {
+                const float *p = ddp_param(ctx, ids[k]);   /* device memory is host memory here */
+                float *g = ddp_grad(ctx, ids[k]), scale = step % 3 == 0 ? 0.01f : 1.0f;
+                size_t i;
+                for (i = 0; i < sh_sizes[k]; i++)
+                    g[i] += scale * tanhf(1.7f * p[i] + test_value(1000 * (uint64_t)step + 10 * (uint64_t)u + 100000 * (uint64_t)self->rank,
+                                                                   (uint64_t)k * 100000 + i));
+                r = ddp_grad_ready(ctx, ids[k]);
+            }
+            if (r == DDP_OK) r = ddp_finish(ctx);
+        }
+        if (r == DDP_OK) r = ddp_adamw_step(ctx, &opt, &sh.norm[self->rank][step]);
+    }
+    if (r == DDP_OK) {
+        size_t n;
+        ddp_flat_params(ctx, &n);
+        sh.params[self->rank] = (float *)malloc(n * sizeof(float));
+        r = ddp_copy_to_host(ctx, DDP_PARAMS, 0, sh.params[self->rank], n);
+        if (self->rank == 0) { sh.count = n; sh.m = (float *)malloc(n * sizeof(float)); sh.v = (float *)malloc(n * sizeof(float)); }
+        if (r == DDP_OK) r = ddp_gather_to_host(ctx, DDP_ADAM_M, 0, self->rank == 0 ? sh.m : NULL, n, 0);
+        if (r == DDP_OK) r = ddp_gather_to_host(ctx, DDP_ADAM_V, 0, self->rank == 0 ? sh.v : NULL, n, 0);
+    }
+    sh.r[self->rank] = r;
+    snprintf(sh.err[self->rank], sizeof sh.err[self->rank], "%s", ddp_last_error(ctx));
+    if (ddp_shutdown(ctx) != DDP_OK && sh.r[self->rank] == DDP_OK) sh.r[self->rank] = DDP_ERR_BACKEND;
+}
+
+static void test_shard_parts(int world, int micro, int bf16) {
+    float norm[SH_STEPS], *params = NULL, *m = NULL, *v = NULL;
+    size_t count = 0;
+    int pass, r, ok = 1, step;
+    char name[160], why[DDP__ERR_MAX + 64];
+    why[0] = 0;
+    for (pass = 0; pass < 2; pass++) {   /* 0: the CPU backend unsharded, 1: NCCL sharded */
+        fakegpu_reset();
+        reset_cfg();
+        cfg.backend = pass ? DDP_BACKEND_NCCL : DDP_BACKEND_CPU;
+        cfg.shard = pass; cfg.micro = micro; cfg.bf16 = bf16;
+        memset(&sh, 0, sizeof sh);
+        run(world, shard_rank);
+        for (r = 0; r < world; r++) {
+            if (sh.r[r] != DDP_OK && ok) {
+                snprintf(why, sizeof why, "%s, rank %d: %s%s%.400s", pass ? "nccl" : "cpu", r, sh.err[r],
+                         res[r].logged[0] ? "; ddp_shutdown: " : "", res[r].logged);
+                ok = 0;
+            }
+            if (ok && r > 0 && memcmp(sh.params[r], sh.params[0], sh.count * sizeof(float))) {
+                snprintf(why, sizeof why, "%s: rank %d's parameters differ from rank 0's", pass ? "nccl" : "cpu", r);
+                ok = 0;
+            }
+        }
+        if (ok && pass == 0) {
+            memcpy(norm, sh.norm[0], sizeof norm);
+            params = sh.params[0]; sh.params[0] = NULL;
+            m = sh.m; v = sh.v; count = sh.count;
+        } else if (ok) {
+            for (step = 0; step < SH_STEPS && ok; step++)
+                if (memcmp(&norm[step], &sh.norm[0][step], sizeof(float))) {
+                    snprintf(why, sizeof why, "step %d: norm %.9g sharded on NCCL, %.9g on the CPU", step, sh.norm[0][step], norm[step]);
+                    ok = 0;
+                }
+            if (ok && (sh.count != count || memcmp(params, sh.params[0], count * sizeof(float)))) { snprintf(why, sizeof why, "parameters differ"); ok = 0; }
+            if (ok && (memcmp(m, sh.m, count * sizeof(float)) || memcmp(v, sh.v, count * sizeof(float)))) { snprintf(why, sizeof why, "m or v differ"); ok = 0; }
+        }
+        for (r = 0; r < world; r++) free(sh.params[r]);
+        if (pass) { free(sh.m); free(sh.v); }
+    }
+    snprintf(name, sizeof name, "fake_nccl_ranks%d_accum%d%s_sharded_parts_norm_params_m_v_bitwise_equal_cpu_unsharded", world, micro,
+             bf16 ? "_bf16" : "");
+    verdict(ok, name, "%s", why);
+    free(params); free(m); free(v);
+    snprintf(name, sizeof name, "shard_parts_ranks%d_accum%d%s", world, micro, bf16 ? "_bf16" : "");
     check_clean(name);
 }
 
@@ -718,6 +836,13 @@ int main(void) {
     test_training(3, 2, 1, 4, 0);
     test_training(2, 1, 0, 0, 1);
     test_training(3, 1, 0, 0, 1);
+    /* sharded: reduce-scatter, the norm's blocks, all-gather (the MLP: the tail path only) */
+    test_training_shard(2, 1, 0, 0, 0, 1);
+    test_training_shard(3, 2, 1, 3, 0, 1);
+    test_shard_parts(2, 1, 0);
+    test_shard_parts(3, 2, 0);
+    test_shard_parts(4, 1, 1);
+    test_shard_parts(1, 1, 0);
     slow_nccl(2);
     slow_shutdown(2, 0);
     slow_shutdown(3, 0);

@@ -40,6 +40,7 @@ typedef struct options {
     gpt_config model;
     int steps, warmup, accum, eval_every, eval_batches, sample, top_k, stop_at, save_every, log_every;
     int cpu, tf32;                 /* --cpu: CPU backend and model even where a GPU is; --tf32 */
+    int shard;                     /* --shard-optimizer: ddp_desc.shard_optimizer (ZeRO-1) */
     int fresh;                     /* --fresh: --save PATH starts over even where PATH holds a checkpoint */
     float lr, min_lr, wd, clip, beta1, beta2, temperature, bucket_mb, dropout;
     float inject_latency_ms, inject_gbps;   /* ddp.h's emulated network (benchmarks: tools/scaling.py) */
@@ -84,6 +85,7 @@ static void usage(FILE *f) {
         "                     over a network of X ms latency and X GB/s (1e9 bytes/s) (ddp.h's inject_comm_*)\n"
         "  --dump-init PATH   write the initial parameters (float32, registration order) and exit\n"
         "  --cpu              the CPU backend and model even where a GPU is visible (GPU build)\n"
+        "  --shard-optimizer  AdamW's m and v sharded across the ranks (ZeRO-1; same results)\n"
         "  --tf32             GPU: TF32 tensor-core matmuls (faster, less exact; default pure fp32)\n");
 }
 
@@ -103,6 +105,7 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errn)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); exit(0); }
         else if (!strcmp(a, "--cpu")) { o->cpu = 1; continue; }
         else if (!strcmp(a, "--tf32")) { o->tf32 = 1; continue; }
+        else if (!strcmp(a, "--shard-optimizer")) { o->shard = 1; continue; }
         else if (!strcmp(a, "--fresh")) { o->fresh = 1; continue; }
         else if (!strcmp(a, "--data")) sp = &o->data;
         else if (!strcmp(a, "--save")) sp = &o->save;
@@ -654,6 +657,7 @@ int main(int argc, char **argv) {
         desc.inject_comm_latency_ms = o.inject_latency_ms;
         desc.inject_comm_gbps = o.inject_gbps;
         desc.backend = o.cpu ? DDP_BACKEND_CPU : DDP_BACKEND_AUTO;
+        desc.shard_optimizer = o.shard;
 #ifdef __CUDACC__
         /* The compute stream: this thread's per-thread default stream. It is a stream of
            whichever device ddp_init selects (LOCAL_RANK modulo the devices), so it can be named

@@ -53,6 +53,28 @@ extern "C" cudaError_t ddp_k_sum_squares(const float *x, size_t n, double *parti
     return cudaGetLastError();
 }
 
+extern "C" cudaError_t ddp_k_norm_blocks(const float *x, size_t n, size_t grain, double *out, cudaStream_t stream) {
+    size_t blocks = grain ? (n + grain - 1) / grain : 0, k;
+    const void *p[2] = { x, out };
+    size_t b[2] = { n * sizeof(float), blocks * sizeof(double) };
+    cudaError_t e;
+    if (blocks == 0) { forget_not_ready(); return cudaSuccess; }
+    if ((e = launch(stream, "ddp_k_norm_blocks", 0, 2, p, b)) != cudaSuccess) return e;
+    for (k = 0; k < blocks; k++) out[k] = ddp_k__block_squares(x + k * grain, n - k * grain < grain ? n - k * grain : grain);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t ddp_k_sum_doubles(const double *x, size_t n, double *out, cudaStream_t stream) {
+    const void *p[2] = { x, out };
+    size_t b[2] = { n * sizeof(double), sizeof(double) }, i;
+    double total = 0;
+    cudaError_t e = launch(stream, "ddp_k_sum_doubles", 0, 2, p, b);
+    if (e != cudaSuccess) return e;
+    for (i = 0; i < n; i++) total += x[i];
+    *out = total;
+    return cudaGetLastError();
+}
+
 extern "C" cudaError_t ddp_k_adamw_prepare(ddp_k_adamw_state *state, const double *norm_sq, float max_grad_norm,
                                            float lr, float beta1, float beta2, cudaStream_t stream) {
     const void *p[2] = { state, norm_sq };

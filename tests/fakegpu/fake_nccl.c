@@ -19,7 +19,7 @@
 #define DEAD_MAGIC 0xdeadu
 #define MAX_RANKS 64
 
-enum { COLL_ALLREDUCE = 1, COLL_BROADCAST = 2 };
+enum { COLL_ALLREDUCE = 1, COLL_BROADCAST = 2, COLL_REDUCE = 3, COLL_REDUCESCATTER = 4, COLL_ALLGATHER = 5 };
 enum { ST_INIT, ST_STALLED, ST_READY, ST_FINALIZING, ST_FINALIZED, ST_FAILED };
 
 typedef struct entry {
@@ -326,18 +326,82 @@ static size_t type_size(ncclDataType_t t) {
     }
 }
 
+/* Where element j of a reduction's result goes on rank r: every rank (allreduce), the root only
+   (reduce), or the rank whose block of `count` holds j, at j - r * count (reduce-scatter: the
+   send buffers hold nranks * count elements, rank r receives block r). NULL: nowhere. */
+static void *result_at(const group *g, int r, size_t j, size_t sz) {
+    const entry *e = &g->e[r];
+    if (e->coll == COLL_REDUCE && r != e->root) return NULL;
+    if (e->coll == COLL_REDUCESCATTER) {
+        if (j / e->count != (size_t)r) return NULL;
+        j -= (size_t)r * e->count;
+    }
+    return (char *)e->recv + j * sz;
+}
+
 /* Element j of every rank's result, from every rank's input, in rank order. */
 static void compute_locked(group *g) {
     const entry *e0 = &g->e[0];
     int n = g->nranks, r;
-    size_t j, sz = type_size(e0->type);
+    size_t j, sz = type_size(e0->type), total = e0->coll == COLL_REDUCESCATTER ? e0->count * (size_t)n : e0->count;
     if (e0->coll == COLL_BROADCAST) {
         const entry *root = &g->e[e0->root];
         for (r = 0; r < n; r++)
             if (g->e[r].recv != root->send) memmove(g->e[r].recv, root->send, e0->count * sz);
         return;
     }
+    if (e0->coll == COLL_ALLGATHER) {   /* rank q's send into block q of every recv (in place: already there) */
+        int q;
+        for (r = 0; r < n; r++)
+            for (q = 0; q < n; q++) {
+                char *to = (char *)g->e[r].recv + (size_t)q * e0->count * sz;
+                if (to != (const char *)g->e[q].send) memmove(to, g->e[q].send, e0->count * sz);
+            }
+        return;
+    }
+    if (e0->coll != COLL_ALLREDUCE) {   /* reduce, reduce-scatter: each element read before its one write */
+        for (j = 0; j < total; j++) {
+            if (e0->type == ncclFloat64) {
+                double s = ((const double *)e0->send)[j];
+                for (r = 1; r < n; r++) s += ((const double *)g->e[r].send)[j];
+                if (e0->op == ncclAvg) s = s / (double)n;
+                for (r = 0; r < n; r++) { double *at = (double *)result_at(g, r, j, sz); if (at) *at = s; }
+            } else if (e0->type == ncclFloat) {
+                float s, scale = (float)(1.0 / n);
+                if (e0->op == ncclAvg && avg_premul) {
+                    s = ((const float *)e0->send)[j] * scale;
+                    for (r = 1; r < n; r++) s += ((const float *)g->e[r].send)[j] * scale;
+                } else {
+                    s = ((const float *)e0->send)[j];
+                    for (r = 1; r < n; r++) s += ((const float *)g->e[r].send)[j];
+                    if (e0->op == ncclAvg) s = s / (float)n;
+                }
+                for (r = 0; r < n; r++) { float *at = (float *)result_at(g, r, j, sz); if (at) *at = s; }
+            } else {   /* bfloat16 (uint8 is refused for these at the post) */
+                uint16_t out;
+                float scale = (float)(1.0 / n);
+                if (e0->op == ncclAvg && avg_premul) {
+                    out = to_bf16(from_bf16(((const uint16_t *)e0->send)[j]) * scale);
+                    for (r = 1; r < n; r++)
+                        out = to_bf16(from_bf16(out) + from_bf16(to_bf16(from_bf16(((const uint16_t *)g->e[r].send)[j]) * scale)));
+                } else {
+                    float s = from_bf16(((const uint16_t *)e0->send)[j]);
+                    for (r = 1; r < n; r++) s += from_bf16(((const uint16_t *)g->e[r].send)[j]);
+                    out = to_bf16(e0->op == ncclAvg ? s / (float)n : s);
+                }
+                for (r = 0; r < n; r++) { uint16_t *at = (uint16_t *)result_at(g, r, j, sz); if (at) *at = out; }
+            }
+        }
+        return;
+    }
     for (j = 0; j < e0->count; j++) {
+        if (e0->type == ncclFloat64) {   /* sums of doubles (ddp.h's norm blocks) */
+            double s = ((const double *)e0->send)[j];
+            for (r = 1; r < n; r++) s += ((const double *)g->e[r].send)[j];
+            if (e0->op == ncclAvg) s = s / (double)n;
+            for (r = 0; r < n; r++) ((double *)g->e[r].recv)[j] = s;
+            continue;
+        }
         if (e0->type == ncclFloat) {
             float s, scale = (float)(1.0 / n);
             if (e0->op == ncclAvg && avg_premul) {
@@ -374,6 +438,9 @@ static const char *coll_name(const entry *e, char *buf, size_t cap) {
     static const char *types[] = { "int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "float", "double", "bfloat16" };
     static const char *ops[] = { "sum", "prod", "max", "min", "avg" };
     if (e->coll == COLL_BROADCAST) snprintf(buf, cap, "broadcast of %zu %s from rank %d", e->count, types[e->type], e->root);
+    else if (e->coll == COLL_REDUCE) snprintf(buf, cap, "reduce(%s) of %zu %s to rank %d", ops[e->op], e->count, types[e->type], e->root);
+    else if (e->coll == COLL_REDUCESCATTER) snprintf(buf, cap, "reduce-scatter(%s) of %zu %s a rank", ops[e->op], e->count, types[e->type]);
+    else if (e->coll == COLL_ALLGATHER) snprintf(buf, cap, "all-gather of %zu %s a rank", e->count, types[e->type]);
     else snprintf(buf, cap, "allreduce(%s) of %zu %s", ops[e->op], e->count, types[e->type]);
     return buf;
 }
@@ -383,14 +450,34 @@ static ncclResult_t post(const entry *in, ncclComm_t comm, cudaStream_t stream, 
     group *g;
     entry e = *in;
     unsigned long long seq;
-    size_t bytes = in->count * type_size(in->type);
-    int r, complete = 0;
-    if (in->type != ncclFloat && in->type != ncclBfloat16 && in->type != ncclUint8)
-        return failmsg(ncclInvalidArgument, "fake NCCL: %s: only float, bfloat16 and uint8 are emulated", call);
-    if (in->coll == COLL_ALLREDUCE && (in->op != ncclSum && in->op != ncclAvg))
+    size_t bytes = in->count * type_size(in->type), send_bytes = bytes, recv_bytes = bytes;
+    int r, complete = 0, reduces = in->coll == COLL_ALLREDUCE || in->coll == COLL_REDUCE || in->coll == COLL_REDUCESCATTER;
+    if (in->type != ncclFloat && in->type != ncclBfloat16 && in->type != ncclUint8 && in->type != ncclFloat64)
+        return failmsg(ncclInvalidArgument, "fake NCCL: %s: only float, double, bfloat16 and uint8 are emulated", call);
+    if (reduces && (in->op != ncclSum && in->op != ncclAvg))
         return failmsg(ncclInvalidArgument, "fake NCCL: %s: only ncclSum and ncclAvg are emulated", call);
-    if (in->coll == COLL_ALLREDUCE && in->op == ncclAvg && in->type == ncclUint8)
+    if (reduces && in->op == ncclAvg && in->type == ncclUint8)
         return failmsg(ncclInvalidArgument, "fake NCCL: %s: ncclAvg on uint8 is not emulated", call);
+    if (in->coll != COLL_ALLREDUCE && in->coll != COLL_BROADCAST && in->type == ncclUint8)
+        return failmsg(ncclInvalidArgument, "fake NCCL: %s: uint8 is emulated for allreduce and broadcast only", call);
+    if (comm && comm->magic == COMM_MAGIC) {
+        /* NCCL's buffer sizes and in-place rules: reduce-scatter sends nranks * count and receives
+           count (in place: recv = send + rank * count); all-gather the reverse (in place: send =
+           recv + rank * count). Another overlap is undefined in NCCL: refused here. */
+        size_t whole = bytes * (size_t)comm->nranks;
+        if (in->coll == COLL_REDUCESCATTER) send_bytes = whole;
+        if (in->coll == COLL_ALLGATHER) recv_bytes = whole;
+        if (bytes && in->coll == COLL_REDUCESCATTER && (const char *)in->recv != (const char *)in->send + comm->rank * bytes &&
+            (const char *)in->recv < (const char *)in->send + whole && (const char *)in->recv + bytes > (const char *)in->send) {
+            fakegpu_misuse("%s on rank %d: recvbuff overlaps sendbuff but is not sendbuff + rank * count", call, comm->rank);
+            return failmsg(ncclInvalidArgument, "fake NCCL: %s: bad in-place buffers", call);
+        }
+        if (bytes && in->coll == COLL_ALLGATHER && (const char *)in->send != (const char *)in->recv + comm->rank * bytes &&
+            (const char *)in->send < (const char *)in->recv + whole && (const char *)in->send + bytes > (const char *)in->recv) {
+            fakegpu_misuse("%s on rank %d: sendbuff overlaps recvbuff but is not recvbuff + rank * count", call, comm->rank);
+            return failmsg(ncclInvalidArgument, "fake NCCL: %s: bad in-place buffers", call);
+        }
+    }
     pthread_mutex_lock(&nccl_lock);
     if (!comm_ok_locked(c, call)) { pthread_mutex_unlock(&nccl_lock); return ncclInvalidArgument; }
     g = c->g;
@@ -414,9 +501,10 @@ static ncclResult_t post(const entry *in, ncclComm_t comm, cudaStream_t stream, 
                        c->device, fakegpu_current_device());
         return failmsg(ncclInvalidUsage, "fake NCCL: %s: wrong device", call);
     }
-    if (bytes && ((e.send && !fakegpu_is_device_range(e.send, bytes, c->device)) || !fakegpu_is_device_range(e.recv, bytes, c->device))) {
-        fakegpu_misuse("%s on rank %d: a buffer (%p, %p, %zu bytes) is not device memory of device %d", call, c->rank,
-                       e.send, e.recv, bytes, c->device);
+    if (bytes && ((e.send && !fakegpu_is_device_range(e.send, send_bytes, c->device)) ||
+                  (e.recv && !fakegpu_is_device_range(e.recv, recv_bytes, c->device)))) {
+        fakegpu_misuse("%s on rank %d: a buffer (%p, %zu bytes; %p, %zu bytes) is not device memory of device %d", call,
+                       c->rank, e.send, send_bytes, e.recv, recv_bytes, c->device);
         return failmsg(ncclInvalidArgument, "fake NCCL: %s: buffer not in device memory", call);
     }
     pthread_mutex_lock(&nccl_lock);
@@ -442,7 +530,8 @@ static ncclResult_t post(const entry *in, ncclComm_t comm, cudaStream_t stream, 
         for (r = 1; r < g->nranks; r++) {
             const entry *x = &g->e[0], *y = &g->e[r];
             if (x->coll != y->coll || x->count != y->count || x->type != y->type ||
-                (x->coll == COLL_ALLREDUCE && x->op != y->op) || (x->coll == COLL_BROADCAST && x->root != y->root)) {
+                (x->coll != COLL_BROADCAST && x->coll != COLL_ALLGATHER && x->op != y->op) ||
+                ((x->coll == COLL_BROADCAST || x->coll == COLL_REDUCE) && x->root != y->root)) {
                 char msg[400];
                 snprintf(msg, sizeof msg, "fake NCCL: ranks called different collectives (#%llu): rank 0 a %s, rank %d a %s",
                          seq, coll_name(x, a, sizeof a), r, coll_name(y, b, sizeof b));
@@ -502,6 +591,33 @@ ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataT
     e.coll = COLL_BROADCAST; e.send = comm && comm->magic == COMM_MAGIC && comm->rank == root ? send : NULL;
     e.recv = recv; e.count = count; e.type = type; e.root = root;
     return post(&e, comm, stream, "ncclBroadcast");
+}
+
+ncclResult_t ncclReduce(const void *send, void *recv, size_t count, ncclDataType_t type, ncclRedOp_t op, int root,
+                        ncclComm_t comm, cudaStream_t stream) {
+    entry e;
+    memset(&e, 0, sizeof e);
+    if (comm && comm->magic == COMM_MAGIC && (root < 0 || root >= comm->nranks))
+        return failmsg(ncclInvalidArgument, "fake NCCL: reduce root %d out of range", root);
+    e.coll = COLL_REDUCE; e.send = send; e.count = count; e.type = type; e.op = op; e.root = root;
+    e.recv = comm && comm->magic == COMM_MAGIC && comm->rank == root ? recv : NULL;   /* NCCL reads recvbuff on the root only */
+    return post(&e, comm, stream, "ncclReduce");
+}
+
+ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t recvcount, ncclDataType_t type, ncclRedOp_t op,
+                               ncclComm_t comm, cudaStream_t stream) {
+    entry e;
+    memset(&e, 0, sizeof e);
+    e.coll = COLL_REDUCESCATTER; e.send = send; e.recv = recv; e.count = recvcount; e.type = type; e.op = op;
+    return post(&e, comm, stream, "ncclReduceScatter");
+}
+
+ncclResult_t ncclAllGather(const void *send, void *recv, size_t sendcount, ncclDataType_t type, ncclComm_t comm,
+                           cudaStream_t stream) {
+    entry e;
+    memset(&e, 0, sizeof e);
+    e.coll = COLL_ALLGATHER; e.send = send; e.recv = recv; e.count = sendcount; e.type = type;
+    return post(&e, comm, stream, "ncclAllGather");
 }
 
 ncclResult_t ncclCommFinalize(ncclComm_t comm) {
