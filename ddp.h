@@ -5758,7 +5758,7 @@ static ddp_result ddp__join(ddp_context *ctx) {
    an index would need a commit across files; one rename commits one file.) Format, little-endian,
    every integer at its stated width:
      "DDP-CKPT" u32 version u32 world u32 sharded u32 num_params i64 step u64 floats u64 user_bytes
-     u32 num_shards u32 0 | num_shards x u64 first float of each shard | num_params x (u32 name
+     u32 num_shards u32 0 | num_shards x u64 the floats the shards before it hold | num_params x (u32 name
      length, name, u64 count, u32 flags) | parameters, then m, then v, each parameter's floats in
      registration order (no padding) | the user blob | u64 checksum of every byte before it
      (ddp__sum_add: FNV-1a's step on 64-bit words in four lanes, then FNV-1a of lanes and tail).
