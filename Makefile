@@ -93,7 +93,7 @@ $(G)/test_gpt_gpu: tests/gpu/test_gpt_gpu.cu tests/test_gpt.c $(GPT_CUDA_DEPS) $
 # on namespace hosts and prints a SKIP line where mpicc/mpirun or the namespaces are missing.
 MPICC ?= $(shell command -v mpicc 2>/dev/null)
 M     := $(B)/mpi
-MPI_PROGRAMS := $(M)/test_equivalence $(M)/test_collectives $(M)/minimal $(M)/train_gpt $(M)/test_gpt $(M)/bench_allreduce
+MPI_PROGRAMS := $(M)/mpi_steps $(M)/test_equivalence $(M)/test_collectives $(M)/minimal $(M)/train_gpt $(M)/test_gpt $(M)/bench_allreduce
 ifeq ($(strip $(MPICC)),)
 mpi:
 	@echo "no mpicc: the MPI backend's programs are not built (apt-get install openmpi-bin libopenmpi-dev)"
