@@ -3453,23 +3453,30 @@ static ddp_result ddp__mpi_collective_timed(ddp_context *ctx, uint32_t kind, voi
     return r;
 }
 
+/* This host's ranks stop at their next wait, with this rank's message. */
+static void ddp__mpi_poison_host(ddp_context *ctx, ddp_result code) {
+    ddp_context *h = ctx->mpi->host;
+    ddp__mpi_dirty = 1;
+    if (!h || !h->cpu || !h->cpu->shm) return;
+    pthread_mutex_lock(&ctx->err_lock);
+    pthread_mutex_lock(&h->err_lock);
+    snprintf(h->err, sizeof h->err, "%s", ctx->err);
+    pthread_mutex_unlock(&h->err_lock);
+    pthread_mutex_unlock(&ctx->err_lock);
+    ddp__set_failed(h, code);
+    ddp__cpu_poison(h, code);
+}
+
 /* Poison: the store (every rank's watchdog polls it) and this host's segment. */
 static void ddp__mpi_poison(ddp_context *ctx, ddp_result code) {
     ddp__mpi *m = ctx->mpi;
     int fd;
     char msg[DDP__ERR_MAX];
     if (!m) return;
-    ddp__mpi_dirty = 1;
+    ddp__mpi_poison_host(ctx, code);
     pthread_mutex_lock(&ctx->err_lock);
     snprintf(msg, sizeof msg, "%s", ctx->err);
     pthread_mutex_unlock(&ctx->err_lock);
-    if (m->host && m->host->cpu && m->host->cpu->shm) {
-        pthread_mutex_lock(&m->host->err_lock);
-        snprintf(m->host->err, sizeof m->host->err, "%s", msg);
-        pthread_mutex_unlock(&m->host->err_lock);
-        ddp__set_failed(m->host, code);
-        ddp__cpu_poison(m->host, code);
-    }
     fd = m->watchdog_started && pthread_equal(pthread_self(), m->watchdog) ? m->watch_fd : ctx->store_fd;
     if (fd >= 0) {
         unsigned char *reply = NULL;
@@ -3580,8 +3587,8 @@ static void *ddp__mpi_watchdog_main(void *arg) {
                 ddp__fail_group(ctx, DDP_ERR_TIMEOUT, "timed out after %.0f s in %s: no answer across hosts; not heard "
                                 "from: %s", ctx->desc.timeout_s, msg, silent[0] ? silent : "none (a rank stopped?)");
             } else if (m->watch_fd >= 0 && (r = ddp__mpi_check_store(ctx, msg, sizeof msg)) != DDP_OK) {
-                ddp__set_failed(ctx, ddp__fail(ctx, r, "%s", msg));   /* the peers know already */
-                if (m->host && m->host->cpu) { ddp__mpi_poison(ctx, r); }
+                ddp__set_failed(ctx, ddp__fail(ctx, r, "%s", msg));   /* the store knows already (or is gone) */
+                ddp__mpi_poison_host(ctx, r);
             }
         }
         /* Failed while this rank waits in a collective (or soon will): MPI cannot be
@@ -3678,6 +3685,11 @@ static ddp_result ddp__mpi_start(ddp_context *ctx) {
     MPI_Finalized(&fin);
     if (fin) return ddp__fail(ctx, DDP_ERR_BACKEND, "MPI was finalized already: the MPI backend cannot start again");
     MPI_Initialized(&init);
+    if (!init && !getenv("OMPI_COMM_WORLD_SIZE") && !getenv("PMIX_RANK") && !getenv("PMI_RANK") && !getenv("PMI_SIZE"))
+        return ddp__fail(ctx, DDP_ERR_BAD_ENV, "the MPI backend needs the ranks started as one MPI job (mpirun, srun "
+                         "--mpi=pmix), but no MPI launcher started this rank (no OMPI_COMM_WORLD_SIZE, PMIX_RANK or "
+                         "PMI_RANK): ddprun --nnodes starts ranks that MPI cannot connect (Open MPI's singletons do not "
+                         "support MPI_Comm_join); use mpirun -H host1:N,host2:N");
     if (!init) {
         if (MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
             return ddp__fail(ctx, DDP_ERR_BACKEND, "MPI_Init_thread failed");

@@ -2,8 +2,16 @@
    rank writes its gradients (a known function of rank and step), averages them, checks the
    average against the float64 value, and prints one line a second. A failure prints
    "rank R: failed after S s at step K: <ddp_last_error>" and exits 1.
+   With MPI_STEPS_LOG=DIR each rank writes stdout and stderr (ddp.h's log lines) to DIR/rankR.log
+   itself: a host cut off cannot send mpirun its output. Lines carry the wall clock (epoch s).
    Usage: mpi_steps SECONDS [FLOATS]   (run under mpirun; ranks on several hosts) */
 #include "testlib.h"
+
+static double wall(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 static double test_now(void) {
     struct timespec ts;
@@ -18,6 +26,14 @@ int main(int argc, char **argv) {
     ddp_result r = DDP_OK;
     int id, rank, world;
     long step = 0;
+    const char *dir = getenv("MPI_STEPS_LOG"), *env_rank = getenv("OMPI_COMM_WORLD_RANK");
+    if (dir && env_rank) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/rank%s.log", dir, env_rank);
+        if (!freopen(path, "w", stdout) || dup2(fileno(stdout), 2) < 0) return 2;
+        setvbuf(stdout, NULL, _IOLBF, 0);
+    }
+    printf("pid %d\n", (int)getpid());
     if (ddp_init(&ddp, NULL) != DDP_OK) { printf("%s\n", ddp_last_error(ddp)); ddp_shutdown(ddp); return 1; }
     rank = ddp_rank(ddp);
     world = ddp_world_size(ddp);
@@ -38,7 +54,7 @@ int main(int argc, char **argv) {
     }
 out:
     if (r != DDP_OK) {
-        printf("rank %d: failed after %.2f s at step %ld: %s\n", rank, test_now() - t0, step, ddp_last_error(ddp));
+        printf("rank %d: failed at %.3f, step %ld: %s\n", rank, wall(), step, ddp_last_error(ddp));
         fflush(stdout);
         ddp_shutdown(ddp);
         return 1;
