@@ -48,7 +48,8 @@
      backend          DDP_BACKEND_AUTO     which backend runs (BACKENDS below); ddp_config()->
                                            backend says which one did. AUTO = NCCL when built
                                            with CUDA and a GPU is visible, else SINGLE for one
-                                           rank, CPU for several
+                                           rank, MPI when built with DDP_MPI and the ranks span
+                                           hosts (LOCAL_WORLD_SIZE < WORLD_SIZE), CPU for several
      timeout_s        300 ($DDP_TIMEOUT)   longest wait for a peer before DDP_ERR_TIMEOUT (a
                                            dead peer is noticed much sooner: ERRORS)
      bucket_cap_mb    25                   bucket size cap in MiB
@@ -133,6 +134,29 @@
              than hang, until ddp_shutdown has destroyed it. Step stats come from CUDA events,
              read lazily (stats.step names the step they describe).
 
+     mpi     CPU ranks on several hosts (only with -DDDP_MPI, built by mpicc; tested with Open MPI
+             4.1; MPICH's own environment (PMI_RANK) is not read by ENVIRONMENT below yet).
+             Hierarchical: the ranks of a host reduce through the cpu backend's shared memory
+             (>>cpu, with LOCAL_RANK and LOCAL_WORLD_SIZE), one leader per host (LOCAL_RANK 0) does
+             the inter-host part through MPI, the leader's result goes back through shared memory;
+             DDP_MPI_FLAT=1 puts every rank in MPI instead (for comparison). Across hosts each
+             leader owns a slice: MPI_Alltoallv of the host sums, the owner adds them in host order
+             and divides, MPI_Allgatherv: a fixed order, so every rank ends with the same bits
+             (MPI_Allreduce's order is the library's). Buckets run on a communication thread while
+             backward goes on; user collectives work across hosts. The ranks must be one MPI job
+             (mpirun -H h1:2,h2:2, srun --mpi=pmix): ddprun --nnodes cannot start MPI ranks, and
+             an MPI build under it fails at once saying so. If the program called MPI_Init_thread
+             first, ddp.h uses that MPI; otherwise it initializes MPI in ddp_init and finalizes it
+             at exit (atexit; not after a failure, when MPI_Finalize would wait for the lost).
+             It needs MPI_THREAD_MULTIPLE (the communication thread and the rank's thread call MPI
+             in turn, the watchdog may call MPI_Abort while either waits) and fails by name when
+             MPI granted less. MPI calls have no timeout: a watchdog thread polls the store every
+             0.1 s (a poison, a dead rank's closed connection) and the age of the collective in
+             progress (timeout_s; the ranks whose heartbeat in the store stopped are named with
+             their hosts); on a failure while this rank waits in MPI it logs the named error, waits
+             0.5 s so the peers log theirs, and calls MPI_Abort (the one case where ddp.h ends the
+             program). Not yet: reduce_dtype bf16 (refused at init).
+
    ENVIRONMENT (first match wins)
      torchrun style  RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
      Open MPI        OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE (+ MASTER_ADDR/PORT)
@@ -142,6 +166,7 @@
                      rank prove to each other that they know it, without sending it
      DDP_JOB_ID      the job's name, the same on every rank (default: the launcher's job id)
      DDP_TIMEOUT     seconds, see timeout_s
+     DDP_MPI_FLAT=1  (MPI backend, the same on every rank) every rank in MPI, no host groups
      DDP_STAGED_GRADS=1  (CPU backend, read by rank 0) gradient buckets through the staging
                      slots instead of in place through the shared gradient segment: the same
                      bits, slower; for comparisons
@@ -163,7 +188,7 @@
    ERRORS
      Every call that can fail returns a ddp_result; ddp_last_error(ctx) says what, where and on
      which rank (every message starts with "rank N: ", or "pid P" before the rank is known). The
-     library never exits or aborts the program. An error inside a collective (a dead peer, a
+     library never exits or aborts the program (except the MPI backend's watchdog: BACKENDS). An error inside a collective (a dead peer, a
      timeout, a mismatch between ranks) poisons the process group: every rank fails fast with a
      message naming the rank that failed first, instead of waiting for the timeout. A peer that
      dies (a process, or a thread-rank that ends without ddp_shutdown) is noticed within about
@@ -238,6 +263,7 @@
                           #error that says so)
      DDP_CUDA             the NCCL backend (nvcc defines it); with a C compiler, link cudart and
                           nccl and compile ddp_kernels.cuh once with DDP_KERNELS_IMPLEMENTATION
+     DDP_MPI              the MPI backend (build with mpicc, or add MPI's include and library flags)
      DDP_MALLOC(size), DDP_FREE(ptr), DDP_ASSERT(cond)   allocator and assert hooks
 
    THE IMPLEMENTATION, SECTION BY SECTION (bottom-up; grep the marker, e.g. ">>cpu")
@@ -252,6 +278,8 @@
      >>single       the single backend's table
      >>cpu          shared-memory collectives, liveness, poison; >>cpu-grads buckets averaged in
                     place; the communication thread; the cpu backend's table
+     >>mpi          the MPI backend (only with DDP_MPI): host groups on the cpu backend's
+                    segment, the leaders' fixed-order sum, the watchdog, its table
      >>nccl         the NCCL backend (only with DDP_CUDA): the communicator's life, the
                     watchdog, set-up, buckets on the comm stream, AdamW kernels; its table
      >>group        ddp__choose_backend (the one place that knows every backend), rendezvous,
