@@ -596,6 +596,8 @@ ddp_result ddp_join(ddp_context *ctx);
 #include "ddp_kernels.cuh"
 #endif
 #ifdef DDP_MPI
+#define OMPI_SKIP_MPICXX 1    /* the C API only, also from C++ */
+#define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 #endif
 
