@@ -3313,7 +3313,7 @@ static int ddp__mpi_owned, ddp__mpi_dirty;   /* ddp.h initialized MPI; a context
 static void ddp__mpi_atexit(void) {
     int fin = 0;
     MPI_Finalized(&fin);
-    if (!fin && !ddp__mpi_dirty) MPI_Finalize();   /* after a failure: no collective finalize */
+    if (!fin && !__atomic_load_n(&ddp__mpi_dirty, __ATOMIC_ACQUIRE)) MPI_Finalize();   /* after a failure: no collective finalize */
 }
 
 static const char *ddp__mpi_host_name(ddp_context *ctx, int rank) {
@@ -3486,7 +3486,7 @@ static ddp_result ddp__mpi_collective_timed(ddp_context *ctx, uint32_t kind, voi
 /* This host's ranks stop at their next wait, with this rank's message. */
 static void ddp__mpi_poison_host(ddp_context *ctx, ddp_result code) {
     ddp_context *h = ctx->mpi->host;
-    ddp__mpi_dirty = 1;
+    __atomic_store_n(&ddp__mpi_dirty, 1, __ATOMIC_RELEASE);
     if (!h || !h->cpu || !h->cpu->shm) return;
     pthread_mutex_lock(&ctx->err_lock);
     pthread_mutex_lock(&h->err_lock);
@@ -3916,7 +3916,7 @@ static void ddp__mpi_teardown(ddp_context *ctx) {
             pthread_mutex_destroy(&h->err_lock);
             DDP_FREE(h);
         }
-        if (ddp__failed(ctx)) ddp__mpi_dirty = 1;   /* MPI_Finalize would wait for the lost */
+        if (ddp__failed(ctx)) __atomic_store_n(&ddp__mpi_dirty, 1, __ATOMIC_RELEASE);   /* MPI_Finalize would wait for the lost */
         else {
             if (m->leaders != MPI_COMM_NULL) MPI_Comm_free(&m->leaders);
             if (m->local != MPI_COMM_NULL) MPI_Comm_free(&m->local);
