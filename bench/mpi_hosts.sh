@@ -87,17 +87,15 @@ for rate in $RATES; do
         echo
         echo "| size | ddp.h (MPI backend) busbw | Open MPI MPI_Allreduce busbw | gloo busbw | link |"
         echo "|---|---|---|---|---|"
-        awk -v g="$G" '
-            FNR == 1 { impl = FILENAME; sub(/.*\//, "", impl); sub(/\.txt$/, "", impl) }
-            /^allreduce/ { for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
-                           b = v["bytes"]; sizes[b] = 1; bw[impl, b] = v["busbw"]; us[impl, b] = v["time_us"] }
-            END { n = asorti(sizes, order, "@ind_num_asc")
-                  for (k = 1; k <= n; k++) { b = order[k]
-                      printf "| %g MiB |", b / 1048576
-                      split("ddp mpi gloo", names, " ")
-                      for (j = 1; j <= 3; j++) { m = names[j]
-                          if ((m, b) in bw) printf " %.3f GB/s (%.1f ms) |", bw[m, b], us[m, b] / 1000; else printf " not run |" }
-                      printf " %.3f GB/s |\n", g / 8 } }' "$tmp/ddp.txt" "$tmp/mpi.txt" "$tmp/gloo.txt"
+        for bytes in $(sed 's/.*bytes=\([0-9]*\).*/\1/' "$tmp/ddp.txt"); do
+            printf "| %s MiB |" "$(awk -v b="$bytes" 'BEGIN { printf "%g", b / 1048576 }')"
+            for f in ddp mpi gloo; do
+                awk -v b="$bytes" '$0 ~ "bytes=" b " " { for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+                    printf " %.3f GB/s (%.1f ms) |", v["busbw"], v["time_us"] / 1000; found = 1 }
+                    END { if (!found) printf " not run |" }' "$tmp/$f.txt"
+            done
+            printf " %s GB/s |\n" "$(awk -v g="$G" 'BEGIN { printf "%.3f", g / 8 }')"
+        done
         if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then echo; echo "gloo: not run (no torch for /usr/bin/python3 on this machine)."; fi
     } >>"$out"
     # The tiny GPT's step, 2 hosts x 1 rank, with and without overlap.
