@@ -227,6 +227,7 @@ bench: $(B)/ddprun $(B)/bench_allreduce $(B)/bench_overlap $(B)/train_gpt bench-
 	@bench/compare_allreduce.sh
 	@bench/overlap.sh
 	@bench/bench_gpt.sh $(B)
+	@bench/mpi_hosts.sh $(B)
 
 # The tiny GPT's throughput: ours on 1 and 2 ranks next to PyTorch (needs python3-torch for that half).
 bench-gpt: $(B)/ddprun $(B)/train_gpt
