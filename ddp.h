@@ -3604,10 +3604,18 @@ static void *ddp__mpi_watchdog_main(void *arg) {
                 uint32_t status = 0;
                 snprintf(key, sizeof key, "mpi/beat/%d", ctx->rank);
                 snprintf(num, sizeof num, "%ld", ++beat);
-                ddp__store_request_on(ctx, m->watch_fd, DDP__OP_SET, key, num, (uint32_t)strlen(num), NULL, NULL, &status, 0);
+                /* a store that does not answer costs up to timeout_s once, not once per request */
+                if (ddp__store_request_on(ctx, m->watch_fd, DDP__OP_SET, key, num, (uint32_t)strlen(num), NULL, NULL, &status, 0) != DDP_OK &&
+                    !__atomic_load_n(&ctx->closing, __ATOMIC_ACQUIRE))
+                    r = DDP_ERR_PEER_LOST;
                 next_beat = now + DDP__MPI_BEAT_S;
             }
-            if (ddp__cancel_requested(ctx)) ddp__check_cancel(ctx, "a collective across hosts");
+            if (r != DDP_OK) {
+                snprintf(msg, sizeof msg, "lost the connection to the rendezvous store on rank 0 (host %s, MASTER_ADDR %s): "
+                         "host %s or the link to it is down", ddp__mpi_host_name(ctx, 0), ctx->master_addr, ddp__mpi_host_name(ctx, 0));
+                ddp__set_failed(ctx, ddp__fail(ctx, r, "%s", msg));
+                ddp__mpi_poison_host(ctx, r);
+            } else if (ddp__cancel_requested(ctx)) ddp__check_cancel(ctx, "a collective across hosts");
             else if (since > 0 && before && now - since > ctx->desc.timeout_s - 3 * DDP__MPI_BEAT_S && snap_at < since) {
                 ddp__mpi_beats(ctx, before);   /* a first look, for the silent ones at the deadline */
                 snap_at = now;

@@ -133,6 +133,7 @@ lost_host() {
     done
     [ "$how" = cut ] && "$H" exec h2 ip link set eth0 up
     kill "$job" 2>/dev/null; wait "$job" 2>/dev/null   # mpirun itself may wait on the lost daemon
+    [ -n "${MPI_HOSTS_KEEP:-}" ] && cp -r "$tmp/$how" "$MPI_HOSTS_KEEP/" 2>/dev/null
 }
 
 # 4. A host killed mid-step (every process on h2 SIGKILLed): ranks 0 and 1 name a rank of h2 and
