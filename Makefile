@@ -14,8 +14,8 @@ PROGRAMS := $(B)/ddprun $(B)/minimal $(B)/engine $(B)/texture $(B)/texture_cxx $
 CHECKS   := $(B)/cxx_check.o
 PROGRAMS += $(B)/bench_shard_memory   # sharded optimizer: bytes per parameter (bench/RESULTS.md)
 
-.PHONY: all help run train-2-ranks deps bench-deps test test-asan test-tsan fuzz bench bench-gpt bench-gpu clean
-all: $(PROGRAMS) $(CHECKS) gpu
+.PHONY: all mpi help run train-2-ranks deps bench-deps test test-asan test-tsan fuzz bench bench-gpt bench-gpu clean
+all: $(PROGRAMS) $(CHECKS) gpu mpi
 
 # ---- The GPU path: built whenever nvcc is found (CI compiles and links it on every run);
 # the tests run where a GPU is (tests/gpu/run.sh: one SKIP line a test elsewhere). nvcc, NCCL
@@ -88,6 +88,31 @@ $(G)/train_gpt: examples/gpt/train_gpt.c $(GPT_CUDA_DEPS) ddp_kernels.cuh | $(G)
 	$(NVCC) $(NVFLAGS) $(GPT_HOST_MATH) $(GPT_DEFS) $(GPU_INCS) -x cu -o $@ $< $(GPU_RPATH) $(NCCL_LINK) $(CUBLAS_LINK) $(GPT_LIBS) -lpthread
 $(G)/test_gpt_gpu: tests/gpu/test_gpt_gpu.cu tests/test_gpt.c $(GPT_CUDA_DEPS) $(GPU_DEPS) | $(G)
 	$(NVCC) $(NVFLAGS) $(GPT_HOST_MATH) $(GPT_DEFS) $(GPU_INCS) -o $@ $< $(GPU_RPATH) $(NCCL_LINK) $(CUBLAS_LINK) $(GPT_LIBS) -lpthread
+
+# ---- The MPI backend (ddp.h's >>mpi, -DDDP_MPI): CPU ranks on several hosts. Built with mpicc
+# where it is (.ci/run installs openmpi-bin and libopenmpi-dev); tests/test_mpi_hosts.sh runs them
+# on namespace hosts and prints a SKIP line where mpicc/mpirun or the namespaces are missing.
+MPICC ?= $(shell command -v mpicc 2>/dev/null)
+M     := $(B)/mpi
+MPI_PROGRAMS := $(M)/mpi_steps $(M)/test_equivalence $(M)/test_collectives $(M)/minimal $(M)/train_gpt $(M)/test_gpt $(M)/bench_allreduce
+ifeq ($(strip $(MPICC)),)
+mpi:
+	@echo "no mpicc: the MPI backend's programs are not built (apt-get install openmpi-bin libopenmpi-dev)"
+else
+mpi: $(MPI_PROGRAMS)
+endif
+$(M):
+	@mkdir -p $(M)
+$(M)/%: tests/%.c tests/testlib.h ddp.h | $(M)
+	$(MPICC) -std=c99 $(CFLAGS) $(WARN) -DDDP_MPI -o $@ $< $(LDLIBS)
+$(M)/%: examples/%.c ddp.h | $(M)
+	$(MPICC) -std=c99 $(CFLAGS) $(WARN) -DDDP_MPI -o $@ $< $(LDLIBS)
+$(M)/%: bench/%.c ddp.h | $(M)
+	$(MPICC) -std=c99 $(CFLAGS) $(WARN) -DDDP_MPI -o $@ $< $(LDLIBS)
+$(M)/train_gpt: examples/gpt/train_gpt.c examples/gpt/gpt.h ddp.h | $(M)
+	$(MPICC) -std=c99 $(CFLAGS) $(WARN) -fno-math-errno -DDDP_MPI $(GPT_DEFS) -o $@ $< $(GPT_LIBS) $(LDLIBS)
+$(M)/test_gpt: tests/test_gpt.c tests/testlib.h examples/gpt/gpt.h ddp.h | $(M)
+	$(MPICC) -std=c99 $(CFLAGS) $(WARN) -fno-math-errno -DDDP_MPI $(GPT_DEFS) -o $@ $< $(GPT_LIBS) $(LDLIBS)
 
 $(B):
 	@mkdir -p $(B)
@@ -203,6 +228,7 @@ bench: bench-deps $(B)/ddprun $(B)/bench_allreduce $(B)/copy_bw $(B)/bench_overl
 	@bench/compare_allreduce.sh
 	@bench/overlap.sh
 	@bench/bench_gpt.sh $(B)
+	@bench/mpi_hosts.sh $(B)
 
 # What the side-by-side comparisons run against: Open MPI and PyTorch's gloo (Debian's packages;
 # without apt-get, or when it fails, the comparison skips them with a note).

@@ -49,7 +49,8 @@
      backend          DDP_BACKEND_AUTO     which backend runs (BACKENDS below); ddp_config()->
                                            backend says which one did. AUTO = NCCL when built
                                            with CUDA and a GPU is visible, else SINGLE for one
-                                           rank, CPU for several
+                                           rank, MPI when built with DDP_MPI and the ranks span
+                                           hosts (LOCAL_WORLD_SIZE < WORLD_SIZE), CPU for several
      timeout_s        300 ($DDP_TIMEOUT)   longest wait for a peer before DDP_ERR_TIMEOUT (a
                                            dead peer is noticed much sooner: ERRORS)
      bucket_cap_mb    25                   bucket size cap in MiB
@@ -212,6 +213,29 @@
              than hang, until ddp_shutdown has destroyed it. Step stats come from CUDA events,
              read lazily (stats.step names the step they describe).
 
+     mpi     CPU ranks on several hosts (only with -DDDP_MPI, built by mpicc; tested with Open MPI
+             4.1; MPICH's own environment (PMI_RANK) is not read by ENVIRONMENT below yet).
+             Hierarchical: the ranks of a host reduce through the cpu backend's shared memory
+             (>>cpu, with LOCAL_RANK and LOCAL_WORLD_SIZE), one leader per host (LOCAL_RANK 0) does
+             the inter-host part through MPI, the leader's result goes back through shared memory;
+             DDP_MPI_FLAT=1 puts every rank in MPI instead (for comparison). Across hosts each
+             leader owns a slice: MPI_Alltoallv of the host sums, the owner adds them in host order
+             and divides, MPI_Allgatherv: a fixed order, so every rank ends with the same bits
+             (MPI_Allreduce's order is the library's). Buckets run on a communication thread while
+             backward goes on; user collectives work across hosts. The ranks must be one MPI job
+             (mpirun -H h1:2,h2:2, srun --mpi=pmix): ddprun --nnodes cannot start MPI ranks, and
+             an MPI build under it fails at once saying so. If the program called MPI_Init_thread
+             first, ddp.h uses that MPI; otherwise it initializes MPI in ddp_init and finalizes it
+             at exit (atexit; not after a failure, when MPI_Finalize would wait for the lost).
+             It needs MPI_THREAD_MULTIPLE (the communication thread and the rank's thread call MPI
+             in turn, the watchdog may call MPI_Abort while either waits) and fails by name when
+             MPI granted less. MPI calls have no timeout: a watchdog thread polls the store every
+             0.1 s (a poison, a dead rank's closed connection) and the age of the collective in
+             progress (timeout_s; the ranks whose heartbeat in the store stopped are named with
+             their hosts); on a failure while this rank waits in MPI it logs the named error, waits
+             0.5 s so the peers log theirs, and calls MPI_Abort (the one case where ddp.h ends the
+             program). Not yet: reduce_dtype bf16 (refused at init).
+
    ENVIRONMENT (first match wins)
      torchrun style  RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
      Open MPI        OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE (+ MASTER_ADDR/PORT)
@@ -222,6 +246,7 @@
      DDP_JOB_ID      the job's name, the same on every rank (default: the launcher's job id)
      DDP_TIMEOUT     seconds, see timeout_s
      DDP_SHARD_OPTIMIZER=0|1  shard_optimizer when the descriptor leaves it 0
+     DDP_MPI_FLAT=1  (MPI backend, the same on every rank) every rank in MPI, no host groups
      DDP_STAGED_GRADS=1  (CPU backend, read by rank 0) gradient buckets through the staging
                      slots instead of in place through the shared gradient segment: the same
                      bits, slower; for comparisons
@@ -243,7 +268,7 @@
    ERRORS
      Every call that can fail returns a ddp_result; ddp_last_error(ctx) says what, where and on
      which rank (every message starts with "rank N: ", or "pid P" before the rank is known). The
-     library never exits or aborts the program. An error inside a collective (a dead peer, a
+     library never exits or aborts the program (except the MPI backend's watchdog: BACKENDS). An error inside a collective (a dead peer, a
      timeout, a mismatch between ranks) poisons the process group: every rank fails fast with a
      message naming the rank that failed first, instead of waiting for the timeout. A peer that
      dies (a process, or a thread-rank that ends without ddp_shutdown) is noticed within about
@@ -347,6 +372,7 @@
                           #error that says so)
      DDP_CUDA             the NCCL backend (nvcc defines it); with a C compiler, link cudart and
                           nccl and compile ddp_kernels.cuh once with DDP_KERNELS_IMPLEMENTATION
+     DDP_MPI              the MPI backend (build with mpicc, or add MPI's include and library flags)
      DDP_MALLOC(size), DDP_FREE(ptr), DDP_ASSERT(cond)   allocator and assert hooks
      DDP_TEST_KILL_POINTS tests only: DDP_TEST_KILL_AT=POINT:RANK, and DDP_TEST_DIE_IN_CHECKPOINT=S
                           (rank 0 SIGKILLed inside ddp_save of AdamW step S, parameters written,
@@ -370,6 +396,8 @@
      >>cpu          shared-memory collectives, liveness, poison; >>cpu-grads buckets averaged (or
                     reduce-scattered) in place; sharded AdamW and its all-gather; the
                     communication thread; the cpu backend's table
+     >>mpi          the MPI backend (only with DDP_MPI): host groups on the cpu backend's
+                    segment, the leaders' fixed-order sum, the watchdog, its table
      >>nccl         the NCCL backend (only with DDP_CUDA): the communicator's life, the
                     watchdog, set-up, buckets on the comm stream (sharded: reduce-scattered),
                     the norm's blocks, AdamW kernels (sharded: per bucket, then all-gathered);
@@ -448,7 +476,8 @@ typedef enum ddp_result {
     DDP_ERR_CANCELLED          /* ddp_cancel or a cancel token stopped this rank or a peer */
 } ddp_result;
 
-typedef enum ddp_backend { DDP_BACKEND_AUTO = 0, DDP_BACKEND_CPU, DDP_BACKEND_NCCL, DDP_BACKEND_SINGLE } ddp_backend;
+typedef enum ddp_backend { DDP_BACKEND_AUTO = 0, DDP_BACKEND_CPU, DDP_BACKEND_NCCL, DDP_BACKEND_SINGLE,
+                           DDP_BACKEND_MPI /* CPU ranks on several hosts; only built with DDP_MPI */ } ddp_backend;
 typedef enum ddp_op { DDP_AVG = 0, DDP_SUM } ddp_op;
 typedef enum ddp_dtype { DDP_DTYPE_FP32 = 0, DDP_DTYPE_BF16 } ddp_dtype;
 /* Uneven inputs (ddp_join): what a step's averaged gradient is divided by while some ranks have
@@ -738,6 +767,11 @@ ddp_result ddp_sample(const ddp_sampler *s, uint64_t epoch, uint64_t i, uint64_t
 #endif
 #include "ddp_kernels.cuh"
 #endif
+#ifdef DDP_MPI
+#define OMPI_SKIP_MPICXX 1    /* the C API only, also from C++ */
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -849,6 +883,7 @@ typedef struct ddp__cpu {
 } ddp__cpu;
 
 typedef struct ddp__gpu ddp__gpu;   /* the NCCL backend's state (>>nccl; only built with CUDA) */
+typedef struct ddp__mpi ddp__mpi;   /* the MPI backend's state (>>mpi; only built with DDP_MPI) */
 
 /* The backend interface. ddp_init picks one table (>>group: ddp__choose_backend); everything
    that differs between backends goes through it, and nothing else asks which backend runs.
@@ -957,6 +992,7 @@ struct ddp_context {
 
     ddp__cpu *cpu;                 /* the CPU backend's state; NULL elsewhere */
     ddp__gpu *gpu;                 /* the NCCL backend's state; NULL elsewhere */
+    ddp__mpi *mpi;                 /* the MPI backend's state; NULL elsewhere */
 };
 
 /* --------------------------------------------------------------------------------------------
@@ -1462,7 +1498,7 @@ static ddp_result ddp__desc_validate(ddp_context *ctx, const ddp_desc *d) {
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_optimizer cannot be combined with uneven_inputs "
                          "(a rank inside ddp_join takes no optimizer steps, but sharded every rank must update its part)");
     if (d->backend != DDP_BACKEND_AUTO && d->backend != DDP_BACKEND_CPU && d->backend != DDP_BACKEND_NCCL &&
-        d->backend != DDP_BACKEND_SINGLE)
+        d->backend != DDP_BACKEND_SINGLE && d->backend != DDP_BACKEND_MPI)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: unknown backend %d", (int)d->backend);
     return DDP_OK;
 }
@@ -3723,6 +3759,696 @@ static const ddp__backend ddp__cpu_backend = {
 };
 
 /* --------------------------------------------------------------------------------------------
+   >>mpi  The MPI backend (only with DDP_MPI): CPU ranks on several hosts.
+   Hierarchical by default. The ranks of one host form a host group that runs the CPU backend's
+   shared-memory collectives (>>cpu: a second ddp_context, `host`, whose rank and world are
+   LOCAL_RANK and LOCAL_WORLD_SIZE; its segment's name travels by MPI_Bcast inside the host).
+   One leader per host (LOCAL_RANK 0) talks across hosts. A sum is: the host's sum through the
+   segment (rank order), then among the leaders each owns a slice (ddp__part): MPI_Alltoallv of
+   the host sums, the owner adds them in host order (and divides for an average), MPI_Allgatherv;
+   then the leader's result to its host (a segment broadcast). Every step of that has a fixed
+   order, so every rank ends with the same bits (MPI_Allreduce's order is the library's own).
+   DDP_MPI_FLAT=1 (every rank alike): no host groups, every rank is its own "host" in MPI.
+   Threads: the communication thread runs the buckets, the rank's thread the user collectives
+   (never both at once: they run between steps), the watchdog may call MPI_Abort meanwhile:
+   MPI_THREAD_MULTIPLE is required and checked. MPI has no timeout: the watchdog looks every
+   0.1 s at the store's poison, the ranks' store connections (a dead rank's closes) and the age
+   of the collective in progress; on a failure while this rank is inside a collective it logs
+   the named error, gives the peers DDP__MPI_ABORT_GRACE_S to log theirs, and calls MPI_Abort.
+   -------------------------------------------------------------------------------------------- */
+#ifdef DDP_MPI
+#define DDP__MPI_MAX_COUNT (1 << 28)      /* elements per MPI call: MPI counts are ints */
+#define DDP__MPI_ABORT_GRACE_S 0.5
+#define DDP__MPI_BEAT_S 0.5               /* heartbeat through the store: who went silent */
+
+struct ddp__mpi {
+    int flat, leader, nodes, node;
+    MPI_Comm world, local, leaders;       /* MPI_COMM_NULL where this rank has none */
+    int *rank_node, *rank_local;          /* world entries */
+    char (*hosts)[64];                    /* each rank's host name */
+    ddp_context *host;                    /* this host's ranks through shared memory; NULL: alone */
+    float *scratch;
+    size_t scratch_count;
+    int *counts, *displs, *rcounts, *rdispls;
+    uint64_t seq;                         /* collectives issued: the same on every rank */
+    pthread_mutex_t lock;                 /* the queue below and the watch fields */
+    pthread_cond_t comm_wake, comm_done_cond, watchdog_wake;
+    pthread_t comm_thread, watchdog;
+    int comm_started, comm_stop, watchdog_started, watchdog_stop;
+    int comm_launched, comm_done;
+    ddp_result comm_error;
+    double comm_seconds, comm_last_seconds;
+    int watch_fd;
+    double busy_since;                    /* when the collective in progress began; 0: none */
+    char busy_what[96];
+};
+
+static int ddp__mpi_owned, ddp__mpi_dirty;   /* ddp.h initialized MPI; a context failed */
+static void ddp__mpi_atexit(void) {
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (!fin && !__atomic_load_n(&ddp__mpi_dirty, __ATOMIC_ACQUIRE)) MPI_Finalize();   /* after a failure: no collective finalize */
+}
+
+static const char *ddp__mpi_host_name(ddp_context *ctx, int rank) {
+    return ctx->mpi->hosts && rank >= 0 && rank < ctx->world && ctx->mpi->hosts[rank][0] ? ctx->mpi->hosts[rank] : "?";
+}
+
+/* "ranks 2, 3" on rank r's host */
+static void ddp__mpi_host_ranks(ddp_context *ctx, int node, char *out, size_t cap) {
+    size_t len = 0;
+    int s;
+    out[0] = 0;
+    for (s = 0; s < ctx->world && len + 16 < cap; s++)
+        if (ctx->mpi->rank_node && ctx->mpi->rank_node[s] == node)
+            len += (size_t)snprintf(out + len, cap - len, "%s%d", len ? ", " : "", s);
+}
+
+static ddp_result ddp__mpi_check(ddp_context *ctx, int rc, const char *call) {
+    char s[MPI_MAX_ERROR_STRING];
+    int n = 0;
+    if (rc == MPI_SUCCESS) return DDP_OK;
+    if (ddp__failed(ctx)) return ddp__failed(ctx);
+    s[0] = 0;
+    MPI_Error_string(rc, s, &n);
+    return ddp__fail_group(ctx, DDP_ERR_PEER_LOST, "%s failed in %s: %s", call, ctx->what, s);
+}
+
+static void ddp__mpi_busy(ddp_context *ctx, int on) {
+    ddp__mpi *m = ctx->mpi;
+    pthread_mutex_lock(&m->lock);
+    m->busy_since = on ? ddp__now() : 0;
+    if (on) snprintf(m->busy_what, sizeof m->busy_what, "%s", ctx->what ? ctx->what : "a collective");
+    pthread_mutex_unlock(&m->lock);
+}
+
+/* The host group's part of a collective; its errors (local rank numbers) become this rank's,
+   with the map from local ranks to ranks. */
+static ddp_result ddp__mpi_host(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root) {
+    ddp_context *h = ctx->mpi->host;
+    char ranks[128];
+    ddp_result r;
+    if (!h) return DDP_OK;
+    h->what = ctx->what;
+    h->in_step = ctx->in_step;
+    if (ddp__cancel_requested(ctx)) __atomic_store_n(&h->cancel, 1, __ATOMIC_RELEASE);
+    if ((r = ddp__shm_collective(h, kind, data, count, root)) == DDP_OK) return DDP_OK;
+    if (ddp__failed(ctx)) return ddp__failed(ctx);
+    ddp__mpi_host_ranks(ctx, ctx->mpi->node, ranks, sizeof ranks);
+    return ddp__fail_group(ctx, r, "on host %s (its local ranks 0.. are ranks %s): %s", ddp__mpi_host_name(ctx, ctx->rank),
+                           ranks, ddp__err_body(h));
+}
+
+/* Leaders: every leader in the same collective (what, how much, from where), else a named
+   mismatch on every leader. */
+static ddp_result ddp__mpi_check_sigs(ddp_context *ctx, uint32_t kind, size_t count, int root) {
+    ddp__mpi *m = ctx->mpi;
+    uint64_t mine[4], *all;
+    int i, rc;
+    mine[0] = ++m->seq; mine[1] = kind; mine[2] = count; mine[3] = (uint64_t)(int64_t)root;
+    if (!(all = (uint64_t *)ddp__calloc(sizeof mine * (size_t)m->nodes))) return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
+    rc = MPI_Allgather(mine, 4, MPI_UINT64_T, all, 4, MPI_UINT64_T, m->leaders);
+    if (rc != MPI_SUCCESS) { DDP_FREE(all); return ddp__mpi_check(ctx, rc, "MPI_Allgather"); }
+    for (i = 0; i < m->nodes; i++) {
+        const uint64_t *o = all + 4 * i;
+        if (o[1] != mine[1] || o[2] != mine[2] || o[3] != mine[3] || o[0] != mine[0]) {
+            int s, other = -1;
+            char a[128], b[128];
+            ddp__shm_sig sa, sb;
+            for (s = 0; s < ctx->world && other < 0; s++) if (m->rank_node[s] == i) other = s;
+            memset(&sa, 0, sizeof sa); memset(&sb, 0, sizeof sb);
+            sa.kind = (uint32_t)mine[1]; sa.count = mine[2]; sa.root = (uint32_t)mine[3];
+            sb.kind = (uint32_t)o[1]; sb.count = o[2]; sb.root = (uint32_t)o[3];
+            DDP_FREE(all);
+            if (sb.kind == DDP__KIND_SHUTDOWN)
+                return ddp__fail_group(ctx, DDP_ERR_PEER_LOST, "host %s (rank %d) called ddp_shutdown while this rank is in %s",
+                                       ddp__mpi_host_name(ctx, other), other, ddp__describe_sig(&sa, a, sizeof a));
+            return ddp__fail_group(ctx, DDP_ERR_MISMATCH, "hosts called different collectives: this host is in %s, "
+                                   "host %s (rank %d) in %s", ddp__describe_sig(&sa, a, sizeof a),
+                                   ddp__mpi_host_name(ctx, other), other, ddp__describe_sig(&sb, b, sizeof b));
+        }
+    }
+    DDP_FREE(all);
+    return DDP_OK;
+}
+
+/* Leaders: buf = the sum over hosts, in host order, divided by `divide` when > 0. */
+static ddp_result ddp__mpi_leaders_sum(ddp_context *ctx, float *buf, size_t n, float divide) {
+    ddp__mpi *m = ctx->mpi;
+    size_t lo, hi, mine_lo, mine_hi, k, j;
+    int i, rc;
+    ddp__part(n, m->nodes, m->node, &mine_lo, &mine_hi);
+    k = mine_hi - mine_lo;
+    if (m->scratch_count < k * (size_t)m->nodes || !m->scratch) {
+        ddp__free_floats(m->scratch);
+        m->scratch_count = k * (size_t)m->nodes;
+        if (!(m->scratch = ddp__alloc_floats(m->scratch_count ? m->scratch_count : 1)))
+            return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %zu floats", m->scratch_count);
+    }
+    for (i = 0; i < m->nodes; i++) {
+        ddp__part(n, m->nodes, i, &lo, &hi);
+        m->counts[i] = (int)(hi - lo);
+        m->displs[i] = (int)lo;
+        m->rcounts[i] = (int)k;
+        m->rdispls[i] = (int)k * i;
+    }
+    rc = MPI_Alltoallv(buf, m->counts, m->displs, MPI_FLOAT, m->scratch, m->rcounts, m->rdispls, MPI_FLOAT, m->leaders);
+    if (rc != MPI_SUCCESS) return ddp__mpi_check(ctx, rc, "MPI_Alltoallv");
+    for (j = 0; j < k; j++) {
+        float sum = m->nodes > 1 ? m->scratch[j] + m->scratch[k + j] : m->scratch[j];
+        for (i = 2; i < m->nodes; i++) sum += m->scratch[(size_t)i * k + j];
+        m->scratch[j] = divide > 0 ? sum / divide : sum;
+    }
+    rc = MPI_Allgatherv(m->scratch, (int)k, MPI_FLOAT, buf, m->counts, m->displs, MPI_FLOAT, m->leaders);
+    return ddp__mpi_check(ctx, rc, "MPI_Allgatherv");
+}
+
+/* One collective across hosts; count in floats for reductions, bytes for broadcast. */
+static ddp_result ddp__mpi_collective_run(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root) {
+    ddp__mpi *m = ctx->mpi;
+    size_t done, step;
+    ddp_result r;
+    int rc;
+    if (kind == DDP__KIND_AVG_BF16)
+        return ddp__fail_group(ctx, DDP_ERR_INVALID_ARGUMENT, "the MPI backend does not reduce bf16 buckets yet");
+    if (kind == DDP__KIND_BROADCAST) {
+        int rn = m->rank_node[root];
+        if (m->node == rn && (r = ddp__mpi_host(ctx, kind, data, count, m->rank_local[root])) != DDP_OK) return r;
+        if (m->leader) {
+            if ((r = ddp__mpi_check_sigs(ctx, kind, count, root)) != DDP_OK) return r;
+            for (done = 0; done < count; done += step) {
+                step = count - done < DDP__MPI_MAX_COUNT ? count - done : DDP__MPI_MAX_COUNT;
+                rc = MPI_Bcast((unsigned char *)data + done, (int)step, MPI_BYTE, rn, m->leaders);
+                if ((r = ddp__mpi_check(ctx, rc, "MPI_Bcast")) != DDP_OK) return r;
+            }
+        }
+        if (m->node != rn) return ddp__mpi_host(ctx, kind, data, count, 0);
+        return DDP_OK;
+    }
+    if (kind == DDP__KIND_BARRIER || kind == DDP__KIND_SHUTDOWN) {
+        if ((r = ddp__mpi_host(ctx, kind, NULL, 0, 0)) != DDP_OK) return r;
+        if (m->leader && (r = ddp__mpi_check_sigs(ctx, kind, 0, 0)) != DDP_OK) return r;
+        return ddp__mpi_host(ctx, kind, NULL, 0, 0);
+    }
+    /* sum, average, the count of ranks with data: the host's sum first, in local rank order */
+    if ((r = ddp__mpi_host(ctx, kind == DDP__KIND_JOIN ? DDP__KIND_JOIN : DDP__KIND_SUM, data, count, 0)) != DDP_OK) return r;
+    if (m->leader) {
+        if ((r = ddp__mpi_check_sigs(ctx, kind, count, 0)) != DDP_OK) return r;
+        for (done = 0; done < count; done += step) {
+            step = count - done < DDP__MPI_MAX_COUNT ? count - done : DDP__MPI_MAX_COUNT;
+            if ((r = ddp__mpi_leaders_sum(ctx, (float *)data + done, step, kind == DDP__KIND_AVG ? (float)ctx->world : 0)) != DDP_OK)
+                return r;
+        }
+    }
+    return ddp__mpi_host(ctx, DDP__KIND_BROADCAST, data, count * sizeof(float), 0);
+}
+
+static ddp_result ddp__mpi_collective_timed(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root) {
+    ddp_result r;
+    double started = ddp__now();
+    if (ddp__failed(ctx)) return ddp__failed(ctx);
+    if ((r = ddp__check_cancel(ctx, ctx->what)) != DDP_OK) return r;
+    ddp__mpi_busy(ctx, 1);
+    r = ddp__mpi_collective_run(ctx, kind, data, count, root);
+    ddp__mpi_busy(ctx, 0);
+    if (r == DDP_OK && (kind == DDP__KIND_SUM || kind == DDP__KIND_AVG) &&
+        (ctx->desc.inject_comm_latency_ms > 0 || ctx->desc.inject_comm_gbps > 0))
+        ddp__inject_comm_delay(ctx, count * sizeof(float), started);
+    return r;
+}
+
+/* This host's ranks stop at their next wait, with this rank's message. */
+static void ddp__mpi_poison_host(ddp_context *ctx, ddp_result code) {
+    ddp_context *h = ctx->mpi->host;
+    __atomic_store_n(&ddp__mpi_dirty, 1, __ATOMIC_RELEASE);
+    if (!h || !h->cpu || !h->cpu->shm) return;
+    pthread_mutex_lock(&ctx->err_lock);
+    pthread_mutex_lock(&h->err_lock);
+    snprintf(h->err, sizeof h->err, "%s", ctx->err);
+    pthread_mutex_unlock(&h->err_lock);
+    pthread_mutex_unlock(&ctx->err_lock);
+    ddp__set_failed(h, code);
+    ddp__cpu_poison(h, code);
+}
+
+/* Poison: the store (every rank's watchdog polls it) and this host's segment. */
+static void ddp__mpi_poison(ddp_context *ctx, ddp_result code) {
+    ddp__mpi *m = ctx->mpi;
+    int fd;
+    char msg[DDP__ERR_MAX];
+    if (!m) return;
+    ddp__mpi_poison_host(ctx, code);
+    pthread_mutex_lock(&ctx->err_lock);
+    snprintf(msg, sizeof msg, "%s", ctx->err);
+    pthread_mutex_unlock(&ctx->err_lock);
+    fd = m->watchdog_started && pthread_equal(pthread_self(), m->watchdog) ? m->watch_fd : ctx->store_fd;
+    if (fd >= 0) {
+        unsigned char *reply = NULL;
+        uint32_t len = 0, status = 0;
+        if (ddp__store_request_on(ctx, fd, DDP__OP_ADD, "poisoned", "1", 1, &reply, &len, &status, 0) == DDP_OK &&
+            reply && !strcmp((const char *)reply, "1"))
+            ddp__store_request_on(ctx, fd, DDP__OP_SET, "poison", msg, (uint32_t)strlen(msg), NULL, NULL, &status, 0);
+        DDP_FREE(reply);
+        pthread_mutex_lock(&ctx->err_lock);   /* a store that is gone must not replace the real error */
+        if (strcmp(ctx->err, msg)) snprintf(ctx->err, sizeof ctx->err, "%s", msg);
+        pthread_mutex_unlock(&ctx->err_lock);
+    }
+}
+
+/* The watchdog's look at the store: another rank's poison, or a rank's connection closed. */
+static ddp_result ddp__mpi_check_store(ddp_context *ctx, char *msg, size_t cap) {
+    unsigned char *val = NULL;
+    uint32_t len = 0, status = 0;
+    ddp_result r = ddp__store_request_on(ctx, ctx->mpi->watch_fd, DDP__OP_GET, "poison", "0", 1, &val, &len, &status, 0);
+    if (r != DDP_OK) {
+        DDP_FREE(val);
+        if (__atomic_load_n(&ctx->closing, __ATOMIC_ACQUIRE)) return DDP_OK;   /* rank 0 closes it at shutdown */
+        snprintf(msg, cap, "lost the connection to the rendezvous store on rank 0 (host %s, MASTER_ADDR %s): host %s or "
+                 "the link to it is down", ddp__mpi_host_name(ctx, 0), ctx->master_addr, ddp__mpi_host_name(ctx, 0));
+        return DDP_ERR_PEER_LOST;
+    }
+    if (status == DDP__REPLY_PEER_LOST) {
+        int lost = val ? atoi((const char *)val) : -1;
+        snprintf(msg, cap, "rank %d on host %s died (its connection to the rendezvous store closed)", lost,
+                 ddp__mpi_host_name(ctx, lost));
+    } else if (status == DDP__REPLY_OK) snprintf(msg, cap, "stopped because %s", val ? (const char *)val : "?");
+    else if (status == DDP__REPLY_FAILED) snprintf(msg, cap, "stopped because %s", val && len > 4 ? (const char *)val + 4 : "rank 0 failed");
+    DDP_FREE(val);
+    return status == DDP__REPLY_OK || status == DDP__REPLY_PEER_LOST || status == DDP__REPLY_FAILED ? DDP_ERR_PEER_LOST : DDP_OK;
+}
+
+/* Which ranks' heartbeats did not move between two looks: the silent hosts, in words. */
+static void ddp__mpi_silent(ddp_context *ctx, const long *before, char *out, size_t cap) {
+    size_t len = 0;
+    int s;
+    out[0] = 0;
+    for (s = 0; s < ctx->world && len + 48 < cap; s++) {
+        char key[32];
+        unsigned char *val = NULL;
+        uint32_t n = 0, status = 0;
+        long now_beat = -1;
+        snprintf(key, sizeof key, "mpi/beat/%d", s);
+        if (ddp__store_request_on(ctx, ctx->mpi->watch_fd, DDP__OP_GET, key, "0", 1, &val, &n, &status, 0) == DDP_OK &&
+            status == DDP__REPLY_OK && val)
+            now_beat = atol((const char *)val);
+        DDP_FREE(val);
+        if (s != ctx->rank && (now_beat < 0 || now_beat == before[s]))
+            len += (size_t)snprintf(out + len, cap - len, "%srank %d on host %s", len ? ", " : "", s, ddp__mpi_host_name(ctx, s));
+    }
+}
+
+static void ddp__mpi_beats(ddp_context *ctx, long *out) {
+    int s;
+    for (s = 0; s < ctx->world; s++) {
+        char key[32];
+        unsigned char *val = NULL;
+        uint32_t n = 0, status = 0;
+        snprintf(key, sizeof key, "mpi/beat/%d", s);
+        out[s] = -1;
+        if (ddp__store_request_on(ctx, ctx->mpi->watch_fd, DDP__OP_GET, key, "0", 1, &val, &n, &status, 0) == DDP_OK &&
+            status == DDP__REPLY_OK && val)
+            out[s] = atol((const char *)val);
+        DDP_FREE(val);
+    }
+}
+
+static void *ddp__mpi_watchdog_main(void *arg) {
+    ddp_context *ctx = (ddp_context *)arg;
+    ddp__mpi *m = ctx->mpi;
+    char msg[DDP__ERR_MAX - 64], silent[512];
+    long beat = 0, *before = (long *)ddp__calloc(sizeof(long) * (size_t)ctx->world);
+    double next_beat = 0, failed_at = 0, snap_at = 0;
+    pthread_mutex_lock(&m->lock);
+    while (!m->watchdog_stop) {
+        struct timespec ts;
+        double since, now;
+        ddp_result r = DDP_OK;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        pthread_cond_timedwait(&m->watchdog_wake, &m->lock, &ts);
+        if (m->watchdog_stop) break;
+        since = m->busy_since;
+        snprintf(msg, sizeof msg, "%s", m->busy_what);
+        pthread_mutex_unlock(&m->lock);
+        now = ddp__now();
+        if (!ddp__failed(ctx)) {
+            if (now >= next_beat && m->watch_fd >= 0) {
+                char key[32], num[24];
+                uint32_t status = 0;
+                snprintf(key, sizeof key, "mpi/beat/%d", ctx->rank);
+                snprintf(num, sizeof num, "%ld", ++beat);
+                /* a store that does not answer costs up to timeout_s once, not once per request */
+                if (ddp__store_request_on(ctx, m->watch_fd, DDP__OP_SET, key, num, (uint32_t)strlen(num), NULL, NULL, &status, 0) != DDP_OK &&
+                    !__atomic_load_n(&ctx->closing, __ATOMIC_ACQUIRE))
+                    r = DDP_ERR_PEER_LOST;
+                next_beat = now + DDP__MPI_BEAT_S;
+            }
+            if (r != DDP_OK) {
+                snprintf(msg, sizeof msg, "lost the connection to the rendezvous store on rank 0 (host %s, MASTER_ADDR %s): "
+                         "host %s or the link to it is down", ddp__mpi_host_name(ctx, 0), ctx->master_addr, ddp__mpi_host_name(ctx, 0));
+                ddp__set_failed(ctx, ddp__fail(ctx, r, "%s", msg));
+                ddp__mpi_poison_host(ctx, r);
+            } else if (ddp__cancel_requested(ctx)) ddp__check_cancel(ctx, "a collective across hosts");
+            else if (since > 0 && before && now - since > ctx->desc.timeout_s - 3 * DDP__MPI_BEAT_S && snap_at < since) {
+                ddp__mpi_beats(ctx, before);   /* a first look, for the silent ones at the deadline */
+                snap_at = now;
+            } else if (since > 0 && now - since > ctx->desc.timeout_s) {
+                if (before && snap_at >= since) ddp__mpi_silent(ctx, before, silent, sizeof silent);
+                else snprintf(silent, sizeof silent, "?");
+                ddp__fail_group(ctx, DDP_ERR_TIMEOUT, "timed out after %.0f s in %s: no answer across hosts; not heard "
+                                "from: %s", ctx->desc.timeout_s, msg, silent[0] ? silent : "none (a rank stopped?)");
+            } else if (m->watch_fd >= 0 && (r = ddp__mpi_check_store(ctx, msg, sizeof msg)) != DDP_OK) {
+                ddp__set_failed(ctx, ddp__fail(ctx, r, "%s", msg));   /* the store knows already (or is gone) */
+                ddp__mpi_poison_host(ctx, r);
+            }
+        }
+        /* Failed while this rank waits in a collective (or soon will): MPI cannot be
+           interrupted. Say why, let the peers say theirs, end the job. */
+        if (ddp__failed(ctx) && since > 0 && !__atomic_load_n(&ctx->closing, __ATOMIC_ACQUIRE)) {
+            if (failed_at == 0) {
+                failed_at = now;
+                ddp__log(ctx, DDP_LOG_ERROR, "%s", ddp__err_body(ctx));
+            } else if (now - failed_at > DDP__MPI_ABORT_GRACE_S) {
+                ddp__log(ctx, DDP_LOG_ERROR, "ending the job with MPI_Abort: MPI calls cannot be interrupted");
+                MPI_Abort(MPI_COMM_WORLD, 1);
+            }
+        }
+        pthread_mutex_lock(&m->lock);
+    }
+    pthread_mutex_unlock(&m->lock);
+    DDP_FREE(before);
+    return NULL;
+}
+
+/* The communication thread: buckets in bucket order (two counters, as on the CPU backend). */
+static void *ddp__mpi_comm_main(void *arg) {
+    ddp_context *ctx = (ddp_context *)arg;
+    ddp__mpi *m = ctx->mpi;
+    pthread_mutex_lock(&m->lock);
+    for (;;) {
+        int index;
+        double t0, seconds = 0;
+        ddp_result r = DDP_OK;
+        while (!m->comm_stop && m->comm_done == m->comm_launched) pthread_cond_wait(&m->comm_wake, &m->lock);
+        if (m->comm_done == m->comm_launched) break;
+        index = m->comm_done;
+        pthread_mutex_unlock(&m->lock);
+        if (!m->comm_error) {
+            const ddp__bucket *b = &ctx->buckets[index];
+            snprintf(ctx->what_buf, sizeof ctx->what_buf, "the allreduce of gradient bucket %d", index);
+            ctx->what = ctx->what_buf;
+            t0 = ddp__now();
+            r = ddp__mpi_collective_timed(ctx, DDP__KIND_AVG, ctx->flat_grads + b->offset, b->count, 0);
+            seconds = ddp__now() - t0;
+            ddp__record(ctx, ctx->tl_comm, DDP__EV_ALLREDUCE, t0, t0 + seconds, index, b->count * sizeof(float));
+        }
+        pthread_mutex_lock(&m->lock);
+        m->comm_seconds += seconds;
+        m->comm_last_seconds = seconds;
+        if (r != DDP_OK && !m->comm_error) m->comm_error = r;
+        m->comm_done++;
+        pthread_cond_broadcast(&m->comm_done_cond);
+    }
+    pthread_mutex_unlock(&m->lock);
+    return NULL;
+}
+
+/* Ranks of this host: a context of their own on the CPU backend's segment (LOCAL_RANK and
+   LOCAL_WORLD_SIZE as its rank and world); the leader makes the segment and MPI_Bcast names it. */
+static ddp_result ddp__mpi_host_up(ddp_context *ctx) {
+    ddp__mpi *m = ctx->mpi;
+    ddp_context *h;
+    char name[64];
+    ddp_result r = DDP_OK;
+    int rc;
+    if (!(h = m->host = (ddp_context *)ddp__calloc(sizeof *h))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
+    h->desc = ctx->desc;
+    h->desc.log_level = DDP_LOG_OFF;   /* its errors reach the log as this rank's */
+    h->rank = h->local_rank = ctx->local_rank;
+    h->world = h->local_world = ctx->local_world;
+    h->store_fd = -1;
+    h->be = &ddp__cpu_backend;
+    h->tl_origin = ctx->tl_origin;
+    pthread_mutex_init(&h->err_lock, NULL);
+    if (!(h->cpu = (ddp__cpu *)ddp__calloc(sizeof *h->cpu))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
+    memset(name, 0, sizeof name);
+    if (h->rank == 0) {
+        if ((r = ddp__shm_create(h)) == DDP_OK) snprintf(name, sizeof name, "%s", h->cpu->shm_name);
+    }
+    rc = MPI_Bcast(name, (int)sizeof name, MPI_CHAR, 0, m->local);
+    if (rc != MPI_SUCCESS) return ddp__mpi_check(ctx, rc, "MPI_Bcast");
+    if (r != DDP_OK) return ddp__fail(ctx, r, "%s", ddp__err_body(h));
+    if (!name[0]) return ddp__fail(ctx, DDP_ERR_SYSTEM, "the leader of host %s could not make its shared memory",
+                                   ddp__mpi_host_name(ctx, ctx->rank));
+    if (h->rank != 0 && (r = ddp__shm_attach(h, name)) != DDP_OK) return ddp__fail(ctx, r, "%s", ddp__err_body(h));
+    __atomic_store_n(&ddp__shm_block(h, h->rank)->tid, (int32_t)ddp__thread_id(), __ATOMIC_RELEASE);
+    __atomic_store_n(&ddp__shm_block(h, h->rank)->pid, (int32_t)getpid(), __ATOMIC_RELEASE);
+    h->cpu->spin_seconds = h->world > sysconf(_SC_NPROCESSORS_ONLN) ? DDP__SPIN_SECONDS_OVERSUBSCRIBED : DDP__SPIN_SECONDS;
+    ctx->what = "the host's shared-memory handshake";
+    r = ddp__mpi_host(ctx, DDP__KIND_BARRIER, NULL, 0, 0);
+    if (h->rank == 0) shm_unlink(h->cpu->shm_name);
+    return r;
+}
+
+/* MPI up (ours, or the program's), with the thread level the backend needs. */
+static ddp_result ddp__mpi_start(ddp_context *ctx) {
+    int init = 0, fin = 0, provided = 0, size = 0, me = -1;
+    MPI_Finalized(&fin);
+    if (fin) return ddp__fail(ctx, DDP_ERR_BACKEND, "MPI was finalized already: the MPI backend cannot start again");
+    MPI_Initialized(&init);
+    if (!init && !getenv("OMPI_COMM_WORLD_SIZE") && !getenv("PMIX_RANK") && !getenv("PMI_RANK") && !getenv("PMI_SIZE"))
+        return ddp__fail(ctx, DDP_ERR_BAD_ENV, "the MPI backend needs the ranks started as one MPI job (mpirun, srun "
+                         "--mpi=pmix), but no MPI launcher started this rank (no OMPI_COMM_WORLD_SIZE, PMIX_RANK or "
+                         "PMI_RANK): ddprun --nnodes starts ranks that MPI cannot connect (Open MPI's singletons do not "
+                         "support MPI_Comm_join); use mpirun -H host1:N,host2:N");
+    if (!init) {
+        if (MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
+            return ddp__fail(ctx, DDP_ERR_BACKEND, "MPI_Init_thread failed");
+        ddp__mpi_owned = 1;
+        atexit(ddp__mpi_atexit);
+    } else MPI_Query_thread(&provided);
+    if (provided < MPI_THREAD_MULTIPLE)
+        return ddp__fail(ctx, DDP_ERR_BACKEND, "the MPI backend needs MPI_THREAD_MULTIPLE (buckets are reduced on its "
+                         "communication thread, user collectives on the rank's, and its watchdog may call MPI_Abort "
+                         "while either waits), but MPI granted level %d%s", provided, ddp__mpi_owned ? "" :
+                         ": the program called MPI_Init; call MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) instead");
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    if (size != ctx->world || me != ctx->rank)
+        return ddp__fail(ctx, DDP_ERR_BAD_ENV, "the MPI backend needs the ranks started as one MPI job (mpirun, srun "
+                         "--mpi=pmix): MPI_COMM_WORLD has %d rank(s) and this is its rank %d, but the environment says "
+                         "rank %d of %d (ddprun starts ranks that MPI does not know of)", size, me, ctx->rank, ctx->world);
+    return DDP_OK;
+}
+
+/* Who is where: every rank's host, local rank and flat setting; the leaders; the host groups. */
+static ddp_result ddp__mpi_layout(ddp_context *ctx) {
+    ddp__mpi *m = ctx->mpi;
+    int mine[3], *all, s, rc, lsize = 1, lrank = 0, count[2];
+    char host[64];
+    const char *flat = getenv("DDP_MPI_FLAT");
+    ddp_result r = DDP_OK;
+    memset(host, 0, sizeof host);
+    gethostname(host, sizeof host - 1);
+    m->flat = flat && strcmp(flat, "0") && *flat;
+    if ((rc = MPI_Comm_dup(MPI_COMM_WORLD, &m->world)) != MPI_SUCCESS) return ddp__mpi_check(ctx, rc, "MPI_Comm_dup");
+    MPI_Comm_set_errhandler(m->world, MPI_ERRORS_RETURN);
+    m->hosts = (char (*)[64])ddp__calloc(64 * (size_t)ctx->world);
+    m->rank_node = (int *)ddp__calloc(sizeof(int) * (size_t)ctx->world);
+    m->rank_local = (int *)ddp__calloc(sizeof(int) * (size_t)ctx->world);
+    all = (int *)ddp__calloc(sizeof mine * (size_t)ctx->world);
+    if (!m->hosts || !m->rank_node || !m->rank_local || !all) { DDP_FREE(all); return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory"); }
+    ctx->what = "the exchange of host names";
+    if ((rc = MPI_Allgather(host, 64, MPI_CHAR, m->hosts, 64, MPI_CHAR, m->world)) != MPI_SUCCESS) { DDP_FREE(all); return ddp__mpi_check(ctx, rc, "MPI_Allgather"); }
+    if (!m->flat) {
+        if ((rc = MPI_Comm_split_type(m->world, MPI_COMM_TYPE_SHARED, ctx->rank, MPI_INFO_NULL, &m->local)) != MPI_SUCCESS) { DDP_FREE(all); return ddp__mpi_check(ctx, rc, "MPI_Comm_split_type"); }
+        MPI_Comm_set_errhandler(m->local, MPI_ERRORS_RETURN);
+        MPI_Comm_size(m->local, &lsize);
+        MPI_Comm_rank(m->local, &lrank);
+    }
+    m->leader = m->flat || lrank == 0;
+    mine[0] = m->flat; mine[1] = lsize; mine[2] = lrank;
+    if ((rc = MPI_Allgather(mine, 3, MPI_INT, all, 3, MPI_INT, m->world)) != MPI_SUCCESS) { DDP_FREE(all); return ddp__mpi_check(ctx, rc, "MPI_Allgather"); }
+    for (s = 0; s < ctx->world && r == DDP_OK; s++) {
+        if (all[3 * s] != m->flat)
+            r = ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks disagree on DDP_MPI_FLAT: rank %d (host %s) has %d, this rank %d",
+                          s, m->hosts[s], all[3 * s], m->flat);
+        m->rank_local[s] = m->flat ? 0 : all[3 * s + 2];
+    }
+    DDP_FREE(all);
+    if (r != DDP_OK) return r;
+    if (!m->flat && (lsize != ctx->local_world || lrank != ctx->local_rank))
+        return ddp__fail(ctx, DDP_ERR_BAD_ENV, "LOCAL_RANK=%d and LOCAL_WORLD_SIZE=%d disagree with MPI, which puts this "
+                         "rank as %d of %d on host %s", ctx->local_rank, ctx->local_world, lrank, lsize, host);
+    rc = MPI_Comm_split(m->world, m->leader ? 0 : MPI_UNDEFINED, ctx->rank, &m->leaders);
+    if (rc != MPI_SUCCESS) return ddp__mpi_check(ctx, rc, "MPI_Comm_split");
+    if (m->leader) {
+        MPI_Comm_set_errhandler(m->leaders, MPI_ERRORS_RETURN);
+        MPI_Comm_size(m->leaders, &m->nodes);
+        MPI_Comm_rank(m->leaders, &m->node);
+    }
+    count[0] = m->node; count[1] = m->nodes;
+    if (!m->flat && (rc = MPI_Bcast(count, 2, MPI_INT, 0, m->local)) != MPI_SUCCESS) return ddp__mpi_check(ctx, rc, "MPI_Bcast");
+    m->node = count[0]; m->nodes = count[1];
+    if ((rc = MPI_Allgather(&m->node, 1, MPI_INT, m->rank_node, 1, MPI_INT, m->world)) != MPI_SUCCESS) return ddp__mpi_check(ctx, rc, "MPI_Allgather");
+    m->counts = (int *)ddp__calloc(sizeof(int) * 4 * (size_t)m->nodes);
+    if (!m->counts) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
+    m->displs = m->counts + m->nodes; m->rcounts = m->displs + m->nodes; m->rdispls = m->rcounts + m->nodes;
+    return DDP_OK;
+}
+
+static ddp_result ddp__mpi_setup(ddp_context *ctx, double deadline) {
+    ddp__mpi *m;
+    ddp_result r;
+    if (ctx->desc.reduce_dtype != DDP_DTYPE_FP32)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "the MPI backend reduces fp32 gradients only (reduce_dtype bf16 "
+                         "is not implemented for it yet)");
+    if (!(m = ctx->mpi = (ddp__mpi *)ddp__calloc(sizeof *m))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
+    m->world = m->local = m->leaders = MPI_COMM_NULL;
+    m->watch_fd = -1;
+    pthread_mutex_init(&m->lock, NULL);
+    pthread_cond_init(&m->comm_wake, NULL);
+    pthread_cond_init(&m->comm_done_cond, NULL);
+    pthread_cond_init(&m->watchdog_wake, NULL);
+    if ((r = ddp__mpi_start(ctx)) != DDP_OK) return r;
+    if ((r = ddp__store_connect_as(ctx, deadline, -1, &m->watch_fd)) != DDP_OK) return r;
+    if (pthread_create(&m->watchdog, NULL, ddp__mpi_watchdog_main, ctx))
+        return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot start the MPI watchdog thread");
+    m->watchdog_started = 1;
+    ddp__mpi_busy(ctx, 1);   /* set-up's collectives are watched too */
+    r = ddp__mpi_layout(ctx);
+    if (r == DDP_OK && !m->flat && ctx->local_world > 1) r = ddp__mpi_host_up(ctx);
+    ddp__mpi_busy(ctx, 0);
+    if (r != DDP_OK) return r;
+    ddp__log(ctx, DDP_LOG_INFO, "rank %d of %d up (mpi backend%s, host %s, %d in the inter-host allreduce)", ctx->rank, ctx->world,
+             m->flat ? ", flat" : "", ddp__mpi_host_name(ctx, ctx->rank), m->nodes);
+    return DDP_OK;
+}
+
+static ddp_result ddp__mpi_commit(ddp_context *ctx) {
+    ddp_result r;
+    ctx->what = "the broadcast of rank 0's initial parameters";
+    if ((r = ddp__mpi_collective_timed(ctx, DDP__KIND_BROADCAST, ctx->flat_params, ctx->flat_count * sizeof(float), 0)) != DDP_OK)
+        return r;
+    if (pthread_create(&ctx->mpi->comm_thread, NULL, ddp__mpi_comm_main, ctx))
+        return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot start the communication thread"));
+    ctx->mpi->comm_started = 1;
+    return DDP_OK;
+}
+
+static void ddp__mpi_begin_step(ddp_context *ctx) {
+    if (ctx->mpi->host) ddp__cpu_begin_step(ctx->mpi->host);
+}
+
+static ddp_result ddp__mpi_launch(ddp_context *ctx, int index) {
+    ddp__mpi *m = ctx->mpi;
+    ctx->stats.buckets_launched++;
+    ctx->stats.bytes_reduced += ctx->buckets[index].count * sizeof(float);
+    pthread_mutex_lock(&m->lock);
+    m->comm_launched++;
+    pthread_cond_signal(&m->comm_wake);
+    pthread_mutex_unlock(&m->lock);
+    return DDP_OK;
+}
+
+static ddp_result ddp__mpi_finish(ddp_context *ctx, double t_wait) {
+    ddp__mpi *m = ctx->mpi;
+    ddp_result r;
+    int cancel_state;
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
+    pthread_mutex_lock(&m->lock);
+    while (m->comm_done < m->comm_launched) pthread_cond_wait(&m->comm_done_cond, &m->lock);
+    r = m->comm_error;
+    ctx->stats.comm_ms = 1e3 * m->comm_seconds;
+    ctx->stats.last_bucket_comm_ms = 1e3 * m->comm_last_seconds;
+    m->comm_seconds = m->comm_last_seconds = 0;
+    m->comm_launched = m->comm_done = 0;
+    pthread_mutex_unlock(&m->lock);
+    pthread_setcancelstate(cancel_state, NULL);
+    ddp__host_step_done(ctx, t_wait);
+    return r;
+}
+
+static ddp_result ddp__mpi_collective(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root) {
+    double t0 = ddp__now();
+    ddp_result r = ddp__mpi_collective_timed(ctx, kind, data, count, root);
+    if (ctx->tl_main && (kind == DDP__KIND_SUM || kind == DDP__KIND_AVG))
+        ddp__record(ctx, ctx->tl_comm, DDP__EV_ALLREDUCE, t0, ddp__now(), -1, count * sizeof(float));
+    return r;
+}
+
+static void ddp__mpi_stop(ddp_context *ctx) {
+    ddp__mpi *m = ctx->mpi;
+    if (!m || !m->comm_started) return;
+    pthread_mutex_lock(&m->lock);
+    if (m->comm_done != m->comm_launched && !ddp__failed(ctx)) {
+        pthread_mutex_unlock(&m->lock);
+        ddp__fail_group(ctx, DDP_ERR_INVALID_STATE, "ddp_shutdown in the middle of a step");
+        pthread_mutex_lock(&m->lock);
+    }
+    m->comm_stop = 1;
+    pthread_cond_signal(&m->comm_wake);
+    pthread_mutex_unlock(&m->lock);
+    pthread_join(m->comm_thread, NULL);
+    m->comm_started = 0;
+}
+
+static void ddp__mpi_teardown(ddp_context *ctx) {
+    ddp__mpi *m = ctx->mpi;
+    if (m) {
+        ddp__mpi_stop(ctx);
+        if (m->watchdog_started) {
+            pthread_mutex_lock(&m->lock);
+            m->watchdog_stop = 1;
+            pthread_cond_signal(&m->watchdog_wake);
+            pthread_mutex_unlock(&m->lock);
+            pthread_join(m->watchdog, NULL);
+        }
+        if (m->watch_fd >= 0) close(m->watch_fd);
+        if (m->host) {
+            ddp_context *h = m->host;
+            if (h->cpu) {
+                if (h->cpu->shm) {
+                    munmap(h->cpu->shm, h->cpu->shm_bytes);
+                    if (h->rank == 0) shm_unlink(h->cpu->shm_name);   /* already gone unless set-up failed */
+                }
+                DDP_FREE(h->cpu);
+            }
+            pthread_mutex_destroy(&h->err_lock);
+            DDP_FREE(h);
+        }
+        if (ddp__failed(ctx)) __atomic_store_n(&ddp__mpi_dirty, 1, __ATOMIC_RELEASE);   /* MPI_Finalize would wait for the lost */
+        else {
+            if (m->leaders != MPI_COMM_NULL) MPI_Comm_free(&m->leaders);
+            if (m->local != MPI_COMM_NULL) MPI_Comm_free(&m->local);
+            if (m->world != MPI_COMM_NULL) MPI_Comm_free(&m->world);
+        }
+        ddp__free_floats(m->scratch);
+        DDP_FREE(m->counts);
+        DDP_FREE(m->hosts);
+        DDP_FREE(m->rank_node);
+        DDP_FREE(m->rank_local);
+        pthread_mutex_destroy(&m->lock);
+        pthread_cond_destroy(&m->comm_wake);
+        pthread_cond_destroy(&m->comm_done_cond);
+        pthread_cond_destroy(&m->watchdog_wake);
+        DDP_FREE(m);
+        ctx->mpi = NULL;
+    }
+    if (ddp__failed(ctx)) ddp__shm_sweep_stale(ctx);
+    ddp__host_free(ctx);
+}
+
+static const ddp__backend ddp__mpi_backend = {
+    "mpi", DDP_BACKEND_MPI, 0, 0,   /* shard_optimizer: not yet (ddp_init refuses it by name) */
+    ddp__mpi_setup, ddp__host_alloc_flat, ddp__mpi_commit, ddp__mpi_begin_step, ddp__mpi_launch,
+    ddp__mpi_finish, ddp__host_zero, ddp__host_scale, ddp__host_adamw, ddp__host_adamw_state, ddp__host_copy,
+    ddp__mpi_collective, ddp__single_quiet, ddp__mpi_poison, ddp__mpi_stop, ddp__mpi_teardown
+};
+#endif /* DDP_MPI */
+
+/* --------------------------------------------------------------------------------------------
    >>nccl  The NCCL backend. Flat parameters, gradients and AdamW state live in device memory.
    There is no communication thread: launching a bucket is enqueueing it. An event recorded on
    the compute stream when the bucket's last gradient is ready makes the comm stream wait, the
@@ -4866,6 +5592,14 @@ static ddp_result ddp__choose_backend(ddp_context *ctx) {
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: the single backend is for one rank, but the world "
                          "size is %d", ctx->world);
     if (ctx->world == 1) { ctx->be = &ddp__single_backend; d->backend = DDP_BACKEND_SINGLE; return DDP_OK; }
+#ifdef DDP_MPI
+    if (d->backend == DDP_BACKEND_MPI || (d->backend == DDP_BACKEND_AUTO && ctx->local_world != ctx->world)) {
+        ctx->be = &ddp__mpi_backend; d->backend = DDP_BACKEND_MPI; return DDP_OK;
+    }
+#else
+    if (d->backend == DDP_BACKEND_MPI)
+        return ddp__fail(ctx, DDP_ERR_BACKEND, "the MPI backend needs the implementation built with MPI (mpicc -DDDP_MPI)");
+#endif
     if (ctx->local_world != ctx->world) {
         /* Said at once, on every rank, before any network: the hosts this rank knows of, and
            what would run instead. */

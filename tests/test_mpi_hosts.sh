@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# test_mpi_hosts.sh — the MPI backend (ddp.h's >>mpi, build/mpi/*: mpicc -DDDP_MPI) with ranks on
+# two namespace hosts (tools/hosts.sh), started by mpirun with tools/hosts.sh's agent as its rsh.
+# One PASS/FAIL line per check; one SKIP line, exit 0, where mpirun, the MPI builds or the
+# namespaces are missing. Usage: tests/test_mpi_hosts.sh [BUILD_DIR]
+#   equivalence: 2 hosts x 2 ranks = 1 rank at 4x batch, the same bits on every rank, hierarchical
+#                and flat (DDP_MPI_FLAT=1); user collectives against float64; the tiny GPT
+#   ddprun --nnodes 2 with an MPI build: every rank refuses at once, by name (no MPI launcher)
+#   a host killed mid-step, a host cut off mid-step (ip link set eth0 down): every surviving rank
+#   ends with an error naming the lost host and rank, within the timeout; nothing left running,
+#   nothing left in any host's /dev/shm.
+# mpirun gets --enable-recovery (a lost daemon does not make it kill the survivors before they
+# say why) and --mca btl tcp,self (Open MPI's shared-memory transport leaves its own segments in
+# /dev/shm when a host's processes are killed; within a host ddp.h uses its own segment anyway).
+set -u
+B=${1:-build}
+cd "$(dirname "$0")/.." || exit 1
+H=$PWD/tools/hosts.sh
+M=$B/mpi
+export DDP_HOSTS_PREFIX=dm$(($$ % 100000))
+TOKEN=0123456789abcdef0123456789abcdef
+fails=0
+pass() { echo "PASS $1"; }
+fail() { echo "FAIL $1: $2"; fails=$((fails + 1)); }
+now() { date +%s.%N; }
+secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
+lt() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a < b) }'; }
+case $B in *asan*|*tsan*) SLOW=3 ;; *) SLOW=1 ;; esac
+
+command -v mpirun >/dev/null || { echo "SKIP mpi_hosts: no mpirun (apt-get install openmpi-bin libopenmpi-dev)"; exit 0; }
+for p in mpi_steps test_equivalence test_collectives test_gpt; do
+    [ -x "$M/$p" ] || { echo "SKIP mpi_hosts: no $M/$p (built by make where mpicc is)"; exit 0; }
+done
+why=$("$H" check)
+if [ $? -eq 77 ]; then echo "SKIP mpi_hosts: $why"; exit 0; fi
+# Sanitized builds: Open MPI's own allocations live until exit (not ddp.h's leaks).
+export LSAN_OPTIONS=${LSAN_OPTIONS:+$LSAN_OPTIONS:}suppressions=$PWD/tests/lsan_mpi.supp:print_suppressions=0
+tmp=$(mktemp -d)
+cleanup() { "$H" down; rm -rf "$tmp"; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+if ! "$H" up 2 >"$tmp/up.log" 2>&1; then echo "FAIL mpi_hosts_up: $(cat "$tmp/up.log")"; exit 1; fi
+A1=$("$H" addr h1)
+port=29900
+# mpirun on h1, ranks on h1 and h2 (HOSTS = h1:2,h2:2 ...); the environment names go with -x.
+mpi() {
+    local hosts=$1 limit=$2; shift 2
+    port=$((port + 1))
+    MASTER_ADDR=$A1 MASTER_PORT=$port DDP_JOB_TOKEN=$TOKEN timeout "$limit" "$H" exec h1 mpirun --allow-run-as-root \
+        --enable-recovery -H "$hosts" --mca plm_rsh_agent "$H agent" --mca oob_tcp_if_include eth0 \
+        --mca btl tcp,self --mca btl_tcp_if_include eth0 -x MASTER_ADDR -x MASTER_PORT -x DDP_JOB_TOKEN \
+        -x DDP_LOG -x DDP_TIMEOUT -x DDP_MPI_FLAT -x MPI_STEPS_LOG -x LSAN_OPTIONS "$@"
+}
+shm_left() { local h; for h in h1 h2; do "$H" exec $h sh -c 'ls /dev/shm' | sed "s/^/$h:/"; done | tr '\n' ' '; }
+
+# 1. The equivalence test on 2 hosts x 2 ranks, hierarchical and flat: its own PASS lines (N ranks
+#    vs 1 rank at 4x batch; bit-identical on every rank), and each rank on the host it should be.
+for flat in 0 1; do
+    mode=hierarchical; [ $flat = 1 ] && mode=flat
+    DDP_LOG=info DDP_MPI_FLAT=$flat mpi h1:2,h2:2 $((120 * SLOW)) "$M/test_equivalence" >"$tmp/eq$flat.log" 2>&1
+    rc=$?
+    why=""
+    for c in ranks4_accum1_vs_1rank_batch32 ranks4_accum1_bitwise_identical_across_ranks \
+             ranks4_accum2_vs_1rank_batch32 ranks4_accum2_bitwise_identical_across_ranks; do
+        grep -q "^PASS equivalence_$c" "$tmp/eq$flat.log" || why="$why; no PASS equivalence_$c"
+    done
+    for r in 0 1 2 3; do
+        h=h1; [ $r -ge 2 ] && h=h2
+        f=""; [ $flat = 1 ] && f=", flat"
+        grep -q "^ddp rank $r info: rank $r of 4 up (mpi backend$f, host $h," "$tmp/eq$flat.log" || why="$why; rank $r not up on $h ($mode)"
+    done
+    [ $rc -eq 0 ] || why="$why; exit status $rc"
+    [ -z "$why" ] && pass "mpi_2hosts_x2_equivalence_${mode}_bit_identical_on_every_rank" ||
+        fail "mpi_2hosts_x2_equivalence_${mode}_bit_identical_on_every_rank" "${why#; }: $(grep -v ' info: ' "$tmp/eq$flat.log" | tail -n 5)"
+done
+
+# 2. User collectives across hosts (allreduce, broadcast, barrier; float64 references) and the
+#    tiny GPT (vs PyTorch; 4 ranks vs 1 rank, bit-identical across ranks), 2 hosts x 2 ranks.
+for p in test_collectives test_gpt; do
+    mpi h1:2,h2:2 $((240 * SLOW)) "$M/$p" >"$tmp/$p.log" 2>&1
+    rc=$?
+    n=$(grep -c "^PASS " "$tmp/$p.log")
+    if [ $rc -eq 0 ] && [ "$n" -gt 0 ] && ! grep -q "^FAIL " "$tmp/$p.log"; then pass "mpi_2hosts_x2_${p#test_} ($n checks passed)"
+    else fail "mpi_2hosts_x2_${p#test_}" "exit $rc: $(grep '^FAIL' "$tmp/$p.log" | head -n 3; tail -n 3 "$tmp/$p.log")"; fi
+done
+
+# 3. ddprun --nnodes 2 with an MPI build: no MPI launcher, so every rank says so at once.
+port=$((port + 1))
+t0=$(now)
+for n in 0 1; do
+    HOSTS_TIMEOUT=$((30 * SLOW)) "$H" exec "h$((n + 1))" "$B/ddprun" --nnodes 2 --node-rank $n --nproc-per-node 1 \
+        --master-addr "$A1" --master-port $port --job-token $TOKEN "$M/mpi_steps" 1 >"$tmp/dr$n.log" 2>&1 &
+    eval "p$n=\$!"
+done
+wait "$p0"; rc0=$?; wait "$p1"; rc1=$?
+t=$(secs "$t0" "$(now)")
+why=""
+for r in 0 1; do
+    grep -q "rank $r: the MPI backend needs the ranks started as one MPI job .*ddprun --nnodes" "$tmp/dr$r.log" || why="$why; rank $r: $(head -c 300 "$tmp/dr$r.log")"
+done
+[ $rc0 -ne 0 ] && [ $rc1 -ne 0 ] || why="$why; exit status $rc0 and $rc1"
+lt "$t" $((10 * SLOW)) || why="$why; took ${t}s"
+[ -z "$why" ] && pass "mpi_build_under_ddprun_nnodes_refused_by_name_on_every_rank (${t}s)" ||
+    fail mpi_build_under_ddprun_nnodes_refused_by_name_on_every_rank "${why#; }"
+
+# Lost hosts: mpi_steps trains on 2 hosts x 2 ranks (4 MiB buckets of checked averages), each rank
+# logging to its own file; HOW is "kill" or "cut". Sets t_r (seconds from the event to rank r's
+# last line), pid_r, and why for processes still alive 3 timeouts later.
+lost_host() {
+    local how=$1 tmo=$2 r f
+    rm -rf "$tmp/$how"; mkdir -p "$tmp/$how"
+    DDP_TIMEOUT=$tmo MPI_STEPS_LOG=$tmp/$how mpi h1:2,h2:2 $((3 * tmo + 30 * SLOW)) "$M/mpi_steps" 120 >"$tmp/$how.mpirun.log" 2>&1 &
+    local job=$!
+    for r in 0 1 2 3; do   # every rank stepping
+        until grep -q "step .* ok" "$tmp/$how/rank$r.log" 2>/dev/null; do sleep 0.2; kill -0 $job 2>/dev/null || break 2; done
+    done
+    t_event=$(now)
+    if [ "$how" = kill ]; then "$H" kill h2; else "$H" exec h2 ip link set eth0 down; fi
+    local until=$(awk -v t="$t_event" -v d=$((3 * tmo)) 'BEGIN { printf "%.3f", t + d }')
+    for r in 0 1 2 3; do
+        eval "pid_$r=$(awk '/^pid/ { print $2; exit }' "$tmp/$how/rank$r.log" 2>/dev/null)"
+    done
+    while lt "$(now)" "$until"; do
+        local alive=0
+        for r in 0 1 2 3; do eval "p=\$pid_$r"; [ -n "$p" ] && [ -e "/proc/$p" ] && alive=1; done
+        [ $alive = 0 ] && break
+        sleep 0.2
+    done
+    left_alive=""
+    for r in 0 1 2 3; do
+        eval "p=\$pid_$r"; [ -n "$p" ] && [ -e "/proc/$p" ] && left_alive="$left_alive rank $r (pid $p)"
+        eval "t_$r=$(secs "$t_event" "$(date -r "$tmp/$how/rank$r.log" +%s.%N)")"
+    done
+    [ "$how" = cut ] && "$H" exec h2 ip link set eth0 up
+    kill "$job" 2>/dev/null; wait "$job" 2>/dev/null   # mpirun itself may wait on the lost daemon
+    [ -n "${MPI_HOSTS_KEEP:-}" ] && cp -r "$tmp/$how" "$MPI_HOSTS_KEEP/" 2>/dev/null
+}
+
+# 4. A host killed mid-step (every process on h2 SIGKILLed): ranks 0 and 1 name a rank of h2 and
+#    the host within seconds (its store connection closes), far inside the timeout.
+TMO=$((20 * SLOW))
+lost_host kill $TMO
+why=""
+for r in 0 1; do
+    grep -q "rank [23] on host h2 died" "$tmp/kill/rank$r.log" || why="$why; rank $r: $(grep -v 'step\|^pid' "$tmp/kill/rank$r.log" | head -c 300)"
+    eval "t=\$t_$r"; lt "$t" $((3 * SLOW)) || why="$why; rank $r took ${t}s"
+done
+[ -z "$left_alive" ] || why="$why; still running:$left_alive"
+[ -z "$why" ] && pass "mpi_host_h2_killed_mid_step_survivors_name_it (${t_0}s, ${t_1}s; timeout ${TMO}s)" ||
+    fail mpi_host_h2_killed_mid_step_survivors_name_it "${why#; }"
+
+# 5. A host cut off mid-step: nothing tells anyone; h1's ranks time out naming the silent ranks and
+#    h2, h2's ranks lose rank 0's store and name h1; all within the timeout and MPI_Abort's grace.
+TMO=$((5 * SLOW))
+lost_host cut $TMO
+why=""
+for r in 0 1; do
+    grep -q "timed out after $TMO s in .*not heard from: rank 2 on host h2, rank 3 on host h2" "$tmp/cut/rank$r.log" ||
+        why="$why; rank $r: $(grep -v 'step\|^pid' "$tmp/cut/rank$r.log" | head -c 300)"
+done
+for r in 2 3; do
+    grep -q "rendezvous store on rank 0 (host h1" "$tmp/cut/rank$r.log" || why="$why; rank $r: $(grep -v 'step\|^pid' "$tmp/cut/rank$r.log" | head -c 300)"
+done
+for r in 0 1 2 3; do eval "t=\$t_$r"; lt "$t" $((TMO + 3 * SLOW)) || why="$why; rank $r took ${t}s"; done
+[ -z "$left_alive" ] || why="$why; still running:$left_alive"
+[ -z "$why" ] && pass "mpi_host_h2_cut_off_mid_step_every_rank_names_the_other_host (${t_0}s ${t_1}s ${t_2}s ${t_3}s; timeout ${TMO}s)" ||
+    fail mpi_host_h2_cut_off_mid_step_every_rank_names_the_other_host "${why#; }"
+
+# 6. Nothing left in any host's /dev/shm (ddp.h's segments, Open MPI's files).
+left=$(shm_left)
+[ -z "${left// /}" ] && pass mpi_no_shm_left_on_any_host || fail mpi_no_shm_left_on_any_host "$left"
+[ $fails -eq 0 ]
