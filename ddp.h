@@ -106,7 +106,8 @@
      skipped for parameters registered with DDP_NO_DECAY; max_grad_norm > 0: clip by the global
      L2 norm first (computed in double, in a fixed order: the same bits on every rank, on both
      backends, sharded or not: the sum of squares of each block of 1024 floats of each bucket,
-     eight running sums in element order, then the blocks added in bucket order, block order).
+     eight running sums in element order; then the blocks, numbered in bucket order then block
+     order, added as 256 running sums (block i into sum i mod 256) and those in order).
      What matches torch.optim.AdamW: the formula (m, v, bias corrections 1 - beta^t, eps added
      to sqrt(v_hat), the decoupled decay lr * wd * p, applied before the Adam update), and the
      clipping of torch.nn.utils.clip_grad_norm_ (scale max / (norm + 1e-6) when norm > max).
@@ -200,8 +201,8 @@
              ranks that never started or finished it). ddp_param, ddp_grad, ddp_flat_params/
              grads and ddp_adamw_state's m and v are DEVICE pointers (initial values given to
              ddp_register_param are host memory). A ready bucket is an event on the compute
-             stream, a wait on it by ddp.h's comm stream and ncclAllReduce(ncclAvg) in place;
-             ddp_finish makes the compute stream wait for the last bucket. Nothing in a step
+             stream, a wait on it by ddp.h's comm stream and ncclAllReduce(ncclAvg) in place
+             (with one rank, no collective: its gradients are their own average); ddp_finish makes the compute stream wait for the last bucket. Nothing in a step
              waits on the host. ddp_adamw_step runs on the compute stream and clips and skips
              on the device; only with grad_norm_out does it read the norm back (a small copy
              and a wait: ask for it on the steps you log), which is also when NaN/Inf gives
@@ -801,8 +802,9 @@ extern "C" {
 #define DDP__PROGRESS_WORDS ((sizeof(ddp_progress) + 7) / 8)
 /* Sharding and the gradient norm share one grain: a rank's part of a bucket starts and ends on a
    multiple of this many floats from the bucket's start (the last rank also takes the tail), and
-   the norm is summed per block of this many floats of a bucket, in bucket order then block order,
-   whoever owns the block: so sharded and unsharded sum the same terms in the same order. */
+   the norm is summed per block of this many floats of a bucket, blocks numbered in bucket order
+   then block order and added by ddp__norm_sum, whoever owns the block: so sharded and
+   unsharded sum the same terms in the same order. */
 #define DDP__SHARD_GRAIN 1024
 
 typedef struct ddp__param {
@@ -2540,14 +2542,22 @@ static void ddp__norm_blocks(ddp_context *ctx, double *sums) {
     }
 }
 
-/* The global norm from every block's sum, in block order: the same terms, the same order and so
-   the same bits whether one rank computed them all or each its own. */
-static double ddp__norm_total(const double *sums, size_t n) {
-    double total = 0;
-    size_t j;
-    for (j = 0; j < n; j++) total += sums[j];
-    return sqrt(total);
+/* The sum of the norm's blocks in a fixed order: DDP__SUM_LANES running sums, sum j taking
+   sums[j], sums[j + 256], ... in order, then the running sums added in order. The same terms in
+   the same order, and so the same bits, whether one rank computed every block or each its own;
+   ddp_kernels.cuh's ddp_k_sum_doubles adds in this order on the GPU, in parallel (one chain of
+   dependent adds would be 30 us per million parameters there). */
+#define DDP__SUM_LANES 256
+static double ddp__norm_sum(const double *sums, size_t n) {
+    double lane[DDP__SUM_LANES] = { 0 }, total = 0;
+    size_t i;
+    int j;
+    for (i = 0; i < n; i++) lane[i % DDP__SUM_LANES] += sums[i];
+    for (j = 0; j < DDP__SUM_LANES; j++) total += lane[j];
+    return total;
 }
+
+static double ddp__norm_total(const double *sums, size_t n) { return sqrt(ddp__norm_sum(sums, n)); }
 
 /* The gradients are not finite: name the first offender (sharded: in this rank's part, the only
    one averaged here). Nothing has been touched yet. */
@@ -2893,9 +2903,12 @@ static ddp_result ddp__shm_check_peers(ddp_context *ctx, int stage, uint32_t tar
            last barrier of ddp_shutdown a rank may exit between our look at its counter and this
            check. Its counter is read after its death is seen, so "not reached" is final. */
         int tid = __atomic_load_n(&ddp__shm_block(ctx, s)->tid, __ATOMIC_ACQUIRE);
-        int process = ddp__pid_alive(pid), thread = !process || ddp__thread_alive(pid, tid);
+        int process = ddp__pid_alive(pid), thread = !process || ddp__thread_alive(pid, tid), k;
         if (s != ctx->rank && (!process || !thread) &&
             !ddp__reached(__atomic_load_n(&ddp__shm_block(ctx, s)->stage[stage].value, __ATOMIC_ACQUIRE), target)) {
+            /* A killed process's threads are gone a moment before the process is a zombie: give
+               it 100 ms to be one before calling it a thread that ended alone. */
+            for (k = 0; process && k < 20; k++) { usleep(5000); process = ddp__pid_alive(pid); }
             if (!process) return ddp__fail_group(ctx, DDP_ERR_PEER_LOST, "rank %d (pid %d) died; this rank was in %s",
                                                  s, pid, ctx->what);
             return ddp__fail_group(ctx, DDP_ERR_PEER_LOST, "rank %d (pid %d, thread %d) ended without ddp_shutdown; "
@@ -3475,8 +3488,8 @@ static void ddp__grads_unlink(ddp_context *ctx) {
 /* Sharded AdamW (desc.shard_optimizer). The buckets were reduce-scattered: this rank's part of
    each holds the average, the rest its own gradients. (1) The norm: each rank sums the norm
    blocks of its parts, every rank's blocks reach every rank (one broadcast per rank of its block
-   array, nothing added on the way, so exact), and each adds all blocks in block order: the same
-   bits as unsharded. (2) Each rank updates its part of bucket 0, 1, ... and posts each as done;
+   array, nothing added on the way, so exact), and each adds all blocks in ddp__norm_sum's
+   fixed order: the same bits as unsharded. (2) Each rank updates its part of bucket 0, 1, ... and posts each as done;
    (3) one bucket behind, it copies the peers' parts of the bucket before from their parameters
    in the segment (the all-gather), so the copies of early buckets overlap the peers' updates of
    later ones. Without the segment (no room in /dev/shm, DDP_STAGED_GRADS) the parts travel by
@@ -4578,8 +4591,11 @@ static ddp_result ddp__nccl_fail(ddp_context *ctx, ncclResult_t e, const char *c
     /* NCCL ignores the argument (the last error is per thread), so the detail is there for a
        failed ncclCommInitRank too, e.g. "Duplicate GPU detected" when ranks share a device. */
     const char *detail = ncclGetLastError(NULL);
-    return ddp__fail(ctx, e == ncclRemoteError ? DDP_ERR_PEER_LOST : DDP_ERR_BACKEND, "%s failed at %s:%d: %s%s%s",
-                     call, file, line, ncclGetErrorString(e), detail && *detail ? ": " : "", detail ? detail : "");
+    const char *hint = detail && strstr(detail, "Duplicate GPU")
+        ? " (each rank needs a GPU of its own: rank r takes GPU LOCAL_RANK % the GPUs it sees; start at most as many "
+          "ranks a host as it has GPUs, or, for tests only, share one through tools/nccl_one_gpu.sh)" : "";
+    return ddp__fail(ctx, e == ncclRemoteError ? DDP_ERR_PEER_LOST : DDP_ERR_BACKEND, "%s failed at %s:%d: %s%s%s%s",
+                     call, file, line, ncclGetErrorString(e), detail && *detail ? ": " : "", detail ? detail : "", hint);
 }
 /* In a function with `ctx` in scope: any failure poisons the group and returns. */
 #define DDP__CUDA(call) do { cudaError_t e_ = (call); \
@@ -4743,19 +4759,25 @@ static ddp_result ddp__gpu_check_store(ddp_context *ctx, int fd, char *msg, size
 
 /* NCCL failed asynchronously (or timed out). When a peer died, NCCL's error (a closed socket,
    a remote error) says nothing of who: the store learns of the death from the dead rank's
-   connection at about the same moment. Ask it for half a second before blaming NCCL alone,
-   so that the message names the rank. Then tell the peers and abort. */
-static void ddp__gpu_report(ddp_context *ctx, ddp_result r, const char *nccl_msg) {
+   connection at about the same moment (and when rank 0 died, the store itself is gone). Ask it
+   on `fd` for `window` seconds (at least once) and, when it names the rank, fail the group with
+   that. Returns the group's error then, DDP_OK when the store named nobody. */
+static ddp_result ddp__gpu_blame(ddp_context *ctx, int fd, double window, const char *nccl_msg) {
     char who[DDP__ERR_MAX / 2];
-    double until = ddp__now() + 0.5;
+    double until = ddp__now() + window;
     do {
-        if (ddp__gpu_check_store(ctx, ctx->gpu->watch_fd, who, sizeof who) != DDP_OK) {
-            ddp__fail_group(ctx, DDP_ERR_PEER_LOST, "%s (%.300s)", who, nccl_msg);
-            return;
-        }
-        usleep(20000);
-    } while (r != DDP_ERR_TIMEOUT && ddp__now() < until);
-    ddp__fail_group(ctx, r, "%s", nccl_msg);
+        if (ddp__failed(ctx)) return ddp__failed(ctx);
+        if (ddp__gpu_check_store(ctx, fd, who, sizeof who) != DDP_OK)
+            return ddp__fail_group(ctx, DDP_ERR_PEER_LOST, "%s (%.300s)", who, nccl_msg);
+        if (ddp__now() < until) usleep(20000);
+    } while (ddp__now() < until);
+    return DDP_OK;
+}
+
+/* The watchdog's finding: name the lost rank if the store can, then tell the peers and abort. */
+static void ddp__gpu_report(ddp_context *ctx, ddp_result r, const char *nccl_msg) {
+    if (ddp__gpu_blame(ctx, ctx->gpu->watch_fd, r == DDP_ERR_TIMEOUT ? 0 : 0.5, nccl_msg) == DDP_OK)
+        ddp__fail_group(ctx, r, "%s", nccl_msg);
 }
 
 static void *ddp__gpu_watchdog_main(void *arg) {
@@ -4823,7 +4845,10 @@ static ddp_result ddp__gpu_wait(ddp_context *ctx, cudaStream_t stream, const cha
         pthread_mutex_lock(&g->lock);
         r = ddp__gpu_inspect_locked(ctx, msg, sizeof msg);
         pthread_mutex_unlock(&g->lock);
-        if (r != DDP_OK) return ddp__fail_group(ctx, r, "%s", msg);
+        if (r != DDP_OK) {   /* as the watchdog does: name the lost rank when the store can */
+            ddp_result b = ddp__gpu_blame(ctx, ctx->store_fd, r == DDP_ERR_TIMEOUT ? 0 : 0.5, msg);
+            return b != DDP_OK ? b : ddp__fail_group(ctx, r, "%s", msg);
+        }
         if (ddp__now() > deadline)
             return ddp__fail_group(ctx, DDP_ERR_TIMEOUT, "timed out after %.0f s waiting for %s on the GPU",
                                              ctx->desc.timeout_s, what);
@@ -4833,19 +4858,14 @@ static ddp_result ddp__gpu_wait(ddp_context *ctx, cudaStream_t stream, const cha
 
 /* NCCL's remote error says a peer went away, not which: a failing rank leaves its message in
    the store before it aborts its communicator, so ask the store (this thread's connection) for
-   half a second and name the rank, as ddp__gpu_report does for the watchdog's findings. */
+   half a second and name the rank (ddp__gpu_blame). */
 static ddp_result ddp__nccl_remote_fail(ddp_context *ctx, ncclResult_t e, const char *what) {
-    char who[DDP__ERR_MAX / 2], nccl_msg[DDP__ERR_MAX / 2];
+    char nccl_msg[DDP__ERR_MAX / 2];
     const char *detail = ncclGetLastError(NULL);
-    double until = ddp__now() + 0.5;
+    ddp_result r;
     snprintf(nccl_msg, sizeof nccl_msg, "%s failed: %s%s%s", what, ncclGetErrorString(e), detail && *detail ? ": " : "",
              detail ? detail : "");
-    do {
-        if (ddp__failed(ctx)) return ddp__failed(ctx);
-        if (ddp__gpu_check_store(ctx, ctx->store_fd, who, sizeof who) != DDP_OK)
-            return ddp__fail_group(ctx, DDP_ERR_PEER_LOST, "%s (%.300s)", who, nccl_msg);
-        usleep(20000);
-    } while (ddp__now() < until);
+    if ((r = ddp__gpu_blame(ctx, ctx->store_fd, 0.5, nccl_msg)) != DDP_OK) return r;
     return ddp__fatal(ctx, ddp__nccl_fail(ctx, e, what, __FILE__, __LINE__));
 }
 
@@ -5148,7 +5168,7 @@ static ddp_result ddp__gpu_launch(ddp_context *ctx, int index) {
         if (r != DDP_OK) return r;
         ddp__shard_range(ctx, index, ctx->rank, &lo, &hi);
         if (bf16) DDP__CUDA(ddp_k_bf16_to_f32(g->bf16 + (lo - b->offset), ctx->flat_grads + lo, hi - lo, g->comm));
-    } else {
+    } else if (ctx->world > 1) {   /* one rank: its gradients are the average already, nothing to move */
         snprintf(what, sizeof what, "the allreduce of gradient bucket %d (%zu elements)", index, b->count);
         if (bf16) r = ddp__nccl_enqueue(ctx, g->bf16, b->count, ncclBfloat16, ncclAvg, -1, what);
         else r = ddp__nccl_enqueue(ctx, grads, b->count, ncclFloat, ncclAvg, -1, what);

@@ -152,7 +152,7 @@ refused gpt_resume_refuses_negative_step "$tmp/step_negative" "holds step -3 and
 refused gpt_resume_refuses_other_seed "$tmp/ck1" "trained with --seed 1337, this run has --seed 7.*pass --seed 1337" --seed 7
 refused gpt_resume_refuses_other_dropout "$tmp/ck1" "trained with --dropout 0, this run has --dropout 0.1: pass --dropout 0" --dropout 0.1
 mkfifo "$tmp/fifo"
-out=$(timeout 30 "$B/ddprun" -n "$N" "$BIN" "${TINY[@]}" --steps 8 --resume "$tmp/fifo" 2>&1); rc=$?
+out=$(timeout 30 "$B/ddprun" -n "$N" "${WRAP[@]}" "$BIN" "${TINY[@]}" --steps 8 --resume "$tmp/fifo" 2>&1); rc=$?
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "rank 0: the checkpoint '$tmp/fifo' is a FIFO (named pipe), not a regular file" <<<"$out"; then
     pass gpt_resume_refuses_fifo
 else fail gpt_resume_refuses_fifo "rc $rc (124: it blocked in open): $(tail -n 2 <<<"$out" | tr '\n' ' ')"; fi
@@ -200,7 +200,7 @@ if [ $rc -ne 0 ] && grep -q "rank [01]: the training data 'ddp.h' (.* bytes) is 
     pass gpt_data_less_than_one_step_is_a_clear_error; echo "  ($(grep -m1 -o "rank [01]: .*" <<<"$out" | cut -c1-200))"
 else fail gpt_data_less_than_one_step_is_a_clear_error "rc $rc: $(tail -n 2 <<<"$out" | tr '\n' ' ')"; fi
 # a FIFO would block in open forever, before any timeout applies
-out=$(timeout 30 "$B/ddprun" -n "$N" "$BIN" --data "$tmp/fifo" --layers 2 --heads 2 --dim 32 --seq 16 --batch 2 --steps 2 2>&1); rc=$?
+out=$(timeout 30 "$B/ddprun" -n "$N" "${WRAP[@]}" "$BIN" --data "$tmp/fifo" --layers 2 --heads 2 --dim 32 --seq 16 --batch 2 --steps 2 2>&1); rc=$?
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "rank [01]: the training data '$tmp/fifo' is a FIFO (named pipe), not a regular file" <<<"$out"; then
     pass gpt_data_fifo_is_a_clear_error
 else fail gpt_data_fifo_is_a_clear_error "rc $rc (124: it blocked in open): $(tail -n 2 <<<"$out" | tr '\n' ' ')"; fi

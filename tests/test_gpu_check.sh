@@ -67,6 +67,27 @@ else
     echo "SKIP gpu_check_names_what_did_not_build_and_goes_on: no nvcc"
 fi
 
+# Each call's default build list reaches make as separate targets (check_2 once passed its list as
+# one quoted word: "No rule to make target 'a b c'", and nothing was built). A stand-in make on
+# PATH records its arguments; the real nvcc probe runs first, so this needs nvcc.
+if [ -n "$(tools/gpu_paths.sh nvcc 2>/dev/null)" ]; then
+    mkdir -p "$tmp/fakemake"
+    printf '#!/bin/sh\nfor a in "$@"; do echo "arg: $a"; done\nexit 0\n' >"$tmp/fakemake/make"
+    chmod +x "$tmp/fakemake/make"
+    why=""
+    for c in 1 2 3; do
+        PATH="$tmp/fakemake:$PATH" OUT="$tmp/targets$c" CHECK_BUDGET_S=100 timeout 200 bench/gpu/check_$c.sh "$B" >"$tmp/targets$c.log" 2>&1
+        n=$(grep -c "^arg: $B/" "$tmp/targets$c/$c-build.log" 2>/dev/null)
+        if [ "${n:-0}" -lt 3 ] || grep -q "^arg: .* " "$tmp/targets$c/$c-build.log"; then
+            why="$why check_$c: ${n:-0} target argument(s): $(grep "^arg:" "$tmp/targets$c/$c-build.log" 2>/dev/null | head -n 3 | tr '\n' ' ');"
+        fi
+    done
+    if [ -z "$why" ]; then pass gpu_check_build_lists_reach_make_as_separate_targets
+    else fail gpu_check_build_lists_reach_make_as_separate_targets "$why"; fi
+else
+    echo "SKIP gpu_check_build_lists_reach_make_as_separate_targets: no nvcc"
+fi
+
 # No budget left: no step starts, each says so, the call fails (its results are not complete).
 OUT=$tmp/late CHECK_BUDGET_S=0 timeout 120 bench/gpu/check_2.sh --no-build "$B" >"$tmp/late.log" 2>&1
 rc=$?

@@ -26,9 +26,9 @@ cd "$(dirname "$0")/../.." || exit 1
 . tests/gpu/steps.sh
 . bench/gpu/check_common.sh
 check_init 2 360 "$@"
-
+TARGETS=${CHECK_TARGETS:-"$G/gpu_count $G/bench_gpu $G/train_gpt"}
 # shellcheck disable=SC2086  # the list is words
-check_gpu_and_build "$OUT/2-build.log" ${CHECK_TARGETS:-"$G/gpu_count $G/bench_gpu $G/train_gpt"}
+check_gpu_and_build "$OUT/2-build.log" $TARGETS
 
 # each in a pipeline's subshell (to tee its log): each with its own trap
 { trap 'gpu_steps_abort; exit 130' INT TERM; gpu_step bench_gpu 180 "$G/bench_gpu" "$G/bench_gpu"; } 2>&1 | tee "$OUT/2-bench.log"

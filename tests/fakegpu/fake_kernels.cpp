@@ -67,10 +67,11 @@ extern "C" cudaError_t ddp_k_norm_blocks(const float *x, size_t n, size_t grain,
 extern "C" cudaError_t ddp_k_sum_doubles(const double *x, size_t n, double *out, cudaStream_t stream) {
     const void *p[2] = { x, out };
     size_t b[2] = { n * sizeof(double), sizeof(double) }, i;
-    double total = 0;
+    double lane[256] = { 0 }, total = 0;   /* the kernel's order: 256 running sums, then in order */
     cudaError_t e = launch(stream, "ddp_k_sum_doubles", 0, 2, p, b);
     if (e != cudaSuccess) return e;
-    for (i = 0; i < n; i++) total += x[i];
+    for (i = 0; i < n; i++) lane[i % 256] += x[i];
+    for (i = 0; i < 256; i++) total += lane[i];
     *out = total;
     return cudaGetLastError();
 }

@@ -1,6 +1,7 @@
 /* test_gpu_kernels.cu — ddp_kernels.cuh against CPU references: AdamW against ddp.h's CPU loop
    (<= 1e-6 relative; the arithmetic is the same, so normally bit for bit), the sum of squares
-   against float64 (and the same bits twice), fp32->bf16 over all 2^32 bit patterns and
+   against float64 (and the same bits twice), ddp.h's norm blocks and their total against its
+   CPU functions bit for bit, fp32->bf16 over all 2^32 bit patterns and
    bf16->fp32 over all 2^16 against the CPU's round-to-nearest-even, fill and scale, and a
    launcher after the caller's polling left cudaErrorNotReady behind.
    Prints "SKIP gpu: ..." and exits 0 without a device. */
@@ -74,6 +75,46 @@ static void test_norm(void) {
     cudaFree(d); cudaFree(partials); cudaFree(d_out); free(h);
 }
 
+/* ddp.h's norm on the device: the blocks (ddp_k_norm_blocks) against ddp__sum_squares per
+   block, and their total (ddp_k_sum_doubles) against ddp__norm_sum, bit for bit; grains 1024
+   (ddp.h's) and 7 (every tail length of the 8 lanes), an unaligned start, a part of a block. */
+static void test_norm_blocks(void) {
+    const size_t n = 3000011, grains[2] = { 1024, 7 };
+    float *h = (float *)malloc(n * 4), *d;
+    double *sums = (double *)malloc((n / 7 + 2) * sizeof(double)), *d_sums, *d_total, total;
+    size_t i, k, bad = 0, first_bad = 0;
+    int g;
+    for (i = 0; i < n; i++) h[i] = test_value(11, i) * (i % 13 == 0 ? 1e4f : i % 5 == 0 ? 1e-3f : 1.0f);
+    CK(cudaMalloc((void **)&d, n * 4));
+    CK(cudaMalloc((void **)&d_sums, (n / 7 + 2) * sizeof(double)));
+    CK(cudaMalloc((void **)&d_total, sizeof(double)));
+    CK(cudaMemcpy(d, h, n * 4, cudaMemcpyHostToDevice));
+    for (g = 0; g < 2; g++) {
+        for (k = 0; k < 3; k++) {   /* the whole buffer; from element 1; a count below one block */
+            size_t at = k == 1 ? 1 : 0, count = k == 2 ? grains[g] - 1 : n - at, blocks = (count + grains[g] - 1) / grains[g];
+            CK(ddp_k_norm_blocks(d + at, count, grains[g], d_sums, 0));
+            CK(ddp_k_sum_doubles(d_sums, blocks, d_total, 0));
+            CK(cudaMemcpy(sums, d_sums, blocks * sizeof(double), cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(&total, d_total, sizeof(double), cudaMemcpyDeviceToHost));
+            for (i = 0; i < blocks; i++) {
+                size_t len = count - i * grains[g] < grains[g] ? count - i * grains[g] : grains[g];
+                double want = ddp__sum_squares(h + at + i * grains[g], len);
+                if (memcmp(&want, &sums[i], sizeof want)) { if (!bad) first_bad = i; bad++; }
+            }
+            {
+                double want = ddp__norm_sum(sums, blocks);
+                if (memcmp(&want, &total, sizeof want)) {
+                    if (!bad) first_bad = (size_t)-1;
+                    bad++;
+                }
+            }
+        }
+    }
+    verdict(bad == 0, "gpu_norm_blocks_and_total_equal_cpu_bitwise", "%zu mismatches, first at block %zd", bad,
+            (ssize_t)first_bad);
+    cudaFree(d); cudaFree(d_sums); cudaFree(d_total); free(h); free(sums);
+}
+
 /* AdamW: N0 elements with decay then N1 without (a 16-aligned boundary, as ddp.h lays out). */
 static void test_adamw(int offset) {
     enum { N0 = 1 << 20, N1 = 4096 + 16, STEPS = 6 };
@@ -90,13 +131,13 @@ static void test_adamw(int offset) {
     char name[96];
     for (i = 0; i < n; i++) hp[i] = 0.5f + 0.5f * fabsf(test_value(1, i));
     for (i = 0; i < sizeof mask; i++) mask[i] = i >= N0 / DDP_K_MASK_GROUP;
-    CK(cudaMalloc((void **)&buf, 4 * n * 4 + 64));
+    CK(cudaMalloc((void **)&buf, (4 * n + 64) * 4));   /* four buffers 16 floats apart, each up to n + 1 */
     CK(cudaMalloc((void **)&d_mask, sizeof mask));
     CK(cudaMalloc((void **)&partials, DDP_K_NORM_BLOCKS * sizeof(double)));
     CK(cudaMalloc((void **)&norm_sq, sizeof(double)));
     CK(cudaMalloc((void **)&state, sizeof *state));
     CK(cudaMemset(state, 0, sizeof *state));
-    CK(cudaMemset(buf, 0, 4 * n * 4 + 64));
+    CK(cudaMemset(buf, 0, (4 * n + 64) * 4));
     CK(cudaMemcpy(d_mask, mask, sizeof mask, cudaMemcpyHostToDevice));
     float *dp = buf + offset, *dg = buf + n + 16 + offset, *dm = buf + 2 * n + 32 + offset, *dv = buf + 3 * n + 48 + offset;
     if (offset) CK(cudaMalloc((void **)&dv, n * 4));   /* keep one pointer aligned, others not */
@@ -195,6 +236,7 @@ int main(void) {
     test_adamw(1);
     test_adamw_skip();
     test_norm();
+    test_norm_blocks();
     test_casts();
     return test_summary("test_gpu_kernels");
 }
