@@ -312,9 +312,9 @@
      one, returns DDP_ERR_CANCELLED within milliseconds: every wait looks (shared-memory waits
      between 20 ms futex sleeps, the communication thread, the rendezvous store's waits, NCCL's
      polls and its watchdog, which also aborts the communicator); the group is poisoned, so the
-     peers (threads or processes) stop at their next wait, with DDP_ERR_CANCELLED on the CPU
-     backend and DDP_ERR_PEER_LOST naming the cancel on NCCL, and before the shared memory is
-     up (rendezvous) with DDP_ERR_PEER_LOST once the cancelled rank leaves. Nothing waits out a
+     peers (threads or processes) stop at their next wait with DDP_ERR_CANCELLED too, on every
+     backend (NCCL and MPI peers read the cancel's code from the store's poison), and before
+     the shared memory is up (rendezvous) with DDP_ERR_PEER_LOST once the cancelled rank leaves. Nothing waits out a
      timeout. Then ddp_shutdown as after any failure: quick, and it returns DDP_OK.
      Progress. ddp_progress_read(ctx, &p) from any thread: the step count, the last
      ddp_report_loss value and its step (this rank's number; nothing is sent), the last step's
@@ -2253,6 +2253,43 @@ static ddp_result ddp__store_request_on(ddp_context *ctx, int fd, uint32_t op, c
     return DDP_OK;
 }
 
+#if defined(DDP_CUDA) || defined(DDP_MPI)
+/* The group's poison in the store, for the backends whose ranks poll it (NCCL, MPI): set once,
+   by the first rank that fails (its ADD on "poisoned" elects it), as its code in 4 bytes and its
+   message, so that a cancel reaches the peers as a cancel. A store that is gone must not replace
+   the real error: the message is written back only if the request changed it. */
+static void ddp__store_poison(ddp_context *ctx, int fd, ddp_result code) {
+    unsigned char *reply = NULL;
+    uint32_t len = 0, status = 0;
+    char msg[4 + DDP__ERR_MAX];
+    if (fd < 0) return;
+    ddp__put_u32((unsigned char *)msg, (uint32_t)code);
+    pthread_mutex_lock(&ctx->err_lock);
+    snprintf(msg + 4, DDP__ERR_MAX, "%s", ctx->err);
+    pthread_mutex_unlock(&ctx->err_lock);
+    if (ddp__store_request_on(ctx, fd, DDP__OP_ADD, "poisoned", "1", 1, &reply, &len, &status, 0) == DDP_OK &&
+        reply && !strcmp((const char *)reply, "1"))
+        ddp__store_request_on(ctx, fd, DDP__OP_SET, "poison", msg, (uint32_t)(4 + strlen(msg + 4)), NULL, NULL, &status, 0);
+    DDP_FREE(reply);
+    pthread_mutex_lock(&ctx->err_lock);
+    if (strcmp(ctx->err, msg + 4)) snprintf(ctx->err, sizeof ctx->err, "%s", msg + 4);
+    pthread_mutex_unlock(&ctx->err_lock);
+}
+
+/* What a poll of "poison" found: another rank's failure (DDP__REPLY_OK) or rank 0's own
+   (DDP__REPLY_FAILED), each a code then a message. Returns what it means here (a cancel stays a
+   cancel, anything else is a peer lost), or DDP_OK for no poison; *text: the message. */
+static ddp_result ddp__store_poison_code(uint32_t status, const unsigned char *val, uint32_t len, const char **text) {
+    ddp_result code;
+    *text = "a peer failed";
+    if (status != DDP__REPLY_OK && status != DDP__REPLY_FAILED) return DDP_OK;
+    if (!val || len <= 4) return DDP_ERR_PEER_LOST;
+    code = (ddp_result)ddp__get_u32(val);
+    *text = (const char *)val + 4;
+    return code == DDP_ERR_CANCELLED ? DDP_ERR_CANCELLED : DDP_ERR_PEER_LOST;
+}
+#endif
+
 static ddp_result ddp__store_request(ddp_context *ctx, uint32_t op, const char *key, const void *val,
                                      uint32_t vlen, unsigned char **reply, uint32_t *reply_len,
                                      uint32_t *status, double wait_s) {
@@ -4008,24 +4045,10 @@ static void ddp__mpi_poison_host(ddp_context *ctx, ddp_result code) {
 static void ddp__mpi_poison(ddp_context *ctx, ddp_result code) {
     ddp__mpi *m = ctx->mpi;
     int fd;
-    char msg[DDP__ERR_MAX];
     if (!m) return;
     ddp__mpi_poison_host(ctx, code);
-    pthread_mutex_lock(&ctx->err_lock);
-    snprintf(msg, sizeof msg, "%s", ctx->err);
-    pthread_mutex_unlock(&ctx->err_lock);
     fd = m->watchdog_started && pthread_equal(pthread_self(), m->watchdog) ? m->watch_fd : ctx->store_fd;
-    if (fd >= 0) {
-        unsigned char *reply = NULL;
-        uint32_t len = 0, status = 0;
-        if (ddp__store_request_on(ctx, fd, DDP__OP_ADD, "poisoned", "1", 1, &reply, &len, &status, 0) == DDP_OK &&
-            reply && !strcmp((const char *)reply, "1"))
-            ddp__store_request_on(ctx, fd, DDP__OP_SET, "poison", msg, (uint32_t)strlen(msg), NULL, NULL, &status, 0);
-        DDP_FREE(reply);
-        pthread_mutex_lock(&ctx->err_lock);   /* a store that is gone must not replace the real error */
-        if (strcmp(ctx->err, msg)) snprintf(ctx->err, sizeof ctx->err, "%s", msg);
-        pthread_mutex_unlock(&ctx->err_lock);
-    }
+    ddp__store_poison(ctx, fd, code);
 }
 
 /* The watchdog's look at the store: another rank's poison, or a rank's connection closed. */
@@ -4044,10 +4067,13 @@ static ddp_result ddp__mpi_check_store(ddp_context *ctx, char *msg, size_t cap) 
         int lost = val ? atoi((const char *)val) : -1;
         snprintf(msg, cap, "rank %d on host %s died (its connection to the rendezvous store closed)", lost,
                  ddp__mpi_host_name(ctx, lost));
-    } else if (status == DDP__REPLY_OK) snprintf(msg, cap, "stopped because %s", val ? (const char *)val : "?");
-    else if (status == DDP__REPLY_FAILED) snprintf(msg, cap, "stopped because %s", val && len > 4 ? (const char *)val + 4 : "rank 0 failed");
+        r = DDP_ERR_PEER_LOST;
+    } else {
+        const char *text;
+        if ((r = ddp__store_poison_code(status, val, len, &text)) != DDP_OK) snprintf(msg, cap, "stopped because %s", text);
+    }
     DDP_FREE(val);
-    return status == DDP__REPLY_OK || status == DDP__REPLY_PEER_LOST || status == DDP__REPLY_FAILED ? DDP_ERR_PEER_LOST : DDP_OK;
+    return r;
 }
 
 /* Which ranks' heartbeats did not move between two looks: the silent hosts, in words. */
@@ -4669,28 +4695,9 @@ static int ddp__nccl_claim(ddp__gpu *g) {
 static void ddp__gpu_poison(ddp_context *ctx, ddp_result code) {
     ddp__gpu *g = ctx->gpu;
     int from_watchdog;
-    (void)code;
     if (!g) return;
     from_watchdog = g->watchdog_started && pthread_equal(pthread_self(), g->watchdog);
-    int fd = from_watchdog ? g->watch_fd : ctx->store_fd;
-    if (fd >= 0) {
-        unsigned char *reply = NULL;
-        uint32_t len = 0, status = 0;
-        char msg[DDP__ERR_MAX];
-        pthread_mutex_lock(&ctx->err_lock);
-        snprintf(msg, sizeof msg, "%s", ctx->err);
-        pthread_mutex_unlock(&ctx->err_lock);
-        if (ddp__store_request_on(ctx, fd, DDP__OP_ADD, "poisoned", "1", 1, &reply, &len, &status, 0) == DDP_OK &&
-            reply && !strcmp((const char *)reply, "1"))
-            ddp__store_request_on(ctx, fd, DDP__OP_SET, "poison", msg, (uint32_t)strlen(msg), NULL, NULL, &status, 0);
-        DDP_FREE(reply);
-        /* A store that is gone must not replace the real error. Only then is it written back:
-           the context is marked failed already, and its own thread may be reading the message
-           (from the watchdog, an unconditional rewrite raced ddp_last_error). */
-        pthread_mutex_lock(&ctx->err_lock);
-        if (strcmp(ctx->err, msg)) snprintf(ctx->err, sizeof ctx->err, "%s", msg);
-        pthread_mutex_unlock(&ctx->err_lock);
-    }
+    ddp__store_poison(ctx, from_watchdog ? g->watch_fd : ctx->store_fd, code);
     ddp__gpu_abort(ctx);
 }
 
@@ -4747,14 +4754,16 @@ static ddp_result ddp__gpu_check_store(ddp_context *ctx, int fd, char *msg, size
                  "failed); the NCCL communicator was aborted");
         return DDP_ERR_PEER_LOST;
     }
-    if (status == DDP__REPLY_OK) snprintf(msg, cap, "stopped because %s", val ? (const char *)val : "?");
-    else if (status == DDP__REPLY_PEER_LOST)
+    if (status == DDP__REPLY_PEER_LOST) {
         snprintf(msg, cap, "rank %s disconnected from the rendezvous store (it died or failed); the NCCL "
                  "communicator was aborted", val ? (const char *)val : "?");
-    else if (status == DDP__REPLY_FAILED)   /* rank 0 failed: its code, then its message */
-        snprintf(msg, cap, "stopped because %s", val && len > 4 ? (const char *)val + 4 : "rank 0 failed");
+        r = DDP_ERR_PEER_LOST;
+    } else {   /* a peer's poison, or rank 0's own failure: a code, then a message */
+        const char *text;
+        if ((r = ddp__store_poison_code(status, val, len, &text)) != DDP_OK) snprintf(msg, cap, "stopped because %s", text);
+    }
     DDP_FREE(val);
-    return status == DDP__REPLY_OK || status == DDP__REPLY_PEER_LOST || status == DDP__REPLY_FAILED ? DDP_ERR_PEER_LOST : DDP_OK;
+    return r;
 }
 
 /* NCCL failed asynchronously (or timed out). When a peer died, NCCL's error (a closed socket,
@@ -4766,9 +4775,10 @@ static ddp_result ddp__gpu_blame(ddp_context *ctx, int fd, double window, const 
     char who[DDP__ERR_MAX / 2];
     double until = ddp__now() + window;
     do {
+        ddp_result r;
         if (ddp__failed(ctx)) return ddp__failed(ctx);
-        if (ddp__gpu_check_store(ctx, fd, who, sizeof who) != DDP_OK)
-            return ddp__fail_group(ctx, DDP_ERR_PEER_LOST, "%s (%.300s)", who, nccl_msg);
+        if ((r = ddp__gpu_check_store(ctx, fd, who, sizeof who)) != DDP_OK)   /* a cancel stays a cancel */
+            return ddp__fail_group(ctx, r, "%s (%.300s)", who, nccl_msg);
         if (ddp__now() < until) usleep(20000);
     } while (ddp__now() < until);
     return DDP_OK;

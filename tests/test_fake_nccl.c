@@ -46,6 +46,7 @@ static struct {
     int shard;                     /* ddp_desc.shard_optimizer */
     double timeout_s;
     int abort_rank, abort_step;    /* that rank aborts its communicator before that step */
+    int cancel_rank, cancel_step;  /* that rank calls ddp_cancel before that step */
     int hold_rank, hold_step;      /* that rank's GPU stops before that step */
     int stop_rank, stop_step;      /* that rank stops stepping (sleeps) at that step */
     int stop_fails;                /* ... after its communicator got an asynchronous error */
@@ -69,7 +70,7 @@ static void reset_cfg(void) {
     cfg.backend = DDP_BACKEND_NCCL;
     cfg.micro = 1;
     cfg.steps = STEPS;
-    cfg.abort_rank = cfg.hold_rank = cfg.stop_rank = cfg.slow_shutdown_rank = -1;
+    cfg.abort_rank = cfg.hold_rank = cfg.stop_rank = cfg.slow_shutdown_rank = cfg.cancel_rank = -1;
     for (r = 0; r < MAX_WORLD; r++) { free(res[r].params); memset(&res[r], 0, sizeof res[r]); }
 }
 
@@ -116,6 +117,7 @@ static void train_rank(test_rank *self) {
         float norm = 0;
         if (self->rank == cfg.hold_rank && step == cfg.hold_step) fakegpu_hold_device(ctx->gpu->device, 1);
         if (self->rank == cfg.abort_rank && step == cfg.abort_step) ddp__gpu_abort(ctx);   /* as the watchdog does */
+        if (self->rank == cfg.cancel_rank && step == cfg.cancel_step) ddp_cancel(ctx);
         if (self->rank == cfg.stop_rank && step == cfg.stop_step) {
             if (cfg.stop_fails) fakegpu_inject_async_error(self->rank, -1, ncclSystemError);
             while (!ddp__failed(ctx)) usleep(1000);   /* a rank that hangs: until its peers give up */
@@ -713,6 +715,24 @@ static void fault_abort(int world) {
                    world, 5, want);
 }
 
+/* A cancel is not a failure: every rank, the peers too, ends with DDP_ERR_CANCELLED (the
+   poison in the store carries the code), not with a lost peer. */
+static void fault_cancel(int world) {
+    const char *want[3] = { "cancelled", "cancelled", "cancelled" };
+    char name[96];
+    int r, all = 1;
+    fakegpu_reset();
+    reset_cfg();
+    cfg.cancel_rank = 1; cfg.cancel_step = 3;
+    run(world, train_rank);
+    snprintf(name, sizeof name, "fake_nccl_ranks%d_rank1_cancels_every_rank_stops", world);
+    expect_failure(name, world, 5, want);
+    for (r = 0; r < world; r++) all &= res[r].r == DDP_ERR_CANCELLED;
+    snprintf(name, sizeof name, "fake_nccl_ranks%d_rank1_cancels_every_rank_gets_cancelled", world);
+    verdict(all, name, "results: rank 0 %s, rank 1 %s%s%s", ddp_result_string(res[0].r), ddp_result_string(res[1].r),
+            world > 2 ? ", rank 2 " : "", world > 2 ? ddp_result_string(res[2].r) : "");
+}
+
 static void fault_stop(void) {
     const char *want[3] = { "timed out after 2 s", "timed out after 2 s", NULL };
     fakegpu_reset();
@@ -861,6 +881,8 @@ int main(void) {
     fault_async_idle();
     fault_abort(2);
     fault_abort(3);
+    fault_cancel(2);
+    fault_cancel(3);
     fault_stop();
     fault_hold();
     init_never_completes();

@@ -756,8 +756,9 @@ int main(int argc, char **argv) {
             step_line = step;
             if (rank == 0)
                 printf("step %5d/%d | loss %.6f | lr %.3e | norm %.3f | %7.1f ms | %6.0f tok/s | compute %.1f ms comm %.2f ms "
-                       "exposed %.2f ms overlap %3.0f%%\n", step, o.steps, loss, lr, norm, ms,
-                       (double)world * B * T * o.accum / (ms / 1e3), st.backward_ms, st.comm_ms, st.exposed_ms, st.overlap_pct);
+                       "exposed %.2f ms overlap %3.0f%% last bucket %.2f ms\n", step, o.steps, loss, lr, norm, ms,
+                       (double)world * B * T * o.accum / (ms / 1e3), st.backward_ms, st.comm_ms, st.exposed_ms, st.overlap_pct,
+                       st.last_bucket_comm_ms);
         }
         if (o.eval_every > 0 && step % o.eval_every == 0 && step < o.steps) {
             CHECK(evaluate(ddp, &mo, &o, &data, tok, tgt, &val));
