@@ -6303,12 +6303,19 @@ static ddp_result ddp__adamw_step(ddp_context *ctx, const ddp_adamw *opt, float 
 /* --------------------------------------------------------------------------------------------
    >>collectives  Collectives on user buffers, between steps
    -------------------------------------------------------------------------------------------- */
+/* The root of a collective (broadcast, gather, scatter) names a rank. */
+static ddp_result ddp__check_root(ddp_context *ctx, int root, const char *call) {
+    if (root < 0 || root >= ctx->world)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: root %d is not a rank (world size %d)", call, root, ctx->world);
+    return DDP_OK;
+}
+
 static ddp_result ddp__user_collective(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root, const char *name) {
+    ddp_result r;
     if (ctx->in_step)
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s while a backward is in flight (call it between steps)", name);
     if (count && !data) return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: NULL buffer of %zu elements", name, count);
-    if (root < 0 || root >= ctx->world)
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: root %d is not a rank (world size %d)", name, root, ctx->world);
+    if ((r = ddp__check_root(ctx, root, name)) != DDP_OK) return r;
     if (ctx->world == 1) return DDP_OK;
     snprintf(ctx->what_buf, sizeof ctx->what_buf, "%s of %zu %s", name, count, kind == DDP__KIND_BROADCAST ? "bytes" : "elements");
     ctx->what = ctx->what_buf;
@@ -7392,12 +7399,6 @@ ddp_result ddp_copy_from_host(ddp_context *ctx, ddp_buffer which, size_t offset,
     float *at = NULL;
     if (r != DDP_OK || (r = ddp__state_at(ctx, which, offset, src, count, "ddp_copy_from_host", &at)) != DDP_OK) return r;
     return count ? ctx->be->copy(ctx, at, src, count * sizeof(float), 0) : DDP_OK;
-}
-
-static ddp_result ddp__check_root(ddp_context *ctx, int root, const char *call) {
-    if (root < 0 || root >= ctx->world)
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: root %d is not a rank (world size %d)", call, root, ctx->world);
-    return DDP_OK;
 }
 
 ddp_result ddp_gather_to_host(ddp_context *ctx, ddp_buffer which, size_t offset, float *dst, size_t count, int root) {

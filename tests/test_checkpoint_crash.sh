@@ -13,16 +13,7 @@ fails=0
 pass() { echo "PASS $1"; }
 fail() { echo "FAIL $1: $2"; fails=$((fails + 1)); }
 now() { date +%s.%N; }
-# A port below the kernel's ephemeral range (32768 up by default: the local ports of the tests'
-# own client connections, which a listener cannot bind over) that no socket uses now.
-free_port() {
-  local p
-  for _ in $(seq 50); do
-    p=$((20000 + RANDOM % 12000))
-    ss -tanH 2>/dev/null | awk '{ print $4 }' | grep -q ":$p\$" || { echo "$p"; return; }
-  done
-  echo "$p"
-}
+. "$(dirname "$0")/lib.sh"   # free_port: a port below the ephemeral range that no socket uses
 for f in train_gpt ddprun; do
   [ -x "$B/$f" ] || { echo "FAIL setup: $B/$f missing (make build/train_gpt build/ddprun)"; exit 1; }
 done

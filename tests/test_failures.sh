@@ -8,17 +8,8 @@ trap 'rm -rf "$tmp"' EXIT
 fails=0
 pass() { echo "PASS $1"; }
 fail() { echo "FAIL $1: $2"; fails=$((fails + 1)); }
-# A port below the kernel's ephemeral range (32768 up by default: the local ports of the tests'
-# own client connections, which a listener cannot bind over: CI saw "MASTER_PORT 33442 ... already
-# in use") that no socket uses now.
-port() {
-  local p
-  for _ in $(seq 50); do
-    p=$((20000 + RANDOM % 12000))
-    ss -tanH 2>/dev/null | awk '{ print $4 }' | grep -q ":$p\$" || { echo "$p"; return; }
-  done
-  echo "$p"
-}
+. "$(dirname "$0")/lib.sh"   # free_port
+port() { free_port; }
 now() { date +%s.%N; }
 shm_ours() { ls /dev/shm 2>/dev/null | grep -E "^ddp-($1)-" || true; }
 
