@@ -795,6 +795,8 @@ extern "C" {
 /* The communication thread works while compute threads want every core: every poll it makes
    is compute lost, and (with its short slice, below) a futex wake-up reaches it quickly. */
 #define DDP__SPIN_SECONDS_COMM_THREAD 5e-6
+/* ... unless the rank's own thread is blocked in ddp_finish: then the core is the
+   communication thread's, and the wake-ups of the exposed tail are what the step waits for. */
 #define DDP__LIVENESS_PERIOD_S 0.1           /* how often a waiter checks that peers live */
 #define DDP__STORE_MAX_KEY 1024u
 #define DDP__STORE_MAX_VALUE (64u << 20)
@@ -869,6 +871,7 @@ typedef struct ddp__cpu {
     uint32_t shm_seq;              /* chunks processed: the same on every rank */
     uint32_t shm_collectives;      /* collectives issued: the same on every rank */
     double spin_seconds;
+    int host_waiting;              /* atomic: the rank's thread waits in ddp_finish (the comm thread may spin) */
     uint32_t sig_bucket;           /* the gradient bucket the next collective averages, + 1; 0: none */
     char grads_name[64];           /* every rank's gradients, in one segment (world > 1) */
     unsigned char *grads_shm;
@@ -2984,7 +2987,8 @@ static ddp_result ddp__shm_wait_all(ddp_context *ctx, int stage, uint32_t target
         while (!ddp__reached(__atomic_load_n(&c->value, __ATOMIC_ACQUIRE), target)) {
             uint32_t seen;
             if (polls++ % 16 == 0 && spin_until == 0)
-                spin_until = ddp__now() + (ctx->in_step ? DDP__SPIN_SECONDS_COMM_THREAD : ctx->cpu->spin_seconds);
+                spin_until = ddp__now() + (ctx->in_step && !__atomic_load_n(&ctx->cpu->host_waiting, __ATOMIC_ACQUIRE)
+                                           ? DDP__SPIN_SECONDS_COMM_THREAD : ctx->cpu->spin_seconds);
             if (polls % 16 || ddp__now() < spin_until) { sched_yield(); continue; }
             if (deadline == 0) {
                 last_look = ddp__now();
@@ -3752,8 +3756,10 @@ static ddp_result ddp__cpu_finish(ddp_context *ctx, double t_wait) {
     /* pthread_cancel of the rank's thread here would leave it holding the lock, and the
        communication thread (and the host's ddp_shutdown of the context) stuck on it. */
     pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
+    __atomic_store_n(&c->host_waiting, 1, __ATOMIC_RELEASE);
     pthread_mutex_lock(&c->comm_lock);
     while (c->comm_done < c->comm_launched) pthread_cond_wait(&c->comm_done_cond, &c->comm_lock);
+    __atomic_store_n(&c->host_waiting, 0, __ATOMIC_RELEASE);
     r = c->comm_error;
     ctx->stats.comm_ms = 1e3 * c->comm_seconds;
     ctx->stats.last_bucket_comm_ms = 1e3 * c->comm_last_seconds;
