@@ -10,7 +10,7 @@ B        := build
 PROGRAMS := $(B)/ddprun $(B)/minimal $(B)/engine $(B)/texture $(B)/texture_cxx $(B)/bench_allreduce $(B)/bench_overlap $(B)/copy_bw \
             $(B)/test_unit $(B)/test_collectives $(B)/test_equivalence $(B)/test_fault \
             $(B)/test_overlap $(B)/test_bf16 $(B)/test_shard $(B)/test_embed $(B)/test_host $(B)/test_sampler $(B)/test_checkpoint $(B)/train_gpt $(B)/test_gpt \
-            $(B)/train_gpt_emulated $(B)/test_gpt_gpu_emulated $(B)/test_fake_nccl $(B)/hosts_nccl_fake
+            $(B)/train_gpt_emulated $(B)/test_gpt_gpu_emulated $(B)/test_fake_nccl $(B)/hosts_nccl_fake $(B)/test_bf16_params
 CHECKS   := $(B)/cxx_check.o
 PROGRAMS += $(B)/bench_shard_memory   # sharded optimizer: bytes per parameter (bench/RESULTS.md)
 
@@ -186,6 +186,10 @@ $(B)/test_fake_nccl: tests/test_fake_nccl.c tests/test_equivalence.c tests/testl
 	$(CC) -std=c99 $(CFLAGS) $(WARN) -DDDP_CUDA -I$(FAKE_DIR) -c -o $(B)/fakegpu/test_fake_nccl.o $<
 	$(CXX) $(CFLAGS) -o $@ $(B)/fakegpu/test_fake_nccl.o $(FAKE_OBJS) $(LDLIBS)
 
+# bf16 parameters (fp32 master) on the CPU backend and on the NCCL backend on the fake GPU, one binary.
+$(B)/test_bf16_params: tests/test_bf16_params.c tests/testlib.h ddp.h ddp_kernels.cuh $(FAKE_OBJS) $(FAKE_HDRS) | $(B)
+	$(CC) -std=c99 $(CFLAGS) $(WARN) -DDDP_CUDA -I$(FAKE_DIR) -c -o $(B)/fakegpu/test_bf16_params.o $<
+	$(CXX) $(CFLAGS) -o $@ $(B)/fakegpu/test_bf16_params.o $(FAKE_OBJS) $(LDLIBS)
 # tests/test_hosts.sh's NCCL rank on the fake GPU: one process per rank, on namespace hosts.
 $(B)/hosts_nccl_fake: tests/hosts_nccl.c ddp.h ddp_kernels.cuh $(FAKE_OBJS) $(FAKE_HDRS) | $(B)
 	$(CC) -std=c99 $(CFLAGS) $(WARN) -DDDP_CUDA -DHOSTS_FAKEGPU -I$(FAKE_DIR) -c -o $(B)/fakegpu/hosts_nccl_fake.o $<

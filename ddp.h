@@ -6,7 +6,8 @@
    batch N*B — only faster.
 
    CONTENTS
-     QUICK START · ONE STEP, AS DATA FLOWS · OPTIONS · ADAMW · SHARDED OPTIMIZER (ZeRO-1) · CHECKPOINTS ·
+     QUICK START · ONE STEP, AS DATA FLOWS · OPTIONS · ADAMW · SHARDED OPTIMIZER (ZeRO-1) ·
+     PARAMETER DTYPE (bf16 parameters, fp32 master weights) · CHECKPOINTS ·
      BACKENDS · ENVIRONMENT · ERRORS · NULL, LIFETIME AND THREADS · EMBEDDING: CANCEL, PROGRESS,
      UNEVEN INPUTS · SAMPLER · COMPILE-TIME OPTIONS ·
      THE IMPLEMENTATION, SECTION BY SECTION
@@ -84,10 +85,14 @@
                                            benchmarks/tests only: allreduces also take as long as
                                            a network of that latency and bandwidth would (NCCL: a
                                            spin kernel on the comm stream before each bucket)
-     reduce_dtype     DDP_DTYPE_FP32       DDP_DTYPE_BF16: gradient buckets travel as bf16 (half
+     reduce_dtype     param_dtype          DDP_DTYPE_BF16: gradient buckets travel as bf16 (half
                                            the bytes; inputs and average rounded to nearest even,
-                                           result written back into the fp32 gradients, the same
-                                           bits on every rank); both backends; ranks must agree
+                                           result written back into the gradients, the same
+                                           bits on every rank); both backends; ranks must agree.
+                                           FP32 with bf16 parameters: PARAMETER DTYPE
+     param_dtype      DDP_DTYPE_FP32       DDP_DTYPE_BF16: bf16 working copies and gradients, fp32
+                      ($DDP_PARAM_DTYPE    master weights and moments (PARAMETER DTYPE below);
+                      = fp32|bf16)         ranks must agree
      cuda_stream      NULL                 NCCL: the program's compute stream (a cudaStream_t),
                                            created on this rank's GPU (LOCAL_RANK % device
                                            count: cudaSetDevice first); NULL = the legacy
@@ -163,6 +168,54 @@
      The gather does not overlap the next forward: buckets run in reverse registration order,
      so the last bucket gathered holds the first layers, the ones the forward reads first.
 
+   PARAMETER DTYPE (ddp_desc.param_dtype = DDP_DTYPE_BF16, or DDP_PARAM_DTYPE=bf16)
+     The mixed-precision recipe (llm.c's, PyTorch's bf16 training with fp32 master weights):
+     every parameter has a bf16 working copy, which the forward reads (ddp_param_bf16,
+     ddp_flat_params_bf16), and a bf16 gradient, which the backward writes (ddp_grad_bf16,
+     ddp_flat_grads_bf16); ddp.h keeps the fp32 master weights and AdamW's m and v. Initial
+     values stay `const float *`: the master gets them, the working copy gets them rounded to
+     nearest even (rank 0's, at commit). A ddp_bf16 is the bits (layout of __nv_bfloat16).
+     The step: when a bucket is launched its bf16 gradients are widened into an fp32 staging
+     buffer (exact), which the backend reduces as an fp32 model's bucket: with reduce_dtype BF16
+     (the default for bf16 parameters) bf16 crosses the wire, every rank's contribution is exact
+     in bf16 and the average is rounded once; with reduce_dtype FP32 the average travels and is
+     computed in fp32. After ddp_finish's wait the average is rounded to bf16 into the bf16
+     gradients and the staging holds the rounded values, so the norm (ADAMW: the fixed block
+     order, in double) and clipping see exactly the bf16 gradients: the same bits on both
+     backends, sharded or not. ddp_adamw_step updates the fp32 master from them and writes the
+     working copy, rounded to nearest even, in the same pass (the CPU loop; one kernel on NCCL,
+     ddp_k_adamw_bf16). A skipped step (skip_nonfinite) changes neither.
+     Costs. Memory per parameter: 2 (working copy) + 2 (gradient) + 4 (master) + 8 (m, v) = 16
+     bytes of the recipe, plus 4 for the fp32 staging (20; sharded 12 + 8/world). Time per
+     step: the widening and the rounding are passes of 6 bytes an element each (on a GPU a few
+     percent of AdamW's ~26); the fused AdamW moves 2 bytes more than fp32's. Wire: bf16 reduce
+     moves 2 bytes an element (half of fp32's) and rounds the average to bf16 once on the CPU
+     backend; real NCCL's bf16 sum rounds to bf16 at each hop of its ring or tree (world - 1
+     roundings, still the same bits on every rank). fp32 reduce moves 4 bytes and rounds once.
+     What PyTorch does: DDP reduces a gradient in its parameter's dtype (bf16 parameters, bf16
+     allreduce, no master weights unless the program keeps them); its bf16_compress_hook casts
+     fp32 gradients to bf16 for the wire and back; FSDP's MixedPrecision(reduce_dtype=...)
+     chooses fp32 or bf16 reduction of bf16 gradients, as reduce_dtype does here.
+     Accumulation: with sync off the program adds into its bf16 gradients (as PyTorch's bf16
+     .grad does); nothing is widened until the synchronizing backward. find_unused zero-fills
+     the bf16 gradient. Sharded (ZeRO-1): the master, m and v of this rank's parts are updated
+     and the fp32 master is all-gathered as unsharded-fp32 sharding does; then every rank rounds
+     the whole master into its working copies (the same bits everywhere; gathering the bf16
+     copies instead would halve that traffic: not done). As with fp32, only this rank's part of
+     the bf16 gradients holds the average after a sharded step.
+     The master: ddp_flat_params is the fp32 master (device memory on NCCL); ddp_param,
+     ddp_grad and ddp_flat_grads return NULL with an error that points to the bf16 accessors
+     (and those return NULL with an error on an fp32 context). Write parameters with
+     ddp_copy_from_host / ddp_scatter_from_host (DDP_PARAMS: the working copies are rounded from
+     what was written; DDP_GRADS: the bf16 gradients receive it rounded). A lone write of one
+     copy (ddp_param_bf16, or the master through ddp_flat_params) is found by the next AdamW
+     pass, which compares each working copy with its master rounded as it goes, and that
+     ddp_adamw_step fails with DDP_ERR_INVALID_STATE naming the count and (CPU) the parameter;
+     the step is taken and the copies agree again. The NCCL backend counts on the device and
+     reports it one step later. Checkpoints store the master (and m, v); after ddp_load the
+     working copies are the loaded master rounded. Not supported: the MPI backend (refused by
+     name at ddp_init: untested there). Tests: tests/test_bf16_params.c.
+
    CHECKPOINTS (ddp_save, ddp_load, ddp_save_check; collective: every rank calls them alike)
        int holds;
        ddp_save_check(ddp, path, &holds);        // before training: a bad path fails now
@@ -235,7 +288,7 @@
              progress (timeout_s; the ranks whose heartbeat in the store stopped are named with
              their hosts); on a failure while this rank waits in MPI it logs the named error, waits
              0.5 s so the peers log theirs, and calls MPI_Abort (the one case where ddp.h ends the
-             program). Not yet: reduce_dtype bf16 (refused at init).
+             program). Not yet: reduce_dtype bf16, param_dtype bf16 (refused at init).
 
    ENVIRONMENT (first match wins)
      torchrun style  RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
@@ -391,7 +444,8 @@
      >>env          the launcher environment; the descriptor: environment, ddp__desc_defaults
                     (every default, pure), validation, the group
      >>store        the rendezvous store (server thread on rank 0, client on every rank)
-     >>host         what single and cpu share: host flat buffers, AdamW arithmetic, bf16 rounding;
+     >>host         what single and cpu share: host flat buffers, AdamW arithmetic (bf16 parameters:
+                    the working copy written in the same pass), bf16 rounding and conversions;
                     the shard layout (ddp__shard_range) and the norm's blocks every backend uses
      >>single       the single backend's table
      >>cpu          shared-memory collectives, liveness, poison; >>cpu-grads buckets averaged (or
@@ -407,7 +461,9 @@
                     init, shutdown
      >>embed        progress: the seqlock the rank writes and any thread reads (cancel itself:
                     ddp__check_cancel in >>util, called by every wait)
-     >>params       registration, layout, buckets, the cross-rank layout check, commit
+     >>params       registration, layout, buckets, the cross-rank layout check, commit; the bf16
+                    conversions generic code asks for (ddp__bf16_op: widen a bucket, round the
+                    average into the bf16 gradients, round the master into the working copies)
      >>step         ready hooks, launch in bucket order, the tape, finish; with uneven inputs the
                     count of the ranks with data that begins a synchronizing step
      >>adamw        hyperparameters resolved and checked, handed to the backend
@@ -417,7 +473,7 @@
                     read, rank 0's verdict broadcast to every rank
      >>public       every public function: checks its arguments and the context, hands off
      The backend table (ddp__backend in >>types) is the only way generic code reaches a
-     backend: setup, alloc_flat, commit, begin_step, launch, finish, zero, scale, adamw,
+     backend: setup, alloc_flat, commit, begin_step, launch, finish, zero, scale, bf16, adamw,
      adamw_state, copy, collective, stats, poison, stop, teardown; its `shards` flag says whether
      it runs shard_optimizer (ddp_init refuses it by the backend's name otherwise). Adding a backend is adding a section that
      fills one and a line in ddp__choose_backend.
@@ -480,7 +536,10 @@ typedef enum ddp_result {
 typedef enum ddp_backend { DDP_BACKEND_AUTO = 0, DDP_BACKEND_CPU, DDP_BACKEND_NCCL, DDP_BACKEND_SINGLE,
                            DDP_BACKEND_MPI /* CPU ranks on several hosts; only built with DDP_MPI */ } ddp_backend;
 typedef enum ddp_op { DDP_AVG = 0, DDP_SUM } ddp_op;
-typedef enum ddp_dtype { DDP_DTYPE_FP32 = 0, DDP_DTYPE_BF16 } ddp_dtype;
+/* DEFAULT (zero): param_dtype FP32; reduce_dtype the parameters' dtype (PARAMETER DTYPE in the manual). */
+typedef enum ddp_dtype { DDP_DTYPE_DEFAULT = 0, DDP_DTYPE_FP32, DDP_DTYPE_BF16 } ddp_dtype;
+/* The bits of a bfloat16 (the upper half of a float; layout-compatible with CUDA's __nv_bfloat16). */
+typedef uint16_t ddp_bf16;
 /* Uneven inputs (ddp_join): what a step's averaged gradient is divided by while some ranks have
    joined: the initial world size (their zeros count; PyTorch's default) or the ranks with data. */
 typedef enum ddp_join_mode { DDP_JOIN_OFF = 0, DDP_JOIN_DIVIDE_BY_WORLD, DDP_JOIN_DIVIDE_BY_ACTIVE } ddp_join_mode;
@@ -518,9 +577,9 @@ typedef struct ddp_desc {
        network with this per-call latency and bandwidth (0: off). */
     double inject_comm_latency_ms;
     double inject_comm_gbps;
-    /* What gradient buckets travel as: FP32 (default), or BF16 (half the bytes; every rank's
-       contribution and the average are rounded to bf16, the fp32 gradients receive the result).
-       Every rank must use the same (checked at commit). User collectives stay fp32. */
+    /* What gradient buckets travel as: FP32, or BF16 (half the bytes; every rank's contribution
+       and the average are rounded to bf16, the gradients receive the result). Default: the
+       parameters' dtype. Every rank must use the same (checked at commit). User collectives stay fp32. */
     ddp_dtype reduce_dtype;
     /* NCCL backend: the compute stream (a cudaStream_t) the program's kernels run on; buckets
        wait on it and it waits on them. NULL: the legacy default stream. */
@@ -541,6 +600,10 @@ typedef struct ddp_desc {
        own part of every bucket only; buckets are reduce-scattered, each rank updates its part, the
        parameters are all-gathered. The same bits as unsharded. Ranks must agree. */
     int shard_optimizer;
+    /* FP32 (default, or $DDP_PARAM_DTYPE=fp32|bf16) or BF16: every parameter has a bf16 working
+       copy and a bf16 gradient (ddp_param_bf16, ddp_grad_bf16); ddp.h keeps the fp32 master
+       weights and AdamW's m and v. Ranks must agree (checked at commit). */
+    ddp_dtype param_dtype;
 } ddp_desc;
 
 typedef struct ddp_context ddp_context;
@@ -596,6 +659,14 @@ const char *ddp_param_name(const ddp_context *ctx, int id);
 int ddp_num_params(const ddp_context *ctx);
 float *ddp_flat_params(ddp_context *ctx, size_t *count_out);
 float *ddp_flat_grads(ddp_context *ctx, size_t *count_out);
+/* param_dtype BF16 (PARAMETER DTYPE in the manual): the bf16 working copies and gradients, views
+   like ddp_param (device memory on NCCL); NULL with an error on an fp32 context. There ddp_param
+   and ddp_grad are NULL with an error; ddp_flat_params is the fp32 master (read it; write
+   parameters with ddp_copy_from_host / ddp_scatter_from_host, which round the working copies). */
+ddp_bf16 *ddp_param_bf16(ddp_context *ctx, int id);
+ddp_bf16 *ddp_grad_bf16(ddp_context *ctx, int id);
+ddp_bf16 *ddp_flat_params_bf16(ddp_context *ctx, size_t *count_out);
+ddp_bf16 *ddp_flat_grads_bf16(ddp_context *ctx, size_t *count_out);
 int ddp_num_buckets(const ddp_context *ctx);
 ddp_result ddp_bucket(const ddp_context *ctx, int index, ddp_bucket_info *out);
 
@@ -887,6 +958,12 @@ typedef struct ddp__cpu {
     double comm_seconds, comm_last_seconds;
 } ddp__cpu;
 
+/* The bf16 conversions a backend does for param_dtype BF16: the bf16 gradients widened into the
+   fp32 staging (a bucket, before it is reduced); the reduced fp32 gradients rounded into the bf16
+   ones and the staging set to the rounded values (the norm and AdamW then read exactly the bf16
+   gradients); the fp32 master rounded into the working copies. */
+enum { DDP__BF16_WIDEN_GRADS = 1, DDP__BF16_NARROW_GRADS, DDP__BF16_ROUND_PARAMS };
+
 typedef struct ddp__gpu ddp__gpu;   /* the NCCL backend's state (>>nccl; only built with CUDA) */
 typedef struct ddp__mpi ddp__mpi;   /* the MPI backend's state (>>mpi; only built with DDP_MPI) */
 
@@ -913,6 +990,9 @@ typedef struct ddp__backend {
     ddp_result (*finish)(ddp_context *ctx, double t_wait);       /* every bucket launched: settle them */
     ddp_result (*zero)(ddp_context *ctx, float *x, size_t count);
     ddp_result (*scale)(ddp_context *ctx, float *x, size_t count, float factor);   /* x *= factor, after finish */
+    /* param_dtype BF16 only, on [offset, offset + count) of the flat buffers, in stream order
+       with the program's work (DDP__BF16_* in >>types) */
+    ddp_result (*bf16)(ddp_context *ctx, int op, size_t offset, size_t count);
     ddp_result (*adamw)(ddp_context *ctx, const ddp_adamw *opt, float b1, float b2, float eps, float *grad_norm_out);
     ddp_result (*adamw_state)(ddp_context *ctx);                 /* m, v exist; ctx->adam_step is current */
     /* a copy between a flat buffer (params, grads, m, v: device memory on NCCL) and host memory */
@@ -951,6 +1031,13 @@ struct ddp_context {
     int num_params, cap_params;
     int committed;
     float *flat_params, *flat_grads, *adam_m, *adam_v;
+    /* param_dtype BF16: the working copies and gradients the program uses; flat_params is then
+       the fp32 master and flat_grads the fp32 staging the buckets are reduced in (PARAMETER DTYPE) */
+    ddp_bf16 *params_bf16, *grads_bf16;
+    /* elements whose working copy was not the master rounded when an AdamW pass reached them
+       (a write of one without the other), and the first such parameter (-1: not known) */
+    uint64_t bf16_diverged;
+    int bf16_diverged_param;
     size_t flat_count;
     int64_t adam_step;
     ddp__bucket *buckets;
@@ -1472,6 +1559,11 @@ static ddp_result ddp__desc_from_env(ddp_context *ctx, ddp_desc *d) {
             return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_SHARD_OPTIMIZER='%s' is neither 0 nor 1", s);
         d->shard_optimizer = s[0] == '1';
     }
+    if (!d->param_dtype && (s = getenv("DDP_PARAM_DTYPE")) != NULL && *s) {
+        if (strcmp(s, "fp32") && strcmp(s, "bf16"))
+            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_PARAM_DTYPE='%s' is neither fp32 nor bf16", s);
+        d->param_dtype = s[0] == 'b' ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
+    }
     return DDP_OK;
 }
 
@@ -1482,9 +1574,14 @@ static void ddp__desc_defaults(ddp_desc *d) {
     if (d->bucket_cap_mb == 0) d->bucket_cap_mb = 25;
     if (d->first_bucket_mb == 0) d->first_bucket_mb = d->bucket_cap_mb < 1 ? d->bucket_cap_mb : 1;
     if (d->shutdown_timeout_s == 0) d->shutdown_timeout_s = 1;
+    if (!d->param_dtype) d->param_dtype = DDP_DTYPE_FP32;
+    if (!d->reduce_dtype) d->reduce_dtype = d->param_dtype;   /* bf16 gradients travel as bf16 unless asked */
 }
 
 static ddp_result ddp__desc_validate(ddp_context *ctx, const ddp_desc *d) {
+    if (d->param_dtype != DDP_DTYPE_FP32 && d->param_dtype != DDP_DTYPE_BF16)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: param_dtype %d is neither DDP_DTYPE_FP32 nor "
+                         "DDP_DTYPE_BF16", (int)d->param_dtype);
     if (d->reduce_dtype != DDP_DTYPE_FP32 && d->reduce_dtype != DDP_DTYPE_BF16)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: reduce_dtype %d is neither DDP_DTYPE_FP32 nor "
                          "DDP_DTYPE_BF16", (int)d->reduce_dtype);
@@ -2643,10 +2740,34 @@ static void ddp__adamw_range(float *p, const float *g, float *m, float *v, size_
     }
 }
 
+/* The same arithmetic on the fp32 master, the bf16 working copy w written in the same pass.
+   Returns how many working copies were not the master rounded before the step: the program
+   wrote one of the two (ddp_param_bf16, or the master through ddp_flat_params) without the other. */
+static size_t ddp__adamw_range_bf16(float *p, ddp_bf16 *w, const float *g, float *m, float *v, size_t n, float clip,
+                                    float lr, float b1, float b2, float eps, float decay, float step_size, float bc2_sqrt) {
+    size_t i, diverged = 0;
+    for (i = 0; i < n; i++) {
+        float grad = g[i] * clip;
+        diverged += w[i] != ddp__to_bf16(p[i]);
+        m[i] = b1 * m[i] + (1.0f - b1) * grad;
+        v[i] = b2 * v[i] + (1.0f - b2) * grad * grad;
+        p[i] -= lr * decay * p[i];
+        p[i] -= step_size * m[i] / (sqrtf(v[i]) / bc2_sqrt + eps);
+        w[i] = ddp__to_bf16(p[i]);
+    }
+    return diverged;
+}
+
 static ddp_result ddp__host_alloc_flat(ddp_context *ctx) {
     int i;
     ctx->flat_params = ddp__alloc_floats(ctx->flat_count);
     ctx->flat_grads = ddp__alloc_floats(ctx->flat_count);
+    if (ctx->desc.param_dtype == DDP_DTYPE_BF16) {   /* flat_count is a multiple of 16: whole floats */
+        ctx->params_bf16 = (ddp_bf16 *)(void *)ddp__alloc_floats(ctx->flat_count / 2);
+        ctx->grads_bf16 = (ddp_bf16 *)(void *)ddp__alloc_floats(ctx->flat_count / 2);
+        if (!ctx->params_bf16 || !ctx->grads_bf16)
+            return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %zu bf16 parameters", ctx->flat_count);
+    }
     if (!ctx->flat_params || !ctx->flat_grads)
         return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %zu parameters", ctx->flat_count);
     for (i = 0; i < ctx->num_params; i++) {
@@ -2667,6 +2788,19 @@ static ddp_result ddp__host_scale(ddp_context *ctx, float *x, size_t count, floa
     size_t i;
     (void)ctx;
     for (i = 0; i < count; i++) x[i] *= factor;
+    return DDP_OK;
+}
+
+static ddp_result ddp__host_bf16(ddp_context *ctx, int op, size_t offset, size_t count) {
+    float *f = (op == DDP__BF16_ROUND_PARAMS ? ctx->flat_params : ctx->flat_grads) + offset;
+    ddp_bf16 *h = (op == DDP__BF16_ROUND_PARAMS ? ctx->params_bf16 : ctx->grads_bf16) + offset;
+    size_t i;
+    if (op == DDP__BF16_WIDEN_GRADS)
+        for (i = 0; i < count; i++) f[i] = ddp__from_bf16(h[i]);
+    else if (op == DDP__BF16_NARROW_GRADS)
+        for (i = 0; i < count; i++) { h[i] = ddp__to_bf16(f[i]); f[i] = ddp__from_bf16(h[i]); }
+    else
+        for (i = 0; i < count; i++) h[i] = ddp__to_bf16(f[i]);
     return DDP_OK;
 }
 
@@ -2712,8 +2846,15 @@ static void ddp__adamw_bucket(ddp_context *ctx, int b, const ddp_adamw *opt, con
         size_t at = ctx->shard_base[b] + (from - lo);
         float decay = (p->flags & DDP_NO_DECAY) ? 0.0f : opt->weight_decay;
         if (to <= from) continue;
-        ddp__adamw_range(ctx->flat_params + from, ctx->flat_grads + from, ctx->adam_m + at, ctx->adam_v + at, to - from,
-                         now->clip, opt->lr, now->b1, now->b2, now->eps, decay, now->step_size, now->bc2_sqrt);
+        if (ctx->params_bf16) {
+            size_t bad = ddp__adamw_range_bf16(ctx->flat_params + from, ctx->params_bf16 + from, ctx->flat_grads + from,
+                                               ctx->adam_m + at, ctx->adam_v + at, to - from, now->clip, opt->lr, now->b1,
+                                               now->b2, now->eps, decay, now->step_size, now->bc2_sqrt);
+            if (bad && !ctx->bf16_diverged) ctx->bf16_diverged_param = i;
+            ctx->bf16_diverged += bad;
+        } else
+            ddp__adamw_range(ctx->flat_params + from, ctx->flat_grads + from, ctx->adam_m + at, ctx->adam_v + at, to - from,
+                             now->clip, opt->lr, now->b1, now->b2, now->eps, decay, now->step_size, now->bc2_sqrt);
     }
 }
 
@@ -2757,7 +2898,10 @@ static void ddp__host_free(ddp_context *ctx) {
     ddp__free_floats(ctx->flat_grads);
     ddp__free_floats(ctx->adam_m);
     ddp__free_floats(ctx->adam_v);
+    ddp__free_floats((float *)(void *)ctx->params_bf16);
+    ddp__free_floats((float *)(void *)ctx->grads_bf16);
     ctx->flat_params = ctx->flat_grads = ctx->adam_m = ctx->adam_v = NULL;
+    ctx->params_bf16 = ctx->grads_bf16 = NULL;
 }
 
 /* --------------------------------------------------------------------------------------------
@@ -2779,7 +2923,7 @@ static void ddp__single_poison(ddp_context *ctx, ddp_result code) { (void)ctx; (
 static const ddp__backend ddp__single_backend = {
     "single", DDP_BACKEND_SINGLE, 0, 1,
     ddp__single_setup, ddp__host_alloc_flat, ddp__single_nothing, ddp__single_quiet, ddp__single_launch,
-    ddp__single_finish, ddp__host_zero, ddp__host_scale, ddp__host_adamw, ddp__host_adamw_state, ddp__host_copy,
+    ddp__single_finish, ddp__host_zero, ddp__host_scale, ddp__host_bf16, ddp__host_adamw, ddp__host_adamw_state, ddp__host_copy,
     ddp__single_collective, ddp__single_quiet, ddp__single_poison, ddp__single_quiet, ddp__host_free
 };
 
@@ -3810,7 +3954,7 @@ static void ddp__cpu_teardown(ddp_context *ctx) {
 static const ddp__backend ddp__cpu_backend = {
     "cpu", DDP_BACKEND_CPU, 0, 1,
     ddp__cpu_setup, ddp__host_alloc_flat, ddp__cpu_commit, ddp__cpu_begin_step, ddp__cpu_launch,
-    ddp__cpu_finish, ddp__host_zero, ddp__host_scale, ddp__cpu_adamw, ddp__host_adamw_state, ddp__host_copy,
+    ddp__cpu_finish, ddp__host_zero, ddp__host_scale, ddp__host_bf16, ddp__cpu_adamw, ddp__host_adamw_state, ddp__host_copy,
     ddp__cpu_collective, ddp__single_quiet, ddp__cpu_poison, ddp__comm_stop, ddp__cpu_teardown
 };
 
@@ -4349,6 +4493,9 @@ static ddp_result ddp__mpi_setup(ddp_context *ctx, double deadline) {
     if (ctx->desc.reduce_dtype != DDP_DTYPE_FP32)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "the MPI backend reduces fp32 gradients only (reduce_dtype bf16 "
                          "is not implemented for it yet)");
+    if (ctx->desc.param_dtype != DDP_DTYPE_FP32)   /* untested there: refused rather than trusted */
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "the MPI backend trains fp32 parameters only (param_dtype bf16 "
+                         "is not supported on it yet)");
     if (!(m = ctx->mpi = (ddp__mpi *)ddp__calloc(sizeof *m))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
     m->world = m->local = m->leaders = MPI_COMM_NULL;
     m->watch_fd = -1;
@@ -4488,7 +4635,7 @@ static void ddp__mpi_teardown(ddp_context *ctx) {
 static const ddp__backend ddp__mpi_backend = {
     "mpi", DDP_BACKEND_MPI, 0, 0,   /* shard_optimizer: not yet (ddp_init refuses it by name) */
     ddp__mpi_setup, ddp__host_alloc_flat, ddp__mpi_commit, ddp__mpi_begin_step, ddp__mpi_launch,
-    ddp__mpi_finish, ddp__host_zero, ddp__host_scale, ddp__host_adamw, ddp__host_adamw_state, ddp__host_copy,
+    ddp__mpi_finish, ddp__host_zero, ddp__host_scale, ddp__host_bf16, ddp__host_adamw, ddp__host_adamw_state, ddp__host_copy,
     ddp__mpi_collective, ddp__single_quiet, ddp__mpi_poison, ddp__mpi_stop, ddp__mpi_teardown
 };
 #endif /* DDP_MPI */
@@ -4598,6 +4745,7 @@ struct ddp__gpu {
     double *norm_sq;
     ddp_k_adamw_state *state;      /* device: step, clip, skip */
     ddp_k_adamw_state *state_host; /* pinned copy, read when state_copied has completed */
+    unsigned long long diverged_seen; /* state->diverged already reported (bf16 parameters) */
     cudaEvent_t state_copied;
     int state_pending, step_dirty; /* step_dirty: the program may have changed the step count */
     long long skipped_seen;
@@ -5096,6 +5244,10 @@ static ddp_result ddp__gpu_alloc_flat(ddp_context *ctx) {
     DDP__CUDA(cudaMalloc((void **)&ctx->flat_grads, bytes));
     DDP__CUDA(cudaMemset(ctx->flat_params, 0, bytes));
     DDP__CUDA(cudaMemset(ctx->flat_grads, 0, bytes));
+    if (ctx->desc.param_dtype == DDP_DTYPE_BF16) {   /* filled at commit, from the master */
+        DDP__CUDA(cudaMalloc((void **)&ctx->params_bf16, ctx->flat_count * sizeof(ddp_bf16)));
+        DDP__CUDA(cudaMalloc((void **)&ctx->grads_bf16, ctx->flat_count * sizeof(ddp_bf16)));
+    }
     for (i = 0; i < ctx->num_params; i++) {
         ddp__param *p = &ctx->params[i];
         if (p->init) DDP__CUDA(cudaMemcpy(ctx->flat_params + p->offset, p->init, p->count * sizeof(float), cudaMemcpyHostToDevice));
@@ -5291,6 +5443,17 @@ static ddp_result ddp__gpu_scale(ddp_context *ctx, float *x, size_t count, float
     return DDP_OK;
 }
 
+/* On the compute stream: after the program's kernels that wrote the bf16 gradients (a bucket's
+   event, recorded next, covers the widening) and after the finish's wait for the buckets. */
+static ddp_result ddp__gpu_bf16(ddp_context *ctx, int op, size_t offset, size_t count) {
+    cudaStream_t s = ctx->gpu->compute;
+    DDP__GPU_DEVICE(ctx->gpu);
+    if (op == DDP__BF16_WIDEN_GRADS) DDP__CUDA(ddp_k_bf16_to_f32(ctx->grads_bf16 + offset, ctx->flat_grads + offset, count, s));
+    else if (op == DDP__BF16_NARROW_GRADS) DDP__CUDA(ddp_k_bf16_round(ctx->flat_grads + offset, ctx->grads_bf16 + offset, count, s));
+    else DDP__CUDA(ddp_k_f32_to_bf16(ctx->flat_params + offset, ctx->params_bf16 + offset, count, s));
+    return DDP_OK;
+}
+
 /* m and v: this rank's parts (shard_count floats; unsharded the whole flat buffer). */
 static ddp_result ddp__gpu_alloc_adamw(ddp_context *ctx) {
     ddp__gpu *g = ctx->gpu;
@@ -5314,12 +5477,23 @@ static ddp_result ddp__gpu_alloc_adamw(ddp_context *ctx) {
 
 /* A step skipped on the device (gradients not finite, nobody asked for the norm on the host)
    is reported by the next call that finds the pinned copy of the state complete. */
+/* bf16 parameters: working copies the AdamW kernel found not to be the master rounded (counted
+   on the device, reported by ddp__adamw_step once the state's copy has arrived). */
+static void ddp__gpu_diverged(ddp_context *ctx) {
+    ddp__gpu *g = ctx->gpu;
+    if (g->state_host->diverged == g->diverged_seen) return;
+    ctx->bf16_diverged += g->state_host->diverged - g->diverged_seen;
+    ctx->bf16_diverged_param = -1;
+    g->diverged_seen = g->state_host->diverged;
+}
+
 static ddp_result ddp__gpu_report_skips(ddp_context *ctx) {
     ddp__gpu *g = ctx->gpu;
     long long skipped;
     if (!g->state_pending || ddp__gpu_query(g->state_copied) != cudaSuccess) return DDP_OK;
     g->state_pending = 0;
     ctx->adam_step = g->state_host->step;
+    ddp__gpu_diverged(ctx);
     skipped = g->state_host->skipped - g->skipped_seen;
     g->skipped_seen = g->state_host->skipped;
     if (skipped <= 0) return DDP_OK;
@@ -5372,6 +5546,11 @@ static ddp_result ddp__gpu_update(ddp_context *ctx, const ddp_adamw *opt, float 
     ddp__gpu *g = ctx->gpu;
     int b, sharded = ctx->desc.shard_optimizer && ctx->world > 1;
     size_t lo, hi;
+    if (!sharded && ctx->params_bf16) {
+        DDP__CUDA(ddp_k_adamw_bf16(ctx->flat_params, ctx->params_bf16, ctx->flat_grads, ctx->adam_m, ctx->adam_v, ctx->flat_count,
+                                   g->no_decay, opt->lr, b1, b2, eps, opt->weight_decay, g->state, g->compute));
+        return DDP_OK;
+    }
     if (!sharded) {
         DDP__CUDA(ddp_k_adamw(ctx->flat_params, ctx->flat_grads, ctx->adam_m, ctx->adam_v, ctx->flat_count, g->no_decay,
                               opt->lr, b1, b2, eps, opt->weight_decay, g->state, g->compute));
@@ -5382,9 +5561,15 @@ static ddp_result ddp__gpu_update(ddp_context *ctx, const ddp_adamw *opt, float 
         char what[96];
         ddp_result r;
         ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
-        DDP__CUDA(ddp_k_adamw(ctx->flat_params + lo, ctx->flat_grads + lo, ctx->adam_m + ctx->shard_base[b],
-                              ctx->adam_v + ctx->shard_base[b], hi - lo, g->no_decay ? g->no_decay + lo / DDP_K_MASK_GROUP : NULL,
-                              opt->lr, b1, b2, eps, opt->weight_decay, g->state, g->compute));
+        if (ctx->params_bf16)   /* this part's working copies here; the others are rounded after the gather */
+            DDP__CUDA(ddp_k_adamw_bf16(ctx->flat_params + lo, ctx->params_bf16 + lo, ctx->flat_grads + lo,
+                                       ctx->adam_m + ctx->shard_base[b], ctx->adam_v + ctx->shard_base[b], hi - lo,
+                                       g->no_decay ? g->no_decay + lo / DDP_K_MASK_GROUP : NULL, opt->lr, b1, b2, eps,
+                                       opt->weight_decay, g->state, g->compute));
+        else
+            DDP__CUDA(ddp_k_adamw(ctx->flat_params + lo, ctx->flat_grads + lo, ctx->adam_m + ctx->shard_base[b],
+                                  ctx->adam_v + ctx->shard_base[b], hi - lo, g->no_decay ? g->no_decay + lo / DDP_K_MASK_GROUP : NULL,
+                                  opt->lr, b1, b2, eps, opt->weight_decay, g->state, g->compute));
         DDP__CUDA(cudaEventRecord(g->updated[b], g->compute));
         DDP__CUDA(cudaStreamWaitEvent(g->comm, g->updated[b], 0));
         snprintf(what, sizeof what, "the all-gather of bucket %d's updated parameters (shard_optimizer)", b);
@@ -5424,6 +5609,7 @@ static ddp_result ddp__gpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b
         g->state_pending = 0;
         g->skipped_seen = g->state_host->skipped;
         ctx->adam_step = g->state_host->step;
+        ddp__gpu_diverged(ctx);
         norm = sqrt(g->state_host->norm_sq);
         if (grad_norm_out) *grad_norm_out = (float)norm;
         if (!isfinite(norm)) {   /* the device skipped the step; name the culprit like the CPU does */
@@ -5543,7 +5729,9 @@ static void ddp__gpu_teardown(ddp_context *ctx) {
     ddp__gpu_close_comm(ctx);
     ddp__gpu_stop_watchdog(ctx);
     cudaFree(ctx->flat_params); cudaFree(ctx->flat_grads); cudaFree(ctx->adam_m); cudaFree(ctx->adam_v);
+    cudaFree(ctx->params_bf16); cudaFree(ctx->grads_bf16);
     ctx->flat_params = ctx->flat_grads = ctx->adam_m = ctx->adam_v = NULL;
+    ctx->params_bf16 = ctx->grads_bf16 = NULL;
     cudaFree(g->no_decay); cudaFree(g->norm_blocks); cudaFree(g->norm_sq); cudaFree(g->state); cudaFree(g->bf16);
     cudaFree(g->scratch);
     if (g->scratch_host) cudaFreeHost(g->scratch_host);
@@ -5602,7 +5790,7 @@ static void ddp__gpu_stop(ddp_context *ctx) {
 static const ddp__backend ddp__nccl_backend = {
     "nccl", DDP_BACKEND_NCCL, 1, 1,
     ddp__gpu_setup, ddp__gpu_alloc_flat, ddp__gpu_commit, ddp__gpu_begin_step, ddp__gpu_launch,
-    ddp__gpu_finish, ddp__gpu_zero, ddp__gpu_scale, ddp__gpu_adamw, ddp__gpu_adamw_state, ddp__gpu_copy,
+    ddp__gpu_finish, ddp__gpu_zero, ddp__gpu_scale, ddp__gpu_bf16, ddp__gpu_adamw, ddp__gpu_adamw_state, ddp__gpu_copy,
     ddp__gpu_collective, ddp__gpu_stats, ddp__gpu_poison, ddp__gpu_stop, ddp__gpu_teardown
 };
 #endif /* DDP_CUDA */
@@ -5963,16 +6151,29 @@ static ddp_result ddp__shard_layout(ddp_context *ctx) {
     return DDP_OK;
 }
 
+/* param_dtype BF16: a conversion between the bf16 buffers and the fp32 ones (DDP__BF16_*);
+   nothing on an fp32 context. */
+static ddp_result ddp__bf16_op(ddp_context *ctx, int op, size_t offset, size_t count) {
+    if (!ctx->params_bf16 || !count) return DDP_OK;
+    return ctx->be->bf16(ctx, op, offset, count);
+}
+
+/* Zero gradients: the fp32 ones, and with bf16 parameters the bf16 ones the buckets are widened from. */
+static ddp_result ddp__zero_grads(ddp_context *ctx, size_t offset, size_t count) {
+    ddp_result r = ctx->be->zero(ctx, ctx->flat_grads + offset, count);
+    return r != DDP_OK ? r : ddp__bf16_op(ctx, DDP__BF16_NARROW_GRADS, offset, count);
+}
+
 /* One line per parameter; every rank must produce the same text. */
 static char *ddp__layout_text(ddp_context *ctx, size_t *len_out) {
     size_t cap = 256 + (size_t)ctx->num_params * (DDP__NAME_MAX + 48), len;
     char *text = (char *)DDP_MALLOC(cap);
     int i;
     if (!text) return NULL;
-    len = (size_t)snprintf(text, cap, "buckets %.6f %.6f %d reduce %s uneven %d shard %d\n", ctx->desc.first_bucket_mb,
+    len = (size_t)snprintf(text, cap, "buckets %.6f %.6f %d reduce %s uneven %d shard %d param %s\n", ctx->desc.first_bucket_mb,
                            ctx->desc.bucket_cap_mb, ctx->desc.find_unused,
                            ctx->desc.reduce_dtype == DDP_DTYPE_BF16 ? "bf16" : "fp32", (int)ctx->desc.uneven_inputs,
-                           ctx->desc.shard_optimizer);
+                           ctx->desc.shard_optimizer, ctx->desc.param_dtype == DDP_DTYPE_BF16 ? "bf16" : "fp32");
     for (i = 0; i < ctx->num_params; i++)
         len += (size_t)snprintf(text + len, cap - len, "%s %zu %u\n", ctx->params[i].name,
                                 ctx->params[i].count, ctx->params[i].flags);
@@ -5995,7 +6196,7 @@ static ddp_result ddp__layout_mismatch(ddp_context *ctx, const char *a, const ch
     while (!strcmp(ddp__line(a, i, la, sizeof la), ddp__line(b, i, lb, sizeof lb))) i++;
     if (i == 0)
         return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks 0 and %d use different options: rank 0 has '%s', rank %d "
-                         "has '%s' (first_bucket_mb, bucket_cap_mb, find_unused, reduce_dtype, uneven_inputs, shard_optimizer)", rank_b, la, rank_b, lb);
+                         "has '%s' (first_bucket_mb, bucket_cap_mb, find_unused, reduce_dtype, uneven_inputs, shard_optimizer, param_dtype)", rank_b, la, rank_b, lb);
     return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks registered different parameters: parameter #%d is '%s' "
                      "(name, elements, flags) on rank 0 but '%s' on rank %d", i - 1, la, lb, rank_b);
 }
@@ -6043,6 +6244,9 @@ static ddp_result ddp__commit(ddp_context *ctx) {
     if ((r = ddp__shard_layout(ctx)) != DDP_OK) return r;
     if (ctx->world > 1 && (r = ddp__verify_layout(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     if ((r = ctx->be->commit(ctx)) != DDP_OK) return r;
+    /* the working copies: rank 0's initial values, rounded; the gradients start at zero */
+    if ((r = ddp__bf16_op(ctx, DDP__BF16_ROUND_PARAMS, 0, ctx->flat_count)) != DDP_OK) return r;
+    if ((r = ddp__bf16_op(ctx, DDP__BF16_NARROW_GRADS, 0, ctx->flat_count)) != DDP_OK) return r;
     ctx->committed = 1;
     return DDP_OK;
 }
@@ -6056,8 +6260,12 @@ static ddp_result ddp__commit(ddp_context *ctx) {
 static ddp_result ddp__launch_ready(ddp_context *ctx) {
     ddp_result r = DDP_OK;
     if (!ctx->sync_enabled) return DDP_OK;
-    while (r == DDP_OK && ctx->next_launch < ctx->num_buckets && ctx->buckets[ctx->next_launch].pending == 0)
+    while (r == DDP_OK && ctx->next_launch < ctx->num_buckets && ctx->buckets[ctx->next_launch].pending == 0) {
+        const ddp__bucket *b = &ctx->buckets[ctx->next_launch];
+        /* bf16 parameters: the bucket's bf16 gradients into its fp32 staging, which is reduced */
+        if ((r = ddp__bf16_op(ctx, DDP__BF16_WIDEN_GRADS, b->offset, b->count)) != DDP_OK) break;
         r = ctx->be->launch(ctx, ctx->next_launch++);
+    }
     return r;
 }
 
@@ -6135,7 +6343,7 @@ static ddp_result ddp__handle_unused(ddp_context *ctx) {
         if (p->ready) continue;
         if (ctx->desc.find_unused) {
             if (!p->touched) {
-                ddp_result r = ctx->be->zero(ctx, ctx->flat_grads + p->offset, p->count);
+                ddp_result r = ddp__zero_grads(ctx, p->offset, p->count);
                 if (r != DDP_OK) return r;
             }
             p->ready = 1;
@@ -6177,6 +6385,8 @@ static ddp_result ddp__finish(ddp_context *ctx) {
         if (r == DDP_OK && ctx->desc.uneven_inputs == DDP_JOIN_DIVIDE_BY_ACTIVE && ctx->join_active > 0 &&
             ctx->join_active < ctx->world)
             r = ctx->be->scale(ctx, ctx->flat_grads, ctx->flat_count, (float)((double)ctx->world / ctx->join_active));
+        /* bf16 parameters: the average rounded into the bf16 gradients (the norm and AdamW read those values) */
+        if (r == DDP_OK) r = ddp__bf16_op(ctx, DDP__BF16_NARROW_GRADS, 0, ctx->flat_count);
     }
     ctx->join_pending = !ctx->sync_enabled;   /* a micro-step's gradients wait for the sync (>>join) */
     ddp__end_step(ctx);
@@ -6275,7 +6485,7 @@ static ddp_result ddp__zero_grad(ddp_context *ctx) {
     ddp_result r;
     int i;
     if (ctx->in_step) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_zero_grad while a backward is in flight");
-    if ((r = ctx->be->zero(ctx, ctx->flat_grads, ctx->flat_count)) != DDP_OK) return r;
+    if ((r = ddp__zero_grads(ctx, 0, ctx->flat_count)) != DDP_OK) return r;
     for (i = 0; i < ctx->num_params; i++) ctx->params[i].touched = 0;
     ctx->join_pending = 0;
     return DDP_OK;
@@ -6302,6 +6512,22 @@ static ddp_result ddp__adamw_step(ddp_context *ctx, const ddp_adamw *opt, float 
                          opt->lr, b1, b2, eps, opt->weight_decay, opt->max_grad_norm);
     t0 = ddp__now();
     r = ctx->be->adamw(ctx, opt, b1, b2, eps, grad_norm_out);
+    /* bf16 parameters: the backend's pass wrote the working copies of this rank's part; sharded,
+       the other parts arrived as fp32 master values (the all-gather) and are rounded here */
+    if (r == DDP_OK && ctx->desc.shard_optimizer && ctx->world > 1)
+        r = ddp__bf16_op(ctx, DDP__BF16_ROUND_PARAMS, 0, ctx->flat_count);
+    if (r == DDP_OK && ctx->bf16_diverged) {   /* the step is taken alike everywhere; the working copies agree again */
+        uint64_t n = ctx->bf16_diverged;
+        int p = ctx->bf16_diverged_param;
+        ctx->bf16_diverged = 0;
+        ctx->bf16_diverged_param = -1;
+        r = ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%llu element(s) of the bf16 working copies%s%s%s were not the fp32 master "
+                      "rounded when an optimizer step reached them: the program wrote the working copy (ddp_param_bf16) or "
+                      "the master (ddp_flat_params) without the other (a write of the working copy alone is lost; one of the "
+                      "master alone reached the forward a step late). Write parameters with ddp_copy_from_host / "
+                      "ddp_scatter_from_host, which update both", (unsigned long long)n,
+                      p >= 0 ? " (the first in '" : "", p >= 0 ? ctx->params[p].name : "", p >= 0 ? "')" : "");
+    }
     ddp__record(ctx, ctx->tl_main, DDP__EV_ADAMW, t0, ddp__now(), -1, 0);   /* NCCL: host time, the enqueue */
     return r;
 }
@@ -6347,6 +6573,13 @@ static ddp_result ddp__state_buffer(ddp_context *ctx, ddp_buffer which, size_t o
         return DDP_OK;
     }
     return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: unknown buffer %d", call, (int)which);
+}
+
+/* bf16 parameters: host values written into the fp32 master (or gradients) reach the bf16
+   copies the program uses, rounded; the two never disagree. */
+static ddp_result ddp__state_written(ddp_context *ctx, ddp_buffer which, size_t offset, size_t count, ddp_result r) {
+    if (r != DDP_OK || (which != DDP_PARAMS && which != DDP_GRADS)) return r;
+    return ddp__bf16_op(ctx, which == DDP_PARAMS ? DDP__BF16_ROUND_PARAMS : DDP__BF16_NARROW_GRADS, offset, count);
 }
 
 #define DDP__SCATTER_CHUNK ((size_t)1 << 20)   /* floats per broadcast: 4 MiB of bounce buffer */
@@ -6444,7 +6677,8 @@ static ddp_result ddp__scatter_from_host(ddp_context *ctx, ddp_buffer which, siz
     if (r != DDP_OK || !count) return r;
     if (ctx->rank == root && !src)   /* the peers wait in the broadcast: stop them too */
         return ddp__fail_group(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_scatter_from_host: the root's source is NULL (%zu floats)", count);
-    if (ctx->world == 1) return ctx->be->copy(ctx, flat + offset, src, count * sizeof(float), 0);
+    if (ctx->world == 1)
+        return ddp__state_written(ctx, which, offset, count, ctx->be->copy(ctx, flat + offset, src, count * sizeof(float), 0));
     if ((which == DDP_ADAM_M || which == DDP_ADAM_V) && ctx->desc.shard_optimizer)
         return ddp__sharded_move(ctx, which, offset, (float *)(uintptr_t)src, count, root, 0);
     bounce = (float *)DDP_MALLOC((count < DDP__SCATTER_CHUNK ? count : DDP__SCATTER_CHUNK) * sizeof(float));
@@ -6459,7 +6693,7 @@ static ddp_result ddp__scatter_from_host(ddp_context *ctx, ddp_buffer which, siz
         if (r == DDP_OK) r = ctx->be->copy(ctx, flat + offset + done, bounce, n * sizeof(float), 0);
     }
     DDP_FREE(bounce);
-    return r;
+    return ddp__state_written(ctx, which, offset, count, r);
 }
 
 /* --------------------------------------------------------------------------------------------
@@ -6489,6 +6723,7 @@ static ddp_result ddp__join_sync_replicas(ddp_context *ctx) {
     if ((r = ctx->be->adamw_state(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     ctx->what = "ddp_join's broadcast of the parameters";
     if ((r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, ctx->flat_params, bytes, root)) != DDP_OK) return r;
+    if ((r = ddp__bf16_op(ctx, DDP__BF16_ROUND_PARAMS, 0, ctx->flat_count)) != DDP_OK) return r;
     ctx->what = "ddp_join's broadcast of the AdamW state";
     if ((r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, ctx->adam_m, bytes, root)) != DDP_OK) return r;
     if ((r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, ctx->adam_v, bytes, root)) != DDP_OK) return r;
@@ -6509,7 +6744,7 @@ static ddp_result ddp__join(ddp_context *ctx) {
         if ((r = ddp__join_count(ctx, pending ? 2 : 0, &stepping)) != DDP_OK) break;
         if (stepping == 0) break;   /* every rank has joined (gradients still pending are dropped: no one steps) */
         /* a shadow step: zero gradients (or the pending ones, once), every bucket in order, the same finish */
-        if (!pending && (r = ctx->be->zero(ctx, ctx->flat_grads, ctx->flat_count)) != DDP_OK) break;
+        if (!pending && (r = ddp__zero_grads(ctx, 0, ctx->flat_count)) != DDP_OK) break;
         pending = 0;
         for (i = 0; i < ctx->num_params; i++) ctx->params[i].touched = 0;
         ddp__tape_reset(ctx);
@@ -7302,8 +7537,29 @@ ddp_result ddp_commit(ddp_context *ctx) {
 }
 
 static int ddp__valid_id(const ddp_context *ctx, int id) { return ctx && ctx->committed && id >= 0 && id < ctx->num_params; }
-float *ddp_param(ddp_context *ctx, int id) { return ddp__valid_id(ctx, id) ? ctx->flat_params + ctx->params[id].offset : NULL; }
-float *ddp_grad(ddp_context *ctx, int id) { return ddp__valid_id(ctx, id) ? ctx->flat_grads + ctx->params[id].offset : NULL; }
+/* An accessor of the other dtype: NULL, with an error that says which one to use. */
+static int ddp__dtype_is(ddp_context *ctx, ddp_dtype want, const char *call) {
+    if (!ctx || ctx->desc.param_dtype == want) return 1;
+    if (want == DDP_DTYPE_BF16)
+        ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s: the parameters are fp32 (param_dtype DDP_DTYPE_FP32), there "
+                  "is no bf16 copy; use ddp_param / ddp_grad, or set param_dtype = DDP_DTYPE_BF16 on every rank", call);
+    else
+        ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s: the parameters are bf16 (param_dtype DDP_DTYPE_BF16): use "
+                  "ddp_param_bf16 / ddp_grad_bf16 (the fp32 master is ddp_flat_params, to read)", call);
+    return 0;
+}
+float *ddp_param(ddp_context *ctx, int id) {
+    return ddp__valid_id(ctx, id) && ddp__dtype_is(ctx, DDP_DTYPE_FP32, "ddp_param") ? ctx->flat_params + ctx->params[id].offset : NULL;
+}
+float *ddp_grad(ddp_context *ctx, int id) {
+    return ddp__valid_id(ctx, id) && ddp__dtype_is(ctx, DDP_DTYPE_FP32, "ddp_grad") ? ctx->flat_grads + ctx->params[id].offset : NULL;
+}
+ddp_bf16 *ddp_param_bf16(ddp_context *ctx, int id) {
+    return ddp__valid_id(ctx, id) && ddp__dtype_is(ctx, DDP_DTYPE_BF16, "ddp_param_bf16") ? ctx->params_bf16 + ctx->params[id].offset : NULL;
+}
+ddp_bf16 *ddp_grad_bf16(ddp_context *ctx, int id) {
+    return ddp__valid_id(ctx, id) && ddp__dtype_is(ctx, DDP_DTYPE_BF16, "ddp_grad_bf16") ? ctx->grads_bf16 + ctx->params[id].offset : NULL;
+}
 size_t ddp_param_count(const ddp_context *ctx, int id) { return ctx && id >= 0 && id < ctx->num_params ? ctx->params[id].count : 0; }
 const char *ddp_param_name(const ddp_context *ctx, int id) { return ctx && id >= 0 && id < ctx->num_params ? ctx->params[id].name : NULL; }
 int ddp_num_params(const ddp_context *ctx) { return ctx ? ctx->num_params : 0; }
@@ -7316,7 +7572,17 @@ float *ddp_flat_params(ddp_context *ctx, size_t *count_out) {
 
 float *ddp_flat_grads(ddp_context *ctx, size_t *count_out) {
     if (count_out) *count_out = ctx ? ctx->flat_count : 0;
-    return ctx ? ctx->flat_grads : NULL;
+    return ctx && ddp__dtype_is(ctx, DDP_DTYPE_FP32, "ddp_flat_grads") ? ctx->flat_grads : NULL;
+}
+
+ddp_bf16 *ddp_flat_params_bf16(ddp_context *ctx, size_t *count_out) {
+    if (count_out) *count_out = ctx ? ctx->flat_count : 0;
+    return ctx && ddp__dtype_is(ctx, DDP_DTYPE_BF16, "ddp_flat_params_bf16") ? ctx->params_bf16 : NULL;
+}
+
+ddp_bf16 *ddp_flat_grads_bf16(ddp_context *ctx, size_t *count_out) {
+    if (count_out) *count_out = ctx ? ctx->flat_count : 0;
+    return ctx && ddp__dtype_is(ctx, DDP_DTYPE_BF16, "ddp_flat_grads_bf16") ? ctx->grads_bf16 : NULL;
 }
 
 ddp_result ddp_bucket(const ddp_context *ctx, int index, ddp_bucket_info *out) {
@@ -7404,7 +7670,7 @@ ddp_result ddp_copy_from_host(ddp_context *ctx, ddp_buffer which, size_t offset,
     ddp_result r = ddp__usable(ctx, 1, "ddp_copy_from_host");
     float *at = NULL;
     if (r != DDP_OK || (r = ddp__state_at(ctx, which, offset, src, count, "ddp_copy_from_host", &at)) != DDP_OK) return r;
-    return count ? ctx->be->copy(ctx, at, src, count * sizeof(float), 0) : DDP_OK;
+    return count ? ddp__state_written(ctx, which, offset, count, ctx->be->copy(ctx, at, src, count * sizeof(float), 0)) : DDP_OK;
 }
 
 ddp_result ddp_gather_to_host(ddp_context *ctx, ddp_buffer which, size_t offset, float *dst, size_t count, int root) {

@@ -1,0 +1,474 @@
+/* test_bf16_params.c — bf16 parameters with fp32 master weights (ddp_desc.param_dtype = BF16),
+   ranks as threads of one process, on the CPU backend and on the NCCL backend run on the host
+   emulation (tests/fakegpu, built like test_fake_nccl.c). Checks:
+   - the recipe against a float64 reference: bf16 gradients given on every rank, averaged
+     (bf16 or fp32 reduce) and rounded to bf16, the norm and clipping from them, AdamW on the
+     master in double, the working copy = the master rounded to nearest even; 1, 2, 3 ranks,
+     6 steps, clipping on, weight decay with a no-decay parameter; with accumulation (the program
+     adds micro-steps into its bf16 gradients), an unused parameter (find_unused), a NaN step
+     skipped (skip_nonfinite), the timeline on;
+   - every rank holds the same bits (master, working copies, bf16 gradients);
+   - the NCCL backend gives the bits of the CPU backend, sharded (ZeRO-1) and not, bf16 and fp32
+     reduce; sharded gives the bits of unsharded;
+   - ddp_copy_from_host and ddp_save / ddp_load: the working copies follow the master;
+   - bad input: accessors of the wrong dtype (NULL and a named error), ranks that disagree on
+     param_dtype (DDP_ERR_MISMATCH naming it), a bad $DDP_PARAM_DTYPE or param_dtype value.
+   Run: build/test_bf16_params */
+#include "testlib.h"
+#include "fakegpu/fakegpu.h"
+#include <math.h>
+
+#define MAX_WORLD 3
+#define NP 4
+#define STEPS 6
+static const size_t sizes[NP] = { 3000, 17, 2100, 40 };   /* several buckets and norm blocks */
+#define UNUSED_PARAM 3                                    /* no gradient, in the find_unused runs */
+#define NAN_STEP 3                                        /* rank 1's NaN, in the skip_nonfinite runs */
+
+static struct {
+    ddp_backend backend;
+    ddp_dtype reduce;
+    int shard, micro, find_unused, nan_step, timeline;
+    const char *ckpt;              /* save after training, load into a fresh context, compare */
+} cfg;
+
+typedef struct out {
+    ddp_result r;
+    char err[DDP__ERR_MAX];
+    size_t count;
+    float *master;                 /* fp32 master after training */
+    ddp_bf16 *work, *grad;         /* working copies, last bf16 gradients */
+    float norms[STEPS];
+    int load_ok, copy_ok;
+} out;
+static out res[MAX_WORLD];
+static int ckpt_port;              /* the loading contexts' process group */
+
+/* The bf16 nearest to x (ties to even), as a double; the reference's own rounding. */
+static double round_bf16(double x) {
+    int e;
+    double m;
+    if (x == 0 || !isfinite(x)) return x;
+    m = frexp(x, &e);                       /* |m| in [0.5, 1): 8 significant bits */
+    return ldexp(rint(ldexp(m, 8)), e - 8); /* rint: the default mode, nearest even */
+}
+/* The bits of f rounded to bf16 (finite f). */
+static ddp_bf16 bits_of(float f) { uint32_t u; f = (float)round_bf16(f); memcpy(&u, &f, 4); return (ddp_bf16)(u >> 16); }
+static float float_of(ddp_bf16 h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+
+/* Rank r's gradient of parameter k, element i, micro-step u of step s: bf16 values. */
+static float grad_value(int s, int u, int r, int k, size_t i) {
+    if (cfg.nan_step && s == cfg.nan_step && r == 1 % MAX_WORLD && k == 2 && i == 5) return NAN;
+    return (float)round_bf16(0.5 * test_value((uint64_t)(((s * 4 + u) * 8 + r) * 8 + k), i));
+}
+static float init_value(int k, size_t i) { return 0.3f * test_value(1000 + (uint64_t)k, i); }
+static int used(int k) { return !(cfg.find_unused && k == UNUSED_PARAM); }
+
+static ddp_adamw options(void) {
+    ddp_adamw o;
+    memset(&o, 0, sizeof o);
+    o.lr = 0.02f; o.weight_decay = 0.1f; o.max_grad_norm = 1.0f;   /* the norms are ~20: clipped */
+    return o;
+}
+
+static void train_rank(test_rank *self) {
+    out *o = &res[self->rank];
+    ddp_desc d = test_desc(self);
+    ddp_context *ctx = NULL;
+    ddp_adamw opt = options();
+    int ids[NP], k, s, u;
+    float *init[NP];
+    char tl[128];
+    d.backend = self->world == 1 && cfg.backend == DDP_BACKEND_CPU ? DDP_BACKEND_SINGLE : cfg.backend;
+    d.param_dtype = DDP_DTYPE_BF16;
+    d.reduce_dtype = cfg.reduce;
+    d.shard_optimizer = cfg.shard;
+    d.find_unused = cfg.find_unused;
+    d.skip_nonfinite = cfg.nan_step != 0;
+    d.bucket_cap_mb = 0.006;   /* several buckets for these sizes */
+    d.first_bucket_mb = 0.001;
+    snprintf(tl, sizeof tl, "/tmp/ddp_bf16_tl_%d.json", (int)getpid());
+    if (cfg.timeline) d.timeline_path = tl;
+    memset(o, 0, sizeof *o);
+    o->r = ddp_init(&ctx, &d);
+    for (k = 0; k < NP; k++) {   /* read at commit: kept until then */
+        size_t i;
+        init[k] = (float *)malloc(sizes[k] * sizeof(float));
+        for (i = 0; i < sizes[k]; i++) init[k][i] = init_value(k, i);
+    }
+    for (k = 0; k < NP && o->r == DDP_OK; k++) {
+        char name[16];
+        snprintf(name, sizeof name, "p%d", k);
+        o->r = ddp_register_param(ctx, name, sizes[k], k == 1 ? DDP_NO_DECAY : 0, init[k], &ids[k]);
+    }
+    if (o->r == DDP_OK) o->r = ddp_commit(ctx);
+    for (k = 0; k < NP; k++) free(init[k]);
+    for (s = 0; s < STEPS && o->r == DDP_OK; s++) {
+        if ((o->r = ddp_zero_grad(ctx)) != DDP_OK) break;
+        for (u = 0; u < cfg.micro && o->r == DDP_OK; u++) {
+            ddp_set_sync(ctx, u == cfg.micro - 1);
+            for (k = NP - 1; k >= 0 && o->r == DDP_OK; k--) {   /* backward: the last parameter first */
+                ddp_bf16 *g = ddp_grad_bf16(ctx, ids[k]);
+                size_t i;
+                if (!used(k)) continue;
+                /* the program accumulates its micro-steps in bf16 (the fake's device memory is host memory) */
+                for (i = 0; i < sizes[k]; i++) g[i] = bits_of((float)round_bf16((double)float_of(g[i]) + grad_value(s, u, self->rank, k, i)));
+                o->r = ddp_grad_ready(ctx, ids[k]);
+            }
+            if (o->r == DDP_OK) o->r = ddp_finish(ctx);
+        }
+        if (o->r == DDP_OK) o->r = ddp_adamw_step(ctx, &opt, &o->norms[s]);
+        if (o->r == DDP_OK && cfg.nan_step && cfg.nan_step == s && !(o->norms[s] != o->norms[s]))
+            o->r = ddp__fail(ctx, DDP_ERR_INVALID_STATE, "the NaN step's norm is %g", o->norms[s]);
+    }
+    if (o->r == DDP_OK) {
+        ddp_bf16 *w = ddp_flat_params_bf16(ctx, &o->count), *g = ddp_flat_grads_bf16(ctx, NULL);
+        o->master = (float *)malloc(o->count * sizeof(float));
+        o->work = (ddp_bf16 *)malloc(o->count * sizeof(ddp_bf16));
+        o->grad = (ddp_bf16 *)malloc(o->count * sizeof(ddp_bf16));
+        o->r = ddp_copy_to_host(ctx, DDP_PARAMS, 0, o->master, o->count);
+        memcpy(o->work, w, o->count * sizeof(ddp_bf16));
+        memcpy(o->grad, g, o->count * sizeof(ddp_bf16));
+    }
+    if (o->r == DDP_OK && cfg.ckpt) {   /* save, then a fresh context loads it */
+        ddp_context *c2 = NULL;
+        ddp_desc d2 = d;
+        int id2;
+        if ((o->r = ddp_save(ctx, cfg.ckpt, NULL, 0)) == DDP_OK) {
+            d2.timeline_path = NULL;
+            d2.master_port = ckpt_port;
+            ddp_shutdown(ctx);
+            ctx = NULL;
+            o->r = ddp_init(&c2, &d2);
+            for (k = 0; k < NP && o->r == DDP_OK; k++) {
+                char name[16];
+                snprintf(name, sizeof name, "p%d", k);
+                o->r = ddp_register_param(c2, name, sizes[k], k == 1 ? DDP_NO_DECAY : 0, NULL, &id2);
+            }
+            if (o->r == DDP_OK) o->r = ddp_commit(c2);
+            if (o->r == DDP_OK) o->r = ddp_load(c2, cfg.ckpt, NULL, 0, NULL, NULL, NULL);
+            if (o->r == DDP_OK) {
+                float *m2 = (float *)malloc(o->count * sizeof(float));
+                const ddp_bf16 *w2 = ddp_flat_params_bf16(c2, NULL);
+                size_t i;
+                o->r = ddp_copy_to_host(c2, DDP_PARAMS, 0, m2, o->count);
+                o->load_ok = o->r == DDP_OK && !memcmp(m2, o->master, o->count * sizeof(float));
+                for (i = 0; o->load_ok && i < o->count; i++) o->load_ok = w2[i] == bits_of(m2[i]) && w2[i] == o->work[i];
+                free(m2);
+            }
+            ctx = c2;
+        }
+    }
+    if (o->r == DDP_OK && !cfg.ckpt && !cfg.shard) {   /* a host write of the master reaches the working copy */
+        float v[5] = { 1.0f, -2.5f, 3.14159f, 1e-3f, 65504.7f };
+        size_t at = ddp_param_bf16(ctx, ids[2]) - ddp_flat_params_bf16(ctx, NULL), i;
+        o->r = ddp_copy_from_host(ctx, DDP_PARAMS, at + 10, v, 5);
+        o->copy_ok = o->r == DDP_OK;
+        for (i = 0; o->copy_ok && i < 5; i++) o->copy_ok = ddp_param_bf16(ctx, ids[2])[10 + i] == bits_of(v[i]);
+    }
+    if (o->r != DDP_OK && ctx) snprintf(o->err, sizeof o->err, "%s", ddp_last_error(ctx));
+    ddp_shutdown(ctx);
+}
+
+static int run(int world) {
+    void *shared[1] = { (void *)train_rank };
+    test_rank ranks[MAX_WORLD];
+    int r, ok = 1;
+    for (r = 0; r < MAX_WORLD; r++) { free(res[r].master); free(res[r].work); free(res[r].grad); memset(&res[r], 0, sizeof res[r]); }
+    fakegpu_reset();
+    ckpt_port = test_free_port();
+    test_run_ranks(world, shared, ranks);
+    for (r = 0; r < world; r++)
+        if (res[r].r != DDP_OK) { printf("  rank %d: %s (%s)\n", r, ddp_result_string(res[r].r), res[r].err); ok = 0; }
+    return ok;
+}
+
+/* The float64 reference of the recipe on `world` ranks: the master after STEPS steps, and the
+   last averaged bf16 gradient. */
+static void reference(int world, double *p, double *gavg) {
+    static double m[8192], v[8192];
+    ddp_adamw o = options();
+    size_t off[NP], i, n = 0;
+    int k, s, u, r, t = 0;
+    for (k = 0; k < NP; k++) { off[k] = n; n += sizes[k]; }
+    for (k = 0; k < NP; k++) for (i = 0; i < sizes[k]; i++) { p[off[k] + i] = init_value(k, i); m[off[k] + i] = v[off[k] + i] = 0; }
+    for (s = 0; s < STEPS; s++) {
+        double sq = 0, clip = 1, nan = 0;
+        for (k = 0; k < NP; k++)
+            for (i = 0; i < sizes[k]; i++) {
+                double sum = 0;
+                for (r = 0; r < world; r++) {
+                    double acc = 0;   /* the rank's micro-steps, accumulated in bf16 */
+                    if (used(k)) for (u = 0; u < cfg.micro; u++) acc = round_bf16(acc + grad_value(s, u, r, k, i));
+                    sum += acc;
+                }
+                gavg[off[k] + i] = round_bf16(sum / world);
+                if (gavg[off[k] + i] != gavg[off[k] + i]) nan = 1;
+                sq += gavg[off[k] + i] * gavg[off[k] + i];
+            }
+        if (nan) continue;   /* skip_nonfinite: nothing changes, the step count neither */
+        t++;
+        if (sqrt(sq) > o.max_grad_norm) clip = o.max_grad_norm / (sqrt(sq) + 1e-6);
+        for (k = 0; k < NP; k++)
+            for (i = 0; i < sizes[k]; i++) {
+                size_t j = off[k] + i;
+                double g = gavg[j] * clip, wd = k == 1 ? 0 : o.weight_decay;
+                m[j] = 0.9 * m[j] + 0.1 * g;
+                v[j] = 0.999 * v[j] + 0.001 * g * g;
+                p[j] -= o.lr * wd * p[j];
+                p[j] -= o.lr / (1 - pow(0.9, t)) * m[j] / (sqrt(v[j]) / sqrt(1 - pow(0.999, t)) + 1e-8);
+            }
+    }
+}
+
+/* Training on `world` ranks against the reference; returns 1 when it ran (res holds it). */
+static int check_reference(int world, const char *name) {
+    static double p[8192], g[8192];
+    size_t i, at = 0, n = 0;
+    double worst = 0;
+    int k, r, ok, same = 1, rounded = 1, grads = 1, near = 1;
+    char full[160];
+    snprintf(full, sizeof full, "bf16_params_reference_%s_%d_ranks", name, world);
+    if (!run(world)) { verdict(0, full, "training failed"); return 0; }
+    reference(world, p, g);
+    for (k = 0; k < NP; k++) {
+        for (i = 0; i < sizes[k]; i++, n++) {
+            double ref = p[n], got = res[0].master[at + i], err = fabs(got - ref) / (1e-6 + 1e-5 * fabs(ref));
+            if (err > worst) worst = err;
+            if (res[0].work[at + i] != bits_of(res[0].master[at + i])) {
+                if (rounded && getenv("DBG")) printf("  k %d i %zu work %04x master %.9g\n", k, i, res[0].work[at + i], res[0].master[at + i]);
+                rounded = 0;
+            }
+            /* the working copy is the rounded reference, or a neighbour where the master is within 1e-5 of a tie */
+            if (fabs(float_of(res[0].work[at + i]) - round_bf16(ref)) > 1e-5 * fabs(ref) + 1e-7 &&
+                fabs(float_of(res[0].work[at + i]) - ref) > fabs(ref) / 256) near = 0;
+            if ((double)float_of(res[0].grad[at + i]) != g[n] && !(g[n] != g[n])) grads = 0;
+        }
+        at += (sizes[k] + 15) / 16 * 16;   /* the flat layout: parameters on 16-float boundaries */
+    }
+    for (r = 1; r < world; r++)
+        same &= !memcmp(res[r].master, res[0].master, res[0].count * sizeof(float)) &&
+                !memcmp(res[r].work, res[0].work, res[0].count * sizeof(ddp_bf16)) &&
+                (cfg.shard || !memcmp(res[r].grad, res[0].grad, res[0].count * sizeof(ddp_bf16)));
+    ok = worst <= 1 && rounded && near && (grads || cfg.shard) && same && (cfg.shard || res[0].copy_ok);
+    verdict(ok, full, "worst master error %.3g of the bound (1e-6 + 1e-5|ref|), working copy = rounded master %d, "
+            "near the reference %d, averaged bf16 gradients exact %d, same bits on every rank %d, host write followed %d",
+            worst, rounded, near, grads, same, res[0].copy_ok);
+    return 1;
+}
+
+typedef struct snapshot { size_t count; float *master; ddp_bf16 *work, *grad; float norms[STEPS]; } snapshot;
+static void keep(snapshot *s) {
+    s->count = res[0].count;
+    s->master = res[0].master; s->work = res[0].work; s->grad = res[0].grad;
+    memcpy(s->norms, res[0].norms, sizeof s->norms);
+    res[0].master = NULL; res[0].work = NULL; res[0].grad = NULL;
+}
+static int same_bits(const snapshot *a, int grads) {
+    return a->count == res[0].count && !memcmp(a->master, res[0].master, a->count * sizeof(float)) &&
+           !memcmp(a->work, res[0].work, a->count * sizeof(ddp_bf16)) && !memcmp(a->norms, res[0].norms, sizeof a->norms) &&
+           (!grads || !memcmp(a->grad, res[0].grad, a->count * sizeof(ddp_bf16)));
+}
+static void drop(snapshot *s) { free(s->master); free(s->work); free(s->grad); memset(s, 0, sizeof *s); }
+
+/* One rank's context for the bad-input checks. */
+static ddp_context *one_rank_on(ddp_backend backend, ddp_dtype param, ddp_result *r) {
+    ddp_desc d;
+    ddp_context *ctx = NULL;
+    float init[4] = { 1, 2, 3, 4 };
+    int id;
+    memset(&d, 0, sizeof d);
+    d.world_size = 1; d.backend = backend; d.log_level = DDP_LOG_OFF;
+    d.param_dtype = param;
+    *r = ddp_init(&ctx, &d);
+    if (*r == DDP_OK) *r = ddp_register_param(ctx, "w", 4, 0, init, &id);
+    if (*r == DDP_OK) *r = ddp_commit(ctx);
+    return ctx;
+}
+
+static ddp_context *one_rank(ddp_dtype param, ddp_result *r) { return one_rank_on(DDP_BACKEND_SINGLE, param, r); }
+
+/* A write of the working copy alone, then of the master alone: the AdamW pass finds each (the
+   NCCL backend one step later, when the device's count reaches the host) and fails by name. */
+static void test_diverged(ddp_backend backend, const char *name) {
+    ddp_result r, first, second, third;
+    ddp_context *ctx;
+    ddp_adamw opt = options();
+    char e1[DDP__ERR_MAX] = "", e2[DDP__ERR_MAX] = "";
+    int late = backend == DDP_BACKEND_NCCL, ok, s;
+    fakegpu_reset();
+    ctx = one_rank_on(backend, DDP_DTYPE_BF16, &r);
+    if (r == DDP_OK) r = ddp_zero_grad(ctx);
+    for (s = 0; s < 2 && r == DDP_OK; s++) {   /* clean steps: no error */
+        if ((r = ddp_grad_ready(ctx, 0)) == DDP_OK && (r = ddp_finish(ctx)) == DDP_OK) r = ddp_adamw_step(ctx, &opt, NULL);
+    }
+    if (r != DDP_OK) { verdict(0, name, "clean steps failed: %s", ddp_last_error(ctx)); ddp_shutdown(ctx); return; }
+    ddp_param_bf16(ctx, 0)[1] ^= 0x0100;          /* the program writes the working copy only */
+    ddp_grad_ready(ctx, 0); ddp_finish(ctx);
+    first = ddp_adamw_step(ctx, &opt, NULL);
+    snprintf(e1, sizeof e1, "%s", ddp_last_error(ctx));
+    ddp_flat_params(ctx, NULL)[2] += 0.5f;        /* ... then the master only */
+    ddp_grad_ready(ctx, 0); ddp_finish(ctx);
+    second = ddp_adamw_step(ctx, &opt, NULL);
+    if (second != DDP_OK) snprintf(e2, sizeof e2, "%s", ddp_last_error(ctx));
+    ddp_grad_ready(ctx, 0); ddp_finish(ctx);
+    third = ddp_adamw_step(ctx, &opt, NULL);       /* NCCL: the master write's count arrives */
+    if (late) { ok = first == DDP_OK && second == DDP_ERR_INVALID_STATE && third == DDP_ERR_INVALID_STATE; snprintf(e1, sizeof e1, "%s", e2); }
+    else ok = first == DDP_ERR_INVALID_STATE && second == DDP_ERR_INVALID_STATE && third == DDP_OK && strstr(e1, "'w'");
+    ok = ok && strstr(e1, "1 element(s) of the bf16 working copies") && strstr(e1, "ddp_copy_from_host");
+    verdict(ok, name, "results %d %d %d: %s", (int)first, (int)second, (int)third, e1);
+    ddp_shutdown(ctx);
+}
+
+static ddp_result mismatch_r[2];
+static char mismatch_err[2][DDP__ERR_MAX];
+static void mismatch_rank(test_rank *self) {
+    ddp_desc d = test_desc(self);
+    ddp_context *ctx = NULL;
+    int id;
+    d.backend = DDP_BACKEND_CPU;
+    d.param_dtype = self->rank == 0 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
+    d.reduce_dtype = DDP_DTYPE_FP32;   /* only the parameters' dtype differs */
+    mismatch_r[self->rank] = ddp_init(&ctx, &d);
+    if (mismatch_r[self->rank] == DDP_OK) mismatch_r[self->rank] = ddp_register_param(ctx, "w", 100, 0, NULL, &id);
+    if (mismatch_r[self->rank] == DDP_OK) mismatch_r[self->rank] = ddp_commit(ctx);
+    snprintf(mismatch_err[self->rank], sizeof mismatch_err[0], "%s", ddp_last_error(ctx));
+    ddp_shutdown(ctx);
+}
+
+static void test_bad_input(void) {
+    ddp_result r;
+    ddp_context *ctx = one_rank(DDP_DTYPE_FP32, &r);
+    size_t n = 7;
+    int ok;
+    void *shared[1] = { (void *)mismatch_rank };
+    test_rank ranks[2];
+    ddp_desc d;
+
+    ok = r == DDP_OK && ddp_param_bf16(ctx, 0) == NULL && strstr(ddp_last_error(ctx), "ddp_param_bf16") &&
+         strstr(ddp_last_error(ctx), "fp32") && ddp_grad_bf16(ctx, 0) == NULL && strstr(ddp_last_error(ctx), "ddp_grad_bf16") &&
+         ddp_flat_params_bf16(ctx, &n) == NULL && ddp_flat_grads_bf16(ctx, NULL) == NULL && ddp_param(ctx, 0) != NULL &&
+         ddp_config(ctx)->param_dtype == DDP_DTYPE_FP32 && ddp_config(ctx)->reduce_dtype == DDP_DTYPE_FP32;
+    verdict(ok, "bf16_accessors_on_fp32_context_refused", "%s", ctx ? ddp_last_error(ctx) : "no context");
+    ddp_shutdown(ctx);
+
+    ctx = one_rank(DDP_DTYPE_BF16, &r);
+    ok = r == DDP_OK && ddp_param(ctx, 0) == NULL && strstr(ddp_last_error(ctx), "ddp_param") &&
+         strstr(ddp_last_error(ctx), "ddp_param_bf16") && ddp_grad(ctx, 0) == NULL && strstr(ddp_last_error(ctx), "ddp_grad_bf16") &&
+         ddp_flat_grads(ctx, NULL) == NULL && ddp_flat_params(ctx, NULL) != NULL && ddp_param_bf16(ctx, 0) != NULL &&
+         ddp_param_bf16(ctx, 0)[2] == bits_of(3.0f) && ddp_config(ctx)->reduce_dtype == DDP_DTYPE_BF16;
+    verdict(ok, "fp32_accessors_on_bf16_context_refused", "%s", ctx ? ddp_last_error(ctx) : "no context");
+    ddp_shutdown(ctx);
+
+    test_run_ranks(2, shared, ranks);
+    ok = mismatch_r[0] == DDP_ERR_MISMATCH && mismatch_r[1] == DDP_ERR_MISMATCH && strstr(mismatch_err[1], "param_dtype") &&
+         strstr(mismatch_err[1], "param bf16") && strstr(mismatch_err[1], "param fp32");
+    verdict(ok, "bf16_params_mismatched_param_dtype_refused", "results %d %d: %s", (int)mismatch_r[0], (int)mismatch_r[1], mismatch_err[1]);
+
+    setenv("DDP_PARAM_DTYPE", "fp16", 1);
+    ctx = one_rank(DDP_DTYPE_DEFAULT, &r);
+    ok = r == DDP_ERR_BAD_ENV && strstr(ddp_last_error(ctx), "DDP_PARAM_DTYPE='fp16'");
+    verdict(ok, "bf16_params_bad_env_refused", "result %d: %s", (int)r, ddp_last_error(ctx));
+    ddp_shutdown(ctx);
+    setenv("DDP_PARAM_DTYPE", "bf16", 1);
+    ctx = one_rank(DDP_DTYPE_DEFAULT, &r);
+    ok = r == DDP_OK && ddp_config(ctx)->param_dtype == DDP_DTYPE_BF16 && ddp_param_bf16(ctx, 0) != NULL;
+    verdict(ok, "bf16_params_from_env", "result %d: %s", (int)r, ddp_last_error(ctx));
+    ddp_shutdown(ctx);
+    unsetenv("DDP_PARAM_DTYPE");
+
+    test_diverged(DDP_BACKEND_SINGLE, "bf16_params_lone_write_of_working_copy_or_master_named_cpu");
+    test_diverged(DDP_BACKEND_NCCL, "bf16_params_lone_write_of_working_copy_or_master_named_nccl_fake");
+
+    memset(&d, 0, sizeof d);
+    d.world_size = 1; d.backend = DDP_BACKEND_SINGLE; d.log_level = DDP_LOG_OFF; d.param_dtype = (ddp_dtype)7;
+    ctx = NULL;
+    r = ddp_init(&ctx, &d);
+    ok = r == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(ctx), "param_dtype 7");
+    verdict(ok, "bf16_params_bad_dtype_refused", "result %d: %s", (int)r, ddp_last_error(ctx));
+    ddp_shutdown(ctx);
+}
+
+int main(void) {
+    static const ddp_dtype reduces[2] = { DDP_DTYPE_BF16, DDP_DTYPE_FP32 };
+    char name[128], path[128];
+    int world, k, shard;
+    test_bad_input();
+
+    /* the reference, CPU backend; then the NCCL backend (fake GPU) against the CPU bits */
+    for (k = 0; k < 2; k++)
+        for (world = 1; world <= MAX_WORLD; world++) {
+            snapshot cpu, cpu_unsharded;
+            memset(&cfg, 0, sizeof cfg);
+            cfg.backend = DDP_BACKEND_CPU; cfg.reduce = reduces[k]; cfg.micro = 1;
+            snprintf(name, sizeof name, "%s_reduce", k ? "fp32" : "bf16");
+            if (!check_reference(world, name)) continue;
+            keep(&cpu_unsharded);
+            for (shard = 0; shard < 2; shard++) {
+                const snapshot *want = &cpu_unsharded;
+                int ok;
+                cfg.shard = shard;
+                memset(&cpu, 0, sizeof cpu);
+                if (shard) {   /* sharded CPU: the same bits as unsharded (sharded, the gradients outside a rank's part are not averaged) */
+                    cfg.backend = DDP_BACKEND_CPU;
+                    ok = run(world) && same_bits(&cpu_unsharded, world == 1);
+                    snprintf(name, sizeof name, "bf16_params_sharded_cpu_equals_unsharded_%s_reduce_%d_ranks", k ? "fp32" : "bf16", world);
+                    verdict(ok, name, "master, working copies or norms differ");
+                    keep(&cpu);
+                    want = &cpu;
+                }
+                cfg.backend = DDP_BACKEND_NCCL;
+                ok = run(world) && same_bits(want, !shard || world == 1);
+                snprintf(name, sizeof name, "bf16_params_nccl_fake_equals_cpu_%s_reduce_%s_%d_ranks", k ? "fp32" : "bf16",
+                         shard ? "sharded" : "unsharded", world);
+                verdict(ok, name, "master, working copies, bf16 gradients or norms differ from the CPU backend's");
+                drop(&cpu);
+                cfg.backend = DDP_BACKEND_CPU;
+            }
+            drop(&cpu_unsharded);
+        }
+
+    /* accumulation, find_unused, skip_nonfinite, the timeline: against the reference, both backends alike */
+    for (world = 2; world <= MAX_WORLD; world++) {
+        snapshot cpu;
+        int ok;
+        memset(&cfg, 0, sizeof cfg);
+        cfg.backend = DDP_BACKEND_CPU; cfg.reduce = DDP_DTYPE_BF16; cfg.micro = 2; cfg.find_unused = 1;
+        cfg.nan_step = NAN_STEP; cfg.timeline = world == 2;
+        if (!check_reference(world, "accumulation_find_unused_skip_nonfinite")) continue;
+        keep(&cpu);
+        cfg.backend = DDP_BACKEND_NCCL; cfg.timeline = 0;
+        ok = run(world) && same_bits(&cpu, 1);
+        snprintf(name, sizeof name, "bf16_params_nccl_fake_equals_cpu_accumulation_find_unused_skip_nonfinite_%d_ranks", world);
+        verdict(ok, name, "the NCCL backend's bits differ from the CPU backend's");
+        drop(&cpu);
+    }
+    {
+        char tl[128];
+        FILE *f;
+        long size = 0;
+        snprintf(tl, sizeof tl, "/tmp/ddp_bf16_tl_%d.json", (int)getpid());
+        if ((f = fopen(tl, "rb")) != NULL) { fseek(f, 0, SEEK_END); size = ftell(f); fclose(f); }
+        verdict(size > 100, "bf16_params_timeline_written", "%s: %ld bytes", tl, size);
+        unlink(tl);
+    }
+
+    /* checkpoints: the master saved and loaded, the working copies its rounding; both backends, sharded too */
+    snprintf(path, sizeof path, "/tmp/ddp_bf16_ckpt_%d.bin", (int)getpid());
+    for (k = 0; k < 3; k++) {
+        int r, ok = 1;
+        memset(&cfg, 0, sizeof cfg);
+        cfg.backend = k == 1 ? DDP_BACKEND_NCCL : DDP_BACKEND_CPU; cfg.reduce = DDP_DTYPE_FP32; cfg.micro = 1;
+        cfg.shard = k == 2; cfg.ckpt = path;
+        ok = run(2);
+        for (r = 0; r < 2; r++) ok &= res[r].load_ok;
+        snprintf(name, sizeof name, "bf16_params_checkpoint_roundtrip_%s%s", k == 1 ? "nccl_fake" : "cpu", k == 2 ? "_sharded" : "");
+        verdict(ok, name, "the loaded master or working copies differ (rank 0 %d, rank 1 %d)", res[0].load_ok, res[1].load_ok);
+        unlink(path);
+    }
+    for (k = 0; k < MAX_WORLD; k++) { free(res[k].master); free(res[k].work); free(res[k].grad); }
+    verdict(fakegpu_misuse_count() == 0 && fakegpu_live_device_bytes() == 0, "bf16_params_fake_gpu_no_misuse_no_leak",
+            "%d misuse(s) of the CUDA/NCCL API (first: %s), %zu bytes of device memory left", fakegpu_misuse_count(),
+            fakegpu_misuse_first(), fakegpu_live_device_bytes());
+    return test_summary("test_bf16_params");
+}
