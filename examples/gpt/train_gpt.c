@@ -39,7 +39,7 @@ typedef struct options {
     const char *data, *save, *resume, *dump_init, *prompt;
     gpt_config model;
     int steps, warmup, accum, eval_every, eval_batches, sample, top_k, stop_at, save_every, log_every;
-    int cpu, tf32;                 /* --cpu: CPU backend and model even where a GPU is; --tf32 */
+    int cpu, tf32, bf16;           /* --cpu: CPU backend and model even where a GPU is; --tf32; --bf16 */
     int shard;                     /* --shard-optimizer: ddp_desc.shard_optimizer (ZeRO-1) */
     int fresh;                     /* --fresh: --save PATH starts over even where PATH holds a checkpoint */
     float lr, min_lr, wd, clip, beta1, beta2, temperature, bucket_mb, dropout;
@@ -86,7 +86,9 @@ static void usage(FILE *f) {
         "  --dump-init PATH   write the initial parameters (float32, registration order) and exit\n"
         "  --cpu              the CPU backend and model even where a GPU is visible (GPU build)\n"
         "  --shard-optimizer  AdamW's m and v sharded across the ranks (ZeRO-1; same results)\n"
-        "  --tf32             GPU: TF32 tensor-core matmuls (faster, less exact; default pure fp32)\n");
+        "  --tf32             GPU: TF32 tensor-core matmuls (faster, less exact; default pure fp32)\n"
+        "  --bf16             GPU: bf16 weights, gradients and activations, fp32 accumulation and master\n"
+        "                     weights (the CUDA model only: not with --cpu or --tf32; one rank for now)\n");
 }
 
 static int parse_args(int argc, char **argv, options *o, char *err, size_t errn) {
@@ -105,6 +107,7 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errn)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); exit(0); }
         else if (!strcmp(a, "--cpu")) { o->cpu = 1; continue; }
         else if (!strcmp(a, "--tf32")) { o->tf32 = 1; continue; }
+        else if (!strcmp(a, "--bf16")) { o->bf16 = 1; continue; }
         else if (!strcmp(a, "--shard-optimizer")) { o->shard = 1; continue; }
         else if (!strcmp(a, "--fresh")) { o->fresh = 1; continue; }
         else if (!strcmp(a, "--data")) sp = &o->data;
@@ -165,6 +168,11 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errn)
     if (o->accum < 1 || o->eval_batches < 1 || o->log_every < 1) { snprintf(err, errn, "--grad-accum, --eval-batches and --log-every must be >= 1"); return 0; }
     if (!(o->beta1 < 1 && o->beta2 < 1) || !(o->temperature > 0)) { snprintf(err, errn, "betas must be < 1 and the temperature > 0"); return 0; }
     if (o->fresh && (!o->save || o->resume)) { snprintf(err, errn, "--fresh goes with --save PATH (start over there) and not with --resume"); return 0; }
+    if (o->bf16 && o->tf32) { snprintf(err, errn, "--bf16 and --tf32 are two precisions of the CUDA model's matmuls: pick one"); return 0; }
+    if (o->bf16 && o->cpu) { snprintf(err, errn, "--bf16 is the CUDA model's mode and --cpu runs gpt.h's fp32 CPU model: not both"); return 0; }
+#ifndef TRAIN_CUDA_MODEL
+    if (o->bf16) { snprintf(err, errn, "--bf16 needs the CUDA model: this build has none (build/gpu/train_gpt, or build/train_gpt_emulated)"); return 0; }
+#endif
     return 1;
 }
 
@@ -314,7 +322,7 @@ static ddp_result model_create(model *mo, ddp_context *ddp, const options *o) {
     mo->on_gpu = model_uses_cuda(ddp, o);
 #ifdef TRAIN_CUDA_MODEL
     if (mo->on_gpu) {
-        r = gpt_cuda_create(&mo->gpu, ddp, &o->model, o->seed, o->tf32);
+        r = gpt_cuda_create(&mo->gpu, ddp, &o->model, o->seed, o->bf16 ? GPT_CUDA_BF16 : o->tf32 ? GPT_CUDA_TF32 : GPT_CUDA_FP32);
         mo->num_floats = mo->gpu.num_floats;
         if (r == DDP_OK) gpt_cuda_set_dropout(&mo->gpu, o->dropout, o->seed ^ 0xd40b0u);   /* checked in parse */
         return r;
@@ -333,6 +341,22 @@ static void model_set_rows(model *mo, int step, uint64_t row0, uint64_t stride) 
     if (mo->on_gpu) { gpt_cuda_set_rows(&mo->gpu, (uint64_t)step, row0, stride); return; }
 #endif
     gpt_set_rows(&mo->cpu, (uint64_t)step, row0, stride);
+}
+
+/* --bf16: the CUDA model's bf16 gradients and working copies beside ddp.h's fp32 buffers (the
+   master weights and AdamW's state stay ddp.h's): zero the bf16 gradients with ddp_zero_grad,
+   widen them into ddp.h's gradients before ddp_adamw_step, round the parameters into the
+   working copies after it (and after a checkpoint is loaded). No-ops without --bf16. */
+enum { BF16_ZERO_GRADS, BF16_GRADS_TO_FP32, BF16_ROUND_PARAMS };
+static void model_bf16_sync(model *mo, int what) {
+#ifdef TRAIN_CUDA_MODEL
+    if (!mo->on_gpu) return;
+    if (what == BF16_ZERO_GRADS) gpt_cuda_bf16_zero_grads(&mo->gpu);
+    else if (what == BF16_GRADS_TO_FP32) gpt_cuda_bf16_grads_to_fp32(&mo->gpu);
+    else gpt_cuda_bf16_round_params(&mo->gpu);
+#else
+    (void)mo; (void)what;
+#endif
 }
 
 /* What a failed model_create says. gpt.h's and gpt_cuda.cuh's own allocations fail with a bare
@@ -680,6 +704,11 @@ int main(int argc, char **argv) {
         ddp_result r = model_create(&mo, ddp, &o);
         if (r != DDP_OK) DIE("train_gpt: %s", model_create_failure(ddp, &o, r, err, sizeof err));
     }
+    if (o.bf16 && !mo.on_gpu)
+        DIE("train_gpt: rank %d: --bf16 needs the CUDA model, and ddp.h chose its CPU backend (no GPU visible)", rank);
+    if (o.bf16 && world > 1)   /* the bf16 gradients are widened after ddp_backward: only one rank's are there */
+        DIE("train_gpt: rank %d: --bf16 runs on one rank for now (%d ranks): averaging bf16 gradients across ranks "
+            "needs ddp.h's bf16 parameters (param_dtype), not wired in yet", rank, world);
     tok = (int *)malloc(sizeof(int) * (size_t)B * T);
     tgt = (int *)malloc(sizeof(int) * (size_t)B * T);
     if (!tok || !tgt) DIE("train_gpt: rank %d: out of memory for a batch of %d x %d tokens", rank, B, T);
@@ -705,6 +734,7 @@ int main(int argc, char **argv) {
         if (r != DDP_OK) DIE("train_gpt: %s", failure_text(ddp, r, why, sizeof why));
         step = (int)rs.step;
         windows = rs.windows;
+        model_bf16_sync(&mo, BF16_ROUND_PARAMS);   /* the loaded fp32 parameters into the bf16 working copies */
     }
     if (rank == 0) {
         printf("train_gpt: %d rank(s) | %d layers, %d heads, dim %d, context %d | %zu parameters | batch %d x %d ranks x %d accum "
@@ -726,6 +756,7 @@ int main(int argc, char **argv) {
         ddp_step_stats st;
         int u, logs;
         CHECK(ddp_zero_grad(ddp));
+        model_bf16_sync(&mo, BF16_ZERO_GRADS);
         for (u = 0; u < o.accum; u++) {   /* micro-step u: this rank's next B samples of the epoch */
             uint64_t epoch = 0, first = 0;
             if (gpt_batch_position(&sampler, B, o.accum, (uint64_t)step, u, &epoch, &first) != DDP_OK ||
@@ -746,7 +777,9 @@ int main(int argc, char **argv) {
            on a GPU reading the norm is a wait for the device; the step needs neither (clipping
            happens on the device). The same decision on every rank: it depends on the step. */
         logs = step % o.log_every == 0 || step == 1 || step == o.steps;
+        model_bf16_sync(&mo, BF16_GRADS_TO_FP32);
         CHECK(ddp_adamw_step(ddp, &opt, logs ? &norm : NULL));
+        model_bf16_sync(&mo, BF16_ROUND_PARAMS);
         st = ddp_last_step_stats(ddp);
         if (logs) {
             loss = model_loss_sum(&mo, (float)o.accum, o.accum);   /* this step's; GPU: waits for the device */

@@ -361,7 +361,7 @@ static void test_cuda_reference(void) {
         step_or_die(ddp, ddp_zero_grad(ddp), "zero_grad");
         gpt_cuda_forward(&m, tok, tgt, ref.batch, ref.seq, 1.0f, 1);
         loss = one_loss(&m);
-        logits = download(ddp, m.logits, BT * GPT_VOCAB);
+        logits = download(ddp, (const float *)m.logits, BT * GPT_VOCAB);
         w = worst_ratio(logits, ref.logits, BT * GPT_VOCAB, 0, 1e-5, 1e-5);
         verdict(w <= 1, NAME("logits_match_pytorch"), "worst error %.3g of the tolerance", w);
         printf("  (logits: worst error %.3f of |err| <= 1e-5*max|ref| + 1e-5*|ref|)\n", w);
@@ -462,7 +462,7 @@ static void test_cuda_vs_cpu(const gpt_config *cfg, float dropout) {
             worst_loss = w > worst_loss || w != w ? w : worst_loss;
             forwards++;
             if (step == 0) {   /* the logits of the first forward */
-                float *logits = download(gd, gm.logits, BT * GPT_VOCAB);
+                float *logits = download(gd, (const float *)gm.logits, BT * GPT_VOCAB);
                 w = worst_ratio(logits, cm.logits, BT * GPT_VOCAB, 0, 1e-5, 1e-5);
                 snprintf(name, sizeof name, NAME("logits_match_cpu_model_%s"), what);
                 verdict(w <= 1, name, "worst error %.3g of the tolerance", w);
