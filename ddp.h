@@ -480,7 +480,10 @@ typedef enum ddp_result {
 typedef enum ddp_backend { DDP_BACKEND_AUTO = 0, DDP_BACKEND_CPU, DDP_BACKEND_NCCL, DDP_BACKEND_SINGLE,
                            DDP_BACKEND_MPI /* CPU ranks on several hosts; only built with DDP_MPI */ } ddp_backend;
 typedef enum ddp_op { DDP_AVG = 0, DDP_SUM } ddp_op;
-typedef enum ddp_dtype { DDP_DTYPE_FP32 = 0, DDP_DTYPE_BF16 } ddp_dtype;
+/* DEFAULT (zero): param_dtype FP32; reduce_dtype the parameters' dtype (PARAMETER DTYPE in the manual). */
+typedef enum ddp_dtype { DDP_DTYPE_DEFAULT = 0, DDP_DTYPE_FP32, DDP_DTYPE_BF16 } ddp_dtype;
+/* The bits of a bfloat16 (the upper half of a float; layout-compatible with CUDA's __nv_bfloat16). */
+typedef uint16_t ddp_bf16;
 /* Uneven inputs (ddp_join): what a step's averaged gradient is divided by while some ranks have
    joined: the initial world size (their zeros count; PyTorch's default) or the ranks with data. */
 typedef enum ddp_join_mode { DDP_JOIN_OFF = 0, DDP_JOIN_DIVIDE_BY_WORLD, DDP_JOIN_DIVIDE_BY_ACTIVE } ddp_join_mode;
@@ -518,9 +521,9 @@ typedef struct ddp_desc {
        network with this per-call latency and bandwidth (0: off). */
     double inject_comm_latency_ms;
     double inject_comm_gbps;
-    /* What gradient buckets travel as: FP32 (default), or BF16 (half the bytes; every rank's
-       contribution and the average are rounded to bf16, the fp32 gradients receive the result).
-       Every rank must use the same (checked at commit). User collectives stay fp32. */
+    /* What gradient buckets travel as: FP32, or BF16 (half the bytes; every rank's contribution
+       and the average are rounded to bf16, the gradients receive the result). Default: the
+       parameters' dtype. Every rank must use the same (checked at commit). User collectives stay fp32. */
     ddp_dtype reduce_dtype;
     /* NCCL backend: the compute stream (a cudaStream_t) the program's kernels run on; buckets
        wait on it and it waits on them. NULL: the legacy default stream. */
@@ -541,6 +544,10 @@ typedef struct ddp_desc {
        own part of every bucket only; buckets are reduce-scattered, each rank updates its part, the
        parameters are all-gathered. The same bits as unsharded. Ranks must agree. */
     int shard_optimizer;
+    /* FP32 (default, or $DDP_PARAM_DTYPE=fp32|bf16) or BF16: every parameter has a bf16 working
+       copy and a bf16 gradient (ddp_param_bf16, ddp_grad_bf16); ddp.h keeps the fp32 master
+       weights and AdamW's m and v. Ranks must agree (checked at commit). */
+    ddp_dtype param_dtype;
 } ddp_desc;
 
 typedef struct ddp_context ddp_context;
@@ -596,6 +603,14 @@ const char *ddp_param_name(const ddp_context *ctx, int id);
 int ddp_num_params(const ddp_context *ctx);
 float *ddp_flat_params(ddp_context *ctx, size_t *count_out);
 float *ddp_flat_grads(ddp_context *ctx, size_t *count_out);
+/* param_dtype BF16 (PARAMETER DTYPE in the manual): the bf16 working copies and gradients, views
+   like ddp_param (device memory on NCCL); NULL with an error on an fp32 context. There ddp_param
+   and ddp_grad are NULL with an error; ddp_flat_params is the fp32 master (read it; write
+   parameters with ddp_copy_from_host / ddp_scatter_from_host, which round the working copies). */
+ddp_bf16 *ddp_param_bf16(ddp_context *ctx, int id);
+ddp_bf16 *ddp_grad_bf16(ddp_context *ctx, int id);
+ddp_bf16 *ddp_flat_params_bf16(ddp_context *ctx, size_t *count_out);
+ddp_bf16 *ddp_flat_grads_bf16(ddp_context *ctx, size_t *count_out);
 int ddp_num_buckets(const ddp_context *ctx);
 ddp_result ddp_bucket(const ddp_context *ctx, int index, ddp_bucket_info *out);
 
@@ -884,6 +899,12 @@ typedef struct ddp__cpu {
     double comm_seconds, comm_last_seconds;
 } ddp__cpu;
 
+/* The bf16 conversions a backend does for param_dtype BF16: the bf16 gradients widened into the
+   fp32 staging (a bucket, before it is reduced); the reduced fp32 gradients rounded into the bf16
+   ones and the staging set to the rounded values (the norm and AdamW then read exactly the bf16
+   gradients); the fp32 master rounded into the working copies. */
+enum { DDP__BF16_WIDEN_GRADS = 1, DDP__BF16_NARROW_GRADS, DDP__BF16_ROUND_PARAMS };
+
 typedef struct ddp__gpu ddp__gpu;   /* the NCCL backend's state (>>nccl; only built with CUDA) */
 typedef struct ddp__mpi ddp__mpi;   /* the MPI backend's state (>>mpi; only built with DDP_MPI) */
 
@@ -910,6 +931,9 @@ typedef struct ddp__backend {
     ddp_result (*finish)(ddp_context *ctx, double t_wait);       /* every bucket launched: settle them */
     ddp_result (*zero)(ddp_context *ctx, float *x, size_t count);
     ddp_result (*scale)(ddp_context *ctx, float *x, size_t count, float factor);   /* x *= factor, after finish */
+    /* param_dtype BF16 only, on [offset, offset + count) of the flat buffers, in stream order
+       with the program's work (DDP__BF16_* in >>types) */
+    ddp_result (*bf16)(ddp_context *ctx, int op, size_t offset, size_t count);
     ddp_result (*adamw)(ddp_context *ctx, const ddp_adamw *opt, float b1, float b2, float eps, float *grad_norm_out);
     ddp_result (*adamw_state)(ddp_context *ctx);                 /* m, v exist; ctx->adam_step is current */
     /* a copy between a flat buffer (params, grads, m, v: device memory on NCCL) and host memory */
@@ -948,6 +972,9 @@ struct ddp_context {
     int num_params, cap_params;
     int committed;
     float *flat_params, *flat_grads, *adam_m, *adam_v;
+    /* param_dtype BF16: the working copies and gradients the program uses; flat_params is then
+       the fp32 master and flat_grads the fp32 staging the buckets are reduced in (PARAMETER DTYPE) */
+    ddp_bf16 *params_bf16, *grads_bf16;
     size_t flat_count;
     int64_t adam_step;
     ddp__bucket *buckets;
@@ -1469,6 +1496,11 @@ static ddp_result ddp__desc_from_env(ddp_context *ctx, ddp_desc *d) {
             return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_SHARD_OPTIMIZER='%s' is neither 0 nor 1", s);
         d->shard_optimizer = s[0] == '1';
     }
+    if (!d->param_dtype && (s = getenv("DDP_PARAM_DTYPE")) != NULL && *s) {
+        if (strcmp(s, "fp32") && strcmp(s, "bf16"))
+            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_PARAM_DTYPE='%s' is neither fp32 nor bf16", s);
+        d->param_dtype = s[0] == 'b' ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
+    }
     return DDP_OK;
 }
 
@@ -1479,12 +1511,17 @@ static void ddp__desc_defaults(ddp_desc *d) {
     if (d->bucket_cap_mb == 0) d->bucket_cap_mb = 25;
     if (d->first_bucket_mb == 0) d->first_bucket_mb = d->bucket_cap_mb < 1 ? d->bucket_cap_mb : 1;
     if (d->shutdown_timeout_s == 0) d->shutdown_timeout_s = 1;
+    if (!d->param_dtype) d->param_dtype = DDP_DTYPE_FP32;
+    if (!d->reduce_dtype) d->reduce_dtype = d->param_dtype;   /* bf16 gradients travel as bf16 unless asked */
 }
 
 static ddp_result ddp__desc_validate(ddp_context *ctx, const ddp_desc *d) {
     if (d->reduce_dtype != DDP_DTYPE_FP32 && d->reduce_dtype != DDP_DTYPE_BF16)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: reduce_dtype %d is neither DDP_DTYPE_FP32 nor "
                          "DDP_DTYPE_BF16", (int)d->reduce_dtype);
+    if (d->param_dtype != DDP_DTYPE_FP32 && d->param_dtype != DDP_DTYPE_BF16)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: param_dtype %d is neither DDP_DTYPE_FP32 nor "
+                         "DDP_DTYPE_BF16", (int)d->param_dtype);
     if (d->timeout_s < 0 || d->bucket_cap_mb < 0 || d->first_bucket_mb < 0 || d->world_size < 0 ||
         d->inject_comm_latency_ms < 0 || d->inject_comm_gbps < 0 || d->shutdown_timeout_s < 0)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: timeout_s, bucket_cap_mb, first_bucket_mb, "
@@ -2603,10 +2640,30 @@ static void ddp__adamw_range(float *p, const float *g, float *m, float *v, size_
     }
 }
 
+/* The same arithmetic on the fp32 master, the bf16 working copy w written in the same pass. */
+static void ddp__adamw_range_bf16(float *p, ddp_bf16 *w, const float *g, float *m, float *v, size_t n, float clip,
+                                  float lr, float b1, float b2, float eps, float decay, float step_size, float bc2_sqrt) {
+    size_t i;
+    for (i = 0; i < n; i++) {
+        float grad = g[i] * clip;
+        m[i] = b1 * m[i] + (1.0f - b1) * grad;
+        v[i] = b2 * v[i] + (1.0f - b2) * grad * grad;
+        p[i] -= lr * decay * p[i];
+        p[i] -= step_size * m[i] / (sqrtf(v[i]) / bc2_sqrt + eps);
+        w[i] = ddp__to_bf16(p[i]);
+    }
+}
+
 static ddp_result ddp__host_alloc_flat(ddp_context *ctx) {
     int i;
     ctx->flat_params = ddp__alloc_floats(ctx->flat_count);
     ctx->flat_grads = ddp__alloc_floats(ctx->flat_count);
+    if (ctx->desc.param_dtype == DDP_DTYPE_BF16) {   /* flat_count is a multiple of 16: whole floats */
+        ctx->params_bf16 = (ddp_bf16 *)(void *)ddp__alloc_floats(ctx->flat_count / 2);
+        ctx->grads_bf16 = (ddp_bf16 *)(void *)ddp__alloc_floats(ctx->flat_count / 2);
+        if (!ctx->params_bf16 || !ctx->grads_bf16)
+            return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %zu bf16 parameters", ctx->flat_count);
+    }
     if (!ctx->flat_params || !ctx->flat_grads)
         return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %zu parameters", ctx->flat_count);
     for (i = 0; i < ctx->num_params; i++) {
@@ -2627,6 +2684,19 @@ static ddp_result ddp__host_scale(ddp_context *ctx, float *x, size_t count, floa
     size_t i;
     (void)ctx;
     for (i = 0; i < count; i++) x[i] *= factor;
+    return DDP_OK;
+}
+
+static ddp_result ddp__host_bf16(ddp_context *ctx, int op, size_t offset, size_t count) {
+    float *f = (op == DDP__BF16_ROUND_PARAMS ? ctx->flat_params : ctx->flat_grads) + offset;
+    ddp_bf16 *h = (op == DDP__BF16_ROUND_PARAMS ? ctx->params_bf16 : ctx->grads_bf16) + offset;
+    size_t i;
+    if (op == DDP__BF16_WIDEN_GRADS)
+        for (i = 0; i < count; i++) f[i] = ddp__from_bf16(h[i]);
+    else if (op == DDP__BF16_NARROW_GRADS)
+        for (i = 0; i < count; i++) { h[i] = ddp__to_bf16(f[i]); f[i] = ddp__from_bf16(h[i]); }
+    else
+        for (i = 0; i < count; i++) h[i] = ddp__to_bf16(f[i]);
     return DDP_OK;
 }
 
@@ -2672,8 +2742,13 @@ static void ddp__adamw_bucket(ddp_context *ctx, int b, const ddp_adamw *opt, con
         size_t at = ctx->shard_base[b] + (from - lo);
         float decay = (p->flags & DDP_NO_DECAY) ? 0.0f : opt->weight_decay;
         if (to <= from) continue;
-        ddp__adamw_range(ctx->flat_params + from, ctx->flat_grads + from, ctx->adam_m + at, ctx->adam_v + at, to - from,
-                         now->clip, opt->lr, now->b1, now->b2, now->eps, decay, now->step_size, now->bc2_sqrt);
+        if (ctx->params_bf16)
+            ddp__adamw_range_bf16(ctx->flat_params + from, ctx->params_bf16 + from, ctx->flat_grads + from, ctx->adam_m + at,
+                                  ctx->adam_v + at, to - from, now->clip, opt->lr, now->b1, now->b2, now->eps, decay,
+                                  now->step_size, now->bc2_sqrt);
+        else
+            ddp__adamw_range(ctx->flat_params + from, ctx->flat_grads + from, ctx->adam_m + at, ctx->adam_v + at, to - from,
+                             now->clip, opt->lr, now->b1, now->b2, now->eps, decay, now->step_size, now->bc2_sqrt);
     }
 }
 
@@ -2717,7 +2792,10 @@ static void ddp__host_free(ddp_context *ctx) {
     ddp__free_floats(ctx->flat_grads);
     ddp__free_floats(ctx->adam_m);
     ddp__free_floats(ctx->adam_v);
+    ddp__free_floats((float *)(void *)ctx->params_bf16);
+    ddp__free_floats((float *)(void *)ctx->grads_bf16);
     ctx->flat_params = ctx->flat_grads = ctx->adam_m = ctx->adam_v = NULL;
+    ctx->params_bf16 = ctx->grads_bf16 = NULL;
 }
 
 /* --------------------------------------------------------------------------------------------
@@ -2739,7 +2817,7 @@ static void ddp__single_poison(ddp_context *ctx, ddp_result code) { (void)ctx; (
 static const ddp__backend ddp__single_backend = {
     "single", DDP_BACKEND_SINGLE, 0, 1,
     ddp__single_setup, ddp__host_alloc_flat, ddp__single_nothing, ddp__single_quiet, ddp__single_launch,
-    ddp__single_finish, ddp__host_zero, ddp__host_scale, ddp__host_adamw, ddp__host_adamw_state, ddp__host_copy,
+    ddp__single_finish, ddp__host_zero, ddp__host_scale, ddp__host_bf16, ddp__host_adamw, ddp__host_adamw_state, ddp__host_copy,
     ddp__single_collective, ddp__single_quiet, ddp__single_poison, ddp__single_quiet, ddp__host_free
 };
 
@@ -3767,7 +3845,7 @@ static void ddp__cpu_teardown(ddp_context *ctx) {
 static const ddp__backend ddp__cpu_backend = {
     "cpu", DDP_BACKEND_CPU, 0, 1,
     ddp__cpu_setup, ddp__host_alloc_flat, ddp__cpu_commit, ddp__cpu_begin_step, ddp__cpu_launch,
-    ddp__cpu_finish, ddp__host_zero, ddp__host_scale, ddp__cpu_adamw, ddp__host_adamw_state, ddp__host_copy,
+    ddp__cpu_finish, ddp__host_zero, ddp__host_scale, ddp__host_bf16, ddp__cpu_adamw, ddp__host_adamw_state, ddp__host_copy,
     ddp__cpu_collective, ddp__single_quiet, ddp__cpu_poison, ddp__comm_stop, ddp__cpu_teardown
 };
 
@@ -4456,7 +4534,7 @@ static void ddp__mpi_teardown(ddp_context *ctx) {
 static const ddp__backend ddp__mpi_backend = {
     "mpi", DDP_BACKEND_MPI, 0, 0,   /* shard_optimizer: not yet (ddp_init refuses it by name) */
     ddp__mpi_setup, ddp__host_alloc_flat, ddp__mpi_commit, ddp__mpi_begin_step, ddp__mpi_launch,
-    ddp__mpi_finish, ddp__host_zero, ddp__host_scale, ddp__host_adamw, ddp__host_adamw_state, ddp__host_copy,
+    ddp__mpi_finish, ddp__host_zero, ddp__host_scale, ddp__host_bf16, ddp__host_adamw, ddp__host_adamw_state, ddp__host_copy,
     ddp__mpi_collective, ddp__single_quiet, ddp__mpi_poison, ddp__mpi_stop, ddp__mpi_teardown
 };
 #endif /* DDP_MPI */
@@ -5080,6 +5158,10 @@ static ddp_result ddp__gpu_alloc_flat(ddp_context *ctx) {
     DDP__CUDA(cudaMalloc((void **)&ctx->flat_grads, bytes));
     DDP__CUDA(cudaMemset(ctx->flat_params, 0, bytes));
     DDP__CUDA(cudaMemset(ctx->flat_grads, 0, bytes));
+    if (ctx->desc.param_dtype == DDP_DTYPE_BF16) {   /* filled at commit, from the master */
+        DDP__CUDA(cudaMalloc((void **)&ctx->params_bf16, ctx->flat_count * sizeof(ddp_bf16)));
+        DDP__CUDA(cudaMalloc((void **)&ctx->grads_bf16, ctx->flat_count * sizeof(ddp_bf16)));
+    }
     for (i = 0; i < ctx->num_params; i++) {
         ddp__param *p = &ctx->params[i];
         if (p->init) DDP__CUDA(cudaMemcpy(ctx->flat_params + p->offset, p->init, p->count * sizeof(float), cudaMemcpyHostToDevice));
@@ -5275,6 +5357,17 @@ static ddp_result ddp__gpu_scale(ddp_context *ctx, float *x, size_t count, float
     return DDP_OK;
 }
 
+/* On the compute stream: after the program's kernels that wrote the bf16 gradients (a bucket's
+   event, recorded next, covers the widening) and after the finish's wait for the buckets. */
+static ddp_result ddp__gpu_bf16(ddp_context *ctx, int op, size_t offset, size_t count) {
+    cudaStream_t s = ctx->gpu->compute;
+    DDP__GPU_DEVICE(ctx->gpu);
+    if (op == DDP__BF16_WIDEN_GRADS) DDP__CUDA(ddp_k_bf16_to_f32(ctx->grads_bf16 + offset, ctx->flat_grads + offset, count, s));
+    else if (op == DDP__BF16_NARROW_GRADS) DDP__CUDA(ddp_k_bf16_round(ctx->flat_grads + offset, ctx->grads_bf16 + offset, count, s));
+    else DDP__CUDA(ddp_k_f32_to_bf16(ctx->flat_params + offset, ctx->params_bf16 + offset, count, s));
+    return DDP_OK;
+}
+
 /* m and v: this rank's parts (shard_count floats; unsharded the whole flat buffer). */
 static ddp_result ddp__gpu_alloc_adamw(ddp_context *ctx) {
     ddp__gpu *g = ctx->gpu;
@@ -5356,6 +5449,11 @@ static ddp_result ddp__gpu_update(ddp_context *ctx, const ddp_adamw *opt, float 
     ddp__gpu *g = ctx->gpu;
     int b, sharded = ctx->desc.shard_optimizer && ctx->world > 1;
     size_t lo, hi;
+    if (!sharded && ctx->params_bf16) {
+        DDP__CUDA(ddp_k_adamw_bf16(ctx->flat_params, ctx->params_bf16, ctx->flat_grads, ctx->adam_m, ctx->adam_v, ctx->flat_count,
+                                   g->no_decay, opt->lr, b1, b2, eps, opt->weight_decay, g->state, g->compute));
+        return DDP_OK;
+    }
     if (!sharded) {
         DDP__CUDA(ddp_k_adamw(ctx->flat_params, ctx->flat_grads, ctx->adam_m, ctx->adam_v, ctx->flat_count, g->no_decay,
                               opt->lr, b1, b2, eps, opt->weight_decay, g->state, g->compute));
@@ -5527,7 +5625,9 @@ static void ddp__gpu_teardown(ddp_context *ctx) {
     ddp__gpu_close_comm(ctx);
     ddp__gpu_stop_watchdog(ctx);
     cudaFree(ctx->flat_params); cudaFree(ctx->flat_grads); cudaFree(ctx->adam_m); cudaFree(ctx->adam_v);
+    cudaFree(ctx->params_bf16); cudaFree(ctx->grads_bf16);
     ctx->flat_params = ctx->flat_grads = ctx->adam_m = ctx->adam_v = NULL;
+    ctx->params_bf16 = ctx->grads_bf16 = NULL;
     cudaFree(g->no_decay); cudaFree(g->norm_blocks); cudaFree(g->norm_sq); cudaFree(g->state); cudaFree(g->bf16);
     cudaFree(g->scratch);
     if (g->scratch_host) cudaFreeHost(g->scratch_host);
@@ -5586,7 +5686,7 @@ static void ddp__gpu_stop(ddp_context *ctx) {
 static const ddp__backend ddp__nccl_backend = {
     "nccl", DDP_BACKEND_NCCL, 1, 1,
     ddp__gpu_setup, ddp__gpu_alloc_flat, ddp__gpu_commit, ddp__gpu_begin_step, ddp__gpu_launch,
-    ddp__gpu_finish, ddp__gpu_zero, ddp__gpu_scale, ddp__gpu_adamw, ddp__gpu_adamw_state, ddp__gpu_copy,
+    ddp__gpu_finish, ddp__gpu_zero, ddp__gpu_scale, ddp__gpu_bf16, ddp__gpu_adamw, ddp__gpu_adamw_state, ddp__gpu_copy,
     ddp__gpu_collective, ddp__gpu_stats, ddp__gpu_poison, ddp__gpu_stop, ddp__gpu_teardown
 };
 #endif /* DDP_CUDA */
@@ -5947,16 +6047,29 @@ static ddp_result ddp__shard_layout(ddp_context *ctx) {
     return DDP_OK;
 }
 
+/* param_dtype BF16: a conversion between the bf16 buffers and the fp32 ones (DDP__BF16_*);
+   nothing on an fp32 context. */
+static ddp_result ddp__bf16_op(ddp_context *ctx, int op, size_t offset, size_t count) {
+    if (!ctx->params_bf16 || !count) return DDP_OK;
+    return ctx->be->bf16(ctx, op, offset, count);
+}
+
+/* Zero gradients: the fp32 ones, and with bf16 parameters the bf16 ones the buckets are widened from. */
+static ddp_result ddp__zero_grads(ddp_context *ctx, size_t offset, size_t count) {
+    ddp_result r = ctx->be->zero(ctx, ctx->flat_grads + offset, count);
+    return r != DDP_OK ? r : ddp__bf16_op(ctx, DDP__BF16_NARROW_GRADS, offset, count);
+}
+
 /* One line per parameter; every rank must produce the same text. */
 static char *ddp__layout_text(ddp_context *ctx, size_t *len_out) {
     size_t cap = 256 + (size_t)ctx->num_params * (DDP__NAME_MAX + 48), len;
     char *text = (char *)DDP_MALLOC(cap);
     int i;
     if (!text) return NULL;
-    len = (size_t)snprintf(text, cap, "buckets %.6f %.6f %d reduce %s uneven %d shard %d\n", ctx->desc.first_bucket_mb,
+    len = (size_t)snprintf(text, cap, "buckets %.6f %.6f %d reduce %s uneven %d shard %d param %s\n", ctx->desc.first_bucket_mb,
                            ctx->desc.bucket_cap_mb, ctx->desc.find_unused,
                            ctx->desc.reduce_dtype == DDP_DTYPE_BF16 ? "bf16" : "fp32", (int)ctx->desc.uneven_inputs,
-                           ctx->desc.shard_optimizer);
+                           ctx->desc.shard_optimizer, ctx->desc.param_dtype == DDP_DTYPE_BF16 ? "bf16" : "fp32");
     for (i = 0; i < ctx->num_params; i++)
         len += (size_t)snprintf(text + len, cap - len, "%s %zu %u\n", ctx->params[i].name,
                                 ctx->params[i].count, ctx->params[i].flags);
@@ -5979,7 +6092,7 @@ static ddp_result ddp__layout_mismatch(ddp_context *ctx, const char *a, const ch
     while (!strcmp(ddp__line(a, i, la, sizeof la), ddp__line(b, i, lb, sizeof lb))) i++;
     if (i == 0)
         return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks 0 and %d use different options: rank 0 has '%s', rank %d "
-                         "has '%s' (first_bucket_mb, bucket_cap_mb, find_unused, reduce_dtype, uneven_inputs, shard_optimizer)", rank_b, la, rank_b, lb);
+                         "has '%s' (first_bucket_mb, bucket_cap_mb, find_unused, reduce_dtype, uneven_inputs, shard_optimizer, param_dtype)", rank_b, la, rank_b, lb);
     return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks registered different parameters: parameter #%d is '%s' "
                      "(name, elements, flags) on rank 0 but '%s' on rank %d", i - 1, la, lb, rank_b);
 }
@@ -6027,6 +6140,9 @@ static ddp_result ddp__commit(ddp_context *ctx) {
     if ((r = ddp__shard_layout(ctx)) != DDP_OK) return r;
     if (ctx->world > 1 && (r = ddp__verify_layout(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     if ((r = ctx->be->commit(ctx)) != DDP_OK) return r;
+    /* the working copies: rank 0's initial values, rounded; the gradients start at zero */
+    if ((r = ddp__bf16_op(ctx, DDP__BF16_ROUND_PARAMS, 0, ctx->flat_count)) != DDP_OK) return r;
+    if ((r = ddp__bf16_op(ctx, DDP__BF16_NARROW_GRADS, 0, ctx->flat_count)) != DDP_OK) return r;
     ctx->committed = 1;
     return DDP_OK;
 }
@@ -6040,8 +6156,12 @@ static ddp_result ddp__commit(ddp_context *ctx) {
 static ddp_result ddp__launch_ready(ddp_context *ctx) {
     ddp_result r = DDP_OK;
     if (!ctx->sync_enabled) return DDP_OK;
-    while (r == DDP_OK && ctx->next_launch < ctx->num_buckets && ctx->buckets[ctx->next_launch].pending == 0)
+    while (r == DDP_OK && ctx->next_launch < ctx->num_buckets && ctx->buckets[ctx->next_launch].pending == 0) {
+        const ddp__bucket *b = &ctx->buckets[ctx->next_launch];
+        /* bf16 parameters: the bucket's bf16 gradients into its fp32 staging, which is reduced */
+        if ((r = ddp__bf16_op(ctx, DDP__BF16_WIDEN_GRADS, b->offset, b->count)) != DDP_OK) break;
         r = ctx->be->launch(ctx, ctx->next_launch++);
+    }
     return r;
 }
 
@@ -6119,7 +6239,7 @@ static ddp_result ddp__handle_unused(ddp_context *ctx) {
         if (p->ready) continue;
         if (ctx->desc.find_unused) {
             if (!p->touched) {
-                ddp_result r = ctx->be->zero(ctx, ctx->flat_grads + p->offset, p->count);
+                ddp_result r = ddp__zero_grads(ctx, p->offset, p->count);
                 if (r != DDP_OK) return r;
             }
             p->ready = 1;
@@ -6161,6 +6281,8 @@ static ddp_result ddp__finish(ddp_context *ctx) {
         if (r == DDP_OK && ctx->desc.uneven_inputs == DDP_JOIN_DIVIDE_BY_ACTIVE && ctx->join_active > 0 &&
             ctx->join_active < ctx->world)
             r = ctx->be->scale(ctx, ctx->flat_grads, ctx->flat_count, (float)((double)ctx->world / ctx->join_active));
+        /* bf16 parameters: the average rounded into the bf16 gradients (the norm and AdamW read those values) */
+        if (r == DDP_OK) r = ddp__bf16_op(ctx, DDP__BF16_NARROW_GRADS, 0, ctx->flat_count);
     }
     ctx->join_pending = !ctx->sync_enabled;   /* a micro-step's gradients wait for the sync (>>join) */
     ddp__end_step(ctx);
@@ -6259,7 +6381,7 @@ static ddp_result ddp__zero_grad(ddp_context *ctx) {
     ddp_result r;
     int i;
     if (ctx->in_step) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_zero_grad while a backward is in flight");
-    if ((r = ctx->be->zero(ctx, ctx->flat_grads, ctx->flat_count)) != DDP_OK) return r;
+    if ((r = ddp__zero_grads(ctx, 0, ctx->flat_count)) != DDP_OK) return r;
     for (i = 0; i < ctx->num_params; i++) ctx->params[i].touched = 0;
     ctx->join_pending = 0;
     return DDP_OK;
@@ -6286,6 +6408,10 @@ static ddp_result ddp__adamw_step(ddp_context *ctx, const ddp_adamw *opt, float 
                          opt->lr, b1, b2, eps, opt->weight_decay, opt->max_grad_norm);
     t0 = ddp__now();
     r = ctx->be->adamw(ctx, opt, b1, b2, eps, grad_norm_out);
+    /* bf16 parameters: the backend's pass wrote the working copies of this rank's part; sharded,
+       the other parts arrived as fp32 master values (the all-gather) and are rounded here */
+    if (r == DDP_OK && ctx->desc.shard_optimizer && ctx->world > 1)
+        r = ddp__bf16_op(ctx, DDP__BF16_ROUND_PARAMS, 0, ctx->flat_count);
     ddp__record(ctx, ctx->tl_main, DDP__EV_ADAMW, t0, ddp__now(), -1, 0);   /* NCCL: host time, the enqueue */
     return r;
 }
@@ -6324,6 +6450,13 @@ static ddp_result ddp__state_buffer(ddp_context *ctx, ddp_buffer which, size_t o
         return DDP_OK;
     }
     return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: unknown buffer %d", call, (int)which);
+}
+
+/* bf16 parameters: host values written into the fp32 master (or gradients) reach the bf16
+   copies the program uses, rounded; the two never disagree. */
+static ddp_result ddp__state_written(ddp_context *ctx, ddp_buffer which, size_t offset, size_t count, ddp_result r) {
+    if (r != DDP_OK || (which != DDP_PARAMS && which != DDP_GRADS)) return r;
+    return ddp__bf16_op(ctx, which == DDP_PARAMS ? DDP__BF16_ROUND_PARAMS : DDP__BF16_NARROW_GRADS, offset, count);
 }
 
 #define DDP__SCATTER_CHUNK ((size_t)1 << 20)   /* floats per broadcast: 4 MiB of bounce buffer */
@@ -6421,7 +6554,8 @@ static ddp_result ddp__scatter_from_host(ddp_context *ctx, ddp_buffer which, siz
     if (r != DDP_OK || !count) return r;
     if (ctx->rank == root && !src)   /* the peers wait in the broadcast: stop them too */
         return ddp__fail_group(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_scatter_from_host: the root's source is NULL (%zu floats)", count);
-    if (ctx->world == 1) return ctx->be->copy(ctx, flat + offset, src, count * sizeof(float), 0);
+    if (ctx->world == 1)
+        return ddp__state_written(ctx, which, offset, count, ctx->be->copy(ctx, flat + offset, src, count * sizeof(float), 0));
     if ((which == DDP_ADAM_M || which == DDP_ADAM_V) && ctx->desc.shard_optimizer)
         return ddp__sharded_move(ctx, which, offset, (float *)(uintptr_t)src, count, root, 0);
     bounce = (float *)DDP_MALLOC((count < DDP__SCATTER_CHUNK ? count : DDP__SCATTER_CHUNK) * sizeof(float));
@@ -6436,7 +6570,7 @@ static ddp_result ddp__scatter_from_host(ddp_context *ctx, ddp_buffer which, siz
         if (r == DDP_OK) r = ctx->be->copy(ctx, flat + offset + done, bounce, n * sizeof(float), 0);
     }
     DDP_FREE(bounce);
-    return r;
+    return ddp__state_written(ctx, which, offset, count, r);
 }
 
 /* --------------------------------------------------------------------------------------------
@@ -6466,6 +6600,7 @@ static ddp_result ddp__join_sync_replicas(ddp_context *ctx) {
     if ((r = ctx->be->adamw_state(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     ctx->what = "ddp_join's broadcast of the parameters";
     if ((r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, ctx->flat_params, bytes, root)) != DDP_OK) return r;
+    if ((r = ddp__bf16_op(ctx, DDP__BF16_ROUND_PARAMS, 0, ctx->flat_count)) != DDP_OK) return r;
     ctx->what = "ddp_join's broadcast of the AdamW state";
     if ((r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, ctx->adam_m, bytes, root)) != DDP_OK) return r;
     if ((r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, ctx->adam_v, bytes, root)) != DDP_OK) return r;
@@ -6486,7 +6621,7 @@ static ddp_result ddp__join(ddp_context *ctx) {
         if ((r = ddp__join_count(ctx, pending ? 2 : 0, &stepping)) != DDP_OK) break;
         if (stepping == 0) break;   /* every rank has joined (gradients still pending are dropped: no one steps) */
         /* a shadow step: zero gradients (or the pending ones, once), every bucket in order, the same finish */
-        if (!pending && (r = ctx->be->zero(ctx, ctx->flat_grads, ctx->flat_count)) != DDP_OK) break;
+        if (!pending && (r = ddp__zero_grads(ctx, 0, ctx->flat_count)) != DDP_OK) break;
         pending = 0;
         for (i = 0; i < ctx->num_params; i++) ctx->params[i].touched = 0;
         ddp__tape_reset(ctx);
@@ -7279,8 +7414,29 @@ ddp_result ddp_commit(ddp_context *ctx) {
 }
 
 static int ddp__valid_id(const ddp_context *ctx, int id) { return ctx && ctx->committed && id >= 0 && id < ctx->num_params; }
-float *ddp_param(ddp_context *ctx, int id) { return ddp__valid_id(ctx, id) ? ctx->flat_params + ctx->params[id].offset : NULL; }
-float *ddp_grad(ddp_context *ctx, int id) { return ddp__valid_id(ctx, id) ? ctx->flat_grads + ctx->params[id].offset : NULL; }
+/* An accessor of the other dtype: NULL, with an error that says which one to use. */
+static int ddp__dtype_is(ddp_context *ctx, ddp_dtype want, const char *call) {
+    if (!ctx || ctx->desc.param_dtype == want) return 1;
+    if (want == DDP_DTYPE_BF16)
+        ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s: the parameters are fp32 (param_dtype DDP_DTYPE_FP32), there "
+                  "is no bf16 copy; use ddp_param / ddp_grad, or set param_dtype = DDP_DTYPE_BF16 on every rank", call);
+    else
+        ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s: the parameters are bf16 (param_dtype DDP_DTYPE_BF16): use "
+                  "ddp_param_bf16 / ddp_grad_bf16 (the fp32 master is ddp_flat_params, to read)", call);
+    return 0;
+}
+float *ddp_param(ddp_context *ctx, int id) {
+    return ddp__valid_id(ctx, id) && ddp__dtype_is(ctx, DDP_DTYPE_FP32, "ddp_param") ? ctx->flat_params + ctx->params[id].offset : NULL;
+}
+float *ddp_grad(ddp_context *ctx, int id) {
+    return ddp__valid_id(ctx, id) && ddp__dtype_is(ctx, DDP_DTYPE_FP32, "ddp_grad") ? ctx->flat_grads + ctx->params[id].offset : NULL;
+}
+ddp_bf16 *ddp_param_bf16(ddp_context *ctx, int id) {
+    return ddp__valid_id(ctx, id) && ddp__dtype_is(ctx, DDP_DTYPE_BF16, "ddp_param_bf16") ? ctx->params_bf16 + ctx->params[id].offset : NULL;
+}
+ddp_bf16 *ddp_grad_bf16(ddp_context *ctx, int id) {
+    return ddp__valid_id(ctx, id) && ddp__dtype_is(ctx, DDP_DTYPE_BF16, "ddp_grad_bf16") ? ctx->grads_bf16 + ctx->params[id].offset : NULL;
+}
 size_t ddp_param_count(const ddp_context *ctx, int id) { return ctx && id >= 0 && id < ctx->num_params ? ctx->params[id].count : 0; }
 const char *ddp_param_name(const ddp_context *ctx, int id) { return ctx && id >= 0 && id < ctx->num_params ? ctx->params[id].name : NULL; }
 int ddp_num_params(const ddp_context *ctx) { return ctx ? ctx->num_params : 0; }
@@ -7293,7 +7449,17 @@ float *ddp_flat_params(ddp_context *ctx, size_t *count_out) {
 
 float *ddp_flat_grads(ddp_context *ctx, size_t *count_out) {
     if (count_out) *count_out = ctx ? ctx->flat_count : 0;
-    return ctx ? ctx->flat_grads : NULL;
+    return ctx && ddp__dtype_is(ctx, DDP_DTYPE_FP32, "ddp_flat_grads") ? ctx->flat_grads : NULL;
+}
+
+ddp_bf16 *ddp_flat_params_bf16(ddp_context *ctx, size_t *count_out) {
+    if (count_out) *count_out = ctx ? ctx->flat_count : 0;
+    return ctx && ddp__dtype_is(ctx, DDP_DTYPE_BF16, "ddp_flat_params_bf16") ? ctx->params_bf16 : NULL;
+}
+
+ddp_bf16 *ddp_flat_grads_bf16(ddp_context *ctx, size_t *count_out) {
+    if (count_out) *count_out = ctx ? ctx->flat_count : 0;
+    return ctx && ddp__dtype_is(ctx, DDP_DTYPE_BF16, "ddp_flat_grads_bf16") ? ctx->grads_bf16 : NULL;
 }
 
 ddp_result ddp_bucket(const ddp_context *ctx, int index, ddp_bucket_info *out) {
@@ -7381,7 +7547,7 @@ ddp_result ddp_copy_from_host(ddp_context *ctx, ddp_buffer which, size_t offset,
     ddp_result r = ddp__usable(ctx, 1, "ddp_copy_from_host");
     float *at = NULL;
     if (r != DDP_OK || (r = ddp__state_at(ctx, which, offset, src, count, "ddp_copy_from_host", &at)) != DDP_OK) return r;
-    return count ? ctx->be->copy(ctx, at, src, count * sizeof(float), 0) : DDP_OK;
+    return count ? ddp__state_written(ctx, which, offset, count, ctx->be->copy(ctx, at, src, count * sizeof(float), 0)) : DDP_OK;
 }
 
 static ddp_result ddp__check_root(ddp_context *ctx, int root, const char *call) {

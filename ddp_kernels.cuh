@@ -6,7 +6,8 @@
    (fixed grid, per-block partial sums in double, a second kernel that adds the partials in a
    fixed order: the same bits on every run and every GPU); the sums of squares of fixed blocks
    in ddp.h's CPU order and their sum in order (ddp.h's norm, the same bits as its CPU backend); scale; fill; fp32 <-> bf16 casts with
-   round-to-nearest-even (NaN stays NaN, sign kept); and a spin kernel that holds a stream for a
+   round-to-nearest-even (NaN stays NaN, sign kept); AdamW on an fp32 master that writes its bf16
+   working copy in the same pass, and the rounding of fp32 gradients to bf16 in place; and a spin kernel that holds a stream for a
    while (tests and benchmarks stand it in for a slow network).
 
    Use: every translation unit may include this file for the declarations (C or C++). Exactly
@@ -81,6 +82,14 @@ cudaError_t ddp_k_adamw_prepare(ddp_k_adamw_state *state, const double *norm_sq,
 cudaError_t ddp_k_adamw(float *p, const float *g, float *m, float *v, size_t n, const unsigned char *no_decay,
                         float lr, float beta1, float beta2, float eps, float weight_decay,
                         const ddp_k_adamw_state *state, cudaStream_t stream);
+
+/* The same step on an fp32 master p that also writes its bf16 working copy w (round to nearest
+   even) in the same pass; a skipped step leaves both. */
+cudaError_t ddp_k_adamw_bf16(float *p, uint16_t *w, const float *g, float *m, float *v, size_t n,
+                             const unsigned char *no_decay, float lr, float beta1, float beta2, float eps,
+                             float weight_decay, const ddp_k_adamw_state *state, cudaStream_t stream);
+/* x rounded to bf16 into out, and x set to the rounded values (out widened back). */
+cudaError_t ddp_k_bf16_round(float *x, uint16_t *out, size_t n, cudaStream_t stream);
 
 cudaError_t ddp_k_scale(float *x, size_t n, float factor, cudaStream_t stream);
 cudaError_t ddp_k_fill(float *x, size_t n, float value, cudaStream_t stream);
@@ -231,6 +240,20 @@ static __global__ void ddp_k__adamw_scalar(float *p, const float *g, float *m, f
     for (i = begin + blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         ddp_k__adamw_one(p[i], g[i], m[i], v[i], ddp_k__decay_on(no_decay, i), c, state->clip,
                          state->step_size, state->bc2_sqrt);
+}
+
+/* bf16 parameters: the step on the fp32 master, the working copy rounded from it in the same pass. */
+static __global__ void ddp_k__adamw_bf16_kernel(float *p, uint16_t *w, const float *g, float *m, float *v, size_t n,
+                                                const unsigned char *no_decay, ddp_k__adamw_consts c,
+                                                const ddp_k_adamw_state *state) {
+    size_t i;
+    if (state->skip) return;
+    for (i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float pi = p[i], mi = m[i], vi = v[i];
+        ddp_k__adamw_one(pi, g[i], mi, vi, ddp_k__decay_on(no_decay, i), c, state->clip, state->step_size, state->bc2_sqrt);
+        p[i] = pi; m[i] = mi; v[i] = vi;
+        w[i] = ddp_k__to_bf16(pi);
+    }
 }
 
 /* The step scalars, in double as ddp.h's CPU step computes them (pow and sqrt of the host's
@@ -392,6 +415,14 @@ static __global__ void ddp_k__from_bf16_kernel(const uint16_t *in, float *out, s
     }
     for (i = first; i < n; i += stride) out[i] = ddp_k__from_bf16(in[i]);
 }
+static __global__ void ddp_k__round_bf16_kernel(float *x, uint16_t *out, size_t n) {
+    size_t i;
+    for (i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint16_t h = ddp_k__to_bf16(x[i]);
+        out[i] = h;
+        x[i] = ddp_k__from_bf16(h);
+    }
+}
 static __global__ void ddp_k__spin(unsigned long long ns) {
     unsigned long long t0, t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
@@ -484,6 +515,23 @@ extern "C" cudaError_t ddp_k_bf16_to_f32(const uint16_t *in, float *out, size_t 
     ddp_k__forget_not_ready();
     if (n == 0) return cudaSuccess;
     ddp_k__from_bf16_kernel<<<ddp_k__blocks(vec4 ? n / 4 + 1 : n, 256), 256, 0, stream>>>(in, out, n, vec4);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t ddp_k_adamw_bf16(float *p, uint16_t *w, const float *g, float *m, float *v, size_t n,
+                                        const unsigned char *no_decay, float lr, float beta1, float beta2, float eps,
+                                        float weight_decay, const ddp_k_adamw_state *state, cudaStream_t stream) {
+    ddp_k__adamw_consts c = ddp_k__adamw_make_consts(lr, beta1, beta2, eps, weight_decay);
+    ddp_k__forget_not_ready();
+    if (n == 0) return cudaSuccess;
+    ddp_k__adamw_bf16_kernel<<<ddp_k__blocks(n, 256), 256, 0, stream>>>(p, w, g, m, v, n, no_decay, c, state);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t ddp_k_bf16_round(float *x, uint16_t *out, size_t n, cudaStream_t stream) {
+    ddp_k__forget_not_ready();
+    if (n == 0) return cudaSuccess;
+    ddp_k__round_bf16_kernel<<<ddp_k__blocks(n, 256), 256, 0, stream>>>(x, out, n);
     return cudaGetLastError();
 }
 

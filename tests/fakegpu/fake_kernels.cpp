@@ -99,6 +99,36 @@ extern "C" cudaError_t ddp_k_adamw(float *p, const float *g, float *m, float *v,
     return cudaGetLastError();
 }
 
+extern "C" cudaError_t ddp_k_adamw_bf16(float *p, uint16_t *w, const float *g, float *m, float *v, size_t n,
+                                        const unsigned char *no_decay, float lr, float beta1, float beta2, float eps,
+                                        float weight_decay, const ddp_k_adamw_state *state, cudaStream_t stream) {
+    size_t fb = n * sizeof(float), i;
+    const void *ptr[7] = { p, g, m, v, state, no_decay, w };
+    size_t b[7] = { fb, fb, fb, fb, sizeof *state, no_decay ? (n + DDP_K_MASK_GROUP - 1) / DDP_K_MASK_GROUP : 0,
+                    n * sizeof(uint16_t) };
+    ddp_k__adamw_consts c = ddp_k__adamw_make_consts(lr, beta1, beta2, eps, weight_decay);
+    cudaError_t e;
+    if (n == 0) { forget_not_ready(); return cudaSuccess; }
+    if ((e = launch(stream, "ddp_k_adamw_bf16", 0, 7, ptr, b)) != cudaSuccess) return e;
+    if (state->skip) return cudaGetLastError();
+    for (i = 0; i < n; i++) {   /* the kernel's element function, in any order (elements are independent) */
+        ddp_k__adamw_one(p[i], g[i], m[i], v[i], ddp_k__decay_on(no_decay, i), c, state->clip, state->step_size,
+                         state->bc2_sqrt);
+        w[i] = ddp_k__to_bf16(p[i]);
+    }
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t ddp_k_bf16_round(float *x, uint16_t *out, size_t n, cudaStream_t stream) {
+    const void *p[2] = { x, out };
+    size_t b[2] = { n * sizeof(float), n * sizeof(uint16_t) }, i;
+    cudaError_t e;
+    if (n == 0) { forget_not_ready(); return cudaSuccess; }
+    if ((e = launch(stream, "ddp_k_bf16_round", 0, 2, p, b)) != cudaSuccess) return e;
+    for (i = 0; i < n; i++) { out[i] = ddp_k__to_bf16(x[i]); x[i] = ddp_k__from_bf16(out[i]); }
+    return cudaGetLastError();
+}
+
 extern "C" cudaError_t ddp_k_scale(float *x, size_t n, float factor, cudaStream_t stream) {
     const void *p[1] = { x };
     size_t b[1] = { n * sizeof(float) }, i;
