@@ -255,9 +255,10 @@ typedef struct gpt_cuda {
     gc_blas blas;
     int tf32;
     /* --bf16 (precision GPT_CUDA_BF16): activations, parameters and gradients in bf16. The
-       working copies and gradients live in params16 / grads16, laid out as ddp.h's fp32 flat
-       buffers (flat_params): the model's own copies (gpt_cuda_bf16_*), or ddp.h's. */
-    int bf16;
+       working copies and gradients: ddp.h's (param_dtype DDP_DTYPE_BF16), or, on an fp32
+       context (own16), the model's own params16 / grads16, laid out as ddp.h's fp32 flat
+       buffers (flat_params) and synchronised with them by gpt_cuda_bf16_*. */
+    int bf16, own16;
     size_t act_bytes;              /* sizeof(float) or sizeof(gc_bf16) */
     float *flat_params, *flat_grads;
     gc_bf16 *params16, *grads16;
@@ -713,15 +714,21 @@ static void gc_record(gpt_cuda *m, ddp_backward_fn fn, const void *args, size_t 
     if (r != DDP_OK) { fprintf(stderr, "%s\n", ddp_last_error(m->ddp)); exit(1); }
 }
 
-/* The one place the model's parameter and gradient pointers come from: ddp.h's fp32 flat
-   buffers, or with --bf16 the bf16 working copy and gradient at the same offset. */
+/* The one place the model's parameter and gradient pointers come from: ddp.h's fp32 views
+   (fp32, TF32); with bf16, ddp.h's bf16 working copies and gradients (a context with
+   param_dtype DDP_DTYPE_BF16), or the model's own bf16 copies at the fp32 views' offsets (an
+   fp32 context: own16). */
 static size_t gc_offset(gpt_cuda *m, int id) { return (size_t)(ddp_param(m->ddp, id) - m->flat_params); }
-template <class S> static S *gc_param(gpt_cuda *m, int id) {
-    return m->bf16 ? (S *)(void *)(m->params16 + gc_offset(m, id)) : (S *)(void *)ddp_param(m->ddp, id);
+static void *gc_param_ptr(gpt_cuda *m, int id) {
+    if (!m->bf16) return ddp_param(m->ddp, id);
+    return m->own16 ? (void *)(m->params16 + gc_offset(m, id)) : (void *)ddp_param_bf16(m->ddp, id);
 }
-template <class S> static S *gc_grad(gpt_cuda *m, int id) {
-    return m->bf16 ? (S *)(void *)(m->grads16 + gc_offset(m, id)) : (S *)(void *)ddp_grad(m->ddp, id);
+static void *gc_grad_ptr(gpt_cuda *m, int id) {
+    if (!m->bf16) return ddp_grad(m->ddp, id);
+    return m->own16 ? (void *)(m->grads16 + gc_offset(m, id)) : (void *)ddp_grad_bf16(m->ddp, id);
 }
+template <class S> static S *gc_param(gpt_cuda *m, int id) { return (S *)gc_param_ptr(m, id); }
+template <class S> static S *gc_grad(gpt_cuda *m, int id) { return (S *)gc_grad_ptr(m, id); }
 
 /* out = src * mask (+ add) over `n` values of per_sample each, at `site`: gc_dropout launched. */
 template <class S> static void gc_drop(gpt_cuda *m, uint32_t site, const S *src, const S *add, S *out, size_t n, size_t per_sample) {
@@ -1039,9 +1046,12 @@ enum { GPT_CUDA_FP32 = 0, GPT_CUDA_TF32 = 1, GPT_CUDA_BF16 = 2 };
    cuBLAS handle on ddp.h's compute stream and the device buffers for the largest batch.
    Call after ddp_init on the NCCL backend (ddp.h chose the device). precision: GPT_CUDA_FP32
    (plain fp32), GPT_CUDA_TF32 (TF32 matmuls), GPT_CUDA_BF16 (bf16 weights, gradients and
-   activations; fp32 accumulation, softmax, LayerNorm statistics and loss). With bf16 the model
-   makes its own bf16 working copies (rounded from ddp.h's fp32 parameters) and gradients:
-   gpt_cuda_bf16_* below move values between them and ddp.h's fp32 buffers. */
+   activations; fp32 accumulation, softmax, LayerNorm statistics and loss). bf16 is meant for a
+   context with param_dtype DDP_DTYPE_BF16: the model uses ddp.h's bf16 working copies and
+   gradients, and ddp_adamw_step updates the fp32 master weights. On an fp32 context the model
+   makes its own bf16 copies (rounded from ddp.h's parameters) and gradients, which
+   gpt_cuda_bf16_* below move to and from ddp.h's fp32 buffers (one rank: the tests compare the
+   two precisions from the same fp32 parameters that way). */
 static inline ddp_result gpt_cuda_create(gpt_cuda *m, ddp_context *ddp, const gpt_config *cfg, uint64_t seed, int precision) {
     int L = cfg->layers, C = cfg->dim, NH = cfg->heads, T = cfg->seq, B = cfg->batch, l, s;
     size_t BT = (size_t)B * T, BHTT = (size_t)B * NH * T * T;
@@ -1067,13 +1077,19 @@ static inline ddp_result gpt_cuda_create(gpt_cuda *m, ddp_context *ddp, const gp
     m->stream = (gc_stream)ddp_config(ddp)->cuda_stream;
     m->flat_params = ddp_flat_params(ddp, NULL);
     m->flat_grads = ddp_flat_grads(ddp, NULL);
+    m->own16 = m->bf16 && ddp_config(ddp)->param_dtype != DDP_DTYPE_BF16;
+    if (!m->bf16 && ddp_config(ddp)->param_dtype == DDP_DTYPE_BF16) {
+        fprintf(stderr, "gpt_cuda_create: the context's parameters are bf16 (param_dtype DDP_DTYPE_BF16): pass precision "
+                        "GPT_CUDA_BF16\n");
+        return DDP_ERR_INVALID_ARGUMENT;
+    }
 #ifndef GPT_CUDA_EMULATE
     GC_CUBLAS(cublasCreate(&m->blas));
     GC_CUBLAS(cublasSetStream(m->blas, m->stream));
     GC_CUBLAS(cublasSetMathMode(m->blas, m->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
     GC_CUBLAS(cublasSetAtomicsMode(m->blas, CUBLAS_ATOMICS_NOT_ALLOWED));   /* the default; determinism needs it */
 #endif
-    if (m->bf16) {   /* the bf16 working copies (rounded from the fp32 init) and gradients */
+    if (m->own16) {   /* the bf16 working copies (rounded from the fp32 init) and gradients */
         m->params16 = (gc_bf16 *)gc_device_alloc(m, m->num_floats * sizeof(gc_bf16));
         m->grads16 = (gc_bf16 *)gc_device_alloc(m, m->num_floats * sizeof(gc_bf16));
     }
@@ -1116,24 +1132,25 @@ static inline ddp_result gpt_cuda_create(gpt_cuda *m, ddp_context *ddp, const gp
        whatever kind of stream it is. (Set-up, not a step.) */
     GC_CUDA(cudaDeviceSynchronize());
 #endif
-    if (m->bf16) {
+    if (m->own16) {
         gc_round_bf16 round = { m->flat_params, m->params16 };
         GC_FOR_EACH(m, round, m->num_floats);
     }
     return DDP_OK;
 }
 
-/* --bf16, the model's own bf16 copies and ddp.h's fp32 buffers (no-ops in fp32/TF32):
+/* bf16 on an fp32 context: the model's own bf16 copies and ddp.h's fp32 buffers (no-ops
+   otherwise: in fp32/TF32, and where ddp.h holds the bf16 copies itself):
    round_params: the working copies = ddp.h's fp32 parameters rounded to bf16 (after each
    ddp_adamw_step, and after a checkpoint is loaded); zero_grads: the bf16 gradients = 0 (with
    ddp_zero_grad); grads_to_fp32: ddp.h's fp32 gradients = the bf16 gradients, widened
    (after ddp_backward, before ddp_adamw_step). On ddp.h's stream, like everything else. */
 static inline void gpt_cuda_bf16_round_params(gpt_cuda *m) {
     gc_round_bf16 round = { m->flat_params, m->params16 };
-    if (m->bf16) GC_FOR_EACH(m, round, m->num_floats);
+    if (m->own16) GC_FOR_EACH(m, round, m->num_floats);
 }
 static inline void gpt_cuda_bf16_zero_grads(gpt_cuda *m) {
-    if (!m->bf16) return;
+    if (!m->own16) return;
 #ifdef GPT_CUDA_EMULATE
     memset(m->grads16, 0, m->num_floats * sizeof(gc_bf16));
 #else
@@ -1142,7 +1159,7 @@ static inline void gpt_cuda_bf16_zero_grads(gpt_cuda *m) {
 }
 static inline void gpt_cuda_bf16_grads_to_fp32(gpt_cuda *m) {
     gc_widen_bf16 widen = { m->grads16, m->flat_grads };
-    if (m->bf16) GC_FOR_EACH(m, widen, m->num_floats);
+    if (m->own16) GC_FOR_EACH(m, widen, m->num_floats);
 }
 
 static inline void gpt_cuda_destroy(gpt_cuda *m) {

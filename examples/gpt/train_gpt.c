@@ -88,7 +88,7 @@ static void usage(FILE *f) {
         "  --shard-optimizer  AdamW's m and v sharded across the ranks (ZeRO-1; same results)\n"
         "  --tf32             GPU: TF32 tensor-core matmuls (faster, less exact; default pure fp32)\n"
         "  --bf16             GPU: bf16 weights, gradients and activations, fp32 accumulation and master\n"
-        "                     weights (the CUDA model only: not with --cpu or --tf32; one rank for now)\n");
+        "                     weights (the CUDA model only: not with --cpu or --tf32)\n");
 }
 
 static int parse_args(int argc, char **argv, options *o, char *err, size_t errn) {
@@ -341,22 +341,6 @@ static void model_set_rows(model *mo, int step, uint64_t row0, uint64_t stride) 
     if (mo->on_gpu) { gpt_cuda_set_rows(&mo->gpu, (uint64_t)step, row0, stride); return; }
 #endif
     gpt_set_rows(&mo->cpu, (uint64_t)step, row0, stride);
-}
-
-/* --bf16: the CUDA model's bf16 gradients and working copies beside ddp.h's fp32 buffers (the
-   master weights and AdamW's state stay ddp.h's): zero the bf16 gradients with ddp_zero_grad,
-   widen them into ddp.h's gradients before ddp_adamw_step, round the parameters into the
-   working copies after it (and after a checkpoint is loaded). No-ops without --bf16. */
-enum { BF16_ZERO_GRADS, BF16_GRADS_TO_FP32, BF16_ROUND_PARAMS };
-static void model_bf16_sync(model *mo, int what) {
-#ifdef TRAIN_CUDA_MODEL
-    if (!mo->on_gpu) return;
-    if (what == BF16_ZERO_GRADS) gpt_cuda_bf16_zero_grads(&mo->gpu);
-    else if (what == BF16_GRADS_TO_FP32) gpt_cuda_bf16_grads_to_fp32(&mo->gpu);
-    else gpt_cuda_bf16_round_params(&mo->gpu);
-#else
-    (void)mo; (void)what;
-#endif
 }
 
 /* What a failed model_create says. gpt.h's and gpt_cuda.cuh's own allocations fail with a bare
@@ -682,6 +666,9 @@ int main(int argc, char **argv) {
         desc.inject_comm_gbps = o.inject_gbps;
         desc.backend = o.cpu ? DDP_BACKEND_CPU : DDP_BACKEND_AUTO;
         desc.shard_optimizer = o.shard;
+        /* --bf16: ddp.h keeps bf16 working copies and gradients (the model's) and the fp32 master
+           weights and AdamW's moments; gradient buckets travel as bf16 (reduce_dtype's default). */
+        desc.param_dtype = o.bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
 #ifdef __CUDACC__
         /* The compute stream: this thread's per-thread default stream. It is a stream of
            whichever device ddp_init selects (LOCAL_RANK modulo the devices), so it can be named
@@ -706,9 +693,6 @@ int main(int argc, char **argv) {
     }
     if (o.bf16 && !mo.on_gpu)
         DIE("train_gpt: rank %d: --bf16 needs the CUDA model, and ddp.h chose its CPU backend (no GPU visible)", rank);
-    if (o.bf16 && world > 1)   /* the bf16 gradients are widened after ddp_backward: only one rank's are there */
-        DIE("train_gpt: rank %d: --bf16 runs on one rank for now (%d ranks): averaging bf16 gradients across ranks "
-            "needs ddp.h's bf16 parameters (param_dtype), not wired in yet", rank, world);
     tok = (int *)malloc(sizeof(int) * (size_t)B * T);
     tgt = (int *)malloc(sizeof(int) * (size_t)B * T);
     if (!tok || !tgt) DIE("train_gpt: rank %d: out of memory for a batch of %d x %d tokens", rank, B, T);
@@ -734,7 +718,6 @@ int main(int argc, char **argv) {
         if (r != DDP_OK) DIE("train_gpt: %s", failure_text(ddp, r, why, sizeof why));
         step = (int)rs.step;
         windows = rs.windows;
-        model_bf16_sync(&mo, BF16_ROUND_PARAMS);   /* the loaded fp32 parameters into the bf16 working copies */
     }
     if (rank == 0) {
         printf("train_gpt: %d rank(s) | %d layers, %d heads, dim %d, context %d | %zu parameters | batch %d x %d ranks x %d accum "
@@ -756,7 +739,6 @@ int main(int argc, char **argv) {
         ddp_step_stats st;
         int u, logs;
         CHECK(ddp_zero_grad(ddp));
-        model_bf16_sync(&mo, BF16_ZERO_GRADS);
         for (u = 0; u < o.accum; u++) {   /* micro-step u: this rank's next B samples of the epoch */
             uint64_t epoch = 0, first = 0;
             if (gpt_batch_position(&sampler, B, o.accum, (uint64_t)step, u, &epoch, &first) != DDP_OK ||
@@ -777,9 +759,7 @@ int main(int argc, char **argv) {
            on a GPU reading the norm is a wait for the device; the step needs neither (clipping
            happens on the device). The same decision on every rank: it depends on the step. */
         logs = step % o.log_every == 0 || step == 1 || step == o.steps;
-        model_bf16_sync(&mo, BF16_GRADS_TO_FP32);
         CHECK(ddp_adamw_step(ddp, &opt, logs ? &norm : NULL));
-        model_bf16_sync(&mo, BF16_ROUND_PARAMS);
         st = ddp_last_step_stats(ddp);
         if (logs) {
             loss = model_loss_sum(&mo, (float)o.accum, o.accum);   /* this step's; GPU: waits for the device */
