@@ -51,10 +51,11 @@
 
 /* A single-rank context: NCCL with the per-thread default stream as the compute stream (as
    train_gpt), or the CPU backend (the CPU model, and the emulated CUDA model). */
-static ddp_context *open_solo(int for_cuda_model) {
+static ddp_context *open_solo_dtype(int for_cuda_model, ddp_dtype param_dtype) {
     ddp_context *ddp;
     ddp_desc d;
     memset(&d, 0, sizeof d);
+    d.param_dtype = param_dtype;
     d.world_size = 1;
     d.backend = DDP_BACKEND_CPU;
 #ifndef GPT_CUDA_EMULATE
@@ -65,6 +66,7 @@ static ddp_context *open_solo(int for_cuda_model) {
     if (ddp_init(&ddp, &d) != DDP_OK) { printf("FAIL %s: %s\n", NAME("init"), ddp_last_error(ddp)); exit(1); }
     return ddp;
 }
+static ddp_context *open_solo(int for_cuda_model) { return open_solo_dtype(for_cuda_model, DDP_DTYPE_FP32); }
 
 /* n floats of device memory (host memory in emulation) as a fresh host array. */
 static float *download(ddp_context *ddp, const float *device, size_t n) {
@@ -587,10 +589,15 @@ static double scaled_error(const float *got, const float *ref, size_t n, double 
    rounded from the updated fp32 master weights): every step's loss within the loss bound at
    the first forward's logit scale — the parameters move by at most 8 lr = 0.008 per element
    in each run, in the same direction wherever the gradient is not rounding noise, which moves
-   the logits by a fraction of what the forward's own rounding does. */
+   the logits by a fraction of what the forward's own rounding does.
+   A third run uses ddp.h's bf16 parameters (param_dtype DDP_DTYPE_BF16, as train_gpt --bf16):
+   the same recipe (widen the bf16 gradients, AdamW on the fp32 master, round to nearest even),
+   so its losses must be those of the model's own copies, bit for bit. */
 static void test_cuda_bf16(const gpt_config *cfg) {
-    ddp_context *d32 = open_solo(1), *d16 = open_solo(1);
-    gpt_cuda m32, m16;
+    ddp_context *d32 = open_solo(1), *d16 = open_solo(1), *dlib = open_solo_dtype(1, DDP_DTYPE_BF16);
+    gpt_cuda m32, m16, mlib;
+    int lib_same = 1;
+    float llib;
     ddp_adamw opt;
     char name[160], what[96];
     int B = cfg->batch, T = cfg->seq, L = cfg->layers, *tok, *tgt, step, i, nbad = 0, differs = 0;
@@ -603,6 +610,10 @@ static void test_cuda_bf16(const gpt_config *cfg) {
     snprintf(what, sizeof what, "%dL_%dH_C%d_T%d_B%d", cfg->layers, cfg->heads, cfg->dim, cfg->seq, cfg->batch);
     if (gpt_cuda_create(&m32, d32, cfg, 7, GPT_CUDA_FP32) != DDP_OK || gpt_cuda_create(&m16, d16, cfg, 7, GPT_CUDA_BF16) != DDP_OK) {
         printf("FAIL %s: %s / %s\n", NAME("bf16_create"), ddp_last_error(d32), ddp_last_error(d16));
+        exit(1);
+    }
+    if (gpt_cuda_create(&mlib, dlib, cfg, 7, GPT_CUDA_BF16) != DDP_OK) {
+        printf("FAIL %s: %s\n", NAME("bf16_create_on_bf16_params"), ddp_last_error(dlib));
         exit(1);
     }
     /* the fp32 model gets the bf16 working copies' values */
@@ -618,11 +629,15 @@ static void test_cuda_bf16(const gpt_config *cfg) {
         gpt_make_batch(text, DATA_BYTES, 11, (uint64_t)step, 0, B, T, tok, tgt);
         step_or_die(d32, ddp_zero_grad(d32), "zero_grad");
         step_or_die(d16, ddp_zero_grad(d16), "zero_grad");
+        step_or_die(dlib, ddp_zero_grad(dlib), "zero_grad");
         gpt_cuda_bf16_zero_grads(&m16);
         gpt_cuda_forward(&m32, tok, tgt, B, T, 1.0f, 1);
         gpt_cuda_forward(&m16, tok, tgt, B, T, 1.0f, 1);
+        gpt_cuda_forward(&mlib, tok, tgt, B, T, 1.0f, 1);
         l32 = one_loss(&m32);
         l16 = one_loss(&m16);
+        llib = one_loss(&mlib);
+        lib_same &= memcmp(&llib, &l16, sizeof llib) == 0;
         if (step == 0) {   /* logits and every gradient of the first batch */
             float *g32 = (float *)malloc(BT * GPT_VOCAB * sizeof(float)), *g16 = (float *)malloc(BT * GPT_VOCAB * sizeof(float));
             if (!g32 || !g16) { printf("FAIL %s: out of memory\n", NAME("bf16")); exit(1); }
@@ -642,6 +657,7 @@ static void test_cuda_bf16(const gpt_config *cfg) {
         }
         step_or_die(d32, ddp_backward(d32), "backward");
         step_or_die(d16, ddp_backward(d16), "backward");
+        step_or_die(dlib, ddp_backward(dlib), "backward");
         if (step == 0) {
             size_t len = 0;
             for (i = 0; i < ddp_num_params(d32); i++) {
@@ -663,13 +679,19 @@ static void test_cuda_bf16(const gpt_config *cfg) {
         gpt_cuda_bf16_grads_to_fp32(&m16);
         step_or_die(d32, ddp_adamw_step(d32, &opt, NULL), "adamw");
         step_or_die(d16, ddp_adamw_step(d16, &opt, NULL), "adamw");
+        step_or_die(dlib, ddp_adamw_step(dlib, &opt, NULL), "adamw");
         gpt_cuda_bf16_round_params(&m16);
-        if (step == 0 || step == 7) printf("  (step %d: loss fp32 %.6f, bf16 %.6f)\n", step + 1, l32, l16);
+        printf("  (step %d: loss fp32 %.9g, bf16 %.9g)\n", step + 1, l32, l16);
     }
     snprintf(name, sizeof name, NAME("bf16_losses_of_8_steps_within_bound_%s"), what);
     verdict(worst_loss <= 1, name, "worst loss error %.3g of 2 n_f u max|logits|", worst_loss);
     printf("  (%s: worst error %.3f of 2 n_f u max|logits| = %.3g)\n", name, worst_loss, 2 * nf * u * max_logit);
+    snprintf(name, sizeof name, NAME("bf16_on_ddp_bf16_params_same_losses_%s"), what);
+    verdict(lib_same, name, "the run on ddp.h's bf16 parameters gave other losses than the model's own bf16 copies (last %.9g vs %.9g)",
+            llib, l16);
     free(tok); free(tgt);
+    gpt_cuda_destroy(&mlib);
+    ddp_shutdown(dlib);
     gpt_cuda_destroy(&m32);
     gpt_cuda_destroy(&m16);
     ddp_shutdown(d32);
