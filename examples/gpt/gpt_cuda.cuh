@@ -23,8 +23,13 @@
    with one stream, atomics off, is deterministic on one GPU model and library version. So two
    runs give the same bits.
 
-   Precision. fp32 throughout, TF32 off (CUBLAS_DEFAULT_MATH never uses TF32 for SGEMM); pass
-   tf32 = 1 to gpt_cuda_create for TF32 tensor cores (faster, ~1e-3 relative error in matmuls).
+   Precision (gpt_cuda_create's precision). GPT_CUDA_FP32: fp32 throughout, TF32 off
+   (CUBLAS_DEFAULT_MATH never uses TF32 for SGEMM). GPT_CUDA_TF32: TF32 tensor cores (faster,
+   ~1e-3 relative error in matmuls). GPT_CUDA_BF16: activations, parameters and gradients
+   stored in bf16 (ddp.h's param_dtype DDP_DTYPE_BF16 working copies; fp32 master weights and
+   AdamW there); matmuls cublasGemmEx with fp32 compute; every kernel computes in fp32 and
+   rounds once on store; LayerNorm's mean/rstd, the bias/LayerNorm column sums and the loss are
+   fp32. One templated body (S = float or gc_bf16) serves all three.
 
    Errors. Every CUDA and cuBLAS call and every kernel launch (cudaGetLastError) is checked; a
    failure prints "gpt_cuda: FILE:LINE: what failed: why" and exits, as gpt.h does on its errors.
