@@ -226,8 +226,9 @@ again=$(timeout 60 "$BIN" "${TINY[@]}" --steps 3 --sample 200 --seed 5 --top-k 2
 sample_of() { sed -n '/---- sample/,/---- end of sample/p' <<<"$1"; }
 [ -n "$(sample_of "$out")" ] && [ "$(sample_of "$out")" = "$(sample_of "$again")" ] && pass gpt_sample_seeded || fail gpt_sample_seeded "two runs with --seed 5 differ"
 
-# --- --bf16: the CUDA model's bf16 mode (emulated build), refused where it cannot run ---
-if [[ "$BIN" == *emulated* ]]; then
+# --- --bf16: the CUDA model's bf16 mode (the emulated build; the GPU trainer in tests/gpu/run.sh),
+#     refused where it cannot run ---
+if [[ "$BIN" == *emulated* || "$BIN" == */gpu/train_gpt ]]; then
     # A tiny run, N ranks, 20 steps, fp32 and --bf16 from the same seed: each logged loss within
     # 2 n_f u = 0.09 nats of the fp32 run's — one forward's bound of test_gpt_gpu part 4 (L = 2:
     # n_f = 23 roundings to the logits, u = 2^-9) at a logit scale of 1, which the tiny model's

@@ -29,6 +29,10 @@
       in emulation: 3e-5, 1.4x that bound, in mlp.proj.w after 4 steps at lr 1e-3, width 384).
    3. Determinism: two identical training runs (fresh contexts, 4 steps of 2 accumulated
       micro-steps) give the same losses and parameters, bit for bit.
+   4. --bf16 (GPT_CUDA_BF16) against fp32 from the same bf16-rounded parameters: logits, loss,
+      every gradient, 8 AdamW steps' losses, within bounds counted from bf16's unit roundoff
+      (see test_cuda_bf16); on ddp.h's bf16 parameters the same losses as on the model's own
+      bf16 copies.
    Built twice from this file: by nvcc (build/gpu/test_gpt_gpu: NCCL backend; prints "SKIP
    gpu: ..." without a device) and by a C++ compiler with -DGPT_CUDA_EMULATE
    (build/test_gpt_gpu_emulated: the model's kernels and matmuls run on the host, CPU backend;
@@ -592,7 +596,9 @@ static double scaled_error(const float *got, const float *ref, size_t n, double 
    the logits by a fraction of what the forward's own rounding does.
    A third run uses ddp.h's bf16 parameters (param_dtype DDP_DTYPE_BF16, as train_gpt --bf16):
    the same recipe (widen the bf16 gradients, AdamW on the fp32 master, round to nearest even),
-   so its losses must be those of the model's own copies, bit for bit. */
+   so in emulation (host loops on both sides) its losses must be those of the model's own
+   copies, bit for bit; on a GPU ddp.h's fused bf16 AdamW kernel and its fp32 one may contract
+   multiply-adds differently, so there they must agree within the loss bound. */
 static void test_cuda_bf16(const gpt_config *cfg) {
     ddp_context *d32 = open_solo(1), *d16 = open_solo(1), *dlib = open_solo_dtype(1, DDP_DTYPE_BF16);
     gpt_cuda m32, m16, mlib;
@@ -637,7 +643,12 @@ static void test_cuda_bf16(const gpt_config *cfg) {
         l32 = one_loss(&m32);
         l16 = one_loss(&m16);
         llib = one_loss(&mlib);
+#ifdef GPT_CUDA_EMULATE
         lib_same &= memcmp(&llib, &l16, sizeof llib) == 0;
+#else
+        lib_same &= fabs((double)llib - l16) <= 2 * nf * u * max_logit || step == 0;   /* max_logit: set after step 0's check */
+        lib_same &= step > 0 || memcmp(&llib, &l16, sizeof llib) == 0;   /* the same parameters: the same first loss */
+#endif
         if (step == 0) {   /* logits and every gradient of the first batch */
             float *g32 = (float *)malloc(BT * GPT_VOCAB * sizeof(float)), *g16 = (float *)malloc(BT * GPT_VOCAB * sizeof(float));
             if (!g32 || !g16) { printf("FAIL %s: out of memory\n", NAME("bf16")); exit(1); }
@@ -686,7 +697,11 @@ static void test_cuda_bf16(const gpt_config *cfg) {
     snprintf(name, sizeof name, NAME("bf16_losses_of_8_steps_within_bound_%s"), what);
     verdict(worst_loss <= 1, name, "worst loss error %.3g of 2 n_f u max|logits|", worst_loss);
     printf("  (%s: worst error %.3f of 2 n_f u max|logits| = %.3g)\n", name, worst_loss, 2 * nf * u * max_logit);
+#ifdef GPT_CUDA_EMULATE
     snprintf(name, sizeof name, NAME("bf16_on_ddp_bf16_params_same_losses_%s"), what);
+#else
+    snprintf(name, sizeof name, NAME("bf16_on_ddp_bf16_params_losses_within_bound_%s"), what);
+#endif
     verdict(lib_same, name, "the run on ddp.h's bf16 parameters gave other losses than the model's own bf16 copies (last %.9g vs %.9g)",
             llib, l16);
     free(tok); free(tgt);
