@@ -244,6 +244,15 @@ if [[ "$BIN" == *emulated* || "$BIN" == */gpu/train_gpt ]]; then
     else
         fail "$name" "rc $rc_a / $rc_b, worst $worst: $(tail -n 2 "$tmp/bf16.log")"
     fi
+    # Resume: the checkpoint holds the fp32 master weights and AdamW's state; the bf16 working
+    # copies are rounded from the master when it is loaded, so stopping changes nothing.
+    name="gpt_bf16_resume_bitwise_${N}ranks"
+    train --steps 8 --bf16 >"$tmp/bf16_full.log" 2>&1
+    train --steps 8 --bf16 --stop-at 4 --save "$tmp/bf16.ck" >/dev/null 2>&1
+    train --steps 8 --bf16 --resume "$tmp/bf16.ck" >"$tmp/bf16_resumed.log" 2>&1
+    a=$(hash_of "$tmp/bf16_full.log"); c=$(hash_of "$tmp/bf16_resumed.log")
+    if [ -n "$a" ] && [ "$a" = "$c" ] && grep -q "resumed from" "$tmp/bf16_resumed.log"; then pass "$name"; echo "  (params fnv1a $a, both)"
+    else fail "$name" "uninterrupted $a, resumed $c: $(tail -n 2 "$tmp/bf16_resumed.log")"; fi
     out=$("$BIN" --bf16 --cpu "${TINY[@]}" 2>&1); rc=$?
     if [ $rc -eq 2 ] && grep -q -- "--bf16 is the CUDA model's mode and --cpu runs gpt.h's fp32 CPU model" <<<"$out"; then pass gpt_bf16_with_cpu_refused
     else fail gpt_bf16_with_cpu_refused "rc $rc: $out"; fi
