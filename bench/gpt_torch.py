@@ -7,11 +7,13 @@ windows of the data file; 1 intra-op thread per process. With WORLD_SIZE > 1 in 
 model in DistributedDataParallel over gloo (NCCL with --device cuda). Prints one line: "torch tokens/s N"
 (global, from the median step time).
 --device cuda runs it on the GPU (bench/gpu/bench_gpt_gpu.sh), in fp32 with TF32 off unless --tf32
-(the same two settings as build/gpu/train_gpt); attention stays the explicit causal softmax of a
-[T, T] matrix, as ours.
+(the same two settings as build/gpu/train_gpt), or with --bf16 under bf16 autocast (fp32
+parameters and AdamW; matmuls in bf16 with fp32 accumulation, softmax, LayerNorm and the loss
+in fp32 by autocast's rules: the PyTorch user's mixed precision, against train_gpt --bf16);
+attention stays the explicit causal softmax of a [T, T] matrix, as ours.
 
     /usr/bin/python3 bench/gpt_torch.py --data FILE [--layers 4 --heads 4 --dim 128 --seq 64 --batch 4]
-    python3 bench/gpt_torch.py --device cuda [--tf32] --data FILE --layers 12 --heads 12 --dim 768 --seq 1024 --batch 8
+    python3 bench/gpt_torch.py --device cuda [--tf32 | --bf16] --data FILE --layers 12 --heads 12 --dim 768 --seq 1024 --batch 8
 """
 import argparse
 import math
@@ -76,10 +78,13 @@ def main():
     ap.add_argument("--skip", type=int, default=10, help="untimed first steps")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--tf32", action="store_true", help="cuda: TF32 tensor-core matmuls (default: fp32)")
+    ap.add_argument("--bf16", action="store_true", help="cuda: bf16 autocast around forward and loss (default: fp32)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     cuda = a.device == "cuda"
+    if a.bf16 and (not cuda or a.tf32):
+        raise SystemExit("gpt_torch.py: --bf16 is a CUDA mode and excludes --tf32")
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         torch.backends.cuda.matmul.allow_tf32 = a.tf32
@@ -101,7 +106,8 @@ def main():
         t0 = time.perf_counter()
         ix = torch.randint(0, len(data) - a.seq - 1, (a.batch,), generator=g)
         w = torch.stack([data[i:i + a.seq + 1] for i in ix.tolist()]).long().to(device)
-        loss = model(w[:, :-1], w[:, 1:])
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=a.bf16):
+            loss = model(w[:, :-1], w[:, 1:])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -115,7 +121,7 @@ def main():
     if rank == 0:   # the median step time, like bench_gpt.sh reads ours
         print("torch tokens/s %.0f (%d rank(s), median of %d steps, %.1f ms, loss %.3f, %s%s)"
               % (world * a.batch * a.seq / median, world, len(timed), 1e3 * median, loss.item(), device,
-                 ", tf32" if a.tf32 else ""))
+                 ", tf32" if a.tf32 else ", bf16 autocast" if a.bf16 else ""))
     if world > 1:
         torch.distributed.destroy_process_group()
 

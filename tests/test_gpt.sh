@@ -226,6 +226,45 @@ again=$(timeout 60 "$BIN" "${TINY[@]}" --steps 3 --sample 200 --seed 5 --top-k 2
 sample_of() { sed -n '/---- sample/,/---- end of sample/p' <<<"$1"; }
 [ -n "$(sample_of "$out")" ] && [ "$(sample_of "$out")" = "$(sample_of "$again")" ] && pass gpt_sample_seeded || fail gpt_sample_seeded "two runs with --seed 5 differ"
 
+# --- --bf16: the CUDA model's bf16 mode (the emulated build; the GPU trainer in tests/gpu/run.sh),
+#     refused where it cannot run ---
+if [[ "$BIN" == *emulated* || "$BIN" == */gpu/train_gpt ]]; then
+    # A tiny run, N ranks, 20 steps, fp32 and --bf16 from the same seed: each logged loss within
+    # 2 n_f u = 0.09 nats of the fp32 run's — one forward's bound of test_gpt_gpu part 4 (L = 2:
+    # n_f = 23 roundings to the logits, u = 2^-9) at a logit scale of 1, which the tiny model's
+    # logits stay below in 20 steps at lr 3e-3 — and the bf16 run's parameters not the fp32's.
+    name="gpt_bf16_loss_curve_within_0.09_of_fp32_${N}ranks"
+    train --steps 20 --log-every 4 >"$tmp/fp32.log" 2>&1; rc_a=$?
+    train --steps 20 --log-every 4 --bf16 >"$tmp/bf16.log" 2>&1; rc_b=$?
+    losses_of() { grep -oE "step +[0-9]+/20 \| loss [0-9.]+" "$1" | sed -E 's/.*loss //'; }
+    worst=$(paste <(losses_of "$tmp/fp32.log") <(losses_of "$tmp/bf16.log") | awk 'NF == 2 { d = $1 - $2; if (d < 0) d = -d; if (d > w) w = d; n++ } END { if (n == 6) printf "%.6f", w; else print "missing" }')
+    if [ $rc_a -eq 0 ] && [ $rc_b -eq 0 ] && [ "$worst" != missing ] && awk -v w="$worst" 'BEGIN { exit !(w <= 0.09) }' &&
+       grep -q ", bf16" "$tmp/bf16.log" && [ "$(hash_of "$tmp/fp32.log")" != "$(hash_of "$tmp/bf16.log")" ]; then
+        pass "$name"; echo "  (6 logged steps: worst |loss bf16 - loss fp32| = $worst nats)"
+    else
+        fail "$name" "rc $rc_a / $rc_b, worst $worst: $(tail -n 2 "$tmp/bf16.log")"
+    fi
+    # Resume: the checkpoint holds the fp32 master weights and AdamW's state; the bf16 working
+    # copies are rounded from the master when it is loaded, so stopping changes nothing.
+    name="gpt_bf16_resume_bitwise_${N}ranks"
+    train --steps 8 --bf16 >"$tmp/bf16_full.log" 2>&1
+    train --steps 8 --bf16 --stop-at 4 --save "$tmp/bf16.ck" >/dev/null 2>&1
+    train --steps 8 --bf16 --resume "$tmp/bf16.ck" >"$tmp/bf16_resumed.log" 2>&1
+    a=$(hash_of "$tmp/bf16_full.log"); c=$(hash_of "$tmp/bf16_resumed.log")
+    if [ -n "$a" ] && [ "$a" = "$c" ] && grep -q "resumed from" "$tmp/bf16_resumed.log"; then pass "$name"; echo "  (params fnv1a $a, both)"
+    else fail "$name" "uninterrupted $a, resumed $c: $(tail -n 2 "$tmp/bf16_resumed.log")"; fi
+    out=$("$BIN" --bf16 --cpu "${TINY[@]}" 2>&1); rc=$?
+    if [ $rc -eq 2 ] && grep -q -- "--bf16 is the CUDA model's mode and --cpu runs gpt.h's fp32 CPU model" <<<"$out"; then pass gpt_bf16_with_cpu_refused
+    else fail gpt_bf16_with_cpu_refused "rc $rc: $out"; fi
+    out=$("$BIN" --bf16 --tf32 "${TINY[@]}" 2>&1); rc=$?
+    if [ $rc -eq 2 ] && grep -q -- "--bf16 and --tf32 are two precisions" <<<"$out"; then pass gpt_bf16_with_tf32_refused
+    else fail gpt_bf16_with_tf32_refused "rc $rc: $out"; fi
+elif [ -z "${TRAIN_GPT:-}" ]; then
+    out=$("$BIN" --bf16 "${TINY[@]}" 2>&1); rc=$?
+    if [ $rc -eq 2 ] && grep -q -- "--bf16 needs the CUDA model: this build has none" <<<"$out"; then pass gpt_bf16_refused_without_cuda_model
+    else fail gpt_bf16_refused_without_cuda_model "rc $rc: $out"; fi
+fi
+
 # --- the nvcc build's CPU path is the C build, bit for bit (same source, same host math) ---
 if [ -z "${TRAIN_GPT:-}" ] && [ -x "$B/gpu/train_gpt" ]; then
     name=gpt_nvcc_build_cpu_path_equals_c_build

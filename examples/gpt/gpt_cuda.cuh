@@ -23,8 +23,13 @@
    with one stream, atomics off, is deterministic on one GPU model and library version. So two
    runs give the same bits.
 
-   Precision. fp32 throughout, TF32 off (CUBLAS_DEFAULT_MATH never uses TF32 for SGEMM); pass
-   tf32 = 1 to gpt_cuda_create for TF32 tensor cores (faster, ~1e-3 relative error in matmuls).
+   Precision (gpt_cuda_create's precision). GPT_CUDA_FP32: fp32 throughout, TF32 off
+   (CUBLAS_DEFAULT_MATH never uses TF32 for SGEMM). GPT_CUDA_TF32: TF32 tensor cores (faster,
+   ~1e-3 relative error in matmuls). GPT_CUDA_BF16: activations, parameters and gradients
+   stored in bf16 (ddp.h's param_dtype DDP_DTYPE_BF16 working copies; fp32 master weights and
+   AdamW there); matmuls cublasGemmEx with fp32 compute; every kernel computes in fp32 and
+   rounds once on store; LayerNorm's mean/rstd, the bias/LayerNorm column sums and the loss are
+   fp32. One templated body (S = float or gc_bf16) serves all three.
 
    Errors. Every CUDA and cuBLAS call and every kernel launch (cudaGetLastError) is checked; a
    failure prints "gpt_cuda: FILE:LINE: what failed: why" and exits, as gpt.h does on its errors.
@@ -174,18 +179,57 @@ template <class Op> static void gc_for_each(gc_stream s, const Op &op, size_t n,
 #define GC_FOR_EACH(m, op, n) gc_for_each((m)->stream, (op), (n), "the kernel launch of '" #op "'", __FILE__, __LINE__)
 
 /* ---------------------------------------------------------------------------------------------
+   bf16 (--bf16): the upper 16 bits of a float, rounded to nearest even (NaN stays a quiet NaN),
+   written out so that the GPU, the emulation and ddp.h give the same bits. gc_ld widens a
+   stored value to float, gc_put rounds a float into storage: the kernels' bodies use them for
+   every activation, parameter and gradient, so one body serves fp32 (identity) and bf16.
+   --------------------------------------------------------------------------------------------- */
+typedef uint16_t gc_bf16;
+
+static GC_HD inline uint32_t gc_float_bits(float f) {
+#ifdef __CUDA_ARCH__
+    return __float_as_uint(f);
+#else
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+#endif
+}
+static GC_HD inline float gc_bits_float(uint32_t u) {
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+#endif
+}
+static GC_HD inline gc_bf16 gc_to_bf16(float f) {
+    uint32_t u = gc_float_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (gc_bf16)((u >> 16) | 0x40u);
+    return (gc_bf16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static GC_HD inline float gc_ld(float v) { return v; }
+static GC_HD inline float gc_ld(gc_bf16 h) { return gc_bits_float((uint32_t)h << 16); }
+static GC_HD inline void gc_put(float *p, float v) { *p = v; }
+static GC_HD inline void gc_put(gc_bf16 *p, float v) { *p = gc_to_bf16(v); }
+/* ---------------------------------------------------------------------------------------------
    The model's state.
    --------------------------------------------------------------------------------------------- */
+/* Activations are void *: float, or gc_bf16 with --bf16 (the ops cast them to their S);
+   LayerNorm's mean and rstd and the losses are float in both modes. */
 typedef struct gpt_cuda_layer {    /* one block's saved activations (device), as gpt_layer_acts */
-    float *res_in;                 /* [BT, C] the block's input: the previous block's res_out */
-    float *ln1, *ln1_mean, *ln1_rstd;
-    float *qkv;                    /* [BT, 3C] */
-    float *att;                    /* [B, NH, T, T] softmax probabilities, 0 above the diagonal */
-    float *att_out;                /* [BT, C] */
-    float *res_mid;
-    float *ln2, *ln2_mean, *ln2_rstd;
-    float *fc, *gelu;              /* [BT, 4C] (GELU's backward recomputes its sigmoid) */
-    float *res_out;
+    void *res_in;                  /* [BT, C] the block's input: the previous block's res_out */
+    void *ln1;
+    float *ln1_mean, *ln1_rstd;
+    void *qkv;                     /* [BT, 3C] */
+    void *att;                     /* [B, NH, T, T] softmax probabilities, 0 above the diagonal */
+    void *att_out;                 /* [BT, C] */
+    void *res_mid;
+    void *ln2;
+    float *ln2_mean, *ln2_rstd;
+    void *fc, *gelu;               /* [BT, 4C] (GELU's backward recomputes its sigmoid) */
+    void *res_out;
 } gpt_cuda_layer;
 
 typedef struct gpt_cuda {
@@ -194,9 +238,10 @@ typedef struct gpt_cuda {
     int wte, wpe, lnfw, lnfb;
     gpt_layer_ids *layer;
     gpt_cuda_layer *acts;
-    float *res0, *lnf, *lnf_mean, *lnf_rstd, *logits;
+    void *res0, *lnf, *logits;
+    float *lnf_mean, *lnf_rstd;
     /* gradient scratch shared by every layer, as in gpt.h; datt: [B, NH, T, T] */
-    float *dres, *dln, *dqkv, *datt_out, *dfc, *dgelu, *dlogits, *datt;
+    void *dres, *dln, *dqkv, *datt_out, *dfc, *dgelu, *dlogits, *datt;
     float *row_loss;               /* [BT] the last forward's loss per position */
     float *losses;                 /* [GC_LOSS_SLOTS] one mean loss per forward, not yet read */
     float *partial_a, *partial_b;  /* [GC_CHUNKS, 4C] column sums per chunk of rows */
@@ -214,6 +259,14 @@ typedef struct gpt_cuda {
     gc_stream stream;
     gc_blas blas;
     int tf32;
+    /* --bf16 (precision GPT_CUDA_BF16): activations, parameters and gradients in bf16. The
+       working copies and gradients: ddp.h's (param_dtype DDP_DTYPE_BF16), or, on an fp32
+       context (own16), the model's own params16 / grads16, laid out as ddp.h's fp32 flat
+       buffers (flat_params) and synchronised with them by gpt_cuda_bf16_*. */
+    int bf16, own16;
+    size_t act_bytes;              /* sizeof(float) or sizeof(gc_bf16) */
+    float *flat_params, *flat_grads;
+    gc_bf16 *params16, *grads16;
     int B, T;                      /* this forward's shape */
     /* dropout, as gpt.h (gpt_cuda_set_dropout, gpt_cuda_set_rows); ddrop: [BT, C] the masked
        branch gradient */
@@ -221,7 +274,7 @@ typedef struct gpt_cuda {
     uint32_t drop_threshold;
     uint64_t drop_seed, drop_step, drop_row0, drop_stride;
     int dropping;
-    float *ddrop;
+    void *ddrop;
     size_t num_floats;
     void **allocs;                 /* every device buffer, freed by gpt_cuda_destroy */
     int num_allocs, cap_allocs;
@@ -250,6 +303,7 @@ static void *gc_device_alloc(gpt_cuda *m, size_t bytes) {
     return p;
 }
 static float *gc_floats(gpt_cuda *m, size_t n) { return (float *)gc_device_alloc(m, n * sizeof(float)); }
+static void *gc_acts(gpt_cuda *m, size_t n) { return gc_device_alloc(m, n * m->act_bytes); }   /* n activations */
 
 static void *gc_pinned_alloc(size_t bytes) {
     void *p = NULL;
@@ -295,49 +349,74 @@ static inline void gpt_cuda_upload(void *stream, void *device, const void *host,
    cuBLAS is column-major, and a row-major matrix read column-major is its transpose, so this
    asks cuBLAS for C^T[N,M] = op(B)^T op(A)^T: the operands swap places, M and N swap roles, each
    operand keeps its own transpose flag and leading dimension.
+   In fp32, cublasSgemm; in bf16 (--bf16), cublasGemmEx / cublasGemmStridedBatchedEx with bf16
+   A, B and C and CUBLAS_COMPUTE_32F: products summed in fp32, alpha * sum + beta * C in fp32,
+   then C rounded to bf16 once, to nearest even.
    --------------------------------------------------------------------------------------------- */
 #ifdef GPT_CUDA_EMULATE
 static int gc_imax(int a, int b) { return a > b ? a : b; }
 
-/* cublasSgemm's contract on the host: column-major, its argument checks, C not read when beta
-   is 0. Naive, and exact about which element is which. */
-static void gc_sgemm_host(int transa, int transb, int M, int N, int K, float alpha, const float *A, int lda,
-                          const float *B, int ldb, float beta, float *C, int ldc, const char *file, int line) {
+/* cublasSgemm's (S = float) and cublasGemmEx's (S = gc_bf16, fp32 compute) contract on the
+   host: column-major, its argument checks, C not read when beta is 0, each element's sum in
+   float and one rounding into S. Naive, and exact about which element is which. */
+template <class S>
+static void gc_gemm_host(int transa, int transb, int M, int N, int K, float alpha, const S *A, int lda,
+                         const S *B, int ldb, float beta, S *C, int ldc, const char *file, int line) {
     int i, j, k;
     if (M < 0 || N < 0 || K < 0 || lda < gc_imax(1, transa ? K : M) || ldb < gc_imax(1, transb ? N : K) || ldc < gc_imax(1, M)) {
         char why[256];
         snprintf(why, sizeof why, "cuBLAS would refuse m=%d n=%d k=%d lda=%d ldb=%d ldc=%d (trans %d %d)",
                  M, N, K, lda, ldb, ldc, transa, transb);
-        gc_die(file, line, "cublasSgemm (emulated)", why);
+        gc_die(file, line, sizeof(S) == sizeof(float) ? "cublasSgemm (emulated)" : "cublasGemmEx (emulated)", why);
     }
     for (j = 0; j < N; j++)
         for (i = 0; i < M; i++) {
             float s = 0;
             for (k = 0; k < K; k++)
-                s += (transa ? A[k + (size_t)i * lda] : A[i + (size_t)k * lda]) *
-                     (transb ? B[j + (size_t)k * ldb] : B[k + (size_t)j * ldb]);
-            C[i + (size_t)j * ldc] = beta == 0.0f ? alpha * s : alpha * s + beta * C[i + (size_t)j * ldc];
+                s += gc_ld(transa ? A[k + (size_t)i * lda] : A[i + (size_t)k * lda]) *
+                     gc_ld(transb ? B[j + (size_t)k * ldb] : B[k + (size_t)j * ldb]);
+            gc_put(&C[i + (size_t)j * ldc], beta == 0.0f ? alpha * s : alpha * s + beta * gc_ld(C[i + (size_t)j * ldc]));
         }
 }
-#endif
-
-static void gc_gemm(gpt_cuda *m, int ta, int tb, int M, int N, int K, float alpha,
-                    const float *A, int lda, long long stride_a, const float *B, int ldb, long long stride_b,
-                    float beta, float *C, int ldc, long long stride_c, int count, const char *file, int line) {
-#ifdef GPT_CUDA_EMULATE
-    int i;
-    (void)m;
-    for (i = 0; i < count; i++)
-        gc_sgemm_host(tb, ta, N, M, K, alpha, B + i * stride_b, ldb, A + i * stride_a, lda, beta, C + i * stride_c, ldc, file, line);
 #else
-    cublasOperation_t op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N, op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+static void gc_blas_gemm(gpt_cuda *m, cublasOperation_t op_b, cublasOperation_t op_a, int N, int M, int K, float alpha,
+                    const float *B, int ldb, long long sb, const float *A, int lda, long long sa, float beta,
+                    float *C, int ldc, long long sc, int count, const char *file, int line) {
     if (count == 1)
         gc_check_cublas(cublasSgemm(m->blas, op_b, op_a, N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc),
                         "cublasSgemm", file, line);
     else
-        gc_check_cublas(cublasSgemmStridedBatched(m->blas, op_b, op_a, N, M, K, &alpha, B, ldb, stride_b, A, lda, stride_a,
-                                                  &beta, C, ldc, stride_c, count),
+        gc_check_cublas(cublasSgemmStridedBatched(m->blas, op_b, op_a, N, M, K, &alpha, B, ldb, sb, A, lda, sa,
+                                                  &beta, C, ldc, sc, count),
                         "cublasSgemmStridedBatched", file, line);
+}
+static void gc_blas_gemm(gpt_cuda *m, cublasOperation_t op_b, cublasOperation_t op_a, int N, int M, int K, float alpha,
+                    const gc_bf16 *B, int ldb, long long sb, const gc_bf16 *A, int lda, long long sa, float beta,
+                    gc_bf16 *C, int ldc, long long sc, int count, const char *file, int line) {
+    if (count == 1)
+        gc_check_cublas(cublasGemmEx(m->blas, op_b, op_a, N, M, K, &alpha, B, CUDA_R_16BF, ldb, A, CUDA_R_16BF, lda,
+                                     &beta, C, CUDA_R_16BF, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                        "cublasGemmEx (bf16, fp32 compute)", file, line);
+    else
+        gc_check_cublas(cublasGemmStridedBatchedEx(m->blas, op_b, op_a, N, M, K, &alpha, B, CUDA_R_16BF, ldb, sb,
+                                                   A, CUDA_R_16BF, lda, sa, &beta, C, CUDA_R_16BF, ldc, sc, count,
+                                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                        "cublasGemmStridedBatchedEx (bf16, fp32 compute)", file, line);
+}
+#endif
+
+template <class S>
+static void gc_gemm(gpt_cuda *m, int ta, int tb, int M, int N, int K, float alpha,
+                    const S *A, int lda, long long stride_a, const S *B, int ldb, long long stride_b,
+                    float beta, S *C, int ldc, long long stride_c, int count, const char *file, int line) {
+#ifdef GPT_CUDA_EMULATE
+    int i;
+    (void)m;
+    for (i = 0; i < count; i++)
+        gc_gemm_host(tb, ta, N, M, K, alpha, B + i * stride_b, ldb, A + i * stride_a, lda, beta, C + i * stride_c, ldc, file, line);
+#else
+    gc_blas_gemm(m, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, alpha, B, ldb, stride_b, A, lda,
+            stride_a, beta, C, ldc, stride_c, count, file, line);
 #endif
 }
 #define GC_MATMUL(m, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) \
@@ -348,87 +427,96 @@ static void gc_gemm(gpt_cuda *m, int ta, int tb, int M, int N, int K, float alph
 /* ---------------------------------------------------------------------------------------------
    The kernels' bodies. Element functions take a flat index; row functions a lane group and a
    row. Each states the CPU loop of gpt.h it follows; the arithmetic is written the same way.
+   S is what activations, parameters and gradients are stored as (float, or gc_bf16 with
+   --bf16); every body loads S into float (gc_ld), computes in float and stores once (gc_put),
+   so with S = float the arithmetic is exactly the fp32 model's. LayerNorm's mean and rstd,
+   the column sums' partials, and the losses are float in both modes.
    --------------------------------------------------------------------------------------------- */
 
 /* Embedding: out[i, c] = wte[token i, c] + wpe[i mod T, c]. */
-struct gc_embed_fwd {
-    const float *wte, *wpe;
+template <class S> struct gc_embed_fwd {
+    const S *wte, *wpe;
     const int *tokens;
-    float *out;
+    S *out;
     int C, T;
     GC_HD void operator()(size_t i) const {
         size_t row = i / (size_t)C, c = i % (size_t)C;
-        out[i] = wte[(size_t)tokens[row] * C + c] + wpe[(row % (size_t)T) * C + c];
+        gc_put(&out[i], gc_ld(wte[(size_t)tokens[row] * C + c]) + gc_ld(wpe[(row % (size_t)T) * C + c]));
     }
 };
 
 /* grad wpe[t, c] += dres[b, t, c] for b = 0, 1, ... in order (the CPU's order). i = t*C + c. */
-struct gc_wpe_bwd {
-    const float *dres;
-    float *gwpe;
+template <class S> struct gc_wpe_bwd {
+    const S *dres;
+    S *gwpe;
     int B, T, C;
     GC_HD void operator()(size_t i) const {
         size_t t = i / (size_t)C, c = i % (size_t)C;
-        float acc = gwpe[i];
-        for (int b = 0; b < B; b++) acc += dres[((size_t)b * T + t) * C + c];
-        gwpe[i] = acc;
+        float acc = gc_ld(gwpe[i]);
+        for (int b = 0; b < B; b++) acc += gc_ld(dres[((size_t)b * T + t) * C + c]);
+        gc_put(&gwpe[i], acc);
     }
 };
 
 /* grad wte[v, c] += dres[p, c] over the positions p that hold token v, in increasing p (the
    CPU's order): one thread per (v, c), no atomics. i = v*C + c. */
-struct gc_wte_bwd {
-    const float *dres;
-    float *gwte;
+template <class S> struct gc_wte_bwd {
+    const S *dres;
+    S *gwte;
     const int *token_start, *positions;
     int C;
     GC_HD void operator()(size_t i) const {
         size_t v = i / (size_t)C, c = i % (size_t)C;
-        float acc = gwte[i];
-        for (int j = token_start[v]; j < token_start[v + 1]; j++) acc += dres[(size_t)positions[j] * C + c];
-        gwte[i] = acc;
+        float acc = gc_ld(gwte[i]);
+        for (int j = token_start[v]; j < token_start[v + 1]; j++) acc += gc_ld(dres[(size_t)positions[j] * C + c]);
+        gc_put(&gwte[i], acc);
     }
 };
 
 /* LayerNorm of one row (eps 1e-5, biased variance): mean, then the variance of the centred
    values, as gpt__layernorm. */
-struct gc_layernorm_fwd {
-    const float *x, *w, *b;
-    float *out, *mean, *rstd;
+template <class S> struct gc_layernorm_fwd {
+    const S *x, *w, *b;
+    S *out;
+    float *mean, *rstd;
     int C;
     template <class Lanes> GC_HD void operator()(const Lanes &g, int row) const {
-        const float *xr = x + (size_t)row * C;
-        float *o = out + (size_t)row * C, s = 0, v = 0, mu, rs;
+        const S *xr = x + (size_t)row * C;
+        S *o = out + (size_t)row * C;
+        float s = 0, v = 0, mu, rs;
         int c;
-        for (c = g.lane(); c < C; c += g.size()) s += xr[c];
+        for (c = g.lane(); c < C; c += g.size()) s += gc_ld(xr[c]);
         mu = g.sum(s) / (float)C;
-        for (c = g.lane(); c < C; c += g.size()) { float d = xr[c] - mu; v += d * d; }
+        for (c = g.lane(); c < C; c += g.size()) { float d = gc_ld(xr[c]) - mu; v += d * d; }
         rs = 1.0f / sqrtf(g.sum(v) / (float)C + 1e-5f);
-        for (c = g.lane(); c < C; c += g.size()) o[c] = (xr[c] - mu) * rs * w[c] + b[c];
+        for (c = g.lane(); c < C; c += g.size()) gc_put(&o[c], (gc_ld(xr[c]) - mu) * rs * gc_ld(w[c]) + gc_ld(b[c]));
         if (g.lane() == 0) { mean[row] = mu; rstd[row] = rs; }
     }
 };
 
 /* LayerNorm backward, the input's gradient of one row: dx = rstd (dxhat - mean(dxhat) -
    xhat mean(dxhat xhat)), dxhat = dy w; written (accumulate 0) or added (1: the residual). */
-struct gc_layernorm_bwd_dx {
-    const float *x, *mean, *rstd, *w, *dout;
-    float *dx;
+template <class S> struct gc_layernorm_bwd_dx {
+    const S *x;
+    const float *mean, *rstd;
+    const S *w, *dout;
+    S *dx;
     int C, accumulate;
     template <class Lanes> GC_HD void operator()(const Lanes &g, int row) const {
-        const float *xr = x + (size_t)row * C, *dy = dout + (size_t)row * C;
-        float *dxr = dx + (size_t)row * C, mu = mean[row], rs = rstd[row], a = 0, b = 0, mdx, mdxx;
+        const S *xr = x + (size_t)row * C, *dy = dout + (size_t)row * C;
+        S *dxr = dx + (size_t)row * C;
+        float mu = mean[row], rs = rstd[row], a = 0, b = 0, mdx, mdxx;
         int c;
         for (c = g.lane(); c < C; c += g.size()) {
-            float xhat = (xr[c] - mu) * rs, dxhat = dy[c] * w[c];
+            float xhat = (gc_ld(xr[c]) - mu) * rs, dxhat = gc_ld(dy[c]) * gc_ld(w[c]);
             a += dxhat;
             b += dxhat * xhat;
         }
         mdx = g.sum(a) / (float)C;
         mdxx = g.sum(b) / (float)C;
         for (c = g.lane(); c < C; c += g.size()) {
-            float xhat = (xr[c] - mu) * rs, dxhat = dy[c] * w[c], v = rs * (dxhat - mdx - xhat * mdxx);
-            dxr[c] = accumulate ? dxr[c] + v : v;
+            float xhat = (gc_ld(xr[c]) - mu) * rs, dxhat = gc_ld(dy[c]) * gc_ld(w[c]), v = rs * (dxhat - mdx - xhat * mdxx);
+            gc_put(&dxr[c], accumulate ? gc_ld(dxr[c]) + v : v);
         }
     }
 };
@@ -438,8 +526,10 @@ static int gc_per_chunk(int rows) { return (rows + GC_CHUNKS - 1) / GC_CHUNKS; }
 
 /* LayerNorm's parameter gradients, chunk k of the rows: pw[k, c] = sum dy xhat, pb[k, c] = sum dy.
    i = k*C + c. */
-struct gc_layernorm_param_partials {
-    const float *x, *mean, *rstd, *dout;
+template <class S> struct gc_layernorm_param_partials {
+    const S *x;
+    const float *mean, *rstd;
+    const S *dout;
     float *pw, *pb;
     int rows, C, per_chunk;
     GC_HD void operator()(size_t i) const {
@@ -447,8 +537,8 @@ struct gc_layernorm_param_partials {
         float sw = 0, sb = 0;
         if (r1 > rows) r1 = rows;
         for (r = k * per_chunk; r < r1; r++) {
-            float dy = dout[(size_t)r * C + c];
-            sw += dy * ((x[(size_t)r * C + c] - mean[r]) * rstd[r]);
+            float dy = gc_ld(dout[(size_t)r * C + c]);
+            sw += dy * ((gc_ld(x[(size_t)r * C + c]) - mean[r]) * rstd[r]);
             sb += dy;
         }
         pw[i] = sw;
@@ -457,132 +547,137 @@ struct gc_layernorm_param_partials {
 };
 
 /* A bias gradient, chunk k of the rows of mat [rows, width]: partial[k, c] = sum mat[r, c]. */
-struct gc_column_partials {
-    const float *mat;
+template <class S> struct gc_column_partials {
+    const S *mat;
     float *partial;
     int rows, width, per_chunk;
     GC_HD void operator()(size_t i) const {
         int k = (int)(i / (size_t)width), c = (int)(i % (size_t)width), r, r1 = (k + 1) * per_chunk;
         float s = 0;
         if (r1 > rows) r1 = rows;
-        for (r = k * per_chunk; r < r1; r++) s += mat[(size_t)r * width + c];
+        for (r = k * per_chunk; r < r1; r++) s += gc_ld(mat[(size_t)r * width + c]);
         partial[i] = s;
     }
 };
 
-/* grad[c] += the chunks' partial sums, chunk 0 first. */
-struct gc_add_partials {
+/* grad[c] += the chunks' partial sums, chunk 0 first (one rounding to S at the end). */
+template <class S> struct gc_add_partials {
     const float *partial;
-    float *grad;
+    S *grad;
     int width;
     GC_HD void operator()(size_t c) const {
         float s = 0;
         for (int k = 0; k < GC_CHUNKS; k++) s += partial[(size_t)k * width + c];
-        grad[c] += s;
+        gc_put(&grad[c], gc_ld(grad[c]) + s);
     }
 };
 
 /* A linear layer's output before the matmul adds onto it: bias (+ the residual). */
-struct gc_linear_init {
-    const float *bias, *resid;
-    float *out;
+template <class S> struct gc_linear_init {
+    const S *bias, *resid;
+    S *out;
     int width;
     GC_HD void operator()(size_t i) const {
-        float b = bias[i % (size_t)width];
-        out[i] = resid ? resid[i] + b : b;
+        float b = gc_ld(bias[i % (size_t)width]);
+        gc_put(&out[i], resid ? gc_ld(resid[i]) + b : b);
     }
 };
 
 /* Dropout, gpt.h's masks (gpt__drop_key, gpt__drop_factor): element i of x [B, per_sample] is
    sample b = i / per_sample, element i % per_sample of its mask. out = src * mask, plus add[i]
    when add is given (a residual branch joining the stream); out may be src. */
-struct gc_dropout {
-    const float *src, *add;
-    float *out;
+template <class S> struct gc_dropout {
+    const S *src, *add;
+    S *out;
     uint64_t seed, step, row0, stride;
     uint32_t site, threshold;
     float scale;
     size_t per_sample;
     GC_HD void operator()(size_t i) const {
         uint64_t key = gpt__drop_key(seed, step, row0 + (uint64_t)(i / per_sample) * stride, site);
-        float y = src[i] * gpt__drop_factor(key, i % per_sample, threshold, scale);
-        out[i] = add ? add[i] + y : y;
+        float y = gc_ld(src[i]) * gpt__drop_factor(key, i % per_sample, threshold, scale);
+        gc_put(&out[i], add ? gc_ld(add[i]) + y : y);
     }
 };
 
-/* Causal softmax of row (b, h, t) of att [B NH T, T], in place: over u <= t, 0 above. */
-struct gc_causal_softmax_fwd {
-    float *att;
+/* Causal softmax of row (b, h, t) of att [B NH T, T], in place: over u <= t, 0 above. With
+   S = bf16 the exponentials and their sum stay in float; only the probabilities are rounded. */
+template <class S> struct gc_causal_softmax_fwd {
+    S *att;
     int T;
     template <class Lanes> GC_HD void operator()(const Lanes &g, int row) const {
-        float *p = att + (size_t)row * T, mx = -INFINITY, s = 0, inv;
+        S *p = att + (size_t)row * T;
+        float mx = -INFINITY, s = 0, inv;
         int n = row % T + 1, u;
-        for (u = g.lane(); u < n; u += g.size()) mx = fmaxf(mx, p[u]);
+        for (u = g.lane(); u < n; u += g.size()) mx = fmaxf(mx, gc_ld(p[u]));
         mx = g.max(mx);
-        for (u = g.lane(); u < n; u += g.size()) { float e = expf(p[u] - mx); p[u] = e; s += e; }
+        for (u = g.lane(); u < n; u += g.size()) s += expf(gc_ld(p[u]) - mx);
         inv = 1.0f / g.sum(s);
-        for (u = g.lane(); u < n; u += g.size()) p[u] *= inv;
-        for (u = n + g.lane(); u < T; u += g.size()) p[u] = 0.0f;
+        for (u = g.lane(); u < n; u += g.size()) gc_put(&p[u], expf(gc_ld(p[u]) - mx) * inv);
+        for (u = n + g.lane(); u < T; u += g.size()) gc_put(&p[u], 0.0f);
     }
 };
 
 /* Softmax backward in place: d = P (d - <P, d>) over the row (0 above the diagonal, where P is). */
-struct gc_causal_softmax_bwd {
-    const float *att;
-    float *datt;
+template <class S> struct gc_causal_softmax_bwd {
+    const S *att;
+    S *datt;
     int T;
     template <class Lanes> GC_HD void operator()(const Lanes &g, int row) const {
-        const float *p = att + (size_t)row * T;
-        float *d = datt + (size_t)row * T, s = 0;
+        const S *p = att + (size_t)row * T;
+        S *d = datt + (size_t)row * T;
+        float s = 0;
         int n = row % T + 1, u;
-        for (u = g.lane(); u < n; u += g.size()) s += p[u] * d[u];
+        for (u = g.lane(); u < n; u += g.size()) s += gc_ld(p[u]) * gc_ld(d[u]);
         s = g.sum(s);
-        for (u = g.lane(); u < T; u += g.size()) d[u] = p[u] * (d[u] - s);
+        for (u = g.lane(); u < T; u += g.size()) gc_put(&d[u], gc_ld(p[u]) * (gc_ld(d[u]) - s));
     }
 };
 
 /* GELU, tanh form: x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3), as gpt__gelu. */
 #define GC_GELU_K 0.7978845608028654f
-struct gc_gelu_fwd {
-    const float *x;
-    float *y;
+template <class S> struct gc_gelu_fwd {
+    const S *x;
+    S *y;
     GC_HD void operator()(size_t i) const {
-        float v = x[i], u = GC_GELU_K * (v + 0.044715f * v * v * v);
-        y[i] = v * (1.0f / (1.0f + expf(-2.0f * u)));
+        float v = gc_ld(x[i]), u = GC_GELU_K * (v + 0.044715f * v * v * v);
+        gc_put(&y[i], v * (1.0f / (1.0f + expf(-2.0f * u))));
     }
 };
-struct gc_gelu_bwd {
-    const float *x, *dout;
-    float *dx;
+template <class S> struct gc_gelu_bwd {
+    const S *x, *dout;
+    S *dx;
     GC_HD void operator()(size_t i) const {
-        float v = x[i], u = GC_GELU_K * (v + 0.044715f * v * v * v), s = 1.0f / (1.0f + expf(-2.0f * u));
+        float v = gc_ld(x[i]), u = GC_GELU_K * (v + 0.044715f * v * v * v), s = 1.0f / (1.0f + expf(-2.0f * u));
         float du = GC_GELU_K * (1.0f + 3.0f * 0.044715f * v * v);
-        dx[i] = dout[i] * (s + v * s * (1.0f - s) * 2.0f * du);
+        gc_put(&dx[i], gc_ld(dout[i]) * (s + v * s * (1.0f - s) * 2.0f * du));
     }
 };
 
 /* Cross-entropy of one row of logits [BT, V]: row_loss = log sum exp(z - max) + max - z[target];
-   with dlogits, d = k (softmax - onehot), k = scale / BT, as gpt__cross_entropy. */
-struct gc_cross_entropy_rows {
-    const float *logits;
+   with dlogits, d = k (softmax - onehot), k = scale / BT, as gpt__cross_entropy. The loss is
+   float in both modes. */
+template <class S> struct gc_cross_entropy_rows {
+    const S *logits;
     const int *targets;
-    float *dlogits, *row_loss;
+    S *dlogits;
+    float *row_loss;
     float k;
     template <class Lanes> GC_HD void operator()(const Lanes &g, int row) const {
-        const float *z = logits + (size_t)row * GPT_VOCAB;
+        const S *z = logits + (size_t)row * GPT_VOCAB;
         float mx = -INFINITY, s = 0;
         int target = targets[row], v;
-        for (v = g.lane(); v < GPT_VOCAB; v += g.size()) mx = fmaxf(mx, z[v]);
+        for (v = g.lane(); v < GPT_VOCAB; v += g.size()) mx = fmaxf(mx, gc_ld(z[v]));
         mx = g.max(mx);
-        for (v = g.lane(); v < GPT_VOCAB; v += g.size()) s += expf(z[v] - mx);
+        for (v = g.lane(); v < GPT_VOCAB; v += g.size()) s += expf(gc_ld(z[v]) - mx);
         s = g.sum(s);
-        if (g.lane() == 0) row_loss[row] = logf(s) + mx - z[target];
+        if (g.lane() == 0) row_loss[row] = logf(s) + mx - gc_ld(z[target]);
         if (dlogits) {
-            float *d = dlogits + (size_t)row * GPT_VOCAB;
+            S *d = dlogits + (size_t)row * GPT_VOCAB;
             for (v = g.lane(); v < GPT_VOCAB; v += g.size()) {
-                float dv = expf(z[v] - mx) / s * k;
+                float dv = expf(gc_ld(z[v]) - mx) / s * k;
                 if (v == target) dv -= k;
-                d[v] = dv;
+                gc_put(&d[v], dv);
             }
         }
     }
@@ -602,18 +697,47 @@ struct gc_mean_loss {
     }
 };
 
+/* Elementwise conversions between the fp32 flat buffers and bf16 copies (phase 1 of --bf16:
+   the model's own bf16 working copies and gradients; see gpt_cuda_create). */
+struct gc_round_bf16 {
+    const float *src;
+    gc_bf16 *dst;
+    GC_HD void operator()(size_t i) const { dst[i] = gc_to_bf16(src[i]); }
+};
+struct gc_widen_bf16 {
+    const gc_bf16 *src;
+    float *dst;
+    GC_HD void operator()(size_t i) const { dst[i] = gc_ld(src[i]); }
+};
 /* ---------------------------------------------------------------------------------------------
    Ops: each launches its forward and, when training, records its backward with the ids of the
-   parameters that backward finishes — gpt.h's ops, one for one.
+   parameters that backward finishes — gpt.h's ops, one for one. Templated on S as the kernels
+   are; parameters and gradients come from gc_param / gc_grad only.
    --------------------------------------------------------------------------------------------- */
 static void gc_record(gpt_cuda *m, ddp_backward_fn fn, const void *args, size_t size, const int *ids, int n) {
     ddp_result r = ddp_tape_record(m->ddp, fn, args, size, ids, n);
     if (r != DDP_OK) { fprintf(stderr, "%s\n", ddp_last_error(m->ddp)); exit(1); }
 }
 
-/* out = src * mask (+ add) over `n` floats of per_sample each, at `site`: gc_dropout launched. */
-static void gc_drop(gpt_cuda *m, uint32_t site, const float *src, const float *add, float *out, size_t n, size_t per_sample) {
-    gc_dropout d;
+/* The one place the model's parameter and gradient pointers come from: ddp.h's fp32 views
+   (fp32, TF32); with bf16, ddp.h's bf16 working copies and gradients (a context with
+   param_dtype DDP_DTYPE_BF16), or the model's own bf16 copies at the fp32 views' offsets (an
+   fp32 context: own16). */
+static size_t gc_offset(gpt_cuda *m, int id) { return (size_t)(ddp_param(m->ddp, id) - m->flat_params); }
+static void *gc_param_ptr(gpt_cuda *m, int id) {
+    if (!m->bf16) return ddp_param(m->ddp, id);
+    return m->own16 ? (void *)(m->params16 + gc_offset(m, id)) : (void *)ddp_param_bf16(m->ddp, id);
+}
+static void *gc_grad_ptr(gpt_cuda *m, int id) {
+    if (!m->bf16) return ddp_grad(m->ddp, id);
+    return m->own16 ? (void *)(m->grads16 + gc_offset(m, id)) : (void *)ddp_grad_bf16(m->ddp, id);
+}
+template <class S> static S *gc_param(gpt_cuda *m, int id) { return (S *)gc_param_ptr(m, id); }
+template <class S> static S *gc_grad(gpt_cuda *m, int id) { return (S *)gc_grad_ptr(m, id); }
+
+/* out = src * mask (+ add) over `n` values of per_sample each, at `site`: gc_dropout launched. */
+template <class S> static void gc_drop(gpt_cuda *m, uint32_t site, const S *src, const S *add, S *out, size_t n, size_t per_sample) {
+    gc_dropout<S> d;
     d.src = src; d.add = add; d.out = out;
     d.seed = m->drop_seed; d.step = m->drop_step; d.row0 = m->drop_row0; d.stride = m->drop_stride;
     d.site = site; d.threshold = m->drop_threshold; d.scale = m->drop_scale; d.per_sample = per_sample;
@@ -623,182 +747,185 @@ static void gc_drop(gpt_cuda *m, uint32_t site, const float *src, const float *a
 /* Embedding; its backward finishes wte (after the head's share) and wpe. */
 typedef struct { gpt_cuda *m; } gc_embed_args;
 
-static void gc_embed_backward(void *p) {
+template <class S> static void gc_embed_backward(void *p) {
     gpt_cuda *m = ((gc_embed_args *)p)->m;
     int C = m->cfg.dim;
-    gc_wpe_bwd wpe = { m->dres, ddp_grad(m->ddp, m->wpe), m->B, m->T, C };
-    gc_wte_bwd wte = { m->dres, ddp_grad(m->ddp, m->wte), m->token_start, m->positions, C };
+    S *dres = (S *)m->dres;
+    gc_wpe_bwd<S> wpe = { dres, gc_grad<S>(m, m->wpe), m->B, m->T, C };
+    gc_wte_bwd<S> wte = { dres, gc_grad<S>(m, m->wte), m->token_start, m->positions, C };
     if (m->dropping)   /* dres is not read after this op: mask it in place */
-        gc_drop(m, GPT_DROP_EMBED, m->dres, NULL, m->dres, (size_t)m->B * m->T * C, (size_t)m->T * C);
+        gc_drop<S>(m, GPT_DROP_EMBED, dres, NULL, dres, (size_t)m->B * m->T * C, (size_t)m->T * C);
     GC_FOR_EACH(m, wpe, (size_t)m->T * C);
     GC_FOR_EACH(m, wte, (size_t)GPT_VOCAB * C);
 }
 
-static void gc_embed(gpt_cuda *m, int record) {
+template <class S> static void gc_embed(gpt_cuda *m, int record) {
     int C = m->cfg.dim;
-    gc_embed_fwd embed = { ddp_param(m->ddp, m->wte), ddp_param(m->ddp, m->wpe), m->tokens, m->res0, C, m->T };
+    gc_embed_fwd<S> embed = { gc_param<S>(m, m->wte), gc_param<S>(m, m->wpe), m->tokens, (S *)m->res0, C, m->T };
     GC_FOR_EACH(m, embed, (size_t)m->B * m->T * C);
-    if (m->dropping) gc_drop(m, GPT_DROP_EMBED, m->res0, NULL, m->res0, (size_t)m->B * m->T * C, (size_t)m->T * C);
+    if (m->dropping) gc_drop<S>(m, GPT_DROP_EMBED, (S *)m->res0, NULL, (S *)m->res0, (size_t)m->B * m->T * C, (size_t)m->T * C);
     if (record) {
         gc_embed_args a = { m };
         int ids[2] = { m->wte, m->wpe };
-        gc_record(m, gc_embed_backward, &a, sizeof a, ids, 2);
+        gc_record(m, gc_embed_backward<S>, &a, sizeof a, ids, 2);
     }
 }
 
 /* LayerNorm; the backward writes dx (accumulate 0) or adds to it (1), and finishes w and b. */
-typedef struct {
+template <class S> struct gc_ln_args {
     gpt_cuda *m; int w, b, rows, accumulate;
-    const float *x, *mean, *rstd, *dout; float *dx;
-} gc_ln_args;
+    const S *x; const float *mean, *rstd; const S *dout; S *dx;
+};
 
-static void gc_layernorm_backward(void *p) {
-    const gc_ln_args *a = (const gc_ln_args *)p;
+template <class S> static void gc_layernorm_backward(void *p) {
+    const gc_ln_args<S> *a = (const gc_ln_args<S> *)p;
     gpt_cuda *m = a->m;
     int C = m->cfg.dim;
-    gc_layernorm_bwd_dx dx = { a->x, a->mean, a->rstd, ddp_param(m->ddp, a->w), a->dout, a->dx, C, a->accumulate };
-    gc_layernorm_param_partials partials = { a->x, a->mean, a->rstd, a->dout, m->partial_a, m->partial_b, a->rows, C,
-                                             gc_per_chunk(a->rows) };
-    gc_add_partials gw = { m->partial_a, ddp_grad(m->ddp, a->w), C };
-    gc_add_partials gb = { m->partial_b, ddp_grad(m->ddp, a->b), C };
+    gc_layernorm_bwd_dx<S> dx = { a->x, a->mean, a->rstd, gc_param<S>(m, a->w), a->dout, a->dx, C, a->accumulate };
+    gc_layernorm_param_partials<S> partials = { a->x, a->mean, a->rstd, a->dout, m->partial_a, m->partial_b, a->rows, C,
+                                                gc_per_chunk(a->rows) };
+    gc_add_partials<S> gw = { m->partial_a, gc_grad<S>(m, a->w), C };
+    gc_add_partials<S> gb = { m->partial_b, gc_grad<S>(m, a->b), C };
     GC_FOR_ROWS(m, dx, a->rows);
     GC_FOR_EACH(m, partials, (size_t)GC_CHUNKS * C);
     GC_FOR_EACH(m, gw, (size_t)C);
     GC_FOR_EACH(m, gb, (size_t)C);
 }
 
-static void gc_layernorm(gpt_cuda *m, int w, int b, const float *x, float *out, float *mean, float *rstd,
-                         const float *dout, float *dx, int accumulate, int record) {
+template <class S> static void gc_layernorm(gpt_cuda *m, int w, int b, const S *x, S *out, float *mean, float *rstd,
+                                            const S *dout, S *dx, int accumulate, int record) {
     int rows = m->B * m->T;
-    gc_layernorm_fwd ln = { x, ddp_param(m->ddp, w), ddp_param(m->ddp, b), out, mean, rstd, m->cfg.dim };
+    gc_layernorm_fwd<S> ln = { x, gc_param<S>(m, w), gc_param<S>(m, b), out, mean, rstd, m->cfg.dim };
     GC_FOR_ROWS(m, ln, rows);
     if (record) {
-        gc_ln_args a;
+        gc_ln_args<S> a;
         int ids[2];
         a.m = m; a.w = w; a.b = b; a.rows = rows; a.accumulate = accumulate;
         a.x = x; a.mean = mean; a.rstd = rstd; a.dout = dout; a.dx = dx;
         ids[0] = w; ids[1] = b;
-        gc_record(m, gc_layernorm_backward, &a, sizeof a, ids, 2);
+        gc_record(m, gc_layernorm_backward<S>, &a, sizeof a, ids, 2);
     }
 }
 
 /* Linear: out[n, outc] = inp[n, in] W[outc, in]^T + b (+ resid). The backward finishes W and b;
    dinp may be NULL. */
-typedef struct {
+template <class S> struct gc_linear_args {
     gpt_cuda *m; int w, b, n, in, out, drop; uint32_t site;
-    const float *inp, *dout; float *dinp;
-} gc_linear_args;
+    const S *inp, *dout; S *dinp;
+};
 
-static void gc_linear_backward(void *p) {
-    gc_linear_args masked = *(const gc_linear_args *)p;
-    const gc_linear_args *a = &masked;
+template <class S> static void gc_linear_backward(void *p) {
+    gc_linear_args<S> masked = *(const gc_linear_args<S> *)p;
+    const gc_linear_args<S> *a = &masked;
     gpt_cuda *m = a->m;
     if (a->drop) {   /* the branch's gradient: the stream's, masked */
-        gc_drop(m, a->site, a->dout, NULL, m->ddrop, (size_t)a->n * a->out, (size_t)m->T * a->out);
-        masked.dout = m->ddrop;
+        gc_drop<S>(m, a->site, a->dout, NULL, (S *)m->ddrop, (size_t)a->n * a->out, (size_t)m->T * a->out);
+        masked.dout = (const S *)m->ddrop;
     }
-    gc_column_partials partials = { a->dout, m->partial_a, a->n, a->out, gc_per_chunk(a->n) };
-    gc_add_partials gb = { m->partial_a, ddp_grad(m->ddp, a->b), a->out };
+    gc_column_partials<S> partials = { a->dout, m->partial_a, a->n, a->out, gc_per_chunk(a->n) };
+    gc_add_partials<S> gb = { m->partial_a, gc_grad<S>(m, a->b), a->out };
     if (a->dinp)   /* dinp = dout W */
-        GC_MATMUL(m, 0, 0, a->n, a->in, a->out, 1.0f, a->dout, a->out, ddp_param(m->ddp, a->w), a->in, 0.0f, a->dinp, a->in);
+        GC_MATMUL(m, 0, 0, a->n, a->in, a->out, 1.0f, a->dout, a->out, gc_param<S>(m, a->w), a->in, 0.0f, a->dinp, a->in);
     /* grad W += dout^T inp */
-    GC_MATMUL(m, 1, 0, a->out, a->in, a->n, 1.0f, a->dout, a->out, a->inp, a->in, 1.0f, ddp_grad(m->ddp, a->w), a->in);
+    GC_MATMUL(m, 1, 0, a->out, a->in, a->n, 1.0f, a->dout, a->out, a->inp, a->in, 1.0f, gc_grad<S>(m, a->w), a->in);
     GC_FOR_EACH(m, partials, (size_t)GC_CHUNKS * a->out);
     GC_FOR_EACH(m, gb, (size_t)a->out);
 }
 
-static void gc_linear(gpt_cuda *m, int w, int b, const float *inp, float *out, const float *resid, int in, int outc,
-                      const float *dout, float *dinp, uint32_t site, int record) {
+template <class S> static void gc_linear(gpt_cuda *m, int w, int b, const S *inp, S *out, const S *resid, int in, int outc,
+                                         const S *dout, S *dinp, uint32_t site, int record) {
     int n = m->B * m->T, drop = resid && m->dropping;
-    gc_linear_init init = { ddp_param(m->ddp, b), drop ? NULL : resid, out, outc };
+    gc_linear_init<S> init = { gc_param<S>(m, b), drop ? NULL : resid, out, outc };
     GC_FOR_EACH(m, init, (size_t)n * outc);
-    GC_MATMUL(m, 0, 1, n, outc, in, 1.0f, inp, in, ddp_param(m->ddp, w), in, 1.0f, out, outc);
-    if (drop) gc_drop(m, site, out, resid, out, (size_t)n * outc, (size_t)m->T * outc);   /* resid + dropout(branch) */
+    GC_MATMUL(m, 0, 1, n, outc, in, 1.0f, inp, in, gc_param<S>(m, w), in, 1.0f, out, outc);
+    if (drop) gc_drop<S>(m, site, out, resid, out, (size_t)n * outc, (size_t)m->T * outc);   /* resid + dropout(branch) */
     if (record) {
-        gc_linear_args a;
+        gc_linear_args<S> a;
         int ids[2];
         a.m = m; a.w = w; a.b = b; a.n = n; a.in = in; a.out = outc; a.inp = inp; a.dout = dout; a.dinp = dinp;
         a.drop = drop; a.site = site;
         ids[0] = w; ids[1] = b;
-        gc_record(m, gc_linear_backward, &a, sizeof a, ids, 2);
+        gc_record(m, gc_linear_backward<S>, &a, sizeof a, ids, 2);
     }
 }
 
 /* Causal multi-head self-attention on qkv [BT, 3C] (q | k | v, head h at columns h*hs..). Per
    sequence b, one strided-batched matmul covers the heads: head h's q/k/v start h*hs columns
-   further, its [T, T] score matrix T*T floats further. */
-typedef struct { gpt_cuda *m; const float *qkv, *att, *dout; float *dqkv; uint32_t site; } gc_attn_args;
+   further, its [T, T] score matrix T*T values further. */
+template <class S> struct gc_attn_args { gpt_cuda *m; const S *qkv, *att, *dout; S *dqkv; uint32_t site; };
 
-static void gc_attention_backward(void *p) {
-    const gc_attn_args *a = (const gc_attn_args *)p;
+template <class S> static void gc_attention_backward(void *p) {
+    const gc_attn_args<S> *a = (const gc_attn_args<S> *)p;
     gpt_cuda *m = a->m;
     int B = m->B, T = m->T, C = m->cfg.dim, NH = m->cfg.heads, hs = C / NH, C3 = 3 * C, b;
     long long TT = (long long)T * T;
     float scale = 1.0f / sqrtf((float)hs);
-    gc_causal_softmax_bwd softmax = { a->att, m->datt, T };
-    const float *Pd = a->att;   /* what met V: with dropout, P masked (drawn again into datt, used before dP goes there) */
-    if (m->dropping) { gc_drop(m, a->site, a->att, NULL, m->datt, (size_t)B * NH * TT, (size_t)NH * TT); Pd = m->datt; }
+    S *datt = (S *)m->datt;
+    gc_causal_softmax_bwd<S> softmax = { a->att, datt, T };
+    const S *Pd = a->att;   /* what met V: with dropout, P masked (drawn again into datt, used before dP goes there) */
+    if (m->dropping) { gc_drop<S>(m, a->site, a->att, NULL, datt, (size_t)B * NH * TT, (size_t)NH * TT); Pd = datt; }
     for (b = 0; b < B; b++) {
-        const float *dO = a->dout + (size_t)b * T * C;
-        float *dv = a->dqkv + (size_t)b * T * C3 + 2 * C;
+        const S *dO = a->dout + (size_t)b * T * C;
+        S *dv = a->dqkv + (size_t)b * T * C3 + 2 * C;
         GC_MATMUL_HEADS(m, 1, 0, T, hs, T, 1.0f, Pd + (size_t)b * NH * TT, T, TT, dO, C, hs, 0.0f, dv, C3, hs, NH);   /* dV = Pd^T dO */
     }
     for (b = 0; b < B; b++) {
-        const float *v = a->qkv + (size_t)b * T * C3 + 2 * C;
-        const float *dO = a->dout + (size_t)b * T * C;
-        float *dP = m->datt + (size_t)b * NH * TT;
+        const S *v = a->qkv + (size_t)b * T * C3 + 2 * C;
+        const S *dO = a->dout + (size_t)b * T * C;
+        S *dP = datt + (size_t)b * NH * TT;
         GC_MATMUL_HEADS(m, 0, 1, T, T, hs, 1.0f, dO, C, hs, v, C3, hs, 0.0f, dP, T, TT, NH);   /* dPd = dO V^T */
     }
-    if (m->dropping) gc_drop(m, a->site, m->datt, NULL, m->datt, (size_t)B * NH * TT, (size_t)NH * TT);   /* dP = dPd * mask */
+    if (m->dropping) gc_drop<S>(m, a->site, datt, NULL, datt, (size_t)B * NH * TT, (size_t)NH * TT);   /* dP = dPd * mask */
     GC_FOR_ROWS(m, softmax, B * NH * T);                                                       /* dS, in place */
     for (b = 0; b < B; b++) {
-        const float *q = a->qkv + (size_t)b * T * C3, *k = q + C, *dS = m->datt + (size_t)b * NH * TT;
-        float *dq = a->dqkv + (size_t)b * T * C3, *dk = dq + C;
+        const S *q = a->qkv + (size_t)b * T * C3, *k = q + C, *dS = datt + (size_t)b * NH * TT;
+        S *dq = a->dqkv + (size_t)b * T * C3, *dk = dq + C;
         GC_MATMUL_HEADS(m, 0, 0, T, hs, T, scale, dS, T, TT, k, C3, hs, 0.0f, dq, C3, hs, NH); /* dQ = scale dS K */
         GC_MATMUL_HEADS(m, 1, 0, T, hs, T, scale, dS, T, TT, q, C3, hs, 0.0f, dk, C3, hs, NH); /* dK = scale dS^T Q */
     }
 }
 
-static void gc_attention(gpt_cuda *m, const float *qkv, float *att, float *out, const float *dout, float *dqkv, uint32_t site,
-                         int record) {
+template <class S> static void gc_attention(gpt_cuda *m, const S *qkv, S *att, S *out, const S *dout, S *dqkv, uint32_t site,
+                                            int record) {
     int B = m->B, T = m->T, C = m->cfg.dim, NH = m->cfg.heads, hs = C / NH, C3 = 3 * C, b;
     long long TT = (long long)T * T;
     float scale = 1.0f / sqrtf((float)hs);
-    gc_causal_softmax_fwd softmax = { att, T };
+    S *datt = (S *)m->datt;
+    gc_causal_softmax_fwd<S> softmax = { att, T };
     for (b = 0; b < B; b++) {   /* S = scale Q K^T */
-        const float *q = qkv + (size_t)b * T * C3, *k = q + C;
+        const S *q = qkv + (size_t)b * T * C3, *k = q + C;
         GC_MATMUL_HEADS(m, 0, 1, T, T, hs, scale, q, C3, hs, k, C3, hs, 0.0f, att + (size_t)b * NH * TT, T, TT, NH);
     }
     GC_FOR_ROWS(m, softmax, B * NH * T);
-    const float *Pd = att;   /* with dropout, P masked into datt (free until the backward) */
-    if (m->dropping) { gc_drop(m, site, att, NULL, m->datt, (size_t)B * NH * TT, (size_t)NH * TT); Pd = m->datt; }
+    const S *Pd = att;   /* with dropout, P masked into datt (free until the backward) */
+    if (m->dropping) { gc_drop<S>(m, site, att, NULL, datt, (size_t)B * NH * TT, (size_t)NH * TT); Pd = datt; }
     for (b = 0; b < B; b++) {   /* O = dropout(P) V, the heads side by side in out [BT, C] */
-        const float *v = qkv + (size_t)b * T * C3 + 2 * C;
+        const S *v = qkv + (size_t)b * T * C3 + 2 * C;
         GC_MATMUL_HEADS(m, 0, 0, T, hs, T, 1.0f, Pd + (size_t)b * NH * TT, T, TT, v, C3, hs, 0.0f, out + (size_t)b * T * C, C, hs, NH);
     }
     if (record) {
-        gc_attn_args a;
+        gc_attn_args<S> a;
         a.m = m; a.qkv = qkv; a.att = att; a.dout = dout; a.dqkv = dqkv; a.site = site;
-        gc_record(m, gc_attention_backward, &a, sizeof a, NULL, 0);
+        gc_record(m, gc_attention_backward<S>, &a, sizeof a, NULL, 0);
     }
 }
 
 /* GELU; the backward recomputes the sigmoid from x (cheaper than keeping it). */
-typedef struct { gpt_cuda *m; size_t n; const float *x, *dout; float *dx; } gc_gelu_args;
+template <class S> struct gc_gelu_args { gpt_cuda *m; size_t n; const S *x, *dout; S *dx; };
 
-static void gc_gelu_backward(void *p) {
-    const gc_gelu_args *a = (const gc_gelu_args *)p;
-    gc_gelu_bwd bwd = { a->x, a->dout, a->dx };
+template <class S> static void gc_gelu_backward(void *p) {
+    const gc_gelu_args<S> *a = (const gc_gelu_args<S> *)p;
+    gc_gelu_bwd<S> bwd = { a->x, a->dout, a->dx };
     GC_FOR_EACH(a->m, bwd, a->n);
 }
 
-static void gc_gelu(gpt_cuda *m, const float *x, float *y, size_t n, const float *dout, float *dx, int record) {
-    gc_gelu_fwd fwd = { x, y };
+template <class S> static void gc_gelu(gpt_cuda *m, const S *x, S *y, size_t n, const S *dout, S *dx, int record) {
+    gc_gelu_fwd<S> fwd = { x, y };
     GC_FOR_EACH(m, fwd, n);
     if (record) {
-        gc_gelu_args a;
+        gc_gelu_args<S> a;
         a.m = m; a.n = n; a.x = x; a.dout = dout; a.dx = dx;
-        gc_record(m, gc_gelu_backward, &a, sizeof a, NULL, 0);
+        gc_record(m, gc_gelu_backward<S>, &a, sizeof a, NULL, 0);
     }
 }
 
@@ -806,19 +933,19 @@ static void gc_gelu(gpt_cuda *m, const float *x, float *y, size_t n, const float
    embedding's backward finishes. */
 typedef struct { gpt_cuda *m; } gc_head_args;
 
-static void gc_head_backward(void *p) {
+template <class S> static void gc_head_backward(void *p) {
     gpt_cuda *m = ((gc_head_args *)p)->m;
     int C = m->cfg.dim, BT = m->B * m->T;
-    GC_MATMUL(m, 0, 0, BT, C, GPT_VOCAB, 1.0f, m->dlogits, GPT_VOCAB, ddp_param(m->ddp, m->wte), C, 0.0f, m->dln, C);
-    GC_MATMUL(m, 1, 0, GPT_VOCAB, C, BT, 1.0f, m->dlogits, GPT_VOCAB, m->lnf, C, 1.0f, ddp_grad(m->ddp, m->wte), C);
+    GC_MATMUL(m, 0, 0, BT, C, GPT_VOCAB, 1.0f, (const S *)m->dlogits, GPT_VOCAB, gc_param<S>(m, m->wte), C, 0.0f, (S *)m->dln, C);
+    GC_MATMUL(m, 1, 0, GPT_VOCAB, C, BT, 1.0f, (const S *)m->dlogits, GPT_VOCAB, (const S *)m->lnf, C, 1.0f, gc_grad<S>(m, m->wte), C);
 }
 
-static void gc_head(gpt_cuda *m, int record) {
+template <class S> static void gc_head(gpt_cuda *m, int record) {
     int C = m->cfg.dim, BT = m->B * m->T;
-    GC_MATMUL(m, 0, 1, BT, GPT_VOCAB, C, 1.0f, m->lnf, C, ddp_param(m->ddp, m->wte), C, 0.0f, m->logits, GPT_VOCAB);
+    GC_MATMUL(m, 0, 1, BT, GPT_VOCAB, C, 1.0f, (const S *)m->lnf, C, gc_param<S>(m, m->wte), C, 0.0f, (S *)m->logits, GPT_VOCAB);
     if (record) {
         gc_head_args a = { m };
-        gc_record(m, gc_head_backward, &a, sizeof a, NULL, 0);
+        gc_record(m, gc_head_backward<S>, &a, sizeof a, NULL, 0);
     }
 }
 
@@ -841,9 +968,9 @@ static void gc_collect_losses(gpt_cuda *m) {
 
 /* Mean cross-entropy over the BT positions into the next loss slot; with grad, dlogits =
    scale * d(mean loss)/d(logits) right away (no tape op, as in gpt.h). */
-static void gc_cross_entropy(gpt_cuda *m, float scale, int grad) {
+template <class S> static void gc_cross_entropy(gpt_cuda *m, float scale, int grad) {
     int BT = m->B * m->T;
-    gc_cross_entropy_rows ce = { m->logits, m->targets, grad ? m->dlogits : NULL, m->row_loss, scale / (float)BT };
+    gc_cross_entropy_rows<S> ce = { (const S *)m->logits, m->targets, grad ? (S *)m->dlogits : NULL, m->row_loss, scale / (float)BT };
     GC_FOR_ROWS(m, ce, BT);
     if (m->losses_pending == GC_LOSS_SLOTS) gc_collect_losses(m);
     {
@@ -853,6 +980,31 @@ static void gc_cross_entropy(gpt_cuda *m, float scale, int grad) {
     }
 }
 
+/* The forward of gpt_cuda_forward, in S. */
+template <class S> static void gc_forward(gpt_cuda *m, int have_targets, float loss_scale, int train) {
+    int L = m->cfg.layers, C = m->cfg.dim, l;
+    size_t BT = (size_t)m->B * m->T;
+    S *dln = (S *)m->dln, *dres = (S *)m->dres, *dqkv = (S *)m->dqkv, *datt_out = (S *)m->datt_out;
+    S *dfc = (S *)m->dfc, *dgelu = (S *)m->dgelu;
+    gc_embed<S>(m, train);
+    for (l = 0; l < L; l++) {
+        const gpt_layer_ids *id = &m->layer[l];
+        gpt_cuda_layer *a = &m->acts[l];
+        S *res_in = (S *)a->res_in, *ln1 = (S *)a->ln1, *qkv = (S *)a->qkv, *att = (S *)a->att, *att_out = (S *)a->att_out;
+        S *res_mid = (S *)a->res_mid, *ln2 = (S *)a->ln2, *fc = (S *)a->fc, *gelu = (S *)a->gelu, *res_out = (S *)a->res_out;
+        gc_layernorm<S>(m, id->ln1w, id->ln1b, res_in, ln1, a->ln1_mean, a->ln1_rstd, dln, dres, 1, train);
+        gc_linear<S>(m, id->qkvw, id->qkvb, ln1, qkv, NULL, C, 3 * C, dqkv, dln, 0, train);
+        gc_attention<S>(m, qkv, att, att_out, datt_out, dqkv, GPT_DROP_ATT(l), train);
+        gc_linear<S>(m, id->projw, id->projb, att_out, res_mid, res_in, C, C, dres, datt_out, GPT_DROP_ATTN_RESID(l), train);
+        gc_layernorm<S>(m, id->ln2w, id->ln2b, res_mid, ln2, a->ln2_mean, a->ln2_rstd, dln, dres, 1, train);
+        gc_linear<S>(m, id->fcw, id->fcb, ln2, fc, NULL, C, 4 * C, dfc, dln, 0, train);
+        gc_gelu<S>(m, fc, gelu, BT * 4 * C, dgelu, dfc, train);
+        gc_linear<S>(m, id->fcprojw, id->fcprojb, gelu, res_out, res_mid, 4 * C, C, dres, dgelu, GPT_DROP_MLP_RESID(l), train);
+    }
+    gc_layernorm<S>(m, m->lnfw, m->lnfb, (const S *)m->acts[L - 1].res_out, (S *)m->lnf, m->lnf_mean, m->lnf_rstd, dln, dres, 0, train);
+    gc_head<S>(m, train);
+    if (have_targets) gc_cross_entropy<S>(m, loss_scale, train);
+}
 /* ---------------------------------------------------------------------------------------------
    The batch: tokens, targets, and for the embedding's backward the positions grouped by token
    (a counting sort; increasing within a token), through the next pinned slot.
@@ -892,19 +1044,35 @@ static void gc_upload_batch(gpt_cuda *m, const int *tokens, const int *targets, 
    The model's API.
    --------------------------------------------------------------------------------------------- */
 
+/* gpt_cuda_create's precision. GPT_CUDA_TF32 is 1 so that the old `tf32` flag still means it. */
+enum { GPT_CUDA_FP32 = 0, GPT_CUDA_TF32 = 1, GPT_CUDA_BF16 = 2 };
+
 /* Registers and commits the parameters (gpt.h's code: same order, shapes, init), then makes the
    cuBLAS handle on ddp.h's compute stream and the device buffers for the largest batch.
-   Call after ddp_init on the NCCL backend (ddp.h chose the device). tf32: 1 = TF32 matmuls. */
-static inline ddp_result gpt_cuda_create(gpt_cuda *m, ddp_context *ddp, const gpt_config *cfg, uint64_t seed, int tf32) {
+   Call after ddp_init on the NCCL backend (ddp.h chose the device). precision: GPT_CUDA_FP32
+   (plain fp32), GPT_CUDA_TF32 (TF32 matmuls), GPT_CUDA_BF16 (bf16 weights, gradients and
+   activations; fp32 accumulation, softmax, LayerNorm statistics and loss). bf16 is meant for a
+   context with param_dtype DDP_DTYPE_BF16: the model uses ddp.h's bf16 working copies and
+   gradients, and ddp_adamw_step updates the fp32 master weights. On an fp32 context the model
+   makes its own bf16 copies (rounded from ddp.h's parameters) and gradients, which
+   gpt_cuda_bf16_* below move to and from ddp.h's fp32 buffers (one rank: the tests compare the
+   two precisions from the same fp32 parameters that way). */
+static inline ddp_result gpt_cuda_create(gpt_cuda *m, ddp_context *ddp, const gpt_config *cfg, uint64_t seed, int precision) {
     int L = cfg->layers, C = cfg->dim, NH = cfg->heads, T = cfg->seq, B = cfg->batch, l, s;
     size_t BT = (size_t)B * T, BHTT = (size_t)B * NH * T * T;
     gpt_param_ids ids;
     ddp_result r;
     memset(m, 0, sizeof *m);
+    if (precision != GPT_CUDA_FP32 && precision != GPT_CUDA_TF32 && precision != GPT_CUDA_BF16) {
+        fprintf(stderr, "gpt_cuda_create: precision %d is none of GPT_CUDA_FP32, GPT_CUDA_TF32, GPT_CUDA_BF16\n", precision);
+        return DDP_ERR_INVALID_ARGUMENT;
+    }
     m->cfg = *cfg;
     m->ddp = ddp;
     m->drop_stride = 1;   /* as gpt.h */
-    m->tf32 = tf32;
+    m->tf32 = precision == GPT_CUDA_TF32;
+    m->bf16 = precision == GPT_CUDA_BF16;
+    m->act_bytes = m->bf16 ? sizeof(gc_bf16) : sizeof(float);
     m->layer = (gpt_layer_ids *)calloc((size_t)L, sizeof *m->layer);
     m->acts = (gpt_cuda_layer *)calloc((size_t)L, sizeof *m->acts);
     if (!m->layer || !m->acts) return DDP_ERR_OUT_OF_MEMORY;
@@ -912,29 +1080,41 @@ static inline ddp_result gpt_cuda_create(gpt_cuda *m, ddp_context *ddp, const gp
     if ((r = gpt_register_params(ddp, cfg, seed, &ids, &m->num_floats)) != DDP_OK) return r;
     m->wte = ids.wte; m->wpe = ids.wpe; m->lnfw = ids.lnfw; m->lnfb = ids.lnfb;
     m->stream = (gc_stream)ddp_config(ddp)->cuda_stream;
+    m->flat_params = ddp_flat_params(ddp, NULL);
+    m->flat_grads = ddp_flat_grads(ddp, NULL);
+    m->own16 = m->bf16 && ddp_config(ddp)->param_dtype != DDP_DTYPE_BF16;
+    if (!m->bf16 && ddp_config(ddp)->param_dtype == DDP_DTYPE_BF16) {
+        fprintf(stderr, "gpt_cuda_create: the context's parameters are bf16 (param_dtype DDP_DTYPE_BF16): pass precision "
+                        "GPT_CUDA_BF16\n");
+        return DDP_ERR_INVALID_ARGUMENT;
+    }
 #ifndef GPT_CUDA_EMULATE
     GC_CUBLAS(cublasCreate(&m->blas));
     GC_CUBLAS(cublasSetStream(m->blas, m->stream));
-    GC_CUBLAS(cublasSetMathMode(m->blas, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    GC_CUBLAS(cublasSetMathMode(m->blas, m->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
     GC_CUBLAS(cublasSetAtomicsMode(m->blas, CUBLAS_ATOMICS_NOT_ALLOWED));   /* the default; determinism needs it */
 #endif
-    m->res0 = gc_floats(m, BT * C);
+    if (m->own16) {   /* the bf16 working copies (rounded from the fp32 init) and gradients */
+        m->params16 = (gc_bf16 *)gc_device_alloc(m, m->num_floats * sizeof(gc_bf16));
+        m->grads16 = (gc_bf16 *)gc_device_alloc(m, m->num_floats * sizeof(gc_bf16));
+    }
+    m->res0 = gc_acts(m, BT * C);
     for (l = 0; l < L; l++) {
         gpt_cuda_layer *a = &m->acts[l];
         a->res_in = l == 0 ? m->res0 : m->acts[l - 1].res_out;
-        a->ln1 = gc_floats(m, BT * C); a->ln1_mean = gc_floats(m, BT); a->ln1_rstd = gc_floats(m, BT);
-        a->qkv = gc_floats(m, BT * 3 * C); a->att = gc_floats(m, BHTT);
-        a->att_out = gc_floats(m, BT * C); a->res_mid = gc_floats(m, BT * C);
-        a->ln2 = gc_floats(m, BT * C); a->ln2_mean = gc_floats(m, BT); a->ln2_rstd = gc_floats(m, BT);
-        a->fc = gc_floats(m, BT * 4 * C); a->gelu = gc_floats(m, BT * 4 * C);
-        a->res_out = gc_floats(m, BT * C);
+        a->ln1 = gc_acts(m, BT * C); a->ln1_mean = gc_floats(m, BT); a->ln1_rstd = gc_floats(m, BT);
+        a->qkv = gc_acts(m, BT * 3 * C); a->att = gc_acts(m, BHTT);
+        a->att_out = gc_acts(m, BT * C); a->res_mid = gc_acts(m, BT * C);
+        a->ln2 = gc_acts(m, BT * C); a->ln2_mean = gc_floats(m, BT); a->ln2_rstd = gc_floats(m, BT);
+        a->fc = gc_acts(m, BT * 4 * C); a->gelu = gc_acts(m, BT * 4 * C);
+        a->res_out = gc_acts(m, BT * C);
     }
-    m->lnf = gc_floats(m, BT * C); m->lnf_mean = gc_floats(m, BT); m->lnf_rstd = gc_floats(m, BT);
-    m->logits = gc_floats(m, BT * GPT_VOCAB); m->dlogits = gc_floats(m, BT * GPT_VOCAB);
-    m->dres = gc_floats(m, BT * C); m->dln = gc_floats(m, BT * C); m->datt_out = gc_floats(m, BT * C);
-    m->dqkv = gc_floats(m, BT * 3 * C); m->dfc = gc_floats(m, BT * 4 * C); m->dgelu = gc_floats(m, BT * 4 * C);
-    m->datt = gc_floats(m, BHTT);
-    m->ddrop = gc_floats(m, BT * C);
+    m->lnf = gc_acts(m, BT * C); m->lnf_mean = gc_floats(m, BT); m->lnf_rstd = gc_floats(m, BT);
+    m->logits = gc_acts(m, BT * GPT_VOCAB); m->dlogits = gc_acts(m, BT * GPT_VOCAB);
+    m->dres = gc_acts(m, BT * C); m->dln = gc_acts(m, BT * C); m->datt_out = gc_acts(m, BT * C);
+    m->dqkv = gc_acts(m, BT * 3 * C); m->dfc = gc_acts(m, BT * 4 * C); m->dgelu = gc_acts(m, BT * 4 * C);
+    m->datt = gc_acts(m, BHTT);
+    m->ddrop = gc_acts(m, BT * C);
     m->row_loss = gc_floats(m, BT);
     m->losses = gc_floats(m, GC_LOSS_SLOTS);
     m->partial_a = gc_floats(m, (size_t)GC_CHUNKS * 4 * C);
@@ -957,7 +1137,34 @@ static inline ddp_result gpt_cuda_create(gpt_cuda *m, ddp_context *ddp, const gp
        whatever kind of stream it is. (Set-up, not a step.) */
     GC_CUDA(cudaDeviceSynchronize());
 #endif
+    if (m->own16) {
+        gc_round_bf16 round = { m->flat_params, m->params16 };
+        GC_FOR_EACH(m, round, m->num_floats);
+    }
     return DDP_OK;
+}
+
+/* bf16 on an fp32 context: the model's own bf16 copies and ddp.h's fp32 buffers (no-ops
+   otherwise: in fp32/TF32, and where ddp.h holds the bf16 copies itself):
+   round_params: the working copies = ddp.h's fp32 parameters rounded to bf16 (after each
+   ddp_adamw_step, and after a checkpoint is loaded); zero_grads: the bf16 gradients = 0 (with
+   ddp_zero_grad); grads_to_fp32: ddp.h's fp32 gradients = the bf16 gradients, widened
+   (after ddp_backward, before ddp_adamw_step). On ddp.h's stream, like everything else. */
+static inline void gpt_cuda_bf16_round_params(gpt_cuda *m) {
+    gc_round_bf16 round = { m->flat_params, m->params16 };
+    if (m->own16) GC_FOR_EACH(m, round, m->num_floats);
+}
+static inline void gpt_cuda_bf16_zero_grads(gpt_cuda *m) {
+    if (!m->own16) return;
+#ifdef GPT_CUDA_EMULATE
+    memset(m->grads16, 0, m->num_floats * sizeof(gc_bf16));
+#else
+    GC_CUDA(cudaMemsetAsync(m->grads16, 0, m->num_floats * sizeof(gc_bf16), m->stream));
+#endif
+}
+static inline void gpt_cuda_bf16_grads_to_fp32(gpt_cuda *m) {
+    gc_widen_bf16 widen = { m->grads16, m->flat_grads };
+    if (m->own16) GC_FOR_EACH(m, widen, m->num_floats);
 }
 
 static inline void gpt_cuda_destroy(gpt_cuda *m) {
@@ -981,7 +1188,6 @@ static inline void gpt_cuda_destroy(gpt_cuda *m) {
    with train, the backward is recorded on the tape and dlogits = loss_scale * d(mean loss)/
    d(logits). gpt_forward's contract, with the loss read later. */
 static inline void gpt_cuda_forward(gpt_cuda *m, const int *tokens, const int *targets, int B, int T, float loss_scale, int train) {
-    int L = m->cfg.layers, C = m->cfg.dim, l;
     size_t BT = (size_t)B * T;
     if (B < 1 || B > m->cfg.batch || T < 1 || T > m->cfg.seq) {
         fprintf(stderr, "gpt_cuda_forward: shape %dx%d outside the allocated %dx%d\n", B, T, m->cfg.batch, m->cfg.seq);
@@ -991,22 +1197,8 @@ static inline void gpt_cuda_forward(gpt_cuda *m, const int *tokens, const int *t
     m->T = T;
     m->dropping = train && m->drop_p > 0.0f;
     gc_upload_batch(m, tokens, targets, (int)BT);
-    gc_embed(m, train);
-    for (l = 0; l < L; l++) {
-        const gpt_layer_ids *id = &m->layer[l];
-        gpt_cuda_layer *a = &m->acts[l];
-        gc_layernorm(m, id->ln1w, id->ln1b, a->res_in, a->ln1, a->ln1_mean, a->ln1_rstd, m->dln, m->dres, 1, train);
-        gc_linear(m, id->qkvw, id->qkvb, a->ln1, a->qkv, NULL, C, 3 * C, m->dqkv, m->dln, 0, train);
-        gc_attention(m, a->qkv, a->att, a->att_out, m->datt_out, m->dqkv, GPT_DROP_ATT(l), train);
-        gc_linear(m, id->projw, id->projb, a->att_out, a->res_mid, a->res_in, C, C, m->dres, m->datt_out, GPT_DROP_ATTN_RESID(l), train);
-        gc_layernorm(m, id->ln2w, id->ln2b, a->res_mid, a->ln2, a->ln2_mean, a->ln2_rstd, m->dln, m->dres, 1, train);
-        gc_linear(m, id->fcw, id->fcb, a->ln2, a->fc, NULL, C, 4 * C, m->dfc, m->dln, 0, train);
-        gc_gelu(m, a->fc, a->gelu, BT * 4 * C, m->dgelu, m->dfc, train);
-        gc_linear(m, id->fcprojw, id->fcprojb, a->gelu, a->res_out, a->res_mid, 4 * C, C, m->dres, m->dgelu, GPT_DROP_MLP_RESID(l), train);
-    }
-    gc_layernorm(m, m->lnfw, m->lnfb, m->acts[L - 1].res_out, m->lnf, m->lnf_mean, m->lnf_rstd, m->dln, m->dres, 0, train);
-    gc_head(m, train);
-    if (targets) gc_cross_entropy(m, loss_scale, train);
+    if (m->bf16) gc_forward<gc_bf16>(m, targets != NULL, loss_scale, train);
+    else gc_forward<float>(m, targets != NULL, loss_scale, train);
 }
 
 /* Dropout as gpt_set_dropout (0 <= p < 1; returns 0 otherwise), and where the next forward's rows
@@ -1032,15 +1224,27 @@ static inline const float *gpt_cuda_losses(gpt_cuda *m, int *count) {
     return m->loss_list;
 }
 
-/* Row `row` of the last forward's logits [BT, 256] into out (blocking: for sampling). */
-static inline void gpt_cuda_logits_row(gpt_cuda *m, int row, float *out) {
-    gpt_cuda_download(m->stream, out, m->logits + (size_t)row * GPT_VOCAB, sizeof(float) * GPT_VOCAB);
+/* Rows [row0, row0 + rows) of the last forward's logits [BT, 256] into out as floats (blocking:
+   for sampling and tests; bf16 logits are widened exactly). */
+static inline void gpt_cuda_logits_rows(gpt_cuda *m, int row0, int rows, float *out) {
+    size_t n = (size_t)rows * GPT_VOCAB, i;
+    if (!m->bf16) {
+        gpt_cuda_download(m->stream, out, (const float *)m->logits + (size_t)row0 * GPT_VOCAB, sizeof(float) * n);
+        return;
+    }
+    gc_bf16 *h = (gc_bf16 *)malloc(n * sizeof(gc_bf16) + 1);
+    if (!h) gc_die(__FILE__, __LINE__, "malloc", "out of host memory");
+    gpt_cuda_download(m->stream, h, (const gc_bf16 *)m->logits + (size_t)row0 * GPT_VOCAB, sizeof(gc_bf16) * n);
+    for (i = 0; i < n; i++) out[i] = gc_ld(h[i]);
+    free(h);
 }
+/* Row `row` of the last forward's logits into out (blocking: for sampling). */
+static inline void gpt_cuda_logits_row(gpt_cuda *m, int row, float *out) { gpt_cuda_logits_rows(m, row, 1, out); }
 
 /* "CUDA <device>, cuBLAS fp32" and the like, for the trainer's banner. */
 static inline void gpt_cuda_describe(const gpt_cuda *m, char *buf, size_t n) {
 #ifdef GPT_CUDA_EMULATE
-    snprintf(buf, n, "CUDA model emulated on the host (GPT_CUDA_EMULATE)%s", m->tf32 ? ", --tf32 ignored" : "");
+    snprintf(buf, n, "CUDA model emulated on the host (GPT_CUDA_EMULATE)%s", m->tf32 ? ", --tf32 ignored" : m->bf16 ? ", bf16" : "");
 #else
     int dev = 0;
     struct cudaDeviceProp prop;
@@ -1048,7 +1252,8 @@ static inline void gpt_cuda_describe(const gpt_cuda *m, char *buf, size_t n) {
         cudaGetLastError();
         snprintf(prop.name, sizeof prop.name, "unknown GPU");
     }
-    snprintf(buf, n, "CUDA %.120s (device %d), cuBLAS %s", prop.name, dev, m->tf32 ? "TF32 tensor cores" : "fp32, TF32 off");
+    snprintf(buf, n, "CUDA %.120s (device %d), cuBLAS %s", prop.name, dev,
+             m->tf32 ? "TF32 tensor cores" : m->bf16 ? "bf16 (fp32 accumulation)" : "fp32, TF32 off");
 #endif
 }
 

@@ -39,7 +39,7 @@ typedef struct options {
     const char *data, *save, *resume, *dump_init, *prompt;
     gpt_config model;
     int steps, warmup, accum, eval_every, eval_batches, sample, top_k, stop_at, save_every, log_every;
-    int cpu, tf32;                 /* --cpu: CPU backend and model even where a GPU is; --tf32 */
+    int cpu, tf32, bf16;           /* --cpu: CPU backend and model even where a GPU is; --tf32; --bf16 */
     int shard;                     /* --shard-optimizer: ddp_desc.shard_optimizer (ZeRO-1) */
     int fresh;                     /* --fresh: --save PATH starts over even where PATH holds a checkpoint */
     float lr, min_lr, wd, clip, beta1, beta2, temperature, bucket_mb, dropout;
@@ -86,7 +86,9 @@ static void usage(FILE *f) {
         "  --dump-init PATH   write the initial parameters (float32, registration order) and exit\n"
         "  --cpu              the CPU backend and model even where a GPU is visible (GPU build)\n"
         "  --shard-optimizer  AdamW's m and v sharded across the ranks (ZeRO-1; same results)\n"
-        "  --tf32             GPU: TF32 tensor-core matmuls (faster, less exact; default pure fp32)\n");
+        "  --tf32             GPU: TF32 tensor-core matmuls (faster, less exact; default pure fp32)\n"
+        "  --bf16             GPU: bf16 weights, gradients and activations, fp32 accumulation and master\n"
+        "                     weights (the CUDA model only: not with --cpu or --tf32)\n");
 }
 
 static int parse_args(int argc, char **argv, options *o, char *err, size_t errn) {
@@ -105,6 +107,7 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errn)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); exit(0); }
         else if (!strcmp(a, "--cpu")) { o->cpu = 1; continue; }
         else if (!strcmp(a, "--tf32")) { o->tf32 = 1; continue; }
+        else if (!strcmp(a, "--bf16")) { o->bf16 = 1; continue; }
         else if (!strcmp(a, "--shard-optimizer")) { o->shard = 1; continue; }
         else if (!strcmp(a, "--fresh")) { o->fresh = 1; continue; }
         else if (!strcmp(a, "--data")) sp = &o->data;
@@ -165,6 +168,11 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errn)
     if (o->accum < 1 || o->eval_batches < 1 || o->log_every < 1) { snprintf(err, errn, "--grad-accum, --eval-batches and --log-every must be >= 1"); return 0; }
     if (!(o->beta1 < 1 && o->beta2 < 1) || !(o->temperature > 0)) { snprintf(err, errn, "betas must be < 1 and the temperature > 0"); return 0; }
     if (o->fresh && (!o->save || o->resume)) { snprintf(err, errn, "--fresh goes with --save PATH (start over there) and not with --resume"); return 0; }
+    if (o->bf16 && o->tf32) { snprintf(err, errn, "--bf16 and --tf32 are two precisions of the CUDA model's matmuls: pick one"); return 0; }
+    if (o->bf16 && o->cpu) { snprintf(err, errn, "--bf16 is the CUDA model's mode and --cpu runs gpt.h's fp32 CPU model: not both"); return 0; }
+#ifndef TRAIN_CUDA_MODEL
+    if (o->bf16) { snprintf(err, errn, "--bf16 needs the CUDA model: this build has none (build/gpu/train_gpt, or build/train_gpt_emulated)"); return 0; }
+#endif
     return 1;
 }
 
@@ -314,7 +322,7 @@ static ddp_result model_create(model *mo, ddp_context *ddp, const options *o) {
     mo->on_gpu = model_uses_cuda(ddp, o);
 #ifdef TRAIN_CUDA_MODEL
     if (mo->on_gpu) {
-        r = gpt_cuda_create(&mo->gpu, ddp, &o->model, o->seed, o->tf32);
+        r = gpt_cuda_create(&mo->gpu, ddp, &o->model, o->seed, o->bf16 ? GPT_CUDA_BF16 : o->tf32 ? GPT_CUDA_TF32 : GPT_CUDA_FP32);
         mo->num_floats = mo->gpu.num_floats;
         if (r == DDP_OK) gpt_cuda_set_dropout(&mo->gpu, o->dropout, o->seed ^ 0xd40b0u);   /* checked in parse */
         return r;
@@ -658,6 +666,9 @@ int main(int argc, char **argv) {
         desc.inject_comm_gbps = o.inject_gbps;
         desc.backend = o.cpu ? DDP_BACKEND_CPU : DDP_BACKEND_AUTO;
         desc.shard_optimizer = o.shard;
+        /* --bf16: ddp.h keeps bf16 working copies and gradients (the model's) and the fp32 master
+           weights and AdamW's moments; gradient buckets travel as bf16 (reduce_dtype's default). */
+        desc.param_dtype = o.bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
 #ifdef __CUDACC__
         /* The compute stream: this thread's per-thread default stream. It is a stream of
            whichever device ddp_init selects (LOCAL_RANK modulo the devices), so it can be named
@@ -680,6 +691,8 @@ int main(int argc, char **argv) {
         ddp_result r = model_create(&mo, ddp, &o);
         if (r != DDP_OK) DIE("train_gpt: %s", model_create_failure(ddp, &o, r, err, sizeof err));
     }
+    if (o.bf16 && !mo.on_gpu)
+        DIE("train_gpt: rank %d: --bf16 needs the CUDA model, and ddp.h chose its CPU backend (no GPU visible)", rank);
     tok = (int *)malloc(sizeof(int) * (size_t)B * T);
     tgt = (int *)malloc(sizeof(int) * (size_t)B * T);
     if (!tok || !tgt) DIE("train_gpt: rank %d: out of memory for a batch of %d x %d tokens", rank, B, T);

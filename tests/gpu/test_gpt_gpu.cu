@@ -29,6 +29,10 @@
       in emulation: 3e-5, 1.4x that bound, in mlp.proj.w after 4 steps at lr 1e-3, width 384).
    3. Determinism: two identical training runs (fresh contexts, 4 steps of 2 accumulated
       micro-steps) give the same losses and parameters, bit for bit.
+   4. --bf16 (GPT_CUDA_BF16) against fp32 from the same bf16-rounded parameters: logits, loss,
+      every gradient, 8 AdamW steps' losses, within bounds counted from bf16's unit roundoff
+      (see test_cuda_bf16); on ddp.h's bf16 parameters the same losses as on the model's own
+      bf16 copies.
    Built twice from this file: by nvcc (build/gpu/test_gpt_gpu: NCCL backend; prints "SKIP
    gpu: ..." without a device) and by a C++ compiler with -DGPT_CUDA_EMULATE
    (build/test_gpt_gpu_emulated: the model's kernels and matmuls run on the host, CPU backend;
@@ -51,10 +55,11 @@
 
 /* A single-rank context: NCCL with the per-thread default stream as the compute stream (as
    train_gpt), or the CPU backend (the CPU model, and the emulated CUDA model). */
-static ddp_context *open_solo(int for_cuda_model) {
+static ddp_context *open_solo_dtype(int for_cuda_model, ddp_dtype param_dtype) {
     ddp_context *ddp;
     ddp_desc d;
     memset(&d, 0, sizeof d);
+    d.param_dtype = param_dtype;
     d.world_size = 1;
     d.backend = DDP_BACKEND_CPU;
 #ifndef GPT_CUDA_EMULATE
@@ -65,6 +70,7 @@ static ddp_context *open_solo(int for_cuda_model) {
     if (ddp_init(&ddp, &d) != DDP_OK) { printf("FAIL %s: %s\n", NAME("init"), ddp_last_error(ddp)); exit(1); }
     return ddp;
 }
+static ddp_context *open_solo(int for_cuda_model) { return open_solo_dtype(for_cuda_model, DDP_DTYPE_FP32); }
 
 /* n floats of device memory (host memory in emulation) as a fresh host array. */
 static float *download(ddp_context *ddp, const float *device, size_t n) {
@@ -361,7 +367,7 @@ static void test_cuda_reference(void) {
         step_or_die(ddp, ddp_zero_grad(ddp), "zero_grad");
         gpt_cuda_forward(&m, tok, tgt, ref.batch, ref.seq, 1.0f, 1);
         loss = one_loss(&m);
-        logits = download(ddp, m.logits, BT * GPT_VOCAB);
+        logits = download(ddp, (const float *)m.logits, BT * GPT_VOCAB);
         w = worst_ratio(logits, ref.logits, BT * GPT_VOCAB, 0, 1e-5, 1e-5);
         verdict(w <= 1, NAME("logits_match_pytorch"), "worst error %.3g of the tolerance", w);
         printf("  (logits: worst error %.3f of |err| <= 1e-5*max|ref| + 1e-5*|ref|)\n", w);
@@ -462,7 +468,7 @@ static void test_cuda_vs_cpu(const gpt_config *cfg, float dropout) {
             worst_loss = w > worst_loss || w != w ? w : worst_loss;
             forwards++;
             if (step == 0) {   /* the logits of the first forward */
-                float *logits = download(gd, gm.logits, BT * GPT_VOCAB);
+                float *logits = download(gd, (const float *)gm.logits, BT * GPT_VOCAB);
                 w = worst_ratio(logits, cm.logits, BT * GPT_VOCAB, 0, 1e-5, 1e-5);
                 snprintf(name, sizeof name, NAME("logits_match_cpu_model_%s"), what);
                 verdict(w <= 1, name, "worst error %.3g of the tolerance", w);
@@ -541,6 +547,172 @@ static void test_cuda_deterministic(const gpt_config *cfg) {
            (unsigned long long)ha, a[0], a[RUN_STEPS - 1]);
 }
 
+/* ---- 4. --bf16 against fp32 ---- */
+
+/* n bf16 values of device memory, widened. */
+static float *download_bf16(ddp_context *ddp, const gc_bf16 *device, size_t n) {
+    gc_bf16 *h = (gc_bf16 *)malloc(n * sizeof(gc_bf16) + 1);
+    float *f = (float *)malloc(n * sizeof(float) + 1);
+    size_t i;
+    if (!h || !f) { printf("FAIL %s: out of memory\n", NAME("download")); exit(1); }
+    gpt_cuda_download(ddp_config(ddp)->cuda_stream, h, device, n * sizeof(gc_bf16));
+    for (i = 0; i < n; i++) f[i] = gc_ld(h[i]);
+    free(h);
+    return f;
+}
+
+/* The largest |err| / (k * max|ref|) over n values: the error at the scale of the tensor. */
+static double scaled_error(const float *got, const float *ref, size_t n, double k) {
+    double mx = 0, worst = 0;
+    size_t i;
+    for (i = 0; i < n; i++) mx = fabs(ref[i]) > mx ? fabs(ref[i]) : mx;
+    for (i = 0; i < n; i++) {
+        double e = fabs((double)got[i] - ref[i]) / (k * mx);
+        if (!(e <= worst)) worst = e;   /* NaN sticks */
+    }
+    return worst;
+}
+
+/* The bf16 model (GPT_CUDA_BF16) against the fp32 model, both from the same parameters: the
+   fp32 context's init rounded to bf16 (what the bf16 model's working copies hold), so what
+   differs is only the bf16 storage of activations and gradients. The bounds, from bf16's unit
+   roundoff u = 2^-9: every stored activation is rounded once (relative error <= u at its own
+   scale), the arithmetic inside a kernel or matmul is fp32 (its error, ~1e-6, is negligible
+   beside u). Counting the roundings on the longest path to a tensor: the logits see
+   n_f = 10 L + 3 (the embedding; per layer ln1, qkv, scores, P, attention out, the residual,
+   ln2, fc, GELU, the residual; lnf; the logits), a parameter's gradient n_b = n_f + 11 L + 4
+   (dlogits, the head's dln, lnf's dres; per layer dGELU, dfc, dln, dres, d(att out), dV, dP,
+   dS, dQ/dK, dln, dres; the gradient itself). If each stage carries its input's relative
+   error to its output at that output's scale (LayerNorm renormalises; the weights, std 0.02
+   over widths 80..320, keep |W x| ~ |x|), the errors add at most linearly:
+       logits      |err| <= n_f u max|logits|
+       loss        |err| <= 2 n_f u max|logits|   (log-sum-exp and z[target] are 1-Lipschitz in max-norm)
+       gradients   |err| <= n_b u max|that tensor's gradient|
+   (L = 3: 0.064 and 0.14 of the scale). Then 8 AdamW steps (lr 1e-3), each run from its own
+   parameters (the bf16 run: its gradients widened into ddp.h's fp32 buffers, its working copies
+   rounded from the updated fp32 master weights): every step's loss within the loss bound at
+   the first forward's logit scale — the parameters move by at most 8 lr = 0.008 per element
+   in each run, in the same direction wherever the gradient is not rounding noise, which moves
+   the logits by a fraction of what the forward's own rounding does.
+   A third run uses ddp.h's bf16 parameters (param_dtype DDP_DTYPE_BF16, as train_gpt --bf16):
+   the same recipe (widen the bf16 gradients, AdamW on the fp32 master, round to nearest even),
+   so in emulation (host loops on both sides) its losses must be those of the model's own
+   copies, bit for bit; on a GPU ddp.h's fused bf16 AdamW kernel and its fp32 one may contract
+   multiply-adds differently, so there they must agree within the loss bound. */
+static void test_cuda_bf16(const gpt_config *cfg) {
+    ddp_context *d32 = open_solo(1), *d16 = open_solo(1), *dlib = open_solo_dtype(1, DDP_DTYPE_BF16);
+    gpt_cuda m32, m16, mlib;
+    int lib_same = 1;
+    float llib;
+    ddp_adamw opt;
+    char name[160], what[96];
+    int B = cfg->batch, T = cfg->seq, L = cfg->layers, *tok, *tgt, step, i, nbad = 0, differs = 0;
+    size_t BT = (size_t)B * T, count, k;
+    const double u = 1.0 / 512;
+    double nf = 10.0 * L + 3, nb = nf + 11.0 * L + 4, w, worst_grad = 0, worst_loss = 0, max_logit = 0;
+    const char *worst_grad_name = "";
+    char bad[1024] = "";
+    float *p32, l32, l16;
+    snprintf(what, sizeof what, "%dL_%dH_C%d_T%d_B%d", cfg->layers, cfg->heads, cfg->dim, cfg->seq, cfg->batch);
+    if (gpt_cuda_create(&m32, d32, cfg, 7, GPT_CUDA_FP32) != DDP_OK || gpt_cuda_create(&m16, d16, cfg, 7, GPT_CUDA_BF16) != DDP_OK) {
+        printf("FAIL %s: %s / %s\n", NAME("bf16_create"), ddp_last_error(d32), ddp_last_error(d16));
+        exit(1);
+    }
+    if (gpt_cuda_create(&mlib, dlib, cfg, 7, GPT_CUDA_BF16) != DDP_OK) {
+        printf("FAIL %s: %s\n", NAME("bf16_create_on_bf16_params"), ddp_last_error(dlib));
+        exit(1);
+    }
+    /* the fp32 model gets the bf16 working copies' values */
+    p32 = download_bf16(d16, m16.params16, m16.num_floats);
+    count = m16.num_floats;
+    gpt_cuda_upload(ddp_config(d32)->cuda_stream, ddp_flat_params(d32, NULL), p32, count * sizeof(float));
+    free(p32);
+    tok = (int *)malloc(sizeof(int) * BT);
+    tgt = (int *)malloc(sizeof(int) * BT);
+    memset(&opt, 0, sizeof opt);
+    opt.lr = 1e-3f; opt.beta2 = 0.99f; opt.weight_decay = 0.1f; opt.max_grad_norm = 1.0f;
+    for (step = 0; step < 8; step++) {
+        gpt_make_batch(text, DATA_BYTES, 11, (uint64_t)step, 0, B, T, tok, tgt);
+        step_or_die(d32, ddp_zero_grad(d32), "zero_grad");
+        step_or_die(d16, ddp_zero_grad(d16), "zero_grad");
+        step_or_die(dlib, ddp_zero_grad(dlib), "zero_grad");
+        gpt_cuda_bf16_zero_grads(&m16);
+        gpt_cuda_forward(&m32, tok, tgt, B, T, 1.0f, 1);
+        gpt_cuda_forward(&m16, tok, tgt, B, T, 1.0f, 1);
+        gpt_cuda_forward(&mlib, tok, tgt, B, T, 1.0f, 1);
+        l32 = one_loss(&m32);
+        l16 = one_loss(&m16);
+        llib = one_loss(&mlib);
+#ifdef GPT_CUDA_EMULATE
+        lib_same &= memcmp(&llib, &l16, sizeof llib) == 0;
+#else
+        lib_same &= fabs((double)llib - l16) <= 2 * nf * u * max_logit || step == 0;   /* max_logit: set after step 0's check */
+        lib_same &= step > 0 || memcmp(&llib, &l16, sizeof llib) == 0;   /* the same parameters: the same first loss */
+#endif
+        if (step == 0) {   /* logits and every gradient of the first batch */
+            float *g32 = (float *)malloc(BT * GPT_VOCAB * sizeof(float)), *g16 = (float *)malloc(BT * GPT_VOCAB * sizeof(float));
+            if (!g32 || !g16) { printf("FAIL %s: out of memory\n", NAME("bf16")); exit(1); }
+            gpt_cuda_logits_rows(&m32, 0, (int)BT, g32);
+            gpt_cuda_logits_rows(&m16, 0, (int)BT, g16);
+            for (k = 0; k < BT * GPT_VOCAB; k++) {
+                max_logit = fabs(g32[k]) > max_logit ? fabs(g32[k]) : max_logit;
+                differs += g32[k] != g16[k];
+            }
+            w = scaled_error(g16, g32, BT * GPT_VOCAB, nf * u);
+            snprintf(name, sizeof name, NAME("bf16_logits_within_bound_%s"), what);
+            verdict(w <= 1 && differs > 0, name, "worst error %.3g of n_f u max|logits| (%d of %zu logits differ from fp32)", w,
+                    differs, BT * GPT_VOCAB);
+            printf("  (%s: worst error %.3f of %.0f u max|logits| = %.3g; %d of %zu logits differ from fp32)\n", name, w, nf,
+                   nf * u * max_logit, differs, BT * GPT_VOCAB);
+            free(g32); free(g16);
+        }
+        step_or_die(d32, ddp_backward(d32), "backward");
+        step_or_die(d16, ddp_backward(d16), "backward");
+        step_or_die(dlib, ddp_backward(dlib), "backward");
+        if (step == 0) {
+            size_t len = 0;
+            for (i = 0; i < ddp_num_params(d32); i++) {
+                size_t n = ddp_param_count(d32, i);
+                float *g32 = download(d32, ddp_grad(d32, i), n);
+                float *g16 = download_bf16(d16, m16.grads16 + (ddp_param(d16, i) - ddp_flat_params(d16, NULL)), n);
+                w = scaled_error(g16, g32, n, nb * u);
+                if (!(w <= worst_grad)) { worst_grad = w; worst_grad_name = ddp_param_name(d32, i); }
+                if (!(w <= 1) && len + 80 < sizeof bad)
+                    len += (size_t)snprintf(bad + len, sizeof bad - len, "%s%s (%.3g)", nbad++ ? ", " : "", ddp_param_name(d32, i), w);
+                free(g32); free(g16);
+            }
+            snprintf(name, sizeof name, NAME("bf16_every_gradient_within_bound_%s"), what);
+            verdict(nbad == 0, name, "%d tensor(s) beyond n_b u max|grad|: %s", nbad, bad);
+            printf("  (%s: worst error %.3f of %.0f u max|grad of the tensor|, in %s)\n", name, worst_grad, nb, worst_grad_name);
+        }
+        w = fabs((double)l16 - l32) / (2 * nf * u * max_logit);
+        if (!(w <= worst_loss)) worst_loss = w;
+        gpt_cuda_bf16_grads_to_fp32(&m16);
+        step_or_die(d32, ddp_adamw_step(d32, &opt, NULL), "adamw");
+        step_or_die(d16, ddp_adamw_step(d16, &opt, NULL), "adamw");
+        step_or_die(dlib, ddp_adamw_step(dlib, &opt, NULL), "adamw");
+        gpt_cuda_bf16_round_params(&m16);
+        printf("  (step %d: loss fp32 %.9g, bf16 %.9g)\n", step + 1, l32, l16);
+    }
+    snprintf(name, sizeof name, NAME("bf16_losses_of_8_steps_within_bound_%s"), what);
+    verdict(worst_loss <= 1, name, "worst loss error %.3g of 2 n_f u max|logits|", worst_loss);
+    printf("  (%s: worst error %.3f of 2 n_f u max|logits| = %.3g)\n", name, worst_loss, 2 * nf * u * max_logit);
+#ifdef GPT_CUDA_EMULATE
+    snprintf(name, sizeof name, NAME("bf16_on_ddp_bf16_params_same_losses_%s"), what);
+#else
+    snprintf(name, sizeof name, NAME("bf16_on_ddp_bf16_params_losses_within_bound_%s"), what);
+#endif
+    verdict(lib_same, name, "the run on ddp.h's bf16 parameters gave other losses than the model's own bf16 copies (last %.9g vs %.9g)",
+            llib, l16);
+    free(tok); free(tgt);
+    gpt_cuda_destroy(&mlib);
+    ddp_shutdown(dlib);
+    gpt_cuda_destroy(&m32);
+    gpt_cuda_destroy(&m16);
+    ddp_shutdown(d32);
+    ddp_shutdown(d16);
+}
+
 int main(void) {
     gpt_config small = { 3, 4, 80, 40, 3 };   /* layers, heads, dim, seq, batch: nothing a multiple of 32 */
     gpt_config larger = { 2, 6, 384, 256, 4 };
@@ -559,5 +731,6 @@ int main(void) {
     test_cuda_vs_cpu(&small, 0.2f);
     if (run_larger) test_cuda_vs_cpu(&larger, 0.0f);
     test_cuda_deterministic(&small);
+    test_cuda_bf16(&small);
     return test_summary(NAME("test"));
 }
