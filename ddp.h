@@ -81,6 +81,10 @@
                                            Chrome/Perfetto trace of all ranks at ddp_shutdown
                                            (tools/trace_svg.py draws it); costs nothing when off.
                                            NCCL backend: the comm lane comes from CUDA events
+                                           (GPU clock, anchored at backward's start) and adds
+                                           per step "backward (gpu)" (cat gpu_backward) and
+                                           "exposed comm (gpu)" (cat gpu_exposed; the compute
+                                           lane holds enqueue times, there is no host wait)
      inject_comm_latency_ms, inject_comm_gbps
                                            benchmarks/tests only: allreduces also take as long as
                                            a network of that latency and bandwidth would (NCCL: a
@@ -1292,7 +1296,7 @@ static uint64_t ddp__sample(const ddp_sampler *s, uint64_t epoch, uint64_t i) {
    turns its events into Chrome trace JSON and rank 0 gathers them into one file.
    -------------------------------------------------------------------------------------------- */
 enum { DDP__EV_FORWARD, DDP__EV_BACKWARD_OP, DDP__EV_READY, DDP__EV_ALLREDUCE, DDP__EV_WAIT,
-       DDP__EV_ADAMW, DDP__EV_STEP };
+       DDP__EV_ADAMW, DDP__EV_STEP, DDP__EV_GPU_BACKWARD, DDP__EV_GPU_EXPOSED };
 #define DDP__TIMELINE_MAX_EVENTS 150000      /* per thread: keeps a rank's trace under the store's cap */
 
 typedef struct ddp__event {
@@ -1362,8 +1366,9 @@ static void ddp__text_json_name(ddp__text *t, const char *name) {
 }
 
 static void ddp__tl_event_json(ddp_context *ctx, ddp__text *t, const ddp__event *e) {
-    static const char *cats[] = { "forward", "backward", "ready", "comm", "exposed", "optimizer", "step" };
-    static const int tids[] = { 0, 0, 0, 1, 0, 0, 2 };
+    static const char *cats[] = { "forward", "backward", "ready", "comm", "exposed", "optimizer", "step",
+                                  "gpu_backward", "gpu_exposed" };
+    static const int tids[] = { 0, 0, 0, 1, 0, 0, 2, 1, 1 };   /* NCCL: the comm lane is the GPU clock */
     const char *cat = e->kind == DDP__EV_ALLREDUCE && e->index < 0 ? "user_comm" : cats[e->kind];
     double ts = 1e6 * (e->t0 - ctx->tl_origin), dur = 1e6 * (e->t1 - e->t0);
     int i;
@@ -1376,6 +1381,8 @@ static void ddp__tl_event_json(ddp_context *ctx, ddp__text *t, const ddp__event 
         else ddp__text_printf(t, "allreduce (user)");
         break;
     case DDP__EV_WAIT: ddp__text_printf(t, "wait for comm"); break;
+    case DDP__EV_GPU_BACKWARD: ddp__text_printf(t, "backward (gpu)"); break;
+    case DDP__EV_GPU_EXPOSED: ddp__text_printf(t, "exposed comm (gpu)"); break;
     default: ddp__text_printf(t, "%s", e->kind == DDP__EV_ADAMW ? "adamw" : cats[e->kind]); break;
     }
     ddp__text_printf(t, "\",\"cat\":\"%s\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,", cat, ctx->rank, tids[e->kind], ts);
@@ -5350,17 +5357,27 @@ static ddp_result ddp__gpu_launch(ddp_context *ctx, int index) {
 
 /* The timeline's comm lane on this backend: each bucket's allreduce as the comm stream's events
    saw it, placed on the host clock relative to the step's first event. (The compute lane holds
-   host times: when the program enqueued its work.) */
+   host times: when the program enqueued its work.) The lane also gets the step's device-side
+   spans, which no host time can give: backward on the GPU (step_begin to step_finish) and the
+   exposed tail (step_finish to the last bucket's end, empty when comm ended first); the
+   backward span goes first so that a viewer draws the allreduces over it. */
 static void ddp__gpu_timeline(ddp_context *ctx, int par, const ddp_step_stats *st) {
     ddp__gpu *g = ctx->gpu;
-    int b;
+    int b, step = (int)st->step - 1;
     float t0, t1;
+    double h = g->host_begin[par];
     if (!ctx->tl_comm) return;
+    if (cudaEventElapsedTime(&t1, g->step_begin[par], g->step_finish[par]) == cudaSuccess) {
+        ddp__tl_add(ctx->tl_comm, DDP__EV_GPU_BACKWARD, step, h, h + 1e-3 * t1, -1, 0);
+        if (st->buckets_launched &&
+            cudaEventElapsedTime(&t0, g->step_begin[par], g->comm_end[par][g->last_bucket[par]]) == cudaSuccess)
+            ddp__tl_add(ctx->tl_comm, DDP__EV_GPU_EXPOSED, step, h + 1e-3 * t1, h + 1e-3 * (t0 > t1 ? t0 : t1), -1, 0);
+    }
     for (b = 0; b < st->buckets_launched; b++)
         if (cudaEventElapsedTime(&t0, g->step_begin[par], g->comm_start[par][b]) == cudaSuccess &&
             cudaEventElapsedTime(&t1, g->step_begin[par], g->comm_end[par][b]) == cudaSuccess)
-            ddp__tl_add(ctx->tl_comm, DDP__EV_ALLREDUCE, (int)st->step - 1, g->host_begin[par] + 1e-3 * t0,
-                        g->host_begin[par] + 1e-3 * t1, b, ctx->buckets[b].count * ddp__wire_bytes(ctx));
+            ddp__tl_add(ctx->tl_comm, DDP__EV_ALLREDUCE, step, h + 1e-3 * t0,
+                        h + 1e-3 * t1, b, ctx->buckets[b].count * ddp__wire_bytes(ctx));
 }
 
 /* The GPU times of a step, once its events have completed (never waited for). */

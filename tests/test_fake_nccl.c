@@ -52,6 +52,8 @@ static struct {
     int stop_fails;                /* ... after its communicator got an asynchronous error */
     int inject_comm_ms;
     int slow_shutdown_rank;        /* that rank's GPU events complete 0.4 s late from ddp_shutdown on */
+    const char *timeline;          /* ddp_desc.timeline_path */
+    int step_sleep_ms;             /* the host sleeps after each step (a host slower than its GPU) */
 } cfg;
 static result res[MAX_WORLD];
 
@@ -109,6 +111,7 @@ static void train_rank(test_rank *self) {
     d.reduce_dtype = cfg.bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
     d.shard_optimizer = cfg.shard;
     d.inject_comm_latency_ms = cfg.inject_comm_ms;
+    if (cfg.timeline) d.timeline_path = cfg.timeline;
     if (cfg.timeout_s > 0) d.timeout_s = cfg.timeout_s;
     out->fail_step = -1;
     out->r = ddp_init(&ctx, &d);
@@ -126,6 +129,7 @@ static void train_rank(test_rank *self) {
         }
         out->r = train_step(m, step, self->rank * n, n, cfg.micro, cfg.norm_every && step % cfg.norm_every == 0 ? &norm : NULL);
         if (out->r != DDP_OK) out->fail_step = step;
+        if (cfg.step_sleep_ms) usleep(1000 * cfg.step_sleep_ms);
     }
     out->t_fail = ddp__now() - t_start;
     if (out->r == DDP_OK) {
@@ -841,6 +845,98 @@ static void slow_shutdown(int world, int slow_rank) {
     check_clean(name);
 }
 
+/* ---- (i) the timeline's GPU spans: per rank and step one "backward (gpu)" and one "exposed
+   comm (gpu)" on the comm lane (tid 1); backward starts no earlier than the step's first host
+   event and
+   no later than any of its allreduces; exposed runs from backward's end to the last allreduce's
+   end (empty when that came first), and its length is what ddp_last_step_stats reported ---- */
+typedef struct tl_ev { char cat[24]; int pid, tid, step; double ts, dur; } tl_ev;
+
+static int tl_parse(const char *line, tl_ev *e) {
+    const char *c = strstr(line, "\"cat\":\""), *p = strstr(line, "\"pid\":"), *t = strstr(line, "\"tid\":"),
+               *ts = strstr(line, "\"ts\":"), *d = strstr(line, "\"dur\":"), *st = strstr(line, "\"step\":");
+    size_t n;
+    if (!c || !p || !t || !ts || !st) return 0;
+    c += 7;
+    n = strcspn(c, "\"");
+    if (n >= sizeof e->cat) return 0;
+    memcpy(e->cat, c, n);
+    e->cat[n] = 0;
+    e->dur = 0;
+    return sscanf(p + 6, "%d", &e->pid) == 1 && sscanf(t + 6, "%d", &e->tid) == 1 && sscanf(ts + 5, "%lf", &e->ts) == 1 &&
+           sscanf(st + 7, "%d", &e->step) == 1 && (!d || sscanf(d + 6, "%lf", &e->dur) == 1);
+}
+
+static void timeline_gpu_spans(int world) {
+    char path[64], line[1024], name[96], why[DDP__ERR_MAX + 160] = "";
+    float *gpu = NULL;
+    size_t ng = 0, n = 0, cap = 4096, i;
+    tl_ev *ev = (tl_ev *)malloc(cap * sizeof *ev);
+    FILE *f;
+    int ok, r, s, fd, exposed_seen = 0;
+    snprintf(path, sizeof path, "/tmp/ddp_fake_tl_XXXXXX");
+    fd = mkstemp(path);
+    if (fd >= 0) close(fd);
+    fakegpu_reset();
+    reset_cfg();
+    cfg.steps = 6;
+    cfg.inject_comm_ms = 2;   /* each bucket's comm outlasts the MLP's backward: a real exposed tail */
+    cfg.timeline = path;
+    cfg.step_sleep_ms = 10;   /* every step's events complete before the next step reuses them */
+    ok = fd >= 0 && ev && train(world, DDP_BACKEND_NCCL, &gpu, &ng, why, sizeof why);
+    if (ok && !(f = fopen(path, "r"))) { ok = 0; snprintf(why, sizeof why, "no timeline at %s", path); }
+    else if (ok) {
+        while (fgets(line, sizeof line, f))
+            if (n < cap && tl_parse(line, &ev[n])) n++;
+        fclose(f);
+    }
+    for (r = 0; ok && r < world; r++)
+        for (s = 0; ok && s < cfg.steps; s++) {
+            const tl_ev *bwd = NULL, *exp_ = NULL;
+            double fwd = -1, last_end = -1, first_comm = 1e300;
+            int nb = 0, ne = 0, nc = 0;
+            for (i = 0; i < n; i++) {
+                const tl_ev *e = &ev[i];
+                if (e->pid != r || e->step != s) continue;
+                if (!strcmp(e->cat, "gpu_backward")) { bwd = e; nb++; ok &= e->tid == 1; }
+                else if (!strcmp(e->cat, "gpu_exposed")) { exp_ = e; ne++; ok &= e->tid == 1; }
+                else if (e->tid == 0 && (fwd < 0 || e->ts < fwd)) fwd = e->ts;   /* the step's first host event */
+                else if (!strcmp(e->cat, "comm")) {
+                    nc++;
+                    if (e->ts < first_comm) first_comm = e->ts;
+                    if (e->ts + e->dur > last_end) last_end = e->ts + e->dur;
+                }
+            }
+            if (!ok || nb != 1 || ne != 1 || nc != res[r].buckets || fwd < 0) {
+                snprintf(why, sizeof why, "rank %d step %d: %d backward (gpu), %d exposed (gpu), %d allreduces of %d buckets, "
+                         "host events %s (all on tid 1: %s)", r, s, nb, ne, nc, res[r].buckets, fwd < 0 ? "missing" : "there", ok ? "yes" : "no");
+                ok = 0;
+                break;
+            }
+            /* 0.002 us: the trace prints 3 decimals */
+            if (bwd->ts + 0.002 < fwd || bwd->ts > first_comm + 0.002 || bwd->dur < 0 ||
+                fabs(exp_->ts - (bwd->ts + bwd->dur)) > 0.002 ||
+                fabs(exp_->ts + exp_->dur - (last_end > bwd->ts + bwd->dur ? last_end : bwd->ts + bwd->dur)) > 0.004) {
+                snprintf(why, sizeof why, "rank %d step %d: first host event at %.3f, backward (gpu) %.3f + %.3f, exposed (gpu) %.3f + %.3f, "
+                         "allreduces %.3f .. %.3f", r, s, fwd, bwd->ts, bwd->dur, exp_->ts, exp_->dur, first_comm, last_end);
+                ok = 0;
+            }
+            exposed_seen += exp_->dur > 0;
+            if (ok && (int64_t)s == (int64_t)res[r].st.step - 1 && fabs(exp_->dur * 1e-3 - res[r].st.exposed_ms) > 1e-3) {
+                snprintf(why, sizeof why, "rank %d step %d: exposed (gpu) %.3f us, ddp_last_step_stats %.4f ms", r, s, exp_->dur,
+                         res[r].st.exposed_ms);
+                ok = 0;
+            }
+        }
+    if (ok && !exposed_seen) { ok = 0; snprintf(why, sizeof why, "no step left communication exposed (2 ms per bucket)"); }
+    snprintf(name, sizeof name, "fake_nccl_ranks%d_timeline_gpu_backward_and_exposed_spans", world);
+    verdict(ok, name, "%s", why);
+    remove(path);
+    free(ev);
+    free(gpu);
+    check_clean(name);
+}
+
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     /* (a) training equals the CPU backend */
@@ -887,5 +983,7 @@ int main(void) {
     fault_hold();
     init_never_completes();
     duplicate_gpu();
+    timeline_gpu_spans(1);
+    timeline_gpu_spans(2);
     return test_summary("test_fake_nccl");
 }

@@ -303,5 +303,99 @@ bad "scaling: absent step exits 2" $S "$tmp/scal.json" --inter-gbps 1 --step 9
 bad "scaling: absent rank exits 2" $S "$tmp/scal.json" --inter-gbps 1 --rank 3
 bad "scaling: bad rank list exits 2" $S "$tmp/scal.json" --inter-gbps 1 --ranks 0,2
 
+# ---------------------------------------------------------------- tools/scaling.py on GPU traces
+# The NCCL backend's trace: host times on the compute lane (enqueue: forward 0-2 ms, backward ops
+# 2-6, buckets "ready" at 3 and 5 ms, adamw 6-7), the GPU clock on the comm lane: backward (gpu)
+# 2-40 ms, bucket 0 (1e6 bytes) starts at 20 ms, bucket 1 (4e6) at 40 ms and takes 1 ms,
+# exposed (gpu) 40-41. Steps 50 ms apart: C = 50 - 1 = 49 ms. Flat 1 ms + bytes / 1e9 B/s on 2
+# ranks: b0 20-22, b1 40-45: exposed 5, step 54.000, comm 7.000, 49/54 = 90.7 % (from the host's
+# ready instants and backward it would be b1 5-10, exposed 4 after backward's host end at 6).
+#   --old: the same without the GPU spans (an older ddp.h) and b1 taking 0.5 ms: backward ends at
+#     b1's start (40), exposed 0.5, C = 49.5: step 54.500, 49.5/54.5 = 90.8 %.
+#   --ranks2: a second rank whose b1 starts at 42: readiness is the latest start, b1 42-47,
+#     exposed 47 - 40 = 7, step 56.000, 49/56 = 87.5 %.
+cat >"$tmp/gen_gpu.py" <<'EOF'
+import json, sys
+ev, MS = [], 1000.0
+old, two = "--old" in sys.argv, "--ranks2" in sys.argv
+for r in ((0, 1) if two else (0,)):
+    ev.append({"name": "process_name", "ph": "M", "pid": r, "args": {"name": "rank %d" % r}})
+    for s in range(4):
+        t = 1000 * MS + s * 50 * MS
+        def X(name, cat, a, b, tid=0, **kw):
+            ev.append({"name": name, "cat": cat, "pid": r, "tid": tid, "ph": "X", "ts": t + a * MS,
+                       "dur": (b - a) * MS, "args": dict({"step": s}, **kw)})
+        X("forward", "forward", 0, 2)
+        for k, a in enumerate((2, 3, 4, 5)):
+            X("backward op %d" % (3 - k), "backward", a, a + 1)
+        if not old:
+            X("backward (gpu)", "gpu_backward", 2, 40, tid=1)
+        for b, (host, gpu, nbytes) in enumerate(((3, 20, 1000000), (5, 42 if r else 40, 4000000))):
+            ev.append({"name": "bucket %d ready" % b, "cat": "ready", "pid": r, "tid": 0, "ph": "i", "s": "t",
+                       "ts": t + host * MS, "args": {"step": s, "bucket": b}})
+            X("allreduce bucket %d" % b, "comm", gpu, gpu + (0.01 if b == 0 else 0.5 if old else 1), tid=1,
+              bucket=b, bytes=nbytes)
+        if not old:
+            X("exposed comm (gpu)", "gpu_exposed", 40, 41, tid=1)
+        X("adamw", "optimizer", 6, 7)
+json.dump({"traceEvents": ev}, open(sys.argv[1], "w"))
+EOF
+$PY "$tmp/gen_gpu.py" "$tmp/gpu.json"
+$PY "$tmp/gen_gpu.py" "$tmp/gpuold.json" --old
+$PY "$tmp/gen_gpu.py" "$tmp/gpu2.json" --ranks2
+$PY "$tmp/gen_gpu.py" "$tmp/gpuold2.json" --old --ranks2
+flat="--algo flat --inter-latency-us 1000 --inter-gbps 8 --ranks 1,2"
+$PY $S "$tmp/gpu.json" $flat -o "$tmp/gpu.svg" >"$tmp/gpu.out" 2>"$tmp/err" || fail "scaling: a GPU trace exits 0" "$(head -c 300 "$tmp/err")"
+same "scaling: GPU trace, 1 rank: the period less the GPU's exposed span" "$(row 1 "$tmp/gpu.out")" "49.000 0.000 0.000 100.0%"
+same "scaling: GPU trace: readiness from the comm lane, backward from the GPU span" "$(row 2 "$tmp/gpu.out")" "54.000 7.000 5.000 90.7%"
+has "scaling: GPU trace: backward's length on the GPU" "$tmp/gpu.out" "compute 49.00 ms (backward 38.00 ms on the GPU); 2 bucket(s), 5.00 MB of gradients; measured comm 1.01 ms, exposed 1.00 ms"
+has "scaling: GPU trace: says where the numbers come from" "$tmp/gpu.out" "from the 'backward (gpu)' and 'exposed comm (gpu)' spans"
+$PY $S "$tmp/gpuold.json" $flat -o "$tmp/gpuold.svg" >"$tmp/gpuold.out" 2>"$tmp/err" || fail "scaling: an older GPU trace exits 0" "$(head -c 300 "$tmp/err")"
+same "scaling: GPU trace without spans: backward ends at the last allreduce's start" "$(row 2 "$tmp/gpuold.out")" "54.500 7.000 5.000 90.8%"
+has "scaling: GPU trace without spans: says so" "$tmp/gpuold.out" "no GPU spans in this trace"
+$PY $S "$tmp/gpu2.json" $flat -o "$tmp/gpu2.svg" >"$tmp/gpu2.out" 2>"$tmp/err" || fail "scaling: a 2-rank GPU trace exits 0" "$(head -c 300 "$tmp/err")"
+same "scaling: GPU trace, 2 ranks: the latest comm start over the ranks" "$(row 2 "$tmp/gpu2.out")" "56.000 7.000 7.000 87.5%"
+has "scaling: GPU trace, 2 ranks: readiness is an upper bound" "$tmp/gpu2.out" "2 ranks: a start is only an upper bound of readiness"
+bad "scaling: 2-rank GPU trace without spans exits 2" $S "$tmp/gpuold2.json" $flat -o "$tmp/x.svg"
+has "scaling: 2-rank GPU trace without spans: says what is missing" "$tmp/bad.err" "did not record 'backward (gpu)' and 'exposed comm (gpu)'"
+# A real one: steps 3-7 (and step 8's start) of the GPT-2-small-sized GPT on one H100, TF32, batch 8
+# (DDP_TIMELINE of build/gpu/train_gpt, a ddp.h without the GPU spans; backward ops other than
+# the first and last cut out to keep it small). The reference below reads the file itself.
+G=tests/gpt2s_h100_tf32_steps3-7.json
+$PY $S $G --fabric bench/fabric_8xh100_ib400.json --ranks 1,8,512 -o "$tmp/h100.svg" >"$tmp/h100.out" 2>"$tmp/err" ||
+    fail "scaling: the H100 trace exits 0" "$(head -c 300 "$tmp/err")"
+ref=$($PY - $G <<'EOF'
+import json, statistics, sys
+ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e.get("ph") != "M"]
+start = {}
+for e in ev:
+    s = e["args"]["step"]
+    start[s] = min(start.get(s, e["ts"]), e["ts"])
+def level(b, k, a, bw):
+    return 0.0 if k <= 1 else 2 * (k - 1) * (a + b / (k * bw))
+def T(b, n):   # 8 GPUs a node: NVLink 3600 Gbit/s, 3 us; a 400 Gbit/s NIC each, 6 us; 80 %; ring
+    if n <= 1:
+        return 0.0
+    t = level(b, min(n, 8), 3e-6, 3600e9 / 8 * 0.8)
+    return t + (level(b / 8, n // 8, 6e-6, 400e9 / 8 * 0.8) if n > 8 else 0.0)
+out = []
+for n in (1, 8, 512):
+    rows = []
+    for s in (4, 5, 6, 7):   # the complete steps after the first
+        comm = sorted((e for e in ev if e["args"]["step"] == s and e["cat"] == "comm"), key=lambda e: e["args"]["bucket"])
+        last = max(comm, key=lambda e: e["ts"])
+        compute = start[s + 1] - start[s] - last["dur"]
+        end = 0.0
+        for e in comm:
+            end = max(end, e["ts"]) + 1e6 * T(e["args"]["bytes"], n)
+        rows.append(compute + (max(0.0, end - last["ts"]) if n > 1 else 0.0))
+    out.append("%.3f" % (statistics.median(rows) / 1e3))
+print(" ".join(out))
+EOF
+)
+got="$(row 1 "$tmp/h100.out" | cut -d' ' -f1) $(row 8 "$tmp/h100.out" | cut -d' ' -f1) $(row 512 "$tmp/h100.out" | cut -d' ' -f1)"
+same "scaling: the H100 trace's step on 1, 8 and 512 GPUs equals an independent reading of it" "$got" "$ref"
+has "scaling: the H100 trace's buckets" "$tmp/h100.out" "17 bucket(s), 344.16 MB of gradients"
+
 if [ -n "$keep" ]; then mkdir -p "$keep" && cp "$tmp"/trace.svg "$tmp"/sweep.svg "$tmp"/scal.svg "$tmp"/trace.json "$tmp"/sweep.csv "$keep"/; fi
 [ "$failed" -eq 0 ]

@@ -20,6 +20,26 @@ THE MODEL (weak scaling: every rank keeps its batch, so N ranks do N times the w
   communicates nothing). Not modelled: contention between communication and compute for the same
   cores or memory, stragglers (one slow rank delays all), congestion beyond the stated links.
 
+GPU TRACES (ddp.h's NCCL backend)
+  There the compute lane holds HOST times (when the program enqueued its kernels) and nothing
+  waits on the host, so the host events say nothing about backward or the exposed tail. What is
+  on the GPU clock is the comm lane (tid 1): each bucket's allreduce from the comm stream's CUDA
+  events, anchored at the host's start of backward. From it, for each step:
+    backward  the 'backward (gpu)' span (cat gpu_backward: the compute stream's step_begin to
+              step_finish events), E = its end;
+    exposed   the 'exposed comm (gpu)' span (cat gpu_exposed: step_finish to the last bucket's
+              end), X = its length;
+    r_i       the start of bucket i's allreduce on the comm lane (the latest over the ranks). On
+              one rank nothing is sent, so it is the moment the compute stream reached the
+              bucket's ready event: its readiness on the GPU. With more ranks a start also waits
+              for the previous bucket's allreduce and the slowest peer: only an upper bound of
+              readiness (the prediction is then pessimistic about overlap; the table says so);
+    P         the host's step starts (the host cannot run ahead of its GPU for long).
+  A trace from a ddp.h before those spans (no host wait, no step events, no GPU spans) is read
+  on one rank only: backward ends at the last allreduce's start (the last bucket is ready when
+  backward's last op is; ops after it would be missed) and X is the last allreduce's length. On
+  more ranks such a trace is refused: the end of backward cannot be told from the comm lane.
+
 THE FABRIC (--fabric FILE.json with the same keys, or the options)
   --algo ring|tree|flat   ring: T = 2(n-1)(a + b/(n B)) per level; tree: T = 2 ceil(log2 n) a + 2 b/B;
                           flat: T = a + b/B whatever N: what ddp.h's inject_comm_latency_ms /
@@ -109,12 +129,40 @@ def measure_steps(events, rank):
     for s, evs in by_step.items():
         st = [e["ts"] for e in evs if e.get("cat") == "step"]
         starts[s] = min(st) if st else min(e["ts"] for e in evs)
+    gpu = gpu_kind(events, mine)
+    if gpu == "old" and len(trace_ranks(events)) > 1:
+        die("rank %s's steps have no host 'wait for comm' and no GPU spans: an NCCL trace from a ddp.h "
+            "that did not record 'backward (gpu)' and 'exposed comm (gpu)'; with %d ranks the end of backward "
+            "on the GPU cannot be told from the comm lane (record it again with this ddp.h)" % (rank, len(trace_ranks(events))))
+    if gpu:
+        # the comm lane is on the GPU clock: a bucket's allreduce starts when the comm stream got
+        # past the bucket's ready event (and the previous bucket); the latest start over the ranks
+        latest = {}
+        for e in events:
+            a = e.get("args")
+            if e.get("cat") == "comm" and e.get("ph") == "X" and isinstance(a, dict) and "bucket" in a and \
+                    isinstance(e.get("ts"), (int, float)):
+                k = (a.get("step"), a["bucket"])
+                latest[k] = max(latest.get(k, e["ts"]), e["ts"])
     steps = []
     for s in sorted(by_step):
         evs = by_step[s]
         t0 = starts[s]
         back = [e for e in evs if e.get("cat") == "backward" and e.get("ph") == "X"]
         waits = [e for e in evs if e.get("cat") == "exposed" and e.get("ph") == "X"]
+        comms = [e for e in evs if e.get("cat") == "comm" and e.get("ph") == "X" and "bucket" in (e.get("args") or {})]
+        if gpu == "spans":
+            back = [e for e in evs if e.get("cat") == "gpu_backward" and e.get("ph") == "X"]
+            waits = [e for e in evs if e.get("cat") == "gpu_exposed" and e.get("ph") == "X"]
+        elif gpu == "old" and back and comms:
+            # no device spans: backward on the GPU starts at the lane's anchor (the host's start of
+            # backward) and ends, at the latest, when the last bucket got ready, which on one
+            # rank is the last allreduce's start; what it ran past that is the exposed tail
+            b0 = min(e["ts"] for e in back)
+            b1 = max(e["ts"] for e in comms)
+            c1 = max(e["ts"] + e.get("dur", 0) for e in comms)
+            back = [{"ts": b0, "dur": b1 - b0}]
+            waits = [{"ts": b1, "dur": max(0.0, c1 - b1)}]
         if not back or not waits:
             continue   # cut off, or not a training step
         end = max(e["ts"] + e.get("dur", 0) for e in evs)
@@ -122,7 +170,7 @@ def measure_steps(events, rank):
         buckets = {}
         for e in evs:
             a = e.get("args") or {}
-            if e.get("cat") == "ready" and "bucket" in a:
+            if e.get("cat") == ("comm" if gpu else "ready") and "bucket" in a:
                 buckets.setdefault(a["bucket"], {})["ready"] = latest[(s, a["bucket"])] - t0
             if e.get("cat") == "comm" and "bucket" in a:
                 b = buckets.setdefault(a["bucket"], {})
@@ -141,8 +189,27 @@ def measure_steps(events, rank):
         })
     if not steps:
         die("no complete training step of rank %s in the trace (a step needs backward ops and a "
-            "'wait for comm' event)" % rank)
+            "'wait for comm' event, or on the NCCL backend 'backward (gpu)' and 'exposed comm (gpu)' "
+            "or the comm lane's allreduces)" % rank)
+    for st in steps:
+        st["clock"] = {"spans": "gpu", "old": "gpu-derived"}.get(gpu, "host")
     return steps
+
+
+def trace_ranks(events):
+    return sorted({e.get("pid") for e in events if e.get("ph") == "X"}, key=str)
+
+
+def gpu_kind(events, mine):
+    """How the trace tells the GPU's side of a step: "spans" (ddp.h's NCCL backend records
+    'backward (gpu)' and 'exposed comm (gpu)'), "old" (an NCCL trace from before them: allreduces
+    and backward ops but neither a host wait nor a step event), None (a host-clock trace)."""
+    cats = {e.get("cat") for e in mine}
+    if "gpu_backward" in cats or "gpu_exposed" in cats:
+        return "spans"
+    if "comm" in cats and "backward" in cats and not ({"exposed", "step"} & cats):
+        return "old"
+    return None
 
 
 # ---------------------------------------------------------------- the fabric
@@ -419,7 +486,8 @@ def main(argv=None):
         die("--ready-at-end needs --grad-bytes and a share in [0, 1), not %r" % a.ready_at_end)
     ranks = parse_ranks(a.ranks)
 
-    steps = measure_steps(load_events(a.trace), a.rank)
+    events = load_events(a.trace)
+    steps = measure_steps(events, a.rank)
     if a.step is not None:
         steps = [s for s in steps if s["step"] == a.step]
         if not steps:
@@ -442,10 +510,22 @@ def main(argv=None):
     med = lambda key, ss=measured: statistics.median(s[key] for s in ss)
     mb = [sum(b["bytes"] for b in s["buckets"]) for s in measured]
     print("# %s" % fabric.describe())
-    print("# measured: rank %d, %d step(s) used; step %.2f ms of which compute %.2f ms (backward ends at %.2f ms); "
+    clock = measured[0]["clock"]
+    # on the GPU clock the step's start (the host's first event) and backward are on two clocks
+    # that meet only at the lane's anchor: only backward's length means something there
+    bwd = ("backward ends at %.2f ms" % (med("bwd_end") / 1e3) if clock == "host" else
+           "backward %.2f ms on the GPU" % (statistics.median(s["bwd_end"] - s["bwd_start"] for s in measured) / 1e3))
+    print("# measured: rank %d, %d step(s) used; step %.2f ms of which compute %.2f ms (%s); "
           "%d bucket(s), %.2f MB of gradients; measured comm %.2f ms, exposed %.2f ms" % (
-              a.rank, len(measured), med("period") / 1e3, med("compute") / 1e3, med("bwd_end") / 1e3,
+              a.rank, len(measured), med("period") / 1e3, med("compute") / 1e3, bwd,
               len(measured[0]["buckets"]), statistics.median(mb) / 1e6, med("comm") / 1e3, med("exposed") / 1e3))
+    if clock != "host":
+        nr = len(trace_ranks(events))
+        print("# GPU trace (NCCL backend): %s; bucket readiness from the comm lane's starts%s" % (
+                            "backward and exposed from the 'backward (gpu)' and 'exposed comm (gpu)' spans" if clock == "gpu"
+                            else "no GPU spans in this trace: backward ends at the last allreduce's start, exposed is "
+                                 "the last allreduce",
+                            " (%d ranks: a start is only an upper bound of readiness)" % nr if nr > 1 else ""))
     nb = len(steps[0]["buckets"])
     gb = sum(b["bytes"] for b in steps[0]["buckets"])
     if a.compute_scale != 1 or a.grad_bytes:
