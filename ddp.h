@@ -966,7 +966,8 @@ typedef struct ddp__cpu {
    fp32 staging (a bucket, before it is reduced); the reduced fp32 gradients rounded into the bf16
    ones and the staging set to the rounded values (the norm and AdamW then read exactly the bf16
    gradients); the fp32 master rounded into the working copies. */
-enum { DDP__BF16_WIDEN_GRADS = 1, DDP__BF16_NARROW_GRADS, DDP__BF16_ROUND_PARAMS };
+enum { DDP__BF16_WIDEN_GRADS = 1, DDP__BF16_NARROW_GRADS, DDP__BF16_ROUND_PARAMS,
+       DDP__BF16_SHARD_MASTER /* sharded: keep this rank's parts of the master, packed (ddp__master_parts) */ };
 
 typedef struct ddp__gpu ddp__gpu;   /* the NCCL backend's state (>>nccl; only built with CUDA) */
 typedef struct ddp__mpi ddp__mpi;   /* the MPI backend's state (>>mpi; only built with DDP_MPI) */
@@ -2671,6 +2672,13 @@ static int ddp__holds(const ddp_context *ctx, size_t i) {
     return 0;
 }
 
+/* bf16 parameters with shard_optimizer on several ranks: the fp32 master is held in parts, like
+   m and v (shard_count floats, packed: master[shard_base[b] + i - lo] is flat element i of this
+   rank's part [lo, hi) of bucket b); the bf16 working copies are whole, and what is gathered. */
+static int ddp__master_parts(const ddp_context *ctx) {
+    return ctx->params_bf16 && ctx->desc.shard_optimizer && ctx->world > 1;
+}
+
 /* The sums of squares of the norm blocks that lie in this rank's part (every block when
    unsharded) into sums[norm_base[b] + j]; the others are left alone. */
 static void ddp__norm_blocks(ddp_context *ctx, double *sums) {
@@ -2798,10 +2806,26 @@ static ddp_result ddp__host_scale(ddp_context *ctx, float *x, size_t count, floa
     return DDP_OK;
 }
 
+/* The master's parts, packed (at commit, once the working copies hold the whole master rounded). */
+static ddp_result ddp__host_shard_master(ddp_context *ctx) {
+    float *parts = ddp__alloc_floats(ctx->shard_count ? ctx->shard_count : 1);
+    size_t lo, hi;
+    int b;
+    if (!parts) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %zu floats of the fp32 master", ctx->shard_count);
+    for (b = 0; b < ctx->num_buckets; b++) {
+        ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
+        memcpy(parts + ctx->shard_base[b], ctx->flat_params + lo, (hi - lo) * sizeof(float));
+    }
+    ddp__free_floats(ctx->flat_params);
+    ctx->flat_params = parts;
+    return DDP_OK;
+}
+
 static ddp_result ddp__host_bf16(ddp_context *ctx, int op, size_t offset, size_t count) {
     float *f = (op == DDP__BF16_ROUND_PARAMS ? ctx->flat_params : ctx->flat_grads) + offset;
     ddp_bf16 *h = (op == DDP__BF16_ROUND_PARAMS ? ctx->params_bf16 : ctx->grads_bf16) + offset;
     size_t i;
+    if (op == DDP__BF16_SHARD_MASTER) return ddp__host_shard_master(ctx);
     if (op == DDP__BF16_WIDEN_GRADS)
         for (i = 0; i < count; i++) f[i] = ddp__from_bf16(h[i]);
     else if (op == DDP__BF16_NARROW_GRADS)
@@ -2854,7 +2878,7 @@ static void ddp__adamw_bucket(ddp_context *ctx, int b, const ddp_adamw *opt, con
         float decay = (p->flags & DDP_NO_DECAY) ? 0.0f : opt->weight_decay;
         if (to <= from) continue;
         if (ctx->params_bf16) {
-            size_t bad = ddp__adamw_range_bf16(ctx->flat_params + from, ctx->params_bf16 + from, ctx->flat_grads + from,
+            size_t bad = ddp__adamw_range_bf16(ctx->flat_params + (ddp__master_parts(ctx) ? at : from), ctx->params_bf16 + from, ctx->flat_grads + from,
                                                ctx->adam_m + at, ctx->adam_v + at, to - from, now->clip, opt->lr, now->b1,
                                                now->b2, now->eps, decay, now->step_size, now->bc2_sqrt);
             if (bad && !ctx->bf16_diverged) ctx->bf16_diverged_param = i;
@@ -3662,7 +3686,11 @@ static ddp_result ddp__grads_share(ddp_context *ctx, double deadline) {
     ctx->cpu->grads_shm_bytes = bytes;
     ddp__free_floats(ctx->flat_grads);
     ctx->flat_grads = ddp__rank_grads(ctx, ctx->rank);
-    if (copies == 2) {   /* this rank's parameters (its initial values) move into the segment */
+    if (copies == 2 && ctx->params_bf16) {   /* bf16: the working copies are what is gathered (filled at commit) */
+        ddp__free_floats((float *)(void *)ctx->params_bf16);
+        ctx->params_bf16 = (ddp_bf16 *)(void *)ddp__rank_grads(ctx, ctx->world + ctx->rank);
+        ctx->cpu->params_shared = 1;
+    } else if (copies == 2) {   /* this rank's parameters (its initial values) move into the segment */
         float *mine = ddp__rank_grads(ctx, ctx->world + ctx->rank);
         memcpy(mine, ctx->flat_params, ctx->flat_count * sizeof(float));
         ddp__free_floats(ctx->flat_params);
@@ -3686,7 +3714,8 @@ static void ddp__grads_unlink(ddp_context *ctx) {
    in the segment (the all-gather), so the copies of early buckets overlap the peers' updates of
    later ones. Without the segment (no room in /dev/shm, DDP_STAGED_GRADS) the parts travel by
    broadcast. Before returning every rank waits until all have copied from it: the program may
-   write its parameters next. */
+   write its parameters next. bf16 parameters: the parts gathered are the bf16 working copies (in
+   the segment in place of fp32 parameters), half the bytes; the fp32 master stays in parts. */
 static float *ddp__rank_params(ddp_context *ctx, int s) { return ddp__rank_grads(ctx, ctx->world + s); }
 
 static ddp_result ddp__cpu_norm_exchange(ddp_context *ctx) {
@@ -3723,7 +3752,9 @@ static ddp_result ddp__cpu_gather_bucket(ddp_context *ctx, int b, uint32_t q, in
     for (s = 0; s < ctx->world; s++) {
         if (s == ctx->rank) continue;
         ddp__shard_range(ctx, b, s, &lo, &hi);
-        if (hi > lo) memcpy(ctx->flat_params + lo, ddp__rank_params(ctx, s) + lo, (hi - lo) * sizeof(float));
+        if (hi > lo && ctx->params_bf16)
+            memcpy(ctx->params_bf16 + lo, (ddp_bf16 *)(void *)ddp__rank_params(ctx, s) + lo, (hi - lo) * sizeof(ddp_bf16));
+        else if (hi > lo) memcpy(ctx->flat_params + lo, ddp__rank_params(ctx, s) + lo, (hi - lo) * sizeof(float));
     }
     ddp__shm_post(ctx, DDP__STAGE_RED, q + 1);
     ddp__shm_post(ctx, DDP__STAGE_OUT, q + 1);
@@ -3749,8 +3780,11 @@ static ddp_result ddp__cpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b
         for (b = 0; b < ctx->num_buckets; b++)
             for (s = 0; s < ctx->world; s++) {
                 ddp__shard_range(ctx, b, s, &lo, &hi);
-                if (hi > lo && (r = ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->flat_params + lo,
-                                                        (hi - lo) * sizeof(float), s)) != DDP_OK) return r;
+                if (hi > lo && (r = ctx->params_bf16
+                                        ? ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->params_bf16 + lo,
+                                                              (hi - lo) * sizeof(ddp_bf16), s)
+                                        : ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->flat_params + lo,
+                                                              (hi - lo) * sizeof(float), s)) != DDP_OK) return r;
             }
         return DDP_OK;
     }
@@ -3945,7 +3979,8 @@ static void ddp__cpu_teardown(ddp_context *ctx) {
         if (c->grads_shm) {
             munmap(c->grads_shm, c->grads_shm_bytes);
             ctx->flat_grads = NULL;                        /* it pointed into the segment */
-            if (c->params_shared) ctx->flat_params = NULL; /* so did this */
+            if (c->params_shared && ctx->params_bf16) ctx->params_bf16 = NULL;   /* so did this */
+            else if (c->params_shared) ctx->flat_params = NULL;
         }
         DDP_FREE(c->norm_recv);
         pthread_mutex_destroy(&c->comm_lock);
@@ -5465,7 +5500,21 @@ static ddp_result ddp__gpu_scale(ddp_context *ctx, float *x, size_t count, float
 static ddp_result ddp__gpu_bf16(ddp_context *ctx, int op, size_t offset, size_t count) {
     cudaStream_t s = ctx->gpu->compute;
     DDP__GPU_DEVICE(ctx->gpu);
-    if (op == DDP__BF16_WIDEN_GRADS) DDP__CUDA(ddp_k_bf16_to_f32(ctx->grads_bf16 + offset, ctx->flat_grads + offset, count, s));
+    if (op == DDP__BF16_SHARD_MASTER) {   /* the master's parts, packed (ddp__master_parts) */
+        float *parts = NULL;
+        size_t lo, hi;
+        int b;
+        DDP__CUDA(cudaMalloc((void **)&parts, (ctx->shard_count ? ctx->shard_count : 1) * sizeof(float)));
+        for (b = 0; b < ctx->num_buckets; b++) {
+            ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
+            if (hi > lo)
+                DDP__CUDA(cudaMemcpyAsync(parts + ctx->shard_base[b], ctx->flat_params + lo, (hi - lo) * sizeof(float),
+                                          cudaMemcpyDeviceToDevice, s));
+        }
+        DDP__CUDA(cudaStreamSynchronize(s));   /* the rounding before and these copies read the whole master */
+        DDP__CUDA(cudaFree(ctx->flat_params));
+        ctx->flat_params = parts;
+    } else if (op == DDP__BF16_WIDEN_GRADS) DDP__CUDA(ddp_k_bf16_to_f32(ctx->grads_bf16 + offset, ctx->flat_grads + offset, count, s));
     else if (op == DDP__BF16_NARROW_GRADS) DDP__CUDA(ddp_k_bf16_round(ctx->flat_grads + offset, ctx->grads_bf16 + offset, count, s));
     else DDP__CUDA(ddp_k_f32_to_bf16(ctx->flat_params + offset, ctx->params_bf16 + offset, count, s));
     return DDP_OK;
@@ -5578,8 +5627,8 @@ static ddp_result ddp__gpu_update(ddp_context *ctx, const ddp_adamw *opt, float 
         char what[96];
         ddp_result r;
         ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
-        if (ctx->params_bf16)   /* this part's working copies here; the others are rounded after the gather */
-            DDP__CUDA(ddp_k_adamw_bf16(ctx->flat_params + lo, ctx->params_bf16 + lo, ctx->flat_grads + lo,
+        if (ctx->params_bf16)   /* this part's master (packed) and working copies; the others' copies come gathered */
+            DDP__CUDA(ddp_k_adamw_bf16(ctx->flat_params + ctx->shard_base[b], ctx->params_bf16 + lo, ctx->flat_grads + lo,
                                        ctx->adam_m + ctx->shard_base[b], ctx->adam_v + ctx->shard_base[b], hi - lo,
                                        g->no_decay ? g->no_decay + lo / DDP_K_MASK_GROUP : NULL, opt->lr, b1, b2, eps,
                                        opt->weight_decay, g->state, g->compute));
@@ -5590,7 +5639,9 @@ static ddp_result ddp__gpu_update(ddp_context *ctx, const ddp_adamw *opt, float 
         DDP__CUDA(cudaEventRecord(g->updated[b], g->compute));
         DDP__CUDA(cudaStreamWaitEvent(g->comm, g->updated[b], 0));
         snprintf(what, sizeof what, "the all-gather of bucket %d's updated parameters (shard_optimizer)", b);
-        if ((r = ddp__nccl_parts(ctx, b, ctx->flat_params + k->offset, ncclFloat, sizeof(float), 1, what)) != DDP_OK) return r;
+        r = ctx->params_bf16 ? ddp__nccl_parts(ctx, b, ctx->params_bf16 + k->offset, ncclBfloat16, sizeof(ddp_bf16), 1, what)
+                             : ddp__nccl_parts(ctx, b, ctx->flat_params + k->offset, ncclFloat, sizeof(float), 1, what);
+        if (r != DDP_OK) return r;
     }
     DDP__CUDA(cudaEventRecord(g->gathered, g->comm));
     DDP__CUDA(cudaStreamWaitEvent(g->compute, g->gathered, 0));
@@ -6264,6 +6315,9 @@ static ddp_result ddp__commit(ddp_context *ctx) {
     /* the working copies: rank 0's initial values, rounded; the gradients start at zero */
     if ((r = ddp__bf16_op(ctx, DDP__BF16_ROUND_PARAMS, 0, ctx->flat_count)) != DDP_OK) return r;
     if ((r = ddp__bf16_op(ctx, DDP__BF16_NARROW_GRADS, 0, ctx->flat_count)) != DDP_OK) return r;
+    /* sharded: from here on this rank holds the master of its parts only */
+    if (ddp__master_parts(ctx) && (r = ddp__bf16_op(ctx, DDP__BF16_SHARD_MASTER, 0, ctx->flat_count)) != DDP_OK)
+        return ddp__fatal(ctx, r);
     ctx->committed = 1;
     return DDP_OK;
 }
@@ -6530,9 +6584,7 @@ static ddp_result ddp__adamw_step(ddp_context *ctx, const ddp_adamw *opt, float 
     t0 = ddp__now();
     r = ctx->be->adamw(ctx, opt, b1, b2, eps, grad_norm_out);
     /* bf16 parameters: the backend's pass wrote the working copies of this rank's part; sharded,
-       the other parts arrived as fp32 master values (the all-gather) and are rounded here */
-    if (r == DDP_OK && ctx->desc.shard_optimizer && ctx->world > 1)
-        r = ddp__bf16_op(ctx, DDP__BF16_ROUND_PARAMS, 0, ctx->flat_count);
+       the other parts arrived as working copies (the all-gather of bf16) */
     if (r == DDP_OK && ctx->bf16_diverged) {   /* the step is taken alike everywhere; the working copies agree again */
         uint64_t n = ctx->bf16_diverged;
         int p = ctx->bf16_diverged_param;
@@ -6601,17 +6653,29 @@ static ddp_result ddp__state_written(ddp_context *ctx, ddp_buffer which, size_t 
 
 #define DDP__SCATTER_CHUNK ((size_t)1 << 20)   /* floats per broadcast: 4 MiB of bounce buffer */
 
+/* Is `which` held in parts (packed: ddp__shard_layout)? Sharded, m and v; with bf16 parameters
+   the fp32 master too (ddp__master_parts). */
+static int ddp__in_parts(const ddp_context *ctx, ddp_buffer which) {
+    if (which == DDP_PARAMS) return ddp__master_parts(ctx);
+    return (which == DDP_ADAM_M || which == DDP_ADAM_V) && ctx->desc.shard_optimizer && ctx->world > 1;
+}
+
 /* Where flat element `offset` of `which` is in this rank's memory, `count` floats from there.
-   Sharded, m and v hold this rank's parts only (packed: ddp__shard_layout): a range outside
-   one of its parts is refused by name (the collective calls below reach any range). */
+   A buffer held in parts (ddp__in_parts): a range outside one of this rank's parts is refused by
+   name (the collective calls below reach any range); a write of the master in parts is refused
+   (the working copies of the part on the other ranks would not follow). */
 static ddp_result ddp__state_at(ddp_context *ctx, ddp_buffer which, size_t offset, const void *host, size_t count,
-                                const char *call, float **at) {
+                                const char *call, int write, float **at) {
     float *flat = NULL;
     size_t lo, hi;
     ddp_result r = ddp__state_buffer(ctx, which, offset, host, count, call, &flat);
     int b;
     if (r != DDP_OK) return r;
-    if ((which != DDP_ADAM_M && which != DDP_ADAM_V) || !ctx->desc.shard_optimizer || ctx->world == 1 || !count) {
+    if (write && which == DDP_PARAMS && ddp__master_parts(ctx))
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: rank %d cannot write parameters alone: with shard_optimizer "
+                         "and bf16 parameters each rank holds the fp32 master only for its own part of each bucket, and "
+                         "every rank's bf16 working copies must follow; use ddp_scatter_from_host (collective)", call, ctx->rank);
+    if (!ddp__in_parts(ctx, which) || !count) {
         *at = flat + offset;
         return DDP_OK;
     }
@@ -6619,19 +6683,21 @@ static ddp_result ddp__state_at(ddp_context *ctx, ddp_buffer which, size_t offse
         ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
         if (offset >= lo && offset + count <= hi) { *at = flat + ctx->shard_base[b] + (offset - lo); return DDP_OK; }
     }
-    return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: floats [%zu, %zu) of AdamW's %s are not all held by rank %d: with "
-                     "shard_optimizer each rank holds m and v only for its own part of each bucket (ddp_gather_to_host "
+    return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: floats [%zu, %zu) of %s are not all held by rank %d: with "
+                     "shard_optimizer each rank holds %s only for its own part of each bucket (ddp_gather_to_host "
                      "and ddp_scatter_from_host reach any range)", call, offset, offset + count,
-                     which == DDP_ADAM_M ? "m" : "v", ctx->rank);
+                     which == DDP_ADAM_M ? "AdamW's m" : which == DDP_ADAM_V ? "AdamW's v" : "the fp32 master", ctx->rank,
+                     which == DDP_PARAMS ? "the fp32 master (bf16 parameters)" : "m and v");
 }
 
-/* Sharded: the pieces of [offset, offset + count) of m, v (or, gathered, the averaged gradients)
+/* Sharded: the pieces of [offset, offset + count) of m, v, the master in parts (or, gathered, the averaged gradients)
    by owner, in bucket order then rank order, the same walk on every rank. A piece its owner
    holds on the root is a local copy; any other travels by broadcast (from its owner for a
    gather, from the root for a scatter) through a bounce buffer. */
 static ddp_result ddp__sharded_move(ddp_context *ctx, ddp_buffer which, size_t offset, float *host, size_t count, int root,
                                     int gather) {
-    float *bounce = NULL, *mine = which == DDP_ADAM_M ? ctx->adam_m : which == DDP_ADAM_V ? ctx->adam_v : ctx->flat_grads;
+    float *bounce = NULL, *mine = which == DDP_ADAM_M ? ctx->adam_m : which == DDP_ADAM_V ? ctx->adam_v
+                                : which == DDP_PARAMS ? ctx->flat_params : ctx->flat_grads;
     size_t lo, hi, chunk = count < DDP__SCATTER_CHUNK ? count : DDP__SCATTER_CHUNK;
     ddp_result r = DDP_OK;
     int b, s;
@@ -6671,6 +6737,42 @@ static ddp_result ddp__sharded_move(ddp_context *ctx, ddp_buffer which, size_t o
     return r;
 }
 
+/* Host values of parameters [offset, offset + n) on every rank, the master in parts: each rank
+   writes the master of its parts and its working copies of the whole range, rounded on the host
+   (ddp__to_bf16 has the kernels' bits). */
+static ddp_result ddp__master_parts_put(ddp_context *ctx, size_t offset, const float *src, size_t n, ddp_bf16 *rounded) {
+    size_t lo, hi, a, z, i;
+    ddp_result r = DDP_OK;
+    int b;
+    for (b = 0; b < ctx->num_buckets && r == DDP_OK; b++) {
+        ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
+        a = lo > offset ? lo : offset;
+        z = hi < offset + n ? hi : offset + n;
+        if (z > a) r = ctx->be->copy(ctx, ctx->flat_params + ctx->shard_base[b] + (a - lo), src + (a - offset), (z - a) * sizeof(float), 0);
+    }
+    for (i = 0; i < n; i++) rounded[i] = ddp__to_bf16(src[i]);
+    return r != DDP_OK ? r : ctx->be->copy(ctx, ctx->params_bf16 + offset, rounded, n * sizeof(ddp_bf16), 0);
+}
+
+/* ddp_scatter_from_host of parameters, the master in parts: root's values to every rank in
+   chunks (every rank's working copies take all of them). */
+static ddp_result ddp__scatter_master_parts(ddp_context *ctx, size_t offset, const float *src, size_t count, int root) {
+    size_t chunk = count < DDP__SCATTER_CHUNK ? count : DDP__SCATTER_CHUNK, done, n;
+    float *bounce = (float *)DDP_MALLOC(chunk * sizeof(float) + chunk * sizeof(ddp_bf16));
+    ddp_result r = DDP_OK;
+    if (!bounce)   /* the peers are in the broadcast already: they must hear of it */
+        return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "ddp_scatter_from_host: no memory for a bounce buffer of %zu floats", chunk);
+    ctx->what = "ddp_scatter_from_host's broadcast";
+    for (done = 0; done < count && r == DDP_OK; done += n) {
+        n = count - done < chunk ? count - done : chunk;
+        if (ctx->rank == root) memcpy(bounce, src + done, n * sizeof(float));
+        r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, bounce, n * sizeof(float), root);
+        if (r == DDP_OK) r = ddp__master_parts_put(ctx, offset + done, bounce, n, (ddp_bf16 *)(void *)(bounce + chunk));
+    }
+    DDP_FREE(bounce);
+    return r;
+}
+
 /* The state to and from one rank's host memory, for checkpoints: collective calls, alike on
    every rank. Gather: root's dst receives [offset, offset + count) of `which` from whichever rank
    holds it. Scatter: root's src goes to every rank that holds part of the range. Without a
@@ -6681,7 +6783,7 @@ static ddp_result ddp__gather_to_host(ddp_context *ctx, ddp_buffer which, size_t
     float *flat = NULL;
     ddp_result r = ddp__state_buffer(ctx, which, offset, ctx->rank == root ? (const void *)dst : (const void *)ctx, count,
                                      "ddp_gather_to_host", &flat);
-    if (r == DDP_OK && count && which != DDP_PARAMS && ctx->desc.shard_optimizer && ctx->world > 1)
+    if (r == DDP_OK && count && (which != DDP_PARAMS || ddp__master_parts(ctx)) && ctx->desc.shard_optimizer && ctx->world > 1)
         return ddp__sharded_move(ctx, which, offset, dst, count, root, 1);
     if (r != DDP_OK || ctx->rank != root || !count) return r;
     return ctx->be->copy(ctx, dst, flat + offset, count * sizeof(float), 1);
@@ -6698,6 +6800,7 @@ static ddp_result ddp__scatter_from_host(ddp_context *ctx, ddp_buffer which, siz
         return ddp__state_written(ctx, which, offset, count, ctx->be->copy(ctx, flat + offset, src, count * sizeof(float), 0));
     if ((which == DDP_ADAM_M || which == DDP_ADAM_V) && ctx->desc.shard_optimizer)
         return ddp__sharded_move(ctx, which, offset, (float *)(uintptr_t)src, count, root, 0);
+    if (which == DDP_PARAMS && ddp__master_parts(ctx)) return ddp__scatter_master_parts(ctx, offset, src, count, root);
     bounce = (float *)DDP_MALLOC((count < DDP__SCATTER_CHUNK ? count : DDP__SCATTER_CHUNK) * sizeof(float));
     if (!bounce)   /* the peers are in the broadcast already: they must hear of it */
         return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "ddp_scatter_from_host: no memory for a bounce buffer of %zu floats",
@@ -7583,7 +7686,7 @@ int ddp_num_params(const ddp_context *ctx) { return ctx ? ctx->num_params : 0; }
 int ddp_num_buckets(const ddp_context *ctx) { return ctx ? ctx->num_buckets : 0; }
 
 float *ddp_flat_params(ddp_context *ctx, size_t *count_out) {
-    if (count_out) *count_out = ctx ? ctx->flat_count : 0;
+    if (count_out) *count_out = !ctx ? 0 : ddp__master_parts(ctx) ? ctx->shard_count : ctx->flat_count;
     return ctx ? ctx->flat_params : NULL;
 }
 
@@ -7679,14 +7782,14 @@ ddp_result ddp_adamw_state(ddp_context *ctx, float **m, float **v, int64_t **ste
 ddp_result ddp_copy_to_host(ddp_context *ctx, ddp_buffer which, size_t offset, float *dst, size_t count) {
     ddp_result r = ddp__usable(ctx, 1, "ddp_copy_to_host");
     float *at = NULL;
-    if (r != DDP_OK || (r = ddp__state_at(ctx, which, offset, dst, count, "ddp_copy_to_host", &at)) != DDP_OK) return r;
+    if (r != DDP_OK || (r = ddp__state_at(ctx, which, offset, dst, count, "ddp_copy_to_host", 0, &at)) != DDP_OK) return r;
     return count ? ctx->be->copy(ctx, dst, at, count * sizeof(float), 1) : DDP_OK;
 }
 
 ddp_result ddp_copy_from_host(ddp_context *ctx, ddp_buffer which, size_t offset, const float *src, size_t count) {
     ddp_result r = ddp__usable(ctx, 1, "ddp_copy_from_host");
     float *at = NULL;
-    if (r != DDP_OK || (r = ddp__state_at(ctx, which, offset, src, count, "ddp_copy_from_host", &at)) != DDP_OK) return r;
+    if (r != DDP_OK || (r = ddp__state_at(ctx, which, offset, src, count, "ddp_copy_from_host", 1, &at)) != DDP_OK) return r;
     return count ? ddp__state_written(ctx, which, offset, count, ctx->be->copy(ctx, at, src, count * sizeof(float), 0)) : DDP_OK;
 }
 

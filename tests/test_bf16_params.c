@@ -30,6 +30,7 @@ static struct {
     ddp_dtype reduce;
     int shard, micro, find_unused, nan_step, timeline;
     const char *ckpt;              /* save after training, load into a fresh context, compare */
+    int load_shard;                /* load_rank: the loading contexts' shard_optimizer */
 } cfg;
 
 typedef struct out {
@@ -40,6 +41,10 @@ typedef struct out {
     ddp_bf16 *work, *grad;         /* working copies, last bf16 gradients */
     float norms[STEPS];
     int load_ok, copy_ok;
+    size_t held, held_want;        /* floats of the fp32 master this rank holds; its parts by the manual's rule */
+    size_t device_bytes;           /* NCCL (fake): what the rank's device holds after training */
+    int refused_ok;                /* sharded: host copies outside its parts refused by name, its part read */
+    char refused[DDP__ERR_MAX];
 } out;
 static out res[MAX_WORLD];
 static int ckpt_port;              /* the loading contexts' process group */
@@ -69,6 +74,58 @@ static ddp_adamw options(void) {
     memset(&o, 0, sizeof o);
     o.lr = 0.02f; o.weight_decay = 0.1f; o.max_grad_norm = 1.0f;   /* the norms are ~20: clipped */
     return o;
+}
+
+/* This rank's parts by the manual's rule (SHARDED OPTIMIZER: 1/world of a bucket rounded down to
+   1024 floats, the last rank the rest), from the buckets ddp.h reports: the floats it should hold. */
+static size_t parts_of(ddp_context *ctx, int rank, int world, size_t *first_lo, size_t *first_hi) {
+    ddp_bucket_info b;
+    size_t total = 0, part;
+    int i;
+    *first_lo = *first_hi = 0;
+    for (i = 0; i < ddp_num_buckets(ctx) && ddp_bucket(ctx, i, &b) == DDP_OK; i++) {
+        size_t lo, hi;
+        part = world == 1 ? b.count : b.count / (size_t)world / 1024 * 1024;
+        lo = b.offset + part * (size_t)rank;
+        hi = rank == world - 1 ? b.offset + b.count : lo + part;
+        if (hi > lo && *first_hi == *first_lo) { *first_lo = lo; *first_hi = hi; }
+        total += hi - lo;
+    }
+    return total;
+}
+
+/* The whole fp32 master into every rank's `dst`: sharded, it is in parts (ddp_gather_to_host,
+   once per root); otherwise every rank's own copy. */
+static ddp_result read_master(ddp_context *ctx, int rank, int world, int sharded, float *dst, size_t count) {
+    ddp_result r = DDP_OK;
+    int root;
+    if (!sharded || world == 1) return ddp_copy_to_host(ctx, DDP_PARAMS, 0, dst, count);
+    for (root = 0; root < world && r == DDP_OK; root++) r = ddp_gather_to_host(ctx, DDP_PARAMS, 0, rank == root ? dst : NULL, count, root);
+    return r;
+}
+
+/* Sharded: a host copy of the master outside this rank's parts, and any host write of it, are
+   refused by name; a copy of its own part gives the gathered values. */
+static int check_refusals(ddp_context *ctx, int rank, int world, out *o) {
+    size_t lo, hi;
+    float one = 1.0f, *mine;
+    ddp_result a, b, c;
+    int ok;
+    char e1[DDP__ERR_MAX], e2[DDP__ERR_MAX], want[32];
+    parts_of(ctx, rank, world, &lo, &hi);
+    a = ddp_copy_to_host(ctx, DDP_PARAMS, 0, o->master, o->count);   /* the whole buffer: never all held */
+    snprintf(e1, sizeof e1, "%s", ddp_last_error(ctx));
+    b = ddp_copy_from_host(ctx, DDP_PARAMS, lo, &one, 1);           /* even inside its own part */
+    snprintf(e2, sizeof e2, "%s", ddp_last_error(ctx));
+    mine = (float *)malloc((hi - lo + 1) * sizeof(float));
+    c = ddp_copy_to_host(ctx, DDP_PARAMS, lo, mine, hi - lo);
+    snprintf(want, sizeof want, "rank %d", rank);
+    ok = a == DDP_ERR_INVALID_ARGUMENT && strstr(e1, "not all held by") && strstr(e1, want) && strstr(e1, "fp32 master") &&
+         b == DDP_ERR_INVALID_ARGUMENT && strstr(e2, want) && strstr(e2, "ddp_scatter_from_host") && strstr(e2, "ddp_copy_from_host") &&
+         c == DDP_OK && !memcmp(mine, o->master + lo, (hi - lo) * sizeof(float));   /* no part (tiny buckets): nothing read */
+    snprintf(o->refused, sizeof o->refused, "%d %d %d: %.400s | %.400s", (int)a, (int)b, (int)c, e1, e2);
+    free(mine);
+    return ok;
 }
 
 static void train_rank(test_rank *self) {
@@ -126,9 +183,17 @@ static void train_rank(test_rank *self) {
         o->master = (float *)malloc(o->count * sizeof(float));
         o->work = (ddp_bf16 *)malloc(o->count * sizeof(ddp_bf16));
         o->grad = (ddp_bf16 *)malloc(o->count * sizeof(ddp_bf16));
-        o->r = ddp_copy_to_host(ctx, DDP_PARAMS, 0, o->master, o->count);
+        size_t lo, hi;
+        if (cfg.backend == DDP_BACKEND_NCCL) {   /* before the host copies below (their scratch is device memory) */
+            int dev = -1;
+            if (cudaGetDevice(&dev) == cudaSuccess) o->device_bytes = fakegpu_device_bytes(dev);
+        }
+        o->r = read_master(ctx, self->rank, self->world, cfg.shard, o->master, o->count);
         memcpy(o->work, w, o->count * sizeof(ddp_bf16));
         memcpy(o->grad, g, o->count * sizeof(ddp_bf16));
+        ddp_flat_params(ctx, &o->held);
+        o->held_want = cfg.shard ? parts_of(ctx, self->rank, self->world, &lo, &hi) : o->count;
+        if (o->r == DDP_OK && cfg.shard && self->world > 1) o->refused_ok = check_refusals(ctx, self->rank, self->world, o);
     }
     if (o->r == DDP_OK && cfg.ckpt) {   /* save, then a fresh context loads it */
         ddp_context *c2 = NULL;
@@ -151,7 +216,7 @@ static void train_rank(test_rank *self) {
                 float *m2 = (float *)malloc(o->count * sizeof(float));
                 const ddp_bf16 *w2 = ddp_flat_params_bf16(c2, NULL);
                 size_t i;
-                o->r = ddp_copy_to_host(c2, DDP_PARAMS, 0, m2, o->count);
+                o->r = read_master(c2, self->rank, self->world, cfg.shard, m2, o->count);
                 o->load_ok = o->r == DDP_OK && !memcmp(m2, o->master, o->count * sizeof(float));
                 for (i = 0; o->load_ok && i < o->count; i++) o->load_ok = w2[i] == bits_of(m2[i]) && w2[i] == o->work[i];
                 free(m2);
@@ -170,10 +235,44 @@ static void train_rank(test_rank *self) {
     ddp_shutdown(ctx);
 }
 
-static int run(int world) {
-    void *shared[1] = { (void *)train_rank };
+/* A fresh context of `world` ranks (cfg.backend, cfg.load_shard) loads cfg.ckpt: every rank's
+   whole master (gathered when in parts) and working copies into res. */
+static void load_rank(test_rank *self) {
+    out *o = &res[self->rank];
+    ddp_desc d = test_desc(self);
+    ddp_context *ctx = NULL;
+    int k, id;
+    d.backend = self->world == 1 && cfg.backend == DDP_BACKEND_CPU ? DDP_BACKEND_SINGLE : cfg.backend;
+    d.param_dtype = DDP_DTYPE_BF16;
+    d.reduce_dtype = cfg.reduce;
+    d.shard_optimizer = cfg.load_shard;
+    d.bucket_cap_mb = 0.006;
+    d.first_bucket_mb = 0.001;
+    memset(o, 0, sizeof *o);
+    o->r = ddp_init(&ctx, &d);
+    for (k = 0; k < NP && o->r == DDP_OK; k++) {
+        char name[16];
+        snprintf(name, sizeof name, "p%d", k);
+        o->r = ddp_register_param(ctx, name, sizes[k], k == 1 ? DDP_NO_DECAY : 0, NULL, &id);
+    }
+    if (o->r == DDP_OK) o->r = ddp_commit(ctx);
+    if (o->r == DDP_OK) o->r = ddp_load(ctx, cfg.ckpt, NULL, 0, NULL, NULL, NULL);
+    if (o->r == DDP_OK) {
+        const ddp_bf16 *w = ddp_flat_params_bf16(ctx, &o->count);
+        o->master = (float *)malloc(o->count * sizeof(float));
+        o->work = (ddp_bf16 *)malloc(o->count * sizeof(ddp_bf16));
+        memcpy(o->work, w, o->count * sizeof(ddp_bf16));
+        o->r = read_master(ctx, self->rank, self->world, cfg.load_shard, o->master, o->count);
+    }
+    if (o->r != DDP_OK && ctx) snprintf(o->err, sizeof o->err, "%s", ddp_last_error(ctx));
+    ddp_shutdown(ctx);
+}
+
+static int run_fn(int world, void (*fn)(test_rank *)) {
+    void *shared[1];
     test_rank ranks[MAX_WORLD];
     int r, ok = 1;
+    shared[0] = (void *)fn;
     for (r = 0; r < MAX_WORLD; r++) { free(res[r].master); free(res[r].work); free(res[r].grad); memset(&res[r], 0, sizeof res[r]); }
     fakegpu_reset();
     ckpt_port = test_free_port();
@@ -182,6 +281,7 @@ static int run(int world) {
         if (res[r].r != DDP_OK) { printf("  rank %d: %s (%s)\n", r, ddp_result_string(res[r].r), res[r].err); ok = 0; }
     return ok;
 }
+static int run(int world) { return run_fn(world, train_rank); }
 
 /* The float64 reference of the recipe on `world` ranks: the master after STEPS steps, and the
    last averaged bf16 gradient. */
@@ -389,6 +489,51 @@ static void test_bad_input(void) {
     ddp_shutdown(ctx);
 }
 
+static size_t unsharded_bytes[MAX_WORLD];
+
+/* After a sharded run: every rank holds the master of its parts only (its allocation's size, by
+   the manual's rule), and its refused host copies were named. */
+static void held_and_refusals(const char *backend, int k, int world) {
+    char name[128];
+    int r, ok = 1, refused = 1;
+    size_t all = 0;
+    for (r = 0; r < world; r++) { ok &= res[r].held == res[r].held_want; all += res[r].held; }
+    ok &= all == res[0].count;   /* each float's master on exactly one rank */
+    snprintf(name, sizeof name, "bf16_params_sharded_master_held_in_parts_%s_%s_reduce_%d_ranks", backend, k ? "fp32" : "bf16", world);
+    verdict(world == 1 ? res[0].held == res[0].count : ok, name, "rank 0 holds %zu floats of the master, its parts are %zu of %zu",
+            res[0].held, res[0].held_want, res[0].count);
+    if (world == 1) return;
+    for (r = 0; r < world; r++) refused &= res[r].refused_ok;
+    snprintf(name, sizeof name, "bf16_params_sharded_host_copies_refused_by_name_%s_%s_reduce_%d_ranks", backend, k ? "fp32" : "bf16", world);
+    verdict(refused, name, "rank %d: %s", world - 1, res[world - 1].refused);
+}
+
+/* A checkpoint saved by `save_world` ranks (sharded or not) loads on `load_world` ranks (sharded
+   or not): every rank holds the saved master bit for bit, and its rounding as working copies. */
+static void checkpoint_across(ddp_backend save_be, int save_world, int save_shard, ddp_backend load_be, int load_world,
+                              int load_shard, const char *path) {
+    char name[160];
+    snapshot saved;
+    int ok, r;
+    size_t i;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.backend = save_be; cfg.reduce = DDP_DTYPE_BF16; cfg.micro = 1; cfg.shard = save_shard; cfg.ckpt = path;
+    snprintf(name, sizeof name, "bf16_params_checkpoint_%s_%s_%d_ranks_loads_on_%s_%s_%d_ranks",
+             save_be == DDP_BACKEND_NCCL ? "nccl_fake" : "cpu", save_shard ? "sharded" : "unsharded", save_world,
+             load_be == DDP_BACKEND_NCCL ? "nccl_fake" : "cpu", load_shard ? "sharded" : "unsharded", load_world);
+    if (!run(save_world) || !res[0].load_ok) { verdict(0, name, "the saving run failed"); unlink(path); return; }
+    keep(&saved);
+    cfg.backend = load_be; cfg.shard = load_shard; cfg.load_shard = load_shard;
+    ok = run_fn(load_world, load_rank);
+    for (r = 0; ok && r < load_world; r++) {
+        ok = res[r].count == saved.count && !memcmp(res[r].master, saved.master, saved.count * sizeof(float));
+        for (i = 0; ok && i < saved.count; i++) ok = res[r].work[i] == bits_of(saved.master[i]);
+    }
+    verdict(ok, name, "a rank's loaded master or working copies differ from the saved ones");
+    drop(&saved);
+    unlink(path);
+}
+
 int main(void) {
     static const ddp_dtype reduces[2] = { DDP_DTYPE_BF16, DDP_DTYPE_FP32 };
     char name[128], path[128];
@@ -406,7 +551,7 @@ int main(void) {
             keep(&cpu_unsharded);
             for (shard = 0; shard < 2; shard++) {
                 const snapshot *want = &cpu_unsharded;
-                int ok;
+                int ok, r;
                 cfg.shard = shard;
                 memset(&cpu, 0, sizeof cpu);
                 if (shard) {   /* sharded CPU: the same bits as unsharded (sharded, the gradients outside a rank's part are not averaged) */
@@ -414,6 +559,7 @@ int main(void) {
                     ok = run(world) && same_bits(&cpu_unsharded, world == 1);
                     snprintf(name, sizeof name, "bf16_params_sharded_cpu_equals_unsharded_%s_reduce_%d_ranks", k ? "fp32" : "bf16", world);
                     verdict(ok, name, "master, working copies or norms differ");
+                    if (ok) held_and_refusals("cpu", k, world);
                     keep(&cpu);
                     want = &cpu;
                 }
@@ -422,6 +568,16 @@ int main(void) {
                 snprintf(name, sizeof name, "bf16_params_nccl_fake_equals_cpu_%s_reduce_%s_%d_ranks", k ? "fp32" : "bf16",
                          shard ? "sharded" : "unsharded", world);
                 verdict(ok, name, "master, working copies, bf16 gradients or norms differ from the CPU backend's");
+                if (ok && !shard) for (r = 0; r < world; r++) unsharded_bytes[r] = res[r].device_bytes;
+                if (ok && shard) {   /* the master, m and v in parts: 12 bytes less per float not held */
+                    held_and_refusals("nccl_fake", k, world);
+                    ok = 1;
+                    for (r = 0; r < world; r++)   /* a rank with no part still allocates one float of each */
+                        ok &= unsharded_bytes[r] - res[r].device_bytes == 12 * (res[r].count - (res[r].held_want ? res[r].held_want : 1));
+                    snprintf(name, sizeof name, "bf16_params_sharded_device_bytes_per_rank_%s_reduce_%d_ranks", k ? "fp32" : "bf16", world);
+                    verdict(ok, name, "rank 0 holds %zu bytes sharded, %zu unsharded; it should save 12 x %zu",
+                            res[0].device_bytes, unsharded_bytes[0], res[0].count - res[0].held_want);
+                }
                 drop(&cpu);
                 cfg.backend = DDP_BACKEND_CPU;
             }
@@ -466,6 +622,12 @@ int main(void) {
         verdict(ok, name, "the loaded master or working copies differ (rank 0 %d, rank 1 %d)", res[0].load_ok, res[1].load_ok);
         unlink(path);
     }
+    checkpoint_across(DDP_BACKEND_CPU, 3, 1, DDP_BACKEND_CPU, 2, 0, path);
+    checkpoint_across(DDP_BACKEND_CPU, 3, 1, DDP_BACKEND_CPU, 2, 1, path);
+    checkpoint_across(DDP_BACKEND_CPU, 2, 1, DDP_BACKEND_CPU, 1, 0, path);
+    checkpoint_across(DDP_BACKEND_CPU, 2, 0, DDP_BACKEND_CPU, 3, 1, path);
+    checkpoint_across(DDP_BACKEND_NCCL, 2, 1, DDP_BACKEND_CPU, 3, 1, path);
+    checkpoint_across(DDP_BACKEND_CPU, 3, 1, DDP_BACKEND_NCCL, 2, 1, path);
     for (k = 0; k < MAX_WORLD; k++) { free(res[k].master); free(res[k].work); free(res[k].grad); }
     verdict(fakegpu_misuse_count() == 0 && fakegpu_live_device_bytes() == 0, "bf16_params_fake_gpu_no_misuse_no_leak",
             "%d misuse(s) of the CUDA/NCCL API (first: %s), %zu bytes of device memory left", fakegpu_misuse_count(),

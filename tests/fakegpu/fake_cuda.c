@@ -114,6 +114,14 @@ size_t fakegpu_live_device_bytes(void) {
     pthread_mutex_unlock(&fakegpu_lock);
     return total;
 }
+size_t fakegpu_device_bytes(int device) {
+    size_t total = 0;
+    int i;
+    pthread_mutex_lock(&fakegpu_lock);
+    for (i = 0; i < nallocs; i++) if (allocs[i].live && allocs[i].device == device) total += allocs[i].size;
+    pthread_mutex_unlock(&fakegpu_lock);
+    return total;
+}
 int fakegpu_live_events(void) {
     int n;
     pthread_mutex_lock(&fakegpu_lock);

@@ -77,6 +77,8 @@ const char *fakegpu_misuse_first(void);
 /* Communicators, device allocations and events live now (leak checks). */
 int fakegpu_live_comms(void);
 size_t fakegpu_live_device_bytes(void);
+/* What one device holds now (cudaMalloc'd, not freed): a rank's memory, from its allocations. */
+size_t fakegpu_device_bytes(int device);
 int fakegpu_live_events(void);
 
 #ifdef __cplusplus
