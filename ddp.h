@@ -155,7 +155,8 @@
      _from_host of DDP_ADAM_M / _V take flat offsets and accept a range that lies in one of this
      rank's parts; any other is refused by name ("not all held by rank R"). ddp_gather_to_host /
      ddp_scatter_from_host (collective) reach any range: each part travels from or to its owner
-     (m, v and, gathered, the averaged gradients; parameters are everywhere).
+     (m, v and, gathered, the averaged gradients; fp32 parameters are everywhere; with bf16
+     parameters the fp32 master is in parts too: PARAMETER DTYPE).
      Memory per parameter and rank: 4 (parameters) + 4 (gradients) + 8/world (m, v) bytes,
      against 16 unsharded (plus the CPU backend's shared segment: its parameters and gradients
      ARE the flat buffers, nothing more). reduce_dtype BF16, find_unused, skip_nonfinite,
@@ -190,7 +191,7 @@
      working copy, rounded to nearest even, in the same pass (the CPU loop; one kernel on NCCL,
      ddp_k_adamw_bf16). A skipped step (skip_nonfinite) changes neither.
      Costs. Memory per parameter: 2 (working copy) + 2 (gradient) + 4 (master) + 8 (m, v) = 16
-     bytes of the recipe, plus 4 for the fp32 staging (20; sharded 12 + 8/world). Time per
+     bytes of the recipe, plus 4 for the fp32 staging (20; sharded 8 + 12/world). Time per
      step: the widening and the rounding are passes of 6 bytes an element each (on a GPU a few
      percent of AdamW's ~26); the fused AdamW moves 2 bytes more than fp32's. Wire: bf16 reduce
      moves 2 bytes an element (half of fp32's) and rounds the average to bf16 once on the CPU
@@ -202,11 +203,23 @@
      chooses fp32 or bf16 reduction of bf16 gradients, as reduce_dtype does here.
      Accumulation: with sync off the program adds into its bf16 gradients (as PyTorch's bf16
      .grad does); nothing is widened until the synchronizing backward. find_unused zero-fills
-     the bf16 gradient. Sharded (ZeRO-1): the master, m and v of this rank's parts are updated
-     and the fp32 master is all-gathered as unsharded-fp32 sharding does; then every rank rounds
-     the whole master into its working copies (the same bits everywhere; gathering the bf16
-     copies instead would halve that traffic: not done). As with fp32, only this rank's part of
-     the bf16 gradients holds the average after a sharded step.
+     the bf16 gradient. Sharded (ZeRO-1): the master is what is sharded. A rank holds the fp32
+     master, m and v only for its own parts (shard_count floats each, packed in flat order as m
+     and v are: SHARDED OPTIMIZER), updates them, writes its working copies of those parts in the
+     same pass, and the bf16 working copies are all-gathered bucket by bucket (2 bytes an
+     element, half of gathering fp32; CPU: the working copies live in the shared segment where
+     fp32 sharding keeps the parameters; NCCL: ncclAllGather of ncclBfloat16). The same bits as
+     unsharded on every rank. The whole master exists only during ddp_commit (rank 0's values
+     arrive, are rounded into the working copies, then each rank keeps its parts). As with fp32,
+     only this rank's part of the bf16 gradients holds the average after a sharded step.
+     Sharded, ddp_flat_params points to this rank's parts of the master and its count is
+     shard_count (ddp_flat_params_bf16's count is the flat size); ddp_copy_to_host of DDP_PARAMS
+     accepts a range inside one of this rank's parts, any other is refused by name ("not all
+     held by rank R"); ddp_copy_from_host of DDP_PARAMS is refused (the other ranks' working
+     copies could not follow): write with ddp_scatter_from_host, which sends the values to every
+     rank (each writes its parts of the master and all its working copies, rounded on the host
+     with the kernels' bits). ddp_gather_to_host and checkpoints reach the master through its
+     owners, so a checkpoint moves between sharded and unsharded runs and world sizes.
      The master: ddp_flat_params is the fp32 master (device memory on NCCL); ddp_param,
      ddp_grad and ddp_flat_grads return NULL with an error that points to the bf16 accessors
      (and those return NULL with an error on an fp32 context). Write parameters with
@@ -666,7 +679,8 @@ float *ddp_flat_grads(ddp_context *ctx, size_t *count_out);
 /* param_dtype BF16 (PARAMETER DTYPE in the manual): the bf16 working copies and gradients, views
    like ddp_param (device memory on NCCL); NULL with an error on an fp32 context. There ddp_param
    and ddp_grad are NULL with an error; ddp_flat_params is the fp32 master (read it; write
-   parameters with ddp_copy_from_host / ddp_scatter_from_host, which round the working copies). */
+   parameters with ddp_copy_from_host / ddp_scatter_from_host, which round the working copies).
+   With shard_optimizer it is this rank's parts of the master only, *count_out = their floats. */
 ddp_bf16 *ddp_param_bf16(ddp_context *ctx, int id);
 ddp_bf16 *ddp_grad_bf16(ddp_context *ctx, int id);
 ddp_bf16 *ddp_flat_params_bf16(ddp_context *ctx, size_t *count_out);
@@ -1037,7 +1051,8 @@ struct ddp_context {
     int committed;
     float *flat_params, *flat_grads, *adam_m, *adam_v;
     /* param_dtype BF16: the working copies and gradients the program uses; flat_params is then
-       the fp32 master and flat_grads the fp32 staging the buckets are reduced in (PARAMETER DTYPE) */
+       the fp32 master (sharded: this rank's parts, packed: ddp__master_parts) and flat_grads the
+       fp32 staging the buckets are reduced in (PARAMETER DTYPE) */
     ddp_bf16 *params_bf16, *grads_bf16;
     /* elements whose working copy was not the master rounded when an AdamW pass reached them
        (a write of one without the other), and the first such parameter (-1: not known) */

@@ -526,7 +526,9 @@ static ddp_result params_hash(ddp_context *ddp, uint64_t *hash) {
     const size_t CHUNK = sizeof buf / sizeof buf[0];
     size_t n, done, k;
     ddp_result r = DDP_OK;
-    ddp_flat_params(ddp, &n);
+    /* the flat size (bf16 parameters: ddp_flat_params counts this rank's parts of the master when sharded) */
+    if (ddp_config(ddp)->param_dtype == DDP_DTYPE_BF16) ddp_flat_params_bf16(ddp, &n);
+    else ddp_flat_params(ddp, &n);
     *hash = GPT_FNV_INIT;
     for (done = 0; done < n && r == DDP_OK; done += k) {
         k = n - done < CHUNK ? n - done : CHUNK;
