@@ -876,9 +876,13 @@ extern "C" {
 #define DDP__ALIGN_FLOATS 16                 /* parameters start on 64-byte boundaries */
 #define DDP__CHUNK_BYTES (256u * 1024u)
 #define DDP__SLOTS 4u
-/* A waiter polls for a short while, yielding the core between polls (free when nobody else
-   wants it), then sleeps on a futex. The poll is bounded in time, not in polls: a yield to a
-   busy compute thread can cost a whole scheduler slice. */
+/* A waiter polls for a short while, then sleeps on a futex. Between polls it pauses the core
+   (a CPU hint, no system call) and every DDP__YIELD_EVERY polls yields it, so a thread waiting
+   for this core gets it; with more ranks than CPUs it yields at every poll. A yield is a system
+   call, dear in a virtual machine (on these VMs polling by yields alone was slower to see the
+   peer's post than the transfer it waited for). The poll is bounded in time, not in polls: a
+   yield to a busy compute thread can cost a whole scheduler slice. */
+#define DDP__YIELD_EVERY 32
 #define DDP__SPIN_SECONDS 100e-6
 #define DDP__SPIN_SECONDS_OVERSUBSCRIBED 10e-6   /* more ranks than CPUs: sleep sooner */
 /* The communication thread works while compute threads want every core: every poll it makes
@@ -972,6 +976,9 @@ typedef struct ddp__cpu {
     pthread_mutex_t comm_lock;
     pthread_cond_t comm_wake, comm_done_cond;
     int comm_launched, comm_done;
+    int comm_busy;                 /* a thread holds the turn: it reduces bucket comm_done (ddp__comm_turn) */
+    uint32_t out_pending;          /* in place: the peers may still copy from this rank's buffer until
+                                      every rank posts STAGE_OUT this far (0: nothing pending) */
     ddp_result comm_error;
     double comm_seconds, comm_last_seconds;
 } ddp__cpu;
@@ -3090,6 +3097,15 @@ static void ddp__futex_wake(uint32_t *addr) {
 #endif
 }
 
+/* A spin-wait hint: the core runs the sibling hyperthread and saves power while we poll. */
+static void ddp__cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
 static int ddp__reached(uint32_t value, uint32_t target) { return (int32_t)(value - target) >= 0; }
 
 static void ddp__shm_post(ddp_context *ctx, int stage, uint32_t value) {
@@ -3179,7 +3195,11 @@ static ddp_result ddp__shm_wait_all(ddp_context *ctx, int stage, uint32_t target
             if (polls++ % 16 == 0 && spin_until == 0)
                 spin_until = ddp__now() + (ctx->in_step && !__atomic_load_n(&ctx->cpu->host_waiting, __ATOMIC_ACQUIRE)
                                            ? DDP__SPIN_SECONDS_COMM_THREAD : ctx->cpu->spin_seconds);
-            if (polls % 16 || ddp__now() < spin_until) { sched_yield(); continue; }
+            if (polls % 16 || ddp__now() < spin_until) {
+                if (polls % DDP__YIELD_EVERY == 0 || ctx->cpu->spin_seconds == DDP__SPIN_SECONDS_OVERSUBSCRIBED) sched_yield();
+                else ddp__cpu_relax();
+                continue;
+            }
             if (deadline == 0) {
                 last_look = ddp__now();
                 deadline = last_look + ctx->desc.timeout_s;
@@ -3277,6 +3297,14 @@ static void ddp__reduce_part_bf16(ddp_context *ctx, float *buf, size_t lo, size_
     }
 }
 
+/* x / w for a rank count w. Where w is a power of two, 1/w is exact and x * (1/w) is the same
+   correctly rounded x / w, bit for bit, at a fraction of a division's cost (a vector division
+   was the largest part of averaging a bucket in cache). */
+static float ddp__div_world(float x, float w) {
+    int k = (int)w;
+    return (k & (k - 1)) ? x / w : x * (1.0f / w);
+}
+
 static void ddp__reduce_part(ddp_context *ctx, float *buf, size_t lo, size_t hi, uint32_t chunk, uint32_t kind) {
     float *acc = (float *)ddp__shm_slot(ctx, ctx->rank, chunk) + lo;
     const float *src[2];
@@ -3290,7 +3318,10 @@ static void ddp__reduce_part(ddp_context *ctx, float *buf, size_t lo, size_t hi,
         const float *x = s == ctx->rank ? buf + lo : (const float *)ddp__shm_slot(ctx, s, chunk) + lo;
         for (j = 0; j < n; j++) acc[j] += x[j];
     }
-    if (kind == DDP__KIND_AVG) {
+    if (kind == DDP__KIND_AVG && !(ctx->world & (ctx->world - 1))) {   /* see ddp__div_world */
+        float inv = 1.0f / (float)ctx->world;
+        for (j = 0; j < n; j++) acc[j] *= inv;
+    } else if (kind == DDP__KIND_AVG) {
         float w = (float)ctx->world;
         for (j = 0; j < n; j++) acc[j] /= w;
     }
@@ -3415,13 +3446,13 @@ static void ddp__average_part_in_place(ddp_context *ctx, size_t offset, size_t l
     size_t j;
     int s;
     if (ctx->world == 2) {   /* the common case: a loop without an inner one, which the compiler vectorizes */
-        for (j = lo; j < hi; j++) mine[j] = (a[j] + b[j]) / w;
+        for (j = lo; j < hi; j++) mine[j] = (a[j] + b[j]) * 0.5f;   /* = / 2 (ddp__div_world) */
         return;
     }
     for (j = lo; j < hi; j++) {
         float sum = a[j] + b[j];
         for (s = 2; s < ctx->world; s++) sum += ddp__rank_grads(ctx, s)[offset + j];
-        mine[j] = sum / w;
+        mine[j] = ddp__div_world(sum, w);
     }
 }
 
@@ -3465,9 +3496,10 @@ static ddp_result ddp__shm_bucket_in_place(ddp_context *ctx, size_t offset, size
         if (hi > lo) memcpy(ddp__rank_grads(ctx, ctx->rank) + offset + lo, ddp__rank_grads(ctx, s) + offset + lo, (hi - lo) * sizeof(float));
     }
     ddp__shm_post(ctx, DDP__STAGE_OUT, q + 1);
-    /* Until every rank has copied my part, my buffer must not change: the step may go on to
-       zero or accumulate into it as soon as this bucket counts as done. */
-    if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_OUT, q + 1)) != DDP_OK) return r;
+    /* Until every rank has copied my part, my buffer must not change. Within the step nothing
+       writes this bucket again, so the next bucket need not wait for that: ddp_finish does, once,
+       before the program may zero or accumulate into its gradients (ddp__cpu_finish). */
+    ctx->cpu->out_pending = q + 1;
     ctx->cpu->shm_seq = q + 1;
     if (ctx->desc.inject_comm_latency_ms > 0 || ctx->desc.inject_comm_gbps > 0)
         ddp__inject_comm_delay(ctx, count * sizeof(float), started);
@@ -3843,39 +3875,52 @@ static void ddp__comm_thread_short_slice(void) {
 #endif
 }
 
+/* The turn: launched buckets are reduced one at a time, in bucket order, by whichever thread
+   holds it. The communication thread takes it while backward runs; once the rank's thread waits
+   in ddp_finish it takes the turn itself whenever the communication thread is not mid-bucket, so
+   the bucket that is exposed (the last, usually launched just before ddp_finish) costs no wake-up
+   of another thread on either side, only the handshakes with the peers. Called with comm_lock
+   held and the turn free; it is released while the bucket is reduced. */
+static void ddp__comm_turn(ddp_context *ctx) {
+    ddp__cpu *c = ctx->cpu;
+    int index = c->comm_done;
+    double t0, seconds = 0;
+    ddp_result r = DDP_OK;
+    c->comm_busy = 1;
+    pthread_mutex_unlock(&c->comm_lock);
+    if (!c->comm_error) {
+        const ddp__bucket *b = &ctx->buckets[index];
+        snprintf(ctx->what_buf, sizeof ctx->what_buf, "the allreduce of gradient bucket %d", index);
+        ctx->what = ctx->what_buf;
+        t0 = ddp__now();
+        c->sig_bucket = (uint32_t)index + 1;
+        r = c->grads_shm && ddp__grad_kind(ctx) == DDP__KIND_AVG
+                ? ddp__shm_bucket_in_place(ctx, b->offset, b->count, ctx->desc.shard_optimizer ? index : -1)
+                : ddp__shm_collective(ctx, ddp__grad_kind(ctx), ctx->flat_grads + b->offset, b->count, 0);
+        c->sig_bucket = 0;
+        seconds = ddp__now() - t0;
+        ddp__record(ctx, ctx->tl_comm, DDP__EV_ALLREDUCE, t0, t0 + seconds, index, b->count * ddp__wire_bytes(ctx));
+    }
+    pthread_mutex_lock(&c->comm_lock);
+    c->comm_seconds += seconds;
+    c->comm_last_seconds = seconds;
+    if (r != DDP_OK && !c->comm_error) c->comm_error = r;
+    c->comm_done++;
+    c->comm_busy = 0;
+    pthread_cond_broadcast(&c->comm_done_cond);
+}
+
 static void *ddp__comm_main(void *arg) {
     ddp_context *ctx = (ddp_context *)arg;
+    ddp__cpu *c = ctx->cpu;
     ddp__comm_thread_short_slice();
-    pthread_mutex_lock(&ctx->cpu->comm_lock);
+    pthread_mutex_lock(&c->comm_lock);
     for (;;) {
-        int index;
-        double t0, seconds = 0;
-        ddp_result r = DDP_OK;
-        while (!ctx->cpu->comm_stop && ctx->cpu->comm_done == ctx->cpu->comm_launched) pthread_cond_wait(&ctx->cpu->comm_wake, &ctx->cpu->comm_lock);
-        if (ctx->cpu->comm_done == ctx->cpu->comm_launched) break;
-        index = ctx->cpu->comm_done;
-        pthread_mutex_unlock(&ctx->cpu->comm_lock);
-        if (!ctx->cpu->comm_error) {
-            const ddp__bucket *b = &ctx->buckets[index];
-            snprintf(ctx->what_buf, sizeof ctx->what_buf, "the allreduce of gradient bucket %d", index);
-            ctx->what = ctx->what_buf;
-            t0 = ddp__now();
-            ctx->cpu->sig_bucket = (uint32_t)index + 1;
-            r = ctx->cpu->grads_shm && ddp__grad_kind(ctx) == DDP__KIND_AVG
-                    ? ddp__shm_bucket_in_place(ctx, b->offset, b->count, ctx->desc.shard_optimizer ? index : -1)
-                    : ddp__shm_collective(ctx, ddp__grad_kind(ctx), ctx->flat_grads + b->offset, b->count, 0);
-            ctx->cpu->sig_bucket = 0;
-            seconds = ddp__now() - t0;
-            ddp__record(ctx, ctx->tl_comm, DDP__EV_ALLREDUCE, t0, t0 + seconds, index, b->count * ddp__wire_bytes(ctx));
-        }
-        pthread_mutex_lock(&ctx->cpu->comm_lock);
-        ctx->cpu->comm_seconds += seconds;
-        ctx->cpu->comm_last_seconds = seconds;
-        if (r != DDP_OK && !ctx->cpu->comm_error) ctx->cpu->comm_error = r;
-        ctx->cpu->comm_done++;
-        pthread_cond_broadcast(&ctx->cpu->comm_done_cond);
+        while (!c->comm_stop && (c->comm_done == c->comm_launched || c->comm_busy)) pthread_cond_wait(&c->comm_wake, &c->comm_lock);
+        if (c->comm_done == c->comm_launched || c->comm_busy) break;   /* stopped */
+        ddp__comm_turn(ctx);
     }
-    pthread_mutex_unlock(&ctx->cpu->comm_lock);
+    pthread_mutex_unlock(&c->comm_lock);
     return NULL;
 }
 
@@ -3952,20 +3997,30 @@ static ddp_result ddp__cpu_launch(ddp_context *ctx, int index) {
 static ddp_result ddp__cpu_finish(ddp_context *ctx, double t_wait) {
     ddp__cpu *c = ctx->cpu;
     ddp_result r;
+    uint32_t out;
     int cancel_state;
     /* pthread_cancel of the rank's thread here would leave it holding the lock, and the
        communication thread (and the host's ddp_shutdown of the context) stuck on it. */
     pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
     __atomic_store_n(&c->host_waiting, 1, __ATOMIC_RELEASE);
     pthread_mutex_lock(&c->comm_lock);
-    while (c->comm_done < c->comm_launched) pthread_cond_wait(&c->comm_done_cond, &c->comm_lock);
-    __atomic_store_n(&c->host_waiting, 0, __ATOMIC_RELEASE);
+    while (c->comm_done < c->comm_launched) {
+        if (!c->comm_busy) ddp__comm_turn(ctx);   /* this thread reduces the next bucket itself */
+        else pthread_cond_wait(&c->comm_done_cond, &c->comm_lock);
+    }
     r = c->comm_error;
+    out = c->out_pending;
+    c->out_pending = 0;
     ctx->stats.comm_ms = 1e3 * c->comm_seconds;
     ctx->stats.last_bucket_comm_ms = 1e3 * c->comm_last_seconds;
     c->comm_seconds = c->comm_last_seconds = 0;
     c->comm_launched = c->comm_done = 0;
     pthread_mutex_unlock(&c->comm_lock);
+    if (r == DDP_OK && out) {   /* every peer has copied its parts of the last bucket from this rank's buffer */
+        ctx->what = "the end of the gradient buckets' allreduce (the peers' last copies)";
+        r = ddp__shm_wait_all(ctx, DDP__STAGE_OUT, out);
+    }
+    __atomic_store_n(&c->host_waiting, 0, __ATOMIC_RELEASE);
     pthread_setcancelstate(cancel_state, NULL);
     ddp__host_step_done(ctx, t_wait);
     return r;
@@ -5406,7 +5461,8 @@ static ddp_result ddp__gpu_launch(ddp_context *ctx, int index) {
 }
 
 /* The timeline's comm lane on this backend: each bucket's allreduce as the comm stream's events
-   saw it, placed on the host clock relative to the step's first event. (The compute lane holds
+   saw it, placed on the host clock from the start of backward (the step_begin event, at host
+   time host_begin: ddp_step_begin's enqueue). (The compute lane holds
    host times: when the program enqueued its work.) The lane also gets the step's device-side
    spans, which no host time can give: backward on the GPU (step_begin to step_finish) and the
    exposed tail (step_finish to the last bucket's end, empty when comm ended first); the

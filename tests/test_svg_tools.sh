@@ -147,6 +147,33 @@ EOF
 WHY="expected 30 event boxes, each at least 1 px wide" check "30 event boxes, slivers at least 1 px" $PY "$tmp/rects.py" "$S" 30
 has "unknown category drawn as other" "$S" 'class="ev cat-other"'
 
+# A GPU trace (NCCL backend): the comm lane holds "backward (gpu)" and "exposed comm (gpu)" from
+# the GPU's events; the host never waits, so the summary's exposed time is the GPU-side one.
+cat >"$tmp/gen_gpu.py" <<'EOF'
+import json, sys
+ev = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": "rank 0"}}]
+def X(tid, name, cat, start, dur):
+    ev.append({"name": name, "cat": cat, "ph": "X", "pid": 0, "tid": tid, "ts": start * 1e3,
+               "dur": dur * 1e3, "args": {"step": 1}})
+X(0, "forward", "forward", 0.0, 3.0)
+X(0, "backward op 1", "backward", 3.0, 0.2)
+X(1, "backward (gpu)", "gpu_backward", 3.1, 6.0)
+X(1, "allreduce bucket 0", "comm", 5.0, 3.0)
+X(1, "allreduce bucket 1", "comm", 8.2, 2.4)
+X(1, "exposed comm (gpu)", "gpu_exposed", 9.1, 1.5)
+X(2, "step", "step", 0.0, 11.0)
+json.dump({"traceEvents": ev}, sys.stdout)
+EOF
+$PY "$tmp/gen_gpu.py" >"$tmp/gpu.json"
+$PY "$T" "$tmp/gpu.json" -o "$tmp/gpu.svg" >/dev/null 2>"$tmp/err" || fail "GPU trace: trace_svg exits 0" "$(head -c 300 "$tmp/err")"
+wellformed "GPU trace: well-formed XML" "$tmp/gpu.svg"
+has "GPU trace: backward on the GPU has its own colour" "$tmp/gpu.svg" 'class="ev cat-gpu_backward"'
+has "GPU trace: legend names backward on the GPU" "$tmp/gpu.svg" ">backward on the GPU<"
+has "GPU trace: legend names exposed comm on the GPU" "$tmp/gpu.svg" ">exposed comm on the GPU<"
+hasnt "GPU trace: no GPU span drawn as other" "$tmp/gpu.svg" 'class="ev cat-other"'
+has "GPU trace: the GPU's exposed span labelled (1.50 ms)" "$tmp/gpu.svg" ">exposed 1.50 ms<"
+has "GPU trace: summary overlap from the GPU's exposed time (1 - 1.5/5.4)" "$tmp/gpu.svg" ">overlap 72.2%<"
+
 $PY "$T" "$tmp/trace.json" --step 1 -o "$tmp/step1.svg" >/dev/null 2>&1
 has "--step 1: rank 1 exposed 5.60 ms" "$tmp/step1.svg" ">exposed 5.60 ms<"
 hasnt "--step 1: no step-2 numbers" "$tmp/step1.svg" ">exposed 3.60 ms<"

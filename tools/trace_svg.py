@@ -7,9 +7,12 @@ TRACE.json is the Chrome/Perfetto trace that ddp.h writes (object form with "tra
 bare array of events). Every rank (event "pid") gets two lanes, "compute" (tid 0) and "comm"
 (tid 1); the step's "X" events are drawn as rectangles coloured by category, "ready" instants as
 small markers, and the exposed communication ("wait for comm", cat "exposed") as a red, hatched
-band across both lanes of its rank. Hovering over an event in a browser shows its name, duration
+band across both lanes of its rank. A GPU trace (the NCCL backend) also has, on the comm lane,
+the GPU's own "backward (gpu)" span (cat gpu_backward, drawn pale behind the allreduces) and
+"exposed comm (gpu)" (cat gpu_exposed, hatched like the host's wait). Hovering over an event in a browser shows its name, duration
 and args. The summary under the title gives, per rank, the step, compute (forward + backward ops),
-comm (all "comm" events), exposed ("exposed" events) and overlap = 100 x (1 - exposed/comm),
+comm (all "comm" events), exposed ("exposed" events, or "gpu_exposed" ones where the host has
+none) and overlap = 100 x (1 - exposed/comm),
 clamped to 0-100 % (the wait can outlast a rank's own comm when it also waits for a slower rank).
 
 Which step: --step N, or by default the LAST COMPLETE step: the highest args.step in which every
@@ -43,9 +46,13 @@ CATS = {
     "comm":      ("#f58518", "allreduce (comm)"),
     "exposed":   ("#e45756", "exposed comm wait"),
     "optimizer": ("#54a24b", "optimizer"),
+    # the NCCL backend's comm lane: the step's device-side spans, from the GPU's own events
+    "gpu_backward": ("#b7cde3", "backward on the GPU"),
+    "gpu_exposed":  ("#e45756", "exposed comm on the GPU"),
     "other":     ("#cfd4da", "other"),
 }
-CAT_ORDER = ["forward", "backward", "comm", "exposed", "optimizer", "other"]
+CAT_ORDER = ["forward", "backward", "gpu_backward", "comm", "exposed", "gpu_exposed", "optimizer", "other"]
+EXPOSED_CATS = ("exposed", "gpu_exposed")
 
 
 def die(msg):
@@ -282,14 +289,17 @@ def render(evs, step, width, title, source):
         comp = [ev for ev in boxes if ev.tid != 1]
         comm_lane = [ev for ev in boxes if ev.tid == 1]
         comm_ms = sum(ev.dur for ev in mine if ev.ph == "X" and ev.cat == "comm") / 1000.0
+        # the host's wait for comm; a GPU trace's host does not wait, its GPU-side span says it
         exposed_ms = sum(ev.dur for ev in mine if ev.ph == "X" and ev.cat == "exposed") / 1000.0
+        if not any(ev.ph == "X" and ev.cat == "exposed" for ev in mine):
+            exposed_ms = sum(ev.dur for ev in mine if ev.ph == "X" and ev.cat == "gpu_exposed") / 1000.0
         compute_ms = sum(ev.dur for ev in mine
                          if ev.ph == "X" and ev.cat in ("backward", "forward")) / 1000.0
         per[r] = {
             "compute": comp, "comm": comm_lane,
             "instants": [ev for ev in mine if ev.ph == "i"],
             "steps": [ev for ev in mine if is_step_event(ev)],
-            "exposed": [ev for ev in mine if ev.ph == "X" and ev.cat == "exposed"],
+            "exposed": [ev for ev in mine if ev.ph == "X" and ev.cat in EXPOSED_CATS],
             "compute_ms": compute_ms, "comm_ms": comm_ms, "exposed_ms": exposed_ms,
         }
 
@@ -490,7 +500,7 @@ def render(evs, step, width, title, source):
                 o('<rect class="ev cat-%s" x="%s" y="%s" width="%s" height="%s" rx="%d" fill="%s"/>'
                   % (esc(cat), num(x1), num(yy), num(w), num(hh), rx, fill))
                 fs = 10.5 if hh >= 18 else max(7.0, hh - 4)
-                if hh >= 10 and cat != "exposed":
+                if hh >= 10 and cat not in EXPOSED_CATS:
                     for lab in short_labels(ev):
                         if text_w(lab, fs) + 8 <= w:
                             tc = "#ffffff" if luminance(fill) < 0.5 else INK
