@@ -263,8 +263,8 @@
    BACKENDS (one table each: THE IMPLEMENTATION below)
      single  one rank, no launcher: no network, no shared memory, no thread
      cpu     ranks on one host: POSIX shared memory; each rank's communication thread averages
-             buckets while backward runs; every rank reduces its own part, so all end with the
-             same bits
+             buckets while backward runs (the rank's own thread takes over the ones left when it
+             reaches ddp_finish); every rank reduces its own part, so all end with the same bits
      nccl    GPUs (implementation compiled by nvcc, or with -DDDP_CUDA and ddp_kernels.cuh).
              Each rank uses GPU LOCAL_RANK % device count; rank 0's ncclUniqueId goes through
              the store; the communicator is non-blocking (set-up has a deadline that names the
@@ -3433,8 +3433,9 @@ static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *dat
    its part straight from every rank's buffer (in rank order, the same arithmetic as the staged
    path, so the same bits), writes it into its own buffer, and then copies the other ranks'
    parts from theirs. Per rank that reads 1.5 and writes 1 bucket's worth of memory where the
-   staged path moves 2 and 2, and it waits for its peers four times per bucket instead of
-   three times per 256 KiB chunk. Both matter when compute keeps every core busy: the
+   staged path moves 2 and 2, and it waits for its peers twice per bucket (my gradients are
+   final; my part is averaged), plus once per step in ddp_finish (every rank has copied its
+   parts from me), instead of three times per 256 KiB chunk. Both matter when compute keeps every core busy: the
    reduction's CPU time and each wake-up come straight out of the step.
    -------------------------------------------------------------------------------------------- */
 static float *ddp__rank_grads(ddp_context *ctx, int s) { return (float *)(void *)ctx->cpu->grads_shm + (size_t)s * ctx->cpu->grads_stride; }
@@ -3855,7 +3856,7 @@ static ddp_result ddp__cpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b
 }
 
 /* The communication thread. Buckets are launched strictly in bucket order, so the queue is
-   just two counters: launched and done; the thread reduces bucket `done` next. */
+   just two counters: launched and done; bucket `done` is reduced next (ddp__comm_turn). */
 /* The communication thread shares the cores with compute threads that never sleep. Each chunk
    of an allreduce is a handshake with the peers' communication threads, so what matters is how
    soon a woken communication thread runs. On Linux >= 6.12 (EEVDF) a short scheduler slice
