@@ -967,6 +967,8 @@ typedef struct ddp__cpu {
     size_t grads_shm_bytes, grads_stride;   /* stride: floats from one rank's buffer to the next */
     int params_shared;             /* sharded: every rank's parameters follow the gradients in the segment */
     double *norm_recv;             /* sharded: a peer's norm blocks, as they arrive */
+    float *bucket_f32;             /* bf16 parameters without the gradient segment: one bucket widened
+                                      for the staging slots (the largest bucket's floats) */
     pthread_t comm_thread;
     int comm_started, comm_stop;
     pthread_mutex_t comm_lock;
@@ -976,11 +978,9 @@ typedef struct ddp__cpu {
     double comm_seconds, comm_last_seconds;
 } ddp__cpu;
 
-/* The bf16 conversions a backend does for param_dtype BF16: the bf16 gradients widened into the
-   fp32 staging (a bucket, before it is reduced); the reduced fp32 gradients rounded into the bf16
-   ones and the staging set to the rounded values (the norm and AdamW then read exactly the bf16
-   gradients); the fp32 master rounded into the working copies. */
-enum { DDP__BF16_WIDEN_GRADS = 1, DDP__BF16_NARROW_GRADS, DDP__BF16_ROUND_PARAMS,
+/* The bf16 conversions a backend does for param_dtype BF16 (the gradients need none: they are
+   reduced, normed and stepped from in bf16): the fp32 master rounded into the working copies. */
+enum { DDP__BF16_ROUND_PARAMS = 1,
        DDP__BF16_SHARD_MASTER /* sharded: keep this rank's parts of the master, packed (ddp__master_parts) */ };
 
 typedef struct ddp__gpu ddp__gpu;   /* the NCCL backend's state (>>nccl; only built with CUDA) */
@@ -998,8 +998,8 @@ typedef struct ddp__backend {
                                       and all-gathers the parameters); 0: ddp_init refuses it */
     /* after the rendezvous (world > 1; the NCCL backend also at world 1): bring up the data plane */
     ddp_result (*setup)(ddp_context *ctx, double deadline);
-    /* commit, first half: ctx->flat_params / flat_grads for ctx->flat_count floats, each
-       parameter's initial values in place */
+    /* commit, first half: ctx->flat_params / flat_grads for ctx->flat_count floats (bf16
+       parameters: params_bf16 / grads_bf16, no flat_grads), each parameter's initial values in place */
     ddp_result (*alloc_flat)(ddp_context *ctx);
     /* commit, second half (buckets built, layouts verified alike on every rank): rank 0's
        parameters to everyone, whatever runs beside the step */
@@ -1007,8 +1007,9 @@ typedef struct ddp__backend {
     void (*begin_step)(ddp_context *ctx);
     ddp_result (*launch)(ddp_context *ctx, int bucket);          /* average one bucket, in bucket order */
     ddp_result (*finish)(ddp_context *ctx, double t_wait);       /* every bucket launched: settle them */
-    ddp_result (*zero)(ddp_context *ctx, float *x, size_t count);
-    ddp_result (*scale)(ddp_context *ctx, float *x, size_t count, float factor);   /* x *= factor, after finish */
+    /* gradients [offset, offset + count), in their dtype (fp32, or bf16 with bf16 parameters) */
+    ddp_result (*zero)(ddp_context *ctx, size_t offset, size_t count);
+    ddp_result (*scale)(ddp_context *ctx, size_t offset, size_t count, float factor);   /* g *= factor, after finish */
     /* param_dtype BF16 only, on [offset, offset + count) of the flat buffers, in stream order
        with the program's work (DDP__BF16_* in >>types) */
     ddp_result (*bf16)(ddp_context *ctx, int op, size_t offset, size_t count);
@@ -1051,8 +1052,8 @@ struct ddp_context {
     int committed;
     float *flat_params, *flat_grads, *adam_m, *adam_v;
     /* param_dtype BF16: the working copies and gradients the program uses; flat_params is then
-       the fp32 master (sharded: this rank's parts, packed: ddp__master_parts) and flat_grads the
-       fp32 staging the buckets are reduced in (PARAMETER DTYPE) */
+       the fp32 master (sharded: this rank's parts, packed: ddp__master_parts) and flat_grads NULL:
+       the buckets are reduced in bf16 where they are (PARAMETER DTYPE) */
     ddp_bf16 *params_bf16, *grads_bf16;
     /* elements whose working copy was not the master rounded when an AdamW pass reached them
        (a write of one without the other), and the first such parameter (-1: not known) */
@@ -2661,6 +2662,19 @@ static double ddp__sum_squares(const float *x, size_t n) {
     return total;
 }
 
+/* The same lanes and order over bf16 gradients (each widened exactly): the bits of
+   ddp__sum_squares on the widened values, which is what the fp32 staging used to hold. */
+static double ddp__sum_squares_bf16(const ddp_bf16 *x, size_t n) {
+    double lane[DDP__NORM_LANES] = { 0 }, total = 0, y;
+    size_t i = 0;
+    int j;
+    for (; i + DDP__NORM_LANES <= n; i += DDP__NORM_LANES)
+        for (j = 0; j < DDP__NORM_LANES; j++) { y = ddp__from_bf16(x[i + j]); lane[j] += y * y; }
+    for (j = 0; i < n; i++, j++) { y = ddp__from_bf16(x[i]); lane[j] += y * y; }
+    for (j = 0; j < DDP__NORM_LANES; j++) total += lane[j];
+    return total;
+}
+
 /* This rank's part of bucket b, as a range of the flat buffer. Unsharded (or one rank) every
    rank holds all of it. Sharded, rank s holds [s*P, (s+1)*P) of the bucket, P its 1/world share
    rounded down to DDP__SHARD_GRAIN, and the last rank the rest up to the bucket's end: parts
@@ -2704,7 +2718,8 @@ static void ddp__norm_blocks(ddp_context *ctx, double *sums) {
         ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
         for (at = lo; at < hi; at += DDP__SHARD_GRAIN) {
             size_t n = hi - at < DDP__SHARD_GRAIN ? hi - at : DDP__SHARD_GRAIN;
-            sums[ctx->norm_base[b] + (at - k->offset) / DDP__SHARD_GRAIN] = ddp__sum_squares(ctx->flat_grads + at, n);
+            sums[ctx->norm_base[b] + (at - k->offset) / DDP__SHARD_GRAIN] =
+                ctx->grads_bf16 ? ddp__sum_squares_bf16(ctx->grads_bf16 + at, n) : ddp__sum_squares(ctx->flat_grads + at, n);
         }
     }
 }
@@ -2726,25 +2741,25 @@ static double ddp__norm_sum(const double *sums, size_t n) {
 
 static double ddp__norm_total(const double *sums, size_t n) { return sqrt(ddp__norm_sum(sums, n)); }
 
-/* The gradients are not finite: name the first offender (sharded: in this rank's part, the only
-   one averaged here). Nothing has been touched yet. */
-static ddp_result ddp__nonfinite(ddp_context *ctx, const float *grads, double norm) {
+/* The gradients (fp32 grads, or bf16 grads16) are not finite: name the first offender (sharded:
+   in this rank's part, the only one averaged here). Nothing has been touched yet. */
+static ddp_result ddp__nonfinite(ddp_context *ctx, const float *grads, const ddp_bf16 *grads16, double norm) {
     int i;
     size_t k;
     for (i = 0; i < ctx->num_params; i++) {
         const ddp__param *p = &ctx->params[i];
-        const float *g = grads + p->offset;
         for (k = 0; k < p->count; k++) {
-            if (isfinite(g[k]) || (ctx->desc.shard_optimizer && !ddp__holds(ctx, p->offset + k))) continue;
+            float g = grads16 ? ddp__from_bf16(grads16[p->offset + k]) : grads[p->offset + k];
+            if (isfinite(g) || (ctx->desc.shard_optimizer && !ddp__holds(ctx, p->offset + k))) continue;
             if (ctx->desc.skip_nonfinite) {
                 if (ctx->rank == 0)
                     ddp__log(ctx, DDP_LOG_WARN, "optimizer step %lld skipped: the gradient of '%s' is %g at element "
-                             "%zu", (long long)ctx->adam_step + 1, p->name, (double)g[k], k);
+                             "%zu", (long long)ctx->adam_step + 1, p->name, (double)g, k);
                 return DDP_OK;
             }
             return ddp__fail(ctx, DDP_ERR_NONFINITE, "optimizer step %lld: the gradient of '%s' is %g at element %zu; "
                              "parameters unchanged (skip_nonfinite skips such steps)", (long long)ctx->adam_step + 1,
-                             p->name, (double)g[k], k);
+                             p->name, (double)g, k);
         }
     }
     if (ctx->desc.skip_nonfinite) {
@@ -2770,14 +2785,15 @@ static void ddp__adamw_range(float *p, const float *g, float *m, float *v, size_
     }
 }
 
-/* The same arithmetic on the fp32 master, the bf16 working copy w written in the same pass.
-   Returns how many working copies were not the master rounded before the step: the program
-   wrote one of the two (ddp_param_bf16, or the master through ddp_flat_params) without the other. */
-static size_t ddp__adamw_range_bf16(float *p, ddp_bf16 *w, const float *g, float *m, float *v, size_t n, float clip,
+/* The same arithmetic on the fp32 master from the bf16 gradients (widened exactly), the bf16
+   working copy w written in the same pass. Returns how many working copies were not the master
+   rounded before the step: the program wrote one of the two (ddp_param_bf16, or the master
+   through ddp_flat_params) without the other. */
+static size_t ddp__adamw_range_bf16(float *p, ddp_bf16 *w, const ddp_bf16 *g, float *m, float *v, size_t n, float clip,
                                     float lr, float b1, float b2, float eps, float decay, float step_size, float bc2_sqrt) {
     size_t i, diverged = 0;
     for (i = 0; i < n; i++) {
-        float grad = g[i] * clip;
+        float grad = ddp__from_bf16(g[i]) * clip;
         diverged += w[i] != ddp__to_bf16(p[i]);
         m[i] = b1 * m[i] + (1.0f - b1) * grad;
         v[i] = b2 * v[i] + (1.0f - b2) * grad * grad;
@@ -2791,14 +2807,14 @@ static size_t ddp__adamw_range_bf16(float *p, ddp_bf16 *w, const float *g, float
 static ddp_result ddp__host_alloc_flat(ddp_context *ctx) {
     int i;
     ctx->flat_params = ddp__alloc_floats(ctx->flat_count);
-    ctx->flat_grads = ddp__alloc_floats(ctx->flat_count);
     if (ctx->desc.param_dtype == DDP_DTYPE_BF16) {   /* flat_count is a multiple of 16: whole floats */
         ctx->params_bf16 = (ddp_bf16 *)(void *)ddp__alloc_floats(ctx->flat_count / 2);
-        ctx->grads_bf16 = (ddp_bf16 *)(void *)ddp__alloc_floats(ctx->flat_count / 2);
+        ctx->grads_bf16 = (ddp_bf16 *)(void *)ddp__alloc_floats(ctx->flat_count / 2);   /* zeros: +0 in bf16 */
         if (!ctx->params_bf16 || !ctx->grads_bf16)
             return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %zu bf16 parameters", ctx->flat_count);
-    }
-    if (!ctx->flat_params || !ctx->flat_grads)
+    } else
+        ctx->flat_grads = ddp__alloc_floats(ctx->flat_count);
+    if (!ctx->flat_params || (!ctx->flat_grads && !ctx->grads_bf16))
         return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %zu parameters", ctx->flat_count);
     for (i = 0; i < ctx->num_params; i++) {
         ddp__param *p = &ctx->params[i];
@@ -2808,16 +2824,18 @@ static ddp_result ddp__host_alloc_flat(ddp_context *ctx) {
     return DDP_OK;
 }
 
-static ddp_result ddp__host_zero(ddp_context *ctx, float *x, size_t count) {
-    (void)ctx;
-    memset(x, 0, count * sizeof(float));
+static ddp_result ddp__host_zero(ddp_context *ctx, size_t offset, size_t count) {
+    if (ctx->grads_bf16) memset(ctx->grads_bf16 + offset, 0, count * sizeof(ddp_bf16));
+    else memset(ctx->flat_grads + offset, 0, count * sizeof(float));
     return DDP_OK;
 }
 
-static ddp_result ddp__host_scale(ddp_context *ctx, float *x, size_t count, float factor) {
+static ddp_result ddp__host_scale(ddp_context *ctx, size_t offset, size_t count, float factor) {
     size_t i;
-    (void)ctx;
-    for (i = 0; i < count; i++) x[i] *= factor;
+    if (ctx->grads_bf16)
+        for (i = offset; i < offset + count; i++) ctx->grads_bf16[i] = ddp__to_bf16(ddp__from_bf16(ctx->grads_bf16[i]) * factor);
+    else
+        for (i = offset; i < offset + count; i++) ctx->flat_grads[i] *= factor;
     return DDP_OK;
 }
 
@@ -2837,16 +2855,9 @@ static ddp_result ddp__host_shard_master(ddp_context *ctx) {
 }
 
 static ddp_result ddp__host_bf16(ddp_context *ctx, int op, size_t offset, size_t count) {
-    float *f = (op == DDP__BF16_ROUND_PARAMS ? ctx->flat_params : ctx->flat_grads) + offset;
-    ddp_bf16 *h = (op == DDP__BF16_ROUND_PARAMS ? ctx->params_bf16 : ctx->grads_bf16) + offset;
     size_t i;
     if (op == DDP__BF16_SHARD_MASTER) return ddp__host_shard_master(ctx);
-    if (op == DDP__BF16_WIDEN_GRADS)
-        for (i = 0; i < count; i++) f[i] = ddp__from_bf16(h[i]);
-    else if (op == DDP__BF16_NARROW_GRADS)
-        for (i = 0; i < count; i++) { h[i] = ddp__to_bf16(f[i]); f[i] = ddp__from_bf16(h[i]); }
-    else
-        for (i = 0; i < count; i++) h[i] = ddp__to_bf16(f[i]);
+    for (i = offset; i < offset + count; i++) ctx->params_bf16[i] = ddp__to_bf16(ctx->flat_params[i]);
     return DDP_OK;
 }
 
@@ -2869,7 +2880,7 @@ static ddp_result ddp__adamw_prepare(ddp_context *ctx, const ddp_adamw *opt, flo
                                      float *grad_norm_out, ddp__adamw_now *now, int *skip) {
     *skip = 0;
     if (grad_norm_out) *grad_norm_out = (float)norm;
-    if (!isfinite(norm)) { *skip = 1; return ddp__nonfinite(ctx, ctx->flat_grads, norm); }
+    if (!isfinite(norm)) { *skip = 1; return ddp__nonfinite(ctx, ctx->flat_grads, ctx->grads_bf16, norm); }
     now->clip = 1.0f;
     if (opt->max_grad_norm > 0 && norm > opt->max_grad_norm) now->clip = (float)(opt->max_grad_norm / (norm + 1e-6));
     ctx->adam_step++;
@@ -2893,7 +2904,7 @@ static void ddp__adamw_bucket(ddp_context *ctx, int b, const ddp_adamw *opt, con
         float decay = (p->flags & DDP_NO_DECAY) ? 0.0f : opt->weight_decay;
         if (to <= from) continue;
         if (ctx->params_bf16) {
-            size_t bad = ddp__adamw_range_bf16(ctx->flat_params + (ddp__master_parts(ctx) ? at : from), ctx->params_bf16 + from, ctx->flat_grads + from,
+            size_t bad = ddp__adamw_range_bf16(ctx->flat_params + (ddp__master_parts(ctx) ? at : from), ctx->params_bf16 + from, ctx->grads_bf16 + from,
                                                ctx->adam_m + at, ctx->adam_v + at, to - from, now->clip, opt->lr, now->b1,
                                                now->b2, now->eps, decay, now->step_size, now->bc2_sqrt);
             if (bad && !ctx->bf16_diverged) ctx->bf16_diverged_param = i;
@@ -3408,12 +3419,36 @@ static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *dat
    -------------------------------------------------------------------------------------------- */
 static float *ddp__rank_grads(ddp_context *ctx, int s) { return (float *)(void *)ctx->cpu->grads_shm + (size_t)s * ctx->cpu->grads_stride; }
 
+/* Gradients in the segment are bf16 with bf16 parameters: element j of rank s's buffer. */
+static ddp_bf16 *ddp__rank_grads_bf16(ddp_context *ctx, int s) { return (ddp_bf16 *)(void *)ddp__rank_grads(ctx, s); }
+
+/* bf16 gradients: each element's values added in float in rank order (exact widening, the sum
+   the fp32 path computes), divided by world and rounded once: the bits the fp32 staging gave,
+   for either reduce_dtype. */
+static void ddp__average_part_in_place_bf16(ddp_context *ctx, size_t offset, size_t lo, size_t hi) {
+    ddp_bf16 *mine = ddp__rank_grads_bf16(ctx, ctx->rank) + offset;
+    const ddp_bf16 *a = ddp__rank_grads_bf16(ctx, 0) + offset, *b = ddp__rank_grads_bf16(ctx, 1) + offset;
+    float w = (float)ctx->world;
+    size_t j;
+    int s;
+    if (ctx->world == 2) {   /* no inner loop: the compiler vectorizes it */
+        for (j = lo; j < hi; j++) mine[j] = ddp__to_bf16((ddp__from_bf16(a[j]) + ddp__from_bf16(b[j])) / w);
+        return;
+    }
+    for (j = lo; j < hi; j++) {
+        float sum = ddp__from_bf16(a[j]) + ddp__from_bf16(b[j]);
+        for (s = 2; s < ctx->world; s++) sum += ddp__from_bf16(ddp__rank_grads_bf16(ctx, s)[offset + j]);
+        mine[j] = ddp__to_bf16(sum / w);
+    }
+}
+
 static void ddp__average_part_in_place(ddp_context *ctx, size_t offset, size_t lo, size_t hi) {
     float *mine = ddp__rank_grads(ctx, ctx->rank) + offset;
     const float *a = ddp__rank_grads(ctx, 0) + offset, *b = ddp__rank_grads(ctx, 1) + offset;
     float w = (float)ctx->world;
     size_t j;
     int s;
+    if (ctx->grads_bf16) { ddp__average_part_in_place_bf16(ctx, offset, lo, hi); return; }
     if (ctx->world == 2) {   /* the common case: a loop without an inner one, which the compiler vectorizes */
         for (j = lo; j < hi; j++) mine[j] = (a[j] + b[j]) / w;
         return;
@@ -3430,13 +3465,13 @@ static void ddp__average_part_in_place(ddp_context *ctx, size_t offset, size_t l
 static ddp_result ddp__shm_bucket_in_place(ddp_context *ctx, size_t offset, size_t count, int bucket) {
     ddp__shm_sig *sig = &ddp__shm_block(ctx, ctx->rank)->sig;
     uint32_t q = ctx->cpu->shm_seq;
-    size_t lo, hi;
+    size_t lo, hi, es = ctx->grads_bf16 ? sizeof(ddp_bf16) : sizeof(float);   /* the gradients' element */
     int s;
     ddp_result r;
     double started = ddp__now();
     if (ddp__failed(ctx)) return ddp__failed(ctx);
     sig->id = ++ctx->cpu->shm_collectives;
-    sig->kind = DDP__KIND_AVG;
+    sig->kind = ddp__grad_kind(ctx);
     sig->root = 0;
     sig->bucket = ctx->cpu->sig_bucket;
     sig->count = count;
@@ -3452,7 +3487,7 @@ static ddp_result ddp__shm_bucket_in_place(ddp_context *ctx, size_t offset, size
         ddp__shm_post(ctx, DDP__STAGE_OUT, q + 1);
         ctx->cpu->shm_seq = q + 1;
         if (ctx->desc.inject_comm_latency_ms > 0 || ctx->desc.inject_comm_gbps > 0)
-            ddp__inject_comm_delay(ctx, count * sizeof(float), started);
+            ddp__inject_comm_delay(ctx, count * ddp__wire_bytes(ctx), started);
         return DDP_OK;
     }
     ddp__part(count, ctx->world, ctx->rank, &lo, &hi);
@@ -3462,7 +3497,8 @@ static ddp_result ddp__shm_bucket_in_place(ddp_context *ctx, size_t offset, size
     for (s = 0; s < ctx->world; s++) {
         if (s == ctx->rank) continue;
         ddp__part(count, ctx->world, s, &lo, &hi);
-        if (hi > lo) memcpy(ddp__rank_grads(ctx, ctx->rank) + offset + lo, ddp__rank_grads(ctx, s) + offset + lo, (hi - lo) * sizeof(float));
+        if (hi > lo) memcpy((unsigned char *)ddp__rank_grads(ctx, ctx->rank) + (offset + lo) * es,
+                            (unsigned char *)ddp__rank_grads(ctx, s) + (offset + lo) * es, (hi - lo) * es);
     }
     ddp__shm_post(ctx, DDP__STAGE_OUT, q + 1);
     /* Until every rank has copied my part, my buffer must not change: the step may go on to
@@ -3470,7 +3506,22 @@ static ddp_result ddp__shm_bucket_in_place(ddp_context *ctx, size_t offset, size
     if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_OUT, q + 1)) != DDP_OK) return r;
     ctx->cpu->shm_seq = q + 1;
     if (ctx->desc.inject_comm_latency_ms > 0 || ctx->desc.inject_comm_gbps > 0)
-        ddp__inject_comm_delay(ctx, count * sizeof(float), started);
+        ddp__inject_comm_delay(ctx, count * ddp__wire_bytes(ctx), started);
+    return DDP_OK;
+}
+
+/* bf16 gradients without the segment (DDP_STAGED_GRADS, no room in /dev/shm): the bucket
+   widened (exactly) into one bucket's floats, averaged through the staging slots as an fp32
+   model's bucket, rounded back: the in-place path's bits (the slots' bf16 average adds in float in
+   rank order and rounds once; the fp32 one is rounded once here). Sharded, the whole bucket. */
+static ddp_result ddp__shm_bucket_staged_bf16(ddp_context *ctx, size_t offset, size_t count) {
+    float *f = ctx->cpu->bucket_f32;
+    ddp_bf16 *g = ctx->grads_bf16 + offset;
+    size_t j;
+    ddp_result r;
+    for (j = 0; j < count; j++) f[j] = ddp__from_bf16(g[j]);
+    if ((r = ddp__shm_collective(ctx, ddp__grad_kind(ctx), f, count, 0)) != DDP_OK) return r;
+    for (j = 0; j < count; j++) g[j] = ddp__to_bf16(f[j]);
     return DDP_OK;
 }
 
@@ -3662,15 +3713,17 @@ static int ddp__grads_create(ddp_context *ctx, size_t bytes, ddp_result *r) {
 
 /* At commit (world > 1, CPU backend): rank 0 makes the gradient segment, one page-aligned
    buffer per rank, and publishes its name; every rank maps it and uses its own buffer as
-   ddp_flat_grads. A fresh segment reads as zeros, like a fresh gradient buffer. Rank 0 unlinks
-   it once every rank has it mapped (ddp__grads_unlink, after the next collective). */
+   ddp_flat_grads (bf16 parameters: ddp_flat_grads_bf16, 2 bytes an element). A fresh segment
+   reads as zeros, like a fresh gradient buffer. Rank 0 unlinks it once every rank has it mapped
+   (ddp__grads_unlink, after the next collective). */
 static ddp_result ddp__grads_share(ddp_context *ctx, double deadline) {
     size_t page = (size_t)sysconf(_SC_PAGESIZE), bytes;
     int copies = ctx->desc.shard_optimizer ? 2 : 1;   /* sharded: the parameters too (the all-gather) */
     struct stat st;
     void *p;
     int fd;
-    ctx->cpu->grads_stride = ddp__round_up(ctx->flat_count * sizeof(float), page) / sizeof(float);
+    size_t es = ctx->grads_bf16 ? sizeof(ddp_bf16) : sizeof(float);   /* bf16 parameters: bf16 gradients and copies */
+    ctx->cpu->grads_stride = ddp__round_up(ctx->flat_count * es, page) / sizeof(float);
     bytes = ctx->cpu->grads_stride * sizeof(float) * (size_t)ctx->world * (size_t)copies;
     if (ctx->rank == 0) {
         ddp_result r;
@@ -3699,8 +3752,13 @@ static ddp_result ddp__grads_share(ddp_context *ctx, double deadline) {
         return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot map the gradient segment %s (%zu bytes): %s", ctx->cpu->grads_name, bytes, strerror(errno));
     ctx->cpu->grads_shm = (unsigned char *)p;
     ctx->cpu->grads_shm_bytes = bytes;
-    ddp__free_floats(ctx->flat_grads);
-    ctx->flat_grads = ddp__rank_grads(ctx, ctx->rank);
+    if (ctx->grads_bf16) {
+        ddp__free_floats((float *)(void *)ctx->grads_bf16);
+        ctx->grads_bf16 = ddp__rank_grads_bf16(ctx, ctx->rank);
+    } else {
+        ddp__free_floats(ctx->flat_grads);
+        ctx->flat_grads = ddp__rank_grads(ctx, ctx->rank);
+    }
     if (copies == 2 && ctx->params_bf16) {   /* bf16: the working copies are what is gathered (filled at commit) */
         ddp__free_floats((float *)(void *)ctx->params_bf16);
         ctx->params_bf16 = (ddp_bf16 *)(void *)ddp__rank_grads(ctx, ctx->world + ctx->rank);
@@ -3861,8 +3919,9 @@ static void *ddp__comm_main(void *arg) {
             ctx->what = ctx->what_buf;
             t0 = ddp__now();
             ctx->cpu->sig_bucket = (uint32_t)index + 1;
-            r = ctx->cpu->grads_shm && ddp__grad_kind(ctx) == DDP__KIND_AVG
+            r = ctx->cpu->grads_shm && (ctx->grads_bf16 || ddp__grad_kind(ctx) == DDP__KIND_AVG)
                     ? ddp__shm_bucket_in_place(ctx, b->offset, b->count, ctx->desc.shard_optimizer ? index : -1)
+                    : ctx->grads_bf16 ? ddp__shm_bucket_staged_bf16(ctx, b->offset, b->count)
                     : ddp__shm_collective(ctx, ddp__grad_kind(ctx), ctx->flat_grads + b->offset, b->count, 0);
             ctx->cpu->sig_bucket = 0;
             seconds = ddp__now() - t0;
@@ -3922,7 +3981,12 @@ static ddp_result ddp__cpu_setup(ddp_context *ctx, double deadline) {
    communication thread. */
 static ddp_result ddp__cpu_commit(ddp_context *ctx) {
     ddp_result r;
+    size_t largest = 0;
+    int b;
     if ((r = ddp__grads_share(ctx, ddp__now() + ctx->desc.timeout_s)) != DDP_OK) return ddp__fatal(ctx, r);
+    for (b = 0; b < ctx->num_buckets; b++) if (ctx->buckets[b].count > largest) largest = ctx->buckets[b].count;
+    if (ctx->grads_bf16 && !ctx->cpu->grads_shm && !(ctx->cpu->bucket_f32 = ddp__alloc_floats(largest ? largest : 1)))
+        return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for one bucket's %zu floats", largest));
     ctx->what = "the broadcast of rank 0's initial parameters";
     r = ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->flat_params, ctx->flat_count * sizeof(float), 0);
     ddp__grads_unlink(ctx);   /* every rank passed ddp__grads_share to get here */
@@ -3994,10 +4058,12 @@ static void ddp__cpu_teardown(ddp_context *ctx) {
         if (c->grads_shm) {
             munmap(c->grads_shm, c->grads_shm_bytes);
             ctx->flat_grads = NULL;                        /* it pointed into the segment */
+            ctx->grads_bf16 = NULL;                        /* or this did */
             if (c->params_shared && ctx->params_bf16) ctx->params_bf16 = NULL;   /* so did this */
             else if (c->params_shared) ctx->flat_params = NULL;
         }
         DDP_FREE(c->norm_recv);
+        ddp__free_floats(c->bucket_f32);
         pthread_mutex_destroy(&c->comm_lock);
         pthread_cond_destroy(&c->comm_wake);
         pthread_cond_destroy(&c->comm_done_cond);
@@ -4806,7 +4872,8 @@ struct ddp__gpu {
     cudaEvent_t state_copied;
     int state_pending, step_dirty; /* step_dirty: the program may have changed the step count */
     long long skipped_seen;
-    uint16_t *bf16;                /* staging for bf16 buckets (the largest bucket) */
+    uint16_t *bf16;                /* staging for bf16 buckets (the largest bucket) of fp32 parameters */
+    float *f32;                    /* bf16 parameters, reduce_dtype FP32: one bucket widened (the largest) */
     void *scratch, *scratch_host;  /* user collectives on host memory go through these */
     size_t scratch_bytes;
     cudaEvent_t sync_event;
@@ -5298,12 +5365,14 @@ static ddp_result ddp__gpu_alloc_flat(ddp_context *ctx) {
     int i;
     DDP__GPU_DEVICE(g);
     DDP__CUDA(cudaMalloc((void **)&ctx->flat_params, bytes));
-    DDP__CUDA(cudaMalloc((void **)&ctx->flat_grads, bytes));
     DDP__CUDA(cudaMemset(ctx->flat_params, 0, bytes));
-    DDP__CUDA(cudaMemset(ctx->flat_grads, 0, bytes));
-    if (ctx->desc.param_dtype == DDP_DTYPE_BF16) {   /* filled at commit, from the master */
+    if (ctx->desc.param_dtype == DDP_DTYPE_BF16) {   /* the working copies are filled at commit, from the master */
         DDP__CUDA(cudaMalloc((void **)&ctx->params_bf16, ctx->flat_count * sizeof(ddp_bf16)));
         DDP__CUDA(cudaMalloc((void **)&ctx->grads_bf16, ctx->flat_count * sizeof(ddp_bf16)));
+        DDP__CUDA(cudaMemset(ctx->grads_bf16, 0, ctx->flat_count * sizeof(ddp_bf16)));
+    } else {
+        DDP__CUDA(cudaMalloc((void **)&ctx->flat_grads, bytes));
+        DDP__CUDA(cudaMemset(ctx->flat_grads, 0, bytes));
     }
     for (i = 0; i < ctx->num_params; i++) {
         ddp__param *p = &ctx->params[i];
@@ -5351,8 +5420,10 @@ static ddp_result ddp__gpu_commit(ddp_context *ctx) {
         DDP__CUDA(cudaEventCreateWithFlags(&g->gathered, cudaEventDisableTiming));
     }
     for (b = 0; b < ctx->num_buckets; b++) if (ctx->buckets[b].count > largest) largest = ctx->buckets[b].count;
-    if (ctx->desc.reduce_dtype == DDP_DTYPE_BF16 && ctx->world > 1)
+    if (ctx->desc.reduce_dtype == DDP_DTYPE_BF16 && ctx->world > 1 && !ctx->grads_bf16)
         DDP__CUDA(cudaMalloc((void **)&g->bf16, largest * sizeof(uint16_t)));
+    if (ctx->desc.reduce_dtype == DDP_DTYPE_FP32 && ctx->world > 1 && ctx->grads_bf16)
+        DDP__CUDA(cudaMalloc((void **)&g->f32, largest * sizeof(float)));
     if (ctx->world > 1) {
         const char *what = "the broadcast of rank 0's initial parameters";
         if ((r = ddp__nccl_enqueue(ctx, ctx->flat_params, ctx->flat_count, ncclFloat, ncclSum, 0, what)) != DDP_OK) return r;
@@ -5365,14 +5436,36 @@ static ddp_result ddp__gpu_commit(ddp_context *ctx) {
     return DDP_OK;
 }
 
+/* bf16 parameters: the bucket's bf16 gradients averaged where they are (ncclBfloat16), or with
+   reduce_dtype FP32 widened into one bucket's floats, averaged in fp32 and rounded back (sharded:
+   this rank's part), all on the comm stream. */
+static ddp_result ddp__gpu_launch_bf16(ddp_context *ctx, int index, const char *what) {
+    ddp__gpu *g = ctx->gpu;
+    const ddp__bucket *b = &ctx->buckets[index];
+    ddp_bf16 *grads = ctx->grads_bf16 + b->offset;
+    int sharded = ctx->desc.shard_optimizer && ctx->world > 1;
+    size_t lo = b->offset, hi = b->offset + b->count;
+    ddp_result r;
+    if (ctx->desc.reduce_dtype == DDP_DTYPE_BF16)
+        return sharded ? ddp__nccl_parts(ctx, index, grads, ncclBfloat16, sizeof(ddp_bf16), 0, what)
+                       : ddp__nccl_enqueue(ctx, grads, b->count, ncclBfloat16, ncclAvg, -1, what);
+    DDP__CUDA(ddp_k_bf16_to_f32(grads, g->f32, b->count, g->comm));
+    r = sharded ? ddp__nccl_parts(ctx, index, g->f32, ncclFloat, sizeof(float), 0, what)
+                : ddp__nccl_enqueue(ctx, g->f32, b->count, ncclFloat, ncclAvg, -1, what);
+    if (r != DDP_OK) return r;
+    if (sharded) ddp__shard_range(ctx, index, ctx->rank, &lo, &hi);
+    DDP__CUDA(ddp_k_f32_to_bf16(g->f32 + (lo - b->offset), ctx->grads_bf16 + lo, hi - lo, g->comm));
+    return DDP_OK;
+}
+
 /* A bucket is ready: the comm stream waits for the compute stream up to here, then averages
    the bucket in place (through bf16 staging when asked), all enqueued, nothing waited for.
    Sharded: reduce-scattered instead (ddp__nccl_parts). */
 static ddp_result ddp__gpu_launch(ddp_context *ctx, int index) {
     ddp__gpu *g = ctx->gpu;
     const ddp__bucket *b = &ctx->buckets[index];
-    float *grads = ctx->flat_grads + b->offset;
-    int par = ctx->tl_step & 1, bf16 = ctx->desc.reduce_dtype == DDP_DTYPE_BF16 && ctx->world > 1;
+    float *grads = ctx->flat_grads ? ctx->flat_grads + b->offset : NULL;   /* NULL: bf16 parameters */
+    int par = ctx->tl_step & 1, bf16 = ctx->desc.reduce_dtype == DDP_DTYPE_BF16 && ctx->world > 1 && grads;
     double inject_ms = ctx->desc.inject_comm_latency_ms;
     char what[96];
     ddp_result r;
@@ -5385,7 +5478,11 @@ static ddp_result ddp__gpu_launch(ddp_context *ctx, int index) {
     DDP__CUDA(cudaEventRecord(g->comm_start[par][index], g->comm));
     if (inject_ms > 0) DDP__CUDA(ddp_k_spin(inject_ms, g->comm));   /* tests/benchmarks: a slow network */
     if (bf16) DDP__CUDA(ddp_k_f32_to_bf16(grads, g->bf16, b->count, g->comm));
-    if (ctx->desc.shard_optimizer && ctx->world > 1) {   /* a reduce-scatter: this rank's part is averaged */
+    if (!grads) {   /* bf16 parameters; one rank: its gradients are the average already */
+        snprintf(what, sizeof what, "the %s of gradient bucket %d (%zu elements)",
+                 ctx->desc.shard_optimizer ? "reduce-scatter" : "allreduce", index, b->count);
+        if (ctx->world > 1 && (r = ddp__gpu_launch_bf16(ctx, index, what)) != DDP_OK) return r;
+    } else if (ctx->desc.shard_optimizer && ctx->world > 1) {   /* a reduce-scatter: this rank's part is averaged */
         size_t lo, hi;
         snprintf(what, sizeof what, "the reduce-scatter of gradient bucket %d (%zu elements)", index, b->count);
         r = bf16 ? ddp__nccl_parts(ctx, index, g->bf16, ncclBfloat16, sizeof(uint16_t), 0, what)
@@ -5498,20 +5595,21 @@ static ddp_result ddp__gpu_finish(ddp_context *ctx, double t_wait) {
     return ddp__failed(ctx);
 }
 
-static ddp_result ddp__gpu_zero(ddp_context *ctx, float *x, size_t count) {
+static ddp_result ddp__gpu_zero(ddp_context *ctx, size_t offset, size_t count) {
     DDP__GPU_DEVICE(ctx->gpu);
-    DDP__CUDA(cudaMemsetAsync(x, 0, count * sizeof(float), ctx->gpu->compute));
+    if (ctx->grads_bf16) DDP__CUDA(cudaMemsetAsync(ctx->grads_bf16 + offset, 0, count * sizeof(ddp_bf16), ctx->gpu->compute));
+    else DDP__CUDA(cudaMemsetAsync(ctx->flat_grads + offset, 0, count * sizeof(float), ctx->gpu->compute));
     return DDP_OK;
 }
 
-static ddp_result ddp__gpu_scale(ddp_context *ctx, float *x, size_t count, float factor) {
+static ddp_result ddp__gpu_scale(ddp_context *ctx, size_t offset, size_t count, float factor) {
     DDP__GPU_DEVICE(ctx->gpu);
-    DDP__CUDA(ddp_k_scale(x, count, factor, ctx->gpu->compute));
+    if (ctx->grads_bf16) DDP__CUDA(ddp_k_scale_bf16(ctx->grads_bf16 + offset, count, factor, ctx->gpu->compute));
+    else DDP__CUDA(ddp_k_scale(ctx->flat_grads + offset, count, factor, ctx->gpu->compute));
     return DDP_OK;
 }
 
-/* On the compute stream: after the program's kernels that wrote the bf16 gradients (a bucket's
-   event, recorded next, covers the widening) and after the finish's wait for the buckets. */
+/* On the compute stream, in order with the program's work. */
 static ddp_result ddp__gpu_bf16(ddp_context *ctx, int op, size_t offset, size_t count) {
     cudaStream_t s = ctx->gpu->compute;
     DDP__GPU_DEVICE(ctx->gpu);
@@ -5529,9 +5627,7 @@ static ddp_result ddp__gpu_bf16(ddp_context *ctx, int op, size_t offset, size_t 
         DDP__CUDA(cudaStreamSynchronize(s));   /* the rounding before and these copies read the whole master */
         DDP__CUDA(cudaFree(ctx->flat_params));
         ctx->flat_params = parts;
-    } else if (op == DDP__BF16_WIDEN_GRADS) DDP__CUDA(ddp_k_bf16_to_f32(ctx->grads_bf16 + offset, ctx->flat_grads + offset, count, s));
-    else if (op == DDP__BF16_NARROW_GRADS) DDP__CUDA(ddp_k_bf16_round(ctx->flat_grads + offset, ctx->grads_bf16 + offset, count, s));
-    else DDP__CUDA(ddp_k_f32_to_bf16(ctx->flat_params + offset, ctx->params_bf16 + offset, count, s));
+    } else DDP__CUDA(ddp_k_f32_to_bf16(ctx->flat_params + offset, ctx->params_bf16 + offset, count, s));
     return DDP_OK;
 }
 
@@ -5601,8 +5697,9 @@ static ddp_result ddp__gpu_norm(ddp_context *ctx) {
     for (b = 0; b < ctx->num_buckets; b++) {
         size_t off = ctx->buckets[b].offset;
         ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
-        DDP__CUDA(ddp_k_norm_blocks(ctx->flat_grads + lo, hi - lo, DDP__SHARD_GRAIN,
-                                    g->norm_blocks + ctx->norm_base[b] + (lo - off) / DDP__SHARD_GRAIN, g->compute));
+        double *out = g->norm_blocks + ctx->norm_base[b] + (lo - off) / DDP__SHARD_GRAIN;
+        if (ctx->grads_bf16) DDP__CUDA(ddp_k_norm_blocks_bf16(ctx->grads_bf16 + lo, hi - lo, DDP__SHARD_GRAIN, out, g->compute));
+        else DDP__CUDA(ddp_k_norm_blocks(ctx->flat_grads + lo, hi - lo, DDP__SHARD_GRAIN, out, g->compute));
     }
     if (sharded) {
         ddp_result r;
@@ -5628,7 +5725,7 @@ static ddp_result ddp__gpu_update(ddp_context *ctx, const ddp_adamw *opt, float 
     int b, sharded = ctx->desc.shard_optimizer && ctx->world > 1;
     size_t lo, hi;
     if (!sharded && ctx->params_bf16) {
-        DDP__CUDA(ddp_k_adamw_bf16(ctx->flat_params, ctx->params_bf16, ctx->flat_grads, ctx->adam_m, ctx->adam_v, ctx->flat_count,
+        DDP__CUDA(ddp_k_adamw_bf16(ctx->flat_params, ctx->params_bf16, ctx->grads_bf16, ctx->adam_m, ctx->adam_v, ctx->flat_count,
                                    g->no_decay, opt->lr, b1, b2, eps, opt->weight_decay, g->state, g->compute));
         return DDP_OK;
     }
@@ -5643,7 +5740,7 @@ static ddp_result ddp__gpu_update(ddp_context *ctx, const ddp_adamw *opt, float 
         ddp_result r;
         ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
         if (ctx->params_bf16)   /* this part's master (packed) and working copies; the others' copies come gathered */
-            DDP__CUDA(ddp_k_adamw_bf16(ctx->flat_params + ctx->shard_base[b], ctx->params_bf16 + lo, ctx->flat_grads + lo,
+            DDP__CUDA(ddp_k_adamw_bf16(ctx->flat_params + ctx->shard_base[b], ctx->params_bf16 + lo, ctx->grads_bf16 + lo,
                                        ctx->adam_m + ctx->shard_base[b], ctx->adam_v + ctx->shard_base[b], hi - lo,
                                        g->no_decay ? g->no_decay + lo / DDP_K_MASK_GROUP : NULL, opt->lr, b1, b2, eps,
                                        opt->weight_decay, g->state, g->compute));
@@ -5696,12 +5793,14 @@ static ddp_result ddp__gpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b
         norm = sqrt(g->state_host->norm_sq);
         if (grad_norm_out) *grad_norm_out = (float)norm;
         if (!isfinite(norm)) {   /* the device skipped the step; name the culprit like the CPU does */
-            float *host = (float *)DDP_MALLOC(ctx->flat_count * sizeof(float) + 1);
+            size_t es = ctx->grads_bf16 ? sizeof(ddp_bf16) : sizeof(float);
+            void *host = DDP_MALLOC(ctx->flat_count * es + 1);
             if (!host) return ddp__fail(ctx, DDP_ERR_NONFINITE, "optimizer step %lld: the gradient norm is %g", ctx->adam_step + 1, norm);
-            cudaError_t e = cudaMemcpy(host, ctx->flat_grads, ctx->flat_count * sizeof(float), cudaMemcpyDeviceToHost);
+            cudaError_t e = cudaMemcpy(host, ctx->grads_bf16 ? (void *)ctx->grads_bf16 : (void *)ctx->flat_grads, ctx->flat_count * es,
+                                       cudaMemcpyDeviceToHost);
             if (e != cudaSuccess) DDP_FREE(host);
             DDP__CUDA(e);
-            r = ddp__nonfinite(ctx, host, norm);
+            r = ctx->grads_bf16 ? ddp__nonfinite(ctx, NULL, (const ddp_bf16 *)host, norm) : ddp__nonfinite(ctx, (const float *)host, NULL, norm);
             DDP_FREE(host);
             return r;
         }
@@ -5815,7 +5914,7 @@ static void ddp__gpu_teardown(ddp_context *ctx) {
     cudaFree(ctx->params_bf16); cudaFree(ctx->grads_bf16);
     ctx->flat_params = ctx->flat_grads = ctx->adam_m = ctx->adam_v = NULL;
     ctx->params_bf16 = ctx->grads_bf16 = NULL;
-    cudaFree(g->no_decay); cudaFree(g->norm_blocks); cudaFree(g->norm_sq); cudaFree(g->state); cudaFree(g->bf16);
+    cudaFree(g->no_decay); cudaFree(g->norm_blocks); cudaFree(g->norm_sq); cudaFree(g->state); cudaFree(g->bf16); cudaFree(g->f32);
     cudaFree(g->scratch);
     if (g->scratch_host) cudaFreeHost(g->scratch_host);
     if (g->state_host) cudaFreeHost(g->state_host);
@@ -6241,10 +6340,9 @@ static ddp_result ddp__bf16_op(ddp_context *ctx, int op, size_t offset, size_t c
     return ctx->be->bf16(ctx, op, offset, count);
 }
 
-/* Zero gradients: the fp32 ones, and with bf16 parameters the bf16 ones the buckets are widened from. */
+/* Zero gradients, in their dtype (bf16 with bf16 parameters). */
 static ddp_result ddp__zero_grads(ddp_context *ctx, size_t offset, size_t count) {
-    ddp_result r = ctx->be->zero(ctx, ctx->flat_grads + offset, count);
-    return r != DDP_OK ? r : ddp__bf16_op(ctx, DDP__BF16_NARROW_GRADS, offset, count);
+    return ctx->be->zero(ctx, offset, count);
 }
 
 /* One line per parameter; every rank must produce the same text. */
@@ -6327,9 +6425,8 @@ static ddp_result ddp__commit(ddp_context *ctx) {
     if ((r = ddp__shard_layout(ctx)) != DDP_OK) return r;
     if (ctx->world > 1 && (r = ddp__verify_layout(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     if ((r = ctx->be->commit(ctx)) != DDP_OK) return r;
-    /* the working copies: rank 0's initial values, rounded; the gradients start at zero */
+    /* the working copies: rank 0's initial values, rounded; the gradients start at zero (alloc_flat) */
     if ((r = ddp__bf16_op(ctx, DDP__BF16_ROUND_PARAMS, 0, ctx->flat_count)) != DDP_OK) return r;
-    if ((r = ddp__bf16_op(ctx, DDP__BF16_NARROW_GRADS, 0, ctx->flat_count)) != DDP_OK) return r;
     /* sharded: from here on this rank holds the master of its parts only */
     if (ddp__master_parts(ctx) && (r = ddp__bf16_op(ctx, DDP__BF16_SHARD_MASTER, 0, ctx->flat_count)) != DDP_OK)
         return ddp__fatal(ctx, r);
@@ -6347,9 +6444,6 @@ static ddp_result ddp__launch_ready(ddp_context *ctx) {
     ddp_result r = DDP_OK;
     if (!ctx->sync_enabled) return DDP_OK;
     while (r == DDP_OK && ctx->next_launch < ctx->num_buckets && ctx->buckets[ctx->next_launch].pending == 0) {
-        const ddp__bucket *b = &ctx->buckets[ctx->next_launch];
-        /* bf16 parameters: the bucket's bf16 gradients into its fp32 staging, which is reduced */
-        if ((r = ddp__bf16_op(ctx, DDP__BF16_WIDEN_GRADS, b->offset, b->count)) != DDP_OK) break;
         r = ctx->be->launch(ctx, ctx->next_launch++);
     }
     return r;
@@ -6470,9 +6564,7 @@ static ddp_result ddp__finish(ddp_context *ctx) {
         /* uneven inputs, divided by the ranks with data: the buckets divided by the world size */
         if (r == DDP_OK && ctx->desc.uneven_inputs == DDP_JOIN_DIVIDE_BY_ACTIVE && ctx->join_active > 0 &&
             ctx->join_active < ctx->world)
-            r = ctx->be->scale(ctx, ctx->flat_grads, ctx->flat_count, (float)((double)ctx->world / ctx->join_active));
-        /* bf16 parameters: the average rounded into the bf16 gradients (the norm and AdamW read those values) */
-        if (r == DDP_OK) r = ddp__bf16_op(ctx, DDP__BF16_NARROW_GRADS, 0, ctx->flat_count);
+            r = ctx->be->scale(ctx, 0, ctx->flat_count, (float)((double)ctx->world / ctx->join_active));
     }
     ctx->join_pending = !ctx->sync_enabled;   /* a micro-step's gradients wait for the sync (>>join) */
     ddp__end_step(ctx);
@@ -6659,11 +6751,34 @@ static ddp_result ddp__state_buffer(ddp_context *ctx, ddp_buffer which, size_t o
     return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: unknown buffer %d", call, (int)which);
 }
 
-/* bf16 parameters: host values written into the fp32 master (or gradients) reach the bf16
-   copies the program uses, rounded; the two never disagree. */
+/* bf16 parameters: host values written into the fp32 master reach the bf16 working copies the
+   program uses, rounded; the two never disagree. */
 static ddp_result ddp__state_written(ddp_context *ctx, ddp_buffer which, size_t offset, size_t count, ddp_result r) {
-    if (r != DDP_OK || (which != DDP_PARAMS && which != DDP_GRADS)) return r;
-    return ddp__bf16_op(ctx, which == DDP_PARAMS ? DDP__BF16_ROUND_PARAMS : DDP__BF16_NARROW_GRADS, offset, count);
+    if (r != DDP_OK || which != DDP_PARAMS) return r;
+    return ddp__bf16_op(ctx, DDP__BF16_ROUND_PARAMS, offset, count);
+}
+
+/* n floats between host memory and flat element `at` of `which`, `local` being where that is in
+   this rank's memory. bf16 gradients (bf16 parameters; there is no fp32 copy, local is NULL) are
+   widened to the host's floats, or rounded from them, through a small bounce. */
+#define DDP__GRADS_BOUNCE 4096
+static ddp_result ddp__state_copy(ddp_context *ctx, ddp_buffer which, float *local, size_t at, float *host, size_t n, int to_host) {
+    ddp_bf16 bounce[DDP__GRADS_BOUNCE];
+    size_t done, k, i;
+    ddp_result r = DDP_OK;
+    if (which != DDP_GRADS || !ctx->grads_bf16)
+        return to_host ? ctx->be->copy(ctx, host, local, n * sizeof(float), 1) : ctx->be->copy(ctx, local, host, n * sizeof(float), 0);
+    for (done = 0; done < n && r == DDP_OK; done += k) {
+        k = n - done < DDP__GRADS_BOUNCE ? n - done : DDP__GRADS_BOUNCE;
+        if (to_host) {
+            if ((r = ctx->be->copy(ctx, bounce, ctx->grads_bf16 + at + done, k * sizeof(ddp_bf16), 1)) != DDP_OK) break;
+            for (i = 0; i < k; i++) host[done + i] = ddp__from_bf16(bounce[i]);
+        } else {
+            for (i = 0; i < k; i++) bounce[i] = ddp__to_bf16(host[done + i]);
+            r = ctx->be->copy(ctx, ctx->grads_bf16 + at + done, bounce, k * sizeof(ddp_bf16), 0);
+        }
+    }
+    return r;
 }
 
 #define DDP__SCATTER_CHUNK ((size_t)1 << 20)   /* floats per broadcast: 4 MiB of bounce buffer */
@@ -6691,7 +6806,7 @@ static ddp_result ddp__state_at(ddp_context *ctx, ddp_buffer which, size_t offse
                          "and bf16 parameters each rank holds the fp32 master only for its own part of each bucket, and "
                          "every rank's bf16 working copies must follow; use ddp_scatter_from_host (collective)", call, ctx->rank);
     if (!ddp__in_parts(ctx, which) || !count) {
-        *at = flat + offset;
+        *at = flat ? flat + offset : NULL;   /* NULL: the bf16 gradients (ddp__state_copy) */
         return DDP_OK;
     }
     for (b = 0; b < ctx->num_buckets; b++) {
@@ -6728,24 +6843,22 @@ static ddp_result ddp__sharded_move(ddp_context *ctx, ddp_buffer which, size_t o
             a = lo > offset ? lo : offset;
             z = hi < offset + count ? hi : offset + count;
             if (z <= a) continue;
-            if (s == ctx->rank) {   /* where the piece is here */
+            if (s == ctx->rank && mine) {   /* where the piece is here (bf16 gradients: ddp__state_copy finds them) */
                 ddp__shard_range(ctx, b, ctx->rank, &mlo, &mhi);
                 local = which == DDP_GRADS ? mine + a : mine + ctx->shard_base[b] + (a - mlo);
             }
             if (s == root) {
-                if (ctx->rank == root)
-                    r = gather ? ctx->be->copy(ctx, host + (a - offset), local, (z - a) * sizeof(float), 1)
-                               : ctx->be->copy(ctx, local, host + (a - offset), (z - a) * sizeof(float), 0);
+                if (ctx->rank == root) r = ddp__state_copy(ctx, which, local, a, host + (a - offset), z - a, gather);
                 continue;
             }
             for (done = a; done < z && r == DDP_OK; done += n) {
                 n = z - done < chunk ? z - done : chunk;
-                if (gather && s == ctx->rank) r = ctx->be->copy(ctx, bounce, local + (done - a), n * sizeof(float), 1);
+                if (gather && s == ctx->rank) r = ddp__state_copy(ctx, which, local ? local + (done - a) : NULL, done, bounce, n, 1);
                 if (!gather && ctx->rank == root) memcpy(bounce, host + (done - offset), n * sizeof(float));
                 if (r == DDP_OK) r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, bounce, n * sizeof(float), gather ? s : root);
                 if (r != DDP_OK) break;
                 if (gather && ctx->rank == root) memcpy(host + (done - offset), bounce, n * sizeof(float));
-                if (!gather && s == ctx->rank) r = ctx->be->copy(ctx, local + (done - a), bounce, n * sizeof(float), 0);
+                if (!gather && s == ctx->rank) r = ddp__state_copy(ctx, which, local ? local + (done - a) : NULL, done, bounce, n, 0);
             }
         }
     DDP_FREE(bounce);
@@ -6801,7 +6914,7 @@ static ddp_result ddp__gather_to_host(ddp_context *ctx, ddp_buffer which, size_t
     if (r == DDP_OK && count && (which != DDP_PARAMS || ddp__master_parts(ctx)) && ctx->desc.shard_optimizer && ctx->world > 1)
         return ddp__sharded_move(ctx, which, offset, dst, count, root, 1);
     if (r != DDP_OK || ctx->rank != root || !count) return r;
-    return ctx->be->copy(ctx, dst, flat + offset, count * sizeof(float), 1);
+    return ddp__state_copy(ctx, which, flat ? flat + offset : NULL, offset, dst, count, 1);
 }
 
 static ddp_result ddp__scatter_from_host(ddp_context *ctx, ddp_buffer which, size_t offset, const float *src, size_t count, int root) {
@@ -6812,7 +6925,8 @@ static ddp_result ddp__scatter_from_host(ddp_context *ctx, ddp_buffer which, siz
     if (ctx->rank == root && !src)   /* the peers wait in the broadcast: stop them too */
         return ddp__fail_group(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_scatter_from_host: the root's source is NULL (%zu floats)", count);
     if (ctx->world == 1)
-        return ddp__state_written(ctx, which, offset, count, ctx->be->copy(ctx, flat + offset, src, count * sizeof(float), 0));
+        return ddp__state_written(ctx, which, offset, count, ddp__state_copy(ctx, which, flat ? flat + offset : NULL, offset,
+                                                                             (float *)(uintptr_t)src, count, 0));
     if ((which == DDP_ADAM_M || which == DDP_ADAM_V) && ctx->desc.shard_optimizer)
         return ddp__sharded_move(ctx, which, offset, (float *)(uintptr_t)src, count, root, 0);
     if (which == DDP_PARAMS && ddp__master_parts(ctx)) return ddp__scatter_master_parts(ctx, offset, src, count, root);
@@ -6825,7 +6939,7 @@ static ddp_result ddp__scatter_from_host(ddp_context *ctx, ddp_buffer which, siz
         n = count - done < DDP__SCATTER_CHUNK ? count - done : DDP__SCATTER_CHUNK;
         if (ctx->rank == root) memcpy(bounce, src + done, n * sizeof(float));
         r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, bounce, n * sizeof(float), root);
-        if (r == DDP_OK) r = ctx->be->copy(ctx, flat + offset + done, bounce, n * sizeof(float), 0);
+        if (r == DDP_OK) r = ddp__state_copy(ctx, which, flat ? flat + offset + done : NULL, offset + done, bounce, n, 0);
     }
     DDP_FREE(bounce);
     return ddp__state_written(ctx, which, offset, count, r);
@@ -7798,14 +7912,15 @@ ddp_result ddp_copy_to_host(ddp_context *ctx, ddp_buffer which, size_t offset, f
     ddp_result r = ddp__usable(ctx, 1, "ddp_copy_to_host");
     float *at = NULL;
     if (r != DDP_OK || (r = ddp__state_at(ctx, which, offset, dst, count, "ddp_copy_to_host", 0, &at)) != DDP_OK) return r;
-    return count ? ctx->be->copy(ctx, dst, at, count * sizeof(float), 1) : DDP_OK;
+    return count ? ddp__state_copy(ctx, which, at, offset, dst, count, 1) : DDP_OK;
 }
 
 ddp_result ddp_copy_from_host(ddp_context *ctx, ddp_buffer which, size_t offset, const float *src, size_t count) {
     ddp_result r = ddp__usable(ctx, 1, "ddp_copy_from_host");
     float *at = NULL;
     if (r != DDP_OK || (r = ddp__state_at(ctx, which, offset, src, count, "ddp_copy_from_host", 1, &at)) != DDP_OK) return r;
-    return count ? ddp__state_written(ctx, which, offset, count, ctx->be->copy(ctx, at, src, count * sizeof(float), 0)) : DDP_OK;
+    return count ? ddp__state_written(ctx, which, offset, count, ddp__state_copy(ctx, which, at, offset, (float *)(uintptr_t)src,
+                                                                                 count, 0)) : DDP_OK;
 }
 
 ddp_result ddp_gather_to_host(ddp_context *ctx, ddp_buffer which, size_t offset, float *dst, size_t count, int root) {
