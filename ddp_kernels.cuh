@@ -31,8 +31,35 @@
        p = p - (lr * wd) * p
        p = p - (step_size * m) / (sqrt(v) / bc2_sqrt + eps)   step_size = lr / (1 - b1^t),
                                                               bc2_sqrt = sqrt(1 - b2^t)
+   The bf16 rounding (ddp_k__to_bf16, ddp_k__from_bf16) is there for any C++ translation unit,
+   CUDA or not: a program's own kernels (examples/gpt) round exactly as these kernels do. Define
+   DDP_KERNELS_BF16_ONLY before the include to get only those two (no CUDA headers needed).
    License: MIT, as ddp.h. */
-#ifndef DDP_KERNELS_CUH
+#if defined(__cplusplus) && !defined(DDP_KERNELS__BF16)
+#define DDP_KERNELS__BF16
+#include <stdint.h>
+#include <string.h>
+#ifdef __CUDACC__
+#define DDP_K__HD __host__ __device__ __forceinline__
+#else
+#define DDP_K__HD inline
+#endif
+/* ---- bf16: the upper half of the float, rounded to nearest even ---- */
+static DDP_K__HD uint16_t ddp_k__to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);   /* NaN: quiet, sign kept */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static DDP_K__HD float ddp_k__from_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+#endif /* __cplusplus && !DDP_KERNELS__BF16 */
+
+#if !defined(DDP_KERNELS_CUH) && !defined(DDP_KERNELS_BF16_ONLY)
 #define DDP_KERNELS_CUH
 
 #include <stddef.h>
@@ -127,19 +154,6 @@ static int ddp_k__aligned16(const void *a, const void *b, const void *c, const v
     return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d) & 15u) == 0;
 }
 
-/* ---- bf16: the upper half of the float, rounded to nearest even ---- */
-static __host__ __device__ __forceinline__ uint16_t ddp_k__to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);   /* NaN: quiet, sign kept */
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-static __host__ __device__ __forceinline__ float ddp_k__from_bf16(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 /* ---- rounding: every operation rounded on its own, never fused into a multiply-add. On the
    device the _rn intrinsics; on the host (tests/gpu/test_kernel_math_host.cu, no GPU needed)
