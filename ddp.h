@@ -2788,9 +2788,13 @@ static void ddp__adamw_range(float *p, const float *g, float *m, float *v, size_
 /* The same arithmetic on the fp32 master from the bf16 gradients (widened exactly), the bf16
    working copy w written in the same pass. Returns how many working copies were not the master
    rounded before the step: the program wrote one of the two (ddp_param_bf16, or the master
-   through ddp_flat_params) without the other. */
-static size_t ddp__adamw_range_bf16(float *p, ddp_bf16 *w, const ddp_bf16 *g, float *m, float *v, size_t n, float clip,
-                                    float lr, float b1, float b2, float eps, float decay, float step_size, float bc2_sqrt) {
+   through ddp_flat_params) without the other. That comparison costs ~15% of the loop
+   (bench/bench_adamw_guard.c); the five buffers are distinct allocations, and saying so
+   (__restrict, C99's restrict in C and C++ alike) makes the loop ~1.4x as fast, guard included. */
+#define DDP__RESTRICT __restrict
+static size_t ddp__adamw_range_bf16(float *DDP__RESTRICT p, ddp_bf16 *DDP__RESTRICT w, const ddp_bf16 *DDP__RESTRICT g,
+                                    float *DDP__RESTRICT m, float *DDP__RESTRICT v, size_t n, float clip, float lr, float b1,
+                                    float b2, float eps, float decay, float step_size, float bc2_sqrt) {
     size_t i, diverged = 0;
     for (i = 0; i < n; i++) {
         float grad = ddp__from_bf16(g[i]) * clip;
