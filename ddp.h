@@ -180,30 +180,47 @@
      ddp_flat_grads_bf16); ddp.h keeps the fp32 master weights and AdamW's m and v. Initial
      values stay `const float *`: the master gets them, the working copy gets them rounded to
      nearest even (rank 0's, at commit). A ddp_bf16 is the bits (layout of __nv_bfloat16).
-     The step: when a bucket is launched its bf16 gradients are widened into an fp32 staging
-     buffer (exact), which the backend reduces as an fp32 model's bucket: with reduce_dtype BF16
-     (the default for bf16 parameters) bf16 crosses the wire, every rank's contribution is exact
-     in bf16 and the average is rounded once; with reduce_dtype FP32 the average travels and is
-     computed in fp32. After ddp_finish's wait the average is rounded to bf16 into the bf16
-     gradients and the staging holds the rounded values, so the norm (ADAMW: the fixed block
-     order, in double) and clipping see exactly the bf16 gradients: the same bits on both
-     backends, sharded or not. ddp_adamw_step updates the fp32 master from them and writes the
-     working copy, rounded to nearest even, in the same pass (the CPU loop; one kernel on NCCL,
-     ddp_k_adamw_bf16). A skipped step (skip_nonfinite) changes neither.
+     The step: the buckets are the bf16 gradients themselves, reduced where they are; there is
+     no fp32 copy of them (ddp_flat_grads is NULL, see below). CPU backend: every rank's bf16
+     gradients live in the shared gradient segment (>>cpu-grads), and the owner of a part adds
+     every rank's values in float, in rank order (each exact in float), divides by the world and
+     rounds once to bf16, whichever reduce_dtype (bf16 values are exact in either, so both give
+     these bits; reduce_dtype only says what a wire would carry). Without the segment
+     (DDP_STAGED_GRADS, no room in /dev/shm) a bucket is widened into one bucket's floats, goes
+     through the staging slots as reduce_dtype says and is rounded back: the same bits. NCCL:
+     reduce_dtype BF16 (the default for bf16 parameters) is ncclAllReduce (sharded:
+     ncclReduceScatter) of ncclBfloat16 on the gradients, in place; FP32 widens each bucket into
+     one bucket's floats on the comm stream, reduces those with ncclFloat and rounds the average
+     (sharded: this rank's part) back into the gradients. The norm (ADAMW: the fixed block order,
+     in double; ddp_k_norm_blocks_bf16 on NCCL, the CPU's lanes and order) and clipping read the
+     bf16 gradients, widened exactly: the same bits on both backends, sharded or not.
+     ddp_adamw_step updates the fp32 master from them and writes the working copy, rounded to
+     nearest even, in the same pass (the CPU loop; one kernel on NCCL, ddp_k_adamw_bf16). A
+     skipped step (skip_nonfinite) changes neither.
      Costs. Memory per parameter: 2 (working copy) + 2 (gradient) + 4 (master) + 8 (m, v) = 16
-     bytes of the recipe, plus 4 for the fp32 staging (20; sharded 8 + 12/world). Time per
-     step: the widening and the rounding are passes of 6 bytes an element each (on a GPU a few
-     percent of AdamW's ~26); the fused AdamW moves 2 bytes more than fp32's. Wire: bf16 reduce
-     moves 2 bytes an element (half of fp32's) and rounds the average to bf16 once on the CPU
-     backend; real NCCL's bf16 sum rounds to bf16 at each hop of its ring or tree (world - 1
-     roundings, still the same bits on every rank). fp32 reduce moves 4 bytes and rounds once.
+     bytes, the recipe's (sharded: 4 + 12/world); reduce_dtype FP32 adds one bucket's floats
+     (the largest bucket, at most bucket_cap_mb) on NCCL, and on the CPU backend only without
+     the segment (as does reduce_dtype BF16 there). Time per step: no pass over the gradients
+     besides the reduction, the norm and AdamW. (Reducing an fp32 copy instead would cost 4
+     bytes a parameter and two passes of 6 bytes an element, widening each bucket and rounding
+     the average back: ddp.h did that until 2026-11-23; on 2 CPU ranks and 16 M parameters the
+     library's part of a step is now 0.25-0.3x of that with bf16 reduce, ~0.5x with fp32:
+     bench/bench_bf16_step.c, bench/RESULTS.md.) The fused AdamW moves 2
+     bytes more than fp32's (the working copy) and reads the working copy once more for the
+     misuse guard below: 1-3% of ddp_adamw_step in that 2-rank step (memory-bound), 17-29% of
+     the CPU loop alone (bench/bench_adamw_guard.c), which __restrict on its buffers made
+     1.4-1.5x faster, guard included. Wire: bf16 reduce moves 2 bytes an element
+     (half of fp32's) and rounds the average to bf16 once on the CPU backend; real NCCL's bf16
+     sum rounds to bf16 at each hop of its ring or tree (world - 1 roundings, still the same bits
+     on every rank). fp32 reduce moves 4 bytes and rounds once.
      What PyTorch does: DDP reduces a gradient in its parameter's dtype (bf16 parameters, bf16
      allreduce, no master weights unless the program keeps them); its bf16_compress_hook casts
      fp32 gradients to bf16 for the wire and back; FSDP's MixedPrecision(reduce_dtype=...)
      chooses fp32 or bf16 reduction of bf16 gradients, as reduce_dtype does here.
      Accumulation: with sync off the program adds into its bf16 gradients (as PyTorch's bf16
-     .grad does); nothing is widened until the synchronizing backward. find_unused zero-fills
-     the bf16 gradient. Sharded (ZeRO-1): the master is what is sharded. A rank holds the fp32
+     .grad does); the synchronizing backward reduces what they hold. find_unused zero-fills
+     the bf16 gradient. uneven_inputs' DIVIDE_BY_ACTIVE rescales the bf16 average (rounded once
+     more). Sharded (ZeRO-1): the master is what is sharded. A rank holds the fp32
      master, m and v only for its own parts (shard_count floats each, packed in flat order as m
      and v are: SHARDED OPTIMIZER), updates them, writes its working copies of those parts in the
      same pass, and the bf16 working copies are all-gathered bucket by bucket (2 bytes an
@@ -224,7 +241,8 @@
      ddp_grad and ddp_flat_grads return NULL with an error that points to the bf16 accessors
      (and those return NULL with an error on an fp32 context). Write parameters with
      ddp_copy_from_host / ddp_scatter_from_host (DDP_PARAMS: the working copies are rounded from
-     what was written; DDP_GRADS: the bf16 gradients receive it rounded). A lone write of one
+     what was written; DDP_GRADS: the bf16 gradients receive it rounded, and copies to the host
+     give them widened). A lone write of one
      copy (ddp_param_bf16, or the master through ddp_flat_params) is found by the next AdamW
      pass, which compares each working copy with its master rounded as it goes, and that
      ddp_adamw_step fails with DDP_ERR_INVALID_STATE naming the count and (CPU) the parameter;
@@ -466,8 +484,8 @@
                     the shard layout (ddp__shard_range) and the norm's blocks every backend uses
      >>single       the single backend's table
      >>cpu          shared-memory collectives, liveness, poison; >>cpu-grads buckets averaged (or
-                    reduce-scattered) in place; sharded AdamW and its all-gather; the
-                    communication thread; the cpu backend's table
+                    reduce-scattered) in place (bf16 parameters: bf16 gradients, summed in float);
+                    sharded AdamW and its all-gather; the communication thread; the cpu backend's table
      >>mpi          the MPI backend (only with DDP_MPI): host groups on the cpu backend's
                     segment, the leaders' fixed-order sum, the watchdog, its table
      >>nccl         the NCCL backend (only with DDP_CUDA): the communicator's life, the
@@ -479,8 +497,8 @@
      >>embed        progress: the seqlock the rank writes and any thread reads (cancel itself:
                     ddp__check_cancel in >>util, called by every wait)
      >>params       registration, layout, buckets, the cross-rank layout check, commit; the bf16
-                    conversions generic code asks for (ddp__bf16_op: widen a bucket, round the
-                    average into the bf16 gradients, round the master into the working copies)
+                    conversion generic code asks for (ddp__bf16_op: the master rounded into the
+                    working copies; the gradients need none)
      >>step         ready hooks, launch in bucket order, the tape, finish; with uneven inputs the
                     count of the ranks with data that begins a synchronizing step
      >>adamw        hyperparameters resolved and checked, handed to the backend
@@ -596,7 +614,8 @@ typedef struct ddp_desc {
     double inject_comm_gbps;
     /* What gradient buckets travel as: FP32, or BF16 (half the bytes; every rank's contribution
        and the average are rounded to bf16, the gradients receive the result). Default: the
-       parameters' dtype. Every rank must use the same (checked at commit). User collectives stay fp32. */
+       parameters' dtype (bf16 parameters: their bf16 gradients are reduced as they are). Every
+       rank must use the same (checked at commit). User collectives stay fp32. */
     ddp_dtype reduce_dtype;
     /* NCCL backend: the compute stream (a cudaStream_t) the program's kernels run on; buckets
        wait on it and it waits on them. NULL: the legacy default stream. */
@@ -2788,9 +2807,10 @@ static void ddp__adamw_range(float *p, const float *g, float *m, float *v, size_
 /* The same arithmetic on the fp32 master from the bf16 gradients (widened exactly), the bf16
    working copy w written in the same pass. Returns how many working copies were not the master
    rounded before the step: the program wrote one of the two (ddp_param_bf16, or the master
-   through ddp_flat_params) without the other. That comparison costs ~15% of the loop
-   (bench/bench_adamw_guard.c); the five buffers are distinct allocations, and saying so
-   (__restrict, C99's restrict in C and C++ alike) makes the loop ~1.4x as fast, guard included. */
+   through ddp_flat_params) without the other. That comparison costs 17-29% of the loop alone
+   (bench/bench_adamw_guard.c; 1-3% of a memory-bound step); the five buffers are distinct
+   allocations, and saying so (__restrict: C99's restrict, in C and C++ alike) makes the loop
+   1.4-1.5x as fast, guard included. */
 #define DDP__RESTRICT __restrict
 static size_t ddp__adamw_range_bf16(float *DDP__RESTRICT p, ddp_bf16 *DDP__RESTRICT w, const ddp_bf16 *DDP__RESTRICT g,
                                     float *DDP__RESTRICT m, float *DDP__RESTRICT v, size_t n, float clip, float lr, float b1,
@@ -3416,7 +3436,8 @@ static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *dat
    one more shared segment (ddp__grads_share), so a bucket needs no staging: each rank averages
    its part straight from every rank's buffer (in rank order, the same arithmetic as the staged
    path, so the same bits), writes it into its own buffer, and then copies the other ranks'
-   parts from theirs. Per rank that reads 1.5 and writes 1 bucket's worth of memory where the
+   parts from theirs. With bf16 parameters the buffers hold the bf16 gradients (2 bytes an
+   element), summed in float and rounded once. Per rank that reads 1.5 and writes 1 bucket's worth of memory where the
    staged path moves 2 and 2, and it waits for its peers four times per bucket instead of
    three times per 256 KiB chunk. Both matter when compute keeps every core busy: the
    reduction's CPU time and each wake-up come straight out of the step.
