@@ -5,9 +5,9 @@
    memory so clipping needs no host synchronisation); a deterministic global sum of squares
    (fixed grid, per-block partial sums in double, a second kernel that adds the partials in a
    fixed order: the same bits on every run and every GPU); the sums of squares of fixed blocks
-   in ddp.h's CPU order and their sum in order (ddp.h's norm, the same bits as its CPU backend); scale; fill; fp32 <-> bf16 casts with
-   round-to-nearest-even (NaN stays NaN, sign kept); AdamW on an fp32 master that writes its bf16
-   working copy in the same pass, and the rounding of fp32 gradients to bf16 in place; and a spin kernel that holds a stream for a
+   in ddp.h's CPU order, of fp32 or bf16 values, and their sum in order (ddp.h's norm, the same bits as its CPU backend); scale (fp32, bf16); fill; fp32 <-> bf16 casts with
+   round-to-nearest-even (NaN stays NaN, sign kept); AdamW on an fp32 master from bf16 gradients
+   that writes its bf16 working copy in the same pass, and the rounding of fp32 values to bf16 in place; and a spin kernel that holds a stream for a
    while (tests and benchmarks stand it in for a slow network).
 
    Use: every translation unit may include this file for the declarations (C or C++). Exactly
