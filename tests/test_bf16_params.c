@@ -524,6 +524,91 @@ static void test_bad_input(void) {
 
 static size_t unsharded_bytes[MAX_WORLD];
 
+/* Uneven inputs with bf16 parameters: rank r has join_batches[r] steps, then ddp_join. Rank 0
+   (the most batches) checks each step's averaged bf16 gradients against the host's arithmetic:
+   the ranks with data added in float in rank order (a joined rank's zeros change nothing), / world,
+   rounded; DIVIDE_BY_ACTIVE: times world / active, rounded again. After the last join every rank
+   holds the same master and working copies. */
+#define JOIN_N 300
+static struct { ddp_backend backend; ddp_join_mode mode; int batches[MAX_WORLD]; } join_cfg;
+static struct { ddp_result r; char err[DDP__ERR_MAX]; int wrong; float master[JOIN_N + 16]; ddp_bf16 work[JOIN_N + 16]; } join_res[MAX_WORLD];
+
+static float join_grad(int t, int r, size_t i) { return (float)round_bf16(0.25 * test_value((uint64_t)(900 + t * 8 + r), i)); }
+
+static void join_rank(test_rank *self) {
+    ddp_desc d = test_desc(self);
+    ddp_context *ctx = NULL;
+    ddp_adamw opt = options();
+    float init[JOIN_N];
+    int id, t, s, active;
+    size_t i, n = 0;
+    __typeof__(join_res[0]) *o = &join_res[self->rank];
+    d.backend = join_cfg.backend;
+    d.param_dtype = DDP_DTYPE_BF16;
+    d.uneven_inputs = join_cfg.mode;
+    for (i = 0; i < JOIN_N; i++) init[i] = init_value(0, i);
+    o->r = ddp_init(&ctx, &d);
+    if (o->r == DDP_OK) o->r = ddp_register_param(ctx, "w", JOIN_N, 0, init, &id);
+    if (o->r == DDP_OK) o->r = ddp_commit(ctx);
+    for (t = 0; t < join_cfg.batches[self->rank] && o->r == DDP_OK; t++) {
+        ddp_bf16 *g;
+        if ((o->r = ddp_zero_grad(ctx)) != DDP_OK) break;
+        g = ddp_grad_bf16(ctx, id);
+        for (i = 0; i < JOIN_N; i++) g[i] = bits_of(join_grad(t, self->rank, i));
+        if ((o->r = ddp_grad_ready(ctx, id)) != DDP_OK || (o->r = ddp_finish(ctx)) != DDP_OK) break;
+        if (self->rank == 0) {   /* the expected average of this step */
+            for (active = 0, s = 0; s < self->world; s++) active += t < join_cfg.batches[s];
+            for (i = 0; i < JOIN_N; i++) {
+                float sum = 0, avg;
+                for (s = 0; s < self->world; s++) sum += t < join_cfg.batches[s] ? join_grad(t, s, i) : 0.0f;
+                avg = float_of(bits_of(sum / (float)self->world));
+                if (join_cfg.mode == DDP_JOIN_DIVIDE_BY_ACTIVE && active < self->world)
+                    avg = float_of(bits_of(avg * (float)((double)self->world / active)));
+                o->wrong += g[i] != bits_of(avg);
+            }
+        }
+        o->r = ddp_adamw_step(ctx, &opt, NULL);
+    }
+    if (o->r == DDP_OK) o->r = ddp_join(ctx);
+    if (o->r == DDP_OK) o->r = ddp_copy_to_host(ctx, DDP_PARAMS, 0, o->master, JOIN_N);
+    if (o->r == DDP_OK) {
+        const ddp_bf16 *w = ddp_flat_params_bf16(ctx, &n);
+        memcpy(o->work, w, JOIN_N * sizeof(ddp_bf16));
+    }
+    if (o->r != DDP_OK && ctx) snprintf(o->err, sizeof o->err, "%s", ddp_last_error(ctx));
+    ddp_shutdown(ctx);
+}
+
+static void test_join(int world, ddp_join_mode mode) {
+    void *shared[1] = { (void *)join_rank };
+    test_rank ranks[MAX_WORLD];
+    static float cpu_master[JOIN_N];
+    char name[128];
+    size_t i;
+    int b, r, ok, same = 1;
+    for (b = 0; b < 2; b++) {
+        memset(join_res, 0, sizeof join_res);
+        join_cfg.backend = b ? DDP_BACKEND_NCCL : DDP_BACKEND_CPU;
+        join_cfg.mode = mode;
+        join_cfg.batches[0] = 5; join_cfg.batches[1] = 2; join_cfg.batches[2] = 3;
+        fakegpu_reset();
+        test_run_ranks(world, shared, ranks);
+        ok = 1;
+        for (r = 0; r < world; r++) {
+            ok &= join_res[r].r == DDP_OK && !memcmp(join_res[r].master, join_res[0].master, sizeof join_res[0].master) &&
+                  !memcmp(join_res[r].work, join_res[0].work, sizeof join_res[0].work);
+            for (i = 0; i < JOIN_N; i++) ok &= join_res[r].work[i] == bits_of(join_res[r].master[i]);
+        }
+        if (b == 0) memcpy(cpu_master, join_res[0].master, sizeof cpu_master);
+        else same = !memcmp(cpu_master, join_res[0].master, sizeof cpu_master);
+        snprintf(name, sizeof name, "bf16_params_uneven_inputs_%s_%s_%d_ranks", b ? "nccl_fake" : "cpu",
+                 mode == DDP_JOIN_DIVIDE_BY_ACTIVE ? "divide_by_active" : "divide_by_world", world);
+        verdict(ok && join_res[0].wrong == 0 && same, name, "%d averaged bf16 gradients differ from the host's arithmetic, "
+                "ranks agree and working copies = master rounded %d, NCCL = CPU %d (%s)", join_res[0].wrong, ok, same,
+                join_res[0].err[0] ? join_res[0].err : join_res[world - 1].err);
+    }
+}
+
 /* What one rank of a 1M-parameter bf16 model allocates: ddp.h's heap (through DDP_MALLOC, all
    ranks together: divided by the world), the CPU backend's gradient segment (its share), the
    fake GPU's device memory; measured after a first AdamW step (m and v exist from then on). */
@@ -718,6 +803,11 @@ int main(void) {
         verdict(ok, name, "the NCCL backend's bits differ from the CPU backend's");
         drop(&cpu);
     }
+    for (world = 2; world <= MAX_WORLD; world++) {
+        test_join(world, DDP_JOIN_DIVIDE_BY_ACTIVE);
+        test_join(world, DDP_JOIN_DIVIDE_BY_WORLD);
+    }
+
     /* the staging-slot path (DDP_STAGED_GRADS=1: no gradient segment) gives the in-place bits */
     for (world = 2; world <= MAX_WORLD; world++)
         for (k = 0; k < 2; k++)
