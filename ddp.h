@@ -204,7 +204,7 @@
      besides the reduction, the norm and AdamW. (Reducing an fp32 copy instead would cost 4
      bytes a parameter and two passes of 6 bytes an element, widening each bucket and rounding
      the average back: ddp.h did that until 2026-11-23; on 2 CPU ranks and 16 M parameters the
-     library's part of a step is now 0.25-0.3x of that with bf16 reduce, ~0.5x with fp32:
+     library's part of a step is now 0.27-0.31x of that with bf16 reduce, 0.51-0.55x with fp32:
      bench/bench_bf16_step.c, bench/RESULTS.md.) The fused AdamW moves 2
      bytes more than fp32's (the working copy) and reads the working copy once more for the
      misuse guard below: 1-3% of ddp_adamw_step in that 2-rank step (memory-bound), 17-29% of
