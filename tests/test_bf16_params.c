@@ -51,6 +51,7 @@ typedef struct out {
     ddp_bf16 *work, *grad;         /* working copies, last bf16 gradients */
     float norms[STEPS];
     int load_ok, copy_ok;
+    int grads_copy_ok;             /* ddp_copy_to_host / _from_host of DDP_GRADS: widened, rounded */
     size_t held, held_want;        /* floats of the fp32 master this rank holds; its parts by the manual's rule */
     size_t device_bytes;           /* NCCL (fake): what the rank's device holds after training */
     int refused_ok;                /* sharded: host copies outside its parts refused by name, its part read */
@@ -224,6 +225,23 @@ static void train_rank(test_rank *self) {
         o->r = read_master(ctx, self->rank, self->world, cfg.shard, o->master, o->count);
         memcpy(o->work, w, o->count * sizeof(ddp_bf16));
         memcpy(o->grad, g, o->count * sizeof(ddp_bf16));
+        if (o->r == DDP_OK) {   /* host copies of the gradients: widened; sharded, gathered from the parts' owners */
+            float *gh = (float *)malloc(o->count * sizeof(float));
+            size_t i;
+            int root;
+            o->r = ddp_copy_to_host(ctx, DDP_GRADS, 0, gh, o->count);
+            o->grads_copy_ok = o->r == DDP_OK;
+            for (i = 0; o->grads_copy_ok && i < o->count; i++) o->grads_copy_ok = gh[i] == float_of(g[i]) || (gh[i] != gh[i] && g[i] == bits_of(gh[i]));
+            for (root = 0; cfg.shard && self->world > 1 && root < self->world && o->r == DDP_OK; root++)
+                o->r = ddp_gather_to_host(ctx, DDP_GRADS, 0, self->rank == root ? gh : NULL, o->count, root);
+            /* every rank's gathered averages replace its local gradients (outside its parts not averaged) */
+            for (i = 0; cfg.shard && self->world > 1 && o->r == DDP_OK && i < o->count; i++) {
+                uint32_t u;
+                memcpy(&u, &gh[i], 4);
+                o->grad[i] = (ddp_bf16)(u >> 16);   /* exact: the gathered floats are bf16 values */
+            }
+            free(gh);
+        }
         ddp_flat_params(ctx, &o->held);
         o->held_want = cfg.shard ? parts_of(ctx, self->rank, self->world, &lo, &hi) : o->count;
         if (o->r == DDP_OK && cfg.shard && self->world > 1) o->refused_ok = check_refusals(ctx, self->rank, self->world, o);
@@ -263,6 +281,8 @@ static void train_rank(test_rank *self) {
         o->r = ddp_copy_from_host(ctx, DDP_PARAMS, at + 10, v, 5);
         o->copy_ok = o->r == DDP_OK;
         for (i = 0; o->copy_ok && i < 5; i++) o->copy_ok = ddp_param_bf16(ctx, ids[2])[10 + i] == bits_of(v[i]);
+        if (o->r == DDP_OK) o->r = ddp_copy_from_host(ctx, DDP_GRADS, at + 20, v, 5);   /* the bf16 gradients get them rounded */
+        for (i = 0; o->copy_ok && i < 5; i++) o->copy_ok = ddp_grad_bf16(ctx, ids[2])[20 + i] == bits_of(v[i]);
     }
     if (o->r != DDP_OK && ctx) snprintf(o->err, sizeof o->err, "%s", ddp_last_error(ctx));
     ddp_shutdown(ctx);
@@ -382,11 +402,11 @@ static int check_reference(int world, const char *name) {
     for (r = 1; r < world; r++)
         same &= !memcmp(res[r].master, res[0].master, res[0].count * sizeof(float)) &&
                 !memcmp(res[r].work, res[0].work, res[0].count * sizeof(ddp_bf16)) &&
-                (cfg.shard || !memcmp(res[r].grad, res[0].grad, res[0].count * sizeof(ddp_bf16)));
-    ok = worst <= 1 && rounded && near && (grads || cfg.shard) && same && (cfg.shard || res[0].copy_ok);
+                !memcmp(res[r].grad, res[0].grad, res[0].count * sizeof(ddp_bf16));   /* sharded: gathered */
+    ok = worst <= 1 && rounded && near && grads && same && (cfg.shard || res[0].copy_ok) && res[0].grads_copy_ok;
     verdict(ok, full, "worst master error %.3g of the bound (1e-6 + 1e-5|ref|), working copy = rounded master %d, "
-            "near the reference %d, averaged bf16 gradients exact %d, same bits on every rank %d, host write followed %d",
-            worst, rounded, near, grads, same, res[0].copy_ok);
+            "near the reference %d, averaged bf16 gradients exact %d, same bits on every rank %d, host writes followed %d, "
+            "gradients read back widened %d", worst, rounded, near, grads, same, res[0].copy_ok, res[0].grads_copy_ok);
     return 1;
 }
 
@@ -760,7 +780,7 @@ int main(void) {
                 memset(&cpu, 0, sizeof cpu);
                 if (shard) {   /* sharded CPU: the same bits as unsharded (sharded, the gradients outside a rank's part are not averaged) */
                     cfg.backend = DDP_BACKEND_CPU;
-                    ok = run(world) && same_bits(&cpu_unsharded, world == 1);
+                    ok = run(world) && same_bits(&cpu_unsharded, 1) && res[0].grads_copy_ok;   /* gradients: gathered */
                     snprintf(name, sizeof name, "bf16_params_sharded_cpu_equals_unsharded_%s_reduce_%d_ranks", k ? "fp32" : "bf16", world);
                     verdict(ok, name, "master, working copies or norms differ");
                     if (ok) held_and_refusals("cpu", k, world);
@@ -768,7 +788,7 @@ int main(void) {
                     want = &cpu;
                 }
                 cfg.backend = DDP_BACKEND_NCCL;
-                ok = run(world) && same_bits(want, !shard || world == 1);
+                ok = run(world) && same_bits(want, 1) && res[0].grads_copy_ok;
                 snprintf(name, sizeof name, "bf16_params_nccl_fake_equals_cpu_%s_reduce_%s_%d_ranks", k ? "fp32" : "bf16",
                          shard ? "sharded" : "unsharded", world);
                 verdict(ok, name, "master, working copies, bf16 gradients or norms differ from the CPU backend's");
@@ -822,7 +842,7 @@ int main(void) {
                 seg = res[0].in_segment && res[0].no_fp32_grads;
                 keep(&in_place);
                 setenv("DDP_STAGED_GRADS", "1", 1);
-                ok = run(world) && same_bits(&in_place, !shard);
+                ok = run(world) && same_bits(&in_place, 1);   /* sharded: the gradients gathered */
                 unsetenv("DDP_STAGED_GRADS");
                 verdict(ok && seg && !res[0].in_segment && res[0].no_fp32_grads, name, "same bits %d, in-place run in the "
                         "segment %d, staged run in it %d, no fp32 gradients %d", ok, seg, res[0].in_segment, res[0].no_fp32_grads);
