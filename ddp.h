@@ -180,30 +180,47 @@
      ddp_flat_grads_bf16); ddp.h keeps the fp32 master weights and AdamW's m and v. Initial
      values stay `const float *`: the master gets them, the working copy gets them rounded to
      nearest even (rank 0's, at commit). A ddp_bf16 is the bits (layout of __nv_bfloat16).
-     The step: when a bucket is launched its bf16 gradients are widened into an fp32 staging
-     buffer (exact), which the backend reduces as an fp32 model's bucket: with reduce_dtype BF16
-     (the default for bf16 parameters) bf16 crosses the wire, every rank's contribution is exact
-     in bf16 and the average is rounded once; with reduce_dtype FP32 the average travels and is
-     computed in fp32. After ddp_finish's wait the average is rounded to bf16 into the bf16
-     gradients and the staging holds the rounded values, so the norm (ADAMW: the fixed block
-     order, in double) and clipping see exactly the bf16 gradients: the same bits on both
-     backends, sharded or not. ddp_adamw_step updates the fp32 master from them and writes the
-     working copy, rounded to nearest even, in the same pass (the CPU loop; one kernel on NCCL,
-     ddp_k_adamw_bf16). A skipped step (skip_nonfinite) changes neither.
+     The step: the buckets are the bf16 gradients themselves, reduced where they are; there is
+     no fp32 copy of them (ddp_flat_grads is NULL, see below). CPU backend: every rank's bf16
+     gradients live in the shared gradient segment (>>cpu-grads), and the owner of a part adds
+     every rank's values in float, in rank order (each exact in float), divides by the world and
+     rounds once to bf16, whichever reduce_dtype (bf16 values are exact in either, so both give
+     these bits; reduce_dtype only says what a wire would carry). Without the segment
+     (DDP_STAGED_GRADS, no room in /dev/shm) a bucket is widened into one bucket's floats, goes
+     through the staging slots as reduce_dtype says and is rounded back: the same bits. NCCL:
+     reduce_dtype BF16 (the default for bf16 parameters) is ncclAllReduce (sharded:
+     ncclReduceScatter) of ncclBfloat16 on the gradients, in place; FP32 widens each bucket into
+     one bucket's floats on the comm stream, reduces those with ncclFloat and rounds the average
+     (sharded: this rank's part) back into the gradients. The norm (ADAMW: the fixed block order,
+     in double; ddp_k_norm_blocks_bf16 on NCCL, the CPU's lanes and order) and clipping read the
+     bf16 gradients, widened exactly: the same bits on both backends, sharded or not.
+     ddp_adamw_step updates the fp32 master from them and writes the working copy, rounded to
+     nearest even, in the same pass (the CPU loop; one kernel on NCCL, ddp_k_adamw_bf16). A
+     skipped step (skip_nonfinite) changes neither.
      Costs. Memory per parameter: 2 (working copy) + 2 (gradient) + 4 (master) + 8 (m, v) = 16
-     bytes of the recipe, plus 4 for the fp32 staging (20; sharded 8 + 12/world). Time per
-     step: the widening and the rounding are passes of 6 bytes an element each (on a GPU a few
-     percent of AdamW's ~26); the fused AdamW moves 2 bytes more than fp32's. Wire: bf16 reduce
-     moves 2 bytes an element (half of fp32's) and rounds the average to bf16 once on the CPU
-     backend; real NCCL's bf16 sum rounds to bf16 at each hop of its ring or tree (world - 1
-     roundings, still the same bits on every rank). fp32 reduce moves 4 bytes and rounds once.
+     bytes, the recipe's (sharded: 4 + 12/world); reduce_dtype FP32 adds one bucket's floats
+     (the largest bucket, at most bucket_cap_mb) on NCCL, and on the CPU backend only without
+     the segment (as does reduce_dtype BF16 there). Time per step: no pass over the gradients
+     besides the reduction, the norm and AdamW. (Reducing an fp32 copy instead would cost 4
+     bytes a parameter and two passes of 6 bytes an element, widening each bucket and rounding
+     the average back: ddp.h did that until 2026-11-23; on 2 CPU ranks and 16 M parameters the
+     library's part of a step is now 0.27-0.31x of that with bf16 reduce, 0.51-0.55x with fp32:
+     bench/bench_bf16_step.c, bench/RESULTS.md.) The fused AdamW moves 2
+     bytes more than fp32's (the working copy) and reads the working copy once more for the
+     misuse guard below: 1-3% of ddp_adamw_step in that 2-rank step (memory-bound), 17-29% of
+     the CPU loop alone (bench/bench_adamw_guard.c), which __restrict on its buffers made
+     1.4-1.5x faster, guard included. Wire: bf16 reduce moves 2 bytes an element
+     (half of fp32's) and rounds the average to bf16 once on the CPU backend; real NCCL's bf16
+     sum rounds to bf16 at each hop of its ring or tree (world - 1 roundings, still the same bits
+     on every rank). fp32 reduce moves 4 bytes and rounds once.
      What PyTorch does: DDP reduces a gradient in its parameter's dtype (bf16 parameters, bf16
      allreduce, no master weights unless the program keeps them); its bf16_compress_hook casts
      fp32 gradients to bf16 for the wire and back; FSDP's MixedPrecision(reduce_dtype=...)
      chooses fp32 or bf16 reduction of bf16 gradients, as reduce_dtype does here.
      Accumulation: with sync off the program adds into its bf16 gradients (as PyTorch's bf16
-     .grad does); nothing is widened until the synchronizing backward. find_unused zero-fills
-     the bf16 gradient. Sharded (ZeRO-1): the master is what is sharded. A rank holds the fp32
+     .grad does); the synchronizing backward reduces what they hold. find_unused zero-fills
+     the bf16 gradient. uneven_inputs' DIVIDE_BY_ACTIVE rescales the bf16 average (rounded once
+     more). Sharded (ZeRO-1): the master is what is sharded. A rank holds the fp32
      master, m and v only for its own parts (shard_count floats each, packed in flat order as m
      and v are: SHARDED OPTIMIZER), updates them, writes its working copies of those parts in the
      same pass, and the bf16 working copies are all-gathered bucket by bucket (2 bytes an
@@ -224,7 +241,8 @@
      ddp_grad and ddp_flat_grads return NULL with an error that points to the bf16 accessors
      (and those return NULL with an error on an fp32 context). Write parameters with
      ddp_copy_from_host / ddp_scatter_from_host (DDP_PARAMS: the working copies are rounded from
-     what was written; DDP_GRADS: the bf16 gradients receive it rounded). A lone write of one
+     what was written; DDP_GRADS: the bf16 gradients receive it rounded, and copies to the host
+     give them widened). A lone write of one
      copy (ddp_param_bf16, or the master through ddp_flat_params) is found by the next AdamW
      pass, which compares each working copy with its master rounded as it goes, and that
      ddp_adamw_step fails with DDP_ERR_INVALID_STATE naming the count and (CPU) the parameter;
@@ -466,8 +484,8 @@
                     the shard layout (ddp__shard_range) and the norm's blocks every backend uses
      >>single       the single backend's table
      >>cpu          shared-memory collectives, liveness, poison; >>cpu-grads buckets averaged (or
-                    reduce-scattered) in place; sharded AdamW and its all-gather; the
-                    communication thread; the cpu backend's table
+                    reduce-scattered) in place (bf16 parameters: bf16 gradients, summed in float);
+                    sharded AdamW and its all-gather; the communication thread; the cpu backend's table
      >>mpi          the MPI backend (only with DDP_MPI): host groups on the cpu backend's
                     segment, the leaders' fixed-order sum, the watchdog, its table
      >>nccl         the NCCL backend (only with DDP_CUDA): the communicator's life, the
@@ -479,8 +497,8 @@
      >>embed        progress: the seqlock the rank writes and any thread reads (cancel itself:
                     ddp__check_cancel in >>util, called by every wait)
      >>params       registration, layout, buckets, the cross-rank layout check, commit; the bf16
-                    conversions generic code asks for (ddp__bf16_op: widen a bucket, round the
-                    average into the bf16 gradients, round the master into the working copies)
+                    conversion generic code asks for (ddp__bf16_op: the master rounded into the
+                    working copies; the gradients need none)
      >>step         ready hooks, launch in bucket order, the tape, finish; with uneven inputs the
                     count of the ranks with data that begins a synchronizing step
      >>adamw        hyperparameters resolved and checked, handed to the backend
@@ -596,7 +614,8 @@ typedef struct ddp_desc {
     double inject_comm_gbps;
     /* What gradient buckets travel as: FP32, or BF16 (half the bytes; every rank's contribution
        and the average are rounded to bf16, the gradients receive the result). Default: the
-       parameters' dtype. Every rank must use the same (checked at commit). User collectives stay fp32. */
+       parameters' dtype (bf16 parameters: their bf16 gradients are reduced as they are). Every
+       rank must use the same (checked at commit). User collectives stay fp32. */
     ddp_dtype reduce_dtype;
     /* NCCL backend: the compute stream (a cudaStream_t) the program's kernels run on; buckets
        wait on it and it waits on them. NULL: the legacy default stream. */
@@ -971,6 +990,8 @@ typedef struct ddp__cpu {
     size_t grads_shm_bytes, grads_stride;   /* stride: floats from one rank's buffer to the next */
     int params_shared;             /* sharded: every rank's parameters follow the gradients in the segment */
     double *norm_recv;             /* sharded: a peer's norm blocks, as they arrive */
+    float *bucket_f32;             /* bf16 parameters without the gradient segment: one bucket widened
+                                      for the staging slots (the largest bucket's floats) */
     pthread_t comm_thread;
     int comm_started, comm_stop;
     pthread_mutex_t comm_lock;
@@ -983,11 +1004,9 @@ typedef struct ddp__cpu {
     double comm_seconds, comm_last_seconds;
 } ddp__cpu;
 
-/* The bf16 conversions a backend does for param_dtype BF16: the bf16 gradients widened into the
-   fp32 staging (a bucket, before it is reduced); the reduced fp32 gradients rounded into the bf16
-   ones and the staging set to the rounded values (the norm and AdamW then read exactly the bf16
-   gradients); the fp32 master rounded into the working copies. */
-enum { DDP__BF16_WIDEN_GRADS = 1, DDP__BF16_NARROW_GRADS, DDP__BF16_ROUND_PARAMS,
+/* The bf16 conversions a backend does for param_dtype BF16 (the gradients need none: they are
+   reduced, normed and stepped from in bf16): the fp32 master rounded into the working copies. */
+enum { DDP__BF16_ROUND_PARAMS = 1,
        DDP__BF16_SHARD_MASTER /* sharded: keep this rank's parts of the master, packed (ddp__master_parts) */ };
 
 typedef struct ddp__gpu ddp__gpu;   /* the NCCL backend's state (>>nccl; only built with CUDA) */
@@ -1005,8 +1024,8 @@ typedef struct ddp__backend {
                                       and all-gathers the parameters); 0: ddp_init refuses it */
     /* after the rendezvous (world > 1; the NCCL backend also at world 1): bring up the data plane */
     ddp_result (*setup)(ddp_context *ctx, double deadline);
-    /* commit, first half: ctx->flat_params / flat_grads for ctx->flat_count floats, each
-       parameter's initial values in place */
+    /* commit, first half: ctx->flat_params / flat_grads for ctx->flat_count floats (bf16
+       parameters: params_bf16 / grads_bf16, no flat_grads), each parameter's initial values in place */
     ddp_result (*alloc_flat)(ddp_context *ctx);
     /* commit, second half (buckets built, layouts verified alike on every rank): rank 0's
        parameters to everyone, whatever runs beside the step */
@@ -1014,8 +1033,9 @@ typedef struct ddp__backend {
     void (*begin_step)(ddp_context *ctx);
     ddp_result (*launch)(ddp_context *ctx, int bucket);          /* average one bucket, in bucket order */
     ddp_result (*finish)(ddp_context *ctx, double t_wait);       /* every bucket launched: settle them */
-    ddp_result (*zero)(ddp_context *ctx, float *x, size_t count);
-    ddp_result (*scale)(ddp_context *ctx, float *x, size_t count, float factor);   /* x *= factor, after finish */
+    /* gradients [offset, offset + count), in their dtype (fp32, or bf16 with bf16 parameters) */
+    ddp_result (*zero)(ddp_context *ctx, size_t offset, size_t count);
+    ddp_result (*scale)(ddp_context *ctx, size_t offset, size_t count, float factor);   /* g *= factor, after finish */
     /* param_dtype BF16 only, on [offset, offset + count) of the flat buffers, in stream order
        with the program's work (DDP__BF16_* in >>types) */
     ddp_result (*bf16)(ddp_context *ctx, int op, size_t offset, size_t count);
@@ -1058,8 +1078,8 @@ struct ddp_context {
     int committed;
     float *flat_params, *flat_grads, *adam_m, *adam_v;
     /* param_dtype BF16: the working copies and gradients the program uses; flat_params is then
-       the fp32 master (sharded: this rank's parts, packed: ddp__master_parts) and flat_grads the
-       fp32 staging the buckets are reduced in (PARAMETER DTYPE) */
+       the fp32 master (sharded: this rank's parts, packed: ddp__master_parts) and flat_grads NULL:
+       the buckets are reduced in bf16 where they are (PARAMETER DTYPE) */
     ddp_bf16 *params_bf16, *grads_bf16;
     /* elements whose working copy was not the master rounded when an AdamW pass reached them
        (a write of one without the other), and the first such parameter (-1: not known) */
@@ -2668,6 +2688,19 @@ static double ddp__sum_squares(const float *x, size_t n) {
     return total;
 }
 
+/* The same lanes and order over bf16 gradients (each widened exactly): the bits of
+   ddp__sum_squares on the widened values, which is what the fp32 staging used to hold. */
+static double ddp__sum_squares_bf16(const ddp_bf16 *x, size_t n) {
+    double lane[DDP__NORM_LANES] = { 0 }, total = 0, y;
+    size_t i = 0;
+    int j;
+    for (; i + DDP__NORM_LANES <= n; i += DDP__NORM_LANES)
+        for (j = 0; j < DDP__NORM_LANES; j++) { y = ddp__from_bf16(x[i + j]); lane[j] += y * y; }
+    for (j = 0; i < n; i++, j++) { y = ddp__from_bf16(x[i]); lane[j] += y * y; }
+    for (j = 0; j < DDP__NORM_LANES; j++) total += lane[j];
+    return total;
+}
+
 /* This rank's part of bucket b, as a range of the flat buffer. Unsharded (or one rank) every
    rank holds all of it. Sharded, rank s holds [s*P, (s+1)*P) of the bucket, P its 1/world share
    rounded down to DDP__SHARD_GRAIN, and the last rank the rest up to the bucket's end: parts
@@ -2711,7 +2744,8 @@ static void ddp__norm_blocks(ddp_context *ctx, double *sums) {
         ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
         for (at = lo; at < hi; at += DDP__SHARD_GRAIN) {
             size_t n = hi - at < DDP__SHARD_GRAIN ? hi - at : DDP__SHARD_GRAIN;
-            sums[ctx->norm_base[b] + (at - k->offset) / DDP__SHARD_GRAIN] = ddp__sum_squares(ctx->flat_grads + at, n);
+            sums[ctx->norm_base[b] + (at - k->offset) / DDP__SHARD_GRAIN] =
+                ctx->grads_bf16 ? ddp__sum_squares_bf16(ctx->grads_bf16 + at, n) : ddp__sum_squares(ctx->flat_grads + at, n);
         }
     }
 }
@@ -2733,25 +2767,25 @@ static double ddp__norm_sum(const double *sums, size_t n) {
 
 static double ddp__norm_total(const double *sums, size_t n) { return sqrt(ddp__norm_sum(sums, n)); }
 
-/* The gradients are not finite: name the first offender (sharded: in this rank's part, the only
-   one averaged here). Nothing has been touched yet. */
-static ddp_result ddp__nonfinite(ddp_context *ctx, const float *grads, double norm) {
+/* The gradients (fp32 grads, or bf16 grads16) are not finite: name the first offender (sharded:
+   in this rank's part, the only one averaged here). Nothing has been touched yet. */
+static ddp_result ddp__nonfinite(ddp_context *ctx, const float *grads, const ddp_bf16 *grads16, double norm) {
     int i;
     size_t k;
     for (i = 0; i < ctx->num_params; i++) {
         const ddp__param *p = &ctx->params[i];
-        const float *g = grads + p->offset;
         for (k = 0; k < p->count; k++) {
-            if (isfinite(g[k]) || (ctx->desc.shard_optimizer && !ddp__holds(ctx, p->offset + k))) continue;
+            float g = grads16 ? ddp__from_bf16(grads16[p->offset + k]) : grads[p->offset + k];
+            if (isfinite(g) || (ctx->desc.shard_optimizer && !ddp__holds(ctx, p->offset + k))) continue;
             if (ctx->desc.skip_nonfinite) {
                 if (ctx->rank == 0)
                     ddp__log(ctx, DDP_LOG_WARN, "optimizer step %lld skipped: the gradient of '%s' is %g at element "
-                             "%zu", (long long)ctx->adam_step + 1, p->name, (double)g[k], k);
+                             "%zu", (long long)ctx->adam_step + 1, p->name, (double)g, k);
                 return DDP_OK;
             }
             return ddp__fail(ctx, DDP_ERR_NONFINITE, "optimizer step %lld: the gradient of '%s' is %g at element %zu; "
                              "parameters unchanged (skip_nonfinite skips such steps)", (long long)ctx->adam_step + 1,
-                             p->name, (double)g[k], k);
+                             p->name, (double)g, k);
         }
     }
     if (ctx->desc.skip_nonfinite) {
@@ -2777,14 +2811,20 @@ static void ddp__adamw_range(float *p, const float *g, float *m, float *v, size_
     }
 }
 
-/* The same arithmetic on the fp32 master, the bf16 working copy w written in the same pass.
-   Returns how many working copies were not the master rounded before the step: the program
-   wrote one of the two (ddp_param_bf16, or the master through ddp_flat_params) without the other. */
-static size_t ddp__adamw_range_bf16(float *p, ddp_bf16 *w, const float *g, float *m, float *v, size_t n, float clip,
-                                    float lr, float b1, float b2, float eps, float decay, float step_size, float bc2_sqrt) {
+/* The same arithmetic on the fp32 master from the bf16 gradients (widened exactly), the bf16
+   working copy w written in the same pass. Returns how many working copies were not the master
+   rounded before the step: the program wrote one of the two (ddp_param_bf16, or the master
+   through ddp_flat_params) without the other. That comparison costs 17-29% of the loop alone
+   (bench/bench_adamw_guard.c; 1-3% of a memory-bound step); the five buffers are distinct
+   allocations, and saying so (__restrict: C99's restrict, in C and C++ alike) makes the loop
+   1.4-1.5x as fast, guard included. */
+#define DDP__RESTRICT __restrict
+static size_t ddp__adamw_range_bf16(float *DDP__RESTRICT p, ddp_bf16 *DDP__RESTRICT w, const ddp_bf16 *DDP__RESTRICT g,
+                                    float *DDP__RESTRICT m, float *DDP__RESTRICT v, size_t n, float clip, float lr, float b1,
+                                    float b2, float eps, float decay, float step_size, float bc2_sqrt) {
     size_t i, diverged = 0;
     for (i = 0; i < n; i++) {
-        float grad = g[i] * clip;
+        float grad = ddp__from_bf16(g[i]) * clip;
         diverged += w[i] != ddp__to_bf16(p[i]);
         m[i] = b1 * m[i] + (1.0f - b1) * grad;
         v[i] = b2 * v[i] + (1.0f - b2) * grad * grad;
@@ -2798,14 +2838,14 @@ static size_t ddp__adamw_range_bf16(float *p, ddp_bf16 *w, const float *g, float
 static ddp_result ddp__host_alloc_flat(ddp_context *ctx) {
     int i;
     ctx->flat_params = ddp__alloc_floats(ctx->flat_count);
-    ctx->flat_grads = ddp__alloc_floats(ctx->flat_count);
     if (ctx->desc.param_dtype == DDP_DTYPE_BF16) {   /* flat_count is a multiple of 16: whole floats */
         ctx->params_bf16 = (ddp_bf16 *)(void *)ddp__alloc_floats(ctx->flat_count / 2);
-        ctx->grads_bf16 = (ddp_bf16 *)(void *)ddp__alloc_floats(ctx->flat_count / 2);
+        ctx->grads_bf16 = (ddp_bf16 *)(void *)ddp__alloc_floats(ctx->flat_count / 2);   /* zeros: +0 in bf16 */
         if (!ctx->params_bf16 || !ctx->grads_bf16)
             return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %zu bf16 parameters", ctx->flat_count);
-    }
-    if (!ctx->flat_params || !ctx->flat_grads)
+    } else
+        ctx->flat_grads = ddp__alloc_floats(ctx->flat_count);
+    if (!ctx->flat_params || (!ctx->flat_grads && !ctx->grads_bf16))
         return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %zu parameters", ctx->flat_count);
     for (i = 0; i < ctx->num_params; i++) {
         ddp__param *p = &ctx->params[i];
@@ -2815,16 +2855,18 @@ static ddp_result ddp__host_alloc_flat(ddp_context *ctx) {
     return DDP_OK;
 }
 
-static ddp_result ddp__host_zero(ddp_context *ctx, float *x, size_t count) {
-    (void)ctx;
-    memset(x, 0, count * sizeof(float));
+static ddp_result ddp__host_zero(ddp_context *ctx, size_t offset, size_t count) {
+    if (ctx->grads_bf16) memset(ctx->grads_bf16 + offset, 0, count * sizeof(ddp_bf16));
+    else memset(ctx->flat_grads + offset, 0, count * sizeof(float));
     return DDP_OK;
 }
 
-static ddp_result ddp__host_scale(ddp_context *ctx, float *x, size_t count, float factor) {
+static ddp_result ddp__host_scale(ddp_context *ctx, size_t offset, size_t count, float factor) {
     size_t i;
-    (void)ctx;
-    for (i = 0; i < count; i++) x[i] *= factor;
+    if (ctx->grads_bf16)
+        for (i = offset; i < offset + count; i++) ctx->grads_bf16[i] = ddp__to_bf16(ddp__from_bf16(ctx->grads_bf16[i]) * factor);
+    else
+        for (i = offset; i < offset + count; i++) ctx->flat_grads[i] *= factor;
     return DDP_OK;
 }
 
@@ -2844,16 +2886,9 @@ static ddp_result ddp__host_shard_master(ddp_context *ctx) {
 }
 
 static ddp_result ddp__host_bf16(ddp_context *ctx, int op, size_t offset, size_t count) {
-    float *f = (op == DDP__BF16_ROUND_PARAMS ? ctx->flat_params : ctx->flat_grads) + offset;
-    ddp_bf16 *h = (op == DDP__BF16_ROUND_PARAMS ? ctx->params_bf16 : ctx->grads_bf16) + offset;
     size_t i;
     if (op == DDP__BF16_SHARD_MASTER) return ddp__host_shard_master(ctx);
-    if (op == DDP__BF16_WIDEN_GRADS)
-        for (i = 0; i < count; i++) f[i] = ddp__from_bf16(h[i]);
-    else if (op == DDP__BF16_NARROW_GRADS)
-        for (i = 0; i < count; i++) { h[i] = ddp__to_bf16(f[i]); f[i] = ddp__from_bf16(h[i]); }
-    else
-        for (i = 0; i < count; i++) h[i] = ddp__to_bf16(f[i]);
+    for (i = offset; i < offset + count; i++) ctx->params_bf16[i] = ddp__to_bf16(ctx->flat_params[i]);
     return DDP_OK;
 }
 
@@ -2876,7 +2911,7 @@ static ddp_result ddp__adamw_prepare(ddp_context *ctx, const ddp_adamw *opt, flo
                                      float *grad_norm_out, ddp__adamw_now *now, int *skip) {
     *skip = 0;
     if (grad_norm_out) *grad_norm_out = (float)norm;
-    if (!isfinite(norm)) { *skip = 1; return ddp__nonfinite(ctx, ctx->flat_grads, norm); }
+    if (!isfinite(norm)) { *skip = 1; return ddp__nonfinite(ctx, ctx->flat_grads, ctx->grads_bf16, norm); }
     now->clip = 1.0f;
     if (opt->max_grad_norm > 0 && norm > opt->max_grad_norm) now->clip = (float)(opt->max_grad_norm / (norm + 1e-6));
     ctx->adam_step++;
@@ -2900,7 +2935,7 @@ static void ddp__adamw_bucket(ddp_context *ctx, int b, const ddp_adamw *opt, con
         float decay = (p->flags & DDP_NO_DECAY) ? 0.0f : opt->weight_decay;
         if (to <= from) continue;
         if (ctx->params_bf16) {
-            size_t bad = ddp__adamw_range_bf16(ctx->flat_params + (ddp__master_parts(ctx) ? at : from), ctx->params_bf16 + from, ctx->flat_grads + from,
+            size_t bad = ddp__adamw_range_bf16(ctx->flat_params + (ddp__master_parts(ctx) ? at : from), ctx->params_bf16 + from, ctx->grads_bf16 + from,
                                                ctx->adam_m + at, ctx->adam_v + at, to - from, now->clip, opt->lr, now->b1,
                                                now->b2, now->eps, decay, now->step_size, now->bc2_sqrt);
             if (bad && !ctx->bf16_diverged) ctx->bf16_diverged_param = i;
@@ -3432,13 +3467,38 @@ static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *dat
    one more shared segment (ddp__grads_share), so a bucket needs no staging: each rank averages
    its part straight from every rank's buffer (in rank order, the same arithmetic as the staged
    path, so the same bits), writes it into its own buffer, and then copies the other ranks'
-   parts from theirs. Per rank that reads 1.5 and writes 1 bucket's worth of memory where the
-   staged path moves 2 and 2, and it waits for its peers twice per bucket (my gradients are
-   final; my part is averaged), plus once per step in ddp_finish (every rank has copied its
-   parts from me), instead of three times per 256 KiB chunk. Both matter when compute keeps every core busy: the
+   parts from theirs. With bf16 parameters the buffers hold the bf16 gradients (2 bytes an
+   element), summed in float and rounded once. Per rank that reads 1.5 and writes 1 bucket's
+   worth of memory where the staged path moves 2 and 2, and it waits for its peers twice per
+   bucket (my gradients are final; my part is averaged), plus once per step in ddp_finish (every
+   rank has copied its parts from me), instead of three times per 256 KiB chunk. Both matter
+   when compute keeps every core busy: the
    reduction's CPU time and each wake-up come straight out of the step.
    -------------------------------------------------------------------------------------------- */
 static float *ddp__rank_grads(ddp_context *ctx, int s) { return (float *)(void *)ctx->cpu->grads_shm + (size_t)s * ctx->cpu->grads_stride; }
+
+/* Gradients in the segment are bf16 with bf16 parameters: element j of rank s's buffer. */
+static ddp_bf16 *ddp__rank_grads_bf16(ddp_context *ctx, int s) { return (ddp_bf16 *)(void *)ddp__rank_grads(ctx, s); }
+
+/* bf16 gradients: each element's values added in float in rank order (exact widening, the sum
+   the fp32 path computes), divided by world and rounded once: the bits the fp32 staging gave,
+   for either reduce_dtype. */
+static void ddp__average_part_in_place_bf16(ddp_context *ctx, size_t offset, size_t lo, size_t hi) {
+    ddp_bf16 *mine = ddp__rank_grads_bf16(ctx, ctx->rank) + offset;
+    const ddp_bf16 *a = ddp__rank_grads_bf16(ctx, 0) + offset, *b = ddp__rank_grads_bf16(ctx, 1) + offset;
+    float w = (float)ctx->world;
+    size_t j;
+    int s;
+    if (ctx->world == 2) {   /* no inner loop: the compiler vectorizes it */
+        for (j = lo; j < hi; j++) mine[j] = ddp__to_bf16((ddp__from_bf16(a[j]) + ddp__from_bf16(b[j])) * 0.5f);   /* = / 2 */
+        return;
+    }
+    for (j = lo; j < hi; j++) {
+        float sum = ddp__from_bf16(a[j]) + ddp__from_bf16(b[j]);
+        for (s = 2; s < ctx->world; s++) sum += ddp__from_bf16(ddp__rank_grads_bf16(ctx, s)[offset + j]);
+        mine[j] = ddp__to_bf16(ddp__div_world(sum, w));
+    }
+}
 
 static void ddp__average_part_in_place(ddp_context *ctx, size_t offset, size_t lo, size_t hi) {
     float *mine = ddp__rank_grads(ctx, ctx->rank) + offset;
@@ -3446,6 +3506,7 @@ static void ddp__average_part_in_place(ddp_context *ctx, size_t offset, size_t l
     float w = (float)ctx->world;
     size_t j;
     int s;
+    if (ctx->grads_bf16) { ddp__average_part_in_place_bf16(ctx, offset, lo, hi); return; }
     if (ctx->world == 2) {   /* the common case: a loop without an inner one, which the compiler vectorizes */
         for (j = lo; j < hi; j++) mine[j] = (a[j] + b[j]) * 0.5f;   /* = / 2 (ddp__div_world) */
         return;
@@ -3462,13 +3523,13 @@ static void ddp__average_part_in_place(ddp_context *ctx, size_t offset, size_t l
 static ddp_result ddp__shm_bucket_in_place(ddp_context *ctx, size_t offset, size_t count, int bucket) {
     ddp__shm_sig *sig = &ddp__shm_block(ctx, ctx->rank)->sig;
     uint32_t q = ctx->cpu->shm_seq;
-    size_t lo, hi;
+    size_t lo, hi, es = ctx->grads_bf16 ? sizeof(ddp_bf16) : sizeof(float);   /* the gradients' element */
     int s;
     ddp_result r;
     double started = ddp__now();
     if (ddp__failed(ctx)) return ddp__failed(ctx);
     sig->id = ++ctx->cpu->shm_collectives;
-    sig->kind = DDP__KIND_AVG;
+    sig->kind = ddp__grad_kind(ctx);
     sig->root = 0;
     sig->bucket = ctx->cpu->sig_bucket;
     sig->count = count;
@@ -3484,7 +3545,7 @@ static ddp_result ddp__shm_bucket_in_place(ddp_context *ctx, size_t offset, size
         ddp__shm_post(ctx, DDP__STAGE_OUT, q + 1);
         ctx->cpu->shm_seq = q + 1;
         if (ctx->desc.inject_comm_latency_ms > 0 || ctx->desc.inject_comm_gbps > 0)
-            ddp__inject_comm_delay(ctx, count * sizeof(float), started);
+            ddp__inject_comm_delay(ctx, count * ddp__wire_bytes(ctx), started);
         return DDP_OK;
     }
     ddp__part(count, ctx->world, ctx->rank, &lo, &hi);
@@ -3494,7 +3555,8 @@ static ddp_result ddp__shm_bucket_in_place(ddp_context *ctx, size_t offset, size
     for (s = 0; s < ctx->world; s++) {
         if (s == ctx->rank) continue;
         ddp__part(count, ctx->world, s, &lo, &hi);
-        if (hi > lo) memcpy(ddp__rank_grads(ctx, ctx->rank) + offset + lo, ddp__rank_grads(ctx, s) + offset + lo, (hi - lo) * sizeof(float));
+        if (hi > lo) memcpy((unsigned char *)ddp__rank_grads(ctx, ctx->rank) + (offset + lo) * es,
+                            (unsigned char *)ddp__rank_grads(ctx, s) + (offset + lo) * es, (hi - lo) * es);
     }
     ddp__shm_post(ctx, DDP__STAGE_OUT, q + 1);
     /* Until every rank has copied my part, my buffer must not change. Within the step nothing
@@ -3503,7 +3565,22 @@ static ddp_result ddp__shm_bucket_in_place(ddp_context *ctx, size_t offset, size
     ctx->cpu->out_pending = q + 1;
     ctx->cpu->shm_seq = q + 1;
     if (ctx->desc.inject_comm_latency_ms > 0 || ctx->desc.inject_comm_gbps > 0)
-        ddp__inject_comm_delay(ctx, count * sizeof(float), started);
+        ddp__inject_comm_delay(ctx, count * ddp__wire_bytes(ctx), started);
+    return DDP_OK;
+}
+
+/* bf16 gradients without the segment (DDP_STAGED_GRADS, no room in /dev/shm): the bucket
+   widened (exactly) into one bucket's floats, averaged through the staging slots as an fp32
+   model's bucket, rounded back: the in-place path's bits (the slots' bf16 average adds in float in
+   rank order and rounds once; the fp32 one is rounded once here). Sharded, the whole bucket. */
+static ddp_result ddp__shm_bucket_staged_bf16(ddp_context *ctx, size_t offset, size_t count) {
+    float *f = ctx->cpu->bucket_f32;
+    ddp_bf16 *g = ctx->grads_bf16 + offset;
+    size_t j;
+    ddp_result r;
+    for (j = 0; j < count; j++) f[j] = ddp__from_bf16(g[j]);
+    if ((r = ddp__shm_collective(ctx, ddp__grad_kind(ctx), f, count, 0)) != DDP_OK) return r;
+    for (j = 0; j < count; j++) g[j] = ddp__to_bf16(f[j]);
     return DDP_OK;
 }
 
@@ -3695,15 +3772,17 @@ static int ddp__grads_create(ddp_context *ctx, size_t bytes, ddp_result *r) {
 
 /* At commit (world > 1, CPU backend): rank 0 makes the gradient segment, one page-aligned
    buffer per rank, and publishes its name; every rank maps it and uses its own buffer as
-   ddp_flat_grads. A fresh segment reads as zeros, like a fresh gradient buffer. Rank 0 unlinks
-   it once every rank has it mapped (ddp__grads_unlink, after the next collective). */
+   ddp_flat_grads (bf16 parameters: ddp_flat_grads_bf16, 2 bytes an element). A fresh segment
+   reads as zeros, like a fresh gradient buffer. Rank 0 unlinks it once every rank has it mapped
+   (ddp__grads_unlink, after the next collective). */
 static ddp_result ddp__grads_share(ddp_context *ctx, double deadline) {
     size_t page = (size_t)sysconf(_SC_PAGESIZE), bytes;
     int copies = ctx->desc.shard_optimizer ? 2 : 1;   /* sharded: the parameters too (the all-gather) */
     struct stat st;
     void *p;
     int fd;
-    ctx->cpu->grads_stride = ddp__round_up(ctx->flat_count * sizeof(float), page) / sizeof(float);
+    size_t es = ctx->grads_bf16 ? sizeof(ddp_bf16) : sizeof(float);   /* bf16 parameters: bf16 gradients and copies */
+    ctx->cpu->grads_stride = ddp__round_up(ctx->flat_count * es, page) / sizeof(float);
     bytes = ctx->cpu->grads_stride * sizeof(float) * (size_t)ctx->world * (size_t)copies;
     if (ctx->rank == 0) {
         ddp_result r;
@@ -3732,8 +3811,13 @@ static ddp_result ddp__grads_share(ddp_context *ctx, double deadline) {
         return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot map the gradient segment %s (%zu bytes): %s", ctx->cpu->grads_name, bytes, strerror(errno));
     ctx->cpu->grads_shm = (unsigned char *)p;
     ctx->cpu->grads_shm_bytes = bytes;
-    ddp__free_floats(ctx->flat_grads);
-    ctx->flat_grads = ddp__rank_grads(ctx, ctx->rank);
+    if (ctx->grads_bf16) {
+        ddp__free_floats((float *)(void *)ctx->grads_bf16);
+        ctx->grads_bf16 = ddp__rank_grads_bf16(ctx, ctx->rank);
+    } else {
+        ddp__free_floats(ctx->flat_grads);
+        ctx->flat_grads = ddp__rank_grads(ctx, ctx->rank);
+    }
     if (copies == 2 && ctx->params_bf16) {   /* bf16: the working copies are what is gathered (filled at commit) */
         ddp__free_floats((float *)(void *)ctx->params_bf16);
         ctx->params_bf16 = (ddp_bf16 *)(void *)ddp__rank_grads(ctx, ctx->world + ctx->rank);
@@ -3895,8 +3979,9 @@ static void ddp__comm_turn(ddp_context *ctx) {
         ctx->what = ctx->what_buf;
         t0 = ddp__now();
         c->sig_bucket = (uint32_t)index + 1;
-        r = c->grads_shm && ddp__grad_kind(ctx) == DDP__KIND_AVG
+        r = c->grads_shm && (ctx->grads_bf16 || ddp__grad_kind(ctx) == DDP__KIND_AVG)
                 ? ddp__shm_bucket_in_place(ctx, b->offset, b->count, ctx->desc.shard_optimizer ? index : -1)
+                : ctx->grads_bf16 ? ddp__shm_bucket_staged_bf16(ctx, b->offset, b->count)
                 : ddp__shm_collective(ctx, ddp__grad_kind(ctx), ctx->flat_grads + b->offset, b->count, 0);
         c->sig_bucket = 0;
         seconds = ddp__now() - t0;
@@ -3968,7 +4053,12 @@ static ddp_result ddp__cpu_setup(ddp_context *ctx, double deadline) {
    communication thread. */
 static ddp_result ddp__cpu_commit(ddp_context *ctx) {
     ddp_result r;
+    size_t largest = 0;
+    int b;
     if ((r = ddp__grads_share(ctx, ddp__now() + ctx->desc.timeout_s)) != DDP_OK) return ddp__fatal(ctx, r);
+    for (b = 0; b < ctx->num_buckets; b++) if (ctx->buckets[b].count > largest) largest = ctx->buckets[b].count;
+    if (ctx->grads_bf16 && !ctx->cpu->grads_shm && !(ctx->cpu->bucket_f32 = ddp__alloc_floats(largest ? largest : 1)))
+        return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for one bucket's %zu floats", largest));
     ctx->what = "the broadcast of rank 0's initial parameters";
     r = ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->flat_params, ctx->flat_count * sizeof(float), 0);
     ddp__grads_unlink(ctx);   /* every rank passed ddp__grads_share to get here */
@@ -4050,10 +4140,12 @@ static void ddp__cpu_teardown(ddp_context *ctx) {
         if (c->grads_shm) {
             munmap(c->grads_shm, c->grads_shm_bytes);
             ctx->flat_grads = NULL;                        /* it pointed into the segment */
+            ctx->grads_bf16 = NULL;                        /* or this did */
             if (c->params_shared && ctx->params_bf16) ctx->params_bf16 = NULL;   /* so did this */
             else if (c->params_shared) ctx->flat_params = NULL;
         }
         DDP_FREE(c->norm_recv);
+        ddp__free_floats(c->bucket_f32);
         pthread_mutex_destroy(&c->comm_lock);
         pthread_cond_destroy(&c->comm_wake);
         pthread_cond_destroy(&c->comm_done_cond);
@@ -4862,7 +4954,8 @@ struct ddp__gpu {
     cudaEvent_t state_copied;
     int state_pending, step_dirty; /* step_dirty: the program may have changed the step count */
     long long skipped_seen;
-    uint16_t *bf16;                /* staging for bf16 buckets (the largest bucket) */
+    uint16_t *bf16;                /* staging for bf16 buckets (the largest bucket) of fp32 parameters */
+    float *f32;                    /* bf16 parameters, reduce_dtype FP32: one bucket widened (the largest) */
     void *scratch, *scratch_host;  /* user collectives on host memory go through these */
     size_t scratch_bytes;
     cudaEvent_t sync_event;
@@ -5354,12 +5447,14 @@ static ddp_result ddp__gpu_alloc_flat(ddp_context *ctx) {
     int i;
     DDP__GPU_DEVICE(g);
     DDP__CUDA(cudaMalloc((void **)&ctx->flat_params, bytes));
-    DDP__CUDA(cudaMalloc((void **)&ctx->flat_grads, bytes));
     DDP__CUDA(cudaMemset(ctx->flat_params, 0, bytes));
-    DDP__CUDA(cudaMemset(ctx->flat_grads, 0, bytes));
-    if (ctx->desc.param_dtype == DDP_DTYPE_BF16) {   /* filled at commit, from the master */
+    if (ctx->desc.param_dtype == DDP_DTYPE_BF16) {   /* the working copies are filled at commit, from the master */
         DDP__CUDA(cudaMalloc((void **)&ctx->params_bf16, ctx->flat_count * sizeof(ddp_bf16)));
         DDP__CUDA(cudaMalloc((void **)&ctx->grads_bf16, ctx->flat_count * sizeof(ddp_bf16)));
+        DDP__CUDA(cudaMemset(ctx->grads_bf16, 0, ctx->flat_count * sizeof(ddp_bf16)));
+    } else {
+        DDP__CUDA(cudaMalloc((void **)&ctx->flat_grads, bytes));
+        DDP__CUDA(cudaMemset(ctx->flat_grads, 0, bytes));
     }
     for (i = 0; i < ctx->num_params; i++) {
         ddp__param *p = &ctx->params[i];
@@ -5407,8 +5502,10 @@ static ddp_result ddp__gpu_commit(ddp_context *ctx) {
         DDP__CUDA(cudaEventCreateWithFlags(&g->gathered, cudaEventDisableTiming));
     }
     for (b = 0; b < ctx->num_buckets; b++) if (ctx->buckets[b].count > largest) largest = ctx->buckets[b].count;
-    if (ctx->desc.reduce_dtype == DDP_DTYPE_BF16 && ctx->world > 1)
+    if (ctx->desc.reduce_dtype == DDP_DTYPE_BF16 && ctx->world > 1 && !ctx->grads_bf16)
         DDP__CUDA(cudaMalloc((void **)&g->bf16, largest * sizeof(uint16_t)));
+    if (ctx->desc.reduce_dtype == DDP_DTYPE_FP32 && ctx->world > 1 && ctx->grads_bf16)
+        DDP__CUDA(cudaMalloc((void **)&g->f32, largest * sizeof(float)));
     if (ctx->world > 1) {
         const char *what = "the broadcast of rank 0's initial parameters";
         if ((r = ddp__nccl_enqueue(ctx, ctx->flat_params, ctx->flat_count, ncclFloat, ncclSum, 0, what)) != DDP_OK) return r;
@@ -5421,14 +5518,36 @@ static ddp_result ddp__gpu_commit(ddp_context *ctx) {
     return DDP_OK;
 }
 
+/* bf16 parameters: the bucket's bf16 gradients averaged where they are (ncclBfloat16), or with
+   reduce_dtype FP32 widened into one bucket's floats, averaged in fp32 and rounded back (sharded:
+   this rank's part), all on the comm stream. */
+static ddp_result ddp__gpu_launch_bf16(ddp_context *ctx, int index, const char *what) {
+    ddp__gpu *g = ctx->gpu;
+    const ddp__bucket *b = &ctx->buckets[index];
+    ddp_bf16 *grads = ctx->grads_bf16 + b->offset;
+    int sharded = ctx->desc.shard_optimizer && ctx->world > 1;
+    size_t lo = b->offset, hi = b->offset + b->count;
+    ddp_result r;
+    if (ctx->desc.reduce_dtype == DDP_DTYPE_BF16)
+        return sharded ? ddp__nccl_parts(ctx, index, grads, ncclBfloat16, sizeof(ddp_bf16), 0, what)
+                       : ddp__nccl_enqueue(ctx, grads, b->count, ncclBfloat16, ncclAvg, -1, what);
+    DDP__CUDA(ddp_k_bf16_to_f32(grads, g->f32, b->count, g->comm));
+    r = sharded ? ddp__nccl_parts(ctx, index, g->f32, ncclFloat, sizeof(float), 0, what)
+                : ddp__nccl_enqueue(ctx, g->f32, b->count, ncclFloat, ncclAvg, -1, what);
+    if (r != DDP_OK) return r;
+    if (sharded) ddp__shard_range(ctx, index, ctx->rank, &lo, &hi);
+    DDP__CUDA(ddp_k_f32_to_bf16(g->f32 + (lo - b->offset), ctx->grads_bf16 + lo, hi - lo, g->comm));
+    return DDP_OK;
+}
+
 /* A bucket is ready: the comm stream waits for the compute stream up to here, then averages
    the bucket in place (through bf16 staging when asked), all enqueued, nothing waited for.
    Sharded: reduce-scattered instead (ddp__nccl_parts). */
 static ddp_result ddp__gpu_launch(ddp_context *ctx, int index) {
     ddp__gpu *g = ctx->gpu;
     const ddp__bucket *b = &ctx->buckets[index];
-    float *grads = ctx->flat_grads + b->offset;
-    int par = ctx->tl_step & 1, bf16 = ctx->desc.reduce_dtype == DDP_DTYPE_BF16 && ctx->world > 1;
+    float *grads = ctx->flat_grads ? ctx->flat_grads + b->offset : NULL;   /* NULL: bf16 parameters */
+    int par = ctx->tl_step & 1, bf16 = ctx->desc.reduce_dtype == DDP_DTYPE_BF16 && ctx->world > 1 && grads;
     double inject_ms = ctx->desc.inject_comm_latency_ms;
     char what[96];
     ddp_result r;
@@ -5441,7 +5560,11 @@ static ddp_result ddp__gpu_launch(ddp_context *ctx, int index) {
     DDP__CUDA(cudaEventRecord(g->comm_start[par][index], g->comm));
     if (inject_ms > 0) DDP__CUDA(ddp_k_spin(inject_ms, g->comm));   /* tests/benchmarks: a slow network */
     if (bf16) DDP__CUDA(ddp_k_f32_to_bf16(grads, g->bf16, b->count, g->comm));
-    if (ctx->desc.shard_optimizer && ctx->world > 1) {   /* a reduce-scatter: this rank's part is averaged */
+    if (!grads) {   /* bf16 parameters; one rank: its gradients are the average already */
+        snprintf(what, sizeof what, "the %s of gradient bucket %d (%zu elements)",
+                 ctx->desc.shard_optimizer ? "reduce-scatter" : "allreduce", index, b->count);
+        if (ctx->world > 1 && (r = ddp__gpu_launch_bf16(ctx, index, what)) != DDP_OK) return r;
+    } else if (ctx->desc.shard_optimizer && ctx->world > 1) {   /* a reduce-scatter: this rank's part is averaged */
         size_t lo, hi;
         snprintf(what, sizeof what, "the reduce-scatter of gradient bucket %d (%zu elements)", index, b->count);
         r = bf16 ? ddp__nccl_parts(ctx, index, g->bf16, ncclBfloat16, sizeof(uint16_t), 0, what)
@@ -5555,20 +5678,21 @@ static ddp_result ddp__gpu_finish(ddp_context *ctx, double t_wait) {
     return ddp__failed(ctx);
 }
 
-static ddp_result ddp__gpu_zero(ddp_context *ctx, float *x, size_t count) {
+static ddp_result ddp__gpu_zero(ddp_context *ctx, size_t offset, size_t count) {
     DDP__GPU_DEVICE(ctx->gpu);
-    DDP__CUDA(cudaMemsetAsync(x, 0, count * sizeof(float), ctx->gpu->compute));
+    if (ctx->grads_bf16) DDP__CUDA(cudaMemsetAsync(ctx->grads_bf16 + offset, 0, count * sizeof(ddp_bf16), ctx->gpu->compute));
+    else DDP__CUDA(cudaMemsetAsync(ctx->flat_grads + offset, 0, count * sizeof(float), ctx->gpu->compute));
     return DDP_OK;
 }
 
-static ddp_result ddp__gpu_scale(ddp_context *ctx, float *x, size_t count, float factor) {
+static ddp_result ddp__gpu_scale(ddp_context *ctx, size_t offset, size_t count, float factor) {
     DDP__GPU_DEVICE(ctx->gpu);
-    DDP__CUDA(ddp_k_scale(x, count, factor, ctx->gpu->compute));
+    if (ctx->grads_bf16) DDP__CUDA(ddp_k_scale_bf16(ctx->grads_bf16 + offset, count, factor, ctx->gpu->compute));
+    else DDP__CUDA(ddp_k_scale(ctx->flat_grads + offset, count, factor, ctx->gpu->compute));
     return DDP_OK;
 }
 
-/* On the compute stream: after the program's kernels that wrote the bf16 gradients (a bucket's
-   event, recorded next, covers the widening) and after the finish's wait for the buckets. */
+/* On the compute stream, in order with the program's work. */
 static ddp_result ddp__gpu_bf16(ddp_context *ctx, int op, size_t offset, size_t count) {
     cudaStream_t s = ctx->gpu->compute;
     DDP__GPU_DEVICE(ctx->gpu);
@@ -5586,9 +5710,7 @@ static ddp_result ddp__gpu_bf16(ddp_context *ctx, int op, size_t offset, size_t 
         DDP__CUDA(cudaStreamSynchronize(s));   /* the rounding before and these copies read the whole master */
         DDP__CUDA(cudaFree(ctx->flat_params));
         ctx->flat_params = parts;
-    } else if (op == DDP__BF16_WIDEN_GRADS) DDP__CUDA(ddp_k_bf16_to_f32(ctx->grads_bf16 + offset, ctx->flat_grads + offset, count, s));
-    else if (op == DDP__BF16_NARROW_GRADS) DDP__CUDA(ddp_k_bf16_round(ctx->flat_grads + offset, ctx->grads_bf16 + offset, count, s));
-    else DDP__CUDA(ddp_k_f32_to_bf16(ctx->flat_params + offset, ctx->params_bf16 + offset, count, s));
+    } else DDP__CUDA(ddp_k_f32_to_bf16(ctx->flat_params + offset, ctx->params_bf16 + offset, count, s));
     return DDP_OK;
 }
 
@@ -5658,8 +5780,9 @@ static ddp_result ddp__gpu_norm(ddp_context *ctx) {
     for (b = 0; b < ctx->num_buckets; b++) {
         size_t off = ctx->buckets[b].offset;
         ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
-        DDP__CUDA(ddp_k_norm_blocks(ctx->flat_grads + lo, hi - lo, DDP__SHARD_GRAIN,
-                                    g->norm_blocks + ctx->norm_base[b] + (lo - off) / DDP__SHARD_GRAIN, g->compute));
+        double *out = g->norm_blocks + ctx->norm_base[b] + (lo - off) / DDP__SHARD_GRAIN;
+        if (ctx->grads_bf16) DDP__CUDA(ddp_k_norm_blocks_bf16(ctx->grads_bf16 + lo, hi - lo, DDP__SHARD_GRAIN, out, g->compute));
+        else DDP__CUDA(ddp_k_norm_blocks(ctx->flat_grads + lo, hi - lo, DDP__SHARD_GRAIN, out, g->compute));
     }
     if (sharded) {
         ddp_result r;
@@ -5685,7 +5808,7 @@ static ddp_result ddp__gpu_update(ddp_context *ctx, const ddp_adamw *opt, float 
     int b, sharded = ctx->desc.shard_optimizer && ctx->world > 1;
     size_t lo, hi;
     if (!sharded && ctx->params_bf16) {
-        DDP__CUDA(ddp_k_adamw_bf16(ctx->flat_params, ctx->params_bf16, ctx->flat_grads, ctx->adam_m, ctx->adam_v, ctx->flat_count,
+        DDP__CUDA(ddp_k_adamw_bf16(ctx->flat_params, ctx->params_bf16, ctx->grads_bf16, ctx->adam_m, ctx->adam_v, ctx->flat_count,
                                    g->no_decay, opt->lr, b1, b2, eps, opt->weight_decay, g->state, g->compute));
         return DDP_OK;
     }
@@ -5700,7 +5823,7 @@ static ddp_result ddp__gpu_update(ddp_context *ctx, const ddp_adamw *opt, float 
         ddp_result r;
         ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
         if (ctx->params_bf16)   /* this part's master (packed) and working copies; the others' copies come gathered */
-            DDP__CUDA(ddp_k_adamw_bf16(ctx->flat_params + ctx->shard_base[b], ctx->params_bf16 + lo, ctx->flat_grads + lo,
+            DDP__CUDA(ddp_k_adamw_bf16(ctx->flat_params + ctx->shard_base[b], ctx->params_bf16 + lo, ctx->grads_bf16 + lo,
                                        ctx->adam_m + ctx->shard_base[b], ctx->adam_v + ctx->shard_base[b], hi - lo,
                                        g->no_decay ? g->no_decay + lo / DDP_K_MASK_GROUP : NULL, opt->lr, b1, b2, eps,
                                        opt->weight_decay, g->state, g->compute));
@@ -5753,12 +5876,14 @@ static ddp_result ddp__gpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b
         norm = sqrt(g->state_host->norm_sq);
         if (grad_norm_out) *grad_norm_out = (float)norm;
         if (!isfinite(norm)) {   /* the device skipped the step; name the culprit like the CPU does */
-            float *host = (float *)DDP_MALLOC(ctx->flat_count * sizeof(float) + 1);
+            size_t es = ctx->grads_bf16 ? sizeof(ddp_bf16) : sizeof(float);
+            void *host = DDP_MALLOC(ctx->flat_count * es + 1);
             if (!host) return ddp__fail(ctx, DDP_ERR_NONFINITE, "optimizer step %lld: the gradient norm is %g", ctx->adam_step + 1, norm);
-            cudaError_t e = cudaMemcpy(host, ctx->flat_grads, ctx->flat_count * sizeof(float), cudaMemcpyDeviceToHost);
+            cudaError_t e = cudaMemcpy(host, ctx->grads_bf16 ? (void *)ctx->grads_bf16 : (void *)ctx->flat_grads, ctx->flat_count * es,
+                                       cudaMemcpyDeviceToHost);
             if (e != cudaSuccess) DDP_FREE(host);
             DDP__CUDA(e);
-            r = ddp__nonfinite(ctx, host, norm);
+            r = ctx->grads_bf16 ? ddp__nonfinite(ctx, NULL, (const ddp_bf16 *)host, norm) : ddp__nonfinite(ctx, (const float *)host, NULL, norm);
             DDP_FREE(host);
             return r;
         }
@@ -5872,7 +5997,7 @@ static void ddp__gpu_teardown(ddp_context *ctx) {
     cudaFree(ctx->params_bf16); cudaFree(ctx->grads_bf16);
     ctx->flat_params = ctx->flat_grads = ctx->adam_m = ctx->adam_v = NULL;
     ctx->params_bf16 = ctx->grads_bf16 = NULL;
-    cudaFree(g->no_decay); cudaFree(g->norm_blocks); cudaFree(g->norm_sq); cudaFree(g->state); cudaFree(g->bf16);
+    cudaFree(g->no_decay); cudaFree(g->norm_blocks); cudaFree(g->norm_sq); cudaFree(g->state); cudaFree(g->bf16); cudaFree(g->f32);
     cudaFree(g->scratch);
     if (g->scratch_host) cudaFreeHost(g->scratch_host);
     if (g->state_host) cudaFreeHost(g->state_host);
@@ -6298,10 +6423,9 @@ static ddp_result ddp__bf16_op(ddp_context *ctx, int op, size_t offset, size_t c
     return ctx->be->bf16(ctx, op, offset, count);
 }
 
-/* Zero gradients: the fp32 ones, and with bf16 parameters the bf16 ones the buckets are widened from. */
+/* Zero gradients, in their dtype (bf16 with bf16 parameters). */
 static ddp_result ddp__zero_grads(ddp_context *ctx, size_t offset, size_t count) {
-    ddp_result r = ctx->be->zero(ctx, ctx->flat_grads + offset, count);
-    return r != DDP_OK ? r : ddp__bf16_op(ctx, DDP__BF16_NARROW_GRADS, offset, count);
+    return ctx->be->zero(ctx, offset, count);
 }
 
 /* One line per parameter; every rank must produce the same text. */
@@ -6384,9 +6508,8 @@ static ddp_result ddp__commit(ddp_context *ctx) {
     if ((r = ddp__shard_layout(ctx)) != DDP_OK) return r;
     if (ctx->world > 1 && (r = ddp__verify_layout(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     if ((r = ctx->be->commit(ctx)) != DDP_OK) return r;
-    /* the working copies: rank 0's initial values, rounded; the gradients start at zero */
+    /* the working copies: rank 0's initial values, rounded; the gradients start at zero (alloc_flat) */
     if ((r = ddp__bf16_op(ctx, DDP__BF16_ROUND_PARAMS, 0, ctx->flat_count)) != DDP_OK) return r;
-    if ((r = ddp__bf16_op(ctx, DDP__BF16_NARROW_GRADS, 0, ctx->flat_count)) != DDP_OK) return r;
     /* sharded: from here on this rank holds the master of its parts only */
     if (ddp__master_parts(ctx) && (r = ddp__bf16_op(ctx, DDP__BF16_SHARD_MASTER, 0, ctx->flat_count)) != DDP_OK)
         return ddp__fatal(ctx, r);
@@ -6404,9 +6527,6 @@ static ddp_result ddp__launch_ready(ddp_context *ctx) {
     ddp_result r = DDP_OK;
     if (!ctx->sync_enabled) return DDP_OK;
     while (r == DDP_OK && ctx->next_launch < ctx->num_buckets && ctx->buckets[ctx->next_launch].pending == 0) {
-        const ddp__bucket *b = &ctx->buckets[ctx->next_launch];
-        /* bf16 parameters: the bucket's bf16 gradients into its fp32 staging, which is reduced */
-        if ((r = ddp__bf16_op(ctx, DDP__BF16_WIDEN_GRADS, b->offset, b->count)) != DDP_OK) break;
         r = ctx->be->launch(ctx, ctx->next_launch++);
     }
     return r;
@@ -6527,9 +6647,7 @@ static ddp_result ddp__finish(ddp_context *ctx) {
         /* uneven inputs, divided by the ranks with data: the buckets divided by the world size */
         if (r == DDP_OK && ctx->desc.uneven_inputs == DDP_JOIN_DIVIDE_BY_ACTIVE && ctx->join_active > 0 &&
             ctx->join_active < ctx->world)
-            r = ctx->be->scale(ctx, ctx->flat_grads, ctx->flat_count, (float)((double)ctx->world / ctx->join_active));
-        /* bf16 parameters: the average rounded into the bf16 gradients (the norm and AdamW read those values) */
-        if (r == DDP_OK) r = ddp__bf16_op(ctx, DDP__BF16_NARROW_GRADS, 0, ctx->flat_count);
+            r = ctx->be->scale(ctx, 0, ctx->flat_count, (float)((double)ctx->world / ctx->join_active));
     }
     ctx->join_pending = !ctx->sync_enabled;   /* a micro-step's gradients wait for the sync (>>join) */
     ddp__end_step(ctx);
@@ -6716,11 +6834,34 @@ static ddp_result ddp__state_buffer(ddp_context *ctx, ddp_buffer which, size_t o
     return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: unknown buffer %d", call, (int)which);
 }
 
-/* bf16 parameters: host values written into the fp32 master (or gradients) reach the bf16
-   copies the program uses, rounded; the two never disagree. */
+/* bf16 parameters: host values written into the fp32 master reach the bf16 working copies the
+   program uses, rounded; the two never disagree. */
 static ddp_result ddp__state_written(ddp_context *ctx, ddp_buffer which, size_t offset, size_t count, ddp_result r) {
-    if (r != DDP_OK || (which != DDP_PARAMS && which != DDP_GRADS)) return r;
-    return ddp__bf16_op(ctx, which == DDP_PARAMS ? DDP__BF16_ROUND_PARAMS : DDP__BF16_NARROW_GRADS, offset, count);
+    if (r != DDP_OK || which != DDP_PARAMS) return r;
+    return ddp__bf16_op(ctx, DDP__BF16_ROUND_PARAMS, offset, count);
+}
+
+/* n floats between host memory and flat element `at` of `which`, `local` being where that is in
+   this rank's memory. bf16 gradients (bf16 parameters; there is no fp32 copy, local is NULL) are
+   widened to the host's floats, or rounded from them, through a small bounce. */
+#define DDP__GRADS_BOUNCE 4096
+static ddp_result ddp__state_copy(ddp_context *ctx, ddp_buffer which, float *local, size_t at, float *host, size_t n, int to_host) {
+    ddp_bf16 bounce[DDP__GRADS_BOUNCE];
+    size_t done, k, i;
+    ddp_result r = DDP_OK;
+    if (which != DDP_GRADS || !ctx->grads_bf16)
+        return to_host ? ctx->be->copy(ctx, host, local, n * sizeof(float), 1) : ctx->be->copy(ctx, local, host, n * sizeof(float), 0);
+    for (done = 0; done < n && r == DDP_OK; done += k) {
+        k = n - done < DDP__GRADS_BOUNCE ? n - done : DDP__GRADS_BOUNCE;
+        if (to_host) {
+            if ((r = ctx->be->copy(ctx, bounce, ctx->grads_bf16 + at + done, k * sizeof(ddp_bf16), 1)) != DDP_OK) break;
+            for (i = 0; i < k; i++) host[done + i] = ddp__from_bf16(bounce[i]);
+        } else {
+            for (i = 0; i < k; i++) bounce[i] = ddp__to_bf16(host[done + i]);
+            r = ctx->be->copy(ctx, ctx->grads_bf16 + at + done, bounce, k * sizeof(ddp_bf16), 0);
+        }
+    }
+    return r;
 }
 
 #define DDP__SCATTER_CHUNK ((size_t)1 << 20)   /* floats per broadcast: 4 MiB of bounce buffer */
@@ -6748,7 +6889,7 @@ static ddp_result ddp__state_at(ddp_context *ctx, ddp_buffer which, size_t offse
                          "and bf16 parameters each rank holds the fp32 master only for its own part of each bucket, and "
                          "every rank's bf16 working copies must follow; use ddp_scatter_from_host (collective)", call, ctx->rank);
     if (!ddp__in_parts(ctx, which) || !count) {
-        *at = flat + offset;
+        *at = flat ? flat + offset : NULL;   /* NULL: the bf16 gradients (ddp__state_copy) */
         return DDP_OK;
     }
     for (b = 0; b < ctx->num_buckets; b++) {
@@ -6785,24 +6926,22 @@ static ddp_result ddp__sharded_move(ddp_context *ctx, ddp_buffer which, size_t o
             a = lo > offset ? lo : offset;
             z = hi < offset + count ? hi : offset + count;
             if (z <= a) continue;
-            if (s == ctx->rank) {   /* where the piece is here */
+            if (s == ctx->rank && mine) {   /* where the piece is here (bf16 gradients: ddp__state_copy finds them) */
                 ddp__shard_range(ctx, b, ctx->rank, &mlo, &mhi);
                 local = which == DDP_GRADS ? mine + a : mine + ctx->shard_base[b] + (a - mlo);
             }
             if (s == root) {
-                if (ctx->rank == root)
-                    r = gather ? ctx->be->copy(ctx, host + (a - offset), local, (z - a) * sizeof(float), 1)
-                               : ctx->be->copy(ctx, local, host + (a - offset), (z - a) * sizeof(float), 0);
+                if (ctx->rank == root) r = ddp__state_copy(ctx, which, local, a, host + (a - offset), z - a, gather);
                 continue;
             }
             for (done = a; done < z && r == DDP_OK; done += n) {
                 n = z - done < chunk ? z - done : chunk;
-                if (gather && s == ctx->rank) r = ctx->be->copy(ctx, bounce, local + (done - a), n * sizeof(float), 1);
+                if (gather && s == ctx->rank) r = ddp__state_copy(ctx, which, local ? local + (done - a) : NULL, done, bounce, n, 1);
                 if (!gather && ctx->rank == root) memcpy(bounce, host + (done - offset), n * sizeof(float));
                 if (r == DDP_OK) r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, bounce, n * sizeof(float), gather ? s : root);
                 if (r != DDP_OK) break;
                 if (gather && ctx->rank == root) memcpy(host + (done - offset), bounce, n * sizeof(float));
-                if (!gather && s == ctx->rank) r = ctx->be->copy(ctx, local + (done - a), bounce, n * sizeof(float), 0);
+                if (!gather && s == ctx->rank) r = ddp__state_copy(ctx, which, local ? local + (done - a) : NULL, done, bounce, n, 0);
             }
         }
     DDP_FREE(bounce);
@@ -6858,7 +6997,7 @@ static ddp_result ddp__gather_to_host(ddp_context *ctx, ddp_buffer which, size_t
     if (r == DDP_OK && count && (which != DDP_PARAMS || ddp__master_parts(ctx)) && ctx->desc.shard_optimizer && ctx->world > 1)
         return ddp__sharded_move(ctx, which, offset, dst, count, root, 1);
     if (r != DDP_OK || ctx->rank != root || !count) return r;
-    return ctx->be->copy(ctx, dst, flat + offset, count * sizeof(float), 1);
+    return ddp__state_copy(ctx, which, flat ? flat + offset : NULL, offset, dst, count, 1);
 }
 
 static ddp_result ddp__scatter_from_host(ddp_context *ctx, ddp_buffer which, size_t offset, const float *src, size_t count, int root) {
@@ -6869,7 +7008,8 @@ static ddp_result ddp__scatter_from_host(ddp_context *ctx, ddp_buffer which, siz
     if (ctx->rank == root && !src)   /* the peers wait in the broadcast: stop them too */
         return ddp__fail_group(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_scatter_from_host: the root's source is NULL (%zu floats)", count);
     if (ctx->world == 1)
-        return ddp__state_written(ctx, which, offset, count, ctx->be->copy(ctx, flat + offset, src, count * sizeof(float), 0));
+        return ddp__state_written(ctx, which, offset, count, ddp__state_copy(ctx, which, flat ? flat + offset : NULL, offset,
+                                                                             (float *)(uintptr_t)src, count, 0));
     if ((which == DDP_ADAM_M || which == DDP_ADAM_V) && ctx->desc.shard_optimizer)
         return ddp__sharded_move(ctx, which, offset, (float *)(uintptr_t)src, count, root, 0);
     if (which == DDP_PARAMS && ddp__master_parts(ctx)) return ddp__scatter_master_parts(ctx, offset, src, count, root);
@@ -6882,7 +7022,7 @@ static ddp_result ddp__scatter_from_host(ddp_context *ctx, ddp_buffer which, siz
         n = count - done < DDP__SCATTER_CHUNK ? count - done : DDP__SCATTER_CHUNK;
         if (ctx->rank == root) memcpy(bounce, src + done, n * sizeof(float));
         r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, bounce, n * sizeof(float), root);
-        if (r == DDP_OK) r = ctx->be->copy(ctx, flat + offset + done, bounce, n * sizeof(float), 0);
+        if (r == DDP_OK) r = ddp__state_copy(ctx, which, flat ? flat + offset + done : NULL, offset + done, bounce, n, 0);
     }
     DDP_FREE(bounce);
     return ddp__state_written(ctx, which, offset, count, r);
@@ -7855,14 +7995,15 @@ ddp_result ddp_copy_to_host(ddp_context *ctx, ddp_buffer which, size_t offset, f
     ddp_result r = ddp__usable(ctx, 1, "ddp_copy_to_host");
     float *at = NULL;
     if (r != DDP_OK || (r = ddp__state_at(ctx, which, offset, dst, count, "ddp_copy_to_host", 0, &at)) != DDP_OK) return r;
-    return count ? ctx->be->copy(ctx, dst, at, count * sizeof(float), 1) : DDP_OK;
+    return count ? ddp__state_copy(ctx, which, at, offset, dst, count, 1) : DDP_OK;
 }
 
 ddp_result ddp_copy_from_host(ddp_context *ctx, ddp_buffer which, size_t offset, const float *src, size_t count) {
     ddp_result r = ddp__usable(ctx, 1, "ddp_copy_from_host");
     float *at = NULL;
     if (r != DDP_OK || (r = ddp__state_at(ctx, which, offset, src, count, "ddp_copy_from_host", 1, &at)) != DDP_OK) return r;
-    return count ? ddp__state_written(ctx, which, offset, count, ctx->be->copy(ctx, at, src, count * sizeof(float), 0)) : DDP_OK;
+    return count ? ddp__state_written(ctx, which, offset, count, ddp__state_copy(ctx, which, at, offset, (float *)(uintptr_t)src,
+                                                                                 count, 0)) : DDP_OK;
 }
 
 ddp_result ddp_gather_to_host(ddp_context *ctx, ddp_buffer which, size_t offset, float *dst, size_t count, int root) {

@@ -5,9 +5,9 @@
    memory so clipping needs no host synchronisation); a deterministic global sum of squares
    (fixed grid, per-block partial sums in double, a second kernel that adds the partials in a
    fixed order: the same bits on every run and every GPU); the sums of squares of fixed blocks
-   in ddp.h's CPU order and their sum in order (ddp.h's norm, the same bits as its CPU backend); scale; fill; fp32 <-> bf16 casts with
-   round-to-nearest-even (NaN stays NaN, sign kept); AdamW on an fp32 master that writes its bf16
-   working copy in the same pass, and the rounding of fp32 gradients to bf16 in place; and a spin kernel that holds a stream for a
+   in ddp.h's CPU order, of fp32 or bf16 values, and their sum in order (ddp.h's norm, the same bits as its CPU backend); scale (fp32, bf16); fill; fp32 <-> bf16 casts with
+   round-to-nearest-even (NaN stays NaN, sign kept); AdamW on an fp32 master from bf16 gradients
+   that writes its bf16 working copy in the same pass, and the rounding of fp32 values to bf16 in place; and a spin kernel that holds a stream for a
    while (tests and benchmarks stand it in for a slow network).
 
    Use: every translation unit may include this file for the declarations (C or C++). Exactly
@@ -31,8 +31,35 @@
        p = p - (lr * wd) * p
        p = p - (step_size * m) / (sqrt(v) / bc2_sqrt + eps)   step_size = lr / (1 - b1^t),
                                                               bc2_sqrt = sqrt(1 - b2^t)
+   The bf16 rounding (ddp_k__to_bf16, ddp_k__from_bf16) is there for any C++ translation unit,
+   CUDA or not: a program's own kernels (examples/gpt) round exactly as these kernels do. Define
+   DDP_KERNELS_BF16_ONLY before the include to get only those two (no CUDA headers needed).
    License: MIT, as ddp.h. */
-#ifndef DDP_KERNELS_CUH
+#if defined(__cplusplus) && !defined(DDP_KERNELS__BF16)
+#define DDP_KERNELS__BF16
+#include <stdint.h>
+#include <string.h>
+#ifdef __CUDACC__
+#define DDP_K__HD __host__ __device__ __forceinline__
+#else
+#define DDP_K__HD inline
+#endif
+/* ---- bf16: the upper half of the float, rounded to nearest even ---- */
+static DDP_K__HD uint16_t ddp_k__to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);   /* NaN: quiet, sign kept */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static DDP_K__HD float ddp_k__from_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+#endif /* __cplusplus && !DDP_KERNELS__BF16 */
+
+#if !defined(DDP_KERNELS_CUH) && !defined(DDP_KERNELS_BF16_ONLY)
 #define DDP_KERNELS_CUH
 
 #include <stddef.h>
@@ -69,6 +96,8 @@ cudaError_t ddp_k_sum_squares(const float *x, size_t n, double *partials, double
    order): ddp.h's global norm adds these blocks in order, so the NCCL backend's norm equals the
    CPU backend's bit for bit, sharded or not. */
 cudaError_t ddp_k_norm_blocks(const float *x, size_t n, size_t grain, double *out, cudaStream_t stream);
+/* The same over bf16 values (each widened exactly): ddp_k_norm_blocks' bits on the widened x. */
+cudaError_t ddp_k_norm_blocks_bf16(const uint16_t *x, size_t n, size_t grain, double *out, cudaStream_t stream);
 /* *out = the sum of x[0..n) in ddp.h's fixed order (ddp__norm_sum: 256 running sums, sum j
    taking x[j], x[j + 256], ... in order, then the 256 added in order): the same bits as the CPU. */
 cudaError_t ddp_k_sum_doubles(const double *x, size_t n, double *out, cudaStream_t stream);
@@ -84,16 +113,19 @@ cudaError_t ddp_k_adamw(float *p, const float *g, float *m, float *v, size_t n, 
                         float lr, float beta1, float beta2, float eps, float weight_decay,
                         const ddp_k_adamw_state *state, cudaStream_t stream);
 
-/* The same step on an fp32 master p that also writes its bf16 working copy w (round to nearest
-   even) in the same pass; a skipped step leaves both. Working copies that were not the master
-   rounded before the step (written alone) are counted into state->diverged. */
-cudaError_t ddp_k_adamw_bf16(float *p, uint16_t *w, const float *g, float *m, float *v, size_t n,
+/* The same step on an fp32 master p from bf16 gradients g (widened exactly) that also writes
+   its bf16 working copy w (round to nearest even) in the same pass; a skipped step leaves both.
+   Working copies that were not the master rounded before the step (written alone) are counted
+   into state->diverged. */
+cudaError_t ddp_k_adamw_bf16(float *p, uint16_t *w, const uint16_t *g, float *m, float *v, size_t n,
                              const unsigned char *no_decay, float lr, float beta1, float beta2, float eps,
                              float weight_decay, ddp_k_adamw_state *state, cudaStream_t stream);
 /* x rounded to bf16 into out, and x set to the rounded values (out widened back). */
 cudaError_t ddp_k_bf16_round(float *x, uint16_t *out, size_t n, cudaStream_t stream);
 
 cudaError_t ddp_k_scale(float *x, size_t n, float factor, cudaStream_t stream);
+/* bf16 x: x = bf16(float(x) * factor), rounded to nearest even. */
+cudaError_t ddp_k_scale_bf16(uint16_t *x, size_t n, float factor, cudaStream_t stream);
 cudaError_t ddp_k_fill(float *x, size_t n, float value, cudaStream_t stream);
 cudaError_t ddp_k_f32_to_bf16(const float *in, uint16_t *out, size_t n, cudaStream_t stream);
 cudaError_t ddp_k_bf16_to_f32(const uint16_t *in, float *out, size_t n, cudaStream_t stream);
@@ -122,19 +154,6 @@ static int ddp_k__aligned16(const void *a, const void *b, const void *c, const v
     return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d) & 15u) == 0;
 }
 
-/* ---- bf16: the upper half of the float, rounded to nearest even ---- */
-static __host__ __device__ __forceinline__ uint16_t ddp_k__to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);   /* NaN: quiet, sign kept */
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-static __host__ __device__ __forceinline__ float ddp_k__from_bf16(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 /* ---- rounding: every operation rounded on its own, never fused into a multiply-add. On the
    device the _rn intrinsics; on the host (tests/gpu/test_kernel_math_host.cu, no GPU needed)
@@ -245,7 +264,7 @@ static __global__ void ddp_k__adamw_scalar(float *p, const float *g, float *m, f
 }
 
 /* bf16 parameters: the step on the fp32 master, the working copy rounded from it in the same pass. */
-static __global__ void ddp_k__adamw_bf16_kernel(float *p, uint16_t *w, const float *g, float *m, float *v, size_t n,
+static __global__ void ddp_k__adamw_bf16_kernel(float *p, uint16_t *w, const uint16_t *g, float *m, float *v, size_t n,
                                                 const unsigned char *no_decay, ddp_k__adamw_consts c,
                                                 ddp_k_adamw_state *state) {
     size_t i;
@@ -254,7 +273,8 @@ static __global__ void ddp_k__adamw_bf16_kernel(float *p, uint16_t *w, const flo
     for (i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float pi = p[i], mi = m[i], vi = v[i];
         diverged += w[i] != ddp_k__to_bf16(pi);
-        ddp_k__adamw_one(pi, g[i], mi, vi, ddp_k__decay_on(no_decay, i), c, state->clip, state->step_size, state->bc2_sqrt);
+        ddp_k__adamw_one(pi, ddp_k__from_bf16(g[i]), mi, vi, ddp_k__decay_on(no_decay, i), c, state->clip, state->step_size,
+                         state->bc2_sqrt);
         p[i] = pi; m[i] = mi; v[i] = vi;
         w[i] = ddp_k__to_bf16(pi);
     }
@@ -332,13 +352,15 @@ static __global__ void ddp_k__sum_partials(const double *partials, double *out) 
 /* ---- the norm's blocks, as ddp.h's CPU sums them (ddp__sum_squares: eight running sums, the
    tail into the first lanes, the lanes added in order). A float's square is exact in double, so
    a fused multiply-add rounds exactly like a multiply then an add: no intrinsics needed. ---- */
-static __host__ __device__ __forceinline__ double ddp_k__block_squares(const float *x, size_t n) {
+static __host__ __device__ __forceinline__ double ddp_k__square(float x) { return (double)x * (double)x; }
+static __host__ __device__ __forceinline__ double ddp_k__square(uint16_t x) { return ddp_k__square(ddp_k__from_bf16(x)); }
+template <typename T> static __host__ __device__ __forceinline__ double ddp_k__block_squares(const T *x, size_t n) {
     double lane[8] = { 0, 0, 0, 0, 0, 0, 0, 0 }, total = 0;
     size_t i = 0;
     int j;
     for (; i + 8 <= n; i += 8)
-        for (j = 0; j < 8; j++) lane[j] += (double)x[i + j] * (double)x[i + j];
-    for (j = 0; i < n; i++, j++) lane[j] += (double)x[i] * (double)x[i];
+        for (j = 0; j < 8; j++) lane[j] += ddp_k__square(x[i + j]);
+    for (j = 0; i < n; i++, j++) lane[j] += ddp_k__square(x[i]);
     for (j = 0; j < 8; j++) total += lane[j];
     return total;
 }
@@ -350,15 +372,15 @@ static __host__ __device__ __forceinline__ double ddp_k__block_squares(const flo
    block read 4 KiB strides, uncoalesced: 2.6 ms of a 16.7 ms step on an H100). Threads past the
    last block take part in the shuffles with nothing to add. */
 #define DDP_K_BLOCK_LANES 8
-static __global__ void ddp_k__norm_blocks(const float *x, size_t n, size_t grain, double *out) {
+template <typename T> static __global__ void ddp_k__norm_blocks(const T *x, size_t n, size_t grain, double *out) {
     size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x, b = t / DDP_K_BLOCK_LANES, blocks = (n + grain - 1) / grain;
     size_t nb = 0, i;
     unsigned j = (unsigned)(t % DDP_K_BLOCK_LANES), first = (threadIdx.x & 31u) & ~(unsigned)(DDP_K_BLOCK_LANES - 1);
-    const float *xb = x;
+    const T *xb = x;
     double acc = 0, total = 0;
     int k;
     if (b < blocks) { xb = x + b * grain; nb = n - b * grain < grain ? n - b * grain : grain; }
-    for (i = j; i < nb; i += DDP_K_BLOCK_LANES) acc += (double)xb[i] * (double)xb[i];
+    for (i = j; i < nb; i += DDP_K_BLOCK_LANES) acc += ddp_k__square(xb[i]);
     for (k = 0; k < DDP_K_BLOCK_LANES; k++) {
         double lane = __shfl_sync(0xffffffffu, acc, (int)first + k);
         if (j == 0) total += lane;
@@ -389,6 +411,11 @@ static __global__ void ddp_k__sum_doubles(const double *x, size_t n, double *out
 static __global__ void ddp_k__scale(float *x, size_t n, float factor) {
     size_t i;
     for (i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) x[i] *= factor;
+}
+static __global__ void ddp_k__scale_bf16(uint16_t *x, size_t n, float factor) {
+    size_t i;
+    for (i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        x[i] = ddp_k__to_bf16(ddp_k__mul(ddp_k__from_bf16(x[i]), factor));
 }
 static __global__ void ddp_k__fill(float *x, size_t n, float value) {
     size_t i;
@@ -452,13 +479,22 @@ extern "C" cudaError_t ddp_k_sum_squares(const float *x, size_t n, double *parti
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t ddp_k_norm_blocks(const float *x, size_t n, size_t grain, double *out, cudaStream_t stream) {
+template <typename T> static cudaError_t ddp_k__norm_blocks_launch(const T *x, size_t n, size_t grain, double *out,
+                                                                    cudaStream_t stream) {
     size_t blocks = grain ? (n + grain - 1) / grain : 0;
     ddp_k__forget_not_ready();
     if (blocks == 0) return cudaSuccess;
     if (blocks > ((size_t)1 << 31) / DDP_K_BLOCK_LANES * 128) return cudaErrorInvalidValue;
-    ddp_k__norm_blocks<<<(unsigned)((blocks * DDP_K_BLOCK_LANES + 127) / 128), 128, 0, stream>>>(x, n, grain, out);
+    ddp_k__norm_blocks<T><<<(unsigned)((blocks * DDP_K_BLOCK_LANES + 127) / 128), 128, 0, stream>>>(x, n, grain, out);
     return cudaGetLastError();
+}
+
+extern "C" cudaError_t ddp_k_norm_blocks(const float *x, size_t n, size_t grain, double *out, cudaStream_t stream) {
+    return ddp_k__norm_blocks_launch(x, n, grain, out, stream);
+}
+
+extern "C" cudaError_t ddp_k_norm_blocks_bf16(const uint16_t *x, size_t n, size_t grain, double *out, cudaStream_t stream) {
+    return ddp_k__norm_blocks_launch(x, n, grain, out, stream);
 }
 
 extern "C" cudaError_t ddp_k_sum_doubles(const double *x, size_t n, double *out, cudaStream_t stream) {
@@ -500,6 +536,13 @@ extern "C" cudaError_t ddp_k_scale(float *x, size_t n, float factor, cudaStream_
     return cudaGetLastError();
 }
 
+extern "C" cudaError_t ddp_k_scale_bf16(uint16_t *x, size_t n, float factor, cudaStream_t stream) {
+    ddp_k__forget_not_ready();
+    if (n == 0) return cudaSuccess;
+    ddp_k__scale_bf16<<<ddp_k__blocks(n, 256), 256, 0, stream>>>(x, n, factor);
+    return cudaGetLastError();
+}
+
 extern "C" cudaError_t ddp_k_fill(float *x, size_t n, float value, cudaStream_t stream) {
     ddp_k__forget_not_ready();
     if (n == 0) return cudaSuccess;
@@ -523,7 +566,7 @@ extern "C" cudaError_t ddp_k_bf16_to_f32(const uint16_t *in, float *out, size_t 
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t ddp_k_adamw_bf16(float *p, uint16_t *w, const float *g, float *m, float *v, size_t n,
+extern "C" cudaError_t ddp_k_adamw_bf16(float *p, uint16_t *w, const uint16_t *g, float *m, float *v, size_t n,
                                         const unsigned char *no_decay, float lr, float beta1, float beta2, float eps,
                                         float weight_decay, ddp_k_adamw_state *state, cudaStream_t stream) {
     ddp_k__adamw_consts c = ddp_k__adamw_make_consts(lr, beta1, beta2, eps, weight_decay);

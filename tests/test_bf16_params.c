@@ -12,8 +12,18 @@
      reduce; sharded gives the bits of unsharded;
    - ddp_copy_from_host and ddp_save / ddp_load: the working copies follow the master;
    - bad input: accessors of the wrong dtype (NULL and a named error), ranks that disagree on
-     param_dtype (DDP_ERR_MISMATCH naming it), a bad $DDP_PARAM_DTYPE or param_dtype value.
+     param_dtype (DDP_ERR_MISMATCH naming it), a bad $DDP_PARAM_DTYPE or param_dtype value;
+   - the gradients are reduced in bf16 where they are: the bytes a rank allocates per parameter
+     (ddp.h's heap through DDP_MALLOC, the CPU backend's gradient segment, the fake GPU's device
+     memory) are the recipe's 16, no fp32 gradient buffer exists (reduce_dtype FP32: one bucket's
+     floats more on NCCL); the staging-slot path (DDP_STAGED_GRADS=1) gives the in-place bits.
    Run: build/test_bf16_params */
+#include <stddef.h>
+/* ddp.h's heap, counted (every rank's thread alike): the bytes a model costs per parameter. */
+static void *test_counted_malloc(size_t n);
+static void test_counted_free(void *p);
+#define DDP_MALLOC(n) test_counted_malloc(n)
+#define DDP_FREE(p) test_counted_free(p)
 #include "testlib.h"
 #include "fakegpu/fakegpu.h"
 #include <math.h>
@@ -41,12 +51,31 @@ typedef struct out {
     ddp_bf16 *work, *grad;         /* working copies, last bf16 gradients */
     float norms[STEPS];
     int load_ok, copy_ok;
+    int grads_copy_ok;             /* ddp_copy_to_host / _from_host of DDP_GRADS: widened, rounded */
     size_t held, held_want;        /* floats of the fp32 master this rank holds; its parts by the manual's rule */
     size_t device_bytes;           /* NCCL (fake): what the rank's device holds after training */
     int refused_ok;                /* sharded: host copies outside its parts refused by name, its part read */
+    int in_segment;                /* CPU, several ranks: the bf16 gradients live in the shared segment */
+    int no_fp32_grads;             /* no fp32 gradient buffer exists */
     char refused[DDP__ERR_MAX];
 } out;
 static out res[MAX_WORLD];
+
+static size_t heap_live;   /* bytes ddp.h holds through DDP_MALLOC, all ranks (atomic) */
+static void *test_counted_malloc(size_t n) {
+    size_t *p = (size_t *)malloc(n + 16);
+    if (!p) return NULL;
+    *p = n;
+    __atomic_add_fetch(&heap_live, n, __ATOMIC_SEQ_CST);
+    return (unsigned char *)p + 16;
+}
+static void test_counted_free(void *q) {
+    size_t *p;
+    if (!q) return;
+    p = (size_t *)(void *)((unsigned char *)q - 16);
+    __atomic_sub_fetch(&heap_live, *p, __ATOMIC_SEQ_CST);
+    free(p);
+}
 static int ckpt_port;              /* the loading contexts' process group */
 
 /* The bf16 nearest to x (ties to even), as a double; the reference's own rounding. */
@@ -160,6 +189,11 @@ static void train_rank(test_rank *self) {
     }
     if (o->r == DDP_OK) o->r = ddp_commit(ctx);
     for (k = 0; k < NP; k++) free(init[k]);
+    if (o->r == DDP_OK) {
+        o->in_segment = ctx->cpu && ctx->cpu->grads_shm && (unsigned char *)ctx->grads_bf16 >= ctx->cpu->grads_shm &&
+                        (unsigned char *)ctx->grads_bf16 < ctx->cpu->grads_shm + ctx->cpu->grads_shm_bytes;
+        o->no_fp32_grads = ctx->flat_grads == NULL;
+    }
     for (s = 0; s < STEPS && o->r == DDP_OK; s++) {
         if ((o->r = ddp_zero_grad(ctx)) != DDP_OK) break;
         for (u = 0; u < cfg.micro && o->r == DDP_OK; u++) {
@@ -191,6 +225,23 @@ static void train_rank(test_rank *self) {
         o->r = read_master(ctx, self->rank, self->world, cfg.shard, o->master, o->count);
         memcpy(o->work, w, o->count * sizeof(ddp_bf16));
         memcpy(o->grad, g, o->count * sizeof(ddp_bf16));
+        if (o->r == DDP_OK) {   /* host copies of the gradients: widened; sharded, gathered from the parts' owners */
+            float *gh = (float *)malloc(o->count * sizeof(float));
+            size_t i;
+            int root;
+            o->r = ddp_copy_to_host(ctx, DDP_GRADS, 0, gh, o->count);
+            o->grads_copy_ok = o->r == DDP_OK;
+            for (i = 0; o->grads_copy_ok && i < o->count; i++) o->grads_copy_ok = gh[i] == float_of(g[i]) || (gh[i] != gh[i] && g[i] == bits_of(gh[i]));
+            for (root = 0; cfg.shard && self->world > 1 && root < self->world && o->r == DDP_OK; root++)
+                o->r = ddp_gather_to_host(ctx, DDP_GRADS, 0, self->rank == root ? gh : NULL, o->count, root);
+            /* every rank's gathered averages replace its local gradients (outside its parts not averaged) */
+            for (i = 0; cfg.shard && self->world > 1 && o->r == DDP_OK && i < o->count; i++) {
+                uint32_t u;
+                memcpy(&u, &gh[i], 4);
+                o->grad[i] = (ddp_bf16)(u >> 16);   /* exact: the gathered floats are bf16 values */
+            }
+            free(gh);
+        }
         ddp_flat_params(ctx, &o->held);
         o->held_want = cfg.shard ? parts_of(ctx, self->rank, self->world, &lo, &hi) : o->count;
         if (o->r == DDP_OK && cfg.shard && self->world > 1) o->refused_ok = check_refusals(ctx, self->rank, self->world, o);
@@ -230,6 +281,8 @@ static void train_rank(test_rank *self) {
         o->r = ddp_copy_from_host(ctx, DDP_PARAMS, at + 10, v, 5);
         o->copy_ok = o->r == DDP_OK;
         for (i = 0; o->copy_ok && i < 5; i++) o->copy_ok = ddp_param_bf16(ctx, ids[2])[10 + i] == bits_of(v[i]);
+        if (o->r == DDP_OK) o->r = ddp_copy_from_host(ctx, DDP_GRADS, at + 20, v, 5);   /* the bf16 gradients get them rounded */
+        for (i = 0; o->copy_ok && i < 5; i++) o->copy_ok = ddp_grad_bf16(ctx, ids[2])[20 + i] == bits_of(v[i]);
     }
     if (o->r != DDP_OK && ctx) snprintf(o->err, sizeof o->err, "%s", ddp_last_error(ctx));
     ddp_shutdown(ctx);
@@ -349,11 +402,11 @@ static int check_reference(int world, const char *name) {
     for (r = 1; r < world; r++)
         same &= !memcmp(res[r].master, res[0].master, res[0].count * sizeof(float)) &&
                 !memcmp(res[r].work, res[0].work, res[0].count * sizeof(ddp_bf16)) &&
-                (cfg.shard || !memcmp(res[r].grad, res[0].grad, res[0].count * sizeof(ddp_bf16)));
-    ok = worst <= 1 && rounded && near && (grads || cfg.shard) && same && (cfg.shard || res[0].copy_ok);
+                !memcmp(res[r].grad, res[0].grad, res[0].count * sizeof(ddp_bf16));   /* sharded: gathered */
+    ok = worst <= 1 && rounded && near && grads && same && (cfg.shard || res[0].copy_ok) && res[0].grads_copy_ok;
     verdict(ok, full, "worst master error %.3g of the bound (1e-6 + 1e-5|ref|), working copy = rounded master %d, "
-            "near the reference %d, averaged bf16 gradients exact %d, same bits on every rank %d, host write followed %d",
-            worst, rounded, near, grads, same, res[0].copy_ok);
+            "near the reference %d, averaged bf16 gradients exact %d, same bits on every rank %d, host writes followed %d, "
+            "gradients read back widened %d", worst, rounded, near, grads, same, res[0].copy_ok, res[0].grads_copy_ok);
     return 1;
 }
 
@@ -491,6 +544,172 @@ static void test_bad_input(void) {
 
 static size_t unsharded_bytes[MAX_WORLD];
 
+/* Uneven inputs with bf16 parameters: rank r has join_batches[r] steps, then ddp_join. Rank 0
+   (the most batches) checks each step's averaged bf16 gradients against the host's arithmetic:
+   the ranks with data added in float in rank order (a joined rank's zeros change nothing), / world,
+   rounded; DIVIDE_BY_ACTIVE: times world / active, rounded again. After the last join every rank
+   holds the same master and working copies. */
+#define JOIN_N 300
+static struct { ddp_backend backend; ddp_join_mode mode; int batches[MAX_WORLD]; } join_cfg;
+static struct { ddp_result r; char err[DDP__ERR_MAX]; int wrong; float master[JOIN_N + 16]; ddp_bf16 work[JOIN_N + 16]; } join_res[MAX_WORLD];
+
+static float join_grad(int t, int r, size_t i) { return (float)round_bf16(0.25 * test_value((uint64_t)(900 + t * 8 + r), i)); }
+
+static void join_rank(test_rank *self) {
+    ddp_desc d = test_desc(self);
+    ddp_context *ctx = NULL;
+    ddp_adamw opt = options();
+    float init[JOIN_N];
+    int id, t, s, active;
+    size_t i, n = 0;
+    __typeof__(join_res[0]) *o = &join_res[self->rank];
+    d.backend = join_cfg.backend;
+    d.param_dtype = DDP_DTYPE_BF16;
+    d.uneven_inputs = join_cfg.mode;
+    for (i = 0; i < JOIN_N; i++) init[i] = init_value(0, i);
+    o->r = ddp_init(&ctx, &d);
+    if (o->r == DDP_OK) o->r = ddp_register_param(ctx, "w", JOIN_N, 0, init, &id);
+    if (o->r == DDP_OK) o->r = ddp_commit(ctx);
+    for (t = 0; t < join_cfg.batches[self->rank] && o->r == DDP_OK; t++) {
+        ddp_bf16 *g;
+        if ((o->r = ddp_zero_grad(ctx)) != DDP_OK) break;
+        g = ddp_grad_bf16(ctx, id);
+        for (i = 0; i < JOIN_N; i++) g[i] = bits_of(join_grad(t, self->rank, i));
+        if ((o->r = ddp_grad_ready(ctx, id)) != DDP_OK || (o->r = ddp_finish(ctx)) != DDP_OK) break;
+        if (self->rank == 0) {   /* the expected average of this step */
+            for (active = 0, s = 0; s < self->world; s++) active += t < join_cfg.batches[s];
+            for (i = 0; i < JOIN_N; i++) {
+                float sum = 0, avg;
+                for (s = 0; s < self->world; s++) sum += t < join_cfg.batches[s] ? join_grad(t, s, i) : 0.0f;
+                avg = float_of(bits_of(sum / (float)self->world));
+                if (join_cfg.mode == DDP_JOIN_DIVIDE_BY_ACTIVE && active < self->world)
+                    avg = float_of(bits_of(avg * (float)((double)self->world / active)));
+                o->wrong += g[i] != bits_of(avg);
+            }
+        }
+        o->r = ddp_adamw_step(ctx, &opt, NULL);
+    }
+    if (o->r == DDP_OK) o->r = ddp_join(ctx);
+    if (o->r == DDP_OK) o->r = ddp_copy_to_host(ctx, DDP_PARAMS, 0, o->master, JOIN_N);
+    if (o->r == DDP_OK) {
+        const ddp_bf16 *w = ddp_flat_params_bf16(ctx, &n);
+        memcpy(o->work, w, JOIN_N * sizeof(ddp_bf16));
+    }
+    if (o->r != DDP_OK && ctx) snprintf(o->err, sizeof o->err, "%s", ddp_last_error(ctx));
+    ddp_shutdown(ctx);
+}
+
+static void test_join(int world, ddp_join_mode mode) {
+    void *shared[1] = { (void *)join_rank };
+    test_rank ranks[MAX_WORLD];
+    static float cpu_master[JOIN_N];
+    char name[128];
+    size_t i;
+    int b, r, ok, same = 1;
+    for (b = 0; b < 2; b++) {
+        memset(join_res, 0, sizeof join_res);
+        join_cfg.backend = b ? DDP_BACKEND_NCCL : DDP_BACKEND_CPU;
+        join_cfg.mode = mode;
+        join_cfg.batches[0] = 5; join_cfg.batches[1] = 2; join_cfg.batches[2] = 3;
+        fakegpu_reset();
+        test_run_ranks(world, shared, ranks);
+        ok = 1;
+        for (r = 0; r < world; r++) {
+            ok &= join_res[r].r == DDP_OK && !memcmp(join_res[r].master, join_res[0].master, sizeof join_res[0].master) &&
+                  !memcmp(join_res[r].work, join_res[0].work, sizeof join_res[0].work);
+            for (i = 0; i < JOIN_N; i++) ok &= join_res[r].work[i] == bits_of(join_res[r].master[i]);
+        }
+        if (b == 0) memcpy(cpu_master, join_res[0].master, sizeof cpu_master);
+        else same = !memcmp(cpu_master, join_res[0].master, sizeof cpu_master);
+        snprintf(name, sizeof name, "bf16_params_uneven_inputs_%s_%s_%d_ranks", b ? "nccl_fake" : "cpu",
+                 mode == DDP_JOIN_DIVIDE_BY_ACTIVE ? "divide_by_active" : "divide_by_world", world);
+        verdict(ok && join_res[0].wrong == 0 && same, name, "%d averaged bf16 gradients differ from the host's arithmetic, "
+                "ranks agree and working copies = master rounded %d, NCCL = CPU %d (%s)", join_res[0].wrong, ok, same,
+                join_res[0].err[0] ? join_res[0].err : join_res[world - 1].err);
+    }
+}
+
+/* What one rank of a 1M-parameter bf16 model allocates: ddp.h's heap (through DDP_MALLOC, all
+   ranks together: divided by the world), the CPU backend's gradient segment (its share), the
+   fake GPU's device memory; measured after a first AdamW step (m and v exist from then on). */
+static struct { ddp_backend backend; ddp_dtype reduce; } bytes_cfg;
+static struct { ddp_result r; char err[DDP__ERR_MAX]; size_t count, largest, segment, device; int no_fp32; } bytes_res[2];
+static size_t heap_before;
+static pthread_barrier_t bytes_barrier;
+#define BYTES_N ((size_t)1 << 19)
+
+static void bytes_rank(test_rank *self) {
+    ddp_desc d = test_desc(self);
+    ddp_context *ctx = NULL;
+    ddp_adamw opt = options();
+    ddp_bucket_info b;
+    int ids[2], k;
+    __typeof__(bytes_res[0]) *o = &bytes_res[self->rank];
+    d.backend = self->world == 1 && bytes_cfg.backend == DDP_BACKEND_CPU ? DDP_BACKEND_SINGLE : bytes_cfg.backend;
+    d.param_dtype = DDP_DTYPE_BF16;
+    d.reduce_dtype = bytes_cfg.reduce;
+    o->r = ddp_init(&ctx, &d);
+    for (k = 0; k < 2 && o->r == DDP_OK; k++) o->r = ddp_register_param(ctx, k ? "b" : "a", BYTES_N, 0, NULL, &ids[k]);
+    if (o->r == DDP_OK) o->r = ddp_commit(ctx);
+    if (o->r == DDP_OK) o->r = ddp_zero_grad(ctx);
+    for (k = 1; k >= 0 && o->r == DDP_OK; k--) o->r = ddp_grad_ready(ctx, ids[k]);
+    if (o->r == DDP_OK) o->r = ddp_finish(ctx);
+    if (o->r == DDP_OK) o->r = ddp_adamw_step(ctx, &opt, NULL);
+    if (o->r == DDP_OK) {
+        ddp_flat_params_bf16(ctx, &o->count);
+        for (k = 0; k < ddp_num_buckets(ctx) && ddp_bucket(ctx, k, &b) == DDP_OK; k++) if (b.count > o->largest) o->largest = b.count;
+        o->segment = ctx->cpu && ctx->cpu->grads_shm ? ctx->cpu->grads_shm_bytes / (size_t)self->world : 0;
+        o->no_fp32 = ctx->flat_grads == NULL;
+        if (bytes_cfg.backend == DDP_BACKEND_NCCL) {
+            int dev = -1;
+            if (cudaGetDevice(&dev) == cudaSuccess) o->device = fakegpu_device_bytes(dev);
+        }
+    }
+    pthread_barrier_wait(&bytes_barrier);   /* every rank's allocations are made: the heap is read once, by rank 0 */
+    if (self->rank == 0) heap_before = __atomic_load_n(&heap_live, __ATOMIC_SEQ_CST) - heap_before;
+    pthread_barrier_wait(&bytes_barrier);
+    if (o->r != DDP_OK && ctx) snprintf(o->err, sizeof o->err, "%s", ddp_last_error(ctx));
+    ddp_shutdown(ctx);
+}
+
+static void test_bytes_per_parameter(ddp_backend backend, ddp_dtype reduce, int world) {
+    void *shared[1] = { (void *)bytes_rank };
+    test_rank ranks[2];
+    char name[128];
+    double per, extra;
+    int ok;
+    memset(bytes_res, 0, sizeof bytes_res);
+    bytes_cfg.backend = backend; bytes_cfg.reduce = reduce;
+    fakegpu_reset();
+    heap_before = __atomic_load_n(&heap_live, __ATOMIC_SEQ_CST);
+    pthread_barrier_init(&bytes_barrier, NULL, (unsigned)world);
+    test_run_ranks(world, shared, ranks);
+    pthread_barrier_destroy(&bytes_barrier);
+    snprintf(name, sizeof name, "bf16_params_16_bytes_per_parameter_%s_%s_reduce_%d_ranks",
+             backend == DDP_BACKEND_NCCL ? "nccl_fake" : "cpu", reduce == DDP_DTYPE_FP32 ? "fp32" : "bf16", world);
+    if (bytes_res[0].r != DDP_OK || (world > 1 && bytes_res[1].r != DDP_OK)) {
+        verdict(0, name, "%s / %s", bytes_res[0].err, bytes_res[1].err);
+        return;
+    }
+    /* heap_before now holds what the ranks' contexts allocated, all ranks together */
+    if (backend == DDP_BACKEND_NCCL) {
+        /* device memory: master 4 + working copy 2 + gradient 2 + m, v 8; fp32 reduce on several ranks:
+           one bucket's floats to reduce in (the largest bucket), not a whole model's */
+        extra = reduce == DDP_DTYPE_FP32 && world > 1 ? 4.0 * (double)bytes_res[0].largest : 0;
+        per = ((double)bytes_res[0].device - extra) / (double)bytes_res[0].count;
+        ok = per >= 16 && per < 16.01 && bytes_res[0].no_fp32;
+        verdict(ok, name, "%.4f device bytes a parameter besides %.0f bytes of one bucket (want 16, the fp32 staging made it 20), "
+                "no fp32 gradients %d", per, extra, bytes_res[0].no_fp32);
+    } else {
+        /* ddp.h's heap (master, working copy, m, v; one rank: the gradients too) and the segment's share; a
+           context's fixed ~20 KB (the norm's block sums, the tape, the store's buffers) is under 0.05 B a parameter */
+        per = ((double)heap_before / world + (double)bytes_res[0].segment) / (double)bytes_res[0].count;
+        ok = per >= 16 && per < 16.05 && bytes_res[0].no_fp32 && (world == 1 || bytes_res[0].segment >= 2 * bytes_res[0].count);
+        verdict(ok, name, "%.4f bytes a parameter (heap %zu of all ranks, segment %zu a rank; want 16, the fp32 staging made "
+                "it 20), no fp32 gradients %d", per, heap_before, bytes_res[0].segment, bytes_res[0].no_fp32);
+    }
+}
+
 /* After a sharded run: every rank holds the master of its parts only (its allocation's size, by
    the manual's rule), and its refused host copies were named. */
 static void held_and_refusals(const char *backend, int k, int world) {
@@ -539,6 +758,11 @@ int main(void) {
     char name[128], path[128];
     int world, k, shard;
     test_bad_input();
+    for (k = 0; k < 2; k++)
+        for (world = 1; world <= 2; world++) {
+            test_bytes_per_parameter(DDP_BACKEND_CPU, reduces[k], world);
+            test_bytes_per_parameter(DDP_BACKEND_NCCL, reduces[k], world);
+        }
 
     /* the reference, CPU backend; then the NCCL backend (fake GPU) against the CPU bits */
     for (k = 0; k < 2; k++)
@@ -556,7 +780,7 @@ int main(void) {
                 memset(&cpu, 0, sizeof cpu);
                 if (shard) {   /* sharded CPU: the same bits as unsharded (sharded, the gradients outside a rank's part are not averaged) */
                     cfg.backend = DDP_BACKEND_CPU;
-                    ok = run(world) && same_bits(&cpu_unsharded, world == 1);
+                    ok = run(world) && same_bits(&cpu_unsharded, 1) && res[0].grads_copy_ok;   /* gradients: gathered */
                     snprintf(name, sizeof name, "bf16_params_sharded_cpu_equals_unsharded_%s_reduce_%d_ranks", k ? "fp32" : "bf16", world);
                     verdict(ok, name, "master, working copies or norms differ");
                     if (ok) held_and_refusals("cpu", k, world);
@@ -564,7 +788,7 @@ int main(void) {
                     want = &cpu;
                 }
                 cfg.backend = DDP_BACKEND_NCCL;
-                ok = run(world) && same_bits(want, !shard || world == 1);
+                ok = run(world) && same_bits(want, 1) && res[0].grads_copy_ok;
                 snprintf(name, sizeof name, "bf16_params_nccl_fake_equals_cpu_%s_reduce_%s_%d_ranks", k ? "fp32" : "bf16",
                          shard ? "sharded" : "unsharded", world);
                 verdict(ok, name, "master, working copies, bf16 gradients or norms differ from the CPU backend's");
@@ -599,6 +823,31 @@ int main(void) {
         verdict(ok, name, "the NCCL backend's bits differ from the CPU backend's");
         drop(&cpu);
     }
+    for (world = 2; world <= MAX_WORLD; world++) {
+        test_join(world, DDP_JOIN_DIVIDE_BY_ACTIVE);
+        test_join(world, DDP_JOIN_DIVIDE_BY_WORLD);
+    }
+
+    /* the staging-slot path (DDP_STAGED_GRADS=1: no gradient segment) gives the in-place bits */
+    for (world = 2; world <= MAX_WORLD; world++)
+        for (k = 0; k < 2; k++)
+            for (shard = 0; shard < 2; shard++) {
+                snapshot in_place;
+                int ok, seg;
+                memset(&cfg, 0, sizeof cfg);
+                cfg.backend = DDP_BACKEND_CPU; cfg.reduce = reduces[k]; cfg.micro = 1; cfg.shard = shard;
+                snprintf(name, sizeof name, "bf16_params_staged_grads_equals_in_place_%s_reduce_%s_%d_ranks", k ? "fp32" : "bf16",
+                         shard ? "sharded" : "unsharded", world);
+                if (!run(world)) { verdict(0, name, "the in-place run failed"); continue; }
+                seg = res[0].in_segment && res[0].no_fp32_grads;
+                keep(&in_place);
+                setenv("DDP_STAGED_GRADS", "1", 1);
+                ok = run(world) && same_bits(&in_place, 1);   /* sharded: the gradients gathered */
+                unsetenv("DDP_STAGED_GRADS");
+                verdict(ok && seg && !res[0].in_segment && res[0].no_fp32_grads, name, "same bits %d, in-place run in the "
+                        "segment %d, staged run in it %d, no fp32 gradients %d", ok, seg, res[0].in_segment, res[0].no_fp32_grads);
+                drop(&in_place);
+            }
     {
         char tl[128];
         FILE *f;

@@ -53,6 +53,8 @@
 #include <string.h>
 
 #ifdef GPT_CUDA_EMULATE
+#define DDP_KERNELS_BF16_ONLY   /* the bf16 rounding only: no CUDA headers here */
+#include "../../ddp_kernels.cuh"
 #define GC_HD
 typedef void *gc_stream;
 typedef void *gc_blas;
@@ -60,6 +62,7 @@ typedef int gc_event;
 #else
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
+#include "../../ddp_kernels.cuh"   /* ddp.h compiled by nvcc has it already: its bf16 rounding */
 #define GC_HD __host__ __device__
 typedef cudaStream_t gc_stream;
 typedef cublasHandle_t gc_blas;
@@ -179,40 +182,18 @@ template <class Op> static void gc_for_each(gc_stream s, const Op &op, size_t n,
 #define GC_FOR_EACH(m, op, n) gc_for_each((m)->stream, (op), (n), "the kernel launch of '" #op "'", __FILE__, __LINE__)
 
 /* ---------------------------------------------------------------------------------------------
-   bf16 (--bf16): the upper 16 bits of a float, rounded to nearest even (NaN stays a quiet NaN),
-   written out so that the GPU, the emulation and ddp.h give the same bits. gc_ld widens a
-   stored value to float, gc_put rounds a float into storage: the kernels' bodies use them for
-   every activation, parameter and gradient, so one body serves fp32 (identity) and bf16.
+   bf16 (--bf16): the upper 16 bits of a float, rounded to nearest even (NaN stays a quiet NaN):
+   ddp_kernels.cuh's own rounding (ddp_k__to_bf16, ddp_k__from_bf16, __host__ __device__), so
+   the GPU, the emulation and ddp.h give the same bits. gc_ld widens a stored value to float,
+   gc_put rounds a float into storage: the kernels' bodies use them for every activation,
+   parameter and gradient, so one body serves fp32 (identity) and bf16.
    --------------------------------------------------------------------------------------------- */
 typedef uint16_t gc_bf16;
 
-static GC_HD inline uint32_t gc_float_bits(float f) {
-#ifdef __CUDA_ARCH__
-    return __float_as_uint(f);
-#else
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-#endif
-}
-static GC_HD inline float gc_bits_float(uint32_t u) {
-#ifdef __CUDA_ARCH__
-    return __uint_as_float(u);
-#else
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-#endif
-}
-static GC_HD inline gc_bf16 gc_to_bf16(float f) {
-    uint32_t u = gc_float_bits(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (gc_bf16)((u >> 16) | 0x40u);
-    return (gc_bf16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
 static GC_HD inline float gc_ld(float v) { return v; }
-static GC_HD inline float gc_ld(gc_bf16 h) { return gc_bits_float((uint32_t)h << 16); }
+static GC_HD inline float gc_ld(gc_bf16 h) { return ddp_k__from_bf16(h); }
 static GC_HD inline void gc_put(float *p, float v) { *p = v; }
-static GC_HD inline void gc_put(gc_bf16 *p, float v) { *p = gc_to_bf16(v); }
+static GC_HD inline void gc_put(gc_bf16 *p, float v) { *p = ddp_k__to_bf16(v); }
 /* ---------------------------------------------------------------------------------------------
    The model's state.
    --------------------------------------------------------------------------------------------- */
@@ -702,7 +683,7 @@ struct gc_mean_loss {
 struct gc_round_bf16 {
     const float *src;
     gc_bf16 *dst;
-    GC_HD void operator()(size_t i) const { dst[i] = gc_to_bf16(src[i]); }
+    GC_HD void operator()(size_t i) const { dst[i] = ddp_k__to_bf16(src[i]); }
 };
 struct gc_widen_bf16 {
     const gc_bf16 *src;

@@ -64,6 +64,17 @@ extern "C" cudaError_t ddp_k_norm_blocks(const float *x, size_t n, size_t grain,
     return cudaGetLastError();
 }
 
+extern "C" cudaError_t ddp_k_norm_blocks_bf16(const uint16_t *x, size_t n, size_t grain, double *out, cudaStream_t stream) {
+    size_t blocks = grain ? (n + grain - 1) / grain : 0, k;
+    const void *p[2] = { x, out };
+    size_t b[2] = { n * sizeof(uint16_t), blocks * sizeof(double) };
+    cudaError_t e;
+    if (blocks == 0) { forget_not_ready(); return cudaSuccess; }
+    if ((e = launch(stream, "ddp_k_norm_blocks_bf16", 0, 2, p, b)) != cudaSuccess) return e;
+    for (k = 0; k < blocks; k++) out[k] = ddp_k__block_squares(x + k * grain, n - k * grain < grain ? n - k * grain : grain);
+    return cudaGetLastError();
+}
+
 extern "C" cudaError_t ddp_k_sum_doubles(const double *x, size_t n, double *out, cudaStream_t stream) {
     const void *p[2] = { x, out };
     size_t b[2] = { n * sizeof(double), sizeof(double) }, i;
@@ -99,12 +110,12 @@ extern "C" cudaError_t ddp_k_adamw(float *p, const float *g, float *m, float *v,
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t ddp_k_adamw_bf16(float *p, uint16_t *w, const float *g, float *m, float *v, size_t n,
+extern "C" cudaError_t ddp_k_adamw_bf16(float *p, uint16_t *w, const uint16_t *g, float *m, float *v, size_t n,
                                         const unsigned char *no_decay, float lr, float beta1, float beta2, float eps,
                                         float weight_decay, ddp_k_adamw_state *state, cudaStream_t stream) {
     size_t fb = n * sizeof(float), i;
     const void *ptr[7] = { p, g, m, v, state, no_decay, w };
-    size_t b[7] = { fb, fb, fb, fb, sizeof *state, no_decay ? (n + DDP_K_MASK_GROUP - 1) / DDP_K_MASK_GROUP : 0,
+    size_t b[7] = { fb, n * sizeof(uint16_t), fb, fb, sizeof *state, no_decay ? (n + DDP_K_MASK_GROUP - 1) / DDP_K_MASK_GROUP : 0,
                     n * sizeof(uint16_t) };
     ddp_k__adamw_consts c = ddp_k__adamw_make_consts(lr, beta1, beta2, eps, weight_decay);
     cudaError_t e;
@@ -113,8 +124,8 @@ extern "C" cudaError_t ddp_k_adamw_bf16(float *p, uint16_t *w, const float *g, f
     if (state->skip) return cudaGetLastError();
     for (i = 0; i < n; i++) {   /* the kernel's element function, in any order (elements are independent) */
         state->diverged += w[i] != ddp_k__to_bf16(p[i]);
-        ddp_k__adamw_one(p[i], g[i], m[i], v[i], ddp_k__decay_on(no_decay, i), c, state->clip, state->step_size,
-                         state->bc2_sqrt);
+        ddp_k__adamw_one(p[i], ddp_k__from_bf16(g[i]), m[i], v[i], ddp_k__decay_on(no_decay, i), c, state->clip,
+                         state->step_size, state->bc2_sqrt);
         w[i] = ddp_k__to_bf16(p[i]);
     }
     return cudaGetLastError();
@@ -137,6 +148,16 @@ extern "C" cudaError_t ddp_k_scale(float *x, size_t n, float factor, cudaStream_
     if (n == 0) { forget_not_ready(); return cudaSuccess; }
     if ((e = launch(stream, "ddp_k_scale", 0, 1, p, b)) != cudaSuccess) return e;
     for (i = 0; i < n; i++) x[i] *= factor;
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t ddp_k_scale_bf16(uint16_t *x, size_t n, float factor, cudaStream_t stream) {
+    const void *p[1] = { x };
+    size_t b[1] = { n * sizeof(uint16_t) }, i;
+    cudaError_t e;
+    if (n == 0) { forget_not_ready(); return cudaSuccess; }
+    if ((e = launch(stream, "ddp_k_scale_bf16", 0, 1, p, b)) != cudaSuccess) return e;
+    for (i = 0; i < n; i++) x[i] = ddp_k__to_bf16(ddp_k__mul(ddp_k__from_bf16(x[i]), factor));
     return cudaGetLastError();
 }
 

@@ -9,6 +9,6 @@
 /^\/\* ---- launchers ---- \*\//                            { launchers = 1 }
 /^#ifdef DDP_KERNELS_HOST_REFERENCE/                       { launchers = 0 }
 launchers                                                  { next }
-/^static __global__|^static __device__/                    { skip = 1 }
+/^(template <[^>]*> )?static __global__|^static __device__/ { skip = 1 }
 skip                                                       { if ($0 ~ /^}/) skip = 0; next }
                                                            { print }

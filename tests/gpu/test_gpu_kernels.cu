@@ -75,30 +75,36 @@ static void test_norm(void) {
     cudaFree(d); cudaFree(partials); cudaFree(d_out); free(h);
 }
 
-/* ddp.h's norm on the device: the blocks (ddp_k_norm_blocks) against ddp__sum_squares per
-   block, and their total (ddp_k_sum_doubles) against ddp__norm_sum, bit for bit; grains 1024
-   (ddp.h's) and 7 (every tail length of the 8 lanes), an unaligned start, a part of a block. */
-static void test_norm_blocks(void) {
+/* ddp.h's norm on the device: the blocks (ddp_k_norm_blocks, and ddp_k_norm_blocks_bf16 of the
+   same values rounded to bf16) against ddp__sum_squares (ddp__sum_squares_bf16) per block, and
+   their total (ddp_k_sum_doubles) against ddp__norm_sum, bit for bit; grains 1024 (ddp.h's) and
+   7 (every tail length of the 8 lanes), an unaligned start, a part of a block. */
+static void test_norm_blocks(int bf16) {
     const size_t n = 3000011, grains[2] = { 1024, 7 };
     float *h = (float *)malloc(n * 4), *d;
+    ddp_bf16 *h16 = (ddp_bf16 *)malloc(n * 2), *d16;
     double *sums = (double *)malloc((n / 7 + 2) * sizeof(double)), *d_sums, *d_total, total;
     size_t i, k, bad = 0, first_bad = 0;
     int g;
     for (i = 0; i < n; i++) h[i] = test_value(11, i) * (i % 13 == 0 ? 1e4f : i % 5 == 0 ? 1e-3f : 1.0f);
+    for (i = 0; i < n; i++) h16[i] = ddp__to_bf16(h[i]);
     CK(cudaMalloc((void **)&d, n * 4));
+    CK(cudaMalloc((void **)&d16, n * 2));
     CK(cudaMalloc((void **)&d_sums, (n / 7 + 2) * sizeof(double)));
     CK(cudaMalloc((void **)&d_total, sizeof(double)));
     CK(cudaMemcpy(d, h, n * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d16, h16, n * 2, cudaMemcpyHostToDevice));
     for (g = 0; g < 2; g++) {
         for (k = 0; k < 3; k++) {   /* the whole buffer; from element 1; a count below one block */
             size_t at = k == 1 ? 1 : 0, count = k == 2 ? grains[g] - 1 : n - at, blocks = (count + grains[g] - 1) / grains[g];
-            CK(ddp_k_norm_blocks(d + at, count, grains[g], d_sums, 0));
+            if (bf16) CK(ddp_k_norm_blocks_bf16(d16 + at, count, grains[g], d_sums, 0));
+            else CK(ddp_k_norm_blocks(d + at, count, grains[g], d_sums, 0));
             CK(ddp_k_sum_doubles(d_sums, blocks, d_total, 0));
             CK(cudaMemcpy(sums, d_sums, blocks * sizeof(double), cudaMemcpyDeviceToHost));
             CK(cudaMemcpy(&total, d_total, sizeof(double), cudaMemcpyDeviceToHost));
             for (i = 0; i < blocks; i++) {
                 size_t len = count - i * grains[g] < grains[g] ? count - i * grains[g] : grains[g];
-                double want = ddp__sum_squares(h + at + i * grains[g], len);
+                double want = bf16 ? ddp__sum_squares_bf16(h16 + at + i * grains[g], len) : ddp__sum_squares(h + at + i * grains[g], len);
                 if (memcmp(&want, &sums[i], sizeof want)) { if (!bad) first_bad = i; bad++; }
             }
             {
@@ -110,9 +116,9 @@ static void test_norm_blocks(void) {
             }
         }
     }
-    verdict(bad == 0, "gpu_norm_blocks_and_total_equal_cpu_bitwise", "%zu mismatches, first at block %zd", bad,
-            (ssize_t)first_bad);
-    cudaFree(d); cudaFree(d_sums); cudaFree(d_total); free(h); free(sums);
+    verdict(bad == 0, bf16 ? "gpu_norm_blocks_bf16_and_total_equal_cpu_bitwise" : "gpu_norm_blocks_and_total_equal_cpu_bitwise",
+            "%zu mismatches, first at block %zd", bad, (ssize_t)first_bad);
+    cudaFree(d); cudaFree(d16); cudaFree(d_sums); cudaFree(d_total); free(h); free(h16); free(sums);
 }
 
 /* AdamW: N0 elements with decay then N1 without (a 16-aligned boundary, as ddp.h lays out). */
@@ -236,7 +242,8 @@ int main(void) {
     test_adamw(1);
     test_adamw_skip();
     test_norm();
-    test_norm_blocks();
+    test_norm_blocks(0);
+    test_norm_blocks(1);
     test_casts();
     return test_summary("test_gpu_kernels");
 }
