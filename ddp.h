@@ -306,6 +306,12 @@
              their hosts); on a failure while this rank waits in MPI it logs the named error, waits
              0.5 s so the peers log theirs, and calls MPI_Abort (the one case where ddp.h ends the
              program). Not yet: reduce_dtype bf16, param_dtype bf16 (refused at init).
+             Over TCP (Open MPI's btl tcp): where ddp.h initializes MPI it sets the Open MPI
+             parameters that mpirun --mca / OMPI_MCA_* left unset: btl_tcp_eager_limit,
+             btl_tcp_rndv_eager_limit and btl_tcp_max_send_size 1 MiB, btl_tcp_links 2,
+             mpi_yield_when_idle 1 (why: README.md, "The MPI backend over TCP"; DDP_MPI_TUNE=0:
+             none). A rank bound to one CPU (mpirun's default for <= 2 ranks a host) is warned:
+             start with --bind-to none, or several CPUs a rank.
 
    ENVIRONMENT (first match wins)
      torchrun style  RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
@@ -318,6 +324,7 @@
      DDP_TIMEOUT     seconds, see timeout_s
      DDP_SHARD_OPTIMIZER=0|1  shard_optimizer when the descriptor leaves it 0
      DDP_MPI_FLAT=1  (MPI backend, the same on every rank) every rank in MPI, no host groups
+    DDP_MPI_TUNE=0  (MPI backend, the same on every rank) keep Open MPI's TCP defaults (BACKENDS)
      DDP_STAGED_GRADS=1  (CPU backend, read by rank 0) gradient buckets through the staging
                      slots instead of in place through the shared gradient segment: the same
                      bits, slower; for comparisons
