@@ -4,7 +4,7 @@
 # 1 and 2 ranks per host (2 ranks: hierarchical, shared memory inside the host, one leader each
 # across), links shaped by tbf to each --rates value.
 #
-#   bench/scaling_hosts.sh [BUILD_DIR] [--rates "1gbit 10gbit"] [--per-host "1 2"] [--steps 30] [--no-write]
+#   bench/scaling_hosts.sh [BUILD_DIR] [--rates "1gbit 10gbit"] [--per-host "1 2"] [--steps 60] [--no-write]
 #
 # For each ranks-per-host G: one run on unshaped links (the base: compute, each bucket's ready
 # time), then one run per rate, each with DDP_TIMELINE. The model sees the base trace and a fabric
@@ -14,8 +14,9 @@
 # run's own trace, its measured communication and wait taken out (only the model of the
 # communication is tested, not the compute of another run). Errors against the measured step and
 # exposed communication (scaling.py's median over the steps after the first) of the shaped run.
-# One more run at 1 Gbit/s with tbf's queue cut from 50 ms to 5 ms and the smallest burst
-# (DDP_HOSTS_TBF_LATENCY, DDP_HOSTS_TBF_BURST): whether the shaper's settings matter.
+# Each rate twice: with tools/hosts.sh's shaping (a burst of 4 ms at the rate, 50 ms of queue)
+# and with the smallest burst (32 KiB) and 5 ms of queue (DDP_HOSTS_TBF_BURST, _LATENCY): a burst
+# of 4 ms is 0.5 MB at 1 Gbit/s, as much as a bucket, which then crosses the link at no cost.
 # Results replace the section between <!-- scaling-hosts:begin --> and <!-- scaling-hosts:end -->
 # of bench/RESULTS.md (unless --no-write). A SKIP line where mpirun, the MPI build or the
 # namespaces are missing.
@@ -25,7 +26,7 @@ B=build
 [ $# -gt 0 ] && [ "${1#-}" = "$1" ] && { B=$1; shift; }
 RATES="1gbit 10gbit"
 PER_HOST="1 2"
-STEPS=30
+STEPS=60
 BUCKET_MB=0.5
 WRITE=1
 CMDLINE="bench/scaling_hosts.sh${*:+ $*}"
@@ -68,17 +69,17 @@ for g in $PER_HOST; do
     read -r bstep bcomm bexp < <(measured "$tmp/base$g.json")
     echo "2 hosts x $g: unshaped base: step $bstep ms, comm $bcomm ms, exposed $bexp ms"
     echo "| 2 x $g | unshaped (base) | $bstep ($bexp) | $bcomm | | | | | |" >>"$rows"
-    settings=$RATES
-    [ "$g" = 1 ] && case " $RATES " in *" 1gbit "*) settings="$settings 1gbit:tight" ;; esac
+    settings=""
+    for rate in $RATES; do settings="$settings $rate $rate:tight"; done
     for s in $settings; do
         rate=${s%%:*}
         if [ "$s" != "$rate" ]; then
             "$H" down >/dev/null   # `up` at the same rate would keep the usual shaping
             DDP_HOSTS_TBF_LATENCY=5ms DDP_HOSTS_TBF_BURST=0 "$H" up 2 --rate "$rate" >/dev/null || exit 1
-            label="$rate, tbf queue 5 ms, burst 32 KiB"
+            label="$rate, tbf burst 32 KiB, queue 5 ms"
         else
             "$H" up 2 --rate "$rate" >/dev/null || exit 1
-            label="$rate (tbf queue 50 ms, burst 4 ms)"
+            label="$rate, tbf burst 4 ms, queue 50 ms"
         fi
         gpt "$tmp/run.json" "$g"
         read -r mstep mcomm mexp < <(measured "$tmp/run.json")
