@@ -74,6 +74,20 @@ for p in test_collectives test_gpt; do
     else fail "mpi_2hosts_x2_${p#test_}" "exit $rc: $(grep '^FAIL' "$tmp/$p.log" | head -n 3; tail -n 3 "$tmp/$p.log")"; fi
 done
 
+# 2b. Ranks bound to one CPU each (mpirun --bind-to core, its default for 2 ranks or fewer a host)
+#     are warned by name on every rank; the runs above (--bind-to none) are not.
+DDP_LOG=warn mpi h1:1,h2:1 $((60 * SLOW)) --bind-to core "$M/mpi_steps" 1 >"$tmp/bound.log" 2>&1
+rc=$?
+why=""
+for r in 0 1; do
+    grep -q "^ddp rank $r warning: rank $r is bound to one CPU of [0-9]* .*--bind-to none" "$tmp/bound.log" || why="$why; rank $r not warned"
+done
+[ $rc -eq 0 ] || why="$why; exit status $rc"
+grep -q "is bound to one CPU" "$tmp/eq0.log" "$tmp/test_collectives.log" && why="$why; an unbound run was warned"
+if [ "$(nproc)" -lt 2 ]; then echo "SKIP mpi_rank_bound_to_one_cpu_warned: one CPU"
+elif [ -z "$why" ]; then pass mpi_rank_bound_to_one_cpu_warned_by_name_on_every_rank
+else fail mpi_rank_bound_to_one_cpu_warned_by_name_on_every_rank "${why#; }: $(head -c 400 "$tmp/bound.log")"; fi
+
 # 3. ddprun --nnodes 2 with an MPI build: no MPI launcher, so every rank says so at once.
 port=$((port + 1))
 t0=$(now)
