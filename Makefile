@@ -235,6 +235,7 @@ bench: bench-deps $(B)/ddprun $(B)/bench_allreduce $(B)/copy_bw $(B)/bench_overl
 	@bench/overlap.sh
 	@bench/bench_gpt.sh $(B)
 	@bench/mpi_hosts.sh $(B)
+	@bench/scaling_hosts.sh $(B)
 
 # What the side-by-side comparisons run against: Open MPI and PyTorch's gloo (Debian's packages;
 # without apt-get, or when it fails, the comparison skips them with a note).

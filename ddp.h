@@ -324,6 +324,12 @@
              their hosts); on a failure while this rank waits in MPI it logs the named error, waits
              0.5 s so the peers log theirs, and calls MPI_Abort (the one case where ddp.h ends the
              program). Not yet: reduce_dtype bf16, param_dtype bf16 (refused at init).
+             Over TCP (Open MPI's btl tcp): where ddp.h initializes MPI it sets the Open MPI
+             parameters that mpirun --mca / OMPI_MCA_* left unset: btl_tcp_eager_limit,
+             btl_tcp_rndv_eager_limit and btl_tcp_max_send_size 1 MiB, btl_tcp_links 2,
+             mpi_yield_when_idle 1 (why: README.md, "The MPI backend over TCP"; DDP_MPI_TUNE=0:
+             none). A rank bound to one CPU (mpirun's default for <= 2 ranks a host) is warned:
+             start with --bind-to none, or several CPUs a rank.
 
    ENVIRONMENT (first match wins)
      torchrun style  RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
@@ -336,6 +342,7 @@
      DDP_TIMEOUT     seconds, see timeout_s
      DDP_SHARD_OPTIMIZER=0|1  shard_optimizer when the descriptor leaves it 0
      DDP_MPI_FLAT=1  (MPI backend, the same on every rank) every rank in MPI, no host groups
+    DDP_MPI_TUNE=0  (MPI backend, the same on every rank) keep Open MPI's TCP defaults (BACKENDS)
      DDP_STAGED_GRADS=1  (CPU backend, read by rank 0) gradient buckets through the staging
                      slots instead of in place through the shared gradient segment: the same
                      bits, slower; for comparisons
@@ -4539,6 +4546,7 @@ static void *ddp__mpi_watchdog_main(void *arg) {
 static void *ddp__mpi_comm_main(void *arg) {
     ddp_context *ctx = (ddp_context *)arg;
     ddp__mpi *m = ctx->mpi;
+    ddp__comm_thread_short_slice();
     pthread_mutex_lock(&m->lock);
     for (;;) {
         int index;
@@ -4605,6 +4613,40 @@ static ddp_result ddp__mpi_host_up(ddp_context *ctx) {
     return r;
 }
 
+/* Open MPI's defaults for TCP, set where ddp.h starts MPI and neither mpirun --mca nor an
+   OMPI_MCA_ variable chose them (the same on every rank: receivers size eager buffers by it).
+   Measured on 1 Gbit/s links (bench/RESULTS.md, "MPI backend across 2 hosts"): the 64 KiB eager
+   limit costs a rendezvous round trip per message of a 1 MiB bucket; one TCP connection per
+   peer carrying both directions of the exchange falls to half duplex when a rank waits for a
+   CPU (two connections keep both directions busy); busy polling takes the CPU that backward and
+   the peer need while the communication thread waits. */
+static void ddp__mpi_tcp_defaults(void) {
+    static const char *const set[][2] = {
+        {"OMPI_MCA_btl_tcp_eager_limit", "1048576"}, {"OMPI_MCA_btl_tcp_rndv_eager_limit", "1048576"},
+        {"OMPI_MCA_btl_tcp_max_send_size", "1048576"}, {"OMPI_MCA_btl_tcp_links", "2"},
+        {"OMPI_MCA_mpi_yield_when_idle", "1"}};
+    size_t i;
+    const char *no = getenv("DDP_MPI_TUNE");
+    if (no && !strcmp(no, "0")) return;
+    for (i = 0; i < sizeof set / sizeof set[0]; i++) setenv(set[i][0], set[i][1], 0);
+}
+
+/* A rank bound to one CPU (Open MPI binds to a core when there are 2 ranks or fewer) runs
+   backward, the communication thread and MPI's progress on that one CPU: overlap cannot pay. */
+static void ddp__mpi_check_binding(ddp_context *ctx) {
+#if defined(__linux__) && defined(CPU_COUNT)
+    cpu_set_t set;
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    CPU_ZERO(&set);
+    if (online > 1 && sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) == 1)
+        ddp__log(ctx, DDP_LOG_WARN, "rank %d is bound to one CPU of %ld (mpirun binds to a core by default): backward, "
+                 "the communication thread and MPI's progress share it; start with mpirun --bind-to none, or give each "
+                 "rank several (--map-by ppr:N:node:PE=K)", ctx->rank, online);
+#else
+    (void)ctx;
+#endif
+}
+
 /* MPI up (ours, or the program's), with the thread level the backend needs. */
 static ddp_result ddp__mpi_start(ddp_context *ctx) {
     int init = 0, fin = 0, provided = 0, size = 0, me = -1;
@@ -4617,6 +4659,7 @@ static ddp_result ddp__mpi_start(ddp_context *ctx) {
                          "PMI_RANK): ddprun --nnodes starts ranks that MPI cannot connect (Open MPI's singletons do not "
                          "support MPI_Comm_join); use mpirun -H host1:N,host2:N");
     if (!init) {
+        ddp__mpi_tcp_defaults();
         if (MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
             return ddp__fail(ctx, DDP_ERR_BACKEND, "MPI_Init_thread failed");
         ddp__mpi_owned = 1;
@@ -4709,6 +4752,7 @@ static ddp_result ddp__mpi_setup(ddp_context *ctx, double deadline) {
     pthread_cond_init(&m->comm_done_cond, NULL);
     pthread_cond_init(&m->watchdog_wake, NULL);
     if ((r = ddp__mpi_start(ctx)) != DDP_OK) return r;
+    ddp__mpi_check_binding(ctx);
     if ((r = ddp__store_connect_as(ctx, deadline, -1, &m->watch_fd)) != DDP_OK) return r;
     if (pthread_create(&m->watchdog, NULL, ddp__mpi_watchdog_main, ctx))
         return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot start the MPI watchdog thread");

@@ -3,9 +3,10 @@
 #
 #   bench/mpi_hosts.sh [BUILD_DIR] [--rates "1gbit 10gbit"] [--sizes 1M,25M,256M] [--steps 30] [--no-write]
 #
-# For each link rate, with 2 hosts x 1 rank started by mpirun (btl tcp, the hosts' eth0):
+# For each link rate, with 2 hosts x 1 rank started by mpirun (btl tcp, the hosts' eth0,
+# --bind-to none):
 #   allreduce  build/mpi/bench_allreduce (ddp_allreduce: the MPI backend's inter-host sum, fixed
-#              order) against build/mpi_allreduce (Open MPI's MPI_Allreduce, default settings) and
+#              order; again with DDP_MPI_TUNE=0: without ddp.h's Open MPI defaults) against build/mpi_allreduce (Open MPI's MPI_Allreduce, default settings) and
 #              torch's gloo (bench/gloo_allreduce.py, one rank per host; a SKIP line without
 #              torch); busbw = bytes / time * 2(N-1)/N, next to the link's rate;
 #   gpt        build/mpi/train_gpt, the tiny GPT's step with overlap (default buckets) and without
@@ -33,22 +34,18 @@ while [ $# -gt 0 ]; do
     *) echo "usage: $0 [BUILD_DIR] [--rates R] [--sizes S] [--steps N] [--no-write]" >&2; exit 2 ;;
     esac
 done
-H=$PWD/tools/hosts.sh
-export DDP_HOSTS_PREFIX=bm$(($$ % 100000))
+. tests/lib.sh
 command -v mpirun >/dev/null || { echo "SKIP mpi_hosts bench: no mpirun"; exit 0; }
-why=$("$H" check) || { echo "SKIP mpi_hosts bench: $why"; exit 0; }
+[ -n "$(command -v mpicc)" ] || { echo "SKIP mpi_hosts bench: no mpicc"; exit 0; }
 make --no-print-directory B="$B" "$B/mpi/bench_allreduce" "$B/mpi/train_gpt" "$B/fortunes.txt" >/dev/null || exit 1
 [ -x "$B/mpi_allreduce" ] && [ "$B/mpi_allreduce" -nt bench/mpi_allreduce.c ] ||
     mpicc -std=c99 -O3 -march=native -o "$B/mpi_allreduce" bench/mpi_allreduce.c || exit 1
-tmp=$(mktemp -d)
-trap '"$H" down >/dev/null 2>&1; rm -rf "$tmp"' EXIT
+hosts_begin "mpi_hosts bench" bm 2
 out=$tmp/section.md
 port=29950
 mpi2() {
     port=$((port + 1))
-    MASTER_ADDR=$A1 MASTER_PORT=$port DDP_JOB_TOKEN=0123456789abcdef0123456789abcdef timeout 600 "$H" exec h1 \
-        mpirun --allow-run-as-root -H h1:1,h2:1 --mca plm_rsh_agent "$H agent" --mca oob_tcp_if_include eth0 \
-        --mca btl tcp,self --mca btl_tcp_if_include eth0 -x MASTER_ADDR -x MASTER_PORT -x DDP_JOB_TOKEN "$@"
+    hosts_mpirun h1:1,h2:1 600 "$port" --mca btl tcp,self --mca btl_tcp_if_include eth0 "$@"
 }
 gbps() { case $1 in *gbit) echo "${1%gbit}" ;; *mbit) awk -v m="${1%mbit}" 'BEGIN { print m / 1000 }' ;; esac; }
 
@@ -57,8 +54,11 @@ echo "## MPI backend across 2 hosts (namespace hosts, tbf-shaped links)"
 echo
 echo "\`$CMDLINE\` on $(date -u +%Y-%m-%d), $(nproc) CPUs shared by both hosts (one kernel: the"
 echo "\"link\" is a veth pair through a bridge, shaped by tbf both ways; no latency is added). 2 hosts x"
-echo "1 rank, mpirun with btl tcp. busbw = bytes / time x 2(N-1)/N in GB/s; the link's rate in GB/s is"
-echo "the ceiling."
+echo "1 rank, mpirun with btl tcp and --bind-to none (tests/lib.sh's hosts_mpirun: the hosts share this"
+echo "machine's cores). ddp.h: its Open MPI TCP defaults (the manual's BACKENDS, mpi); DDP_MPI_TUNE=0: without"
+echo "them; MPI_Allreduce: Open MPI's defaults. busbw = bytes / time x 2(N-1)/N in GB/s; the link's rate in"
+echo "GB/s is the ceiling; ddp.h / link bound: its time over 2(N-1)/N x bytes / rate. Load average at the"
+echo "start: $(cut -d' ' -f1-3 /proc/loadavg)."
 } >"$out"
 
 for rate in $RATES; do
@@ -68,6 +68,7 @@ for rate in $RATES; do
     G=$(gbps "$rate")
     echo "== $rate"
     mpi2 "$B/mpi/bench_allreduce" --sizes "$SIZES" --target-s 1 2>&1 | grep '^allreduce' >"$tmp/ddp.txt"
+    mpi2 -x DDP_MPI_TUNE=0 "$B/mpi/bench_allreduce" --sizes "$SIZES" --target-s 1 2>&1 | grep '^allreduce' >"$tmp/ddp0.txt"
     mpi2 "$B/mpi_allreduce" --sizes "$SIZES" --target-s 1 2>&1 | grep '^allreduce' >"$tmp/mpi.txt"
     : >"$tmp/gloo.txt"
     if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
@@ -80,21 +81,23 @@ for rate in $RATES; do
         wait
         grep '^allreduce' "$tmp/gloo0.txt" >"$tmp/gloo.txt"
     fi
-    cat "$tmp/ddp.txt" "$tmp/mpi.txt" "$tmp/gloo.txt"
+    cat "$tmp/ddp.txt" "$tmp/ddp0.txt" "$tmp/mpi.txt" "$tmp/gloo.txt"
     {
         echo
         echo "### Link $rate (at most $(awk -v g="$G" 'BEGIN { printf "%.3f", g / 8 }') GB/s of payload)"
         echo
-        echo "| size | ddp.h (MPI backend) busbw | Open MPI MPI_Allreduce busbw | gloo busbw | link |"
-        echo "|---|---|---|---|---|"
+        echo "| size | ddp.h (MPI backend) busbw | ddp.h, DDP_MPI_TUNE=0 | Open MPI MPI_Allreduce busbw | gloo busbw | link | ddp.h / link bound |"
+        echo "|---|---|---|---|---|---|---|"
         for bytes in $(sed 's/.*bytes=\([0-9]*\).*/\1/' "$tmp/ddp.txt"); do
             printf "| %s MiB |" "$(awk -v b="$bytes" 'BEGIN { printf "%g", b / 1048576 }')"
-            for f in ddp mpi gloo; do
+            for f in ddp ddp0 mpi gloo; do
                 awk -v b="$bytes" '$0 ~ "bytes=" b " " { for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
                     printf " %.3f GB/s (%.1f ms) |", v["busbw"], v["time_us"] / 1000; found = 1 }
                     END { if (!found) printf " not run |" }' "$tmp/$f.txt"
             done
-            printf " %s GB/s |\n" "$(awk -v g="$G" 'BEGIN { printf "%.3f", g / 8 }')"
+            printf " %s GB/s |" "$(awk -v g="$G" 'BEGIN { printf "%.3f", g / 8 }')"
+            awk -v b="$bytes" -v g="$G" '$0 ~ "bytes=" b " " { for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+                printf " %.2fx |\n", v["time_us"] * 1e-6 / (b / (g / 8 * 1e9)); found = 1 } END { if (!found) print " - |" }' "$tmp/ddp.txt"
         done
         if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then echo; echo "gloo: not run (no torch for /usr/bin/python3 on this machine)."; fi
     } >>"$out"

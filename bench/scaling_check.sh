@@ -5,8 +5,8 @@
 # one trace without the emulation (the base: what compute costs, when each bucket is ready) and
 # predicts each setting's step time with --algo flat; the table sets that against the step time
 # measured with the emulation on. This checks the model's overlap arithmetic (buckets in order,
-# each when ready, the exposed tail), not its ring/tree cost formulas: those need allreduces
-# across hosts, which wait for the MPI backend.
+# each when ready, the exposed tail), not its ring/tree cost formulas: bench/scaling_hosts.sh
+# sets those against allreduces across namespace hosts (the MPI backend).
 # Two predictions per setting: A from the base run (compute measured in another run: on a busy
 # machine its noise is in the error), B from the run itself with its measured communication and
 # wait taken out (the compute of the same run: what is left is the model of the communication).

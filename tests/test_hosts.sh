@@ -12,29 +12,14 @@
 set -u
 B=${1:-build}
 cd "$(dirname "$0")/.." || exit 1
-H=$PWD/tools/hosts.sh
-export DDP_HOSTS_PREFIX=dt$(($$ % 100000))   # a set of hosts of our own: parallel runs never meet
-tmp=$(mktemp -d)
+. tests/lib.sh
 fails=0
 pass() { echo "PASS $1"; }
 fail() { echo "FAIL $1: $2"; fails=$((fails + 1)); }
-now() { date +%s.%N; }
-secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
-lt() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a < b) }'; }
-TOKEN=0123456789abcdef0123456789abcdef
+TOKEN=$HOSTS_TOKEN
 # Sanitized builds start and fail slower: their time limits get slack (the property is the same).
 case $B in *asan*|*tsan*) SLOW=3 ;; *) SLOW=1 ;; esac
-
-why=$("$H" check)
-if [ $? -eq 77 ]; then echo "SKIP hosts: $why"; rm -rf "$tmp"; exit 0; fi
-cleanup() { "$H" down; rm -rf "$tmp"; }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-if ! "$H" up 3 >"$tmp/up.log" 2>&1; then
-    echo "FAIL hosts_up: $(cat "$tmp/up.log")"
-    exit 1
-fi
-A1=$("$H" addr h1)
+hosts_begin hosts dt 3   # a set of hosts of our own: parallel runs never meet
 port=29700
 next_port() { port=$((port + 1)); }
 
@@ -102,9 +87,7 @@ lt "$t" $((3 * SLOW)) || why="$why; took ${t}s"
 if command -v mpirun >/dev/null; then
     next_port
     t0=$(now)
-    MASTER_ADDR=$A1 MASTER_PORT=$port DDP_JOB_TOKEN=$TOKEN timeout 60 "$H" exec h1 mpirun --allow-run-as-root \
-        -H h1:1,h2:2 --mca plm_rsh_agent "$H agent" --mca oob_tcp_if_include eth0 \
-        -x MASTER_ADDR -x MASTER_PORT -x DDP_JOB_TOKEN "$B/minimal" >"$tmp/mpi.log" 2>&1
+    hosts_mpirun h1:1,h2:2 60 "$port" "$B/minimal" >"$tmp/mpi.log" 2>&1
     rc=$?
     t=$(secs "$t0" "$(now)")
     why=""

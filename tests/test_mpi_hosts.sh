@@ -15,16 +15,11 @@
 set -u
 B=${1:-build}
 cd "$(dirname "$0")/.." || exit 1
-H=$PWD/tools/hosts.sh
+. tests/lib.sh
 M=$B/mpi
-export DDP_HOSTS_PREFIX=dm$(($$ % 100000))
-TOKEN=0123456789abcdef0123456789abcdef
 fails=0
 pass() { echo "PASS $1"; }
 fail() { echo "FAIL $1: $2"; fails=$((fails + 1)); }
-now() { date +%s.%N; }
-secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
-lt() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a < b) }'; }
 case $B in *asan*|*tsan*) SLOW=3 ;; *) SLOW=1 ;; esac
 # Under the sanitizers Open MPI's start-up and TCP progress slow each mpirun to minutes (a full run
 # took over 15): the MPI backend is checked in the plain build only, for now.
@@ -34,24 +29,16 @@ command -v mpirun >/dev/null || { echo "SKIP mpi_hosts: no mpirun (apt-get insta
 for p in mpi_steps test_equivalence test_collectives test_gpt; do
     [ -x "$M/$p" ] || { echo "SKIP mpi_hosts: no $M/$p (built by make where mpicc is)"; exit 0; }
 done
-why=$("$H" check)
-if [ $? -eq 77 ]; then echo "SKIP mpi_hosts: $why"; exit 0; fi
 # Sanitized builds: Open MPI's own allocations live until exit (not ddp.h's leaks).
 export LSAN_OPTIONS=${LSAN_OPTIONS:+$LSAN_OPTIONS:}suppressions=$PWD/tests/lsan_mpi.supp:print_suppressions=0
-tmp=$(mktemp -d)
-cleanup() { "$H" down; rm -rf "$tmp"; }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-if ! "$H" up 2 >"$tmp/up.log" 2>&1; then echo "FAIL mpi_hosts_up: $(cat "$tmp/up.log")"; exit 1; fi
-A1=$("$H" addr h1)
+hosts_begin mpi_hosts dm 2
+TOKEN=$HOSTS_TOKEN
 port=29900
 # mpirun on h1, ranks on h1 and h2 (HOSTS = h1:2,h2:2 ...); the environment names go with -x.
 mpi() {
     local hosts=$1 limit=$2; shift 2
     port=$((port + 1))
-    MASTER_ADDR=$A1 MASTER_PORT=$port DDP_JOB_TOKEN=$TOKEN timeout "$limit" "$H" exec h1 mpirun --allow-run-as-root \
-        --enable-recovery -H "$hosts" --mca plm_rsh_agent "$H agent" --mca oob_tcp_if_include eth0 \
-        --mca btl tcp,self --mca btl_tcp_if_include eth0 -x MASTER_ADDR -x MASTER_PORT -x DDP_JOB_TOKEN \
+    hosts_mpirun "$hosts" "$limit" "$port" --enable-recovery --mca btl tcp,self --mca btl_tcp_if_include eth0 \
         -x DDP_LOG -x DDP_TIMEOUT -x DDP_MPI_FLAT -x MPI_STEPS_LOG -x LSAN_OPTIONS "$@"
 }
 shm_left() { local h; for h in h1 h2; do "$H" exec $h sh -c 'ls /dev/shm' | sed "s/^/$h:/"; done | tr '\n' ' '; }
@@ -86,6 +73,20 @@ for p in test_collectives test_gpt; do
     if [ $rc -eq 0 ] && [ "$n" -gt 0 ] && ! grep -q "^FAIL " "$tmp/$p.log"; then pass "mpi_2hosts_x2_${p#test_} ($n checks passed)"
     else fail "mpi_2hosts_x2_${p#test_}" "exit $rc: $(grep '^FAIL' "$tmp/$p.log" | head -n 3; tail -n 3 "$tmp/$p.log")"; fi
 done
+
+# 2b. Ranks bound to one CPU each (mpirun --bind-to core, its default for 2 ranks or fewer a host)
+#     are warned by name on every rank; the runs above (--bind-to none) are not.
+DDP_LOG=warn mpi h1:1,h2:1 $((60 * SLOW)) --bind-to core "$M/mpi_steps" 1 >"$tmp/bound.log" 2>&1
+rc=$?
+why=""
+for r in 0 1; do
+    grep -q "^ddp rank $r warning: rank $r is bound to one CPU of [0-9]* .*--bind-to none" "$tmp/bound.log" || why="$why; rank $r not warned"
+done
+[ $rc -eq 0 ] || why="$why; exit status $rc"
+grep -q "is bound to one CPU" "$tmp/eq0.log" "$tmp/test_collectives.log" && why="$why; an unbound run was warned"
+if [ "$(nproc)" -lt 2 ]; then echo "SKIP mpi_rank_bound_to_one_cpu_warned: one CPU"
+elif [ -z "$why" ]; then pass mpi_rank_bound_to_one_cpu_warned_by_name_on_every_rank
+else fail mpi_rank_bound_to_one_cpu_warned_by_name_on_every_rank "${why#; }: $(head -c 400 "$tmp/bound.log")"; fi
 
 # 3. ddprun --nnodes 2 with an MPI build: no MPI launcher, so every rank says so at once.
 port=$((port + 1))

@@ -87,14 +87,17 @@ down() {
 }
 
 # A token-bucket filter at RATE: a burst of 4 ms at that rate (at least 32 KiB: the timer's tick
-# must not starve it), 50 ms of queue.
+# must not starve it), 50 ms of queue. DDP_HOSTS_TBF_BURST (bytes; 0: the 32 KiB floor) and
+# DDP_HOSTS_TBF_LATENCY (tc's time, e.g. 5ms) change them, to see whether the shaper matters.
 shape() { # NETNS DEV RATE
-    local bits num unit burst
+    local bits num unit burst lat=${DDP_HOSTS_TBF_LATENCY:-50ms}
     num=$(echo "$3" | sed -E 's/^([0-9]+).*/\1/'); unit=$(echo "$3" | sed -E 's/^[0-9]+//' | tr 'A-Z' 'a-z')
     case $unit in bit) bits=$num ;; kbit) bits=$((num * 1000)) ;; mbit) bits=$((num * 1000000)) ;;
         gbit) bits=$((num * 1000000000)) ;; *) die "--rate '$3': use an integer with bit, kbit, mbit or gbit" ;; esac
-    burst=$((bits / 8 / 250)); [ "$burst" -ge 32768 ] || burst=32768
-    ip netns exec "$1" tc qdisc replace dev "$2" root tbf rate "$3" burst "$burst" latency 50ms
+    burst=${DDP_HOSTS_TBF_BURST:-$((bits / 8 / 250))}
+    case $burst in *[!0-9]*|"") die "DDP_HOSTS_TBF_BURST '$burst' is not a number of bytes" ;; esac
+    [ "$burst" -ge 32768 ] || burst=32768
+    ip netns exec "$1" tc qdisc replace dev "$2" root tbf rate "$3" burst "$burst" latency "$lat"
 }
 
 up() {
