@@ -902,6 +902,9 @@ extern "C" {
 #define DDP__ALIGN_FLOATS 16                 /* parameters start on 64-byte boundaries */
 #define DDP__CHUNK_BYTES (256u * 1024u)
 #define DDP__SLOTS 4u
+#ifndef DDP__INPLACE_CHUNK_BYTES
+#define DDP__INPLACE_CHUNK_BYTES (1024u * 1024u)   /* an in-place bucket's handshake unit (>>cpu-grads) */
+#endif
 /* A waiter polls for a short while, then sleeps on a futex. Between polls it pauses the core
    (a CPU hint, no system call) and every DDP__YIELD_EVERY polls yields it, so a thread waiting
    for this core gets it; with more ranks than CPUs it yields at every poll. A yield is a system
@@ -3476,11 +3479,13 @@ static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *dat
    path, so the same bits), writes it into its own buffer, and then copies the other ranks'
    parts from theirs. With bf16 parameters the buffers hold the bf16 gradients (2 bytes an
    element), summed in float and rounded once. Per rank that reads 1.5 and writes 1 bucket's
-   worth of memory where the staged path moves 2 and 2, and it waits for its peers twice per
-   bucket (my gradients are final; my part is averaged), plus once per step in ddp_finish (every
-   rank has copied its parts from me), instead of three times per 256 KiB chunk. Both matter
-   when compute keeps every core busy: the
-   reduction's CPU time and each wake-up come straight out of the step.
+   worth of memory where the staged path moves 2 and 2. It waits for its peers once per bucket
+   (my gradients are final), once per DDP__INPLACE_CHUNK_BYTES of the bucket (my part of that
+   chunk is averaged; a rank averages chunk k before it copies the peers' parts of chunk k - 1,
+   so it rarely waits and copies sums still in the peer's cache: one pass over a 25 MiB bucket
+   ran from memory at ~0.5 of the speed), and once per step in ddp_finish (every rank has copied
+   its parts from me), instead of three times per 256 KiB chunk. Both matter when compute keeps
+   every core busy: the reduction's CPU time and each wake-up come straight out of the step.
    -------------------------------------------------------------------------------------------- */
 static float *ddp__rank_grads(ddp_context *ctx, int s) { return (float *)(void *)ctx->cpu->grads_shm + (size_t)s * ctx->cpu->grads_stride; }
 
@@ -3530,7 +3535,8 @@ static void ddp__average_part_in_place(ddp_context *ctx, size_t offset, size_t l
 static ddp_result ddp__shm_bucket_in_place(ddp_context *ctx, size_t offset, size_t count, int bucket) {
     ddp__shm_sig *sig = &ddp__shm_block(ctx, ctx->rank)->sig;
     uint32_t q = ctx->cpu->shm_seq;
-    size_t lo, hi, es = ctx->grads_bf16 ? sizeof(ddp_bf16) : sizeof(float);   /* the gradients' element */
+    size_t lo, hi, per, es = ctx->grads_bf16 ? sizeof(ddp_bf16) : sizeof(float);   /* the gradients' element */
+    uint32_t k, chunks;
     int s;
     ddp_result r;
     double started = ddp__now();
@@ -3555,22 +3561,32 @@ static ddp_result ddp__shm_bucket_in_place(ddp_context *ctx, size_t offset, size
             ddp__inject_comm_delay(ctx, count * ddp__wire_bytes(ctx), started);
         return DDP_OK;
     }
-    ddp__part(count, ctx->world, ctx->rank, &lo, &hi);
-    ddp__average_part_in_place(ctx, offset, lo, hi);
-    ddp__shm_post(ctx, DDP__STAGE_RED, q + 1);
-    if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_RED, q + 1)) != DDP_OK) return r;
-    for (s = 0; s < ctx->world; s++) {
-        if (s == ctx->rank) continue;
-        ddp__part(count, ctx->world, s, &lo, &hi);
-        if (hi > lo) memcpy((unsigned char *)ddp__rank_grads(ctx, ctx->rank) + (offset + lo) * es,
-                            (unsigned char *)ddp__rank_grads(ctx, s) + (offset + lo) * es, (hi - lo) * es);
+    per = DDP__INPLACE_CHUNK_BYTES / es;
+    chunks = count ? (uint32_t)((count + per - 1) / per) : 1;
+    for (k = 0; k <= chunks; k++) {   /* average chunk k, then copy out chunk k - 1 */
+        if (k < chunks) {
+            size_t c0 = (size_t)k * per, m = count - c0 < per ? count - c0 : per;
+            ddp__part(m, ctx->world, ctx->rank, &lo, &hi);
+            ddp__average_part_in_place(ctx, offset + c0, lo, hi);
+            ddp__shm_post(ctx, DDP__STAGE_RED, q + 1 + k);
+        }
+        if (k > 0) {
+            size_t c0 = (size_t)(k - 1) * per, m = count - c0 < per ? count - c0 : per;
+            if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_RED, q + k)) != DDP_OK) return r;
+            for (s = 0; s < ctx->world; s++) {
+                if (s == ctx->rank) continue;
+                ddp__part(m, ctx->world, s, &lo, &hi);
+                if (hi > lo) memcpy((unsigned char *)ddp__rank_grads(ctx, ctx->rank) + (offset + c0 + lo) * es,
+                                    (unsigned char *)ddp__rank_grads(ctx, s) + (offset + c0 + lo) * es, (hi - lo) * es);
+            }
+        }
     }
-    ddp__shm_post(ctx, DDP__STAGE_OUT, q + 1);
+    ddp__shm_post(ctx, DDP__STAGE_OUT, q + chunks);
     /* Until every rank has copied my part, my buffer must not change. Within the step nothing
        writes this bucket again, so the next bucket need not wait for that: ddp_finish does, once,
        before the program may zero or accumulate into its gradients (ddp__cpu_finish). */
-    ctx->cpu->out_pending = q + 1;
-    ctx->cpu->shm_seq = q + 1;
+    ctx->cpu->out_pending = q + chunks;
+    ctx->cpu->shm_seq = q + chunks;
     if (ctx->desc.inject_comm_latency_ms > 0 || ctx->desc.inject_comm_gbps > 0)
         ddp__inject_comm_delay(ctx, count * ddp__wire_bytes(ctx), started);
     return DDP_OK;
@@ -4087,7 +4103,10 @@ static ddp_result ddp__cpu_launch(ddp_context *ctx, int index) {
     ctx->stats.bytes_reduced += ctx->buckets[index].count * ddp__wire_bytes(ctx);
     pthread_mutex_lock(&c->comm_lock);
     c->comm_launched++;
-    pthread_cond_signal(&c->comm_wake);
+    /* The last bucket is left to ddp_finish, which follows at once: a wake-up of the
+       communication thread would only take a core from this thread (ddp__comm_turn). A busy
+       communication thread still takes it when it is done with the one before. */
+    if (index != ctx->num_buckets - 1) pthread_cond_signal(&c->comm_wake);
     pthread_mutex_unlock(&c->comm_lock);
     return DDP_OK;
 }
