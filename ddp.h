@@ -282,7 +282,8 @@
      single  one rank, no launcher: no network, no shared memory, no thread
      cpu     ranks on one host: POSIX shared memory; each rank's communication thread averages
              buckets while backward runs (the rank's own thread takes over the ones left when it
-             reaches ddp_finish); every rank reduces its own part, so all end with the same bits
+             reaches ddp_finish; the last bucket wakes no thread, as ddp_finish follows at
+             once); every rank reduces its own part, so all end with the same bits
      nccl    GPUs (implementation compiled by nvcc, or with -DDDP_CUDA and ddp_kernels.cuh).
              Each rank uses GPU LOCAL_RANK % device count; rank 0's ncclUniqueId goes through
              the store; the communicator is non-blocking (set-up has a deadline that names the
@@ -902,6 +903,7 @@ extern "C" {
 #define DDP__ALIGN_FLOATS 16                 /* parameters start on 64-byte boundaries */
 #define DDP__CHUNK_BYTES (256u * 1024u)
 #define DDP__SLOTS 4u
+#define DDP__AVG_BLOCK 512                   /* elements summed at a time by an in-place bucket's average, 3+ ranks */
 #ifndef DDP__INPLACE_CHUNK_BYTES
 #define DDP__INPLACE_CHUNK_BYTES (1024u * 1024u)   /* an in-place bucket's handshake unit (>>cpu-grads) */
 #endif
@@ -3505,10 +3507,15 @@ static void ddp__average_part_in_place_bf16(ddp_context *ctx, size_t offset, siz
         for (j = lo; j < hi; j++) mine[j] = ddp__to_bf16((ddp__from_bf16(a[j]) + ddp__from_bf16(b[j])) * 0.5f);   /* = / 2 */
         return;
     }
-    for (j = lo; j < hi; j++) {
-        float sum = ddp__from_bf16(a[j]) + ddp__from_bf16(b[j]);
-        for (s = 2; s < ctx->world; s++) sum += ddp__from_bf16(ddp__rank_grads_bf16(ctx, s)[offset + j]);
-        mine[j] = ddp__to_bf16(ddp__div_world(sum, w));
+    for (j = lo; j < hi; j += DDP__AVG_BLOCK) {   /* a block at a time, each rank's values in turn: vectorized */
+        float sum[DDP__AVG_BLOCK];
+        size_t i, n = hi - j < DDP__AVG_BLOCK ? hi - j : DDP__AVG_BLOCK;
+        for (i = 0; i < n; i++) sum[i] = ddp__from_bf16(a[j + i]) + ddp__from_bf16(b[j + i]);
+        for (s = 2; s < ctx->world; s++) {
+            const ddp_bf16 *x = ddp__rank_grads_bf16(ctx, s) + offset + j;
+            for (i = 0; i < n; i++) sum[i] += ddp__from_bf16(x[i]);
+        }
+        for (i = 0; i < n; i++) mine[j + i] = ddp__to_bf16(ddp__div_world(sum[i], w));
     }
 }
 
@@ -3523,10 +3530,15 @@ static void ddp__average_part_in_place(ddp_context *ctx, size_t offset, size_t l
         for (j = lo; j < hi; j++) mine[j] = (a[j] + b[j]) * 0.5f;   /* = / 2 (ddp__div_world) */
         return;
     }
-    for (j = lo; j < hi; j++) {
-        float sum = a[j] + b[j];
-        for (s = 2; s < ctx->world; s++) sum += ddp__rank_grads(ctx, s)[offset + j];
-        mine[j] = ddp__div_world(sum, w);
+    for (j = lo; j < hi; j += DDP__AVG_BLOCK) {   /* a block at a time, each rank's values in turn: vectorized */
+        float sum[DDP__AVG_BLOCK];
+        size_t i, n = hi - j < DDP__AVG_BLOCK ? hi - j : DDP__AVG_BLOCK;
+        for (i = 0; i < n; i++) sum[i] = a[j + i] + b[j + i];
+        for (s = 2; s < ctx->world; s++) {
+            const float *x = ddp__rank_grads(ctx, s) + offset + j;
+            for (i = 0; i < n; i++) sum[i] += x[i];
+        }
+        for (i = 0; i < n; i++) mine[j + i] = ddp__div_world(sum[i], w);
     }
 }
 
