@@ -59,7 +59,7 @@ default|nommap) SETTINGS=$MALLOC ;;
 esac
 NOMMAP_TUNABLES="glibc.malloc.mmap_threshold=2147483647:glibc.malloc.trim_threshold=4294967295"
 
-NCPU=$(nproc 2>/dev/null || echo 1)
+NCPU=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)   # (nproc obeys OMP_NUM_THREADS)
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/compare_allreduce.XXXXXX") || exit 1
 trap 'rm -rf "$TMP"' EXIT
 mkdir -p "$BUILD"

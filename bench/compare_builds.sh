@@ -58,7 +58,7 @@ allreduce() {   # BIN SIZE -> microseconds per 2-rank allreduce
     "$B/ddprun" -n 2 "$1" --sizes "$2" --target-s 0.3 2>/dev/null | sed -n 's/.*time_us=\([0-9.]*\).*/\1/p' | head -n 1
 }
 
-echo "compare_builds: old = ddp.h at $OLD, new = $B; $REPS interleaved rounds; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) CPUs"
+echo "compare_builds: old = ddp.h at $OLD, new = $B; $REPS interleaved rounds; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(getconf _NPROCESSORS_ONLN) CPUs"
 for r in $(seq 1 "$REPS"); do
     for which in $([ $((r % 2)) -eq 1 ] && echo "old new" || echo "new old"); do
         if [ "$which" = old ]; then bin=$tmp/src/build; else bin=$B; fi

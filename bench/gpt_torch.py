@@ -15,6 +15,7 @@ attention stays the explicit causal softmax of a [T, T] matrix, as ours.
     /usr/bin/python3 bench/gpt_torch.py --data FILE [--layers 4 --heads 4 --dim 128 --seq 64 --batch 4]
     python3 bench/gpt_torch.py --device cuda [--tf32 | --bf16] --data FILE --layers 12 --heads 12 --dim 768 --seq 1024 --batch 8
 """
+import contextlib
 import argparse
 import math
 import os
@@ -106,7 +107,8 @@ def main():
         t0 = time.perf_counter()
         ix = torch.randint(0, len(data) - a.seq - 1, (a.batch,), generator=g)
         w = torch.stack([data[i:i + a.seq + 1] for i in ix.tolist()]).long().to(device)
-        with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=a.bf16):
+        # (a disabled autocast still asserts CUDA in a CPU-only PyTorch 1.13: no context then)
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16) if a.bf16 else contextlib.nullcontext():
             loss = model(w[:, :-1], w[:, 1:])
         opt.zero_grad(set_to_none=True)
         loss.backward()

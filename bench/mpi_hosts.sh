@@ -52,7 +52,7 @@ gbps() { case $1 in *gbit) echo "${1%gbit}" ;; *mbit) awk -v m="${1%mbit}" 'BEGI
 {
 echo "## MPI backend across 2 hosts (namespace hosts, tbf-shaped links)"
 echo
-echo "\`$CMDLINE\` on $(date -u +%Y-%m-%d), $(nproc) CPUs shared by both hosts (one kernel: the"
+echo "\`$CMDLINE\` on $(date -u +%Y-%m-%d), $(getconf _NPROCESSORS_ONLN) CPUs shared by both hosts (one kernel: the"
 echo "\"link\" is a veth pair through a bridge, shaped by tbf both ways; no latency is added). 2 hosts x"
 echo "1 rank, mpirun with btl tcp and --bind-to none (tests/lib.sh's hosts_mpirun: the hosts share this"
 echo "machine's cores). ddp.h: its Open MPI TCP defaults (the manual's BACKENDS, mpi); DDP_MPI_TUNE=0: without"

@@ -32,7 +32,7 @@ python3 tools/trace_svg.py "$tmp/trace.json" -o bench/overlap_trace.svg \
     echo "## Overlap: bucketed allreduce under backward"
     echo
     echo "- Command: \`bench/overlap.sh\` (\`make bench\`); $(date -u '+%Y-%m-%d %H:%M UTC')"
-    echo "- Machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) CPUs; load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+    echo "- Machine: $(lscpu | sed -n 's/^Model name: *//p'), $(getconf _NPROCESSORS_ONLN) CPUs; load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
     echo "- Model: a synthetic stack of layers with a fixed amount of arithmetic in each backward;"
     echo "  every allreduce is slowed by ddp.h's injected network (\`inject_comm_latency_ms\`,"
     echo "  \`inject_comm_gbps\`), standing in for a slow interconnect. Medians over the steps."

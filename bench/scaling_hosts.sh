@@ -95,7 +95,7 @@ done
 {
     echo "## The scaling model across hosts (tools/scaling.py against 2 namespace hosts)"
     echo
-    echo "\`$CMDLINE\` on $(date -u +%Y-%m-%d), $(nproc) CPUs shared by both hosts (load average at the end:"
+    echo "\`$CMDLINE\` on $(date -u +%Y-%m-%d), $(getconf _NPROCESSORS_ONLN) CPUs shared by both hosts (load average at the end:"
     echo "$(cut -d' ' -f1-3 /proc/loadavg)). The tiny GPT (3.34 MB of fp32 gradients, buckets of at most $BUCKET_MB MiB) through"
     echo "the MPI backend, $STEPS steps a run; ms are scaling.py's medians over the steps after the first."
     echo "Predicted: \`--algo ring --ranks-per-node G --nics-per-node 1 --inter-gbps RATE --inter-latency-us 50"
