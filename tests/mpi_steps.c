@@ -4,8 +4,37 @@
    "rank R: failed after S s at step K: <ddp_last_error>" and exits 1.
    With MPI_STEPS_LOG=DIR each rank writes stdout and stderr (ddp.h's log lines) to DIR/rankR.log
    itself: a host cut off cannot send mpirun its output. Lines carry the wall clock (epoch s).
+   With MPI_STEPS_CVARS=1 rank 0 also prints, after ddp_init, the Open MPI TCP settings that
+   ddp.h chooses when it starts MPI ("cvar NAME = VALUE", read back through MPI_T).
    Usage: mpi_steps SECONDS [FLOATS]   (run under mpirun; ranks on several hosts) */
 #include "testlib.h"
+
+/* What MPI itself took: each control variable read back through the MPI tool interface. */
+static void print_cvars(void) {
+    static const char *const names[] = { "btl_tcp_eager_limit", "btl_tcp_max_send_size", "btl_tcp_links" };
+    int provided, k;
+    if (MPI_T_init_thread(MPI_THREAD_SINGLE, &provided) != MPI_SUCCESS) { printf("cvar MPI_T unavailable\n"); return; }
+    for (k = 0; k < 3; k++) {
+        int index, count, verbosity, bind, scope, name_len = 128, desc_len = 256;
+        char name[128], desc[256];
+        unsigned char value[16] = { 0 };
+        MPI_Datatype type;
+        MPI_T_enum enumtype;
+        MPI_T_cvar_handle h;
+        long long v = -1;
+        if (MPI_T_cvar_get_index(names[k], &index) != MPI_SUCCESS) { printf("cvar %s = missing\n", names[k]); continue; }
+        MPI_T_cvar_get_info(index, name, &name_len, &verbosity, &type, &enumtype, desc, &desc_len, &bind, &scope);
+        MPI_T_cvar_handle_alloc(index, NULL, &h, &count);
+        MPI_T_cvar_read(h, value);
+        MPI_T_cvar_handle_free(&h);
+        if (type == MPI_INT) v = *(int *)(void *)value;
+        else if (type == MPI_UNSIGNED) v = *(unsigned *)(void *)value;
+        else if (type == MPI_UNSIGNED_LONG || type == MPI_LONG) v = *(long *)(void *)value;
+        else if (type == MPI_UNSIGNED_LONG_LONG || type == MPI_LONG_LONG) v = *(long long *)(void *)value;
+        printf("cvar %s = %lld\n", names[k], v);
+    }
+    MPI_T_finalize();
+}
 
 static double wall(void) {
     struct timespec ts;
@@ -37,6 +66,7 @@ int main(int argc, char **argv) {
     if (ddp_init(&ddp, NULL) != DDP_OK) { printf("%s\n", ddp_last_error(ddp)); ddp_shutdown(ddp); return 1; }
     rank = ddp_rank(ddp);
     world = ddp_world_size(ddp);
+    if (rank == 0 && getenv("MPI_STEPS_CVARS")) print_cvars();
     if ((r = ddp_register_param(ddp, "w", n, 0, NULL, &id)) != DDP_OK || (r = ddp_commit(ddp)) != DDP_OK) goto out;
     t0 = test_now();
     for (step = 0; test_now() - t0 < seconds; step++) {

@@ -5,6 +5,7 @@
 # namespaces are missing. Usage: tests/test_mpi_hosts.sh [BUILD_DIR]
 #   equivalence: 2 hosts x 2 ranks = 1 rank at 4x batch, the same bits on every rank, hierarchical
 #                and flat (DDP_MPI_FLAT=1); user collectives against float64; the tiny GPT
+#   the TCP defaults ddp.h sets reach Open MPI (MPI_T), the user's --mca wins, DDP_MPI_TUNE=0
 #   ddprun --nnodes 2 with an MPI build: every rank refuses at once, by name (no MPI launcher)
 #   a host killed mid-step, a host cut off mid-step (ip link set eth0 down): every surviving rank
 #   ends with an error naming the lost host and rank, within the timeout; nothing left running,
@@ -39,7 +40,7 @@ mpi() {
     local hosts=$1 limit=$2; shift 2
     port=$((port + 1))
     hosts_mpirun "$hosts" "$limit" "$port" --enable-recovery --mca btl tcp,self --mca btl_tcp_if_include eth0 \
-        -x DDP_LOG -x DDP_TIMEOUT -x DDP_MPI_FLAT -x MPI_STEPS_LOG -x LSAN_OPTIONS "$@"
+        -x DDP_LOG -x DDP_TIMEOUT -x DDP_MPI_FLAT -x MPI_STEPS_LOG -x MPI_STEPS_CVARS -x DDP_MPI_TUNE -x LSAN_OPTIONS "$@"
 }
 shm_left() { local h; for h in h1 h2; do "$H" exec $h sh -c 'ls /dev/shm' | sed "s/^/$h:/"; done | tr '\n' ' '; }
 
@@ -87,6 +88,26 @@ grep -q "is bound to one CPU" "$tmp/eq0.log" "$tmp/test_collectives.log" && why=
 if [ "$(nproc)" -lt 2 ]; then echo "SKIP mpi_rank_bound_to_one_cpu_warned: one CPU"
 elif [ -z "$why" ]; then pass mpi_rank_bound_to_one_cpu_warned_by_name_on_every_rank
 else fail mpi_rank_bound_to_one_cpu_warned_by_name_on_every_rank "${why#; }: $(head -c 400 "$tmp/bound.log")"; fi
+
+# 2c. The TCP settings ddp.h gives Open MPI when it starts MPI itself, as Open MPI took them
+#     (read back through MPI_T): set by default, the user's --mca wins, DDP_MPI_TUNE=0 leaves them.
+cvar() { sed -n "s/^cvar $1 = //p" "$2" | head -n 1; }
+tune_run() { MPI_STEPS_CVARS=1 DDP_MPI_TUNE=${TUNE:-1} mpi h1:1,h2:1 $((60 * SLOW)) "$@" "$M/mpi_steps" 0 >"$tmp/tune.log" 2>&1; }
+why=""
+tune_run; rc=$?
+[ $rc -eq 0 ] || why="$why; default run exit $rc"
+[ "$(cvar btl_tcp_eager_limit "$tmp/tune.log")" = 1048576 ] || why="$why; eager limit '$(cvar btl_tcp_eager_limit "$tmp/tune.log")' not 1048576"
+[ "$(cvar btl_tcp_max_send_size "$tmp/tune.log")" = 1048576 ] || why="$why; max send size '$(cvar btl_tcp_max_send_size "$tmp/tune.log")' not 1048576"
+[ "$(cvar btl_tcp_links "$tmp/tune.log")" = 2 ] || why="$why; links '$(cvar btl_tcp_links "$tmp/tune.log")' not 2"
+tune_run --mca btl_tcp_links 3
+[ "$(cvar btl_tcp_links "$tmp/tune.log")" = 3 ] || why="$why; --mca btl_tcp_links 3 gave '$(cvar btl_tcp_links "$tmp/tune.log")'"
+[ "$(cvar btl_tcp_eager_limit "$tmp/tune.log")" = 1048576 ] || why="$why; with --mca links the eager limit was not set"
+TUNE=0 tune_run
+e=$(cvar btl_tcp_eager_limit "$tmp/tune.log")
+{ [ -n "$e" ] && [ "$e" != 1048576 ] && [ "$(cvar btl_tcp_links "$tmp/tune.log")" = 1 ]; } ||
+    why="$why; DDP_MPI_TUNE=0 gave eager '$e', links '$(cvar btl_tcp_links "$tmp/tune.log")'"
+if [ -z "$why" ]; then pass mpi_tcp_defaults_reach_open_mpi_user_mca_wins_tune0_leaves_them
+else fail mpi_tcp_defaults_reach_open_mpi_user_mca_wins_tune0_leaves_them "${why#; }: $(head -c 400 "$tmp/tune.log")"; fi
 
 # 3. ddprun --nnodes 2 with an MPI build: no MPI launcher, so every rank says so at once.
 port=$((port + 1))
