@@ -44,7 +44,9 @@
      bucket order on every rank. ddp_finish (called by ddp_backward) launches what is left and
      waits for the rest. A program with its own autograd calls ddp_grad_ready and ddp_finish.
      Gradient accumulation: ddp_set_sync(ddp, 0) for micro-steps 0..k-2 (nothing is sent), 1
-     for the last.
+     for the last. ddp_adamw_step takes averaged gradients only: with no ddp_finish (sync on)
+     since the last step, or after a backward with sync off, it fails (DDP_ERR_INVALID_STATE)
+     and changes nothing, at every world size, so that one rank finds the mistake too.
 
    OPTIONS (ddp_desc; zero means default; the resolved values: ddp_config())
      backend          DDP_BACKEND_AUTO     which backend runs (BACKENDS below); ddp_config()->
@@ -383,7 +385,9 @@
      ddp_local_rank), 0 (ddp_world_size, ddp_num_params, ddp_num_buckets, ddp_param_count, a
      zeroed ddp_step_stats), NULL (ddp_config, ddp_param, ddp_grad, ddp_param_name, ddp_flat_*,
      which also set *count_out = 0), "none" (ddp_backend_name); ddp_set_sync and ddp_tape_reset
-     do nothing. ddp_shutdown(NULL) is DDP_OK. ddp_shutdown frees the context: calling it twice,
+     do nothing. On a live context the views (ddp_param, ddp_grad, ddp_flat_*, their bf16
+     forms) are NULL with a message in ddp_last_error before ddp_commit and for an id no
+     parameter has. ddp_shutdown(NULL) is DDP_OK. ddp_shutdown frees the context: calling it twice,
      or anything after it, is a use after free. On failure ddp_init may still leave a context in
      *out that only reports the error: call ddp_last_error, then ddp_shutdown.
      A context belongs to the thread that steps it (the library runs one thread of its own per
@@ -716,7 +720,10 @@ int ddp_num_buckets(const ddp_context *ctx);
 ddp_result ddp_bucket(const ddp_context *ctx, int index, ddp_bucket_info *out);
 
 /* The tape: an op records its backward (args are copied) and the ids of the parameters whose
-   gradients that backward finalizes. ddp_backward replays it in reverse, then ddp_finish. */
+   gradients that backward finalizes. ddp_backward replays it in reverse, then ddp_finish.
+   A parameter used by several ops is listed on the FIRST op recorded that uses it (its backward
+   runs last): listed on a later one, its bucket may be averaged before the other backwards add
+   to it. One rank cannot see that mistake (nothing is sent); compare 2 ranks with 1. */
 typedef void (*ddp_backward_fn)(void *args);
 ddp_result ddp_tape_record(ddp_context *ctx, ddp_backward_fn backward, const void *args,
                            size_t args_size, const int *param_ids, int num_param_ids);
@@ -793,7 +800,8 @@ typedef struct ddp_progress {
     int32_t active_ranks;      /* ranks with data in the last step (uneven inputs), else the world size */
     int32_t failed;            /* the context's sticky ddp_result: DDP_ERR_CANCELLED after a cancel */
 } ddp_progress;
-ddp_result ddp_progress_read(const ddp_context *ctx, ddp_progress *out);   /* any thread, lock-free */
+ddp_result ddp_progress_read(const ddp_context *ctx, ddp_progress *out);   /* any thread, lock-free; its
+                                                       errors go to ddp_last_error(NULL), per thread */
 ddp_result ddp_report_loss(ddp_context *ctx, float loss);                  /* this rank's; no communication */
 /* Uneven inputs (ddp_desc.uneven_inputs): a rank out of data calls ddp_join between steps (or
    micro-steps: what it accumulated goes into the others' next step) and answers the other
@@ -1140,6 +1148,7 @@ struct ddp_context {
     int join_uneven;               /* some step since the last ddp_join ran with joined ranks */
     int join_shadow;               /* ddp_join's shadow step: the count is taken already */
     int join_pending;              /* micro-steps with sync off since the last zero_grad or sync */
+    int grads_averaged;            /* a ddp_finish with sync on since the last ddp_adamw_step (>>adamw) */
 
     ddp__cpu *cpu;                 /* the CPU backend's state; NULL elsewhere */
     ddp__gpu *gpu;                 /* the NCCL backend's state; NULL elsewhere */
@@ -2190,7 +2199,7 @@ static int ddp__conn_read(ddp__store_server *s, ddp__conn *c) {
         ssize_t n;
         if (c->waiting) {            /* one request at a time: only a hang-up can come now */
             char byte;
-            ssize_t n = recv(c->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+            n = recv(c->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
             return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
         }
         if (need == 0) {
@@ -2322,7 +2331,8 @@ static ddp_result ddp__server_start(ddp_context *ctx) {
         freeaddrinfo(ai); ddp__server_free(s);
         if (err == EADDRINUSE)
             return ddp__fail(ctx, DDP_ERR_NETWORK, "MASTER_PORT %d on %s is already in use (another job, "
-                             "or a process still holding it); pick another port", ctx->desc.master_port, ctx->master_addr);
+                             "a process still holding it, or a second rank 0 of this job: check RANK); pick another port",
+                             ctx->desc.master_port, ctx->master_addr);
         return ddp__fail(ctx, DDP_ERR_NETWORK, "cannot listen on %s:%d (MASTER_ADDR:MASTER_PORT): %s",
                          ctx->master_addr, ctx->desc.master_port, strerror(err));
     }
@@ -2692,7 +2702,7 @@ static float ddp__from_bf16(uint16_t h) {
 static double ddp__sum_squares(const float *x, size_t n) {
     double lane[DDP__NORM_LANES] = { 0 }, total = 0;
     size_t i = 0;
-    int j;
+    size_t j;
     for (; i + DDP__NORM_LANES <= n; i += DDP__NORM_LANES)
         for (j = 0; j < DDP__NORM_LANES; j++) lane[j] += (double)x[i + j] * (double)x[i + j];
     for (j = 0; i < n; i++, j++) lane[j] += (double)x[i] * (double)x[i];
@@ -2705,7 +2715,7 @@ static double ddp__sum_squares(const float *x, size_t n) {
 static double ddp__sum_squares_bf16(const ddp_bf16 *x, size_t n) {
     double lane[DDP__NORM_LANES] = { 0 }, total = 0, y;
     size_t i = 0;
-    int j;
+    size_t j;
     for (; i + DDP__NORM_LANES <= n; i += DDP__NORM_LANES)
         for (j = 0; j < DDP__NORM_LANES; j++) { y = ddp__from_bf16(x[i + j]); lane[j] += y * y; }
     for (j = 0; i < n; i++, j++) { y = ddp__from_bf16(x[i]); lane[j] += y * y; }
@@ -2988,7 +2998,7 @@ static void ddp__host_step_done(ddp_context *ctx, double t_wait) {
     }
     if (ctx->tl_main) {
         ddp__record(ctx, ctx->tl_main, DDP__EV_WAIT, t_wait, t, -1, 0);
-        ddp__record(ctx, ctx->tl_main, DDP__EV_STEP, ctx->forward_start ? ctx->forward_start : ctx->step_start, t, -1, 0);
+        ddp__record(ctx, ctx->tl_main, DDP__EV_STEP, ctx->forward_start != 0 ? ctx->forward_start : ctx->step_start, t, -1, 0);
         ctx->forward_start = 0;
     }
 }
@@ -6725,6 +6735,7 @@ static ddp_result ddp__finish(ddp_context *ctx) {
             r = ctx->be->scale(ctx, 0, ctx->flat_count, (float)((double)ctx->world / ctx->join_active));
     }
     ctx->join_pending = !ctx->sync_enabled;   /* a micro-step's gradients wait for the sync (>>join) */
+    if (r == DDP_OK && ctx->sync_enabled) ctx->grads_averaged = 1;
     ddp__end_step(ctx);
     return r;
 }
@@ -6798,7 +6809,7 @@ static ddp_result ddp__backward(ddp_context *ctx) {
                          "last ddp_backward (called twice for one forward?); record each op's backward with "
                          "ddp_tape_record, or use ddp_grad_ready and ddp_finish");
     if ((r = ddp__begin_step(ctx)) != DDP_OK) { ddp__tape_reset(ctx); return r; }
-    if (ctx->tl_main && ctx->tape_len && ctx->forward_start)
+    if (ctx->tl_main && ctx->tape_len && ctx->forward_start != 0)
         ddp__record(ctx, ctx->tl_main, DDP__EV_FORWARD, ctx->forward_start, ctx->step_start, -1, 0);
     for (i = ctx->tape_len - 1; i >= 0 && r == DDP_OK; i--) {
         const ddp__tape_op *op = &ctx->tape[i];
@@ -6831,6 +6842,21 @@ static ddp_result ddp__zero_grad(ddp_context *ctx) {
    >>adamw  AdamW: the hyperparameters resolved and checked, then one fused pass over the flat
    buffers by the backend (host: >>host, ddp__host_adamw; NCCL: ddp_kernels.cuh).
    -------------------------------------------------------------------------------------------- */
+/* A step takes averaged gradients: a ddp_finish with sync on since the last step, at every world
+   size (so that a program tried on one rank finds the mistake before it costs a multi-rank run).
+   Without it the ranks would step on their own gradients and drift apart, every call "ok". */
+static ddp_result ddp__check_averaged(ddp_context *ctx) {
+    if (ctx->join_pending)
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_adamw_step after a backward with gradient sync off "
+                         "(ddp_set_sync(ddp, 0)): these gradients are this rank's alone; turn sync on "
+                         "(ddp_set_sync(ddp, 1)) before the last micro-batch's backward");
+    if (!ctx->grads_averaged)
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_adamw_step with no ddp_backward or ddp_finish since the "
+                         "last step (or since ddp_commit): the gradients were never averaged across ranks; run the "
+                         "backward (ddp_backward, or ddp_grad_ready for each parameter and ddp_finish) first");
+    return DDP_OK;
+}
+
 static ddp_result ddp__adamw_step(ddp_context *ctx, const ddp_adamw *opt, float *grad_norm_out) {
     float b1, b2, eps;
     double t0;
@@ -6838,15 +6864,17 @@ static ddp_result ddp__adamw_step(ddp_context *ctx, const ddp_adamw *opt, float 
     if (ctx->in_step)
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_adamw_step while a backward is in flight (call ddp_finish first)");
     if (!opt) return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_adamw_step needs options (a ddp_adamw)");
-    b1 = opt->beta1 || opt->as_given ? opt->beta1 : 0.9f;
-    b2 = opt->beta2 || opt->as_given ? opt->beta2 : 0.999f;
-    eps = opt->eps || opt->as_given ? opt->eps : 1e-8f;
+    b1 = opt->beta1 != 0 || opt->as_given ? opt->beta1 : 0.9f;
+    b2 = opt->beta2 != 0 || opt->as_given ? opt->beta2 : 0.999f;
+    eps = opt->eps != 0 || opt->as_given ? opt->eps : 1e-8f;
     if (!(opt->lr >= 0) || !(b1 >= 0 && b1 < 1) || !(b2 >= 0 && b2 < 1) || !(eps >= 0) ||
         !(opt->weight_decay >= 0) || !(opt->max_grad_norm >= 0))
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_adamw: lr=%g beta1=%g beta2=%g eps=%g weight_decay=%g "
                          "max_grad_norm=%g out of range (lr, eps, weight_decay, max_grad_norm >= 0; betas in [0, 1))",
                          opt->lr, b1, b2, eps, opt->weight_decay, opt->max_grad_norm);
+    if ((r = ddp__check_averaged(ctx)) != DDP_OK) return r;
     t0 = ddp__now();
+    ctx->grads_averaged = 0;   /* the next step needs the next backward's averages */
     r = ctx->be->adamw(ctx, opt, b1, b2, eps, grad_norm_out);
     /* bf16 parameters: the backend's pass wrote the working copies of this rank's part; sharded,
        the other parts arrived as working copies (the all-gather of bf16) */
@@ -7238,7 +7266,7 @@ typedef struct ddp__ckpt_sum { uint64_t lane[4], total; unsigned char tail[32]; 
 static void ddp__sum_init(ddp__ckpt_sum *s) {
     int k;
     memset(s, 0, sizeof *s);
-    for (k = 0; k < 4; k++) s->lane[k] = DDP__FNV_INIT + (uint64_t)k;
+    for (k = 0; k < 4; k++) s->lane[k] = (uint64_t)DDP__FNV_INIT + (uint64_t)k;
 }
 static uint64_t ddp__le64(const unsigned char *p) {
     uint64_t x;
@@ -7943,7 +7971,18 @@ ddp_result ddp_commit(ddp_context *ctx) {
     return r != DDP_OK ? r : ddp__commit(ctx);
 }
 
-static int ddp__valid_id(const ddp_context *ctx, int id) { return ctx && ctx->committed && id >= 0 && id < ctx->num_params; }
+/* The views exist from ddp_commit on; before it, or for an id no parameter has, NULL with an error. */
+static int ddp__committed(ddp_context *ctx, const char *call) {
+    if (ctx && !ctx->committed)
+        ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s before ddp_commit: the parameters have no memory until ddp_commit", call);
+    return ctx && ctx->committed;
+}
+static int ddp__valid_id(ddp_context *ctx, int id, const char *call) {
+    if (!ddp__committed(ctx, call)) return 0;
+    if (id >= 0 && id < ctx->num_params) return 1;
+    ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: no parameter has id %d (ids 0..%d are registered)", call, id, ctx->num_params - 1);
+    return 0;
+}
 /* An accessor of the other dtype: NULL, with an error that says which one to use. */
 static int ddp__dtype_is(ddp_context *ctx, ddp_dtype want, const char *call) {
     if (!ctx || ctx->desc.param_dtype == want) return 1;
@@ -7956,16 +7995,16 @@ static int ddp__dtype_is(ddp_context *ctx, ddp_dtype want, const char *call) {
     return 0;
 }
 float *ddp_param(ddp_context *ctx, int id) {
-    return ddp__valid_id(ctx, id) && ddp__dtype_is(ctx, DDP_DTYPE_FP32, "ddp_param") ? ctx->flat_params + ctx->params[id].offset : NULL;
+    return ddp__valid_id(ctx, id, "ddp_param") && ddp__dtype_is(ctx, DDP_DTYPE_FP32, "ddp_param") ? ctx->flat_params + ctx->params[id].offset : NULL;
 }
 float *ddp_grad(ddp_context *ctx, int id) {
-    return ddp__valid_id(ctx, id) && ddp__dtype_is(ctx, DDP_DTYPE_FP32, "ddp_grad") ? ctx->flat_grads + ctx->params[id].offset : NULL;
+    return ddp__valid_id(ctx, id, "ddp_grad") && ddp__dtype_is(ctx, DDP_DTYPE_FP32, "ddp_grad") ? ctx->flat_grads + ctx->params[id].offset : NULL;
 }
 ddp_bf16 *ddp_param_bf16(ddp_context *ctx, int id) {
-    return ddp__valid_id(ctx, id) && ddp__dtype_is(ctx, DDP_DTYPE_BF16, "ddp_param_bf16") ? ctx->params_bf16 + ctx->params[id].offset : NULL;
+    return ddp__valid_id(ctx, id, "ddp_param_bf16") && ddp__dtype_is(ctx, DDP_DTYPE_BF16, "ddp_param_bf16") ? ctx->params_bf16 + ctx->params[id].offset : NULL;
 }
 ddp_bf16 *ddp_grad_bf16(ddp_context *ctx, int id) {
-    return ddp__valid_id(ctx, id) && ddp__dtype_is(ctx, DDP_DTYPE_BF16, "ddp_grad_bf16") ? ctx->grads_bf16 + ctx->params[id].offset : NULL;
+    return ddp__valid_id(ctx, id, "ddp_grad_bf16") && ddp__dtype_is(ctx, DDP_DTYPE_BF16, "ddp_grad_bf16") ? ctx->grads_bf16 + ctx->params[id].offset : NULL;
 }
 size_t ddp_param_count(const ddp_context *ctx, int id) { return ctx && id >= 0 && id < ctx->num_params ? ctx->params[id].count : 0; }
 const char *ddp_param_name(const ddp_context *ctx, int id) { return ctx && id >= 0 && id < ctx->num_params ? ctx->params[id].name : NULL; }
@@ -7974,22 +8013,22 @@ int ddp_num_buckets(const ddp_context *ctx) { return ctx ? ctx->num_buckets : 0;
 
 float *ddp_flat_params(ddp_context *ctx, size_t *count_out) {
     if (count_out) *count_out = !ctx ? 0 : ddp__master_parts(ctx) ? ctx->shard_count : ctx->flat_count;
-    return ctx ? ctx->flat_params : NULL;
+    return ddp__committed(ctx, "ddp_flat_params") ? ctx->flat_params : NULL;
 }
 
 float *ddp_flat_grads(ddp_context *ctx, size_t *count_out) {
     if (count_out) *count_out = ctx ? ctx->flat_count : 0;
-    return ctx && ddp__dtype_is(ctx, DDP_DTYPE_FP32, "ddp_flat_grads") ? ctx->flat_grads : NULL;
+    return ddp__committed(ctx, "ddp_flat_grads") && ddp__dtype_is(ctx, DDP_DTYPE_FP32, "ddp_flat_grads") ? ctx->flat_grads : NULL;
 }
 
 ddp_bf16 *ddp_flat_params_bf16(ddp_context *ctx, size_t *count_out) {
     if (count_out) *count_out = ctx ? ctx->flat_count : 0;
-    return ctx && ddp__dtype_is(ctx, DDP_DTYPE_BF16, "ddp_flat_params_bf16") ? ctx->params_bf16 : NULL;
+    return ddp__committed(ctx, "ddp_flat_params_bf16") && ddp__dtype_is(ctx, DDP_DTYPE_BF16, "ddp_flat_params_bf16") ? ctx->params_bf16 : NULL;
 }
 
 ddp_bf16 *ddp_flat_grads_bf16(ddp_context *ctx, size_t *count_out) {
     if (count_out) *count_out = ctx ? ctx->flat_count : 0;
-    return ctx && ddp__dtype_is(ctx, DDP_DTYPE_BF16, "ddp_flat_grads_bf16") ? ctx->grads_bf16 : NULL;
+    return ddp__committed(ctx, "ddp_flat_grads_bf16") && ddp__dtype_is(ctx, DDP_DTYPE_BF16, "ddp_flat_grads_bf16") ? ctx->grads_bf16 : NULL;
 }
 
 ddp_result ddp_bucket(const ddp_context *ctx, int index, ddp_bucket_info *out) {

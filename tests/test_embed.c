@@ -196,12 +196,63 @@ static void test_what_the_peer_did(void) {
             "embed_gradient_bucket_named_in_mismatch", "rank 1: %s", ranks[1].error);
 }
 
+/* A step takes averaged gradients; the views name why they are NULL. One rank, so that the
+   mistakes a program makes show before a multi-rank run (where they would let ranks drift). */
+static int64_t step_count(ddp_context *ctx) {
+    int64_t *step = NULL;
+    return ddp_adamw_state(ctx, NULL, NULL, &step) == DDP_OK && step ? *step : -1;
+}
+
+static void test_step_needs_averaged(void) {
+    ddp_context *ctx = single();
+    ddp_adamw opt;
+    float before[8], *p;
+    int w = -1, k, same;
+    memset(&opt, 0, sizeof opt);
+    opt.lr = 0.1f;
+    opt.weight_decay = 0.1f;
+    verdict(!ddp_param(ctx, 0) && strstr(ddp_last_error(ctx), "ddp_param before ddp_commit") &&
+            !ddp_flat_params(ctx, NULL) && strstr(ddp_last_error(ctx), "ddp_flat_params before ddp_commit"),
+            "embed_views_before_commit_named", "'%s'", ddp_last_error(ctx));
+    ddp_register_param(ctx, "w", 8, 0, NULL, &w);
+    ddp_commit(ctx);
+    verdict(!ddp_grad(ctx, 99) && strstr(ddp_last_error(ctx), "ddp_grad: no parameter has id 99 (ids 0..0"),
+            "embed_view_unknown_id_named", "'%s'", ddp_last_error(ctx));
+    p = ddp_param(ctx, w);
+    for (k = 0; k < 8; k++) { p[k] = 1.0f; ddp_grad(ctx, w)[k] = 0.5f; }
+    memcpy(before, p, sizeof before);
+    /* gradients written, never finished: refused, nothing changed (weight decay would have) */
+    verdict(ddp_adamw_step(ctx, &opt, NULL) == DDP_ERR_INVALID_STATE &&
+            strstr(ddp_last_error(ctx), "ddp_adamw_step with no ddp_backward or ddp_finish since the last step") &&
+            !memcmp(before, p, sizeof before) && step_count(ctx) == 0,
+            "embed_step_without_finish_refused", "'%s'", ddp_last_error(ctx));
+    ddp_grad_ready(ctx, w);
+    same = ddp_finish(ctx) == DDP_OK && ddp_adamw_step(ctx, &opt, NULL) == DDP_OK;
+    memcpy(before, p, sizeof before);
+    verdict(same && ddp_adamw_step(ctx, &opt, NULL) == DDP_ERR_INVALID_STATE && !memcmp(before, p, sizeof before) &&
+            step_count(ctx) == 1, "embed_second_step_without_backward_refused", "'%s'", ddp_last_error(ctx));
+    /* a micro-step with sync off, then a step: refused; the synced micro-step after it steps */
+    ddp_zero_grad(ctx);
+    ddp_set_sync(ctx, 0);
+    ddp_grad_ready(ctx, w);
+    ddp_finish(ctx);
+    verdict(ddp_adamw_step(ctx, &opt, NULL) == DDP_ERR_INVALID_STATE &&
+            strstr(ddp_last_error(ctx), "after a backward with gradient sync off") && !memcmp(before, p, sizeof before),
+            "embed_step_with_sync_off_refused", "'%s'", ddp_last_error(ctx));
+    ddp_set_sync(ctx, 1);
+    ddp_grad_ready(ctx, w);
+    verdict(ddp_finish(ctx) == DDP_OK && ddp_adamw_step(ctx, &opt, NULL) == DDP_OK && step_count(ctx) == 2,
+            "embed_step_after_synced_micro_step", "'%s'", ddp_last_error(ctx));
+    ddp_shutdown(ctx);
+}
+
 int main(void) {
     test_null_context();
     test_init_null_out();
     test_messages();
     test_backward_twice();
     test_adamw_as_given();
+    test_step_needs_averaged();
     test_abandoned_thread_rank();
     test_what_the_peer_did();
     return test_summary("test_embed");

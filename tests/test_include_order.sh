@@ -26,3 +26,12 @@ check include_order_strict_c99_stops_with_advice error -std=c99 "$tmp/late.c"
 check include_order_gnu99_compiles ok -std=gnu99 -Wall -Wextra -Werror "$tmp/late.c"
 check include_order_gnu_source_compiles ok -std=c99 -D_GNU_SOURCE -Wall -Wextra -Werror "$tmp/late.c"
 check include_order_ddp_first_compiles ok -std=c99 -Wall -Wextra -Werror "$tmp/first.c"
+# An engine's own strict warning set must stay quiet on ddp.h (the implementation included).
+strict="-Wall -Wextra -Wshadow -Wconversion -Werror"
+check header_strict_warnings_c99_pedantic ok -std=c99 -pedantic $strict "$tmp/first.c"
+if command -v clang >/dev/null 2>&1; then
+    CC=clang check header_strict_warnings_clang ok -std=c99 -pedantic $strict "$tmp/first.c"
+fi
+if command -v g++ >/dev/null 2>&1; then
+    CC=g++ check header_strict_warnings_as_cxx ok -x c++ $strict "$tmp/first.c"
+fi

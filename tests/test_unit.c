@@ -318,7 +318,8 @@ static void test_adamw(void) {
             p[i] -= 0.01 * wd * p[i];
             p[i] -= 0.01 * (m[i] / bc1) / (sqrt(v[i] / bc2) + 1e-6);
         }
-        ddp_adamw_step(ctx, &opt, &norm);
+        ok &= ddp_grad_ready(ctx, b) == DDP_OK && ddp_grad_ready(ctx, a) == DDP_OK && ddp_finish(ctx) == DDP_OK;
+        ok &= ddp_adamw_step(ctx, &opt, &norm) == DDP_OK;
         if (fabs(norm - sqrt(sq)) > 1e-6 * sqrt(sq)) ok = 0;
     }
     for (i = 0; i < N0 + N1; i++) {

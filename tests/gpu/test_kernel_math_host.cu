@@ -126,7 +126,11 @@ static void test_adamw_parity(void) {
         opt.max_grad_norm = step % 3 == 0 ? 0.0f : step % 3 == 1 ? 0.5f : 1e9f;   /* off, clipping, above the norm */
         grads_for_step(cpu_g, ctx, step);
         norm_sq = ddp__sum_squares(cpu_g, n);   /* the CPU step's norm, given to the device's prepare */
-        if (ddp_adamw_step(ctx, &opt, NULL) != DDP_OK) { printf("FAIL host_adamw_cpu_step %d: %s\n", step, ddp_last_error(ctx)); exit(1); }
+        for (i = ddp_num_params(ctx) - 1; i >= 0; i--) r = ddp_grad_ready(ctx, i);   /* the step takes a finished backward */
+        if (ddp_finish(ctx) != DDP_OK || r != DDP_OK || ddp_adamw_step(ctx, &opt, NULL) != DDP_OK) {
+            printf("FAIL host_adamw_cpu_step %d: %s\n", step, ddp_last_error(ctx));
+            exit(1);
+        }
         for (j = 0; j < RUNS; j++) {
             replica *x = &rep[j];
             size_t at;
