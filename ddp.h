@@ -55,7 +55,8 @@
                                            rank, MPI when built with DDP_MPI and the ranks span
                                            hosts (LOCAL_WORLD_SIZE < WORLD_SIZE), CPU for several
      timeout_s        300 ($DDP_TIMEOUT)   longest wait for a peer before DDP_ERR_TIMEOUT (a
-                                           dead peer is noticed much sooner: ERRORS)
+                                           dead peer is noticed much sooner: ERRORS); at most
+                                           1e6 s: no wait is infinite
      bucket_cap_mb    25                   bucket size cap in MiB
      first_bucket_mb  1                    the first bucket (last parameters) is kept small so
                                            communication starts early
@@ -1599,6 +1600,8 @@ static ddp_result ddp__read_env(ddp_context *ctx) {
     return DDP_OK;
 }
 
+#define DDP__MAX_TIMEOUT_S 1e6   /* 11.6 days: any wait stays a finite poll */
+
 /* What the environment says for fields the descriptor leaves at zero. Strings are copied into
    the context, so the caller's may go away after ddp_init. */
 static ddp_result ddp__desc_from_env(ddp_context *ctx, ddp_desc *d) {
@@ -1621,8 +1624,9 @@ static ddp_result ddp__desc_from_env(ddp_context *ctx, ddp_desc *d) {
     if (d->timeout_s == 0 && (s = getenv("DDP_TIMEOUT")) != NULL && *s) {
         char *end;
         double t = strtod(s, &end);
-        if (*end || !(t > 0))
-            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_TIMEOUT='%s' is not a positive number of seconds", s);
+        if (*end || !(t > 0) || t > DDP__MAX_TIMEOUT_S)
+            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_TIMEOUT='%s' is not a number of seconds in (0, %g]", s,
+                             (double)DDP__MAX_TIMEOUT_S);
         d->timeout_s = t;
     }
     if (!d->shard_optimizer && (s = getenv("DDP_SHARD_OPTIMIZER")) != NULL && *s) {
@@ -1656,10 +1660,20 @@ static ddp_result ddp__desc_validate(ddp_context *ctx, const ddp_desc *d) {
     if (d->reduce_dtype != DDP_DTYPE_FP32 && d->reduce_dtype != DDP_DTYPE_BF16)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: reduce_dtype %d is neither DDP_DTYPE_FP32 nor "
                          "DDP_DTYPE_BF16", (int)d->reduce_dtype);
-    if (d->timeout_s < 0 || d->bucket_cap_mb < 0 || d->first_bucket_mb < 0 || d->world_size < 0 ||
-        d->inject_comm_latency_ms < 0 || d->inject_comm_gbps < 0 || d->shutdown_timeout_s < 0)
+    if (!(d->timeout_s >= 0) || !(d->bucket_cap_mb >= 0) || !(d->first_bucket_mb >= 0) || d->world_size < 0 ||
+        !(d->inject_comm_latency_ms >= 0) || !(d->inject_comm_gbps >= 0) || !(d->shutdown_timeout_s >= 0))
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: timeout_s, bucket_cap_mb, first_bucket_mb, "
-                         "world_size, shutdown_timeout_s and the inject_comm fields must not be negative");
+                         "world_size, shutdown_timeout_s and the inject_comm fields must not be negative (or NaN)");
+    /* a wait is a poll of int milliseconds: past ~24 days it would wrap into "forever" */
+    if (d->timeout_s > DDP__MAX_TIMEOUT_S || d->shutdown_timeout_s > DDP__MAX_TIMEOUT_S ||
+        d->inject_comm_latency_ms > 1e3 * DDP__MAX_TIMEOUT_S)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: timeout_s %g, shutdown_timeout_s %g or "
+                         "inject_comm_latency_ms %g is above %g s (infinite waits are not offered: a lost peer must "
+                         "end the job)", d->timeout_s, d->shutdown_timeout_s, d->inject_comm_latency_ms,
+                         (double)DDP__MAX_TIMEOUT_S);
+    if (d->bucket_cap_mb > 1048576.0 || d->first_bucket_mb > 1048576.0)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: bucket_cap_mb %g or first_bucket_mb %g is above "
+                         "1048576 MiB (1 TiB)", d->bucket_cap_mb, d->first_bucket_mb);
     if (d->uneven_inputs != DDP_JOIN_OFF && d->uneven_inputs != DDP_JOIN_DIVIDE_BY_WORLD &&
         d->uneven_inputs != DDP_JOIN_DIVIDE_BY_ACTIVE)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: uneven_inputs %d is not a ddp_join_mode", (int)d->uneven_inputs);
@@ -2397,7 +2411,7 @@ static ddp_result ddp__store_request_on(ddp_context *ctx, int fd, uint32_t op, c
     rlen = ddp__get_u32(hdr + 12);
     if (rc == 0 && rlen > DDP__STORE_MAX_VALUE) rc = -1;
     if (rc == -2) return ddp__fail(ctx, DDP_ERR_TIMEOUT, "the rendezvous store on rank 0 (%s:%d) did not answer within "
-                                   "%.0f s: rank 0 is stopped or overloaded", ctx->master_addr, ctx->desc.master_port,
+                                   "%g s: rank 0 is stopped or overloaded", ctx->master_addr, ctx->desc.master_port,
                                    wait_s + grace);
     if (rc) return ddp__fail(ctx, DDP_ERR_PEER_LOST, "lost the connection to the rendezvous store on rank 0 "
                              "(%s:%d): rank 0 failed or exited", ctx->master_addr, ctx->desc.master_port);
@@ -2644,18 +2658,18 @@ static ddp_result ddp__store_connect_as(ddp_context *ctx, double deadline, int a
     if (rc < 0) return code;
     if (rc == 0) return DDP_OK;
     if (why == DDP__HELLO_NO_CONNECT && last_err == ECONNREFUSED)
-        return ddp__fail(ctx, DDP_ERR_TIMEOUT, "no store at %s:%d - did rank 0 start? Nothing listened there for %.0f s "
+        return ddp__fail(ctx, DDP_ERR_TIMEOUT, "no store at %s:%d - did rank 0 start? Nothing listened there for %g s "
                          "(timeout_s, DDP_TIMEOUT). Without a launcher that stops the job when a rank dies, a rank "
                          "cannot tell a rank 0 that died before it listened from one slow to start", addr, port, waited);
     if (why == DDP__HELLO_NO_CONNECT)
-        return ddp__fail(ctx, DDP_ERR_TIMEOUT, "cannot reach rank 0's rendezvous store at %s:%d within %.0f s: %s",
+        return ddp__fail(ctx, DDP_ERR_TIMEOUT, "cannot reach rank 0's rendezvous store at %s:%d within %g s: %s",
                          addr, port, waited, strerror(last_err ? last_err : ETIMEDOUT));
     if (why == DDP__HELLO_SILENT)
         return ddp__fail(ctx, DDP_ERR_TIMEOUT, "a process listens on %s:%d but did not answer the rendezvous handshake "
-                         "within %.0f s: rank 0 is stopped or overloaded, or another program holds MASTER_PORT",
+                         "within %g s: rank 0 is stopped or overloaded, or another program holds MASTER_PORT",
                          addr, port, waited);
     return ddp__fail(ctx, DDP_ERR_TIMEOUT, "the process on %s:%d closed every connection during the rendezvous "
-                     "handshake for %.0f s: another program holds MASTER_PORT, or rank 0's store is flooded with "
+                     "handshake for %g s: another program holds MASTER_PORT, or rank 0's store is flooded with "
                      "connections", addr, port, waited);
 }
 
@@ -3228,7 +3242,7 @@ static ddp_result ddp__shm_check_peers(ddp_context *ctx, int stage, uint32_t tar
                 len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d", len ? ", " : "", s);
         }
         if (!missing[0]) return DDP_OK;   /* everyone posted as the deadline passed: not a timeout */
-        return ddp__fail_group(ctx, DDP_ERR_TIMEOUT, "timed out after %.0f s in %s waiting for rank(s) %s",
+        return ddp__fail_group(ctx, DDP_ERR_TIMEOUT, "timed out after %g s in %s waiting for rank(s) %s",
                                          ctx->desc.timeout_s, ctx->what, missing);
     }
     return DDP_OK;
@@ -4558,7 +4572,7 @@ static void *ddp__mpi_watchdog_main(void *arg) {
             } else if (since > 0 && now - since > ctx->desc.timeout_s) {
                 if (before && snap_at >= since) ddp__mpi_silent(ctx, before, silent, sizeof silent);
                 else snprintf(silent, sizeof silent, "?");
-                ddp__fail_group(ctx, DDP_ERR_TIMEOUT, "timed out after %.0f s in %s: no answer across hosts; not heard "
+                ddp__fail_group(ctx, DDP_ERR_TIMEOUT, "timed out after %g s in %s: no answer across hosts; not heard "
                                 "from: %s", ctx->desc.timeout_s, msg, silent[0] ? silent : "none (a rank stopped?)");
             } else if (m->watch_fd >= 0 && (r = ddp__mpi_check_store(ctx, msg, sizeof msg)) != DDP_OK) {
                 ddp__set_failed(ctx, ddp__fail(ctx, r, "%s", msg));   /* the store knows already (or is gone) */
@@ -5177,7 +5191,7 @@ static ddp_result ddp__gpu_inspect_locked(ddp_context *ctx, char *msg, size_t ca
         return async == ncclRemoteError ? DDP_ERR_PEER_LOST : DDP_ERR_BACKEND;
     }
     if (ddp__watch_expired(&g->watch, ddp__now(), ctx->desc.timeout_s)) {
-        snprintf(msg, cap, "timed out after %.0f s in %s: the GPU never finished it (a peer stuck or gone?); "
+        snprintf(msg, cap, "timed out after %g s in %s: the GPU never finished it (a peer stuck or gone?); "
                  "the NCCL communicator was aborted", ctx->desc.timeout_s, g->watch.what);
         return DDP_ERR_TIMEOUT;
     }
@@ -5305,7 +5319,7 @@ static ddp_result ddp__gpu_wait(ddp_context *ctx, cudaStream_t stream, const cha
             return b != DDP_OK ? b : ddp__fail_group(ctx, r, "%s", msg);
         }
         if (ddp__now() > deadline)
-            return ddp__fail_group(ctx, DDP_ERR_TIMEOUT, "timed out after %.0f s waiting for %s on the GPU",
+            return ddp__fail_group(ctx, DDP_ERR_TIMEOUT, "timed out after %g s waiting for %s on the GPU",
                                              ctx->desc.timeout_s, what);
         usleep(50);
     }
@@ -5375,7 +5389,7 @@ static ddp_result ddp__nccl_call(ddp_context *ctx, int call, const void *send, v
     r = ddp__nccl_settle(ctx, e, what, ddp__now() + ctx->desc.timeout_s);
     ddp__nccl_leave(g);
     if (r == DDP_ERR_TIMEOUT && !ddp__failed(ctx))
-        r = ddp__fail_group(ctx, DDP_ERR_TIMEOUT, "timed out after %.0f s in %s: NCCL never finished "
+        r = ddp__fail_group(ctx, DDP_ERR_TIMEOUT, "timed out after %g s in %s: NCCL never finished "
                                       "enqueueing it (a peer stuck or gone?)", ctx->desc.timeout_s, what);
     if (r != DDP_OK) return r;
     pthread_mutex_lock(&g->lock);
@@ -5442,7 +5456,7 @@ static ddp_result ddp__gpu_init_comm(ddp_context *ctx, ncclUniqueId *id, double 
         if (ctx->world > 1 && ddp__list_missing(ctx, "nccl/start/", 0, never, sizeof never) == DDP_OK)
             ddp__list_missing(ctx, "nccl/done/", 0, unfinished, sizeof unfinished);
         ddp__gpu_abort(ctx);
-        return ddp__fail(ctx, DDP_ERR_TIMEOUT, "timed out after %.0f s in NCCL's set-up; rank(s) never started it: "
+        return ddp__fail(ctx, DDP_ERR_TIMEOUT, "timed out after %g s in NCCL's set-up; rank(s) never started it: "
                          "%s; rank(s) that did not finish it: %s; the communicator was aborted", ctx->desc.timeout_s,
                          never[0] ? never : "none", unfinished[0] ? unfinished : "none");
     }
@@ -6062,7 +6076,7 @@ static void ddp__gpu_close_comm(ddp_context *ctx) {
         if (r == DDP_OK) r = ddp__nccl_settle(ctx, ncclCommFinalize(g->nccl), "ncclCommFinalize", ddp__now() + ctx->desc.timeout_s);
         ddp__nccl_leave(g);
         if (r == DDP_ERR_TIMEOUT && !ddp__failed(ctx))
-            ddp__set_failed(ctx, ddp__fail(ctx, DDP_ERR_TIMEOUT, "timed out after %.0f s finalizing the NCCL communicator "
+            ddp__set_failed(ctx, ddp__fail(ctx, DDP_ERR_TIMEOUT, "timed out after %g s finalizing the NCCL communicator "
                                            "at shutdown (a peer stuck or gone?); it was aborted", ctx->desc.timeout_s));
     }
     if (r == DDP_OK && ddp__nccl_claim(g)) ncclCommDestroy(g->nccl);
@@ -6217,7 +6231,7 @@ static ddp_result ddp__rendezvous(ddp_context *ctx, double deadline) {
             char missing[256];
             if ((r = ddp__list_missing(ctx, "rank/", s, missing, sizeof missing)) != DDP_OK) return r;
             return ddp__fail(ctx, DDP_ERR_TIMEOUT, "rank(s) %s never arrived at the rendezvous on %s:%d within "
-                             "%.0f s (WORLD_SIZE=%d)", missing, ctx->master_addr, ctx->desc.master_port,
+                             "%g s (WORLD_SIZE=%d)", missing, ctx->master_addr, ctx->desc.master_port,
                              ctx->desc.timeout_s, ctx->world);
         }
         sscanf((const char *)reply, "%d %d", &world, &pid);
@@ -6565,7 +6579,7 @@ static ddp_result ddp__verify_layout(ddp_context *ctx) {
         unsigned char *text;
         snprintf(key, sizeof key, "layout/%d", s);
         if ((r = ddp__store_get(ctx, key, deadline, &text, &rlen, &found)) != DDP_OK) break;
-        if (!found) { r = ddp__fail(ctx, DDP_ERR_TIMEOUT, "rank %d did not reach ddp_commit within %.0f s", s, ctx->desc.timeout_s); break; }
+        if (!found) { r = ddp__fail(ctx, DDP_ERR_TIMEOUT, "rank %d did not reach ddp_commit within %g s", s, ctx->desc.timeout_s); break; }
         if (s == 0) { ref = (char *)text; continue; }
         if (strcmp(ref, (const char *)text)) r = ddp__layout_mismatch(ctx, ref, (const char *)text, s);
         DDP_FREE(text);

@@ -282,6 +282,30 @@ test_stalled_rank_named() {
     report "a stalled rank the survivors waited for is named" "${why#; }"
 }
 
+# The same for ddp.h's other timeout errors: a rank that never reached the rendezvous or
+# ddp_commit is named too (the number comes before the words there).
+test_stalled_rank_named_other_words() {
+    local why="" words
+    for words in "rank(s) 1 never arrived at the rendezvous on 127.0.0.1:1 within 2 s (WORLD_SIZE=2)" \
+                 "rank 1 did not reach ddp_commit within 0.5 s"; do
+        W="$words" run 20 -n 2 sh -c 'if [ "$RANK" = 0 ]; then sleep 0.3; echo "train: rank 0: $W" >&2; exit 3; fi; sleep 30'
+        grep -q '^ddprun: rank 1 (pid [0-9]*) stalled: rank 0 exited with status 3 after waiting for it' "$TMP/err" ||
+            why="$why; after '$words' rank 1 not named: $(grep '^ddprun' "$TMP/err" | head -n 1)"
+    done
+    report "a rank stalled before the rendezvous or ddp_commit is named" "${why#; }"
+}
+
+# A rank that returned (status 0) while its peers still waited for it is the cause, not the peer
+# whose timeout reported it.
+test_left_early_rank_named() {
+    local why=""
+    run 20 -n 3 sh -c 'if [ "$RANK" = 1 ]; then exit 0; fi; sleep 0.5; echo "rank $RANK: rank(s) 1 never arrived at the rendezvous on 127.0.0.1:1 within 2 s (WORLD_SIZE=3)" >&2; exit 1'
+    [ $rc -eq 1 ] || why="exit $rc, expected 1"
+    grep -q '^ddprun: rank 1 (pid [0-9]*) exited with status 0 before its peers were done: rank [02] exited with status 1 after waiting for it' "$TMP/err" ||
+        why="$why; rank 1 not named: $(grep '^ddprun' "$TMP/err" | head -n 1)"
+    report "a rank that left early (status 0) while the others waited for it is named" "${why#; }"
+}
+
 # --max-restarts: a failed job starts again (a new token and port each time) until it succeeds,
 # or the restarts are used up; every restart says why.
 test_max_restarts() {
@@ -381,6 +405,8 @@ test_closed_stdout
 test_blocked_stdout
 test_ctrl_z
 test_stalled_rank_named
+test_stalled_rank_named_other_words
+test_left_early_rank_named
 test_max_restarts
 test_interrupt_no_restart
 test_multi_node

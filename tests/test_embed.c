@@ -246,6 +246,33 @@ static void test_step_needs_averaged(void) {
     ddp_shutdown(ctx);
 }
 
+/* Descriptor numbers that would make a wait infinite or a size undefined are refused by name. */
+static void test_desc_limits(void) {
+    static const struct { const char *name, *needle; int field; double value; } cases[] = {
+        { "embed_desc_timeout_infinite_refused", "timeout_s inf", 0, 0 },
+        { "embed_desc_timeout_nan_refused", "must not be negative (or NaN)", 0, 1 },
+        { "embed_desc_bucket_cap_infinite_refused", "bucket_cap_mb inf", 1, 0 },
+        { "embed_desc_latency_infinite_refused", "inject_comm_latency_ms inf", 2, 0 },
+    };
+    size_t i;
+    for (i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ddp_context *ctx = NULL;
+        ddp_desc d;
+        ddp_result r;
+        double v = cases[i].value == 0 ? HUGE_VAL : nan("");
+        memset(&d, 0, sizeof d);
+        d.world_size = 1;
+        d.log_level = DDP_LOG_OFF;
+        if (cases[i].field == 0) d.timeout_s = v;
+        else if (cases[i].field == 1) d.bucket_cap_mb = v;
+        else d.inject_comm_latency_ms = v;
+        r = ddp_init(&ctx, &d);
+        verdict(r == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(ctx), cases[i].needle), cases[i].name, "%s: '%s'",
+                ddp_result_string(r), ddp_last_error(ctx));
+        ddp_shutdown(ctx);
+    }
+}
+
 int main(void) {
     test_null_context();
     test_init_null_out();
@@ -253,6 +280,7 @@ int main(void) {
     test_backward_twice();
     test_adamw_as_given();
     test_step_needs_averaged();
+    test_desc_limits();
     test_abandoned_thread_rank();
     test_what_the_peer_did();
     return test_summary("test_embed");

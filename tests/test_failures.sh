@@ -188,6 +188,26 @@ else
 fi
 kill -9 "$victim" 2>/dev/null
 
+# 2c. ddp.h's own words reach ddprun: a rank that never starts the library (busy before ddp_init)
+#     is named as stalled, and one that returns with status 0 before ddp_init as the one that
+#     left early, not the survivors that timed out at the rendezvous.
+for how in stalled left; do
+  p=$(port)
+  DDP_TIMEOUT=1 HOW=$how timeout 60 "$B/ddprun" -n 3 --grace 1 --master-port "$p" sh -c \
+    'if [ "$RANK" = 1 ]; then if [ "$HOW" = left ]; then exit 0; fi; sleep 30; fi; exec "$0" 3' "$B/test_fault" \
+    >"$tmp/early_out" 2>"$tmp/early_err"
+  rc=$?
+  case $how in
+    stalled) want="ddprun: rank 1 (pid [0-9]*) stalled: rank [02] exited with status 3 after waiting for it" ;;
+    left) want="ddprun: rank 1 (pid [0-9]*) exited with status 0 before its peers were done: rank [02] exited with status 3" ;;
+  esac
+  if [ "$rc" -eq 3 ] && grep -q "^$want" "$tmp/early_err" && grep -q 'rank(s) 1 never arrived at the rendezvous' "$tmp/early_err"; then
+    pass "ddprun_names_rank_${how}_before_rendezvous"
+  else
+    fail "ddprun_names_rank_${how}_before_rendezvous" "rc=$rc: $(grep -v '^\[rank [0-9]\] step' "$tmp/early_err" | head -n 4 | tr '\n' '|')"
+  fi
+done
+
 # 3. A segment left behind by a crashed job does not break the next run, and is swept away.
 stale=/dev/shm/ddp-999999-deadbeef
 : >"$stale" 2>/dev/null

@@ -53,6 +53,31 @@ out=$(train --steps 1 --dropout 1 2>&1); rc=$?
 if [ $rc -ne 0 ] && grep -q "dropout must be in \[0, 1)" <<<"$out"; then pass gpt_dropout_out_of_range_refused
 else fail gpt_dropout_out_of_range_refused "rc $rc: $(tail -n 2 <<<"$out")"; fi
 
+# --- flags that would wrap a size or wait forever are refused at once, by name (exit 2) ---
+flag_refused() {   # name, expected words, flags...
+    local name=$1 words=$2 out rc
+    shift 2
+    out=$(timeout 60 "$BIN" "${TINY[@]}" --steps 1 "$@" 2>&1); rc=$?
+    if [ $rc -eq 2 ] && grep -q -- "$words" <<<"$out"; then pass "$name"
+    else fail "$name" "rc $rc: $(tail -n 2 <<<"$out" | tr '\n' ' ')"; fi
+}
+flag_refused gpt_model_too_large_refused "the model is too large for this program" --layers 103991 --heads 1 --dim 84606976
+flag_refused gpt_batch_times_seq_too_large_refused "batch x seq" --layers 1 --heads 1 --dim 1 --seq 1000000000 --batch 8
+flag_refused gpt_negative_seed_refused "'-1' is not a non-negative integer" --seed -1
+flag_refused gpt_infinite_latency_refused "'inf' is not a finite number >= 0" --inject-latency-ms inf
+
+# --- --dump-init on a full disk leaves no partial file (written to a temporary, renamed) ---
+if [ "$(id -u)" = 0 ] && mkdir -p "$tmp/small" && mount -t tmpfs -o size=64k tmpfs "$tmp/small" 2>/dev/null; then
+    out=$(timeout 60 "$BIN" "${TINY[@]}" --dim 64 --dump-init "$tmp/small/init.bin" 2>&1); rc=$?
+    left=$(ls -A "$tmp/small")
+    umount "$tmp/small"
+    if [ $rc -ne 0 ] && grep -q "cannot write '$tmp/small/init.bin': No space left on device" <<<"$out" && [ -z "$left" ]; then
+        pass gpt_dump_init_full_disk_leaves_nothing
+    else fail gpt_dump_init_full_disk_leaves_nothing "rc $rc, left '$left': $(tail -n 1 <<<"$out")"; fi
+else
+    echo "SKIP gpt_dump_init_full_disk_leaves_nothing: cannot mount a small tmpfs here (not root, or no mount namespace rights)"
+fi
+
 # --- tools/shakespeare_char.sh (nanoGPT's shakespeare_char configuration) starts, here on the CPU
 #     backend, with the model shrunk by flags that override its own ---
 if [ -z "${TRAIN_GPT:-}" ] && [ -f ../shared/data/tinyshakespeare.txt ]; then

@@ -641,18 +641,39 @@ static int spawn_rank(const struct job *job, struct rank *r)
     return 0;
 }
 
-/* ddp.h's timeout error names the ranks a survivor waited for: "... waiting for rank(s) 1, 2".
- * The first one is kept, to name a stalled rank that is not stopped (busy, blocked, deadlocked). */
+/* ddp.h's timeout errors name the ranks a survivor waited for: "... waiting for rank(s) 1, 2" (a
+ * collective), "rank(s) 1 never arrived at the rendezvous" (ddp_init), "rank 1 did not reach
+ * ddp_commit". The first one named is kept, to name a stalled rank that is not stopped (busy,
+ * blocked, deadlocked) or one that left early. */
+static int digits_at(const char *at, const char *end, int *value)
+{
+    int n = 0, v = 0;
+    for (; at < end && *at >= '0' && *at <= '9' && n < 7; at++, n++)
+        v = v * 10 + (*at - '0');
+    *value = v;
+    return n;
+}
+
 static void note_waited_for(struct job *job, int rank, const char *line, size_t len)
 {
     int index = rank - job->base;   /* this node's ranks only; a peer elsewhere is not ours to name */
-    static const char key[] = "waiting for rank(s) ";
-    const char *at = memmem(line, len, key, sizeof key - 1);
+    static const char wait_key[] = "waiting for rank(s) ", never_key[] = " never arrived at the rendezvous",
+                      list_key[] = "rank(s) ", commit_key[] = " did not reach ddp_commit";
+    const char *end = line + len, *at;
     int peer = 0, digits = 0;
-    if (!at || job->ranks[index].waited_for >= 0)
+    if (job->ranks[index].waited_for >= 0)
         return;
-    for (at += sizeof key - 1; at < line + len && *at >= '0' && *at <= '9' && digits < 7; at++, digits++)
-        peer = peer * 10 + (*at - '0');
+    if ((at = memmem(line, len, wait_key, sizeof wait_key - 1)) != NULL)
+        digits = digits_at(at + sizeof wait_key - 1, end, &peer);
+    else if (memmem(line, len, never_key, sizeof never_key - 1) && (at = memmem(line, len, list_key, sizeof list_key - 1)))
+        digits = digits_at(at + sizeof list_key - 1, end, &peer);
+    else if ((at = memmem(line, len, commit_key, sizeof commit_key - 1)) != NULL) {
+        const char *first = at;
+        while (first > line && first[-1] >= '0' && first[-1] <= '9')
+            first--;
+        if (first - line >= 5 && !memcmp(first - 5, "rank ", 5))
+            digits = digits_at(first, at, &peer);
+    }
     peer -= job->base;
     if (digits > 0 && peer >= 0 && peer < job->nranks && peer != index)
         job->ranks[index].waited_for = peer;
@@ -825,12 +846,21 @@ static struct rank *find_stalled(struct job *job, const struct rank *first, int 
     return NULL;
 }
 
+/* The rank the failed one waited for, when it had already exited with status 0: it left early
+ * (before the rendezvous, or before a collective its peers made), which is the cause. */
+static struct rank *find_left_early(struct job *job, const struct rank *first)
+{
+    struct rank *w = first->waited_for >= 0 ? &job->ranks[first->waited_for] : NULL;
+    return w && !w->running && !w->failed_seq && w->code == 0 && w->sig == 0 ? w : NULL;
+}
+
 /* The settle time is over (or nobody is left): the first rank killed by a signal is the cause,
- * else a stalled rank the failed ones waited for, else the first that failed; it gets the full
+ * else a stalled rank the failed ones waited for, else one they waited for that had exited 0
+ * (it left early), else the first that failed; it gets the full
  * story, the others a short note. */
 static void name_the_cause(struct job *job)
 {
-    struct rank *cause = NULL, *first = NULL, *stalled = NULL;
+    struct rank *cause = NULL, *first = NULL, *stalled = NULL, *left = NULL;
     int stop_sig = 0;
     for (int pass = 0; pass < 2 && !cause; pass++)
         for (int seq = 1; seq <= job->failures_seen && !cause; seq++)
@@ -840,12 +870,17 @@ static void name_the_cause(struct job *job)
     if (!cause->sig) {
         first = cause;
         stalled = find_stalled(job, first, &stop_sig);
+        if (!stalled)
+            left = find_left_early(job, first);
     }
     if (stalled && stop_sig)
         snprintf(job->cause, sizeof job->cause, "rank %d (pid %ld) is stopped by signal %d (%s)", stalled->rank,
                  (long)stalled->pid, stop_sig, strsignal(stop_sig));
     else if (stalled)
         snprintf(job->cause, sizeof job->cause, "rank %d (pid %ld) stalled", stalled->rank, (long)stalled->pid);
+    else if (left)
+        snprintf(job->cause, sizeof job->cause, "rank %d (pid %ld) exited with status 0 before its peers were done",
+                 left->rank, (long)left->pid);
     else if (cause->sig)
         snprintf(job->cause, sizeof job->cause, "rank %d (pid %ld) was killed by signal %d (%s)", cause->rank,
                  (long)cause->pid, cause->sig, strsignal(cause->sig));
@@ -856,6 +891,9 @@ static void name_the_cause(struct job *job)
         say("%s: rank %d exited with status %d after waiting for it%s", job->cause, first->rank, first->code,
             stop_sig ? " (what stopped it: a debugger? a kill -STOP?)"
                      : ", and it is still running, not stopped: busy, blocked or deadlocked?");
+    else if (left)
+        say("%s: rank %d exited with status %d after waiting for it (a rank must not return before the "
+            "others: same steps, same collectives, then ddp_shutdown)", job->cause, first->rank, first->code);
     else
         say("%s", job->cause);
     job->exit_status = cause->sig ? 128 + cause->sig : cause->code;

@@ -145,7 +145,10 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errn)
             if (!v) { snprintf(err, errn, "%s needs a value", a); return 0; }
             errno = 0;
             o->seed = strtoull(v, &end, 10);
-            if (errno || !*v || *end) { snprintf(err, errn, "%s: '%s' is not a non-negative integer", a, v); return 0; }
+            if (errno || !*v || *end || *v < '0' || *v > '9') {   /* strtoull takes "-1" as 2^64 - 1 */
+                snprintf(err, errn, "%s: '%s' is not a non-negative integer", a, v);
+                return 0;
+            }
             i++;
             continue;
         } else { snprintf(err, errn, "unknown flag '%s' (--help lists them)", a); return 0; }
@@ -159,7 +162,7 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errn)
             *ip = (int)x;
         } else {
             float x = strtof(v, &end);
-            if (errno || !*v || *end || !(x >= 0)) { snprintf(err, errn, "%s: '%s' is not a number >= 0", a, v); return 0; }
+            if (errno || !*v || *end || !(x >= 0) || isinf(x)) { snprintf(err, errn, "%s: '%s' is not a finite number >= 0", a, v); return 0; }
             *fp = x;
         }
     }
@@ -650,10 +653,19 @@ int main(int argc, char **argv) {
             ddp_result r = gpt_create(&cpu_model, ddp, &o.model, o.seed);
             if (r != DDP_OK) DIE("train_gpt: %s", model_create_failure(ddp, &o, r, err, sizeof err));
         }
-        {
+        {   /* a temporary file renamed into place: a full disk leaves no partial file behind */
             const float *p = ddp_flat_params(ddp, &n);
-            if (!(f = fopen(o.dump_init, "wb")) || fwrite(p, sizeof(float), n, f) != n || fclose(f) != 0)
-                DIE("train_gpt: cannot write '%s': %s", o.dump_init, strerror(errno));
+            char tmp[4200];
+            int e = 0;
+            if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%ld", o.dump_init, (long)getpid()) >= sizeof tmp) e = ENAMETOOLONG;
+            else if (!(f = fopen(tmp, "wb"))) e = errno;
+            else {
+                if (fwrite(p, sizeof(float), n, f) != n || fflush(f) != 0) e = errno ? errno : EIO;
+                if (fclose(f) != 0 && !e) e = errno;
+                if (!e && rename(tmp, o.dump_init) != 0) e = errno;
+                if (e) unlink(tmp);
+            }
+            if (e) DIE("train_gpt: cannot write '%s': %s", o.dump_init, strerror(e));
         }
         printf("wrote %zu initial parameters to %s\n", n, o.dump_init);
         gpt_destroy(&cpu_model);
