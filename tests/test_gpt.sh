@@ -233,8 +233,8 @@ else fail gpt_data_fifo_is_a_clear_error "rc $rc (124: it blocked in open): $(ta
 # --- out of memory: a message that says so and what to change, not "no error" ---
 out=$(ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}allocator_may_return_null=1" \
       TSAN_OPTIONS="${TSAN_OPTIONS:+$TSAN_OPTIONS:}allocator_may_return_null=1" \
-      timeout 60 "$BIN" --data ddp.h --dim 65536 --heads 1 --steps 1 2>&1); rc=$?
-if [ $rc -eq 1 ] && grep -q "rank 0: out of memory creating the model: --layers 4 --heads 1 --dim 65536 .*make --dim" <<<"$out" &&
+      timeout 60 "$BIN" --data ddp.h --dim 1000000 --heads 1 --steps 1 2>&1); rc=$?
+if [ $rc -eq 1 ] && grep -q "rank 0: out of memory creating the model: --layers 4 --heads 1 --dim 1000000 .*make --dim" <<<"$out" &&
    ! grep -q "no error" <<<"$out"; then
     pass gpt_out_of_memory_is_named
 else fail gpt_out_of_memory_is_named "rc $rc: $(tail -n 2 <<<"$out" | tr '\n' ' ')"; fi

@@ -602,13 +602,13 @@ static inline int gpt_config_check(const gpt_config *c, char *why, size_t n) {
     }
     if (c->dim % c->heads) { snprintf(why, n, "heads (%d) must divide dim (%d)", c->heads, c->dim); return 0; }
     {   /* sizes in double, so that no product wraps before it is judged (size_t and int below) */
-        double L = c->layers, C = c->dim, T = c->seq, BT = (double)c->batch * c->seq, limit = 274877906944.0;   /* 2^38 */
+        double L = c->layers, C = c->dim, T = c->seq, BT = (double)c->batch * c->seq, limit = 70368744177664.0;   /* 2^46 */
         double params = (double)GPT_VOCAB * C + T * C + L * (12 * C * C + 13 * C) + 2 * C;
         double acts = L * (BT * C * 6 + BT * 4 + BT * 3 * C + (double)c->batch * c->heads * T * T + BT * 4 * C * 3) +
                       BT * C * 6 + T * T + BT * 2 + BT * GPT_VOCAB * 2 + BT * 3 * C + BT * 4 * C * 2 + 2 * C;
         if (BT > 1073741824.0 || params > limit || acts > limit) {
             snprintf(why, n, "the model is too large for this program: %.3g parameters, %.3g activation floats, batch x seq "
-                     "%.3g (each must stay below 2^38 floats, 1 TiB, and batch x seq below 2^30)", params, acts, BT);
+                     "%.3g (each must stay below 2^46 floats, and batch x seq below 2^30)", params, acts, BT);
             return 0;
         }
     }
