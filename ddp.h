@@ -66,6 +66,10 @@
                                            DDP_ERR_NONFINITE naming the step and parameter, 1 =
                                            skip the step (a warning); either way nothing changes,
                                            on every rank alike (the averaged gradients are equal)
+     check_ready      0 ($DDP_CHECK_READY) 1: a debugging run on one rank (host memory) checks
+                                           that no gradient changes after it is marked ready
+                                           (a tape op listing a parameter too late); the error
+                                           names it. Costs a copy of the gradients
      world_size, rank, local_rank, local_world_size, master_addr, master_port, job_token
                                            set world_size > 0 to give the process group by hand
                                            instead of through the environment (ranks as threads
@@ -653,6 +657,12 @@ typedef struct ddp_desc {
        copy and a bf16 gradient (ddp_param_bf16, ddp_grad_bf16); ddp.h keeps the fp32 master
        weights and AdamW's m and v. Ranks must agree (checked at commit). */
     ddp_dtype param_dtype;
+    /* 1 (or $DDP_CHECK_READY=1): a debugging run on ONE rank, host memory (single or CPU backend)
+       checks the tape's ids: each gradient is copied when it is marked ready and compared at
+       ddp_finish; a change means an op replayed later wrote it after its bucket could have been
+       averaged (with several ranks: a wrong average). DDP_ERR_INVALID_STATE names the parameter.
+       Costs a copy of the gradients. */
+    int check_ready;
 } ddp_desc;
 
 typedef struct ddp_context ddp_context;
@@ -724,7 +734,8 @@ ddp_result ddp_bucket(const ddp_context *ctx, int index, ddp_bucket_info *out);
    gradients that backward finalizes. ddp_backward replays it in reverse, then ddp_finish.
    A parameter used by several ops is listed on the FIRST op recorded that uses it (its backward
    runs last): listed on a later one, its bucket may be averaged before the other backwards add
-   to it. One rank cannot see that mistake (nothing is sent); compare 2 ranks with 1. */
+   to it, a wrong answer only with several ranks. A run on one rank with check_ready
+   ($DDP_CHECK_READY=1) finds it and names the parameter. */
 typedef void (*ddp_backward_fn)(void *args);
 ddp_result ddp_tape_record(ddp_context *ctx, ddp_backward_fn backward, const void *args,
                            size_t args_size, const int *param_ids, int num_param_ids);
@@ -950,6 +961,7 @@ typedef struct ddp__param {
     int bucket;
     int ready;          /* marked ready in the current backward */
     int touched;        /* got a gradient since ddp_zero_grad */
+    int ready_copied;   /* check_ready: its gradient was copied when it was marked ready */
 } ddp__param;
 
 typedef struct ddp__bucket {
@@ -1150,6 +1162,7 @@ struct ddp_context {
     int join_shadow;               /* ddp_join's shadow step: the count is taken already */
     int join_pending;              /* micro-steps with sync off since the last zero_grad or sync */
     int grads_averaged;            /* a ddp_finish with sync on since the last ddp_adamw_step (>>adamw) */
+    unsigned char *ready_copy;     /* check_ready: each gradient as it was when marked ready (>>step) */
 
     ddp__cpu *cpu;                 /* the CPU backend's state; NULL elsewhere */
     ddp__gpu *gpu;                 /* the NCCL backend's state; NULL elsewhere */
@@ -1629,6 +1642,11 @@ static ddp_result ddp__desc_from_env(ddp_context *ctx, ddp_desc *d) {
                              (double)DDP__MAX_TIMEOUT_S);
         d->timeout_s = t;
     }
+    if (!d->check_ready && (s = getenv("DDP_CHECK_READY")) != NULL && *s) {
+        if (strcmp(s, "0") && strcmp(s, "1"))
+            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_CHECK_READY='%s' is neither 0 nor 1", s);
+        d->check_ready = s[0] == '1';
+    }
     if (!d->shard_optimizer && (s = getenv("DDP_SHARD_OPTIMIZER")) != NULL && *s) {
         if (strcmp(s, "0") && strcmp(s, "1"))
             return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_SHARD_OPTIMIZER='%s' is neither 0 nor 1", s);
@@ -1677,6 +1695,8 @@ static ddp_result ddp__desc_validate(ddp_context *ctx, const ddp_desc *d) {
     if (d->uneven_inputs != DDP_JOIN_OFF && d->uneven_inputs != DDP_JOIN_DIVIDE_BY_WORLD &&
         d->uneven_inputs != DDP_JOIN_DIVIDE_BY_ACTIVE)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: uneven_inputs %d is not a ddp_join_mode", (int)d->uneven_inputs);
+    if (d->check_ready != 0 && d->check_ready != 1)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: check_ready %d is neither 0 nor 1", d->check_ready);
     if (d->shard_optimizer != 0 && d->shard_optimizer != 1)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_optimizer %d is neither 0 nor 1", d->shard_optimizer);
     /* A rank that has joined takes no optimizer steps, but sharded, the others' parameters need
@@ -6355,6 +6375,7 @@ static ddp_result ddp__shutdown(ddp_context *ctx) {
     DDP_FREE(ctx->params);
     DDP_FREE(ctx->peer_pids);
     DDP_FREE(ctx->join_mask);
+    DDP_FREE(ctx->ready_copy);
     DDP_FREE(ctx->buckets);
     DDP_FREE(ctx->shard_base);
     DDP_FREE(ctx->norm_base);
@@ -6589,6 +6610,19 @@ static ddp_result ddp__verify_layout(ddp_context *ctx) {
     return r;
 }
 
+/* check_ready (a debugging run): one rank, so the gradients stay as the backward left them (no
+   average writes them), in host memory. The copy holds each gradient as it was marked ready. */
+static ddp_result ddp__ready_check_alloc(ddp_context *ctx) {
+    size_t elem = ctx->desc.param_dtype == DDP_DTYPE_BF16 ? sizeof(ddp_bf16) : sizeof(float);
+    if (ctx->world > 1 || ctx->gpu)
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "check_ready (DDP_CHECK_READY=1) is a debugging run on one "
+                         "rank with host memory (world size %d, backend %s): run the model once on one CPU rank "
+                         "with it", ctx->world, ctx->be->name);
+    if (!(ctx->ready_copy = (unsigned char *)DDP_MALLOC(elem * ctx->flat_count)))
+        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for check_ready's copy of the gradients");
+    return DDP_OK;
+}
+
 /* The layout (parameters on 16-float boundaries), the backend's flat buffers, the buckets, the
    check that every rank registered the same, then the backend's own commit. */
 static ddp_result ddp__commit(ddp_context *ctx) {
@@ -6612,6 +6646,7 @@ static ddp_result ddp__commit(ddp_context *ctx) {
     /* sharded: from here on this rank holds the master of its parts only */
     if (ddp__master_parts(ctx) && (r = ddp__bf16_op(ctx, DDP__BF16_SHARD_MASTER, 0, ctx->flat_count)) != DDP_OK)
         return ddp__fatal(ctx, r);
+    if (ctx->desc.check_ready && (r = ddp__ready_check_alloc(ctx)) != DDP_OK) return r;
     ctx->committed = 1;
     return DDP_OK;
 }
@@ -6674,6 +6709,35 @@ static ddp_result ddp__begin_step(ddp_context *ctx) {
     return DDP_OK;
 }
 
+/* check_ready: copy a gradient as it is marked ready (take = 1), or say whether it is still
+   that (take = 0; nonzero: it changed). */
+static int ddp__ready_check(ddp_context *ctx, ddp__param *p, int take) {
+    size_t elem = ctx->desc.param_dtype == DDP_DTYPE_BF16 ? sizeof(ddp_bf16) : sizeof(float);
+    const unsigned char *grad = ctx->desc.param_dtype == DDP_DTYPE_BF16 ? (const unsigned char *)ctx->grads_bf16
+                                                                        : (const unsigned char *)ctx->flat_grads;
+    unsigned char *copy = ctx->ready_copy + elem * p->offset;
+    grad += elem * p->offset;
+    p->ready_copied = take;
+    if (take) memcpy(copy, grad, elem * p->count);
+    return take ? 0 : memcmp(copy, grad, elem * p->count);
+}
+
+/* At ddp_finish: a gradient written after it was marked ready names the parameter. */
+static ddp_result ddp__ready_check_all(ddp_context *ctx) {
+    const ddp__param *changed = NULL;
+    int i;
+    for (i = 0; i < ctx->num_params; i++) {
+        ddp__param *p = &ctx->params[i];
+        if (p->ready_copied && ddp__ready_check(ctx, p, 0) && !changed) changed = p;
+    }
+    if (changed)
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "check_ready: the gradient of '%s' changed after it was marked "
+                         "ready (an op replayed later wrote it). List a parameter on the FIRST op recorded that uses "
+                         "it (its backward runs last); with several ranks its bucket would have been averaged before "
+                         "that write", changed->name);
+    return DDP_OK;
+}
+
 static ddp_result ddp__grad_ready(ddp_context *ctx, int id) {
     ddp__param *p;
     ddp_result r;
@@ -6686,6 +6750,7 @@ static ddp_result ddp__grad_ready(ddp_context *ctx, int id) {
                                          "one backward (list a parameter only with the op whose backward finishes it)", p->name);
     p->ready = 1;
     p->touched = 1;
+    if (ctx->ready_copy) ddp__ready_check(ctx, p, 1);
     if (--ctx->buckets[p->bucket].pending == 0) {
         if (ctx->tl_main) { double t = ddp__now(); ddp__record(ctx, ctx->tl_main, DDP__EV_READY, t, t, p->bucket, 0); }
         return ddp__launch_ready(ctx);
@@ -6749,6 +6814,7 @@ static ddp_result ddp__finish(ddp_context *ctx) {
             r = ctx->be->scale(ctx, 0, ctx->flat_count, (float)((double)ctx->world / ctx->join_active));
     }
     ctx->join_pending = !ctx->sync_enabled;   /* a micro-step's gradients wait for the sync (>>join) */
+    if (r == DDP_OK && ctx->ready_copy) r = ddp__ready_check_all(ctx);   /* one rank: the average left them as they were */
     if (r == DDP_OK && ctx->sync_enabled) ctx->grads_averaged = 1;
     ddp__end_step(ctx);
     return r;

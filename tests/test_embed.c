@@ -273,6 +273,59 @@ static void test_desc_limits(void) {
     }
 }
 
+/* check_ready: two ops use w; the first recorded (replayed last) must list it. Listed on the
+   second, w's bucket is "ready" before the first op's backward adds to it: on one rank the
+   result is right, with several it is not; check_ready names w. Listed right, it passes. */
+typedef struct { ddp_context *ctx; int id; float add; } add_args;
+static void add_backward(void *p) {
+    add_args *a = (add_args *)p;
+    int k;
+    for (k = 0; k < 4; k++) ddp_grad(a->ctx, a->id)[k] += a->add;
+}
+
+static ddp_result two_op_backward(ddp_context *ctx, int w, int b, int w_listed_late) {
+    add_args first = { ctx, w, 1.0f }, second_w = { ctx, w, 2.0f }, second_b = { ctx, b, 3.0f };
+    int ids_late[2] = { w, b };
+    ddp_zero_grad(ctx);
+    ddp_tape_record(ctx, add_backward, &first, sizeof first, w_listed_late ? NULL : &w, w_listed_late ? 0 : 1);
+    ddp_tape_record(ctx, add_backward, &second_w, sizeof second_w, NULL, 0);
+    ddp_tape_record(ctx, add_backward, &second_b, sizeof second_b, w_listed_late ? ids_late : &b, w_listed_late ? 2 : 1);
+    return ddp_backward(ctx);
+}
+
+static void test_check_ready(void) {
+    ddp_context *ctx = NULL;
+    ddp_desc d;
+    ddp_result r;
+    int w = -1, b = -1;
+    memset(&d, 0, sizeof d);
+    d.world_size = 1;
+    d.log_level = DDP_LOG_OFF;
+    d.check_ready = 1;
+    ddp_init(&ctx, &d);
+    ddp_register_param(ctx, "w", 4, 0, NULL, &w);
+    ddp_register_param(ctx, "b", 4, 0, NULL, &b);
+    verdict(ddp_commit(ctx) == DDP_OK, "embed_check_ready_commits_one_rank", "'%s'", ddp_last_error(ctx));
+    r = two_op_backward(ctx, w, b, 0);
+    verdict(r == DDP_OK && ddp_grad(ctx, w)[0] == 3.0f && ddp_grad(ctx, b)[0] == 3.0f, "embed_check_ready_passes_right_ids",
+            "%s: '%s'", ddp_result_string(r), ddp_last_error(ctx));
+    r = two_op_backward(ctx, w, b, 1);
+    verdict(r == DDP_ERR_INVALID_STATE && strstr(ddp_last_error(ctx), "check_ready: the gradient of 'w' changed after it was marked ready"),
+            "embed_check_ready_names_parameter_listed_late", "%s: '%s'", ddp_result_string(r), ddp_last_error(ctx));
+    r = two_op_backward(ctx, w, b, 0);   /* the context goes on after the error */
+    verdict(r == DDP_OK, "embed_check_ready_right_ids_after_error", "%s: '%s'", ddp_result_string(r), ddp_last_error(ctx));
+    ddp_shutdown(ctx);
+    /* without it, the late listing goes unnoticed on one rank (what the option is for) */
+    d.check_ready = 0;
+    ddp_init(&ctx, &d);
+    ddp_register_param(ctx, "w", 4, 0, NULL, &w);
+    ddp_register_param(ctx, "b", 4, 0, NULL, &b);
+    ddp_commit(ctx);
+    r = two_op_backward(ctx, w, b, 1);
+    verdict(r == DDP_OK, "embed_late_listing_silent_without_check_ready", "%s", ddp_result_string(r));
+    ddp_shutdown(ctx);
+}
+
 int main(void) {
     test_null_context();
     test_init_null_out();
@@ -281,6 +334,7 @@ int main(void) {
     test_adamw_as_given();
     test_step_needs_averaged();
     test_desc_limits();
+    test_check_ready();
     test_abandoned_thread_rank();
     test_what_the_peer_did();
     return test_summary("test_embed");

@@ -66,6 +66,18 @@ flag_refused gpt_batch_times_seq_too_large_refused "batch x seq" --layers 1 --he
 flag_refused gpt_negative_seed_refused "'-1' is not a non-negative integer" --seed -1
 flag_refused gpt_infinite_latency_refused "'inf' is not a finite number >= 0" --inject-latency-ms inf
 
+# --- the model's tape lists each parameter on the op that finishes its gradient: a one-rank run
+#     with DDP_CHECK_READY=1 (every gradient compared at ddp_finish with its copy when it was
+#     marked ready) passes, with accumulation and dropout; with 2 ranks the option is refused ---
+out=$(DDP_CHECK_READY=1 timeout 120 "$BIN" "${TINY[@]}" --steps 3 --grad-accum 2 --dropout 0.1 2>&1); rc=$?
+if [ $rc -eq 0 ] && grep -q "^done: step 3" <<<"$out"; then pass gpt_tape_ids_pass_check_ready
+elif grep -q "check_ready (DDP_CHECK_READY=1) is a debugging run .*backend nccl" <<<"$out"; then
+    echo "SKIP ${pfx}_tape_ids_pass_check_ready: this trainer runs on a GPU (check_ready needs host memory; the CPU builds check it)"
+else fail gpt_tape_ids_pass_check_ready "rc $rc: $(tail -n 2 <<<"$out" | tr '\n' ' ')"; fi
+out=$(DDP_CHECK_READY=1 train --steps 1 2>&1); rc=$?
+if [ $rc -ne 0 ] && grep -q "check_ready (DDP_CHECK_READY=1) is a debugging run on one rank" <<<"$out"; then pass gpt_check_ready_refused_on_2_ranks
+else fail gpt_check_ready_refused_on_2_ranks "rc $rc: $(tail -n 2 <<<"$out" | tr '\n' ' ')"; fi
+
 # --- --dump-init on a full disk leaves no partial file (written to a temporary, renamed) ---
 if [ "$(id -u)" = 0 ] && mkdir -p "$tmp/small" && mount -t tmpfs -o size=64k tmpfs "$tmp/small" 2>/dev/null; then
     out=$(timeout 60 "$BIN" "${TINY[@]}" --dim 64 --dump-init "$tmp/small/init.bin" 2>&1); rc=$?
