@@ -707,7 +707,9 @@ const char *ddp_backend_name(const ddp_context *ctx);
 const char *ddp_last_error(const ddp_context *ctx);
 const char *ddp_result_string(ddp_result result);
 
-/* Parameters: register before commit (init may be NULL for zeros; it is read at commit). */
+/* Parameters: register before commit (init may be NULL for zeros; it is read at commit). The id
+   is the registration index (0, 1, ...; id_out may be NULL); ddp_param and the other views are
+   NULL with an error before ddp_commit. */
 ddp_result ddp_register_param(ddp_context *ctx, const char *name, size_t count, unsigned flags,
                               const float *init, int *id_out);
 ddp_result ddp_commit(ddp_context *ctx);
