@@ -6749,7 +6749,9 @@ static ddp_result ddp__grad_ready(ddp_context *ctx, int id) {
     p = &ctx->params[id];
     if (p->ready)
         return ddp__fail_group(ctx, DDP_ERR_DOUBLE_READY, "the gradient of '%s' was marked ready twice in "
-                                         "one backward (list a parameter only with the op whose backward finishes it)", p->name);
+                               "one backward (list a parameter only with the op whose backward finishes it; or the "
+                               "tape holds two forwards: one whose ddp_backward never ran, which ddp_tape_reset drops)",
+                               p->name);
     p->ready = 1;
     p->touched = 1;
     if (ctx->ready_copy) ddp__ready_check(ctx, p, 1);
