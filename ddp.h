@@ -737,7 +737,8 @@ ddp_result ddp_bucket(const ddp_context *ctx, int index, ddp_bucket_info *out);
    A parameter used by several ops is listed on the FIRST op recorded that uses it (its backward
    runs last): listed on a later one, its bucket may be averaged before the other backwards add
    to it, a wrong answer only with several ranks. A run on one rank with check_ready
-   ($DDP_CHECK_READY=1) finds it and names the parameter. */
+   ($DDP_CHECK_READY=1) finds it and names the parameter. A record that failed (its error is
+   returned) makes the next ddp_backward fail and drop the tape: it lacks that op. */
 typedef void (*ddp_backward_fn)(void *args);
 ddp_result ddp_tape_record(ddp_context *ctx, ddp_backward_fn backward, const void *args,
                            size_t args_size, const int *param_ids, int num_param_ids);
@@ -1165,6 +1166,7 @@ struct ddp_context {
     int join_pending;              /* micro-steps with sync off since the last zero_grad or sync */
     int grads_averaged;            /* a ddp_finish with sync on since the last ddp_adamw_step (>>adamw) */
     unsigned char *ready_copy;     /* check_ready: each gradient as it was when marked ready (>>step) */
+    int tape_failed;               /* a ddp_tape_record since the last backward failed (>>step) */
 
     ddp__cpu *cpu;                 /* the CPU backend's state; NULL elsewhere */
     ddp__gpu *gpu;                 /* the NCCL backend's state; NULL elsewhere */
@@ -6869,7 +6871,7 @@ static ddp_result ddp__tape_record(ddp_context *ctx, ddp_backward_fn backward, c
     return DDP_OK;
 }
 
-static void ddp__tape_reset(ddp_context *ctx) { ctx->tape_len = 0; ctx->arena_len = 0; }
+static void ddp__tape_reset(ddp_context *ctx) { ctx->tape_len = 0; ctx->arena_len = 0; ctx->tape_failed = 0; }
 
 /* A backward op's event names the parameters it finishes (the first few; they are registered
    in order in the common case of one layer per op). */
@@ -6888,6 +6890,12 @@ static void ddp__tl_record_op(ddp_context *ctx, const ddp__tape_op *op, int inde
 static ddp_result ddp__backward(ddp_context *ctx) {
     ddp_result r = DDP_OK;
     int i, k;
+    if (ctx->tape_failed) {   /* a replay without that op would be a wrong gradient, every call "ok" */
+        ddp__tape_reset(ctx);
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_backward: a ddp_tape_record of this forward failed (its "
+                         "error was returned then), so the tape lacks that op's backward; the tape is dropped: fix "
+                         "the record, then run the forward again");
+    }
     if (ctx->tape_len == 0 && !ctx->in_step)
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_backward: the tape is empty: nothing was recorded since the "
                          "last ddp_backward (called twice for one forward?); record each op's backward with "
@@ -8134,7 +8142,9 @@ ddp_result ddp_bucket(const ddp_context *ctx, int index, ddp_bucket_info *out) {
 ddp_result ddp_tape_record(ddp_context *ctx, ddp_backward_fn backward, const void *args,
                            size_t args_size, const int *param_ids, int num_param_ids) {
     ddp_result r = ddp__usable(ctx, 1, "ddp_tape_record");
-    return r != DDP_OK ? r : ddp__tape_record(ctx, backward, args, args_size, param_ids, num_param_ids);
+    if (r == DDP_OK && (r = ddp__tape_record(ctx, backward, args, args_size, param_ids, num_param_ids)) != DDP_OK)
+        ctx->tape_failed = 1;   /* ddp_backward refuses the incomplete tape */
+    return r;
 }
 
 ddp_result ddp_backward(ddp_context *ctx) {

@@ -326,6 +326,31 @@ static void test_check_ready(void) {
     ddp_shutdown(ctx);
 }
 
+/* A record that failed leaves the tape without that op's backward: ddp_backward refuses it (a
+   replay would give a wrong gradient with every call "ok"), drops it, and the next forward runs. */
+static void test_failed_record_refuses_backward(void) {
+    ddp_context *ctx = single();
+    add_args op = { NULL, 0, 1.0f };
+    int w = -1, bad = 42;
+    ddp_result r1, r2, r3;
+    ddp_register_param(ctx, "w", 4, 0, NULL, &w);
+    ddp_commit(ctx);
+    op.ctx = ctx;
+    op.id = w;
+    ddp_zero_grad(ctx);
+    ddp_tape_record(ctx, add_backward, &op, sizeof op, &w, 1);
+    r1 = ddp_tape_record(ctx, add_backward, &op, sizeof op, &bad, 1);
+    r2 = ddp_backward(ctx);
+    verdict(r1 == DDP_ERR_INVALID_ARGUMENT && r2 == DDP_ERR_INVALID_STATE &&
+            strstr(ddp_last_error(ctx), "ddp_backward: a ddp_tape_record of this forward failed") && ddp_grad(ctx, w)[0] == 0.0f,
+            "embed_failed_record_refuses_backward", "%s, %s: '%s'", ddp_result_string(r1), ddp_result_string(r2), ddp_last_error(ctx));
+    ddp_tape_record(ctx, add_backward, &op, sizeof op, &w, 1);
+    r3 = ddp_backward(ctx);
+    verdict(r3 == DDP_OK && ddp_grad(ctx, w)[0] == 1.0f, "embed_forward_after_refused_tape_runs", "%s: '%s'",
+            ddp_result_string(r3), ddp_last_error(ctx));
+    ddp_shutdown(ctx);
+}
+
 int main(void) {
     test_null_context();
     test_init_null_out();
@@ -335,6 +360,7 @@ int main(void) {
     test_step_needs_averaged();
     test_desc_limits();
     test_check_ready();
+    test_failed_record_refuses_backward();
     test_abandoned_thread_rank();
     test_what_the_peer_did();
     return test_summary("test_embed");
