@@ -1699,6 +1699,11 @@ static ddp_result ddp__desc_validate(ddp_context *ctx, const ddp_desc *d) {
     if (d->uneven_inputs != DDP_JOIN_OFF && d->uneven_inputs != DDP_JOIN_DIVIDE_BY_WORLD &&
         d->uneven_inputs != DDP_JOIN_DIVIDE_BY_ACTIVE)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: uneven_inputs %d is not a ddp_join_mode", (int)d->uneven_inputs);
+    if ((d->find_unused != 0 && d->find_unused != 1) || (d->skip_nonfinite != 0 && d->skip_nonfinite != 1))
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: find_unused %d or skip_nonfinite %d is neither 0 "
+                         "nor 1", d->find_unused, d->skip_nonfinite);
+    if ((int)d->log_level < (int)DDP_LOG_DEFAULT || (int)d->log_level > (int)DDP_LOG_OFF)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: log_level %d is not a ddp_log_level", (int)d->log_level);
     if (d->check_ready != 0 && d->check_ready != 1)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: check_ready %d is neither 0 nor 1", d->check_ready);
     if (d->shard_optimizer != 0 && d->shard_optimizer != 1)
@@ -6834,6 +6839,9 @@ static ddp_result ddp__tape_record(ddp_context *ctx, ddp_backward_fn backward, c
     if (!backward || (args_size && !args) || num_param_ids < 0 || (num_param_ids && !param_ids))
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_tape_record: needs a backward function, and args/ids "
                          "pointers when their sizes are non-zero");
+    if (args_size > ((size_t)1 << 40))   /* and no size below wraps */
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_tape_record: args_size %zu is not the size of an "
+                         "argument struct (at most 2^40 bytes)", args_size);
     for (i = 0; i < num_param_ids; i++)
         if (param_ids[i] < 0 || param_ids[i] >= ctx->num_params)
             return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_tape_record: no parameter has id %d", param_ids[i]);
@@ -7473,6 +7481,23 @@ static void ddp__ckpt_sweep(const char *path) {
     closedir(d);
 }
 
+/* Why the temporary could not be created, in words: a name too long for the file system is
+   told with its numbers (the temporary's name is the checkpoint's plus DDP__CKPT_TMP_EXTRA). */
+#define DDP__CKPT_TMP_EXTRA 29   /* ".tmp." + a pid of up to 7 digits + "." + 16 hex digits */
+static const char *ddp__ckpt_temp_error(const char *path, int err, char *out, size_t n) {
+    char dir[PATH_MAX];
+    const char *base;
+    long max;
+    if (err != ENAMETOOLONG) return strerror(err);
+    ddp__ckpt_split(path, dir, sizeof dir, &base);
+    max = pathconf(dir, _PC_NAME_MAX);
+    if (max <= 0) max = 255;
+    snprintf(out, n, "the file name '%s' is %zu bytes, and its temporary's (%d more) must fit the file system's "
+             "limit of %ld: use a name of at most %ld bytes", base, strlen(base), DDP__CKPT_TMP_EXTRA, max,
+             max - DDP__CKPT_TMP_EXTRA);
+    return out;
+}
+
 /* A new temporary next to `path` under a name nobody can guess (so nobody plants a symlink
    there first; O_EXCL|O_NOFOLLOW refuse one anyway). -1 with errno set on failure. */
 static int ddp__ckpt_create_temp(const char *path, char *tmp, size_t n) {
@@ -7638,9 +7663,11 @@ static ddp_result ddp__save(ddp_context *ctx, const char *path, const void *user
         if (!hdr || !buf) ddp__ckpt_refuse(&st, DDP_ERR_OUT_OF_MEMORY, "no memory to write the checkpoint '%s'", path);
         if (st.code == DDP_OK) {
             ddp__ckpt_sweep(path);
-            if ((f.fd = ddp__ckpt_create_temp(path, tmp, sizeof tmp)) < 0)
+            if ((f.fd = ddp__ckpt_create_temp(path, tmp, sizeof tmp)) < 0) {
+                char why[512];
                 ddp__ckpt_refuse(&st, DDP_ERR_SYSTEM, "cannot create a temporary file next to the checkpoint '%s': %s",
-                                 path, strerror(errno));
+                                 path, ddp__ckpt_temp_error(path, errno, why, sizeof why));
+            }
         }
         if (st.code == DDP_OK) ddp__ckpt_write(&f, hdr, hdr_len, 1);
     }
@@ -7698,11 +7725,16 @@ static ddp_result ddp__save_check(ddp_context *ctx, const char *path, int *holds
         if (st.code == DDP_OK) {   /* the directory takes a new file (the save's temporary) */
             int t = ddp__ckpt_create_temp(path, tmp, sizeof tmp);
             if (t < 0) {
-                char dir[PATH_MAX];
+                char dir[PATH_MAX], why[512];
                 const char *base;
+                int err = errno;
                 ddp__ckpt_split(path, dir, sizeof dir, &base);
-                ddp__ckpt_refuse(&st, DDP_ERR_SYSTEM, "cannot write the checkpoint '%s': no file can be created in the "
-                                 "directory '%s': %s", path, dir, strerror(errno));
+                if (err == ENAMETOOLONG)
+                    ddp__ckpt_refuse(&st, DDP_ERR_SYSTEM, "cannot write the checkpoint '%s': %s", path,
+                                     ddp__ckpt_temp_error(path, err, why, sizeof why));
+                else
+                    ddp__ckpt_refuse(&st, DDP_ERR_SYSTEM, "cannot write the checkpoint '%s': no file can be created in "
+                                     "the directory '%s': %s", path, dir, strerror(err));
             } else {
                 close(t);
                 unlink(tmp);

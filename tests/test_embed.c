@@ -351,6 +351,56 @@ static void test_failed_record_refuses_backward(void) {
     ddp_shutdown(ctx);
 }
 
+/* Round 2 of misuse: an argument size that would wrap the tape's arithmetic, switches that are
+   neither 0 nor 1, and a checkpoint name too long for its temporary: each refused by name. */
+static void noop_backward(void *p) { (void)p; }
+static void test_sizes_and_names(void) {
+    ddp_context *ctx = single();
+    ddp_desc d;
+    ddp_result r;
+    char dir[] = "/tmp/ddp_embed_ckXXXXXX", path[512], *name;
+    int w = -1, holds = -1;
+    float args[4] = { 0 };
+    ddp_register_param(ctx, "w", 4, 0, NULL, &w);
+    ddp_commit(ctx);
+    r = ddp_tape_record(ctx, noop_backward, args, (size_t)-1, &w, 1);
+    verdict(r == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(ctx), "args_size 18446744073709551615 is not the size"),
+            "embed_tape_record_huge_args_size_refused", "%s: '%s'", ddp_result_string(r), ddp_last_error(ctx));
+    ddp_tape_reset(ctx);
+    if (mkdtemp(dir)) {
+        size_t at = (size_t)snprintf(path, sizeof path, "%s/", dir);
+        name = path + at;
+        memset(name, 'n', 240);
+        name[240] = 0;
+        r = ddp_save_check(ctx, path, &holds);
+        verdict(r == DDP_ERR_SYSTEM && strstr(ddp_last_error(ctx), "is 240 bytes, and its temporary's (29 more) must fit") &&
+                strstr(ddp_last_error(ctx), "at most 226 bytes"), "embed_checkpoint_name_too_long_named", "%s: '%s'",
+                ddp_result_string(r), ddp_last_error(ctx));
+        name[226] = 0;
+        r = ddp_save(ctx, path, NULL, 0);
+        verdict(r == DDP_OK, "embed_checkpoint_name_226_bytes_saves", "%s: '%s'", ddp_result_string(r), ddp_last_error(ctx));
+        unlink(path);
+        rmdir(dir);
+    }
+    ddp_shutdown(ctx);
+    memset(&d, 0, sizeof d);
+    d.world_size = 1;
+    d.find_unused = 7;
+    ctx = NULL;
+    r = ddp_init(&ctx, &d);
+    verdict(r == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(ctx), "find_unused 7 or skip_nonfinite 0 is neither 0 nor 1"),
+            "embed_desc_switch_not_0_or_1_refused", "%s: '%s'", ddp_result_string(r), ddp_last_error(ctx));
+    ddp_shutdown(ctx);
+    memset(&d, 0, sizeof d);
+    d.world_size = 1;
+    d.log_level = (ddp_log_level)42;
+    ctx = NULL;
+    r = ddp_init(&ctx, &d);
+    verdict(r == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(ctx), "log_level 42 is not a ddp_log_level"),
+            "embed_desc_log_level_out_of_range_refused", "%s: '%s'", ddp_result_string(r), ddp_last_error(ctx));
+    ddp_shutdown(ctx);
+}
+
 int main(void) {
     test_null_context();
     test_init_null_out();
@@ -361,6 +411,7 @@ int main(void) {
     test_desc_limits();
     test_check_ready();
     test_failed_record_refuses_backward();
+    test_sizes_and_names();
     test_abandoned_thread_rank();
     test_what_the_peer_did();
     return test_summary("test_embed");
