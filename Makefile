@@ -293,6 +293,7 @@ help:
 	@echo "make test-asan    the same tests under AddressSanitizer + UBSan (CPU parts, build-asan/)"
 	@echo "make test-tsan    the same tests under ThreadSanitizer (CPU parts, build-tsan/)"
 	@echo "make fuzz         the libFuzzer targets, FUZZ_SECONDS (60) each (clang)"
+	@echo "make mpi          the MPI backend's programs (build/mpi/: mpi_steps, train_gpt, tests), with mpicc"
 	@echo "make bench        allreduce vs Open MPI and gloo, overlap and bucket sweep, the GPT's throughput, GPU benchmarks"
 	@echo "make bench-gpt    the tiny GPT's tokens/s on 1 and 2 ranks, next to PyTorch"
 	@echo "make bench-deps   install Open MPI and PyTorch (Debian packages) for the comparisons; make bench does it first"

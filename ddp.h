@@ -1283,6 +1283,16 @@ static int ddp__cancel_requested(const ddp_context *ctx) {
            (ctx->desc.cancel_token && __atomic_load_n(&ctx->desc.cancel_token->cancelled, __ATOMIC_ACQUIRE));
 }
 
+/* A rank that was itself asked to cancel reports DDP_ERR_CANCELLED, whatever it met first: in
+   ddp_init and ddp_commit a peer cancelled by the same token may tear down the store or the
+   shared memory before this rank's own wait looks at the token. */
+static ddp_result ddp__cancel_wins(ddp_context *ctx, ddp_result r, const char *call) {
+    char first[DDP__ERR_MAX];
+    if (r == DDP_OK || r == DDP_ERR_CANCELLED || !ddp__cancel_requested(ctx)) return r;
+    snprintf(first, sizeof first, "%s", ddp__err_body(ctx));
+    return ddp__fail(ctx, DDP_ERR_CANCELLED, "cancelled (ddp_cancel or the cancel token) in %s (met first: %s)", call, first);
+}
+
 /* In a wait: DDP_OK, or the cancel made the group's failure (`where` for the message). */
 static ddp_result ddp__check_cancel(ddp_context *ctx, const char *where) {
     if (!ddp__cancel_requested(ctx)) return DDP_OK;
@@ -1629,6 +1639,8 @@ static ddp_result ddp__desc_from_env(ddp_context *ctx, ddp_desc *d) {
         else if (!strcmp(s, "warn")) d->log_level = DDP_LOG_WARN;
         else if (!strcmp(s, "error")) d->log_level = DDP_LOG_ERROR;
         else if (!strcmp(s, "off")) d->log_level = DDP_LOG_OFF;
+        else if (*s)
+            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_LOG='%s' is none of debug, info, warn, error, off", s);
     }
     s = d->timeline_path ? d->timeline_path : getenv("DDP_TIMELINE");
     snprintf(ctx->timeline_path, sizeof ctx->timeline_path, "%s", s ? s : "");
@@ -6292,7 +6304,7 @@ static void ddp__tl_shutdown(ddp_context *ctx, ddp__text *mine, int gather) {
     if (!together) {
         if (ctx->world > 1) snprintf(path, sizeof path, "%s.rank%d.json", ctx->timeline_path, ctx->rank);
         else snprintf(path, sizeof path, "%s", ctx->timeline_path);
-        ddp__tl_write_file(ctx, path, mine);
+        if (ddp__tl_write_file(ctx, path, mine) != DDP_OK) ddp__log(ctx, DDP_LOG_WARN, "%s", ddp__err_body(ctx));
         return;
     }
     if (ctx->rank != 0) return;
@@ -6306,7 +6318,7 @@ static void ddp__tl_shutdown(ddp_context *ctx, ddp__text *mine, int gather) {
     }
     if (ctx->tl_main->full || ctx->tl_comm->full)
         ddp__log(ctx, DDP_LOG_WARN, "the timeline kept only the first %d events per thread", DDP__TIMELINE_MAX_EVENTS);
-    ddp__tl_write_file(ctx, ctx->timeline_path, mine);
+    if (ddp__tl_write_file(ctx, ctx->timeline_path, mine) != DDP_OK) ddp__log(ctx, DDP_LOG_WARN, "%s", ddp__err_body(ctx));
 }
 
 
@@ -6323,6 +6335,14 @@ static ddp_result ddp__init(ddp_context *ctx, const ddp_desc *desc) {
     ddp_result r;
     if ((r = ddp__resolve_desc(ctx, desc)) != DDP_OK) return r;
     if (ctx->timeline_path[0]) {
+        char dir[sizeof ctx->timeline_path];
+        const char *slash = strrchr(ctx->timeline_path, '/');
+        /* the file is written at ddp_shutdown: a directory that cannot take it is told now */
+        snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - ctx->timeline_path) + (slash == ctx->timeline_path) : 1,
+                 slash ? ctx->timeline_path : ".");
+        if (access(dir, W_OK | X_OK) != 0)
+            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "the timeline '%s' (DDP_TIMELINE or ddp_desc.timeline_path) cannot be "
+                             "written: its directory '%s': %s", ctx->timeline_path, dir, strerror(errno));
         ctx->tl_main = (ddp__timeline *)ddp__calloc(sizeof(ddp__timeline));
         ctx->tl_comm = (ddp__timeline *)ddp__calloc(sizeof(ddp__timeline));
         if (!ctx->tl_main || !ctx->tl_comm) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the timeline");
@@ -8070,7 +8090,7 @@ ddp_result ddp_init(ddp_context **out, const ddp_desc *desc) {
     ctx->rank = -1;
     ctx->sync_enabled = 1;
     ctx->tl_origin = ddp__now();
-    if ((r = ddp__init(ctx, desc)) != DDP_OK) return ddp__set_failed(ctx, r);
+    if ((r = ddp__init(ctx, desc)) != DDP_OK) return ddp__set_failed(ctx, ddp__cancel_wins(ctx, r, "ddp_init"));
     return DDP_OK;
 }
 
@@ -8092,7 +8112,7 @@ ddp_result ddp_register_param(ddp_context *ctx, const char *name, size_t count, 
 
 ddp_result ddp_commit(ddp_context *ctx) {
     ddp_result r = ddp__usable(ctx, 0, "ddp_commit");
-    return r != DDP_OK ? r : ddp__commit(ctx);
+    return r != DDP_OK ? r : ddp__cancel_wins(ctx, ddp__commit(ctx), "ddp_commit");
 }
 
 /* The views exist from ddp_commit on; before it, or for an id no parameter has, NULL with an error. */

@@ -10,6 +10,7 @@
    The model: linear regression, y = w.x + b, its gradients by hand. */
 #define DDP_IMPLEMENTATION
 #include "../ddp.h"
+#include <errno.h>
 #include <stdio.h>
 
 #define FEATURES 256
@@ -123,10 +124,16 @@ int main(int argc, char **argv) {
     pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
     int ranks = 3, cancel_after = 2000, batches = 100000, i, port = free_port(), ok = 1, cancelled = 0;
     double t0 = now();
-    for (i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--ranks")) ranks = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--cancel-after")) cancel_after = atoi(argv[i + 1]);   /* 0: never */
-        else if (!strcmp(argv[i], "--batches")) batches = atoi(argv[i + 1]);
+    for (i = 1; i + 1 < argc; i += 2) {   /* every flag takes a whole number; anything else is a usage error */
+        char *end;
+        long v;
+        errno = 0;
+        v = strtol(argv[i + 1], &end, 10);
+        if (errno || end == argv[i + 1] || *end || v < 0 || v > 1000000000L) { ranks = 0; break; }
+        if (!strcmp(argv[i], "--ranks")) ranks = (int)v;
+        else if (!strcmp(argv[i], "--cancel-after")) cancel_after = (int)v;   /* 0: never */
+        else if (!strcmp(argv[i], "--batches")) batches = (int)v;
+        else { ranks = 0; break; }
     }
     if (ranks < 1 || ranks > MAX_RANKS || argc % 2 == 0) {
         fprintf(stderr, "usage: %s [--ranks 1..%d] [--cancel-after STEPS] [--batches N]\n", argv[0], MAX_RANKS);

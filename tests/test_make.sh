@@ -21,5 +21,5 @@ else
 fi
 make -s help >"$tmp/help" 2>&1
 missing=""
-for t in run test test-asan test-tsan bench fuzz clean; do grep -qE "^make $t( |$)" "$tmp/help" || missing="$missing $t"; done
+for t in run test test-asan test-tsan bench fuzz mpi clean; do grep -qE "^make $t( |$)" "$tmp/help" || missing="$missing $t"; done
 [ -z "$missing" ] && echo "PASS make_help_lists_the_targets" || echo "FAIL make_help_lists_the_targets: missing$missing"

@@ -329,6 +329,22 @@ has "scaling: the unknown key is named" "$tmp/bad.err" "inter_gbs"
 bad "scaling: absent step exits 2" $S "$tmp/scal.json" --inter-gbps 1 --step 9
 bad "scaling: absent rank exits 2" $S "$tmp/scal.json" --inter-gbps 1 --rank 3
 bad "scaling: bad rank list exits 2" $S "$tmp/scal.json" --inter-gbps 1 --ranks 0,2
+# values that are not finite numbers in range: a named error (exit 2), never a traceback or a
+# run without end
+printf '{"ranks_per_node": 2, "intra_gbps": "fast", "inter_gbps": 1}\n' >"$tmp/strfabric.json"
+bad "scaling: a string bandwidth in the fabric exits 2" $S "$tmp/scal.json" --fabric "$tmp/strfabric.json"
+has "scaling: the string bandwidth is named" "$tmp/bad.err" "intra_gbps must be a finite number, not 'fast'"
+printf '{"ranks_per_node": null, "inter_gbps": 1}\n' >"$tmp/nullfabric.json"
+bad "scaling: a null in the fabric exits 2" $S "$tmp/scal.json" --fabric "$tmp/nullfabric.json"
+bad "scaling: --compute-scale 1e308 exits 2" $S "$tmp/scal.json" --inter-gbps 1 --compute-scale 1e308
+bad "scaling: 1e15 gradient bytes in 25 MiB buckets exits 2 at once" $S "$tmp/scal.json" --inter-gbps 1 --grad-bytes 1e15
+has "scaling: the bucket count is named" "$tmp/bad.err" "more than 1e6"
+bad "scaling: --nics-per-node 0 exits 2" $S "$tmp/scal.json" --inter-gbps 1 --nics-per-node 0
+$PY -c 'import json,sys; d=json.load(open(sys.argv[1])); ev=d["traceEvents"] if isinstance(d,dict) else d
+for e in ev:
+    if "dur" in e: e["dur"]=None
+json.dump(d,open(sys.argv[2],"w"))' "$tmp/scal.json" "$tmp/nulldur.json"
+bad "scaling: events with dur null exit 2" $S "$tmp/nulldur.json" --inter-gbps 1
 
 # ---------------------------------------------------------------- tools/scaling.py on GPU traces
 # The NCCL backend's trace: host times on the compute lane (enqueue: forward 0-2 ms, backward ops

@@ -381,7 +381,8 @@ static void test_nonfinite(void) {
 /* ---- bad environments: each a named error, no network touched ---- */
 static void expect_env_error(const char *name, const char *const *vars, ddp_result expected, const char *needle) {
     static const char *all[] = { "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                                 "DDP_TIMEOUT", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS" };
+                                 "DDP_TIMEOUT", "DDP_LOG", "DDP_TIMELINE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                                 "SLURM_PROCID", "SLURM_NTASKS" };
     ddp_context *ctx;
     ddp_result r;
     size_t i;
@@ -403,6 +404,8 @@ static void test_bad_env(void) {
     const char *bad_timeout[] = { "DDP_TIMEOUT", "soon", NULL };
     const char *inf_timeout[] = { "DDP_TIMEOUT", "inf", NULL };
     const char *nan_timeout[] = { "DDP_TIMEOUT", "nan", NULL };
+    const char *bad_log[] = { "DDP_LOG", "loud", NULL };
+    const char *bad_timeline[] = { "DDP_TIMELINE", "/nonexistent-ddp-dir/t.json", NULL };
     const char *ompi_rank[] = { "OMPI_COMM_WORLD_RANK", "5", "OMPI_COMM_WORLD_SIZE", "4", NULL };
     const char *slurm_half[] = { "SLURM_PROCID", "1", NULL };
     const char *bad_local[] = { "RANK", "1", "WORLD_SIZE", "2", "LOCAL_RANK", "3", "MASTER_PORT", "1", NULL };
@@ -417,6 +420,9 @@ static void test_bad_env(void) {
     expect_env_error("env_timeout_malformed", bad_timeout, DDP_ERR_BAD_ENV, "DDP_TIMEOUT='soon'");
     expect_env_error("env_timeout_infinite_refused", inf_timeout, DDP_ERR_BAD_ENV, "DDP_TIMEOUT='inf' is not a number of seconds in (0, 1e+06]");
     expect_env_error("env_timeout_nan_refused", nan_timeout, DDP_ERR_BAD_ENV, "DDP_TIMEOUT='nan'");
+    expect_env_error("env_log_level_unknown_refused", bad_log, DDP_ERR_BAD_ENV, "DDP_LOG='loud' is none of debug");
+    expect_env_error("env_timeline_directory_missing_refused_at_init", bad_timeline, DDP_ERR_BAD_ENV,
+                     "cannot be written: its directory '/nonexistent-ddp-dir'");
     expect_env_error("env_ompi_rank_not_below_size", ompi_rank, DDP_ERR_BAD_ENV, "OMPI_COMM_WORLD_RANK=5");
     expect_env_error("env_slurm_incomplete", slurm_half, DDP_ERR_BAD_ENV, "SLURM_NTASKS");
     expect_env_error("env_local_rank_not_below_local_world", bad_local, DDP_ERR_BAD_ENV, "LOCAL_RANK=3");

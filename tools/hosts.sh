@@ -34,7 +34,7 @@ SUBNET=10.77.0
 me=$(basename "$0")
 
 die() { echo "$me: $*" >&2; exit 1; }
-usage() { sed -n '3,11p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '4,11p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 case $PREFIX in *[!a-z0-9]*|"") die "DDP_HOSTS_PREFIX must be lowercase letters and digits, not '$PREFIX'" ;; esac
 [ ${#PREFIX} -le 10 ] || die "DDP_HOSTS_PREFIX '$PREFIX' is longer than 10 characters"
@@ -104,7 +104,7 @@ up() {
     local n=2 rate="" i h
     while [ $# -gt 0 ]; do
         case $1 in
-            --rate) rate=${2:?--rate needs a value such as 1gbit}; shift 2 ;;
+            --rate) [ $# -ge 2 ] || die "up: --rate needs a value such as 1gbit"; rate=$2; shift 2 ;;
             --rate=*) rate=${1#--rate=}; shift ;;
             [0-9]*) n=$1; shift ;;
             *) die "up: unknown argument '$1'" ;;
@@ -174,12 +174,16 @@ enter() { # HOST CMD...
 cmd=${1:-}
 [ $# -gt 0 ] && shift
 case $cmd in
+    -h|--help|help) sed -n '4,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     up) up "$@" ;;
     down) down ;;
     exec) [ $# -ge 2 ] || usage; enter "$@" ;;
     agent)
         # Open MPI calls its rsh agent as `AGENT [ssh options] HOST COMMAND...` (COMMAND one shell line).
-        while [ $# -gt 0 ] && [ "${1#-}" != "$1" ]; do shift; done
+        while [ $# -gt 0 ] && [ "${1#-}" != "$1" ]; do   # ssh's options; these take a value
+            case $1 in -[bcDEeFIiJLlmOopQRSWw]) shift ;; esac
+            [ $# -gt 0 ] && shift
+        done
         [ $# -ge 2 ] || die "agent: expected HOST COMMAND"
         h=$1; shift
         enter "$h" /bin/sh -c "$*" ;;

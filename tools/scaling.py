@@ -88,6 +88,19 @@ def die(msg):
     sys.exit(2)
 
 
+def number(name, v, lo=None, hi=None, lo_open=False, integer=False):
+    """A fabric or flag value: a finite number (not a string, null or true/false) in [lo, hi]."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        die("%s must be a finite number, not %r" % (name, v))
+    if integer and v != int(v):
+        die("%s must be a whole number, not %r" % (name, v))
+    if lo is not None and (v <= lo if lo_open else v < lo):
+        die("%s must be %s %s, not %r" % (name, ">" if lo_open else ">=", lo, v))
+    if hi is not None and v > hi:
+        die("%s must be at most %s, not %r" % (name, hi, v))
+    return int(v) if integer else float(v)
+
+
 # ---------------------------------------------------------------- the measured step
 
 def load_events(path):
@@ -99,7 +112,13 @@ def load_events(path):
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list) or not events:
         die("%s holds no trace events" % path)
-    return [e for e in events if isinstance(e, dict)]
+    events = [e for e in events if isinstance(e, dict)]
+    for e in events:   # a timeline ddp.h wrote has numbers here; anything else is named, not a traceback
+        for k in ("ts", "dur"):
+            v = e.get(k, 0)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                die("%s: an event (%s) has %s %r, not a number" % (path, e.get("name", "unnamed"), k, v))
+    return events
 
 
 def step_of(e):
@@ -220,15 +239,9 @@ class Fabric:
         if algo not in ("ring", "tree", "flat"):
             die("algo must be ring, tree or flat, not %r" % (algo,))
         self.algo = algo
-        self.g = int(ranks_per_node)
-        if self.g < 1:
-            die("ranks_per_node must be at least 1, not %r" % (ranks_per_node,))
-        self.eff = float(efficiency)
-        if not 0 < self.eff <= 1:
-            die("efficiency must be in (0, 1], not %r" % (efficiency,))
-        self.nics = int(nics_per_node) if nics_per_node else self.g
-        if self.nics < 1:
-            die("nics_per_node must be at least 1")
+        self.g = number("ranks_per_node", ranks_per_node, 1, 1 << 20, integer=True)
+        self.eff = number("efficiency", efficiency, 0, 1, lo_open=True)
+        self.nics = number("nics_per_node", nics_per_node, 1, 1 << 20, integer=True) if nics_per_node is not None else self.g
         if inter_gbps is None and intra_gbps is None:
             die("the fabric needs --inter-gbps (and --intra-gbps with --ranks-per-node > 1)")
         if inter_gbps is None:
@@ -236,11 +249,9 @@ class Fabric:
         if intra_gbps is None:
             intra_gbps, intra_latency_us = inter_gbps, inter_latency_us
         for name, v in (("intra_gbps", intra_gbps), ("inter_gbps", inter_gbps)):
-            if not float(v) > 0:
-                die("%s must be > 0, not %r" % (name, v))
+            number(name, v, 0, 1e9, lo_open=True)
         for name, v in (("intra_latency_us", intra_latency_us), ("inter_latency_us", inter_latency_us)):
-            if float(v) < 0:
-                die("%s must not be negative, not %r" % (name, v))
+            number(name, v, 0, 1e9)
         self.b_in = float(intra_gbps) * 1e9 / 8 * self.eff      # bytes/s
         self.b_out = float(inter_gbps) * 1e9 / 8 * self.eff
         self.a_in = float(intra_latency_us) * 1e-6
@@ -311,6 +322,8 @@ def remake(step, compute_scale, grad_bytes, bucket_mb, ready_at_end=None):
                     return t0 + x * (t1 - t0)
             return t1
         cap = bucket_mb * 1024 * 1024
+        if grad_bytes / cap > 1e6:
+            die("--grad-bytes %g in buckets of --bucket-mb %g is %.3g buckets, more than 1e6" % (grad_bytes, bucket_mb, grad_bytes / cap))
         sizes, left, first = [], float(grad_bytes), min(1024 * 1024, cap)
         while left > 0:
             b = min(left, first if not sizes else cap)
@@ -476,12 +489,10 @@ def main(argv=None):
         if v is not None:
             keys[k] = v
     fabric = Fabric(**keys)
-    if not a.compute_scale > 0:
-        die("--compute-scale must be > 0")
-    if a.grad_bytes is not None and not a.grad_bytes > 0:
-        die("--grad-bytes must be > 0")
-    if not a.bucket_mb > 0:
-        die("--bucket-mb must be > 0")
+    number("--compute-scale", a.compute_scale, 0, 1e6, lo_open=True)
+    if a.grad_bytes is not None:
+        number("--grad-bytes", a.grad_bytes, 0, 1e15, lo_open=True)
+    number("--bucket-mb", a.bucket_mb, 0, 1e9, lo_open=True)
     if a.ready_at_end is not None and (a.grad_bytes is None or not 0 <= a.ready_at_end < 1):
         die("--ready-at-end needs --grad-bytes and a share in [0, 1), not %r" % a.ready_at_end)
     ranks = parse_ranks(a.ranks)

@@ -26,7 +26,10 @@ static void tex_free(void *ptr);
 #define DDP_IMPLEMENTATION
 #include "../../ddp.h"
 #include <math.h>
+#include <errno.h>
 #include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
 
 /* ---- the counting allocator: a 16-byte header keeps the size (DDP_FREE gets no size) and the
    alignment malloc gives. Ranks allocate from their own threads: the counters are atomic. ---- */
@@ -431,8 +434,12 @@ int main(int argc, char **argv) {
     for (i = 0; i < SNAP_SLOTS; i++) sh.snaps[i].params = (float *)malloc(sizeof(float) * sh.nparams);
     sh.final_params = (float *)calloc(sh.nparams, sizeof(float));
     sh.port = free_port();
+    if (mkdir(out_dir, 0777) != 0 && errno != EEXIST) {   /* the output directory, as a tool makes it */
+        fprintf(stderr, "cannot create the output directory %s: %s\n", out_dir, strerror(errno));
+        return 1;
+    }
     snprintf(path, sizeof path, "%s/target.png", out_dir);
-    if (png_write(path, sh.target, sh.size, sh.size)) { fprintf(stderr, "cannot write %s\n", path); return 1; }
+    if (png_write(path, sh.target, sh.size, sh.size)) { fprintf(stderr, "cannot write %s: %s\n", path, strerror(errno)); return 1; }
     printf("[ui] %dx%d target written to %s; %d rank(s) as threads, global batch %d (%d per rank), %zu parameters\n",
            sh.size, sh.size, path, sh.ranks, sh.global_batch, sh.global_batch / sh.ranks, sh.nparams);
     sigint_token = &sh.cancel;
