@@ -1289,7 +1289,9 @@ static int ddp__cancel_requested(const ddp_context *ctx) {
 static ddp_result ddp__cancel_wins(ddp_context *ctx, ddp_result r, const char *call) {
     char first[DDP__ERR_MAX];
     if (r == DDP_OK || r == DDP_ERR_CANCELLED || !ddp__cancel_requested(ctx)) return r;
+    pthread_mutex_lock(&ctx->err_lock);   /* the communication thread may be failing too */
     snprintf(first, sizeof first, "%s", ddp__err_body(ctx));
+    pthread_mutex_unlock(&ctx->err_lock);
     return ddp__fail(ctx, DDP_ERR_CANCELLED, "cancelled (ddp_cancel or the cancel token) in %s (met first: %s)", call, first);
 }
 
