@@ -963,6 +963,7 @@ extern "C" {
    - a thread-rank that ended is seen through OpenThread + WaitForSingleObject, a process through
      OpenProcess (a process id that no longer exists, or has exited, is dead).
    -------------------------------------------------------------------------------------------- */
+enum { DDP__SEG_CREATE, DDP__SEG_RESERVE, DDP__SEG_MAP, DDP__SEG_OPEN };   /* where a segment's set-up failed */
 #ifdef _WIN32
 #ifdef _MSC_VER
 #pragma comment(lib, "ws2_32.lib")
@@ -1173,15 +1174,15 @@ static void ddp__seg_track(unsigned char *base, size_t bytes, HANDLE mapping, co
 }
 /* A fresh segment of `bytes` named `name` (exclusive), mapped: 0, or an errno value (EEXIST: the
    name is taken, try another) and *stage = the step that failed. Its pages are reserved now. */
-static int ddp__seg_create(const char *name, size_t bytes, unsigned char **out, const char **stage) {
+static int ddp__seg_create(const char *name, size_t bytes, unsigned char **out, int *stage) {
     HANDLE h;
     void *p;
-    *stage = "create";
+    *stage = DDP__SEG_CREATE;
     h = CreateFileMappingA(INVALID_HANDLE_VALUE, NULL, PAGE_READWRITE | SEC_COMMIT,
                            (DWORD)((unsigned long long)bytes >> 32), (DWORD)bytes, name);
     if (!h) return ddp__set_errno_win(), errno;
     if (GetLastError() == ERROR_ALREADY_EXISTS) { CloseHandle(h); return EEXIST; }
-    *stage = "map";
+    *stage = DDP__SEG_MAP;
     if (!(p = MapViewOfFile(h, FILE_MAP_ALL_ACCESS, 0, 0, bytes))) { ddp__set_errno_win(); CloseHandle(h); return errno; }
     ddp__seg_track((unsigned char *)p, bytes, h, name);
     *out = (unsigned char *)p;
@@ -1189,13 +1190,13 @@ static int ddp__seg_create(const char *name, size_t bytes, unsigned char **out, 
 }
 #define DDP__SEG_WRONG_SIZE (-2)
 /* Map an existing segment of `bytes`: 0, an errno value, or DDP__SEG_WRONG_SIZE. */
-static int ddp__seg_open(const char *name, size_t bytes, unsigned char **out, const char **stage) {
+static int ddp__seg_open(const char *name, size_t bytes, unsigned char **out, int *stage) {
     MEMORY_BASIC_INFORMATION mi;
     HANDLE h;
     void *p;
-    *stage = "open";
+    *stage = DDP__SEG_OPEN;
     if (!(h = OpenFileMappingA(FILE_MAP_ALL_ACCESS, FALSE, name))) return ddp__set_errno_win(), errno;
-    *stage = "map";
+    *stage = DDP__SEG_MAP;
     if (!(p = MapViewOfFile(h, FILE_MAP_ALL_ACCESS, 0, 0, 0))) { ddp__set_errno_win(); CloseHandle(h); return errno; }
     /* a mapping's size is its pages': a smaller one is the wrong one */
     if (!VirtualQuery(p, &mi, sizeof mi) || mi.RegionSize < bytes || mi.RegionSize >= bytes + ddp__page_size()) {
@@ -1596,25 +1597,25 @@ static int ddp__seg_map_fd(int fd, size_t bytes, unsigned char **out) {
 }
 /* A fresh owner-only segment of `bytes` named `name` (exclusive), mapped: 0, or an errno value
    (EEXIST: the name is taken, try another) and *stage = the step that failed. */
-static int ddp__seg_create(const char *name, size_t bytes, unsigned char **out, const char **stage) {
+static int ddp__seg_create(const char *name, size_t bytes, unsigned char **out, int *stage) {
     int fd, err;
-    *stage = "create";
+    *stage = DDP__SEG_CREATE;
     if ((fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600)) < 0) return errno;
-    *stage = "reserve";
+    *stage = DDP__SEG_RESERVE;
     if ((err = ddp__shm_reserve(fd, bytes)) != 0) { close(fd); shm_unlink(name); return err; }
-    *stage = "map";
+    *stage = DDP__SEG_MAP;
     if ((err = ddp__seg_map_fd(fd, bytes, out)) != 0) { shm_unlink(name); return err; }
     return 0;
 }
 #define DDP__SEG_WRONG_SIZE (-2)
 /* Map an existing segment of `bytes`: 0, an errno value, or DDP__SEG_WRONG_SIZE. */
-static int ddp__seg_open(const char *name, size_t bytes, unsigned char **out, const char **stage) {
+static int ddp__seg_open(const char *name, size_t bytes, unsigned char **out, int *stage) {
     struct stat st;
     int fd;
-    *stage = "open";
+    *stage = DDP__SEG_OPEN;
     if ((fd = shm_open(name, O_RDWR, 0600)) < 0) return errno;
     if (fstat(fd, &st) || (size_t)st.st_size != bytes) { close(fd); return DDP__SEG_WRONG_SIZE; }
-    *stage = "map";
+    *stage = DDP__SEG_MAP;
     return ddp__seg_map_fd(fd, bytes, out);
 }
 #define ddp__seg_unlink(name) ((void)shm_unlink(name))
@@ -4442,15 +4443,15 @@ static void ddp__shm_sweep_stale(ddp_context *ctx) {
    job sweep it if this one crashes before unlinking it), mapped at *out. */
 static ddp_result ddp__shm_new(ddp_context *ctx, char name[64], size_t bytes, unsigned char **out) {
     int attempt, err = EEXIST;
-    const char *stage = "create";
+    int stage = DDP__SEG_CREATE;
     for (attempt = 0; attempt < 16 && err == EEXIST; attempt++) {
         unsigned nonce = (unsigned)(ddp__now() * 1e9) ^ ((unsigned)(uintptr_t)name * 2654435761u) ^ (unsigned)attempt;
         snprintf(name, 64, DDP__SEG_PREFIX "%d-%08x", ddp__getpid(), nonce);
         err = ddp__seg_create(name, bytes, out, &stage);
     }
-    if (err && !strcmp(stage, "create"))
+    if (err && stage == DDP__SEG_CREATE)
         return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot create shared memory %s: %s", name, ddp__strerror(err));
-    if (err && !strcmp(stage, "reserve"))
+    if (err && stage == DDP__SEG_RESERVE)
         return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot reserve %zu bytes of shared memory for %s (/dev/shm too small or "
                          "full? a container's default is 64 MiB: docker run --shm-size): %s", bytes, name, ddp__strerror(err));
     if (err)
@@ -4481,14 +4482,13 @@ static ddp_result ddp__shm_create(ddp_context *ctx) {
 static ddp_result ddp__shm_attach(ddp_context *ctx, const char *name) {
     size_t bytes = ddp__shm_size(ctx->world);
     ddp__shm_header *h;
-    const char *stage;
-    int err;
+    int stage, err;
     snprintf(ctx->cpu->shm_name, sizeof ctx->cpu->shm_name, "%s", name);
     err = ddp__seg_open(ctx->cpu->shm_name, bytes, &ctx->cpu->shm, &stage);
     if (err == DDP__SEG_WRONG_SIZE)
         return ddp__fail(ctx, DDP_ERR_MISMATCH, "rank 0's shared memory %s has the wrong size (a different ddp.h "
                          "version or world size?)", name);
-    if (err && !strcmp(stage, "open"))
+    if (err && stage == DDP__SEG_OPEN)
         return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot open rank 0's shared memory %s: %s "
                          "(are all ranks on one host?)", name, ddp__strerror(err));
     if (err) return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot map shared memory %s (%zu bytes): %s", name, bytes, ddp__strerror(err));
@@ -4586,11 +4586,10 @@ static ddp_result ddp__grads_share(ddp_context *ctx, double deadline) {
         DDP_FREE(name);
         if (!ctx->cpu->grads_name[0]) return DDP_OK;   /* rank 0 had no room: private gradients everywhere */
         {
-            const char *stage;
-            int err = ddp__seg_open(ctx->cpu->grads_name, bytes, &p, &stage);
+            int stage, err = ddp__seg_open(ctx->cpu->grads_name, bytes, &p, &stage);
             if (err == DDP__SEG_WRONG_SIZE)
                 return ddp__fail(ctx, DDP_ERR_MISMATCH, "rank 0's gradient segment %s has the wrong size", ctx->cpu->grads_name);
-            if (err && !strcmp(stage, "open"))
+            if (err && stage == DDP__SEG_OPEN)
                 return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot open rank 0's gradient segment %s: %s", ctx->cpu->grads_name, ddp__strerror(err));
             if (err)
                 return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot map the gradient segment %s (%zu bytes): %s", ctx->cpu->grads_name, bytes, ddp__strerror(err));
