@@ -994,18 +994,18 @@ static void ddp__cond_broadcast(ddp__cond *c) { WakeAllConditionVariable(c); }
 typedef struct ddp__thread_start { void *(*fn)(void *); void *arg; } ddp__thread_start;
 static unsigned __stdcall ddp__thread_trampoline(void *p) {
     ddp__thread_start st = *(ddp__thread_start *)p;
-    free(p);
+    DDP_FREE(p);
     st.fn(st.arg);
     return 0;
 }
 /* 0, or non-zero when no thread could be started (as pthread_create) */
 static int ddp__thread_create(ddp__thread *t, void *(*fn)(void *), void *arg) {
-    ddp__thread_start *st = (ddp__thread_start *)malloc(sizeof *st);
+    ddp__thread_start *st = (ddp__thread_start *)DDP_MALLOC(sizeof *st);
     uintptr_t h;
     if (!st) return ENOMEM;
     st->fn = fn; st->arg = arg;
     h = _beginthreadex(NULL, 0, ddp__thread_trampoline, st, 0, NULL);   /* the CRT's: its per-thread state is set up */
-    if (!h) { free(st); return EAGAIN; }
+    if (!h) { DDP_FREE(st); return EAGAIN; }
     *t = (HANDLE)h;
     return 0;
 }
@@ -1136,8 +1136,16 @@ static HANDLE ddp__seg_sem_of(const void *addr) {
     if (m) {
         size_t off = (size_t)((const unsigned char *)addr - m->base);
         for (i = 0; i < m->num_sems && !h; i++) if (m->sems[i].offset == off) h = m->sems[i].sem;
-        if (!h && (m->num_sems < m->cap_sems ||
-                   (m->sems = (ddp__seg_sem *)realloc(m->sems, sizeof *m->sems * (size_t)(m->cap_sems = 2 * m->cap_sems + 16))) != NULL)) {
+        if (!h && m->num_sems == m->cap_sems) {   /* room for more counters' semaphores */
+            ddp__seg_sem *more = (ddp__seg_sem *)DDP_MALLOC(sizeof *more * (size_t)(2 * m->cap_sems + 16));
+            if (more) {
+                if (m->num_sems) memcpy(more, m->sems, sizeof *more * (size_t)m->num_sems);
+                DDP_FREE(m->sems);
+                m->sems = more;
+                m->cap_sems = 2 * m->cap_sems + 16;
+            }
+        }
+        if (!h && m->num_sems < m->cap_sems) {
             char name[96];
             snprintf(name, sizeof name, "%s-w%lu", m->name, (unsigned long)off);
             if ((h = CreateSemaphoreA(NULL, 0, 0x7fffffff, name)) != NULL) {
@@ -1145,7 +1153,6 @@ static HANDLE ddp__seg_sem_of(const void *addr) {
                 m->sems[m->num_sems++].sem = h;
             }
         }
-        if (!m->sems) m->num_sems = m->cap_sems = 0;
     }
     ReleaseSRWLockExclusive(&ddp__seg_lock);
     return h;
@@ -1163,8 +1170,9 @@ static void ddp__futex_wake(uint32_t *addr, uint32_t waiters) {
 
 /* ---- named shared memory ---- */
 static void ddp__seg_track(unsigned char *base, size_t bytes, HANDLE mapping, const char *name) {
-    ddp__seg_map *m = (ddp__seg_map *)calloc(1, sizeof *m);
-    if (!m) return;   /* its counters' waits then poll every millisecond: slower, not wrong */
+    ddp__seg_map *m = (ddp__seg_map *)DDP_MALLOC(sizeof *m);
+    if (!m) return;
+    memset(m, 0, sizeof *m);   /* its counters' waits then poll every millisecond: slower, not wrong */
     m->base = base; m->bytes = bytes; m->mapping = mapping;
     snprintf(m->name, sizeof m->name, "%s", name);
     AcquireSRWLockExclusive(&ddp__seg_lock);
@@ -1219,9 +1227,9 @@ static void ddp__seg_unmap(unsigned char *p, size_t bytes) {
     UnmapViewOfFile(p);
     if (!m) return;
     for (i = 0; i < m->num_sems; i++) CloseHandle(m->sems[i].sem);
-    free(m->sems);
+    DDP_FREE(m->sems);
     CloseHandle(m->mapping);
-    free(m);
+    DDP_FREE(m);
 }
 /* Nothing outlives a crashed job's last handle: nothing to sweep. */
 static void ddp__seg_sweep_stale(char *removed, size_t n) { if (n) removed[0] = 0; }
@@ -1321,8 +1329,8 @@ static int ddp__os_random(void *buf, size_t len) {
    makes the save fail with a named error (Windows' rule), never a half-written file. ---- */
 static wchar_t *ddp__wide(const char *path) {
     int n = MultiByteToWideChar(CP_UTF8, 0, path, -1, NULL, 0);
-    wchar_t *w = n > 0 ? (wchar_t *)malloc(sizeof(wchar_t) * (size_t)n) : NULL;
-    if (!w || !MultiByteToWideChar(CP_UTF8, 0, path, -1, w, n)) { free(w); errno = n > 0 ? ENOMEM : ENOENT; return NULL; }
+    wchar_t *w = n > 0 ? (wchar_t *)DDP_MALLOC(sizeof(wchar_t) * (size_t)n) : NULL;
+    if (!w || !MultiByteToWideChar(CP_UTF8, 0, path, -1, w, n)) { DDP_FREE(w); errno = n > 0 ? ENOMEM : ENOENT; return NULL; }
     return w;
 }
 static int ddp__fd_of(HANDLE h) {
@@ -1339,7 +1347,7 @@ static int ddp__file_open_read(const char *path) {
     h = CreateFileW(w, GENERIC_READ, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, NULL, OPEN_EXISTING,
                     FILE_FLAG_BACKUP_SEMANTICS /* a directory opens too: then it is named */, NULL);
     if (h == INVALID_HANDLE_VALUE) ddp__set_errno_win();
-    free(w);
+    DDP_FREE(w);
     return h == INVALID_HANDLE_VALUE ? -1 : ddp__fd_of(h);
 }
 /* 0 with *kind NULL for a regular file (*size its length) or what the file is instead; -1 with errno. */
@@ -1361,7 +1369,7 @@ static int ddp__file_create_excl(const char *path) {
     h = CreateFileW(w, GENERIC_WRITE | GENERIC_READ, FILE_SHARE_READ | FILE_SHARE_DELETE, NULL, CREATE_NEW,
                     FILE_ATTRIBUTE_NORMAL | FILE_FLAG_OPEN_REPARSE_POINT, NULL);
     if (h == INVALID_HANDLE_VALUE) ddp__set_errno_win();
-    free(w);
+    DDP_FREE(w);
     return h == INVALID_HANDLE_VALUE ? -1 : ddp__fd_of(h);
 }
 static long ddp__file_write(int fd, const void *p, size_t n) {
@@ -1385,14 +1393,14 @@ static int ddp__file_replace(const char *from, const char *to) {
     wchar_t *a = ddp__wide(from), *b = a ? ddp__wide(to) : NULL;
     int ok = b && MoveFileExW(a, b, MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH);
     if (b && !ok) ddp__set_errno_win();
-    free(a); free(b);
+    DDP_FREE(a); DDP_FREE(b);
     return ok ? 0 : -1;
 }
 static int ddp__file_unlink(const char *path) {
     wchar_t *w = ddp__wide(path);
     int ok = w && DeleteFileW(w);
     if (w && !ok) ddp__set_errno_win();
-    free(w);
+    DDP_FREE(w);
     return ok ? 0 : -1;
 }
 static int ddp__dir_sync(const char *dir) { (void)dir; return 1; }   /* MOVEFILE_WRITE_THROUGH did it */
@@ -1406,7 +1414,7 @@ static void ddp__dir_each(const char *dir, const char *prefix, void (*fn)(void *
     snprintf(pattern, sizeof pattern, "%s\\%s*", dir, prefix);
     if (!(w = ddp__wide(pattern))) return;
     h = FindFirstFileW(w, &fd);
-    free(w);
+    DDP_FREE(w);
     if (h == INVALID_HANDLE_VALUE) return;
     do {
         char name[MAX_PATH * 4];
@@ -1425,7 +1433,7 @@ static void ddp__file_remove_plain(const char *dir, const char *name) {
     a = GetFileAttributesW(w);
     if (a != INVALID_FILE_ATTRIBUTES && !(a & (FILE_ATTRIBUTE_DIRECTORY | FILE_ATTRIBUTE_REPARSE_POINT | FILE_ATTRIBUTE_DEVICE)))
         DeleteFileW(w);
-    free(w);
+    DDP_FREE(w);
 }
 
 #else /* POSIX ------------------------------------------------------------------------------ */

@@ -6,10 +6,15 @@
    Run: build/ddprun -n N build/test_equivalence      (N = 1, 2, 4; N must divide 32)
         build/test_equivalence --threads N           (the same, ranks as threads of one process)
    Rank 0 prints a hash of the final parameters ("params_hash"): the same N gives the same bits
-   as processes or threads, on Linux or Windows (tests/test_windows.sh compares them). So the
-   model's own arithmetic is +, -, *, / and sqrt only (its exp below, and tanh from it), which
-   every C library rounds alike: no libm function whose last bit differs between them. */
+   as processes or threads. Built with -DTEST_PORTABLE_MATH (and -ffp-contract=off) the model's
+   own arithmetic is +, -, *, / only (its exp below, and tanh from it), which every C library
+   rounds alike, so the Linux and Windows builds must print the same hashes (tests/test_windows.sh
+   compares them); by default it uses libm's expf and tanhf (the GPU tests reuse this model). */
 #include "testlib.h"
+#ifdef _WIN32
+#undef IN    /* windows.h (the implementation includes it there) defines IN and OUT as nothing */
+#undef OUT
+#endif
 
 enum { IN = 24, HID = 64, CLASSES = 10, GLOBAL_BATCH = 32, STEPS = 30, MICRO = 2 };
 
@@ -63,6 +68,7 @@ static void linear(ddp_context *ddp, int w, int b, const float *x, float *y, int
 /* exp(x) for x <= 0 (all the softmax needs): e^(x/256) by its Taylor series to the 7th power
    (|x/256| is small), then squared 8 times. Accurate to ~1e-6 relative, and the same bits on
    every platform (no libm). */
+#ifdef TEST_PORTABLE_MATH
 static float test_exp(float x) {
     float r = x / 256.0f, p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720 + r * (1.0f / 5040)))))));
     int i;
@@ -75,6 +81,12 @@ static float test_tanh(float x) {
     float e = test_exp(-2.0f * (x < 0 ? -x : x)), t = (1.0f - e) / (1.0f + e);
     return x < 0 ? -t : t;
 }
+#define MODEL_EXP test_exp
+#define MODEL_TANH test_tanh
+#else
+#define MODEL_EXP expf
+#define MODEL_TANH tanhf
+#endif
 
 typedef struct { size_t n; const float *a; const float *da; float *dh; } tanh_args;
 static void tanh_backward(void *p) {
@@ -86,7 +98,7 @@ static void tanh_backward(void *p) {
 static void tanh_op(ddp_context *ddp, const float *h, float *a, size_t n, const float *da, float *dh) {
     tanh_args args;
     size_t i;
-    for (i = 0; i < n; i++) a[i] = test_tanh(h[i]);
+    for (i = 0; i < n; i++) a[i] = MODEL_TANH(h[i]);
     args.n = n; args.a = a; args.da = da; args.dh = dh;
     ddp_tape_record(ddp, tanh_backward, &args, sizeof args, NULL, 0);
 }
@@ -99,9 +111,9 @@ static float cross_entropy(const float *z, const int *label, float *dz, int n, f
     for (i = 0; i < n; i++) {
         float mx = z[i * CLASSES], sum = 0;
         for (c = 1; c < CLASSES; c++) mx = fmaxf(mx, z[i * CLASSES + c]);
-        for (c = 0; c < CLASSES; c++) sum += test_exp(z[i * CLASSES + c] - mx);
+        for (c = 0; c < CLASSES; c++) sum += MODEL_EXP(z[i * CLASSES + c] - mx);
         for (c = 0; c < CLASSES; c++) {
-            float pr = test_exp(z[i * CLASSES + c] - mx) / sum;
+            float pr = MODEL_EXP(z[i * CLASSES + c] - mx) / sum;
             dz[i * CLASSES + c] = scale * (pr - (c == label[i])) / (float)n;
         }
         loss += (logf(sum) + mx - z[i * CLASSES + label[i]]) / (float)n;
@@ -273,7 +285,12 @@ int main(int argc, char **argv) {
     if (argc != 1) { printf("usage: test_equivalence [--threads N]   (without it: launched by ddprun)\n"); return 2; }
     {
         const char *rank = getenv("RANK");
-        if (rank && strcmp(rank, "0")) { FILE *quiet = freopen("/dev/null", "w", stdout); (void)quiet; }
+#ifdef _WIN32
+        const char *null_device = "NUL";
+#else
+        const char *null_device = "/dev/null";
+#endif
+        if (rank && strcmp(rank, "0")) { FILE *quiet = freopen(null_device, "w", stdout); (void)quiet; }
     }
     if (run_rank(NULL, 1) && !test_failures) return 1;
     return test_summary("test_equivalence");
