@@ -892,6 +892,12 @@ ddp_result ddp_sample(const ddp_sampler *s, uint64_t epoch, uint64_t i, uint64_t
 #include <bcrypt.h>
 #include <io.h>
 #include <process.h>
+/* windows.h defines IN and OUT as nothing (old parameter decorations): common names for sizes in
+   a model's code (examples/minimal.c has IN). Gone, unless DDP_KEEP_WINDOWS_IN_OUT asks for them. */
+#ifndef DDP_KEEP_WINDOWS_IN_OUT
+#undef IN
+#undef OUT
+#endif
 #else
 #include <netdb.h>
 #include <netinet/in.h>

@@ -11,10 +11,6 @@
    rounds alike, so the Linux and Windows builds must print the same hashes (tests/test_windows.sh
    compares them); by default it uses libm's expf and tanhf (the GPU tests reuse this model). */
 #include "testlib.h"
-#ifdef _WIN32
-#undef IN    /* windows.h (the implementation includes it there) defines IN and OUT as nothing */
-#undef OUT
-#endif
 
 enum { IN = 24, HID = 64, CLASSES = 10, GLOBAL_BATCH = 32, STEPS = 30, MICRO = 2 };
 

@@ -36,8 +36,6 @@ static void tex_free(void *ptr);
    needs neither from the program; there it brings windows.h and Winsock with it). */
 #ifdef _WIN32
 #include <direct.h>
-#undef IN    /* windows.h defines IN and OUT as nothing: this file's model uses the names */
-#undef OUT
 typedef HANDLE tex_thread;
 typedef SRWLOCK tex_lock;
 static void tex_lock_init(tex_lock *l) { InitializeSRWLock(l); }
