@@ -127,7 +127,7 @@ WB        := build/win
 WIN_FLAGS := -std=gnu99 -O2 -ffp-contract=off $(WARN) -Wno-pointer-sign -static
 WIN_LIBS  := -lws2_32 -lbcrypt
 WIN_PROGRAMS := $(WB)/test_unit.exe $(WB)/test_equivalence.exe $(WB)/test_checkpoint.exe $(WB)/engine.exe $(WB)/texture.exe \
-                $(WB)/minimal.exe
+                $(WB)/minimal.exe $(WB)/ddprun.exe
 ifeq ($(strip $(WIN_CC)),)
 windows:
 	@echo "no x86_64-w64-mingw32-gcc: the Windows programs are not built (apt-get install gcc-mingw-w64-x86-64)"
@@ -144,8 +144,8 @@ $(WB)/%.exe: examples/%.c ddp.h | $(WB)
 	$(WIN_CC) $(WIN_FLAGS) -o $@ $< $(WIN_LIBS)
 $(WB)/texture.exe: examples/engine/texture.c ddp.h | $(WB)
 	$(WIN_CC) $(WIN_FLAGS) -o $@ $< $(WIN_LIBS)
-$(WB)/ddprun.exe: tools/ddprun.c | $(WB)
-	$(WIN_CC) $(WIN_FLAGS) -o $@ $<
+$(WB)/ddprun.exe: tools/ddprun.c tools/ddprun_windows.c | $(WB)
+	$(WIN_CC) $(WIN_FLAGS) -o $@ $< $(WIN_LIBS)
 # The Linux side of the comparison: the same source and arithmetic flags.
 $(B)/test_equivalence_portable: tests/test_equivalence.c tests/testlib.h ddp.h | $(B)
 	$(CC) -std=c99 $(CFLAGS) $(WARN) -ffp-contract=off -DTEST_PORTABLE_MATH -o $@ $< $(LDLIBS)

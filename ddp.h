@@ -9,7 +9,7 @@
      QUICK START · ONE STEP, AS DATA FLOWS · OPTIONS · ADAMW · SHARDED OPTIMIZER (ZeRO-1) ·
      PARAMETER DTYPE (bf16 parameters, fp32 master weights) · CHECKPOINTS ·
      BACKENDS · ENVIRONMENT · ERRORS · NULL, LIFETIME AND THREADS · EMBEDDING: CANCEL, PROGRESS,
-     UNEVEN INPUTS · SAMPLER · COMPILE-TIME OPTIONS ·
+     UNEVEN INPUTS · SAMPLER · PLATFORMS (Linux, Windows, macOS) · COMPILE-TIME OPTIONS ·
      THE IMPLEMENTATION, SECTION BY SECTION
 
    QUICK START
@@ -272,7 +272,10 @@
      (ddp_checkpoint_info), not constraints. Writing: PATH.tmp.<pid>.<64 random bits> created
      with O_CREAT|O_EXCL|O_NOFOLLOW, fsync, rename onto PATH (a symlink at PATH is replaced,
      its target untouched), fsync of the directory; a killed writer leaves only its temporary,
-     and the next save sweeps those of dead writers (this user's, plain files). Reading, on rank
+     and the next save sweeps those of dead writers (this user's, plain files). Windows: the
+     temporary is created with CREATE_NEW, flushed (FlushFileBuffers), and replaces PATH with
+     MoveFileExW(MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH), which returns once the
+     rename is on disk (>>platform says why not ReplaceFileW). Reading, on rank
      0: a FIFO, directory or device is refused at once (never blocked on); then magic, version,
      header (world size, sharding and shard layout, the parameters' names, sizes and flags)
      against the file's length (nothing after the checksum), the checksum over every byte, the
@@ -287,7 +290,8 @@
 
    BACKENDS (one table each: THE IMPLEMENTATION below)
      single  one rank, no launcher: no network, no shared memory, no thread
-     cpu     ranks on one host: POSIX shared memory; each rank's communication thread averages
+     cpu     ranks on one host: shared memory (POSIX shm; Windows: named file mappings); each
+             rank's communication thread averages
              buckets while backward runs (the rank's own thread takes over the ones left when it
              reaches ddp_finish; the last bucket wakes no thread, as ddp_finish follows at
              once); every rank reduces its own part, so all end with the same bits
@@ -472,6 +476,23 @@
      count are DDP_ERR_INVALID_ARGUMENT with the reason (and the rank) in ddp_last_error(NULL);
      ddp_sample then sets *index_out = UINT64_MAX. Pure: any thread, before ddp_init or without it.
 
+   PLATFORMS
+     Linux: everything (every backend, ddprun, every test). Windows (10 and later; x86-64): the
+     single and cpu backends, ranks as threads of one process (examples/engine.c, the texture
+     example, cancel, progress, ddp_join) and ranks as processes on one machine (ddprun.exe),
+     checkpoints, the timeline; the NCCL and MPI backends are Linux-only (DDP_CUDA or DDP_MPI in
+     a Windows build stops with an #error that says so). Build: MinGW-w64 (x86_64-w64-mingw32-gcc
+     f.c -lws2_32 -lbcrypt) or MSVC (cl f.c; the libraries come by #pragma comment). No pthreads:
+     Win32 threads, SRW locks, condition variables, named file mappings, named semaphores for
+     the waits, Winsock for the store. The implementation includes <winsock2.h> and <windows.h>
+     (WIN32_LEAN_AND_MEAN, NOMINMAX, _WIN32_WINNT at least Vista's) in the file that defines
+     DDP_IMPLEMENTATION, so their macros are there too, except IN and OUT, which ddp.h removes
+     (DDP_KEEP_WINDOWS_IN_OUT keeps them). Tested: the MinGW-w64 build under Wine
+     (tests/test_windows.sh): unit tests, thread-ranks and processes bit for bit the Linux build,
+     checkpoints both ways, the timeline, the examples. MSVC: see README.md (Platforms).
+     What differs, and why: >>platform. macOS: the POSIX paths keep no Linux-only call without a
+     fallback (futex: a short sleep; /proc: nothing to say), but nothing here has built or run it.
+
    COMPILE-TIME OPTIONS
      DDP_IMPLEMENTATION   in one file: the implementation (include ddp.h before other headers,
                           or build with -D_GNU_SOURCE; a strict -std=c99 otherwise stops with an
@@ -483,8 +504,14 @@
      DDP_TEST_KILL_POINTS tests only: DDP_TEST_KILL_AT=POINT:RANK, and DDP_TEST_DIE_IN_CHECKPOINT=S
                           (rank 0 SIGKILLed inside ddp_save of AdamW step S, parameters written,
                           m and v not) kill a rank inside the library
+     DDP_KEEP_WINDOWS_IN_OUT  Windows: keep windows.h's empty IN and OUT macros (PLATFORMS)
 
    THE IMPLEMENTATION, SECTION BY SECTION (bottom-up; grep the marker, e.g. ">>cpu")
+     >>platform     the one place POSIX and Windows differ, one block per concern, each with both
+                    halves: threads and locks, time and sleep, processes and threads alive, the
+                    counters' wait/wake (futex; Windows: named semaphores), named shared memory,
+                    sockets, random bytes, files (the checkpoint's atomic replace); nothing below
+                    asks which system it runs on
      >>types        tunables; parameters, buckets, tape ops, shared-segment blocks; ddp__cpu; the
                     backend table ddp__backend; ddp_context
      >>util         time, aligned memory, logging, the error verbs (below), the cancel check
@@ -2790,8 +2817,15 @@ static int ddp__send_all(int fd, const void *buf, size_t len, double deadline) {
     return 0;
 }
 
-/* Receive exactly len bytes by the deadline: 0 ok, -1 error or closed, -2 timed out. */
-static int ddp__recv_all(int fd, void *buf, size_t len, double deadline) {
+/* Rank 0 runs on this host and its process is gone. Its connection's close says so too, but not
+   always at once: under Wine the server holds a killed process's sockets open. */
+static int ddp__rank0_gone(const ddp_context *ctx) {
+    return ctx->rank != 0 && ctx->peer_pids && ctx->local_world == ctx->world && !ddp__pid_alive(ctx->peer_pids[0]);
+}
+
+/* Receive exactly len bytes by the deadline: 0 ok, -1 error or closed, -2 timed out. With
+   `watch` (a rank waiting for rank 0's store), also -1 once rank 0 is gone (ddp__rank0_gone). */
+static int ddp__recv_watched(const ddp_context *watch, int fd, void *buf, size_t len, double deadline) {
     unsigned char *p = (unsigned char *)buf;
     while (len) {
         struct pollfd pfd;
@@ -2799,7 +2833,11 @@ static int ddp__recv_all(int fd, void *buf, size_t len, double deadline) {
         long n;
         if (left <= 0) return -2;
         pfd.fd = fd; pfd.events = POLLIN; pfd.revents = 0;
-        if (ddp__poll(&pfd, 1, (int)(left * 1000) + 1) <= 0) continue;
+        if (watch && left > DDP__LIVENESS_PERIOD_S) left = DDP__LIVENESS_PERIOD_S;
+        if (ddp__poll(&pfd, 1, (int)(left * 1000) + 1) <= 0) {
+            if (watch && ddp__rank0_gone(watch)) return -1;
+            continue;
+        }
         n = ddp__recv(fd, p, len, 0);
         if (n == 0) return -1;
         if (n < 0) { if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue; return -1; }
@@ -2807,6 +2845,7 @@ static int ddp__recv_all(int fd, void *buf, size_t len, double deadline) {
     }
     return 0;
 }
+static int ddp__recv_all(int fd, void *buf, size_t len, double deadline) { return ddp__recv_watched(NULL, fd, buf, len, deadline); }
 
 static int ddp__send_frame(int fd, uint32_t op, const void *key, uint32_t klen,
                            const void *val, uint32_t vlen, double deadline) {
@@ -3269,13 +3308,13 @@ static ddp_result ddp__store_request_on(ddp_context *ctx, int fd, uint32_t op, c
     /* A parked GET is answered at its deadline; beyond that the store gets a short grace, any
        other request the job's timeout. */
     double timeout = ctx->desc.timeout_s, grace = wait_s > 0 && timeout > DDP__STORE_GRACE_S ? DDP__STORE_GRACE_S : timeout;
-    double deadline = ddp__now() + wait_s + grace;
+    double deadline = ddp__now() + wait_s + grace, next_look;
     if (ddp__send_frame(fd, op, key, (uint32_t)strlen(key), val, vlen, ddp__now() + timeout))
         return ddp__fail(ctx, DDP_ERR_PEER_LOST, "lost the connection to the rendezvous store on rank 0 (%s:%d)",
                          ctx->master_addr, ctx->desc.master_port);
     /* A parked GET can wait long: look for a cancel while the answer has not begun to arrive.
        Cancelled, the connection is out of step (its answer comes later): it is closed. */
-    for (rc = 0; wait_s > 0;) {
+    for (rc = 0, next_look = 0; wait_s > 0;) {
         struct pollfd pfd;
         double left = deadline - ddp__now();
         pfd.fd = fd; pfd.events = POLLIN; pfd.revents = 0;
@@ -3284,8 +3323,14 @@ static ddp_result ddp__store_request_on(ddp_context *ctx, int fd, uint32_t op, c
             if (fd == ctx->store_fd) { ddp__sock_close(fd); ctx->store_fd = -1; }
             return ddp__check_cancel(ctx, "a wait for the rendezvous store");
         }
+        if (ddp__now() >= next_look) {   /* rank 0 gone: said now, not at the deadline */
+            next_look = ddp__now() + DDP__LIVENESS_PERIOD_S;
+            if (ddp__rank0_gone(ctx))
+                return ddp__fail(ctx, DDP_ERR_PEER_LOST, "rank 0 (pid %d) died while this rank waited for the rendezvous "
+                                 "store on it", ctx->peer_pids[0]);
+        }
     }
-    rc = ddp__recv_all(fd, hdr, 16, deadline);
+    rc = ddp__recv_watched(ctx, fd, hdr, 16, deadline);
     if (rc == 0 && ddp__get_u32(hdr) != DDP__STORE_MAGIC) rc = -1;
     rlen = ddp__get_u32(hdr + 12);
     if (rc == 0 && rlen > DDP__STORE_MAX_VALUE) rc = -1;
@@ -3298,7 +3343,7 @@ static ddp_result ddp__store_request_on(ddp_context *ctx, int fd, uint32_t op, c
     if (reply) {
         *reply = (unsigned char *)DDP_MALLOC(rlen + 1);
         if (!*reply) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory reading from the store");
-        if (ddp__recv_all(fd, *reply, rlen, deadline)) {
+        if (ddp__recv_watched(ctx, fd, *reply, rlen, deadline)) {
             DDP_FREE(*reply); *reply = NULL;
             return ddp__fail(ctx, DDP_ERR_PEER_LOST, "lost the connection to the rendezvous store on rank 0 "
                              "(%s:%d): rank 0 failed or exited", ctx->master_addr, ctx->desc.master_port);
@@ -3309,7 +3354,7 @@ static ddp_result ddp__store_request_on(ddp_context *ctx, int fd, uint32_t op, c
         unsigned char sink[256];
         while (rlen) {
             uint32_t n = rlen < sizeof sink ? rlen : (uint32_t)sizeof sink;
-            if (ddp__recv_all(fd, sink, n, deadline))
+            if (ddp__recv_watched(ctx, fd, sink, n, deadline))
                 return ddp__fail(ctx, DDP_ERR_PEER_LOST, "lost the connection to the rendezvous store on rank 0 "
                                  "(%s:%d): rank 0 failed or exited", ctx->master_addr, ctx->desc.master_port);
             rlen -= n;

@@ -20,7 +20,8 @@ fi
 . tests/lib.sh
 tmp=$(mktemp -d)
 export WINEPREFIX="$tmp/prefix" WINEDEBUG=-all WINEDLLOVERRIDES="mscoree,mshtml="   # headless, no Mono/Gecko prompts
-trap 'WINEPREFIX="$tmp/prefix" wineserver -k 2>/dev/null; rm -rf "$tmp"' EXIT
+WINESERVER=$(command -v wineserver || ls /usr/lib/wine/wineserver64 /usr/lib/wine/wineserver 2>/dev/null | head -n 1)
+trap '[ -n "$WINESERVER" ] && "$WINESERVER" -k 2>/dev/null; rm -rf "$tmp"' EXIT   # this prefix's server only
 fail=0
 say() { echo "$1 $2${3:+: $3}"; [ "$1" = FAIL ] && fail=1; }
 
@@ -80,6 +81,20 @@ verdicts "$tmp/out.v"
 win=$(hashes "$tmp/out"); lin=$(hashes "$tmp/lin2")
 if [ -n "$win" ] && [ "$win" = "$lin" ]; then say PASS windows_processes2_bitwise_equals_linux_threads
 else say FAIL windows_processes2_bitwise_equals_linux_threads "Windows ($how): ${win:-none} | Linux: ${lin:-none}"; fi
+
+if [ -x "$W/ddprun.exe" ]; then   # a rank killed (TerminateProcess, as SIGKILL): the job ends, fast, with its status
+    t0=$(date +%s.%N)
+    DDP_TEST_KILL_AT=grads-published:0 timeout 120 "$WINE" "$W/ddprun.exe" --grace 20 -n 2 "$W/test_equivalence.exe" >"$tmp/out" 2>&1
+    rc=$?; took=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+    if [ $rc = 9 ] && grep -q "rank 0 exited with status 9" "$tmp/out" && ! grep -q terminating "$tmp/out"; then
+        say PASS windows_ddprun_killed_rank_ends_job "status 9 in $took s, the other rank ended by itself"
+    else say FAIL windows_ddprun_killed_rank_ends_job "status $rc after $took s: $(grep -m3 ddprun "$tmp/out" | tr '\n' ' ')"; fi
+    timeout 60 "$WINE" "$W/ddprun.exe" -n 2 "no-such-program.exe" >"$tmp/out" 2>&1; rc=$?
+    timeout 60 "$WINE" "$W/ddprun.exe" --nnodes 2 -n 2 "$W/minimal.exe" >"$tmp/out2" 2>&1; rc2=$?
+    if [ $rc = 127 ] && grep -q "no such program" "$tmp/out" && [ $rc2 = 2 ] && grep -q "not supported by ddprun on Windows yet" "$tmp/out2"; then
+        say PASS windows_ddprun_missing_program_and_unsupported_flags_named
+    else say FAIL windows_ddprun_missing_program_and_unsupported_flags_named "status $rc / $rc2: $(head -c 300 "$tmp/out" "$tmp/out2" | tr '\n' ' ')"; fi
+fi
 
 # ---- checkpoints: saved by 2 Windows processes, loaded on 1 and 2, refusals, another model;
 #      then the Windows rank 0's file loaded by the Linux build on 3 ranks ----
