@@ -1011,6 +1011,58 @@ enum { DDP__SEG_CREATE, DDP__SEG_RESERVE, DDP__SEG_MAP, DDP__SEG_OPEN };   /* wh
 #define DDP__PATH_SEP "\\/"
 static int ddp__set_errno_win(void);
 
+/* ---- atomics: cl.exe (not clang-cl) has no __atomic builtins. The shared code uses them on 32-
+   and 64-bit integers only, so there they are Interlocked calls by size, each a full barrier (at
+   least the order asked for; a load is a locked OR of 0, dearer than a plain load, in cl.exe
+   builds only). DDP__ATOMICS_INTERLOCKED asks for this mapping on another compiler:
+   tests/test_windows.sh runs MinGW builds with it, the only check of it here. ---- */
+#if (defined(_MSC_VER) && !defined(__clang__)) || defined(DDP__ATOMICS_INTERLOCKED)
+#include <intrin.h>
+#undef __ATOMIC_RELAXED
+#undef __ATOMIC_ACQUIRE
+#undef __ATOMIC_RELEASE
+#undef __ATOMIC_ACQ_REL
+#undef __ATOMIC_SEQ_CST
+#define __ATOMIC_RELAXED 0
+#define __ATOMIC_ACQUIRE 2
+#define __ATOMIC_RELEASE 3
+#define __ATOMIC_ACQ_REL 4
+#define __ATOMIC_SEQ_CST 5
+static __int64 ddp__il_load(volatile void *p, size_t n) {
+    return n == 8 ? _InterlockedOr64((volatile __int64 *)p, 0) : (__int64)_InterlockedOr((volatile long *)p, 0);
+}
+static void ddp__il_store(volatile void *p, size_t n, __int64 v) {
+    if (n == 8) _InterlockedExchange64((volatile __int64 *)p, v);
+    else _InterlockedExchange((volatile long *)p, (long)v);
+}
+static __int64 ddp__il_add(volatile void *p, size_t n, __int64 v) {   /* the new value */
+    return n == 8 ? _InterlockedExchangeAdd64((volatile __int64 *)p, v) + v
+                  : (__int64)(long)((unsigned long)_InterlockedExchangeAdd((volatile long *)p, (long)v) + (unsigned long)v);
+}
+static int ddp__il_cas(volatile void *p, void *expected, size_t n, __int64 desired) {
+    if (n == 8) {
+        __int64 want, old;
+        memcpy(&want, expected, 8);
+        old = _InterlockedCompareExchange64((volatile __int64 *)p, desired, want);
+        if (old == want) return 1;
+        memcpy(expected, &old, 8);
+    } else {
+        long want, old;
+        memcpy(&want, expected, 4);
+        old = _InterlockedCompareExchange((volatile long *)p, (long)desired, want);
+        if (old == want) return 1;
+        memcpy(expected, &old, 4);
+    }
+    return 0;
+}
+#define __atomic_load_n(p, order) ddp__il_load((volatile void *)(p), sizeof *(p))
+#define __atomic_store_n(p, v, order) ddp__il_store((volatile void *)(p), sizeof *(p), (__int64)(v))
+#define __atomic_add_fetch(p, v, order) ddp__il_add((volatile void *)(p), sizeof *(p), (__int64)(v))
+#define __atomic_sub_fetch(p, v, order) ddp__il_add((volatile void *)(p), sizeof *(p), -(__int64)(v))
+#define __atomic_compare_exchange_n(p, expected, desired, weak, success, failure) \
+    ddp__il_cas((volatile void *)(p), (void *)(expected), sizeof *(p), (__int64)(desired))
+#endif
+
 /* ---- threads and locks ---- */
 typedef SRWLOCK ddp__mutex;
 typedef CONDITION_VARIABLE ddp__cond;

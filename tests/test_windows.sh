@@ -139,6 +139,16 @@ if timeout 120 "$WINE" "$W/engine.exe" --batches 60 --cancel-after 0 >"$tmp/engi
     say PASS windows_engine_join_uneven_inputs
 else say FAIL windows_engine_join_uneven_inputs "$(tail -n 4 "$tmp/engine" | tr '\n' ' ')"; fi
 
+# ---- cl.exe's atomics: the Interlocked mapping (>>platform), forced on MinGW (no MSVC here) ----
+timeout 120 "$WINE" "$W/test_equivalence_il.exe" --threads 2 >"$tmp/il" 2>&1; rc=$?
+win=$(hashes "$tmp/il"); lin=$(hashes "$tmp/lin2")
+if [ $rc = 0 ] && ! grep -q "^FAIL" "$tmp/il" && [ -n "$win" ] && [ "$win" = "$lin" ]; then say PASS windows_interlocked_atomics_threads2_bitwise_equals_linux
+else say FAIL windows_interlocked_atomics_threads2_bitwise_equals_linux "status $rc, $(grep -m1 FAIL "$tmp/il") Windows: ${win:-none} | Linux: ${lin:-none}"; fi
+if timeout 120 "$WINE" "$W/engine_il.exe" --cancel-after 500 >"$tmp/engine" 2>&1 && grep -q "training cancelled; the engine goes on" "$tmp/engine" &&
+   [ "$(grep -c 'cancelled: rank' "$tmp/engine")" = 3 ]; then
+    say PASS windows_interlocked_atomics_engine_cancel
+else say FAIL windows_interlocked_atomics_engine_cancel "$(tail -n 4 "$tmp/engine" | tr '\n' ' ')"; fi
+
 # ---- the texture example: 2 thread-ranks to a step count, then a time limit cancels a run ----
 if timeout 120 "$WINE" "$W/texture.exe" --ranks 2 --size 32 --steps 300 --batch 128 --seconds 0 --preview-every 100 \
         --out "$tmp/tex" >"$tmp/texture" 2>&1 && [ -s "$tmp/tex/result.png" ] && grep -q " 0 live at the end" "$tmp/texture"; then
