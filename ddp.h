@@ -1335,7 +1335,7 @@ static int ddp__socket(int family, int type) {
     if (ddp__net_init()) { errno = EIO; return -1; }
     s = WSASocketW(family, type, 0, NULL, 0, WSA_FLAG_OVERLAPPED | WSA_FLAG_NO_HANDLE_INHERIT);
     if (s == INVALID_SOCKET) return ddp__set_errno_win();
-    ioctlsocket(s, FIONBIO, &on);
+    ioctlsocket(s, (long)FIONBIO, &on);
     return (int)s;
 }
 static void ddp__sock_close(int fd) { closesocket((SOCKET)fd); }
@@ -1365,7 +1365,7 @@ static int ddp__connect(int fd, const struct sockaddr *a, size_t len) {
 }
 static int ddp__sock_error(int fd) {
     int err = 0, len = sizeof err;
-    if (getsockopt((SOCKET)fd, SOL_SOCKET, SO_ERROR, (char *)&err, &len)) return ddp__errno_from_win(WSAGetLastError());
+    if (getsockopt((SOCKET)fd, SOL_SOCKET, SO_ERROR, (char *)&err, &len)) return ddp__errno_from_win((DWORD)WSAGetLastError());
     return err ? ddp__errno_from_win((DWORD)err) : 0;
 }
 static int ddp__bind_listen(int fd, const struct sockaddr *a, size_t len, int backlog) {
@@ -1377,7 +1377,7 @@ static int ddp__accept(int fd) {
     u_long on = 1;
     if (s == INVALID_SOCKET) return ddp__set_errno_win();
     SetHandleInformation((HANDLE)s, HANDLE_FLAG_INHERIT, 0);
-    ioctlsocket(s, FIONBIO, &on);
+    ioctlsocket(s, (long)FIONBIO, &on);
     return (int)s;
 }
 /* The store thread's wake-up: no pipe to poll on Windows, so a UDP socket connected to itself. */
