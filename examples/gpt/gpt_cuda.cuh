@@ -332,7 +332,10 @@ static inline void gpt_cuda_upload(void *stream, void *device, const void *host,
    operand keeps its own transpose flag and leading dimension.
    In fp32, cublasSgemm; in bf16 (--bf16), cublasGemmEx / cublasGemmStridedBatchedEx with bf16
    A, B and C and CUBLAS_COMPUTE_32F: products summed in fp32, alpha * sum + beta * C in fp32,
-   then C rounded to bf16 once, to nearest even.
+   then C rounded to bf16 once, to nearest even. cuBLAS keeps that promise for a split-K GEMM
+   only with CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION, which gpt_cuda_create sets in bf16
+   (else it may add the K-slices' partials in bf16); tests/gpu/test_gpt_gpu.cu's gemm part checks
+   a K = 8192 product against that bound.
    --------------------------------------------------------------------------------------------- */
 #ifdef GPT_CUDA_EMULATE
 static int gc_imax(int a, int b) { return a > b ? a : b; }
@@ -1072,7 +1075,11 @@ static inline ddp_result gpt_cuda_create(gpt_cuda *m, ddp_context *ddp, const gp
 #ifndef GPT_CUDA_EMULATE
     GC_CUBLAS(cublasCreate(&m->blas));
     GC_CUBLAS(cublasSetStream(m->blas, m->stream));
-    GC_CUBLAS(cublasSetMathMode(m->blas, m->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    /* bf16: no reduced-precision reduction, so a split-K GEMM (the weight gradients, K = B*T)
+       adds its partial sums in fp32 and C is rounded to bf16 once, as the emulation does. */
+    GC_CUBLAS(cublasSetMathMode(m->blas, m->tf32   ? CUBLAS_TF32_TENSOR_OP_MATH
+                                         : m->bf16 ? (cublasMath_t)(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)
+                                                   : CUBLAS_DEFAULT_MATH));
     GC_CUBLAS(cublasSetAtomicsMode(m->blas, CUBLAS_ATOMICS_NOT_ALLOWED));   /* the default; determinism needs it */
 #endif
     if (m->own16) {   /* the bf16 working copies (rounded from the fp32 init) and gradients */

@@ -33,6 +33,9 @@
       every gradient, 8 AdamW steps' losses, within bounds counted from bf16's unit roundoff
       (see test_cuda_bf16); on ddp.h's bf16 parameters the same losses as on the model's own
       bf16 copies.
+   5. The bf16 matmul at a split-K shape (K = 8192) against the bound of one rounding (see
+      test_cuda_bf16_gemm).
+   Parts: all by default; `test_gpt_gpu bf16 gemm` (or GPT_GPU_PARTS=bf16,gemm) runs those only.
    Built twice from this file: by nvcc (build/gpu/test_gpt_gpu: NCCL backend; prints "SKIP
    gpu: ..." without a device) and by a C++ compiler with -DGPT_CUDA_EMULATE
    (build/test_gpt_gpu_emulated: the model's kernels and matmuls run on the host, CPU backend;
@@ -713,10 +716,103 @@ static void test_cuda_bf16(const gpt_config *cfg) {
     ddp_shutdown(d16);
 }
 
-int main(void) {
+/* 5. The model's bf16 matmul at a split-K shape: the weight gradient's C[M, N] += A^T B with
+   K = 8192 (B*T of the GPT-2-sized run; the tests' own shapes are far too small for cuBLAS to
+   split K), positive inputs (no cancellation: S = sum |a b| + |C0| is the result's own size).
+   With fp32 accumulation in any order and one rounding to bf16 (round to nearest even):
+       |got - exact| <= ulp(got) / 2 + gamma_K S,   gamma_K = K 2^-23 / (1 - K 2^-23)
+   (2^-23: a whole fp32 ulp per addition, so an accumulator that truncates is covered too;
+   gamma_K S ~ 0.25 ulp here). Partial sums of K slices added in bf16 (cuBLAS's reduced-
+   precision split-K reduction, which gpt_cuda_create disallows in bf16) each carry up to half
+   an ulp of their own, and over 4096+ outputs some exceed the bound. On a GPU the handle's math
+   mode is checked too. In emulation the host sgemm runs the same check (the bound's arithmetic
+   and the call's layout, not cuBLAS). */
+static void test_cuda_bf16_gemm(int M, int N, int K) {
+    ddp_context *d = open_solo(1);
+    gpt_config cfg = { 1, 1, 32, 8, 1 };
+    gpt_cuda m;
+    char name[128];
+    size_t i, j, k;
+    const double gamma = K * ldexp(1.0, -23) / (1 - K * ldexp(1.0, -23));
+    double worst = 0;
+    size_t worst_at = 0;
+    if (gpt_cuda_create(&m, d, &cfg, 1, GPT_CUDA_BF16) != DDP_OK) {
+        printf("FAIL %s: %s\n", NAME("bf16_gemm_create"), ddp_last_error(d));
+        exit(1);
+    }
+#ifndef GPT_CUDA_EMULATE
+    {
+        cublasMath_t mode;
+        GC_CUBLAS(cublasGetMathMode(m.blas, &mode));
+        verdict((mode & CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION) != 0 && (mode & 0xf) == CUBLAS_DEFAULT_MATH,
+                NAME("bf16_cublas_disallows_reduced_precision_reduction"), "math mode %d", (int)mode);
+    }
+#endif
+    gc_bf16 *ha = (gc_bf16 *)malloc(sizeof(gc_bf16) * (size_t)K * M), *hb = (gc_bf16 *)malloc(sizeof(gc_bf16) * (size_t)K * N);
+    gc_bf16 *hc = (gc_bf16 *)malloc(sizeof(gc_bf16) * (size_t)M * N);
+    double *exact = (double *)calloc((size_t)M * N, sizeof(double));
+    if (!ha || !hb || !hc || !exact) { printf("FAIL %s: out of memory\n", NAME("bf16_gemm")); exit(1); }
+    /* values in [0.5, 1): a = A^T's rows (A is [K, M] row-major, as dout), b = [K, N] (as inp) */
+    for (i = 0; i < (size_t)K * M; i++) ha[i] = ddp_k__to_bf16(0.75f + 0.25f * test_value(51, i));
+    for (i = 0; i < (size_t)K * N; i++) hb[i] = ddp_k__to_bf16(0.75f + 0.25f * test_value(52, i));
+    for (i = 0; i < (size_t)M * N; i++) { hc[i] = ddp_k__to_bf16(0.75f + 0.25f * test_value(53, i)); exact[i] = gc_ld(hc[i]); }
+    for (k = 0; k < (size_t)K; k++)
+        for (i = 0; i < (size_t)M; i++) {
+            double a = gc_ld(ha[k * M + i]);
+            for (j = 0; j < (size_t)N; j++) exact[i * N + j] += a * gc_ld(hb[k * N + j]);
+        }
+    gc_bf16 *da = (gc_bf16 *)gc_device_alloc(&m, sizeof(gc_bf16) * (size_t)K * M);
+    gc_bf16 *db = (gc_bf16 *)gc_device_alloc(&m, sizeof(gc_bf16) * (size_t)K * N);
+    gc_bf16 *dc = (gc_bf16 *)gc_device_alloc(&m, sizeof(gc_bf16) * (size_t)M * N);
+    gpt_cuda_upload(m.stream, da, ha, sizeof(gc_bf16) * (size_t)K * M);
+    gpt_cuda_upload(m.stream, db, hb, sizeof(gc_bf16) * (size_t)K * N);
+    gpt_cuda_upload(m.stream, dc, hc, sizeof(gc_bf16) * (size_t)M * N);
+    /* as gc_linear_backward's grad W += dout^T inp */
+    GC_MATMUL(&m, 1, 0, M, N, K, 1.0f, (const gc_bf16 *)da, M, (const gc_bf16 *)db, N, 1.0f, dc, N);
+    gpt_cuda_download(m.stream, hc, dc, sizeof(gc_bf16) * (size_t)M * N);
+    for (i = 0; i < (size_t)M * N; i++) {
+        double got = gc_ld(hc[i]), ulp = ldexp(1.0, ilogb(got) - 7);
+        double r = fabs(got - exact[i]) / (0.5 * ulp + gamma * exact[i]);   /* exact = S: all terms positive */
+        if (!(r <= worst)) { worst = r; worst_at = i; }
+    }
+    snprintf(name, sizeof name, NAME("bf16_gemm_rounded_once_M%d_N%d_K%d"), M, N, K);
+    verdict(worst <= 1, name, "C[%zu] = %.9g, exact %.9g: %.3g of the bound (half an ulp + gamma_K S)", worst_at,
+            (double)gc_ld(hc[worst_at]), exact[worst_at], worst);
+    if (worst <= 1) printf("  (worst %.3f of the bound)\n", worst);
+    free(ha); free(hb); free(hc); free(exact);
+    gpt_cuda_destroy(&m);
+    ddp_shutdown(d);
+}
+
+/* Which parts run: all by default; else the names given as arguments or in GPT_GPU_PARTS
+   (comma or space separated), in the file's order: reference vs_cpu determinism bf16 gemm.
+   The GPU check runs "gemm bf16" alone first: its bf16 part then comes before the parts that
+   run the templated fp32 code. */
+static const char *const part_names[] = { "reference", "vs_cpu", "determinism", "bf16", "gemm" };
+static int parts_selected[5];
+static int select_parts(int argc, char **argv) {
+    char list[512] = "";
+    int i, n;
+    for (i = 1; i < argc; i++) { strncat(list, argv[i], sizeof list - strlen(list) - 2); strcat(list, " "); }
+    if (!list[0] && getenv("GPT_GPU_PARTS")) snprintf(list, sizeof list, "%s", getenv("GPT_GPU_PARTS"));
+    for (char *t = strtok(list, ", "); t; t = strtok(NULL, ", ")) {
+        for (n = 0; n < 5 && strcmp(t, part_names[n]) != 0; n++) {}
+        if (n == 5) {
+            printf("FAIL %s: no part '%s' (parts: reference vs_cpu determinism bf16 gemm)\n", NAME("parts"), t);
+            return 0;
+        }
+        parts_selected[n] = 1;
+    }
+    for (n = 0, i = 0; n < 5; n++) i |= parts_selected[n];
+    if (!i) for (n = 0; n < 5; n++) parts_selected[n] = 1;
+    return 1;
+}
+
+int main(int argc, char **argv) {
     gpt_config small = { 3, 4, 80, 40, 3 };   /* layers, heads, dim, seq, batch: nothing a multiple of 32 */
     gpt_config larger = { 2, 6, 384, 256, 4 };
     int run_larger = 1;
+    if (!select_parts(argc, argv)) return 2;
 #ifndef GPT_CUDA_EMULATE
     gpu_require_device();
     printf("device: %s\n", gpu_name());
@@ -726,11 +822,19 @@ int main(void) {
     test_blas_threads();
     gpt_blas_init(1);
     make_text();
-    test_cuda_reference();
-    test_cuda_vs_cpu(&small, 0.0f);
-    test_cuda_vs_cpu(&small, 0.2f);
-    if (run_larger) test_cuda_vs_cpu(&larger, 0.0f);
-    test_cuda_deterministic(&small);
-    test_cuda_bf16(&small);
+    if (parts_selected[0]) test_cuda_reference();
+    if (parts_selected[1]) {
+        test_cuda_vs_cpu(&small, 0.0f);
+        test_cuda_vs_cpu(&small, 0.2f);
+        if (run_larger) test_cuda_vs_cpu(&larger, 0.0f);
+    }
+    if (parts_selected[2]) test_cuda_deterministic(&small);
+    if (parts_selected[3]) test_cuda_bf16(&small);
+    if (parts_selected[4]) {
+        test_cuda_bf16_gemm(64, 64, 8192);
+#ifndef GPT_CUDA_EMULATE
+        test_cuda_bf16_gemm(768, 256, 8192);   /* a weight gradient's shape (768 outputs); host reference ~1.6 G mult-adds */
+#endif
+    }
     return test_summary(NAME("test"));
 }
