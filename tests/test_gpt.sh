@@ -38,7 +38,7 @@ want() {
     return 1
 }
 for g in ${GPT_TEST_ONLY:-}; do
-    case $g in buckets | dropout | flags | tape | dump_full | shakespeare | resume | refused | fsync | data | oom | sample | bf16 | nvcc_cpu) ;;
+    case $g in buckets | dropout | flags | tape | dump_full | shakespeare | resume | refused | fsync | data | oom | sample | optimes | bf16 | nvcc_cpu) ;;
     *) echo "FAIL ${pfx}_test_only: GPT_TEST_ONLY names '$g', no group of tests/test_gpt.sh"; exit 1 ;;
     esac
 done
@@ -300,6 +300,36 @@ again=$(timeout 60 "$BIN" "${TINY[@]}" --steps 3 --sample 200 --seed 5 --top-k 2
 sample_of() { sed -n '/---- sample/,/---- end of sample/p' <<<"$1"; }
 [ -n "$(sample_of "$out")" ] && [ "$(sample_of "$out")" = "$(sample_of "$again")" ] && pass gpt_sample_seeded || fail gpt_sample_seeded "two runs with --seed 5 differ"
 fi   # sample
+
+if want optimes; then
+# --- GPT_OP_TIMES=1: the CUDA model's per-op times (CUDA events; host clock in emulation): a
+#     table with every op of the model at its calls per step, the ops' and the rest's shares
+#     adding to 100%, and the training's bits unchanged; a bad value refused ---
+if [[ "$BIN" == *emulated* || "$BIN" == */gpu/train_gpt ]]; then
+    name=gpt_op_times_table_and_same_bits
+    GPT_OP_TIMES=1 timeout 120 "$BIN" "${TINY[@]}" --steps 8 --eval-every 4 --log-every 4 --dropout 0.1 >"$tmp/optimes.log" 2>&1; rc_a=$?
+    timeout 120 "$BIN" "${TINY[@]}" --steps 8 --eval-every 4 --log-every 4 --dropout 0.1 >"$tmp/nooptimes.log" 2>&1; rc_b=$?
+    why=""
+    [ $rc_a -eq 0 ] && [ $rc_b -eq 0 ] || why="rc $rc_a / $rc_b"
+    grep -q "^op times (GPT_OP_TIMES=1, .*): 5 step(s)" "$tmp/optimes.log" || why="$why; no header for 5 steps"
+    for op in "fwd embedding:1.0" "fwd layernorm:5.0" "fwd matmul qkv:2.0" "fwd attention S = Q K^T:2.0" "fwd attention softmax:2.0" \
+              "fwd attention O = P V:2.0" "fwd gelu:2.0" "fwd matmul mlp proj:2.0" "fwd matmul head:1.0" "fwd cross-entropy (+ dlogits):1.0" \
+              "bwd attention softmax:2.0" "bwd matmul qkv dW:2.0" "bwd matmul qkv dx:2.0" "bwd layernorm dx:5.0" "bwd embedding (wte, wpe):1.0" \
+              "bwd dropout:4.0" "fwd dropout:4.0" "ddp adamw step (+ norm, clip):1.0"; do
+        awk -v op="${op%:*}" -v calls="${op##*:}" 'index($0, "  " op " ") == 1 { rest = substr($0, length(op) + 3); split(rest, f, " "); if (f[1] == calls) ok = 1 } END { exit !ok }' \
+            "$tmp/optimes.log" || why="$why; no '${op%:*}' at ${op##*:} calls a step"
+    done
+    total=$(awk '/^  \(ops, summed\)|^  \(no op:/ { s += $NF + 0 } END { printf "%.1f", s }' "$tmp/optimes.log")
+    awk -v t="$total" 'BEGIN { exit !(t >= 99.8 && t <= 100.2) }' || why="$why; shares add to $total%"
+    [ -n "$(hash_of "$tmp/optimes.log")" ] && [ "$(hash_of "$tmp/optimes.log")" = "$(hash_of "$tmp/nooptimes.log")" ] || why="$why; other bits with the timer"
+    grep -q "^op times" "$tmp/nooptimes.log" && why="$why; a table without GPT_OP_TIMES"
+    if [ -z "$why" ]; then pass "$name"; echo "  ($(grep -c '^  [fb]wd\|^  ddp' "$tmp/optimes.log") ops; $(grep -m1 '^op times' "$tmp/optimes.log"))"
+    else fail "$name" "${why#; }: $(tail -n 3 "$tmp/optimes.log" | tr '\n' ' ')"; fi
+    out=$(GPT_OP_TIMES=yes timeout 60 "$BIN" "${TINY[@]}" --steps 1 2>&1); rc=$?
+    if [ $rc -ne 0 ] && grep -q "GPT_OP_TIMES is 'yes': 1 (per-op times) or 0 (none)" <<<"$out"; then pass gpt_op_times_bad_value_refused
+    else fail gpt_op_times_bad_value_refused "rc $rc: $(tail -n 2 <<<"$out" | tr '\n' ' ')"; fi
+fi
+fi   # optimes
 
 if want bf16; then
 # --- --bf16: the CUDA model's bf16 mode (the emulated build; the GPU trainer in tests/gpu/run.sh),

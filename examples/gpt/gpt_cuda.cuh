@@ -195,6 +195,64 @@ static GC_HD inline float gc_ld(gc_bf16 h) { return ddp_k__from_bf16(h); }
 static GC_HD inline void gc_put(float *p, float v) { *p = v; }
 static GC_HD inline void gc_put(gc_bf16 *p, float v) { *p = ddp_k__to_bf16(v); }
 /* ---------------------------------------------------------------------------------------------
+   Per-op times (GPT_OP_TIMES=1): where a step's device time goes, without a profiler. Each op's
+   launches sit between two events recorded on the compute stream (host clock readings in
+   emulation, where every launch runs at once); the pairs are read when the trainer ends a step
+   (gpt_cuda_op_times_step, after the step's own host wait) and summed per name. The step's span
+   (from the previous step's end) minus the ops' sum is what no op covers: launch gaps, the
+   compute stream waiting for the last gradient bucket (exposed communication), the host. Events
+   cost a little: the numbers are for where time goes, the tokens/s of a run without it for speed.
+   --------------------------------------------------------------------------------------------- */
+enum { GC_TIMER_PAIRS = 4096, GC_TIMER_NAMES = 64 };
+#ifdef GPT_CUDA_EMULATE
+#include <time.h>
+typedef double gc_tick;
+static void gc_tick_record(gc_tick *t, gc_stream s) {
+    struct timespec ts;
+    (void)s;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    *t = ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+static float gc_tick_ms(const gc_tick *a, const gc_tick *b) { return (float)(*b - *a); }
+static void gc_tick_wait(const gc_tick *t) { (void)t; }
+#else
+typedef cudaEvent_t gc_tick;
+static void gc_tick_record(gc_tick *t, gc_stream s) { gc_check_cuda(cudaEventRecord(*t, s), "cudaEventRecord (GPT_OP_TIMES)", __FILE__, __LINE__); }
+static float gc_tick_ms(const gc_tick *a, const gc_tick *b) {
+    float ms = 0;
+    gc_check_cuda(cudaEventElapsedTime(&ms, *a, *b), "cudaEventElapsedTime (GPT_OP_TIMES)", __FILE__, __LINE__);
+    return ms;
+}
+static void gc_tick_wait(const gc_tick *t) { gc_check_cuda(cudaEventSynchronize(*t), "cudaEventSynchronize (GPT_OP_TIMES)", __FILE__, __LINE__); }
+#endif
+typedef struct gc_op_timer {
+    gc_tick ticks[2 * GC_TIMER_PAIRS], step_ticks[2];
+    const char *pending[GC_TIMER_PAIRS];   /* the open pairs' names; pair i: ticks 2i, 2i+1 */
+    int npending, open, step_started, cur;
+    struct { const char *name; double ms; long calls; } sum[GC_TIMER_NAMES];
+    int nsum;
+    double step_ms;                        /* the steps' spans, summed */
+    long steps, overflows;
+} gc_op_timer;
+
+static void gc_timer_flush(gc_op_timer *t) {
+    int i, k;
+    if (!t->npending) return;
+    gc_tick_wait(&t->ticks[2 * t->npending - 1]);
+    for (i = 0; i < t->npending; i++) {
+        for (k = 0; k < t->nsum && strcmp(t->sum[k].name, t->pending[i]) != 0; k++) {}
+        if (k == t->nsum) {
+            if (t->nsum == GC_TIMER_NAMES) continue;   /* more names than the table: not the model's ops */
+            t->sum[k].name = t->pending[i]; t->sum[k].ms = 0; t->sum[k].calls = 0;
+            t->nsum++;
+        }
+        t->sum[k].ms += gc_tick_ms(&t->ticks[2 * i], &t->ticks[2 * i + 1]);
+        t->sum[k].calls++;
+    }
+    t->npending = 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
    The model's state.
    --------------------------------------------------------------------------------------------- */
 /* Activations are void *: float, or gc_bf16 with --bf16 (the ops cast them to their S);
@@ -257,9 +315,27 @@ typedef struct gpt_cuda {
     int dropping;
     void *ddrop;
     size_t num_floats;
+    struct gc_op_timer *timer;     /* GPT_OP_TIMES=1: per-op device times (NULL: off) */
     void **allocs;                 /* every device buffer, freed by gpt_cuda_destroy */
     int num_allocs, cap_allocs;
 } gpt_cuda;
+
+/* gc_time(m, "name") ... gc_time_end(m) around an op's launches (not nested). */
+static void gc_time(gpt_cuda *m, const char *name) {
+    gc_op_timer *t = m->timer;
+    if (!t) return;
+    if (t->npending == GC_TIMER_PAIRS) { gc_timer_flush(t); t->overflows++; }   /* a wait inside the step: rare */
+    t->pending[t->npending] = name;
+    gc_tick_record(&t->ticks[2 * t->npending], m->stream);
+    t->open = 1;
+}
+static void gc_time_end(gpt_cuda *m) {
+    gc_op_timer *t = m->timer;
+    if (!t || !t->open) return;
+    gc_tick_record(&t->ticks[2 * t->npending + 1], m->stream);
+    t->npending++;
+    t->open = 0;
+}
 
 /* ---------------------------------------------------------------------------------------------
    Memory and copies.
@@ -737,17 +813,21 @@ template <class S> static void gc_embed_backward(void *p) {
     S *dres = (S *)m->dres;
     gc_wpe_bwd<S> wpe = { dres, gc_grad<S>(m, m->wpe), m->B, m->T, C };
     gc_wte_bwd<S> wte = { dres, gc_grad<S>(m, m->wte), m->token_start, m->positions, C };
+    gc_time(m, "bwd embedding (wte, wpe)");
     if (m->dropping)   /* dres is not read after this op: mask it in place */
         gc_drop<S>(m, GPT_DROP_EMBED, dres, NULL, dres, (size_t)m->B * m->T * C, (size_t)m->T * C);
     GC_FOR_EACH(m, wpe, (size_t)m->T * C);
     GC_FOR_EACH(m, wte, (size_t)GPT_VOCAB * C);
+    gc_time_end(m);
 }
 
 template <class S> static void gc_embed(gpt_cuda *m, int record) {
     int C = m->cfg.dim;
     gc_embed_fwd<S> embed = { gc_param<S>(m, m->wte), gc_param<S>(m, m->wpe), m->tokens, (S *)m->res0, C, m->T };
+    gc_time(m, "fwd embedding");
     GC_FOR_EACH(m, embed, (size_t)m->B * m->T * C);
     if (m->dropping) gc_drop<S>(m, GPT_DROP_EMBED, (S *)m->res0, NULL, (S *)m->res0, (size_t)m->B * m->T * C, (size_t)m->T * C);
+    gc_time_end(m);
     if (record) {
         gc_embed_args a = { m };
         int ids[2] = { m->wte, m->wpe };
@@ -770,17 +850,23 @@ template <class S> static void gc_layernorm_backward(void *p) {
                                                 gc_per_chunk(a->rows) };
     gc_add_partials<S> gw = { m->partial_a, gc_grad<S>(m, a->w), C };
     gc_add_partials<S> gb = { m->partial_b, gc_grad<S>(m, a->b), C };
+    gc_time(m, "bwd layernorm dx");
     GC_FOR_ROWS(m, dx, a->rows);
+    gc_time_end(m);
+    gc_time(m, "bwd layernorm dw, db");
     GC_FOR_EACH(m, partials, (size_t)GC_CHUNKS * C);
     GC_FOR_EACH(m, gw, (size_t)C);
     GC_FOR_EACH(m, gb, (size_t)C);
+    gc_time_end(m);
 }
 
 template <class S> static void gc_layernorm(gpt_cuda *m, int w, int b, const S *x, S *out, float *mean, float *rstd,
                                             const S *dout, S *dx, int accumulate, int record) {
     int rows = m->B * m->T;
     gc_layernorm_fwd<S> ln = { x, gc_param<S>(m, w), gc_param<S>(m, b), out, mean, rstd, m->cfg.dim };
+    gc_time(m, "fwd layernorm");
     GC_FOR_ROWS(m, ln, rows);
+    gc_time_end(m);
     if (record) {
         gc_ln_args<S> a;
         int ids[2];
@@ -798,31 +884,59 @@ template <class S> struct gc_linear_args {
     const S *inp, *dout; S *dinp;
 };
 
+/* The linear layers' names in the op times, by shape (C -> 3C, C -> C, C -> 4C, 4C -> C). */
+static const char *gc_linear_name(int in, int out, int phase) {
+    static const char *const names[4][3] = {
+        { "fwd matmul qkv", "bwd matmul qkv dx", "bwd matmul qkv dW" },
+        { "fwd matmul attn proj", "bwd matmul attn proj dx", "bwd matmul attn proj dW" },
+        { "fwd matmul mlp fc", "bwd matmul mlp fc dx", "bwd matmul mlp fc dW" },
+        { "fwd matmul mlp proj", "bwd matmul mlp proj dx", "bwd matmul mlp proj dW" } };
+    int k = out == 3 * in ? 0 : out == in ? 1 : out == 4 * in ? 2 : 3;
+    return names[k][phase];
+}
+
 template <class S> static void gc_linear_backward(void *p) {
     gc_linear_args<S> masked = *(const gc_linear_args<S> *)p;
     const gc_linear_args<S> *a = &masked;
     gpt_cuda *m = a->m;
     if (a->drop) {   /* the branch's gradient: the stream's, masked */
+        gc_time(m, "bwd dropout");
         gc_drop<S>(m, a->site, a->dout, NULL, (S *)m->ddrop, (size_t)a->n * a->out, (size_t)m->T * a->out);
+        gc_time_end(m);
         masked.dout = (const S *)m->ddrop;
     }
     gc_column_partials<S> partials = { a->dout, m->partial_a, a->n, a->out, gc_per_chunk(a->n) };
     gc_add_partials<S> gb = { m->partial_a, gc_grad<S>(m, a->b), a->out };
-    if (a->dinp)   /* dinp = dout W */
+    if (a->dinp) {   /* dinp = dout W */
+        gc_time(m, gc_linear_name(a->in, a->out, 1));
         GC_MATMUL(m, 0, 0, a->n, a->in, a->out, 1.0f, a->dout, a->out, gc_param<S>(m, a->w), a->in, 0.0f, a->dinp, a->in);
+        gc_time_end(m);
+    }
     /* grad W += dout^T inp */
+    gc_time(m, gc_linear_name(a->in, a->out, 2));
     GC_MATMUL(m, 1, 0, a->out, a->in, a->n, 1.0f, a->dout, a->out, a->inp, a->in, 1.0f, gc_grad<S>(m, a->w), a->in);
+    gc_time_end(m);
+    gc_time(m, "bwd bias grads");
     GC_FOR_EACH(m, partials, (size_t)GC_CHUNKS * a->out);
     GC_FOR_EACH(m, gb, (size_t)a->out);
+    gc_time_end(m);
 }
 
 template <class S> static void gc_linear(gpt_cuda *m, int w, int b, const S *inp, S *out, const S *resid, int in, int outc,
                                          const S *dout, S *dinp, uint32_t site, int record) {
     int n = m->B * m->T, drop = resid && m->dropping;
     gc_linear_init<S> init = { gc_param<S>(m, b), drop ? NULL : resid, out, outc };
+    gc_time(m, "fwd bias (+ residual) init");
     GC_FOR_EACH(m, init, (size_t)n * outc);
+    gc_time_end(m);
+    gc_time(m, gc_linear_name(in, outc, 0));
     GC_MATMUL(m, 0, 1, n, outc, in, 1.0f, inp, in, gc_param<S>(m, w), in, 1.0f, out, outc);
-    if (drop) gc_drop<S>(m, site, out, resid, out, (size_t)n * outc, (size_t)m->T * outc);   /* resid + dropout(branch) */
+    gc_time_end(m);
+    if (drop) {
+        gc_time(m, "fwd dropout");
+        gc_drop<S>(m, site, out, resid, out, (size_t)n * outc, (size_t)m->T * outc);   /* resid + dropout(branch) */
+        gc_time_end(m);
+    }
     if (record) {
         gc_linear_args<S> a;
         int ids[2];
@@ -847,12 +961,15 @@ template <class S> static void gc_attention_backward(void *p) {
     S *datt = (S *)m->datt;
     gc_causal_softmax_bwd<S> softmax = { a->att, datt, T };
     const S *Pd = a->att;   /* what met V: with dropout, P masked (drawn again into datt, used before dP goes there) */
+    gc_time(m, "bwd attention dV = P^T dO");
     if (m->dropping) { gc_drop<S>(m, a->site, a->att, NULL, datt, (size_t)B * NH * TT, (size_t)NH * TT); Pd = datt; }
     for (b = 0; b < B; b++) {
         const S *dO = a->dout + (size_t)b * T * C;
         S *dv = a->dqkv + (size_t)b * T * C3 + 2 * C;
         GC_MATMUL_HEADS(m, 1, 0, T, hs, T, 1.0f, Pd + (size_t)b * NH * TT, T, TT, dO, C, hs, 0.0f, dv, C3, hs, NH);   /* dV = Pd^T dO */
     }
+    gc_time_end(m);
+    gc_time(m, "bwd attention dP = dO V^T");
     for (b = 0; b < B; b++) {
         const S *v = a->qkv + (size_t)b * T * C3 + 2 * C;
         const S *dO = a->dout + (size_t)b * T * C;
@@ -860,13 +977,18 @@ template <class S> static void gc_attention_backward(void *p) {
         GC_MATMUL_HEADS(m, 0, 1, T, T, hs, 1.0f, dO, C, hs, v, C3, hs, 0.0f, dP, T, TT, NH);   /* dPd = dO V^T */
     }
     if (m->dropping) gc_drop<S>(m, a->site, datt, NULL, datt, (size_t)B * NH * TT, (size_t)NH * TT);   /* dP = dPd * mask */
+    gc_time_end(m);
+    gc_time(m, "bwd attention softmax");
     GC_FOR_ROWS(m, softmax, B * NH * T);                                                       /* dS, in place */
+    gc_time_end(m);
+    gc_time(m, "bwd attention dQ, dK");
     for (b = 0; b < B; b++) {
         const S *q = a->qkv + (size_t)b * T * C3, *k = q + C, *dS = datt + (size_t)b * NH * TT;
         S *dq = a->dqkv + (size_t)b * T * C3, *dk = dq + C;
         GC_MATMUL_HEADS(m, 0, 0, T, hs, T, scale, dS, T, TT, k, C3, hs, 0.0f, dq, C3, hs, NH); /* dQ = scale dS K */
         GC_MATMUL_HEADS(m, 1, 0, T, hs, T, scale, dS, T, TT, q, C3, hs, 0.0f, dk, C3, hs, NH); /* dK = scale dS^T Q */
     }
+    gc_time_end(m);
 }
 
 template <class S> static void gc_attention(gpt_cuda *m, const S *qkv, S *att, S *out, const S *dout, S *dqkv, uint32_t site,
@@ -876,17 +998,23 @@ template <class S> static void gc_attention(gpt_cuda *m, const S *qkv, S *att, S
     float scale = 1.0f / sqrtf((float)hs);
     S *datt = (S *)m->datt;
     gc_causal_softmax_fwd<S> softmax = { att, T };
+    gc_time(m, "fwd attention S = Q K^T");
     for (b = 0; b < B; b++) {   /* S = scale Q K^T */
         const S *q = qkv + (size_t)b * T * C3, *k = q + C;
         GC_MATMUL_HEADS(m, 0, 1, T, T, hs, scale, q, C3, hs, k, C3, hs, 0.0f, att + (size_t)b * NH * TT, T, TT, NH);
     }
+    gc_time_end(m);
+    gc_time(m, "fwd attention softmax");
     GC_FOR_ROWS(m, softmax, B * NH * T);
+    gc_time_end(m);
     const S *Pd = att;   /* with dropout, P masked into datt (free until the backward) */
+    gc_time(m, "fwd attention O = P V");
     if (m->dropping) { gc_drop<S>(m, site, att, NULL, datt, (size_t)B * NH * TT, (size_t)NH * TT); Pd = datt; }
     for (b = 0; b < B; b++) {   /* O = dropout(P) V, the heads side by side in out [BT, C] */
         const S *v = qkv + (size_t)b * T * C3 + 2 * C;
         GC_MATMUL_HEADS(m, 0, 0, T, hs, T, 1.0f, Pd + (size_t)b * NH * TT, T, TT, v, C3, hs, 0.0f, out + (size_t)b * T * C, C, hs, NH);
     }
+    gc_time_end(m);
     if (record) {
         gc_attn_args<S> a;
         a.m = m; a.qkv = qkv; a.att = att; a.dout = dout; a.dqkv = dqkv; a.site = site;
@@ -900,12 +1028,16 @@ template <class S> struct gc_gelu_args { gpt_cuda *m; size_t n; const S *x, *dou
 template <class S> static void gc_gelu_backward(void *p) {
     const gc_gelu_args<S> *a = (const gc_gelu_args<S> *)p;
     gc_gelu_bwd<S> bwd = { a->x, a->dout, a->dx };
+    gc_time(a->m, "bwd gelu");
     GC_FOR_EACH(a->m, bwd, a->n);
+    gc_time_end(a->m);
 }
 
 template <class S> static void gc_gelu(gpt_cuda *m, const S *x, S *y, size_t n, const S *dout, S *dx, int record) {
     gc_gelu_fwd<S> fwd = { x, y };
+    gc_time(m, "fwd gelu");
     GC_FOR_EACH(m, fwd, n);
+    gc_time_end(m);
     if (record) {
         gc_gelu_args<S> a;
         a.m = m; a.n = n; a.x = x; a.dout = dout; a.dx = dx;
@@ -920,13 +1052,17 @@ typedef struct { gpt_cuda *m; } gc_head_args;
 template <class S> static void gc_head_backward(void *p) {
     gpt_cuda *m = ((gc_head_args *)p)->m;
     int C = m->cfg.dim, BT = m->B * m->T;
+    gc_time(m, "bwd matmul head dx, dW");
     GC_MATMUL(m, 0, 0, BT, C, GPT_VOCAB, 1.0f, (const S *)m->dlogits, GPT_VOCAB, gc_param<S>(m, m->wte), C, 0.0f, (S *)m->dln, C);
     GC_MATMUL(m, 1, 0, GPT_VOCAB, C, BT, 1.0f, (const S *)m->dlogits, GPT_VOCAB, (const S *)m->lnf, C, 1.0f, gc_grad<S>(m, m->wte), C);
+    gc_time_end(m);
 }
 
 template <class S> static void gc_head(gpt_cuda *m, int record) {
     int C = m->cfg.dim, BT = m->B * m->T;
+    gc_time(m, "fwd matmul head");
     GC_MATMUL(m, 0, 1, BT, GPT_VOCAB, C, 1.0f, (const S *)m->lnf, C, gc_param<S>(m, m->wte), C, 0.0f, (S *)m->logits, GPT_VOCAB);
+    gc_time_end(m);
     if (record) {
         gc_head_args a = { m };
         gc_record(m, gc_head_backward<S>, &a, sizeof a, NULL, 0);
@@ -955,13 +1091,15 @@ static void gc_collect_losses(gpt_cuda *m) {
 template <class S> static void gc_cross_entropy(gpt_cuda *m, float scale, int grad) {
     int BT = m->B * m->T;
     gc_cross_entropy_rows<S> ce = { (const S *)m->logits, m->targets, grad ? (S *)m->dlogits : NULL, m->row_loss, scale / (float)BT };
-    GC_FOR_ROWS(m, ce, BT);
     if (m->losses_pending == GC_LOSS_SLOTS) gc_collect_losses(m);
+    gc_time(m, "fwd cross-entropy (+ dlogits)");
+    GC_FOR_ROWS(m, ce, BT);
     {
         gc_mean_loss mean = { m->row_loss, m->losses + m->losses_pending, BT };
         GC_FOR_ROWS(m, mean, 1);
         m->losses_pending++;
     }
+    gc_time_end(m);
 }
 
 /* The forward of gpt_cuda_forward, in S. */
@@ -1082,6 +1220,21 @@ static inline ddp_result gpt_cuda_create(gpt_cuda *m, ddp_context *ddp, const gp
                                                    : CUBLAS_DEFAULT_MATH));
     GC_CUBLAS(cublasSetAtomicsMode(m->blas, CUBLAS_ATOMICS_NOT_ALLOWED));   /* the default; determinism needs it */
 #endif
+    {   /* GPT_OP_TIMES=1: per-op times (see gc_op_timer) */
+        const char *e = getenv("GPT_OP_TIMES");
+        if (e && strcmp(e, "0") != 0 && strcmp(e, "1") != 0) {
+            fprintf(stderr, "gpt_cuda_create: GPT_OP_TIMES is '%s': 1 (per-op times) or 0 (none)\n", e);
+            return DDP_ERR_INVALID_ARGUMENT;
+        }
+        if (e && strcmp(e, "1") == 0) {
+            if (!(m->timer = (gc_op_timer *)calloc(1, sizeof *m->timer))) return DDP_ERR_OUT_OF_MEMORY;
+#ifndef GPT_CUDA_EMULATE
+            for (s = 0; s < 2 * GC_TIMER_PAIRS; s++) GC_CUDA(cudaEventCreate(&m->timer->ticks[s]));
+            GC_CUDA(cudaEventCreate(&m->timer->step_ticks[0]));
+            GC_CUDA(cudaEventCreate(&m->timer->step_ticks[1]));
+#endif
+        }
+    }
     if (m->own16) {   /* the bf16 working copies (rounded from the fp32 init) and gradients */
         m->params16 = (gc_bf16 *)gc_device_alloc(m, m->num_floats * sizeof(gc_bf16));
         m->grads16 = (gc_bf16 *)gc_device_alloc(m, m->num_floats * sizeof(gc_bf16));
@@ -1161,13 +1314,18 @@ static inline void gpt_cuda_destroy(gpt_cuda *m) {
     cudaStreamSynchronize(m->stream);
     if (m->blas) cublasDestroy(m->blas);
     for (i = 0; i < GC_UPLOAD_SLOTS; i++) if (m->upload_done[i]) cudaEventDestroy(m->upload_done[i]);
+    if (m->timer) {
+        for (i = 0; i < 2 * GC_TIMER_PAIRS; i++) cudaEventDestroy(m->timer->ticks[i]);
+        cudaEventDestroy(m->timer->step_ticks[0]);
+        cudaEventDestroy(m->timer->step_ticks[1]);
+    }
     for (i = 0; i < m->num_allocs; i++) cudaFree(m->allocs[i]);
 #else
     for (i = 0; i < m->num_allocs; i++) free(m->allocs[i]);
 #endif
     for (i = 0; i < GC_UPLOAD_SLOTS; i++) gc_pinned_free(m->upload[i]);
     gc_pinned_free(m->losses_host);
-    free(m->allocs); free(m->layer); free(m->acts); free(m->loss_list);
+    free(m->allocs); free(m->layer); free(m->acts); free(m->loss_list); free(m->timer);
     memset(m, 0, sizeof *m);
 }
 
@@ -1228,6 +1386,80 @@ static inline void gpt_cuda_logits_rows(gpt_cuda *m, int row0, int rows, float *
 }
 /* Row `row` of the last forward's logits into out (blocking: for sampling). */
 static inline void gpt_cuda_logits_row(gpt_cuda *m, int row, float *out) { gpt_cuda_logits_rows(m, row, 1, out); }
+
+/* Per-op times (GPT_OP_TIMES=1; each a no-op when it is off). gpt_cuda_op_times_on: whether
+   it is on. gpt_cuda_time_begin / _end: a span of the trainer's own on the compute stream (e.g.
+   "ddp adamw step"), not nested in another. gpt_cuda_op_times_step: the end of a step: its span
+   and the ops' times are read (a wait for the device; call it where the step waits anyway).
+   gpt_cuda_op_times_restart: what ran since the last step's end was no step (an evaluation).
+   gpt_cuda_op_times_reset: forget what was summed (after warm-up steps). gpt_cuda_op_times_print:
+   the table, ms per step, largest first, and what no op covered. */
+static inline int gpt_cuda_op_times_on(const gpt_cuda *m) { return m->timer != NULL; }
+static inline void gpt_cuda_time_begin(gpt_cuda *m, const char *name) { gc_time(m, name); }
+static inline void gpt_cuda_time_end(gpt_cuda *m) { gc_time_end(m); }
+static inline void gpt_cuda_op_times_step(gpt_cuda *m) {
+    gc_op_timer *t = m->timer;
+    if (!t) return;
+    gc_tick_record(&t->step_ticks[t->cur], m->stream);
+    gc_tick_wait(&t->step_ticks[t->cur]);
+    if (t->step_started) {
+        t->step_ms += gc_tick_ms(&t->step_ticks[1 - t->cur], &t->step_ticks[t->cur]);
+        t->steps++;
+    }
+    gc_timer_flush(t);
+    t->step_started = 1;
+    t->cur = 1 - t->cur;
+}
+/* What ran since the last step's end is not a step (an evaluation, a checkpoint): dropped, and
+   the next step's span starts now. */
+static inline void gpt_cuda_op_times_restart(gpt_cuda *m) {
+    gc_op_timer *t = m->timer;
+    if (!t) return;
+    t->npending = 0;
+    t->open = 0;
+    gc_tick_record(&t->step_ticks[t->cur], m->stream);
+    t->step_started = 1;
+    t->cur = 1 - t->cur;
+}
+static inline void gpt_cuda_op_times_reset(gpt_cuda *m) {
+    gc_op_timer *t = m->timer;
+    if (!t) return;
+    gc_timer_flush(t);
+    t->nsum = 0;
+    t->step_ms = 0;
+    t->steps = 0;
+    t->overflows = 0;
+}
+static inline void gpt_cuda_op_times_print(gpt_cuda *m, FILE *f) {
+    gc_op_timer *t = m->timer;
+    double total = 0, per;
+    int i, j, order[GC_TIMER_NAMES];
+    if (!t) return;
+    gc_timer_flush(t);
+    if (t->steps == 0) { fprintf(f, "op times (GPT_OP_TIMES=1): no whole step was timed\n"); return; }
+    per = 1.0 / (double)t->steps;
+    for (i = 0; i < t->nsum; i++) { total += t->sum[i].ms; order[i] = i; }
+    for (i = 1; i < t->nsum; i++)   /* largest first */
+        for (j = i; j > 0 && t->sum[order[j]].ms > t->sum[order[j - 1]].ms; j--) { int k = order[j]; order[j] = order[j - 1]; order[j - 1] = k; }
+    fprintf(f, "op times (GPT_OP_TIMES=1, %s): %ld step(s), %.3f ms a step from step end to step end\n",
+#ifdef GPT_CUDA_EMULATE
+            "host clock, emulated model",
+#else
+            "CUDA events on the compute stream",
+#endif
+            t->steps, t->step_ms * per);
+    fprintf(f, "  %-34s %10s %10s %7s\n", "op", "calls/step", "ms/step", "share");
+    for (i = 0; i < t->nsum; i++) {
+        const char *name = t->sum[order[i]].name;
+        fprintf(f, "  %-34s %10.1f %10.3f %6.1f%%\n", name, t->sum[order[i]].calls * per, t->sum[order[i]].ms * per,
+                t->step_ms > 0 ? 100.0 * t->sum[order[i]].ms / t->step_ms : 0.0);
+    }
+    fprintf(f, "  %-34s %10s %10.3f %6.1f%%\n", "(ops, summed)", "", total * per, t->step_ms > 0 ? 100.0 * total / t->step_ms : 0.0);
+    fprintf(f, "  %-34s %10s %10.3f %6.1f%%\n", "(no op: launch gaps, comm wait, host)", "", (t->step_ms - total) * per,
+            t->step_ms > 0 ? 100.0 * (t->step_ms - total) / t->step_ms : 0.0);
+    if (t->overflows) fprintf(f, "  (%ld time(s) the event pool filled inside a step: a wait there)\n", t->overflows);
+    fflush(f);
+}
 
 /* "CUDA <device>, cuBLAS fp32" and the like, for the trainer's banner. */
 static inline void gpt_cuda_describe(const gpt_cuda *m, char *buf, size_t n) {
