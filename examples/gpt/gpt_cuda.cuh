@@ -1472,8 +1472,9 @@ static inline void gpt_cuda_describe(const gpt_cuda *m, char *buf, size_t n) {
         cudaGetLastError();
         snprintf(prop.name, sizeof prop.name, "unknown GPU");
     }
-    snprintf(buf, n, "CUDA %.120s (device %d), cuBLAS %s", prop.name, dev,
-             m->tf32 ? "TF32 tensor cores" : m->bf16 ? "bf16 (fp32 accumulation)" : "fp32, TF32 off");
+    /* ", bf16" as in the emulation's banner: tests/test_gpt.sh looks for it */
+    snprintf(buf, n, "CUDA %.120s (device %d), %s", prop.name, dev,
+             m->tf32 ? "cuBLAS TF32 tensor cores" : m->bf16 ? "cuBLAS, bf16 (fp32 accumulation)" : "cuBLAS fp32, TF32 off");
 #endif
 }
 
