@@ -145,7 +145,7 @@ if [ -x "$B/train_gpt_emulated" ] && [ -x "$B/ddprun" ]; then
     ok=$(grep -c "^ok " "$sum" 2>/dev/null)
     [ "${ok:-0}" -eq 12 ] || why="$why; $ok of 12 steps ok: $(grep -vE '^(#|ok )' "$sum" | tr '\n' ' ')"
     for want in "PASS smoke_bf16_gpt2_trains" "PASS sanitizer_memcheck_bf16_odd_shapes" "PASS gpt_gpu_bf16_resume_bitwise_2ranks" \
-                "^op times (GPT_OP_TIMES=1" "RESULT gpu=\"Stand-in GPU, 580.00, 81559 MiB\" gpt2small_bf16 ours_tokens_per_s=[0-9]+ torch_tokens_per_s=100 ratio="; do
+                "^op times \\(GPT_OP_TIMES=1" "RESULT gpu=\"Stand-in GPU, 580.00, 81559 MiB\" gpt2small_bf16 ours_tokens_per_s=[0-9]+ torch_tokens_per_s=100 ratio="; do
         grep -qE -- "$want" "$tmp/cf"/bf16-*.log || why="$why; no '$want'"
     done
     for p in bf16 tf32 fp32; do grep -q "^# RESULT .*gpt2small_$p " "$sum" || why="$why; no $p RESULT in the summary"; done
