@@ -38,7 +38,7 @@ want() {
     return 1
 }
 for g in ${GPT_TEST_ONLY:-}; do
-    case $g in buckets | dropout | flags | tape | dump_full | shakespeare | resume | refused | fsync | data | oom | sample | optimes | bf16 | nvcc_cpu) ;;
+    case $g in buckets | dropout | flags | tape | dump_full | shakespeare | resume | refused | fsync | data | oom | sample | optimes | kernels2 | bf16 | nvcc_cpu) ;;
     *) echo "FAIL ${pfx}_test_only: GPT_TEST_ONLY names '$g', no group of tests/test_gpt.sh"; exit 1 ;;
     esac
 done
@@ -330,6 +330,25 @@ if [[ "$BIN" == *emulated* || "$BIN" == */gpu/train_gpt ]]; then
     else fail gpt_op_times_bad_value_refused "rc $rc: $(tail -n 2 <<<"$out" | tr '\n' ' ')"; fi
 fi
 fi   # optimes
+
+if want kernels2; then
+# --- GPT_KERNELS=2 (the CUDA model's new kernels): a run resumes bit for bit, other bits than
+#     the old kernels' (another summation order), a bad value refused ---
+if [[ "$BIN" == *emulated* || "$BIN" == */gpu/train_gpt ]]; then
+    name="gpt_kernels2_resume_bitwise_${N}ranks"
+    GPT_KERNELS=2 train --steps 8 --seq 64 --batch 8 >"$tmp/k2.log" 2>&1
+    GPT_KERNELS=2 train --steps 8 --seq 64 --batch 8 --stop-at 4 --save "$tmp/k2.ck" >/dev/null 2>&1
+    GPT_KERNELS=2 train --steps 8 --seq 64 --batch 8 --resume "$tmp/k2.ck" >"$tmp/k2r.log" 2>&1
+    train --steps 8 --seq 64 --batch 8 >"$tmp/k1.log" 2>&1
+    a=$(hash_of "$tmp/k2.log"); c=$(hash_of "$tmp/k2r.log"); o=$(hash_of "$tmp/k1.log")
+    if [ -n "$a" ] && [ "$a" = "$c" ] && [ -n "$o" ] && [ "$a" != "$o" ] && grep -q "GPT_KERNELS=2" "$tmp/k2.log"; then
+        pass "$name"; echo "  (params fnv1a $a, both; the old kernels: $o)"
+    else fail "$name" "straight $a, resumed $c, old kernels $o: $(tail -n 2 "$tmp/k2r.log" | tr '\n' ' ')"; fi
+    out=$(GPT_KERNELS=3 timeout 60 "$BIN" "${TINY[@]}" --steps 1 2>&1); rc=$?
+    if [ $rc -ne 0 ] && grep -q "GPT_KERNELS is '3': 1 (the kernels as they were) or 2 (the new ones)" <<<"$out"; then pass gpt_kernels_bad_value_refused
+    else fail gpt_kernels_bad_value_refused "rc $rc: $(tail -n 2 <<<"$out" | tr '\n' ' ')"; fi
+fi
+fi   # kernels2
 
 if want bf16; then
 # --- --bf16: the CUDA model's bf16 mode (the emulated build; the GPU trainer in tests/gpu/run.sh),

@@ -25,7 +25,8 @@
 #        gets twice that), LOG_DIR (each run's log, kept: $OUT/bench_gpt_gpu where OUT is set,
 #        else BUILD_DIR/bench_gpt_gpu), STREAM (1: each run's lines also go to stdout, prefixed),
 #        STEPS (30), SKIP (5), BATCH (8), DATA, PY, LAYERS HEADS DIM SEQ (12 12 768 1024), and
-#        OURS_ENV (e.g. GPT_OP_TIMES=1: set for our runs only)
+#        OURS_ENV (e.g. GPT_KERNELS=2: set for our runs only), TAG (added to each precision's
+#        name in the rows, logs and RESULT lines, e.g. _kernels2)
 set -u
 B=${1:-build}
 cd "$(dirname "$0")/../.." || exit 1
@@ -62,6 +63,8 @@ PEAK_BF16=${PEAK_BF16:-$pb}
 if [ -n "${OUT:-}" ]; then LOG_DIR=${LOG_DIR:-$OUT/bench_gpt_gpu}; else LOG_DIR=${LOG_DIR:-$B/bench_gpt_gpu}; fi
 mkdir -p "$LOG_DIR" || exit 1
 STREAM=${STREAM:-0}
+TAG=${TAG:-}
+case $TAG in *[!A-Za-z0-9_.-]*) echo "FAIL gpu GPT benchmark: TAG '$TAG': letters, digits, _ . - only"; exit 2 ;; esac
 
 median() { sort -n | awk '{ a[NR] = $1 } END { if (NR) print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 
@@ -87,7 +90,7 @@ run() {
 ours() {
     local prec=$1 log rc
     shift
-    log=$LOG_DIR/$prec-ours.log
+    log=$LOG_DIR/$prec$TAG-ours.log
     # shellcheck disable=SC2086  # OURS_ENV is words (VAR=value ...)
     run "$log" "$RUN_LIMIT_S" env ${OURS_ENV:-} "$BIN" --data "$DATA" --layers $L --heads $NH --dim $C --seq $T --batch "$BATCH" \
         --steps "$STEPS" --warmup 10 --eval-every 0 --eval-batches 1 --sample 0 --log-every 1 "$@" >&2
@@ -110,7 +113,7 @@ theirs() {
     shift 2
     [ -n "$PY" ] || { echo "-"; return; }
     [ "$impl" = compile ] && { extra=(--compile); limit=$((2 * RUN_LIMIT_S)); }
-    log=$LOG_DIR/$prec-$impl.log
+    log=$LOG_DIR/$prec$TAG-$impl.log
     run "$log" "$limit" env PYTHONUNBUFFERED=1 "$PY" bench/gpt_torch.py --device cuda --data "$DATA" --layers $L --heads $NH --dim $C \
         --seq $T --batch "$BATCH" --steps "$STEPS" --skip "$SKIP" "${extra[@]}" "$@" >&2
     rc=$?
@@ -153,22 +156,22 @@ for prec in $PRECISIONS; do
         ours)
             o=$(ours $prec "${flag[@]}")
             case $o in 0 | cut) status=1; echo "FAIL gpu GPT benchmark $prec: our trainer $([ "$o" = cut ] && echo "was cut at ${RUN_LIMIT_S}s" || echo failed); its last lines:"
-                                tail -n 8 "$LOG_DIR/$prec-ours.log" | sed 's/^/    | /' ;; esac
-            row $prec "ddp.h build/gpu/train_gpt, 1 rank" "$o" "$peak"
-            loss=$(grep -oE "^step +$STEPS/$STEPS \| loss [0-9.]+" "$LOG_DIR/$prec-ours.log" | sed 's/.*loss //'); loss=${loss:--} ;;
+                                tail -n 8 "$LOG_DIR/$prec$TAG-ours.log" | sed 's/^/    | /' ;; esac
+            row $prec$TAG "ddp.h build/gpu/train_gpt, 1 rank${OURS_ENV:+ ($OURS_ENV)}" "$o" "$peak"
+            loss=$(grep -oE "^step +$STEPS/$STEPS \| loss [0-9.]+" "$LOG_DIR/$prec$TAG-ours.log" | sed 's/.*loss //'); loss=${loss:--} ;;
         torch)
             t=$(theirs $prec torch "${flag[@]}")
             how=eager; [ $prec = bf16 ] && how="eager, bf16 autocast"
-            row $prec "PyTorch ${torch_version:+$torch_version }($how)" "$t" "$peak" ;;
+            row $prec$TAG "PyTorch ${torch_version:+$torch_version }($how)" "$t" "$peak" ;;
         compile)
             c=$(theirs $prec compile "${flag[@]}")
             how=torch.compile; [ $prec = bf16 ] && how="torch.compile, bf16 autocast"
-            row $prec "PyTorch ${torch_version:+$torch_version }($how)" "$c" "$peak"
-            case $c in 0 | cut) echo "NOTE torch.compile $prec did not give a number ($c): $(tail -n 2 "$LOG_DIR/$prec-compile.log" | tr '\n' ' ' | cut -c1-300)" ;; esac ;;
+            row $prec$TAG "PyTorch ${torch_version:+$torch_version }($how)" "$c" "$peak"
+            case $c in 0 | cut) echo "NOTE torch.compile $prec did not give a number ($c): $(tail -n 2 "$LOG_DIR/$prec$TAG-compile.log" | tr '\n' ' ' | cut -c1-300)" ;; esac ;;
         esac
     done
     ro=$(rate "$o"); rt=$(rate "$t"); rc=$(rate "$c")
-    awk -v p="$prec" -v o="$ro" -v t="$rt" -v c="$rc" -v g="$name" -v loss="$loss" -v has_c="$([[ " $IMPLS " == *" compile "* ]] && echo 1)" 'BEGIN {
+    awk -v p="$prec$TAG" -v o="$ro" -v t="$rt" -v c="$rc" -v g="$name" -v loss="$loss" -v has_c="$([[ " $IMPLS " == *" compile "* ]] && echo 1)" 'BEGIN {
         ratio = (o != "-" && t != "-") ? sprintf("%.2f", o / t) : "-"
         extra = has_c ? sprintf(" compile_tokens_per_s=%s ratio_compile=%s", c, (o != "-" && c != "-") ? sprintf("%.2f", o / c) : "-") : ""
         printf "RESULT gpu=\"%s\" gpt2small_%s ours_tokens_per_s=%s torch_tokens_per_s=%s ratio=%s%s ours_loss_last_step=%s\n", g, p, o, t, ratio, extra, loss }'

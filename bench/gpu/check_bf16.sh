@@ -23,7 +23,9 @@
 #   7 two_ranks_bf16         2 ranks sharing the GPU in bf16: tests/test_gpt.sh's bf16 and resume
 #                            groups (resume bit for bit), then the exposed communication of a
 #                            40-step run of the shakespeare_char model
-#   8 op_times_bf16          GPT_OP_TIMES=1: where a bf16 step goes, kernel by kernel (then TF32)
+#   8 op_times_*             GPT_OP_TIMES=1: where a bf16 step goes, kernel by kernel, with the
+#                            old and the new kernels (GPT_KERNELS=2), then TF32; the new
+#                            kernels' bf16 tokens/s (bench_bf16_kernels2)
 #   9 bench_fp32_compile     if time is left: fp32 against PyTorch, then bf16 against torch.compile
 # Files under $OUT (8 at most, as the device tool brings back), written as the steps run:
 #   bf16-summary.txt   one line a step (STATUS NAME SECONDS passed failed skipped), the RESULT
@@ -153,11 +155,15 @@ read -r -a SHAPE2 <<<"${CHECK_2RANKS_SHAPE:---layers 6 --heads 6 --dim 384 --seq
 step two_ranks_bf16_exposed_comm 90 "$OUT/bf16-5-2ranks.log" "$B/ddprun $G/train_gpt" --gpu-only \
     "$B/ddprun" -n 2 tools/nccl_one_gpu.sh "$G/train_gpt" --data "$DATA" "${SHAPE2[@]}" --steps 40 --log-every 10 "${QUIET[@]}" --bf16
 
-# 8. Where a step goes: per-op CUDA-event times of the GPT-2-sized model, bf16 then TF32.
-for p in bf16 tf32; do
-    step "op_times_$p" 60 "$OUT/bf16-6-more.log" "$G/train_gpt" --gpu-only env GPT_OP_TIMES=1 "$G/train_gpt" "${GPT2[@]}" "${QUIET[@]}" \
-        --steps 12 --warmup 2 --log-every 4 "--$p"
+# 8. Where a step goes: per-op CUDA-event times of the GPT-2-sized model, bf16 with the old and
+#    the new kernels (GPT_KERNELS=2), then TF32; and the new kernels' tokens/s in bf16.
+for run in bf16:1 bf16:2 tf32:1; do
+    p=${run%:*} k=${run#*:}
+    step "op_times_${p}_kernels$k" 60 "$OUT/bf16-6-more.log" "$G/train_gpt" --gpu-only env GPT_OP_TIMES=1 GPT_KERNELS=$k "$G/train_gpt" \
+        "${GPT2[@]}" "${QUIET[@]}" --steps 12 --warmup 2 --log-every 4 "--$p"
 done
+step bench_bf16_kernels2 90 "$OUT/bf16-6-more.log" "$G/train_gpt" env PRECISIONS=bf16 IMPLS=ours OURS_ENV=GPT_KERNELS=2 TAG=_kernels2 \
+    STREAM=1 RUN_LIMIT_S=80 LOG_DIR="$B/bench-runs" bench/gpu/bench_gpt_gpu.sh "$B"
 
 # 9. If time is left: fp32 against PyTorch; bf16 against torch.compile (its compile is minutes).
 step bench_fp32 120 "$OUT/bf16-6-more.log" "$G/train_gpt" env PRECISIONS=fp32 STREAM=1 RUN_LIMIT_S=100 \

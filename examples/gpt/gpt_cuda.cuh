@@ -74,7 +74,8 @@ enum {
     GC_THREADS = 256,          /* threads per block: 8 rows (warps) or 256 elements */
     GC_CHUNKS = 64,            /* column sums: rows are cut into this many chunks, summed in order */
     GC_UPLOAD_SLOTS = 8,       /* pinned batch slots: how far the host may run ahead */
-    GC_LOSS_SLOTS = 1024       /* per-forward losses kept on the device until read */
+    GC_LOSS_SLOTS = 1024,      /* per-forward losses kept on the device until read */
+    GC_WTE_SEGMENT = 32        /* GPT_KERNELS=2: positions per partial sum of the token embedding's backward */
 };
 
 /* ---------------------------------------------------------------------------------------------
@@ -287,7 +288,13 @@ typedef struct gpt_cuda {
     /* the batch on the device: tokens [BT], targets [BT], token_start [V+1], positions [BT]
        (the positions sorted by token, increasing within a token: the embedding's backward) */
     int *tokens, *targets, *token_start, *positions;
+    /* GPT_KERNELS=2: the sorted positions cut into segments of at most GC_WTE_SEGMENT, never
+       across tokens: token v's are seg_first[v] .. seg_first[v + 1] - 1 [V+1]; segment s covers
+       positions[seg_begin[s] .. seg_begin[s + 1]) [max_segments + 1] */
+    int *seg_first, *seg_begin, segments, max_segments;
+    float *wte_partial;            /* [max_segments, C] */
     size_t batch_ints;
+    int kernels;                   /* 1: the kernels as they were; 2 (GPT_KERNELS=2): the new ones */
     int *upload[GC_UPLOAD_SLOTS];  /* pinned host slots, same layout */
     gc_event upload_done[GC_UPLOAD_SLOTS];
     int upload_used[GC_UPLOAD_SLOTS], upload_next;
@@ -533,6 +540,37 @@ template <class S> struct gc_wte_bwd {
     }
 };
 
+/* GPT_KERNELS=2, the same gradient in two launches of bounded work: each segment of at most
+   GC_WTE_SEGMENT positions of one token sums its rows (i = s*C + c), then each (token, column)
+   adds its segments in order (i = v*C + c). A frequent token (a space: ~15% of a batch) no
+   longer makes one thread walk thousands of rows. The sum is blocked: other roundings than the
+   CPU's running sum (tests/gpu/test_gpt_gpu.cu's kernels2 part bounds it). */
+template <class S> struct gc_wte_segments {
+    const S *dres;
+    const int *seg_begin, *positions;
+    float *partial;
+    int C, segments;
+    GC_HD void operator()(size_t i) const {
+        int s = (int)(i / (size_t)C), c = (int)(i % (size_t)C);
+        float acc = 0;
+        if (s >= segments) return;
+        for (int j = seg_begin[s]; j < seg_begin[s + 1]; j++) acc += gc_ld(dres[(size_t)positions[j] * C + c]);
+        partial[i] = acc;
+    }
+};
+template <class S> struct gc_wte_add_segments {
+    const float *partial;
+    const int *seg_first;
+    S *gwte;
+    int C;
+    GC_HD void operator()(size_t i) const {
+        size_t v = i / (size_t)C, c = i % (size_t)C;
+        float acc = gc_ld(gwte[i]);
+        for (int s = seg_first[v]; s < seg_first[v + 1]; s++) acc += partial[(size_t)s * C + c];
+        gc_put(&gwte[i], acc);
+    }
+};
+
 /* LayerNorm of one row (eps 1e-5, biased variance): mean, then the variance of the centred
    values, as gpt__layernorm. */
 template <class S> struct gc_layernorm_fwd {
@@ -678,6 +716,29 @@ template <class S> struct gc_causal_softmax_fwd {
     }
 };
 
+/* GPT_KERNELS=2: the same softmax reading the row twice instead of three times: one pass keeps
+   each lane's running max and its sum of exponentials (rescaled when the max grows), the lanes
+   combine them (max, then sum s_l exp(m_l - max)), a second pass writes. Other roundings of the
+   sum than the three-pass form (within a few ulp of it: the kernels2 test part). */
+template <class S> struct gc_causal_softmax_fwd_online {
+    S *att;
+    int T;
+    template <class Lanes> GC_HD void operator()(const Lanes &g, int row) const {
+        S *p = att + (size_t)row * T;
+        float mx = -INFINITY, s = 0, m_all, inv;
+        int n = row % T + 1, u;
+        for (u = g.lane(); u < n; u += g.size()) {
+            float x = gc_ld(p[u]);
+            if (x > mx) { s = s * expf(mx - x) + 1.0f; mx = x; }
+            else s += expf(x - mx);
+        }
+        m_all = g.max(mx);
+        inv = 1.0f / g.sum(mx == -INFINITY ? 0.0f : s * expf(mx - m_all));   /* a lane with no element adds 0 */
+        for (u = g.lane(); u < n; u += g.size()) gc_put(&p[u], expf(gc_ld(p[u]) - m_all) * inv);
+        for (u = n + g.lane(); u < T; u += g.size()) gc_put(&p[u], 0.0f);
+    }
+};
+
 /* Softmax backward in place: d = P (d - <P, d>) over the row (0 above the diagonal, where P is). */
 template <class S> struct gc_causal_softmax_bwd {
     const S *att;
@@ -817,7 +878,13 @@ template <class S> static void gc_embed_backward(void *p) {
     if (m->dropping)   /* dres is not read after this op: mask it in place */
         gc_drop<S>(m, GPT_DROP_EMBED, dres, NULL, dres, (size_t)m->B * m->T * C, (size_t)m->T * C);
     GC_FOR_EACH(m, wpe, (size_t)m->T * C);
-    GC_FOR_EACH(m, wte, (size_t)GPT_VOCAB * C);
+    if (m->kernels == 2) {
+        gc_wte_segments<S> seg = { dres, m->seg_begin, m->positions, m->wte_partial, C, m->segments };
+        gc_wte_add_segments<S> add = { m->wte_partial, m->seg_first, gc_grad<S>(m, m->wte), C };
+        GC_FOR_EACH(m, seg, (size_t)m->segments * C);
+        GC_FOR_EACH(m, add, (size_t)GPT_VOCAB * C);
+    } else
+        GC_FOR_EACH(m, wte, (size_t)GPT_VOCAB * C);
     gc_time_end(m);
 }
 
@@ -998,6 +1065,7 @@ template <class S> static void gc_attention(gpt_cuda *m, const S *qkv, S *att, S
     float scale = 1.0f / sqrtf((float)hs);
     S *datt = (S *)m->datt;
     gc_causal_softmax_fwd<S> softmax = { att, T };
+    gc_causal_softmax_fwd_online<S> softmax1 = { att, T };
     gc_time(m, "fwd attention S = Q K^T");
     for (b = 0; b < B; b++) {   /* S = scale Q K^T */
         const S *q = qkv + (size_t)b * T * C3, *k = q + C;
@@ -1005,7 +1073,8 @@ template <class S> static void gc_attention(gpt_cuda *m, const S *qkv, S *att, S
     }
     gc_time_end(m);
     gc_time(m, "fwd attention softmax");
-    GC_FOR_ROWS(m, softmax, B * NH * T);
+    if (m->kernels == 2) GC_FOR_ROWS(m, softmax1, B * NH * T);
+    else GC_FOR_ROWS(m, softmax, B * NH * T);
     gc_time_end(m);
     const S *Pd = att;   /* with dropout, P masked into datt (free until the backward) */
     gc_time(m, "fwd attention O = P V");
@@ -1153,6 +1222,16 @@ static void gc_upload_batch(gpt_cuda *m, const int *tokens, const int *targets, 
     for (i = 0; i < BT; i++) start[tokens[i] + 1]++;
     for (v = 0; v < GPT_VOCAB; v++) { start[v + 1] += start[v]; next[v] = start[v]; }
     for (i = 0; i < BT; i++) positions[next[tokens[i]]++] = i;
+    {   /* GPT_KERNELS=2's segments (cheap: computed always) */
+        int *seg_first = positions + max_bt, *seg_begin = seg_first + GPT_VOCAB + 1, nseg = 0;
+        for (v = 0; v < GPT_VOCAB; v++) {
+            seg_first[v] = nseg;
+            for (i = start[v]; i < start[v + 1]; i += GC_WTE_SEGMENT) seg_begin[nseg++] = i;
+        }
+        seg_first[GPT_VOCAB] = nseg;
+        seg_begin[nseg] = BT;
+        m->segments = nseg;
+    }
 #ifdef GPT_CUDA_EMULATE
     memcpy(m->tokens, h, sizeof(int) * m->batch_ints);
 #else
@@ -1220,6 +1299,14 @@ static inline ddp_result gpt_cuda_create(gpt_cuda *m, ddp_context *ddp, const gp
                                                    : CUBLAS_DEFAULT_MATH));
     GC_CUBLAS(cublasSetAtomicsMode(m->blas, CUBLAS_ATOMICS_NOT_ALLOWED));   /* the default; determinism needs it */
 #endif
+    {   /* GPT_KERNELS=2: the new kernels (the switch lets one GPU call time old and new) */
+        const char *e = getenv("GPT_KERNELS");
+        if (e && strcmp(e, "1") != 0 && strcmp(e, "2") != 0) {
+            fprintf(stderr, "gpt_cuda_create: GPT_KERNELS is '%s': 1 (the kernels as they were) or 2 (the new ones)\n", e);
+            return DDP_ERR_INVALID_ARGUMENT;
+        }
+        m->kernels = e && strcmp(e, "2") == 0 ? 2 : 1;
+    }
     {   /* GPT_OP_TIMES=1: per-op times (see gc_op_timer) */
         const char *e = getenv("GPT_OP_TIMES");
         if (e && strcmp(e, "0") != 0 && strcmp(e, "1") != 0) {
@@ -1260,11 +1347,15 @@ static inline ddp_result gpt_cuda_create(gpt_cuda *m, ddp_context *ddp, const gp
     m->losses = gc_floats(m, GC_LOSS_SLOTS);
     m->partial_a = gc_floats(m, (size_t)GC_CHUNKS * 4 * C);
     m->partial_b = gc_floats(m, (size_t)GC_CHUNKS * 4 * C);
-    m->batch_ints = 3 * BT + GPT_VOCAB + 1;
+    m->max_segments = (int)(BT / GC_WTE_SEGMENT) + GPT_VOCAB;   /* each token: floor(n/SEG) + 1 at most */
+    m->batch_ints = 3 * BT + GPT_VOCAB + 1 + GPT_VOCAB + 1 + (size_t)m->max_segments + 1;
     m->tokens = (int *)gc_device_alloc(m, sizeof(int) * m->batch_ints);
     m->targets = m->tokens + BT;
     m->token_start = m->targets + BT;
     m->positions = m->token_start + GPT_VOCAB + 1;
+    m->seg_first = m->positions + BT;
+    m->seg_begin = m->seg_first + GPT_VOCAB + 1;
+    m->wte_partial = gc_floats(m, (size_t)m->max_segments * C);
     for (s = 0; s < GC_UPLOAD_SLOTS; s++) {
         m->upload[s] = (int *)gc_pinned_alloc(sizeof(int) * m->batch_ints);
         memset(m->upload[s], 0, sizeof(int) * m->batch_ints);
@@ -1387,6 +1478,14 @@ static inline void gpt_cuda_logits_rows(gpt_cuda *m, int row0, int rows, float *
 /* Row `row` of the last forward's logits into out (blocking: for sampling). */
 static inline void gpt_cuda_logits_row(gpt_cuda *m, int row, float *out) { gpt_cuda_logits_rows(m, row, 1, out); }
 
+/* Which kernels (GPT_KERNELS at create; 1: as they were, 2: the segmented token-embedding
+   backward and the one-pass causal softmax). Returns 0 for another value. */
+static inline int gpt_cuda_set_kernels(gpt_cuda *m, int kernels) {
+    if (kernels != 1 && kernels != 2) return 0;
+    m->kernels = kernels;
+    return 1;
+}
+
 /* Per-op times (GPT_OP_TIMES=1; each a no-op when it is off). gpt_cuda_op_times_on: whether
    it is on. gpt_cuda_time_begin / _end: a span of the trainer's own on the compute stream (e.g.
    "ddp adamw step"), not nested in another. gpt_cuda_op_times_step: the end of a step: its span
@@ -1464,7 +1563,8 @@ static inline void gpt_cuda_op_times_print(gpt_cuda *m, FILE *f) {
 /* "CUDA <device>, cuBLAS fp32" and the like, for the trainer's banner. */
 static inline void gpt_cuda_describe(const gpt_cuda *m, char *buf, size_t n) {
 #ifdef GPT_CUDA_EMULATE
-    snprintf(buf, n, "CUDA model emulated on the host (GPT_CUDA_EMULATE)%s", m->tf32 ? ", --tf32 ignored" : m->bf16 ? ", bf16" : "");
+    snprintf(buf, n, "CUDA model emulated on the host (GPT_CUDA_EMULATE)%s%s", m->tf32 ? ", --tf32 ignored" : m->bf16 ? ", bf16" : "",
+             m->kernels == 2 ? ", GPT_KERNELS=2" : "");
 #else
     int dev = 0;
     struct cudaDeviceProp prop;
@@ -1473,8 +1573,9 @@ static inline void gpt_cuda_describe(const gpt_cuda *m, char *buf, size_t n) {
         snprintf(prop.name, sizeof prop.name, "unknown GPU");
     }
     /* ", bf16" as in the emulation's banner: tests/test_gpt.sh looks for it */
-    snprintf(buf, n, "CUDA %.120s (device %d), %s", prop.name, dev,
-             m->tf32 ? "cuBLAS TF32 tensor cores" : m->bf16 ? "cuBLAS, bf16 (fp32 accumulation)" : "cuBLAS fp32, TF32 off");
+    snprintf(buf, n, "CUDA %.120s (device %d), %s%s", prop.name, dev,
+             m->tf32 ? "cuBLAS TF32 tensor cores" : m->bf16 ? "cuBLAS, bf16 (fp32 accumulation)" : "cuBLAS fp32, TF32 off",
+             m->kernels == 2 ? ", GPT_KERNELS=2" : "");
 #endif
 }
 

@@ -35,6 +35,8 @@
       bf16 copies.
    5. The bf16 matmul at a split-K shape (K = 8192) against the bound of one rounding (see
       test_cuda_bf16_gemm).
+   6. GPT_KERNELS=2 (the segmented token-embedding backward, the one-pass softmax) against the
+      CPU model as in part 2, with batches where a byte fills several segments.
    Parts: all by default; `test_gpt_gpu bf16 gemm` (or GPT_GPU_PARTS=bf16,gemm) runs those only.
    Built twice from this file: by nvcc (build/gpu/test_gpt_gpu: NCCL backend; prints "SKIP
    gpu: ..." without a device) and by a C++ compiler with -DGPT_CUDA_EMULATE
@@ -427,22 +429,23 @@ static void make_text(void) {   /* text-like bytes: letters, spaces, a few newli
     }
 }
 
-static void test_cuda_vs_cpu(const gpt_config *cfg, float dropout) {
+static void test_cuda_vs_cpu(const gpt_config *cfg, float dropout, int kernels) {
     ddp_context *gd = open_solo(1), *cd = open_solo(0);
     gpt_cuda gm;
     gpt cm;
     ddp_adamw opt;
     char name[160], what[96], bad[1024], first_bad[1024] = "";
-    int B = cfg->batch, T = cfg->seq, *tok, *tgt, step, u, nbad, bad_steps = 0, forwards = 0;
+    int B = cfg->batch, T = cfg->seq, *tok, *tgt, step, u, nbad, bad_steps = 0, forwards = 0, most_segments = 0;
     size_t BT = (size_t)B * T, count;
     double w, worst_loss = 0, worst_grad = 0;
     const char *worst_name, *worst_grad_name = "";
-    snprintf(what, sizeof what, "%dL_%dH_C%d_T%d_B%d%s", cfg->layers, cfg->heads, cfg->dim, cfg->seq, cfg->batch,
-             dropout > 0 ? "_dropout" : "");
+    snprintf(what, sizeof what, "%dL_%dH_C%d_T%d_B%d%s%s", cfg->layers, cfg->heads, cfg->dim, cfg->seq, cfg->batch,
+             dropout > 0 ? "_dropout" : "", kernels == 2 ? "_kernels2" : "");
     if (gpt_cuda_create(&gm, gd, cfg, 7, 0) != DDP_OK || gpt_create(&cm, cd, cfg, 7) != DDP_OK) {
         printf("FAIL %s: %s / %s\n", NAME("vs_cpu_create"), ddp_last_error(gd), ddp_last_error(cd));
         exit(1);
     }
+    gpt_cuda_set_kernels(&gm, kernels);
     gpt_cuda_set_dropout(&gm, dropout, 13);   /* the same masks on both: drawn from (seed, step, row) */
     gpt_set_dropout(&cm, dropout, 13);
     tok = (int *)malloc(sizeof(int) * BT);
@@ -465,6 +468,12 @@ static void test_cuda_vs_cpu(const gpt_config *cfg, float dropout) {
             ddp_set_sync(gd, u == micro - 1);
             ddp_set_sync(cd, u == micro - 1);
             gpt_cuda_forward(&gm, tok, tgt, B, T, 1.0f / (float)micro, 1);
+            {   /* GPT_KERNELS=2: how many more segments than tokens present (a token cut in several) */
+                int seen[GPT_VOCAB] = { 0 }, distinct = 0;
+                size_t i;
+                for (i = 0; i < BT; i++) distinct += !seen[tok[i]]++;
+                if (gm.segments - distinct > most_segments) most_segments = gm.segments - distinct;
+            }
             cl = gpt_forward(&cm, tok, tgt, B, T, 1.0f / (float)micro, 1);
             gl = one_loss(&gm);
             w = worst_ratio(&gl, &cl, 1, 0, 1e-5, 1e-5);
@@ -494,6 +503,10 @@ static void test_cuda_vs_cpu(const gpt_config *cfg, float dropout) {
     verdict(bad_steps == 0, name, "%d step(s) with tensors beyond tolerance; first %s", bad_steps, first_bad);
     printf("  (%s: 4 steps, 1 then 2 micro-steps, worst error %.3f of |err| <= 1e-4*max|cpu| + 1e-4*|cpu|, in %s)\n", name,
            worst_grad, worst_grad_name);
+    if (kernels == 2 && BT >= 8 * GC_WTE_SEGMENT) {   /* a batch this large must have met a token of several segments */
+        snprintf(name, sizeof name, NAME("kernels2_batches_cut_tokens_in_segments_%s"), what);
+        verdict(most_segments > 0, name, "no token had more than %d positions: the segments were never summed", (int)GC_WTE_SEGMENT);
+    }
     free(tok); free(tgt);
     gpt_cuda_destroy(&gm);
     gpt_destroy(&cm);
@@ -785,26 +798,27 @@ static void test_cuda_bf16_gemm(int M, int N, int K) {
 }
 
 /* Which parts run: all by default; else the names given as arguments or in GPT_GPU_PARTS
-   (comma or space separated), in the file's order: reference vs_cpu determinism bf16 gemm.
+   (comma or space separated), in the file's order: reference vs_cpu determinism bf16 gemm kernels2.
    The GPU check runs "gemm bf16" alone first: its bf16 part then comes before the parts that
    run the templated fp32 code. */
-static const char *const part_names[] = { "reference", "vs_cpu", "determinism", "bf16", "gemm" };
-static int parts_selected[5];
+static const char *const part_names[] = { "reference", "vs_cpu", "determinism", "bf16", "gemm", "kernels2" };
+enum { NPARTS = 6 };
+static int parts_selected[NPARTS];
 static int select_parts(int argc, char **argv) {
     char list[512] = "";
     int i, n;
     for (i = 1; i < argc; i++) { strncat(list, argv[i], sizeof list - strlen(list) - 2); strcat(list, " "); }
     if (!list[0] && getenv("GPT_GPU_PARTS")) snprintf(list, sizeof list, "%s", getenv("GPT_GPU_PARTS"));
     for (char *t = strtok(list, ", "); t; t = strtok(NULL, ", ")) {
-        for (n = 0; n < 5 && strcmp(t, part_names[n]) != 0; n++) {}
-        if (n == 5) {
-            printf("FAIL %s: no part '%s' (parts: reference vs_cpu determinism bf16 gemm)\n", NAME("parts"), t);
+        for (n = 0; n < NPARTS && strcmp(t, part_names[n]) != 0; n++) {}
+        if (n == NPARTS) {
+            printf("FAIL %s: no part '%s' (parts: reference vs_cpu determinism bf16 gemm kernels2)\n", NAME("parts"), t);
             return 0;
         }
         parts_selected[n] = 1;
     }
-    for (n = 0, i = 0; n < 5; n++) i |= parts_selected[n];
-    if (!i) for (n = 0; n < 5; n++) parts_selected[n] = 1;
+    for (n = 0, i = 0; n < NPARTS; n++) i |= parts_selected[n];
+    if (!i) for (n = 0; n < NPARTS; n++) parts_selected[n] = 1;
     return 1;
 }
 
@@ -824,9 +838,9 @@ int main(int argc, char **argv) {
     make_text();
     if (parts_selected[0]) test_cuda_reference();
     if (parts_selected[1]) {
-        test_cuda_vs_cpu(&small, 0.0f);
-        test_cuda_vs_cpu(&small, 0.2f);
-        if (run_larger) test_cuda_vs_cpu(&larger, 0.0f);
+        test_cuda_vs_cpu(&small, 0.0f, 1);
+        test_cuda_vs_cpu(&small, 0.2f, 1);
+        if (run_larger) test_cuda_vs_cpu(&larger, 0.0f, 1);
     }
     if (parts_selected[2]) test_cuda_deterministic(&small);
     if (parts_selected[3]) test_cuda_bf16(&small);
@@ -835,6 +849,11 @@ int main(int argc, char **argv) {
 #ifndef GPT_CUDA_EMULATE
         test_cuda_bf16_gemm(768, 256, 8192);   /* a weight gradient's shape (768 outputs); host reference ~1.6 G mult-adds */
 #endif
+    }
+    if (parts_selected[5]) {   /* GPT_KERNELS=2 against the CPU model; batches where tokens need several segments */
+        gpt_config many = { 2, 2, 40, 67, 7 };   /* 469 positions: the frequent bytes exceed a segment */
+        test_cuda_vs_cpu(&many, 0.0f, 2);
+        test_cuda_vs_cpu(&small, 0.2f, 2);
     }
     return test_summary(NAME("test"));
 }
