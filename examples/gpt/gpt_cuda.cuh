@@ -23,6 +23,15 @@
    with one stream, atomics off, is deterministic on one GPU model and library version. So two
    runs give the same bits.
 
+   Kernels (GPT_KERNELS, read by gpt_cuda_create; gpt_cuda_set_kernels). 1, the default: as
+   above. 2: the token embedding's backward in segments of at most GC_WTE_SEGMENT positions
+   (partial sums, then each token's segments in order: a blocked sum, deterministic, not the
+   CPU's order), the causal softmax in one pass plus the write (online max and sum), and GELU
+   and the bias init as 16-byte maps (the same bits as the one-element kernels). Both are kept
+   so that one GPU call can time old and new (bench/gpu/check_bf16.sh).
+
+   Op times (GPT_OP_TIMES=1): per-op CUDA-event times, printed by the trainer (gc_op_timer).
+
    Precision (gpt_cuda_create's precision). GPT_CUDA_FP32: fp32 throughout, TF32 off
    (CUBLAS_DEFAULT_MATH never uses TF32 for SGEMM). GPT_CUDA_TF32: TF32 tensor cores (faster,
    ~1e-3 relative error in matmuls). GPT_CUDA_BF16: activations, parameters and gradients
@@ -757,23 +766,96 @@ template <class S> struct gc_causal_softmax_bwd {
 
 /* GELU, tanh form: x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3), as gpt__gelu. */
 #define GC_GELU_K 0.7978845608028654f
+static GC_HD inline float gc_gelu(float v) {
+    float u = GC_GELU_K * (v + 0.044715f * v * v * v);
+    return v * (1.0f / (1.0f + expf(-2.0f * u)));
+}
+static GC_HD inline float gc_gelu_grad(float v, float d) {
+    float u = GC_GELU_K * (v + 0.044715f * v * v * v), s = 1.0f / (1.0f + expf(-2.0f * u));
+    float du = GC_GELU_K * (1.0f + 3.0f * 0.044715f * v * v);
+    return d * (s + v * s * (1.0f - s) * 2.0f * du);
+}
 template <class S> struct gc_gelu_fwd {
     const S *x;
     S *y;
-    GC_HD void operator()(size_t i) const {
-        float v = gc_ld(x[i]), u = GC_GELU_K * (v + 0.044715f * v * v * v);
-        gc_put(&y[i], v * (1.0f / (1.0f + expf(-2.0f * u))));
-    }
+    GC_HD void operator()(size_t i) const { gc_put(&y[i], gc_gelu(gc_ld(x[i]))); }
 };
 template <class S> struct gc_gelu_bwd {
     const S *x, *dout;
     S *dx;
-    GC_HD void operator()(size_t i) const {
-        float v = gc_ld(x[i]), u = GC_GELU_K * (v + 0.044715f * v * v * v), s = 1.0f / (1.0f + expf(-2.0f * u));
-        float du = GC_GELU_K * (1.0f + 3.0f * 0.044715f * v * v);
-        gc_put(&dx[i], gc_ld(dout[i]) * (s + v * s * (1.0f - s) * 2.0f * du));
+    GC_HD void operator()(size_t i) const { gc_put(&dx[i], gc_gelu_grad(gc_ld(x[i]), gc_ld(dout[i]))); }
+};
+
+/* GPT_KERNELS=2: elementwise maps with 16 bytes per thread (4 floats or 8 bf16), every load of a
+   thread before its stores, one 16-byte access per operand where the operands are 16-byte
+   aligned (the launcher checks; else the one-element kernels run). The element arithmetic is the
+   one-element kernels' own (gc_gelu, gc_gelu_grad, the bias add), so the bits are theirs. */
+template <class S> struct gc_vec { enum { V = 16 / (int)sizeof(S) }; };
+template <class S> static GC_HD inline void gc_load16(const S *p, float *f) {
+#ifdef __CUDA_ARCH__
+    int4 raw = *reinterpret_cast<const int4 *>(p);
+    const S *r = reinterpret_cast<const S *>(&raw);
+    for (int k = 0; k < gc_vec<S>::V; k++) f[k] = gc_ld(r[k]);
+#else
+    for (int k = 0; k < gc_vec<S>::V; k++) f[k] = gc_ld(p[k]);
+#endif
+}
+template <class S> static GC_HD inline void gc_store16(S *p, const float *f) {
+#ifdef __CUDA_ARCH__
+    int4 raw;
+    S *r = reinterpret_cast<S *>(&raw);
+    for (int k = 0; k < gc_vec<S>::V; k++) gc_put(&r[k], f[k]);
+    *reinterpret_cast<int4 *>(p) = raw;
+#else
+    for (int k = 0; k < gc_vec<S>::V; k++) gc_put(&p[k], f[k]);
+#endif
+}
+static inline int gc_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+/* out = f(a, b, i) over n elements, V a thread (thread t: elements tV .. tV + V - 1; the last
+   thread takes what is left one by one). a and b may be NULL (not read; f gets 0). */
+template <class S, class F> struct gc_map_vec {
+    const S *a, *b;
+    S *out;
+    size_t n;
+    F f;
+    GC_HD void operator()(size_t t) const {
+        enum { V = gc_vec<S>::V };
+        size_t i0 = t * V, i;
+        float fa[V], fb[V], fo[V];
+        int k;
+        if (i0 + V <= n) {
+            if (a) gc_load16(a + i0, fa); else for (k = 0; k < V; k++) fa[k] = 0;
+            if (b) gc_load16(b + i0, fb); else for (k = 0; k < V; k++) fb[k] = 0;
+            for (k = 0; k < V; k++) fo[k] = f(fa[k], fb[k], i0 + k);
+            gc_store16(out + i0, fo);
+        } else
+            for (i = i0; i < n; i++) gc_put(&out[i], f(a ? gc_ld(a[i]) : 0.0f, b ? gc_ld(b[i]) : 0.0f, i));
     }
 };
+struct gc_f_gelu { GC_HD float operator()(float x, float, size_t) const { return gc_gelu(x); } };
+struct gc_f_gelu_grad { GC_HD float operator()(float x, float d, size_t) const { return gc_gelu_grad(x, d); } };
+template <class S> struct gc_f_bias {   /* the bias (+ the residual a), as gc_linear_init */
+    const S *bias;
+    int width, resid;
+    GC_HD float operator()(float r, float, size_t i) const {
+        float bv = gc_ld(bias[i % (size_t)width]);
+        return resid ? r + bv : bv;
+    }
+};
+/* Launches out = f(a, b, i) vectorized when every operand is 16-byte aligned; 0 otherwise
+   (the caller runs its one-element kernel). */
+template <class S, class F>
+static int gc_map_vec_launch(gc_stream stream, const F &f, const S *a, const S *b, S *out, size_t n, const char *what,
+                             const char *file, int line) {
+    gc_map_vec<S, F> op;
+    if ((a && !gc_aligned16(a)) || (b && !gc_aligned16(b)) || !gc_aligned16(out)) return 0;
+    op.a = a; op.b = b; op.out = out; op.n = n; op.f = f;
+    gc_for_each(stream, op, (n + gc_vec<S>::V - 1) / gc_vec<S>::V, what, file, line);
+    return 1;
+}
+#define GC_MAP_VEC(m, S, F, fn, A, B, OUT, N) \
+    gc_map_vec_launch<S, F>((m)->stream, (fn), (A), (B), (OUT), (N), "the kernel launch of gc_map_vec<" #F ">", __FILE__, __LINE__)
 
 /* Cross-entropy of one row of logits [BT, V]: row_loss = log sum exp(z - max) + max - z[target];
    with dlogits, d = k (softmax - onehot), k = scale / BT, as gpt__cross_entropy. The loss is
@@ -994,7 +1076,11 @@ template <class S> static void gc_linear(gpt_cuda *m, int w, int b, const S *inp
     int n = m->B * m->T, drop = resid && m->dropping;
     gc_linear_init<S> init = { gc_param<S>(m, b), drop ? NULL : resid, out, outc };
     gc_time(m, "fwd bias (+ residual) init");
-    GC_FOR_EACH(m, init, (size_t)n * outc);
+    {
+        gc_f_bias<S> fb = { gc_param<S>(m, b), outc, init.resid != NULL };
+        if (!(m->kernels == 2 && GC_MAP_VEC(m, S, gc_f_bias<S>, fb, init.resid, (const S *)NULL, out, (size_t)n * outc)))
+            GC_FOR_EACH(m, init, (size_t)n * outc);
+    }
     gc_time_end(m);
     gc_time(m, gc_linear_name(in, outc, 0));
     GC_MATMUL(m, 0, 1, n, outc, in, 1.0f, inp, in, gc_param<S>(m, w), in, 1.0f, out, outc);
@@ -1098,14 +1184,15 @@ template <class S> static void gc_gelu_backward(void *p) {
     const gc_gelu_args<S> *a = (const gc_gelu_args<S> *)p;
     gc_gelu_bwd<S> bwd = { a->x, a->dout, a->dx };
     gc_time(a->m, "bwd gelu");
-    GC_FOR_EACH(a->m, bwd, a->n);
+    if (!(a->m->kernels == 2 && GC_MAP_VEC(a->m, S, gc_f_gelu_grad, gc_f_gelu_grad(), a->x, a->dout, a->dx, a->n)))
+        GC_FOR_EACH(a->m, bwd, a->n);
     gc_time_end(a->m);
 }
 
 template <class S> static void gc_gelu(gpt_cuda *m, const S *x, S *y, size_t n, const S *dout, S *dx, int record) {
     gc_gelu_fwd<S> fwd = { x, y };
     gc_time(m, "fwd gelu");
-    GC_FOR_EACH(m, fwd, n);
+    if (!(m->kernels == 2 && GC_MAP_VEC(m, S, gc_f_gelu, gc_f_gelu(), x, (const S *)NULL, y, n))) GC_FOR_EACH(m, fwd, n);
     gc_time_end(m);
     if (record) {
         gc_gelu_args<S> a;

@@ -35,8 +35,9 @@
       bf16 copies.
    5. The bf16 matmul at a split-K shape (K = 8192) against the bound of one rounding (see
       test_cuda_bf16_gemm).
-   6. GPT_KERNELS=2 (the segmented token-embedding backward, the one-pass softmax) against the
-      CPU model as in part 2, with batches where a byte fills several segments.
+   6. GPT_KERNELS=2 (the segmented token-embedding backward, the one-pass softmax, 16-byte
+      elementwise maps) against the CPU model as in part 2, with batches where a byte fills
+      several segments; the maps against the one-element kernels bit for bit.
    Parts: all by default; `test_gpt_gpu bf16 gemm` (or GPT_GPU_PARTS=bf16,gemm) runs those only.
    Built twice from this file: by nvcc (build/gpu/test_gpt_gpu: NCCL backend; prints "SKIP
    gpu: ..." without a device) and by a C++ compiler with -DGPT_CUDA_EMULATE
@@ -797,6 +798,51 @@ static void test_cuda_bf16_gemm(int M, int N, int K) {
     ddp_shutdown(d);
 }
 
+/* GPT_KERNELS=2's 16-byte elementwise maps against the one-element kernels, bit for bit: GELU
+   forward and backward and the bias (+ residual) init, over a length that leaves a tail, a bias
+   width that is no multiple of a vector, in S = float and bf16; and the launcher's refusal of a
+   misaligned operand (the caller then runs the one-element kernel). */
+template <class S> static void test_vec_maps_one(gpt_cuda *m, const char *type) {
+    const size_t n = 3 * 4096 + 13;
+    const int width = 77;
+    S *h = (S *)malloc(sizeof(S) * n * 3), *got = (S *)malloc(sizeof(S) * n), *want = (S *)malloc(sizeof(S) * n);
+    S *x = (S *)gc_device_alloc(m, sizeof(S) * n), *d = (S *)gc_device_alloc(m, sizeof(S) * n), *bias = (S *)gc_device_alloc(m, sizeof(S) * width);
+    S *o1 = (S *)gc_device_alloc(m, sizeof(S) * n), *o2 = (S *)gc_device_alloc(m, sizeof(S) * n);
+    size_t i;
+    int bad = 0, t, vec = 1;
+    char name[128];
+    for (i = 0; i < 3 * n; i++) gc_put(&h[i], 3.0f * test_value(61, i));
+    gpt_cuda_upload(m->stream, x, h, sizeof(S) * n);
+    gpt_cuda_upload(m->stream, d, h + n, sizeof(S) * n);
+    gpt_cuda_upload(m->stream, bias, h + 2 * n, sizeof(S) * width);
+    for (t = 0; t < 4; t++) {
+        gc_gelu_fwd<S> f = { x, o1 };
+        gc_gelu_bwd<S> g = { x, d, o1 };
+        gc_linear_init<S> li = { bias, t == 2 ? (const S *)d : (const S *)NULL, o1, width };
+        gc_f_bias<S> fb = { bias, width, t == 2 };
+        if (t == 0) { GC_FOR_EACH(m, f, n); vec &= GC_MAP_VEC(m, S, gc_f_gelu, gc_f_gelu(), x, (const S *)NULL, o2, n); }
+        if (t == 1) { GC_FOR_EACH(m, g, n); vec &= GC_MAP_VEC(m, S, gc_f_gelu_grad, gc_f_gelu_grad(), x, d, o2, n); }
+        if (t >= 2) { GC_FOR_EACH(m, li, n); vec &= GC_MAP_VEC(m, S, gc_f_bias<S>, fb, li.resid, (const S *)NULL, o2, n); }
+        if (t == 3) vec &= !GC_MAP_VEC(m, S, gc_f_gelu, gc_f_gelu(), x + 1, (const S *)NULL, o2, n - 1);   /* misaligned: refused */
+        gpt_cuda_download(m->stream, want, o1, sizeof(S) * n);
+        gpt_cuda_download(m->stream, got, o2, sizeof(S) * n);
+        bad += memcmp(want, got, sizeof(S) * n) != 0;
+    }
+    snprintf(name, sizeof name, NAME("kernels2_vector_maps_same_bits_%s"), type);
+    verdict(bad == 0 && vec, name, "%d of 4 maps differ from the one-element kernels; vector path taken where it should: %d", bad, vec);
+    free(h); free(got); free(want);
+}
+static void test_vec_maps(void) {
+    ddp_context *d = open_solo(1);
+    gpt_config cfg = { 1, 1, 32, 8, 1 };
+    gpt_cuda m;
+    if (gpt_cuda_create(&m, d, &cfg, 1, GPT_CUDA_FP32) != DDP_OK) { printf("FAIL %s: %s\n", NAME("kernels2_create"), ddp_last_error(d)); exit(1); }
+    test_vec_maps_one<float>(&m, "fp32");
+    test_vec_maps_one<gc_bf16>(&m, "bf16");
+    gpt_cuda_destroy(&m);
+    ddp_shutdown(d);
+}
+
 /* Which parts run: all by default; else the names given as arguments or in GPT_GPU_PARTS
    (comma or space separated), in the file's order: reference vs_cpu determinism bf16 gemm kernels2.
    The GPU check runs "gemm bf16" alone first: its bf16 part then comes before the parts that
@@ -852,6 +898,7 @@ int main(int argc, char **argv) {
     }
     if (parts_selected[5]) {   /* GPT_KERNELS=2 against the CPU model; batches where tokens need several segments */
         gpt_config many = { 2, 2, 40, 67, 7 };   /* 469 positions: the frequent bytes exceed a segment */
+        test_vec_maps();
         test_cuda_vs_cpu(&many, 0.0f, 2);
         test_cuda_vs_cpu(&small, 0.2f, 2);
     }
