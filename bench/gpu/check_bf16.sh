@@ -16,16 +16,16 @@
 #   2 sanitizer_bf16         compute-sanitizer memcheck on a small odd-shaped --bf16 run (sizes
 #                            no multiple of 32), 3 steps with dropout
 #   3 bench_bf16_tf32        bench_gpt_gpu.sh PRECISIONS="bf16 tf32": ours against PyTorch eager
-#   4 gpt_model_bf16         test_gpt_gpu gemm bf16: the split-K bf16 GEMM bound and math mode,
-#                            the bf16 model against fp32
+#   4 gpt_model_bf16         test_gpt_gpu gemm bf16 kernels2: the split-K bf16 GEMM bound and
+#                            math mode, the bf16 model against fp32, GPT_KERNELS=2 against the CPU
 #   5 gpu_kernels            test_gpu_kernels (the bf16 AdamW/scale against the CPU bit for bit)
-#   6 gpt_model_rest         test_gpt_gpu reference vs_cpu determinism (the templated fp32 model)
 #   7 two_ranks_bf16         2 ranks sharing the GPU in bf16: tests/test_gpt.sh's bf16 and resume
 #                            groups (resume bit for bit), then the exposed communication of a
 #                            40-step run of the shakespeare_char model
 #   8 op_times_*             GPT_OP_TIMES=1: where a bf16 step goes, kernel by kernel, with the
 #                            old and the new kernels (GPT_KERNELS=2), then TF32; the new
 #                            kernels' bf16 tokens/s (bench_bf16_kernels2)
+#   6 gpt_model_rest         test_gpt_gpu reference vs_cpu determinism (the templated fp32 model)
 #   9 bench_fp32_compile     if time is left: fp32 against PyTorch, then bf16 against torch.compile
 # Files under $OUT (8 at most, as the device tool brings back), written as the steps run:
 #   bf16-summary.txt   one line a step (STATUS NAME SECONDS passed failed skipped), the RESULT
@@ -143,10 +143,10 @@ step sanitizer_bf16 120 "$OUT/bf16-2-sanitizer.log" "$G/train_gpt" --gpu-only ba
 step bench_bf16_tf32 240 "$OUT/bf16-3-bench.log" "$G/train_gpt" env PRECISIONS="bf16 tf32" STREAM=1 RUN_LIMIT_S=100 \
     LOG_DIR="$B/bench-runs" bench/gpu/bench_gpt_gpu.sh "$B"
 
-# 4-6. The GPT model test, bf16 parts first; the kernels; the rest of the model test.
-step gpt_model_bf16 150 "$OUT/bf16-4-tests.log" "$G/test_gpt_gpu" "$G/test_gpt_gpu" gemm bf16
-step gpu_kernels 120 "$OUT/bf16-4-tests.log" "$G/test_gpu_kernels" "$G/test_gpu_kernels"
-step gpt_model_rest 200 "$OUT/bf16-4-tests.log" "$G/test_gpt_gpu" "$G/test_gpt_gpu" reference vs_cpu determinism
+# 4-5. The GPT model test's bf16 parts (the rest, the templated fp32 model, comes after the op
+#      times: its CPU side may run without OpenBLAS there and take minutes); the kernels.
+step gpt_model_bf16 150 "$OUT/bf16-4-tests.log" "$G/test_gpt_gpu" "$G/test_gpt_gpu" gemm bf16 kernels2
+step gpu_kernels 150 "$OUT/bf16-4-tests.log" "$G/test_gpu_kernels" "$G/test_gpu_kernels"
 
 # 7. Two ranks sharing the GPU (NCCL over loopback sockets: tools/nccl_one_gpu.sh) in bf16.
 step two_ranks_bf16_resume 150 "$OUT/bf16-5-2ranks.log" "$B/ddprun $G/train_gpt" --gpu-only env GPT_TEST_RANKS=2 TRAIN_GPT="$G/train_gpt" \
@@ -164,6 +164,10 @@ for run in bf16:1 bf16:2 tf32:1; do
 done
 step bench_bf16_kernels2 90 "$OUT/bf16-6-more.log" "$G/train_gpt" env PRECISIONS=bf16 IMPLS=ours OURS_ENV=GPT_KERNELS=2 TAG=_kernels2 \
     STREAM=1 RUN_LIMIT_S=80 LOG_DIR="$B/bench-runs" bench/gpu/bench_gpt_gpu.sh "$B"
+
+# The rest of the GPT model test: the templated fp32 model against PyTorch's reference, the CPU
+# model and itself.
+step gpt_model_rest 200 "$OUT/bf16-4-tests.log" "$G/test_gpt_gpu" "$G/test_gpt_gpu" reference vs_cpu determinism
 
 # 9. If time is left: fp32 against PyTorch; bf16 against torch.compile (its compile is minutes).
 step bench_fp32 120 "$OUT/bf16-6-more.log" "$G/train_gpt" env PRECISIONS=fp32 STREAM=1 RUN_LIMIT_S=100 \
