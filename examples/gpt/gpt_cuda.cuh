@@ -26,9 +26,10 @@
    Kernels (GPT_KERNELS, read by gpt_cuda_create; gpt_cuda_set_kernels). 1, the default: as
    above. 2: the token embedding's backward in segments of at most GC_WTE_SEGMENT positions
    (partial sums, then each token's segments in order: a blocked sum, deterministic, not the
-   CPU's order), the causal softmax in one pass plus the write (online max and sum), and GELU
-   and the bias init as 16-byte maps (the same bits as the one-element kernels). Both are kept
-   so that one GPU call can time old and new (bench/gpu/check_bf16.sh).
+   CPU's order), the causal softmax in one pass plus the write (online max and sum) and its
+   backward reading the lower triangle only, and GELU and the bias init as 16-byte maps (the
+   same bits as the one-element kernels). Both are kept so that one GPU call can time old and
+   new (bench/gpu/check_bf16.sh).
 
    Op times (GPT_OP_TIMES=1): per-op CUDA-event times, printed by the trainer (gc_op_timer).
 
@@ -752,7 +753,7 @@ template <class S> struct gc_causal_softmax_fwd_online {
 template <class S> struct gc_causal_softmax_bwd {
     const S *att;
     S *datt;
-    int T;
+    int T, lower_only;   /* lower_only (GPT_KERNELS=2): above the diagonal write 0, read nothing */
     template <class Lanes> GC_HD void operator()(const Lanes &g, int row) const {
         const S *p = att + (size_t)row * T;
         S *d = datt + (size_t)row * T;
@@ -760,7 +761,9 @@ template <class S> struct gc_causal_softmax_bwd {
         int n = row % T + 1, u;
         for (u = g.lane(); u < n; u += g.size()) s += gc_ld(p[u]) * gc_ld(d[u]);
         s = g.sum(s);
-        for (u = g.lane(); u < T; u += g.size()) gc_put(&d[u], gc_ld(p[u]) * (gc_ld(d[u]) - s));
+        for (u = g.lane(); u < (lower_only ? n : T); u += g.size()) gc_put(&d[u], gc_ld(p[u]) * (gc_ld(d[u]) - s));
+        if (lower_only)
+            for (u = n + g.lane(); u < T; u += g.size()) gc_put(&d[u], 0.0f);
     }
 };
 
@@ -1112,7 +1115,7 @@ template <class S> static void gc_attention_backward(void *p) {
     long long TT = (long long)T * T;
     float scale = 1.0f / sqrtf((float)hs);
     S *datt = (S *)m->datt;
-    gc_causal_softmax_bwd<S> softmax = { a->att, datt, T };
+    gc_causal_softmax_bwd<S> softmax = { a->att, datt, T, m->kernels == 2 };
     const S *Pd = a->att;   /* what met V: with dropout, P masked (drawn again into datt, used before dP goes there) */
     gc_time(m, "bwd attention dV = P^T dO");
     if (m->dropping) { gc_drop<S>(m, a->site, a->att, NULL, datt, (size_t)B * NH * TT, (size_t)NH * TT); Pd = datt; }
