@@ -81,16 +81,16 @@ if [ -n "$(missing_libs)" ]; then   # the machine keeps NCCL/cuBLAS elsewhere: t
     export LD_LIBRARY_PATH
     echo "-- LD_LIBRARY_PATH=$LD_LIBRARY_PATH (libraries not found at the rpath)" >>"$ENV"
 fi
-need_build=$BUILD
+need_build=$BUILD force=()
 for f in $TARGETS; do [ -x "$f" ] || need_build=1; done
-[ -n "$(missing_libs)" ] && need_build=1
+[ -n "$(missing_libs)" ] && { need_build=1; force=(-B); }   # relinked against what this machine has
 if [ "$need_build" = 1 ] && [ "$NO_BUILD" = 0 ] && [ -n "$(tools/gpu_paths.sh nvcc)" ]; then
     limit=$(($(check_left) - 150)); [ $limit -gt 300 ] && limit=300; [ $limit -lt 60 ] && limit=60
     echo "== build here: make gpu-window's flags into $B (limit $limit s)"
     t0=$(date +%s)
     # shellcheck disable=SC2086  # the list is words
     { echo "-- build there: make B=$B HOST_ARCH=x86-64-v3 GPT_BLAS=0 WERROR= (limit $limit s)"
-      timeout -k 10 "$limit" make -k -j"${CHECK_JOBS:-$(nproc)}" B="$B" HOST_ARCH=x86-64-v3 GPT_BLAS=0 WERROR= $TARGETS </dev/null 2>&1 | tail -n 40
+      timeout -k 10 "$limit" make "${force[@]}" -k -j"${CHECK_JOBS:-$(nproc)}" B="$B" HOST_ARCH=x86-64-v3 GPT_BLAS=0 WERROR= $TARGETS </dev/null 2>&1 | tail -n 40
     } >>"$ENV"
     miss=""
     for f in $TARGETS; do [ -x "$f" ] || miss="$miss $f"; done
