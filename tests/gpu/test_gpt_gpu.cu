@@ -826,7 +826,11 @@ template <class S> static void test_vec_maps_one(gpt_cuda *m, const char *type) 
         if (t == 3) vec &= !GC_MAP_VEC(m, S, gc_f_gelu, gc_f_gelu(), x + 1, (const S *)NULL, o2, n - 1);   /* misaligned: refused */
         gpt_cuda_download(m->stream, want, o1, sizeof(S) * n);
         gpt_cuda_download(m->stream, got, o2, sizeof(S) * n);
-        bad += memcmp(want, got, sizeof(S) * n) != 0;
+        if (memcmp(want, got, sizeof(S) * n) != 0) {
+            for (i = 0; i < n && !memcmp(&want[i], &got[i], sizeof(S)); i++) {}
+            printf("  (map %d: element %zu differs: %.9g, the one-element kernel's %.9g)\n", t, i, (double)gc_ld(got[i]), (double)gc_ld(want[i]));
+            bad++;
+        }
     }
     snprintf(name, sizeof name, NAME("kernels2_vector_maps_same_bits_%s"), type);
     verdict(bad == 0 && vec, name, "%d of 4 maps differ from the one-element kernels; vector path taken where it should: %d", bad, vec);
