@@ -1,7 +1,9 @@
 # ddp.h — build, test, benchmark. `make` needs only a C compiler.
 CC       ?= cc
 CXX      ?= c++
-OPT      ?= -O3 -march=native -fno-math-errno -g   # no errno: sqrtf in AdamW vectorizes
+# HOST_ARCH: the host code's -march (x86-64-v3 for binaries that run on another machine: make gpu-window)
+HOST_ARCH ?= native
+OPT      ?= -O3 -march=$(HOST_ARCH) -fno-math-errno -g   # no errno: sqrtf in AdamW vectorizes
 CFLAGS   ?= $(OPT)
 WARN     := -Wall -Wextra
 LDLIBS   := -lpthread -lm
@@ -16,7 +18,7 @@ PROGRAMS += $(B)/bench_shard_memory   # sharded optimizer: bytes per parameter (
 PROGRAMS += $(B)/bench_bf16_step      # bf16 parameters: the library's part of a step (bench/RESULTS.md)
 PROGRAMS += $(B)/bench_adamw_guard    # bf16 parameters: the misuse guard's share of the AdamW pass
 
-.PHONY: all mpi help run train-2-ranks deps bench-deps test test-asan test-tsan fuzz bench bench-gpt bench-gpu clean
+.PHONY: all mpi help run train-2-ranks deps bench-deps test test-asan test-tsan fuzz bench bench-gpt bench-gpu gpu-window clean
 all: $(PROGRAMS) $(CHECKS) gpu mpi
 
 # ---- The GPU path: built whenever nvcc is found (CI compiles and links it on every run);
@@ -85,7 +87,7 @@ $(G)/gpu_count: tools/gpu_count.cu | $(G)
 # g++ fuses a*b+c in C++ mode where gcc -std=c99 does not: so its CPU path (--cpu, or no GPU)
 # trains the same bits as build/train_gpt (tests/test_gpt.sh checks).
 GPT_CUDA_DEPS := examples/gpt/gpt_cuda.cuh examples/gpt/gpt.h ddp.h
-GPT_HOST_MATH := -Xcompiler -march=native,-fno-math-errno,-ffp-contract=off
+GPT_HOST_MATH := -Xcompiler -march=$(HOST_ARCH),-fno-math-errno,-ffp-contract=off
 $(G)/train_gpt: examples/gpt/train_gpt.c $(GPT_CUDA_DEPS) ddp_kernels.cuh | $(G)
 	$(NVCC) $(NVFLAGS) $(GPT_HOST_MATH) $(GPT_DEFS) $(GPU_INCS) -x cu -o $@ $< $(GPU_RPATH) $(NCCL_LINK) $(CUBLAS_LINK) $(GPT_LIBS) -lpthread
 $(G)/test_gpt_gpu: tests/gpu/test_gpt_gpu.cu tests/test_gpt.c $(GPT_CUDA_DEPS) $(GPU_DEPS) | $(G)
@@ -230,6 +232,22 @@ deps:
 test: all
 	@tests/run.sh $(B)
 
+# The build a GPU window runs (bench/gpu/check_bf16.sh), made here and carried there: build-gpu/
+# (ignored by git: name it in the device call's carry). Portable host code (-march=x86-64-v3:
+# -march=native here may emit instructions the GPU machine's CPU lacks), sm_90 device code, no
+# OpenBLAS (the GPU machine may not have it; the CPU model in the tests is small), warnings shown.
+GPU_WINDOW_B := build-gpu
+GPU_WINDOW_TARGETS := ddprun gpu/gpu_count gpu/nccl_version gpu/train_gpt gpu/test_gpt_gpu gpu/test_gpu_kernels
+ifeq ($(strip $(NVCC)),)
+gpu-window:
+	@echo "gpu-window: no nvcc here: nothing to build" && false
+else
+gpu-window:
+	@$(MAKE) --no-print-directory B=$(GPU_WINDOW_B) HOST_ARCH=x86-64-v3 GPT_BLAS=0 WERROR= $(addprefix $(GPU_WINDOW_B)/,$(GPU_WINDOW_TARGETS))
+	@echo "commit $$(git rev-parse --short HEAD 2>/dev/null)$$(git status --porcelain --untracked-files=no 2>/dev/null | grep -q . && echo +changes), made $$(date -u +%Y-%m-%dT%H:%M:%SZ) on $$(uname -n): HOST_ARCH=x86-64-v3 CUDA_ARCH=$(CUDA_ARCH) GPT_BLAS=0" >$(GPU_WINDOW_B)/.gpu-window
+	@echo "gpu-window: $(GPU_WINDOW_B)/ built ($$(du -sh $(GPU_WINDOW_B) | cut -f1)); carry it: run(carry=[\"$(GPU_WINDOW_B)\"], command=\"OUT=\$$OUT bash bench/gpu/check_bf16.sh\")"
+endif
+
 bench: bench-deps $(B)/ddprun $(B)/bench_allreduce $(B)/copy_bw $(B)/bench_overlap $(B)/train_gpt bench-gpu
 	@bench/compare_allreduce.sh
 	@bench/overlap.sh
@@ -302,4 +320,5 @@ help:
 	@echo "make clean        remove build/, build-asan/, build-tsan/"
 	@echo "variables: CUDA_ARCH (sm_90), NVCC, CUDA_HOME, NCCL_HOME, WERROR (nvcc's -Werror; WERROR= shows warnings only),"
 	@echo "           GPT_BLAS (0: portable matmuls), OPT, B (build directory)"
+	@echo "make gpu-window   build-gpu/: the GPU window's binaries, made here (portable -march=x86-64-v3) for bench/gpu/check_bf16.sh"
 	@echo "on a GPU machine: bench/gpu/check_1.sh (environment, build, GPU tests), bench/gpu/check_2.sh (GPU benchmarks), check_3.sh (shakespeare_char target)"

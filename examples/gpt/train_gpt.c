@@ -337,6 +337,42 @@ static ddp_result model_create(model *mo, ddp_context *ddp, const options *o) {
     return r;
 }
 
+/* GPT_OP_TIMES=1 (the CUDA model): a span of the trainer's own, the end of a step, a reset
+   after the warm-up steps, the table at the end (rank 0). No-ops otherwise. */
+static void model_time_begin(model *mo, const char *name) {
+#ifdef TRAIN_CUDA_MODEL
+    if (mo->on_gpu) gpt_cuda_time_begin(&mo->gpu, name);
+#endif
+    (void)mo; (void)name;
+}
+static void model_time_end(model *mo) {
+#ifdef TRAIN_CUDA_MODEL
+    if (mo->on_gpu) gpt_cuda_time_end(&mo->gpu);
+#endif
+    (void)mo;
+}
+static void model_op_times_step(model *mo, int step, int counted_after) {
+#ifdef TRAIN_CUDA_MODEL
+    if (mo->on_gpu) {
+        gpt_cuda_op_times_step(&mo->gpu);
+        if (step == counted_after) gpt_cuda_op_times_reset(&mo->gpu);
+    }
+#endif
+    (void)mo; (void)step; (void)counted_after;
+}
+static void model_op_times_restart(model *mo) {
+#ifdef TRAIN_CUDA_MODEL
+    if (mo->on_gpu) gpt_cuda_op_times_restart(&mo->gpu);
+#endif
+    (void)mo;
+}
+static void model_op_times_print(model *mo) {
+#ifdef TRAIN_CUDA_MODEL
+    if (mo->on_gpu) gpt_cuda_op_times_print(&mo->gpu, stdout);
+#endif
+    (void)mo;
+}
+
 /* Where the next training forward's rows sit in the step's global batch (dropout's masks):
    row b is global position row0 + b * stride. */
 static void model_set_rows(model *mo, int step, uint64_t row0, uint64_t stride) {
@@ -634,7 +670,7 @@ int main(int argc, char **argv) {
     uint64_t windows = 0;          /* training windows consumed, all ranks (the checkpoint's position) */
     ddp_sampler sampler;           /* this rank's share of each epoch of training windows */
     double t_start, t_line;   /* t_line, step_line: when and at which step the last progress line was */
-    int step_line;
+    int step_line, timed_after;
     float val = NAN;
 
     if (!parse_args(argc, argv, &o, err, sizeof err)) { fprintf(stderr, "train_gpt: %s\n", err); return 2; }
@@ -746,6 +782,7 @@ int main(int argc, char **argv) {
 
     t_start = t_line = now_s();
     step_line = step;
+    timed_after = step + (o.steps - step > 4 ? 3 : 1);   /* GPT_OP_TIMES: the steps after these */
     while (step < o.steps && !(o.stop_at > 0 && step >= o.stop_at)) {
         double ms;
         float loss, lr = lr_at(&o, step), norm = 0;
@@ -773,7 +810,9 @@ int main(int argc, char **argv) {
            on a GPU reading the norm is a wait for the device; the step needs neither (clipping
            happens on the device). The same decision on every rank: it depends on the step. */
         logs = step % o.log_every == 0 || step == 1 || step == o.steps;
+        model_time_begin(&mo, "ddp adamw step (+ norm, clip)");
         CHECK(ddp_adamw_step(ddp, &opt, logs ? &norm : NULL));
+        model_time_end(&mo);
         st = ddp_last_step_stats(ddp);
         if (logs) {
             loss = model_loss_sum(&mo, (float)o.accum, o.accum);   /* this step's; GPU: waits for the device */
@@ -787,17 +826,25 @@ int main(int argc, char **argv) {
                        (double)world * B * T * o.accum / (ms / 1e3), st.backward_ms, st.comm_ms, st.exposed_ms, st.overlap_pct,
                        st.last_bucket_comm_ms);
         }
+        /* op times: the step's end (a device wait, only with GPT_OP_TIMES=1); the run's first
+           steps are warm-up and not counted */
+        model_op_times_step(&mo, step, timed_after);
         if (o.eval_every > 0 && step % o.eval_every == 0 && step < o.steps) {
             CHECK(evaluate(ddp, &mo, &o, &data, tok, tgt, &val));
             if (rank == 0) printf("step %5d | val loss %.4f\n", step, val);
+            model_op_times_restart(&mo);
             t_line = now_s();   /* the next line's mean is of training steps only */
             step_line = step;
         }
-        if (o.save && o.save_every > 0 && step % o.save_every == 0) CHECK(save_run(ddp, &o, step, windows));
+        if (o.save && o.save_every > 0 && step % o.save_every == 0) {
+            CHECK(save_run(ddp, &o, step, windows));
+            model_op_times_restart(&mo);
+        }
     }
     {
         double secs = now_s() - t_start;
         uint64_t hash;
+        if (rank == 0) model_op_times_print(&mo);   /* before the evaluation: training steps only */
         CHECK(evaluate(ddp, &mo, &o, &data, tok, tgt, &val));
         CHECK(params_hash(ddp, &hash));
         if (rank == 0) {
