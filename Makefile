@@ -9,12 +9,18 @@ B        := build
 
 PROGRAMS := $(B)/ddprun $(B)/minimal $(B)/engine $(B)/texture $(B)/texture_cxx $(B)/bench_allreduce $(B)/bench_overlap $(B)/copy_bw \
             $(B)/test_unit $(B)/test_collectives $(B)/test_equivalence $(B)/test_fault \
-            $(B)/test_overlap $(B)/test_bf16 $(B)/test_shard $(B)/test_embed $(B)/test_host $(B)/test_sampler $(B)/test_checkpoint $(B)/train_gpt $(B)/test_gpt \
+            $(B)/test_overlap $(B)/test_bf16 $(B)/test_shard $(B)/test_structs $(B)/test_embed $(B)/test_host $(B)/test_sampler $(B)/test_checkpoint $(B)/train_gpt $(B)/test_gpt \
             $(B)/train_gpt_emulated $(B)/test_gpt_gpu_emulated $(B)/test_fake_nccl $(B)/hosts_nccl_fake $(B)/test_bf16_params
 CHECKS   := $(B)/cxx_check.o
 PROGRAMS += $(B)/bench_shard_memory   # sharded optimizer: bytes per parameter (bench/RESULTS.md)
 PROGRAMS += $(B)/bench_bf16_step      # bf16 parameters: the library's part of a step (bench/RESULTS.md)
 PROGRAMS += $(B)/bench_adamw_guard    # bf16 parameters: the misuse guard's share of the AdamW pass
+# -Ofast (-ffast-math) programs keep the NaN guard: ddp.h's implementation built with gcc -Ofast
+# and clang -Ofast (tests/test_fastmath.c; run by tests/run.sh under ddprun -n 2). CLANG= (empty)
+# or no clang: the gcc build only.
+CLANG ?= $(shell command -v clang 2>/dev/null)
+FASTMATH := $(B)/test_fastmath_gcc $(if $(strip $(CLANG)),$(B)/test_fastmath_clang)
+PROGRAMS += $(FASTMATH)
 
 .PHONY: all mpi help run train-2-ranks deps bench-deps test test-asan test-tsan fuzz bench bench-gpt bench-gpu clean
 all: $(PROGRAMS) $(CHECKS) gpu mpi
@@ -135,6 +141,11 @@ $(B)/texture: examples/engine/texture.c ddp.h | $(B)
 	$(CC) -std=c99 $(CFLAGS) $(WARN) -o $@ $< $(LDLIBS)
 $(B)/texture_cxx: examples/engine/texture.c ddp.h | $(B)
 	$(CXX) -std=c++11 $(CFLAGS) $(WARN) -x c++ -o $@ $< -x none $(LDLIBS)
+
+$(B)/test_fastmath_gcc: tests/test_fastmath.c tests/testlib.h ddp.h | $(B)
+	$(CC) -std=c99 -Ofast -g $(WARN) -o $@ $< $(LDLIBS)
+$(B)/test_fastmath_clang: tests/test_fastmath.c tests/testlib.h ddp.h | $(B)
+	$(CLANG) -std=c99 -Ofast -g $(WARN) -o $@ $< $(LDLIBS)
 
 # The header, implementation included, must also compile as C++.
 $(B)/cxx_check.o: tests/cxx_check.cpp ddp.h | $(B)

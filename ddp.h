@@ -832,8 +832,8 @@ typedef struct ddp_sampler {
     uint64_t n;                /* samples in the dataset, >= 1 */
     int world, rank;           /* world >= 1 (0 is an error, not a default), 0 <= rank < world */
     uint64_t seed;             /* with the epoch, picks the permutation */
-    int shuffle;               /* 0: the dataset's order; else a permutation seeded by (seed, epoch) */
-    int drop_last;             /* 0: pad by repetition to ceil(n/world) a rank; else drop to floor(n/world) */
+    int shuffle;               /* 0: the dataset's order; 1: a permutation seeded by (seed, epoch) */
+    int drop_last;             /* 0: pad by repetition to ceil(n/world) a rank; 1: drop to floor(n/world) */
 } ddp_sampler;
 ddp_result ddp_sampler_count(const ddp_sampler *s, uint64_t *count_out);   /* this rank's samples per epoch */
 /* The dataset index of this rank's i-th sample of `epoch`, 0 <= i < count (else an error and
@@ -1180,6 +1180,37 @@ static double ddp__now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Non-finite values are found by their bits (exponent field all ones), never by isfinite():
+   -ffinite-math-only (in -ffast-math and -Ofast) lets the compiler assume no NaN/Inf exists and
+   fold isfinite(x) to 1, which silently removed the NaN guard. The empty asm hides the bits'
+   origin from the optimizer, so no flag can infer them from a float that "cannot" be NaN. */
+static int ddp__finite_f(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+#if defined(__GNUC__)
+    __asm__("" : "+r"(u));
+#endif
+    return (u & 0x7f800000u) != 0x7f800000u;
+}
+static int ddp__finite_d(double x) {
+    uint64_t u;
+    memcpy(&u, &x, sizeof u);
+#if defined(__GNUC__)
+    __asm__("" : "+r"(u));
+#endif
+    return (u & 0x7ff0000000000000ull) != 0x7ff0000000000000ull;
+}
+static int ddp__finite_bf16(uint16_t h) { return (h & 0x7f80u) != 0x7f80u; }
+/* x >= 0 and not NaN (the NaN test by bits: under fast-math !(x >= 0) is no NaN check) */
+static int ddp__nonneg_d(double x) {
+    uint64_t u;
+    memcpy(&u, &x, sizeof u);
+#if defined(__GNUC__)
+    __asm__("" : "+r"(u));
+#endif
+    return (u & 0x7fffffffffffffffull) <= 0x7ff0000000000000ull && x >= 0;
 }
 
 static void *ddp__calloc(size_t bytes) {
@@ -1655,7 +1686,7 @@ static ddp_result ddp__desc_from_env(ddp_context *ctx, ddp_desc *d) {
     if (d->timeout_s == 0 && (s = getenv("DDP_TIMEOUT")) != NULL && *s) {
         char *end;
         double t = strtod(s, &end);
-        if (*end || !(t > 0) || t > DDP__MAX_TIMEOUT_S)
+        if (*end || !ddp__nonneg_d(t) || t == 0 || t > DDP__MAX_TIMEOUT_S)
             return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_TIMEOUT='%s' is not a number of seconds in (0, %g]", s,
                              (double)DDP__MAX_TIMEOUT_S);
         d->timeout_s = t;
@@ -1696,8 +1727,9 @@ static ddp_result ddp__desc_validate(ddp_context *ctx, const ddp_desc *d) {
     if (d->reduce_dtype != DDP_DTYPE_FP32 && d->reduce_dtype != DDP_DTYPE_BF16)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: reduce_dtype %d is neither DDP_DTYPE_FP32 nor "
                          "DDP_DTYPE_BF16", (int)d->reduce_dtype);
-    if (!(d->timeout_s >= 0) || !(d->bucket_cap_mb >= 0) || !(d->first_bucket_mb >= 0) || d->world_size < 0 ||
-        !(d->inject_comm_latency_ms >= 0) || !(d->inject_comm_gbps >= 0) || !(d->shutdown_timeout_s >= 0))
+    if (!ddp__nonneg_d(d->timeout_s) || !ddp__nonneg_d(d->bucket_cap_mb) || !ddp__nonneg_d(d->first_bucket_mb) ||
+        d->world_size < 0 || !ddp__nonneg_d(d->inject_comm_latency_ms) || !ddp__nonneg_d(d->inject_comm_gbps) ||
+        !ddp__nonneg_d(d->shutdown_timeout_s))
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: timeout_s, bucket_cap_mb, first_bucket_mb, "
                          "world_size, shutdown_timeout_s and the inject_comm fields must not be negative (or NaN)");
     /* a wait is a poll of int milliseconds: past ~24 days it would wrap into "forever" */
@@ -1759,10 +1791,50 @@ static ddp_result ddp__resolve_group(ddp_context *ctx) {
     return DDP_OK;
 }
 
+/* The message every flag or enum field out of range ends with: the usual cause is a struct
+   filled field by field, whose newer fields (zero = the old behaviour) hold stack garbage. */
+#define DDP__ZERO_INIT_HINT "an uninitialized field? zero-initialize the struct (= {0} or designated initializers) " \
+                            "and set only the fields you use"
+
+/* The descriptor as the program gave it, before the environment and the defaults touch it:
+   every flag is 0 or 1, every enum in range, no number NaN (found by its bits: under -ffast-math
+   NaN == 0 may hold, and a NaN would silently become the default). */
+static ddp_result ddp__desc_check_given(ddp_context *ctx, const ddp_desc *d) {
+    const struct { const char *name; int value, max; } f[] = {
+        { "backend", (int)d->backend, (int)DDP_BACKEND_MPI },      { "find_unused", d->find_unused, 1 },
+        { "skip_nonfinite", d->skip_nonfinite, 1 },                 { "log_level", (int)d->log_level, (int)DDP_LOG_OFF },
+        { "reduce_dtype", (int)d->reduce_dtype, (int)DDP_DTYPE_BF16 }, { "uneven_inputs", (int)d->uneven_inputs, (int)DDP_JOIN_DIVIDE_BY_ACTIVE },
+        { "shard_optimizer", d->shard_optimizer, 1 },               { "param_dtype", (int)d->param_dtype, (int)DDP_DTYPE_BF16 },
+        { "check_ready", d->check_ready, 1 },
+    };
+    const struct { const char *name; double value; } x[] = {
+        { "timeout_s", d->timeout_s }, { "bucket_cap_mb", d->bucket_cap_mb }, { "first_bucket_mb", d->first_bucket_mb },
+        { "inject_comm_latency_ms", d->inject_comm_latency_ms }, { "inject_comm_gbps", d->inject_comm_gbps },
+        { "shutdown_timeout_s", d->shutdown_timeout_s },
+    };
+    size_t i;
+    for (i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (f[i].value < 0 || f[i].value > f[i].max)
+            return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.%s is %d, not %s%d: %s", f[i].name, f[i].value,
+                             f[i].max == 1 ? "0 or " : "in 0 .. ", f[i].max, DDP__ZERO_INIT_HINT);
+    for (i = 0; i < sizeof x / sizeof x[0]; i++)
+        if (!ddp__nonneg_d(x[i].value))
+            return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.%s is %g: it must not be negative or NaN (%s)",
+                             x[i].name, x[i].value, DDP__ZERO_INIT_HINT);
+    if (d->cancel_token) {
+        int c = __atomic_load_n(&d->cancel_token->cancelled, __ATOMIC_ACQUIRE);
+        if (c != 0 && c != 1)
+            return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.cancel_token holds %d, neither 0 (not cancelled) "
+                             "nor 1 (cancelled): %s", c, DDP__ZERO_INIT_HINT);
+    }
+    return DDP_OK;
+}
+
 /* The descriptor as ddp_config() reports it: copied, environment, defaults, checked, the group
    resolved. The backend is chosen later (>>group), once the backends are defined. */
 static ddp_result ddp__resolve_desc(ddp_context *ctx, const ddp_desc *in) {
     ddp_result r;
+    if (in && (r = ddp__desc_check_given(ctx, in)) != DDP_OK) return r;
     if (in) ctx->desc = *in;
     if ((r = ddp__desc_from_env(ctx, &ctx->desc)) != DDP_OK) return r;
     ddp__desc_defaults(&ctx->desc);
@@ -2855,7 +2927,7 @@ static ddp_result ddp__nonfinite(ddp_context *ctx, const float *grads, const ddp
         const ddp__param *p = &ctx->params[i];
         for (k = 0; k < p->count; k++) {
             float g = grads16 ? ddp__from_bf16(grads16[p->offset + k]) : grads[p->offset + k];
-            if (isfinite(g) || (ctx->desc.shard_optimizer && !ddp__holds(ctx, p->offset + k))) continue;
+            if ((grads16 ? ddp__finite_bf16(grads16[p->offset + k]) : ddp__finite_f(g)) || (ctx->desc.shard_optimizer && !ddp__holds(ctx, p->offset + k))) continue;
             if (ctx->desc.skip_nonfinite) {
                 if (ctx->rank == 0)
                     ddp__log(ctx, DDP_LOG_WARN, "optimizer step %lld skipped: the gradient of '%s' is %g at element "
@@ -2990,7 +3062,7 @@ static ddp_result ddp__adamw_prepare(ddp_context *ctx, const ddp_adamw *opt, flo
                                      float *grad_norm_out, ddp__adamw_now *now, int *skip) {
     *skip = 0;
     if (grad_norm_out) *grad_norm_out = (float)norm;
-    if (!isfinite(norm)) { *skip = 1; return ddp__nonfinite(ctx, ctx->flat_grads, ctx->grads_bf16, norm); }
+    if (!ddp__finite_d(norm)) { *skip = 1; return ddp__nonfinite(ctx, ctx->flat_grads, ctx->grads_bf16, norm); }
     now->clip = 1.0f;
     if (opt->max_grad_norm > 0 && norm > opt->max_grad_norm) now->clip = (float)(opt->max_grad_norm / (norm + 1e-6));
     ctx->adam_step++;
@@ -6017,7 +6089,7 @@ static ddp_result ddp__gpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b
         ddp__gpu_diverged(ctx);
         norm = sqrt(g->state_host->norm_sq);
         if (grad_norm_out) *grad_norm_out = (float)norm;
-        if (!isfinite(norm)) {   /* the device skipped the step; name the culprit like the CPU does */
+        if (!ddp__finite_d(norm)) {   /* the device skipped the step; name the culprit like the CPU does */
             size_t es = ctx->grads_bf16 ? sizeof(ddp_bf16) : sizeof(float);
             void *host = DDP_MALLOC(ctx->flat_count * es + 1);
             if (!host) return ddp__fail(ctx, DDP_ERR_NONFINITE, "optimizer step %lld: the gradient norm is %g", ctx->adam_step + 1, norm);
@@ -6986,13 +7058,18 @@ static ddp_result ddp__adamw_step(ddp_context *ctx, const ddp_adamw *opt, float 
     if (ctx->in_step)
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_adamw_step while a backward is in flight (call ddp_finish first)");
     if (!opt) return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_adamw_step needs options (a ddp_adamw)");
+    if (opt->as_given != 0 && opt->as_given != 1)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_adamw.as_given is %d, not 0 or 1: %s", opt->as_given,
+                         DDP__ZERO_INIT_HINT);
     b1 = opt->beta1 != 0 || opt->as_given ? opt->beta1 : 0.9f;
     b2 = opt->beta2 != 0 || opt->as_given ? opt->beta2 : 0.999f;
     eps = opt->eps != 0 || opt->as_given ? opt->eps : 1e-8f;
-    if (!(opt->lr >= 0) || !(b1 >= 0 && b1 < 1) || !(b2 >= 0 && b2 < 1) || !(eps >= 0) ||
-        !(opt->weight_decay >= 0) || !(opt->max_grad_norm >= 0))
+    if (!ddp__nonneg_d(opt->lr) || !ddp__nonneg_d(b1) || !(b1 < 1) || !ddp__nonneg_d(b2) || !(b2 < 1) ||
+        !ddp__nonneg_d(eps) || !ddp__nonneg_d(opt->weight_decay) || !ddp__nonneg_d(opt->max_grad_norm) ||
+        !ddp__finite_d(opt->lr) || !ddp__finite_d(eps) || !ddp__finite_d(opt->weight_decay) ||
+        !ddp__finite_d(opt->max_grad_norm))
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_adamw: lr=%g beta1=%g beta2=%g eps=%g weight_decay=%g "
-                         "max_grad_norm=%g out of range (lr, eps, weight_decay, max_grad_norm >= 0; betas in [0, 1))",
+                         "max_grad_norm=%g out of range (lr, eps, weight_decay, max_grad_norm finite and >= 0; betas in [0, 1))",
                          opt->lr, b1, b2, eps, opt->weight_decay, opt->max_grad_norm);
     if ((r = ddp__check_averaged(ctx)) != DDP_OK) return r;
     t0 = ddp__now();
@@ -8365,6 +8442,11 @@ static ddp_result ddp__sampler_valid(const ddp_sampler *s, const char *call) {
     if (!s) return ddp__no_context(DDP_ERR_INVALID_ARGUMENT, call, "the sampler is NULL");
     if (s->n == 0) {
         snprintf(why, sizeof why, "rank %d: the sampler's dataset is empty (n = 0)", s->rank);
+        return ddp__no_context(DDP_ERR_INVALID_ARGUMENT, call, why);
+    }
+    if ((s->shuffle != 0 && s->shuffle != 1) || (s->drop_last != 0 && s->drop_last != 1)) {
+        snprintf(why, sizeof why, "ddp_sampler.%s is %d, not 0 or 1: %s", s->shuffle != 0 && s->shuffle != 1 ? "shuffle" : "drop_last",
+                 s->shuffle != 0 && s->shuffle != 1 ? s->shuffle : s->drop_last, DDP__ZERO_INIT_HINT);
         return ddp__no_context(DDP_ERR_INVALID_ARGUMENT, call, why);
     }
     if (s->world < 1) {

@@ -45,6 +45,12 @@ run "ddprun" tests/test_ddprun.sh "$B/ddprun"
 run "ranks on several namespace hosts (tools/hosts.sh): own /dev/shm, stranger refused, CPU backend refused, NCCL set-up, a host killed or cut off" tests/test_hosts.sh "$B"
 run "the MPI backend on 2 namespace hosts (mpirun): equivalence hierarchical and flat, collectives, GPT, ddprun refused, a host killed or cut off" tests/test_mpi_hosts.sh "$B"
 run "minimal example, 2 ranks" "$B/ddprun" -n 2 "$B/minimal"
+# -Ofast builds keep the NaN guard (non-finite found by bits): gcc and clang, a NaN/Inf in one rank
+for cc in gcc clang; do
+    if [ -x "$B/test_fastmath_$cc" ]; then run "NaN guard under $cc -Ofast, 2 ranks" "$B/ddprun" -n 2 "$B/test_fastmath_$cc"
+    else echo "SKIP fastmath_$cc: $B/test_fastmath_$cc not built (no $cc)"; skipped=$((skipped + 1)); fi
+done
+run "public structs with garbage in a flag, enum or number field: refused, zero-initialize" "$B/test_structs"
 # Checkpoints (ddp_save / ddp_load): saved on 2 ranks, loaded on 3, 1 and 2; refusals; another model.
 # ZeRO-1 (ddp_desc.shard_optimizer): the *-sharded phases SKIP until ddp.h has it and the build
 # defines DDP_HAS_SHARD_OPTIMIZER; then: the unsharded checkpoint loaded sharded on 3 ranks, and
