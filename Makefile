@@ -50,7 +50,7 @@ WERROR     ?= -Werror all-warnings
 NVCC_EXTRA ?=
 NVFLAGS    ?= -O3 -g -std=c++17 -arch=$(CUDA_ARCH) -Xcompiler -Wall,-Wextra $(WERROR) $(NVCC_EXTRA)
 GPU_TESTS  := $(G)/test_gpu_kernels $(G)/test_gpu_train $(G)/test_gpu_overlap $(G)/nccl_version $(G)/c_link_check \
-              $(G)/test_kernel_math_host $(G)/test_gpt_gpu $(G)/hosts_nccl
+              $(G)/test_kernel_math_host $(G)/test_kernel_math_host_fastmath $(G)/test_gpt_gpu $(G)/hosts_nccl
 GPU_BENCH  := $(G)/bench_gpu
 GPU_TOOLS  := $(G)/train_gpt $(G)/gpu_count
 
@@ -73,6 +73,11 @@ $(G)/test_gpu_train: tests/gpu/test_gpu_train.cu tests/test_equivalence.c $(GPU_
 # built): host float operations must not be fused into multiply-adds, as on the device.
 $(G)/test_kernel_math_host: tests/gpu/test_kernel_math_host.cu $(GPU_DEPS) | $(G)
 	$(NVCC) $(NVFLAGS) --fmad=false -Xcompiler -ffp-contract=off $(GPU_INCS) -o $@ $< $(GPU_RPATH) $(NCCL_LINK) -lpthread
+# The same, with fast math: the device code compiled with --use_fast_math, the host reference with
+# -ffinite-math-only (isfinite folds to 1 there): the skipped NaN/Inf steps must still be skipped,
+# found by their bits; rounding unchanged (the kernels use _rn intrinsics; no contraction on the host).
+$(G)/test_kernel_math_host_fastmath: tests/gpu/test_kernel_math_host.cu $(GPU_DEPS) | $(G)
+	$(NVCC) $(NVFLAGS) --use_fast_math -Xcompiler -ffinite-math-only,-ffp-contract=off $(GPU_INCS) -o $@ $< $(GPU_RPATH) $(NCCL_LINK) -lpthread
 # One rank of the NCCL backend for tests/test_hosts.sh (the same source as the fake build below).
 $(G)/hosts_nccl: tests/hosts_nccl.c ddp.h ddp_kernels.cuh | $(G)
 	$(NVCC) $(NVFLAGS) $(GPU_INCS) -x cu -o $@ $< $(GPU_RPATH) $(NCCL_LINK) -lpthread

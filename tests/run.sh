@@ -86,6 +86,7 @@ run "NCCL backend on a fake GPU (tests/fakegpu): training = CPU backend, collect
 run "bf16 parameters, fp32 master: float64 reference, CPU = NCCL on the fake GPU, sharded, checkpoints" "$B/test_bf16_params"
 # The GPU kernels' arithmetic on the host: built wherever nvcc is, needs no GPU.
 if [ -x "$B/gpu/test_kernel_math_host" ]; then run "gpu kernel math on the host" "$B/gpu/test_kernel_math_host"; fi
+if [ -x "$B/gpu/test_kernel_math_host_fastmath" ]; then run "gpu kernel math on the host, --use_fast_math / -ffinite-math-only (NaN steps still skipped)" "$B/gpu/test_kernel_math_host_fastmath"; fi
 run "gpu_paths.sh: NCCL and cuBLAS in toolkit and wheel layouts" tests/test_gpu_paths.sh
 run "GPU machine's check scripts, dry run (no GPU: every step SKIPs)" tests/test_gpu_check.sh "$B"
 run "gpu" tests/gpu/run.sh "$B"
