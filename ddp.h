@@ -1165,6 +1165,7 @@ struct ddp_context {
     int join_shadow;               /* ddp_join's shadow step: the count is taken already */
     int join_pending;              /* micro-steps with sync off since the last zero_grad or sync */
     int grads_averaged;            /* a ddp_finish with sync on since the last ddp_adamw_step (>>adamw) */
+    int quiet;                     /* ddp__shutdown's goodbye: a store already gone is expected, not logged */
     unsigned char *ready_copy;     /* check_ready: each gradient as it was when marked ready (>>step) */
     int tape_failed;               /* a ddp_tape_record since the last backward failed (>>step) */
 
@@ -1271,7 +1272,7 @@ static ddp_result ddp__fail(ddp_context *ctx, ddp_result code, const char *fmt, 
     if (ctx->rank >= 0) snprintf(ctx->err, sizeof ctx->err, "rank %d: %s", ctx->rank, msg);
     else snprintf(ctx->err, sizeof ctx->err, "pid %d (rank not known yet): %s", (int)getpid(), msg);
     pthread_mutex_unlock(&ctx->err_lock);
-    ddp__log(ctx, DDP_LOG_DEBUG, "%s", msg);
+    if (!ctx->quiet) ddp__log(ctx, DDP_LOG_DEBUG, "%s", msg);
     return code;
 }
 
@@ -6466,7 +6467,11 @@ static ddp_result ddp__shutdown(ddp_context *ctx) {
     if (ctx->store_fd >= 0 && r == DDP_OK && !ddp__failed(ctx)) {   /* every rank is here: hanging up is no death */
         char bye[32];
         snprintf(bye, sizeof bye, "bye/%d", ctx->rank);
-        (void)ddp__store_set(ctx, bye, "1", 1);   /* a failure here is the close below, as before */
+        /* every rank passed the barrier: rank 0 may have closed its store already, which is no
+           failure, and not logged even at debug (the context is freed below: nothing reads it) */
+        ctx->quiet = 1;
+        (void)ddp__store_set(ctx, bye, "1", 1);
+        ctx->quiet = 0;
     }
     if (ctx->store_fd >= 0) close(ctx->store_fd);
     ctx->store_fd = -1;   /* a late poison must not write to a reused descriptor */
