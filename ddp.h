@@ -667,6 +667,10 @@ typedef struct ddp_desc {
 
 typedef struct ddp_context ddp_context;
 
+/* The flat buffers' layout (MEMORY LAYOUT in the manual): parameter i starts at the sum of the
+   earlier parameters' counts, each rounded up to a multiple of this many floats (64 bytes). */
+#define DDP_PARAM_ALIGN_FLOATS 16
+
 /* Parameter flags. */
 enum { DDP_NO_DECAY = 1 << 0 };   /* AdamW skips weight decay for this parameter */
 
@@ -753,6 +757,12 @@ ddp_result ddp_zero_grad(ddp_context *ctx);
 void ddp_set_sync(ddp_context *ctx, int enabled);
 
 ddp_result ddp_adamw_step(ddp_context *ctx, const ddp_adamw *opt, float *grad_norm_out);
+/* The program's own optimizer on ddp.h's buffers: call this right before its update. It keeps
+   ddp_adamw_step's guard: DDP_ERR_INVALID_STATE (nothing changes) unless a synchronizing
+   ddp_finish averaged the gradients since the last step (ddp_adamw_step or this call), which
+   it then marks used. Not with shard_optimizer (only this rank's part is averaged). The
+   NaN/Inf check stays the program's (find NaN by bits under -ffast-math: README). */
+ddp_result ddp_consume_grads(ddp_context *ctx);
 /* Optimizer state for checkpoints: m and v are flat like the parameters (device memory on NCCL);
    with shard_optimizer they hold this rank's parts only (SHARDED OPTIMIZER in the manual).
    *step is host memory on every backend. */
@@ -923,7 +933,6 @@ extern "C" {
    pipeline chunk after chunk.
    -------------------------------------------------------------------------------------------- */
 #define DDP__NAME_MAX 128
-#define DDP__ALIGN_FLOATS 16                 /* parameters start on 64-byte boundaries */
 #define DDP__CHUNK_BYTES (256u * 1024u)
 #define DDP__SLOTS 4u
 #define DDP__AVG_BLOCK 512                   /* elements summed at a time by an in-place bucket's average, 3+ ranks */
@@ -1166,6 +1175,10 @@ struct ddp_context {
     int join_pending;              /* micro-steps with sync off since the last zero_grad or sync */
     int grads_averaged;            /* a ddp_finish with sync on since the last ddp_adamw_step (>>adamw) */
     int quiet;                     /* ddp__shutdown's goodbye: a store already gone is expected, not logged */
+    int tape_step;                 /* this backward is the tape's replay (messages speak of ops), else ddp_grad_ready's */
+    int ready_moment;              /* this backward's moments: tape ops replayed, or ddp_grad_ready calls */
+    int first_launch_moment;       /* the moment the first bucket was launched (-1: not yet) */
+    int overlap_warned;            /* the no-overlap warning was given (once a context) */
     unsigned char *ready_copy;     /* check_ready: each gradient as it was when marked ready (>>step) */
     int tape_failed;               /* a ddp_tape_record since the last backward failed (>>step) */
 
@@ -3459,7 +3472,7 @@ static ddp_result ddp__shm_check_sigs(ddp_context *ctx) {
 
 /* The part of an m-element chunk that rank s reduces: 64-byte aligned, possibly empty. */
 static void ddp__part(size_t m, int world, int s, size_t *lo, size_t *hi) {
-    size_t part = ddp__round_up((m + (size_t)world - 1) / (size_t)world, DDP__ALIGN_FLOATS);
+    size_t part = ddp__round_up((m + (size_t)world - 1) / (size_t)world, DDP_PARAM_ALIGN_FLOATS);
     *lo = part * (size_t)s < m ? part * (size_t)s : m;
     *hi = *lo + part < m ? *lo + part : m;
 }
@@ -6731,6 +6744,31 @@ static ddp_result ddp__ready_check_alloc(ddp_context *ctx) {
     return DDP_OK;
 }
 
+/* DDP_LOG=info: the bucket plan, once (rank 0; every rank has the same), so a program can see
+   which gradients travel together and in which order. */
+static void ddp__log_plan(ddp_context *ctx) {
+    int b, shown = 0;
+    size_t elem = ctx->desc.param_dtype == DDP_DTYPE_BF16 ? sizeof(ddp_bf16) : sizeof(float);
+    if (ctx->rank != 0 || ctx->desc.log_level > DDP_LOG_INFO) return;
+    ddp__log(ctx, DDP_LOG_INFO, "bucket plan: %d parameter(s), %zu floats (%.3f MiB of %s gradients, parameters "
+             "on %d-float boundaries) in %d bucket(s) (first_bucket_mb %g, bucket_cap_mb %g); launched in this order, "
+             "each as soon as its last parameter is ready, in reverse registration order:", ctx->num_params,
+             ctx->flat_count, (double)(ctx->flat_count * elem) / 1048576.0, elem == 2 ? "bf16" : "fp32",
+             DDP_PARAM_ALIGN_FLOATS, ctx->num_buckets, ctx->desc.first_bucket_mb, ctx->desc.bucket_cap_mb);
+    for (b = 0; b < ctx->num_buckets && shown < 32; b++, shown++) {
+        const ddp__bucket *k = &ctx->buckets[b];
+        int n = k->last_param - k->first_param + 1;
+        ddp__log(ctx, DDP_LOG_INFO, "  bucket %d: %.3f MiB, floats [%zu, %zu), %d parameter(s): '%s'%s%s%s", b,
+                 (double)(k->count * elem) / 1048576.0, k->offset, k->offset + k->count, n, ctx->params[k->last_param].name,
+                 n > 1 ? " .. '" : "", n > 1 ? ctx->params[k->first_param].name : "", n > 1 ? "'" : "");
+    }
+    if (b < ctx->num_buckets) ddp__log(ctx, DDP_LOG_INFO, "  ... and %d more bucket(s)", ctx->num_buckets - b);
+    if (ctx->num_buckets == 1 && ctx->world > 1)
+        ddp__log(ctx, DDP_LOG_INFO, "one bucket holds every gradient: its average can begin only when the last "
+                 "parameter is ready, so no communication overlaps the backward (right for a small model; a smaller "
+                 "first_bucket_mb / bucket_cap_mb splits it)");
+}
+
 /* The layout (parameters on 16-float boundaries), the backend's flat buffers, the buckets, the
    check that every rank registered the same, then the backend's own commit. */
 static ddp_result ddp__commit(ddp_context *ctx) {
@@ -6741,7 +6779,7 @@ static ddp_result ddp__commit(ddp_context *ctx) {
     if (ctx->num_params == 0) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_commit with no parameters registered");
     for (i = 0; i < ctx->num_params; i++) {
         ctx->params[i].offset = offset;
-        offset += ddp__round_up(ctx->params[i].count, DDP__ALIGN_FLOATS);
+        offset += ddp__round_up(ctx->params[i].count, DDP_PARAM_ALIGN_FLOATS);
     }
     ctx->flat_count = offset;
     if ((r = ctx->be->alloc_flat(ctx)) != DDP_OK) return r;
@@ -6756,6 +6794,7 @@ static ddp_result ddp__commit(ddp_context *ctx) {
         return ddp__fatal(ctx, r);
     if (ctx->desc.check_ready && (r = ddp__ready_check_alloc(ctx)) != DDP_OK) return r;
     ctx->committed = 1;
+    ddp__log_plan(ctx);
     return DDP_OK;
 }
 
@@ -6808,6 +6847,8 @@ static ddp_result ddp__begin_step(ddp_context *ctx) {
         if (r != DDP_OK) return r;
     }
     ctx->in_step = 1;
+    ctx->ready_moment = 0;
+    ctx->first_launch_moment = -1;
     ctx->step_start = ddp__now();
     memset(&ctx->stats, 0, sizeof ctx->stats);
     for (i = 0; i < ctx->num_buckets; i++)
@@ -6838,11 +6879,16 @@ static ddp_result ddp__ready_check_all(ddp_context *ctx) {
         ddp__param *p = &ctx->params[i];
         if (p->ready_copied && ddp__ready_check(ctx, p, 0) && !changed) changed = p;
     }
-    if (changed)
+    if (changed && ctx->tape_step)
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "check_ready: the gradient of '%s' changed after it was marked "
                          "ready (an op replayed later wrote it). List a parameter on the FIRST op recorded that uses "
                          "it (its backward runs last); with several ranks its bucket would have been averaged before "
                          "that write", changed->name);
+    if (changed)   /* the program's own backward: no tape, no ops */
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "check_ready: the gradient of '%s' changed after ddp_grad_ready "
+                         "marked it ready: call ddp_grad_ready for a parameter only once your backward has finished "
+                         "writing its gradient (every use of the parameter added in); with several ranks its bucket "
+                         "would have been averaged before that write", changed->name);
     return DDP_OK;
 }
 
@@ -6853,17 +6899,24 @@ static ddp_result ddp__grad_ready(ddp_context *ctx, int id) {
         return ddp__fail_group(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_grad_ready: no parameter has id %d", id);
     if ((r = ddp__begin_step(ctx)) != DDP_OK) return r;
     p = &ctx->params[id];
-    if (p->ready)
+    if (!ctx->tape_step) ctx->ready_moment++;   /* the tape counts its ops instead */
+    if (p->ready && ctx->tape_step)
         return ddp__fail_group(ctx, DDP_ERR_DOUBLE_READY, "the gradient of '%s' was marked ready twice in "
                                "one backward (list a parameter only with the op whose backward finishes it; or the "
                                "tape holds two forwards: one whose ddp_backward never ran, which ddp_tape_reset drops)",
                                p->name);
+    if (p->ready)
+        return ddp__fail_group(ctx, DDP_ERR_DOUBLE_READY, "ddp_grad_ready('%s') was called twice in one backward: call "
+                               "it once a step for each parameter, when its gradient is final (then ddp_finish ends "
+                               "the backward)", p->name);
     p->ready = 1;
     p->touched = 1;
     if (ctx->ready_copy) ddp__ready_check(ctx, p, 1);
     if (--ctx->buckets[p->bucket].pending == 0) {
         if (ctx->tl_main) { double t = ddp__now(); ddp__record(ctx, ctx->tl_main, DDP__EV_READY, t, t, p->bucket, 0); }
-        return ddp__launch_ready(ctx);
+        r = ddp__launch_ready(ctx);
+        if (ctx->first_launch_moment < 0 && ctx->next_launch > 0) ctx->first_launch_moment = ctx->ready_moment;
+        return r;
     }
     return DDP_OK;
 }
@@ -6891,9 +6944,15 @@ static ddp_result ddp__handle_unused(ddp_context *ctx) {
             len += (size_t)snprintf(names + len, sizeof names - len, "%s'%s'", len ? ", " : "", p->name);
     }
     if (unused > 8) snprintf(names + len, sizeof names - len, " and %d more", unused - 8);
-    if (unused)
+    if (unused && ctx->tape_step)
         return ddp__fail_group(ctx, DDP_ERR_UNUSED_PARAMETER, "%d parameter(s) got no gradient in this "
-                                         "backward: %s (set find_unused in ddp_desc if that is intended)", unused, names);
+                                         "backward: %s (no op recorded on the tape listed them; set find_unused in "
+                                         "ddp_desc if that is intended)", unused, names);
+    if (unused)   /* the program's own backward */
+        return ddp__fail_group(ctx, DDP_ERR_UNUSED_PARAMETER, "%d parameter(s) were never marked ready "
+                               "(ddp_grad_ready) in this backward: %s. Every parameter must be marked ready every "
+                               "step, once its gradient is final (set find_unused in ddp_desc if some legitimately "
+                               "get no gradient)", unused, names);
     return DDP_OK;
 }
 
@@ -6901,11 +6960,33 @@ static void ddp__end_step(ddp_context *ctx) {
     int i;
     for (i = 0; i < ctx->num_params; i++) ctx->params[i].ready = 0;
     ctx->in_step = 0;
+    ctx->tape_step = 0;
     ctx->tl_step++;
     ctx->stats.step = ctx->tl_step;
     /* NCCL: a synchronizing step's times arrive later, from its events (be->stats) */
     if (!ctx->be->stats_later || !ctx->sync_enabled) ctx->last_stats = ctx->stats;
     ddp__progress_step(ctx);
+}
+
+/* A synchronizing backward whose first bucket was complete only at its last moment (the last
+   tape op, or the last ddp_grad_ready call) overlapped no communication: say so once, with the
+   usual causes. ddp.h cannot see the backward's compute, so "moment" is what it can count;
+   ready calls back to back in one layer count as several (then this stays silent). */
+static void ddp__overlap_check(ddp_context *ctx) {
+    if (ctx->overlap_warned || ctx->world < 2 || ctx->num_buckets < 2 || ctx->ready_moment < 2) return;
+    if (ctx->first_launch_moment >= 0 && ctx->first_launch_moment < ctx->ready_moment) return;
+    ctx->overlap_warned = 1;
+    if (ctx->rank != 0) return;   /* the ranks run the same program: one says it */
+    ddp__log(ctx, DDP_LOG_WARN, "no gradient bucket was complete before the backward's last %s (step %lld): all %d "
+             "buckets (%.2f MiB) were averaged after it, none while it ran. Buckets complete in reverse registration "
+             "order (bucket 0 holds the last parameters registered): %s. A tensor that stacks every layer (all layers' "
+             "weights of one kind in one parameter) is final only when the backward ends: register one slice per layer "
+             "instead (README.md, \"Memory layout and overlap\"). DDP_LOG=info prints the bucket plan",
+             ctx->tape_step ? "op" : "ddp_grad_ready call", (long long)ctx->tl_step + 1, ctx->num_buckets,
+             (double)ctx->flat_count * sizeof(float) / 1048576.0,
+             ctx->tape_step ? "the op replayed first (recorded last) should list the parameters registered last"
+                            : "call ddp_grad_ready as soon as a gradient is final, the parameters registered last "
+                              "first (register them in the order the forward uses them)");
 }
 
 static ddp_result ddp__finish(ddp_context *ctx) {
@@ -6915,6 +6996,7 @@ static ddp_result ddp__finish(ddp_context *ctx) {
     t_wait = ddp__now();
     ctx->stats.backward_ms = 1e3 * (t_wait - ctx->step_start);
     if (ctx->sync_enabled) {
+        ddp__overlap_check(ctx);
         if ((r = ddp__handle_unused(ctx)) != DDP_OK) return r;
         if ((r = ddp__launch_ready(ctx)) != DDP_OK) return r;
         r = ctx->be->finish(ctx, t_wait);
@@ -7008,6 +7090,7 @@ static ddp_result ddp__backward(ddp_context *ctx) {
                          "last ddp_backward (called twice for one forward?); record each op's backward with "
                          "ddp_tape_record, or use ddp_grad_ready and ddp_finish");
     if ((r = ddp__begin_step(ctx)) != DDP_OK) { ddp__tape_reset(ctx); return r; }
+    ctx->tape_step = 1;
     if (ctx->tl_main && ctx->tape_len && ctx->forward_start != 0)
         ddp__record(ctx, ctx->tl_main, DDP__EV_FORWARD, ctx->forward_start, ctx->step_start, -1, 0);
     for (i = ctx->tape_len - 1; i >= 0 && r == DDP_OK; i--) {
@@ -7016,6 +7099,7 @@ static ddp_result ddp__backward(ddp_context *ctx) {
         int n = op->num_ids;
         double t0 = ctx->tl_main ? ddp__now() : 0;
         op->fn(ctx->tape_arena + op->args_offset);
+        ctx->ready_moment++;
         if (ctx->tl_main) ddp__tl_record_op(ctx, op, i, t0);
         for (k = 0; k < n && r == DDP_OK; k += 64) {
             int j, m = n - k < 64 ? n - k : 64;
@@ -7044,15 +7128,30 @@ static ddp_result ddp__zero_grad(ddp_context *ctx) {
 /* A step takes averaged gradients: a ddp_finish with sync on since the last step, at every world
    size (so that a program tried on one rank finds the mistake before it costs a multi-rank run).
    Without it the ranks would step on their own gradients and drift apart, every call "ok". */
-static ddp_result ddp__check_averaged(ddp_context *ctx) {
+static ddp_result ddp__check_averaged(ddp_context *ctx, const char *call) {
     if (ctx->join_pending)
-        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_adamw_step after a backward with gradient sync off "
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s after a backward with gradient sync off "
                          "(ddp_set_sync(ddp, 0)): these gradients are this rank's alone; turn sync on "
-                         "(ddp_set_sync(ddp, 1)) before the last micro-batch's backward");
+                         "(ddp_set_sync(ddp, 1)) before the last micro-batch's backward", call);
     if (!ctx->grads_averaged)
-        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_adamw_step with no ddp_backward or ddp_finish since the "
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s with no ddp_backward or ddp_finish since the "
                          "last step (or since ddp_commit): the gradients were never averaged across ranks; run the "
-                         "backward (ddp_backward, or ddp_grad_ready for each parameter and ddp_finish) first");
+                         "backward (ddp_backward, or ddp_grad_ready for each parameter and ddp_finish) first", call);
+    return DDP_OK;
+}
+
+/* The program's own optimizer keeps the guard ddp_adamw_step has: its step takes averaged
+   gradients, each average once. Sharded, only this rank's part was averaged: refused. */
+static ddp_result ddp__consume_grads(ddp_context *ctx) {
+    ddp_result r;
+    if (ctx->in_step)
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_consume_grads while a backward is in flight (call ddp_finish first)");
+    if (ctx->desc.shard_optimizer && ctx->world > 1)
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_consume_grads with shard_optimizer: only this rank's part of "
+                         "each bucket holds the average, so the program's own optimizer cannot step on ddp_flat_grads; "
+                         "use ddp_adamw_step, or turn shard_optimizer off");
+    if ((r = ddp__check_averaged(ctx, "ddp_consume_grads")) != DDP_OK) return r;
+    ctx->grads_averaged = 0;   /* the next step needs the next backward's averages */
     return DDP_OK;
 }
 
@@ -7076,7 +7175,7 @@ static ddp_result ddp__adamw_step(ddp_context *ctx, const ddp_adamw *opt, float 
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_adamw: lr=%g beta1=%g beta2=%g eps=%g weight_decay=%g "
                          "max_grad_norm=%g out of range (lr, eps, weight_decay, max_grad_norm finite and >= 0; betas in [0, 1))",
                          opt->lr, b1, b2, eps, opt->weight_decay, opt->max_grad_norm);
-    if ((r = ddp__check_averaged(ctx)) != DDP_OK) return r;
+    if ((r = ddp__check_averaged(ctx, "ddp_adamw_step")) != DDP_OK) return r;
     t0 = ddp__now();
     ctx->grads_averaged = 0;   /* the next step needs the next backward's averages */
     r = ctx->be->adamw(ctx, opt, b1, b2, eps, grad_norm_out);
@@ -8321,6 +8420,11 @@ ddp_step_stats ddp_last_step_stats(const ddp_context *ctx) {
 ddp_result ddp_adamw_step(ddp_context *ctx, const ddp_adamw *opt, float *grad_norm_out) {
     ddp_result r = ddp__usable(ctx, 1, "ddp_adamw_step");
     return r != DDP_OK ? r : ddp__adamw_step(ctx, opt, grad_norm_out);
+}
+
+ddp_result ddp_consume_grads(ddp_context *ctx) {
+    ddp_result r = ddp__usable(ctx, 1, "ddp_consume_grads");
+    return r != DDP_OK ? r : ddp__consume_grads(ctx);
 }
 
 ddp_result ddp_adamw_state(ddp_context *ctx, float **m, float **v, int64_t **step) {
