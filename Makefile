@@ -7,9 +7,9 @@ WARN     := -Wall -Wextra
 LDLIBS   := -lpthread -lm
 B        := build
 
-PROGRAMS := $(B)/ddprun $(B)/minimal $(B)/engine $(B)/texture $(B)/texture_cxx $(B)/bench_allreduce $(B)/bench_overlap $(B)/copy_bw \
+PROGRAMS := $(B)/ddprun $(B)/minimal $(B)/own_autograd $(B)/engine $(B)/texture $(B)/texture_cxx $(B)/bench_allreduce $(B)/bench_overlap $(B)/copy_bw \
             $(B)/test_unit $(B)/test_collectives $(B)/test_equivalence $(B)/test_fault \
-            $(B)/test_overlap $(B)/test_bf16 $(B)/test_shard $(B)/test_structs $(B)/test_embed $(B)/test_host $(B)/test_sampler $(B)/test_checkpoint $(B)/train_gpt $(B)/test_gpt \
+            $(B)/test_overlap $(B)/test_bf16 $(B)/test_shard $(B)/test_structs $(B)/test_own_path $(B)/test_embed $(B)/test_host $(B)/test_sampler $(B)/test_checkpoint $(B)/train_gpt $(B)/test_gpt \
             $(B)/train_gpt_emulated $(B)/test_gpt_gpu_emulated $(B)/test_fake_nccl $(B)/hosts_nccl_fake $(B)/test_bf16_params
 CHECKS   := $(B)/cxx_check.o
 PROGRAMS += $(B)/bench_shard_memory   # sharded optimizer: bytes per parameter (bench/RESULTS.md)
@@ -147,10 +147,12 @@ $(B)/texture: examples/engine/texture.c ddp.h | $(B)
 $(B)/texture_cxx: examples/engine/texture.c ddp.h | $(B)
 	$(CXX) -std=c++11 $(CFLAGS) $(WARN) -x c++ -o $@ $< -x none $(LDLIBS)
 
+# (make test-asan / test-tsan: -Ofast with the sanitizer flags of OPT)
+FASTMATH_SAN := $(filter -fsanitize=% -fno-sanitize-recover=% -fno-omit-frame-pointer,$(CFLAGS))
 $(B)/test_fastmath_gcc: tests/test_fastmath.c tests/testlib.h ddp.h | $(B)
-	$(CC) -std=c99 -Ofast -g $(WARN) -o $@ $< $(LDLIBS)
+	$(CC) -std=c99 -Ofast -g $(FASTMATH_SAN) $(WARN) -o $@ $< $(LDLIBS)
 $(B)/test_fastmath_clang: tests/test_fastmath.c tests/testlib.h ddp.h | $(B)
-	$(CLANG) -std=c99 -Ofast -g $(WARN) -o $@ $< $(LDLIBS)
+	$(CLANG) -std=c99 -Ofast -g $(FASTMATH_SAN) $(WARN) -o $@ $< $(LDLIBS)
 
 # The header, implementation included, must also compile as C++.
 $(B)/cxx_check.o: tests/cxx_check.cpp ddp.h | $(B)

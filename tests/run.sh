@@ -51,6 +51,8 @@ for cc in gcc clang; do
     else echo "SKIP fastmath_$cc: $B/test_fastmath_$cc not built (no $cc)"; skipped=$((skipped + 1)); fi
 done
 run "public structs with garbage in a flag, enum or number field: refused, zero-initialize" "$B/test_structs"
+run "own autograd (no tape): its error words, ddp_consume_grads, bucket plan, no-overlap warning, 2 ranks" "$B/ddprun" -n 2 "$B/test_own_path"
+run "own-autograd example: 2 ranks = 1 rank at 2x batch, accumulation, stacked tensor, own optimizer and AdamW; ddprun lines" tests/test_own_autograd.sh "$B"
 # Checkpoints (ddp_save / ddp_load): saved on 2 ranks, loaded on 3, 1 and 2; refusals; another model.
 # ZeRO-1 (ddp_desc.shard_optimizer): the *-sharded phases SKIP until ddp.h has it and the build
 # defines DDP_HAS_SHARD_OPTIMIZER; then: the unsharded checkpoint loaded sharded on 3 ranks, and
