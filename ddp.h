@@ -6,7 +6,8 @@
    batch N*B — only faster.
 
    CONTENTS
-     QUICK START · ONE STEP, AS DATA FLOWS · OPTIONS · ADAMW · SHARDED OPTIMIZER (ZeRO-1) ·
+     QUICK START · ONE STEP, AS DATA FLOWS · OWN AUTOGRAD · MEMORY LAYOUT AND OVERLAP · FAST MATH ·
+     STRUCTS ACROSS VERSIONS · OPTIONS · ADAMW · SHARDED OPTIMIZER (ZeRO-1) ·
      PARAMETER DTYPE (bf16 parameters, fp32 master weights) · CHECKPOINTS ·
      BACKENDS · ENVIRONMENT · ERRORS · NULL, LIFETIME AND THREADS · EMBEDDING: CANCEL, PROGRESS,
      UNEVEN INPUTS · SAMPLER · COMPILE-TIME OPTIONS ·
@@ -42,11 +43,59 @@
      is marked ready; when a bucket's last parameter is ready the bucket is handed to the
      backend, which averages it across ranks while backward goes on. Buckets are launched in
      bucket order on every rank. ddp_finish (called by ddp_backward) launches what is left and
-     waits for the rest. A program with its own autograd calls ddp_grad_ready and ddp_finish.
+     waits for the rest. A program with its own autograd calls ddp_grad_ready and ddp_finish
+     (OWN AUTOGRAD below).
      Gradient accumulation: ddp_set_sync(ddp, 0) for micro-steps 0..k-2 (nothing is sent), 1
      for the last. ddp_adamw_step takes averaged gradients only: with no ddp_finish (sync on)
      since the last step, or after a backward with sync off, it fails (DDP_ERR_INVALID_STATE)
      and changes nothing, at every world size, so that one rank finds the mistake too.
+
+   OWN AUTOGRAD (no tape; examples/own_autograd.c, README.md "Your own autograd")
+     ddp_zero_grad (a memset of ddp_flat_grads is the same only on host backends with fp32
+     parameters; ddp_zero_grad also resets find_unused's and ddp_join's marks), the program's
+     backward adding into the ddp_grad views, ddp_grad_ready(id) once for EVERY parameter in
+     EVERY backward (micro-steps too) as soon as its gradient is final, in any order (buckets
+     launch in bucket order on every rank, so the order changes the overlap, never the result),
+     then ddp_finish. Never marked: DDP_ERR_UNUSED_PARAMETER "never marked ready (ddp_grad_ready)"
+     (find_unused zero-fills instead); twice: DDP_ERR_DOUBLE_READY. The messages say ops only
+     when the backward is the tape's (ctx->tape_step). The program's own optimizer on
+     ddp_flat_params / ddp_flat_grads calls ddp_consume_grads first: the guard ddp_adamw_step
+     has (DDP_ERR_INVALID_STATE unless a synchronizing ddp_finish averaged the gradients since the
+     last step; each average is used once, by either). It loses the NaN check and the fixed-order
+     norm; refused with shard_optimizer. backward_ms starts at the first ready call.
+
+   MEMORY LAYOUT AND OVERLAP
+     Parameter i (registration order) starts at sum_{j<i} round_up(count_j, DDP_PARAM_ALIGN_FLOATS)
+     floats of ddp_flat_params (16: 64 bytes; the buffer is 64-byte aligned); padding is zero;
+     ddp_flat_grads and the bf16 buffers have the same offsets; nothing moves until ddp_shutdown.
+     Registered in the program's memory order with counts that are multiples of 16, the flat
+     buffer is the program's old layout. Buckets are contiguous, in reverse registration order,
+     sent when their last parameter is ready: a tensor stacking every layer is ready only when
+     the backward ends (no overlap) - register one slice per layer. A registration order other
+     than the memory order would make buckets non-contiguous (a staging copy of every gradient
+     twice a step, or a collective per tensor): not offered. DDP_LOG=info prints the bucket plan
+     at ddp_commit (rank 0); the first synchronizing backward (2+ ranks, 2+ buckets) whose first
+     bucket was complete only at its last moment (the last tape op, or the last ddp_grad_ready
+     call: ddp.h counts those, it cannot see compute) warns once (>>step, ddp__overlap_check).
+
+   FAST MATH (-Ofast, -ffast-math, nvcc --use_fast_math; tests/test_fastmath.c)
+     Non-finite values are found by their bits (exponent all ones: ddp__finite_f/_d/_bf16 in
+     >>util, ddp_k__finite_d in ddp_kernels.cuh), never by isfinite(), which -ffinite-math-only
+     folds to 1; so NaN/Inf gradients still give DDP_ERR_NONFINITE with the parameters unchanged
+     everywhere, and NaN options are still refused. Still true under fast math: the same bits on
+     every rank (one binary on every rank), N ranks = 1 rank at N x batch to float rounding.
+     Not: PyTorch's rounding, the documented summation order of the norm (reassociation), bits
+     equal to a build without fast math or between CPU and GPU, subnormals (flushed to zero).
+     The kernels' AdamW uses _rn intrinsics and a double norm: --use_fast_math changes only
+     subnormal floats there.
+
+   STRUCTS ACROSS VERSIONS
+     Public structs only grow (fields appended); a new field's zero is the old behaviour: zero-
+     initialize (= {0}, memset, designated initializers), set what you use. Every flag field
+     must be 0 or 1, every enum in range, no number NaN, else DDP_ERR_INVALID_ARGUMENT naming the
+     field and saying "zero-initialize the struct" (ddp_desc: ddp__desc_check_given before the
+     environment and defaults; ddp_adamw.as_given; ddp_sampler's shuffle and drop_last; the
+     cancel token's state).
 
    OPTIONS (ddp_desc; zero means default; the resolved values: ddp_config())
      backend          DDP_BACKEND_AUTO     which backend runs (BACKENDS below); ddp_config()->
@@ -487,14 +536,16 @@
    THE IMPLEMENTATION, SECTION BY SECTION (bottom-up; grep the marker, e.g. ">>cpu")
      >>types        tunables; parameters, buckets, tape ops, shared-segment blocks; ddp__cpu; the
                     backend table ddp__backend; ddp_context
-     >>util         time, aligned memory, logging, the error verbs (below), the cancel check
+     >>util         time, aligned memory, non-finite tests by bits (fast math), logging, the error
+                    verbs (below), the cancel check
      >>sampler      the distributed sampler's arithmetic: counts, the epoch's keyed permutation
                     (cycle-walking Feistel; an exact shuffle up to 32 samples), a rank's i-th
                     sample; pure (its entry points, which
                     only check the struct, are in >>public like every other)
      >>timeline     per-thread event lists, the Chrome trace written at shutdown
-     >>env          the launcher environment; the descriptor: environment, ddp__desc_defaults
-                    (every default, pure), validation, the group
+     >>env          the launcher environment; the descriptor: ddp__desc_check_given (flags, enums,
+                    NaN, as the program gave it), environment, ddp__desc_defaults (every default,
+                    pure), validation, the group
      >>store        the rendezvous store (server thread on rank 0, client on every rank)
      >>host         what single and cpu share: host flat buffers, AdamW arithmetic (bf16 parameters:
                     the working copy written in the same pass), bf16 rounding and conversions;
@@ -513,12 +564,15 @@
                     init, shutdown
      >>embed        progress: the seqlock the rank writes and any thread reads (cancel itself:
                     ddp__check_cancel in >>util, called by every wait)
-     >>params       registration, layout, buckets, the cross-rank layout check, commit; the bf16
+     >>params       registration, layout, buckets, the cross-rank layout check, commit and its
+                    bucket plan (DDP_LOG=info); the bf16
                     conversion generic code asks for (ddp__bf16_op: the master rounded into the
                     working copies; the gradients need none)
-     >>step         ready hooks, launch in bucket order, the tape, finish; with uneven inputs the
-                    count of the ranks with data that begins a synchronizing step
-     >>adamw        hyperparameters resolved and checked, handed to the backend
+     >>step         ready hooks, launch in bucket order, the tape, finish (the no-overlap check;
+                    messages worded for the tape or the program's own backward); with uneven
+                    inputs the count of the ranks with data that begins a synchronizing step
+     >>adamw        hyperparameters resolved and checked, handed to the backend; the averaged-
+                    gradients guard, and ddp_consume_grads for a program's own optimizer
      >>collectives  user collectives, host copies of the state
      >>join         uneven inputs: ddp_join's shadow steps, the replicas synced at the end
      >>checkpoint   ddp_save / ddp_load: the file format, the atomic write, the strict two-pass
