@@ -1883,16 +1883,16 @@ static ddp_result ddp__desc_check_given(ddp_context *ctx, const ddp_desc *d) {
     size_t i;
     for (i = 0; i < sizeof f / sizeof f[0]; i++)
         if (f[i].value < 0 || f[i].value > f[i].max)
-            return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.%s is %d, not %s%d: %s", f[i].name, f[i].value,
+            return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: %s %d is not %s%d: %s", f[i].name, f[i].value,
                              f[i].max == 1 ? "0 or " : "in 0 .. ", f[i].max, DDP__ZERO_INIT_HINT);
     for (i = 0; i < sizeof x / sizeof x[0]; i++)
         if (!ddp__nonneg_d(x[i].value))
-            return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.%s is %g: it must not be negative or NaN (%s)",
+            return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: %s is %g: must not be negative (or NaN); %s",
                              x[i].name, x[i].value, DDP__ZERO_INIT_HINT);
     if (d->cancel_token) {
         int c = __atomic_load_n(&d->cancel_token->cancelled, __ATOMIC_ACQUIRE);
         if (c != 0 && c != 1)
-            return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.cancel_token holds %d, neither 0 (not cancelled) "
+            return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: cancel_token holds %d, neither 0 (not cancelled) "
                              "nor 1 (cancelled): %s", c, DDP__ZERO_INIT_HINT);
     }
     return DDP_OK;

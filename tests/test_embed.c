@@ -250,7 +250,7 @@ static void test_step_needs_averaged(void) {
 static void test_desc_limits(void) {
     static const struct { const char *name, *needle; int field; double value; } cases[] = {
         { "embed_desc_timeout_infinite_refused", "timeout_s inf", 0, 0 },
-        { "embed_desc_timeout_nan_refused", "timeout_s is nan: it must not be negative or NaN", 0, 1 },
+        { "embed_desc_timeout_nan_refused", "must not be negative (or NaN)", 0, 1 },
         { "embed_desc_bucket_cap_infinite_refused", "bucket_cap_mb inf", 1, 0 },
         { "embed_desc_latency_infinite_refused", "inject_comm_latency_ms inf", 2, 0 },
     };
@@ -388,7 +388,7 @@ static void test_sizes_and_names(void) {
     d.find_unused = 7;
     ctx = NULL;
     r = ddp_init(&ctx, &d);
-    verdict(r == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(ctx), "ddp_desc.find_unused is 7, not 0 or 1"),
+    verdict(r == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(ctx), "ddp_desc: find_unused 7 is not 0 or 1"),
             "embed_desc_switch_not_0_or_1_refused", "%s: '%s'", ddp_result_string(r), ddp_last_error(ctx));
     ddp_shutdown(ctx);
     memset(&d, 0, sizeof d);
@@ -396,7 +396,7 @@ static void test_sizes_and_names(void) {
     d.log_level = (ddp_log_level)42;
     ctx = NULL;
     r = ddp_init(&ctx, &d);
-    verdict(r == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(ctx), "ddp_desc.log_level is 42, not in 0 .. 5"),
+    verdict(r == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(ctx), "ddp_desc: log_level 42 is not in 0 .. 5"),
             "embed_desc_log_level_out_of_range_refused", "%s: '%s'", ddp_result_string(r), ddp_last_error(ctx));
     ddp_shutdown(ctx);
 }

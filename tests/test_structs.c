@@ -21,7 +21,7 @@ static int says_zero_init(const char *msg, const char *field) {
         d.world_size = 1;                                                                              \
         d.field = (type)(v);                                                                           \
         r = ddp_init(&c, &d);                                                                          \
-        if (r != DDP_ERR_INVALID_ARGUMENT || !says_zero_init(ddp_last_error(c), "ddp_desc." #field)) { \
+        if (r != DDP_ERR_INVALID_ARGUMENT || !says_zero_init(ddp_last_error(c), "ddp_desc: " #field " ")) { \
             printf("FAIL struct_desc_%s: value %d gave %s: %s\n", #field, (int)(v), ddp_result_string(r),  \
                    ddp_last_error(c));                                                                 \
             bad++;                                                                                     \
@@ -66,7 +66,7 @@ int main(void) {
         tok.cancelled = 0x5a5a5a5a;
         d.cancel_token = &tok;
         r = ddp_init(&c, &d);
-        verdict(r == DDP_ERR_INVALID_ARGUMENT && says_zero_init(ddp_last_error(c), "cancel_token"),
+        verdict(r == DDP_ERR_INVALID_ARGUMENT && says_zero_init(ddp_last_error(c), "ddp_desc: cancel_token"),
                 "struct_cancel_token_garbage_refused", "%s: %s", ddp_result_string(r), ddp_last_error(c));
         ddp_shutdown(c);
     }
