@@ -7027,7 +7027,7 @@ static void ddp__end_step(ddp_context *ctx) {
    usual causes. ddp.h cannot see the backward's compute, so "moment" is what it can count;
    ready calls back to back in one layer count as several (then this stays silent). */
 static void ddp__overlap_check(ddp_context *ctx) {
-    if (ctx->overlap_warned || ctx->world < 2 || ctx->num_buckets < 2 || ctx->ready_moment < 2) return;
+    if (ctx->overlap_warned || ctx->join_shadow || ctx->world < 2 || ctx->num_buckets < 2 || ctx->ready_moment < 2) return;
     if (ctx->first_launch_moment >= 0 && ctx->first_launch_moment < ctx->ready_moment) return;
     ctx->overlap_warned = 1;
     if (ctx->rank != 0) return;   /* the ranks run the same program: one says it */
