@@ -7219,6 +7219,10 @@ static ddp_result ddp__adamw_step(ddp_context *ctx, const ddp_adamw *opt, float 
     if (opt->as_given != 0 && opt->as_given != 1)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_adamw.as_given is %d, not 0 or 1: %s", opt->as_given,
                          DDP__ZERO_INIT_HINT);
+    /* NaN by bits first: under -ffast-math NaN != 0 may be false, and a NaN would become the default */
+    if (!ddp__finite_d(opt->beta1) || !ddp__finite_d(opt->beta2) || !ddp__finite_d(opt->eps))
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_adamw: beta1=%g beta2=%g eps=%g: not finite numbers (%s)",
+                         opt->beta1, opt->beta2, opt->eps, DDP__ZERO_INIT_HINT);
     b1 = opt->beta1 != 0 || opt->as_given ? opt->beta1 : 0.9f;
     b2 = opt->beta2 != 0 || opt->as_given ? opt->beta2 : 0.999f;
     eps = opt->eps != 0 || opt->as_given ? opt->eps : 1e-8f;

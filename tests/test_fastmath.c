@@ -21,7 +21,7 @@ static float runtime_inf(void) { volatile float z = 0.0f; return 1.0f / z; }
 
 typedef struct run { ddp_context *ddp; int ids[3]; const char *name; } run;
 
-static int open_run(run *t, ddp_dtype dtype, int skip_nonfinite) {
+static int open_run(run *t, ddp_dtype dtype, int skip_nonfinite, int shard) {
     static float init[NA + NB + NC];
     ddp_desc d;
     ddp_result r;
@@ -32,6 +32,7 @@ static int open_run(run *t, ddp_dtype dtype, int skip_nonfinite) {
     memset(&d, 0, sizeof d);
     d.param_dtype = dtype;
     d.skip_nonfinite = skip_nonfinite;
+    d.shard_optimizer = shard;
     d.bucket_cap_mb = 0.01;        /* several buckets */
     d.first_bucket_mb = 0.01;
     for (i = 0; i < NA + NB + NC; i++) init[i] = test_value(7, (uint64_t)i);
@@ -79,14 +80,18 @@ static ddp_result backward(run *t, int step, long poison, float bad) {
     return ddp_finish(t->ddp);
 }
 
-/* A hash of the parameters (the master with bf16), and whether every rank holds the same. */
+/* A hash of this rank's parameters (with bf16: the master, sharded only this rank's parts, and
+   the working copies), and whether every rank holds the same (fp32: the parameters; bf16: the
+   working copies, which every rank holds whole). */
 static uint64_t params_hash(run *t, int *same_everywhere) {
-    size_t n;
+    size_t n, n16 = 0;
     const float *p = ddp_flat_params(t->ddp, &n);
-    uint64_t h = test_hash(p, n * sizeof(float));
+    const ddp_bf16 *w = ddp_config(t->ddp)->param_dtype == DDP_DTYPE_BF16 ? ddp_flat_params_bf16(t->ddp, &n16) : NULL;
+    uint64_t h = test_hash(p, n * sizeof(float)), shared = w ? test_hash(w, n16 * sizeof(ddp_bf16)) : h;
     float mine[2], all[2];
-    mine[0] = (float)(h & 0xffffff);
-    mine[1] = (float)((h >> 24) & 0xffffff);
+    if (w) h ^= shared * 31;
+    mine[0] = (float)(shared & 0xffffff);
+    mine[1] = (float)((shared >> 24) & 0xffffff);
     all[0] = mine[0]; all[1] = mine[1];
     *same_everywhere = 0;
     if (ddp_broadcast(t->ddp, all, sizeof all, 0) == DDP_OK)
@@ -95,7 +100,7 @@ static uint64_t params_hash(run *t, int *same_everywhere) {
     return h;
 }
 
-static void nonfinite_case(ddp_dtype dtype, int skip, float bad, const char *name) {
+static void nonfinite_case(ddp_dtype dtype, int skip, int shard, float bad, const char *name) {
     run t;
     ddp_adamw opt;
     uint64_t before, after;
@@ -105,7 +110,7 @@ static void nonfinite_case(ddp_dtype dtype, int skip, float bad, const char *nam
     char label[128];
     memset(&opt, 0, sizeof opt);
     opt.lr = 1e-2f; opt.weight_decay = 0.1f; opt.max_grad_norm = 1.0f;
-    if (!open_run(&t, dtype, skip)) return;
+    if (!open_run(&t, dtype, skip, shard)) return;
     /* one good step first: the state is not the initial one */
     if (backward(&t, 0, -1, 0) != DDP_OK || ddp_adamw_step(t.ddp, &opt, NULL) != DDP_OK) {
         printf("FAIL fastmath_%s: a finite step failed: %s\n", name, ddp_last_error(t.ddp));
@@ -123,7 +128,8 @@ static void nonfinite_case(ddp_dtype dtype, int skip, float bad, const char *nam
                 before == after ? "unchanged" : "CHANGED", same_after ? "equal" : "DIFFER");
     else
         verdict(good && r == DDP_ERR_NONFINITE && before == after && same_before && same_after &&
-                strstr(ddp_last_error(t.ddp), "c.weight") && strstr(ddp_last_error(t.ddp), "element 1234"), label,
+                ((strstr(ddp_last_error(t.ddp), "c.weight") && strstr(ddp_last_error(t.ddp), "element 1234")) ||
+                 (shard && strstr(ddp_last_error(t.ddp), "in another rank's shard"))), label,
                 "expected DDP_ERR_NONFINITE naming c.weight element 1234 with parameters unchanged on every rank; got %s "
                 "(%s), parameters %s, ranks %s", ddp_result_string(r), ddp_last_error(t.ddp),
                 before == after ? "unchanged" : "CHANGED", same_after ? "equal" : "DIFFER");
@@ -147,29 +153,36 @@ int main(void) {
            "gcc -Ofast",
 #endif
            isfinite(nan_) ? 1 : 0);
-    nonfinite_case(DDP_DTYPE_FP32, 0, runtime_nan(), "nan_fp32_nonfinite_everywhere_params_unchanged");
-    nonfinite_case(DDP_DTYPE_FP32, 0, runtime_inf(), "inf_fp32_nonfinite_everywhere_params_unchanged");
-    nonfinite_case(DDP_DTYPE_FP32, 1, runtime_nan(), "nan_fp32_skip_nonfinite_skipped_everywhere");
-    nonfinite_case(DDP_DTYPE_BF16, 0, runtime_nan(), "nan_bf16_nonfinite_everywhere_params_unchanged");
-    nonfinite_case(DDP_DTYPE_BF16, 0, -runtime_inf(), "inf_bf16_nonfinite_everywhere_params_unchanged");
+    nonfinite_case(DDP_DTYPE_FP32, 0, 0, runtime_nan(), "nan_fp32_nonfinite_everywhere_params_unchanged");
+    nonfinite_case(DDP_DTYPE_FP32, 0, 0, runtime_inf(), "inf_fp32_nonfinite_everywhere_params_unchanged");
+    nonfinite_case(DDP_DTYPE_FP32, 1, 0, runtime_nan(), "nan_fp32_skip_nonfinite_skipped_everywhere");
+    nonfinite_case(DDP_DTYPE_BF16, 0, 0, runtime_nan(), "nan_bf16_nonfinite_everywhere_params_unchanged");
+    nonfinite_case(DDP_DTYPE_BF16, 0, 0, -runtime_inf(), "inf_bf16_nonfinite_everywhere_params_unchanged");
+    /* sharded (ZeRO-1): each rank checks its own part; the norm's blocks reach every rank */
+    nonfinite_case(DDP_DTYPE_FP32, 0, 1, runtime_nan(), "nan_fp32_sharded_nonfinite_everywhere_params_unchanged");
+    nonfinite_case(DDP_DTYPE_BF16, 0, 1, runtime_nan(), "nan_bf16_sharded_nonfinite_everywhere_params_unchanged");
     {   /* NaN options are refused by bits too: a NaN lr, a NaN timeout */
         run t;
         ddp_adamw opt;
         ddp_desc d;
         ddp_context *c = NULL;
-        ddp_result r1 = DDP_OK, r2;
+        ddp_result r1 = DDP_OK, r2, r3 = DDP_OK;
         memset(&opt, 0, sizeof opt);
-        if (open_run(&t, DDP_DTYPE_FP32, 0)) {
+        if (open_run(&t, DDP_DTYPE_FP32, 0, 0)) {
             opt.lr = runtime_nan();
             if (backward(&t, 0, -1, 0) == DDP_OK) r1 = ddp_adamw_step(t.ddp, &opt, NULL);
+            opt.lr = 1e-3f;
+            opt.beta1 = runtime_nan();   /* not taken for 0 (the default 0.9): NaN != 0 may fold here */
+            r3 = ddp_adamw_step(t.ddp, &opt, NULL);
             ddp_shutdown(t.ddp);
         }
         memset(&d, 0, sizeof d);
         d.timeout_s = runtime_nan();
         d.world_size = 1;
         r2 = ddp_init(&c, &d);
-        verdict(r1 == DDP_ERR_INVALID_ARGUMENT && r2 == DDP_ERR_INVALID_ARGUMENT, "fastmath_nan_options_refused",
-                "adamw lr = NaN: %s; ddp_desc.timeout_s = NaN: %s", ddp_result_string(r1), ddp_result_string(r2));
+        verdict(r1 == DDP_ERR_INVALID_ARGUMENT && r2 == DDP_ERR_INVALID_ARGUMENT && r3 == DDP_ERR_INVALID_ARGUMENT,
+                "fastmath_nan_options_refused", "adamw lr = NaN: %s; beta1 = NaN: %s; ddp_desc.timeout_s = NaN: %s",
+                ddp_result_string(r1), ddp_result_string(r3), ddp_result_string(r2));
         ddp_shutdown(c);
     }
     return test_failures ? 1 : 0;
