@@ -76,7 +76,10 @@
      twice a step, or a collective per tensor): not offered. DDP_LOG=info prints the bucket plan
      at ddp_commit (rank 0); the first synchronizing backward (2+ ranks, 2+ buckets) whose first
      bucket was complete only at its last moment (the last tape op, or the last ddp_grad_ready
-     call: ddp.h counts those, it cannot see compute) warns once (>>step, ddp__overlap_check).
+     call: ddp.h counts those, it cannot see compute) warns once (>>step, ddp__overlap_check);
+     without a tape, ready calls back to back count as several moments, so a first bucket
+     complete under 2% of the step (since the previous ddp_finish, >= 1 ms) before ddp_finish is
+     warned too, with the measured times.
 
    FAST MATH (-Ofast, -ffast-math, nvcc --use_fast_math; tests/test_fastmath.c)
      Non-finite values are found by their bits (exponent all ones: ddp__finite_f/_d/_bf16 in
@@ -1232,6 +1235,7 @@ struct ddp_context {
     int tape_step;                 /* this backward is the tape's replay (messages speak of ops), else ddp_grad_ready's */
     int ready_moment;              /* this backward's moments: tape ops replayed, or ddp_grad_ready calls */
     int first_launch_moment;       /* the moment the first bucket was launched (-1: not yet) */
+    double first_launch_time;      /* and when (ddp__now) */
     int overlap_warned;            /* the no-overlap warning was given (once a context) */
     unsigned char *ready_copy;     /* check_ready: each gradient as it was when marked ready (>>step) */
     int tape_failed;               /* a ddp_tape_record since the last backward failed (>>step) */
@@ -6969,7 +6973,10 @@ static ddp_result ddp__grad_ready(ddp_context *ctx, int id) {
     if (--ctx->buckets[p->bucket].pending == 0) {
         if (ctx->tl_main) { double t = ddp__now(); ddp__record(ctx, ctx->tl_main, DDP__EV_READY, t, t, p->bucket, 0); }
         r = ddp__launch_ready(ctx);
-        if (ctx->first_launch_moment < 0 && ctx->next_launch > 0) ctx->first_launch_moment = ctx->ready_moment;
+        if (ctx->first_launch_moment < 0 && ctx->next_launch > 0) {
+            ctx->first_launch_moment = ctx->ready_moment;
+            ctx->first_launch_time = ddp__now();
+        }
         return r;
     }
     return DDP_OK;
@@ -7024,11 +7031,28 @@ static void ddp__end_step(ddp_context *ctx) {
 
 /* A synchronizing backward whose first bucket was complete only at its last moment (the last
    tape op, or the last ddp_grad_ready call) overlapped no communication: say so once, with the
-   usual causes. ddp.h cannot see the backward's compute, so "moment" is what it can count;
-   ready calls back to back in one layer count as several (then this stays silent). */
+   usual causes. ddp.h cannot see the backward's compute, so "moment" is what it can count. Ready
+   calls made back to back count as several moments: without a tape, a first bucket complete
+   under 2% of the step (the time since the last ddp_finish, 1 ms or more) before this
+   ddp_finish is said too, as measured. */
 static void ddp__overlap_check(ddp_context *ctx) {
+    double now, window, cycle;
     if (ctx->overlap_warned || ctx->join_shadow || ctx->world < 2 || ctx->num_buckets < 2 || ctx->ready_moment < 2) return;
-    if (ctx->first_launch_moment >= 0 && ctx->first_launch_moment < ctx->ready_moment) return;
+    if (ctx->first_launch_moment >= 0 && ctx->first_launch_moment < ctx->ready_moment) {
+        if (ctx->tape_step || ctx->progress_last_finish <= 0) return;
+        now = ddp__now();
+        window = now - ctx->first_launch_time;
+        cycle = now - ctx->progress_last_finish;
+        if (cycle < 1e-3 || window >= 0.02 * cycle) return;
+        ctx->overlap_warned = 1;
+        if (ctx->rank == 0)
+            ddp__log(ctx, DDP_LOG_WARN, "the first gradient bucket was complete only %.3f ms before ddp_finish, in a "
+                     "step of %.1f ms since the last ddp_finish (step %lld): almost no communication overlapped the "
+                     "backward. Were the ddp_grad_ready calls made back to back after the backward? Call each as soon "
+                     "as your backward has finished that gradient, the parameters registered last first (README.md, "
+                     "\"Your own autograd\")", 1e3 * window, 1e3 * cycle, (long long)ctx->tl_step + 1);
+        return;
+    }
     ctx->overlap_warned = 1;
     if (ctx->rank != 0) return;   /* the ranks run the same program: one says it */
     ddp__log(ctx, DDP_LOG_WARN, "no gradient bucket was complete before the backward's last %s (step %lld): all %d "

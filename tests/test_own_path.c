@@ -166,6 +166,28 @@ int main(void) {
             verdict(warned_wrong && !twice && !warned_right, "own_path_no_overlap_warned_once_and_only_then",
                     "registration order warned %d (again: %d), reverse order warned %d", warned_wrong, twice, warned_right);
         ddp_shutdown(c);
+        /* ready calls back to back after the whole "backward" (30 ms of sleep), in reverse order: the
+           moments look fine, the measured window (microseconds of a 30 ms step) does not */
+        if (!(c = open_ctx(0, DDP_LOG_WARN, 0, 0, ids))) return 1;
+        for (int s2 = 0; s2 < 2; s2++) {
+            usleep(30000);
+            for (i = NP - 1; i >= 0; i--) ddp_grad_ready(c, ids[i]);
+            ddp_finish(c);
+        }
+        warned_wrong = strstr(logged, "almost no communication overlapped the backward. Were the ddp_grad_ready calls "
+                                      "made back to back") != NULL;
+        ddp_shutdown(c);
+        /* the same with each ready call as the backward leaves that layer (10 ms of sleep each) */
+        if (!(c = open_ctx(0, DDP_LOG_WARN, 0, 0, ids))) return 1;
+        for (int s2 = 0; s2 < 2; s2++) {
+            for (i = NP - 1; i >= 0; i--) { usleep(10000); ddp_grad_ready(c, ids[i]); }
+            ddp_finish(c);
+        }
+        warned_right = strstr(logged, "overlap") != NULL;
+        if (ddp_rank(c) == 0)
+            verdict(warned_wrong && !warned_right, "own_path_back_to_back_ready_calls_warned_by_time",
+                    "back to back warned %d, interleaved warned %d: %s", warned_wrong, warned_right, logged);
+        ddp_shutdown(c);
     } else {
         printf("SKIP own_path_no_overlap_warned_once_and_only_then: one rank (run under ddprun -n 2)\n");
     }
