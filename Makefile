@@ -19,7 +19,7 @@ PROGRAMS += $(B)/bench_adamw_guard    # bf16 parameters: the misuse guard's shar
 # and clang -Ofast (tests/test_fastmath.c; run by tests/run.sh under ddprun -n 2). CLANG= (empty)
 # or no clang: the gcc build only.
 CLANG ?= $(shell command -v clang 2>/dev/null)
-FASTMATH := $(B)/test_fastmath_gcc $(if $(strip $(CLANG)),$(B)/test_fastmath_clang)
+FASTMATH := $(B)/test_fastmath_gcc $(if $(strip $(CLANG)),$(B)/test_fastmath_clang) $(B)/own_autograd_fastmath
 PROGRAMS += $(FASTMATH)
 
 .PHONY: all mpi help run train-2-ranks deps bench-deps test test-asan test-tsan fuzz bench bench-gpt bench-gpu clean
@@ -153,6 +153,9 @@ $(B)/test_fastmath_gcc: tests/test_fastmath.c tests/testlib.h ddp.h | $(B)
 	$(CC) -std=c99 -Ofast -g $(FASTMATH_SAN) $(WARN) -o $@ $< $(LDLIBS)
 $(B)/test_fastmath_clang: tests/test_fastmath.c tests/testlib.h ddp.h | $(B)
 	$(CLANG) -std=c99 -Ofast -g $(FASTMATH_SAN) $(WARN) -o $@ $< $(LDLIBS)
+# the own-autograd example built -Ofast: 2 ranks = 1 rank at 2x batch and identical replicas still
+$(B)/own_autograd_fastmath: examples/own_autograd.c ddp.h | $(B)
+	$(CC) -std=c99 -Ofast -g $(FASTMATH_SAN) $(WARN) -o $@ $< $(LDLIBS)
 
 # The header, implementation included, must also compile as C++.
 $(B)/cxx_check.o: tests/cxx_check.cpp ddp.h | $(B)

@@ -2,7 +2,8 @@
 # test_own_autograd.sh — examples/own_autograd.c (hand-written backward, no tape, all parameters
 # in one buffer, its own optimizer): 2 ranks at batch 4 train the model 1 rank trains at batch 8
 # (every step's loss and the final parameters, to float32 rounding), with gradient accumulation,
-# with a stacked tensor registered whole, and with ddp_adamw_step; the ranks end bit-identical.
+# with a stacked tensor registered whole, and with ddp_adamw_step; the ranks end bit-identical;
+# the same built with -Ofast (fast math).
 # Also the launcher's lines: no "[rank 0] rank 0: ..." twice, and DDP_LOG=debug quiet about rank
 # 0's store on a clean exit. Usage: tests/test_own_autograd.sh [BUILD_DIR]
 set -u
@@ -48,6 +49,17 @@ compare own_autograd_2_ranks_accumulating_stacked_equals_1_rank "$tmp/o1" "$tmp/
 timeout 120 "$EX" --batch 8 --adamw --save "$tmp/p4" >"$tmp/o4" 2>&1 || fail own_autograd_adamw_one_rank "$(tail -n 3 "$tmp/o4")"
 timeout 120 "$B/ddprun" -n 2 "$EX" --batch 4 --adamw --save "$tmp/p5" >"$tmp/o5" 2>&1 || fail own_autograd_adamw "$(tail -n 3 "$tmp/o5")"
 compare own_autograd_adamw_2_ranks_equals_1_rank "$tmp/o4" "$tmp/p4" "$tmp/o5" "$tmp/p5"
+# built with -Ofast (fast math): still 2 ranks = 1 rank to rounding, replicas bit-identical
+if [ -x "$B/own_autograd_fastmath" ]; then
+    timeout 120 "$B/own_autograd_fastmath" --batch 8 --save "$tmp/p6" >"$tmp/o6" 2>&1 || fail own_autograd_fastmath_one_rank "$(tail -n 3 "$tmp/o6")"
+    timeout 120 "$B/ddprun" -n 2 "$B/own_autograd_fastmath" --batch 4 --accum 2 --save "$tmp/p7" >"$tmp/o7" 2>&1 ||
+        fail own_autograd_fastmath_two_ranks "$(tail -n 3 "$tmp/o7")"
+    compare own_autograd_ofast_2_ranks_equals_1_rank "$tmp/o6" "$tmp/p6" "$tmp/o7" "$tmp/p7"
+    timeout 120 "$B/own_autograd_fastmath" --batch 8 --adamw --save "$tmp/p8" >"$tmp/o8" 2>&1 || fail own_autograd_fastmath_adamw "$(tail -n 3 "$tmp/o8")"
+    timeout 120 "$B/ddprun" -n 2 "$B/own_autograd_fastmath" --batch 4 --adamw --save "$tmp/p9" >"$tmp/o9" 2>&1 ||
+        fail own_autograd_fastmath_adamw_two_ranks "$(tail -n 3 "$tmp/o9")"
+    compare own_autograd_ofast_adamw_2_ranks_equals_1_rank "$tmp/o8" "$tmp/p8" "$tmp/o9" "$tmp/p9"
+else echo "SKIP own_autograd_ofast_2_ranks_equals_1_rank: $B/own_autograd_fastmath not built"; fi
 # the loss went down (the example trains)
 python3 - "$tmp/o1" <<'PY'
 import re, sys
