@@ -990,6 +990,7 @@ extern "C" {
    pipeline chunk after chunk.
    -------------------------------------------------------------------------------------------- */
 #define DDP__NAME_MAX 128
+#define DDP__ALIGN_FLOATS DDP_PARAM_ALIGN_FLOATS   /* parameters start on 64-byte boundaries */
 #define DDP__CHUNK_BYTES (256u * 1024u)
 #define DDP__SLOTS 4u
 #define DDP__AVG_BLOCK 512                   /* elements summed at a time by an in-place bucket's average, 3+ ranks */
@@ -3530,7 +3531,7 @@ static ddp_result ddp__shm_check_sigs(ddp_context *ctx) {
 
 /* The part of an m-element chunk that rank s reduces: 64-byte aligned, possibly empty. */
 static void ddp__part(size_t m, int world, int s, size_t *lo, size_t *hi) {
-    size_t part = ddp__round_up((m + (size_t)world - 1) / (size_t)world, DDP_PARAM_ALIGN_FLOATS);
+    size_t part = ddp__round_up((m + (size_t)world - 1) / (size_t)world, DDP__ALIGN_FLOATS);
     *lo = part * (size_t)s < m ? part * (size_t)s : m;
     *hi = *lo + part < m ? *lo + part : m;
 }
@@ -6837,7 +6838,7 @@ static ddp_result ddp__commit(ddp_context *ctx) {
     if (ctx->num_params == 0) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_commit with no parameters registered");
     for (i = 0; i < ctx->num_params; i++) {
         ctx->params[i].offset = offset;
-        offset += ddp__round_up(ctx->params[i].count, DDP_PARAM_ALIGN_FLOATS);
+        offset += ddp__round_up(ctx->params[i].count, DDP__ALIGN_FLOATS);
     }
     ctx->flat_count = offset;
     if ((r = ctx->be->alloc_flat(ctx)) != DDP_OK) return r;
