@@ -520,8 +520,9 @@
      same n, seed, shuffle and drop_last. As one stream across epochs: this rank's k-th sample
      overall is (epoch k / count, i = k mod count).
      Errors: a NULL sampler or out pointer, shuffle or drop_last other than 0 or 1 (an
-     uninitialized field: zero-initialize the struct), n = 0, world < 1 (0 is not taken for 1: a sampler whose
-     world was never set would give every rank every sample), rank outside 0 .. world-1, and i >=
+     uninitialized field: zero-initialize the struct), n = 0, world < 1 (0 is not taken for 1: a
+     sampler whose world was never set would give every rank every sample), rank outside 0 ..
+     world-1, and i >=
      count are DDP_ERR_INVALID_ARGUMENT with the reason (and the rank) in ddp_last_error(NULL);
      ddp_sample then sets *index_out = UINT64_MAX. Pure: any thread, before ddp_init or without it.
 
