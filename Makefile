@@ -9,14 +9,20 @@ WARN     := -Wall -Wextra
 LDLIBS   := -lpthread -lm
 B        := build
 
-PROGRAMS := $(B)/ddprun $(B)/minimal $(B)/engine $(B)/texture $(B)/texture_cxx $(B)/bench_allreduce $(B)/bench_overlap $(B)/copy_bw \
+PROGRAMS := $(B)/ddprun $(B)/minimal $(B)/own_autograd $(B)/engine $(B)/texture $(B)/texture_cxx $(B)/bench_allreduce $(B)/bench_overlap $(B)/copy_bw \
             $(B)/test_unit $(B)/test_collectives $(B)/test_equivalence $(B)/test_fault \
-            $(B)/test_overlap $(B)/test_bf16 $(B)/test_shard $(B)/test_embed $(B)/test_host $(B)/test_sampler $(B)/test_checkpoint $(B)/train_gpt $(B)/test_gpt \
+            $(B)/test_overlap $(B)/test_bf16 $(B)/test_shard $(B)/test_structs $(B)/test_own_path $(B)/test_embed $(B)/test_host $(B)/test_sampler $(B)/test_checkpoint $(B)/train_gpt $(B)/test_gpt \
             $(B)/train_gpt_emulated $(B)/test_gpt_gpu_emulated $(B)/test_fake_nccl $(B)/hosts_nccl_fake $(B)/test_bf16_params
 CHECKS   := $(B)/cxx_check.o
 PROGRAMS += $(B)/bench_shard_memory   # sharded optimizer: bytes per parameter (bench/RESULTS.md)
 PROGRAMS += $(B)/bench_bf16_step      # bf16 parameters: the library's part of a step (bench/RESULTS.md)
 PROGRAMS += $(B)/bench_adamw_guard    # bf16 parameters: the misuse guard's share of the AdamW pass
+# -Ofast (-ffast-math) programs keep the NaN guard: ddp.h's implementation built with gcc -Ofast
+# and clang -Ofast (tests/test_fastmath.c; run by tests/run.sh under ddprun -n 2). CLANG= (empty)
+# or no clang: the gcc build only.
+CLANG ?= $(shell command -v clang 2>/dev/null)
+FASTMATH := $(B)/test_fastmath_gcc $(if $(strip $(CLANG)),$(B)/test_fastmath_clang) $(B)/own_autograd_fastmath
+PROGRAMS += $(FASTMATH)
 
 .PHONY: all mpi help run train-2-ranks deps bench-deps test test-asan test-tsan fuzz bench bench-gpt bench-gpu gpu-window clean
 all: $(PROGRAMS) $(CHECKS) gpu mpi
@@ -46,7 +52,7 @@ WERROR     ?= -Werror all-warnings
 NVCC_EXTRA ?=
 NVFLAGS    ?= -O3 -g -std=c++17 -arch=$(CUDA_ARCH) -Xcompiler -Wall,-Wextra $(WERROR) $(NVCC_EXTRA)
 GPU_TESTS  := $(G)/test_gpu_kernels $(G)/test_gpu_train $(G)/test_gpu_overlap $(G)/nccl_version $(G)/c_link_check \
-              $(G)/test_kernel_math_host $(G)/test_gpt_gpu $(G)/hosts_nccl
+              $(G)/test_kernel_math_host $(G)/test_kernel_math_host_fastmath $(G)/test_gpt_gpu $(G)/hosts_nccl
 GPU_BENCH  := $(G)/bench_gpu
 GPU_TOOLS  := $(G)/train_gpt $(G)/gpu_count
 
@@ -69,6 +75,11 @@ $(G)/test_gpu_train: tests/gpu/test_gpu_train.cu tests/test_equivalence.c $(GPU_
 # built): host float operations must not be fused into multiply-adds, as on the device.
 $(G)/test_kernel_math_host: tests/gpu/test_kernel_math_host.cu $(GPU_DEPS) | $(G)
 	$(NVCC) $(NVFLAGS) --fmad=false -Xcompiler -ffp-contract=off $(GPU_INCS) -o $@ $< $(GPU_RPATH) $(NCCL_LINK) -lpthread
+# The same, with fast math: the device code compiled with --use_fast_math, the host reference with
+# -ffinite-math-only (isfinite folds to 1 there): the skipped NaN/Inf steps must still be skipped,
+# found by their bits; rounding unchanged (the kernels use _rn intrinsics; no contraction on the host).
+$(G)/test_kernel_math_host_fastmath: tests/gpu/test_kernel_math_host.cu $(GPU_DEPS) | $(G)
+	$(NVCC) $(NVFLAGS) --use_fast_math -Xcompiler -ffinite-math-only,-ffp-contract=off $(GPU_INCS) -o $@ $< $(GPU_RPATH) $(NCCL_LINK) -lpthread
 # One rank of the NCCL backend for tests/test_hosts.sh (the same source as the fake build below).
 $(G)/hosts_nccl: tests/hosts_nccl.c ddp.h ddp_kernels.cuh | $(G)
 	$(NVCC) $(NVFLAGS) $(GPU_INCS) -x cu -o $@ $< $(GPU_RPATH) $(NCCL_LINK) -lpthread
@@ -137,6 +148,16 @@ $(B)/texture: examples/engine/texture.c ddp.h | $(B)
 	$(CC) -std=c99 $(CFLAGS) $(WARN) -o $@ $< $(LDLIBS)
 $(B)/texture_cxx: examples/engine/texture.c ddp.h | $(B)
 	$(CXX) -std=c++11 $(CFLAGS) $(WARN) -x c++ -o $@ $< -x none $(LDLIBS)
+
+# (make test-asan / test-tsan: -Ofast with the sanitizer flags of OPT)
+FASTMATH_SAN := $(filter -fsanitize=% -fno-sanitize-recover=% -fno-omit-frame-pointer,$(CFLAGS))
+$(B)/test_fastmath_gcc: tests/test_fastmath.c tests/testlib.h ddp.h | $(B)
+	$(CC) -std=c99 -Ofast -g $(FASTMATH_SAN) $(WARN) -o $@ $< $(LDLIBS)
+$(B)/test_fastmath_clang: tests/test_fastmath.c tests/testlib.h ddp.h | $(B)
+	$(CLANG) -std=c99 -Ofast -g $(FASTMATH_SAN) $(WARN) -o $@ $< $(LDLIBS)
+# the own-autograd example built -Ofast: 2 ranks = 1 rank at 2x batch and identical replicas still
+$(B)/own_autograd_fastmath: examples/own_autograd.c ddp.h | $(B)
+	$(CC) -std=c99 -Ofast -g $(FASTMATH_SAN) $(WARN) -o $@ $< $(LDLIBS)
 
 # The header, implementation included, must also compile as C++.
 $(B)/cxx_check.o: tests/cxx_check.cpp ddp.h | $(B)

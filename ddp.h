@@ -6,7 +6,8 @@
    batch N*B — only faster.
 
    CONTENTS
-     QUICK START · ONE STEP, AS DATA FLOWS · OPTIONS · ADAMW · SHARDED OPTIMIZER (ZeRO-1) ·
+     QUICK START · ONE STEP, AS DATA FLOWS · OWN AUTOGRAD · MEMORY LAYOUT AND OVERLAP ·
+     FAST MATH · STRUCTS ACROSS VERSIONS · OPTIONS · ADAMW · SHARDED OPTIMIZER (ZeRO-1) ·
      PARAMETER DTYPE (bf16 parameters, fp32 master weights) · CHECKPOINTS ·
      BACKENDS · ENVIRONMENT · ERRORS · NULL, LIFETIME AND THREADS · EMBEDDING: CANCEL, PROGRESS,
      UNEVEN INPUTS · SAMPLER · COMPILE-TIME OPTIONS ·
@@ -42,11 +43,62 @@
      is marked ready; when a bucket's last parameter is ready the bucket is handed to the
      backend, which averages it across ranks while backward goes on. Buckets are launched in
      bucket order on every rank. ddp_finish (called by ddp_backward) launches what is left and
-     waits for the rest. A program with its own autograd calls ddp_grad_ready and ddp_finish.
+     waits for the rest. A program with its own autograd calls ddp_grad_ready and ddp_finish
+     (OWN AUTOGRAD below).
      Gradient accumulation: ddp_set_sync(ddp, 0) for micro-steps 0..k-2 (nothing is sent), 1
      for the last. ddp_adamw_step takes averaged gradients only: with no ddp_finish (sync on)
      since the last step, or after a backward with sync off, it fails (DDP_ERR_INVALID_STATE)
      and changes nothing, at every world size, so that one rank finds the mistake too.
+
+   OWN AUTOGRAD (no tape; examples/own_autograd.c, README.md "Your own autograd")
+     ddp_zero_grad (a memset of ddp_flat_grads is the same only on host backends with fp32
+     parameters; ddp_zero_grad also resets find_unused's and ddp_join's marks), the program's
+     backward adding into the ddp_grad views, ddp_grad_ready(id) once for EVERY parameter in
+     EVERY backward (micro-steps too) as soon as its gradient is final, in any order (buckets
+     launch in bucket order on every rank, so the order changes the overlap, never the result),
+     then ddp_finish. Never marked: DDP_ERR_UNUSED_PARAMETER "never marked ready (ddp_grad_ready)"
+     (find_unused zero-fills instead); twice: DDP_ERR_DOUBLE_READY. The messages say ops only
+     when the backward is the tape's (ctx->tape_step). The program's own optimizer on
+     ddp_flat_params / ddp_flat_grads calls ddp_consume_grads first: the guard ddp_adamw_step
+     has (DDP_ERR_INVALID_STATE unless a synchronizing ddp_finish averaged the gradients since the
+     last step; each average is used once, by either). It loses the NaN check and the fixed-order
+     norm; refused with shard_optimizer. backward_ms starts at the first ready call.
+
+   MEMORY LAYOUT AND OVERLAP
+     Parameter i (registration order) starts at sum_{j<i} round_up(count_j, DDP_PARAM_ALIGN_FLOATS)
+     floats of ddp_flat_params (16: 64 bytes; the buffer is 64-byte aligned); padding is zero;
+     ddp_flat_grads and the bf16 buffers have the same offsets; nothing moves until ddp_shutdown.
+     Registered in the program's memory order with counts that are multiples of 16, the flat
+     buffer is the program's old layout. Buckets are contiguous, in reverse registration order,
+     sent when their last parameter is ready: a tensor stacking every layer is ready only when
+     the backward ends (no overlap) - register one slice per layer. A registration order other
+     than the memory order would make buckets non-contiguous (a staging copy of every gradient
+     twice a step, or a collective per tensor): not offered. DDP_LOG=info prints the bucket plan
+     at ddp_commit (rank 0); the first synchronizing backward (2+ ranks, 2+ buckets) whose first
+     bucket was complete only at its last moment (the last tape op, or the last ddp_grad_ready
+     call: ddp.h counts those, it cannot see compute) warns once (>>step, ddp__overlap_check);
+     without a tape, ready calls back to back count as several moments, so a first bucket
+     complete under 2% of the step (since the previous ddp_finish, >= 1 ms) before ddp_finish is
+     warned too, with the measured times.
+
+   FAST MATH (-Ofast, -ffast-math, nvcc --use_fast_math; tests/test_fastmath.c)
+     Non-finite values are found by their bits (exponent all ones: ddp__finite_f/_d/_bf16 in
+     >>util, ddp_k__finite_d in ddp_kernels.cuh), never by isfinite(), which -ffinite-math-only
+     folds to 1; so NaN/Inf gradients still give DDP_ERR_NONFINITE with the parameters unchanged
+     everywhere, and NaN options are still refused. Still true under fast math: the same bits on
+     every rank (one binary on every rank), N ranks = 1 rank at N x batch to float rounding.
+     Not: PyTorch's rounding, the documented summation order of the norm (reassociation), bits
+     equal to a build without fast math or between CPU and GPU, subnormals (flushed to zero).
+     The kernels' AdamW uses _rn intrinsics and a double norm: --use_fast_math changes only
+     subnormal floats there.
+
+   STRUCTS ACROSS VERSIONS
+     Public structs only grow (fields appended); a new field's zero is the old behaviour: zero-
+     initialize (= {0}, memset, designated initializers), set what you use. Every flag field
+     must be 0 or 1, every enum in range, no number NaN, else DDP_ERR_INVALID_ARGUMENT naming the
+     field and saying "zero-initialize the struct" (ddp_desc: ddp__desc_check_given before the
+     environment and defaults; ddp_adamw.as_given; ddp_sampler's shuffle and drop_last; the
+     cancel token's state).
 
    OPTIONS (ddp_desc; zero means default; the resolved values: ddp_config())
      backend          DDP_BACKEND_AUTO     which backend runs (BACKENDS below); ddp_config()->
@@ -467,8 +519,10 @@
      step they follow from) and the next run continues with ddp_sample(&s, epoch, i, ...) on the
      same n, seed, shuffle and drop_last. As one stream across epochs: this rank's k-th sample
      overall is (epoch k / count, i = k mod count).
-     Errors: a NULL sampler or out pointer, n = 0, world < 1 (0 is not taken for 1: a sampler whose
-     world was never set would give every rank every sample), rank outside 0 .. world-1, and i >=
+     Errors: a NULL sampler or out pointer, shuffle or drop_last other than 0 or 1 (an
+     uninitialized field: zero-initialize the struct), n = 0, world < 1 (0 is not taken for 1: a
+     sampler whose world was never set would give every rank every sample), rank outside 0 ..
+     world-1, and i >=
      count are DDP_ERR_INVALID_ARGUMENT with the reason (and the rank) in ddp_last_error(NULL);
      ddp_sample then sets *index_out = UINT64_MAX. Pure: any thread, before ddp_init or without it.
 
@@ -487,14 +541,16 @@
    THE IMPLEMENTATION, SECTION BY SECTION (bottom-up; grep the marker, e.g. ">>cpu")
      >>types        tunables; parameters, buckets, tape ops, shared-segment blocks; ddp__cpu; the
                     backend table ddp__backend; ddp_context
-     >>util         time, aligned memory, logging, the error verbs (below), the cancel check
+     >>util         time, aligned memory, non-finite tests by bits (fast math), logging, the error
+                    verbs (below), the cancel check
      >>sampler      the distributed sampler's arithmetic: counts, the epoch's keyed permutation
                     (cycle-walking Feistel; an exact shuffle up to 32 samples), a rank's i-th
                     sample; pure (its entry points, which
                     only check the struct, are in >>public like every other)
      >>timeline     per-thread event lists, the Chrome trace written at shutdown
-     >>env          the launcher environment; the descriptor: environment, ddp__desc_defaults
-                    (every default, pure), validation, the group
+     >>env          the launcher environment; the descriptor: ddp__desc_check_given (flags, enums,
+                    NaN, as the program gave it), environment, ddp__desc_defaults (every default,
+                    pure), validation, the group
      >>store        the rendezvous store (server thread on rank 0, client on every rank)
      >>host         what single and cpu share: host flat buffers, AdamW arithmetic (bf16 parameters:
                     the working copy written in the same pass), bf16 rounding and conversions;
@@ -513,12 +569,15 @@
                     init, shutdown
      >>embed        progress: the seqlock the rank writes and any thread reads (cancel itself:
                     ddp__check_cancel in >>util, called by every wait)
-     >>params       registration, layout, buckets, the cross-rank layout check, commit; the bf16
+     >>params       registration, layout, buckets, the cross-rank layout check, commit and its
+                    bucket plan (DDP_LOG=info); the bf16
                     conversion generic code asks for (ddp__bf16_op: the master rounded into the
                     working copies; the gradients need none)
-     >>step         ready hooks, launch in bucket order, the tape, finish; with uneven inputs the
-                    count of the ranks with data that begins a synchronizing step
-     >>adamw        hyperparameters resolved and checked, handed to the backend
+     >>step         ready hooks, launch in bucket order, the tape, finish (the no-overlap check;
+                    messages worded for the tape or the program's own backward); with uneven
+                    inputs the count of the ranks with data that begins a synchronizing step
+     >>adamw        hyperparameters resolved and checked, handed to the backend; the averaged-
+                    gradients guard, and ddp_consume_grads for a program's own optimizer
      >>collectives  user collectives, host copies of the state
      >>join         uneven inputs: ddp_join's shadow steps, the replicas synced at the end
      >>checkpoint   ddp_save / ddp_load: the file format, the atomic write, the strict two-pass
@@ -667,6 +726,10 @@ typedef struct ddp_desc {
 
 typedef struct ddp_context ddp_context;
 
+/* The flat buffers' layout (MEMORY LAYOUT in the manual): parameter i starts at the sum of the
+   earlier parameters' counts, each rounded up to a multiple of this many floats (64 bytes). */
+#define DDP_PARAM_ALIGN_FLOATS 16
+
 /* Parameter flags. */
 enum { DDP_NO_DECAY = 1 << 0 };   /* AdamW skips weight decay for this parameter */
 
@@ -753,6 +816,12 @@ ddp_result ddp_zero_grad(ddp_context *ctx);
 void ddp_set_sync(ddp_context *ctx, int enabled);
 
 ddp_result ddp_adamw_step(ddp_context *ctx, const ddp_adamw *opt, float *grad_norm_out);
+/* The program's own optimizer on ddp.h's buffers: call this right before its update. It keeps
+   ddp_adamw_step's guard: DDP_ERR_INVALID_STATE (nothing changes) unless a synchronizing
+   ddp_finish averaged the gradients since the last step (ddp_adamw_step or this call), which
+   it then marks used. Not with shard_optimizer (only this rank's part is averaged). The
+   NaN/Inf check stays the program's (find NaN by bits under -ffast-math: README). */
+ddp_result ddp_consume_grads(ddp_context *ctx);
 /* Optimizer state for checkpoints: m and v are flat like the parameters (device memory on NCCL);
    with shard_optimizer they hold this rank's parts only (SHARDED OPTIMIZER in the manual).
    *step is host memory on every backend. */
@@ -832,8 +901,8 @@ typedef struct ddp_sampler {
     uint64_t n;                /* samples in the dataset, >= 1 */
     int world, rank;           /* world >= 1 (0 is an error, not a default), 0 <= rank < world */
     uint64_t seed;             /* with the epoch, picks the permutation */
-    int shuffle;               /* 0: the dataset's order; else a permutation seeded by (seed, epoch) */
-    int drop_last;             /* 0: pad by repetition to ceil(n/world) a rank; else drop to floor(n/world) */
+    int shuffle;               /* 0: the dataset's order; 1: a permutation seeded by (seed, epoch) */
+    int drop_last;             /* 0: pad by repetition to ceil(n/world) a rank; 1: drop to floor(n/world) */
 } ddp_sampler;
 ddp_result ddp_sampler_count(const ddp_sampler *s, uint64_t *count_out);   /* this rank's samples per epoch */
 /* The dataset index of this rank's i-th sample of `epoch`, 0 <= i < count (else an error and
@@ -923,7 +992,7 @@ extern "C" {
    pipeline chunk after chunk.
    -------------------------------------------------------------------------------------------- */
 #define DDP__NAME_MAX 128
-#define DDP__ALIGN_FLOATS 16                 /* parameters start on 64-byte boundaries */
+#define DDP__ALIGN_FLOATS DDP_PARAM_ALIGN_FLOATS   /* parameters start on 64-byte boundaries */
 #define DDP__CHUNK_BYTES (256u * 1024u)
 #define DDP__SLOTS 4u
 #define DDP__AVG_BLOCK 512                   /* elements summed at a time by an in-place bucket's average, 3+ ranks */
@@ -1165,6 +1234,12 @@ struct ddp_context {
     int join_shadow;               /* ddp_join's shadow step: the count is taken already */
     int join_pending;              /* micro-steps with sync off since the last zero_grad or sync */
     int grads_averaged;            /* a ddp_finish with sync on since the last ddp_adamw_step (>>adamw) */
+    int quiet;                     /* ddp__shutdown's goodbye: a store already gone is expected, not logged */
+    int tape_step;                 /* this backward is the tape's replay (messages speak of ops), else ddp_grad_ready's */
+    int ready_moment;              /* this backward's moments: tape ops replayed, or ddp_grad_ready calls */
+    int first_launch_moment;       /* the moment the first bucket was launched (-1: not yet) */
+    double first_launch_time;      /* and when (ddp__now) */
+    int overlap_warned;            /* the no-overlap warning was given (once a context) */
     unsigned char *ready_copy;     /* check_ready: each gradient as it was when marked ready (>>step) */
     int tape_failed;               /* a ddp_tape_record since the last backward failed (>>step) */
 
@@ -1180,6 +1255,37 @@ static double ddp__now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Non-finite values are found by their bits (exponent field all ones), never by isfinite():
+   -ffinite-math-only (in -ffast-math and -Ofast) lets the compiler assume no NaN/Inf exists and
+   fold isfinite(x) to 1, which silently removed the NaN guard. The empty asm hides the bits'
+   origin from the optimizer, so no flag can infer them from a float that "cannot" be NaN. */
+static int ddp__finite_f(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+#if defined(__GNUC__)
+    __asm__("" : "+r"(u));
+#endif
+    return (u & 0x7f800000u) != 0x7f800000u;
+}
+static int ddp__finite_d(double x) {
+    uint64_t u;
+    memcpy(&u, &x, sizeof u);
+#if defined(__GNUC__)
+    __asm__("" : "+r"(u));
+#endif
+    return (u & 0x7ff0000000000000ull) != 0x7ff0000000000000ull;
+}
+static int ddp__finite_bf16(uint16_t h) { return (h & 0x7f80u) != 0x7f80u; }
+/* x >= 0 and not NaN (the NaN test by bits: under fast-math !(x >= 0) is no NaN check) */
+static int ddp__nonneg_d(double x) {
+    uint64_t u;
+    memcpy(&u, &x, sizeof u);
+#if defined(__GNUC__)
+    __asm__("" : "+r"(u));
+#endif
+    return (u & 0x7fffffffffffffffull) <= 0x7ff0000000000000ull && x >= 0;
 }
 
 static void *ddp__calloc(size_t bytes) {
@@ -1240,7 +1346,7 @@ static ddp_result ddp__fail(ddp_context *ctx, ddp_result code, const char *fmt, 
     if (ctx->rank >= 0) snprintf(ctx->err, sizeof ctx->err, "rank %d: %s", ctx->rank, msg);
     else snprintf(ctx->err, sizeof ctx->err, "pid %d (rank not known yet): %s", (int)getpid(), msg);
     pthread_mutex_unlock(&ctx->err_lock);
-    ddp__log(ctx, DDP_LOG_DEBUG, "%s", msg);
+    if (!ctx->quiet) ddp__log(ctx, DDP_LOG_DEBUG, "%s", msg);
     return code;
 }
 
@@ -1655,7 +1761,7 @@ static ddp_result ddp__desc_from_env(ddp_context *ctx, ddp_desc *d) {
     if (d->timeout_s == 0 && (s = getenv("DDP_TIMEOUT")) != NULL && *s) {
         char *end;
         double t = strtod(s, &end);
-        if (*end || !(t > 0) || t > DDP__MAX_TIMEOUT_S)
+        if (*end || !ddp__nonneg_d(t) || t == 0 || t > DDP__MAX_TIMEOUT_S)
             return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_TIMEOUT='%s' is not a number of seconds in (0, %g]", s,
                              (double)DDP__MAX_TIMEOUT_S);
         d->timeout_s = t;
@@ -1696,8 +1802,9 @@ static ddp_result ddp__desc_validate(ddp_context *ctx, const ddp_desc *d) {
     if (d->reduce_dtype != DDP_DTYPE_FP32 && d->reduce_dtype != DDP_DTYPE_BF16)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: reduce_dtype %d is neither DDP_DTYPE_FP32 nor "
                          "DDP_DTYPE_BF16", (int)d->reduce_dtype);
-    if (!(d->timeout_s >= 0) || !(d->bucket_cap_mb >= 0) || !(d->first_bucket_mb >= 0) || d->world_size < 0 ||
-        !(d->inject_comm_latency_ms >= 0) || !(d->inject_comm_gbps >= 0) || !(d->shutdown_timeout_s >= 0))
+    if (!ddp__nonneg_d(d->timeout_s) || !ddp__nonneg_d(d->bucket_cap_mb) || !ddp__nonneg_d(d->first_bucket_mb) ||
+        d->world_size < 0 || !ddp__nonneg_d(d->inject_comm_latency_ms) || !ddp__nonneg_d(d->inject_comm_gbps) ||
+        !ddp__nonneg_d(d->shutdown_timeout_s))
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: timeout_s, bucket_cap_mb, first_bucket_mb, "
                          "world_size, shutdown_timeout_s and the inject_comm fields must not be negative (or NaN)");
     /* a wait is a poll of int milliseconds: past ~24 days it would wrap into "forever" */
@@ -1759,10 +1866,50 @@ static ddp_result ddp__resolve_group(ddp_context *ctx) {
     return DDP_OK;
 }
 
+/* The message every flag or enum field out of range ends with: the usual cause is a struct
+   filled field by field, whose newer fields (zero = the old behaviour) hold stack garbage. */
+#define DDP__ZERO_INIT_HINT "an uninitialized field? zero-initialize the struct (= {0} or designated initializers) " \
+                            "and set only the fields you use"
+
+/* The descriptor as the program gave it, before the environment and the defaults touch it:
+   every flag is 0 or 1, every enum in range, no number NaN (found by its bits: under -ffast-math
+   NaN == 0 may hold, and a NaN would silently become the default). */
+static ddp_result ddp__desc_check_given(ddp_context *ctx, const ddp_desc *d) {
+    const struct { const char *name; int value, max; } f[] = {
+        { "backend", (int)d->backend, (int)DDP_BACKEND_MPI },      { "find_unused", d->find_unused, 1 },
+        { "skip_nonfinite", d->skip_nonfinite, 1 },                 { "log_level", (int)d->log_level, (int)DDP_LOG_OFF },
+        { "reduce_dtype", (int)d->reduce_dtype, (int)DDP_DTYPE_BF16 }, { "uneven_inputs", (int)d->uneven_inputs, (int)DDP_JOIN_DIVIDE_BY_ACTIVE },
+        { "shard_optimizer", d->shard_optimizer, 1 },               { "param_dtype", (int)d->param_dtype, (int)DDP_DTYPE_BF16 },
+        { "check_ready", d->check_ready, 1 },
+    };
+    const struct { const char *name; double value; } x[] = {
+        { "timeout_s", d->timeout_s }, { "bucket_cap_mb", d->bucket_cap_mb }, { "first_bucket_mb", d->first_bucket_mb },
+        { "inject_comm_latency_ms", d->inject_comm_latency_ms }, { "inject_comm_gbps", d->inject_comm_gbps },
+        { "shutdown_timeout_s", d->shutdown_timeout_s },
+    };
+    size_t i;
+    for (i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (f[i].value < 0 || f[i].value > f[i].max)
+            return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: %s %d is not %s%d: %s", f[i].name, f[i].value,
+                             f[i].max == 1 ? "0 or " : "in 0 .. ", f[i].max, DDP__ZERO_INIT_HINT);
+    for (i = 0; i < sizeof x / sizeof x[0]; i++)
+        if (!ddp__nonneg_d(x[i].value))
+            return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: %s is %g: must not be negative (or NaN); %s",
+                             x[i].name, x[i].value, DDP__ZERO_INIT_HINT);
+    if (d->cancel_token) {
+        int c = __atomic_load_n(&d->cancel_token->cancelled, __ATOMIC_ACQUIRE);
+        if (c != 0 && c != 1)
+            return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: cancel_token holds %d, neither 0 (not cancelled) "
+                             "nor 1 (cancelled): %s", c, DDP__ZERO_INIT_HINT);
+    }
+    return DDP_OK;
+}
+
 /* The descriptor as ddp_config() reports it: copied, environment, defaults, checked, the group
    resolved. The backend is chosen later (>>group), once the backends are defined. */
 static ddp_result ddp__resolve_desc(ddp_context *ctx, const ddp_desc *in) {
     ddp_result r;
+    if (in && (r = ddp__desc_check_given(ctx, in)) != DDP_OK) return r;
     if (in) ctx->desc = *in;
     if ((r = ddp__desc_from_env(ctx, &ctx->desc)) != DDP_OK) return r;
     ddp__desc_defaults(&ctx->desc);
@@ -2855,7 +3002,7 @@ static ddp_result ddp__nonfinite(ddp_context *ctx, const float *grads, const ddp
         const ddp__param *p = &ctx->params[i];
         for (k = 0; k < p->count; k++) {
             float g = grads16 ? ddp__from_bf16(grads16[p->offset + k]) : grads[p->offset + k];
-            if (isfinite(g) || (ctx->desc.shard_optimizer && !ddp__holds(ctx, p->offset + k))) continue;
+            if ((grads16 ? ddp__finite_bf16(grads16[p->offset + k]) : ddp__finite_f(g)) || (ctx->desc.shard_optimizer && !ddp__holds(ctx, p->offset + k))) continue;
             if (ctx->desc.skip_nonfinite) {
                 if (ctx->rank == 0)
                     ddp__log(ctx, DDP_LOG_WARN, "optimizer step %lld skipped: the gradient of '%s' is %g at element "
@@ -2990,7 +3137,7 @@ static ddp_result ddp__adamw_prepare(ddp_context *ctx, const ddp_adamw *opt, flo
                                      float *grad_norm_out, ddp__adamw_now *now, int *skip) {
     *skip = 0;
     if (grad_norm_out) *grad_norm_out = (float)norm;
-    if (!isfinite(norm)) { *skip = 1; return ddp__nonfinite(ctx, ctx->flat_grads, ctx->grads_bf16, norm); }
+    if (!ddp__finite_d(norm)) { *skip = 1; return ddp__nonfinite(ctx, ctx->flat_grads, ctx->grads_bf16, norm); }
     now->clip = 1.0f;
     if (opt->max_grad_norm > 0 && norm > opt->max_grad_norm) now->clip = (float)(opt->max_grad_norm / (norm + 1e-6));
     ctx->adam_step++;
@@ -6017,7 +6164,7 @@ static ddp_result ddp__gpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b
         ddp__gpu_diverged(ctx);
         norm = sqrt(g->state_host->norm_sq);
         if (grad_norm_out) *grad_norm_out = (float)norm;
-        if (!isfinite(norm)) {   /* the device skipped the step; name the culprit like the CPU does */
+        if (!ddp__finite_d(norm)) {   /* the device skipped the step; name the culprit like the CPU does */
             size_t es = ctx->grads_bf16 ? sizeof(ddp_bf16) : sizeof(float);
             void *host = DDP_MALLOC(ctx->flat_count * es + 1);
             if (!host) return ddp__fail(ctx, DDP_ERR_NONFINITE, "optimizer step %lld: the gradient norm is %g", ctx->adam_step + 1, norm);
@@ -6394,7 +6541,11 @@ static ddp_result ddp__shutdown(ddp_context *ctx) {
     if (ctx->store_fd >= 0 && r == DDP_OK && !ddp__failed(ctx)) {   /* every rank is here: hanging up is no death */
         char bye[32];
         snprintf(bye, sizeof bye, "bye/%d", ctx->rank);
-        (void)ddp__store_set(ctx, bye, "1", 1);   /* a failure here is the close below, as before */
+        /* every rank passed the barrier: rank 0 may have closed its store already, which is no
+           failure, and not logged even at debug (the context is freed below: nothing reads it) */
+        ctx->quiet = 1;
+        (void)ddp__store_set(ctx, bye, "1", 1);
+        ctx->quiet = 0;
     }
     if (ctx->store_fd >= 0) close(ctx->store_fd);
     ctx->store_fd = -1;   /* a late poison must not write to a reused descriptor */
@@ -6654,6 +6805,31 @@ static ddp_result ddp__ready_check_alloc(ddp_context *ctx) {
     return DDP_OK;
 }
 
+/* DDP_LOG=info: the bucket plan, once (rank 0; every rank has the same), so a program can see
+   which gradients travel together and in which order. */
+static void ddp__log_plan(ddp_context *ctx) {
+    int b, shown = 0;
+    size_t elem = ctx->desc.param_dtype == DDP_DTYPE_BF16 ? sizeof(ddp_bf16) : sizeof(float);
+    if (ctx->rank != 0 || ctx->desc.log_level > DDP_LOG_INFO) return;
+    ddp__log(ctx, DDP_LOG_INFO, "bucket plan: %d parameter(s), %zu floats (%.3f MiB of %s gradients, parameters "
+             "on %d-float boundaries) in %d bucket(s) (first_bucket_mb %g, bucket_cap_mb %g); launched in this order, "
+             "each as soon as its last parameter is ready, in reverse registration order:", ctx->num_params,
+             ctx->flat_count, (double)(ctx->flat_count * elem) / 1048576.0, elem == 2 ? "bf16" : "fp32",
+             DDP_PARAM_ALIGN_FLOATS, ctx->num_buckets, ctx->desc.first_bucket_mb, ctx->desc.bucket_cap_mb);
+    for (b = 0; b < ctx->num_buckets && shown < 32; b++, shown++) {
+        const ddp__bucket *k = &ctx->buckets[b];
+        int n = k->last_param - k->first_param + 1;
+        ddp__log(ctx, DDP_LOG_INFO, "  bucket %d: %.3f MiB, floats [%zu, %zu), %d parameter(s): '%s'%s%s%s", b,
+                 (double)(k->count * elem) / 1048576.0, k->offset, k->offset + k->count, n, ctx->params[k->last_param].name,
+                 n > 1 ? " .. '" : "", n > 1 ? ctx->params[k->first_param].name : "", n > 1 ? "'" : "");
+    }
+    if (b < ctx->num_buckets) ddp__log(ctx, DDP_LOG_INFO, "  ... and %d more bucket(s)", ctx->num_buckets - b);
+    if (ctx->num_buckets == 1 && ctx->world > 1)
+        ddp__log(ctx, DDP_LOG_INFO, "one bucket holds every gradient: its average can begin only when the last "
+                 "parameter is ready, so no communication overlaps the backward (right for a small model; a smaller "
+                 "first_bucket_mb / bucket_cap_mb splits it)");
+}
+
 /* The layout (parameters on 16-float boundaries), the backend's flat buffers, the buckets, the
    check that every rank registered the same, then the backend's own commit. */
 static ddp_result ddp__commit(ddp_context *ctx) {
@@ -6679,6 +6855,7 @@ static ddp_result ddp__commit(ddp_context *ctx) {
         return ddp__fatal(ctx, r);
     if (ctx->desc.check_ready && (r = ddp__ready_check_alloc(ctx)) != DDP_OK) return r;
     ctx->committed = 1;
+    ddp__log_plan(ctx);
     return DDP_OK;
 }
 
@@ -6731,6 +6908,8 @@ static ddp_result ddp__begin_step(ddp_context *ctx) {
         if (r != DDP_OK) return r;
     }
     ctx->in_step = 1;
+    ctx->ready_moment = 0;
+    ctx->first_launch_moment = -1;
     ctx->step_start = ddp__now();
     memset(&ctx->stats, 0, sizeof ctx->stats);
     for (i = 0; i < ctx->num_buckets; i++)
@@ -6761,11 +6940,16 @@ static ddp_result ddp__ready_check_all(ddp_context *ctx) {
         ddp__param *p = &ctx->params[i];
         if (p->ready_copied && ddp__ready_check(ctx, p, 0) && !changed) changed = p;
     }
-    if (changed)
+    if (changed && ctx->tape_step)
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "check_ready: the gradient of '%s' changed after it was marked "
                          "ready (an op replayed later wrote it). List a parameter on the FIRST op recorded that uses "
                          "it (its backward runs last); with several ranks its bucket would have been averaged before "
                          "that write", changed->name);
+    if (changed)   /* the program's own backward: no tape, no ops */
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "check_ready: the gradient of '%s' changed after ddp_grad_ready "
+                         "marked it ready: call ddp_grad_ready for a parameter only once your backward has finished "
+                         "writing its gradient (every use of the parameter added in); with several ranks its bucket "
+                         "would have been averaged before that write", changed->name);
     return DDP_OK;
 }
 
@@ -6776,17 +6960,27 @@ static ddp_result ddp__grad_ready(ddp_context *ctx, int id) {
         return ddp__fail_group(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_grad_ready: no parameter has id %d", id);
     if ((r = ddp__begin_step(ctx)) != DDP_OK) return r;
     p = &ctx->params[id];
-    if (p->ready)
+    if (!ctx->tape_step) ctx->ready_moment++;   /* the tape counts its ops instead */
+    if (p->ready && ctx->tape_step)
         return ddp__fail_group(ctx, DDP_ERR_DOUBLE_READY, "the gradient of '%s' was marked ready twice in "
                                "one backward (list a parameter only with the op whose backward finishes it; or the "
                                "tape holds two forwards: one whose ddp_backward never ran, which ddp_tape_reset drops)",
                                p->name);
+    if (p->ready)
+        return ddp__fail_group(ctx, DDP_ERR_DOUBLE_READY, "ddp_grad_ready('%s') was called twice in one backward: call "
+                               "it once a step for each parameter, when its gradient is final (then ddp_finish ends "
+                               "the backward)", p->name);
     p->ready = 1;
     p->touched = 1;
     if (ctx->ready_copy) ddp__ready_check(ctx, p, 1);
     if (--ctx->buckets[p->bucket].pending == 0) {
         if (ctx->tl_main) { double t = ddp__now(); ddp__record(ctx, ctx->tl_main, DDP__EV_READY, t, t, p->bucket, 0); }
-        return ddp__launch_ready(ctx);
+        r = ddp__launch_ready(ctx);
+        if (ctx->first_launch_moment < 0 && ctx->next_launch > 0) {
+            ctx->first_launch_moment = ctx->ready_moment;
+            ctx->first_launch_time = ddp__now();
+        }
+        return r;
     }
     return DDP_OK;
 }
@@ -6814,9 +7008,15 @@ static ddp_result ddp__handle_unused(ddp_context *ctx) {
             len += (size_t)snprintf(names + len, sizeof names - len, "%s'%s'", len ? ", " : "", p->name);
     }
     if (unused > 8) snprintf(names + len, sizeof names - len, " and %d more", unused - 8);
-    if (unused)
+    if (unused && ctx->tape_step)
         return ddp__fail_group(ctx, DDP_ERR_UNUSED_PARAMETER, "%d parameter(s) got no gradient in this "
-                                         "backward: %s (set find_unused in ddp_desc if that is intended)", unused, names);
+                                         "backward: %s (no op recorded on the tape listed them; set find_unused in "
+                                         "ddp_desc if that is intended)", unused, names);
+    if (unused)   /* the program's own backward */
+        return ddp__fail_group(ctx, DDP_ERR_UNUSED_PARAMETER, "%d parameter(s) were never marked ready "
+                               "(ddp_grad_ready) in this backward: %s. Every parameter must be marked ready every "
+                               "step, once its gradient is final (set find_unused in ddp_desc if some legitimately "
+                               "get no gradient)", unused, names);
     return DDP_OK;
 }
 
@@ -6824,11 +7024,50 @@ static void ddp__end_step(ddp_context *ctx) {
     int i;
     for (i = 0; i < ctx->num_params; i++) ctx->params[i].ready = 0;
     ctx->in_step = 0;
+    ctx->tape_step = 0;
     ctx->tl_step++;
     ctx->stats.step = ctx->tl_step;
     /* NCCL: a synchronizing step's times arrive later, from its events (be->stats) */
     if (!ctx->be->stats_later || !ctx->sync_enabled) ctx->last_stats = ctx->stats;
     ddp__progress_step(ctx);
+}
+
+/* A synchronizing backward whose first bucket was complete only at its last moment (the last
+   tape op, or the last ddp_grad_ready call) overlapped no communication: say so once, with the
+   usual causes. ddp.h cannot see the backward's compute, so "moment" is what it can count. Ready
+   calls made back to back count as several moments: without a tape, a first bucket complete
+   under 2% of the step (the time since the last ddp_finish, 1 ms or more) before this
+   ddp_finish is said too, as measured. */
+static void ddp__overlap_check(ddp_context *ctx) {
+    double now, window, cycle;
+    if (ctx->overlap_warned || ctx->join_shadow || ctx->world < 2 || ctx->num_buckets < 2 || ctx->ready_moment < 2) return;
+    if (ctx->first_launch_moment >= 0 && ctx->first_launch_moment < ctx->ready_moment) {
+        if (ctx->tape_step || ctx->progress_last_finish <= 0) return;
+        now = ddp__now();
+        window = now - ctx->first_launch_time;
+        cycle = now - ctx->progress_last_finish;
+        if (cycle < 1e-3 || window >= 0.02 * cycle) return;
+        ctx->overlap_warned = 1;
+        if (ctx->rank == 0)
+            ddp__log(ctx, DDP_LOG_WARN, "the first gradient bucket was complete only %.3f ms before ddp_finish, in a "
+                     "step of %.1f ms since the last ddp_finish (step %lld): almost no communication overlapped the "
+                     "backward. Were the ddp_grad_ready calls made back to back after the backward? Call each as soon "
+                     "as your backward has finished that gradient, the parameters registered last first (README.md, "
+                     "\"Your own autograd\")", 1e3 * window, 1e3 * cycle, (long long)ctx->tl_step + 1);
+        return;
+    }
+    ctx->overlap_warned = 1;
+    if (ctx->rank != 0) return;   /* the ranks run the same program: one says it */
+    ddp__log(ctx, DDP_LOG_WARN, "no gradient bucket was complete before the backward's last %s (step %lld): all %d "
+             "buckets (%.2f MiB) were averaged after it, none while it ran. Buckets complete in reverse registration "
+             "order (bucket 0 holds the last parameters registered): %s. A tensor that stacks every layer (all layers' "
+             "weights of one kind in one parameter) is final only when the backward ends: register one slice per layer "
+             "instead (README.md, \"Memory layout and overlap\"). DDP_LOG=info prints the bucket plan",
+             ctx->tape_step ? "op" : "ddp_grad_ready call", (long long)ctx->tl_step + 1, ctx->num_buckets,
+             (double)ctx->flat_count * sizeof(float) / 1048576.0,
+             ctx->tape_step ? "the op replayed first (recorded last) should list the parameters registered last"
+                            : "call ddp_grad_ready as soon as a gradient is final, the parameters registered last "
+                              "first (register them in the order the forward uses them)");
 }
 
 static ddp_result ddp__finish(ddp_context *ctx) {
@@ -6838,6 +7077,7 @@ static ddp_result ddp__finish(ddp_context *ctx) {
     t_wait = ddp__now();
     ctx->stats.backward_ms = 1e3 * (t_wait - ctx->step_start);
     if (ctx->sync_enabled) {
+        ddp__overlap_check(ctx);
         if ((r = ddp__handle_unused(ctx)) != DDP_OK) return r;
         if ((r = ddp__launch_ready(ctx)) != DDP_OK) return r;
         r = ctx->be->finish(ctx, t_wait);
@@ -6931,6 +7171,7 @@ static ddp_result ddp__backward(ddp_context *ctx) {
                          "last ddp_backward (called twice for one forward?); record each op's backward with "
                          "ddp_tape_record, or use ddp_grad_ready and ddp_finish");
     if ((r = ddp__begin_step(ctx)) != DDP_OK) { ddp__tape_reset(ctx); return r; }
+    ctx->tape_step = 1;
     if (ctx->tl_main && ctx->tape_len && ctx->forward_start != 0)
         ddp__record(ctx, ctx->tl_main, DDP__EV_FORWARD, ctx->forward_start, ctx->step_start, -1, 0);
     for (i = ctx->tape_len - 1; i >= 0 && r == DDP_OK; i--) {
@@ -6939,6 +7180,7 @@ static ddp_result ddp__backward(ddp_context *ctx) {
         int n = op->num_ids;
         double t0 = ctx->tl_main ? ddp__now() : 0;
         op->fn(ctx->tape_arena + op->args_offset);
+        ctx->ready_moment++;
         if (ctx->tl_main) ddp__tl_record_op(ctx, op, i, t0);
         for (k = 0; k < n && r == DDP_OK; k += 64) {
             int j, m = n - k < 64 ? n - k : 64;
@@ -6967,15 +7209,30 @@ static ddp_result ddp__zero_grad(ddp_context *ctx) {
 /* A step takes averaged gradients: a ddp_finish with sync on since the last step, at every world
    size (so that a program tried on one rank finds the mistake before it costs a multi-rank run).
    Without it the ranks would step on their own gradients and drift apart, every call "ok". */
-static ddp_result ddp__check_averaged(ddp_context *ctx) {
+static ddp_result ddp__check_averaged(ddp_context *ctx, const char *call) {
     if (ctx->join_pending)
-        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_adamw_step after a backward with gradient sync off "
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s after a backward with gradient sync off "
                          "(ddp_set_sync(ddp, 0)): these gradients are this rank's alone; turn sync on "
-                         "(ddp_set_sync(ddp, 1)) before the last micro-batch's backward");
+                         "(ddp_set_sync(ddp, 1)) before the last micro-batch's backward", call);
     if (!ctx->grads_averaged)
-        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_adamw_step with no ddp_backward or ddp_finish since the "
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s with no ddp_backward or ddp_finish since the "
                          "last step (or since ddp_commit): the gradients were never averaged across ranks; run the "
-                         "backward (ddp_backward, or ddp_grad_ready for each parameter and ddp_finish) first");
+                         "backward (ddp_backward, or ddp_grad_ready for each parameter and ddp_finish) first", call);
+    return DDP_OK;
+}
+
+/* The program's own optimizer keeps the guard ddp_adamw_step has: its step takes averaged
+   gradients, each average once. Sharded, only this rank's part was averaged: refused. */
+static ddp_result ddp__consume_grads(ddp_context *ctx) {
+    ddp_result r;
+    if (ctx->in_step)
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_consume_grads while a backward is in flight (call ddp_finish first)");
+    if (ctx->desc.shard_optimizer && ctx->world > 1)
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_consume_grads with shard_optimizer: only this rank's part of "
+                         "each bucket holds the average, so the program's own optimizer cannot step on ddp_flat_grads; "
+                         "use ddp_adamw_step, or turn shard_optimizer off");
+    if ((r = ddp__check_averaged(ctx, "ddp_consume_grads")) != DDP_OK) return r;
+    ctx->grads_averaged = 0;   /* the next step needs the next backward's averages */
     return DDP_OK;
 }
 
@@ -6986,15 +7243,24 @@ static ddp_result ddp__adamw_step(ddp_context *ctx, const ddp_adamw *opt, float 
     if (ctx->in_step)
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_adamw_step while a backward is in flight (call ddp_finish first)");
     if (!opt) return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_adamw_step needs options (a ddp_adamw)");
+    if (opt->as_given != 0 && opt->as_given != 1)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_adamw.as_given is %d, not 0 or 1: %s", opt->as_given,
+                         DDP__ZERO_INIT_HINT);
+    /* NaN by bits first: under -ffast-math NaN != 0 may be false, and a NaN would become the default */
+    if (!ddp__finite_d(opt->beta1) || !ddp__finite_d(opt->beta2) || !ddp__finite_d(opt->eps))
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_adamw: beta1=%g beta2=%g eps=%g: not finite numbers (%s)",
+                         opt->beta1, opt->beta2, opt->eps, DDP__ZERO_INIT_HINT);
     b1 = opt->beta1 != 0 || opt->as_given ? opt->beta1 : 0.9f;
     b2 = opt->beta2 != 0 || opt->as_given ? opt->beta2 : 0.999f;
     eps = opt->eps != 0 || opt->as_given ? opt->eps : 1e-8f;
-    if (!(opt->lr >= 0) || !(b1 >= 0 && b1 < 1) || !(b2 >= 0 && b2 < 1) || !(eps >= 0) ||
-        !(opt->weight_decay >= 0) || !(opt->max_grad_norm >= 0))
+    if (!ddp__nonneg_d(opt->lr) || !ddp__nonneg_d(b1) || !(b1 < 1) || !ddp__nonneg_d(b2) || !(b2 < 1) ||
+        !ddp__nonneg_d(eps) || !ddp__nonneg_d(opt->weight_decay) || !ddp__nonneg_d(opt->max_grad_norm) ||
+        !ddp__finite_d(opt->lr) || !ddp__finite_d(eps) || !ddp__finite_d(opt->weight_decay) ||
+        !ddp__finite_d(opt->max_grad_norm))
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_adamw: lr=%g beta1=%g beta2=%g eps=%g weight_decay=%g "
-                         "max_grad_norm=%g out of range (lr, eps, weight_decay, max_grad_norm >= 0; betas in [0, 1))",
+                         "max_grad_norm=%g out of range (lr, eps, weight_decay, max_grad_norm finite and >= 0; betas in [0, 1))",
                          opt->lr, b1, b2, eps, opt->weight_decay, opt->max_grad_norm);
-    if ((r = ddp__check_averaged(ctx)) != DDP_OK) return r;
+    if ((r = ddp__check_averaged(ctx, "ddp_adamw_step")) != DDP_OK) return r;
     t0 = ddp__now();
     ctx->grads_averaged = 0;   /* the next step needs the next backward's averages */
     r = ctx->be->adamw(ctx, opt, b1, b2, eps, grad_norm_out);
@@ -8241,6 +8507,11 @@ ddp_result ddp_adamw_step(ddp_context *ctx, const ddp_adamw *opt, float *grad_no
     return r != DDP_OK ? r : ddp__adamw_step(ctx, opt, grad_norm_out);
 }
 
+ddp_result ddp_consume_grads(ddp_context *ctx) {
+    ddp_result r = ddp__usable(ctx, 1, "ddp_consume_grads");
+    return r != DDP_OK ? r : ddp__consume_grads(ctx);
+}
+
 ddp_result ddp_adamw_state(ddp_context *ctx, float **m, float **v, int64_t **step) {
     ddp_result r = ddp__usable(ctx, 1, "ddp_adamw_state");
     if (m) *m = NULL;
@@ -8365,6 +8636,11 @@ static ddp_result ddp__sampler_valid(const ddp_sampler *s, const char *call) {
     if (!s) return ddp__no_context(DDP_ERR_INVALID_ARGUMENT, call, "the sampler is NULL");
     if (s->n == 0) {
         snprintf(why, sizeof why, "rank %d: the sampler's dataset is empty (n = 0)", s->rank);
+        return ddp__no_context(DDP_ERR_INVALID_ARGUMENT, call, why);
+    }
+    if ((s->shuffle != 0 && s->shuffle != 1) || (s->drop_last != 0 && s->drop_last != 1)) {
+        snprintf(why, sizeof why, "ddp_sampler.%s is %d, not 0 or 1: %s", s->shuffle != 0 && s->shuffle != 1 ? "shuffle" : "drop_last",
+                 s->shuffle != 0 && s->shuffle != 1 ? s->shuffle : s->drop_last, DDP__ZERO_INIT_HINT);
         return ddp__no_context(DDP_ERR_INVALID_ARGUMENT, call, why);
     }
     if (s->world < 1) {

@@ -290,13 +290,28 @@ static __global__ void ddp_k__adamw_bf16_kernel(float *p, uint16_t *w, const uin
 
 /* The step scalars, in double as ddp.h's CPU step computes them (pow and sqrt of the host's
    libm on the host, CUDA's on the device). */
+/* NaN/Inf by the exponent bits, not isfinite(): no fast-math flag (--use_fast_math, the host
+   compiler's -ffast-math) may fold this check away (ddp.h's ddp__finite_d says why). */
+static __host__ __device__ __forceinline__ int ddp_k__finite_d(double x) {
+#ifdef __CUDA_ARCH__
+    unsigned long long u = (unsigned long long)__double_as_longlong(x);
+#else
+    unsigned long long u;
+    memcpy(&u, &x, sizeof u);
+#if defined(__GNUC__)
+    __asm__("" : "+r"(u));
+#endif
+#endif
+    return (u & 0x7ff0000000000000ull) != 0x7ff0000000000000ull;
+}
+
 static __host__ __device__ __forceinline__ void ddp_k__adamw_prepare_one(ddp_k_adamw_state *s, const double *norm_sq,
                                                                          float max_grad_norm, float lr, float beta1,
                                                                          float beta2) {
     double norm;
     s->norm_sq = norm_sq ? *norm_sq : 0.0;
     norm = sqrt(s->norm_sq);
-    s->skip = !isfinite(norm);
+    s->skip = !ddp_k__finite_d(norm);
     if (s->skip) { s->skipped++; return; }
     s->clip = 1.0f;
     if (max_grad_norm > 0 && norm > (double)max_grad_norm) s->clip = (float)((double)max_grad_norm / (norm + 1e-6));

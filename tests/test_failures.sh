@@ -267,7 +267,7 @@ else
   fi
   shm_small 1m timeout 60 "$B/ddprun" -n 2 "$B/train_gpt" "${GPT[@]}" >"$tmp/shm_none" 2>&1; rc=$?
   if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && ! grep -qi "signal" "$tmp/shm_none" &&
-     grep -q "rank 0: cannot reserve .* bytes of shared memory .*/dev/shm too small" "$tmp/shm_none"; then
+     grep -q "\(rank 0: \|\[rank 0\] \)cannot reserve .* bytes of shared memory .*/dev/shm too small" "$tmp/shm_none"; then
     pass "tiny_dev_shm_clear_error_at_init"
   else
     fail "tiny_dev_shm_clear_error_at_init" "rc=$rc: $(tail -n 3 "$tmp/shm_none")"

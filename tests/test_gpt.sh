@@ -205,7 +205,7 @@ refused() {   # name, checkpoint, expected words, [more train flags]
     local name=$1 ck=$2 want=$3 out rc; shift 3
     out=$(train --steps 8 --resume "$ck" "$@" 2>&1); rc=$?
     if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q -- "$want" <<<"$out" && ! grep -q "resumed from" <<<"$out"; then
-        pass "$name"; echo "  ($(grep -m1 -o "rank 0: .*" <<<"$out" | cut -c1-150))"
+        pass "$name"; echo "  ($(grep -m1 -o "\(rank 0: \|\[rank 0\] \)[a-z].*" <<<"$out" | cut -c1-150))"
     else fail "$name" "rc $rc: $(grep -v '^\[rank 0\] step' <<<"$out" | tail -n 2 | tr '\n' ' ')"; fi
 }
 cat "$tmp/ck1" >"$tmp/long"; printf 'x' >>"$tmp/long"
@@ -218,7 +218,7 @@ refused gpt_resume_refuses_other_seed "$tmp/ck1" "trained with --seed 1337, this
 refused gpt_resume_refuses_other_dropout "$tmp/ck1" "trained with --dropout 0, this run has --dropout 0.1: pass --dropout 0" --dropout 0.1
 [ -p "$tmp/fifo" ] || mkfifo "$tmp/fifo"
 out=$(timeout 30 "$B/ddprun" -n "$N" "${WRAP[@]}" "$BIN" "${TINY[@]}" --steps 8 --resume "$tmp/fifo" 2>&1); rc=$?
-if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "rank 0: the checkpoint '$tmp/fifo' is a FIFO (named pipe), not a regular file" <<<"$out"; then
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "\(rank 0: \|\[rank 0\] \)the checkpoint '$tmp/fifo' is a FIFO (named pipe), not a regular file" <<<"$out"; then
     pass gpt_resume_refuses_fifo
 else fail gpt_resume_refuses_fifo "rc $rc (124: it blocked in open): $(tail -n 2 <<<"$out" | tr '\n' ' ')"; fi
 out=$(train --steps 8 --dim 64 --save "$tmp/ck1" 2>&1); rc=$?

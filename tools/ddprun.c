@@ -16,7 +16,9 @@
  * ranks only; a rank failing on another node reaches these through ddp.h (the group fails).  With more than one
  * rank, OMP_NUM_THREADS and OPENBLAS_NUM_THREADS default to each rank's share
  * of the CPUs ddprun may use (at least 1; a value already set is kept).  Each
- * line a rank writes is copied to ddprun's stdout/stderr prefixed with "[rank R] ".
+ * line a rank writes is copied to ddprun's stdout/stderr prefixed with "[rank R] " (a line that
+ * starts with that rank's own "rank R: ", as ddp.h's messages do, loses those words: the
+ * prefix says it; "ddp rank R warning: ..." becomes "ddp warning: ...").
  * If a rank fails, or ddprun gets SIGINT/SIGTERM, the other ranks get
  * SIGTERM (or the forwarded signal) and, after the grace period, SIGKILL.
  * With --max-restarts N, a failed job is then started again (a new token,
@@ -679,15 +681,37 @@ static void note_waited_for(struct job *job, int rank, const char *line, size_t 
         job->ranks[index].waited_for = peer;
 }
 
-/* Each line is queued whole, so lines of different ranks never mix. */
+/* Length of "rank R: " (or of "rank R", in "ddp rank R level: ", ddp.h's default logger) at the
+   start of a line when R is the rank that wrote it: ddp.h's messages (ddp_last_error) start
+   with their rank, which the "[rank R] " prefix already says. 0 otherwise. */
+static size_t own_rank_words(const char *line, size_t len, int rank, int colon)
+{
+    char word[32];
+    int n = snprintf(word, sizeof word, colon ? "rank %d: " : "rank %d ", rank);
+    return n > 0 && (size_t)n <= len && !memcmp(line, word, (size_t)n) ? (size_t)n : 0;
+}
+
+/* Each line is queued whole, so lines of different ranks never mix. The rank's own "rank R: "
+   at the start of a line is dropped ("[rank 0] rank 0: ..." said it twice). */
 static void emit_line(struct job *job, const struct stream *s, const char *line, size_t len)
 {
     static char out[LINE_CAP + 64];
     int n = snprintf(out, 64, "[rank %*d] ", job->prefix_width, s->rank);
+    const char *whole = line;
+    size_t whole_len = len, skip = own_rank_words(line, len, s->rank, 1);
+    if (skip) {
+        line += skip;
+        len -= skip;
+    } else if (len > 4 && !memcmp(line, "ddp ", 4) && (skip = own_rank_words(line + 4, len - 4, s->rank, 0)) != 0) {
+        memcpy(out + n, "ddp ", 4);   /* "ddp rank R warning: ..." -> "ddp warning: ..." */
+        n += 4;
+        line += 4 + skip;
+        len -= 4 + skip;
+    }
     memcpy(out + n, line, len);
     out[(size_t)n + len] = '\n';
     if (s->dest == STDERR_FILENO)
-        note_waited_for(job, s->rank, line, len);
+        note_waited_for(job, s->rank, whole, whole_len);
     emit(s->dest, out, (size_t)n + len + 1);
 }
 
