@@ -5,7 +5,7 @@
 #                                        on h1, one slurmd a host; waits until every node is idle
 #   tools/slurm_hosts.sh down            stop the daemons, remove the hosts and every file made
 #   tools/slurm_hosts.sh exec HOST CMD.. run CMD on HOST with SLURM_CONF set (srun, sbatch, ...)
-#   tools/slurm_hosts.sh conf            the path of the generated slurm.conf
+#   tools/slurm_hosts.sh conf            the path of h1's slurm.conf (SLURM_CONF for tools on h1)
 #   tools/slurm_hosts.sh check           exit 0 if the cluster can be made here, else print why, 77
 #
 # What runs (Debian 12: slurm-wlm 22.05, munge 0.5):
@@ -55,8 +55,6 @@ why_not() {
     done
     why=$("$H" check) || { echo "$why"; return; }
 }
-
-hosts_up() { local f n=0; for f in /run/ddp-hosts/$PREFIX/h*.addr; do [ -e "$f" ] && n=$((n + 1)); done; echo $n; }
 
 # Stop a daemon by its pid file: TERM, then KILL after 3 s.
 stop_pidfile() {
@@ -120,6 +118,14 @@ NodeName=DEFAULT CPUs=8 RealMemory=100 State=UNKNOWN
 EOF
     for i in $(seq 1 "$n"); do echo "NodeName=h$i NodeAddr=10.77.0.$i" >>"$D/slurm.conf"; done
     echo "PartitionName=ddp Nodes=$nodes Default=YES MaxTime=INFINITE State=UP" >>"$D/slurm.conf"
+    # One configuration directory a node: the same slurm.conf, and an mpi.conf of its own. The
+    # PMIx plugin makes a directory per step under PMIxCliTmpDirBase (default TmpFS, /tmp) on
+    # every node of the step: in one shared /tmp the second node finds the first's and the step
+    # fails ("pmixp_mkdir: File exists"). Tools read the slurm.conf of the host they run on.
+    for i in $(seq 1 "$n"); do
+        mkdir -p "$D/conf/h$i" "$D/pmix/h$i" && cp "$D/slurm.conf" "$D/conf/h$i/slurm.conf" &&
+            echo "PMIxCliTmpDirBase=$D/pmix/h$i" >"$D/conf/h$i/mpi.conf" || die "cannot write h$i's configuration"
+    done
     { echo "127.0.0.1 localhost"; for i in $(seq 1 "$n"); do echo "10.77.0.$i h$i"; done; } >"$D/hosts"
 }
 
@@ -155,11 +161,10 @@ up() {
     munged --force -S "$D/munge.socket" --key-file="$D/munge.key" --pid-file="$D/munged.pid" \
         --log-file="$D/munged.log" --seed-file="$D/munged.seed" 2>>"$D/munged.log" ||
         die "munged did not start: $(tail -n 3 "$D/munged.log")"
-    export SLURM_CONF=$D/slurm.conf
     # -c: a clean start (no state of an earlier cluster); -i: ignore state files' errors
-    "$H" exec h1 slurmctld -c -i >>"$D/slurmctld.start.log" 2>&1 || die "slurmctld did not start: $(tail -n 5 "$D/slurmctld.log" "$D/slurmctld.start.log" 2>/dev/null)"
+    SLURM_CONF=$D/conf/h1/slurm.conf "$H" exec h1 slurmctld -c -i >>"$D/slurmctld.start.log" 2>&1 || die "slurmctld did not start: $(tail -n 5 "$D/slurmctld.log" "$D/slurmctld.start.log" 2>/dev/null)"
     for i in $(seq 1 "$n"); do
-        "$H" exec "h$i" slurmd -N "h$i" >>"$D/slurmd.start.log" 2>&1 ||
+        SLURM_CONF=$D/conf/h$i/slurm.conf "$H" exec "h$i" slurmd -N "h$i" >>"$D/slurmd.start.log" 2>&1 ||
             die "slurmd on h$i did not start: $(tail -n 5 "$D/slurmd.h$i.log" "$D/slurmd.start.log" 2>/dev/null)"
     done
     why=$(wait_idle "$n" 30) || die "$why; slurmctld says: $(tail -n 5 "$D/slurmctld.log")"
@@ -168,7 +173,8 @@ up() {
 
 enter() { # HOST CMD...
     [ -e "$D/slurm.conf" ] || die "no cluster for DDP_HOSTS_PREFIX=$PREFIX (tools/slurm_hosts.sh up first)"
-    SLURM_CONF=$D/slurm.conf exec "$H" exec "$@"
+    [ -e "$D/conf/$1/slurm.conf" ] || die "no host '$1' in the cluster (hosts: $(ls "$D/conf" | tr '\n' ' '))"
+    SLURM_CONF=$D/conf/$1/slurm.conf exec "$H" exec "$@"
 }
 
 cmd=${1:-}
@@ -178,7 +184,7 @@ case $cmd in
     up) [ $# -le 1 ] || usage; up "$@" ;;
     down) down ;;
     exec) [ $# -ge 2 ] || usage; enter "$@" ;;
-    conf) [ -e "$D/slurm.conf" ] || die "no cluster for DDP_HOSTS_PREFIX=$PREFIX"; echo "$D/slurm.conf" ;;
+    conf) [ -e "$D/slurm.conf" ] || die "no cluster for DDP_HOSTS_PREFIX=$PREFIX"; echo "$D/conf/h1/slurm.conf" ;;
     check) why=$(why_not); if [ -n "$why" ]; then echo "$why"; exit 77; fi ;;
     *) usage ;;
 esac
