@@ -342,7 +342,18 @@
    ENVIRONMENT (first match wins)
      torchrun style  RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
      Open MPI        OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE (+ MASTER_ADDR/PORT)
-     Slurm           SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID (+ MASTER_ADDR/PORT)
+     Slurm (srun)    SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID; the tasks on this node:
+                     SLURM_STEP_TASKS_PER_NODE ("2(x3),1") at SLURM_NODEID (else
+                     SLURM_TASKS_PER_NODE, else SLURM_NTASKS_PER_NODE). MASTER_ADDR unset: a step
+                     on one node uses 127.0.0.1; on several, the first host of
+                     SLURM_STEP_NODELIST (Slurm's hostlist syntax, "cn[07-09,12],gpu[1-2]x[1-4]",
+                     expanded by ddp.h; resolved like any name), and rank 0, if srun put it on
+                     another node, refuses by name. MASTER_PORT unset: 20000 + (64 x
+                     SLURM_JOB_ID + SLURM_STEP_ID) mod 12288, in [20000, 32288): steps 0..63 of one
+                     job never share a port, two jobs only when their ids are equal modulo 192
+                     (then the job ids refuse the stranger by name, JOB IDENTITY). A given
+                     MASTER_ADDR / MASTER_PORT wins. A process of a Slurm job with SLURM_NTASKS > 1
+                     but no SLURM_STEP_ID (the batch script itself, not srun) is refused by name.
      none            one rank, no network
      DDP_JOB_TOKEN   shared secret of the job (ddprun makes a fresh one): rank 0's store and each
                      rank prove to each other that they know it, without sending it
@@ -493,7 +504,8 @@
                     sample; pure (its entry points, which
                     only check the struct, are in >>public like every other)
      >>timeline     per-thread event lists, the Chrome trace written at shutdown
-     >>env          the launcher environment; the descriptor: environment, ddp__desc_defaults
+     >>env          the launcher environment (under srun: Slurm's hostlist syntax, the step's
+                    first node and port); the descriptor: environment, ddp__desc_defaults
                     (every default, pure), validation, the group
      >>store        the rendezvous store (server thread on rank 0, client on every rank)
      >>host         what single and cpu share: host flat buffers, AdamW arithmetic (bf16 parameters:
@@ -6428,8 +6440,9 @@ static ddp_result ddp__choose_backend(ddp_context *ctx) {
         gethostname(host, sizeof host - 1);
         return ddp__fail(ctx, DDP_ERR_BAD_ENV, "the CPU backend needs every rank on one host, but "
                          "WORLD_SIZE=%d and LOCAL_WORLD_SIZE=%d: the job spans hosts (this rank on '%s', rank 0's "
-                         "store on MASTER_ADDR %s). What works: all %d ranks on one host (ddprun -n %d), or GPUs "
-                         "(the NCCL backend); ddp.h has no CPU backend across hosts yet", ctx->world,
+                         "store on MASTER_ADDR %s). What works: all %d ranks on one host (ddprun -n %d), GPUs "
+                         "(the NCCL backend), or the MPI backend for CPU ranks on several hosts (a build by mpicc "
+                         "-DDDP_MPI, started by mpirun or srun --mpi=pmix)", ctx->world,
                          ctx->local_world, host, ctx->master_addr, ctx->world, ctx->world);
     }
     ctx->be = &ddp__cpu_backend;
