@@ -1063,9 +1063,15 @@ static void slurm_init(const char *const *vars, ddp_result *r, char *err, size_t
     *r = ddp_init(&ctx, NULL);
     snprintf(err, cap, "%s", ddp_last_error(ctx));
     memset(cfg, 0, sizeof *cfg);
-    if (ddp_config(ctx)) {
+    if (ddp_config(ctx)) {   /* the strings live in the context: kept past ddp_shutdown in slurm_addr */
+        static char slurm_addr[256];
         *cfg = *ddp_config(ctx);
-        snprintf(err + strlen(err), cap - strlen(err), " [addr %s port %d local %d/%d]", cfg->master_addr ? cfg->master_addr : "-",
+        snprintf(slurm_addr, sizeof slurm_addr, "%s", cfg->master_addr ? cfg->master_addr : "-");
+        cfg->master_addr = slurm_addr;
+        cfg->job_id = NULL;
+        cfg->job_token = NULL;
+        cfg->timeline_path = NULL;
+        snprintf(err + strlen(err), cap - strlen(err), " [addr %s port %d local %d/%d]", cfg->master_addr,
                  cfg->master_port, cfg->local_rank, cfg->local_world_size);
     }
     ddp_shutdown(ctx);
