@@ -73,17 +73,24 @@ grep -q "^FAIL" "$tmp/eq1.log" && why="$why; $(grep -m 2 '^FAIL' "$tmp/eq1.log")
 [ -z "$why" ] && pass slurm_srun_N1_n2_cpu_equivalence ||
     fail slurm_srun_N1_n2_cpu_equivalence "${why#; }: $(grep -v '^  (\|^PASS' "$tmp/eq1.log" | tail -n 4)"
 
-# 2. Two nodes, the CPU build: every rank refuses at once, saying the job spans hosts; srun fails.
+# 2. Two nodes, the CPU build (srun -N 2 -n 4: nodes of 8 CPUs get 3 tasks and 1): every rank
+#    refuses at once, saying the job spans hosts and how many of its ranks are on its own host
+#    (from SLURM_STEP_TASKS_PER_NODE); srun fails.
 t0=$(now)
-on1 timeout $((60 * SLOW)) srun -N 2 --ntasks-per-node=2 "$B/minimal" >"$tmp/span.log" 2>&1
+on1 timeout $((60 * SLOW)) srun -N 2 -n 4 "$B/minimal" >"$tmp/span.log" 2>&1
 rc=$?
 t=$(secs "$t0" "$(now)")
 why=""
 for r in 0 1 2 3; do
-    h=h$((r / 2 + 1))
-    grep -q "^rank $r: the CPU backend needs every rank on one host, but WORLD_SIZE=4 and LOCAL_WORLD_SIZE=2: the job spans hosts (this rank on '$h', rank 0's store on MASTER_ADDR h1)" \
-        "$tmp/span.log" || why="$why; rank $r did not say so"
+    l=$(grep "^rank $r: the CPU backend needs every rank on one host, but WORLD_SIZE=4 and LOCAL_WORLD_SIZE=[0-9]: the job spans hosts (this rank on 'h[12]', rank 0's store on MASTER_ADDR h1)" "$tmp/span.log")
+    [ -n "$l" ] || { why="$why; rank $r did not say so"; continue; }
+    h=$(echo "$l" | sed -n "s/.*this rank on '\(h[12]\)'.*/\1/p")
+    n=$(echo "$l" | sed -n 's/.*LOCAL_WORLD_SIZE=\([0-9]\).*/\1/p')
+    on_h=$(grep -c "this rank on '$h'" "$tmp/span.log")
+    [ "$n" = "$on_h" ] || why="$why; rank $r on $h says $n ranks there, $on_h are"
 done
+[ "$(grep -c "this rank on 'h1'" "$tmp/span.log")" -ge 1 ] && [ "$(grep -c "this rank on 'h2'" "$tmp/span.log")" -ge 1 ] ||
+    why="$why; not on both hosts"
 [ $rc -ne 0 ] || why="$why; srun exit 0"
 lt "$t" $((15 * SLOW)) || why="$why; took ${t}s"
 [ -z "$why" ] && pass "slurm_srun_N2_cpu_build_refused_by_name_on_every_rank (${t}s)" ||
@@ -148,9 +155,22 @@ else sb=(-N 1 --ntasks-per-node=2); train=$B/train_gpt; world=2; fi
 on1 env TRAIN="$PWD/$train" sbatch --wait "${sb[@]}" -o "$tmp/sbatch.out" -D "$PWD" examples/train_gpt.sbatch \
     --data "$data" "${gpt[@]}" --steps 4 --eval-every 4 >"$tmp/sbatch.log" 2>&1
 rc=$?
-if [ $rc -eq 0 ] && grep -q "step     4/4 | loss" "$tmp/sbatch.out" && grep -q "done: step 4 | val loss" "$tmp/sbatch.out" &&
-   grep -q "train_gpt: $world rank(s)" "$tmp/sbatch.out"; then pass "slurm_sbatch_example_trains_the_gpt_on_${world}_ranks"
-else fail slurm_sbatch_example_trains_the_gpt "sbatch exit $rc: $(tail -n 4 "$tmp/sbatch.out" "$tmp/sbatch.log" 2>/dev/null)"; fi
+# The same model as 1 rank at world x the batch (its validation loss, to float32 rounding across
+# the different sums); the CPU build on one node: the same bits as ddprun's 2 ranks.
+"$B/train_gpt" --data "$data" "${gpt[@]}" --batch $((2 * world)) --steps 4 --eval-every 4 >"$tmp/one.log" 2>&1
+vl() { sed -n 's/.*done: step 4 | val loss \([0-9.]*\).*/\1/p' "$1"; }
+why=""
+[ $rc -eq 0 ] && grep -q "step     4/4 | loss" "$tmp/sbatch.out" && grep -q "train_gpt: $world rank(s)" "$tmp/sbatch.out" ||
+    why="sbatch exit $rc: $(tail -n 4 "$tmp/sbatch.out" "$tmp/sbatch.log" 2>/dev/null)"
+awk -v a="$(vl "$tmp/sbatch.out")" -v b="$(vl "$tmp/one.log")" 'BEGIN { exit !(a != "" && b != "" && a - b < 2e-4 && b - a < 2e-4) }' ||
+    why="$why; val loss '$(vl "$tmp/sbatch.out")', 1 rank at ${world}x batch '$(vl "$tmp/one.log")'"
+if [ $MPI = 0 ]; then
+    "$B/ddprun" -n 2 "$B/train_gpt" --data "$data" "${gpt[@]}" --steps 4 --eval-every 4 >"$tmp/ddprun.log" 2>&1
+    h1=$(grep -o 'params fnv1a [0-9a-f]*' "$tmp/sbatch.out"); h2=$(grep -o 'params fnv1a [0-9a-f]*' "$tmp/ddprun.log")
+    [ -n "$h1" ] && [ "$h1" = "$h2" ] || why="$why; sbatch's '$h1', ddprun's '$h2'"
+fi
+[ -z "$why" ] && pass "slurm_sbatch_example_trains_the_gpt_on_${world}_ranks_as_1_rank_at_${world}x_batch" ||
+    fail slurm_sbatch_example_trains_the_gpt "${why#; }"
 
 jobid=$(on1 env TRAIN="$PWD/$train" sbatch --parsable "${sb[@]}" -o "$tmp/cancel.out" -D "$PWD" examples/train_gpt.sbatch \
     --data "$data" "${gpt[@]}" --steps 10000000 --eval-every 0 --log-every 50 2>"$tmp/cancel.log")
@@ -206,4 +226,5 @@ if [ $MPI = 1 ]; then
     [ -z "$why" ] && pass "slurm_node_killed_mid_step_survivors_name_it_srun_fails (srun ${t}s; timeout ${TMO}s)" ||
         fail slurm_node_killed_mid_step_survivors_name_it_srun_fails "${why#; } [srun: $(tail -n 3 "$tmp/kill.srun.log" | tr '\n' ' ')]"
 fi
+[ -n "${SLURM_TEST_KEEP:-}" ] && cp -r "$tmp" "$SLURM_TEST_KEEP"   # the logs, to look at
 [ $fails -eq 0 ]
