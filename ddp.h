@@ -352,8 +352,9 @@
                      SLURM_JOB_ID + SLURM_STEP_ID) mod 12288, in [20000, 32288): steps 0..63 of one
                      job never share a port, two jobs only when their ids are equal modulo 192
                      (then the job ids refuse the stranger by name, JOB IDENTITY). A given
-                     MASTER_ADDR / MASTER_PORT wins. A process of a Slurm job with SLURM_NTASKS > 1
-                     but no SLURM_STEP_ID (the batch script itself, not srun) is refused by name.
+                     MASTER_ADDR / MASTER_PORT wins. A process of a Slurm job outside a step (no
+                     SLURM_STEP_ID: the batch script, salloc's shell) is one rank, and refused by
+                     name where SLURM_NTASKS > 1 (start it with srun).
      none            one rank, no network
      DDP_JOB_TOKEN   shared secret of the job (ddprun makes a fresh one): rank 0's store and each
                      rank prove to each other that they know it, without sending it
@@ -1789,13 +1790,18 @@ static ddp_result ddp__read_env(ddp_context *ctx) {
     if (!sc) { ctx->rank = 0; ctx->world = 1; ctx->local_rank = 0; ctx->local_world = 1; return DDP_OK; }
     slurm = sc == &schemes[2];
     local_world_name = sc->local_world;
-    /* A batch script (or salloc's shell) runs once, with the job's SLURM_NTASKS: said at once,
-       not a rank 0 waiting for tasks that srun never started. */
+    /* A batch script (or salloc's shell) runs once, with the job's SLURM_NTASKS: more than one is
+       said at once, not a rank 0 waiting for tasks that srun never started; one is one rank. */
     if (slurm && ((s = getenv("SLURM_JOB_ID")) || (s = getenv("SLURM_JOBID"))) && *s && !getenv("SLURM_STEP_ID") &&
-        !getenv("SLURM_STEPID") && getenv("SLURM_NTASKS") && strcmp(getenv("SLURM_NTASKS"), "1"))
-        return ddp__fail(ctx, DDP_ERR_BAD_ENV, "SLURM_NTASKS=%s, but this process of Slurm job %s was not started by "
-                         "srun (no SLURM_STEP_ID: the batch script itself?): start the program with srun, or unset "
-                         "SLURM_NTASKS for one rank", getenv("SLURM_NTASKS"), s);
+        !getenv("SLURM_STEPID")) {
+        const char *n = getenv("SLURM_NTASKS");
+        if (n && *n && strcmp(n, "1"))
+            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "SLURM_NTASKS=%s, but this process of Slurm job %s was not started "
+                             "by srun (no SLURM_STEP_ID: the batch script itself?): start the program with srun, or "
+                             "unset SLURM_NTASKS for one rank", n, s);
+        ctx->rank = 0; ctx->world = 1; ctx->local_rank = 0; ctx->local_world = 1;
+        return DDP_OK;
+    }
 
     ctx->rank = -1;
     if (ddp__env_int(ctx, sc->world, 1, 1 << 20, &ctx->world) != 1 ||

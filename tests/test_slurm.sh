@@ -8,7 +8,8 @@
 #   srun -N 2 -n 4 of the CPU build: every rank refuses at once, naming the span; srun fails
 #   srun --mpi=pmix -N 2 --ntasks-per-node=2 of the MPI build: 2 hosts x 2 ranks = 1 rank at 4x
 #   batch, the same bits on every rank, each rank on its host; the tiny GPT the same way
-#   two steps of one job at once on the same node: each its own world, both complete
+#   two steps of one job at once on the same node: each its own world, both complete; a program
+#   started by the batch script itself refused by name
 #   the sbatch example (examples/train_gpt.sbatch) runs the GPT trainer; scancel ends it with no
 #   process and nothing in any host's /dev/shm left
 #   a node killed mid-step (every process of h2, slurmd included): the survivors on h1 name it
@@ -145,6 +146,16 @@ done
 [ $overlap = 1 ] || why="$why; the steps did not run at the same time"
 [ -z "$why" ] && pass slurm_two_steps_of_one_job_at_once_do_not_merge ||
     fail slurm_two_steps_of_one_job_at_once_do_not_merge "${why#; } $(tail -n 2 "$tmp/salloc.log")"
+
+# 4b. A program started by the batch script itself, not srun (SLURM_NTASKS=2, no step): refused at
+#     once by name, not a rank 0 waiting for a task that never comes.
+t0=$(now)
+on1 timeout $((60 * SLOW)) sbatch --wait -N 1 -n 2 -o "$tmp/batch_itself.out" -D "$PWD" --wrap "$B/minimal" >/dev/null 2>&1
+rc=$?
+t=$(secs "$t0" "$(now)")
+if [ $rc -ne 0 ] && grep -q "SLURM_NTASKS=2, but this process of Slurm job [0-9]* was not started by srun" "$tmp/batch_itself.out" &&
+   lt "$t" $((15 * SLOW)); then pass "slurm_program_in_the_batch_script_itself_refused_by_name (${t}s)"
+else fail slurm_program_in_the_batch_script_itself_refused_by_name "sbatch exit $rc after ${t}s: $(head -c 300 "$tmp/batch_itself.out")"; fi
 
 # 5. The sbatch example as a user runs it: the tiny GPT trainer, no MASTER_* anywhere; then a
 #    long one cancelled with scancel: the job ends, nothing of it left on any host.

@@ -1096,6 +1096,7 @@ static void test_slurm_env(void) {
                                "SLURM_STEP_TASKS_PER_NODE", "2", "SLURM_NTASKS_PER_NODE", "8", NULL };
     const char *batch[] = { "SLURM_PROCID", "0", "SLURM_NTASKS", "4", "SLURM_JOB_ID", "77", "SLURM_NODEID", "0",
                             "SLURM_TASKS_PER_NODE", "2(x2)", NULL };
+    const char *salloc_shell[] = { "SLURM_NTASKS", "1", "SLURM_JOB_ID", "78", "SLURM_NODELIST", "h[1-2]", NULL };
     const char *rank0_elsewhere[] = { "SLURM_PROCID", "0", "SLURM_NTASKS", "4", "SLURM_LOCALID", "0", "SLURM_NODEID", "1",
                                       "SLURM_JOB_ID", "9", "SLURM_STEP_ID", "0", "SLURM_STEP_NODELIST", "h[1-2]",
                                       "SLURM_STEP_TASKS_PER_NODE", "2(x2)", NULL };
@@ -1130,6 +1131,8 @@ static void test_slurm_env(void) {
     slurm_init(batch, &r, err, sizeof err, &c);
     verdict(r == DDP_ERR_BAD_ENV && contains(err, "SLURM_NTASKS=4, but this process of Slurm job 77 was not started by srun"),
             "slurm_batch_script_itself_refused", "%s: %s", ddp_result_string(r), err);
+    slurm_init(salloc_shell, &r, err, sizeof err, &c);
+    verdict(r == DDP_OK && c.world_size == 1, "slurm_job_shell_of_one_task_is_one_rank", "%s: %s", ddp_result_string(r), err);
     slurm_init(rank0_elsewhere, &r, err, sizeof err, &c);
     verdict(r == DDP_ERR_BAD_ENV && contains(err, "rank 0 runs on node 1 of the step") && contains(err, "not on its first node 'h1'"),
             "slurm_rank0_not_on_first_node_refused", "%s: %s", ddp_result_string(r), err);
