@@ -1742,7 +1742,7 @@ static ddp_result ddp__slurm_rendezvous(ddp_context *ctx, int need_addr, int *po
     char why[160];
     unsigned long long job, step;
     char *e1, *e2;
-    int node = -1;
+    int node = -1, r;
     if (need_addr && ctx->local_world < ctx->world) {
         if (!(list = getenv(name)) || !*list) list = getenv(name = "SLURM_NODELIST");
         if (!list || !*list)
@@ -1753,7 +1753,8 @@ static ddp_result ddp__slurm_rendezvous(ddp_context *ctx, int need_addr, int *po
             return ddp__fail(ctx, DDP_ERR_BAD_ENV, "%s='%.200s' is not a Slurm host list: %s", name, list, why);
         ctx->master_addr_from = !strcmp(name, "SLURM_NODELIST") ? "the first node of SLURM_NODELIST"
                                                                  : "the first node of SLURM_STEP_NODELIST";
-        if (ctx->rank == 0 && ddp__env_int(ctx, "SLURM_NODEID", 0, INT_MAX, &node) == 1 && node != 0) {
+        if (ctx->rank == 0 && (r = ddp__env_int(ctx, "SLURM_NODEID", 0, INT_MAX, &node)) < 0) return DDP_ERR_BAD_ENV;
+        if (ctx->rank == 0 && r == 1 && node != 0) {
             char host[256] = "?";
             gethostname(host, sizeof host - 1);
             return ddp__fail(ctx, DDP_ERR_BAD_ENV, "rank 0 runs on node %d of the step ('%s'), not on its first node '%s' "
