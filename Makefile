@@ -308,14 +308,16 @@ test-tsan:
 	@$(MAKE) --no-print-directory B=build-tsan OPT="$(TSAN_OPT)" NVCC= test
 
 # libFuzzer targets (clang): the rendezvous store's message handling, ddp.h's checkpoint
-# loader (ddp_load), the GPT's data loader; FUZZ_SECONDS each.
+# loader (ddp_load), the GPT's data loader, Slurm's hostlist syntax; FUZZ_SECONDS each.
 FUZZ_SECONDS ?= 60
 FUZZ_CC      ?= clang
-FUZZERS      := $(B)/fuzz_store $(B)/fuzz_checkpoint $(B)/fuzz_data
+FUZZERS      := $(B)/fuzz_store $(B)/fuzz_checkpoint $(B)/fuzz_data $(B)/fuzz_hostlist
 FUZZ_FLAGS   := -std=c99 -g -O1 -fno-math-errno -fsanitize=fuzzer,address,undefined $(WARN)
 $(B)/fuzz_store: fuzz/fuzz_store.c ddp.h | $(B)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $< $(LDLIBS)
 $(B)/fuzz_checkpoint: fuzz/fuzz_checkpoint.c ddp.h | $(B)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $< $(LDLIBS)
+$(B)/fuzz_hostlist: fuzz/fuzz_hostlist.c ddp.h | $(B)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $< $(LDLIBS)
 $(B)/fuzz_%: fuzz/fuzz_%.c examples/gpt/train_gpt.c examples/gpt/gpt.h ddp.h | $(B)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -DGPT_NO_BLAS -o $@ $< $(LDLIBS)

@@ -394,7 +394,19 @@
    ENVIRONMENT (first match wins)
      torchrun style  RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
      Open MPI        OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE (+ MASTER_ADDR/PORT)
-     Slurm           SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID (+ MASTER_ADDR/PORT)
+     Slurm (srun)    SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID; the tasks on this node:
+                     SLURM_STEP_TASKS_PER_NODE ("2(x3),1") at SLURM_NODEID (else
+                     SLURM_TASKS_PER_NODE, else SLURM_NTASKS_PER_NODE). MASTER_ADDR unset: a step
+                     on one node uses 127.0.0.1; on several, the first host of
+                     SLURM_STEP_NODELIST (Slurm's hostlist syntax, "cn[07-09,12],gpu[1-2]x[1-4]",
+                     expanded by ddp.h; resolved like any name), and rank 0, if srun put it on
+                     another node, refuses by name. MASTER_PORT unset: 20000 + (64 x
+                     SLURM_JOB_ID + SLURM_STEP_ID) mod 12288, in [20000, 32288): steps 0..63 of one
+                     job never share a port, two jobs only when their ids are equal modulo 192
+                     (then the job ids refuse the stranger by name, JOB IDENTITY). A given
+                     MASTER_ADDR / MASTER_PORT wins. A process of a Slurm job outside a step (no
+                     SLURM_STEP_ID: the batch script, salloc's shell) is one rank, and refused by
+                     name where SLURM_NTASKS > 1 (start it with srun).
      none            one rank, no network
      DDP_JOB_TOKEN   shared secret of the job (ddprun makes a fresh one): rank 0's store and each
                      rank prove to each other that they know it, without sending it
@@ -548,7 +560,8 @@
                     sample; pure (its entry points, which
                     only check the struct, are in >>public like every other)
      >>timeline     per-thread event lists, the Chrome trace written at shutdown
-     >>env          the launcher environment; the descriptor: ddp__desc_check_given (flags, enums,
+     >>env          the launcher environment (under srun: Slurm's hostlist syntax, the step's
+                    first node and port); the descriptor: ddp__desc_check_given (flags, enums,
                     NaN, as the program gave it), environment, ddp__desc_defaults (every default,
                     pure), validation, the group
      >>store        the rendezvous store (server thread on rank 0, client on every rank)
@@ -1158,6 +1171,7 @@ typedef struct ddp__backend {
 struct ddp_context {
     ddp_desc desc;                 /* resolved */
     char master_addr[256];
+    const char *master_addr_from;  /* what gave master_addr, for messages: NULL = MASTER_ADDR (>>env) */
     char job_token[128];
     char job_id[256];              /* who this rank's job is (desc.job_id): checked at the rendezvous */
     unsigned char store_key[32];   /* from the token and the job id: the store handshake's key */
@@ -1690,6 +1704,183 @@ static void ddp__launcher_job_id(ddp_context *ctx, const ddp__env_scheme *sc) {
     }
 }
 
+/* Slurm's hostlist syntax (SLURM_STEP_NODELIST, `scontrol show hostnames`): names separated by
+   commas; a name may hold bracket groups of numbers and ranges, "h[1-3,7]"; a number's width is
+   its range's lower bound's ("a[01-03]" = a01 a02 a03, "n[8-10]" = n8 n9 n10); with several
+   groups ("r[1-2]n[1-4]") the first varies slowest, as Slurm expands them. */
+#define DDP__HOSTLIST_MAX 10000000L   /* hosts in one list: more is a malformed list, not a cluster */
+
+/* Digits at q (at most 9): the number and how many digits; NULL where there are none or too many. */
+static const char *ddp__hostlist_num(const char *q, const char *end, unsigned long *v, int *width) {
+    int w = 0;
+    *v = 0;
+    while (q < end && *q >= '0' && *q <= '9') {
+        if (++w > 9) return NULL;
+        *v = *v * 10 + (unsigned long)(*q++ - '0');
+    }
+    if (width) *width = w;
+    return w ? q : NULL;
+}
+
+/* One bracket group's inside [p, end): how many numbers; with idx >= 0 also the idx-th and its
+   width. -1 with the reason in why where it is malformed. */
+static long ddp__hostlist_group(const char *p, const char *end, long idx, unsigned long *value, int *width,
+                                char *why, size_t why_cap) {
+    long count = 0;
+    for (;;) {
+        unsigned long lo, hi;
+        int w;
+        const char *q = ddp__hostlist_num(p, end, &lo, &w);
+        hi = lo;
+        if (q && q < end && *q == '-') q = ddp__hostlist_num(q + 1, end, &hi, NULL);
+        if (!q || (q < end && *q != ',')) {
+            snprintf(why, why_cap, "'[%.*s]' is not a list of numbers and ranges of at most 9 digits", (int)(end - p), p);
+            return -1;
+        }
+        if (hi < lo) { snprintf(why, why_cap, "the range %lu-%lu goes down", lo, hi); return -1; }
+        if (idx >= count && idx - count <= (long)(hi - lo)) { *value = lo + (unsigned long)(idx - count); *width = w; }
+        count += (long)(hi - lo) + 1;
+        if (count > DDP__HOSTLIST_MAX) { snprintf(why, why_cap, "more than %ld hosts", DDP__HOSTLIST_MAX); return -1; }
+        if (q == end) return count;
+        p = q + 1;
+    }
+}
+
+/* Host number `want` (from 0; -1 for none) of the list into out (cap bytes). Returns how many
+   hosts the list names, or -1 with the reason in why. */
+static long ddp__hostlist_nth(const char *list, long want, char *out, size_t cap, char *why, size_t why_cap) {
+    const char *item = list, *p;
+    long total = 0;
+    if (cap) out[0] = 0;
+    while (*item) {
+        const char *end = item;
+        long count = 1, g;
+        int open = 0;
+        while (*end && (open || *end != ',')) {   /* the item ends at a comma outside brackets */
+            if (*end == '[' && open) { snprintf(why, why_cap, "'[' inside '[...]'"); return -1; }
+            if (*end == ']' && !open) { snprintf(why, why_cap, "']' without its '['"); return -1; }
+            if (*end == '[' || *end == ']') open = *end == '[';
+            end++;
+        }
+        if (open) { snprintf(why, why_cap, "'[' is not closed"); return -1; }
+        for (p = item; p < end; p++) {   /* its size: the product of its groups' */
+            if (*p != '[') continue;
+            if ((g = ddp__hostlist_group(p + 1, strchr(p, ']'), -1, NULL, NULL, why, why_cap)) < 0) return -1;
+            if (count > DDP__HOSTLIST_MAX / g) { snprintf(why, why_cap, "more than %ld hosts", DDP__HOSTLIST_MAX); return -1; }
+            count *= g;
+            p = strchr(p, ']');
+        }
+        if (end == item) count = 0;   /* "a,,b": an empty name is no host */
+        if (want >= total && want < total + count) {   /* this item's host: mixed radix, the last group fastest */
+            long left = count, rem = want - total;
+            size_t n = 0;
+            for (p = item; p < end; p++) {
+                char num[16];
+                const char *piece = p;
+                size_t len = 1;
+                if (*p == '[') {
+                    const char *close = strchr(p, ']');
+                    unsigned long v = 0;
+                    int w = 1;
+                    left /= ddp__hostlist_group(p + 1, close, -1, NULL, NULL, why, why_cap);
+                    ddp__hostlist_group(p + 1, close, rem / left, &v, &w, why, why_cap);
+                    rem %= left;
+                    snprintf(num, sizeof num, "%0*lu", w, v);
+                    piece = num;
+                    len = strlen(num);
+                    p = close;
+                }
+                if (n + len >= cap) { snprintf(why, why_cap, "host %ld is longer than %d characters", want, (int)cap - 1); return -1; }
+                memcpy(out + n, piece, len);
+                out[n += len] = 0;
+            }
+        }
+        total += count;
+        if (total > DDP__HOSTLIST_MAX) { snprintf(why, why_cap, "more than %ld hosts", DDP__HOSTLIST_MAX); return -1; }
+        item = *end ? end + 1 : end;
+    }
+    return total;
+}
+
+/* This node's tasks in the step: SLURM_STEP_TASKS_PER_NODE ("2(x3),1": counts, in the step's
+   node order) at SLURM_NODEID (this node's index in the step). SLURM_NTASKS_PER_NODE, where the
+   others are missing, can be the allocation's (sbatch --ntasks-per-node), not the step's. */
+static ddp_result ddp__slurm_local_world(ddp_context *ctx, const char **name) {
+    const char *s = getenv(*name = "SLURM_STEP_TASKS_PER_NODE"), *p;
+    char *e;
+    long at = 0, tasks = 0, reps;
+    int node = 0;
+    if (!s || !*s) s = getenv(*name = "SLURM_TASKS_PER_NODE");
+    if (!s || !*s) {
+        *name = "SLURM_NTASKS_PER_NODE";
+        return ddp__env_int(ctx, *name, 1, ctx->world, &ctx->local_world) < 0 ? DDP_ERR_BAD_ENV : DDP_OK;
+    }
+    if (ddp__env_int(ctx, "SLURM_NODEID", 0, INT_MAX, &node) < 0) return DDP_ERR_BAD_ENV;
+    for (p = s;; p = e + 1) {
+        errno = 0;
+        tasks = strtol(p, &e, 10);
+        reps = 1;
+        if (e != p && *e == '(' && e[1] == 'x') {
+            const char *q = e + 2;
+            reps = strtol(q, &e, 10);
+            if (e == q || *e++ != ')') reps = 0;
+        }
+        if (errno || e == p || tasks < 1 || tasks > ctx->world || reps < 1 || reps > INT_MAX || (*e && *e != ','))
+            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "%s='%s' is not a list of task counts like '2(x3),1'", *name, s);
+        if (node >= at && node - at < reps) break;
+        at += reps;
+        if (!*e)
+            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "SLURM_NODEID=%d, but %s='%s' counts tasks on %ld node(s)", node,
+                             *name, s, at);
+    }
+    ctx->local_world = (int)tasks;
+    return DDP_OK;
+}
+
+/* Rendezvous under srun with no MASTER_ADDR / MASTER_PORT. The address: the first node of the
+   step (rank 0 is there under srun's block and cyclic distributions; rank 0 checks), by name,
+   resolved like any MASTER_ADDR; for a step on one node, 127.0.0.1. The port: from the job and
+   step ids, 20000 + (64 x job + step) mod 12288, in [20000, 32288), below Linux's ephemeral
+   ports: the steps 0..63 of one job never share one, two jobs only when their ids are equal
+   modulo 192 (the job ids then tell them apart by name at the rendezvous: >>store). */
+static ddp_result ddp__slurm_rendezvous(ddp_context *ctx, int need_addr, int *port) {
+    const char *list, *name = "SLURM_STEP_NODELIST", *j, *st;
+    char why[160];
+    unsigned long long job, step;
+    char *e1, *e2;
+    int node = -1, r;
+    if (need_addr && ctx->local_world < ctx->world) {
+        if (!(list = getenv(name)) || !*list) list = getenv(name = "SLURM_NODELIST");
+        if (!list || !*list)
+            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "MASTER_ADDR must be set for a job that spans hosts (neither it nor "
+                             "SLURM_STEP_NODELIST is set)");
+        snprintf(why, sizeof why, "it names no host");
+        if (ddp__hostlist_nth(list, 0, ctx->master_addr, sizeof ctx->master_addr, why, sizeof why) < 1)
+            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "%s='%.200s' is not a Slurm host list: %s", name, list, why);
+        ctx->master_addr_from = !strcmp(name, "SLURM_NODELIST") ? "the first node of SLURM_NODELIST"
+                                                                 : "the first node of SLURM_STEP_NODELIST";
+        if (ctx->rank == 0 && (r = ddp__env_int(ctx, "SLURM_NODEID", 0, INT_MAX, &node)) < 0) return DDP_ERR_BAD_ENV;
+        if (ctx->rank == 0 && r == 1 && node != 0) {
+            char host[256] = "?";
+            gethostname(host, sizeof host - 1);
+            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "rank 0 runs on node %d of the step ('%s'), not on its first node '%s' "
+                             "where the other ranks look for its store (a task distribution such as arbitrary or "
+                             "plane?): set MASTER_ADDR to rank 0's host", node, host, ctx->master_addr);
+        }
+    }
+    if (!getenv("MASTER_PORT") || !*getenv("MASTER_PORT")) {
+        if (!(j = getenv("SLURM_JOB_ID")) || !*j) j = getenv("SLURM_JOBID");
+        if (!(st = getenv("SLURM_STEP_ID")) || !*st) st = getenv("SLURM_STEPID");
+        if (j && st && *j && *st) {
+            errno = 0;
+            job = strtoull(j, &e1, 10);
+            step = strtoull(st, &e2, 10);
+            if (!errno && !*e1 && !*e2) *port = 20000 + (int)((job % 12288u * 64u + step) % 12288u);
+        }
+    }
+    return DDP_OK;
+}
+
 static ddp_result ddp__read_env(ddp_context *ctx) {
     static const ddp__env_scheme schemes[] = {
         { "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "torchrun-style" },
@@ -1698,12 +1889,26 @@ static ddp_result ddp__read_env(ddp_context *ctx) {
         { "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "Slurm" },
     };
     const ddp__env_scheme *sc = NULL;
-    const char *addr;
+    const char *addr, *local_world_name, *s;
     size_t i;
-    int port = 29500, r;
+    int port = 29500, r, slurm;
     for (i = 0; i < sizeof schemes / sizeof schemes[0] && !sc; i++)
         if (getenv(schemes[i].rank) || getenv(schemes[i].world)) sc = &schemes[i];
     if (!sc) { ctx->rank = 0; ctx->world = 1; ctx->local_rank = 0; ctx->local_world = 1; return DDP_OK; }
+    slurm = sc == &schemes[2];
+    local_world_name = sc->local_world;
+    /* A batch script (or salloc's shell) runs once, with the job's SLURM_NTASKS: more than one is
+       said at once, not a rank 0 waiting for tasks that srun never started; one is one rank. */
+    if (slurm && ((s = getenv("SLURM_JOB_ID")) || (s = getenv("SLURM_JOBID"))) && *s && !getenv("SLURM_STEP_ID") &&
+        !getenv("SLURM_STEPID")) {
+        const char *n = getenv("SLURM_NTASKS");
+        if (n && *n && strcmp(n, "1"))
+            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "SLURM_NTASKS=%s, but this process of Slurm job %s was not started "
+                             "by srun (no SLURM_STEP_ID: the batch script itself?): start the program with srun, or "
+                             "unset SLURM_NTASKS for one rank", n, s);
+        ctx->rank = 0; ctx->world = 1; ctx->local_rank = 0; ctx->local_world = 1;
+        return DDP_OK;
+    }
 
     ctx->rank = -1;
     if (ddp__env_int(ctx, sc->world, 1, 1 << 20, &ctx->world) != 1 ||
@@ -1719,14 +1924,17 @@ static ddp_result ddp__read_env(ddp_context *ctx) {
     ctx->local_rank = r;
     ctx->local_world = ctx->world;
     if (ddp__env_int(ctx, sc->local_rank, 0, INT_MAX, &ctx->local_rank) < 0) return DDP_ERR_BAD_ENV;
-    if (ddp__env_int(ctx, sc->local_world, 1, ctx->world, &ctx->local_world) < 0) return DDP_ERR_BAD_ENV;
+    if (slurm) {
+        if (ddp__slurm_local_world(ctx, &local_world_name) != DDP_OK) return DDP_ERR_BAD_ENV;
+    } else if (ddp__env_int(ctx, sc->local_world, 1, ctx->world, &ctx->local_world) < 0) return DDP_ERR_BAD_ENV;
     if (ctx->local_rank >= ctx->local_world)
         return ddp__fail(ctx, DDP_ERR_BAD_ENV, "%s=%d is not below %s=%d", sc->local_rank,
-                         ctx->local_rank, sc->local_world, ctx->local_world);
+                         ctx->local_rank, local_world_name, ctx->local_world);
     addr = getenv("MASTER_ADDR");
-    if (ctx->world > 1 && ctx->local_world < ctx->world && (!addr || !*addr))
-        return ddp__fail(ctx, DDP_ERR_BAD_ENV, "MASTER_ADDR must be set for a job that spans hosts");
     snprintf(ctx->master_addr, sizeof ctx->master_addr, "%s", addr && *addr ? addr : "127.0.0.1");
+    if (slurm && ctx->world > 1 && ddp__slurm_rendezvous(ctx, !addr || !*addr, &port) != DDP_OK) return DDP_ERR_BAD_ENV;
+    if (ctx->world > 1 && ctx->local_world < ctx->world && (!addr || !*addr) && !ctx->master_addr_from)
+        return ddp__fail(ctx, DDP_ERR_BAD_ENV, "MASTER_ADDR must be set for a job that spans hosts");
     if (ddp__env_int(ctx, "MASTER_PORT", 1, 65535, &port) < 0) return DDP_ERR_BAD_ENV;
     if (ctx->world > 1 && !getenv("MASTER_PORT") && sc == &schemes[0])
         return ddp__fail(ctx, DDP_ERR_BAD_ENV, "MASTER_PORT is not set (WORLD_SIZE=%d)", ctx->world);
@@ -2491,7 +2699,8 @@ static int ddp__resolve(ddp_context *ctx, int port, struct addrinfo **out) {
     snprintf(port_s, sizeof port_s, "%d", port);
     rc = getaddrinfo(ctx->master_addr, port_s, &hints, out);
     if (rc) {
-        ddp__fail(ctx, DDP_ERR_NETWORK, "cannot resolve MASTER_ADDR '%s': %s", ctx->master_addr, gai_strerror(rc));
+        ddp__fail(ctx, DDP_ERR_NETWORK, "cannot resolve MASTER_ADDR '%s'%s%s: %s", ctx->master_addr,
+                  ctx->master_addr_from ? ", " : "", ctx->master_addr_from ? ctx->master_addr_from : "", gai_strerror(rc));
         return -1;
     }
     return 0;
@@ -6385,8 +6594,9 @@ static ddp_result ddp__choose_backend(ddp_context *ctx) {
         gethostname(host, sizeof host - 1);
         return ddp__fail(ctx, DDP_ERR_BAD_ENV, "the CPU backend needs every rank on one host, but "
                          "WORLD_SIZE=%d and LOCAL_WORLD_SIZE=%d: the job spans hosts (this rank on '%s', rank 0's "
-                         "store on MASTER_ADDR %s). What works: all %d ranks on one host (ddprun -n %d), or GPUs "
-                         "(the NCCL backend); ddp.h has no CPU backend across hosts yet", ctx->world,
+                         "store on MASTER_ADDR %s). What works: all %d ranks on one host (ddprun -n %d), GPUs "
+                         "(the NCCL backend), or the MPI backend for CPU ranks on several hosts (a build by mpicc "
+                         "-DDDP_MPI, started by mpirun or srun --mpi=pmix)", ctx->world,
                          ctx->local_world, host, ctx->master_addr, ctx->world, ctx->world);
     }
     ctx->be = &ddp__cpu_backend;

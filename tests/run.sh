@@ -44,6 +44,7 @@ run "failures" tests/test_failures.sh "$B"
 run "ddprun" tests/test_ddprun.sh "$B/ddprun"
 run "ranks on several namespace hosts (tools/hosts.sh): own /dev/shm, stranger refused, CPU backend refused, NCCL set-up, a host killed or cut off" tests/test_hosts.sh "$B"
 run "the MPI backend on 2 namespace hosts (mpirun): equivalence hierarchical and flat, collectives, GPT, ddprun refused, a host killed or cut off" tests/test_mpi_hosts.sh "$B"
+run "Slurm on 2 namespace hosts (slurmctld, slurmd, munged): srun CPU and MPI (PMIx), equivalence, GPT, two steps at once, the sbatch example, scancel, a node killed" tests/test_slurm.sh "$B"
 run "minimal example, 2 ranks" "$B/ddprun" -n 2 "$B/minimal"
 # -Ofast builds keep the NaN guard (non-finite found by bits): gcc and clang, a NaN/Inf in one rank
 for cc in gcc clang; do
