@@ -368,6 +368,10 @@
      learns nothing usable and the ranks refuse it. It is not encryption: someone who can read
      or alter the traffic can read or alter the frames after the handshake (keep MASTER_ADDR on
      a trusted network), and a short guessable token can be guessed offline from one exchange.
+     A rank started twice in one job (a launcher bug, a typo in RANK): the first process to claim
+     the rank at rank 0's store holds it; the other is refused (DDP_ERR_BAD_ENV, "two processes of
+     this job were started as rank R: pid P on host 'H' holds it, ...") and the job goes on: a
+     connection speaks for its rank (its hang-up is that rank's loss) only once its claim won.
 
    ERRORS
      Every call that can fail returns a ddp_result; ddp_last_error(ctx) says what, where and on
@@ -1987,6 +1991,8 @@ typedef struct ddp__kv { char *key; unsigned char *val; uint32_t vlen; } ddp__kv
 typedef struct ddp__conn {
     int fd, authed, waiting;       /* waiting: a GET parked until its key appears */
     int rank;                      /* as announced in HELLO */
+    int admitted;                  /* its claim to `rank` (ADD "claim/RANK", ddp__rendezvous): 0 not made
+                                      yet, 1 won, 2 refused (a duplicate: its hang-up is no rank's loss) */
     int challenged;                /* HELLO answered; its AUTH is due */
     unsigned char hello[DDP__HELLO_BYTES], nonce_s[DDP__NONCE_BYTES];
     unsigned char hdr[16];
@@ -2080,9 +2086,21 @@ static int ddp__conn_said_bye(ddp__store_server *s, int rank) {
     return ddp__kv_find(s, key) != NULL;
 }
 
+/* Whose loss a hang-up is: a connection speaks for its rank once its claim won, or before any
+   claim while no connection has won that rank (a rank dying between its handshake and its claim
+   is still a loss). A refused duplicate, or one that leaves before claiming a rank already held,
+   speaks for nobody: the job it tried to join goes on. */
+static int ddp__conn_speaks_for_rank(ddp__store_server *s, const ddp__conn *c) {
+    char key[32];
+    if (c->rank < 0 || c->admitted == 2) return 0;
+    if (c->admitted == 1) return 1;
+    snprintf(key, sizeof key, "claim/%d", c->rank);
+    return ddp__kv_find(s, key) == NULL;
+}
+
 static void ddp__conn_close(ddp__store_server *s, int i) {
     if (s->conns[i].authed && s->lost_rank < 0 && !__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE) &&
-        !ddp__conn_said_bye(s, s->conns[i].rank))
+        ddp__conn_speaks_for_rank(s, &s->conns[i]) && !ddp__conn_said_bye(s, s->conns[i].rank))
         s->lost_rank = s->conns[i].rank;
     if (s->conns[i].challenged && !s->conns[i].authed && !__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE))
         ddp__store_warn(s, DDP__WARN_TOKEN, "rendezvous store: a client announcing rank %d did not finish the "
@@ -2199,6 +2217,11 @@ static int ddp__serve_request(ddp__store_server *s, ddp__conn *c) {
         }
         snprintf(num, sizeof num, "%lld", cur + delta);
         if (ddp__kv_set(s, key, (const unsigned char *)num, (uint32_t)strlen(num))) return -1;
+        if (c->rank >= 0 && !c->admitted) {   /* this connection's claim to its rank: won or refused */
+            char mine[32];
+            snprintf(mine, sizeof mine, "claim/%d", c->rank);
+            if (!strcmp(key, mine)) c->admitted = cur + delta == 1 ? 1 : 2;
+        }
         return ddp__reply(s, c, DDP__REPLY_OK, num, (uint32_t)strlen(num));
     }
     case DDP__OP_GET: {
@@ -6249,22 +6272,41 @@ static ddp_result ddp__choose_backend(ddp_context *ctx) {
 
 /* Every rank announces itself; each then waits for all the others and checks they agree. */
 static ddp_result ddp__rendezvous(ddp_context *ctx, double deadline) {
-    char key[64], info[128], num[8];
+    char key[64], info[400], num[8], host[256] = "?";
     unsigned char *reply;
     uint32_t len = 0, status = 0;
     int s, found;
     ddp_result r;
     if (!(ctx->peer_pids = (int *)ddp__calloc(sizeof(int) * (size_t)ctx->world)))
         return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %d ranks", ctx->world);
+    gethostname(host, sizeof host - 1);
     snprintf(key, sizeof key, "claim/%d", ctx->rank);
     r = ddp__store_request(ctx, DDP__OP_ADD, key, "1", 1, &reply, &len, &status, 0);
     if (r != DDP_OK) return r;
     snprintf(num, sizeof num, "%.7s", (const char *)reply);
     DDP_FREE(reply);
-    if (strcmp(num, "1"))
-        return ddp__fail(ctx, DDP_ERR_BAD_ENV, "two processes of this job were started as rank %d", ctx->rank);
+    if (strcmp(num, "1")) {
+        /* Refused: the store does not count this connection for the rank (>>store), so the job
+           goes on. Say who holds the rank: the winner publishes rank/R right after its claim. */
+        int holder_pid = 0;
+        char holder_host[256] = "?";
+        snprintf(key, sizeof key, "rank/%d", ctx->rank);
+        found = 0;
+        if (ddp__store_get(ctx, key, ddp__now() + (ctx->desc.timeout_s < 2 ? ctx->desc.timeout_s : 2), &reply, &len,
+                           &found) == DDP_OK && found) {
+            sscanf((const char *)reply, "%*d %d %255s", &holder_pid, holder_host);
+            DDP_FREE(reply);
+        }
+        if (holder_pid > 0)
+            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "two processes of this job were started as rank %d: pid %d on host "
+                             "'%s' holds it, this one (pid %d on '%s') was refused and the job goes on without it "
+                             "(check RANK, or the launcher)", ctx->rank, holder_pid, holder_host, (int)getpid(), host);
+        return ddp__fail(ctx, DDP_ERR_BAD_ENV, "two processes of this job were started as rank %d: another process "
+                         "claimed it first (it did not say which in time), this one (pid %d on '%s') was refused "
+                         "(check RANK, or the launcher)", ctx->rank, (int)getpid(), host);
+    }
     snprintf(key, sizeof key, "rank/%d", ctx->rank);
-    snprintf(info, sizeof info, "%d %d", ctx->world, (int)getpid());
+    snprintf(info, sizeof info, "%d %d %s", ctx->world, (int)getpid(), host);
     if ((r = ddp__store_set(ctx, key, info, strlen(info))) != DDP_OK) return r;
     for (s = 0; s < ctx->world; s++) {
         int world = 0, pid = 0;

@@ -101,6 +101,46 @@ else
   fail "rank_of_another_job_on_same_port_refused" "job B rank 1 rc=$rcb: $(tail -n 1 "$tmp/jobB1"); job A rc=$rca0,$rca1: $(tail -n 1 "$tmp/jobA0")"
 fi
 
+# 1e. A rank started twice (a launcher bug, a typo in RANK): the process that claims the rank
+#     second is refused, says which pid holds it, and its hang-up is no rank's death: the job
+#     trains. (a) deterministic: ranks 0 and 1 wait in the rendezvous for rank 2 while the
+#     duplicate is refused; (b) the three started at once, as in issue 30 (3 tries).
+dup_check() {   # dup_check NAME: $tmp/dupA, $tmp/dupB (the two rank 1s), rc_a rc_b rc_rest, pid_a pid_b
+  local name=$1 loser= holder=
+  if [ "$rc_a" -eq 0 ] && [ "$rc_b" -ne 0 ]; then loser=$tmp/dupB; holder=$pid_a
+  elif [ "$rc_b" -eq 0 ] && [ "$rc_a" -ne 0 ]; then loser=$tmp/dupA; holder=$pid_b; fi
+  if [ -n "$loser" ] && [ "$rc_rest" = 0 ] && [ "$rc_a" -ne 124 ] && [ "$rc_b" -ne 124 ] &&
+     grep -q "two processes of this job were started as rank 1: pid $holder on host '.*' holds it" "$loser"; then
+    pass "$name"
+  else
+    fail "$name" "rank 1 twice: rc $rc_a and $rc_b, others $rc_rest: $(cat "$tmp/dupA" "$tmp/dupB" "$tmp/dup_rest" | head -n 3)"
+  fi
+}
+# exec: $! is the rank itself (its pid is what the refusal names)
+dup_rank() { RANK=$1 WORLD_SIZE=$2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$p DDP_TIMEOUT=20 DDP_JOB_ID="dup-$$-$p" exec "$B/test_fault" 3; }
+p=$(port)
+(dup_rank 0 3) >/dev/null 2>"$tmp/dup_rest" & r0=$!
+(dup_rank 1 3) >/dev/null 2>"$tmp/dupA" & pid_a=$!
+sleep 0.5
+(dup_rank 1 3) >/dev/null 2>"$tmp/dupB" & pid_b=$!
+for _ in $(seq 200); do kill -0 "$pid_a" 2>/dev/null && kill -0 "$pid_b" 2>/dev/null || break; sleep 0.05; done
+sleep 0.3   # the refused one has hung up (before the fix: "rank 1 disconnected" on ranks 0 and 1)
+(dup_rank 2 3) >/dev/null 2>>"$tmp/dup_rest"; rc2=$?
+wait "$r0"; rc0=$?; wait "$pid_a"; rc_a=$?; wait "$pid_b"; rc_b=$?
+rc_rest=$((rc0 + rc2))
+dup_check "duplicate_rank_refused_during_rendezvous_job_trains"
+ok=1
+for try in 1 2 3; do
+  p=$(port)
+  (dup_rank 0 2) >/dev/null 2>"$tmp/dup_rest" & r0=$!
+  (dup_rank 1 2) >/dev/null 2>"$tmp/dupA" & pid_a=$!
+  (dup_rank 1 2) >/dev/null 2>"$tmp/dupB" & pid_b=$!
+  wait "$r0"; rc_rest=$?; wait "$pid_a"; rc_a=$?; wait "$pid_b"; rc_b=$?
+  out=$(dup_check "duplicate_rank_started_at_once_job_trains_try$try")
+  case $out in PASS*) ;; *) echo "$out"; fails=$((fails + 1)); ok=0; break ;; esac
+done
+[ "$ok" -eq 1 ] && pass "duplicate_rank_started_at_once_job_trains (3 of 3)"
+
 # 1c. A rank that stops answering without dying (SIGSTOP): the timeout names it and the collective.
 p=$(port)
 pids=()
