@@ -1094,6 +1094,7 @@ struct ddp_context {
     ddp_desc desc;                 /* resolved */
     char master_addr[256];
     char job_token[128];
+    char env_overrides[512];       /* DDP_* variables that overrode a field the program set (>>env) */
     char job_id[256];              /* who this rank's job is (desc.job_id): checked at the rendezvous */
     unsigned char store_key[32];   /* from the token and the job id: the store handshake's key */
     char timeline_path[512];
@@ -1635,51 +1636,96 @@ static ddp_result ddp__read_env(ddp_context *ctx) {
 
 #define DDP__MAX_TIMEOUT_S 1e6   /* 11.6 days: any wait stays a finite poll */
 
-/* What the environment says for fields the descriptor leaves at zero. Strings are copied into
-   the context, so the caller's may go away after ddp_init. */
-static ddp_result ddp__desc_from_env(ddp_context *ctx, ddp_desc *d) {
-    const char *s;
-    if (!d->log_level && (s = getenv("DDP_LOG")) != NULL) {
-        if (!strcmp(s, "debug")) d->log_level = DDP_LOG_DEBUG;
-        else if (!strcmp(s, "info")) d->log_level = DDP_LOG_INFO;
-        else if (!strcmp(s, "warn")) d->log_level = DDP_LOG_WARN;
-        else if (!strcmp(s, "error")) d->log_level = DDP_LOG_ERROR;
-        else if (!strcmp(s, "off")) d->log_level = DDP_LOG_OFF;
-        else if (*s)
-            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_LOG='%s' is none of debug, info, warn, error, off", s);
+/* One rule for every DDP_* variable that has a descriptor field: a variable that is set (not
+   empty) wins over what the program put in the field, and an invalid value is refused by name
+   whoever would have won (ENVIRONMENT in the manual says why). Where the program had set the
+   field to something else, the override is noted (ctx->env_overrides) and rank 0 says so once
+   the rank is known (ddp__resolve_desc). The variables without a field (DDP_STAGED_GRADS,
+   DDP_MPI_FLAT, DDP_MPI_TUNE) are checked here too, so a typo fails on every backend. */
+static void ddp__env_overrode(ddp_context *ctx, const char *var, const char *value, const char *field, const char *was) {
+    size_t len = strlen(ctx->env_overrides);
+    if (len + 8 >= sizeof ctx->env_overrides) return;
+    snprintf(ctx->env_overrides + len, sizeof ctx->env_overrides - len, "%s%s=%s over the program's ddp_desc.%s = %s",
+             len ? "; " : "", var, value, field, was);
+}
+
+static const char *ddp__env_set(const char *name) {
+    const char *s = getenv(name);
+    return s && *s ? s : NULL;
+}
+
+static ddp_result ddp__env_flag(ddp_context *ctx, const char *name, int *field, const char *field_name) {
+    const char *s = ddp__env_set(name);
+    if (!s) return DDP_OK;
+    if (strcmp(s, "0") && strcmp(s, "1"))
+        return ddp__fail(ctx, DDP_ERR_BAD_ENV, "%s='%s' is neither 0 nor 1", name, s);
+    if (!field) return DDP_OK;
+    if (*field && *field != s[0] - '0') {
+        char was[16];
+        snprintf(was, sizeof was, "%d", *field);
+        ddp__env_overrode(ctx, name, s, field_name, was);
     }
-    s = d->timeline_path ? d->timeline_path : getenv("DDP_TIMELINE");
-    snprintf(ctx->timeline_path, sizeof ctx->timeline_path, "%s", s ? s : "");
-    d->timeline_path = ctx->timeline_path;
-    s = d->job_token ? d->job_token : getenv("DDP_JOB_TOKEN");
-    snprintf(ctx->job_token, sizeof ctx->job_token, "%s", s ? s : "");
-    d->job_token = ctx->job_token;
-    s = d->job_id ? d->job_id : getenv("DDP_JOB_ID");   /* else the launcher's, in ddp__read_env */
-    snprintf(ctx->job_id, sizeof ctx->job_id, "%s", s ? s : "");
-    if (d->timeout_s == 0 && (s = getenv("DDP_TIMEOUT")) != NULL && *s) {
+    *field = s[0] - '0';
+    return DDP_OK;
+}
+
+/* A string field: the variable, else the program's, copied into the context (the caller's may go
+   away after ddp_init). secret: the values stay out of the log. */
+static void ddp__env_string(ddp_context *ctx, const char *name, const char **field, const char *field_name,
+                            char *store, size_t cap, int secret) {
+    const char *s = ddp__env_set(name);
+    if (s && *field && strcmp(*field, s)) ddp__env_overrode(ctx, name, secret ? "(set)" : s, field_name, secret ? "(another)" : *field);
+    snprintf(store, cap, "%s", s ? s : *field ? *field : "");
+    *field = store;
+}
+
+static ddp_result ddp__desc_from_env(ddp_context *ctx, ddp_desc *d) {
+    static const char *const level_names[] = { "", "debug", "info", "warn", "error", "off" };
+    const char *s;
+    ddp_result r;
+    int i;
+    if ((s = ddp__env_set("DDP_LOG")) != NULL) {
+        for (i = 1; i <= (int)DDP_LOG_OFF && strcmp(s, level_names[i]); i++) {}
+        if (i > (int)DDP_LOG_OFF)
+            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_LOG='%s' is none of debug, info, warn, error, off", s);
+        if (d->log_level && (int)d->log_level != i)
+            ddp__env_overrode(ctx, "DDP_LOG", s, "log_level",
+                              (int)d->log_level >= 1 && (int)d->log_level <= (int)DDP_LOG_OFF ? level_names[d->log_level] : "?");
+        d->log_level = (ddp_log_level)i;
+    }
+    ddp__env_string(ctx, "DDP_TIMELINE", &d->timeline_path, "timeline_path", ctx->timeline_path, sizeof ctx->timeline_path, 0);
+    ddp__env_string(ctx, "DDP_JOB_TOKEN", &d->job_token, "job_token", ctx->job_token, sizeof ctx->job_token, 1);
+    {   /* job_id: else the launcher's, in ddp__read_env; the descriptor keeps its own until then */
+        const char *id = d->job_id;
+        ddp__env_string(ctx, "DDP_JOB_ID", &id, "job_id", ctx->job_id, sizeof ctx->job_id, 0);
+    }
+    if ((s = ddp__env_set("DDP_TIMEOUT")) != NULL) {
         char *end;
         double t = strtod(s, &end);
         if (*end || !(t > 0) || t > DDP__MAX_TIMEOUT_S)
             return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_TIMEOUT='%s' is not a number of seconds in (0, %g]", s,
                              (double)DDP__MAX_TIMEOUT_S);
+        if (d->timeout_s != 0 && d->timeout_s != t) {
+            char was[32];
+            snprintf(was, sizeof was, "%g", d->timeout_s);
+            ddp__env_overrode(ctx, "DDP_TIMEOUT", s, "timeout_s", was);
+        }
         d->timeout_s = t;
     }
-    if (!d->check_ready && (s = getenv("DDP_CHECK_READY")) != NULL && *s) {
-        if (strcmp(s, "0") && strcmp(s, "1"))
-            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_CHECK_READY='%s' is neither 0 nor 1", s);
-        d->check_ready = s[0] == '1';
-    }
-    if (!d->shard_optimizer && (s = getenv("DDP_SHARD_OPTIMIZER")) != NULL && *s) {
-        if (strcmp(s, "0") && strcmp(s, "1"))
-            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_SHARD_OPTIMIZER='%s' is neither 0 nor 1", s);
-        d->shard_optimizer = s[0] == '1';
-    }
-    if (!d->param_dtype && (s = getenv("DDP_PARAM_DTYPE")) != NULL && *s) {
-        if (strcmp(s, "fp32") && strcmp(s, "bf16"))
+    if ((r = ddp__env_flag(ctx, "DDP_CHECK_READY", &d->check_ready, "check_ready")) != DDP_OK) return r;
+    if ((r = ddp__env_flag(ctx, "DDP_SHARD_OPTIMIZER", &d->shard_optimizer, "shard_optimizer")) != DDP_OK) return r;
+    if ((s = ddp__env_set("DDP_PARAM_DTYPE")) != NULL) {
+        ddp_dtype t = !strcmp(s, "fp32") ? DDP_DTYPE_FP32 : !strcmp(s, "bf16") ? DDP_DTYPE_BF16 : DDP_DTYPE_DEFAULT;
+        if (t == DDP_DTYPE_DEFAULT)
             return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_PARAM_DTYPE='%s' is neither fp32 nor bf16", s);
-        d->param_dtype = s[0] == 'b' ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
+        if (d->param_dtype && d->param_dtype != t)
+            ddp__env_overrode(ctx, "DDP_PARAM_DTYPE", s, "param_dtype", d->param_dtype == DDP_DTYPE_FP32 ? "DDP_DTYPE_FP32"
+                              : d->param_dtype == DDP_DTYPE_BF16 ? "DDP_DTYPE_BF16" : "(not a ddp_dtype)");
+        d->param_dtype = t;
     }
-    return DDP_OK;
+    if ((r = ddp__env_flag(ctx, "DDP_STAGED_GRADS", NULL, NULL)) != DDP_OK) return r;
+    if ((r = ddp__env_flag(ctx, "DDP_MPI_FLAT", NULL, NULL)) != DDP_OK) return r;
+    return ddp__env_flag(ctx, "DDP_MPI_TUNE", NULL, NULL);
 }
 
 /* Every default, in one place: a field still zero gets its documented value. Pure. */
@@ -1771,7 +1817,11 @@ static ddp_result ddp__resolve_desc(ddp_context *ctx, const ddp_desc *in) {
     if ((r = ddp__desc_from_env(ctx, &ctx->desc)) != DDP_OK) return r;
     ddp__desc_defaults(&ctx->desc);
     if ((r = ddp__desc_validate(ctx, &ctx->desc)) != DDP_OK) return r;
-    return ddp__resolve_group(ctx);
+    if ((r = ddp__resolve_group(ctx)) != DDP_OK) return r;
+    if (ctx->env_overrides[0] && ctx->rank == 0)   /* once a job: every rank reads the same environment */
+        ddp__log(ctx, DDP_LOG_WARN, "the environment overrides the program's settings (a DDP_* variable that is set wins): %s",
+                 ctx->env_overrides);
+    return DDP_OK;
 }
 
 /* --------------------------------------------------------------------------------------------
@@ -3881,7 +3931,7 @@ static int ddp__grads_create(ddp_context *ctx, size_t bytes, ddp_result *r) {
     const char *staged = getenv("DDP_STAGED_GRADS");
     int fd = -1;
     ctx->cpu->grads_name[0] = 0;
-    if (!staged || !strcmp(staged, "0")) {
+    if (!staged || !*staged || !strcmp(staged, "0")) {
         fd = ddp__shm_new(ctx, ctx->cpu->grads_name, bytes);
         if (fd < 0) {
             ddp__log(ctx, DDP_LOG_WARN, "%s; gradient buckets go through the staging slots instead (slower)",
@@ -8175,11 +8225,13 @@ static int ddp__valid_id(ddp_context *ctx, int id, const char *call) {
 static int ddp__dtype_is(ddp_context *ctx, ddp_dtype want, const char *call) {
     if (!ctx || ctx->desc.param_dtype == want) return 1;
     if (want == DDP_DTYPE_BF16)
-        ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s: the parameters are fp32 (param_dtype DDP_DTYPE_FP32), there "
-                  "is no bf16 copy; use ddp_param / ddp_grad, or set param_dtype = DDP_DTYPE_BF16 on every rank", call);
+        ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s: the parameters are fp32 (param_dtype DDP_DTYPE_FP32%s), there "
+                  "is no bf16 copy; use ddp_param / ddp_grad, or set param_dtype = DDP_DTYPE_BF16 on every rank", call,
+                  ddp__env_set("DDP_PARAM_DTYPE") ? ", from DDP_PARAM_DTYPE" : "");
     else
-        ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s: the parameters are bf16 (param_dtype DDP_DTYPE_BF16): use "
-                  "ddp_param_bf16 / ddp_grad_bf16 (the fp32 master is ddp_flat_params, to read)", call);
+        ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s: the parameters are bf16 (param_dtype DDP_DTYPE_BF16%s): use "
+                  "ddp_param_bf16 / ddp_grad_bf16 (the fp32 master is ddp_flat_params, to read)", call,
+                  ddp__env_set("DDP_PARAM_DTYPE") ? ", from DDP_PARAM_DTYPE, which wins over the program's setting" : "");
     return 0;
 }
 float *ddp_param(ddp_context *ctx, int id) {
