@@ -48,7 +48,8 @@
      since the last step, or after a backward with sync off, it fails (DDP_ERR_INVALID_STATE)
      and changes nothing, at every world size, so that one rank finds the mistake too.
 
-   OPTIONS (ddp_desc; zero means default; the resolved values: ddp_config())
+   OPTIONS (ddp_desc; zero means default; the resolved values: ddp_config(); ($DDP_X): a variable
+   that, when set, wins over the field: ENVIRONMENT)
      backend          DDP_BACKEND_AUTO     which backend runs (BACKENDS below); ddp_config()->
                                            backend says which one did. AUTO = NCCL when built
                                            with CUDA and a GPU is visible, else SINGLE for one
@@ -74,14 +75,14 @@
                                            set world_size > 0 to give the process group by hand
                                            instead of through the environment (ranks as threads
                                            of one process: one context per thread)
-     job_id           $DDP_JOB_ID, else    which job this rank belongs to; a rank of another job
-                      the launcher's       is refused at the rendezvous (see JOB IDENTITY)
+     job_id           the launcher's       which job this rank belongs to; a rank of another job
+                      ($DDP_JOB_ID)        is refused at the rendezvous (see JOB IDENTITY)
      shutdown_timeout_s  1                 after a failure, the longest ddp_shutdown lingers so
                                            peers still reading rank 0's store get the verdict;
                                            it stops as soon as every peer has hung up (a hung
                                            peer costs at most this)
      log, log_user, log_level              logger callback (default: stderr), threshold
-                                           (default DDP_LOG_WARN, or $DDP_LOG=debug|info|warn|
+                                           (default DDP_LOG_WARN; $DDP_LOG=debug|info|warn|
                                            error|off)
      timeline_path    $DDP_TIMELINE        record every step (forward, each backward op, bucket
                                            ready, each allreduce, the wait, AdamW) and write ONE
@@ -339,25 +340,45 @@
              none). A rank bound to one CPU (mpirun's default for <= 2 ranks a host) is warned:
              start with --bind-to none, or several CPUs a rank.
 
-   ENVIRONMENT (first match wins)
+   ENVIRONMENT (the launcher's: first match wins)
      torchrun style  RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
      Open MPI        OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE (+ MASTER_ADDR/PORT)
      Slurm           SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID (+ MASTER_ADDR/PORT)
      none            one rank, no network
-     DDP_JOB_TOKEN   shared secret of the job (ddprun makes a fresh one): rank 0's store and each
-                     rank prove to each other that they know it, without sending it
-     DDP_JOB_ID      the job's name, the same on every rank (default: the launcher's job id)
-     DDP_TIMEOUT     seconds, see timeout_s
-     DDP_SHARD_OPTIMIZER=0|1  shard_optimizer when the descriptor leaves it 0
+     (ddp_desc.world_size > 0 gives the group by hand instead, and none of these is read.)
+   The DDP_* variables. The rule, the same for each: a variable that is set (not empty) WINS over
+   the descriptor field it stands for, whatever the program put there; the program's value is
+   what runs when the variable is unset. Where the program had set the field to something else,
+   rank 0 logs one warning naming each override ("DDP_TIMEOUT=30 over the program's
+   ddp_desc.timeout_s = 300"), and ddp_config() gives what runs. An invalid value is refused at
+   ddp_init by name (DDP_ERR_BAD_ENV) whether or not the program set the field. Why the variable:
+   it is the operator's word for this run, given last and closest to the run (as CUDA_VISIBLE_
+   DEVICES or NCCL_* are); a variable set and silently ignored is a run nobody asked for, and a
+   refusal would make every program that sets a field (the GPT trainer sets param_dtype) deaf to
+   it. A program that must know reads ddp_config() after ddp_init (the trainer does: it trains
+   bf16 under DDP_PARAM_DTYPE=bf16, or refuses where its build cannot). param_dtype changes which
+   accessors work: a program written for fp32 that meets DDP_PARAM_DTYPE=bf16 gets NULL from
+   ddp_param with an error that names the variable.
+     DDP_JOB_TOKEN   job_token: shared secret of the job (ddprun makes a fresh one): rank 0's
+                     store and each rank prove to each other that they know it, without sending
+                     it (its value is never logged)
+     DDP_JOB_ID      job_id: the job's name, the same on every rank (unset: the launcher's job id)
+     DDP_TIMEOUT     timeout_s: seconds, in (0, 1e6]
+     DDP_LOG         log_level: debug|info|warn|error|off
+     DDP_TIMELINE    timeline_path (its directory must take the file: checked at ddp_init)
+     DDP_CHECK_READY=0|1      check_ready
+     DDP_SHARD_OPTIMIZER=0|1  shard_optimizer
+     DDP_PARAM_DTYPE=fp32|bf16  param_dtype
+   and three with no field (0|1 as well; a typo is refused on every backend):
      DDP_MPI_FLAT=1  (MPI backend, the same on every rank) every rank in MPI, no host groups
-    DDP_MPI_TUNE=0  (MPI backend, the same on every rank) keep Open MPI's TCP defaults (BACKENDS)
+     DDP_MPI_TUNE=0  (MPI backend, the same on every rank) keep Open MPI's TCP defaults (BACKENDS)
      DDP_STAGED_GRADS=1  (CPU backend, read by rank 0) gradient buckets through the staging
                      slots instead of in place through the shared gradient segment: the same
                      bits, slower; for comparisons
 
    JOB IDENTITY
      Two jobs on one host and one MASTER_PORT must not merge. The rendezvous checks the job id:
-     desc.job_id, else $DDP_JOB_ID, else what the launcher sets alike for every rank of a job:
+     $DDP_JOB_ID, else desc.job_id, else what the launcher sets alike for every rank of a job:
      Open MPI's PMIX_NAMESPACE (or OMPI_MCA_ess_base_jobid), Slurm's SLURM_JOB_ID and
      SLURM_STEP_ID, torchrun's TORCHELASTIC_RUN_ID (its default static rendezvous calls every run
      "none"; on one host the run's log directory in TORCHELASTIC_ERROR_FILE names it). A rank
