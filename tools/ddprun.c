@@ -1,7 +1,8 @@
 /*
  * ddprun - start N local ranks of a data-parallel program (a tiny torchrun).
  *
- *   ddprun [-n N] [--master-port P] [--grace SECONDS] [--max-restarts N] [--] PROGRAM [ARGS...]
+ *   ddprun [-n N] [--master-port P] [--grace SECONDS] [--max-restarts N] [--restart-delay S]
+ *          [--restart-delay-max S] [--] PROGRAM [ARGS...]
  *   ddprun --nnodes M --node-rank K --master-addr A --master-port P --job-token T -n N PROGRAM...
  *
  * Every rank runs PROGRAM (looked up in PATH) with RANK, WORLD_SIZE,
@@ -21,7 +22,9 @@
  * SIGTERM (or the forwarded signal) and, after the grace period, SIGKILL.
  * With --max-restarts N, a failed job is then started again (a new token,
  * and a new port unless --master-port), up to N times; the program resumes
- * from its own checkpoints.  SIGTSTP (Ctrl-Z) stops every rank, then ddprun;
+ * from its own checkpoints. Each restart waits first: --restart-delay (1 s),
+ * doubled after each attempt shorter than --restart-delay-max (60 s, the cap),
+ * reset after one that lasted that long; Ctrl-C ends the wait and ddprun.  SIGTSTP (Ctrl-Z) stops every rank, then ddprun;
  * SIGCONT continues them all, so no rank waits for a stopped peer and times out.
  *
  * Exit status: 0 if every rank exited 0; else the first failing rank's exit
@@ -88,6 +91,8 @@ struct job {
     int nnodes, node_rank, base;   /* --nnodes, --node-rank; base = node_rank * nranks */
     const char *master_addr, *user_token, *job_id;   /* NULL: 127.0.0.1, a fresh token, unset */
     int max_restarts;
+    double restart_delay, restart_delay_max; /* back-off: the first wait, and its cap (also: how long a
+                                                run must last to reset it) */
     double grace;
     char token[128];
     char **argv;
@@ -114,7 +119,8 @@ static struct job *started_job;   /* for die(): never leave ranks behind */
 static struct rlimit original_nofile; /* restored in the children */
 
 static const char usage_text[] =
-    "usage: ddprun [-n N] [--master-port P] [--grace SECONDS] [--max-restarts N] [--] PROGRAM [ARGS...]\n"
+    "usage: ddprun [-n N] [--master-port P] [--grace SECONDS] [--max-restarts N] [--restart-delay S]\n"
+    "              [--restart-delay-max S] [--] PROGRAM [ARGS...]\n"
     "       ddprun --nnodes M --node-rank K --master-addr A --master-port P --job-token T [-n N] PROGRAM...\n"
     "  -n, --nproc, --nproc-per-node N  number of ranks (on this node), 1..1024 (default 1)\n"
     "  --master-port P                  MASTER_PORT (default: a free port, a new one per attempt;\n"
@@ -134,6 +140,10 @@ static const char usage_text[] =
     "  --grace SECONDS                  wait before SIGKILL when stopping (default 5)\n"
     "  --max-restarts N                 when a rank fails, stop all and start them again, up to\n"
     "                                   N times (default 0); the program resumes from its checkpoint\n"
+    "  --restart-delay S                the wait before the first restart, doubled for each\n"
+    "                                   restart after a run shorter than the cap (default 1)\n"
+    "  --restart-delay-max S            the cap on that wait; a run that lasted this long resets\n"
+    "                                   the wait to --restart-delay (default 60)\n"
     "  -h, --help                       show this help\n";
 
 /* ---- output ----
@@ -407,11 +417,12 @@ static void parse_args(int argc, char **argv, struct job *job)
 #define IS(name) (name_len == strlen(name) && strncmp(arg, name, name_len) == 0)
         int is_nproc = IS("-n") || IS("--nproc") || IS("--nproc-per-node");
         int is_port = IS("--master-port"), is_grace = IS("--grace"), is_restarts = IS("--max-restarts");
+        int is_delay = IS("--restart-delay"), is_delay_max = IS("--restart-delay-max");
         int is_nnodes = IS("--nnodes"), is_node_rank = IS("--node-rank") || IS("--node_rank");
         int is_addr = IS("--master-addr") || IS("--master_addr"), is_token = IS("--job-token"), is_id = IS("--job-id");
 #undef IS
         if (!is_nproc && !is_port && !is_grace && !is_restarts && !is_nnodes && !is_node_rank && !is_addr &&
-            !is_token && !is_id)
+            !is_token && !is_id && !is_delay && !is_delay_max)
             usage_error("unknown option '%s'", arg);
         if (!value) {
             if (i + 1 >= argc)
@@ -446,8 +457,18 @@ static void parse_args(int argc, char **argv, struct job *job)
             if (end == value || *end != '\0' || !(job->grace >= 0 && job->grace <= 86400))
                 usage_error("grace must be 0..86400 seconds, not '%s'", value);
         }
+        if (is_delay || is_delay_max) {
+            char *end;
+            double *d = is_delay ? &job->restart_delay : &job->restart_delay_max;
+            *d = strtod(value, &end);
+            if (end == value || *end != '\0' || !(*d >= 0 && *d <= 86400))
+                usage_error("%s must be 0..86400 seconds, not '%s'", is_delay ? "--restart-delay" : "--restart-delay-max",
+                            value);
+        }
         i++;
     }
+    if (job->restart_delay > job->restart_delay_max)
+        usage_error("--restart-delay %g is above --restart-delay-max %g", job->restart_delay, job->restart_delay_max);
     if (i >= argc)
         usage_error("missing PROGRAM");
     job->argv = argv + i;
@@ -1061,6 +1082,28 @@ static void run_attempt(struct job *job)
     started_job = NULL;
 }
 
+/* The back-off before a restart: Ctrl-C or SIGTERM ends it (and ddprun) at once; Ctrl-Z stops
+ * ddprun (no rank is running). 1: go on and restart; 0: stopped by a signal. */
+static int restart_wait(struct job *job, double seconds)
+{
+    struct job idle = *job;
+    double until = now_seconds() + seconds;
+    idle.nranks = 0; /* the last attempt's ranks are reaped: their group ids may be reused */
+    for (;;) {
+        double left = until - now_seconds();
+        if (signals_received) {
+            job->interrupted = 1;
+            job->exit_status = 128 + first_signal;
+            say("%s while waiting to restart; not restarting", first_signal == SIGINT ? "interrupted" : "terminated");
+            return 0;
+        }
+        handle_job_control(&idle);
+        if (left <= 0)
+            return 1;
+        poll(NULL, 0, left < 0.05 ? (int)(left * 1000) + 1 : 50); /* a signal cuts it short */
+    }
+}
+
 int main(int argc, char **argv)
 {
     struct job job;
@@ -1068,6 +1111,8 @@ int main(int argc, char **argv)
     job.nranks = 1;
     job.nnodes = 1;
     job.grace = 5.0;
+    job.restart_delay = 1.0;
+    job.restart_delay_max = 60.0;
     job.exit_status = -1;
     parse_args(argc, argv, &job);
     ensure_std_fds_open();
@@ -1079,8 +1124,11 @@ int main(int argc, char **argv)
     install_signal_handlers();
     start_output();
 
+    double wait = job.restart_delay;
     for (int restarts = 0;; restarts++) {
+        double began = now_seconds(), lasted;
         run_attempt(&job);
+        lasted = now_seconds() - began;
         if (job.exit_status < 0 || job.interrupted || signals_received)
             break;
         if (restarts == job.max_restarts) {
@@ -1089,8 +1137,15 @@ int main(int argc, char **argv)
                     restarts + 1, job.max_restarts, job.cause);
             break;
         }
-        say("restart %d of %d: %s; starting all %d rank(s) again", restarts + 1, job.max_restarts, job.cause,
-            job.nranks);
+        /* A job that fails at once must not be restarted many times a second: each quick failure
+         * doubles the wait (up to the cap); a run that lasted as long as the cap was no crash loop. */
+        if (lasted >= job.restart_delay_max)
+            wait = job.restart_delay;
+        say("restart %d of %d: %s; starting all %d rank(s) again in %.1f s", restarts + 1, job.max_restarts, job.cause,
+            job.nranks, wait);
+        if (!restart_wait(&job, wait))
+            break;
+        wait = wait * 2 < job.restart_delay_max ? wait * 2 : job.restart_delay_max;
     }
     free(job.ranks);
     finish_output();
