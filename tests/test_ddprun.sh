@@ -379,6 +379,25 @@ test_restart_backoff() {
     report "--max-restarts backs off (doubling, capped, reset after a run that lasted), Ctrl-C ends the wait" "${why#; }"
 }
 
+# A process a rank starts with setsid leaves the rank's group (ddprun's clean-up signals groups):
+# ddprun is its subreaper, and kills it when the job ends. Rank 1's keeps the output pipe open.
+test_setsid_stray() {
+    local why="" r pid
+    if ! command -v setsid >/dev/null; then echo "SKIP setsid escapes: no setsid here"; return; fi
+    export STRAY="$TMP/stray" && mkdir -p "$STRAY"
+    run 30 -n 2 sh -c 'if [ "$RANK" = 0 ]; then exec >/dev/null 2>&1; fi
+        setsid sh -c "echo \$\$ >\"$STRAY/$RANK\"; exec sleep 300" </dev/null &
+        while [ ! -s "$STRAY/$RANK" ]; do sleep 0.05; done; exit 0'
+    [ $rc -eq 0 ] || why="exit $rc"
+    [ "$elapsed_ms" -lt 10000 ] || why="$why; took ${elapsed_ms} ms"
+    for r in 0 1; do
+        pid=$(cat "$STRAY/$r" 2>/dev/null)
+        if [ -z "$pid" ]; then why="$why; rank $r wrote no pid"; continue; fi
+        if alive "$pid"; then why="$why; rank $r's setsid process $pid outlived ddprun"; kill -9 "$pid"; fi
+    done
+    report "a process a rank started with setsid is killed when the job ends" "${why#; }"
+}
+
 # Several nodes: node-major ranks, per-node LOCAL_*, the user's address, port, token and job id
 # on every rank; both spellings of the flags; a node's failing rank is named by its job rank.
 test_multi_node() {
@@ -444,6 +463,7 @@ test_left_early_rank_named
 test_max_restarts
 test_interrupt_no_restart
 test_restart_backoff
+test_setsid_stray
 test_multi_node
 test_multi_node_bad_flags
 

@@ -44,6 +44,7 @@
 #define _GNU_SOURCE
 #endif
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -947,14 +948,69 @@ static void check_ranks(struct job *job)
         }
 }
 
+/* Strays: processes a rank started that left its process group (setsid, setpgid) and whose
+ * parent has exited. ddprun is their child subreaper (PR_SET_CHILD_SUBREAPER, in main), so they
+ * become its children instead of init's. Scans /proc for children of ddprun that are not ranks;
+ * with `kill_them` each gets SIGKILL; zombies among them are reaped (the ranks' own zombies are
+ * kept: they hold the group ids). Returns how many were found alive. */
+static int strays(const struct job *job, int kill_them)
+{
+#ifdef __linux__
+    DIR *proc = opendir("/proc");
+    struct dirent *e;
+    pid_t self = getpid();
+    int found = 0;
+    if (!proc)
+        return 0;
+    while ((e = readdir(proc)) != NULL) {
+        char path[64], buf[512], state, *close_paren;
+        pid_t pid = (pid_t)atoi(e->d_name), ppid;
+        int is_rank = 0;
+        FILE *f;
+        size_t n;
+        if (pid <= 0)
+            continue;
+        for (int i = 0; i < job->nranks && !is_rank; i++)
+            is_rank = job->ranks[i].pid == pid;
+        if (is_rank)
+            continue;
+        snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+        if (!(f = fopen(path, "r")))
+            continue;
+        n = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[n] = '\0';
+        /* "pid (comm) state ppid ...": comm may hold spaces and parentheses */
+        if (!(close_paren = strrchr(buf, ')')) || sscanf(close_paren + 1, " %c %d", &state, &ppid) != 2 || ppid != self)
+            continue;
+        if (state != 'Z') {
+            found++;
+            if (kill_them)
+                kill(pid, SIGKILL);
+        }
+        waitpid(pid, NULL, WNOHANG);
+    }
+    closedir(proc);
+    return found;
+#else
+    (void)job;
+    (void)kill_them;
+    return 0;
+#endif
+}
+
 /* ddprun must not leave anything behind: kill the rest of every group,
- * then reap the zombie leaders. */
+ * then reap the zombie leaders, then kill and reap the strays (whose own
+ * children come to ddprun in turn, so until none is left; 2 s at most). */
 static void finish_job(struct job *job)
 {
     signal_groups(job, SIGKILL);
     for (int i = 0; i < job->nranks; i++)
         while (job->ranks[i].pid > 0 && waitpid(job->ranks[i].pid, NULL, 0) < 0 && errno == EINTR)
             ;
+    for (int tries = 0; tries < 200 && strays(job, 1) > 0; tries++)
+        poll(NULL, 0, 10);
+    strays(job, 0); /* the last ones killed: reaped */
 }
 
 /* Ctrl-Z: stop every rank's group, then ddprun itself; on SIGCONT (fg, bg, kill -CONT), continue
@@ -1003,16 +1059,23 @@ static void handle_signals(struct job *job, int *signals_handled)
                                        : "terminated, stopping all ranks");
 }
 
+static int strays(const struct job *job, int kill_them);
+
 /* Supervise until every rank has exited and its output is drained. */
 static void supervise(struct job *job)
 {
     struct pollfd *fds = calloc(2 * (size_t)job->nranks, sizeof *fds);
     struct stream **owners = calloc(2 * (size_t)job->nranks, sizeof *owners);
     static int signals_handled = 0; /* across attempts: a signal stops the job only once */
+    double strays_reaped_at = now_seconds();
     if (!fds || !owners)
         die("calloc");
     while (running_ranks(job) > 0 || open_streams(job) > 0) {
         handle_signals(job, &signals_handled);
+        if (now_seconds() > strays_reaped_at + 5) { /* strays that exited: no zombies pile up */
+            strays(job, 0);
+            strays_reaped_at = now_seconds();
+        }
         int all_exited = running_ranks(job) == 0;
         int ready = open_streams(job) > 0 ? drain_output(job, fds, owners, POLL_MS)
                                           : poll(NULL, 0, POLL_MS);
@@ -1121,6 +1184,11 @@ int main(int argc, char **argv)
     if (!(job.ranks = calloc((size_t)job.nranks, sizeof *job.ranks)))
         die("calloc");
     pthread_sigmask(SIG_SETMASK, NULL, &original_sigmask);
+#ifdef __linux__
+    /* A process a rank starts with setsid escapes the rank's group and its clean-up; orphaned,
+     * it comes to ddprun instead of init, and finish_job kills it (strays). */
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
+#endif
     install_signal_handlers();
     start_output();
 
