@@ -36,7 +36,9 @@
  * whatever it spawned (a shell's children, data-loader workers...).  Exited
  * ranks stay unreaped zombies until ddprun ends: that keeps their pid, and so
  * their group id, from being reused, which makes signalling the group safe at
- * any time.  Before exiting, ddprun SIGKILLs what is left in every group.
+ * any time.  Before exiting, ddprun SIGKILLs what is left in every group,
+ * and (it is the ranks' child subreaper) the orphans that had left their
+ * group with setsid.
  * Being in a background group, a rank reading the terminal would stop on
  * SIGTTIN, so ranks get /dev/null as stdin when ddprun's stdin is a tty.
  */
