@@ -404,8 +404,13 @@
      0.1 s on the CPU backend (every waiter looks every DDP__LIVENESS_PERIOD_S; measured
      0.04-0.25 s), and by the NCCL watchdog's poll of the store (every 0.1 s) or NCCL's own
      error on the NCCL backend. Rank 0 gone before it listens (never started, or killed early)
-     cannot be told from a slow one: without a launcher that stops the job, the other ranks fail
-     after timeout_s with "no store at ADDR:PORT - did rank 0 start?". Numbers in README.md
+     cannot be told from a slow one: both are a connection refused, and a rank 0 may take long to
+     start (a big import, srun starting tasks at different times), so a shorter limit for refusals
+     would fail healthy jobs. Decided: the wait stays timeout_s, and is not silent: after half the
+     timeout (10 s at most) of refusals each waiting rank warns "nothing listens at ADDR:PORT ...
+     connection refused for N s", then every minute; at timeout_s it fails with "no store at
+     ADDR:PORT - did rank 0 start?". A launcher that sees rank 0 die ends the job at once (ddprun,
+     torchrun; tested under ddprun: well under a second). Numbers in README.md
      point here. DDP_ERR_CANCELLED is not a failure of the job: the host program asked for it
      (EMBEDDING); it poisons the group like an error, so the peers stop too.
 
@@ -2785,10 +2790,25 @@ static ddp_result ddp__store_connect_as(ddp_context *ctx, double deadline, int a
     ddp_result code = DDP_ERR_NETWORK;
     const char *addr = ctx->master_addr;
     int port = ctx->desc.master_port;
-    double waited = ctx->desc.timeout_s;
+    double waited = ctx->desc.timeout_s, refused_since = 0, next_warn = 0;
     if (ddp__resolve(ctx, ctx->desc.master_port, &ai)) return DDP_ERR_NETWORK;
     while ((rc = ddp__store_hello(ctx, ai, announce, deadline, fd_out, &why, &last_err, &code)) == 1 && ddp__now() < deadline) {
+        double now = ddp__now();
         if (ddp__cancel_requested(ctx)) { rc = -1; code = ddp__check_cancel(ctx, "the connection to rank 0's rendezvous store"); break; }
+        /* Refused: nothing listens. A rank 0 that died before it listened and one slow to start
+           look the same from here, so the wait goes on to the timeout; but it is said, after 10 s
+           (or half the timeout) and then every minute, so the lost time is not silent. */
+        if (why == DDP__HELLO_NO_CONNECT && last_err == ECONNREFUSED) {
+            if (refused_since == 0) {
+                refused_since = now;
+                next_warn = now + (ctx->desc.timeout_s / 2 < 10 ? ctx->desc.timeout_s / 2 : 10);
+            } else if (now >= next_warn) {
+                ddp__log(ctx, DDP_LOG_WARN, "nothing listens at %s:%d (MASTER_ADDR:MASTER_PORT): connection refused for "
+                         "%.1f s. Rank 0 has not started its store yet, or died before it did (a rank cannot tell "
+                         "which); waiting until timeout_s (%g s)", addr, port, now - refused_since, ctx->desc.timeout_s);
+                next_warn = now + 60;
+            }
+        } else refused_since = 0;
         usleep(20000);
     }
     freeaddrinfo(ai);

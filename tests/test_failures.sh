@@ -141,6 +141,30 @@ for try in 1 2 3; do
 done
 [ "$ok" -eq 1 ] && pass "duplicate_rank_started_at_once_job_trains (3 of 3)"
 
+# 1f. Rank 0 never listens (never started, or died before its store was up). A rank cannot tell
+#     that from a slow rank 0, so by hand the wait lasts timeout_s, but it is not silent: a warning
+#     after half the timeout (10 s at most) says what is refused; then the timeout names rank 0.
+#     Under ddprun, rank 0's death ends the job at once.
+p=$(port)
+t0=$(now)
+RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$p DDP_TIMEOUT=3 timeout 60 "$B/test_fault" 3 >/dev/null 2>"$tmp/norank0"; rc=$?
+secs=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }')
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] &&
+   grep -q "warning: nothing listens at 127.0.0.1:$p (MASTER_ADDR:MASTER_PORT): connection refused for 1.5 s" "$tmp/norank0" &&
+   grep -q "no store at 127.0.0.1:$p - did rank 0 start?" "$tmp/norank0"; then
+  pass "rank0_never_listening_warned_then_timeout (${secs}s)"
+else
+  fail "rank0_never_listening_warned_then_timeout" "rc=$rc after ${secs}s: $(cat "$tmp/norank0")"
+fi
+t0=$(now)
+DDP_TIMEOUT=60 timeout 60 "$B/ddprun" -n 2 sh -c 'if [ "$RANK" = 0 ]; then exit 3; fi; exec "$0" 3' "$B/test_fault" >/dev/null 2>"$tmp/norank0"; rc=$?
+secs=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }')
+if [ "$rc" -eq 3 ] && awk -v s="$secs" 'BEGIN { exit !(s < 10) }' && grep -q "^ddprun: rank 0 (pid [0-9]*) exited with status 3" "$tmp/norank0"; then
+  pass "rank0_dead_before_listening_under_ddprun_ends_job_at_once (${secs}s)"
+else
+  fail "rank0_dead_before_listening_under_ddprun_ends_job_at_once" "rc=$rc after ${secs}s: $(grep ddprun "$tmp/norank0" | head -n 2)"
+fi
+
 # 1c. A rank that stops answering without dying (SIGSTOP): the timeout names it and the collective.
 p=$(port)
 pids=()
