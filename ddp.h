@@ -411,7 +411,13 @@
      connection refused for N s", then every minute; at timeout_s it fails with "no store at
      ADDR:PORT - did rank 0 start?". A launcher that sees rank 0 die ends the job at once (ddprun,
      torchrun; tested under ddprun: well under a second). Numbers in README.md
-     point here. DDP_ERR_CANCELLED is not a failure of the job: the host program asked for it
+     point here. Stopped time (Ctrl-Z of the whole job, then fg): the waits inside a step count
+     only time the process could run (a gap of over DDP__STOPPED_GAP_S between two looks moves the
+     deadline by the gap: the CPU backend's waits, the NCCL and MPI watchdogs' clocks), so a job
+     stopped for longer than timeout_s trains on when continued; the waits on the rendezvous store
+     (ddp_init, ddp_commit's layout check, the timeline gathered at ddp_shutdown) count wall time
+     and time out. A rank stopped alone while its peers run is a stalled peer: they time out and
+     name it. DDP_ERR_CANCELLED is not a failure of the job: the host program asked for it
      (EMBEDDING); it poisons the group like an error, so the peers stop too.
 
    NULL, LIFETIME AND THREADS
@@ -4694,12 +4700,15 @@ static void *ddp__mpi_watchdog_main(void *arg) {
     pthread_mutex_lock(&m->lock);
     while (!m->watchdog_stop) {
         struct timespec ts;
-        double since, now;
+        double since, now = ddp__now();
         ddp_result r = DDP_OK;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 100 * 1000 * 1000;
         if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
         pthread_cond_timedwait(&m->watchdog_wake, &m->lock, &ts);
+        /* a wait of 0.1 s that took over DDP__STOPPED_GAP_S: the process was stopped (Ctrl-Z of
+           the whole job); that time is not the collective's (as the CPU backend's waits) */
+        if (m->busy_since > 0 && ddp__now() - now > DDP__STOPPED_GAP_S) m->busy_since += ddp__now() - now;
         if (m->watchdog_stop) break;
         since = m->busy_since;
         snprintf(msg, sizeof msg, "%s", m->busy_what);
@@ -5155,6 +5164,12 @@ static int ddp__watch_expired(const ddp__watch *w, double now, double timeout_s)
     return w->since > 0 && now - w->since > timeout_s;
 }
 
+/* The watchdog's 0.1 s wait took `slept` seconds: beyond DDP__STOPPED_GAP_S the process could not
+   run (stopped with the whole job by Ctrl-Z, say), and that time is not waiting for the peers. */
+static void ddp__watch_slept(ddp__watch *w, double slept) {
+    if (w->since > 0 && slept > DDP__STOPPED_GAP_S) w->since += slept;
+}
+
 /* Who may call NCCL on the communicator, and who frees it: the decisions of ddp__nccl_enter,
    _leave, _claim and ddp__gpu_abort, as plain logic (the callers hold the lock and make the
    NCCL call the answer asks for). tests/gpu/test_kernel_math_host.cu drives it without a GPU. */
@@ -5415,10 +5430,12 @@ static void *ddp__gpu_watchdog_main(void *arg) {
     while (!g->watchdog_stop) {
         struct timespec ts;
         ddp_result r;
+        double before = ddp__now();
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 100 * 1000 * 1000;
         if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
         pthread_cond_timedwait(&g->watchdog_wake, &g->lock, &ts);
+        ddp__watch_slept(&g->watch, ddp__now() - before);
         if (g->watchdog_stop || ddp__failed(ctx)) continue;
         r = ddp__gpu_inspect_locked(ctx, msg, sizeof msg);
         pthread_mutex_unlock(&g->lock);
