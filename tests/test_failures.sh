@@ -103,8 +103,10 @@ fi
 
 # 1e. A rank started twice (a launcher bug, a typo in RANK): the process that claims the rank
 #     second is refused, says which pid holds it, and its hang-up is no rank's death: the job
-#     trains. (a) deterministic: ranks 0 and 1 wait in the rendezvous for rank 2 while the
-#     duplicate is refused; (b) the three started at once, as in issue 30 (3 tries).
+#     trains. Rank 2 of 3 starts only once one of the two rank 1s has exited (the refused one:
+#     on main its hang-up was "rank 1 disconnected"), so the duplicate always meets the job
+#     running, however slowly a process starts. (a) the duplicate 0.5 s after the real rank 1;
+#     (b) ranks 0, 1 and 1 started at once: their claims race (3 tries).
 dup_check() {   # dup_check NAME: $tmp/dupA, $tmp/dupB (the two rank 1s), rc_a rc_b rc_rest, pid_a pid_b
   local name=$1 loser= holder=
   if [ "$rc_a" -eq 0 ] && [ "$rc_b" -ne 0 ]; then loser=$tmp/dupB; holder=$pid_a
@@ -118,24 +120,23 @@ dup_check() {   # dup_check NAME: $tmp/dupA, $tmp/dupB (the two rank 1s), rc_a r
 }
 # exec: $! is the rank itself (its pid is what the refusal names)
 dup_rank() { RANK=$1 WORLD_SIZE=$2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$p DDP_TIMEOUT=20 DDP_JOB_ID="dup-$$-$p" exec "$B/test_fault" 3; }
-p=$(port)
-(dup_rank 0 3) >/dev/null 2>"$tmp/dup_rest" & r0=$!
-(dup_rank 1 3) >/dev/null 2>"$tmp/dupA" & pid_a=$!
-sleep 0.5
-(dup_rank 1 3) >/dev/null 2>"$tmp/dupB" & pid_b=$!
-for _ in $(seq 200); do kill -0 "$pid_a" 2>/dev/null && kill -0 "$pid_b" 2>/dev/null || break; sleep 0.05; done
-sleep 0.3   # the refused one has hung up (before the fix: "rank 1 disconnected" on ranks 0 and 1)
-(dup_rank 2 3) >/dev/null 2>>"$tmp/dup_rest"; rc2=$?
-wait "$r0"; rc0=$?; wait "$pid_a"; rc_a=$?; wait "$pid_b"; rc_b=$?
-rc_rest=$((rc0 + rc2))
+dup_job() {   # dup_job SECONDS_BETWEEN_THE_RANK_1S
+  p=$(port)
+  (dup_rank 0 3) >/dev/null 2>"$tmp/dup_rest" & r0=$!
+  (dup_rank 1 3) >/dev/null 2>"$tmp/dupA" & pid_a=$!
+  sleep "$1"
+  (dup_rank 1 3) >/dev/null 2>"$tmp/dupB" & pid_b=$!
+  for _ in $(seq 1200); do kill -0 "$pid_a" 2>/dev/null && kill -0 "$pid_b" 2>/dev/null || break; sleep 0.05; done
+  sleep 0.3   # the refused one has hung up
+  (dup_rank 2 3) >/dev/null 2>>"$tmp/dup_rest"; rc2=$?
+  wait "$r0"; rc0=$?; wait "$pid_a"; rc_a=$?; wait "$pid_b"; rc_b=$?
+  rc_rest=$((rc0 + rc2))
+}
+dup_job 0.5
 dup_check "duplicate_rank_refused_during_rendezvous_job_trains"
 ok=1
 for try in 1 2 3; do
-  p=$(port)
-  (dup_rank 0 2) >/dev/null 2>"$tmp/dup_rest" & r0=$!
-  (dup_rank 1 2) >/dev/null 2>"$tmp/dupA" & pid_a=$!
-  (dup_rank 1 2) >/dev/null 2>"$tmp/dupB" & pid_b=$!
-  wait "$r0"; rc_rest=$?; wait "$pid_a"; rc_a=$?; wait "$pid_b"; rc_b=$?
+  dup_job 0
   out=$(dup_check "duplicate_rank_started_at_once_job_trains_try$try")
   case $out in PASS*) ;; *) echo "$out"; fails=$((fails + 1)); ok=0; break ;; esac
 done
