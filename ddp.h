@@ -529,9 +529,11 @@
                     sample; pure (its entry points, which
                     only check the struct, are in >>public like every other)
      >>timeline     per-thread event lists, the Chrome trace written at shutdown
-     >>env          the launcher environment; the descriptor: environment, ddp__desc_defaults
-                    (every default, pure), validation, the group
-     >>store        the rendezvous store (server thread on rank 0, client on every rank)
+     >>env          the launcher environment; the descriptor: the DDP_* variables (one rule:
+                    ddp__desc_from_env), ddp__desc_defaults (every default, pure), validation,
+                    the group
+     >>store        the rendezvous store (server thread on rank 0, client on every rank); whose
+                    hang-up is a rank's loss (ddp__conn_speaks_for_rank: a won claim)
      >>host         what single and cpu share: host flat buffers, AdamW arithmetic (bf16 parameters:
                     the working copy written in the same pass), bf16 rounding and conversions;
                     the shard layout (ddp__shard_range) and the norm's blocks every backend uses
