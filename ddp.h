@@ -100,7 +100,8 @@
      environment and defaults; ddp_adamw.as_given; ddp_sampler's shuffle and drop_last; the
      cancel token's state).
 
-   OPTIONS (ddp_desc; zero means default; the resolved values: ddp_config())
+   OPTIONS (ddp_desc; zero means default; the resolved values: ddp_config(); ($DDP_X): a variable
+   that, when set, wins over the field: ENVIRONMENT)
      backend          DDP_BACKEND_AUTO     which backend runs (BACKENDS below); ddp_config()->
                                            backend says which one did. AUTO = NCCL when built
                                            with CUDA and a GPU is visible, else SINGLE for one
@@ -126,14 +127,14 @@
                                            set world_size > 0 to give the process group by hand
                                            instead of through the environment (ranks as threads
                                            of one process: one context per thread)
-     job_id           $DDP_JOB_ID, else    which job this rank belongs to; a rank of another job
-                      the launcher's       is refused at the rendezvous (see JOB IDENTITY)
+     job_id           the launcher's       which job this rank belongs to; a rank of another job
+                      ($DDP_JOB_ID)        is refused at the rendezvous (see JOB IDENTITY)
      shutdown_timeout_s  1                 after a failure, the longest ddp_shutdown lingers so
                                            peers still reading rank 0's store get the verdict;
                                            it stops as soon as every peer has hung up (a hung
                                            peer costs at most this)
      log, log_user, log_level              logger callback (default: stderr), threshold
-                                           (default DDP_LOG_WARN, or $DDP_LOG=debug|info|warn|
+                                           (default DDP_LOG_WARN; $DDP_LOG=debug|info|warn|
                                            error|off)
      timeline_path    $DDP_TIMELINE        record every step (forward, each backward op, bucket
                                            ready, each allreduce, the wait, AdamW) and write ONE
@@ -391,7 +392,7 @@
              none). A rank bound to one CPU (mpirun's default for <= 2 ranks a host) is warned:
              start with --bind-to none, or several CPUs a rank.
 
-   ENVIRONMENT (first match wins)
+   ENVIRONMENT (the launcher's: first match wins)
      torchrun style  RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
      Open MPI        OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE (+ MASTER_ADDR/PORT)
      Slurm (srun)    SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID; the tasks on this node:
@@ -408,20 +409,40 @@
                      SLURM_STEP_ID: the batch script, salloc's shell) is one rank, and refused by
                      name where SLURM_NTASKS > 1 (start it with srun).
      none            one rank, no network
-     DDP_JOB_TOKEN   shared secret of the job (ddprun makes a fresh one): rank 0's store and each
-                     rank prove to each other that they know it, without sending it
-     DDP_JOB_ID      the job's name, the same on every rank (default: the launcher's job id)
-     DDP_TIMEOUT     seconds, see timeout_s
-     DDP_SHARD_OPTIMIZER=0|1  shard_optimizer when the descriptor leaves it 0
+     (ddp_desc.world_size > 0 gives the group by hand instead, and none of these is read.)
+   The DDP_* variables. The rule, the same for each: a variable that is set (not empty) WINS over
+   the descriptor field it stands for, whatever the program put there; the program's value is
+   what runs when the variable is unset. Where the program had set the field to something else,
+   rank 0 logs one warning naming each override ("DDP_TIMEOUT=30 over the program's
+   ddp_desc.timeout_s = 300"), and ddp_config() gives what runs. An invalid value is refused at
+   ddp_init by name (DDP_ERR_BAD_ENV) whether or not the program set the field. Why the variable:
+   it is the operator's word for this run, given last and closest to the run (as CUDA_VISIBLE_
+   DEVICES or NCCL_* are); a variable set and silently ignored is a run nobody asked for, and a
+   refusal would make every program that sets a field (the GPT trainer sets param_dtype) deaf to
+   it. A program that must know reads ddp_config() after ddp_init (the trainer does: it trains
+   bf16 under DDP_PARAM_DTYPE=bf16, or refuses where its build cannot). param_dtype changes which
+   accessors work: a program written for fp32 that meets DDP_PARAM_DTYPE=bf16 gets NULL from
+   ddp_param with an error that names the variable.
+     DDP_JOB_TOKEN   job_token: shared secret of the job (ddprun makes a fresh one): rank 0's
+                     store and each rank prove to each other that they know it, without sending
+                     it (its value is never logged)
+     DDP_JOB_ID      job_id: the job's name, the same on every rank (unset: the launcher's job id)
+     DDP_TIMEOUT     timeout_s: seconds, in (0, 1e6]
+     DDP_LOG         log_level: debug|info|warn|error|off
+     DDP_TIMELINE    timeline_path (its directory must take the file: checked at ddp_init)
+     DDP_CHECK_READY=0|1      check_ready
+     DDP_SHARD_OPTIMIZER=0|1  shard_optimizer
+     DDP_PARAM_DTYPE=fp32|bf16  param_dtype
+   and three with no field (0|1 as well; a typo is refused on every backend):
      DDP_MPI_FLAT=1  (MPI backend, the same on every rank) every rank in MPI, no host groups
-    DDP_MPI_TUNE=0  (MPI backend, the same on every rank) keep Open MPI's TCP defaults (BACKENDS)
+     DDP_MPI_TUNE=0  (MPI backend, the same on every rank) keep Open MPI's TCP defaults (BACKENDS)
      DDP_STAGED_GRADS=1  (CPU backend, read by rank 0) gradient buckets through the staging
                      slots instead of in place through the shared gradient segment: the same
                      bits, slower; for comparisons
 
    JOB IDENTITY
      Two jobs on one host and one MASTER_PORT must not merge. The rendezvous checks the job id:
-     desc.job_id, else $DDP_JOB_ID, else what the launcher sets alike for every rank of a job:
+     $DDP_JOB_ID, else desc.job_id, else what the launcher sets alike for every rank of a job:
      Open MPI's PMIX_NAMESPACE (or OMPI_MCA_ess_base_jobid), Slurm's SLURM_JOB_ID and
      SLURM_STEP_ID, torchrun's TORCHELASTIC_RUN_ID (its default static rendezvous calls every run
      "none"; on one host the run's log directory in TORCHELASTIC_ERROR_FILE names it). A rank
@@ -432,6 +453,10 @@
      learns nothing usable and the ranks refuse it. It is not encryption: someone who can read
      or alter the traffic can read or alter the frames after the handshake (keep MASTER_ADDR on
      a trusted network), and a short guessable token can be guessed offline from one exchange.
+     A rank started twice in one job (a launcher bug, a typo in RANK): the first process to claim
+     the rank at rank 0's store holds it; the other is refused (DDP_ERR_BAD_ENV, "two processes of
+     this job were started as rank R: pid P on host 'H' holds it, ...") and the job goes on: a
+     connection speaks for its rank (its hang-up is that rank's loss) only once its claim won.
 
    ERRORS
      Every call that can fail returns a ddp_result; ddp_last_error(ctx) says what, where and on
@@ -443,9 +468,20 @@
      0.1 s on the CPU backend (every waiter looks every DDP__LIVENESS_PERIOD_S; measured
      0.04-0.25 s), and by the NCCL watchdog's poll of the store (every 0.1 s) or NCCL's own
      error on the NCCL backend. Rank 0 gone before it listens (never started, or killed early)
-     cannot be told from a slow one: without a launcher that stops the job, the other ranks fail
-     after timeout_s with "no store at ADDR:PORT - did rank 0 start?". Numbers in README.md
-     point here. DDP_ERR_CANCELLED is not a failure of the job: the host program asked for it
+     cannot be told from a slow one: both are a connection refused, and a rank 0 may take long to
+     start (a big import, srun starting tasks at different times), so a shorter limit for refusals
+     would fail healthy jobs. Decided: the wait stays timeout_s, and is not silent: after half the
+     timeout (10 s at most) of refusals each waiting rank warns "nothing listens at ADDR:PORT ...
+     connection refused for N s", then every minute; at timeout_s it fails with "no store at
+     ADDR:PORT - did rank 0 start?". A launcher that sees rank 0 die ends the job at once (ddprun,
+     torchrun; tested under ddprun: well under a second). Numbers in README.md
+     point here. Stopped time (Ctrl-Z of the whole job, then fg): the waits inside a step count
+     only time the process could run (a gap of over DDP__STOPPED_GAP_S between two looks moves the
+     deadline by the gap: the CPU backend's waits, the NCCL and MPI watchdogs' clocks), so a job
+     stopped for longer than timeout_s trains on when continued; the waits on the rendezvous store
+     (ddp_init, ddp_commit's layout check, the timeline gathered at ddp_shutdown) count wall time
+     and time out. A rank stopped alone while its peers run is a stalled peer: they time out and
+     name it. DDP_ERR_CANCELLED is not a failure of the job: the host program asked for it
      (EMBEDDING); it poisons the group like an error, so the peers stop too.
 
    NULL, LIFETIME AND THREADS
@@ -562,9 +598,11 @@
      >>timeline     per-thread event lists, the Chrome trace written at shutdown
      >>env          the launcher environment (under srun: Slurm's hostlist syntax, the step's
                     first node and port); the descriptor: ddp__desc_check_given (flags, enums,
-                    NaN, as the program gave it), environment, ddp__desc_defaults (every default,
-                    pure), validation, the group
-     >>store        the rendezvous store (server thread on rank 0, client on every rank)
+                    NaN, as the program gave it), the DDP_* variables (one rule:
+                    ddp__desc_from_env), ddp__desc_defaults (every default, pure), validation,
+                    the group
+     >>store        the rendezvous store (server thread on rank 0, client on every rank); whose
+                    hang-up is a rank's loss (ddp__conn_speaks_for_rank: a won claim)
      >>host         what single and cpu share: host flat buffers, AdamW arithmetic (bf16 parameters:
                     the working copy written in the same pass), bf16 rounding and conversions;
                     the shard layout (ddp__shard_range) and the norm's blocks every backend uses
@@ -1173,6 +1211,7 @@ struct ddp_context {
     char master_addr[256];
     const char *master_addr_from;  /* what gave master_addr, for messages: NULL = MASTER_ADDR (>>env) */
     char job_token[128];
+    char env_overrides[512];       /* DDP_* variables that overrode a field the program set (>>env) */
     char job_id[256];              /* who this rank's job is (desc.job_id): checked at the rendezvous */
     unsigned char store_key[32];   /* from the token and the job id: the store handshake's key */
     char timeline_path[512];
@@ -1945,51 +1984,96 @@ static ddp_result ddp__read_env(ddp_context *ctx) {
 
 #define DDP__MAX_TIMEOUT_S 1e6   /* 11.6 days: any wait stays a finite poll */
 
-/* What the environment says for fields the descriptor leaves at zero. Strings are copied into
-   the context, so the caller's may go away after ddp_init. */
-static ddp_result ddp__desc_from_env(ddp_context *ctx, ddp_desc *d) {
-    const char *s;
-    if (!d->log_level && (s = getenv("DDP_LOG")) != NULL) {
-        if (!strcmp(s, "debug")) d->log_level = DDP_LOG_DEBUG;
-        else if (!strcmp(s, "info")) d->log_level = DDP_LOG_INFO;
-        else if (!strcmp(s, "warn")) d->log_level = DDP_LOG_WARN;
-        else if (!strcmp(s, "error")) d->log_level = DDP_LOG_ERROR;
-        else if (!strcmp(s, "off")) d->log_level = DDP_LOG_OFF;
-        else if (*s)
-            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_LOG='%s' is none of debug, info, warn, error, off", s);
+/* One rule for every DDP_* variable that has a descriptor field: a variable that is set (not
+   empty) wins over what the program put in the field, and an invalid value is refused by name
+   whoever would have won (ENVIRONMENT in the manual says why). Where the program had set the
+   field to something else, the override is noted (ctx->env_overrides) and rank 0 says so once
+   the rank is known (ddp__resolve_desc). The variables without a field (DDP_STAGED_GRADS,
+   DDP_MPI_FLAT, DDP_MPI_TUNE) are checked here too, so a typo fails on every backend. */
+static void ddp__env_overrode(ddp_context *ctx, const char *var, const char *value, const char *field, const char *was) {
+    size_t len = strlen(ctx->env_overrides);
+    if (len + 8 >= sizeof ctx->env_overrides) return;
+    snprintf(ctx->env_overrides + len, sizeof ctx->env_overrides - len, "%s%s=%s over the program's ddp_desc.%s = %s",
+             len ? "; " : "", var, value, field, was);
+}
+
+static const char *ddp__env_set(const char *name) {
+    const char *s = getenv(name);
+    return s && *s ? s : NULL;
+}
+
+static ddp_result ddp__env_flag(ddp_context *ctx, const char *name, int *field, const char *field_name) {
+    const char *s = ddp__env_set(name);
+    if (!s) return DDP_OK;
+    if (strcmp(s, "0") && strcmp(s, "1"))
+        return ddp__fail(ctx, DDP_ERR_BAD_ENV, "%s='%s' is neither 0 nor 1", name, s);
+    if (!field) return DDP_OK;
+    if (*field && *field != s[0] - '0') {
+        char was[16];
+        snprintf(was, sizeof was, "%d", *field);
+        ddp__env_overrode(ctx, name, s, field_name, was);
     }
-    s = d->timeline_path ? d->timeline_path : getenv("DDP_TIMELINE");
-    snprintf(ctx->timeline_path, sizeof ctx->timeline_path, "%s", s ? s : "");
-    d->timeline_path = ctx->timeline_path;
-    s = d->job_token ? d->job_token : getenv("DDP_JOB_TOKEN");
-    snprintf(ctx->job_token, sizeof ctx->job_token, "%s", s ? s : "");
-    d->job_token = ctx->job_token;
-    s = d->job_id ? d->job_id : getenv("DDP_JOB_ID");   /* else the launcher's, in ddp__read_env */
-    snprintf(ctx->job_id, sizeof ctx->job_id, "%s", s ? s : "");
-    if (d->timeout_s == 0 && (s = getenv("DDP_TIMEOUT")) != NULL && *s) {
+    *field = s[0] - '0';
+    return DDP_OK;
+}
+
+/* A string field: the variable, else the program's, copied into the context (the caller's may go
+   away after ddp_init). secret: the values stay out of the log. */
+static void ddp__env_string(ddp_context *ctx, const char *name, const char **field, const char *field_name,
+                            char *store, size_t cap, int secret) {
+    const char *s = ddp__env_set(name);
+    if (s && *field && strcmp(*field, s)) ddp__env_overrode(ctx, name, secret ? "(set)" : s, field_name, secret ? "(another)" : *field);
+    snprintf(store, cap, "%s", s ? s : *field ? *field : "");
+    *field = store;
+}
+
+static ddp_result ddp__desc_from_env(ddp_context *ctx, ddp_desc *d) {
+    static const char *const level_names[] = { "", "debug", "info", "warn", "error", "off" };
+    const char *s;
+    ddp_result r;
+    int i;
+    if ((s = ddp__env_set("DDP_LOG")) != NULL) {
+        for (i = 1; i <= (int)DDP_LOG_OFF && strcmp(s, level_names[i]); i++) {}
+        if (i > (int)DDP_LOG_OFF)
+            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_LOG='%s' is none of debug, info, warn, error, off", s);
+        if (d->log_level && (int)d->log_level != i)
+            ddp__env_overrode(ctx, "DDP_LOG", s, "log_level",
+                              (int)d->log_level >= 1 && (int)d->log_level <= (int)DDP_LOG_OFF ? level_names[d->log_level] : "?");
+        d->log_level = (ddp_log_level)i;
+    }
+    ddp__env_string(ctx, "DDP_TIMELINE", &d->timeline_path, "timeline_path", ctx->timeline_path, sizeof ctx->timeline_path, 0);
+    ddp__env_string(ctx, "DDP_JOB_TOKEN", &d->job_token, "job_token", ctx->job_token, sizeof ctx->job_token, 1);
+    {   /* job_id: else the launcher's, in ddp__read_env; the descriptor keeps its own until then */
+        const char *id = d->job_id;
+        ddp__env_string(ctx, "DDP_JOB_ID", &id, "job_id", ctx->job_id, sizeof ctx->job_id, 0);
+    }
+    if ((s = ddp__env_set("DDP_TIMEOUT")) != NULL) {
         char *end;
         double t = strtod(s, &end);
         if (*end || !ddp__nonneg_d(t) || t == 0 || t > DDP__MAX_TIMEOUT_S)
             return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_TIMEOUT='%s' is not a number of seconds in (0, %g]", s,
                              (double)DDP__MAX_TIMEOUT_S);
+        if (d->timeout_s != 0 && d->timeout_s != t) {
+            char was[32];
+            snprintf(was, sizeof was, "%g", d->timeout_s);
+            ddp__env_overrode(ctx, "DDP_TIMEOUT", s, "timeout_s", was);
+        }
         d->timeout_s = t;
     }
-    if (!d->check_ready && (s = getenv("DDP_CHECK_READY")) != NULL && *s) {
-        if (strcmp(s, "0") && strcmp(s, "1"))
-            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_CHECK_READY='%s' is neither 0 nor 1", s);
-        d->check_ready = s[0] == '1';
-    }
-    if (!d->shard_optimizer && (s = getenv("DDP_SHARD_OPTIMIZER")) != NULL && *s) {
-        if (strcmp(s, "0") && strcmp(s, "1"))
-            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_SHARD_OPTIMIZER='%s' is neither 0 nor 1", s);
-        d->shard_optimizer = s[0] == '1';
-    }
-    if (!d->param_dtype && (s = getenv("DDP_PARAM_DTYPE")) != NULL && *s) {
-        if (strcmp(s, "fp32") && strcmp(s, "bf16"))
+    if ((r = ddp__env_flag(ctx, "DDP_CHECK_READY", &d->check_ready, "check_ready")) != DDP_OK) return r;
+    if ((r = ddp__env_flag(ctx, "DDP_SHARD_OPTIMIZER", &d->shard_optimizer, "shard_optimizer")) != DDP_OK) return r;
+    if ((s = ddp__env_set("DDP_PARAM_DTYPE")) != NULL) {
+        ddp_dtype t = !strcmp(s, "fp32") ? DDP_DTYPE_FP32 : !strcmp(s, "bf16") ? DDP_DTYPE_BF16 : DDP_DTYPE_DEFAULT;
+        if (t == DDP_DTYPE_DEFAULT)
             return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_PARAM_DTYPE='%s' is neither fp32 nor bf16", s);
-        d->param_dtype = s[0] == 'b' ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
+        if (d->param_dtype && d->param_dtype != t)
+            ddp__env_overrode(ctx, "DDP_PARAM_DTYPE", s, "param_dtype", d->param_dtype == DDP_DTYPE_FP32 ? "DDP_DTYPE_FP32"
+                              : d->param_dtype == DDP_DTYPE_BF16 ? "DDP_DTYPE_BF16" : "(not a ddp_dtype)");
+        d->param_dtype = t;
     }
-    return DDP_OK;
+    if ((r = ddp__env_flag(ctx, "DDP_STAGED_GRADS", NULL, NULL)) != DDP_OK) return r;
+    if ((r = ddp__env_flag(ctx, "DDP_MPI_FLAT", NULL, NULL)) != DDP_OK) return r;
+    return ddp__env_flag(ctx, "DDP_MPI_TUNE", NULL, NULL);
 }
 
 /* Every default, in one place: a field still zero gets its documented value. Pure. */
@@ -2122,7 +2206,11 @@ static ddp_result ddp__resolve_desc(ddp_context *ctx, const ddp_desc *in) {
     if ((r = ddp__desc_from_env(ctx, &ctx->desc)) != DDP_OK) return r;
     ddp__desc_defaults(&ctx->desc);
     if ((r = ddp__desc_validate(ctx, &ctx->desc)) != DDP_OK) return r;
-    return ddp__resolve_group(ctx);
+    if ((r = ddp__resolve_group(ctx)) != DDP_OK) return r;
+    if (ctx->env_overrides[0] && ctx->rank == 0)   /* once a job: every rank reads the same environment */
+        ddp__log(ctx, DDP_LOG_WARN, "the environment overrides the program's settings (a DDP_* variable that is set wins): %s",
+                 ctx->env_overrides);
+    return DDP_OK;
 }
 
 /* --------------------------------------------------------------------------------------------
@@ -2342,6 +2430,8 @@ typedef struct ddp__kv { char *key; unsigned char *val; uint32_t vlen; } ddp__kv
 typedef struct ddp__conn {
     int fd, authed, waiting;       /* waiting: a GET parked until its key appears */
     int rank;                      /* as announced in HELLO */
+    int admitted;                  /* its claim to `rank` (ADD "claim/RANK", ddp__rendezvous): 0 not made
+                                      yet, 1 won, 2 refused (a duplicate: its hang-up is no rank's loss) */
     int challenged;                /* HELLO answered; its AUTH is due */
     unsigned char hello[DDP__HELLO_BYTES], nonce_s[DDP__NONCE_BYTES];
     unsigned char hdr[16];
@@ -2435,9 +2525,21 @@ static int ddp__conn_said_bye(ddp__store_server *s, int rank) {
     return ddp__kv_find(s, key) != NULL;
 }
 
+/* Whose loss a hang-up is: a connection speaks for its rank once its claim won, or before any
+   claim while no connection has won that rank (a rank dying between its handshake and its claim
+   is still a loss). A refused duplicate, or one that leaves before claiming a rank already held,
+   speaks for nobody: the job it tried to join goes on. */
+static int ddp__conn_speaks_for_rank(ddp__store_server *s, const ddp__conn *c) {
+    char key[32];
+    if (c->rank < 0 || c->admitted == 2) return 0;
+    if (c->admitted == 1) return 1;
+    snprintf(key, sizeof key, "claim/%d", c->rank);
+    return ddp__kv_find(s, key) == NULL;
+}
+
 static void ddp__conn_close(ddp__store_server *s, int i) {
     if (s->conns[i].authed && s->lost_rank < 0 && !__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE) &&
-        !ddp__conn_said_bye(s, s->conns[i].rank))
+        ddp__conn_speaks_for_rank(s, &s->conns[i]) && !ddp__conn_said_bye(s, s->conns[i].rank))
         s->lost_rank = s->conns[i].rank;
     if (s->conns[i].challenged && !s->conns[i].authed && !__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE))
         ddp__store_warn(s, DDP__WARN_TOKEN, "rendezvous store: a client announcing rank %d did not finish the "
@@ -2554,6 +2656,11 @@ static int ddp__serve_request(ddp__store_server *s, ddp__conn *c) {
         }
         snprintf(num, sizeof num, "%lld", cur + delta);
         if (ddp__kv_set(s, key, (const unsigned char *)num, (uint32_t)strlen(num))) return -1;
+        if (c->rank >= 0 && !c->admitted) {   /* this connection's claim to its rank: won or refused */
+            char mine[32];
+            snprintf(mine, sizeof mine, "claim/%d", c->rank);
+            if (!strcmp(key, mine)) c->admitted = cur + delta == 1 ? 1 : 2;
+        }
         return ddp__reply(s, c, DDP__REPLY_OK, num, (uint32_t)strlen(num));
     }
     case DDP__OP_GET: {
@@ -3047,10 +3154,25 @@ static ddp_result ddp__store_connect_as(ddp_context *ctx, double deadline, int a
     ddp_result code = DDP_ERR_NETWORK;
     const char *addr = ctx->master_addr;
     int port = ctx->desc.master_port;
-    double waited = ctx->desc.timeout_s;
+    double waited = ctx->desc.timeout_s, refused_since = 0, next_warn = 0;
     if (ddp__resolve(ctx, ctx->desc.master_port, &ai)) return DDP_ERR_NETWORK;
     while ((rc = ddp__store_hello(ctx, ai, announce, deadline, fd_out, &why, &last_err, &code)) == 1 && ddp__now() < deadline) {
+        double now = ddp__now();
         if (ddp__cancel_requested(ctx)) { rc = -1; code = ddp__check_cancel(ctx, "the connection to rank 0's rendezvous store"); break; }
+        /* Refused: nothing listens. A rank 0 that died before it listened and one slow to start
+           look the same from here, so the wait goes on to the timeout; but it is said, after 10 s
+           (or half the timeout) and then every minute, so the lost time is not silent. */
+        if (why == DDP__HELLO_NO_CONNECT && last_err == ECONNREFUSED) {
+            if (refused_since == 0) {
+                refused_since = now;
+                next_warn = now + (ctx->desc.timeout_s / 2 < 10 ? ctx->desc.timeout_s / 2 : 10);
+            } else if (now >= next_warn) {
+                ddp__log(ctx, DDP_LOG_WARN, "nothing listens at %s:%d (MASTER_ADDR:MASTER_PORT): connection refused for "
+                         "%.1f s. Rank 0 has not started its store yet, or died before it did (a rank cannot tell "
+                         "which); waiting until timeout_s (%g s)", addr, port, now - refused_since, ctx->desc.timeout_s);
+                next_warn = now + 60;
+            }
+        } else refused_since = 0;
         usleep(20000);
     }
     freeaddrinfo(ai);
@@ -4214,7 +4336,7 @@ static int ddp__grads_create(ddp_context *ctx, size_t bytes, ddp_result *r) {
     const char *staged = getenv("DDP_STAGED_GRADS");
     int fd = -1;
     ctx->cpu->grads_name[0] = 0;
-    if (!staged || !strcmp(staged, "0")) {
+    if (!staged || !*staged || !strcmp(staged, "0")) {
         fd = ddp__shm_new(ctx, ctx->cpu->grads_name, bytes);
         if (fd < 0) {
             ddp__log(ctx, DDP_LOG_WARN, "%s; gradient buckets go through the staging slots instead (slower)",
@@ -4936,12 +5058,15 @@ static void *ddp__mpi_watchdog_main(void *arg) {
     pthread_mutex_lock(&m->lock);
     while (!m->watchdog_stop) {
         struct timespec ts;
-        double since, now;
+        double since, now = ddp__now();
         ddp_result r = DDP_OK;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 100 * 1000 * 1000;
         if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
         pthread_cond_timedwait(&m->watchdog_wake, &m->lock, &ts);
+        /* a wait of 0.1 s that took over DDP__STOPPED_GAP_S: the process was stopped (Ctrl-Z of
+           the whole job); that time is not the collective's (as the CPU backend's waits) */
+        if (m->busy_since > 0 && ddp__now() - now > DDP__STOPPED_GAP_S) m->busy_since += ddp__now() - now;
         if (m->watchdog_stop) break;
         since = m->busy_since;
         snprintf(msg, sizeof msg, "%s", m->busy_what);
@@ -5397,6 +5522,12 @@ static int ddp__watch_expired(const ddp__watch *w, double now, double timeout_s)
     return w->since > 0 && now - w->since > timeout_s;
 }
 
+/* The watchdog's 0.1 s wait took `slept` seconds: beyond DDP__STOPPED_GAP_S the process could not
+   run (stopped with the whole job by Ctrl-Z, say), and that time is not waiting for the peers. */
+static void ddp__watch_slept(ddp__watch *w, double slept) {
+    if (w->since > 0 && slept > DDP__STOPPED_GAP_S) w->since += slept;
+}
+
 /* Who may call NCCL on the communicator, and who frees it: the decisions of ddp__nccl_enter,
    _leave, _claim and ddp__gpu_abort, as plain logic (the callers hold the lock and make the
    NCCL call the answer asks for). tests/gpu/test_kernel_math_host.cu drives it without a GPU. */
@@ -5657,10 +5788,12 @@ static void *ddp__gpu_watchdog_main(void *arg) {
     while (!g->watchdog_stop) {
         struct timespec ts;
         ddp_result r;
+        double before = ddp__now();
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 100 * 1000 * 1000;
         if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
         pthread_cond_timedwait(&g->watchdog_wake, &g->lock, &ts);
+        ddp__watch_slept(&g->watch, ddp__now() - before);
         if (g->watchdog_stop || ddp__failed(ctx)) continue;
         r = ddp__gpu_inspect_locked(ctx, msg, sizeof msg);
         pthread_mutex_unlock(&g->lock);
@@ -6606,22 +6739,41 @@ static ddp_result ddp__choose_backend(ddp_context *ctx) {
 
 /* Every rank announces itself; each then waits for all the others and checks they agree. */
 static ddp_result ddp__rendezvous(ddp_context *ctx, double deadline) {
-    char key[64], info[128], num[8];
+    char key[64], info[400], num[8], host[256] = "?";
     unsigned char *reply;
     uint32_t len = 0, status = 0;
     int s, found;
     ddp_result r;
     if (!(ctx->peer_pids = (int *)ddp__calloc(sizeof(int) * (size_t)ctx->world)))
         return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %d ranks", ctx->world);
+    gethostname(host, sizeof host - 1);
     snprintf(key, sizeof key, "claim/%d", ctx->rank);
     r = ddp__store_request(ctx, DDP__OP_ADD, key, "1", 1, &reply, &len, &status, 0);
     if (r != DDP_OK) return r;
     snprintf(num, sizeof num, "%.7s", (const char *)reply);
     DDP_FREE(reply);
-    if (strcmp(num, "1"))
-        return ddp__fail(ctx, DDP_ERR_BAD_ENV, "two processes of this job were started as rank %d", ctx->rank);
+    if (strcmp(num, "1")) {
+        /* Refused: the store does not count this connection for the rank (>>store), so the job
+           goes on. Say who holds the rank: the winner publishes rank/R right after its claim. */
+        int holder_pid = 0;
+        char holder_host[256] = "?";
+        snprintf(key, sizeof key, "rank/%d", ctx->rank);
+        found = 0;
+        if (ddp__store_get(ctx, key, ddp__now() + (ctx->desc.timeout_s < 2 ? ctx->desc.timeout_s : 2), &reply, &len,
+                           &found) == DDP_OK && found) {
+            sscanf((const char *)reply, "%*d %d %255s", &holder_pid, holder_host);
+            DDP_FREE(reply);
+        }
+        if (holder_pid > 0)
+            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "two processes of this job were started as rank %d: pid %d on host "
+                             "'%s' holds it, this one (pid %d on '%s') was refused and the job goes on without it "
+                             "(check RANK, or the launcher)", ctx->rank, holder_pid, holder_host, (int)getpid(), host);
+        return ddp__fail(ctx, DDP_ERR_BAD_ENV, "two processes of this job were started as rank %d: another process "
+                         "claimed it first (it did not say which in time), this one (pid %d on '%s') was refused "
+                         "(check RANK, or the launcher)", ctx->rank, (int)getpid(), host);
+    }
     snprintf(key, sizeof key, "rank/%d", ctx->rank);
-    snprintf(info, sizeof info, "%d %d", ctx->world, (int)getpid());
+    snprintf(info, sizeof info, "%d %d %s", ctx->world, (int)getpid(), host);
     if ((r = ddp__store_set(ctx, key, info, strlen(info))) != DDP_OK) return r;
     for (s = 0; s < ctx->world; s++) {
         int world = 0, pid = 0;
@@ -8609,11 +8761,13 @@ static int ddp__valid_id(ddp_context *ctx, int id, const char *call) {
 static int ddp__dtype_is(ddp_context *ctx, ddp_dtype want, const char *call) {
     if (!ctx || ctx->desc.param_dtype == want) return 1;
     if (want == DDP_DTYPE_BF16)
-        ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s: the parameters are fp32 (param_dtype DDP_DTYPE_FP32), there "
-                  "is no bf16 copy; use ddp_param / ddp_grad, or set param_dtype = DDP_DTYPE_BF16 on every rank", call);
+        ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s: the parameters are fp32 (param_dtype DDP_DTYPE_FP32%s), there "
+                  "is no bf16 copy; use ddp_param / ddp_grad, or set param_dtype = DDP_DTYPE_BF16 on every rank", call,
+                  ddp__env_set("DDP_PARAM_DTYPE") ? ", from DDP_PARAM_DTYPE" : "");
     else
-        ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s: the parameters are bf16 (param_dtype DDP_DTYPE_BF16): use "
-                  "ddp_param_bf16 / ddp_grad_bf16 (the fp32 master is ddp_flat_params, to read)", call);
+        ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s: the parameters are bf16 (param_dtype DDP_DTYPE_BF16%s): use "
+                  "ddp_param_bf16 / ddp_grad_bf16 (the fp32 master is ddp_flat_params, to read)", call,
+                  ddp__env_set("DDP_PARAM_DTYPE") ? ", from DDP_PARAM_DTYPE, which wins over the program's setting" : "");
     return 0;
 }
 float *ddp_param(ddp_context *ctx, int id) {

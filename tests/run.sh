@@ -41,6 +41,7 @@ run "overlap, 2 ranks" "$B/ddprun" -n 2 "$B/test_overlap"
 run "timeline" tests/test_timeline.sh "$B"
 run "svg tools" tests/test_svg_tools.sh
 run "failures" tests/test_failures.sh "$B"
+run "DDP_* variables through the GPT trainer: a variable that is set wins, overrides said, invalid values refused" tests/test_env.sh "$B"
 run "ddprun" tests/test_ddprun.sh "$B/ddprun"
 run "ranks on several namespace hosts (tools/hosts.sh): own /dev/shm, stranger refused, CPU backend refused, NCCL set-up, a host killed or cut off" tests/test_hosts.sh "$B"
 run "the MPI backend on 2 namespace hosts (mpirun): equivalence hierarchical and flat, collectives, GPT, ddprun refused, a host killed or cut off" tests/test_mpi_hosts.sh "$B"

@@ -166,7 +166,11 @@ if want refused; then
 out=$(train --steps 8 --dim 64 --resume "$tmp/ck1" 2>&1); rc=$?
 if [ $rc -ne 0 ] && grep -q "holds a model with --layers 2 --heads 2 --dim 32" <<<"$out"; then pass gpt_resume_refuses_other_model
 else fail gpt_resume_refuses_other_model "rc $rc: $(tail -n 2 <<<"$out")"; fi
-cp "$tmp/ck1" "$tmp/bad"; printf '\x55' | dd of="$tmp/bad" bs=1 seek=$(( $(stat -c %s "$tmp/ck1") / 2 )) conv=notrunc 2>/dev/null
+# the middle byte flipped (a fixed value written there was no change when the byte held it already)
+mid=$(( $(stat -c %s "$tmp/ck1") / 2 ))
+byte=$(od -An -tu1 -j "$mid" -N1 "$tmp/ck1" | tr -d ' ')
+cp "$tmp/ck1" "$tmp/bad"; printf "\\$(printf %03o $(( byte ^ 255 )))" | dd of="$tmp/bad" bs=1 seek="$mid" conv=notrunc 2>/dev/null
+cmp -s "$tmp/ck1" "$tmp/bad" && fail gpt_resume_refuses_corrupt_checkpoint_setup "the corruption changed nothing"
 out=$(train --steps 8 --resume "$tmp/bad" 2>&1); rc=$?
 if [ $rc -ne 0 ] && grep -q "corrupt (checksum mismatch)" <<<"$out"; then pass gpt_resume_refuses_corrupt_checkpoint
 else fail gpt_resume_refuses_corrupt_checkpoint "rc $rc: $(tail -n 2 <<<"$out")"; fi

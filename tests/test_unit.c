@@ -438,6 +438,83 @@ static void test_bad_env(void) {
     }
 }
 
+/* ---- one rule for every DDP_* variable against a field the program set: a variable that is set
+   wins, rank 0 says which it overrode, an invalid value is refused even where the program set
+   the field ---- */
+static char env_rule_log[1024];
+static void env_rule_keep(void *user, ddp_log_level level, int rank, const char *msg) {
+    (void)user; (void)rank;
+    if (level >= DDP_LOG_WARN) snprintf(env_rule_log, sizeof env_rule_log, "%s", msg);
+}
+static void test_env_rule(void) {
+    static const char *vars[] = { "DDP_LOG", "DDP_TIMEOUT", "DDP_TIMELINE", "DDP_JOB_ID", "DDP_JOB_TOKEN", "DDP_CHECK_READY",
+                                  "DDP_SHARD_OPTIMIZER", "DDP_PARAM_DTYPE", "DDP_STAGED_GRADS", "DDP_MPI_FLAT", "DDP_MPI_TUNE" };
+    static const struct { const char *var, *bad, *needle; } invalid[] = {
+        { "DDP_LOG", "loud", "DDP_LOG='loud' is none of" }, { "DDP_TIMEOUT", "-1", "DDP_TIMEOUT='-1' is not a number" },
+        { "DDP_CHECK_READY", "yes", "DDP_CHECK_READY='yes' is neither 0 nor 1" },
+        { "DDP_SHARD_OPTIMIZER", "2", "DDP_SHARD_OPTIMIZER='2' is neither 0 nor 1" },
+        { "DDP_PARAM_DTYPE", "fp16", "DDP_PARAM_DTYPE='fp16' is neither fp32 nor bf16" },
+        { "DDP_STAGED_GRADS", "on", "DDP_STAGED_GRADS='on' is neither 0 nor 1" },
+        { "DDP_MPI_FLAT", "true", "DDP_MPI_FLAT='true' is neither 0 nor 1" },
+        { "DDP_MPI_TUNE", "off", "DDP_MPI_TUNE='off' is neither 0 nor 1" } };
+    char tl[64];
+    ddp_desc d;
+    ddp_context *ctx;
+    ddp_result r;
+    size_t i;
+    const ddp_desc *c;
+    for (i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
+    snprintf(tl, sizeof tl, "/tmp/ddp-env-rule-%d.json", (int)getpid());
+    memset(&d, 0, sizeof d);   /* every field the program set, to something the variables contradict */
+    d.world_size = 1; d.backend = DDP_BACKEND_SINGLE;
+    d.log = env_rule_keep; d.log_level = DDP_LOG_ERROR; d.timeout_s = 30; d.timeline_path = NULL;
+    d.job_id = "the-program's"; d.job_token = "program-token"; d.check_ready = 1; d.shard_optimizer = 0;
+    d.param_dtype = DDP_DTYPE_BF16;
+    setenv("DDP_LOG", "warn", 1); setenv("DDP_TIMEOUT", "7.5", 1); setenv("DDP_TIMELINE", tl, 1);
+    setenv("DDP_JOB_ID", "the-operator's", 1); setenv("DDP_JOB_TOKEN", "operator-token", 1);
+    setenv("DDP_CHECK_READY", "0", 1); setenv("DDP_PARAM_DTYPE", "fp32", 1);
+    env_rule_log[0] = 0;
+    r = ddp_init(&ctx, &d);
+    c = ddp_config(ctx);
+    verdict(r == DDP_OK && c && c->log_level == DDP_LOG_WARN && c->timeout_s == 7.5 && !strcmp(c->timeline_path, tl) &&
+            !strcmp(c->job_id, "the-operator's") && !strcmp(c->job_token, "operator-token") && c->check_ready == 0 &&
+            c->param_dtype == DDP_DTYPE_FP32, "env_variable_set_wins_over_every_field_the_program_set",
+            "%s: log %d timeout %g timeline %s job %s check_ready %d param_dtype %d", ddp_last_error(ctx),
+            c ? (int)c->log_level : -1, c ? c->timeout_s : -1, c && c->timeline_path ? c->timeline_path : "-",
+            c && c->job_id ? c->job_id : "-", c ? c->check_ready : -1, c ? (int)c->param_dtype : -1);
+    verdict(contains(env_rule_log, "DDP_LOG=warn over the program's ddp_desc.log_level = error") &&
+            contains(env_rule_log, "DDP_TIMEOUT=7.5 over the program's ddp_desc.timeout_s = 30") &&
+            contains(env_rule_log, "DDP_JOB_ID=the-operator's over the program's ddp_desc.job_id = the-program's") &&
+            contains(env_rule_log, "DDP_JOB_TOKEN=(set)") && !contains(env_rule_log, "operator-token") &&
+            contains(env_rule_log, "DDP_CHECK_READY=0 over the program's ddp_desc.check_ready = 1") &&
+            contains(env_rule_log, "DDP_PARAM_DTYPE=fp32 over the program's ddp_desc.param_dtype = DDP_DTYPE_BF16"),
+            "env_override_of_a_program_setting_is_said_by_rank0", "logged: '%s'", env_rule_log);
+    ddp_shutdown(ctx);
+    unlink(tl);
+    for (i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
+    /* the same values in both: nothing overridden, nothing said */
+    setenv("DDP_TIMEOUT", "30", 1); setenv("DDP_CHECK_READY", "1", 1);
+    env_rule_log[0] = 0;
+    d.timeline_path = NULL; d.param_dtype = DDP_DTYPE_FP32;
+    r = ddp_init(&ctx, &d);
+    verdict(r == DDP_OK && !env_rule_log[0], "env_variable_agreeing_with_the_program_is_silent", "%s / logged '%s'",
+            ddp_last_error(ctx), env_rule_log);
+    ddp_shutdown(ctx);
+    for (i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
+    /* invalid values: refused by name, though the program set every field */
+    d.log = NULL; d.log_level = DDP_LOG_OFF; d.shard_optimizer = 1;
+    for (i = 0; i < sizeof invalid / sizeof invalid[0]; i++) {
+        char name[96];
+        setenv(invalid[i].var, invalid[i].bad, 1);
+        r = ddp_init(&ctx, &d);
+        snprintf(name, sizeof name, "env_invalid_%s_refused_though_the_program_set_it", invalid[i].var);
+        verdict(r == DDP_ERR_BAD_ENV && contains(ddp_last_error(ctx), invalid[i].needle), name, "%s: %s",
+                ddp_result_string(r), ddp_last_error(ctx));
+        ddp_shutdown(ctx);
+        unsetenv(invalid[i].var);
+    }
+}
+
 /* ---- rendezvous failures ---- */
 static void test_port_in_use(void) {
     int port = test_free_port(), fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -1158,6 +1235,7 @@ int main(void) {
     test_adamw();
     test_nonfinite();
     test_bad_env();
+    test_env_rule();
     test_port_in_use();
     test_unresolvable();
     test_rendezvous_failures();

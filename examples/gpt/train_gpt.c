@@ -717,8 +717,9 @@ int main(int argc, char **argv) {
         desc.backend = o.cpu ? DDP_BACKEND_CPU : DDP_BACKEND_AUTO;
         desc.shard_optimizer = o.shard;
         /* --bf16: ddp.h keeps bf16 working copies and gradients (the model's) and the fp32 master
-           weights and AdamW's moments; gradient buckets travel as bf16 (reduce_dtype's default). */
-        desc.param_dtype = o.bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
+           weights and AdamW's moments; gradient buckets travel as bf16 (reduce_dtype's default).
+           Without it the field stays 0 (the default), and DDP_PARAM_DTYPE may choose. */
+        desc.param_dtype = o.bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_DEFAULT;
 #ifdef __CUDACC__
         /* The compute stream: this thread's per-thread default stream. It is a stream of
            whichever device ddp_init selects (LOCAL_RANK modulo the devices), so it can be named
@@ -730,6 +731,20 @@ int main(int argc, char **argv) {
 #endif
         CHECK(ddp_init(&ddp, &desc));
         gpt_blas_init(ddp_config(ddp)->local_world_size);
+        /* A DDP_* variable that is set wins over the descriptor (ddp.h's ENVIRONMENT): train with
+           what ddp.h resolved, and refuse what this build cannot do, as --bf16 would be. */
+        o.shard = ddp_config(ddp)->shard_optimizer;
+        if ((ddp_config(ddp)->param_dtype == DDP_DTYPE_BF16) != o.bf16) {
+            o.bf16 = !o.bf16;
+#ifndef TRAIN_CUDA_MODEL
+            if (o.bf16)
+                DIE("train_gpt: rank %d: DDP_PARAM_DTYPE=bf16 asks for bf16 parameters, which need the CUDA model: this "
+                    "build has none (build/gpu/train_gpt, or build/train_gpt_emulated)", ddp_rank(ddp));
+#endif
+            if (o.bf16 && (o.tf32 || o.cpu))
+                DIE("train_gpt: rank %d: DDP_PARAM_DTYPE=bf16 asks for the CUDA model's bf16 mode, which %s rules out",
+                    ddp_rank(ddp), o.tf32 ? "--tf32" : "--cpu");
+        }
     }
     rank = ddp_rank(ddp);
     world = ddp_world_size(ddp);
@@ -742,7 +757,7 @@ int main(int argc, char **argv) {
         if (r != DDP_OK) DIE("train_gpt: %s", model_create_failure(ddp, &o, r, err, sizeof err));
     }
     if (o.bf16 && !mo.on_gpu)
-        DIE("train_gpt: rank %d: --bf16 needs the CUDA model, and ddp.h chose its CPU backend (no GPU visible)", rank);
+        DIE("train_gpt: rank %d: --bf16 (or DDP_PARAM_DTYPE=bf16) needs the CUDA model, and ddp.h chose its CPU backend (no GPU visible)", rank);
     tok = (int *)malloc(sizeof(int) * (size_t)B * T);
     tgt = (int *)malloc(sizeof(int) * (size_t)B * T);
     if (!tok || !tgt) DIE("train_gpt: rank %d: out of memory for a batch of %d x %d tokens", rank, B, T);
@@ -776,6 +791,15 @@ int main(int argc, char **argv) {
         printf("data: %s, %zu bytes (train %zu, val %zu) | steps %d, lr %g -> %g, warmup %d, AdamW betas %g/%g wd %g, clip %g%s\n",
                o.data ? o.data : DEFAULT_DATA, data.len, data.train_len, data.val_len, o.steps, o.lr, o.min_lr, o.warmup,
                o.beta1, o.beta2, o.wd, o.clip, o.resume ? "" : "");
+        {   /* what ddp.h resolved (the descriptor and the DDP_* variables, which win when set) */
+            static const char *const levels[] = { "default", "debug", "info", "warn", "error", "off" };
+            const ddp_desc *c = ddp_config(ddp);
+            printf("ddp.h: %s backend | timeout %g s | parameters %s | optimizer %s | check_ready %d | log %s | "
+                   "timeline %s | job '%s'\n", ddp_backend_name(ddp), c->timeout_s,
+                   c->param_dtype == DDP_DTYPE_BF16 ? "bf16" : "fp32", c->shard_optimizer ? "sharded (ZeRO-1)" : "unsharded",
+                   c->check_ready, (unsigned)c->log_level <= DDP_LOG_OFF ? levels[c->log_level] : "?",
+                   c->timeline_path && *c->timeline_path ? c->timeline_path : "off", c->job_id ? c->job_id : "");
+        }
         if (o.resume) printf("resumed from %s at step %d\n", o.resume, step);
         else if (resume_from) printf("resumed from %s at step %d (the --save path held a checkpoint; --fresh starts over)\n", resume_from, step);
     }

@@ -420,6 +420,22 @@ static void test_watch(void) {
     verdict(t >= 500 && t <= 500 + 5.0 + 0.3, "host_watchdog_times_out_a_stopped_gpu_within_timeout",
             "timeout at %.2f s for a GPU stopped at 500 s (timeout 5 s)", t);
     printf("  (stopped GPU: timed out at %.2f s in \"%s\")\n", t, what);
+    {   /* The whole job stopped (Ctrl-Z) from 10.15 s to 30.15 s with a collective pending since
+           10 s: the watchdog's 0.1 s wait that began at 10.1 s ends at 30.2 s. Not a timeout
+           (timeout 5 s); a collective still pending 5 s of running time later is one. */
+        ddp__watch w;
+        int ok;
+        memset(&w, 0, sizeof w);
+        ddp__watch_enqueue(&w, 10.0, "op");
+        ddp__watch_slept(&w, 0.1);
+        ok = w.since == 10.0;                                   /* a normal wait moves nothing */
+        ddp__watch_slept(&w, 30.2 - 10.1);
+        ok &= !ddp__watch_expired(&w, 30.2, 5.0) && !ddp__watch_expired(&w, 34.9, 5.0) && ddp__watch_expired(&w, 35.3, 5.0);
+        verdict(ok, "host_watchdog_stopped_time_is_not_waiting", "since %.2f after a 20.1 s wait (pending since 10 s)", w.since);
+        memset(&w, 0, sizeof w);
+        ddp__watch_slept(&w, 20.0);
+        verdict(w.since == 0, "host_watchdog_stopped_time_with_nothing_pending", "since %.2f", w.since);
+    }
 }
 
 /* ---- the communicator's life ---- */
