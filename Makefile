@@ -1,22 +1,30 @@
 # ddp.h — build, test, benchmark. `make` needs only a C compiler.
 CC       ?= cc
 CXX      ?= c++
-OPT      ?= -O3 -march=native -fno-math-errno -g   # no errno: sqrtf in AdamW vectorizes
+# HOST_ARCH: the host code's -march (x86-64-v3 for binaries that run on another machine: make gpu-window)
+HOST_ARCH ?= native
+OPT      ?= -O3 -march=$(HOST_ARCH) -fno-math-errno -g   # no errno: sqrtf in AdamW vectorizes
 CFLAGS   ?= $(OPT)
 WARN     := -Wall -Wextra
 LDLIBS   := -lpthread -lm
 B        := build
 
-PROGRAMS := $(B)/ddprun $(B)/minimal $(B)/engine $(B)/texture $(B)/texture_cxx $(B)/bench_allreduce $(B)/bench_overlap $(B)/copy_bw \
+PROGRAMS := $(B)/ddprun $(B)/minimal $(B)/own_autograd $(B)/engine $(B)/texture $(B)/texture_cxx $(B)/bench_allreduce $(B)/bench_overlap $(B)/copy_bw \
             $(B)/test_unit $(B)/test_collectives $(B)/test_equivalence $(B)/test_fault \
-            $(B)/test_overlap $(B)/test_bf16 $(B)/test_shard $(B)/test_embed $(B)/test_host $(B)/test_sampler $(B)/test_checkpoint $(B)/train_gpt $(B)/test_gpt \
+            $(B)/test_overlap $(B)/test_bf16 $(B)/test_shard $(B)/test_structs $(B)/test_own_path $(B)/test_embed $(B)/test_host $(B)/test_sampler $(B)/test_checkpoint $(B)/train_gpt $(B)/test_gpt \
             $(B)/train_gpt_emulated $(B)/test_gpt_gpu_emulated $(B)/test_fake_nccl $(B)/hosts_nccl_fake $(B)/test_bf16_params
 CHECKS   := $(B)/cxx_check.o
 PROGRAMS += $(B)/bench_shard_memory   # sharded optimizer: bytes per parameter (bench/RESULTS.md)
 PROGRAMS += $(B)/bench_bf16_step      # bf16 parameters: the library's part of a step (bench/RESULTS.md)
 PROGRAMS += $(B)/bench_adamw_guard    # bf16 parameters: the misuse guard's share of the AdamW pass
+# -Ofast (-ffast-math) programs keep the NaN guard: ddp.h's implementation built with gcc -Ofast
+# and clang -Ofast (tests/test_fastmath.c; run by tests/run.sh under ddprun -n 2). CLANG= (empty)
+# or no clang: the gcc build only.
+CLANG ?= $(shell command -v clang 2>/dev/null)
+FASTMATH := $(B)/test_fastmath_gcc $(if $(strip $(CLANG)),$(B)/test_fastmath_clang) $(B)/own_autograd_fastmath
+PROGRAMS += $(FASTMATH)
 
-.PHONY: all mpi windows help run train-2-ranks deps bench-deps test test-asan test-tsan fuzz bench bench-gpt bench-gpu clean
+.PHONY: all mpi windows help run train-2-ranks deps bench-deps test test-asan test-tsan fuzz bench bench-gpt bench-gpu gpu-window clean
 all: $(PROGRAMS) $(CHECKS) gpu mpi windows
 
 # ---- The GPU path: built whenever nvcc is found (CI compiles and links it on every run);
@@ -44,7 +52,7 @@ WERROR     ?= -Werror all-warnings
 NVCC_EXTRA ?=
 NVFLAGS    ?= -O3 -g -std=c++17 -arch=$(CUDA_ARCH) -Xcompiler -Wall,-Wextra $(WERROR) $(NVCC_EXTRA)
 GPU_TESTS  := $(G)/test_gpu_kernels $(G)/test_gpu_train $(G)/test_gpu_overlap $(G)/nccl_version $(G)/c_link_check \
-              $(G)/test_kernel_math_host $(G)/test_gpt_gpu $(G)/hosts_nccl
+              $(G)/test_kernel_math_host $(G)/test_kernel_math_host_fastmath $(G)/test_gpt_gpu $(G)/hosts_nccl
 GPU_BENCH  := $(G)/bench_gpu
 GPU_TOOLS  := $(G)/train_gpt $(G)/gpu_count
 
@@ -67,6 +75,11 @@ $(G)/test_gpu_train: tests/gpu/test_gpu_train.cu tests/test_equivalence.c $(GPU_
 # built): host float operations must not be fused into multiply-adds, as on the device.
 $(G)/test_kernel_math_host: tests/gpu/test_kernel_math_host.cu $(GPU_DEPS) | $(G)
 	$(NVCC) $(NVFLAGS) --fmad=false -Xcompiler -ffp-contract=off $(GPU_INCS) -o $@ $< $(GPU_RPATH) $(NCCL_LINK) -lpthread
+# The same, with fast math: the device code compiled with --use_fast_math, the host reference with
+# -ffinite-math-only (isfinite folds to 1 there): the skipped NaN/Inf steps must still be skipped,
+# found by their bits; rounding unchanged (the kernels use _rn intrinsics; no contraction on the host).
+$(G)/test_kernel_math_host_fastmath: tests/gpu/test_kernel_math_host.cu $(GPU_DEPS) | $(G)
+	$(NVCC) $(NVFLAGS) --use_fast_math -Xcompiler -ffinite-math-only,-ffp-contract=off $(GPU_INCS) -o $@ $< $(GPU_RPATH) $(NCCL_LINK) -lpthread
 # One rank of the NCCL backend for tests/test_hosts.sh (the same source as the fake build below).
 $(G)/hosts_nccl: tests/hosts_nccl.c ddp.h ddp_kernels.cuh | $(G)
 	$(NVCC) $(NVFLAGS) $(GPU_INCS) -x cu -o $@ $< $(GPU_RPATH) $(NCCL_LINK) -lpthread
@@ -85,7 +98,7 @@ $(G)/gpu_count: tools/gpu_count.cu | $(G)
 # g++ fuses a*b+c in C++ mode where gcc -std=c99 does not: so its CPU path (--cpu, or no GPU)
 # trains the same bits as build/train_gpt (tests/test_gpt.sh checks).
 GPT_CUDA_DEPS := examples/gpt/gpt_cuda.cuh examples/gpt/gpt.h ddp.h
-GPT_HOST_MATH := -Xcompiler -march=native,-fno-math-errno,-ffp-contract=off
+GPT_HOST_MATH := -Xcompiler -march=$(HOST_ARCH),-fno-math-errno,-ffp-contract=off
 $(G)/train_gpt: examples/gpt/train_gpt.c $(GPT_CUDA_DEPS) ddp_kernels.cuh | $(G)
 	$(NVCC) $(NVFLAGS) $(GPT_HOST_MATH) $(GPT_DEFS) $(GPU_INCS) -x cu -o $@ $< $(GPU_RPATH) $(NCCL_LINK) $(CUBLAS_LINK) $(GPT_LIBS) -lpthread
 $(G)/test_gpt_gpu: tests/gpu/test_gpt_gpu.cu tests/test_gpt.c $(GPT_CUDA_DEPS) $(GPU_DEPS) | $(G)
@@ -175,6 +188,16 @@ $(B)/texture: examples/engine/texture.c ddp.h | $(B)
 	$(CC) -std=c99 $(CFLAGS) $(WARN) -o $@ $< $(LDLIBS)
 $(B)/texture_cxx: examples/engine/texture.c ddp.h | $(B)
 	$(CXX) -std=c++11 $(CFLAGS) $(WARN) -x c++ -o $@ $< -x none $(LDLIBS)
+
+# (make test-asan / test-tsan: -Ofast with the sanitizer flags of OPT)
+FASTMATH_SAN := $(filter -fsanitize=% -fno-sanitize-recover=% -fno-omit-frame-pointer,$(CFLAGS))
+$(B)/test_fastmath_gcc: tests/test_fastmath.c tests/testlib.h ddp.h | $(B)
+	$(CC) -std=c99 -Ofast -g $(FASTMATH_SAN) $(WARN) -o $@ $< $(LDLIBS)
+$(B)/test_fastmath_clang: tests/test_fastmath.c tests/testlib.h ddp.h | $(B)
+	$(CLANG) -std=c99 -Ofast -g $(FASTMATH_SAN) $(WARN) -o $@ $< $(LDLIBS)
+# the own-autograd example built -Ofast: 2 ranks = 1 rank at 2x batch and identical replicas still
+$(B)/own_autograd_fastmath: examples/own_autograd.c ddp.h | $(B)
+	$(CC) -std=c99 -Ofast -g $(FASTMATH_SAN) $(WARN) -o $@ $< $(LDLIBS)
 
 # The header, implementation included, must also compile as C++.
 $(B)/cxx_check.o: tests/cxx_check.cpp ddp.h | $(B)
@@ -270,6 +293,22 @@ deps:
 test: all
 	@tests/run.sh $(B)
 
+# The build a GPU window runs (bench/gpu/check_bf16.sh), made here and carried there: build-gpu/
+# (ignored by git: name it in the device call's carry). Portable host code (-march=x86-64-v3:
+# -march=native here may emit instructions the GPU machine's CPU lacks), sm_90 device code, no
+# OpenBLAS (the GPU machine may not have it; the CPU model in the tests is small), warnings shown.
+GPU_WINDOW_B := build-gpu
+GPU_WINDOW_TARGETS := ddprun gpu/gpu_count gpu/nccl_version gpu/train_gpt gpu/test_gpt_gpu gpu/test_gpu_kernels
+ifeq ($(strip $(NVCC)),)
+gpu-window:
+	@echo "gpu-window: no nvcc here: nothing to build" && false
+else
+gpu-window:
+	@$(MAKE) --no-print-directory B=$(GPU_WINDOW_B) HOST_ARCH=x86-64-v3 GPT_BLAS=0 WERROR= $(addprefix $(GPU_WINDOW_B)/,$(GPU_WINDOW_TARGETS))
+	@echo "commit $$(git rev-parse --short HEAD 2>/dev/null)$$(git status --porcelain --untracked-files=no 2>/dev/null | grep -q . && echo +changes), made $$(date -u +%Y-%m-%dT%H:%M:%SZ) on $$(uname -n): HOST_ARCH=x86-64-v3 CUDA_ARCH=$(CUDA_ARCH) GPT_BLAS=0" >$(GPU_WINDOW_B)/.gpu-window
+	@echo "gpu-window: $(GPU_WINDOW_B)/ built ($$(du -sh $(GPU_WINDOW_B) | cut -f1)); carry it: run(carry=[\"$(GPU_WINDOW_B)\"], command=\"OUT=\$$OUT bash bench/gpu/check_bf16.sh\")"
+endif
+
 bench: bench-deps $(B)/ddprun $(B)/bench_allreduce $(B)/copy_bw $(B)/bench_overlap $(B)/train_gpt bench-gpu
 	@bench/compare_allreduce.sh
 	@bench/overlap.sh
@@ -309,14 +348,16 @@ test-tsan:
 	@$(MAKE) --no-print-directory B=build-tsan OPT="$(TSAN_OPT)" NVCC= test
 
 # libFuzzer targets (clang): the rendezvous store's message handling, ddp.h's checkpoint
-# loader (ddp_load), the GPT's data loader; FUZZ_SECONDS each.
+# loader (ddp_load), the GPT's data loader, Slurm's hostlist syntax; FUZZ_SECONDS each.
 FUZZ_SECONDS ?= 60
 FUZZ_CC      ?= clang
-FUZZERS      := $(B)/fuzz_store $(B)/fuzz_checkpoint $(B)/fuzz_data
+FUZZERS      := $(B)/fuzz_store $(B)/fuzz_checkpoint $(B)/fuzz_data $(B)/fuzz_hostlist
 FUZZ_FLAGS   := -std=c99 -g -O1 -fno-math-errno -fsanitize=fuzzer,address,undefined $(WARN)
 $(B)/fuzz_store: fuzz/fuzz_store.c ddp.h | $(B)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $< $(LDLIBS)
 $(B)/fuzz_checkpoint: fuzz/fuzz_checkpoint.c ddp.h | $(B)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $< $(LDLIBS)
+$(B)/fuzz_hostlist: fuzz/fuzz_hostlist.c ddp.h | $(B)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $< $(LDLIBS)
 $(B)/fuzz_%: fuzz/fuzz_%.c examples/gpt/train_gpt.c examples/gpt/gpt.h ddp.h | $(B)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -DGPT_NO_BLAS -o $@ $< $(LDLIBS)
@@ -343,4 +384,5 @@ help:
 	@echo "make clean        remove build/, build-asan/, build-tsan/"
 	@echo "variables: CUDA_ARCH (sm_90), NVCC, CUDA_HOME, NCCL_HOME, WERROR (nvcc's -Werror; WERROR= shows warnings only),"
 	@echo "           GPT_BLAS (0: portable matmuls), OPT, B (build directory)"
+	@echo "make gpu-window   build-gpu/: the GPU window's binaries, made here (portable -march=x86-64-v3) for bench/gpu/check_bf16.sh"
 	@echo "on a GPU machine: bench/gpu/check_1.sh (environment, build, GPU tests), bench/gpu/check_2.sh (GPU benchmarks), check_3.sh (shakespeare_char target)"

@@ -6,7 +6,8 @@
    batch N*B — only faster.
 
    CONTENTS
-     QUICK START · ONE STEP, AS DATA FLOWS · OPTIONS · ADAMW · SHARDED OPTIMIZER (ZeRO-1) ·
+     QUICK START · ONE STEP, AS DATA FLOWS · OWN AUTOGRAD · MEMORY LAYOUT AND OVERLAP ·
+     FAST MATH · STRUCTS ACROSS VERSIONS · OPTIONS · ADAMW · SHARDED OPTIMIZER (ZeRO-1) ·
      PARAMETER DTYPE (bf16 parameters, fp32 master weights) · CHECKPOINTS ·
      BACKENDS · ENVIRONMENT · ERRORS · NULL, LIFETIME AND THREADS · EMBEDDING: CANCEL, PROGRESS,
      UNEVEN INPUTS · SAMPLER · PLATFORMS (Linux, Windows, macOS) · COMPILE-TIME OPTIONS ·
@@ -42,13 +43,65 @@
      is marked ready; when a bucket's last parameter is ready the bucket is handed to the
      backend, which averages it across ranks while backward goes on. Buckets are launched in
      bucket order on every rank. ddp_finish (called by ddp_backward) launches what is left and
-     waits for the rest. A program with its own autograd calls ddp_grad_ready and ddp_finish.
+     waits for the rest. A program with its own autograd calls ddp_grad_ready and ddp_finish
+     (OWN AUTOGRAD below).
      Gradient accumulation: ddp_set_sync(ddp, 0) for micro-steps 0..k-2 (nothing is sent), 1
      for the last. ddp_adamw_step takes averaged gradients only: with no ddp_finish (sync on)
      since the last step, or after a backward with sync off, it fails (DDP_ERR_INVALID_STATE)
      and changes nothing, at every world size, so that one rank finds the mistake too.
 
-   OPTIONS (ddp_desc; zero means default; the resolved values: ddp_config())
+   OWN AUTOGRAD (no tape; examples/own_autograd.c, README.md "Your own autograd")
+     ddp_zero_grad (a memset of ddp_flat_grads is the same only on host backends with fp32
+     parameters; ddp_zero_grad also resets find_unused's and ddp_join's marks), the program's
+     backward adding into the ddp_grad views, ddp_grad_ready(id) once for EVERY parameter in
+     EVERY backward (micro-steps too) as soon as its gradient is final, in any order (buckets
+     launch in bucket order on every rank, so the order changes the overlap, never the result),
+     then ddp_finish. Never marked: DDP_ERR_UNUSED_PARAMETER "never marked ready (ddp_grad_ready)"
+     (find_unused zero-fills instead); twice: DDP_ERR_DOUBLE_READY. The messages say ops only
+     when the backward is the tape's (ctx->tape_step). The program's own optimizer on
+     ddp_flat_params / ddp_flat_grads calls ddp_consume_grads first: the guard ddp_adamw_step
+     has (DDP_ERR_INVALID_STATE unless a synchronizing ddp_finish averaged the gradients since the
+     last step; each average is used once, by either). It loses the NaN check and the fixed-order
+     norm; refused with shard_optimizer. backward_ms starts at the first ready call.
+
+   MEMORY LAYOUT AND OVERLAP
+     Parameter i (registration order) starts at sum_{j<i} round_up(count_j, DDP_PARAM_ALIGN_FLOATS)
+     floats of ddp_flat_params (16: 64 bytes; the buffer is 64-byte aligned); padding is zero;
+     ddp_flat_grads and the bf16 buffers have the same offsets; nothing moves until ddp_shutdown.
+     Registered in the program's memory order with counts that are multiples of 16, the flat
+     buffer is the program's old layout. Buckets are contiguous, in reverse registration order,
+     sent when their last parameter is ready: a tensor stacking every layer is ready only when
+     the backward ends (no overlap) - register one slice per layer. A registration order other
+     than the memory order would make buckets non-contiguous (a staging copy of every gradient
+     twice a step, or a collective per tensor): not offered. DDP_LOG=info prints the bucket plan
+     at ddp_commit (rank 0); the first synchronizing backward (2+ ranks, 2+ buckets) whose first
+     bucket was complete only at its last moment (the last tape op, or the last ddp_grad_ready
+     call: ddp.h counts those, it cannot see compute) warns once (>>step, ddp__overlap_check);
+     without a tape, ready calls back to back count as several moments, so a first bucket
+     complete under 2% of the step (since the previous ddp_finish, >= 1 ms) before ddp_finish is
+     warned too, with the measured times.
+
+   FAST MATH (-Ofast, -ffast-math, nvcc --use_fast_math; tests/test_fastmath.c)
+     Non-finite values are found by their bits (exponent all ones: ddp__finite_f/_d/_bf16 in
+     >>util, ddp_k__finite_d in ddp_kernels.cuh), never by isfinite(), which -ffinite-math-only
+     folds to 1; so NaN/Inf gradients still give DDP_ERR_NONFINITE with the parameters unchanged
+     everywhere, and NaN options are still refused. Still true under fast math: the same bits on
+     every rank (one binary on every rank), N ranks = 1 rank at N x batch to float rounding.
+     Not: PyTorch's rounding, the documented summation order of the norm (reassociation), bits
+     equal to a build without fast math or between CPU and GPU, subnormals (flushed to zero).
+     The kernels' AdamW uses _rn intrinsics and a double norm: --use_fast_math changes only
+     subnormal floats there.
+
+   STRUCTS ACROSS VERSIONS
+     Public structs only grow (fields appended); a new field's zero is the old behaviour: zero-
+     initialize (= {0}, memset, designated initializers), set what you use. Every flag field
+     must be 0 or 1, every enum in range, no number NaN, else DDP_ERR_INVALID_ARGUMENT naming the
+     field and saying "zero-initialize the struct" (ddp_desc: ddp__desc_check_given before the
+     environment and defaults; ddp_adamw.as_given; ddp_sampler's shuffle and drop_last; the
+     cancel token's state).
+
+   OPTIONS (ddp_desc; zero means default; the resolved values: ddp_config(); ($DDP_X): a variable
+   that, when set, wins over the field: ENVIRONMENT)
      backend          DDP_BACKEND_AUTO     which backend runs (BACKENDS below); ddp_config()->
                                            backend says which one did. AUTO = NCCL when built
                                            with CUDA and a GPU is visible, else SINGLE for one
@@ -74,14 +127,14 @@
                                            set world_size > 0 to give the process group by hand
                                            instead of through the environment (ranks as threads
                                            of one process: one context per thread)
-     job_id           $DDP_JOB_ID, else    which job this rank belongs to; a rank of another job
-                      the launcher's       is refused at the rendezvous (see JOB IDENTITY)
+     job_id           the launcher's       which job this rank belongs to; a rank of another job
+                      ($DDP_JOB_ID)        is refused at the rendezvous (see JOB IDENTITY)
      shutdown_timeout_s  1                 after a failure, the longest ddp_shutdown lingers so
                                            peers still reading rank 0's store get the verdict;
                                            it stops as soon as every peer has hung up (a hung
                                            peer costs at most this)
      log, log_user, log_level              logger callback (default: stderr), threshold
-                                           (default DDP_LOG_WARN, or $DDP_LOG=debug|info|warn|
+                                           (default DDP_LOG_WARN; $DDP_LOG=debug|info|warn|
                                            error|off)
      timeline_path    $DDP_TIMELINE        record every step (forward, each backward op, bucket
                                            ready, each allreduce, the wait, AdamW) and write ONE
@@ -343,25 +396,57 @@
              none). A rank bound to one CPU (mpirun's default for <= 2 ranks a host) is warned:
              start with --bind-to none, or several CPUs a rank.
 
-   ENVIRONMENT (first match wins)
+   ENVIRONMENT (the launcher's: first match wins)
      torchrun style  RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
      Open MPI        OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE (+ MASTER_ADDR/PORT)
-     Slurm           SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID (+ MASTER_ADDR/PORT)
+     Slurm (srun)    SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID; the tasks on this node:
+                     SLURM_STEP_TASKS_PER_NODE ("2(x3),1") at SLURM_NODEID (else
+                     SLURM_TASKS_PER_NODE, else SLURM_NTASKS_PER_NODE). MASTER_ADDR unset: a step
+                     on one node uses 127.0.0.1; on several, the first host of
+                     SLURM_STEP_NODELIST (Slurm's hostlist syntax, "cn[07-09,12],gpu[1-2]x[1-4]",
+                     expanded by ddp.h; resolved like any name), and rank 0, if srun put it on
+                     another node, refuses by name. MASTER_PORT unset: 20000 + (64 x
+                     SLURM_JOB_ID + SLURM_STEP_ID) mod 12288, in [20000, 32288): steps 0..63 of one
+                     job never share a port, two jobs only when their ids are equal modulo 192
+                     (then the job ids refuse the stranger by name, JOB IDENTITY). A given
+                     MASTER_ADDR / MASTER_PORT wins. A process of a Slurm job outside a step (no
+                     SLURM_STEP_ID: the batch script, salloc's shell) is one rank, and refused by
+                     name where SLURM_NTASKS > 1 (start it with srun).
      none            one rank, no network
-     DDP_JOB_TOKEN   shared secret of the job (ddprun makes a fresh one): rank 0's store and each
-                     rank prove to each other that they know it, without sending it
-     DDP_JOB_ID      the job's name, the same on every rank (default: the launcher's job id)
-     DDP_TIMEOUT     seconds, see timeout_s
-     DDP_SHARD_OPTIMIZER=0|1  shard_optimizer when the descriptor leaves it 0
+     (ddp_desc.world_size > 0 gives the group by hand instead, and none of these is read.)
+   The DDP_* variables. The rule, the same for each: a variable that is set (not empty) WINS over
+   the descriptor field it stands for, whatever the program put there; the program's value is
+   what runs when the variable is unset. Where the program had set the field to something else,
+   rank 0 logs one warning naming each override ("DDP_TIMEOUT=30 over the program's
+   ddp_desc.timeout_s = 300"), and ddp_config() gives what runs. An invalid value is refused at
+   ddp_init by name (DDP_ERR_BAD_ENV) whether or not the program set the field. Why the variable:
+   it is the operator's word for this run, given last and closest to the run (as CUDA_VISIBLE_
+   DEVICES or NCCL_* are); a variable set and silently ignored is a run nobody asked for, and a
+   refusal would make every program that sets a field (the GPT trainer sets param_dtype) deaf to
+   it. A program that must know reads ddp_config() after ddp_init (the trainer does: it trains
+   bf16 under DDP_PARAM_DTYPE=bf16, or refuses where its build cannot). param_dtype changes which
+   accessors work: a program written for fp32 that meets DDP_PARAM_DTYPE=bf16 gets NULL from
+   ddp_param with an error that names the variable.
+     DDP_JOB_TOKEN   job_token: shared secret of the job (ddprun makes a fresh one): rank 0's
+                     store and each rank prove to each other that they know it, without sending
+                     it (its value is never logged)
+     DDP_JOB_ID      job_id: the job's name, the same on every rank (unset: the launcher's job id)
+     DDP_TIMEOUT     timeout_s: seconds, in (0, 1e6]
+     DDP_LOG         log_level: debug|info|warn|error|off
+     DDP_TIMELINE    timeline_path (its directory must take the file: checked at ddp_init)
+     DDP_CHECK_READY=0|1      check_ready
+     DDP_SHARD_OPTIMIZER=0|1  shard_optimizer
+     DDP_PARAM_DTYPE=fp32|bf16  param_dtype
+   and three with no field (0|1 as well; a typo is refused on every backend):
      DDP_MPI_FLAT=1  (MPI backend, the same on every rank) every rank in MPI, no host groups
-    DDP_MPI_TUNE=0  (MPI backend, the same on every rank) keep Open MPI's TCP defaults (BACKENDS)
+     DDP_MPI_TUNE=0  (MPI backend, the same on every rank) keep Open MPI's TCP defaults (BACKENDS)
      DDP_STAGED_GRADS=1  (CPU backend, read by rank 0) gradient buckets through the staging
                      slots instead of in place through the shared gradient segment: the same
                      bits, slower; for comparisons
 
    JOB IDENTITY
      Two jobs on one host and one MASTER_PORT must not merge. The rendezvous checks the job id:
-     desc.job_id, else $DDP_JOB_ID, else what the launcher sets alike for every rank of a job:
+     $DDP_JOB_ID, else desc.job_id, else what the launcher sets alike for every rank of a job:
      Open MPI's PMIX_NAMESPACE (or OMPI_MCA_ess_base_jobid), Slurm's SLURM_JOB_ID and
      SLURM_STEP_ID, torchrun's TORCHELASTIC_RUN_ID (its default static rendezvous calls every run
      "none"; on one host the run's log directory in TORCHELASTIC_ERROR_FILE names it). A rank
@@ -372,6 +457,10 @@
      learns nothing usable and the ranks refuse it. It is not encryption: someone who can read
      or alter the traffic can read or alter the frames after the handshake (keep MASTER_ADDR on
      a trusted network), and a short guessable token can be guessed offline from one exchange.
+     A rank started twice in one job (a launcher bug, a typo in RANK): the first process to claim
+     the rank at rank 0's store holds it; the other is refused (DDP_ERR_BAD_ENV, "two processes of
+     this job were started as rank R: pid P on host 'H' holds it, ...") and the job goes on: a
+     connection speaks for its rank (its hang-up is that rank's loss) only once its claim won.
 
    ERRORS
      Every call that can fail returns a ddp_result; ddp_last_error(ctx) says what, where and on
@@ -383,9 +472,20 @@
      0.1 s on the CPU backend (every waiter looks every DDP__LIVENESS_PERIOD_S; measured
      0.04-0.25 s), and by the NCCL watchdog's poll of the store (every 0.1 s) or NCCL's own
      error on the NCCL backend. Rank 0 gone before it listens (never started, or killed early)
-     cannot be told from a slow one: without a launcher that stops the job, the other ranks fail
-     after timeout_s with "no store at ADDR:PORT - did rank 0 start?". Numbers in README.md
-     point here. DDP_ERR_CANCELLED is not a failure of the job: the host program asked for it
+     cannot be told from a slow one: both are a connection refused, and a rank 0 may take long to
+     start (a big import, srun starting tasks at different times), so a shorter limit for refusals
+     would fail healthy jobs. Decided: the wait stays timeout_s, and is not silent: after half the
+     timeout (10 s at most) of refusals each waiting rank warns "nothing listens at ADDR:PORT ...
+     connection refused for N s", then every minute; at timeout_s it fails with "no store at
+     ADDR:PORT - did rank 0 start?". A launcher that sees rank 0 die ends the job at once (ddprun,
+     torchrun; tested under ddprun: well under a second). Numbers in README.md
+     point here. Stopped time (Ctrl-Z of the whole job, then fg): the waits inside a step count
+     only time the process could run (a gap of over DDP__STOPPED_GAP_S between two looks moves the
+     deadline by the gap: the CPU backend's waits, the NCCL and MPI watchdogs' clocks), so a job
+     stopped for longer than timeout_s trains on when continued; the waits on the rendezvous store
+     (ddp_init, ddp_commit's layout check, the timeline gathered at ddp_shutdown) count wall time
+     and time out. A rank stopped alone while its peers run is a stalled peer: they time out and
+     name it. DDP_ERR_CANCELLED is not a failure of the job: the host program asked for it
      (EMBEDDING); it poisons the group like an error, so the peers stop too.
 
    NULL, LIFETIME AND THREADS
@@ -471,8 +571,10 @@
      step they follow from) and the next run continues with ddp_sample(&s, epoch, i, ...) on the
      same n, seed, shuffle and drop_last. As one stream across epochs: this rank's k-th sample
      overall is (epoch k / count, i = k mod count).
-     Errors: a NULL sampler or out pointer, n = 0, world < 1 (0 is not taken for 1: a sampler whose
-     world was never set would give every rank every sample), rank outside 0 .. world-1, and i >=
+     Errors: a NULL sampler or out pointer, shuffle or drop_last other than 0 or 1 (an
+     uninitialized field: zero-initialize the struct), n = 0, world < 1 (0 is not taken for 1: a
+     sampler whose world was never set would give every rank every sample), rank outside 0 ..
+     world-1, and i >=
      count are DDP_ERR_INVALID_ARGUMENT with the reason (and the rank) in ddp_last_error(NULL);
      ddp_sample then sets *index_out = UINT64_MAX. Pure: any thread, before ddp_init or without it.
 
@@ -514,15 +616,20 @@
                     asks which system it runs on
      >>types        tunables; parameters, buckets, tape ops, shared-segment blocks; ddp__cpu; the
                     backend table ddp__backend; ddp_context
-     >>util         time, aligned memory, logging, the error verbs (below), the cancel check
+     >>util         time, aligned memory, non-finite tests by bits (fast math), logging, the error
+                    verbs (below), the cancel check
      >>sampler      the distributed sampler's arithmetic: counts, the epoch's keyed permutation
                     (cycle-walking Feistel; an exact shuffle up to 32 samples), a rank's i-th
                     sample; pure (its entry points, which
                     only check the struct, are in >>public like every other)
      >>timeline     per-thread event lists, the Chrome trace written at shutdown
-     >>env          the launcher environment; the descriptor: environment, ddp__desc_defaults
-                    (every default, pure), validation, the group
-     >>store        the rendezvous store (server thread on rank 0, client on every rank)
+     >>env          the launcher environment (under srun: Slurm's hostlist syntax, the step's
+                    first node and port); the descriptor: ddp__desc_check_given (flags, enums,
+                    NaN, as the program gave it), the DDP_* variables (one rule:
+                    ddp__desc_from_env), ddp__desc_defaults (every default, pure), validation,
+                    the group
+     >>store        the rendezvous store (server thread on rank 0, client on every rank); whose
+                    hang-up is a rank's loss (ddp__conn_speaks_for_rank: a won claim)
      >>host         what single and cpu share: host flat buffers, AdamW arithmetic (bf16 parameters:
                     the working copy written in the same pass), bf16 rounding and conversions;
                     the shard layout (ddp__shard_range) and the norm's blocks every backend uses
@@ -540,12 +647,15 @@
                     init, shutdown
      >>embed        progress: the seqlock the rank writes and any thread reads (cancel itself:
                     ddp__check_cancel in >>util, called by every wait)
-     >>params       registration, layout, buckets, the cross-rank layout check, commit; the bf16
+     >>params       registration, layout, buckets, the cross-rank layout check, commit and its
+                    bucket plan (DDP_LOG=info); the bf16
                     conversion generic code asks for (ddp__bf16_op: the master rounded into the
                     working copies; the gradients need none)
-     >>step         ready hooks, launch in bucket order, the tape, finish; with uneven inputs the
-                    count of the ranks with data that begins a synchronizing step
-     >>adamw        hyperparameters resolved and checked, handed to the backend
+     >>step         ready hooks, launch in bucket order, the tape, finish (the no-overlap check;
+                    messages worded for the tape or the program's own backward); with uneven
+                    inputs the count of the ranks with data that begins a synchronizing step
+     >>adamw        hyperparameters resolved and checked, handed to the backend; the averaged-
+                    gradients guard, and ddp_consume_grads for a program's own optimizer
      >>collectives  user collectives, host copies of the state
      >>join         uneven inputs: ddp_join's shadow steps, the replicas synced at the end
      >>checkpoint   ddp_save / ddp_load: the file format, the atomic write, the strict two-pass
@@ -694,6 +804,10 @@ typedef struct ddp_desc {
 
 typedef struct ddp_context ddp_context;
 
+/* The flat buffers' layout (MEMORY LAYOUT in the manual): parameter i starts at the sum of the
+   earlier parameters' counts, each rounded up to a multiple of this many floats (64 bytes). */
+#define DDP_PARAM_ALIGN_FLOATS 16
+
 /* Parameter flags. */
 enum { DDP_NO_DECAY = 1 << 0 };   /* AdamW skips weight decay for this parameter */
 
@@ -780,6 +894,12 @@ ddp_result ddp_zero_grad(ddp_context *ctx);
 void ddp_set_sync(ddp_context *ctx, int enabled);
 
 ddp_result ddp_adamw_step(ddp_context *ctx, const ddp_adamw *opt, float *grad_norm_out);
+/* The program's own optimizer on ddp.h's buffers: call this right before its update. It keeps
+   ddp_adamw_step's guard: DDP_ERR_INVALID_STATE (nothing changes) unless a synchronizing
+   ddp_finish averaged the gradients since the last step (ddp_adamw_step or this call), which
+   it then marks used. Not with shard_optimizer (only this rank's part is averaged). The
+   NaN/Inf check stays the program's (find NaN by bits under -ffast-math: README). */
+ddp_result ddp_consume_grads(ddp_context *ctx);
 /* Optimizer state for checkpoints: m and v are flat like the parameters (device memory on NCCL);
    with shard_optimizer they hold this rank's parts only (SHARDED OPTIMIZER in the manual).
    *step is host memory on every backend. */
@@ -859,8 +979,8 @@ typedef struct ddp_sampler {
     uint64_t n;                /* samples in the dataset, >= 1 */
     int world, rank;           /* world >= 1 (0 is an error, not a default), 0 <= rank < world */
     uint64_t seed;             /* with the epoch, picks the permutation */
-    int shuffle;               /* 0: the dataset's order; else a permutation seeded by (seed, epoch) */
-    int drop_last;             /* 0: pad by repetition to ceil(n/world) a rank; else drop to floor(n/world) */
+    int shuffle;               /* 0: the dataset's order; 1: a permutation seeded by (seed, epoch) */
+    int drop_last;             /* 0: pad by repetition to ceil(n/world) a rank; 1: drop to floor(n/world) */
 } ddp_sampler;
 ddp_result ddp_sampler_count(const ddp_sampler *s, uint64_t *count_out);   /* this rank's samples per epoch */
 /* The dataset index of this rank's i-th sample of `epoch`, 0 <= i < count (else an error and
@@ -1863,7 +1983,7 @@ static void ddp__file_remove_plain(const char *dir, const char *name) {
    pipeline chunk after chunk.
    -------------------------------------------------------------------------------------------- */
 #define DDP__NAME_MAX 128
-#define DDP__ALIGN_FLOATS 16                 /* parameters start on 64-byte boundaries */
+#define DDP__ALIGN_FLOATS DDP_PARAM_ALIGN_FLOATS   /* parameters start on 64-byte boundaries */
 #define DDP__CHUNK_BYTES (256u * 1024u)
 #define DDP__SLOTS 4u
 #define DDP__AVG_BLOCK 512                   /* elements summed at a time by an in-place bucket's average, 3+ ranks */
@@ -2029,7 +2149,9 @@ typedef struct ddp__backend {
 struct ddp_context {
     ddp_desc desc;                 /* resolved */
     char master_addr[256];
+    const char *master_addr_from;  /* what gave master_addr, for messages: NULL = MASTER_ADDR (>>env) */
     char job_token[128];
+    char env_overrides[512];       /* DDP_* variables that overrode a field the program set (>>env) */
     char job_id[256];              /* who this rank's job is (desc.job_id): checked at the rendezvous */
     unsigned char store_key[32];   /* from the token and the job id: the store handshake's key */
     char timeline_path[512];
@@ -2105,6 +2227,12 @@ struct ddp_context {
     int join_shadow;               /* ddp_join's shadow step: the count is taken already */
     int join_pending;              /* micro-steps with sync off since the last zero_grad or sync */
     int grads_averaged;            /* a ddp_finish with sync on since the last ddp_adamw_step (>>adamw) */
+    int quiet;                     /* ddp__shutdown's goodbye: a store already gone is expected, not logged */
+    int tape_step;                 /* this backward is the tape's replay (messages speak of ops), else ddp_grad_ready's */
+    int ready_moment;              /* this backward's moments: tape ops replayed, or ddp_grad_ready calls */
+    int first_launch_moment;       /* the moment the first bucket was launched (-1: not yet) */
+    double first_launch_time;      /* and when (ddp__now) */
+    int overlap_warned;            /* the no-overlap warning was given (once a context) */
     unsigned char *ready_copy;     /* check_ready: each gradient as it was when marked ready (>>step) */
     int tape_failed;               /* a ddp_tape_record since the last backward failed (>>step) */
 
@@ -2116,6 +2244,37 @@ struct ddp_context {
 /* --------------------------------------------------------------------------------------------
    >>util  Small helpers: time, memory, errors, logging
    -------------------------------------------------------------------------------------------- */
+/* Non-finite values are found by their bits (exponent field all ones), never by isfinite():
+   -ffinite-math-only (in -ffast-math and -Ofast) lets the compiler assume no NaN/Inf exists and
+   fold isfinite(x) to 1, which silently removed the NaN guard. The empty asm hides the bits'
+   origin from the optimizer, so no flag can infer them from a float that "cannot" be NaN. */
+static int ddp__finite_f(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+#if defined(__GNUC__)
+    __asm__("" : "+r"(u));
+#endif
+    return (u & 0x7f800000u) != 0x7f800000u;
+}
+static int ddp__finite_d(double x) {
+    uint64_t u;
+    memcpy(&u, &x, sizeof u);
+#if defined(__GNUC__)
+    __asm__("" : "+r"(u));
+#endif
+    return (u & 0x7ff0000000000000ull) != 0x7ff0000000000000ull;
+}
+static int ddp__finite_bf16(uint16_t h) { return (h & 0x7f80u) != 0x7f80u; }
+/* x >= 0 and not NaN (the NaN test by bits: under fast-math !(x >= 0) is no NaN check) */
+static int ddp__nonneg_d(double x) {
+    uint64_t u;
+    memcpy(&u, &x, sizeof u);
+#if defined(__GNUC__)
+    __asm__("" : "+r"(u));
+#endif
+    return (u & 0x7fffffffffffffffull) <= 0x7ff0000000000000ull && x >= 0;
+}
+
 static void *ddp__calloc(size_t bytes) {
     void *p = DDP_MALLOC(bytes ? bytes : 1);
     if (p) memset(p, 0, bytes);
@@ -2174,7 +2333,7 @@ static ddp_result ddp__fail(ddp_context *ctx, ddp_result code, const char *fmt, 
     if (ctx->rank >= 0) snprintf(ctx->err, sizeof ctx->err, "rank %d: %s", ctx->rank, msg);
     else snprintf(ctx->err, sizeof ctx->err, "pid %d (rank not known yet): %s", ddp__getpid(), msg);
     ddp__mutex_unlock(&ctx->err_lock);
-    ddp__log(ctx, DDP_LOG_DEBUG, "%s", msg);
+    if (!ctx->quiet) ddp__log(ctx, DDP_LOG_DEBUG, "%s", msg);
     return code;
 }
 
@@ -2518,6 +2677,183 @@ static void ddp__launcher_job_id(ddp_context *ctx, const ddp__env_scheme *sc) {
     }
 }
 
+/* Slurm's hostlist syntax (SLURM_STEP_NODELIST, `scontrol show hostnames`): names separated by
+   commas; a name may hold bracket groups of numbers and ranges, "h[1-3,7]"; a number's width is
+   its range's lower bound's ("a[01-03]" = a01 a02 a03, "n[8-10]" = n8 n9 n10); with several
+   groups ("r[1-2]n[1-4]") the first varies slowest, as Slurm expands them. */
+#define DDP__HOSTLIST_MAX 10000000L   /* hosts in one list: more is a malformed list, not a cluster */
+
+/* Digits at q (at most 9): the number and how many digits; NULL where there are none or too many. */
+static const char *ddp__hostlist_num(const char *q, const char *end, unsigned long *v, int *width) {
+    int w = 0;
+    *v = 0;
+    while (q < end && *q >= '0' && *q <= '9') {
+        if (++w > 9) return NULL;
+        *v = *v * 10 + (unsigned long)(*q++ - '0');
+    }
+    if (width) *width = w;
+    return w ? q : NULL;
+}
+
+/* One bracket group's inside [p, end): how many numbers; with idx >= 0 also the idx-th and its
+   width. -1 with the reason in why where it is malformed. */
+static long ddp__hostlist_group(const char *p, const char *end, long idx, unsigned long *value, int *width,
+                                char *why, size_t why_cap) {
+    long count = 0;
+    for (;;) {
+        unsigned long lo, hi;
+        int w;
+        const char *q = ddp__hostlist_num(p, end, &lo, &w);
+        hi = lo;
+        if (q && q < end && *q == '-') q = ddp__hostlist_num(q + 1, end, &hi, NULL);
+        if (!q || (q < end && *q != ',')) {
+            snprintf(why, why_cap, "'[%.*s]' is not a list of numbers and ranges of at most 9 digits", (int)(end - p), p);
+            return -1;
+        }
+        if (hi < lo) { snprintf(why, why_cap, "the range %lu-%lu goes down", lo, hi); return -1; }
+        if (idx >= count && idx - count <= (long)(hi - lo)) { *value = lo + (unsigned long)(idx - count); *width = w; }
+        count += (long)(hi - lo) + 1;
+        if (count > DDP__HOSTLIST_MAX) { snprintf(why, why_cap, "more than %ld hosts", DDP__HOSTLIST_MAX); return -1; }
+        if (q == end) return count;
+        p = q + 1;
+    }
+}
+
+/* Host number `want` (from 0; -1 for none) of the list into out (cap bytes). Returns how many
+   hosts the list names, or -1 with the reason in why. */
+static long ddp__hostlist_nth(const char *list, long want, char *out, size_t cap, char *why, size_t why_cap) {
+    const char *item = list, *p;
+    long total = 0;
+    if (cap) out[0] = 0;
+    while (*item) {
+        const char *end = item;
+        long count = 1, g;
+        int open = 0;
+        while (*end && (open || *end != ',')) {   /* the item ends at a comma outside brackets */
+            if (*end == '[' && open) { snprintf(why, why_cap, "'[' inside '[...]'"); return -1; }
+            if (*end == ']' && !open) { snprintf(why, why_cap, "']' without its '['"); return -1; }
+            if (*end == '[' || *end == ']') open = *end == '[';
+            end++;
+        }
+        if (open) { snprintf(why, why_cap, "'[' is not closed"); return -1; }
+        for (p = item; p < end; p++) {   /* its size: the product of its groups' */
+            if (*p != '[') continue;
+            if ((g = ddp__hostlist_group(p + 1, strchr(p, ']'), -1, NULL, NULL, why, why_cap)) < 0) return -1;
+            if (count > DDP__HOSTLIST_MAX / g) { snprintf(why, why_cap, "more than %ld hosts", DDP__HOSTLIST_MAX); return -1; }
+            count *= g;
+            p = strchr(p, ']');
+        }
+        if (end == item) count = 0;   /* "a,,b": an empty name is no host */
+        if (want >= total && want < total + count) {   /* this item's host: mixed radix, the last group fastest */
+            long left = count, rem = want - total;
+            size_t n = 0;
+            for (p = item; p < end; p++) {
+                char num[16];
+                const char *piece = p;
+                size_t len = 1;
+                if (*p == '[') {
+                    const char *close = strchr(p, ']');
+                    unsigned long v = 0;
+                    int w = 1;
+                    left /= ddp__hostlist_group(p + 1, close, -1, NULL, NULL, why, why_cap);
+                    ddp__hostlist_group(p + 1, close, rem / left, &v, &w, why, why_cap);
+                    rem %= left;
+                    snprintf(num, sizeof num, "%0*lu", w, v);
+                    piece = num;
+                    len = strlen(num);
+                    p = close;
+                }
+                if (n + len >= cap) { snprintf(why, why_cap, "host %ld is longer than %d characters", want, (int)cap - 1); return -1; }
+                memcpy(out + n, piece, len);
+                out[n += len] = 0;
+            }
+        }
+        total += count;
+        if (total > DDP__HOSTLIST_MAX) { snprintf(why, why_cap, "more than %ld hosts", DDP__HOSTLIST_MAX); return -1; }
+        item = *end ? end + 1 : end;
+    }
+    return total;
+}
+
+/* This node's tasks in the step: SLURM_STEP_TASKS_PER_NODE ("2(x3),1": counts, in the step's
+   node order) at SLURM_NODEID (this node's index in the step). SLURM_NTASKS_PER_NODE, where the
+   others are missing, can be the allocation's (sbatch --ntasks-per-node), not the step's. */
+static ddp_result ddp__slurm_local_world(ddp_context *ctx, const char **name) {
+    const char *s = getenv(*name = "SLURM_STEP_TASKS_PER_NODE"), *p;
+    char *e;
+    long at = 0, tasks = 0, reps;
+    int node = 0;
+    if (!s || !*s) s = getenv(*name = "SLURM_TASKS_PER_NODE");
+    if (!s || !*s) {
+        *name = "SLURM_NTASKS_PER_NODE";
+        return ddp__env_int(ctx, *name, 1, ctx->world, &ctx->local_world) < 0 ? DDP_ERR_BAD_ENV : DDP_OK;
+    }
+    if (ddp__env_int(ctx, "SLURM_NODEID", 0, INT_MAX, &node) < 0) return DDP_ERR_BAD_ENV;
+    for (p = s;; p = e + 1) {
+        errno = 0;
+        tasks = strtol(p, &e, 10);
+        reps = 1;
+        if (e != p && *e == '(' && e[1] == 'x') {
+            const char *q = e + 2;
+            reps = strtol(q, &e, 10);
+            if (e == q || *e++ != ')') reps = 0;
+        }
+        if (errno || e == p || tasks < 1 || tasks > ctx->world || reps < 1 || reps > INT_MAX || (*e && *e != ','))
+            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "%s='%s' is not a list of task counts like '2(x3),1'", *name, s);
+        if (node >= at && node - at < reps) break;
+        at += reps;
+        if (!*e)
+            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "SLURM_NODEID=%d, but %s='%s' counts tasks on %ld node(s)", node,
+                             *name, s, at);
+    }
+    ctx->local_world = (int)tasks;
+    return DDP_OK;
+}
+
+/* Rendezvous under srun with no MASTER_ADDR / MASTER_PORT. The address: the first node of the
+   step (rank 0 is there under srun's block and cyclic distributions; rank 0 checks), by name,
+   resolved like any MASTER_ADDR; for a step on one node, 127.0.0.1. The port: from the job and
+   step ids, 20000 + (64 x job + step) mod 12288, in [20000, 32288), below Linux's ephemeral
+   ports: the steps 0..63 of one job never share one, two jobs only when their ids are equal
+   modulo 192 (the job ids then tell them apart by name at the rendezvous: >>store). */
+static ddp_result ddp__slurm_rendezvous(ddp_context *ctx, int need_addr, int *port) {
+    const char *list, *name = "SLURM_STEP_NODELIST", *j, *st;
+    char why[160];
+    unsigned long long job, step;
+    char *e1, *e2;
+    int node = -1, r;
+    if (need_addr && ctx->local_world < ctx->world) {
+        if (!(list = getenv(name)) || !*list) list = getenv(name = "SLURM_NODELIST");
+        if (!list || !*list)
+            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "MASTER_ADDR must be set for a job that spans hosts (neither it nor "
+                             "SLURM_STEP_NODELIST is set)");
+        snprintf(why, sizeof why, "it names no host");
+        if (ddp__hostlist_nth(list, 0, ctx->master_addr, sizeof ctx->master_addr, why, sizeof why) < 1)
+            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "%s='%.200s' is not a Slurm host list: %s", name, list, why);
+        ctx->master_addr_from = !strcmp(name, "SLURM_NODELIST") ? "the first node of SLURM_NODELIST"
+                                                                 : "the first node of SLURM_STEP_NODELIST";
+        if (ctx->rank == 0 && (r = ddp__env_int(ctx, "SLURM_NODEID", 0, INT_MAX, &node)) < 0) return DDP_ERR_BAD_ENV;
+        if (ctx->rank == 0 && r == 1 && node != 0) {
+            char host[256] = "?";
+            ddp__hostname(host, sizeof host);
+            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "rank 0 runs on node %d of the step ('%s'), not on its first node '%s' "
+                             "where the other ranks look for its store (a task distribution such as arbitrary or "
+                             "plane?): set MASTER_ADDR to rank 0's host", node, host, ctx->master_addr);
+        }
+    }
+    if (!getenv("MASTER_PORT") || !*getenv("MASTER_PORT")) {
+        if (!(j = getenv("SLURM_JOB_ID")) || !*j) j = getenv("SLURM_JOBID");
+        if (!(st = getenv("SLURM_STEP_ID")) || !*st) st = getenv("SLURM_STEPID");
+        if (j && st && *j && *st) {
+            errno = 0;
+            job = strtoull(j, &e1, 10);
+            step = strtoull(st, &e2, 10);
+            if (!errno && !*e1 && !*e2) *port = 20000 + (int)((job % 12288u * 64u + step) % 12288u);
+        }
+    }
+    return DDP_OK;
+}
+
 static ddp_result ddp__read_env(ddp_context *ctx) {
     static const ddp__env_scheme schemes[] = {
         { "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "torchrun-style" },
@@ -2526,12 +2862,26 @@ static ddp_result ddp__read_env(ddp_context *ctx) {
         { "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "Slurm" },
     };
     const ddp__env_scheme *sc = NULL;
-    const char *addr;
+    const char *addr, *local_world_name, *s;
     size_t i;
-    int port = 29500, r;
+    int port = 29500, r, slurm;
     for (i = 0; i < sizeof schemes / sizeof schemes[0] && !sc; i++)
         if (getenv(schemes[i].rank) || getenv(schemes[i].world)) sc = &schemes[i];
     if (!sc) { ctx->rank = 0; ctx->world = 1; ctx->local_rank = 0; ctx->local_world = 1; return DDP_OK; }
+    slurm = sc == &schemes[2];
+    local_world_name = sc->local_world;
+    /* A batch script (or salloc's shell) runs once, with the job's SLURM_NTASKS: more than one is
+       said at once, not a rank 0 waiting for tasks that srun never started; one is one rank. */
+    if (slurm && ((s = getenv("SLURM_JOB_ID")) || (s = getenv("SLURM_JOBID"))) && *s && !getenv("SLURM_STEP_ID") &&
+        !getenv("SLURM_STEPID")) {
+        const char *n = getenv("SLURM_NTASKS");
+        if (n && *n && strcmp(n, "1"))
+            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "SLURM_NTASKS=%s, but this process of Slurm job %s was not started "
+                             "by srun (no SLURM_STEP_ID: the batch script itself?): start the program with srun, or "
+                             "unset SLURM_NTASKS for one rank", n, s);
+        ctx->rank = 0; ctx->world = 1; ctx->local_rank = 0; ctx->local_world = 1;
+        return DDP_OK;
+    }
 
     ctx->rank = -1;
     if (ddp__env_int(ctx, sc->world, 1, 1 << 20, &ctx->world) != 1 ||
@@ -2547,14 +2897,17 @@ static ddp_result ddp__read_env(ddp_context *ctx) {
     ctx->local_rank = r;
     ctx->local_world = ctx->world;
     if (ddp__env_int(ctx, sc->local_rank, 0, INT_MAX, &ctx->local_rank) < 0) return DDP_ERR_BAD_ENV;
-    if (ddp__env_int(ctx, sc->local_world, 1, ctx->world, &ctx->local_world) < 0) return DDP_ERR_BAD_ENV;
+    if (slurm) {
+        if (ddp__slurm_local_world(ctx, &local_world_name) != DDP_OK) return DDP_ERR_BAD_ENV;
+    } else if (ddp__env_int(ctx, sc->local_world, 1, ctx->world, &ctx->local_world) < 0) return DDP_ERR_BAD_ENV;
     if (ctx->local_rank >= ctx->local_world)
         return ddp__fail(ctx, DDP_ERR_BAD_ENV, "%s=%d is not below %s=%d", sc->local_rank,
-                         ctx->local_rank, sc->local_world, ctx->local_world);
+                         ctx->local_rank, local_world_name, ctx->local_world);
     addr = getenv("MASTER_ADDR");
-    if (ctx->world > 1 && ctx->local_world < ctx->world && (!addr || !*addr))
-        return ddp__fail(ctx, DDP_ERR_BAD_ENV, "MASTER_ADDR must be set for a job that spans hosts");
     snprintf(ctx->master_addr, sizeof ctx->master_addr, "%s", addr && *addr ? addr : "127.0.0.1");
+    if (slurm && ctx->world > 1 && ddp__slurm_rendezvous(ctx, !addr || !*addr, &port) != DDP_OK) return DDP_ERR_BAD_ENV;
+    if (ctx->world > 1 && ctx->local_world < ctx->world && (!addr || !*addr) && !ctx->master_addr_from)
+        return ddp__fail(ctx, DDP_ERR_BAD_ENV, "MASTER_ADDR must be set for a job that spans hosts");
     if (ddp__env_int(ctx, "MASTER_PORT", 1, 65535, &port) < 0) return DDP_ERR_BAD_ENV;
     if (ctx->world > 1 && !getenv("MASTER_PORT") && sc == &schemes[0])
         return ddp__fail(ctx, DDP_ERR_BAD_ENV, "MASTER_PORT is not set (WORLD_SIZE=%d)", ctx->world);
@@ -2565,51 +2918,96 @@ static ddp_result ddp__read_env(ddp_context *ctx) {
 
 #define DDP__MAX_TIMEOUT_S 1e6   /* 11.6 days: any wait stays a finite poll */
 
-/* What the environment says for fields the descriptor leaves at zero. Strings are copied into
-   the context, so the caller's may go away after ddp_init. */
-static ddp_result ddp__desc_from_env(ddp_context *ctx, ddp_desc *d) {
-    const char *s;
-    if (!d->log_level && (s = getenv("DDP_LOG")) != NULL) {
-        if (!strcmp(s, "debug")) d->log_level = DDP_LOG_DEBUG;
-        else if (!strcmp(s, "info")) d->log_level = DDP_LOG_INFO;
-        else if (!strcmp(s, "warn")) d->log_level = DDP_LOG_WARN;
-        else if (!strcmp(s, "error")) d->log_level = DDP_LOG_ERROR;
-        else if (!strcmp(s, "off")) d->log_level = DDP_LOG_OFF;
-        else if (*s)
-            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_LOG='%s' is none of debug, info, warn, error, off", s);
+/* One rule for every DDP_* variable that has a descriptor field: a variable that is set (not
+   empty) wins over what the program put in the field, and an invalid value is refused by name
+   whoever would have won (ENVIRONMENT in the manual says why). Where the program had set the
+   field to something else, the override is noted (ctx->env_overrides) and rank 0 says so once
+   the rank is known (ddp__resolve_desc). The variables without a field (DDP_STAGED_GRADS,
+   DDP_MPI_FLAT, DDP_MPI_TUNE) are checked here too, so a typo fails on every backend. */
+static void ddp__env_overrode(ddp_context *ctx, const char *var, const char *value, const char *field, const char *was) {
+    size_t len = strlen(ctx->env_overrides);
+    if (len + 8 >= sizeof ctx->env_overrides) return;
+    snprintf(ctx->env_overrides + len, sizeof ctx->env_overrides - len, "%s%s=%s over the program's ddp_desc.%s = %s",
+             len ? "; " : "", var, value, field, was);
+}
+
+static const char *ddp__env_set(const char *name) {
+    const char *s = getenv(name);
+    return s && *s ? s : NULL;
+}
+
+static ddp_result ddp__env_flag(ddp_context *ctx, const char *name, int *field, const char *field_name) {
+    const char *s = ddp__env_set(name);
+    if (!s) return DDP_OK;
+    if (strcmp(s, "0") && strcmp(s, "1"))
+        return ddp__fail(ctx, DDP_ERR_BAD_ENV, "%s='%s' is neither 0 nor 1", name, s);
+    if (!field) return DDP_OK;
+    if (*field && *field != s[0] - '0') {
+        char was[16];
+        snprintf(was, sizeof was, "%d", *field);
+        ddp__env_overrode(ctx, name, s, field_name, was);
     }
-    s = d->timeline_path ? d->timeline_path : getenv("DDP_TIMELINE");
-    snprintf(ctx->timeline_path, sizeof ctx->timeline_path, "%s", s ? s : "");
-    d->timeline_path = ctx->timeline_path;
-    s = d->job_token ? d->job_token : getenv("DDP_JOB_TOKEN");
-    snprintf(ctx->job_token, sizeof ctx->job_token, "%s", s ? s : "");
-    d->job_token = ctx->job_token;
-    s = d->job_id ? d->job_id : getenv("DDP_JOB_ID");   /* else the launcher's, in ddp__read_env */
-    snprintf(ctx->job_id, sizeof ctx->job_id, "%s", s ? s : "");
-    if (d->timeout_s == 0 && (s = getenv("DDP_TIMEOUT")) != NULL && *s) {
+    *field = s[0] - '0';
+    return DDP_OK;
+}
+
+/* A string field: the variable, else the program's, copied into the context (the caller's may go
+   away after ddp_init). secret: the values stay out of the log. */
+static void ddp__env_string(ddp_context *ctx, const char *name, const char **field, const char *field_name,
+                            char *store, size_t cap, int secret) {
+    const char *s = ddp__env_set(name);
+    if (s && *field && strcmp(*field, s)) ddp__env_overrode(ctx, name, secret ? "(set)" : s, field_name, secret ? "(another)" : *field);
+    snprintf(store, cap, "%s", s ? s : *field ? *field : "");
+    *field = store;
+}
+
+static ddp_result ddp__desc_from_env(ddp_context *ctx, ddp_desc *d) {
+    static const char *const level_names[] = { "", "debug", "info", "warn", "error", "off" };
+    const char *s;
+    ddp_result r;
+    int i;
+    if ((s = ddp__env_set("DDP_LOG")) != NULL) {
+        for (i = 1; i <= (int)DDP_LOG_OFF && strcmp(s, level_names[i]); i++) {}
+        if (i > (int)DDP_LOG_OFF)
+            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_LOG='%s' is none of debug, info, warn, error, off", s);
+        if (d->log_level && (int)d->log_level != i)
+            ddp__env_overrode(ctx, "DDP_LOG", s, "log_level",
+                              (int)d->log_level >= 1 && (int)d->log_level <= (int)DDP_LOG_OFF ? level_names[d->log_level] : "?");
+        d->log_level = (ddp_log_level)i;
+    }
+    ddp__env_string(ctx, "DDP_TIMELINE", &d->timeline_path, "timeline_path", ctx->timeline_path, sizeof ctx->timeline_path, 0);
+    ddp__env_string(ctx, "DDP_JOB_TOKEN", &d->job_token, "job_token", ctx->job_token, sizeof ctx->job_token, 1);
+    {   /* job_id: else the launcher's, in ddp__read_env; the descriptor keeps its own until then */
+        const char *id = d->job_id;
+        ddp__env_string(ctx, "DDP_JOB_ID", &id, "job_id", ctx->job_id, sizeof ctx->job_id, 0);
+    }
+    if ((s = ddp__env_set("DDP_TIMEOUT")) != NULL) {
         char *end;
         double t = strtod(s, &end);
-        if (*end || !(t > 0) || t > DDP__MAX_TIMEOUT_S)
+        if (*end || !ddp__nonneg_d(t) || t == 0 || t > DDP__MAX_TIMEOUT_S)
             return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_TIMEOUT='%s' is not a number of seconds in (0, %g]", s,
                              (double)DDP__MAX_TIMEOUT_S);
+        if (d->timeout_s != 0 && d->timeout_s != t) {
+            char was[32];
+            snprintf(was, sizeof was, "%g", d->timeout_s);
+            ddp__env_overrode(ctx, "DDP_TIMEOUT", s, "timeout_s", was);
+        }
         d->timeout_s = t;
     }
-    if (!d->check_ready && (s = getenv("DDP_CHECK_READY")) != NULL && *s) {
-        if (strcmp(s, "0") && strcmp(s, "1"))
-            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_CHECK_READY='%s' is neither 0 nor 1", s);
-        d->check_ready = s[0] == '1';
-    }
-    if (!d->shard_optimizer && (s = getenv("DDP_SHARD_OPTIMIZER")) != NULL && *s) {
-        if (strcmp(s, "0") && strcmp(s, "1"))
-            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_SHARD_OPTIMIZER='%s' is neither 0 nor 1", s);
-        d->shard_optimizer = s[0] == '1';
-    }
-    if (!d->param_dtype && (s = getenv("DDP_PARAM_DTYPE")) != NULL && *s) {
-        if (strcmp(s, "fp32") && strcmp(s, "bf16"))
+    if ((r = ddp__env_flag(ctx, "DDP_CHECK_READY", &d->check_ready, "check_ready")) != DDP_OK) return r;
+    if ((r = ddp__env_flag(ctx, "DDP_SHARD_OPTIMIZER", &d->shard_optimizer, "shard_optimizer")) != DDP_OK) return r;
+    if ((s = ddp__env_set("DDP_PARAM_DTYPE")) != NULL) {
+        ddp_dtype t = !strcmp(s, "fp32") ? DDP_DTYPE_FP32 : !strcmp(s, "bf16") ? DDP_DTYPE_BF16 : DDP_DTYPE_DEFAULT;
+        if (t == DDP_DTYPE_DEFAULT)
             return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_PARAM_DTYPE='%s' is neither fp32 nor bf16", s);
-        d->param_dtype = s[0] == 'b' ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
+        if (d->param_dtype && d->param_dtype != t)
+            ddp__env_overrode(ctx, "DDP_PARAM_DTYPE", s, "param_dtype", d->param_dtype == DDP_DTYPE_FP32 ? "DDP_DTYPE_FP32"
+                              : d->param_dtype == DDP_DTYPE_BF16 ? "DDP_DTYPE_BF16" : "(not a ddp_dtype)");
+        d->param_dtype = t;
     }
-    return DDP_OK;
+    if ((r = ddp__env_flag(ctx, "DDP_STAGED_GRADS", NULL, NULL)) != DDP_OK) return r;
+    if ((r = ddp__env_flag(ctx, "DDP_MPI_FLAT", NULL, NULL)) != DDP_OK) return r;
+    return ddp__env_flag(ctx, "DDP_MPI_TUNE", NULL, NULL);
 }
 
 /* Every default, in one place: a field still zero gets its documented value. Pure. */
@@ -2630,8 +3028,9 @@ static ddp_result ddp__desc_validate(ddp_context *ctx, const ddp_desc *d) {
     if (d->reduce_dtype != DDP_DTYPE_FP32 && d->reduce_dtype != DDP_DTYPE_BF16)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: reduce_dtype %d is neither DDP_DTYPE_FP32 nor "
                          "DDP_DTYPE_BF16", (int)d->reduce_dtype);
-    if (!(d->timeout_s >= 0) || !(d->bucket_cap_mb >= 0) || !(d->first_bucket_mb >= 0) || d->world_size < 0 ||
-        !(d->inject_comm_latency_ms >= 0) || !(d->inject_comm_gbps >= 0) || !(d->shutdown_timeout_s >= 0))
+    if (!ddp__nonneg_d(d->timeout_s) || !ddp__nonneg_d(d->bucket_cap_mb) || !ddp__nonneg_d(d->first_bucket_mb) ||
+        d->world_size < 0 || !ddp__nonneg_d(d->inject_comm_latency_ms) || !ddp__nonneg_d(d->inject_comm_gbps) ||
+        !ddp__nonneg_d(d->shutdown_timeout_s))
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: timeout_s, bucket_cap_mb, first_bucket_mb, "
                          "world_size, shutdown_timeout_s and the inject_comm fields must not be negative (or NaN)");
     /* a wait is a poll of int milliseconds: past ~24 days it would wrap into "forever" */
@@ -2693,15 +3092,59 @@ static ddp_result ddp__resolve_group(ddp_context *ctx) {
     return DDP_OK;
 }
 
+/* The message every flag or enum field out of range ends with: the usual cause is a struct
+   filled field by field, whose newer fields (zero = the old behaviour) hold stack garbage. */
+#define DDP__ZERO_INIT_HINT "an uninitialized field? zero-initialize the struct (= {0} or designated initializers) " \
+                            "and set only the fields you use"
+
+/* The descriptor as the program gave it, before the environment and the defaults touch it:
+   every flag is 0 or 1, every enum in range, no number NaN (found by its bits: under -ffast-math
+   NaN == 0 may hold, and a NaN would silently become the default). */
+static ddp_result ddp__desc_check_given(ddp_context *ctx, const ddp_desc *d) {
+    const struct { const char *name; int value, max; } f[] = {
+        { "backend", (int)d->backend, (int)DDP_BACKEND_MPI },      { "find_unused", d->find_unused, 1 },
+        { "skip_nonfinite", d->skip_nonfinite, 1 },                 { "log_level", (int)d->log_level, (int)DDP_LOG_OFF },
+        { "reduce_dtype", (int)d->reduce_dtype, (int)DDP_DTYPE_BF16 }, { "uneven_inputs", (int)d->uneven_inputs, (int)DDP_JOIN_DIVIDE_BY_ACTIVE },
+        { "shard_optimizer", d->shard_optimizer, 1 },               { "param_dtype", (int)d->param_dtype, (int)DDP_DTYPE_BF16 },
+        { "check_ready", d->check_ready, 1 },
+    };
+    const struct { const char *name; double value; } x[] = {
+        { "timeout_s", d->timeout_s }, { "bucket_cap_mb", d->bucket_cap_mb }, { "first_bucket_mb", d->first_bucket_mb },
+        { "inject_comm_latency_ms", d->inject_comm_latency_ms }, { "inject_comm_gbps", d->inject_comm_gbps },
+        { "shutdown_timeout_s", d->shutdown_timeout_s },
+    };
+    size_t i;
+    for (i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (f[i].value < 0 || f[i].value > f[i].max)
+            return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: %s %d is not %s%d: %s", f[i].name, f[i].value,
+                             f[i].max == 1 ? "0 or " : "in 0 .. ", f[i].max, DDP__ZERO_INIT_HINT);
+    for (i = 0; i < sizeof x / sizeof x[0]; i++)
+        if (!ddp__nonneg_d(x[i].value))
+            return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: %s is %g: must not be negative (or NaN); %s",
+                             x[i].name, x[i].value, DDP__ZERO_INIT_HINT);
+    if (d->cancel_token) {
+        int c = __atomic_load_n(&d->cancel_token->cancelled, __ATOMIC_ACQUIRE);
+        if (c != 0 && c != 1)
+            return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: cancel_token holds %d, neither 0 (not cancelled) "
+                             "nor 1 (cancelled): %s", c, DDP__ZERO_INIT_HINT);
+    }
+    return DDP_OK;
+}
+
 /* The descriptor as ddp_config() reports it: copied, environment, defaults, checked, the group
    resolved. The backend is chosen later (>>group), once the backends are defined. */
 static ddp_result ddp__resolve_desc(ddp_context *ctx, const ddp_desc *in) {
     ddp_result r;
+    if (in && (r = ddp__desc_check_given(ctx, in)) != DDP_OK) return r;
     if (in) ctx->desc = *in;
     if ((r = ddp__desc_from_env(ctx, &ctx->desc)) != DDP_OK) return r;
     ddp__desc_defaults(&ctx->desc);
     if ((r = ddp__desc_validate(ctx, &ctx->desc)) != DDP_OK) return r;
-    return ddp__resolve_group(ctx);
+    if ((r = ddp__resolve_group(ctx)) != DDP_OK) return r;
+    if (ctx->env_overrides[0] && ctx->rank == 0)   /* once a job: every rank reads the same environment */
+        ddp__log(ctx, DDP_LOG_WARN, "the environment overrides the program's settings (a DDP_* variable that is set wins): %s",
+                 ctx->env_overrides);
+    return DDP_OK;
 }
 
 /* --------------------------------------------------------------------------------------------
@@ -2915,6 +3358,8 @@ typedef struct ddp__kv { char *key; unsigned char *val; uint32_t vlen; } ddp__kv
 typedef struct ddp__conn {
     int fd, authed, waiting;       /* waiting: a GET parked until its key appears */
     int rank;                      /* as announced in HELLO */
+    int admitted;                  /* its claim to `rank` (ADD "claim/RANK", ddp__rendezvous): 0 not made
+                                      yet, 1 won, 2 refused (a duplicate: its hang-up is no rank's loss) */
     int challenged;                /* HELLO answered; its AUTH is due */
     unsigned char hello[DDP__HELLO_BYTES], nonce_s[DDP__NONCE_BYTES];
     unsigned char hdr[16];
@@ -3008,9 +3453,21 @@ static int ddp__conn_said_bye(ddp__store_server *s, int rank) {
     return ddp__kv_find(s, key) != NULL;
 }
 
+/* Whose loss a hang-up is: a connection speaks for its rank once its claim won, or before any
+   claim while no connection has won that rank (a rank dying between its handshake and its claim
+   is still a loss). A refused duplicate, or one that leaves before claiming a rank already held,
+   speaks for nobody: the job it tried to join goes on. */
+static int ddp__conn_speaks_for_rank(ddp__store_server *s, const ddp__conn *c) {
+    char key[32];
+    if (c->rank < 0 || c->admitted == 2) return 0;
+    if (c->admitted == 1) return 1;
+    snprintf(key, sizeof key, "claim/%d", c->rank);
+    return ddp__kv_find(s, key) == NULL;
+}
+
 static void ddp__conn_close(ddp__store_server *s, int i) {
     if (s->conns[i].authed && s->lost_rank < 0 && !__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE) &&
-        !ddp__conn_said_bye(s, s->conns[i].rank))
+        ddp__conn_speaks_for_rank(s, &s->conns[i]) && !ddp__conn_said_bye(s, s->conns[i].rank))
         s->lost_rank = s->conns[i].rank;
     if (s->conns[i].challenged && !s->conns[i].authed && !__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE))
         ddp__store_warn(s, DDP__WARN_TOKEN, "rendezvous store: a client announcing rank %d did not finish the "
@@ -3127,6 +3584,11 @@ static int ddp__serve_request(ddp__store_server *s, ddp__conn *c) {
         }
         snprintf(num, sizeof num, "%lld", cur + delta);
         if (ddp__kv_set(s, key, (const unsigned char *)num, (uint32_t)strlen(num))) return -1;
+        if (c->rank >= 0 && !c->admitted) {   /* this connection's claim to its rank: won or refused */
+            char mine[32];
+            snprintf(mine, sizeof mine, "claim/%d", c->rank);
+            if (!strcmp(key, mine)) c->admitted = cur + delta == 1 ? 1 : 2;
+        }
         return ddp__reply(s, c, DDP__REPLY_OK, num, (uint32_t)strlen(num));
     }
     case DDP__OP_GET: {
@@ -3271,7 +3733,8 @@ static int ddp__resolve(ddp_context *ctx, int port, struct addrinfo **out) {
     (void)ddp__net_init();   /* Windows: Winsock up before its resolver */
     rc = getaddrinfo(ctx->master_addr, port_s, &hints, out);
     if (rc) {
-        ddp__fail(ctx, DDP_ERR_NETWORK, "cannot resolve MASTER_ADDR '%s': %s", ctx->master_addr, gai_strerror(rc));
+        ddp__fail(ctx, DDP_ERR_NETWORK, "cannot resolve MASTER_ADDR '%s'%s%s: %s", ctx->master_addr,
+                  ctx->master_addr_from ? ", " : "", ctx->master_addr_from ? ctx->master_addr_from : "", gai_strerror(rc));
         return -1;
     }
     return 0;
@@ -3623,10 +4086,25 @@ static ddp_result ddp__store_connect_as(ddp_context *ctx, double deadline, int a
     ddp_result code = DDP_ERR_NETWORK;
     const char *addr = ctx->master_addr;
     int port = ctx->desc.master_port;
-    double waited = ctx->desc.timeout_s;
+    double waited = ctx->desc.timeout_s, refused_since = 0, next_warn = 0;
     if (ddp__resolve(ctx, ctx->desc.master_port, &ai)) return DDP_ERR_NETWORK;
     while ((rc = ddp__store_hello(ctx, ai, announce, deadline, fd_out, &why, &last_err, &code)) == 1 && ddp__now() < deadline) {
+        double now = ddp__now();
         if (ddp__cancel_requested(ctx)) { rc = -1; code = ddp__check_cancel(ctx, "the connection to rank 0's rendezvous store"); break; }
+        /* Refused: nothing listens. A rank 0 that died before it listened and one slow to start
+           look the same from here, so the wait goes on to the timeout; but it is said, after 10 s
+           (or half the timeout) and then every minute, so the lost time is not silent. */
+        if (why == DDP__HELLO_NO_CONNECT && last_err == ECONNREFUSED) {
+            if (refused_since == 0) {
+                refused_since = now;
+                next_warn = now + (ctx->desc.timeout_s / 2 < 10 ? ctx->desc.timeout_s / 2 : 10);
+            } else if (now >= next_warn) {
+                ddp__log(ctx, DDP_LOG_WARN, "nothing listens at %s:%d (MASTER_ADDR:MASTER_PORT): connection refused for "
+                         "%.1f s. Rank 0 has not started its store yet, or died before it did (a rank cannot tell "
+                         "which); waiting until timeout_s (%g s)", addr, port, now - refused_since, ctx->desc.timeout_s);
+                next_warn = now + 60;
+            }
+        } else refused_since = 0;
         ddp__usleep(20000);
     }
     freeaddrinfo(ai);
@@ -3787,7 +4265,7 @@ static ddp_result ddp__nonfinite(ddp_context *ctx, const float *grads, const ddp
         const ddp__param *p = &ctx->params[i];
         for (k = 0; k < p->count; k++) {
             float g = grads16 ? ddp__from_bf16(grads16[p->offset + k]) : grads[p->offset + k];
-            if (isfinite(g) || (ctx->desc.shard_optimizer && !ddp__holds(ctx, p->offset + k))) continue;
+            if ((grads16 ? ddp__finite_bf16(grads16[p->offset + k]) : ddp__finite_f(g)) || (ctx->desc.shard_optimizer && !ddp__holds(ctx, p->offset + k))) continue;
             if (ctx->desc.skip_nonfinite) {
                 if (ctx->rank == 0)
                     ddp__log(ctx, DDP_LOG_WARN, "optimizer step %lld skipped: the gradient of '%s' is %g at element "
@@ -3922,7 +4400,7 @@ static ddp_result ddp__adamw_prepare(ddp_context *ctx, const ddp_adamw *opt, flo
                                      float *grad_norm_out, ddp__adamw_now *now, int *skip) {
     *skip = 0;
     if (grad_norm_out) *grad_norm_out = (float)norm;
-    if (!isfinite(norm)) { *skip = 1; return ddp__nonfinite(ctx, ctx->flat_grads, ctx->grads_bf16, norm); }
+    if (!ddp__finite_d(norm)) { *skip = 1; return ddp__nonfinite(ctx, ctx->flat_grads, ctx->grads_bf16, norm); }
     now->clip = 1.0f;
     if (opt->max_grad_norm > 0 && norm > opt->max_grad_norm) now->clip = (float)(opt->max_grad_norm / (norm + 1e-6));
     ctx->adam_step++;
@@ -4656,7 +5134,7 @@ static unsigned char *ddp__grads_create(ddp_context *ctx, size_t bytes, ddp_resu
     const char *staged = getenv("DDP_STAGED_GRADS");
     unsigned char *seg = NULL;
     ctx->cpu->grads_name[0] = 0;
-    if (!staged || !strcmp(staged, "0")) {
+    if (!staged || !*staged || !strcmp(staged, "0")) {
         if (ddp__shm_new(ctx, ctx->cpu->grads_name, bytes, &seg) != DDP_OK) {
             seg = NULL;
             ddp__log(ctx, DDP_LOG_WARN, "%s; gradient buckets go through the staging slots instead (slower)",
@@ -5375,12 +5853,15 @@ static void *ddp__mpi_watchdog_main(void *arg) {
     pthread_mutex_lock(&m->lock);
     while (!m->watchdog_stop) {
         struct timespec ts;
-        double since, now;
+        double since, now = ddp__now();
         ddp_result r = DDP_OK;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 100 * 1000 * 1000;
         if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
         pthread_cond_timedwait(&m->watchdog_wake, &m->lock, &ts);
+        /* a wait of 0.1 s that took over DDP__STOPPED_GAP_S: the process was stopped (Ctrl-Z of
+           the whole job); that time is not the collective's (as the CPU backend's waits) */
+        if (m->busy_since > 0 && ddp__now() - now > DDP__STOPPED_GAP_S) m->busy_since += ddp__now() - now;
         if (m->watchdog_stop) break;
         since = m->busy_since;
         snprintf(msg, sizeof msg, "%s", m->busy_what);
@@ -5836,6 +6317,12 @@ static int ddp__watch_expired(const ddp__watch *w, double now, double timeout_s)
     return w->since > 0 && now - w->since > timeout_s;
 }
 
+/* The watchdog's 0.1 s wait took `slept` seconds: beyond DDP__STOPPED_GAP_S the process could not
+   run (stopped with the whole job by Ctrl-Z, say), and that time is not waiting for the peers. */
+static void ddp__watch_slept(ddp__watch *w, double slept) {
+    if (w->since > 0 && slept > DDP__STOPPED_GAP_S) w->since += slept;
+}
+
 /* Who may call NCCL on the communicator, and who frees it: the decisions of ddp__nccl_enter,
    _leave, _claim and ddp__gpu_abort, as plain logic (the callers hold the lock and make the
    NCCL call the answer asks for). tests/gpu/test_kernel_math_host.cu drives it without a GPU. */
@@ -6096,10 +6583,12 @@ static void *ddp__gpu_watchdog_main(void *arg) {
     while (!g->watchdog_stop) {
         struct timespec ts;
         ddp_result r;
+        double before = ddp__now();
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 100 * 1000 * 1000;
         if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
         pthread_cond_timedwait(&g->watchdog_wake, &g->lock, &ts);
+        ddp__watch_slept(&g->watch, ddp__now() - before);
         if (g->watchdog_stop || ddp__failed(ctx)) continue;
         r = ddp__gpu_inspect_locked(ctx, msg, sizeof msg);
         pthread_mutex_unlock(&g->lock);
@@ -6812,7 +7301,7 @@ static ddp_result ddp__gpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b
         ddp__gpu_diverged(ctx);
         norm = sqrt(g->state_host->norm_sq);
         if (grad_norm_out) *grad_norm_out = (float)norm;
-        if (!isfinite(norm)) {   /* the device skipped the step; name the culprit like the CPU does */
+        if (!ddp__finite_d(norm)) {   /* the device skipped the step; name the culprit like the CPU does */
             size_t es = ctx->grads_bf16 ? sizeof(ddp_bf16) : sizeof(float);
             void *host = DDP_MALLOC(ctx->flat_count * es + 1);
             if (!host) return ddp__fail(ctx, DDP_ERR_NONFINITE, "optimizer step %lld: the gradient norm is %g", ctx->adam_step + 1, norm);
@@ -7033,8 +7522,9 @@ static ddp_result ddp__choose_backend(ddp_context *ctx) {
         ddp__hostname(host, sizeof host);
         return ddp__fail(ctx, DDP_ERR_BAD_ENV, "the CPU backend needs every rank on one host, but "
                          "WORLD_SIZE=%d and LOCAL_WORLD_SIZE=%d: the job spans hosts (this rank on '%s', rank 0's "
-                         "store on MASTER_ADDR %s). What works: all %d ranks on one host (ddprun -n %d), or GPUs "
-                         "(the NCCL backend); ddp.h has no CPU backend across hosts yet", ctx->world,
+                         "store on MASTER_ADDR %s). What works: all %d ranks on one host (ddprun -n %d), GPUs "
+                         "(the NCCL backend), or the MPI backend for CPU ranks on several hosts (a build by mpicc "
+                         "-DDDP_MPI, started by mpirun or srun --mpi=pmix)", ctx->world,
                          ctx->local_world, host, ctx->master_addr, ctx->world, ctx->world);
     }
     ctx->be = &ddp__cpu_backend;
@@ -7044,22 +7534,41 @@ static ddp_result ddp__choose_backend(ddp_context *ctx) {
 
 /* Every rank announces itself; each then waits for all the others and checks they agree. */
 static ddp_result ddp__rendezvous(ddp_context *ctx, double deadline) {
-    char key[64], info[128], num[8];
+    char key[64], info[400], num[8], host[256] = "?";
     unsigned char *reply;
     uint32_t len = 0, status = 0;
     int s, found;
     ddp_result r;
     if (!(ctx->peer_pids = (int *)ddp__calloc(sizeof(int) * (size_t)ctx->world)))
         return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %d ranks", ctx->world);
+    ddp__hostname(host, sizeof host);
     snprintf(key, sizeof key, "claim/%d", ctx->rank);
     r = ddp__store_request(ctx, DDP__OP_ADD, key, "1", 1, &reply, &len, &status, 0);
     if (r != DDP_OK) return r;
     snprintf(num, sizeof num, "%.7s", (const char *)reply);
     DDP_FREE(reply);
-    if (strcmp(num, "1"))
-        return ddp__fail(ctx, DDP_ERR_BAD_ENV, "two processes of this job were started as rank %d", ctx->rank);
+    if (strcmp(num, "1")) {
+        /* Refused: the store does not count this connection for the rank (>>store), so the job
+           goes on. Say who holds the rank: the winner publishes rank/R right after its claim. */
+        int holder_pid = 0;
+        char holder_host[256] = "?";
+        snprintf(key, sizeof key, "rank/%d", ctx->rank);
+        found = 0;
+        if (ddp__store_get(ctx, key, ddp__now() + (ctx->desc.timeout_s < 2 ? ctx->desc.timeout_s : 2), &reply, &len,
+                           &found) == DDP_OK && found) {
+            sscanf((const char *)reply, "%*d %d %255s", &holder_pid, holder_host);
+            DDP_FREE(reply);
+        }
+        if (holder_pid > 0)
+            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "two processes of this job were started as rank %d: pid %d on host "
+                             "'%s' holds it, this one (pid %d on '%s') was refused and the job goes on without it "
+                             "(check RANK, or the launcher)", ctx->rank, holder_pid, holder_host, ddp__getpid(), host);
+        return ddp__fail(ctx, DDP_ERR_BAD_ENV, "two processes of this job were started as rank %d: another process "
+                         "claimed it first (it did not say which in time), this one (pid %d on '%s') was refused "
+                         "(check RANK, or the launcher)", ctx->rank, ddp__getpid(), host);
+    }
     snprintf(key, sizeof key, "rank/%d", ctx->rank);
-    snprintf(info, sizeof info, "%d %d", ctx->world, ddp__getpid());
+    snprintf(info, sizeof info, "%d %d %s", ctx->world, ddp__getpid(), host);
     if ((r = ddp__store_set(ctx, key, info, strlen(info))) != DDP_OK) return r;
     for (s = 0; s < ctx->world; s++) {
         int world = 0, pid = 0;
@@ -7189,7 +7698,11 @@ static ddp_result ddp__shutdown(ddp_context *ctx) {
     if (ctx->store_fd >= 0 && r == DDP_OK && !ddp__failed(ctx)) {   /* every rank is here: hanging up is no death */
         char bye[32];
         snprintf(bye, sizeof bye, "bye/%d", ctx->rank);
-        (void)ddp__store_set(ctx, bye, "1", 1);   /* a failure here is the close below, as before */
+        /* every rank passed the barrier: rank 0 may have closed its store already, which is no
+           failure, and not logged even at debug (the context is freed below: nothing reads it) */
+        ctx->quiet = 1;
+        (void)ddp__store_set(ctx, bye, "1", 1);
+        ctx->quiet = 0;
     }
     if (ctx->store_fd >= 0) ddp__sock_close(ctx->store_fd);
     ctx->store_fd = -1;   /* a late poison must not write to a reused descriptor */
@@ -7449,6 +7962,31 @@ static ddp_result ddp__ready_check_alloc(ddp_context *ctx) {
     return DDP_OK;
 }
 
+/* DDP_LOG=info: the bucket plan, once (rank 0; every rank has the same), so a program can see
+   which gradients travel together and in which order. */
+static void ddp__log_plan(ddp_context *ctx) {
+    int b, shown = 0;
+    size_t elem = ctx->desc.param_dtype == DDP_DTYPE_BF16 ? sizeof(ddp_bf16) : sizeof(float);
+    if (ctx->rank != 0 || ctx->desc.log_level > DDP_LOG_INFO) return;
+    ddp__log(ctx, DDP_LOG_INFO, "bucket plan: %d parameter(s), %zu floats (%.3f MiB of %s gradients, parameters "
+             "on %d-float boundaries) in %d bucket(s) (first_bucket_mb %g, bucket_cap_mb %g); launched in this order, "
+             "each as soon as its last parameter is ready, in reverse registration order:", ctx->num_params,
+             ctx->flat_count, (double)(ctx->flat_count * elem) / 1048576.0, elem == 2 ? "bf16" : "fp32",
+             DDP_PARAM_ALIGN_FLOATS, ctx->num_buckets, ctx->desc.first_bucket_mb, ctx->desc.bucket_cap_mb);
+    for (b = 0; b < ctx->num_buckets && shown < 32; b++, shown++) {
+        const ddp__bucket *k = &ctx->buckets[b];
+        int n = k->last_param - k->first_param + 1;
+        ddp__log(ctx, DDP_LOG_INFO, "  bucket %d: %.3f MiB, floats [%zu, %zu), %d parameter(s): '%s'%s%s%s", b,
+                 (double)(k->count * elem) / 1048576.0, k->offset, k->offset + k->count, n, ctx->params[k->last_param].name,
+                 n > 1 ? " .. '" : "", n > 1 ? ctx->params[k->first_param].name : "", n > 1 ? "'" : "");
+    }
+    if (b < ctx->num_buckets) ddp__log(ctx, DDP_LOG_INFO, "  ... and %d more bucket(s)", ctx->num_buckets - b);
+    if (ctx->num_buckets == 1 && ctx->world > 1)
+        ddp__log(ctx, DDP_LOG_INFO, "one bucket holds every gradient: its average can begin only when the last "
+                 "parameter is ready, so no communication overlaps the backward (right for a small model; a smaller "
+                 "first_bucket_mb / bucket_cap_mb splits it)");
+}
+
 /* The layout (parameters on 16-float boundaries), the backend's flat buffers, the buckets, the
    check that every rank registered the same, then the backend's own commit. */
 static ddp_result ddp__commit(ddp_context *ctx) {
@@ -7474,6 +8012,7 @@ static ddp_result ddp__commit(ddp_context *ctx) {
         return ddp__fatal(ctx, r);
     if (ctx->desc.check_ready && (r = ddp__ready_check_alloc(ctx)) != DDP_OK) return r;
     ctx->committed = 1;
+    ddp__log_plan(ctx);
     return DDP_OK;
 }
 
@@ -7526,6 +8065,8 @@ static ddp_result ddp__begin_step(ddp_context *ctx) {
         if (r != DDP_OK) return r;
     }
     ctx->in_step = 1;
+    ctx->ready_moment = 0;
+    ctx->first_launch_moment = -1;
     ctx->step_start = ddp__now();
     memset(&ctx->stats, 0, sizeof ctx->stats);
     for (i = 0; i < ctx->num_buckets; i++)
@@ -7556,11 +8097,16 @@ static ddp_result ddp__ready_check_all(ddp_context *ctx) {
         ddp__param *p = &ctx->params[i];
         if (p->ready_copied && ddp__ready_check(ctx, p, 0) && !changed) changed = p;
     }
-    if (changed)
+    if (changed && ctx->tape_step)
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "check_ready: the gradient of '%s' changed after it was marked "
                          "ready (an op replayed later wrote it). List a parameter on the FIRST op recorded that uses "
                          "it (its backward runs last); with several ranks its bucket would have been averaged before "
                          "that write", changed->name);
+    if (changed)   /* the program's own backward: no tape, no ops */
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "check_ready: the gradient of '%s' changed after ddp_grad_ready "
+                         "marked it ready: call ddp_grad_ready for a parameter only once your backward has finished "
+                         "writing its gradient (every use of the parameter added in); with several ranks its bucket "
+                         "would have been averaged before that write", changed->name);
     return DDP_OK;
 }
 
@@ -7571,17 +8117,27 @@ static ddp_result ddp__grad_ready(ddp_context *ctx, int id) {
         return ddp__fail_group(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_grad_ready: no parameter has id %d", id);
     if ((r = ddp__begin_step(ctx)) != DDP_OK) return r;
     p = &ctx->params[id];
-    if (p->ready)
+    if (!ctx->tape_step) ctx->ready_moment++;   /* the tape counts its ops instead */
+    if (p->ready && ctx->tape_step)
         return ddp__fail_group(ctx, DDP_ERR_DOUBLE_READY, "the gradient of '%s' was marked ready twice in "
                                "one backward (list a parameter only with the op whose backward finishes it; or the "
                                "tape holds two forwards: one whose ddp_backward never ran, which ddp_tape_reset drops)",
                                p->name);
+    if (p->ready)
+        return ddp__fail_group(ctx, DDP_ERR_DOUBLE_READY, "ddp_grad_ready('%s') was called twice in one backward: call "
+                               "it once a step for each parameter, when its gradient is final (then ddp_finish ends "
+                               "the backward)", p->name);
     p->ready = 1;
     p->touched = 1;
     if (ctx->ready_copy) ddp__ready_check(ctx, p, 1);
     if (--ctx->buckets[p->bucket].pending == 0) {
         if (ctx->tl_main) { double t = ddp__now(); ddp__record(ctx, ctx->tl_main, DDP__EV_READY, t, t, p->bucket, 0); }
-        return ddp__launch_ready(ctx);
+        r = ddp__launch_ready(ctx);
+        if (ctx->first_launch_moment < 0 && ctx->next_launch > 0) {
+            ctx->first_launch_moment = ctx->ready_moment;
+            ctx->first_launch_time = ddp__now();
+        }
+        return r;
     }
     return DDP_OK;
 }
@@ -7609,9 +8165,15 @@ static ddp_result ddp__handle_unused(ddp_context *ctx) {
             len += (size_t)snprintf(names + len, sizeof names - len, "%s'%s'", len ? ", " : "", p->name);
     }
     if (unused > 8) snprintf(names + len, sizeof names - len, " and %d more", unused - 8);
-    if (unused)
+    if (unused && ctx->tape_step)
         return ddp__fail_group(ctx, DDP_ERR_UNUSED_PARAMETER, "%d parameter(s) got no gradient in this "
-                                         "backward: %s (set find_unused in ddp_desc if that is intended)", unused, names);
+                                         "backward: %s (no op recorded on the tape listed them; set find_unused in "
+                                         "ddp_desc if that is intended)", unused, names);
+    if (unused)   /* the program's own backward */
+        return ddp__fail_group(ctx, DDP_ERR_UNUSED_PARAMETER, "%d parameter(s) were never marked ready "
+                               "(ddp_grad_ready) in this backward: %s. Every parameter must be marked ready every "
+                               "step, once its gradient is final (set find_unused in ddp_desc if some legitimately "
+                               "get no gradient)", unused, names);
     return DDP_OK;
 }
 
@@ -7619,11 +8181,50 @@ static void ddp__end_step(ddp_context *ctx) {
     int i;
     for (i = 0; i < ctx->num_params; i++) ctx->params[i].ready = 0;
     ctx->in_step = 0;
+    ctx->tape_step = 0;
     ctx->tl_step++;
     ctx->stats.step = ctx->tl_step;
     /* NCCL: a synchronizing step's times arrive later, from its events (be->stats) */
     if (!ctx->be->stats_later || !ctx->sync_enabled) ctx->last_stats = ctx->stats;
     ddp__progress_step(ctx);
+}
+
+/* A synchronizing backward whose first bucket was complete only at its last moment (the last
+   tape op, or the last ddp_grad_ready call) overlapped no communication: say so once, with the
+   usual causes. ddp.h cannot see the backward's compute, so "moment" is what it can count. Ready
+   calls made back to back count as several moments: without a tape, a first bucket complete
+   under 2% of the step (the time since the last ddp_finish, 1 ms or more) before this
+   ddp_finish is said too, as measured. */
+static void ddp__overlap_check(ddp_context *ctx) {
+    double now, window, cycle;
+    if (ctx->overlap_warned || ctx->join_shadow || ctx->world < 2 || ctx->num_buckets < 2 || ctx->ready_moment < 2) return;
+    if (ctx->first_launch_moment >= 0 && ctx->first_launch_moment < ctx->ready_moment) {
+        if (ctx->tape_step || ctx->progress_last_finish <= 0) return;
+        now = ddp__now();
+        window = now - ctx->first_launch_time;
+        cycle = now - ctx->progress_last_finish;
+        if (cycle < 1e-3 || window >= 0.02 * cycle) return;
+        ctx->overlap_warned = 1;
+        if (ctx->rank == 0)
+            ddp__log(ctx, DDP_LOG_WARN, "the first gradient bucket was complete only %.3f ms before ddp_finish, in a "
+                     "step of %.1f ms since the last ddp_finish (step %lld): almost no communication overlapped the "
+                     "backward. Were the ddp_grad_ready calls made back to back after the backward? Call each as soon "
+                     "as your backward has finished that gradient, the parameters registered last first (README.md, "
+                     "\"Your own autograd\")", 1e3 * window, 1e3 * cycle, (long long)ctx->tl_step + 1);
+        return;
+    }
+    ctx->overlap_warned = 1;
+    if (ctx->rank != 0) return;   /* the ranks run the same program: one says it */
+    ddp__log(ctx, DDP_LOG_WARN, "no gradient bucket was complete before the backward's last %s (step %lld): all %d "
+             "buckets (%.2f MiB) were averaged after it, none while it ran. Buckets complete in reverse registration "
+             "order (bucket 0 holds the last parameters registered): %s. A tensor that stacks every layer (all layers' "
+             "weights of one kind in one parameter) is final only when the backward ends: register one slice per layer "
+             "instead (README.md, \"Memory layout and overlap\"). DDP_LOG=info prints the bucket plan",
+             ctx->tape_step ? "op" : "ddp_grad_ready call", (long long)ctx->tl_step + 1, ctx->num_buckets,
+             (double)ctx->flat_count * sizeof(float) / 1048576.0,
+             ctx->tape_step ? "the op replayed first (recorded last) should list the parameters registered last"
+                            : "call ddp_grad_ready as soon as a gradient is final, the parameters registered last "
+                              "first (register them in the order the forward uses them)");
 }
 
 static ddp_result ddp__finish(ddp_context *ctx) {
@@ -7633,6 +8234,7 @@ static ddp_result ddp__finish(ddp_context *ctx) {
     t_wait = ddp__now();
     ctx->stats.backward_ms = 1e3 * (t_wait - ctx->step_start);
     if (ctx->sync_enabled) {
+        ddp__overlap_check(ctx);
         if ((r = ddp__handle_unused(ctx)) != DDP_OK) return r;
         if ((r = ddp__launch_ready(ctx)) != DDP_OK) return r;
         r = ctx->be->finish(ctx, t_wait);
@@ -7726,6 +8328,7 @@ static ddp_result ddp__backward(ddp_context *ctx) {
                          "last ddp_backward (called twice for one forward?); record each op's backward with "
                          "ddp_tape_record, or use ddp_grad_ready and ddp_finish");
     if ((r = ddp__begin_step(ctx)) != DDP_OK) { ddp__tape_reset(ctx); return r; }
+    ctx->tape_step = 1;
     if (ctx->tl_main && ctx->tape_len && ctx->forward_start != 0)
         ddp__record(ctx, ctx->tl_main, DDP__EV_FORWARD, ctx->forward_start, ctx->step_start, -1, 0);
     for (i = ctx->tape_len - 1; i >= 0 && r == DDP_OK; i--) {
@@ -7734,6 +8337,7 @@ static ddp_result ddp__backward(ddp_context *ctx) {
         int n = op->num_ids;
         double t0 = ctx->tl_main ? ddp__now() : 0;
         op->fn(ctx->tape_arena + op->args_offset);
+        ctx->ready_moment++;
         if (ctx->tl_main) ddp__tl_record_op(ctx, op, i, t0);
         for (k = 0; k < n && r == DDP_OK; k += 64) {
             int j, m = n - k < 64 ? n - k : 64;
@@ -7762,15 +8366,30 @@ static ddp_result ddp__zero_grad(ddp_context *ctx) {
 /* A step takes averaged gradients: a ddp_finish with sync on since the last step, at every world
    size (so that a program tried on one rank finds the mistake before it costs a multi-rank run).
    Without it the ranks would step on their own gradients and drift apart, every call "ok". */
-static ddp_result ddp__check_averaged(ddp_context *ctx) {
+static ddp_result ddp__check_averaged(ddp_context *ctx, const char *call) {
     if (ctx->join_pending)
-        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_adamw_step after a backward with gradient sync off "
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s after a backward with gradient sync off "
                          "(ddp_set_sync(ddp, 0)): these gradients are this rank's alone; turn sync on "
-                         "(ddp_set_sync(ddp, 1)) before the last micro-batch's backward");
+                         "(ddp_set_sync(ddp, 1)) before the last micro-batch's backward", call);
     if (!ctx->grads_averaged)
-        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_adamw_step with no ddp_backward or ddp_finish since the "
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s with no ddp_backward or ddp_finish since the "
                          "last step (or since ddp_commit): the gradients were never averaged across ranks; run the "
-                         "backward (ddp_backward, or ddp_grad_ready for each parameter and ddp_finish) first");
+                         "backward (ddp_backward, or ddp_grad_ready for each parameter and ddp_finish) first", call);
+    return DDP_OK;
+}
+
+/* The program's own optimizer keeps the guard ddp_adamw_step has: its step takes averaged
+   gradients, each average once. Sharded, only this rank's part was averaged: refused. */
+static ddp_result ddp__consume_grads(ddp_context *ctx) {
+    ddp_result r;
+    if (ctx->in_step)
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_consume_grads while a backward is in flight (call ddp_finish first)");
+    if (ctx->desc.shard_optimizer && ctx->world > 1)
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_consume_grads with shard_optimizer: only this rank's part of "
+                         "each bucket holds the average, so the program's own optimizer cannot step on ddp_flat_grads; "
+                         "use ddp_adamw_step, or turn shard_optimizer off");
+    if ((r = ddp__check_averaged(ctx, "ddp_consume_grads")) != DDP_OK) return r;
+    ctx->grads_averaged = 0;   /* the next step needs the next backward's averages */
     return DDP_OK;
 }
 
@@ -7781,15 +8400,24 @@ static ddp_result ddp__adamw_step(ddp_context *ctx, const ddp_adamw *opt, float 
     if (ctx->in_step)
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_adamw_step while a backward is in flight (call ddp_finish first)");
     if (!opt) return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_adamw_step needs options (a ddp_adamw)");
+    if (opt->as_given != 0 && opt->as_given != 1)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_adamw.as_given is %d, not 0 or 1: %s", opt->as_given,
+                         DDP__ZERO_INIT_HINT);
+    /* NaN by bits first: under -ffast-math NaN != 0 may be false, and a NaN would become the default */
+    if (!ddp__finite_d(opt->beta1) || !ddp__finite_d(opt->beta2) || !ddp__finite_d(opt->eps))
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_adamw: beta1=%g beta2=%g eps=%g: not finite numbers (%s)",
+                         opt->beta1, opt->beta2, opt->eps, DDP__ZERO_INIT_HINT);
     b1 = opt->beta1 != 0 || opt->as_given ? opt->beta1 : 0.9f;
     b2 = opt->beta2 != 0 || opt->as_given ? opt->beta2 : 0.999f;
     eps = opt->eps != 0 || opt->as_given ? opt->eps : 1e-8f;
-    if (!(opt->lr >= 0) || !(b1 >= 0 && b1 < 1) || !(b2 >= 0 && b2 < 1) || !(eps >= 0) ||
-        !(opt->weight_decay >= 0) || !(opt->max_grad_norm >= 0))
+    if (!ddp__nonneg_d(opt->lr) || !ddp__nonneg_d(b1) || !(b1 < 1) || !ddp__nonneg_d(b2) || !(b2 < 1) ||
+        !ddp__nonneg_d(eps) || !ddp__nonneg_d(opt->weight_decay) || !ddp__nonneg_d(opt->max_grad_norm) ||
+        !ddp__finite_d(opt->lr) || !ddp__finite_d(eps) || !ddp__finite_d(opt->weight_decay) ||
+        !ddp__finite_d(opt->max_grad_norm))
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_adamw: lr=%g beta1=%g beta2=%g eps=%g weight_decay=%g "
-                         "max_grad_norm=%g out of range (lr, eps, weight_decay, max_grad_norm >= 0; betas in [0, 1))",
+                         "max_grad_norm=%g out of range (lr, eps, weight_decay, max_grad_norm finite and >= 0; betas in [0, 1))",
                          opt->lr, b1, b2, eps, opt->weight_decay, opt->max_grad_norm);
-    if ((r = ddp__check_averaged(ctx)) != DDP_OK) return r;
+    if ((r = ddp__check_averaged(ctx, "ddp_adamw_step")) != DDP_OK) return r;
     t0 = ddp__now();
     ctx->grads_averaged = 0;   /* the next step needs the next backward's averages */
     r = ctx->be->adamw(ctx, opt, b1, b2, eps, grad_norm_out);
@@ -8909,11 +9537,13 @@ static int ddp__valid_id(ddp_context *ctx, int id, const char *call) {
 static int ddp__dtype_is(ddp_context *ctx, ddp_dtype want, const char *call) {
     if (!ctx || ctx->desc.param_dtype == want) return 1;
     if (want == DDP_DTYPE_BF16)
-        ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s: the parameters are fp32 (param_dtype DDP_DTYPE_FP32), there "
-                  "is no bf16 copy; use ddp_param / ddp_grad, or set param_dtype = DDP_DTYPE_BF16 on every rank", call);
+        ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s: the parameters are fp32 (param_dtype DDP_DTYPE_FP32%s), there "
+                  "is no bf16 copy; use ddp_param / ddp_grad, or set param_dtype = DDP_DTYPE_BF16 on every rank", call,
+                  ddp__env_set("DDP_PARAM_DTYPE") ? ", from DDP_PARAM_DTYPE" : "");
     else
-        ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s: the parameters are bf16 (param_dtype DDP_DTYPE_BF16): use "
-                  "ddp_param_bf16 / ddp_grad_bf16 (the fp32 master is ddp_flat_params, to read)", call);
+        ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s: the parameters are bf16 (param_dtype DDP_DTYPE_BF16%s): use "
+                  "ddp_param_bf16 / ddp_grad_bf16 (the fp32 master is ddp_flat_params, to read)", call,
+                  ddp__env_set("DDP_PARAM_DTYPE") ? ", from DDP_PARAM_DTYPE, which wins over the program's setting" : "");
     return 0;
 }
 float *ddp_param(ddp_context *ctx, int id) {
@@ -9015,6 +9645,11 @@ ddp_step_stats ddp_last_step_stats(const ddp_context *ctx) {
 ddp_result ddp_adamw_step(ddp_context *ctx, const ddp_adamw *opt, float *grad_norm_out) {
     ddp_result r = ddp__usable(ctx, 1, "ddp_adamw_step");
     return r != DDP_OK ? r : ddp__adamw_step(ctx, opt, grad_norm_out);
+}
+
+ddp_result ddp_consume_grads(ddp_context *ctx) {
+    ddp_result r = ddp__usable(ctx, 1, "ddp_consume_grads");
+    return r != DDP_OK ? r : ddp__consume_grads(ctx);
 }
 
 ddp_result ddp_adamw_state(ddp_context *ctx, float **m, float **v, int64_t **step) {
@@ -9141,6 +9776,11 @@ static ddp_result ddp__sampler_valid(const ddp_sampler *s, const char *call) {
     if (!s) return ddp__no_context(DDP_ERR_INVALID_ARGUMENT, call, "the sampler is NULL");
     if (s->n == 0) {
         snprintf(why, sizeof why, "rank %d: the sampler's dataset is empty (n = 0)", s->rank);
+        return ddp__no_context(DDP_ERR_INVALID_ARGUMENT, call, why);
+    }
+    if ((s->shuffle != 0 && s->shuffle != 1) || (s->drop_last != 0 && s->drop_last != 1)) {
+        snprintf(why, sizeof why, "ddp_sampler.%s is %d, not 0 or 1: %s", s->shuffle != 0 && s->shuffle != 1 ? "shuffle" : "drop_last",
+                 s->shuffle != 0 && s->shuffle != 1 ? s->shuffle : s->drop_last, DDP__ZERO_INIT_HINT);
         return ddp__no_context(DDP_ERR_INVALID_ARGUMENT, call, why);
     }
     if (s->world < 1) {

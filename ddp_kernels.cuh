@@ -263,33 +263,55 @@ static __global__ void ddp_k__adamw_scalar(float *p, const float *g, float *m, f
                          state->step_size, state->bc2_sqrt);
 }
 
-/* bf16 parameters: the step on the fp32 master, the working copy rounded from it in the same pass. */
+/* bf16 parameters, element i: the step on the fp32 master, the working copy rounded from it in
+   the same pass. Returns 1 when the working copy was not the master rounded before the step. */
+static __host__ __device__ __forceinline__ int ddp_k__adamw_bf16_at(float *p, uint16_t *w, const uint16_t *g, float *m, float *v,
+                                                                    size_t i, const unsigned char *no_decay,
+                                                                    const ddp_k__adamw_consts &c, float clip, float step_size,
+                                                                    float bc2_sqrt) {
+    float pi = p[i], mi = m[i], vi = v[i];
+    int diverged = w[i] != ddp_k__to_bf16(pi);
+    ddp_k__adamw_one(pi, ddp_k__from_bf16(g[i]), mi, vi, ddp_k__decay_on(no_decay, i), c, clip, step_size, bc2_sqrt);
+    p[i] = pi; m[i] = mi; v[i] = vi;
+    w[i] = ddp_k__to_bf16(pi);
+    return diverged;
+}
+
 static __global__ void ddp_k__adamw_bf16_kernel(float *p, uint16_t *w, const uint16_t *g, float *m, float *v, size_t n,
                                                 const unsigned char *no_decay, ddp_k__adamw_consts c,
                                                 ddp_k_adamw_state *state) {
     size_t i;
     unsigned long long diverged = 0;
     if (state->skip) return;
-    for (i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float pi = p[i], mi = m[i], vi = v[i];
-        diverged += w[i] != ddp_k__to_bf16(pi);
-        ddp_k__adamw_one(pi, ddp_k__from_bf16(g[i]), mi, vi, ddp_k__decay_on(no_decay, i), c, state->clip, state->step_size,
-                         state->bc2_sqrt);
-        p[i] = pi; m[i] = mi; v[i] = vi;
-        w[i] = ddp_k__to_bf16(pi);
-    }
+    for (i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        diverged += ddp_k__adamw_bf16_at(p, w, g, m, v, i, no_decay, c, state->clip, state->step_size, state->bc2_sqrt);
     if (diverged) atomicAdd(&state->diverged, diverged);   /* rare: a program's mistake */
 }
 
 /* The step scalars, in double as ddp.h's CPU step computes them (pow and sqrt of the host's
    libm on the host, CUDA's on the device). */
+/* NaN/Inf by the exponent bits, not isfinite(): no fast-math flag (--use_fast_math, the host
+   compiler's -ffast-math) may fold this check away (ddp.h's ddp__finite_d says why). */
+static __host__ __device__ __forceinline__ int ddp_k__finite_d(double x) {
+#ifdef __CUDA_ARCH__
+    unsigned long long u = (unsigned long long)__double_as_longlong(x);
+#else
+    unsigned long long u;
+    memcpy(&u, &x, sizeof u);
+#if defined(__GNUC__)
+    __asm__("" : "+r"(u));
+#endif
+#endif
+    return (u & 0x7ff0000000000000ull) != 0x7ff0000000000000ull;
+}
+
 static __host__ __device__ __forceinline__ void ddp_k__adamw_prepare_one(ddp_k_adamw_state *s, const double *norm_sq,
                                                                          float max_grad_norm, float lr, float beta1,
                                                                          float beta2) {
     double norm;
     s->norm_sq = norm_sq ? *norm_sq : 0.0;
     norm = sqrt(s->norm_sq);
-    s->skip = !isfinite(norm);
+    s->skip = !ddp_k__finite_d(norm);
     if (s->skip) { s->skipped++; return; }
     s->clip = 1.0f;
     if (max_grad_norm > 0 && norm > (double)max_grad_norm) s->clip = (float)((double)max_grad_norm / (norm + 1e-6));
@@ -412,10 +434,13 @@ static __global__ void ddp_k__scale(float *x, size_t n, float factor) {
     size_t i;
     for (i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) x[i] *= factor;
 }
+static __host__ __device__ __forceinline__ uint16_t ddp_k__scale_bf16_one(uint16_t x, float factor) {
+    return ddp_k__to_bf16(ddp_k__mul(ddp_k__from_bf16(x), factor));
+}
 static __global__ void ddp_k__scale_bf16(uint16_t *x, size_t n, float factor) {
     size_t i;
     for (i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        x[i] = ddp_k__to_bf16(ddp_k__mul(ddp_k__from_bf16(x[i]), factor));
+        x[i] = ddp_k__scale_bf16_one(x[i], factor);
 }
 static __global__ void ddp_k__fill(float *x, size_t n, float value) {
     size_t i;
@@ -612,6 +637,22 @@ static inline void ddp_k__adamw_host(float *p, const float *g, float *m, float *
     for (i = done; i < n; i++)
         ddp_k__adamw_one(p[i], g[i], m[i], v[i], ddp_k__decay_on(no_decay, i), c, state->clip, state->step_size,
                          state->bc2_sqrt);
+}
+
+/* ddp_k_adamw_bf16 and ddp_k_scale_bf16 on the host: the kernels' element functions over every
+   element (elements are independent: any order gives the kernels' bits). */
+static inline void ddp_k__adamw_bf16_host(float *p, uint16_t *w, const uint16_t *g, float *m, float *v, size_t n,
+                                          const unsigned char *no_decay, float lr, float beta1, float beta2, float eps,
+                                          float weight_decay, ddp_k_adamw_state *state) {
+    ddp_k__adamw_consts c = ddp_k__adamw_make_consts(lr, beta1, beta2, eps, weight_decay);
+    size_t i;
+    if (state->skip) return;
+    for (i = 0; i < n; i++)
+        state->diverged += ddp_k__adamw_bf16_at(p, w, g, m, v, i, no_decay, c, state->clip, state->step_size, state->bc2_sqrt);
+}
+static inline void ddp_k__scale_bf16_host(uint16_t *x, size_t n, float factor) {
+    size_t i;
+    for (i = 0; i < n; i++) x[i] = ddp_k__scale_bf16_one(x[i], factor);
 }
 
 /* ddp_k__block_sum's order: at each level t += t + stride, strides halving. */

@@ -80,6 +80,7 @@ def main():
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--tf32", action="store_true", help="cuda: TF32 tensor-core matmuls (default: fp32)")
     ap.add_argument("--bf16", action="store_true", help="cuda: bf16 autocast around forward and loss (default: fp32)")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model (default: eager)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
@@ -94,6 +95,8 @@ def main():
     torch.manual_seed(1337)
     model = GPT(a.layers, a.heads, a.dim, a.seq).to(device)
     model.mask = model.mask.to(device)
+    if a.compile:   # the step's first calls compile (untimed with --skip >= 2)
+        model = torch.compile(model)
     if world > 1:
         torch.distributed.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
         model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
@@ -123,7 +126,7 @@ def main():
     if rank == 0:   # the median step time, like bench_gpt.sh reads ours
         print("torch tokens/s %.0f (%d rank(s), median of %d steps, %.1f ms, loss %.3f, %s%s)"
               % (world * a.batch * a.seq / median, world, len(timed), 1e3 * median, loss.item(), device,
-                 ", tf32" if a.tf32 else ", bf16 autocast" if a.bf16 else ""))
+                 (", tf32" if a.tf32 else ", bf16 autocast" if a.bf16 else "") + (", torch.compile" if a.compile else "")))
     if world > 1:
         torch.distributed.destroy_process_group()
 

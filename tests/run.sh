@@ -41,10 +41,20 @@ run "overlap, 2 ranks" "$B/ddprun" -n 2 "$B/test_overlap"
 run "timeline" tests/test_timeline.sh "$B"
 run "svg tools" tests/test_svg_tools.sh
 run "failures" tests/test_failures.sh "$B"
+run "DDP_* variables through the GPT trainer: a variable that is set wins, overrides said, invalid values refused" tests/test_env.sh "$B"
 run "ddprun" tests/test_ddprun.sh "$B/ddprun"
 run "ranks on several namespace hosts (tools/hosts.sh): own /dev/shm, stranger refused, CPU backend refused, NCCL set-up, a host killed or cut off" tests/test_hosts.sh "$B"
 run "the MPI backend on 2 namespace hosts (mpirun): equivalence hierarchical and flat, collectives, GPT, ddprun refused, a host killed or cut off" tests/test_mpi_hosts.sh "$B"
+run "Slurm on 2 namespace hosts (slurmctld, slurmd, munged): srun CPU and MPI (PMIx), equivalence, GPT, two steps at once, the sbatch example, scancel, a node killed" tests/test_slurm.sh "$B"
 run "minimal example, 2 ranks" "$B/ddprun" -n 2 "$B/minimal"
+# -Ofast builds keep the NaN guard (non-finite found by bits): gcc and clang, a NaN/Inf in one rank
+for cc in gcc clang; do
+    if [ -x "$B/test_fastmath_$cc" ]; then run "NaN guard under $cc -Ofast, 2 ranks" "$B/ddprun" -n 2 "$B/test_fastmath_$cc"
+    else echo "SKIP fastmath_$cc: $B/test_fastmath_$cc not built (no $cc)"; skipped=$((skipped + 1)); fi
+done
+run "public structs with garbage in a flag, enum or number field: refused, zero-initialize" "$B/test_structs"
+run "own autograd (no tape): its error words, ddp_consume_grads, bucket plan, no-overlap warning, 2 ranks" "$B/ddprun" -n 2 "$B/test_own_path"
+run "own-autograd example: 2 ranks = 1 rank at 2x batch, accumulation, stacked tensor, own optimizer and AdamW; ddprun lines" tests/test_own_autograd.sh "$B"
 # Checkpoints (ddp_save / ddp_load): saved on 2 ranks, loaded on 3, 1 and 2; refusals; another model.
 # ZeRO-1 (ddp_desc.shard_optimizer): the *-sharded phases SKIP until ddp.h has it and the build
 # defines DDP_HAS_SHARD_OPTIMIZER; then: the unsharded checkpoint loaded sharded on 3 ranks, and
@@ -81,6 +91,7 @@ run "NCCL backend on a fake GPU (tests/fakegpu): training = CPU backend, collect
 run "bf16 parameters, fp32 master: float64 reference, CPU = NCCL on the fake GPU, sharded, checkpoints" "$B/test_bf16_params"
 # The GPU kernels' arithmetic on the host: built wherever nvcc is, needs no GPU.
 if [ -x "$B/gpu/test_kernel_math_host" ]; then run "gpu kernel math on the host" "$B/gpu/test_kernel_math_host"; fi
+if [ -x "$B/gpu/test_kernel_math_host_fastmath" ]; then run "gpu kernel math on the host, --use_fast_math / -ffinite-math-only (NaN steps still skipped)" "$B/gpu/test_kernel_math_host_fastmath"; fi
 run "gpu_paths.sh: NCCL and cuBLAS in toolkit and wheel layouts" tests/test_gpu_paths.sh
 run "GPU machine's check scripts, dry run (no GPU: every step SKIPs)" tests/test_gpu_check.sh "$B"
 run "gpu" tests/gpu/run.sh "$B"

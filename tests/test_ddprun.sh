@@ -162,7 +162,8 @@ signal_test() {
 test_bad_usage() {
     local why="" args
     for args in "-n 0 true" "-n abc true" "-n 1025 true" "-n 2" "--master-port 70000 true" \
-        "--grace x true" "--bogus true" "-n" "--max-restarts -1 true" "--max-restarts x true"; do
+        "--grace x true" "--bogus true" "-n" "--max-restarts -1 true" "--max-restarts x true" \
+        "--restart-delay -1 true" "--restart-delay x true" "--restart-delay-max 1e9 true" "--restart-delay 5 --restart-delay-max 1 true"; do
         # shellcheck disable=SC2086 # split on purpose
         run 5 $args
         [ $rc -eq 2 ] || why="$why; '$args' exit $rc"
@@ -312,17 +313,17 @@ test_max_restarts() {
     local why="" tokens ports
     export PIDS="$TMP/restarts" && mkdir -p "$PIDS"
     # rank 1 fails in the first two attempts, then all goes well
-    run 30 -n 2 --max-restarts 2 sh -c 'echo "$MASTER_PORT $DDP_JOB_TOKEN"; if [ "$RANK" = 1 ]; then n=$(cat "$PIDS/n" 2>/dev/null || echo 0); echo $((n + 1)) >"$PIDS/n"; [ "$n" -ge 2 ] || { sleep 0.2; exit 4; }; fi'
+    run 30 -n 2 --max-restarts 2 --restart-delay 0.1 sh -c 'echo "$MASTER_PORT $DDP_JOB_TOKEN"; if [ "$RANK" = 1 ]; then n=$(cat "$PIDS/n" 2>/dev/null || echo 0); echo $((n + 1)) >"$PIDS/n"; [ "$n" -ge 2 ] || { sleep 0.2; exit 4; }; fi'
     [ $rc -eq 0 ] || why="exit $rc, expected 0"
     for k in 1 2; do
-        grep -q "^ddprun: restart $k of 2: rank 1 (pid [0-9]*) exited with status 4; starting all 2 rank(s) again\$" "$TMP/err" ||
+        grep -q "^ddprun: restart $k of 2: rank 1 (pid [0-9]*) exited with status 4; starting all 2 rank(s) again in 0\.[12] s\$" "$TMP/err" ||
             why="$why; no line for restart $k"
     done
     tokens=$(grep '^\[rank 0\]' "$TMP/out" | awk '{ print $4 }' | sort -u | wc -l)
     ports=$(grep '^\[rank 0\]' "$TMP/out" | awk '{ print $3 }' | sort -u | wc -l)
     [ "$tokens" -eq 3 ] && [ "$ports" -eq 3 ] || why="$why; $tokens tokens and $ports ports in 3 attempts"
     # always failing: 1 + 1 attempts, then the failure is named
-    run 30 -n 2 --max-restarts 1 sh -c 'if [ "$RANK" = 0 ]; then exit 5; fi; sleep 30'
+    run 30 -n 2 --max-restarts 1 --restart-delay 0.1 sh -c 'if [ "$RANK" = 0 ]; then exit 5; fi; sleep 30'
     [ $rc -eq 5 ] || why="$why; always failing: exit $rc, expected 5"
     [ "$(grep -c '^ddprun: restart ' "$TMP/err")" -eq 1 ] || why="$why; always failing: $(grep -c '^ddprun: restart ' "$TMP/err") restarts"
     grep -q '^ddprun: giving up: the job failed 2 times (--max-restarts 1); the last failure: rank 0 (pid [0-9]*) exited with status 5$' "$TMP/err" ||
@@ -343,6 +344,58 @@ test_interrupt_no_restart() {
     [ $rc -eq 130 ] || why="exit $rc, expected 130"
     ! grep -q '^ddprun: restart' "$TMP/err" || why="$why; it restarted"
     report "SIGINT stops a job with --max-restarts for good" "${why#; }"
+}
+
+# --max-restarts backs off: a job that fails at once waits --restart-delay, then twice that, up to
+# --restart-delay-max, each wait printed; a run that lasted as long as the cap resets the wait;
+# Ctrl-C during a wait ends ddprun at once, without the restart.
+test_restart_backoff() {
+    local why="" waits pid t0 t1
+    export PIDS="$TMP/backoff" && mkdir -p "$PIDS"
+    # attempts 1, 2, 4, 5 fail at once, attempt 3 after 0.7 s (longer than the cap): the waits
+    # double, reset after attempt 3, double again, capped at 0.5
+    run 30 -n 1 --max-restarts 4 --restart-delay 0.2 --restart-delay-max 0.5 sh -c \
+        'n=$(($(cat "$PIDS/n" 2>/dev/null || echo 0) + 1)); echo $n >"$PIDS/n"; [ $n != 3 ] || sleep 0.7; exit 7'
+    waits=$(sed -n 's/^ddprun: restart [0-9] of 4: .* again in \([0-9.]*\) s$/\1/p' "$TMP/err" | tr '\n' ' ')
+    [ "$waits" = "0.2 0.4 0.2 0.4 " ] || why="waits '$waits', expected '0.2 0.4 0.2 0.4 ': $(grep '^ddprun' "$TMP/err" | head -n 2)"
+    [ $rc -eq 7 ] || why="$why; exit $rc, expected 7"
+    [ "$elapsed_ms" -ge 1900 ] || why="$why; 5 attempts with 1.2 s of waits and a 0.7 s run took only ${elapsed_ms} ms"
+    rm -f "$PIDS/n"
+    run 30 -n 1 --max-restarts 5 --restart-delay 0.1 --restart-delay-max 0.3 sh -c 'exit 7'
+    waits=$(sed -n 's/^ddprun: restart [0-9] of 5: .* again in \([0-9.]*\) s$/\1/p' "$TMP/err" | tr '\n' ' ')
+    [ "$waits" = "0.1 0.2 0.3 0.3 0.3 " ] || why="$why; capped: waits '$waits', expected '0.1 0.2 0.3 0.3 0.3 '"
+    # Ctrl-C during a long wait: out at once, 130, no second attempt
+    "$DDPRUN" -n 2 --max-restarts 5 --restart-delay 30 sh -c 'echo attempt >>"$PIDS/attempts"; exit 3' >"$TMP/out" 2>"$TMP/err" &
+    pid=$!
+    for _ in $(seq 100); do grep -q '^ddprun: restart 1 of 5' "$TMP/err" && break; sleep 0.05; done
+    t0=$(now_ms); kill -INT "$pid"
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.02; done
+    t1=$(now_ms); kill -9 "$pid" 2>/dev/null
+    wait "$pid"; rc=$?
+    [ $rc -eq 130 ] || why="$why; Ctrl-C in the wait: exit $rc, expected 130"
+    [ $((t1 - t0)) -lt 1000 ] || why="$why; Ctrl-C in the wait took $((t1 - t0)) ms"
+    [ "$(wc -l <"$PIDS/attempts")" -eq 2 ] || why="$why; $(wc -l <"$PIDS/attempts") rank starts, expected 2 (one attempt)"
+    grep -q '^ddprun: interrupted while waiting to restart; not restarting$' "$TMP/err" || why="$why; no line for the interrupted wait"
+    report "--max-restarts backs off (doubling, capped, reset after a run that lasted), Ctrl-C ends the wait" "${why#; }"
+}
+
+# A process a rank starts with setsid leaves the rank's group (ddprun's clean-up signals groups):
+# ddprun is its subreaper, and kills it when the job ends. Rank 1's keeps the output pipe open.
+test_setsid_stray() {
+    local why="" r pid
+    if ! command -v setsid >/dev/null; then echo "SKIP setsid escapes: no setsid here"; return; fi
+    export STRAY="$TMP/stray" && mkdir -p "$STRAY"
+    run 30 -n 2 sh -c 'if [ "$RANK" = 0 ]; then exec >/dev/null 2>&1; fi
+        setsid sh -c "echo \$\$ >\"$STRAY/$RANK\"; exec sleep 300" </dev/null &
+        while [ ! -s "$STRAY/$RANK" ]; do sleep 0.05; done; exit 0'
+    [ $rc -eq 0 ] || why="exit $rc"
+    [ "$elapsed_ms" -lt 10000 ] || why="$why; took ${elapsed_ms} ms"
+    for r in 0 1; do
+        pid=$(cat "$STRAY/$r" 2>/dev/null)
+        if [ -z "$pid" ]; then why="$why; rank $r wrote no pid"; continue; fi
+        if alive "$pid"; then why="$why; rank $r's setsid process $pid outlived ddprun"; kill -9 "$pid"; fi
+    done
+    report "a process a rank started with setsid is killed when the job ends" "${why#; }"
 }
 
 # Several nodes: node-major ranks, per-node LOCAL_*, the user's address, port, token and job id
@@ -409,6 +462,8 @@ test_stalled_rank_named_other_words
 test_left_early_rank_named
 test_max_restarts
 test_interrupt_no_restart
+test_restart_backoff
+test_setsid_stray
 test_multi_node
 test_multi_node_bad_flags
 

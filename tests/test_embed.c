@@ -388,7 +388,7 @@ static void test_sizes_and_names(void) {
     d.find_unused = 7;
     ctx = NULL;
     r = ddp_init(&ctx, &d);
-    verdict(r == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(ctx), "find_unused 7 or skip_nonfinite 0 is neither 0 nor 1"),
+    verdict(r == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(ctx), "ddp_desc: find_unused 7 is not 0 or 1"),
             "embed_desc_switch_not_0_or_1_refused", "%s: '%s'", ddp_result_string(r), ddp_last_error(ctx));
     ddp_shutdown(ctx);
     memset(&d, 0, sizeof d);
@@ -396,7 +396,7 @@ static void test_sizes_and_names(void) {
     d.log_level = (ddp_log_level)42;
     ctx = NULL;
     r = ddp_init(&ctx, &d);
-    verdict(r == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(ctx), "log_level 42 is not a ddp_log_level"),
+    verdict(r == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(ctx), "ddp_desc: log_level 42 is not in 0 .. 5"),
             "embed_desc_log_level_out_of_range_refused", "%s: '%s'", ddp_result_string(r), ddp_last_error(ctx));
     ddp_shutdown(ctx);
 }

@@ -12,7 +12,7 @@
 #   env: TRAIN_GPT (the trainer to test, default BUILD_DIR/train_gpt), GPT_TEST_RANKS (2),
 #        TEST_PREFIX (what the check names start with instead of "gpt"), RANK_WRAPPER (a
 #        command each rank of a multi-rank run starts through, e.g. tools/nccl_one_gpu.sh
-#        for 2 ranks on one GPU)
+#        for 2 ranks on one GPU), GPT_TEST_ONLY (groups to run, e.g. "bf16 resume": see want())
 set -u
 B=${1:-build}
 cd "$(dirname "$0")/.." || exit 1
@@ -29,7 +29,21 @@ fail() { echo "FAIL ${1/#gpt_/${pfx}_}: $2"; fails=$((fails + 1)); }
 TINY=(--data ddp.h --layers 2 --heads 2 --dim 32 --seq 16 --batch 2 --eval-every 0 --eval-batches 2 --sample 0 --warmup 2 --lr 3e-3)
 train() { timeout 120 "$B/ddprun" -n "$N" "${WRAP[@]}" "$BIN" "${TINY[@]}" "$@"; }
 hash_of() { sed -n 's/.*params fnv1a \([0-9a-f]*\).*/\1/p' "$1" | head -n 1; }
+# GPT_TEST_ONLY="bf16 resume ...": only those groups (the names after each "if want"; a GPU
+# window runs a few); "refused" reuses resume's checkpoint, so it brings resume along.
+want() {
+    [ -z "${GPT_TEST_ONLY:-}" ] && return 0
+    case " $GPT_TEST_ONLY " in *" $1 "*) return 0 ;; esac
+    [ "$1" = resume ] && case " $GPT_TEST_ONLY " in *" refused "*) return 0 ;; esac
+    return 1
+}
+for g in ${GPT_TEST_ONLY:-}; do
+    case $g in buckets | dropout | flags | tape | dump_full | shakespeare | resume | refused | fsync | data | oom | sample | optimes | kernels2 | bf16 | nvcc_cpu) ;;
+    *) echo "FAIL ${pfx}_test_only: GPT_TEST_ONLY names '$g', no group of tests/test_gpt.sh"; exit 1 ;;
+    esac
+done
 
+if want buckets; then
 # --- gradient buckets in place (the shared gradient segment) and through the staging slots
 #     (DDP_STAGED_GRADS=1): the same arithmetic, so the same bits ---
 name="gpt_in_place_and_staged_buckets_same_bits_${N}ranks"
@@ -38,7 +52,9 @@ DDP_STAGED_GRADS=1 train --steps 6 --grad-accum 2 >"$tmp/staged.log" 2>&1
 a=$(hash_of "$tmp/inplace.log"); c=$(hash_of "$tmp/staged.log")
 if [ -n "$a" ] && [ "$a" = "$c" ]; then pass "$name"; echo "  (params fnv1a $a, both)"
 else fail "$name" "in place $a, staged $c: $(tail -n 2 "$tmp/staged.log")"; fi
+fi   # buckets
 
+if want dropout; then
 # --- dropout: the masks follow the step and the global batch position, so a resumed run draws
 #     what a straight run draws; it changes the training; a probability out of range is refused ---
 name="gpt_dropout_resume_bitwise_${N}ranks"
@@ -52,7 +68,9 @@ else fail "$name" "straight $a, resumed $c, without dropout $z: $(tail -n 2 "$tm
 out=$(train --steps 1 --dropout 1 2>&1); rc=$?
 if [ $rc -ne 0 ] && grep -q "dropout must be in \[0, 1)" <<<"$out"; then pass gpt_dropout_out_of_range_refused
 else fail gpt_dropout_out_of_range_refused "rc $rc: $(tail -n 2 <<<"$out")"; fi
+fi   # dropout
 
+if want flags; then
 # --- flags that would wrap a size or wait forever are refused at once, by name (exit 2) ---
 flag_refused() {   # name, expected words, flags...
     local name=$1 words=$2 out rc
@@ -65,7 +83,9 @@ flag_refused gpt_model_too_large_refused "the model is too large for this progra
 flag_refused gpt_batch_times_seq_too_large_refused "batch x seq" --layers 1 --heads 1 --dim 1 --seq 1000000000 --batch 8
 flag_refused gpt_negative_seed_refused "'-1' is not a non-negative integer" --seed -1
 flag_refused gpt_infinite_latency_refused "'inf' is not a finite number >= 0" --inject-latency-ms inf
+fi   # flags
 
+if want tape; then
 # --- the model's tape lists each parameter on the op that finishes its gradient: a one-rank run
 #     with DDP_CHECK_READY=1 (every gradient compared at ddp_finish with its copy when it was
 #     marked ready) passes, with accumulation and dropout; with 2 ranks the option is refused ---
@@ -77,7 +97,9 @@ else fail gpt_tape_ids_pass_check_ready "rc $rc: $(tail -n 2 <<<"$out" | tr '\n'
 out=$(DDP_CHECK_READY=1 train --steps 1 2>&1); rc=$?
 if [ $rc -ne 0 ] && grep -q "check_ready (DDP_CHECK_READY=1) is a debugging run on one rank" <<<"$out"; then pass gpt_check_ready_refused_on_2_ranks
 else fail gpt_check_ready_refused_on_2_ranks "rc $rc: $(tail -n 2 <<<"$out" | tr '\n' ' ')"; fi
+fi   # tape
 
+if want dump_full; then
 # --- --dump-init on a full disk leaves no partial file (written to a temporary, renamed) ---
 if [ "$(id -u)" = 0 ] && mkdir -p "$tmp/small" && mount -t tmpfs -o size=64k tmpfs "$tmp/small" 2>/dev/null; then
     out=$(timeout 60 "$BIN" "${TINY[@]}" --dim 64 --dump-init "$tmp/small/init.bin" 2>&1); rc=$?
@@ -89,7 +111,9 @@ if [ "$(id -u)" = 0 ] && mkdir -p "$tmp/small" && mount -t tmpfs -o size=64k tmp
 else
     echo "SKIP gpt_dump_init_full_disk_leaves_nothing: cannot mount a small tmpfs here (not root, or no mount namespace rights)"
 fi
+fi   # dump_full
 
+if want shakespeare; then
 # --- tools/shakespeare_char.sh (nanoGPT's shakespeare_char configuration) starts, here on the CPU
 #     backend, with the model shrunk by flags that override its own ---
 if [ -z "${TRAIN_GPT:-}" ] && [ -f ../shared/data/tinyshakespeare.txt ]; then
@@ -97,7 +121,9 @@ if [ -z "${TRAIN_GPT:-}" ] && [ -f ../shared/data/tinyshakespeare.txt ]; then
     if [ $rc = 0 ] && grep -q "step     2/5000" <<<"$out" && grep -q "done: step 2 | val loss" <<<"$out"; then pass gpt_shakespeare_char_script_runs
     else fail gpt_shakespeare_char_script_runs "rc $rc: $(tail -n 3 <<<"$out")"; fi
 fi
+fi   # shakespeare
 
+if want resume; then
 # --- resume: bitwise ---
 for accum in 1 2; do
     name="gpt_resume_bitwise_${N}ranks_accum$accum"
@@ -133,12 +159,18 @@ for accum in 1 2; do
         fail "gpt_resume_same_losses_accum$accum" "the losses of steps 5-8 differ"
     fi
 done
+fi   # resume
 
+if want refused; then
 # --- checkpoints that must be refused ---
 out=$(train --steps 8 --dim 64 --resume "$tmp/ck1" 2>&1); rc=$?
 if [ $rc -ne 0 ] && grep -q "holds a model with --layers 2 --heads 2 --dim 32" <<<"$out"; then pass gpt_resume_refuses_other_model
 else fail gpt_resume_refuses_other_model "rc $rc: $(tail -n 2 <<<"$out")"; fi
-cp "$tmp/ck1" "$tmp/bad"; printf '\x55' | dd of="$tmp/bad" bs=1 seek=$(( $(stat -c %s "$tmp/ck1") / 2 )) conv=notrunc 2>/dev/null
+# the middle byte flipped (a fixed value written there was no change when the byte held it already)
+mid=$(( $(stat -c %s "$tmp/ck1") / 2 ))
+byte=$(od -An -tu1 -j "$mid" -N1 "$tmp/ck1" | tr -d ' ')
+cp "$tmp/ck1" "$tmp/bad"; printf "\\$(printf %03o $(( byte ^ 255 )))" | dd of="$tmp/bad" bs=1 seek="$mid" conv=notrunc 2>/dev/null
+cmp -s "$tmp/ck1" "$tmp/bad" && fail gpt_resume_refuses_corrupt_checkpoint_setup "the corruption changed nothing"
 out=$(train --steps 8 --resume "$tmp/bad" 2>&1); rc=$?
 if [ $rc -ne 0 ] && grep -q "corrupt (checksum mismatch)" <<<"$out"; then pass gpt_resume_refuses_corrupt_checkpoint
 else fail gpt_resume_refuses_corrupt_checkpoint "rc $rc: $(tail -n 2 <<<"$out")"; fi
@@ -177,7 +209,7 @@ refused() {   # name, checkpoint, expected words, [more train flags]
     local name=$1 ck=$2 want=$3 out rc; shift 3
     out=$(train --steps 8 --resume "$ck" "$@" 2>&1); rc=$?
     if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q -- "$want" <<<"$out" && ! grep -q "resumed from" <<<"$out"; then
-        pass "$name"; echo "  ($(grep -m1 -o "rank 0: .*" <<<"$out" | cut -c1-150))"
+        pass "$name"; echo "  ($(grep -m1 -o "\(rank 0: \|\[rank 0\] \)[a-z].*" <<<"$out" | cut -c1-150))"
     else fail "$name" "rc $rc: $(grep -v '^\[rank 0\] step' <<<"$out" | tail -n 2 | tr '\n' ' ')"; fi
 }
 cat "$tmp/ck1" >"$tmp/long"; printf 'x' >>"$tmp/long"
@@ -188,16 +220,18 @@ reseal "$tmp/ck1" "$tmp/step_negative" -3
 refused gpt_resume_refuses_negative_step "$tmp/step_negative" "holds step -3 and AdamW step 4"
 refused gpt_resume_refuses_other_seed "$tmp/ck1" "trained with --seed 1337, this run has --seed 7.*pass --seed 1337" --seed 7
 refused gpt_resume_refuses_other_dropout "$tmp/ck1" "trained with --dropout 0, this run has --dropout 0.1: pass --dropout 0" --dropout 0.1
-mkfifo "$tmp/fifo"
+[ -p "$tmp/fifo" ] || mkfifo "$tmp/fifo"
 out=$(timeout 30 "$B/ddprun" -n "$N" "${WRAP[@]}" "$BIN" "${TINY[@]}" --steps 8 --resume "$tmp/fifo" 2>&1); rc=$?
-if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "rank 0: the checkpoint '$tmp/fifo' is a FIFO (named pipe), not a regular file" <<<"$out"; then
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "\(rank 0: \|\[rank 0\] \)the checkpoint '$tmp/fifo' is a FIFO (named pipe), not a regular file" <<<"$out"; then
     pass gpt_resume_refuses_fifo
 else fail gpt_resume_refuses_fifo "rc $rc (124: it blocked in open): $(tail -n 2 <<<"$out" | tr '\n' ' ')"; fi
 out=$(train --steps 8 --dim 64 --save "$tmp/ck1" 2>&1); rc=$?
 if [ $rc -ne 0 ] && grep -q "holds a model with --layers 2 --heads 2 --dim 32.*--save '$tmp/ck1' already holds that file: pass --fresh" <<<"$out"; then
     pass gpt_save_path_with_other_checkpoint_refused
 else fail gpt_save_path_with_other_checkpoint_refused "rc $rc: $(tail -n 2 <<<"$out" | tr '\n' ' ')"; fi
+fi   # refused
 
+if want fsync; then
 # --- the checkpoint's rename reaches the disk: the directory is fsync'ed after it (strace) ---
 mkdir -p "$tmp/dur"
 if ! command -v strace >/dev/null || ! strace -o /dev/null true 2>/dev/null; then
@@ -214,7 +248,9 @@ else
         pass gpt_checkpoint_rename_is_synced
     else fail gpt_checkpoint_rename_is_synced "no fsync of '$tmp/dur' after the rename: $(grep -A3 rename "$tmp/strace.txt" | tr '\n' ' ' | cut -c1-300)"; fi
 fi
+fi   # fsync
 
+if want data; then
 # --- data errors: a clear message naming rank, file, size and need; a non-zero exit ---
 : >"$tmp/empty.txt"
 head -c 20 ddp.h >"$tmp/small.txt"
@@ -237,11 +273,14 @@ if [ $rc -ne 0 ] && grep -q "rank [01]: the training data 'ddp.h' (.* bytes) is 
     pass gpt_data_less_than_one_step_is_a_clear_error; echo "  ($(grep -m1 -o "rank [01]: .*" <<<"$out" | cut -c1-200))"
 else fail gpt_data_less_than_one_step_is_a_clear_error "rc $rc: $(tail -n 2 <<<"$out" | tr '\n' ' ')"; fi
 # a FIFO would block in open forever, before any timeout applies
+[ -p "$tmp/fifo" ] || mkfifo "$tmp/fifo"
 out=$(timeout 30 "$B/ddprun" -n "$N" "${WRAP[@]}" "$BIN" --data "$tmp/fifo" --layers 2 --heads 2 --dim 32 --seq 16 --batch 2 --steps 2 2>&1); rc=$?
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "rank [01]: the training data '$tmp/fifo' is a FIFO (named pipe), not a regular file" <<<"$out"; then
     pass gpt_data_fifo_is_a_clear_error
 else fail gpt_data_fifo_is_a_clear_error "rc $rc (124: it blocked in open): $(tail -n 2 <<<"$out" | tr '\n' ' ')"; fi
+fi   # data
 
+if want oom; then
 # --- out of memory: a message that says so and what to change, not "no error" ---
 out=$(ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}allocator_may_return_null=1" \
       TSAN_OPTIONS="${TSAN_OPTIONS:+$TSAN_OPTIONS:}allocator_may_return_null=1" \
@@ -250,7 +289,9 @@ if [ $rc -eq 1 ] && grep -q "rank 0: out of memory creating the model: --layers 
    ! grep -q "no error" <<<"$out"; then
     pass gpt_out_of_memory_is_named
 else fail gpt_out_of_memory_is_named "rc $rc: $(tail -n 2 <<<"$out" | tr '\n' ' ')"; fi
+fi   # oom
 
+if want sample; then
 # --- dump-init and sampling ---
 if "$BIN" --dump-init "$tmp/init.bin" --layers 2 --heads 2 --dim 32 --seq 16 >/dev/null 2>&1 &&
    [ "$(stat -c %s "$tmp/init.bin")" -eq $((34176 * 4)) ]; then pass gpt_dump_init
@@ -262,7 +303,58 @@ else fail gpt_sample_printable "no sample, or raw non-printable bytes in it"; fi
 again=$(timeout 60 "$BIN" "${TINY[@]}" --steps 3 --sample 200 --seed 5 --top-k 20 2>&1)
 sample_of() { sed -n '/---- sample/,/---- end of sample/p' <<<"$1"; }
 [ -n "$(sample_of "$out")" ] && [ "$(sample_of "$out")" = "$(sample_of "$again")" ] && pass gpt_sample_seeded || fail gpt_sample_seeded "two runs with --seed 5 differ"
+fi   # sample
 
+if want optimes; then
+# --- GPT_OP_TIMES=1: the CUDA model's per-op times (CUDA events; host clock in emulation): a
+#     table with every op of the model at its calls per step, the ops' and the rest's shares
+#     adding to 100%, and the training's bits unchanged; a bad value refused ---
+if [[ "$BIN" == *emulated* || "$BIN" == */gpu/train_gpt ]]; then
+    name=gpt_op_times_table_and_same_bits
+    GPT_OP_TIMES=1 timeout 120 "$BIN" "${TINY[@]}" --steps 8 --eval-every 4 --log-every 4 --dropout 0.1 >"$tmp/optimes.log" 2>&1; rc_a=$?
+    timeout 120 "$BIN" "${TINY[@]}" --steps 8 --eval-every 4 --log-every 4 --dropout 0.1 >"$tmp/nooptimes.log" 2>&1; rc_b=$?
+    why=""
+    [ $rc_a -eq 0 ] && [ $rc_b -eq 0 ] || why="rc $rc_a / $rc_b"
+    grep -q "^op times (GPT_OP_TIMES=1, .*): 5 step(s)" "$tmp/optimes.log" || why="$why; no header for 5 steps"
+    for op in "fwd embedding:1.0" "fwd layernorm:5.0" "fwd matmul qkv:2.0" "fwd attention S = Q K^T:2.0" "fwd attention softmax:2.0" \
+              "fwd attention O = P V:2.0" "fwd gelu:2.0" "fwd matmul mlp proj:2.0" "fwd matmul head:1.0" "fwd cross-entropy (+ dlogits):1.0" \
+              "bwd attention softmax:2.0" "bwd matmul qkv dW:2.0" "bwd matmul qkv dx:2.0" "bwd layernorm dx:5.0" "bwd embedding (wte, wpe):1.0" \
+              "bwd dropout:4.0" "fwd dropout:4.0" "ddp adamw step (+ norm, clip):1.0"; do
+        awk -v op="${op%:*}" -v calls="${op##*:}" 'index($0, "  " op " ") == 1 { rest = substr($0, length(op) + 3); split(rest, f, " "); if (f[1] == calls) ok = 1 } END { exit !ok }' \
+            "$tmp/optimes.log" || why="$why; no '${op%:*}' at ${op##*:} calls a step"
+    done
+    total=$(awk '/^  \(ops, summed\)|^  \(no op:/ { s += $NF + 0 } END { printf "%.1f", s }' "$tmp/optimes.log")
+    awk -v t="$total" 'BEGIN { exit !(t >= 99.8 && t <= 100.2) }' || why="$why; shares add to $total%"
+    [ -n "$(hash_of "$tmp/optimes.log")" ] && [ "$(hash_of "$tmp/optimes.log")" = "$(hash_of "$tmp/nooptimes.log")" ] || why="$why; other bits with the timer"
+    grep -q "^op times" "$tmp/nooptimes.log" && why="$why; a table without GPT_OP_TIMES"
+    if [ -z "$why" ]; then pass "$name"; echo "  ($(grep -c '^  [fb]wd\|^  ddp' "$tmp/optimes.log") ops; $(grep -m1 '^op times' "$tmp/optimes.log"))"
+    else fail "$name" "${why#; }: $(tail -n 3 "$tmp/optimes.log" | tr '\n' ' ')"; fi
+    out=$(GPT_OP_TIMES=yes timeout 60 "$BIN" "${TINY[@]}" --steps 1 2>&1); rc=$?
+    if [ $rc -ne 0 ] && grep -q "GPT_OP_TIMES is 'yes': 1 (per-op times) or 0 (none)" <<<"$out"; then pass gpt_op_times_bad_value_refused
+    else fail gpt_op_times_bad_value_refused "rc $rc: $(tail -n 2 <<<"$out" | tr '\n' ' ')"; fi
+fi
+fi   # optimes
+
+if want kernels2; then
+# --- GPT_KERNELS=2 (the CUDA model's new kernels): a run resumes bit for bit, other bits than
+#     the old kernels' (another summation order), a bad value refused ---
+if [[ "$BIN" == *emulated* || "$BIN" == */gpu/train_gpt ]]; then
+    name="gpt_kernels2_resume_bitwise_${N}ranks"
+    GPT_KERNELS=2 train --steps 8 --seq 64 --batch 8 >"$tmp/k2.log" 2>&1
+    GPT_KERNELS=2 train --steps 8 --seq 64 --batch 8 --stop-at 4 --save "$tmp/k2.ck" >/dev/null 2>&1
+    GPT_KERNELS=2 train --steps 8 --seq 64 --batch 8 --resume "$tmp/k2.ck" >"$tmp/k2r.log" 2>&1
+    train --steps 8 --seq 64 --batch 8 >"$tmp/k1.log" 2>&1
+    a=$(hash_of "$tmp/k2.log"); c=$(hash_of "$tmp/k2r.log"); o=$(hash_of "$tmp/k1.log")
+    if [ -n "$a" ] && [ "$a" = "$c" ] && [ -n "$o" ] && [ "$a" != "$o" ] && grep -q "GPT_KERNELS=2" "$tmp/k2.log"; then
+        pass "$name"; echo "  (params fnv1a $a, both; the old kernels: $o)"
+    else fail "$name" "straight $a, resumed $c, old kernels $o: $(tail -n 2 "$tmp/k2r.log" | tr '\n' ' ')"; fi
+    out=$(GPT_KERNELS=3 timeout 60 "$BIN" "${TINY[@]}" --steps 1 2>&1); rc=$?
+    if [ $rc -ne 0 ] && grep -q "GPT_KERNELS is '3': 1 (the kernels as they were) or 2 (the new ones)" <<<"$out"; then pass gpt_kernels_bad_value_refused
+    else fail gpt_kernels_bad_value_refused "rc $rc: $(tail -n 2 <<<"$out" | tr '\n' ' ')"; fi
+fi
+fi   # kernels2
+
+if want bf16; then
 # --- --bf16: the CUDA model's bf16 mode (the emulated build; the GPU trainer in tests/gpu/run.sh),
 #     refused where it cannot run ---
 if [[ "$BIN" == *emulated* || "$BIN" == */gpu/train_gpt ]]; then
@@ -301,7 +393,9 @@ elif [ -z "${TRAIN_GPT:-}" ]; then
     if [ $rc -eq 2 ] && grep -q -- "--bf16 needs the CUDA model: this build has none" <<<"$out"; then pass gpt_bf16_refused_without_cuda_model
     else fail gpt_bf16_refused_without_cuda_model "rc $rc: $out"; fi
 fi
+fi   # bf16
 
+if want nvcc_cpu; then
 # --- the nvcc build's CPU path is the C build, bit for bit (same source, same host math) ---
 if [ -z "${TRAIN_GPT:-}" ] && [ -x "$B/gpu/train_gpt" ]; then
     name=gpt_nvcc_build_cpu_path_equals_c_build
@@ -315,6 +409,7 @@ if [ -z "${TRAIN_GPT:-}" ] && [ -x "$B/gpu/train_gpt" ]; then
         fail "$name" "rc $rc_c / $rc_n; C: $(digest "$tmp/c.log" | tail -n 3 | tr '\n' ' ') nvcc: $(digest "$tmp/nvcc.log" | tail -n 3 | tr '\n' ' ')"
     fi
 fi
+fi   # nvcc_cpu
 
 echo "test_gpt.sh: $fails failure(s)" >&2
 [ "$fails" -eq 0 ]

@@ -78,7 +78,7 @@ t=$(secs "$t0" "$(now)")
 why=""
 for r in 0 1 2 3; do
     host=h$((r / 2 + 1))
-    grep -q "^\[rank $r\] rank $r: the CPU backend needs every rank on one host, but WORLD_SIZE=4 and LOCAL_WORLD_SIZE=2: the job spans hosts (this rank on '$host', rank 0's store on MASTER_ADDR $A1). What works: all 4 ranks on one host" \
+    grep -q "^\[rank $r\] the CPU backend needs every rank on one host, but WORLD_SIZE=4 and LOCAL_WORLD_SIZE=2: the job spans hosts (this rank on '$host', rank 0's store on MASTER_ADDR $A1). What works: all 4 ranks on one host" \
         "$tmp/cpu$((r / 2)).log" || why="$why; rank $r did not name its host $host"
 done
 [ $rc0 -ne 0 ] && [ $rc1 -ne 0 ] || why="$why; exit status $rc0 and $rc1"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test_make.sh — what the two commands build. `make run` on a machine with nvcc but no GPU builds
 # only what it runs (ddprun and the CPU trainer), not the GPU targets; `make help` lists the
-# targets a new user types. Dry runs (make -n) in a scratch build directory: nothing is built.
+# targets a new user types; `make gpu-window` (the GPU window's carried build) is portable. Dry
+# runs (make -n): nothing is built.
 # Usage: tests/test_make.sh
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -23,3 +24,18 @@ make -s help >"$tmp/help" 2>&1
 missing=""
 for t in run test test-asan test-tsan bench fuzz mpi clean; do grep -qE "^make $t( |$)" "$tmp/help" || missing="$missing $t"; done
 [ -z "$missing" ] && echo "PASS make_help_lists_the_targets" || echo "FAIL make_help_lists_the_targets: missing$missing"
+# make gpu-window: the build a GPU window carries is portable (-march=x86-64-v3 for every host
+# compile, never native), needs no OpenBLAS there, and builds the GPU trainer and tests
+if [ -n "$(tools/gpu_paths.sh nvcc)" ]; then
+    make -n -B gpu-window >"$tmp/window" 2>&1
+    why=""
+    grep -q -- "-o build-gpu/gpu/train_gpt " "$tmp/window" || why="no build-gpu/gpu/train_gpt"
+    grep -q -- "-o build-gpu/gpu/test_gpt_gpu " "$tmp/window" || why="$why; no test_gpt_gpu"
+    grep -q -- "-march=native" "$tmp/window" && why="$why; -march=native in: $(grep -m1 -o -- '-o [^ ]*' <<<"$(grep -- '-march=native' "$tmp/window")")"
+    grep -q -- "-lopenblas" "$tmp/window" && why="$why; links OpenBLAS"
+    [ "$(grep -c -- "-march=x86-64-v3" "$tmp/window")" -ge 3 ] || why="$why; fewer than 3 compiles with -march=x86-64-v3"
+    [ -z "$why" ] && echo "PASS make_gpu_window_is_portable" || echo "FAIL make_gpu_window_is_portable: ${why#; }"
+else
+    echo "SKIP make_gpu_window_is_portable: no nvcc"
+fi
+

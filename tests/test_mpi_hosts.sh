@@ -121,7 +121,7 @@ wait "$p0"; rc0=$?; wait "$p1"; rc1=$?
 t=$(secs "$t0" "$(now)")
 why=""
 for r in 0 1; do
-    grep -q "rank $r: the MPI backend needs the ranks started as one MPI job .*ddprun --nnodes" "$tmp/dr$r.log" || why="$why; rank $r: $(head -c 300 "$tmp/dr$r.log")"
+    grep -q "\(rank $r: \|\[rank $r\] \)the MPI backend needs the ranks started as one MPI job .*ddprun --nnodes" "$tmp/dr$r.log" || why="$why; rank $r: $(head -c 300 "$tmp/dr$r.log")"
 done
 [ $rc0 -ne 0 ] && [ $rc1 -ne 0 ] || why="$why; exit status $rc0 and $rc1"
 lt "$t" $((10 * SLOW)) || why="$why; took ${t}s"

@@ -54,7 +54,7 @@ run() {
   local name=$1; shift
   mkdir -p "once.$name"
   DDP_TEST_KILL=$(IFS=,; echo "$*") DDP_TEST_KILL_ONCE="once.$name" \
-    timeout 300 "$B/ddprun" -n 2 --max-restarts $N "$B/train_gpt" "${GPT[@]}" --save "ck.$name" >"out.$name" 2>"err.$name"
+    timeout 300 "$B/ddprun" -n 2 --max-restarts $N --restart-delay 0.1 "$B/train_gpt" "${GPT[@]}" --save "ck.$name" >"out.$name" 2>"err.$name"
   rc=$?
 }
 rank_of() { echo "${1%%:*}"; }
@@ -67,7 +67,7 @@ why=""
 [ "$rc" -eq 0 ] || why="exit $rc: $(grep '^ddprun' err.n | tail -n 2 | tr '\n' '|')"
 for k in $(seq 1 $N); do
   r=$(rank_of "${points[$((k - 1))]}")
-  grep -q "^ddprun: restart $k of $N: rank $r (pid [0-9]*) was killed by signal 9 (Killed); starting all 2 rank(s) again$" err.n ||
+  grep -q "^ddprun: restart $k of $N: rank $r (pid [0-9]*) was killed by signal 9 (Killed); starting all 2 rank(s) again in [0-9.]* s$" err.n ||
     why="$why; no restart $k naming rank $r killed by signal 9"
 done
 [ "$(grep -c '^ddprun: restart ' err.n)" -eq $N ] || why="$why; $(grep -c '^ddprun: restart ' err.n) restarts, not $N"

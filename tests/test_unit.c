@@ -440,6 +440,83 @@ static void test_bad_env(void) {
     }
 }
 
+/* ---- one rule for every DDP_* variable against a field the program set: a variable that is set
+   wins, rank 0 says which it overrode, an invalid value is refused even where the program set
+   the field ---- */
+static char env_rule_log[1024];
+static void env_rule_keep(void *user, ddp_log_level level, int rank, const char *msg) {
+    (void)user; (void)rank;
+    if (level >= DDP_LOG_WARN) snprintf(env_rule_log, sizeof env_rule_log, "%s", msg);
+}
+static void test_env_rule(void) {
+    static const char *vars[] = { "DDP_LOG", "DDP_TIMEOUT", "DDP_TIMELINE", "DDP_JOB_ID", "DDP_JOB_TOKEN", "DDP_CHECK_READY",
+                                  "DDP_SHARD_OPTIMIZER", "DDP_PARAM_DTYPE", "DDP_STAGED_GRADS", "DDP_MPI_FLAT", "DDP_MPI_TUNE" };
+    static const struct { const char *var, *bad, *needle; } invalid[] = {
+        { "DDP_LOG", "loud", "DDP_LOG='loud' is none of" }, { "DDP_TIMEOUT", "-1", "DDP_TIMEOUT='-1' is not a number" },
+        { "DDP_CHECK_READY", "yes", "DDP_CHECK_READY='yes' is neither 0 nor 1" },
+        { "DDP_SHARD_OPTIMIZER", "2", "DDP_SHARD_OPTIMIZER='2' is neither 0 nor 1" },
+        { "DDP_PARAM_DTYPE", "fp16", "DDP_PARAM_DTYPE='fp16' is neither fp32 nor bf16" },
+        { "DDP_STAGED_GRADS", "on", "DDP_STAGED_GRADS='on' is neither 0 nor 1" },
+        { "DDP_MPI_FLAT", "true", "DDP_MPI_FLAT='true' is neither 0 nor 1" },
+        { "DDP_MPI_TUNE", "off", "DDP_MPI_TUNE='off' is neither 0 nor 1" } };
+    char tl[64];
+    ddp_desc d;
+    ddp_context *ctx;
+    ddp_result r;
+    size_t i;
+    const ddp_desc *c;
+    for (i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
+    snprintf(tl, sizeof tl, "/tmp/ddp-env-rule-%d.json", (int)getpid());
+    memset(&d, 0, sizeof d);   /* every field the program set, to something the variables contradict */
+    d.world_size = 1; d.backend = DDP_BACKEND_SINGLE;
+    d.log = env_rule_keep; d.log_level = DDP_LOG_ERROR; d.timeout_s = 30; d.timeline_path = NULL;
+    d.job_id = "the-program's"; d.job_token = "program-token"; d.check_ready = 1; d.shard_optimizer = 0;
+    d.param_dtype = DDP_DTYPE_BF16;
+    setenv("DDP_LOG", "warn", 1); setenv("DDP_TIMEOUT", "7.5", 1); setenv("DDP_TIMELINE", tl, 1);
+    setenv("DDP_JOB_ID", "the-operator's", 1); setenv("DDP_JOB_TOKEN", "operator-token", 1);
+    setenv("DDP_CHECK_READY", "0", 1); setenv("DDP_PARAM_DTYPE", "fp32", 1);
+    env_rule_log[0] = 0;
+    r = ddp_init(&ctx, &d);
+    c = ddp_config(ctx);
+    verdict(r == DDP_OK && c && c->log_level == DDP_LOG_WARN && c->timeout_s == 7.5 && !strcmp(c->timeline_path, tl) &&
+            !strcmp(c->job_id, "the-operator's") && !strcmp(c->job_token, "operator-token") && c->check_ready == 0 &&
+            c->param_dtype == DDP_DTYPE_FP32, "env_variable_set_wins_over_every_field_the_program_set",
+            "%s: log %d timeout %g timeline %s job %s check_ready %d param_dtype %d", ddp_last_error(ctx),
+            c ? (int)c->log_level : -1, c ? c->timeout_s : -1, c && c->timeline_path ? c->timeline_path : "-",
+            c && c->job_id ? c->job_id : "-", c ? c->check_ready : -1, c ? (int)c->param_dtype : -1);
+    verdict(contains(env_rule_log, "DDP_LOG=warn over the program's ddp_desc.log_level = error") &&
+            contains(env_rule_log, "DDP_TIMEOUT=7.5 over the program's ddp_desc.timeout_s = 30") &&
+            contains(env_rule_log, "DDP_JOB_ID=the-operator's over the program's ddp_desc.job_id = the-program's") &&
+            contains(env_rule_log, "DDP_JOB_TOKEN=(set)") && !contains(env_rule_log, "operator-token") &&
+            contains(env_rule_log, "DDP_CHECK_READY=0 over the program's ddp_desc.check_ready = 1") &&
+            contains(env_rule_log, "DDP_PARAM_DTYPE=fp32 over the program's ddp_desc.param_dtype = DDP_DTYPE_BF16"),
+            "env_override_of_a_program_setting_is_said_by_rank0", "logged: '%s'", env_rule_log);
+    ddp_shutdown(ctx);
+    unlink(tl);
+    for (i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
+    /* the same values in both: nothing overridden, nothing said */
+    setenv("DDP_TIMEOUT", "30", 1); setenv("DDP_CHECK_READY", "1", 1);
+    env_rule_log[0] = 0;
+    d.timeline_path = NULL; d.param_dtype = DDP_DTYPE_FP32;
+    r = ddp_init(&ctx, &d);
+    verdict(r == DDP_OK && !env_rule_log[0], "env_variable_agreeing_with_the_program_is_silent", "%s / logged '%s'",
+            ddp_last_error(ctx), env_rule_log);
+    ddp_shutdown(ctx);
+    for (i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
+    /* invalid values: refused by name, though the program set every field */
+    d.log = NULL; d.log_level = DDP_LOG_OFF; d.shard_optimizer = 1;
+    for (i = 0; i < sizeof invalid / sizeof invalid[0]; i++) {
+        char name[96];
+        setenv(invalid[i].var, invalid[i].bad, 1);
+        r = ddp_init(&ctx, &d);
+        snprintf(name, sizeof name, "env_invalid_%s_refused_though_the_program_set_it", invalid[i].var);
+        verdict(r == DDP_ERR_BAD_ENV && contains(ddp_last_error(ctx), invalid[i].needle), name, "%s: %s",
+                ddp_result_string(r), ddp_last_error(ctx));
+        ddp_shutdown(ctx);
+        unsetenv(invalid[i].var);
+    }
+}
+
 /* ---- rendezvous failures ---- */
 static void test_port_in_use(void) {
     int port = test_free_port(), fd = (int)socket(AF_INET, SOCK_STREAM, 0);
@@ -669,7 +746,8 @@ static void test_launcher_job_ids(void) {
     const char *torch_none[] = { "RANK", "1", "WORLD_SIZE", "2", "TORCHELASTIC_RUN_ID", "none", "TORCHELASTIC_RESTART_COUNT", "0",
                                  "TORCHELASTIC_ERROR_FILE", "/tmp/torchelastic_k2/none_x9/attempt_0/1/error.json", NULL };
     const char *by_hand[] = { "RANK", "1", "WORLD_SIZE", "2", NULL };
-    const char *explicit_id[] = { "SLURM_PROCID", "1", "SLURM_NTASKS", "2", "SLURM_JOB_ID", "77", "DDP_JOB_ID", "mine", NULL };
+    const char *explicit_id[] = { "SLURM_PROCID", "1", "SLURM_NTASKS", "2", "SLURM_JOB_ID", "77", "SLURM_STEP_ID", "3", "DDP_JOB_ID",
+                                  "mine", NULL };
     expect_job_id("job_id_open_mpi_4", ompi4, "Open MPI job 1100218369");
     expect_job_id("job_id_open_mpi_5", ompi5, "Open MPI job prterun-host-4242@1");
     expect_job_id("job_id_slurm_job_and_step", slurm, "Slurm job 77 step 3");
@@ -1010,6 +1088,157 @@ static void test_wrong_order(void) {
     ddp_shutdown(ctx);
 }
 
+/* ---- Slurm: the hostlist syntax (cases checked against Slurm 22.05's `scontrol show hostnames`,
+   plus a suffix after the last bracket, which newer Slurm accepts), and what srun's variables give ---- */
+static void expect_hostlist(const char *list, long want_n, const char *want) {
+    char all[512] = "", host[64], why[160] = "";
+    long n = ddp__hostlist_nth(list, -1, host, sizeof host, why, sizeof why), i;
+    for (i = 0; i < n && n > 0; i++) {
+        if (ddp__hostlist_nth(list, i, host, sizeof host, why, sizeof why) != n) { n = -2; break; }
+        snprintf(all + strlen(all), sizeof all - strlen(all), "%s%s", i ? " " : "", host);
+    }
+    if (want_n < 0) {   /* want: the reason */
+        verdict(n == -1 && contains(why, want), "slurm_hostlist_refused", "'%s': got %ld hosts '%s', why '%s'; want '%s'",
+                list, n, all, why, want);
+    } else {
+        verdict(n == want_n && !strcmp(all, want), "slurm_hostlist_expanded", "'%s': got %ld '%s' (%s), want %ld '%s'",
+                list, n, all, why, want_n, want);
+    }
+}
+
+static void test_slurm_hostlist(void) {
+    char host[8], why[160];
+    expect_hostlist("h[1-3,7]", 4, "h1 h2 h3 h7");
+    expect_hostlist("a[1-2]b[3-4]", 4, "a1b3 a1b4 a2b3 a2b4");
+    expect_hostlist("n[8-11]", 4, "n8 n9 n10 n11");
+    expect_hostlist("n[08-11]", 4, "n08 n09 n10 n11");
+    expect_hostlist("n[009-011]", 3, "n009 n010 n011");
+    expect_hostlist("a[01-3]", 3, "a01 a02 a03");
+    expect_hostlist("a[1-003]", 3, "a1 a2 a3");
+    expect_hostlist("h[1-3,7],g[2-3]", 6, "h1 h2 h3 h7 g2 g3");
+    expect_hostlist("a[01-03]b,c", 4, "a01b a02b a03b c");
+    expect_hostlist("a[2,1]", 2, "a2 a1");
+    expect_hostlist("a[1-2]-[5-6]", 4, "a1-5 a1-6 a2-5 a2-6");
+    expect_hostlist("r[1-2]n[1-2]x[0-1]", 8, "r1n1x0 r1n1x1 r1n2x0 r1n2x1 r2n1x0 r2n1x1 r2n2x0 r2n2x1");
+    expect_hostlist("a,,b", 2, "a b");
+    expect_hostlist("[1-2]", 2, "1 2");
+    expect_hostlist("node17", 1, "node17");
+    expect_hostlist("gpu-a100-[0-0]", 1, "gpu-a100-0");
+    expect_hostlist("", 0, "");
+    expect_hostlist("h[3-1]", -1, "the range 3-1 goes down");
+    expect_hostlist("a[1-2", -1, "'[' is not closed");
+    expect_hostlist("a1-2]", -1, "']' without its '['");
+    expect_hostlist("a[1-2,]", -1, "is not a list of numbers and ranges");
+    expect_hostlist("a[x]", -1, "'[x]' is not a list of numbers");
+    expect_hostlist("a[]", -1, "'[]' is not a list of numbers");
+    expect_hostlist("a[1[2]]", -1, "'[' inside '[...]'");
+    expect_hostlist("a[1234567890]", -1, "at most 9 digits");
+    expect_hostlist("n[0-99999999]", -1, "more than 10000000 hosts");
+    expect_hostlist("a[0-9999]b[0-9999]", -1, "more than 10000000 hosts");
+    verdict(ddp__hostlist_nth("longname[1-2]", 1, host, sizeof host, why, sizeof why) == -1 &&
+            contains(why, "host 1 is longer than 7 characters"), "slurm_hostlist_name_too_long_refused", "%s", why);
+}
+
+/* ddp_init under srun's variables (rank 1: it finds no store, or is refused before): what it
+   resolved, and the error. */
+static const char *slurm_vars[] = { "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_JOB_ID", "SLURM_JOBID",
+                                    "SLURM_STEP_ID", "SLURM_STEPID", "SLURM_STEP_NODELIST", "SLURM_NODELIST",
+                                    "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE",
+                                    "MASTER_ADDR", "MASTER_PORT", "DDP_TIMEOUT", "DDP_LOG", "DDP_JOB_ID" };
+static void slurm_init(const char *const *vars, ddp_result *r, char *err, size_t cap, ddp_desc *cfg) {
+    ddp_context *ctx;
+    size_t i;
+    for (i = 0; i < sizeof slurm_vars / sizeof slurm_vars[0]; i++) unsetenv(slurm_vars[i]);
+    setenv("DDP_TIMEOUT", "0.2", 1);
+    setenv("DDP_LOG", "off", 1);
+    for (i = 0; vars[i]; i += 2) setenv(vars[i], vars[i + 1], 1);
+    *r = ddp_init(&ctx, NULL);
+    snprintf(err, cap, "%s", ddp_last_error(ctx));
+    memset(cfg, 0, sizeof *cfg);
+    if (ddp_config(ctx)) {   /* the strings live in the context: kept past ddp_shutdown in slurm_addr */
+        static char slurm_addr[256];
+        *cfg = *ddp_config(ctx);
+        snprintf(slurm_addr, sizeof slurm_addr, "%s", cfg->master_addr ? cfg->master_addr : "-");
+        cfg->master_addr = slurm_addr;
+        cfg->job_id = NULL;
+        cfg->job_token = NULL;
+        cfg->timeline_path = NULL;
+        snprintf(err + strlen(err), cap - strlen(err), " [addr %s port %d local %d/%d]", cfg->master_addr,
+                 cfg->master_port, cfg->local_rank, cfg->local_world_size);
+    }
+    ddp_shutdown(ctx);
+    for (i = 0; i < sizeof slurm_vars / sizeof slurm_vars[0]; i++) unsetenv(slurm_vars[i]);
+}
+
+static void test_slurm_env(void) {
+    const char *two_nodes[] = { "SLURM_PROCID", "1", "SLURM_NTASKS", "4", "SLURM_LOCALID", "1", "SLURM_NODEID", "0",
+                                "SLURM_JOB_ID", "1234", "SLURM_STEP_ID", "5", "SLURM_STEP_NODELIST", "cn[07-08]",
+                                "SLURM_STEP_TASKS_PER_NODE", "2(x2)", NULL };
+    const char *next_step[] = { "SLURM_PROCID", "1", "SLURM_NTASKS", "4", "SLURM_LOCALID", "1", "SLURM_NODEID", "0",
+                                "SLURM_JOB_ID", "1234", "SLURM_STEP_ID", "6", "SLURM_STEP_NODELIST", "cn[07-08]",
+                                "SLURM_STEP_TASKS_PER_NODE", "2(x2)", NULL };
+    const char *given[] = { "SLURM_PROCID", "1", "SLURM_NTASKS", "4", "SLURM_LOCALID", "1", "SLURM_NODEID", "0",
+                            "SLURM_JOB_ID", "1234", "SLURM_STEP_ID", "5", "SLURM_STEP_NODELIST", "cn[07-08]",
+                            "SLURM_STEP_TASKS_PER_NODE", "2(x2)", "MASTER_ADDR", "10.1.2.3", "MASTER_PORT", "4242", NULL };
+    const char *uneven[] = { "SLURM_PROCID", "3", "SLURM_NTASKS", "4", "SLURM_LOCALID", "0", "SLURM_NODEID", "1",
+                             "SLURM_JOB_ID", "9", "SLURM_STEP_ID", "0", "SLURM_STEP_NODELIST", "h[1-2]",
+                             "SLURM_STEP_TASKS_PER_NODE", "3,1", NULL };
+    const char *one_node[] = { "SLURM_PROCID", "1", "SLURM_NTASKS", "2", "SLURM_LOCALID", "1", "SLURM_NODEID", "0",
+                               "SLURM_JOB_ID", "9", "SLURM_STEP_ID", "0", "SLURM_STEP_NODELIST", "h7",
+                               "SLURM_STEP_TASKS_PER_NODE", "2", "SLURM_NTASKS_PER_NODE", "8", NULL };
+    const char *batch[] = { "SLURM_PROCID", "0", "SLURM_NTASKS", "4", "SLURM_JOB_ID", "77", "SLURM_NODEID", "0",
+                            "SLURM_TASKS_PER_NODE", "2(x2)", NULL };
+    const char *salloc_shell[] = { "SLURM_NTASKS", "1", "SLURM_JOB_ID", "78", "SLURM_NODELIST", "h[1-2]", NULL };
+    const char *rank0_elsewhere[] = { "SLURM_PROCID", "0", "SLURM_NTASKS", "4", "SLURM_LOCALID", "0", "SLURM_NODEID", "1",
+                                      "SLURM_JOB_ID", "9", "SLURM_STEP_ID", "0", "SLURM_STEP_NODELIST", "h[1-2]",
+                                      "SLURM_STEP_TASKS_PER_NODE", "2(x2)", NULL };
+    const char *bad_counts[] = { "SLURM_PROCID", "1", "SLURM_NTASKS", "4", "SLURM_LOCALID", "1", "SLURM_NODEID", "0",
+                                 "SLURM_JOB_ID", "9", "SLURM_STEP_ID", "0", "SLURM_STEP_TASKS_PER_NODE", "2(x", NULL };
+    const char *node_beyond[] = { "SLURM_PROCID", "1", "SLURM_NTASKS", "4", "SLURM_LOCALID", "1", "SLURM_NODEID", "2",
+                                  "SLURM_JOB_ID", "9", "SLURM_STEP_ID", "0", "SLURM_STEP_TASKS_PER_NODE", "2(x2)", NULL };
+    const char *bad_list[] = { "SLURM_PROCID", "1", "SLURM_NTASKS", "4", "SLURM_LOCALID", "1", "SLURM_NODEID", "0",
+                               "SLURM_JOB_ID", "9", "SLURM_STEP_ID", "0", "SLURM_STEP_NODELIST", "h[3-1]",
+                               "SLURM_STEP_TASKS_PER_NODE", "2(x2)", NULL };
+    ddp_result r;
+    char err[1024];
+    ddp_desc c;
+    int port5, port6;
+    slurm_init(two_nodes, &r, err, sizeof err, &c);
+    port5 = c.master_port;
+    verdict(c.master_addr && !strcmp(c.master_addr, "cn07") && c.master_port == 20000 + (1234 * 64 + 5) % 12288 &&
+            c.local_world_size == 2 && c.local_rank == 1 && r == DDP_ERR_BAD_ENV && contains(err, "the job spans hosts"),
+            "slurm_master_addr_first_step_node_port_from_job_and_step", "%s: %s", ddp_result_string(r), err);
+    slurm_init(next_step, &r, err, sizeof err, &c);
+    port6 = c.master_port;
+    verdict(port6 != port5 && port6 >= 20000 && port6 < 32768, "slurm_two_steps_of_one_job_other_ports", "%d and %d", port5, port6);
+    slurm_init(given, &r, err, sizeof err, &c);
+    verdict(c.master_addr && !strcmp(c.master_addr, "10.1.2.3") && c.master_port == 4242,
+            "slurm_given_master_addr_and_port_win", "%s", err);
+    slurm_init(uneven, &r, err, sizeof err, &c);
+    verdict(c.local_world_size == 1 && c.local_rank == 0 && c.master_addr && !strcmp(c.master_addr, "h1"),
+            "slurm_local_world_from_step_tasks_per_node", "%s", err);
+    slurm_init(one_node, &r, err, sizeof err, &c);   /* the allocation's 8 a node is not this step's 2 */
+    verdict(c.local_world_size == 2 && c.master_addr && !strcmp(c.master_addr, "127.0.0.1") && r == DDP_ERR_TIMEOUT,
+            "slurm_one_node_step_local_127001_allocation_ntasks_per_node_ignored", "%s: %s", ddp_result_string(r), err);
+    slurm_init(batch, &r, err, sizeof err, &c);
+    verdict(r == DDP_ERR_BAD_ENV && contains(err, "SLURM_NTASKS=4, but this process of Slurm job 77 was not started by srun"),
+            "slurm_batch_script_itself_refused", "%s: %s", ddp_result_string(r), err);
+    slurm_init(salloc_shell, &r, err, sizeof err, &c);
+    verdict(r == DDP_OK && c.world_size == 1, "slurm_job_shell_of_one_task_is_one_rank", "%s: %s", ddp_result_string(r), err);
+    slurm_init(rank0_elsewhere, &r, err, sizeof err, &c);
+    verdict(r == DDP_ERR_BAD_ENV && contains(err, "rank 0 runs on node 1 of the step") && contains(err, "not on its first node 'h1'"),
+            "slurm_rank0_not_on_first_node_refused", "%s: %s", ddp_result_string(r), err);
+    slurm_init(bad_counts, &r, err, sizeof err, &c);
+    verdict(r == DDP_ERR_BAD_ENV && contains(err, "SLURM_STEP_TASKS_PER_NODE='2(x' is not a list of task counts"),
+            "slurm_step_tasks_per_node_malformed_refused", "%s: %s", ddp_result_string(r), err);
+    slurm_init(node_beyond, &r, err, sizeof err, &c);
+    verdict(r == DDP_ERR_BAD_ENV && contains(err, "SLURM_NODEID=2, but SLURM_STEP_TASKS_PER_NODE='2(x2)' counts tasks on 2 node(s)"),
+            "slurm_node_id_beyond_the_step_refused", "%s: %s", ddp_result_string(r), err);
+    slurm_init(bad_list, &r, err, sizeof err, &c);
+    verdict(r == DDP_ERR_BAD_ENV && contains(err, "SLURM_STEP_NODELIST='h[3-1]' is not a Slurm host list: the range 3-1 goes down"),
+            "slurm_step_nodelist_malformed_refused", "%s: %s", ddp_result_string(r), err);
+}
+
 int main(void) {
     test_bucket_layout();
     test_tape_order();
@@ -1021,6 +1250,7 @@ int main(void) {
     test_adamw();
     test_nonfinite();
     test_bad_env();
+    test_env_rule();
     test_port_in_use();
     test_unresolvable();
     test_rendezvous_failures();
@@ -1029,6 +1259,8 @@ int main(void) {
     test_sha256_hmac();
     test_job_identity();
     test_launcher_job_ids();
+    test_slurm_hostlist();
+    test_slurm_env();
     test_squatter();
     test_store_waits();
     test_shutdown_after_failure();

@@ -1,7 +1,8 @@
 /*
  * ddprun - start N local ranks of a data-parallel program (a tiny torchrun).
  *
- *   ddprun [-n N] [--master-port P] [--grace SECONDS] [--max-restarts N] [--] PROGRAM [ARGS...]
+ *   ddprun [-n N] [--master-port P] [--grace SECONDS] [--max-restarts N] [--restart-delay S]
+ *          [--restart-delay-max S] [--] PROGRAM [ARGS...]
  *   ddprun --nnodes M --node-rank K --master-addr A --master-port P --job-token T -n N PROGRAM...
  *
  * Every rank runs PROGRAM (looked up in PATH) with RANK, WORLD_SIZE,
@@ -16,12 +17,16 @@
  * ranks only; a rank failing on another node reaches these through ddp.h (the group fails).  With more than one
  * rank, OMP_NUM_THREADS and OPENBLAS_NUM_THREADS default to each rank's share
  * of the CPUs ddprun may use (at least 1; a value already set is kept).  Each
- * line a rank writes is copied to ddprun's stdout/stderr prefixed with "[rank R] ".
+ * line a rank writes is copied to ddprun's stdout/stderr prefixed with "[rank R] " (a line that
+ * starts with that rank's own "rank R: ", as ddp.h's messages do, loses those words: the
+ * prefix says it; "ddp rank R warning: ..." becomes "ddp warning: ...").
  * If a rank fails, or ddprun gets SIGINT/SIGTERM, the other ranks get
  * SIGTERM (or the forwarded signal) and, after the grace period, SIGKILL.
  * With --max-restarts N, a failed job is then started again (a new token,
  * and a new port unless --master-port), up to N times; the program resumes
- * from its own checkpoints.  SIGTSTP (Ctrl-Z) stops every rank, then ddprun;
+ * from its own checkpoints. Each restart waits first: --restart-delay (1 s),
+ * doubled after each attempt shorter than --restart-delay-max (60 s, the cap),
+ * reset after one that lasted that long; Ctrl-C ends the wait and ddprun.  SIGTSTP (Ctrl-Z) stops every rank, then ddprun;
  * SIGCONT continues them all, so no rank waits for a stopped peer and times out.
  *
  * Exit status: 0 if every rank exited 0; else the first failing rank's exit
@@ -33,7 +38,9 @@
  * whatever it spawned (a shell's children, data-loader workers...).  Exited
  * ranks stay unreaped zombies until ddprun ends: that keeps their pid, and so
  * their group id, from being reused, which makes signalling the group safe at
- * any time.  Before exiting, ddprun SIGKILLs what is left in every group.
+ * any time.  Before exiting, ddprun SIGKILLs what is left in every group,
+ * and (it is the ranks' child subreaper) the orphans that had left their
+ * group with setsid.
  * Being in a background group, a rank reading the terminal would stop on
  * SIGTTIN, so ranks get /dev/null as stdin when ddprun's stdin is a tty.
  */
@@ -44,6 +51,7 @@
 #define _GNU_SOURCE
 #endif
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -91,6 +99,8 @@ struct job {
     int nnodes, node_rank, base;   /* --nnodes, --node-rank; base = node_rank * nranks */
     const char *master_addr, *user_token, *job_id;   /* NULL: 127.0.0.1, a fresh token, unset */
     int max_restarts;
+    double restart_delay, restart_delay_max; /* back-off: the first wait, and its cap (also: how long a
+                                                run must last to reset it) */
     double grace;
     char token[128];
     char **argv;
@@ -117,7 +127,8 @@ static struct job *started_job;   /* for die(): never leave ranks behind */
 static struct rlimit original_nofile; /* restored in the children */
 
 static const char usage_text[] =
-    "usage: ddprun [-n N] [--master-port P] [--grace SECONDS] [--max-restarts N] [--] PROGRAM [ARGS...]\n"
+    "usage: ddprun [-n N] [--master-port P] [--grace SECONDS] [--max-restarts N] [--restart-delay S]\n"
+    "              [--restart-delay-max S] [--] PROGRAM [ARGS...]\n"
     "       ddprun --nnodes M --node-rank K --master-addr A --master-port P --job-token T [-n N] PROGRAM...\n"
     "  -n, --nproc, --nproc-per-node N  number of ranks (on this node), 1..1024 (default 1)\n"
     "  --master-port P                  MASTER_PORT (default: a free port, a new one per attempt;\n"
@@ -137,6 +148,10 @@ static const char usage_text[] =
     "  --grace SECONDS                  wait before SIGKILL when stopping (default 5)\n"
     "  --max-restarts N                 when a rank fails, stop all and start them again, up to\n"
     "                                   N times (default 0); the program resumes from its checkpoint\n"
+    "  --restart-delay S                the wait before the first restart, doubled for each\n"
+    "                                   restart after a run shorter than the cap (default 1)\n"
+    "  --restart-delay-max S            the cap on that wait; a run that lasted this long resets\n"
+    "                                   the wait to --restart-delay (default 60)\n"
     "  -h, --help                       show this help\n";
 
 /* ---- output ----
@@ -410,11 +425,12 @@ static void parse_args(int argc, char **argv, struct job *job)
 #define IS(name) (name_len == strlen(name) && strncmp(arg, name, name_len) == 0)
         int is_nproc = IS("-n") || IS("--nproc") || IS("--nproc-per-node");
         int is_port = IS("--master-port"), is_grace = IS("--grace"), is_restarts = IS("--max-restarts");
+        int is_delay = IS("--restart-delay"), is_delay_max = IS("--restart-delay-max");
         int is_nnodes = IS("--nnodes"), is_node_rank = IS("--node-rank") || IS("--node_rank");
         int is_addr = IS("--master-addr") || IS("--master_addr"), is_token = IS("--job-token"), is_id = IS("--job-id");
 #undef IS
         if (!is_nproc && !is_port && !is_grace && !is_restarts && !is_nnodes && !is_node_rank && !is_addr &&
-            !is_token && !is_id)
+            !is_token && !is_id && !is_delay && !is_delay_max)
             usage_error("unknown option '%s'", arg);
         if (!value) {
             if (i + 1 >= argc)
@@ -449,8 +465,18 @@ static void parse_args(int argc, char **argv, struct job *job)
             if (end == value || *end != '\0' || !(job->grace >= 0 && job->grace <= 86400))
                 usage_error("grace must be 0..86400 seconds, not '%s'", value);
         }
+        if (is_delay || is_delay_max) {
+            char *end;
+            double *d = is_delay ? &job->restart_delay : &job->restart_delay_max;
+            *d = strtod(value, &end);
+            if (end == value || *end != '\0' || !(*d >= 0 && *d <= 86400))
+                usage_error("%s must be 0..86400 seconds, not '%s'", is_delay ? "--restart-delay" : "--restart-delay-max",
+                            value);
+        }
         i++;
     }
+    if (job->restart_delay > job->restart_delay_max)
+        usage_error("--restart-delay %g is above --restart-delay-max %g", job->restart_delay, job->restart_delay_max);
     if (i >= argc)
         usage_error("missing PROGRAM");
     job->argv = argv + i;
@@ -682,15 +708,37 @@ static void note_waited_for(struct job *job, int rank, const char *line, size_t 
         job->ranks[index].waited_for = peer;
 }
 
-/* Each line is queued whole, so lines of different ranks never mix. */
+/* Length of "rank R: " (or of "rank R", in "ddp rank R level: ", ddp.h's default logger) at the
+   start of a line when R is the rank that wrote it: ddp.h's messages (ddp_last_error) start
+   with their rank, which the "[rank R] " prefix already says. 0 otherwise. */
+static size_t own_rank_words(const char *line, size_t len, int rank, int colon)
+{
+    char word[32];
+    int n = snprintf(word, sizeof word, colon ? "rank %d: " : "rank %d ", rank);
+    return n > 0 && (size_t)n <= len && !memcmp(line, word, (size_t)n) ? (size_t)n : 0;
+}
+
+/* Each line is queued whole, so lines of different ranks never mix. The rank's own "rank R: "
+   at the start of a line is dropped ("[rank 0] rank 0: ..." said it twice). */
 static void emit_line(struct job *job, const struct stream *s, const char *line, size_t len)
 {
     static char out[LINE_CAP + 64];
     int n = snprintf(out, 64, "[rank %*d] ", job->prefix_width, s->rank);
+    const char *whole = line;
+    size_t whole_len = len, skip = own_rank_words(line, len, s->rank, 1);
+    if (skip) {
+        line += skip;
+        len -= skip;
+    } else if (len > 4 && !memcmp(line, "ddp ", 4) && (skip = own_rank_words(line + 4, len - 4, s->rank, 0)) != 0) {
+        memcpy(out + n, "ddp ", 4);   /* "ddp rank R warning: ..." -> "ddp warning: ..." */
+        n += 4;
+        line += 4 + skip;
+        len -= 4 + skip;
+    }
     memcpy(out + n, line, len);
     out[(size_t)n + len] = '\n';
     if (s->dest == STDERR_FILENO)
-        note_waited_for(job, s->rank, line, len);
+        note_waited_for(job, s->rank, whole, whole_len);
     emit(s->dest, out, (size_t)n + len + 1);
 }
 
@@ -929,14 +977,69 @@ static void check_ranks(struct job *job)
         }
 }
 
+/* Strays: processes a rank started that left its process group (setsid, setpgid) and whose
+ * parent has exited. ddprun is their child subreaper (PR_SET_CHILD_SUBREAPER, in main), so they
+ * become its children instead of init's. Scans /proc for children of ddprun that are not ranks;
+ * with `kill_them` each gets SIGKILL; zombies among them are reaped (the ranks' own zombies are
+ * kept: they hold the group ids). Returns how many were found alive. */
+static int strays(const struct job *job, int kill_them)
+{
+#ifdef __linux__
+    DIR *proc = opendir("/proc");
+    struct dirent *e;
+    pid_t self = getpid();
+    int found = 0;
+    if (!proc)
+        return 0;
+    while ((e = readdir(proc)) != NULL) {
+        char path[64], buf[512], state, *close_paren;
+        pid_t pid = (pid_t)atoi(e->d_name), ppid;
+        int is_rank = 0;
+        FILE *f;
+        size_t n;
+        if (pid <= 0)
+            continue;
+        for (int i = 0; i < job->nranks && !is_rank; i++)
+            is_rank = job->ranks[i].pid == pid;
+        if (is_rank)
+            continue;
+        snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+        if (!(f = fopen(path, "r")))
+            continue;
+        n = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[n] = '\0';
+        /* "pid (comm) state ppid ...": comm may hold spaces and parentheses */
+        if (!(close_paren = strrchr(buf, ')')) || sscanf(close_paren + 1, " %c %d", &state, &ppid) != 2 || ppid != self)
+            continue;
+        if (state != 'Z') {
+            found++;
+            if (kill_them)
+                kill(pid, SIGKILL);
+        }
+        waitpid(pid, NULL, WNOHANG);
+    }
+    closedir(proc);
+    return found;
+#else
+    (void)job;
+    (void)kill_them;
+    return 0;
+#endif
+}
+
 /* ddprun must not leave anything behind: kill the rest of every group,
- * then reap the zombie leaders. */
+ * then reap the zombie leaders, then kill and reap the strays (whose own
+ * children come to ddprun in turn, so until none is left; 2 s at most). */
 static void finish_job(struct job *job)
 {
     signal_groups(job, SIGKILL);
     for (int i = 0; i < job->nranks; i++)
         while (job->ranks[i].pid > 0 && waitpid(job->ranks[i].pid, NULL, 0) < 0 && errno == EINTR)
             ;
+    for (int tries = 0; tries < 200 && strays(job, 1) > 0; tries++)
+        poll(NULL, 0, 10);
+    strays(job, 0); /* the last ones killed: reaped */
 }
 
 /* Ctrl-Z: stop every rank's group, then ddprun itself; on SIGCONT (fg, bg, kill -CONT), continue
@@ -985,16 +1088,23 @@ static void handle_signals(struct job *job, int *signals_handled)
                                        : "terminated, stopping all ranks");
 }
 
+static int strays(const struct job *job, int kill_them);
+
 /* Supervise until every rank has exited and its output is drained. */
 static void supervise(struct job *job)
 {
     struct pollfd *fds = calloc(2 * (size_t)job->nranks, sizeof *fds);
     struct stream **owners = calloc(2 * (size_t)job->nranks, sizeof *owners);
     static int signals_handled = 0; /* across attempts: a signal stops the job only once */
+    double strays_reaped_at = now_seconds();
     if (!fds || !owners)
         die("calloc");
     while (running_ranks(job) > 0 || open_streams(job) > 0) {
         handle_signals(job, &signals_handled);
+        if (now_seconds() > strays_reaped_at + 5) { /* strays that exited: no zombies pile up */
+            strays(job, 0);
+            strays_reaped_at = now_seconds();
+        }
         int all_exited = running_ranks(job) == 0;
         int ready = open_streams(job) > 0 ? drain_output(job, fds, owners, POLL_MS)
                                           : poll(NULL, 0, POLL_MS);
@@ -1064,6 +1174,28 @@ static void run_attempt(struct job *job)
     started_job = NULL;
 }
 
+/* The back-off before a restart: Ctrl-C or SIGTERM ends it (and ddprun) at once; Ctrl-Z stops
+ * ddprun (no rank is running). 1: go on and restart; 0: stopped by a signal. */
+static int restart_wait(struct job *job, double seconds)
+{
+    struct job idle = *job;
+    double until = now_seconds() + seconds;
+    idle.nranks = 0; /* the last attempt's ranks are reaped: their group ids may be reused */
+    for (;;) {
+        double left = until - now_seconds();
+        if (signals_received) {
+            job->interrupted = 1;
+            job->exit_status = 128 + first_signal;
+            say("%s while waiting to restart; not restarting", first_signal == SIGINT ? "interrupted" : "terminated");
+            return 0;
+        }
+        handle_job_control(&idle);
+        if (left <= 0)
+            return 1;
+        poll(NULL, 0, left < 0.05 ? (int)(left * 1000) + 1 : 50); /* a signal cuts it short */
+    }
+}
+
 int main(int argc, char **argv)
 {
     struct job job;
@@ -1071,6 +1203,8 @@ int main(int argc, char **argv)
     job.nranks = 1;
     job.nnodes = 1;
     job.grace = 5.0;
+    job.restart_delay = 1.0;
+    job.restart_delay_max = 60.0;
     job.exit_status = -1;
     parse_args(argc, argv, &job);
     ensure_std_fds_open();
@@ -1079,11 +1213,19 @@ int main(int argc, char **argv)
     if (!(job.ranks = calloc((size_t)job.nranks, sizeof *job.ranks)))
         die("calloc");
     pthread_sigmask(SIG_SETMASK, NULL, &original_sigmask);
+#ifdef __linux__
+    /* A process a rank starts with setsid escapes the rank's group and its clean-up; orphaned,
+     * it comes to ddprun instead of init, and finish_job kills it (strays). */
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
+#endif
     install_signal_handlers();
     start_output();
 
+    double wait = job.restart_delay;
     for (int restarts = 0;; restarts++) {
+        double began = now_seconds(), lasted;
         run_attempt(&job);
+        lasted = now_seconds() - began;
         if (job.exit_status < 0 || job.interrupted || signals_received)
             break;
         if (restarts == job.max_restarts) {
@@ -1092,8 +1234,15 @@ int main(int argc, char **argv)
                     restarts + 1, job.max_restarts, job.cause);
             break;
         }
-        say("restart %d of %d: %s; starting all %d rank(s) again", restarts + 1, job.max_restarts, job.cause,
-            job.nranks);
+        /* A job that fails at once must not be restarted many times a second: each quick failure
+         * doubles the wait (up to the cap); a run that lasted as long as the cap was no crash loop. */
+        if (lasted >= job.restart_delay_max)
+            wait = job.restart_delay;
+        say("restart %d of %d: %s; starting all %d rank(s) again in %.1f s", restarts + 1, job.max_restarts, job.cause,
+            job.nranks, wait);
+        if (!restart_wait(&job, wait))
+            break;
+        wait = wait * 2 < job.restart_delay_max ? wait * 2 : job.restart_delay_max;
     }
     free(job.ranks);
     finish_output();

@@ -32,7 +32,9 @@ check_gpu_and_build "$OUT/2-build.log" $TARGETS
 
 # each in a pipeline's subshell (to tee its log): each with its own trap
 { trap 'gpu_steps_abort; exit 130' INT TERM; gpu_step bench_gpu 180 "$G/bench_gpu" "$G/bench_gpu"; } 2>&1 | tee "$OUT/2-bench.log"
-{ trap 'gpu_steps_abort; exit 130' INT TERM; gpu_step bench_gpt_gpu 300 "$G/train_gpt" bench/gpu/bench_gpt_gpu.sh "$B"; } 2>&1 |
+# each run's log streamed into 2-bench_gpt.log (kept whole in $B/bench-runs): $OUT holds 8 files at most
+{ trap 'gpu_steps_abort; exit 130' INT TERM; gpu_step bench_gpt_gpu 300 "$G/train_gpt" env STREAM=1 LOG_DIR="$B/bench-runs" RUN_LIMIT_S=120 \
+    bench/gpu/bench_gpt_gpu.sh "$B"; } 2>&1 |
     tee "$OUT/2-bench_gpt.log"
 grep -h "^RESULT" "$OUT/2-bench.log" "$OUT/2-bench_gpt.log" 2>/dev/null | sed 's/^/# /' >>"$SUMMARY"
 grep -h "^| " "$OUT/2-bench_gpt.log" 2>/dev/null | sed 's/^/# /' >>"$SUMMARY"

@@ -23,6 +23,16 @@
    with one stream, atomics off, is deterministic on one GPU model and library version. So two
    runs give the same bits.
 
+   Kernels (GPT_KERNELS, read by gpt_cuda_create; gpt_cuda_set_kernels). 1, the default: as
+   above. 2: the token embedding's backward in segments of at most GC_WTE_SEGMENT positions
+   (partial sums, then each token's segments in order: a blocked sum, deterministic, not the
+   CPU's order), the causal softmax in one pass plus the write (online max and sum) and its
+   backward reading the lower triangle only, and GELU and the bias init as 16-byte maps (the
+   same bits as the one-element kernels). Both are kept so that one GPU call can time old and
+   new (bench/gpu/check_bf16.sh).
+
+   Op times (GPT_OP_TIMES=1): per-op CUDA-event times, printed by the trainer (gc_op_timer).
+
    Precision (gpt_cuda_create's precision). GPT_CUDA_FP32: fp32 throughout, TF32 off
    (CUBLAS_DEFAULT_MATH never uses TF32 for SGEMM). GPT_CUDA_TF32: TF32 tensor cores (faster,
    ~1e-3 relative error in matmuls). GPT_CUDA_BF16: activations, parameters and gradients
@@ -74,7 +84,8 @@ enum {
     GC_THREADS = 256,          /* threads per block: 8 rows (warps) or 256 elements */
     GC_CHUNKS = 64,            /* column sums: rows are cut into this many chunks, summed in order */
     GC_UPLOAD_SLOTS = 8,       /* pinned batch slots: how far the host may run ahead */
-    GC_LOSS_SLOTS = 1024       /* per-forward losses kept on the device until read */
+    GC_LOSS_SLOTS = 1024,      /* per-forward losses kept on the device until read */
+    GC_WTE_SEGMENT = 32        /* GPT_KERNELS=2: positions per partial sum of the token embedding's backward */
 };
 
 /* ---------------------------------------------------------------------------------------------
@@ -195,6 +206,64 @@ static GC_HD inline float gc_ld(gc_bf16 h) { return ddp_k__from_bf16(h); }
 static GC_HD inline void gc_put(float *p, float v) { *p = v; }
 static GC_HD inline void gc_put(gc_bf16 *p, float v) { *p = ddp_k__to_bf16(v); }
 /* ---------------------------------------------------------------------------------------------
+   Per-op times (GPT_OP_TIMES=1): where a step's device time goes, without a profiler. Each op's
+   launches sit between two events recorded on the compute stream (host clock readings in
+   emulation, where every launch runs at once); the pairs are read when the trainer ends a step
+   (gpt_cuda_op_times_step, after the step's own host wait) and summed per name. The step's span
+   (from the previous step's end) minus the ops' sum is what no op covers: launch gaps, the
+   compute stream waiting for the last gradient bucket (exposed communication), the host. Events
+   cost a little: the numbers are for where time goes, the tokens/s of a run without it for speed.
+   --------------------------------------------------------------------------------------------- */
+enum { GC_TIMER_PAIRS = 4096, GC_TIMER_NAMES = 64 };
+#ifdef GPT_CUDA_EMULATE
+#include <time.h>
+typedef double gc_tick;
+static void gc_tick_record(gc_tick *t, gc_stream s) {
+    struct timespec ts;
+    (void)s;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    *t = ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+static float gc_tick_ms(const gc_tick *a, const gc_tick *b) { return (float)(*b - *a); }
+static void gc_tick_wait(const gc_tick *t) { (void)t; }
+#else
+typedef cudaEvent_t gc_tick;
+static void gc_tick_record(gc_tick *t, gc_stream s) { gc_check_cuda(cudaEventRecord(*t, s), "cudaEventRecord (GPT_OP_TIMES)", __FILE__, __LINE__); }
+static float gc_tick_ms(const gc_tick *a, const gc_tick *b) {
+    float ms = 0;
+    gc_check_cuda(cudaEventElapsedTime(&ms, *a, *b), "cudaEventElapsedTime (GPT_OP_TIMES)", __FILE__, __LINE__);
+    return ms;
+}
+static void gc_tick_wait(const gc_tick *t) { gc_check_cuda(cudaEventSynchronize(*t), "cudaEventSynchronize (GPT_OP_TIMES)", __FILE__, __LINE__); }
+#endif
+typedef struct gc_op_timer {
+    gc_tick ticks[2 * GC_TIMER_PAIRS], step_ticks[2];
+    const char *pending[GC_TIMER_PAIRS];   /* the open pairs' names; pair i: ticks 2i, 2i+1 */
+    int npending, open, step_started, cur;
+    struct { const char *name; double ms; long calls; } sum[GC_TIMER_NAMES];
+    int nsum;
+    double step_ms;                        /* the steps' spans, summed */
+    long steps, overflows;
+} gc_op_timer;
+
+static void gc_timer_flush(gc_op_timer *t) {
+    int i, k;
+    if (!t->npending) return;
+    gc_tick_wait(&t->ticks[2 * t->npending - 1]);
+    for (i = 0; i < t->npending; i++) {
+        for (k = 0; k < t->nsum && strcmp(t->sum[k].name, t->pending[i]) != 0; k++) {}
+        if (k == t->nsum) {
+            if (t->nsum == GC_TIMER_NAMES) continue;   /* more names than the table: not the model's ops */
+            t->sum[k].name = t->pending[i]; t->sum[k].ms = 0; t->sum[k].calls = 0;
+            t->nsum++;
+        }
+        t->sum[k].ms += gc_tick_ms(&t->ticks[2 * i], &t->ticks[2 * i + 1]);
+        t->sum[k].calls++;
+    }
+    t->npending = 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
    The model's state.
    --------------------------------------------------------------------------------------------- */
 /* Activations are void *: float, or gc_bf16 with --bf16 (the ops cast them to their S);
@@ -229,7 +298,13 @@ typedef struct gpt_cuda {
     /* the batch on the device: tokens [BT], targets [BT], token_start [V+1], positions [BT]
        (the positions sorted by token, increasing within a token: the embedding's backward) */
     int *tokens, *targets, *token_start, *positions;
+    /* GPT_KERNELS=2: the sorted positions cut into segments of at most GC_WTE_SEGMENT, never
+       across tokens: token v's are seg_first[v] .. seg_first[v + 1] - 1 [V+1]; segment s covers
+       positions[seg_begin[s] .. seg_begin[s + 1]) [max_segments + 1] */
+    int *seg_first, *seg_begin, segments, max_segments;
+    float *wte_partial;            /* [max_segments, C] */
     size_t batch_ints;
+    int kernels;                   /* 1: the kernels as they were; 2 (GPT_KERNELS=2): the new ones */
     int *upload[GC_UPLOAD_SLOTS];  /* pinned host slots, same layout */
     gc_event upload_done[GC_UPLOAD_SLOTS];
     int upload_used[GC_UPLOAD_SLOTS], upload_next;
@@ -257,9 +332,27 @@ typedef struct gpt_cuda {
     int dropping;
     void *ddrop;
     size_t num_floats;
+    struct gc_op_timer *timer;     /* GPT_OP_TIMES=1: per-op device times (NULL: off) */
     void **allocs;                 /* every device buffer, freed by gpt_cuda_destroy */
     int num_allocs, cap_allocs;
 } gpt_cuda;
+
+/* gc_time(m, "name") ... gc_time_end(m) around an op's launches (not nested). */
+static void gc_time(gpt_cuda *m, const char *name) {
+    gc_op_timer *t = m->timer;
+    if (!t) return;
+    if (t->npending == GC_TIMER_PAIRS) { gc_timer_flush(t); t->overflows++; }   /* a wait inside the step: rare */
+    t->pending[t->npending] = name;
+    gc_tick_record(&t->ticks[2 * t->npending], m->stream);
+    t->open = 1;
+}
+static void gc_time_end(gpt_cuda *m) {
+    gc_op_timer *t = m->timer;
+    if (!t || !t->open) return;
+    gc_tick_record(&t->ticks[2 * t->npending + 1], m->stream);
+    t->npending++;
+    t->open = 0;
+}
 
 /* ---------------------------------------------------------------------------------------------
    Memory and copies.
@@ -332,7 +425,10 @@ static inline void gpt_cuda_upload(void *stream, void *device, const void *host,
    operand keeps its own transpose flag and leading dimension.
    In fp32, cublasSgemm; in bf16 (--bf16), cublasGemmEx / cublasGemmStridedBatchedEx with bf16
    A, B and C and CUBLAS_COMPUTE_32F: products summed in fp32, alpha * sum + beta * C in fp32,
-   then C rounded to bf16 once, to nearest even.
+   then C rounded to bf16 once, to nearest even. cuBLAS keeps that promise for a split-K GEMM
+   only with CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION, which gpt_cuda_create sets in bf16
+   (else it may add the K-slices' partials in bf16); tests/gpu/test_gpt_gpu.cu's gemm part checks
+   a K = 8192 product against that bound.
    --------------------------------------------------------------------------------------------- */
 #ifdef GPT_CUDA_EMULATE
 static int gc_imax(int a, int b) { return a > b ? a : b; }
@@ -450,6 +546,37 @@ template <class S> struct gc_wte_bwd {
         size_t v = i / (size_t)C, c = i % (size_t)C;
         float acc = gc_ld(gwte[i]);
         for (int j = token_start[v]; j < token_start[v + 1]; j++) acc += gc_ld(dres[(size_t)positions[j] * C + c]);
+        gc_put(&gwte[i], acc);
+    }
+};
+
+/* GPT_KERNELS=2, the same gradient in two launches of bounded work: each segment of at most
+   GC_WTE_SEGMENT positions of one token sums its rows (i = s*C + c), then each (token, column)
+   adds its segments in order (i = v*C + c). A frequent token (a space: ~15% of a batch) no
+   longer makes one thread walk thousands of rows. The sum is blocked: other roundings than the
+   CPU's running sum (tests/gpu/test_gpt_gpu.cu's kernels2 part bounds it). */
+template <class S> struct gc_wte_segments {
+    const S *dres;
+    const int *seg_begin, *positions;
+    float *partial;
+    int C, segments;
+    GC_HD void operator()(size_t i) const {
+        int s = (int)(i / (size_t)C), c = (int)(i % (size_t)C);
+        float acc = 0;
+        if (s >= segments) return;
+        for (int j = seg_begin[s]; j < seg_begin[s + 1]; j++) acc += gc_ld(dres[(size_t)positions[j] * C + c]);
+        partial[i] = acc;
+    }
+};
+template <class S> struct gc_wte_add_segments {
+    const float *partial;
+    const int *seg_first;
+    S *gwte;
+    int C;
+    GC_HD void operator()(size_t i) const {
+        size_t v = i / (size_t)C, c = i % (size_t)C;
+        float acc = gc_ld(gwte[i]);
+        for (int s = seg_first[v]; s < seg_first[v + 1]; s++) acc += partial[(size_t)s * C + c];
         gc_put(&gwte[i], acc);
     }
 };
@@ -599,11 +726,34 @@ template <class S> struct gc_causal_softmax_fwd {
     }
 };
 
+/* GPT_KERNELS=2: the same softmax reading the row twice instead of three times: one pass keeps
+   each lane's running max and its sum of exponentials (rescaled when the max grows), the lanes
+   combine them (max, then sum s_l exp(m_l - max)), a second pass writes. Other roundings of the
+   sum than the three-pass form (within a few ulp of it: the kernels2 test part). */
+template <class S> struct gc_causal_softmax_fwd_online {
+    S *att;
+    int T;
+    template <class Lanes> GC_HD void operator()(const Lanes &g, int row) const {
+        S *p = att + (size_t)row * T;
+        float mx = -INFINITY, s = 0, m_all, inv;
+        int n = row % T + 1, u;
+        for (u = g.lane(); u < n; u += g.size()) {
+            float x = gc_ld(p[u]);
+            if (x > mx) { s = s * expf(mx - x) + 1.0f; mx = x; }
+            else s += expf(x - mx);
+        }
+        m_all = g.max(mx);
+        inv = 1.0f / g.sum(mx == -INFINITY ? 0.0f : s * expf(mx - m_all));   /* a lane with no element adds 0 */
+        for (u = g.lane(); u < n; u += g.size()) gc_put(&p[u], expf(gc_ld(p[u]) - m_all) * inv);
+        for (u = n + g.lane(); u < T; u += g.size()) gc_put(&p[u], 0.0f);
+    }
+};
+
 /* Softmax backward in place: d = P (d - <P, d>) over the row (0 above the diagonal, where P is). */
 template <class S> struct gc_causal_softmax_bwd {
     const S *att;
     S *datt;
-    int T;
+    int T, lower_only;   /* lower_only (GPT_KERNELS=2): above the diagonal write 0, read nothing */
     template <class Lanes> GC_HD void operator()(const Lanes &g, int row) const {
         const S *p = att + (size_t)row * T;
         S *d = datt + (size_t)row * T;
@@ -611,29 +761,104 @@ template <class S> struct gc_causal_softmax_bwd {
         int n = row % T + 1, u;
         for (u = g.lane(); u < n; u += g.size()) s += gc_ld(p[u]) * gc_ld(d[u]);
         s = g.sum(s);
-        for (u = g.lane(); u < T; u += g.size()) gc_put(&d[u], gc_ld(p[u]) * (gc_ld(d[u]) - s));
+        for (u = g.lane(); u < (lower_only ? n : T); u += g.size()) gc_put(&d[u], gc_ld(p[u]) * (gc_ld(d[u]) - s));
+        if (lower_only)
+            for (u = n + g.lane(); u < T; u += g.size()) gc_put(&d[u], 0.0f);
     }
 };
 
 /* GELU, tanh form: x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3), as gpt__gelu. */
 #define GC_GELU_K 0.7978845608028654f
+static GC_HD inline float gc_gelu(float v) {
+    float u = GC_GELU_K * (v + 0.044715f * v * v * v);
+    return v * (1.0f / (1.0f + expf(-2.0f * u)));
+}
+static GC_HD inline float gc_gelu_grad(float v, float d) {
+    float u = GC_GELU_K * (v + 0.044715f * v * v * v), s = 1.0f / (1.0f + expf(-2.0f * u));
+    float du = GC_GELU_K * (1.0f + 3.0f * 0.044715f * v * v);
+    return d * (s + v * s * (1.0f - s) * 2.0f * du);
+}
 template <class S> struct gc_gelu_fwd {
     const S *x;
     S *y;
-    GC_HD void operator()(size_t i) const {
-        float v = gc_ld(x[i]), u = GC_GELU_K * (v + 0.044715f * v * v * v);
-        gc_put(&y[i], v * (1.0f / (1.0f + expf(-2.0f * u))));
-    }
+    GC_HD void operator()(size_t i) const { gc_put(&y[i], gc_gelu(gc_ld(x[i]))); }
 };
 template <class S> struct gc_gelu_bwd {
     const S *x, *dout;
     S *dx;
-    GC_HD void operator()(size_t i) const {
-        float v = gc_ld(x[i]), u = GC_GELU_K * (v + 0.044715f * v * v * v), s = 1.0f / (1.0f + expf(-2.0f * u));
-        float du = GC_GELU_K * (1.0f + 3.0f * 0.044715f * v * v);
-        gc_put(&dx[i], gc_ld(dout[i]) * (s + v * s * (1.0f - s) * 2.0f * du));
+    GC_HD void operator()(size_t i) const { gc_put(&dx[i], gc_gelu_grad(gc_ld(x[i]), gc_ld(dout[i]))); }
+};
+
+/* GPT_KERNELS=2: elementwise maps with 16 bytes per thread (4 floats or 8 bf16), every load of a
+   thread before its stores, one 16-byte access per operand where the operands are 16-byte
+   aligned (the launcher checks; else the one-element kernels run). The element arithmetic is the
+   one-element kernels' own (gc_gelu, gc_gelu_grad, the bias add), so the bits are theirs. */
+template <class S> struct gc_vec { enum { V = 16 / (int)sizeof(S) }; };
+template <class S> static GC_HD inline void gc_load16(const S *p, float *f) {
+#ifdef __CUDA_ARCH__
+    int4 raw = *reinterpret_cast<const int4 *>(p);
+    const S *r = reinterpret_cast<const S *>(&raw);
+    for (int k = 0; k < gc_vec<S>::V; k++) f[k] = gc_ld(r[k]);
+#else
+    for (int k = 0; k < gc_vec<S>::V; k++) f[k] = gc_ld(p[k]);
+#endif
+}
+template <class S> static GC_HD inline void gc_store16(S *p, const float *f) {
+#ifdef __CUDA_ARCH__
+    int4 raw;
+    S *r = reinterpret_cast<S *>(&raw);
+    for (int k = 0; k < gc_vec<S>::V; k++) gc_put(&r[k], f[k]);
+    *reinterpret_cast<int4 *>(p) = raw;
+#else
+    for (int k = 0; k < gc_vec<S>::V; k++) gc_put(&p[k], f[k]);
+#endif
+}
+static inline int gc_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+/* out = f(a, b, i) over n elements, V a thread (thread t: elements tV .. tV + V - 1; the last
+   thread takes what is left one by one). a and b may be NULL (not read; f gets 0). */
+template <class S, class F> struct gc_map_vec {
+    const S *a, *b;
+    S *out;
+    size_t n;
+    F f;
+    GC_HD void operator()(size_t t) const {
+        enum { V = gc_vec<S>::V };
+        size_t i0 = t * V, i;
+        float fa[V], fb[V], fo[V];
+        int k;
+        if (i0 + V <= n) {
+            if (a) gc_load16(a + i0, fa); else for (k = 0; k < V; k++) fa[k] = 0;
+            if (b) gc_load16(b + i0, fb); else for (k = 0; k < V; k++) fb[k] = 0;
+            for (k = 0; k < V; k++) fo[k] = f(fa[k], fb[k], i0 + k);
+            gc_store16(out + i0, fo);
+        } else
+            for (i = i0; i < n; i++) gc_put(&out[i], f(a ? gc_ld(a[i]) : 0.0f, b ? gc_ld(b[i]) : 0.0f, i));
     }
 };
+struct gc_f_gelu { GC_HD float operator()(float x, float, size_t) const { return gc_gelu(x); } };
+struct gc_f_gelu_grad { GC_HD float operator()(float x, float d, size_t) const { return gc_gelu_grad(x, d); } };
+template <class S> struct gc_f_bias {   /* the bias (+ the residual a), as gc_linear_init */
+    const S *bias;
+    int width, resid;
+    GC_HD float operator()(float r, float, size_t i) const {
+        float bv = gc_ld(bias[i % (size_t)width]);
+        return resid ? r + bv : bv;
+    }
+};
+/* Launches out = f(a, b, i) vectorized when every operand is 16-byte aligned; 0 otherwise
+   (the caller runs its one-element kernel). */
+template <class S, class F>
+static int gc_map_vec_launch(gc_stream stream, const F &f, const S *a, const S *b, S *out, size_t n, const char *what,
+                             const char *file, int line) {
+    gc_map_vec<S, F> op;
+    if ((a && !gc_aligned16(a)) || (b && !gc_aligned16(b)) || !gc_aligned16(out)) return 0;
+    op.a = a; op.b = b; op.out = out; op.n = n; op.f = f;
+    gc_for_each(stream, op, (n + gc_vec<S>::V - 1) / gc_vec<S>::V, what, file, line);
+    return 1;
+}
+#define GC_MAP_VEC(m, S, F, fn, A, B, OUT, N) \
+    gc_map_vec_launch<S, F>((m)->stream, (fn), (A), (B), (OUT), (N), "the kernel launch of gc_map_vec<" #F ">", __FILE__, __LINE__)
 
 /* Cross-entropy of one row of logits [BT, V]: row_loss = log sum exp(z - max) + max - z[target];
    with dlogits, d = k (softmax - onehot), k = scale / BT, as gpt__cross_entropy. The loss is
@@ -734,17 +959,27 @@ template <class S> static void gc_embed_backward(void *p) {
     S *dres = (S *)m->dres;
     gc_wpe_bwd<S> wpe = { dres, gc_grad<S>(m, m->wpe), m->B, m->T, C };
     gc_wte_bwd<S> wte = { dres, gc_grad<S>(m, m->wte), m->token_start, m->positions, C };
+    gc_time(m, "bwd embedding (wte, wpe)");
     if (m->dropping)   /* dres is not read after this op: mask it in place */
         gc_drop<S>(m, GPT_DROP_EMBED, dres, NULL, dres, (size_t)m->B * m->T * C, (size_t)m->T * C);
     GC_FOR_EACH(m, wpe, (size_t)m->T * C);
-    GC_FOR_EACH(m, wte, (size_t)GPT_VOCAB * C);
+    if (m->kernels == 2) {
+        gc_wte_segments<S> seg = { dres, m->seg_begin, m->positions, m->wte_partial, C, m->segments };
+        gc_wte_add_segments<S> add = { m->wte_partial, m->seg_first, gc_grad<S>(m, m->wte), C };
+        GC_FOR_EACH(m, seg, (size_t)m->segments * C);
+        GC_FOR_EACH(m, add, (size_t)GPT_VOCAB * C);
+    } else
+        GC_FOR_EACH(m, wte, (size_t)GPT_VOCAB * C);
+    gc_time_end(m);
 }
 
 template <class S> static void gc_embed(gpt_cuda *m, int record) {
     int C = m->cfg.dim;
     gc_embed_fwd<S> embed = { gc_param<S>(m, m->wte), gc_param<S>(m, m->wpe), m->tokens, (S *)m->res0, C, m->T };
+    gc_time(m, "fwd embedding");
     GC_FOR_EACH(m, embed, (size_t)m->B * m->T * C);
     if (m->dropping) gc_drop<S>(m, GPT_DROP_EMBED, (S *)m->res0, NULL, (S *)m->res0, (size_t)m->B * m->T * C, (size_t)m->T * C);
+    gc_time_end(m);
     if (record) {
         gc_embed_args a = { m };
         int ids[2] = { m->wte, m->wpe };
@@ -767,17 +1002,23 @@ template <class S> static void gc_layernorm_backward(void *p) {
                                                 gc_per_chunk(a->rows) };
     gc_add_partials<S> gw = { m->partial_a, gc_grad<S>(m, a->w), C };
     gc_add_partials<S> gb = { m->partial_b, gc_grad<S>(m, a->b), C };
+    gc_time(m, "bwd layernorm dx");
     GC_FOR_ROWS(m, dx, a->rows);
+    gc_time_end(m);
+    gc_time(m, "bwd layernorm dw, db");
     GC_FOR_EACH(m, partials, (size_t)GC_CHUNKS * C);
     GC_FOR_EACH(m, gw, (size_t)C);
     GC_FOR_EACH(m, gb, (size_t)C);
+    gc_time_end(m);
 }
 
 template <class S> static void gc_layernorm(gpt_cuda *m, int w, int b, const S *x, S *out, float *mean, float *rstd,
                                             const S *dout, S *dx, int accumulate, int record) {
     int rows = m->B * m->T;
     gc_layernorm_fwd<S> ln = { x, gc_param<S>(m, w), gc_param<S>(m, b), out, mean, rstd, m->cfg.dim };
+    gc_time(m, "fwd layernorm");
     GC_FOR_ROWS(m, ln, rows);
+    gc_time_end(m);
     if (record) {
         gc_ln_args<S> a;
         int ids[2];
@@ -795,31 +1036,63 @@ template <class S> struct gc_linear_args {
     const S *inp, *dout; S *dinp;
 };
 
+/* The linear layers' names in the op times, by shape (C -> 3C, C -> C, C -> 4C, 4C -> C). */
+static const char *gc_linear_name(int in, int out, int phase) {
+    static const char *const names[4][3] = {
+        { "fwd matmul qkv", "bwd matmul qkv dx", "bwd matmul qkv dW" },
+        { "fwd matmul attn proj", "bwd matmul attn proj dx", "bwd matmul attn proj dW" },
+        { "fwd matmul mlp fc", "bwd matmul mlp fc dx", "bwd matmul mlp fc dW" },
+        { "fwd matmul mlp proj", "bwd matmul mlp proj dx", "bwd matmul mlp proj dW" } };
+    int k = out == 3 * in ? 0 : out == in ? 1 : out == 4 * in ? 2 : 3;
+    return names[k][phase];
+}
+
 template <class S> static void gc_linear_backward(void *p) {
     gc_linear_args<S> masked = *(const gc_linear_args<S> *)p;
     const gc_linear_args<S> *a = &masked;
     gpt_cuda *m = a->m;
     if (a->drop) {   /* the branch's gradient: the stream's, masked */
+        gc_time(m, "bwd dropout");
         gc_drop<S>(m, a->site, a->dout, NULL, (S *)m->ddrop, (size_t)a->n * a->out, (size_t)m->T * a->out);
+        gc_time_end(m);
         masked.dout = (const S *)m->ddrop;
     }
     gc_column_partials<S> partials = { a->dout, m->partial_a, a->n, a->out, gc_per_chunk(a->n) };
     gc_add_partials<S> gb = { m->partial_a, gc_grad<S>(m, a->b), a->out };
-    if (a->dinp)   /* dinp = dout W */
+    if (a->dinp) {   /* dinp = dout W */
+        gc_time(m, gc_linear_name(a->in, a->out, 1));
         GC_MATMUL(m, 0, 0, a->n, a->in, a->out, 1.0f, a->dout, a->out, gc_param<S>(m, a->w), a->in, 0.0f, a->dinp, a->in);
+        gc_time_end(m);
+    }
     /* grad W += dout^T inp */
+    gc_time(m, gc_linear_name(a->in, a->out, 2));
     GC_MATMUL(m, 1, 0, a->out, a->in, a->n, 1.0f, a->dout, a->out, a->inp, a->in, 1.0f, gc_grad<S>(m, a->w), a->in);
+    gc_time_end(m);
+    gc_time(m, "bwd bias grads");
     GC_FOR_EACH(m, partials, (size_t)GC_CHUNKS * a->out);
     GC_FOR_EACH(m, gb, (size_t)a->out);
+    gc_time_end(m);
 }
 
 template <class S> static void gc_linear(gpt_cuda *m, int w, int b, const S *inp, S *out, const S *resid, int in, int outc,
                                          const S *dout, S *dinp, uint32_t site, int record) {
     int n = m->B * m->T, drop = resid && m->dropping;
     gc_linear_init<S> init = { gc_param<S>(m, b), drop ? NULL : resid, out, outc };
-    GC_FOR_EACH(m, init, (size_t)n * outc);
+    gc_time(m, "fwd bias (+ residual) init");
+    {
+        gc_f_bias<S> fb = { gc_param<S>(m, b), outc, init.resid != NULL };
+        if (!(m->kernels == 2 && GC_MAP_VEC(m, S, gc_f_bias<S>, fb, init.resid, (const S *)NULL, out, (size_t)n * outc)))
+            GC_FOR_EACH(m, init, (size_t)n * outc);
+    }
+    gc_time_end(m);
+    gc_time(m, gc_linear_name(in, outc, 0));
     GC_MATMUL(m, 0, 1, n, outc, in, 1.0f, inp, in, gc_param<S>(m, w), in, 1.0f, out, outc);
-    if (drop) gc_drop<S>(m, site, out, resid, out, (size_t)n * outc, (size_t)m->T * outc);   /* resid + dropout(branch) */
+    gc_time_end(m);
+    if (drop) {
+        gc_time(m, "fwd dropout");
+        gc_drop<S>(m, site, out, resid, out, (size_t)n * outc, (size_t)m->T * outc);   /* resid + dropout(branch) */
+        gc_time_end(m);
+    }
     if (record) {
         gc_linear_args<S> a;
         int ids[2];
@@ -842,14 +1115,17 @@ template <class S> static void gc_attention_backward(void *p) {
     long long TT = (long long)T * T;
     float scale = 1.0f / sqrtf((float)hs);
     S *datt = (S *)m->datt;
-    gc_causal_softmax_bwd<S> softmax = { a->att, datt, T };
+    gc_causal_softmax_bwd<S> softmax = { a->att, datt, T, m->kernels == 2 };
     const S *Pd = a->att;   /* what met V: with dropout, P masked (drawn again into datt, used before dP goes there) */
+    gc_time(m, "bwd attention dV = P^T dO");
     if (m->dropping) { gc_drop<S>(m, a->site, a->att, NULL, datt, (size_t)B * NH * TT, (size_t)NH * TT); Pd = datt; }
     for (b = 0; b < B; b++) {
         const S *dO = a->dout + (size_t)b * T * C;
         S *dv = a->dqkv + (size_t)b * T * C3 + 2 * C;
         GC_MATMUL_HEADS(m, 1, 0, T, hs, T, 1.0f, Pd + (size_t)b * NH * TT, T, TT, dO, C, hs, 0.0f, dv, C3, hs, NH);   /* dV = Pd^T dO */
     }
+    gc_time_end(m);
+    gc_time(m, "bwd attention dP = dO V^T");
     for (b = 0; b < B; b++) {
         const S *v = a->qkv + (size_t)b * T * C3 + 2 * C;
         const S *dO = a->dout + (size_t)b * T * C;
@@ -857,13 +1133,18 @@ template <class S> static void gc_attention_backward(void *p) {
         GC_MATMUL_HEADS(m, 0, 1, T, T, hs, 1.0f, dO, C, hs, v, C3, hs, 0.0f, dP, T, TT, NH);   /* dPd = dO V^T */
     }
     if (m->dropping) gc_drop<S>(m, a->site, datt, NULL, datt, (size_t)B * NH * TT, (size_t)NH * TT);   /* dP = dPd * mask */
+    gc_time_end(m);
+    gc_time(m, "bwd attention softmax");
     GC_FOR_ROWS(m, softmax, B * NH * T);                                                       /* dS, in place */
+    gc_time_end(m);
+    gc_time(m, "bwd attention dQ, dK");
     for (b = 0; b < B; b++) {
         const S *q = a->qkv + (size_t)b * T * C3, *k = q + C, *dS = datt + (size_t)b * NH * TT;
         S *dq = a->dqkv + (size_t)b * T * C3, *dk = dq + C;
         GC_MATMUL_HEADS(m, 0, 0, T, hs, T, scale, dS, T, TT, k, C3, hs, 0.0f, dq, C3, hs, NH); /* dQ = scale dS K */
         GC_MATMUL_HEADS(m, 1, 0, T, hs, T, scale, dS, T, TT, q, C3, hs, 0.0f, dk, C3, hs, NH); /* dK = scale dS^T Q */
     }
+    gc_time_end(m);
 }
 
 template <class S> static void gc_attention(gpt_cuda *m, const S *qkv, S *att, S *out, const S *dout, S *dqkv, uint32_t site,
@@ -873,17 +1154,25 @@ template <class S> static void gc_attention(gpt_cuda *m, const S *qkv, S *att, S
     float scale = 1.0f / sqrtf((float)hs);
     S *datt = (S *)m->datt;
     gc_causal_softmax_fwd<S> softmax = { att, T };
+    gc_causal_softmax_fwd_online<S> softmax1 = { att, T };
+    gc_time(m, "fwd attention S = Q K^T");
     for (b = 0; b < B; b++) {   /* S = scale Q K^T */
         const S *q = qkv + (size_t)b * T * C3, *k = q + C;
         GC_MATMUL_HEADS(m, 0, 1, T, T, hs, scale, q, C3, hs, k, C3, hs, 0.0f, att + (size_t)b * NH * TT, T, TT, NH);
     }
-    GC_FOR_ROWS(m, softmax, B * NH * T);
+    gc_time_end(m);
+    gc_time(m, "fwd attention softmax");
+    if (m->kernels == 2) GC_FOR_ROWS(m, softmax1, B * NH * T);
+    else GC_FOR_ROWS(m, softmax, B * NH * T);
+    gc_time_end(m);
     const S *Pd = att;   /* with dropout, P masked into datt (free until the backward) */
+    gc_time(m, "fwd attention O = P V");
     if (m->dropping) { gc_drop<S>(m, site, att, NULL, datt, (size_t)B * NH * TT, (size_t)NH * TT); Pd = datt; }
     for (b = 0; b < B; b++) {   /* O = dropout(P) V, the heads side by side in out [BT, C] */
         const S *v = qkv + (size_t)b * T * C3 + 2 * C;
         GC_MATMUL_HEADS(m, 0, 0, T, hs, T, 1.0f, Pd + (size_t)b * NH * TT, T, TT, v, C3, hs, 0.0f, out + (size_t)b * T * C, C, hs, NH);
     }
+    gc_time_end(m);
     if (record) {
         gc_attn_args<S> a;
         a.m = m; a.qkv = qkv; a.att = att; a.dout = dout; a.dqkv = dqkv; a.site = site;
@@ -897,12 +1186,17 @@ template <class S> struct gc_gelu_args { gpt_cuda *m; size_t n; const S *x, *dou
 template <class S> static void gc_gelu_backward(void *p) {
     const gc_gelu_args<S> *a = (const gc_gelu_args<S> *)p;
     gc_gelu_bwd<S> bwd = { a->x, a->dout, a->dx };
-    GC_FOR_EACH(a->m, bwd, a->n);
+    gc_time(a->m, "bwd gelu");
+    if (!(a->m->kernels == 2 && GC_MAP_VEC(a->m, S, gc_f_gelu_grad, gc_f_gelu_grad(), a->x, a->dout, a->dx, a->n)))
+        GC_FOR_EACH(a->m, bwd, a->n);
+    gc_time_end(a->m);
 }
 
 template <class S> static void gc_gelu(gpt_cuda *m, const S *x, S *y, size_t n, const S *dout, S *dx, int record) {
     gc_gelu_fwd<S> fwd = { x, y };
-    GC_FOR_EACH(m, fwd, n);
+    gc_time(m, "fwd gelu");
+    if (!(m->kernels == 2 && GC_MAP_VEC(m, S, gc_f_gelu, gc_f_gelu(), x, (const S *)NULL, y, n))) GC_FOR_EACH(m, fwd, n);
+    gc_time_end(m);
     if (record) {
         gc_gelu_args<S> a;
         a.m = m; a.n = n; a.x = x; a.dout = dout; a.dx = dx;
@@ -917,13 +1211,17 @@ typedef struct { gpt_cuda *m; } gc_head_args;
 template <class S> static void gc_head_backward(void *p) {
     gpt_cuda *m = ((gc_head_args *)p)->m;
     int C = m->cfg.dim, BT = m->B * m->T;
+    gc_time(m, "bwd matmul head dx, dW");
     GC_MATMUL(m, 0, 0, BT, C, GPT_VOCAB, 1.0f, (const S *)m->dlogits, GPT_VOCAB, gc_param<S>(m, m->wte), C, 0.0f, (S *)m->dln, C);
     GC_MATMUL(m, 1, 0, GPT_VOCAB, C, BT, 1.0f, (const S *)m->dlogits, GPT_VOCAB, (const S *)m->lnf, C, 1.0f, gc_grad<S>(m, m->wte), C);
+    gc_time_end(m);
 }
 
 template <class S> static void gc_head(gpt_cuda *m, int record) {
     int C = m->cfg.dim, BT = m->B * m->T;
+    gc_time(m, "fwd matmul head");
     GC_MATMUL(m, 0, 1, BT, GPT_VOCAB, C, 1.0f, (const S *)m->lnf, C, gc_param<S>(m, m->wte), C, 0.0f, (S *)m->logits, GPT_VOCAB);
+    gc_time_end(m);
     if (record) {
         gc_head_args a = { m };
         gc_record(m, gc_head_backward<S>, &a, sizeof a, NULL, 0);
@@ -952,13 +1250,15 @@ static void gc_collect_losses(gpt_cuda *m) {
 template <class S> static void gc_cross_entropy(gpt_cuda *m, float scale, int grad) {
     int BT = m->B * m->T;
     gc_cross_entropy_rows<S> ce = { (const S *)m->logits, m->targets, grad ? (S *)m->dlogits : NULL, m->row_loss, scale / (float)BT };
-    GC_FOR_ROWS(m, ce, BT);
     if (m->losses_pending == GC_LOSS_SLOTS) gc_collect_losses(m);
+    gc_time(m, "fwd cross-entropy (+ dlogits)");
+    GC_FOR_ROWS(m, ce, BT);
     {
         gc_mean_loss mean = { m->row_loss, m->losses + m->losses_pending, BT };
         GC_FOR_ROWS(m, mean, 1);
         m->losses_pending++;
     }
+    gc_time_end(m);
 }
 
 /* The forward of gpt_cuda_forward, in S. */
@@ -1012,6 +1312,16 @@ static void gc_upload_batch(gpt_cuda *m, const int *tokens, const int *targets, 
     for (i = 0; i < BT; i++) start[tokens[i] + 1]++;
     for (v = 0; v < GPT_VOCAB; v++) { start[v + 1] += start[v]; next[v] = start[v]; }
     for (i = 0; i < BT; i++) positions[next[tokens[i]]++] = i;
+    {   /* GPT_KERNELS=2's segments (cheap: computed always) */
+        int *seg_first = positions + max_bt, *seg_begin = seg_first + GPT_VOCAB + 1, nseg = 0;
+        for (v = 0; v < GPT_VOCAB; v++) {
+            seg_first[v] = nseg;
+            for (i = start[v]; i < start[v + 1]; i += GC_WTE_SEGMENT) seg_begin[nseg++] = i;
+        }
+        seg_first[GPT_VOCAB] = nseg;
+        seg_begin[nseg] = BT;
+        m->segments = nseg;
+    }
 #ifdef GPT_CUDA_EMULATE
     memcpy(m->tokens, h, sizeof(int) * m->batch_ints);
 #else
@@ -1072,9 +1382,36 @@ static inline ddp_result gpt_cuda_create(gpt_cuda *m, ddp_context *ddp, const gp
 #ifndef GPT_CUDA_EMULATE
     GC_CUBLAS(cublasCreate(&m->blas));
     GC_CUBLAS(cublasSetStream(m->blas, m->stream));
-    GC_CUBLAS(cublasSetMathMode(m->blas, m->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    /* bf16: no reduced-precision reduction, so a split-K GEMM (the weight gradients, K = B*T)
+       adds its partial sums in fp32 and C is rounded to bf16 once, as the emulation does. */
+    GC_CUBLAS(cublasSetMathMode(m->blas, m->tf32   ? CUBLAS_TF32_TENSOR_OP_MATH
+                                         : m->bf16 ? (cublasMath_t)(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)
+                                                   : CUBLAS_DEFAULT_MATH));
     GC_CUBLAS(cublasSetAtomicsMode(m->blas, CUBLAS_ATOMICS_NOT_ALLOWED));   /* the default; determinism needs it */
 #endif
+    {   /* GPT_KERNELS=2: the new kernels (the switch lets one GPU call time old and new) */
+        const char *e = getenv("GPT_KERNELS");
+        if (e && strcmp(e, "1") != 0 && strcmp(e, "2") != 0) {
+            fprintf(stderr, "gpt_cuda_create: GPT_KERNELS is '%s': 1 (the kernels as they were) or 2 (the new ones)\n", e);
+            return DDP_ERR_INVALID_ARGUMENT;
+        }
+        m->kernels = e && strcmp(e, "2") == 0 ? 2 : 1;
+    }
+    {   /* GPT_OP_TIMES=1: per-op times (see gc_op_timer) */
+        const char *e = getenv("GPT_OP_TIMES");
+        if (e && strcmp(e, "0") != 0 && strcmp(e, "1") != 0) {
+            fprintf(stderr, "gpt_cuda_create: GPT_OP_TIMES is '%s': 1 (per-op times) or 0 (none)\n", e);
+            return DDP_ERR_INVALID_ARGUMENT;
+        }
+        if (e && strcmp(e, "1") == 0) {
+            if (!(m->timer = (gc_op_timer *)calloc(1, sizeof *m->timer))) return DDP_ERR_OUT_OF_MEMORY;
+#ifndef GPT_CUDA_EMULATE
+            for (s = 0; s < 2 * GC_TIMER_PAIRS; s++) GC_CUDA(cudaEventCreate(&m->timer->ticks[s]));
+            GC_CUDA(cudaEventCreate(&m->timer->step_ticks[0]));
+            GC_CUDA(cudaEventCreate(&m->timer->step_ticks[1]));
+#endif
+        }
+    }
     if (m->own16) {   /* the bf16 working copies (rounded from the fp32 init) and gradients */
         m->params16 = (gc_bf16 *)gc_device_alloc(m, m->num_floats * sizeof(gc_bf16));
         m->grads16 = (gc_bf16 *)gc_device_alloc(m, m->num_floats * sizeof(gc_bf16));
@@ -1100,11 +1437,15 @@ static inline ddp_result gpt_cuda_create(gpt_cuda *m, ddp_context *ddp, const gp
     m->losses = gc_floats(m, GC_LOSS_SLOTS);
     m->partial_a = gc_floats(m, (size_t)GC_CHUNKS * 4 * C);
     m->partial_b = gc_floats(m, (size_t)GC_CHUNKS * 4 * C);
-    m->batch_ints = 3 * BT + GPT_VOCAB + 1;
+    m->max_segments = (int)(BT / GC_WTE_SEGMENT) + GPT_VOCAB;   /* each token: floor(n/SEG) + 1 at most */
+    m->batch_ints = 3 * BT + GPT_VOCAB + 1 + GPT_VOCAB + 1 + (size_t)m->max_segments + 1;
     m->tokens = (int *)gc_device_alloc(m, sizeof(int) * m->batch_ints);
     m->targets = m->tokens + BT;
     m->token_start = m->targets + BT;
     m->positions = m->token_start + GPT_VOCAB + 1;
+    m->seg_first = m->positions + BT;
+    m->seg_begin = m->seg_first + GPT_VOCAB + 1;
+    m->wte_partial = gc_floats(m, (size_t)m->max_segments * C);
     for (s = 0; s < GC_UPLOAD_SLOTS; s++) {
         m->upload[s] = (int *)gc_pinned_alloc(sizeof(int) * m->batch_ints);
         memset(m->upload[s], 0, sizeof(int) * m->batch_ints);
@@ -1154,13 +1495,18 @@ static inline void gpt_cuda_destroy(gpt_cuda *m) {
     cudaStreamSynchronize(m->stream);
     if (m->blas) cublasDestroy(m->blas);
     for (i = 0; i < GC_UPLOAD_SLOTS; i++) if (m->upload_done[i]) cudaEventDestroy(m->upload_done[i]);
+    if (m->timer) {
+        for (i = 0; i < 2 * GC_TIMER_PAIRS; i++) cudaEventDestroy(m->timer->ticks[i]);
+        cudaEventDestroy(m->timer->step_ticks[0]);
+        cudaEventDestroy(m->timer->step_ticks[1]);
+    }
     for (i = 0; i < m->num_allocs; i++) cudaFree(m->allocs[i]);
 #else
     for (i = 0; i < m->num_allocs; i++) free(m->allocs[i]);
 #endif
     for (i = 0; i < GC_UPLOAD_SLOTS; i++) gc_pinned_free(m->upload[i]);
     gc_pinned_free(m->losses_host);
-    free(m->allocs); free(m->layer); free(m->acts); free(m->loss_list);
+    free(m->allocs); free(m->layer); free(m->acts); free(m->loss_list); free(m->timer);
     memset(m, 0, sizeof *m);
 }
 
@@ -1222,10 +1568,93 @@ static inline void gpt_cuda_logits_rows(gpt_cuda *m, int row0, int rows, float *
 /* Row `row` of the last forward's logits into out (blocking: for sampling). */
 static inline void gpt_cuda_logits_row(gpt_cuda *m, int row, float *out) { gpt_cuda_logits_rows(m, row, 1, out); }
 
+/* Which kernels (GPT_KERNELS at create; 1: as they were, 2: the segmented token-embedding
+   backward and the one-pass causal softmax). Returns 0 for another value. */
+static inline int gpt_cuda_set_kernels(gpt_cuda *m, int kernels) {
+    if (kernels != 1 && kernels != 2) return 0;
+    m->kernels = kernels;
+    return 1;
+}
+
+/* Per-op times (GPT_OP_TIMES=1; each a no-op when it is off). gpt_cuda_op_times_on: whether
+   it is on. gpt_cuda_time_begin / _end: a span of the trainer's own on the compute stream (e.g.
+   "ddp adamw step"), not nested in another. gpt_cuda_op_times_step: the end of a step: its span
+   and the ops' times are read (a wait for the device; call it where the step waits anyway).
+   gpt_cuda_op_times_restart: what ran since the last step's end was no step (an evaluation).
+   gpt_cuda_op_times_reset: forget what was summed (after warm-up steps). gpt_cuda_op_times_print:
+   the table, ms per step, largest first, and what no op covered. */
+static inline int gpt_cuda_op_times_on(const gpt_cuda *m) { return m->timer != NULL; }
+static inline void gpt_cuda_time_begin(gpt_cuda *m, const char *name) { gc_time(m, name); }
+static inline void gpt_cuda_time_end(gpt_cuda *m) { gc_time_end(m); }
+static inline void gpt_cuda_op_times_step(gpt_cuda *m) {
+    gc_op_timer *t = m->timer;
+    if (!t) return;
+    gc_tick_record(&t->step_ticks[t->cur], m->stream);
+    gc_tick_wait(&t->step_ticks[t->cur]);
+    if (t->step_started) {
+        t->step_ms += gc_tick_ms(&t->step_ticks[1 - t->cur], &t->step_ticks[t->cur]);
+        t->steps++;
+    }
+    gc_timer_flush(t);
+    t->step_started = 1;
+    t->cur = 1 - t->cur;
+}
+/* What ran since the last step's end is not a step (an evaluation, a checkpoint): dropped, and
+   the next step's span starts now. */
+static inline void gpt_cuda_op_times_restart(gpt_cuda *m) {
+    gc_op_timer *t = m->timer;
+    if (!t) return;
+    t->npending = 0;
+    t->open = 0;
+    gc_tick_record(&t->step_ticks[t->cur], m->stream);
+    t->step_started = 1;
+    t->cur = 1 - t->cur;
+}
+static inline void gpt_cuda_op_times_reset(gpt_cuda *m) {
+    gc_op_timer *t = m->timer;
+    if (!t) return;
+    gc_timer_flush(t);
+    t->nsum = 0;
+    t->step_ms = 0;
+    t->steps = 0;
+    t->overflows = 0;
+}
+static inline void gpt_cuda_op_times_print(gpt_cuda *m, FILE *f) {
+    gc_op_timer *t = m->timer;
+    double total = 0, per;
+    int i, j, order[GC_TIMER_NAMES];
+    if (!t) return;
+    gc_timer_flush(t);
+    if (t->steps == 0) { fprintf(f, "op times (GPT_OP_TIMES=1): no whole step was timed\n"); return; }
+    per = 1.0 / (double)t->steps;
+    for (i = 0; i < t->nsum; i++) { total += t->sum[i].ms; order[i] = i; }
+    for (i = 1; i < t->nsum; i++)   /* largest first */
+        for (j = i; j > 0 && t->sum[order[j]].ms > t->sum[order[j - 1]].ms; j--) { int k = order[j]; order[j] = order[j - 1]; order[j - 1] = k; }
+    fprintf(f, "op times (GPT_OP_TIMES=1, %s): %ld step(s), %.3f ms a step from step end to step end\n",
+#ifdef GPT_CUDA_EMULATE
+            "host clock, emulated model",
+#else
+            "CUDA events on the compute stream",
+#endif
+            t->steps, t->step_ms * per);
+    fprintf(f, "  %-34s %10s %10s %7s\n", "op", "calls/step", "ms/step", "share");
+    for (i = 0; i < t->nsum; i++) {
+        const char *name = t->sum[order[i]].name;
+        fprintf(f, "  %-34s %10.1f %10.3f %6.1f%%\n", name, t->sum[order[i]].calls * per, t->sum[order[i]].ms * per,
+                t->step_ms > 0 ? 100.0 * t->sum[order[i]].ms / t->step_ms : 0.0);
+    }
+    fprintf(f, "  %-34s %10s %10.3f %6.1f%%\n", "(ops, summed)", "", total * per, t->step_ms > 0 ? 100.0 * total / t->step_ms : 0.0);
+    fprintf(f, "  %-34s %10s %10.3f %6.1f%%\n", "(no op: launch gaps, comm wait, host)", "", (t->step_ms - total) * per,
+            t->step_ms > 0 ? 100.0 * (t->step_ms - total) / t->step_ms : 0.0);
+    if (t->overflows) fprintf(f, "  (%ld time(s) the event pool filled inside a step: a wait there)\n", t->overflows);
+    fflush(f);
+}
+
 /* "CUDA <device>, cuBLAS fp32" and the like, for the trainer's banner. */
 static inline void gpt_cuda_describe(const gpt_cuda *m, char *buf, size_t n) {
 #ifdef GPT_CUDA_EMULATE
-    snprintf(buf, n, "CUDA model emulated on the host (GPT_CUDA_EMULATE)%s", m->tf32 ? ", --tf32 ignored" : m->bf16 ? ", bf16" : "");
+    snprintf(buf, n, "CUDA model emulated on the host (GPT_CUDA_EMULATE)%s%s", m->tf32 ? ", --tf32 ignored" : m->bf16 ? ", bf16" : "",
+             m->kernels == 2 ? ", GPT_KERNELS=2" : "");
 #else
     int dev = 0;
     struct cudaDeviceProp prop;
@@ -1233,8 +1662,10 @@ static inline void gpt_cuda_describe(const gpt_cuda *m, char *buf, size_t n) {
         cudaGetLastError();
         snprintf(prop.name, sizeof prop.name, "unknown GPU");
     }
-    snprintf(buf, n, "CUDA %.120s (device %d), cuBLAS %s", prop.name, dev,
-             m->tf32 ? "TF32 tensor cores" : m->bf16 ? "bf16 (fp32 accumulation)" : "fp32, TF32 off");
+    /* ", bf16" as in the emulation's banner: tests/test_gpt.sh looks for it */
+    snprintf(buf, n, "CUDA %.120s (device %d), %s%s", prop.name, dev,
+             m->tf32 ? "cuBLAS TF32 tensor cores" : m->bf16 ? "cuBLAS, bf16 (fp32 accumulation)" : "cuBLAS fp32, TF32 off",
+             m->kernels == 2 ? ", GPT_KERNELS=2" : "");
 #endif
 }
 

@@ -337,6 +337,42 @@ static ddp_result model_create(model *mo, ddp_context *ddp, const options *o) {
     return r;
 }
 
+/* GPT_OP_TIMES=1 (the CUDA model): a span of the trainer's own, the end of a step, a reset
+   after the warm-up steps, the table at the end (rank 0). No-ops otherwise. */
+static void model_time_begin(model *mo, const char *name) {
+#ifdef TRAIN_CUDA_MODEL
+    if (mo->on_gpu) gpt_cuda_time_begin(&mo->gpu, name);
+#endif
+    (void)mo; (void)name;
+}
+static void model_time_end(model *mo) {
+#ifdef TRAIN_CUDA_MODEL
+    if (mo->on_gpu) gpt_cuda_time_end(&mo->gpu);
+#endif
+    (void)mo;
+}
+static void model_op_times_step(model *mo, int step, int counted_after) {
+#ifdef TRAIN_CUDA_MODEL
+    if (mo->on_gpu) {
+        gpt_cuda_op_times_step(&mo->gpu);
+        if (step == counted_after) gpt_cuda_op_times_reset(&mo->gpu);
+    }
+#endif
+    (void)mo; (void)step; (void)counted_after;
+}
+static void model_op_times_restart(model *mo) {
+#ifdef TRAIN_CUDA_MODEL
+    if (mo->on_gpu) gpt_cuda_op_times_restart(&mo->gpu);
+#endif
+    (void)mo;
+}
+static void model_op_times_print(model *mo) {
+#ifdef TRAIN_CUDA_MODEL
+    if (mo->on_gpu) gpt_cuda_op_times_print(&mo->gpu, stdout);
+#endif
+    (void)mo;
+}
+
 /* Where the next training forward's rows sit in the step's global batch (dropout's masks):
    row b is global position row0 + b * stride. */
 static void model_set_rows(model *mo, int step, uint64_t row0, uint64_t stride) {
@@ -634,7 +670,7 @@ int main(int argc, char **argv) {
     uint64_t windows = 0;          /* training windows consumed, all ranks (the checkpoint's position) */
     ddp_sampler sampler;           /* this rank's share of each epoch of training windows */
     double t_start, t_line;   /* t_line, step_line: when and at which step the last progress line was */
-    int step_line;
+    int step_line, timed_after;
     float val = NAN;
 
     if (!parse_args(argc, argv, &o, err, sizeof err)) { fprintf(stderr, "train_gpt: %s\n", err); return 2; }
@@ -681,8 +717,9 @@ int main(int argc, char **argv) {
         desc.backend = o.cpu ? DDP_BACKEND_CPU : DDP_BACKEND_AUTO;
         desc.shard_optimizer = o.shard;
         /* --bf16: ddp.h keeps bf16 working copies and gradients (the model's) and the fp32 master
-           weights and AdamW's moments; gradient buckets travel as bf16 (reduce_dtype's default). */
-        desc.param_dtype = o.bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
+           weights and AdamW's moments; gradient buckets travel as bf16 (reduce_dtype's default).
+           Without it the field stays 0 (the default), and DDP_PARAM_DTYPE may choose. */
+        desc.param_dtype = o.bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_DEFAULT;
 #ifdef __CUDACC__
         /* The compute stream: this thread's per-thread default stream. It is a stream of
            whichever device ddp_init selects (LOCAL_RANK modulo the devices), so it can be named
@@ -694,6 +731,20 @@ int main(int argc, char **argv) {
 #endif
         CHECK(ddp_init(&ddp, &desc));
         gpt_blas_init(ddp_config(ddp)->local_world_size);
+        /* A DDP_* variable that is set wins over the descriptor (ddp.h's ENVIRONMENT): train with
+           what ddp.h resolved, and refuse what this build cannot do, as --bf16 would be. */
+        o.shard = ddp_config(ddp)->shard_optimizer;
+        if ((ddp_config(ddp)->param_dtype == DDP_DTYPE_BF16) != o.bf16) {
+            o.bf16 = !o.bf16;
+#ifndef TRAIN_CUDA_MODEL
+            if (o.bf16)
+                DIE("train_gpt: rank %d: DDP_PARAM_DTYPE=bf16 asks for bf16 parameters, which need the CUDA model: this "
+                    "build has none (build/gpu/train_gpt, or build/train_gpt_emulated)", ddp_rank(ddp));
+#endif
+            if (o.bf16 && (o.tf32 || o.cpu))
+                DIE("train_gpt: rank %d: DDP_PARAM_DTYPE=bf16 asks for the CUDA model's bf16 mode, which %s rules out",
+                    ddp_rank(ddp), o.tf32 ? "--tf32" : "--cpu");
+        }
     }
     rank = ddp_rank(ddp);
     world = ddp_world_size(ddp);
@@ -706,7 +757,7 @@ int main(int argc, char **argv) {
         if (r != DDP_OK) DIE("train_gpt: %s", model_create_failure(ddp, &o, r, err, sizeof err));
     }
     if (o.bf16 && !mo.on_gpu)
-        DIE("train_gpt: rank %d: --bf16 needs the CUDA model, and ddp.h chose its CPU backend (no GPU visible)", rank);
+        DIE("train_gpt: rank %d: --bf16 (or DDP_PARAM_DTYPE=bf16) needs the CUDA model, and ddp.h chose its CPU backend (no GPU visible)", rank);
     tok = (int *)malloc(sizeof(int) * (size_t)B * T);
     tgt = (int *)malloc(sizeof(int) * (size_t)B * T);
     if (!tok || !tgt) DIE("train_gpt: rank %d: out of memory for a batch of %d x %d tokens", rank, B, T);
@@ -740,12 +791,22 @@ int main(int argc, char **argv) {
         printf("data: %s, %zu bytes (train %zu, val %zu) | steps %d, lr %g -> %g, warmup %d, AdamW betas %g/%g wd %g, clip %g%s\n",
                o.data ? o.data : DEFAULT_DATA, data.len, data.train_len, data.val_len, o.steps, o.lr, o.min_lr, o.warmup,
                o.beta1, o.beta2, o.wd, o.clip, o.resume ? "" : "");
+        {   /* what ddp.h resolved (the descriptor and the DDP_* variables, which win when set) */
+            static const char *const levels[] = { "default", "debug", "info", "warn", "error", "off" };
+            const ddp_desc *c = ddp_config(ddp);
+            printf("ddp.h: %s backend | timeout %g s | parameters %s | optimizer %s | check_ready %d | log %s | "
+                   "timeline %s | job '%s'\n", ddp_backend_name(ddp), c->timeout_s,
+                   c->param_dtype == DDP_DTYPE_BF16 ? "bf16" : "fp32", c->shard_optimizer ? "sharded (ZeRO-1)" : "unsharded",
+                   c->check_ready, (unsigned)c->log_level <= DDP_LOG_OFF ? levels[c->log_level] : "?",
+                   c->timeline_path && *c->timeline_path ? c->timeline_path : "off", c->job_id ? c->job_id : "");
+        }
         if (o.resume) printf("resumed from %s at step %d\n", o.resume, step);
         else if (resume_from) printf("resumed from %s at step %d (the --save path held a checkpoint; --fresh starts over)\n", resume_from, step);
     }
 
     t_start = t_line = now_s();
     step_line = step;
+    timed_after = step + (o.steps - step > 4 ? 3 : 1);   /* GPT_OP_TIMES: the steps after these */
     while (step < o.steps && !(o.stop_at > 0 && step >= o.stop_at)) {
         double ms;
         float loss, lr = lr_at(&o, step), norm = 0;
@@ -773,7 +834,9 @@ int main(int argc, char **argv) {
            on a GPU reading the norm is a wait for the device; the step needs neither (clipping
            happens on the device). The same decision on every rank: it depends on the step. */
         logs = step % o.log_every == 0 || step == 1 || step == o.steps;
+        model_time_begin(&mo, "ddp adamw step (+ norm, clip)");
         CHECK(ddp_adamw_step(ddp, &opt, logs ? &norm : NULL));
+        model_time_end(&mo);
         st = ddp_last_step_stats(ddp);
         if (logs) {
             loss = model_loss_sum(&mo, (float)o.accum, o.accum);   /* this step's; GPU: waits for the device */
@@ -787,17 +850,25 @@ int main(int argc, char **argv) {
                        (double)world * B * T * o.accum / (ms / 1e3), st.backward_ms, st.comm_ms, st.exposed_ms, st.overlap_pct,
                        st.last_bucket_comm_ms);
         }
+        /* op times: the step's end (a device wait, only with GPT_OP_TIMES=1); the run's first
+           steps are warm-up and not counted */
+        model_op_times_step(&mo, step, timed_after);
         if (o.eval_every > 0 && step % o.eval_every == 0 && step < o.steps) {
             CHECK(evaluate(ddp, &mo, &o, &data, tok, tgt, &val));
             if (rank == 0) printf("step %5d | val loss %.4f\n", step, val);
+            model_op_times_restart(&mo);
             t_line = now_s();   /* the next line's mean is of training steps only */
             step_line = step;
         }
-        if (o.save && o.save_every > 0 && step % o.save_every == 0) CHECK(save_run(ddp, &o, step, windows));
+        if (o.save && o.save_every > 0 && step % o.save_every == 0) {
+            CHECK(save_run(ddp, &o, step, windows));
+            model_op_times_restart(&mo);
+        }
     }
     {
         double secs = now_s() - t_start;
         uint64_t hash;
+        if (rank == 0) model_op_times_print(&mo);   /* before the evaluation: training steps only */
         CHECK(evaluate(ddp, &mo, &o, &data, tok, tgt, &val));
         CHECK(params_hash(ddp, &hash));
         if (rank == 0) {

@@ -113,21 +113,14 @@ extern "C" cudaError_t ddp_k_adamw(float *p, const float *g, float *m, float *v,
 extern "C" cudaError_t ddp_k_adamw_bf16(float *p, uint16_t *w, const uint16_t *g, float *m, float *v, size_t n,
                                         const unsigned char *no_decay, float lr, float beta1, float beta2, float eps,
                                         float weight_decay, ddp_k_adamw_state *state, cudaStream_t stream) {
-    size_t fb = n * sizeof(float), i;
+    size_t fb = n * sizeof(float);
     const void *ptr[7] = { p, g, m, v, state, no_decay, w };
     size_t b[7] = { fb, n * sizeof(uint16_t), fb, fb, sizeof *state, no_decay ? (n + DDP_K_MASK_GROUP - 1) / DDP_K_MASK_GROUP : 0,
                     n * sizeof(uint16_t) };
-    ddp_k__adamw_consts c = ddp_k__adamw_make_consts(lr, beta1, beta2, eps, weight_decay);
     cudaError_t e;
     if (n == 0) { forget_not_ready(); return cudaSuccess; }
     if ((e = launch(stream, "ddp_k_adamw_bf16", 0, 7, ptr, b)) != cudaSuccess) return e;
-    if (state->skip) return cudaGetLastError();
-    for (i = 0; i < n; i++) {   /* the kernel's element function, in any order (elements are independent) */
-        state->diverged += w[i] != ddp_k__to_bf16(p[i]);
-        ddp_k__adamw_one(p[i], ddp_k__from_bf16(g[i]), m[i], v[i], ddp_k__decay_on(no_decay, i), c, state->clip,
-                         state->step_size, state->bc2_sqrt);
-        w[i] = ddp_k__to_bf16(p[i]);
-    }
+    ddp_k__adamw_bf16_host(p, w, g, m, v, n, no_decay, lr, beta1, beta2, eps, weight_decay, state);   /* the kernel's element function */
     return cudaGetLastError();
 }
 
@@ -153,11 +146,11 @@ extern "C" cudaError_t ddp_k_scale(float *x, size_t n, float factor, cudaStream_
 
 extern "C" cudaError_t ddp_k_scale_bf16(uint16_t *x, size_t n, float factor, cudaStream_t stream) {
     const void *p[1] = { x };
-    size_t b[1] = { n * sizeof(uint16_t) }, i;
+    size_t b[1] = { n * sizeof(uint16_t) };
     cudaError_t e;
     if (n == 0) { forget_not_ready(); return cudaSuccess; }
     if ((e = launch(stream, "ddp_k_scale_bf16", 0, 1, p, b)) != cudaSuccess) return e;
-    for (i = 0; i < n; i++) x[i] = ddp_k__to_bf16(ddp_k__mul(ddp_k__from_bf16(x[i]), factor));
+    ddp_k__scale_bf16_host(x, n, factor);
     return cudaGetLastError();
 }
 

@@ -33,6 +33,12 @@
       every gradient, 8 AdamW steps' losses, within bounds counted from bf16's unit roundoff
       (see test_cuda_bf16); on ddp.h's bf16 parameters the same losses as on the model's own
       bf16 copies.
+   5. The bf16 matmul at a split-K shape (K = 8192) against the bound of one rounding (see
+      test_cuda_bf16_gemm).
+   6. GPT_KERNELS=2 (the segmented token-embedding backward, the one-pass softmax, 16-byte
+      elementwise maps) against the CPU model as in part 2, with batches where a byte fills
+      several segments; the maps against the one-element kernels bit for bit.
+   Parts: all by default; `test_gpt_gpu bf16 gemm` (or GPT_GPU_PARTS=bf16,gemm) runs those only.
    Built twice from this file: by nvcc (build/gpu/test_gpt_gpu: NCCL backend; prints "SKIP
    gpu: ..." without a device) and by a C++ compiler with -DGPT_CUDA_EMULATE
    (build/test_gpt_gpu_emulated: the model's kernels and matmuls run on the host, CPU backend;
@@ -424,22 +430,23 @@ static void make_text(void) {   /* text-like bytes: letters, spaces, a few newli
     }
 }
 
-static void test_cuda_vs_cpu(const gpt_config *cfg, float dropout) {
+static void test_cuda_vs_cpu(const gpt_config *cfg, float dropout, int kernels) {
     ddp_context *gd = open_solo(1), *cd = open_solo(0);
     gpt_cuda gm;
     gpt cm;
     ddp_adamw opt;
     char name[160], what[96], bad[1024], first_bad[1024] = "";
-    int B = cfg->batch, T = cfg->seq, *tok, *tgt, step, u, nbad, bad_steps = 0, forwards = 0;
+    int B = cfg->batch, T = cfg->seq, *tok, *tgt, step, u, nbad, bad_steps = 0, forwards = 0, most_segments = 0;
     size_t BT = (size_t)B * T, count;
     double w, worst_loss = 0, worst_grad = 0;
     const char *worst_name, *worst_grad_name = "";
-    snprintf(what, sizeof what, "%dL_%dH_C%d_T%d_B%d%s", cfg->layers, cfg->heads, cfg->dim, cfg->seq, cfg->batch,
-             dropout > 0 ? "_dropout" : "");
+    snprintf(what, sizeof what, "%dL_%dH_C%d_T%d_B%d%s%s", cfg->layers, cfg->heads, cfg->dim, cfg->seq, cfg->batch,
+             dropout > 0 ? "_dropout" : "", kernels == 2 ? "_kernels2" : "");
     if (gpt_cuda_create(&gm, gd, cfg, 7, 0) != DDP_OK || gpt_create(&cm, cd, cfg, 7) != DDP_OK) {
         printf("FAIL %s: %s / %s\n", NAME("vs_cpu_create"), ddp_last_error(gd), ddp_last_error(cd));
         exit(1);
     }
+    gpt_cuda_set_kernels(&gm, kernels);
     gpt_cuda_set_dropout(&gm, dropout, 13);   /* the same masks on both: drawn from (seed, step, row) */
     gpt_set_dropout(&cm, dropout, 13);
     tok = (int *)malloc(sizeof(int) * BT);
@@ -462,6 +469,12 @@ static void test_cuda_vs_cpu(const gpt_config *cfg, float dropout) {
             ddp_set_sync(gd, u == micro - 1);
             ddp_set_sync(cd, u == micro - 1);
             gpt_cuda_forward(&gm, tok, tgt, B, T, 1.0f / (float)micro, 1);
+            {   /* GPT_KERNELS=2: how many more segments than tokens present (a token cut in several) */
+                int seen[GPT_VOCAB] = { 0 }, distinct = 0;
+                size_t i;
+                for (i = 0; i < BT; i++) distinct += !seen[tok[i]]++;
+                if (gm.segments - distinct > most_segments) most_segments = gm.segments - distinct;
+            }
             cl = gpt_forward(&cm, tok, tgt, B, T, 1.0f / (float)micro, 1);
             gl = one_loss(&gm);
             w = worst_ratio(&gl, &cl, 1, 0, 1e-5, 1e-5);
@@ -491,6 +504,10 @@ static void test_cuda_vs_cpu(const gpt_config *cfg, float dropout) {
     verdict(bad_steps == 0, name, "%d step(s) with tensors beyond tolerance; first %s", bad_steps, first_bad);
     printf("  (%s: 4 steps, 1 then 2 micro-steps, worst error %.3f of |err| <= 1e-4*max|cpu| + 1e-4*|cpu|, in %s)\n", name,
            worst_grad, worst_grad_name);
+    if (kernels == 2 && BT >= 8 * GC_WTE_SEGMENT) {   /* a batch this large must have met a token of several segments */
+        snprintf(name, sizeof name, NAME("kernels2_batches_cut_tokens_in_segments_%s"), what);
+        verdict(most_segments > 0, name, "no token had more than %d positions: the segments were never summed", (int)GC_WTE_SEGMENT);
+    }
     free(tok); free(tgt);
     gpt_cuda_destroy(&gm);
     gpt_destroy(&cm);
@@ -713,10 +730,153 @@ static void test_cuda_bf16(const gpt_config *cfg) {
     ddp_shutdown(d16);
 }
 
-int main(void) {
+/* 5. The model's bf16 matmul at a split-K shape: the weight gradient's C[M, N] += A^T B with
+   K = 8192 (B*T of the GPT-2-sized run; the tests' own shapes are far too small for cuBLAS to
+   split K), positive inputs (no cancellation: S = sum |a b| + |C0| is the result's own size).
+   With fp32 accumulation in any order and one rounding to bf16 (round to nearest even):
+       |got - exact| <= ulp(got) / 2 + gamma_K S,   gamma_K = K 2^-23 / (1 - K 2^-23)
+   (2^-23: a whole fp32 ulp per addition, so an accumulator that truncates is covered too;
+   gamma_K S ~ 0.25 ulp here). Partial sums of K slices added in bf16 (cuBLAS's reduced-
+   precision split-K reduction, which gpt_cuda_create disallows in bf16) each carry up to half
+   an ulp of their own, and over 4096+ outputs some exceed the bound. On a GPU the handle's math
+   mode is checked too. In emulation the host sgemm runs the same check (the bound's arithmetic
+   and the call's layout, not cuBLAS). */
+static void test_cuda_bf16_gemm(int M, int N, int K) {
+    ddp_context *d = open_solo(1);
+    gpt_config cfg = { 1, 1, 32, 8, 1 };
+    gpt_cuda m;
+    char name[128];
+    size_t i, j, k;
+    const double gamma = K * ldexp(1.0, -23) / (1 - K * ldexp(1.0, -23));
+    double worst = 0;
+    size_t worst_at = 0;
+    if (gpt_cuda_create(&m, d, &cfg, 1, GPT_CUDA_BF16) != DDP_OK) {
+        printf("FAIL %s: %s\n", NAME("bf16_gemm_create"), ddp_last_error(d));
+        exit(1);
+    }
+#ifndef GPT_CUDA_EMULATE
+    {
+        cublasMath_t mode;
+        GC_CUBLAS(cublasGetMathMode(m.blas, &mode));
+        verdict((mode & CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION) != 0 && (mode & 0xf) == CUBLAS_DEFAULT_MATH,
+                NAME("bf16_cublas_disallows_reduced_precision_reduction"), "math mode %d", (int)mode);
+    }
+#endif
+    gc_bf16 *ha = (gc_bf16 *)malloc(sizeof(gc_bf16) * (size_t)K * M), *hb = (gc_bf16 *)malloc(sizeof(gc_bf16) * (size_t)K * N);
+    gc_bf16 *hc = (gc_bf16 *)malloc(sizeof(gc_bf16) * (size_t)M * N);
+    double *exact = (double *)calloc((size_t)M * N, sizeof(double));
+    if (!ha || !hb || !hc || !exact) { printf("FAIL %s: out of memory\n", NAME("bf16_gemm")); exit(1); }
+    /* values in [0.5, 1): a = A^T's rows (A is [K, M] row-major, as dout), b = [K, N] (as inp) */
+    for (i = 0; i < (size_t)K * M; i++) ha[i] = ddp_k__to_bf16(0.75f + 0.25f * test_value(51, i));
+    for (i = 0; i < (size_t)K * N; i++) hb[i] = ddp_k__to_bf16(0.75f + 0.25f * test_value(52, i));
+    for (i = 0; i < (size_t)M * N; i++) { hc[i] = ddp_k__to_bf16(0.75f + 0.25f * test_value(53, i)); exact[i] = gc_ld(hc[i]); }
+    for (k = 0; k < (size_t)K; k++)
+        for (i = 0; i < (size_t)M; i++) {
+            double a = gc_ld(ha[k * M + i]);
+            for (j = 0; j < (size_t)N; j++) exact[i * N + j] += a * gc_ld(hb[k * N + j]);
+        }
+    gc_bf16 *da = (gc_bf16 *)gc_device_alloc(&m, sizeof(gc_bf16) * (size_t)K * M);
+    gc_bf16 *db = (gc_bf16 *)gc_device_alloc(&m, sizeof(gc_bf16) * (size_t)K * N);
+    gc_bf16 *dc = (gc_bf16 *)gc_device_alloc(&m, sizeof(gc_bf16) * (size_t)M * N);
+    gpt_cuda_upload(m.stream, da, ha, sizeof(gc_bf16) * (size_t)K * M);
+    gpt_cuda_upload(m.stream, db, hb, sizeof(gc_bf16) * (size_t)K * N);
+    gpt_cuda_upload(m.stream, dc, hc, sizeof(gc_bf16) * (size_t)M * N);
+    /* as gc_linear_backward's grad W += dout^T inp */
+    GC_MATMUL(&m, 1, 0, M, N, K, 1.0f, (const gc_bf16 *)da, M, (const gc_bf16 *)db, N, 1.0f, dc, N);
+    gpt_cuda_download(m.stream, hc, dc, sizeof(gc_bf16) * (size_t)M * N);
+    for (i = 0; i < (size_t)M * N; i++) {
+        double got = gc_ld(hc[i]), ulp = ldexp(1.0, ilogb(got) - 7);
+        double r = fabs(got - exact[i]) / (0.5 * ulp + gamma * exact[i]);   /* exact = S: all terms positive */
+        if (!(r <= worst)) { worst = r; worst_at = i; }
+    }
+    snprintf(name, sizeof name, NAME("bf16_gemm_rounded_once_M%d_N%d_K%d"), M, N, K);
+    verdict(worst <= 1, name, "C[%zu] = %.9g, exact %.9g: %.3g of the bound (half an ulp + gamma_K S)", worst_at,
+            (double)gc_ld(hc[worst_at]), exact[worst_at], worst);
+    if (worst <= 1) printf("  (worst %.3f of the bound)\n", worst);
+    free(ha); free(hb); free(hc); free(exact);
+    gpt_cuda_destroy(&m);
+    ddp_shutdown(d);
+}
+
+/* GPT_KERNELS=2's 16-byte elementwise maps against the one-element kernels, bit for bit: GELU
+   forward and backward and the bias (+ residual) init, over a length that leaves a tail, a bias
+   width that is no multiple of a vector, in S = float and bf16; and the launcher's refusal of a
+   misaligned operand (the caller then runs the one-element kernel). */
+template <class S> static void test_vec_maps_one(gpt_cuda *m, const char *type) {
+    const size_t n = 3 * 4096 + 13;
+    const int width = 77;
+    S *h = (S *)malloc(sizeof(S) * n * 3), *got = (S *)malloc(sizeof(S) * n), *want = (S *)malloc(sizeof(S) * n);
+    S *x = (S *)gc_device_alloc(m, sizeof(S) * n), *d = (S *)gc_device_alloc(m, sizeof(S) * n), *bias = (S *)gc_device_alloc(m, sizeof(S) * width);
+    S *o1 = (S *)gc_device_alloc(m, sizeof(S) * n), *o2 = (S *)gc_device_alloc(m, sizeof(S) * n);
+    size_t i;
+    int bad = 0, t, vec = 1;
+    char name[128];
+    for (i = 0; i < 3 * n; i++) gc_put(&h[i], 3.0f * test_value(61, i));
+    gpt_cuda_upload(m->stream, x, h, sizeof(S) * n);
+    gpt_cuda_upload(m->stream, d, h + n, sizeof(S) * n);
+    gpt_cuda_upload(m->stream, bias, h + 2 * n, sizeof(S) * width);
+    for (t = 0; t < 4; t++) {
+        gc_gelu_fwd<S> f = { x, o1 };
+        gc_gelu_bwd<S> g = { x, d, o1 };
+        gc_linear_init<S> li = { bias, t == 2 ? (const S *)d : (const S *)NULL, o1, width };
+        gc_f_bias<S> fb = { bias, width, t == 2 };
+        if (t == 0) { GC_FOR_EACH(m, f, n); vec &= GC_MAP_VEC(m, S, gc_f_gelu, gc_f_gelu(), x, (const S *)NULL, o2, n); }
+        if (t == 1) { GC_FOR_EACH(m, g, n); vec &= GC_MAP_VEC(m, S, gc_f_gelu_grad, gc_f_gelu_grad(), x, d, o2, n); }
+        if (t >= 2) { GC_FOR_EACH(m, li, n); vec &= GC_MAP_VEC(m, S, gc_f_bias<S>, fb, li.resid, (const S *)NULL, o2, n); }
+        if (t == 3) vec &= !GC_MAP_VEC(m, S, gc_f_gelu, gc_f_gelu(), x + 1, (const S *)NULL, o2, n - 1);   /* misaligned: refused */
+        gpt_cuda_download(m->stream, want, o1, sizeof(S) * n);
+        gpt_cuda_download(m->stream, got, o2, sizeof(S) * n);
+        if (memcmp(want, got, sizeof(S) * n) != 0) {
+            for (i = 0; i < n && !memcmp(&want[i], &got[i], sizeof(S)); i++) {}
+            printf("  (map %d: element %zu differs: %.9g, the one-element kernel's %.9g)\n", t, i, (double)gc_ld(got[i]), (double)gc_ld(want[i]));
+            bad++;
+        }
+    }
+    snprintf(name, sizeof name, NAME("kernels2_vector_maps_same_bits_%s"), type);
+    verdict(bad == 0 && vec, name, "%d of 4 maps differ from the one-element kernels; vector path taken where it should: %d", bad, vec);
+    free(h); free(got); free(want);
+}
+static void test_vec_maps(void) {
+    ddp_context *d = open_solo(1);
+    gpt_config cfg = { 1, 1, 32, 8, 1 };
+    gpt_cuda m;
+    if (gpt_cuda_create(&m, d, &cfg, 1, GPT_CUDA_FP32) != DDP_OK) { printf("FAIL %s: %s\n", NAME("kernels2_create"), ddp_last_error(d)); exit(1); }
+    test_vec_maps_one<float>(&m, "fp32");
+    test_vec_maps_one<gc_bf16>(&m, "bf16");
+    gpt_cuda_destroy(&m);
+    ddp_shutdown(d);
+}
+
+/* Which parts run: all by default; else the names given as arguments or in GPT_GPU_PARTS
+   (comma or space separated), in the file's order: reference vs_cpu determinism bf16 gemm kernels2.
+   The GPU check runs "gemm bf16" alone first: its bf16 part then comes before the parts that
+   run the templated fp32 code. */
+static const char *const part_names[] = { "reference", "vs_cpu", "determinism", "bf16", "gemm", "kernels2" };
+enum { NPARTS = 6 };
+static int parts_selected[NPARTS];
+static int select_parts(int argc, char **argv) {
+    char list[512] = "";
+    int i, n;
+    for (i = 1; i < argc; i++) { strncat(list, argv[i], sizeof list - strlen(list) - 2); strcat(list, " "); }
+    if (!list[0] && getenv("GPT_GPU_PARTS")) snprintf(list, sizeof list, "%s", getenv("GPT_GPU_PARTS"));
+    for (char *t = strtok(list, ", "); t; t = strtok(NULL, ", ")) {
+        for (n = 0; n < NPARTS && strcmp(t, part_names[n]) != 0; n++) {}
+        if (n == NPARTS) {
+            printf("FAIL %s: no part '%s' (parts: reference vs_cpu determinism bf16 gemm kernels2)\n", NAME("parts"), t);
+            return 0;
+        }
+        parts_selected[n] = 1;
+    }
+    for (n = 0, i = 0; n < NPARTS; n++) i |= parts_selected[n];
+    if (!i) for (n = 0; n < NPARTS; n++) parts_selected[n] = 1;
+    return 1;
+}
+
+int main(int argc, char **argv) {
     gpt_config small = { 3, 4, 80, 40, 3 };   /* layers, heads, dim, seq, batch: nothing a multiple of 32 */
     gpt_config larger = { 2, 6, 384, 256, 4 };
     int run_larger = 1;
+    if (!select_parts(argc, argv)) return 2;
 #ifndef GPT_CUDA_EMULATE
     gpu_require_device();
     printf("device: %s\n", gpu_name());
@@ -726,11 +886,25 @@ int main(void) {
     test_blas_threads();
     gpt_blas_init(1);
     make_text();
-    test_cuda_reference();
-    test_cuda_vs_cpu(&small, 0.0f);
-    test_cuda_vs_cpu(&small, 0.2f);
-    if (run_larger) test_cuda_vs_cpu(&larger, 0.0f);
-    test_cuda_deterministic(&small);
-    test_cuda_bf16(&small);
+    if (parts_selected[0]) test_cuda_reference();
+    if (parts_selected[1]) {
+        test_cuda_vs_cpu(&small, 0.0f, 1);
+        test_cuda_vs_cpu(&small, 0.2f, 1);
+        if (run_larger) test_cuda_vs_cpu(&larger, 0.0f, 1);
+    }
+    if (parts_selected[2]) test_cuda_deterministic(&small);
+    if (parts_selected[3]) test_cuda_bf16(&small);
+    if (parts_selected[4]) {
+        test_cuda_bf16_gemm(64, 64, 8192);
+#ifndef GPT_CUDA_EMULATE
+        test_cuda_bf16_gemm(768, 256, 8192);   /* a weight gradient's shape (768 outputs); host reference ~1.6 G mult-adds */
+#endif
+    }
+    if (parts_selected[5]) {   /* GPT_KERNELS=2 against the CPU model; batches where tokens need several segments */
+        gpt_config many = { 2, 2, 40, 67, 7 };   /* 469 positions: the frequent bytes exceed a segment */
+        test_vec_maps();
+        test_cuda_vs_cpu(&many, 0.0f, 2);
+        test_cuda_vs_cpu(&small, 0.2f, 2);
+    }
     return test_summary(NAME("test"));
 }

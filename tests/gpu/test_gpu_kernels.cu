@@ -1,5 +1,6 @@
 /* test_gpu_kernels.cu — ddp_kernels.cuh against CPU references: AdamW against ddp.h's CPU loop
-   (<= 1e-6 relative; the arithmetic is the same, so normally bit for bit), the sum of squares
+   (<= 1e-6 relative; the arithmetic is the same, so normally bit for bit), the bf16 step
+   (ddp_k_scale_bf16, the bf16 norm, ddp_k_adamw_bf16) against ddp.h's CPU bf16 step bit for bit, the sum of squares
    against float64 (and the same bits twice), ddp.h's norm blocks and their total against its
    CPU functions bit for bit, fp32->bf16 over all 2^32 bit patterns and
    bf16->fp32 over all 2^16 against the CPU's round-to-nearest-even, fill and scale, and a
@@ -182,6 +183,87 @@ static void test_adamw(int offset) {
     free(hp); free(hg); free(hm); free(hv); free(got);
 }
 
+/* bf16 parameters, as ddp.h's NCCL step runs them: bf16 gradients (rescaled by ddp_k_scale_bf16
+   now and then, as uneven_inputs' DIVIDE_BY_ACTIVE does), the norm from ddp_k_norm_blocks_bf16 +
+   ddp_k_sum_doubles, ddp_k_adamw_prepare, ddp_k_adamw_bf16 on the fp32 master with its bf16
+   working copy — against ddp.h's CPU step (ddp__host_scale's rounding, ddp__sum_squares_bf16 per
+   block and ddp__norm_sum, ddp__adamw_range_bf16), bit for bit: the scaled gradients, the norm,
+   the master, the working copies, m and v after every step. The CPU side takes the step scalars
+   the device's prepare computed (pow there is CUDA's, here the host's libm: a last-bit difference
+   would say nothing about the kernels); those are compared with the CPU's own within 1 ulp. */
+static void test_adamw_bf16(void) {
+    enum { N0 = (1 << 20) + 80, N1 = 4096 + 19, STEPS = 6 };   /* N0 a whole number of mask groups; n odd */
+    const size_t n = N0 + N1, grain = 1024, blocks = (n + grain - 1) / grain;
+    const float lr = 0.01f, b1 = 0.9f, b2 = 0.99f, eps = 1e-8f, wd = 0.1f;
+    float *hp = (float *)malloc(n * 4), *hm = (float *)calloc(n, 4), *hv = (float *)calloc(n, 4), *got = (float *)malloc(n * 4);
+    ddp_bf16 *hw = (ddp_bf16 *)malloc(n * 2), *hg = (ddp_bf16 *)malloc(n * 2), *got16 = (ddp_bf16 *)malloc(n * 2);
+    double *sums = (double *)malloc(blocks * sizeof(double)), *d_sums, *d_norm, norm_dev, norm_cpu;
+    unsigned char *mask = (unsigned char *)calloc(n / DDP_K_MASK_GROUP + 1, 1), *d_mask;
+    float *dp, *dm, *dv;
+    uint16_t *dw, *dg;
+    ddp_k_adamw_state *d_state, st;
+    size_t i, k;
+    int step, bad_step = 0, scalars_off = 0;
+    const char *bad_what = "";
+    size_t bad_at = 0;
+    for (i = 0; i < n; i++) { hp[i] = 0.5f * test_value(21, i); hw[i] = ddp__to_bf16(hp[i]); }
+    for (i = N0 / DDP_K_MASK_GROUP; i <= n / DDP_K_MASK_GROUP; i++) mask[i] = 1;   /* the tail: no decay, per group */
+    CK(cudaMalloc((void **)&dp, n * 4)); CK(cudaMalloc((void **)&dm, n * 4)); CK(cudaMalloc((void **)&dv, n * 4));
+    CK(cudaMalloc((void **)&dw, n * 2)); CK(cudaMalloc((void **)&dg, n * 2));
+    CK(cudaMalloc((void **)&d_sums, blocks * sizeof(double))); CK(cudaMalloc((void **)&d_norm, sizeof(double)));
+    CK(cudaMalloc((void **)&d_mask, n / DDP_K_MASK_GROUP + 1)); CK(cudaMalloc((void **)&d_state, sizeof st));
+    CK(cudaMemset(d_state, 0, sizeof st)); CK(cudaMemset(dm, 0, n * 4)); CK(cudaMemset(dv, 0, n * 4));
+    CK(cudaMemcpy(dp, hp, n * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dw, hw, n * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_mask, mask, n / DDP_K_MASK_GROUP + 1, cudaMemcpyHostToDevice));
+    for (step = 1; step <= STEPS && !bad_step; step++) {
+        float factor = step % 2 ? 1.0f : 2.0f / 3.0f, max_norm = step % 3 ? 1.0f : 0.0f, clip = 1, step_size, bc2_sqrt;
+        for (i = 0; i < n; i++) hg[i] = ddp__to_bf16(test_value(200 + (uint64_t)step, i) * (i % 3 ? 0.01f : 0.5f));
+        CK(cudaMemcpy(dg, hg, n * 2, cudaMemcpyHostToDevice));
+        if (factor != 1.0f) {
+            for (i = 0; i < n; i++) hg[i] = ddp__to_bf16(ddp__from_bf16(hg[i]) * factor);   /* ddp__host_scale */
+            CK(ddp_k_scale_bf16(dg, n, factor, 0));
+            CK(cudaMemcpy(got16, dg, n * 2, cudaMemcpyDeviceToHost));
+            for (i = 0; i < n && !bad_step; i++)
+                if (got16[i] != hg[i]) { bad_step = step; bad_what = "scaled gradient"; bad_at = i; }
+        }
+        for (k = 0; k < blocks; k++) sums[k] = ddp__sum_squares_bf16(hg + k * grain, k + 1 < blocks ? grain : n - k * grain);
+        norm_cpu = ddp__norm_sum(sums, blocks);
+        CK(ddp_k_norm_blocks_bf16(dg, n, grain, d_sums, 0));
+        CK(ddp_k_sum_doubles(d_sums, blocks, d_norm, 0));
+        CK(ddp_k_adamw_prepare(d_state, d_norm, max_norm, lr, b1, b2, 0));
+        CK(ddp_k_adamw_bf16(dp, dw, dg, dm, dv, n, d_mask, lr, b1, b2, eps, wd, d_state, 0));
+        CK(cudaMemcpy(&norm_dev, d_norm, sizeof norm_dev, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(&st, d_state, sizeof st, cudaMemcpyDeviceToHost));
+        if (!bad_step && memcmp(&norm_dev, &norm_cpu, sizeof norm_dev)) { bad_step = step; bad_what = "norm"; }
+        /* the CPU's own scalars (ddp__adamw_prepare): within 1 ulp of the device's */
+        if (max_norm > 0 && sqrt(norm_cpu) > max_norm) clip = (float)(max_norm / (sqrt(norm_cpu) + 1e-6));
+        step_size = (float)(lr / (1.0 - pow(b1, (double)step)));
+        bc2_sqrt = (float)sqrt(1.0 - pow(b2, (double)step));
+        scalars_off += fabsf(clip - st.clip) > ldexpf(1.0f, -23) * clip || fabsf(step_size - st.step_size) > ldexpf(1.0f, -23) * step_size ||
+                       fabsf(bc2_sqrt - st.bc2_sqrt) > ldexpf(1.0f, -23) * bc2_sqrt || st.step != step || st.skip;
+        ddp__adamw_range_bf16(hp, hw, hg, hm, hv, N0, st.clip, lr, b1, b2, eps, wd, st.step_size, st.bc2_sqrt);
+        ddp__adamw_range_bf16(hp + N0, hw + N0, hg + N0, hm + N0, hv + N0, N1, st.clip, lr, b1, b2, eps, 0.0f, st.step_size, st.bc2_sqrt);
+        CK(cudaMemcpy(got, dp, n * 4, cudaMemcpyDeviceToHost));
+        for (i = 0; i < n && !bad_step; i++) if (memcmp(&got[i], &hp[i], 4)) { bad_step = step; bad_what = "master"; bad_at = i; }
+        CK(cudaMemcpy(got16, dw, n * 2, cudaMemcpyDeviceToHost));
+        for (i = 0; i < n && !bad_step; i++) if (got16[i] != hw[i]) { bad_step = step; bad_what = "working copy"; bad_at = i; }
+        CK(cudaMemcpy(got, dm, n * 4, cudaMemcpyDeviceToHost));
+        for (i = 0; i < n && !bad_step; i++) if (memcmp(&got[i], &hm[i], 4)) { bad_step = step; bad_what = "m"; bad_at = i; }
+        CK(cudaMemcpy(got, dv, n * 4, cudaMemcpyDeviceToHost));
+        for (i = 0; i < n && !bad_step; i++) if (memcmp(&got[i], &hv[i], 4)) { bad_step = step; bad_what = "v"; bad_at = i; }
+    }
+    verdict(bad_step == 0, "gpu_adamw_bf16_and_scale_bf16_vs_cpu_bitwise", "first difference at step %d: the %s, element %zu",
+            bad_step, bad_what, bad_at);
+    verdict(scalars_off == 0 && st.diverged == 0, "gpu_adamw_bf16_step_scalars_match_cpu",
+            "%d step(s) with clip/step_size/bc2_sqrt beyond 1 ulp of the CPU's, or a wrong count; %llu diverged", scalars_off,
+            st.diverged);
+    printf("  (%d steps over %zu bf16 parameters (the last %d without decay), rescaled every other step)\n", STEPS, n, (int)N1);
+    cudaFree(dp); cudaFree(dm); cudaFree(dv); cudaFree(dw); cudaFree(dg); cudaFree(d_sums); cudaFree(d_norm); cudaFree(d_mask);
+    cudaFree(d_state);
+    free(hp); free(hm); free(hv); free(got); free(hw); free(hg); free(got16); free(sums); free(mask);
+}
+
 /* Non-finite gradients: prepare marks the step skipped, AdamW changes nothing, the step count stays. */
 static void test_adamw_skip(void) {
     const size_t n = 1024;
@@ -240,6 +322,7 @@ int main(void) {
     printf("  (device: %s)\n", gpu_name());
     test_adamw(0);
     test_adamw(1);
+    test_adamw_bf16();
     test_adamw_skip();
     test_norm();
     test_norm_blocks(0);

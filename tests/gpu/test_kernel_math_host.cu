@@ -8,6 +8,8 @@
      CPU ddp_adamw_step bit for bit (parameters, m, v, step count), step after step, with weight
      decay, no-decay parameters, clipping, bias correction and skipped non-finite steps; on the
      float4 path, with a scalar tail, and all scalar (unaligned);
+   - bf16 parameters: ddp_k_scale_bf16 and ddp_k_adamw_bf16's element math equal ddp.h's CPU
+     step on param_dtype DDP_DTYPE_BF16 bit for bit (master, working copies, m, v), 40 steps;
    - the no-decay mask ddp.h builds for the device against the parameters' flags;
    - fp32 -> bf16 (round to nearest even) against an independent reference written in double
      arithmetic, over the special cases and sweeps of bit patterns, and against the CPU
@@ -167,6 +169,96 @@ static void test_adamw_parity(void) {
     ddp_shutdown(ctx);
 }
 
+/* ---- bf16 parameters: ddp_k_scale_bf16 then ddp_k_adamw_bf16's element math == ddp.h's CPU
+   step on param_dtype DDP_DTYPE_BF16 (fp32 master, bf16 working copies and gradients), bit for
+   bit: master, working copies, m, v, the step count; the gradients scaled as uneven_inputs'
+   DIVIDE_BY_ACTIVE rescale does (ddp__host_scale on the CPU), clipping, a skipped NaN step. The
+   norm given to the kernels' prepare is the CPU step's own (its blocks, its order). ---- */
+static void test_adamw_bf16_parity(void) {
+    ddp_context *ctx;
+    ddp_desc d;
+    ddp_result r;
+    unsigned char *mask;
+    float *cpu_p, *cpu_m, *cpu_v, *init[NPARAMS], *p, *m, *v;
+    ddp_bf16 *cpu_w, *cpu_g;
+    uint16_t *w, *g;
+    int64_t *cpu_step;
+    ddp_k_adamw_state state;
+    const float b1 = 0.9f, b2 = 0.99f, eps = 1e-8f;
+    size_t n, k, bad_at = 0;
+    int i, step, id, bad_step = 0, clipped = 0;
+    const char *bad_what = "";
+    memset(&d, 0, sizeof d);
+    memset(&state, 0, sizeof state);
+    d.world_size = 1;
+    d.backend = DDP_BACKEND_CPU;
+    d.param_dtype = DDP_DTYPE_BF16;
+    d.skip_nonfinite = 1;
+    d.log_level = DDP_LOG_OFF;
+    if (ddp_init(&ctx, &d) != DDP_OK) { printf("FAIL host_adamw_bf16_init: %s\n", ddp_last_error(ctx)); exit(1); }
+    for (i = 0; i < NPARAMS; i++) {
+        char name[16];
+        init[i] = (float *)malloc(param_sizes[i] * sizeof(float));
+        for (k = 0; k < param_sizes[i]; k++) init[i][k] = 0.5f * test_value(11 + (uint64_t)i, k);
+        snprintf(name, sizeof name, "p%d", i);
+        ddp_register_param(ctx, name, param_sizes[i], param_flags[i], init[i], &id);
+    }
+    if (ddp_commit(ctx) != DDP_OK) { printf("FAIL host_adamw_bf16_commit: %s\n", ddp_last_error(ctx)); exit(1); }
+    cpu_p = ddp_flat_params(ctx, &n);
+    cpu_w = ctx->params_bf16;
+    cpu_g = ctx->grads_bf16;
+    ddp_adamw_state(ctx, &cpu_m, &cpu_v, &cpu_step);
+    mask = ddp__gpu_no_decay_mask(ctx, &r);
+    p = alloc_floats16(n); m = alloc_floats16(n); v = alloc_floats16(n);
+    w = (uint16_t *)malloc(n * sizeof(uint16_t) + 2);
+    g = (uint16_t *)malloc(n * sizeof(uint16_t) + 2);
+    memcpy(p, cpu_p, n * sizeof(float));
+    memcpy(w, cpu_w, n * sizeof(uint16_t));
+    for (step = 1; step <= 40 && !bad_step; step++) {
+        ddp_adamw opt;
+        double norm_sq;
+        float factor = step % 4 == 0 ? 2.0f / 3.0f : 1.0f;   /* DIVIDE_BY_ACTIVE's rescale, now and then */
+        memset(&opt, 0, sizeof opt);
+        opt.lr = 3e-3f * (1.0f + 0.25f * (float)(step % 5));
+        opt.beta1 = b1; opt.beta2 = b2; opt.eps = eps;
+        opt.weight_decay = 0.1f;
+        opt.max_grad_norm = step % 2 ? 0.5f : 0.0f;
+        for (i = 0; i < NPARAMS; i++)   /* the padding between parameters keeps its zero gradient, as on a device */
+            for (k = ctx->params[i].offset; k < ctx->params[i].offset + ctx->params[i].count; k++)
+                cpu_g[k] = ddp__to_bf16(test_value(300 + (uint64_t)step, k) * (k % 7 == 0 ? 0.3f : 0.02f));
+        if (step == 13) cpu_g[ctx->params[2].offset + 9] = ddp__to_bf16(NAN);
+        memcpy(g, cpu_g, n * sizeof(uint16_t));
+        if (factor != 1.0f) {
+            ddp__host_scale(ctx, 0, n, factor);
+            ddp_k__scale_bf16_host(g, n, factor);
+            if (memcmp(g, cpu_g, n * sizeof(uint16_t))) { bad_step = step; bad_what = "scaled gradient"; break; }
+        }
+        for (i = ddp_num_params(ctx) - 1; i >= 0; i--) r = ddp_grad_ready(ctx, i);
+        if (ddp_finish(ctx) != DDP_OK || r != DDP_OK || ddp_adamw_step(ctx, &opt, NULL) != DDP_OK) {
+            printf("FAIL host_adamw_bf16_cpu_step %d: %s\n", step, ddp_last_error(ctx));
+            exit(1);
+        }
+        norm_sq = ddp__norm_sum(ctx->norm_sums, ctx->norm_blocks);   /* what the CPU step's norm was made of */
+        ddp_k__adamw_prepare_host(&state, &norm_sq, opt.max_grad_norm, opt.lr, b1, b2);
+        ddp_k__adamw_bf16_host(p, w, g, m, v, n, mask, opt.lr, b1, b2, eps, opt.weight_decay, &state);
+        if (!state.skip && state.clip < 1.0f) clipped++;
+        if (!same_bits(p, cpu_p, n, &bad_at)) { bad_step = step; bad_what = "master"; }
+        else if (!same_bits(m, cpu_m, n, &bad_at)) { bad_step = step; bad_what = "m"; }
+        else if (!same_bits(v, cpu_v, n, &bad_at)) { bad_step = step; bad_what = "v"; }
+        else if (memcmp(w, cpu_w, n * sizeof(uint16_t))) { bad_step = step; bad_what = "working copy"; }
+        else if (state.step != *cpu_step) { bad_step = step; bad_what = "step count"; }
+    }
+    verdict(bad_step == 0, "host_adamw_bf16_and_scale_bf16_kernel_math_equal_cpu_bits",
+            "first difference at step %d: the %s (element %zu)", bad_step, bad_what, bad_at);
+    verdict(*cpu_step == 39 && state.skipped == 1 && clipped >= 5 && state.diverged == 0, "host_adamw_bf16_skip_and_clipping_exercised",
+            "cpu step %lld, %lld skipped, %d clipped, %llu diverged", (long long)*cpu_step, state.skipped, clipped, state.diverged);
+    printf("  (40 steps over %zu bf16 parameters: %d clipped, %lld skipped, 10 rescaled)\n", n, clipped, state.skipped);
+    free(p); free(m); free(v); free(w); free(g);
+    for (i = 0; i < NPARAMS; i++) free(init[i]);
+    DDP_FREE(mask);
+    ddp_shutdown(ctx);
+}
+
 /* ---- bf16 ---- */
 /* Round to nearest even written as arithmetic in double (no bit tricks): bf16 keeps 8
    significant bits, its spacing at |x| is 2^(e-8) for x in [2^(e-1), 2^e), at least 2^-133 (the
@@ -178,9 +270,10 @@ static uint16_t ref_to_bf16(uint32_t u) {
     int e;
     uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
     memcpy(&f, &u, 4);
-    if (f != f) return (uint16_t)((u >> 16) | 0x0040u);
+    /* NaN and Inf by their bits: the fast-math build of this test (-ffinite-math-only) folds f != f */
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
     a = fabs((double)f);
-    if (isinf(a)) return (uint16_t)(sign | 0x7f80u);
+    if ((u & 0x7fffffffu) == 0x7f800000u) return (uint16_t)(sign | 0x7f80u);
     if (a == 0) return sign;
     frexp(a, &e);
     spacing = ldexp(1.0, e - 8 > -133 ? e - 8 : -133);
@@ -255,8 +348,8 @@ static void test_bf16(void) {
         uint32_t w = (uint32_t)h << 16;
         memcpy(&want, &w, 4);
         if (memcmp(&f, &want, 4)) bad++;
-        if (f == f && ddp_k__to_bf16(f) != h) bad++;                          /* exact round trip */
-        if (f != f && ddp_k__to_bf16(f) != (uint16_t)(h | 0x0040u)) bad++;   /* NaN stays NaN, quieted */
+        if ((w & 0x7fffffffu) <= 0x7f800000u && ddp_k__to_bf16(f) != h) bad++;                         /* exact round trip */
+        if ((w & 0x7fffffffu) > 0x7f800000u && ddp_k__to_bf16(f) != (uint16_t)(h | 0x0040u)) bad++;   /* NaN stays NaN, quieted */
     }
     verdict(bad == 0, "host_bf16_to_f32_all_2^16_and_round_trip", "%zu wrong", bad);
 }
@@ -327,6 +420,22 @@ static void test_watch(void) {
     verdict(t >= 500 && t <= 500 + 5.0 + 0.3, "host_watchdog_times_out_a_stopped_gpu_within_timeout",
             "timeout at %.2f s for a GPU stopped at 500 s (timeout 5 s)", t);
     printf("  (stopped GPU: timed out at %.2f s in \"%s\")\n", t, what);
+    {   /* The whole job stopped (Ctrl-Z) from 10.15 s to 30.15 s with a collective pending since
+           10 s: the watchdog's 0.1 s wait that began at 10.1 s ends at 30.2 s. Not a timeout
+           (timeout 5 s); a collective still pending 5 s of running time later is one. */
+        ddp__watch w;
+        int ok;
+        memset(&w, 0, sizeof w);
+        ddp__watch_enqueue(&w, 10.0, "op");
+        ddp__watch_slept(&w, 0.1);
+        ok = w.since == 10.0;                                   /* a normal wait moves nothing */
+        ddp__watch_slept(&w, 30.2 - 10.1);
+        ok &= !ddp__watch_expired(&w, 30.2, 5.0) && !ddp__watch_expired(&w, 34.9, 5.0) && ddp__watch_expired(&w, 35.3, 5.0);
+        verdict(ok, "host_watchdog_stopped_time_is_not_waiting", "since %.2f after a 20.1 s wait (pending since 10 s)", w.since);
+        memset(&w, 0, sizeof w);
+        ddp__watch_slept(&w, 20.0);
+        verdict(w.since == 0, "host_watchdog_stopped_time_with_nothing_pending", "since %.2f", w.since);
+    }
 }
 
 /* ---- the communicator's life ---- */
@@ -376,6 +485,7 @@ static void test_life(void) {
 int main(void) {
     test_life();
     test_adamw_parity();
+    test_adamw_bf16_parity();
     test_bf16();
     test_norm();
     test_watch();
