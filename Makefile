@@ -139,7 +139,7 @@ WIN_CC    ?= $(shell command -v x86_64-w64-mingw32-gcc 2>/dev/null)
 WB        := build/win
 WIN_FLAGS := -std=gnu99 -O2 -ffp-contract=off $(WARN) -Wno-pointer-sign -static
 WIN_LIBS  := -lws2_32 -lbcrypt
-WIN_PROGRAMS := $(WB)/test_unit.exe $(WB)/test_equivalence.exe $(WB)/test_checkpoint.exe $(WB)/engine.exe $(WB)/texture.exe \
+WIN_PROGRAMS := $(WB)/test_unit.exe $(WB)/test_embed.exe $(WB)/test_host.exe $(WB)/test_equivalence.exe $(WB)/test_checkpoint.exe $(WB)/engine.exe $(WB)/texture.exe \
                 $(WB)/minimal.exe $(WB)/ddprun.exe $(WB)/test_equivalence_il.exe $(WB)/engine_il.exe
 ifeq ($(strip $(WIN_CC)),)
 windows:

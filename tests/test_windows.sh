@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # test_windows.sh — ddp.h's Windows build (MinGW-w64, `make windows`: build/win/*.exe) run under
-# Wine: the unit tests that apply, N thread-ranks = 1 rank at N x batch with every rank
+# Wine: the unit tests that apply, the embedding tests (cancel in every phase, progress, thread-ranks
+# ending mid-backward, ddp_join), N thread-ranks = 1 rank at N x batch with every rank
 # bit-identical, the same bits as the Linux build (params_hash; both built with -ffp-contract=off
 # and TEST_PORTABLE_MATH), the CPU backend with ranks as Windows processes (through ddprun.exe
 # when it is built, else started here) and its bits, checkpoints (saved, replaced, loaded at
@@ -55,8 +56,19 @@ hashes() { grep -oE "params_hash ranks[0-9]+_accum[0-9]+ [0-9a-f]+ reference [0-
 # ---- the unit tests (two POSIX-only checks SKIP inside, with the reason) ----
 timeout 300 "$WINE" "$W/test_unit.exe" >"$tmp/unit" 2>&1
 rc=$?
-verdicts "$tmp/unit"
+sed -E 's/^(PASS|FAIL|SKIP) /\1 windows_/' "$tmp/unit" >"$tmp/unit.v"
+verdicts "$tmp/unit.v"
 [ $rc -ne 0 ] && ! grep -q "^FAIL " "$tmp/unit" && say FAIL windows_test_unit "exited with status $rc: $(tail -n 3 "$tmp/unit" | tr '\n' ' ')"
+
+# ---- embedding: NULL contexts, messages, thread-ranks; cancel in every phase, progress from another
+#      thread, thread-ranks ending mid-backward, uneven inputs (ddp_join) ----
+for t in test_embed test_host; do
+    timeout 300 "$WINE" "$W/$t.exe" >"$tmp/$t" 2>&1
+    rc=$?
+    sed -E 's/^(PASS|FAIL|SKIP) /\1 windows_/' "$tmp/$t" >"$tmp/$t.v"
+    verdicts "$tmp/$t.v"
+    [ $rc -ne 0 ] && ! grep -q "^FAIL " "$tmp/$t" && say FAIL "windows_$t" "exited with status $rc: $(tail -n 3 "$tmp/$t" | tr '\n' ' ')"
+done
 
 # ---- equivalence: thread-ranks, then processes; the bits against Linux ----
 for n in 1 2 4; do

@@ -15,6 +15,11 @@
 #define poll(p, n, ms) WSAPoll((p), (n), (ms))
 #define test_sock_close(fd) closesocket(fd)
 #define usleep(us) Sleep(((us) + 999) / 1000)
+#include <direct.h>
+#include <io.h>
+static inline char *test_mkdtemp(char *t) { return _mktemp_s(t, strlen(t) + 1) == 0 && _mkdir(t) == 0 ? t : NULL; }
+#define mkdtemp(t) test_mkdtemp(t)
+#define rmdir(d) _rmdir(d)
 #else
 #define test_sock_close(fd) close(fd)
 #endif
