@@ -502,9 +502,10 @@
      A context belongs to the thread that steps it (the library runs one thread of its own per
      context: the communication thread on the CPU, the watchdog on NCCL). With ranks as threads
      of one process, the thread that last stepped the context is the rank: if it ends while the
-     context is live (it returns, calls pthread_exit, or is cancelled with pthread_cancel, even in
-     the middle of a backward) its peers fail at once, as for a dead process, and the host program
-     can still ddp_shutdown the context it left. Distinct contexts are independent.
+     context is live (it returns, calls pthread_exit or ExitThread, or is cancelled with
+     pthread_cancel, even in the middle of a backward) its peers fail at once, as for a dead
+     process, and the host program can still ddp_shutdown the context it left. Distinct contexts
+     are independent.
      From any thread: ddp_result_string; ddp_sampler_count and ddp_sample (pure, no context);
      ddp_cancel_token_set and ddp_cancel_token_is_set (also from a signal handler: one atomic
      store or load); ddp_cancel and ddp_progress_read while the
