@@ -584,7 +584,8 @@
      single and cpu backends, ranks as threads of one process (examples/engine.c, the texture
      example, cancel, progress, ddp_join) and ranks as processes on one machine (ddprun.exe),
      checkpoints, the timeline; the NCCL and MPI backends are Linux-only (DDP_CUDA or DDP_MPI in
-     a Windows build stops with an #error that says so). Build: MinGW-w64 (x86_64-w64-mingw32-gcc
+     a Windows build stops with an #error that says so; ddp_desc.backend asking for one there is
+     DDP_ERR_BACKEND, "Linux-only"). Build: MinGW-w64 (x86_64-w64-mingw32-gcc
      f.c -lws2_32 -lbcrypt) or MSVC (cl f.c; the libraries come by #pragma comment). No pthreads:
      Win32 threads, SRW locks, condition variables, named file mappings, named semaphores for
      the waits, Winsock for the store. The implementation includes <winsock2.h> and <windows.h>
@@ -1129,6 +1130,7 @@ enum { DDP__SEG_CREATE, DDP__SEG_RESERVE, DDP__SEG_MAP, DDP__SEG_OPEN };   /* wh
 #define MSG_NOSIGNAL 0         /* Windows has no SIGPIPE */
 #define MSG_DONTWAIT 0         /* the sockets are non-blocking instead (above) */
 #define DDP__SEG_PREFIX "Local\\ddp-"
+#define DDP__WINDOWS 1         /* for the few messages that differ (a backend asked for that is Linux-only) */
 #define DDP__PATH_SEP "\\/"
 static int ddp__set_errno_win(void);
 
@@ -1644,6 +1646,7 @@ static void ddp__file_remove_plain(const char *dir, const char *name) {
 
 #else /* POSIX ------------------------------------------------------------------------------ */
 #define DDP__SEG_PREFIX "/ddp-"
+#define DDP__WINDOWS 0
 #define DDP__PATH_SEP "/"
 #ifndef MSG_NOSIGNAL
 #define MSG_NOSIGNAL 0         /* macOS: SO_NOSIGPIPE on each socket instead (ddp__sock_cloexec) */
@@ -7501,8 +7504,9 @@ static ddp_result ddp__choose_backend(ddp_context *ctx) {
     if (nccl) { ctx->be = &ddp__nccl_backend; d->backend = DDP_BACKEND_NCCL; return DDP_OK; }
 #else
     if (nccl)
-        return ddp__fail(ctx, DDP_ERR_BACKEND, "the NCCL backend needs the implementation compiled with CUDA (by nvcc, "
-                         "or with -DDDP_CUDA and ddp_kernels.cuh)");
+        return ddp__fail(ctx, DDP_ERR_BACKEND, DDP__WINDOWS ? "the NCCL backend is Linux-only (NCCL has no Windows build): "
+                         "on Windows ddp.h runs the single and cpu backends" : "the NCCL backend needs the implementation "
+                         "compiled with CUDA (by nvcc, or with -DDDP_CUDA and ddp_kernels.cuh)");
 #endif
     if (d->backend == DDP_BACKEND_SINGLE && ctx->world > 1)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: the single backend is for one rank, but the world "
@@ -7514,7 +7518,8 @@ static ddp_result ddp__choose_backend(ddp_context *ctx) {
     }
 #else
     if (d->backend == DDP_BACKEND_MPI)
-        return ddp__fail(ctx, DDP_ERR_BACKEND, "the MPI backend needs the implementation built with MPI (mpicc -DDDP_MPI)");
+        return ddp__fail(ctx, DDP_ERR_BACKEND, DDP__WINDOWS ? "the MPI backend is Linux-only: on Windows ddp.h runs the "
+                         "single and cpu backends" : "the MPI backend needs the implementation built with MPI (mpicc -DDDP_MPI)");
 #endif
     if (ctx->local_world != ctx->world) {
         /* Said at once, on every rank, before any network: the hosts this rank knows of, and

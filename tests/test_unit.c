@@ -537,6 +537,31 @@ static void test_port_in_use(void) {
     test_sock_close(fd);
 }
 
+/* A backend this build does not have is refused by name (on Windows: NCCL and MPI are Linux-only). */
+static void test_backend_not_built(void) {
+    ddp_backend which[2] = { DDP_BACKEND_NCCL, DDP_BACKEND_MPI };
+    const char *names[2] = { "NCCL", "MPI" };
+    int i;
+    for (i = 0; i < 2; i++) {
+        ddp_context *ctx = NULL;
+        ddp_desc d;
+        ddp_result r;
+        char name[64];
+        memset(&d, 0, sizeof d);
+        d.world_size = 2; d.rank = 0; d.master_port = test_free_port(); d.timeout_s = 2; d.log_level = DDP_LOG_OFF;
+        d.backend = which[i];
+        r = ddp_init(&ctx, &d);
+        snprintf(name, sizeof name, "backend_%s_not_built_named", names[i]);
+#ifdef _WIN32
+        verdict(r == DDP_ERR_BACKEND && contains(ddp_last_error(ctx), names[i]) && contains(ddp_last_error(ctx), "Linux-only"),
+                name, "%s: %s", ddp_result_string(r), ddp_last_error(ctx));
+#else
+        verdict(r == DDP_ERR_BACKEND && contains(ddp_last_error(ctx), names[i]), name, "%s: %s", ddp_result_string(r), ddp_last_error(ctx));
+#endif
+        ddp_shutdown(ctx);
+    }
+}
+
 static void test_unresolvable(void) {
     ddp_context *ctx;
     ddp_desc d;
@@ -1253,6 +1278,7 @@ int main(void) {
     test_env_rule();
     test_port_in_use();
     test_unresolvable();
+    test_backend_not_built();
     test_rendezvous_failures();
     test_mismatches();
     test_store_under_attack();
