@@ -3986,9 +3986,11 @@ static int ddp__connect_by(int fd, const struct addrinfo *a, double deadline) {
             int n;
             if (left <= 0) { errno = 0; return -1; }   /* out of time: not a verdict on the address */
             pfd.fd = fd; pfd.events = POLLOUT; pfd.revents = 0;
-            n = ddp__poll(&pfd, 1, (int)(left * 1000) + 1);
+            n = ddp__poll(&pfd, 1, left > 0.05 ? 50 : (int)(left * 1000) + 1);
             if (n > 0) break;
             if (n < 0 && errno != EINTR) return -1;
+            /* WSAPoll before Windows 10 2004 never reports a failed connect: ask the socket */
+            if (n == 0 && (err = ddp__sock_error(fd)) != 0) { errno = err; return -1; }
         }
         if ((err = ddp__sock_error(fd)) != 0) { errno = err; return -1; }
     }
