@@ -1131,7 +1131,9 @@ enum { DDP__SEG_CREATE, DDP__SEG_RESERVE, DDP__SEG_MAP, DDP__SEG_OPEN };   /* wh
 #define MSG_DONTWAIT 0         /* the sockets are non-blocking instead (above) */
 #define DDP__SEG_PREFIX "Local\\ddp-"
 #define DDP__WINDOWS 1         /* for the few messages that differ (a backend asked for that is Linux-only) */
-#define DDP__PATH_SEP "\\/"
+#ifndef PATH_MAX
+#define PATH_MAX MAX_PATH      /* MSVC's limits.h has none (MinGW's says 260 too) */
+#endif
 static int ddp__set_errno_win(void);
 
 /* ---- atomics: cl.exe (not clang-cl) has no __atomic builtins. The shared code uses them on 32-
@@ -1224,9 +1226,8 @@ static void ddp__thread_join(ddp__thread t) { WaitForSingleObject(t, INFINITE); 
 
 /* ---- time, sleeping, the CPU ---- */
 static double ddp__now(void) {
-    static LARGE_INTEGER freq;   /* the same value whichever thread sets it first */
-    LARGE_INTEGER t;
-    if (!freq.QuadPart) QueryPerformanceFrequency(&freq);
+    LARGE_INTEGER freq, t;
+    QueryPerformanceFrequency(&freq);   /* fixed at boot; a read of shared data, no system call */
     QueryPerformanceCounter(&t);
     return (double)t.QuadPart / (double)freq.QuadPart;
 }
@@ -1647,7 +1648,6 @@ static void ddp__file_remove_plain(const char *dir, const char *name) {
 #else /* POSIX ------------------------------------------------------------------------------ */
 #define DDP__SEG_PREFIX "/ddp-"
 #define DDP__WINDOWS 0
-#define DDP__PATH_SEP "/"
 #ifndef MSG_NOSIGNAL
 #define MSG_NOSIGNAL 0         /* macOS: SO_NOSIGPIPE on each socket instead (ddp__sock_cloexec) */
 #endif
@@ -2172,6 +2172,7 @@ struct ddp_context {
     /* rendezvous */
     int store_fd;
     int *peer_pids;                /* from the rendezvous: liveness before the segment is shared */
+    int rank0_here;                /* rank 0 runs on this host (its name): its process can be watched */
     ddp__store_server *server;
 
     /* parameters and buckets */
@@ -3319,7 +3320,7 @@ static int ddp__send_all(int fd, const void *buf, size_t len, double deadline) {
 /* Rank 0 runs on this host and its process is gone. Its connection's close says so too, but not
    always at once: under Wine the server holds a killed process's sockets open. */
 static int ddp__rank0_gone(const ddp_context *ctx) {
-    return ctx->rank != 0 && ctx->peer_pids && ctx->local_world == ctx->world && !ddp__pid_alive(ctx->peer_pids[0]);
+    return ctx->rank != 0 && ctx->rank0_here && ctx->peer_pids && !ddp__pid_alive(ctx->peer_pids[0]);
 }
 
 /* Receive exactly len bytes by the deadline: 0 ok, -1 error or closed, -2 timed out. With
@@ -7589,7 +7590,11 @@ static ddp_result ddp__rendezvous(ddp_context *ctx, double deadline) {
                              "%g s (WORLD_SIZE=%d)", missing, ctx->master_addr, ctx->desc.master_port,
                              ctx->desc.timeout_s, ctx->world);
         }
-        sscanf((const char *)reply, "%d %d", &world, &pid);
+        if (s == 0) {
+            char where[256] = "";
+            sscanf((const char *)reply, "%d %d %255s", &world, &pid, where);
+            ctx->rank0_here = !strcmp(where, host);
+        } else sscanf((const char *)reply, "%d %d", &world, &pid);
         DDP_FREE(reply);
         ctx->peer_pids[s] = pid;
         if (world != ctx->world)
