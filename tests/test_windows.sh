@@ -101,6 +101,13 @@ if [ -x "$W/ddprun.exe" ]; then   # a rank killed (TerminateProcess, as SIGKILL)
     if [ $rc = 9 ] && grep -q "rank 0 exited with status 9" "$tmp/out" && ! grep -q terminating "$tmp/out"; then
         say PASS windows_ddprun_killed_rank_ends_job "status 9 in $took s, the other rank ended by itself"
     else say FAIL windows_ddprun_killed_rank_ends_job "status $rc after $took s: $(grep -m3 ddprun "$tmp/out" | tr '\n' ' ')"; fi
+    # --max-restarts: the first attempt fails (the marker is not there yet), the second succeeds
+    mark=$(printf 'Z:%s' "$tmp/restart-mark" | tr / '\\')
+    timeout 120 "$WINE" "$W/ddprun.exe" --max-restarts 2 --restart-delay 0.1 -n 2 cmd /c \
+        "if exist $mark (echo resumed & exit 0) else (echo first> $mark & exit 3)" >"$tmp/out" 2>&1; rc=$?
+    if [ $rc = 0 ] && [ "$(grep -c 'restart 1 of 2: rank [01] exited with status 3' "$tmp/out")" = 1 ] && ! grep -q "restart 2 of 2" "$tmp/out"; then
+        say PASS windows_ddprun_max_restarts_restarts_a_failed_job_once
+    else say FAIL windows_ddprun_max_restarts_restarts_a_failed_job_once "status $rc: $(tr '\n' ' ' <"$tmp/out" | head -c 400)"; fi
     timeout 60 "$WINE" "$W/ddprun.exe" -n 2 "no-such-program.exe" >"$tmp/out" 2>&1; rc=$?
     timeout 60 "$WINE" "$W/ddprun.exe" --nnodes 2 -n 2 "$W/minimal.exe" >"$tmp/out2" 2>&1; rc2=$?
     if [ $rc = 127 ] && grep -q "no such program" "$tmp/out" && [ $rc2 = 2 ] && grep -q "not supported by ddprun on Windows yet" "$tmp/out2"; then
