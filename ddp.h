@@ -2,8 +2,9 @@
 
    Replicate the model on every rank, give each rank its own slice of the batch, average the
    gradients with an allreduce that runs while the backward pass is still computing, and take
-   the same AdamW step everywhere. N ranks at batch B train exactly the model one rank trains at
-   batch N*B — only faster.
+   the same AdamW step everywhere. N ranks at batch B train the model one rank trains at batch
+   N*B (the same arithmetic summed in another order: equal to float rounding, the ranks bit-
+   identical) — only faster.
 
    CONTENTS
      QUICK START · ONE STEP, AS DATA FLOWS · OWN AUTOGRAD · MEMORY LAYOUT AND OVERLAP ·
@@ -62,7 +63,11 @@
      ddp_flat_params / ddp_flat_grads calls ddp_consume_grads first: the guard ddp_adamw_step
      has (DDP_ERR_INVALID_STATE unless a synchronizing ddp_finish averaged the gradients since the
      last step; each average is used once, by either). It loses the NaN check and the fixed-order
-     norm; refused with shard_optimizer. backward_ms starts at the first ready call.
+     norm; refused (at every world size) with shard_optimizer and with bf16 parameters (the
+     master and its working copies move together only in ddp_adamw_step). backward_ms starts at
+     the first ready call. An fp32 view (ddp_param, ddp_grad, ddp_flat_grads) of bf16 parameters
+     is NULL with an error; when DDP_PARAM_DTYPE made them bf16 the log says so too (once, as an
+     error), so a program that does not check the NULL still tells why it stopped.
 
    MEMORY LAYOUT AND OVERLAP
      Parameter i (registration order) starts at sum_{j<i} round_up(count_j, DDP_PARAM_ALIGN_FLOATS)
@@ -899,7 +904,9 @@ ddp_result ddp_adamw_step(ddp_context *ctx, const ddp_adamw *opt, float *grad_no
 /* The program's own optimizer on ddp.h's buffers: call this right before its update. It keeps
    ddp_adamw_step's guard: DDP_ERR_INVALID_STATE (nothing changes) unless a synchronizing
    ddp_finish averaged the gradients since the last step (ddp_adamw_step or this call), which
-   it then marks used. Not with shard_optimizer (only this rank's part is averaged). The
+   it then marks used. Not with shard_optimizer (only this rank's part is averaged) nor bf16
+   parameters (master and working copies move together only in ddp_adamw_step): refused at
+   every world size. The
    NaN/Inf check stays the program's (find NaN by bits under -ffast-math: README). */
 ddp_result ddp_consume_grads(ddp_context *ctx);
 /* Optimizer state for checkpoints: m and v are flat like the parameters (device memory on NCCL);
@@ -2232,6 +2239,7 @@ struct ddp_context {
     int join_shadow;               /* ddp_join's shadow step: the count is taken already */
     int join_pending;              /* micro-steps with sync off since the last zero_grad or sync */
     int grads_averaged;            /* a ddp_finish with sync on since the last ddp_adamw_step (>>adamw) */
+    int dtype_env_told;            /* an accessor of the other dtype, with DDP_PARAM_DTYPE set: logged once (>>public) */
     int quiet;                     /* ddp__shutdown's goodbye: a store already gone is expected, not logged */
     int tape_step;                 /* this backward is the tape's replay (messages speak of ops), else ddp_grad_ready's */
     int ready_moment;              /* this backward's moments: tape ops replayed, or ddp_grad_ready calls */
@@ -7967,9 +7975,10 @@ static ddp_result ddp__verify_layout(ddp_context *ctx) {
 static ddp_result ddp__ready_check_alloc(ddp_context *ctx) {
     size_t elem = ctx->desc.param_dtype == DDP_DTYPE_BF16 ? sizeof(ddp_bf16) : sizeof(float);
     if (ctx->world > 1 || ctx->gpu)
-        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "check_ready (DDP_CHECK_READY=1) is a debugging run on one "
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "check_ready (%s) is a debugging run on one "
                          "rank with host memory (world size %d, backend %s): run the model once on one CPU rank "
-                         "with it", ctx->world, ctx->be->name);
+                         "with it", ddp__env_set("DDP_CHECK_READY") ? "DDP_CHECK_READY=1" : "ddp_desc.check_ready = 1",
+                         ctx->world, ctx->be->name);
     if (!(ctx->ready_copy = (unsigned char *)DDP_MALLOC(elem * ctx->flat_count)))
         return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for check_ready's copy of the gradients");
     return DDP_OK;
@@ -7989,8 +7998,10 @@ static void ddp__log_plan(ddp_context *ctx) {
     for (b = 0; b < ctx->num_buckets && shown < 32; b++, shown++) {
         const ddp__bucket *k = &ctx->buckets[b];
         int n = k->last_param - k->first_param + 1;
-        ddp__log(ctx, DDP_LOG_INFO, "  bucket %d: %.3f MiB, floats [%zu, %zu), %d parameter(s): '%s'%s%s%s", b,
-                 (double)(k->count * elem) / 1048576.0, k->offset, k->offset + k->count, n, ctx->params[k->last_param].name,
+        double bytes = (double)(k->count * elem);
+        ddp__log(ctx, DDP_LOG_INFO, "  bucket %d: %.*f %s, floats [%zu, %zu), %d parameter(s): '%s'%s%s%s", b,
+                 bytes < 1048576.0 ? 1 : 3, bytes < 1048576.0 ? bytes / 1024.0 : bytes / 1048576.0,
+                 bytes < 1048576.0 ? "KiB" : "MiB", k->offset, k->offset + k->count, n, ctx->params[k->last_param].name,
                  n > 1 ? " .. '" : "", n > 1 ? ctx->params[k->first_param].name : "", n > 1 ? "'" : "");
     }
     if (b < ctx->num_buckets) ddp__log(ctx, DDP_LOG_INFO, "  ... and %d more bucket(s)", ctx->num_buckets - b);
@@ -8397,10 +8408,18 @@ static ddp_result ddp__consume_grads(ddp_context *ctx) {
     ddp_result r;
     if (ctx->in_step)
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_consume_grads while a backward is in flight (call ddp_finish first)");
-    if (ctx->desc.shard_optimizer && ctx->world > 1)
-        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_consume_grads with shard_optimizer: only this rank's part of "
-                         "each bucket holds the average, so the program's own optimizer cannot step on ddp_flat_grads; "
-                         "use ddp_adamw_step, or turn shard_optimizer off");
+    /* Refused at every world size (one rank included), so a program tried on one rank meets it. */
+    if (ctx->desc.shard_optimizer)
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_consume_grads with shard_optimizer%s: with several ranks "
+                         "only this rank's part of each bucket holds the average, so the program's own optimizer cannot "
+                         "step on ddp_flat_grads; use ddp_adamw_step, or turn shard_optimizer off",
+                         ddp__env_set("DDP_SHARD_OPTIMIZER") ? " (from DDP_SHARD_OPTIMIZER, which wins over the program's "
+                         "setting)" : "");
+    if (ctx->desc.param_dtype == DDP_DTYPE_BF16)
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_consume_grads with bf16 parameters%s: the fp32 master and "
+                         "its bf16 working copies must move together, which ddp_adamw_step does; a program's own "
+                         "optimizer needs fp32 parameters", ddp__env_set("DDP_PARAM_DTYPE") ? " (from DDP_PARAM_DTYPE, "
+                         "which wins over the program's setting)" : "");
     if ((r = ddp__check_averaged(ctx, "ddp_consume_grads")) != DDP_OK) return r;
     ctx->grads_averaged = 0;   /* the next step needs the next backward's averages */
     return DDP_OK;
@@ -9557,6 +9576,13 @@ static int ddp__dtype_is(ddp_context *ctx, ddp_dtype want, const char *call) {
         ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s: the parameters are bf16 (param_dtype DDP_DTYPE_BF16%s): use "
                   "ddp_param_bf16 / ddp_grad_bf16 (the fp32 master is ddp_flat_params, to read)", call,
                   ddp__env_set("DDP_PARAM_DTYPE") ? ", from DDP_PARAM_DTYPE, which wins over the program's setting" : "");
+    /* The operator's variable changed the accessors a program was written for: a program that
+       does not check the NULL would crash with no word, so the log says it (once, as an error). */
+    if (ddp__env_set("DDP_PARAM_DTYPE") && !ctx->dtype_env_told) {
+        ctx->dtype_env_told = 1;
+        ddp__log(ctx, DDP_LOG_ERROR, "%s (this program reads %s parameters: unset DDP_PARAM_DTYPE, or set it to %s)",
+                 ddp__err_body(ctx), want == DDP_DTYPE_BF16 ? "bf16" : "fp32", want == DDP_DTYPE_BF16 ? "bf16" : "fp32");
+    }
     return 0;
 }
 float *ddp_param(ddp_context *ctx, int id) {

@@ -60,6 +60,7 @@ int main(void) {
     CHECK(ddp_register_param(ddp, "linear.weight", OUT * IN, 0, w_init, &w));
     CHECK(ddp_register_param(ddp, "linear.bias", OUT, DDP_NO_DECAY, NULL, &b));
     CHECK(ddp_commit(ddp));
+    if (!ddp_param(ddp, w)) CHECK(DDP_ERR_INVALID_STATE);   /* fp32 views: NULL if the parameters are bf16 */
 
     /* Each epoch a permutation of the examples, the same on every rank; rank r takes its
        positions r, r + world, ... (drop_last: floor(1000 / world) each). Global batch k of an

@@ -221,6 +221,11 @@ int main(int argc, char **argv) {
     m.wout = ddp_param(ddp, id_wout); m.bout = ddp_param(ddp, id_bout);
     g.w0 = ddp_grad(ddp, id_w0); g.b0 = ddp_grad(ddp, id_b0); g.wh = ddp_grad(ddp, id_wh[0]);
     g.wout = ddp_grad(ddp, id_wout); g.bout = ddp_grad(ddp, id_bout);
+    if (!m.w0 || !g.w0) {   /* NULL: e.g. DDP_PARAM_DTYPE=bf16 made the parameters bf16 (ddp_param_bf16) */
+        fprintf(stderr, "own_autograd: %s\n", ddp_last_error(ddp));
+        ddp_shutdown(ddp);
+        return 1;
+    }
     /* the stacked array is still one array: layer l's slice is where the program expects it */
     if (sliced)
         for (l = 1; l < LAYERS; l++)

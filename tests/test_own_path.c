@@ -129,7 +129,7 @@ int main(void) {
                 "own_path_consume_grads_and_adamw_share_one_average", "%s", ddp_last_error(c));
     }
     ddp_shutdown(c);
-    if (world > 1) {
+    {   /* refused at every world size, so a program tried on one rank meets it too */
         if (!(c = open_ctx(0, DDP_LOG_WARN, 0, 1, ids))) return 1;
         for (i = NP - 1; i >= 0; i--) ddp_grad_ready(c, ids[i]);
         ddp_finish(c);
@@ -138,13 +138,33 @@ int main(void) {
                 "own_path_consume_grads_refused_sharded", "%s: %s", ddp_result_string(r), ddp_last_error(c));
         ddp_shutdown(c);
     }
+    /* bf16 parameters set by the operator's DDP_PARAM_DTYPE: an fp32 accessor is NULL and the log
+       says why (a program that does not check would crash with no word); the own optimizer's
+       guard refuses (the master and the working copies move together only in ddp_adamw_step) */
+    setenv("DDP_PARAM_DTYPE", "bf16", 1);
+    if (!(c = open_ctx(0, DDP_LOG_WARN, 0, 0, ids))) return 1;
+    {
+        float *p = ddp_param(c, ids[0]);
+        int told = strstr(logged, "unset DDP_PARAM_DTYPE") != NULL;
+        ddp_param(c, ids[1]);   /* once: the second NULL adds no line */
+        told = told && strstr(strstr(logged, "unset DDP_PARAM_DTYPE") + 1, "unset DDP_PARAM_DTYPE") == NULL;
+        verdict(!p && told, "own_path_fp32_accessor_under_env_bf16_is_logged_once", "param %p, logged:\n%s", (void *)p, logged);
+        ddp_zero_grad(c);
+        for (i = NP - 1; i >= 0; i--) ddp_grad_ready(c, ids[i]);
+        ddp_finish(c);
+        r = ddp_consume_grads(c);
+        verdict(r == DDP_ERR_INVALID_STATE && strstr(ddp_last_error(c), "bf16 parameters (from DDP_PARAM_DTYPE"),
+                "own_path_consume_grads_refused_bf16", "%s: %s", ddp_result_string(r), ddp_last_error(c));
+    }
+    ddp_shutdown(c);
+    unsetenv("DDP_PARAM_DTYPE");
 
     /* 6. the bucket plan at info; the overlap warning (2+ ranks) */
     if (!(c = open_ctx(0, DDP_LOG_INFO, 0, 0, ids))) return 1;
     if (ddp_rank(c) == 0)
         verdict(strstr(logged, "bucket plan: 4 parameter(s)") && strstr(logged, "in 4 bucket(s)") &&
-                strstr(logged, "bucket 0: 0.008 MiB, floats [6144, 8192), 1 parameter(s): 'layer3'") &&
-                strstr(logged, "bucket 3: 0.008 MiB, floats [0, 2048), 1 parameter(s): 'layer0'"),
+                strstr(logged, "bucket 0: 8.0 KiB, floats [6144, 8192), 1 parameter(s): 'layer3'") &&
+                strstr(logged, "bucket 3: 8.0 KiB, floats [0, 2048), 1 parameter(s): 'layer0'"),
                 "own_path_bucket_plan_at_info", "logged:\n%s", logged);
     ddp_shutdown(c);
     if (world > 1) {
