@@ -53,6 +53,25 @@ wrun() {
 verdicts() { grep -E "(^|\] )(PASS|FAIL|SKIP) " "$1" | sed -E 's/^\[rank [0-9]+\] //'; grep -qE "(^|\] )FAIL " "$1" && fail=1; }
 hashes() { grep -oE "params_hash ranks[0-9]+_accum[0-9]+ [0-9a-f]+ reference [0-9a-f]+" "$1" | sort -u; }
 
+# ---- the header as an engine's Windows build sees it: C99 and C++, -Werror, also with cl.exe's
+#      Interlocked atomics (the compile is the only MSVC-side check possible here) ----
+MINGW=$(command -v x86_64-w64-mingw32-gcc || true)
+if [ -n "$MINGW" ]; then
+    printf '#define DDP_IMPLEMENTATION\n#include "ddp.h"\nint main(void) { return 0; }\n' >"$tmp/first.c"
+    bad=""
+    "$MINGW" -std=c99 -Wall -Wextra -Werror -I. -c "$tmp/first.c" -o "$tmp/o.o" >"$tmp/cc" 2>&1 || bad="$bad c99"
+    # C++: MinGW's g++ where it is installed, else clang for the MinGW target (Debian's gcc-mingw-w64 has no C++)
+    if command -v "${MINGW%gcc}g++" >/dev/null; then
+        "${MINGW%gcc}g++" -x c++ -Wall -Wextra -Werror -I. -c "$tmp/first.c" -o "$tmp/o.o" >>"$tmp/cc" 2>&1 || bad="$bad c++"
+    elif command -v clang >/dev/null; then
+        clang --target=x86_64-w64-mingw32 -x c++ -Wall -Wextra -Werror -I. -fsyntax-only "$tmp/first.c" >>"$tmp/cc" 2>&1 || bad="$bad c++(clang)"
+        clang --target=x86_64-w64-mingw32 -x c++ -Wall -Wextra -Werror -I. -fsyntax-only examples/engine/texture.c >>"$tmp/cc" 2>&1 || bad="$bad texture-c++(clang)"
+    else bad="$bad no-c++-compiler"; fi
+    "$MINGW" -std=c99 -Wall -Wextra -Werror -DDDP__ATOMICS_INTERLOCKED -I. -c "$tmp/first.c" -o "$tmp/o.o" >>"$tmp/cc" 2>&1 || bad="$bad interlocked"
+    if [ -z "$bad" ]; then say PASS windows_header_compiles_warning_free_c99_cxx_interlocked
+    else say FAIL windows_header_compiles_warning_free_c99_cxx_interlocked "failed:$bad: $(grep -m3 -E 'error|warning' "$tmp/cc" | tr '\n' ' ')"; fi
+fi
+
 # ---- the unit tests (two POSIX-only checks SKIP inside, with the reason) ----
 timeout 300 "$WINE" "$W/test_unit.exe" >"$tmp/unit" 2>&1
 rc=$?
