@@ -311,12 +311,12 @@ static int w_attempt(const w_job *jb, int *failed, char *cause, size_t cause_cap
             stop_at = GetTickCount64() + 60000;   /* (terminated: they go at once) */
         }
     }
-    for (r = 0; r < nthreads; r++) {   /* the last lines (the pipes end with their rank and what it started) */
+    CloseHandle(job);   /* what the ranks left running dies with it (as POSIX ddprun kills what is left) */
+    for (r = 0; r < nthreads; r++) {   /* the last lines: the pipes end once their writers are gone */
         WaitForSingleObject(threads[r], 5000);
         CloseHandle(threads[r]);
     }
     for (r = 0; r < jb->nranks; r++) CloseHandle(procs[r]);
-    CloseHandle(job);
     return status;
 }
 
