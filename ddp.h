@@ -2834,7 +2834,7 @@ static ddp_result ddp__slurm_rendezvous(ddp_context *ctx, int need_addr, int *po
     char why[160];
     unsigned long long job, step;
     char *e1, *e2;
-    int node = -1, r;
+    int node = -1, r = 0;
     if (need_addr && ctx->local_world < ctx->world) {
         if (!(list = getenv(name)) || !*list) list = getenv(name = "SLURM_NODELIST");
         if (!list || !*list)
@@ -4863,20 +4863,21 @@ static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *dat
         uint32_t q = ctx->cpu->shm_seq;
         size_t m = count - done < per_chunk ? count - done : per_chunk;
         size_t lo, hi;
+        unsigned char *at = buf ? buf + done * unit : buf;   /* an empty collective may have no buffer */
         ddp_result r = ddp__shm_wait_all(ctx, DDP__STAGE_OUT, q + 1 - DDP__SLOTS);
         if (r != DDP_OK) return r;
-        ddp__stage_in(ctx, kind, buf + done * unit, m, root, q);
+        ddp__stage_in(ctx, kind, at, m, root, q);
         ddp__shm_post(ctx, DDP__STAGE_IN, q + 1);
         if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_IN, q + 1)) != DDP_OK) return r;
         if (first && (r = ddp__shm_check_sigs(ctx)) != DDP_OK) return r;
         if (reduces) {
             ddp__part(m, ctx->world, ctx->rank, &lo, &hi);
-            if (kind == DDP__KIND_AVG_BF16) ddp__reduce_part_bf16(ctx, (float *)(void *)(buf + done * unit), lo, hi, q);
-            else ddp__reduce_part(ctx, (float *)(void *)(buf + done * unit), lo, hi, q, kind);
+            if (kind == DDP__KIND_AVG_BF16) ddp__reduce_part_bf16(ctx, (float *)(void *)at, lo, hi, q);
+            else ddp__reduce_part(ctx, (float *)(void *)at, lo, hi, q, kind);
         }
         ddp__shm_post(ctx, DDP__STAGE_RED, q + 1);
         if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_RED, q + 1)) != DDP_OK) return r;
-        ddp__stage_out(ctx, kind, buf + done * unit, m, root, q);
+        ddp__stage_out(ctx, kind, at, m, root, q);
         ddp__shm_post(ctx, DDP__STAGE_OUT, q + 1);
         ctx->cpu->shm_seq = q + 1;
         done += m;
@@ -5049,7 +5050,7 @@ static ddp_result ddp__shm_new(ddp_context *ctx, char name[64], size_t bytes, un
     int attempt, err = EEXIST;
     int stage = DDP__SEG_CREATE;
     for (attempt = 0; attempt < 16 && err == EEXIST; attempt++) {
-        unsigned nonce = (unsigned)(ddp__now() * 1e9) ^ ((unsigned)(uintptr_t)name * 2654435761u) ^ (unsigned)attempt;
+        unsigned nonce = (unsigned)(uint64_t)(ddp__now() * 1e9) ^ ((unsigned)(uintptr_t)name * 2654435761u) ^ (unsigned)attempt;
         snprintf(name, 64, DDP__SEG_PREFIX "%d-%08x", ddp__getpid(), nonce);
         err = ddp__seg_create(name, bytes, out, &stage);
     }

@@ -27,7 +27,9 @@ for t in run test test-asan test-tsan bench fuzz mpi clean; do grep -qE "^make $
 # make gpu-window: the build a GPU window carries is portable (-march=x86-64-v3 for every host
 # compile, never native), needs no OpenBLAS there, and builds the GPU trainer and tests
 if [ -n "$(tools/gpu_paths.sh nvcc)" ]; then
-    make -n -B gpu-window >"$tmp/window" 2>&1
+    # (under make test-asan/-tsan the environment carries NVCC=, B= and OPT= from the command line
+    #  of the sanitizer build, which a GPU window's build never has)
+    env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u NVCC -u B -u OPT make -n -B gpu-window >"$tmp/window" 2>&1
     why=""
     grep -q -- "-o build-gpu/gpu/train_gpt " "$tmp/window" || why="no build-gpu/gpu/train_gpt"
     grep -q -- "-o build-gpu/gpu/test_gpt_gpu " "$tmp/window" || why="$why; no test_gpt_gpu"
