@@ -329,7 +329,8 @@
      across files; one rename commits one). The stored world size and sharding are information
      (ddp_checkpoint_info), not constraints. Writing: PATH.tmp.<pid>.<64 random bits> created
      with O_CREAT|O_EXCL|O_NOFOLLOW, fsync, rename onto PATH (a symlink at PATH is replaced,
-     its target untouched), fsync of the directory; a killed writer leaves only its temporary,
+     its target untouched; a FIFO, directory, device or socket there is refused, nothing
+     written), fsync of the directory; a killed writer leaves only its temporary,
      and the next save sweeps those of dead writers (this user's, plain files). Reading, on rank
      0: a FIFO, directory or device is refused at once (never blocked on); then magic, version,
      header (world size, sharding and shard layout, the parameters' names, sizes and flags)
@@ -7978,7 +7979,8 @@ static ddp_result ddp__join(ddp_context *ctx) {
      length, name, u64 count, u32 flags) | parameters, then m, then v, each parameter's floats in
      registration order (no padding) | the user blob | u64 checksum of every byte before it
      (ddp__sum_add: FNV-1a's step on 64-bit words in four lanes, then FNV-1a of lanes and tail).
-   Writing: a temporary PATH.tmp.<pid>.<random> (O_CREAT|O_EXCL|O_NOFOLLOW), fsync, rename,
+   Writing: a path that is not a regular file or symlink is refused first (rename would replace
+   a FIFO or device node); a temporary PATH.tmp.<pid>.<random> (O_CREAT|O_EXCL|O_NOFOLLOW), fsync, rename,
    fsync of the directory; temporaries of writers that died are swept first. Reading: the kind
    of file (a FIFO is refused, not waited on), the header against the file's length, the
    checksum, then the caller's check of the user blob, then the parameters against this model by
@@ -8330,6 +8332,12 @@ static ddp_result ddp__save(ddp_context *ctx, const char *path, const void *user
         hdr = ddp__ckpt_header(ctx, user_bytes, &hdr_len);
         buf = (float *)DDP_MALLOC(DDP__CKPT_CHUNK * sizeof(float));
         if (!hdr || !buf) ddp__ckpt_refuse(&st, DDP_ERR_OUT_OF_MEMORY, "no memory to write the checkpoint '%s'", path);
+        if (st.code == DDP_OK) {   /* rename would replace a FIFO or device node (as root: /dev/full) */
+            struct stat sb;
+            if (lstat(path, &sb) == 0 && !S_ISREG(sb.st_mode) && !S_ISLNK(sb.st_mode))
+                ddp__ckpt_refuse(&st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint path '%s' is %s, not a regular file; nothing "
+                                 "written (name a file to write checkpoints to)", path, ddp__file_kind(sb.st_mode));
+        }
         if (st.code == DDP_OK) {
             ddp__ckpt_sweep(path);
             if ((f.fd = ddp__ckpt_create_temp(path, tmp, sizeof tmp)) < 0) {

@@ -137,7 +137,7 @@ signal_test() {
     "$DDPRUN" --grace 20 -n 2 sh -c "$preamble $SLEEPER" >"$TMP/out" 2>"$TMP/err" &
     pid=$!
     for _ in $(seq 50); do
-        [ "$(count_files "$PIDS")" -eq 4 ] && break
+        [ "$(count_files "$PIDS")" -ge 4 ] && break
         sleep 0.1
     done
     start=$(now_ms)
@@ -450,6 +450,10 @@ test_grace_kill
 signal_test "SIGINT stops the job with 130" INT 130 ""
 signal_test "SIGTERM stops the job with 143" TERM 143 ""
 signal_test "second SIGINT kills at once" INT 130 'trap "" INT TERM;' INT
+# a hang-up (closed terminal or ssh session) stops the ranks and their setsid strays, like SIGTERM
+signal_test "SIGHUP stops the job with 129, setsid strays too" HUP 129 \
+    'setsid sh -c "echo \$\$ >\"\$PIDS/stray.\$RANK.pid\"; exec sleep 300" </dev/null >/dev/null 2>&1 &
+     while [ ! -s "$PIDS/stray.$RANK.pid" ]; do sleep 0.05; done;'
 test_bad_usage
 test_missing_program
 test_no_interleaving

@@ -20,8 +20,8 @@
  * line a rank writes is copied to ddprun's stdout/stderr prefixed with "[rank R] " (a line that
  * starts with that rank's own "rank R: ", as ddp.h's messages do, loses those words: the
  * prefix says it; "ddp rank R warning: ..." becomes "ddp warning: ...").
- * If a rank fails, or ddprun gets SIGINT/SIGTERM, the other ranks get
- * SIGTERM (or the forwarded signal) and, after the grace period, SIGKILL.
+ * If a rank fails, or ddprun gets SIGINT/SIGTERM/SIGHUP, the other ranks get
+ * SIGTERM (or the forwarded SIGINT) and, after the grace period, SIGKILL.
  * With --max-restarts N, a failed job is then started again (a new token,
  * and a new port unless --master-port), up to N times; the program resumes
  * from its own checkpoints. Each restart waits first: --restart-delay (1 s),
@@ -31,7 +31,7 @@
  *
  * Exit status: 0 if every rank exited 0; else the first failing rank's exit
  * status (128+signal if it was killed), of the last attempt with restarts;
- * 130/143 after SIGINT/SIGTERM; 2 for bad usage; 1 if ddprun itself could
+ * 130/143/129 after SIGINT/SIGTERM/SIGHUP; 2 for bad usage; 1 if ddprun itself could
  * not start the job.
  *
  * Each rank runs in its own process group so that stopping it also stops
@@ -538,6 +538,8 @@ static int pick_free_port(void)
     return ntohs(addr.sin_port);
 }
 
+static int hup_ignored; /* ddprun started with SIGHUP ignored (nohup) */
+
 static void on_stop_signal(int sig)
 {
     if (!first_signal)
@@ -557,12 +559,19 @@ static void install_signal_handlers(void)
 {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
+    hup_ignored = sigaction(SIGHUP, NULL, &sa) == 0 && sa.sa_handler == SIG_IGN;
+    memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_stop_signal; /* no SA_RESTART: poll returns early */
     sigemptyset(&sa.sa_mask);
     sigaddset(&sa.sa_mask, SIGINT);
     sigaddset(&sa.sa_mask, SIGTERM);
+    sigaddset(&sa.sa_mask, SIGHUP);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    /* A closed terminal or ssh session: the ranks (own groups) get no SIGHUP of their own, so
+     * ddprun must stop them and its setsid strays, as for SIGTERM. */
+    if (!hup_ignored) /* under nohup, hang-ups stay ignored */
+        sigaction(SIGHUP, &sa, NULL);
     /* Ctrl-Z must stop the job as a whole: a rank running on while ddprun is stopped fills its
      * output pipe and blocks, or waits for a stopped peer and times out. */
     sa.sa_handler = on_job_control;
@@ -603,6 +612,8 @@ static void exec_rank(const struct job *job, int index, int out_fd, int err_fd, 
 {
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
+    if (!hup_ignored)
+        signal(SIGHUP, SIG_DFL);
     signal(SIGTSTP, SIG_DFL);
     signal(SIGCONT, SIG_DFL);
     signal(SIGPIPE, SIG_DFL);
@@ -1081,8 +1092,10 @@ static void handle_signals(struct job *job, int *signals_handled)
     job->interrupted = 1;
     if (job->exit_status < 0)
         job->exit_status = 128 + sig;
-    begin_stop(job, sig, sig == SIGINT ? "interrupted, stopping all ranks"
-                                       : "terminated, stopping all ranks");
+    /* SIGHUP is passed on as SIGTERM: a rank may take SIGHUP as "reload", not "stop". */
+    begin_stop(job, sig == SIGHUP ? SIGTERM : sig,
+               sig == SIGINT ? "interrupted, stopping all ranks"
+               : sig == SIGHUP ? "hung up, stopping all ranks" : "terminated, stopping all ranks");
 }
 
 static int strays(const struct job *job, int kill_them);
@@ -1154,6 +1167,7 @@ static void run_attempt(struct job *job)
     sigemptyset(&held);
     sigaddset(&held, SIGINT);
     sigaddset(&held, SIGTERM);
+    sigaddset(&held, SIGHUP);
     sigaddset(&held, SIGTSTP);
     sigaddset(&held, SIGCONT);
     pthread_sigmask(SIG_BLOCK, &held, NULL);
@@ -1183,7 +1197,7 @@ static int restart_wait(struct job *job, double seconds)
         if (signals_received) {
             job->interrupted = 1;
             job->exit_status = 128 + first_signal;
-            say("%s while waiting to restart; not restarting", first_signal == SIGINT ? "interrupted" : "terminated");
+            say("%s while waiting to restart; not restarting", first_signal == SIGINT ? "interrupted" : first_signal == SIGHUP ? "hung up" : "terminated");
             return 0;
         }
         handle_job_control(&idle);
