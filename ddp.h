@@ -435,7 +435,8 @@
      DDP_JOB_ID      job_id: the job's name, the same on every rank (unset: the launcher's job id)
      DDP_TIMEOUT     timeout_s: seconds, in (0, 1e6]
      DDP_LOG         log_level: debug|info|warn|error|off
-     DDP_TIMELINE    timeline_path (its directory must take the file: checked at ddp_init)
+     DDP_TIMELINE    timeline_path (its directory must take the file: checked at ddp_init; set
+                     on every rank or none: ddp_commit refuses a mix, naming the ranks)
      DDP_CHECK_READY=0|1      check_ready
      DDP_SHARD_OPTIMIZER=0|1  shard_optimizer
      DDP_PARAM_DTYPE=fp32|bf16  param_dtype
@@ -7111,6 +7112,8 @@ static char *ddp__layout_text(ddp_context *ctx, size_t *len_out) {
                            ctx->desc.bucket_cap_mb, ctx->desc.find_unused,
                            ctx->desc.reduce_dtype == DDP_DTYPE_BF16 ? "bf16" : "fp32", (int)ctx->desc.uneven_inputs,
                            ctx->desc.shard_optimizer, ctx->desc.param_dtype == DDP_DTYPE_BF16 ? "bf16" : "fp32");
+    /* a timeline on some ranks only would stall shutdown (rank 0 waits for each missing trace) */
+    len += (size_t)snprintf(text + len, cap - len, "timeline %s\n", ctx->timeline_path[0] ? "on" : "off");
     for (i = 0; i < ctx->num_params; i++)
         len += (size_t)snprintf(text + len, cap - len, "%s %zu %u\n", ctx->params[i].name,
                                 ctx->params[i].count, ctx->params[i].flags);
@@ -7134,8 +7137,12 @@ static ddp_result ddp__layout_mismatch(ddp_context *ctx, const char *a, const ch
     if (i == 0)
         return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks 0 and %d use different options: rank 0 has '%s', rank %d "
                          "has '%s' (first_bucket_mb, bucket_cap_mb, find_unused, reduce_dtype, uneven_inputs, shard_optimizer, param_dtype)", rank_b, la, rank_b, lb);
+    if (i == 1)
+        return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks 0 and %d use different options: the timeline (DDP_TIMELINE or "
+                         "ddp_desc.timeline_path) is set on rank %d and not on rank %d; set it on every rank or on none",
+                         rank_b, strcmp(la, "timeline on") ? rank_b : 0, strcmp(la, "timeline on") ? 0 : rank_b);
     return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks registered different parameters: parameter #%d is '%s' "
-                     "(name, elements, flags) on rank 0 but '%s' on rank %d", i - 1, la, lb, rank_b);
+                     "(name, elements, flags) on rank 0 but '%s' on rank %d", i - 2, la, lb, rank_b);
 }
 
 /* All ranks fetch rank 0's layout and every other rank's, so all reach the same verdict. */
