@@ -2541,7 +2541,9 @@ static int ddp__conn_said_bye(ddp__store_server *s, int rank) {
    speaks for nobody: the job it tried to join goes on. */
 static int ddp__conn_speaks_for_rank(ddp__store_server *s, const ddp__conn *c) {
     char key[32];
-    if (c->rank < 0 || c->admitted == 2) return 0;
+    /* a stray started with a larger WORLD_SIZE claims a rank this job lacks: it is refused
+       ("ranks disagree on the world size"), and its hang-up is no rank's loss */
+    if (c->rank < 0 || c->rank >= s->ctx->world || c->admitted == 2) return 0;
     if (c->admitted == 1) return 1;
     snprintf(key, sizeof key, "claim/%d", c->rank);
     return ddp__kv_find(s, key) == NULL;
