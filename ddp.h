@@ -433,8 +433,10 @@
                      store and each rank prove to each other that they know it, without sending
                      it (its value is never logged)
      DDP_JOB_ID      job_id: the job's name, the same on every rank (unset: the launcher's job id)
-     DDP_TIMEOUT     timeout_s: seconds, in (0, 1e6]
+     DDP_TIMEOUT     timeout_s: seconds, plain decimal, in [0.001, 1e6]
      DDP_LOG         log_level: debug|info|warn|error|off
+     (a string too long for its field is refused, naming it and the limit: DDP_TIMELINE 511
+     characters, DDP_JOB_TOKEN 127, DDP_JOB_ID 255; the same for the ddp_desc fields)
      DDP_TIMELINE    timeline_path (its directory must take the file: checked at ddp_init; set
                      on every rank or none: ddp_commit refuses a mix, naming the ranks)
      DDP_CHECK_READY=0|1      check_ready
@@ -1993,6 +1995,19 @@ static ddp_result ddp__read_env(ddp_context *ctx) {
 }
 
 #define DDP__MAX_TIMEOUT_S 1e6   /* 11.6 days: any wait stays a finite poll */
+#define DDP__MIN_TIMEOUT_S 1e-3  /* below a millisecond every wait fails at once */
+
+/* A number as a person writes it in a variable: decimal digits, a point, an exponent; no
+   spaces around it, no hex (strtod takes " 5" and "0x1"), no inf or nan. */
+static int ddp__plain_decimal(const char *s, double *out) {
+    char *end;
+    size_t i;
+    if (!((s[0] >= '0' && s[0] <= '9') || (s[0] == '.' && s[1] >= '0' && s[1] <= '9'))) return 0;
+    for (i = 0; s[i]; i++)
+        if (!strchr("0123456789.eE+-", s[i])) return 0;
+    *out = strtod(s, &end);
+    return *end == 0;
+}
 
 /* One rule for every DDP_* variable that has a descriptor field: a variable that is set (not
    empty) wins over what the program put in the field, and an invalid value is refused by name
@@ -2029,12 +2044,18 @@ static ddp_result ddp__env_flag(ddp_context *ctx, const char *name, int *field, 
 
 /* A string field: the variable, else the program's, copied into the context (the caller's may go
    away after ddp_init). secret: the values stay out of the log. */
-static void ddp__env_string(ddp_context *ctx, const char *name, const char **field, const char *field_name,
-                            char *store, size_t cap, int secret) {
-    const char *s = ddp__env_set(name);
+static ddp_result ddp__env_string(ddp_context *ctx, const char *name, const char **field, const char *field_name,
+                                  char *store, size_t cap, int secret) {
+    const char *s = ddp__env_set(name), *v;
     if (s && *field && strcmp(*field, s)) ddp__env_overrode(ctx, name, secret ? "(set)" : s, field_name, secret ? "(another)" : *field);
-    snprintf(store, cap, "%s", s ? s : *field ? *field : "");
+    v = s ? s : *field ? *field : "";
+    /* cut short, two different job ids (or tokens) would be one job, a path another file */
+    if (strlen(v) >= cap)
+        return ddp__fail(ctx, s ? DDP_ERR_BAD_ENV : DDP_ERR_INVALID_ARGUMENT, "%s%s is %zu characters long; at most %zu fit",
+                         s ? "" : "ddp_desc.", s ? name : field_name, strlen(v), cap - 1);
+    snprintf(store, cap, "%s", v);
     *field = store;
+    return DDP_OK;
 }
 
 static ddp_result ddp__desc_from_env(ddp_context *ctx, ddp_desc *d) {
@@ -2051,18 +2072,19 @@ static ddp_result ddp__desc_from_env(ddp_context *ctx, ddp_desc *d) {
                               (int)d->log_level >= 1 && (int)d->log_level <= (int)DDP_LOG_OFF ? level_names[d->log_level] : "?");
         d->log_level = (ddp_log_level)i;
     }
-    ddp__env_string(ctx, "DDP_TIMELINE", &d->timeline_path, "timeline_path", ctx->timeline_path, sizeof ctx->timeline_path, 0);
-    ddp__env_string(ctx, "DDP_JOB_TOKEN", &d->job_token, "job_token", ctx->job_token, sizeof ctx->job_token, 1);
+    if ((r = ddp__env_string(ctx, "DDP_TIMELINE", &d->timeline_path, "timeline_path", ctx->timeline_path,
+                             sizeof ctx->timeline_path, 0)) != DDP_OK) return r;
+    if ((r = ddp__env_string(ctx, "DDP_JOB_TOKEN", &d->job_token, "job_token", ctx->job_token, sizeof ctx->job_token, 1)) != DDP_OK)
+        return r;
     {   /* job_id: else the launcher's, in ddp__read_env; the descriptor keeps its own until then */
         const char *id = d->job_id;
-        ddp__env_string(ctx, "DDP_JOB_ID", &id, "job_id", ctx->job_id, sizeof ctx->job_id, 0);
+        if ((r = ddp__env_string(ctx, "DDP_JOB_ID", &id, "job_id", ctx->job_id, sizeof ctx->job_id, 0)) != DDP_OK) return r;
     }
     if ((s = ddp__env_set("DDP_TIMEOUT")) != NULL) {
-        char *end;
-        double t = strtod(s, &end);
-        if (*end || !ddp__nonneg_d(t) || t == 0 || t > DDP__MAX_TIMEOUT_S)
-            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_TIMEOUT='%s' is not a number of seconds in (0, %g]", s,
-                             (double)DDP__MAX_TIMEOUT_S);
+        double t = 0;
+        if (!ddp__plain_decimal(s, &t) || !ddp__nonneg_d(t) || t < DDP__MIN_TIMEOUT_S || t > DDP__MAX_TIMEOUT_S)
+            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_TIMEOUT='%s' is not a number of seconds in [%g, %g] (plain "
+                             "decimal, no spaces)", s, (double)DDP__MIN_TIMEOUT_S, (double)DDP__MAX_TIMEOUT_S);
         if (d->timeout_s != 0 && d->timeout_s != t) {
             char was[32];
             snprintf(was, sizeof was, "%g", d->timeout_s);
@@ -2116,6 +2138,9 @@ static ddp_result ddp__desc_validate(ddp_context *ctx, const ddp_desc *d) {
                          "inject_comm_latency_ms %g is above %g s (infinite waits are not offered: a lost peer must "
                          "end the job)", d->timeout_s, d->shutdown_timeout_s, d->inject_comm_latency_ms,
                          (double)DDP__MAX_TIMEOUT_S);
+    if ((d->timeout_s > 0 && d->timeout_s < DDP__MIN_TIMEOUT_S) || (d->shutdown_timeout_s > 0 && d->shutdown_timeout_s < DDP__MIN_TIMEOUT_S))
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: timeout_s %g or shutdown_timeout_s %g is below %g s "
+                         "(every wait would fail at once)", d->timeout_s, d->shutdown_timeout_s, (double)DDP__MIN_TIMEOUT_S);
     if (d->bucket_cap_mb > 1048576.0 || d->first_bucket_mb > 1048576.0)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: bucket_cap_mb %g or first_bucket_mb %g is above "
                          "1048576 MiB (1 TiB)", d->bucket_cap_mb, d->first_bucket_mb);
