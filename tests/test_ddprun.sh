@@ -163,7 +163,8 @@ test_bad_usage() {
     local why="" args
     for args in "-n 0 true" "-n abc true" "-n 1025 true" "-n 2" "--master-port 70000 true" \
         "--grace x true" "--bogus true" "-n" "--max-restarts -1 true" "--max-restarts x true" \
-        "--restart-delay -1 true" "--restart-delay x true" "--restart-delay-max 1e9 true" "--restart-delay 5 --restart-delay-max 1 true"; do
+        "--restart-delay -1 true" "--restart-delay x true" "--restart-delay-max 1e9 true" "--restart-delay 5 --restart-delay-max 1 true" \
+        "--restart-delay 0x10 true" "--grace 0x1 true"; do
         # shellcheck disable=SC2086 # split on purpose
         run 5 $args
         [ $rc -eq 2 ] || why="$why; '$args' exit $rc"
@@ -328,6 +329,14 @@ test_max_restarts() {
     [ "$(grep -c '^ddprun: restart ' "$TMP/err")" -eq 1 ] || why="$why; always failing: $(grep -c '^ddprun: restart ' "$TMP/err") restarts"
     grep -q '^ddprun: giving up: the job failed 2 times (--max-restarts 1); the last failure: rank 0 (pid [0-9]*) exited with status 5$' "$TMP/err" ||
         why="$why; no 'giving up' line: $(tail -n 1 "$TMP/err")"
+    # --restart-delay-max below the default delay: the delay gives way (it was refused)
+    run 30 --max-restarts 1 --restart-delay-max 0.2 sh -c 'exit 6'
+    [ $rc -eq 6 ] && grep -q "^ddprun: restart 1 of 1: .* again in 0\.2 s\$" "$TMP/err" ||
+        why="$why; --restart-delay-max 0.2 alone: exit $rc: $(head -n 2 "$TMP/err" | tr '\n' ' ')"
+    # exit 127 (the program cannot be run): no restart, and the log says why
+    run 30 --max-restarts 3 --restart-delay 0.1 "$TMP/no-such-program"
+    [ $rc -eq 127 ] && ! grep -q '^ddprun: restart ' "$TMP/err" && grep -q '^ddprun: not restarting: exit status 127 means the program could not be run' "$TMP/err" ||
+        why="$why; a program that cannot run: exit $rc: $(tail -n 2 "$TMP/err" | tr '\n' ' ')"
     report "--max-restarts restarts a failed job, then gives up naming the failure" "${why#; }"
 }
 
