@@ -403,7 +403,8 @@
      Open MPI        OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE (+ MASTER_ADDR/PORT)
      Slurm (srun)    SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID; the tasks on this node:
                      SLURM_STEP_TASKS_PER_NODE ("2(x3),1") at SLURM_NODEID (else
-                     SLURM_TASKS_PER_NODE, else SLURM_NTASKS_PER_NODE). MASTER_ADDR unset: a step
+                     SLURM_TASKS_PER_NODE, else SLURM_NTASKS_PER_NODE); the whole list is
+                     checked (the step's must sum to SLURM_NTASKS). MASTER_ADDR unset: a step
                      on one node uses 127.0.0.1; on several, the first host of
                      SLURM_STEP_NODELIST (Slurm's hostlist syntax, "cn[07-09,12],gpu[1-2]x[1-4]",
                      expanded by ddp.h; resolved like any name), and rank 0, if srun put it on
@@ -1859,9 +1860,10 @@ static long ddp__hostlist_nth(const char *list, long want, char *out, size_t cap
 static ddp_result ddp__slurm_local_world(ddp_context *ctx, const char **name) {
     const char *s = getenv(*name = "SLURM_STEP_TASKS_PER_NODE"), *p;
     char *e;
-    long at = 0, tasks = 0, reps;
-    int node = 0;
-    if (!s || !*s) s = getenv(*name = "SLURM_TASKS_PER_NODE");
+    long at = 0, tasks = 0, reps, mine = -1;
+    double sum = 0;   /* tasks in the whole step; double: reps x tasks cannot overflow it */
+    int node = 0, step_list = 1;
+    if (!s || !*s) { s = getenv(*name = "SLURM_TASKS_PER_NODE"); step_list = 0; }
     if (!s || !*s) {
         *name = "SLURM_NTASKS_PER_NODE";
         return ddp__env_int(ctx, *name, 1, ctx->world, &ctx->local_world) < 0 ? DDP_ERR_BAD_ENV : DDP_OK;
@@ -1876,15 +1878,23 @@ static ddp_result ddp__slurm_local_world(ddp_context *ctx, const char **name) {
             reps = strtol(q, &e, 10);
             if (e == q || *e++ != ')') reps = 0;
         }
+        /* the whole list, not only up to this node's entry: garbage or a trailing comma after it
+           is a list some other program wrote (and other ranks would read it otherwise) */
         if (errno || e == p || tasks < 1 || tasks > ctx->world || reps < 1 || reps > INT_MAX || (*e && *e != ','))
-            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "%s='%s' is not a list of task counts like '2(x3),1'", *name, s);
-        if (node >= at && node - at < reps) break;
-        at += reps;
-        if (!*e)
-            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "SLURM_NODEID=%d, but %s='%s' counts tasks on %ld node(s)", node,
-                             *name, s, at);
+            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "%s='%s' is not a list of task counts like '2(x3),1' (at '%.20s')",
+                             *name, s, p);
+        if (mine < 0 && node >= at && node - at < reps) mine = tasks;
+        if (at < INT_MAX) at += reps;
+        sum += (double)tasks * (double)reps;
+        if (!*e) break;
     }
-    ctx->local_world = (int)tasks;
+    if (mine < 0)
+        return ddp__fail(ctx, DDP_ERR_BAD_ENV, "SLURM_NODEID=%d, but %s='%s' counts tasks on %ld node(s)", node,
+                         *name, s, at);
+    /* the step's list sums to the step's tasks (SLURM_TASKS_PER_NODE is the allocation's: it may hold more) */
+    if (step_list && sum != (double)ctx->world)
+        return ddp__fail(ctx, DDP_ERR_BAD_ENV, "%s='%s' counts %.0f task(s), but SLURM_NTASKS=%d", *name, s, sum, ctx->world);
+    ctx->local_world = (int)mine;
     return DDP_OK;
 }
 

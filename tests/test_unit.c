@@ -1252,6 +1252,22 @@ static void test_slurm_env(void) {
     slurm_init(bad_counts, &r, err, sizeof err, &c);
     verdict(r == DDP_ERR_BAD_ENV && contains(err, "SLURM_STEP_TASKS_PER_NODE='2(x' is not a list of task counts"),
             "slurm_step_tasks_per_node_malformed_refused", "%s: %s", ddp_result_string(r), err);
+    {   /* the whole list is read, not only up to this node's entry, and it sums to SLURM_NTASKS */
+        static const char *const lists[] = { "4,garbage!!", "2(x2),", "2(x2),1" };
+        static const char *const wants[] = { "SLURM_STEP_TASKS_PER_NODE='4,garbage!!' is not a list of task counts like '2(x3),1' (at 'garbage!!')",
+                                             "SLURM_STEP_TASKS_PER_NODE='2(x2),' is not a list of task counts",
+                                             "SLURM_STEP_TASKS_PER_NODE='2(x2),1' counts 5 task(s), but SLURM_NTASKS=4" };
+        static const char *const names[] = { "slurm_step_tasks_per_node_garbage_after_this_node_refused",
+                                             "slurm_step_tasks_per_node_trailing_comma_refused",
+                                             "slurm_step_tasks_per_node_sum_not_ntasks_refused" };
+        int k;
+        for (k = 0; k < 3; k++) {
+            bad_counts[13] = lists[k];
+            slurm_init(bad_counts, &r, err, sizeof err, &c);
+            verdict(r == DDP_ERR_BAD_ENV && contains(err, wants[k]), names[k], "%s: %s", ddp_result_string(r), err);
+        }
+        bad_counts[13] = "2(x";
+    }
     slurm_init(node_beyond, &r, err, sizeof err, &c);
     verdict(r == DDP_ERR_BAD_ENV && contains(err, "SLURM_NODEID=2, but SLURM_STEP_TASKS_PER_NODE='2(x2)' counts tasks on 2 node(s)"),
             "slurm_node_id_beyond_the_step_refused", "%s: %s", ddp_result_string(r), err);
