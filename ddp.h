@@ -1327,32 +1327,27 @@ static double ddp__now(void) {
    -ffinite-math-only (in -ffast-math and -Ofast) lets the compiler assume no NaN/Inf exists and
    fold isfinite(x) to 1, which silently removed the NaN guard. The empty asm hides the bits'
    origin from the optimizer, so no flag can infer them from a float that "cannot" be NaN. */
-static int ddp__finite_f(float x) {
+static uint32_t ddp__bits_f(float x) {
     uint32_t u;
     memcpy(&u, &x, sizeof u);
 #if defined(__GNUC__)
     __asm__("" : "+r"(u));
 #endif
-    return (u & 0x7f800000u) != 0x7f800000u;
+    return u;
 }
-static int ddp__finite_d(double x) {
+static uint64_t ddp__bits_d(double x) {
     uint64_t u;
     memcpy(&u, &x, sizeof u);
 #if defined(__GNUC__)
     __asm__("" : "+r"(u));
 #endif
-    return (u & 0x7ff0000000000000ull) != 0x7ff0000000000000ull;
+    return u;
 }
+static int ddp__finite_f(float x) { return (ddp__bits_f(x) & 0x7f800000u) != 0x7f800000u; }
+static int ddp__finite_d(double x) { return (ddp__bits_d(x) & 0x7ff0000000000000ull) != 0x7ff0000000000000ull; }
 static int ddp__finite_bf16(uint16_t h) { return (h & 0x7f80u) != 0x7f80u; }
 /* x >= 0 and not NaN (the NaN test by bits: under fast-math !(x >= 0) is no NaN check) */
-static int ddp__nonneg_d(double x) {
-    uint64_t u;
-    memcpy(&u, &x, sizeof u);
-#if defined(__GNUC__)
-    __asm__("" : "+r"(u));
-#endif
-    return (u & 0x7fffffffffffffffull) <= 0x7ff0000000000000ull && x >= 0;
-}
+static int ddp__nonneg_d(double x) { return (ddp__bits_d(x) & 0x7fffffffffffffffull) <= 0x7ff0000000000000ull && x >= 0; }
 
 static void *ddp__calloc(size_t bytes) {
     void *p = DDP_MALLOC(bytes ? bytes : 1);
