@@ -329,7 +329,8 @@
      across files; one rename commits one). The stored world size and sharding are information
      (ddp_checkpoint_info), not constraints. Writing: PATH.tmp.<pid>.<64 random bits> created
      with O_CREAT|O_EXCL|O_NOFOLLOW, fsync, rename onto PATH (a symlink at PATH is replaced,
-     its target untouched), fsync of the directory; a killed writer leaves only its temporary,
+     its target untouched; a FIFO, directory, device or socket there is refused, nothing
+     written), fsync of the directory; a killed writer leaves only its temporary,
      and the next save sweeps those of dead writers (this user's, plain files). Windows: the
      temporary is created with CREATE_NEW, flushed (FlushFileBuffers), and replaces PATH with
      MoveFileExW(MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH), which returns once the
@@ -406,7 +407,8 @@
      Open MPI        OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE (+ MASTER_ADDR/PORT)
      Slurm (srun)    SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID; the tasks on this node:
                      SLURM_STEP_TASKS_PER_NODE ("2(x3),1") at SLURM_NODEID (else
-                     SLURM_TASKS_PER_NODE, else SLURM_NTASKS_PER_NODE). MASTER_ADDR unset: a step
+                     SLURM_TASKS_PER_NODE, else SLURM_NTASKS_PER_NODE); the whole list is
+                     checked (the step's must sum to SLURM_NTASKS). MASTER_ADDR unset: a step
                      on one node uses 127.0.0.1; on several, the first host of
                      SLURM_STEP_NODELIST (Slurm's hostlist syntax, "cn[07-09,12],gpu[1-2]x[1-4]",
                      expanded by ddp.h; resolved like any name), and rank 0, if srun put it on
@@ -436,9 +438,12 @@
                      store and each rank prove to each other that they know it, without sending
                      it (its value is never logged)
      DDP_JOB_ID      job_id: the job's name, the same on every rank (unset: the launcher's job id)
-     DDP_TIMEOUT     timeout_s: seconds, in (0, 1e6]
+     DDP_TIMEOUT     timeout_s: seconds, plain decimal, in [0.001, 1e6]
      DDP_LOG         log_level: debug|info|warn|error|off
-     DDP_TIMELINE    timeline_path (its directory must take the file: checked at ddp_init)
+     (a string too long for its field is refused, naming it and the limit: DDP_TIMELINE 511
+     characters, DDP_JOB_TOKEN 127, DDP_JOB_ID 255; the same for the ddp_desc fields)
+     DDP_TIMELINE    timeline_path (its directory must take the file: checked at ddp_init; set
+                     on every rank or none: ddp_commit refuses a mix, naming the ranks)
      DDP_CHECK_READY=0|1      check_ready
      DDP_SHARD_OPTIMIZER=0|1  shard_optimizer
      DDP_PARAM_DTYPE=fp32|bf16  param_dtype
@@ -1577,6 +1582,24 @@ static int ddp__file_stat(int fd, uint64_t *size, const char **kind) {
     *size = (uint64_t)info.nFileSizeHigh << 32 | info.nFileSizeLow;
     return 0;
 }
+/* What is at `path` if it is something a rename must not replace (a directory or a device);
+   NULL for nothing there, a file or a link. */
+static const char *ddp__path_kind(const char *path) {
+    wchar_t *w = ddp__wide(path);
+    DWORD a = w ? GetFileAttributesW(w) : INVALID_FILE_ATTRIBUTES;
+    const char *kind = NULL;
+    DDP_FREE(w);
+    if (a != INVALID_FILE_ATTRIBUTES && (a & FILE_ATTRIBUTE_DIRECTORY) && !(a & FILE_ATTRIBUTE_REPARSE_POINT)) return "a directory";
+    if (a != INVALID_FILE_ATTRIBUTES) {   /* a DOS device name (NUL, CON) answers too: look at its type */
+        int fd = ddp__file_open_read(path);
+        uint64_t size;
+        if (fd >= 0) {
+            if (ddp__file_stat(fd, &size, &kind) != 0) kind = NULL;
+            _close(fd);
+        }
+    }
+    return kind;
+}
 /* A new file, refused if anything is there (a link included: CREATE_NEW does not follow one). */
 static int ddp__file_create_excl(const char *path) {
     wchar_t *w = ddp__wide(path);
@@ -1953,6 +1976,12 @@ static int ddp__file_stat(int fd, uint64_t *size, const char **kind) {
     else *size = (uint64_t)sb.st_size;
     return 0;
 }
+/* What is at `path` if it is something a rename must not replace (a FIFO, directory, device or
+   socket); NULL for nothing there, a regular file or a symlink (replaced, its target untouched). */
+static const char *ddp__path_kind(const char *path) {
+    struct stat sb;
+    return lstat(path, &sb) == 0 && !S_ISREG(sb.st_mode) && !S_ISLNK(sb.st_mode) ? ddp__file_kind(sb.st_mode) : NULL;
+}
 /* A new file, refused if anything is there (a symlink included). */
 static int ddp__file_create_excl(const char *path) { return open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666); }
 #define ddp__file_write(fd, p, n) ((long)write((fd), (p), (n)))
@@ -2261,32 +2290,27 @@ struct ddp_context {
    -ffinite-math-only (in -ffast-math and -Ofast) lets the compiler assume no NaN/Inf exists and
    fold isfinite(x) to 1, which silently removed the NaN guard. The empty asm hides the bits'
    origin from the optimizer, so no flag can infer them from a float that "cannot" be NaN. */
-static int ddp__finite_f(float x) {
+static uint32_t ddp__bits_f(float x) {
     uint32_t u;
     memcpy(&u, &x, sizeof u);
 #if defined(__GNUC__)
     __asm__("" : "+r"(u));
 #endif
-    return (u & 0x7f800000u) != 0x7f800000u;
+    return u;
 }
-static int ddp__finite_d(double x) {
+static uint64_t ddp__bits_d(double x) {
     uint64_t u;
     memcpy(&u, &x, sizeof u);
 #if defined(__GNUC__)
     __asm__("" : "+r"(u));
 #endif
-    return (u & 0x7ff0000000000000ull) != 0x7ff0000000000000ull;
+    return u;
 }
+static int ddp__finite_f(float x) { return (ddp__bits_f(x) & 0x7f800000u) != 0x7f800000u; }
+static int ddp__finite_d(double x) { return (ddp__bits_d(x) & 0x7ff0000000000000ull) != 0x7ff0000000000000ull; }
 static int ddp__finite_bf16(uint16_t h) { return (h & 0x7f80u) != 0x7f80u; }
 /* x >= 0 and not NaN (the NaN test by bits: under fast-math !(x >= 0) is no NaN check) */
-static int ddp__nonneg_d(double x) {
-    uint64_t u;
-    memcpy(&u, &x, sizeof u);
-#if defined(__GNUC__)
-    __asm__("" : "+r"(u));
-#endif
-    return (u & 0x7fffffffffffffffull) <= 0x7ff0000000000000ull && x >= 0;
-}
+static int ddp__nonneg_d(double x) { return (ddp__bits_d(x) & 0x7fffffffffffffffull) <= 0x7ff0000000000000ull && x >= 0; }
 
 static void *ddp__calloc(size_t bytes) {
     void *p = DDP_MALLOC(bytes ? bytes : 1);
@@ -2794,9 +2818,10 @@ static long ddp__hostlist_nth(const char *list, long want, char *out, size_t cap
 static ddp_result ddp__slurm_local_world(ddp_context *ctx, const char **name) {
     const char *s = getenv(*name = "SLURM_STEP_TASKS_PER_NODE"), *p;
     char *e;
-    long at = 0, tasks = 0, reps;
-    int node = 0;
-    if (!s || !*s) s = getenv(*name = "SLURM_TASKS_PER_NODE");
+    long at = 0, tasks = 0, reps, mine = -1;
+    double sum = 0;   /* tasks in the whole step; double: reps x tasks cannot overflow it */
+    int node = 0, step_list = 1;
+    if (!s || !*s) { s = getenv(*name = "SLURM_TASKS_PER_NODE"); step_list = 0; }
     if (!s || !*s) {
         *name = "SLURM_NTASKS_PER_NODE";
         return ddp__env_int(ctx, *name, 1, ctx->world, &ctx->local_world) < 0 ? DDP_ERR_BAD_ENV : DDP_OK;
@@ -2811,15 +2836,23 @@ static ddp_result ddp__slurm_local_world(ddp_context *ctx, const char **name) {
             reps = strtol(q, &e, 10);
             if (e == q || *e++ != ')') reps = 0;
         }
+        /* the whole list, not only up to this node's entry: garbage or a trailing comma after it
+           is a list some other program wrote (and other ranks would read it otherwise) */
         if (errno || e == p || tasks < 1 || tasks > ctx->world || reps < 1 || reps > INT_MAX || (*e && *e != ','))
-            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "%s='%s' is not a list of task counts like '2(x3),1'", *name, s);
-        if (node >= at && node - at < reps) break;
-        at += reps;
-        if (!*e)
-            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "SLURM_NODEID=%d, but %s='%s' counts tasks on %ld node(s)", node,
-                             *name, s, at);
+            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "%s='%s' is not a list of task counts like '2(x3),1' (at '%.20s')",
+                             *name, s, p);
+        if (mine < 0 && node >= at && node - at < reps) mine = tasks;
+        if (at < INT_MAX) at += reps;
+        sum += (double)tasks * (double)reps;
+        if (!*e) break;
     }
-    ctx->local_world = (int)tasks;
+    if (mine < 0)
+        return ddp__fail(ctx, DDP_ERR_BAD_ENV, "SLURM_NODEID=%d, but %s='%s' counts tasks on %ld node(s)", node,
+                         *name, s, at);
+    /* the step's list sums to the step's tasks (SLURM_TASKS_PER_NODE is the allocation's: it may hold more) */
+    if (step_list && sum != (double)ctx->world)
+        return ddp__fail(ctx, DDP_ERR_BAD_ENV, "%s='%s' counts %.0f task(s), but SLURM_NTASKS=%d", *name, s, sum, ctx->world);
+    ctx->local_world = (int)mine;
     return DDP_OK;
 }
 
@@ -2930,6 +2963,19 @@ static ddp_result ddp__read_env(ddp_context *ctx) {
 }
 
 #define DDP__MAX_TIMEOUT_S 1e6   /* 11.6 days: any wait stays a finite poll */
+#define DDP__MIN_TIMEOUT_S 1e-3  /* below a millisecond every wait fails at once */
+
+/* A number as a person writes it in a variable: decimal digits, a point, an exponent; no
+   spaces around it, no hex (strtod takes " 5" and "0x1"), no inf or nan. */
+static int ddp__plain_decimal(const char *s, double *out) {
+    char *end;
+    size_t i;
+    if (!((s[0] >= '0' && s[0] <= '9') || (s[0] == '.' && s[1] >= '0' && s[1] <= '9'))) return 0;
+    for (i = 0; s[i]; i++)
+        if (!strchr("0123456789.eE+-", s[i])) return 0;
+    *out = strtod(s, &end);
+    return *end == 0;
+}
 
 /* One rule for every DDP_* variable that has a descriptor field: a variable that is set (not
    empty) wins over what the program put in the field, and an invalid value is refused by name
@@ -2966,12 +3012,18 @@ static ddp_result ddp__env_flag(ddp_context *ctx, const char *name, int *field, 
 
 /* A string field: the variable, else the program's, copied into the context (the caller's may go
    away after ddp_init). secret: the values stay out of the log. */
-static void ddp__env_string(ddp_context *ctx, const char *name, const char **field, const char *field_name,
-                            char *store, size_t cap, int secret) {
-    const char *s = ddp__env_set(name);
+static ddp_result ddp__env_string(ddp_context *ctx, const char *name, const char **field, const char *field_name,
+                                  char *store, size_t cap, int secret) {
+    const char *s = ddp__env_set(name), *v;
     if (s && *field && strcmp(*field, s)) ddp__env_overrode(ctx, name, secret ? "(set)" : s, field_name, secret ? "(another)" : *field);
-    snprintf(store, cap, "%s", s ? s : *field ? *field : "");
+    v = s ? s : *field ? *field : "";
+    /* cut short, two different job ids (or tokens) would be one job, a path another file */
+    if (strlen(v) >= cap)
+        return ddp__fail(ctx, s ? DDP_ERR_BAD_ENV : DDP_ERR_INVALID_ARGUMENT, "%s%s is %zu characters long; at most %zu fit",
+                         s ? "" : "ddp_desc.", s ? name : field_name, strlen(v), cap - 1);
+    snprintf(store, cap, "%s", v);
     *field = store;
+    return DDP_OK;
 }
 
 static ddp_result ddp__desc_from_env(ddp_context *ctx, ddp_desc *d) {
@@ -2988,18 +3040,19 @@ static ddp_result ddp__desc_from_env(ddp_context *ctx, ddp_desc *d) {
                               (int)d->log_level >= 1 && (int)d->log_level <= (int)DDP_LOG_OFF ? level_names[d->log_level] : "?");
         d->log_level = (ddp_log_level)i;
     }
-    ddp__env_string(ctx, "DDP_TIMELINE", &d->timeline_path, "timeline_path", ctx->timeline_path, sizeof ctx->timeline_path, 0);
-    ddp__env_string(ctx, "DDP_JOB_TOKEN", &d->job_token, "job_token", ctx->job_token, sizeof ctx->job_token, 1);
+    if ((r = ddp__env_string(ctx, "DDP_TIMELINE", &d->timeline_path, "timeline_path", ctx->timeline_path,
+                             sizeof ctx->timeline_path, 0)) != DDP_OK) return r;
+    if ((r = ddp__env_string(ctx, "DDP_JOB_TOKEN", &d->job_token, "job_token", ctx->job_token, sizeof ctx->job_token, 1)) != DDP_OK)
+        return r;
     {   /* job_id: else the launcher's, in ddp__read_env; the descriptor keeps its own until then */
         const char *id = d->job_id;
-        ddp__env_string(ctx, "DDP_JOB_ID", &id, "job_id", ctx->job_id, sizeof ctx->job_id, 0);
+        if ((r = ddp__env_string(ctx, "DDP_JOB_ID", &id, "job_id", ctx->job_id, sizeof ctx->job_id, 0)) != DDP_OK) return r;
     }
     if ((s = ddp__env_set("DDP_TIMEOUT")) != NULL) {
-        char *end;
-        double t = strtod(s, &end);
-        if (*end || !ddp__nonneg_d(t) || t == 0 || t > DDP__MAX_TIMEOUT_S)
-            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_TIMEOUT='%s' is not a number of seconds in (0, %g]", s,
-                             (double)DDP__MAX_TIMEOUT_S);
+        double t = 0;
+        if (!ddp__plain_decimal(s, &t) || !ddp__nonneg_d(t) || t < DDP__MIN_TIMEOUT_S || t > DDP__MAX_TIMEOUT_S)
+            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_TIMEOUT='%s' is not a number of seconds in [%g, %g] (plain "
+                             "decimal, no spaces)", s, (double)DDP__MIN_TIMEOUT_S, (double)DDP__MAX_TIMEOUT_S);
         if (d->timeout_s != 0 && d->timeout_s != t) {
             char was[32];
             snprintf(was, sizeof was, "%g", d->timeout_s);
@@ -3053,6 +3106,9 @@ static ddp_result ddp__desc_validate(ddp_context *ctx, const ddp_desc *d) {
                          "inject_comm_latency_ms %g is above %g s (infinite waits are not offered: a lost peer must "
                          "end the job)", d->timeout_s, d->shutdown_timeout_s, d->inject_comm_latency_ms,
                          (double)DDP__MAX_TIMEOUT_S);
+    if ((d->timeout_s > 0 && d->timeout_s < DDP__MIN_TIMEOUT_S) || (d->shutdown_timeout_s > 0 && d->shutdown_timeout_s < DDP__MIN_TIMEOUT_S))
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: timeout_s %g or shutdown_timeout_s %g is below %g s "
+                         "(every wait would fail at once)", d->timeout_s, d->shutdown_timeout_s, (double)DDP__MIN_TIMEOUT_S);
     if (d->bucket_cap_mb > 1048576.0 || d->first_bucket_mb > 1048576.0)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: bucket_cap_mb %g or first_bucket_mb %g is above "
                          "1048576 MiB (1 TiB)", d->bucket_cap_mb, d->first_bucket_mb);
@@ -3472,7 +3528,9 @@ static int ddp__conn_said_bye(ddp__store_server *s, int rank) {
    speaks for nobody: the job it tried to join goes on. */
 static int ddp__conn_speaks_for_rank(ddp__store_server *s, const ddp__conn *c) {
     char key[32];
-    if (c->rank < 0 || c->admitted == 2) return 0;
+    /* a stray started with a larger WORLD_SIZE claims a rank this job lacks: it is refused
+       ("ranks disagree on the world size"), and its hang-up is no rank's loss */
+    if (c->rank < 0 || c->rank >= s->ctx->world || c->admitted == 2) return 0;
     if (c->admitted == 1) return 1;
     snprintf(key, sizeof key, "claim/%d", c->rank);
     return ddp__kv_find(s, key) == NULL;
@@ -7919,6 +7977,8 @@ static char *ddp__layout_text(ddp_context *ctx, size_t *len_out) {
                            ctx->desc.bucket_cap_mb, ctx->desc.find_unused,
                            ctx->desc.reduce_dtype == DDP_DTYPE_BF16 ? "bf16" : "fp32", (int)ctx->desc.uneven_inputs,
                            ctx->desc.shard_optimizer, ctx->desc.param_dtype == DDP_DTYPE_BF16 ? "bf16" : "fp32");
+    /* a timeline on some ranks only would stall shutdown (rank 0 waits for each missing trace) */
+    len += (size_t)snprintf(text + len, cap - len, "timeline %s\n", ctx->timeline_path[0] ? "on" : "off");
     for (i = 0; i < ctx->num_params; i++)
         len += (size_t)snprintf(text + len, cap - len, "%s %zu %u\n", ctx->params[i].name,
                                 ctx->params[i].count, ctx->params[i].flags);
@@ -7942,8 +8002,12 @@ static ddp_result ddp__layout_mismatch(ddp_context *ctx, const char *a, const ch
     if (i == 0)
         return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks 0 and %d use different options: rank 0 has '%s', rank %d "
                          "has '%s' (first_bucket_mb, bucket_cap_mb, find_unused, reduce_dtype, uneven_inputs, shard_optimizer, param_dtype)", rank_b, la, rank_b, lb);
+    if (i == 1)
+        return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks 0 and %d use different options: the timeline (DDP_TIMELINE or "
+                         "ddp_desc.timeline_path) is set on rank %d and not on rank %d; set it on every rank or on none",
+                         rank_b, strcmp(la, "timeline on") ? rank_b : 0, strcmp(la, "timeline on") ? 0 : rank_b);
     return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks registered different parameters: parameter #%d is '%s' "
-                     "(name, elements, flags) on rank 0 but '%s' on rank %d", i - 1, la, lb, rank_b);
+                     "(name, elements, flags) on rank 0 but '%s' on rank %d", i - 2, la, lb, rank_b);
 }
 
 /* All ranks fetch rank 0's layout and every other rank's, so all reach the same verdict. */
@@ -8787,7 +8851,8 @@ static ddp_result ddp__join(ddp_context *ctx) {
      length, name, u64 count, u32 flags) | parameters, then m, then v, each parameter's floats in
      registration order (no padding) | the user blob | u64 checksum of every byte before it
      (ddp__sum_add: FNV-1a's step on 64-bit words in four lanes, then FNV-1a of lanes and tail).
-   Writing: a temporary PATH.tmp.<pid>.<random> (O_CREAT|O_EXCL|O_NOFOLLOW), fsync, rename,
+   Writing: a path that is not a regular file or symlink is refused first (rename would replace
+   a FIFO or device node); a temporary PATH.tmp.<pid>.<random> (O_CREAT|O_EXCL|O_NOFOLLOW), fsync, rename,
    fsync of the directory; temporaries of writers that died are swept first. Reading: the kind
    of file (a FIFO is refused, not waited on), the header against the file's length, the
    checksum, then the caller's check of the user blob, then the parameters against this model by
@@ -9118,6 +9183,12 @@ static ddp_result ddp__save(ddp_context *ctx, const char *path, const void *user
         hdr = ddp__ckpt_header(ctx, user_bytes, &hdr_len);
         buf = (float *)DDP_MALLOC(DDP__CKPT_CHUNK * sizeof(float));
         if (!hdr || !buf) ddp__ckpt_refuse(&st, DDP_ERR_OUT_OF_MEMORY, "no memory to write the checkpoint '%s'", path);
+        if (st.code == DDP_OK) {   /* rename would replace a FIFO or device node (as root: /dev/full) */
+            const char *kind = ddp__path_kind(path);
+            if (kind)
+                ddp__ckpt_refuse(&st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint path '%s' is %s, not a regular file; nothing "
+                                 "written (name a file to write checkpoints to)", path, kind);
+        }
         if (st.code == DDP_OK) {
             ddp__ckpt_sweep(path);
             if ((f.fd = ddp__ckpt_create_temp(path, tmp, sizeof tmp)) < 0) {

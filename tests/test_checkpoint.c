@@ -408,6 +408,21 @@ static void phase_errors(const char *dir) {
     r = ddp_save_check(ddp, dir, &holds);
     check_all(r != DDP_OK && strstr(ddp_last_error(ddp), "is a directory, not a regular file") != NULL,
               "ckpt_save_check_directory_named", "%s", ddp_last_error(ddp));
+    {   /* ddp_save itself: an existing FIFO or directory at the path is refused on every rank, left as it was */
+#ifndef _WIN32   /* (no FIFOs on Windows) */
+        const char *e;
+        struct stat st;
+        path_in(p, sizeof p, dir, "fifo");
+        r = ddp_save(ddp, p, NULL, 0);
+        e = ddp_last_error(ddp);
+        check_all(r == DDP_ERR_INVALID_ARGUMENT && strstr(e, "is a FIFO (named pipe), not a regular file; nothing written") != NULL &&
+                  (rank == 0 || strstr(e, "rank 0 could not save the checkpoint") != NULL) && stat(p, &st) == 0 && S_ISFIFO(st.st_mode),
+                  "ckpt_save_fifo_refused_left_alone", "r=%d %s", (int)r, e);
+#endif
+        r = ddp_save(ddp, dir, NULL, 0);
+        check_all(r == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(ddp), "is a directory, not a regular file") != NULL,
+                  "ckpt_save_directory_refused", "r=%d %s", (int)r, ddp_last_error(ddp));
+    }
 #ifdef _WIN32
     if (rank == 0) printf("SKIP ckpt_save_replaces_symlink_not_its_target: symlinks need a privilege on Windows; "
                           "ckpt_stale_temporaries_of_dead_writers_swept: it forks a writer that dies (POSIX)\n");

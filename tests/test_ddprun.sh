@@ -137,7 +137,7 @@ signal_test() {
     "$DDPRUN" --grace 20 -n 2 sh -c "$preamble $SLEEPER" >"$TMP/out" 2>"$TMP/err" &
     pid=$!
     for _ in $(seq 50); do
-        [ "$(count_files "$PIDS")" -eq 4 ] && break
+        [ "$(count_files "$PIDS")" -ge 4 ] && break
         sleep 0.1
     done
     start=$(now_ms)
@@ -163,7 +163,8 @@ test_bad_usage() {
     local why="" args
     for args in "-n 0 true" "-n abc true" "-n 1025 true" "-n 2" "--master-port 70000 true" \
         "--grace x true" "--bogus true" "-n" "--max-restarts -1 true" "--max-restarts x true" \
-        "--restart-delay -1 true" "--restart-delay x true" "--restart-delay-max 1e9 true" "--restart-delay 5 --restart-delay-max 1 true"; do
+        "--restart-delay -1 true" "--restart-delay x true" "--restart-delay-max 1e9 true" "--restart-delay 5 --restart-delay-max 1 true" \
+        "--restart-delay 0x10 true" "--grace 0x1 true"; do
         # shellcheck disable=SC2086 # split on purpose
         run 5 $args
         [ $rc -eq 2 ] || why="$why; '$args' exit $rc"
@@ -328,6 +329,14 @@ test_max_restarts() {
     [ "$(grep -c '^ddprun: restart ' "$TMP/err")" -eq 1 ] || why="$why; always failing: $(grep -c '^ddprun: restart ' "$TMP/err") restarts"
     grep -q '^ddprun: giving up: the job failed 2 times (--max-restarts 1); the last failure: rank 0 (pid [0-9]*) exited with status 5$' "$TMP/err" ||
         why="$why; no 'giving up' line: $(tail -n 1 "$TMP/err")"
+    # --restart-delay-max below the default delay: the delay gives way (it was refused)
+    run 30 --max-restarts 1 --restart-delay-max 0.2 sh -c 'exit 6'
+    [ $rc -eq 6 ] && grep -q "^ddprun: restart 1 of 1: .* again in 0\.2 s\$" "$TMP/err" ||
+        why="$why; --restart-delay-max 0.2 alone: exit $rc: $(head -n 2 "$TMP/err" | tr '\n' ' ')"
+    # exit 127 (the program cannot be run): no restart, and the log says why
+    run 30 --max-restarts 3 --restart-delay 0.1 "$TMP/no-such-program"
+    [ $rc -eq 127 ] && ! grep -q '^ddprun: restart ' "$TMP/err" && grep -q '^ddprun: not restarting: exit status 127 means the program could not be run' "$TMP/err" ||
+        why="$why; a program that cannot run: exit $rc: $(tail -n 2 "$TMP/err" | tr '\n' ' ')"
     report "--max-restarts restarts a failed job, then gives up naming the failure" "${why#; }"
 }
 
@@ -450,6 +459,10 @@ test_grace_kill
 signal_test "SIGINT stops the job with 130" INT 130 ""
 signal_test "SIGTERM stops the job with 143" TERM 143 ""
 signal_test "second SIGINT kills at once" INT 130 'trap "" INT TERM;' INT
+# a hang-up (closed terminal or ssh session) stops the ranks and their setsid strays, like SIGTERM
+signal_test "SIGHUP stops the job with 129, setsid strays too" HUP 129 \
+    'setsid sh -c "echo \$\$ >\"\$PIDS/stray.\$RANK.pid\"; exec sleep 300" </dev/null >/dev/null 2>&1 &
+     while [ ! -s "$PIDS/stray.$RANK.pid" ]; do sleep 0.05; done;'
 test_bad_usage
 test_missing_program
 test_no_interleaving

@@ -142,6 +142,21 @@ for try in 1 2 3; do
 done
 [ "$ok" -eq 1 ] && pass "duplicate_rank_started_at_once_job_trains (3 of 3)"
 
+# 1g. A stray started with a larger world (WORLD_SIZE=3 RANK=2 against a job of 2) is refused,
+#     and its hang-up is no rank's death: the real job trains.
+p=$(port)
+(dup_rank 0 2) >/dev/null 2>"$tmp/big0" & r0=$!
+sleep 0.3
+(dup_rank 2 3) >/dev/null 2>"$tmp/big_stray"; rc_s=$?
+sleep 0.3
+(dup_rank 1 2) >/dev/null 2>"$tmp/big1"; rc1=$?
+wait "$r0"; rc0=$?
+if [ "$rc_s" -ne 0 ] && [ "$rc0" = 0 ] && [ "$rc1" = 0 ] && grep -q "ranks disagree on the world size" "$tmp/big_stray"; then
+  pass "rank_beyond_the_world_refused_job_trains"
+else
+  fail "rank_beyond_the_world_refused_job_trains" "stray rc $rc_s, job rc $rc0,$rc1: $(cat "$tmp/big_stray" "$tmp/big0" | head -n 3)"
+fi
+
 # 1f. Rank 0 never listens (never started, or died before its store was up). A rank cannot tell
 #     that from a slow rank 0, so by hand the wait lasts timeout_s, but it is not silent: a warning
 #     after half the timeout (10 s at most) says what is refused; then the timeout names rank 0.

@@ -51,4 +51,13 @@ if python3 tools/trace_svg.py "$tmp/trace.json" -o "$tmp/trace.svg" >/dev/null 2
 else
   echo "FAIL timeline_draws_as_svg: trace_svg.py failed"; rc=1
 fi
+# DDP_TIMELINE on rank 1 only: a named disagreement at ddp_commit, not a stall at shutdown
+start=$(date +%s)
+DDP_TIMEOUT=20 timeout 60 "$B/ddprun" -n 2 sh -c '[ "$RANK" = 1 ] && export DDP_TIMELINE="$1"; exec "$2"' sh "$tmp/half.json" "$B/minimal" >"$tmp/out" 2>&1
+r=$? took=$(($(date +%s) - start))
+if [ $r -ne 0 ] && [ $took -lt 15 ] && grep -q "the timeline (DDP_TIMELINE or ddp_desc.timeline_path) is set on rank 1 and not on rank 0" "$tmp/out"; then
+  echo "PASS timeline_on_some_ranks_refused_at_commit"
+else
+  echo "FAIL timeline_on_some_ranks_refused_at_commit: exit $r after $took s: $(grep -m2 -i error "$tmp/out")"; rc=1
+fi
 exit $rc

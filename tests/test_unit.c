@@ -384,7 +384,7 @@ static void test_nonfinite(void) {
 static void expect_env_error(const char *name, const char *const *vars, ddp_result expected, const char *needle) {
     static const char *all[] = { "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                                  "DDP_TIMEOUT", "DDP_LOG", "DDP_TIMELINE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                                 "SLURM_PROCID", "SLURM_NTASKS" };
+                                 "SLURM_PROCID", "SLURM_NTASKS", "DDP_JOB_ID", "DDP_JOB_TOKEN" };
     ddp_context *ctx;
     ddp_result r;
     size_t i;
@@ -420,7 +420,43 @@ static void test_bad_env(void) {
     expect_env_error("env_master_port_range", bad_port, DDP_ERR_BAD_ENV, "MASTER_PORT='70000'");
     expect_env_error("env_cpu_backend_needs_one_host", two_hosts, DDP_ERR_BAD_ENV, "LOCAL_WORLD_SIZE=2");
     expect_env_error("env_timeout_malformed", bad_timeout, DDP_ERR_BAD_ENV, "DDP_TIMEOUT='soon'");
-    expect_env_error("env_timeout_infinite_refused", inf_timeout, DDP_ERR_BAD_ENV, "DDP_TIMEOUT='inf' is not a number of seconds in (0, 1e+06]");
+    expect_env_error("env_timeout_infinite_refused", inf_timeout, DDP_ERR_BAD_ENV, "DDP_TIMEOUT='inf' is not a number of seconds in [0.001, 1e+06]");
+    {   /* strtod's leniencies and a timeout every wait fails at once */
+        const char *odd[] = { " 5", "5 ", "0x1", "1e-300", "-1" };
+        const char *what[] = { "leading_space", "trailing_space", "hex", "below_a_millisecond", "negative" };
+        const char *v[] = { "DDP_TIMEOUT", NULL, NULL };
+        char name[64];
+        size_t i;
+        for (i = 0; i < sizeof odd / sizeof odd[0]; i++) {
+            v[1] = odd[i];
+            snprintf(name, sizeof name, "env_timeout_%s_refused", what[i]);
+            expect_env_error(name, v, DDP_ERR_BAD_ENV, "is not a number of seconds in [0.001, 1e+06] (plain decimal");
+        }
+        v[1] = "0.25";
+        expect_env_error("env_timeout_plain_decimal_accepted", v, DDP_OK, "no error");
+    }
+    {   /* a string too long for its field: refused by name, never cut (two ids would merge) */
+        static char big[700];
+        const char *v[] = { NULL, big, NULL };
+        ddp_desc d;
+        ddp_context *c = NULL;
+        ddp_result r;
+        memset(big, 'a', sizeof big - 1);
+        v[0] = "DDP_TIMELINE";
+        expect_env_error("env_timeline_too_long_refused", v, DDP_ERR_BAD_ENV, "DDP_TIMELINE is 699 characters long; at most 511 fit");
+        big[128] = 0; v[0] = "DDP_JOB_TOKEN";
+        expect_env_error("env_job_token_too_long_refused", v, DDP_ERR_BAD_ENV, "DDP_JOB_TOKEN is 128 characters long; at most 127 fit");
+        big[128] = 'a'; big[256] = 0; v[0] = "DDP_JOB_ID";
+        expect_env_error("env_job_id_too_long_refused", v, DDP_ERR_BAD_ENV, "DDP_JOB_ID is 256 characters long; at most 255 fit");
+        memset(&d, 0, sizeof d);
+        d.job_id = big;
+        r = ddp_init(&c, &d);
+        verdict(r == DDP_ERR_INVALID_ARGUMENT && contains(ddp_last_error(c), "ddp_desc.job_id is 256 characters long; at most 255 fit"),
+                "desc_job_id_too_long_refused", "got %s: %s", ddp_result_string(r), ddp_last_error(c));
+        ddp_shutdown(c);
+        big[255] = 0; v[0] = "DDP_JOB_ID";
+        expect_env_error("env_job_id_255_accepted", v, DDP_OK, "no error");
+    }
     expect_env_error("env_timeout_nan_refused", nan_timeout, DDP_ERR_BAD_ENV, "DDP_TIMEOUT='nan'");
     expect_env_error("env_log_level_unknown_refused", bad_log, DDP_ERR_BAD_ENV, "DDP_LOG='loud' is none of debug");
     expect_env_error("env_timeline_directory_missing_refused_at_init", bad_timeline, DDP_ERR_BAD_ENV,
@@ -1256,6 +1292,22 @@ static void test_slurm_env(void) {
     slurm_init(bad_counts, &r, err, sizeof err, &c);
     verdict(r == DDP_ERR_BAD_ENV && contains(err, "SLURM_STEP_TASKS_PER_NODE='2(x' is not a list of task counts"),
             "slurm_step_tasks_per_node_malformed_refused", "%s: %s", ddp_result_string(r), err);
+    {   /* the whole list is read, not only up to this node's entry, and it sums to SLURM_NTASKS */
+        static const char *const lists[] = { "4,garbage!!", "2(x2),", "2(x2),1" };
+        static const char *const wants[] = { "SLURM_STEP_TASKS_PER_NODE='4,garbage!!' is not a list of task counts like '2(x3),1' (at 'garbage!!')",
+                                             "SLURM_STEP_TASKS_PER_NODE='2(x2),' is not a list of task counts",
+                                             "SLURM_STEP_TASKS_PER_NODE='2(x2),1' counts 5 task(s), but SLURM_NTASKS=4" };
+        static const char *const names[] = { "slurm_step_tasks_per_node_garbage_after_this_node_refused",
+                                             "slurm_step_tasks_per_node_trailing_comma_refused",
+                                             "slurm_step_tasks_per_node_sum_not_ntasks_refused" };
+        int k;
+        for (k = 0; k < 3; k++) {
+            bad_counts[13] = lists[k];
+            slurm_init(bad_counts, &r, err, sizeof err, &c);
+            verdict(r == DDP_ERR_BAD_ENV && contains(err, wants[k]), names[k], "%s: %s", ddp_result_string(r), err);
+        }
+        bad_counts[13] = "2(x";
+    }
     slurm_init(node_beyond, &r, err, sizeof err, &c);
     verdict(r == DDP_ERR_BAD_ENV && contains(err, "SLURM_NODEID=2, but SLURM_STEP_TASKS_PER_NODE='2(x2)' counts tasks on 2 node(s)"),
             "slurm_node_id_beyond_the_step_refused", "%s: %s", ddp_result_string(r), err);

@@ -20,18 +20,20 @@
  * line a rank writes is copied to ddprun's stdout/stderr prefixed with "[rank R] " (a line that
  * starts with that rank's own "rank R: ", as ddp.h's messages do, loses those words: the
  * prefix says it; "ddp rank R warning: ..." becomes "ddp warning: ...").
- * If a rank fails, or ddprun gets SIGINT/SIGTERM, the other ranks get
- * SIGTERM (or the forwarded signal) and, after the grace period, SIGKILL.
+ * If a rank fails, or ddprun gets SIGINT/SIGTERM/SIGHUP, the other ranks get
+ * SIGTERM (or the forwarded SIGINT) and, after the grace period, SIGKILL.
  * With --max-restarts N, a failed job is then started again (a new token,
  * and a new port unless --master-port), up to N times; the program resumes
  * from its own checkpoints. Each restart waits first: --restart-delay (1 s),
  * doubled after each attempt shorter than --restart-delay-max (60 s, the cap),
- * reset after one that lasted that long; Ctrl-C ends the wait and ddprun.  SIGTSTP (Ctrl-Z) stops every rank, then ddprun;
+ * reset after one that lasted that long (a --restart-delay-max below the default delay lowers
+ * the delay); Ctrl-C ends the wait and ddprun. Exit status 127 (the program could not be run)
+ * is not restarted: it would fail the same way.  SIGTSTP (Ctrl-Z) stops every rank, then ddprun;
  * SIGCONT continues them all, so no rank waits for a stopped peer and times out.
  *
  * Exit status: 0 if every rank exited 0; else the first failing rank's exit
  * status (128+signal if it was killed), of the last attempt with restarts;
- * 130/143 after SIGINT/SIGTERM; 2 for bad usage; 1 if ddprun itself could
+ * 130/143/129 after SIGINT/SIGTERM/SIGHUP; 2 for bad usage; 1 if ddprun itself could
  * not start the job.
  *
  * Each rank runs in its own process group so that stopping it also stops
@@ -151,7 +153,8 @@ static const char usage_text[] =
     "  --restart-delay S                the wait before the first restart, doubled for each\n"
     "                                   restart after a run shorter than the cap (default 1)\n"
     "  --restart-delay-max S            the cap on that wait; a run that lasted this long resets\n"
-    "                                   the wait to --restart-delay (default 60)\n"
+    "                                   the wait to --restart-delay (default 60, or the delay\n"
+    "                                   given if larger; alone, a smaller cap lowers the delay)\n"
     "  -h, --help                       show this help\n";
 
 /* ---- output ----
@@ -373,6 +376,19 @@ static int parse_int(const char *s, long min, long max, int *out)
     return 0;
 }
 
+/* Seconds 0..86400 as a person writes them: digits and a point (strtod would take hex: 0x10 = 16 s). */
+static int parse_seconds(const char *s, double *out)
+{
+    char *end;
+    if (!*s || strspn(s, "0123456789.") != strlen(s))
+        return -1;
+    double v = strtod(s, &end);
+    if (end == s || *end != '\0' || !(v >= 0 && v <= 86400))
+        return -1;
+    *out = v;
+    return 0;
+}
+
 /* The multi-node flags must agree with each other; each error names the flags at odds. */
 static void check_nodes(struct job *job)
 {
@@ -409,7 +425,7 @@ static void check_nodes(struct job *job)
 
 static void parse_args(int argc, char **argv, struct job *job)
 {
-    int i = 1;
+    int i = 1, delay_given = 0, delay_max_given = 0;
     while (i < argc) {
         const char *arg = argv[i], *value = NULL;
         if (strcmp(arg, "--") == 0) { i++; break; }
@@ -459,24 +475,25 @@ static void parse_args(int argc, char **argv, struct job *job)
             job->job_id = value;
         if (is_restarts && parse_int(value, 0, 1000000, &job->max_restarts) < 0)
             usage_error("--max-restarts must be an integer 0..1000000, not '%s'", value);
-        if (is_grace) {
-            char *end;
-            job->grace = strtod(value, &end);
-            if (end == value || *end != '\0' || !(job->grace >= 0 && job->grace <= 86400))
-                usage_error("grace must be 0..86400 seconds, not '%s'", value);
-        }
+        if (is_grace && parse_seconds(value, &job->grace) < 0)
+            usage_error("grace must be 0..86400 seconds (plain decimal), not '%s'", value);
         if (is_delay || is_delay_max) {
-            char *end;
-            double *d = is_delay ? &job->restart_delay : &job->restart_delay_max;
-            *d = strtod(value, &end);
-            if (end == value || *end != '\0' || !(*d >= 0 && *d <= 86400))
-                usage_error("%s must be 0..86400 seconds, not '%s'", is_delay ? "--restart-delay" : "--restart-delay-max",
-                            value);
+            if (parse_seconds(value, is_delay ? &job->restart_delay : &job->restart_delay_max) < 0)
+                usage_error("%s must be 0..86400 seconds (plain decimal), not '%s'",
+                            is_delay ? "--restart-delay" : "--restart-delay-max", value);
+            if (is_delay) delay_given = 1; else delay_max_given = 1;
         }
         i++;
     }
-    if (job->restart_delay > job->restart_delay_max)
-        usage_error("--restart-delay %g is above --restart-delay-max %g", job->restart_delay, job->restart_delay_max);
+    /* Only two explicit values can be at odds: a default gives way to the value given. */
+    if (job->restart_delay > job->restart_delay_max) {
+        if (delay_given && delay_max_given)
+            usage_error("--restart-delay %g is above --restart-delay-max %g", job->restart_delay, job->restart_delay_max);
+        if (delay_max_given)
+            job->restart_delay = job->restart_delay_max;
+        else
+            job->restart_delay_max = job->restart_delay;
+    }
     if (i >= argc)
         usage_error("missing PROGRAM");
     job->argv = argv + i;
@@ -541,6 +558,8 @@ static int pick_free_port(void)
     return ntohs(addr.sin_port);
 }
 
+static int hup_ignored; /* ddprun started with SIGHUP ignored (nohup) */
+
 static void on_stop_signal(int sig)
 {
     if (!first_signal)
@@ -560,12 +579,19 @@ static void install_signal_handlers(void)
 {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
+    hup_ignored = sigaction(SIGHUP, NULL, &sa) == 0 && sa.sa_handler == SIG_IGN;
+    memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_stop_signal; /* no SA_RESTART: poll returns early */
     sigemptyset(&sa.sa_mask);
     sigaddset(&sa.sa_mask, SIGINT);
     sigaddset(&sa.sa_mask, SIGTERM);
+    sigaddset(&sa.sa_mask, SIGHUP);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    /* A closed terminal or ssh session: the ranks (own groups) get no SIGHUP of their own, so
+     * ddprun must stop them and its setsid strays, as for SIGTERM. */
+    if (!hup_ignored) /* under nohup, hang-ups stay ignored */
+        sigaction(SIGHUP, &sa, NULL);
     /* Ctrl-Z must stop the job as a whole: a rank running on while ddprun is stopped fills its
      * output pipe and blocks, or waits for a stopped peer and times out. */
     sa.sa_handler = on_job_control;
@@ -606,6 +632,8 @@ static void exec_rank(const struct job *job, int index, int out_fd, int err_fd, 
 {
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
+    if (!hup_ignored)
+        signal(SIGHUP, SIG_DFL);
     signal(SIGTSTP, SIG_DFL);
     signal(SIGCONT, SIG_DFL);
     signal(SIGPIPE, SIG_DFL);
@@ -1084,8 +1112,10 @@ static void handle_signals(struct job *job, int *signals_handled)
     job->interrupted = 1;
     if (job->exit_status < 0)
         job->exit_status = 128 + sig;
-    begin_stop(job, sig, sig == SIGINT ? "interrupted, stopping all ranks"
-                                       : "terminated, stopping all ranks");
+    /* SIGHUP is passed on as SIGTERM: a rank may take SIGHUP as "reload", not "stop". */
+    begin_stop(job, sig == SIGHUP ? SIGTERM : sig,
+               sig == SIGINT ? "interrupted, stopping all ranks"
+               : sig == SIGHUP ? "hung up, stopping all ranks" : "terminated, stopping all ranks");
 }
 
 static int strays(const struct job *job, int kill_them);
@@ -1157,6 +1187,7 @@ static void run_attempt(struct job *job)
     sigemptyset(&held);
     sigaddset(&held, SIGINT);
     sigaddset(&held, SIGTERM);
+    sigaddset(&held, SIGHUP);
     sigaddset(&held, SIGTSTP);
     sigaddset(&held, SIGCONT);
     pthread_sigmask(SIG_BLOCK, &held, NULL);
@@ -1186,7 +1217,7 @@ static int restart_wait(struct job *job, double seconds)
         if (signals_received) {
             job->interrupted = 1;
             job->exit_status = 128 + first_signal;
-            say("%s while waiting to restart; not restarting", first_signal == SIGINT ? "interrupted" : "terminated");
+            say("%s while waiting to restart; not restarting", first_signal == SIGINT ? "interrupted" : first_signal == SIGHUP ? "hung up" : "terminated");
             return 0;
         }
         handle_job_control(&idle);
@@ -1228,6 +1259,11 @@ int main(int argc, char **argv)
         lasted = now_seconds() - began;
         if (job.exit_status < 0 || job.interrupted || signals_received)
             break;
+        if (job.exit_status == 127 && job.max_restarts > 0) { /* the shell's and exec_rank's "cannot run" */
+            say("not restarting: exit status 127 means the program could not be run (not found, not executable, "
+                "or a library missing); %s", job.cause);
+            break;
+        }
         if (restarts == job.max_restarts) {
             if (job.max_restarts > 0)
                 say("giving up: the job failed %d times (--max-restarts %d); the last failure: %s",
