@@ -355,7 +355,9 @@ int main(int argc, char **argv) {
         } else if (W_IS("--grace") || W_IS("--restart-delay") || W_IS("--restart-delay-max")) {
             char *end;
             double v = strtod(value, &end);
-            if (end == value || *end || !(v >= 0 && v <= 86400)) w_usage_error("%.*s must be 0..86400 seconds, not '%s'", (int)name_len, arg, value);
+            /* plain decimal only, as on POSIX (strtod would take 0x10 as 16) */
+            if (end == value || *end || strspn(value, "0123456789.") != strlen(value) || !(v >= 0 && v <= 86400))
+                w_usage_error("%.*s must be 0..86400 seconds in plain decimal, not '%s'", (int)name_len, arg, value);
             if (W_IS("--grace")) jb.grace = v;
             else if (W_IS("--restart-delay")) jb.delay = v;
             else jb.delay_max = v;
