@@ -24,8 +24,8 @@ CLANG ?= $(shell command -v clang 2>/dev/null)
 FASTMATH := $(B)/test_fastmath_gcc $(if $(strip $(CLANG)),$(B)/test_fastmath_clang) $(B)/own_autograd_fastmath
 PROGRAMS += $(FASTMATH)
 
-.PHONY: all mpi help run train-2-ranks deps bench-deps test test-asan test-tsan fuzz bench bench-gpt bench-gpu gpu-window clean
-all: $(PROGRAMS) $(CHECKS) gpu mpi
+.PHONY: all mpi windows help run train-2-ranks deps bench-deps test test-asan test-tsan fuzz bench bench-gpt bench-gpu gpu-window clean
+all: $(PROGRAMS) $(CHECKS) gpu mpi windows
 
 # ---- The GPU path: built whenever nvcc is found (CI compiles and links it on every run);
 # the tests run where a GPU is (tests/gpu/run.sh: one SKIP line a test elsewhere). nvcc, NCCL
@@ -128,6 +128,46 @@ $(M)/train_gpt: examples/gpt/train_gpt.c examples/gpt/gpt.h ddp.h | $(M)
 	$(MPICC) -std=c99 $(CFLAGS) $(WARN) -fno-math-errno -DDDP_MPI $(GPT_DEFS) -o $@ $< $(GPT_LIBS) $(LDLIBS)
 $(M)/test_gpt: tests/test_gpt.c tests/testlib.h examples/gpt/gpt.h ddp.h | $(M)
 	$(MPICC) -std=c99 $(CFLAGS) $(WARN) -fno-math-errno -DDDP_MPI $(GPT_DEFS) -o $@ $< $(GPT_LIBS) $(LDLIBS)
+
+# ---- Windows (tests/test_windows.sh runs these under Wine): the MinGW-w64 cross compiler, where it
+# is (.ci/run installs gcc-mingw-w64-x86-64 and wine64). Fixed flags, not OPT: they are never
+# sanitized, so the sanitizer passes reuse them (build/win whatever B is), and -ffp-contract=off
+# (with TEST_PORTABLE_MATH for test_equivalence) because their bits are compared with the Linux
+# build's. Static: Wine needs no MinGW DLLs. The tests' own threads are winpthreads'; ddp.h uses
+# Win32 alone (the examples too).
+WIN_CC    ?= $(shell command -v x86_64-w64-mingw32-gcc 2>/dev/null)
+WB        := build/win
+WIN_FLAGS := -std=gnu99 -O2 -ffp-contract=off $(WARN) -Wno-pointer-sign -static
+WIN_LIBS  := -lws2_32 -lbcrypt
+WIN_PROGRAMS := $(WB)/test_unit.exe $(WB)/test_embed.exe $(WB)/test_host.exe $(WB)/test_equivalence.exe $(WB)/test_checkpoint.exe $(WB)/engine.exe $(WB)/texture.exe \
+                $(WB)/minimal.exe $(WB)/ddprun.exe $(WB)/test_equivalence_il.exe $(WB)/engine_il.exe
+ifeq ($(strip $(WIN_CC)),)
+windows:
+	@echo "no x86_64-w64-mingw32-gcc: the Windows programs are not built (apt-get install gcc-mingw-w64-x86-64)"
+else
+windows: $(WIN_PROGRAMS) $(B)/test_equivalence_portable
+endif
+$(WB):
+	@mkdir -p $(WB)
+$(WB)/test_equivalence.exe: tests/test_equivalence.c tests/testlib.h ddp.h | $(WB)
+	$(WIN_CC) $(WIN_FLAGS) -DTEST_PORTABLE_MATH -o $@ $< $(WIN_LIBS) -lpthread
+# The mapping of the __atomic builtins onto Interlocked calls that a cl.exe build uses (>>platform),
+# checked here by forcing it on MinGW: no MSVC to build with.
+$(WB)/test_equivalence_il.exe: tests/test_equivalence.c tests/testlib.h ddp.h | $(WB)
+	$(WIN_CC) $(WIN_FLAGS) -DDDP__ATOMICS_INTERLOCKED -DTEST_PORTABLE_MATH -o $@ $< $(WIN_LIBS) -lpthread
+$(WB)/engine_il.exe: examples/engine.c ddp.h | $(WB)
+	$(WIN_CC) $(WIN_FLAGS) -DDDP__ATOMICS_INTERLOCKED -o $@ $< $(WIN_LIBS)
+$(WB)/%.exe: tests/%.c tests/testlib.h ddp.h | $(WB)
+	$(WIN_CC) $(WIN_FLAGS) -o $@ $< $(WIN_LIBS) -lpthread
+$(WB)/%.exe: examples/%.c ddp.h | $(WB)
+	$(WIN_CC) $(WIN_FLAGS) -o $@ $< $(WIN_LIBS)
+$(WB)/texture.exe: examples/engine/texture.c ddp.h | $(WB)
+	$(WIN_CC) $(WIN_FLAGS) -o $@ $< $(WIN_LIBS)
+$(WB)/ddprun.exe: tools/ddprun.c tools/ddprun_windows.c | $(WB)
+	$(WIN_CC) $(WIN_FLAGS) -o $@ $< $(WIN_LIBS)
+# The Linux side of the comparison: the same source and arithmetic flags.
+$(B)/test_equivalence_portable: tests/test_equivalence.c tests/testlib.h ddp.h | $(B)
+	$(CC) -std=c99 $(CFLAGS) $(WARN) -ffp-contract=off -DTEST_PORTABLE_MATH -o $@ $< $(LDLIBS)
 
 $(B):
 	@mkdir -p $(B)
@@ -334,6 +374,7 @@ help:
 	@echo "make test-asan    the same tests under AddressSanitizer + UBSan (CPU parts, build-asan/)"
 	@echo "make test-tsan    the same tests under ThreadSanitizer (CPU parts, build-tsan/)"
 	@echo "make fuzz         the libFuzzer targets, FUZZ_SECONDS (60) each (clang)"
+	@echo "make windows      the Windows programs (build/win/*.exe, MinGW-w64) that tests/test_windows.sh runs under Wine"
 	@echo "make mpi          the MPI backend's programs (build/mpi/: mpi_steps, train_gpt, tests), with mpicc"
 	@echo "make bench        allreduce vs Open MPI and gloo, overlap and bucket sweep, the GPT's throughput, GPU benchmarks"
 	@echo "make bench-gpt    the tiny GPT's tokens/s on 1 and 2 ranks, next to PyTorch"

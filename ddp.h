@@ -11,7 +11,7 @@
      FAST MATH · STRUCTS ACROSS VERSIONS · OPTIONS · ADAMW · SHARDED OPTIMIZER (ZeRO-1) ·
      PARAMETER DTYPE (bf16 parameters, fp32 master weights) · CHECKPOINTS ·
      BACKENDS · ENVIRONMENT · ERRORS · NULL, LIFETIME AND THREADS · EMBEDDING: CANCEL, PROGRESS,
-     UNEVEN INPUTS · SAMPLER · COMPILE-TIME OPTIONS ·
+     UNEVEN INPUTS · SAMPLER · PLATFORMS (Linux, Windows, macOS) · COMPILE-TIME OPTIONS ·
      THE IMPLEMENTATION, SECTION BY SECTION
 
    QUICK START
@@ -331,7 +331,10 @@
      with O_CREAT|O_EXCL|O_NOFOLLOW, fsync, rename onto PATH (a symlink at PATH is replaced,
      its target untouched; a FIFO, directory, device or socket there is refused, nothing
      written), fsync of the directory; a killed writer leaves only its temporary,
-     and the next save sweeps those of dead writers (this user's, plain files). Reading, on rank
+     and the next save sweeps those of dead writers (this user's, plain files). Windows: the
+     temporary is created with CREATE_NEW, flushed (FlushFileBuffers), and replaces PATH with
+     MoveFileExW(MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH), which returns once the
+     rename is on disk (>>platform says why not ReplaceFileW). Reading, on rank
      0: a FIFO, directory or device is refused at once (never blocked on); then magic, version,
      header (world size, sharding and shard layout, the parameters' names, sizes and flags)
      against the file's length (nothing after the checksum), the checksum over every byte, the
@@ -346,7 +349,8 @@
 
    BACKENDS (one table each: THE IMPLEMENTATION below)
      single  one rank, no launcher: no network, no shared memory, no thread
-     cpu     ranks on one host: POSIX shared memory; each rank's communication thread averages
+     cpu     ranks on one host: shared memory (POSIX shm; Windows: named file mappings); each
+             rank's communication thread averages
              buckets while backward runs (the rank's own thread takes over the ones left when it
              reaches ddp_finish; the last bucket wakes no thread, as ddp_finish follows at
              once); every rank reduces its own part, so all end with the same bits
@@ -508,9 +512,10 @@
      A context belongs to the thread that steps it (the library runs one thread of its own per
      context: the communication thread on the CPU, the watchdog on NCCL). With ranks as threads
      of one process, the thread that last stepped the context is the rank: if it ends while the
-     context is live (it returns, calls pthread_exit, or is cancelled with pthread_cancel, even in
-     the middle of a backward) its peers fail at once, as for a dead process, and the host program
-     can still ddp_shutdown the context it left. Distinct contexts are independent.
+     context is live (it returns, calls pthread_exit or ExitThread, or is cancelled with
+     pthread_cancel, even in the middle of a backward) its peers fail at once, as for a dead
+     process, and the host program can still ddp_shutdown the context it left. Distinct contexts
+     are independent.
      From any thread: ddp_result_string; ddp_sampler_count and ddp_sample (pure, no context);
      ddp_cancel_token_set and ddp_cancel_token_is_set (also from a signal handler: one atomic
      store or load); ddp_cancel and ddp_progress_read while the
@@ -584,6 +589,24 @@
      count are DDP_ERR_INVALID_ARGUMENT with the reason (and the rank) in ddp_last_error(NULL);
      ddp_sample then sets *index_out = UINT64_MAX. Pure: any thread, before ddp_init or without it.
 
+   PLATFORMS
+     Linux: everything (every backend, ddprun, every test). Windows (10 and later; x86-64): the
+     single and cpu backends, ranks as threads of one process (examples/engine.c, the texture
+     example, cancel, progress, ddp_join) and ranks as processes on one machine (ddprun.exe),
+     checkpoints, the timeline; the NCCL and MPI backends are Linux-only (DDP_CUDA or DDP_MPI in
+     a Windows build stops with an #error that says so; ddp_desc.backend asking for one there is
+     DDP_ERR_BACKEND, "Linux-only"). Build: MinGW-w64 (x86_64-w64-mingw32-gcc
+     f.c -lws2_32 -lbcrypt) or MSVC (cl f.c; the libraries come by #pragma comment). No pthreads:
+     Win32 threads, SRW locks, condition variables, named file mappings, named semaphores for
+     the waits, Winsock for the store. The implementation includes <winsock2.h> and <windows.h>
+     (WIN32_LEAN_AND_MEAN, NOMINMAX, _WIN32_WINNT at least Vista's) in the file that defines
+     DDP_IMPLEMENTATION, so their macros are there too, except IN and OUT, which ddp.h removes
+     (DDP_KEEP_WINDOWS_IN_OUT keeps them). Tested: the MinGW-w64 build under Wine
+     (tests/test_windows.sh): unit tests, thread-ranks and processes bit for bit the Linux build,
+     checkpoints both ways, the timeline, the examples. MSVC: see README.md (Platforms).
+     What differs, and why: >>platform. macOS: the POSIX paths keep no Linux-only call without a
+     fallback (futex: a short sleep; /proc: nothing to say), but nothing here has built or run it.
+
    COMPILE-TIME OPTIONS
      DDP_IMPLEMENTATION   in one file: the implementation (include ddp.h before other headers,
                           or build with -D_GNU_SOURCE; a strict -std=c99 otherwise stops with an
@@ -595,8 +618,14 @@
      DDP_TEST_KILL_POINTS tests only: DDP_TEST_KILL_AT=POINT:RANK, and DDP_TEST_DIE_IN_CHECKPOINT=S
                           (rank 0 SIGKILLed inside ddp_save of AdamW step S, parameters written,
                           m and v not) kill a rank inside the library
+     DDP_KEEP_WINDOWS_IN_OUT  Windows: keep windows.h's empty IN and OUT macros (PLATFORMS)
 
    THE IMPLEMENTATION, SECTION BY SECTION (bottom-up; grep the marker, e.g. ">>cpu")
+     >>platform     the one place POSIX and Windows differ, one block per concern, each with both
+                    halves: threads and locks, time and sleep, processes and threads alive, the
+                    counters' wait/wake (futex; Windows: named semaphores), named shared memory,
+                    sockets, random bytes, files (the checkpoint's atomic replace); nothing below
+                    asks which system it runs on
      >>types        tunables; parameters, buckets, tape ops, shared-segment blocks; ddp__cpu; the
                     backend table ddp__backend; ddp_context
      >>util         time, aligned memory, non-finite tests by bits (fast math), logging, the error
@@ -997,6 +1026,40 @@ ddp_result ddp_sample(const ddp_sampler *s, uint64_t epoch, uint64_t i, uint64_t
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <time.h>
+#ifdef _WIN32   /* the Windows half of >>platform: Win32 and Winsock, no pthreads */
+#if defined(DDP_CUDA) || defined(DDP_MPI)
+#error "ddp.h: the NCCL backend (DDP_CUDA) and the MPI backend (DDP_MPI) are Linux-only; on Windows ddp.h runs the single and cpu backends (build without DDP_CUDA / DDP_MPI, and not with nvcc)"
+#endif
+#if !defined(_WIN32_WINNT) || _WIN32_WINNT < 0x0600
+#undef _WIN32_WINNT
+#define _WIN32_WINNT 0x0600   /* Vista: WSAPoll, condition variables, SRW locks */
+#endif
+#ifndef WIN32_LEAN_AND_MEAN
+#define WIN32_LEAN_AND_MEAN
+#endif
+#ifndef NOMINMAX
+#define NOMINMAX
+#endif
+#include <winsock2.h>
+#include <ws2tcpip.h>
+#include <windows.h>
+#include <bcrypt.h>
+#include <io.h>
+#include <process.h>
+/* windows.h defines IN and OUT as nothing (old parameter decorations): common names for sizes in
+   a model's code (examples/minimal.c has IN). Gone, unless DDP_KEEP_WINDOWS_IN_OUT asks for them. */
+#ifndef DDP_KEEP_WINDOWS_IN_OUT
+#undef IN
+#undef OUT
+#endif
+#else
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -1005,21 +1068,15 @@ ddp_result ddp_sample(const ddp_sampler *s, uint64_t epoch, uint64_t i, uint64_t
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
-#include <stdarg.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <dirent.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/types.h>
-#include <time.h>
 #include <unistd.h>
 #ifdef __linux__
 #include <linux/futex.h>
 #include <sys/syscall.h>
+#endif
 #endif
 
 #ifndef DDP_MALLOC
@@ -1048,6 +1105,917 @@ ddp_result ddp_sample(const ddp_sampler *s, uint64_t epoch, uint64_t i, uint64_t
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* --------------------------------------------------------------------------------------------
+   >>platform  The one place where POSIX and Windows differ. Everything below this section calls
+   these and never asks which system it runs on; each concern is one block with a POSIX half and
+   a Windows half: threads and locks, time and sleeping, processes and threads alive, the wait
+   and wake of the shared-memory counters, named shared memory, sockets, random bytes, files
+   (checkpoints). POSIX: the calls ddp.h always made (the names are macros where nothing is
+   added, so the Linux hot paths are the same code). Windows (MinGW-w64 and MSVC): Win32 and
+   Winsock only, no pthreads. Link with ws2_32 and bcrypt (MSVC: the #pragma below does it).
+   What differs on Windows, and why:
+   - wait/wake: WaitOnAddress wakes only threads of one process and keys on the virtual address,
+     but every rank maps the segment at its own address, and ranks may be processes. So a counter
+     a rank sleeps on has a named semaphore ("Local\<segment>-w<offset>"): a waiter counts itself
+     in the counter's `waiters`, re-reads the value and sleeps on the semaphore (20 ms at most, as
+     on the futex); the poster releases it once per waiter. A release nobody took leaves a count:
+     a later wait returns at once and looks again (a spurious wake, never a lost one).
+   - shared memory: a pagefile-backed file mapping, committed at creation (no SIGBUS later). The
+     system frees it with its last handle and view, so a crashed job leaves nothing behind: the
+     stale sweep and the early unlink have nothing to do. A rank keeps its handle until it unmaps.
+   - sockets: Winsock has no MSG_DONTWAIT: ddp.h's sockets stay non-blocking there (every recv
+     follows a poll), and WSAPoll stands in for poll; errors become errno values, so the messages
+     are the same. Not inheritable, so a child process (ddprun) holds none of them.
+   - a thread-rank that ended is seen through OpenThread + WaitForSingleObject, a process through
+     OpenProcess (a process id that no longer exists, or has exited, is dead).
+   -------------------------------------------------------------------------------------------- */
+enum { DDP__SEG_CREATE, DDP__SEG_RESERVE, DDP__SEG_MAP, DDP__SEG_OPEN };   /* where a segment's set-up failed */
+#ifdef _WIN32
+#ifdef _MSC_VER
+#pragma comment(lib, "ws2_32.lib")
+#pragma comment(lib, "bcrypt.lib")
+#endif
+#ifndef EWOULDBLOCK
+#define EWOULDBLOCK EAGAIN
+#endif
+#define MSG_NOSIGNAL 0         /* Windows has no SIGPIPE */
+#define MSG_DONTWAIT 0         /* the sockets are non-blocking instead (above) */
+#define DDP__SEG_PREFIX "Local\\ddp-"
+#define DDP__WINDOWS 1         /* for the few messages that differ (a backend asked for that is Linux-only) */
+#ifndef PATH_MAX
+#define PATH_MAX MAX_PATH      /* MSVC's limits.h has none (MinGW's says 260 too) */
+#endif
+static int ddp__set_errno_win(void);
+
+/* ---- atomics: cl.exe (not clang-cl) has no __atomic builtins. The shared code uses them on 32-
+   and 64-bit integers only, so there they are Interlocked calls by size, each a full barrier (at
+   least the order asked for; a load is a locked OR of 0, dearer than a plain load, in cl.exe
+   builds only). DDP__ATOMICS_INTERLOCKED asks for this mapping on another compiler:
+   tests/test_windows.sh runs MinGW builds with it, the only check of it here. ---- */
+#if (defined(_MSC_VER) && !defined(__clang__)) || defined(DDP__ATOMICS_INTERLOCKED)
+#include <intrin.h>
+#undef __ATOMIC_RELAXED
+#undef __ATOMIC_ACQUIRE
+#undef __ATOMIC_RELEASE
+#undef __ATOMIC_ACQ_REL
+#undef __ATOMIC_SEQ_CST
+#define __ATOMIC_RELAXED 0
+#define __ATOMIC_ACQUIRE 2
+#define __ATOMIC_RELEASE 3
+#define __ATOMIC_ACQ_REL 4
+#define __ATOMIC_SEQ_CST 5
+static __int64 ddp__il_load(volatile void *p, size_t n) {
+    return n == 8 ? _InterlockedOr64((volatile __int64 *)p, 0) : (__int64)_InterlockedOr((volatile long *)p, 0);
+}
+static void ddp__il_store(volatile void *p, size_t n, __int64 v) {
+    if (n == 8) _InterlockedExchange64((volatile __int64 *)p, v);
+    else _InterlockedExchange((volatile long *)p, (long)v);
+}
+static __int64 ddp__il_add(volatile void *p, size_t n, __int64 v) {   /* the new value */
+    return n == 8 ? _InterlockedExchangeAdd64((volatile __int64 *)p, v) + v
+                  : (__int64)(long)((unsigned long)_InterlockedExchangeAdd((volatile long *)p, (long)v) + (unsigned long)v);
+}
+static int ddp__il_cas(volatile void *p, void *expected, size_t n, __int64 desired) {
+    if (n == 8) {
+        __int64 want, old;
+        memcpy(&want, expected, 8);
+        old = _InterlockedCompareExchange64((volatile __int64 *)p, desired, want);
+        if (old == want) return 1;
+        memcpy(expected, &old, 8);
+    } else {
+        long want, old;
+        memcpy(&want, expected, 4);
+        old = _InterlockedCompareExchange((volatile long *)p, (long)desired, want);
+        if (old == want) return 1;
+        memcpy(expected, &old, 4);
+    }
+    return 0;
+}
+#define __atomic_load_n(p, order) ddp__il_load((volatile void *)(p), sizeof *(p))
+#define __atomic_store_n(p, v, order) ddp__il_store((volatile void *)(p), sizeof *(p), (__int64)(v))
+#define __atomic_add_fetch(p, v, order) ddp__il_add((volatile void *)(p), sizeof *(p), (__int64)(v))
+#define __atomic_sub_fetch(p, v, order) ddp__il_add((volatile void *)(p), sizeof *(p), -(__int64)(v))
+#define __atomic_compare_exchange_n(p, expected, desired, weak, success, failure) \
+    ddp__il_cas((volatile void *)(p), (void *)(expected), sizeof *(p), (__int64)(desired))
+#endif
+
+/* ---- threads and locks ---- */
+typedef SRWLOCK ddp__mutex;
+typedef CONDITION_VARIABLE ddp__cond;
+typedef HANDLE ddp__thread;
+static int ddp__mutex_init(ddp__mutex *m) { InitializeSRWLock(m); return 0; }
+static void ddp__mutex_destroy(ddp__mutex *m) { (void)m; }
+static void ddp__mutex_lock(ddp__mutex *m) { AcquireSRWLockExclusive(m); }
+static void ddp__mutex_unlock(ddp__mutex *m) { ReleaseSRWLockExclusive(m); }
+static int ddp__cond_init(ddp__cond *c) { InitializeConditionVariable(c); return 0; }
+static void ddp__cond_destroy(ddp__cond *c) { (void)c; }
+static void ddp__cond_wait(ddp__cond *c, ddp__mutex *m) { SleepConditionVariableSRW(c, m, INFINITE, 0); }
+static void ddp__cond_signal(ddp__cond *c) { WakeConditionVariable(c); }
+static void ddp__cond_broadcast(ddp__cond *c) { WakeAllConditionVariable(c); }
+typedef struct ddp__thread_start { void *(*fn)(void *); void *arg; } ddp__thread_start;
+static unsigned __stdcall ddp__thread_trampoline(void *p) {
+    ddp__thread_start st = *(ddp__thread_start *)p;
+    DDP_FREE(p);
+    st.fn(st.arg);
+    return 0;
+}
+/* 0, or non-zero when no thread could be started (as pthread_create) */
+static int ddp__thread_create(ddp__thread *t, void *(*fn)(void *), void *arg) {
+    ddp__thread_start *st = (ddp__thread_start *)DDP_MALLOC(sizeof *st);
+    uintptr_t h;
+    if (!st) return ENOMEM;
+    st->fn = fn; st->arg = arg;
+    h = _beginthreadex(NULL, 0, ddp__thread_trampoline, st, 0, NULL);   /* the CRT's: its per-thread state is set up */
+    if (!h) { DDP_FREE(st); return EAGAIN; }
+    *t = (HANDLE)h;
+    return 0;
+}
+static void ddp__thread_join(ddp__thread t) { WaitForSingleObject(t, INFINITE); CloseHandle(t); }
+/* POSIX thread cancellation has no Windows counterpart: nothing to hold off */
+#define ddp__nocancel_begin(state) ((void)(*(state) = 0))
+#define ddp__nocancel_end(state) ((void)(state))
+
+/* ---- time, sleeping, the CPU ---- */
+static double ddp__now(void) {
+    LARGE_INTEGER freq, t;
+    QueryPerformanceFrequency(&freq);   /* fixed at boot; a read of shared data, no system call */
+    QueryPerformanceCounter(&t);
+    return (double)t.QuadPart / (double)freq.QuadPart;
+}
+static void ddp__sleep_s(double s) { if (s > 0) Sleep((DWORD)(s * 1e3 + 0.999)); }
+static void ddp__usleep(unsigned us) { Sleep((us + 999) / 1000); }
+static void ddp__yield(void) { SwitchToThread(); }
+static void ddp__cpu_relax(void) { YieldProcessor(); }
+static long ddp__cpu_count(void) { SYSTEM_INFO si; GetSystemInfo(&si); return (long)si.dwNumberOfProcessors; }
+static size_t ddp__page_size(void) { SYSTEM_INFO si; GetSystemInfo(&si); return (size_t)si.dwPageSize; }
+static void ddp__hostname(char *buf, size_t n) {
+    DWORD len = (DWORD)n;
+    if (!GetComputerNameA(buf, &len)) snprintf(buf, n, "localhost");
+}
+/* A directory that exists (Windows has no execute bit on directories, and its read-only
+   attribute does not stop creating files there); errno says why not. */
+static int ddp__dir_writable(const char *dir) {
+    DWORD a = GetFileAttributesA(dir);
+    if (a == INVALID_FILE_ATTRIBUTES) return ddp__set_errno_win() + 1;
+    if (!(a & FILE_ATTRIBUTE_DIRECTORY)) { errno = ENOTDIR; return 0; }
+    return 1;
+}
+/* The last path separator: '/' or '\' */
+static const char *ddp__last_sep(const char *path) {
+    const char *a = strrchr(path, '/'), *b = strrchr(path, '\\');
+    return a > b ? a : b;
+}
+#define ddp__kill_self() ((void)TerminateProcess(GetCurrentProcess(), 9))   /* tests' kill points: as abrupt as SIGKILL */
+
+/* ---- processes and threads ---- */
+static int ddp__getpid(void) { return (int)GetCurrentProcessId(); }
+static int ddp__thread_id(void) { return (int)GetCurrentThreadId(); }
+static int ddp__handle_alive(HANDLE h) {
+    int alive;
+    if (!h) return GetLastError() != ERROR_INVALID_PARAMETER;   /* no such id: gone; access denied: it exists */
+    alive = WaitForSingleObject(h, 0) == WAIT_TIMEOUT;
+    CloseHandle(h);
+    return alive;
+}
+static int ddp__pid_alive(int pid) {
+    if (pid <= 0) return 1;              /* not attached yet: nothing to say */
+    return ddp__handle_alive(OpenProcess(SYNCHRONIZE | PROCESS_QUERY_LIMITED_INFORMATION, FALSE, (DWORD)pid));
+}
+static int ddp__thread_alive(int pid, int tid) {
+    if (pid <= 0 || tid <= 0) return 1;
+    return ddp__handle_alive(OpenThread(SYNCHRONIZE, FALSE, (DWORD)tid));
+}
+
+/* ---- errors: Win32 and Winsock codes become errno values, so every message is one path ---- */
+static int ddp__errno_from_win(DWORD e) {
+    switch (e) {
+    case ERROR_FILE_NOT_FOUND: case ERROR_PATH_NOT_FOUND: case ERROR_INVALID_NAME: return ENOENT;
+    case ERROR_ACCESS_DENIED: case ERROR_SHARING_VIOLATION: case ERROR_LOCK_VIOLATION: return EACCES;
+    case ERROR_FILE_EXISTS: case ERROR_ALREADY_EXISTS: return EEXIST;
+    case ERROR_NOT_ENOUGH_MEMORY: case ERROR_OUTOFMEMORY: case ERROR_COMMITMENT_LIMIT: return ENOMEM;
+    case ERROR_DISK_FULL: case ERROR_HANDLE_DISK_FULL: return ENOSPC;
+    case ERROR_FILENAME_EXCED_RANGE: return ENAMETOOLONG;
+    case ERROR_DIRECTORY: return ENOTDIR;
+    case WSAEWOULDBLOCK: return EWOULDBLOCK;
+    case WSAEINPROGRESS: return EINPROGRESS;
+    case WSAEINTR: return EINTR;
+    case WSAECONNREFUSED: return ECONNREFUSED;
+    case WSAETIMEDOUT: return ETIMEDOUT;
+    case WSAEADDRINUSE: return EADDRINUSE;
+    case WSAEADDRNOTAVAIL: return EADDRNOTAVAIL;
+    case WSAECONNRESET: return ECONNRESET;
+    case WSAECONNABORTED: return ECONNABORTED;
+    case WSAENETUNREACH: return ENETUNREACH;
+    case WSAEHOSTUNREACH: return EHOSTUNREACH;
+    case WSAEMFILE: return EMFILE;
+    case WSAENOBUFS: return ENOBUFS;
+    default: return EIO;
+    }
+}
+static int ddp__set_errno_win(void) { errno = ddp__errno_from_win(GetLastError()); return -1; }
+/* The CRT's strerror knows the file errors only; the socket ones are named here. */
+static const char *ddp__strerror(int e) {
+    switch (e) {
+    case EWOULDBLOCK: return "Operation would block";
+    case EINPROGRESS: return "Operation in progress";
+    case ECONNREFUSED: return "Connection refused";
+    case ETIMEDOUT: return "Connection timed out";
+    case EADDRINUSE: return "Address already in use";
+    case EADDRNOTAVAIL: return "Cannot assign requested address";
+    case ECONNRESET: return "Connection reset by peer";
+    case ECONNABORTED: return "Connection aborted";
+    case ENETUNREACH: return "Network is unreachable";
+    case EHOSTUNREACH: return "No route to host";
+    case ENOBUFS: return "No buffer space available";
+    default: return strerror(e);
+    }
+}
+
+/* ---- the wait and wake of a shared-memory counter (see the top of this section) ---- */
+typedef struct ddp__seg_sem { size_t offset; HANDLE sem; } ddp__seg_sem;
+typedef struct ddp__seg_map {    /* one mapping of a named segment in this process */
+    unsigned char *base;
+    size_t bytes;
+    HANDLE mapping;
+    char name[64];
+    ddp__seg_sem *sems;
+    int num_sems, cap_sems;
+    struct ddp__seg_map *next;
+} ddp__seg_map;
+static SRWLOCK ddp__seg_lock = SRWLOCK_INIT;   /* the process's mappings: the OS's state, not a context's */
+static ddp__seg_map *ddp__seg_maps;
+
+/* The semaphore of the counter at addr (NULL: not in a segment, or none could be had). */
+static HANDLE ddp__seg_sem_of(const void *addr) {
+    ddp__seg_map *m;
+    HANDLE h = NULL;
+    int i;
+    AcquireSRWLockExclusive(&ddp__seg_lock);
+    for (m = ddp__seg_maps; m; m = m->next)
+        if ((const unsigned char *)addr >= m->base && (const unsigned char *)addr < m->base + m->bytes) break;
+    if (m) {
+        size_t off = (size_t)((const unsigned char *)addr - m->base);
+        for (i = 0; i < m->num_sems && !h; i++) if (m->sems[i].offset == off) h = m->sems[i].sem;
+        if (!h && m->num_sems == m->cap_sems) {   /* room for more counters' semaphores */
+            ddp__seg_sem *more = (ddp__seg_sem *)DDP_MALLOC(sizeof *more * (size_t)(2 * m->cap_sems + 16));
+            if (more) {
+                if (m->num_sems) memcpy(more, m->sems, sizeof *more * (size_t)m->num_sems);
+                DDP_FREE(m->sems);
+                m->sems = more;
+                m->cap_sems = 2 * m->cap_sems + 16;
+            }
+        }
+        if (!h && m->num_sems < m->cap_sems) {
+            char name[96];
+            snprintf(name, sizeof name, "%s-w%lu", m->name, (unsigned long)off);
+            if ((h = CreateSemaphoreA(NULL, 0, 0x7fffffff, name)) != NULL) {
+                m->sems[m->num_sems].offset = off;
+                m->sems[m->num_sems++].sem = h;
+            }
+        }
+    }
+    ReleaseSRWLockExclusive(&ddp__seg_lock);
+    return h;
+}
+static void ddp__futex_wait(uint32_t *addr, uint32_t seen, double seconds) {
+    HANDLE h = ddp__seg_sem_of(addr);
+    (void)seen;   /* the caller counted itself in `waiters` and saw `seen` after that: a post since releases the semaphore */
+    if (h) WaitForSingleObject(h, (DWORD)(seconds * 1e3 + 0.999));
+    else Sleep(1);
+}
+static void ddp__futex_wake(uint32_t *addr, uint32_t waiters) {
+    HANDLE h = ddp__seg_sem_of(addr);
+    if (h) ReleaseSemaphore(h, (LONG)waiters, NULL);
+}
+
+/* ---- named shared memory ---- */
+static void ddp__seg_track(unsigned char *base, size_t bytes, HANDLE mapping, const char *name) {
+    ddp__seg_map *m = (ddp__seg_map *)DDP_MALLOC(sizeof *m);
+    if (!m) return;
+    memset(m, 0, sizeof *m);   /* its counters' waits then poll every millisecond: slower, not wrong */
+    m->base = base; m->bytes = bytes; m->mapping = mapping;
+    snprintf(m->name, sizeof m->name, "%s", name);
+    AcquireSRWLockExclusive(&ddp__seg_lock);
+    m->next = ddp__seg_maps;
+    ddp__seg_maps = m;
+    ReleaseSRWLockExclusive(&ddp__seg_lock);
+}
+/* A fresh segment of `bytes` named `name` (exclusive), mapped: 0, or an errno value (EEXIST: the
+   name is taken, try another) and *stage = the step that failed. Its pages are reserved now. */
+static int ddp__seg_create(const char *name, size_t bytes, unsigned char **out, int *stage) {
+    HANDLE h;
+    void *p;
+    *stage = DDP__SEG_CREATE;
+    h = CreateFileMappingA(INVALID_HANDLE_VALUE, NULL, PAGE_READWRITE | SEC_COMMIT,
+                           (DWORD)((unsigned long long)bytes >> 32), (DWORD)bytes, name);
+    if (!h) return ddp__set_errno_win(), errno;
+    if (GetLastError() == ERROR_ALREADY_EXISTS) { CloseHandle(h); return EEXIST; }
+    *stage = DDP__SEG_MAP;
+    if (!(p = MapViewOfFile(h, FILE_MAP_ALL_ACCESS, 0, 0, bytes))) { ddp__set_errno_win(); CloseHandle(h); return errno; }
+    ddp__seg_track((unsigned char *)p, bytes, h, name);
+    *out = (unsigned char *)p;
+    return 0;
+}
+#define DDP__SEG_WRONG_SIZE (-2)
+/* Map an existing segment of `bytes`: 0, an errno value, or DDP__SEG_WRONG_SIZE. */
+static int ddp__seg_open(const char *name, size_t bytes, unsigned char **out, int *stage) {
+    MEMORY_BASIC_INFORMATION mi;
+    HANDLE h;
+    void *p;
+    *stage = DDP__SEG_OPEN;
+    if (!(h = OpenFileMappingA(FILE_MAP_ALL_ACCESS, FALSE, name))) return ddp__set_errno_win(), errno;
+    *stage = DDP__SEG_MAP;
+    if (!(p = MapViewOfFile(h, FILE_MAP_ALL_ACCESS, 0, 0, 0))) { ddp__set_errno_win(); CloseHandle(h); return errno; }
+    /* a mapping's size is its pages': a smaller one is the wrong one */
+    if (!VirtualQuery(p, &mi, sizeof mi) || mi.RegionSize < bytes || mi.RegionSize >= bytes + ddp__page_size()) {
+        UnmapViewOfFile(p); CloseHandle(h);
+        return DDP__SEG_WRONG_SIZE;
+    }
+    ddp__seg_track((unsigned char *)p, bytes, h, name);
+    *out = (unsigned char *)p;
+    return 0;
+}
+static void ddp__seg_unlink(const char *name) { (void)name; }   /* freed with its last handle and view */
+static void ddp__seg_unmap(unsigned char *p, size_t bytes) {
+    ddp__seg_map **pm, *m = NULL;
+    int i;
+    (void)bytes;
+    AcquireSRWLockExclusive(&ddp__seg_lock);
+    for (pm = &ddp__seg_maps; *pm; pm = &(*pm)->next)
+        if ((*pm)->base == p) { m = *pm; *pm = m->next; break; }
+    ReleaseSRWLockExclusive(&ddp__seg_lock);
+    UnmapViewOfFile(p);
+    if (!m) return;
+    for (i = 0; i < m->num_sems; i++) CloseHandle(m->sems[i].sem);
+    DDP_FREE(m->sems);
+    CloseHandle(m->mapping);
+    DDP_FREE(m);
+}
+/* Nothing outlives a crashed job's last handle: nothing to sweep. */
+static void ddp__seg_sweep_stale(char *removed, size_t n) { if (n) removed[0] = 0; }
+
+/* ---- sockets (Winsock; descriptors as int: Windows' socket handles are small numbers) ---- */
+typedef int ddp__socklen;
+static int ddp__net_init(void) {
+    static volatile LONG started;
+    WSADATA wd;
+    if (started) return 0;
+    if (WSAStartup(MAKEWORD(2, 2), &wd)) return -1;
+    InterlockedExchange(&started, 1);   /* a second WSAStartup from a racing thread only counts twice */
+    return 0;
+}
+static int ddp__socket(int family, int type) {
+    SOCKET s;
+    u_long on = 1;
+    if (ddp__net_init()) { errno = EIO; return -1; }
+    s = WSASocketW(family, type, 0, NULL, 0, WSA_FLAG_OVERLAPPED | WSA_FLAG_NO_HANDLE_INHERIT);
+    if (s == INVALID_SOCKET) return ddp__set_errno_win();
+    ioctlsocket(s, (long)FIONBIO, &on);
+    return (int)s;
+}
+static void ddp__sock_close(int fd) { closesocket((SOCKET)fd); }
+static void ddp__sock_cloexec(int fd) { (void)fd; }                 /* made not inheritable */
+static void ddp__sock_nonblock(int fd) { (void)fd; }                /* made non-blocking */
+static void ddp__sock_blocking(int fd) { (void)fd; }                /* stays non-blocking (above) */
+static void ddp__sock_nodelay(int fd) { BOOL one = TRUE; setsockopt((SOCKET)fd, IPPROTO_TCP, TCP_NODELAY, (const char *)&one, sizeof one); }
+/* SO_REUSEADDR on Windows would let another socket take the port: exclusive instead */
+static void ddp__sock_reuseaddr(int fd) { BOOL one = TRUE; setsockopt((SOCKET)fd, SOL_SOCKET, SO_EXCLUSIVEADDRUSE, (const char *)&one, sizeof one); }
+static long ddp__send(int fd, const void *p, size_t n, int flags) {
+    int r = send((SOCKET)fd, (const char *)p, n > 0x40000000u ? 0x40000000 : (int)n, flags);
+    return r == SOCKET_ERROR ? (long)ddp__set_errno_win() : (long)r;
+}
+static long ddp__recv(int fd, void *p, size_t n, int flags) {
+    int r = recv((SOCKET)fd, (char *)p, n > 0x40000000u ? 0x40000000 : (int)n, flags);
+    return r == SOCKET_ERROR ? (long)ddp__set_errno_win() : (long)r;
+}
+static int ddp__poll(struct pollfd *p, int n, int ms) {
+    int r = WSAPoll(p, (ULONG)n, ms);
+    return r == SOCKET_ERROR ? ddp__set_errno_win() : r;
+}
+static int ddp__connect(int fd, const struct sockaddr *a, size_t len) {
+    if (connect((SOCKET)fd, a, (int)len) == 0) return 0;
+    ddp__set_errno_win();
+    if (errno == EWOULDBLOCK) errno = EINPROGRESS;   /* a non-blocking connect under way */
+    return -1;
+}
+static int ddp__sock_error(int fd) {
+    int err = 0, len = sizeof err;
+    if (getsockopt((SOCKET)fd, SOL_SOCKET, SO_ERROR, (char *)&err, &len)) return ddp__errno_from_win((DWORD)WSAGetLastError());
+    return err ? ddp__errno_from_win((DWORD)err) : 0;
+}
+static int ddp__bind_listen(int fd, const struct sockaddr *a, size_t len, int backlog) {
+    if (bind((SOCKET)fd, a, (int)len) || listen((SOCKET)fd, backlog)) return ddp__set_errno_win();
+    return 0;
+}
+static int ddp__accept(int fd) {
+    SOCKET s = accept((SOCKET)fd, NULL, NULL);
+    u_long on = 1;
+    if (s == INVALID_SOCKET) return ddp__set_errno_win();
+    SetHandleInformation((HANDLE)s, HANDLE_FLAG_INHERIT, 0);
+    ioctlsocket(s, (long)FIONBIO, &on);
+    return (int)s;
+}
+/* The store thread's wake-up: no pipe to poll on Windows, so a UDP socket connected to itself. */
+static int ddp__wake_open(int w[2]) {
+    struct sockaddr_in a;
+    int len = sizeof a, s = ddp__socket(AF_INET, SOCK_DGRAM);
+    w[0] = w[1] = -1;
+    if (s < 0) return -1;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (bind((SOCKET)s, (struct sockaddr *)&a, sizeof a) || getsockname((SOCKET)s, (struct sockaddr *)&a, &len) ||
+        connect((SOCKET)s, (struct sockaddr *)&a, sizeof a)) { closesocket((SOCKET)s); return ddp__set_errno_win(); }
+    w[0] = w[1] = s;
+    return 0;
+}
+static void ddp__wake_signal(int w[2]) { if (w[1] >= 0) send((SOCKET)w[1], "x", 1, 0); }
+static void ddp__wake_close(int w[2]) { if (w[0] >= 0) closesocket((SOCKET)w[0]); w[0] = w[1] = -1; }
+
+/* ---- random bytes ---- */
+static int ddp__os_random(void *buf, size_t len) {
+    return BCryptGenRandom(NULL, (PUCHAR)buf, (ULONG)len, BCRYPT_USE_SYSTEM_PREFERRED_RNG) == 0 ? 0 : (errno = EIO, -1);
+}
+
+
+/* ---- files (checkpoints): UTF-8 paths, wide Win32 calls; descriptors are the CRT's over the
+   handles. The checkpoint's atomic replace is MoveFileExW(MOVEFILE_REPLACE_EXISTING |
+   MOVEFILE_WRITE_THROUGH): one rename that replaces the old file (readers see the old or the new
+   checkpoint, never a mix), returning only once it is on disk (what the directory fsync does on
+   POSIX). Not ReplaceFileW: it needs the old file to exist (the first save has none), merges the
+   old file's attributes into the new one, and can fail half-way leaving the old file under
+   another name. Files ddp.h reads are opened with FILE_SHARE_DELETE so a save can replace a
+   checkpoint being loaded, as on POSIX; another program holding it open without that share
+   makes the save fail with a named error (Windows' rule), never a half-written file. ---- */
+static wchar_t *ddp__wide(const char *path) {
+    int n = MultiByteToWideChar(CP_UTF8, 0, path, -1, NULL, 0);
+    wchar_t *w = n > 0 ? (wchar_t *)DDP_MALLOC(sizeof(wchar_t) * (size_t)n) : NULL;
+    if (!w || !MultiByteToWideChar(CP_UTF8, 0, path, -1, w, n)) { DDP_FREE(w); errno = n > 0 ? ENOMEM : ENOENT; return NULL; }
+    return w;
+}
+static int ddp__fd_of(HANDLE h) {
+    int fd;
+    if (h == INVALID_HANDLE_VALUE) return ddp__set_errno_win();
+    if ((fd = _open_osfhandle((intptr_t)h, 0)) < 0) { CloseHandle(h); errno = EMFILE; }
+    return fd;
+}
+static HANDLE ddp__handle_of(int fd) { return (HANDLE)_get_osfhandle(fd); }
+static int ddp__file_open_read(const char *path) {
+    wchar_t *w = ddp__wide(path);
+    HANDLE h;
+    if (!w) return -1;
+    h = CreateFileW(w, GENERIC_READ, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, NULL, OPEN_EXISTING,
+                    FILE_FLAG_BACKUP_SEMANTICS /* a directory opens too: then it is named */, NULL);
+    if (h == INVALID_HANDLE_VALUE) ddp__set_errno_win();
+    DDP_FREE(w);
+    return h == INVALID_HANDLE_VALUE ? -1 : ddp__fd_of(h);
+}
+/* 0 with *kind NULL for a regular file (*size its length) or what the file is instead; -1 with errno. */
+static int ddp__file_stat(int fd, uint64_t *size, const char **kind) {
+    HANDLE h = ddp__handle_of(fd);
+    BY_HANDLE_FILE_INFORMATION info;
+    *kind = NULL;
+    if (GetFileType(h) != FILE_TYPE_DISK) { *kind = GetFileType(h) == FILE_TYPE_PIPE ? "a pipe" : "a device"; return 0; }
+    if (!GetFileInformationByHandle(h, &info)) return ddp__set_errno_win();
+    if (info.dwFileAttributes & FILE_ATTRIBUTE_DIRECTORY) { *kind = "a directory"; return 0; }
+    *size = (uint64_t)info.nFileSizeHigh << 32 | info.nFileSizeLow;
+    return 0;
+}
+/* What is at `path` if it is something a rename must not replace (a directory or a device);
+   NULL for nothing there, a file or a link. */
+static const char *ddp__path_kind(const char *path) {
+    wchar_t *w = ddp__wide(path);
+    DWORD a = w ? GetFileAttributesW(w) : INVALID_FILE_ATTRIBUTES;
+    const char *kind = NULL;
+    DDP_FREE(w);
+    if (a != INVALID_FILE_ATTRIBUTES && (a & FILE_ATTRIBUTE_DIRECTORY) && !(a & FILE_ATTRIBUTE_REPARSE_POINT)) return "a directory";
+    if (a != INVALID_FILE_ATTRIBUTES) {   /* a DOS device name (NUL, CON) answers too: look at its type */
+        int fd = ddp__file_open_read(path);
+        uint64_t size;
+        if (fd >= 0) {
+            if (ddp__file_stat(fd, &size, &kind) != 0) kind = NULL;
+            _close(fd);
+        }
+    }
+    return kind;
+}
+/* A new file, refused if anything is there (a link included: CREATE_NEW does not follow one). */
+static int ddp__file_create_excl(const char *path) {
+    wchar_t *w = ddp__wide(path);
+    HANDLE h;
+    if (!w) return -1;
+    h = CreateFileW(w, GENERIC_WRITE | GENERIC_READ, FILE_SHARE_READ | FILE_SHARE_DELETE, NULL, CREATE_NEW,
+                    FILE_ATTRIBUTE_NORMAL | FILE_FLAG_OPEN_REPARSE_POINT, NULL);
+    if (h == INVALID_HANDLE_VALUE) ddp__set_errno_win();
+    DDP_FREE(w);
+    return h == INVALID_HANDLE_VALUE ? -1 : ddp__fd_of(h);
+}
+static long ddp__file_write(int fd, const void *p, size_t n) {
+    DWORD done = 0;
+    if (!WriteFile(ddp__handle_of(fd), p, n > 0x40000000u ? 0x40000000u : (DWORD)n, &done, NULL)) return ddp__set_errno_win();
+    return (long)done;
+}
+static long ddp__file_pread(int fd, void *p, size_t n, uint64_t off) {
+    OVERLAPPED o;
+    DWORD done = 0;
+    memset(&o, 0, sizeof o);
+    o.Offset = (DWORD)off;
+    o.OffsetHigh = (DWORD)(off >> 32);
+    if (!ReadFile(ddp__handle_of(fd), p, n > 0x40000000u ? 0x40000000u : (DWORD)n, &done, &o))
+        return GetLastError() == ERROR_HANDLE_EOF ? 0 : ddp__set_errno_win();
+    return (long)done;
+}
+static int ddp__file_sync(int fd) { return FlushFileBuffers(ddp__handle_of(fd)) ? 0 : ddp__set_errno_win(); }
+static int ddp__file_close(int fd) { return _close(fd); }
+static int ddp__file_replace(const char *from, const char *to) {
+    wchar_t *a = ddp__wide(from), *b = a ? ddp__wide(to) : NULL;
+    int ok = b && MoveFileExW(a, b, MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH);
+    if (b && !ok) ddp__set_errno_win();
+    DDP_FREE(a); DDP_FREE(b);
+    return ok ? 0 : -1;
+}
+static int ddp__file_unlink(const char *path) {
+    wchar_t *w = ddp__wide(path);
+    int ok = w && DeleteFileW(w);
+    if (w && !ok) ddp__set_errno_win();
+    DDP_FREE(w);
+    return ok ? 0 : -1;
+}
+static int ddp__dir_sync(const char *dir) { (void)dir; return 1; }   /* MOVEFILE_WRITE_THROUGH did it */
+static long ddp__name_max(const char *dir) { (void)dir; return 255; }  /* NTFS, FAT32, ReFS: 255 UTF-16 units */
+/* Each entry of `dir` whose name begins with `prefix`: fn(user, name). */
+static void ddp__dir_each(const char *dir, const char *prefix, void (*fn)(void *user, const char *name), void *user) {
+    char pattern[PATH_MAX + 16];
+    wchar_t *w;
+    WIN32_FIND_DATAW fd;
+    HANDLE h;
+    snprintf(pattern, sizeof pattern, "%s\\%s*", dir, prefix);
+    if (!(w = ddp__wide(pattern))) return;
+    h = FindFirstFileW(w, &fd);
+    DDP_FREE(w);
+    if (h == INVALID_HANDLE_VALUE) return;
+    do {
+        char name[MAX_PATH * 4];
+        if (WideCharToMultiByte(CP_UTF8, 0, fd.cFileName, -1, name, sizeof name, NULL, NULL)) fn(user, name);
+    } while (FindNextFileW(h, &fd));
+    FindClose(h);
+}
+/* Remove dir/name if it is a plain file (not a directory, link or device). Windows: the
+   directory's permissions say whose it may be. */
+static void ddp__file_remove_plain(const char *dir, const char *name) {
+    char path[PATH_MAX + 300];
+    wchar_t *w;
+    DWORD a;
+    snprintf(path, sizeof path, "%s\\%s", dir, name);
+    if (!(w = ddp__wide(path))) return;
+    a = GetFileAttributesW(w);
+    if (a != INVALID_FILE_ATTRIBUTES && !(a & (FILE_ATTRIBUTE_DIRECTORY | FILE_ATTRIBUTE_REPARSE_POINT | FILE_ATTRIBUTE_DEVICE)))
+        DeleteFileW(w);
+    DDP_FREE(w);
+}
+
+#else /* POSIX ------------------------------------------------------------------------------ */
+#define DDP__SEG_PREFIX "/ddp-"
+#define DDP__WINDOWS 0
+#ifndef MSG_NOSIGNAL
+#define MSG_NOSIGNAL 0         /* macOS: SO_NOSIGPIPE on each socket instead (ddp__sock_cloexec) */
+#endif
+
+/* ---- threads and locks ---- */
+typedef pthread_mutex_t ddp__mutex;
+typedef pthread_cond_t ddp__cond;
+typedef pthread_t ddp__thread;
+#define ddp__mutex_init(m) pthread_mutex_init((m), NULL)
+#define ddp__mutex_destroy(m) pthread_mutex_destroy(m)
+#define ddp__mutex_lock(m) pthread_mutex_lock(m)
+#define ddp__mutex_unlock(m) pthread_mutex_unlock(m)
+#define ddp__cond_init(c) pthread_cond_init((c), NULL)
+#define ddp__cond_destroy(c) pthread_cond_destroy(c)
+#define ddp__cond_wait(c, m) pthread_cond_wait((c), (m))
+#define ddp__cond_signal(c) pthread_cond_signal(c)
+#define ddp__cond_broadcast(c) pthread_cond_broadcast(c)
+#define ddp__thread_create(t, fn, arg) pthread_create((t), NULL, (fn), (arg))
+#define ddp__thread_join(t) pthread_join((t), NULL)
+/* pthread_cancel of a rank's thread inside a section that holds a lock would leave it held */
+#define ddp__nocancel_begin(state) pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, (state))
+#define ddp__nocancel_end(state) pthread_setcancelstate((state), NULL)
+
+/* ---- time, sleeping, the CPU ---- */
+static double ddp__now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+static void ddp__sleep_s(double s) {
+    struct timespec ts;
+    if (s <= 0) return;
+    ts.tv_sec = (time_t)s;
+    ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
+    while (nanosleep(&ts, &ts) && errno == EINTR) {}
+}
+#define ddp__usleep(us) usleep(us)
+#define ddp__yield() sched_yield()
+/* A spin-wait hint: the core runs the sibling hyperthread and saves power while we poll. */
+static void ddp__cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+#define ddp__cpu_count() sysconf(_SC_NPROCESSORS_ONLN)
+#define ddp__page_size() ((size_t)sysconf(_SC_PAGESIZE))
+static void ddp__hostname(char *buf, size_t n) { if (gethostname(buf, n - 1)) snprintf(buf, n, "localhost"); buf[n - 1] = 0; }
+#define ddp__dir_writable(dir) (access((dir), W_OK | X_OK) == 0)
+#define ddp__last_sep(path) strrchr((path), '/')
+#define ddp__kill_self() raise(SIGKILL)
+#define ddp__strerror(e) strerror(e)
+
+/* ---- processes and threads ---- */
+#define ddp__getpid() ((int)getpid())
+/* Alive = exists and is not a zombie (a dead child its launcher has not reaped yet). */
+static int ddp__pid_alive(int pid) {
+    char path[64], buf[256];
+    const char *close_paren;
+    FILE *f;
+    size_t n;
+    if (pid <= 0) return 1;              /* not attached yet: nothing to say */
+    if (kill(pid, 0) != 0 && errno == ESRCH) return 0;
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    if (!(f = fopen(path, "r"))) return 1;
+    n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    close_paren = strrchr(buf, ')');
+    return !(close_paren && (close_paren[2] == 'Z' || close_paren[2] == 'X'));
+}
+
+/* A process on its way out (SIGKILLed, say): its sockets may already be closed, so a peer can
+   see it gone before it is a zombie. PF_EXITING is the 9th field of /proc/PID/stat. */
+static int ddp__pid_exiting(int pid) {
+    char path[64], buf[512];
+    const char *p;
+    unsigned flags = 0;
+    FILE *f;
+    size_t n;
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    if (!(f = fopen(path, "r"))) return 0;
+    n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    p = strrchr(buf, ')');
+    return p && sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %u", &flags) == 1 && (flags & 0x4u);
+}
+
+/* The calling thread's id, and whether thread `tid` of process `pid` still runs. With ranks as
+   threads of one process the process outlives a rank whose thread ended without ddp_shutdown:
+   its peers must see that as they see a dead process. */
+static int ddp__thread_id(void) {
+#ifdef __linux__
+    return (int)syscall(SYS_gettid);
+#else
+    return 0;
+#endif
+}
+
+static int ddp__thread_alive(int pid, int tid) {
+    char path[64], buf[256];
+    const char *close_paren;
+    FILE *f;
+    size_t n;
+    if (pid <= 0 || tid <= 0) return 1;
+    snprintf(path, sizeof path, "/proc/%d/task/%d/stat", pid, tid);
+    if (!(f = fopen(path, "r"))) {
+        snprintf(path, sizeof path, "/proc/%d", pid);
+        return access(path, F_OK) != 0;   /* no /proc to ask: nothing to say */
+    }
+    n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    close_paren = strrchr(buf, ')');
+    return !(close_paren && (close_paren[2] == 'Z' || close_paren[2] == 'X'));
+}
+
+/* ---- the wait and wake of a shared-memory counter: a futex (elsewhere: a short sleep) ---- */
+static void ddp__futex_wait(uint32_t *addr, uint32_t seen, double seconds) {
+#ifdef __linux__
+    struct timespec ts;
+    ts.tv_sec = (time_t)seconds;
+    ts.tv_nsec = (long)((seconds - (double)ts.tv_sec) * 1e9);
+    syscall(SYS_futex, addr, FUTEX_WAIT, seen, &ts, NULL, 0);
+#else
+    (void)addr; (void)seen; (void)seconds;
+    usleep(50);
+#endif
+}
+
+static void ddp__futex_wake(uint32_t *addr, uint32_t waiters) {
+    (void)waiters;
+#ifdef __linux__
+    syscall(SYS_futex, addr, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+#else
+    (void)addr;
+#endif
+}
+
+/* ---- named shared memory (POSIX shm) ---- */
+/* Size a new segment and take its pages now. A tmpfs that runs out of room while a page is
+   first touched kills the process with SIGBUS, mid-step; reserved here, the shortage is an
+   error at init or commit instead. Returns 0 or an errno. */
+static int ddp__shm_reserve(int fd, size_t bytes) {
+    int err;
+    if (ftruncate(fd, (off_t)bytes)) return errno;
+#ifdef __linux__
+    err = posix_fallocate(fd, 0, (off_t)bytes);
+    if (err == EOPNOTSUPP || err == EINVAL) err = 0;   /* a file system without it: as before */
+#else
+    err = 0;
+#endif
+    return err;
+}
+static int ddp__seg_map_fd(int fd, size_t bytes, unsigned char **out) {
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int err = errno;
+    close(fd);
+    if (p == MAP_FAILED) return err;
+    *out = (unsigned char *)p;
+    return 0;
+}
+/* A fresh owner-only segment of `bytes` named `name` (exclusive), mapped: 0, or an errno value
+   (EEXIST: the name is taken, try another) and *stage = the step that failed. */
+static int ddp__seg_create(const char *name, size_t bytes, unsigned char **out, int *stage) {
+    int fd, err;
+    *stage = DDP__SEG_CREATE;
+    if ((fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600)) < 0) return errno;
+    *stage = DDP__SEG_RESERVE;
+    if ((err = ddp__shm_reserve(fd, bytes)) != 0) { close(fd); shm_unlink(name); return err; }
+    *stage = DDP__SEG_MAP;
+    if ((err = ddp__seg_map_fd(fd, bytes, out)) != 0) { shm_unlink(name); return err; }
+    return 0;
+}
+#define DDP__SEG_WRONG_SIZE (-2)
+/* Map an existing segment of `bytes`: 0, an errno value, or DDP__SEG_WRONG_SIZE. */
+static int ddp__seg_open(const char *name, size_t bytes, unsigned char **out, int *stage) {
+    struct stat st;
+    int fd;
+    *stage = DDP__SEG_OPEN;
+    if ((fd = shm_open(name, O_RDWR, 0600)) < 0) return errno;
+    if (fstat(fd, &st) || (size_t)st.st_size != bytes) { close(fd); return DDP__SEG_WRONG_SIZE; }
+    *stage = DDP__SEG_MAP;
+    return ddp__seg_map_fd(fd, bytes, out);
+}
+#define ddp__seg_unlink(name) ((void)shm_unlink(name))
+#define ddp__seg_unmap(p, bytes) ((void)munmap((p), (bytes)))
+/* Segments are named after the creating pid, so a segment whose creator is gone belongs to a
+   crashed job and can go. The names removed are listed in `removed`. */
+static void ddp__seg_sweep_stale(char *removed, size_t n) {
+    DIR *dir = opendir("/dev/shm");
+    struct dirent *e;
+    size_t len = 0;
+    if (n) removed[0] = 0;
+    if (!dir) return;
+    while ((e = readdir(dir)) != NULL) {
+        char path[300];
+        struct stat st;
+        int pid;
+        if (sscanf(e->d_name, "ddp-%d-", &pid) != 1 || (ddp__pid_alive(pid) && !ddp__pid_exiting(pid))) continue;
+        snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
+        if (stat(path, &st) || st.st_uid != geteuid()) continue;
+        snprintf(path, sizeof path, "/%s", e->d_name);
+        if (shm_unlink(path) == 0 && len + strlen(path) + 3 < n)
+            len += (size_t)snprintf(removed + len, n - len, "%s%s", len ? ", " : "", path);
+    }
+    closedir(dir);
+}
+
+/* ---- sockets ---- */
+typedef socklen_t ddp__socklen;
+#define ddp__net_init() ((void)0)
+static int ddp__socket(int family, int type) {
+    int fd = socket(family, type, 0);
+#ifdef SO_NOSIGPIPE
+    if (fd >= 0) { int one = 1; setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &one, sizeof one); }   /* macOS: no MSG_NOSIGNAL */
+#endif
+    return fd;
+}
+#define ddp__sock_close(fd) close(fd)
+#define ddp__sock_cloexec(fd) ((void)fcntl((fd), F_SETFD, FD_CLOEXEC))
+#define ddp__sock_nonblock(fd) ((void)fcntl((fd), F_SETFL, fcntl((fd), F_GETFL) | O_NONBLOCK))
+#define ddp__sock_blocking(fd) ((void)fcntl((fd), F_SETFL, fcntl((fd), F_GETFL) & ~O_NONBLOCK))
+static void ddp__sock_nodelay(int fd) { int one = 1; setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); }
+static void ddp__sock_reuseaddr(int fd) { int one = 1; setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one); }
+#define ddp__send(fd, p, n, flags) ((long)send((fd), (p), (n), (flags)))
+#define ddp__recv(fd, p, n, flags) ((long)recv((fd), (p), (n), (flags)))
+#define ddp__poll(p, n, ms) poll((p), (nfds_t)(n), (ms))
+#define ddp__connect(fd, a, len) connect((fd), (a), (socklen_t)(len))
+static int ddp__sock_error(int fd) {
+    int err = 0;
+    socklen_t len = sizeof err;
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len)) return errno;
+    return err;
+}
+static int ddp__bind_listen(int fd, const struct sockaddr *a, size_t len, int backlog) {
+    return bind(fd, a, (socklen_t)len) || listen(fd, backlog) ? -1 : 0;
+}
+static int ddp__accept(int fd) {
+    int c = accept(fd, NULL, NULL);
+    if (c < 0) return c;
+    ddp__sock_nonblock(c);
+    ddp__sock_cloexec(c);
+#ifdef SO_NOSIGPIPE
+    { int one = 1; setsockopt(c, SOL_SOCKET, SO_NOSIGPIPE, &one, sizeof one); }
+#endif
+    return c;
+}
+/* The store thread's wake-up: a pipe it polls. */
+static int ddp__wake_open(int w[2]) {
+    if (pipe(w)) { w[0] = w[1] = -1; return -1; }
+    ddp__sock_cloexec(w[0]);
+    ddp__sock_cloexec(w[1]);
+    return 0;
+}
+static void ddp__wake_signal(int w[2]) { if (w[1] >= 0 && write(w[1], "x", 1) < 0) { /* the 50 ms poll wakes it anyway */ } }
+static void ddp__wake_close(int w[2]) { if (w[0] >= 0) { close(w[0]); close(w[1]); } w[0] = w[1] = -1; }
+
+/* ---- random bytes: the kernel's ---- */
+static int ddp__os_random(void *buf, size_t len) {
+    unsigned char *p = (unsigned char *)buf;
+    int fd;
+#if defined(__linux__) && defined(SYS_getrandom)
+    while (len) {
+        long n = syscall(SYS_getrandom, p, len, 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;                     /* an old kernel: /dev/urandom below */
+        p += n; len -= (size_t)n;
+    }
+    if (!len) return 0;
+#endif
+    if ((fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC)) < 0) return -1;
+    while (len) {
+        ssize_t n = read(fd, p, len);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) { close(fd); return -1; }
+        p += n; len -= (size_t)n;
+    }
+    close(fd);
+    return 0;
+}
+/* ---- files (checkpoints) ---- */
+static int ddp__file_open_read(const char *path) { return open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); }   /* a FIFO must not block the open */
+static const char *ddp__file_kind(mode_t mode) {
+    return S_ISFIFO(mode) ? "a FIFO (named pipe)" : S_ISDIR(mode) ? "a directory" : S_ISCHR(mode) ? "a character device"
+         : S_ISBLK(mode) ? "a block device" : S_ISSOCK(mode) ? "a socket" : "not a regular file";
+}
+/* 0 with *kind NULL for a regular file (*size its length) or what the file is instead; -1 with errno. */
+static int ddp__file_stat(int fd, uint64_t *size, const char **kind) {
+    struct stat sb;
+    *kind = NULL;
+    if (fstat(fd, &sb) != 0) return -1;
+    if (!S_ISREG(sb.st_mode)) *kind = ddp__file_kind(sb.st_mode);
+    else *size = (uint64_t)sb.st_size;
+    return 0;
+}
+/* What is at `path` if it is something a rename must not replace (a FIFO, directory, device or
+   socket); NULL for nothing there, a regular file or a symlink (replaced, its target untouched). */
+static const char *ddp__path_kind(const char *path) {
+    struct stat sb;
+    return lstat(path, &sb) == 0 && !S_ISREG(sb.st_mode) && !S_ISLNK(sb.st_mode) ? ddp__file_kind(sb.st_mode) : NULL;
+}
+/* A new file, refused if anything is there (a symlink included). */
+static int ddp__file_create_excl(const char *path) { return open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666); }
+#define ddp__file_write(fd, p, n) ((long)write((fd), (p), (n)))
+#define ddp__file_pread(fd, p, n, off) ((long)pread((fd), (p), (n), (off_t)(off)))
+#define ddp__file_sync(fd) fsync(fd)
+#define ddp__file_close(fd) close(fd)
+#define ddp__file_replace(from, to) rename((from), (to))
+#define ddp__file_unlink(path) unlink(path)
+/* fsync a directory: a rename is durable only once its directory is. 1 ok, 0 with errno. */
+static int ddp__dir_sync(const char *dir) {
+    int fd, ok;
+    if ((fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) return 0;
+    ok = fsync(fd) == 0 || errno == EINVAL;   /* EINVAL: a file system that cannot sync a directory */
+    close(fd);
+    return ok;
+}
+#define ddp__name_max(dir) pathconf((dir), _PC_NAME_MAX)
+/* Each entry of `dir` whose name begins with `prefix`: fn(user, name). */
+static void ddp__dir_each(const char *dir, const char *prefix, void (*fn)(void *user, const char *name), void *user) {
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    size_t n = strlen(prefix);
+    if (!d) return;
+    while ((e = readdir(d)) != NULL) if (!strncmp(e->d_name, prefix, n)) fn(user, e->d_name);
+    closedir(d);
+}
+/* Remove dir/name if it is a plain file of this user's (not a link, directory or device). */
+static void ddp__file_remove_plain(const char *dir, const char *name) {
+    char path[PATH_MAX + 300];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (lstat(path, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid()) unlink(path);
+}
+#endif /* _WIN32 */
 
 /* --------------------------------------------------------------------------------------------
    >>types  Tunables and types. The shared-memory allreduce streams buffers through per-rank slots of
@@ -1160,10 +2128,10 @@ typedef struct ddp__cpu {
     double *norm_recv;             /* sharded: a peer's norm blocks, as they arrive */
     float *bucket_f32;             /* bf16 parameters without the gradient segment: one bucket widened
                                       for the staging slots (the largest bucket's floats) */
-    pthread_t comm_thread;
+    ddp__thread comm_thread;
     int comm_started, comm_stop;
-    pthread_mutex_t comm_lock;
-    pthread_cond_t comm_wake, comm_done_cond;
+    ddp__mutex comm_lock;
+    ddp__cond comm_wake, comm_done_cond;
     int comm_launched, comm_done;
     int comm_busy;                 /* a thread holds the turn: it reduces bucket comm_done (ddp__comm_turn) */
     uint32_t out_pending;          /* in place: the peers may still copy from this rank's buffer until
@@ -1233,13 +2201,14 @@ struct ddp_context {
     int closing;                   /* ddp_shutdown has begun (atomic: the NCCL watchdog reads it) */
     int failed;                    /* sticky ddp_result, set when the group is poisoned (atomic) */
     char err[DDP__ERR_MAX];
-    pthread_mutex_t err_lock;
+    ddp__mutex err_lock;
     const char *what;              /* the collective in progress, for errors */
     char what_buf[96];
 
     /* rendezvous */
     int store_fd;
     int *peer_pids;                /* from the rendezvous: liveness before the segment is shared */
+    int rank0_here;                /* rank 0 runs on this host (its name): its process can be watched */
     ddp__store_server *server;
 
     /* parameters and buckets */
@@ -1317,12 +2286,6 @@ struct ddp_context {
 /* --------------------------------------------------------------------------------------------
    >>util  Small helpers: time, memory, errors, logging
    -------------------------------------------------------------------------------------------- */
-static double ddp__now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Non-finite values are found by their bits (exponent field all ones), never by isfinite():
    -ffinite-math-only (in -ffast-math and -Ofast) lets the compiler assume no NaN/Inf exists and
    fold isfinite(x) to 1, which silently removed the NaN guard. The empty asm hides the bits'
@@ -1403,10 +2366,10 @@ static ddp_result ddp__fail(ddp_context *ctx, ddp_result code, const char *fmt, 
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    pthread_mutex_lock(&ctx->err_lock);
+    ddp__mutex_lock(&ctx->err_lock);
     if (ctx->rank >= 0) snprintf(ctx->err, sizeof ctx->err, "rank %d: %s", ctx->rank, msg);
-    else snprintf(ctx->err, sizeof ctx->err, "pid %d (rank not known yet): %s", (int)getpid(), msg);
-    pthread_mutex_unlock(&ctx->err_lock);
+    else snprintf(ctx->err, sizeof ctx->err, "pid %d (rank not known yet): %s", ddp__getpid(), msg);
+    ddp__mutex_unlock(&ctx->err_lock);
     if (!ctx->quiet) ddp__log(ctx, DDP_LOG_DEBUG, "%s", msg);
     return code;
 }
@@ -1456,9 +2419,9 @@ static int ddp__cancel_requested(const ddp_context *ctx) {
 static ddp_result ddp__cancel_wins(ddp_context *ctx, ddp_result r, const char *call) {
     char first[DDP__ERR_MAX];
     if (r == DDP_OK || r == DDP_ERR_CANCELLED || !ddp__cancel_requested(ctx)) return r;
-    pthread_mutex_lock(&ctx->err_lock);   /* the communication thread may be failing too */
+    ddp__mutex_lock(&ctx->err_lock);   /* the communication thread may be failing too */
     snprintf(first, sizeof first, "%s", ddp__err_body(ctx));
-    pthread_mutex_unlock(&ctx->err_lock);
+    ddp__mutex_unlock(&ctx->err_lock);
     return ddp__fail(ctx, DDP_ERR_CANCELLED, "cancelled (ddp_cancel or the cancel token) in %s (met first: %s)", call, first);
 }
 
@@ -1682,12 +2645,12 @@ static void ddp__tl_rank_json(ddp_context *ctx, ddp__text *t) {
 static ddp_result ddp__tl_write_file(ddp_context *ctx, const char *path, const ddp__text *body) {
     FILE *f = fopen(path, "w");
     int ok;
-    if (!f) return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot write the timeline %s: %s", path, strerror(errno));
+    if (!f) return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot write the timeline %s: %s", path, ddp__strerror(errno));
     /* body starts with ",\n": skip the first comma so the array is valid JSON */
     ok = fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n") > 0 &&
          fwrite(body->buf + 2, 1, body->len - 2, f) == body->len - 2 && fprintf(f, "\n]}\n") > 0;
     ok = (fclose(f) == 0) && ok;
-    if (!ok) return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot write the timeline %s: %s", path, strerror(errno));
+    if (!ok) return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot write the timeline %s: %s", path, ddp__strerror(errno));
     ddp__log(ctx, DDP_LOG_INFO, "timeline written to %s", path);
     return DDP_OK;
 }
@@ -1918,7 +2881,7 @@ static ddp_result ddp__slurm_rendezvous(ddp_context *ctx, int need_addr, int *po
         if (ctx->rank == 0 && (r = ddp__env_int(ctx, "SLURM_NODEID", 0, INT_MAX, &node)) < 0) return DDP_ERR_BAD_ENV;
         if (ctx->rank == 0 && r == 1 && node != 0) {
             char host[256] = "?";
-            gethostname(host, sizeof host - 1);
+            ddp__hostname(host, sizeof host);
             return ddp__fail(ctx, DDP_ERR_BAD_ENV, "rank 0 runs on node %d of the step ('%s'), not on its first node '%s' "
                              "where the other ranks look for its store (a task distribution such as arbitrary or "
                              "plane?): set MASTER_ADDR to rank 0's host", node, host, ctx->master_addr);
@@ -2363,30 +3326,12 @@ static int ddp__same_bytes(const unsigned char *a, const unsigned char *b, size_
 
 /* Fresh nonces from the kernel: 0, or -1 when none can be had. */
 static int ddp__random_bytes(void *buf, size_t len) {
-    unsigned char *p = (unsigned char *)buf;
-    int fd;
 #ifdef DDP__FIXED_NONCES_FOR_FUZZING   /* fuzz/fuzz_store.c: its seeds carry proofs made for these */
     memset(buf, 0x5a, len);
     return 0;
+#else
+    return ddp__os_random(buf, len);
 #endif
-#if defined(__linux__) && defined(SYS_getrandom)
-    while (len) {
-        long n = syscall(SYS_getrandom, p, len, 0);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;                     /* an old kernel: /dev/urandom below */
-        p += n; len -= (size_t)n;
-    }
-    if (!len) return 0;
-#endif
-    if ((fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC)) < 0) return -1;
-    while (len) {
-        ssize_t n = read(fd, p, len);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) { close(fd); return -1; }
-        p += n; len -= (size_t)n;
-    }
-    close(fd);
-    return 0;
 }
 
 /* The handshake key: the token and the job id, so one exchange checks both. */
@@ -2422,7 +3367,7 @@ static uint32_t ddp__get_u32(const unsigned char *p) {
 static int ddp__send_all(int fd, const void *buf, size_t len, double deadline) {
     const unsigned char *p = (const unsigned char *)buf;
     while (len) {
-        ssize_t n = send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        long n = ddp__send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n > 0) { p += n; len -= (size_t)n; continue; }
         if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return -1;
         {
@@ -2430,29 +3375,41 @@ static int ddp__send_all(int fd, const void *buf, size_t len, double deadline) {
             double left = deadline - ddp__now();
             if (left <= 0) return -1;
             pfd.fd = fd; pfd.events = POLLOUT; pfd.revents = 0;
-            poll(&pfd, 1, (int)(left * 1000) + 1);
+            ddp__poll(&pfd, 1, (int)(left * 1000) + 1);
         }
     }
     return 0;
 }
 
-/* Receive exactly len bytes by the deadline: 0 ok, -1 error or closed, -2 timed out. */
-static int ddp__recv_all(int fd, void *buf, size_t len, double deadline) {
+/* Rank 0 runs on this host and its process is gone. Its connection's close says so too, but not
+   always at once: under Wine the server holds a killed process's sockets open. */
+static int ddp__rank0_gone(const ddp_context *ctx) {
+    return ctx->rank != 0 && ctx->rank0_here && ctx->peer_pids && !ddp__pid_alive(ctx->peer_pids[0]);
+}
+
+/* Receive exactly len bytes by the deadline: 0 ok, -1 error or closed, -2 timed out. With
+   `watch` (a rank waiting for rank 0's store), also -1 once rank 0 is gone (ddp__rank0_gone). */
+static int ddp__recv_watched(const ddp_context *watch, int fd, void *buf, size_t len, double deadline) {
     unsigned char *p = (unsigned char *)buf;
     while (len) {
         struct pollfd pfd;
         double left = deadline - ddp__now();
-        ssize_t n;
+        long n;
         if (left <= 0) return -2;
         pfd.fd = fd; pfd.events = POLLIN; pfd.revents = 0;
-        if (poll(&pfd, 1, (int)(left * 1000) + 1) <= 0) continue;
-        n = recv(fd, p, len, 0);
+        if (watch && left > DDP__LIVENESS_PERIOD_S) left = DDP__LIVENESS_PERIOD_S;
+        if (ddp__poll(&pfd, 1, (int)(left * 1000) + 1) <= 0) {
+            if (watch && ddp__rank0_gone(watch)) return -1;
+            continue;
+        }
+        n = ddp__recv(fd, p, len, 0);
         if (n == 0) return -1;
-        if (n < 0) { if (errno == EINTR || errno == EAGAIN) continue; return -1; }
+        if (n < 0) { if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue; return -1; }
         p += n; len -= (size_t)n;
     }
     return 0;
 }
+static int ddp__recv_all(int fd, void *buf, size_t len, double deadline) { return ddp__recv_watched(NULL, fd, buf, len, deadline); }
 
 static int ddp__send_frame(int fd, uint32_t op, const void *key, uint32_t klen,
                            const void *val, uint32_t vlen, double deadline) {
@@ -2484,7 +3441,7 @@ typedef struct ddp__conn {
 struct ddp__store_server {
     ddp_context *ctx;
     int listen_fd, wake_pipe[2], stop;
-    pthread_t thread;
+    ddp__thread thread;
     ddp__kv *kv;
     int num_kv, cap_kv;
     ddp__conn *conns;
@@ -2586,7 +3543,7 @@ static void ddp__conn_close(ddp__store_server *s, int i) {
     if (s->conns[i].challenged && !s->conns[i].authed && !__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE))
         ddp__store_warn(s, DDP__WARN_TOKEN, "rendezvous store: a client announcing rank %d did not finish the "
                         "handshake (it did not prove that it knows the job token)", s->conns[i].rank);
-    close(s->conns[i].fd);
+    ddp__sock_close(s->conns[i].fd);
     DDP_FREE(s->conns[i].body);
     s->conns[i] = s->conns[s->num_conns - 1];
     __atomic_sub_fetch(&s->num_conns, 1, __ATOMIC_RELEASE);   /* read by ddp__server_stop */
@@ -2604,12 +3561,12 @@ static int ddp__server_send(ddp__store_server *s, int fd, const void *buf, size_
     while (len) {
         struct pollfd pfd;
         double left = deadline - ddp__now();
-        ssize_t n = send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        long n = ddp__send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n > 0) { p += n; len -= (size_t)n; continue; }
         if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return -1;
         if (left <= 0 || __atomic_load_n(&s->stop, __ATOMIC_ACQUIRE)) return -1;
         pfd.fd = fd; pfd.events = POLLOUT; pfd.revents = 0;
-        poll(&pfd, 1, left < 0.05 ? (int)(left * 1000) + 1 : 50);
+        ddp__poll(&pfd, 1, left < 0.05 ? (int)(left * 1000) + 1 : 50);
     }
     return 0;
 }
@@ -2740,9 +3697,9 @@ static void ddp__serve_parked(ddp__store_server *s) {
             /* Rank 0 itself failed: the waiter gets its verdict now, not at its deadline. */
             char msg[4 + DDP__ERR_MAX];
             ddp__put_u32((unsigned char *)msg, (uint32_t)ddp__failed(s->ctx));
-            pthread_mutex_lock(&s->ctx->err_lock);
+            ddp__mutex_lock(&s->ctx->err_lock);
             snprintf(msg + 4, DDP__ERR_MAX, "%s", s->ctx->err);
-            pthread_mutex_unlock(&s->ctx->err_lock);
+            ddp__mutex_unlock(&s->ctx->err_lock);
             rc = ddp__reply(s, c, DDP__REPLY_FAILED, msg, (uint32_t)(4 + strlen(msg + 4)));
         }
         else if (now >= c->deadline) rc = ddp__reply(s, c, DDP__REPLY_MISSING, NULL, 0);
@@ -2757,10 +3714,10 @@ static int ddp__conn_read(ddp__store_server *s, ddp__conn *c) {
     for (;;) {
         size_t need = c->got < 16 ? 16 - c->got : 16 + (size_t)c->klen + c->vlen - c->got;
         unsigned char *dst = c->got < 16 ? c->hdr + c->got : c->body + (c->got - 16);
-        ssize_t n;
+        long n;
         if (c->waiting) {            /* one request at a time: only a hang-up can come now */
             char byte;
-            n = recv(c->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+            n = ddp__recv(c->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
             return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
         }
         if (need == 0) {
@@ -2768,7 +3725,7 @@ static int ddp__conn_read(ddp__store_server *s, ddp__conn *c) {
             if (!c->waiting) ddp__conn_reset(c);
             continue;
         }
-        n = recv(c->fd, dst, need, MSG_DONTWAIT);
+        n = ddp__recv(c->fd, dst, need, MSG_DONTWAIT);
         if (n == 0) return -1;
         if (n < 0) return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
         c->got += (size_t)n;
@@ -2788,7 +3745,7 @@ static int ddp__conn_read(ddp__store_server *s, ddp__conn *c) {
 }
 
 static void ddp__server_accept(ddp__store_server *s) {
-    int fd = accept(s->listen_fd, NULL, NULL), one = 1;
+    int fd = ddp__accept(s->listen_fd);
     if (fd < 0) return;
     if (s->num_conns == s->max_conns) {
         /* Full: the oldest client that has not shown the token yet makes room, so silent or
@@ -2796,12 +3753,10 @@ static void ddp__server_accept(ddp__store_server *s) {
         int i, oldest = -1;
         for (i = 0; i < s->num_conns; i++)
             if (!s->conns[i].authed && (oldest < 0 || s->conns[i].opened < s->conns[oldest].opened)) oldest = i;
-        if (oldest < 0) { close(fd); return; }
+        if (oldest < 0) { ddp__sock_close(fd); return; }
         ddp__conn_close(s, oldest);
     }
-    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-    fcntl(fd, F_SETFD, FD_CLOEXEC);
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    ddp__sock_nodelay(fd);   /* (ddp__accept made it non-blocking and not inherited) */
     memset(&s->conns[s->num_conns], 0, sizeof(ddp__conn));
     s->conns[s->num_conns].fd = fd;
     s->conns[s->num_conns].opened = ddp__now();
@@ -2820,13 +3775,13 @@ static void *ddp__server_main(void *arg) {
         for (i = 0; i < s->num_conns; i++) {
             pfds[n].fd = s->conns[i].fd; pfds[n].events = POLLIN; pfds[n++].revents = 0;
         }
-        poll(pfds, (nfds_t)n, 50);
+        ddp__poll(pfds, n, 50);
         if (pfds[1].revents & POLLIN) ddp__server_accept(s);
         for (i = s->num_conns - 1; i >= 0; i--) {
             ddp__conn *c = &s->conns[i];
             /* a rank's handshake takes milliseconds; a rank itself gives up at its timeout */
             int unauth_too_long = !c->authed && now - c->opened > (s->ctx->desc.timeout_s < 10 ? s->ctx->desc.timeout_s : 10);
-            if (i + 2 < n && pfds[i + 2].fd == c->fd && (pfds[i + 2].revents & (POLLIN | POLLHUP | POLLERR))) {
+            if (i + 2 < n && (int)pfds[i + 2].fd == c->fd && (pfds[i + 2].revents & (POLLIN | POLLHUP | POLLERR))) {
                 if (ddp__conn_read(s, c)) { ddp__conn_close(s, i); continue; }
             }
             if (unauth_too_long) ddp__conn_close(s, i);
@@ -2846,6 +3801,7 @@ static int ddp__resolve(ddp_context *ctx, int port, struct addrinfo **out) {
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
     snprintf(port_s, sizeof port_s, "%d", port);
+    (void)ddp__net_init();   /* Windows: Winsock up before its resolver */
     rc = getaddrinfo(ctx->master_addr, port_s, &hints, out);
     if (rc) {
         ddp__fail(ctx, DDP_ERR_NETWORK, "cannot resolve MASTER_ADDR '%s'%s%s: %s", ctx->master_addr,
@@ -2862,8 +3818,8 @@ static void ddp__server_free(ddp__store_server *s) {
     for (i = 0; i < s->num_kv; i++) { DDP_FREE(s->kv[i].key); DDP_FREE(s->kv[i].val); }
     DDP_FREE(s->kv);
     DDP_FREE(s->conns);
-    if (s->listen_fd >= 0) close(s->listen_fd);
-    if (s->wake_pipe[0] >= 0) { close(s->wake_pipe[0]); close(s->wake_pipe[1]); }
+    if (s->listen_fd >= 0) ddp__sock_close(s->listen_fd);
+    ddp__wake_close(s->wake_pipe);
     DDP_FREE(s);
 }
 
@@ -2871,7 +3827,7 @@ static void ddp__server_free(ddp__store_server *s) {
 static ddp_result ddp__server_start(ddp_context *ctx) {
     struct addrinfo *ai;
     ddp__store_server *s;
-    int one = 1, err;
+    int err;
     if (ddp__resolve(ctx, ctx->desc.master_port, &ai)) return DDP_ERR_NETWORK;
     s = (ddp__store_server *)ddp__calloc(sizeof *s);
     if (!s) { freeaddrinfo(ai); return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory starting the store"); }
@@ -2881,14 +3837,14 @@ static ddp_result ddp__server_start(ddp_context *ctx) {
     s->wake_pipe[0] = s->wake_pipe[1] = -1;
     s->max_conns = 4 * ctx->world + 16;
     s->conns = (ddp__conn *)ddp__calloc(sizeof(ddp__conn) * (size_t)s->max_conns);
-    s->listen_fd = socket(ai->ai_family, SOCK_STREAM, 0);
-    if (!s->conns || s->listen_fd < 0 || pipe(s->wake_pipe)) {
+    s->listen_fd = ddp__socket(ai->ai_family, SOCK_STREAM);
+    if (!s->conns || s->listen_fd < 0 || ddp__wake_open(s->wake_pipe)) {
         freeaddrinfo(ai); ddp__server_free(s);
-        return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot create the store socket: %s", strerror(errno));
+        return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot create the store socket: %s", ddp__strerror(errno));
     }
-    fcntl(s->listen_fd, F_SETFD, FD_CLOEXEC);
-    setsockopt(s->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(s->listen_fd, ai->ai_addr, ai->ai_addrlen) || listen(s->listen_fd, 128)) {
+    ddp__sock_cloexec(s->listen_fd);
+    ddp__sock_reuseaddr(s->listen_fd);
+    if (ddp__bind_listen(s->listen_fd, ai->ai_addr, ai->ai_addrlen, 128)) {
         err = errno;
         freeaddrinfo(ai); ddp__server_free(s);
         if (err == EADDRINUSE)
@@ -2896,11 +3852,11 @@ static ddp_result ddp__server_start(ddp_context *ctx) {
                              "a process still holding it, or a second rank 0 of this job: check RANK); pick another port",
                              ctx->desc.master_port, ctx->master_addr);
         return ddp__fail(ctx, DDP_ERR_NETWORK, "cannot listen on %s:%d (MASTER_ADDR:MASTER_PORT): %s",
-                         ctx->master_addr, ctx->desc.master_port, strerror(err));
+                         ctx->master_addr, ctx->desc.master_port, ddp__strerror(err));
     }
     freeaddrinfo(ai);
-    fcntl(s->listen_fd, F_SETFL, fcntl(s->listen_fd, F_GETFL) | O_NONBLOCK);
-    if (pthread_create(&s->thread, NULL, ddp__server_main, s)) {
+    ddp__sock_nonblock(s->listen_fd);
+    if (ddp__thread_create(&s->thread, ddp__server_main, s)) {
         ddp__server_free(s);
         return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot start the store thread");
     }
@@ -2917,10 +3873,10 @@ static void ddp__server_stop(ddp_context *ctx) {
        shutdown_timeout_s: a peer descheduled for a moment between two requests must still find
        the store, and a hung one costs no more than the cap. */
     while (ddp__failed(ctx) && __atomic_load_n(&s->num_conns, __ATOMIC_ACQUIRE) > 0 && ddp__now() < until)
-        usleep(10000);
+        ddp__usleep(10000);
     __atomic_store_n(&s->stop, 1, __ATOMIC_RELEASE);
-    if (write(s->wake_pipe[1], "x", 1) < 0) { /* the 50 ms poll wakes it anyway */ }
-    pthread_join(s->thread, NULL);
+    ddp__wake_signal(s->wake_pipe);
+    ddp__thread_join(s->thread);
     ddp__store_warn_count(s, 1);
     ddp__server_free(s);
     ctx->server = NULL;
@@ -2938,23 +3894,29 @@ static ddp_result ddp__store_request_on(ddp_context *ctx, int fd, uint32_t op, c
     /* A parked GET is answered at its deadline; beyond that the store gets a short grace, any
        other request the job's timeout. */
     double timeout = ctx->desc.timeout_s, grace = wait_s > 0 && timeout > DDP__STORE_GRACE_S ? DDP__STORE_GRACE_S : timeout;
-    double deadline = ddp__now() + wait_s + grace;
+    double deadline = ddp__now() + wait_s + grace, next_look;
     if (ddp__send_frame(fd, op, key, (uint32_t)strlen(key), val, vlen, ddp__now() + timeout))
         return ddp__fail(ctx, DDP_ERR_PEER_LOST, "lost the connection to the rendezvous store on rank 0 (%s:%d)",
                          ctx->master_addr, ctx->desc.master_port);
     /* A parked GET can wait long: look for a cancel while the answer has not begun to arrive.
        Cancelled, the connection is out of step (its answer comes later): it is closed. */
-    for (rc = 0; wait_s > 0;) {
+    for (rc = 0, next_look = 0; wait_s > 0;) {
         struct pollfd pfd;
         double left = deadline - ddp__now();
         pfd.fd = fd; pfd.events = POLLIN; pfd.revents = 0;
-        if (left <= 0 || poll(&pfd, 1, left < 0.02 ? (int)(left * 1000) + 1 : 20) > 0) break;
+        if (left <= 0 || ddp__poll(&pfd, 1, left < 0.02 ? (int)(left * 1000) + 1 : 20) > 0) break;
         if (ddp__cancel_requested(ctx)) {   /* closed first: the poison must not use it */
-            if (fd == ctx->store_fd) { close(fd); ctx->store_fd = -1; }
+            if (fd == ctx->store_fd) { ddp__sock_close(fd); ctx->store_fd = -1; }
             return ddp__check_cancel(ctx, "a wait for the rendezvous store");
         }
+        if (ddp__now() >= next_look) {   /* rank 0 gone: said now, not at the deadline */
+            next_look = ddp__now() + DDP__LIVENESS_PERIOD_S;
+            if (ddp__rank0_gone(ctx))
+                return ddp__fail(ctx, DDP_ERR_PEER_LOST, "rank 0 (pid %d) died while this rank waited for the rendezvous "
+                                 "store on it", ctx->peer_pids[0]);
+        }
     }
-    rc = ddp__recv_all(fd, hdr, 16, deadline);
+    rc = ddp__recv_watched(ctx, fd, hdr, 16, deadline);
     if (rc == 0 && ddp__get_u32(hdr) != DDP__STORE_MAGIC) rc = -1;
     rlen = ddp__get_u32(hdr + 12);
     if (rc == 0 && rlen > DDP__STORE_MAX_VALUE) rc = -1;
@@ -2967,7 +3929,7 @@ static ddp_result ddp__store_request_on(ddp_context *ctx, int fd, uint32_t op, c
     if (reply) {
         *reply = (unsigned char *)DDP_MALLOC(rlen + 1);
         if (!*reply) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory reading from the store");
-        if (ddp__recv_all(fd, *reply, rlen, deadline)) {
+        if (ddp__recv_watched(ctx, fd, *reply, rlen, deadline)) {
             DDP_FREE(*reply); *reply = NULL;
             return ddp__fail(ctx, DDP_ERR_PEER_LOST, "lost the connection to the rendezvous store on rank 0 "
                              "(%s:%d): rank 0 failed or exited", ctx->master_addr, ctx->desc.master_port);
@@ -2978,7 +3940,7 @@ static ddp_result ddp__store_request_on(ddp_context *ctx, int fd, uint32_t op, c
         unsigned char sink[256];
         while (rlen) {
             uint32_t n = rlen < sizeof sink ? rlen : (uint32_t)sizeof sink;
-            if (ddp__recv_all(fd, sink, n, deadline))
+            if (ddp__recv_watched(ctx, fd, sink, n, deadline))
                 return ddp__fail(ctx, DDP_ERR_PEER_LOST, "lost the connection to the rendezvous store on rank 0 "
                                  "(%s:%d): rank 0 failed or exited", ctx->master_addr, ctx->desc.master_port);
             rlen -= n;
@@ -2998,16 +3960,16 @@ static void ddp__store_poison(ddp_context *ctx, int fd, ddp_result code) {
     char msg[4 + DDP__ERR_MAX];
     if (fd < 0) return;
     ddp__put_u32((unsigned char *)msg, (uint32_t)code);
-    pthread_mutex_lock(&ctx->err_lock);
+    ddp__mutex_lock(&ctx->err_lock);
     snprintf(msg + 4, DDP__ERR_MAX, "%s", ctx->err);
-    pthread_mutex_unlock(&ctx->err_lock);
+    ddp__mutex_unlock(&ctx->err_lock);
     if (ddp__store_request_on(ctx, fd, DDP__OP_ADD, "poisoned", "1", 1, &reply, &len, &status, 0) == DDP_OK &&
         reply && !strcmp((const char *)reply, "1"))
         ddp__store_request_on(ctx, fd, DDP__OP_SET, "poison", msg, (uint32_t)(4 + strlen(msg + 4)), NULL, NULL, &status, 0);
     DDP_FREE(reply);
-    pthread_mutex_lock(&ctx->err_lock);
+    ddp__mutex_lock(&ctx->err_lock);
     if (strcmp(ctx->err, msg + 4)) snprintf(ctx->err, sizeof ctx->err, "%s", msg + 4);
-    pthread_mutex_unlock(&ctx->err_lock);
+    ddp__mutex_unlock(&ctx->err_lock);
 }
 
 /* What a poll of "poison" found: another rank's failure (DDP__REPLY_OK) or rank 0's own
@@ -3081,10 +4043,9 @@ enum { DDP__HELLO_NO_CONNECT = 1, DDP__HELLO_CLOSED, DDP__HELLO_SILENT };
 /* connect(), given up at the deadline (a blocking one to an unreachable host takes minutes).
    0, or -1 with errno set. */
 static int ddp__connect_by(int fd, const struct addrinfo *a, double deadline) {
-    int flags = fcntl(fd, F_GETFL), err = 0;
-    socklen_t len = sizeof err;
-    fcntl(fd, F_SETFL, flags | O_NONBLOCK);
-    if (connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+    int err;
+    ddp__sock_nonblock(fd);
+    if (ddp__connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
         if (errno != EINPROGRESS) return -1;
         for (;;) {
             struct pollfd pfd;
@@ -3092,13 +4053,15 @@ static int ddp__connect_by(int fd, const struct addrinfo *a, double deadline) {
             int n;
             if (left <= 0) { errno = 0; return -1; }   /* out of time: not a verdict on the address */
             pfd.fd = fd; pfd.events = POLLOUT; pfd.revents = 0;
-            n = poll(&pfd, 1, (int)(left * 1000) + 1);
+            n = ddp__poll(&pfd, 1, left > 0.05 ? 50 : (int)(left * 1000) + 1);
             if (n > 0) break;
             if (n < 0 && errno != EINTR) return -1;
+            /* WSAPoll before Windows 10 2004 never reports a failed connect: ask the socket */
+            if (n == 0 && (err = ddp__sock_error(fd)) != 0) { errno = err; return -1; }
         }
-        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) || err) { errno = err ? err : errno; return -1; }
+        if ((err = ddp__sock_error(fd)) != 0) { errno = err; return -1; }
     }
-    fcntl(fd, F_SETFL, flags);
+    ddp__sock_blocking(fd);
     return 0;
 }
 
@@ -3123,28 +4086,28 @@ static int ddp__store_hello(ddp_context *ctx, const struct addrinfo *ai, int ann
     const struct addrinfo *a;
     unsigned char hello[DDP__HELLO_BYTES], val[DDP__NONCE_BYTES + 32 + sizeof ctx->job_id], proof[32];
     uint32_t status = 0, vlen = 0;
-    int one = 1, sfd = -1, rc;
+    int sfd = -1, rc;
     for (a = ai; a && sfd < 0; a = a->ai_next) {
-        int fd = socket(a->ai_family, SOCK_STREAM, 0);
+        int fd = ddp__socket(a->ai_family, SOCK_STREAM);
         if (fd < 0) continue;
         if (ddp__connect_by(fd, a, deadline) == 0) sfd = fd;
-        else { if (errno) *last_err = errno; close(fd); }
+        else { if (errno) *last_err = errno; ddp__sock_close(fd); }
     }
     if (sfd < 0) { *why = DDP__HELLO_NO_CONNECT; return 1; }
-    fcntl(sfd, F_SETFD, FD_CLOEXEC);
-    setsockopt(sfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    ddp__sock_cloexec(sfd);
+    ddp__sock_nodelay(sfd);
     ddp__put_u32(hello, (uint32_t)announce);
     if (ddp__random_bytes(hello + 4, DDP__NONCE_BYTES)) {
-        close(sfd);
+        ddp__sock_close(sfd);
         *code = ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot read random bytes for the rendezvous handshake (getrandom, "
-                          "/dev/urandom): %s", strerror(errno));
+                          "/dev/urandom): %s", ddp__strerror(errno));
         return -1;
     }
     rc = ddp__send_frame(sfd, DDP__OP_HELLO, ctx->job_id, (uint32_t)strlen(ctx->job_id), hello, DDP__HELLO_BYTES, deadline)
          ? 1 : ddp__hello_reply(sfd, deadline, &status, val, sizeof val - 1, &vlen);
     if (rc == 0 && status == DDP__REPLY_OTHER_JOB) {
         val[vlen] = 0;
-        close(sfd);
+        ddp__sock_close(sfd);
         *code = ddp__fail(ctx, DDP_ERR_NETWORK, "the rendezvous store at %s:%d belongs to another job ('%s'); this "
                           "rank is in job '%s'. Two jobs on one MASTER_PORT? Give each its own (if this is one job, "
                           "set DDP_JOB_ID alike on every rank)", ctx->master_addr, ctx->desc.master_port, vlen ? (const char *)val : "(none)",
@@ -3156,7 +4119,7 @@ static int ddp__store_hello(ddp_context *ctx, const struct addrinfo *ai, int ann
         ddp__handshake_proof(ctx, "server", hello, val, proof);
         if (!ddp__same_bytes(proof, val + DDP__NONCE_BYTES, 32)) {
             ddp__send_frame(sfd, DDP__OP_AUTH, NULL, 0, NULL, 0, ddp__now() + 0.1);   /* "you failed": for its log */
-            close(sfd);
+            ddp__sock_close(sfd);
             *code = ddp__fail(ctx, DDP_ERR_NETWORK, "the process on %s:%d (MASTER_ADDR:MASTER_PORT) could not prove "
                               "that it knows this rank's job token: rank 0 runs with another DDP_JOB_TOKEN (another "
                               "job on this port?) or another program holds the port. Nothing secret was sent",
@@ -3167,14 +4130,14 @@ static int ddp__store_hello(ddp_context *ctx, const struct addrinfo *ai, int ann
         rc = ddp__send_frame(sfd, DDP__OP_AUTH, NULL, 0, proof, 32, deadline) ? 1
              : ddp__hello_reply(sfd, deadline, &status, val, sizeof val - 1, &vlen);
         if (rc == 0 && status != DDP__REPLY_OK) {
-            close(sfd);
+            ddp__sock_close(sfd);
             *code = ddp__fail(ctx, DDP_ERR_NETWORK, "rank 0's rendezvous store at %s:%d refused this rank's proof of "
                               "the job token", ctx->master_addr, ctx->desc.master_port);
             return -1;
         }
     }
     if (rc < 0) {
-        close(sfd);
+        ddp__sock_close(sfd);
         *code = ddp__fail(ctx, DDP_ERR_NETWORK, "the process on %s:%d (MASTER_ADDR:MASTER_PORT) is not a ddp.h "
                           "rendezvous store of this version (it answered the handshake with something else): another "
                           "program holds the port", ctx->master_addr, ctx->desc.master_port);
@@ -3182,7 +4145,7 @@ static int ddp__store_hello(ddp_context *ctx, const struct addrinfo *ai, int ann
     }
     if (rc) {
         *why = rc == 2 ? DDP__HELLO_SILENT : DDP__HELLO_CLOSED;
-        close(sfd);
+        ddp__sock_close(sfd);
         return 1;
     }
     *fd_out = sfd;
@@ -3215,7 +4178,7 @@ static ddp_result ddp__store_connect_as(ddp_context *ctx, double deadline, int a
                 next_warn = now + 60;
             }
         } else refused_since = 0;
-        usleep(20000);
+        ddp__usleep(20000);
     }
     freeaddrinfo(ai);
     if (rc < 0) return code;
@@ -3226,7 +4189,7 @@ static ddp_result ddp__store_connect_as(ddp_context *ctx, double deadline, int a
                          "cannot tell a rank 0 that died before it listened from one slow to start", addr, port, waited);
     if (why == DDP__HELLO_NO_CONNECT)
         return ddp__fail(ctx, DDP_ERR_TIMEOUT, "cannot reach rank 0's rendezvous store at %s:%d within %g s: %s",
-                         addr, port, waited, strerror(last_err ? last_err : ETIMEDOUT));
+                         addr, port, waited, ddp__strerror(last_err ? last_err : ETIMEDOUT));
     if (why == DDP__HELLO_SILENT)
         return ddp__fail(ctx, DDP_ERR_TIMEOUT, "a process listens on %s:%d but did not answer the rendezvous handshake "
                          "within %g s: rank 0 is stopped or overloaded, or another program holds MASTER_PORT",
@@ -3665,87 +4628,13 @@ static unsigned char *ddp__shm_slot(ddp_context *ctx, int r, uint32_t chunk) {
     return ctx->cpu->shm + ddp__shm_data_offset(ctx->world) + index * DDP__CHUNK_BYTES;
 }
 
-/* Alive = exists and is not a zombie (a dead child its launcher has not reaped yet). */
-static int ddp__pid_alive(int pid) {
-    char path[64], buf[256];
-    const char *close_paren;
-    FILE *f;
-    size_t n;
-    if (pid <= 0) return 1;              /* not attached yet: nothing to say */
-    if (kill(pid, 0) != 0 && errno == ESRCH) return 0;
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    if (!(f = fopen(path, "r"))) return 1;
-    n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    close_paren = strrchr(buf, ')');
-    return !(close_paren && (close_paren[2] == 'Z' || close_paren[2] == 'X'));
-}
-
-/* The calling thread's id, and whether thread `tid` of process `pid` still runs. With ranks as
-   threads of one process the process outlives a rank whose thread ended without ddp_shutdown:
-   its peers must see that as they see a dead process. */
-static int ddp__thread_id(void) {
-#ifdef __linux__
-    return (int)syscall(SYS_gettid);
-#else
-    return 0;
-#endif
-}
-
-static int ddp__thread_alive(int pid, int tid) {
-    char path[64], buf[256];
-    const char *close_paren;
-    FILE *f;
-    size_t n;
-    if (pid <= 0 || tid <= 0) return 1;
-    snprintf(path, sizeof path, "/proc/%d/task/%d/stat", pid, tid);
-    if (!(f = fopen(path, "r"))) {
-        snprintf(path, sizeof path, "/proc/%d", pid);
-        return access(path, F_OK) != 0;   /* no /proc to ask: nothing to say */
-    }
-    n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    close_paren = strrchr(buf, ')');
-    return !(close_paren && (close_paren[2] == 'Z' || close_paren[2] == 'X'));
-}
-
-static void ddp__futex_wait(uint32_t *addr, uint32_t seen, double seconds) {
-#ifdef __linux__
-    struct timespec ts;
-    ts.tv_sec = (time_t)seconds;
-    ts.tv_nsec = (long)((seconds - (double)ts.tv_sec) * 1e9);
-    syscall(SYS_futex, addr, FUTEX_WAIT, seen, &ts, NULL, 0);
-#else
-    (void)addr; (void)seen; (void)seconds;
-    usleep(50);
-#endif
-}
-
-static void ddp__futex_wake(uint32_t *addr) {
-#ifdef __linux__
-    syscall(SYS_futex, addr, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
-#else
-    (void)addr;
-#endif
-}
-
-/* A spin-wait hint: the core runs the sibling hyperthread and saves power while we poll. */
-static void ddp__cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
-
 static int ddp__reached(uint32_t value, uint32_t target) { return (int32_t)(value - target) >= 0; }
 
 static void ddp__shm_post(ddp_context *ctx, int stage, uint32_t value) {
     ddp__shm_counter *c = &ddp__shm_block(ctx, ctx->rank)->stage[stage];
+    uint32_t waiters;
     __atomic_store_n(&c->value, value, __ATOMIC_SEQ_CST);
-    if (__atomic_load_n(&c->waiters, __ATOMIC_SEQ_CST)) ddp__futex_wake(&c->value);
+    if ((waiters = __atomic_load_n(&c->waiters, __ATOMIC_SEQ_CST)) != 0) ddp__futex_wake(&c->value, waiters);
 }
 
 /* Poison: the first rank to fail leaves its message in the segment's header, where every
@@ -3758,9 +4647,9 @@ static void ddp__cpu_poison(ddp_context *ctx, ddp_result code) {
     /* One writer (ranks failing at once, a cancel token say, race for the claim), and
        failed_rank only once the message is there: a reader that sees it reads the message. */
     if (__atomic_compare_exchange_n(&h->poison_claimed, &none_claimed, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-        pthread_mutex_lock(&ctx->err_lock);
+        ddp__mutex_lock(&ctx->err_lock);
         snprintf(h->failed_msg, sizeof h->failed_msg, "%s", ctx->err);
-        pthread_mutex_unlock(&ctx->err_lock);
+        ddp__mutex_unlock(&ctx->err_lock);
         h->failed_code = (int32_t)code;
         __atomic_compare_exchange_n(&h->failed_rank, &none, ctx->rank, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
     }
@@ -3788,7 +4677,7 @@ static ddp_result ddp__shm_check_peers(ddp_context *ctx, int stage, uint32_t tar
             !ddp__reached(__atomic_load_n(&ddp__shm_block(ctx, s)->stage[stage].value, __ATOMIC_ACQUIRE), target)) {
             /* A killed process's threads are gone a moment before the process is a zombie: give
                it 100 ms to be one before calling it a thread that ended alone. */
-            for (k = 0; process && k < 20; k++) { usleep(5000); process = ddp__pid_alive(pid); }
+            for (k = 0; process && k < 20; k++) { ddp__usleep(5000); process = ddp__pid_alive(pid); }
             if (!process) return ddp__fail_group(ctx, DDP_ERR_PEER_LOST, "rank %d (pid %d) died; this rank was in %s",
                                                  s, pid, ctx->what);
             return ddp__fail_group(ctx, DDP_ERR_PEER_LOST, "rank %d (pid %d, thread %d) ended without ddp_shutdown; "
@@ -3830,7 +4719,7 @@ static ddp_result ddp__shm_wait_all(ddp_context *ctx, int stage, uint32_t target
                 spin_until = ddp__now() + (ctx->in_step && !__atomic_load_n(&ctx->cpu->host_waiting, __ATOMIC_ACQUIRE)
                                            ? DDP__SPIN_SECONDS_COMM_THREAD : ctx->cpu->spin_seconds);
             if (polls % 16 || ddp__now() < spin_until) {
-                if (polls % DDP__YIELD_EVERY == 0 || ctx->cpu->spin_seconds == DDP__SPIN_SECONDS_OVERSUBSCRIBED) sched_yield();
+                if (polls % DDP__YIELD_EVERY == 0 || ctx->cpu->spin_seconds == DDP__SPIN_SECONDS_OVERSUBSCRIBED) ddp__yield();
                 else ddp__cpu_relax();
                 continue;
             }
@@ -4007,14 +4896,9 @@ static void ddp__stage_out(ddp_context *ctx, uint32_t kind, unsigned char *buf, 
 /* Benchmarks and tests stand a slow network in for shared memory: sleep what the transfer
    would have cost beyond the time it took. */
 static void ddp__inject_comm_delay(ddp_context *ctx, size_t bytes, double started) {
-    double want = 1e-3 * ctx->desc.inject_comm_latency_ms, left;
-    struct timespec ts;
+    double want = 1e-3 * ctx->desc.inject_comm_latency_ms;
     if (ctx->desc.inject_comm_gbps > 0) want += (double)bytes / (ctx->desc.inject_comm_gbps * 1e9);
-    left = want - (ddp__now() - started);
-    if (left <= 0) return;
-    ts.tv_sec = (time_t)left;
-    ts.tv_nsec = (long)((left - (double)ts.tv_sec) * 1e9);
-    while (nanosleep(&ts, &ts) && errno == EINTR) {}
+    ddp__sleep_s(want - (ddp__now() - started));
 }
 
 /* One collective over the segment; count is in floats for reductions, bytes for broadcast. */
@@ -4207,98 +5091,45 @@ static ddp_result ddp__shm_bucket_staged_bf16(ddp_context *ctx, size_t offset, s
     return DDP_OK;
 }
 
-/* A process on its way out (SIGKILLed, say): its sockets may already be closed, so a peer can
-   see it gone before it is a zombie. PF_EXITING is the 9th field of /proc/PID/stat. */
-static int ddp__pid_exiting(int pid) {
-    char path[64], buf[512];
-    const char *p;
-    unsigned flags = 0;
-    FILE *f;
-    size_t n;
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    if (!(f = fopen(path, "r"))) return 0;
-    n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    p = strrchr(buf, ')');
-    return p && sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %u", &flags) == 1 && (flags & 0x4u);
-}
-
 /* Segments are named after the creating pid, so a segment whose creator is gone belongs to a
    crashed job and can go. (A healthy job unlinks its segment as soon as every rank has it
    mapped, so normally nothing is left in /dev/shm at all.) Rank 0 sweeps before it creates
    one, and every rank after a failure: a rank 0 killed between creating a segment and its
-   peers' mapping it leaves it behind. */
+   peers' mapping it leaves it behind. (Windows: nothing to sweep, >>platform.) */
 static void ddp__shm_sweep_stale(ddp_context *ctx) {
-    DIR *dir = opendir("/dev/shm");
-    struct dirent *e;
-    if (!dir) return;
-    while ((e = readdir(dir)) != NULL) {
-        char path[300];
-        struct stat st;
-        int pid;
-        if (sscanf(e->d_name, "ddp-%d-", &pid) != 1 || (ddp__pid_alive(pid) && !ddp__pid_exiting(pid))) continue;
-        snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
-        if (stat(path, &st) || st.st_uid != geteuid()) continue;
-        snprintf(path, sizeof path, "/%s", e->d_name);
-        if (shm_unlink(path) == 0) ddp__log(ctx, DDP_LOG_INFO, "removed %s left by a crashed job", path);
-    }
-    closedir(dir);
-}
-
-static ddp_result ddp__shm_map(ddp_context *ctx, int fd, size_t bytes) {
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (p == MAP_FAILED)
-        return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot map shared memory %s (%zu bytes): %s", ctx->cpu->shm_name, bytes, strerror(errno));
-    ctx->cpu->shm = (unsigned char *)p;
-    ctx->cpu->shm_bytes = bytes;
-    return DDP_OK;
-}
-
-/* Size a new segment and take its pages now. A tmpfs that runs out of room while a page is
-   first touched kills the process with SIGBUS, mid-step; reserved here, the shortage is an
-   error at init or commit instead. Returns 0 or an errno. */
-static int ddp__shm_reserve(int fd, size_t bytes) {
-    int err;
-    if (ftruncate(fd, (off_t)bytes)) return errno;
-#ifdef __linux__
-    err = posix_fallocate(fd, 0, (off_t)bytes);
-    if (err == EOPNOTSUPP || err == EINVAL) err = 0;   /* a file system without it: as before */
-#else
-    err = 0;
-#endif
-    return err;
+    char removed[512];
+    ddp__seg_sweep_stale(removed, sizeof removed);
+    if (removed[0]) ddp__log(ctx, DDP_LOG_INFO, "removed %s left by a crashed job", removed);
 }
 
 /* A new owner-only segment of `bytes` under a fresh name "/ddp-PID-NONCE" (the pid lets a later
-   job sweep it if this one crashes before unlinking it). Returns the open fd, or -1 (failed). */
-static int ddp__shm_new(ddp_context *ctx, char name[64], size_t bytes) {
-    int fd = -1, attempt, err;
-    for (attempt = 0; attempt < 16 && fd < 0; attempt++) {
+   job sweep it if this one crashes before unlinking it), mapped at *out. */
+static ddp_result ddp__shm_new(ddp_context *ctx, char name[64], size_t bytes, unsigned char **out) {
+    int attempt, err = EEXIST;
+    int stage = DDP__SEG_CREATE;
+    for (attempt = 0; attempt < 16 && err == EEXIST; attempt++) {
         unsigned nonce = (unsigned)(uint64_t)(ddp__now() * 1e9) ^ ((unsigned)(uintptr_t)name * 2654435761u) ^ (unsigned)attempt;
-        snprintf(name, 64, "/ddp-%d-%08x", (int)getpid(), nonce);
-        fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);   /* owner-only */
+        snprintf(name, 64, DDP__SEG_PREFIX "%d-%08x", ddp__getpid(), nonce);
+        err = ddp__seg_create(name, bytes, out, &stage);
     }
-    if (fd < 0) { ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot create shared memory %s: %s", name, strerror(errno)); return -1; }
-    if ((err = ddp__shm_reserve(fd, bytes)) != 0) {
-        close(fd);
-        shm_unlink(name);
-        ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot reserve %zu bytes of shared memory for %s (/dev/shm too small or "
-                  "full? a container's default is 64 MiB: docker run --shm-size): %s", bytes, name, strerror(err));
-        return -1;
-    }
-    return fd;
+    if (err && stage == DDP__SEG_CREATE)
+        return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot create shared memory %s: %s", name, ddp__strerror(err));
+    if (err && stage == DDP__SEG_RESERVE)
+        return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot reserve %zu bytes of shared memory for %s (/dev/shm too small or "
+                         "full? a container's default is 64 MiB: docker run --shm-size): %s", bytes, name, ddp__strerror(err));
+    if (err)
+        return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot map shared memory %s (%zu bytes): %s", name, bytes, ddp__strerror(err));
+    return DDP_OK;
 }
 
 static ddp_result ddp__shm_create(ddp_context *ctx) {
     size_t bytes = ddp__shm_size(ctx->world);
     ddp__shm_header *h;
-    int fd, s;
+    int s;
     ddp_result r;
     ddp__shm_sweep_stale(ctx);
-    if ((fd = ddp__shm_new(ctx, ctx->cpu->shm_name, bytes)) < 0) return DDP_ERR_SYSTEM;
-    if ((r = ddp__shm_map(ctx, fd, bytes)) != DDP_OK) { shm_unlink(ctx->cpu->shm_name); return r; }
+    if ((r = ddp__shm_new(ctx, ctx->cpu->shm_name, bytes, &ctx->cpu->shm)) != DDP_OK) return r;
+    ctx->cpu->shm_bytes = bytes;
     h = ddp__shm_hdr(ctx);
     h->world = (uint32_t)ctx->world;
     h->slots = DDP__SLOTS;
@@ -4313,20 +5144,18 @@ static ddp_result ddp__shm_create(ddp_context *ctx) {
 
 static ddp_result ddp__shm_attach(ddp_context *ctx, const char *name) {
     size_t bytes = ddp__shm_size(ctx->world);
-    struct stat st;
     ddp__shm_header *h;
-    ddp_result r;
-    int fd;
+    int stage, err;
     snprintf(ctx->cpu->shm_name, sizeof ctx->cpu->shm_name, "%s", name);
-    fd = shm_open(ctx->cpu->shm_name, O_RDWR, 0600);
-    if (fd < 0) return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot open rank 0's shared memory %s: %s "
-                                 "(are all ranks on one host?)", name, strerror(errno));
-    if (fstat(fd, &st) || (size_t)st.st_size != bytes) {
-        close(fd);
+    err = ddp__seg_open(ctx->cpu->shm_name, bytes, &ctx->cpu->shm, &stage);
+    if (err == DDP__SEG_WRONG_SIZE)
         return ddp__fail(ctx, DDP_ERR_MISMATCH, "rank 0's shared memory %s has the wrong size (a different ddp.h "
                          "version or world size?)", name);
-    }
-    if ((r = ddp__shm_map(ctx, fd, bytes)) != DDP_OK) return r;
+    if (err && stage == DDP__SEG_OPEN)
+        return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot open rank 0's shared memory %s: %s "
+                         "(are all ranks on one host?)", name, ddp__strerror(err));
+    if (err) return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot map shared memory %s (%zu bytes): %s", name, bytes, ddp__strerror(err));
+    ctx->cpu->shm_bytes = bytes;
     h = ddp__shm_hdr(ctx);
     if (h->magic != DDP__SHM_MAGIC || h->world != (uint32_t)ctx->world || h->chunk_bytes != DDP__CHUNK_BYTES)
         return ddp__fail(ctx, DDP_ERR_MISMATCH, "rank 0's shared memory %s was made by a different ddp.h version", name);
@@ -4339,7 +5168,7 @@ static ddp_result ddp__shm_attach(ddp_context *ctx, const char *name) {
 static void ddp__kill_point(const ddp_context *ctx, const char *point) {
     const char *at = getenv("DDP_TEST_KILL_AT"), *colon = at ? strrchr(at, ':') : NULL;
     size_t n = strlen(point);
-    if (colon && (size_t)(colon - at) == n && !strncmp(at, point, n) && atoi(colon + 1) == ctx->rank) raise(SIGKILL);
+    if (colon && (size_t)(colon - at) == n && !strncmp(at, point, n) && atoi(colon + 1) == ctx->rank) ddp__kill_self();
 }
 #else
 #define ddp__kill_point(ctx, point) ((void)(ctx))
@@ -4363,25 +5192,25 @@ static ddp_result ddp__shm_setup(ddp_context *ctx, double deadline) {
         if (r != DDP_OK) return r;
     }
     __atomic_store_n(&ddp__shm_block(ctx, ctx->rank)->tid, (int32_t)ddp__thread_id(), __ATOMIC_RELEASE);
-    __atomic_store_n(&ddp__shm_block(ctx, ctx->rank)->pid, (int32_t)getpid(), __ATOMIC_RELEASE);
+    __atomic_store_n(&ddp__shm_block(ctx, ctx->rank)->pid, (int32_t)ddp__getpid(), __ATOMIC_RELEASE);
     ctx->tl_origin = ddp__shm_hdr(ctx)->origin;   /* one clock (CLOCK_MONOTONIC), one zero */
-    ctx->cpu->spin_seconds = ctx->local_world > sysconf(_SC_NPROCESSORS_ONLN) ? DDP__SPIN_SECONDS_OVERSUBSCRIBED : DDP__SPIN_SECONDS;
+    ctx->cpu->spin_seconds = ctx->local_world > ddp__cpu_count() ? DDP__SPIN_SECONDS_OVERSUBSCRIBED : DDP__SPIN_SECONDS;
     ctx->what = "the shared-memory handshake";
     r = ddp__shm_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0);
-    if (ctx->rank == 0) shm_unlink(ctx->cpu->shm_name);
+    if (ctx->rank == 0) ddp__seg_unlink(ctx->cpu->shm_name);
     return r;
 }
 
 /* Rank 0's part: make the gradient segment, or settle on the staged path (asked for with
    DDP_STAGED_GRADS, or no room in /dev/shm, which costs speed only), and publish the choice: a
-   segment name, or "" for the staged path. Returns the segment's fd, or -1 for the staged path. */
-static int ddp__grads_create(ddp_context *ctx, size_t bytes, ddp_result *r) {
+   segment name, or "" for the staged path. Returns the segment mapped, or NULL for the staged path. */
+static unsigned char *ddp__grads_create(ddp_context *ctx, size_t bytes, ddp_result *r) {
     const char *staged = getenv("DDP_STAGED_GRADS");
-    int fd = -1;
+    unsigned char *seg = NULL;
     ctx->cpu->grads_name[0] = 0;
     if (!staged || !*staged || !strcmp(staged, "0")) {
-        fd = ddp__shm_new(ctx, ctx->cpu->grads_name, bytes);
-        if (fd < 0) {
+        if (ddp__shm_new(ctx, ctx->cpu->grads_name, bytes, &seg) != DDP_OK) {
+            seg = NULL;
             ddp__log(ctx, DDP_LOG_WARN, "%s; gradient buckets go through the staging slots instead (slower)",
                      ddp__err_body(ctx));
             ctx->cpu->grads_name[0] = 0;
@@ -4389,8 +5218,8 @@ static int ddp__grads_create(ddp_context *ctx, size_t bytes, ddp_result *r) {
         }
     }
     *r = ddp__store_set(ctx, "grads", ctx->cpu->grads_name, strlen(ctx->cpu->grads_name));
-    if (*r != DDP_OK && fd >= 0) { close(fd); fd = -1; }   /* the name stays: shutdown unlinks it */
-    return fd;
+    if (*r != DDP_OK && seg) { ddp__seg_unmap(seg, bytes); seg = NULL; }   /* the name stays: shutdown unlinks it */
+    return seg;
 }
 
 /* At commit (world > 1, CPU backend): rank 0 makes the gradient segment, one page-aligned
@@ -4399,20 +5228,18 @@ static int ddp__grads_create(ddp_context *ctx, size_t bytes, ddp_result *r) {
    reads as zeros, like a fresh gradient buffer. Rank 0 unlinks it once every rank has it mapped
    (ddp__grads_unlink, after the next collective). */
 static ddp_result ddp__grads_share(ddp_context *ctx, double deadline) {
-    size_t page = (size_t)sysconf(_SC_PAGESIZE), bytes;
+    size_t page = ddp__page_size(), bytes;
     int copies = ctx->desc.shard_optimizer ? 2 : 1;   /* sharded: the parameters too (the all-gather) */
-    struct stat st;
-    void *p;
-    int fd;
+    unsigned char *p = NULL;
     size_t es = ctx->grads_bf16 ? sizeof(ddp_bf16) : sizeof(float);   /* bf16 parameters: bf16 gradients and copies */
     ctx->cpu->grads_stride = ddp__round_up(ctx->flat_count * es, page) / sizeof(float);
     bytes = ctx->cpu->grads_stride * sizeof(float) * (size_t)ctx->world * (size_t)copies;
     if (ctx->rank == 0) {
         ddp_result r;
-        fd = ddp__grads_create(ctx, bytes, &r);
+        p = ddp__grads_create(ctx, bytes, &r);
         if (r != DDP_OK) return r;
         ddp__kill_point(ctx, "grads-published");
-        if (fd < 0) return DDP_OK;
+        if (!p) return DDP_OK;
     } else {
         unsigned char *name;
         uint32_t len;
@@ -4421,18 +5248,17 @@ static ddp_result ddp__grads_share(ddp_context *ctx, double deadline) {
         snprintf(ctx->cpu->grads_name, sizeof ctx->cpu->grads_name, "%.*s", (int)len, (const char *)name);
         DDP_FREE(name);
         if (!ctx->cpu->grads_name[0]) return DDP_OK;   /* rank 0 had no room: private gradients everywhere */
-        if ((fd = shm_open(ctx->cpu->grads_name, O_RDWR, 0600)) < 0)
-            return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot open rank 0's gradient segment %s: %s", ctx->cpu->grads_name, strerror(errno));
-        if (fstat(fd, &st) || (size_t)st.st_size != bytes) {
-            close(fd);
-            return ddp__fail(ctx, DDP_ERR_MISMATCH, "rank 0's gradient segment %s has the wrong size", ctx->cpu->grads_name);
+        {
+            int stage, err = ddp__seg_open(ctx->cpu->grads_name, bytes, &p, &stage);
+            if (err == DDP__SEG_WRONG_SIZE)
+                return ddp__fail(ctx, DDP_ERR_MISMATCH, "rank 0's gradient segment %s has the wrong size", ctx->cpu->grads_name);
+            if (err && stage == DDP__SEG_OPEN)
+                return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot open rank 0's gradient segment %s: %s", ctx->cpu->grads_name, ddp__strerror(err));
+            if (err)
+                return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot map the gradient segment %s (%zu bytes): %s", ctx->cpu->grads_name, bytes, ddp__strerror(err));
         }
     }
-    p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (p == MAP_FAILED)
-        return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot map the gradient segment %s (%zu bytes): %s", ctx->cpu->grads_name, bytes, strerror(errno));
-    ctx->cpu->grads_shm = (unsigned char *)p;
+    ctx->cpu->grads_shm = p;
     ctx->cpu->grads_shm_bytes = bytes;
     if (ctx->grads_bf16) {
         ddp__free_floats((float *)(void *)ctx->grads_bf16);
@@ -4456,7 +5282,7 @@ static ddp_result ddp__grads_share(ddp_context *ctx, double deadline) {
 }
 
 static void ddp__grads_unlink(ddp_context *ctx) {
-    if (ctx->rank == 0 && ctx->cpu->grads_name[0]) shm_unlink(ctx->cpu->grads_name);
+    if (ctx->rank == 0 && ctx->cpu->grads_name[0]) ddp__seg_unlink(ctx->cpu->grads_name);
     ctx->cpu->grads_name[0] = 0;
 }
 
@@ -4595,7 +5421,7 @@ static void ddp__comm_turn(ddp_context *ctx) {
     double t0, seconds = 0;
     ddp_result r = DDP_OK;
     c->comm_busy = 1;
-    pthread_mutex_unlock(&c->comm_lock);
+    ddp__mutex_unlock(&c->comm_lock);
     if (!c->comm_error) {
         const ddp__bucket *b = &ctx->buckets[index];
         snprintf(ctx->what_buf, sizeof ctx->what_buf, "the allreduce of gradient bucket %d", index);
@@ -4610,31 +5436,31 @@ static void ddp__comm_turn(ddp_context *ctx) {
         seconds = ddp__now() - t0;
         ddp__record(ctx, ctx->tl_comm, DDP__EV_ALLREDUCE, t0, t0 + seconds, index, b->count * ddp__wire_bytes(ctx));
     }
-    pthread_mutex_lock(&c->comm_lock);
+    ddp__mutex_lock(&c->comm_lock);
     c->comm_seconds += seconds;
     c->comm_last_seconds = seconds;
     if (r != DDP_OK && !c->comm_error) c->comm_error = r;
     c->comm_done++;
     c->comm_busy = 0;
-    pthread_cond_broadcast(&c->comm_done_cond);
+    ddp__cond_broadcast(&c->comm_done_cond);
 }
 
 static void *ddp__comm_main(void *arg) {
     ddp_context *ctx = (ddp_context *)arg;
     ddp__cpu *c = ctx->cpu;
     ddp__comm_thread_short_slice();
-    pthread_mutex_lock(&c->comm_lock);
+    ddp__mutex_lock(&c->comm_lock);
     for (;;) {
-        while (!c->comm_stop && (c->comm_done == c->comm_launched || c->comm_busy)) pthread_cond_wait(&c->comm_wake, &c->comm_lock);
+        while (!c->comm_stop && (c->comm_done == c->comm_launched || c->comm_busy)) ddp__cond_wait(&c->comm_wake, &c->comm_lock);
         if (c->comm_done == c->comm_launched || c->comm_busy) break;   /* stopped */
         ddp__comm_turn(ctx);
     }
-    pthread_mutex_unlock(&c->comm_lock);
+    ddp__mutex_unlock(&c->comm_lock);
     return NULL;
 }
 
 static ddp_result ddp__comm_start(ddp_context *ctx) {
-    if (pthread_create(&ctx->cpu->comm_thread, NULL, ddp__comm_main, ctx))
+    if (ddp__thread_create(&ctx->cpu->comm_thread, ddp__comm_main, ctx))
         return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot start the communication thread");
     ctx->cpu->comm_started = 1;
     return DDP_OK;
@@ -4642,17 +5468,17 @@ static ddp_result ddp__comm_start(ddp_context *ctx) {
 
 static void ddp__comm_stop(ddp_context *ctx) {
     if (!ctx->cpu || !ctx->cpu->comm_started) return;   /* setup failed, or nothing committed */
-    pthread_mutex_lock(&ctx->cpu->comm_lock);
+    ddp__mutex_lock(&ctx->cpu->comm_lock);
     if (ctx->cpu->comm_done != ctx->cpu->comm_launched && !ddp__failed(ctx)) {
         /* Leaving mid-step: tell the peers rather than let them wait for the timeout. */
-        pthread_mutex_unlock(&ctx->cpu->comm_lock);
+        ddp__mutex_unlock(&ctx->cpu->comm_lock);
         ddp__fail_group(ctx, DDP_ERR_INVALID_STATE, "ddp_shutdown in the middle of a step");
-        pthread_mutex_lock(&ctx->cpu->comm_lock);
+        ddp__mutex_lock(&ctx->cpu->comm_lock);
     }
     ctx->cpu->comm_stop = 1;
-    pthread_cond_signal(&ctx->cpu->comm_wake);
-    pthread_mutex_unlock(&ctx->cpu->comm_lock);
-    pthread_join(ctx->cpu->comm_thread, NULL);
+    ddp__cond_signal(&ctx->cpu->comm_wake);
+    ddp__mutex_unlock(&ctx->cpu->comm_lock);
+    ddp__thread_join(ctx->cpu->comm_thread);
     ctx->cpu->comm_started = 0;
 }
 
@@ -4664,9 +5490,9 @@ static ddp_result ddp__cpu_setup(ddp_context *ctx, double deadline) {
         return ddp__fail(ctx, DDP_ERR_BAD_ENV, "the CPU backend needs every rank on one host, but "
                          "WORLD_SIZE=%d and LOCAL_WORLD_SIZE=%d", ctx->world, ctx->local_world);
     if (!(c = ctx->cpu = (ddp__cpu *)ddp__calloc(sizeof *c))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
-    pthread_mutex_init(&c->comm_lock, NULL);
-    pthread_cond_init(&c->comm_wake, NULL);
-    pthread_cond_init(&c->comm_done_cond, NULL);
+    ddp__mutex_init(&c->comm_lock);
+    ddp__cond_init(&c->comm_wake);
+    ddp__cond_init(&c->comm_done_cond);
     if ((r = ddp__shm_setup(ctx, deadline)) != DDP_OK) return r;
     ddp__log(ctx, DDP_LOG_INFO, "rank %d of %d up (cpu backend, segment %s)", ctx->rank, ctx->world, c->shm_name);
     return DDP_OK;
@@ -4701,13 +5527,13 @@ static ddp_result ddp__cpu_launch(ddp_context *ctx, int index) {
     ddp__cpu *c = ctx->cpu;
     ctx->stats.buckets_launched++;
     ctx->stats.bytes_reduced += ctx->buckets[index].count * ddp__wire_bytes(ctx);
-    pthread_mutex_lock(&c->comm_lock);
+    ddp__mutex_lock(&c->comm_lock);
     c->comm_launched++;
     /* The last bucket is left to ddp_finish, which follows at once: a wake-up of the
        communication thread would only take a core from this thread (ddp__comm_turn). A busy
        communication thread still takes it when it is done with the one before. */
-    if (index != ctx->num_buckets - 1) pthread_cond_signal(&c->comm_wake);
-    pthread_mutex_unlock(&c->comm_lock);
+    if (index != ctx->num_buckets - 1) ddp__cond_signal(&c->comm_wake);
+    ddp__mutex_unlock(&c->comm_lock);
     return DDP_OK;
 }
 
@@ -4718,12 +5544,12 @@ static ddp_result ddp__cpu_finish(ddp_context *ctx, double t_wait) {
     int cancel_state;
     /* pthread_cancel of the rank's thread here would leave it holding the lock, and the
        communication thread (and the host's ddp_shutdown of the context) stuck on it. */
-    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
+    ddp__nocancel_begin(&cancel_state);
     __atomic_store_n(&c->host_waiting, 1, __ATOMIC_RELEASE);
-    pthread_mutex_lock(&c->comm_lock);
+    ddp__mutex_lock(&c->comm_lock);
     while (c->comm_done < c->comm_launched) {
         if (!c->comm_busy) ddp__comm_turn(ctx);   /* this thread reduces the next bucket itself */
-        else pthread_cond_wait(&c->comm_done_cond, &c->comm_lock);
+        else ddp__cond_wait(&c->comm_done_cond, &c->comm_lock);
     }
     r = c->comm_error;
     out = c->out_pending;
@@ -4732,13 +5558,13 @@ static ddp_result ddp__cpu_finish(ddp_context *ctx, double t_wait) {
     ctx->stats.last_bucket_comm_ms = 1e3 * c->comm_last_seconds;
     c->comm_seconds = c->comm_last_seconds = 0;
     c->comm_launched = c->comm_done = 0;
-    pthread_mutex_unlock(&c->comm_lock);
+    ddp__mutex_unlock(&c->comm_lock);
     if (r == DDP_OK && out) {   /* every peer has copied its parts of the last bucket from this rank's buffer */
         ctx->what = "the end of the gradient buckets' allreduce (the peers' last copies)";
         r = ddp__shm_wait_all(ctx, DDP__STAGE_OUT, out);
     }
     __atomic_store_n(&c->host_waiting, 0, __ATOMIC_RELEASE);
-    pthread_setcancelstate(cancel_state, NULL);
+    ddp__nocancel_end(cancel_state);
     ddp__host_step_done(ctx, t_wait);
     return r;
 }
@@ -4759,12 +5585,12 @@ static void ddp__cpu_teardown(ddp_context *ctx) {
     if (c) {
         ddp__comm_stop(ctx);
         if (c->shm) {
-            munmap(c->shm, c->shm_bytes);
-            if (ctx->rank == 0) shm_unlink(c->shm_name);   /* already gone unless init failed */
+            ddp__seg_unmap(c->shm, c->shm_bytes);
+            if (ctx->rank == 0) ddp__seg_unlink(c->shm_name);   /* already gone unless init failed */
         }
         ddp__grads_unlink(ctx);                            /* likewise */
         if (c->grads_shm) {
-            munmap(c->grads_shm, c->grads_shm_bytes);
+            ddp__seg_unmap(c->grads_shm, c->grads_shm_bytes);
             ctx->flat_grads = NULL;                        /* it pointed into the segment */
             ctx->grads_bf16 = NULL;                        /* or this did */
             if (c->params_shared && ctx->params_bf16) ctx->params_bf16 = NULL;   /* so did this */
@@ -4772,9 +5598,9 @@ static void ddp__cpu_teardown(ddp_context *ctx) {
         }
         DDP_FREE(c->norm_recv);
         ddp__free_floats(c->bucket_f32);
-        pthread_mutex_destroy(&c->comm_lock);
-        pthread_cond_destroy(&c->comm_wake);
-        pthread_cond_destroy(&c->comm_done_cond);
+        ddp__mutex_destroy(&c->comm_lock);
+        ddp__cond_destroy(&c->comm_wake);
+        ddp__cond_destroy(&c->comm_done_cond);
         DDP_FREE(c);
         ctx->cpu = NULL;
     }
@@ -6748,8 +7574,9 @@ static ddp_result ddp__choose_backend(ddp_context *ctx) {
     if (nccl) { ctx->be = &ddp__nccl_backend; d->backend = DDP_BACKEND_NCCL; return DDP_OK; }
 #else
     if (nccl)
-        return ddp__fail(ctx, DDP_ERR_BACKEND, "the NCCL backend needs the implementation compiled with CUDA (by nvcc, "
-                         "or with -DDDP_CUDA and ddp_kernels.cuh)");
+        return ddp__fail(ctx, DDP_ERR_BACKEND, DDP__WINDOWS ? "the NCCL backend is Linux-only (NCCL has no Windows build): "
+                         "on Windows ddp.h runs the single and cpu backends" : "the NCCL backend needs the implementation "
+                         "compiled with CUDA (by nvcc, or with -DDDP_CUDA and ddp_kernels.cuh)");
 #endif
     if (d->backend == DDP_BACKEND_SINGLE && ctx->world > 1)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: the single backend is for one rank, but the world "
@@ -6761,13 +7588,14 @@ static ddp_result ddp__choose_backend(ddp_context *ctx) {
     }
 #else
     if (d->backend == DDP_BACKEND_MPI)
-        return ddp__fail(ctx, DDP_ERR_BACKEND, "the MPI backend needs the implementation built with MPI (mpicc -DDDP_MPI)");
+        return ddp__fail(ctx, DDP_ERR_BACKEND, DDP__WINDOWS ? "the MPI backend is Linux-only: on Windows ddp.h runs the "
+                         "single and cpu backends" : "the MPI backend needs the implementation built with MPI (mpicc -DDDP_MPI)");
 #endif
     if (ctx->local_world != ctx->world) {
         /* Said at once, on every rank, before any network: the hosts this rank knows of, and
            what would run instead. */
         char host[256] = "?";
-        gethostname(host, sizeof host - 1);
+        ddp__hostname(host, sizeof host);
         return ddp__fail(ctx, DDP_ERR_BAD_ENV, "the CPU backend needs every rank on one host, but "
                          "WORLD_SIZE=%d and LOCAL_WORLD_SIZE=%d: the job spans hosts (this rank on '%s', rank 0's "
                          "store on MASTER_ADDR %s). What works: all %d ranks on one host (ddprun -n %d), GPUs "
@@ -6789,7 +7617,7 @@ static ddp_result ddp__rendezvous(ddp_context *ctx, double deadline) {
     ddp_result r;
     if (!(ctx->peer_pids = (int *)ddp__calloc(sizeof(int) * (size_t)ctx->world)))
         return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %d ranks", ctx->world);
-    gethostname(host, sizeof host - 1);
+    ddp__hostname(host, sizeof host);
     snprintf(key, sizeof key, "claim/%d", ctx->rank);
     r = ddp__store_request(ctx, DDP__OP_ADD, key, "1", 1, &reply, &len, &status, 0);
     if (r != DDP_OK) return r;
@@ -6810,13 +7638,13 @@ static ddp_result ddp__rendezvous(ddp_context *ctx, double deadline) {
         if (holder_pid > 0)
             return ddp__fail(ctx, DDP_ERR_BAD_ENV, "two processes of this job were started as rank %d: pid %d on host "
                              "'%s' holds it, this one (pid %d on '%s') was refused and the job goes on without it "
-                             "(check RANK, or the launcher)", ctx->rank, holder_pid, holder_host, (int)getpid(), host);
+                             "(check RANK, or the launcher)", ctx->rank, holder_pid, holder_host, ddp__getpid(), host);
         return ddp__fail(ctx, DDP_ERR_BAD_ENV, "two processes of this job were started as rank %d: another process "
                          "claimed it first (it did not say which in time), this one (pid %d on '%s') was refused "
-                         "(check RANK, or the launcher)", ctx->rank, (int)getpid(), host);
+                         "(check RANK, or the launcher)", ctx->rank, ddp__getpid(), host);
     }
     snprintf(key, sizeof key, "rank/%d", ctx->rank);
-    snprintf(info, sizeof info, "%d %d %s", ctx->world, (int)getpid(), host);
+    snprintf(info, sizeof info, "%d %d %s", ctx->world, ddp__getpid(), host);
     if ((r = ddp__store_set(ctx, key, info, strlen(info))) != DDP_OK) return r;
     for (s = 0; s < ctx->world; s++) {
         int world = 0, pid = 0;
@@ -6829,7 +7657,11 @@ static ddp_result ddp__rendezvous(ddp_context *ctx, double deadline) {
                              "%g s (WORLD_SIZE=%d)", missing, ctx->master_addr, ctx->desc.master_port,
                              ctx->desc.timeout_s, ctx->world);
         }
-        sscanf((const char *)reply, "%d %d", &world, &pid);
+        if (s == 0) {
+            char where[256] = "";
+            sscanf((const char *)reply, "%d %d %255s", &world, &pid, where);
+            ctx->rank0_here = !strcmp(where, host);
+        } else sscanf((const char *)reply, "%d %d", &world, &pid);
         DDP_FREE(reply);
         ctx->peer_pids[s] = pid;
         if (world != ctx->world)
@@ -6890,13 +7722,13 @@ static ddp_result ddp__init(ddp_context *ctx, const ddp_desc *desc) {
     if ((r = ddp__resolve_desc(ctx, desc)) != DDP_OK) return r;
     if (ctx->timeline_path[0]) {
         char dir[sizeof ctx->timeline_path];
-        const char *slash = strrchr(ctx->timeline_path, '/');
+        const char *slash = ddp__last_sep(ctx->timeline_path);
         /* the file is written at ddp_shutdown: a directory that cannot take it is told now */
         snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - ctx->timeline_path) + (slash == ctx->timeline_path) : 1,
                  slash ? ctx->timeline_path : ".");
-        if (access(dir, W_OK | X_OK) != 0)
+        if (!ddp__dir_writable(dir))
             return ddp__fail(ctx, DDP_ERR_BAD_ENV, "the timeline '%s' (DDP_TIMELINE or ddp_desc.timeline_path) cannot be "
-                             "written: its directory '%s': %s", ctx->timeline_path, dir, strerror(errno));
+                             "written: its directory '%s': %s", ctx->timeline_path, dir, ddp__strerror(errno));
         ctx->tl_main = (ddp__timeline *)ddp__calloc(sizeof(ddp__timeline));
         ctx->tl_comm = (ddp__timeline *)ddp__calloc(sizeof(ddp__timeline));
         if (!ctx->tl_main || !ctx->tl_comm) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the timeline");
@@ -6952,7 +7784,7 @@ static ddp_result ddp__shutdown(ddp_context *ctx) {
         (void)ddp__store_set(ctx, bye, "1", 1);
         ctx->quiet = 0;
     }
-    if (ctx->store_fd >= 0) close(ctx->store_fd);
+    if (ctx->store_fd >= 0) ddp__sock_close(ctx->store_fd);
     ctx->store_fd = -1;   /* a late poison must not write to a reused descriptor */
     ddp__server_stop(ctx);
     if (r == DDP_OK) r = ddp__group_barrier(ctx);
@@ -6969,7 +7801,7 @@ static ddp_result ddp__shutdown(ddp_context *ctx) {
     DDP_FREE(ctx->norm_sums);
     DDP_FREE(ctx->tape);
     DDP_FREE(ctx->tape_arena);
-    pthread_mutex_destroy(&ctx->err_lock);
+    ddp__mutex_destroy(&ctx->err_lock);
     DDP_FREE(ctx);
     return r;
 }
@@ -7004,7 +7836,7 @@ static void ddp__progress_read(const ddp_context *ctx, ddp_progress *out) {
             after = __atomic_load_n(&ctx->progress_seq, __ATOMIC_RELAXED);
             if (after == before) break;
         }
-        if (tries > 64) sched_yield();   /* the owner was preempted mid-write: let it finish */
+        if (tries > 64) ddp__yield();   /* the owner was preempted mid-write: let it finish */
     }
     memcpy(out, words, sizeof *out);
     out->failed = (int32_t)ddp__failed(ctx);
@@ -8152,14 +8984,9 @@ static ddp_result ddp__ckpt_share(ddp_context *ctx, ddp__ckpt_status *st, const 
     return ddp__fail(ctx, (ddp_result)st->code, "rank 0 could not %s the checkpoint '%s': %s", verb, path, st->msg);
 }
 
-static const char *ddp__file_kind(mode_t mode) {
-    return S_ISFIFO(mode) ? "a FIFO (named pipe)" : S_ISDIR(mode) ? "a directory" : S_ISCHR(mode) ? "a character device"
-         : S_ISBLK(mode) ? "a block device" : S_ISSOCK(mode) ? "a socket" : "not a regular file";
-}
-
 /* The directory of `path` and the file's own name in it. */
 static void ddp__ckpt_split(const char *path, char *dir, size_t n, const char **base) {
-    const char *slash = strrchr(path, '/');
+    const char *slash = ddp__last_sep(path);
     if (!slash) { snprintf(dir, n, "."); *base = path; return; }
     snprintf(dir, n, "%.*s", slash == path ? 1 : (int)(slash - path), path);
     *base = slash + 1;
@@ -8167,29 +8994,26 @@ static void ddp__ckpt_split(const char *path, char *dir, size_t n, const char **
 
 /* Temporaries PATH.tmp.<pid>.<16 hex> this user's dead writers left (a SIGKILL mid-write):
    removed. Another user's, a live writer's, and anything not a plain file stay. */
+typedef struct ddp__ckpt_sweep_args { const char *dir; size_t plen; } ddp__ckpt_sweep_args;
+static void ddp__ckpt_sweep_one(void *user, const char *name) {
+    const ddp__ckpt_sweep_args *a = (const ddp__ckpt_sweep_args *)user;
+    char *end;
+    long pid;
+    errno = 0;
+    pid = strtol(name + a->plen, &end, 10);
+    if (errno || pid <= 0 || *end != '.' || strlen(end + 1) != 16 || strspn(end + 1, "0123456789abcdef") != 16) return;
+    if (pid == (long)ddp__getpid() || ddp__pid_alive((int)pid)) return;
+    ddp__file_remove_plain(a->dir, name);
+}
 static void ddp__ckpt_sweep(const char *path) {
     char dir[PATH_MAX], prefix[PATH_MAX + 8];
     const char *base;
-    size_t plen;
-    DIR *d;
-    struct dirent *e;
+    ddp__ckpt_sweep_args a;
     ddp__ckpt_split(path, dir, sizeof dir, &base);
     snprintf(prefix, sizeof prefix, "%s.tmp.", base);
-    plen = strlen(prefix);
-    if (!(d = opendir(dir))) return;
-    while ((e = readdir(d)) != NULL) {
-        struct stat st;
-        char *end;
-        long pid;
-        if (strncmp(e->d_name, prefix, plen) != 0) continue;
-        errno = 0;
-        pid = strtol(e->d_name + plen, &end, 10);
-        if (errno || pid <= 0 || *end != '.' || strlen(end + 1) != 16 || strspn(end + 1, "0123456789abcdef") != 16) continue;
-        if (pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
-        if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()) continue;
-        unlinkat(dirfd(d), e->d_name, 0);
-    }
-    closedir(d);
+    a.dir = dir;
+    a.plen = strlen(prefix);
+    ddp__dir_each(dir, prefix, ddp__ckpt_sweep_one, &a);
 }
 
 /* Why the temporary could not be created, in words: a name too long for the file system is
@@ -8199,9 +9023,9 @@ static const char *ddp__ckpt_temp_error(const char *path, int err, char *out, si
     char dir[PATH_MAX];
     const char *base;
     long max;
-    if (err != ENAMETOOLONG) return strerror(err);
+    if (err != ENAMETOOLONG) return ddp__strerror(err);
     ddp__ckpt_split(path, dir, sizeof dir, &base);
-    max = pathconf(dir, _PC_NAME_MAX);
+    max = ddp__name_max(dir);
     if (max <= 0) max = 255;
     snprintf(out, n, "the file name '%s' is %zu bytes, and its temporary's (%d more) must fit the file system's "
              "limit of %ld: use a name of at most %ld bytes", base, strlen(base), DDP__CKPT_TMP_EXTRA, max,
@@ -8216,21 +9040,12 @@ static int ddp__ckpt_create_temp(const char *path, char *tmp, size_t n) {
     for (attempt = 0; attempt < 16; attempt++) {
         uint64_t rnd = 0;
         int fd = -1;
-        ssize_t got = -1;
-#ifdef SYS_getrandom
-        got = syscall(SYS_getrandom, &rnd, sizeof rnd, 0);
-#endif
-        if (got != (ssize_t)sizeof rnd) {
-            int u = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-            got = u >= 0 ? read(u, &rnd, sizeof rnd) : -1;
-            if (u >= 0) close(u);
-            if (got != (ssize_t)sizeof rnd) { errno = EIO; return -1; }
-        }
-        if ((size_t)snprintf(tmp, n, "%s.tmp.%ld.%016llx", path, (long)getpid(), (unsigned long long)rnd) >= n) {
+        if (ddp__os_random(&rnd, sizeof rnd)) { errno = EIO; return -1; }
+        if ((size_t)snprintf(tmp, n, "%s.tmp.%ld.%016llx", path, (long)ddp__getpid(), (unsigned long long)rnd) >= n) {
             errno = ENAMETOOLONG;
             return -1;
         }
-        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+        fd = ddp__file_create_excl(tmp);
         if (fd >= 0 || errno != EEXIST) return fd;
     }
     return -1;
@@ -8240,12 +9055,8 @@ static int ddp__ckpt_create_temp(const char *path, char *tmp, size_t n) {
 static int ddp__ckpt_sync_dir(const char *path) {
     char dir[PATH_MAX];
     const char *base;
-    int fd, ok;
     ddp__ckpt_split(path, dir, sizeof dir, &base);
-    if ((fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) return 0;
-    ok = fsync(fd) == 0 || errno == EINVAL;   /* EINVAL: a file system that cannot sync a directory */
-    close(fd);
-    return ok;
+    return ddp__dir_sync(dir);
 }
 
 typedef struct ddp__ckpt_file {
@@ -8259,7 +9070,7 @@ static void ddp__ckpt_write(ddp__ckpt_file *f, const void *data, size_t n, int h
     if (f->err) return;
     if (hashed) ddp__sum_add(&f->sum, data, n);
     while (n > 0) {
-        ssize_t w = write(f->fd, p, n);
+        long w = ddp__file_write(f->fd, p, n);
         if (w < 0 && errno == EINTR) continue;
         if (w <= 0) { f->err = w < 0 ? errno : ENOSPC; return; }
         p += w;
@@ -8275,7 +9086,7 @@ static int ddp__ckpt_read(ddp__ckpt_file *f, void *data, size_t n, int hashed) {
     size_t left = n;
     if (f->err || n > f->size - f->pos) return 0;
     while (left > 0) {
-        ssize_t got = pread(f->fd, p, left, (off_t)f->pos);
+        long got = ddp__file_pread(f->fd, p, left, f->pos);
         if (got < 0 && errno == EINTR) continue;
         if (got <= 0) { f->err = got < 0 ? errno : EIO; return 0; }
         p += got;
@@ -8346,7 +9157,7 @@ static ddp_result ddp__ckpt_stream(ddp_context *ctx, ddp_buffer which, ddp__ckpt
 static void ddp__ckpt_kill_point(const ddp_context *ctx) {
 #ifdef DDP_TEST_KILL_POINTS
     const char *die = getenv("DDP_TEST_DIE_IN_CHECKPOINT");
-    if (ctx->rank == 0 && die && *die && strtoll(die, NULL, 10) == (long long)ctx->adam_step) raise(SIGKILL);
+    if (ctx->rank == 0 && die && *die && strtoll(die, NULL, 10) == (long long)ctx->adam_step) ddp__kill_self();
 #else
     (void)ctx;
 #endif
@@ -8373,10 +9184,10 @@ static ddp_result ddp__save(ddp_context *ctx, const char *path, const void *user
         buf = (float *)DDP_MALLOC(DDP__CKPT_CHUNK * sizeof(float));
         if (!hdr || !buf) ddp__ckpt_refuse(&st, DDP_ERR_OUT_OF_MEMORY, "no memory to write the checkpoint '%s'", path);
         if (st.code == DDP_OK) {   /* rename would replace a FIFO or device node (as root: /dev/full) */
-            struct stat sb;
-            if (lstat(path, &sb) == 0 && !S_ISREG(sb.st_mode) && !S_ISLNK(sb.st_mode))
+            const char *kind = ddp__path_kind(path);
+            if (kind)
                 ddp__ckpt_refuse(&st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint path '%s' is %s, not a regular file; nothing "
-                                 "written (name a file to write checkpoints to)", path, ddp__file_kind(sb.st_mode));
+                                 "written (name a file to write checkpoints to)", path, kind);
         }
         if (st.code == DDP_OK) {
             ddp__ckpt_sweep(path);
@@ -8400,22 +9211,22 @@ static ddp_result ddp__save(ddp_context *ctx, const char *path, const void *user
         if (user_bytes) ddp__ckpt_write(&f, user, user_bytes, 1);
         ddp__put_le(sum, ddp__sum_value(&f.sum), 8);
         ddp__ckpt_write(&f, sum, 8, 0);
-        if (!f.err && fsync(f.fd) != 0) f.err = errno;
-        if (close(f.fd) != 0 && !f.err) f.err = errno;
+        if (!f.err && ddp__file_sync(f.fd) != 0) f.err = errno;
+        if (ddp__file_close(f.fd) != 0 && !f.err) f.err = errno;
         f.fd = -1;
         if (f.err) ddp__ckpt_refuse(&st, DDP_ERR_SYSTEM, "cannot write the checkpoint '%s' (its temporary file '%s'): %s",
-                                    path, tmp, strerror(f.err));
-        else if (rename(tmp, path) != 0)
-            ddp__ckpt_refuse(&st, DDP_ERR_SYSTEM, "cannot rename '%s' to the checkpoint '%s': %s", tmp, path, strerror(errno));
+                                    path, tmp, ddp__strerror(f.err));
+        else if (ddp__file_replace(tmp, path) != 0)
+            ddp__ckpt_refuse(&st, DDP_ERR_SYSTEM, "cannot rename '%s' to the checkpoint '%s': %s", tmp, path, ddp__strerror(errno));
         else {
             renamed = 1;
             if (!ddp__ckpt_sync_dir(path))
                 ddp__ckpt_refuse(&st, DDP_ERR_SYSTEM, "wrote the checkpoint '%s' but cannot sync its directory to disk: %s",
-                                 path, strerror(errno));
+                                 path, ddp__strerror(errno));
         }
     }
-    if (f.fd >= 0) close(f.fd);
-    if (ctx->rank == 0 && tmp[0] && !renamed) unlink(tmp);
+    if (f.fd >= 0) ddp__file_close(f.fd);
+    if (ctx->rank == 0 && tmp[0] && !renamed) ddp__file_unlink(tmp);
     DDP_FREE(hdr);
     DDP_FREE(buf);
     return r != DDP_OK ? r : ddp__ckpt_share(ctx, &st, "save", path);
@@ -8429,16 +9240,17 @@ static ddp_result ddp__save_check(ddp_context *ctx, const char *path, int *holds
     ddp_result r;
     memset(&st, 0, sizeof st);
     if (ctx->rank == 0) {
-        struct stat sb;
         char tmp[PATH_MAX + 64];
-        int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-        if (fd >= 0 && fstat(fd, &sb) == 0 && !S_ISREG(sb.st_mode))
+        uint64_t size;
+        const char *kind = NULL;
+        int fd = ddp__file_open_read(path);
+        if (fd >= 0 && ddp__file_stat(fd, &size, &kind) == 0 && kind)
             ddp__ckpt_refuse(&st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint path '%s' is %s, not a regular file; name a "
-                             "file to write checkpoints to", path, ddp__file_kind(sb.st_mode));
+                             "file to write checkpoints to", path, kind);
         else if (fd < 0 && errno != ENOENT)
-            ddp__ckpt_refuse(&st, DDP_ERR_SYSTEM, "cannot look at the checkpoint path '%s': %s", path, strerror(errno));
+            ddp__ckpt_refuse(&st, DDP_ERR_SYSTEM, "cannot look at the checkpoint path '%s': %s", path, ddp__strerror(errno));
         st.step = fd >= 0;   /* the status carries "a file is there" in its step */
-        if (fd >= 0) close(fd);
+        if (fd >= 0) ddp__file_close(fd);
         if (st.code == DDP_OK) {   /* the directory takes a new file (the save's temporary) */
             int t = ddp__ckpt_create_temp(path, tmp, sizeof tmp);
             if (t < 0) {
@@ -8451,10 +9263,10 @@ static ddp_result ddp__save_check(ddp_context *ctx, const char *path, int *holds
                                      ddp__ckpt_temp_error(path, err, why, sizeof why));
                 else
                     ddp__ckpt_refuse(&st, DDP_ERR_SYSTEM, "cannot write the checkpoint '%s': no file can be created in "
-                                     "the directory '%s': %s", path, dir, strerror(err));
+                                     "the directory '%s': %s", path, dir, ddp__strerror(err));
             } else {
-                close(t);
-                unlink(tmp);
+                ddp__file_close(t);
+                ddp__file_unlink(tmp);
             }
         }
     }
@@ -8469,7 +9281,7 @@ static ddp_result ddp__save_check(ddp_context *ctx, const char *path, int *holds
 static int ddp__ckpt_verify(ddp_context *ctx, const char *path, size_t user_capacity, ddp_checkpoint_check_fn check,
                             void *check_arg, ddp__ckpt_status *st, void **blob, uint64_t *data_at, uint64_t *stored) {
     ddp__ckpt_file f;
-    struct stat sb;
+    const char *kind;
     unsigned char fixed[DDP__CKPT_FIXED], b[16];
     char name[DDP__NAME_MAX], mismatch[512];
     uint64_t floats, sum = 0, shards, i, prev = 0, expect, left;
@@ -8479,18 +9291,17 @@ static int ddp__ckpt_verify(ddp_context *ctx, const char *path, size_t user_capa
     ddp__sum_init(&f.sum);
     mismatch[0] = 0;
     *blob = NULL;
-    f.fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);   /* O_NONBLOCK: a FIFO must not block the open */
-    if (f.fd < 0) { ddp__ckpt_refuse(st, DDP_ERR_SYSTEM, "cannot open the checkpoint '%s': %s", path, strerror(errno)); return -1; }
-    if (fstat(f.fd, &sb) != 0) { ddp__ckpt_refuse(st, DDP_ERR_SYSTEM, "cannot look at the checkpoint '%s': %s", path, strerror(errno)); goto fail; }
-    if (!S_ISREG(sb.st_mode)) {
+    f.fd = ddp__file_open_read(path);   /* a FIFO does not block the open */
+    if (f.fd < 0) { ddp__ckpt_refuse(st, DDP_ERR_SYSTEM, "cannot open the checkpoint '%s': %s", path, ddp__strerror(errno)); return -1; }
+    if (ddp__file_stat(f.fd, &f.size, &kind) != 0) { ddp__ckpt_refuse(st, DDP_ERR_SYSTEM, "cannot look at the checkpoint '%s': %s", path, ddp__strerror(errno)); goto fail; }
+    if (kind) {
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is %s, not a regular file; pass the checkpoint file "
-                         "itself", path, ddp__file_kind(sb.st_mode));
+                         "itself", path, kind);
         goto fail;
     }
-    f.size = (uint64_t)sb.st_size;
     if (!ddp__ckpt_read(&f, fixed, 8, 1) || memcmp(fixed, DDP__CKPT_MAGIC, 8) != 0) {
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "'%s' is not a ddp.h checkpoint (%s)", path,
-                         f.err && f.err != EIO ? strerror(f.err) : "it does not begin with " DDP__CKPT_MAGIC);
+                         f.err && f.err != EIO ? ddp__strerror(f.err) : "it does not begin with " DDP__CKPT_MAGIC);
         goto fail;
     }
     if (!ddp__ckpt_read(&f, fixed + 8, DDP__CKPT_FIXED - 8, 1)) {
@@ -8601,7 +9412,7 @@ static int ddp__ckpt_verify(ddp_context *ctx, const char *path, size_t user_capa
     }
     if (st->user_bytes) ddp__ckpt_read(&f, *blob, (size_t)st->user_bytes, 1);
     if (!ddp__ckpt_read(&f, b, 8, 0)) {
-        ddp__ckpt_refuse(st, DDP_ERR_SYSTEM, "cannot read the checkpoint '%s': %s", path, strerror(f.err ? f.err : EIO));
+        ddp__ckpt_refuse(st, DDP_ERR_SYSTEM, "cannot read the checkpoint '%s': %s", path, ddp__strerror(f.err ? f.err : EIO));
         goto fail;
     }
     *stored = ddp__get_le(b, 8);
@@ -8640,7 +9451,7 @@ fail:
     DDP_FREE(buf);
     DDP_FREE(*blob);
     *blob = NULL;
-    close(f.fd);
+    ddp__file_close(f.fd);
     return -1;
 }
 
@@ -8703,7 +9514,7 @@ static ddp_result ddp__load(ddp_context *ctx, const char *path, void *user, size
         if (st.user_bytes) ddp__sum_add(&f.sum, blob, (size_t)st.user_bytes);
         if (f.err || ddp__sum_value(&f.sum) != stored)
             ddp__ckpt_refuse(&st, DDP_ERR_SYSTEM, "the checkpoint '%s' changed while it was loaded (%s); the parameters and "
-                             "AdamW state are partly overwritten", path, f.err ? strerror(f.err) : "its second reading has "
+                             "AdamW state are partly overwritten", path, f.err ? ddp__strerror(f.err) : "its second reading has "
                              "another checksum");
     }
     if ((r = ddp__ckpt_share(ctx, &st, "load", path)) != DDP_OK) { r = ddp__fatal(ctx, r); goto out; }
@@ -8716,7 +9527,7 @@ static ddp_result ddp__load(ddp_context *ctx, const char *path, void *user, size
         info_out->user_bytes = st.user_bytes;
     }
 out:
-    if (f.fd >= 0) close(f.fd);
+    if (f.fd >= 0) ddp__file_close(f.fd);
     DDP_FREE(blob);
     DDP_FREE(buf);
     return r;
@@ -8729,13 +9540,15 @@ out:
    -------------------------------------------------------------------------------------------- */
 #if defined(__GNUC__) || defined(__clang__)
 #define DDP__THREAD_LOCAL __thread
+#elif defined(_MSC_VER)
+#define DDP__THREAD_LOCAL __declspec(thread)
 #else
 #define DDP__THREAD_LOCAL
 #endif
 static DDP__THREAD_LOCAL char ddp__no_context_err[256];
 
 static ddp_result ddp__no_context(ddp_result code, const char *call, const char *why) {
-    snprintf(ddp__no_context_err, sizeof ddp__no_context_err, "pid %d: %s: %s", (int)getpid(), call, why);
+    snprintf(ddp__no_context_err, sizeof ddp__no_context_err, "pid %d: %s: %s", ddp__getpid(), call, why);
     return code;
 }
 
@@ -8782,7 +9595,7 @@ ddp_result ddp_init(ddp_context **out, const ddp_desc *desc) {
     if (!out) return ddp__no_context(DDP_ERR_INVALID_ARGUMENT, "ddp_init", "out is NULL (pass the address of a ddp_context *)");
     *out = ctx = (ddp_context *)ddp__calloc(sizeof *ctx);
     if (!ctx) return ddp__no_context(DDP_ERR_OUT_OF_MEMORY, "ddp_init", "out of memory for the context");
-    pthread_mutex_init(&ctx->err_lock, NULL);
+    ddp__mutex_init(&ctx->err_lock);
     ctx->store_fd = -1;
     ctx->rank = -1;
     ctx->sync_enabled = 1;

@@ -6,12 +6,54 @@
    steps with zero gradients until they run out too.
 
        cc -O2 -pthread examples/engine.c -o engine -lm && ./engine --ranks 3 --cancel-after 2000
+       x86_64-w64-mingw32-gcc -O2 examples/engine.c -o engine.exe -lws2_32 -lbcrypt     (Windows;
+       MSVC: cl /O2 examples\engine.c)
 
    The model: linear regression, y = w.x + b, its gradients by hand. */
 #define DDP_IMPLEMENTATION
 #include "../ddp.h"
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
+
+/* The engine's own threads, lock, clock and sleep: POSIX, or Win32 on Windows (ddp.h needs
+   neither from the program; on Windows it brings windows.h and Winsock with it). */
+#ifdef _WIN32
+typedef HANDLE engine_thread;
+typedef SRWLOCK engine_lock;
+#define ENGINE_LOCK_INIT SRWLOCK_INIT
+static void take(engine_lock *l) { AcquireSRWLockExclusive(l); }
+static void release(engine_lock *l) { ReleaseSRWLockExclusive(l); }
+static void *train(void *arg);
+static unsigned __stdcall train_thread(void *arg) { train(arg); return 0; }
+static void start_thread(engine_thread *t, void *arg) { *t = (HANDLE)_beginthreadex(NULL, 0, train_thread, arg, 0, NULL); }
+static void join_thread(engine_thread t) { WaitForSingleObject(t, INFINITE); CloseHandle(t); }
+static double now(void) {
+    LARGE_INTEGER f, t;
+    QueryPerformanceFrequency(&f);
+    QueryPerformanceCounter(&t);
+    return (double)t.QuadPart / (double)f.QuadPart;
+}
+static void sleep_ms(int ms) { Sleep((DWORD)ms); }
+#define close_socket(fd) closesocket(fd)
+typedef int socklen_t;
+#else
+typedef pthread_t engine_thread;
+typedef pthread_mutex_t engine_lock;
+#define ENGINE_LOCK_INIT PTHREAD_MUTEX_INITIALIZER
+static void take(engine_lock *l) { pthread_mutex_lock(l); }
+static void release(engine_lock *l) { pthread_mutex_unlock(l); }
+static void *train(void *arg);
+static void start_thread(engine_thread *t, void *arg) { pthread_create(t, NULL, train, arg); }
+static void join_thread(engine_thread t) { pthread_join(t, NULL); }
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+static void sleep_ms(int ms) { usleep((useconds_t)ms * 1000); }
+#define close_socket(fd) close(fd)
+#endif
 
 #define FEATURES 256
 #define BATCH 32
@@ -21,18 +63,12 @@ typedef struct worker {
     int rank, world, port, batches;
     ddp_cancel_token *cancel;      /* the engine's: outlives every context */
     ddp_context *ctx;              /* published for progress reads, under the engine's lock */
-    pthread_mutex_t *lock;
+    engine_lock *lock;
     ddp_result result;
     char error[1024];
     int64_t steps;
     int done;                      /* shut down (under the lock) */
 } worker;
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* Deterministic data: a target w* plus noise, different on every rank. */
 static float value(unsigned seed, unsigned i) {
@@ -61,9 +97,9 @@ static void *train(void *arg) {
     ddp_register_param(ctx, "w", FEATURES, 0, NULL, &w);
     ddp_register_param(ctx, "b", 1, DDP_NO_DECAY, NULL, &b);
     if ((me->result = ddp_commit(ctx)) != DDP_OK) goto out;
-    pthread_mutex_lock(me->lock);
+    take(me->lock);
     me->ctx = ctx;                             /* the engine may read its progress from now on */
-    pthread_mutex_unlock(me->lock);
+    release(me->lock);
     for (t = 0; t < me->batches && me->result == DDP_OK; t++) {
         float *pw = ddp_param(ctx, w), *gw = ddp_grad(ctx, w), pb = ddp_param(ctx, b)[0];
         double loss = 0, gb = 0;
@@ -91,13 +127,13 @@ static void *train(void *arg) {
     if (me->result == DDP_OK) me->result = ddp_join(ctx);   /* out of data: wait for the others */
 out:
     snprintf(me->error, sizeof me->error, "%s", ddp_last_error(ctx));
-    pthread_mutex_lock(me->lock);
+    take(me->lock);
     me->ctx = NULL;                            /* no more progress reads: it is about to go */
-    pthread_mutex_unlock(me->lock);
+    release(me->lock);
     ddp_shutdown(ctx);                         /* the thread that stepped a rank shuts it down */
-    pthread_mutex_lock(me->lock);
+    take(me->lock);
     me->done = 1;
-    pthread_mutex_unlock(me->lock);
+    release(me->lock);
     return NULL;
 }
 
@@ -108,20 +144,25 @@ static void on_sigint(int sig) { (void)sig; ddp_cancel_token_set(&cancel_token);
 static int free_port(void) {
     struct sockaddr_in a;
     socklen_t len = sizeof a;
-    int fd = socket(AF_INET, SOCK_STREAM, 0), port = 0;
+    int fd, port = 0;
+#ifdef _WIN32
+    WSADATA wsa;
+    WSAStartup(MAKEWORD(2, 2), &wsa);   /* Winsock up for this socket (ddp.h starts its own) */
+#endif
+    fd = (int)socket(AF_INET, SOCK_STREAM, 0);
     memset(&a, 0, sizeof a);
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0)
         port = ntohs(a.sin_port);
-    if (fd >= 0) close(fd);
+    if (fd >= 0) close_socket(fd);
     return port;
 }
 
 int main(int argc, char **argv) {
     worker workers[MAX_RANKS];
-    pthread_t threads[MAX_RANKS];
-    pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    engine_thread threads[MAX_RANKS];
+    engine_lock lock = ENGINE_LOCK_INIT;
     int ranks = 3, cancel_after = 2000, batches = 100000, i, port = free_port(), ok = 1, cancelled = 0;
     double t0 = now();
     for (i = 1; i + 1 < argc; i += 2) {   /* every flag takes a whole number; anything else is a usage error */
@@ -146,17 +187,17 @@ int main(int argc, char **argv) {
         workers[i].batches = i == 2 ? batches / 2 : batches;   /* rank 2 runs out of data first */
         workers[i].cancel = &cancel_token;
         workers[i].lock = &lock;
-        pthread_create(&threads[i], NULL, train, &workers[i]);
+        start_thread(&threads[i], &workers[i]);
     }
     /* The engine's UI loop: never waits for the training threads. */
     for (;;) {
         ddp_progress p;
         int done = 0;
         memset(&p, 0, sizeof p);
-        pthread_mutex_lock(&lock);             /* only keeps a context from going while it is read */
+        take(&lock);             /* only keeps a context from going while it is read */
         for (i = 0; i < ranks; i++) done += workers[i].done;
         if (workers[0].ctx) ddp_progress_read(workers[0].ctx, &p);
-        pthread_mutex_unlock(&lock);
+        release(&lock);
         if (p.step > 0)
             printf("[engine %5.2f s] step %4lld  loss %.4f  step %.2f ms  comm %.3f ms  ranks with data %d\n",
                    now() - t0, (long long)p.step, p.loss, p.step_ms, p.comm_ms, p.active_ranks);
@@ -166,10 +207,10 @@ int main(int argc, char **argv) {
             cancelled = 1;
         }
         if (done == ranks) break;              /* every rank has shut down */
-        usleep(20000);                         /* a frame */
+        sleep_ms(20);                          /* a frame */
     }
     for (i = 0; i < ranks; i++) {
-        pthread_join(threads[i], NULL);
+        join_thread(threads[i]);
         printf("[engine] rank %d: %lld steps, %s%s%s\n", i, (long long)workers[i].steps, ddp_result_string(workers[i].result),
                workers[i].result != DDP_OK ? ": " : "", workers[i].result != DDP_OK ? workers[i].error : "");
         /* cancelled (by us or Ctrl-C) or finished: anything else is a failure */

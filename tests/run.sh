@@ -78,6 +78,7 @@ run "engine example: ranks as threads, progress, cancel, join" sh -c '"$1" && "$
 #  that comes before that is lost, and --batches 300 lets that try end by itself)
 run "engine example: Ctrl-C during ddp_init is a cancel on every rank, not a lost peer (20 tries)" sh -c 'for i in $(seq 20); do "$1" --ranks 3 --cancel-after 0 --batches 300 >"$2" 2>&1 & p=$!; sleep 0.00$((1 + i % 4)); kill -INT $p; wait $p; rc=$?; if [ $rc != 0 ] && [ $rc != 130 ]; then echo "FAIL engine_cancel_during_init_is_a_cancel: try $i, exit $rc: $(grep -m1 -i error "$2")"; exit 1; fi; done; echo PASS engine_cancel_during_init_is_a_cancel' sh "$B/engine" "$(mktemp)"
 run "neural texture example: thread-ranks, previews, PNGs, PSNR, time-limit cancel" tests/test_texture.sh "$B"
+run "Windows build under Wine: unit tests, thread-ranks and processes = Linux bit for bit, checkpoints, timeline, engine and texture examples" tests/test_windows.sh "$B"
 run "include order" tests/test_include_order.sh
 run "make run and make help" tests/test_make.sh
 for n in 1 2 4; do run "tiny GPT vs PyTorch, N ranks vs 1, $n rank(s)" "$B/ddprun" -n "$n" "$B/test_gpt"; done

@@ -18,7 +18,11 @@
 #define DDP__CKPT_CHUNK ((size_t)1000)
 #define DDP_HAS_SHARD_OPTIMIZER   /* ddp_desc.shard_optimizer is here: the *-sharded phases run */
 #include "testlib.h"
+#ifndef _WIN32
 #include <sys/wait.h>
+#else
+#include <dirent.h>   /* MinGW-w64's */
+#endif
 
 #define S 5   /* steps before the checkpoint */
 #define K 4   /* steps after it */
@@ -323,10 +327,14 @@ static void phase_errors(const char *dir) {
     memset(&sn, 0, sizeof sn);
     path_in(ck, sizeof ck, dir, "ck");
     file = (unsigned char *)read_file(ck, &n);
+#ifndef _WIN32
     path_in(p, sizeof p, dir, "fifo");
     if (rank == 0) { unlink(p); if (mkfifo(p, 0600) != 0) die("mkfifo"); }
     if (ddp_barrier(ddp) != DDP_OK) die("barrier");
     refused("ckpt_fifo_refused_not_waited_on", p, "is a FIFO (named pipe), not a regular file", &sn);
+#else
+    if (rank == 0) printf("SKIP ckpt_fifo_refused_not_waited_on: Windows has no FIFOs in the file system\n");
+#endif
     path_in(p, sizeof p, dir, "nothing-here");
     refused("ckpt_missing_file_refused", p, "No such file or directory", &sn);
     refused("ckpt_directory_refused", dir, "is a directory, not a regular file", &sn);
@@ -391,26 +399,39 @@ static void phase_errors(const char *dir) {
     check_all(r != DDP_OK && strstr(ddp_last_error(ddp), "cannot create a temporary file next to the checkpoint") != NULL &&
               (rank == 0 || strstr(ddp_last_error(ddp), "rank 0 could not save the checkpoint") != NULL),
               "ckpt_save_unwritable_fails_every_rank", "%s", ddp_last_error(ddp));
+#ifndef _WIN32
     path_in(p, sizeof p, dir, "fifo");
     r = ddp_save_check(ddp, p, &holds);
     check_all(r != DDP_OK && strstr(ddp_last_error(ddp), "is a FIFO (named pipe), not a regular file") != NULL,
               "ckpt_save_check_fifo_named", "%s", ddp_last_error(ddp));
+#endif
     r = ddp_save_check(ddp, dir, &holds);
     check_all(r != DDP_OK && strstr(ddp_last_error(ddp), "is a directory, not a regular file") != NULL,
               "ckpt_save_check_directory_named", "%s", ddp_last_error(ddp));
     {   /* ddp_save itself: an existing FIFO or directory at the path is refused on every rank, left as it was */
-        struct stat st;
+#ifndef _WIN32   /* (no FIFOs on Windows) */
         const char *e;
+        struct stat st;
         path_in(p, sizeof p, dir, "fifo");
         r = ddp_save(ddp, p, NULL, 0);
         e = ddp_last_error(ddp);
         check_all(r == DDP_ERR_INVALID_ARGUMENT && strstr(e, "is a FIFO (named pipe), not a regular file; nothing written") != NULL &&
                   (rank == 0 || strstr(e, "rank 0 could not save the checkpoint") != NULL) && stat(p, &st) == 0 && S_ISFIFO(st.st_mode),
                   "ckpt_save_fifo_refused_left_alone", "r=%d %s", (int)r, e);
+#endif
         r = ddp_save(ddp, dir, NULL, 0);
         check_all(r == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(ddp), "is a directory, not a regular file") != NULL,
                   "ckpt_save_directory_refused", "r=%d %s", (int)r, ddp_last_error(ddp));
     }
+#ifdef _WIN32
+    if (rank == 0) printf("SKIP ckpt_save_replaces_symlink_not_its_target: symlinks need a privilege on Windows; "
+                          "ckpt_stale_temporaries_of_dead_writers_swept: it forks a writer that dies (POSIX)\n");
+    path_in(p, sizeof p, dir, "plain");
+    r = ddp_save(ddp, p, NULL, 0);   /* a fresh name, then over an existing file (MoveFileExW's replace) */
+    if (r == DDP_OK) r = ddp_save(ddp, p, NULL, 0);
+    if (r == DDP_OK) r = ddp_load(ddp, p, NULL, 0, NULL, NULL, NULL);
+    check_all(r == DDP_OK, "ckpt_no_user_blob_round_trip", "%s", ddp_last_error(ddp));
+#else
     {   /* a symlink at the destination is replaced, its target left alone; stale temporaries of
            dead writers are swept, a live writer's and foreign names are not */
         char target[4096], dead[8192], live[8192], odd[8192];
@@ -448,6 +469,7 @@ static void phase_errors(const char *dir) {
         r = ddp_load(ddp, p, NULL, 0, NULL, NULL, NULL);
         check_all(r == DDP_OK, "ckpt_no_user_blob_round_trip", "%s", ddp_last_error(ddp));
     }
+#endif
     free(file);
 }
 

@@ -367,6 +367,11 @@ static void test_sizes_and_names(void) {
     verdict(r == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(ctx), "args_size 18446744073709551615 is not the size"),
             "embed_tape_record_huge_args_size_refused", "%s: '%s'", ddp_result_string(r), ddp_last_error(ctx));
     ddp_tape_reset(ctx);
+#ifdef _WIN32
+    (void)dir; (void)path; (void)name; (void)holds;
+    printf("SKIP embed_checkpoint_name_too_long_named, embed_checkpoint_name_226_bytes_saves: Windows' MAX_PATH (260) "
+           "comes first, and ddp.h refuses such a path by its length\n");
+#else
     if (mkdtemp(dir)) {
         size_t at = (size_t)snprintf(path, sizeof path, "%s/", dir);
         name = path + at;
@@ -382,6 +387,7 @@ static void test_sizes_and_names(void) {
         unlink(path);
         rmdir(dir);
     }
+#endif
     ddp_shutdown(ctx);
     memset(&d, 0, sizeof d);
     d.world_size = 1;

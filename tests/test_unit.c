@@ -2,7 +2,9 @@
    bucket layout, tape order, launch order, accumulation, unused parameters, double ready,
    AdamW against a float64 reference, and every bad input we can name. */
 #include "testlib.h"
+#ifndef _WIN32
 #include <sys/wait.h>
+#endif
 
 static int contains(const char *haystack, const char *needle) { return strstr(haystack, needle) != NULL; }
 
@@ -553,7 +555,7 @@ static void test_env_rule(void) {
 
 /* ---- rendezvous failures ---- */
 static void test_port_in_use(void) {
-    int port = test_free_port(), fd = socket(AF_INET, SOCK_STREAM, 0);
+    int port = test_free_port(), fd = (int)socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a;
     ddp_context *ctx;
     ddp_desc d;
@@ -568,7 +570,32 @@ static void test_port_in_use(void) {
     verdict(r == DDP_ERR_NETWORK && contains(ddp_last_error(ctx), "already in use"), "port_in_use_named",
             "%s: %s", ddp_result_string(r), ddp_last_error(ctx));
     ddp_shutdown(ctx);
-    close(fd);
+    test_sock_close(fd);
+}
+
+/* A backend this build does not have is refused by name (on Windows: NCCL and MPI are Linux-only). */
+static void test_backend_not_built(void) {
+    ddp_backend which[2] = { DDP_BACKEND_NCCL, DDP_BACKEND_MPI };
+    const char *names[2] = { "NCCL", "MPI" };
+    int i;
+    for (i = 0; i < 2; i++) {
+        ddp_context *ctx = NULL;
+        ddp_desc d;
+        ddp_result r;
+        char name[64];
+        memset(&d, 0, sizeof d);
+        d.world_size = 2; d.rank = 0; d.master_port = test_free_port(); d.timeout_s = 2; d.log_level = DDP_LOG_OFF;
+        d.backend = which[i];
+        r = ddp_init(&ctx, &d);
+        snprintf(name, sizeof name, "backend_%s_not_built_named", names[i]);
+#ifdef _WIN32
+        verdict(r == DDP_ERR_BACKEND && contains(ddp_last_error(ctx), names[i]) && contains(ddp_last_error(ctx), "Linux-only"),
+                name, "%s: %s", ddp_result_string(r), ddp_last_error(ctx));
+#else
+        verdict(r == DDP_ERR_BACKEND && contains(ddp_last_error(ctx), names[i]), name, "%s: %s", ddp_result_string(r), ddp_last_error(ctx));
+#endif
+        ddp_shutdown(ctx);
+    }
 }
 
 static void test_unresolvable(void) {
@@ -595,7 +622,9 @@ static void init_only_rank(test_rank *self) {
     ddp_shutdown(ctx);
 }
 
-static void tweak_missing_rank(test_rank *self, ddp_desc *d) { d->world_size = 3; d->timeout_s = 1.5; (void)self; }
+/* Rank 0 gives up first (its verdict names rank 2), rank 1 well after: with equal timeouts the two
+   verdicts raced (under Wine one in four runs rank 0 heard first that rank 1 had left). */
+static void tweak_missing_rank(test_rank *self, ddp_desc *d) { d->world_size = 3; d->timeout_s = self->rank ? 3.0 : 1.5; }
 static void tweak_tokens(test_rank *self, ddp_desc *d) { d->job_token = self->rank ? "intruder" : "secret"; d->timeout_s = 2; }
 static void tweak_world(test_rank *self, ddp_desc *d) { d->world_size = 2 + self->rank; d->timeout_s = 3; }
 
@@ -604,7 +633,8 @@ static void test_rendezvous_failures(void) {
     void *shared[2] = { (void *)init_only_rank, (void *)tweak_missing_rank };
     test_run_ranks(2, shared, ranks);   /* world 3, but only ranks 0 and 1 start */
     verdict(ranks[0].result == DDP_ERR_TIMEOUT && contains(ranks[0].error, "rank(s) 2 never arrived") &&
-            ranks[1].result == DDP_ERR_TIMEOUT, "missing_ranks_listed", "rank 0: %s | rank 1: %s", ranks[0].error, ranks[1].error);
+            (ranks[1].result == DDP_ERR_TIMEOUT || ranks[1].result == DDP_ERR_PEER_LOST), "missing_ranks_listed",
+            "rank 0: %s | rank 1: %s", ranks[0].error, ranks[1].error);
     shared[1] = (void *)tweak_tokens;
     test_run_ranks(2, shared, ranks);
     verdict(ranks[1].result == DDP_ERR_NETWORK && contains(ranks[1].error, "job token") && ranks[0].result == DDP_ERR_TIMEOUT,
@@ -622,7 +652,7 @@ static void *attacker_main(void *arg) {
     while (!__atomic_load_n(&attack_stop, __ATOMIC_ACQUIRE) && round < 2000) {
         struct sockaddr_in a;
         unsigned char junk[64];
-        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        int fd = (int)socket(AF_INET, SOCK_STREAM, 0);
         memset(&a, 0, sizeof a);
         a.sin_family = AF_INET; a.sin_port = htons((uint16_t)port); a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
         if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) {
@@ -631,11 +661,11 @@ static void *attacker_main(void *arg) {
             if (round % 3 != 2 && send(fd, junk, sizeof junk, MSG_NOSIGNAL) < 0) {}   /* else: connect and say nothing */
         }
         usleep(2000);
-        if (round % 3 != 2) close(fd);
+        if (round % 3 != 2) test_sock_close(fd);
         else silent[num_silent++] = fd;   /* silent ones stay open until the end */
         round++;
     }
-    for (k = 0; k < num_silent; k++) close(silent[k]);
+    for (k = 0; k < num_silent; k++) test_sock_close(silent[k]);
     return NULL;
 }
 
@@ -792,7 +822,7 @@ static void test_launcher_job_ids(void) {
 typedef struct { int listen_fd; unsigned char got[4096]; size_t len; } squatter;
 static void *squatter_main(void *arg) {
     squatter *q = (squatter *)arg;
-    int fd = accept(q->listen_fd, NULL, NULL);
+    int fd = (int)accept(q->listen_fd, NULL, NULL);
     double until = ddp__now() + 2;
     int answered = 0;
     if (fd < 0) return NULL;
@@ -812,7 +842,7 @@ static void *squatter_main(void *arg) {
             answered = 1;
         }
     }
-    close(fd);
+    test_sock_close(fd);
     return NULL;
 }
 
@@ -831,7 +861,7 @@ static void test_squatter(void) {
     ddp_result r;
     int port = test_free_port();
     memset(&q, 0, sizeof q);
-    q.listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+    q.listen_fd = (int)socket(AF_INET, SOCK_STREAM, 0);
     memset(&a, 0, sizeof a);
     a.sin_family = AF_INET; a.sin_port = htons((uint16_t)port); a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     bind(q.listen_fd, (struct sockaddr *)&a, sizeof a);
@@ -842,7 +872,7 @@ static void test_squatter(void) {
     d.job_token = "s3cret-token-7fa1c9";
     r = ddp_init(&ctx, &d);
     pthread_join(t, NULL);
-    close(q.listen_fd);
+    test_sock_close(q.listen_fd);
     verdict(r == DDP_ERR_NETWORK && contains(ddp_last_error(ctx), "could not prove") && q.len > 0 &&
             !holds(q.got, q.len, "s3cret-token-7fa1c9"), "squatter_on_port_refused_learns_no_token",
             "%s: %s; the squatter got %zu bytes%s", ddp_result_string(r), ddp_last_error(ctx), q.len,
@@ -857,7 +887,7 @@ static void test_store_waits(void) {
     ddp_desc d;
     ddp_result r;
     double t0, took;
-    int port = test_free_port(), fd = socket(AF_INET, SOCK_STREAM, 0);
+    int port = test_free_port(), fd = (int)socket(AF_INET, SOCK_STREAM, 0);
     char want[64];
     memset(&d, 0, sizeof d);
     d.world_size = 2; d.rank = 1; d.master_port = port; d.timeout_s = 1; d.log_level = DDP_LOG_OFF;
@@ -882,7 +912,7 @@ static void test_store_waits(void) {
             !contains(ddp_last_error(ctx), "reset") && took < 5, "silent_listener_handshake_wait_follows_timeout",
             "%s after %.1f s: %s", ddp_result_string(r), took, ddp_last_error(ctx));
     ddp_shutdown(ctx);
-    close(fd);
+    test_sock_close(fd);
 }
 
 /* After a failure, ddp_shutdown does not wait on a peer that hangs (connected, silent). */
@@ -966,6 +996,7 @@ static void test_log_flood(void) {
             ranks[0].error, ranks[1].error);
 }
 
+#ifndef _WIN32   /* POSIX only: they read /proc/self/map_files and fork a zombie */
 /* ---- the shared segment is owner-only (checked through the mapping, as it is unlinked) ---- */
 static void shm_mode_rank(test_rank *self) {
     ddp_context *ctx;
@@ -1026,6 +1057,15 @@ static void test_exited_peer(void) {
     verdict(ranks[0].result == DDP_OK && ranks[1].result == DDP_OK, "peer_exited_after_posting_is_not_lost",
             "rank 0: %d %s | rank 1: %d %s", ranks[0].result, ranks[0].error, ranks[1].result, ranks[1].error);
 }
+
+#else
+static void test_shm_owner_only(void) {
+    printf("SKIP shm_segment_owner_only: POSIX shared memory's file mode; Windows' mapping is named in the session's Local namespace under the creator's default security\n");
+}
+static void test_exited_peer(void) {
+    printf("SKIP peer_exited_after_posting_is_not_lost: it forks a zombie (POSIX); Windows has no zombies, an exited process is signalled at once\n");
+}
+#endif
 
 /* ---- ranks that disagree after init ---- */
 static void mismatch_rank(test_rank *self) {
@@ -1290,6 +1330,7 @@ int main(void) {
     test_env_rule();
     test_port_in_use();
     test_unresolvable();
+    test_backend_not_built();
     test_rendezvous_failures();
     test_mismatches();
     test_store_under_attack();

@@ -6,6 +6,23 @@
 #define DDP_TEST_KILL_POINTS   /* DDP_TEST_KILL_AT=POINT:RANK (ddp.h): SIGKILL a rank inside the library */
 #include "../ddp.h"
 #include <stdio.h>
+#ifdef _WIN32
+/* Windows (MinGW-w64, tests/test_windows.sh): the tests' own threads are winpthreads' (ddp.h
+   itself uses none); the POSIX calls the tests make on sockets and the environment, mapped. */
+#include <pthread.h>
+#define setenv(name, value, overwrite) _putenv_s((name), (value))
+#define unsetenv(name) _putenv_s((name), "")
+#define poll(p, n, ms) WSAPoll((p), (n), (ms))
+#define test_sock_close(fd) closesocket(fd)
+#define usleep(us) Sleep(((us) + 999) / 1000)
+#include <direct.h>
+#include <io.h>
+static inline char *test_mkdtemp(char *t) { return _mktemp_s(t, strlen(t) + 1) == 0 && _mkdir(t) == 0 ? t : NULL; }
+#define mkdtemp(t) test_mkdtemp(t)
+#define rmdir(d) _rmdir(d)
+#else
+#define test_sock_close(fd) close(fd)
+#endif
 
 static int test_failures;
 
@@ -52,14 +69,16 @@ static inline uint64_t test_hash(const void *data, size_t bytes) {
 /* A TCP port nobody listens on right now. */
 static inline int test_free_port(void) {
     struct sockaddr_in a;
-    socklen_t len = sizeof a;
-    int fd = socket(AF_INET, SOCK_STREAM, 0), port = 0;
+    ddp__socklen len = sizeof a;
+    int fd, port = 0;
+    (void)ddp__net_init();   /* Windows: Winsock up */
+    fd = (int)socket(AF_INET, SOCK_STREAM, 0);
     memset(&a, 0, sizeof a);
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0)
         port = ntohs(a.sin_port);
-    if (fd >= 0) close(fd);
+    if (fd >= 0) test_sock_close(fd);
     return port;
 }
 

@@ -46,6 +46,9 @@
  * Being in a background group, a rank reading the terminal would stop on
  * SIGTTIN, so ranks get /dev/null as stdin when ddprun's stdin is a tty.
  */
+#ifdef _WIN32
+#include "ddprun_windows.c"   /* Win32 processes, the same job environment; that file says what differs */
+#else
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -1281,3 +1284,4 @@ int main(int argc, char **argv)
     finish_output();
     return job.exit_status < 0 ? 0 : job.exit_status;
 }
+#endif /* !_WIN32 */

@@ -27,9 +27,52 @@ static void tex_free(void *ptr);
 #include "../../ddp.h"
 #include <math.h>
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+
+/* The program's own threads, lock, clock, sleep and mkdir: POSIX, or Win32 on Windows (ddp.h
+   needs neither from the program; there it brings windows.h and Winsock with it). */
+#ifdef _WIN32
+#include <direct.h>
+typedef HANDLE tex_thread;
+typedef SRWLOCK tex_lock;
+static void tex_lock_init(tex_lock *l) { InitializeSRWLock(l); }
+static void take(tex_lock *l) { AcquireSRWLockExclusive(l); }
+static void release(tex_lock *l) { ReleaseSRWLockExclusive(l); }
+static void *train(void *arg);
+static unsigned __stdcall train_thread(void *arg) { train(arg); return 0; }
+static void start_thread(tex_thread *t, void *arg) { *t = (HANDLE)_beginthreadex(NULL, 0, train_thread, arg, 0, NULL); }
+static void join_thread(tex_thread t) { WaitForSingleObject(t, INFINITE); CloseHandle(t); }
+static double now(void) {
+    LARGE_INTEGER f, t;
+    QueryPerformanceFrequency(&f);
+    QueryPerformanceCounter(&t);
+    return (double)t.QuadPart / (double)f.QuadPart;
+}
+static void sleep_ms(int ms) { Sleep((DWORD)ms); }
+static int make_dir(const char *path) { return _mkdir(path); }
+#define close_socket(fd) closesocket(fd)
+typedef int socklen_t;
+#else
+typedef pthread_t tex_thread;
+typedef pthread_mutex_t tex_lock;
+static void tex_lock_init(tex_lock *l) { pthread_mutex_init(l, NULL); }
+static void take(tex_lock *l) { pthread_mutex_lock(l); }
+static void release(tex_lock *l) { pthread_mutex_unlock(l); }
+static void *train(void *arg);
+static void start_thread(tex_thread *t, void *arg) { pthread_create(t, NULL, train, arg); }
+static void join_thread(tex_thread t) { pthread_join(t, NULL); }
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+static void sleep_ms(int ms) { usleep((useconds_t)ms * 1000); }
+static int make_dir(const char *path) { return mkdir(path, 0777); }
+#define close_socket(fd) close(fd)
+#endif
 
 /* ---- the counting allocator: a 16-byte header keeps the size (DDP_FREE gets no size) and the
    alignment malloc gives. Ranks allocate from their own threads: the counters are atomic. ---- */
@@ -203,7 +246,7 @@ static unsigned hash2(unsigned a, unsigned b) {
 /* ---- what the ranks and the UI share ---- */
 typedef struct snapshot { int64_t step; float *params; } snapshot;
 typedef struct shared {
-    pthread_mutex_t lock;      /* held only to copy: never while computing or writing files */
+    tex_lock lock;             /* held only to copy: never while computing or writing files */
     ddp_cancel_token cancel;
     int size, ranks, global_batch, port, preview_every;
     int64_t steps;             /* 0: until cancelled */
@@ -226,20 +269,14 @@ typedef struct worker {
     int done;
 } worker;
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* ddp.h's log, routed into the host's: from any rank's thread (and the library's own). */
 static void on_log(void *user, ddp_log_level level, int rank, const char *message) {
     static const char *names[] = { "", "debug", "info", "warn", "error", "" };
     shared *sh = (shared *)user;
-    pthread_mutex_lock(&sh->lock);
+    take(&sh->lock);
     sh->log_messages++;
     fprintf(stderr, "[texture: ddp %s, rank %d] %s\n", names[level <= DDP_LOG_OFF ? level : 0], rank, message);
-    pthread_mutex_unlock(&sh->lock);
+    release(&sh->lock);
 }
 
 #define TRY(call) do { if ((me->result = (call)) != DDP_OK) goto out; } while (0)
@@ -283,14 +320,14 @@ static void *train(void *arg) {
     }
     TRY(ddp_commit(ctx));
     flat = ddp_flat_params(ctx, NULL);
-    pthread_mutex_lock(&sh->lock);
+    take(&sh->lock);
     me->ctx = ctx;                     /* the UI may read its progress from now on */
     if (me->rank == 0)
         for (l = 0; l < NLAYERS; l++) {
             sh->offset[l][0] = (size_t)(ddp_param(ctx, ids[l][0]) - flat);
             sh->offset[l][1] = (size_t)(ddp_param(ctx, ids[l][1]) - flat);
         }
-    pthread_mutex_unlock(&sh->lock);
+    release(&sh->lock);
     for (step = 0; sh->steps == 0 || step < sh->steps; step++) {
         float loss = 0;
         /* This rank's slice of global batch `step`: the same pixels whatever the rank count. */
@@ -321,31 +358,31 @@ static void *train(void *arg) {
         ddp_report_loss(ctx, loss);        /* for the UI's display: nothing is sent */
         if (me->rank == 0 && (step + 1) % sh->preview_every == 0) {
             /* Hand the UI a copy (a memcpy under a lock it holds only to copy out). */
-            pthread_mutex_lock(&sh->lock);
+            take(&sh->lock);
             if (sh->snap_head - sh->snap_tail < SNAP_SLOTS) {
                 snapshot *s = &sh->snaps[sh->snap_head % SNAP_SLOTS];
                 s->step = step + 1;
                 memcpy(s->params, flat, sizeof(float) * sh->nparams);
                 sh->snap_head++;
             } else sh->snaps_dropped++;
-            pthread_mutex_unlock(&sh->lock);
+            release(&sh->lock);
         }
     }
 out:
     snprintf(me->error, sizeof me->error, "%s", ddp_last_error(ctx));
-    pthread_mutex_lock(&sh->lock);
+    take(&sh->lock);
     if (me->rank == 0 && ctx && me->ctx) {   /* the last completed step's parameters */
         memcpy(sh->final_params, ddp_flat_params(ctx, NULL), sizeof(float) * sh->nparams);
         sh->final_step = step;
     }
     me->ctx = NULL;                    /* no more progress reads: it is about to go */
-    pthread_mutex_unlock(&sh->lock);
+    release(&sh->lock);
     ddp_shutdown(ctx);                 /* the thread that stepped a rank shuts it down */
     for (l = 0; l <= NLAYERS; l++) { free(act[l]); free(grad[l]); }
     for (l = 0; l < NLAYERS; l++) free(winit[l]);
-    pthread_mutex_lock(&sh->lock);
+    take(&sh->lock);
     me->done = 1;
-    pthread_mutex_unlock(&sh->lock);
+    release(&sh->lock);
     return NULL;
 }
 
@@ -382,20 +419,25 @@ static void on_sigint(int sig) { (void)sig; ddp_cancel_token_set(sigint_token); 
 static int free_port(void) {
     struct sockaddr_in a;
     socklen_t len = sizeof a;
-    int fd = socket(AF_INET, SOCK_STREAM, 0), port = 0;
+    int fd, port = 0;
+#ifdef _WIN32
+    WSADATA wsa;
+    WSAStartup(MAKEWORD(2, 2), &wsa);   /* Winsock up for this socket (ddp.h starts its own) */
+#endif
+    fd = (int)socket(AF_INET, SOCK_STREAM, 0);
     memset(&a, 0, sizeof a);
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0)
         port = ntohs(a.sin_port);
-    if (fd >= 0) close(fd);
+    if (fd >= 0) close_socket(fd);
     return port;
 }
 
 int main(int argc, char **argv) {
     static shared sh;
     worker workers[MAX_RANKS];
-    pthread_t threads[MAX_RANKS];
+    tex_thread threads[MAX_RANKS];
     const char *out_dir = ".";
     char path[1024];
     double seconds = 10, t0 = now(), last_print = -1, psnr;
@@ -403,7 +445,7 @@ int main(int argc, char **argv) {
     float *img, *side;
     int64_t last_step = 0;
     memset(&sh, 0, sizeof sh);
-    pthread_mutex_init(&sh.lock, NULL);
+    tex_lock_init(&sh.lock);
     sh.size = 64; sh.ranks = 2; sh.global_batch = 256; sh.preview_every = 200; sh.lr = 1e-2f;
     for (i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--ranks")) sh.ranks = atoi(argv[i + 1]);
@@ -434,7 +476,7 @@ int main(int argc, char **argv) {
     for (i = 0; i < SNAP_SLOTS; i++) sh.snaps[i].params = (float *)malloc(sizeof(float) * sh.nparams);
     sh.final_params = (float *)calloc(sh.nparams, sizeof(float));
     sh.port = free_port();
-    if (mkdir(out_dir, 0777) != 0 && errno != EEXIST) {   /* the output directory, as a tool makes it */
+    if (make_dir(out_dir) != 0 && errno != EEXIST) {   /* the output directory, as a tool makes it */
         fprintf(stderr, "cannot create the output directory %s: %s\n", out_dir, strerror(errno));
         return 1;
     }
@@ -448,7 +490,7 @@ int main(int argc, char **argv) {
         memset(&workers[i], 0, sizeof workers[i]);
         workers[i].sh = &sh;
         workers[i].rank = i;
-        pthread_create(&threads[i], NULL, train, &workers[i]);
+        start_thread(&threads[i], &workers[i]);
     }
     /* The UI loop: a frame every 20 ms; it never waits for the training threads. */
     while (done < sh.ranks) {
@@ -457,7 +499,7 @@ int main(int argc, char **argv) {
         int have_snap = 0;
         memset(&p, 0, sizeof p);
         memset(&snap, 0, sizeof snap);
-        pthread_mutex_lock(&sh.lock);         /* keeps a context from going while it is read */
+        take(&sh.lock);         /* keeps a context from going while it is read */
         for (done = 0, i = 0; i < sh.ranks; i++) done += workers[i].done;
         if (workers[0].ctx) ddp_progress_read(workers[0].ctx, &p);
         if (sh.snap_tail < sh.snap_head) {    /* take the oldest snapshot: swap buffers, no copy */
@@ -468,7 +510,7 @@ int main(int argc, char **argv) {
             sh.snap_tail++;
             have_snap = 1;
         }
-        pthread_mutex_unlock(&sh.lock);
+        release(&sh.lock);
         if (p.step > last_step && now() - t0 - last_print >= 0.5) {
             printf("[ui %5.2f s] step %5lld  loss %.5f  step %.2f ms  comm %.3f ms\n",
                    now() - t0, (long long)p.step, p.loss, p.step_ms, p.comm_ms);
@@ -488,10 +530,10 @@ int main(int argc, char **argv) {
             ddp_cancel_token_set(&sh.cancel);
             timed_out = 1;
         }
-        if (done < sh.ranks) usleep(20000);
+        if (done < sh.ranks) sleep_ms(20);
     }
     for (i = 0; i < sh.ranks; i++) {
-        pthread_join(threads[i], NULL);
+        join_thread(threads[i]);
         if (workers[i].result != DDP_OK && workers[i].result != DDP_ERR_CANCELLED) {
             fprintf(stderr, "[ui] rank %d: %s: %s\n", i, ddp_result_string(workers[i].result), workers[i].error);
             ok = 0;
