@@ -34,6 +34,8 @@ mkdir -p "$tmp/src/examples/gpt" "$tmp/src/bench" "$tmp/src/build"
 for f in ddp.h examples/gpt/train_gpt.c examples/gpt/gpt.h bench/bench_allreduce.c; do
     git show "$OLD:$f" >"$tmp/src/$f" || { echo "compare_builds: no $f at $OLD"; exit 1; }
 done
+# bench_allreduce.c's size parser, where the revision has it (since bb5fd5c)
+git show "$OLD:bench/bench_sizes.h" >"$tmp/src/bench/bench_sizes.h" 2>/dev/null || rm -f "$tmp/src/bench/bench_sizes.h"
 OPT="-O3 -march=native -fno-math-errno -g"
 # OpenBLAS as the Makefile finds it (the trainer's matmuls), else the portable ones, on both sides
 if printf '#include <cblas.h>\nint main(void) { return 0; }\n' | cc -x c - -o /dev/null -lopenblas >/dev/null 2>&1; then
