@@ -1213,6 +1213,8 @@ static void ddp__cond_destroy(ddp__cond *c) { (void)c; }
 static void ddp__cond_wait(ddp__cond *c, ddp__mutex *m) { SleepConditionVariableSRW(c, m, INFINITE, 0); }
 static void ddp__cond_signal(ddp__cond *c) { WakeConditionVariable(c); }
 static void ddp__cond_broadcast(ddp__cond *c) { WakeAllConditionVariable(c); }
+/* a wait of at most `s` seconds (a watchdog's tick) */
+static inline void ddp__cond_wait_s(ddp__cond *c, ddp__mutex *m, double s) { SleepConditionVariableSRW(c, m, (DWORD)(s * 1e3), 0); }
 typedef struct ddp__thread_start { void *(*fn)(void *); void *arg; } ddp__thread_start;
 static unsigned __stdcall ddp__thread_trampoline(void *p) {
     ddp__thread_start st = *(ddp__thread_start *)p;
@@ -1695,6 +1697,16 @@ typedef pthread_t ddp__thread;
 #define ddp__cond_wait(c, m) pthread_cond_wait((c), (m))
 #define ddp__cond_signal(c) pthread_cond_signal(c)
 #define ddp__cond_broadcast(c) pthread_cond_broadcast(c)
+/* a wait of at most `s` seconds (a watchdog's tick); the condition's clock is the realtime one */
+static inline void ddp__cond_wait_s(ddp__cond *c, ddp__mutex *m, double s) {
+    struct timespec ts;
+    long ns = (long)(s * 1e9);
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += ns / 1000000000L;
+    ts.tv_nsec += ns % 1000000000L;
+    if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+    pthread_cond_timedwait(c, m, &ts);
+}
 #define ddp__thread_create(t, fn, arg) pthread_create((t), NULL, (fn), (arg))
 #define ddp__thread_join(t) pthread_join((t), NULL)
 /* pthread_cancel of a rank's thread inside a section that holds a lock would leave it held */
@@ -2110,6 +2122,23 @@ enum { DDP__KIND_BARRIER = 1, DDP__KIND_BROADCAST, DDP__KIND_SUM, DDP__KIND_AVG,
 
 typedef struct ddp__store_server ddp__store_server;
 
+/* The communication thread's work queue (>>engine), one per backend that has the thread (cpu,
+   mpi). Buckets are launched strictly in bucket order, so the queue is two counters: launched
+   and done; bucket `done` is run next, by whichever thread holds the turn (busy). */
+typedef ddp_result (*ddp__work_fn)(ddp_context *ctx, int bucket);
+typedef struct ddp__workq {
+    ddp_context *ctx;
+    ddp__work_fn run;              /* what the backend does with one bucket */
+    ddp__thread thread;
+    int started, stop;
+    ddp__mutex lock;
+    ddp__cond wake, done_cond;
+    int launched, done;
+    int busy;                      /* a thread holds the turn: it runs bucket `done` (ddp__workq_turn) */
+    ddp_result error;              /* the first bucket's failure; sticky */
+    double seconds, last_seconds;  /* this step's time in the buckets, and the last bucket's */
+} ddp__workq;
+
 /* The CPU backend's state: the collective segment, every rank's gradients in one more segment,
    and the communication thread that averages buckets while backward runs (>>cpu). */
 typedef struct ddp__cpu {
@@ -2128,16 +2157,9 @@ typedef struct ddp__cpu {
     double *norm_recv;             /* sharded: a peer's norm blocks, as they arrive */
     float *bucket_f32;             /* bf16 parameters without the gradient segment: one bucket widened
                                       for the staging slots (the largest bucket's floats) */
-    ddp__thread comm_thread;
-    int comm_started, comm_stop;
-    ddp__mutex comm_lock;
-    ddp__cond comm_wake, comm_done_cond;
-    int comm_launched, comm_done;
-    int comm_busy;                 /* a thread holds the turn: it reduces bucket comm_done (ddp__comm_turn) */
+    ddp__workq comm;               /* the communication thread's queue (>>engine) */
     uint32_t out_pending;          /* in place: the peers may still copy from this rank's buffer until
                                       every rank posts STAGE_OUT this far (0: nothing pending) */
-    ddp_result comm_error;
-    double comm_seconds, comm_last_seconds;
 } ddp__cpu;
 
 /* The bf16 conversions a backend does for param_dtype BF16 (the gradients need none: they are
@@ -4194,6 +4216,133 @@ static ddp_result ddp__fetch_from_rank0(ddp_context *ctx, const char *key, const
 }
 
 /* --------------------------------------------------------------------------------------------
+   >>engine  What every backend's communication shares: the communication thread's work queue
+   (cpu, mpi), reached through the backend's one-bucket function.
+   -------------------------------------------------------------------------------------------- */
+/* The communication thread shares the cores with compute threads that never sleep. Each chunk
+   of an allreduce is a handshake with the peers' communication threads, so what matters is how
+   soon a woken communication thread runs. On Linux >= 6.12 (EEVDF) a short scheduler slice
+   lets it preempt a busy compute thread at once; elsewhere the call fails and nothing changes.
+   No privilege is needed and the thread's nice value is kept. */
+static void ddp__comm_thread_short_slice(void) {
+#if defined(__linux__) && defined(SYS_sched_setattr)
+    struct { uint32_t size, policy; uint64_t flags; int32_t nice; uint32_t priority;
+             uint64_t runtime, deadline, period; } attr;
+    memset(&attr, 0, sizeof attr);
+    attr.size = sizeof attr;          /* 48: SCHED_ATTR_SIZE_VER0 */
+    attr.policy = 0;                  /* SCHED_OTHER */
+    errno = 0;
+    attr.nice = getpriority(PRIO_PROCESS, 0);
+    attr.runtime = 100000;            /* slice: 0.1 ms */
+    if (errno == 0) syscall(SYS_sched_setattr, 0, &attr, 0);
+#endif
+}
+
+static void ddp__workq_init(ddp__workq *q, ddp_context *ctx, ddp__work_fn run) {
+    q->ctx = ctx;
+    q->run = run;
+    ddp__mutex_init(&q->lock);
+    ddp__cond_init(&q->wake);
+    ddp__cond_init(&q->done_cond);
+}
+
+static void ddp__workq_destroy(ddp__workq *q) {
+    if (!q->ctx) return;   /* never initialized */
+    ddp__mutex_destroy(&q->lock);
+    ddp__cond_destroy(&q->wake);
+    ddp__cond_destroy(&q->done_cond);
+}
+
+/* Bucket `done`, by the thread that takes the turn: called with the lock held and the turn free;
+   the lock is released while the bucket runs. After a failure the rest are only counted. */
+static void ddp__workq_turn(ddp__workq *q) {
+    ddp_context *ctx = q->ctx;
+    int index = q->done;
+    double t0, seconds = 0;
+    ddp_result r = DDP_OK;
+    q->busy = 1;
+    ddp__mutex_unlock(&q->lock);
+    if (!q->error) {
+        snprintf(ctx->what_buf, sizeof ctx->what_buf, "the allreduce of gradient bucket %d", index);
+        ctx->what = ctx->what_buf;
+        t0 = ddp__now();
+        r = q->run(ctx, index);
+        seconds = ddp__now() - t0;
+        ddp__record(ctx, ctx->tl_comm, DDP__EV_ALLREDUCE, t0, t0 + seconds, index, ctx->buckets[index].count * ddp__wire_bytes(ctx));
+    }
+    ddp__mutex_lock(&q->lock);
+    q->seconds += seconds;
+    q->last_seconds = seconds;
+    if (r != DDP_OK && !q->error) q->error = r;
+    q->done++;
+    q->busy = 0;
+    ddp__cond_broadcast(&q->done_cond);
+}
+
+static void *ddp__workq_main(void *arg) {
+    ddp__workq *q = (ddp__workq *)arg;
+    ddp__comm_thread_short_slice();
+    ddp__mutex_lock(&q->lock);
+    for (;;) {
+        while (!q->stop && (q->done == q->launched || q->busy)) ddp__cond_wait(&q->wake, &q->lock);
+        if (q->done == q->launched || q->busy) break;   /* stopped */
+        ddp__workq_turn(q);
+    }
+    ddp__mutex_unlock(&q->lock);
+    return NULL;
+}
+
+static ddp_result ddp__workq_start(ddp__workq *q) {
+    if (ddp__thread_create(&q->thread, ddp__workq_main, q))
+        return ddp__fail(q->ctx, DDP_ERR_SYSTEM, "cannot start the communication thread");
+    q->started = 1;
+    return DDP_OK;
+}
+
+/* One more bucket (the next in bucket order); `wake`: signal the communication thread. */
+static void ddp__workq_push(ddp__workq *q, int wake) {
+    ddp__mutex_lock(&q->lock);
+    q->launched++;
+    if (wake) ddp__cond_signal(&q->wake);
+    ddp__mutex_unlock(&q->lock);
+}
+
+/* Every bucket launched is done: the step's times into `stats`, the counters back to zero.
+   `take_turns`: this thread runs the next bucket itself whenever the turn is free. Returns the
+   first failure (sticky). */
+static ddp_result ddp__workq_wait(ddp__workq *q, int take_turns, ddp_step_stats *stats) {
+    ddp_result r;
+    ddp__mutex_lock(&q->lock);
+    while (q->done < q->launched) {
+        if (take_turns && !q->busy) ddp__workq_turn(q);
+        else ddp__cond_wait(&q->done_cond, &q->lock);
+    }
+    r = q->error;
+    stats->comm_ms = 1e3 * q->seconds;
+    stats->last_bucket_comm_ms = 1e3 * q->last_seconds;
+    q->seconds = q->last_seconds = 0;
+    q->launched = q->done = 0;
+    ddp__mutex_unlock(&q->lock);
+    return r;
+}
+
+/* Shutdown: leaving mid-step tells the peers rather than let them wait for the timeout. */
+static void ddp__workq_stop(ddp__workq *q) {
+    if (!q->started) return;   /* setup failed, or nothing committed */
+    ddp__mutex_lock(&q->lock);
+    if (q->done != q->launched && !ddp__failed(q->ctx)) {
+        ddp__mutex_unlock(&q->lock);
+        ddp__fail_group(q->ctx, DDP_ERR_INVALID_STATE, "ddp_shutdown in the middle of a step");
+        ddp__mutex_lock(&q->lock);
+    }
+    q->stop = 1;
+    ddp__cond_signal(&q->wake);
+    ddp__mutex_unlock(&q->lock);
+    ddp__thread_join(q->thread);
+    q->started = 0;
+}
+
+/* --------------------------------------------------------------------------------------------
    >>host  What the two host backends (single, cpu) share: flat buffers in host memory, the
    AdamW arithmetic (the NCCL backend's kernels compute the same, and its tests compare with
    these functions), the bf16 rounding both backends put on the wire.
@@ -5367,98 +5516,23 @@ static ddp_result ddp__cpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b
     return ddp__shm_wait_all(ctx, DDP__STAGE_OUT, ctx->cpu->shm_seq);
 }
 
-/* The communication thread. Buckets are launched strictly in bucket order, so the queue is
-   just two counters: launched and done; bucket `done` is reduced next (ddp__comm_turn). */
-/* The communication thread shares the cores with compute threads that never sleep. Each chunk
-   of an allreduce is a handshake with the peers' communication threads, so what matters is how
-   soon a woken communication thread runs. On Linux >= 6.12 (EEVDF) a short scheduler slice
-   lets it preempt a busy compute thread at once; elsewhere the call fails and nothing changes.
-   No privilege is needed and the thread's nice value is kept. */
-static void ddp__comm_thread_short_slice(void) {
-#if defined(__linux__) && defined(SYS_sched_setattr)
-    struct { uint32_t size, policy; uint64_t flags; int32_t nice; uint32_t priority;
-             uint64_t runtime, deadline, period; } attr;
-    memset(&attr, 0, sizeof attr);
-    attr.size = sizeof attr;          /* 48: SCHED_ATTR_SIZE_VER0 */
-    attr.policy = 0;                  /* SCHED_OTHER */
-    errno = 0;
-    attr.nice = getpriority(PRIO_PROCESS, 0);
-    attr.runtime = 100000;            /* slice: 0.1 ms */
-    if (errno == 0) syscall(SYS_sched_setattr, 0, &attr, 0);
-#endif
-}
-
-/* The turn: launched buckets are reduced one at a time, in bucket order, by whichever thread
-   holds it. The communication thread takes it while backward runs; once the rank's thread waits
-   in ddp_finish it takes the turn itself whenever the communication thread is not mid-bucket, so
-   the bucket that is exposed (the last, usually launched just before ddp_finish) costs no wake-up
-   of another thread on either side, only the handshakes with the peers. Called with comm_lock
-   held and the turn free; it is released while the bucket is reduced. */
-static void ddp__comm_turn(ddp_context *ctx) {
+/* One bucket on the communication thread's turn (ddp__workq_turn): the turn is launched buckets
+   reduced one at a time, in bucket order, by whichever thread holds it. The communication thread
+   takes it while backward runs; once the rank's thread waits in ddp_finish it takes the turn
+   itself whenever the communication thread is not mid-bucket, so the bucket that is exposed (the
+   last, usually launched just before ddp_finish) costs no wake-up of another thread on either
+   side, only the handshakes with the peers. */
+static ddp_result ddp__cpu_run_bucket(ddp_context *ctx, int index) {
     ddp__cpu *c = ctx->cpu;
-    int index = c->comm_done;
-    double t0, seconds = 0;
-    ddp_result r = DDP_OK;
-    c->comm_busy = 1;
-    ddp__mutex_unlock(&c->comm_lock);
-    if (!c->comm_error) {
-        const ddp__bucket *b = &ctx->buckets[index];
-        snprintf(ctx->what_buf, sizeof ctx->what_buf, "the allreduce of gradient bucket %d", index);
-        ctx->what = ctx->what_buf;
-        t0 = ddp__now();
-        c->sig_bucket = (uint32_t)index + 1;
-        r = c->grads_shm && (ctx->grads_bf16 || ddp__grad_kind(ctx) == DDP__KIND_AVG)
-                ? ddp__shm_bucket_in_place(ctx, b->offset, b->count, ctx->desc.shard_optimizer ? index : -1)
-                : ctx->grads_bf16 ? ddp__shm_bucket_staged_bf16(ctx, b->offset, b->count)
-                : ddp__shm_collective(ctx, ddp__grad_kind(ctx), ctx->flat_grads + b->offset, b->count, 0);
-        c->sig_bucket = 0;
-        seconds = ddp__now() - t0;
-        ddp__record(ctx, ctx->tl_comm, DDP__EV_ALLREDUCE, t0, t0 + seconds, index, b->count * ddp__wire_bytes(ctx));
-    }
-    ddp__mutex_lock(&c->comm_lock);
-    c->comm_seconds += seconds;
-    c->comm_last_seconds = seconds;
-    if (r != DDP_OK && !c->comm_error) c->comm_error = r;
-    c->comm_done++;
-    c->comm_busy = 0;
-    ddp__cond_broadcast(&c->comm_done_cond);
-}
-
-static void *ddp__comm_main(void *arg) {
-    ddp_context *ctx = (ddp_context *)arg;
-    ddp__cpu *c = ctx->cpu;
-    ddp__comm_thread_short_slice();
-    ddp__mutex_lock(&c->comm_lock);
-    for (;;) {
-        while (!c->comm_stop && (c->comm_done == c->comm_launched || c->comm_busy)) ddp__cond_wait(&c->comm_wake, &c->comm_lock);
-        if (c->comm_done == c->comm_launched || c->comm_busy) break;   /* stopped */
-        ddp__comm_turn(ctx);
-    }
-    ddp__mutex_unlock(&c->comm_lock);
-    return NULL;
-}
-
-static ddp_result ddp__comm_start(ddp_context *ctx) {
-    if (ddp__thread_create(&ctx->cpu->comm_thread, ddp__comm_main, ctx))
-        return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot start the communication thread");
-    ctx->cpu->comm_started = 1;
-    return DDP_OK;
-}
-
-static void ddp__comm_stop(ddp_context *ctx) {
-    if (!ctx->cpu || !ctx->cpu->comm_started) return;   /* setup failed, or nothing committed */
-    ddp__mutex_lock(&ctx->cpu->comm_lock);
-    if (ctx->cpu->comm_done != ctx->cpu->comm_launched && !ddp__failed(ctx)) {
-        /* Leaving mid-step: tell the peers rather than let them wait for the timeout. */
-        ddp__mutex_unlock(&ctx->cpu->comm_lock);
-        ddp__fail_group(ctx, DDP_ERR_INVALID_STATE, "ddp_shutdown in the middle of a step");
-        ddp__mutex_lock(&ctx->cpu->comm_lock);
-    }
-    ctx->cpu->comm_stop = 1;
-    ddp__cond_signal(&ctx->cpu->comm_wake);
-    ddp__mutex_unlock(&ctx->cpu->comm_lock);
-    ddp__thread_join(ctx->cpu->comm_thread);
-    ctx->cpu->comm_started = 0;
+    const ddp__bucket *b = &ctx->buckets[index];
+    ddp_result r;
+    c->sig_bucket = (uint32_t)index + 1;
+    r = c->grads_shm && (ctx->grads_bf16 || ddp__grad_kind(ctx) == DDP__KIND_AVG)
+            ? ddp__shm_bucket_in_place(ctx, b->offset, b->count, ctx->desc.shard_optimizer ? index : -1)
+            : ctx->grads_bf16 ? ddp__shm_bucket_staged_bf16(ctx, b->offset, b->count)
+            : ddp__shm_collective(ctx, ddp__grad_kind(ctx), ctx->flat_grads + b->offset, b->count, 0);
+    c->sig_bucket = 0;
+    return r;
 }
 
 /* The CPU backend's entry points (the table at the end). */
@@ -5469,9 +5543,7 @@ static ddp_result ddp__cpu_setup(ddp_context *ctx, double deadline) {
         return ddp__fail(ctx, DDP_ERR_BAD_ENV, "the CPU backend needs every rank on one host, but "
                          "WORLD_SIZE=%d and LOCAL_WORLD_SIZE=%d", ctx->world, ctx->local_world);
     if (!(c = ctx->cpu = (ddp__cpu *)ddp__calloc(sizeof *c))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
-    ddp__mutex_init(&c->comm_lock);
-    ddp__cond_init(&c->comm_wake);
-    ddp__cond_init(&c->comm_done_cond);
+    ddp__workq_init(&c->comm, ctx, ddp__cpu_run_bucket);
     if ((r = ddp__shm_setup(ctx, deadline)) != DDP_OK) return r;
     ddp__log(ctx, DDP_LOG_INFO, "rank %d of %d up (cpu backend, segment %s)", ctx->rank, ctx->world, c->shm_name);
     return DDP_OK;
@@ -5491,7 +5563,7 @@ static ddp_result ddp__cpu_commit(ddp_context *ctx) {
     r = ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->flat_params, ctx->flat_count * sizeof(float), 0);
     ddp__grads_unlink(ctx);   /* every rank passed ddp__grads_share to get here */
     if (r != DDP_OK) return r;
-    if ((r = ddp__comm_start(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
+    if ((r = ddp__workq_start(&ctx->cpu->comm)) != DDP_OK) return ddp__fatal(ctx, r);
     return DDP_OK;
 }
 
@@ -5506,13 +5578,10 @@ static ddp_result ddp__cpu_launch(ddp_context *ctx, int index) {
     ddp__cpu *c = ctx->cpu;
     ctx->stats.buckets_launched++;
     ctx->stats.bytes_reduced += ctx->buckets[index].count * ddp__wire_bytes(ctx);
-    ddp__mutex_lock(&c->comm_lock);
-    c->comm_launched++;
     /* The last bucket is left to ddp_finish, which follows at once: a wake-up of the
-       communication thread would only take a core from this thread (ddp__comm_turn). A busy
+       communication thread would only take a core from this thread (ddp__cpu_run_bucket). A busy
        communication thread still takes it when it is done with the one before. */
-    if (index != ctx->num_buckets - 1) ddp__cond_signal(&c->comm_wake);
-    ddp__mutex_unlock(&c->comm_lock);
+    ddp__workq_push(&c->comm, index != ctx->num_buckets - 1);
     return DDP_OK;
 }
 
@@ -5525,19 +5594,9 @@ static ddp_result ddp__cpu_finish(ddp_context *ctx, double t_wait) {
        communication thread (and the host's ddp_shutdown of the context) stuck on it. */
     ddp__nocancel_begin(&cancel_state);
     __atomic_store_n(&c->host_waiting, 1, __ATOMIC_RELEASE);
-    ddp__mutex_lock(&c->comm_lock);
-    while (c->comm_done < c->comm_launched) {
-        if (!c->comm_busy) ddp__comm_turn(ctx);   /* this thread reduces the next bucket itself */
-        else ddp__cond_wait(&c->comm_done_cond, &c->comm_lock);
-    }
-    r = c->comm_error;
-    out = c->out_pending;
+    r = ddp__workq_wait(&c->comm, 1, &ctx->stats);   /* this thread reduces the next bucket itself when it can */
+    out = c->out_pending;   /* the last turn wrote it before it counted its bucket done */
     c->out_pending = 0;
-    ctx->stats.comm_ms = 1e3 * c->comm_seconds;
-    ctx->stats.last_bucket_comm_ms = 1e3 * c->comm_last_seconds;
-    c->comm_seconds = c->comm_last_seconds = 0;
-    c->comm_launched = c->comm_done = 0;
-    ddp__mutex_unlock(&c->comm_lock);
     if (r == DDP_OK && out) {   /* every peer has copied its parts of the last bucket from this rank's buffer */
         ctx->what = "the end of the gradient buckets' allreduce (the peers' last copies)";
         r = ddp__shm_wait_all(ctx, DDP__STAGE_OUT, out);
@@ -5559,10 +5618,14 @@ static ddp_result ddp__cpu_collective(ddp_context *ctx, uint32_t kind, void *dat
     return r;
 }
 
+static void ddp__cpu_stop(ddp_context *ctx) {
+    if (ctx->cpu) ddp__workq_stop(&ctx->cpu->comm);
+}
+
 static void ddp__cpu_teardown(ddp_context *ctx) {
     ddp__cpu *c = ctx->cpu;
     if (c) {
-        ddp__comm_stop(ctx);
+        ddp__workq_stop(&c->comm);
         if (c->shm) {
             ddp__seg_unmap(c->shm, c->shm_bytes);
             if (ctx->rank == 0) ddp__seg_unlink(c->shm_name);   /* already gone unless init failed */
@@ -5577,9 +5640,7 @@ static void ddp__cpu_teardown(ddp_context *ctx) {
         }
         DDP_FREE(c->norm_recv);
         ddp__free_floats(c->bucket_f32);
-        ddp__mutex_destroy(&c->comm_lock);
-        ddp__cond_destroy(&c->comm_wake);
-        ddp__cond_destroy(&c->comm_done_cond);
+        ddp__workq_destroy(&c->comm);
         DDP_FREE(c);
         ctx->cpu = NULL;
     }
@@ -5591,7 +5652,7 @@ static const ddp__backend ddp__cpu_backend = {
     "cpu", DDP_BACKEND_CPU, 0, 1,
     ddp__cpu_setup, ddp__host_alloc_flat, ddp__cpu_commit, ddp__cpu_begin_step, ddp__cpu_launch,
     ddp__cpu_finish, ddp__host_zero, ddp__host_scale, ddp__host_bf16, ddp__cpu_adamw, ddp__host_adamw_state, ddp__host_copy,
-    ddp__cpu_collective, ddp__single_quiet, ddp__cpu_poison, ddp__comm_stop, ddp__cpu_teardown
+    ddp__cpu_collective, ddp__single_quiet, ddp__cpu_poison, ddp__cpu_stop, ddp__cpu_teardown
 };
 
 /* --------------------------------------------------------------------------------------------
@@ -5627,13 +5688,11 @@ struct ddp__mpi {
     size_t scratch_count;
     int *counts, *displs, *rcounts, *rdispls;
     uint64_t seq;                         /* collectives issued: the same on every rank */
-    pthread_mutex_t lock;                 /* the queue below and the watch fields */
-    pthread_cond_t comm_wake, comm_done_cond, watchdog_wake;
-    pthread_t comm_thread, watchdog;
-    int comm_started, comm_stop, watchdog_started, watchdog_stop;
-    int comm_launched, comm_done;
-    ddp_result comm_error;
-    double comm_seconds, comm_last_seconds;
+    ddp__workq comm;                      /* the communication thread's queue (>>engine) */
+    pthread_mutex_t lock;                 /* the watch fields */
+    pthread_cond_t watchdog_wake;
+    pthread_t watchdog;
+    int watchdog_started, watchdog_stop;
     int watch_fd;
     double busy_since;                    /* when the collective in progress began; 0: none */
     char busy_what[96];
@@ -5969,38 +6028,10 @@ static void *ddp__mpi_watchdog_main(void *arg) {
     return NULL;
 }
 
-/* The communication thread: buckets in bucket order (two counters, as on the CPU backend). */
-static void *ddp__mpi_comm_main(void *arg) {
-    ddp_context *ctx = (ddp_context *)arg;
-    ddp__mpi *m = ctx->mpi;
-    ddp__comm_thread_short_slice();
-    pthread_mutex_lock(&m->lock);
-    for (;;) {
-        int index;
-        double t0, seconds = 0;
-        ddp_result r = DDP_OK;
-        while (!m->comm_stop && m->comm_done == m->comm_launched) pthread_cond_wait(&m->comm_wake, &m->lock);
-        if (m->comm_done == m->comm_launched) break;
-        index = m->comm_done;
-        pthread_mutex_unlock(&m->lock);
-        if (!m->comm_error) {
-            const ddp__bucket *b = &ctx->buckets[index];
-            snprintf(ctx->what_buf, sizeof ctx->what_buf, "the allreduce of gradient bucket %d", index);
-            ctx->what = ctx->what_buf;
-            t0 = ddp__now();
-            r = ddp__mpi_collective_timed(ctx, DDP__KIND_AVG, ctx->flat_grads + b->offset, b->count, 0);
-            seconds = ddp__now() - t0;
-            ddp__record(ctx, ctx->tl_comm, DDP__EV_ALLREDUCE, t0, t0 + seconds, index, b->count * sizeof(float));
-        }
-        pthread_mutex_lock(&m->lock);
-        m->comm_seconds += seconds;
-        m->comm_last_seconds = seconds;
-        if (r != DDP_OK && !m->comm_error) m->comm_error = r;
-        m->comm_done++;
-        pthread_cond_broadcast(&m->comm_done_cond);
-    }
-    pthread_mutex_unlock(&m->lock);
-    return NULL;
+/* One bucket on the communication thread (ddp__workq_turn). */
+static ddp_result ddp__mpi_run_bucket(ddp_context *ctx, int index) {
+    const ddp__bucket *b = &ctx->buckets[index];
+    return ddp__mpi_collective_timed(ctx, DDP__KIND_AVG, ctx->flat_grads + b->offset, b->count, 0);
 }
 
 /* Ranks of this host: a context of their own on the CPU backend's segment (LOCAL_RANK and
@@ -6174,9 +6205,8 @@ static ddp_result ddp__mpi_setup(ddp_context *ctx, double deadline) {
     if (!(m = ctx->mpi = (ddp__mpi *)ddp__calloc(sizeof *m))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
     m->world = m->local = m->leaders = MPI_COMM_NULL;
     m->watch_fd = -1;
+    ddp__workq_init(&m->comm, ctx, ddp__mpi_run_bucket);
     pthread_mutex_init(&m->lock, NULL);
-    pthread_cond_init(&m->comm_wake, NULL);
-    pthread_cond_init(&m->comm_done_cond, NULL);
     pthread_cond_init(&m->watchdog_wake, NULL);
     if ((r = ddp__mpi_start(ctx)) != DDP_OK) return r;
     ddp__mpi_check_binding(ctx);
@@ -6199,9 +6229,7 @@ static ddp_result ddp__mpi_commit(ddp_context *ctx) {
     ctx->what = "the broadcast of rank 0's initial parameters";
     if ((r = ddp__mpi_collective_timed(ctx, DDP__KIND_BROADCAST, ctx->flat_params, ctx->flat_count * sizeof(float), 0)) != DDP_OK)
         return r;
-    if (pthread_create(&ctx->mpi->comm_thread, NULL, ddp__mpi_comm_main, ctx))
-        return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot start the communication thread"));
-    ctx->mpi->comm_started = 1;
+    if ((r = ddp__workq_start(&ctx->mpi->comm)) != DDP_OK) return ddp__fatal(ctx, r);
     return DDP_OK;
 }
 
@@ -6213,10 +6241,7 @@ static ddp_result ddp__mpi_launch(ddp_context *ctx, int index) {
     ddp__mpi *m = ctx->mpi;
     ctx->stats.buckets_launched++;
     ctx->stats.bytes_reduced += ctx->buckets[index].count * sizeof(float);
-    pthread_mutex_lock(&m->lock);
-    m->comm_launched++;
-    pthread_cond_signal(&m->comm_wake);
-    pthread_mutex_unlock(&m->lock);
+    ddp__workq_push(&m->comm, 1);
     return DDP_OK;
 }
 
@@ -6225,14 +6250,7 @@ static ddp_result ddp__mpi_finish(ddp_context *ctx, double t_wait) {
     ddp_result r;
     int cancel_state;
     pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
-    pthread_mutex_lock(&m->lock);
-    while (m->comm_done < m->comm_launched) pthread_cond_wait(&m->comm_done_cond, &m->lock);
-    r = m->comm_error;
-    ctx->stats.comm_ms = 1e3 * m->comm_seconds;
-    ctx->stats.last_bucket_comm_ms = 1e3 * m->comm_last_seconds;
-    m->comm_seconds = m->comm_last_seconds = 0;
-    m->comm_launched = m->comm_done = 0;
-    pthread_mutex_unlock(&m->lock);
+    r = ddp__workq_wait(&m->comm, 0, &ctx->stats);
     pthread_setcancelstate(cancel_state, NULL);
     ddp__host_step_done(ctx, t_wait);
     return r;
@@ -6247,19 +6265,7 @@ static ddp_result ddp__mpi_collective(ddp_context *ctx, uint32_t kind, void *dat
 }
 
 static void ddp__mpi_stop(ddp_context *ctx) {
-    ddp__mpi *m = ctx->mpi;
-    if (!m || !m->comm_started) return;
-    pthread_mutex_lock(&m->lock);
-    if (m->comm_done != m->comm_launched && !ddp__failed(ctx)) {
-        pthread_mutex_unlock(&m->lock);
-        ddp__fail_group(ctx, DDP_ERR_INVALID_STATE, "ddp_shutdown in the middle of a step");
-        pthread_mutex_lock(&m->lock);
-    }
-    m->comm_stop = 1;
-    pthread_cond_signal(&m->comm_wake);
-    pthread_mutex_unlock(&m->lock);
-    pthread_join(m->comm_thread, NULL);
-    m->comm_started = 0;
+    if (ctx->mpi) ddp__workq_stop(&ctx->mpi->comm);
 }
 
 static void ddp__mpi_teardown(ddp_context *ctx) {
@@ -6297,9 +6303,8 @@ static void ddp__mpi_teardown(ddp_context *ctx) {
         DDP_FREE(m->hosts);
         DDP_FREE(m->rank_node);
         DDP_FREE(m->rank_local);
+        ddp__workq_destroy(&m->comm);
         pthread_mutex_destroy(&m->lock);
-        pthread_cond_destroy(&m->comm_wake);
-        pthread_cond_destroy(&m->comm_done_cond);
         pthread_cond_destroy(&m->watchdog_wake);
         DDP_FREE(m);
         ctx->mpi = NULL;
