@@ -2126,6 +2126,38 @@ typedef struct ddp__store_server ddp__store_server;
    mpi). Buckets are launched strictly in bucket order, so the queue is two counters: launched
    and done; bucket `done` is run next, by whichever thread holds the turn (busy). */
 typedef ddp_result (*ddp__work_fn)(ddp_context *ctx, int bucket);
+/* The watchdog thread (>>engine) of a backend whose waits cannot look for themselves (mpi, nccl):
+   every DDP__WATCH_TICK_S it asks the backend (these hooks; NULL: nothing to do), the cancel,
+   and the store (another rank's poison, a rank's connection closed). */
+typedef struct ddp__watchdog_hooks {
+    const char *cancel_where;      /* where a cancel is, for its message */
+    void (*begin)(ddp_context *ctx);   /* first, on the watchdog thread */
+    /* lock held, after each tick's wait, which took `slept` seconds (more than the tick: the
+       process was stopped, and that time is nobody's wait) */
+    void (*slept)(ddp_context *ctx, double slept);
+    /* lock held, the group not failed: what the backend sees; DDP_OK, or a failure, described in msg */
+    ddp_result (*inspect_locked)(ddp_context *ctx, char *msg, size_t cap);
+    /* lock free, the group not failed: the backend's own look, as inspect_locked */
+    ddp_result (*inspect)(ddp_context *ctx, char *msg, size_t cap);
+    void (*on_failure)(ddp_context *ctx, ddp_result r, const char *msg);   /* what inspect found: act */
+    void (*on_store)(ddp_context *ctx, ddp_result r);   /* the store says the group failed (it knows): act */
+    void (*store_gone)(ddp_context *ctx, char *msg, size_t cap);           /* its words: no store */
+    void (*store_died)(ddp_context *ctx, const char *rank, char *msg, size_t cap);   /* a rank's connection closed */
+    void (*after)(ddp_context *ctx);   /* every tick, lock free, last */
+} ddp__watchdog_hooks;
+
+typedef struct ddp__watchdog {
+    ddp_context *ctx;
+    ddp__watchdog_hooks hooks;     /* the backend's, filled by name (a copy per context: no static
+                                      that ranks as threads would fill at once) */
+    ddp__mutex *lock;              /* the backend's, over what its hooks read; also guards stop */
+    ddp__cond wake;
+    ddp__thread thread;
+    int started, stop;             /* started: the owning thread's */
+    int tid;                       /* atomic: the watchdog thread's id once it runs (ddp__watchdog_is_me) */
+    int fd;                        /* its own store connection (-1: none) */
+} ddp__watchdog;
+
 typedef struct ddp__workq {
     ddp_context *ctx;
     ddp__work_fn run;              /* what the backend does with one bucket */
@@ -4217,7 +4249,8 @@ static ddp_result ddp__fetch_from_rank0(ddp_context *ctx, const char *key, const
 
 /* --------------------------------------------------------------------------------------------
    >>engine  What every backend's communication shares: the communication thread's work queue
-   (cpu, mpi), reached through the backend's one-bucket function.
+   (cpu, mpi), reached through the backend's one-bucket function; the watchdog (mpi, nccl) and its
+   look at the store, reached through the backend's hooks (ddp__watchdog_hooks).
    -------------------------------------------------------------------------------------------- */
 /* The communication thread shares the cores with compute threads that never sleep. Each chunk
    of an allreduce is a handshake with the peers' communication threads, so what matters is how
@@ -4341,6 +4374,107 @@ static void ddp__workq_stop(ddp__workq *q) {
     ddp__thread_join(q->thread);
     q->started = 0;
 }
+
+
+#if defined(DDP_MPI) || defined(DDP_CUDA)
+#define DDP__WATCH_TICK_S 0.1
+
+static void ddp__watchdog_init(ddp__watchdog *w, ddp_context *ctx, ddp__mutex *lock) {
+    w->ctx = ctx;
+    w->lock = lock;
+    w->fd = -1;
+    ddp__cond_init(&w->wake);
+}
+
+static void ddp__watchdog_destroy(ddp__watchdog *w) {
+    if (!w->ctx) return;   /* never initialized */
+    if (w->fd >= 0) ddp__sock_close(w->fd);
+    ddp__cond_destroy(&w->wake);
+}
+
+/* Is this the watchdog's thread? (Its requests go on its own store connection.) */
+static int ddp__watchdog_is_me(ddp__watchdog *w) {
+    int tid = __atomic_load_n(&w->tid, __ATOMIC_ACQUIRE);
+    return tid != 0 && tid == ddp__thread_id();
+}
+
+/* The store's word on `fd`: another rank's poison, or a rank's connection closed (it died), in
+   the backend's words. */
+static ddp_result ddp__watch_store(ddp_context *ctx, const ddp__watchdog_hooks *h, int fd, char *msg, size_t cap) {
+    unsigned char *val = NULL;
+    uint32_t len = 0, status = 0;
+    ddp_result r;
+    if (fd < 0) return DDP_OK;
+    r = ddp__store_request_on(ctx, fd, DDP__OP_GET, "poison", "0", 1, &val, &len, &status, 0);
+    if (r != DDP_OK) {
+        DDP_FREE(val);
+        if (__atomic_load_n(&ctx->closing, __ATOMIC_ACQUIRE)) return DDP_OK;   /* rank 0 closes it at shutdown */
+        h->store_gone(ctx, msg, cap);
+        return DDP_ERR_PEER_LOST;
+    }
+    if (status == DDP__REPLY_PEER_LOST) {
+        h->store_died(ctx, (const char *)val, msg, cap);
+        r = DDP_ERR_PEER_LOST;
+    } else {   /* a peer's poison, or rank 0's own failure: a code, then a message */
+        const char *text;
+        if ((r = ddp__store_poison_code(status, val, len, &text)) != DDP_OK) snprintf(msg, cap, "stopped because %s", text);
+    }
+    DDP_FREE(val);
+    return r;
+}
+
+/* One look, after the tick's wait: called and left with the lock held. */
+static void ddp__watchdog_look(ddp__watchdog *w, char *msg, size_t cap) {
+    ddp_context *ctx = w->ctx;
+    const ddp__watchdog_hooks *h = &w->hooks;
+    ddp_result r = DDP_OK;
+    if (h->inspect_locked && !ddp__failed(ctx)) r = h->inspect_locked(ctx, msg, cap);
+    ddp__mutex_unlock(w->lock);
+    if (r == DDP_OK && h->inspect && !ddp__failed(ctx)) r = h->inspect(ctx, msg, cap);
+    if (ddp__failed(ctx)) {}   /* told already, or an inspect hook failed the group itself */
+    else if (r != DDP_OK) h->on_failure(ctx, r, msg);
+    else if (ddp__cancel_requested(ctx)) ddp__check_cancel(ctx, h->cancel_where);
+    else if ((r = ddp__watch_store(ctx, h, w->fd, msg, cap)) != DDP_OK) {
+        ddp__set_failed(ctx, ddp__fail(ctx, r, "%s", msg));   /* the store knows already (or is gone) */
+        if (h->on_store) h->on_store(ctx, r);
+    }
+    if (h->after) h->after(ctx);
+    ddp__mutex_lock(w->lock);
+}
+
+static void *ddp__watchdog_main(void *arg) {
+    ddp__watchdog *w = (ddp__watchdog *)arg;
+    char msg[DDP__ERR_MAX - 64];
+    __atomic_store_n(&w->tid, ddp__thread_id(), __ATOMIC_RELEASE);
+    if (w->hooks.begin) w->hooks.begin(w->ctx);
+    ddp__mutex_lock(w->lock);
+    while (!w->stop) {
+        double before = ddp__now();
+        ddp__cond_wait_s(&w->wake, w->lock, DDP__WATCH_TICK_S);
+        if (w->hooks.slept) w->hooks.slept(w->ctx, ddp__now() - before);
+        if (w->stop) break;
+        ddp__watchdog_look(w, msg, sizeof msg);
+    }
+    ddp__mutex_unlock(w->lock);
+    return NULL;
+}
+
+static int ddp__watchdog_start(ddp__watchdog *w) {
+    if (ddp__thread_create(&w->thread, ddp__watchdog_main, w)) return -1;
+    w->started = 1;
+    return 0;
+}
+
+static void ddp__watchdog_stop(ddp__watchdog *w) {
+    if (!w->started) return;
+    ddp__mutex_lock(w->lock);
+    w->stop = 1;
+    ddp__cond_signal(&w->wake);
+    ddp__mutex_unlock(w->lock);
+    ddp__thread_join(w->thread);
+    w->started = 0;
+}
+#endif /* DDP_MPI || DDP_CUDA */
 
 /* --------------------------------------------------------------------------------------------
    >>host  What the two host backends (single, cpu) share: flat buffers in host memory, the
@@ -5690,12 +5824,14 @@ struct ddp__mpi {
     uint64_t seq;                         /* collectives issued: the same on every rank */
     ddp__workq comm;                      /* the communication thread's queue (>>engine) */
     pthread_mutex_t lock;                 /* the watch fields */
-    pthread_cond_t watchdog_wake;
-    pthread_t watchdog;
-    int watchdog_started, watchdog_stop;
-    int watch_fd;
+    ddp__watchdog wd;                     /* its thread and store connection (>>engine) */
     double busy_since;                    /* when the collective in progress began; 0: none */
     char busy_what[96];
+    /* the watchdog thread's own: busy_* as it last saw them, its heartbeats, the peers' beats
+       at its first look near a deadline, when it saw the group failed */
+    double seen_since, next_beat, snap_at, failed_at;
+    char seen_what[96];
+    long beat, *beats_before;
 };
 
 static int ddp__mpi_owned, ddp__mpi_dirty;   /* ddp.h initialized MPI; a context failed */
@@ -5892,33 +6028,8 @@ static void ddp__mpi_poison(ddp_context *ctx, ddp_result code) {
     int fd;
     if (!m) return;
     ddp__mpi_poison_host(ctx, code);
-    fd = m->watchdog_started && pthread_equal(pthread_self(), m->watchdog) ? m->watch_fd : ctx->store_fd;
+    fd = ddp__watchdog_is_me(&m->wd) ? m->wd.fd : ctx->store_fd;
     ddp__store_poison(ctx, fd, code);
-}
-
-/* The watchdog's look at the store: another rank's poison, or a rank's connection closed. */
-static ddp_result ddp__mpi_check_store(ddp_context *ctx, char *msg, size_t cap) {
-    unsigned char *val = NULL;
-    uint32_t len = 0, status = 0;
-    ddp_result r = ddp__store_request_on(ctx, ctx->mpi->watch_fd, DDP__OP_GET, "poison", "0", 1, &val, &len, &status, 0);
-    if (r != DDP_OK) {
-        DDP_FREE(val);
-        if (__atomic_load_n(&ctx->closing, __ATOMIC_ACQUIRE)) return DDP_OK;   /* rank 0 closes it at shutdown */
-        snprintf(msg, cap, "lost the connection to the rendezvous store on rank 0 (host %s, MASTER_ADDR %s): host %s or "
-                 "the link to it is down", ddp__mpi_host_name(ctx, 0), ctx->master_addr, ddp__mpi_host_name(ctx, 0));
-        return DDP_ERR_PEER_LOST;
-    }
-    if (status == DDP__REPLY_PEER_LOST) {
-        int lost = val ? atoi((const char *)val) : -1;
-        snprintf(msg, cap, "rank %d on host %s died (its connection to the rendezvous store closed)", lost,
-                 ddp__mpi_host_name(ctx, lost));
-        r = DDP_ERR_PEER_LOST;
-    } else {
-        const char *text;
-        if ((r = ddp__store_poison_code(status, val, len, &text)) != DDP_OK) snprintf(msg, cap, "stopped because %s", text);
-    }
-    DDP_FREE(val);
-    return r;
 }
 
 /* Which ranks' heartbeats did not move between two looks: the silent hosts, in words. */
@@ -5932,7 +6043,7 @@ static void ddp__mpi_silent(ddp_context *ctx, const long *before, char *out, siz
         uint32_t n = 0, status = 0;
         long now_beat = -1;
         snprintf(key, sizeof key, "mpi/beat/%d", s);
-        if (ddp__store_request_on(ctx, ctx->mpi->watch_fd, DDP__OP_GET, key, "0", 1, &val, &n, &status, 0) == DDP_OK &&
+        if (ddp__store_request_on(ctx, ctx->mpi->wd.fd, DDP__OP_GET, key, "0", 1, &val, &n, &status, 0) == DDP_OK &&
             status == DDP__REPLY_OK && val)
             now_beat = atol((const char *)val);
         DDP_FREE(val);
@@ -5949,83 +6060,109 @@ static void ddp__mpi_beats(ddp_context *ctx, long *out) {
         uint32_t n = 0, status = 0;
         snprintf(key, sizeof key, "mpi/beat/%d", s);
         out[s] = -1;
-        if (ddp__store_request_on(ctx, ctx->mpi->watch_fd, DDP__OP_GET, key, "0", 1, &val, &n, &status, 0) == DDP_OK &&
+        if (ddp__store_request_on(ctx, ctx->mpi->wd.fd, DDP__OP_GET, key, "0", 1, &val, &n, &status, 0) == DDP_OK &&
             status == DDP__REPLY_OK && val)
             out[s] = atol((const char *)val);
         DDP_FREE(val);
     }
 }
 
-static void *ddp__mpi_watchdog_main(void *arg) {
-    ddp_context *ctx = (ddp_context *)arg;
+/* The store's words (ddp__watch_store). */
+static void ddp__mpi_store_gone(ddp_context *ctx, char *msg, size_t cap) {
+    snprintf(msg, cap, "lost the connection to the rendezvous store on rank 0 (host %s, MASTER_ADDR %s): host %s or "
+             "the link to it is down", ddp__mpi_host_name(ctx, 0), ctx->master_addr, ddp__mpi_host_name(ctx, 0));
+}
+static void ddp__mpi_store_died(ddp_context *ctx, const char *rank, char *msg, size_t cap) {
+    int lost = rank ? atoi(rank) : -1;
+    snprintf(msg, cap, "rank %d on host %s died (its connection to the rendezvous store closed)", lost,
+             ddp__mpi_host_name(ctx, lost));
+}
+
+/* The watchdog's tick (lock held): a wait of 0.1 s that took over DDP__STOPPED_GAP_S: the
+   process was stopped (Ctrl-Z of the whole job); that time is not the collective's (as the CPU
+   backend's waits). Then what the rank is in, for the look. */
+static void ddp__mpi_watch_slept(ddp_context *ctx, double slept) {
     ddp__mpi *m = ctx->mpi;
-    char msg[DDP__ERR_MAX - 64], silent[512];
-    long beat = 0, *before = (long *)ddp__calloc(sizeof(long) * (size_t)ctx->world);
-    double next_beat = 0, failed_at = 0, snap_at = 0;
-    pthread_mutex_lock(&m->lock);
-    while (!m->watchdog_stop) {
-        struct timespec ts;
-        double since, now = ddp__now();
-        ddp_result r = DDP_OK;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 100 * 1000 * 1000;
-        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
-        pthread_cond_timedwait(&m->watchdog_wake, &m->lock, &ts);
-        /* a wait of 0.1 s that took over DDP__STOPPED_GAP_S: the process was stopped (Ctrl-Z of
-           the whole job); that time is not the collective's (as the CPU backend's waits) */
-        if (m->busy_since > 0 && ddp__now() - now > DDP__STOPPED_GAP_S) m->busy_since += ddp__now() - now;
-        if (m->watchdog_stop) break;
-        since = m->busy_since;
-        snprintf(msg, sizeof msg, "%s", m->busy_what);
-        pthread_mutex_unlock(&m->lock);
-        now = ddp__now();
-        if (!ddp__failed(ctx)) {
-            if (now >= next_beat && m->watch_fd >= 0) {
-                char key[32], num[24];
-                uint32_t status = 0;
-                snprintf(key, sizeof key, "mpi/beat/%d", ctx->rank);
-                snprintf(num, sizeof num, "%ld", ++beat);
-                /* a store that does not answer costs up to timeout_s once, not once per request */
-                if (ddp__store_request_on(ctx, m->watch_fd, DDP__OP_SET, key, num, (uint32_t)strlen(num), NULL, NULL, &status, 0) != DDP_OK &&
-                    !__atomic_load_n(&ctx->closing, __ATOMIC_ACQUIRE))
-                    r = DDP_ERR_PEER_LOST;
-                next_beat = now + DDP__MPI_BEAT_S;
-            }
-            if (r != DDP_OK) {
-                snprintf(msg, sizeof msg, "lost the connection to the rendezvous store on rank 0 (host %s, MASTER_ADDR %s): "
-                         "host %s or the link to it is down", ddp__mpi_host_name(ctx, 0), ctx->master_addr, ddp__mpi_host_name(ctx, 0));
-                ddp__set_failed(ctx, ddp__fail(ctx, r, "%s", msg));
-                ddp__mpi_poison_host(ctx, r);
-            } else if (ddp__cancel_requested(ctx)) ddp__check_cancel(ctx, "a collective across hosts");
-            else if (since > 0 && before && now - since > ctx->desc.timeout_s - 3 * DDP__MPI_BEAT_S && snap_at < since) {
-                ddp__mpi_beats(ctx, before);   /* a first look, for the silent ones at the deadline */
-                snap_at = now;
-            } else if (since > 0 && now - since > ctx->desc.timeout_s) {
-                if (before && snap_at >= since) ddp__mpi_silent(ctx, before, silent, sizeof silent);
-                else snprintf(silent, sizeof silent, "?");
-                ddp__fail_group(ctx, DDP_ERR_TIMEOUT, "timed out after %g s in %s: no answer across hosts; not heard "
-                                "from: %s", ctx->desc.timeout_s, msg, silent[0] ? silent : "none (a rank stopped?)");
-            } else if (m->watch_fd >= 0 && (r = ddp__mpi_check_store(ctx, msg, sizeof msg)) != DDP_OK) {
-                ddp__set_failed(ctx, ddp__fail(ctx, r, "%s", msg));   /* the store knows already (or is gone) */
-                ddp__mpi_poison_host(ctx, r);
-            }
-        }
-        /* Failed while this rank waits in a collective (or soon will): MPI cannot be
-           interrupted. Say why, let the peers say theirs, end the job. */
-        if (ddp__failed(ctx) && since > 0 && !__atomic_load_n(&ctx->closing, __ATOMIC_ACQUIRE)) {
-            if (failed_at == 0) {
-                failed_at = now;
-                ddp__log(ctx, DDP_LOG_ERROR, "%s", ddp__err_body(ctx));
-            } else if (now - failed_at > DDP__MPI_ABORT_GRACE_S) {
-                ddp__log(ctx, DDP_LOG_ERROR, "ending the job with MPI_Abort: MPI calls cannot be interrupted");
-                MPI_Abort(MPI_COMM_WORLD, 1);
-            }
-        }
-        pthread_mutex_lock(&m->lock);
+    if (m->busy_since > 0 && slept > DDP__STOPPED_GAP_S) m->busy_since += slept;
+    m->seen_since = m->busy_since;
+    snprintf(m->seen_what, sizeof m->seen_what, "%s", m->busy_what);
+}
+
+/* This rank's heartbeat; a store that does not answer costs up to timeout_s once, not once per
+   request. */
+static ddp_result ddp__mpi_watch_beat(ddp_context *ctx, char *msg, size_t cap) {
+    ddp__mpi *m = ctx->mpi;
+    char key[32], num[24];
+    uint32_t status = 0;
+    if (ddp__now() < m->next_beat || m->wd.fd < 0) return DDP_OK;
+    snprintf(key, sizeof key, "mpi/beat/%d", ctx->rank);
+    snprintf(num, sizeof num, "%ld", ++m->beat);
+    m->next_beat = ddp__now() + DDP__MPI_BEAT_S;
+    if (ddp__store_request_on(ctx, m->wd.fd, DDP__OP_SET, key, num, (uint32_t)strlen(num), NULL, NULL, &status, 0) == DDP_OK ||
+        __atomic_load_n(&ctx->closing, __ATOMIC_ACQUIRE))
+        return DDP_OK;
+    ddp__mpi_store_gone(ctx, msg, cap);
+    return DDP_ERR_PEER_LOST;
+}
+
+/* The age of the collective in progress: near the deadline a first look at the heartbeats (for
+   the silent ones), past it the group fails, naming them. */
+static void ddp__mpi_watch_age(ddp_context *ctx) {
+    ddp__mpi *m = ctx->mpi;
+    char silent[512];
+    double since = m->seen_since, now = ddp__now();
+    long *before = m->beats_before;
+    if (since > 0 && before && now - since > ctx->desc.timeout_s - 3 * DDP__MPI_BEAT_S && m->snap_at < since) {
+        ddp__mpi_beats(ctx, before);
+        m->snap_at = now;
+    } else if (since > 0 && now - since > ctx->desc.timeout_s) {
+        if (before && m->snap_at >= since) ddp__mpi_silent(ctx, before, silent, sizeof silent);
+        else snprintf(silent, sizeof silent, "?");
+        ddp__fail_group(ctx, DDP_ERR_TIMEOUT, "timed out after %g s in %s: no answer across hosts; not heard "
+                        "from: %s", ctx->desc.timeout_s, m->seen_what, silent[0] ? silent : "none (a rank stopped?)");
     }
-    pthread_mutex_unlock(&m->lock);
-    DDP_FREE(before);
-    return NULL;
+}
+
+/* The watchdog's own look: the heartbeat, a cancel, the age of the collective in progress. */
+static ddp_result ddp__mpi_watch_inspect(ddp_context *ctx, char *msg, size_t cap) {
+    ddp_result r = ddp__mpi_watch_beat(ctx, msg, cap);
+    if (r != DDP_OK) return r;
+    if (ddp__cancel_requested(ctx)) ddp__check_cancel(ctx, "a collective across hosts");
+    else ddp__mpi_watch_age(ctx);
+    return DDP_OK;
+}
+
+/* The store is gone, or said the group failed: this host's ranks stop too. */
+static void ddp__mpi_watch_failed(ddp_context *ctx, ddp_result r, const char *msg) {
+    ddp__set_failed(ctx, ddp__fail(ctx, r, "%s", msg));
+    ddp__mpi_poison_host(ctx, r);
+}
+static void ddp__mpi_watch_on_store(ddp_context *ctx, ddp_result r) { ddp__mpi_poison_host(ctx, r); }
+
+/* Failed while this rank waits in a collective (or soon will): MPI cannot be interrupted. Say
+   why, let the peers say theirs, end the job. */
+static void ddp__mpi_watch_after(ddp_context *ctx) {
+    ddp__mpi *m = ctx->mpi;
+    double now = ddp__now();
+    if (!ddp__failed(ctx) || m->seen_since <= 0 || __atomic_load_n(&ctx->closing, __ATOMIC_ACQUIRE)) return;
+    if (m->failed_at == 0) {
+        m->failed_at = now;
+        ddp__log(ctx, DDP_LOG_ERROR, "%s", ddp__err_body(ctx));
+    } else if (now - m->failed_at > DDP__MPI_ABORT_GRACE_S) {
+        ddp__log(ctx, DDP_LOG_ERROR, "ending the job with MPI_Abort: MPI calls cannot be interrupted");
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+}
+
+static void ddp__mpi_watch_hooks(ddp__watchdog_hooks *h) {
+    h->cancel_where = "a collective across hosts";
+    h->slept = ddp__mpi_watch_slept;
+    h->inspect = ddp__mpi_watch_inspect;
+    h->on_failure = ddp__mpi_watch_failed;
+    h->on_store = ddp__mpi_watch_on_store;
+    h->store_gone = ddp__mpi_store_gone;
+    h->store_died = ddp__mpi_store_died;
+    h->after = ddp__mpi_watch_after;
 }
 
 /* One bucket on the communication thread (ddp__workq_turn). */
@@ -6204,16 +6341,15 @@ static ddp_result ddp__mpi_setup(ddp_context *ctx, double deadline) {
                          "is not supported on it yet)");
     if (!(m = ctx->mpi = (ddp__mpi *)ddp__calloc(sizeof *m))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
     m->world = m->local = m->leaders = MPI_COMM_NULL;
-    m->watch_fd = -1;
     ddp__workq_init(&m->comm, ctx, ddp__mpi_run_bucket);
     pthread_mutex_init(&m->lock, NULL);
-    pthread_cond_init(&m->watchdog_wake, NULL);
+    ddp__watchdog_init(&m->wd, ctx, &m->lock);
+    ddp__mpi_watch_hooks(&m->wd.hooks);
+    m->beats_before = (long *)ddp__calloc(sizeof(long) * (size_t)ctx->world);   /* NULL: no names at a timeout */
     if ((r = ddp__mpi_start(ctx)) != DDP_OK) return r;
     ddp__mpi_check_binding(ctx);
-    if ((r = ddp__store_connect_as(ctx, deadline, -1, &m->watch_fd)) != DDP_OK) return r;
-    if (pthread_create(&m->watchdog, NULL, ddp__mpi_watchdog_main, ctx))
-        return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot start the MPI watchdog thread");
-    m->watchdog_started = 1;
+    if ((r = ddp__store_connect_as(ctx, deadline, -1, &m->wd.fd)) != DDP_OK) return r;
+    if (ddp__watchdog_start(&m->wd)) return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot start the MPI watchdog thread");
     ddp__mpi_busy(ctx, 1);   /* set-up's collectives are watched too */
     r = ddp__mpi_layout(ctx);
     if (r == DDP_OK && !m->flat && ctx->local_world > 1) r = ddp__mpi_host_up(ctx);
@@ -6272,14 +6408,7 @@ static void ddp__mpi_teardown(ddp_context *ctx) {
     ddp__mpi *m = ctx->mpi;
     if (m) {
         ddp__mpi_stop(ctx);
-        if (m->watchdog_started) {
-            pthread_mutex_lock(&m->lock);
-            m->watchdog_stop = 1;
-            pthread_cond_signal(&m->watchdog_wake);
-            pthread_mutex_unlock(&m->lock);
-            pthread_join(m->watchdog, NULL);
-        }
-        if (m->watch_fd >= 0) close(m->watch_fd);
+        ddp__watchdog_stop(&m->wd);
         if (m->host) {
             ddp_context *h = m->host;
             if (h->cpu) {
@@ -6304,8 +6433,9 @@ static void ddp__mpi_teardown(ddp_context *ctx) {
         DDP_FREE(m->rank_node);
         DDP_FREE(m->rank_local);
         ddp__workq_destroy(&m->comm);
+        ddp__watchdog_destroy(&m->wd);
+        DDP_FREE(m->beats_before);
         pthread_mutex_destroy(&m->lock);
-        pthread_cond_destroy(&m->watchdog_wake);
         DDP_FREE(m);
         ctx->mpi = NULL;
     }
@@ -6445,10 +6575,7 @@ struct ddp__gpu {
     cudaEvent_t watch_event;       /* the oldest group of unfinished communication (ddp__watch) */
     cudaEvent_t watch_newer;       /* everything enqueued after that group */
     ddp__watch watch;
-    pthread_t watchdog;
-    int watchdog_started, watchdog_stop;
-    pthread_cond_t watchdog_wake;
-    int watch_fd;                  /* the watchdog's own store connection (-1: none) */
+    ddp__watchdog wd;              /* its thread and store connection (>>engine) */
 };
 
 static ddp_result ddp__cuda_fail(ddp_context *ctx, cudaError_t e, const char *call, const char *file, int line) {
@@ -6538,8 +6665,8 @@ static void ddp__gpu_poison(ddp_context *ctx, ddp_result code) {
     ddp__gpu *g = ctx->gpu;
     int from_watchdog;
     if (!g) return;
-    from_watchdog = g->watchdog_started && pthread_equal(pthread_self(), g->watchdog);
-    ddp__store_poison(ctx, from_watchdog ? g->watch_fd : ctx->store_fd, code);
+    from_watchdog = ddp__watchdog_is_me(&g->wd);
+    ddp__store_poison(ctx, from_watchdog ? g->wd.fd : ctx->store_fd, code);
     ddp__gpu_abort(ctx);
 }
 
@@ -6581,31 +6708,20 @@ static ddp_result ddp__gpu_inspect_locked(ddp_context *ctx, char *msg, size_t ca
     return DDP_OK;
 }
 
+/* The store's words (ddp__watch_store). */
+static void ddp__gpu_store_gone(ddp_context *ctx, char *msg, size_t cap) {
+    (void)ctx;
+    snprintf(msg, cap, "lost the watchdog's connection to the rendezvous store on rank 0 (rank 0 died or "
+             "failed); the NCCL communicator was aborted");
+}
+static void ddp__gpu_store_died(ddp_context *ctx, const char *rank, char *msg, size_t cap) {
+    (void)ctx;
+    snprintf(msg, cap, "rank %s disconnected from the rendezvous store (it died or failed); the NCCL "
+             "communicator was aborted", rank ? rank : "?");
+}
 /* Another rank poisoned the group, or a rank's store connection dropped (it died). */
 static ddp_result ddp__gpu_check_store(ddp_context *ctx, int fd, char *msg, size_t cap) {
-    unsigned char *val = NULL;
-    uint32_t len = 0, status = 0;
-    ddp_result r;
-    if (fd < 0) return DDP_OK;
-    r = ddp__store_request_on(ctx, fd, DDP__OP_GET, "poison", "0", 1, &val, &len, &status, 0);
-    if (r != DDP_OK) {
-        DDP_FREE(val);
-        /* rank 0 closes the store in ddp_shutdown: its going away then is no news */
-        if (__atomic_load_n(&ctx->closing, __ATOMIC_ACQUIRE)) return DDP_OK;
-        snprintf(msg, cap, "lost the watchdog's connection to the rendezvous store on rank 0 (rank 0 died or "
-                 "failed); the NCCL communicator was aborted");
-        return DDP_ERR_PEER_LOST;
-    }
-    if (status == DDP__REPLY_PEER_LOST) {
-        snprintf(msg, cap, "rank %s disconnected from the rendezvous store (it died or failed); the NCCL "
-                 "communicator was aborted", val ? (const char *)val : "?");
-        r = DDP_ERR_PEER_LOST;
-    } else {   /* a peer's poison, or rank 0's own failure: a code, then a message */
-        const char *text;
-        if ((r = ddp__store_poison_code(status, val, len, &text)) != DDP_OK) snprintf(msg, cap, "stopped because %s", text);
-    }
-    DDP_FREE(val);
-    return r;
+    return ddp__watch_store(ctx, &ctx->gpu->wd.hooks, fd, msg, cap);
 }
 
 /* NCCL failed asynchronously (or timed out). When a peer died, NCCL's error (a closed socket,
@@ -6628,52 +6744,30 @@ static ddp_result ddp__gpu_blame(ddp_context *ctx, int fd, double window, const 
 
 /* The watchdog's finding: name the lost rank if the store can, then tell the peers and abort. */
 static void ddp__gpu_report(ddp_context *ctx, ddp_result r, const char *nccl_msg) {
-    if (ddp__gpu_blame(ctx, ctx->gpu->watch_fd, r == DDP_ERR_TIMEOUT ? 0 : 0.5, nccl_msg) == DDP_OK)
+    if (ddp__gpu_blame(ctx, ctx->gpu->wd.fd, r == DDP_ERR_TIMEOUT ? 0 : 0.5, nccl_msg) == DDP_OK)
         ddp__fail_group(ctx, r, "%s", nccl_msg);
 }
 
-static void *ddp__gpu_watchdog_main(void *arg) {
-    ddp_context *ctx = (ddp_context *)arg;
-    ddp__gpu *g = ctx->gpu;
-    char msg[DDP__ERR_MAX - 64];
-    cudaSetDevice(g->device);
-    pthread_mutex_lock(&g->lock);
-    while (!g->watchdog_stop) {
-        struct timespec ts;
-        ddp_result r;
-        double before = ddp__now();
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 100 * 1000 * 1000;
-        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
-        pthread_cond_timedwait(&g->watchdog_wake, &g->lock, &ts);
-        ddp__watch_slept(&g->watch, ddp__now() - before);
-        if (g->watchdog_stop || ddp__failed(ctx)) continue;
-        r = ddp__gpu_inspect_locked(ctx, msg, sizeof msg);
-        pthread_mutex_unlock(&g->lock);
-        if (r == DDP_OK && ddp__cancel_requested(ctx)) {
-            /* cancelled: tell the peers, abort the communicator (whatever of this rank waits on
-               the GPU for them ends) */
-            ddp__check_cancel(ctx, "the NCCL watchdog's poll");
-        } else if (r != DDP_OK) ddp__gpu_report(ctx, r, msg);
-        else if ((r = ddp__gpu_check_store(ctx, g->watch_fd, msg, sizeof msg)) != DDP_OK) {
-            ddp__set_failed(ctx, ddp__fail(ctx, r, "%s", msg));   /* already told: only abort */
-            ddp__gpu_abort(ctx);
-        }
-        pthread_mutex_lock(&g->lock);
-    }
-    pthread_mutex_unlock(&g->lock);
-    return NULL;
+/* The watchdog's hooks (>>engine): the device, the clock's stopped time, the look under the lock. */
+static void ddp__gpu_watch_begin(ddp_context *ctx) { cudaSetDevice(ctx->gpu->device); }
+static void ddp__gpu_watch_slept(ddp_context *ctx, double slept) { ddp__watch_slept(&ctx->gpu->watch, slept); }
+static void ddp__gpu_watch_on_store(ddp_context *ctx, ddp_result r) { (void)r; ddp__gpu_abort(ctx); }   /* already told: only abort */
+
+/* A cancel (the generic look) tells the peers and aborts the communicator: whatever of this
+   rank waits on the GPU for them ends. */
+static void ddp__gpu_watch_hooks(ddp__watchdog_hooks *h) {
+    h->cancel_where = "the NCCL watchdog's poll";
+    h->begin = ddp__gpu_watch_begin;
+    h->slept = ddp__gpu_watch_slept;
+    h->inspect_locked = ddp__gpu_inspect_locked;
+    h->on_failure = ddp__gpu_report;
+    h->on_store = ddp__gpu_watch_on_store;
+    h->store_gone = ddp__gpu_store_gone;
+    h->store_died = ddp__gpu_store_died;
 }
 
 static void ddp__gpu_stop_watchdog(ddp_context *ctx) {
-    ddp__gpu *g = ctx->gpu;
-    if (!g || !g->watchdog_started) return;
-    pthread_mutex_lock(&g->lock);
-    g->watchdog_stop = 1;
-    pthread_cond_signal(&g->watchdog_wake);
-    pthread_mutex_unlock(&g->lock);
-    pthread_join(g->watchdog, NULL);
-    g->watchdog_started = 0;
+    if (ctx->gpu) ddp__watchdog_stop(&ctx->gpu->wd);
 }
 
 /* Note communication enqueued on `stream` for the watchdog (see ddp__watch). Called with the
@@ -6736,7 +6830,7 @@ static ddp_result ddp__nccl_settle(ddp_context *ctx, ncclResult_t e, const char 
         ddp_result r;
         if (ddp__failed(ctx)) return ddp__failed(ctx);
         if ((r = ddp__check_cancel(ctx, what)) != DDP_OK) return r;
-        if (!g->watchdog_started && ddp__now() >= next_store_check) {
+        if (!g->wd.started && ddp__now() >= next_store_check) {
             if ((r = ddp__gpu_check_store(ctx, ctx->store_fd, msg, sizeof msg)) != DDP_OK)
                 return ddp__set_failed(ctx, ddp__fail(ctx, r, "%s (during %s)", msg, what));   /* told already */
             next_store_check = ddp__now() + DDP__LIVENESS_PERIOD_S;
@@ -6862,9 +6956,9 @@ static ddp_result ddp__gpu_setup(ddp_context *ctx, double deadline) {
     cudaError_t e;
     if (!(g = (ddp__gpu *)ddp__calloc(sizeof *g))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
     ctx->gpu = g;
-    g->watch_fd = -1;
     pthread_mutex_init(&g->lock, NULL);
-    pthread_cond_init(&g->watchdog_wake, NULL);
+    ddp__watchdog_init(&g->wd, ctx, &g->lock);
+    ddp__gpu_watch_hooks(&g->wd.hooks);
     if ((e = cudaGetDeviceCount(&count)) != cudaSuccess || count == 0)
         return ddp__fail(ctx, DDP_ERR_BACKEND, "the NCCL backend needs a CUDA device, but cudaGetDeviceCount says %s",
                          e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
@@ -6994,11 +7088,9 @@ static ddp_result ddp__gpu_commit(ddp_context *ctx) {
         const char *what = "the broadcast of rank 0's initial parameters";
         if ((r = ddp__nccl_enqueue(ctx, ctx->flat_params, ctx->flat_count, ncclFloat, ncclSum, 0, what)) != DDP_OK) return r;
         if ((r = ddp__gpu_wait(ctx, g->comm, what)) != DDP_OK) return r;
-        if ((r = ddp__store_connect_as(ctx, ddp__now() + ctx->desc.timeout_s, -1, &g->watch_fd)) != DDP_OK) return ddp__fatal(ctx, r);
+        if ((r = ddp__store_connect_as(ctx, ddp__now() + ctx->desc.timeout_s, -1, &g->wd.fd)) != DDP_OK) return ddp__fatal(ctx, r);
     }
-    if (pthread_create(&g->watchdog, NULL, ddp__gpu_watchdog_main, ctx))
-        return ddp__fail_group(ctx, DDP_ERR_SYSTEM, "cannot start the NCCL watchdog thread");
-    g->watchdog_started = 1;
+    if (ddp__watchdog_start(&g->wd)) return ddp__fail_group(ctx, DDP_ERR_SYSTEM, "cannot start the NCCL watchdog thread");
     return DDP_OK;
 }
 
@@ -7508,9 +7600,8 @@ static void ddp__gpu_teardown(ddp_context *ctx) {
     if (g->watch_newer) cudaEventDestroy(g->watch_newer);
     if (g->state_copied) cudaEventDestroy(g->state_copied);
     if (g->comm) cudaStreamDestroy(g->comm);
-    if (g->watch_fd >= 0) close(g->watch_fd);
+    ddp__watchdog_destroy(&g->wd);
     pthread_mutex_destroy(&g->lock);
-    pthread_cond_destroy(&g->watchdog_wake);
     DDP_FREE(g);
     ctx->gpu = NULL;
 }
