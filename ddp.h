@@ -2079,10 +2079,30 @@ typedef struct ddp__param {
     int ready_copied;   /* check_ready: its gradient was copied when it was marked ready */
 } ddp__param;
 
+/* What a bucket's gradients are on the wire and where the result lands: decided once at
+   ddp_commit for every bucket (ddp__plan_wire, >>params); the backends carry it out and never
+   re-decide it. */
+enum { DDP__WIRE_AS_IS = 0,
+       DDP__WIRE_NARROW /* fp32 gradients, bf16 on the wire: narrowed into staging, widened back */,
+       DDP__WIRE_WIDEN  /* bf16 gradients, fp32 on the wire: widened (or summed in float), rounded back */ };
+typedef struct ddp__wire {
+    int moves;          /* 0: one rank, whose gradients are the average already */
+    ddp_dtype grads;    /* the gradients' element type (the parameters') */
+    ddp_dtype dtype;    /* the element type on the wire (reduce_dtype) */
+    int convert;        /* DDP__WIRE_*: from the one to the other */
+    int scatter;        /* 1: reduce-scatter (this rank's part averaged; AdamW all-gathers the parameters) */
+    int in_place;       /* reduced where the gradients are, not through staging (the CPU backend decides
+                           it at its commit: the shared gradient segment) */
+    size_t lo, hi;      /* where the result lands: this rank's part of the flat buffer (all of the bucket
+                           unless it scatters) */
+    size_t bytes;       /* what the stats and the timeline count as moved: count x the reduce dtype's size */
+} ddp__wire;
+
 typedef struct ddp__bucket {
     size_t offset, count;
     int first_param, last_param;
     int pending;        /* parameters not yet ready in this backward */
+    ddp__wire wire;     /* the plan */
 } ddp__bucket;
 
 typedef struct ddp__tape_op {
@@ -2493,6 +2513,10 @@ static uint32_t ddp__grad_kind(const ddp_context *ctx) {
 static size_t ddp__wire_bytes(const ddp_context *ctx) {
     return ctx->desc.reduce_dtype == DDP_DTYPE_BF16 ? sizeof(uint16_t) : sizeof(float);
 }
+/* Derived facts, one definition each: the optimizer state is held in parts (shard_optimizer on
+   several ranks); the parameters are bf16 working copies of an fp32 master. */
+static int ddp__sharded(const ddp_context *ctx) { return ctx->desc.shard_optimizer && ctx->world > 1; }
+static int ddp__bf16_params(const ddp_context *ctx) { return ctx->desc.param_dtype == DDP_DTYPE_BF16; }
 
 
 /* --------------------------------------------------------------------------------------------
@@ -4301,7 +4325,7 @@ static void ddp__workq_turn(ddp__workq *q) {
         t0 = ddp__now();
         r = q->run(ctx, index);
         seconds = ddp__now() - t0;
-        ddp__record(ctx, ctx->tl_comm, DDP__EV_ALLREDUCE, t0, t0 + seconds, index, ctx->buckets[index].count * ddp__wire_bytes(ctx));
+        ddp__record(ctx, ctx->tl_comm, DDP__EV_ALLREDUCE, t0, t0 + seconds, index, ctx->buckets[index].wire.bytes);
     }
     ddp__mutex_lock(&q->lock);
     q->seconds += seconds;
@@ -4533,7 +4557,7 @@ static double ddp__sum_squares_bf16(const ddp_bf16 *x, size_t n) {
 static void ddp__shard_range(const ddp_context *ctx, int b, int s, size_t *lo, size_t *hi) {
     const ddp__bucket *k = &ctx->buckets[b];
     size_t part;
-    if (!ctx->desc.shard_optimizer || ctx->world == 1) { *lo = k->offset; *hi = k->offset + k->count; return; }
+    if (!ddp__sharded(ctx)) { *lo = k->offset; *hi = k->offset + k->count; return; }
     part = k->count / (size_t)ctx->world / DDP__SHARD_GRAIN * DDP__SHARD_GRAIN;
     *lo = k->offset + part * (size_t)s;
     *hi = s == ctx->world - 1 ? k->offset + k->count : *lo + part;
@@ -4555,7 +4579,7 @@ static int ddp__holds(const ddp_context *ctx, size_t i) {
    m and v (shard_count floats, packed: master[shard_base[b] + i - lo] is flat element i of this
    rank's part [lo, hi) of bucket b); the bf16 working copies are whole, and what is gathered. */
 static int ddp__master_parts(const ddp_context *ctx) {
-    return ctx->params_bf16 && ctx->desc.shard_optimizer && ctx->world > 1;
+    return ctx->params_bf16 && ddp__sharded(ctx);
 }
 
 /* The sums of squares of the norm blocks that lie in this rank's part (every block when
@@ -5611,7 +5635,7 @@ static ddp_result ddp__cpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b
     uint32_t q0;
     size_t lo, hi;
     int b, s, skip;
-    if (!ctx->desc.shard_optimizer || ctx->world == 1) return ddp__host_adamw(ctx, opt, b1, b2, eps, grad_norm_out);
+    if (!ddp__sharded(ctx)) return ddp__host_adamw(ctx, opt, b1, b2, eps, grad_norm_out);
     if ((r = ddp__host_adamw_state(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     ddp__norm_blocks(ctx, ctx->norm_sums);
     if ((r = ddp__cpu_norm_exchange(ctx)) != DDP_OK) return r;
@@ -5659,12 +5683,13 @@ static ddp_result ddp__cpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b
 static ddp_result ddp__cpu_run_bucket(ddp_context *ctx, int index) {
     ddp__cpu *c = ctx->cpu;
     const ddp__bucket *b = &ctx->buckets[index];
+    const ddp__wire *w = &b->wire;
     ddp_result r;
     c->sig_bucket = (uint32_t)index + 1;
-    r = c->grads_shm && (ctx->grads_bf16 || ddp__grad_kind(ctx) == DDP__KIND_AVG)
-            ? ddp__shm_bucket_in_place(ctx, b->offset, b->count, ctx->desc.shard_optimizer ? index : -1)
-            : ctx->grads_bf16 ? ddp__shm_bucket_staged_bf16(ctx, b->offset, b->count)
-            : ddp__shm_collective(ctx, ddp__grad_kind(ctx), ctx->flat_grads + b->offset, b->count, 0);
+    r = w->in_place ? ddp__shm_bucket_in_place(ctx, b->offset, b->count, w->scatter ? index : -1)
+        : w->grads == DDP_DTYPE_BF16 ? ddp__shm_bucket_staged_bf16(ctx, b->offset, b->count)
+        : ddp__shm_collective(ctx, w->dtype == DDP_DTYPE_BF16 ? DDP__KIND_AVG_BF16 : DDP__KIND_AVG,
+                              ctx->flat_grads + b->offset, b->count, 0);
     c->sig_bucket = 0;
     return r;
 }
@@ -5690,7 +5715,11 @@ static ddp_result ddp__cpu_commit(ddp_context *ctx) {
     size_t largest = 0;
     int b;
     if ((r = ddp__grads_share(ctx, ddp__now() + ctx->desc.timeout_s)) != DDP_OK) return ddp__fatal(ctx, r);
-    for (b = 0; b < ctx->num_buckets; b++) if (ctx->buckets[b].count > largest) largest = ctx->buckets[b].count;
+    for (b = 0; b < ctx->num_buckets; b++) {
+        ddp__wire *w = &ctx->buckets[b].wire;   /* in the segment: summed where it is (bf16 in float) */
+        w->in_place = ctx->cpu->grads_shm && w->convert != DDP__WIRE_NARROW;
+        if (ctx->buckets[b].count > largest) largest = ctx->buckets[b].count;
+    }
     if (ctx->grads_bf16 && !ctx->cpu->grads_shm && !(ctx->cpu->bucket_f32 = ddp__alloc_floats(largest ? largest : 1)))
         return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for one bucket's %zu floats", largest));
     ctx->what = "the broadcast of rank 0's initial parameters";
@@ -5711,7 +5740,7 @@ static void ddp__cpu_begin_step(ddp_context *ctx) {
 static ddp_result ddp__cpu_launch(ddp_context *ctx, int index) {
     ddp__cpu *c = ctx->cpu;
     ctx->stats.buckets_launched++;
-    ctx->stats.bytes_reduced += ctx->buckets[index].count * ddp__wire_bytes(ctx);
+    ctx->stats.bytes_reduced += ctx->buckets[index].wire.bytes;
     /* The last bucket is left to ddp_finish, which follows at once: a wake-up of the
        communication thread would only take a core from this thread (ddp__cpu_run_bucket). A busy
        communication thread still takes it when it is done with the one before. */
@@ -7075,7 +7104,7 @@ static ddp_result ddp__gpu_commit(ddp_context *ctx) {
         if ((r = ddp__gpu_create_events(ctx, &g->comm_start[k], cudaEventDefault)) != DDP_OK) return r;
         if ((r = ddp__gpu_create_events(ctx, &g->comm_end[k], cudaEventDefault)) != DDP_OK) return r;
     }
-    if (ctx->desc.shard_optimizer && ctx->world > 1) {
+    if (ddp__sharded(ctx)) {
         if ((r = ddp__gpu_create_events(ctx, &g->updated, cudaEventDisableTiming)) != DDP_OK) return r;
         DDP__CUDA(cudaEventCreateWithFlags(&g->gathered, cudaEventDisableTiming));
     }
@@ -7100,19 +7129,17 @@ static ddp_result ddp__gpu_commit(ddp_context *ctx) {
 static ddp_result ddp__gpu_launch_bf16(ddp_context *ctx, int index, const char *what) {
     ddp__gpu *g = ctx->gpu;
     const ddp__bucket *b = &ctx->buckets[index];
+    const ddp__wire *w = &b->wire;
     ddp_bf16 *grads = ctx->grads_bf16 + b->offset;
-    int sharded = ctx->desc.shard_optimizer && ctx->world > 1;
-    size_t lo = b->offset, hi = b->offset + b->count;
     ddp_result r;
-    if (ctx->desc.reduce_dtype == DDP_DTYPE_BF16)
-        return sharded ? ddp__nccl_parts(ctx, index, grads, ncclBfloat16, sizeof(ddp_bf16), 0, what)
-                       : ddp__nccl_enqueue(ctx, grads, b->count, ncclBfloat16, ncclAvg, -1, what);
+    if (w->convert == DDP__WIRE_AS_IS)
+        return w->scatter ? ddp__nccl_parts(ctx, index, grads, ncclBfloat16, sizeof(ddp_bf16), 0, what)
+                          : ddp__nccl_enqueue(ctx, grads, b->count, ncclBfloat16, ncclAvg, -1, what);
     DDP__CUDA(ddp_k_bf16_to_f32(grads, g->f32, b->count, g->comm));
-    r = sharded ? ddp__nccl_parts(ctx, index, g->f32, ncclFloat, sizeof(float), 0, what)
-                : ddp__nccl_enqueue(ctx, g->f32, b->count, ncclFloat, ncclAvg, -1, what);
+    r = w->scatter ? ddp__nccl_parts(ctx, index, g->f32, ncclFloat, sizeof(float), 0, what)
+                   : ddp__nccl_enqueue(ctx, g->f32, b->count, ncclFloat, ncclAvg, -1, what);
     if (r != DDP_OK) return r;
-    if (sharded) ddp__shard_range(ctx, index, ctx->rank, &lo, &hi);
-    DDP__CUDA(ddp_k_f32_to_bf16(g->f32 + (lo - b->offset), ctx->grads_bf16 + lo, hi - lo, g->comm));
+    DDP__CUDA(ddp_k_f32_to_bf16(g->f32 + (w->lo - b->offset), ctx->grads_bf16 + w->lo, w->hi - w->lo, g->comm));
     return DDP_OK;
 }
 
@@ -7122,33 +7149,32 @@ static ddp_result ddp__gpu_launch_bf16(ddp_context *ctx, int index, const char *
 static ddp_result ddp__gpu_launch(ddp_context *ctx, int index) {
     ddp__gpu *g = ctx->gpu;
     const ddp__bucket *b = &ctx->buckets[index];
+    const ddp__wire *w = &b->wire;
     float *grads = ctx->flat_grads ? ctx->flat_grads + b->offset : NULL;   /* NULL: bf16 parameters */
-    int par = ctx->tl_step & 1, bf16 = ctx->desc.reduce_dtype == DDP_DTYPE_BF16 && ctx->world > 1 && grads;
+    int par = ctx->tl_step & 1, bf16 = w->convert == DDP__WIRE_NARROW;
     double inject_ms = ctx->desc.inject_comm_latency_ms;
     char what[96];
     ddp_result r;
     DDP__GPU_DEVICE(g);
     ctx->stats.buckets_launched++;
-    ctx->stats.bytes_reduced += b->count * ddp__wire_bytes(ctx);
-    if (ctx->desc.inject_comm_gbps > 0) inject_ms += 1e3 * (double)(b->count * ddp__wire_bytes(ctx)) / (ctx->desc.inject_comm_gbps * 1e9);
+    ctx->stats.bytes_reduced += w->bytes;
+    if (ctx->desc.inject_comm_gbps > 0) inject_ms += 1e3 * (double)w->bytes / (ctx->desc.inject_comm_gbps * 1e9);
     DDP__CUDA(cudaEventRecord(g->ready[index], g->compute));
     DDP__CUDA(cudaStreamWaitEvent(g->comm, g->ready[index], 0));
     DDP__CUDA(cudaEventRecord(g->comm_start[par][index], g->comm));
     if (inject_ms > 0) DDP__CUDA(ddp_k_spin(inject_ms, g->comm));   /* tests/benchmarks: a slow network */
     if (bf16) DDP__CUDA(ddp_k_f32_to_bf16(grads, g->bf16, b->count, g->comm));
-    if (!grads) {   /* bf16 parameters; one rank: its gradients are the average already */
+    if (w->grads == DDP_DTYPE_BF16) {   /* bf16 parameters; one rank: its gradients are the average already */
         snprintf(what, sizeof what, "the %s of gradient bucket %d (%zu elements)",
                  ctx->desc.shard_optimizer ? "reduce-scatter" : "allreduce", index, b->count);
-        if (ctx->world > 1 && (r = ddp__gpu_launch_bf16(ctx, index, what)) != DDP_OK) return r;
-    } else if (ctx->desc.shard_optimizer && ctx->world > 1) {   /* a reduce-scatter: this rank's part is averaged */
-        size_t lo, hi;
+        if (w->moves && (r = ddp__gpu_launch_bf16(ctx, index, what)) != DDP_OK) return r;
+    } else if (w->scatter) {   /* a reduce-scatter: this rank's part is averaged */
         snprintf(what, sizeof what, "the reduce-scatter of gradient bucket %d (%zu elements)", index, b->count);
         r = bf16 ? ddp__nccl_parts(ctx, index, g->bf16, ncclBfloat16, sizeof(uint16_t), 0, what)
                  : ddp__nccl_parts(ctx, index, grads, ncclFloat, sizeof(float), 0, what);
         if (r != DDP_OK) return r;
-        ddp__shard_range(ctx, index, ctx->rank, &lo, &hi);
-        if (bf16) DDP__CUDA(ddp_k_bf16_to_f32(g->bf16 + (lo - b->offset), ctx->flat_grads + lo, hi - lo, g->comm));
-    } else if (ctx->world > 1) {   /* one rank: its gradients are the average already, nothing to move */
+        if (bf16) DDP__CUDA(ddp_k_bf16_to_f32(g->bf16 + (w->lo - b->offset), ctx->flat_grads + w->lo, w->hi - w->lo, g->comm));
+    } else if (w->moves) {   /* one rank: its gradients are the average already, nothing to move */
         snprintf(what, sizeof what, "the allreduce of gradient bucket %d (%zu elements)", index, b->count);
         if (bf16) r = ddp__nccl_enqueue(ctx, g->bf16, b->count, ncclBfloat16, ncclAvg, -1, what);
         else r = ddp__nccl_enqueue(ctx, grads, b->count, ncclFloat, ncclAvg, -1, what);
@@ -7183,7 +7209,7 @@ static void ddp__gpu_timeline(ddp_context *ctx, int par, const ddp_step_stats *s
         if (cudaEventElapsedTime(&t0, g->step_begin[par], g->comm_start[par][b]) == cudaSuccess &&
             cudaEventElapsedTime(&t1, g->step_begin[par], g->comm_end[par][b]) == cudaSuccess)
             ddp__tl_add(ctx->tl_comm, DDP__EV_ALLREDUCE, step, h + 1e-3 * t0,
-                        h + 1e-3 * t1, b, ctx->buckets[b].count * ddp__wire_bytes(ctx));
+                        h + 1e-3 * t1, b, ctx->buckets[b].wire.bytes);
 }
 
 /* The GPU times of a step, once its events have completed (never waited for). */
@@ -7350,7 +7376,7 @@ static ddp_result ddp__gpu_report_skips(ddp_context *ctx) {
 static ddp_result ddp__gpu_norm(ddp_context *ctx) {
     ddp__gpu *g = ctx->gpu;
     size_t lo, hi;
-    int b, sharded = ctx->desc.shard_optimizer && ctx->world > 1;
+    int b, sharded = ddp__sharded(ctx);
     /* sharded: the last exchange left every rank's blocks here; the others' must be zeros again */
     if (sharded) DDP__CUDA(cudaMemsetAsync(g->norm_blocks, 0, ctx->norm_blocks * sizeof(double), g->compute));
     for (b = 0; b < ctx->num_buckets; b++) {
@@ -7381,7 +7407,7 @@ static ddp_result ddp__gpu_norm(ddp_context *ctx) {
    changes nothing, and the gather then moves the unchanged values. */
 static ddp_result ddp__gpu_update(ddp_context *ctx, const ddp_adamw *opt, float b1, float b2, float eps) {
     ddp__gpu *g = ctx->gpu;
-    int b, sharded = ctx->desc.shard_optimizer && ctx->world > 1;
+    int b, sharded = ddp__sharded(ctx);
     size_t lo, hi;
     if (!sharded && ctx->params_bf16) {
         DDP__CUDA(ddp_k_adamw_bf16(ctx->flat_params, ctx->params_bf16, ctx->grads_bf16, ctx->adam_m, ctx->adam_v, ctx->flat_count,
@@ -8151,6 +8177,25 @@ static void ddp__log_plan(ddp_context *ctx) {
                  "first_bucket_mb / bucket_cap_mb splits it)");
 }
 
+/* The wire plan: what each bucket's gradients are on the wire and where the result lands, for
+   every backend (the CPU backend adds in_place at its commit, once its segment is there). */
+static void ddp__plan_wire(ddp_context *ctx) {
+    int b;
+    for (b = 0; b < ctx->num_buckets; b++) {
+        ddp__bucket *k = &ctx->buckets[b];
+        ddp__wire *w = &k->wire;
+        w->moves = ctx->world > 1;
+        w->grads = ddp__bf16_params(ctx) ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
+        w->dtype = ctx->desc.reduce_dtype == DDP_DTYPE_BF16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
+        w->convert = !w->moves || w->grads == w->dtype ? DDP__WIRE_AS_IS
+                     : w->grads == DDP_DTYPE_FP32 ? DDP__WIRE_NARROW : DDP__WIRE_WIDEN;
+        w->scatter = ddp__sharded(ctx);
+        w->in_place = w->convert == DDP__WIRE_AS_IS;
+        ddp__shard_range(ctx, b, ctx->rank, &w->lo, &w->hi);
+        w->bytes = k->count * ddp__wire_bytes(ctx);
+    }
+}
+
 /* The layout (parameters on 16-float boundaries), the backend's flat buffers, the buckets, the
    check that every rank registered the same, then the backend's own commit. */
 static ddp_result ddp__commit(ddp_context *ctx) {
@@ -8167,6 +8212,7 @@ static ddp_result ddp__commit(ddp_context *ctx) {
     if ((r = ctx->be->alloc_flat(ctx)) != DDP_OK) return r;
     if ((r = ddp__build_buckets(ctx)) != DDP_OK) return r;
     if ((r = ddp__shard_layout(ctx)) != DDP_OK) return r;
+    ddp__plan_wire(ctx);
     if (ctx->world > 1 && (r = ddp__verify_layout(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     if ((r = ctx->be->commit(ctx)) != DDP_OK) return r;
     /* the working copies: rank 0's initial values, rounded; the gradients start at zero (alloc_flat) */
@@ -8690,7 +8736,7 @@ static ddp_result ddp__state_copy(ddp_context *ctx, ddp_buffer which, float *loc
    the fp32 master too (ddp__master_parts). */
 static int ddp__in_parts(const ddp_context *ctx, ddp_buffer which) {
     if (which == DDP_PARAMS) return ddp__master_parts(ctx);
-    return (which == DDP_ADAM_M || which == DDP_ADAM_V) && ctx->desc.shard_optimizer && ctx->world > 1;
+    return (which == DDP_ADAM_M || which == DDP_ADAM_V) && ddp__sharded(ctx);
 }
 
 /* Where flat element `offset` of `which` is in this rank's memory, `count` floats from there.
@@ -8814,7 +8860,7 @@ static ddp_result ddp__gather_to_host(ddp_context *ctx, ddp_buffer which, size_t
     float *flat = NULL;
     ddp_result r = ddp__state_buffer(ctx, which, offset, ctx->rank == root ? (const void *)dst : (const void *)ctx, count,
                                      "ddp_gather_to_host", &flat);
-    if (r == DDP_OK && count && (which != DDP_PARAMS || ddp__master_parts(ctx)) && ctx->desc.shard_optimizer && ctx->world > 1)
+    if (r == DDP_OK && count && (which != DDP_PARAMS || ddp__master_parts(ctx)) && ddp__sharded(ctx))
         return ddp__sharded_move(ctx, which, offset, dst, count, root, 1);
     if (r != DDP_OK || ctx->rank != root || !count) return r;
     return ddp__state_copy(ctx, which, flat ? flat + offset : NULL, offset, dst, count, 1);
@@ -8948,7 +8994,7 @@ static ddp_result ddp__join(ddp_context *ctx) {
    whole, so any world size and either mode loads it). Sharded, rank s holds a part of every
    bucket (ddp__shard_range); the table's entry s is the number of floats the ranks before s
    hold, so it starts at 0 and grows, and the difference of two entries is a rank's share. */
-static int ddp__ckpt_sharded(const ddp_context *ctx) { return ctx->desc.shard_optimizer && ctx->world > 1; }
+static int ddp__ckpt_sharded(const ddp_context *ctx) { return ddp__sharded(ctx); }
 static uint64_t ddp__ckpt_shard_start(const ddp_context *ctx, int shard) {
     uint64_t before = 0;
     size_t lo, hi;
