@@ -2270,7 +2270,8 @@ struct ddp_context {
     unsigned char store_key[32];   /* from the token and the job id: the store handshake's key */
     char timeline_path[512];
     int rank, world, local_rank, local_world;
-    const ddp__backend *be;        /* NULL until ddp_init has chosen one */
+    const ddp__backend *be;        /* NULL until ddp_init has chosen one; then &table */
+    ddp__backend table;            /* the chosen backend's table, filled by name (ddp__*_table) */
     int up;                        /* the backend's setup succeeded */
     int closing;                   /* ddp_shutdown has begun (atomic: the NCCL watchdog reads it) */
     int failed;                    /* sticky ddp_result, set when the group is poisoned (atomic) */
@@ -2466,7 +2467,7 @@ static ddp_result ddp__set_failed(ddp_context *ctx, ddp_result code) {
    error a callee has recorded already (ddp__fail); ddp__fail_group records and escalates in one. */
 static ddp_result ddp__fatal(ddp_context *ctx, ddp_result code) {
     ddp__set_failed(ctx, code);
-    if (ctx->be) ctx->be->poison(ctx, code);
+    if (ctx->be && ctx->be->poison) ctx->be->poison(ctx, code);
     return code;
 }
 
@@ -4845,23 +4846,33 @@ static void ddp__host_free(ddp_context *ctx) {
    are still built and marked ready (the same bookkeeping as with peers), and launching one
    does nothing.
    -------------------------------------------------------------------------------------------- */
-static ddp_result ddp__single_nothing(ddp_context *ctx) { (void)ctx; return DDP_OK; }
-static ddp_result ddp__single_setup(ddp_context *ctx, double deadline) { (void)ctx; (void)deadline; return DDP_OK; }
-static void ddp__single_quiet(ddp_context *ctx) { (void)ctx; }
 static ddp_result ddp__single_launch(ddp_context *ctx, int bucket) { (void)ctx; (void)bucket; return DDP_OK; }
 static ddp_result ddp__single_finish(ddp_context *ctx, double t_wait) { ddp__host_step_done(ctx, t_wait); return DDP_OK; }
 static ddp_result ddp__single_collective(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root) {
     (void)ctx; (void)kind; (void)data; (void)count; (void)root;
     return DDP_OK;   /* one rank: its data already is the result */
 }
-static void ddp__single_poison(ddp_context *ctx, ddp_result code) { (void)ctx; (void)code; }
 
-static const ddp__backend ddp__single_backend = {
-    "single", DDP_BACKEND_SINGLE, 0, 1,
-    ddp__single_setup, ddp__host_alloc_flat, ddp__single_nothing, ddp__single_quiet, ddp__single_launch,
-    ddp__single_finish, ddp__host_zero, ddp__host_scale, ddp__host_bf16, ddp__host_adamw, ddp__host_adamw_state, ddp__host_copy,
-    ddp__single_collective, ddp__single_quiet, ddp__single_poison, ddp__single_quiet, ddp__host_free
-};
+/* Filled by name into the context's own copy (nvcc's C++ takes no designated initializers, and
+   a static filled at first use would race between ranks that are threads); a slot left NULL is
+   nothing to do. */
+static void ddp__single_table(ddp__backend *t) {
+    memset(t, 0, sizeof *t);
+    t->id = DDP_BACKEND_SINGLE;
+    t->shards = 1;
+    t->alloc_flat = ddp__host_alloc_flat;
+    t->launch = ddp__single_launch;   /* one rank: its gradients are the average already */
+    t->finish = ddp__single_finish;
+    t->zero = ddp__host_zero;
+    t->scale = ddp__host_scale;
+    t->bf16 = ddp__host_bf16;
+    t->adamw = ddp__host_adamw;
+    t->adamw_state = ddp__host_adamw_state;
+    t->copy = ddp__host_copy;
+    t->collective = ddp__single_collective;
+    t->teardown = ddp__host_free;
+    t->name = "single";
+}
 
 /* The ranks from `from` on that have not set PREFIX<rank> in the store, as "2, 5". */
 static ddp_result ddp__list_missing(ddp_context *ctx, const char *prefix, int from, char *out, size_t cap) {
@@ -5811,12 +5822,28 @@ static void ddp__cpu_teardown(ddp_context *ctx) {
     ddp__host_free(ctx);
 }
 
-static const ddp__backend ddp__cpu_backend = {
-    "cpu", DDP_BACKEND_CPU, 0, 1,
-    ddp__cpu_setup, ddp__host_alloc_flat, ddp__cpu_commit, ddp__cpu_begin_step, ddp__cpu_launch,
-    ddp__cpu_finish, ddp__host_zero, ddp__host_scale, ddp__host_bf16, ddp__cpu_adamw, ddp__host_adamw_state, ddp__host_copy,
-    ddp__cpu_collective, ddp__single_quiet, ddp__cpu_poison, ddp__cpu_stop, ddp__cpu_teardown
-};
+static void ddp__cpu_table(ddp__backend *t) {
+    memset(t, 0, sizeof *t);
+    t->id = DDP_BACKEND_CPU;
+    t->shards = 1;
+    t->setup = ddp__cpu_setup;
+    t->alloc_flat = ddp__host_alloc_flat;
+    t->commit = ddp__cpu_commit;
+    t->begin_step = ddp__cpu_begin_step;
+    t->launch = ddp__cpu_launch;
+    t->finish = ddp__cpu_finish;
+    t->zero = ddp__host_zero;
+    t->scale = ddp__host_scale;
+    t->bf16 = ddp__host_bf16;
+    t->adamw = ddp__cpu_adamw;
+    t->adamw_state = ddp__host_adamw_state;
+    t->copy = ddp__host_copy;
+    t->collective = ddp__cpu_collective;
+    t->poison = ddp__cpu_poison;
+    t->stop = ddp__cpu_stop;
+    t->teardown = ddp__cpu_teardown;
+    t->name = "cpu";
+}
 
 /* --------------------------------------------------------------------------------------------
    >>mpi  The MPI backend (only with DDP_MPI): CPU ranks on several hosts.
@@ -6214,7 +6241,8 @@ static ddp_result ddp__mpi_host_up(ddp_context *ctx) {
     h->rank = h->local_rank = ctx->local_rank;
     h->world = h->local_world = ctx->local_world;
     h->store_fd = -1;
-    h->be = &ddp__cpu_backend;
+    ddp__cpu_table(&h->table);
+    h->be = &h->table;
     h->tl_origin = ctx->tl_origin;
     pthread_mutex_init(&h->err_lock, NULL);
     if (!(h->cpu = (ddp__cpu *)ddp__calloc(sizeof *h->cpu))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
@@ -6472,12 +6500,28 @@ static void ddp__mpi_teardown(ddp_context *ctx) {
     ddp__host_free(ctx);
 }
 
-static const ddp__backend ddp__mpi_backend = {
-    "mpi", DDP_BACKEND_MPI, 0, 0,   /* shard_optimizer: not yet (ddp_init refuses it by name) */
-    ddp__mpi_setup, ddp__host_alloc_flat, ddp__mpi_commit, ddp__mpi_begin_step, ddp__mpi_launch,
-    ddp__mpi_finish, ddp__host_zero, ddp__host_scale, ddp__host_bf16, ddp__host_adamw, ddp__host_adamw_state, ddp__host_copy,
-    ddp__mpi_collective, ddp__single_quiet, ddp__mpi_poison, ddp__mpi_stop, ddp__mpi_teardown
-};
+static void ddp__mpi_table(ddp__backend *t) {
+    memset(t, 0, sizeof *t);
+    t->id = DDP_BACKEND_MPI;
+    t->shards = 0;   /* shard_optimizer: not yet (ddp_init refuses it by name) */
+    t->setup = ddp__mpi_setup;
+    t->alloc_flat = ddp__host_alloc_flat;
+    t->commit = ddp__mpi_commit;
+    t->begin_step = ddp__mpi_begin_step;
+    t->launch = ddp__mpi_launch;
+    t->finish = ddp__mpi_finish;
+    t->zero = ddp__host_zero;
+    t->scale = ddp__host_scale;
+    t->bf16 = ddp__host_bf16;
+    t->adamw = ddp__host_adamw;
+    t->adamw_state = ddp__host_adamw_state;
+    t->copy = ddp__host_copy;
+    t->collective = ddp__mpi_collective;
+    t->poison = ddp__mpi_poison;
+    t->stop = ddp__mpi_stop;
+    t->teardown = ddp__mpi_teardown;
+    t->name = "mpi";
+}
 #endif /* DDP_MPI */
 
 /* --------------------------------------------------------------------------------------------
@@ -7653,12 +7697,30 @@ static void ddp__gpu_stop(ddp_context *ctx) {
     ddp__gpu_drain(ctx);
 }
 
-static const ddp__backend ddp__nccl_backend = {
-    "nccl", DDP_BACKEND_NCCL, 1, 1,
-    ddp__gpu_setup, ddp__gpu_alloc_flat, ddp__gpu_commit, ddp__gpu_begin_step, ddp__gpu_launch,
-    ddp__gpu_finish, ddp__gpu_zero, ddp__gpu_scale, ddp__gpu_bf16, ddp__gpu_adamw, ddp__gpu_adamw_state, ddp__gpu_copy,
-    ddp__gpu_collective, ddp__gpu_stats, ddp__gpu_poison, ddp__gpu_stop, ddp__gpu_teardown
-};
+static void ddp__nccl_table(ddp__backend *t) {
+    memset(t, 0, sizeof *t);
+    t->id = DDP_BACKEND_NCCL;
+    t->stats_later = 1;
+    t->shards = 1;
+    t->setup = ddp__gpu_setup;
+    t->alloc_flat = ddp__gpu_alloc_flat;
+    t->commit = ddp__gpu_commit;
+    t->begin_step = ddp__gpu_begin_step;
+    t->launch = ddp__gpu_launch;
+    t->finish = ddp__gpu_finish;
+    t->zero = ddp__gpu_zero;
+    t->scale = ddp__gpu_scale;
+    t->bf16 = ddp__gpu_bf16;
+    t->adamw = ddp__gpu_adamw;
+    t->adamw_state = ddp__gpu_adamw_state;
+    t->copy = ddp__gpu_copy;
+    t->collective = ddp__gpu_collective;
+    t->stats = ddp__gpu_stats;
+    t->poison = ddp__gpu_poison;
+    t->stop = ddp__gpu_stop;
+    t->teardown = ddp__gpu_teardown;
+    t->name = "nccl";
+}
 #endif /* DDP_CUDA */
 
 
@@ -7672,7 +7734,7 @@ static ddp_result ddp__choose_backend(ddp_context *ctx) {
     int nccl = d->backend == DDP_BACKEND_NCCL;
 #ifdef DDP_CUDA
     if (d->backend == DDP_BACKEND_AUTO && ddp__gpu_visible()) nccl = 1;
-    if (nccl) { ctx->be = &ddp__nccl_backend; d->backend = DDP_BACKEND_NCCL; return DDP_OK; }
+    if (nccl) { ddp__nccl_table(&ctx->table); ctx->be = &ctx->table; d->backend = DDP_BACKEND_NCCL; return DDP_OK; }
 #else
     if (nccl)
         return ddp__fail(ctx, DDP_ERR_BACKEND, DDP__WINDOWS ? "the NCCL backend is Linux-only (NCCL has no Windows build): "
@@ -7682,10 +7744,10 @@ static ddp_result ddp__choose_backend(ddp_context *ctx) {
     if (d->backend == DDP_BACKEND_SINGLE && ctx->world > 1)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: the single backend is for one rank, but the world "
                          "size is %d", ctx->world);
-    if (ctx->world == 1) { ctx->be = &ddp__single_backend; d->backend = DDP_BACKEND_SINGLE; return DDP_OK; }
+    if (ctx->world == 1) { ddp__single_table(&ctx->table); ctx->be = &ctx->table; d->backend = DDP_BACKEND_SINGLE; return DDP_OK; }
 #ifdef DDP_MPI
     if (d->backend == DDP_BACKEND_MPI || (d->backend == DDP_BACKEND_AUTO && ctx->local_world != ctx->world)) {
-        ctx->be = &ddp__mpi_backend; d->backend = DDP_BACKEND_MPI; return DDP_OK;
+        ddp__mpi_table(&ctx->table); ctx->be = &ctx->table; d->backend = DDP_BACKEND_MPI; return DDP_OK;
     }
 #else
     if (d->backend == DDP_BACKEND_MPI)
@@ -7704,7 +7766,7 @@ static ddp_result ddp__choose_backend(ddp_context *ctx) {
                          "-DDDP_MPI, started by mpirun or srun --mpi=pmix)", ctx->world,
                          ctx->local_world, host, ctx->master_addr, ctx->world, ctx->world);
     }
-    ctx->be = &ddp__cpu_backend;
+    ddp__cpu_table(&ctx->table); ctx->be = &ctx->table;
     d->backend = DDP_BACKEND_CPU;
     return DDP_OK;
 }
@@ -7854,7 +7916,7 @@ static ddp_result ddp__init(ddp_context *ctx, const ddp_desc *desc) {
         if ((r = ddp__store_connect(ctx, deadline)) != DDP_OK) return r;
         if ((r = ddp__rendezvous(ctx, deadline)) != DDP_OK) return r;
     }
-    if ((r = ctx->be->setup(ctx, deadline)) != DDP_OK) return ddp__fatal(ctx, r);
+    if (ctx->be->setup && (r = ctx->be->setup(ctx, deadline)) != DDP_OK) return ddp__fatal(ctx, r);
     ctx->up = 1;
     return DDP_OK;
 }
@@ -7867,7 +7929,7 @@ static ddp_result ddp__shutdown(ddp_context *ctx) {
     ddp__text timeline;
     memset(&timeline, 0, sizeof timeline);
     __atomic_store_n(&ctx->closing, 1, __ATOMIC_RELEASE);
-    if (ctx->be) ctx->be->stop(ctx);
+    if (ctx->be && ctx->be->stop) ctx->be->stop(ctx);
     if (ctx->tl_main) ddp__tl_rank_json(ctx, &timeline);
     ddp__tl_shutdown(ctx, &timeline, 0);
     ctx->what = "the shutdown barrier";
@@ -8214,7 +8276,7 @@ static ddp_result ddp__commit(ddp_context *ctx) {
     if ((r = ddp__shard_layout(ctx)) != DDP_OK) return r;
     ddp__plan_wire(ctx);
     if (ctx->world > 1 && (r = ddp__verify_layout(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
-    if ((r = ctx->be->commit(ctx)) != DDP_OK) return r;
+    if (ctx->be->commit && (r = ctx->be->commit(ctx)) != DDP_OK) return r;
     /* the working copies: rank 0's initial values, rounded; the gradients start at zero (alloc_flat) */
     if ((r = ddp__bf16_op(ctx, DDP__BF16_ROUND_PARAMS, 0, ctx->flat_count)) != DDP_OK) return r;
     /* sharded: from here on this rank holds the master of its parts only */
@@ -8282,7 +8344,7 @@ static ddp_result ddp__begin_step(ddp_context *ctx) {
     for (i = 0; i < ctx->num_buckets; i++)
         ctx->buckets[i].pending = ctx->buckets[i].last_param - ctx->buckets[i].first_param + 1;
     ctx->next_launch = 0;
-    ctx->be->begin_step(ctx);
+    if (ctx->be->begin_step) ctx->be->begin_step(ctx);
     return DDP_OK;
 }
 
@@ -9870,7 +9932,7 @@ void ddp_set_sync(ddp_context *ctx, int enabled) {
 ddp_step_stats ddp_last_step_stats(const ddp_context *ctx) {
     ddp_step_stats none;
     if (!ctx) { memset(&none, 0, sizeof none); return none; }
-    if (ctx->be && ctx->up) ctx->be->stats((ddp_context *)(uintptr_t)ctx);   /* refreshes a cache only */
+    if (ctx->be && ctx->up && ctx->be->stats) ctx->be->stats((ddp_context *)(uintptr_t)ctx);   /* refreshes a cache only */
     return ctx->last_stats;
 }
 
