@@ -2134,6 +2134,15 @@ typedef struct ddp__shm_header {
     int32_t poison_claimed; /* 1 once a rank has begun to write failed_*: one writer, then failed_rank */
 } ddp__shm_header;
 
+/* The context's life cycle: parameters registered until ddp_commit, then steps, each with a
+   backward in flight until ddp_finish; beside it two facts of the step (the gradients were
+   averaged; a tape record failed). Every change is an event to ddp__life_event (>>util). */
+enum { DDP__LIFE_REGISTERING = 0, DDP__LIFE_IDLE /* committed, no backward in flight */,
+       DDP__LIFE_BACKWARD /* a backward has started and ddp_finish has not run */ };
+enum { DDP__ON_COMMIT, DDP__ON_BACKWARD, DDP__ON_FINISH, DDP__ON_AVERAGED /* a ddp_finish with sync on */,
+       DDP__ON_STEPPED /* the averages were used (ddp_adamw_step, ddp_consume_grads) */,
+       DDP__ON_TAPE_FAILED, DDP__ON_TAPE_RESET };
+
 /* What a collective does (the CPU backend also compares it across ranks before it runs one). */
 enum { DDP__KIND_BARRIER = 1, DDP__KIND_BROADCAST, DDP__KIND_SUM, DDP__KIND_AVG, DDP__KIND_AVG_BF16,
        DDP__KIND_SHUTDOWN /* a barrier, named so that a peer still training can say why it ended */,
@@ -2289,7 +2298,6 @@ struct ddp_context {
     /* parameters and buckets */
     ddp__param *params;
     int num_params, cap_params;
-    int committed;
     float *flat_params, *flat_grads, *adam_m, *adam_v;
     /* param_dtype BF16: the working copies and gradients the program uses; flat_params is then
        the fp32 master (sharded: this rank's parts, packed: ddp__master_parts) and flat_grads NULL:
@@ -2318,7 +2326,7 @@ struct ddp_context {
 
     /* the step */
     int sync_enabled;
-    int in_step;                   /* a backward has started and ddp_finish has not run */
+    int life;                      /* DDP__LIFE_*: registering, between steps, in a backward (ddp__life_event) */
     int next_launch;
     double step_start;
     ddp_step_stats stats, last_stats;
@@ -2342,7 +2350,7 @@ struct ddp_context {
     int join_uneven;               /* some step since the last ddp_join ran with joined ranks */
     int join_shadow;               /* ddp_join's shadow step: the count is taken already */
     int join_pending;              /* micro-steps with sync off since the last zero_grad or sync */
-    int grads_averaged;            /* a ddp_finish with sync on since the last ddp_adamw_step (>>adamw) */
+    int grads_averaged;            /* a ddp_finish with sync on since the last ddp_adamw_step (>>adamw; ddp__life_event) */
     int dtype_env_told;            /* an accessor of the other dtype, with DDP_PARAM_DTYPE set: logged once (>>public) */
     int quiet;                     /* ddp__shutdown's goodbye: a store already gone is expected, not logged */
     int tape_step;                 /* this backward is the tape's replay (messages speak of ops), else ddp_grad_ready's */
@@ -2351,7 +2359,7 @@ struct ddp_context {
     double first_launch_time;      /* and when (ddp__now) */
     int overlap_warned;            /* the no-overlap warning was given (once a context) */
     unsigned char *ready_copy;     /* check_ready: each gradient as it was when marked ready (>>step) */
-    int tape_failed;               /* a ddp_tape_record since the last backward failed (>>step) */
+    int tape_failed;               /* a ddp_tape_record since the last backward failed (>>step; ddp__life_event) */
 
     ddp__cpu *cpu;                 /* the CPU backend's state; NULL elsewhere */
     ddp__gpu *gpu;                 /* the NCCL backend's state; NULL elsewhere */
@@ -2514,6 +2522,21 @@ static uint32_t ddp__grad_kind(const ddp_context *ctx) {
 static size_t ddp__wire_bytes(const ddp_context *ctx) {
     return ctx->desc.reduce_dtype == DDP_DTYPE_BF16 ? sizeof(uint16_t) : sizeof(float);
 }
+/* The life cycle's transitions, all of them (DDP__ON_* in >>types). */
+static void ddp__life_event(ddp_context *ctx, int ev) {
+    switch (ev) {
+    case DDP__ON_COMMIT: case DDP__ON_FINISH: ctx->life = DDP__LIFE_IDLE; break;
+    case DDP__ON_BACKWARD: ctx->life = DDP__LIFE_BACKWARD; break;
+    case DDP__ON_AVERAGED: ctx->grads_averaged = 1; break;
+    case DDP__ON_STEPPED: ctx->grads_averaged = 0; break;
+    case DDP__ON_TAPE_FAILED: ctx->tape_failed = 1; break;
+    case DDP__ON_TAPE_RESET: ctx->tape_failed = 0; break;
+    default: break;
+    }
+}
+static int ddp__is_committed(const ddp_context *ctx) { return ctx->life != DDP__LIFE_REGISTERING; }
+static int ddp__in_backward(const ddp_context *ctx) { return ctx->life == DDP__LIFE_BACKWARD; }
+
 /* Derived facts, one definition each: the optimizer state is held in parts (shard_optimizer on
    several ranks); the parameters are bf16 working copies of an fp32 master. */
 static int ddp__sharded(const ddp_context *ctx) { return ctx->desc.shard_optimizer && ctx->world > 1; }
@@ -2630,7 +2653,7 @@ static void ddp__tl_add(ddp__timeline *tl, int kind, int step, double t0, double
 /* Recording sites call this: one branch when the timeline is off. What happens between two
    backwards (AdamW, loss averaging) belongs to the step that just finished. */
 static inline void ddp__record(ddp_context *ctx, ddp__timeline *tl, int kind, double t0, double t1, int index, uint64_t bytes) {
-    if (tl) ddp__tl_add(tl, kind, ctx->in_step || !ctx->tl_step ? ctx->tl_step : ctx->tl_step - 1, t0, t1, index, bytes);
+    if (tl) ddp__tl_add(tl, kind, ddp__in_backward(ctx) || !ctx->tl_step ? ctx->tl_step : ctx->tl_step - 1, t0, t1, index, bytes);
 }
 
 typedef struct ddp__text { char *buf; size_t len, cap; int oom; } ddp__text;
@@ -5013,7 +5036,7 @@ static ddp_result ddp__shm_wait_all(ddp_context *ctx, int stage, uint32_t target
         while (!ddp__reached(__atomic_load_n(&c->value, __ATOMIC_ACQUIRE), target)) {
             uint32_t seen;
             if (polls++ % 16 == 0 && spin_until == 0)
-                spin_until = ddp__now() + (ctx->in_step && !__atomic_load_n(&ctx->cpu->host_waiting, __ATOMIC_ACQUIRE)
+                spin_until = ddp__now() + (ddp__in_backward(ctx) && !__atomic_load_n(&ctx->cpu->host_waiting, __ATOMIC_ACQUIRE)
                                            ? DDP__SPIN_SECONDS_COMM_THREAD : ctx->cpu->spin_seconds);
             if (polls % 16 || ddp__now() < spin_until) {
                 if (polls % DDP__YIELD_EVERY == 0 || ctx->cpu->spin_seconds == DDP__SPIN_SECONDS_OVERSUBSCRIBED) ddp__yield();
@@ -5937,7 +5960,7 @@ static ddp_result ddp__mpi_host(ddp_context *ctx, uint32_t kind, void *data, siz
     ddp_result r;
     if (!h) return DDP_OK;
     h->what = ctx->what;
-    h->in_step = ctx->in_step;
+    h->life = ctx->life;
     if (ddp__cancel_requested(ctx)) __atomic_store_n(&h->cancel, 1, __ATOMIC_RELEASE);
     if ((r = ddp__shm_collective(h, kind, data, count, root)) == DDP_OK) return DDP_OK;
     if (ddp__failed(ctx)) return ddp__failed(ctx);
@@ -8033,7 +8056,7 @@ static ddp_result ddp__register_param(ddp_context *ctx, const char *name, size_t
                                       const float *init, int *id_out) {
     ddp__param *p;
     int i;
-    if (ctx->committed)
+    if (ddp__is_committed(ctx))
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_register_param('%s') after ddp_commit", name ? name : "");
     if (!name || !*name || strlen(name) >= DDP__NAME_MAX || strchr(name, '\n'))
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "parameter names must be 1 to %d characters without newlines",
@@ -8264,7 +8287,7 @@ static ddp_result ddp__commit(ddp_context *ctx) {
     size_t offset = 0;
     ddp_result r;
     int i;
-    if (ctx->committed) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_commit called twice");
+    if (ddp__is_committed(ctx)) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_commit called twice");
     if (ctx->num_params == 0) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_commit with no parameters registered");
     for (i = 0; i < ctx->num_params; i++) {
         ctx->params[i].offset = offset;
@@ -8283,7 +8306,7 @@ static ddp_result ddp__commit(ddp_context *ctx) {
     if (ddp__master_parts(ctx) && (r = ddp__bf16_op(ctx, DDP__BF16_SHARD_MASTER, 0, ctx->flat_count)) != DDP_OK)
         return ddp__fatal(ctx, r);
     if (ctx->desc.check_ready && (r = ddp__ready_check_alloc(ctx)) != DDP_OK) return r;
-    ctx->committed = 1;
+    ddp__life_event(ctx, DDP__ON_COMMIT);
     ddp__log_plan(ctx);
     return DDP_OK;
 }
@@ -8329,14 +8352,14 @@ static ddp_result ddp__join_count(ddp_context *ctx, int has_data, int *stepping)
 
 static ddp_result ddp__begin_step(ddp_context *ctx) {
     int i;
-    if (ctx->in_step) return DDP_OK;
+    if (ddp__in_backward(ctx)) return DDP_OK;
     /* uneven inputs: a synchronizing step first counts the ranks with data (ddp_join's shadow
        step has counted already); nothing of this step is in flight yet */
     if (ctx->desc.uneven_inputs && ctx->world > 1 && ctx->sync_enabled && !ctx->join_shadow) {
         ddp_result r = ddp__join_count(ctx, 1, NULL);
         if (r != DDP_OK) return r;
     }
-    ctx->in_step = 1;
+    ddp__life_event(ctx, DDP__ON_BACKWARD);
     ctx->ready_moment = 0;
     ctx->first_launch_moment = -1;
     ctx->step_start = ddp__now();
@@ -8452,7 +8475,7 @@ static ddp_result ddp__handle_unused(ddp_context *ctx) {
 static void ddp__end_step(ddp_context *ctx) {
     int i;
     for (i = 0; i < ctx->num_params; i++) ctx->params[i].ready = 0;
-    ctx->in_step = 0;
+    ddp__life_event(ctx, DDP__ON_FINISH);
     ctx->tape_step = 0;
     ctx->tl_step++;
     ctx->stats.step = ctx->tl_step;
@@ -8517,7 +8540,7 @@ static ddp_result ddp__finish(ddp_context *ctx) {
     }
     ctx->join_pending = !ctx->sync_enabled;   /* a micro-step's gradients wait for the sync (>>join) */
     if (r == DDP_OK && ctx->ready_copy) r = ddp__ready_check_all(ctx);   /* one rank: the average left them as they were */
-    if (r == DDP_OK && ctx->sync_enabled) ctx->grads_averaged = 1;
+    if (r == DDP_OK && ctx->sync_enabled) ddp__life_event(ctx, DDP__ON_AVERAGED);
     ddp__end_step(ctx);
     return r;
 }
@@ -8570,7 +8593,7 @@ static ddp_result ddp__tape_record(ddp_context *ctx, ddp_backward_fn backward, c
     return DDP_OK;
 }
 
-static void ddp__tape_reset(ddp_context *ctx) { ctx->tape_len = 0; ctx->arena_len = 0; ctx->tape_failed = 0; }
+static void ddp__tape_reset(ddp_context *ctx) { ctx->tape_len = 0; ctx->arena_len = 0; ddp__life_event(ctx, DDP__ON_TAPE_RESET); }
 
 /* A backward op's event names the parameters it finishes (the first few; they are registered
    in order in the common case of one layer per op). */
@@ -8595,7 +8618,7 @@ static ddp_result ddp__backward(ddp_context *ctx) {
                          "error was returned then), so the tape lacks that op's backward; the tape is dropped: fix "
                          "the record, then run the forward again");
     }
-    if (ctx->tape_len == 0 && !ctx->in_step)
+    if (ctx->tape_len == 0 && !ddp__in_backward(ctx))
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_backward: the tape is empty: nothing was recorded since the "
                          "last ddp_backward (called twice for one forward?); record each op's backward with "
                          "ddp_tape_record, or use ddp_grad_ready and ddp_finish");
@@ -8624,7 +8647,7 @@ static ddp_result ddp__backward(ddp_context *ctx) {
 static ddp_result ddp__zero_grad(ddp_context *ctx) {
     ddp_result r;
     int i;
-    if (ctx->in_step) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_zero_grad while a backward is in flight");
+    if (ddp__in_backward(ctx)) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_zero_grad while a backward is in flight");
     if ((r = ddp__zero_grads(ctx, 0, ctx->flat_count)) != DDP_OK) return r;
     for (i = 0; i < ctx->num_params; i++) ctx->params[i].touched = 0;
     ctx->join_pending = 0;
@@ -8654,7 +8677,7 @@ static ddp_result ddp__check_averaged(ddp_context *ctx, const char *call) {
    gradients, each average once. Sharded, only this rank's part was averaged: refused. */
 static ddp_result ddp__consume_grads(ddp_context *ctx) {
     ddp_result r;
-    if (ctx->in_step)
+    if (ddp__in_backward(ctx))
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_consume_grads while a backward is in flight (call ddp_finish first)");
     /* Refused at every world size (one rank included), so a program tried on one rank meets it. */
     if (ctx->desc.shard_optimizer)
@@ -8669,7 +8692,7 @@ static ddp_result ddp__consume_grads(ddp_context *ctx) {
                          "optimizer needs fp32 parameters", ddp__env_set("DDP_PARAM_DTYPE") ? " (from DDP_PARAM_DTYPE, "
                          "which wins over the program's setting)" : "");
     if ((r = ddp__check_averaged(ctx, "ddp_consume_grads")) != DDP_OK) return r;
-    ctx->grads_averaged = 0;   /* the next step needs the next backward's averages */
+    ddp__life_event(ctx, DDP__ON_STEPPED);   /* the next step needs the next backward's averages */
     return DDP_OK;
 }
 
@@ -8677,7 +8700,7 @@ static ddp_result ddp__adamw_step(ddp_context *ctx, const ddp_adamw *opt, float 
     float b1, b2, eps;
     double t0;
     ddp_result r;
-    if (ctx->in_step)
+    if (ddp__in_backward(ctx))
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_adamw_step while a backward is in flight (call ddp_finish first)");
     if (!opt) return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_adamw_step needs options (a ddp_adamw)");
     if (opt->as_given != 0 && opt->as_given != 1)
@@ -8699,7 +8722,7 @@ static ddp_result ddp__adamw_step(ddp_context *ctx, const ddp_adamw *opt, float 
                          opt->lr, b1, b2, eps, opt->weight_decay, opt->max_grad_norm);
     if ((r = ddp__check_averaged(ctx, "ddp_adamw_step")) != DDP_OK) return r;
     t0 = ddp__now();
-    ctx->grads_averaged = 0;   /* the next step needs the next backward's averages */
+    ddp__life_event(ctx, DDP__ON_STEPPED);   /* the next step needs the next backward's averages */
     r = ctx->be->adamw(ctx, opt, b1, b2, eps, grad_norm_out);
     /* bf16 parameters: the backend's pass wrote the working copies of this rank's part; sharded,
        the other parts arrived as working copies (the all-gather of bf16) */
@@ -8731,7 +8754,7 @@ static ddp_result ddp__check_root(ddp_context *ctx, int root, const char *call) 
 
 static ddp_result ddp__user_collective(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root, const char *name) {
     ddp_result r;
-    if (ctx->in_step)
+    if (ddp__in_backward(ctx))
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s while a backward is in flight (call it between steps)", name);
     if (count && !data) return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: NULL buffer of %zu elements", name, count);
     if ((r = ddp__check_root(ctx, root, name)) != DDP_OK) return r;
@@ -8746,7 +8769,7 @@ static ddp_result ddp__user_collective(ddp_context *ctx, uint32_t kind, void *da
 static ddp_result ddp__state_buffer(ddp_context *ctx, ddp_buffer which, size_t offset, const void *host, size_t count,
                                     const char *call, float **flat) {
     ddp_result r;
-    if (ctx->in_step) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s while a backward is in flight", call);
+    if (ddp__in_backward(ctx)) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s while a backward is in flight", call);
     if (count && !host) return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: NULL host buffer of %zu floats", call, count);
     if (offset > ctx->flat_count || count > ctx->flat_count - offset)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: floats [%zu, %zu) are outside the flat buffer of %zu",
@@ -8996,7 +9019,7 @@ static ddp_result ddp__join(ddp_context *ctx) {
     if (!ctx->desc.uneven_inputs)
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_join needs ddp_desc.uneven_inputs (DDP_JOIN_DIVIDE_BY_WORLD "
                          "or DDP_JOIN_DIVIDE_BY_ACTIVE) on every rank");
-    if (ctx->in_step) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_join while a backward is in flight (call it between steps)");
+    if (ddp__in_backward(ctx)) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_join while a backward is in flight (call it between steps)");
     if (ctx->world == 1) return DDP_OK;
     ctx->sync_enabled = 1;   /* the shadow steps synchronize; the caller's setting comes back at the end */
     for (;;) {
@@ -9355,7 +9378,7 @@ static ddp_result ddp__save(ddp_context *ctx, const char *path, const void *user
     size_t hdr_len = 0;
     ddp_result r;
     int renamed = 0;
-    if (ctx->in_step) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_save while a backward is in flight (call it between steps)");
+    if (ddp__in_backward(ctx)) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_save while a backward is in flight (call it between steps)");
     if ((r = ctx->be->adamw_state(ctx)) != DDP_OK) return ddp__fatal(ctx, r);   /* the peers are on their way to the broadcast */
     memset(&st, 0, sizeof st);
     memset(&f, 0, sizeof f);
@@ -9646,7 +9669,7 @@ static ddp_result ddp__load(ddp_context *ctx, const char *path, void *user, size
     float *buf = NULL;
     uint64_t data_at = 0, stored = 0;
     ddp_result r;
-    if (ctx->in_step) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_load while a backward is in flight (call it between steps)");
+    if (ddp__in_backward(ctx)) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_load while a backward is in flight (call it between steps)");
     if ((r = ctx->be->adamw_state(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     memset(&st, 0, sizeof st);
     memset(&f, 0, sizeof f);
@@ -9741,7 +9764,7 @@ static ddp_result ddp__usable(ddp_context *ctx, int need_commit, const char *cal
     if (ddp__failed(ctx)) return ddp__failed(ctx);
     if (ddp__cancel_requested(ctx) && ctx->be)
         return ddp__check_cancel(ctx, call);
-    if (need_commit && !ctx->committed)
+    if (need_commit && !ddp__is_committed(ctx))
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s needs ddp_commit first", call);
     return DDP_OK;
 }
@@ -9810,9 +9833,9 @@ ddp_result ddp_commit(ddp_context *ctx) {
 
 /* The views exist from ddp_commit on; before it, or for an id no parameter has, NULL with an error. */
 static int ddp__committed(ddp_context *ctx, const char *call) {
-    if (ctx && !ctx->committed)
+    if (ctx && !ddp__is_committed(ctx))
         ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s before ddp_commit: the parameters have no memory until ddp_commit", call);
-    return ctx && ctx->committed;
+    return ctx && ddp__is_committed(ctx);
 }
 static int ddp__valid_id(ddp_context *ctx, int id, const char *call) {
     if (!ddp__committed(ctx, call)) return 0;
@@ -9884,7 +9907,7 @@ ddp_result ddp_bucket(const ddp_context *ctx, int index, ddp_bucket_info *out) {
     if (!out) return ddp__fail(c, DDP_ERR_INVALID_ARGUMENT, "ddp_bucket: out is NULL");
     if (index < 0 || index >= ctx->num_buckets)
         return ddp__fail(c, DDP_ERR_INVALID_ARGUMENT, "ddp_bucket: no bucket %d (there are %d%s)", index, ctx->num_buckets,
-                         ctx->committed ? "" : "; buckets exist after ddp_commit");
+                         ddp__is_committed(ctx) ? "" : "; buckets exist after ddp_commit");
     b = &ctx->buckets[index];
     out->offset = b->offset;
     out->count = b->count;
@@ -9897,7 +9920,7 @@ ddp_result ddp_tape_record(ddp_context *ctx, ddp_backward_fn backward, const voi
                            size_t args_size, const int *param_ids, int num_param_ids) {
     ddp_result r = ddp__usable(ctx, 1, "ddp_tape_record");
     if (r == DDP_OK && (r = ddp__tape_record(ctx, backward, args, args_size, param_ids, num_param_ids)) != DDP_OK)
-        ctx->tape_failed = 1;   /* ddp_backward refuses the incomplete tape */
+        ddp__life_event(ctx, DDP__ON_TAPE_FAILED);   /* ddp_backward refuses the incomplete tape */
     return r;
 }
 
@@ -9925,7 +9948,7 @@ ddp_result ddp_zero_grad(ddp_context *ctx) {
 
 void ddp_set_sync(ddp_context *ctx, int enabled) {
     if (!ctx) return;
-    if (ctx->in_step) { ddp__log(ctx, DDP_LOG_WARN, "ddp_set_sync ignored: a backward is in flight"); return; }
+    if (ddp__in_backward(ctx)) { ddp__log(ctx, DDP_LOG_WARN, "ddp_set_sync ignored: a backward is in flight"); return; }
     ctx->sync_enabled = enabled != 0;
 }
 
