@@ -626,10 +626,10 @@
                     counters' wait/wake (futex; Windows: named semaphores), named shared memory,
                     sockets, random bytes, files (the checkpoint's atomic replace); nothing below
                     asks which system it runs on
-     >>types        tunables; parameters, buckets, tape ops, shared-segment blocks; ddp__cpu; the
-                    backend table ddp__backend; ddp_context
+     >>types        tunables; parameters, buckets and their wire plan (ddp__wire), tape ops; the
+                    engine's work queue and watchdog; the backend table ddp__backend; ddp_context
      >>util         time, aligned memory, non-finite tests by bits (fast math), logging, the error
-                    verbs (below), the cancel check
+                    verbs (below), the cancel check; the derived facts ddp__sharded, ddp__bf16_params
      >>sampler      the distributed sampler's arithmetic: counts, the epoch's keyed permutation
                     (cycle-walking Feistel; an exact shuffle up to 32 samples), a rank's i-th
                     sample; pure (its entry points, which
@@ -641,26 +641,36 @@
                     ddp__desc_from_env), ddp__desc_defaults (every default, pure), validation,
                     the group
      >>store        the rendezvous store (server thread on rank 0, client on every rank); whose
-                    hang-up is a rank's loss (ddp__conn_speaks_for_rank: a won claim)
+                    hang-up is a rank's loss (ddp__conn_speaks_for_rank: a won claim); the ranks
+                    missing from a key (ddp__list_missing)
+     >>engine       what every backend's communication shares, written once: the communication
+                    thread's work queue (ddp__workq: cpu, mpi; the backend gives its one-bucket
+                    function) and the watchdog (ddp__watchdog: mpi, nccl; the 0.1 s tick, the
+                    stopped time, the store's poison and lost ranks, the backend's hooks)
+     >>shard        the shard layout (ddp__shard_range, ddp__master_parts) and the norm's blocks'
+                    fixed-order sum every backend uses
      >>host         what single and cpu share: host flat buffers, AdamW arithmetic (bf16 parameters:
-                    the working copy written in the same pass), bf16 rounding and conversions;
-                    the shard layout (ddp__shard_range) and the norm's blocks every backend uses
+                    the working copy written in the same pass), bf16 rounding and conversions,
+                    the norm's blocks' sums of squares
      >>single       the single backend's table
-     >>cpu          shared-memory collectives, liveness, poison; >>cpu-grads buckets averaged (or
-                    reduce-scattered) in place (bf16 parameters: bf16 gradients, summed in float);
-                    sharded AdamW and its all-gather; the communication thread; the cpu backend's table
+     >>cpu          its types (the segment's blocks, ddp__cpu); shared-memory collectives,
+                    liveness, poison; >>cpu-grads buckets averaged (or reduce-scattered) in place
+                    (bf16 parameters: bf16 gradients, summed in float); sharded AdamW and its
+                    all-gather; its one-bucket function for the work queue; the cpu backend's table
      >>mpi          the MPI backend (only with DDP_MPI): host groups on the cpu backend's
-                    segment, the leaders' fixed-order sum, the watchdog, its table
+                    segment, the leaders' fixed-order sum, the watchdog's hooks (heartbeats, the
+                    collective's age, MPI_Abort), its table
      >>nccl         the NCCL backend (only with DDP_CUDA): the communicator's life, the
-                    watchdog, set-up, buckets on the comm stream (sharded: reduce-scattered),
-                    the norm's blocks, AdamW kernels (sharded: per bucket, then all-gathered);
-                    its table
+                    watchdog's hooks, set-up, buckets on the comm stream as the wire plan says
+                    (sharded: reduce-scattered), the norm's blocks, AdamW kernels (sharded: per
+                    bucket, then all-gathered); its table
      >>group        ddp__choose_backend (the one place that knows every backend), rendezvous,
                     init, shutdown
      >>embed        progress: the seqlock the rank writes and any thread reads (cancel itself:
                     ddp__check_cancel in >>util, called by every wait)
-     >>params       registration, layout, buckets, the cross-rank layout check, commit and its
-                    bucket plan (DDP_LOG=info); the bf16
+     >>params       registration, layout, buckets and their wire plan (ddp__plan_wire: what each
+                    bucket is on the wire, decided once for every backend), the cross-rank
+                    layout check, commit and its bucket plan (DDP_LOG=info); the bf16
                     conversion generic code asks for (ddp__bf16_op: the master rounded into the
                     working copies; the gradients need none)
      >>step         ready hooks, launch in bucket order, the tape, finish (the no-overlap check;
@@ -676,8 +686,12 @@
      The backend table (ddp__backend in >>types) is the only way generic code reaches a
      backend: setup, alloc_flat, commit, begin_step, launch, finish, zero, scale, bf16, adamw,
      adamw_state, copy, collective, stats, poison, stop, teardown; its `shards` flag says whether
-     it runs shard_optimizer (ddp_init refuses it by the backend's name otherwise). Adding a backend is adding a section that
-     fills one and a line in ddp__choose_backend.
+     it runs shard_optimizer (ddp_init refuses it by the backend's name otherwise). Each backend
+     fills it by name (ddp__cpu_table and its like, into the context's own copy); an optional
+     slot left NULL (setup, commit, begin_step, stats, poison, stop) is nothing to do, and the
+     generic caller checks. A backend carries out each bucket's wire plan (ddp__wire, made at
+     commit), and reaches the work queue and the watchdog (>>engine) through its hooks. Adding
+     a backend is adding a section that fills one and a line in ddp__choose_backend.
      The error rule. ddp__fail records a message (rank first) and returns its code: for errors
      that leave the ranks in step (bad arguments, calls out of order, local resources); the
      context stays usable. ddp__fail_group records, makes the failure sticky and poisons the
@@ -2111,29 +2125,6 @@ typedef struct ddp__tape_op {
     int num_ids;
 } ddp__tape_op;
 
-/* One rank's control block in the shared segment; each field a cache line of its own. */
-typedef struct ddp__shm_counter { uint32_t value; uint32_t waiters; char pad[56]; } ddp__shm_counter;
-typedef struct ddp__shm_sig { uint32_t id, kind, root, bucket; uint64_t count; } ddp__shm_sig;   /* bucket: index + 1, 0: none */
-typedef struct ddp__shm_rank {
-    int32_t pid;
-    int32_t tid;           /* the thread that steps this rank (ranks may be threads of one process) */
-    ddp__shm_sig sig;
-    char pad1[64 - 8 - sizeof(ddp__shm_sig)];
-    ddp__shm_counter stage[3];
-} ddp__shm_rank;
-enum { DDP__STAGE_IN = 0, DDP__STAGE_RED = 1, DDP__STAGE_OUT = 2 };
-
-typedef struct ddp__shm_header {
-    uint64_t magic;
-    uint32_t world, slots;
-    uint64_t chunk_bytes, total_bytes;
-    double origin;         /* rank 0's clock at creation: the job's time zero */
-    int32_t failed_rank;   /* -1, or the first rank that poisoned the group */
-    int32_t failed_code;
-    char failed_msg[DDP__ERR_MAX];
-    int32_t poison_claimed; /* 1 once a rank has begun to write failed_*: one writer, then failed_rank */
-} ddp__shm_header;
-
 /* The context's life cycle: parameters registered until ddp_commit, then steps, each with a
    backward in flight until ddp_finish; beside it two facts of the step (the gradients were
    averaged; a tape record failed). Every change is an event to ddp__life_event (>>util). */
@@ -2200,34 +2191,12 @@ typedef struct ddp__workq {
     double seconds, last_seconds;  /* this step's time in the buckets, and the last bucket's */
 } ddp__workq;
 
-/* The CPU backend's state: the collective segment, every rank's gradients in one more segment,
-   and the communication thread that averages buckets while backward runs (>>cpu). */
-typedef struct ddp__cpu {
-    char shm_name[64];
-    unsigned char *shm;
-    size_t shm_bytes;
-    uint32_t shm_seq;              /* chunks processed: the same on every rank */
-    uint32_t shm_collectives;      /* collectives issued: the same on every rank */
-    double spin_seconds;
-    int host_waiting;              /* atomic: the rank's thread waits in ddp_finish (the comm thread may spin) */
-    uint32_t sig_bucket;           /* the gradient bucket the next collective averages, + 1; 0: none */
-    char grads_name[64];           /* every rank's gradients, in one segment (world > 1) */
-    unsigned char *grads_shm;
-    size_t grads_shm_bytes, grads_stride;   /* stride: floats from one rank's buffer to the next */
-    int params_shared;             /* sharded: every rank's parameters follow the gradients in the segment */
-    double *norm_recv;             /* sharded: a peer's norm blocks, as they arrive */
-    float *bucket_f32;             /* bf16 parameters without the gradient segment: one bucket widened
-                                      for the staging slots (the largest bucket's floats) */
-    ddp__workq comm;               /* the communication thread's queue (>>engine) */
-    uint32_t out_pending;          /* in place: the peers may still copy from this rank's buffer until
-                                      every rank posts STAGE_OUT this far (0: nothing pending) */
-} ddp__cpu;
-
 /* The bf16 conversions a backend does for param_dtype BF16 (the gradients need none: they are
    reduced, normed and stepped from in bf16): the fp32 master rounded into the working copies. */
 enum { DDP__BF16_ROUND_PARAMS = 1,
        DDP__BF16_SHARD_MASTER /* sharded: keep this rank's parts of the master, packed (ddp__master_parts) */ };
 
+typedef struct ddp__cpu ddp__cpu;   /* the CPU backend's state (>>cpu) */
 typedef struct ddp__gpu ddp__gpu;   /* the NCCL backend's state (>>nccl; only built with CUDA) */
 typedef struct ddp__mpi ddp__mpi;   /* the MPI backend's state (>>mpi; only built with DDP_MPI) */
 
@@ -2369,6 +2338,8 @@ struct ddp_context {
 /* --------------------------------------------------------------------------------------------
    >>util  Small helpers: time, memory, errors, logging
    -------------------------------------------------------------------------------------------- */
+static size_t ddp__round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
 /* Non-finite values are found by their bits (exponent field all ones), never by isfinite():
    -ffinite-math-only (in -ffast-math and -Ofast) lets the compiler assume no NaN/Inf exists and
    fold isfinite(x) to 1, which silently removed the NaN guard. The empty asm hides the bits'
@@ -4295,6 +4266,21 @@ static ddp_result ddp__fetch_from_rank0(ddp_context *ctx, const char *key, const
     return DDP_OK;
 }
 
+/* The ranks from `from` on that have not set PREFIX<rank> in the store, as "2, 5". */
+static ddp_result ddp__list_missing(ddp_context *ctx, const char *prefix, int from, char *out, size_t cap) {
+    size_t len = 0;
+    int s, exists;
+    out[0] = 0;
+    for (s = from; s < ctx->world && len + 16 < cap; s++) {
+        char key[64];
+        ddp_result r;
+        snprintf(key, sizeof key, "%s%d", prefix, s);
+        if ((r = ddp__store_check(ctx, key, &exists)) != DDP_OK) return r;
+        if (!exists) len += (size_t)snprintf(out + len, cap - len, "%s%d", len ? ", " : "", s);
+    }
+    return DDP_OK;
+}
+
 /* --------------------------------------------------------------------------------------------
    >>engine  What every backend's communication shares: the communication thread's work queue
    (cpu, mpi), reached through the backend's one-bucket function; the watchdog (mpi, nccl) and its
@@ -4525,6 +4511,61 @@ static void ddp__watchdog_stop(ddp__watchdog *w) {
 #endif /* DDP_MPI || DDP_CUDA */
 
 /* --------------------------------------------------------------------------------------------
+   >>shard  The shard layout every backend follows: which rank holds which part of a bucket
+   (DDP__SHARD_GRAIN), whether the master is held in parts, and the fixed-order sum of the
+   gradient norm's blocks (the blocks' sums of squares: >>host, and ddp_kernels.cuh on NCCL).
+   -------------------------------------------------------------------------------------------- */
+/* This rank's part of bucket b, as a range of the flat buffer. Unsharded (or one rank) every
+   rank holds all of it. Sharded, rank s holds [s*P, (s+1)*P) of the bucket, P its 1/world share
+   rounded down to DDP__SHARD_GRAIN, and the last rank the rest up to the bucket's end: parts
+   are contiguous (a bucket is one reduce-scatter, its parts one all-gather), balanced to within
+   world * DDP__SHARD_GRAIN floats, and a norm block never straddles two owners. */
+static void ddp__shard_range(const ddp_context *ctx, int b, int s, size_t *lo, size_t *hi) {
+    const ddp__bucket *k = &ctx->buckets[b];
+    size_t part;
+    if (!ddp__sharded(ctx)) { *lo = k->offset; *hi = k->offset + k->count; return; }
+    part = k->count / (size_t)ctx->world / DDP__SHARD_GRAIN * DDP__SHARD_GRAIN;
+    *lo = k->offset + part * (size_t)s;
+    *hi = s == ctx->world - 1 ? k->offset + k->count : *lo + part;
+}
+
+static int ddp__holds(const ddp_context *ctx, size_t i) {
+    size_t lo, hi;
+    int b;
+    for (b = 0; b < ctx->num_buckets; b++) {
+        const ddp__bucket *k = &ctx->buckets[b];
+        if (i < k->offset || i >= k->offset + k->count) continue;
+        ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
+        return i >= lo && i < hi;
+    }
+    return 0;
+}
+
+/* bf16 parameters with shard_optimizer on several ranks: the fp32 master is held in parts, like
+   m and v (shard_count floats, packed: master[shard_base[b] + i - lo] is flat element i of this
+   rank's part [lo, hi) of bucket b); the bf16 working copies are whole, and what is gathered. */
+static int ddp__master_parts(const ddp_context *ctx) {
+    return ctx->params_bf16 && ddp__sharded(ctx);
+}
+
+/* The sum of the norm's blocks in a fixed order: DDP__SUM_LANES running sums, sum j taking
+   sums[j], sums[j + 256], ... in order, then the running sums added in order. The same terms in
+   the same order, and so the same bits, whether one rank computed every block or each its own;
+   ddp_kernels.cuh's ddp_k_sum_doubles adds in this order on the GPU, in parallel (one chain of
+   dependent adds would be 30 us per million parameters there). */
+#define DDP__SUM_LANES 256
+static double ddp__norm_sum(const double *sums, size_t n) {
+    double lane[DDP__SUM_LANES] = { 0 }, total = 0;
+    size_t i;
+    int j;
+    for (i = 0; i < n; i++) lane[i % DDP__SUM_LANES] += sums[i];
+    for (j = 0; j < DDP__SUM_LANES; j++) total += lane[j];
+    return total;
+}
+
+static double ddp__norm_total(const double *sums, size_t n) { return sqrt(ddp__norm_sum(sums, n)); }
+
+/* --------------------------------------------------------------------------------------------
    >>host  What the two host backends (single, cpu) share: flat buffers in host memory, the
    AdamW arithmetic (the NCCL backend's kernels compute the same, and its tests compare with
    these functions), the bf16 rounding both backends put on the wire.
@@ -4573,39 +4614,6 @@ static double ddp__sum_squares_bf16(const ddp_bf16 *x, size_t n) {
     return total;
 }
 
-/* This rank's part of bucket b, as a range of the flat buffer. Unsharded (or one rank) every
-   rank holds all of it. Sharded, rank s holds [s*P, (s+1)*P) of the bucket, P its 1/world share
-   rounded down to DDP__SHARD_GRAIN, and the last rank the rest up to the bucket's end: parts
-   are contiguous (a bucket is one reduce-scatter, its parts one all-gather), balanced to within
-   world * DDP__SHARD_GRAIN floats, and a norm block never straddles two owners. */
-static void ddp__shard_range(const ddp_context *ctx, int b, int s, size_t *lo, size_t *hi) {
-    const ddp__bucket *k = &ctx->buckets[b];
-    size_t part;
-    if (!ddp__sharded(ctx)) { *lo = k->offset; *hi = k->offset + k->count; return; }
-    part = k->count / (size_t)ctx->world / DDP__SHARD_GRAIN * DDP__SHARD_GRAIN;
-    *lo = k->offset + part * (size_t)s;
-    *hi = s == ctx->world - 1 ? k->offset + k->count : *lo + part;
-}
-
-static int ddp__holds(const ddp_context *ctx, size_t i) {
-    size_t lo, hi;
-    int b;
-    for (b = 0; b < ctx->num_buckets; b++) {
-        const ddp__bucket *k = &ctx->buckets[b];
-        if (i < k->offset || i >= k->offset + k->count) continue;
-        ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
-        return i >= lo && i < hi;
-    }
-    return 0;
-}
-
-/* bf16 parameters with shard_optimizer on several ranks: the fp32 master is held in parts, like
-   m and v (shard_count floats, packed: master[shard_base[b] + i - lo] is flat element i of this
-   rank's part [lo, hi) of bucket b); the bf16 working copies are whole, and what is gathered. */
-static int ddp__master_parts(const ddp_context *ctx) {
-    return ctx->params_bf16 && ddp__sharded(ctx);
-}
-
 /* The sums of squares of the norm blocks that lie in this rank's part (every block when
    unsharded) into sums[norm_base[b] + j]; the others are left alone. */
 static void ddp__norm_blocks(ddp_context *ctx, double *sums) {
@@ -4621,23 +4629,6 @@ static void ddp__norm_blocks(ddp_context *ctx, double *sums) {
         }
     }
 }
-
-/* The sum of the norm's blocks in a fixed order: DDP__SUM_LANES running sums, sum j taking
-   sums[j], sums[j + 256], ... in order, then the running sums added in order. The same terms in
-   the same order, and so the same bits, whether one rank computed every block or each its own;
-   ddp_kernels.cuh's ddp_k_sum_doubles adds in this order on the GPU, in parallel (one chain of
-   dependent adds would be 30 us per million parameters there). */
-#define DDP__SUM_LANES 256
-static double ddp__norm_sum(const double *sums, size_t n) {
-    double lane[DDP__SUM_LANES] = { 0 }, total = 0;
-    size_t i;
-    int j;
-    for (i = 0; i < n; i++) lane[i % DDP__SUM_LANES] += sums[i];
-    for (j = 0; j < DDP__SUM_LANES; j++) total += lane[j];
-    return total;
-}
-
-static double ddp__norm_total(const double *sums, size_t n) { return sqrt(ddp__norm_sum(sums, n)); }
 
 /* The gradients (fp32 grads, or bf16 grads16) are not finite: name the first offender (sharded:
    in this rank's part, the only one averaged here). Nothing has been touched yet. */
@@ -4897,21 +4888,6 @@ static void ddp__single_table(ddp__backend *t) {
     t->name = "single";
 }
 
-/* The ranks from `from` on that have not set PREFIX<rank> in the store, as "2, 5". */
-static ddp_result ddp__list_missing(ddp_context *ctx, const char *prefix, int from, char *out, size_t cap) {
-    size_t len = 0;
-    int s, exists;
-    out[0] = 0;
-    for (s = from; s < ctx->world && len + 16 < cap; s++) {
-        char key[64];
-        ddp_result r;
-        snprintf(key, sizeof key, "%s%d", prefix, s);
-        if ((r = ddp__store_check(ctx, key, &exists)) != DDP_OK) return r;
-        if (!exists) len += (size_t)snprintf(out + len, cap - len, "%s%d", len ? ", " : "", s);
-    }
-    return DDP_OK;
-}
-
 /* --------------------------------------------------------------------------------------------
    >>cpu  The CPU backend: collectives through one POSIX shared-memory segment (and the gradient
    buckets through a second one that holds every rank's gradients; see below).
@@ -4931,7 +4907,52 @@ static ddp_result ddp__list_missing(ddp_context *ctx, const char *prefix, int fr
    -------------------------------------------------------------------------------------------- */
 #define DDP__SHM_MAGIC 0x31504444534d4853ull
 
-static size_t ddp__round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+/* One rank's control block in the shared segment; each field a cache line of its own. */
+typedef struct ddp__shm_counter { uint32_t value; uint32_t waiters; char pad[56]; } ddp__shm_counter;
+typedef struct ddp__shm_sig { uint32_t id, kind, root, bucket; uint64_t count; } ddp__shm_sig;   /* bucket: index + 1, 0: none */
+typedef struct ddp__shm_rank {
+    int32_t pid;
+    int32_t tid;           /* the thread that steps this rank (ranks may be threads of one process) */
+    ddp__shm_sig sig;
+    char pad1[64 - 8 - sizeof(ddp__shm_sig)];
+    ddp__shm_counter stage[3];
+} ddp__shm_rank;
+enum { DDP__STAGE_IN = 0, DDP__STAGE_RED = 1, DDP__STAGE_OUT = 2 };
+
+typedef struct ddp__shm_header {
+    uint64_t magic;
+    uint32_t world, slots;
+    uint64_t chunk_bytes, total_bytes;
+    double origin;         /* rank 0's clock at creation: the job's time zero */
+    int32_t failed_rank;   /* -1, or the first rank that poisoned the group */
+    int32_t failed_code;
+    char failed_msg[DDP__ERR_MAX];
+    int32_t poison_claimed; /* 1 once a rank has begun to write failed_*: one writer, then failed_rank */
+} ddp__shm_header;
+
+/* The CPU backend's state: the collective segment, every rank's gradients in one more segment,
+   and the communication thread that averages buckets while backward runs (>>cpu). */
+struct ddp__cpu {
+    char shm_name[64];
+    unsigned char *shm;
+    size_t shm_bytes;
+    uint32_t shm_seq;              /* chunks processed: the same on every rank */
+    uint32_t shm_collectives;      /* collectives issued: the same on every rank */
+    double spin_seconds;
+    int host_waiting;              /* atomic: the rank's thread waits in ddp_finish (the comm thread may spin) */
+    uint32_t sig_bucket;           /* the gradient bucket the next collective averages, + 1; 0: none */
+    char grads_name[64];           /* every rank's gradients, in one segment (world > 1) */
+    unsigned char *grads_shm;
+    size_t grads_shm_bytes, grads_stride;   /* stride: floats from one rank's buffer to the next */
+    int params_shared;             /* sharded: every rank's parameters follow the gradients in the segment */
+    double *norm_recv;             /* sharded: a peer's norm blocks, as they arrive */
+    float *bucket_f32;             /* bf16 parameters without the gradient segment: one bucket widened
+                                      for the staging slots (the largest bucket's floats) */
+    ddp__workq comm;               /* the communication thread's queue (>>engine) */
+    uint32_t out_pending;          /* in place: the peers may still copy from this rank's buffer until
+                                      every rank posts STAGE_OUT this far (0: nothing pending) */
+};
+
 static size_t ddp__shm_ranks_offset(void) { return ddp__round_up(sizeof(ddp__shm_header), 64); }
 static size_t ddp__shm_data_offset(int world) {
     return ddp__round_up(ddp__shm_ranks_offset() + sizeof(ddp__shm_rank) * (size_t)world, 4096);
