@@ -4855,6 +4855,19 @@ static void ddp__host_free(ddp_context *ctx) {
     ctx->params_bf16 = ctx->grads_bf16 = NULL;
 }
 
+/* The slots the host backends share (single, cpu, mpi), by name; each fills the rest. */
+static void ddp__host_table(ddp__backend *t) {
+    memset(t, 0, sizeof *t);
+    t->alloc_flat = ddp__host_alloc_flat;
+    t->zero = ddp__host_zero;
+    t->scale = ddp__host_scale;
+    t->bf16 = ddp__host_bf16;
+    t->adamw = ddp__host_adamw;
+    t->adamw_state = ddp__host_adamw_state;
+    t->copy = ddp__host_copy;
+    t->teardown = ddp__host_free;
+}
+
 /* --------------------------------------------------------------------------------------------
    >>single  One rank and nobody to talk to: no network, no shared memory, no thread. Buckets
    are still built and marked ready (the same bookkeeping as with peers), and launching one
@@ -4871,21 +4884,13 @@ static ddp_result ddp__single_collective(ddp_context *ctx, uint32_t kind, void *
    a static filled at first use would race between ranks that are threads); a slot left NULL is
    nothing to do. */
 static void ddp__single_table(ddp__backend *t) {
-    memset(t, 0, sizeof *t);
+    ddp__host_table(t);
+    t->name = "single";
     t->id = DDP_BACKEND_SINGLE;
     t->shards = 1;
-    t->alloc_flat = ddp__host_alloc_flat;
     t->launch = ddp__single_launch;   /* one rank: its gradients are the average already */
     t->finish = ddp__single_finish;
-    t->zero = ddp__host_zero;
-    t->scale = ddp__host_scale;
-    t->bf16 = ddp__host_bf16;
-    t->adamw = ddp__host_adamw;
-    t->adamw_state = ddp__host_adamw_state;
-    t->copy = ddp__host_copy;
     t->collective = ddp__single_collective;
-    t->teardown = ddp__host_free;
-    t->name = "single";
 }
 
 /* --------------------------------------------------------------------------------------------
@@ -5867,26 +5872,20 @@ static void ddp__cpu_teardown(ddp_context *ctx) {
 }
 
 static void ddp__cpu_table(ddp__backend *t) {
-    memset(t, 0, sizeof *t);
+    ddp__host_table(t);
+    t->name = "cpu";
     t->id = DDP_BACKEND_CPU;
     t->shards = 1;
     t->setup = ddp__cpu_setup;
-    t->alloc_flat = ddp__host_alloc_flat;
     t->commit = ddp__cpu_commit;
     t->begin_step = ddp__cpu_begin_step;
     t->launch = ddp__cpu_launch;
     t->finish = ddp__cpu_finish;
-    t->zero = ddp__host_zero;
-    t->scale = ddp__host_scale;
-    t->bf16 = ddp__host_bf16;
     t->adamw = ddp__cpu_adamw;
-    t->adamw_state = ddp__host_adamw_state;
-    t->copy = ddp__host_copy;
     t->collective = ddp__cpu_collective;
     t->poison = ddp__cpu_poison;
     t->stop = ddp__cpu_stop;
     t->teardown = ddp__cpu_teardown;
-    t->name = "cpu";
 }
 
 /* --------------------------------------------------------------------------------------------
@@ -6545,26 +6544,19 @@ static void ddp__mpi_teardown(ddp_context *ctx) {
 }
 
 static void ddp__mpi_table(ddp__backend *t) {
-    memset(t, 0, sizeof *t);
+    ddp__host_table(t);
+    t->name = "mpi";
     t->id = DDP_BACKEND_MPI;
     t->shards = 0;   /* shard_optimizer: not yet (ddp_init refuses it by name) */
     t->setup = ddp__mpi_setup;
-    t->alloc_flat = ddp__host_alloc_flat;
     t->commit = ddp__mpi_commit;
     t->begin_step = ddp__mpi_begin_step;
     t->launch = ddp__mpi_launch;
     t->finish = ddp__mpi_finish;
-    t->zero = ddp__host_zero;
-    t->scale = ddp__host_scale;
-    t->bf16 = ddp__host_bf16;
-    t->adamw = ddp__host_adamw;
-    t->adamw_state = ddp__host_adamw_state;
-    t->copy = ddp__host_copy;
     t->collective = ddp__mpi_collective;
     t->poison = ddp__mpi_poison;
     t->stop = ddp__mpi_stop;
     t->teardown = ddp__mpi_teardown;
-    t->name = "mpi";
 }
 #endif /* DDP_MPI */
 
@@ -7743,6 +7735,7 @@ static void ddp__gpu_stop(ddp_context *ctx) {
 
 static void ddp__nccl_table(ddp__backend *t) {
     memset(t, 0, sizeof *t);
+    t->name = "nccl";
     t->id = DDP_BACKEND_NCCL;
     t->stats_later = 1;
     t->shards = 1;
@@ -7763,7 +7756,6 @@ static void ddp__nccl_table(ddp__backend *t) {
     t->poison = ddp__gpu_poison;
     t->stop = ddp__gpu_stop;
     t->teardown = ddp__gpu_teardown;
-    t->name = "nccl";
 }
 #endif /* DDP_CUDA */
 
