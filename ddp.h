@@ -2269,7 +2269,8 @@ struct ddp_context {
     int join_pending;              /* micro-steps with sync off since the last zero_grad or sync */
     int grads_averaged;            /* a ddp_finish with sync on since the last ddp_adamw_step (>>adamw) */
     int dtype_env_told;            /* an accessor of the other dtype, with DDP_PARAM_DTYPE set: logged once (>>public) */
-    int quiet;                     /* ddp__shutdown's goodbye: a store already gone is expected, not logged */
+    int quiet;                     /* ddp__shutdown's goodbye: a store already gone is expected, not logged
+                                      (atomic: a watchdog's failure may be recorded meanwhile) */
     int tape_step;                 /* this backward is the tape's replay (messages speak of ops), else ddp_grad_ready's */
     int ready_moment;              /* this backward's moments: tape ops replayed, or ddp_grad_ready calls */
     int first_launch_moment;       /* the moment the first bucket was launched (-1: not yet) */
@@ -2370,7 +2371,7 @@ static ddp_result ddp__fail(ddp_context *ctx, ddp_result code, const char *fmt, 
     if (ctx->rank >= 0) snprintf(ctx->err, sizeof ctx->err, "rank %d: %s", ctx->rank, msg);
     else snprintf(ctx->err, sizeof ctx->err, "pid %d (rank not known yet): %s", ddp__getpid(), msg);
     ddp__mutex_unlock(&ctx->err_lock);
-    if (!ctx->quiet) ddp__log(ctx, DDP_LOG_DEBUG, "%s", msg);
+    if (!__atomic_load_n(&ctx->quiet, __ATOMIC_RELAXED)) ddp__log(ctx, DDP_LOG_DEBUG, "%s", msg);
     return code;
 }
 
@@ -7759,9 +7760,9 @@ static ddp_result ddp__shutdown(ddp_context *ctx) {
         snprintf(bye, sizeof bye, "bye/%d", ctx->rank);
         /* every rank passed the barrier: rank 0 may have closed its store already, which is no
            failure, and not logged even at debug (the context is freed below: nothing reads it) */
-        ctx->quiet = 1;
+        __atomic_store_n(&ctx->quiet, 1, __ATOMIC_RELAXED);
         (void)ddp__store_set(ctx, bye, "1", 1);
-        ctx->quiet = 0;
+        __atomic_store_n(&ctx->quiet, 0, __ATOMIC_RELAXED);
     }
     if (ctx->store_fd >= 0) ddp__sock_close(ctx->store_fd);
     ctx->store_fd = -1;   /* a late poison must not write to a reused descriptor */
