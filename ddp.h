@@ -4430,7 +4430,9 @@ static void ddp__watchdog_init(ddp__watchdog *w, ddp_context *ctx, ddp__mutex *l
 static void ddp__watchdog_destroy(ddp__watchdog *w) {
     if (!w->ctx) return;   /* never initialized */
     if (w->fd >= 0) ddp__sock_close(w->fd);
+    w->fd = -1;
     ddp__cond_destroy(&w->wake);
+    w->ctx = NULL;
 }
 
 /* Is this the watchdog's thread? (Its requests go on its own store connection.) */
@@ -6520,6 +6522,7 @@ static void ddp__mpi_teardown(ddp_context *ctx) {
     if (m) {
         ddp__mpi_stop(ctx);
         ddp__watchdog_stop(&m->wd);
+        ddp__watchdog_destroy(&m->wd);   /* and its store connection closed */
         if (m->host) {
             ddp_context *h = m->host;
             if (h->cpu) {
@@ -6544,7 +6547,6 @@ static void ddp__mpi_teardown(ddp_context *ctx) {
         DDP_FREE(m->rank_node);
         DDP_FREE(m->rank_local);
         ddp__workq_destroy(&m->comm);
-        ddp__watchdog_destroy(&m->wd);
         DDP_FREE(m->beats_before);
         pthread_mutex_destroy(&m->lock);
         DDP_FREE(m);
