@@ -4710,7 +4710,7 @@ static size_t ddp__adamw_range_bf16(float *DDP__RESTRICT p, ddp_bf16 *DDP__RESTR
 static ddp_result ddp__host_alloc_flat(ddp_context *ctx) {
     int i;
     ctx->flat_params = ddp__alloc_floats(ctx->flat_count);
-    if (ctx->desc.param_dtype == DDP_DTYPE_BF16) {   /* flat_count is a multiple of 16: whole floats */
+    if (ddp__bf16_params(ctx)) {   /* flat_count is a multiple of 16: whole floats */
         ctx->params_bf16 = (ddp_bf16 *)(void *)ddp__alloc_floats(ctx->flat_count / 2);
         ctx->grads_bf16 = (ddp_bf16 *)(void *)ddp__alloc_floats(ctx->flat_count / 2);   /* zeros: +0 in bf16 */
         if (!ctx->params_bf16 || !ctx->grads_bf16)
@@ -7148,7 +7148,7 @@ static ddp_result ddp__gpu_alloc_flat(ddp_context *ctx) {
     DDP__GPU_DEVICE(g);
     DDP__CUDA(cudaMalloc((void **)&ctx->flat_params, bytes));
     DDP__CUDA(cudaMemset(ctx->flat_params, 0, bytes));
-    if (ctx->desc.param_dtype == DDP_DTYPE_BF16) {   /* the working copies are filled at commit, from the master */
+    if (ddp__bf16_params(ctx)) {   /* the working copies are filled at commit, from the master */
         DDP__CUDA(cudaMalloc((void **)&ctx->params_bf16, ctx->flat_count * sizeof(ddp_bf16)));
         DDP__CUDA(cudaMalloc((void **)&ctx->grads_bf16, ctx->flat_count * sizeof(ddp_bf16)));
         DDP__CUDA(cudaMemset(ctx->grads_bf16, 0, ctx->flat_count * sizeof(ddp_bf16)));
@@ -8190,7 +8190,7 @@ static char *ddp__layout_text(ddp_context *ctx, size_t *len_out) {
     len = (size_t)snprintf(text, cap, "buckets %.6f %.6f %d reduce %s uneven %d shard %d param %s\n", ctx->desc.first_bucket_mb,
                            ctx->desc.bucket_cap_mb, ctx->desc.find_unused,
                            ctx->desc.reduce_dtype == DDP_DTYPE_BF16 ? "bf16" : "fp32", (int)ctx->desc.uneven_inputs,
-                           ctx->desc.shard_optimizer, ctx->desc.param_dtype == DDP_DTYPE_BF16 ? "bf16" : "fp32");
+                           ctx->desc.shard_optimizer, ddp__bf16_params(ctx) ? "bf16" : "fp32");
     /* a timeline on some ranks only would stall shutdown (rank 0 waits for each missing trace) */
     len += (size_t)snprintf(text + len, cap - len, "timeline %s\n", ctx->timeline_path[0] ? "on" : "off");
     for (i = 0; i < ctx->num_params; i++)
@@ -8252,7 +8252,7 @@ static ddp_result ddp__verify_layout(ddp_context *ctx) {
 /* check_ready (a debugging run): one rank, so the gradients stay as the backward left them (no
    average writes them), in host memory. The copy holds each gradient as it was marked ready. */
 static ddp_result ddp__ready_check_alloc(ddp_context *ctx) {
-    size_t elem = ctx->desc.param_dtype == DDP_DTYPE_BF16 ? sizeof(ddp_bf16) : sizeof(float);
+    size_t elem = ddp__bf16_params(ctx) ? sizeof(ddp_bf16) : sizeof(float);
     if (ctx->world > 1 || ctx->gpu)
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "check_ready (%s) is a debugging run on one "
                          "rank with host memory (world size %d, backend %s): run the model once on one CPU rank "
@@ -8267,7 +8267,7 @@ static ddp_result ddp__ready_check_alloc(ddp_context *ctx) {
    which gradients travel together and in which order. */
 static void ddp__log_plan(ddp_context *ctx) {
     int b, shown = 0;
-    size_t elem = ctx->desc.param_dtype == DDP_DTYPE_BF16 ? sizeof(ddp_bf16) : sizeof(float);
+    size_t elem = ddp__bf16_params(ctx) ? sizeof(ddp_bf16) : sizeof(float);
     if (ctx->rank != 0 || ctx->desc.log_level > DDP_LOG_INFO) return;
     ddp__log(ctx, DDP_LOG_INFO, "bucket plan: %d parameter(s), %zu floats (%.3f MiB of %s gradients, parameters "
              "on %d-float boundaries) in %d bucket(s) (first_bucket_mb %g, bucket_cap_mb %g); launched in this order, "
@@ -8402,8 +8402,8 @@ static ddp_result ddp__begin_step(ddp_context *ctx) {
 /* check_ready: copy a gradient as it is marked ready (take = 1), or say whether it is still
    that (take = 0; nonzero: it changed). */
 static int ddp__ready_check(ddp_context *ctx, ddp__param *p, int take) {
-    size_t elem = ctx->desc.param_dtype == DDP_DTYPE_BF16 ? sizeof(ddp_bf16) : sizeof(float);
-    const unsigned char *grad = ctx->desc.param_dtype == DDP_DTYPE_BF16 ? (const unsigned char *)ctx->grads_bf16
+    size_t elem = ddp__bf16_params(ctx) ? sizeof(ddp_bf16) : sizeof(float);
+    const unsigned char *grad = ddp__bf16_params(ctx) ? (const unsigned char *)ctx->grads_bf16
                                                                         : (const unsigned char *)ctx->flat_grads;
     unsigned char *copy = ctx->ready_copy + elem * p->offset;
     grad += elem * p->offset;
@@ -8714,7 +8714,7 @@ static ddp_result ddp__consume_grads(ddp_context *ctx) {
                          "step on ddp_flat_grads; use ddp_adamw_step, or turn shard_optimizer off",
                          ddp__env_set("DDP_SHARD_OPTIMIZER") ? " (from DDP_SHARD_OPTIMIZER, which wins over the program's "
                          "setting)" : "");
-    if (ctx->desc.param_dtype == DDP_DTYPE_BF16)
+    if (ddp__bf16_params(ctx))
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_consume_grads with bf16 parameters%s: the fp32 master and "
                          "its bf16 working copies must move together, which ddp_adamw_step does; a program's own "
                          "optimizer needs fp32 parameters", ddp__env_set("DDP_PARAM_DTYPE") ? " (from DDP_PARAM_DTYPE, "
