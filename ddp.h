@@ -1252,6 +1252,7 @@ static void ddp__thread_join(ddp__thread t) { WaitForSingleObject(t, INFINITE); 
 /* POSIX thread cancellation has no Windows counterpart: nothing to hold off */
 #define ddp__nocancel_begin(state) ((void)(*(state) = 0))
 #define ddp__nocancel_end(state) ((void)(state))
+static void ddp__comm_thread_short_slice(void) {}   /* Linux only (the POSIX half says why) */
 
 /* ---- time, sleeping, the CPU ---- */
 static double ddp__now(void) {
@@ -1727,6 +1728,24 @@ static inline void ddp__cond_wait_s(ddp__cond *c, ddp__mutex *m, double s) {
 /* pthread_cancel of a rank's thread inside a section that holds a lock would leave it held */
 #define ddp__nocancel_begin(state) pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, (state))
 #define ddp__nocancel_end(state) pthread_setcancelstate((state), NULL)
+/* The communication thread shares the cores with compute threads that never sleep. Each chunk
+   of an allreduce is a handshake with the peers' communication threads, so what matters is how
+   soon a woken communication thread runs. On Linux >= 6.12 (EEVDF) a short scheduler slice
+   lets it preempt a busy compute thread at once; elsewhere the call fails and nothing changes.
+   No privilege is needed and the thread's nice value is kept. */
+static void ddp__comm_thread_short_slice(void) {
+#if defined(__linux__) && defined(SYS_sched_setattr)
+    struct { uint32_t size, policy; uint64_t flags; int32_t nice; uint32_t priority;
+             uint64_t runtime, deadline, period; } attr;
+    memset(&attr, 0, sizeof attr);
+    attr.size = sizeof attr;          /* 48: SCHED_ATTR_SIZE_VER0 */
+    attr.policy = 0;                  /* SCHED_OTHER */
+    errno = 0;
+    attr.nice = getpriority(PRIO_PROCESS, 0);
+    attr.runtime = 100000;            /* slice: 0.1 ms */
+    if (errno == 0) syscall(SYS_sched_setattr, 0, &attr, 0);
+#endif
+}
 
 /* ---- time, sleeping, the CPU ---- */
 static double ddp__now(void) {
@@ -4293,25 +4312,6 @@ static ddp_result ddp__list_missing(ddp_context *ctx, const char *prefix, int fr
    (cpu, mpi), reached through the backend's one-bucket function; the watchdog (mpi, nccl) and its
    look at the store, reached through the backend's hooks (ddp__watchdog_hooks).
    -------------------------------------------------------------------------------------------- */
-/* The communication thread shares the cores with compute threads that never sleep. Each chunk
-   of an allreduce is a handshake with the peers' communication threads, so what matters is how
-   soon a woken communication thread runs. On Linux >= 6.12 (EEVDF) a short scheduler slice
-   lets it preempt a busy compute thread at once; elsewhere the call fails and nothing changes.
-   No privilege is needed and the thread's nice value is kept. */
-static void ddp__comm_thread_short_slice(void) {
-#if defined(__linux__) && defined(SYS_sched_setattr)
-    struct { uint32_t size, policy; uint64_t flags; int32_t nice; uint32_t priority;
-             uint64_t runtime, deadline, period; } attr;
-    memset(&attr, 0, sizeof attr);
-    attr.size = sizeof attr;          /* 48: SCHED_ATTR_SIZE_VER0 */
-    attr.policy = 0;                  /* SCHED_OTHER */
-    errno = 0;
-    attr.nice = getpriority(PRIO_PROCESS, 0);
-    attr.runtime = 100000;            /* slice: 0.1 ms */
-    if (errno == 0) syscall(SYS_sched_setattr, 0, &attr, 0);
-#endif
-}
-
 static void ddp__workq_init(ddp__workq *q, ddp_context *ctx, ddp__work_fn run) {
     q->ctx = ctx;
     q->run = run;
