@@ -9254,183 +9254,250 @@ static ddp_result ddp__save_check(ddp_context *ctx, const char *path, int *holds
     return r;
 }
 
-/* Rank 0's first pass over a checkpoint: everything checked, nothing loaded. Returns the open
-   file (positioned nowhere in particular) and the checksum it holds, or -1 with st refused.
-   `blob` receives the user blob (st->user_bytes of it). */
-static int ddp__ckpt_verify(ddp_context *ctx, const char *path, size_t user_capacity, ddp_checkpoint_check_fn check,
-                            void *check_arg, ddp__ckpt_status *st, void **blob, uint64_t *data_at, uint64_t *stored) {
-    ddp__ckpt_file f;
+/* Rank 0's first pass over a checkpoint, ddp__ckpt_verify, is the steps below in file order;
+   each returns 1 to go on, or 0 with st refused (the first reason counts). */
+typedef struct ddp__ckpt_head {
+    uint64_t floats, shards;   /* floats in each of parameters, m and v; entries of the shard table */
+    uint32_t nparams;
+    char mismatch[512];        /* the first difference from this model: refused after the program's check */
+} ddp__ckpt_head;
+
+static int ddp__ckpt_truncated(ddp__ckpt_status *st, const char *path, const ddp__ckpt_file *f) {
+    ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is truncated (%llu bytes%s)", path,
+                     (unsigned long long)f->size, f->err && f->err != EIO ? ", and reading it failed" : "");
+    return 0;
+}
+
+/* Open it, and refuse anything but a regular file (a FIFO does not block the open). */
+static int ddp__ckpt_open_file(ddp__ckpt_file *f, const char *path, ddp__ckpt_status *st) {
     const char *kind;
-    unsigned char fixed[DDP__CKPT_FIXED], b[16];
-    char name[DDP__NAME_MAX], mismatch[512];
-    uint64_t floats, sum = 0, shards, i, prev = 0, expect, left;
-    uint32_t nparams, version, world, sharded;
-    float *buf = NULL;
-    memset(&f, 0, sizeof f);
-    ddp__sum_init(&f.sum);
-    mismatch[0] = 0;
-    *blob = NULL;
-    f.fd = ddp__file_open_read(path);   /* a FIFO does not block the open */
-    if (f.fd < 0) { ddp__ckpt_refuse(st, DDP_ERR_SYSTEM, "cannot open the checkpoint '%s': %s", path, ddp__strerror(errno)); return -1; }
-    if (ddp__file_stat(f.fd, &f.size, &kind) != 0) { ddp__ckpt_refuse(st, DDP_ERR_SYSTEM, "cannot look at the checkpoint '%s': %s", path, ddp__strerror(errno)); goto fail; }
+    f->fd = ddp__file_open_read(path);
+    if (f->fd < 0) { ddp__ckpt_refuse(st, DDP_ERR_SYSTEM, "cannot open the checkpoint '%s': %s", path, ddp__strerror(errno)); return 0; }
+    if (ddp__file_stat(f->fd, &f->size, &kind) != 0) { ddp__ckpt_refuse(st, DDP_ERR_SYSTEM, "cannot look at the checkpoint '%s': %s", path, ddp__strerror(errno)); return 0; }
     if (kind) {
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is %s, not a regular file; pass the checkpoint file "
                          "itself", path, kind);
-        goto fail;
+        return 0;
     }
-    if (!ddp__ckpt_read(&f, fixed, 8, 1) || memcmp(fixed, DDP__CKPT_MAGIC, 8) != 0) {
+    return 1;
+}
+
+/* The magic, then the rest of the fixed header. */
+static int ddp__ckpt_read_fixed(ddp__ckpt_file *f, const char *path, ddp__ckpt_status *st, unsigned char *fixed) {
+    if (!ddp__ckpt_read(f, fixed, 8, 1) || memcmp(fixed, DDP__CKPT_MAGIC, 8) != 0) {
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "'%s' is not a ddp.h checkpoint (%s)", path,
-                         f.err && f.err != EIO ? ddp__strerror(f.err) : "it does not begin with " DDP__CKPT_MAGIC);
-        goto fail;
+                         f->err && f->err != EIO ? ddp__strerror(f->err) : "it does not begin with " DDP__CKPT_MAGIC);
+        return 0;
     }
-    if (!ddp__ckpt_read(&f, fixed + 8, DDP__CKPT_FIXED - 8, 1)) {
+    if (!ddp__ckpt_read(f, fixed + 8, DDP__CKPT_FIXED - 8, 1)) {
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is truncated (%llu bytes: not even its header)",
-                         path, (unsigned long long)f.size);
-        goto fail;
+                         path, (unsigned long long)f->size);
+        return 0;
     }
-    version = (uint32_t)ddp__get_le(fixed + 8, 4);
-    world = (uint32_t)ddp__get_le(fixed + 12, 4);
-    sharded = (uint32_t)ddp__get_le(fixed + 16, 4);
-    nparams = (uint32_t)ddp__get_le(fixed + 20, 4);
+    return 1;
+}
+
+/* The fixed header's fields: the version, values that can be, tables the file's length can hold. */
+static int ddp__ckpt_check_head(const ddp__ckpt_file *f, const char *path, ddp__ckpt_status *st, const unsigned char *fixed,
+                                ddp__ckpt_head *h) {
+    uint32_t version = (uint32_t)ddp__get_le(fixed + 8, 4), world = (uint32_t)ddp__get_le(fixed + 12, 4);
+    uint32_t sharded = (uint32_t)ddp__get_le(fixed + 16, 4);
+    h->nparams = (uint32_t)ddp__get_le(fixed + 20, 4);
     st->step = (int64_t)ddp__get_le(fixed + 24, 8);
-    floats = ddp__get_le(fixed + 32, 8);
+    h->floats = ddp__get_le(fixed + 32, 8);
     st->user_bytes = ddp__get_le(fixed + 40, 8);
-    shards = ddp__get_le(fixed + 48, 4);
+    h->shards = ddp__get_le(fixed + 48, 4);
     if (version != DDP__CKPT_VERSION) {
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' has format version %u; this ddp.h reads version %u",
                          path, version, DDP__CKPT_VERSION);
-        goto fail;
+        return 0;
     }
-    if (world < 1 || world > INT32_MAX || sharded > 1 || shards != (sharded ? world : 1u) || ddp__get_le(fixed + 52, 4) != 0 ||
-        st->step < 0) {
+    if (world < 1 || world > INT32_MAX || sharded > 1 || h->shards != (sharded ? world : 1u) ||
+        ddp__get_le(fixed + 52, 4) != 0 || st->step < 0) {
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' has an impossible header: world size %u, sharded %u, "
-                         "%llu shards, reserved field %llu, AdamW step %lld", path, world, sharded, (unsigned long long)shards,
+                         "%llu shards, reserved field %llu, AdamW step %lld", path, world, sharded, (unsigned long long)h->shards,
                          (unsigned long long)ddp__get_le(fixed + 52, 4), (long long)st->step);
-        goto fail;
+        return 0;
     }
     st->world = (int32_t)world;
     st->sharded = (int32_t)sharded;
-    if (shards > (f.size - f.pos) / 8 || (uint64_t)nparams > (f.size - f.pos - 8 * shards) / 17) {
+    if (h->shards > (f->size - f->pos) / 8 || (uint64_t)h->nparams > (f->size - f->pos - 8 * h->shards) / 17) {
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is truncated (%llu bytes; its header lists %llu "
-                         "shards and %u parameters)", path, (unsigned long long)f.size, (unsigned long long)shards, nparams);
-        goto fail;
+                         "shards and %u parameters)", path, (unsigned long long)f->size, (unsigned long long)h->shards, h->nparams);
+        return 0;
     }
-    for (i = 0; i < shards; i++) {
-        uint64_t start;
-        if (!ddp__ckpt_read(&f, b, 8, 1)) goto truncated;
+    return 1;
+}
+
+/* The shard table: starts at 0, never decreases, never passes the floats. */
+static int ddp__ckpt_check_shards(ddp__ckpt_file *f, const char *path, ddp__ckpt_status *st, const ddp__ckpt_head *h) {
+    unsigned char b[8];
+    uint64_t i, start, prev = 0;
+    for (i = 0; i < h->shards; i++) {
+        if (!ddp__ckpt_read(f, b, 8, 1)) return ddp__ckpt_truncated(st, path, f);
         start = ddp__get_le(b, 8);
-        if ((i == 0 && start != 0) || start < prev || start > floats) {
+        if ((i == 0 && start != 0) || start < prev || start > h->floats) {
             ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' has an impossible shard layout: shard %llu "
                              "starts at float %llu (previous %llu, of %llu)", path, (unsigned long long)i,
-                             (unsigned long long)start, (unsigned long long)prev, (unsigned long long)floats);
-            goto fail;
+                             (unsigned long long)start, (unsigned long long)prev, (unsigned long long)h->floats);
+            return 0;
         }
         prev = start;
     }
-    for (i = 0; i < nparams; i++) {
-        uint64_t len, count;
-        uint32_t flags;
-        if (!ddp__ckpt_read(&f, b, 4, 1)) goto truncated;
-        len = ddp__get_le(b, 4);
-        if (len < 1 || len >= DDP__NAME_MAX) {
-            ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is damaged: the name of its parameter %llu is "
-                             "%llu bytes long (1 to %d)", path, (unsigned long long)i, (unsigned long long)len, DDP__NAME_MAX - 1);
-            goto fail;
-        }
-        if (!ddp__ckpt_read(&f, name, (size_t)len, 1) || !ddp__ckpt_read(&f, b, 12, 1)) goto truncated;
-        name[len] = 0;
-        count = ddp__get_le(b, 8);
-        flags = (uint32_t)ddp__get_le(b + 8, 4);
-        if (count > floats - sum) {
-            ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is damaged: its parameters hold more than the "
-                             "%llu floats its header counts", path, (unsigned long long)floats);
-            goto fail;
-        }
-        sum += count;
-        if (!mismatch[0] && i < (uint64_t)ctx->num_params) {
-            const ddp__param *p = &ctx->params[i];
-            if (strcmp(p->name, name) != 0 || p->count != count || p->flags != flags)
-                snprintf(mismatch, sizeof mismatch, "the checkpoint '%s' is of another model: its parameter %llu is '%s' of "
-                         "%llu floats (flags %u); this model's is '%s' of %zu floats (flags %u)", path,
-                         (unsigned long long)i, name, (unsigned long long)count, flags, p->name, p->count, p->flags);
-        }
+    return 1;
+}
+
+/* Parameter i's entry (name, count, flags): well formed, within the header's floats (*sum: the
+   entries' floats so far), and compared with this model's parameter i (the first difference kept). */
+static int ddp__ckpt_check_param(const ddp_context *ctx, ddp__ckpt_file *f, const char *path, ddp__ckpt_status *st,
+                                 ddp__ckpt_head *h, uint64_t i, uint64_t *sum) {
+    unsigned char b[12];
+    char name[DDP__NAME_MAX];
+    uint64_t len, count;
+    uint32_t flags;
+    if (!ddp__ckpt_read(f, b, 4, 1)) return ddp__ckpt_truncated(st, path, f);
+    len = ddp__get_le(b, 4);
+    if (len < 1 || len >= DDP__NAME_MAX) {
+        ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is damaged: the name of its parameter %llu is "
+                         "%llu bytes long (1 to %d)", path, (unsigned long long)i, (unsigned long long)len, DDP__NAME_MAX - 1);
+        return 0;
     }
-    if (!mismatch[0] && nparams != (uint32_t)ctx->num_params)
-        snprintf(mismatch, sizeof mismatch, "the checkpoint '%s' is of another model: it holds %u parameters, this model "
-                 "has %d (the first %d agree)", path, nparams, ctx->num_params, (int)(nparams < (uint32_t)ctx->num_params ?
-                 nparams : (uint32_t)ctx->num_params));
-    if (sum != floats) {
+    if (!ddp__ckpt_read(f, name, (size_t)len, 1) || !ddp__ckpt_read(f, b, 12, 1)) return ddp__ckpt_truncated(st, path, f);
+    name[len] = 0;
+    count = ddp__get_le(b, 8);
+    flags = (uint32_t)ddp__get_le(b + 8, 4);
+    if (count > h->floats - *sum) {
+        ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is damaged: its parameters hold more than the "
+                         "%llu floats its header counts", path, (unsigned long long)h->floats);
+        return 0;
+    }
+    *sum += count;
+    if (!h->mismatch[0] && i < (uint64_t)ctx->num_params) {
+        const ddp__param *p = &ctx->params[i];
+        if (strcmp(p->name, name) != 0 || p->count != count || p->flags != flags)
+            snprintf(h->mismatch, sizeof h->mismatch, "the checkpoint '%s' is of another model: its parameter %llu is '%s' of "
+                     "%llu floats (flags %u); this model's is '%s' of %zu floats (flags %u)", path,
+                     (unsigned long long)i, name, (unsigned long long)count, flags, p->name, p->count, p->flags);
+    }
+    return 1;
+}
+
+/* The parameter table: every entry, then the count of parameters, then their floats' total. */
+static int ddp__ckpt_check_params(const ddp_context *ctx, ddp__ckpt_file *f, const char *path, ddp__ckpt_status *st,
+                                  ddp__ckpt_head *h) {
+    uint64_t i, sum = 0;
+    for (i = 0; i < h->nparams; i++)
+        if (!ddp__ckpt_check_param(ctx, f, path, st, h, i, &sum)) return 0;
+    if (!h->mismatch[0] && h->nparams != (uint32_t)ctx->num_params)
+        snprintf(h->mismatch, sizeof h->mismatch, "the checkpoint '%s' is of another model: it holds %u parameters, this model "
+                 "has %d (the first %d agree)", path, h->nparams, ctx->num_params, (int)(h->nparams < (uint32_t)ctx->num_params ?
+                 h->nparams : (uint32_t)ctx->num_params));
+    if (sum != h->floats) {
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is damaged: its parameters hold %llu floats, its "
-                         "header counts %llu", path, (unsigned long long)sum, (unsigned long long)floats);
-        goto fail;
+                         "header counts %llu", path, (unsigned long long)sum, (unsigned long long)h->floats);
+        return 0;
     }
-    *data_at = f.pos;
-    left = f.size - f.pos;
-    if (floats > (left / 12) || st->user_bytes > left - 12 * floats || left - 12 * floats - st->user_bytes < 8) {
-        expect = 0;
-        goto truncated;
-    }
-    expect = f.pos + 12 * floats + st->user_bytes + 8;
-    if (expect != f.size) {
+    return 1;
+}
+
+/* The file's length: the data (parameters, m, v), the user blob and the checksum, nothing after. */
+static int ddp__ckpt_check_length(const ddp__ckpt_file *f, const char *path, ddp__ckpt_status *st, const ddp__ckpt_head *h,
+                                  uint64_t *data_at) {
+    uint64_t left = f->size - f->pos, expect;
+    *data_at = f->pos;
+    if (h->floats > (left / 12) || st->user_bytes > left - 12 * h->floats || left - 12 * h->floats - st->user_bytes < 8)
+        return ddp__ckpt_truncated(st, path, f);
+    expect = f->pos + 12 * h->floats + st->user_bytes + 8;
+    if (expect != f->size) {
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' goes on after its checksum (%llu bytes; its header "
                          "describes %llu): not a file ddp_save wrote, or two files run together", path,
-                         (unsigned long long)f.size, (unsigned long long)expect);
-        goto fail;
+                         (unsigned long long)f->size, (unsigned long long)expect);
+        return 0;
     }
-    /* the checksum, over the data in chunks (nothing is loaded yet) and the user blob */
-    if (!(buf = (float *)DDP_MALLOC(DDP__CKPT_CHUNK * sizeof(float))) ||
-        (st->user_bytes && !(*blob = DDP_MALLOC((size_t)st->user_bytes)))) {
+    return 1;
+}
+
+/* The checksum, over the data in chunks (nothing is loaded yet) and the user blob, kept in *blob. */
+static int ddp__ckpt_check_sum(ddp__ckpt_file *f, const char *path, ddp__ckpt_status *st, const ddp__ckpt_head *h, void **blob,
+                               uint64_t *stored) {
+    unsigned char b[8];
+    uint64_t left;
+    float *buf = (float *)DDP_MALLOC(DDP__CKPT_CHUNK * sizeof(float));
+    int ok = 0;
+    if (!buf || (st->user_bytes && !(*blob = DDP_MALLOC((size_t)st->user_bytes)))) {
         ddp__ckpt_refuse(st, DDP_ERR_OUT_OF_MEMORY, "no memory to read the checkpoint '%s' (its user blob: %llu bytes)", path,
                          (unsigned long long)st->user_bytes);
-        goto fail;
+        goto out;
     }
-    for (left = 12 * floats; left > 0;) {
+    for (left = 12 * h->floats; left > 0;) {
         size_t n = left < DDP__CKPT_CHUNK * sizeof(float) ? (size_t)left : DDP__CKPT_CHUNK * sizeof(float);
-        if (!ddp__ckpt_read(&f, buf, n, 1)) break;
+        if (!ddp__ckpt_read(f, buf, n, 1)) break;
         left -= n;
     }
-    if (st->user_bytes) ddp__ckpt_read(&f, *blob, (size_t)st->user_bytes, 1);
-    if (!ddp__ckpt_read(&f, b, 8, 0)) {
-        ddp__ckpt_refuse(st, DDP_ERR_SYSTEM, "cannot read the checkpoint '%s': %s", path, ddp__strerror(f.err ? f.err : EIO));
-        goto fail;
+    if (st->user_bytes) ddp__ckpt_read(f, *blob, (size_t)st->user_bytes, 1);
+    if (!ddp__ckpt_read(f, b, 8, 0)) {
+        ddp__ckpt_refuse(st, DDP_ERR_SYSTEM, "cannot read the checkpoint '%s': %s", path, ddp__strerror(f->err ? f->err : EIO));
+        goto out;
     }
     *stored = ddp__get_le(b, 8);
-    if (*stored != ddp__sum_value(&f.sum)) {
+    if (*stored != ddp__sum_value(&f->sum))
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is corrupt (checksum mismatch): it holds %016llx, "
-                         "its bytes give %016llx", path, (unsigned long long)*stored, (unsigned long long)ddp__sum_value(&f.sum));
-        goto fail;
-    }
+                         "its bytes give %016llx", path, (unsigned long long)*stored, (unsigned long long)ddp__sum_value(&f->sum));
+    else ok = 1;
+out:
+    DDP_FREE(buf);
+    return ok;
+}
+
+/* The user blob: it fits the caller's buffer, and the program's check takes it. */
+static int ddp__ckpt_check_user(const char *path, ddp__ckpt_status *st, size_t user_capacity, ddp_checkpoint_check_fn check,
+                                void *check_arg, const void *blob) {
+    ddp_checkpoint_info info;
+    char why[sizeof st->msg];
     if (st->user_bytes > user_capacity) {
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' holds a user blob of %llu bytes; the caller's "
                          "buffer takes %zu", path, (unsigned long long)st->user_bytes, user_capacity);
-        goto fail;
+        return 0;
     }
-    if (check) {
-        ddp_checkpoint_info info;
-        char why[sizeof st->msg];
-        info.step = st->step;
-        info.world_size = st->world;
-        info.sharded = st->sharded;
-        info.user_bytes = st->user_bytes;
-        why[0] = 0;
-        if (!check(check_arg, &info, *blob, (size_t)st->user_bytes, why, sizeof why)) {
-            why[sizeof why - 1] = 0;
-            ddp__ckpt_refuse(st, DDP_ERR_MISMATCH, "%s", why[0] ? why : "the checkpoint was refused by the program's check "
-                             "(it gave no reason)");
-            goto fail;
-        }
+    if (!check) return 1;
+    info.step = st->step;
+    info.world_size = st->world;
+    info.sharded = st->sharded;
+    info.user_bytes = st->user_bytes;
+    why[0] = 0;
+    if (!check(check_arg, &info, blob, (size_t)st->user_bytes, why, sizeof why)) {
+        why[sizeof why - 1] = 0;
+        ddp__ckpt_refuse(st, DDP_ERR_MISMATCH, "%s", why[0] ? why : "the checkpoint was refused by the program's check "
+                         "(it gave no reason)");
+        return 0;
     }
-    if (mismatch[0]) { ddp__ckpt_refuse(st, DDP_ERR_MISMATCH, "%s", mismatch); goto fail; }
-    DDP_FREE(buf);
-    return f.fd;
-truncated:
-    ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is truncated (%llu bytes%s)", path,
-                     (unsigned long long)f.size, f.err && f.err != EIO ? ", and reading it failed" : "");
-fail:
-    DDP_FREE(buf);
+    return 1;
+}
+
+/* Rank 0's first pass over a checkpoint: everything checked, nothing loaded. Returns the open
+   file (positioned nowhere in particular) and the checksum it holds, or -1 with st refused.
+   `blob` receives the user blob (st->user_bytes of it). A file of another model is refused
+   last, after the program's check (whose reason, e.g. "another seed", says more). */
+static int ddp__ckpt_verify(ddp_context *ctx, const char *path, size_t user_capacity, ddp_checkpoint_check_fn check,
+                            void *check_arg, ddp__ckpt_status *st, void **blob, uint64_t *data_at, uint64_t *stored) {
+    ddp__ckpt_file f;
+    ddp__ckpt_head h;
+    unsigned char fixed[DDP__CKPT_FIXED];
+    memset(&f, 0, sizeof f);
+    memset(&h, 0, sizeof h);
+    ddp__sum_init(&f.sum);
+    *blob = NULL;
+    if (ddp__ckpt_open_file(&f, path, st) && ddp__ckpt_read_fixed(&f, path, st, fixed) &&
+        ddp__ckpt_check_head(&f, path, st, fixed, &h) && ddp__ckpt_check_shards(&f, path, st, &h) &&
+        ddp__ckpt_check_params(ctx, &f, path, st, &h) && ddp__ckpt_check_length(&f, path, st, &h, data_at) &&
+        ddp__ckpt_check_sum(&f, path, st, &h, blob, stored) &&
+        ddp__ckpt_check_user(path, st, user_capacity, check, check_arg, *blob)) {
+        if (!h.mismatch[0]) return f.fd;
+        ddp__ckpt_refuse(st, DDP_ERR_MISMATCH, "%s", h.mismatch);
+    }
     DDP_FREE(*blob);
     *blob = NULL;
-    ddp__file_close(f.fd);
+    if (f.fd >= 0) ddp__file_close(f.fd);
     return -1;
 }
 
