@@ -9,10 +9,10 @@
    CONTENTS
      QUICK START · ONE STEP, AS DATA FLOWS · OWN AUTOGRAD · MEMORY LAYOUT AND OVERLAP ·
      FAST MATH · STRUCTS ACROSS VERSIONS · OPTIONS · ADAMW · SHARDED OPTIMIZER (ZeRO-1) ·
-     PARAMETER DTYPE (bf16 parameters, fp32 master weights) · CHECKPOINTS ·
-     BACKENDS · ENVIRONMENT · ERRORS · NULL, LIFETIME AND THREADS · EMBEDDING: CANCEL, PROGRESS,
-     UNEVEN INPUTS · SAMPLER · PLATFORMS (Linux, Windows, macOS) · COMPILE-TIME OPTIONS ·
-     THE IMPLEMENTATION, SECTION BY SECTION. (JOB IDENTITY follows ENVIRONMENT.)
+     PARAMETER DTYPE (bf16 parameters, fp32 master weights) · CHECKPOINTS · BACKENDS ·
+     ENVIRONMENT · JOB IDENTITY · ERRORS · NULL, LIFETIME AND THREADS · EMBEDDING: CANCEL,
+     PROGRESS, UNEVEN INPUTS · SAMPLER · PLATFORMS (Linux, Windows, macOS) · COMPILE-TIME
+     OPTIONS · THE IMPLEMENTATION, SECTION BY SECTION
    This manual is the reference. The guide: README.md; the reasons behind the design:
    docs/design.md; measurements: bench/RESULTS.md.
 
@@ -142,11 +142,9 @@
                                            ready, each allreduce, the wait, AdamW) and write ONE
                                            Chrome/Perfetto trace of all ranks at ddp_shutdown
                                            (tools/trace_svg.py draws it); costs nothing when off.
-                                           NCCL backend: the comm lane comes from CUDA events
-                                           (GPU clock, anchored at backward's start) and adds
-                                           per step "backward (gpu)" (cat gpu_backward) and
-                                           "exposed comm (gpu)" (cat gpu_exposed; the compute
-                                           lane holds enqueue times, there is no host wait)
+                                           NCCL: the comm lane from CUDA events, plus per step
+                                           "backward (gpu)" and "exposed comm (gpu)" (README.md,
+                                           "Seeing the overlap")
      inject_comm_latency_ms, inject_comm_gbps
                                            benchmarks/tests only: allreduces also take as long as
                                            a network of that latency and bandwidth would (NCCL: a
@@ -256,37 +254,35 @@
      and AdamW, whose pass moves 2 bytes more than fp32's (the working copy) and reads the
      working copy once more for the misuse guard below (bench/RESULTS.md, "bf16 parameters").
      Accumulation: with sync off the program adds into its bf16 gradients (as PyTorch's bf16
-     .grad does); the synchronizing backward reduces what they hold. find_unused zero-fills
-     the bf16 gradient. uneven_inputs' DIVIDE_BY_ACTIVE rescales the bf16 average (rounded once
-     more). Sharded (ZeRO-1): the master is what is sharded. A rank holds the fp32
-     master, m and v only for its own parts (shard_count floats each, packed in flat order as m
-     and v are: SHARDED OPTIMIZER), updates them, writes its working copies of those parts in the
-     same pass, and the bf16 working copies are all-gathered bucket by bucket (2 bytes an
-     element; CPU: the working copies live in the shared segment where fp32 sharding keeps the
-     parameters; NCCL: ncclAllGather of ncclBfloat16). The same bits as unsharded on every rank.
-     The whole master exists only during ddp_commit (rank 0's values arrive, are rounded into
-     the working copies, then each rank keeps its parts). As with fp32, only this rank's part of
-     the bf16 gradients holds the average after a sharded step.
-     Sharded, ddp_flat_params points to this rank's parts of the master and its count is
-     shard_count (ddp_flat_params_bf16's count is the flat size); ddp_copy_to_host of DDP_PARAMS
-     accepts a range inside one of this rank's parts, any other is refused by name ("not all
-     held by rank R"); ddp_copy_from_host of DDP_PARAMS is refused: write with
-     ddp_scatter_from_host, which sends the values to every rank (each writes its parts of the
-     master and all its working copies, rounded on the host with the kernels' bits).
-     ddp_gather_to_host and checkpoints reach the master through its owners, so a checkpoint
-     moves between sharded and unsharded runs and world sizes.
-     The master: ddp_flat_params is the fp32 master (device memory on NCCL); ddp_param,
-     ddp_grad and ddp_flat_grads return NULL with an error that points to the bf16 accessors
-     (and those return NULL with an error on an fp32 context). Write parameters with
-     ddp_copy_from_host / ddp_scatter_from_host (DDP_PARAMS: the working copies are rounded from
-     what was written; DDP_GRADS: the bf16 gradients receive it rounded, and copies to the host
-     give them widened). A lone write of one copy (ddp_param_bf16, or the master through
-     ddp_flat_params) is found by the next AdamW pass, which compares each working copy with its
-     master rounded as it goes, and that ddp_adamw_step fails with DDP_ERR_INVALID_STATE naming
-     the count and (CPU) the parameter; the step is taken and the copies agree again. The NCCL
-     backend counts on the device and reports it one step later. Checkpoints store the master
-     (and m, v); after ddp_load the working copies are the loaded master rounded. Not supported:
-     the MPI backend (refused by name at ddp_init: untested there). Tests:
+     .grad does); the synchronizing backward reduces what they hold. find_unused zero-fills the
+     bf16 gradient. uneven_inputs' DIVIDE_BY_ACTIVE rescales the bf16 average (rounded once more).
+     The master: ddp_flat_params is the fp32 master (device memory on NCCL); ddp_param, ddp_grad
+     and ddp_flat_grads return NULL with an error that points to the bf16 accessors (and those
+     return NULL with an error on an fp32 context). Write parameters with ddp_copy_from_host /
+     ddp_scatter_from_host (DDP_PARAMS: the working copies are rounded from what was written;
+     DDP_GRADS: the bf16 gradients receive it rounded, and copies to the host give them widened).
+     A lone write of one copy (ddp_param_bf16, or the master through ddp_flat_params) is found by
+     the next AdamW pass, which compares each working copy with its master rounded as it goes:
+     that ddp_adamw_step fails with DDP_ERR_INVALID_STATE naming the count and (CPU) the
+     parameter; the step is taken and the copies agree again (NCCL counts on the device and
+     reports it one step later). Checkpoints store the master (and m, v); after ddp_load the
+     working copies are the loaded master rounded.
+     Sharded (ZeRO-1): the master is what is sharded. A rank holds the fp32 master, m and v only
+     for its own parts (shard_count floats each, packed in flat order: SHARDED OPTIMIZER),
+     updates them and writes its working copies of those parts in the same pass; the bf16
+     working copies are all-gathered bucket by bucket (2 bytes an element; CPU: in the shared
+     segment; NCCL: ncclAllGather of ncclBfloat16): the same bits as unsharded on every rank. The
+     whole master exists only during ddp_commit (rank 0's values arrive, are rounded into the
+     working copies, then each rank keeps its parts). Only this rank's part of the bf16 gradients
+     holds the average after a step. ddp_flat_params points to this rank's parts of the master
+     (count: shard_count; ddp_flat_params_bf16's is the flat size); ddp_copy_to_host of
+     DDP_PARAMS takes a range inside one of this rank's parts, any other is refused by name
+     ("not all held by rank R"); ddp_copy_from_host of DDP_PARAMS is refused: write with
+     ddp_scatter_from_host (every rank writes its parts of the master and all its working
+     copies, rounded on the host with the kernels' bits). ddp_gather_to_host and checkpoints
+     reach the master through its owners, so a checkpoint moves between sharded and unsharded
+     runs and world sizes.
+     Not supported: the MPI backend (refused by name at ddp_init: untested there). Tests:
      tests/test_bf16_params.c.
 
    CHECKPOINTS (ddp_save, ddp_load, ddp_save_check; collective: every rank calls them alike)
@@ -332,8 +328,9 @@
              grads and ddp_adamw_state's m and v are DEVICE pointers (initial values given to
              ddp_register_param are host memory). A ready bucket is an event on the compute
              stream, a wait on it by ddp.h's comm stream and ncclAllReduce(ncclAvg) in place
-             (with one rank, no collective: its gradients are their own average); ddp_finish makes the compute stream wait for the last bucket. Nothing in a step
-             waits on the host. ddp_adamw_step runs on the compute stream and clips and skips
+             (with one rank, no collective: its gradients are their own average); ddp_finish
+             makes the compute stream wait for the last bucket. Nothing in a step waits on the
+             host. ddp_adamw_step runs on the compute stream and clips and skips
              on the device; only with grad_norm_out does it read the norm back (a small copy
              and a wait: ask for it on the steps you log), which is also when NaN/Inf gives
              DDP_ERR_NONFINITE at once (otherwise the step is skipped on the device and the next
@@ -363,8 +360,8 @@
              the age of the collective in progress (timeout_s; the ranks whose heartbeat in the
              store stopped are named with their hosts); on a failure while this rank waits in MPI
              it logs the named error, waits 0.5 s so the peers log theirs, and calls MPI_Abort
-             (the one case where ddp.h ends the program). Not yet: reduce_dtype bf16, param_dtype bf16, shard_optimizer (refused at
-             init).
+             (the one case where ddp.h ends the program). Not yet: reduce_dtype bf16, param_dtype
+             bf16, shard_optimizer (refused at init).
              Over TCP (Open MPI's btl tcp): where ddp.h initializes MPI it sets the Open MPI
              parameters that mpirun --mca / OMPI_MCA_* left unset: btl_tcp_eager_limit,
              btl_tcp_rndv_eager_limit and btl_tcp_max_send_size 1 MiB, btl_tcp_links 2,
@@ -496,8 +493,8 @@
      polls and its watchdog, which also aborts the communicator); the group is poisoned, so the
      peers (threads or processes) stop at their next wait with DDP_ERR_CANCELLED too, on every
      backend (NCCL and MPI peers read the cancel's code from the store's poison), and before
-     the shared memory is up (rendezvous) with DDP_ERR_PEER_LOST once the cancelled rank leaves. Nothing waits out a
-     timeout. Then ddp_shutdown as after any failure: quick, and it returns DDP_OK.
+     the shared memory is up (rendezvous) with DDP_ERR_PEER_LOST once the cancelled rank leaves.
+     Nothing waits out a timeout. Then ddp_shutdown as after any failure: quick, and it returns DDP_OK.
      Progress. ddp_progress_read(ctx, &p) from any thread: the step count, the last
      ddp_report_loss value and its step (this rank's number; nothing is sent), the last step's
      wall time and its ddp_step_stats times, the ranks with data, and the context's failure
@@ -537,19 +534,15 @@
      epoch), not on world or rank, so a consumer that takes global batch k as positions
      [k*G, (k+1)*G) of the epoch (G = world x per-rank batch, each rank its i*world + r) trains
      the same samples a batch on any number of ranks; it differs from torch.randperm's (the
-     counts, padding and rank split are the same). It is a keyed bijection evaluated at one
-     position in O(1) (>>sampler; up to 32 samples an exact shuffle in 32 bytes of stack): no
-     memory, any n up to 2^64 - 1.
-     Resuming: the position is (epoch, i), both plain integers; a checkpoint stores them (or the
-     step they follow from) and the next run continues with ddp_sample(&s, epoch, i, ...) on the
-     same n, seed, shuffle and drop_last. As one stream across epochs: this rank's k-th sample
+     counts, padding and rank split are the same). O(1) a sample, no memory (>>sampler), any n up
+     to 2^64 - 1. Resuming: the position is (epoch, i) (README.md); this rank's k-th sample
      overall is (epoch k / count, i = k mod count).
      Errors: a NULL sampler or out pointer, shuffle or drop_last other than 0 or 1 (an
      uninitialized field: zero-initialize the struct), n = 0, world < 1 (0 is not taken for 1: a
      sampler whose world was never set would give every rank every sample), rank outside 0 ..
-     world-1, and i >=
-     count are DDP_ERR_INVALID_ARGUMENT with the reason (and the rank) in ddp_last_error(NULL);
-     ddp_sample then sets *index_out = UINT64_MAX. Pure: any thread, before ddp_init or without it.
+     world-1, and i >= count are DDP_ERR_INVALID_ARGUMENT with the reason (and the rank) in
+     ddp_last_error(NULL); ddp_sample then sets *index_out = UINT64_MAX. Pure: any thread,
+     before ddp_init or without it.
 
    PLATFORMS
      Linux: everything (every backend, ddprun, every test). Windows (10 and later; x86-64): the
