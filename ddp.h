@@ -551,14 +551,13 @@
      example, cancel, progress, ddp_join) and ranks as processes on one machine (ddprun.exe),
      checkpoints, the timeline; the NCCL and MPI backends are Linux-only (DDP_CUDA or DDP_MPI in
      a Windows build stops with an #error that says so; ddp_desc.backend asking for one there is
-     DDP_ERR_BACKEND, "Linux-only"). Build: MinGW-w64 (x86_64-w64-mingw32-gcc
-     f.c -lws2_32 -lbcrypt) or MSVC (cl f.c; the libraries come by #pragma comment). No pthreads:
-     Win32 threads, SRW locks, condition variables, named file mappings, named semaphores for
-     the waits, Winsock for the store. The implementation includes <winsock2.h> and <windows.h>
-     (WIN32_LEAN_AND_MEAN, NOMINMAX, _WIN32_WINNT at least Vista's) in the file that defines
-     DDP_IMPLEMENTATION, so their macros are there too, except IN and OUT, which ddp.h removes
-     (DDP_KEEP_WINDOWS_IN_OUT keeps them). Tested: the MinGW-w64 build under Wine
-     (tests/test_windows.sh; what it covers, and MSVC: README.md, Platforms).
+     DDP_ERR_BACKEND, "Linux-only"). Build: MinGW-w64 (x86_64-w64-mingw32-gcc f.c -lws2_32
+     -lbcrypt) or MSVC (cl f.c; the libraries come by #pragma comment); no pthreads (>>platform).
+     The implementation includes <winsock2.h> and <windows.h> (WIN32_LEAN_AND_MEAN, NOMINMAX,
+     _WIN32_WINNT at least Vista's) in the file that defines DDP_IMPLEMENTATION, so their macros
+     are there too, except IN and OUT, which ddp.h removes (DDP_KEEP_WINDOWS_IN_OUT keeps them).
+     Tested: the MinGW-w64 build under Wine (tests/test_windows.sh; what it covers, and MSVC:
+     README.md, Platforms).
      What differs, and why: >>platform. macOS: the POSIX paths keep no Linux-only call without a
      fallback (futex: a short sleep; /proc: nothing to say), but nothing here has built or run it.
 
