@@ -157,7 +157,7 @@
      reduce_dtype     param_dtype          DDP_DTYPE_BF16: gradient buckets travel as bf16 (half
                                            the bytes; inputs and average rounded to nearest even,
                                            result written back into the gradients, the same
-                                           bits on every rank); both backends; ranks must agree.
+                                           bits on every rank); every backend; ranks must agree.
                                            FP32 with bf16 parameters: PARAMETER DTYPE
      param_dtype      DDP_DTYPE_FP32       DDP_DTYPE_BF16: bf16 working copies and gradients, fp32
                       ($DDP_PARAM_DTYPE    master weights and moments (PARAMETER DTYPE below);
@@ -178,8 +178,8 @@
      lr as given (0 is valid); beta1, beta2, eps: 0 means 0.9, 0.999, 1e-8 unless as_given = 1,
      which uses all three exactly as given (beta1 = 0 included); weight_decay: decoupled,
      skipped for parameters registered with DDP_NO_DECAY; max_grad_norm > 0: clip by the global
-     L2 norm first (computed in double, in a fixed order: the same bits on every rank, on both
-     backends, sharded or not: the sum of squares of each block of 1024 floats of each bucket,
+     L2 norm first (computed in double, in a fixed order: the same bits on every rank, on every
+     backend, sharded or not: the sum of squares of each block of 1024 floats of each bucket,
      eight running sums in element order; then the blocks, numbered in bucket order then block
      order, added as 256 running sums (block i into sum i mod 256) and those in order).
      What matches torch.optim.AdamW: the formula (m, v, bias corrections 1 - beta^t, eps added
@@ -235,6 +235,10 @@
      stream reduce-scatters the buckets, the compute stream runs the norm (its exchange on the
      comm stream) and each bucket's update, the comm stream all-gathers each bucket after its
      update, and the compute stream waits for the last gather (no host wait, as unsharded).
+     MPI: fp32 buckets are averaged whole by the hierarchical path (no hosts' reduce-scatter in
+     its order), bf16 ones reduce-scattered among all ranks; the norm's blocks by one
+     MPI_Allreduce (each non-zero on its owner only), each bucket's parts by MPI_Allgatherv
+     after its update (BACKENDS).
      The gather does not overlap the next forward: buckets run in reverse registration order,
      so the last bucket gathered holds the first layers, the ones the forward reads first.
 
@@ -258,7 +262,8 @@
      one bucket's floats on the comm stream, reduces those with ncclFloat and rounds the average
      (sharded: this rank's part) back into the gradients. The norm (ADAMW: the fixed block order,
      in double; ddp_k_norm_blocks_bf16 on NCCL, the CPU's lanes and order) and clipping read the
-     bf16 gradients, widened exactly: the same bits on both backends, sharded or not.
+     bf16 gradients, widened exactly: the same bits on every backend, sharded or not. MPI: the
+     CPU backend's bits, whatever the hosts (BACKENDS).
      ddp_adamw_step updates the fp32 master from them and writes the working copy, rounded to
      nearest even, in the same pass (the CPU loop; one kernel on NCCL, ddp_k_adamw_bf16). A
      skipped step (skip_nonfinite) changes neither.
@@ -313,8 +318,8 @@
      ddp_adamw_step fails with DDP_ERR_INVALID_STATE naming the count and (CPU) the parameter;
      the step is taken and the copies agree again. The NCCL backend counts on the device and
      reports it one step later. Checkpoints store the master (and m, v); after ddp_load the
-     working copies are the loaded master rounded. Not supported: the MPI backend (refused by
-     name at ddp_init: untested there). Tests: tests/test_bf16_params.c.
+     working copies are the loaded master rounded. Tests: tests/test_bf16_params.c; on the MPI
+     backend tests/mpi_parity.c (the CPU backend's bits, checkpoints across the two).
 
    CHECKPOINTS (ddp_save, ddp_load, ddp_save_check; collective: every rank calls them alike)
        int holds;
@@ -394,7 +399,25 @@
              progress (timeout_s; the ranks whose heartbeat in the store stopped are named with
              their hosts); on a failure while this rank waits in MPI it logs the named error, waits
              0.5 s so the peers log theirs, and calls MPI_Abort (the one case where ddp.h ends the
-             program). Not yet: reduce_dtype bf16, param_dtype bf16 (refused at init).
+             program).
+             The bits. fp32 buckets: the fixed order above, which is the CPU backend's (every
+             rank's value added in rank order) on one host, flat, or with one rank a host; with
+             several ranks on several hosts the hosts' sums add in host order instead. bf16 on
+             the wire (param_dtype BF16, or reduce_dtype BF16): the CPU backend's bits on any
+             hosts. A host's partial sum would add in another order, so these buckets go among
+             all ranks: each rank owns a piece of the bucket, every rank's bf16 values of it travel
+             to the owner (MPI_Alltoallv, 2 bytes an element; fp32 parameters: rounded first, as
+             the CPU backend's slots carry them), which adds them in float in rank order, divides
+             and rounds once (the CPU backend's arithmetic), and MPI_Allgatherv returns the
+             averages (bf16 parameters, sharded: each rank's piece is its part, and stays there).
+             shard_optimizer: fp32 buckets are averaged whole, as unsharded (every part of
+             ddp_flat_grads then holds the average); ddp_adamw_step updates this rank's parts, the
+             norm's blocks reach every rank through one MPI_Allreduce in which each block is non-
+             zero on its owner only (so exact in any order), and each bucket's parts are all-
+             gathered once updated (MPI_Allgatherv of the fp32 parameters, or of the bf16 working
+             copies): sharded gives unsharded's bits. Checkpoints move between the MPI and CPU
+             backends and world sizes, sharded or not. Tests: tests/test_mpi_parity.sh (one host,
+             flat and hierarchical), tests/test_mpi_hosts.sh (2 hosts x 2 ranks).
              Over TCP (Open MPI's btl tcp): where ddp.h initializes MPI it sets the Open MPI
              parameters that mpirun --mca / OMPI_MCA_* left unset: btl_tcp_eager_limit,
              btl_tcp_rndv_eager_limit and btl_tcp_max_send_size 1 MiB, btl_tcp_links 2,
@@ -650,7 +673,8 @@
                     reduce-scattered) in place (bf16 parameters: bf16 gradients, summed in float);
                     sharded AdamW and its all-gather; the communication thread; the cpu backend's table
      >>mpi          the MPI backend (only with DDP_MPI): host groups on the cpu backend's
-                    segment, the leaders' fixed-order sum, the watchdog, its table
+                    segment, the leaders' fixed-order sum; bf16 buckets and the sharded optimizer
+                    among all ranks (the CPU backend's rank order); the watchdog, its table
      >>nccl         the NCCL backend (only with DDP_CUDA): the communicator's life, the
                     watchdog, set-up, buckets on the comm stream (sharded: reduce-scattered),
                     the norm's blocks, AdamW kernels (sharded: per bucket, then all-gathered);
@@ -5612,6 +5636,8 @@ static const ddp__backend ddp__cpu_backend = {
    then the leader's result to its host (a segment broadcast). Every step of that has a fixed
    order, so every rank ends with the same bits (MPI_Allreduce's order is the library's own).
    DDP_MPI_FLAT=1 (every rank alike): no host groups, every rank is its own "host" in MPI.
+   bf16 buckets and the sharded optimizer's exchanges go among all ranks instead, in the CPU
+   backend's rank order (below, from ddp__mpi_bf16_wire).
    Threads: the communication thread runs the buckets, the rank's thread the user collectives
    (never both at once: they run between steps), the watchdog may call MPI_Abort meanwhile:
    MPI_THREAD_MULTIPLE is required and checked. MPI has no timeout: the watchdog looks every
