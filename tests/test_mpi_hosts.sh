@@ -74,7 +74,8 @@ done
 #     wire in both modes, the fp32 ones flat. Hierarchical fp32 adds the hosts' sums (each in local
 #     rank order) in host order, not the CPU backend's rank order: there the check is that sharded
 #     gives the bits of unsharded. A checkpoint the hierarchical run saved (sharded, bf16) loads on
-#     the CPU backend on 3 ranks: every rank holds the saved master, m, v and step.
+#     the CPU backend on 3 ranks: every rank holds the saved master, m, v and step. Once more
+#     hierarchical with the ranks dealt round the hosts (mpirun --map-by node): the same bits.
 if [ -x "$M/mpi_parity" ] && [ -x "$B/mpi_parity" ]; then
     mkdir -p "$tmp/pcpu"
     "$B/ddprun" -n 4 "$B/mpi_parity" train "$tmp/pcpu" >"$tmp/pcpu.log" 2>&1 || fail mpi_parity_cpu_reference "$(tail -n 3 "$tmp/pcpu.log")"
@@ -88,11 +89,16 @@ if [ -x "$M/mpi_parity" ] && [ -x "$B/mpi_parity" ]; then
         done
         [ -z "$why" ] && pass "$name" || fail "$name" "${why#; }"
     }
-    for flat in 0 1; do
-        mode=hierarchical; [ $flat = 1 ] && mode=flat
+    # 2: hierarchical with the ranks dealt round the hosts (--map-by node: ranks 0 and 2 on h1), so
+    # that no host's ranks are consecutive
+    for flat in 0 1 2; do
+        mode=hierarchical; [ $flat = 1 ] && mode=flat; [ $flat = 2 ] && mode=hierarchical_interleaved
         mkdir -p "$tmp/pmpi$flat"
-        DDP_MPI_FLAT=$flat mpi h1:2,h2:2 $((120 * SLOW)) "$M/mpi_parity" train "$tmp/pmpi$flat" >"$tmp/pmpi$flat.log" 2>&1
+        map=(); [ $flat = 2 ] && map=(--map-by node)
+        DDP_LOG=info DDP_MPI_FLAT=$((flat == 1)) mpi h1:2,h2:2 $((120 * SLOW)) "${map[@]}" "$M/mpi_parity" train "$tmp/pmpi$flat" >"$tmp/pmpi$flat.log" 2>&1
         rc=$?
+        [ $flat = 2 ] && ! grep -q "rank 1 of 4 up (mpi backend, host h2," "$tmp/pmpi$flat.log" &&
+            fail mpi_parity_2hosts_x2_interleaved_placement "rank 1 not on h2: $(grep ' up (' "$tmp/pmpi$flat.log" | head -n 4)"
         [ $rc -eq 0 ] && ! grep -q "^FAIL " "$tmp/pmpi$flat.log" ||
             fail "mpi_parity_2hosts_x2_${mode}_runs" "exit $rc: $(grep '^FAIL' "$tmp/pmpi$flat.log" | head -n 3; tail -n 3 "$tmp/pmpi$flat.log")"
         configs="bf16 bf16_shard fp32_bf16wire bf16_fp32wire_shard"
