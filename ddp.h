@@ -5877,7 +5877,6 @@ static ddp_result ddp__mpi_collective_timed(ddp_context *ctx, uint32_t kind, voi
    the norm's blocks (each non-zero on its owner only, so MPI_Allreduce's sum adds zeros to it:
    exact in any order) and the all-gather of each bucket's updated parts (MPI_Allgatherv). */
 static int ddp__mpi_bf16_wire(const ddp_context *ctx) { return ctx->grads_bf16 || ctx->desc.reduce_dtype == DDP_DTYPE_BF16; }
-static size_t ddp__mpi_wire_bytes(const ddp_context *ctx) { return ddp__mpi_bf16_wire(ctx) ? sizeof(ddp_bf16) : sizeof(float); }
 
 /* Elements of a bucket per exchange: MPI counts and displacements are ints, and an owner
    receives world pieces of up to this many. */
@@ -6018,7 +6017,7 @@ static ddp_result ddp__mpi_bucket(ddp_context *ctx, int b) {
     if (!ddp__mpi_bf16_wire(ctx)) return ddp__mpi_collective_timed(ctx, DDP__KIND_AVG, ctx->flat_grads + k->offset, k->count, 0);
     r = ddp__mpi_watched(ctx, ddp__mpi_bucket_bf16, b);
     if (r == DDP_OK && (ctx->desc.inject_comm_latency_ms > 0 || ctx->desc.inject_comm_gbps > 0))
-        ddp__inject_comm_delay(ctx, k->count * sizeof(ddp_bf16), started);
+        ddp__inject_comm_delay(ctx, k->count * ddp__wire_bytes(ctx), started);
     return r;
 }
 
@@ -6235,7 +6234,7 @@ static void *ddp__mpi_comm_main(void *arg) {
             t0 = ddp__now();
             r = ddp__mpi_bucket(ctx, index);
             seconds = ddp__now() - t0;
-            ddp__record(ctx, ctx->tl_comm, DDP__EV_ALLREDUCE, t0, t0 + seconds, index, b->count * ddp__mpi_wire_bytes(ctx));
+            ddp__record(ctx, ctx->tl_comm, DDP__EV_ALLREDUCE, t0, t0 + seconds, index, b->count * ddp__wire_bytes(ctx));
         }
         pthread_mutex_lock(&m->lock);
         m->comm_seconds += seconds;
@@ -6453,7 +6452,7 @@ static void ddp__mpi_begin_step(ddp_context *ctx) {
 static ddp_result ddp__mpi_launch(ddp_context *ctx, int index) {
     ddp__mpi *m = ctx->mpi;
     ctx->stats.buckets_launched++;
-    ctx->stats.bytes_reduced += ctx->buckets[index].count * ddp__mpi_wire_bytes(ctx);
+    ctx->stats.bytes_reduced += ctx->buckets[index].count * ddp__wire_bytes(ctx);
     pthread_mutex_lock(&m->lock);
     m->comm_launched++;
     pthread_cond_signal(&m->comm_wake);
