@@ -5668,7 +5668,7 @@ struct ddp__mpi {
     size_t scratch_count;
     int *counts, *displs, *rcounts, *rdispls;
     uint64_t seq;                         /* collectives issued: the same on every rank */
-    /* exchanges among all ranks (m->world: bf16 buckets, the sharded optimizer; ddp__mpi_ranks_*) */
+    /* exchanges among all ranks (m->world: bf16 buckets, the sharded optimizer; ddp__mpi_ranks_alloc) */
     int *wcounts, *wdispls, *wrcounts, *wrdispls;   /* world entries each */
     ddp_bf16 *wire, *rounded;             /* this rank's piece from every rank; fp32 gradients rounded */
     size_t wire_count;
