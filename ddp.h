@@ -411,7 +411,10 @@
              and rounds once (the CPU backend's arithmetic), and MPI_Allgatherv returns the
              averages (bf16 parameters, sharded: each rank's piece is its part, and stays there).
              shard_optimizer: fp32 buckets are averaged whole, as unsharded (every part of
-             ddp_flat_grads then holds the average); ddp_adamw_step updates this rank's parts, the
+             ddp_flat_grads then holds the average; the step sends the parameters' all-gather on
+             top of an unsharded step's bytes: the memory is saved, not the traffic; bf16 buckets
+             are reduce-scattered, so there a sharded step sends what an unsharded one does);
+             ddp_adamw_step updates this rank's parts, the
              norm's blocks reach every rank through one MPI_Allreduce in which each block is non-
              zero on its owner only (so exact in any order), and each bucket's parts are all-
              gathered once updated (MPI_Allgatherv of the fp32 parameters, or of the bf16 working
