@@ -516,7 +516,8 @@
      peers (threads or processes) stop at their next wait with DDP_ERR_CANCELLED too, on every
      backend (NCCL and MPI peers read the cancel's code from the store's poison), and before
      the shared memory is up (rendezvous) with DDP_ERR_PEER_LOST once the cancelled rank leaves.
-     Nothing waits out a timeout. Then ddp_shutdown as after any failure: quick, and it returns DDP_OK.
+     Nothing waits out a timeout. Then ddp_shutdown as after any failure: quick, and it returns
+     DDP_OK.
      Progress. ddp_progress_read(ctx, &p) from any thread: the step count, the last
      ddp_report_loss value and its step (this rank's number; nothing is sent), the last step's
      wall time and its ddp_step_stats times, the ranks with data, and the context's failure
