@@ -9,10 +9,12 @@
    CONTENTS
      QUICK START · ONE STEP, AS DATA FLOWS · OWN AUTOGRAD · MEMORY LAYOUT AND OVERLAP ·
      FAST MATH · STRUCTS ACROSS VERSIONS · OPTIONS · ADAMW · SHARDED OPTIMIZER (ZeRO-1) ·
-     PARAMETER DTYPE (bf16 parameters, fp32 master weights) · CHECKPOINTS ·
-     BACKENDS · ENVIRONMENT · ERRORS · NULL, LIFETIME AND THREADS · EMBEDDING: CANCEL, PROGRESS,
-     UNEVEN INPUTS · SAMPLER · PLATFORMS (Linux, Windows, macOS) · COMPILE-TIME OPTIONS ·
-     THE IMPLEMENTATION, SECTION BY SECTION
+     PARAMETER DTYPE (bf16 parameters, fp32 master weights) · CHECKPOINTS · BACKENDS ·
+     ENVIRONMENT · JOB IDENTITY · ERRORS · NULL, LIFETIME AND THREADS · EMBEDDING: CANCEL,
+     PROGRESS, UNEVEN INPUTS · SAMPLER · PLATFORMS (Linux, Windows, macOS) · COMPILE-TIME
+     OPTIONS · THE IMPLEMENTATION, SECTION BY SECTION
+   This manual is the reference. The guide: README.md; the reasons behind the design:
+   docs/design.md; measurements: bench/RESULTS.md.
 
    QUICK START
        #define DDP_IMPLEMENTATION          // in exactly one .c file, before any other #include
@@ -73,12 +75,9 @@
      Parameter i (registration order) starts at sum_{j<i} round_up(count_j, DDP_PARAM_ALIGN_FLOATS)
      floats of ddp_flat_params (16: 64 bytes; the buffer is 64-byte aligned); padding is zero;
      ddp_flat_grads and the bf16 buffers have the same offsets; nothing moves until ddp_shutdown.
-     Registered in the program's memory order with counts that are multiples of 16, the flat
-     buffer is the program's old layout. Buckets are contiguous, in reverse registration order,
-     sent when their last parameter is ready: a tensor stacking every layer is ready only when
-     the backward ends (no overlap) - register one slice per layer. A registration order other
-     than the memory order would make buckets non-contiguous (a staging copy of every gradient
-     twice a step, or a collective per tensor): not offered. DDP_LOG=info prints the bucket plan
+     Buckets are contiguous, in reverse registration order, sent when their last parameter is
+     ready: a tensor stacking every layer is ready only when the backward ends (no overlap;
+     README.md "Memory layout and overlap"). DDP_LOG=info prints the bucket plan
      at ddp_commit (rank 0); the first synchronizing backward (2+ ranks, 2+ buckets) whose first
      bucket was complete only at its last moment (the last tape op, or the last ddp_grad_ready
      call: ddp.h counts those, it cannot see compute) warns once (>>step, ddp__overlap_check);
@@ -88,14 +87,12 @@
 
    FAST MATH (-Ofast, -ffast-math, nvcc --use_fast_math; tests/test_fastmath.c)
      Non-finite values are found by their bits (exponent all ones: ddp__finite_f/_d/_bf16 in
-     >>util, ddp_k__finite_d in ddp_kernels.cuh), never by isfinite(), which -ffinite-math-only
-     folds to 1; so NaN/Inf gradients still give DDP_ERR_NONFINITE with the parameters unchanged
-     everywhere, and NaN options are still refused. Still true under fast math: the same bits on
-     every rank (one binary on every rank), N ranks = 1 rank at N x batch to float rounding.
-     Not: PyTorch's rounding, the documented summation order of the norm (reassociation), bits
-     equal to a build without fast math or between CPU and GPU, subnormals (flushed to zero).
-     The kernels' AdamW uses _rn intrinsics and a double norm: --use_fast_math changes only
-     subnormal floats there.
+     >>util, ddp_k__finite_d in ddp_kernels.cuh), never by isfinite(); so NaN/Inf gradients still
+     give DDP_ERR_NONFINITE with the parameters unchanged everywhere, and NaN options are still
+     refused. Still true under fast math: the same bits on every rank (one binary on every rank),
+     N ranks = 1 rank at N x batch to float rounding. Not: PyTorch's rounding, the documented
+     summation order of the norm (reassociation), bits equal to a build without fast math or
+     between CPU and GPU, subnormals (flushed to zero: in ddp_kernels.cuh the only change).
 
    STRUCTS ACROSS VERSIONS
      Public structs only grow (fields appended); a new field's zero is the old behaviour: zero-
@@ -145,11 +142,9 @@
                                            ready, each allreduce, the wait, AdamW) and write ONE
                                            Chrome/Perfetto trace of all ranks at ddp_shutdown
                                            (tools/trace_svg.py draws it); costs nothing when off.
-                                           NCCL backend: the comm lane comes from CUDA events
-                                           (GPU clock, anchored at backward's start) and adds
-                                           per step "backward (gpu)" (cat gpu_backward) and
-                                           "exposed comm (gpu)" (cat gpu_exposed; the compute
-                                           lane holds enqueue times, there is no host wait)
+                                           NCCL: the comm lane from CUDA events, plus per step
+                                           "backward (gpu)" and "exposed comm (gpu)" (README.md,
+                                           "Seeing the overlap")
      inject_comm_latency_ms, inject_comm_gbps
                                            benchmarks/tests only: allreduces also take as long as
                                            a network of that latency and bandwidth would (NCCL: a
@@ -186,8 +181,8 @@
      to sqrt(v_hat), the decoupled decay lr * wd * p, applied before the Adam update), and the
      clipping of torch.nn.utils.clip_grad_norm_ (scale max / (norm + 1e-6) when norm > max).
      What does not: rounding. ddp.h computes p -= lr*wd*p where torch computes p *= 1 - lr*wd,
-     and divides by sqrt(v)/sqrt(1 - beta2^t) + eps in float; over 40 steps the two differ by
-     up to ~100 ulp. ddp_adamw_state gives m, v and the step count (for checkpoints);
+     and divides by sqrt(v)/sqrt(1 - beta2^t) + eps in float (docs/design.md: how far apart).
+     ddp_adamw_state gives m, v and the step count (for checkpoints);
      ddp_copy_to_host / ddp_copy_from_host copy any flat buffer to and from host memory on
      every backend; ddp_gather_to_host / ddp_scatter_from_host (collective) move a range between
      the ranks that hold it and one rank's host memory.
@@ -199,22 +194,15 @@
      the rest keeps this rank's own gradients); ddp_adamw_step updates this rank's parts and
      all-gathers the parameters bucket by bucket, so every rank ends the step with the same
      parameters, bit for bit those of an unsharded run (tests/test_shard.c, 1-4 ranks).
-     Layout (chosen: per bucket, not one contiguous range of the flat buffer per rank): rank s
-     owns floats [s*P, (s+1)*P) of a bucket, P = its 1/world share rounded down to 1024 floats,
-     and the last rank also the tail up to the bucket's end. Per bucket, because a bucket is one
-     collective: its reduce-scatter can start while backward runs, and the gather of bucket b
-     overlaps the update of bucket b+1; a contiguous range per rank would cut buckets into
-     unequal pieces that NCCL's equal-count ncclReduceScatter / ncclAllGather cannot take. The
-     equal parts go through those, in place; the tail (under world*1024 floats) through one
-     ncclReduce to, and one ncclBroadcast from, the last rank. No padding: the flat layout, and
-     so every offset, is the same sharded or not at any world size. The parts are balanced to
-     within world*1024 floats a bucket; a bucket under world*1024 floats belongs to the last
-     rank whole (tiny models shard little).
-     The norm: blocks of 1024 floats never straddle two owners, so each rank sums the squares of
-     its own blocks, the block sums reach every rank unchanged (CPU: one broadcast per rank of
-     its block array; NCCL: an allreduce of doubles where every block is non-zero on one rank
-     only, so nothing is rounded), and every rank adds all blocks in order: the norm is
-     bit-identical to the unsharded one (ADAMW above), not merely close.
+     Layout (per bucket: docs/design.md says why): rank s owns floats [s*P, (s+1)*P) of a
+     bucket, P = its 1/world share rounded down to 1024 floats, and the last rank also the tail
+     up to the bucket's end; a bucket under world*1024 floats belongs to the last rank whole. No
+     padding: the flat layout, and so every offset, is the same sharded or not at any world size.
+     NCCL: the equal parts through ncclReduceScatter / ncclAllGather in place, the tail through
+     one ncclReduce to, and one ncclBroadcast from, the last rank.
+     The norm: blocks of 1024 floats never straddle two owners; each rank sums the squares of its
+     own blocks, the block sums reach every rank unchanged, and every rank adds all blocks in
+     order: the norm is bit-identical to the unsharded one (ADAMW above).
      m and v: ddp_adamw_state's m and v point to this rank's parts, packed in flat order
      (shard_count floats; unsharded m[i] is flat element i as before). ddp_copy_to_host /
      _from_host of DDP_ADAM_M / _V take flat offsets and accept a range that lies in one of this
@@ -225,101 +213,78 @@
      Memory per parameter and rank: 4 (parameters) + 4 (gradients) + 8/world (m, v) bytes,
      against 16 unsharded (plus the CPU backend's shared segment: its parameters and gradients
      ARE the flat buffers, nothing more). reduce_dtype BF16, find_unused, skip_nonfinite,
-     accumulation, clipping: supported, same bits. uneven_inputs (ddp_join): refused at ddp_init
-     (a joined rank takes no optimizer steps, but sharded every rank must update its part).
-     CPU backend: the in-place buckets (>>cpu-grads) skip the copy-out (that is the reduce-
-     scatter); the parameters live in the shared segment beside the gradients, and a rank
-     copies each peer's part of a bucket straight from the peer's parameters once the peer has
-     posted it. Without the segment (DDP_STAGED_GRADS, no room in /dev/shm) the buckets are
-     averaged whole and the parts travel by broadcast: the same bits, slower. NCCL: the comm
-     stream reduce-scatters the buckets, the compute stream runs the norm (its exchange on the
-     comm stream) and each bucket's update, the comm stream all-gathers each bucket after its
-     update, and the compute stream waits for the last gather (no host wait, as unsharded).
-     MPI: fp32 buckets are averaged whole by the hierarchical path (no hosts' reduce-scatter in
-     its order), bf16 ones reduce-scattered among all ranks; the norm's blocks by one
-     MPI_Allreduce (each non-zero on its owner only), each bucket's parts by MPI_Allgatherv
-     after its update (BACKENDS).
-     The gather does not overlap the next forward: buckets run in reverse registration order,
-     so the last bucket gathered holds the first layers, the ones the forward reads first.
+     accumulation, clipping: supported, same bits. uneven_inputs (ddp_join): refused at ddp_init.
+     CPU: the parameters live in the shared segment beside the gradients, and each peer's part
+     is copied from the peer's parameters; without the segment (DDP_STAGED_GRADS, no room in
+     /dev/shm) the buckets are averaged whole and the parts travel by broadcast: the same bits,
+     slower. NCCL: no host wait, as unsharded. MPI: fp32 buckets are averaged whole by the
+     hierarchical path (no hosts' reduce-scatter in its order), bf16 ones reduce-scattered among
+     all ranks; the norm's blocks by one MPI_Allreduce (each non-zero on its owner only), each
+     bucket's parts by MPI_Allgatherv after its update (BACKENDS). The gather does not overlap
+     the next forward. How each backend runs the step: docs/design.md.
 
    PARAMETER DTYPE (ddp_desc.param_dtype = DDP_DTYPE_BF16, or DDP_PARAM_DTYPE=bf16)
-     The mixed-precision recipe (llm.c's, PyTorch's bf16 training with fp32 master weights):
-     every parameter has a bf16 working copy, which the forward reads (ddp_param_bf16,
-     ddp_flat_params_bf16), and a bf16 gradient, which the backward writes (ddp_grad_bf16,
-     ddp_flat_grads_bf16); ddp.h keeps the fp32 master weights and AdamW's m and v. Initial
-     values stay `const float *`: the master gets them, the working copy gets them rounded to
-     nearest even (rank 0's, at commit). A ddp_bf16 is the bits (layout of __nv_bfloat16).
+     bf16 training with fp32 master weights (docs/design.md): every parameter has a bf16 working
+     copy, which the forward reads (ddp_param_bf16, ddp_flat_params_bf16), and a bf16 gradient,
+     which the backward writes (ddp_grad_bf16, ddp_flat_grads_bf16); ddp.h keeps the fp32 master
+     weights and AdamW's m and v. Initial values stay `const float *`: the master gets them, the
+     working copy gets them rounded to nearest even (rank 0's, at commit). A ddp_bf16 is the bits
+     (layout of __nv_bfloat16).
      The step: the buckets are the bf16 gradients themselves, reduced where they are; there is
      no fp32 copy of them (ddp_flat_grads is NULL, see below). CPU backend: every rank's bf16
      gradients live in the shared gradient segment (>>cpu-grads), and the owner of a part adds
-     every rank's values in float, in rank order (each exact in float), divides by the world and
-     rounds once to bf16, whichever reduce_dtype (bf16 values are exact in either, so both give
-     these bits; reduce_dtype only says what a wire would carry). Without the segment
-     (DDP_STAGED_GRADS, no room in /dev/shm) a bucket is widened into one bucket's floats, goes
-     through the staging slots as reduce_dtype says and is rounded back: the same bits. NCCL:
-     reduce_dtype BF16 (the default for bf16 parameters) is ncclAllReduce (sharded:
-     ncclReduceScatter) of ncclBfloat16 on the gradients, in place; FP32 widens each bucket into
-     one bucket's floats on the comm stream, reduces those with ncclFloat and rounds the average
-     (sharded: this rank's part) back into the gradients. The norm (ADAMW: the fixed block order,
-     in double; ddp_k_norm_blocks_bf16 on NCCL, the CPU's lanes and order) and clipping read the
-     bf16 gradients, widened exactly: the same bits on every backend, sharded or not. MPI: the
-     CPU backend's bits, whatever the hosts (BACKENDS).
+     every rank's values in float, in rank order, divides by the world and rounds once to bf16,
+     whichever reduce_dtype (both give these bits). Without the segment (DDP_STAGED_GRADS, no
+     room in /dev/shm) a bucket is widened into one bucket's floats, goes through the staging
+     slots as reduce_dtype says and is rounded back: the same bits. NCCL: reduce_dtype BF16 (the
+     default for bf16 parameters) is ncclAllReduce (sharded: ncclReduceScatter) of ncclBfloat16
+     on the gradients, in place (rounded to bf16 at each hop: world - 1 roundings, the same bits
+     on every rank); FP32 widens each bucket into one bucket's floats on the comm stream,
+     reduces those with ncclFloat and rounds the average (sharded: this rank's part) back into
+     the gradients once. The norm (ADAMW: the fixed block order, in double;
+     ddp_k_norm_blocks_bf16 on NCCL, the CPU's lanes and order) and clipping read the bf16
+     gradients, widened exactly: the same bits on every backend, sharded or not. MPI: the CPU
+     backend's bits, whatever the hosts (BACKENDS).
      ddp_adamw_step updates the fp32 master from them and writes the working copy, rounded to
      nearest even, in the same pass (the CPU loop; one kernel on NCCL, ddp_k_adamw_bf16). A
      skipped step (skip_nonfinite) changes neither.
-     Costs. Memory per parameter: 2 (working copy) + 2 (gradient) + 4 (master) + 8 (m, v) = 16
-     bytes, the recipe's (sharded: 4 + 12/world); reduce_dtype FP32 adds one bucket's floats
-     (the largest bucket, at most bucket_cap_mb) on NCCL, and on the CPU backend only without
-     the segment (as does reduce_dtype BF16 there). Time per step: no pass over the gradients
-     besides the reduction, the norm and AdamW. (Reducing an fp32 copy instead would cost 4
-     bytes a parameter and two passes of 6 bytes an element, widening each bucket and rounding
-     the average back: ddp.h did that until 2026-11-23; on 2 CPU ranks and 16 M parameters the
-     library's part of a step is now 0.27-0.31x of that with bf16 reduce, 0.51-0.55x with fp32:
-     bench/bench_bf16_step.c, bench/RESULTS.md.) The fused AdamW moves 2
-     bytes more than fp32's (the working copy) and reads the working copy once more for the
-     misuse guard below: 1-3% of ddp_adamw_step in that 2-rank step (memory-bound), 17-29% of
-     the CPU loop alone (bench/bench_adamw_guard.c), which __restrict on its buffers made
-     1.4-1.5x faster, guard included. Wire: bf16 reduce moves 2 bytes an element
-     (half of fp32's) and rounds the average to bf16 once on the CPU backend; real NCCL's bf16
-     sum rounds to bf16 at each hop of its ring or tree (world - 1 roundings, still the same bits
-     on every rank). fp32 reduce moves 4 bytes and rounds once.
-     What PyTorch does: DDP reduces a gradient in its parameter's dtype (bf16 parameters, bf16
-     allreduce, no master weights unless the program keeps them); its bf16_compress_hook casts
-     fp32 gradients to bf16 for the wire and back; FSDP's MixedPrecision(reduce_dtype=...)
-     chooses fp32 or bf16 reduction of bf16 gradients, as reduce_dtype does here.
+     Memory per parameter: 2 (working copy) + 2 (gradient) + 4 (master) + 8 (m, v) = 16 bytes
+     (sharded: 4 + 12/world); reduce_dtype FP32 adds one bucket's floats (the largest bucket, at
+     most bucket_cap_mb) on NCCL, and on the CPU backend only without the segment (as does
+     reduce_dtype BF16 there). Time: no pass over the gradients besides the reduction, the norm
+     and AdamW, whose pass moves 2 bytes more than fp32's (the working copy) and reads the
+     working copy once more for the misuse guard below (bench/RESULTS.md, "bf16 parameters").
      Accumulation: with sync off the program adds into its bf16 gradients (as PyTorch's bf16
-     .grad does); the synchronizing backward reduces what they hold. find_unused zero-fills
-     the bf16 gradient. uneven_inputs' DIVIDE_BY_ACTIVE rescales the bf16 average (rounded once
-     more). Sharded (ZeRO-1): the master is what is sharded. A rank holds the fp32
-     master, m and v only for its own parts (shard_count floats each, packed in flat order as m
-     and v are: SHARDED OPTIMIZER), updates them, writes its working copies of those parts in the
-     same pass, and the bf16 working copies are all-gathered bucket by bucket (2 bytes an
-     element, half of gathering fp32; CPU: the working copies live in the shared segment where
-     fp32 sharding keeps the parameters; NCCL: ncclAllGather of ncclBfloat16). The same bits as
-     unsharded on every rank. The whole master exists only during ddp_commit (rank 0's values
-     arrive, are rounded into the working copies, then each rank keeps its parts). As with fp32,
-     only this rank's part of the bf16 gradients holds the average after a sharded step.
-     Sharded, ddp_flat_params points to this rank's parts of the master and its count is
-     shard_count (ddp_flat_params_bf16's count is the flat size); ddp_copy_to_host of DDP_PARAMS
-     accepts a range inside one of this rank's parts, any other is refused by name ("not all
-     held by rank R"); ddp_copy_from_host of DDP_PARAMS is refused (the other ranks' working
-     copies could not follow): write with ddp_scatter_from_host, which sends the values to every
-     rank (each writes its parts of the master and all its working copies, rounded on the host
-     with the kernels' bits). ddp_gather_to_host and checkpoints reach the master through its
-     owners, so a checkpoint moves between sharded and unsharded runs and world sizes.
-     The master: ddp_flat_params is the fp32 master (device memory on NCCL); ddp_param,
-     ddp_grad and ddp_flat_grads return NULL with an error that points to the bf16 accessors
-     (and those return NULL with an error on an fp32 context). Write parameters with
-     ddp_copy_from_host / ddp_scatter_from_host (DDP_PARAMS: the working copies are rounded from
-     what was written; DDP_GRADS: the bf16 gradients receive it rounded, and copies to the host
-     give them widened). A lone write of one
-     copy (ddp_param_bf16, or the master through ddp_flat_params) is found by the next AdamW
-     pass, which compares each working copy with its master rounded as it goes, and that
-     ddp_adamw_step fails with DDP_ERR_INVALID_STATE naming the count and (CPU) the parameter;
-     the step is taken and the copies agree again. The NCCL backend counts on the device and
-     reports it one step later. Checkpoints store the master (and m, v); after ddp_load the
-     working copies are the loaded master rounded. Tests: tests/test_bf16_params.c; on the MPI
-     backend tests/mpi_parity.c (the CPU backend's bits, checkpoints across the two).
+     .grad does); the synchronizing backward reduces what they hold. find_unused zero-fills the
+     bf16 gradient. uneven_inputs' DIVIDE_BY_ACTIVE rescales the bf16 average (rounded once more).
+     The master: ddp_flat_params is the fp32 master (device memory on NCCL); ddp_param, ddp_grad
+     and ddp_flat_grads return NULL with an error that points to the bf16 accessors (and those
+     return NULL with an error on an fp32 context). Write parameters with ddp_copy_from_host /
+     ddp_scatter_from_host (DDP_PARAMS: the working copies are rounded from what was written;
+     DDP_GRADS: the bf16 gradients receive it rounded, and copies to the host give them widened).
+     A lone write of one copy (ddp_param_bf16, or the master through ddp_flat_params) is found by
+     the next AdamW pass, which compares each working copy with its master rounded as it goes:
+     that ddp_adamw_step fails with DDP_ERR_INVALID_STATE naming the count and (CPU) the
+     parameter; the step is taken and the copies agree again (NCCL counts on the device and
+     reports it one step later). Checkpoints store the master (and m, v); after ddp_load the
+     working copies are the loaded master rounded.
+     Sharded (ZeRO-1): the master is what is sharded. A rank holds the fp32 master, m and v only
+     for its own parts (shard_count floats each, packed in flat order: SHARDED OPTIMIZER),
+     updates them and writes its working copies of those parts in the same pass; the bf16
+     working copies are all-gathered bucket by bucket (2 bytes an element; CPU: in the shared
+     segment; NCCL: ncclAllGather of ncclBfloat16): the same bits as unsharded on every rank. The
+     whole master exists only during ddp_commit (rank 0's values arrive, are rounded into the
+     working copies, then each rank keeps its parts). Only this rank's part of the bf16 gradients
+     holds the average after a step. ddp_flat_params points to this rank's parts of the master
+     (count: shard_count; ddp_flat_params_bf16's is the flat size); ddp_copy_to_host of
+     DDP_PARAMS takes a range inside one of this rank's parts, any other is refused by name
+     ("not all held by rank R"); ddp_copy_from_host of DDP_PARAMS is refused: write with
+     ddp_scatter_from_host (every rank writes its parts of the master and all its working
+     copies, rounded on the host with the kernels' bits). ddp_gather_to_host and checkpoints
+     reach the master through its owners, so a checkpoint moves between sharded and unsharded
+     runs and world sizes.
+     Tests: tests/test_bf16_params.c; on the MPI backend tests/mpi_parity.c (the CPU backend's
+     bits, checkpoints across the two).
 
    CHECKPOINTS (ddp_save, ddp_load, ddp_save_check; collective: every rank calls them alike)
        int holds;
@@ -330,35 +295,33 @@
      the program's config, data position, RNG). Rank 0 writes one file: every rank's part of the
      state streams to it through ddp_gather_to_host in chunks of 4 MiB (no host copy of the
      model anywhere), so one file serves every world size and every sharding of the optimizer,
-     and only rank 0's file system needs it (a file per rank plus an index would need a commit
-     across files; one rename commits one). The stored world size and sharding are information
-     (ddp_checkpoint_info), not constraints. Writing: PATH.tmp.<pid>.<64 random bits> created
-     with O_CREAT|O_EXCL|O_NOFOLLOW, fsync, rename onto PATH (a symlink at PATH is replaced,
-     its target untouched; a FIFO, directory, device or socket there is refused, nothing
-     written), fsync of the directory; a killed writer leaves only its temporary,
-     and the next save sweeps those of dead writers (this user's, plain files). Windows: the
-     temporary is created with CREATE_NEW, flushed (FlushFileBuffers), and replaces PATH with
-     MoveFileExW(MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH), which returns once the
-     rename is on disk (>>platform says why not ReplaceFileW). Reading, on rank
-     0: a FIFO, directory or device is refused at once (never blocked on); then magic, version,
-     header (world size, sharding and shard layout, the parameters' names, sizes and flags)
-     against the file's length (nothing after the checksum), the checksum over every byte, the
-     caller's check of the user blob (ddp_checkpoint_check_fn, e.g. "another seed"), the
-     parameters against this model by name; every integer at its stored width. Only then a
+     and only rank 0's file system needs it (docs/design.md). The stored world size and sharding
+     are information (ddp_checkpoint_info), not constraints.
+     Writing: PATH.tmp.<pid>.<64 random bits> created with O_CREAT|O_EXCL|O_NOFOLLOW, fsync,
+     rename onto PATH (a symlink at PATH is replaced, its target untouched; a FIFO, directory,
+     device or socket there is refused, nothing written), fsync of the directory; a killed
+     writer leaves only its temporary, and the next save sweeps those of dead writers (this
+     user's, plain files). Windows: CREATE_NEW, FlushFileBuffers, and MoveFileExW(MOVEFILE_
+     REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH), which returns once the rename is on disk
+     (>>platform says why not ReplaceFileW).
+     Reading, on rank 0: a FIFO, directory or device is refused at once (never blocked on); then
+     magic, version, header (world size, sharding and shard layout, the parameters' names, sizes
+     and flags) against the file's length (nothing after the checksum), the checksum over every
+     byte, the caller's check of the user blob (ddp_checkpoint_check_fn, e.g. "another seed"),
+     the parameters against this model by name; every integer at its stored width. Only then a
      second pass scatters the state to every rank (ddp_scatter_from_host), checksumming again: a
      refused file leaves the state untouched and the context usable; a file that changes during
      the load fails the group. Rank 0's refusal is every rank's error ("rank 0 could not load
-     the checkpoint 'P': why"), so no rank waits for ever. Identical across world sizes: after
-     ddp_load on M ranks every rank holds the saved bits, and M ranks continue exactly as M
-     ranks handed that state in memory (tests/test_checkpoint.c). Format: >>checkpoint.
+     the checkpoint 'P': why"), so no rank waits for ever. After ddp_load on M ranks every rank
+     holds the saved bits, and M ranks continue exactly as M ranks handed that state in memory
+     (tests/test_checkpoint.c). Format: >>checkpoint.
 
    BACKENDS (one table each: THE IMPLEMENTATION below)
      single  one rank, no launcher: no network, no shared memory, no thread
      cpu     ranks on one host: shared memory (POSIX shm; Windows: named file mappings); each
-             rank's communication thread averages
-             buckets while backward runs (the rank's own thread takes over the ones left when it
-             reaches ddp_finish; the last bucket wakes no thread, as ddp_finish follows at
-             once); every rank reduces its own part, so all end with the same bits
+             rank's communication thread averages buckets while backward runs (the rank's own
+             thread takes over the ones left when it reaches ddp_finish, and the last bucket);
+             every rank reduces its own part, so all end with the same bits
      nccl    GPUs (implementation compiled by nvcc, or with -DDDP_CUDA and ddp_kernels.cuh).
              Each rank uses GPU LOCAL_RANK % device count; rank 0's ncclUniqueId goes through
              the store; the communicator is non-blocking (set-up has a deadline that names the
@@ -366,8 +329,9 @@
              grads and ddp_adamw_state's m and v are DEVICE pointers (initial values given to
              ddp_register_param are host memory). A ready bucket is an event on the compute
              stream, a wait on it by ddp.h's comm stream and ncclAllReduce(ncclAvg) in place
-             (with one rank, no collective: its gradients are their own average); ddp_finish makes the compute stream wait for the last bucket. Nothing in a step
-             waits on the host. ddp_adamw_step runs on the compute stream and clips and skips
+             (with one rank, no collective: its gradients are their own average); ddp_finish
+             makes the compute stream wait for the last bucket. Nothing in a step waits on the
+             host. ddp_adamw_step runs on the compute stream and clips and skips
              on the device; only with grad_norm_out does it read the norm back (a small copy
              and a wait: ask for it on the steps you log), which is also when NaN/Inf gives
              DDP_ERR_NONFINITE at once (otherwise the step is skipped on the device and the next
@@ -391,15 +355,13 @@
              (mpirun -H h1:2,h2:2, srun --mpi=pmix): ddprun --nnodes cannot start MPI ranks, and
              an MPI build under it fails at once saying so. If the program called MPI_Init_thread
              first, ddp.h uses that MPI; otherwise it initializes MPI in ddp_init and finalizes it
-             at exit (atexit; not after a failure, when MPI_Finalize would wait for the lost).
-             It needs MPI_THREAD_MULTIPLE (the communication thread and the rank's thread call MPI
-             in turn, the watchdog may call MPI_Abort while either waits) and fails by name when
-             MPI granted less. MPI calls have no timeout: a watchdog thread polls the store every
-             0.1 s (a poison, a dead rank's closed connection) and the age of the collective in
-             progress (timeout_s; the ranks whose heartbeat in the store stopped are named with
-             their hosts); on a failure while this rank waits in MPI it logs the named error, waits
-             0.5 s so the peers log theirs, and calls MPI_Abort (the one case where ddp.h ends the
-             program).
+             at exit (atexit; not after a failure). It needs MPI_THREAD_MULTIPLE and fails by name
+             when MPI granted less (why: docs/design.md). MPI calls have no timeout: a watchdog
+             thread polls the store every 0.1 s (a poison, a dead rank's closed connection) and
+             the age of the collective in progress (timeout_s; the ranks whose heartbeat in the
+             store stopped are named with their hosts); on a failure while this rank waits in MPI
+             it logs the named error, waits 0.5 s so the peers log theirs, and calls MPI_Abort
+             (the one case where ddp.h ends the program).
              The bits. fp32 buckets: the fixed order above, which is the CPU backend's (every
              rank's value added in rank order) on one host, flat, or with one rank a host; with
              several ranks on several hosts the hosts' sums add in host order instead. bf16 on
@@ -452,14 +414,10 @@
    what runs when the variable is unset. Where the program had set the field to something else,
    rank 0 logs one warning naming each override ("DDP_TIMEOUT=30 over the program's
    ddp_desc.timeout_s = 300"), and ddp_config() gives what runs. An invalid value is refused at
-   ddp_init by name (DDP_ERR_BAD_ENV) whether or not the program set the field. Why the variable:
-   it is the operator's word for this run, given last and closest to the run (as CUDA_VISIBLE_
-   DEVICES or NCCL_* are); a variable set and silently ignored is a run nobody asked for, and a
-   refusal would make every program that sets a field (the GPT trainer sets param_dtype) deaf to
-   it. A program that must know reads ddp_config() after ddp_init (the trainer does: it trains
-   bf16 under DDP_PARAM_DTYPE=bf16, or refuses where its build cannot). param_dtype changes which
-   accessors work: a program written for fp32 that meets DDP_PARAM_DTYPE=bf16 gets NULL from
-   ddp_param with an error that names the variable.
+   ddp_init by name (DDP_ERR_BAD_ENV) whether or not the program set the field (why the variable
+   wins: docs/design.md). A program that must know reads ddp_config() after ddp_init.
+   param_dtype changes which accessors work: a program written for fp32 that meets
+   DDP_PARAM_DTYPE=bf16 gets NULL from ddp_param with an error that names the variable.
      DDP_JOB_TOKEN   job_token: shared secret of the job (ddprun makes a fresh one): rank 0's
                      store and each rank prove to each other that they know it, without sending
                      it (its value is never logged)
@@ -489,10 +447,8 @@
      whose id differs from rank 0's is refused, and the message names both. Under ddprun the
      token is the identity. With no token and no id (ranks started by hand) rank 0 warns.
      The handshake (a challenge-response with HMAC-SHA-256, both ways, keyed by the token and the
-     id) proves knowledge of the token without sending it: a program squatting on MASTER_PORT
-     learns nothing usable and the ranks refuse it. It is not encryption: someone who can read
-     or alter the traffic can read or alter the frames after the handshake (keep MASTER_ADDR on
-     a trusted network), and a short guessable token can be guessed offline from one exchange.
+     id) proves knowledge of the token without sending it; it is not encryption (what it
+     protects against and what not: README.md, Security).
      A rank started twice in one job (a launcher bug, a typo in RANK): the first process to claim
      the rank at rank 0's store holds it; the other is refused (DDP_ERR_BAD_ENV, "two processes of
      this job were started as rank R: pid P on host 'H' holds it, ...") and the job goes on: a
@@ -502,24 +458,22 @@
      Every call that can fail returns a ddp_result; ddp_last_error(ctx) says what, where and on
      which rank (every message starts with "rank N: ", or "pid P" before the rank is known; the
      string is a copy that stays as it is until the next ddp_last_error on that context). The
-     library never exits or aborts the program (except the MPI backend's watchdog: BACKENDS). An error inside a collective (a dead peer, a
-     timeout, a mismatch between ranks) poisons the process group: every rank fails fast with a
-     message naming the rank that failed first, instead of waiting for the timeout. A peer that
-     dies (a process, or a thread-rank that ends without ddp_shutdown) is noticed within about
-     0.1 s on the CPU backend (every waiter looks every DDP__LIVENESS_PERIOD_S; measured
-     0.04-0.25 s), and by the NCCL watchdog's poll of the store (every 0.1 s) or NCCL's own
-     error on the NCCL backend. Rank 0 gone before it listens (never started, or killed early)
-     cannot be told from a slow one: both are a connection refused, and a rank 0 may take long to
-     start (a big import, srun starting tasks at different times), so a shorter limit for refusals
-     would fail healthy jobs. Decided: the wait stays timeout_s, and is not silent: after half the
-     timeout (10 s at most) of refusals each waiting rank warns "nothing listens at ADDR:PORT ...
-     connection refused for N s", then every minute; at timeout_s it fails with "no store at
-     ADDR:PORT - did rank 0 start?". A launcher that sees rank 0 die ends the job at once (ddprun,
-     torchrun; tested under ddprun: well under a second). Numbers in README.md
-     point here. Stopped time (Ctrl-Z of the whole job, then fg): the waits inside a step count
-     only time the process could run (a gap of over DDP__STOPPED_GAP_S between two looks moves the
-     deadline by the gap: the CPU backend's waits, the NCCL and MPI watchdogs' clocks), so a job
-     stopped for longer than timeout_s trains on when continued; the waits on the rendezvous store
+     library never exits or aborts the program (except the MPI backend's watchdog: BACKENDS).
+     An error inside a collective (a dead peer, a timeout, a mismatch between ranks) poisons the
+     process group: every rank fails fast with a message naming the rank that failed first,
+     instead of waiting for the timeout. A peer that dies (a process, or a thread-rank that ends
+     without ddp_shutdown) is noticed within about 0.1 s on the CPU backend (every waiter looks
+     every DDP__LIVENESS_PERIOD_S; measured: bench/RESULTS.md), and by the NCCL watchdog's poll
+     of the store (every 0.1 s) or NCCL's own error on the NCCL backend. Rank 0 gone before it
+     listens (never started, or killed early) is a connection refused, as a slow rank 0 is: the
+     wait stays timeout_s (docs/design.md), and is not silent: after half the timeout (10 s at
+     most) of refusals each waiting rank warns "nothing listens at ADDR:PORT ... connection
+     refused for N s", then every minute; at timeout_s it fails with "no store at ADDR:PORT -
+     did rank 0 start?". A launcher that sees rank 0 die ends the job at once (ddprun, torchrun).
+     Stopped time (Ctrl-Z of the whole job, then fg): the waits inside a step count only time the
+     process could run (a gap of over DDP__STOPPED_GAP_S between two looks moves the deadline by
+     the gap: the CPU backend's waits, the NCCL and MPI watchdogs' clocks), so a job stopped for
+     longer than timeout_s trains on when continued; the waits on the rendezvous store
      (ddp_init, ddp_commit's layout check, the timeline gathered at ddp_shutdown) count wall time
      and time out. A rank stopped alone while its peers run is a stalled peer: they time out and
      name it. DDP_ERR_CANCELLED is not a failure of the job: the host program asked for it
@@ -561,8 +515,9 @@
      polls and its watchdog, which also aborts the communicator); the group is poisoned, so the
      peers (threads or processes) stop at their next wait with DDP_ERR_CANCELLED too, on every
      backend (NCCL and MPI peers read the cancel's code from the store's poison), and before
-     the shared memory is up (rendezvous) with DDP_ERR_PEER_LOST once the cancelled rank leaves. Nothing waits out a
-     timeout. Then ddp_shutdown as after any failure: quick, and it returns DDP_OK.
+     the shared memory is up (rendezvous) with DDP_ERR_PEER_LOST once the cancelled rank leaves.
+     Nothing waits out a timeout. Then ddp_shutdown as after any failure: quick, and it returns
+     DDP_OK.
      Progress. ddp_progress_read(ctx, &p) from any thread: the step count, the last
      ddp_report_loss value and its step (this rank's number; nothing is sent), the last step's
      wall time and its ddp_step_stats times, the ranks with data, and the context's failure
@@ -602,19 +557,15 @@
      epoch), not on world or rank, so a consumer that takes global batch k as positions
      [k*G, (k+1)*G) of the epoch (G = world x per-rank batch, each rank its i*world + r) trains
      the same samples a batch on any number of ranks; it differs from torch.randperm's (the
-     counts, padding and rank split are the same). It is a keyed bijection evaluated at one
-     position in O(1) (>>sampler; up to 32 samples an exact shuffle in 32 bytes of stack): no
-     memory, any n up to 2^64 - 1.
-     Resuming: the position is (epoch, i), both plain integers; a checkpoint stores them (or the
-     step they follow from) and the next run continues with ddp_sample(&s, epoch, i, ...) on the
-     same n, seed, shuffle and drop_last. As one stream across epochs: this rank's k-th sample
+     counts, padding and rank split are the same). O(1) a sample, no memory (>>sampler), any n up
+     to 2^64 - 1. Resuming: the position is (epoch, i) (README.md); this rank's k-th sample
      overall is (epoch k / count, i = k mod count).
      Errors: a NULL sampler or out pointer, shuffle or drop_last other than 0 or 1 (an
      uninitialized field: zero-initialize the struct), n = 0, world < 1 (0 is not taken for 1: a
      sampler whose world was never set would give every rank every sample), rank outside 0 ..
-     world-1, and i >=
-     count are DDP_ERR_INVALID_ARGUMENT with the reason (and the rank) in ddp_last_error(NULL);
-     ddp_sample then sets *index_out = UINT64_MAX. Pure: any thread, before ddp_init or without it.
+     world-1, and i >= count are DDP_ERR_INVALID_ARGUMENT with the reason (and the rank) in
+     ddp_last_error(NULL); ddp_sample then sets *index_out = UINT64_MAX. Pure: any thread,
+     before ddp_init or without it.
 
    PLATFORMS
      Linux: everything (every backend, ddprun, every test). Windows (10 and later; x86-64): the
@@ -622,15 +573,13 @@
      example, cancel, progress, ddp_join) and ranks as processes on one machine (ddprun.exe),
      checkpoints, the timeline; the NCCL and MPI backends are Linux-only (DDP_CUDA or DDP_MPI in
      a Windows build stops with an #error that says so; ddp_desc.backend asking for one there is
-     DDP_ERR_BACKEND, "Linux-only"). Build: MinGW-w64 (x86_64-w64-mingw32-gcc
-     f.c -lws2_32 -lbcrypt) or MSVC (cl f.c; the libraries come by #pragma comment). No pthreads:
-     Win32 threads, SRW locks, condition variables, named file mappings, named semaphores for
-     the waits, Winsock for the store. The implementation includes <winsock2.h> and <windows.h>
-     (WIN32_LEAN_AND_MEAN, NOMINMAX, _WIN32_WINNT at least Vista's) in the file that defines
-     DDP_IMPLEMENTATION, so their macros are there too, except IN and OUT, which ddp.h removes
-     (DDP_KEEP_WINDOWS_IN_OUT keeps them). Tested: the MinGW-w64 build under Wine
-     (tests/test_windows.sh): unit tests, thread-ranks and processes bit for bit the Linux build,
-     checkpoints both ways, the timeline, the examples. MSVC: see README.md (Platforms).
+     DDP_ERR_BACKEND, "Linux-only"). Build: MinGW-w64 (x86_64-w64-mingw32-gcc f.c -lws2_32
+     -lbcrypt) or MSVC (cl f.c; the libraries come by #pragma comment); no pthreads (>>platform).
+     The implementation includes <winsock2.h> and <windows.h> (WIN32_LEAN_AND_MEAN, NOMINMAX,
+     _WIN32_WINNT at least Vista's) in the file that defines DDP_IMPLEMENTATION, so their macros
+     are there too, except IN and OUT, which ddp.h removes (DDP_KEEP_WINDOWS_IN_OUT keeps them).
+     Tested: the MinGW-w64 build under Wine (tests/test_windows.sh; what it covers, and MSVC:
+     README.md, Platforms).
      What differs, and why: >>platform. macOS: the POSIX paths keep no Linux-only call without a
      fallback (futex: a short sleep; /proc: nothing to say), but nothing here has built or run it.
 
@@ -9502,183 +9451,250 @@ static ddp_result ddp__save_check(ddp_context *ctx, const char *path, int *holds
     return r;
 }
 
-/* Rank 0's first pass over a checkpoint: everything checked, nothing loaded. Returns the open
-   file (positioned nowhere in particular) and the checksum it holds, or -1 with st refused.
-   `blob` receives the user blob (st->user_bytes of it). */
-static int ddp__ckpt_verify(ddp_context *ctx, const char *path, size_t user_capacity, ddp_checkpoint_check_fn check,
-                            void *check_arg, ddp__ckpt_status *st, void **blob, uint64_t *data_at, uint64_t *stored) {
-    ddp__ckpt_file f;
+/* Rank 0's first pass over a checkpoint, ddp__ckpt_verify, is the steps below in file order;
+   each returns 1 to go on, or 0 with st refused (the first reason counts). */
+typedef struct ddp__ckpt_head {
+    uint64_t floats, shards;   /* floats in each of parameters, m and v; entries of the shard table */
+    uint32_t nparams;
+    char mismatch[512];        /* the first difference from this model: refused after the program's check */
+} ddp__ckpt_head;
+
+static int ddp__ckpt_truncated(ddp__ckpt_status *st, const char *path, const ddp__ckpt_file *f) {
+    ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is truncated (%llu bytes%s)", path,
+                     (unsigned long long)f->size, f->err && f->err != EIO ? ", and reading it failed" : "");
+    return 0;
+}
+
+/* Open it, and refuse anything but a regular file (a FIFO does not block the open). */
+static int ddp__ckpt_open_file(ddp__ckpt_file *f, const char *path, ddp__ckpt_status *st) {
     const char *kind;
-    unsigned char fixed[DDP__CKPT_FIXED], b[16];
-    char name[DDP__NAME_MAX], mismatch[512];
-    uint64_t floats, sum = 0, shards, i, prev = 0, expect, left;
-    uint32_t nparams, version, world, sharded;
-    float *buf = NULL;
-    memset(&f, 0, sizeof f);
-    ddp__sum_init(&f.sum);
-    mismatch[0] = 0;
-    *blob = NULL;
-    f.fd = ddp__file_open_read(path);   /* a FIFO does not block the open */
-    if (f.fd < 0) { ddp__ckpt_refuse(st, DDP_ERR_SYSTEM, "cannot open the checkpoint '%s': %s", path, ddp__strerror(errno)); return -1; }
-    if (ddp__file_stat(f.fd, &f.size, &kind) != 0) { ddp__ckpt_refuse(st, DDP_ERR_SYSTEM, "cannot look at the checkpoint '%s': %s", path, ddp__strerror(errno)); goto fail; }
+    f->fd = ddp__file_open_read(path);
+    if (f->fd < 0) { ddp__ckpt_refuse(st, DDP_ERR_SYSTEM, "cannot open the checkpoint '%s': %s", path, ddp__strerror(errno)); return 0; }
+    if (ddp__file_stat(f->fd, &f->size, &kind) != 0) { ddp__ckpt_refuse(st, DDP_ERR_SYSTEM, "cannot look at the checkpoint '%s': %s", path, ddp__strerror(errno)); return 0; }
     if (kind) {
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is %s, not a regular file; pass the checkpoint file "
                          "itself", path, kind);
-        goto fail;
+        return 0;
     }
-    if (!ddp__ckpt_read(&f, fixed, 8, 1) || memcmp(fixed, DDP__CKPT_MAGIC, 8) != 0) {
+    return 1;
+}
+
+/* The magic, then the rest of the fixed header. */
+static int ddp__ckpt_read_fixed(ddp__ckpt_file *f, const char *path, ddp__ckpt_status *st, unsigned char *fixed) {
+    if (!ddp__ckpt_read(f, fixed, 8, 1) || memcmp(fixed, DDP__CKPT_MAGIC, 8) != 0) {
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "'%s' is not a ddp.h checkpoint (%s)", path,
-                         f.err && f.err != EIO ? ddp__strerror(f.err) : "it does not begin with " DDP__CKPT_MAGIC);
-        goto fail;
+                         f->err && f->err != EIO ? ddp__strerror(f->err) : "it does not begin with " DDP__CKPT_MAGIC);
+        return 0;
     }
-    if (!ddp__ckpt_read(&f, fixed + 8, DDP__CKPT_FIXED - 8, 1)) {
+    if (!ddp__ckpt_read(f, fixed + 8, DDP__CKPT_FIXED - 8, 1)) {
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is truncated (%llu bytes: not even its header)",
-                         path, (unsigned long long)f.size);
-        goto fail;
+                         path, (unsigned long long)f->size);
+        return 0;
     }
-    version = (uint32_t)ddp__get_le(fixed + 8, 4);
-    world = (uint32_t)ddp__get_le(fixed + 12, 4);
-    sharded = (uint32_t)ddp__get_le(fixed + 16, 4);
-    nparams = (uint32_t)ddp__get_le(fixed + 20, 4);
+    return 1;
+}
+
+/* The fixed header's fields: the version, values that can be, tables the file's length can hold. */
+static int ddp__ckpt_check_head(const ddp__ckpt_file *f, const char *path, ddp__ckpt_status *st, const unsigned char *fixed,
+                                ddp__ckpt_head *h) {
+    uint32_t version = (uint32_t)ddp__get_le(fixed + 8, 4), world = (uint32_t)ddp__get_le(fixed + 12, 4);
+    uint32_t sharded = (uint32_t)ddp__get_le(fixed + 16, 4);
+    h->nparams = (uint32_t)ddp__get_le(fixed + 20, 4);
     st->step = (int64_t)ddp__get_le(fixed + 24, 8);
-    floats = ddp__get_le(fixed + 32, 8);
+    h->floats = ddp__get_le(fixed + 32, 8);
     st->user_bytes = ddp__get_le(fixed + 40, 8);
-    shards = ddp__get_le(fixed + 48, 4);
+    h->shards = ddp__get_le(fixed + 48, 4);
     if (version != DDP__CKPT_VERSION) {
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' has format version %u; this ddp.h reads version %u",
                          path, version, DDP__CKPT_VERSION);
-        goto fail;
+        return 0;
     }
-    if (world < 1 || world > INT32_MAX || sharded > 1 || shards != (sharded ? world : 1u) || ddp__get_le(fixed + 52, 4) != 0 ||
-        st->step < 0) {
+    if (world < 1 || world > INT32_MAX || sharded > 1 || h->shards != (sharded ? world : 1u) ||
+        ddp__get_le(fixed + 52, 4) != 0 || st->step < 0) {
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' has an impossible header: world size %u, sharded %u, "
-                         "%llu shards, reserved field %llu, AdamW step %lld", path, world, sharded, (unsigned long long)shards,
+                         "%llu shards, reserved field %llu, AdamW step %lld", path, world, sharded, (unsigned long long)h->shards,
                          (unsigned long long)ddp__get_le(fixed + 52, 4), (long long)st->step);
-        goto fail;
+        return 0;
     }
     st->world = (int32_t)world;
     st->sharded = (int32_t)sharded;
-    if (shards > (f.size - f.pos) / 8 || (uint64_t)nparams > (f.size - f.pos - 8 * shards) / 17) {
+    if (h->shards > (f->size - f->pos) / 8 || (uint64_t)h->nparams > (f->size - f->pos - 8 * h->shards) / 17) {
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is truncated (%llu bytes; its header lists %llu "
-                         "shards and %u parameters)", path, (unsigned long long)f.size, (unsigned long long)shards, nparams);
-        goto fail;
+                         "shards and %u parameters)", path, (unsigned long long)f->size, (unsigned long long)h->shards, h->nparams);
+        return 0;
     }
-    for (i = 0; i < shards; i++) {
-        uint64_t start;
-        if (!ddp__ckpt_read(&f, b, 8, 1)) goto truncated;
+    return 1;
+}
+
+/* The shard table: starts at 0, never decreases, never passes the floats. */
+static int ddp__ckpt_check_shards(ddp__ckpt_file *f, const char *path, ddp__ckpt_status *st, const ddp__ckpt_head *h) {
+    unsigned char b[8];
+    uint64_t i, start, prev = 0;
+    for (i = 0; i < h->shards; i++) {
+        if (!ddp__ckpt_read(f, b, 8, 1)) return ddp__ckpt_truncated(st, path, f);
         start = ddp__get_le(b, 8);
-        if ((i == 0 && start != 0) || start < prev || start > floats) {
+        if ((i == 0 && start != 0) || start < prev || start > h->floats) {
             ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' has an impossible shard layout: shard %llu "
                              "starts at float %llu (previous %llu, of %llu)", path, (unsigned long long)i,
-                             (unsigned long long)start, (unsigned long long)prev, (unsigned long long)floats);
-            goto fail;
+                             (unsigned long long)start, (unsigned long long)prev, (unsigned long long)h->floats);
+            return 0;
         }
         prev = start;
     }
-    for (i = 0; i < nparams; i++) {
-        uint64_t len, count;
-        uint32_t flags;
-        if (!ddp__ckpt_read(&f, b, 4, 1)) goto truncated;
-        len = ddp__get_le(b, 4);
-        if (len < 1 || len >= DDP__NAME_MAX) {
-            ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is damaged: the name of its parameter %llu is "
-                             "%llu bytes long (1 to %d)", path, (unsigned long long)i, (unsigned long long)len, DDP__NAME_MAX - 1);
-            goto fail;
-        }
-        if (!ddp__ckpt_read(&f, name, (size_t)len, 1) || !ddp__ckpt_read(&f, b, 12, 1)) goto truncated;
-        name[len] = 0;
-        count = ddp__get_le(b, 8);
-        flags = (uint32_t)ddp__get_le(b + 8, 4);
-        if (count > floats - sum) {
-            ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is damaged: its parameters hold more than the "
-                             "%llu floats its header counts", path, (unsigned long long)floats);
-            goto fail;
-        }
-        sum += count;
-        if (!mismatch[0] && i < (uint64_t)ctx->num_params) {
-            const ddp__param *p = &ctx->params[i];
-            if (strcmp(p->name, name) != 0 || p->count != count || p->flags != flags)
-                snprintf(mismatch, sizeof mismatch, "the checkpoint '%s' is of another model: its parameter %llu is '%s' of "
-                         "%llu floats (flags %u); this model's is '%s' of %zu floats (flags %u)", path,
-                         (unsigned long long)i, name, (unsigned long long)count, flags, p->name, p->count, p->flags);
-        }
+    return 1;
+}
+
+/* Parameter i's entry (name, count, flags): well formed, within the header's floats (*sum: the
+   entries' floats so far), and compared with this model's parameter i (the first difference kept). */
+static int ddp__ckpt_check_param(const ddp_context *ctx, ddp__ckpt_file *f, const char *path, ddp__ckpt_status *st,
+                                 ddp__ckpt_head *h, uint64_t i, uint64_t *sum) {
+    unsigned char b[12];
+    char name[DDP__NAME_MAX];
+    uint64_t len, count;
+    uint32_t flags;
+    if (!ddp__ckpt_read(f, b, 4, 1)) return ddp__ckpt_truncated(st, path, f);
+    len = ddp__get_le(b, 4);
+    if (len < 1 || len >= DDP__NAME_MAX) {
+        ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is damaged: the name of its parameter %llu is "
+                         "%llu bytes long (1 to %d)", path, (unsigned long long)i, (unsigned long long)len, DDP__NAME_MAX - 1);
+        return 0;
     }
-    if (!mismatch[0] && nparams != (uint32_t)ctx->num_params)
-        snprintf(mismatch, sizeof mismatch, "the checkpoint '%s' is of another model: it holds %u parameters, this model "
-                 "has %d (the first %d agree)", path, nparams, ctx->num_params, (int)(nparams < (uint32_t)ctx->num_params ?
-                 nparams : (uint32_t)ctx->num_params));
-    if (sum != floats) {
+    if (!ddp__ckpt_read(f, name, (size_t)len, 1) || !ddp__ckpt_read(f, b, 12, 1)) return ddp__ckpt_truncated(st, path, f);
+    name[len] = 0;
+    count = ddp__get_le(b, 8);
+    flags = (uint32_t)ddp__get_le(b + 8, 4);
+    if (count > h->floats - *sum) {
+        ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is damaged: its parameters hold more than the "
+                         "%llu floats its header counts", path, (unsigned long long)h->floats);
+        return 0;
+    }
+    *sum += count;
+    if (!h->mismatch[0] && i < (uint64_t)ctx->num_params) {
+        const ddp__param *p = &ctx->params[i];
+        if (strcmp(p->name, name) != 0 || p->count != count || p->flags != flags)
+            snprintf(h->mismatch, sizeof h->mismatch, "the checkpoint '%s' is of another model: its parameter %llu is '%s' of "
+                     "%llu floats (flags %u); this model's is '%s' of %zu floats (flags %u)", path,
+                     (unsigned long long)i, name, (unsigned long long)count, flags, p->name, p->count, p->flags);
+    }
+    return 1;
+}
+
+/* The parameter table: every entry, then the count of parameters, then their floats' total. */
+static int ddp__ckpt_check_params(const ddp_context *ctx, ddp__ckpt_file *f, const char *path, ddp__ckpt_status *st,
+                                  ddp__ckpt_head *h) {
+    uint64_t i, sum = 0;
+    for (i = 0; i < h->nparams; i++)
+        if (!ddp__ckpt_check_param(ctx, f, path, st, h, i, &sum)) return 0;
+    if (!h->mismatch[0] && h->nparams != (uint32_t)ctx->num_params)
+        snprintf(h->mismatch, sizeof h->mismatch, "the checkpoint '%s' is of another model: it holds %u parameters, this model "
+                 "has %d (the first %d agree)", path, h->nparams, ctx->num_params, (int)(h->nparams < (uint32_t)ctx->num_params ?
+                 h->nparams : (uint32_t)ctx->num_params));
+    if (sum != h->floats) {
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is damaged: its parameters hold %llu floats, its "
-                         "header counts %llu", path, (unsigned long long)sum, (unsigned long long)floats);
-        goto fail;
+                         "header counts %llu", path, (unsigned long long)sum, (unsigned long long)h->floats);
+        return 0;
     }
-    *data_at = f.pos;
-    left = f.size - f.pos;
-    if (floats > (left / 12) || st->user_bytes > left - 12 * floats || left - 12 * floats - st->user_bytes < 8) {
-        expect = 0;
-        goto truncated;
-    }
-    expect = f.pos + 12 * floats + st->user_bytes + 8;
-    if (expect != f.size) {
+    return 1;
+}
+
+/* The file's length: the data (parameters, m, v), the user blob and the checksum, nothing after. */
+static int ddp__ckpt_check_length(const ddp__ckpt_file *f, const char *path, ddp__ckpt_status *st, const ddp__ckpt_head *h,
+                                  uint64_t *data_at) {
+    uint64_t left = f->size - f->pos, expect;
+    *data_at = f->pos;
+    if (h->floats > (left / 12) || st->user_bytes > left - 12 * h->floats || left - 12 * h->floats - st->user_bytes < 8)
+        return ddp__ckpt_truncated(st, path, f);
+    expect = f->pos + 12 * h->floats + st->user_bytes + 8;
+    if (expect != f->size) {
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' goes on after its checksum (%llu bytes; its header "
                          "describes %llu): not a file ddp_save wrote, or two files run together", path,
-                         (unsigned long long)f.size, (unsigned long long)expect);
-        goto fail;
+                         (unsigned long long)f->size, (unsigned long long)expect);
+        return 0;
     }
-    /* the checksum, over the data in chunks (nothing is loaded yet) and the user blob */
-    if (!(buf = (float *)DDP_MALLOC(DDP__CKPT_CHUNK * sizeof(float))) ||
-        (st->user_bytes && !(*blob = DDP_MALLOC((size_t)st->user_bytes)))) {
+    return 1;
+}
+
+/* The checksum, over the data in chunks (nothing is loaded yet) and the user blob, kept in *blob. */
+static int ddp__ckpt_check_sum(ddp__ckpt_file *f, const char *path, ddp__ckpt_status *st, const ddp__ckpt_head *h, void **blob,
+                               uint64_t *stored) {
+    unsigned char b[8];
+    uint64_t left;
+    float *buf = (float *)DDP_MALLOC(DDP__CKPT_CHUNK * sizeof(float));
+    int ok = 0;
+    if (!buf || (st->user_bytes && !(*blob = DDP_MALLOC((size_t)st->user_bytes)))) {
         ddp__ckpt_refuse(st, DDP_ERR_OUT_OF_MEMORY, "no memory to read the checkpoint '%s' (its user blob: %llu bytes)", path,
                          (unsigned long long)st->user_bytes);
-        goto fail;
+        goto out;
     }
-    for (left = 12 * floats; left > 0;) {
+    for (left = 12 * h->floats; left > 0;) {
         size_t n = left < DDP__CKPT_CHUNK * sizeof(float) ? (size_t)left : DDP__CKPT_CHUNK * sizeof(float);
-        if (!ddp__ckpt_read(&f, buf, n, 1)) break;
+        if (!ddp__ckpt_read(f, buf, n, 1)) break;
         left -= n;
     }
-    if (st->user_bytes) ddp__ckpt_read(&f, *blob, (size_t)st->user_bytes, 1);
-    if (!ddp__ckpt_read(&f, b, 8, 0)) {
-        ddp__ckpt_refuse(st, DDP_ERR_SYSTEM, "cannot read the checkpoint '%s': %s", path, ddp__strerror(f.err ? f.err : EIO));
-        goto fail;
+    if (st->user_bytes) ddp__ckpt_read(f, *blob, (size_t)st->user_bytes, 1);
+    if (!ddp__ckpt_read(f, b, 8, 0)) {
+        ddp__ckpt_refuse(st, DDP_ERR_SYSTEM, "cannot read the checkpoint '%s': %s", path, ddp__strerror(f->err ? f->err : EIO));
+        goto out;
     }
     *stored = ddp__get_le(b, 8);
-    if (*stored != ddp__sum_value(&f.sum)) {
+    if (*stored != ddp__sum_value(&f->sum))
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is corrupt (checksum mismatch): it holds %016llx, "
-                         "its bytes give %016llx", path, (unsigned long long)*stored, (unsigned long long)ddp__sum_value(&f.sum));
-        goto fail;
-    }
+                         "its bytes give %016llx", path, (unsigned long long)*stored, (unsigned long long)ddp__sum_value(&f->sum));
+    else ok = 1;
+out:
+    DDP_FREE(buf);
+    return ok;
+}
+
+/* The user blob: it fits the caller's buffer, and the program's check takes it. */
+static int ddp__ckpt_check_user(const char *path, ddp__ckpt_status *st, size_t user_capacity, ddp_checkpoint_check_fn check,
+                                void *check_arg, const void *blob) {
+    ddp_checkpoint_info info;
+    char why[sizeof st->msg];
     if (st->user_bytes > user_capacity) {
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' holds a user blob of %llu bytes; the caller's "
                          "buffer takes %zu", path, (unsigned long long)st->user_bytes, user_capacity);
-        goto fail;
+        return 0;
     }
-    if (check) {
-        ddp_checkpoint_info info;
-        char why[sizeof st->msg];
-        info.step = st->step;
-        info.world_size = st->world;
-        info.sharded = st->sharded;
-        info.user_bytes = st->user_bytes;
-        why[0] = 0;
-        if (!check(check_arg, &info, *blob, (size_t)st->user_bytes, why, sizeof why)) {
-            why[sizeof why - 1] = 0;
-            ddp__ckpt_refuse(st, DDP_ERR_MISMATCH, "%s", why[0] ? why : "the checkpoint was refused by the program's check "
-                             "(it gave no reason)");
-            goto fail;
-        }
+    if (!check) return 1;
+    info.step = st->step;
+    info.world_size = st->world;
+    info.sharded = st->sharded;
+    info.user_bytes = st->user_bytes;
+    why[0] = 0;
+    if (!check(check_arg, &info, blob, (size_t)st->user_bytes, why, sizeof why)) {
+        why[sizeof why - 1] = 0;
+        ddp__ckpt_refuse(st, DDP_ERR_MISMATCH, "%s", why[0] ? why : "the checkpoint was refused by the program's check "
+                         "(it gave no reason)");
+        return 0;
     }
-    if (mismatch[0]) { ddp__ckpt_refuse(st, DDP_ERR_MISMATCH, "%s", mismatch); goto fail; }
-    DDP_FREE(buf);
-    return f.fd;
-truncated:
-    ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is truncated (%llu bytes%s)", path,
-                     (unsigned long long)f.size, f.err && f.err != EIO ? ", and reading it failed" : "");
-fail:
-    DDP_FREE(buf);
+    return 1;
+}
+
+/* Rank 0's first pass over a checkpoint: everything checked, nothing loaded. Returns the open
+   file (positioned nowhere in particular) and the checksum it holds, or -1 with st refused.
+   `blob` receives the user blob (st->user_bytes of it). A file of another model is refused
+   last, after the program's check (whose reason, e.g. "another seed", says more). */
+static int ddp__ckpt_verify(ddp_context *ctx, const char *path, size_t user_capacity, ddp_checkpoint_check_fn check,
+                            void *check_arg, ddp__ckpt_status *st, void **blob, uint64_t *data_at, uint64_t *stored) {
+    ddp__ckpt_file f;
+    ddp__ckpt_head h;
+    unsigned char fixed[DDP__CKPT_FIXED];
+    memset(&f, 0, sizeof f);
+    memset(&h, 0, sizeof h);
+    ddp__sum_init(&f.sum);
+    *blob = NULL;
+    if (ddp__ckpt_open_file(&f, path, st) && ddp__ckpt_read_fixed(&f, path, st, fixed) &&
+        ddp__ckpt_check_head(&f, path, st, fixed, &h) && ddp__ckpt_check_shards(&f, path, st, &h) &&
+        ddp__ckpt_check_params(ctx, &f, path, st, &h) && ddp__ckpt_check_length(&f, path, st, &h, data_at) &&
+        ddp__ckpt_check_sum(&f, path, st, &h, blob, stored) &&
+        ddp__ckpt_check_user(path, st, user_capacity, check, check_arg, *blob)) {
+        if (!h.mismatch[0]) return f.fd;
+        ddp__ckpt_refuse(st, DDP_ERR_MISMATCH, "%s", h.mismatch);
+    }
     DDP_FREE(*blob);
     *blob = NULL;
-    ddp__file_close(f.fd);
+    if (f.fd >= 0) ddp__file_close(f.fd);
     return -1;
 }
 
