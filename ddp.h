@@ -9,10 +9,12 @@
    CONTENTS
      QUICK START · ONE STEP, AS DATA FLOWS · OWN AUTOGRAD · MEMORY LAYOUT AND OVERLAP ·
      FAST MATH · STRUCTS ACROSS VERSIONS · OPTIONS · ADAMW · SHARDED OPTIMIZER (ZeRO-1) ·
-     PARAMETER DTYPE (bf16 parameters, fp32 master weights) · CHECKPOINTS ·
-     BACKENDS · ENVIRONMENT · ERRORS · NULL, LIFETIME AND THREADS · EMBEDDING: CANCEL, PROGRESS,
-     UNEVEN INPUTS · SAMPLER · PLATFORMS (Linux, Windows, macOS) · COMPILE-TIME OPTIONS ·
-     THE IMPLEMENTATION, SECTION BY SECTION
+     PARAMETER DTYPE (bf16 parameters, fp32 master weights) · CHECKPOINTS · BACKENDS ·
+     ENVIRONMENT · JOB IDENTITY · ERRORS · NULL, LIFETIME AND THREADS · EMBEDDING: CANCEL,
+     PROGRESS, UNEVEN INPUTS · SAMPLER · PLATFORMS (Linux, Windows, macOS) · COMPILE-TIME
+     OPTIONS · THE IMPLEMENTATION, SECTION BY SECTION
+   This manual is the reference. The guide: README.md; the reasons behind the design:
+   docs/design.md; measurements: bench/RESULTS.md.
 
    QUICK START
        #define DDP_IMPLEMENTATION          // in exactly one .c file, before any other #include
@@ -73,12 +75,9 @@
      Parameter i (registration order) starts at sum_{j<i} round_up(count_j, DDP_PARAM_ALIGN_FLOATS)
      floats of ddp_flat_params (16: 64 bytes; the buffer is 64-byte aligned); padding is zero;
      ddp_flat_grads and the bf16 buffers have the same offsets; nothing moves until ddp_shutdown.
-     Registered in the program's memory order with counts that are multiples of 16, the flat
-     buffer is the program's old layout. Buckets are contiguous, in reverse registration order,
-     sent when their last parameter is ready: a tensor stacking every layer is ready only when
-     the backward ends (no overlap) - register one slice per layer. A registration order other
-     than the memory order would make buckets non-contiguous (a staging copy of every gradient
-     twice a step, or a collective per tensor): not offered. DDP_LOG=info prints the bucket plan
+     Buckets are contiguous, in reverse registration order, sent when their last parameter is
+     ready: a tensor stacking every layer is ready only when the backward ends (no overlap;
+     README.md "Memory layout and overlap"). DDP_LOG=info prints the bucket plan
      at ddp_commit (rank 0); the first synchronizing backward (2+ ranks, 2+ buckets) whose first
      bucket was complete only at its last moment (the last tape op, or the last ddp_grad_ready
      call: ddp.h counts those, it cannot see compute) warns once (>>step, ddp__overlap_check);
@@ -88,14 +87,12 @@
 
    FAST MATH (-Ofast, -ffast-math, nvcc --use_fast_math; tests/test_fastmath.c)
      Non-finite values are found by their bits (exponent all ones: ddp__finite_f/_d/_bf16 in
-     >>util, ddp_k__finite_d in ddp_kernels.cuh), never by isfinite(), which -ffinite-math-only
-     folds to 1; so NaN/Inf gradients still give DDP_ERR_NONFINITE with the parameters unchanged
-     everywhere, and NaN options are still refused. Still true under fast math: the same bits on
-     every rank (one binary on every rank), N ranks = 1 rank at N x batch to float rounding.
-     Not: PyTorch's rounding, the documented summation order of the norm (reassociation), bits
-     equal to a build without fast math or between CPU and GPU, subnormals (flushed to zero).
-     The kernels' AdamW uses _rn intrinsics and a double norm: --use_fast_math changes only
-     subnormal floats there.
+     >>util, ddp_k__finite_d in ddp_kernels.cuh), never by isfinite(); so NaN/Inf gradients still
+     give DDP_ERR_NONFINITE with the parameters unchanged everywhere, and NaN options are still
+     refused. Still true under fast math: the same bits on every rank (one binary on every rank),
+     N ranks = 1 rank at N x batch to float rounding. Not: PyTorch's rounding, the documented
+     summation order of the norm (reassociation), bits equal to a build without fast math or
+     between CPU and GPU, subnormals (flushed to zero: in ddp_kernels.cuh the only change).
 
    STRUCTS ACROSS VERSIONS
      Public structs only grow (fields appended); a new field's zero is the old behaviour: zero-
@@ -145,11 +142,9 @@
                                            ready, each allreduce, the wait, AdamW) and write ONE
                                            Chrome/Perfetto trace of all ranks at ddp_shutdown
                                            (tools/trace_svg.py draws it); costs nothing when off.
-                                           NCCL backend: the comm lane comes from CUDA events
-                                           (GPU clock, anchored at backward's start) and adds
-                                           per step "backward (gpu)" (cat gpu_backward) and
-                                           "exposed comm (gpu)" (cat gpu_exposed; the compute
-                                           lane holds enqueue times, there is no host wait)
+                                           NCCL: the comm lane from CUDA events, plus per step
+                                           "backward (gpu)" and "exposed comm (gpu)" (README.md,
+                                           "Seeing the overlap")
      inject_comm_latency_ms, inject_comm_gbps
                                            benchmarks/tests only: allreduces also take as long as
                                            a network of that latency and bandwidth would (NCCL: a
@@ -157,7 +152,7 @@
      reduce_dtype     param_dtype          DDP_DTYPE_BF16: gradient buckets travel as bf16 (half
                                            the bytes; inputs and average rounded to nearest even,
                                            result written back into the gradients, the same
-                                           bits on every rank); both backends; ranks must agree.
+                                           bits on every rank); every backend; ranks must agree.
                                            FP32 with bf16 parameters: PARAMETER DTYPE
      param_dtype      DDP_DTYPE_FP32       DDP_DTYPE_BF16: bf16 working copies and gradients, fp32
                       ($DDP_PARAM_DTYPE    master weights and moments (PARAMETER DTYPE below);
@@ -178,16 +173,16 @@
      lr as given (0 is valid); beta1, beta2, eps: 0 means 0.9, 0.999, 1e-8 unless as_given = 1,
      which uses all three exactly as given (beta1 = 0 included); weight_decay: decoupled,
      skipped for parameters registered with DDP_NO_DECAY; max_grad_norm > 0: clip by the global
-     L2 norm first (computed in double, in a fixed order: the same bits on every rank, on both
-     backends, sharded or not: the sum of squares of each block of 1024 floats of each bucket,
+     L2 norm first (computed in double, in a fixed order: the same bits on every rank, on every
+     backend, sharded or not: the sum of squares of each block of 1024 floats of each bucket,
      eight running sums in element order; then the blocks, numbered in bucket order then block
      order, added as 256 running sums (block i into sum i mod 256) and those in order).
      What matches torch.optim.AdamW: the formula (m, v, bias corrections 1 - beta^t, eps added
      to sqrt(v_hat), the decoupled decay lr * wd * p, applied before the Adam update), and the
      clipping of torch.nn.utils.clip_grad_norm_ (scale max / (norm + 1e-6) when norm > max).
      What does not: rounding. ddp.h computes p -= lr*wd*p where torch computes p *= 1 - lr*wd,
-     and divides by sqrt(v)/sqrt(1 - beta2^t) + eps in float; over 40 steps the two differ by
-     up to ~100 ulp. ddp_adamw_state gives m, v and the step count (for checkpoints);
+     and divides by sqrt(v)/sqrt(1 - beta2^t) + eps in float (docs/design.md: how far apart).
+     ddp_adamw_state gives m, v and the step count (for checkpoints);
      ddp_copy_to_host / ddp_copy_from_host copy any flat buffer to and from host memory on
      every backend; ddp_gather_to_host / ddp_scatter_from_host (collective) move a range between
      the ranks that hold it and one rank's host memory.
@@ -199,22 +194,15 @@
      the rest keeps this rank's own gradients); ddp_adamw_step updates this rank's parts and
      all-gathers the parameters bucket by bucket, so every rank ends the step with the same
      parameters, bit for bit those of an unsharded run (tests/test_shard.c, 1-4 ranks).
-     Layout (chosen: per bucket, not one contiguous range of the flat buffer per rank): rank s
-     owns floats [s*P, (s+1)*P) of a bucket, P = its 1/world share rounded down to 1024 floats,
-     and the last rank also the tail up to the bucket's end. Per bucket, because a bucket is one
-     collective: its reduce-scatter can start while backward runs, and the gather of bucket b
-     overlaps the update of bucket b+1; a contiguous range per rank would cut buckets into
-     unequal pieces that NCCL's equal-count ncclReduceScatter / ncclAllGather cannot take. The
-     equal parts go through those, in place; the tail (under world*1024 floats) through one
-     ncclReduce to, and one ncclBroadcast from, the last rank. No padding: the flat layout, and
-     so every offset, is the same sharded or not at any world size. The parts are balanced to
-     within world*1024 floats a bucket; a bucket under world*1024 floats belongs to the last
-     rank whole (tiny models shard little).
-     The norm: blocks of 1024 floats never straddle two owners, so each rank sums the squares of
-     its own blocks, the block sums reach every rank unchanged (CPU: one broadcast per rank of
-     its block array; NCCL: an allreduce of doubles where every block is non-zero on one rank
-     only, so nothing is rounded), and every rank adds all blocks in order: the norm is
-     bit-identical to the unsharded one (ADAMW above), not merely close.
+     Layout (per bucket: docs/design.md says why): rank s owns floats [s*P, (s+1)*P) of a
+     bucket, P = its 1/world share rounded down to 1024 floats, and the last rank also the tail
+     up to the bucket's end; a bucket under world*1024 floats belongs to the last rank whole. No
+     padding: the flat layout, and so every offset, is the same sharded or not at any world size.
+     NCCL: the equal parts through ncclReduceScatter / ncclAllGather in place, the tail through
+     one ncclReduce to, and one ncclBroadcast from, the last rank.
+     The norm: blocks of 1024 floats never straddle two owners; each rank sums the squares of its
+     own blocks, the block sums reach every rank unchanged, and every rank adds all blocks in
+     order: the norm is bit-identical to the unsharded one (ADAMW above).
      m and v: ddp_adamw_state's m and v point to this rank's parts, packed in flat order
      (shard_count floats; unsharded m[i] is flat element i as before). ddp_copy_to_host /
      _from_host of DDP_ADAM_M / _V take flat offsets and accept a range that lies in one of this
@@ -225,96 +213,78 @@
      Memory per parameter and rank: 4 (parameters) + 4 (gradients) + 8/world (m, v) bytes,
      against 16 unsharded (plus the CPU backend's shared segment: its parameters and gradients
      ARE the flat buffers, nothing more). reduce_dtype BF16, find_unused, skip_nonfinite,
-     accumulation, clipping: supported, same bits. uneven_inputs (ddp_join): refused at ddp_init
-     (a joined rank takes no optimizer steps, but sharded every rank must update its part).
-     CPU backend: the in-place buckets (>>cpu-grads) skip the copy-out (that is the reduce-
-     scatter); the parameters live in the shared segment beside the gradients, and a rank
-     copies each peer's part of a bucket straight from the peer's parameters once the peer has
-     posted it. Without the segment (DDP_STAGED_GRADS, no room in /dev/shm) the buckets are
-     averaged whole and the parts travel by broadcast: the same bits, slower. NCCL: the comm
-     stream reduce-scatters the buckets, the compute stream runs the norm (its exchange on the
-     comm stream) and each bucket's update, the comm stream all-gathers each bucket after its
-     update, and the compute stream waits for the last gather (no host wait, as unsharded).
-     The gather does not overlap the next forward: buckets run in reverse registration order,
-     so the last bucket gathered holds the first layers, the ones the forward reads first.
+     accumulation, clipping: supported, same bits. uneven_inputs (ddp_join): refused at ddp_init.
+     CPU: the parameters live in the shared segment beside the gradients, and each peer's part
+     is copied from the peer's parameters; without the segment (DDP_STAGED_GRADS, no room in
+     /dev/shm) the buckets are averaged whole and the parts travel by broadcast: the same bits,
+     slower. NCCL: no host wait, as unsharded. MPI: fp32 buckets are averaged whole by the
+     hierarchical path (no hosts' reduce-scatter in its order), bf16 ones reduce-scattered among
+     all ranks; the norm's blocks by one MPI_Allreduce (each non-zero on its owner only), each
+     bucket's parts by MPI_Allgatherv after its update (BACKENDS). The gather does not overlap
+     the next forward. How each backend runs the step: docs/design.md.
 
    PARAMETER DTYPE (ddp_desc.param_dtype = DDP_DTYPE_BF16, or DDP_PARAM_DTYPE=bf16)
-     The mixed-precision recipe (llm.c's, PyTorch's bf16 training with fp32 master weights):
-     every parameter has a bf16 working copy, which the forward reads (ddp_param_bf16,
-     ddp_flat_params_bf16), and a bf16 gradient, which the backward writes (ddp_grad_bf16,
-     ddp_flat_grads_bf16); ddp.h keeps the fp32 master weights and AdamW's m and v. Initial
-     values stay `const float *`: the master gets them, the working copy gets them rounded to
-     nearest even (rank 0's, at commit). A ddp_bf16 is the bits (layout of __nv_bfloat16).
+     bf16 training with fp32 master weights (docs/design.md): every parameter has a bf16 working
+     copy, which the forward reads (ddp_param_bf16, ddp_flat_params_bf16), and a bf16 gradient,
+     which the backward writes (ddp_grad_bf16, ddp_flat_grads_bf16); ddp.h keeps the fp32 master
+     weights and AdamW's m and v. Initial values stay `const float *`: the master gets them, the
+     working copy gets them rounded to nearest even (rank 0's, at commit). A ddp_bf16 is the bits
+     (layout of __nv_bfloat16).
      The step: the buckets are the bf16 gradients themselves, reduced where they are; there is
      no fp32 copy of them (ddp_flat_grads is NULL, see below). CPU backend: every rank's bf16
      gradients live in the shared gradient segment (>>cpu-grads), and the owner of a part adds
-     every rank's values in float, in rank order (each exact in float), divides by the world and
-     rounds once to bf16, whichever reduce_dtype (bf16 values are exact in either, so both give
-     these bits; reduce_dtype only says what a wire would carry). Without the segment
-     (DDP_STAGED_GRADS, no room in /dev/shm) a bucket is widened into one bucket's floats, goes
-     through the staging slots as reduce_dtype says and is rounded back: the same bits. NCCL:
-     reduce_dtype BF16 (the default for bf16 parameters) is ncclAllReduce (sharded:
-     ncclReduceScatter) of ncclBfloat16 on the gradients, in place; FP32 widens each bucket into
-     one bucket's floats on the comm stream, reduces those with ncclFloat and rounds the average
-     (sharded: this rank's part) back into the gradients. The norm (ADAMW: the fixed block order,
-     in double; ddp_k_norm_blocks_bf16 on NCCL, the CPU's lanes and order) and clipping read the
-     bf16 gradients, widened exactly: the same bits on both backends, sharded or not.
+     every rank's values in float, in rank order, divides by the world and rounds once to bf16,
+     whichever reduce_dtype (both give these bits). Without the segment (DDP_STAGED_GRADS, no
+     room in /dev/shm) a bucket is widened into one bucket's floats, goes through the staging
+     slots as reduce_dtype says and is rounded back: the same bits. NCCL: reduce_dtype BF16 (the
+     default for bf16 parameters) is ncclAllReduce (sharded: ncclReduceScatter) of ncclBfloat16
+     on the gradients, in place (rounded to bf16 at each hop: world - 1 roundings, the same bits
+     on every rank); FP32 widens each bucket into one bucket's floats on the comm stream,
+     reduces those with ncclFloat and rounds the average (sharded: this rank's part) back into
+     the gradients once. The norm (ADAMW: the fixed block order, in double;
+     ddp_k_norm_blocks_bf16 on NCCL, the CPU's lanes and order) and clipping read the bf16
+     gradients, widened exactly: the same bits on every backend, sharded or not. MPI: the CPU
+     backend's bits, whatever the hosts (BACKENDS).
      ddp_adamw_step updates the fp32 master from them and writes the working copy, rounded to
      nearest even, in the same pass (the CPU loop; one kernel on NCCL, ddp_k_adamw_bf16). A
      skipped step (skip_nonfinite) changes neither.
-     Costs. Memory per parameter: 2 (working copy) + 2 (gradient) + 4 (master) + 8 (m, v) = 16
-     bytes, the recipe's (sharded: 4 + 12/world); reduce_dtype FP32 adds one bucket's floats
-     (the largest bucket, at most bucket_cap_mb) on NCCL, and on the CPU backend only without
-     the segment (as does reduce_dtype BF16 there). Time per step: no pass over the gradients
-     besides the reduction, the norm and AdamW. (Reducing an fp32 copy instead would cost 4
-     bytes a parameter and two passes of 6 bytes an element, widening each bucket and rounding
-     the average back: ddp.h did that until 2026-11-23; on 2 CPU ranks and 16 M parameters the
-     library's part of a step is now 0.27-0.31x of that with bf16 reduce, 0.51-0.55x with fp32:
-     bench/bench_bf16_step.c, bench/RESULTS.md.) The fused AdamW moves 2
-     bytes more than fp32's (the working copy) and reads the working copy once more for the
-     misuse guard below: 1-3% of ddp_adamw_step in that 2-rank step (memory-bound), 17-29% of
-     the CPU loop alone (bench/bench_adamw_guard.c), which __restrict on its buffers made
-     1.4-1.5x faster, guard included. Wire: bf16 reduce moves 2 bytes an element
-     (half of fp32's) and rounds the average to bf16 once on the CPU backend; real NCCL's bf16
-     sum rounds to bf16 at each hop of its ring or tree (world - 1 roundings, still the same bits
-     on every rank). fp32 reduce moves 4 bytes and rounds once.
-     What PyTorch does: DDP reduces a gradient in its parameter's dtype (bf16 parameters, bf16
-     allreduce, no master weights unless the program keeps them); its bf16_compress_hook casts
-     fp32 gradients to bf16 for the wire and back; FSDP's MixedPrecision(reduce_dtype=...)
-     chooses fp32 or bf16 reduction of bf16 gradients, as reduce_dtype does here.
+     Memory per parameter: 2 (working copy) + 2 (gradient) + 4 (master) + 8 (m, v) = 16 bytes
+     (sharded: 4 + 12/world); reduce_dtype FP32 adds one bucket's floats (the largest bucket, at
+     most bucket_cap_mb) on NCCL, and on the CPU backend only without the segment (as does
+     reduce_dtype BF16 there). Time: no pass over the gradients besides the reduction, the norm
+     and AdamW, whose pass moves 2 bytes more than fp32's (the working copy) and reads the
+     working copy once more for the misuse guard below (bench/RESULTS.md, "bf16 parameters").
      Accumulation: with sync off the program adds into its bf16 gradients (as PyTorch's bf16
-     .grad does); the synchronizing backward reduces what they hold. find_unused zero-fills
-     the bf16 gradient. uneven_inputs' DIVIDE_BY_ACTIVE rescales the bf16 average (rounded once
-     more). Sharded (ZeRO-1): the master is what is sharded. A rank holds the fp32
-     master, m and v only for its own parts (shard_count floats each, packed in flat order as m
-     and v are: SHARDED OPTIMIZER), updates them, writes its working copies of those parts in the
-     same pass, and the bf16 working copies are all-gathered bucket by bucket (2 bytes an
-     element, half of gathering fp32; CPU: the working copies live in the shared segment where
-     fp32 sharding keeps the parameters; NCCL: ncclAllGather of ncclBfloat16). The same bits as
-     unsharded on every rank. The whole master exists only during ddp_commit (rank 0's values
-     arrive, are rounded into the working copies, then each rank keeps its parts). As with fp32,
-     only this rank's part of the bf16 gradients holds the average after a sharded step.
-     Sharded, ddp_flat_params points to this rank's parts of the master and its count is
-     shard_count (ddp_flat_params_bf16's count is the flat size); ddp_copy_to_host of DDP_PARAMS
-     accepts a range inside one of this rank's parts, any other is refused by name ("not all
-     held by rank R"); ddp_copy_from_host of DDP_PARAMS is refused (the other ranks' working
-     copies could not follow): write with ddp_scatter_from_host, which sends the values to every
-     rank (each writes its parts of the master and all its working copies, rounded on the host
-     with the kernels' bits). ddp_gather_to_host and checkpoints reach the master through its
-     owners, so a checkpoint moves between sharded and unsharded runs and world sizes.
-     The master: ddp_flat_params is the fp32 master (device memory on NCCL); ddp_param,
-     ddp_grad and ddp_flat_grads return NULL with an error that points to the bf16 accessors
-     (and those return NULL with an error on an fp32 context). Write parameters with
-     ddp_copy_from_host / ddp_scatter_from_host (DDP_PARAMS: the working copies are rounded from
-     what was written; DDP_GRADS: the bf16 gradients receive it rounded, and copies to the host
-     give them widened). A lone write of one
-     copy (ddp_param_bf16, or the master through ddp_flat_params) is found by the next AdamW
-     pass, which compares each working copy with its master rounded as it goes, and that
-     ddp_adamw_step fails with DDP_ERR_INVALID_STATE naming the count and (CPU) the parameter;
-     the step is taken and the copies agree again. The NCCL backend counts on the device and
-     reports it one step later. Checkpoints store the master (and m, v); after ddp_load the
-     working copies are the loaded master rounded. Not supported: the MPI backend (refused by
-     name at ddp_init: untested there). Tests: tests/test_bf16_params.c.
+     .grad does); the synchronizing backward reduces what they hold. find_unused zero-fills the
+     bf16 gradient. uneven_inputs' DIVIDE_BY_ACTIVE rescales the bf16 average (rounded once more).
+     The master: ddp_flat_params is the fp32 master (device memory on NCCL); ddp_param, ddp_grad
+     and ddp_flat_grads return NULL with an error that points to the bf16 accessors (and those
+     return NULL with an error on an fp32 context). Write parameters with ddp_copy_from_host /
+     ddp_scatter_from_host (DDP_PARAMS: the working copies are rounded from what was written;
+     DDP_GRADS: the bf16 gradients receive it rounded, and copies to the host give them widened).
+     A lone write of one copy (ddp_param_bf16, or the master through ddp_flat_params) is found by
+     the next AdamW pass, which compares each working copy with its master rounded as it goes:
+     that ddp_adamw_step fails with DDP_ERR_INVALID_STATE naming the count and (CPU) the
+     parameter; the step is taken and the copies agree again (NCCL counts on the device and
+     reports it one step later). Checkpoints store the master (and m, v); after ddp_load the
+     working copies are the loaded master rounded.
+     Sharded (ZeRO-1): the master is what is sharded. A rank holds the fp32 master, m and v only
+     for its own parts (shard_count floats each, packed in flat order: SHARDED OPTIMIZER),
+     updates them and writes its working copies of those parts in the same pass; the bf16
+     working copies are all-gathered bucket by bucket (2 bytes an element; CPU: in the shared
+     segment; NCCL: ncclAllGather of ncclBfloat16): the same bits as unsharded on every rank. The
+     whole master exists only during ddp_commit (rank 0's values arrive, are rounded into the
+     working copies, then each rank keeps its parts). Only this rank's part of the bf16 gradients
+     holds the average after a step. ddp_flat_params points to this rank's parts of the master
+     (count: shard_count; ddp_flat_params_bf16's is the flat size); ddp_copy_to_host of
+     DDP_PARAMS takes a range inside one of this rank's parts, any other is refused by name
+     ("not all held by rank R"); ddp_copy_from_host of DDP_PARAMS is refused: write with
+     ddp_scatter_from_host (every rank writes its parts of the master and all its working
+     copies, rounded on the host with the kernels' bits). ddp_gather_to_host and checkpoints
+     reach the master through its owners, so a checkpoint moves between sharded and unsharded
+     runs and world sizes.
+     Tests: tests/test_bf16_params.c; on the MPI backend tests/mpi_parity.c (the CPU backend's
+     bits, checkpoints across the two).
 
    CHECKPOINTS (ddp_save, ddp_load, ddp_save_check; collective: every rank calls them alike)
        int holds;
@@ -325,35 +295,33 @@
      the program's config, data position, RNG). Rank 0 writes one file: every rank's part of the
      state streams to it through ddp_gather_to_host in chunks of 4 MiB (no host copy of the
      model anywhere), so one file serves every world size and every sharding of the optimizer,
-     and only rank 0's file system needs it (a file per rank plus an index would need a commit
-     across files; one rename commits one). The stored world size and sharding are information
-     (ddp_checkpoint_info), not constraints. Writing: PATH.tmp.<pid>.<64 random bits> created
-     with O_CREAT|O_EXCL|O_NOFOLLOW, fsync, rename onto PATH (a symlink at PATH is replaced,
-     its target untouched; a FIFO, directory, device or socket there is refused, nothing
-     written), fsync of the directory; a killed writer leaves only its temporary,
-     and the next save sweeps those of dead writers (this user's, plain files). Windows: the
-     temporary is created with CREATE_NEW, flushed (FlushFileBuffers), and replaces PATH with
-     MoveFileExW(MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH), which returns once the
-     rename is on disk (>>platform says why not ReplaceFileW). Reading, on rank
-     0: a FIFO, directory or device is refused at once (never blocked on); then magic, version,
-     header (world size, sharding and shard layout, the parameters' names, sizes and flags)
-     against the file's length (nothing after the checksum), the checksum over every byte, the
-     caller's check of the user blob (ddp_checkpoint_check_fn, e.g. "another seed"), the
-     parameters against this model by name; every integer at its stored width. Only then a
+     and only rank 0's file system needs it (docs/design.md). The stored world size and sharding
+     are information (ddp_checkpoint_info), not constraints.
+     Writing: PATH.tmp.<pid>.<64 random bits> created with O_CREAT|O_EXCL|O_NOFOLLOW, fsync,
+     rename onto PATH (a symlink at PATH is replaced, its target untouched; a FIFO, directory,
+     device or socket there is refused, nothing written), fsync of the directory; a killed
+     writer leaves only its temporary, and the next save sweeps those of dead writers (this
+     user's, plain files). Windows: CREATE_NEW, FlushFileBuffers, and MoveFileExW(MOVEFILE_
+     REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH), which returns once the rename is on disk
+     (>>platform says why not ReplaceFileW).
+     Reading, on rank 0: a FIFO, directory or device is refused at once (never blocked on); then
+     magic, version, header (world size, sharding and shard layout, the parameters' names, sizes
+     and flags) against the file's length (nothing after the checksum), the checksum over every
+     byte, the caller's check of the user blob (ddp_checkpoint_check_fn, e.g. "another seed"),
+     the parameters against this model by name; every integer at its stored width. Only then a
      second pass scatters the state to every rank (ddp_scatter_from_host), checksumming again: a
      refused file leaves the state untouched and the context usable; a file that changes during
      the load fails the group. Rank 0's refusal is every rank's error ("rank 0 could not load
-     the checkpoint 'P': why"), so no rank waits for ever. Identical across world sizes: after
-     ddp_load on M ranks every rank holds the saved bits, and M ranks continue exactly as M
-     ranks handed that state in memory (tests/test_checkpoint.c). Format: >>checkpoint.
+     the checkpoint 'P': why"), so no rank waits for ever. After ddp_load on M ranks every rank
+     holds the saved bits, and M ranks continue exactly as M ranks handed that state in memory
+     (tests/test_checkpoint.c). Format: >>checkpoint.
 
    BACKENDS (one table each: THE IMPLEMENTATION below)
      single  one rank, no launcher: no network, no shared memory, no thread
      cpu     ranks on one host: shared memory (POSIX shm; Windows: named file mappings); each
-             rank's communication thread averages
-             buckets while backward runs (the rank's own thread takes over the ones left when it
-             reaches ddp_finish; the last bucket wakes no thread, as ddp_finish follows at
-             once); every rank reduces its own part, so all end with the same bits
+             rank's communication thread averages buckets while backward runs (the rank's own
+             thread takes over the ones left when it reaches ddp_finish, and the last bucket);
+             every rank reduces its own part, so all end with the same bits
      nccl    GPUs (implementation compiled by nvcc, or with -DDDP_CUDA and ddp_kernels.cuh).
              Each rank uses GPU LOCAL_RANK % device count; rank 0's ncclUniqueId goes through
              the store; the communicator is non-blocking (set-up has a deadline that names the
@@ -361,8 +329,9 @@
              grads and ddp_adamw_state's m and v are DEVICE pointers (initial values given to
              ddp_register_param are host memory). A ready bucket is an event on the compute
              stream, a wait on it by ddp.h's comm stream and ncclAllReduce(ncclAvg) in place
-             (with one rank, no collective: its gradients are their own average); ddp_finish makes the compute stream wait for the last bucket. Nothing in a step
-             waits on the host. ddp_adamw_step runs on the compute stream and clips and skips
+             (with one rank, no collective: its gradients are their own average); ddp_finish
+             makes the compute stream wait for the last bucket. Nothing in a step waits on the
+             host. ddp_adamw_step runs on the compute stream and clips and skips
              on the device; only with grad_norm_out does it read the norm back (a small copy
              and a wait: ask for it on the steps you log), which is also when NaN/Inf gives
              DDP_ERR_NONFINITE at once (otherwise the step is skipped on the device and the next
@@ -386,15 +355,34 @@
              (mpirun -H h1:2,h2:2, srun --mpi=pmix): ddprun --nnodes cannot start MPI ranks, and
              an MPI build under it fails at once saying so. If the program called MPI_Init_thread
              first, ddp.h uses that MPI; otherwise it initializes MPI in ddp_init and finalizes it
-             at exit (atexit; not after a failure, when MPI_Finalize would wait for the lost).
-             It needs MPI_THREAD_MULTIPLE (the communication thread and the rank's thread call MPI
-             in turn, the watchdog may call MPI_Abort while either waits) and fails by name when
-             MPI granted less. MPI calls have no timeout: a watchdog thread polls the store every
-             0.1 s (a poison, a dead rank's closed connection) and the age of the collective in
-             progress (timeout_s; the ranks whose heartbeat in the store stopped are named with
-             their hosts); on a failure while this rank waits in MPI it logs the named error, waits
-             0.5 s so the peers log theirs, and calls MPI_Abort (the one case where ddp.h ends the
-             program). Not yet: reduce_dtype bf16, param_dtype bf16 (refused at init).
+             at exit (atexit; not after a failure). It needs MPI_THREAD_MULTIPLE and fails by name
+             when MPI granted less (why: docs/design.md). MPI calls have no timeout: a watchdog
+             thread polls the store every 0.1 s (a poison, a dead rank's closed connection) and
+             the age of the collective in progress (timeout_s; the ranks whose heartbeat in the
+             store stopped are named with their hosts); on a failure while this rank waits in MPI
+             it logs the named error, waits 0.5 s so the peers log theirs, and calls MPI_Abort
+             (the one case where ddp.h ends the program).
+             The bits. fp32 buckets: the fixed order above, which is the CPU backend's (every
+             rank's value added in rank order) on one host, flat, or with one rank a host; with
+             several ranks on several hosts the hosts' sums add in host order instead. bf16 on
+             the wire (param_dtype BF16, or reduce_dtype BF16): the CPU backend's bits on any
+             hosts. A host's partial sum would add in another order, so these buckets go among
+             all ranks: each rank owns a piece of the bucket, every rank's bf16 values of it travel
+             to the owner (MPI_Alltoallv, 2 bytes an element; fp32 parameters: rounded first, as
+             the CPU backend's slots carry them), which adds them in float in rank order, divides
+             and rounds once (the CPU backend's arithmetic), and MPI_Allgatherv returns the
+             averages (bf16 parameters, sharded: each rank's piece is its part, and stays there).
+             shard_optimizer: fp32 buckets are averaged whole, as unsharded (every part of
+             ddp_flat_grads then holds the average; the step sends the parameters' all-gather on
+             top of an unsharded step's bytes: the memory is saved, not the traffic; bf16 buckets
+             are reduce-scattered, so there a sharded step sends what an unsharded one does);
+             ddp_adamw_step updates this rank's parts, the
+             norm's blocks reach every rank through one MPI_Allreduce in which each block is non-
+             zero on its owner only (so exact in any order), and each bucket's parts are all-
+             gathered once updated (MPI_Allgatherv of the fp32 parameters, or of the bf16 working
+             copies): sharded gives unsharded's bits. Checkpoints move between the MPI and CPU
+             backends and world sizes, sharded or not. Tests: tests/test_mpi_parity.sh (one host,
+             flat and hierarchical), tests/test_mpi_hosts.sh (2 hosts x 2 ranks).
              Over TCP (Open MPI's btl tcp): where ddp.h initializes MPI it sets the Open MPI
              parameters that mpirun --mca / OMPI_MCA_* left unset: btl_tcp_eager_limit,
              btl_tcp_rndv_eager_limit and btl_tcp_max_send_size 1 MiB, btl_tcp_links 2,
@@ -426,14 +414,10 @@
    what runs when the variable is unset. Where the program had set the field to something else,
    rank 0 logs one warning naming each override ("DDP_TIMEOUT=30 over the program's
    ddp_desc.timeout_s = 300"), and ddp_config() gives what runs. An invalid value is refused at
-   ddp_init by name (DDP_ERR_BAD_ENV) whether or not the program set the field. Why the variable:
-   it is the operator's word for this run, given last and closest to the run (as CUDA_VISIBLE_
-   DEVICES or NCCL_* are); a variable set and silently ignored is a run nobody asked for, and a
-   refusal would make every program that sets a field (the GPT trainer sets param_dtype) deaf to
-   it. A program that must know reads ddp_config() after ddp_init (the trainer does: it trains
-   bf16 under DDP_PARAM_DTYPE=bf16, or refuses where its build cannot). param_dtype changes which
-   accessors work: a program written for fp32 that meets DDP_PARAM_DTYPE=bf16 gets NULL from
-   ddp_param with an error that names the variable.
+   ddp_init by name (DDP_ERR_BAD_ENV) whether or not the program set the field (why the variable
+   wins: docs/design.md). A program that must know reads ddp_config() after ddp_init.
+   param_dtype changes which accessors work: a program written for fp32 that meets
+   DDP_PARAM_DTYPE=bf16 gets NULL from ddp_param with an error that names the variable.
      DDP_JOB_TOKEN   job_token: shared secret of the job (ddprun makes a fresh one): rank 0's
                      store and each rank prove to each other that they know it, without sending
                      it (its value is never logged)
@@ -463,10 +447,8 @@
      whose id differs from rank 0's is refused, and the message names both. Under ddprun the
      token is the identity. With no token and no id (ranks started by hand) rank 0 warns.
      The handshake (a challenge-response with HMAC-SHA-256, both ways, keyed by the token and the
-     id) proves knowledge of the token without sending it: a program squatting on MASTER_PORT
-     learns nothing usable and the ranks refuse it. It is not encryption: someone who can read
-     or alter the traffic can read or alter the frames after the handshake (keep MASTER_ADDR on
-     a trusted network), and a short guessable token can be guessed offline from one exchange.
+     id) proves knowledge of the token without sending it; it is not encryption (what it
+     protects against and what not: README.md, Security).
      A rank started twice in one job (a launcher bug, a typo in RANK): the first process to claim
      the rank at rank 0's store holds it; the other is refused (DDP_ERR_BAD_ENV, "two processes of
      this job were started as rank R: pid P on host 'H' holds it, ...") and the job goes on: a
@@ -476,24 +458,22 @@
      Every call that can fail returns a ddp_result; ddp_last_error(ctx) says what, where and on
      which rank (every message starts with "rank N: ", or "pid P" before the rank is known; the
      string is a copy that stays as it is until the next ddp_last_error on that context). The
-     library never exits or aborts the program (except the MPI backend's watchdog: BACKENDS). An error inside a collective (a dead peer, a
-     timeout, a mismatch between ranks) poisons the process group: every rank fails fast with a
-     message naming the rank that failed first, instead of waiting for the timeout. A peer that
-     dies (a process, or a thread-rank that ends without ddp_shutdown) is noticed within about
-     0.1 s on the CPU backend (every waiter looks every DDP__LIVENESS_PERIOD_S; measured
-     0.04-0.25 s), and by the NCCL watchdog's poll of the store (every 0.1 s) or NCCL's own
-     error on the NCCL backend. Rank 0 gone before it listens (never started, or killed early)
-     cannot be told from a slow one: both are a connection refused, and a rank 0 may take long to
-     start (a big import, srun starting tasks at different times), so a shorter limit for refusals
-     would fail healthy jobs. Decided: the wait stays timeout_s, and is not silent: after half the
-     timeout (10 s at most) of refusals each waiting rank warns "nothing listens at ADDR:PORT ...
-     connection refused for N s", then every minute; at timeout_s it fails with "no store at
-     ADDR:PORT - did rank 0 start?". A launcher that sees rank 0 die ends the job at once (ddprun,
-     torchrun; tested under ddprun: well under a second). Numbers in README.md
-     point here. Stopped time (Ctrl-Z of the whole job, then fg): the waits inside a step count
-     only time the process could run (a gap of over DDP__STOPPED_GAP_S between two looks moves the
-     deadline by the gap: the CPU backend's waits, the NCCL and MPI watchdogs' clocks), so a job
-     stopped for longer than timeout_s trains on when continued; the waits on the rendezvous store
+     library never exits or aborts the program (except the MPI backend's watchdog: BACKENDS).
+     An error inside a collective (a dead peer, a timeout, a mismatch between ranks) poisons the
+     process group: every rank fails fast with a message naming the rank that failed first,
+     instead of waiting for the timeout. A peer that dies (a process, or a thread-rank that ends
+     without ddp_shutdown) is noticed within about 0.1 s on the CPU backend (every waiter looks
+     every DDP__LIVENESS_PERIOD_S; measured: bench/RESULTS.md), and by the NCCL watchdog's poll
+     of the store (every 0.1 s) or NCCL's own error on the NCCL backend. Rank 0 gone before it
+     listens (never started, or killed early) is a connection refused, as a slow rank 0 is: the
+     wait stays timeout_s (docs/design.md), and is not silent: after half the timeout (10 s at
+     most) of refusals each waiting rank warns "nothing listens at ADDR:PORT ... connection
+     refused for N s", then every minute; at timeout_s it fails with "no store at ADDR:PORT -
+     did rank 0 start?". A launcher that sees rank 0 die ends the job at once (ddprun, torchrun).
+     Stopped time (Ctrl-Z of the whole job, then fg): the waits inside a step count only time the
+     process could run (a gap of over DDP__STOPPED_GAP_S between two looks moves the deadline by
+     the gap: the CPU backend's waits, the NCCL and MPI watchdogs' clocks), so a job stopped for
+     longer than timeout_s trains on when continued; the waits on the rendezvous store
      (ddp_init, ddp_commit's layout check, the timeline gathered at ddp_shutdown) count wall time
      and time out. A rank stopped alone while its peers run is a stalled peer: they time out and
      name it. DDP_ERR_CANCELLED is not a failure of the job: the host program asked for it
@@ -535,8 +515,9 @@
      polls and its watchdog, which also aborts the communicator); the group is poisoned, so the
      peers (threads or processes) stop at their next wait with DDP_ERR_CANCELLED too, on every
      backend (NCCL and MPI peers read the cancel's code from the store's poison), and before
-     the shared memory is up (rendezvous) with DDP_ERR_PEER_LOST once the cancelled rank leaves. Nothing waits out a
-     timeout. Then ddp_shutdown as after any failure: quick, and it returns DDP_OK.
+     the shared memory is up (rendezvous) with DDP_ERR_PEER_LOST once the cancelled rank leaves.
+     Nothing waits out a timeout. Then ddp_shutdown as after any failure: quick, and it returns
+     DDP_OK.
      Progress. ddp_progress_read(ctx, &p) from any thread: the step count, the last
      ddp_report_loss value and its step (this rank's number; nothing is sent), the last step's
      wall time and its ddp_step_stats times, the ranks with data, and the context's failure
@@ -576,19 +557,15 @@
      epoch), not on world or rank, so a consumer that takes global batch k as positions
      [k*G, (k+1)*G) of the epoch (G = world x per-rank batch, each rank its i*world + r) trains
      the same samples a batch on any number of ranks; it differs from torch.randperm's (the
-     counts, padding and rank split are the same). It is a keyed bijection evaluated at one
-     position in O(1) (>>sampler; up to 32 samples an exact shuffle in 32 bytes of stack): no
-     memory, any n up to 2^64 - 1.
-     Resuming: the position is (epoch, i), both plain integers; a checkpoint stores them (or the
-     step they follow from) and the next run continues with ddp_sample(&s, epoch, i, ...) on the
-     same n, seed, shuffle and drop_last. As one stream across epochs: this rank's k-th sample
+     counts, padding and rank split are the same). O(1) a sample, no memory (>>sampler), any n up
+     to 2^64 - 1. Resuming: the position is (epoch, i) (README.md); this rank's k-th sample
      overall is (epoch k / count, i = k mod count).
      Errors: a NULL sampler or out pointer, shuffle or drop_last other than 0 or 1 (an
      uninitialized field: zero-initialize the struct), n = 0, world < 1 (0 is not taken for 1: a
      sampler whose world was never set would give every rank every sample), rank outside 0 ..
-     world-1, and i >=
-     count are DDP_ERR_INVALID_ARGUMENT with the reason (and the rank) in ddp_last_error(NULL);
-     ddp_sample then sets *index_out = UINT64_MAX. Pure: any thread, before ddp_init or without it.
+     world-1, and i >= count are DDP_ERR_INVALID_ARGUMENT with the reason (and the rank) in
+     ddp_last_error(NULL); ddp_sample then sets *index_out = UINT64_MAX. Pure: any thread,
+     before ddp_init or without it.
 
    PLATFORMS
      Linux: everything (every backend, ddprun, every test). Windows (10 and later; x86-64): the
@@ -596,15 +573,13 @@
      example, cancel, progress, ddp_join) and ranks as processes on one machine (ddprun.exe),
      checkpoints, the timeline; the NCCL and MPI backends are Linux-only (DDP_CUDA or DDP_MPI in
      a Windows build stops with an #error that says so; ddp_desc.backend asking for one there is
-     DDP_ERR_BACKEND, "Linux-only"). Build: MinGW-w64 (x86_64-w64-mingw32-gcc
-     f.c -lws2_32 -lbcrypt) or MSVC (cl f.c; the libraries come by #pragma comment). No pthreads:
-     Win32 threads, SRW locks, condition variables, named file mappings, named semaphores for
-     the waits, Winsock for the store. The implementation includes <winsock2.h> and <windows.h>
-     (WIN32_LEAN_AND_MEAN, NOMINMAX, _WIN32_WINNT at least Vista's) in the file that defines
-     DDP_IMPLEMENTATION, so their macros are there too, except IN and OUT, which ddp.h removes
-     (DDP_KEEP_WINDOWS_IN_OUT keeps them). Tested: the MinGW-w64 build under Wine
-     (tests/test_windows.sh): unit tests, thread-ranks and processes bit for bit the Linux build,
-     checkpoints both ways, the timeline, the examples. MSVC: see README.md (Platforms).
+     DDP_ERR_BACKEND, "Linux-only"). Build: MinGW-w64 (x86_64-w64-mingw32-gcc f.c -lws2_32
+     -lbcrypt) or MSVC (cl f.c; the libraries come by #pragma comment); no pthreads (>>platform).
+     The implementation includes <winsock2.h> and <windows.h> (WIN32_LEAN_AND_MEAN, NOMINMAX,
+     _WIN32_WINNT at least Vista's) in the file that defines DDP_IMPLEMENTATION, so their macros
+     are there too, except IN and OUT, which ddp.h removes (DDP_KEEP_WINDOWS_IN_OUT keeps them).
+     Tested: the MinGW-w64 build under Wine (tests/test_windows.sh; what it covers, and MSVC:
+     README.md, Platforms).
      What differs, and why: >>platform. macOS: the POSIX paths keep no Linux-only call without a
      fallback (futex: a short sleep; /proc: nothing to say), but nothing here has built or run it.
 
@@ -659,8 +634,9 @@
                     (bf16 parameters: bf16 gradients, summed in float); sharded AdamW and its
                     all-gather; its one-bucket function for the work queue; the cpu backend's table
      >>mpi          the MPI backend (only with DDP_MPI): host groups on the cpu backend's
-                    segment, the leaders' fixed-order sum, the watchdog's hooks (heartbeats, the
-                    collective's age, MPI_Abort), its table
+                    segment, the leaders' fixed-order sum; bf16 buckets and the sharded optimizer
+                    among all ranks (the CPU backend's rank order); the watchdog's hooks
+                    (heartbeats, the collective's age, MPI_Abort), its table
      >>nccl         the NCCL backend (only with DDP_CUDA): the communicator's life, the
                     watchdog's hooks, set-up, buckets on the comm stream as the wire plan says
                     (sharded: reduce-scattered), the norm's blocks, AdamW kernels (sharded: per
@@ -5321,29 +5297,36 @@ static float *ddp__rank_grads(ddp_context *ctx, int s) { return (float *)(void *
 /* Gradients in the segment are bf16 with bf16 parameters: element j of rank s's buffer. */
 static ddp_bf16 *ddp__rank_grads_bf16(ddp_context *ctx, int s) { return (ddp_bf16 *)(void *)ddp__rank_grads(ctx, s); }
 
-/* bf16 gradients: each element's values added in float in rank order (exact widening, the sum
-   the fp32 path computes), divided by world and rounded once: the bits the fp32 staging gave,
-   for either reduce_dtype. */
-static void ddp__average_part_in_place_bf16(ddp_context *ctx, size_t offset, size_t lo, size_t hi) {
-    ddp_bf16 *mine = ddp__rank_grads_bf16(ctx, ctx->rank) + offset;
-    const ddp_bf16 *a = ddp__rank_grads_bf16(ctx, 0) + offset, *b = ddp__rank_grads_bf16(ctx, 1) + offset;
-    float w = (float)ctx->world;
+/* The bf16 average of `world` (2 or more) ranks' n values, rank s's at x + s * stride: each
+   element's values added in float in rank order (exact widening, the sum the fp32 path
+   computes), divided by world and rounded once into out (which may be one rank's own values):
+   the bits the fp32 staging gave, for either reduce_dtype. The CPU backend's in-place buckets
+   and the MPI backend's owners of a part (>>mpi) both reduce through it. */
+static void ddp__average_bf16(const ddp_bf16 *x, size_t stride, int world, size_t n, ddp_bf16 *out) {
+    const ddp_bf16 *a = x, *b = x + stride;
+    float w = (float)world;
     size_t j;
     int s;
-    if (ctx->world == 2) {   /* no inner loop: the compiler vectorizes it */
-        for (j = lo; j < hi; j++) mine[j] = ddp__to_bf16((ddp__from_bf16(a[j]) + ddp__from_bf16(b[j])) * 0.5f);   /* = / 2 */
+    if (world == 2) {   /* no inner loop: the compiler vectorizes it */
+        for (j = 0; j < n; j++) out[j] = ddp__to_bf16((ddp__from_bf16(a[j]) + ddp__from_bf16(b[j])) * 0.5f);   /* = / 2 */
         return;
     }
-    for (j = lo; j < hi; j += DDP__AVG_BLOCK) {   /* a block at a time, each rank's values in turn: vectorized */
+    for (j = 0; j < n; j += DDP__AVG_BLOCK) {   /* a block at a time, each rank's values in turn: vectorized */
         float sum[DDP__AVG_BLOCK];
-        size_t i, n = hi - j < DDP__AVG_BLOCK ? hi - j : DDP__AVG_BLOCK;
-        for (i = 0; i < n; i++) sum[i] = ddp__from_bf16(a[j + i]) + ddp__from_bf16(b[j + i]);
-        for (s = 2; s < ctx->world; s++) {
-            const ddp_bf16 *x = ddp__rank_grads_bf16(ctx, s) + offset + j;
-            for (i = 0; i < n; i++) sum[i] += ddp__from_bf16(x[i]);
+        size_t i, m = n - j < DDP__AVG_BLOCK ? n - j : DDP__AVG_BLOCK;
+        for (i = 0; i < m; i++) sum[i] = ddp__from_bf16(a[j + i]) + ddp__from_bf16(b[j + i]);
+        for (s = 2; s < world; s++) {
+            const ddp_bf16 *y = x + (size_t)s * stride + j;
+            for (i = 0; i < m; i++) sum[i] += ddp__from_bf16(y[i]);
         }
-        for (i = 0; i < n; i++) mine[j + i] = ddp__to_bf16(ddp__div_world(sum[i], w));
+        for (i = 0; i < m; i++) out[j + i] = ddp__to_bf16(ddp__div_world(sum[i], w));
     }
+}
+
+/* bf16 gradients in the segment: every rank's buffer is 2 * grads_stride bf16 from the last. */
+static void ddp__average_part_in_place_bf16(ddp_context *ctx, size_t offset, size_t lo, size_t hi) {
+    ddp__average_bf16(ddp__rank_grads_bf16(ctx, 0) + offset + lo, 2 * ctx->cpu->grads_stride, ctx->world, hi - lo,
+                      ddp__rank_grads_bf16(ctx, ctx->rank) + offset + lo);
 }
 
 static void ddp__average_part_in_place(ddp_context *ctx, size_t offset, size_t lo, size_t hi) {
@@ -5909,6 +5892,8 @@ static void ddp__cpu_table(ddp__backend *t) {
    then the leader's result to its host (a segment broadcast). Every step of that has a fixed
    order, so every rank ends with the same bits (MPI_Allreduce's order is the library's own).
    DDP_MPI_FLAT=1 (every rank alike): no host groups, every rank is its own "host" in MPI.
+   bf16 buckets and the sharded optimizer's exchanges go among all ranks instead, in the CPU
+   backend's rank order (below, from ddp__mpi_bf16_wire).
    Threads: the communication thread runs the buckets, the rank's thread the user collectives
    (never both at once: they run between steps), the watchdog may call MPI_Abort meanwhile:
    MPI_THREAD_MULTIPLE is required and checked. MPI has no timeout: the watchdog looks every
@@ -5931,6 +5916,11 @@ struct ddp__mpi {
     size_t scratch_count;
     int *counts, *displs, *rcounts, *rdispls;
     uint64_t seq;                         /* collectives issued: the same on every rank */
+    /* exchanges among all ranks (m->world: bf16 buckets, the sharded optimizer; ddp__mpi_ranks_alloc) */
+    int *wcounts, *wdispls, *wrcounts, *wrdispls;   /* world entries each */
+    ddp_bf16 *wire, *rounded;             /* this rank's piece from every rank; fp32 gradients rounded */
+    size_t wire_count;
+    uint64_t wseq;                        /* their collectives issued: the same on every rank */
     ddp__workq comm;                      /* the communication thread's queue (>>engine) */
     pthread_mutex_t lock;                 /* the watch fields */
     ddp__watchdog wd;                     /* its thread and store connection (>>engine) */
@@ -6000,20 +5990,22 @@ static ddp_result ddp__mpi_host(ddp_context *ctx, uint32_t kind, void *data, siz
                            ranks, ddp__err_body(h, eb));
 }
 
-/* Leaders: every leader in the same collective (what, how much, from where), else a named
-   mismatch on every leader. */
-static ddp_result ddp__mpi_check_sigs(ddp_context *ctx, uint32_t kind, size_t count, int root) {
+/* Every member of `comm` in the same collective (what, how much, from where), else a named
+   mismatch on every member: the n members are the leaders (member i is host i), or with
+   by_rank every rank; seq counts the collectives on comm. */
+static ddp_result ddp__mpi_check_sigs_on(ddp_context *ctx, MPI_Comm comm, int n, int by_rank, uint64_t seq, uint32_t kind,
+                                         size_t count, int root) {
     ddp__mpi *m = ctx->mpi;
     uint64_t mine[4], *all;
     int i, rc;
-    mine[0] = ++m->seq; mine[1] = kind; mine[2] = count; mine[3] = (uint64_t)(int64_t)root;
-    if (!(all = (uint64_t *)ddp__calloc(sizeof mine * (size_t)m->nodes))) return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
-    rc = MPI_Allgather(mine, 4, MPI_UINT64_T, all, 4, MPI_UINT64_T, m->leaders);
+    mine[0] = seq; mine[1] = kind; mine[2] = count; mine[3] = (uint64_t)(int64_t)root;
+    if (!(all = (uint64_t *)ddp__calloc(sizeof mine * (size_t)n))) return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
+    rc = MPI_Allgather(mine, 4, MPI_UINT64_T, all, 4, MPI_UINT64_T, comm);
     if (rc != MPI_SUCCESS) { DDP_FREE(all); return ddp__mpi_check(ctx, rc, "MPI_Allgather"); }
-    for (i = 0; i < m->nodes; i++) {
+    for (i = 0; i < n; i++) {
         const uint64_t *o = all + 4 * i;
         if (o[1] != mine[1] || o[2] != mine[2] || o[3] != mine[3] || o[0] != mine[0]) {
-            int s, other = -1;
+            int s, other = by_rank ? i : -1;
             char a[128], b[128];
             ddp__shm_sig sa, sb;
             for (s = 0; s < ctx->world && other < 0; s++) if (m->rank_node[s] == i) other = s;
@@ -6024,13 +6016,20 @@ static ddp_result ddp__mpi_check_sigs(ddp_context *ctx, uint32_t kind, size_t co
             if (sb.kind == DDP__KIND_SHUTDOWN)
                 return ddp__fail_group(ctx, DDP_ERR_PEER_LOST, "host %s (rank %d) called ddp_shutdown while this rank is in %s",
                                        ddp__mpi_host_name(ctx, other), other, ddp__describe_sig(&sa, a, sizeof a));
-            return ddp__fail_group(ctx, DDP_ERR_MISMATCH, "hosts called different collectives: this host is in %s, "
-                                   "host %s (rank %d) in %s", ddp__describe_sig(&sa, a, sizeof a),
-                                   ddp__mpi_host_name(ctx, other), other, ddp__describe_sig(&sb, b, sizeof b));
+            return ddp__fail_group(ctx, DDP_ERR_MISMATCH, "%s called different collectives: this %s is in %s, "
+                                   "host %s (rank %d) in %s", by_rank ? "ranks" : "hosts", by_rank ? "rank" : "host",
+                                   ddp__describe_sig(&sa, a, sizeof a), ddp__mpi_host_name(ctx, other), other,
+                                   ddp__describe_sig(&sb, b, sizeof b));
         }
     }
     DDP_FREE(all);
     return DDP_OK;
+}
+
+/* Leaders: every leader in the same collective. */
+static ddp_result ddp__mpi_check_sigs(ddp_context *ctx, uint32_t kind, size_t count, int root) {
+    ddp__mpi *m = ctx->mpi;
+    return ddp__mpi_check_sigs_on(ctx, m->leaders, m->nodes, 0, ++m->seq, kind, count, root);
 }
 
 /* Leaders: buf = the sum over hosts, in host order, divided by `divide` when > 0. */
@@ -6070,8 +6069,6 @@ static ddp_result ddp__mpi_collective_run(ddp_context *ctx, uint32_t kind, void 
     size_t done, step;
     ddp_result r;
     int rc;
-    if (kind == DDP__KIND_AVG_BF16)
-        return ddp__fail_group(ctx, DDP_ERR_INVALID_ARGUMENT, "the MPI backend does not reduce bf16 buckets yet");
     if (kind == DDP__KIND_BROADCAST) {
         int rn = m->rank_node[root];
         if (m->node == rn && (r = ddp__mpi_host(ctx, kind, data, count, m->rank_local[root])) != DDP_OK) return r;
@@ -6116,6 +6113,196 @@ static ddp_result ddp__mpi_collective_timed(ddp_context *ctx, uint32_t kind, voi
         (ctx->desc.inject_comm_latency_ms > 0 || ctx->desc.inject_comm_gbps > 0))
         ddp__inject_comm_delay(ctx, count * sizeof(float), started);
     return r;
+}
+
+/* Exchanges among all ranks (m->world, hierarchical or flat), where the bits must be the CPU
+   backend's. bf16 gradients (bf16 parameters, or reduce_dtype BF16): the CPU backend adds each
+   element's bf16 values in float in rank order and rounds once; a host's partial sum would add
+   in another order, so each piece of a bucket has an owner, every rank's values of it travel to
+   the owner (MPI_Alltoallv, 2 bytes an element), which averages them with the CPU backend's
+   ddp__average_bf16, and MPI_Allgatherv brings the pieces back (sharded bf16 gradients: the
+   pieces are the ranks' parts and stay where they are, a reduce-scatter). The sharded optimizer:
+   the norm's blocks (each non-zero on its owner only, so MPI_Allreduce's sum adds zeros to it:
+   exact in any order) and the all-gather of each bucket's updated parts (MPI_Allgatherv). */
+static int ddp__mpi_bf16_wire(const ddp_context *ctx) { return ctx->grads_bf16 || ctx->desc.reduce_dtype == DDP_DTYPE_BF16; }
+
+/* Elements of a bucket per exchange: MPI counts and displacements are ints, and an owner
+   receives world pieces of up to this many. */
+static size_t ddp__mpi_window(const ddp_context *ctx) {
+    size_t w = (size_t)DDP__MPI_MAX_COUNT / (size_t)ctx->world / DDP__SHARD_GRAIN * DDP__SHARD_GRAIN;
+    return w ? w : DDP__SHARD_GRAIN;
+}
+
+/* Rank s's piece [lo, hi) of the window [c0, c1) of bucket b (counted from the bucket's start):
+   with by_shard its part (ddp__shard_range) within the window, else ddp__part of the window. */
+static void ddp__mpi_piece(ddp_context *ctx, int b, int by_shard, size_t c0, size_t c1, int s, size_t *lo, size_t *hi) {
+    size_t off = ctx->buckets[b].offset;
+    if (!by_shard) {
+        ddp__part(c1 - c0, ctx->world, s, lo, hi);
+        *lo += c0; *hi += c0;
+        return;
+    }
+    ddp__shard_range(ctx, b, s, lo, hi);
+    *lo = *lo - off < c0 ? c0 : *lo - off > c1 ? c1 : *lo - off;
+    *hi = *hi - off < *lo ? *lo : *hi - off > c1 ? c1 : *hi - off;
+}
+
+/* Every rank's piece of the window as MPI counts and displacements from c0; this rank's piece
+   starts at *mine and is the count returned. */
+static size_t ddp__mpi_pieces(ddp_context *ctx, int b, int by_shard, size_t c0, size_t c1, size_t *mine) {
+    ddp__mpi *m = ctx->mpi;
+    size_t lo, hi, k = 0;
+    int s;
+    *mine = c0;
+    for (s = 0; s < ctx->world; s++) {
+        ddp__mpi_piece(ctx, b, by_shard, c0, c1, s, &lo, &hi);
+        m->wcounts[s] = (int)(hi - lo);
+        m->wdispls[s] = (int)(lo - c0);
+        if (s == ctx->rank) { *mine = lo; k = hi - lo; }
+    }
+    return k;
+}
+
+/* The window [c0, c1) of a bucket's bf16 values g: every rank's values of this rank's piece
+   arrive side by side, and their average replaces this rank's piece. */
+static ddp_result ddp__mpi_average_window(ddp_context *ctx, ddp_bf16 *g, int b, int by_shard, size_t c0, size_t c1) {
+    ddp__mpi *m = ctx->mpi;
+    size_t lo, k = ddp__mpi_pieces(ctx, b, by_shard, c0, c1, &lo);
+    int s, rc;
+    if (m->wire_count < k * (size_t)ctx->world || !m->wire) {
+        ddp__free_floats((float *)(void *)m->wire);
+        m->wire_count = k * (size_t)ctx->world;
+        if (!(m->wire = (ddp_bf16 *)(void *)ddp__alloc_floats(m->wire_count / 2 + 1)))
+            return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %zu bf16 gradients", m->wire_count);
+    }
+    for (s = 0; s < ctx->world; s++) { m->wrcounts[s] = (int)k; m->wrdispls[s] = (int)k * s; }
+    rc = MPI_Alltoallv(g + c0, m->wcounts, m->wdispls, MPI_UINT16_T, m->wire, m->wrcounts, m->wrdispls, MPI_UINT16_T, m->world);
+    if (rc != MPI_SUCCESS) return ddp__mpi_check(ctx, rc, "MPI_Alltoallv");
+    if (k) ddp__average_bf16(m->wire, k, ctx->world, k, g + lo);
+    return DDP_OK;
+}
+
+/* Every rank's piece of the window (ddp__mpi_pieces said which) to every rank, in place. */
+static ddp_result ddp__mpi_gather_window(ddp_context *ctx, void *window, MPI_Datatype type) {
+    ddp__mpi *m = ctx->mpi;
+    int rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, window, m->wcounts, m->wdispls, type, m->world);
+    return ddp__mpi_check(ctx, rc, "MPI_Allgatherv");
+}
+
+/* A bucket of bf16 gradients averaged with the CPU backend's bits (fp32 gradients with
+   reduce_dtype BF16: rounded first, as the CPU backend's slots carry them, and widened back). */
+static ddp_result ddp__mpi_bucket_bf16(ddp_context *ctx, int b) {
+    ddp__mpi *m = ctx->mpi;
+    const ddp__bucket *k = &ctx->buckets[b];
+    int scatter = k->wire.grads == DDP_DTYPE_BF16 && k->wire.scatter;   /* the CPU backend's in-place reduce-scatter */
+    size_t win = ddp__mpi_window(ctx), c0, c1, j;
+    ddp_bf16 *g = ctx->grads_bf16 ? ctx->grads_bf16 + k->offset : m->rounded;
+    ddp_result r;
+    if (!ctx->grads_bf16) for (j = 0; j < k->count; j++) g[j] = ddp__to_bf16(ctx->flat_grads[k->offset + j]);
+    if ((r = ddp__mpi_check_sigs_on(ctx, m->world, ctx->world, 1, ++m->wseq, DDP__KIND_AVG_BF16, k->count, b)) != DDP_OK) return r;
+    for (c0 = 0; c0 < k->count; c0 = c1) {
+        c1 = k->count - c0 < win ? k->count : c0 + win;
+        if ((r = ddp__mpi_average_window(ctx, g, b, scatter, c0, c1)) != DDP_OK) return r;
+        if (!scatter && (r = ddp__mpi_gather_window(ctx, g + c0, MPI_UINT16_T)) != DDP_OK) return r;
+    }
+    if (!ctx->grads_bf16) for (j = 0; j < k->count; j++) ctx->flat_grads[k->offset + j] = ddp__from_bf16(g[j]);
+    return DDP_OK;
+}
+
+/* Sharded AdamW: every rank's norm blocks to every rank. */
+static ddp_result ddp__mpi_norm_exchange(ddp_context *ctx, int unused) {
+    ddp__mpi *m = ctx->mpi;
+    size_t done, n;
+    ddp_result r;
+    int rc;
+    (void)unused;
+    memset(ctx->norm_sums, 0, ctx->norm_blocks * sizeof(double));
+    ddp__norm_blocks(ctx, ctx->norm_sums);
+    if ((r = ddp__mpi_check_sigs_on(ctx, m->world, ctx->world, 1, ++m->wseq, DDP__KIND_SUM, ctx->norm_blocks, 0)) != DDP_OK) return r;
+    for (done = 0; done < ctx->norm_blocks; done += n) {
+        n = ctx->norm_blocks - done < DDP__MPI_MAX_COUNT ? ctx->norm_blocks - done : DDP__MPI_MAX_COUNT;
+        rc = MPI_Allreduce(MPI_IN_PLACE, ctx->norm_sums + done, (int)n, MPI_DOUBLE, MPI_SUM, m->world);
+        if ((r = ddp__mpi_check(ctx, rc, "MPI_Allreduce")) != DDP_OK) return r;
+    }
+    return DDP_OK;
+}
+
+/* Sharded AdamW: bucket b's updated parts to every rank (bf16 parameters: the working copies). */
+static ddp_result ddp__mpi_gather_params(ddp_context *ctx, int b) {
+    ddp__mpi *m = ctx->mpi;
+    const ddp__bucket *k = &ctx->buckets[b];
+    size_t win = ddp__mpi_window(ctx), es = ctx->params_bf16 ? sizeof(ddp_bf16) : sizeof(float), c0, c1, lo;
+    unsigned char *base = ctx->params_bf16 ? (unsigned char *)(ctx->params_bf16 + k->offset) : (unsigned char *)(ctx->flat_params + k->offset);
+    ddp_result r;
+    if (b == 0 && (r = ddp__mpi_check_sigs_on(ctx, m->world, ctx->world, 1, ++m->wseq, DDP__KIND_GATHER, ctx->flat_count, 0)) != DDP_OK)
+        return r;
+    for (c0 = 0; c0 < k->count; c0 = c1) {
+        c1 = k->count - c0 < win ? k->count : c0 + win;
+        ddp__mpi_pieces(ctx, b, 1, c0, c1, &lo);
+        if ((r = ddp__mpi_gather_window(ctx, base + c0 * es, ctx->params_bf16 ? MPI_UINT16_T : MPI_FLOAT)) != DDP_OK) return r;
+    }
+    return DDP_OK;
+}
+
+/* One of the above, watched like any collective (the watchdog's clock, a failure or cancel first). */
+static ddp_result ddp__mpi_watched(ddp_context *ctx, ddp_result (*run)(ddp_context *, int), int arg) {
+    ddp_result r;
+    if (ddp__failed(ctx)) return ddp__failed(ctx);
+    if ((r = ddp__check_cancel(ctx, ctx->what)) != DDP_OK) return r;
+    ddp__mpi_busy(ctx, 1);
+    r = run(ctx, arg);
+    ddp__mpi_busy(ctx, 0);
+    return r;
+}
+
+/* The communication thread's work for bucket b (ddp__workq_turn): fp32 gradients through the host groups and
+   leaders (ddp__mpi_collective_run; sharded too, averaged whole: the bits of unsharded), bf16
+   ones among all ranks. */
+static ddp_result ddp__mpi_bucket(ddp_context *ctx, int b) {
+    const ddp__bucket *k = &ctx->buckets[b];
+    double started = ddp__now();
+    ddp_result r;
+    if (k->wire.grads == DDP_DTYPE_FP32 && k->wire.dtype == DDP_DTYPE_FP32)   /* the plan: fp32 all the way */
+        return ddp__mpi_collective_timed(ctx, DDP__KIND_AVG, ctx->flat_grads + k->offset, k->count, 0);
+    r = ddp__mpi_watched(ctx, ddp__mpi_bucket_bf16, b);
+    if (r == DDP_OK && (ctx->desc.inject_comm_latency_ms > 0 || ctx->desc.inject_comm_gbps > 0))
+        ddp__inject_comm_delay(ctx, k->wire.bytes, started);
+    return r;
+}
+
+/* AdamW: unsharded the host arithmetic on every rank; sharded, this rank's parts (the norm from
+   every rank's blocks), each bucket's parts all-gathered once updated. */
+static ddp_result ddp__mpi_adamw(ddp_context *ctx, const ddp_adamw *opt, float b1, float b2, float eps, float *grad_norm_out) {
+    ddp__adamw_now now;
+    ddp_result r;
+    int b, skip;
+    if (!ctx->desc.shard_optimizer) return ddp__host_adamw(ctx, opt, b1, b2, eps, grad_norm_out);
+    if ((r = ddp__host_adamw_state(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
+    ctx->what = "ddp_adamw_step's exchange of the gradient norm's blocks (shard_optimizer)";
+    if ((r = ddp__mpi_watched(ctx, ddp__mpi_norm_exchange, 0)) != DDP_OK) return r;
+    r = ddp__adamw_prepare(ctx, opt, b1, b2, eps, ddp__norm_total(ctx->norm_sums, ctx->norm_blocks), grad_norm_out, &now, &skip);
+    if (r != DDP_OK || skip) return r;   /* the norm is the same everywhere: every rank returns here alike */
+    ctx->what = "ddp_adamw_step's all-gather of the updated parameters (shard_optimizer)";
+    for (b = 0; b < ctx->num_buckets; b++) {
+        ddp__adamw_bucket(ctx, b, opt, &now);
+        if ((r = ddp__mpi_watched(ctx, ddp__mpi_gather_params, b)) != DDP_OK) return r;
+    }
+    return DDP_OK;
+}
+
+/* At commit: the counts of the exchanges among all ranks, and for fp32 gradients on a bf16
+   wire one bucket's rounded values (the largest bucket's). */
+static ddp_result ddp__mpi_ranks_alloc(ddp_context *ctx) {
+    ddp__mpi *m = ctx->mpi;
+    size_t largest = 0;
+    int b;
+    if (!(m->wcounts = (int *)ddp__calloc(sizeof(int) * 4 * (size_t)ctx->world))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
+    m->wdispls = m->wcounts + ctx->world; m->wrcounts = m->wdispls + ctx->world; m->wrdispls = m->wrcounts + ctx->world;
+    if (ctx->grads_bf16 || !ddp__mpi_bf16_wire(ctx)) return DDP_OK;
+    for (b = 0; b < ctx->num_buckets; b++) if (ctx->buckets[b].count > largest) largest = ctx->buckets[b].count;
+    if (!(m->rounded = (ddp_bf16 *)(void *)ddp__alloc_floats(largest / 2 + 1)))
+        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for one bucket's %zu bf16 gradients", largest);
+    return DDP_OK;
 }
 
 /* This host's ranks stop at their next wait, with this rank's message. */
@@ -6274,12 +6461,6 @@ static void ddp__mpi_watch_hooks(ddp__watchdog_hooks *h) {
     h->store_gone = ddp__mpi_store_gone;
     h->store_died = ddp__mpi_store_died;
     h->after = ddp__mpi_watch_after;
-}
-
-/* One bucket on the communication thread (ddp__workq_turn). */
-static ddp_result ddp__mpi_run_bucket(ddp_context *ctx, int index) {
-    const ddp__bucket *b = &ctx->buckets[index];
-    return ddp__mpi_collective_timed(ctx, DDP__KIND_AVG, ctx->flat_grads + b->offset, b->count, 0);
 }
 
 /* Ranks of this host: a context of their own on the CPU backend's segment (LOCAL_RANK and
@@ -6446,15 +6627,9 @@ static ddp_result ddp__mpi_layout(ddp_context *ctx) {
 static ddp_result ddp__mpi_setup(ddp_context *ctx, double deadline) {
     ddp__mpi *m;
     ddp_result r;
-    if (ctx->desc.reduce_dtype != DDP_DTYPE_FP32)
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "the MPI backend reduces fp32 gradients only (reduce_dtype bf16 "
-                         "is not implemented for it yet)");
-    if (ctx->desc.param_dtype != DDP_DTYPE_FP32)   /* untested there: refused rather than trusted */
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "the MPI backend trains fp32 parameters only (param_dtype bf16 "
-                         "is not supported on it yet)");
     if (!(m = ctx->mpi = (ddp__mpi *)ddp__calloc(sizeof *m))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
     m->world = m->local = m->leaders = MPI_COMM_NULL;
-    ddp__workq_init(&m->comm, ctx, ddp__mpi_run_bucket);
+    ddp__workq_init(&m->comm, ctx, ddp__mpi_bucket);
     pthread_mutex_init(&m->lock, NULL);
     ddp__watchdog_init(&m->wd, ctx, &m->lock);
     ddp__mpi_watch_hooks(&m->wd.hooks);
@@ -6478,6 +6653,7 @@ static ddp_result ddp__mpi_commit(ddp_context *ctx) {
     ctx->what = "the broadcast of rank 0's initial parameters";
     if ((r = ddp__mpi_collective_timed(ctx, DDP__KIND_BROADCAST, ctx->flat_params, ctx->flat_count * sizeof(float), 0)) != DDP_OK)
         return r;
+    if ((r = ddp__mpi_ranks_alloc(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     if ((r = ddp__workq_start(&ctx->mpi->comm)) != DDP_OK) return ddp__fatal(ctx, r);
     return DDP_OK;
 }
@@ -6489,7 +6665,7 @@ static void ddp__mpi_begin_step(ddp_context *ctx) {
 static ddp_result ddp__mpi_launch(ddp_context *ctx, int index) {
     ddp__mpi *m = ctx->mpi;
     ctx->stats.buckets_launched++;
-    ctx->stats.bytes_reduced += ctx->buckets[index].count * sizeof(float);
+    ctx->stats.bytes_reduced += ctx->buckets[index].wire.bytes;
     ddp__workq_push(&m->comm, 1);
     return DDP_OK;
 }
@@ -6542,6 +6718,9 @@ static void ddp__mpi_teardown(ddp_context *ctx) {
             if (m->world != MPI_COMM_NULL) MPI_Comm_free(&m->world);
         }
         ddp__free_floats(m->scratch);
+        ddp__free_floats((float *)(void *)m->wire);
+        ddp__free_floats((float *)(void *)m->rounded);
+        DDP_FREE(m->wcounts);
         DDP_FREE(m->counts);
         DDP_FREE(m->hosts);
         DDP_FREE(m->rank_node);
@@ -6560,12 +6739,13 @@ static void ddp__mpi_table(ddp__backend *t) {
     ddp__host_table(t);
     t->name = "mpi";
     t->id = DDP_BACKEND_MPI;
-    t->shards = 0;   /* shard_optimizer: not yet (ddp_init refuses it by name) */
+    t->shards = 1;
     t->setup = ddp__mpi_setup;
     t->commit = ddp__mpi_commit;
     t->begin_step = ddp__mpi_begin_step;
     t->launch = ddp__mpi_launch;
     t->finish = ddp__mpi_finish;
+    t->adamw = ddp__mpi_adamw;
     t->collective = ddp__mpi_collective;
     t->poison = ddp__mpi_poison;
     t->stop = ddp__mpi_stop;
@@ -9509,183 +9689,250 @@ static ddp_result ddp__save_check(ddp_context *ctx, const char *path, int *holds
     return r;
 }
 
-/* Rank 0's first pass over a checkpoint: everything checked, nothing loaded. Returns the open
-   file (positioned nowhere in particular) and the checksum it holds, or -1 with st refused.
-   `blob` receives the user blob (st->user_bytes of it). */
-static int ddp__ckpt_verify(ddp_context *ctx, const char *path, size_t user_capacity, ddp_checkpoint_check_fn check,
-                            void *check_arg, ddp__ckpt_status *st, void **blob, uint64_t *data_at, uint64_t *stored) {
-    ddp__ckpt_file f;
+/* Rank 0's first pass over a checkpoint, ddp__ckpt_verify, is the steps below in file order;
+   each returns 1 to go on, or 0 with st refused (the first reason counts). */
+typedef struct ddp__ckpt_head {
+    uint64_t floats, shards;   /* floats in each of parameters, m and v; entries of the shard table */
+    uint32_t nparams;
+    char mismatch[512];        /* the first difference from this model: refused after the program's check */
+} ddp__ckpt_head;
+
+static int ddp__ckpt_truncated(ddp__ckpt_status *st, const char *path, const ddp__ckpt_file *f) {
+    ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is truncated (%llu bytes%s)", path,
+                     (unsigned long long)f->size, f->err && f->err != EIO ? ", and reading it failed" : "");
+    return 0;
+}
+
+/* Open it, and refuse anything but a regular file (a FIFO does not block the open). */
+static int ddp__ckpt_open_file(ddp__ckpt_file *f, const char *path, ddp__ckpt_status *st) {
     const char *kind;
-    unsigned char fixed[DDP__CKPT_FIXED], b[16];
-    char name[DDP__NAME_MAX], mismatch[512];
-    uint64_t floats, sum = 0, shards, i, prev = 0, expect, left;
-    uint32_t nparams, version, world, sharded;
-    float *buf = NULL;
-    memset(&f, 0, sizeof f);
-    ddp__sum_init(&f.sum);
-    mismatch[0] = 0;
-    *blob = NULL;
-    f.fd = ddp__file_open_read(path);   /* a FIFO does not block the open */
-    if (f.fd < 0) { ddp__ckpt_refuse(st, DDP_ERR_SYSTEM, "cannot open the checkpoint '%s': %s", path, ddp__strerror(errno)); return -1; }
-    if (ddp__file_stat(f.fd, &f.size, &kind) != 0) { ddp__ckpt_refuse(st, DDP_ERR_SYSTEM, "cannot look at the checkpoint '%s': %s", path, ddp__strerror(errno)); goto fail; }
+    f->fd = ddp__file_open_read(path);
+    if (f->fd < 0) { ddp__ckpt_refuse(st, DDP_ERR_SYSTEM, "cannot open the checkpoint '%s': %s", path, ddp__strerror(errno)); return 0; }
+    if (ddp__file_stat(f->fd, &f->size, &kind) != 0) { ddp__ckpt_refuse(st, DDP_ERR_SYSTEM, "cannot look at the checkpoint '%s': %s", path, ddp__strerror(errno)); return 0; }
     if (kind) {
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is %s, not a regular file; pass the checkpoint file "
                          "itself", path, kind);
-        goto fail;
+        return 0;
     }
-    if (!ddp__ckpt_read(&f, fixed, 8, 1) || memcmp(fixed, DDP__CKPT_MAGIC, 8) != 0) {
+    return 1;
+}
+
+/* The magic, then the rest of the fixed header. */
+static int ddp__ckpt_read_fixed(ddp__ckpt_file *f, const char *path, ddp__ckpt_status *st, unsigned char *fixed) {
+    if (!ddp__ckpt_read(f, fixed, 8, 1) || memcmp(fixed, DDP__CKPT_MAGIC, 8) != 0) {
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "'%s' is not a ddp.h checkpoint (%s)", path,
-                         f.err && f.err != EIO ? ddp__strerror(f.err) : "it does not begin with " DDP__CKPT_MAGIC);
-        goto fail;
+                         f->err && f->err != EIO ? ddp__strerror(f->err) : "it does not begin with " DDP__CKPT_MAGIC);
+        return 0;
     }
-    if (!ddp__ckpt_read(&f, fixed + 8, DDP__CKPT_FIXED - 8, 1)) {
+    if (!ddp__ckpt_read(f, fixed + 8, DDP__CKPT_FIXED - 8, 1)) {
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is truncated (%llu bytes: not even its header)",
-                         path, (unsigned long long)f.size);
-        goto fail;
+                         path, (unsigned long long)f->size);
+        return 0;
     }
-    version = (uint32_t)ddp__get_le(fixed + 8, 4);
-    world = (uint32_t)ddp__get_le(fixed + 12, 4);
-    sharded = (uint32_t)ddp__get_le(fixed + 16, 4);
-    nparams = (uint32_t)ddp__get_le(fixed + 20, 4);
+    return 1;
+}
+
+/* The fixed header's fields: the version, values that can be, tables the file's length can hold. */
+static int ddp__ckpt_check_head(const ddp__ckpt_file *f, const char *path, ddp__ckpt_status *st, const unsigned char *fixed,
+                                ddp__ckpt_head *h) {
+    uint32_t version = (uint32_t)ddp__get_le(fixed + 8, 4), world = (uint32_t)ddp__get_le(fixed + 12, 4);
+    uint32_t sharded = (uint32_t)ddp__get_le(fixed + 16, 4);
+    h->nparams = (uint32_t)ddp__get_le(fixed + 20, 4);
     st->step = (int64_t)ddp__get_le(fixed + 24, 8);
-    floats = ddp__get_le(fixed + 32, 8);
+    h->floats = ddp__get_le(fixed + 32, 8);
     st->user_bytes = ddp__get_le(fixed + 40, 8);
-    shards = ddp__get_le(fixed + 48, 4);
+    h->shards = ddp__get_le(fixed + 48, 4);
     if (version != DDP__CKPT_VERSION) {
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' has format version %u; this ddp.h reads version %u",
                          path, version, DDP__CKPT_VERSION);
-        goto fail;
+        return 0;
     }
-    if (world < 1 || world > INT32_MAX || sharded > 1 || shards != (sharded ? world : 1u) || ddp__get_le(fixed + 52, 4) != 0 ||
-        st->step < 0) {
+    if (world < 1 || world > INT32_MAX || sharded > 1 || h->shards != (sharded ? world : 1u) ||
+        ddp__get_le(fixed + 52, 4) != 0 || st->step < 0) {
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' has an impossible header: world size %u, sharded %u, "
-                         "%llu shards, reserved field %llu, AdamW step %lld", path, world, sharded, (unsigned long long)shards,
+                         "%llu shards, reserved field %llu, AdamW step %lld", path, world, sharded, (unsigned long long)h->shards,
                          (unsigned long long)ddp__get_le(fixed + 52, 4), (long long)st->step);
-        goto fail;
+        return 0;
     }
     st->world = (int32_t)world;
     st->sharded = (int32_t)sharded;
-    if (shards > (f.size - f.pos) / 8 || (uint64_t)nparams > (f.size - f.pos - 8 * shards) / 17) {
+    if (h->shards > (f->size - f->pos) / 8 || (uint64_t)h->nparams > (f->size - f->pos - 8 * h->shards) / 17) {
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is truncated (%llu bytes; its header lists %llu "
-                         "shards and %u parameters)", path, (unsigned long long)f.size, (unsigned long long)shards, nparams);
-        goto fail;
+                         "shards and %u parameters)", path, (unsigned long long)f->size, (unsigned long long)h->shards, h->nparams);
+        return 0;
     }
-    for (i = 0; i < shards; i++) {
-        uint64_t start;
-        if (!ddp__ckpt_read(&f, b, 8, 1)) goto truncated;
+    return 1;
+}
+
+/* The shard table: starts at 0, never decreases, never passes the floats. */
+static int ddp__ckpt_check_shards(ddp__ckpt_file *f, const char *path, ddp__ckpt_status *st, const ddp__ckpt_head *h) {
+    unsigned char b[8];
+    uint64_t i, start, prev = 0;
+    for (i = 0; i < h->shards; i++) {
+        if (!ddp__ckpt_read(f, b, 8, 1)) return ddp__ckpt_truncated(st, path, f);
         start = ddp__get_le(b, 8);
-        if ((i == 0 && start != 0) || start < prev || start > floats) {
+        if ((i == 0 && start != 0) || start < prev || start > h->floats) {
             ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' has an impossible shard layout: shard %llu "
                              "starts at float %llu (previous %llu, of %llu)", path, (unsigned long long)i,
-                             (unsigned long long)start, (unsigned long long)prev, (unsigned long long)floats);
-            goto fail;
+                             (unsigned long long)start, (unsigned long long)prev, (unsigned long long)h->floats);
+            return 0;
         }
         prev = start;
     }
-    for (i = 0; i < nparams; i++) {
-        uint64_t len, count;
-        uint32_t flags;
-        if (!ddp__ckpt_read(&f, b, 4, 1)) goto truncated;
-        len = ddp__get_le(b, 4);
-        if (len < 1 || len >= DDP__NAME_MAX) {
-            ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is damaged: the name of its parameter %llu is "
-                             "%llu bytes long (1 to %d)", path, (unsigned long long)i, (unsigned long long)len, DDP__NAME_MAX - 1);
-            goto fail;
-        }
-        if (!ddp__ckpt_read(&f, name, (size_t)len, 1) || !ddp__ckpt_read(&f, b, 12, 1)) goto truncated;
-        name[len] = 0;
-        count = ddp__get_le(b, 8);
-        flags = (uint32_t)ddp__get_le(b + 8, 4);
-        if (count > floats - sum) {
-            ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is damaged: its parameters hold more than the "
-                             "%llu floats its header counts", path, (unsigned long long)floats);
-            goto fail;
-        }
-        sum += count;
-        if (!mismatch[0] && i < (uint64_t)ctx->num_params) {
-            const ddp__param *p = &ctx->params[i];
-            if (strcmp(p->name, name) != 0 || p->count != count || p->flags != flags)
-                snprintf(mismatch, sizeof mismatch, "the checkpoint '%s' is of another model: its parameter %llu is '%s' of "
-                         "%llu floats (flags %u); this model's is '%s' of %zu floats (flags %u)", path,
-                         (unsigned long long)i, name, (unsigned long long)count, flags, p->name, p->count, p->flags);
-        }
+    return 1;
+}
+
+/* Parameter i's entry (name, count, flags): well formed, within the header's floats (*sum: the
+   entries' floats so far), and compared with this model's parameter i (the first difference kept). */
+static int ddp__ckpt_check_param(const ddp_context *ctx, ddp__ckpt_file *f, const char *path, ddp__ckpt_status *st,
+                                 ddp__ckpt_head *h, uint64_t i, uint64_t *sum) {
+    unsigned char b[12];
+    char name[DDP__NAME_MAX];
+    uint64_t len, count;
+    uint32_t flags;
+    if (!ddp__ckpt_read(f, b, 4, 1)) return ddp__ckpt_truncated(st, path, f);
+    len = ddp__get_le(b, 4);
+    if (len < 1 || len >= DDP__NAME_MAX) {
+        ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is damaged: the name of its parameter %llu is "
+                         "%llu bytes long (1 to %d)", path, (unsigned long long)i, (unsigned long long)len, DDP__NAME_MAX - 1);
+        return 0;
     }
-    if (!mismatch[0] && nparams != (uint32_t)ctx->num_params)
-        snprintf(mismatch, sizeof mismatch, "the checkpoint '%s' is of another model: it holds %u parameters, this model "
-                 "has %d (the first %d agree)", path, nparams, ctx->num_params, (int)(nparams < (uint32_t)ctx->num_params ?
-                 nparams : (uint32_t)ctx->num_params));
-    if (sum != floats) {
+    if (!ddp__ckpt_read(f, name, (size_t)len, 1) || !ddp__ckpt_read(f, b, 12, 1)) return ddp__ckpt_truncated(st, path, f);
+    name[len] = 0;
+    count = ddp__get_le(b, 8);
+    flags = (uint32_t)ddp__get_le(b + 8, 4);
+    if (count > h->floats - *sum) {
+        ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is damaged: its parameters hold more than the "
+                         "%llu floats its header counts", path, (unsigned long long)h->floats);
+        return 0;
+    }
+    *sum += count;
+    if (!h->mismatch[0] && i < (uint64_t)ctx->num_params) {
+        const ddp__param *p = &ctx->params[i];
+        if (strcmp(p->name, name) != 0 || p->count != count || p->flags != flags)
+            snprintf(h->mismatch, sizeof h->mismatch, "the checkpoint '%s' is of another model: its parameter %llu is '%s' of "
+                     "%llu floats (flags %u); this model's is '%s' of %zu floats (flags %u)", path,
+                     (unsigned long long)i, name, (unsigned long long)count, flags, p->name, p->count, p->flags);
+    }
+    return 1;
+}
+
+/* The parameter table: every entry, then the count of parameters, then their floats' total. */
+static int ddp__ckpt_check_params(const ddp_context *ctx, ddp__ckpt_file *f, const char *path, ddp__ckpt_status *st,
+                                  ddp__ckpt_head *h) {
+    uint64_t i, sum = 0;
+    for (i = 0; i < h->nparams; i++)
+        if (!ddp__ckpt_check_param(ctx, f, path, st, h, i, &sum)) return 0;
+    if (!h->mismatch[0] && h->nparams != (uint32_t)ctx->num_params)
+        snprintf(h->mismatch, sizeof h->mismatch, "the checkpoint '%s' is of another model: it holds %u parameters, this model "
+                 "has %d (the first %d agree)", path, h->nparams, ctx->num_params, (int)(h->nparams < (uint32_t)ctx->num_params ?
+                 h->nparams : (uint32_t)ctx->num_params));
+    if (sum != h->floats) {
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is damaged: its parameters hold %llu floats, its "
-                         "header counts %llu", path, (unsigned long long)sum, (unsigned long long)floats);
-        goto fail;
+                         "header counts %llu", path, (unsigned long long)sum, (unsigned long long)h->floats);
+        return 0;
     }
-    *data_at = f.pos;
-    left = f.size - f.pos;
-    if (floats > (left / 12) || st->user_bytes > left - 12 * floats || left - 12 * floats - st->user_bytes < 8) {
-        expect = 0;
-        goto truncated;
-    }
-    expect = f.pos + 12 * floats + st->user_bytes + 8;
-    if (expect != f.size) {
+    return 1;
+}
+
+/* The file's length: the data (parameters, m, v), the user blob and the checksum, nothing after. */
+static int ddp__ckpt_check_length(const ddp__ckpt_file *f, const char *path, ddp__ckpt_status *st, const ddp__ckpt_head *h,
+                                  uint64_t *data_at) {
+    uint64_t left = f->size - f->pos, expect;
+    *data_at = f->pos;
+    if (h->floats > (left / 12) || st->user_bytes > left - 12 * h->floats || left - 12 * h->floats - st->user_bytes < 8)
+        return ddp__ckpt_truncated(st, path, f);
+    expect = f->pos + 12 * h->floats + st->user_bytes + 8;
+    if (expect != f->size) {
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' goes on after its checksum (%llu bytes; its header "
                          "describes %llu): not a file ddp_save wrote, or two files run together", path,
-                         (unsigned long long)f.size, (unsigned long long)expect);
-        goto fail;
+                         (unsigned long long)f->size, (unsigned long long)expect);
+        return 0;
     }
-    /* the checksum, over the data in chunks (nothing is loaded yet) and the user blob */
-    if (!(buf = (float *)DDP_MALLOC(DDP__CKPT_CHUNK * sizeof(float))) ||
-        (st->user_bytes && !(*blob = DDP_MALLOC((size_t)st->user_bytes)))) {
+    return 1;
+}
+
+/* The checksum, over the data in chunks (nothing is loaded yet) and the user blob, kept in *blob. */
+static int ddp__ckpt_check_sum(ddp__ckpt_file *f, const char *path, ddp__ckpt_status *st, const ddp__ckpt_head *h, void **blob,
+                               uint64_t *stored) {
+    unsigned char b[8];
+    uint64_t left;
+    float *buf = (float *)DDP_MALLOC(DDP__CKPT_CHUNK * sizeof(float));
+    int ok = 0;
+    if (!buf || (st->user_bytes && !(*blob = DDP_MALLOC((size_t)st->user_bytes)))) {
         ddp__ckpt_refuse(st, DDP_ERR_OUT_OF_MEMORY, "no memory to read the checkpoint '%s' (its user blob: %llu bytes)", path,
                          (unsigned long long)st->user_bytes);
-        goto fail;
+        goto out;
     }
-    for (left = 12 * floats; left > 0;) {
+    for (left = 12 * h->floats; left > 0;) {
         size_t n = left < DDP__CKPT_CHUNK * sizeof(float) ? (size_t)left : DDP__CKPT_CHUNK * sizeof(float);
-        if (!ddp__ckpt_read(&f, buf, n, 1)) break;
+        if (!ddp__ckpt_read(f, buf, n, 1)) break;
         left -= n;
     }
-    if (st->user_bytes) ddp__ckpt_read(&f, *blob, (size_t)st->user_bytes, 1);
-    if (!ddp__ckpt_read(&f, b, 8, 0)) {
-        ddp__ckpt_refuse(st, DDP_ERR_SYSTEM, "cannot read the checkpoint '%s': %s", path, ddp__strerror(f.err ? f.err : EIO));
-        goto fail;
+    if (st->user_bytes) ddp__ckpt_read(f, *blob, (size_t)st->user_bytes, 1);
+    if (!ddp__ckpt_read(f, b, 8, 0)) {
+        ddp__ckpt_refuse(st, DDP_ERR_SYSTEM, "cannot read the checkpoint '%s': %s", path, ddp__strerror(f->err ? f->err : EIO));
+        goto out;
     }
     *stored = ddp__get_le(b, 8);
-    if (*stored != ddp__sum_value(&f.sum)) {
+    if (*stored != ddp__sum_value(&f->sum))
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is corrupt (checksum mismatch): it holds %016llx, "
-                         "its bytes give %016llx", path, (unsigned long long)*stored, (unsigned long long)ddp__sum_value(&f.sum));
-        goto fail;
-    }
+                         "its bytes give %016llx", path, (unsigned long long)*stored, (unsigned long long)ddp__sum_value(&f->sum));
+    else ok = 1;
+out:
+    DDP_FREE(buf);
+    return ok;
+}
+
+/* The user blob: it fits the caller's buffer, and the program's check takes it. */
+static int ddp__ckpt_check_user(const char *path, ddp__ckpt_status *st, size_t user_capacity, ddp_checkpoint_check_fn check,
+                                void *check_arg, const void *blob) {
+    ddp_checkpoint_info info;
+    char why[sizeof st->msg];
     if (st->user_bytes > user_capacity) {
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' holds a user blob of %llu bytes; the caller's "
                          "buffer takes %zu", path, (unsigned long long)st->user_bytes, user_capacity);
-        goto fail;
+        return 0;
     }
-    if (check) {
-        ddp_checkpoint_info info;
-        char why[sizeof st->msg];
-        info.step = st->step;
-        info.world_size = st->world;
-        info.sharded = st->sharded;
-        info.user_bytes = st->user_bytes;
-        why[0] = 0;
-        if (!check(check_arg, &info, *blob, (size_t)st->user_bytes, why, sizeof why)) {
-            why[sizeof why - 1] = 0;
-            ddp__ckpt_refuse(st, DDP_ERR_MISMATCH, "%s", why[0] ? why : "the checkpoint was refused by the program's check "
-                             "(it gave no reason)");
-            goto fail;
-        }
+    if (!check) return 1;
+    info.step = st->step;
+    info.world_size = st->world;
+    info.sharded = st->sharded;
+    info.user_bytes = st->user_bytes;
+    why[0] = 0;
+    if (!check(check_arg, &info, blob, (size_t)st->user_bytes, why, sizeof why)) {
+        why[sizeof why - 1] = 0;
+        ddp__ckpt_refuse(st, DDP_ERR_MISMATCH, "%s", why[0] ? why : "the checkpoint was refused by the program's check "
+                         "(it gave no reason)");
+        return 0;
     }
-    if (mismatch[0]) { ddp__ckpt_refuse(st, DDP_ERR_MISMATCH, "%s", mismatch); goto fail; }
-    DDP_FREE(buf);
-    return f.fd;
-truncated:
-    ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is truncated (%llu bytes%s)", path,
-                     (unsigned long long)f.size, f.err && f.err != EIO ? ", and reading it failed" : "");
-fail:
-    DDP_FREE(buf);
+    return 1;
+}
+
+/* Rank 0's first pass over a checkpoint: everything checked, nothing loaded. Returns the open
+   file (positioned nowhere in particular) and the checksum it holds, or -1 with st refused.
+   `blob` receives the user blob (st->user_bytes of it). A file of another model is refused
+   last, after the program's check (whose reason, e.g. "another seed", says more). */
+static int ddp__ckpt_verify(ddp_context *ctx, const char *path, size_t user_capacity, ddp_checkpoint_check_fn check,
+                            void *check_arg, ddp__ckpt_status *st, void **blob, uint64_t *data_at, uint64_t *stored) {
+    ddp__ckpt_file f;
+    ddp__ckpt_head h;
+    unsigned char fixed[DDP__CKPT_FIXED];
+    memset(&f, 0, sizeof f);
+    memset(&h, 0, sizeof h);
+    ddp__sum_init(&f.sum);
+    *blob = NULL;
+    if (ddp__ckpt_open_file(&f, path, st) && ddp__ckpt_read_fixed(&f, path, st, fixed) &&
+        ddp__ckpt_check_head(&f, path, st, fixed, &h) && ddp__ckpt_check_shards(&f, path, st, &h) &&
+        ddp__ckpt_check_params(ctx, &f, path, st, &h) && ddp__ckpt_check_length(&f, path, st, &h, data_at) &&
+        ddp__ckpt_check_sum(&f, path, st, &h, blob, stored) &&
+        ddp__ckpt_check_user(path, st, user_capacity, check, check_arg, *blob)) {
+        if (!h.mismatch[0]) return f.fd;
+        ddp__ckpt_refuse(st, DDP_ERR_MISMATCH, "%s", h.mismatch);
+    }
     DDP_FREE(*blob);
     *blob = NULL;
-    ddp__file_close(f.fd);
+    if (f.fd >= 0) ddp__file_close(f.fd);
     return -1;
 }
 
