@@ -474,7 +474,8 @@
 
    ERRORS
      Every call that can fail returns a ddp_result; ddp_last_error(ctx) says what, where and on
-     which rank (every message starts with "rank N: ", or "pid P" before the rank is known). The
+     which rank (every message starts with "rank N: ", or "pid P" before the rank is known; the
+     string is a copy that stays as it is until the next ddp_last_error on that context). The
      library never exits or aborts the program (except the MPI backend's watchdog: BACKENDS). An error inside a collective (a dead peer, a
      timeout, a mismatch between ranks) poisons the process group: every rank fails fast with a
      message naming the rank that failed first, instead of waiting for the timeout. A peer that
@@ -2201,6 +2202,7 @@ struct ddp_context {
     int closing;                   /* ddp_shutdown has begun (atomic: the NCCL watchdog reads it) */
     int failed;                    /* sticky ddp_result, set when the group is poisoned (atomic) */
     char err[DDP__ERR_MAX];
+    char err_shown[DDP__ERR_MAX];  /* ddp_last_error's copy: the caller reads it while err may change */
     ddp__mutex err_lock;
     const char *what;              /* the collective in progress, for errors */
     char what_buf[96];
@@ -2269,7 +2271,8 @@ struct ddp_context {
     int join_pending;              /* micro-steps with sync off since the last zero_grad or sync */
     int grads_averaged;            /* a ddp_finish with sync on since the last ddp_adamw_step (>>adamw) */
     int dtype_env_told;            /* an accessor of the other dtype, with DDP_PARAM_DTYPE set: logged once (>>public) */
-    int quiet;                     /* ddp__shutdown's goodbye: a store already gone is expected, not logged */
+    int quiet;                     /* ddp__shutdown's goodbye: a store already gone is expected, not logged
+                                      (atomic: a watchdog's failure may be recorded meanwhile) */
     int tape_step;                 /* this backward is the tape's replay (messages speak of ops), else ddp_grad_ready's */
     int ready_moment;              /* this backward's moments: tape ops replayed, or ddp_grad_ready calls */
     int first_launch_moment;       /* the moment the first bucket was launched (-1: not yet) */
@@ -2370,14 +2373,20 @@ static ddp_result ddp__fail(ddp_context *ctx, ddp_result code, const char *fmt, 
     if (ctx->rank >= 0) snprintf(ctx->err, sizeof ctx->err, "rank %d: %s", ctx->rank, msg);
     else snprintf(ctx->err, sizeof ctx->err, "pid %d (rank not known yet): %s", ddp__getpid(), msg);
     ddp__mutex_unlock(&ctx->err_lock);
-    if (!ctx->quiet) ddp__log(ctx, DDP_LOG_DEBUG, "%s", msg);
+    if (!__atomic_load_n(&ctx->quiet, __ATOMIC_RELAXED)) ddp__log(ctx, DDP_LOG_DEBUG, "%s", msg);
     return code;
 }
 
-/* The error without its "rank N: " lead, for log lines (which name the rank themselves). */
-static const char *ddp__err_body(const ddp_context *ctx) {
-    const char *colon = strncmp(ctx->err, "rank ", 5) ? NULL : strstr(ctx->err, ": ");
-    return colon ? colon + 2 : ctx->err;
+/* The error without its "rank N: " lead, for log lines (which name the rank themselves), copied
+   into `buf` (DDP__ERR_MAX) under the lock: a watchdog or the communication thread may be
+   recording a failure of its own meanwhile. */
+static const char *ddp__err_body(ddp_context *ctx, char *buf) {
+    const char *colon;
+    ddp__mutex_lock(&ctx->err_lock);
+    colon = strncmp(ctx->err, "rank ", 5) ? NULL : strstr(ctx->err, ": ");
+    snprintf(buf, DDP__ERR_MAX, "%s", colon ? colon + 2 : ctx->err);
+    ddp__mutex_unlock(&ctx->err_lock);
+    return buf;
 }
 
 /* The sticky failure is set by either thread of a context and read by both. */
@@ -2419,9 +2428,7 @@ static int ddp__cancel_requested(const ddp_context *ctx) {
 static ddp_result ddp__cancel_wins(ddp_context *ctx, ddp_result r, const char *call) {
     char first[DDP__ERR_MAX];
     if (r == DDP_OK || r == DDP_ERR_CANCELLED || !ddp__cancel_requested(ctx)) return r;
-    ddp__mutex_lock(&ctx->err_lock);   /* the communication thread may be failing too */
-    snprintf(first, sizeof first, "%s", ddp__err_body(ctx));
-    ddp__mutex_unlock(&ctx->err_lock);
+    ddp__err_body(ctx, first);   /* the communication thread may be failing too */
     return ddp__fail(ctx, DDP_ERR_CANCELLED, "cancelled (ddp_cancel or the cancel token) in %s (met first: %s)", call, first);
 }
 
@@ -5184,6 +5191,7 @@ static ddp_result ddp__shm_setup(ddp_context *ctx, double deadline) {
    DDP_STAGED_GRADS, or no room in /dev/shm, which costs speed only), and publish the choice: a
    segment name, or "" for the staged path. Returns the segment mapped, or NULL for the staged path. */
 static unsigned char *ddp__grads_create(ddp_context *ctx, size_t bytes, ddp_result *r) {
+    char eb[DDP__ERR_MAX];
     const char *staged = getenv("DDP_STAGED_GRADS");
     unsigned char *seg = NULL;
     ctx->cpu->grads_name[0] = 0;
@@ -5191,7 +5199,7 @@ static unsigned char *ddp__grads_create(ddp_context *ctx, size_t bytes, ddp_resu
         if (ddp__shm_new(ctx, ctx->cpu->grads_name, bytes, &seg) != DDP_OK) {
             seg = NULL;
             ddp__log(ctx, DDP_LOG_WARN, "%s; gradient buckets go through the staging slots instead (slower)",
-                     ddp__err_body(ctx));
+                     ddp__err_body(ctx, eb));
             ctx->cpu->grads_name[0] = 0;
             ctx->err[0] = 0;
         }
@@ -5681,6 +5689,7 @@ static void ddp__mpi_busy(ddp_context *ctx, int on) {
 /* The host group's part of a collective; its errors (local rank numbers) become this rank's,
    with the map from local ranks to ranks. */
 static ddp_result ddp__mpi_host(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root) {
+    char eb[DDP__ERR_MAX];
     ddp_context *h = ctx->mpi->host;
     char ranks[128];
     ddp_result r;
@@ -5692,7 +5701,7 @@ static ddp_result ddp__mpi_host(ddp_context *ctx, uint32_t kind, void *data, siz
     if (ddp__failed(ctx)) return ddp__failed(ctx);
     ddp__mpi_host_ranks(ctx, ctx->mpi->node, ranks, sizeof ranks);
     return ddp__fail_group(ctx, r, "on host %s (its local ranks 0.. are ranks %s): %s", ddp__mpi_host_name(ctx, ctx->rank),
-                           ranks, ddp__err_body(h));
+                           ranks, ddp__err_body(h, eb));
 }
 
 /* Leaders: every leader in the same collective (what, how much, from where), else a named
@@ -5898,6 +5907,7 @@ static void ddp__mpi_beats(ddp_context *ctx, long *out) {
 }
 
 static void *ddp__mpi_watchdog_main(void *arg) {
+    char eb[DDP__ERR_MAX];
     ddp_context *ctx = (ddp_context *)arg;
     ddp__mpi *m = ctx->mpi;
     char msg[DDP__ERR_MAX - 64], silent[512];
@@ -5956,7 +5966,7 @@ static void *ddp__mpi_watchdog_main(void *arg) {
         if (ddp__failed(ctx) && since > 0 && !__atomic_load_n(&ctx->closing, __ATOMIC_ACQUIRE)) {
             if (failed_at == 0) {
                 failed_at = now;
-                ddp__log(ctx, DDP_LOG_ERROR, "%s", ddp__err_body(ctx));
+                ddp__log(ctx, DDP_LOG_ERROR, "%s", ddp__err_body(ctx, eb));
             } else if (now - failed_at > DDP__MPI_ABORT_GRACE_S) {
                 ddp__log(ctx, DDP_LOG_ERROR, "ending the job with MPI_Abort: MPI calls cannot be interrupted");
                 MPI_Abort(MPI_COMM_WORLD, 1);
@@ -6006,6 +6016,7 @@ static void *ddp__mpi_comm_main(void *arg) {
 /* Ranks of this host: a context of their own on the CPU backend's segment (LOCAL_RANK and
    LOCAL_WORLD_SIZE as its rank and world); the leader makes the segment and MPI_Bcast names it. */
 static ddp_result ddp__mpi_host_up(ddp_context *ctx) {
+    char eb[DDP__ERR_MAX];
     ddp__mpi *m = ctx->mpi;
     ddp_context *h;
     char name[64];
@@ -6027,10 +6038,10 @@ static ddp_result ddp__mpi_host_up(ddp_context *ctx) {
     }
     rc = MPI_Bcast(name, (int)sizeof name, MPI_CHAR, 0, m->local);
     if (rc != MPI_SUCCESS) return ddp__mpi_check(ctx, rc, "MPI_Bcast");
-    if (r != DDP_OK) return ddp__fail(ctx, r, "%s", ddp__err_body(h));
+    if (r != DDP_OK) return ddp__fail(ctx, r, "%s", ddp__err_body(h, eb));
     if (!name[0]) return ddp__fail(ctx, DDP_ERR_SYSTEM, "the leader of host %s could not make its shared memory",
                                    ddp__mpi_host_name(ctx, ctx->rank));
-    if (h->rank != 0 && (r = ddp__shm_attach(h, name)) != DDP_OK) return ddp__fail(ctx, r, "%s", ddp__err_body(h));
+    if (h->rank != 0 && (r = ddp__shm_attach(h, name)) != DDP_OK) return ddp__fail(ctx, r, "%s", ddp__err_body(h, eb));
     __atomic_store_n(&ddp__shm_block(h, h->rank)->tid, (int32_t)ddp__thread_id(), __ATOMIC_RELEASE);
     __atomic_store_n(&ddp__shm_block(h, h->rank)->pid, (int32_t)getpid(), __ATOMIC_RELEASE);
     h->cpu->spin_seconds = h->world > sysconf(_SC_NPROCESSORS_ONLN) ? DDP__SPIN_SECONDS_OVERSUBSCRIBED : DDP__SPIN_SECONDS;
@@ -7655,6 +7666,7 @@ static ddp_result ddp__rendezvous(ddp_context *ctx, double deadline) {
    its own, PATH.rankR.json. Called twice: before the shutdown barrier (publish) and after it
    (rank 0 gathers). */
 static void ddp__tl_shutdown(ddp_context *ctx, ddp__text *mine, int gather) {
+    char eb[DDP__ERR_MAX];
     int together = ctx->world > 1 && ctx->up && ctx->store_fd >= 0 && !ddp__failed(ctx) && !mine->oom &&
                    mine->len <= DDP__STORE_MAX_VALUE;
     char key[32], path[600];
@@ -7669,7 +7681,7 @@ static void ddp__tl_shutdown(ddp_context *ctx, ddp__text *mine, int gather) {
     if (!together) {
         if (ctx->world > 1) snprintf(path, sizeof path, "%s.rank%d.json", ctx->timeline_path, ctx->rank);
         else snprintf(path, sizeof path, "%s", ctx->timeline_path);
-        if (ddp__tl_write_file(ctx, path, mine) != DDP_OK) ddp__log(ctx, DDP_LOG_WARN, "%s", ddp__err_body(ctx));
+        if (ddp__tl_write_file(ctx, path, mine) != DDP_OK) ddp__log(ctx, DDP_LOG_WARN, "%s", ddp__err_body(ctx, eb));
         return;
     }
     if (ctx->rank != 0) return;
@@ -7683,7 +7695,7 @@ static void ddp__tl_shutdown(ddp_context *ctx, ddp__text *mine, int gather) {
     }
     if (ctx->tl_main->full || ctx->tl_comm->full)
         ddp__log(ctx, DDP_LOG_WARN, "the timeline kept only the first %d events per thread", DDP__TIMELINE_MAX_EVENTS);
-    if (ddp__tl_write_file(ctx, ctx->timeline_path, mine) != DDP_OK) ddp__log(ctx, DDP_LOG_WARN, "%s", ddp__err_body(ctx));
+    if (ddp__tl_write_file(ctx, ctx->timeline_path, mine) != DDP_OK) ddp__log(ctx, DDP_LOG_WARN, "%s", ddp__err_body(ctx, eb));
 }
 
 
@@ -7741,6 +7753,7 @@ static ddp_result ddp__init(ddp_context *ctx, const ddp_desc *desc) {
    only once every rank is done with it, and no rank returns, and perhaps starts a new group on
    the same port, before the store is closed), then everything freed. */
 static ddp_result ddp__shutdown(ddp_context *ctx) {
+    char eb[DDP__ERR_MAX];
     ddp_result r;
     ddp__text timeline;
     memset(&timeline, 0, sizeof timeline);
@@ -7759,16 +7772,16 @@ static ddp_result ddp__shutdown(ddp_context *ctx) {
         snprintf(bye, sizeof bye, "bye/%d", ctx->rank);
         /* every rank passed the barrier: rank 0 may have closed its store already, which is no
            failure, and not logged even at debug (the context is freed below: nothing reads it) */
-        ctx->quiet = 1;
+        __atomic_store_n(&ctx->quiet, 1, __ATOMIC_RELAXED);
         (void)ddp__store_set(ctx, bye, "1", 1);
-        ctx->quiet = 0;
+        __atomic_store_n(&ctx->quiet, 0, __ATOMIC_RELAXED);
     }
     if (ctx->store_fd >= 0) ddp__sock_close(ctx->store_fd);
     ctx->store_fd = -1;   /* a late poison must not write to a reused descriptor */
     ddp__server_stop(ctx);
     if (r == DDP_OK) r = ddp__group_barrier(ctx);
     /* The context is freed below, so ddp_last_error cannot tell the caller: say it here. */
-    if (r != DDP_OK) ddp__log(ctx, DDP_LOG_ERROR, "ddp_shutdown: %s", ddp__err_body(ctx));
+    if (r != DDP_OK) ddp__log(ctx, DDP_LOG_ERROR, "ddp_shutdown: %s", ddp__err_body(ctx, eb));
     if (ctx->be) ctx->be->teardown(ctx);
     DDP_FREE(ctx->params);
     DDP_FREE(ctx->peer_pids);
@@ -9564,8 +9577,14 @@ const char *ddp_result_string(ddp_result result) {
 }
 
 const char *ddp_last_error(const ddp_context *ctx) {
+    ddp_context *c = (ddp_context *)(uintptr_t)ctx;   /* only the caller's copy changes */
     if (!ctx) return ddp__no_context_err[0] ? ddp__no_context_err : "no error (and no context: NULL was passed)";
-    return ctx->err[0] ? ctx->err : "no error";
+    /* a copy, taken under the lock: a watchdog or the communication thread may record the
+       group's failure while the caller reads it */
+    ddp__mutex_lock(&c->err_lock);
+    memcpy(c->err_shown, c->err, sizeof c->err_shown);
+    ddp__mutex_unlock(&c->err_lock);
+    return c->err_shown[0] ? c->err_shown : "no error";
 }
 
 ddp_result ddp_init(ddp_context **out, const ddp_desc *desc) {
@@ -9618,6 +9637,7 @@ static int ddp__valid_id(ddp_context *ctx, int id, const char *call) {
 }
 /* An accessor of the other dtype: NULL, with an error that says which one to use. */
 static int ddp__dtype_is(ddp_context *ctx, ddp_dtype want, const char *call) {
+    char eb[DDP__ERR_MAX];
     if (!ctx || ctx->desc.param_dtype == want) return 1;
     if (want == DDP_DTYPE_BF16)
         ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s: the parameters are fp32 (param_dtype DDP_DTYPE_FP32%s), there "
@@ -9632,7 +9652,7 @@ static int ddp__dtype_is(ddp_context *ctx, ddp_dtype want, const char *call) {
     if (ddp__env_set("DDP_PARAM_DTYPE") && !ctx->dtype_env_told) {
         ctx->dtype_env_told = 1;
         ddp__log(ctx, DDP_LOG_ERROR, "%s (this program reads %s parameters: unset DDP_PARAM_DTYPE, or set it to %s)",
-                 ddp__err_body(ctx), want == DDP_DTYPE_BF16 ? "bf16" : "fp32", want == DDP_DTYPE_BF16 ? "bf16" : "fp32");
+                 ddp__err_body(ctx, eb), want == DDP_DTYPE_BF16 ? "bf16" : "fp32", want == DDP_DTYPE_BF16 ? "bf16" : "fp32");
     }
     return 0;
 }
