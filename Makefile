@@ -14,6 +14,7 @@ PROGRAMS := $(B)/ddprun $(B)/minimal $(B)/own_autograd $(B)/engine $(B)/texture 
             $(B)/test_overlap $(B)/test_bf16 $(B)/test_shard $(B)/test_structs $(B)/test_own_path $(B)/test_embed $(B)/test_host $(B)/test_sampler $(B)/test_checkpoint $(B)/train_gpt $(B)/test_gpt \
             $(B)/train_gpt_emulated $(B)/test_gpt_gpu_emulated $(B)/test_fake_nccl $(B)/hosts_nccl_fake $(B)/test_bf16_params
 CHECKS   := $(B)/cxx_check.o
+PROGRAMS += $(B)/mpi_parity          # the CPU side of tests/test_mpi_parity.sh
 PROGRAMS += $(B)/bench_shard_memory   # sharded optimizer: bytes per parameter (bench/RESULTS.md)
 PROGRAMS += $(B)/bench_bf16_step      # bf16 parameters: the library's part of a step (bench/RESULTS.md)
 PROGRAMS += $(B)/bench_adamw_guard    # bf16 parameters: the misuse guard's share of the AdamW pass
@@ -110,6 +111,9 @@ $(G)/test_gpt_gpu: tests/gpu/test_gpt_gpu.cu tests/support/gpt_reference.h $(GPT
 MPICC ?= $(shell command -v mpicc 2>/dev/null)
 M     := $(B)/mpi
 MPI_PROGRAMS := $(M)/mpi_steps $(M)/test_equivalence $(M)/test_collectives $(M)/minimal $(M)/train_gpt $(M)/test_gpt $(M)/bench_allreduce
+# the MPI backend against the CPU backend, bit for bit (tests/test_mpi_parity.sh: the CPU build of
+# the same source is build/mpi_parity)
+MPI_PROGRAMS += $(M)/mpi_parity
 ifeq ($(strip $(MPICC)),)
 mpi:
 	@echo "no mpicc: the MPI backend's programs are not built (apt-get install openmpi-bin libopenmpi-dev)"

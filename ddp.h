@@ -157,7 +157,7 @@
      reduce_dtype     param_dtype          DDP_DTYPE_BF16: gradient buckets travel as bf16 (half
                                            the bytes; inputs and average rounded to nearest even,
                                            result written back into the gradients, the same
-                                           bits on every rank); both backends; ranks must agree.
+                                           bits on every rank); every backend; ranks must agree.
                                            FP32 with bf16 parameters: PARAMETER DTYPE
      param_dtype      DDP_DTYPE_FP32       DDP_DTYPE_BF16: bf16 working copies and gradients, fp32
                       ($DDP_PARAM_DTYPE    master weights and moments (PARAMETER DTYPE below);
@@ -178,8 +178,8 @@
      lr as given (0 is valid); beta1, beta2, eps: 0 means 0.9, 0.999, 1e-8 unless as_given = 1,
      which uses all three exactly as given (beta1 = 0 included); weight_decay: decoupled,
      skipped for parameters registered with DDP_NO_DECAY; max_grad_norm > 0: clip by the global
-     L2 norm first (computed in double, in a fixed order: the same bits on every rank, on both
-     backends, sharded or not: the sum of squares of each block of 1024 floats of each bucket,
+     L2 norm first (computed in double, in a fixed order: the same bits on every rank, on every
+     backend, sharded or not: the sum of squares of each block of 1024 floats of each bucket,
      eight running sums in element order; then the blocks, numbered in bucket order then block
      order, added as 256 running sums (block i into sum i mod 256) and those in order).
      What matches torch.optim.AdamW: the formula (m, v, bias corrections 1 - beta^t, eps added
@@ -235,6 +235,10 @@
      stream reduce-scatters the buckets, the compute stream runs the norm (its exchange on the
      comm stream) and each bucket's update, the comm stream all-gathers each bucket after its
      update, and the compute stream waits for the last gather (no host wait, as unsharded).
+     MPI: fp32 buckets are averaged whole by the hierarchical path (no hosts' reduce-scatter in
+     its order), bf16 ones reduce-scattered among all ranks; the norm's blocks by one
+     MPI_Allreduce (each non-zero on its owner only), each bucket's parts by MPI_Allgatherv
+     after its update (BACKENDS).
      The gather does not overlap the next forward: buckets run in reverse registration order,
      so the last bucket gathered holds the first layers, the ones the forward reads first.
 
@@ -258,7 +262,8 @@
      one bucket's floats on the comm stream, reduces those with ncclFloat and rounds the average
      (sharded: this rank's part) back into the gradients. The norm (ADAMW: the fixed block order,
      in double; ddp_k_norm_blocks_bf16 on NCCL, the CPU's lanes and order) and clipping read the
-     bf16 gradients, widened exactly: the same bits on both backends, sharded or not.
+     bf16 gradients, widened exactly: the same bits on every backend, sharded or not. MPI: the
+     CPU backend's bits, whatever the hosts (BACKENDS).
      ddp_adamw_step updates the fp32 master from them and writes the working copy, rounded to
      nearest even, in the same pass (the CPU loop; one kernel on NCCL, ddp_k_adamw_bf16). A
      skipped step (skip_nonfinite) changes neither.
@@ -313,8 +318,8 @@
      ddp_adamw_step fails with DDP_ERR_INVALID_STATE naming the count and (CPU) the parameter;
      the step is taken and the copies agree again. The NCCL backend counts on the device and
      reports it one step later. Checkpoints store the master (and m, v); after ddp_load the
-     working copies are the loaded master rounded. Not supported: the MPI backend (refused by
-     name at ddp_init: untested there). Tests: tests/test_bf16_params.c.
+     working copies are the loaded master rounded. Tests: tests/test_bf16_params.c; on the MPI
+     backend tests/mpi_parity.c (the CPU backend's bits, checkpoints across the two).
 
    CHECKPOINTS (ddp_save, ddp_load, ddp_save_check; collective: every rank calls them alike)
        int holds;
@@ -394,7 +399,28 @@
              progress (timeout_s; the ranks whose heartbeat in the store stopped are named with
              their hosts); on a failure while this rank waits in MPI it logs the named error, waits
              0.5 s so the peers log theirs, and calls MPI_Abort (the one case where ddp.h ends the
-             program). Not yet: reduce_dtype bf16, param_dtype bf16 (refused at init).
+             program).
+             The bits. fp32 buckets: the fixed order above, which is the CPU backend's (every
+             rank's value added in rank order) on one host, flat, or with one rank a host; with
+             several ranks on several hosts the hosts' sums add in host order instead. bf16 on
+             the wire (param_dtype BF16, or reduce_dtype BF16): the CPU backend's bits on any
+             hosts. A host's partial sum would add in another order, so these buckets go among
+             all ranks: each rank owns a piece of the bucket, every rank's bf16 values of it travel
+             to the owner (MPI_Alltoallv, 2 bytes an element; fp32 parameters: rounded first, as
+             the CPU backend's slots carry them), which adds them in float in rank order, divides
+             and rounds once (the CPU backend's arithmetic), and MPI_Allgatherv returns the
+             averages (bf16 parameters, sharded: each rank's piece is its part, and stays there).
+             shard_optimizer: fp32 buckets are averaged whole, as unsharded (every part of
+             ddp_flat_grads then holds the average; the step sends the parameters' all-gather on
+             top of an unsharded step's bytes: the memory is saved, not the traffic; bf16 buckets
+             are reduce-scattered, so there a sharded step sends what an unsharded one does);
+             ddp_adamw_step updates this rank's parts, the
+             norm's blocks reach every rank through one MPI_Allreduce in which each block is non-
+             zero on its owner only (so exact in any order), and each bucket's parts are all-
+             gathered once updated (MPI_Allgatherv of the fp32 parameters, or of the bf16 working
+             copies): sharded gives unsharded's bits. Checkpoints move between the MPI and CPU
+             backends and world sizes, sharded or not. Tests: tests/test_mpi_parity.sh (one host,
+             flat and hierarchical), tests/test_mpi_hosts.sh (2 hosts x 2 ranks).
              Over TCP (Open MPI's btl tcp): where ddp.h initializes MPI it sets the Open MPI
              parameters that mpirun --mca / OMPI_MCA_* left unset: btl_tcp_eager_limit,
              btl_tcp_rndv_eager_limit and btl_tcp_max_send_size 1 MiB, btl_tcp_links 2,
@@ -651,7 +677,8 @@
                     reduce-scattered) in place (bf16 parameters: bf16 gradients, summed in float);
                     sharded AdamW and its all-gather; the communication thread; the cpu backend's table
      >>mpi          the MPI backend (only with DDP_MPI): host groups on the cpu backend's
-                    segment, the leaders' fixed-order sum, the watchdog, its table
+                    segment, the leaders' fixed-order sum; bf16 buckets and the sharded optimizer
+                    among all ranks (the CPU backend's rank order); the watchdog, its table
      >>nccl         the NCCL backend (only with DDP_CUDA): the communicator's life, the
                     watchdog, set-up, buckets on the comm stream (sharded: reduce-scattered),
                     the norm's blocks, AdamW kernels (sharded: per bucket, then all-gathered);
@@ -4952,29 +4979,36 @@ static float *ddp__rank_grads(ddp_context *ctx, int s) { return (float *)(void *
 /* Gradients in the segment are bf16 with bf16 parameters: element j of rank s's buffer. */
 static ddp_bf16 *ddp__rank_grads_bf16(ddp_context *ctx, int s) { return (ddp_bf16 *)(void *)ddp__rank_grads(ctx, s); }
 
-/* bf16 gradients: each element's values added in float in rank order (exact widening, the sum
-   the fp32 path computes), divided by world and rounded once: the bits the fp32 staging gave,
-   for either reduce_dtype. */
-static void ddp__average_part_in_place_bf16(ddp_context *ctx, size_t offset, size_t lo, size_t hi) {
-    ddp_bf16 *mine = ddp__rank_grads_bf16(ctx, ctx->rank) + offset;
-    const ddp_bf16 *a = ddp__rank_grads_bf16(ctx, 0) + offset, *b = ddp__rank_grads_bf16(ctx, 1) + offset;
-    float w = (float)ctx->world;
+/* The bf16 average of `world` (2 or more) ranks' n values, rank s's at x + s * stride: each
+   element's values added in float in rank order (exact widening, the sum the fp32 path
+   computes), divided by world and rounded once into out (which may be one rank's own values):
+   the bits the fp32 staging gave, for either reduce_dtype. The CPU backend's in-place buckets
+   and the MPI backend's owners of a part (>>mpi) both reduce through it. */
+static void ddp__average_bf16(const ddp_bf16 *x, size_t stride, int world, size_t n, ddp_bf16 *out) {
+    const ddp_bf16 *a = x, *b = x + stride;
+    float w = (float)world;
     size_t j;
     int s;
-    if (ctx->world == 2) {   /* no inner loop: the compiler vectorizes it */
-        for (j = lo; j < hi; j++) mine[j] = ddp__to_bf16((ddp__from_bf16(a[j]) + ddp__from_bf16(b[j])) * 0.5f);   /* = / 2 */
+    if (world == 2) {   /* no inner loop: the compiler vectorizes it */
+        for (j = 0; j < n; j++) out[j] = ddp__to_bf16((ddp__from_bf16(a[j]) + ddp__from_bf16(b[j])) * 0.5f);   /* = / 2 */
         return;
     }
-    for (j = lo; j < hi; j += DDP__AVG_BLOCK) {   /* a block at a time, each rank's values in turn: vectorized */
+    for (j = 0; j < n; j += DDP__AVG_BLOCK) {   /* a block at a time, each rank's values in turn: vectorized */
         float sum[DDP__AVG_BLOCK];
-        size_t i, n = hi - j < DDP__AVG_BLOCK ? hi - j : DDP__AVG_BLOCK;
-        for (i = 0; i < n; i++) sum[i] = ddp__from_bf16(a[j + i]) + ddp__from_bf16(b[j + i]);
-        for (s = 2; s < ctx->world; s++) {
-            const ddp_bf16 *x = ddp__rank_grads_bf16(ctx, s) + offset + j;
-            for (i = 0; i < n; i++) sum[i] += ddp__from_bf16(x[i]);
+        size_t i, m = n - j < DDP__AVG_BLOCK ? n - j : DDP__AVG_BLOCK;
+        for (i = 0; i < m; i++) sum[i] = ddp__from_bf16(a[j + i]) + ddp__from_bf16(b[j + i]);
+        for (s = 2; s < world; s++) {
+            const ddp_bf16 *y = x + (size_t)s * stride + j;
+            for (i = 0; i < m; i++) sum[i] += ddp__from_bf16(y[i]);
         }
-        for (i = 0; i < n; i++) mine[j + i] = ddp__to_bf16(ddp__div_world(sum[i], w));
+        for (i = 0; i < m; i++) out[j + i] = ddp__to_bf16(ddp__div_world(sum[i], w));
     }
+}
+
+/* bf16 gradients in the segment: every rank's buffer is 2 * grads_stride bf16 from the last. */
+static void ddp__average_part_in_place_bf16(ddp_context *ctx, size_t offset, size_t lo, size_t hi) {
+    ddp__average_bf16(ddp__rank_grads_bf16(ctx, 0) + offset + lo, 2 * ctx->cpu->grads_stride, ctx->world, hi - lo,
+                      ddp__rank_grads_bf16(ctx, ctx->rank) + offset + lo);
 }
 
 static void ddp__average_part_in_place(ddp_context *ctx, size_t offset, size_t lo, size_t hi) {
@@ -5613,6 +5647,8 @@ static const ddp__backend ddp__cpu_backend = {
    then the leader's result to its host (a segment broadcast). Every step of that has a fixed
    order, so every rank ends with the same bits (MPI_Allreduce's order is the library's own).
    DDP_MPI_FLAT=1 (every rank alike): no host groups, every rank is its own "host" in MPI.
+   bf16 buckets and the sharded optimizer's exchanges go among all ranks instead, in the CPU
+   backend's rank order (below, from ddp__mpi_bf16_wire).
    Threads: the communication thread runs the buckets, the rank's thread the user collectives
    (never both at once: they run between steps), the watchdog may call MPI_Abort meanwhile:
    MPI_THREAD_MULTIPLE is required and checked. MPI has no timeout: the watchdog looks every
@@ -5635,6 +5671,11 @@ struct ddp__mpi {
     size_t scratch_count;
     int *counts, *displs, *rcounts, *rdispls;
     uint64_t seq;                         /* collectives issued: the same on every rank */
+    /* exchanges among all ranks (m->world: bf16 buckets, the sharded optimizer; ddp__mpi_ranks_alloc) */
+    int *wcounts, *wdispls, *wrcounts, *wrdispls;   /* world entries each */
+    ddp_bf16 *wire, *rounded;             /* this rank's piece from every rank; fp32 gradients rounded */
+    size_t wire_count;
+    uint64_t wseq;                        /* their collectives issued: the same on every rank */
     pthread_mutex_t lock;                 /* the queue below and the watch fields */
     pthread_cond_t comm_wake, comm_done_cond, watchdog_wake;
     pthread_t comm_thread, watchdog;
@@ -5704,20 +5745,22 @@ static ddp_result ddp__mpi_host(ddp_context *ctx, uint32_t kind, void *data, siz
                            ranks, ddp__err_body(h, eb));
 }
 
-/* Leaders: every leader in the same collective (what, how much, from where), else a named
-   mismatch on every leader. */
-static ddp_result ddp__mpi_check_sigs(ddp_context *ctx, uint32_t kind, size_t count, int root) {
+/* Every member of `comm` in the same collective (what, how much, from where), else a named
+   mismatch on every member: the n members are the leaders (member i is host i), or with
+   by_rank every rank; seq counts the collectives on comm. */
+static ddp_result ddp__mpi_check_sigs_on(ddp_context *ctx, MPI_Comm comm, int n, int by_rank, uint64_t seq, uint32_t kind,
+                                         size_t count, int root) {
     ddp__mpi *m = ctx->mpi;
     uint64_t mine[4], *all;
     int i, rc;
-    mine[0] = ++m->seq; mine[1] = kind; mine[2] = count; mine[3] = (uint64_t)(int64_t)root;
-    if (!(all = (uint64_t *)ddp__calloc(sizeof mine * (size_t)m->nodes))) return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
-    rc = MPI_Allgather(mine, 4, MPI_UINT64_T, all, 4, MPI_UINT64_T, m->leaders);
+    mine[0] = seq; mine[1] = kind; mine[2] = count; mine[3] = (uint64_t)(int64_t)root;
+    if (!(all = (uint64_t *)ddp__calloc(sizeof mine * (size_t)n))) return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
+    rc = MPI_Allgather(mine, 4, MPI_UINT64_T, all, 4, MPI_UINT64_T, comm);
     if (rc != MPI_SUCCESS) { DDP_FREE(all); return ddp__mpi_check(ctx, rc, "MPI_Allgather"); }
-    for (i = 0; i < m->nodes; i++) {
+    for (i = 0; i < n; i++) {
         const uint64_t *o = all + 4 * i;
         if (o[1] != mine[1] || o[2] != mine[2] || o[3] != mine[3] || o[0] != mine[0]) {
-            int s, other = -1;
+            int s, other = by_rank ? i : -1;
             char a[128], b[128];
             ddp__shm_sig sa, sb;
             for (s = 0; s < ctx->world && other < 0; s++) if (m->rank_node[s] == i) other = s;
@@ -5728,13 +5771,20 @@ static ddp_result ddp__mpi_check_sigs(ddp_context *ctx, uint32_t kind, size_t co
             if (sb.kind == DDP__KIND_SHUTDOWN)
                 return ddp__fail_group(ctx, DDP_ERR_PEER_LOST, "host %s (rank %d) called ddp_shutdown while this rank is in %s",
                                        ddp__mpi_host_name(ctx, other), other, ddp__describe_sig(&sa, a, sizeof a));
-            return ddp__fail_group(ctx, DDP_ERR_MISMATCH, "hosts called different collectives: this host is in %s, "
-                                   "host %s (rank %d) in %s", ddp__describe_sig(&sa, a, sizeof a),
-                                   ddp__mpi_host_name(ctx, other), other, ddp__describe_sig(&sb, b, sizeof b));
+            return ddp__fail_group(ctx, DDP_ERR_MISMATCH, "%s called different collectives: this %s is in %s, "
+                                   "host %s (rank %d) in %s", by_rank ? "ranks" : "hosts", by_rank ? "rank" : "host",
+                                   ddp__describe_sig(&sa, a, sizeof a), ddp__mpi_host_name(ctx, other), other,
+                                   ddp__describe_sig(&sb, b, sizeof b));
         }
     }
     DDP_FREE(all);
     return DDP_OK;
+}
+
+/* Leaders: every leader in the same collective. */
+static ddp_result ddp__mpi_check_sigs(ddp_context *ctx, uint32_t kind, size_t count, int root) {
+    ddp__mpi *m = ctx->mpi;
+    return ddp__mpi_check_sigs_on(ctx, m->leaders, m->nodes, 0, ++m->seq, kind, count, root);
 }
 
 /* Leaders: buf = the sum over hosts, in host order, divided by `divide` when > 0. */
@@ -5774,8 +5824,6 @@ static ddp_result ddp__mpi_collective_run(ddp_context *ctx, uint32_t kind, void 
     size_t done, step;
     ddp_result r;
     int rc;
-    if (kind == DDP__KIND_AVG_BF16)
-        return ddp__fail_group(ctx, DDP_ERR_INVALID_ARGUMENT, "the MPI backend does not reduce bf16 buckets yet");
     if (kind == DDP__KIND_BROADCAST) {
         int rn = m->rank_node[root];
         if (m->node == rn && (r = ddp__mpi_host(ctx, kind, data, count, m->rank_local[root])) != DDP_OK) return r;
@@ -5820,6 +5868,195 @@ static ddp_result ddp__mpi_collective_timed(ddp_context *ctx, uint32_t kind, voi
         (ctx->desc.inject_comm_latency_ms > 0 || ctx->desc.inject_comm_gbps > 0))
         ddp__inject_comm_delay(ctx, count * sizeof(float), started);
     return r;
+}
+
+/* Exchanges among all ranks (m->world, hierarchical or flat), where the bits must be the CPU
+   backend's. bf16 gradients (bf16 parameters, or reduce_dtype BF16): the CPU backend adds each
+   element's bf16 values in float in rank order and rounds once; a host's partial sum would add
+   in another order, so each piece of a bucket has an owner, every rank's values of it travel to
+   the owner (MPI_Alltoallv, 2 bytes an element), which averages them with the CPU backend's
+   ddp__average_bf16, and MPI_Allgatherv brings the pieces back (sharded bf16 gradients: the
+   pieces are the ranks' parts and stay where they are, a reduce-scatter). The sharded optimizer:
+   the norm's blocks (each non-zero on its owner only, so MPI_Allreduce's sum adds zeros to it:
+   exact in any order) and the all-gather of each bucket's updated parts (MPI_Allgatherv). */
+static int ddp__mpi_bf16_wire(const ddp_context *ctx) { return ctx->grads_bf16 || ctx->desc.reduce_dtype == DDP_DTYPE_BF16; }
+
+/* Elements of a bucket per exchange: MPI counts and displacements are ints, and an owner
+   receives world pieces of up to this many. */
+static size_t ddp__mpi_window(const ddp_context *ctx) {
+    size_t w = (size_t)DDP__MPI_MAX_COUNT / (size_t)ctx->world / DDP__SHARD_GRAIN * DDP__SHARD_GRAIN;
+    return w ? w : DDP__SHARD_GRAIN;
+}
+
+/* Rank s's piece [lo, hi) of the window [c0, c1) of bucket b (counted from the bucket's start):
+   with by_shard its part (ddp__shard_range) within the window, else ddp__part of the window. */
+static void ddp__mpi_piece(ddp_context *ctx, int b, int by_shard, size_t c0, size_t c1, int s, size_t *lo, size_t *hi) {
+    size_t off = ctx->buckets[b].offset;
+    if (!by_shard) {
+        ddp__part(c1 - c0, ctx->world, s, lo, hi);
+        *lo += c0; *hi += c0;
+        return;
+    }
+    ddp__shard_range(ctx, b, s, lo, hi);
+    *lo = *lo - off < c0 ? c0 : *lo - off > c1 ? c1 : *lo - off;
+    *hi = *hi - off < *lo ? *lo : *hi - off > c1 ? c1 : *hi - off;
+}
+
+/* Every rank's piece of the window as MPI counts and displacements from c0; this rank's piece
+   starts at *mine and is the count returned. */
+static size_t ddp__mpi_pieces(ddp_context *ctx, int b, int by_shard, size_t c0, size_t c1, size_t *mine) {
+    ddp__mpi *m = ctx->mpi;
+    size_t lo, hi, k = 0;
+    int s;
+    *mine = c0;
+    for (s = 0; s < ctx->world; s++) {
+        ddp__mpi_piece(ctx, b, by_shard, c0, c1, s, &lo, &hi);
+        m->wcounts[s] = (int)(hi - lo);
+        m->wdispls[s] = (int)(lo - c0);
+        if (s == ctx->rank) { *mine = lo; k = hi - lo; }
+    }
+    return k;
+}
+
+/* The window [c0, c1) of a bucket's bf16 values g: every rank's values of this rank's piece
+   arrive side by side, and their average replaces this rank's piece. */
+static ddp_result ddp__mpi_average_window(ddp_context *ctx, ddp_bf16 *g, int b, int by_shard, size_t c0, size_t c1) {
+    ddp__mpi *m = ctx->mpi;
+    size_t lo, k = ddp__mpi_pieces(ctx, b, by_shard, c0, c1, &lo);
+    int s, rc;
+    if (m->wire_count < k * (size_t)ctx->world || !m->wire) {
+        ddp__free_floats((float *)(void *)m->wire);
+        m->wire_count = k * (size_t)ctx->world;
+        if (!(m->wire = (ddp_bf16 *)(void *)ddp__alloc_floats(m->wire_count / 2 + 1)))
+            return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %zu bf16 gradients", m->wire_count);
+    }
+    for (s = 0; s < ctx->world; s++) { m->wrcounts[s] = (int)k; m->wrdispls[s] = (int)k * s; }
+    rc = MPI_Alltoallv(g + c0, m->wcounts, m->wdispls, MPI_UINT16_T, m->wire, m->wrcounts, m->wrdispls, MPI_UINT16_T, m->world);
+    if (rc != MPI_SUCCESS) return ddp__mpi_check(ctx, rc, "MPI_Alltoallv");
+    if (k) ddp__average_bf16(m->wire, k, ctx->world, k, g + lo);
+    return DDP_OK;
+}
+
+/* Every rank's piece of the window (ddp__mpi_pieces said which) to every rank, in place. */
+static ddp_result ddp__mpi_gather_window(ddp_context *ctx, void *window, MPI_Datatype type) {
+    ddp__mpi *m = ctx->mpi;
+    int rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, window, m->wcounts, m->wdispls, type, m->world);
+    return ddp__mpi_check(ctx, rc, "MPI_Allgatherv");
+}
+
+/* A bucket of bf16 gradients averaged with the CPU backend's bits (fp32 gradients with
+   reduce_dtype BF16: rounded first, as the CPU backend's slots carry them, and widened back). */
+static ddp_result ddp__mpi_bucket_bf16(ddp_context *ctx, int b) {
+    ddp__mpi *m = ctx->mpi;
+    const ddp__bucket *k = &ctx->buckets[b];
+    int scatter = ctx->grads_bf16 && ctx->desc.shard_optimizer;   /* the CPU backend's in-place reduce-scatter */
+    size_t win = ddp__mpi_window(ctx), c0, c1, j;
+    ddp_bf16 *g = ctx->grads_bf16 ? ctx->grads_bf16 + k->offset : m->rounded;
+    ddp_result r;
+    if (!ctx->grads_bf16) for (j = 0; j < k->count; j++) g[j] = ddp__to_bf16(ctx->flat_grads[k->offset + j]);
+    if ((r = ddp__mpi_check_sigs_on(ctx, m->world, ctx->world, 1, ++m->wseq, DDP__KIND_AVG_BF16, k->count, b)) != DDP_OK) return r;
+    for (c0 = 0; c0 < k->count; c0 = c1) {
+        c1 = k->count - c0 < win ? k->count : c0 + win;
+        if ((r = ddp__mpi_average_window(ctx, g, b, scatter, c0, c1)) != DDP_OK) return r;
+        if (!scatter && (r = ddp__mpi_gather_window(ctx, g + c0, MPI_UINT16_T)) != DDP_OK) return r;
+    }
+    if (!ctx->grads_bf16) for (j = 0; j < k->count; j++) ctx->flat_grads[k->offset + j] = ddp__from_bf16(g[j]);
+    return DDP_OK;
+}
+
+/* Sharded AdamW: every rank's norm blocks to every rank. */
+static ddp_result ddp__mpi_norm_exchange(ddp_context *ctx, int unused) {
+    ddp__mpi *m = ctx->mpi;
+    size_t done, n;
+    ddp_result r;
+    int rc;
+    (void)unused;
+    memset(ctx->norm_sums, 0, ctx->norm_blocks * sizeof(double));
+    ddp__norm_blocks(ctx, ctx->norm_sums);
+    if ((r = ddp__mpi_check_sigs_on(ctx, m->world, ctx->world, 1, ++m->wseq, DDP__KIND_SUM, ctx->norm_blocks, 0)) != DDP_OK) return r;
+    for (done = 0; done < ctx->norm_blocks; done += n) {
+        n = ctx->norm_blocks - done < DDP__MPI_MAX_COUNT ? ctx->norm_blocks - done : DDP__MPI_MAX_COUNT;
+        rc = MPI_Allreduce(MPI_IN_PLACE, ctx->norm_sums + done, (int)n, MPI_DOUBLE, MPI_SUM, m->world);
+        if ((r = ddp__mpi_check(ctx, rc, "MPI_Allreduce")) != DDP_OK) return r;
+    }
+    return DDP_OK;
+}
+
+/* Sharded AdamW: bucket b's updated parts to every rank (bf16 parameters: the working copies). */
+static ddp_result ddp__mpi_gather_params(ddp_context *ctx, int b) {
+    ddp__mpi *m = ctx->mpi;
+    const ddp__bucket *k = &ctx->buckets[b];
+    size_t win = ddp__mpi_window(ctx), es = ctx->params_bf16 ? sizeof(ddp_bf16) : sizeof(float), c0, c1, lo;
+    unsigned char *base = ctx->params_bf16 ? (unsigned char *)(ctx->params_bf16 + k->offset) : (unsigned char *)(ctx->flat_params + k->offset);
+    ddp_result r;
+    if (b == 0 && (r = ddp__mpi_check_sigs_on(ctx, m->world, ctx->world, 1, ++m->wseq, DDP__KIND_GATHER, ctx->flat_count, 0)) != DDP_OK)
+        return r;
+    for (c0 = 0; c0 < k->count; c0 = c1) {
+        c1 = k->count - c0 < win ? k->count : c0 + win;
+        ddp__mpi_pieces(ctx, b, 1, c0, c1, &lo);
+        if ((r = ddp__mpi_gather_window(ctx, base + c0 * es, ctx->params_bf16 ? MPI_UINT16_T : MPI_FLOAT)) != DDP_OK) return r;
+    }
+    return DDP_OK;
+}
+
+/* One of the above, watched like any collective (the watchdog's clock, a failure or cancel first). */
+static ddp_result ddp__mpi_watched(ddp_context *ctx, ddp_result (*run)(ddp_context *, int), int arg) {
+    ddp_result r;
+    if (ddp__failed(ctx)) return ddp__failed(ctx);
+    if ((r = ddp__check_cancel(ctx, ctx->what)) != DDP_OK) return r;
+    ddp__mpi_busy(ctx, 1);
+    r = run(ctx, arg);
+    ddp__mpi_busy(ctx, 0);
+    return r;
+}
+
+/* The communication thread's work for bucket b: fp32 gradients through the host groups and
+   leaders (ddp__mpi_collective_run; sharded too, averaged whole: the bits of unsharded), bf16
+   ones among all ranks. */
+static ddp_result ddp__mpi_bucket(ddp_context *ctx, int b) {
+    const ddp__bucket *k = &ctx->buckets[b];
+    double started = ddp__now();
+    ddp_result r;
+    if (!ddp__mpi_bf16_wire(ctx)) return ddp__mpi_collective_timed(ctx, DDP__KIND_AVG, ctx->flat_grads + k->offset, k->count, 0);
+    r = ddp__mpi_watched(ctx, ddp__mpi_bucket_bf16, b);
+    if (r == DDP_OK && (ctx->desc.inject_comm_latency_ms > 0 || ctx->desc.inject_comm_gbps > 0))
+        ddp__inject_comm_delay(ctx, k->count * ddp__wire_bytes(ctx), started);
+    return r;
+}
+
+/* AdamW: unsharded the host arithmetic on every rank; sharded, this rank's parts (the norm from
+   every rank's blocks), each bucket's parts all-gathered once updated. */
+static ddp_result ddp__mpi_adamw(ddp_context *ctx, const ddp_adamw *opt, float b1, float b2, float eps, float *grad_norm_out) {
+    ddp__adamw_now now;
+    ddp_result r;
+    int b, skip;
+    if (!ctx->desc.shard_optimizer) return ddp__host_adamw(ctx, opt, b1, b2, eps, grad_norm_out);
+    if ((r = ddp__host_adamw_state(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
+    ctx->what = "ddp_adamw_step's exchange of the gradient norm's blocks (shard_optimizer)";
+    if ((r = ddp__mpi_watched(ctx, ddp__mpi_norm_exchange, 0)) != DDP_OK) return r;
+    r = ddp__adamw_prepare(ctx, opt, b1, b2, eps, ddp__norm_total(ctx->norm_sums, ctx->norm_blocks), grad_norm_out, &now, &skip);
+    if (r != DDP_OK || skip) return r;   /* the norm is the same everywhere: every rank returns here alike */
+    ctx->what = "ddp_adamw_step's all-gather of the updated parameters (shard_optimizer)";
+    for (b = 0; b < ctx->num_buckets; b++) {
+        ddp__adamw_bucket(ctx, b, opt, &now);
+        if ((r = ddp__mpi_watched(ctx, ddp__mpi_gather_params, b)) != DDP_OK) return r;
+    }
+    return DDP_OK;
+}
+
+/* At commit: the counts of the exchanges among all ranks, and for fp32 gradients on a bf16
+   wire one bucket's rounded values (the largest bucket's). */
+static ddp_result ddp__mpi_ranks_alloc(ddp_context *ctx) {
+    ddp__mpi *m = ctx->mpi;
+    size_t largest = 0;
+    int b;
+    if (!(m->wcounts = (int *)ddp__calloc(sizeof(int) * 4 * (size_t)ctx->world))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
+    m->wdispls = m->wcounts + ctx->world; m->wrcounts = m->wdispls + ctx->world; m->wrdispls = m->wrcounts + ctx->world;
+    if (ctx->grads_bf16 || !ddp__mpi_bf16_wire(ctx)) return DDP_OK;
+    for (b = 0; b < ctx->num_buckets; b++) if (ctx->buckets[b].count > largest) largest = ctx->buckets[b].count;
+    if (!(m->rounded = (ddp_bf16 *)(void *)ddp__alloc_floats(largest / 2 + 1)))
+        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for one bucket's %zu bf16 gradients", largest);
+    return DDP_OK;
 }
 
 /* This host's ranks stop at their next wait, with this rank's message. */
@@ -5998,9 +6235,9 @@ static void *ddp__mpi_comm_main(void *arg) {
             snprintf(ctx->what_buf, sizeof ctx->what_buf, "the allreduce of gradient bucket %d", index);
             ctx->what = ctx->what_buf;
             t0 = ddp__now();
-            r = ddp__mpi_collective_timed(ctx, DDP__KIND_AVG, ctx->flat_grads + b->offset, b->count, 0);
+            r = ddp__mpi_bucket(ctx, index);
             seconds = ddp__now() - t0;
-            ddp__record(ctx, ctx->tl_comm, DDP__EV_ALLREDUCE, t0, t0 + seconds, index, b->count * sizeof(float));
+            ddp__record(ctx, ctx->tl_comm, DDP__EV_ALLREDUCE, t0, t0 + seconds, index, b->count * ddp__wire_bytes(ctx));
         }
         pthread_mutex_lock(&m->lock);
         m->comm_seconds += seconds;
@@ -6176,12 +6413,6 @@ static ddp_result ddp__mpi_layout(ddp_context *ctx) {
 static ddp_result ddp__mpi_setup(ddp_context *ctx, double deadline) {
     ddp__mpi *m;
     ddp_result r;
-    if (ctx->desc.reduce_dtype != DDP_DTYPE_FP32)
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "the MPI backend reduces fp32 gradients only (reduce_dtype bf16 "
-                         "is not implemented for it yet)");
-    if (ctx->desc.param_dtype != DDP_DTYPE_FP32)   /* untested there: refused rather than trusted */
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "the MPI backend trains fp32 parameters only (param_dtype bf16 "
-                         "is not supported on it yet)");
     if (!(m = ctx->mpi = (ddp__mpi *)ddp__calloc(sizeof *m))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
     m->world = m->local = m->leaders = MPI_COMM_NULL;
     m->watch_fd = -1;
@@ -6210,6 +6441,7 @@ static ddp_result ddp__mpi_commit(ddp_context *ctx) {
     ctx->what = "the broadcast of rank 0's initial parameters";
     if ((r = ddp__mpi_collective_timed(ctx, DDP__KIND_BROADCAST, ctx->flat_params, ctx->flat_count * sizeof(float), 0)) != DDP_OK)
         return r;
+    if ((r = ddp__mpi_ranks_alloc(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     if (pthread_create(&ctx->mpi->comm_thread, NULL, ddp__mpi_comm_main, ctx))
         return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot start the communication thread"));
     ctx->mpi->comm_started = 1;
@@ -6223,7 +6455,7 @@ static void ddp__mpi_begin_step(ddp_context *ctx) {
 static ddp_result ddp__mpi_launch(ddp_context *ctx, int index) {
     ddp__mpi *m = ctx->mpi;
     ctx->stats.buckets_launched++;
-    ctx->stats.bytes_reduced += ctx->buckets[index].count * sizeof(float);
+    ctx->stats.bytes_reduced += ctx->buckets[index].count * ddp__wire_bytes(ctx);
     pthread_mutex_lock(&m->lock);
     m->comm_launched++;
     pthread_cond_signal(&m->comm_wake);
@@ -6304,6 +6536,9 @@ static void ddp__mpi_teardown(ddp_context *ctx) {
             if (m->world != MPI_COMM_NULL) MPI_Comm_free(&m->world);
         }
         ddp__free_floats(m->scratch);
+        ddp__free_floats((float *)(void *)m->wire);
+        ddp__free_floats((float *)(void *)m->rounded);
+        DDP_FREE(m->wcounts);
         DDP_FREE(m->counts);
         DDP_FREE(m->hosts);
         DDP_FREE(m->rank_node);
@@ -6320,9 +6555,9 @@ static void ddp__mpi_teardown(ddp_context *ctx) {
 }
 
 static const ddp__backend ddp__mpi_backend = {
-    "mpi", DDP_BACKEND_MPI, 0, 0,   /* shard_optimizer: not yet (ddp_init refuses it by name) */
+    "mpi", DDP_BACKEND_MPI, 0, 1,
     ddp__mpi_setup, ddp__host_alloc_flat, ddp__mpi_commit, ddp__mpi_begin_step, ddp__mpi_launch,
-    ddp__mpi_finish, ddp__host_zero, ddp__host_scale, ddp__host_bf16, ddp__host_adamw, ddp__host_adamw_state, ddp__host_copy,
+    ddp__mpi_finish, ddp__host_zero, ddp__host_scale, ddp__host_bf16, ddp__mpi_adamw, ddp__host_adamw_state, ddp__host_copy,
     ddp__mpi_collective, ddp__single_quiet, ddp__mpi_poison, ddp__mpi_stop, ddp__mpi_teardown
 };
 #endif /* DDP_MPI */

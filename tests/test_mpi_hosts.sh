@@ -5,6 +5,8 @@
 # namespaces are missing. Usage: tests/test_mpi_hosts.sh [BUILD_DIR]
 #   equivalence: 2 hosts x 2 ranks = 1 rank at 4x batch, the same bits on every rank, hierarchical
 #                and flat (DDP_MPI_FLAT=1); user collectives against float64; the tiny GPT
+#   bf16 parameters and the sharded optimizer: the CPU backend's bits (tests/mpi_parity.c), a
+#                checkpoint saved sharded + bf16 on the hosts loaded on the CPU backend
 #   the TCP defaults ddp.h sets reach Open MPI (MPI_T), the user's --mca wins, DDP_MPI_TUNE=0
 #   ddprun --nnodes 2 with an MPI build: every rank refuses at once, by name (no MPI launcher)
 #   a host killed mid-step, a host cut off mid-step (ip link set eth0 down): every surviving rank
@@ -64,6 +66,54 @@ for flat in 0 1; do
     [ -z "$why" ] && pass "mpi_2hosts_x2_equivalence_${mode}_bit_identical_on_every_rank" ||
         fail "mpi_2hosts_x2_equivalence_${mode}_bit_identical_on_every_rank" "${why#; }: $(grep -v ' info: ' "$tmp/eq$flat.log" | tail -n 5)"
 done
+
+# 1b. bf16 parameters, the sharded optimizer, both, and the other wire dtype (tests/mpi_parity.c) on
+#     2 hosts x 2 ranks, hierarchical and flat, against the CPU backend's 4 ranks on this machine
+#     (ddprun -n 4), file by file (each rank's loss, grad norm, gradients after ddp_finish and
+#     parameters every step; the master, m and v at the end): the configurations with bf16 on the
+#     wire in both modes, the fp32 ones flat. Hierarchical fp32 adds the hosts' sums (each in local
+#     rank order) in host order, not the CPU backend's rank order: there the check is that sharded
+#     gives the bits of unsharded. A checkpoint the hierarchical run saved (sharded, bf16) loads on
+#     the CPU backend on 3 ranks: every rank holds the saved master, m, v and step. Once more
+#     hierarchical with the ranks dealt round the hosts (mpirun --map-by node): the same bits.
+if [ -x "$M/mpi_parity" ] && [ -x "$B/mpi_parity" ]; then
+    mkdir -p "$tmp/pcpu"
+    "$B/ddprun" -n 4 "$B/mpi_parity" train "$tmp/pcpu" >"$tmp/pcpu.log" 2>&1 || fail mpi_parity_cpu_reference "$(tail -n 3 "$tmp/pcpu.log")"
+    # same_files NAME A B CONFIG_A CONFIG_B [SED]: every rank's file of CONFIG_A in A equal to CONFIG_B's in B
+    same_files() {
+        local name=$1 a=$2 b=$3 ca=$4 cb=$5 filter=${6:-} r why=""
+        for r in 0 1 2 3; do
+            [ -s "$a/$ca.rank$r" ] && [ -s "$b/$cb.rank$r" ] || { why="$why; rank $r: no output"; continue; }
+            cmp -s <(sed "$filter" "$a/$ca.rank$r") <(sed "$filter" "$b/$cb.rank$r") ||
+                why="$why; rank $r: $(diff <(sed "$filter" "$a/$ca.rank$r") <(sed "$filter" "$b/$cb.rank$r") | head -n 3 | tr '\n' ' ')"
+        done
+        [ -z "$why" ] && pass "$name" || fail "$name" "${why#; }"
+    }
+    # 2: hierarchical with the ranks dealt round the hosts (--map-by node: ranks 0 and 2 on h1), so
+    # that no host's ranks are consecutive
+    for flat in 0 1 2; do
+        mode=hierarchical; [ $flat = 1 ] && mode=flat; [ $flat = 2 ] && mode=hierarchical_interleaved
+        mkdir -p "$tmp/pmpi$flat"
+        map=(); [ $flat = 2 ] && map=(--map-by node)
+        DDP_LOG=info DDP_MPI_FLAT=$((flat == 1)) mpi h1:2,h2:2 $((120 * SLOW)) "${map[@]}" "$M/mpi_parity" train "$tmp/pmpi$flat" >"$tmp/pmpi$flat.log" 2>&1
+        rc=$?
+        [ $flat = 2 ] && ! grep -q "rank 1 of 4 up (mpi backend, host h2," "$tmp/pmpi$flat.log" &&
+            fail mpi_parity_2hosts_x2_interleaved_placement "rank 1 not on h2: $(grep ' up (' "$tmp/pmpi$flat.log" | head -n 4)"
+        [ $rc -eq 0 ] && ! grep -q "^FAIL " "$tmp/pmpi$flat.log" ||
+            fail "mpi_parity_2hosts_x2_${mode}_runs" "exit $rc: $(grep '^FAIL' "$tmp/pmpi$flat.log" | head -n 3; tail -n 3 "$tmp/pmpi$flat.log")"
+        configs="bf16 bf16_shard fp32_bf16wire bf16_fp32wire_shard"
+        [ $flat = 1 ] && configs="$configs fp32 fp32_shard"
+        for c in $configs; do same_files "mpi_2hosts_x2_${mode}_${c}_bits_equal_cpu" "$tmp/pcpu" "$tmp/pmpi$flat" $c $c; done
+    done
+    # (sharded, each rank's gradient line covers its own parts only: that column is left out)
+    same_files mpi_2hosts_x2_hierarchical_fp32_shard_bits_equal_unsharded "$tmp/pmpi0" "$tmp/pmpi0" fp32 fp32_shard 's/ grads [0-9a-f]*//'
+    "$B/ddprun" -n 3 "$B/mpi_parity" load "$tmp/pmpi0/bf16_shard.ck" 1 "$tmp/pload" >"$tmp/pload.log" 2>&1
+    s=$(sed -n 's/^final //p' "$tmp/pmpi0/bf16_shard.rank0"); l=$(sed -n 's/^final //p' "$tmp/pload" 2>/dev/null)
+    [ -n "$s" ] && [ "$s" = "$l" ] && ! grep -q "FAIL " "$tmp/pload.log" && pass mpi_2hosts_sharded_bf16_checkpoint_loads_on_cpu_3ranks ||
+        fail mpi_2hosts_sharded_bf16_checkpoint_loads_on_cpu_3ranks "saved '$s', loaded '$l': $(grep FAIL "$tmp/pload.log" | head -n 2)"
+else
+    echo "SKIP mpi_parity_2hosts: no $M/mpi_parity or $B/mpi_parity"
+fi
 
 # 2. User collectives across hosts (allreduce, broadcast, barrier; float64 references) and the
 #    tiny GPT (vs PyTorch; 4 ranks vs 1 rank, bit-identical across ranks), 2 hosts x 2 ranks.
