@@ -46,8 +46,8 @@ GPU_INCS    = $(addprefix -I,$(sort $(NCCL_INC) $(CUBLAS_INC)))
 # The rpath as DT_RPATH, not DT_RUNPATH: it then also finds what the libraries load themselves
 # (a wheel's libcublas.so.13 loads libcublasLt.so.13 from the same folder).
 GPU_RPATH   = $(foreach d,$(sort $(NCCL_LIB) $(CUBLAS_LIB)),-L$(d) -Xlinker -rpath -Xlinker $(d)) -Xlinker --disable-new-dtags
-# Warnings are errors here and in CI; bench/gpu/check_1.sh builds with WERROR= so that a newer
-# host compiler's new warning on the GPU machine is shown, not fatal. NVCC_EXTRA: more nvcc
+# Warnings are errors here and in CI; bench/gpu/check_tests.sh builds with WERROR= so that a
+# newer host compiler's new warning on the GPU machine is shown, not fatal. NVCC_EXTRA: more nvcc
 # flags (the check adds -allow-unsupported-compiler where nvcc refuses the host compiler).
 WERROR     ?= -Werror all-warnings
 NVCC_EXTRA ?=
@@ -70,7 +70,7 @@ GPU_DEPS := ddp.h ddp_kernels.cuh tests/testlib.h tests/gpu/gpu_common.h
 $(G)/%: tests/gpu/%.cu $(GPU_DEPS) | $(G)
 	$(NVCC) $(NVFLAGS) $(GPU_INCS) -o $@ $< $(GPU_RPATH) $(NCCL_LINK) -lpthread
 # The model's ops without fused multiply-add: the same arithmetic as the CPU reference.
-$(G)/test_gpu_train: tests/gpu/test_gpu_train.cu tests/test_equivalence.c $(GPU_DEPS) | $(G)
+$(G)/test_gpu_train: tests/gpu/test_gpu_train.cu tests/support/equivalence_model.h $(GPU_DEPS) | $(G)
 	$(NVCC) $(NVFLAGS) --fmad=false $(GPU_INCS) -o $@ $< $(GPU_RPATH) $(NCCL_LINK) -lpthread
 # The kernels' arithmetic run on the host (no GPU needed; tests/run.sh runs it wherever it was
 # built): host float operations must not be fused into multiply-adds, as on the device.
@@ -100,9 +100,9 @@ $(G)/gpu_count: tools/gpu_count.cu | $(G)
 # trains the same bits as build/train_gpt (tests/test_gpt.sh checks).
 GPT_CUDA_DEPS := examples/gpt/gpt_cuda.cuh examples/gpt/gpt.h ddp.h
 GPT_HOST_MATH := -Xcompiler -march=$(HOST_ARCH),-fno-math-errno,-ffp-contract=off
-$(G)/train_gpt: examples/gpt/train_gpt.c $(GPT_CUDA_DEPS) ddp_kernels.cuh | $(G)
+$(G)/train_gpt: examples/gpt/train_gpt.c examples/gpt/gpt_data.h $(GPT_CUDA_DEPS) ddp_kernels.cuh | $(G)
 	$(NVCC) $(NVFLAGS) $(GPT_HOST_MATH) $(GPT_DEFS) $(GPU_INCS) -x cu -o $@ $< $(GPU_RPATH) $(NCCL_LINK) $(CUBLAS_LINK) $(GPT_LIBS) -lpthread
-$(G)/test_gpt_gpu: tests/gpu/test_gpt_gpu.cu tests/test_gpt.c $(GPT_CUDA_DEPS) $(GPU_DEPS) | $(G)
+$(G)/test_gpt_gpu: tests/gpu/test_gpt_gpu.cu tests/support/gpt_reference.h $(GPT_CUDA_DEPS) $(GPU_DEPS) | $(G)
 	$(NVCC) $(NVFLAGS) $(GPT_HOST_MATH) $(GPT_DEFS) $(GPU_INCS) -o $@ $< $(GPU_RPATH) $(NCCL_LINK) $(CUBLAS_LINK) $(GPT_LIBS) -lpthread
 
 # ---- The MPI backend (ddp.h's >>mpi, -DDDP_MPI): CPU ranks on several hosts. Built with mpicc
@@ -128,9 +128,9 @@ $(M)/%: examples/%.c ddp.h | $(M)
 	$(MPICC) -std=c99 $(CFLAGS) $(WARN) -DDDP_MPI -o $@ $< $(LDLIBS)
 $(M)/%: bench/%.c ddp.h | $(M)
 	$(MPICC) -std=c99 $(CFLAGS) $(WARN) -DDDP_MPI -o $@ $< $(LDLIBS)
-$(M)/train_gpt: examples/gpt/train_gpt.c examples/gpt/gpt.h ddp.h | $(M)
+$(M)/train_gpt: examples/gpt/train_gpt.c examples/gpt/gpt_data.h examples/gpt/gpt.h ddp.h | $(M)
 	$(MPICC) -std=c99 $(CFLAGS) $(WARN) -fno-math-errno -DDDP_MPI $(GPT_DEFS) -o $@ $< $(GPT_LIBS) $(LDLIBS)
-$(M)/test_gpt: tests/test_gpt.c tests/testlib.h examples/gpt/gpt.h ddp.h | $(M)
+$(M)/test_gpt: tests/test_gpt.c tests/support/gpt_reference.h tests/testlib.h examples/gpt/gpt.h examples/gpt/gpt_data.h ddp.h | $(M)
 	$(MPICC) -std=c99 $(CFLAGS) $(WARN) -fno-math-errno -DDDP_MPI $(GPT_DEFS) -o $@ $< $(GPT_LIBS) $(LDLIBS)
 
 # ---- Windows (tests/test_windows.sh runs these under Wine): the MinGW-w64 cross compiler, where it
@@ -153,11 +153,11 @@ windows: $(WIN_PROGRAMS) $(B)/test_equivalence_portable
 endif
 $(WB):
 	@mkdir -p $(WB)
-$(WB)/test_equivalence.exe: tests/test_equivalence.c tests/testlib.h ddp.h | $(WB)
+$(WB)/test_equivalence.exe: tests/test_equivalence.c tests/support/equivalence_model.h tests/testlib.h ddp.h | $(WB)
 	$(WIN_CC) $(WIN_FLAGS) -DTEST_PORTABLE_MATH -o $@ $< $(WIN_LIBS) -lpthread
 # The mapping of the __atomic builtins onto Interlocked calls that a cl.exe build uses (>>platform),
 # checked here by forcing it on MinGW: no MSVC to build with.
-$(WB)/test_equivalence_il.exe: tests/test_equivalence.c tests/testlib.h ddp.h | $(WB)
+$(WB)/test_equivalence_il.exe: tests/test_equivalence.c tests/support/equivalence_model.h tests/testlib.h ddp.h | $(WB)
 	$(WIN_CC) $(WIN_FLAGS) -DDDP__ATOMICS_INTERLOCKED -DTEST_PORTABLE_MATH -o $@ $< $(WIN_LIBS) -lpthread
 $(WB)/engine_il.exe: examples/engine.c ddp.h | $(WB)
 	$(WIN_CC) $(WIN_FLAGS) -DDDP__ATOMICS_INTERLOCKED -o $@ $< $(WIN_LIBS)
@@ -170,7 +170,7 @@ $(WB)/texture.exe: examples/engine/texture.c ddp.h | $(WB)
 $(WB)/ddprun.exe: tools/ddprun.c tools/ddprun_windows.c | $(WB)
 	$(WIN_CC) $(WIN_FLAGS) -o $@ $< $(WIN_LIBS)
 # The Linux side of the comparison: the same source and arithmetic flags.
-$(B)/test_equivalence_portable: tests/test_equivalence.c tests/testlib.h ddp.h | $(B)
+$(B)/test_equivalence_portable: tests/test_equivalence.c tests/support/equivalence_model.h tests/testlib.h ddp.h | $(B)
 	$(CC) -std=c99 $(CFLAGS) $(WARN) -ffp-contract=off -DTEST_PORTABLE_MATH -o $@ $< $(LDLIBS)
 
 $(B):
@@ -186,6 +186,8 @@ $(B)/%: tests/%.c tests/testlib.h ddp.h | $(B)
 	$(CC) -std=c99 $(CFLAGS) $(WARN) -o $@ $< $(LDLIBS)
 $(B)/%: bench/%.c bench/bench_sizes.h ddp.h | $(B)
 	$(CC) -std=c99 $(CFLAGS) $(WARN) -o $@ $< $(LDLIBS)
+# test_equivalence's model (shared with test_fake_nccl and the GPU tests): one more prerequisite
+$(B)/test_equivalence $(M)/test_equivalence: tests/support/equivalence_model.h
 
 # The neural-texture host program (examples/engine/), built as C and as C++.
 $(B)/texture: examples/engine/texture.c ddp.h | $(B)
@@ -223,16 +225,16 @@ GPT_LIBS :=
 endif
 
 # -fno-math-errno: sqrtf (AdamW) and friends vectorize; results are unchanged (errno is never read).
-$(B)/train_gpt: examples/gpt/train_gpt.c examples/gpt/gpt.h ddp.h | $(B)
+$(B)/train_gpt: examples/gpt/train_gpt.c examples/gpt/gpt_data.h examples/gpt/gpt.h ddp.h | $(B)
 	$(CC) -std=c99 $(CFLAGS) $(WARN) -fno-math-errno $(GPT_DEFS) -o $@ $< $(GPT_LIBS) $(LDLIBS)
-$(B)/test_gpt: tests/test_gpt.c tests/testlib.h examples/gpt/gpt.h ddp.h | $(B)
+$(B)/test_gpt: tests/test_gpt.c tests/support/gpt_reference.h tests/testlib.h examples/gpt/gpt.h examples/gpt/gpt_data.h ddp.h | $(B)
 	$(CC) -std=c99 $(CFLAGS) $(WARN) -fno-math-errno $(GPT_DEFS) -o $@ $< $(GPT_LIBS) $(LDLIBS)
 # The GPT's CUDA model run on the host (-DGPT_CUDA_EMULATE, C++17, no CUDA needed): the same
 # kernel code and matmul calls as the GPU build, in host loops; the trainer and the GPU test
 # built that way run in every `make test`, so the model's logic is checked without a GPU.
-$(B)/train_gpt_emulated: examples/gpt/train_gpt.c examples/gpt/gpt_cuda.cuh examples/gpt/gpt.h ddp.h | $(B)
+$(B)/train_gpt_emulated: examples/gpt/train_gpt.c examples/gpt/gpt_data.h examples/gpt/gpt_cuda.cuh examples/gpt/gpt.h ddp.h | $(B)
 	$(CXX) -std=c++17 $(CFLAGS) $(WARN) -fno-math-errno -DGPT_CUDA_EMULATE $(GPT_DEFS) -x c++ -o $@ $< -x none $(GPT_LIBS) $(LDLIBS)
-$(B)/test_gpt_gpu_emulated: tests/gpu/test_gpt_gpu.cu tests/test_gpt.c tests/testlib.h examples/gpt/gpt_cuda.cuh examples/gpt/gpt.h ddp.h | $(B)
+$(B)/test_gpt_gpu_emulated: tests/gpu/test_gpt_gpu.cu tests/support/gpt_reference.h tests/testlib.h examples/gpt/gpt_cuda.cuh examples/gpt/gpt.h ddp.h | $(B)
 	$(CXX) -std=c++17 $(CFLAGS) $(WARN) -fno-math-errno -DGPT_CUDA_EMULATE $(GPT_DEFS) -x c++ -o $@ $< -x none $(GPT_LIBS) $(LDLIBS)
 
 # ddp.h's NCCL backend run without a GPU: the implementation compiled by the C compiler with
@@ -251,7 +253,7 @@ $(B)/fakegpu/%.o: $(FAKE_DIR)/%.c $(FAKE_HDRS) | $(B)/fakegpu
 	$(CC) -std=c99 $(CFLAGS) $(WARN) -ffp-contract=off -pthread -I$(FAKE_DIR) -c -o $@ $<
 $(B)/fakegpu/fake_kernels.o: $(FAKE_DIR)/fake_kernels.cpp $(B)/fakegpu/ddp_kernels_host.inc ddp_kernels.cuh $(FAKE_HDRS) | $(B)/fakegpu
 	$(CXX) -std=c++11 $(CFLAGS) $(WARN) -ffp-contract=off -pthread -I$(FAKE_DIR) -I$(B)/fakegpu -c -o $@ $<
-$(B)/test_fake_nccl: tests/test_fake_nccl.c tests/test_equivalence.c tests/testlib.h ddp.h ddp_kernels.cuh $(FAKE_OBJS) $(FAKE_HDRS) | $(B)
+$(B)/test_fake_nccl: tests/test_fake_nccl.c tests/support/equivalence_model.h tests/testlib.h ddp.h ddp_kernels.cuh $(FAKE_OBJS) $(FAKE_HDRS) | $(B)
 	$(CC) -std=c99 $(CFLAGS) $(WARN) -DDDP_CUDA -I$(FAKE_DIR) -c -o $(B)/fakegpu/test_fake_nccl.o $<
 	$(CXX) $(CFLAGS) -o $@ $(B)/fakegpu/test_fake_nccl.o $(FAKE_OBJS) $(LDLIBS)
 
@@ -280,15 +282,15 @@ $(B)/fortunes.txt: | $(B)
 # (with gpu_count and nccl_version, which pick it) only where nvcc is and a GPU is visible —
 # nvcc without a GPU would otherwise spend minutes on GPU targets the run never starts. (A
 # warning of a newer host compiler than CI's does not stop a run: WERROR=.)
-# tools/train_gpt_run.sh picks the binary: build/gpu/train_gpt where a GPU is (2 ranks on 2
-# GPUs, or both on one through tools/nccl_one_gpu.sh), build/train_gpt (CPU) otherwise.
+# examples/gpt/train_gpt_run.sh picks the binary: build/gpu/train_gpt where a GPU is (2 ranks on
+# 2 GPUs, or both on one through tools/nccl_one_gpu.sh), build/train_gpt (CPU) otherwise.
 run:
 	@$(MAKE) --no-print-directory deps
 	@$(MAKE) --no-print-directory train-2-ranks
 train-2-ranks: $(B)/ddprun $(B)/train_gpt $(B)/fortunes.txt
 	@if [ -n "$(strip $(NVCC))" ] && { nvidia-smi -L 2>/dev/null | grep -q '^GPU' || ls /dev/nvidia[0-9]* >/dev/null 2>&1; }; then \
 	    $(MAKE) --no-print-directory WERROR= $(G)/train_gpt $(G)/gpu_count $(G)/nccl_version; fi
-	tools/train_gpt_run.sh $(B) --data $(B)/fortunes.txt --steps 1200 --batch 8 --eval-every 200 --log-every 25 --sample 600
+	examples/gpt/train_gpt_run.sh $(B) --data $(B)/fortunes.txt --steps 1200 --batch 8 --eval-every 200 --log-every 25 --sample 600
 deps:
 	@[ "$(GPT_BLAS)" = 1 ] || ! command -v apt-get >/dev/null || { echo "installing libopenblas-dev for the GPT's matmuls"; \
 	    { apt-get install -y -qq libopenblas-dev >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq libopenblas-dev; }; } \
@@ -363,8 +365,8 @@ $(B)/fuzz_checkpoint: fuzz/fuzz_checkpoint.c ddp.h | $(B)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $< $(LDLIBS)
 $(B)/fuzz_hostlist: fuzz/fuzz_hostlist.c ddp.h | $(B)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $< $(LDLIBS)
-$(B)/fuzz_%: fuzz/fuzz_%.c examples/gpt/train_gpt.c examples/gpt/gpt.h ddp.h | $(B)
-	$(FUZZ_CC) $(FUZZ_FLAGS) -DGPT_NO_BLAS -o $@ $< $(LDLIBS)
+$(B)/fuzz_data: fuzz/fuzz_data.c examples/gpt/gpt_data.h ddp.h | $(B)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $< $(LDLIBS)
 fuzz: $(FUZZERS)
 	@fuzz/run.sh $(B) $(FUZZ_SECONDS)
 
@@ -389,4 +391,4 @@ help:
 	@echo "variables: CUDA_ARCH (sm_90), NVCC, CUDA_HOME, NCCL_HOME, WERROR (nvcc's -Werror; WERROR= shows warnings only),"
 	@echo "           GPT_BLAS (0: portable matmuls), OPT, B (build directory)"
 	@echo "make gpu-window   build-gpu/: the GPU window's binaries, made here (portable -march=x86-64-v3) for bench/gpu/check_bf16.sh"
-	@echo "on a GPU machine: bench/gpu/check_1.sh (environment, build, GPU tests), bench/gpu/check_2.sh (GPU benchmarks), check_3.sh (shakespeare_char target)"
+	@echo "on a GPU machine: bench/gpu/check_tests.sh (environment, build, GPU tests), bench/gpu/check_bench.sh (GPU benchmarks), check_shakespeare.sh (shakespeare_char target)"

@@ -4,7 +4,7 @@
    ncclUniqueId through the store, the communicator) and, if that works, averages one vector.
    Built two ways: with tests/fakegpu (-DHOSTS_FAKEGPU, no GPU; the fake forms communicators only
    among threads of one process, so across processes the set-up runs up to its deadline and
-   fails by name) and by nvcc against the real CUDA runtime and NCCL (tests/gpu/hosts_nccl.cu:
+   fails by name) and by nvcc against the real CUDA runtime and NCCL (build/gpu/hosts_nccl, -x cu:
    without a GPU it must fail by name; with GPUs it is a real multi-node allreduce).
    Prints one "hosts_nccl: ..." line per event; exit 0 when the allreduce gave the right average,
    1 on a ddp.h error, 2 on a wrong value. $HOSTS_TIMEOUT: ddp.h's timeout_s (default 10). */

@@ -6,10 +6,11 @@
    non-finite gradients, the watchdog, timeouts, aborts and shutdown. It proves nothing about
    the CUDA kernels on a GPU or about real NCCL.
    Checks:
-   - training the MLP of tests/test_equivalence.c on 1, 2 and 3 thread-ranks on the NCCL backend
-     ends with the same bits as the same training on the CPU backend (single for 1 rank), with
-     accumulation, bf16 buckets, clipping and the norm read back on some steps; with NCCL's
-     pre-multiplied ncclAvg, the same bits on 2 ranks and a stated bound on 3;
+   - training the MLP of tests/test_equivalence.c (tests/support/equivalence_model.h) on 1, 2
+     and 3 thread-ranks on the NCCL backend ends with the same bits as the same training on the
+     CPU backend (single for 1 rank), with accumulation, bf16 buckets, clipping and the norm read
+     back on some steps; with NCCL's pre-multiplied ncclAvg, the same bits on 2 ranks and a
+     stated bound on 3;
    - user collectives on device and host buffers, host copies of every flat buffer, step stats;
    - non-finite gradients, named by the step with grad_norm_out, reported by the next without;
    - faults: an asynchronous NCCL error on one rank, a rank that aborts its communicator, a rank
@@ -18,9 +19,8 @@
      completes (the timeout names the ranks), two ranks on one GPU;
    - the fake saw no misuse of the CUDA or NCCL API (wrong pointers, devices, destroyed handles)
      and nothing leaked (communicators, events, device memory). */
-#define main test_equivalence_main   /* its model, data and CPU ops */
-#include "test_equivalence.c"
-#undef main
+#include "testlib.h"
+#include "support/equivalence_model.h"   /* test_equivalence.c's model, data and CPU ops */
 #include "fakegpu/fakegpu.h"
 
 #define MAX_WORLD 4

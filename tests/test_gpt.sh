@@ -114,10 +114,10 @@ fi
 fi   # dump_full
 
 if want shakespeare; then
-# --- tools/shakespeare_char.sh (nanoGPT's shakespeare_char configuration) starts, here on the CPU
+# --- examples/gpt/shakespeare_char.sh (nanoGPT's shakespeare_char configuration) starts, here on the CPU
 #     backend, with the model shrunk by flags that override its own ---
 if [ -z "${TRAIN_GPT:-}" ] && [ -f ../shared/data/tinyshakespeare.txt ]; then
-    out=$(timeout 120 tools/shakespeare_char.sh "$B" --ranks 2 --layers 1 --heads 2 --dim 32 --seq 32 --batch 2 --stop-at 2 2>&1); rc=$?
+    out=$(timeout 120 examples/gpt/shakespeare_char.sh "$B" --ranks 2 --layers 1 --heads 2 --dim 32 --seq 32 --batch 2 --stop-at 2 2>&1); rc=$?
     if [ $rc = 0 ] && grep -q "step     2/5000" <<<"$out" && grep -q "done: step 2 | val loss" <<<"$out"; then pass gpt_shakespeare_char_script_runs
     else fail gpt_shakespeare_char_script_runs "rc $rc: $(tail -n 3 <<<"$out")"; fi
 fi

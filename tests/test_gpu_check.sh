@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# test_gpu_check.sh — the GPU machine's calls (bench/gpu/check_1.sh, check_2.sh, check_3.sh, and
-# the one-call window bench/gpu/check_bf16.sh, also on a stand-in GPU) dry-run
-# here, so that they are known to work up to the first CUDA call before a GPU machine's time is
-# spent on them: with the binaries as built (--no-build, no nvcc run), every GPU step must say
-# SKIP and the call exit 0; the files under $OUT must be what the device tool brings back (at
-# most 8, plain names, no deeper than $OUT/a/b/file). Also: a target that does not build is
+# test_gpu_check.sh — the GPU machine's calls (bench/gpu/check_tests.sh, check_bench.sh,
+# check_shakespeare.sh, and the one-call window bench/gpu/check_bf16.sh, also on a stand-in GPU)
+# dry-run here, so that they are known to work up to the first CUDA call before a GPU machine's
+# time is spent on them: with the binaries as built (--no-build, no nvcc run), every GPU step
+# must say SKIP and the call exit 0; the files under $OUT must be what the device tool brings
+# back (at most 8, plain names, no deeper than $OUT/a/b/file). Also: a target that does not build is
 # named and the rest still runs; a budget that has run out starts nothing; a step that hangs is
 # cut at its limit, with what was running named, and nothing of it left behind.
 # Usage: tests/test_gpu_check.sh [BUILD_DIR]
@@ -30,9 +30,9 @@ gpus=0
 [ -x "$B/gpu/gpu_count" ] && gpus=$(timeout 60 "$B/gpu/gpu_count" 2>/dev/null)
 case "$gpus" in '' | *[!0-9]*) gpus=0 ;; esac
 if [ "$gpus" -gt 0 ]; then
-    echo "SKIP gpu_check_dry_run: a GPU is here; run bench/gpu/check_1.sh itself"
+    echo "SKIP gpu_check_dry_run: a GPU is here; run bench/gpu/check_tests.sh itself"
 else
-    for call in 1 2; do
+    for call in tests bench; do
         name=gpu_check_${call}_dry_run_every_step_skips
         t0=$(date +%s)
         OUT=$tmp/out$call timeout 240 bench/gpu/check_$call.sh --no-build "$B" >"$tmp/log$call" 2>&1
@@ -48,18 +48,18 @@ else
             fail "$name" "exit $rc; not ok: $(tr '\n' ' ' <<<"$notok") $(tail -n 4 "$tmp/log$call" | tr '\n' ' ')"
         fi
     done
-    # check_1 writes the environment before anything can fail
-    if grep -q "^-- nvcc" "$tmp/out1/1-env.txt" 2>/dev/null && grep -q "^-- nccl: " "$tmp/out1/1-env.txt" &&
-       grep -q "^-- cublas: " "$tmp/out1/1-env.txt"; then pass gpu_check_1_records_the_environment
-    else fail gpu_check_1_records_the_environment "1-env.txt lacks nvcc, NCCL or cuBLAS lines"; fi
+    # check_tests.sh writes the environment before anything can fail
+    if grep -q "^-- nvcc" "$tmp/outtests/tests-env.txt" 2>/dev/null && grep -q "^-- nccl: " "$tmp/outtests/tests-env.txt" &&
+       grep -q "^-- cublas: " "$tmp/outtests/tests-env.txt"; then pass gpu_check_tests_records_the_environment
+    else fail gpu_check_tests_records_the_environment "tests-env.txt lacks nvcc, NCCL or cuBLAS lines"; fi
 fi
 
 # A target that does not build: named, the call goes on to its steps, and fails.
 if [ -n "$(tools/gpu_paths.sh nvcc)" ]; then
-    OUT=$tmp/nobuild CHECK_TARGETS="$B/gpu/no_such_target" timeout 240 bench/gpu/check_2.sh "$B" >"$tmp/nobuild.log" 2>&1
+    OUT=$tmp/nobuild CHECK_TARGETS="$B/gpu/no_such_target" timeout 240 bench/gpu/check_bench.sh "$B" >"$tmp/nobuild.log" 2>&1
     rc=$?
     if [ $rc -ne 0 ] && grep -q "^FAIL build: did not build: $B/gpu/no_such_target" "$tmp/nobuild.log" &&
-       grep -q "No rule to make target" "$tmp/nobuild/2-build.log" && grep -qE "^(SKIP|PASS|FAIL|==) bench_gpu" "$tmp/nobuild.log"; then
+       grep -q "No rule to make target" "$tmp/nobuild/bench-build.log" && grep -qE "^(SKIP|PASS|FAIL|==) bench_gpu" "$tmp/nobuild.log"; then
         pass gpu_check_names_what_did_not_build_and_goes_on
     else
         fail gpu_check_names_what_did_not_build_and_goes_on "exit $rc: $(grep -m2 -E "build|FAIL" "$tmp/nobuild.log" | tr '\n' ' ')"
@@ -68,15 +68,16 @@ else
     echo "SKIP gpu_check_names_what_did_not_build_and_goes_on: no nvcc"
 fi
 
-# Each call's default build list reaches make as separate targets (check_2 once passed its list as
-# one quoted word: "No rule to make target 'a b c'", and nothing was built). A stand-in make on
-# PATH records its arguments; the real nvcc probe runs first, so this needs nvcc.
+# Each call's default build list reaches make as separate targets (check_bench.sh, then named
+# check_2.sh, once passed its list as one quoted word: "No rule to make target 'a b c'", and
+# nothing was built). A stand-in make on PATH records its arguments; the real nvcc probe runs
+# first, so this needs nvcc.
 if [ -n "$(tools/gpu_paths.sh nvcc 2>/dev/null)" ]; then
     mkdir -p "$tmp/fakemake"
     printf '#!/bin/sh\nfor a in "$@"; do echo "arg: $a"; done\nexit 0\n' >"$tmp/fakemake/make"
     chmod +x "$tmp/fakemake/make"
     why=""
-    for c in 1 2 3; do
+    for c in tests bench shakespeare; do
         PATH="$tmp/fakemake:$PATH" OUT="$tmp/targets$c" CHECK_BUDGET_S=100 timeout 200 bench/gpu/check_$c.sh "$B" >"$tmp/targets$c.log" 2>&1
         n=$(grep -c "^arg: $B/" "$tmp/targets$c/$c-build.log" 2>/dev/null)
         if [ "${n:-0}" -lt 3 ] || grep -q "^arg: .* " "$tmp/targets$c/$c-build.log"; then
@@ -90,21 +91,21 @@ else
 fi
 
 # No budget left: no step starts, each says so, the call fails (its results are not complete).
-OUT=$tmp/late CHECK_BUDGET_S=0 timeout 120 bench/gpu/check_2.sh --no-build "$B" >"$tmp/late.log" 2>&1
+OUT=$tmp/late CHECK_BUDGET_S=0 timeout 120 bench/gpu/check_bench.sh --no-build "$B" >"$tmp/late.log" 2>&1
 rc=$?
-if [ $rc -ne 0 ] && [ "$(grep -c "out of time" "$tmp/late.log")" -eq 2 ] && grep -q "^OUT_OF_TIME bench_gpu" "$tmp/late/2-summary.txt"; then
+if [ $rc -ne 0 ] && [ "$(grep -c "out of time" "$tmp/late.log")" -eq 2 ] && grep -q "^OUT_OF_TIME bench_gpu" "$tmp/late/bench-summary.txt"; then
     pass gpu_check_budget_spent_starts_nothing
 else
     fail gpu_check_budget_spent_starts_nothing "exit $rc: $(tail -n 3 "$tmp/late.log" | tr '\n' ' ')"
 fi
 
 # The optional third call (nanoGPT's shakespeare_char target): without a GPU each run says SKIP.
-OUT=$tmp/c3 timeout 120 bench/gpu/check_3.sh --no-build "$B" >"$tmp/c3.log" 2>&1
+OUT=$tmp/c3 timeout 120 bench/gpu/check_shakespeare.sh --no-build "$B" >"$tmp/c3.log" 2>&1
 rc=$?
-if [ $rc -eq 0 ] && [ "$(grep -c "^SKIP shakespeare_char_[12]rank 0" "$tmp/c3/3-summary.txt")" -eq 2 ]; then
-    pass gpu_check_3_dry_run_skips_both_runs
+if [ $rc -eq 0 ] && [ "$(grep -c "^SKIP shakespeare_char_[12]rank 0" "$tmp/c3/shakespeare-summary.txt")" -eq 2 ]; then
+    pass gpu_check_shakespeare_dry_run_skips_both_runs
 else
-    fail gpu_check_3_dry_run_skips_both_runs "exit $rc: $(tail -n 3 "$tmp/c3.log" | tr '\n' ' ')"
+    fail gpu_check_shakespeare_dry_run_skips_both_runs "exit $rc: $(tail -n 3 "$tmp/c3.log" | tr '\n' ' ')"
 fi
 
 # The one-call window (bench/gpu/check_bf16.sh) without a GPU: every GPU step SKIPs, the call

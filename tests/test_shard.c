@@ -234,7 +234,7 @@ static void refusals(void) {
     }
 }
 
-/* tools/zero_reference.py's problem (PyTorch's ZeroRedundancyOptimizer(AdamW) over gloo), sharded
+/* tests/support/zero_reference.py's problem (PyTorch's ZeroRedundancyOptimizer(AdamW) over gloo), sharded
    here, its final parameters against the file PyTorch wrote (SHARD_TORCH_REF): within
    2e-5 + 1e-4 |ref| (PyTorch rounds AdamW and the norm differently: ADAMW in ddp.h's manual). */
 enum { TORCH_PARAMS = 5 };

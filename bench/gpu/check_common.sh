@@ -1,12 +1,14 @@
-# bench/gpu/check_common.sh — sourced by bench/gpu/check_1.sh, check_2.sh and check_3.sh: arguments, $OUT,
-# the time budget, the environment facts, the build, the verdict.
+# bench/gpu/check_common.sh — sourced by bench/gpu/check_tests.sh, check_bench.sh,
+# check_shakespeare.sh and check_bf16.sh: arguments, $OUT, the time budget, the environment
+# facts, the build, the verdict.
 
 check_usage() {
     echo "usage: $0 [--no-build] [BUILD_DIR]   env: OUT, CHECK_BUDGET_S, CHECK_JOBS, CHECK_TARGETS" >&2
     exit 2
 }
 
-# check_init CALL DEFAULT_BUDGET_S ARGS...: sets B, G, OUT, NO_BUILD, SUMMARY, DEADLINE, T0.
+# check_init CALL DEFAULT_BUDGET_S ARGS...: sets B, G, OUT, NO_BUILD, SUMMARY, DEADLINE, T0. CALL
+# (tests, bench, shakespeare, bf16) names the call: its files under $OUT begin with it.
 check_init() {
     CALL=$1 budget_default=$2
     shift 2
@@ -173,15 +175,15 @@ check_build_step() {
     return 0
 }
 
-# check_gpu_and_build LOG TARGET...: what check_2 and check_3 begin with: the GPU this call got
-# (check_1's may have been another) in the summary, the build (unless --no-build or no nvcc),
-# then the GPU count; with none, the steps run quiet (one SKIP line each).
+# check_gpu_and_build LOG TARGET...: what check_bench.sh and check_shakespeare.sh begin with: the
+# GPU this call got (check_tests.sh's may have been another) in the summary, the build (unless
+# --no-build or no nvcc), then the GPU count; with none, the steps run quiet (one SKIP line each).
 check_gpu_and_build() {
     local log=$1 gpu
     shift
     gpu=$(timeout 30 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -n 1)
     echo "# GPU: ${gpu:-none (nvidia-smi lists none)}" | tee -a "$SUMMARY"
-    check_build_step 1 "$log" "$@"   # probe as check_1 did: a fresh machine, the same host compiler
+    check_build_step 1 "$log" "$@"   # probe as check_tests.sh did: a fresh machine, the same host compiler
     gpus=$(timeout 60 "$G/gpu_count" 2>/dev/null)
     case "$gpus" in '' | *[!0-9]*) gpus=0 ;; esac
     [ "$gpus" -eq 0 ] && export GPU_STEPS_MODE=quiet

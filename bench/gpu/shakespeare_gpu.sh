@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # bench/gpu/shakespeare_gpu.sh BUILD_DIR RANKS [TRAIN_GPT ARGS...] — the quality target of
-# nanoGPT's shakespeare_char on the GPU: tools/shakespeare_char.sh's run (1 rank, or 2 ranks
+# nanoGPT's shakespeare_char on the GPU: examples/gpt/shakespeare_char.sh's run (1 rank, or 2 ranks
 # sharing the GPU; extra arguments go to train_gpt, e.g. --steps 2000), then one
 #   RESULT shakespeare_char ranks=R best_val=V best_step=N best_at_s=S val=V_END steps=N_END train_s=S_END wall_s=W
 # and PASS when the best validation loss is <= 1.47 (nanoGPT's 1.4697 is its best: it keeps the
 # checkpoint with the lowest validation loss, since the model overfits this data) and was reached
 # within nanoGPT's 3 minutes on an A100 (best_at_s: the training time in proportion to the steps
 # done, evaluations included), else FAIL with the numbers. No GPU: one SKIP line.
-# env PRECISION (tf32, bf16, fp32: tools/shakespeare_char.sh's --precision; default tf32),
+# env PRECISION (tf32, bf16, fp32: examples/gpt/shakespeare_char.sh's --precision; default tf32),
 #     TARGET_S (180: the seconds of training the best value must come within; 60 for bf16's target)
 set -u
 B=${1:-build}
@@ -23,7 +23,7 @@ case "$gpus" in '' | *[!0-9]*) gpus=0 ;; esac
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 t0=$(date +%s.%N)
-tools/shakespeare_char.sh "$B" --ranks "$RANKS" --precision "$PREC" --sample 0 "$@" 2>&1 | tee "$log"
+examples/gpt/shakespeare_char.sh "$B" --ranks "$RANKS" --precision "$PREC" --sample 0 "$@" 2>&1 | tee "$log"
 wall=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
 read -r steps val secs <<<"$(sed -n 's/.*done: step \([0-9]*\) | val loss \([0-9.]*\) | \([0-9.]*\) s training.*/\1 \2 \3/p' "$log" | tail -n 1)"
 if [ -z "${val:-}" ]; then

@@ -773,58 +773,6 @@ static float gpt_forward(gpt *m, const int *tokens, const int *targets, int B, i
 }
 
 /* ---------------------------------------------------------------------------------------------
-   Training data: epochs through ddp.h's distributed sampler. A sample is a window of T+1 bytes,
-   named by its start: data[0, len) holds len - T of them. Every epoch is a permutation of them
-   (seeded, the same on every rank; drop_last: each rank floor(n/world) of it). Optimizer steps
-   take whole global batches of G = world x batch x accum windows, an epoch floor(n/G) of them
-   (the tail that fills no step is dropped), step j of an epoch the epoch's positions
-   [j*G, (j+1)*G): rank r's i-th sample is position i*world + r, and the permutation does not
-   depend on world. So N ranks at batch B train, step by step, the very windows 1 rank trains at
-   batch N*B (in another order inside a step: the same gradient to float rounding), and the
-   position of step s is a function of s alone: a checkpoint's step is where to resume.
-   --------------------------------------------------------------------------------------------- */
-static ddp_sampler gpt_window_sampler(size_t len, int T, int world, int rank, uint64_t seed) {
-    ddp_sampler s;
-    memset(&s, 0, sizeof s);
-    s.n = len > (size_t)T ? (uint64_t)(len - (size_t)T) : 0;   /* n = 0: ddp_sample names it */
-    s.world = world;
-    s.rank = rank;
-    s.seed = seed;
-    s.shuffle = 1;
-    s.drop_last = 1;
-    return s;
-}
-
-/* Where micro-step u (of accum, batch B each) of optimizer step `step` starts: the epoch and this
-   rank's first position in it. DDP_ERR_INVALID_ARGUMENT (ddp_last_error(NULL) says why, or the
-   data hold less than one step a rank) when an epoch has no whole step. */
-static ddp_result gpt_batch_position(const ddp_sampler *s, int B, int accum, uint64_t step, int u, uint64_t *epoch, uint64_t *first) {
-    uint64_t count = 0, per_step = (uint64_t)B * (uint64_t)accum, steps;
-    ddp_result r = ddp_sampler_count(s, &count);
-    if (r != DDP_OK) return r;
-    if ((steps = count / per_step) == 0) return DDP_ERR_INVALID_ARGUMENT;
-    *epoch = step / steps;
-    *first = (step % steps) * per_step + (uint64_t)u * (uint64_t)B;
-    return DDP_OK;
-}
-
-/* Fills tokens/targets [B, T] with this rank's samples first..first+B-1 of `epoch`. */
-static ddp_result gpt_sampled_batch(const unsigned char *data, const ddp_sampler *s, uint64_t epoch, uint64_t first, int B, int T,
-                                    int *tokens, int *targets) {
-    int b, t;
-    for (b = 0; b < B; b++) {
-        uint64_t start;
-        ddp_result r = ddp_sample(s, epoch, first + (uint64_t)b, &start);
-        if (r != DDP_OK) return r;
-        for (t = 0; t < T; t++) {
-            tokens[b * T + t] = data[start + (uint64_t)t];
-            targets[b * T + t] = data[start + (uint64_t)t + 1];
-        }
-    }
-    return DDP_OK;
-}
-
-/* ---------------------------------------------------------------------------------------------
    Fixed windows (validation, tests): window i of batch `step` starts at a position drawn from
    (seed, step, i) alone, so every rank can make any rank's slice.
    --------------------------------------------------------------------------------------------- */
@@ -851,6 +799,10 @@ static void gpt_make_batch(const unsigned char *data, size_t len, uint64_t seed,
     }
 }
 
+/* FNV-1a over bytes: the trainer's and the tests' fingerprints (not every includer takes one). */
+#if defined(__GNUC__) || defined(__clang__)
+__attribute__((unused))
+#endif
 static uint64_t gpt_fnv1a(const void *data, size_t bytes, uint64_t h) {
     const unsigned char *p = (const unsigned char *)data;
     size_t i;

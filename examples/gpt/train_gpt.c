@@ -11,7 +11,7 @@
    Every optimizer step takes a global batch of world x batch x grad-accum windows of seq+1 bytes
    from the first 90% of the file, in epochs: ddp.h's distributed sampler (ddp_sample) gives
    each rank its disjoint share of each epoch's permutation of the windows, and global batches are
-   consecutive positions of the epoch (gpt.h: gpt_batch_position), so N ranks train exactly what
+   consecutive positions of the epoch (gpt_data.h: gpt_batch_position), so N ranks train exactly what
    1 rank trains at N x batch, and the step alone says where the data stand (a checkpoint needs
    nothing more). Validation: the last 10%, the same fixed windows every time, averaged over
    ranks. Run with --help for the flags. */
@@ -19,6 +19,7 @@
 #define DDP_TEST_KILL_POINTS   /* its tests kill rank 0 inside ddp_save (DDP_TEST_DIE_IN_CHECKPOINT) */
 #include "../../ddp.h"
 #include "gpt.h"
+#include "gpt_data.h"   /* the training file and the windows each rank trains on */
 #if defined(__CUDACC__) || defined(GPT_CUDA_EMULATE)
 #define TRAIN_CUDA_MODEL 1
 #include "gpt_cuda.cuh"
@@ -32,8 +33,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-#define DEFAULT_DATA "build/fortunes.txt"
 
 typedef struct options {
     const char *data, *save, *resume, *dump_init, *prompt;
@@ -56,7 +55,7 @@ static double now_s(void) {
 static void usage(FILE *f) {
     fprintf(f,
         "usage: train_gpt [flags]        (launch several ranks with: ddprun -n N train_gpt [flags])\n"
-        "  --data PATH        training text, any file as bytes (default " DEFAULT_DATA ", made by `make run`\n"
+        "  --data PATH        training text, any file as bytes (default " GPT_DEFAULT_DATA ", made by `make run`\n"
         "                     or `make build/fortunes.txt`)\n"
         "  --layers N         transformer blocks (4)          --heads N   attention heads (4)\n"
         "  --dim N            width (128)                     --seq N     context length (64)\n"
@@ -187,109 +186,6 @@ static float lr_at(const options *o, int s) {
     if (s >= o->steps || o->steps <= o->warmup) return o->min_lr;
     ratio = (double)(s - o->warmup) / (double)(o->steps - o->warmup);
     return (float)(o->min_lr + 0.5 * (1.0 + cos(3.14159265358979323846 * ratio)) * (o->lr - o->min_lr));
-}
-
-/* ---- files ---- */
-
-static const char *file_kind(mode_t mode) {
-    return S_ISFIFO(mode) ? "a FIFO (named pipe)" : S_ISDIR(mode) ? "a directory" : S_ISCHR(mode) ? "a character device"
-         : S_ISBLK(mode) ? "a block device" : S_ISSOCK(mode) ? "a socket" : "not a regular file";
-}
-
-/* Opens PATH for reading if it is a regular file; else NULL, errno set, and *kind says what it is
-   (NULL when the open itself failed). A FIFO with no writer would block fopen forever, before any
-   timeout applies: O_NONBLOCK makes the open return at once, and fstat on the opened descriptor
-   checks the very file that was opened (stat, then open, leaves a window to swap the path). */
-static FILE *open_regular(const char *path, const char **kind) {
-    struct stat st;
-    FILE *f = NULL;
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC), e;
-    *kind = NULL;
-    if (fd < 0) return NULL;
-    if (fstat(fd, &st) != 0) goto fail;
-    if (!S_ISREG(st.st_mode)) { *kind = file_kind(st.st_mode); errno = EINVAL; goto fail; }
-    if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0 || !(f = fdopen(fd, "rb"))) goto fail;
-    return f;
-fail:
-    e = errno;
-    close(fd);
-    errno = e;
-    return NULL;
-}
-
-/* ---- data ---- */
-typedef struct dataset { unsigned char *bytes; size_t len, train_len, val_len; } dataset;
-
-/* Reads the whole file; every failure is one clear message naming rank, file, size and need. */
-static int load_data(const options *o, int rank, int world, dataset *d, char *err, size_t errn) {
-    const char *path = o->data ? o->data : DEFAULT_DATA;
-    size_t need = (size_t)world * o->model.batch * (o->model.seq + 1) + 1, min_split;
-    FILE *f;
-    long size;
-    char what[256];
-    const char *kind;
-    /* The 90% training split must hold one window of seq+1 bytes too. */
-    min_split = ((size_t)o->model.seq + 1) * 10 / 9 + 2;
-    if (need < min_split) need = min_split;
-    snprintf(what, sizeof what, "at least %zu bytes (world %d x batch %d x (seq %d + 1) + 1%s)", need, world,
-             o->model.batch, o->model.seq, need == min_split ? ", and a 90% split that holds one window" : "");
-    memset(d, 0, sizeof *d);
-    f = open_regular(path, &kind);
-    if (!f && kind) {
-        snprintf(err, errn, "rank %d: the training data '%s' is %s, not a regular file; train_gpt reads the whole file "
-                 "to pick its windows: save the text to a file and pass that to --data", rank, path, kind);
-        return 0;
-    }
-    if (!f) {
-        snprintf(err, errn, "rank %d: cannot open the training data '%s': %s; it needs %s%s", rank, path, strerror(errno), what,
-                 o->data ? "" : " (the default corpus: run `make build/fortunes.txt`, or pass --data PATH)");
-        return 0;
-    }
-    if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        snprintf(err, errn, "rank %d: cannot read the size of '%s': %s", rank, path, strerror(errno));
-        fclose(f);
-        return 0;
-    }
-    if (size == 0 || (size_t)size < need) {
-        snprintf(err, errn, "rank %d: the training data '%s' is %s (%ld bytes); it needs %s", rank, path,
-                 size == 0 ? "empty" : "too small", size, what);
-        fclose(f);
-        return 0;
-    }
-    d->len = (size_t)size;
-    d->bytes = (unsigned char *)malloc(d->len);
-    if (!d->bytes) {
-        snprintf(err, errn, "rank %d: out of memory reading the training data '%s' (%zu bytes); use a smaller file", rank, path, d->len);
-        fclose(f);
-        return 0;
-    }
-    if (fread(d->bytes, 1, d->len, f) != d->len) {
-        snprintf(err, errn, "rank %d: cannot read %zu bytes of '%s': %s", rank, d->len, path,
-                 ferror(f) ? strerror(errno) : "the file got shorter while it was read");
-        free(d->bytes);
-        d->bytes = NULL;
-        fclose(f);
-        return 0;
-    }
-    fclose(f);
-    d->train_len = d->len * 9 / 10;
-    d->val_len = d->len - d->train_len;
-    {   /* an epoch must hold one optimizer step: each rank's share of the windows, batch x grad-accum */
-        ddp_sampler s = gpt_window_sampler(d->train_len, o->model.seq, world, rank, o->seed);
-        uint64_t count = 0, need_windows = (uint64_t)o->model.batch * (uint64_t)(o->accum > 0 ? o->accum : 1);
-        ddp_sampler_count(&s, &count);
-        if (count < need_windows) {
-            snprintf(err, errn, "rank %d: the training data '%s' (%zu bytes) is too small for one optimizer step: its first 90%% "
-                     "holds %llu windows of seq %d + 1 bytes (one a byte offset), %llu a rank; a step takes batch %d x "
-                     "grad-accum %d = %llu a rank (world %d): use a larger file, or a smaller --batch, --grad-accum or --seq",
-                     rank, path, d->len, (unsigned long long)s.n, o->model.seq, (unsigned long long)count, o->model.batch,
-                     o->accum > 0 ? o->accum : 1, (unsigned long long)need_windows, world);
-            free(d->bytes);
-            d->bytes = NULL;
-            return 0;
-        }
-    }
-    return 1;
 }
 
 /* ---- the model: gpt.h's on the CPU backend, gpt_cuda.cuh's on NCCL ---- */
@@ -588,7 +484,7 @@ static ddp_result save_run(ddp_context *ddp, const options *o, int step, uint64_
 
 /* Mean loss over eval_batches x world x batch fixed windows of the validation split, every rank
    its own slice, averaged across ranks, into *loss: NAN when the split is shorter than a window. */
-static ddp_result evaluate(ddp_context *ddp, model *mo, const options *o, const dataset *d, int *tok, int *tgt, float *loss) {
+static ddp_result evaluate(ddp_context *ddp, model *mo, const options *o, const gpt_dataset *d, int *tok, int *tgt, float *loss) {
     int B = o->model.batch, T = o->model.seq, rank = ddp_rank(ddp), k;
     *loss = NAN;
     if (d->val_len < (size_t)T + 1) return DDP_OK;
@@ -664,7 +560,7 @@ int main(int argc, char **argv) {
     char err[8192], what[256], why[512];
     const char *resume_from;       /* --resume, or the --save path when it holds a checkpoint */
     ddp_context *ddp = NULL;
-    dataset data;
+    gpt_dataset data;
     model mo;
     int rank, world, step = 0, B, T, *tok, *tgt;
     uint64_t windows = 0;          /* training windows consumed, all ranks (the checkpoint's position) */
@@ -675,7 +571,7 @@ int main(int argc, char **argv) {
 
     if (!parse_args(argc, argv, &o, err, sizeof err)) { fprintf(stderr, "train_gpt: %s\n", err); return 2; }
     setvbuf(stdout, NULL, _IOLBF, 0);
-    if (o.dump_init) {   /* for tools/gpt_reference.py: the initial parameters, nothing else */
+    if (o.dump_init) {   /* for tests/support/gpt_reference.py: the initial parameters, nothing else */
         ddp_desc solo;
         gpt cpu_model;
         size_t n;
@@ -750,7 +646,16 @@ int main(int argc, char **argv) {
     world = ddp_world_size(ddp);
     B = o.model.batch;
     T = o.model.seq;
-    if (!load_data(&o, rank, world, &data, err, sizeof err)) DIE("train_gpt: %s", err);
+    {
+        gpt_data_spec spec;
+        memset(&spec, 0, sizeof spec);
+        spec.path = o.data;
+        spec.seq = T;
+        spec.batch = B;
+        spec.accum = o.accum;
+        spec.seed = o.seed;
+        if (!gpt_load_data(&spec, rank, world, &data, err, sizeof err)) DIE("train_gpt: %s", err);
+    }
     sampler = gpt_window_sampler(data.train_len, T, world, rank, o.seed);
     {
         ddp_result r = model_create(&mo, ddp, &o);
@@ -789,7 +694,7 @@ int main(int argc, char **argv) {
                "= %d windows, %d tokens/step | %d gradient buckets | %s\n", world, o.model.layers, o.model.heads, o.model.dim, T, mo.num_floats, B,
                world, o.accum, B * world * o.accum, B * world * o.accum * T, ddp_num_buckets(ddp), model_describe(&mo, what, sizeof what));
         printf("data: %s, %zu bytes (train %zu, val %zu) | steps %d, lr %g -> %g, warmup %d, AdamW betas %g/%g wd %g, clip %g%s\n",
-               o.data ? o.data : DEFAULT_DATA, data.len, data.train_len, data.val_len, o.steps, o.lr, o.min_lr, o.warmup,
+               o.data ? o.data : GPT_DEFAULT_DATA, data.len, data.train_len, data.val_len, o.steps, o.lr, o.min_lr, o.warmup,
                o.beta1, o.beta2, o.wd, o.clip, o.resume ? "" : "");
         {   /* what ddp.h resolved (the descriptor and the DDP_* variables, which win when set) */
             static const char *const levels[] = { "default", "debug", "info", "warn", "error", "off" };
@@ -817,7 +722,7 @@ int main(int argc, char **argv) {
         for (u = 0; u < o.accum; u++) {   /* micro-step u: this rank's next B samples of the epoch */
             uint64_t epoch = 0, first = 0;
             if (gpt_batch_position(&sampler, B, o.accum, (uint64_t)step, u, &epoch, &first) != DDP_OK ||
-                gpt_sampled_batch(data.bytes, &sampler, epoch, first, B, T, tok, tgt) != DDP_OK)   /* load_data made sure it cannot */
+                gpt_sampled_batch(data.bytes, &sampler, epoch, first, B, T, tok, tgt) != DDP_OK)   /* gpt_load_data made sure it cannot */
                 DIE("train_gpt: rank %d: no batch for step %d: %s", rank, step + 1, ddp_last_error(NULL));
             model_set_rows(&mo, step, first * (uint64_t)world + (uint64_t)rank, (uint64_t)world);   /* global positions: dropout's masks */
             ddp_set_sync(ddp, u == o.accum - 1);

@@ -45,9 +45,9 @@
    part of `make test`, so everything but the CUDA calls is checked on every machine; the
    larger config of part 2 only with GPT_TEST_LARGER=1 there, as the host's naive sgemm needs
    minutes for it — it passed: gradients 0.010, losses 0.000 of the tolerances). */
-#define main test_gpt_main   /* reuse its reference reader and worst_ratio */
-#include "../test_gpt.c"
-#undef main
+#include "../testlib.h"
+#include "../../examples/gpt/gpt.h"
+#include "../support/gpt_reference.h"   /* test_gpt.c's reference reader and worst_ratio */
 #ifndef GPT_CUDA_EMULATE
 #include "gpu_common.h"
 #endif

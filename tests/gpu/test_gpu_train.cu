@@ -9,9 +9,8 @@
    stay within bf16 rounding of the reference and differ from the fp32 run (they were used).
    Run: build/gpu/test_gpu_train (1 rank), or under ddprun -n 2 with NCCL_MULTI_RANK_GPU_ENABLE=1
    (NCCL >= 2.30.3) for 2 ranks on one GPU. Prints "SKIP gpu: ..." without a device. */
-#define main test_equivalence_main   /* reuse its model, data and CPU ops */
-#include "../test_equivalence.c"
-#undef main
+#include "../testlib.h"
+#include "../support/equivalence_model.h"   /* test_equivalence.c's model, data and CPU ops */
 #include "gpu_common.h"
 
 /* ---- the ops as kernels, one thread per output, the CPU's loop order inside ---- */

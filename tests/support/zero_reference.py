@@ -11,7 +11,7 @@ then divided), clipped to global norm 5 (torch.nn.utils.clip_grad_norm_), then A
 weight decay 0.1, PyTorch's default betas and eps) sharded by ZeroRedundancyOptimizer.
 test_value is testlib.h's hash, in uint64 arithmetic.
 
-Usage: /usr/bin/python3 tools/zero_reference.py OUT [WORLD (2)] [STEPS (8)]"""
+Usage: /usr/bin/python3 tests/support/zero_reference.py OUT [WORLD (2)] [STEPS (8)]"""
 import os
 import socket
 import sys

@@ -15,7 +15,7 @@ if [ "$gpus" -eq 0 ]; then exec "$B/ddprun" -n 2 "$B/train_gpt" "$@"; fi
 if [ "$gpus" -ge 2 ]; then exec "$B/ddprun" -n 2 "$B/gpu/train_gpt" "$@"; fi
 if [ "${RUN_ONE_RANK:-0}" != 1 ]; then
     echo "train_gpt_run: 1 GPU: 2 ranks share it (tools/nccl_one_gpu.sh: NCCL over loopback sockets; RUN_ONE_RANK=1 for 1 rank at twice the batch)"
-    exec "$B/ddprun" -n 2 "$(dirname "$0")/nccl_one_gpu.sh" "$B/gpu/train_gpt" "$@"
+    exec "$B/ddprun" -n 2 "$(dirname "$0")/../../tools/nccl_one_gpu.sh" "$B/gpu/train_gpt" "$@"
 fi
 args=() batch=8 i=1
 while [ $i -le $# ]; do   # every flag but --batch passes through; --batch N becomes 2N

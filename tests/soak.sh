@@ -6,7 +6,7 @@
 # At the end the final checkpoint (header, params, AdamW state, checksum: nothing run-specific)
 # must equal, byte for byte, that of one uninterrupted run.
 # Prints a table and exits 0 if everything held, 1 if not.
-#   tools/soak.sh [--steps N] [--kills K] [--save-every E] [--build DIR] [--seed S] [--keep]
+#   tests/soak.sh [--steps N] [--kills K] [--save-every E] [--build DIR] [--seed S] [--keep]
 # Defaults (N=12000, K=8, E=50) take ~2-3 minutes on a 2-core machine.
 set -u
 N=12000 K=8 E=50 B=build SEED=$RANDOM KEEP=0

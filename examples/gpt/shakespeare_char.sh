@@ -35,7 +35,7 @@ case $PREC in
     fp32) PFLAG=() ;;
     *) echo "shakespeare_char.sh: --precision must be tf32, bf16 or fp32 (got '$PREC')" >&2; exit 2 ;;
 esac
-cd "$(dirname "$0")/.." || exit 1
+cd "$(dirname "$0")/../.." || exit 1
 DATA=${SHAKESPEARE:-../shared/data/tinyshakespeare.txt}
 [ -f "$DATA" ] || { echo "shakespeare_char.sh: no data at '$DATA' (set SHAKESPEARE=PATH to tinyshakespeare.txt)" >&2; exit 2; }
 CONFIG=(--data "$DATA" --layers 6 --heads 6 --dim 384 --seq 256 --batch $((64 / RANKS)) --dropout 0.2

@@ -6,7 +6,7 @@ float64 and writes tests/gpt_reference.bin: the config, the batch, the initial p
 logits, the loss, every parameter's gradient, the losses of 10 AdamW steps on that batch and the
 parameters after them. tests/test_gpt.c compares the C model against it (no torch needed there).
 
-    /usr/bin/python3 tools/gpt_reference.py [--train-gpt build/train_gpt] [--out tests/gpt_reference.bin]
+    /usr/bin/python3 tests/support/gpt_reference.py [--train-gpt build/train_gpt] [--out tests/gpt_reference.bin]
 
 Needs PyTorch (Debian: python3-torch). The file format, all little-endian:
     char[8] "GPTREF01"; int32 layers, heads, dim, seq, batch, vocab, steps; uint32 seed;
