@@ -602,10 +602,10 @@
                     counters' wait/wake (futex; Windows: named semaphores), named shared memory,
                     sockets, random bytes, files (the checkpoint's atomic replace); nothing below
                     asks which system it runs on
-     >>types        tunables; parameters, buckets, tape ops, shared-segment blocks; ddp__cpu; the
-                    backend table ddp__backend; ddp_context
+     >>types        tunables; parameters, buckets and their wire plan (ddp__wire), tape ops; the
+                    engine's work queue and watchdog; the backend table ddp__backend; ddp_context
      >>util         time, aligned memory, non-finite tests by bits (fast math), logging, the error
-                    verbs (below), the cancel check
+                    verbs (below), the cancel check; the derived facts ddp__sharded, ddp__bf16_params
      >>sampler      the distributed sampler's arithmetic: counts, the epoch's keyed permutation
                     (cycle-walking Feistel; an exact shuffle up to 32 samples), a rank's i-th
                     sample; pure (its entry points, which
@@ -617,27 +617,37 @@
                     ddp__desc_from_env), ddp__desc_defaults (every default, pure), validation,
                     the group
      >>store        the rendezvous store (server thread on rank 0, client on every rank); whose
-                    hang-up is a rank's loss (ddp__conn_speaks_for_rank: a won claim)
+                    hang-up is a rank's loss (ddp__conn_speaks_for_rank: a won claim); the ranks
+                    missing from a key (ddp__list_missing)
+     >>engine       what every backend's communication shares, written once: the communication
+                    thread's work queue (ddp__workq: cpu, mpi; the backend gives its one-bucket
+                    function) and the watchdog (ddp__watchdog: mpi, nccl; the 0.1 s tick, the
+                    stopped time, the store's poison and lost ranks, the backend's hooks)
+     >>shard        the shard layout (ddp__shard_range, ddp__master_parts) and the norm's blocks'
+                    fixed-order sum every backend uses
      >>host         what single and cpu share: host flat buffers, AdamW arithmetic (bf16 parameters:
-                    the working copy written in the same pass), bf16 rounding and conversions;
-                    the shard layout (ddp__shard_range) and the norm's blocks every backend uses
+                    the working copy written in the same pass), bf16 rounding and conversions,
+                    the norm's blocks' sums of squares
      >>single       the single backend's table
-     >>cpu          shared-memory collectives, liveness, poison; >>cpu-grads buckets averaged (or
-                    reduce-scattered) in place (bf16 parameters: bf16 gradients, summed in float);
-                    sharded AdamW and its all-gather; the communication thread; the cpu backend's table
+     >>cpu          its types (the segment's blocks, ddp__cpu); shared-memory collectives,
+                    liveness, poison; >>cpu-grads buckets averaged (or reduce-scattered) in place
+                    (bf16 parameters: bf16 gradients, summed in float); sharded AdamW and its
+                    all-gather; its one-bucket function for the work queue; the cpu backend's table
      >>mpi          the MPI backend (only with DDP_MPI): host groups on the cpu backend's
                     segment, the leaders' fixed-order sum; bf16 buckets and the sharded optimizer
-                    among all ranks (the CPU backend's rank order); the watchdog, its table
+                    among all ranks (the CPU backend's rank order); the watchdog's hooks
+                    (heartbeats, the collective's age, MPI_Abort), its table
      >>nccl         the NCCL backend (only with DDP_CUDA): the communicator's life, the
-                    watchdog, set-up, buckets on the comm stream (sharded: reduce-scattered),
-                    the norm's blocks, AdamW kernels (sharded: per bucket, then all-gathered);
-                    its table
+                    watchdog's hooks, set-up, buckets on the comm stream as the wire plan says
+                    (sharded: reduce-scattered), the norm's blocks, AdamW kernels (sharded: per
+                    bucket, then all-gathered); its table
      >>group        ddp__choose_backend (the one place that knows every backend), rendezvous,
                     init, shutdown
      >>embed        progress: the seqlock the rank writes and any thread reads (cancel itself:
                     ddp__check_cancel in >>util, called by every wait)
-     >>params       registration, layout, buckets, the cross-rank layout check, commit and its
-                    bucket plan (DDP_LOG=info); the bf16
+     >>params       registration, layout, buckets and their wire plan (ddp__plan_wire: what each
+                    bucket is on the wire, decided once for every backend), the cross-rank
+                    layout check, commit and its bucket plan (DDP_LOG=info); the bf16
                     conversion generic code asks for (ddp__bf16_op: the master rounded into the
                     working copies; the gradients need none)
      >>step         ready hooks, launch in bucket order, the tape, finish (the no-overlap check;
@@ -653,8 +663,12 @@
      The backend table (ddp__backend in >>types) is the only way generic code reaches a
      backend: setup, alloc_flat, commit, begin_step, launch, finish, zero, scale, bf16, adamw,
      adamw_state, copy, collective, stats, poison, stop, teardown; its `shards` flag says whether
-     it runs shard_optimizer (ddp_init refuses it by the backend's name otherwise). Adding a backend is adding a section that
-     fills one and a line in ddp__choose_backend.
+     it runs shard_optimizer (ddp_init refuses it by the backend's name otherwise). Each backend
+     fills it by name (ddp__cpu_table and its like, into the context's own copy); an optional
+     slot left NULL (setup, commit, begin_step, stats, poison, stop) is nothing to do, and the
+     generic caller checks. A backend carries out each bucket's wire plan (ddp__wire, made at
+     commit), and reaches the work queue and the watchdog (>>engine) through its hooks. Adding
+     a backend is adding a section that fills one and a line in ddp__choose_backend.
      The error rule. ddp__fail records a message (rank first) and returns its code: for errors
      that leave the ranks in step (bad arguments, calls out of order, local resources); the
      context stays usable. ddp__fail_group records, makes the failure sticky and poisons the
@@ -1190,6 +1204,8 @@ static void ddp__cond_destroy(ddp__cond *c) { (void)c; }
 static void ddp__cond_wait(ddp__cond *c, ddp__mutex *m) { SleepConditionVariableSRW(c, m, INFINITE, 0); }
 static void ddp__cond_signal(ddp__cond *c) { WakeConditionVariable(c); }
 static void ddp__cond_broadcast(ddp__cond *c) { WakeAllConditionVariable(c); }
+/* a wait of at most `s` seconds (a watchdog's tick) */
+static inline void ddp__cond_wait_s(ddp__cond *c, ddp__mutex *m, double s) { SleepConditionVariableSRW(c, m, (DWORD)(s * 1e3), 0); }
 typedef struct ddp__thread_start { void *(*fn)(void *); void *arg; } ddp__thread_start;
 static unsigned __stdcall ddp__thread_trampoline(void *p) {
     ddp__thread_start st = *(ddp__thread_start *)p;
@@ -1212,6 +1228,7 @@ static void ddp__thread_join(ddp__thread t) { WaitForSingleObject(t, INFINITE); 
 /* POSIX thread cancellation has no Windows counterpart: nothing to hold off */
 #define ddp__nocancel_begin(state) ((void)(*(state) = 0))
 #define ddp__nocancel_end(state) ((void)(state))
+static void ddp__comm_thread_short_slice(void) {}   /* Linux only (the POSIX half says why) */
 
 /* ---- time, sleeping, the CPU ---- */
 static double ddp__now(void) {
@@ -1672,11 +1689,39 @@ typedef pthread_t ddp__thread;
 #define ddp__cond_wait(c, m) pthread_cond_wait((c), (m))
 #define ddp__cond_signal(c) pthread_cond_signal(c)
 #define ddp__cond_broadcast(c) pthread_cond_broadcast(c)
+/* a wait of at most `s` seconds (a watchdog's tick); the condition's clock is the realtime one */
+static inline void ddp__cond_wait_s(ddp__cond *c, ddp__mutex *m, double s) {
+    struct timespec ts;
+    long ns = (long)(s * 1e9);
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += ns / 1000000000L;
+    ts.tv_nsec += ns % 1000000000L;
+    if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+    pthread_cond_timedwait(c, m, &ts);
+}
 #define ddp__thread_create(t, fn, arg) pthread_create((t), NULL, (fn), (arg))
 #define ddp__thread_join(t) pthread_join((t), NULL)
 /* pthread_cancel of a rank's thread inside a section that holds a lock would leave it held */
 #define ddp__nocancel_begin(state) pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, (state))
 #define ddp__nocancel_end(state) pthread_setcancelstate((state), NULL)
+/* The communication thread shares the cores with compute threads that never sleep. Each chunk
+   of an allreduce is a handshake with the peers' communication threads, so what matters is how
+   soon a woken communication thread runs. On Linux >= 6.12 (EEVDF) a short scheduler slice
+   lets it preempt a busy compute thread at once; elsewhere the call fails and nothing changes.
+   No privilege is needed and the thread's nice value is kept. */
+static void ddp__comm_thread_short_slice(void) {
+#if defined(__linux__) && defined(SYS_sched_setattr)
+    struct { uint32_t size, policy; uint64_t flags; int32_t nice; uint32_t priority;
+             uint64_t runtime, deadline, period; } attr;
+    memset(&attr, 0, sizeof attr);
+    attr.size = sizeof attr;          /* 48: SCHED_ATTR_SIZE_VER0 */
+    attr.policy = 0;                  /* SCHED_OTHER */
+    errno = 0;
+    attr.nice = getpriority(PRIO_PROCESS, 0);
+    attr.runtime = 100000;            /* slice: 0.1 ms */
+    if (errno == 0) syscall(SYS_sched_setattr, 0, &attr, 0);
+#endif
+}
 
 /* ---- time, sleeping, the CPU ---- */
 static double ddp__now(void) {
@@ -2044,10 +2089,30 @@ typedef struct ddp__param {
     int ready_copied;   /* check_ready: its gradient was copied when it was marked ready */
 } ddp__param;
 
+/* What a bucket's gradients are on the wire and where the result lands: decided once at
+   ddp_commit for every bucket (ddp__plan_wire, >>params); the backends carry it out and never
+   re-decide it. */
+enum { DDP__WIRE_AS_IS = 0,
+       DDP__WIRE_NARROW /* fp32 gradients, bf16 on the wire: narrowed into staging, widened back */,
+       DDP__WIRE_WIDEN  /* bf16 gradients, fp32 on the wire: widened (or summed in float), rounded back */ };
+typedef struct ddp__wire {
+    int moves;          /* 0: one rank, whose gradients are the average already */
+    ddp_dtype grads;    /* the gradients' element type (the parameters') */
+    ddp_dtype dtype;    /* the element type on the wire (reduce_dtype) */
+    int convert;        /* DDP__WIRE_*: from the one to the other */
+    int scatter;        /* 1: reduce-scatter (this rank's part averaged; AdamW all-gathers the parameters) */
+    int in_place;       /* reduced where the gradients are, not through staging (the CPU backend decides
+                           it at its commit: the shared gradient segment) */
+    size_t lo, hi;      /* where the result lands: this rank's part of the flat buffer (all of the bucket
+                           unless it scatters) */
+    size_t bytes;       /* what the stats and the timeline count as moved: count x the reduce dtype's size */
+} ddp__wire;
+
 typedef struct ddp__bucket {
     size_t offset, count;
     int first_param, last_param;
     int pending;        /* parameters not yet ready in this backward */
+    ddp__wire wire;     /* the plan */
 } ddp__bucket;
 
 typedef struct ddp__tape_op {
@@ -2056,28 +2121,14 @@ typedef struct ddp__tape_op {
     int num_ids;
 } ddp__tape_op;
 
-/* One rank's control block in the shared segment; each field a cache line of its own. */
-typedef struct ddp__shm_counter { uint32_t value; uint32_t waiters; char pad[56]; } ddp__shm_counter;
-typedef struct ddp__shm_sig { uint32_t id, kind, root, bucket; uint64_t count; } ddp__shm_sig;   /* bucket: index + 1, 0: none */
-typedef struct ddp__shm_rank {
-    int32_t pid;
-    int32_t tid;           /* the thread that steps this rank (ranks may be threads of one process) */
-    ddp__shm_sig sig;
-    char pad1[64 - 8 - sizeof(ddp__shm_sig)];
-    ddp__shm_counter stage[3];
-} ddp__shm_rank;
-enum { DDP__STAGE_IN = 0, DDP__STAGE_RED = 1, DDP__STAGE_OUT = 2 };
-
-typedef struct ddp__shm_header {
-    uint64_t magic;
-    uint32_t world, slots;
-    uint64_t chunk_bytes, total_bytes;
-    double origin;         /* rank 0's clock at creation: the job's time zero */
-    int32_t failed_rank;   /* -1, or the first rank that poisoned the group */
-    int32_t failed_code;
-    char failed_msg[DDP__ERR_MAX];
-    int32_t poison_claimed; /* 1 once a rank has begun to write failed_*: one writer, then failed_rank */
-} ddp__shm_header;
+/* The context's life cycle: parameters registered until ddp_commit, then steps, each with a
+   backward in flight until ddp_finish; beside it two facts of the step (the gradients were
+   averaged; a tape record failed). Every change is an event to ddp__life_event (>>util). */
+enum { DDP__LIFE_REGISTERING = 0, DDP__LIFE_IDLE /* committed, no backward in flight */,
+       DDP__LIFE_BACKWARD /* a backward has started and ddp_finish has not run */ };
+enum { DDP__ON_COMMIT, DDP__ON_BACKWARD, DDP__ON_FINISH, DDP__ON_AVERAGED /* a ddp_finish with sync on */,
+       DDP__ON_STEPPED /* the averages were used (ddp_adamw_step, ddp_consume_grads) */,
+       DDP__ON_TAPE_FAILED, DDP__ON_TAPE_RESET };
 
 /* What a collective does (the CPU backend also compares it across ranks before it runs one). */
 enum { DDP__KIND_BARRIER = 1, DDP__KIND_BROADCAST, DDP__KIND_SUM, DDP__KIND_AVG, DDP__KIND_AVG_BF16,
@@ -2087,41 +2138,61 @@ enum { DDP__KIND_BARRIER = 1, DDP__KIND_BROADCAST, DDP__KIND_SUM, DDP__KIND_AVG,
 
 typedef struct ddp__store_server ddp__store_server;
 
-/* The CPU backend's state: the collective segment, every rank's gradients in one more segment,
-   and the communication thread that averages buckets while backward runs (>>cpu). */
-typedef struct ddp__cpu {
-    char shm_name[64];
-    unsigned char *shm;
-    size_t shm_bytes;
-    uint32_t shm_seq;              /* chunks processed: the same on every rank */
-    uint32_t shm_collectives;      /* collectives issued: the same on every rank */
-    double spin_seconds;
-    int host_waiting;              /* atomic: the rank's thread waits in ddp_finish (the comm thread may spin) */
-    uint32_t sig_bucket;           /* the gradient bucket the next collective averages, + 1; 0: none */
-    char grads_name[64];           /* every rank's gradients, in one segment (world > 1) */
-    unsigned char *grads_shm;
-    size_t grads_shm_bytes, grads_stride;   /* stride: floats from one rank's buffer to the next */
-    int params_shared;             /* sharded: every rank's parameters follow the gradients in the segment */
-    double *norm_recv;             /* sharded: a peer's norm blocks, as they arrive */
-    float *bucket_f32;             /* bf16 parameters without the gradient segment: one bucket widened
-                                      for the staging slots (the largest bucket's floats) */
-    ddp__thread comm_thread;
-    int comm_started, comm_stop;
-    ddp__mutex comm_lock;
-    ddp__cond comm_wake, comm_done_cond;
-    int comm_launched, comm_done;
-    int comm_busy;                 /* a thread holds the turn: it reduces bucket comm_done (ddp__comm_turn) */
-    uint32_t out_pending;          /* in place: the peers may still copy from this rank's buffer until
-                                      every rank posts STAGE_OUT this far (0: nothing pending) */
-    ddp_result comm_error;
-    double comm_seconds, comm_last_seconds;
-} ddp__cpu;
+/* The communication thread's work queue (>>engine), one per backend that has the thread (cpu,
+   mpi). Buckets are launched strictly in bucket order, so the queue is two counters: launched
+   and done; bucket `done` is run next, by whichever thread holds the turn (busy). */
+typedef ddp_result (*ddp__work_fn)(ddp_context *ctx, int bucket);
+/* The watchdog thread (>>engine) of a backend whose waits cannot look for themselves (mpi, nccl):
+   every DDP__WATCH_TICK_S it asks the backend (these hooks; NULL: nothing to do), the cancel,
+   and the store (another rank's poison, a rank's connection closed). */
+typedef struct ddp__watchdog_hooks {
+    const char *cancel_where;      /* where a cancel is, for its message */
+    void (*begin)(ddp_context *ctx);   /* first, on the watchdog thread */
+    /* lock held, after each tick's wait, which took `slept` seconds (more than the tick: the
+       process was stopped, and that time is nobody's wait) */
+    void (*slept)(ddp_context *ctx, double slept);
+    /* lock held, the group not failed: what the backend sees; DDP_OK, or a failure, described in msg */
+    ddp_result (*inspect_locked)(ddp_context *ctx, char *msg, size_t cap);
+    /* lock free, the group not failed: the backend's own look, as inspect_locked */
+    ddp_result (*inspect)(ddp_context *ctx, char *msg, size_t cap);
+    void (*on_failure)(ddp_context *ctx, ddp_result r, const char *msg);   /* what inspect found: act */
+    void (*on_store)(ddp_context *ctx, ddp_result r);   /* the store says the group failed (it knows): act */
+    void (*store_gone)(ddp_context *ctx, char *msg, size_t cap);           /* its words: no store */
+    void (*store_died)(ddp_context *ctx, const char *rank, char *msg, size_t cap);   /* a rank's connection closed */
+    void (*after)(ddp_context *ctx);   /* every tick, lock free, last */
+} ddp__watchdog_hooks;
+
+typedef struct ddp__watchdog {
+    ddp_context *ctx;
+    ddp__watchdog_hooks hooks;     /* the backend's, filled by name (a copy per context: no static
+                                      that ranks as threads would fill at once) */
+    ddp__mutex *lock;              /* the backend's, over what its hooks read; also guards stop */
+    ddp__cond wake;
+    ddp__thread thread;
+    int started, stop;             /* started: the owning thread's */
+    int tid;                       /* atomic: the watchdog thread's id once it runs (ddp__watchdog_is_me) */
+    int fd;                        /* its own store connection (-1: none) */
+} ddp__watchdog;
+
+typedef struct ddp__workq {
+    ddp_context *ctx;
+    ddp__work_fn run;              /* what the backend does with one bucket */
+    ddp__thread thread;
+    int started, stop;
+    ddp__mutex lock;
+    ddp__cond wake, done_cond;
+    int launched, done;
+    int busy;                      /* a thread holds the turn: it runs bucket `done` (ddp__workq_turn) */
+    ddp_result error;              /* the first bucket's failure; sticky */
+    double seconds, last_seconds;  /* this step's time in the buckets, and the last bucket's */
+} ddp__workq;
 
 /* The bf16 conversions a backend does for param_dtype BF16 (the gradients need none: they are
    reduced, normed and stepped from in bf16): the fp32 master rounded into the working copies. */
 enum { DDP__BF16_ROUND_PARAMS = 1,
        DDP__BF16_SHARD_MASTER /* sharded: keep this rank's parts of the master, packed (ddp__master_parts) */ };
 
+typedef struct ddp__cpu ddp__cpu;   /* the CPU backend's state (>>cpu) */
 typedef struct ddp__gpu ddp__gpu;   /* the NCCL backend's state (>>nccl; only built with CUDA) */
 typedef struct ddp__mpi ddp__mpi;   /* the MPI backend's state (>>mpi; only built with DDP_MPI) */
 
@@ -2173,7 +2244,8 @@ struct ddp_context {
     unsigned char store_key[32];   /* from the token and the job id: the store handshake's key */
     char timeline_path[512];
     int rank, world, local_rank, local_world;
-    const ddp__backend *be;        /* NULL until ddp_init has chosen one */
+    const ddp__backend *be;        /* NULL until ddp_init has chosen one; then &table */
+    ddp__backend table;            /* the chosen backend's table, filled by name (ddp__*_table) */
     int up;                        /* the backend's setup succeeded */
     int closing;                   /* ddp_shutdown has begun (atomic: the NCCL watchdog reads it) */
     int failed;                    /* sticky ddp_result, set when the group is poisoned (atomic) */
@@ -2192,7 +2264,6 @@ struct ddp_context {
     /* parameters and buckets */
     ddp__param *params;
     int num_params, cap_params;
-    int committed;
     float *flat_params, *flat_grads, *adam_m, *adam_v;
     /* param_dtype BF16: the working copies and gradients the program uses; flat_params is then
        the fp32 master (sharded: this rank's parts, packed: ddp__master_parts) and flat_grads NULL:
@@ -2221,7 +2292,7 @@ struct ddp_context {
 
     /* the step */
     int sync_enabled;
-    int in_step;                   /* a backward has started and ddp_finish has not run */
+    int life;                      /* DDP__LIFE_*: registering, between steps, in a backward (ddp__life_event) */
     int next_launch;
     double step_start;
     ddp_step_stats stats, last_stats;
@@ -2245,7 +2316,7 @@ struct ddp_context {
     int join_uneven;               /* some step since the last ddp_join ran with joined ranks */
     int join_shadow;               /* ddp_join's shadow step: the count is taken already */
     int join_pending;              /* micro-steps with sync off since the last zero_grad or sync */
-    int grads_averaged;            /* a ddp_finish with sync on since the last ddp_adamw_step (>>adamw) */
+    int grads_averaged;            /* a ddp_finish with sync on since the last ddp_adamw_step (>>adamw; ddp__life_event) */
     int dtype_env_told;            /* an accessor of the other dtype, with DDP_PARAM_DTYPE set: logged once (>>public) */
     int quiet;                     /* ddp__shutdown's goodbye: a store already gone is expected, not logged
                                       (atomic: a watchdog's failure may be recorded meanwhile) */
@@ -2255,7 +2326,7 @@ struct ddp_context {
     double first_launch_time;      /* and when (ddp__now) */
     int overlap_warned;            /* the no-overlap warning was given (once a context) */
     unsigned char *ready_copy;     /* check_ready: each gradient as it was when marked ready (>>step) */
-    int tape_failed;               /* a ddp_tape_record since the last backward failed (>>step) */
+    int tape_failed;               /* a ddp_tape_record since the last backward failed (>>step; ddp__life_event) */
 
     ddp__cpu *cpu;                 /* the CPU backend's state; NULL elsewhere */
     ddp__gpu *gpu;                 /* the NCCL backend's state; NULL elsewhere */
@@ -2265,6 +2336,8 @@ struct ddp_context {
 /* --------------------------------------------------------------------------------------------
    >>util  Small helpers: time, memory, errors, logging
    -------------------------------------------------------------------------------------------- */
+static size_t ddp__round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
 /* Non-finite values are found by their bits (exponent field all ones), never by isfinite():
    -ffinite-math-only (in -ffast-math and -Ofast) lets the compiler assume no NaN/Inf exists and
    fold isfinite(x) to 1, which silently removed the NaN guard. The empty asm hides the bits'
@@ -2377,7 +2450,7 @@ static ddp_result ddp__set_failed(ddp_context *ctx, ddp_result code) {
    error a callee has recorded already (ddp__fail); ddp__fail_group records and escalates in one. */
 static ddp_result ddp__fatal(ddp_context *ctx, ddp_result code) {
     ddp__set_failed(ctx, code);
-    if (ctx->be) ctx->be->poison(ctx, code);
+    if (ctx->be && ctx->be->poison) ctx->be->poison(ctx, code);
     return code;
 }
 
@@ -2422,6 +2495,25 @@ static uint32_t ddp__grad_kind(const ddp_context *ctx) {
 static size_t ddp__wire_bytes(const ddp_context *ctx) {
     return ctx->desc.reduce_dtype == DDP_DTYPE_BF16 ? sizeof(uint16_t) : sizeof(float);
 }
+/* The life cycle's transitions, all of them (DDP__ON_* in >>types). */
+static void ddp__life_event(ddp_context *ctx, int ev) {
+    switch (ev) {
+    case DDP__ON_COMMIT: case DDP__ON_FINISH: ctx->life = DDP__LIFE_IDLE; break;
+    case DDP__ON_BACKWARD: ctx->life = DDP__LIFE_BACKWARD; break;
+    case DDP__ON_AVERAGED: ctx->grads_averaged = 1; break;
+    case DDP__ON_STEPPED: ctx->grads_averaged = 0; break;
+    case DDP__ON_TAPE_FAILED: ctx->tape_failed = 1; break;
+    case DDP__ON_TAPE_RESET: ctx->tape_failed = 0; break;
+    default: break;
+    }
+}
+static int ddp__is_committed(const ddp_context *ctx) { return ctx->life != DDP__LIFE_REGISTERING; }
+static int ddp__in_backward(const ddp_context *ctx) { return ctx->life == DDP__LIFE_BACKWARD; }
+
+/* Derived facts, one definition each: the optimizer state is held in parts (shard_optimizer on
+   several ranks); the parameters are bf16 working copies of an fp32 master. */
+static int ddp__sharded(const ddp_context *ctx) { return ctx->desc.shard_optimizer && ctx->world > 1; }
+static int ddp__bf16_params(const ddp_context *ctx) { return ctx->desc.param_dtype == DDP_DTYPE_BF16; }
 
 
 /* --------------------------------------------------------------------------------------------
@@ -2534,7 +2626,7 @@ static void ddp__tl_add(ddp__timeline *tl, int kind, int step, double t0, double
 /* Recording sites call this: one branch when the timeline is off. What happens between two
    backwards (AdamW, loss averaging) belongs to the step that just finished. */
 static inline void ddp__record(ddp_context *ctx, ddp__timeline *tl, int kind, double t0, double t1, int index, uint64_t bytes) {
-    if (tl) ddp__tl_add(tl, kind, ctx->in_step || !ctx->tl_step ? ctx->tl_step : ctx->tl_step - 1, t0, t1, index, bytes);
+    if (tl) ddp__tl_add(tl, kind, ddp__in_backward(ctx) || !ctx->tl_step ? ctx->tl_step : ctx->tl_step - 1, t0, t1, index, bytes);
 }
 
 typedef struct ddp__text { char *buf; size_t len, cap; int oom; } ddp__text;
@@ -4176,6 +4268,288 @@ static ddp_result ddp__fetch_from_rank0(ddp_context *ctx, const char *key, const
     return DDP_OK;
 }
 
+/* The ranks from `from` on that have not set PREFIX<rank> in the store, as "2, 5". */
+static ddp_result ddp__list_missing(ddp_context *ctx, const char *prefix, int from, char *out, size_t cap) {
+    size_t len = 0;
+    int s, exists;
+    out[0] = 0;
+    for (s = from; s < ctx->world && len + 16 < cap; s++) {
+        char key[64];
+        ddp_result r;
+        snprintf(key, sizeof key, "%s%d", prefix, s);
+        if ((r = ddp__store_check(ctx, key, &exists)) != DDP_OK) return r;
+        if (!exists) len += (size_t)snprintf(out + len, cap - len, "%s%d", len ? ", " : "", s);
+    }
+    return DDP_OK;
+}
+
+/* --------------------------------------------------------------------------------------------
+   >>engine  What every backend's communication shares: the communication thread's work queue
+   (cpu, mpi), reached through the backend's one-bucket function; the watchdog (mpi, nccl) and its
+   look at the store, reached through the backend's hooks (ddp__watchdog_hooks).
+   -------------------------------------------------------------------------------------------- */
+static void ddp__workq_init(ddp__workq *q, ddp_context *ctx, ddp__work_fn run) {
+    q->ctx = ctx;
+    q->run = run;
+    ddp__mutex_init(&q->lock);
+    ddp__cond_init(&q->wake);
+    ddp__cond_init(&q->done_cond);
+}
+
+static void ddp__workq_destroy(ddp__workq *q) {
+    if (!q->ctx) return;   /* never initialized */
+    ddp__mutex_destroy(&q->lock);
+    ddp__cond_destroy(&q->wake);
+    ddp__cond_destroy(&q->done_cond);
+}
+
+/* Bucket `done`, by the thread that takes the turn: called with the lock held and the turn free;
+   the lock is released while the bucket runs. After a failure the rest are only counted. */
+static void ddp__workq_turn(ddp__workq *q) {
+    ddp_context *ctx = q->ctx;
+    int index = q->done;
+    double t0, seconds = 0;
+    ddp_result r = DDP_OK;
+    q->busy = 1;
+    ddp__mutex_unlock(&q->lock);
+    if (!q->error) {
+        snprintf(ctx->what_buf, sizeof ctx->what_buf, "the allreduce of gradient bucket %d", index);
+        ctx->what = ctx->what_buf;
+        t0 = ddp__now();
+        r = q->run(ctx, index);
+        seconds = ddp__now() - t0;
+        ddp__record(ctx, ctx->tl_comm, DDP__EV_ALLREDUCE, t0, t0 + seconds, index, ctx->buckets[index].wire.bytes);
+    }
+    ddp__mutex_lock(&q->lock);
+    q->seconds += seconds;
+    q->last_seconds = seconds;
+    if (r != DDP_OK && !q->error) q->error = r;
+    q->done++;
+    q->busy = 0;
+    ddp__cond_broadcast(&q->done_cond);
+}
+
+static void *ddp__workq_main(void *arg) {
+    ddp__workq *q = (ddp__workq *)arg;
+    ddp__comm_thread_short_slice();
+    ddp__mutex_lock(&q->lock);
+    for (;;) {
+        while (!q->stop && (q->done == q->launched || q->busy)) ddp__cond_wait(&q->wake, &q->lock);
+        if (q->done == q->launched || q->busy) break;   /* stopped */
+        ddp__workq_turn(q);
+    }
+    ddp__mutex_unlock(&q->lock);
+    return NULL;
+}
+
+static ddp_result ddp__workq_start(ddp__workq *q) {
+    if (ddp__thread_create(&q->thread, ddp__workq_main, q))
+        return ddp__fail(q->ctx, DDP_ERR_SYSTEM, "cannot start the communication thread");
+    q->started = 1;
+    return DDP_OK;
+}
+
+/* One more bucket (the next in bucket order); `wake`: signal the communication thread. */
+static void ddp__workq_push(ddp__workq *q, int wake) {
+    ddp__mutex_lock(&q->lock);
+    q->launched++;
+    if (wake) ddp__cond_signal(&q->wake);
+    ddp__mutex_unlock(&q->lock);
+}
+
+/* Every bucket launched is done: the step's times into `stats`, the counters back to zero.
+   `take_turns`: this thread runs the next bucket itself whenever the turn is free. Returns the
+   first failure (sticky). */
+static ddp_result ddp__workq_wait(ddp__workq *q, int take_turns, ddp_step_stats *stats) {
+    ddp_result r;
+    ddp__mutex_lock(&q->lock);
+    while (q->done < q->launched) {
+        if (take_turns && !q->busy) ddp__workq_turn(q);
+        else ddp__cond_wait(&q->done_cond, &q->lock);
+    }
+    r = q->error;
+    stats->comm_ms = 1e3 * q->seconds;
+    stats->last_bucket_comm_ms = 1e3 * q->last_seconds;
+    q->seconds = q->last_seconds = 0;
+    q->launched = q->done = 0;
+    ddp__mutex_unlock(&q->lock);
+    return r;
+}
+
+/* Shutdown: leaving mid-step tells the peers rather than let them wait for the timeout. */
+static void ddp__workq_stop(ddp__workq *q) {
+    if (!q->started) return;   /* setup failed, or nothing committed */
+    ddp__mutex_lock(&q->lock);
+    if (q->done != q->launched && !ddp__failed(q->ctx)) {
+        ddp__mutex_unlock(&q->lock);
+        ddp__fail_group(q->ctx, DDP_ERR_INVALID_STATE, "ddp_shutdown in the middle of a step");
+        ddp__mutex_lock(&q->lock);
+    }
+    q->stop = 1;
+    ddp__cond_signal(&q->wake);
+    ddp__mutex_unlock(&q->lock);
+    ddp__thread_join(q->thread);
+    q->started = 0;
+}
+
+
+#if defined(DDP_MPI) || defined(DDP_CUDA)
+#define DDP__WATCH_TICK_S 0.1
+
+static void ddp__watchdog_init(ddp__watchdog *w, ddp_context *ctx, ddp__mutex *lock) {
+    w->ctx = ctx;
+    w->lock = lock;
+    w->fd = -1;
+    ddp__cond_init(&w->wake);
+}
+
+static void ddp__watchdog_destroy(ddp__watchdog *w) {
+    if (!w->ctx) return;   /* never initialized */
+    if (w->fd >= 0) ddp__sock_close(w->fd);
+    w->fd = -1;
+    ddp__cond_destroy(&w->wake);
+    w->ctx = NULL;
+}
+
+/* Is this the watchdog's thread? (Its requests go on its own store connection.) */
+static int ddp__watchdog_is_me(ddp__watchdog *w) {
+    int tid = __atomic_load_n(&w->tid, __ATOMIC_ACQUIRE);
+    return tid != 0 && tid == ddp__thread_id();
+}
+
+/* The store's word on `fd`: another rank's poison, or a rank's connection closed (it died), in
+   the backend's words. */
+static ddp_result ddp__watch_store(ddp_context *ctx, const ddp__watchdog_hooks *h, int fd, char *msg, size_t cap) {
+    unsigned char *val = NULL;
+    uint32_t len = 0, status = 0;
+    ddp_result r;
+    if (fd < 0) return DDP_OK;
+    r = ddp__store_request_on(ctx, fd, DDP__OP_GET, "poison", "0", 1, &val, &len, &status, 0);
+    if (r != DDP_OK) {
+        DDP_FREE(val);
+        if (__atomic_load_n(&ctx->closing, __ATOMIC_ACQUIRE)) return DDP_OK;   /* rank 0 closes it at shutdown */
+        h->store_gone(ctx, msg, cap);
+        return DDP_ERR_PEER_LOST;
+    }
+    if (status == DDP__REPLY_PEER_LOST) {
+        h->store_died(ctx, (const char *)val, msg, cap);
+        r = DDP_ERR_PEER_LOST;
+    } else {   /* a peer's poison, or rank 0's own failure: a code, then a message */
+        const char *text;
+        if ((r = ddp__store_poison_code(status, val, len, &text)) != DDP_OK) snprintf(msg, cap, "stopped because %s", text);
+    }
+    DDP_FREE(val);
+    return r;
+}
+
+/* One look, after the tick's wait: called and left with the lock held. */
+static void ddp__watchdog_look(ddp__watchdog *w, char *msg, size_t cap) {
+    ddp_context *ctx = w->ctx;
+    const ddp__watchdog_hooks *h = &w->hooks;
+    ddp_result r = DDP_OK;
+    if (h->inspect_locked && !ddp__failed(ctx)) r = h->inspect_locked(ctx, msg, cap);
+    ddp__mutex_unlock(w->lock);
+    if (r == DDP_OK && h->inspect && !ddp__failed(ctx)) r = h->inspect(ctx, msg, cap);
+    if (ddp__failed(ctx)) {}   /* told already, or an inspect hook failed the group itself */
+    else if (r != DDP_OK) h->on_failure(ctx, r, msg);
+    else if (ddp__cancel_requested(ctx)) ddp__check_cancel(ctx, h->cancel_where);
+    else if ((r = ddp__watch_store(ctx, h, w->fd, msg, cap)) != DDP_OK) {
+        ddp__set_failed(ctx, ddp__fail(ctx, r, "%s", msg));   /* the store knows already (or is gone) */
+        if (h->on_store) h->on_store(ctx, r);
+    }
+    if (h->after) h->after(ctx);
+    ddp__mutex_lock(w->lock);
+}
+
+static void *ddp__watchdog_main(void *arg) {
+    ddp__watchdog *w = (ddp__watchdog *)arg;
+    char msg[DDP__ERR_MAX - 64];
+    __atomic_store_n(&w->tid, ddp__thread_id(), __ATOMIC_RELEASE);
+    if (w->hooks.begin) w->hooks.begin(w->ctx);
+    ddp__mutex_lock(w->lock);
+    while (!w->stop) {
+        double before = ddp__now();
+        ddp__cond_wait_s(&w->wake, w->lock, DDP__WATCH_TICK_S);
+        if (w->hooks.slept) w->hooks.slept(w->ctx, ddp__now() - before);
+        if (w->stop) break;
+        ddp__watchdog_look(w, msg, sizeof msg);
+    }
+    ddp__mutex_unlock(w->lock);
+    return NULL;
+}
+
+static int ddp__watchdog_start(ddp__watchdog *w) {
+    if (ddp__thread_create(&w->thread, ddp__watchdog_main, w)) return -1;
+    w->started = 1;
+    return 0;
+}
+
+static void ddp__watchdog_stop(ddp__watchdog *w) {
+    if (!w->started) return;
+    ddp__mutex_lock(w->lock);
+    w->stop = 1;
+    ddp__cond_signal(&w->wake);
+    ddp__mutex_unlock(w->lock);
+    ddp__thread_join(w->thread);
+    w->started = 0;
+}
+#endif /* DDP_MPI || DDP_CUDA */
+
+/* --------------------------------------------------------------------------------------------
+   >>shard  The shard layout every backend follows: which rank holds which part of a bucket
+   (DDP__SHARD_GRAIN), whether the master is held in parts, and the fixed-order sum of the
+   gradient norm's blocks (the blocks' sums of squares: >>host, and ddp_kernels.cuh on NCCL).
+   -------------------------------------------------------------------------------------------- */
+/* This rank's part of bucket b, as a range of the flat buffer. Unsharded (or one rank) every
+   rank holds all of it. Sharded, rank s holds [s*P, (s+1)*P) of the bucket, P its 1/world share
+   rounded down to DDP__SHARD_GRAIN, and the last rank the rest up to the bucket's end: parts
+   are contiguous (a bucket is one reduce-scatter, its parts one all-gather), balanced to within
+   world * DDP__SHARD_GRAIN floats, and a norm block never straddles two owners. */
+static void ddp__shard_range(const ddp_context *ctx, int b, int s, size_t *lo, size_t *hi) {
+    const ddp__bucket *k = &ctx->buckets[b];
+    size_t part;
+    if (!ddp__sharded(ctx)) { *lo = k->offset; *hi = k->offset + k->count; return; }
+    part = k->count / (size_t)ctx->world / DDP__SHARD_GRAIN * DDP__SHARD_GRAIN;
+    *lo = k->offset + part * (size_t)s;
+    *hi = s == ctx->world - 1 ? k->offset + k->count : *lo + part;
+}
+
+static int ddp__holds(const ddp_context *ctx, size_t i) {
+    size_t lo, hi;
+    int b;
+    for (b = 0; b < ctx->num_buckets; b++) {
+        const ddp__bucket *k = &ctx->buckets[b];
+        if (i < k->offset || i >= k->offset + k->count) continue;
+        ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
+        return i >= lo && i < hi;
+    }
+    return 0;
+}
+
+/* bf16 parameters with shard_optimizer on several ranks: the fp32 master is held in parts, like
+   m and v (shard_count floats, packed: master[shard_base[b] + i - lo] is flat element i of this
+   rank's part [lo, hi) of bucket b); the bf16 working copies are whole, and what is gathered. */
+static int ddp__master_parts(const ddp_context *ctx) {
+    return ctx->params_bf16 && ddp__sharded(ctx);
+}
+
+/* The sum of the norm's blocks in a fixed order: DDP__SUM_LANES running sums, sum j taking
+   sums[j], sums[j + 256], ... in order, then the running sums added in order. The same terms in
+   the same order, and so the same bits, whether one rank computed every block or each its own;
+   ddp_kernels.cuh's ddp_k_sum_doubles adds in this order on the GPU, in parallel (one chain of
+   dependent adds would be 30 us per million parameters there). */
+#define DDP__SUM_LANES 256
+static double ddp__norm_sum(const double *sums, size_t n) {
+    double lane[DDP__SUM_LANES] = { 0 }, total = 0;
+    size_t i;
+    int j;
+    for (i = 0; i < n; i++) lane[i % DDP__SUM_LANES] += sums[i];
+    for (j = 0; j < DDP__SUM_LANES; j++) total += lane[j];
+    return total;
+}
+
+static double ddp__norm_total(const double *sums, size_t n) { return sqrt(ddp__norm_sum(sums, n)); }
+
 /* --------------------------------------------------------------------------------------------
    >>host  What the two host backends (single, cpu) share: flat buffers in host memory, the
    AdamW arithmetic (the NCCL backend's kernels compute the same, and its tests compare with
@@ -4225,39 +4599,6 @@ static double ddp__sum_squares_bf16(const ddp_bf16 *x, size_t n) {
     return total;
 }
 
-/* This rank's part of bucket b, as a range of the flat buffer. Unsharded (or one rank) every
-   rank holds all of it. Sharded, rank s holds [s*P, (s+1)*P) of the bucket, P its 1/world share
-   rounded down to DDP__SHARD_GRAIN, and the last rank the rest up to the bucket's end: parts
-   are contiguous (a bucket is one reduce-scatter, its parts one all-gather), balanced to within
-   world * DDP__SHARD_GRAIN floats, and a norm block never straddles two owners. */
-static void ddp__shard_range(const ddp_context *ctx, int b, int s, size_t *lo, size_t *hi) {
-    const ddp__bucket *k = &ctx->buckets[b];
-    size_t part;
-    if (!ctx->desc.shard_optimizer || ctx->world == 1) { *lo = k->offset; *hi = k->offset + k->count; return; }
-    part = k->count / (size_t)ctx->world / DDP__SHARD_GRAIN * DDP__SHARD_GRAIN;
-    *lo = k->offset + part * (size_t)s;
-    *hi = s == ctx->world - 1 ? k->offset + k->count : *lo + part;
-}
-
-static int ddp__holds(const ddp_context *ctx, size_t i) {
-    size_t lo, hi;
-    int b;
-    for (b = 0; b < ctx->num_buckets; b++) {
-        const ddp__bucket *k = &ctx->buckets[b];
-        if (i < k->offset || i >= k->offset + k->count) continue;
-        ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
-        return i >= lo && i < hi;
-    }
-    return 0;
-}
-
-/* bf16 parameters with shard_optimizer on several ranks: the fp32 master is held in parts, like
-   m and v (shard_count floats, packed: master[shard_base[b] + i - lo] is flat element i of this
-   rank's part [lo, hi) of bucket b); the bf16 working copies are whole, and what is gathered. */
-static int ddp__master_parts(const ddp_context *ctx) {
-    return ctx->params_bf16 && ctx->desc.shard_optimizer && ctx->world > 1;
-}
-
 /* The sums of squares of the norm blocks that lie in this rank's part (every block when
    unsharded) into sums[norm_base[b] + j]; the others are left alone. */
 static void ddp__norm_blocks(ddp_context *ctx, double *sums) {
@@ -4273,23 +4614,6 @@ static void ddp__norm_blocks(ddp_context *ctx, double *sums) {
         }
     }
 }
-
-/* The sum of the norm's blocks in a fixed order: DDP__SUM_LANES running sums, sum j taking
-   sums[j], sums[j + 256], ... in order, then the running sums added in order. The same terms in
-   the same order, and so the same bits, whether one rank computed every block or each its own;
-   ddp_kernels.cuh's ddp_k_sum_doubles adds in this order on the GPU, in parallel (one chain of
-   dependent adds would be 30 us per million parameters there). */
-#define DDP__SUM_LANES 256
-static double ddp__norm_sum(const double *sums, size_t n) {
-    double lane[DDP__SUM_LANES] = { 0 }, total = 0;
-    size_t i;
-    int j;
-    for (i = 0; i < n; i++) lane[i % DDP__SUM_LANES] += sums[i];
-    for (j = 0; j < DDP__SUM_LANES; j++) total += lane[j];
-    return total;
-}
-
-static double ddp__norm_total(const double *sums, size_t n) { return sqrt(ddp__norm_sum(sums, n)); }
 
 /* The gradients (fp32 grads, or bf16 grads16) are not finite: name the first offender (sharded:
    in this rank's part, the only one averaged here). Nothing has been touched yet. */
@@ -4362,7 +4686,7 @@ static size_t ddp__adamw_range_bf16(float *DDP__RESTRICT p, ddp_bf16 *DDP__RESTR
 static ddp_result ddp__host_alloc_flat(ddp_context *ctx) {
     int i;
     ctx->flat_params = ddp__alloc_floats(ctx->flat_count);
-    if (ctx->desc.param_dtype == DDP_DTYPE_BF16) {   /* flat_count is a multiple of 16: whole floats */
+    if (ddp__bf16_params(ctx)) {   /* flat_count is a multiple of 16: whole floats */
         ctx->params_bf16 = (ddp_bf16 *)(void *)ddp__alloc_floats(ctx->flat_count / 2);
         ctx->grads_bf16 = (ddp_bf16 *)(void *)ddp__alloc_floats(ctx->flat_count / 2);   /* zeros: +0 in bf16 */
         if (!ctx->params_bf16 || !ctx->grads_bf16)
@@ -4516,42 +4840,42 @@ static void ddp__host_free(ddp_context *ctx) {
     ctx->params_bf16 = ctx->grads_bf16 = NULL;
 }
 
+/* The slots the host backends share (single, cpu, mpi), by name; each fills the rest. */
+static void ddp__host_table(ddp__backend *t) {
+    memset(t, 0, sizeof *t);
+    t->alloc_flat = ddp__host_alloc_flat;
+    t->zero = ddp__host_zero;
+    t->scale = ddp__host_scale;
+    t->bf16 = ddp__host_bf16;
+    t->adamw = ddp__host_adamw;
+    t->adamw_state = ddp__host_adamw_state;
+    t->copy = ddp__host_copy;
+    t->teardown = ddp__host_free;
+}
+
 /* --------------------------------------------------------------------------------------------
    >>single  One rank and nobody to talk to: no network, no shared memory, no thread. Buckets
    are still built and marked ready (the same bookkeeping as with peers), and launching one
    does nothing.
    -------------------------------------------------------------------------------------------- */
-static ddp_result ddp__single_nothing(ddp_context *ctx) { (void)ctx; return DDP_OK; }
-static ddp_result ddp__single_setup(ddp_context *ctx, double deadline) { (void)ctx; (void)deadline; return DDP_OK; }
-static void ddp__single_quiet(ddp_context *ctx) { (void)ctx; }
 static ddp_result ddp__single_launch(ddp_context *ctx, int bucket) { (void)ctx; (void)bucket; return DDP_OK; }
 static ddp_result ddp__single_finish(ddp_context *ctx, double t_wait) { ddp__host_step_done(ctx, t_wait); return DDP_OK; }
 static ddp_result ddp__single_collective(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root) {
     (void)ctx; (void)kind; (void)data; (void)count; (void)root;
     return DDP_OK;   /* one rank: its data already is the result */
 }
-static void ddp__single_poison(ddp_context *ctx, ddp_result code) { (void)ctx; (void)code; }
 
-static const ddp__backend ddp__single_backend = {
-    "single", DDP_BACKEND_SINGLE, 0, 1,
-    ddp__single_setup, ddp__host_alloc_flat, ddp__single_nothing, ddp__single_quiet, ddp__single_launch,
-    ddp__single_finish, ddp__host_zero, ddp__host_scale, ddp__host_bf16, ddp__host_adamw, ddp__host_adamw_state, ddp__host_copy,
-    ddp__single_collective, ddp__single_quiet, ddp__single_poison, ddp__single_quiet, ddp__host_free
-};
-
-/* The ranks from `from` on that have not set PREFIX<rank> in the store, as "2, 5". */
-static ddp_result ddp__list_missing(ddp_context *ctx, const char *prefix, int from, char *out, size_t cap) {
-    size_t len = 0;
-    int s, exists;
-    out[0] = 0;
-    for (s = from; s < ctx->world && len + 16 < cap; s++) {
-        char key[64];
-        ddp_result r;
-        snprintf(key, sizeof key, "%s%d", prefix, s);
-        if ((r = ddp__store_check(ctx, key, &exists)) != DDP_OK) return r;
-        if (!exists) len += (size_t)snprintf(out + len, cap - len, "%s%d", len ? ", " : "", s);
-    }
-    return DDP_OK;
+/* Filled by name into the context's own copy (nvcc's C++ takes no designated initializers, and
+   a static filled at first use would race between ranks that are threads); a slot left NULL is
+   nothing to do. */
+static void ddp__single_table(ddp__backend *t) {
+    ddp__host_table(t);
+    t->name = "single";
+    t->id = DDP_BACKEND_SINGLE;
+    t->shards = 1;
+    t->launch = ddp__single_launch;   /* one rank: its gradients are the average already */
+    t->finish = ddp__single_finish;
+    t->collective = ddp__single_collective;
 }
 
 /* --------------------------------------------------------------------------------------------
@@ -4573,7 +4897,52 @@ static ddp_result ddp__list_missing(ddp_context *ctx, const char *prefix, int fr
    -------------------------------------------------------------------------------------------- */
 #define DDP__SHM_MAGIC 0x31504444534d4853ull
 
-static size_t ddp__round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+/* One rank's control block in the shared segment; each field a cache line of its own. */
+typedef struct ddp__shm_counter { uint32_t value; uint32_t waiters; char pad[56]; } ddp__shm_counter;
+typedef struct ddp__shm_sig { uint32_t id, kind, root, bucket; uint64_t count; } ddp__shm_sig;   /* bucket: index + 1, 0: none */
+typedef struct ddp__shm_rank {
+    int32_t pid;
+    int32_t tid;           /* the thread that steps this rank (ranks may be threads of one process) */
+    ddp__shm_sig sig;
+    char pad1[64 - 8 - sizeof(ddp__shm_sig)];
+    ddp__shm_counter stage[3];
+} ddp__shm_rank;
+enum { DDP__STAGE_IN = 0, DDP__STAGE_RED = 1, DDP__STAGE_OUT = 2 };
+
+typedef struct ddp__shm_header {
+    uint64_t magic;
+    uint32_t world, slots;
+    uint64_t chunk_bytes, total_bytes;
+    double origin;         /* rank 0's clock at creation: the job's time zero */
+    int32_t failed_rank;   /* -1, or the first rank that poisoned the group */
+    int32_t failed_code;
+    char failed_msg[DDP__ERR_MAX];
+    int32_t poison_claimed; /* 1 once a rank has begun to write failed_*: one writer, then failed_rank */
+} ddp__shm_header;
+
+/* The CPU backend's state: the collective segment, every rank's gradients in one more segment,
+   and the communication thread that averages buckets while backward runs (>>cpu). */
+struct ddp__cpu {
+    char shm_name[64];
+    unsigned char *shm;
+    size_t shm_bytes;
+    uint32_t shm_seq;              /* chunks processed: the same on every rank */
+    uint32_t shm_collectives;      /* collectives issued: the same on every rank */
+    double spin_seconds;
+    int host_waiting;              /* atomic: the rank's thread waits in ddp_finish (the comm thread may spin) */
+    uint32_t sig_bucket;           /* the gradient bucket the next collective averages, + 1; 0: none */
+    char grads_name[64];           /* every rank's gradients, in one segment (world > 1) */
+    unsigned char *grads_shm;
+    size_t grads_shm_bytes, grads_stride;   /* stride: floats from one rank's buffer to the next */
+    int params_shared;             /* sharded: every rank's parameters follow the gradients in the segment */
+    double *norm_recv;             /* sharded: a peer's norm blocks, as they arrive */
+    float *bucket_f32;             /* bf16 parameters without the gradient segment: one bucket widened
+                                      for the staging slots (the largest bucket's floats) */
+    ddp__workq comm;               /* the communication thread's queue (>>engine) */
+    uint32_t out_pending;          /* in place: the peers may still copy from this rank's buffer until
+                                      every rank posts STAGE_OUT this far (0: nothing pending) */
+};
+
 static size_t ddp__shm_ranks_offset(void) { return ddp__round_up(sizeof(ddp__shm_header), 64); }
 static size_t ddp__shm_data_offset(int world) {
     return ddp__round_up(ddp__shm_ranks_offset() + sizeof(ddp__shm_rank) * (size_t)world, 4096);
@@ -4678,7 +5047,7 @@ static ddp_result ddp__shm_wait_all(ddp_context *ctx, int stage, uint32_t target
         while (!ddp__reached(__atomic_load_n(&c->value, __ATOMIC_ACQUIRE), target)) {
             uint32_t seen;
             if (polls++ % 16 == 0 && spin_until == 0)
-                spin_until = ddp__now() + (ctx->in_step && !__atomic_load_n(&ctx->cpu->host_waiting, __ATOMIC_ACQUIRE)
+                spin_until = ddp__now() + (ddp__in_backward(ctx) && !__atomic_load_n(&ctx->cpu->host_waiting, __ATOMIC_ACQUIRE)
                                            ? DDP__SPIN_SECONDS_COMM_THREAD : ctx->cpu->spin_seconds);
             if (polls % 16 || ddp__now() < spin_until) {
                 if (polls % DDP__YIELD_EVERY == 0 || ctx->cpu->spin_seconds == DDP__SPIN_SECONDS_OVERSUBSCRIBED) ddp__yield();
@@ -5319,7 +5688,7 @@ static ddp_result ddp__cpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b
     uint32_t q0;
     size_t lo, hi;
     int b, s, skip;
-    if (!ctx->desc.shard_optimizer || ctx->world == 1) return ddp__host_adamw(ctx, opt, b1, b2, eps, grad_norm_out);
+    if (!ddp__sharded(ctx)) return ddp__host_adamw(ctx, opt, b1, b2, eps, grad_norm_out);
     if ((r = ddp__host_adamw_state(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     ddp__norm_blocks(ctx, ctx->norm_sums);
     if ((r = ddp__cpu_norm_exchange(ctx)) != DDP_OK) return r;
@@ -5358,98 +5727,24 @@ static ddp_result ddp__cpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b
     return ddp__shm_wait_all(ctx, DDP__STAGE_OUT, ctx->cpu->shm_seq);
 }
 
-/* The communication thread. Buckets are launched strictly in bucket order, so the queue is
-   just two counters: launched and done; bucket `done` is reduced next (ddp__comm_turn). */
-/* The communication thread shares the cores with compute threads that never sleep. Each chunk
-   of an allreduce is a handshake with the peers' communication threads, so what matters is how
-   soon a woken communication thread runs. On Linux >= 6.12 (EEVDF) a short scheduler slice
-   lets it preempt a busy compute thread at once; elsewhere the call fails and nothing changes.
-   No privilege is needed and the thread's nice value is kept. */
-static void ddp__comm_thread_short_slice(void) {
-#if defined(__linux__) && defined(SYS_sched_setattr)
-    struct { uint32_t size, policy; uint64_t flags; int32_t nice; uint32_t priority;
-             uint64_t runtime, deadline, period; } attr;
-    memset(&attr, 0, sizeof attr);
-    attr.size = sizeof attr;          /* 48: SCHED_ATTR_SIZE_VER0 */
-    attr.policy = 0;                  /* SCHED_OTHER */
-    errno = 0;
-    attr.nice = getpriority(PRIO_PROCESS, 0);
-    attr.runtime = 100000;            /* slice: 0.1 ms */
-    if (errno == 0) syscall(SYS_sched_setattr, 0, &attr, 0);
-#endif
-}
-
-/* The turn: launched buckets are reduced one at a time, in bucket order, by whichever thread
-   holds it. The communication thread takes it while backward runs; once the rank's thread waits
-   in ddp_finish it takes the turn itself whenever the communication thread is not mid-bucket, so
-   the bucket that is exposed (the last, usually launched just before ddp_finish) costs no wake-up
-   of another thread on either side, only the handshakes with the peers. Called with comm_lock
-   held and the turn free; it is released while the bucket is reduced. */
-static void ddp__comm_turn(ddp_context *ctx) {
+/* One bucket on the communication thread's turn (ddp__workq_turn): the turn is launched buckets
+   reduced one at a time, in bucket order, by whichever thread holds it. The communication thread
+   takes it while backward runs; once the rank's thread waits in ddp_finish it takes the turn
+   itself whenever the communication thread is not mid-bucket, so the bucket that is exposed (the
+   last, usually launched just before ddp_finish) costs no wake-up of another thread on either
+   side, only the handshakes with the peers. */
+static ddp_result ddp__cpu_run_bucket(ddp_context *ctx, int index) {
     ddp__cpu *c = ctx->cpu;
-    int index = c->comm_done;
-    double t0, seconds = 0;
-    ddp_result r = DDP_OK;
-    c->comm_busy = 1;
-    ddp__mutex_unlock(&c->comm_lock);
-    if (!c->comm_error) {
-        const ddp__bucket *b = &ctx->buckets[index];
-        snprintf(ctx->what_buf, sizeof ctx->what_buf, "the allreduce of gradient bucket %d", index);
-        ctx->what = ctx->what_buf;
-        t0 = ddp__now();
-        c->sig_bucket = (uint32_t)index + 1;
-        r = c->grads_shm && (ctx->grads_bf16 || ddp__grad_kind(ctx) == DDP__KIND_AVG)
-                ? ddp__shm_bucket_in_place(ctx, b->offset, b->count, ctx->desc.shard_optimizer ? index : -1)
-                : ctx->grads_bf16 ? ddp__shm_bucket_staged_bf16(ctx, b->offset, b->count)
-                : ddp__shm_collective(ctx, ddp__grad_kind(ctx), ctx->flat_grads + b->offset, b->count, 0);
-        c->sig_bucket = 0;
-        seconds = ddp__now() - t0;
-        ddp__record(ctx, ctx->tl_comm, DDP__EV_ALLREDUCE, t0, t0 + seconds, index, b->count * ddp__wire_bytes(ctx));
-    }
-    ddp__mutex_lock(&c->comm_lock);
-    c->comm_seconds += seconds;
-    c->comm_last_seconds = seconds;
-    if (r != DDP_OK && !c->comm_error) c->comm_error = r;
-    c->comm_done++;
-    c->comm_busy = 0;
-    ddp__cond_broadcast(&c->comm_done_cond);
-}
-
-static void *ddp__comm_main(void *arg) {
-    ddp_context *ctx = (ddp_context *)arg;
-    ddp__cpu *c = ctx->cpu;
-    ddp__comm_thread_short_slice();
-    ddp__mutex_lock(&c->comm_lock);
-    for (;;) {
-        while (!c->comm_stop && (c->comm_done == c->comm_launched || c->comm_busy)) ddp__cond_wait(&c->comm_wake, &c->comm_lock);
-        if (c->comm_done == c->comm_launched || c->comm_busy) break;   /* stopped */
-        ddp__comm_turn(ctx);
-    }
-    ddp__mutex_unlock(&c->comm_lock);
-    return NULL;
-}
-
-static ddp_result ddp__comm_start(ddp_context *ctx) {
-    if (ddp__thread_create(&ctx->cpu->comm_thread, ddp__comm_main, ctx))
-        return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot start the communication thread");
-    ctx->cpu->comm_started = 1;
-    return DDP_OK;
-}
-
-static void ddp__comm_stop(ddp_context *ctx) {
-    if (!ctx->cpu || !ctx->cpu->comm_started) return;   /* setup failed, or nothing committed */
-    ddp__mutex_lock(&ctx->cpu->comm_lock);
-    if (ctx->cpu->comm_done != ctx->cpu->comm_launched && !ddp__failed(ctx)) {
-        /* Leaving mid-step: tell the peers rather than let them wait for the timeout. */
-        ddp__mutex_unlock(&ctx->cpu->comm_lock);
-        ddp__fail_group(ctx, DDP_ERR_INVALID_STATE, "ddp_shutdown in the middle of a step");
-        ddp__mutex_lock(&ctx->cpu->comm_lock);
-    }
-    ctx->cpu->comm_stop = 1;
-    ddp__cond_signal(&ctx->cpu->comm_wake);
-    ddp__mutex_unlock(&ctx->cpu->comm_lock);
-    ddp__thread_join(ctx->cpu->comm_thread);
-    ctx->cpu->comm_started = 0;
+    const ddp__bucket *b = &ctx->buckets[index];
+    const ddp__wire *w = &b->wire;
+    ddp_result r;
+    c->sig_bucket = (uint32_t)index + 1;
+    r = w->in_place ? ddp__shm_bucket_in_place(ctx, b->offset, b->count, w->scatter ? index : -1)
+        : w->grads == DDP_DTYPE_BF16 ? ddp__shm_bucket_staged_bf16(ctx, b->offset, b->count)
+        : ddp__shm_collective(ctx, w->dtype == DDP_DTYPE_BF16 ? DDP__KIND_AVG_BF16 : DDP__KIND_AVG,
+                              ctx->flat_grads + b->offset, b->count, 0);
+    c->sig_bucket = 0;
+    return r;
 }
 
 /* The CPU backend's entry points (the table at the end). */
@@ -5460,9 +5755,7 @@ static ddp_result ddp__cpu_setup(ddp_context *ctx, double deadline) {
         return ddp__fail(ctx, DDP_ERR_BAD_ENV, "the CPU backend needs every rank on one host, but "
                          "WORLD_SIZE=%d and LOCAL_WORLD_SIZE=%d", ctx->world, ctx->local_world);
     if (!(c = ctx->cpu = (ddp__cpu *)ddp__calloc(sizeof *c))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
-    ddp__mutex_init(&c->comm_lock);
-    ddp__cond_init(&c->comm_wake);
-    ddp__cond_init(&c->comm_done_cond);
+    ddp__workq_init(&c->comm, ctx, ddp__cpu_run_bucket);
     if ((r = ddp__shm_setup(ctx, deadline)) != DDP_OK) return r;
     ddp__log(ctx, DDP_LOG_INFO, "rank %d of %d up (cpu backend, segment %s)", ctx->rank, ctx->world, c->shm_name);
     return DDP_OK;
@@ -5475,14 +5768,18 @@ static ddp_result ddp__cpu_commit(ddp_context *ctx) {
     size_t largest = 0;
     int b;
     if ((r = ddp__grads_share(ctx, ddp__now() + ctx->desc.timeout_s)) != DDP_OK) return ddp__fatal(ctx, r);
-    for (b = 0; b < ctx->num_buckets; b++) if (ctx->buckets[b].count > largest) largest = ctx->buckets[b].count;
+    for (b = 0; b < ctx->num_buckets; b++) {
+        ddp__wire *w = &ctx->buckets[b].wire;   /* in the segment: summed where it is (bf16 in float) */
+        w->in_place = ctx->cpu->grads_shm && w->convert != DDP__WIRE_NARROW;
+        if (ctx->buckets[b].count > largest) largest = ctx->buckets[b].count;
+    }
     if (ctx->grads_bf16 && !ctx->cpu->grads_shm && !(ctx->cpu->bucket_f32 = ddp__alloc_floats(largest ? largest : 1)))
         return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for one bucket's %zu floats", largest));
     ctx->what = "the broadcast of rank 0's initial parameters";
     r = ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->flat_params, ctx->flat_count * sizeof(float), 0);
     ddp__grads_unlink(ctx);   /* every rank passed ddp__grads_share to get here */
     if (r != DDP_OK) return r;
-    if ((r = ddp__comm_start(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
+    if ((r = ddp__workq_start(&ctx->cpu->comm)) != DDP_OK) return ddp__fatal(ctx, r);
     return DDP_OK;
 }
 
@@ -5496,14 +5793,11 @@ static void ddp__cpu_begin_step(ddp_context *ctx) {
 static ddp_result ddp__cpu_launch(ddp_context *ctx, int index) {
     ddp__cpu *c = ctx->cpu;
     ctx->stats.buckets_launched++;
-    ctx->stats.bytes_reduced += ctx->buckets[index].count * ddp__wire_bytes(ctx);
-    ddp__mutex_lock(&c->comm_lock);
-    c->comm_launched++;
+    ctx->stats.bytes_reduced += ctx->buckets[index].wire.bytes;
     /* The last bucket is left to ddp_finish, which follows at once: a wake-up of the
-       communication thread would only take a core from this thread (ddp__comm_turn). A busy
+       communication thread would only take a core from this thread (ddp__cpu_run_bucket). A busy
        communication thread still takes it when it is done with the one before. */
-    if (index != ctx->num_buckets - 1) ddp__cond_signal(&c->comm_wake);
-    ddp__mutex_unlock(&c->comm_lock);
+    ddp__workq_push(&c->comm, index != ctx->num_buckets - 1);
     return DDP_OK;
 }
 
@@ -5516,19 +5810,9 @@ static ddp_result ddp__cpu_finish(ddp_context *ctx, double t_wait) {
        communication thread (and the host's ddp_shutdown of the context) stuck on it. */
     ddp__nocancel_begin(&cancel_state);
     __atomic_store_n(&c->host_waiting, 1, __ATOMIC_RELEASE);
-    ddp__mutex_lock(&c->comm_lock);
-    while (c->comm_done < c->comm_launched) {
-        if (!c->comm_busy) ddp__comm_turn(ctx);   /* this thread reduces the next bucket itself */
-        else ddp__cond_wait(&c->comm_done_cond, &c->comm_lock);
-    }
-    r = c->comm_error;
-    out = c->out_pending;
+    r = ddp__workq_wait(&c->comm, 1, &ctx->stats);   /* this thread reduces the next bucket itself when it can */
+    out = c->out_pending;   /* the last turn wrote it before it counted its bucket done */
     c->out_pending = 0;
-    ctx->stats.comm_ms = 1e3 * c->comm_seconds;
-    ctx->stats.last_bucket_comm_ms = 1e3 * c->comm_last_seconds;
-    c->comm_seconds = c->comm_last_seconds = 0;
-    c->comm_launched = c->comm_done = 0;
-    ddp__mutex_unlock(&c->comm_lock);
     if (r == DDP_OK && out) {   /* every peer has copied its parts of the last bucket from this rank's buffer */
         ctx->what = "the end of the gradient buckets' allreduce (the peers' last copies)";
         r = ddp__shm_wait_all(ctx, DDP__STAGE_OUT, out);
@@ -5550,10 +5834,14 @@ static ddp_result ddp__cpu_collective(ddp_context *ctx, uint32_t kind, void *dat
     return r;
 }
 
+static void ddp__cpu_stop(ddp_context *ctx) {
+    if (ctx->cpu) ddp__workq_stop(&ctx->cpu->comm);
+}
+
 static void ddp__cpu_teardown(ddp_context *ctx) {
     ddp__cpu *c = ctx->cpu;
     if (c) {
-        ddp__comm_stop(ctx);
+        ddp__workq_stop(&c->comm);
         if (c->shm) {
             ddp__seg_unmap(c->shm, c->shm_bytes);
             if (ctx->rank == 0) ddp__seg_unlink(c->shm_name);   /* already gone unless init failed */
@@ -5568,9 +5856,7 @@ static void ddp__cpu_teardown(ddp_context *ctx) {
         }
         DDP_FREE(c->norm_recv);
         ddp__free_floats(c->bucket_f32);
-        ddp__mutex_destroy(&c->comm_lock);
-        ddp__cond_destroy(&c->comm_wake);
-        ddp__cond_destroy(&c->comm_done_cond);
+        ddp__workq_destroy(&c->comm);
         DDP_FREE(c);
         ctx->cpu = NULL;
     }
@@ -5578,12 +5864,22 @@ static void ddp__cpu_teardown(ddp_context *ctx) {
     ddp__host_free(ctx);
 }
 
-static const ddp__backend ddp__cpu_backend = {
-    "cpu", DDP_BACKEND_CPU, 0, 1,
-    ddp__cpu_setup, ddp__host_alloc_flat, ddp__cpu_commit, ddp__cpu_begin_step, ddp__cpu_launch,
-    ddp__cpu_finish, ddp__host_zero, ddp__host_scale, ddp__host_bf16, ddp__cpu_adamw, ddp__host_adamw_state, ddp__host_copy,
-    ddp__cpu_collective, ddp__single_quiet, ddp__cpu_poison, ddp__comm_stop, ddp__cpu_teardown
-};
+static void ddp__cpu_table(ddp__backend *t) {
+    ddp__host_table(t);
+    t->name = "cpu";
+    t->id = DDP_BACKEND_CPU;
+    t->shards = 1;
+    t->setup = ddp__cpu_setup;
+    t->commit = ddp__cpu_commit;
+    t->begin_step = ddp__cpu_begin_step;
+    t->launch = ddp__cpu_launch;
+    t->finish = ddp__cpu_finish;
+    t->adamw = ddp__cpu_adamw;
+    t->collective = ddp__cpu_collective;
+    t->poison = ddp__cpu_poison;
+    t->stop = ddp__cpu_stop;
+    t->teardown = ddp__cpu_teardown;
+}
 
 /* --------------------------------------------------------------------------------------------
    >>mpi  The MPI backend (only with DDP_MPI): CPU ranks on several hosts.
@@ -5625,16 +5921,16 @@ struct ddp__mpi {
     ddp_bf16 *wire, *rounded;             /* this rank's piece from every rank; fp32 gradients rounded */
     size_t wire_count;
     uint64_t wseq;                        /* their collectives issued: the same on every rank */
-    pthread_mutex_t lock;                 /* the queue below and the watch fields */
-    pthread_cond_t comm_wake, comm_done_cond, watchdog_wake;
-    pthread_t comm_thread, watchdog;
-    int comm_started, comm_stop, watchdog_started, watchdog_stop;
-    int comm_launched, comm_done;
-    ddp_result comm_error;
-    double comm_seconds, comm_last_seconds;
-    int watch_fd;
+    ddp__workq comm;                      /* the communication thread's queue (>>engine) */
+    pthread_mutex_t lock;                 /* the watch fields */
+    ddp__watchdog wd;                     /* its thread and store connection (>>engine) */
     double busy_since;                    /* when the collective in progress began; 0: none */
     char busy_what[96];
+    /* the watchdog thread's own: busy_* as it last saw them, its heartbeats, the peers' beats
+       at its first look near a deadline, when it saw the group failed */
+    double seen_since, next_beat, snap_at, failed_at;
+    char seen_what[96];
+    long beat, *beats_before;
 };
 
 static int ddp__mpi_owned, ddp__mpi_dirty;   /* ddp.h initialized MPI; a context failed */
@@ -5685,7 +5981,7 @@ static ddp_result ddp__mpi_host(ddp_context *ctx, uint32_t kind, void *data, siz
     ddp_result r;
     if (!h) return DDP_OK;
     h->what = ctx->what;
-    h->in_step = ctx->in_step;
+    h->life = ctx->life;
     if (ddp__cancel_requested(ctx)) __atomic_store_n(&h->cancel, 1, __ATOMIC_RELEASE);
     if ((r = ddp__shm_collective(h, kind, data, count, root)) == DDP_OK) return DDP_OK;
     if (ddp__failed(ctx)) return ddp__failed(ctx);
@@ -5898,7 +6194,7 @@ static ddp_result ddp__mpi_gather_window(ddp_context *ctx, void *window, MPI_Dat
 static ddp_result ddp__mpi_bucket_bf16(ddp_context *ctx, int b) {
     ddp__mpi *m = ctx->mpi;
     const ddp__bucket *k = &ctx->buckets[b];
-    int scatter = ctx->grads_bf16 && ctx->desc.shard_optimizer;   /* the CPU backend's in-place reduce-scatter */
+    int scatter = k->wire.grads == DDP_DTYPE_BF16 && k->wire.scatter;   /* the CPU backend's in-place reduce-scatter */
     size_t win = ddp__mpi_window(ctx), c0, c1, j;
     ddp_bf16 *g = ctx->grads_bf16 ? ctx->grads_bf16 + k->offset : m->rounded;
     ddp_result r;
@@ -5959,17 +6255,18 @@ static ddp_result ddp__mpi_watched(ddp_context *ctx, ddp_result (*run)(ddp_conte
     return r;
 }
 
-/* The communication thread's work for bucket b: fp32 gradients through the host groups and
+/* The communication thread's work for bucket b (ddp__workq_turn): fp32 gradients through the host groups and
    leaders (ddp__mpi_collective_run; sharded too, averaged whole: the bits of unsharded), bf16
    ones among all ranks. */
 static ddp_result ddp__mpi_bucket(ddp_context *ctx, int b) {
     const ddp__bucket *k = &ctx->buckets[b];
     double started = ddp__now();
     ddp_result r;
-    if (!ddp__mpi_bf16_wire(ctx)) return ddp__mpi_collective_timed(ctx, DDP__KIND_AVG, ctx->flat_grads + k->offset, k->count, 0);
+    if (k->wire.grads == DDP_DTYPE_FP32 && k->wire.dtype == DDP_DTYPE_FP32)   /* the plan: fp32 all the way */
+        return ddp__mpi_collective_timed(ctx, DDP__KIND_AVG, ctx->flat_grads + k->offset, k->count, 0);
     r = ddp__mpi_watched(ctx, ddp__mpi_bucket_bf16, b);
     if (r == DDP_OK && (ctx->desc.inject_comm_latency_ms > 0 || ctx->desc.inject_comm_gbps > 0))
-        ddp__inject_comm_delay(ctx, k->count * ddp__wire_bytes(ctx), started);
+        ddp__inject_comm_delay(ctx, k->wire.bytes, started);
     return r;
 }
 
@@ -6028,33 +6325,8 @@ static void ddp__mpi_poison(ddp_context *ctx, ddp_result code) {
     int fd;
     if (!m) return;
     ddp__mpi_poison_host(ctx, code);
-    fd = m->watchdog_started && pthread_equal(pthread_self(), m->watchdog) ? m->watch_fd : ctx->store_fd;
+    fd = ddp__watchdog_is_me(&m->wd) ? m->wd.fd : ctx->store_fd;
     ddp__store_poison(ctx, fd, code);
-}
-
-/* The watchdog's look at the store: another rank's poison, or a rank's connection closed. */
-static ddp_result ddp__mpi_check_store(ddp_context *ctx, char *msg, size_t cap) {
-    unsigned char *val = NULL;
-    uint32_t len = 0, status = 0;
-    ddp_result r = ddp__store_request_on(ctx, ctx->mpi->watch_fd, DDP__OP_GET, "poison", "0", 1, &val, &len, &status, 0);
-    if (r != DDP_OK) {
-        DDP_FREE(val);
-        if (__atomic_load_n(&ctx->closing, __ATOMIC_ACQUIRE)) return DDP_OK;   /* rank 0 closes it at shutdown */
-        snprintf(msg, cap, "lost the connection to the rendezvous store on rank 0 (host %s, MASTER_ADDR %s): host %s or "
-                 "the link to it is down", ddp__mpi_host_name(ctx, 0), ctx->master_addr, ddp__mpi_host_name(ctx, 0));
-        return DDP_ERR_PEER_LOST;
-    }
-    if (status == DDP__REPLY_PEER_LOST) {
-        int lost = val ? atoi((const char *)val) : -1;
-        snprintf(msg, cap, "rank %d on host %s died (its connection to the rendezvous store closed)", lost,
-                 ddp__mpi_host_name(ctx, lost));
-        r = DDP_ERR_PEER_LOST;
-    } else {
-        const char *text;
-        if ((r = ddp__store_poison_code(status, val, len, &text)) != DDP_OK) snprintf(msg, cap, "stopped because %s", text);
-    }
-    DDP_FREE(val);
-    return r;
 }
 
 /* Which ranks' heartbeats did not move between two looks: the silent hosts, in words. */
@@ -6068,7 +6340,7 @@ static void ddp__mpi_silent(ddp_context *ctx, const long *before, char *out, siz
         uint32_t n = 0, status = 0;
         long now_beat = -1;
         snprintf(key, sizeof key, "mpi/beat/%d", s);
-        if (ddp__store_request_on(ctx, ctx->mpi->watch_fd, DDP__OP_GET, key, "0", 1, &val, &n, &status, 0) == DDP_OK &&
+        if (ddp__store_request_on(ctx, ctx->mpi->wd.fd, DDP__OP_GET, key, "0", 1, &val, &n, &status, 0) == DDP_OK &&
             status == DDP__REPLY_OK && val)
             now_beat = atol((const char *)val);
         DDP_FREE(val);
@@ -6085,118 +6357,110 @@ static void ddp__mpi_beats(ddp_context *ctx, long *out) {
         uint32_t n = 0, status = 0;
         snprintf(key, sizeof key, "mpi/beat/%d", s);
         out[s] = -1;
-        if (ddp__store_request_on(ctx, ctx->mpi->watch_fd, DDP__OP_GET, key, "0", 1, &val, &n, &status, 0) == DDP_OK &&
+        if (ddp__store_request_on(ctx, ctx->mpi->wd.fd, DDP__OP_GET, key, "0", 1, &val, &n, &status, 0) == DDP_OK &&
             status == DDP__REPLY_OK && val)
             out[s] = atol((const char *)val);
         DDP_FREE(val);
     }
 }
 
-static void *ddp__mpi_watchdog_main(void *arg) {
-    char eb[DDP__ERR_MAX];
-    ddp_context *ctx = (ddp_context *)arg;
-    ddp__mpi *m = ctx->mpi;
-    char msg[DDP__ERR_MAX - 64], silent[512];
-    long beat = 0, *before = (long *)ddp__calloc(sizeof(long) * (size_t)ctx->world);
-    double next_beat = 0, failed_at = 0, snap_at = 0;
-    pthread_mutex_lock(&m->lock);
-    while (!m->watchdog_stop) {
-        struct timespec ts;
-        double since, now = ddp__now();
-        ddp_result r = DDP_OK;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 100 * 1000 * 1000;
-        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
-        pthread_cond_timedwait(&m->watchdog_wake, &m->lock, &ts);
-        /* a wait of 0.1 s that took over DDP__STOPPED_GAP_S: the process was stopped (Ctrl-Z of
-           the whole job); that time is not the collective's (as the CPU backend's waits) */
-        if (m->busy_since > 0 && ddp__now() - now > DDP__STOPPED_GAP_S) m->busy_since += ddp__now() - now;
-        if (m->watchdog_stop) break;
-        since = m->busy_since;
-        snprintf(msg, sizeof msg, "%s", m->busy_what);
-        pthread_mutex_unlock(&m->lock);
-        now = ddp__now();
-        if (!ddp__failed(ctx)) {
-            if (now >= next_beat && m->watch_fd >= 0) {
-                char key[32], num[24];
-                uint32_t status = 0;
-                snprintf(key, sizeof key, "mpi/beat/%d", ctx->rank);
-                snprintf(num, sizeof num, "%ld", ++beat);
-                /* a store that does not answer costs up to timeout_s once, not once per request */
-                if (ddp__store_request_on(ctx, m->watch_fd, DDP__OP_SET, key, num, (uint32_t)strlen(num), NULL, NULL, &status, 0) != DDP_OK &&
-                    !__atomic_load_n(&ctx->closing, __ATOMIC_ACQUIRE))
-                    r = DDP_ERR_PEER_LOST;
-                next_beat = now + DDP__MPI_BEAT_S;
-            }
-            if (r != DDP_OK) {
-                snprintf(msg, sizeof msg, "lost the connection to the rendezvous store on rank 0 (host %s, MASTER_ADDR %s): "
-                         "host %s or the link to it is down", ddp__mpi_host_name(ctx, 0), ctx->master_addr, ddp__mpi_host_name(ctx, 0));
-                ddp__set_failed(ctx, ddp__fail(ctx, r, "%s", msg));
-                ddp__mpi_poison_host(ctx, r);
-            } else if (ddp__cancel_requested(ctx)) ddp__check_cancel(ctx, "a collective across hosts");
-            else if (since > 0 && before && now - since > ctx->desc.timeout_s - 3 * DDP__MPI_BEAT_S && snap_at < since) {
-                ddp__mpi_beats(ctx, before);   /* a first look, for the silent ones at the deadline */
-                snap_at = now;
-            } else if (since > 0 && now - since > ctx->desc.timeout_s) {
-                if (before && snap_at >= since) ddp__mpi_silent(ctx, before, silent, sizeof silent);
-                else snprintf(silent, sizeof silent, "?");
-                ddp__fail_group(ctx, DDP_ERR_TIMEOUT, "timed out after %g s in %s: no answer across hosts; not heard "
-                                "from: %s", ctx->desc.timeout_s, msg, silent[0] ? silent : "none (a rank stopped?)");
-            } else if (m->watch_fd >= 0 && (r = ddp__mpi_check_store(ctx, msg, sizeof msg)) != DDP_OK) {
-                ddp__set_failed(ctx, ddp__fail(ctx, r, "%s", msg));   /* the store knows already (or is gone) */
-                ddp__mpi_poison_host(ctx, r);
-            }
-        }
-        /* Failed while this rank waits in a collective (or soon will): MPI cannot be
-           interrupted. Say why, let the peers say theirs, end the job. */
-        if (ddp__failed(ctx) && since > 0 && !__atomic_load_n(&ctx->closing, __ATOMIC_ACQUIRE)) {
-            if (failed_at == 0) {
-                failed_at = now;
-                ddp__log(ctx, DDP_LOG_ERROR, "%s", ddp__err_body(ctx, eb));
-            } else if (now - failed_at > DDP__MPI_ABORT_GRACE_S) {
-                ddp__log(ctx, DDP_LOG_ERROR, "ending the job with MPI_Abort: MPI calls cannot be interrupted");
-                MPI_Abort(MPI_COMM_WORLD, 1);
-            }
-        }
-        pthread_mutex_lock(&m->lock);
-    }
-    pthread_mutex_unlock(&m->lock);
-    DDP_FREE(before);
-    return NULL;
+/* The store's words (ddp__watch_store). */
+static void ddp__mpi_store_gone(ddp_context *ctx, char *msg, size_t cap) {
+    snprintf(msg, cap, "lost the connection to the rendezvous store on rank 0 (host %s, MASTER_ADDR %s): host %s or "
+             "the link to it is down", ddp__mpi_host_name(ctx, 0), ctx->master_addr, ddp__mpi_host_name(ctx, 0));
+}
+static void ddp__mpi_store_died(ddp_context *ctx, const char *rank, char *msg, size_t cap) {
+    int lost = rank ? atoi(rank) : -1;
+    snprintf(msg, cap, "rank %d on host %s died (its connection to the rendezvous store closed)", lost,
+             ddp__mpi_host_name(ctx, lost));
 }
 
-/* The communication thread: buckets in bucket order (two counters, as on the CPU backend). */
-static void *ddp__mpi_comm_main(void *arg) {
-    ddp_context *ctx = (ddp_context *)arg;
+/* The watchdog's tick (lock held): a wait of 0.1 s that took over DDP__STOPPED_GAP_S: the
+   process was stopped (Ctrl-Z of the whole job); that time is not the collective's (as the CPU
+   backend's waits). Then what the rank is in, for the look. */
+static void ddp__mpi_watch_slept(ddp_context *ctx, double slept) {
     ddp__mpi *m = ctx->mpi;
-    ddp__comm_thread_short_slice();
-    pthread_mutex_lock(&m->lock);
-    for (;;) {
-        int index;
-        double t0, seconds = 0;
-        ddp_result r = DDP_OK;
-        while (!m->comm_stop && m->comm_done == m->comm_launched) pthread_cond_wait(&m->comm_wake, &m->lock);
-        if (m->comm_done == m->comm_launched) break;
-        index = m->comm_done;
-        pthread_mutex_unlock(&m->lock);
-        if (!m->comm_error) {
-            const ddp__bucket *b = &ctx->buckets[index];
-            snprintf(ctx->what_buf, sizeof ctx->what_buf, "the allreduce of gradient bucket %d", index);
-            ctx->what = ctx->what_buf;
-            t0 = ddp__now();
-            r = ddp__mpi_bucket(ctx, index);
-            seconds = ddp__now() - t0;
-            ddp__record(ctx, ctx->tl_comm, DDP__EV_ALLREDUCE, t0, t0 + seconds, index, b->count * ddp__wire_bytes(ctx));
-        }
-        pthread_mutex_lock(&m->lock);
-        m->comm_seconds += seconds;
-        m->comm_last_seconds = seconds;
-        if (r != DDP_OK && !m->comm_error) m->comm_error = r;
-        m->comm_done++;
-        pthread_cond_broadcast(&m->comm_done_cond);
+    if (m->busy_since > 0 && slept > DDP__STOPPED_GAP_S) m->busy_since += slept;
+    m->seen_since = m->busy_since;
+    snprintf(m->seen_what, sizeof m->seen_what, "%s", m->busy_what);
+}
+
+/* This rank's heartbeat; a store that does not answer costs up to timeout_s once, not once per
+   request. */
+static ddp_result ddp__mpi_watch_beat(ddp_context *ctx, char *msg, size_t cap) {
+    ddp__mpi *m = ctx->mpi;
+    char key[32], num[24];
+    uint32_t status = 0;
+    if (ddp__now() < m->next_beat || m->wd.fd < 0) return DDP_OK;
+    snprintf(key, sizeof key, "mpi/beat/%d", ctx->rank);
+    snprintf(num, sizeof num, "%ld", ++m->beat);
+    m->next_beat = ddp__now() + DDP__MPI_BEAT_S;
+    if (ddp__store_request_on(ctx, m->wd.fd, DDP__OP_SET, key, num, (uint32_t)strlen(num), NULL, NULL, &status, 0) == DDP_OK ||
+        __atomic_load_n(&ctx->closing, __ATOMIC_ACQUIRE))
+        return DDP_OK;
+    ddp__mpi_store_gone(ctx, msg, cap);
+    return DDP_ERR_PEER_LOST;
+}
+
+/* The age of the collective in progress: near the deadline a first look at the heartbeats (for
+   the silent ones), past it the group fails, naming them. */
+static void ddp__mpi_watch_age(ddp_context *ctx) {
+    ddp__mpi *m = ctx->mpi;
+    char silent[512];
+    double since = m->seen_since, now = ddp__now();
+    long *before = m->beats_before;
+    if (since > 0 && before && now - since > ctx->desc.timeout_s - 3 * DDP__MPI_BEAT_S && m->snap_at < since) {
+        ddp__mpi_beats(ctx, before);
+        m->snap_at = now;
+    } else if (since > 0 && now - since > ctx->desc.timeout_s) {
+        if (before && m->snap_at >= since) ddp__mpi_silent(ctx, before, silent, sizeof silent);
+        else snprintf(silent, sizeof silent, "?");
+        ddp__fail_group(ctx, DDP_ERR_TIMEOUT, "timed out after %g s in %s: no answer across hosts; not heard "
+                        "from: %s", ctx->desc.timeout_s, m->seen_what, silent[0] ? silent : "none (a rank stopped?)");
     }
-    pthread_mutex_unlock(&m->lock);
-    return NULL;
+}
+
+/* The watchdog's own look: the heartbeat, a cancel, the age of the collective in progress. */
+static ddp_result ddp__mpi_watch_inspect(ddp_context *ctx, char *msg, size_t cap) {
+    ddp_result r = ddp__mpi_watch_beat(ctx, msg, cap);
+    if (r != DDP_OK) return r;
+    if (ddp__cancel_requested(ctx)) ddp__check_cancel(ctx, "a collective across hosts");
+    else ddp__mpi_watch_age(ctx);
+    return DDP_OK;
+}
+
+/* The store is gone, or said the group failed: this host's ranks stop too. */
+static void ddp__mpi_watch_failed(ddp_context *ctx, ddp_result r, const char *msg) {
+    ddp__set_failed(ctx, ddp__fail(ctx, r, "%s", msg));
+    ddp__mpi_poison_host(ctx, r);
+}
+static void ddp__mpi_watch_on_store(ddp_context *ctx, ddp_result r) { ddp__mpi_poison_host(ctx, r); }
+
+/* Failed while this rank waits in a collective (or soon will): MPI cannot be interrupted. Say
+   why, let the peers say theirs, end the job. */
+static void ddp__mpi_watch_after(ddp_context *ctx) {
+    ddp__mpi *m = ctx->mpi;
+    char eb[DDP__ERR_MAX];
+    double now = ddp__now();
+    if (!ddp__failed(ctx) || m->seen_since <= 0 || __atomic_load_n(&ctx->closing, __ATOMIC_ACQUIRE)) return;
+    if (m->failed_at == 0) {
+        m->failed_at = now;
+        ddp__log(ctx, DDP_LOG_ERROR, "%s", ddp__err_body(ctx, eb));
+    } else if (now - m->failed_at > DDP__MPI_ABORT_GRACE_S) {
+        ddp__log(ctx, DDP_LOG_ERROR, "ending the job with MPI_Abort: MPI calls cannot be interrupted");
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+}
+
+static void ddp__mpi_watch_hooks(ddp__watchdog_hooks *h) {
+    h->cancel_where = "a collective across hosts";
+    h->slept = ddp__mpi_watch_slept;
+    h->inspect = ddp__mpi_watch_inspect;
+    h->on_failure = ddp__mpi_watch_failed;
+    h->on_store = ddp__mpi_watch_on_store;
+    h->store_gone = ddp__mpi_store_gone;
+    h->store_died = ddp__mpi_store_died;
+    h->after = ddp__mpi_watch_after;
 }
 
 /* Ranks of this host: a context of their own on the CPU backend's segment (LOCAL_RANK and
@@ -6214,7 +6478,8 @@ static ddp_result ddp__mpi_host_up(ddp_context *ctx) {
     h->rank = h->local_rank = ctx->local_rank;
     h->world = h->local_world = ctx->local_world;
     h->store_fd = -1;
-    h->be = &ddp__cpu_backend;
+    ddp__cpu_table(&h->table);
+    h->be = &h->table;
     h->tl_origin = ctx->tl_origin;
     pthread_mutex_init(&h->err_lock, NULL);
     if (!(h->cpu = (ddp__cpu *)ddp__calloc(sizeof *h->cpu))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
@@ -6364,17 +6629,15 @@ static ddp_result ddp__mpi_setup(ddp_context *ctx, double deadline) {
     ddp_result r;
     if (!(m = ctx->mpi = (ddp__mpi *)ddp__calloc(sizeof *m))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
     m->world = m->local = m->leaders = MPI_COMM_NULL;
-    m->watch_fd = -1;
+    ddp__workq_init(&m->comm, ctx, ddp__mpi_bucket);
     pthread_mutex_init(&m->lock, NULL);
-    pthread_cond_init(&m->comm_wake, NULL);
-    pthread_cond_init(&m->comm_done_cond, NULL);
-    pthread_cond_init(&m->watchdog_wake, NULL);
+    ddp__watchdog_init(&m->wd, ctx, &m->lock);
+    ddp__mpi_watch_hooks(&m->wd.hooks);
+    m->beats_before = (long *)ddp__calloc(sizeof(long) * (size_t)ctx->world);   /* NULL: no names at a timeout */
     if ((r = ddp__mpi_start(ctx)) != DDP_OK) return r;
     ddp__mpi_check_binding(ctx);
-    if ((r = ddp__store_connect_as(ctx, deadline, -1, &m->watch_fd)) != DDP_OK) return r;
-    if (pthread_create(&m->watchdog, NULL, ddp__mpi_watchdog_main, ctx))
-        return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot start the MPI watchdog thread");
-    m->watchdog_started = 1;
+    if ((r = ddp__store_connect_as(ctx, deadline, -1, &m->wd.fd)) != DDP_OK) return r;
+    if (ddp__watchdog_start(&m->wd)) return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot start the MPI watchdog thread");
     ddp__mpi_busy(ctx, 1);   /* set-up's collectives are watched too */
     r = ddp__mpi_layout(ctx);
     if (r == DDP_OK && !m->flat && ctx->local_world > 1) r = ddp__mpi_host_up(ctx);
@@ -6391,9 +6654,7 @@ static ddp_result ddp__mpi_commit(ddp_context *ctx) {
     if ((r = ddp__mpi_collective_timed(ctx, DDP__KIND_BROADCAST, ctx->flat_params, ctx->flat_count * sizeof(float), 0)) != DDP_OK)
         return r;
     if ((r = ddp__mpi_ranks_alloc(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
-    if (pthread_create(&ctx->mpi->comm_thread, NULL, ddp__mpi_comm_main, ctx))
-        return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot start the communication thread"));
-    ctx->mpi->comm_started = 1;
+    if ((r = ddp__workq_start(&ctx->mpi->comm)) != DDP_OK) return ddp__fatal(ctx, r);
     return DDP_OK;
 }
 
@@ -6404,11 +6665,8 @@ static void ddp__mpi_begin_step(ddp_context *ctx) {
 static ddp_result ddp__mpi_launch(ddp_context *ctx, int index) {
     ddp__mpi *m = ctx->mpi;
     ctx->stats.buckets_launched++;
-    ctx->stats.bytes_reduced += ctx->buckets[index].count * ddp__wire_bytes(ctx);
-    pthread_mutex_lock(&m->lock);
-    m->comm_launched++;
-    pthread_cond_signal(&m->comm_wake);
-    pthread_mutex_unlock(&m->lock);
+    ctx->stats.bytes_reduced += ctx->buckets[index].wire.bytes;
+    ddp__workq_push(&m->comm, 1);
     return DDP_OK;
 }
 
@@ -6417,14 +6675,7 @@ static ddp_result ddp__mpi_finish(ddp_context *ctx, double t_wait) {
     ddp_result r;
     int cancel_state;
     pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
-    pthread_mutex_lock(&m->lock);
-    while (m->comm_done < m->comm_launched) pthread_cond_wait(&m->comm_done_cond, &m->lock);
-    r = m->comm_error;
-    ctx->stats.comm_ms = 1e3 * m->comm_seconds;
-    ctx->stats.last_bucket_comm_ms = 1e3 * m->comm_last_seconds;
-    m->comm_seconds = m->comm_last_seconds = 0;
-    m->comm_launched = m->comm_done = 0;
-    pthread_mutex_unlock(&m->lock);
+    r = ddp__workq_wait(&m->comm, 0, &ctx->stats);
     pthread_setcancelstate(cancel_state, NULL);
     ddp__host_step_done(ctx, t_wait);
     return r;
@@ -6439,33 +6690,15 @@ static ddp_result ddp__mpi_collective(ddp_context *ctx, uint32_t kind, void *dat
 }
 
 static void ddp__mpi_stop(ddp_context *ctx) {
-    ddp__mpi *m = ctx->mpi;
-    if (!m || !m->comm_started) return;
-    pthread_mutex_lock(&m->lock);
-    if (m->comm_done != m->comm_launched && !ddp__failed(ctx)) {
-        pthread_mutex_unlock(&m->lock);
-        ddp__fail_group(ctx, DDP_ERR_INVALID_STATE, "ddp_shutdown in the middle of a step");
-        pthread_mutex_lock(&m->lock);
-    }
-    m->comm_stop = 1;
-    pthread_cond_signal(&m->comm_wake);
-    pthread_mutex_unlock(&m->lock);
-    pthread_join(m->comm_thread, NULL);
-    m->comm_started = 0;
+    if (ctx->mpi) ddp__workq_stop(&ctx->mpi->comm);
 }
 
 static void ddp__mpi_teardown(ddp_context *ctx) {
     ddp__mpi *m = ctx->mpi;
     if (m) {
         ddp__mpi_stop(ctx);
-        if (m->watchdog_started) {
-            pthread_mutex_lock(&m->lock);
-            m->watchdog_stop = 1;
-            pthread_cond_signal(&m->watchdog_wake);
-            pthread_mutex_unlock(&m->lock);
-            pthread_join(m->watchdog, NULL);
-        }
-        if (m->watch_fd >= 0) close(m->watch_fd);
+        ddp__watchdog_stop(&m->wd);
+        ddp__watchdog_destroy(&m->wd);   /* and its store connection closed */
         if (m->host) {
             ddp_context *h = m->host;
             if (h->cpu) {
@@ -6492,10 +6725,9 @@ static void ddp__mpi_teardown(ddp_context *ctx) {
         DDP_FREE(m->hosts);
         DDP_FREE(m->rank_node);
         DDP_FREE(m->rank_local);
+        ddp__workq_destroy(&m->comm);
+        DDP_FREE(m->beats_before);
         pthread_mutex_destroy(&m->lock);
-        pthread_cond_destroy(&m->comm_wake);
-        pthread_cond_destroy(&m->comm_done_cond);
-        pthread_cond_destroy(&m->watchdog_wake);
         DDP_FREE(m);
         ctx->mpi = NULL;
     }
@@ -6503,12 +6735,22 @@ static void ddp__mpi_teardown(ddp_context *ctx) {
     ddp__host_free(ctx);
 }
 
-static const ddp__backend ddp__mpi_backend = {
-    "mpi", DDP_BACKEND_MPI, 0, 1,
-    ddp__mpi_setup, ddp__host_alloc_flat, ddp__mpi_commit, ddp__mpi_begin_step, ddp__mpi_launch,
-    ddp__mpi_finish, ddp__host_zero, ddp__host_scale, ddp__host_bf16, ddp__mpi_adamw, ddp__host_adamw_state, ddp__host_copy,
-    ddp__mpi_collective, ddp__single_quiet, ddp__mpi_poison, ddp__mpi_stop, ddp__mpi_teardown
-};
+static void ddp__mpi_table(ddp__backend *t) {
+    ddp__host_table(t);
+    t->name = "mpi";
+    t->id = DDP_BACKEND_MPI;
+    t->shards = 1;
+    t->setup = ddp__mpi_setup;
+    t->commit = ddp__mpi_commit;
+    t->begin_step = ddp__mpi_begin_step;
+    t->launch = ddp__mpi_launch;
+    t->finish = ddp__mpi_finish;
+    t->adamw = ddp__mpi_adamw;
+    t->collective = ddp__mpi_collective;
+    t->poison = ddp__mpi_poison;
+    t->stop = ddp__mpi_stop;
+    t->teardown = ddp__mpi_teardown;
+}
 #endif /* DDP_MPI */
 
 /* --------------------------------------------------------------------------------------------
@@ -6635,10 +6877,7 @@ struct ddp__gpu {
     cudaEvent_t watch_event;       /* the oldest group of unfinished communication (ddp__watch) */
     cudaEvent_t watch_newer;       /* everything enqueued after that group */
     ddp__watch watch;
-    pthread_t watchdog;
-    int watchdog_started, watchdog_stop;
-    pthread_cond_t watchdog_wake;
-    int watch_fd;                  /* the watchdog's own store connection (-1: none) */
+    ddp__watchdog wd;              /* its thread and store connection (>>engine) */
 };
 
 static ddp_result ddp__cuda_fail(ddp_context *ctx, cudaError_t e, const char *call, const char *file, int line) {
@@ -6728,8 +6967,8 @@ static void ddp__gpu_poison(ddp_context *ctx, ddp_result code) {
     ddp__gpu *g = ctx->gpu;
     int from_watchdog;
     if (!g) return;
-    from_watchdog = g->watchdog_started && pthread_equal(pthread_self(), g->watchdog);
-    ddp__store_poison(ctx, from_watchdog ? g->watch_fd : ctx->store_fd, code);
+    from_watchdog = ddp__watchdog_is_me(&g->wd);
+    ddp__store_poison(ctx, from_watchdog ? g->wd.fd : ctx->store_fd, code);
     ddp__gpu_abort(ctx);
 }
 
@@ -6771,31 +7010,20 @@ static ddp_result ddp__gpu_inspect_locked(ddp_context *ctx, char *msg, size_t ca
     return DDP_OK;
 }
 
+/* The store's words (ddp__watch_store). */
+static void ddp__gpu_store_gone(ddp_context *ctx, char *msg, size_t cap) {
+    (void)ctx;
+    snprintf(msg, cap, "lost the watchdog's connection to the rendezvous store on rank 0 (rank 0 died or "
+             "failed); the NCCL communicator was aborted");
+}
+static void ddp__gpu_store_died(ddp_context *ctx, const char *rank, char *msg, size_t cap) {
+    (void)ctx;
+    snprintf(msg, cap, "rank %s disconnected from the rendezvous store (it died or failed); the NCCL "
+             "communicator was aborted", rank ? rank : "?");
+}
 /* Another rank poisoned the group, or a rank's store connection dropped (it died). */
 static ddp_result ddp__gpu_check_store(ddp_context *ctx, int fd, char *msg, size_t cap) {
-    unsigned char *val = NULL;
-    uint32_t len = 0, status = 0;
-    ddp_result r;
-    if (fd < 0) return DDP_OK;
-    r = ddp__store_request_on(ctx, fd, DDP__OP_GET, "poison", "0", 1, &val, &len, &status, 0);
-    if (r != DDP_OK) {
-        DDP_FREE(val);
-        /* rank 0 closes the store in ddp_shutdown: its going away then is no news */
-        if (__atomic_load_n(&ctx->closing, __ATOMIC_ACQUIRE)) return DDP_OK;
-        snprintf(msg, cap, "lost the watchdog's connection to the rendezvous store on rank 0 (rank 0 died or "
-                 "failed); the NCCL communicator was aborted");
-        return DDP_ERR_PEER_LOST;
-    }
-    if (status == DDP__REPLY_PEER_LOST) {
-        snprintf(msg, cap, "rank %s disconnected from the rendezvous store (it died or failed); the NCCL "
-                 "communicator was aborted", val ? (const char *)val : "?");
-        r = DDP_ERR_PEER_LOST;
-    } else {   /* a peer's poison, or rank 0's own failure: a code, then a message */
-        const char *text;
-        if ((r = ddp__store_poison_code(status, val, len, &text)) != DDP_OK) snprintf(msg, cap, "stopped because %s", text);
-    }
-    DDP_FREE(val);
-    return r;
+    return ddp__watch_store(ctx, &ctx->gpu->wd.hooks, fd, msg, cap);
 }
 
 /* NCCL failed asynchronously (or timed out). When a peer died, NCCL's error (a closed socket,
@@ -6818,52 +7046,30 @@ static ddp_result ddp__gpu_blame(ddp_context *ctx, int fd, double window, const 
 
 /* The watchdog's finding: name the lost rank if the store can, then tell the peers and abort. */
 static void ddp__gpu_report(ddp_context *ctx, ddp_result r, const char *nccl_msg) {
-    if (ddp__gpu_blame(ctx, ctx->gpu->watch_fd, r == DDP_ERR_TIMEOUT ? 0 : 0.5, nccl_msg) == DDP_OK)
+    if (ddp__gpu_blame(ctx, ctx->gpu->wd.fd, r == DDP_ERR_TIMEOUT ? 0 : 0.5, nccl_msg) == DDP_OK)
         ddp__fail_group(ctx, r, "%s", nccl_msg);
 }
 
-static void *ddp__gpu_watchdog_main(void *arg) {
-    ddp_context *ctx = (ddp_context *)arg;
-    ddp__gpu *g = ctx->gpu;
-    char msg[DDP__ERR_MAX - 64];
-    cudaSetDevice(g->device);
-    pthread_mutex_lock(&g->lock);
-    while (!g->watchdog_stop) {
-        struct timespec ts;
-        ddp_result r;
-        double before = ddp__now();
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 100 * 1000 * 1000;
-        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
-        pthread_cond_timedwait(&g->watchdog_wake, &g->lock, &ts);
-        ddp__watch_slept(&g->watch, ddp__now() - before);
-        if (g->watchdog_stop || ddp__failed(ctx)) continue;
-        r = ddp__gpu_inspect_locked(ctx, msg, sizeof msg);
-        pthread_mutex_unlock(&g->lock);
-        if (r == DDP_OK && ddp__cancel_requested(ctx)) {
-            /* cancelled: tell the peers, abort the communicator (whatever of this rank waits on
-               the GPU for them ends) */
-            ddp__check_cancel(ctx, "the NCCL watchdog's poll");
-        } else if (r != DDP_OK) ddp__gpu_report(ctx, r, msg);
-        else if ((r = ddp__gpu_check_store(ctx, g->watch_fd, msg, sizeof msg)) != DDP_OK) {
-            ddp__set_failed(ctx, ddp__fail(ctx, r, "%s", msg));   /* already told: only abort */
-            ddp__gpu_abort(ctx);
-        }
-        pthread_mutex_lock(&g->lock);
-    }
-    pthread_mutex_unlock(&g->lock);
-    return NULL;
+/* The watchdog's hooks (>>engine): the device, the clock's stopped time, the look under the lock. */
+static void ddp__gpu_watch_begin(ddp_context *ctx) { cudaSetDevice(ctx->gpu->device); }
+static void ddp__gpu_watch_slept(ddp_context *ctx, double slept) { ddp__watch_slept(&ctx->gpu->watch, slept); }
+static void ddp__gpu_watch_on_store(ddp_context *ctx, ddp_result r) { (void)r; ddp__gpu_abort(ctx); }   /* already told: only abort */
+
+/* A cancel (the generic look) tells the peers and aborts the communicator: whatever of this
+   rank waits on the GPU for them ends. */
+static void ddp__gpu_watch_hooks(ddp__watchdog_hooks *h) {
+    h->cancel_where = "the NCCL watchdog's poll";
+    h->begin = ddp__gpu_watch_begin;
+    h->slept = ddp__gpu_watch_slept;
+    h->inspect_locked = ddp__gpu_inspect_locked;
+    h->on_failure = ddp__gpu_report;
+    h->on_store = ddp__gpu_watch_on_store;
+    h->store_gone = ddp__gpu_store_gone;
+    h->store_died = ddp__gpu_store_died;
 }
 
 static void ddp__gpu_stop_watchdog(ddp_context *ctx) {
-    ddp__gpu *g = ctx->gpu;
-    if (!g || !g->watchdog_started) return;
-    pthread_mutex_lock(&g->lock);
-    g->watchdog_stop = 1;
-    pthread_cond_signal(&g->watchdog_wake);
-    pthread_mutex_unlock(&g->lock);
-    pthread_join(g->watchdog, NULL);
-    g->watchdog_started = 0;
+    if (ctx->gpu) ddp__watchdog_stop(&ctx->gpu->wd);
 }
 
 /* Note communication enqueued on `stream` for the watchdog (see ddp__watch). Called with the
@@ -6926,7 +7132,7 @@ static ddp_result ddp__nccl_settle(ddp_context *ctx, ncclResult_t e, const char 
         ddp_result r;
         if (ddp__failed(ctx)) return ddp__failed(ctx);
         if ((r = ddp__check_cancel(ctx, what)) != DDP_OK) return r;
-        if (!g->watchdog_started && ddp__now() >= next_store_check) {
+        if (!g->wd.started && ddp__now() >= next_store_check) {
             if ((r = ddp__gpu_check_store(ctx, ctx->store_fd, msg, sizeof msg)) != DDP_OK)
                 return ddp__set_failed(ctx, ddp__fail(ctx, r, "%s (during %s)", msg, what));   /* told already */
             next_store_check = ddp__now() + DDP__LIVENESS_PERIOD_S;
@@ -7052,9 +7258,9 @@ static ddp_result ddp__gpu_setup(ddp_context *ctx, double deadline) {
     cudaError_t e;
     if (!(g = (ddp__gpu *)ddp__calloc(sizeof *g))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
     ctx->gpu = g;
-    g->watch_fd = -1;
     pthread_mutex_init(&g->lock, NULL);
-    pthread_cond_init(&g->watchdog_wake, NULL);
+    ddp__watchdog_init(&g->wd, ctx, &g->lock);
+    ddp__gpu_watch_hooks(&g->wd.hooks);
     if ((e = cudaGetDeviceCount(&count)) != cudaSuccess || count == 0)
         return ddp__fail(ctx, DDP_ERR_BACKEND, "the NCCL backend needs a CUDA device, but cudaGetDeviceCount says %s",
                          e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
@@ -7122,7 +7328,7 @@ static ddp_result ddp__gpu_alloc_flat(ddp_context *ctx) {
     DDP__GPU_DEVICE(g);
     DDP__CUDA(cudaMalloc((void **)&ctx->flat_params, bytes));
     DDP__CUDA(cudaMemset(ctx->flat_params, 0, bytes));
-    if (ctx->desc.param_dtype == DDP_DTYPE_BF16) {   /* the working copies are filled at commit, from the master */
+    if (ddp__bf16_params(ctx)) {   /* the working copies are filled at commit, from the master */
         DDP__CUDA(cudaMalloc((void **)&ctx->params_bf16, ctx->flat_count * sizeof(ddp_bf16)));
         DDP__CUDA(cudaMalloc((void **)&ctx->grads_bf16, ctx->flat_count * sizeof(ddp_bf16)));
         DDP__CUDA(cudaMemset(ctx->grads_bf16, 0, ctx->flat_count * sizeof(ddp_bf16)));
@@ -7171,7 +7377,7 @@ static ddp_result ddp__gpu_commit(ddp_context *ctx) {
         if ((r = ddp__gpu_create_events(ctx, &g->comm_start[k], cudaEventDefault)) != DDP_OK) return r;
         if ((r = ddp__gpu_create_events(ctx, &g->comm_end[k], cudaEventDefault)) != DDP_OK) return r;
     }
-    if (ctx->desc.shard_optimizer && ctx->world > 1) {
+    if (ddp__sharded(ctx)) {
         if ((r = ddp__gpu_create_events(ctx, &g->updated, cudaEventDisableTiming)) != DDP_OK) return r;
         DDP__CUDA(cudaEventCreateWithFlags(&g->gathered, cudaEventDisableTiming));
     }
@@ -7184,11 +7390,9 @@ static ddp_result ddp__gpu_commit(ddp_context *ctx) {
         const char *what = "the broadcast of rank 0's initial parameters";
         if ((r = ddp__nccl_enqueue(ctx, ctx->flat_params, ctx->flat_count, ncclFloat, ncclSum, 0, what)) != DDP_OK) return r;
         if ((r = ddp__gpu_wait(ctx, g->comm, what)) != DDP_OK) return r;
-        if ((r = ddp__store_connect_as(ctx, ddp__now() + ctx->desc.timeout_s, -1, &g->watch_fd)) != DDP_OK) return ddp__fatal(ctx, r);
+        if ((r = ddp__store_connect_as(ctx, ddp__now() + ctx->desc.timeout_s, -1, &g->wd.fd)) != DDP_OK) return ddp__fatal(ctx, r);
     }
-    if (pthread_create(&g->watchdog, NULL, ddp__gpu_watchdog_main, ctx))
-        return ddp__fail_group(ctx, DDP_ERR_SYSTEM, "cannot start the NCCL watchdog thread");
-    g->watchdog_started = 1;
+    if (ddp__watchdog_start(&g->wd)) return ddp__fail_group(ctx, DDP_ERR_SYSTEM, "cannot start the NCCL watchdog thread");
     return DDP_OK;
 }
 
@@ -7198,19 +7402,17 @@ static ddp_result ddp__gpu_commit(ddp_context *ctx) {
 static ddp_result ddp__gpu_launch_bf16(ddp_context *ctx, int index, const char *what) {
     ddp__gpu *g = ctx->gpu;
     const ddp__bucket *b = &ctx->buckets[index];
+    const ddp__wire *w = &b->wire;
     ddp_bf16 *grads = ctx->grads_bf16 + b->offset;
-    int sharded = ctx->desc.shard_optimizer && ctx->world > 1;
-    size_t lo = b->offset, hi = b->offset + b->count;
     ddp_result r;
-    if (ctx->desc.reduce_dtype == DDP_DTYPE_BF16)
-        return sharded ? ddp__nccl_parts(ctx, index, grads, ncclBfloat16, sizeof(ddp_bf16), 0, what)
-                       : ddp__nccl_enqueue(ctx, grads, b->count, ncclBfloat16, ncclAvg, -1, what);
+    if (w->convert == DDP__WIRE_AS_IS)
+        return w->scatter ? ddp__nccl_parts(ctx, index, grads, ncclBfloat16, sizeof(ddp_bf16), 0, what)
+                          : ddp__nccl_enqueue(ctx, grads, b->count, ncclBfloat16, ncclAvg, -1, what);
     DDP__CUDA(ddp_k_bf16_to_f32(grads, g->f32, b->count, g->comm));
-    r = sharded ? ddp__nccl_parts(ctx, index, g->f32, ncclFloat, sizeof(float), 0, what)
-                : ddp__nccl_enqueue(ctx, g->f32, b->count, ncclFloat, ncclAvg, -1, what);
+    r = w->scatter ? ddp__nccl_parts(ctx, index, g->f32, ncclFloat, sizeof(float), 0, what)
+                   : ddp__nccl_enqueue(ctx, g->f32, b->count, ncclFloat, ncclAvg, -1, what);
     if (r != DDP_OK) return r;
-    if (sharded) ddp__shard_range(ctx, index, ctx->rank, &lo, &hi);
-    DDP__CUDA(ddp_k_f32_to_bf16(g->f32 + (lo - b->offset), ctx->grads_bf16 + lo, hi - lo, g->comm));
+    DDP__CUDA(ddp_k_f32_to_bf16(g->f32 + (w->lo - b->offset), ctx->grads_bf16 + w->lo, w->hi - w->lo, g->comm));
     return DDP_OK;
 }
 
@@ -7220,33 +7422,32 @@ static ddp_result ddp__gpu_launch_bf16(ddp_context *ctx, int index, const char *
 static ddp_result ddp__gpu_launch(ddp_context *ctx, int index) {
     ddp__gpu *g = ctx->gpu;
     const ddp__bucket *b = &ctx->buckets[index];
+    const ddp__wire *w = &b->wire;
     float *grads = ctx->flat_grads ? ctx->flat_grads + b->offset : NULL;   /* NULL: bf16 parameters */
-    int par = ctx->tl_step & 1, bf16 = ctx->desc.reduce_dtype == DDP_DTYPE_BF16 && ctx->world > 1 && grads;
+    int par = ctx->tl_step & 1, bf16 = w->convert == DDP__WIRE_NARROW;
     double inject_ms = ctx->desc.inject_comm_latency_ms;
     char what[96];
     ddp_result r;
     DDP__GPU_DEVICE(g);
     ctx->stats.buckets_launched++;
-    ctx->stats.bytes_reduced += b->count * ddp__wire_bytes(ctx);
-    if (ctx->desc.inject_comm_gbps > 0) inject_ms += 1e3 * (double)(b->count * ddp__wire_bytes(ctx)) / (ctx->desc.inject_comm_gbps * 1e9);
+    ctx->stats.bytes_reduced += w->bytes;
+    if (ctx->desc.inject_comm_gbps > 0) inject_ms += 1e3 * (double)w->bytes / (ctx->desc.inject_comm_gbps * 1e9);
     DDP__CUDA(cudaEventRecord(g->ready[index], g->compute));
     DDP__CUDA(cudaStreamWaitEvent(g->comm, g->ready[index], 0));
     DDP__CUDA(cudaEventRecord(g->comm_start[par][index], g->comm));
     if (inject_ms > 0) DDP__CUDA(ddp_k_spin(inject_ms, g->comm));   /* tests/benchmarks: a slow network */
     if (bf16) DDP__CUDA(ddp_k_f32_to_bf16(grads, g->bf16, b->count, g->comm));
-    if (!grads) {   /* bf16 parameters; one rank: its gradients are the average already */
+    if (w->grads == DDP_DTYPE_BF16) {   /* bf16 parameters; one rank: its gradients are the average already */
         snprintf(what, sizeof what, "the %s of gradient bucket %d (%zu elements)",
                  ctx->desc.shard_optimizer ? "reduce-scatter" : "allreduce", index, b->count);
-        if (ctx->world > 1 && (r = ddp__gpu_launch_bf16(ctx, index, what)) != DDP_OK) return r;
-    } else if (ctx->desc.shard_optimizer && ctx->world > 1) {   /* a reduce-scatter: this rank's part is averaged */
-        size_t lo, hi;
+        if (w->moves && (r = ddp__gpu_launch_bf16(ctx, index, what)) != DDP_OK) return r;
+    } else if (w->scatter) {   /* a reduce-scatter: this rank's part is averaged */
         snprintf(what, sizeof what, "the reduce-scatter of gradient bucket %d (%zu elements)", index, b->count);
         r = bf16 ? ddp__nccl_parts(ctx, index, g->bf16, ncclBfloat16, sizeof(uint16_t), 0, what)
                  : ddp__nccl_parts(ctx, index, grads, ncclFloat, sizeof(float), 0, what);
         if (r != DDP_OK) return r;
-        ddp__shard_range(ctx, index, ctx->rank, &lo, &hi);
-        if (bf16) DDP__CUDA(ddp_k_bf16_to_f32(g->bf16 + (lo - b->offset), ctx->flat_grads + lo, hi - lo, g->comm));
-    } else if (ctx->world > 1) {   /* one rank: its gradients are the average already, nothing to move */
+        if (bf16) DDP__CUDA(ddp_k_bf16_to_f32(g->bf16 + (w->lo - b->offset), ctx->flat_grads + w->lo, w->hi - w->lo, g->comm));
+    } else if (w->moves) {   /* one rank: its gradients are the average already, nothing to move */
         snprintf(what, sizeof what, "the allreduce of gradient bucket %d (%zu elements)", index, b->count);
         if (bf16) r = ddp__nccl_enqueue(ctx, g->bf16, b->count, ncclBfloat16, ncclAvg, -1, what);
         else r = ddp__nccl_enqueue(ctx, grads, b->count, ncclFloat, ncclAvg, -1, what);
@@ -7281,7 +7482,7 @@ static void ddp__gpu_timeline(ddp_context *ctx, int par, const ddp_step_stats *s
         if (cudaEventElapsedTime(&t0, g->step_begin[par], g->comm_start[par][b]) == cudaSuccess &&
             cudaEventElapsedTime(&t1, g->step_begin[par], g->comm_end[par][b]) == cudaSuccess)
             ddp__tl_add(ctx->tl_comm, DDP__EV_ALLREDUCE, step, h + 1e-3 * t0,
-                        h + 1e-3 * t1, b, ctx->buckets[b].count * ddp__wire_bytes(ctx));
+                        h + 1e-3 * t1, b, ctx->buckets[b].wire.bytes);
 }
 
 /* The GPU times of a step, once its events have completed (never waited for). */
@@ -7448,7 +7649,7 @@ static ddp_result ddp__gpu_report_skips(ddp_context *ctx) {
 static ddp_result ddp__gpu_norm(ddp_context *ctx) {
     ddp__gpu *g = ctx->gpu;
     size_t lo, hi;
-    int b, sharded = ctx->desc.shard_optimizer && ctx->world > 1;
+    int b, sharded = ddp__sharded(ctx);
     /* sharded: the last exchange left every rank's blocks here; the others' must be zeros again */
     if (sharded) DDP__CUDA(cudaMemsetAsync(g->norm_blocks, 0, ctx->norm_blocks * sizeof(double), g->compute));
     for (b = 0; b < ctx->num_buckets; b++) {
@@ -7479,7 +7680,7 @@ static ddp_result ddp__gpu_norm(ddp_context *ctx) {
    changes nothing, and the gather then moves the unchanged values. */
 static ddp_result ddp__gpu_update(ddp_context *ctx, const ddp_adamw *opt, float b1, float b2, float eps) {
     ddp__gpu *g = ctx->gpu;
-    int b, sharded = ctx->desc.shard_optimizer && ctx->world > 1;
+    int b, sharded = ddp__sharded(ctx);
     size_t lo, hi;
     if (!sharded && ctx->params_bf16) {
         DDP__CUDA(ddp_k_adamw_bf16(ctx->flat_params, ctx->params_bf16, ctx->grads_bf16, ctx->adam_m, ctx->adam_v, ctx->flat_count,
@@ -7698,9 +7899,8 @@ static void ddp__gpu_teardown(ddp_context *ctx) {
     if (g->watch_newer) cudaEventDestroy(g->watch_newer);
     if (g->state_copied) cudaEventDestroy(g->state_copied);
     if (g->comm) cudaStreamDestroy(g->comm);
-    if (g->watch_fd >= 0) close(g->watch_fd);
+    ddp__watchdog_destroy(&g->wd);
     pthread_mutex_destroy(&g->lock);
-    pthread_cond_destroy(&g->watchdog_wake);
     DDP_FREE(g);
     ctx->gpu = NULL;
 }
@@ -7726,12 +7926,30 @@ static void ddp__gpu_stop(ddp_context *ctx) {
     ddp__gpu_drain(ctx);
 }
 
-static const ddp__backend ddp__nccl_backend = {
-    "nccl", DDP_BACKEND_NCCL, 1, 1,
-    ddp__gpu_setup, ddp__gpu_alloc_flat, ddp__gpu_commit, ddp__gpu_begin_step, ddp__gpu_launch,
-    ddp__gpu_finish, ddp__gpu_zero, ddp__gpu_scale, ddp__gpu_bf16, ddp__gpu_adamw, ddp__gpu_adamw_state, ddp__gpu_copy,
-    ddp__gpu_collective, ddp__gpu_stats, ddp__gpu_poison, ddp__gpu_stop, ddp__gpu_teardown
-};
+static void ddp__nccl_table(ddp__backend *t) {
+    memset(t, 0, sizeof *t);
+    t->name = "nccl";
+    t->id = DDP_BACKEND_NCCL;
+    t->stats_later = 1;
+    t->shards = 1;
+    t->setup = ddp__gpu_setup;
+    t->alloc_flat = ddp__gpu_alloc_flat;
+    t->commit = ddp__gpu_commit;
+    t->begin_step = ddp__gpu_begin_step;
+    t->launch = ddp__gpu_launch;
+    t->finish = ddp__gpu_finish;
+    t->zero = ddp__gpu_zero;
+    t->scale = ddp__gpu_scale;
+    t->bf16 = ddp__gpu_bf16;
+    t->adamw = ddp__gpu_adamw;
+    t->adamw_state = ddp__gpu_adamw_state;
+    t->copy = ddp__gpu_copy;
+    t->collective = ddp__gpu_collective;
+    t->stats = ddp__gpu_stats;
+    t->poison = ddp__gpu_poison;
+    t->stop = ddp__gpu_stop;
+    t->teardown = ddp__gpu_teardown;
+}
 #endif /* DDP_CUDA */
 
 
@@ -7745,7 +7963,7 @@ static ddp_result ddp__choose_backend(ddp_context *ctx) {
     int nccl = d->backend == DDP_BACKEND_NCCL;
 #ifdef DDP_CUDA
     if (d->backend == DDP_BACKEND_AUTO && ddp__gpu_visible()) nccl = 1;
-    if (nccl) { ctx->be = &ddp__nccl_backend; d->backend = DDP_BACKEND_NCCL; return DDP_OK; }
+    if (nccl) { ddp__nccl_table(&ctx->table); ctx->be = &ctx->table; d->backend = DDP_BACKEND_NCCL; return DDP_OK; }
 #else
     if (nccl)
         return ddp__fail(ctx, DDP_ERR_BACKEND, DDP__WINDOWS ? "the NCCL backend is Linux-only (NCCL has no Windows build): "
@@ -7755,10 +7973,10 @@ static ddp_result ddp__choose_backend(ddp_context *ctx) {
     if (d->backend == DDP_BACKEND_SINGLE && ctx->world > 1)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: the single backend is for one rank, but the world "
                          "size is %d", ctx->world);
-    if (ctx->world == 1) { ctx->be = &ddp__single_backend; d->backend = DDP_BACKEND_SINGLE; return DDP_OK; }
+    if (ctx->world == 1) { ddp__single_table(&ctx->table); ctx->be = &ctx->table; d->backend = DDP_BACKEND_SINGLE; return DDP_OK; }
 #ifdef DDP_MPI
     if (d->backend == DDP_BACKEND_MPI || (d->backend == DDP_BACKEND_AUTO && ctx->local_world != ctx->world)) {
-        ctx->be = &ddp__mpi_backend; d->backend = DDP_BACKEND_MPI; return DDP_OK;
+        ddp__mpi_table(&ctx->table); ctx->be = &ctx->table; d->backend = DDP_BACKEND_MPI; return DDP_OK;
     }
 #else
     if (d->backend == DDP_BACKEND_MPI)
@@ -7777,7 +7995,7 @@ static ddp_result ddp__choose_backend(ddp_context *ctx) {
                          "-DDDP_MPI, started by mpirun or srun --mpi=pmix)", ctx->world,
                          ctx->local_world, host, ctx->master_addr, ctx->world, ctx->world);
     }
-    ctx->be = &ddp__cpu_backend;
+    ddp__cpu_table(&ctx->table); ctx->be = &ctx->table;
     d->backend = DDP_BACKEND_CPU;
     return DDP_OK;
 }
@@ -7928,7 +8146,7 @@ static ddp_result ddp__init(ddp_context *ctx, const ddp_desc *desc) {
         if ((r = ddp__store_connect(ctx, deadline)) != DDP_OK) return r;
         if ((r = ddp__rendezvous(ctx, deadline)) != DDP_OK) return r;
     }
-    if ((r = ctx->be->setup(ctx, deadline)) != DDP_OK) return ddp__fatal(ctx, r);
+    if (ctx->be->setup && (r = ctx->be->setup(ctx, deadline)) != DDP_OK) return ddp__fatal(ctx, r);
     ctx->up = 1;
     return DDP_OK;
 }
@@ -7942,7 +8160,7 @@ static ddp_result ddp__shutdown(ddp_context *ctx) {
     ddp__text timeline;
     memset(&timeline, 0, sizeof timeline);
     __atomic_store_n(&ctx->closing, 1, __ATOMIC_RELEASE);
-    if (ctx->be) ctx->be->stop(ctx);
+    if (ctx->be && ctx->be->stop) ctx->be->stop(ctx);
     if (ctx->tl_main) ddp__tl_rank_json(ctx, &timeline);
     ddp__tl_shutdown(ctx, &timeline, 0);
     ctx->what = "the shutdown barrier";
@@ -8046,7 +8264,7 @@ static ddp_result ddp__register_param(ddp_context *ctx, const char *name, size_t
                                       const float *init, int *id_out) {
     ddp__param *p;
     int i;
-    if (ctx->committed)
+    if (ddp__is_committed(ctx))
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_register_param('%s') after ddp_commit", name ? name : "");
     if (!name || !*name || strlen(name) >= DDP__NAME_MAX || strchr(name, '\n'))
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "parameter names must be 1 to %d characters without newlines",
@@ -8152,7 +8370,7 @@ static char *ddp__layout_text(ddp_context *ctx, size_t *len_out) {
     len = (size_t)snprintf(text, cap, "buckets %.6f %.6f %d reduce %s uneven %d shard %d param %s\n", ctx->desc.first_bucket_mb,
                            ctx->desc.bucket_cap_mb, ctx->desc.find_unused,
                            ctx->desc.reduce_dtype == DDP_DTYPE_BF16 ? "bf16" : "fp32", (int)ctx->desc.uneven_inputs,
-                           ctx->desc.shard_optimizer, ctx->desc.param_dtype == DDP_DTYPE_BF16 ? "bf16" : "fp32");
+                           ctx->desc.shard_optimizer, ddp__bf16_params(ctx) ? "bf16" : "fp32");
     /* a timeline on some ranks only would stall shutdown (rank 0 waits for each missing trace) */
     len += (size_t)snprintf(text + len, cap - len, "timeline %s\n", ctx->timeline_path[0] ? "on" : "off");
     for (i = 0; i < ctx->num_params; i++)
@@ -8214,7 +8432,7 @@ static ddp_result ddp__verify_layout(ddp_context *ctx) {
 /* check_ready (a debugging run): one rank, so the gradients stay as the backward left them (no
    average writes them), in host memory. The copy holds each gradient as it was marked ready. */
 static ddp_result ddp__ready_check_alloc(ddp_context *ctx) {
-    size_t elem = ctx->desc.param_dtype == DDP_DTYPE_BF16 ? sizeof(ddp_bf16) : sizeof(float);
+    size_t elem = ddp__bf16_params(ctx) ? sizeof(ddp_bf16) : sizeof(float);
     if (ctx->world > 1 || ctx->gpu)
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "check_ready (%s) is a debugging run on one "
                          "rank with host memory (world size %d, backend %s): run the model once on one CPU rank "
@@ -8229,7 +8447,7 @@ static ddp_result ddp__ready_check_alloc(ddp_context *ctx) {
    which gradients travel together and in which order. */
 static void ddp__log_plan(ddp_context *ctx) {
     int b, shown = 0;
-    size_t elem = ctx->desc.param_dtype == DDP_DTYPE_BF16 ? sizeof(ddp_bf16) : sizeof(float);
+    size_t elem = ddp__bf16_params(ctx) ? sizeof(ddp_bf16) : sizeof(float);
     if (ctx->rank != 0 || ctx->desc.log_level > DDP_LOG_INFO) return;
     ddp__log(ctx, DDP_LOG_INFO, "bucket plan: %d parameter(s), %zu floats (%.3f MiB of %s gradients, parameters "
              "on %d-float boundaries) in %d bucket(s) (first_bucket_mb %g, bucket_cap_mb %g); launched in this order, "
@@ -8252,13 +8470,32 @@ static void ddp__log_plan(ddp_context *ctx) {
                  "first_bucket_mb / bucket_cap_mb splits it)");
 }
 
+/* The wire plan: what each bucket's gradients are on the wire and where the result lands, for
+   every backend (the CPU backend adds in_place at its commit, once its segment is there). */
+static void ddp__plan_wire(ddp_context *ctx) {
+    int b;
+    for (b = 0; b < ctx->num_buckets; b++) {
+        ddp__bucket *k = &ctx->buckets[b];
+        ddp__wire *w = &k->wire;
+        w->moves = ctx->world > 1;
+        w->grads = ddp__bf16_params(ctx) ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
+        w->dtype = ctx->desc.reduce_dtype == DDP_DTYPE_BF16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
+        w->convert = !w->moves || w->grads == w->dtype ? DDP__WIRE_AS_IS
+                     : w->grads == DDP_DTYPE_FP32 ? DDP__WIRE_NARROW : DDP__WIRE_WIDEN;
+        w->scatter = ddp__sharded(ctx);
+        w->in_place = w->convert == DDP__WIRE_AS_IS;
+        ddp__shard_range(ctx, b, ctx->rank, &w->lo, &w->hi);
+        w->bytes = k->count * ddp__wire_bytes(ctx);
+    }
+}
+
 /* The layout (parameters on 16-float boundaries), the backend's flat buffers, the buckets, the
    check that every rank registered the same, then the backend's own commit. */
 static ddp_result ddp__commit(ddp_context *ctx) {
     size_t offset = 0;
     ddp_result r;
     int i;
-    if (ctx->committed) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_commit called twice");
+    if (ddp__is_committed(ctx)) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_commit called twice");
     if (ctx->num_params == 0) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_commit with no parameters registered");
     for (i = 0; i < ctx->num_params; i++) {
         ctx->params[i].offset = offset;
@@ -8268,15 +8505,16 @@ static ddp_result ddp__commit(ddp_context *ctx) {
     if ((r = ctx->be->alloc_flat(ctx)) != DDP_OK) return r;
     if ((r = ddp__build_buckets(ctx)) != DDP_OK) return r;
     if ((r = ddp__shard_layout(ctx)) != DDP_OK) return r;
+    ddp__plan_wire(ctx);
     if (ctx->world > 1 && (r = ddp__verify_layout(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
-    if ((r = ctx->be->commit(ctx)) != DDP_OK) return r;
+    if (ctx->be->commit && (r = ctx->be->commit(ctx)) != DDP_OK) return r;
     /* the working copies: rank 0's initial values, rounded; the gradients start at zero (alloc_flat) */
     if ((r = ddp__bf16_op(ctx, DDP__BF16_ROUND_PARAMS, 0, ctx->flat_count)) != DDP_OK) return r;
     /* sharded: from here on this rank holds the master of its parts only */
     if (ddp__master_parts(ctx) && (r = ddp__bf16_op(ctx, DDP__BF16_SHARD_MASTER, 0, ctx->flat_count)) != DDP_OK)
         return ddp__fatal(ctx, r);
     if (ctx->desc.check_ready && (r = ddp__ready_check_alloc(ctx)) != DDP_OK) return r;
-    ctx->committed = 1;
+    ddp__life_event(ctx, DDP__ON_COMMIT);
     ddp__log_plan(ctx);
     return DDP_OK;
 }
@@ -8322,14 +8560,14 @@ static ddp_result ddp__join_count(ddp_context *ctx, int has_data, int *stepping)
 
 static ddp_result ddp__begin_step(ddp_context *ctx) {
     int i;
-    if (ctx->in_step) return DDP_OK;
+    if (ddp__in_backward(ctx)) return DDP_OK;
     /* uneven inputs: a synchronizing step first counts the ranks with data (ddp_join's shadow
        step has counted already); nothing of this step is in flight yet */
     if (ctx->desc.uneven_inputs && ctx->world > 1 && ctx->sync_enabled && !ctx->join_shadow) {
         ddp_result r = ddp__join_count(ctx, 1, NULL);
         if (r != DDP_OK) return r;
     }
-    ctx->in_step = 1;
+    ddp__life_event(ctx, DDP__ON_BACKWARD);
     ctx->ready_moment = 0;
     ctx->first_launch_moment = -1;
     ctx->step_start = ddp__now();
@@ -8337,15 +8575,15 @@ static ddp_result ddp__begin_step(ddp_context *ctx) {
     for (i = 0; i < ctx->num_buckets; i++)
         ctx->buckets[i].pending = ctx->buckets[i].last_param - ctx->buckets[i].first_param + 1;
     ctx->next_launch = 0;
-    ctx->be->begin_step(ctx);
+    if (ctx->be->begin_step) ctx->be->begin_step(ctx);
     return DDP_OK;
 }
 
 /* check_ready: copy a gradient as it is marked ready (take = 1), or say whether it is still
    that (take = 0; nonzero: it changed). */
 static int ddp__ready_check(ddp_context *ctx, ddp__param *p, int take) {
-    size_t elem = ctx->desc.param_dtype == DDP_DTYPE_BF16 ? sizeof(ddp_bf16) : sizeof(float);
-    const unsigned char *grad = ctx->desc.param_dtype == DDP_DTYPE_BF16 ? (const unsigned char *)ctx->grads_bf16
+    size_t elem = ddp__bf16_params(ctx) ? sizeof(ddp_bf16) : sizeof(float);
+    const unsigned char *grad = ddp__bf16_params(ctx) ? (const unsigned char *)ctx->grads_bf16
                                                                         : (const unsigned char *)ctx->flat_grads;
     unsigned char *copy = ctx->ready_copy + elem * p->offset;
     grad += elem * p->offset;
@@ -8445,7 +8683,7 @@ static ddp_result ddp__handle_unused(ddp_context *ctx) {
 static void ddp__end_step(ddp_context *ctx) {
     int i;
     for (i = 0; i < ctx->num_params; i++) ctx->params[i].ready = 0;
-    ctx->in_step = 0;
+    ddp__life_event(ctx, DDP__ON_FINISH);
     ctx->tape_step = 0;
     ctx->tl_step++;
     ctx->stats.step = ctx->tl_step;
@@ -8510,7 +8748,7 @@ static ddp_result ddp__finish(ddp_context *ctx) {
     }
     ctx->join_pending = !ctx->sync_enabled;   /* a micro-step's gradients wait for the sync (>>join) */
     if (r == DDP_OK && ctx->ready_copy) r = ddp__ready_check_all(ctx);   /* one rank: the average left them as they were */
-    if (r == DDP_OK && ctx->sync_enabled) ctx->grads_averaged = 1;
+    if (r == DDP_OK && ctx->sync_enabled) ddp__life_event(ctx, DDP__ON_AVERAGED);
     ddp__end_step(ctx);
     return r;
 }
@@ -8563,7 +8801,7 @@ static ddp_result ddp__tape_record(ddp_context *ctx, ddp_backward_fn backward, c
     return DDP_OK;
 }
 
-static void ddp__tape_reset(ddp_context *ctx) { ctx->tape_len = 0; ctx->arena_len = 0; ctx->tape_failed = 0; }
+static void ddp__tape_reset(ddp_context *ctx) { ctx->tape_len = 0; ctx->arena_len = 0; ddp__life_event(ctx, DDP__ON_TAPE_RESET); }
 
 /* A backward op's event names the parameters it finishes (the first few; they are registered
    in order in the common case of one layer per op). */
@@ -8588,7 +8826,7 @@ static ddp_result ddp__backward(ddp_context *ctx) {
                          "error was returned then), so the tape lacks that op's backward; the tape is dropped: fix "
                          "the record, then run the forward again");
     }
-    if (ctx->tape_len == 0 && !ctx->in_step)
+    if (ctx->tape_len == 0 && !ddp__in_backward(ctx))
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_backward: the tape is empty: nothing was recorded since the "
                          "last ddp_backward (called twice for one forward?); record each op's backward with "
                          "ddp_tape_record, or use ddp_grad_ready and ddp_finish");
@@ -8617,7 +8855,7 @@ static ddp_result ddp__backward(ddp_context *ctx) {
 static ddp_result ddp__zero_grad(ddp_context *ctx) {
     ddp_result r;
     int i;
-    if (ctx->in_step) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_zero_grad while a backward is in flight");
+    if (ddp__in_backward(ctx)) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_zero_grad while a backward is in flight");
     if ((r = ddp__zero_grads(ctx, 0, ctx->flat_count)) != DDP_OK) return r;
     for (i = 0; i < ctx->num_params; i++) ctx->params[i].touched = 0;
     ctx->join_pending = 0;
@@ -8647,7 +8885,7 @@ static ddp_result ddp__check_averaged(ddp_context *ctx, const char *call) {
    gradients, each average once. Sharded, only this rank's part was averaged: refused. */
 static ddp_result ddp__consume_grads(ddp_context *ctx) {
     ddp_result r;
-    if (ctx->in_step)
+    if (ddp__in_backward(ctx))
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_consume_grads while a backward is in flight (call ddp_finish first)");
     /* Refused at every world size (one rank included), so a program tried on one rank meets it. */
     if (ctx->desc.shard_optimizer)
@@ -8656,13 +8894,13 @@ static ddp_result ddp__consume_grads(ddp_context *ctx) {
                          "step on ddp_flat_grads; use ddp_adamw_step, or turn shard_optimizer off",
                          ddp__env_set("DDP_SHARD_OPTIMIZER") ? " (from DDP_SHARD_OPTIMIZER, which wins over the program's "
                          "setting)" : "");
-    if (ctx->desc.param_dtype == DDP_DTYPE_BF16)
+    if (ddp__bf16_params(ctx))
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_consume_grads with bf16 parameters%s: the fp32 master and "
                          "its bf16 working copies must move together, which ddp_adamw_step does; a program's own "
                          "optimizer needs fp32 parameters", ddp__env_set("DDP_PARAM_DTYPE") ? " (from DDP_PARAM_DTYPE, "
                          "which wins over the program's setting)" : "");
     if ((r = ddp__check_averaged(ctx, "ddp_consume_grads")) != DDP_OK) return r;
-    ctx->grads_averaged = 0;   /* the next step needs the next backward's averages */
+    ddp__life_event(ctx, DDP__ON_STEPPED);   /* the next step needs the next backward's averages */
     return DDP_OK;
 }
 
@@ -8670,7 +8908,7 @@ static ddp_result ddp__adamw_step(ddp_context *ctx, const ddp_adamw *opt, float 
     float b1, b2, eps;
     double t0;
     ddp_result r;
-    if (ctx->in_step)
+    if (ddp__in_backward(ctx))
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_adamw_step while a backward is in flight (call ddp_finish first)");
     if (!opt) return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_adamw_step needs options (a ddp_adamw)");
     if (opt->as_given != 0 && opt->as_given != 1)
@@ -8692,7 +8930,7 @@ static ddp_result ddp__adamw_step(ddp_context *ctx, const ddp_adamw *opt, float 
                          opt->lr, b1, b2, eps, opt->weight_decay, opt->max_grad_norm);
     if ((r = ddp__check_averaged(ctx, "ddp_adamw_step")) != DDP_OK) return r;
     t0 = ddp__now();
-    ctx->grads_averaged = 0;   /* the next step needs the next backward's averages */
+    ddp__life_event(ctx, DDP__ON_STEPPED);   /* the next step needs the next backward's averages */
     r = ctx->be->adamw(ctx, opt, b1, b2, eps, grad_norm_out);
     /* bf16 parameters: the backend's pass wrote the working copies of this rank's part; sharded,
        the other parts arrived as working copies (the all-gather of bf16) */
@@ -8724,7 +8962,7 @@ static ddp_result ddp__check_root(ddp_context *ctx, int root, const char *call) 
 
 static ddp_result ddp__user_collective(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root, const char *name) {
     ddp_result r;
-    if (ctx->in_step)
+    if (ddp__in_backward(ctx))
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s while a backward is in flight (call it between steps)", name);
     if (count && !data) return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: NULL buffer of %zu elements", name, count);
     if ((r = ddp__check_root(ctx, root, name)) != DDP_OK) return r;
@@ -8739,7 +8977,7 @@ static ddp_result ddp__user_collective(ddp_context *ctx, uint32_t kind, void *da
 static ddp_result ddp__state_buffer(ddp_context *ctx, ddp_buffer which, size_t offset, const void *host, size_t count,
                                     const char *call, float **flat) {
     ddp_result r;
-    if (ctx->in_step) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s while a backward is in flight", call);
+    if (ddp__in_backward(ctx)) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s while a backward is in flight", call);
     if (count && !host) return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: NULL host buffer of %zu floats", call, count);
     if (offset > ctx->flat_count || count > ctx->flat_count - offset)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: floats [%zu, %zu) are outside the flat buffer of %zu",
@@ -8791,7 +9029,7 @@ static ddp_result ddp__state_copy(ddp_context *ctx, ddp_buffer which, float *loc
    the fp32 master too (ddp__master_parts). */
 static int ddp__in_parts(const ddp_context *ctx, ddp_buffer which) {
     if (which == DDP_PARAMS) return ddp__master_parts(ctx);
-    return (which == DDP_ADAM_M || which == DDP_ADAM_V) && ctx->desc.shard_optimizer && ctx->world > 1;
+    return (which == DDP_ADAM_M || which == DDP_ADAM_V) && ddp__sharded(ctx);
 }
 
 /* Where flat element `offset` of `which` is in this rank's memory, `count` floats from there.
@@ -8915,7 +9153,7 @@ static ddp_result ddp__gather_to_host(ddp_context *ctx, ddp_buffer which, size_t
     float *flat = NULL;
     ddp_result r = ddp__state_buffer(ctx, which, offset, ctx->rank == root ? (const void *)dst : (const void *)ctx, count,
                                      "ddp_gather_to_host", &flat);
-    if (r == DDP_OK && count && (which != DDP_PARAMS || ddp__master_parts(ctx)) && ctx->desc.shard_optimizer && ctx->world > 1)
+    if (r == DDP_OK && count && (which != DDP_PARAMS || ddp__master_parts(ctx)) && ddp__sharded(ctx))
         return ddp__sharded_move(ctx, which, offset, dst, count, root, 1);
     if (r != DDP_OK || ctx->rank != root || !count) return r;
     return ddp__state_copy(ctx, which, flat ? flat + offset : NULL, offset, dst, count, 1);
@@ -8989,7 +9227,7 @@ static ddp_result ddp__join(ddp_context *ctx) {
     if (!ctx->desc.uneven_inputs)
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_join needs ddp_desc.uneven_inputs (DDP_JOIN_DIVIDE_BY_WORLD "
                          "or DDP_JOIN_DIVIDE_BY_ACTIVE) on every rank");
-    if (ctx->in_step) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_join while a backward is in flight (call it between steps)");
+    if (ddp__in_backward(ctx)) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_join while a backward is in flight (call it between steps)");
     if (ctx->world == 1) return DDP_OK;
     ctx->sync_enabled = 1;   /* the shadow steps synchronize; the caller's setting comes back at the end */
     for (;;) {
@@ -9049,7 +9287,7 @@ static ddp_result ddp__join(ddp_context *ctx) {
    whole, so any world size and either mode loads it). Sharded, rank s holds a part of every
    bucket (ddp__shard_range); the table's entry s is the number of floats the ranks before s
    hold, so it starts at 0 and grows, and the difference of two entries is a rank's share. */
-static int ddp__ckpt_sharded(const ddp_context *ctx) { return ctx->desc.shard_optimizer && ctx->world > 1; }
+static int ddp__ckpt_sharded(const ddp_context *ctx) { return ddp__sharded(ctx); }
 static uint64_t ddp__ckpt_shard_start(const ddp_context *ctx, int shard) {
     uint64_t before = 0;
     size_t lo, hi;
@@ -9348,7 +9586,7 @@ static ddp_result ddp__save(ddp_context *ctx, const char *path, const void *user
     size_t hdr_len = 0;
     ddp_result r;
     int renamed = 0;
-    if (ctx->in_step) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_save while a backward is in flight (call it between steps)");
+    if (ddp__in_backward(ctx)) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_save while a backward is in flight (call it between steps)");
     if ((r = ctx->be->adamw_state(ctx)) != DDP_OK) return ddp__fatal(ctx, r);   /* the peers are on their way to the broadcast */
     memset(&st, 0, sizeof st);
     memset(&f, 0, sizeof f);
@@ -9706,7 +9944,7 @@ static ddp_result ddp__load(ddp_context *ctx, const char *path, void *user, size
     float *buf = NULL;
     uint64_t data_at = 0, stored = 0;
     ddp_result r;
-    if (ctx->in_step) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_load while a backward is in flight (call it between steps)");
+    if (ddp__in_backward(ctx)) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_load while a backward is in flight (call it between steps)");
     if ((r = ctx->be->adamw_state(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     memset(&st, 0, sizeof st);
     memset(&f, 0, sizeof f);
@@ -9801,7 +10039,7 @@ static ddp_result ddp__usable(ddp_context *ctx, int need_commit, const char *cal
     if (ddp__failed(ctx)) return ddp__failed(ctx);
     if (ddp__cancel_requested(ctx) && ctx->be)
         return ddp__check_cancel(ctx, call);
-    if (need_commit && !ctx->committed)
+    if (need_commit && !ddp__is_committed(ctx))
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s needs ddp_commit first", call);
     return DDP_OK;
 }
@@ -9876,9 +10114,9 @@ ddp_result ddp_commit(ddp_context *ctx) {
 
 /* The views exist from ddp_commit on; before it, or for an id no parameter has, NULL with an error. */
 static int ddp__committed(ddp_context *ctx, const char *call) {
-    if (ctx && !ctx->committed)
+    if (ctx && !ddp__is_committed(ctx))
         ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s before ddp_commit: the parameters have no memory until ddp_commit", call);
-    return ctx && ctx->committed;
+    return ctx && ddp__is_committed(ctx);
 }
 static int ddp__valid_id(ddp_context *ctx, int id, const char *call) {
     if (!ddp__committed(ctx, call)) return 0;
@@ -9951,7 +10189,7 @@ ddp_result ddp_bucket(const ddp_context *ctx, int index, ddp_bucket_info *out) {
     if (!out) return ddp__fail(c, DDP_ERR_INVALID_ARGUMENT, "ddp_bucket: out is NULL");
     if (index < 0 || index >= ctx->num_buckets)
         return ddp__fail(c, DDP_ERR_INVALID_ARGUMENT, "ddp_bucket: no bucket %d (there are %d%s)", index, ctx->num_buckets,
-                         ctx->committed ? "" : "; buckets exist after ddp_commit");
+                         ddp__is_committed(ctx) ? "" : "; buckets exist after ddp_commit");
     b = &ctx->buckets[index];
     out->offset = b->offset;
     out->count = b->count;
@@ -9964,7 +10202,7 @@ ddp_result ddp_tape_record(ddp_context *ctx, ddp_backward_fn backward, const voi
                            size_t args_size, const int *param_ids, int num_param_ids) {
     ddp_result r = ddp__usable(ctx, 1, "ddp_tape_record");
     if (r == DDP_OK && (r = ddp__tape_record(ctx, backward, args, args_size, param_ids, num_param_ids)) != DDP_OK)
-        ctx->tape_failed = 1;   /* ddp_backward refuses the incomplete tape */
+        ddp__life_event(ctx, DDP__ON_TAPE_FAILED);   /* ddp_backward refuses the incomplete tape */
     return r;
 }
 
@@ -9992,14 +10230,14 @@ ddp_result ddp_zero_grad(ddp_context *ctx) {
 
 void ddp_set_sync(ddp_context *ctx, int enabled) {
     if (!ctx) return;
-    if (ctx->in_step) { ddp__log(ctx, DDP_LOG_WARN, "ddp_set_sync ignored: a backward is in flight"); return; }
+    if (ddp__in_backward(ctx)) { ddp__log(ctx, DDP_LOG_WARN, "ddp_set_sync ignored: a backward is in flight"); return; }
     ctx->sync_enabled = enabled != 0;
 }
 
 ddp_step_stats ddp_last_step_stats(const ddp_context *ctx) {
     ddp_step_stats none;
     if (!ctx) { memset(&none, 0, sizeof none); return none; }
-    if (ctx->be && ctx->up) ctx->be->stats((ddp_context *)(uintptr_t)ctx);   /* refreshes a cache only */
+    if (ctx->be && ctx->up && ctx->be->stats) ctx->be->stats((ddp_context *)(uintptr_t)ctx);   /* refreshes a cache only */
     return ctx->last_stats;
 }
 
