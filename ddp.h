@@ -61,7 +61,7 @@
      launch in bucket order on every rank, so the order changes the overlap, never the result),
      then ddp_finish. Never marked: DDP_ERR_UNUSED_PARAMETER "never marked ready (ddp_grad_ready)"
      (find_unused zero-fills instead); twice: DDP_ERR_DOUBLE_READY. The messages say ops only
-     when the backward is the tape's (ctx->tape_step). The program's own optimizer on
+     when the backward is the tape's (ctx->tape.replaying). The program's own optimizer on
      ddp_flat_params / ddp_flat_grads calls ddp_consume_grads first: the guard ddp_adamw_step
      has (DDP_ERR_INVALID_STATE unless a synchronizing ddp_finish averaged the gradients since the
      last step; each average is used once, by either). It loses the NaN check and the fixed-order
@@ -204,7 +204,8 @@
      own blocks, the block sums reach every rank unchanged, and every rank adds all blocks in
      order: the norm is bit-identical to the unsharded one (ADAMW above).
      m and v: ddp_adamw_state's m and v point to this rank's parts, packed in flat order
-     (shard_count floats; unsharded m[i] is flat element i as before). ddp_copy_to_host /
+     (the shard's count of floats: ddp_flat_params' count_out when parameters are fp32; unsharded
+     m[i] is flat element i). ddp_copy_to_host /
      _from_host of DDP_ADAM_M / _V take flat offsets and accept a range that lies in one of this
      rank's parts; any other is refused by name ("not all held by rank R"). ddp_gather_to_host /
      ddp_scatter_from_host (collective) reach any range: each part travels from or to its owner
@@ -269,14 +270,14 @@
      reports it one step later). Checkpoints store the master (and m, v); after ddp_load the
      working copies are the loaded master rounded.
      Sharded (ZeRO-1): the master is what is sharded. A rank holds the fp32 master, m and v only
-     for its own parts (shard_count floats each, packed in flat order: SHARDED OPTIMIZER),
+     for its own parts (the shard's count of floats each, packed in flat order: SHARDED OPTIMIZER),
      updates them and writes its working copies of those parts in the same pass; the bf16
      working copies are all-gathered bucket by bucket (2 bytes an element; CPU: in the shared
      segment; NCCL: ncclAllGather of ncclBfloat16): the same bits as unsharded on every rank. The
      whole master exists only during ddp_commit (rank 0's values arrive, are rounded into the
      working copies, then each rank keeps its parts). Only this rank's part of the bf16 gradients
      holds the average after a step. ddp_flat_params points to this rank's parts of the master
-     (count: shard_count; ddp_flat_params_bf16's is the flat size); ddp_copy_to_host of
+     (count: the shard's; ddp_flat_params_bf16's is the flat size); ddp_copy_to_host of
      DDP_PARAMS takes a range inside one of this rank's parts, any other is refused by name
      ("not all held by rank R"); ddp_copy_from_host of DDP_PARAMS is refused: write with
      ddp_scatter_from_host (every rank writes its parts of the master and all its working
@@ -2208,8 +2209,8 @@ typedef struct ddp__backend {
                                       and all-gathers the parameters); 0: ddp_init refuses it */
     /* after the rendezvous (world > 1; the NCCL backend also at world 1): bring up the data plane */
     ddp_result (*setup)(ddp_context *ctx, double deadline);
-    /* commit, first half: ctx->flat_params / flat_grads for ctx->flat_count floats (bf16
-       parameters: params_bf16 / grads_bf16, no flat_grads), each parameter's initial values in place */
+    /* commit, first half: ctx->flat.params / .grads for ctx->flat.count floats (bf16
+       parameters: .params_bf16 / .grads_bf16, no .grads), each parameter's initial values in place */
     ddp_result (*alloc_flat)(ddp_context *ctx);
     /* commit, second half (buckets built, layouts verified alike on every rank): rank 0's
        parameters to everyone, whatever runs beside the step */
@@ -2224,11 +2225,11 @@ typedef struct ddp__backend {
        with the program's work (DDP__BF16_* in >>types) */
     ddp_result (*bf16)(ddp_context *ctx, int op, size_t offset, size_t count);
     ddp_result (*adamw)(ddp_context *ctx, const ddp_adamw *opt, float b1, float b2, float eps, float *grad_norm_out);
-    ddp_result (*adamw_state)(ddp_context *ctx);                 /* m, v exist; ctx->adam_step is current */
+    ddp_result (*adamw_state)(ddp_context *ctx);                 /* m, v exist; ctx->adam.step is current */
     /* a copy between a flat buffer (params, grads, m, v: device memory on NCCL) and host memory */
     ddp_result (*copy)(ddp_context *ctx, void *dst, const void *src, size_t bytes, int to_host);
     ddp_result (*collective)(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root);
-    void (*stats)(ddp_context *ctx);                             /* bring ctx->last_stats up to date */
+    void (*stats)(ddp_context *ctx);                             /* bring ctx->step.last_stats up to date */
     void (*poison)(ddp_context *ctx, ddp_result code);           /* tell the peers; any thread */
     void (*stop)(ddp_context *ctx);                              /* shutdown: no step work in flight */
     void (*teardown)(ddp_context *ctx);                          /* free what the backend owns */
@@ -2236,17 +2237,16 @@ typedef struct ddp__backend {
 
 struct ddp_context {
     ddp_desc desc;                 /* resolved */
-    char master_addr[256];
-    const char *master_addr_from;  /* what gave master_addr, for messages: NULL = MASTER_ADDR (>>env) */
-    char job_token[128];
-    char env_overrides[512];       /* DDP_* variables that overrode a field the program set (>>env) */
-    char job_id[256];              /* who this rank's job is (desc.job_id): checked at the rendezvous */
-    unsigned char store_key[32];   /* from the token and the job id: the store handshake's key */
-    char timeline_path[512];
     int rank, world, local_rank, local_world;
     const ddp__backend *be;        /* NULL until ddp_init has chosen one; then &table */
     ddp__backend table;            /* the chosen backend's table, filled by name (ddp__*_table) */
+    union {                        /* the chosen backend's own state (its section's type) */
+        ddp__cpu *cpu;
+        ddp__gpu *gpu;
+        ddp__mpi *mpi;
+    } impl;
     int up;                        /* the backend's setup succeeded */
+    int life;                      /* DDP__LIFE_*: registering, between steps, in a backward (ddp__life_event) */
     int closing;                   /* ddp_shutdown has begun (atomic: the NCCL watchdog reads it) */
     int failed;                    /* sticky ddp_result, set when the group is poisoned (atomic) */
     char err[DDP__ERR_MAX];
@@ -2254,83 +2254,95 @@ struct ddp_context {
     ddp__mutex err_lock;
     const char *what;              /* the collective in progress, for errors */
     char what_buf[96];
-
-    /* rendezvous */
-    int store_fd;
-    int *peer_pids;                /* from the rendezvous: liveness before the segment is shared */
-    int rank0_here;                /* rank 0 runs on this host (its name): its process can be watched */
-    ddp__store_server *server;
-
-    /* parameters and buckets */
-    ddp__param *params;
-    int num_params, cap_params;
-    float *flat_params, *flat_grads, *adam_m, *adam_v;
-    /* param_dtype BF16: the working copies and gradients the program uses; flat_params is then
-       the fp32 master (sharded: this rank's parts, packed: ddp__master_parts) and flat_grads NULL:
-       the buckets are reduced in bf16 where they are (PARAMETER DTYPE) */
-    ddp_bf16 *params_bf16, *grads_bf16;
-    /* elements whose working copy was not the master rounded when an AdamW pass reached them
-       (a write of one without the other), and the first such parameter (-1: not known) */
-    uint64_t bf16_diverged;
-    int bf16_diverged_param;
-    size_t flat_count;
-    int64_t adam_step;
-    ddp__bucket *buckets;
-    int num_buckets;
-    /* sharding (desc.shard_optimizer; unsharded, a rank's part of a bucket is all of it): per
-       bucket, where this rank's part begins in m and v (its parts in flat order, packed), and
-       the bucket's first norm block; shard_count floats of m and v, norm_blocks blocks */
-    size_t *shard_base, *norm_base;
-    size_t shard_count, norm_blocks;
-    double *norm_sums;
-
-    /* the tape */
-    ddp__tape_op *tape;
-    int tape_len, tape_cap;
-    unsigned char *tape_arena;
-    size_t arena_len, arena_cap;
-
-    /* the step */
-    int sync_enabled;
-    int life;                      /* DDP__LIFE_*: registering, between steps, in a backward (ddp__life_event) */
-    int next_launch;
-    double step_start;
-    ddp_step_stats stats, last_stats;
-
-    /* the timeline: one event list per thread, merged at shutdown */
-    struct ddp__timeline *tl_main, *tl_comm;
-    double tl_origin, forward_start;
-    int tl_step;
-
-    /* embedding (>>embed): cancel from any thread, progress read from any thread */
-    int cancel;                    /* ddp_cancel was called (atomic) */
-    uint32_t progress_seq;         /* seqlock: odd while the owner writes progress_words */
-    uint64_t progress_words[DDP__PROGRESS_WORDS];   /* a ddp_progress, each word atomic */
-    ddp_progress progress;         /* the owner's copy, published into progress_words */
-    double progress_last_finish;
-
-    /* uneven inputs (>>join) */
-    float *join_mask;              /* world floats: 1 for a rank with data this step */
-    int join_active;               /* ranks with data in the current/last step */
-    int join_root;                 /* the lowest of them, in the last step some rank had joined */
-    int join_uneven;               /* some step since the last ddp_join ran with joined ranks */
-    int join_shadow;               /* ddp_join's shadow step: the count is taken already */
-    int join_pending;              /* micro-steps with sync off since the last zero_grad or sync */
-    int grads_averaged;            /* a ddp_finish with sync on since the last ddp_adamw_step (>>adamw; ddp__life_event) */
-    int dtype_env_told;            /* an accessor of the other dtype, with DDP_PARAM_DTYPE set: logged once (>>public) */
     int quiet;                     /* ddp__shutdown's goodbye: a store already gone is expected, not logged
                                       (atomic: a watchdog's failure may be recorded meanwhile) */
-    int tape_step;                 /* this backward is the tape's replay (messages speak of ops), else ddp_grad_ready's */
-    int ready_moment;              /* this backward's moments: tape ops replayed, or ddp_grad_ready calls */
-    int first_launch_moment;       /* the moment the first bucket was launched (-1: not yet) */
-    double first_launch_time;      /* and when (ddp__now) */
-    int overlap_warned;            /* the no-overlap warning was given (once a context) */
-    unsigned char *ready_copy;     /* check_ready: each gradient as it was when marked ready (>>step) */
-    int tape_failed;               /* a ddp_tape_record since the last backward failed (>>step; ddp__life_event) */
+    int dtype_env_told;            /* an accessor of the other dtype, with DDP_PARAM_DTYPE set: logged once (>>public) */
 
-    ddp__cpu *cpu;                 /* the CPU backend's state; NULL elsewhere */
-    ddp__gpu *gpu;                 /* the NCCL backend's state; NULL elsewhere */
-    ddp__mpi *mpi;                 /* the MPI backend's state; NULL elsewhere */
+    struct {                       /* who this job is (>>env) */
+        char master_addr[256];
+        const char *master_addr_from;   /* what gave master_addr, for messages: NULL = MASTER_ADDR */
+        char token[128];
+        char env_overrides[512];   /* DDP_* variables that overrode a field the program set */
+        char id[256];              /* desc.job_id: checked at the rendezvous */
+        unsigned char store_key[32];    /* from the token and the job id: the store handshake's key */
+    } job;
+    struct {                       /* the rendezvous (>>store) */
+        int store_fd;
+        int *peer_pids;            /* liveness before the segment is shared */
+        int rank0_here;            /* rank 0 runs on this host (its name): its process can be watched */
+        ddp__store_server *server;
+    } rdv;
+    struct {                       /* registered parameters and their buckets (>>params) */
+        ddp__param *params;
+        int num_params, cap_params;
+        ddp__bucket *buckets;
+        int num_buckets;
+    } model;
+    struct {                       /* the flat buffers, `count` elements each */
+        float *params, *grads;
+        /* param_dtype BF16: the working copies and gradients the program uses; params is then
+           the fp32 master (sharded: this rank's parts, packed: ddp__master_parts) and grads NULL:
+           the buckets are reduced in bf16 where they are (PARAMETER DTYPE) */
+        ddp_bf16 *params_bf16, *grads_bf16;
+        size_t count;
+        /* elements whose working copy was not the master rounded when an AdamW pass reached
+           them (a write of one without the other), and the first such parameter (-1: not known) */
+        uint64_t bf16_diverged;
+        int bf16_diverged_param;
+    } flat;
+    struct {                       /* AdamW's state (>>adamw): the moments, the step count */
+        float *m, *v;
+        int64_t step;
+    } adam;
+    struct {                       /* sharding (desc.shard_optimizer; unsharded, a rank's part of a
+                                      bucket is all of it): per bucket, where this rank's part begins
+                                      in m and v (its parts in flat order, packed), and the bucket's
+                                      first norm block; `count` floats of m and v, norm_blocks blocks */
+        size_t *base, *norm_base;
+        size_t count, norm_blocks;
+        double *norm_sums;
+    } shard;
+    struct {                       /* the tape (>>step) */
+        ddp__tape_op *ops;
+        int len, cap;
+        unsigned char *arena;
+        size_t arena_len, arena_cap;
+        int replaying;             /* this backward is the tape's replay (messages speak of ops), else ddp_grad_ready's */
+        int failed;                /* a ddp_tape_record since the last backward failed (ddp__life_event) */
+    } tape;
+    struct {                       /* the step (>>step) */
+        int sync;                  /* gradients averaged at ddp_finish (ddp_set_sync) */
+        int next_launch;
+        double start;
+        ddp_step_stats stats, last_stats;
+        int ready_moment;          /* this backward's moments: tape ops replayed, or ddp_grad_ready calls */
+        int first_launch_moment;   /* the moment the first bucket was launched (-1: not yet) */
+        double first_launch_time;  /* and when (ddp__now) */
+        int overlap_warned;        /* the no-overlap warning was given (once a context) */
+        unsigned char *ready_copy; /* check_ready: each gradient as it was when marked ready */
+        int grads_averaged;        /* a ddp_finish with sync on since the last ddp_adamw_step (>>adamw; ddp__life_event) */
+    } step;
+    struct {                       /* the timeline: one event list per thread, merged at shutdown */
+        char path[512];
+        struct ddp__timeline *main, *comm;
+        double origin, forward_start;
+        int step;
+    } tl;
+    struct {                       /* embedding (>>embed): cancel from any thread, progress read from any thread */
+        int cancel;                /* ddp_cancel was called (atomic) */
+        uint32_t seq;              /* seqlock: odd while the owner writes words */
+        uint64_t words[DDP__PROGRESS_WORDS];   /* a ddp_progress, each word atomic */
+        ddp_progress progress;     /* the owner's copy, published into words */
+        double last_finish;
+    } embed;
+    struct {                       /* uneven inputs (>>join) */
+        float *mask;               /* world floats: 1 for a rank with data this step */
+        int active;                /* ranks with data in the current/last step */
+        int root;                  /* the lowest of them, in the last step some rank had joined */
+        int uneven;                /* some step since the last ddp_join ran with joined ranks */
+        int shadow;                /* ddp_join's shadow step: the count is taken already */
+        int pending;               /* micro-steps with sync off since the last zero_grad or sync */
+    } join;
 };
 
 /* --------------------------------------------------------------------------------------------
@@ -2467,7 +2479,7 @@ static ddp_result ddp__fail_group(ddp_context *ctx, ddp_result code, const char 
    the rank (shared-memory waits, the communication thread, the store, NCCL's polls). The first
    wait to see it makes it the group's failure, so the peers stop with DDP_ERR_CANCELLED too. */
 static int ddp__cancel_requested(const ddp_context *ctx) {
-    return __atomic_load_n(&ctx->cancel, __ATOMIC_ACQUIRE) ||
+    return __atomic_load_n(&ctx->embed.cancel, __ATOMIC_ACQUIRE) ||
            (ctx->desc.cancel_token && __atomic_load_n(&ctx->desc.cancel_token->cancelled, __ATOMIC_ACQUIRE));
 }
 
@@ -2500,10 +2512,10 @@ static void ddp__life_event(ddp_context *ctx, int ev) {
     switch (ev) {
     case DDP__ON_COMMIT: case DDP__ON_FINISH: ctx->life = DDP__LIFE_IDLE; break;
     case DDP__ON_BACKWARD: ctx->life = DDP__LIFE_BACKWARD; break;
-    case DDP__ON_AVERAGED: ctx->grads_averaged = 1; break;
-    case DDP__ON_STEPPED: ctx->grads_averaged = 0; break;
-    case DDP__ON_TAPE_FAILED: ctx->tape_failed = 1; break;
-    case DDP__ON_TAPE_RESET: ctx->tape_failed = 0; break;
+    case DDP__ON_AVERAGED: ctx->step.grads_averaged = 1; break;
+    case DDP__ON_STEPPED: ctx->step.grads_averaged = 0; break;
+    case DDP__ON_TAPE_FAILED: ctx->tape.failed = 1; break;
+    case DDP__ON_TAPE_RESET: ctx->tape.failed = 0; break;
     default: break;
     }
 }
@@ -2626,7 +2638,7 @@ static void ddp__tl_add(ddp__timeline *tl, int kind, int step, double t0, double
 /* Recording sites call this: one branch when the timeline is off. What happens between two
    backwards (AdamW, loss averaging) belongs to the step that just finished. */
 static inline void ddp__record(ddp_context *ctx, ddp__timeline *tl, int kind, double t0, double t1, int index, uint64_t bytes) {
-    if (tl) ddp__tl_add(tl, kind, ddp__in_backward(ctx) || !ctx->tl_step ? ctx->tl_step : ctx->tl_step - 1, t0, t1, index, bytes);
+    if (tl) ddp__tl_add(tl, kind, ddp__in_backward(ctx) || !ctx->tl.step ? ctx->tl.step : ctx->tl.step - 1, t0, t1, index, bytes);
 }
 
 typedef struct ddp__text { char *buf; size_t len, cap; int oom; } ddp__text;
@@ -2669,7 +2681,7 @@ static void ddp__tl_event_json(ddp_context *ctx, ddp__text *t, const ddp__event 
                                   "gpu_backward", "gpu_exposed" };
     static const int tids[] = { 0, 0, 0, 1, 0, 0, 2, 1, 1 };   /* NCCL: the comm lane is the GPU clock */
     const char *cat = e->kind == DDP__EV_ALLREDUCE && e->index < 0 ? "user_comm" : cats[e->kind];
-    double ts = 1e6 * (e->t0 - ctx->tl_origin), dur = 1e6 * (e->t1 - e->t0);
+    double ts = 1e6 * (e->t0 - ctx->tl.origin), dur = 1e6 * (e->t1 - e->t0);
     int i;
     ddp__text_printf(t, ",\n{\"name\":\"");
     switch (e->kind) {
@@ -2694,7 +2706,7 @@ static void ddp__tl_event_json(ddp_context *ctx, ddp__text *t, const ddp__event 
         ddp__text_printf(t, ",\"params\":\"");
         for (i = 0; i < e->num_params && i < 4; i++) {
             if (i) ddp__text_printf(t, " ");
-            ddp__text_json_name(t, ctx->params[e->first_param + i].name);
+            ddp__text_json_name(t, ctx->model.params[e->first_param + i].name);
         }
         if (e->num_params > 4) ddp__text_printf(t, " +%d", e->num_params - 4);
         ddp__text_printf(t, "\"");
@@ -2708,7 +2720,7 @@ static void ddp__tl_rank_json(ddp_context *ctx, ddp__text *t) {
     const ddp__timeline *lists[2];
     size_t i;
     int k;
-    lists[0] = ctx->tl_main; lists[1] = ctx->tl_comm;
+    lists[0] = ctx->tl.main; lists[1] = ctx->tl.comm;
     ddp__text_printf(t, ",\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}", ctx->rank, ctx->rank);
     for (k = 0; k < 3; k++)
         ddp__text_printf(t, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s\"}}",
@@ -2763,8 +2775,8 @@ typedef struct ddp__env_scheme {
    another job (say, one started on the same MASTER_PORT). Left "" where none can be had. Only the
    scheme that gave the rank is asked: its variables are the ones its launcher set alike. */
 static void ddp__launcher_job_id(ddp_context *ctx, const ddp__env_scheme *sc) {
-    char *out = ctx->job_id;
-    size_t cap = sizeof ctx->job_id;
+    char *out = ctx->job.id;
+    size_t cap = sizeof ctx->job.id;
     const char *a, *b;
     if (!strcmp(sc->launcher, "Open MPI")) {
         /* Open MPI 4 sets both (equal), Open MPI 5 (PRRTE) the PMIx namespace */
@@ -2949,9 +2961,9 @@ static ddp_result ddp__slurm_rendezvous(ddp_context *ctx, int need_addr, int *po
             return ddp__fail(ctx, DDP_ERR_BAD_ENV, "MASTER_ADDR must be set for a job that spans hosts (neither it nor "
                              "SLURM_STEP_NODELIST is set)");
         snprintf(why, sizeof why, "it names no host");
-        if (ddp__hostlist_nth(list, 0, ctx->master_addr, sizeof ctx->master_addr, why, sizeof why) < 1)
+        if (ddp__hostlist_nth(list, 0, ctx->job.master_addr, sizeof ctx->job.master_addr, why, sizeof why) < 1)
             return ddp__fail(ctx, DDP_ERR_BAD_ENV, "%s='%.200s' is not a Slurm host list: %s", name, list, why);
-        ctx->master_addr_from = !strcmp(name, "SLURM_NODELIST") ? "the first node of SLURM_NODELIST"
+        ctx->job.master_addr_from = !strcmp(name, "SLURM_NODELIST") ? "the first node of SLURM_NODELIST"
                                                                  : "the first node of SLURM_STEP_NODELIST";
         if (ctx->rank == 0 && (r = ddp__env_int(ctx, "SLURM_NODEID", 0, INT_MAX, &node)) < 0) return DDP_ERR_BAD_ENV;
         if (ctx->rank == 0 && r == 1 && node != 0) {
@@ -2959,7 +2971,7 @@ static ddp_result ddp__slurm_rendezvous(ddp_context *ctx, int need_addr, int *po
             ddp__hostname(host, sizeof host);
             return ddp__fail(ctx, DDP_ERR_BAD_ENV, "rank 0 runs on node %d of the step ('%s'), not on its first node '%s' "
                              "where the other ranks look for its store (a task distribution such as arbitrary or "
-                             "plane?): set MASTER_ADDR to rank 0's host", node, host, ctx->master_addr);
+                             "plane?): set MASTER_ADDR to rank 0's host", node, host, ctx->job.master_addr);
         }
     }
     if (!getenv("MASTER_PORT") || !*getenv("MASTER_PORT")) {
@@ -3025,15 +3037,15 @@ static ddp_result ddp__read_env(ddp_context *ctx) {
         return ddp__fail(ctx, DDP_ERR_BAD_ENV, "%s=%d is not below %s=%d", sc->local_rank,
                          ctx->local_rank, local_world_name, ctx->local_world);
     addr = getenv("MASTER_ADDR");
-    snprintf(ctx->master_addr, sizeof ctx->master_addr, "%s", addr && *addr ? addr : "127.0.0.1");
+    snprintf(ctx->job.master_addr, sizeof ctx->job.master_addr, "%s", addr && *addr ? addr : "127.0.0.1");
     if (slurm && ctx->world > 1 && ddp__slurm_rendezvous(ctx, !addr || !*addr, &port) != DDP_OK) return DDP_ERR_BAD_ENV;
-    if (ctx->world > 1 && ctx->local_world < ctx->world && (!addr || !*addr) && !ctx->master_addr_from)
+    if (ctx->world > 1 && ctx->local_world < ctx->world && (!addr || !*addr) && !ctx->job.master_addr_from)
         return ddp__fail(ctx, DDP_ERR_BAD_ENV, "MASTER_ADDR must be set for a job that spans hosts");
     if (ddp__env_int(ctx, "MASTER_PORT", 1, 65535, &port) < 0) return DDP_ERR_BAD_ENV;
     if (ctx->world > 1 && !getenv("MASTER_PORT") && sc == &schemes[0])
         return ddp__fail(ctx, DDP_ERR_BAD_ENV, "MASTER_PORT is not set (WORLD_SIZE=%d)", ctx->world);
     ctx->desc.master_port = port;
-    if (!ctx->job_id[0]) ddp__launcher_job_id(ctx, sc);
+    if (!ctx->job.id[0]) ddp__launcher_job_id(ctx, sc);
     return DDP_OK;
 }
 
@@ -3055,13 +3067,13 @@ static int ddp__plain_decimal(const char *s, double *out) {
 /* One rule for every DDP_* variable that has a descriptor field: a variable that is set (not
    empty) wins over what the program put in the field, and an invalid value is refused by name
    whoever would have won (ENVIRONMENT in the manual says why). Where the program had set the
-   field to something else, the override is noted (ctx->env_overrides) and rank 0 says so once
+   field to something else, the override is noted (ctx->job.env_overrides) and rank 0 says so once
    the rank is known (ddp__resolve_desc). The variables without a field (DDP_STAGED_GRADS,
    DDP_MPI_FLAT, DDP_MPI_TUNE) are checked here too, so a typo fails on every backend. */
 static void ddp__env_overrode(ddp_context *ctx, const char *var, const char *value, const char *field, const char *was) {
-    size_t len = strlen(ctx->env_overrides);
-    if (len + 8 >= sizeof ctx->env_overrides) return;
-    snprintf(ctx->env_overrides + len, sizeof ctx->env_overrides - len, "%s%s=%s over the program's ddp_desc.%s = %s",
+    size_t len = strlen(ctx->job.env_overrides);
+    if (len + 8 >= sizeof ctx->job.env_overrides) return;
+    snprintf(ctx->job.env_overrides + len, sizeof ctx->job.env_overrides - len, "%s%s=%s over the program's ddp_desc.%s = %s",
              len ? "; " : "", var, value, field, was);
 }
 
@@ -3115,13 +3127,13 @@ static ddp_result ddp__desc_from_env(ddp_context *ctx, ddp_desc *d) {
                               (int)d->log_level >= 1 && (int)d->log_level <= (int)DDP_LOG_OFF ? level_names[d->log_level] : "?");
         d->log_level = (ddp_log_level)i;
     }
-    if ((r = ddp__env_string(ctx, "DDP_TIMELINE", &d->timeline_path, "timeline_path", ctx->timeline_path,
-                             sizeof ctx->timeline_path, 0)) != DDP_OK) return r;
-    if ((r = ddp__env_string(ctx, "DDP_JOB_TOKEN", &d->job_token, "job_token", ctx->job_token, sizeof ctx->job_token, 1)) != DDP_OK)
+    if ((r = ddp__env_string(ctx, "DDP_TIMELINE", &d->timeline_path, "timeline_path", ctx->tl.path,
+                             sizeof ctx->tl.path, 0)) != DDP_OK) return r;
+    if ((r = ddp__env_string(ctx, "DDP_JOB_TOKEN", &d->job_token, "job_token", ctx->job.token, sizeof ctx->job.token, 1)) != DDP_OK)
         return r;
     {   /* job_id: else the launcher's, in ddp__read_env; the descriptor keeps its own until then */
         const char *id = d->job_id;
-        if ((r = ddp__env_string(ctx, "DDP_JOB_ID", &id, "job_id", ctx->job_id, sizeof ctx->job_id, 0)) != DDP_OK) return r;
+        if ((r = ddp__env_string(ctx, "DDP_JOB_ID", &id, "job_id", ctx->job.id, sizeof ctx->job.id, 0)) != DDP_OK) return r;
     }
     if ((s = ddp__env_set("DDP_TIMEOUT")) != NULL) {
         double t = 0;
@@ -3199,7 +3211,7 @@ static ddp_result ddp__resolve_group(ddp_context *ctx) {
         ctx->world = d->world_size;
         ctx->local_rank = d->local_world_size ? d->local_rank : d->rank;
         ctx->local_world = d->local_world_size ? d->local_world_size : d->world_size;
-        snprintf(ctx->master_addr, sizeof ctx->master_addr, "%s", d->master_addr ? d->master_addr : "127.0.0.1");
+        snprintf(ctx->job.master_addr, sizeof ctx->job.master_addr, "%s", d->master_addr ? d->master_addr : "127.0.0.1");
         if (d->world_size > 1 && (d->master_port <= 0 || d->master_port > 65535))
             return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: master_port %d is not in [1, 65535]", d->master_port);
     } else {
@@ -3210,8 +3222,8 @@ static ddp_result ddp__resolve_group(ddp_context *ctx) {
     d->rank = ctx->rank;
     d->local_rank = ctx->local_rank;
     d->local_world_size = ctx->local_world;
-    d->master_addr = ctx->master_addr;
-    d->job_id = ctx->job_id;
+    d->master_addr = ctx->job.master_addr;
+    d->job_id = ctx->job.id;
     return DDP_OK;
 }
 
@@ -3264,9 +3276,9 @@ static ddp_result ddp__resolve_desc(ddp_context *ctx, const ddp_desc *in) {
     ddp__desc_defaults(&ctx->desc);
     if ((r = ddp__desc_validate(ctx, &ctx->desc)) != DDP_OK) return r;
     if ((r = ddp__resolve_group(ctx)) != DDP_OK) return r;
-    if (ctx->env_overrides[0] && ctx->rank == 0)   /* once a job: every rank reads the same environment */
+    if (ctx->job.env_overrides[0] && ctx->rank == 0)   /* once a job: every rank reads the same environment */
         ddp__log(ctx, DDP_LOG_WARN, "the environment overrides the program's settings (a DDP_* variable that is set wins): %s",
-                 ctx->env_overrides);
+                 ctx->job.env_overrides);
     return DDP_OK;
 }
 
@@ -3391,11 +3403,11 @@ static int ddp__random_bytes(void *buf, size_t len) {
 /* The handshake key: the token and the job id, so one exchange checks both. */
 static void ddp__derive_store_key(ddp_context *ctx) {
     static const char label[] = "ddp.h store key";
-    unsigned char msg[sizeof label + sizeof ctx->job_id];
-    size_t idlen = strlen(ctx->job_id);
+    unsigned char msg[sizeof label + sizeof ctx->job.id];
+    size_t idlen = strlen(ctx->job.id);
     memcpy(msg, label, sizeof label);            /* the label's 0 separates it from the id */
-    memcpy(msg + sizeof label, ctx->job_id, idlen);
-    ddp__hmac_sha256(ctx->job_token, strlen(ctx->job_token), msg, sizeof label + idlen, ctx->store_key);
+    memcpy(msg + sizeof label, ctx->job.id, idlen);
+    ddp__hmac_sha256(ctx->job.token, strlen(ctx->job.token), msg, sizeof label + idlen, ctx->job.store_key);
 }
 
 /* One side's proof: HMAC(K, side 0 rank nonce_c nonce_s). */
@@ -3406,7 +3418,7 @@ static void ddp__handshake_proof(const ddp_context *ctx, const char *side, const
     memcpy(msg, side, n);
     memcpy(msg + n, hello, DDP__HELLO_BYTES);
     memcpy(msg + n + DDP__HELLO_BYTES, nonce_s, DDP__NONCE_BYTES);
-    ddp__hmac_sha256(ctx->store_key, sizeof ctx->store_key, msg, n + DDP__HELLO_BYTES + DDP__NONCE_BYTES, out);
+    ddp__hmac_sha256(ctx->job.store_key, sizeof ctx->job.store_key, msg, n + DDP__HELLO_BYTES + DDP__NONCE_BYTES, out);
 }
 
 static void ddp__put_u32(unsigned char *p, uint32_t v) {
@@ -3438,7 +3450,7 @@ static int ddp__send_all(int fd, const void *buf, size_t len, double deadline) {
 /* Rank 0 runs on this host and its process is gone. Its connection's close says so too, but not
    always at once: under Wine the server holds a killed process's sockets open. */
 static int ddp__rank0_gone(const ddp_context *ctx) {
-    return ctx->rank != 0 && ctx->rank0_here && ctx->peer_pids && !ddp__pid_alive(ctx->peer_pids[0]);
+    return ctx->rank != 0 && ctx->rdv.rank0_here && ctx->rdv.peer_pids && !ddp__pid_alive(ctx->rdv.peer_pids[0]);
 }
 
 /* Receive exactly len bytes by the deadline: 0 ok, -1 error or closed, -2 timed out. With
@@ -3638,7 +3650,7 @@ static int ddp__reply(ddp__store_server *s, ddp__conn *c, uint32_t status, const
 static int ddp__serve_handshake(ddp__store_server *s, ddp__conn *c, const unsigned char *key, const unsigned char *val) {
     ddp_context *ctx = s->ctx;
     unsigned char proof[32], reply[DDP__NONCE_BYTES + 32];
-    size_t idlen = strlen(ctx->job_id);
+    size_t idlen = strlen(ctx->job.id);
     if (!c->challenged) {
         if (c->op != DDP__OP_HELLO || c->vlen != DDP__HELLO_BYTES) {
             ddp__store_warn(s, DDP__WARN_MALFORMED, "rendezvous store dropped a client whose first frame is not a "
@@ -3647,11 +3659,11 @@ static int ddp__serve_handshake(ddp__store_server *s, ddp__conn *c, const unsign
         }
         memcpy(c->hello, val, DDP__HELLO_BYTES);
         c->rank = (int32_t)ddp__get_u32(val);
-        if (c->klen != idlen || memcmp(key, ctx->job_id, idlen)) {
+        if (c->klen != idlen || memcmp(key, ctx->job.id, idlen)) {
             ddp__store_warn(s, DDP__WARN_OTHER_JOB, "rendezvous store refused rank %d of another job: it is in job "
                             "'%.*s', this job is '%s' (two jobs on MASTER_PORT %d?)", c->rank, (int)c->klen,
-                            (const char *)key, idlen ? ctx->job_id : "(none)", ctx->desc.master_port);
-            ddp__reply(s, c, DDP__REPLY_OTHER_JOB, ctx->job_id, (uint32_t)idlen);
+                            (const char *)key, idlen ? ctx->job.id : "(none)", ctx->desc.master_port);
+            ddp__reply(s, c, DDP__REPLY_OTHER_JOB, ctx->job.id, (uint32_t)idlen);
             return -1;
         }
         if (ddp__random_bytes(c->nonce_s, DDP__NONCE_BYTES)) return -1;
@@ -3788,7 +3800,7 @@ static int ddp__conn_read(ddp__store_server *s, ddp__conn *c) {
             c->klen = ddp__get_u32(c->hdr + 8);
             c->vlen = ddp__get_u32(c->hdr + 12);
             if (ddp__get_u32(c->hdr) != DDP__STORE_MAGIC || c->klen > DDP__STORE_MAX_KEY ||
-                c->vlen > DDP__STORE_MAX_VALUE || (!c->authed && (c->vlen > 64 || c->klen >= sizeof s->ctx->job_id))) {
+                c->vlen > DDP__STORE_MAX_VALUE || (!c->authed && (c->vlen > 64 || c->klen >= sizeof s->ctx->job.id))) {
                 ddp__store_warn(s, DDP__WARN_MALFORMED, "rendezvous store dropped a client that sent a malformed frame");
                 return -1;
             }
@@ -3856,10 +3868,10 @@ static int ddp__resolve(ddp_context *ctx, int port, struct addrinfo **out) {
     hints.ai_socktype = SOCK_STREAM;
     snprintf(port_s, sizeof port_s, "%d", port);
     (void)ddp__net_init();   /* Windows: Winsock up before its resolver */
-    rc = getaddrinfo(ctx->master_addr, port_s, &hints, out);
+    rc = getaddrinfo(ctx->job.master_addr, port_s, &hints, out);
     if (rc) {
-        ddp__fail(ctx, DDP_ERR_NETWORK, "cannot resolve MASTER_ADDR '%s'%s%s: %s", ctx->master_addr,
-                  ctx->master_addr_from ? ", " : "", ctx->master_addr_from ? ctx->master_addr_from : "", gai_strerror(rc));
+        ddp__fail(ctx, DDP_ERR_NETWORK, "cannot resolve MASTER_ADDR '%s'%s%s: %s", ctx->job.master_addr,
+                  ctx->job.master_addr_from ? ", " : "", ctx->job.master_addr_from ? ctx->job.master_addr_from : "", gai_strerror(rc));
         return -1;
     }
     return 0;
@@ -3904,9 +3916,9 @@ static ddp_result ddp__server_start(ddp_context *ctx) {
         if (err == EADDRINUSE)
             return ddp__fail(ctx, DDP_ERR_NETWORK, "MASTER_PORT %d on %s is already in use (another job, "
                              "a process still holding it, or a second rank 0 of this job: check RANK); pick another port",
-                             ctx->desc.master_port, ctx->master_addr);
+                             ctx->desc.master_port, ctx->job.master_addr);
         return ddp__fail(ctx, DDP_ERR_NETWORK, "cannot listen on %s:%d (MASTER_ADDR:MASTER_PORT): %s",
-                         ctx->master_addr, ctx->desc.master_port, ddp__strerror(err));
+                         ctx->job.master_addr, ctx->desc.master_port, ddp__strerror(err));
     }
     freeaddrinfo(ai);
     ddp__sock_nonblock(s->listen_fd);
@@ -3914,13 +3926,13 @@ static ddp_result ddp__server_start(ddp_context *ctx) {
         ddp__server_free(s);
         return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot start the store thread");
     }
-    ctx->server = s;
+    ctx->rdv.server = s;
     return DDP_OK;
 }
 
 /* After a failure the other ranks may still be reading the store to reach the same verdict. */
 static void ddp__server_stop(ddp_context *ctx) {
-    ddp__store_server *s = ctx->server;
+    ddp__store_server *s = ctx->rdv.server;
     double until = ddp__now() + ctx->desc.shutdown_timeout_s;
     if (!s) return;
     /* After a failure, stay until every peer has hung up (each got its verdict, or died), at most
@@ -3933,7 +3945,7 @@ static void ddp__server_stop(ddp_context *ctx) {
     ddp__thread_join(s->thread);
     ddp__store_warn_count(s, 1);
     ddp__server_free(s);
-    ctx->server = NULL;
+    ctx->rdv.server = NULL;
 }
 
 /* ---- the client (every rank, rank 0 included) ---- */
@@ -3951,7 +3963,7 @@ static ddp_result ddp__store_request_on(ddp_context *ctx, int fd, uint32_t op, c
     double deadline = ddp__now() + wait_s + grace, next_look;
     if (ddp__send_frame(fd, op, key, (uint32_t)strlen(key), val, vlen, ddp__now() + timeout))
         return ddp__fail(ctx, DDP_ERR_PEER_LOST, "lost the connection to the rendezvous store on rank 0 (%s:%d)",
-                         ctx->master_addr, ctx->desc.master_port);
+                         ctx->job.master_addr, ctx->desc.master_port);
     /* A parked GET can wait long: look for a cancel while the answer has not begun to arrive.
        Cancelled, the connection is out of step (its answer comes later): it is closed. */
     for (rc = 0, next_look = 0; wait_s > 0;) {
@@ -3960,14 +3972,14 @@ static ddp_result ddp__store_request_on(ddp_context *ctx, int fd, uint32_t op, c
         pfd.fd = fd; pfd.events = POLLIN; pfd.revents = 0;
         if (left <= 0 || ddp__poll(&pfd, 1, left < 0.02 ? (int)(left * 1000) + 1 : 20) > 0) break;
         if (ddp__cancel_requested(ctx)) {   /* closed first: the poison must not use it */
-            if (fd == ctx->store_fd) { ddp__sock_close(fd); ctx->store_fd = -1; }
+            if (fd == ctx->rdv.store_fd) { ddp__sock_close(fd); ctx->rdv.store_fd = -1; }
             return ddp__check_cancel(ctx, "a wait for the rendezvous store");
         }
         if (ddp__now() >= next_look) {   /* rank 0 gone: said now, not at the deadline */
             next_look = ddp__now() + DDP__LIVENESS_PERIOD_S;
             if (ddp__rank0_gone(ctx))
                 return ddp__fail(ctx, DDP_ERR_PEER_LOST, "rank 0 (pid %d) died while this rank waited for the rendezvous "
-                                 "store on it", ctx->peer_pids[0]);
+                                 "store on it", ctx->rdv.peer_pids[0]);
         }
     }
     rc = ddp__recv_watched(ctx, fd, hdr, 16, deadline);
@@ -3975,10 +3987,10 @@ static ddp_result ddp__store_request_on(ddp_context *ctx, int fd, uint32_t op, c
     rlen = ddp__get_u32(hdr + 12);
     if (rc == 0 && rlen > DDP__STORE_MAX_VALUE) rc = -1;
     if (rc == -2) return ddp__fail(ctx, DDP_ERR_TIMEOUT, "the rendezvous store on rank 0 (%s:%d) did not answer within "
-                                   "%g s: rank 0 is stopped or overloaded", ctx->master_addr, ctx->desc.master_port,
+                                   "%g s: rank 0 is stopped or overloaded", ctx->job.master_addr, ctx->desc.master_port,
                                    wait_s + grace);
     if (rc) return ddp__fail(ctx, DDP_ERR_PEER_LOST, "lost the connection to the rendezvous store on rank 0 "
-                             "(%s:%d): rank 0 failed or exited", ctx->master_addr, ctx->desc.master_port);
+                             "(%s:%d): rank 0 failed or exited", ctx->job.master_addr, ctx->desc.master_port);
     *status = ddp__get_u32(hdr + 4);
     if (reply) {
         *reply = (unsigned char *)DDP_MALLOC(rlen + 1);
@@ -3986,7 +3998,7 @@ static ddp_result ddp__store_request_on(ddp_context *ctx, int fd, uint32_t op, c
         if (ddp__recv_watched(ctx, fd, *reply, rlen, deadline)) {
             DDP_FREE(*reply); *reply = NULL;
             return ddp__fail(ctx, DDP_ERR_PEER_LOST, "lost the connection to the rendezvous store on rank 0 "
-                             "(%s:%d): rank 0 failed or exited", ctx->master_addr, ctx->desc.master_port);
+                             "(%s:%d): rank 0 failed or exited", ctx->job.master_addr, ctx->desc.master_port);
         }
         (*reply)[rlen] = 0;
         if (reply_len) *reply_len = rlen;
@@ -3996,7 +4008,7 @@ static ddp_result ddp__store_request_on(ddp_context *ctx, int fd, uint32_t op, c
             uint32_t n = rlen < sizeof sink ? rlen : (uint32_t)sizeof sink;
             if (ddp__recv_watched(ctx, fd, sink, n, deadline))
                 return ddp__fail(ctx, DDP_ERR_PEER_LOST, "lost the connection to the rendezvous store on rank 0 "
-                                 "(%s:%d): rank 0 failed or exited", ctx->master_addr, ctx->desc.master_port);
+                                 "(%s:%d): rank 0 failed or exited", ctx->job.master_addr, ctx->desc.master_port);
             rlen -= n;
         }
     }
@@ -4043,7 +4055,7 @@ static ddp_result ddp__store_poison_code(uint32_t status, const unsigned char *v
 static ddp_result ddp__store_request(ddp_context *ctx, uint32_t op, const char *key, const void *val,
                                      uint32_t vlen, unsigned char **reply, uint32_t *reply_len,
                                      uint32_t *status, double wait_s) {
-    return ddp__store_request_on(ctx, ctx->store_fd, op, key, val, vlen, reply, reply_len, status, wait_s);
+    return ddp__store_request_on(ctx, ctx->rdv.store_fd, op, key, val, vlen, reply, reply_len, status, wait_s);
 }
 
 static ddp_result ddp__store_set(ddp_context *ctx, const char *key, const void *val, size_t len) {
@@ -4138,7 +4150,7 @@ static int ddp__hello_reply(int fd, double deadline, uint32_t *status, unsigned 
 static int ddp__store_hello(ddp_context *ctx, const struct addrinfo *ai, int announce, double deadline, int *fd_out,
                             int *why, int *last_err, ddp_result *code) {
     const struct addrinfo *a;
-    unsigned char hello[DDP__HELLO_BYTES], val[DDP__NONCE_BYTES + 32 + sizeof ctx->job_id], proof[32];
+    unsigned char hello[DDP__HELLO_BYTES], val[DDP__NONCE_BYTES + 32 + sizeof ctx->job.id], proof[32];
     uint32_t status = 0, vlen = 0;
     int sfd = -1, rc;
     for (a = ai; a && sfd < 0; a = a->ai_next) {
@@ -4157,15 +4169,15 @@ static int ddp__store_hello(ddp_context *ctx, const struct addrinfo *ai, int ann
                           "/dev/urandom): %s", ddp__strerror(errno));
         return -1;
     }
-    rc = ddp__send_frame(sfd, DDP__OP_HELLO, ctx->job_id, (uint32_t)strlen(ctx->job_id), hello, DDP__HELLO_BYTES, deadline)
+    rc = ddp__send_frame(sfd, DDP__OP_HELLO, ctx->job.id, (uint32_t)strlen(ctx->job.id), hello, DDP__HELLO_BYTES, deadline)
          ? 1 : ddp__hello_reply(sfd, deadline, &status, val, sizeof val - 1, &vlen);
     if (rc == 0 && status == DDP__REPLY_OTHER_JOB) {
         val[vlen] = 0;
         ddp__sock_close(sfd);
         *code = ddp__fail(ctx, DDP_ERR_NETWORK, "the rendezvous store at %s:%d belongs to another job ('%s'); this "
                           "rank is in job '%s'. Two jobs on one MASTER_PORT? Give each its own (if this is one job, "
-                          "set DDP_JOB_ID alike on every rank)", ctx->master_addr, ctx->desc.master_port, vlen ? (const char *)val : "(none)",
-                          ctx->job_id[0] ? ctx->job_id : "(none)");
+                          "set DDP_JOB_ID alike on every rank)", ctx->job.master_addr, ctx->desc.master_port, vlen ? (const char *)val : "(none)",
+                          ctx->job.id[0] ? ctx->job.id : "(none)");
         return -1;
     }
     if (rc == 0 && (status != DDP__REPLY_OK || vlen != DDP__NONCE_BYTES + 32)) rc = -1;
@@ -4177,7 +4189,7 @@ static int ddp__store_hello(ddp_context *ctx, const struct addrinfo *ai, int ann
             *code = ddp__fail(ctx, DDP_ERR_NETWORK, "the process on %s:%d (MASTER_ADDR:MASTER_PORT) could not prove "
                               "that it knows this rank's job token: rank 0 runs with another DDP_JOB_TOKEN (another "
                               "job on this port?) or another program holds the port. Nothing secret was sent",
-                              ctx->master_addr, ctx->desc.master_port);
+                              ctx->job.master_addr, ctx->desc.master_port);
             return -1;
         }
         ddp__handshake_proof(ctx, "client", hello, val, proof);
@@ -4186,7 +4198,7 @@ static int ddp__store_hello(ddp_context *ctx, const struct addrinfo *ai, int ann
         if (rc == 0 && status != DDP__REPLY_OK) {
             ddp__sock_close(sfd);
             *code = ddp__fail(ctx, DDP_ERR_NETWORK, "rank 0's rendezvous store at %s:%d refused this rank's proof of "
-                              "the job token", ctx->master_addr, ctx->desc.master_port);
+                              "the job token", ctx->job.master_addr, ctx->desc.master_port);
             return -1;
         }
     }
@@ -4194,7 +4206,7 @@ static int ddp__store_hello(ddp_context *ctx, const struct addrinfo *ai, int ann
         ddp__sock_close(sfd);
         *code = ddp__fail(ctx, DDP_ERR_NETWORK, "the process on %s:%d (MASTER_ADDR:MASTER_PORT) is not a ddp.h "
                           "rendezvous store of this version (it answered the handshake with something else): another "
-                          "program holds the port", ctx->master_addr, ctx->desc.master_port);
+                          "program holds the port", ctx->job.master_addr, ctx->desc.master_port);
         return -1;
     }
     if (rc) {
@@ -4211,7 +4223,7 @@ static ddp_result ddp__store_connect_as(ddp_context *ctx, double deadline, int a
     struct addrinfo *ai;
     int rc, why = 0, last_err = 0;
     ddp_result code = DDP_ERR_NETWORK;
-    const char *addr = ctx->master_addr;
+    const char *addr = ctx->job.master_addr;
     int port = ctx->desc.master_port;
     double waited = ctx->desc.timeout_s, refused_since = 0, next_warn = 0;
     if (ddp__resolve(ctx, ctx->desc.master_port, &ai)) return DDP_ERR_NETWORK;
@@ -4254,7 +4266,7 @@ static ddp_result ddp__store_connect_as(ddp_context *ctx, double deadline, int a
 }
 
 static ddp_result ddp__store_connect(ddp_context *ctx, double deadline) {
-    return ddp__store_connect_as(ctx, deadline, ctx->rank, &ctx->store_fd);
+    return ddp__store_connect_as(ctx, deadline, ctx->rank, &ctx->rdv.store_fd);
 }
 
 /* What rank 0 published under `key` (a segment's name, the ncclUniqueId), waited for until
@@ -4318,7 +4330,7 @@ static void ddp__workq_turn(ddp__workq *q) {
         t0 = ddp__now();
         r = q->run(ctx, index);
         seconds = ddp__now() - t0;
-        ddp__record(ctx, ctx->tl_comm, DDP__EV_ALLREDUCE, t0, t0 + seconds, index, ctx->buckets[index].wire.bytes);
+        ddp__record(ctx, ctx->tl.comm, DDP__EV_ALLREDUCE, t0, t0 + seconds, index, ctx->model.buckets[index].wire.bytes);
     }
     ddp__mutex_lock(&q->lock);
     q->seconds += seconds;
@@ -4506,7 +4518,7 @@ static void ddp__watchdog_stop(ddp__watchdog *w) {
    are contiguous (a bucket is one reduce-scatter, its parts one all-gather), balanced to within
    world * DDP__SHARD_GRAIN floats, and a norm block never straddles two owners. */
 static void ddp__shard_range(const ddp_context *ctx, int b, int s, size_t *lo, size_t *hi) {
-    const ddp__bucket *k = &ctx->buckets[b];
+    const ddp__bucket *k = &ctx->model.buckets[b];
     size_t part;
     if (!ddp__sharded(ctx)) { *lo = k->offset; *hi = k->offset + k->count; return; }
     part = k->count / (size_t)ctx->world / DDP__SHARD_GRAIN * DDP__SHARD_GRAIN;
@@ -4517,8 +4529,8 @@ static void ddp__shard_range(const ddp_context *ctx, int b, int s, size_t *lo, s
 static int ddp__holds(const ddp_context *ctx, size_t i) {
     size_t lo, hi;
     int b;
-    for (b = 0; b < ctx->num_buckets; b++) {
-        const ddp__bucket *k = &ctx->buckets[b];
+    for (b = 0; b < ctx->model.num_buckets; b++) {
+        const ddp__bucket *k = &ctx->model.buckets[b];
         if (i < k->offset || i >= k->offset + k->count) continue;
         ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
         return i >= lo && i < hi;
@@ -4527,10 +4539,10 @@ static int ddp__holds(const ddp_context *ctx, size_t i) {
 }
 
 /* bf16 parameters with shard_optimizer on several ranks: the fp32 master is held in parts, like
-   m and v (shard_count floats, packed: master[shard_base[b] + i - lo] is flat element i of this
+   m and v (shard.count floats, packed: master[shard.base[b] + i - lo] is flat element i of this
    rank's part [lo, hi) of bucket b); the bf16 working copies are whole, and what is gathered. */
 static int ddp__master_parts(const ddp_context *ctx) {
-    return ctx->params_bf16 && ddp__sharded(ctx);
+    return ctx->flat.params_bf16 && ddp__sharded(ctx);
 }
 
 /* The sum of the norm's blocks in a fixed order: DDP__SUM_LANES running sums, sum j taking
@@ -4603,14 +4615,14 @@ static double ddp__sum_squares_bf16(const ddp_bf16 *x, size_t n) {
    unsharded) into sums[norm_base[b] + j]; the others are left alone. */
 static void ddp__norm_blocks(ddp_context *ctx, double *sums) {
     int b;
-    for (b = 0; b < ctx->num_buckets; b++) {
-        const ddp__bucket *k = &ctx->buckets[b];
+    for (b = 0; b < ctx->model.num_buckets; b++) {
+        const ddp__bucket *k = &ctx->model.buckets[b];
         size_t lo, hi, at;
         ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
         for (at = lo; at < hi; at += DDP__SHARD_GRAIN) {
             size_t n = hi - at < DDP__SHARD_GRAIN ? hi - at : DDP__SHARD_GRAIN;
-            sums[ctx->norm_base[b] + (at - k->offset) / DDP__SHARD_GRAIN] =
-                ctx->grads_bf16 ? ddp__sum_squares_bf16(ctx->grads_bf16 + at, n) : ddp__sum_squares(ctx->flat_grads + at, n);
+            sums[ctx->shard.norm_base[b] + (at - k->offset) / DDP__SHARD_GRAIN] =
+                ctx->flat.grads_bf16 ? ddp__sum_squares_bf16(ctx->flat.grads_bf16 + at, n) : ddp__sum_squares(ctx->flat.grads + at, n);
         }
     }
 }
@@ -4620,30 +4632,30 @@ static void ddp__norm_blocks(ddp_context *ctx, double *sums) {
 static ddp_result ddp__nonfinite(ddp_context *ctx, const float *grads, const ddp_bf16 *grads16, double norm) {
     int i;
     size_t k;
-    for (i = 0; i < ctx->num_params; i++) {
-        const ddp__param *p = &ctx->params[i];
+    for (i = 0; i < ctx->model.num_params; i++) {
+        const ddp__param *p = &ctx->model.params[i];
         for (k = 0; k < p->count; k++) {
             float g = grads16 ? ddp__from_bf16(grads16[p->offset + k]) : grads[p->offset + k];
             if ((grads16 ? ddp__finite_bf16(grads16[p->offset + k]) : ddp__finite_f(g)) || (ctx->desc.shard_optimizer && !ddp__holds(ctx, p->offset + k))) continue;
             if (ctx->desc.skip_nonfinite) {
                 if (ctx->rank == 0)
                     ddp__log(ctx, DDP_LOG_WARN, "optimizer step %lld skipped: the gradient of '%s' is %g at element "
-                             "%zu", (long long)ctx->adam_step + 1, p->name, (double)g, k);
+                             "%zu", (long long)ctx->adam.step + 1, p->name, (double)g, k);
                 return DDP_OK;
             }
             return ddp__fail(ctx, DDP_ERR_NONFINITE, "optimizer step %lld: the gradient of '%s' is %g at element %zu; "
-                             "parameters unchanged (skip_nonfinite skips such steps)", (long long)ctx->adam_step + 1,
+                             "parameters unchanged (skip_nonfinite skips such steps)", (long long)ctx->adam.step + 1,
                              p->name, (double)g, k);
         }
     }
     if (ctx->desc.skip_nonfinite) {
         if (ctx->rank == 0)
             ddp__log(ctx, DDP_LOG_WARN, "optimizer step %lld skipped: the gradient norm is %g (in another rank's shard)",
-                     (long long)ctx->adam_step + 1, norm);
+                     (long long)ctx->adam.step + 1, norm);
         return DDP_OK;
     }
     return ddp__fail(ctx, DDP_ERR_NONFINITE, "optimizer step %lld: the gradient norm is %g%s; parameters unchanged",
-                     (long long)ctx->adam_step + 1, norm, ctx->desc.shard_optimizer ? " (the culprit is in another rank's "
+                     (long long)ctx->adam.step + 1, norm, ctx->desc.shard_optimizer ? " (the culprit is in another rank's "
                      "shard)" : "");
 }
 
@@ -4685,68 +4697,68 @@ static size_t ddp__adamw_range_bf16(float *DDP__RESTRICT p, ddp_bf16 *DDP__RESTR
 
 static ddp_result ddp__host_alloc_flat(ddp_context *ctx) {
     int i;
-    ctx->flat_params = ddp__alloc_floats(ctx->flat_count);
-    if (ddp__bf16_params(ctx)) {   /* flat_count is a multiple of 16: whole floats */
-        ctx->params_bf16 = (ddp_bf16 *)(void *)ddp__alloc_floats(ctx->flat_count / 2);
-        ctx->grads_bf16 = (ddp_bf16 *)(void *)ddp__alloc_floats(ctx->flat_count / 2);   /* zeros: +0 in bf16 */
-        if (!ctx->params_bf16 || !ctx->grads_bf16)
-            return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %zu bf16 parameters", ctx->flat_count);
+    ctx->flat.params = ddp__alloc_floats(ctx->flat.count);
+    if (ddp__bf16_params(ctx)) {   /* flat.count is a multiple of 16: whole floats */
+        ctx->flat.params_bf16 = (ddp_bf16 *)(void *)ddp__alloc_floats(ctx->flat.count / 2);
+        ctx->flat.grads_bf16 = (ddp_bf16 *)(void *)ddp__alloc_floats(ctx->flat.count / 2);   /* zeros: +0 in bf16 */
+        if (!ctx->flat.params_bf16 || !ctx->flat.grads_bf16)
+            return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %zu bf16 parameters", ctx->flat.count);
     } else
-        ctx->flat_grads = ddp__alloc_floats(ctx->flat_count);
-    if (!ctx->flat_params || (!ctx->flat_grads && !ctx->grads_bf16))
-        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %zu parameters", ctx->flat_count);
-    for (i = 0; i < ctx->num_params; i++) {
-        ddp__param *p = &ctx->params[i];
-        if (p->init) memcpy(ctx->flat_params + p->offset, p->init, p->count * sizeof(float));
+        ctx->flat.grads = ddp__alloc_floats(ctx->flat.count);
+    if (!ctx->flat.params || (!ctx->flat.grads && !ctx->flat.grads_bf16))
+        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %zu parameters", ctx->flat.count);
+    for (i = 0; i < ctx->model.num_params; i++) {
+        ddp__param *p = &ctx->model.params[i];
+        if (p->init) memcpy(ctx->flat.params + p->offset, p->init, p->count * sizeof(float));
         p->init = NULL;
     }
     return DDP_OK;
 }
 
 static ddp_result ddp__host_zero(ddp_context *ctx, size_t offset, size_t count) {
-    if (ctx->grads_bf16) memset(ctx->grads_bf16 + offset, 0, count * sizeof(ddp_bf16));
-    else memset(ctx->flat_grads + offset, 0, count * sizeof(float));
+    if (ctx->flat.grads_bf16) memset(ctx->flat.grads_bf16 + offset, 0, count * sizeof(ddp_bf16));
+    else memset(ctx->flat.grads + offset, 0, count * sizeof(float));
     return DDP_OK;
 }
 
 static ddp_result ddp__host_scale(ddp_context *ctx, size_t offset, size_t count, float factor) {
     size_t i;
-    if (ctx->grads_bf16)
-        for (i = offset; i < offset + count; i++) ctx->grads_bf16[i] = ddp__to_bf16(ddp__from_bf16(ctx->grads_bf16[i]) * factor);
+    if (ctx->flat.grads_bf16)
+        for (i = offset; i < offset + count; i++) ctx->flat.grads_bf16[i] = ddp__to_bf16(ddp__from_bf16(ctx->flat.grads_bf16[i]) * factor);
     else
-        for (i = offset; i < offset + count; i++) ctx->flat_grads[i] *= factor;
+        for (i = offset; i < offset + count; i++) ctx->flat.grads[i] *= factor;
     return DDP_OK;
 }
 
 /* The master's parts, packed (at commit, once the working copies hold the whole master rounded). */
 static ddp_result ddp__host_shard_master(ddp_context *ctx) {
-    float *parts = ddp__alloc_floats(ctx->shard_count ? ctx->shard_count : 1);
+    float *parts = ddp__alloc_floats(ctx->shard.count ? ctx->shard.count : 1);
     size_t lo, hi;
     int b;
-    if (!parts) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %zu floats of the fp32 master", ctx->shard_count);
-    for (b = 0; b < ctx->num_buckets; b++) {
+    if (!parts) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %zu floats of the fp32 master", ctx->shard.count);
+    for (b = 0; b < ctx->model.num_buckets; b++) {
         ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
-        memcpy(parts + ctx->shard_base[b], ctx->flat_params + lo, (hi - lo) * sizeof(float));
+        memcpy(parts + ctx->shard.base[b], ctx->flat.params + lo, (hi - lo) * sizeof(float));
     }
-    ddp__free_floats(ctx->flat_params);
-    ctx->flat_params = parts;
+    ddp__free_floats(ctx->flat.params);
+    ctx->flat.params = parts;
     return DDP_OK;
 }
 
 static ddp_result ddp__host_bf16(ddp_context *ctx, int op, size_t offset, size_t count) {
     size_t i;
     if (op == DDP__BF16_SHARD_MASTER) return ddp__host_shard_master(ctx);
-    for (i = offset; i < offset + count; i++) ctx->params_bf16[i] = ddp__to_bf16(ctx->flat_params[i]);
+    for (i = offset; i < offset + count; i++) ctx->flat.params_bf16[i] = ddp__to_bf16(ctx->flat.params[i]);
     return DDP_OK;
 }
 
-/* m and v: this rank's parts only (sharded: shard_count floats, packed in flat order; unsharded
-   shard_count is the flat buffer's size and m[i] belongs to flat element i). */
+/* m and v: this rank's parts only (sharded: shard.count floats, packed in flat order; unsharded
+   shard.count is the flat buffer's size and m[i] belongs to flat element i). */
 static ddp_result ddp__host_adamw_state(ddp_context *ctx) {
-    if (ctx->adam_m) return DDP_OK;
-    ctx->adam_m = ddp__alloc_floats(ctx->shard_count);
-    ctx->adam_v = ddp__alloc_floats(ctx->shard_count);
-    if (!ctx->adam_m || !ctx->adam_v) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for AdamW state");
+    if (ctx->adam.m) return DDP_OK;
+    ctx->adam.m = ddp__alloc_floats(ctx->shard.count);
+    ctx->adam.v = ddp__alloc_floats(ctx->shard.count);
+    if (!ctx->adam.m || !ctx->adam.v) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for AdamW state");
     return DDP_OK;
 }
 
@@ -4759,12 +4771,12 @@ static ddp_result ddp__adamw_prepare(ddp_context *ctx, const ddp_adamw *opt, flo
                                      float *grad_norm_out, ddp__adamw_now *now, int *skip) {
     *skip = 0;
     if (grad_norm_out) *grad_norm_out = (float)norm;
-    if (!ddp__finite_d(norm)) { *skip = 1; return ddp__nonfinite(ctx, ctx->flat_grads, ctx->grads_bf16, norm); }
+    if (!ddp__finite_d(norm)) { *skip = 1; return ddp__nonfinite(ctx, ctx->flat.grads, ctx->flat.grads_bf16, norm); }
     now->clip = 1.0f;
     if (opt->max_grad_norm > 0 && norm > opt->max_grad_norm) now->clip = (float)(opt->max_grad_norm / (norm + 1e-6));
-    ctx->adam_step++;
-    now->step_size = (float)(opt->lr / (1.0 - pow(b1, (double)ctx->adam_step)));
-    now->bc2_sqrt = (float)sqrt(1.0 - pow(b2, (double)ctx->adam_step));
+    ctx->adam.step++;
+    now->step_size = (float)(opt->lr / (1.0 - pow(b1, (double)ctx->adam.step)));
+    now->bc2_sqrt = (float)sqrt(1.0 - pow(b2, (double)ctx->adam.step));
     now->b1 = b1; now->b2 = b2; now->eps = eps;
     return DDP_OK;
 }
@@ -4772,24 +4784,24 @@ static ddp_result ddp__adamw_prepare(ddp_context *ctx, const ddp_adamw *opt, flo
 /* AdamW on this rank's part of bucket b (all of it unsharded), parameter by parameter (the
    decay flag), skipping the padding between parameters. */
 static void ddp__adamw_bucket(ddp_context *ctx, int b, const ddp_adamw *opt, const ddp__adamw_now *now) {
-    const ddp__bucket *k = &ctx->buckets[b];
+    const ddp__bucket *k = &ctx->model.buckets[b];
     size_t lo, hi;
     int i;
     ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
     for (i = k->first_param; i <= k->last_param; i++) {
-        const ddp__param *p = &ctx->params[i];
+        const ddp__param *p = &ctx->model.params[i];
         size_t from = p->offset > lo ? p->offset : lo, to = p->offset + p->count < hi ? p->offset + p->count : hi;
-        size_t at = ctx->shard_base[b] + (from - lo);
+        size_t at = ctx->shard.base[b] + (from - lo);
         float decay = (p->flags & DDP_NO_DECAY) ? 0.0f : opt->weight_decay;
         if (to <= from) continue;
-        if (ctx->params_bf16) {
-            size_t bad = ddp__adamw_range_bf16(ctx->flat_params + (ddp__master_parts(ctx) ? at : from), ctx->params_bf16 + from, ctx->grads_bf16 + from,
-                                               ctx->adam_m + at, ctx->adam_v + at, to - from, now->clip, opt->lr, now->b1,
+        if (ctx->flat.params_bf16) {
+            size_t bad = ddp__adamw_range_bf16(ctx->flat.params + (ddp__master_parts(ctx) ? at : from), ctx->flat.params_bf16 + from, ctx->flat.grads_bf16 + from,
+                                               ctx->adam.m + at, ctx->adam.v + at, to - from, now->clip, opt->lr, now->b1,
                                                now->b2, now->eps, decay, now->step_size, now->bc2_sqrt);
-            if (bad && !ctx->bf16_diverged) ctx->bf16_diverged_param = i;
-            ctx->bf16_diverged += bad;
+            if (bad && !ctx->flat.bf16_diverged) ctx->flat.bf16_diverged_param = i;
+            ctx->flat.bf16_diverged += bad;
         } else
-            ddp__adamw_range(ctx->flat_params + from, ctx->flat_grads + from, ctx->adam_m + at, ctx->adam_v + at, to - from,
+            ddp__adamw_range(ctx->flat.params + from, ctx->flat.grads + from, ctx->adam.m + at, ctx->adam.v + at, to - from,
                              now->clip, opt->lr, now->b1, now->b2, now->eps, decay, now->step_size, now->bc2_sqrt);
     }
 }
@@ -4800,10 +4812,10 @@ static ddp_result ddp__host_adamw(ddp_context *ctx, const ddp_adamw *opt, float 
     ddp_result r;
     int b, skip;
     if ((r = ddp__host_adamw_state(ctx)) != DDP_OK) return r;
-    ddp__norm_blocks(ctx, ctx->norm_sums);
-    r = ddp__adamw_prepare(ctx, opt, b1, b2, eps, ddp__norm_total(ctx->norm_sums, ctx->norm_blocks), grad_norm_out, &now, &skip);
+    ddp__norm_blocks(ctx, ctx->shard.norm_sums);
+    r = ddp__adamw_prepare(ctx, opt, b1, b2, eps, ddp__norm_total(ctx->shard.norm_sums, ctx->shard.norm_blocks), grad_norm_out, &now, &skip);
     if (r != DDP_OK || skip) return r;
-    for (b = 0; b < ctx->num_buckets; b++) ddp__adamw_bucket(ctx, b, opt, &now);
+    for (b = 0; b < ctx->model.num_buckets; b++) ddp__adamw_bucket(ctx, b, opt, &now);
     return DDP_OK;
 }
 
@@ -4817,27 +4829,27 @@ static ddp_result ddp__host_copy(ddp_context *ctx, void *dst, const void *src, s
    communication hidden under backward, the timeline's wait and step events. */
 static void ddp__host_step_done(ddp_context *ctx, double t_wait) {
     double t = ddp__now();
-    ctx->stats.exposed_ms = 1e3 * (t - t_wait);
-    if (ctx->stats.comm_ms > 0) {
-        double hidden = 1.0 - ctx->stats.exposed_ms / ctx->stats.comm_ms;
-        ctx->stats.overlap_pct = 100.0 * (hidden < 0 ? 0 : hidden);
+    ctx->step.stats.exposed_ms = 1e3 * (t - t_wait);
+    if (ctx->step.stats.comm_ms > 0) {
+        double hidden = 1.0 - ctx->step.stats.exposed_ms / ctx->step.stats.comm_ms;
+        ctx->step.stats.overlap_pct = 100.0 * (hidden < 0 ? 0 : hidden);
     }
-    if (ctx->tl_main) {
-        ddp__record(ctx, ctx->tl_main, DDP__EV_WAIT, t_wait, t, -1, 0);
-        ddp__record(ctx, ctx->tl_main, DDP__EV_STEP, ctx->forward_start != 0 ? ctx->forward_start : ctx->step_start, t, -1, 0);
-        ctx->forward_start = 0;
+    if (ctx->tl.main) {
+        ddp__record(ctx, ctx->tl.main, DDP__EV_WAIT, t_wait, t, -1, 0);
+        ddp__record(ctx, ctx->tl.main, DDP__EV_STEP, ctx->tl.forward_start != 0 ? ctx->tl.forward_start : ctx->step.start, t, -1, 0);
+        ctx->tl.forward_start = 0;
     }
 }
 
 static void ddp__host_free(ddp_context *ctx) {
-    ddp__free_floats(ctx->flat_params);
-    ddp__free_floats(ctx->flat_grads);
-    ddp__free_floats(ctx->adam_m);
-    ddp__free_floats(ctx->adam_v);
-    ddp__free_floats((float *)(void *)ctx->params_bf16);
-    ddp__free_floats((float *)(void *)ctx->grads_bf16);
-    ctx->flat_params = ctx->flat_grads = ctx->adam_m = ctx->adam_v = NULL;
-    ctx->params_bf16 = ctx->grads_bf16 = NULL;
+    ddp__free_floats(ctx->flat.params);
+    ddp__free_floats(ctx->flat.grads);
+    ddp__free_floats(ctx->adam.m);
+    ddp__free_floats(ctx->adam.v);
+    ddp__free_floats((float *)(void *)ctx->flat.params_bf16);
+    ddp__free_floats((float *)(void *)ctx->flat.grads_bf16);
+    ctx->flat.params = ctx->flat.grads = ctx->adam.m = ctx->adam.v = NULL;
+    ctx->flat.params_bf16 = ctx->flat.grads_bf16 = NULL;
 }
 
 /* The slots the host backends share (single, cpu, mpi), by name; each fills the rest. */
@@ -4950,13 +4962,13 @@ static size_t ddp__shm_data_offset(int world) {
 static size_t ddp__shm_size(int world) {
     return ddp__shm_data_offset(world) + (size_t)world * DDP__SLOTS * DDP__CHUNK_BYTES;
 }
-static ddp__shm_header *ddp__shm_hdr(ddp_context *ctx) { return (ddp__shm_header *)ctx->cpu->shm; }
+static ddp__shm_header *ddp__shm_hdr(ddp_context *ctx) { return (ddp__shm_header *)ctx->impl.cpu->shm; }
 static ddp__shm_rank *ddp__shm_block(ddp_context *ctx, int r) {
-    return (ddp__shm_rank *)(ctx->cpu->shm + ddp__shm_ranks_offset()) + r;
+    return (ddp__shm_rank *)(ctx->impl.cpu->shm + ddp__shm_ranks_offset()) + r;
 }
 static unsigned char *ddp__shm_slot(ddp_context *ctx, int r, uint32_t chunk) {
     size_t index = (size_t)r * DDP__SLOTS + chunk % DDP__SLOTS;
-    return ctx->cpu->shm + ddp__shm_data_offset(ctx->world) + index * DDP__CHUNK_BYTES;
+    return ctx->impl.cpu->shm + ddp__shm_data_offset(ctx->world) + index * DDP__CHUNK_BYTES;
 }
 
 static int ddp__reached(uint32_t value, uint32_t target) { return (int32_t)(value - target) >= 0; }
@@ -4973,7 +4985,7 @@ static void ddp__shm_post(ddp_context *ctx, int stage, uint32_t value) {
 static void ddp__cpu_poison(ddp_context *ctx, ddp_result code) {
     ddp__shm_header *h;
     int32_t none = -1, none_claimed = 0;
-    if (!ctx->cpu || !ctx->cpu->shm) return;
+    if (!ctx->impl.cpu || !ctx->impl.cpu->shm) return;
     h = ddp__shm_hdr(ctx);
     /* One writer (ranks failing at once, a cancel token say, race for the claim), and
        failed_rank only once the message is there: a reader that sees it reads the message. */
@@ -4998,7 +5010,7 @@ static ddp_result ddp__shm_check_peers(ddp_context *ctx, int stage, uint32_t tar
                                "stopped in %s because %s", ctx->what, h->failed_msg);
     for (s = 0; s < ctx->world; s++) {
         int pid = __atomic_load_n(&ddp__shm_block(ctx, s)->pid, __ATOMIC_ACQUIRE);
-        if (!pid && ctx->peer_pids) pid = ctx->peer_pids[s];    /* not attached yet */
+        if (!pid && ctx->rdv.peer_pids) pid = ctx->rdv.peer_pids[s];    /* not attached yet */
         /* A peer that posted what this wait needs and then exited is done, not lost: after the
            last barrier of ddp_shutdown a rank may exit between our look at its counter and this
            check. Its counter is read after its death is seen, so "not reached" is final. */
@@ -5047,10 +5059,10 @@ static ddp_result ddp__shm_wait_all(ddp_context *ctx, int stage, uint32_t target
         while (!ddp__reached(__atomic_load_n(&c->value, __ATOMIC_ACQUIRE), target)) {
             uint32_t seen;
             if (polls++ % 16 == 0 && spin_until == 0)
-                spin_until = ddp__now() + (ddp__in_backward(ctx) && !__atomic_load_n(&ctx->cpu->host_waiting, __ATOMIC_ACQUIRE)
-                                           ? DDP__SPIN_SECONDS_COMM_THREAD : ctx->cpu->spin_seconds);
+                spin_until = ddp__now() + (ddp__in_backward(ctx) && !__atomic_load_n(&ctx->impl.cpu->host_waiting, __ATOMIC_ACQUIRE)
+                                           ? DDP__SPIN_SECONDS_COMM_THREAD : ctx->impl.cpu->spin_seconds);
             if (polls % 16 || ddp__now() < spin_until) {
-                if (polls % DDP__YIELD_EVERY == 0 || ctx->cpu->spin_seconds == DDP__SPIN_SECONDS_OVERSUBSCRIBED) ddp__yield();
+                if (polls % DDP__YIELD_EVERY == 0 || ctx->impl.cpu->spin_seconds == DDP__SPIN_SECONDS_OVERSUBSCRIBED) ddp__yield();
                 else ddp__cpu_relax();
                 continue;
             }
@@ -5243,13 +5255,13 @@ static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *dat
     int first = 1;
     double started = ddp__now();
     if (ddp__failed(ctx)) return ddp__failed(ctx);
-    sig->id = ++ctx->cpu->shm_collectives;
+    sig->id = ++ctx->impl.cpu->shm_collectives;
     sig->kind = kind;
     sig->root = (uint32_t)root;
-    sig->bucket = ctx->cpu->sig_bucket;
+    sig->bucket = ctx->impl.cpu->sig_bucket;
     sig->count = count;
     do {
-        uint32_t q = ctx->cpu->shm_seq;
+        uint32_t q = ctx->impl.cpu->shm_seq;
         size_t m = count - done < per_chunk ? count - done : per_chunk;
         size_t lo, hi;
         unsigned char *at = buf ? buf + done * unit : buf;   /* an empty collective may have no buffer */
@@ -5268,7 +5280,7 @@ static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *dat
         if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_RED, q + 1)) != DDP_OK) return r;
         ddp__stage_out(ctx, kind, at, m, root, q);
         ddp__shm_post(ctx, DDP__STAGE_OUT, q + 1);
-        ctx->cpu->shm_seq = q + 1;
+        ctx->impl.cpu->shm_seq = q + 1;
         done += m;
         first = 0;
     } while (done < count);
@@ -5292,7 +5304,7 @@ static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *dat
    its parts from me), instead of three times per 256 KiB chunk. Both matter when compute keeps
    every core busy: the reduction's CPU time and each wake-up come straight out of the step.
    -------------------------------------------------------------------------------------------- */
-static float *ddp__rank_grads(ddp_context *ctx, int s) { return (float *)(void *)ctx->cpu->grads_shm + (size_t)s * ctx->cpu->grads_stride; }
+static float *ddp__rank_grads(ddp_context *ctx, int s) { return (float *)(void *)ctx->impl.cpu->grads_shm + (size_t)s * ctx->impl.cpu->grads_stride; }
 
 /* Gradients in the segment are bf16 with bf16 parameters: element j of rank s's buffer. */
 static ddp_bf16 *ddp__rank_grads_bf16(ddp_context *ctx, int s) { return (ddp_bf16 *)(void *)ddp__rank_grads(ctx, s); }
@@ -5325,7 +5337,7 @@ static void ddp__average_bf16(const ddp_bf16 *x, size_t stride, int world, size_
 
 /* bf16 gradients in the segment: every rank's buffer is 2 * grads_stride bf16 from the last. */
 static void ddp__average_part_in_place_bf16(ddp_context *ctx, size_t offset, size_t lo, size_t hi) {
-    ddp__average_bf16(ddp__rank_grads_bf16(ctx, 0) + offset + lo, 2 * ctx->cpu->grads_stride, ctx->world, hi - lo,
+    ddp__average_bf16(ddp__rank_grads_bf16(ctx, 0) + offset + lo, 2 * ctx->impl.cpu->grads_stride, ctx->world, hi - lo,
                       ddp__rank_grads_bf16(ctx, ctx->rank) + offset + lo);
 }
 
@@ -5335,7 +5347,7 @@ static void ddp__average_part_in_place(ddp_context *ctx, size_t offset, size_t l
     float w = (float)ctx->world;
     size_t j;
     int s;
-    if (ctx->grads_bf16) { ddp__average_part_in_place_bf16(ctx, offset, lo, hi); return; }
+    if (ctx->flat.grads_bf16) { ddp__average_part_in_place_bf16(ctx, offset, lo, hi); return; }
     if (ctx->world == 2) {   /* the common case: a loop without an inner one, which the compiler vectorizes */
         for (j = lo; j < hi; j++) mine[j] = (a[j] + b[j]) * 0.5f;   /* = / 2 (ddp__div_world) */
         return;
@@ -5356,17 +5368,17 @@ static void ddp__average_part_in_place(ddp_context *ctx, size_t offset, size_t l
    the parts ddp__shard_range gives. */
 static ddp_result ddp__shm_bucket_in_place(ddp_context *ctx, size_t offset, size_t count, int bucket) {
     ddp__shm_sig *sig = &ddp__shm_block(ctx, ctx->rank)->sig;
-    uint32_t q = ctx->cpu->shm_seq;
-    size_t lo, hi, per, es = ctx->grads_bf16 ? sizeof(ddp_bf16) : sizeof(float);   /* the gradients' element */
+    uint32_t q = ctx->impl.cpu->shm_seq;
+    size_t lo, hi, per, es = ctx->flat.grads_bf16 ? sizeof(ddp_bf16) : sizeof(float);   /* the gradients' element */
     uint32_t k, chunks;
     int s;
     ddp_result r;
     double started = ddp__now();
     if (ddp__failed(ctx)) return ddp__failed(ctx);
-    sig->id = ++ctx->cpu->shm_collectives;
+    sig->id = ++ctx->impl.cpu->shm_collectives;
     sig->kind = ddp__grad_kind(ctx);
     sig->root = 0;
-    sig->bucket = ctx->cpu->sig_bucket;
+    sig->bucket = ctx->impl.cpu->sig_bucket;
     sig->count = count;
     ddp__shm_post(ctx, DDP__STAGE_IN, q + 1);                 /* my gradients are final */
     if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_IN, q + 1)) != DDP_OK) return r;
@@ -5378,7 +5390,7 @@ static ddp_result ddp__shm_bucket_in_place(ddp_context *ctx, size_t offset, size
         /* every rank has read my buffer once all have averaged: then it may change */
         if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_RED, q + 1)) != DDP_OK) return r;
         ddp__shm_post(ctx, DDP__STAGE_OUT, q + 1);
-        ctx->cpu->shm_seq = q + 1;
+        ctx->impl.cpu->shm_seq = q + 1;
         if (ctx->desc.inject_comm_latency_ms > 0 || ctx->desc.inject_comm_gbps > 0)
             ddp__inject_comm_delay(ctx, count * ddp__wire_bytes(ctx), started);
         return DDP_OK;
@@ -5407,8 +5419,8 @@ static ddp_result ddp__shm_bucket_in_place(ddp_context *ctx, size_t offset, size
     /* Until every rank has copied my part, my buffer must not change. Within the step nothing
        writes this bucket again, so the next bucket need not wait for that: ddp_finish does, once,
        before the program may zero or accumulate into its gradients (ddp__cpu_finish). */
-    ctx->cpu->out_pending = q + chunks;
-    ctx->cpu->shm_seq = q + chunks;
+    ctx->impl.cpu->out_pending = q + chunks;
+    ctx->impl.cpu->shm_seq = q + chunks;
     if (ctx->desc.inject_comm_latency_ms > 0 || ctx->desc.inject_comm_gbps > 0)
         ddp__inject_comm_delay(ctx, count * ddp__wire_bytes(ctx), started);
     return DDP_OK;
@@ -5419,8 +5431,8 @@ static ddp_result ddp__shm_bucket_in_place(ddp_context *ctx, size_t offset, size
    model's bucket, rounded back: the in-place path's bits (the slots' bf16 average adds in float in
    rank order and rounds once; the fp32 one is rounded once here). Sharded, the whole bucket. */
 static ddp_result ddp__shm_bucket_staged_bf16(ddp_context *ctx, size_t offset, size_t count) {
-    float *f = ctx->cpu->bucket_f32;
-    ddp_bf16 *g = ctx->grads_bf16 + offset;
+    float *f = ctx->impl.cpu->bucket_f32;
+    ddp_bf16 *g = ctx->flat.grads_bf16 + offset;
     size_t j;
     ddp_result r;
     for (j = 0; j < count; j++) f[j] = ddp__from_bf16(g[j]);
@@ -5466,15 +5478,15 @@ static ddp_result ddp__shm_create(ddp_context *ctx) {
     int s;
     ddp_result r;
     ddp__shm_sweep_stale(ctx);
-    if ((r = ddp__shm_new(ctx, ctx->cpu->shm_name, bytes, &ctx->cpu->shm)) != DDP_OK) return r;
-    ctx->cpu->shm_bytes = bytes;
+    if ((r = ddp__shm_new(ctx, ctx->impl.cpu->shm_name, bytes, &ctx->impl.cpu->shm)) != DDP_OK) return r;
+    ctx->impl.cpu->shm_bytes = bytes;
     h = ddp__shm_hdr(ctx);
     h->world = (uint32_t)ctx->world;
     h->slots = DDP__SLOTS;
     h->chunk_bytes = DDP__CHUNK_BYTES;
     h->total_bytes = bytes;
     h->failed_rank = -1;
-    h->origin = ctx->tl_origin;
+    h->origin = ctx->tl.origin;
     for (s = 0; s < ctx->world; s++) ddp__shm_block(ctx, s)->pid = 0;
     __atomic_store_n(&h->magic, DDP__SHM_MAGIC, __ATOMIC_RELEASE);
     return DDP_OK;
@@ -5484,8 +5496,8 @@ static ddp_result ddp__shm_attach(ddp_context *ctx, const char *name) {
     size_t bytes = ddp__shm_size(ctx->world);
     ddp__shm_header *h;
     int stage, err;
-    snprintf(ctx->cpu->shm_name, sizeof ctx->cpu->shm_name, "%s", name);
-    err = ddp__seg_open(ctx->cpu->shm_name, bytes, &ctx->cpu->shm, &stage);
+    snprintf(ctx->impl.cpu->shm_name, sizeof ctx->impl.cpu->shm_name, "%s", name);
+    err = ddp__seg_open(ctx->impl.cpu->shm_name, bytes, &ctx->impl.cpu->shm, &stage);
     if (err == DDP__SEG_WRONG_SIZE)
         return ddp__fail(ctx, DDP_ERR_MISMATCH, "rank 0's shared memory %s has the wrong size (a different ddp.h "
                          "version or world size?)", name);
@@ -5493,7 +5505,7 @@ static ddp_result ddp__shm_attach(ddp_context *ctx, const char *name) {
         return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot open rank 0's shared memory %s: %s "
                          "(are all ranks on one host?)", name, ddp__strerror(err));
     if (err) return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot map shared memory %s (%zu bytes): %s", name, bytes, ddp__strerror(err));
-    ctx->cpu->shm_bytes = bytes;
+    ctx->impl.cpu->shm_bytes = bytes;
     h = ddp__shm_hdr(ctx);
     if (h->magic != DDP__SHM_MAGIC || h->world != (uint32_t)ctx->world || h->chunk_bytes != DDP__CHUNK_BYTES)
         return ddp__fail(ctx, DDP_ERR_MISMATCH, "rank 0's shared memory %s was made by a different ddp.h version", name);
@@ -5519,7 +5531,7 @@ static ddp_result ddp__shm_setup(ddp_context *ctx, double deadline) {
     if (ctx->rank == 0) {
         if ((r = ddp__shm_create(ctx)) != DDP_OK) return r;
         ddp__kill_point(ctx, "shm-created");
-        if ((r = ddp__store_set(ctx, "shm", ctx->cpu->shm_name, strlen(ctx->cpu->shm_name))) != DDP_OK) return r;
+        if ((r = ddp__store_set(ctx, "shm", ctx->impl.cpu->shm_name, strlen(ctx->impl.cpu->shm_name))) != DDP_OK) return r;
         ddp__kill_point(ctx, "shm-published");
     } else {
         unsigned char *name;
@@ -5531,11 +5543,11 @@ static ddp_result ddp__shm_setup(ddp_context *ctx, double deadline) {
     }
     __atomic_store_n(&ddp__shm_block(ctx, ctx->rank)->tid, (int32_t)ddp__thread_id(), __ATOMIC_RELEASE);
     __atomic_store_n(&ddp__shm_block(ctx, ctx->rank)->pid, (int32_t)ddp__getpid(), __ATOMIC_RELEASE);
-    ctx->tl_origin = ddp__shm_hdr(ctx)->origin;   /* one clock (CLOCK_MONOTONIC), one zero */
-    ctx->cpu->spin_seconds = ctx->local_world > ddp__cpu_count() ? DDP__SPIN_SECONDS_OVERSUBSCRIBED : DDP__SPIN_SECONDS;
+    ctx->tl.origin = ddp__shm_hdr(ctx)->origin;   /* one clock (CLOCK_MONOTONIC), one zero */
+    ctx->impl.cpu->spin_seconds = ctx->local_world > ddp__cpu_count() ? DDP__SPIN_SECONDS_OVERSUBSCRIBED : DDP__SPIN_SECONDS;
     ctx->what = "the shared-memory handshake";
     r = ddp__shm_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0);
-    if (ctx->rank == 0) ddp__seg_unlink(ctx->cpu->shm_name);
+    if (ctx->rank == 0) ddp__seg_unlink(ctx->impl.cpu->shm_name);
     return r;
 }
 
@@ -5546,17 +5558,17 @@ static unsigned char *ddp__grads_create(ddp_context *ctx, size_t bytes, ddp_resu
     char eb[DDP__ERR_MAX];
     const char *staged = getenv("DDP_STAGED_GRADS");
     unsigned char *seg = NULL;
-    ctx->cpu->grads_name[0] = 0;
+    ctx->impl.cpu->grads_name[0] = 0;
     if (!staged || !*staged || !strcmp(staged, "0")) {
-        if (ddp__shm_new(ctx, ctx->cpu->grads_name, bytes, &seg) != DDP_OK) {
+        if (ddp__shm_new(ctx, ctx->impl.cpu->grads_name, bytes, &seg) != DDP_OK) {
             seg = NULL;
             ddp__log(ctx, DDP_LOG_WARN, "%s; gradient buckets go through the staging slots instead (slower)",
                      ddp__err_body(ctx, eb));
-            ctx->cpu->grads_name[0] = 0;
+            ctx->impl.cpu->grads_name[0] = 0;
             ctx->err[0] = 0;
         }
     }
-    *r = ddp__store_set(ctx, "grads", ctx->cpu->grads_name, strlen(ctx->cpu->grads_name));
+    *r = ddp__store_set(ctx, "grads", ctx->impl.cpu->grads_name, strlen(ctx->impl.cpu->grads_name));
     if (*r != DDP_OK && seg) { ddp__seg_unmap(seg, bytes); seg = NULL; }   /* the name stays: shutdown unlinks it */
     return seg;
 }
@@ -5570,9 +5582,9 @@ static ddp_result ddp__grads_share(ddp_context *ctx, double deadline) {
     size_t page = ddp__page_size(), bytes;
     int copies = ctx->desc.shard_optimizer ? 2 : 1;   /* sharded: the parameters too (the all-gather) */
     unsigned char *p = NULL;
-    size_t es = ctx->grads_bf16 ? sizeof(ddp_bf16) : sizeof(float);   /* bf16 parameters: bf16 gradients and copies */
-    ctx->cpu->grads_stride = ddp__round_up(ctx->flat_count * es, page) / sizeof(float);
-    bytes = ctx->cpu->grads_stride * sizeof(float) * (size_t)ctx->world * (size_t)copies;
+    size_t es = ctx->flat.grads_bf16 ? sizeof(ddp_bf16) : sizeof(float);   /* bf16 parameters: bf16 gradients and copies */
+    ctx->impl.cpu->grads_stride = ddp__round_up(ctx->flat.count * es, page) / sizeof(float);
+    bytes = ctx->impl.cpu->grads_stride * sizeof(float) * (size_t)ctx->world * (size_t)copies;
     if (ctx->rank == 0) {
         ddp_result r;
         p = ddp__grads_create(ctx, bytes, &r);
@@ -5584,45 +5596,45 @@ static ddp_result ddp__grads_share(ddp_context *ctx, double deadline) {
         uint32_t len;
         ddp_result r = ddp__fetch_from_rank0(ctx, "grads", "its gradient segment", deadline, &name, &len);
         if (r != DDP_OK) return r;
-        snprintf(ctx->cpu->grads_name, sizeof ctx->cpu->grads_name, "%.*s", (int)len, (const char *)name);
+        snprintf(ctx->impl.cpu->grads_name, sizeof ctx->impl.cpu->grads_name, "%.*s", (int)len, (const char *)name);
         DDP_FREE(name);
-        if (!ctx->cpu->grads_name[0]) return DDP_OK;   /* rank 0 had no room: private gradients everywhere */
+        if (!ctx->impl.cpu->grads_name[0]) return DDP_OK;   /* rank 0 had no room: private gradients everywhere */
         {
-            int stage, err = ddp__seg_open(ctx->cpu->grads_name, bytes, &p, &stage);
+            int stage, err = ddp__seg_open(ctx->impl.cpu->grads_name, bytes, &p, &stage);
             if (err == DDP__SEG_WRONG_SIZE)
-                return ddp__fail(ctx, DDP_ERR_MISMATCH, "rank 0's gradient segment %s has the wrong size", ctx->cpu->grads_name);
+                return ddp__fail(ctx, DDP_ERR_MISMATCH, "rank 0's gradient segment %s has the wrong size", ctx->impl.cpu->grads_name);
             if (err && stage == DDP__SEG_OPEN)
-                return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot open rank 0's gradient segment %s: %s", ctx->cpu->grads_name, ddp__strerror(err));
+                return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot open rank 0's gradient segment %s: %s", ctx->impl.cpu->grads_name, ddp__strerror(err));
             if (err)
-                return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot map the gradient segment %s (%zu bytes): %s", ctx->cpu->grads_name, bytes, ddp__strerror(err));
+                return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot map the gradient segment %s (%zu bytes): %s", ctx->impl.cpu->grads_name, bytes, ddp__strerror(err));
         }
     }
-    ctx->cpu->grads_shm = p;
-    ctx->cpu->grads_shm_bytes = bytes;
-    if (ctx->grads_bf16) {
-        ddp__free_floats((float *)(void *)ctx->grads_bf16);
-        ctx->grads_bf16 = ddp__rank_grads_bf16(ctx, ctx->rank);
+    ctx->impl.cpu->grads_shm = p;
+    ctx->impl.cpu->grads_shm_bytes = bytes;
+    if (ctx->flat.grads_bf16) {
+        ddp__free_floats((float *)(void *)ctx->flat.grads_bf16);
+        ctx->flat.grads_bf16 = ddp__rank_grads_bf16(ctx, ctx->rank);
     } else {
-        ddp__free_floats(ctx->flat_grads);
-        ctx->flat_grads = ddp__rank_grads(ctx, ctx->rank);
+        ddp__free_floats(ctx->flat.grads);
+        ctx->flat.grads = ddp__rank_grads(ctx, ctx->rank);
     }
-    if (copies == 2 && ctx->params_bf16) {   /* bf16: the working copies are what is gathered (filled at commit) */
-        ddp__free_floats((float *)(void *)ctx->params_bf16);
-        ctx->params_bf16 = (ddp_bf16 *)(void *)ddp__rank_grads(ctx, ctx->world + ctx->rank);
-        ctx->cpu->params_shared = 1;
+    if (copies == 2 && ctx->flat.params_bf16) {   /* bf16: the working copies are what is gathered (filled at commit) */
+        ddp__free_floats((float *)(void *)ctx->flat.params_bf16);
+        ctx->flat.params_bf16 = (ddp_bf16 *)(void *)ddp__rank_grads(ctx, ctx->world + ctx->rank);
+        ctx->impl.cpu->params_shared = 1;
     } else if (copies == 2) {   /* this rank's parameters (its initial values) move into the segment */
         float *mine = ddp__rank_grads(ctx, ctx->world + ctx->rank);
-        memcpy(mine, ctx->flat_params, ctx->flat_count * sizeof(float));
-        ddp__free_floats(ctx->flat_params);
-        ctx->flat_params = mine;
-        ctx->cpu->params_shared = 1;
+        memcpy(mine, ctx->flat.params, ctx->flat.count * sizeof(float));
+        ddp__free_floats(ctx->flat.params);
+        ctx->flat.params = mine;
+        ctx->impl.cpu->params_shared = 1;
     }
     return DDP_OK;
 }
 
 static void ddp__grads_unlink(ddp_context *ctx) {
-    if (ctx->rank == 0 && ctx->cpu->grads_name[0]) ddp__seg_unlink(ctx->cpu->grads_name);
-    ctx->cpu->grads_name[0] = 0;
+    if (ctx->rank == 0 && ctx->impl.cpu->grads_name[0]) ddp__seg_unlink(ctx->impl.cpu->grads_name);
+    ctx->impl.cpu->grads_name[0] = 0;
 }
 
 /* Sharded AdamW (desc.shard_optimizer). The buckets were reduce-scattered: this rank's part of
@@ -5639,24 +5651,24 @@ static void ddp__grads_unlink(ddp_context *ctx) {
 static float *ddp__rank_params(ddp_context *ctx, int s) { return ddp__rank_grads(ctx, ctx->world + s); }
 
 static ddp_result ddp__cpu_norm_exchange(ddp_context *ctx) {
-    size_t bytes = ctx->norm_blocks * sizeof(double), lo, hi;
+    size_t bytes = ctx->shard.norm_blocks * sizeof(double), lo, hi;
     ddp_result r;
     int s, b;
-    if (!ctx->cpu->norm_recv && !(ctx->cpu->norm_recv = (double *)ddp__calloc(bytes ? bytes : 1)))
+    if (!ctx->impl.cpu->norm_recv && !(ctx->impl.cpu->norm_recv = (double *)ddp__calloc(bytes ? bytes : 1)))
         return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the gradient norm's blocks");
     ctx->what = "ddp_adamw_step's exchange of the gradient norm's blocks (shard_optimizer)";
     for (s = 0; s < ctx->world; s++) {
         if (s == ctx->rank) {
-            if ((r = ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->norm_sums, bytes, s)) != DDP_OK) return r;
+            if ((r = ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->shard.norm_sums, bytes, s)) != DDP_OK) return r;
             continue;
         }
-        if ((r = ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->cpu->norm_recv, bytes, s)) != DDP_OK) return r;
-        for (b = 0; b < ctx->num_buckets; b++) {
-            size_t first, end, off = ctx->buckets[b].offset;
+        if ((r = ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->impl.cpu->norm_recv, bytes, s)) != DDP_OK) return r;
+        for (b = 0; b < ctx->model.num_buckets; b++) {
+            size_t first, end, off = ctx->model.buckets[b].offset;
             ddp__shard_range(ctx, b, s, &lo, &hi);
-            first = ctx->norm_base[b] + (lo - off) / DDP__SHARD_GRAIN;
-            end = ctx->norm_base[b] + (hi - off + DDP__SHARD_GRAIN - 1) / DDP__SHARD_GRAIN;
-            if (end > first) memcpy(ctx->norm_sums + first, ctx->cpu->norm_recv + first, (end - first) * sizeof(double));
+            first = ctx->shard.norm_base[b] + (lo - off) / DDP__SHARD_GRAIN;
+            end = ctx->shard.norm_base[b] + (hi - off + DDP__SHARD_GRAIN - 1) / DDP__SHARD_GRAIN;
+            if (end > first) memcpy(ctx->shard.norm_sums + first, ctx->impl.cpu->norm_recv + first, (end - first) * sizeof(double));
         }
     }
     return DDP_OK;
@@ -5672,9 +5684,9 @@ static ddp_result ddp__cpu_gather_bucket(ddp_context *ctx, int b, uint32_t q, in
     for (s = 0; s < ctx->world; s++) {
         if (s == ctx->rank) continue;
         ddp__shard_range(ctx, b, s, &lo, &hi);
-        if (hi > lo && ctx->params_bf16)
-            memcpy(ctx->params_bf16 + lo, (ddp_bf16 *)(void *)ddp__rank_params(ctx, s) + lo, (hi - lo) * sizeof(ddp_bf16));
-        else if (hi > lo) memcpy(ctx->flat_params + lo, ddp__rank_params(ctx, s) + lo, (hi - lo) * sizeof(float));
+        if (hi > lo && ctx->flat.params_bf16)
+            memcpy(ctx->flat.params_bf16 + lo, (ddp_bf16 *)(void *)ddp__rank_params(ctx, s) + lo, (hi - lo) * sizeof(ddp_bf16));
+        else if (hi > lo) memcpy(ctx->flat.params + lo, ddp__rank_params(ctx, s) + lo, (hi - lo) * sizeof(float));
     }
     ddp__shm_post(ctx, DDP__STAGE_RED, q + 1);
     ddp__shm_post(ctx, DDP__STAGE_OUT, q + 1);
@@ -5690,41 +5702,41 @@ static ddp_result ddp__cpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b
     int b, s, skip;
     if (!ddp__sharded(ctx)) return ddp__host_adamw(ctx, opt, b1, b2, eps, grad_norm_out);
     if ((r = ddp__host_adamw_state(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
-    ddp__norm_blocks(ctx, ctx->norm_sums);
+    ddp__norm_blocks(ctx, ctx->shard.norm_sums);
     if ((r = ddp__cpu_norm_exchange(ctx)) != DDP_OK) return r;
-    r = ddp__adamw_prepare(ctx, opt, b1, b2, eps, ddp__norm_total(ctx->norm_sums, ctx->norm_blocks), grad_norm_out, &now, &skip);
+    r = ddp__adamw_prepare(ctx, opt, b1, b2, eps, ddp__norm_total(ctx->shard.norm_sums, ctx->shard.norm_blocks), grad_norm_out, &now, &skip);
     if (r != DDP_OK || skip) return r;   /* the norm is the same everywhere: every rank returns here alike */
     ctx->what = "ddp_adamw_step's all-gather of the updated parameters (shard_optimizer)";
-    if (!ctx->cpu->params_shared) {
-        for (b = 0; b < ctx->num_buckets; b++) ddp__adamw_bucket(ctx, b, opt, &now);
-        for (b = 0; b < ctx->num_buckets; b++)
+    if (!ctx->impl.cpu->params_shared) {
+        for (b = 0; b < ctx->model.num_buckets; b++) ddp__adamw_bucket(ctx, b, opt, &now);
+        for (b = 0; b < ctx->model.num_buckets; b++)
             for (s = 0; s < ctx->world; s++) {
                 ddp__shard_range(ctx, b, s, &lo, &hi);
-                if (hi > lo && (r = ctx->params_bf16
-                                        ? ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->params_bf16 + lo,
+                if (hi > lo && (r = ctx->flat.params_bf16
+                                        ? ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->flat.params_bf16 + lo,
                                                               (hi - lo) * sizeof(ddp_bf16), s)
-                                        : ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->flat_params + lo,
+                                        : ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->flat.params + lo,
                                                               (hi - lo) * sizeof(float), s)) != DDP_OK) return r;
             }
         return DDP_OK;
     }
     if (ddp__failed(ctx)) return ddp__failed(ctx);
     sig = &ddp__shm_block(ctx, ctx->rank)->sig;
-    sig->id = ++ctx->cpu->shm_collectives;
+    sig->id = ++ctx->impl.cpu->shm_collectives;
     sig->kind = DDP__KIND_GATHER;
     sig->root = 0;
     sig->bucket = 0;
-    sig->count = ctx->flat_count;
-    q0 = ctx->cpu->shm_seq;
-    for (b = 0; b <= ctx->num_buckets; b++) {
-        if (b < ctx->num_buckets) {
+    sig->count = ctx->flat.count;
+    q0 = ctx->impl.cpu->shm_seq;
+    for (b = 0; b <= ctx->model.num_buckets; b++) {
+        if (b < ctx->model.num_buckets) {
             ddp__adamw_bucket(ctx, b, opt, &now);
             ddp__shm_post(ctx, DDP__STAGE_IN, q0 + (uint32_t)b + 1);
         }
         if (b > 0 && (r = ddp__cpu_gather_bucket(ctx, b - 1, q0 + (uint32_t)b - 1, b == 1)) != DDP_OK) return r;
     }
-    ctx->cpu->shm_seq = q0 + (uint32_t)ctx->num_buckets;
-    return ddp__shm_wait_all(ctx, DDP__STAGE_OUT, ctx->cpu->shm_seq);
+    ctx->impl.cpu->shm_seq = q0 + (uint32_t)ctx->model.num_buckets;
+    return ddp__shm_wait_all(ctx, DDP__STAGE_OUT, ctx->impl.cpu->shm_seq);
 }
 
 /* One bucket on the communication thread's turn (ddp__workq_turn): the turn is launched buckets
@@ -5734,15 +5746,15 @@ static ddp_result ddp__cpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b
    last, usually launched just before ddp_finish) costs no wake-up of another thread on either
    side, only the handshakes with the peers. */
 static ddp_result ddp__cpu_run_bucket(ddp_context *ctx, int index) {
-    ddp__cpu *c = ctx->cpu;
-    const ddp__bucket *b = &ctx->buckets[index];
+    ddp__cpu *c = ctx->impl.cpu;
+    const ddp__bucket *b = &ctx->model.buckets[index];
     const ddp__wire *w = &b->wire;
     ddp_result r;
     c->sig_bucket = (uint32_t)index + 1;
     r = w->in_place ? ddp__shm_bucket_in_place(ctx, b->offset, b->count, w->scatter ? index : -1)
         : w->grads == DDP_DTYPE_BF16 ? ddp__shm_bucket_staged_bf16(ctx, b->offset, b->count)
         : ddp__shm_collective(ctx, w->dtype == DDP_DTYPE_BF16 ? DDP__KIND_AVG_BF16 : DDP__KIND_AVG,
-                              ctx->flat_grads + b->offset, b->count, 0);
+                              ctx->flat.grads + b->offset, b->count, 0);
     c->sig_bucket = 0;
     return r;
 }
@@ -5754,7 +5766,7 @@ static ddp_result ddp__cpu_setup(ddp_context *ctx, double deadline) {
     if (ctx->world > 1 && ctx->local_world != ctx->world)
         return ddp__fail(ctx, DDP_ERR_BAD_ENV, "the CPU backend needs every rank on one host, but "
                          "WORLD_SIZE=%d and LOCAL_WORLD_SIZE=%d", ctx->world, ctx->local_world);
-    if (!(c = ctx->cpu = (ddp__cpu *)ddp__calloc(sizeof *c))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
+    if (!(c = ctx->impl.cpu = (ddp__cpu *)ddp__calloc(sizeof *c))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
     ddp__workq_init(&c->comm, ctx, ddp__cpu_run_bucket);
     if ((r = ddp__shm_setup(ctx, deadline)) != DDP_OK) return r;
     ddp__log(ctx, DDP_LOG_INFO, "rank %d of %d up (cpu backend, segment %s)", ctx->rank, ctx->world, c->shm_name);
@@ -5768,18 +5780,18 @@ static ddp_result ddp__cpu_commit(ddp_context *ctx) {
     size_t largest = 0;
     int b;
     if ((r = ddp__grads_share(ctx, ddp__now() + ctx->desc.timeout_s)) != DDP_OK) return ddp__fatal(ctx, r);
-    for (b = 0; b < ctx->num_buckets; b++) {
-        ddp__wire *w = &ctx->buckets[b].wire;   /* in the segment: summed where it is (bf16 in float) */
-        w->in_place = ctx->cpu->grads_shm && w->convert != DDP__WIRE_NARROW;
-        if (ctx->buckets[b].count > largest) largest = ctx->buckets[b].count;
+    for (b = 0; b < ctx->model.num_buckets; b++) {
+        ddp__wire *w = &ctx->model.buckets[b].wire;   /* in the segment: summed where it is (bf16 in float) */
+        w->in_place = ctx->impl.cpu->grads_shm && w->convert != DDP__WIRE_NARROW;
+        if (ctx->model.buckets[b].count > largest) largest = ctx->model.buckets[b].count;
     }
-    if (ctx->grads_bf16 && !ctx->cpu->grads_shm && !(ctx->cpu->bucket_f32 = ddp__alloc_floats(largest ? largest : 1)))
+    if (ctx->flat.grads_bf16 && !ctx->impl.cpu->grads_shm && !(ctx->impl.cpu->bucket_f32 = ddp__alloc_floats(largest ? largest : 1)))
         return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for one bucket's %zu floats", largest));
     ctx->what = "the broadcast of rank 0's initial parameters";
-    r = ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->flat_params, ctx->flat_count * sizeof(float), 0);
+    r = ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->flat.params, ctx->flat.count * sizeof(float), 0);
     ddp__grads_unlink(ctx);   /* every rank passed ddp__grads_share to get here */
     if (r != DDP_OK) return r;
-    if ((r = ddp__workq_start(&ctx->cpu->comm)) != DDP_OK) return ddp__fatal(ctx, r);
+    if ((r = ddp__workq_start(&ctx->impl.cpu->comm)) != DDP_OK) return ddp__fatal(ctx, r);
     return DDP_OK;
 }
 
@@ -5791,18 +5803,18 @@ static void ddp__cpu_begin_step(ddp_context *ctx) {
 }
 
 static ddp_result ddp__cpu_launch(ddp_context *ctx, int index) {
-    ddp__cpu *c = ctx->cpu;
-    ctx->stats.buckets_launched++;
-    ctx->stats.bytes_reduced += ctx->buckets[index].wire.bytes;
+    ddp__cpu *c = ctx->impl.cpu;
+    ctx->step.stats.buckets_launched++;
+    ctx->step.stats.bytes_reduced += ctx->model.buckets[index].wire.bytes;
     /* The last bucket is left to ddp_finish, which follows at once: a wake-up of the
        communication thread would only take a core from this thread (ddp__cpu_run_bucket). A busy
        communication thread still takes it when it is done with the one before. */
-    ddp__workq_push(&c->comm, index != ctx->num_buckets - 1);
+    ddp__workq_push(&c->comm, index != ctx->model.num_buckets - 1);
     return DDP_OK;
 }
 
 static ddp_result ddp__cpu_finish(ddp_context *ctx, double t_wait) {
-    ddp__cpu *c = ctx->cpu;
+    ddp__cpu *c = ctx->impl.cpu;
     ddp_result r;
     uint32_t out;
     int cancel_state;
@@ -5810,7 +5822,7 @@ static ddp_result ddp__cpu_finish(ddp_context *ctx, double t_wait) {
        communication thread (and the host's ddp_shutdown of the context) stuck on it. */
     ddp__nocancel_begin(&cancel_state);
     __atomic_store_n(&c->host_waiting, 1, __ATOMIC_RELEASE);
-    r = ddp__workq_wait(&c->comm, 1, &ctx->stats);   /* this thread reduces the next bucket itself when it can */
+    r = ddp__workq_wait(&c->comm, 1, &ctx->step.stats);   /* this thread reduces the next bucket itself when it can */
     out = c->out_pending;   /* the last turn wrote it before it counted its bucket done */
     c->out_pending = 0;
     if (r == DDP_OK && out) {   /* every peer has copied its parts of the last bucket from this rank's buffer */
@@ -5827,19 +5839,19 @@ static ddp_result ddp__cpu_finish(ddp_context *ctx, double t_wait) {
 static ddp_result ddp__cpu_collective(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root) {
     double t0;
     ddp_result r;
-    if (!ctx->tl_main || (kind != DDP__KIND_SUM && kind != DDP__KIND_AVG)) return ddp__shm_collective(ctx, kind, data, count, root);
+    if (!ctx->tl.main || (kind != DDP__KIND_SUM && kind != DDP__KIND_AVG)) return ddp__shm_collective(ctx, kind, data, count, root);
     t0 = ddp__now();
     r = ddp__shm_collective(ctx, kind, data, count, root);
-    ddp__record(ctx, ctx->tl_comm, DDP__EV_ALLREDUCE, t0, ddp__now(), -1, count * sizeof(float));
+    ddp__record(ctx, ctx->tl.comm, DDP__EV_ALLREDUCE, t0, ddp__now(), -1, count * sizeof(float));
     return r;
 }
 
 static void ddp__cpu_stop(ddp_context *ctx) {
-    if (ctx->cpu) ddp__workq_stop(&ctx->cpu->comm);
+    if (ctx->impl.cpu) ddp__workq_stop(&ctx->impl.cpu->comm);
 }
 
 static void ddp__cpu_teardown(ddp_context *ctx) {
-    ddp__cpu *c = ctx->cpu;
+    ddp__cpu *c = ctx->impl.cpu;
     if (c) {
         ddp__workq_stop(&c->comm);
         if (c->shm) {
@@ -5849,16 +5861,16 @@ static void ddp__cpu_teardown(ddp_context *ctx) {
         ddp__grads_unlink(ctx);                            /* likewise */
         if (c->grads_shm) {
             ddp__seg_unmap(c->grads_shm, c->grads_shm_bytes);
-            ctx->flat_grads = NULL;                        /* it pointed into the segment */
-            ctx->grads_bf16 = NULL;                        /* or this did */
-            if (c->params_shared && ctx->params_bf16) ctx->params_bf16 = NULL;   /* so did this */
-            else if (c->params_shared) ctx->flat_params = NULL;
+            ctx->flat.grads = NULL;                        /* it pointed into the segment */
+            ctx->flat.grads_bf16 = NULL;                        /* or this did */
+            if (c->params_shared && ctx->flat.params_bf16) ctx->flat.params_bf16 = NULL;   /* so did this */
+            else if (c->params_shared) ctx->flat.params = NULL;
         }
         DDP_FREE(c->norm_recv);
         ddp__free_floats(c->bucket_f32);
         ddp__workq_destroy(&c->comm);
         DDP_FREE(c);
-        ctx->cpu = NULL;
+        ctx->impl.cpu = NULL;
     }
     if (ddp__failed(ctx) && ctx->world > 1) ddp__shm_sweep_stale(ctx);   /* a dead rank 0's, made before we mapped it */
     ddp__host_free(ctx);
@@ -5941,7 +5953,7 @@ static void ddp__mpi_atexit(void) {
 }
 
 static const char *ddp__mpi_host_name(ddp_context *ctx, int rank) {
-    return ctx->mpi->hosts && rank >= 0 && rank < ctx->world && ctx->mpi->hosts[rank][0] ? ctx->mpi->hosts[rank] : "?";
+    return ctx->impl.mpi->hosts && rank >= 0 && rank < ctx->world && ctx->impl.mpi->hosts[rank][0] ? ctx->impl.mpi->hosts[rank] : "?";
 }
 
 /* "ranks 2, 3" on rank r's host */
@@ -5950,7 +5962,7 @@ static void ddp__mpi_host_ranks(ddp_context *ctx, int node, char *out, size_t ca
     int s;
     out[0] = 0;
     for (s = 0; s < ctx->world && len + 16 < cap; s++)
-        if (ctx->mpi->rank_node && ctx->mpi->rank_node[s] == node)
+        if (ctx->impl.mpi->rank_node && ctx->impl.mpi->rank_node[s] == node)
             len += (size_t)snprintf(out + len, cap - len, "%s%d", len ? ", " : "", s);
 }
 
@@ -5965,7 +5977,7 @@ static ddp_result ddp__mpi_check(ddp_context *ctx, int rc, const char *call) {
 }
 
 static void ddp__mpi_busy(ddp_context *ctx, int on) {
-    ddp__mpi *m = ctx->mpi;
+    ddp__mpi *m = ctx->impl.mpi;
     pthread_mutex_lock(&m->lock);
     m->busy_since = on ? ddp__now() : 0;
     if (on) snprintf(m->busy_what, sizeof m->busy_what, "%s", ctx->what ? ctx->what : "a collective");
@@ -5976,16 +5988,16 @@ static void ddp__mpi_busy(ddp_context *ctx, int on) {
    with the map from local ranks to ranks. */
 static ddp_result ddp__mpi_host(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root) {
     char eb[DDP__ERR_MAX];
-    ddp_context *h = ctx->mpi->host;
+    ddp_context *h = ctx->impl.mpi->host;
     char ranks[128];
     ddp_result r;
     if (!h) return DDP_OK;
     h->what = ctx->what;
     h->life = ctx->life;
-    if (ddp__cancel_requested(ctx)) __atomic_store_n(&h->cancel, 1, __ATOMIC_RELEASE);
+    if (ddp__cancel_requested(ctx)) __atomic_store_n(&h->embed.cancel, 1, __ATOMIC_RELEASE);
     if ((r = ddp__shm_collective(h, kind, data, count, root)) == DDP_OK) return DDP_OK;
     if (ddp__failed(ctx)) return ddp__failed(ctx);
-    ddp__mpi_host_ranks(ctx, ctx->mpi->node, ranks, sizeof ranks);
+    ddp__mpi_host_ranks(ctx, ctx->impl.mpi->node, ranks, sizeof ranks);
     return ddp__fail_group(ctx, r, "on host %s (its local ranks 0.. are ranks %s): %s", ddp__mpi_host_name(ctx, ctx->rank),
                            ranks, ddp__err_body(h, eb));
 }
@@ -5995,7 +6007,7 @@ static ddp_result ddp__mpi_host(ddp_context *ctx, uint32_t kind, void *data, siz
    by_rank every rank; seq counts the collectives on comm. */
 static ddp_result ddp__mpi_check_sigs_on(ddp_context *ctx, MPI_Comm comm, int n, int by_rank, uint64_t seq, uint32_t kind,
                                          size_t count, int root) {
-    ddp__mpi *m = ctx->mpi;
+    ddp__mpi *m = ctx->impl.mpi;
     uint64_t mine[4], *all;
     int i, rc;
     mine[0] = seq; mine[1] = kind; mine[2] = count; mine[3] = (uint64_t)(int64_t)root;
@@ -6028,13 +6040,13 @@ static ddp_result ddp__mpi_check_sigs_on(ddp_context *ctx, MPI_Comm comm, int n,
 
 /* Leaders: every leader in the same collective. */
 static ddp_result ddp__mpi_check_sigs(ddp_context *ctx, uint32_t kind, size_t count, int root) {
-    ddp__mpi *m = ctx->mpi;
+    ddp__mpi *m = ctx->impl.mpi;
     return ddp__mpi_check_sigs_on(ctx, m->leaders, m->nodes, 0, ++m->seq, kind, count, root);
 }
 
 /* Leaders: buf = the sum over hosts, in host order, divided by `divide` when > 0. */
 static ddp_result ddp__mpi_leaders_sum(ddp_context *ctx, float *buf, size_t n, float divide) {
-    ddp__mpi *m = ctx->mpi;
+    ddp__mpi *m = ctx->impl.mpi;
     size_t lo, hi, mine_lo, mine_hi, k, j;
     int i, rc;
     ddp__part(n, m->nodes, m->node, &mine_lo, &mine_hi);
@@ -6065,7 +6077,7 @@ static ddp_result ddp__mpi_leaders_sum(ddp_context *ctx, float *buf, size_t n, f
 
 /* One collective across hosts; count in floats for reductions, bytes for broadcast. */
 static ddp_result ddp__mpi_collective_run(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root) {
-    ddp__mpi *m = ctx->mpi;
+    ddp__mpi *m = ctx->impl.mpi;
     size_t done, step;
     ddp_result r;
     int rc;
@@ -6124,7 +6136,7 @@ static ddp_result ddp__mpi_collective_timed(ddp_context *ctx, uint32_t kind, voi
    pieces are the ranks' parts and stay where they are, a reduce-scatter). The sharded optimizer:
    the norm's blocks (each non-zero on its owner only, so MPI_Allreduce's sum adds zeros to it:
    exact in any order) and the all-gather of each bucket's updated parts (MPI_Allgatherv). */
-static int ddp__mpi_bf16_wire(const ddp_context *ctx) { return ctx->grads_bf16 || ctx->desc.reduce_dtype == DDP_DTYPE_BF16; }
+static int ddp__mpi_bf16_wire(const ddp_context *ctx) { return ctx->flat.grads_bf16 || ctx->desc.reduce_dtype == DDP_DTYPE_BF16; }
 
 /* Elements of a bucket per exchange: MPI counts and displacements are ints, and an owner
    receives world pieces of up to this many. */
@@ -6136,7 +6148,7 @@ static size_t ddp__mpi_window(const ddp_context *ctx) {
 /* Rank s's piece [lo, hi) of the window [c0, c1) of bucket b (counted from the bucket's start):
    with by_shard its part (ddp__shard_range) within the window, else ddp__part of the window. */
 static void ddp__mpi_piece(ddp_context *ctx, int b, int by_shard, size_t c0, size_t c1, int s, size_t *lo, size_t *hi) {
-    size_t off = ctx->buckets[b].offset;
+    size_t off = ctx->model.buckets[b].offset;
     if (!by_shard) {
         ddp__part(c1 - c0, ctx->world, s, lo, hi);
         *lo += c0; *hi += c0;
@@ -6150,7 +6162,7 @@ static void ddp__mpi_piece(ddp_context *ctx, int b, int by_shard, size_t c0, siz
 /* Every rank's piece of the window as MPI counts and displacements from c0; this rank's piece
    starts at *mine and is the count returned. */
 static size_t ddp__mpi_pieces(ddp_context *ctx, int b, int by_shard, size_t c0, size_t c1, size_t *mine) {
-    ddp__mpi *m = ctx->mpi;
+    ddp__mpi *m = ctx->impl.mpi;
     size_t lo, hi, k = 0;
     int s;
     *mine = c0;
@@ -6166,7 +6178,7 @@ static size_t ddp__mpi_pieces(ddp_context *ctx, int b, int by_shard, size_t c0, 
 /* The window [c0, c1) of a bucket's bf16 values g: every rank's values of this rank's piece
    arrive side by side, and their average replaces this rank's piece. */
 static ddp_result ddp__mpi_average_window(ddp_context *ctx, ddp_bf16 *g, int b, int by_shard, size_t c0, size_t c1) {
-    ddp__mpi *m = ctx->mpi;
+    ddp__mpi *m = ctx->impl.mpi;
     size_t lo, k = ddp__mpi_pieces(ctx, b, by_shard, c0, c1, &lo);
     int s, rc;
     if (m->wire_count < k * (size_t)ctx->world || !m->wire) {
@@ -6184,7 +6196,7 @@ static ddp_result ddp__mpi_average_window(ddp_context *ctx, ddp_bf16 *g, int b, 
 
 /* Every rank's piece of the window (ddp__mpi_pieces said which) to every rank, in place. */
 static ddp_result ddp__mpi_gather_window(ddp_context *ctx, void *window, MPI_Datatype type) {
-    ddp__mpi *m = ctx->mpi;
+    ddp__mpi *m = ctx->impl.mpi;
     int rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, window, m->wcounts, m->wdispls, type, m->world);
     return ddp__mpi_check(ctx, rc, "MPI_Allgatherv");
 }
@@ -6192,36 +6204,36 @@ static ddp_result ddp__mpi_gather_window(ddp_context *ctx, void *window, MPI_Dat
 /* A bucket of bf16 gradients averaged with the CPU backend's bits (fp32 gradients with
    reduce_dtype BF16: rounded first, as the CPU backend's slots carry them, and widened back). */
 static ddp_result ddp__mpi_bucket_bf16(ddp_context *ctx, int b) {
-    ddp__mpi *m = ctx->mpi;
-    const ddp__bucket *k = &ctx->buckets[b];
+    ddp__mpi *m = ctx->impl.mpi;
+    const ddp__bucket *k = &ctx->model.buckets[b];
     int scatter = k->wire.grads == DDP_DTYPE_BF16 && k->wire.scatter;   /* the CPU backend's in-place reduce-scatter */
     size_t win = ddp__mpi_window(ctx), c0, c1, j;
-    ddp_bf16 *g = ctx->grads_bf16 ? ctx->grads_bf16 + k->offset : m->rounded;
+    ddp_bf16 *g = ctx->flat.grads_bf16 ? ctx->flat.grads_bf16 + k->offset : m->rounded;
     ddp_result r;
-    if (!ctx->grads_bf16) for (j = 0; j < k->count; j++) g[j] = ddp__to_bf16(ctx->flat_grads[k->offset + j]);
+    if (!ctx->flat.grads_bf16) for (j = 0; j < k->count; j++) g[j] = ddp__to_bf16(ctx->flat.grads[k->offset + j]);
     if ((r = ddp__mpi_check_sigs_on(ctx, m->world, ctx->world, 1, ++m->wseq, DDP__KIND_AVG_BF16, k->count, b)) != DDP_OK) return r;
     for (c0 = 0; c0 < k->count; c0 = c1) {
         c1 = k->count - c0 < win ? k->count : c0 + win;
         if ((r = ddp__mpi_average_window(ctx, g, b, scatter, c0, c1)) != DDP_OK) return r;
         if (!scatter && (r = ddp__mpi_gather_window(ctx, g + c0, MPI_UINT16_T)) != DDP_OK) return r;
     }
-    if (!ctx->grads_bf16) for (j = 0; j < k->count; j++) ctx->flat_grads[k->offset + j] = ddp__from_bf16(g[j]);
+    if (!ctx->flat.grads_bf16) for (j = 0; j < k->count; j++) ctx->flat.grads[k->offset + j] = ddp__from_bf16(g[j]);
     return DDP_OK;
 }
 
 /* Sharded AdamW: every rank's norm blocks to every rank. */
 static ddp_result ddp__mpi_norm_exchange(ddp_context *ctx, int unused) {
-    ddp__mpi *m = ctx->mpi;
+    ddp__mpi *m = ctx->impl.mpi;
     size_t done, n;
     ddp_result r;
     int rc;
     (void)unused;
-    memset(ctx->norm_sums, 0, ctx->norm_blocks * sizeof(double));
-    ddp__norm_blocks(ctx, ctx->norm_sums);
-    if ((r = ddp__mpi_check_sigs_on(ctx, m->world, ctx->world, 1, ++m->wseq, DDP__KIND_SUM, ctx->norm_blocks, 0)) != DDP_OK) return r;
-    for (done = 0; done < ctx->norm_blocks; done += n) {
-        n = ctx->norm_blocks - done < DDP__MPI_MAX_COUNT ? ctx->norm_blocks - done : DDP__MPI_MAX_COUNT;
-        rc = MPI_Allreduce(MPI_IN_PLACE, ctx->norm_sums + done, (int)n, MPI_DOUBLE, MPI_SUM, m->world);
+    memset(ctx->shard.norm_sums, 0, ctx->shard.norm_blocks * sizeof(double));
+    ddp__norm_blocks(ctx, ctx->shard.norm_sums);
+    if ((r = ddp__mpi_check_sigs_on(ctx, m->world, ctx->world, 1, ++m->wseq, DDP__KIND_SUM, ctx->shard.norm_blocks, 0)) != DDP_OK) return r;
+    for (done = 0; done < ctx->shard.norm_blocks; done += n) {
+        n = ctx->shard.norm_blocks - done < DDP__MPI_MAX_COUNT ? ctx->shard.norm_blocks - done : DDP__MPI_MAX_COUNT;
+        rc = MPI_Allreduce(MPI_IN_PLACE, ctx->shard.norm_sums + done, (int)n, MPI_DOUBLE, MPI_SUM, m->world);
         if ((r = ddp__mpi_check(ctx, rc, "MPI_Allreduce")) != DDP_OK) return r;
     }
     return DDP_OK;
@@ -6229,17 +6241,17 @@ static ddp_result ddp__mpi_norm_exchange(ddp_context *ctx, int unused) {
 
 /* Sharded AdamW: bucket b's updated parts to every rank (bf16 parameters: the working copies). */
 static ddp_result ddp__mpi_gather_params(ddp_context *ctx, int b) {
-    ddp__mpi *m = ctx->mpi;
-    const ddp__bucket *k = &ctx->buckets[b];
-    size_t win = ddp__mpi_window(ctx), es = ctx->params_bf16 ? sizeof(ddp_bf16) : sizeof(float), c0, c1, lo;
-    unsigned char *base = ctx->params_bf16 ? (unsigned char *)(ctx->params_bf16 + k->offset) : (unsigned char *)(ctx->flat_params + k->offset);
+    ddp__mpi *m = ctx->impl.mpi;
+    const ddp__bucket *k = &ctx->model.buckets[b];
+    size_t win = ddp__mpi_window(ctx), es = ctx->flat.params_bf16 ? sizeof(ddp_bf16) : sizeof(float), c0, c1, lo;
+    unsigned char *base = ctx->flat.params_bf16 ? (unsigned char *)(ctx->flat.params_bf16 + k->offset) : (unsigned char *)(ctx->flat.params + k->offset);
     ddp_result r;
-    if (b == 0 && (r = ddp__mpi_check_sigs_on(ctx, m->world, ctx->world, 1, ++m->wseq, DDP__KIND_GATHER, ctx->flat_count, 0)) != DDP_OK)
+    if (b == 0 && (r = ddp__mpi_check_sigs_on(ctx, m->world, ctx->world, 1, ++m->wseq, DDP__KIND_GATHER, ctx->flat.count, 0)) != DDP_OK)
         return r;
     for (c0 = 0; c0 < k->count; c0 = c1) {
         c1 = k->count - c0 < win ? k->count : c0 + win;
         ddp__mpi_pieces(ctx, b, 1, c0, c1, &lo);
-        if ((r = ddp__mpi_gather_window(ctx, base + c0 * es, ctx->params_bf16 ? MPI_UINT16_T : MPI_FLOAT)) != DDP_OK) return r;
+        if ((r = ddp__mpi_gather_window(ctx, base + c0 * es, ctx->flat.params_bf16 ? MPI_UINT16_T : MPI_FLOAT)) != DDP_OK) return r;
     }
     return DDP_OK;
 }
@@ -6259,11 +6271,11 @@ static ddp_result ddp__mpi_watched(ddp_context *ctx, ddp_result (*run)(ddp_conte
    leaders (ddp__mpi_collective_run; sharded too, averaged whole: the bits of unsharded), bf16
    ones among all ranks. */
 static ddp_result ddp__mpi_bucket(ddp_context *ctx, int b) {
-    const ddp__bucket *k = &ctx->buckets[b];
+    const ddp__bucket *k = &ctx->model.buckets[b];
     double started = ddp__now();
     ddp_result r;
     if (k->wire.grads == DDP_DTYPE_FP32 && k->wire.dtype == DDP_DTYPE_FP32)   /* the plan: fp32 all the way */
-        return ddp__mpi_collective_timed(ctx, DDP__KIND_AVG, ctx->flat_grads + k->offset, k->count, 0);
+        return ddp__mpi_collective_timed(ctx, DDP__KIND_AVG, ctx->flat.grads + k->offset, k->count, 0);
     r = ddp__mpi_watched(ctx, ddp__mpi_bucket_bf16, b);
     if (r == DDP_OK && (ctx->desc.inject_comm_latency_ms > 0 || ctx->desc.inject_comm_gbps > 0))
         ddp__inject_comm_delay(ctx, k->wire.bytes, started);
@@ -6280,10 +6292,10 @@ static ddp_result ddp__mpi_adamw(ddp_context *ctx, const ddp_adamw *opt, float b
     if ((r = ddp__host_adamw_state(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     ctx->what = "ddp_adamw_step's exchange of the gradient norm's blocks (shard_optimizer)";
     if ((r = ddp__mpi_watched(ctx, ddp__mpi_norm_exchange, 0)) != DDP_OK) return r;
-    r = ddp__adamw_prepare(ctx, opt, b1, b2, eps, ddp__norm_total(ctx->norm_sums, ctx->norm_blocks), grad_norm_out, &now, &skip);
+    r = ddp__adamw_prepare(ctx, opt, b1, b2, eps, ddp__norm_total(ctx->shard.norm_sums, ctx->shard.norm_blocks), grad_norm_out, &now, &skip);
     if (r != DDP_OK || skip) return r;   /* the norm is the same everywhere: every rank returns here alike */
     ctx->what = "ddp_adamw_step's all-gather of the updated parameters (shard_optimizer)";
-    for (b = 0; b < ctx->num_buckets; b++) {
+    for (b = 0; b < ctx->model.num_buckets; b++) {
         ddp__adamw_bucket(ctx, b, opt, &now);
         if ((r = ddp__mpi_watched(ctx, ddp__mpi_gather_params, b)) != DDP_OK) return r;
     }
@@ -6293,13 +6305,13 @@ static ddp_result ddp__mpi_adamw(ddp_context *ctx, const ddp_adamw *opt, float b
 /* At commit: the counts of the exchanges among all ranks, and for fp32 gradients on a bf16
    wire one bucket's rounded values (the largest bucket's). */
 static ddp_result ddp__mpi_ranks_alloc(ddp_context *ctx) {
-    ddp__mpi *m = ctx->mpi;
+    ddp__mpi *m = ctx->impl.mpi;
     size_t largest = 0;
     int b;
     if (!(m->wcounts = (int *)ddp__calloc(sizeof(int) * 4 * (size_t)ctx->world))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
     m->wdispls = m->wcounts + ctx->world; m->wrcounts = m->wdispls + ctx->world; m->wrdispls = m->wrcounts + ctx->world;
-    if (ctx->grads_bf16 || !ddp__mpi_bf16_wire(ctx)) return DDP_OK;
-    for (b = 0; b < ctx->num_buckets; b++) if (ctx->buckets[b].count > largest) largest = ctx->buckets[b].count;
+    if (ctx->flat.grads_bf16 || !ddp__mpi_bf16_wire(ctx)) return DDP_OK;
+    for (b = 0; b < ctx->model.num_buckets; b++) if (ctx->model.buckets[b].count > largest) largest = ctx->model.buckets[b].count;
     if (!(m->rounded = (ddp_bf16 *)(void *)ddp__alloc_floats(largest / 2 + 1)))
         return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for one bucket's %zu bf16 gradients", largest);
     return DDP_OK;
@@ -6307,9 +6319,9 @@ static ddp_result ddp__mpi_ranks_alloc(ddp_context *ctx) {
 
 /* This host's ranks stop at their next wait, with this rank's message. */
 static void ddp__mpi_poison_host(ddp_context *ctx, ddp_result code) {
-    ddp_context *h = ctx->mpi->host;
+    ddp_context *h = ctx->impl.mpi->host;
     __atomic_store_n(&ddp__mpi_dirty, 1, __ATOMIC_RELEASE);
-    if (!h || !h->cpu || !h->cpu->shm) return;
+    if (!h || !h->impl.cpu || !h->impl.cpu->shm) return;
     pthread_mutex_lock(&ctx->err_lock);
     pthread_mutex_lock(&h->err_lock);
     snprintf(h->err, sizeof h->err, "%s", ctx->err);
@@ -6321,11 +6333,11 @@ static void ddp__mpi_poison_host(ddp_context *ctx, ddp_result code) {
 
 /* Poison: the store (every rank's watchdog polls it) and this host's segment. */
 static void ddp__mpi_poison(ddp_context *ctx, ddp_result code) {
-    ddp__mpi *m = ctx->mpi;
+    ddp__mpi *m = ctx->impl.mpi;
     int fd;
     if (!m) return;
     ddp__mpi_poison_host(ctx, code);
-    fd = ddp__watchdog_is_me(&m->wd) ? m->wd.fd : ctx->store_fd;
+    fd = ddp__watchdog_is_me(&m->wd) ? m->wd.fd : ctx->rdv.store_fd;
     ddp__store_poison(ctx, fd, code);
 }
 
@@ -6340,7 +6352,7 @@ static void ddp__mpi_silent(ddp_context *ctx, const long *before, char *out, siz
         uint32_t n = 0, status = 0;
         long now_beat = -1;
         snprintf(key, sizeof key, "mpi/beat/%d", s);
-        if (ddp__store_request_on(ctx, ctx->mpi->wd.fd, DDP__OP_GET, key, "0", 1, &val, &n, &status, 0) == DDP_OK &&
+        if (ddp__store_request_on(ctx, ctx->impl.mpi->wd.fd, DDP__OP_GET, key, "0", 1, &val, &n, &status, 0) == DDP_OK &&
             status == DDP__REPLY_OK && val)
             now_beat = atol((const char *)val);
         DDP_FREE(val);
@@ -6357,7 +6369,7 @@ static void ddp__mpi_beats(ddp_context *ctx, long *out) {
         uint32_t n = 0, status = 0;
         snprintf(key, sizeof key, "mpi/beat/%d", s);
         out[s] = -1;
-        if (ddp__store_request_on(ctx, ctx->mpi->wd.fd, DDP__OP_GET, key, "0", 1, &val, &n, &status, 0) == DDP_OK &&
+        if (ddp__store_request_on(ctx, ctx->impl.mpi->wd.fd, DDP__OP_GET, key, "0", 1, &val, &n, &status, 0) == DDP_OK &&
             status == DDP__REPLY_OK && val)
             out[s] = atol((const char *)val);
         DDP_FREE(val);
@@ -6367,7 +6379,7 @@ static void ddp__mpi_beats(ddp_context *ctx, long *out) {
 /* The store's words (ddp__watch_store). */
 static void ddp__mpi_store_gone(ddp_context *ctx, char *msg, size_t cap) {
     snprintf(msg, cap, "lost the connection to the rendezvous store on rank 0 (host %s, MASTER_ADDR %s): host %s or "
-             "the link to it is down", ddp__mpi_host_name(ctx, 0), ctx->master_addr, ddp__mpi_host_name(ctx, 0));
+             "the link to it is down", ddp__mpi_host_name(ctx, 0), ctx->job.master_addr, ddp__mpi_host_name(ctx, 0));
 }
 static void ddp__mpi_store_died(ddp_context *ctx, const char *rank, char *msg, size_t cap) {
     int lost = rank ? atoi(rank) : -1;
@@ -6379,7 +6391,7 @@ static void ddp__mpi_store_died(ddp_context *ctx, const char *rank, char *msg, s
    process was stopped (Ctrl-Z of the whole job); that time is not the collective's (as the CPU
    backend's waits). Then what the rank is in, for the look. */
 static void ddp__mpi_watch_slept(ddp_context *ctx, double slept) {
-    ddp__mpi *m = ctx->mpi;
+    ddp__mpi *m = ctx->impl.mpi;
     if (m->busy_since > 0 && slept > DDP__STOPPED_GAP_S) m->busy_since += slept;
     m->seen_since = m->busy_since;
     snprintf(m->seen_what, sizeof m->seen_what, "%s", m->busy_what);
@@ -6388,7 +6400,7 @@ static void ddp__mpi_watch_slept(ddp_context *ctx, double slept) {
 /* This rank's heartbeat; a store that does not answer costs up to timeout_s once, not once per
    request. */
 static ddp_result ddp__mpi_watch_beat(ddp_context *ctx, char *msg, size_t cap) {
-    ddp__mpi *m = ctx->mpi;
+    ddp__mpi *m = ctx->impl.mpi;
     char key[32], num[24];
     uint32_t status = 0;
     if (ddp__now() < m->next_beat || m->wd.fd < 0) return DDP_OK;
@@ -6405,7 +6417,7 @@ static ddp_result ddp__mpi_watch_beat(ddp_context *ctx, char *msg, size_t cap) {
 /* The age of the collective in progress: near the deadline a first look at the heartbeats (for
    the silent ones), past it the group fails, naming them. */
 static void ddp__mpi_watch_age(ddp_context *ctx) {
-    ddp__mpi *m = ctx->mpi;
+    ddp__mpi *m = ctx->impl.mpi;
     char silent[512];
     double since = m->seen_since, now = ddp__now();
     long *before = m->beats_before;
@@ -6439,7 +6451,7 @@ static void ddp__mpi_watch_on_store(ddp_context *ctx, ddp_result r) { ddp__mpi_p
 /* Failed while this rank waits in a collective (or soon will): MPI cannot be interrupted. Say
    why, let the peers say theirs, end the job. */
 static void ddp__mpi_watch_after(ddp_context *ctx) {
-    ddp__mpi *m = ctx->mpi;
+    ddp__mpi *m = ctx->impl.mpi;
     char eb[DDP__ERR_MAX];
     double now = ddp__now();
     if (!ddp__failed(ctx) || m->seen_since <= 0 || __atomic_load_n(&ctx->closing, __ATOMIC_ACQUIRE)) return;
@@ -6467,7 +6479,7 @@ static void ddp__mpi_watch_hooks(ddp__watchdog_hooks *h) {
    LOCAL_WORLD_SIZE as its rank and world); the leader makes the segment and MPI_Bcast names it. */
 static ddp_result ddp__mpi_host_up(ddp_context *ctx) {
     char eb[DDP__ERR_MAX];
-    ddp__mpi *m = ctx->mpi;
+    ddp__mpi *m = ctx->impl.mpi;
     ddp_context *h;
     char name[64];
     ddp_result r = DDP_OK;
@@ -6477,15 +6489,15 @@ static ddp_result ddp__mpi_host_up(ddp_context *ctx) {
     h->desc.log_level = DDP_LOG_OFF;   /* its errors reach the log as this rank's */
     h->rank = h->local_rank = ctx->local_rank;
     h->world = h->local_world = ctx->local_world;
-    h->store_fd = -1;
+    h->rdv.store_fd = -1;
     ddp__cpu_table(&h->table);
     h->be = &h->table;
-    h->tl_origin = ctx->tl_origin;
+    h->tl.origin = ctx->tl.origin;
     pthread_mutex_init(&h->err_lock, NULL);
-    if (!(h->cpu = (ddp__cpu *)ddp__calloc(sizeof *h->cpu))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
+    if (!(h->impl.cpu = (ddp__cpu *)ddp__calloc(sizeof *h->impl.cpu))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
     memset(name, 0, sizeof name);
     if (h->rank == 0) {
-        if ((r = ddp__shm_create(h)) == DDP_OK) snprintf(name, sizeof name, "%s", h->cpu->shm_name);
+        if ((r = ddp__shm_create(h)) == DDP_OK) snprintf(name, sizeof name, "%s", h->impl.cpu->shm_name);
     }
     rc = MPI_Bcast(name, (int)sizeof name, MPI_CHAR, 0, m->local);
     if (rc != MPI_SUCCESS) return ddp__mpi_check(ctx, rc, "MPI_Bcast");
@@ -6495,10 +6507,10 @@ static ddp_result ddp__mpi_host_up(ddp_context *ctx) {
     if (h->rank != 0 && (r = ddp__shm_attach(h, name)) != DDP_OK) return ddp__fail(ctx, r, "%s", ddp__err_body(h, eb));
     __atomic_store_n(&ddp__shm_block(h, h->rank)->tid, (int32_t)ddp__thread_id(), __ATOMIC_RELEASE);
     __atomic_store_n(&ddp__shm_block(h, h->rank)->pid, (int32_t)getpid(), __ATOMIC_RELEASE);
-    h->cpu->spin_seconds = h->world > sysconf(_SC_NPROCESSORS_ONLN) ? DDP__SPIN_SECONDS_OVERSUBSCRIBED : DDP__SPIN_SECONDS;
+    h->impl.cpu->spin_seconds = h->world > sysconf(_SC_NPROCESSORS_ONLN) ? DDP__SPIN_SECONDS_OVERSUBSCRIBED : DDP__SPIN_SECONDS;
     ctx->what = "the host's shared-memory handshake";
     r = ddp__mpi_host(ctx, DDP__KIND_BARRIER, NULL, 0, 0);
-    if (h->rank == 0) shm_unlink(h->cpu->shm_name);
+    if (h->rank == 0) shm_unlink(h->impl.cpu->shm_name);
     return r;
 }
 
@@ -6570,7 +6582,7 @@ static ddp_result ddp__mpi_start(ddp_context *ctx) {
 
 /* Who is where: every rank's host, local rank and flat setting; the leaders; the host groups. */
 static ddp_result ddp__mpi_layout(ddp_context *ctx) {
-    ddp__mpi *m = ctx->mpi;
+    ddp__mpi *m = ctx->impl.mpi;
     int mine[3], *all, s, rc, lsize = 1, lrank = 0, count[2];
     char host[64];
     const char *flat = getenv("DDP_MPI_FLAT");
@@ -6627,7 +6639,7 @@ static ddp_result ddp__mpi_layout(ddp_context *ctx) {
 static ddp_result ddp__mpi_setup(ddp_context *ctx, double deadline) {
     ddp__mpi *m;
     ddp_result r;
-    if (!(m = ctx->mpi = (ddp__mpi *)ddp__calloc(sizeof *m))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
+    if (!(m = ctx->impl.mpi = (ddp__mpi *)ddp__calloc(sizeof *m))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
     m->world = m->local = m->leaders = MPI_COMM_NULL;
     ddp__workq_init(&m->comm, ctx, ddp__mpi_bucket);
     pthread_mutex_init(&m->lock, NULL);
@@ -6651,31 +6663,31 @@ static ddp_result ddp__mpi_setup(ddp_context *ctx, double deadline) {
 static ddp_result ddp__mpi_commit(ddp_context *ctx) {
     ddp_result r;
     ctx->what = "the broadcast of rank 0's initial parameters";
-    if ((r = ddp__mpi_collective_timed(ctx, DDP__KIND_BROADCAST, ctx->flat_params, ctx->flat_count * sizeof(float), 0)) != DDP_OK)
+    if ((r = ddp__mpi_collective_timed(ctx, DDP__KIND_BROADCAST, ctx->flat.params, ctx->flat.count * sizeof(float), 0)) != DDP_OK)
         return r;
     if ((r = ddp__mpi_ranks_alloc(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
-    if ((r = ddp__workq_start(&ctx->mpi->comm)) != DDP_OK) return ddp__fatal(ctx, r);
+    if ((r = ddp__workq_start(&ctx->impl.mpi->comm)) != DDP_OK) return ddp__fatal(ctx, r);
     return DDP_OK;
 }
 
 static void ddp__mpi_begin_step(ddp_context *ctx) {
-    if (ctx->mpi->host) ddp__cpu_begin_step(ctx->mpi->host);
+    if (ctx->impl.mpi->host) ddp__cpu_begin_step(ctx->impl.mpi->host);
 }
 
 static ddp_result ddp__mpi_launch(ddp_context *ctx, int index) {
-    ddp__mpi *m = ctx->mpi;
-    ctx->stats.buckets_launched++;
-    ctx->stats.bytes_reduced += ctx->buckets[index].wire.bytes;
+    ddp__mpi *m = ctx->impl.mpi;
+    ctx->step.stats.buckets_launched++;
+    ctx->step.stats.bytes_reduced += ctx->model.buckets[index].wire.bytes;
     ddp__workq_push(&m->comm, 1);
     return DDP_OK;
 }
 
 static ddp_result ddp__mpi_finish(ddp_context *ctx, double t_wait) {
-    ddp__mpi *m = ctx->mpi;
+    ddp__mpi *m = ctx->impl.mpi;
     ddp_result r;
     int cancel_state;
     pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
-    r = ddp__workq_wait(&m->comm, 0, &ctx->stats);
+    r = ddp__workq_wait(&m->comm, 0, &ctx->step.stats);
     pthread_setcancelstate(cancel_state, NULL);
     ddp__host_step_done(ctx, t_wait);
     return r;
@@ -6684,29 +6696,29 @@ static ddp_result ddp__mpi_finish(ddp_context *ctx, double t_wait) {
 static ddp_result ddp__mpi_collective(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root) {
     double t0 = ddp__now();
     ddp_result r = ddp__mpi_collective_timed(ctx, kind, data, count, root);
-    if (ctx->tl_main && (kind == DDP__KIND_SUM || kind == DDP__KIND_AVG))
-        ddp__record(ctx, ctx->tl_comm, DDP__EV_ALLREDUCE, t0, ddp__now(), -1, count * sizeof(float));
+    if (ctx->tl.main && (kind == DDP__KIND_SUM || kind == DDP__KIND_AVG))
+        ddp__record(ctx, ctx->tl.comm, DDP__EV_ALLREDUCE, t0, ddp__now(), -1, count * sizeof(float));
     return r;
 }
 
 static void ddp__mpi_stop(ddp_context *ctx) {
-    if (ctx->mpi) ddp__workq_stop(&ctx->mpi->comm);
+    if (ctx->impl.mpi) ddp__workq_stop(&ctx->impl.mpi->comm);
 }
 
 static void ddp__mpi_teardown(ddp_context *ctx) {
-    ddp__mpi *m = ctx->mpi;
+    ddp__mpi *m = ctx->impl.mpi;
     if (m) {
         ddp__mpi_stop(ctx);
         ddp__watchdog_stop(&m->wd);
         ddp__watchdog_destroy(&m->wd);   /* and its store connection closed */
         if (m->host) {
             ddp_context *h = m->host;
-            if (h->cpu) {
-                if (h->cpu->shm) {
-                    munmap(h->cpu->shm, h->cpu->shm_bytes);
-                    if (h->rank == 0) shm_unlink(h->cpu->shm_name);   /* already gone unless set-up failed */
+            if (h->impl.cpu) {
+                if (h->impl.cpu->shm) {
+                    munmap(h->impl.cpu->shm, h->impl.cpu->shm_bytes);
+                    if (h->rank == 0) shm_unlink(h->impl.cpu->shm_name);   /* already gone unless set-up failed */
                 }
-                DDP_FREE(h->cpu);
+                DDP_FREE(h->impl.cpu);
             }
             pthread_mutex_destroy(&h->err_lock);
             DDP_FREE(h);
@@ -6729,7 +6741,7 @@ static void ddp__mpi_teardown(ddp_context *ctx) {
         DDP_FREE(m->beats_before);
         pthread_mutex_destroy(&m->lock);
         DDP_FREE(m);
-        ctx->mpi = NULL;
+        ctx->impl.mpi = NULL;
     }
     if (ddp__failed(ctx)) ddp__shm_sweep_stale(ctx);
     ddp__host_free(ctx);
@@ -6858,7 +6870,7 @@ struct ddp__gpu {
     double host_begin[2];          /* host clock when step_begin was recorded: the timeline's anchor */
     ddp_step_stats timed_stats[2];
     unsigned char *no_decay;       /* one byte per DDP_K_MASK_GROUP elements */
-    double *norm_blocks;           /* ddp.h's norm: one sum of squares per block (ctx->norm_blocks) */
+    double *norm_blocks;           /* ddp.h's norm: one sum of squares per block (ctx->shard.norm_blocks) */
     cudaEvent_t *updated;          /* sharded, per bucket: the compute stream updated this rank's part */
     cudaEvent_t gathered;          /* sharded: the comm stream has all-gathered every bucket */
     double *norm_sq;
@@ -6942,7 +6954,7 @@ static void ddp__nccl_leave(ddp__gpu *g) {
 
 /* Abort the communicator (any thread): whatever of this rank waits on its peers ends. */
 static void ddp__gpu_abort(ddp_context *ctx) {
-    ddp__gpu *g = ctx->gpu;
+    ddp__gpu *g = ctx->impl.gpu;
     int abort_now;
     if (!g) return;
     pthread_mutex_lock(&g->lock);
@@ -6964,18 +6976,18 @@ static int ddp__nccl_claim(ddp__gpu *g) {
    every rank's watchdog polls it; then this rank's communicator is aborted so that nothing of
    its own waits on the peers. */
 static void ddp__gpu_poison(ddp_context *ctx, ddp_result code) {
-    ddp__gpu *g = ctx->gpu;
+    ddp__gpu *g = ctx->impl.gpu;
     int from_watchdog;
     if (!g) return;
     from_watchdog = ddp__watchdog_is_me(&g->wd);
-    ddp__store_poison(ctx, from_watchdog ? g->wd.fd : ctx->store_fd, code);
+    ddp__store_poison(ctx, from_watchdog ? g->wd.fd : ctx->rdv.store_fd, code);
     ddp__gpu_abort(ctx);
 }
 
 /* What the watchdog sees with the lock held: an asynchronous NCCL error, or communication that
    has not finished within the timeout. Returns a ddp_result and fills msg. */
 static ddp_result ddp__gpu_inspect_locked(ddp_context *ctx, char *msg, size_t cap) {
-    ddp__gpu *g = ctx->gpu;
+    ddp__gpu *g = ctx->impl.gpu;
     ncclResult_t async = ncclSuccess;
     if (!g->life.live) return DDP_OK;
     /* The clock first, so that an asynchronous error names what is still unfinished, not an
@@ -7023,7 +7035,7 @@ static void ddp__gpu_store_died(ddp_context *ctx, const char *rank, char *msg, s
 }
 /* Another rank poisoned the group, or a rank's store connection dropped (it died). */
 static ddp_result ddp__gpu_check_store(ddp_context *ctx, int fd, char *msg, size_t cap) {
-    return ddp__watch_store(ctx, &ctx->gpu->wd.hooks, fd, msg, cap);
+    return ddp__watch_store(ctx, &ctx->impl.gpu->wd.hooks, fd, msg, cap);
 }
 
 /* NCCL failed asynchronously (or timed out). When a peer died, NCCL's error (a closed socket,
@@ -7046,13 +7058,13 @@ static ddp_result ddp__gpu_blame(ddp_context *ctx, int fd, double window, const 
 
 /* The watchdog's finding: name the lost rank if the store can, then tell the peers and abort. */
 static void ddp__gpu_report(ddp_context *ctx, ddp_result r, const char *nccl_msg) {
-    if (ddp__gpu_blame(ctx, ctx->gpu->wd.fd, r == DDP_ERR_TIMEOUT ? 0 : 0.5, nccl_msg) == DDP_OK)
+    if (ddp__gpu_blame(ctx, ctx->impl.gpu->wd.fd, r == DDP_ERR_TIMEOUT ? 0 : 0.5, nccl_msg) == DDP_OK)
         ddp__fail_group(ctx, r, "%s", nccl_msg);
 }
 
 /* The watchdog's hooks (>>engine): the device, the clock's stopped time, the look under the lock. */
-static void ddp__gpu_watch_begin(ddp_context *ctx) { cudaSetDevice(ctx->gpu->device); }
-static void ddp__gpu_watch_slept(ddp_context *ctx, double slept) { ddp__watch_slept(&ctx->gpu->watch, slept); }
+static void ddp__gpu_watch_begin(ddp_context *ctx) { cudaSetDevice(ctx->impl.gpu->device); }
+static void ddp__gpu_watch_slept(ddp_context *ctx, double slept) { ddp__watch_slept(&ctx->impl.gpu->watch, slept); }
 static void ddp__gpu_watch_on_store(ddp_context *ctx, ddp_result r) { (void)r; ddp__gpu_abort(ctx); }   /* already told: only abort */
 
 /* A cancel (the generic look) tells the peers and aborts the communicator: whatever of this
@@ -7069,7 +7081,7 @@ static void ddp__gpu_watch_hooks(ddp__watchdog_hooks *h) {
 }
 
 static void ddp__gpu_stop_watchdog(ddp_context *ctx) {
-    if (ctx->gpu) ddp__watchdog_stop(&ctx->gpu->wd);
+    if (ctx->impl.gpu) ddp__watchdog_stop(&ctx->impl.gpu->wd);
 }
 
 /* Note communication enqueued on `stream` for the watchdog (see ddp__watch). Called with the
@@ -7081,7 +7093,7 @@ static cudaError_t ddp__gpu_watch_locked(ddp__gpu *g, cudaStream_t stream, const
 /* Wait for `stream` on the host without blocking in CUDA: poll, so that a timeout, an
    asynchronous NCCL error or a poisoned group ends the wait. Only outside the step. */
 static ddp_result ddp__gpu_wait(ddp_context *ctx, cudaStream_t stream, const char *what) {
-    ddp__gpu *g = ctx->gpu;
+    ddp__gpu *g = ctx->impl.gpu;
     double deadline = ddp__now() + ctx->desc.timeout_s;
     char msg[DDP__ERR_MAX - 64];
     DDP__CUDA(cudaEventRecord(g->sync_event, stream));
@@ -7096,7 +7108,7 @@ static ddp_result ddp__gpu_wait(ddp_context *ctx, cudaStream_t stream, const cha
         r = ddp__gpu_inspect_locked(ctx, msg, sizeof msg);
         pthread_mutex_unlock(&g->lock);
         if (r != DDP_OK) {   /* as the watchdog does: name the lost rank when the store can */
-            ddp_result b = ddp__gpu_blame(ctx, ctx->store_fd, r == DDP_ERR_TIMEOUT ? 0 : 0.5, msg);
+            ddp_result b = ddp__gpu_blame(ctx, ctx->rdv.store_fd, r == DDP_ERR_TIMEOUT ? 0 : 0.5, msg);
             return b != DDP_OK ? b : ddp__fail_group(ctx, r, "%s", msg);
         }
         if (ddp__now() > deadline)
@@ -7115,7 +7127,7 @@ static ddp_result ddp__nccl_remote_fail(ddp_context *ctx, ncclResult_t e, const 
     ddp_result r;
     snprintf(nccl_msg, sizeof nccl_msg, "%s failed: %s%s%s", what, ncclGetErrorString(e), detail && *detail ? ": " : "",
              detail ? detail : "");
-    if ((r = ddp__gpu_blame(ctx, ctx->store_fd, 0.5, nccl_msg)) != DDP_OK) return r;
+    if ((r = ddp__gpu_blame(ctx, ctx->rdv.store_fd, 0.5, nccl_msg)) != DDP_OK) return r;
     return ddp__fatal(ctx, ddp__nccl_fail(ctx, e, what, __FILE__, __LINE__));
 }
 
@@ -7125,7 +7137,7 @@ static ddp_result ddp__nccl_remote_fail(ddp_context *ctx, ncclResult_t e, const 
    poison and (at set-up, where the watchdog does not run yet) the store. Call between
    ddp__nccl_enter and _leave, so that the communicator cannot be freed meanwhile. */
 static ddp_result ddp__nccl_settle(ddp_context *ctx, ncclResult_t e, const char *what, double deadline) {
-    ddp__gpu *g = ctx->gpu;
+    ddp__gpu *g = ctx->impl.gpu;
     double next_store_check = 0;
     char msg[DDP__ERR_MAX - 64];
     while (e == ncclInProgress) {
@@ -7133,7 +7145,7 @@ static ddp_result ddp__nccl_settle(ddp_context *ctx, ncclResult_t e, const char 
         if (ddp__failed(ctx)) return ddp__failed(ctx);
         if ((r = ddp__check_cancel(ctx, what)) != DDP_OK) return r;
         if (!g->wd.started && ddp__now() >= next_store_check) {
-            if ((r = ddp__gpu_check_store(ctx, ctx->store_fd, msg, sizeof msg)) != DDP_OK)
+            if ((r = ddp__gpu_check_store(ctx, ctx->rdv.store_fd, msg, sizeof msg)) != DDP_OK)
                 return ddp__set_failed(ctx, ddp__fail(ctx, r, "%s (during %s)", msg, what));   /* told already */
             next_store_check = ddp__now() + DDP__LIVENESS_PERIOD_S;
         }
@@ -7153,7 +7165,7 @@ static ddp_result ddp__nccl_settle(ddp_context *ctx, ncclResult_t e, const char 
 enum { DDP__NCCL_ALLREDUCE, DDP__NCCL_BROADCAST, DDP__NCCL_REDUCE, DDP__NCCL_REDUCE_SCATTER, DDP__NCCL_ALL_GATHER };
 static ddp_result ddp__nccl_call(ddp_context *ctx, int call, const void *send, void *recv, size_t count, ncclDataType_t type,
                                  ncclRedOp_t op, int root, const char *what) {
-    ddp__gpu *g = ctx->gpu;
+    ddp__gpu *g = ctx->impl.gpu;
     ncclResult_t e;
     ddp_result r;
     cudaError_t w;
@@ -7193,7 +7205,7 @@ static ddp_result ddp__nccl_enqueue(ddp_context *ctx, void *buf, size_t count, n
    broadcast of the tail from the last rank. `base` is the bucket's start in the buffer. */
 static ddp_result ddp__nccl_parts(ddp_context *ctx, int b, void *base, ncclDataType_t type, size_t elem, int gather,
                                   const char *what) {
-    const ddp__bucket *k = &ctx->buckets[b];
+    const ddp__bucket *k = &ctx->model.buckets[b];
     size_t lo, hi, part, tail;
     unsigned char *at = (unsigned char *)base;
     ddp_result r;
@@ -7218,7 +7230,7 @@ static ddp_result ddp__nccl_parts(ddp_context *ctx, int b, void *base, ncclDataT
    when it starts and when it is done, so a timeout can name the ranks that never came and
    those that came but never finished. */
 static ddp_result ddp__gpu_init_comm(ddp_context *ctx, ncclUniqueId *id, double deadline, int version) {
-    ddp__gpu *g = ctx->gpu;
+    ddp__gpu *g = ctx->impl.gpu;
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     ncclResult_t e;
     ddp_result r;
@@ -7257,7 +7269,7 @@ static ddp_result ddp__gpu_setup(ddp_context *ctx, double deadline) {
     int count = 0, version = 0, k;
     cudaError_t e;
     if (!(g = (ddp__gpu *)ddp__calloc(sizeof *g))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
-    ctx->gpu = g;
+    ctx->impl.gpu = g;
     pthread_mutex_init(&g->lock, NULL);
     ddp__watchdog_init(&g->wd, ctx, &g->lock);
     ddp__gpu_watch_hooks(&g->wd.hooks);
@@ -7302,15 +7314,15 @@ static ddp_result ddp__gpu_setup(ddp_context *ctx, double deadline) {
    buffer, 1 where the parameter there is flagged DDP_NO_DECAY (parameters start on 16-float
    boundaries, so a group never mixes two). NULL with *status DDP_OK when no parameter is. */
 static unsigned char *ddp__gpu_no_decay_mask(const ddp_context *ctx, ddp_result *status) {
-    size_t groups = ctx->flat_count / DDP_K_MASK_GROUP, k;
+    size_t groups = ctx->flat.count / DDP_K_MASK_GROUP, k;
     unsigned char *mask;
     int i, any = 0;
     *status = DDP_OK;
-    for (i = 0; i < ctx->num_params; i++) any |= (ctx->params[i].flags & DDP_NO_DECAY) != 0;
+    for (i = 0; i < ctx->model.num_params; i++) any |= (ctx->model.params[i].flags & DDP_NO_DECAY) != 0;
     if (!any) return NULL;
     if (!(mask = (unsigned char *)ddp__calloc(groups))) { *status = DDP_ERR_OUT_OF_MEMORY; return NULL; }
-    for (i = 0; i < ctx->num_params; i++) {
-        const ddp__param *p = &ctx->params[i];
+    for (i = 0; i < ctx->model.num_params; i++) {
+        const ddp__param *p = &ctx->model.params[i];
         if (!(p->flags & DDP_NO_DECAY)) continue;
         for (k = p->offset / DDP_K_MASK_GROUP; k < (p->offset + p->count + DDP_K_MASK_GROUP - 1) / DDP_K_MASK_GROUP; k++) mask[k] = 1;
     }
@@ -7320,25 +7332,25 @@ static unsigned char *ddp__gpu_no_decay_mask(const ddp_context *ctx, ddp_result 
 /* Commit, first half: the flat buffers in device memory with this rank's initial values (rank
    0's reach everyone later, by broadcast), and the no-decay mask. */
 static ddp_result ddp__gpu_alloc_flat(ddp_context *ctx) {
-    ddp__gpu *g = ctx->gpu;
-    size_t bytes = ctx->flat_count * sizeof(float), groups = ctx->flat_count / DDP_K_MASK_GROUP;
+    ddp__gpu *g = ctx->impl.gpu;
+    size_t bytes = ctx->flat.count * sizeof(float), groups = ctx->flat.count / DDP_K_MASK_GROUP;
     unsigned char *mask;
     ddp_result r;
     int i;
     DDP__GPU_DEVICE(g);
-    DDP__CUDA(cudaMalloc((void **)&ctx->flat_params, bytes));
-    DDP__CUDA(cudaMemset(ctx->flat_params, 0, bytes));
+    DDP__CUDA(cudaMalloc((void **)&ctx->flat.params, bytes));
+    DDP__CUDA(cudaMemset(ctx->flat.params, 0, bytes));
     if (ddp__bf16_params(ctx)) {   /* the working copies are filled at commit, from the master */
-        DDP__CUDA(cudaMalloc((void **)&ctx->params_bf16, ctx->flat_count * sizeof(ddp_bf16)));
-        DDP__CUDA(cudaMalloc((void **)&ctx->grads_bf16, ctx->flat_count * sizeof(ddp_bf16)));
-        DDP__CUDA(cudaMemset(ctx->grads_bf16, 0, ctx->flat_count * sizeof(ddp_bf16)));
+        DDP__CUDA(cudaMalloc((void **)&ctx->flat.params_bf16, ctx->flat.count * sizeof(ddp_bf16)));
+        DDP__CUDA(cudaMalloc((void **)&ctx->flat.grads_bf16, ctx->flat.count * sizeof(ddp_bf16)));
+        DDP__CUDA(cudaMemset(ctx->flat.grads_bf16, 0, ctx->flat.count * sizeof(ddp_bf16)));
     } else {
-        DDP__CUDA(cudaMalloc((void **)&ctx->flat_grads, bytes));
-        DDP__CUDA(cudaMemset(ctx->flat_grads, 0, bytes));
+        DDP__CUDA(cudaMalloc((void **)&ctx->flat.grads, bytes));
+        DDP__CUDA(cudaMemset(ctx->flat.grads, 0, bytes));
     }
-    for (i = 0; i < ctx->num_params; i++) {
-        ddp__param *p = &ctx->params[i];
-        if (p->init) DDP__CUDA(cudaMemcpy(ctx->flat_params + p->offset, p->init, p->count * sizeof(float), cudaMemcpyHostToDevice));
+    for (i = 0; i < ctx->model.num_params; i++) {
+        ddp__param *p = &ctx->model.params[i];
+        if (p->init) DDP__CUDA(cudaMemcpy(ctx->flat.params + p->offset, p->init, p->count * sizeof(float), cudaMemcpyHostToDevice));
         p->init = NULL;
     }
     if ((mask = ddp__gpu_no_decay_mask(ctx, &r)) != NULL) {
@@ -7358,16 +7370,16 @@ static ddp_result ddp__gpu_alloc_flat(ddp_context *ctx) {
 
 static ddp_result ddp__gpu_create_events(ddp_context *ctx, cudaEvent_t **events, unsigned flags) {
     int b;
-    if (!(*events = (cudaEvent_t *)ddp__calloc(sizeof(cudaEvent_t) * (size_t)ctx->num_buckets)))
+    if (!(*events = (cudaEvent_t *)ddp__calloc(sizeof(cudaEvent_t) * (size_t)ctx->model.num_buckets)))
         return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for bucket events");
-    for (b = 0; b < ctx->num_buckets; b++) DDP__CUDA(cudaEventCreateWithFlags(&(*events)[b], flags));
+    for (b = 0; b < ctx->model.num_buckets; b++) DDP__CUDA(cudaEventCreateWithFlags(&(*events)[b], flags));
     return DDP_OK;
 }
 
 /* Commit, second half (buckets exist, layouts checked): events, staging, rank 0's parameters
    to everyone, the watchdog. */
 static ddp_result ddp__gpu_commit(ddp_context *ctx) {
-    ddp__gpu *g = ctx->gpu;
+    ddp__gpu *g = ctx->impl.gpu;
     size_t largest = 0;
     ddp_result r;
     int b, k;
@@ -7381,14 +7393,14 @@ static ddp_result ddp__gpu_commit(ddp_context *ctx) {
         if ((r = ddp__gpu_create_events(ctx, &g->updated, cudaEventDisableTiming)) != DDP_OK) return r;
         DDP__CUDA(cudaEventCreateWithFlags(&g->gathered, cudaEventDisableTiming));
     }
-    for (b = 0; b < ctx->num_buckets; b++) if (ctx->buckets[b].count > largest) largest = ctx->buckets[b].count;
-    if (ctx->desc.reduce_dtype == DDP_DTYPE_BF16 && ctx->world > 1 && !ctx->grads_bf16)
+    for (b = 0; b < ctx->model.num_buckets; b++) if (ctx->model.buckets[b].count > largest) largest = ctx->model.buckets[b].count;
+    if (ctx->desc.reduce_dtype == DDP_DTYPE_BF16 && ctx->world > 1 && !ctx->flat.grads_bf16)
         DDP__CUDA(cudaMalloc((void **)&g->bf16, largest * sizeof(uint16_t)));
-    if (ctx->desc.reduce_dtype == DDP_DTYPE_FP32 && ctx->world > 1 && ctx->grads_bf16)
+    if (ctx->desc.reduce_dtype == DDP_DTYPE_FP32 && ctx->world > 1 && ctx->flat.grads_bf16)
         DDP__CUDA(cudaMalloc((void **)&g->f32, largest * sizeof(float)));
     if (ctx->world > 1) {
         const char *what = "the broadcast of rank 0's initial parameters";
-        if ((r = ddp__nccl_enqueue(ctx, ctx->flat_params, ctx->flat_count, ncclFloat, ncclSum, 0, what)) != DDP_OK) return r;
+        if ((r = ddp__nccl_enqueue(ctx, ctx->flat.params, ctx->flat.count, ncclFloat, ncclSum, 0, what)) != DDP_OK) return r;
         if ((r = ddp__gpu_wait(ctx, g->comm, what)) != DDP_OK) return r;
         if ((r = ddp__store_connect_as(ctx, ddp__now() + ctx->desc.timeout_s, -1, &g->wd.fd)) != DDP_OK) return ddp__fatal(ctx, r);
     }
@@ -7400,10 +7412,10 @@ static ddp_result ddp__gpu_commit(ddp_context *ctx) {
    reduce_dtype FP32 widened into one bucket's floats, averaged in fp32 and rounded back (sharded:
    this rank's part), all on the comm stream. */
 static ddp_result ddp__gpu_launch_bf16(ddp_context *ctx, int index, const char *what) {
-    ddp__gpu *g = ctx->gpu;
-    const ddp__bucket *b = &ctx->buckets[index];
+    ddp__gpu *g = ctx->impl.gpu;
+    const ddp__bucket *b = &ctx->model.buckets[index];
     const ddp__wire *w = &b->wire;
-    ddp_bf16 *grads = ctx->grads_bf16 + b->offset;
+    ddp_bf16 *grads = ctx->flat.grads_bf16 + b->offset;
     ddp_result r;
     if (w->convert == DDP__WIRE_AS_IS)
         return w->scatter ? ddp__nccl_parts(ctx, index, grads, ncclBfloat16, sizeof(ddp_bf16), 0, what)
@@ -7412,7 +7424,7 @@ static ddp_result ddp__gpu_launch_bf16(ddp_context *ctx, int index, const char *
     r = w->scatter ? ddp__nccl_parts(ctx, index, g->f32, ncclFloat, sizeof(float), 0, what)
                    : ddp__nccl_enqueue(ctx, g->f32, b->count, ncclFloat, ncclAvg, -1, what);
     if (r != DDP_OK) return r;
-    DDP__CUDA(ddp_k_f32_to_bf16(g->f32 + (w->lo - b->offset), ctx->grads_bf16 + w->lo, w->hi - w->lo, g->comm));
+    DDP__CUDA(ddp_k_f32_to_bf16(g->f32 + (w->lo - b->offset), ctx->flat.grads_bf16 + w->lo, w->hi - w->lo, g->comm));
     return DDP_OK;
 }
 
@@ -7420,17 +7432,17 @@ static ddp_result ddp__gpu_launch_bf16(ddp_context *ctx, int index, const char *
    the bucket in place (through bf16 staging when asked), all enqueued, nothing waited for.
    Sharded: reduce-scattered instead (ddp__nccl_parts). */
 static ddp_result ddp__gpu_launch(ddp_context *ctx, int index) {
-    ddp__gpu *g = ctx->gpu;
-    const ddp__bucket *b = &ctx->buckets[index];
+    ddp__gpu *g = ctx->impl.gpu;
+    const ddp__bucket *b = &ctx->model.buckets[index];
     const ddp__wire *w = &b->wire;
-    float *grads = ctx->flat_grads ? ctx->flat_grads + b->offset : NULL;   /* NULL: bf16 parameters */
-    int par = ctx->tl_step & 1, bf16 = w->convert == DDP__WIRE_NARROW;
+    float *grads = ctx->flat.grads ? ctx->flat.grads + b->offset : NULL;   /* NULL: bf16 parameters */
+    int par = ctx->tl.step & 1, bf16 = w->convert == DDP__WIRE_NARROW;
     double inject_ms = ctx->desc.inject_comm_latency_ms;
     char what[96];
     ddp_result r;
     DDP__GPU_DEVICE(g);
-    ctx->stats.buckets_launched++;
-    ctx->stats.bytes_reduced += w->bytes;
+    ctx->step.stats.buckets_launched++;
+    ctx->step.stats.bytes_reduced += w->bytes;
     if (ctx->desc.inject_comm_gbps > 0) inject_ms += 1e3 * (double)w->bytes / (ctx->desc.inject_comm_gbps * 1e9);
     DDP__CUDA(cudaEventRecord(g->ready[index], g->compute));
     DDP__CUDA(cudaStreamWaitEvent(g->comm, g->ready[index], 0));
@@ -7446,7 +7458,7 @@ static ddp_result ddp__gpu_launch(ddp_context *ctx, int index) {
         r = bf16 ? ddp__nccl_parts(ctx, index, g->bf16, ncclBfloat16, sizeof(uint16_t), 0, what)
                  : ddp__nccl_parts(ctx, index, grads, ncclFloat, sizeof(float), 0, what);
         if (r != DDP_OK) return r;
-        if (bf16) DDP__CUDA(ddp_k_bf16_to_f32(g->bf16 + (w->lo - b->offset), ctx->flat_grads + w->lo, w->hi - w->lo, g->comm));
+        if (bf16) DDP__CUDA(ddp_k_bf16_to_f32(g->bf16 + (w->lo - b->offset), ctx->flat.grads + w->lo, w->hi - w->lo, g->comm));
     } else if (w->moves) {   /* one rank: its gradients are the average already, nothing to move */
         snprintf(what, sizeof what, "the allreduce of gradient bucket %d (%zu elements)", index, b->count);
         if (bf16) r = ddp__nccl_enqueue(ctx, g->bf16, b->count, ncclBfloat16, ncclAvg, -1, what);
@@ -7467,27 +7479,27 @@ static ddp_result ddp__gpu_launch(ddp_context *ctx, int index) {
    exposed tail (step_finish to the last bucket's end, empty when comm ended first); the
    backward span goes first so that a viewer draws the allreduces over it. */
 static void ddp__gpu_timeline(ddp_context *ctx, int par, const ddp_step_stats *st) {
-    ddp__gpu *g = ctx->gpu;
+    ddp__gpu *g = ctx->impl.gpu;
     int b, step = (int)st->step - 1;
     float t0, t1;
     double h = g->host_begin[par];
-    if (!ctx->tl_comm) return;
+    if (!ctx->tl.comm) return;
     if (cudaEventElapsedTime(&t1, g->step_begin[par], g->step_finish[par]) == cudaSuccess) {
-        ddp__tl_add(ctx->tl_comm, DDP__EV_GPU_BACKWARD, step, h, h + 1e-3 * t1, -1, 0);
+        ddp__tl_add(ctx->tl.comm, DDP__EV_GPU_BACKWARD, step, h, h + 1e-3 * t1, -1, 0);
         if (st->buckets_launched &&
             cudaEventElapsedTime(&t0, g->step_begin[par], g->comm_end[par][g->last_bucket[par]]) == cudaSuccess)
-            ddp__tl_add(ctx->tl_comm, DDP__EV_GPU_EXPOSED, step, h + 1e-3 * t1, h + 1e-3 * (t0 > t1 ? t0 : t1), -1, 0);
+            ddp__tl_add(ctx->tl.comm, DDP__EV_GPU_EXPOSED, step, h + 1e-3 * t1, h + 1e-3 * (t0 > t1 ? t0 : t1), -1, 0);
     }
     for (b = 0; b < st->buckets_launched; b++)
         if (cudaEventElapsedTime(&t0, g->step_begin[par], g->comm_start[par][b]) == cudaSuccess &&
             cudaEventElapsedTime(&t1, g->step_begin[par], g->comm_end[par][b]) == cudaSuccess)
-            ddp__tl_add(ctx->tl_comm, DDP__EV_ALLREDUCE, step, h + 1e-3 * t0,
-                        h + 1e-3 * t1, b, ctx->buckets[b].wire.bytes);
+            ddp__tl_add(ctx->tl.comm, DDP__EV_ALLREDUCE, step, h + 1e-3 * t0,
+                        h + 1e-3 * t1, b, ctx->model.buckets[b].wire.bytes);
 }
 
 /* The GPU times of a step, once its events have completed (never waited for). */
 static void ddp__gpu_harvest(ddp_context *ctx, int par) {
-    ddp__gpu *g = ctx->gpu;
+    ddp__gpu *g = ctx->impl.gpu;
     ddp_step_stats st = g->timed_stats[par];
     int b, last = g->last_bucket[par];
     float ms;
@@ -7505,14 +7517,14 @@ static void ddp__gpu_harvest(ddp_context *ctx, int par) {
         st.overlap_pct = 100.0 * (hidden < 0 ? 0 : hidden);
     }
     ddp__gpu_timeline(ctx, par, &st);
-    ctx->last_stats = st;
+    ctx->step.last_stats = st;
     g->timed[par] = 0;
 }
 
 /* A step begins: read what the last two steps' events can tell, then mark the start. */
 static void ddp__gpu_begin_step(ddp_context *ctx) {
-    ddp__gpu *g = ctx->gpu;
-    int par = ctx->tl_step & 1;
+    ddp__gpu *g = ctx->impl.gpu;
+    int par = ctx->tl.step & 1;
     if (cudaSetDevice(g->device) != cudaSuccess) {
         ddp__fail_group(ctx, DDP_ERR_BACKEND, "cudaSetDevice(%d) failed at the start of a step", g->device);
         return;
@@ -7530,8 +7542,8 @@ static void ddp__gpu_begin_step(ddp_context *ctx) {
 /* Shutdown: let the last steps' GPU work finish so that their times reach the stats and the
    timeline (the only host wait for step work, outside any step). */
 static void ddp__gpu_drain(ddp_context *ctx) {
-    ddp__gpu *g = ctx->gpu;
-    int older = ctx->tl_step & 1;
+    ddp__gpu *g = ctx->impl.gpu;
+    int older = ctx->tl.step & 1;
     if (!g || ddp__failed(ctx)) return;
     if (ddp__gpu_wait(ctx, g->compute, "the last step before shutdown") != DDP_OK) return;
     if (ddp__gpu_wait(ctx, g->comm, "the last communication before shutdown") != DDP_OK) return;
@@ -7541,69 +7553,69 @@ static void ddp__gpu_drain(ddp_context *ctx) {
 
 /* Finish: the compute stream waits for the last bucket. Nothing waits on the host. */
 static ddp_result ddp__gpu_finish(ddp_context *ctx, double t_wait) {
-    ddp__gpu *g = ctx->gpu;
-    int par = ctx->tl_step & 1;
+    ddp__gpu *g = ctx->impl.gpu;
+    int par = ctx->tl.step & 1;
     (void)t_wait;   /* the wait happens on the device; its time comes from the events */
     DDP__GPU_DEVICE(g);
     DDP__CUDA(cudaEventRecord(g->step_finish[par], g->compute));
-    if (ctx->stats.buckets_launched) DDP__CUDA(cudaStreamWaitEvent(g->compute, g->comm_end[par][g->last_bucket[par]], 0));
-    g->timed_stats[par] = ctx->stats;
-    g->timed_stats[par].step = ctx->tl_step + 1;
+    if (ctx->step.stats.buckets_launched) DDP__CUDA(cudaStreamWaitEvent(g->compute, g->comm_end[par][g->last_bucket[par]], 0));
+    g->timed_stats[par] = ctx->step.stats;
+    g->timed_stats[par].step = ctx->tl.step + 1;
     g->timed[par] = 1;
     return ddp__failed(ctx);
 }
 
 static ddp_result ddp__gpu_zero(ddp_context *ctx, size_t offset, size_t count) {
-    DDP__GPU_DEVICE(ctx->gpu);
-    if (ctx->grads_bf16) DDP__CUDA(cudaMemsetAsync(ctx->grads_bf16 + offset, 0, count * sizeof(ddp_bf16), ctx->gpu->compute));
-    else DDP__CUDA(cudaMemsetAsync(ctx->flat_grads + offset, 0, count * sizeof(float), ctx->gpu->compute));
+    DDP__GPU_DEVICE(ctx->impl.gpu);
+    if (ctx->flat.grads_bf16) DDP__CUDA(cudaMemsetAsync(ctx->flat.grads_bf16 + offset, 0, count * sizeof(ddp_bf16), ctx->impl.gpu->compute));
+    else DDP__CUDA(cudaMemsetAsync(ctx->flat.grads + offset, 0, count * sizeof(float), ctx->impl.gpu->compute));
     return DDP_OK;
 }
 
 static ddp_result ddp__gpu_scale(ddp_context *ctx, size_t offset, size_t count, float factor) {
-    DDP__GPU_DEVICE(ctx->gpu);
-    if (ctx->grads_bf16) DDP__CUDA(ddp_k_scale_bf16(ctx->grads_bf16 + offset, count, factor, ctx->gpu->compute));
-    else DDP__CUDA(ddp_k_scale(ctx->flat_grads + offset, count, factor, ctx->gpu->compute));
+    DDP__GPU_DEVICE(ctx->impl.gpu);
+    if (ctx->flat.grads_bf16) DDP__CUDA(ddp_k_scale_bf16(ctx->flat.grads_bf16 + offset, count, factor, ctx->impl.gpu->compute));
+    else DDP__CUDA(ddp_k_scale(ctx->flat.grads + offset, count, factor, ctx->impl.gpu->compute));
     return DDP_OK;
 }
 
 /* On the compute stream, in order with the program's work. */
 static ddp_result ddp__gpu_bf16(ddp_context *ctx, int op, size_t offset, size_t count) {
-    cudaStream_t s = ctx->gpu->compute;
-    DDP__GPU_DEVICE(ctx->gpu);
+    cudaStream_t s = ctx->impl.gpu->compute;
+    DDP__GPU_DEVICE(ctx->impl.gpu);
     if (op == DDP__BF16_SHARD_MASTER) {   /* the master's parts, packed (ddp__master_parts) */
         float *parts = NULL;
         size_t lo, hi;
         int b;
-        DDP__CUDA(cudaMalloc((void **)&parts, (ctx->shard_count ? ctx->shard_count : 1) * sizeof(float)));
-        for (b = 0; b < ctx->num_buckets; b++) {
+        DDP__CUDA(cudaMalloc((void **)&parts, (ctx->shard.count ? ctx->shard.count : 1) * sizeof(float)));
+        for (b = 0; b < ctx->model.num_buckets; b++) {
             ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
             if (hi > lo)
-                DDP__CUDA(cudaMemcpyAsync(parts + ctx->shard_base[b], ctx->flat_params + lo, (hi - lo) * sizeof(float),
+                DDP__CUDA(cudaMemcpyAsync(parts + ctx->shard.base[b], ctx->flat.params + lo, (hi - lo) * sizeof(float),
                                           cudaMemcpyDeviceToDevice, s));
         }
         DDP__CUDA(cudaStreamSynchronize(s));   /* the rounding before and these copies read the whole master */
-        DDP__CUDA(cudaFree(ctx->flat_params));
-        ctx->flat_params = parts;
-    } else DDP__CUDA(ddp_k_f32_to_bf16(ctx->flat_params + offset, ctx->params_bf16 + offset, count, s));
+        DDP__CUDA(cudaFree(ctx->flat.params));
+        ctx->flat.params = parts;
+    } else DDP__CUDA(ddp_k_f32_to_bf16(ctx->flat.params + offset, ctx->flat.params_bf16 + offset, count, s));
     return DDP_OK;
 }
 
-/* m and v: this rank's parts (shard_count floats; unsharded the whole flat buffer). */
+/* m and v: this rank's parts (shard.count floats; unsharded the whole flat buffer). */
 static ddp_result ddp__gpu_alloc_adamw(ddp_context *ctx) {
-    ddp__gpu *g = ctx->gpu;
-    size_t bytes = ctx->shard_count * sizeof(float);
-    if (ctx->adam_m) return DDP_OK;
-    DDP__CUDA(cudaMalloc((void **)&ctx->adam_m, bytes ? bytes : sizeof(float)));
-    DDP__CUDA(cudaMalloc((void **)&ctx->adam_v, bytes ? bytes : sizeof(float)));
-    DDP__CUDA(cudaMalloc((void **)&g->norm_blocks, (ctx->norm_blocks + 1) * sizeof(double)));
+    ddp__gpu *g = ctx->impl.gpu;
+    size_t bytes = ctx->shard.count * sizeof(float);
+    if (ctx->adam.m) return DDP_OK;
+    DDP__CUDA(cudaMalloc((void **)&ctx->adam.m, bytes ? bytes : sizeof(float)));
+    DDP__CUDA(cudaMalloc((void **)&ctx->adam.v, bytes ? bytes : sizeof(float)));
+    DDP__CUDA(cudaMalloc((void **)&g->norm_blocks, (ctx->shard.norm_blocks + 1) * sizeof(double)));
     DDP__CUDA(cudaMalloc((void **)&g->norm_sq, sizeof(double)));
     DDP__CUDA(cudaMalloc((void **)&g->state, sizeof(ddp_k_adamw_state)));
     /* Zeroed on the compute stream, where the AdamW kernels read them next: a plain cudaMemset
        runs on the legacy default stream, which a non-blocking compute stream does not wait for
        (the first step could read an uninitialized step count and moments). */
-    DDP__CUDA(cudaMemsetAsync(ctx->adam_m, 0, bytes, g->compute));
-    DDP__CUDA(cudaMemsetAsync(ctx->adam_v, 0, bytes, g->compute));
+    DDP__CUDA(cudaMemsetAsync(ctx->adam.m, 0, bytes, g->compute));
+    DDP__CUDA(cudaMemsetAsync(ctx->adam.v, 0, bytes, g->compute));
     DDP__CUDA(cudaMemsetAsync(g->state, 0, sizeof(ddp_k_adamw_state), g->compute));
     DDP__CUDA(cudaMallocHost((void **)&g->state_host, sizeof(ddp_k_adamw_state)));
     memset(g->state_host, 0, sizeof(ddp_k_adamw_state));
@@ -7615,19 +7627,19 @@ static ddp_result ddp__gpu_alloc_adamw(ddp_context *ctx) {
 /* bf16 parameters: working copies the AdamW kernel found not to be the master rounded (counted
    on the device, reported by ddp__adamw_step once the state's copy has arrived). */
 static void ddp__gpu_diverged(ddp_context *ctx) {
-    ddp__gpu *g = ctx->gpu;
+    ddp__gpu *g = ctx->impl.gpu;
     if (g->state_host->diverged == g->diverged_seen) return;
-    ctx->bf16_diverged += g->state_host->diverged - g->diverged_seen;
-    ctx->bf16_diverged_param = -1;
+    ctx->flat.bf16_diverged += g->state_host->diverged - g->diverged_seen;
+    ctx->flat.bf16_diverged_param = -1;
     g->diverged_seen = g->state_host->diverged;
 }
 
 static ddp_result ddp__gpu_report_skips(ddp_context *ctx) {
-    ddp__gpu *g = ctx->gpu;
+    ddp__gpu *g = ctx->impl.gpu;
     long long skipped;
     if (!g->state_pending || ddp__gpu_query(g->state_copied) != cudaSuccess) return DDP_OK;
     g->state_pending = 0;
-    ctx->adam_step = g->state_host->step;
+    ctx->adam.step = g->state_host->step;
     ddp__gpu_diverged(ctx);
     skipped = g->state_host->skipped - g->skipped_seen;
     g->skipped_seen = g->state_host->skipped;
@@ -7647,29 +7659,29 @@ static ddp_result ddp__gpu_report_skips(ddp_context *ctx) {
    on its owner only, so nothing is rounded), then the blocks added in order: the CPU backend's
    bits, sharded or not. The exchange runs on the comm stream between the compute stream's work. */
 static ddp_result ddp__gpu_norm(ddp_context *ctx) {
-    ddp__gpu *g = ctx->gpu;
+    ddp__gpu *g = ctx->impl.gpu;
     size_t lo, hi;
     int b, sharded = ddp__sharded(ctx);
     /* sharded: the last exchange left every rank's blocks here; the others' must be zeros again */
-    if (sharded) DDP__CUDA(cudaMemsetAsync(g->norm_blocks, 0, ctx->norm_blocks * sizeof(double), g->compute));
-    for (b = 0; b < ctx->num_buckets; b++) {
-        size_t off = ctx->buckets[b].offset;
+    if (sharded) DDP__CUDA(cudaMemsetAsync(g->norm_blocks, 0, ctx->shard.norm_blocks * sizeof(double), g->compute));
+    for (b = 0; b < ctx->model.num_buckets; b++) {
+        size_t off = ctx->model.buckets[b].offset;
         ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
-        double *out = g->norm_blocks + ctx->norm_base[b] + (lo - off) / DDP__SHARD_GRAIN;
-        if (ctx->grads_bf16) DDP__CUDA(ddp_k_norm_blocks_bf16(ctx->grads_bf16 + lo, hi - lo, DDP__SHARD_GRAIN, out, g->compute));
-        else DDP__CUDA(ddp_k_norm_blocks(ctx->flat_grads + lo, hi - lo, DDP__SHARD_GRAIN, out, g->compute));
+        double *out = g->norm_blocks + ctx->shard.norm_base[b] + (lo - off) / DDP__SHARD_GRAIN;
+        if (ctx->flat.grads_bf16) DDP__CUDA(ddp_k_norm_blocks_bf16(ctx->flat.grads_bf16 + lo, hi - lo, DDP__SHARD_GRAIN, out, g->compute));
+        else DDP__CUDA(ddp_k_norm_blocks(ctx->flat.grads + lo, hi - lo, DDP__SHARD_GRAIN, out, g->compute));
     }
     if (sharded) {
         ddp_result r;
         DDP__CUDA(cudaEventRecord(g->coll_ready, g->compute));
         DDP__CUDA(cudaStreamWaitEvent(g->comm, g->coll_ready, 0));
-        r = ddp__nccl_enqueue(ctx, g->norm_blocks, ctx->norm_blocks, ncclFloat64, ncclSum, -1,
+        r = ddp__nccl_enqueue(ctx, g->norm_blocks, ctx->shard.norm_blocks, ncclFloat64, ncclSum, -1,
                               "ddp_adamw_step's allreduce of the gradient norm's blocks (shard_optimizer)");
         if (r != DDP_OK) return r;
         DDP__CUDA(cudaEventRecord(g->coll_done, g->comm));
         DDP__CUDA(cudaStreamWaitEvent(g->compute, g->coll_done, 0));
     }
-    DDP__CUDA(ddp_k_sum_doubles(g->norm_blocks, ctx->norm_blocks, g->norm_sq, g->compute));
+    DDP__CUDA(ddp_k_sum_doubles(g->norm_blocks, ctx->shard.norm_blocks, g->norm_sq, g->compute));
     return DDP_OK;
 }
 
@@ -7679,38 +7691,38 @@ static ddp_result ddp__gpu_norm(ddp_context *ctx) {
    gather before the program's next kernels read the parameters. A skipped step (state->skip)
    changes nothing, and the gather then moves the unchanged values. */
 static ddp_result ddp__gpu_update(ddp_context *ctx, const ddp_adamw *opt, float b1, float b2, float eps) {
-    ddp__gpu *g = ctx->gpu;
+    ddp__gpu *g = ctx->impl.gpu;
     int b, sharded = ddp__sharded(ctx);
     size_t lo, hi;
-    if (!sharded && ctx->params_bf16) {
-        DDP__CUDA(ddp_k_adamw_bf16(ctx->flat_params, ctx->params_bf16, ctx->grads_bf16, ctx->adam_m, ctx->adam_v, ctx->flat_count,
+    if (!sharded && ctx->flat.params_bf16) {
+        DDP__CUDA(ddp_k_adamw_bf16(ctx->flat.params, ctx->flat.params_bf16, ctx->flat.grads_bf16, ctx->adam.m, ctx->adam.v, ctx->flat.count,
                                    g->no_decay, opt->lr, b1, b2, eps, opt->weight_decay, g->state, g->compute));
         return DDP_OK;
     }
     if (!sharded) {
-        DDP__CUDA(ddp_k_adamw(ctx->flat_params, ctx->flat_grads, ctx->adam_m, ctx->adam_v, ctx->flat_count, g->no_decay,
+        DDP__CUDA(ddp_k_adamw(ctx->flat.params, ctx->flat.grads, ctx->adam.m, ctx->adam.v, ctx->flat.count, g->no_decay,
                               opt->lr, b1, b2, eps, opt->weight_decay, g->state, g->compute));
         return DDP_OK;
     }
-    for (b = 0; b < ctx->num_buckets; b++) {
-        const ddp__bucket *k = &ctx->buckets[b];
+    for (b = 0; b < ctx->model.num_buckets; b++) {
+        const ddp__bucket *k = &ctx->model.buckets[b];
         char what[96];
         ddp_result r;
         ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
-        if (ctx->params_bf16)   /* this part's master (packed) and working copies; the others' copies come gathered */
-            DDP__CUDA(ddp_k_adamw_bf16(ctx->flat_params + ctx->shard_base[b], ctx->params_bf16 + lo, ctx->grads_bf16 + lo,
-                                       ctx->adam_m + ctx->shard_base[b], ctx->adam_v + ctx->shard_base[b], hi - lo,
+        if (ctx->flat.params_bf16)   /* this part's master (packed) and working copies; the others' copies come gathered */
+            DDP__CUDA(ddp_k_adamw_bf16(ctx->flat.params + ctx->shard.base[b], ctx->flat.params_bf16 + lo, ctx->flat.grads_bf16 + lo,
+                                       ctx->adam.m + ctx->shard.base[b], ctx->adam.v + ctx->shard.base[b], hi - lo,
                                        g->no_decay ? g->no_decay + lo / DDP_K_MASK_GROUP : NULL, opt->lr, b1, b2, eps,
                                        opt->weight_decay, g->state, g->compute));
         else
-            DDP__CUDA(ddp_k_adamw(ctx->flat_params + lo, ctx->flat_grads + lo, ctx->adam_m + ctx->shard_base[b],
-                                  ctx->adam_v + ctx->shard_base[b], hi - lo, g->no_decay ? g->no_decay + lo / DDP_K_MASK_GROUP : NULL,
+            DDP__CUDA(ddp_k_adamw(ctx->flat.params + lo, ctx->flat.grads + lo, ctx->adam.m + ctx->shard.base[b],
+                                  ctx->adam.v + ctx->shard.base[b], hi - lo, g->no_decay ? g->no_decay + lo / DDP_K_MASK_GROUP : NULL,
                                   opt->lr, b1, b2, eps, opt->weight_decay, g->state, g->compute));
         DDP__CUDA(cudaEventRecord(g->updated[b], g->compute));
         DDP__CUDA(cudaStreamWaitEvent(g->comm, g->updated[b], 0));
         snprintf(what, sizeof what, "the all-gather of bucket %d's updated parameters (shard_optimizer)", b);
-        r = ctx->params_bf16 ? ddp__nccl_parts(ctx, b, ctx->params_bf16 + k->offset, ncclBfloat16, sizeof(ddp_bf16), 1, what)
-                             : ddp__nccl_parts(ctx, b, ctx->flat_params + k->offset, ncclFloat, sizeof(float), 1, what);
+        r = ctx->flat.params_bf16 ? ddp__nccl_parts(ctx, b, ctx->flat.params_bf16 + k->offset, ncclBfloat16, sizeof(ddp_bf16), 1, what)
+                             : ddp__nccl_parts(ctx, b, ctx->flat.params + k->offset, ncclFloat, sizeof(float), 1, what);
         if (r != DDP_OK) return r;
     }
     DDP__CUDA(cudaEventRecord(g->gathered, g->comm));
@@ -7723,7 +7735,7 @@ static ddp_result ddp__gpu_update(ddp_context *ctx, const ddp_adamw *opt, float 
    (one 40-byte copy and a wait for the compute stream); a program that wants no host wait in
    its steps asks for the norm only on the steps it logs. */
 static ddp_result ddp__gpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b1, float b2, float eps, float *grad_norm_out) {
-    ddp__gpu *g = ctx->gpu;
+    ddp__gpu *g = ctx->impl.gpu;
     int host_norm = grad_norm_out != NULL;   /* clipping happens on the device either way */
     ddp_result r;
     DDP__GPU_DEVICE(g);
@@ -7735,7 +7747,7 @@ static ddp_result ddp__gpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b
     if (host_norm && g->state_pending && (r = ddp__gpu_wait(ctx, g->compute, "the optimizer state")) != DDP_OK) return r;
     if ((r = ddp__gpu_report_skips(ctx)) != DDP_OK) return r;
     if (g->step_dirty) {   /* ddp_adamw_state handed out the step count: it may have been restored */
-        DDP__CUDA(cudaMemcpyAsync(&g->state->step, &ctx->adam_step, sizeof(long long), cudaMemcpyHostToDevice, g->compute));
+        DDP__CUDA(cudaMemcpyAsync(&g->state->step, &ctx->adam.step, sizeof(long long), cudaMemcpyHostToDevice, g->compute));
         g->step_dirty = 0;
     }
     if ((r = ddp__gpu_norm(ctx)) != DDP_OK) return r;
@@ -7746,19 +7758,19 @@ static ddp_result ddp__gpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b
         if ((r = ddp__gpu_wait(ctx, g->compute, "the gradient norm")) != DDP_OK) return r;
         g->state_pending = 0;
         g->skipped_seen = g->state_host->skipped;
-        ctx->adam_step = g->state_host->step;
+        ctx->adam.step = g->state_host->step;
         ddp__gpu_diverged(ctx);
         norm = sqrt(g->state_host->norm_sq);
         if (grad_norm_out) *grad_norm_out = (float)norm;
         if (!ddp__finite_d(norm)) {   /* the device skipped the step; name the culprit like the CPU does */
-            size_t es = ctx->grads_bf16 ? sizeof(ddp_bf16) : sizeof(float);
-            void *host = DDP_MALLOC(ctx->flat_count * es + 1);
-            if (!host) return ddp__fail(ctx, DDP_ERR_NONFINITE, "optimizer step %lld: the gradient norm is %g", ctx->adam_step + 1, norm);
-            cudaError_t e = cudaMemcpy(host, ctx->grads_bf16 ? (void *)ctx->grads_bf16 : (void *)ctx->flat_grads, ctx->flat_count * es,
+            size_t es = ctx->flat.grads_bf16 ? sizeof(ddp_bf16) : sizeof(float);
+            void *host = DDP_MALLOC(ctx->flat.count * es + 1);
+            if (!host) return ddp__fail(ctx, DDP_ERR_NONFINITE, "optimizer step %lld: the gradient norm is %g", ctx->adam.step + 1, norm);
+            cudaError_t e = cudaMemcpy(host, ctx->flat.grads_bf16 ? (void *)ctx->flat.grads_bf16 : (void *)ctx->flat.grads, ctx->flat.count * es,
                                        cudaMemcpyDeviceToHost);
             if (e != cudaSuccess) DDP_FREE(host);
             DDP__CUDA(e);
-            r = ctx->grads_bf16 ? ddp__nonfinite(ctx, NULL, (const ddp_bf16 *)host, norm) : ddp__nonfinite(ctx, (const float *)host, NULL, norm);
+            r = ctx->flat.grads_bf16 ? ddp__nonfinite(ctx, NULL, (const ddp_bf16 *)host, norm) : ddp__nonfinite(ctx, (const float *)host, NULL, norm);
             DDP_FREE(host);
             return r;
         }
@@ -7775,14 +7787,14 @@ static ddp_result ddp__gpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b
 /* Checkpoints: m and v are device pointers; the step count is read from the device now, and
    whatever the program leaves in it is uploaded before the next step. */
 static ddp_result ddp__gpu_adamw_state(ddp_context *ctx) {
-    ddp__gpu *g = ctx->gpu;
+    ddp__gpu *g = ctx->impl.gpu;
     ddp_result r;
     DDP__GPU_DEVICE(g);
     if ((r = ddp__gpu_alloc_adamw(ctx)) != DDP_OK) return r;
     if (!g->step_dirty) {
         DDP__CUDA(cudaMemcpyAsync(g->state_host, g->state, sizeof(ddp_k_adamw_state), cudaMemcpyDeviceToHost, g->compute));
         if ((r = ddp__gpu_wait(ctx, g->compute, "reading the optimizer step")) != DDP_OK) return r;
-        ctx->adam_step = g->state_host->step;
+        ctx->adam.step = g->state_host->step;
         g->state_pending = 0;
     }
     g->step_dirty = 1;
@@ -7793,7 +7805,7 @@ static ddp_result ddp__gpu_adamw_state(ddp_context *ctx) {
    the program's kernels, not waited for. Host memory: staged through pinned memory and waited
    for (polled, with the timeout). */
 static ddp_result ddp__gpu_collective(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root) {
-    ddp__gpu *g = ctx->gpu;
+    ddp__gpu *g = ctx->impl.gpu;
     struct cudaPointerAttributes at;
     int barrier = kind == DDP__KIND_BARRIER || kind == DDP__KIND_SHUTDOWN;
     size_t bytes = kind == DDP__KIND_BROADCAST ? count : barrier ? sizeof(float) : count * sizeof(float);
@@ -7845,7 +7857,7 @@ static ddp_result ddp__gpu_collective(ddp_context *ctx, uint32_t kind, void *dat
    still watching) and destroyed; after a failure, or when finalizing fails, aborted (destroy
    would wait for operations that can never finish). */
 static void ddp__gpu_close_comm(ddp_context *ctx) {
-    ddp__gpu *g = ctx->gpu;
+    ddp__gpu *g = ctx->impl.gpu;
     ddp_result r = DDP_ERR_BACKEND;
     if (!ddp__failed(ctx) && ddp__nccl_enter(g)) {
         r = ddp__gpu_wait(ctx, g->comm, "the last communication before shutdown");
@@ -7862,28 +7874,28 @@ static void ddp__gpu_close_comm(ddp_context *ctx) {
 /* Teardown: the communicator closed while the watchdog still runs, then the watchdog, then
    the memory. */
 static void ddp__gpu_teardown(ddp_context *ctx) {
-    ddp__gpu *g = ctx->gpu;
+    ddp__gpu *g = ctx->impl.gpu;
     int k, b;
     if (!g) return;
     cudaSetDevice(g->device);
     ddp__gpu_close_comm(ctx);
     ddp__gpu_stop_watchdog(ctx);
-    cudaFree(ctx->flat_params); cudaFree(ctx->flat_grads); cudaFree(ctx->adam_m); cudaFree(ctx->adam_v);
-    cudaFree(ctx->params_bf16); cudaFree(ctx->grads_bf16);
-    ctx->flat_params = ctx->flat_grads = ctx->adam_m = ctx->adam_v = NULL;
-    ctx->params_bf16 = ctx->grads_bf16 = NULL;
+    cudaFree(ctx->flat.params); cudaFree(ctx->flat.grads); cudaFree(ctx->adam.m); cudaFree(ctx->adam.v);
+    cudaFree(ctx->flat.params_bf16); cudaFree(ctx->flat.grads_bf16);
+    ctx->flat.params = ctx->flat.grads = ctx->adam.m = ctx->adam.v = NULL;
+    ctx->flat.params_bf16 = ctx->flat.grads_bf16 = NULL;
     cudaFree(g->no_decay); cudaFree(g->norm_blocks); cudaFree(g->norm_sq); cudaFree(g->state); cudaFree(g->bf16); cudaFree(g->f32);
     cudaFree(g->scratch);
     if (g->scratch_host) cudaFreeHost(g->scratch_host);
     if (g->state_host) cudaFreeHost(g->state_host);
-    for (b = 0; b < ctx->num_buckets; b++) {
+    for (b = 0; b < ctx->model.num_buckets; b++) {
         if (g->ready) cudaEventDestroy(g->ready[b]);
         for (k = 0; k < 2; k++) {
             if (g->comm_start[k]) cudaEventDestroy(g->comm_start[k][b]);
             if (g->comm_end[k]) cudaEventDestroy(g->comm_end[k][b]);
         }
     }
-    for (b = 0; g->updated && b < ctx->num_buckets; b++) cudaEventDestroy(g->updated[b]);
+    for (b = 0; g->updated && b < ctx->model.num_buckets; b++) cudaEventDestroy(g->updated[b]);
     DDP_FREE(g->updated);
     if (g->gathered) cudaEventDestroy(g->gathered);
     DDP_FREE(g->ready);
@@ -7902,19 +7914,19 @@ static void ddp__gpu_teardown(ddp_context *ctx) {
     ddp__watchdog_destroy(&g->wd);
     pthread_mutex_destroy(&g->lock);
     DDP_FREE(g);
-    ctx->gpu = NULL;
+    ctx->impl.gpu = NULL;
 }
 
 /* NCCL: reading completed events changes only this cache. */
 static void ddp__gpu_stats(ddp_context *ctx) {
-    ddp__gpu_harvest(ctx, ctx->tl_step & 1);         /* the step before the last */
-    ddp__gpu_harvest(ctx, (ctx->tl_step + 1) & 1);   /* the last: newest wins */
+    ddp__gpu_harvest(ctx, ctx->tl.step & 1);         /* the step before the last */
+    ddp__gpu_harvest(ctx, (ctx->tl.step + 1) & 1);   /* the last: newest wins */
 }
 
 /* Host <-> device, for checkpoints and inspection: ordered after the compute stream's work
    (a copy on that stream, then a polled wait), outside any step. */
 static ddp_result ddp__gpu_copy(ddp_context *ctx, void *dst, const void *src, size_t bytes, int to_host) {
-    ddp__gpu *g = ctx->gpu;
+    ddp__gpu *g = ctx->impl.gpu;
     DDP__GPU_DEVICE(g);
     DDP__CUDA(cudaMemcpyAsync(dst, src, bytes, to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, g->compute));
     return ddp__gpu_wait(ctx, g->compute, to_host ? "a copy to host memory" : "a copy from host memory");
@@ -7922,7 +7934,7 @@ static ddp_result ddp__gpu_copy(ddp_context *ctx, void *dst, const void *src, si
 
 /* Shutdown begins: the last steps' work done. The watchdog keeps watching until teardown. */
 static void ddp__gpu_stop(ddp_context *ctx) {
-    if (ctx->gpu) cudaSetDevice(ctx->gpu->device);
+    if (ctx->impl.gpu) cudaSetDevice(ctx->impl.gpu->device);
     ddp__gpu_drain(ctx);
 }
 
@@ -7993,7 +8005,7 @@ static ddp_result ddp__choose_backend(ddp_context *ctx) {
                          "store on MASTER_ADDR %s). What works: all %d ranks on one host (ddprun -n %d), GPUs "
                          "(the NCCL backend), or the MPI backend for CPU ranks on several hosts (a build by mpicc "
                          "-DDDP_MPI, started by mpirun or srun --mpi=pmix)", ctx->world,
-                         ctx->local_world, host, ctx->master_addr, ctx->world, ctx->world);
+                         ctx->local_world, host, ctx->job.master_addr, ctx->world, ctx->world);
     }
     ddp__cpu_table(&ctx->table); ctx->be = &ctx->table;
     d->backend = DDP_BACKEND_CPU;
@@ -8007,7 +8019,7 @@ static ddp_result ddp__rendezvous(ddp_context *ctx, double deadline) {
     uint32_t len = 0, status = 0;
     int s, found;
     ddp_result r;
-    if (!(ctx->peer_pids = (int *)ddp__calloc(sizeof(int) * (size_t)ctx->world)))
+    if (!(ctx->rdv.peer_pids = (int *)ddp__calloc(sizeof(int) * (size_t)ctx->world)))
         return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %d ranks", ctx->world);
     ddp__hostname(host, sizeof host);
     snprintf(key, sizeof key, "claim/%d", ctx->rank);
@@ -8046,16 +8058,16 @@ static ddp_result ddp__rendezvous(ddp_context *ctx, double deadline) {
             char missing[256];
             if ((r = ddp__list_missing(ctx, "rank/", s, missing, sizeof missing)) != DDP_OK) return r;
             return ddp__fail(ctx, DDP_ERR_TIMEOUT, "rank(s) %s never arrived at the rendezvous on %s:%d within "
-                             "%g s (WORLD_SIZE=%d)", missing, ctx->master_addr, ctx->desc.master_port,
+                             "%g s (WORLD_SIZE=%d)", missing, ctx->job.master_addr, ctx->desc.master_port,
                              ctx->desc.timeout_s, ctx->world);
         }
         if (s == 0) {
             char where[256] = "";
             sscanf((const char *)reply, "%d %d %255s", &world, &pid, where);
-            ctx->rank0_here = !strcmp(where, host);
+            ctx->rdv.rank0_here = !strcmp(where, host);
         } else sscanf((const char *)reply, "%d %d", &world, &pid);
         DDP_FREE(reply);
-        ctx->peer_pids[s] = pid;
+        ctx->rdv.peer_pids[s] = pid;
         if (world != ctx->world)
             return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks disagree on the world size: rank %d (pid %d) was "
                              "started with WORLD_SIZE=%d, this rank with %d", s, pid, world, ctx->world);
@@ -8069,11 +8081,11 @@ static ddp_result ddp__rendezvous(ddp_context *ctx, double deadline) {
    (rank 0 gathers). */
 static void ddp__tl_shutdown(ddp_context *ctx, ddp__text *mine, int gather) {
     char eb[DDP__ERR_MAX];
-    int together = ctx->world > 1 && ctx->up && ctx->store_fd >= 0 && !ddp__failed(ctx) && !mine->oom &&
+    int together = ctx->world > 1 && ctx->up && ctx->rdv.store_fd >= 0 && !ddp__failed(ctx) && !mine->oom &&
                    mine->len <= DDP__STORE_MAX_VALUE;
     char key[32], path[600];
     int s, found;
-    if (!ctx->tl_main) return;
+    if (!ctx->tl.main) return;
     if (!gather) {
         if (!mine->buf) ddp__text_printf(mine, ",\n{\"name\":\"empty\",\"ph\":\"M\",\"pid\":%d}", ctx->rank);
         snprintf(key, sizeof key, "timeline/%d", ctx->rank);
@@ -8081,8 +8093,8 @@ static void ddp__tl_shutdown(ddp_context *ctx, ddp__text *mine, int gather) {
         return;
     }
     if (!together) {
-        if (ctx->world > 1) snprintf(path, sizeof path, "%s.rank%d.json", ctx->timeline_path, ctx->rank);
-        else snprintf(path, sizeof path, "%s", ctx->timeline_path);
+        if (ctx->world > 1) snprintf(path, sizeof path, "%s.rank%d.json", ctx->tl.path, ctx->rank);
+        else snprintf(path, sizeof path, "%s", ctx->tl.path);
         if (ddp__tl_write_file(ctx, path, mine) != DDP_OK) ddp__log(ctx, DDP_LOG_WARN, "%s", ddp__err_body(ctx, eb));
         return;
     }
@@ -8095,9 +8107,9 @@ static void ddp__tl_shutdown(ddp_context *ctx, ddp__text *mine, int gather) {
         ddp__text_printf(mine, "%.*s", (int)len, (const char *)text);
         DDP_FREE(text);
     }
-    if (ctx->tl_main->full || ctx->tl_comm->full)
+    if (ctx->tl.main->full || ctx->tl.comm->full)
         ddp__log(ctx, DDP_LOG_WARN, "the timeline kept only the first %d events per thread", DDP__TIMELINE_MAX_EVENTS);
-    if (ddp__tl_write_file(ctx, ctx->timeline_path, mine) != DDP_OK) ddp__log(ctx, DDP_LOG_WARN, "%s", ddp__err_body(ctx, eb));
+    if (ddp__tl_write_file(ctx, ctx->tl.path, mine) != DDP_OK) ddp__log(ctx, DDP_LOG_WARN, "%s", ddp__err_body(ctx, eb));
 }
 
 
@@ -8113,18 +8125,18 @@ static ddp_result ddp__init(ddp_context *ctx, const ddp_desc *desc) {
     double deadline;
     ddp_result r;
     if ((r = ddp__resolve_desc(ctx, desc)) != DDP_OK) return r;
-    if (ctx->timeline_path[0]) {
-        char dir[sizeof ctx->timeline_path];
-        const char *slash = ddp__last_sep(ctx->timeline_path);
+    if (ctx->tl.path[0]) {
+        char dir[sizeof ctx->tl.path];
+        const char *slash = ddp__last_sep(ctx->tl.path);
         /* the file is written at ddp_shutdown: a directory that cannot take it is told now */
-        snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - ctx->timeline_path) + (slash == ctx->timeline_path) : 1,
-                 slash ? ctx->timeline_path : ".");
+        snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - ctx->tl.path) + (slash == ctx->tl.path) : 1,
+                 slash ? ctx->tl.path : ".");
         if (!ddp__dir_writable(dir))
             return ddp__fail(ctx, DDP_ERR_BAD_ENV, "the timeline '%s' (DDP_TIMELINE or ddp_desc.timeline_path) cannot be "
-                             "written: its directory '%s': %s", ctx->timeline_path, dir, ddp__strerror(errno));
-        ctx->tl_main = (ddp__timeline *)ddp__calloc(sizeof(ddp__timeline));
-        ctx->tl_comm = (ddp__timeline *)ddp__calloc(sizeof(ddp__timeline));
-        if (!ctx->tl_main || !ctx->tl_comm) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the timeline");
+                             "written: its directory '%s': %s", ctx->tl.path, dir, ddp__strerror(errno));
+        ctx->tl.main = (ddp__timeline *)ddp__calloc(sizeof(ddp__timeline));
+        ctx->tl.comm = (ddp__timeline *)ddp__calloc(sizeof(ddp__timeline));
+        if (!ctx->tl.main || !ctx->tl.comm) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the timeline");
     }
     if ((r = ddp__choose_backend(ctx)) != DDP_OK) return r;
     if (ctx->desc.shard_optimizer && !ctx->be->shards)
@@ -8132,15 +8144,15 @@ static ddp_result ddp__init(ddp_context *ctx, const ddp_desc *desc) {
                          "(yet): run unsharded there", ctx->be->name);
     deadline = ddp__now() + ctx->desc.timeout_s;
     if (ctx->world > 1) {
-        if (!ctx->job_token[0] && !ctx->job_id[0])
+        if (!ctx->job.token[0] && !ctx->job.id[0])
             ddp__log(ctx, ctx->rank == 0 ? DDP_LOG_WARN : DDP_LOG_INFO, "no job identity: no DDP_JOB_TOKEN or DDP_JOB_ID, "
                      "and the launcher gives no job id (TORCHELASTIC_RUN_ID, PMIX_NAMESPACE, SLURM_JOB_ID); a rank of "
                      "another job started on %s:%d would be taken into this one. Set DDP_JOB_ID (or DDP_JOB_TOKEN) "
-                     "alike on every rank of a job; ddprun does", ctx->master_addr, ctx->desc.master_port);
-        else if (!ctx->job_token[0])
+                     "alike on every rank of a job; ddprun does", ctx->job.master_addr, ctx->desc.master_port);
+        else if (!ctx->job.token[0])
             ddp__log(ctx, ctx->local_world < ctx->world ? DDP_LOG_WARN : DDP_LOG_INFO, "no DDP_JOB_TOKEN: the "
                      "rendezvous store on %s:%d accepts any client that can reach it and names this job ('%s')",
-                     ctx->master_addr, ctx->desc.master_port, ctx->job_id);
+                     ctx->job.master_addr, ctx->desc.master_port, ctx->job.id);
         ddp__derive_store_key(ctx);
         if (ctx->rank == 0 && (r = ddp__server_start(ctx)) != DDP_OK) return r;
         if ((r = ddp__store_connect(ctx, deadline)) != DDP_OK) return r;
@@ -8161,15 +8173,15 @@ static ddp_result ddp__shutdown(ddp_context *ctx) {
     memset(&timeline, 0, sizeof timeline);
     __atomic_store_n(&ctx->closing, 1, __ATOMIC_RELEASE);
     if (ctx->be && ctx->be->stop) ctx->be->stop(ctx);
-    if (ctx->tl_main) ddp__tl_rank_json(ctx, &timeline);
+    if (ctx->tl.main) ddp__tl_rank_json(ctx, &timeline);
     ddp__tl_shutdown(ctx, &timeline, 0);
     ctx->what = "the shutdown barrier";
     r = ddp__group_barrier(ctx);
     ddp__tl_shutdown(ctx, &timeline, 1);
     DDP_FREE(timeline.buf);
-    ddp__tl_free(ctx->tl_main);
-    ddp__tl_free(ctx->tl_comm);
-    if (ctx->store_fd >= 0 && r == DDP_OK && !ddp__failed(ctx)) {   /* every rank is here: hanging up is no death */
+    ddp__tl_free(ctx->tl.main);
+    ddp__tl_free(ctx->tl.comm);
+    if (ctx->rdv.store_fd >= 0 && r == DDP_OK && !ddp__failed(ctx)) {   /* every rank is here: hanging up is no death */
         char bye[32];
         snprintf(bye, sizeof bye, "bye/%d", ctx->rank);
         /* every rank passed the barrier: rank 0 may have closed its store already, which is no
@@ -8178,23 +8190,23 @@ static ddp_result ddp__shutdown(ddp_context *ctx) {
         (void)ddp__store_set(ctx, bye, "1", 1);
         __atomic_store_n(&ctx->quiet, 0, __ATOMIC_RELAXED);
     }
-    if (ctx->store_fd >= 0) ddp__sock_close(ctx->store_fd);
-    ctx->store_fd = -1;   /* a late poison must not write to a reused descriptor */
+    if (ctx->rdv.store_fd >= 0) ddp__sock_close(ctx->rdv.store_fd);
+    ctx->rdv.store_fd = -1;   /* a late poison must not write to a reused descriptor */
     ddp__server_stop(ctx);
     if (r == DDP_OK) r = ddp__group_barrier(ctx);
     /* The context is freed below, so ddp_last_error cannot tell the caller: say it here. */
     if (r != DDP_OK) ddp__log(ctx, DDP_LOG_ERROR, "ddp_shutdown: %s", ddp__err_body(ctx, eb));
     if (ctx->be) ctx->be->teardown(ctx);
-    DDP_FREE(ctx->params);
-    DDP_FREE(ctx->peer_pids);
-    DDP_FREE(ctx->join_mask);
-    DDP_FREE(ctx->ready_copy);
-    DDP_FREE(ctx->buckets);
-    DDP_FREE(ctx->shard_base);
-    DDP_FREE(ctx->norm_base);
-    DDP_FREE(ctx->norm_sums);
-    DDP_FREE(ctx->tape);
-    DDP_FREE(ctx->tape_arena);
+    DDP_FREE(ctx->model.params);
+    DDP_FREE(ctx->rdv.peer_pids);
+    DDP_FREE(ctx->join.mask);
+    DDP_FREE(ctx->step.ready_copy);
+    DDP_FREE(ctx->model.buckets);
+    DDP_FREE(ctx->shard.base);
+    DDP_FREE(ctx->shard.norm_base);
+    DDP_FREE(ctx->shard.norm_sums);
+    DDP_FREE(ctx->tape.ops);
+    DDP_FREE(ctx->tape.arena);
     ddp__mutex_destroy(&ctx->err_lock);
     DDP_FREE(ctx);
     return r;
@@ -8208,15 +8220,15 @@ static ddp_result ddp__shutdown(ddp_context *ctx) {
    -------------------------------------------------------------------------------------------- */
 static void ddp__progress_publish(ddp_context *ctx) {
     uint64_t words[DDP__PROGRESS_WORDS];
-    uint32_t seq = ctx->progress_seq;   /* only the owner writes it */
+    uint32_t seq = ctx->embed.seq;   /* only the owner writes it */
     size_t i;
     memset(words, 0, sizeof words);
-    memcpy(words, &ctx->progress, sizeof ctx->progress);
+    memcpy(words, &ctx->embed.progress, sizeof ctx->embed.progress);
     /* odd: a write in progress. Release stores of the words (no fences: ThreadSanitizer does not
        model them): a reader that sees a new word sees the odd count after it. */
-    __atomic_store_n(&ctx->progress_seq, seq + 1, __ATOMIC_RELAXED);
-    for (i = 0; i < DDP__PROGRESS_WORDS; i++) __atomic_store_n(&ctx->progress_words[i], words[i], __ATOMIC_RELEASE);
-    __atomic_store_n(&ctx->progress_seq, seq + 2, __ATOMIC_RELEASE);
+    __atomic_store_n(&ctx->embed.seq, seq + 1, __ATOMIC_RELAXED);
+    for (i = 0; i < DDP__PROGRESS_WORDS; i++) __atomic_store_n(&ctx->embed.words[i], words[i], __ATOMIC_RELEASE);
+    __atomic_store_n(&ctx->embed.seq, seq + 2, __ATOMIC_RELEASE);
 }
 
 static void ddp__progress_read(const ddp_context *ctx, ddp_progress *out) {
@@ -8224,10 +8236,10 @@ static void ddp__progress_read(const ddp_context *ctx, ddp_progress *out) {
     int tries;
     size_t i;
     for (tries = 0;; tries++) {
-        uint32_t before = __atomic_load_n(&ctx->progress_seq, __ATOMIC_ACQUIRE), after;
+        uint32_t before = __atomic_load_n(&ctx->embed.seq, __ATOMIC_ACQUIRE), after;
         if (!(before & 1)) {
-            for (i = 0; i < DDP__PROGRESS_WORDS; i++) words[i] = __atomic_load_n(&ctx->progress_words[i], __ATOMIC_ACQUIRE);
-            after = __atomic_load_n(&ctx->progress_seq, __ATOMIC_RELAXED);
+            for (i = 0; i < DDP__PROGRESS_WORDS; i++) words[i] = __atomic_load_n(&ctx->embed.words[i], __ATOMIC_ACQUIRE);
+            after = __atomic_load_n(&ctx->embed.seq, __ATOMIC_RELAXED);
             if (after == before) break;
         }
         if (tries > 64) ddp__yield();   /* the owner was preempted mid-write: let it finish */
@@ -8239,21 +8251,21 @@ static void ddp__progress_read(const ddp_context *ctx, ddp_progress *out) {
 /* The end of a step (ddp_finish): what the host program's progress display shows. */
 static void ddp__progress_step(ddp_context *ctx) {
     double now = ddp__now();
-    ddp_progress *p = &ctx->progress;
-    p->step = ctx->tl_step;
-    p->step_ms = ctx->progress_last_finish > 0 ? 1e3 * (now - ctx->progress_last_finish) : 0;
-    ctx->progress_last_finish = now;
-    p->backward_ms = ctx->last_stats.backward_ms;
-    p->comm_ms = ctx->last_stats.comm_ms;
-    p->exposed_ms = ctx->last_stats.exposed_ms;
-    p->bytes_reduced = ctx->last_stats.bytes_reduced;
-    p->active_ranks = ctx->join_active ? ctx->join_active : ctx->world;
+    ddp_progress *p = &ctx->embed.progress;
+    p->step = ctx->tl.step;
+    p->step_ms = ctx->embed.last_finish > 0 ? 1e3 * (now - ctx->embed.last_finish) : 0;
+    ctx->embed.last_finish = now;
+    p->backward_ms = ctx->step.last_stats.backward_ms;
+    p->comm_ms = ctx->step.last_stats.comm_ms;
+    p->exposed_ms = ctx->step.last_stats.exposed_ms;
+    p->bytes_reduced = ctx->step.last_stats.bytes_reduced;
+    p->active_ranks = ctx->join.active ? ctx->join.active : ctx->world;
     ddp__progress_publish(ctx);
 }
 
 static void ddp__report_loss(ddp_context *ctx, float loss) {
-    ctx->progress.loss = loss;
-    ctx->progress.loss_step = ctx->tl_step;
+    ctx->embed.progress.loss = loss;
+    ctx->embed.progress.loss_step = ctx->tl.step;
     ddp__progress_publish(ctx);
 }
 
@@ -8273,26 +8285,26 @@ static ddp_result ddp__register_param(ddp_context *ctx, const char *name, size_t
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "parameter '%s' has %zu elements", name, count);
     if (flags & ~(unsigned)DDP_NO_DECAY)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "parameter '%s' has unknown flags 0x%x", name, flags);
-    for (i = 0; i < ctx->num_params; i++)
-        if (!strcmp(ctx->params[i].name, name))
+    for (i = 0; i < ctx->model.num_params; i++)
+        if (!strcmp(ctx->model.params[i].name, name))
             return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "parameter '%s' is registered twice", name);
-    if (ctx->num_params == ctx->cap_params) {
-        int cap = ctx->cap_params ? 2 * ctx->cap_params : 32;
+    if (ctx->model.num_params == ctx->model.cap_params) {
+        int cap = ctx->model.cap_params ? 2 * ctx->model.cap_params : 32;
         ddp__param *grown = (ddp__param *)DDP_MALLOC(sizeof(ddp__param) * (size_t)cap);
         if (!grown) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory registering '%s'", name);
-        if (ctx->num_params) memcpy(grown, ctx->params, sizeof(ddp__param) * (size_t)ctx->num_params);
-        DDP_FREE(ctx->params);
-        ctx->params = grown;
-        ctx->cap_params = cap;
+        if (ctx->model.num_params) memcpy(grown, ctx->model.params, sizeof(ddp__param) * (size_t)ctx->model.num_params);
+        DDP_FREE(ctx->model.params);
+        ctx->model.params = grown;
+        ctx->model.cap_params = cap;
     }
-    p = &ctx->params[ctx->num_params];
+    p = &ctx->model.params[ctx->model.num_params];
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "%s", name);
     p->count = count;
     p->flags = flags;
     p->init = init;
-    if (id_out) *id_out = ctx->num_params;
-    ctx->num_params++;
+    if (id_out) *id_out = ctx->model.num_params;
+    ctx->model.num_params++;
     return DDP_OK;
 }
 
@@ -8303,16 +8315,16 @@ static ddp_result ddp__build_buckets(ddp_context *ctx) {
     size_t first_cap = (size_t)(ctx->desc.first_bucket_mb * 1048576.0);
     size_t cap = (size_t)(ctx->desc.bucket_cap_mb * 1048576.0);
     int i, n = 0;
-    ctx->buckets = (ddp__bucket *)ddp__calloc(sizeof(ddp__bucket) * (size_t)ctx->num_params);
-    if (!ctx->buckets) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory building buckets");
-    for (i = ctx->num_params - 1; i >= 0; i--) {
-        ddp__param *p = &ctx->params[i];
-        size_t end = i + 1 < ctx->num_params ? ctx->params[i + 1].offset : ctx->flat_count;
+    ctx->model.buckets = (ddp__bucket *)ddp__calloc(sizeof(ddp__bucket) * (size_t)ctx->model.num_params);
+    if (!ctx->model.buckets) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory building buckets");
+    for (i = ctx->model.num_params - 1; i >= 0; i--) {
+        ddp__param *p = &ctx->model.params[i];
+        size_t end = i + 1 < ctx->model.num_params ? ctx->model.params[i + 1].offset : ctx->flat.count;
         size_t bytes = (end - p->offset) * sizeof(float);
-        ddp__bucket *b = n ? &ctx->buckets[n - 1] : NULL;
+        ddp__bucket *b = n ? &ctx->model.buckets[n - 1] : NULL;
         size_t limit = n <= 1 ? first_cap : cap;
         if (!b || (b->count * sizeof(float) + bytes > limit && b->count > 0)) {
-            b = &ctx->buckets[n++];
+            b = &ctx->model.buckets[n++];
             b->last_param = i;
             b->count = 0;
         }
@@ -8321,7 +8333,7 @@ static ddp_result ddp__build_buckets(ddp_context *ctx) {
         b->count += end - p->offset;
         p->bucket = n - 1;
     }
-    ctx->num_buckets = n;
+    ctx->model.num_buckets = n;
     return DDP_OK;
 }
 
@@ -8330,21 +8342,21 @@ static ddp_result ddp__build_buckets(ddp_context *ctx) {
 static ddp_result ddp__shard_layout(ddp_context *ctx) {
     size_t at = 0, blocks = 0, lo, hi;
     int b;
-    ctx->shard_base = (size_t *)ddp__calloc(sizeof(size_t) * (size_t)ctx->num_buckets);
-    ctx->norm_base = (size_t *)ddp__calloc(sizeof(size_t) * (size_t)ctx->num_buckets);
-    if (!ctx->shard_base || !ctx->norm_base) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the shard layout");
-    for (b = ctx->num_buckets - 1; b >= 0; b--) {   /* the last bucket holds the first parameters */
+    ctx->shard.base = (size_t *)ddp__calloc(sizeof(size_t) * (size_t)ctx->model.num_buckets);
+    ctx->shard.norm_base = (size_t *)ddp__calloc(sizeof(size_t) * (size_t)ctx->model.num_buckets);
+    if (!ctx->shard.base || !ctx->shard.norm_base) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the shard layout");
+    for (b = ctx->model.num_buckets - 1; b >= 0; b--) {   /* the last bucket holds the first parameters */
         ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
-        ctx->shard_base[b] = at;
+        ctx->shard.base[b] = at;
         at += hi - lo;
     }
-    for (b = 0; b < ctx->num_buckets; b++) {
-        ctx->norm_base[b] = blocks;
-        blocks += (ctx->buckets[b].count + DDP__SHARD_GRAIN - 1) / DDP__SHARD_GRAIN;
+    for (b = 0; b < ctx->model.num_buckets; b++) {
+        ctx->shard.norm_base[b] = blocks;
+        blocks += (ctx->model.buckets[b].count + DDP__SHARD_GRAIN - 1) / DDP__SHARD_GRAIN;
     }
-    ctx->shard_count = at;
-    ctx->norm_blocks = blocks;
-    if (!(ctx->norm_sums = (double *)ddp__calloc(sizeof(double) * (blocks ? blocks : 1))))
+    ctx->shard.count = at;
+    ctx->shard.norm_blocks = blocks;
+    if (!(ctx->shard.norm_sums = (double *)ddp__calloc(sizeof(double) * (blocks ? blocks : 1))))
         return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the norm's blocks");
     return DDP_OK;
 }
@@ -8352,7 +8364,7 @@ static ddp_result ddp__shard_layout(ddp_context *ctx) {
 /* param_dtype BF16: a conversion between the bf16 buffers and the fp32 ones (DDP__BF16_*);
    nothing on an fp32 context. */
 static ddp_result ddp__bf16_op(ddp_context *ctx, int op, size_t offset, size_t count) {
-    if (!ctx->params_bf16 || !count) return DDP_OK;
+    if (!ctx->flat.params_bf16 || !count) return DDP_OK;
     return ctx->be->bf16(ctx, op, offset, count);
 }
 
@@ -8363,7 +8375,7 @@ static ddp_result ddp__zero_grads(ddp_context *ctx, size_t offset, size_t count)
 
 /* One line per parameter; every rank must produce the same text. */
 static char *ddp__layout_text(ddp_context *ctx, size_t *len_out) {
-    size_t cap = 256 + (size_t)ctx->num_params * (DDP__NAME_MAX + 48), len;
+    size_t cap = 256 + (size_t)ctx->model.num_params * (DDP__NAME_MAX + 48), len;
     char *text = (char *)DDP_MALLOC(cap);
     int i;
     if (!text) return NULL;
@@ -8372,10 +8384,10 @@ static char *ddp__layout_text(ddp_context *ctx, size_t *len_out) {
                            ctx->desc.reduce_dtype == DDP_DTYPE_BF16 ? "bf16" : "fp32", (int)ctx->desc.uneven_inputs,
                            ctx->desc.shard_optimizer, ddp__bf16_params(ctx) ? "bf16" : "fp32");
     /* a timeline on some ranks only would stall shutdown (rank 0 waits for each missing trace) */
-    len += (size_t)snprintf(text + len, cap - len, "timeline %s\n", ctx->timeline_path[0] ? "on" : "off");
-    for (i = 0; i < ctx->num_params; i++)
-        len += (size_t)snprintf(text + len, cap - len, "%s %zu %u\n", ctx->params[i].name,
-                                ctx->params[i].count, ctx->params[i].flags);
+    len += (size_t)snprintf(text + len, cap - len, "timeline %s\n", ctx->tl.path[0] ? "on" : "off");
+    for (i = 0; i < ctx->model.num_params; i++)
+        len += (size_t)snprintf(text + len, cap - len, "%s %zu %u\n", ctx->model.params[i].name,
+                                ctx->model.params[i].count, ctx->model.params[i].flags);
     *len_out = len;
     return text;
 }
@@ -8433,12 +8445,12 @@ static ddp_result ddp__verify_layout(ddp_context *ctx) {
    average writes them), in host memory. The copy holds each gradient as it was marked ready. */
 static ddp_result ddp__ready_check_alloc(ddp_context *ctx) {
     size_t elem = ddp__bf16_params(ctx) ? sizeof(ddp_bf16) : sizeof(float);
-    if (ctx->world > 1 || ctx->gpu)
+    if (ctx->world > 1 || ctx->be->id == DDP_BACKEND_NCCL)
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "check_ready (%s) is a debugging run on one "
                          "rank with host memory (world size %d, backend %s): run the model once on one CPU rank "
                          "with it", ddp__env_set("DDP_CHECK_READY") ? "DDP_CHECK_READY=1" : "ddp_desc.check_ready = 1",
                          ctx->world, ctx->be->name);
-    if (!(ctx->ready_copy = (unsigned char *)DDP_MALLOC(elem * ctx->flat_count)))
+    if (!(ctx->step.ready_copy = (unsigned char *)DDP_MALLOC(elem * ctx->flat.count)))
         return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for check_ready's copy of the gradients");
     return DDP_OK;
 }
@@ -8451,20 +8463,20 @@ static void ddp__log_plan(ddp_context *ctx) {
     if (ctx->rank != 0 || ctx->desc.log_level > DDP_LOG_INFO) return;
     ddp__log(ctx, DDP_LOG_INFO, "bucket plan: %d parameter(s), %zu floats (%.3f MiB of %s gradients, parameters "
              "on %d-float boundaries) in %d bucket(s) (first_bucket_mb %g, bucket_cap_mb %g); launched in this order, "
-             "each as soon as its last parameter is ready, in reverse registration order:", ctx->num_params,
-             ctx->flat_count, (double)(ctx->flat_count * elem) / 1048576.0, elem == 2 ? "bf16" : "fp32",
-             DDP_PARAM_ALIGN_FLOATS, ctx->num_buckets, ctx->desc.first_bucket_mb, ctx->desc.bucket_cap_mb);
-    for (b = 0; b < ctx->num_buckets && shown < 32; b++, shown++) {
-        const ddp__bucket *k = &ctx->buckets[b];
+             "each as soon as its last parameter is ready, in reverse registration order:", ctx->model.num_params,
+             ctx->flat.count, (double)(ctx->flat.count * elem) / 1048576.0, elem == 2 ? "bf16" : "fp32",
+             DDP_PARAM_ALIGN_FLOATS, ctx->model.num_buckets, ctx->desc.first_bucket_mb, ctx->desc.bucket_cap_mb);
+    for (b = 0; b < ctx->model.num_buckets && shown < 32; b++, shown++) {
+        const ddp__bucket *k = &ctx->model.buckets[b];
         int n = k->last_param - k->first_param + 1;
         double bytes = (double)(k->count * elem);
         ddp__log(ctx, DDP_LOG_INFO, "  bucket %d: %.*f %s, floats [%zu, %zu), %d parameter(s): '%s'%s%s%s", b,
                  bytes < 1048576.0 ? 1 : 3, bytes < 1048576.0 ? bytes / 1024.0 : bytes / 1048576.0,
-                 bytes < 1048576.0 ? "KiB" : "MiB", k->offset, k->offset + k->count, n, ctx->params[k->last_param].name,
-                 n > 1 ? " .. '" : "", n > 1 ? ctx->params[k->first_param].name : "", n > 1 ? "'" : "");
+                 bytes < 1048576.0 ? "KiB" : "MiB", k->offset, k->offset + k->count, n, ctx->model.params[k->last_param].name,
+                 n > 1 ? " .. '" : "", n > 1 ? ctx->model.params[k->first_param].name : "", n > 1 ? "'" : "");
     }
-    if (b < ctx->num_buckets) ddp__log(ctx, DDP_LOG_INFO, "  ... and %d more bucket(s)", ctx->num_buckets - b);
-    if (ctx->num_buckets == 1 && ctx->world > 1)
+    if (b < ctx->model.num_buckets) ddp__log(ctx, DDP_LOG_INFO, "  ... and %d more bucket(s)", ctx->model.num_buckets - b);
+    if (ctx->model.num_buckets == 1 && ctx->world > 1)
         ddp__log(ctx, DDP_LOG_INFO, "one bucket holds every gradient: its average can begin only when the last "
                  "parameter is ready, so no communication overlaps the backward (right for a small model; a smaller "
                  "first_bucket_mb / bucket_cap_mb splits it)");
@@ -8474,8 +8486,8 @@ static void ddp__log_plan(ddp_context *ctx) {
    every backend (the CPU backend adds in_place at its commit, once its segment is there). */
 static void ddp__plan_wire(ddp_context *ctx) {
     int b;
-    for (b = 0; b < ctx->num_buckets; b++) {
-        ddp__bucket *k = &ctx->buckets[b];
+    for (b = 0; b < ctx->model.num_buckets; b++) {
+        ddp__bucket *k = &ctx->model.buckets[b];
         ddp__wire *w = &k->wire;
         w->moves = ctx->world > 1;
         w->grads = ddp__bf16_params(ctx) ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
@@ -8496,12 +8508,12 @@ static ddp_result ddp__commit(ddp_context *ctx) {
     ddp_result r;
     int i;
     if (ddp__is_committed(ctx)) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_commit called twice");
-    if (ctx->num_params == 0) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_commit with no parameters registered");
-    for (i = 0; i < ctx->num_params; i++) {
-        ctx->params[i].offset = offset;
-        offset += ddp__round_up(ctx->params[i].count, DDP__ALIGN_FLOATS);
+    if (ctx->model.num_params == 0) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_commit with no parameters registered");
+    for (i = 0; i < ctx->model.num_params; i++) {
+        ctx->model.params[i].offset = offset;
+        offset += ddp__round_up(ctx->model.params[i].count, DDP__ALIGN_FLOATS);
     }
-    ctx->flat_count = offset;
+    ctx->flat.count = offset;
     if ((r = ctx->be->alloc_flat(ctx)) != DDP_OK) return r;
     if ((r = ddp__build_buckets(ctx)) != DDP_OK) return r;
     if ((r = ddp__shard_layout(ctx)) != DDP_OK) return r;
@@ -8509,9 +8521,9 @@ static ddp_result ddp__commit(ddp_context *ctx) {
     if (ctx->world > 1 && (r = ddp__verify_layout(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     if (ctx->be->commit && (r = ctx->be->commit(ctx)) != DDP_OK) return r;
     /* the working copies: rank 0's initial values, rounded; the gradients start at zero (alloc_flat) */
-    if ((r = ddp__bf16_op(ctx, DDP__BF16_ROUND_PARAMS, 0, ctx->flat_count)) != DDP_OK) return r;
+    if ((r = ddp__bf16_op(ctx, DDP__BF16_ROUND_PARAMS, 0, ctx->flat.count)) != DDP_OK) return r;
     /* sharded: from here on this rank holds the master of its parts only */
-    if (ddp__master_parts(ctx) && (r = ddp__bf16_op(ctx, DDP__BF16_SHARD_MASTER, 0, ctx->flat_count)) != DDP_OK)
+    if (ddp__master_parts(ctx) && (r = ddp__bf16_op(ctx, DDP__BF16_SHARD_MASTER, 0, ctx->flat.count)) != DDP_OK)
         return ddp__fatal(ctx, r);
     if (ctx->desc.check_ready && (r = ddp__ready_check_alloc(ctx)) != DDP_OK) return r;
     ddp__life_event(ctx, DDP__ON_COMMIT);
@@ -8527,9 +8539,9 @@ static ddp_result ddp__commit(ddp_context *ctx) {
    one GPU runs the path many GPUs run. */
 static ddp_result ddp__launch_ready(ddp_context *ctx) {
     ddp_result r = DDP_OK;
-    if (!ctx->sync_enabled) return DDP_OK;
-    while (r == DDP_OK && ctx->next_launch < ctx->num_buckets && ctx->buckets[ctx->next_launch].pending == 0) {
-        r = ctx->be->launch(ctx, ctx->next_launch++);
+    if (!ctx->step.sync) return DDP_OK;
+    while (r == DDP_OK && ctx->step.next_launch < ctx->model.num_buckets && ctx->model.buckets[ctx->step.next_launch].pending == 0) {
+        r = ctx->be->launch(ctx, ctx->step.next_launch++);
     }
     return r;
 }
@@ -8542,18 +8554,18 @@ static ddp_result ddp__launch_ready(ddp_context *ctx) {
 static ddp_result ddp__join_count(ddp_context *ctx, int has_data, int *stepping) {
     int s, n = 0, steps = 0, first = -1;
     ddp_result r;
-    if (!ctx->join_mask && !(ctx->join_mask = (float *)ddp__calloc(sizeof(float) * (size_t)ctx->world)))
+    if (!ctx->join.mask && !(ctx->join.mask = (float *)ddp__calloc(sizeof(float) * (size_t)ctx->world)))
         return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the uneven-inputs count");
-    for (s = 0; s < ctx->world; s++) ctx->join_mask[s] = 0;
-    ctx->join_mask[ctx->rank] = (float)has_data;
+    for (s = 0; s < ctx->world; s++) ctx->join.mask[s] = 0;
+    ctx->join.mask[ctx->rank] = (float)has_data;
     ctx->what = "the count of the ranks with data (uneven inputs)";
-    if ((r = ctx->be->collective(ctx, DDP__KIND_JOIN, ctx->join_mask, (size_t)ctx->world, 0)) != DDP_OK) return r;
+    if ((r = ctx->be->collective(ctx, DDP__KIND_JOIN, ctx->join.mask, (size_t)ctx->world, 0)) != DDP_OK) return r;
     for (s = 0; s < ctx->world; s++) {
-        if (ctx->join_mask[s] != 0) n++;
-        if (ctx->join_mask[s] == 1.0f) { steps++; if (first < 0) first = s; }
+        if (ctx->join.mask[s] != 0) n++;
+        if (ctx->join.mask[s] == 1.0f) { steps++; if (first < 0) first = s; }
     }
-    ctx->join_active = n;
-    if (steps > 0 && steps < ctx->world) { ctx->join_uneven = 1; ctx->join_root = first; }
+    ctx->join.active = n;
+    if (steps > 0 && steps < ctx->world) { ctx->join.uneven = 1; ctx->join.root = first; }
     if (stepping) *stepping = steps;
     return DDP_OK;
 }
@@ -8563,18 +8575,18 @@ static ddp_result ddp__begin_step(ddp_context *ctx) {
     if (ddp__in_backward(ctx)) return DDP_OK;
     /* uneven inputs: a synchronizing step first counts the ranks with data (ddp_join's shadow
        step has counted already); nothing of this step is in flight yet */
-    if (ctx->desc.uneven_inputs && ctx->world > 1 && ctx->sync_enabled && !ctx->join_shadow) {
+    if (ctx->desc.uneven_inputs && ctx->world > 1 && ctx->step.sync && !ctx->join.shadow) {
         ddp_result r = ddp__join_count(ctx, 1, NULL);
         if (r != DDP_OK) return r;
     }
     ddp__life_event(ctx, DDP__ON_BACKWARD);
-    ctx->ready_moment = 0;
-    ctx->first_launch_moment = -1;
-    ctx->step_start = ddp__now();
-    memset(&ctx->stats, 0, sizeof ctx->stats);
-    for (i = 0; i < ctx->num_buckets; i++)
-        ctx->buckets[i].pending = ctx->buckets[i].last_param - ctx->buckets[i].first_param + 1;
-    ctx->next_launch = 0;
+    ctx->step.ready_moment = 0;
+    ctx->step.first_launch_moment = -1;
+    ctx->step.start = ddp__now();
+    memset(&ctx->step.stats, 0, sizeof ctx->step.stats);
+    for (i = 0; i < ctx->model.num_buckets; i++)
+        ctx->model.buckets[i].pending = ctx->model.buckets[i].last_param - ctx->model.buckets[i].first_param + 1;
+    ctx->step.next_launch = 0;
     if (ctx->be->begin_step) ctx->be->begin_step(ctx);
     return DDP_OK;
 }
@@ -8583,9 +8595,9 @@ static ddp_result ddp__begin_step(ddp_context *ctx) {
    that (take = 0; nonzero: it changed). */
 static int ddp__ready_check(ddp_context *ctx, ddp__param *p, int take) {
     size_t elem = ddp__bf16_params(ctx) ? sizeof(ddp_bf16) : sizeof(float);
-    const unsigned char *grad = ddp__bf16_params(ctx) ? (const unsigned char *)ctx->grads_bf16
-                                                                        : (const unsigned char *)ctx->flat_grads;
-    unsigned char *copy = ctx->ready_copy + elem * p->offset;
+    const unsigned char *grad = ddp__bf16_params(ctx) ? (const unsigned char *)ctx->flat.grads_bf16
+                                                                        : (const unsigned char *)ctx->flat.grads;
+    unsigned char *copy = ctx->step.ready_copy + elem * p->offset;
     grad += elem * p->offset;
     p->ready_copied = take;
     if (take) memcpy(copy, grad, elem * p->count);
@@ -8596,11 +8608,11 @@ static int ddp__ready_check(ddp_context *ctx, ddp__param *p, int take) {
 static ddp_result ddp__ready_check_all(ddp_context *ctx) {
     const ddp__param *changed = NULL;
     int i;
-    for (i = 0; i < ctx->num_params; i++) {
-        ddp__param *p = &ctx->params[i];
+    for (i = 0; i < ctx->model.num_params; i++) {
+        ddp__param *p = &ctx->model.params[i];
         if (p->ready_copied && ddp__ready_check(ctx, p, 0) && !changed) changed = p;
     }
-    if (changed && ctx->tape_step)
+    if (changed && ctx->tape.replaying)
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "check_ready: the gradient of '%s' changed after it was marked "
                          "ready (an op replayed later wrote it). List a parameter on the FIRST op recorded that uses "
                          "it (its backward runs last); with several ranks its bucket would have been averaged before "
@@ -8616,12 +8628,12 @@ static ddp_result ddp__ready_check_all(ddp_context *ctx) {
 static ddp_result ddp__grad_ready(ddp_context *ctx, int id) {
     ddp__param *p;
     ddp_result r;
-    if (id < 0 || id >= ctx->num_params)
+    if (id < 0 || id >= ctx->model.num_params)
         return ddp__fail_group(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_grad_ready: no parameter has id %d", id);
     if ((r = ddp__begin_step(ctx)) != DDP_OK) return r;
-    p = &ctx->params[id];
-    if (!ctx->tape_step) ctx->ready_moment++;   /* the tape counts its ops instead */
-    if (p->ready && ctx->tape_step)
+    p = &ctx->model.params[id];
+    if (!ctx->tape.replaying) ctx->step.ready_moment++;   /* the tape counts its ops instead */
+    if (p->ready && ctx->tape.replaying)
         return ddp__fail_group(ctx, DDP_ERR_DOUBLE_READY, "the gradient of '%s' was marked ready twice in "
                                "one backward (list a parameter only with the op whose backward finishes it; or the "
                                "tape holds two forwards: one whose ddp_backward never ran, which ddp_tape_reset drops)",
@@ -8632,13 +8644,13 @@ static ddp_result ddp__grad_ready(ddp_context *ctx, int id) {
                                "the backward)", p->name);
     p->ready = 1;
     p->touched = 1;
-    if (ctx->ready_copy) ddp__ready_check(ctx, p, 1);
-    if (--ctx->buckets[p->bucket].pending == 0) {
-        if (ctx->tl_main) { double t = ddp__now(); ddp__record(ctx, ctx->tl_main, DDP__EV_READY, t, t, p->bucket, 0); }
+    if (ctx->step.ready_copy) ddp__ready_check(ctx, p, 1);
+    if (--ctx->model.buckets[p->bucket].pending == 0) {
+        if (ctx->tl.main) { double t = ddp__now(); ddp__record(ctx, ctx->tl.main, DDP__EV_READY, t, t, p->bucket, 0); }
         r = ddp__launch_ready(ctx);
-        if (ctx->first_launch_moment < 0 && ctx->next_launch > 0) {
-            ctx->first_launch_moment = ctx->ready_moment;
-            ctx->first_launch_time = ddp__now();
+        if (ctx->step.first_launch_moment < 0 && ctx->step.next_launch > 0) {
+            ctx->step.first_launch_moment = ctx->step.ready_moment;
+            ctx->step.first_launch_time = ddp__now();
         }
         return r;
     }
@@ -8652,8 +8664,8 @@ static ddp_result ddp__handle_unused(ddp_context *ctx) {
     size_t len = 0;
     int i, unused = 0;
     names[0] = 0;
-    for (i = 0; i < ctx->num_params; i++) {
-        ddp__param *p = &ctx->params[i];
+    for (i = 0; i < ctx->model.num_params; i++) {
+        ddp__param *p = &ctx->model.params[i];
         if (p->ready) continue;
         if (ctx->desc.find_unused) {
             if (!p->touched) {
@@ -8661,14 +8673,14 @@ static ddp_result ddp__handle_unused(ddp_context *ctx) {
                 if (r != DDP_OK) return r;
             }
             p->ready = 1;
-            ctx->buckets[p->bucket].pending--;
+            ctx->model.buckets[p->bucket].pending--;
             continue;
         }
         if (unused++ < 8 && len + DDP__NAME_MAX + 8 < sizeof names)
             len += (size_t)snprintf(names + len, sizeof names - len, "%s'%s'", len ? ", " : "", p->name);
     }
     if (unused > 8) snprintf(names + len, sizeof names - len, " and %d more", unused - 8);
-    if (unused && ctx->tape_step)
+    if (unused && ctx->tape.replaying)
         return ddp__fail_group(ctx, DDP_ERR_UNUSED_PARAMETER, "%d parameter(s) got no gradient in this "
                                          "backward: %s (no op recorded on the tape listed them; set find_unused in "
                                          "ddp_desc if that is intended)", unused, names);
@@ -8682,13 +8694,13 @@ static ddp_result ddp__handle_unused(ddp_context *ctx) {
 
 static void ddp__end_step(ddp_context *ctx) {
     int i;
-    for (i = 0; i < ctx->num_params; i++) ctx->params[i].ready = 0;
+    for (i = 0; i < ctx->model.num_params; i++) ctx->model.params[i].ready = 0;
     ddp__life_event(ctx, DDP__ON_FINISH);
-    ctx->tape_step = 0;
-    ctx->tl_step++;
-    ctx->stats.step = ctx->tl_step;
+    ctx->tape.replaying = 0;
+    ctx->tl.step++;
+    ctx->step.stats.step = ctx->tl.step;
     /* NCCL: a synchronizing step's times arrive later, from its events (be->stats) */
-    if (!ctx->be->stats_later || !ctx->sync_enabled) ctx->last_stats = ctx->stats;
+    if (!ctx->be->stats_later || !ctx->step.sync) ctx->step.last_stats = ctx->step.stats;
     ddp__progress_step(ctx);
 }
 
@@ -8700,32 +8712,32 @@ static void ddp__end_step(ddp_context *ctx) {
    ddp_finish is said too, as measured. */
 static void ddp__overlap_check(ddp_context *ctx) {
     double now, window, cycle;
-    if (ctx->overlap_warned || ctx->join_shadow || ctx->world < 2 || ctx->num_buckets < 2 || ctx->ready_moment < 2) return;
-    if (ctx->first_launch_moment >= 0 && ctx->first_launch_moment < ctx->ready_moment) {
-        if (ctx->tape_step || ctx->progress_last_finish <= 0) return;
+    if (ctx->step.overlap_warned || ctx->join.shadow || ctx->world < 2 || ctx->model.num_buckets < 2 || ctx->step.ready_moment < 2) return;
+    if (ctx->step.first_launch_moment >= 0 && ctx->step.first_launch_moment < ctx->step.ready_moment) {
+        if (ctx->tape.replaying || ctx->embed.last_finish <= 0) return;
         now = ddp__now();
-        window = now - ctx->first_launch_time;
-        cycle = now - ctx->progress_last_finish;
+        window = now - ctx->step.first_launch_time;
+        cycle = now - ctx->embed.last_finish;
         if (cycle < 1e-3 || window >= 0.02 * cycle) return;
-        ctx->overlap_warned = 1;
+        ctx->step.overlap_warned = 1;
         if (ctx->rank == 0)
             ddp__log(ctx, DDP_LOG_WARN, "the first gradient bucket was complete only %.3f ms before ddp_finish, in a "
                      "step of %.1f ms since the last ddp_finish (step %lld): almost no communication overlapped the "
                      "backward. Were the ddp_grad_ready calls made back to back after the backward? Call each as soon "
                      "as your backward has finished that gradient, the parameters registered last first (README.md, "
-                     "\"Your own autograd\")", 1e3 * window, 1e3 * cycle, (long long)ctx->tl_step + 1);
+                     "\"Your own autograd\")", 1e3 * window, 1e3 * cycle, (long long)ctx->tl.step + 1);
         return;
     }
-    ctx->overlap_warned = 1;
+    ctx->step.overlap_warned = 1;
     if (ctx->rank != 0) return;   /* the ranks run the same program: one says it */
     ddp__log(ctx, DDP_LOG_WARN, "no gradient bucket was complete before the backward's last %s (step %lld): all %d "
              "buckets (%.2f MiB) were averaged after it, none while it ran. Buckets complete in reverse registration "
              "order (bucket 0 holds the last parameters registered): %s. A tensor that stacks every layer (all layers' "
              "weights of one kind in one parameter) is final only when the backward ends: register one slice per layer "
              "instead (README.md, \"Memory layout and overlap\"). DDP_LOG=info prints the bucket plan",
-             ctx->tape_step ? "op" : "ddp_grad_ready call", (long long)ctx->tl_step + 1, ctx->num_buckets,
-             (double)ctx->flat_count * sizeof(float) / 1048576.0,
-             ctx->tape_step ? "the op replayed first (recorded last) should list the parameters registered last"
+             ctx->tape.replaying ? "op" : "ddp_grad_ready call", (long long)ctx->tl.step + 1, ctx->model.num_buckets,
+             (double)ctx->flat.count * sizeof(float) / 1048576.0,
+             ctx->tape.replaying ? "the op replayed first (recorded last) should list the parameters registered last"
                             : "call ddp_grad_ready as soon as a gradient is final, the parameters registered last "
                               "first (register them in the order the forward uses them)");
 }
@@ -8735,20 +8747,20 @@ static ddp_result ddp__finish(ddp_context *ctx) {
     double t_wait;
     if ((r = ddp__begin_step(ctx)) != DDP_OK) return r;
     t_wait = ddp__now();
-    ctx->stats.backward_ms = 1e3 * (t_wait - ctx->step_start);
-    if (ctx->sync_enabled) {
+    ctx->step.stats.backward_ms = 1e3 * (t_wait - ctx->step.start);
+    if (ctx->step.sync) {
         ddp__overlap_check(ctx);
         if ((r = ddp__handle_unused(ctx)) != DDP_OK) return r;
         if ((r = ddp__launch_ready(ctx)) != DDP_OK) return r;
         r = ctx->be->finish(ctx, t_wait);
         /* uneven inputs, divided by the ranks with data: the buckets divided by the world size */
-        if (r == DDP_OK && ctx->desc.uneven_inputs == DDP_JOIN_DIVIDE_BY_ACTIVE && ctx->join_active > 0 &&
-            ctx->join_active < ctx->world)
-            r = ctx->be->scale(ctx, 0, ctx->flat_count, (float)((double)ctx->world / ctx->join_active));
+        if (r == DDP_OK && ctx->desc.uneven_inputs == DDP_JOIN_DIVIDE_BY_ACTIVE && ctx->join.active > 0 &&
+            ctx->join.active < ctx->world)
+            r = ctx->be->scale(ctx, 0, ctx->flat.count, (float)((double)ctx->world / ctx->join.active));
     }
-    ctx->join_pending = !ctx->sync_enabled;   /* a micro-step's gradients wait for the sync (>>join) */
-    if (r == DDP_OK && ctx->ready_copy) r = ddp__ready_check_all(ctx);   /* one rank: the average left them as they were */
-    if (r == DDP_OK && ctx->sync_enabled) ddp__life_event(ctx, DDP__ON_AVERAGED);
+    ctx->join.pending = !ctx->step.sync;   /* a micro-step's gradients wait for the sync (>>join) */
+    if (r == DDP_OK && ctx->step.ready_copy) r = ddp__ready_check_all(ctx);   /* one rank: the average left them as they were */
+    if (r == DDP_OK && ctx->step.sync) ddp__life_event(ctx, DDP__ON_AVERAGED);
     ddp__end_step(ctx);
     return r;
 }
@@ -8765,35 +8777,35 @@ static ddp_result ddp__tape_record(ddp_context *ctx, ddp_backward_fn backward, c
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_tape_record: args_size %zu is not the size of an "
                          "argument struct (at most 2^40 bytes)", args_size);
     for (i = 0; i < num_param_ids; i++)
-        if (param_ids[i] < 0 || param_ids[i] >= ctx->num_params)
+        if (param_ids[i] < 0 || param_ids[i] >= ctx->model.num_params)
             return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_tape_record: no parameter has id %d", param_ids[i]);
-    args_at = ddp__round_up(ctx->arena_len, 16);
+    args_at = ddp__round_up(ctx->tape.arena_len, 16);
     ids_at = ddp__round_up(args_at + args_size, sizeof(int));
     need = ids_at + sizeof(int) * (size_t)num_param_ids;
-    if (need > ctx->arena_cap) {
-        size_t cap = ctx->arena_cap ? ctx->arena_cap : 4096;
+    if (need > ctx->tape.arena_cap) {
+        size_t cap = ctx->tape.arena_cap ? ctx->tape.arena_cap : 4096;
         unsigned char *grown;
         while (cap < need) cap *= 2;
         if (!(grown = (unsigned char *)DDP_MALLOC(cap))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory growing the tape");
-        if (ctx->arena_len) memcpy(grown, ctx->tape_arena, ctx->arena_len);
-        DDP_FREE(ctx->tape_arena);
-        ctx->tape_arena = grown;
-        ctx->arena_cap = cap;
+        if (ctx->tape.arena_len) memcpy(grown, ctx->tape.arena, ctx->tape.arena_len);
+        DDP_FREE(ctx->tape.arena);
+        ctx->tape.arena = grown;
+        ctx->tape.arena_cap = cap;
     }
-    if (ctx->tape_len == ctx->tape_cap) {
-        int cap = ctx->tape_cap ? 2 * ctx->tape_cap : 64;
+    if (ctx->tape.len == ctx->tape.cap) {
+        int cap = ctx->tape.cap ? 2 * ctx->tape.cap : 64;
         ddp__tape_op *grown = (ddp__tape_op *)DDP_MALLOC(sizeof(ddp__tape_op) * (size_t)cap);
         if (!grown) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory growing the tape");
-        if (ctx->tape_len) memcpy(grown, ctx->tape, sizeof(ddp__tape_op) * (size_t)ctx->tape_len);
-        DDP_FREE(ctx->tape);
-        ctx->tape = grown;
-        ctx->tape_cap = cap;
+        if (ctx->tape.len) memcpy(grown, ctx->tape.ops, sizeof(ddp__tape_op) * (size_t)ctx->tape.len);
+        DDP_FREE(ctx->tape.ops);
+        ctx->tape.ops = grown;
+        ctx->tape.cap = cap;
     }
-    if (ctx->tl_main && ctx->tape_len == 0) ctx->forward_start = ddp__now();
-    if (args_size) memcpy(ctx->tape_arena + args_at, args, args_size);
-    if (num_param_ids) memcpy(ctx->tape_arena + ids_at, param_ids, sizeof(int) * (size_t)num_param_ids);
-    ctx->arena_len = need;
-    op = &ctx->tape[ctx->tape_len++];
+    if (ctx->tl.main && ctx->tape.len == 0) ctx->tl.forward_start = ddp__now();
+    if (args_size) memcpy(ctx->tape.arena + args_at, args, args_size);
+    if (num_param_ids) memcpy(ctx->tape.arena + ids_at, param_ids, sizeof(int) * (size_t)num_param_ids);
+    ctx->tape.arena_len = need;
+    op = &ctx->tape.ops[ctx->tape.len++];
     op->fn = backward;
     op->args_offset = args_at;
     op->ids_offset = ids_at;
@@ -8801,50 +8813,50 @@ static ddp_result ddp__tape_record(ddp_context *ctx, ddp_backward_fn backward, c
     return DDP_OK;
 }
 
-static void ddp__tape_reset(ddp_context *ctx) { ctx->tape_len = 0; ctx->arena_len = 0; ddp__life_event(ctx, DDP__ON_TAPE_RESET); }
+static void ddp__tape_reset(ddp_context *ctx) { ctx->tape.len = 0; ctx->tape.arena_len = 0; ddp__life_event(ctx, DDP__ON_TAPE_RESET); }
 
 /* A backward op's event names the parameters it finishes (the first few; they are registered
    in order in the common case of one layer per op). */
 static void ddp__tl_record_op(ddp_context *ctx, const ddp__tape_op *op, int index, double t0) {
-    ddp__timeline *tl = ctx->tl_main;
+    ddp__timeline *tl = ctx->tl.main;
     size_t before = tl->len;
     ddp__record(ctx, tl, DDP__EV_BACKWARD_OP, t0, ddp__now(), index, 0);
     if (tl->len > before && op->num_ids > 0) {
         int first;
-        memcpy(&first, ctx->tape_arena + op->ids_offset, sizeof first);
+        memcpy(&first, ctx->tape.arena + op->ids_offset, sizeof first);
         tl->ev[tl->len - 1].first_param = first;
-        tl->ev[tl->len - 1].num_params = first + op->num_ids <= ctx->num_params ? op->num_ids : 1;
+        tl->ev[tl->len - 1].num_params = first + op->num_ids <= ctx->model.num_params ? op->num_ids : 1;
     }
 }
 
 static ddp_result ddp__backward(ddp_context *ctx) {
     ddp_result r = DDP_OK;
     int i, k;
-    if (ctx->tape_failed) {   /* a replay without that op would be a wrong gradient, every call "ok" */
+    if (ctx->tape.failed) {   /* a replay without that op would be a wrong gradient, every call "ok" */
         ddp__tape_reset(ctx);
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_backward: a ddp_tape_record of this forward failed (its "
                          "error was returned then), so the tape lacks that op's backward; the tape is dropped: fix "
                          "the record, then run the forward again");
     }
-    if (ctx->tape_len == 0 && !ddp__in_backward(ctx))
+    if (ctx->tape.len == 0 && !ddp__in_backward(ctx))
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_backward: the tape is empty: nothing was recorded since the "
                          "last ddp_backward (called twice for one forward?); record each op's backward with "
                          "ddp_tape_record, or use ddp_grad_ready and ddp_finish");
     if ((r = ddp__begin_step(ctx)) != DDP_OK) { ddp__tape_reset(ctx); return r; }
-    ctx->tape_step = 1;
-    if (ctx->tl_main && ctx->tape_len && ctx->forward_start != 0)
-        ddp__record(ctx, ctx->tl_main, DDP__EV_FORWARD, ctx->forward_start, ctx->step_start, -1, 0);
-    for (i = ctx->tape_len - 1; i >= 0 && r == DDP_OK; i--) {
-        const ddp__tape_op *op = &ctx->tape[i];
+    ctx->tape.replaying = 1;
+    if (ctx->tl.main && ctx->tape.len && ctx->tl.forward_start != 0)
+        ddp__record(ctx, ctx->tl.main, DDP__EV_FORWARD, ctx->tl.forward_start, ctx->step.start, -1, 0);
+    for (i = ctx->tape.len - 1; i >= 0 && r == DDP_OK; i--) {
+        const ddp__tape_op *op = &ctx->tape.ops[i];
         int ids[64];
         int n = op->num_ids;
-        double t0 = ctx->tl_main ? ddp__now() : 0;
-        op->fn(ctx->tape_arena + op->args_offset);
-        ctx->ready_moment++;
-        if (ctx->tl_main) ddp__tl_record_op(ctx, op, i, t0);
+        double t0 = ctx->tl.main ? ddp__now() : 0;
+        op->fn(ctx->tape.arena + op->args_offset);
+        ctx->step.ready_moment++;
+        if (ctx->tl.main) ddp__tl_record_op(ctx, op, i, t0);
         for (k = 0; k < n && r == DDP_OK; k += 64) {
             int j, m = n - k < 64 ? n - k : 64;
-            memcpy(ids, ctx->tape_arena + op->ids_offset + sizeof(int) * (size_t)k, sizeof(int) * (size_t)m);
+            memcpy(ids, ctx->tape.arena + op->ids_offset + sizeof(int) * (size_t)k, sizeof(int) * (size_t)m);
             for (j = 0; j < m && r == DDP_OK; j++) r = ddp__grad_ready(ctx, ids[j]);
         }
     }
@@ -8856,9 +8868,9 @@ static ddp_result ddp__zero_grad(ddp_context *ctx) {
     ddp_result r;
     int i;
     if (ddp__in_backward(ctx)) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_zero_grad while a backward is in flight");
-    if ((r = ddp__zero_grads(ctx, 0, ctx->flat_count)) != DDP_OK) return r;
-    for (i = 0; i < ctx->num_params; i++) ctx->params[i].touched = 0;
-    ctx->join_pending = 0;
+    if ((r = ddp__zero_grads(ctx, 0, ctx->flat.count)) != DDP_OK) return r;
+    for (i = 0; i < ctx->model.num_params; i++) ctx->model.params[i].touched = 0;
+    ctx->join.pending = 0;
     return DDP_OK;
 }
 
@@ -8870,11 +8882,11 @@ static ddp_result ddp__zero_grad(ddp_context *ctx) {
    size (so that a program tried on one rank finds the mistake before it costs a multi-rank run).
    Without it the ranks would step on their own gradients and drift apart, every call "ok". */
 static ddp_result ddp__check_averaged(ddp_context *ctx, const char *call) {
-    if (ctx->join_pending)
+    if (ctx->join.pending)
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s after a backward with gradient sync off "
                          "(ddp_set_sync(ddp, 0)): these gradients are this rank's alone; turn sync on "
                          "(ddp_set_sync(ddp, 1)) before the last micro-batch's backward", call);
-    if (!ctx->grads_averaged)
+    if (!ctx->step.grads_averaged)
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s with no ddp_backward or ddp_finish since the "
                          "last step (or since ddp_commit): the gradients were never averaged across ranks; run the "
                          "backward (ddp_backward, or ddp_grad_ready for each parameter and ddp_finish) first", call);
@@ -8934,19 +8946,19 @@ static ddp_result ddp__adamw_step(ddp_context *ctx, const ddp_adamw *opt, float 
     r = ctx->be->adamw(ctx, opt, b1, b2, eps, grad_norm_out);
     /* bf16 parameters: the backend's pass wrote the working copies of this rank's part; sharded,
        the other parts arrived as working copies (the all-gather of bf16) */
-    if (r == DDP_OK && ctx->bf16_diverged) {   /* the step is taken alike everywhere; the working copies agree again */
-        uint64_t n = ctx->bf16_diverged;
-        int p = ctx->bf16_diverged_param;
-        ctx->bf16_diverged = 0;
-        ctx->bf16_diverged_param = -1;
+    if (r == DDP_OK && ctx->flat.bf16_diverged) {   /* the step is taken alike everywhere; the working copies agree again */
+        uint64_t n = ctx->flat.bf16_diverged;
+        int p = ctx->flat.bf16_diverged_param;
+        ctx->flat.bf16_diverged = 0;
+        ctx->flat.bf16_diverged_param = -1;
         r = ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%llu element(s) of the bf16 working copies%s%s%s were not the fp32 master "
                       "rounded when an optimizer step reached them: the program wrote the working copy (ddp_param_bf16) or "
                       "the master (ddp_flat_params) without the other (a write of the working copy alone is lost; one of the "
                       "master alone reached the forward a step late). Write parameters with ddp_copy_from_host / "
                       "ddp_scatter_from_host, which update both", (unsigned long long)n,
-                      p >= 0 ? " (the first in '" : "", p >= 0 ? ctx->params[p].name : "", p >= 0 ? "')" : "");
+                      p >= 0 ? " (the first in '" : "", p >= 0 ? ctx->model.params[p].name : "", p >= 0 ? "')" : "");
     }
-    ddp__record(ctx, ctx->tl_main, DDP__EV_ADAMW, t0, ddp__now(), -1, 0);   /* NCCL: host time, the enqueue */
+    ddp__record(ctx, ctx->tl.main, DDP__EV_ADAMW, t0, ddp__now(), -1, 0);   /* NCCL: host time, the enqueue */
     return r;
 }
 
@@ -8979,15 +8991,15 @@ static ddp_result ddp__state_buffer(ddp_context *ctx, ddp_buffer which, size_t o
     ddp_result r;
     if (ddp__in_backward(ctx)) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s while a backward is in flight", call);
     if (count && !host) return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: NULL host buffer of %zu floats", call, count);
-    if (offset > ctx->flat_count || count > ctx->flat_count - offset)
+    if (offset > ctx->flat.count || count > ctx->flat.count - offset)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: floats [%zu, %zu) are outside the flat buffer of %zu",
-                         call, offset, offset + count, ctx->flat_count);
+                         call, offset, offset + count, ctx->flat.count);
     switch (which) {
-    case DDP_PARAMS: *flat = ctx->flat_params; return DDP_OK;
-    case DDP_GRADS: *flat = ctx->flat_grads; return DDP_OK;
+    case DDP_PARAMS: *flat = ctx->flat.params; return DDP_OK;
+    case DDP_GRADS: *flat = ctx->flat.grads; return DDP_OK;
     case DDP_ADAM_M: case DDP_ADAM_V:
         if ((r = ctx->be->adamw_state(ctx)) != DDP_OK) return r;
-        *flat = which == DDP_ADAM_M ? ctx->adam_m : ctx->adam_v;
+        *flat = which == DDP_ADAM_M ? ctx->adam.m : ctx->adam.v;
         return DDP_OK;
     }
     return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: unknown buffer %d", call, (int)which);
@@ -9008,16 +9020,16 @@ static ddp_result ddp__state_copy(ddp_context *ctx, ddp_buffer which, float *loc
     ddp_bf16 bounce[DDP__GRADS_BOUNCE];
     size_t done, k, i;
     ddp_result r = DDP_OK;
-    if (which != DDP_GRADS || !ctx->grads_bf16)
+    if (which != DDP_GRADS || !ctx->flat.grads_bf16)
         return to_host ? ctx->be->copy(ctx, host, local, n * sizeof(float), 1) : ctx->be->copy(ctx, local, host, n * sizeof(float), 0);
     for (done = 0; done < n && r == DDP_OK; done += k) {
         k = n - done < DDP__GRADS_BOUNCE ? n - done : DDP__GRADS_BOUNCE;
         if (to_host) {
-            if ((r = ctx->be->copy(ctx, bounce, ctx->grads_bf16 + at + done, k * sizeof(ddp_bf16), 1)) != DDP_OK) break;
+            if ((r = ctx->be->copy(ctx, bounce, ctx->flat.grads_bf16 + at + done, k * sizeof(ddp_bf16), 1)) != DDP_OK) break;
             for (i = 0; i < k; i++) host[done + i] = ddp__from_bf16(bounce[i]);
         } else {
             for (i = 0; i < k; i++) bounce[i] = ddp__to_bf16(host[done + i]);
-            r = ctx->be->copy(ctx, ctx->grads_bf16 + at + done, bounce, k * sizeof(ddp_bf16), 0);
+            r = ctx->be->copy(ctx, ctx->flat.grads_bf16 + at + done, bounce, k * sizeof(ddp_bf16), 0);
         }
     }
     return r;
@@ -9051,9 +9063,9 @@ static ddp_result ddp__state_at(ddp_context *ctx, ddp_buffer which, size_t offse
         *at = flat ? flat + offset : NULL;   /* NULL: the bf16 gradients (ddp__state_copy) */
         return DDP_OK;
     }
-    for (b = 0; b < ctx->num_buckets; b++) {
+    for (b = 0; b < ctx->model.num_buckets; b++) {
         ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
-        if (offset >= lo && offset + count <= hi) { *at = flat + ctx->shard_base[b] + (offset - lo); return DDP_OK; }
+        if (offset >= lo && offset + count <= hi) { *at = flat + ctx->shard.base[b] + (offset - lo); return DDP_OK; }
     }
     return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: floats [%zu, %zu) of %s are not all held by rank %d: with "
                      "shard_optimizer each rank holds %s only for its own part of each bucket (ddp_gather_to_host "
@@ -9068,8 +9080,8 @@ static ddp_result ddp__state_at(ddp_context *ctx, ddp_buffer which, size_t offse
    gather, from the root for a scatter) through a bounce buffer. */
 static ddp_result ddp__sharded_move(ddp_context *ctx, ddp_buffer which, size_t offset, float *host, size_t count, int root,
                                     int gather) {
-    float *bounce = NULL, *mine = which == DDP_ADAM_M ? ctx->adam_m : which == DDP_ADAM_V ? ctx->adam_v
-                                : which == DDP_PARAMS ? ctx->flat_params : ctx->flat_grads;
+    float *bounce = NULL, *mine = which == DDP_ADAM_M ? ctx->adam.m : which == DDP_ADAM_V ? ctx->adam.v
+                                : which == DDP_PARAMS ? ctx->flat.params : ctx->flat.grads;
     size_t lo, hi, chunk = count < DDP__SCATTER_CHUNK ? count : DDP__SCATTER_CHUNK;
     ddp_result r = DDP_OK;
     int b, s;
@@ -9077,7 +9089,7 @@ static ddp_result ddp__sharded_move(ddp_context *ctx, ddp_buffer which, size_t o
         return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "%s: no memory for a bounce buffer of %zu floats",
                                gather ? "ddp_gather_to_host" : "ddp_scatter_from_host", chunk);
     ctx->what = gather ? "ddp_gather_to_host's broadcast from a part's owner" : "ddp_scatter_from_host's broadcast";
-    for (b = 0; b < ctx->num_buckets && r == DDP_OK; b++)
+    for (b = 0; b < ctx->model.num_buckets && r == DDP_OK; b++)
         for (s = 0; s < ctx->world && r == DDP_OK; s++) {
             size_t a, z, done, n, mlo, mhi;
             float *local = NULL;
@@ -9087,7 +9099,7 @@ static ddp_result ddp__sharded_move(ddp_context *ctx, ddp_buffer which, size_t o
             if (z <= a) continue;
             if (s == ctx->rank && mine) {   /* where the piece is here (bf16 gradients: ddp__state_copy finds them) */
                 ddp__shard_range(ctx, b, ctx->rank, &mlo, &mhi);
-                local = which == DDP_GRADS ? mine + a : mine + ctx->shard_base[b] + (a - mlo);
+                local = which == DDP_GRADS ? mine + a : mine + ctx->shard.base[b] + (a - mlo);
             }
             if (s == root) {
                 if (ctx->rank == root) r = ddp__state_copy(ctx, which, local, a, host + (a - offset), z - a, gather);
@@ -9114,14 +9126,14 @@ static ddp_result ddp__master_parts_put(ddp_context *ctx, size_t offset, const f
     size_t lo, hi, a, z, i;
     ddp_result r = DDP_OK;
     int b;
-    for (b = 0; b < ctx->num_buckets && r == DDP_OK; b++) {
+    for (b = 0; b < ctx->model.num_buckets && r == DDP_OK; b++) {
         ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
         a = lo > offset ? lo : offset;
         z = hi < offset + n ? hi : offset + n;
-        if (z > a) r = ctx->be->copy(ctx, ctx->flat_params + ctx->shard_base[b] + (a - lo), src + (a - offset), (z - a) * sizeof(float), 0);
+        if (z > a) r = ctx->be->copy(ctx, ctx->flat.params + ctx->shard.base[b] + (a - lo), src + (a - offset), (z - a) * sizeof(float), 0);
     }
     for (i = 0; i < n; i++) rounded[i] = ddp__to_bf16(src[i]);
-    return r != DDP_OK ? r : ctx->be->copy(ctx, ctx->params_bf16 + offset, rounded, n * sizeof(ddp_bf16), 0);
+    return r != DDP_OK ? r : ctx->be->copy(ctx, ctx->flat.params_bf16 + offset, rounded, n * sizeof(ddp_bf16), 0);
 }
 
 /* ddp_scatter_from_host of parameters, the master in parts: root's values to every rank in
@@ -9208,48 +9220,48 @@ static ddp_result ddp__scatter_from_host(ddp_context *ctx, ddp_buffer which, siz
    -------------------------------------------------------------------------------------------- */
 /* The ranks with data's replicas to every rank: parameters, AdamW's moments and step count. */
 static ddp_result ddp__join_sync_replicas(ddp_context *ctx) {
-    size_t bytes = ctx->flat_count * sizeof(float);
-    int root = ctx->join_root;
+    size_t bytes = ctx->flat.count * sizeof(float);
+    int root = ctx->join.root;
     ddp_result r;
     if ((r = ctx->be->adamw_state(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     ctx->what = "ddp_join's broadcast of the parameters";
-    if ((r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, ctx->flat_params, bytes, root)) != DDP_OK) return r;
-    if ((r = ddp__bf16_op(ctx, DDP__BF16_ROUND_PARAMS, 0, ctx->flat_count)) != DDP_OK) return r;
+    if ((r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, ctx->flat.params, bytes, root)) != DDP_OK) return r;
+    if ((r = ddp__bf16_op(ctx, DDP__BF16_ROUND_PARAMS, 0, ctx->flat.count)) != DDP_OK) return r;
     ctx->what = "ddp_join's broadcast of the AdamW state";
-    if ((r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, ctx->adam_m, bytes, root)) != DDP_OK) return r;
-    if ((r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, ctx->adam_v, bytes, root)) != DDP_OK) return r;
-    return ctx->be->collective(ctx, DDP__KIND_BROADCAST, &ctx->adam_step, sizeof ctx->adam_step, root);
+    if ((r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, ctx->adam.m, bytes, root)) != DDP_OK) return r;
+    if ((r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, ctx->adam.v, bytes, root)) != DDP_OK) return r;
+    return ctx->be->collective(ctx, DDP__KIND_BROADCAST, &ctx->adam.step, sizeof ctx->adam.step, root);
 }
 
 static ddp_result ddp__join(ddp_context *ctx) {
     ddp_result r = DDP_OK;
-    int i, stepping, sync = ctx->sync_enabled, pending = ctx->join_pending;
+    int i, stepping, sync = ctx->step.sync, pending = ctx->join.pending;
     if (!ctx->desc.uneven_inputs)
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_join needs ddp_desc.uneven_inputs (DDP_JOIN_DIVIDE_BY_WORLD "
                          "or DDP_JOIN_DIVIDE_BY_ACTIVE) on every rank");
     if (ddp__in_backward(ctx)) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_join while a backward is in flight (call it between steps)");
     if (ctx->world == 1) return DDP_OK;
-    ctx->sync_enabled = 1;   /* the shadow steps synchronize; the caller's setting comes back at the end */
+    ctx->step.sync = 1;   /* the shadow steps synchronize; the caller's setting comes back at the end */
     for (;;) {
         /* 2: this rank's accumulated micro-steps go into the others' next step (the first one) */
         if ((r = ddp__join_count(ctx, pending ? 2 : 0, &stepping)) != DDP_OK) break;
         if (stepping == 0) break;   /* every rank has joined (gradients still pending are dropped: no one steps) */
         /* a shadow step: zero gradients (or the pending ones, once), every bucket in order, the same finish */
-        if (!pending && (r = ddp__zero_grads(ctx, 0, ctx->flat_count)) != DDP_OK) break;
+        if (!pending && (r = ddp__zero_grads(ctx, 0, ctx->flat.count)) != DDP_OK) break;
         pending = 0;
-        for (i = 0; i < ctx->num_params; i++) ctx->params[i].touched = 0;
+        for (i = 0; i < ctx->model.num_params; i++) ctx->model.params[i].touched = 0;
         ddp__tape_reset(ctx);
-        ctx->join_shadow = 1;
-        for (i = 0; i < ctx->num_params && r == DDP_OK; i++) r = ddp__grad_ready(ctx, i);
+        ctx->join.shadow = 1;
+        for (i = 0; i < ctx->model.num_params && r == DDP_OK; i++) r = ddp__grad_ready(ctx, i);
         if (r == DDP_OK) r = ddp__finish(ctx);
-        ctx->join_shadow = 0;
+        ctx->join.shadow = 0;
         if (r != DDP_OK) break;
     }
-    if (r == DDP_OK && ctx->join_uneven) r = ddp__join_sync_replicas(ctx);
-    ctx->sync_enabled = sync;
-    ctx->join_pending = 0;
-    ctx->join_uneven = 0;
-    ctx->join_active = 0;
+    if (r == DDP_OK && ctx->join.uneven) r = ddp__join_sync_replicas(ctx);
+    ctx->step.sync = sync;
+    ctx->join.pending = 0;
+    ctx->join.uneven = 0;
+    ctx->join.active = 0;
     return r;
 }
 
@@ -9293,7 +9305,7 @@ static uint64_t ddp__ckpt_shard_start(const ddp_context *ctx, int shard) {
     size_t lo, hi;
     int s, b;
     for (s = 0; s < shard; s++)
-        for (b = 0; b < ctx->num_buckets; b++) { ddp__shard_range(ctx, b, s, &lo, &hi); before += hi - lo; }
+        for (b = 0; b < ctx->model.num_buckets; b++) { ddp__shard_range(ctx, b, s, &lo, &hi); before += hi - lo; }
     return before;
 }
 
@@ -9517,22 +9529,22 @@ static unsigned char *ddp__ckpt_header(ddp_context *ctx, uint64_t user_bytes, si
     size_t n = DDP__CKPT_FIXED + 8 * (size_t)shards, at;
     uint64_t floats = 0;
     unsigned char *h;
-    for (i = 0; i < ctx->num_params; i++) { n += 16 + strlen(ctx->params[i].name); floats += ctx->params[i].count; }
+    for (i = 0; i < ctx->model.num_params; i++) { n += 16 + strlen(ctx->model.params[i].name); floats += ctx->model.params[i].count; }
     if (!(h = (unsigned char *)DDP_MALLOC(n))) return NULL;
     memcpy(h, DDP__CKPT_MAGIC, 8);
     ddp__put_le(h + 8, DDP__CKPT_VERSION, 4);
     ddp__put_le(h + 12, (uint64_t)ctx->world, 4);
     ddp__put_le(h + 16, (uint64_t)ddp__ckpt_sharded(ctx), 4);
-    ddp__put_le(h + 20, (uint64_t)ctx->num_params, 4);
-    ddp__put_le(h + 24, (uint64_t)ctx->adam_step, 8);
+    ddp__put_le(h + 20, (uint64_t)ctx->model.num_params, 4);
+    ddp__put_le(h + 24, (uint64_t)ctx->adam.step, 8);
     ddp__put_le(h + 32, floats, 8);
     ddp__put_le(h + 40, user_bytes, 8);
     ddp__put_le(h + 48, (uint64_t)shards, 4);
     ddp__put_le(h + 52, 0, 4);
     at = DDP__CKPT_FIXED;
     for (i = 0; i < shards; i++, at += 8) ddp__put_le(h + at, ddp__ckpt_shard_start(ctx, i), 8);
-    for (i = 0; i < ctx->num_params; i++) {
-        const ddp__param *p = &ctx->params[i];
+    for (i = 0; i < ctx->model.num_params; i++) {
+        const ddp__param *p = &ctx->model.params[i];
         size_t l = strlen(p->name);
         ddp__put_le(h + at, l, 4);
         memcpy(h + at + 4, p->name, l);
@@ -9550,8 +9562,8 @@ static unsigned char *ddp__ckpt_header(ddp_context *ctx, uint64_t user_bytes, si
 static ddp_result ddp__ckpt_stream(ddp_context *ctx, ddp_buffer which, ddp__ckpt_file *f, float *buf, int save) {
     int i;
     ddp_result r = DDP_OK;
-    for (i = 0; i < ctx->num_params && r == DDP_OK; i++) {
-        size_t done, n, count = ctx->params[i].count, offset = ctx->params[i].offset;
+    for (i = 0; i < ctx->model.num_params && r == DDP_OK; i++) {
+        size_t done, n, count = ctx->model.params[i].count, offset = ctx->model.params[i].offset;
         for (done = 0; done < count && r == DDP_OK; done += n) {
             n = count - done < DDP__CKPT_CHUNK ? count - done : DDP__CKPT_CHUNK;
             if (save) {
@@ -9571,7 +9583,7 @@ static ddp_result ddp__ckpt_stream(ddp_context *ctx, ddp_buffer which, ddp__ckpt
 static void ddp__ckpt_kill_point(const ddp_context *ctx) {
 #ifdef DDP_TEST_KILL_POINTS
     const char *die = getenv("DDP_TEST_DIE_IN_CHECKPOINT");
-    if (ctx->rank == 0 && die && *die && strtoll(die, NULL, 10) == (long long)ctx->adam_step) ddp__kill_self();
+    if (ctx->rank == 0 && die && *die && strtoll(die, NULL, 10) == (long long)ctx->adam.step) ddp__kill_self();
 #else
     (void)ctx;
 #endif
@@ -9807,8 +9819,8 @@ static int ddp__ckpt_check_param(const ddp_context *ctx, ddp__ckpt_file *f, cons
         return 0;
     }
     *sum += count;
-    if (!h->mismatch[0] && i < (uint64_t)ctx->num_params) {
-        const ddp__param *p = &ctx->params[i];
+    if (!h->mismatch[0] && i < (uint64_t)ctx->model.num_params) {
+        const ddp__param *p = &ctx->model.params[i];
         if (strcmp(p->name, name) != 0 || p->count != count || p->flags != flags)
             snprintf(h->mismatch, sizeof h->mismatch, "the checkpoint '%s' is of another model: its parameter %llu is '%s' of "
                      "%llu floats (flags %u); this model's is '%s' of %zu floats (flags %u)", path,
@@ -9823,10 +9835,10 @@ static int ddp__ckpt_check_params(const ddp_context *ctx, ddp__ckpt_file *f, con
     uint64_t i, sum = 0;
     for (i = 0; i < h->nparams; i++)
         if (!ddp__ckpt_check_param(ctx, f, path, st, h, i, &sum)) return 0;
-    if (!h->mismatch[0] && h->nparams != (uint32_t)ctx->num_params)
+    if (!h->mismatch[0] && h->nparams != (uint32_t)ctx->model.num_params)
         snprintf(h->mismatch, sizeof h->mismatch, "the checkpoint '%s' is of another model: it holds %u parameters, this model "
-                 "has %d (the first %d agree)", path, h->nparams, ctx->num_params, (int)(h->nparams < (uint32_t)ctx->num_params ?
-                 h->nparams : (uint32_t)ctx->num_params));
+                 "has %d (the first %d agree)", path, h->nparams, ctx->model.num_params, (int)(h->nparams < (uint32_t)ctx->model.num_params ?
+                 h->nparams : (uint32_t)ctx->model.num_params));
     if (sum != h->floats) {
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' is damaged: its parameters hold %llu floats, its "
                          "header counts %llu", path, (unsigned long long)sum, (unsigned long long)h->floats);
@@ -9975,7 +9987,7 @@ static ddp_result ddp__load(ddp_context *ctx, const char *path, void *user, size
         unsigned char hb[4096];
         uint64_t at, floats = 0;
         int i;
-        for (i = 0; i < ctx->num_params; i++) floats += ctx->params[i].count;
+        for (i = 0; i < ctx->model.num_params; i++) floats += ctx->model.params[i].count;
         ddp__sum_init(&f.sum);
         f.size = data_at + 12 * floats + st.user_bytes;   /* the length the first pass checked, less the checksum */
         for (at = 0; at < data_at;) {
@@ -9999,7 +10011,7 @@ static ddp_result ddp__load(ddp_context *ctx, const char *path, void *user, size
                              "another checksum");
     }
     if ((r = ddp__ckpt_share(ctx, &st, "load", path)) != DDP_OK) { r = ddp__fatal(ctx, r); goto out; }
-    ctx->adam_step = st.step;   /* adamw_state above: a GPU backend uploads it before its next step */
+    ctx->adam.step = st.step;   /* adamw_state above: a GPU backend uploads it before its next step */
     if (st.user_bytes) memcpy(user, blob, (size_t)st.user_bytes);
     if (info_out) {
         info_out->step = st.step;
@@ -10083,10 +10095,10 @@ ddp_result ddp_init(ddp_context **out, const ddp_desc *desc) {
     *out = ctx = (ddp_context *)ddp__calloc(sizeof *ctx);
     if (!ctx) return ddp__no_context(DDP_ERR_OUT_OF_MEMORY, "ddp_init", "out of memory for the context");
     ddp__mutex_init(&ctx->err_lock);
-    ctx->store_fd = -1;
+    ctx->rdv.store_fd = -1;
     ctx->rank = -1;
-    ctx->sync_enabled = 1;
-    ctx->tl_origin = ddp__now();
+    ctx->step.sync = 1;
+    ctx->tl.origin = ddp__now();
     if ((r = ddp__init(ctx, desc)) != DDP_OK) return ddp__set_failed(ctx, ddp__cancel_wins(ctx, r, "ddp_init"));
     return DDP_OK;
 }
@@ -10120,8 +10132,8 @@ static int ddp__committed(ddp_context *ctx, const char *call) {
 }
 static int ddp__valid_id(ddp_context *ctx, int id, const char *call) {
     if (!ddp__committed(ctx, call)) return 0;
-    if (id >= 0 && id < ctx->num_params) return 1;
-    ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: no parameter has id %d (ids 0..%d are registered)", call, id, ctx->num_params - 1);
+    if (id >= 0 && id < ctx->model.num_params) return 1;
+    ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: no parameter has id %d (ids 0..%d are registered)", call, id, ctx->model.num_params - 1);
     return 0;
 }
 /* An accessor of the other dtype: NULL, with an error that says which one to use. */
@@ -10146,40 +10158,40 @@ static int ddp__dtype_is(ddp_context *ctx, ddp_dtype want, const char *call) {
     return 0;
 }
 float *ddp_param(ddp_context *ctx, int id) {
-    return ddp__valid_id(ctx, id, "ddp_param") && ddp__dtype_is(ctx, DDP_DTYPE_FP32, "ddp_param") ? ctx->flat_params + ctx->params[id].offset : NULL;
+    return ddp__valid_id(ctx, id, "ddp_param") && ddp__dtype_is(ctx, DDP_DTYPE_FP32, "ddp_param") ? ctx->flat.params + ctx->model.params[id].offset : NULL;
 }
 float *ddp_grad(ddp_context *ctx, int id) {
-    return ddp__valid_id(ctx, id, "ddp_grad") && ddp__dtype_is(ctx, DDP_DTYPE_FP32, "ddp_grad") ? ctx->flat_grads + ctx->params[id].offset : NULL;
+    return ddp__valid_id(ctx, id, "ddp_grad") && ddp__dtype_is(ctx, DDP_DTYPE_FP32, "ddp_grad") ? ctx->flat.grads + ctx->model.params[id].offset : NULL;
 }
 ddp_bf16 *ddp_param_bf16(ddp_context *ctx, int id) {
-    return ddp__valid_id(ctx, id, "ddp_param_bf16") && ddp__dtype_is(ctx, DDP_DTYPE_BF16, "ddp_param_bf16") ? ctx->params_bf16 + ctx->params[id].offset : NULL;
+    return ddp__valid_id(ctx, id, "ddp_param_bf16") && ddp__dtype_is(ctx, DDP_DTYPE_BF16, "ddp_param_bf16") ? ctx->flat.params_bf16 + ctx->model.params[id].offset : NULL;
 }
 ddp_bf16 *ddp_grad_bf16(ddp_context *ctx, int id) {
-    return ddp__valid_id(ctx, id, "ddp_grad_bf16") && ddp__dtype_is(ctx, DDP_DTYPE_BF16, "ddp_grad_bf16") ? ctx->grads_bf16 + ctx->params[id].offset : NULL;
+    return ddp__valid_id(ctx, id, "ddp_grad_bf16") && ddp__dtype_is(ctx, DDP_DTYPE_BF16, "ddp_grad_bf16") ? ctx->flat.grads_bf16 + ctx->model.params[id].offset : NULL;
 }
-size_t ddp_param_count(const ddp_context *ctx, int id) { return ctx && id >= 0 && id < ctx->num_params ? ctx->params[id].count : 0; }
-const char *ddp_param_name(const ddp_context *ctx, int id) { return ctx && id >= 0 && id < ctx->num_params ? ctx->params[id].name : NULL; }
-int ddp_num_params(const ddp_context *ctx) { return ctx ? ctx->num_params : 0; }
-int ddp_num_buckets(const ddp_context *ctx) { return ctx ? ctx->num_buckets : 0; }
+size_t ddp_param_count(const ddp_context *ctx, int id) { return ctx && id >= 0 && id < ctx->model.num_params ? ctx->model.params[id].count : 0; }
+const char *ddp_param_name(const ddp_context *ctx, int id) { return ctx && id >= 0 && id < ctx->model.num_params ? ctx->model.params[id].name : NULL; }
+int ddp_num_params(const ddp_context *ctx) { return ctx ? ctx->model.num_params : 0; }
+int ddp_num_buckets(const ddp_context *ctx) { return ctx ? ctx->model.num_buckets : 0; }
 
 float *ddp_flat_params(ddp_context *ctx, size_t *count_out) {
-    if (count_out) *count_out = !ctx ? 0 : ddp__master_parts(ctx) ? ctx->shard_count : ctx->flat_count;
-    return ddp__committed(ctx, "ddp_flat_params") ? ctx->flat_params : NULL;
+    if (count_out) *count_out = !ctx ? 0 : ddp__master_parts(ctx) ? ctx->shard.count : ctx->flat.count;
+    return ddp__committed(ctx, "ddp_flat_params") ? ctx->flat.params : NULL;
 }
 
 float *ddp_flat_grads(ddp_context *ctx, size_t *count_out) {
-    if (count_out) *count_out = ctx ? ctx->flat_count : 0;
-    return ddp__committed(ctx, "ddp_flat_grads") && ddp__dtype_is(ctx, DDP_DTYPE_FP32, "ddp_flat_grads") ? ctx->flat_grads : NULL;
+    if (count_out) *count_out = ctx ? ctx->flat.count : 0;
+    return ddp__committed(ctx, "ddp_flat_grads") && ddp__dtype_is(ctx, DDP_DTYPE_FP32, "ddp_flat_grads") ? ctx->flat.grads : NULL;
 }
 
 ddp_bf16 *ddp_flat_params_bf16(ddp_context *ctx, size_t *count_out) {
-    if (count_out) *count_out = ctx ? ctx->flat_count : 0;
-    return ddp__committed(ctx, "ddp_flat_params_bf16") && ddp__dtype_is(ctx, DDP_DTYPE_BF16, "ddp_flat_params_bf16") ? ctx->params_bf16 : NULL;
+    if (count_out) *count_out = ctx ? ctx->flat.count : 0;
+    return ddp__committed(ctx, "ddp_flat_params_bf16") && ddp__dtype_is(ctx, DDP_DTYPE_BF16, "ddp_flat_params_bf16") ? ctx->flat.params_bf16 : NULL;
 }
 
 ddp_bf16 *ddp_flat_grads_bf16(ddp_context *ctx, size_t *count_out) {
-    if (count_out) *count_out = ctx ? ctx->flat_count : 0;
-    return ddp__committed(ctx, "ddp_flat_grads_bf16") && ddp__dtype_is(ctx, DDP_DTYPE_BF16, "ddp_flat_grads_bf16") ? ctx->grads_bf16 : NULL;
+    if (count_out) *count_out = ctx ? ctx->flat.count : 0;
+    return ddp__committed(ctx, "ddp_flat_grads_bf16") && ddp__dtype_is(ctx, DDP_DTYPE_BF16, "ddp_flat_grads_bf16") ? ctx->flat.grads_bf16 : NULL;
 }
 
 ddp_result ddp_bucket(const ddp_context *ctx, int index, ddp_bucket_info *out) {
@@ -10187,10 +10199,10 @@ ddp_result ddp_bucket(const ddp_context *ctx, int index, ddp_bucket_info *out) {
     ddp_context *c = (ddp_context *)(uintptr_t)ctx;   /* only its error message changes */
     if (!ctx) return ddp__no_context(DDP_ERR_INVALID_ARGUMENT, "ddp_bucket", "the context is NULL");
     if (!out) return ddp__fail(c, DDP_ERR_INVALID_ARGUMENT, "ddp_bucket: out is NULL");
-    if (index < 0 || index >= ctx->num_buckets)
-        return ddp__fail(c, DDP_ERR_INVALID_ARGUMENT, "ddp_bucket: no bucket %d (there are %d%s)", index, ctx->num_buckets,
+    if (index < 0 || index >= ctx->model.num_buckets)
+        return ddp__fail(c, DDP_ERR_INVALID_ARGUMENT, "ddp_bucket: no bucket %d (there are %d%s)", index, ctx->model.num_buckets,
                          ddp__is_committed(ctx) ? "" : "; buckets exist after ddp_commit");
-    b = &ctx->buckets[index];
+    b = &ctx->model.buckets[index];
     out->offset = b->offset;
     out->count = b->count;
     out->first_param = b->first_param;
@@ -10231,14 +10243,14 @@ ddp_result ddp_zero_grad(ddp_context *ctx) {
 void ddp_set_sync(ddp_context *ctx, int enabled) {
     if (!ctx) return;
     if (ddp__in_backward(ctx)) { ddp__log(ctx, DDP_LOG_WARN, "ddp_set_sync ignored: a backward is in flight"); return; }
-    ctx->sync_enabled = enabled != 0;
+    ctx->step.sync = enabled != 0;
 }
 
 ddp_step_stats ddp_last_step_stats(const ddp_context *ctx) {
     ddp_step_stats none;
     if (!ctx) { memset(&none, 0, sizeof none); return none; }
     if (ctx->be && ctx->up && ctx->be->stats) ctx->be->stats((ddp_context *)(uintptr_t)ctx);   /* refreshes a cache only */
-    return ctx->last_stats;
+    return ctx->step.last_stats;
 }
 
 ddp_result ddp_adamw_step(ddp_context *ctx, const ddp_adamw *opt, float *grad_norm_out) {
@@ -10257,9 +10269,9 @@ ddp_result ddp_adamw_state(ddp_context *ctx, float **m, float **v, int64_t **ste
     if (v) *v = NULL;
     if (step) *step = NULL;
     if (r != DDP_OK || (r = ctx->be->adamw_state(ctx)) != DDP_OK) return r;
-    if (m) *m = ctx->adam_m;
-    if (v) *v = ctx->adam_v;
-    if (step) *step = &ctx->adam_step;
+    if (m) *m = ctx->adam.m;
+    if (v) *v = ctx->adam.v;
+    if (step) *step = &ctx->adam.step;
     return DDP_OK;
 }
 
@@ -10336,7 +10348,7 @@ ddp_result ddp_barrier(ddp_context *ctx) {
 
 ddp_result ddp_cancel(ddp_context *ctx) {
     if (!ctx) return ddp__no_context(DDP_ERR_INVALID_ARGUMENT, "ddp_cancel", "the context is NULL");
-    __atomic_store_n(&ctx->cancel, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&ctx->embed.cancel, 1, __ATOMIC_RELEASE);
     return DDP_OK;
 }
 

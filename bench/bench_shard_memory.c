@@ -52,9 +52,9 @@ static double measure(int shard, size_t params, int *world_out, double *formula)
     for (k = 7; k >= 0; k--) ddp_grad_ready(ddp, ids[k]);
     if (ddp_finish(ddp) != DDP_OK || ddp_adamw_step(ddp, &opt, NULL) != DDP_OK) { fprintf(stderr, "%s\n", ddp_last_error(ddp)); exit(1); }
     ddp_flat_params(ddp, &flat);
-    if (ddp->cpu && ddp->cpu->grads_shm) seg = ddp->cpu->grads_shm_bytes / (size_t)ddp_world_size(ddp);
+    if (ddp->be->id == DDP_BACKEND_CPU && ddp->impl.cpu->grads_shm) seg = ddp->impl.cpu->grads_shm_bytes / (size_t)ddp_world_size(ddp);
     bytes = (double)(bench_live - before + seg) / (double)total;
-    *formula = (double)(4 * flat + 4 * flat + 8 * ddp->shard_count) / (double)total;
+    *formula = (double)(4 * flat + 4 * flat + 8 * ddp->shard.count) / (double)total;
     *world_out = ddp_world_size(ddp);
     ddp_shutdown(ddp);
     return bytes;

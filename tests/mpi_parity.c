@@ -126,7 +126,7 @@ static uint64_t params_hash(ddp_context *ddp, const config *c) {
 
 /* Rank 0's last line: the master, m and v gathered from their owners, the working copies, the step. */
 static ddp_result final_line(ddp_context *ddp, const config *c, char *line, size_t cap) {
-    size_t n = ddp->flat_count;
+    size_t n = ddp->flat.count;
     float *buf = (float *)calloc(3 * n, sizeof(float));
     float *m, *v;
     int64_t *step = NULL;
@@ -161,7 +161,7 @@ static void train(const char *dir, const config *c) {
     memset(&opt, 0, sizeof opt);
     opt.lr = 0.01f; opt.weight_decay = 0.1f; opt.max_grad_norm = 8.0f;
     r = open_model(c, c->shard, &ddp, ids, 1);
-    if (r == DDP_OK) tmp = (float *)malloc(ddp->flat_count * sizeof(float));
+    if (r == DDP_OK) tmp = (float *)malloc(ddp->flat.count * sizeof(float));
     for (step = 0; step < STEPS && r == DDP_OK && f; step++) {
         double loss = 0;
         float norm = 0;
@@ -177,7 +177,7 @@ static void train(const char *dir, const config *c) {
             if (r == DDP_OK) r = ddp_finish(ddp);
         }
         if (r != DDP_OK) break;
-        fprintf(f, "step %d loss %08x grads %016llx", step, bits((float)loss), (unsigned long long)grads_hash(ddp, c->shard, tmp, ddp->flat_count));
+        fprintf(f, "step %d loss %08x grads %016llx", step, bits((float)loss), (unsigned long long)grads_hash(ddp, c->shard, tmp, ddp->flat.count));
         if ((r = ddp_adamw_step(ddp, &opt, &norm)) != DDP_OK) break;
         mine = root = params_hash(ddp, c);
         if ((r = ddp_broadcast(ddp, &root, sizeof root, 0)) != DDP_OK) break;

@@ -190,9 +190,9 @@ static void train_rank(test_rank *self) {
     if (o->r == DDP_OK) o->r = ddp_commit(ctx);
     for (k = 0; k < NP; k++) free(init[k]);
     if (o->r == DDP_OK) {
-        o->in_segment = ctx->cpu && ctx->cpu->grads_shm && (unsigned char *)ctx->grads_bf16 >= ctx->cpu->grads_shm &&
-                        (unsigned char *)ctx->grads_bf16 < ctx->cpu->grads_shm + ctx->cpu->grads_shm_bytes;
-        o->no_fp32_grads = ctx->flat_grads == NULL;
+        o->in_segment = ctx->be->id == DDP_BACKEND_CPU && ctx->impl.cpu->grads_shm && (unsigned char *)ctx->flat.grads_bf16 >= ctx->impl.cpu->grads_shm &&
+                        (unsigned char *)ctx->flat.grads_bf16 < ctx->impl.cpu->grads_shm + ctx->impl.cpu->grads_shm_bytes;
+        o->no_fp32_grads = ctx->flat.grads == NULL;
     }
     for (s = 0; s < STEPS && o->r == DDP_OK; s++) {
         if ((o->r = ddp_zero_grad(ctx)) != DDP_OK) break;
@@ -658,8 +658,8 @@ static void bytes_rank(test_rank *self) {
     if (o->r == DDP_OK) {
         ddp_flat_params_bf16(ctx, &o->count);
         for (k = 0; k < ddp_num_buckets(ctx) && ddp_bucket(ctx, k, &b) == DDP_OK; k++) if (b.count > o->largest) o->largest = b.count;
-        o->segment = ctx->cpu && ctx->cpu->grads_shm ? ctx->cpu->grads_shm_bytes / (size_t)self->world : 0;
-        o->no_fp32 = ctx->flat_grads == NULL;
+        o->segment = ctx->be->id == DDP_BACKEND_CPU && ctx->impl.cpu->grads_shm ? ctx->impl.cpu->grads_shm_bytes / (size_t)self->world : 0;
+        o->no_fp32 = ctx->flat.grads == NULL;
         if (bytes_cfg.backend == DDP_BACKEND_NCCL) {
             int dev = -1;
             if (cudaGetDevice(&dev) == cudaSuccess) o->device = fakegpu_device_bytes(dev);

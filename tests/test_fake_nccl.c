@@ -118,7 +118,7 @@ static void train_rank(test_rank *self) {
     if (out->r == DDP_OK) out->r = mlp_init(m, ctx);
     for (step = 0; out->r == DDP_OK && step < cfg.steps; step++) {
         float norm = 0;
-        if (self->rank == cfg.hold_rank && step == cfg.hold_step) fakegpu_hold_device(ctx->gpu->device, 1);
+        if (self->rank == cfg.hold_rank && step == cfg.hold_step) fakegpu_hold_device(ctx->impl.gpu->device, 1);
         if (self->rank == cfg.abort_rank && step == cfg.abort_step) ddp__gpu_abort(ctx);   /* as the watchdog does */
         if (self->rank == cfg.cancel_rank && step == cfg.cancel_step) ddp_cancel(ctx);
         if (self->rank == cfg.stop_rank && step == cfg.stop_step) {
@@ -149,7 +149,7 @@ static void train_rank(test_rank *self) {
         out->buckets = ddp_num_buckets(ctx);
     }
     snprintf(out->err, sizeof out->err, "%s", ddp_last_error(ctx));
-    if (self->rank == cfg.slow_shutdown_rank && ctx && ctx->gpu) fakegpu_set_event_delay(ctx->gpu->device, 0.4);
+    if (self->rank == cfg.slow_shutdown_rank && ctx && ctx->be && ctx->be->id == DDP_BACKEND_NCCL) fakegpu_set_event_delay(ctx->impl.gpu->device, 0.4);
     t0 = ddp__now();
     out->shut = ddp_shutdown(ctx);
     out->t_shutdown = ddp__now() - t0;

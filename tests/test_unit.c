@@ -1004,8 +1004,8 @@ static void shm_mode_rank(test_rank *self) {
     if ((self->result = ddp_init(&ctx, &d)) == DDP_OK && self->rank == 0) {
         char path[128];
         struct stat st;
-        snprintf(path, sizeof path, "/proc/self/map_files/%lx-%lx", (unsigned long)(uintptr_t)ctx->cpu->shm,
-                 (unsigned long)((uintptr_t)ctx->cpu->shm + ctx->cpu->shm_bytes));
+        snprintf(path, sizeof path, "/proc/self/map_files/%lx-%lx", (unsigned long)(uintptr_t)ctx->impl.cpu->shm,
+                 (unsigned long)((uintptr_t)ctx->impl.cpu->shm + ctx->impl.cpu->shm_bytes));
         if (stat(path, &st) != 0) snprintf(self->error, sizeof self->error, "SKIP %s: %s", path, strerror(errno));
         else if ((st.st_mode & 0777) != 0600) {
             self->result = DDP_ERR_SYSTEM;

@@ -60,12 +60,12 @@ static void grads_for_step(float *g, const ddp_context *ctx, int step) {
     int i;
     size_t k;
     for (i = 0; i < ddp_num_params(ctx); i++) {
-        size_t off = ctx->params[i].offset;
-        for (k = 0; k < ctx->params[i].count; k++)
+        size_t off = ctx->model.params[i].offset;
+        for (k = 0; k < ctx->model.params[i].count; k++)
             g[off + k] = test_value(100 + (uint64_t)step, off + k) * (k % 5 == 0 ? 0.5f : 0.01f);
     }
-    if (step == 17) g[ctx->params[2].offset + 5] = NAN;         /* skipped steps: NaN and Inf */
-    if (step == 41) g[ctx->params[4].offset + 776] = -INFINITY;
+    if (step == 17) g[ctx->model.params[2].offset + 5] = NAN;         /* skipped steps: NaN and Inf */
+    if (step == 41) g[ctx->model.params[4].offset + 776] = -INFINITY;
 }
 
 static void test_adamw_parity(void) {
@@ -101,8 +101,8 @@ static void test_adamw_parity(void) {
     {   /* the mask against the flags, element by element */
         size_t bad = 0;
         for (i = 0; i < NPARAMS; i++)
-            for (k = 0; k < ctx->params[i].count; k++)
-                bad += ddp_k__decay_on(mask, ctx->params[i].offset + k) != ((param_flags[i] & DDP_NO_DECAY) ? 0.0f : 1.0f);
+            for (k = 0; k < ctx->model.params[i].count; k++)
+                bad += ddp_k__decay_on(mask, ctx->model.params[i].offset + k) != ((param_flags[i] & DDP_NO_DECAY) ? 0.0f : 1.0f);
         verdict(mask && r == DDP_OK && bad == 0 && n % DDP_K_MASK_GROUP == 0, "host_no_decay_mask_matches_param_flags",
                 "%zu element(s) with the wrong decay (mask %p, %zu floats)", bad, (void *)mask, n);
     }
@@ -205,8 +205,8 @@ static void test_adamw_bf16_parity(void) {
     }
     if (ddp_commit(ctx) != DDP_OK) { printf("FAIL host_adamw_bf16_commit: %s\n", ddp_last_error(ctx)); exit(1); }
     cpu_p = ddp_flat_params(ctx, &n);
-    cpu_w = ctx->params_bf16;
-    cpu_g = ctx->grads_bf16;
+    cpu_w = ctx->flat.params_bf16;
+    cpu_g = ctx->flat.grads_bf16;
     ddp_adamw_state(ctx, &cpu_m, &cpu_v, &cpu_step);
     mask = ddp__gpu_no_decay_mask(ctx, &r);
     p = alloc_floats16(n); m = alloc_floats16(n); v = alloc_floats16(n);
@@ -224,9 +224,9 @@ static void test_adamw_bf16_parity(void) {
         opt.weight_decay = 0.1f;
         opt.max_grad_norm = step % 2 ? 0.5f : 0.0f;
         for (i = 0; i < NPARAMS; i++)   /* the padding between parameters keeps its zero gradient, as on a device */
-            for (k = ctx->params[i].offset; k < ctx->params[i].offset + ctx->params[i].count; k++)
+            for (k = ctx->model.params[i].offset; k < ctx->model.params[i].offset + ctx->model.params[i].count; k++)
                 cpu_g[k] = ddp__to_bf16(test_value(300 + (uint64_t)step, k) * (k % 7 == 0 ? 0.3f : 0.02f));
-        if (step == 13) cpu_g[ctx->params[2].offset + 9] = ddp__to_bf16(NAN);
+        if (step == 13) cpu_g[ctx->model.params[2].offset + 9] = ddp__to_bf16(NAN);
         memcpy(g, cpu_g, n * sizeof(uint16_t));
         if (factor != 1.0f) {
             ddp__host_scale(ctx, 0, n, factor);
@@ -238,7 +238,7 @@ static void test_adamw_bf16_parity(void) {
             printf("FAIL host_adamw_bf16_cpu_step %d: %s\n", step, ddp_last_error(ctx));
             exit(1);
         }
-        norm_sq = ddp__norm_sum(ctx->norm_sums, ctx->norm_blocks);   /* what the CPU step's norm was made of */
+        norm_sq = ddp__norm_sum(ctx->shard.norm_sums, ctx->shard.norm_blocks);   /* what the CPU step's norm was made of */
         ddp_k__adamw_prepare_host(&state, &norm_sq, opt.max_grad_norm, opt.lr, b1, b2);
         ddp_k__adamw_bf16_host(p, w, g, m, v, n, mask, opt.lr, b1, b2, eps, opt.weight_decay, &state);
         if (!state.skip && state.clip < 1.0f) clipped++;
