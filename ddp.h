@@ -604,7 +604,10 @@
                     sockets, random bytes, files (the checkpoint's atomic replace); nothing below
                     asks which system it runs on
      >>types        tunables; parameters, buckets and their wire plan (ddp__wire), tape ops; the
-                    engine's work queue and watchdog; the backend table ddp__backend; ddp_context
+                    engine's work queue and watchdog; the backend table ddp__backend; ddp_context,
+                    nested by concern (job, rdv, model, flat, adam, shard, tape, step, tl, embed,
+                    join; the chosen backend's own state behind impl, a union: ask be->id, never
+                    whether a state pointer is set)
      >>util         time, aligned memory, non-finite tests by bits (fast math), logging, the error
                     verbs (below), the cancel check; the derived facts ddp__sharded, ddp__bf16_params
      >>sampler      the distributed sampler's arithmetic: counts, the epoch's keyed permutation
