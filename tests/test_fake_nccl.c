@@ -76,27 +76,6 @@ static void reset_cfg(void) {
     for (r = 0; r < MAX_WORLD; r++) { free(res[r].params); memset(&res[r], 0, sizeof res[r]); }
 }
 
-static ddp_result train_step(mlp *m, int step, int first, int count, int micro, float *norm) {
-    ddp_adamw opt;
-    ddp_result r;
-    int u, i, n = count / micro;
-    memset(&opt, 0, sizeof opt);
-    opt.lr = 0.01f; opt.weight_decay = 0.05f; opt.max_grad_norm = 1.0f;   /* as mlp_step */
-    if ((r = ddp_zero_grad(m->ddp)) != DDP_OK) return r;
-    for (u = 0; u < micro; u++) {
-        /* the fake's device memory is host memory: the CPU ops read parameters and write
-           gradients in place, as kernels on the compute stream would */
-        for (i = 0; i < n; i++) make_example(step, first + u * n + i, m->x + i * IN, &m->label[i]);
-        ddp_set_sync(m->ddp, u == micro - 1);
-        linear(m->ddp, m->w1, m->b1, m->x, m->h, n, IN, HID, NULL, m->dh);
-        tanh_op(m->ddp, m->h, m->a, (size_t)n * HID, m->da, m->dh);
-        linear(m->ddp, m->w2, m->b2, m->a, m->z, n, HID, CLASSES, m->da, m->dz);
-        cross_entropy(m->z, m->label, m->dz, n, 1.0f / (float)micro);
-        if ((r = ddp_backward(m->ddp)) != DDP_OK) return r;
-    }
-    return ddp_adamw_step(m->ddp, &opt, norm);
-}
-
 static void train_rank(test_rank *self) {
     result *out = &res[self->rank];
     ddp_desc d = test_desc(self);
@@ -127,7 +106,7 @@ static void train_rank(test_rank *self) {
             out->r = ddp__failed(ctx);
             break;
         }
-        out->r = train_step(m, step, self->rank * n, n, cfg.micro, cfg.norm_every && step % cfg.norm_every == 0 ? &norm : NULL);
+        out->r = mlp_step_norm(m, step, self->rank * n, n, cfg.micro, cfg.norm_every && step % cfg.norm_every == 0 ? &norm : NULL);
         if (out->r != DDP_OK) out->fail_step = step;
         if (cfg.step_sleep_ms) usleep(1000 * cfg.step_sleep_ms);
     }

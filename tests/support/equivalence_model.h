@@ -149,8 +149,10 @@ MODEL_FN ddp_result mlp_init(mlp *m, ddp_context *ddp) {
 }
 
 /* One optimizer step over examples [first, first + count) of global batch `step`, in `micro`
-   accumulation micro-steps. */
-MODEL_FN ddp_result mlp_step(mlp *m, int step, int first, int count, int micro) {
+   accumulation micro-steps; the global gradient norm into *norm (NULL: not wanted). On the fake
+   GPU (tests/fakegpu) device memory is host memory: these CPU ops read parameters and write
+   gradients in place, as kernels on the compute stream would. */
+MODEL_FN ddp_result mlp_step_norm(mlp *m, int step, int first, int count, int micro, float *norm) {
     ddp_adamw opt;
     ddp_result r;
     int u, i, n = count / micro;
@@ -166,7 +168,11 @@ MODEL_FN ddp_result mlp_step(mlp *m, int step, int first, int count, int micro) 
         cross_entropy(m->z, m->label, m->dz, n, 1.0f / (float)micro);
         if ((r = ddp_backward(m->ddp)) != DDP_OK) return r;
     }
-    return ddp_adamw_step(m->ddp, &opt, NULL);
+    return ddp_adamw_step(m->ddp, &opt, norm);
+}
+
+MODEL_FN ddp_result mlp_step(mlp *m, int step, int first, int count, int micro) {
+    return mlp_step_norm(m, step, first, count, micro, NULL);
 }
 
 #endif
