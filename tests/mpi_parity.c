@@ -9,7 +9,10 @@
    loss, the global grad norm ddp_adamw_step used, a hash of the gradients after ddp_finish in
    the parts it holds (all of them unsharded; bf16 widened) and of its parameters (the working
    copies with bf16 parameters); rank 0 adds a last line with the master, m and v gathered from
-   their owners, the working copies and the step count. The bf16_shard run is saved to
+   their owners, the working copies and the step count. The *_join runs have uneven inputs:
+   rank r stops after STEPS - r % 3 steps and calls ddp_join, answering the others' last steps
+   with zeros (their averages divided by the world size); the replicas must end equal. The
+   bf16_shard run is saved to
    DIR/bf16_shard.ck. In the program: every rank's parameters equal rank 0's after every step,
    and the shard_optimizer + uneven_inputs combination (no backend runs it) refused by name.
    Usage: mpi_parity train DIR
@@ -24,17 +27,19 @@ static const size_t sizes[NP] = { 5000, 17, 2100, 40, 3100, 300 };
 
 typedef struct config {
     const char *name;
-    int bf16, wire_bf16, shard, micro, find_unused, nan;
+    int bf16, wire_bf16, shard, micro, find_unused, nan, uneven;
 } config;
 
 /* pairs that differ only in shard_optimizer (sharded = unsharded: the hierarchical fp32 check) */
 static const config configs[] = {
-    { "fp32", 0, 0, 0, 2, 1, 1 },
-    { "fp32_shard", 0, 0, 1, 2, 1, 1 },
-    { "bf16", 1, 1, 0, 2, 1, 1 },
-    { "bf16_shard", 1, 1, 1, 2, 1, 1 },
-    { "fp32_bf16wire", 0, 1, 0, 1, 0, 0 },
-    { "bf16_fp32wire_shard", 1, 0, 1, 1, 0, 0 },
+    { "fp32", 0, 0, 0, 2, 1, 1, 0 },
+    { "fp32_shard", 0, 0, 1, 2, 1, 1, 0 },
+    { "bf16", 1, 1, 0, 2, 1, 1, 0 },
+    { "bf16_shard", 1, 1, 1, 2, 1, 1, 0 },
+    { "fp32_bf16wire", 0, 1, 0, 1, 0, 0, 0 },
+    { "bf16_fp32wire_shard", 1, 0, 1, 1, 0, 0, 0 },
+    { "fp32_join", 0, 0, 0, 2, 0, 0, 1 },
+    { "bf16_join", 1, 1, 0, 1, 0, 0, 1 },
 };
 
 static int rank, world;
@@ -58,6 +63,7 @@ static ddp_result open_model(const config *c, int shard, ddp_context **out, int 
     d.shard_optimizer = shard;
     d.find_unused = c->find_unused;
     d.skip_nonfinite = c->nan;
+    d.uneven_inputs = c->uneven ? DDP_JOIN_DIVIDE_BY_WORLD : DDP_JOIN_OFF;
     if ((r = ddp_init(out, &d)) != DDP_OK) return r;
     for (k = 0; k < NP; k++) {
         static float init[NP][5000];   /* read at ddp_commit */
@@ -154,7 +160,7 @@ static void train(const char *dir, const config *c) {
     ddp_context *ddp = NULL;
     ddp_adamw opt;
     ddp_result r;
-    int ids[NP], step, u, k, differ = 0;
+    int ids[NP], step, u, k, differ = 0, steps = c->uneven ? STEPS - rank % 3 : STEPS;
     float *tmp = NULL;
     char name[128], line[256];
     FILE *f = open_out(dir, c->name);
@@ -162,7 +168,7 @@ static void train(const char *dir, const config *c) {
     opt.lr = 0.01f; opt.weight_decay = 0.1f; opt.max_grad_norm = 8.0f;
     r = open_model(c, c->shard, &ddp, ids, 1);
     if (r == DDP_OK) tmp = (float *)malloc(ddp->flat.count * sizeof(float));
-    for (step = 0; step < STEPS && r == DDP_OK && f; step++) {
+    for (step = 0; step < steps && r == DDP_OK && f; step++) {
         double loss = 0;
         float norm = 0;
         uint64_t mine, root;
@@ -180,9 +186,14 @@ static void train(const char *dir, const config *c) {
         fprintf(f, "step %d loss %08x grads %016llx", step, bits((float)loss), (unsigned long long)grads_hash(ddp, c->shard, tmp, ddp->flat.count));
         if ((r = ddp_adamw_step(ddp, &opt, &norm)) != DDP_OK) break;
         mine = root = params_hash(ddp, c);
-        if ((r = ddp_broadcast(ddp, &root, sizeof root, 0)) != DDP_OK) break;
+        if (!c->uneven && (r = ddp_broadcast(ddp, &root, sizeof root, 0)) != DDP_OK) break;   /* joined ranks: no collectives */
         if (mine != root) differ++;
         fprintf(f, " norm %08x params %016llx\n", bits(norm), (unsigned long long)mine);
+    }
+    if (r == DDP_OK && c->uneven && (r = ddp_join(ddp)) == DDP_OK) {   /* the replicas synced: equal now */
+        uint64_t mine = params_hash(ddp, c), root = mine;
+        if ((r = ddp_broadcast(ddp, &root, sizeof root, 0)) == DDP_OK && mine != root) differ++;
+        if (f) fprintf(f, "joined params %016llx\n", (unsigned long long)mine);
     }
     if (r == DDP_OK && f && (r = final_line(ddp, c, line, sizeof line)) == DDP_OK && rank == 0) fputs(line, f);
     if (r == DDP_OK && !strcmp(c->name, "bf16_shard")) {
@@ -199,7 +210,7 @@ static void train(const char *dir, const config *c) {
 }
 
 static void load(const char *path, int shard, const char *out_path) {
-    static const config bf16 = { "load", 1, 1, 0, 1, 0, 0 };
+    static const config bf16 = { "load", 1, 1, 0, 1, 0, 0, 0 };
     ddp_context *ddp = NULL;
     ddp_result r;
     int ids[NP], bad = 0;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test_mpi_parity.sh — the MPI backend (build/mpi/mpi_parity, mpicc -DDDP_MPI) gives the CPU
 # backend's bits (build/mpi_parity under ddprun) on one host, for bf16 parameters, the sharded
-# optimizer, both, a bf16 wire under fp32 parameters and a fp32 wire under bf16 parameters
+# optimizer, both, a bf16 wire under fp32 parameters and a fp32 wire under bf16 parameters,
+# uneven inputs (ddp_join) in fp32 and bf16
 # (tests/mpi_parity.c says what each rank writes: its loss, the grad norm, its gradients after
 # ddp_finish, its parameters, every step; the master, m and v gathered at the end):
 #   3 ranks, DDP_MPI_FLAT=1 (every rank in MPI) = ddprun -n 3, file by file;
@@ -26,7 +27,7 @@ trap 'rm -rf "$tmp"' EXIT
 fails=0
 pass() { echo "PASS $1"; }
 fail() { echo "FAIL $1: $2"; fails=$((fails + 1)); }
-CONFIGS="fp32 fp32_shard bf16 bf16_shard fp32_bf16wire bf16_fp32wire_shard"
+CONFIGS="fp32 fp32_shard bf16 bf16_shard fp32_bf16wire bf16_fp32wire_shard fp32_join bf16_join"
 
 # mpirun on this host: N ranks, rank 0's store on a free port; the rest of the arguments are the program's.
 mpi() {
