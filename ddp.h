@@ -5001,16 +5001,23 @@ static void ddp__cpu_poison(ddp_context *ctx, ddp_result code) {
     }
 }
 
+/* The group's poison, if a rank has left it (DDP_OK: none): it names the root cause (a rank that
+   timed out waiting for a stopped peer, then exited, must not be reported as the problem). */
+static ddp_result ddp__shm_poisoned(ddp_context *ctx) {
+    ddp__shm_header *h = ddp__shm_hdr(ctx);
+    int failed = __atomic_load_n(&h->failed_rank, __ATOMIC_ACQUIRE);
+    if (failed < 0) return DDP_OK;
+    if (failed == ctx->rank) return ddp__failed(ctx) ? ddp__failed(ctx) : DDP_ERR_PEER_LOST;   /* already told */
+    /* a cancel stays a cancel: the host program stopped the job, nothing broke */
+    return ddp__fail_group(ctx, h->failed_code == DDP_ERR_CANCELLED ? DDP_ERR_CANCELLED : DDP_ERR_PEER_LOST,
+                           "stopped in %s because %s", ctx->what, h->failed_msg);
+}
+
 /* Checked while sleeping: the group poisoned by another rank, a dead peer, the deadline. */
 static ddp_result ddp__shm_check_peers(ddp_context *ctx, int stage, uint32_t target, double deadline) {
-    ddp__shm_header *h = ddp__shm_hdr(ctx);
-    /* The poison first: it names the root cause (a rank that timed out waiting for a stopped
-       peer, then exited, must not be reported as the problem). */
-    int s, failed = __atomic_load_n(&h->failed_rank, __ATOMIC_ACQUIRE);
-    if (failed == ctx->rank) return ddp__failed(ctx) ? ddp__failed(ctx) : DDP_ERR_PEER_LOST;   /* already told */
-    if (failed >= 0)   /* a cancel stays a cancel: the host program stopped the job, nothing broke */
-        return ddp__fail_group(ctx, h->failed_code == DDP_ERR_CANCELLED ? DDP_ERR_CANCELLED : DDP_ERR_PEER_LOST,
-                               "stopped in %s because %s", ctx->what, h->failed_msg);
+    int s;
+    ddp_result r;
+    if ((r = ddp__shm_poisoned(ctx)) != DDP_OK) return r;   /* the poison first */
     for (s = 0; s < ctx->world; s++) {
         int pid = __atomic_load_n(&ddp__shm_block(ctx, s)->pid, __ATOMIC_ACQUIRE);
         if (!pid && ctx->rdv.peer_pids) pid = ctx->rdv.peer_pids[s];    /* not attached yet */
@@ -5024,6 +5031,9 @@ static ddp_result ddp__shm_check_peers(ddp_context *ctx, int stage, uint32_t tar
             /* A killed process's threads are gone a moment before the process is a zombie: give
                it 100 ms to be one before calling it a thread that ended alone. */
             for (k = 0; process && k < 20; k++) { ddp__usleep(5000); process = ddp__pid_alive(pid); }
+            /* A peer that poisoned the group (a cancel, say) and then ended did so after our
+               first look at the poison: its poison, read after its end is seen, is the cause. */
+            if ((r = ddp__shm_poisoned(ctx)) != DDP_OK) return r;
             if (!process) return ddp__fail_group(ctx, DDP_ERR_PEER_LOST, "rank %d (pid %d) died; this rank was in %s",
                                                  s, pid, ctx->what);
             return ddp__fail_group(ctx, DDP_ERR_PEER_LOST, "rank %d (pid %d, thread %d) ended without ddp_shutdown; "
