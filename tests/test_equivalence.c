@@ -14,6 +14,8 @@
 #include "testlib.h"
 #include "support/equivalence_model.h"   /* the MLP, its data and its CPU ops */
 
+static int reinit_port;   /* --threads: the second process group's store (both probed by main) */
+
 /* One rank's whole run: desc NULL = the process group from the environment (ddprun), else by
    hand (a thread-rank). Only a loud rank prints. Returns the failures it saw. */
 static int run_rank(const ddp_desc *desc, int loud) {
@@ -41,7 +43,9 @@ static int run_rank(const ddp_desc *desc, int loud) {
             ddp_shutdown(ddp);
             ddp_shutdown(solo);
             ddp_init(&solo, &solo_desc);
-            if (desc) { again = *desc; again.master_port = desc->master_port + 1; }   /* the first store's port may linger */
+            /* the first store's port may linger (TIME_WAIT: Windows' exclusive bind refuses it): a
+               second one, probed free before the ranks started */
+            if (desc) { again = *desc; again.master_port = reinit_port; }
             if (ddp_init(&d, desc ? &again : NULL) != DDP_OK) { printf("FAIL reinit: %s\n", ddp_last_error(d)); return 1; }
         }
         memset(model, 0, sizeof *model);
@@ -112,6 +116,8 @@ int main(int argc, char **argv) {
         thread_rank ranks[16];
         pthread_t threads[16];
         int world = atoi(argv[2]), r, port = test_free_port(), failures = 0;
+        reinit_port = test_free_port();
+        if (reinit_port == port) reinit_port = port + 1;
         if (world < 1 || world > 16) { printf("FAIL equivalence: --threads takes 1 to 16\n"); return 2; }
         for (r = 0; r < world; r++) {
             memset(&ranks[r], 0, sizeof ranks[r]);

@@ -192,7 +192,7 @@ if timeout 120 "$WINE" "$W/engine.exe" --batches 60 --cancel-after 0 >"$tmp/engi
 else say FAIL windows_engine_join_uneven_inputs "$(tail -n 4 "$tmp/engine" | tr '\n' ' ')"; fi
 
 # ---- cl.exe's atomics: the Interlocked mapping (>>platform), forced on MinGW (no MSVC here) ----
-timeout 120 "$WINE" "$W/test_equivalence_il.exe" --threads 2 >"$tmp/il" 2>&1; rc=$?
+wine_run 120 "$tmp/il" "$W/test_equivalence_il.exe" --threads 2; rc=$?
 win=$(hashes "$tmp/il"); lin=$(hashes "$tmp/lin2")
 if [ $rc = 0 ] && ! grep -q "^FAIL" "$tmp/il" && [ -n "$win" ] && [ "$win" = "$lin" ]; then say PASS windows_interlocked_atomics_threads2_bitwise_equals_linux
 else say FAIL windows_interlocked_atomics_threads2_bitwise_equals_linux "status $rc, $(grep -m1 FAIL "$tmp/il") Windows: ${win:-none} | Linux: ${lin:-none}"; fi
