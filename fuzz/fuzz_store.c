@@ -19,7 +19,7 @@ static void setup_once(void) {
     done = 1;
     ctx.rank = 0;
     ctx.world = 4;
-    snprintf(ctx.job_token, sizeof ctx.job_token, "fuzz-token");
+    snprintf(ctx.job.token, sizeof ctx.job.token, "fuzz-token");
     ddp__derive_store_key(&ctx);   /* job id "": fuzz/make_store_corpus.py makes its proofs the same way */
     ctx.desc.log_level = DDP_LOG_OFF;
     ctx.desc.timeout_s = 5;
