@@ -751,6 +751,33 @@ typedef enum ddp_log_level {
 /* rank is -1 for messages from before the rank is known. */
 typedef void (*ddp_log_fn)(void *user, ddp_log_level level, int rank, const char *message);
 
+/* Outer synchronization across replica groups (OUTER SYNC in the manual): the ranks split into
+   groups of group_size; within a group every step is data parallel as without it; across groups
+   the parameters meet only every inner_steps steps (DiLoCo, arXiv 2311.08105), or in fragments
+   at staggered steps, overlapped with the inner steps (streaming DiLoCo, arXiv 2501.18512). */
+typedef enum ddp_outer_mode {
+    DDP_OUTER_OFF = 0,         /* every step synchronizes the whole world (plain DDP) */
+    DDP_OUTER_AVERAGE,         /* periodic parameter averaging (post-local SGD): outer lr 1, momentum 0 */
+    DDP_OUTER_DILOCO,          /* outer Nesterov SGD on the averaged outer gradient, all at once */
+    DDP_OUTER_STREAMING        /* DiLoCo in fragments, each overlapped with delay_steps inner steps */
+} ddp_outer_mode;
+/* What an outer gradient travels as: FP32, BF16, or INT8 (blockwise: one fp32 scale for every
+   quant_block values, max |x| / 127, each value rounded to nearest). Default: BF16, except
+   AVERAGE: FP32 (exact parameter averaging). */
+typedef enum ddp_outer_wire { DDP_WIRE_DEFAULT = 0, DDP_WIRE_FP32, DDP_WIRE_BF16, DDP_WIRE_INT8 } ddp_outer_wire;
+typedef struct ddp_outer {
+    ddp_outer_mode mode;
+    int group_size;            /* ranks a group (0: local_world_size, one group per host); divides the world */
+    int inner_steps;           /* H > 0: a fragment (DiLoCo: the whole model) meets every H steps */
+    float lr, momentum;        /* outer Nesterov SGD; 0: 0.7 and 0.9 unless as_given (AVERAGE: 1, 0) */
+    int as_given;              /* 1: lr and momentum exactly as given, 0 included */
+    int fragments;             /* STREAMING: F >= 1 contiguous ranges of the flat buffer (0: 1) */
+    int delay_steps;           /* STREAMING: tau, inner steps a fragment's exchange overlaps (0: 0) */
+    float mix;                 /* STREAMING: alpha; the merge keeps alpha of the local values (0: 0) */
+    ddp_outer_wire wire;       /* what the outer gradients travel as (above) */
+    int quant_block;           /* INT8: values per scale (0: 64) */
+} ddp_outer;
+
 typedef struct ddp_desc {
     ddp_backend backend;
     double timeout_s;
@@ -807,6 +834,9 @@ typedef struct ddp_desc {
        averaged (with several ranks: a wrong average). DDP_ERR_INVALID_STATE names the parameter.
        Costs a copy of the gradients. */
     int check_ready;
+    /* Replica groups and their outer synchronization (OUTER SYNC in the manual). Default: off.
+       Ranks must agree (checked at commit). */
+    ddp_outer outer;
 } ddp_desc;
 
 typedef struct ddp_context ddp_context;
@@ -955,6 +985,19 @@ ddp_result ddp_broadcast(ddp_context *ctx, void *data, size_t bytes, int root);
 ddp_result ddp_barrier(ddp_context *ctx);
 
 ddp_step_stats ddp_last_step_stats(const ddp_context *ctx);   /* of the last ddp_finish */
+
+/* Outer sync (desc.outer; OUTER SYNC in the manual). ddp_adamw_step calls ddp_outer_step itself;
+   a program with its own optimizer calls it right after each of its updates (collective: every
+   rank, every inner step). Off: nothing happens. */
+ddp_result ddp_outer_step(ddp_context *ctx);
+typedef struct ddp_outer_status {
+    int groups, group;         /* how many replica groups; this rank's (0 .. groups - 1) */
+    int group_size, group_rank;/* ranks a group; this rank's index in it */
+    int64_t inner_steps;       /* inner steps taken (ddp_outer_step calls) */
+    int64_t syncs;             /* fragments merged so far (DiLoCo: outer steps) */
+    int in_flight;             /* the fragment whose exchange is in flight, -1: none */
+} ddp_outer_status;
+ddp_outer_status ddp_outer_state(const ddp_context *ctx);
 
 /* Embedding: cancel, progress, uneven inputs (NULL, LIFETIME AND THREADS in the manual says
    which thread may call what). */
@@ -2346,6 +2389,20 @@ struct ddp_context {
         int shadow;                /* ddp_join's shadow step: the count is taken already */
         int pending;               /* micro-steps with sync off since the last zero_grad or sync */
     } join;
+    struct {                       /* replica groups and the outer sync (>>outer; desc.outer) */
+        int groups, group;         /* G = world / group_size groups; this rank's is ranks [group * size, + size) */
+        int size, index;           /* ranks a group; this rank's index in its group (the team of the inner steps) */
+        int64_t inner;             /* inner steps taken (ddp_outer_step calls that counted) */
+        int64_t syncs;             /* fragments merged */
+        size_t *frag;              /* fragments + 1 offsets into the flat buffer */
+        float *theta, *mom;        /* the fp32 outer parameters and Nesterov momentum, flat.count each */
+        unsigned char *recv;       /* every group's encoded fragment, in group order, slot bytes apart */
+        size_t slot;
+        float *sum;                /* the averaged outer gradient of the fragment in flight */
+        int flight;                /* the fragment in flight (-1: none) */
+        int64_t lands;             /* the inner step after which it merges */
+        int owed;                  /* ddp_consume_grads since the last ddp_outer_step (own optimizer) */
+    } outer;
 };
 
 /* --------------------------------------------------------------------------------------------
@@ -3244,12 +3301,17 @@ static ddp_result ddp__desc_check_given(ddp_context *ctx, const ddp_desc *d) {
         { "skip_nonfinite", d->skip_nonfinite, 1 },                 { "log_level", (int)d->log_level, (int)DDP_LOG_OFF },
         { "reduce_dtype", (int)d->reduce_dtype, (int)DDP_DTYPE_BF16 }, { "uneven_inputs", (int)d->uneven_inputs, (int)DDP_JOIN_DIVIDE_BY_ACTIVE },
         { "shard_optimizer", d->shard_optimizer, 1 },               { "param_dtype", (int)d->param_dtype, (int)DDP_DTYPE_BF16 },
-        { "check_ready", d->check_ready, 1 },
+        { "check_ready", d->check_ready, 1 },                       { "outer.mode", (int)d->outer.mode, (int)DDP_OUTER_STREAMING },
+        { "outer.wire", (int)d->outer.wire, (int)DDP_WIRE_INT8 },   { "outer.as_given", d->outer.as_given, 1 },
+        { "outer.group_size", d->outer.group_size, INT_MAX },       { "outer.inner_steps", d->outer.inner_steps, INT_MAX },
+        { "outer.fragments", d->outer.fragments, INT_MAX },         { "outer.delay_steps", d->outer.delay_steps, INT_MAX },
+        { "outer.quant_block", d->outer.quant_block, INT_MAX },
     };
     const struct { const char *name; double value; } x[] = {
         { "timeout_s", d->timeout_s }, { "bucket_cap_mb", d->bucket_cap_mb }, { "first_bucket_mb", d->first_bucket_mb },
         { "inject_comm_latency_ms", d->inject_comm_latency_ms }, { "inject_comm_gbps", d->inject_comm_gbps },
-        { "shutdown_timeout_s", d->shutdown_timeout_s },
+        { "shutdown_timeout_s", d->shutdown_timeout_s }, { "outer.lr", d->outer.lr }, { "outer.momentum", d->outer.momentum },
+        { "outer.mix", d->outer.mix },
     };
     size_t i;
     for (i = 0; i < sizeof f / sizeof f[0]; i++)
@@ -3269,6 +3331,58 @@ static ddp_result ddp__desc_check_given(ddp_context *ctx, const ddp_desc *d) {
     return DDP_OK;
 }
 
+/* The outer settings resolved (defaults: ddp_outer's comments) and checked, and the replica
+   groups laid out: group g is ranks [g * size, (g + 1) * size), so with a launcher that numbers
+   a host's ranks together (ddprun, torchrun, Slurm's block distribution) the default size,
+   local_world_size, makes one group a host. */
+static ddp_result ddp__outer_resolve(ddp_context *ctx) {
+    ddp_outer *o = &ctx->desc.outer;
+    int gap, given = o->group_size;
+    ctx->outer.flight = -1;
+    ctx->outer.groups = 1;
+    ctx->outer.size = ctx->world;
+    ctx->outer.index = ctx->rank;
+    if (o->mode == DDP_OUTER_OFF) return DDP_OK;
+    if (o->group_size == 0) o->group_size = ctx->local_world;
+    if (o->group_size > ctx->world || ctx->world % o->group_size)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: group_size %d does not divide the %d ranks into "
+                         "groups of equal size%s", o->group_size, ctx->world, given == 0 ?
+                         " (the default, local_world_size: every host must run as many ranks)" : "");
+    if (o->inner_steps <= 0)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: inner_steps is %d: the groups must meet every H "
+                         "inner steps, H >= 1 (DiLoCo's paper: 500; H = 1 with AVERAGE is DDP on the parameters)", o->inner_steps);
+    if (o->mode == DDP_OUTER_AVERAGE && (o->lr != 0 || o->momentum != 0 || o->as_given))
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: AVERAGE is outer lr 1 and momentum 0; lr %g, "
+                         "momentum %g (as_given %d) were given: use DDP_OUTER_DILOCO for another outer optimizer",
+                         o->lr, o->momentum, o->as_given);
+    if (o->mode != DDP_OUTER_STREAMING && (o->fragments > 1 || o->delay_steps || o->mix != 0))
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: fragments %d, delay_steps %d, mix %g are streaming "
+                         "DiLoCo's: set mode DDP_OUTER_STREAMING", o->fragments, o->delay_steps, o->mix);
+    if (o->mode == DDP_OUTER_AVERAGE) { o->lr = 1; o->momentum = 0; }
+    else if (!o->as_given) { if (o->lr == 0) o->lr = 0.7f; if (o->momentum == 0) o->momentum = 0.9f; }
+    if (o->fragments == 0) o->fragments = 1;
+    if (o->quant_block == 0) o->quant_block = 64;
+    if (o->wire == DDP_WIRE_DEFAULT) o->wire = o->mode == DDP_OUTER_AVERAGE ? DDP_WIRE_FP32 : DDP_WIRE_BF16;
+    if (!ddp__finite_d(o->lr) || !(o->lr > 0) || !(o->momentum < 1) || !(o->mix < 1) || o->quant_block > 1 << 20)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: lr %g, momentum %g, mix %g or quant_block %d out "
+                         "of range (lr finite and > 0; momentum and mix in [0, 1); quant_block in 1 .. 1048576)",
+                         o->lr, o->momentum, o->mix, o->quant_block);
+    gap = o->inner_steps / o->fragments;   /* the fewest steps between two fragments' sends */
+    if (o->fragments > o->inner_steps || o->delay_steps >= gap)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: %d fragments over inner_steps %d with delay_steps "
+                         "%d: a fragment is sent every %d steps, so at most one is in flight only if fragments <= "
+                         "inner_steps and delay_steps < inner_steps / fragments", o->fragments, o->inner_steps,
+                         o->delay_steps, gap > 0 ? gap : 0);
+    if (ctx->desc.shard_optimizer || ctx->desc.uneven_inputs != DDP_JOIN_OFF)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: replica groups are not built (yet) with %s: turn "
+                         "it off", ctx->desc.shard_optimizer ? "shard_optimizer" : "uneven_inputs");
+    ctx->outer.size = o->group_size;
+    ctx->outer.groups = ctx->world / o->group_size;
+    ctx->outer.group = ctx->rank / o->group_size;
+    ctx->outer.index = ctx->rank % o->group_size;
+    return DDP_OK;
+}
+
 /* The descriptor as ddp_config() reports it: copied, environment, defaults, checked, the group
    resolved. The backend is chosen later (>>group), once the backends are defined. */
 static ddp_result ddp__resolve_desc(ddp_context *ctx, const ddp_desc *in) {
@@ -3279,6 +3393,7 @@ static ddp_result ddp__resolve_desc(ddp_context *ctx, const ddp_desc *in) {
     ddp__desc_defaults(&ctx->desc);
     if ((r = ddp__desc_validate(ctx, &ctx->desc)) != DDP_OK) return r;
     if ((r = ddp__resolve_group(ctx)) != DDP_OK) return r;
+    if ((r = ddp__outer_resolve(ctx)) != DDP_OK) return r;
     if (ctx->job.env_overrides[0] && ctx->rank == 0)   /* once a job: every rank reads the same environment */
         ddp__log(ctx, DDP_LOG_WARN, "the environment overrides the program's settings (a DDP_* variable that is set wins): %s",
                  ctx->job.env_overrides);
@@ -8132,6 +8247,24 @@ static ddp_result ddp__group_barrier(ddp_context *ctx) {
     return ctx->be->collective(ctx, DDP__KIND_SHUTDOWN, NULL, 0, 0);
 }
 
+/* Replica groups (desc.outer, >>outer) on the chosen backend. The inner steps average within a
+   group; a group of one rank averages nothing, so its buckets take the single backend's launch
+   and finish (the backend's collectives still reach every rank: the outer exchange uses them). */
+static ddp_result ddp__outer_backend(ddp_context *ctx) {
+    if (ctx->desc.outer.mode == DDP_OUTER_OFF) return DDP_OK;
+    if (ctx->be->id == DDP_BACKEND_NCCL)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: replica groups are not built (yet) on the nccl "
+                         "backend: run the CPU or MPI backend, or outer mode off");
+    if (ctx->outer.size > 1 && ctx->outer.groups > 1)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: groups of %d ranks are not built (yet): group_size "
+                         "1 (every rank its own replica) or %d (one group: plain DDP)", ctx->outer.size, ctx->world);
+    if (ctx->outer.size == 1 && ctx->world > 1) {
+        ctx->table.launch = ddp__single_launch;
+        ctx->table.finish = ddp__single_finish;
+    }
+    return DDP_OK;
+}
+
 /* Environment and descriptor, the timeline's lists, the backend; with peers, the store and the
    rendezvous; then the backend's data plane. */
 static ddp_result ddp__init(ddp_context *ctx, const ddp_desc *desc) {
@@ -8152,6 +8285,7 @@ static ddp_result ddp__init(ddp_context *ctx, const ddp_desc *desc) {
         if (!ctx->tl.main || !ctx->tl.comm) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the timeline");
     }
     if ((r = ddp__choose_backend(ctx)) != DDP_OK) return r;
+    if ((r = ddp__outer_backend(ctx)) != DDP_OK) return r;
     if (ctx->desc.shard_optimizer && !ctx->be->shards)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_optimizer is not supported by the %s backend "
                          "(yet): run unsharded there", ctx->be->name);
@@ -8220,6 +8354,11 @@ static ddp_result ddp__shutdown(ddp_context *ctx) {
     DDP_FREE(ctx->shard.norm_sums);
     DDP_FREE(ctx->tape.ops);
     DDP_FREE(ctx->tape.arena);
+    DDP_FREE(ctx->outer.frag);   /* >>outer */
+    ddp__free_floats(ctx->outer.theta);
+    ddp__free_floats(ctx->outer.mom);
+    ddp__free_floats(ctx->outer.sum);
+    DDP_FREE(ctx->outer.recv);
     ddp__mutex_destroy(&ctx->err_lock);
     DDP_FREE(ctx);
     return r;
@@ -9279,6 +9418,200 @@ static ddp_result ddp__join(ddp_context *ctx) {
 }
 
 /* --------------------------------------------------------------------------------------------
+   >>outer  Replica groups and their outer synchronization (desc.outer; OUTER SYNC in the
+   manual). Within a group every step is the data-parallel step of the sections above (a group
+   of one rank averages nothing: ddp__outer_backend). Across groups only the parameters meet: the
+   flat buffer is cut into F fragments (DiLoCo: F = 1), fragment p is sent every H inner steps,
+   staggered by p * H / F steps, and merged delay_steps later. What a group sends is its outer
+   gradient, the fp32 outer copy minus its parameters, encoded for the wire; every rank receives
+   every group's (one broadcast from each group's first rank) and adds them decoded in group
+   order, so every rank computes the same bits. Then an outer Nesterov SGD step on the outer
+   copy, and the parameters take the new outer values (mixed with the local ones by mix).
+   -------------------------------------------------------------------------------------------- */
+static int ddp__outer_on(const ddp_context *ctx) { return ctx->desc.outer.mode != DDP_OUTER_OFF; }
+
+/* lr 1, momentum 0 and an fp32 wire: the outer step is the mean of the groups' parameters, and
+   the parameters themselves travel (one group: its own values exactly, as plain training). */
+static int ddp__outer_plain_mean(const ddp_context *ctx) {
+    const ddp_outer *o = &ctx->desc.outer;
+    return o->lr == 1 && o->momentum == 0 && o->wire == DDP_WIRE_FP32;
+}
+
+/* Bytes one group's fragment of n floats takes on the wire: INT8 is every block's fp32 scale,
+   then the values. */
+static size_t ddp__outer_wire_bytes(const ddp_context *ctx, size_t n) {
+    size_t block = (size_t)ctx->desc.outer.quant_block;
+    switch (ctx->desc.outer.wire) {
+    case DDP_WIRE_BF16: return n * sizeof(ddp_bf16);
+    case DDP_WIRE_INT8: return (n + block - 1) / block * sizeof(float) + n;
+    default: return n * sizeof(float);
+    }
+}
+
+/* INT8, one block of n values: scale = max |x| / 127, q = x / scale rounded to nearest (even),
+   in [-127, 127]. A block of zeros has scale 0 (all q 0); a non-finite value makes the scale
+   NaN, and the block decodes to NaN, as an fp32 wire would carry it. */
+static void ddp__quant_block(const float *x, size_t n, float *scale_out, int8_t *q) {
+    float amax = 0, scale;
+    size_t i;
+    int bad = 0;
+    for (i = 0; i < n; i++) {
+        float a = x[i] < 0 ? -x[i] : x[i];
+        if (!ddp__finite_f(x[i])) bad = 1;
+        else if (a > amax) amax = a;
+    }
+    scale = amax / 127.0f;
+    if (bad) { uint32_t nan = 0x7fc00000u; memcpy(&scale, &nan, 4); }
+    for (i = 0; i < n; i++) {
+        long v = bad || scale == 0 ? 0 : lrintf(x[i] / scale);
+        q[i] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+    }
+    *scale_out = scale;
+}
+
+static void ddp__outer_encode(const ddp_context *ctx, const float *x, size_t n, unsigned char *out) {
+    size_t i, block = (size_t)ctx->desc.outer.quant_block, nb = (n + block - 1) / block;
+    switch (ctx->desc.outer.wire) {
+    case DDP_WIRE_BF16:
+        for (i = 0; i < n; i++) { ddp_bf16 h = ddp__to_bf16(x[i]); memcpy(out + i * sizeof h, &h, sizeof h); }
+        return;
+    case DDP_WIRE_INT8:
+        for (i = 0; i < nb; i++) {
+            float scale;
+            size_t lo = i * block, m = n - lo < block ? n - lo : block;
+            ddp__quant_block(x + lo, m, &scale, (int8_t *)(void *)(out + nb * sizeof(float) + lo));
+            memcpy(out + i * sizeof(float), &scale, sizeof scale);
+        }
+        return;
+    default: memcpy(out, x, n * sizeof(float)); return;
+    }
+}
+
+/* sum (n floats) = the decoded values (first) or sum + them: the same adds on every rank. */
+static void ddp__outer_decode_add(const ddp_context *ctx, const unsigned char *in, size_t n, float *sum, int first) {
+    size_t i, block = (size_t)ctx->desc.outer.quant_block, nb = (n + block - 1) / block;
+    for (i = 0; i < n; i++) {
+        float v;
+        if (ctx->desc.outer.wire == DDP_WIRE_BF16) { ddp_bf16 h; memcpy(&h, in + i * sizeof h, sizeof h); v = ddp__from_bf16(h); }
+        else if (ctx->desc.outer.wire == DDP_WIRE_INT8) {
+            float scale;
+            memcpy(&scale, in + (i / block) * sizeof(float), sizeof scale);
+            v = (float)((const int8_t *)(const void *)(in + nb * sizeof(float)))[i] * scale;
+        } else memcpy(&v, in + i * sizeof v, sizeof v);
+        sum[i] = first ? v : sum[i] + v;
+    }
+}
+
+/* Fragment f: floats [frag[f], frag[f + 1]), equal to within DDP__ALIGN_FLOATS (the flat
+   buffer's count is a multiple of it). */
+static ddp_result ddp__outer_commit(ddp_context *ctx) {
+    size_t n = ctx->flat.count, units = n / DDP__ALIGN_FLOATS, most = 0, bytes;
+    int f, F = ctx->desc.outer.fragments;
+    if (!ddp__outer_on(ctx)) return DDP_OK;
+    if ((size_t)F > units)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: %d fragments, but the model's %zu floats make "
+                         "only %zu blocks of %d (a fragment is at least one)", F, n, units, DDP__ALIGN_FLOATS);
+    if (!(ctx->outer.frag = (size_t *)ddp__calloc(sizeof(size_t) * (size_t)(F + 1))))
+        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the outer fragments");
+    for (f = 0; f <= F; f++) ctx->outer.frag[f] = units * (size_t)f / (size_t)F * DDP__ALIGN_FLOATS;
+    for (f = 0; f < F; f++) if (ctx->outer.frag[f + 1] - ctx->outer.frag[f] > most) most = ctx->outer.frag[f + 1] - ctx->outer.frag[f];
+    bytes = ctx->outer.slot = ddp__round_up(ddp__outer_wire_bytes(ctx, most), 64);
+    ctx->outer.theta = ddp__alloc_floats(n);
+    ctx->outer.mom = ctx->desc.outer.momentum > 0 ? ddp__alloc_floats(n) : NULL;
+    ctx->outer.sum = ddp__alloc_floats(most);
+    ctx->outer.recv = (unsigned char *)ddp__calloc(bytes * (size_t)ctx->outer.groups);
+    if (!ctx->outer.theta || (ctx->desc.outer.momentum > 0 && !ctx->outer.mom) || !ctx->outer.sum || !ctx->outer.recv)
+        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the outer state (%zu floats of outer parameters%s, "
+                         "%zu bytes of wire buffers)", n, ctx->outer.mom ? " and momentum" : "", bytes * (size_t)ctx->outer.groups);
+    memcpy(ctx->outer.theta, ctx->flat.params, n * sizeof(float));   /* rank 0's, as every rank's (commit) */
+    if (ctx->outer.mom) memset(ctx->outer.mom, 0, n * sizeof(float));
+    return DDP_OK;
+}
+
+/* Fragment f's exchange: this group's encoded outer gradient (or, ddp__outer_plain_mean, its
+   parameters) to every rank, every group's added into outer.sum in group order. */
+static ddp_result ddp__outer_exchange(ddp_context *ctx, int f) {
+    size_t lo = ctx->outer.frag[f], n = ctx->outer.frag[f + 1] - lo, i;
+    size_t wire = ddp__outer_wire_bytes(ctx, n), slot = ctx->outer.slot;
+    const float *p = ctx->flat.params + lo, *theta = ctx->outer.theta + lo;
+    float *delta = ctx->outer.sum;   /* scratch until the sum replaces it */
+    ddp_result r = DDP_OK;
+    int g;
+    if (ddp__outer_plain_mean(ctx)) memcpy(delta, p, n * sizeof(float));
+    else for (i = 0; i < n; i++) delta[i] = theta[i] - p[i];
+    ddp__outer_encode(ctx, delta, n, ctx->outer.recv + (size_t)ctx->outer.group * slot);
+    snprintf(ctx->what_buf, sizeof ctx->what_buf, "the outer exchange of fragment %d (%zu floats)", f, n);
+    ctx->what = ctx->what_buf;
+    for (g = 0; g < ctx->outer.groups && r == DDP_OK && ctx->world > 1; g++)
+        r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, ctx->outer.recv + (size_t)g * slot, wire, g * ctx->outer.size);
+    if (r != DDP_OK) return r;
+    for (g = 0; g < ctx->outer.groups; g++) ddp__outer_decode_add(ctx, ctx->outer.recv + (size_t)g * slot, n, ctx->outer.sum, g == 0);
+    return DDP_OK;
+}
+/* Fragment f lands: the averaged outer gradient (outer.sum / groups) takes an outer Nesterov SGD
+   step on the outer copy (torch.optim.SGD(nesterov=True): buf = momentum * buf + g, then
+   g + momentum * buf; the first buf is g), and the parameters become the outer values, keeping
+   mix of their own (streaming). bf16 parameters: the working copies follow, rounded. */
+static ddp_result ddp__outer_merge(ddp_context *ctx, int f) {
+    const ddp_outer *o = &ctx->desc.outer;
+    size_t lo = ctx->outer.frag[f], n = ctx->outer.frag[f + 1] - lo, i;
+    float *theta = ctx->outer.theta + lo, *p = ctx->flat.params + lo, *sum = ctx->outer.sum;
+    float G = (float)ctx->outer.groups, mu = o->momentum, mix = o->mix;
+    if (ddp__outer_plain_mean(ctx))
+        for (i = 0; i < n; i++) theta[i] = ctx->outer.groups == 1 ? sum[i] : sum[i] / G;
+    else
+        for (i = 0; i < n; i++) {
+            float g = ctx->outer.groups == 1 ? sum[i] : sum[i] / G;
+            if (ctx->outer.mom) { float *b = ctx->outer.mom + lo + i; *b = mu * *b + g; g = g + mu * *b; }
+            theta[i] -= o->lr * g;
+        }
+    if (mix == 0) memcpy(p, theta, n * sizeof(float));
+    else for (i = 0; i < n; i++) p[i] = mix * p[i] + (1 - mix) * theta[i];
+    ctx->outer.syncs++;
+    ctx->outer.flight = -1;
+    return ddp__bf16_op(ctx, DDP__BF16_ROUND_PARAMS, lo, n);
+}
+
+/* The fragment whose send step is inner step t (1, 2, ...), or -1: fragment f is sent at the
+   steps t with (t + f * H / F) % H == 0. */
+static int ddp__outer_due(const ddp_context *ctx, int64_t t) {
+    int f, H = ctx->desc.outer.inner_steps, F = ctx->desc.outer.fragments;
+    for (f = 0; f < F; f++)
+        if ((t + (int64_t)f * H / F) % H == 0) return f;
+    return -1;
+}
+
+/* After an inner step's update: the count, the fragment in flight merged when its delay is
+   over, and the fragment due sent (merged at once without a delay). */
+static ddp_result ddp__outer_step(ddp_context *ctx) {
+    ddp_result r;
+    int f;
+    if (!ddp__outer_on(ctx)) return DDP_OK;
+    if (ddp__in_backward(ctx)) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_outer_step while a backward is in flight");
+    ctx->outer.inner++;
+    if (ctx->outer.flight >= 0 && ctx->outer.inner >= ctx->outer.lands && (r = ddp__outer_merge(ctx, ctx->outer.flight)) != DDP_OK)
+        return r;
+    if ((f = ddp__outer_due(ctx, ctx->outer.inner)) < 0) return DDP_OK;
+    if ((r = ddp__outer_exchange(ctx, f)) != DDP_OK) return r;
+    ctx->outer.flight = f;
+    ctx->outer.lands = ctx->outer.inner + ctx->desc.outer.delay_steps;
+    return ctx->desc.outer.delay_steps ? DDP_OK : ddp__outer_merge(ctx, f);
+}
+
+static ddp_outer_status ddp__outer_status(const ddp_context *ctx) {
+    ddp_outer_status s;
+    memset(&s, 0, sizeof s);
+    s.groups = ctx->outer.groups;
+    s.group = ctx->outer.group;
+    s.group_size = ctx->outer.size;
+    s.group_rank = ctx->outer.index;
+    s.inner_steps = ctx->outer.inner;
+    s.syncs = ctx->outer.syncs;
+    s.in_flight = ctx->outer.flight;
+    return s;
+}
+
+/* --------------------------------------------------------------------------------------------
    >>checkpoint  ddp_save / ddp_load / ddp_save_check. One file, written and read by rank 0: the
    state reaches it through ddp__gather_to_host / ddp__scatter_from_host in chunks of
    DDP__CKPT_CHUNK floats (no full host copy anywhere), so the file is the same whatever the
@@ -10134,7 +10467,10 @@ ddp_result ddp_register_param(ddp_context *ctx, const char *name, size_t count, 
 
 ddp_result ddp_commit(ddp_context *ctx) {
     ddp_result r = ddp__usable(ctx, 0, "ddp_commit");
-    return r != DDP_OK ? r : ddp__cancel_wins(ctx, ddp__commit(ctx), "ddp_commit");
+    if (r != DDP_OK) return r;
+    /* committed, the outer state must exist: a rank without it cannot step (alike on every rank) */
+    if ((r = ddp__commit(ctx)) == DDP_OK && (r = ddp__outer_commit(ctx)) != DDP_OK) r = ddp__fatal(ctx, r);
+    return ddp__cancel_wins(ctx, r, "ddp_commit");
 }
 
 /* The views exist from ddp_commit on; before it, or for an id no parameter has, NULL with an error. */
@@ -10268,12 +10604,36 @@ ddp_step_stats ddp_last_step_stats(const ddp_context *ctx) {
 
 ddp_result ddp_adamw_step(ddp_context *ctx, const ddp_adamw *opt, float *grad_norm_out) {
     ddp_result r = ddp__usable(ctx, 1, "ddp_adamw_step");
-    return r != DDP_OK ? r : ddp__adamw_step(ctx, opt, grad_norm_out);
+    if (r == DDP_OK && (r = ddp__adamw_step(ctx, opt, grad_norm_out)) == DDP_OK) r = ddp__outer_step(ctx);
+    return r;
 }
 
 ddp_result ddp_consume_grads(ddp_context *ctx) {
     ddp_result r = ddp__usable(ctx, 1, "ddp_consume_grads");
-    return r != DDP_OK ? r : ddp__consume_grads(ctx);
+    if (r == DDP_OK && ctx->outer.owed)
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_consume_grads: the last update's ddp_outer_step is missing "
+                         "(with desc.outer, a program's own optimizer calls ddp_outer_step after each update)");
+    if (r == DDP_OK && (r = ddp__consume_grads(ctx)) == DDP_OK) ctx->outer.owed = ddp__outer_on(ctx);
+    return r;
+}
+
+ddp_result ddp_outer_step(ddp_context *ctx) {
+    ddp_result r = ddp__usable(ctx, 1, "ddp_outer_step");
+    if (r != DDP_OK || !ddp__outer_on(ctx)) return r;
+    if (!ctx->outer.owed)
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_outer_step without an update since the last one: call it once "
+                         "after each update of your own optimizer (ddp_consume_grads, then the update, then ddp_outer_step); "
+                         "ddp_adamw_step takes the outer step itself");
+    ctx->outer.owed = 0;
+    return ddp__outer_step(ctx);
+}
+
+ddp_outer_status ddp_outer_state(const ddp_context *ctx) {
+    ddp_outer_status s;
+    if (ctx) return ddp__outer_status(ctx);
+    memset(&s, 0, sizeof s);
+    s.in_flight = -1;
+    return s;
 }
 
 ddp_result ddp_adamw_state(ddp_context *ctx, float **m, float **v, int64_t **step) {
