@@ -8527,7 +8527,7 @@ static ddp_result ddp__zero_grads(ddp_context *ctx, size_t offset, size_t count)
 
 /* One line per parameter; every rank must produce the same text. */
 static char *ddp__layout_text(ddp_context *ctx, size_t *len_out) {
-    size_t cap = 256 + (size_t)ctx->model.num_params * (DDP__NAME_MAX + 48), len;
+    size_t cap = 512 + (size_t)ctx->model.num_params * (DDP__NAME_MAX + 48), len;
     char *text = (char *)DDP_MALLOC(cap);
     int i;
     if (!text) return NULL;
@@ -8537,6 +8537,11 @@ static char *ddp__layout_text(ddp_context *ctx, size_t *len_out) {
                            ctx->desc.shard_optimizer, ddp__bf16_params(ctx) ? "bf16" : "fp32");
     /* a timeline on some ranks only would stall shutdown (rank 0 waits for each missing trace) */
     len += (size_t)snprintf(text + len, cap - len, "timeline %s\n", ctx->tl.path[0] ? "on" : "off");
+    len += (size_t)snprintf(text + len, cap - len, "outer mode %d group_size %d inner_steps %d lr %.9g momentum %.9g "
+                            "fragments %d delay_steps %d mix %.9g wire %d quant_block %d\n", (int)ctx->desc.outer.mode,
+                            ctx->desc.outer.group_size, ctx->desc.outer.inner_steps, ctx->desc.outer.lr,
+                            ctx->desc.outer.momentum, ctx->desc.outer.fragments, ctx->desc.outer.delay_steps,
+                            ctx->desc.outer.mix, (int)ctx->desc.outer.wire, ctx->desc.outer.quant_block);
     for (i = 0; i < ctx->model.num_params; i++)
         len += (size_t)snprintf(text + len, cap - len, "%s %zu %u\n", ctx->model.params[i].name,
                                 ctx->model.params[i].count, ctx->model.params[i].flags);
@@ -8560,12 +8565,15 @@ static ddp_result ddp__layout_mismatch(ddp_context *ctx, const char *a, const ch
     if (i == 0)
         return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks 0 and %d use different options: rank 0 has '%s', rank %d "
                          "has '%s' (first_bucket_mb, bucket_cap_mb, find_unused, reduce_dtype, uneven_inputs, shard_optimizer, param_dtype)", rank_b, la, rank_b, lb);
+    if (i == 2)
+        return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks 0 and %d use different outer settings (ddp_desc.outer): rank 0 "
+                         "has '%s', rank %d has '%s'", rank_b, la, rank_b, lb);
     if (i == 1)
         return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks 0 and %d use different options: the timeline (DDP_TIMELINE or "
                          "ddp_desc.timeline_path) is set on rank %d and not on rank %d; set it on every rank or on none",
                          rank_b, strcmp(la, "timeline on") ? rank_b : 0, strcmp(la, "timeline on") ? 0 : rank_b);
     return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks registered different parameters: parameter #%d is '%s' "
-                     "(name, elements, flags) on rank 0 but '%s' on rank %d", i - 2, la, lb, rank_b);
+                     "(name, elements, flags) on rank 0 but '%s' on rank %d", i - 3, la, lb, rank_b);
 }
 
 /* All ranks fetch rank 0's layout and every other rank's, so all reach the same verdict. */
