@@ -633,13 +633,15 @@
                     the working copy written in the same pass), bf16 rounding and conversions,
                     the norm's blocks' sums of squares
      >>single       the single backend's table
-     >>cpu          its types (the segment's blocks, ddp__cpu); shared-memory collectives,
+     >>cpu          its types (the segment's blocks, ddp__cpu); shared-memory collectives over
+                    the world or, for a gradient bucket, the team (ddp__span_*: replica groups),
                     liveness, poison; >>cpu-grads buckets averaged (or reduce-scattered) in place
                     (bf16 parameters: bf16 gradients, summed in float); sharded AdamW and its
                     all-gather; its one-bucket function for the work queue; the cpu backend's table
      >>mpi          the MPI backend (only with DDP_MPI): host groups on the cpu backend's
                     segment, the leaders' fixed-order sum; bf16 buckets and the sharded optimizer
-                    among all ranks (the CPU backend's rank order); the watchdog's hooks
+                    among all ranks (the CPU backend's rank order); with replica groups every
+                    bucket among the team, through its own communicator; the watchdog's hooks
                     (heartbeats, the collective's age, MPI_Abort), its table
      >>nccl         the NCCL backend (only with DDP_CUDA): the communicator's life, the
                     watchdog's hooks, set-up, buckets on the comm stream as the wire plan says
@@ -5035,6 +5037,11 @@ static void ddp__single_table(ddp__backend *t) {
    cache. A slot is rewritten only once every rank has posted OUT for the chunk it held.
    A waiter spins briefly, then sleeps on a futex; while asleep it checks every
    DDP__LIVENESS_PERIOD_S that its peers are alive and that the group is not poisoned.
+   With replica groups (desc.outer) a gradient bucket spans only the team, this rank's group
+   (ddp__span_*): "every rank" above is then every member, in member order, and the divisor is
+   the group's size; everything else spans the world. The counters stay one sequence on every
+   rank (all issue the same collectives in the same order), and a team chunk whose slot a
+   world-wide chunk held last waits for the world's OUT before it rewrites it (world_end).
    -------------------------------------------------------------------------------------------- */
 #define DDP__SHM_MAGIC 0x31504444534d4853ull
 

@@ -158,8 +158,9 @@ static void run_config(ddp_desc d, const config *c) {
     st = ddp_outer_state(ctx);
     snprintf(name, sizeof name, "groups_%s_rank%d_layout", c->name, rank);
     verdict(st.groups == WORLD / S && st.group == rank / S && st.group_size == S && st.group_rank == rank % S &&
-            ddp_world_size(ctx) == WORLD && ddp_num_buckets(ctx) >= 2, name, "groups %d group %d size %d index %d, world "
-            "%d, %d bucket(s)", st.groups, st.group, st.group_size, st.group_rank, ddp_world_size(ctx), ddp_num_buckets(ctx));
+            ddp_world_size(ctx) == WORLD && ddp_num_buckets(ctx) >= 2 && ddp_config(ctx)->backend == d.backend, name,
+            "groups %d group %d size %d index %d, world %d, %d bucket(s), backend %s", st.groups, st.group, st.group_size,
+            st.group_rank, ddp_world_size(ctx), ddp_num_buckets(ctx), ddp_backend_name(ctx));
     /* step 1: averaged within the groups; the groups' parameters part */
     step_and_check(ctx, c, ids, 1, "step1");
     if ((r = ddp_adamw_step(ctx, &opt, NULL)) != DDP_OK) goto fail;
@@ -194,6 +195,7 @@ static const config *current;
 static void rank_main(test_rank *self) {
     ddp_desc d = test_desc(self);
     d.timeout_s = 60;
+    d.backend = DDP_BACKEND_CPU;
     run_config(d, current);
 }
 
@@ -210,7 +212,11 @@ int main(int argc, char **argv) {
             ddp_desc d;
             memset(&d, 0, sizeof d);
             d.timeout_s = 60;
-            d.log_level = DDP_LOG_WARN;
+            d.log_level = DDP_LOG_ERROR;
+            d.backend = DDP_BACKEND_CPU;
+#ifdef DDP_MPI
+            d.backend = DDP_BACKEND_MPI;   /* under mpirun on one host too (AUTO would take the CPU backend) */
+#endif
             run_config(d, c);
         } else {
             test_rank ranks[WORLD];
