@@ -133,7 +133,7 @@ static void run_config(ddp_desc d, const config *c) {
     int ids[NPARAM], p, s, rank, S = c->group_size, first, ok;
     char name[160];
     ddp_result r;
-    float *init;
+    float *init[NPARAM] = { NULL, NULL, NULL };   /* read at commit */
     d.outer.mode = DDP_OUTER_DILOCO;
     d.outer.group_size = S;
     d.outer.inner_steps = 2;
@@ -147,14 +147,14 @@ static void run_config(ddp_desc d, const config *c) {
     for (p = 0; p < NPARAM; p++) {
         size_t j;
         char pn[16];
-        if (!(init = (float *)malloc(sizes[p] * sizeof(float)))) { r = DDP_ERR_OUT_OF_MEMORY; goto fail; }
-        for (j = 0; j < sizes[p]; j++) init[j] = 0.5f * test_value((uint64_t)(7 + p), j);
+        if (!(init[p] = (float *)malloc(sizes[p] * sizeof(float)))) { r = DDP_ERR_OUT_OF_MEMORY; goto fail; }
+        for (j = 0; j < sizes[p]; j++) init[p][j] = 0.5f * test_value((uint64_t)(7 + p), j);
         snprintf(pn, sizeof pn, "p%d", p);
-        r = ddp_register_param(ctx, pn, sizes[p], 0, init, &ids[p]);
-        free(init);
-        if (r != DDP_OK) goto fail;
+        if ((r = ddp_register_param(ctx, pn, sizes[p], 0, init[p], &ids[p])) != DDP_OK) goto fail;
     }
-    if ((r = ddp_commit(ctx)) != DDP_OK) goto fail;
+    r = ddp_commit(ctx);
+    for (p = 0; p < NPARAM; p++) { free(init[p]); init[p] = NULL; }
+    if (r != DDP_OK) goto fail;
     st = ddp_outer_state(ctx);
     snprintf(name, sizeof name, "groups_%s_rank%d_layout", c->name, rank);
     verdict(st.groups == WORLD / S && st.group == rank / S && st.group_size == S && st.group_rank == rank % S &&
@@ -188,6 +188,7 @@ static void run_config(ddp_desc d, const config *c) {
 fail:
     printf("FAIL groups_%s_rank%d: %s: %s\n", c->name, d.world_size ? d.rank : -1, ddp_result_string(r), ddp_last_error(ctx));
     test_failures++;
+    for (p = 0; p < NPARAM; p++) free(init[p]);
     ddp_shutdown(ctx);
 }
 
