@@ -9,7 +9,8 @@
    CONTENTS
      QUICK START · ONE STEP, AS DATA FLOWS · OWN AUTOGRAD · MEMORY LAYOUT AND OVERLAP ·
      FAST MATH · STRUCTS ACROSS VERSIONS · OPTIONS · ADAMW · SHARDED OPTIMIZER (ZeRO-1) ·
-     PARAMETER DTYPE (bf16 parameters, fp32 master weights) · CHECKPOINTS · BACKENDS ·
+     PARAMETER DTYPE (bf16 parameters, fp32 master weights) · OUTER SYNC (replica groups,
+     DiLoCo, streaming DiLoCo) · CHECKPOINTS · BACKENDS ·
      ENVIRONMENT · JOB IDENTITY · ERRORS · NULL, LIFETIME AND THREADS · EMBEDDING: CANCEL,
      PROGRESS, UNEVEN INPUTS · SAMPLER · PLATFORMS (Linux, Windows, macOS) · COMPILE-TIME
      OPTIONS · THE IMPLEMENTATION, SECTION BY SECTION
@@ -286,6 +287,43 @@
      runs and world sizes.
      Tests: tests/test_bf16_params.c; on the MPI backend tests/mpi_parity.c (the CPU backend's
      bits, checkpoints across the two).
+
+   OUTER SYNC (ddp_desc.outer: replica groups, DiLoCo, streaming DiLoCo, periodic averaging)
+     When: the network between groups of ranks (hosts) is much slower than the compute wants
+     (Ethernet between workstations, cloud hosts without RDMA): DDP's every-step allreduce
+     then dominates (bench/RESULTS.md, "across slow links"). The ranks split into groups of
+     group_size (default local_world_size: a group a host); within a group every step is the DDP
+     step above; across groups only the parameters meet, every inner_steps (H) steps:
+       desc.outer = (ddp_outer){ .mode = DDP_OUTER_DILOCO, .inner_steps = 50 };
+       ... every step as before: backward, ddp_adamw_step (it takes the outer step when due)
+     DILOCO (arXiv 2311.08105): each group keeps an fp32 outer copy of the parameters and an outer
+     momentum; at an outer step the outer gradient (outer copy minus the group's parameters),
+     averaged over the groups, takes an outer SGD step with Nesterov momentum exactly as
+     torch.optim.SGD(nesterov=True) defines it (lr 0.7, momentum 0.9 by default), and every
+     group's parameters become the new outer copy; AdamW's state is kept. AVERAGE: lr 1 and
+     momentum 0 (PyTorch's post-local SGD), the mean of the groups' parameters (what travels is
+     then the parameters, in fp32: one group gives plain training bit for bit). STREAMING (arXiv
+     2501.18512): the flat buffer is cut into `fragments` contiguous ranges, equal to within 16
+     floats; fragment f is sent every H steps, at the steps t (1, 2, ...) with (t + f*H/F) % H
+     == 0, so at most one is in flight; its exchange runs on a thread of its own while the next
+     `delay_steps` inner steps compute, and then it merges: parameters = mix * their own + (1 -
+     mix) * the new outer values (the paper's alpha; 0 with delay 0 is DiLoCo on the fragment).
+     What travels (wire): BF16 by default (FP32 for AVERAGE), or INT8, one fp32 scale for every
+     quant_block (64) values (max |x| / 127, values rounded to nearest): 1/4 of fp32 plus 1/16.
+     Every group's encoding reaches every rank (a broadcast from each group's first rank) and
+     every rank adds the decoded values in group order: all ranks compute the same bits.
+     A program with its own optimizer: ddp_consume_grads, its update, ddp_outer_step (every
+     rank, every step; ddp_adamw_step calls it itself). ddp_outer_state: groups, this rank's
+     group, inner steps, fragments merged, the one in flight, what the last exchange took and
+     what the steps waited for exchanges (0 when the overlap hid them).
+     Checks: group_size must divide the world, H >= 1, fragments <= H and delay_steps < H /
+     fragments (ddp_init), fragments <= the model's blocks of 16 floats (ddp_commit), every rank
+     the same settings (ddp_commit: DDP_ERR_MISMATCH naming both). Not yet: the NCCL backend,
+     shard_optimizer, uneven_inputs (refused by name). A host lost during an exchange: the
+     backend's collective fails on every survivor within the timeout, as any collective does.
+     Continuing without the lost group would take: the survivors agreeing on who is left (the
+     store), a new group count for the average, and the outer state kept (it is the same on every
+     group); not built.
 
    CHECKPOINTS (ddp_save, ddp_load, ddp_save_check; collective: every rank calls them alike)
        int holds;
@@ -661,6 +699,9 @@
                     gradients guard, and ddp_consume_grads for a program's own optimizer
      >>collectives  user collectives, host copies of the state
      >>join         uneven inputs: ddp_join's shadow steps, the replicas synced at the end
+     >>outer        replica groups and their outer sync: fragments, the wire's encodings, the
+                    exchange (its own thread when delayed; the wire's users wait for it), the
+                    outer Nesterov step and the merge
      >>checkpoint   ddp_save / ddp_load: the file format, the atomic write, the strict two-pass
                     read, rank 0's verdict broadcast to every rank
      >>public       every public function: checks its arguments and the context, hands off
