@@ -169,6 +169,9 @@
      shard_optimizer  0 ($DDP_SHARD_       1: ZeRO stage 1, AdamW's m and v split across the ranks
                       OPTIMIZER)           (SHARDED OPTIMIZER below); the same bits as 0; ranks
                                            must agree; not with uneven_inputs
+     outer            mode DDP_OUTER_OFF   replica groups and their outer sync: DiLoCo,
+                                           streaming DiLoCo, periodic averaging (OUTER SYNC);
+                                           ranks must agree
 
    ADAMW (ddp_adamw; ddp_adamw_step(ddp, &opt, &norm or NULL))
      lr as given (0 is valid); beta1, beta2, eps: 0 means 0.9, 0.999, 1e-8 unless as_given = 1,
