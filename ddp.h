@@ -318,7 +318,9 @@
      A program with its own optimizer: ddp_consume_grads, its update, ddp_outer_step (every
      rank, every step; ddp_adamw_step calls it itself). ddp_outer_state: groups, this rank's
      group, inner steps, fragments merged, the one in flight, what the last exchange took and
-     what the steps waited for exchanges (0 when the overlap hid them).
+     what the steps waited for exchanges (0 when the overlap hid them), and the straggler: an
+     exchange begins with a barrier, each group's first rank sends what it waited there, so
+     every rank names the group that arrived last and what it cost the earliest one.
      Checks: group_size must divide the world, H >= 1, fragments <= H and delay_steps < H /
      fragments (ddp_init), fragments <= the model's blocks of 16 floats (ddp_commit), every rank
      the same settings (ddp_commit: DDP_ERR_MISMATCH naming both). Not yet: the NCCL backend,
@@ -1042,6 +1044,10 @@ typedef struct ddp_outer_status {
     int in_flight;             /* the fragment whose exchange is in flight, -1: none */
     double exchange_ms;        /* the last merged fragment's exchange took (its own thread with delay_steps) */
     double wait_ms;            /* all the time this rank waited for exchanges in flight (0: fully hidden) */
+    /* the last merged exchange's straggler: the group whose first rank arrived last at its barrier
+       (-1: one group), and how much longer than it the earliest group waited there */
+    int slowest_group;
+    double straggler_ms;
 } ddp_outer_status;
 ddp_outer_status ddp_outer_state(const ddp_context *ctx);
 
@@ -2455,12 +2461,16 @@ struct ddp_context {
             int started, job, stop;/* job: the fragment to exchange, -1: none */
             ddp_result result;
             double seconds;        /* the last exchange took */
+            double slow_s;         /* its longest broadcast from another group: that group's lateness, roughly */
+            int slow_group;
             /* the backend's slots the exchange shares the wire with: they wait for it first */
             ddp_result (*collective)(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root);
             ddp_result (*launch)(ddp_context *ctx, int bucket);
             void (*stop_backend)(ddp_context *ctx);
         } bg;
         double exchange_ms, wait_ms;   /* the last exchange; what the step waited for it in all */
+        double straggler_ms;       /* the last exchange's longest wait for one group's broadcast */
+        int slowest_group;         /* that group (-1: none) */
     } outer;
 };
 
@@ -3398,6 +3408,7 @@ static ddp_result ddp__outer_resolve(ddp_context *ctx) {
     ddp_outer *o = &ctx->desc.outer;
     int gap, given = o->group_size;
     ctx->outer.flight = -1;
+    ctx->outer.slowest_group = -1;
     ctx->outer.groups = 1;
     ctx->outer.size = ctx->world;
     ctx->outer.index = ctx->rank;
@@ -9553,6 +9564,10 @@ static void ddp__outer_decode_add(const ddp_context *ctx, const unsigned char *i
     }
 }
 
+/* A group's slot: a head (what its first rank waited at the exchange's barrier), then the
+   encoding. */
+#define DDP__OUTER_HEAD 64
+
 /* Fragment f: floats [frag[f], frag[f + 1]), equal to within DDP__ALIGN_FLOATS (the flat
    buffer's count is a multiple of it). */
 static ddp_result ddp__outer_commit(ddp_context *ctx) {
@@ -9566,7 +9581,7 @@ static ddp_result ddp__outer_commit(ddp_context *ctx) {
         return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the outer fragments");
     for (f = 0; f <= F; f++) ctx->outer.frag[f] = units * (size_t)f / (size_t)F * DDP__ALIGN_FLOATS;
     for (f = 0; f < F; f++) if (ctx->outer.frag[f + 1] - ctx->outer.frag[f] > most) most = ctx->outer.frag[f + 1] - ctx->outer.frag[f];
-    bytes = ctx->outer.slot = ddp__round_up(ddp__outer_wire_bytes(ctx, most), 64);
+    bytes = ctx->outer.slot = DDP__OUTER_HEAD + ddp__round_up(ddp__outer_wire_bytes(ctx, most), 64);
     ctx->outer.theta = ddp__alloc_floats(n);
     ctx->outer.mom = ctx->desc.outer.momentum > 0 ? ddp__alloc_floats(n) : NULL;
     ctx->outer.sum = ddp__alloc_floats(most);
@@ -9587,21 +9602,38 @@ static void ddp__outer_pack(ddp_context *ctx, int f) {
     float *delta = ctx->outer.sum;   /* scratch until the sum replaces it */
     if (ddp__outer_plain_mean(ctx)) memcpy(delta, p, n * sizeof(float));
     else for (i = 0; i < n; i++) delta[i] = theta[i] - p[i];
-    ddp__outer_encode(ctx, delta, n, ctx->outer.recv + (size_t)ctx->outer.group * ctx->outer.slot);
+    ddp__outer_encode(ctx, delta, n, ctx->outer.recv + (size_t)ctx->outer.group * ctx->outer.slot + DDP__OUTER_HEAD);
 }
 
 /* Every group's slot to every rank (a broadcast from each group's first rank, through the
    backend's own collective), added into outer.sum in group order. Any thread: the main one, or
-   the exchange's own while the inner steps run (nothing else uses the wire meanwhile). */
+   the exchange's own while the inner steps run (nothing else uses the wire meanwhile). A barrier
+   first: what each group's first rank waited in it travels in its slot's head, so every rank
+   knows the group that arrived last (it waited least) and what it cost the others. */
 static ddp_result ddp__outer_transfer(ddp_context *ctx, int f) {
     size_t n = ctx->outer.frag[f + 1] - ctx->outer.frag[f], wire = ddp__outer_wire_bytes(ctx, n), slot = ctx->outer.slot;
+    unsigned char *mine = ctx->outer.recv + (size_t)ctx->outer.group * slot;
     ddp_result r = DDP_OK;
-    double t0 = ddp__now();
+    double t0 = ddp__now(), w, least = 0;
     int g;
+    ctx->outer.bg.slow_s = 0;
+    ctx->outer.bg.slow_group = -1;
+    if (ctx->outer.groups > 1) {
+        r = ctx->outer.bg.collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0);
+        w = ddp__now() - t0;
+        memcpy(mine, &w, sizeof w);
+    }
     for (g = 0; g < ctx->outer.groups && r == DDP_OK && ctx->outer.groups > 1; g++)
-        r = ctx->outer.bg.collective(ctx, DDP__KIND_BROADCAST, ctx->outer.recv + (size_t)g * slot, wire, g * ctx->outer.size);
+        r = ctx->outer.bg.collective(ctx, DDP__KIND_BROADCAST, ctx->outer.recv + (size_t)g * slot, DDP__OUTER_HEAD + wire,
+                                     g * ctx->outer.size);
     if (r != DDP_OK) return r;
-    for (g = 0; g < ctx->outer.groups; g++) ddp__outer_decode_add(ctx, ctx->outer.recv + (size_t)g * slot, n, ctx->outer.sum, g == 0);
+    for (g = 0; g < ctx->outer.groups; g++) {
+        memcpy(&w, ctx->outer.recv + (size_t)g * slot, sizeof w);
+        if (ctx->outer.groups > 1 && (g == 0 || w < least)) { least = w; ctx->outer.bg.slow_group = g; }
+        if (w > ctx->outer.bg.slow_s) ctx->outer.bg.slow_s = w;
+        ddp__outer_decode_add(ctx, ctx->outer.recv + (size_t)g * slot + DDP__OUTER_HEAD, n, ctx->outer.sum, g == 0);
+    }
+    ctx->outer.bg.slow_s -= least;
     ctx->outer.bg.seconds = ddp__now() - t0;
     return DDP_OK;
 }
@@ -9637,6 +9669,13 @@ static ddp_result ddp__outer_settle(ddp_context *ctx) {
     return r;
 }
 
+/* The settled exchange's times, for ddp_outer_state (main thread: the exchange's thread is idle). */
+static void ddp__outer_times(ddp_context *ctx) {
+    ctx->outer.exchange_ms = 1e3 * ctx->outer.bg.seconds;
+    ctx->outer.straggler_ms = 1e3 * ctx->outer.bg.slow_s;
+    ctx->outer.slowest_group = ctx->outer.bg.slow_group;
+}
+
 /* Fragment f's exchange: at once, or (delay_steps > 0) handed to the exchange's thread. */
 static ddp_result ddp__outer_exchange(ddp_context *ctx, int f) {
     ddp_result r;
@@ -9646,7 +9685,7 @@ static ddp_result ddp__outer_exchange(ddp_context *ctx, int f) {
     ddp__outer_pack(ctx, f);
     if (!ctx->desc.outer.delay_steps || ctx->outer.groups == 1) {
         r = ddp__outer_transfer(ctx, f);
-        ctx->outer.exchange_ms = 1e3 * ctx->outer.bg.seconds;
+        ddp__outer_times(ctx);
         return r;
     }
     if (!ctx->outer.bg.started) {
@@ -9761,7 +9800,7 @@ static ddp_result ddp__outer_step(ddp_context *ctx) {
     ctx->outer.inner++;
     if (ctx->outer.flight >= 0 && ctx->outer.inner >= ctx->outer.lands) {
         if ((r = ddp__outer_settle(ctx)) != DDP_OK) return r;
-        ctx->outer.exchange_ms = 1e3 * ctx->outer.bg.seconds;
+        ddp__outer_times(ctx);
         if ((r = ddp__outer_merge(ctx, ctx->outer.flight)) != DDP_OK) return r;
     }
     if ((f = ddp__outer_due(ctx, ctx->outer.inner)) < 0) return DDP_OK;
@@ -9783,6 +9822,8 @@ static ddp_outer_status ddp__outer_status(const ddp_context *ctx) {
     s.in_flight = ctx->outer.flight;
     s.exchange_ms = ctx->outer.exchange_ms;
     s.wait_ms = ctx->outer.wait_ms;
+    s.straggler_ms = ctx->outer.straggler_ms;
+    s.slowest_group = ctx->outer.slowest_group;
     return s;
 }
 
@@ -10816,7 +10857,7 @@ ddp_outer_status ddp_outer_state(const ddp_context *ctx) {
     ddp_outer_status s;
     if (ctx) return ddp__outer_status(ctx);
     memset(&s, 0, sizeof s);
-    s.in_flight = -1;
+    s.in_flight = s.slowest_group = -1;
     return s;
 }
 
