@@ -10,21 +10,24 @@
    - DiLoCo with H = 2: after step 1 the two groups' parameters differ and each group's ranks hold
      the same bits; after step 2 (the outer sync) every rank holds the same; step 3 averages
      within the groups again (buckets after the world-wide outer exchange).
-   Configurations: fp32 and bf16 parameters, an fp32 model on a bf16 wire, each in place and
-   through the staging slots (DDP_STAGED_GRADS=1; the CPU backend's only), and one group of all 4
-   ranks (group_size = world: the world's average, as without groups). A bucket of more than
-   1 MiB takes several in-place chunks and staging slots. */
+   Configurations: fp32 and bf16 parameters, an fp32 model on a bf16 wire, in place and through
+   the staging slots (DDP_STAGED_GRADS=1; the CPU backend's only), one group of all 4 ranks
+   (group_size = world: the world's average, as without groups), and streaming DiLoCo whose
+   exchange is in flight on its own thread during step 3 (the replicas meet after it). A bucket
+   of more than 1 MiB takes several in-place chunks and staging slots. */
 #include "testlib.h"
 
 #define WORLD 4
 #define NPARAM 3
 static const size_t sizes[NPARAM] = { 300001, 5003, 1000 };   /* reverse order: a small bucket first, then >1 MiB */
 
-typedef struct config { const char *name; int bf16, bf16_wire, staged, group_size; } config;
+/* delay: streaming DiLoCo, one fragment, its exchange on its own thread for 1 step (the merge
+   after step 3; step 3's buckets wait for it) */
+typedef struct config { const char *name; int bf16, bf16_wire, staged, group_size, delay; } config;
 static const config configs[] = {
-    { "fp32", 0, 0, 0, 2 },        { "bf16", 1, 0, 0, 2 },        { "fp32_bf16wire", 0, 1, 0, 2 },
-    { "fp32_staged", 0, 0, 1, 2 }, { "bf16_staged", 1, 0, 1, 2 }, { "fp32_one_group", 0, 0, 0, 4 },
-    { "bf16_one_group", 1, 0, 0, 4 },
+    { "fp32", 0, 0, 0, 2, 0 },        { "bf16", 1, 0, 0, 2, 0 },        { "fp32_bf16wire", 0, 1, 0, 2, 0 },
+    { "fp32_staged", 0, 0, 1, 2, 0 }, { "bf16_staged", 1, 0, 1, 2, 0 }, { "fp32_one_group", 0, 0, 0, 4, 0 },
+    { "bf16_one_group", 1, 0, 0, 4, 0 }, { "bf16_streaming_delay1", 1, 0, 0, 2, 1 },
 };
 
 /* Rank r's gradient of parameter p at step t, as the program writes it (bf16 parameters: rounded). */
@@ -134,9 +137,10 @@ static void run_config(ddp_desc d, const config *c) {
     char name[160];
     ddp_result r;
     float *init[NPARAM] = { NULL, NULL, NULL };   /* read at commit */
-    d.outer.mode = DDP_OUTER_DILOCO;
+    d.outer.mode = c->delay ? DDP_OUTER_STREAMING : DDP_OUTER_DILOCO;
     d.outer.group_size = S;
     d.outer.inner_steps = 2;
+    d.outer.delay_steps = c->delay;
     d.param_dtype = c->bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
     d.reduce_dtype = c->bf16_wire ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
     memset(&opt, 0, sizeof opt);
@@ -169,17 +173,25 @@ static void run_config(ddp_desc d, const config *c) {
     snprintf(name, sizeof name, "groups_%s_rank%d_inner_step_replicas_equal_within_group_only", c->name, rank);
     verdict(ok, name, "parameter hashes %016llx %016llx %016llx %016llx (groups of %d)", (unsigned long long)h[0],
             (unsigned long long)h[1], (unsigned long long)h[2], (unsigned long long)h[3], S);
-    /* step 2: the outer sync (H = 2) makes every replica the same */
+    /* step 2: the outer sync (H = 2) makes every replica the same (with a delay: after step 3, the
+       exchange in flight meanwhile); step 3 averages within the groups again, after the world-wide
+       exchange (with a delay: its buckets wait for the exchange on the other thread) */
     step_and_check(ctx, c, ids, 2, "step2");
     if ((r = ddp_adamw_step(ctx, &opt, NULL)) != DDP_OK) goto fail;
+    if (c->delay) {
+        st = ddp_outer_state(ctx);
+        snprintf(name, sizeof name, "groups_%s_rank%d_fragment_in_flight_after_step2", c->name, rank);
+        verdict(st.in_flight == 0 && st.syncs == 0, name, "in flight %d, syncs %lld", st.in_flight, (long long)st.syncs);
+        step_and_check(ctx, c, ids, 3, "step3");
+        if ((r = ddp_adamw_step(ctx, &opt, NULL)) != DDP_OK) goto fail;
+    }
     st = ddp_outer_state(ctx);
     if (!param_hashes(ctx, c, h)) { r = DDP_ERR_BACKEND; goto fail; }
     for (ok = st.syncs == 1, s = 0; s < WORLD; s++) ok &= h[s] == h[0];
     snprintf(name, sizeof name, "groups_%s_rank%d_outer_sync_replicas_equal", c->name, rank);
     verdict(ok, name, "syncs %lld, parameter hashes %016llx %016llx %016llx %016llx", (long long)st.syncs,
             (unsigned long long)h[0], (unsigned long long)h[1], (unsigned long long)h[2], (unsigned long long)h[3]);
-    /* step 3: within the groups again, after the world-wide exchange */
-    step_and_check(ctx, c, ids, 3, "step3");
+    if (!c->delay) step_and_check(ctx, c, ids, 3, "step3");
     (void)first;
     r = ddp_shutdown(ctx);
     snprintf(name, sizeof name, "groups_%s_rank%d_shutdown", c->name, rank);
