@@ -6008,6 +6008,10 @@ static ddp_result ddp__cpu_run_bucket(ddp_context *ctx, int index) {
     const ddp__bucket *b = &ctx->model.buckets[index];
     const ddp__wire *w = &b->wire;
     ddp_result r;
+    /* Replica groups: a team's waits never look at the other groups, so a group whose peer group
+       failed (a rank died, say) would train on until the next world-wide collective, possibly
+       H steps away; the poison is looked at before each bucket instead. */
+    if (ddp__team_world(ctx) < ctx->world && (r = ddp__shm_poisoned(ctx)) != DDP_OK) return r;
     c->sig_bucket = (uint32_t)index + 1;
     c->team = 1;   /* averaged among the team (replica groups: this rank's group), not the world */
     r = w->in_place ? ddp__shm_bucket_in_place(ctx, b->offset, b->count, w->scatter ? index : -1)
