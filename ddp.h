@@ -6187,8 +6187,8 @@ static void ddp__cpu_table(ddp__backend *t) {
 struct ddp__mpi {
     int flat, leader, nodes, node;
     MPI_Comm world, local, leaders;       /* MPI_COMM_NULL where this rank has none */
-    MPI_Comm team;                        /* the team's (ddp__team_*): with replica groups this rank's
-                                             group's, split from world; else world itself */
+    MPI_Comm team;                        /* the team's (ddp__team_*), split from world: with replica
+                                             groups this rank's group, else every rank */
     int *rank_node, *rank_local;          /* world entries */
     char (*hosts)[64];                    /* each rank's host name */
     ddp_context *host;                    /* this host's ranks through shared memory; NULL: alone */
@@ -6902,15 +6902,15 @@ static ddp_result ddp__mpi_layout(ddp_context *ctx) {
     m->flat = flat && strcmp(flat, "0") && *flat;
     if ((rc = MPI_Comm_dup(MPI_COMM_WORLD, &m->world)) != MPI_SUCCESS) return ddp__mpi_check(ctx, rc, "MPI_Comm_dup");
     MPI_Comm_set_errhandler(m->world, MPI_ERRORS_RETURN);
-    m->team = m->world;
-    if (ddp__mpi_teams(ctx)) {   /* replica groups: the team's own communicator, members in rank order */
-        ctx->what = "the split of the replica groups' communicators";
-        if ((rc = MPI_Comm_split(m->world, ctx->outer.group, ctx->rank, &m->team)) != MPI_SUCCESS) {
-            m->team = MPI_COMM_NULL;
-            return ddp__mpi_check(ctx, rc, "MPI_Comm_split");
-        }
-        MPI_Comm_set_errhandler(m->team, MPI_ERRORS_RETURN);
+    /* the team's own communicator, members in rank order (without replica groups: every rank).
+       Every rank splits, whatever its settings: ranks that disagree on them are told at commit
+       (the layout check), not left in a collective only some of them call. */
+    ctx->what = "the split of the replica groups' communicators";
+    if ((rc = MPI_Comm_split(m->world, ctx->outer.group, ctx->rank, &m->team)) != MPI_SUCCESS) {
+        m->team = MPI_COMM_NULL;
+        return ddp__mpi_check(ctx, rc, "MPI_Comm_split");
     }
+    MPI_Comm_set_errhandler(m->team, MPI_ERRORS_RETURN);
     m->hosts = (char (*)[64])ddp__calloc(64 * (size_t)ctx->world);
     m->rank_node = (int *)ddp__calloc(sizeof(int) * (size_t)ctx->world);
     m->rank_local = (int *)ddp__calloc(sizeof(int) * (size_t)ctx->world);
@@ -7044,7 +7044,7 @@ static void ddp__mpi_teardown(ddp_context *ctx) {
         }
         if (ddp__failed(ctx)) __atomic_store_n(&ddp__mpi_dirty, 1, __ATOMIC_RELEASE);   /* MPI_Finalize would wait for the lost */
         else {
-            if (m->team != MPI_COMM_NULL && m->team != m->world) MPI_Comm_free(&m->team);
+            if (m->team != MPI_COMM_NULL) MPI_Comm_free(&m->team);
             if (m->leaders != MPI_COMM_NULL) MPI_Comm_free(&m->leaders);
             if (m->local != MPI_COMM_NULL) MPI_Comm_free(&m->local);
             if (m->world != MPI_COMM_NULL) MPI_Comm_free(&m->world);
