@@ -67,6 +67,18 @@ for flat in 0 1; do
         fail "mpi_2hosts_x2_equivalence_${mode}_bit_identical_on_every_rank" "${why#; }: $(grep -v ' info: ' "$tmp/eq$flat.log" | tail -n 5)"
 done
 
+# 1a. Replica groups of a host each (tests/test_groups.c: group_size 2 = the host's 2 ranks, a
+#     communicator per group): each rank holds its group's average only, bit for bit, the groups'
+#     replicas part and meet at the outer sync, across the link.
+if [ -x "$M/test_groups" ]; then
+    mpi h1:2,h2:2 $((120 * SLOW)) "$M/test_groups" env >"$tmp/groups.log" 2>&1
+    rc=$?
+    n=$(grep -c "^PASS groups_" "$tmp/groups.log")
+    [ $rc -eq 0 ] && [ "$n" -gt 0 ] && ! grep -q "^FAIL " "$tmp/groups.log" &&
+        pass "mpi_2hosts_x2_replica_groups_a_host_each ($n checks)" ||
+        fail "mpi_2hosts_x2_replica_groups_a_host_each" "status $rc, $n PASS: $(grep -E '^FAIL ' "$tmp/groups.log" | head -n 3; tail -n 3 "$tmp/groups.log")"
+fi
+
 # 1b. bf16 parameters, the sharded optimizer, both, and the other wire dtype (tests/mpi_parity.c) on
 #     2 hosts x 2 ranks, hierarchical and flat, against the CPU backend's 4 ranks on this machine
 #     (ddprun -n 4), file by file (each rank's loss, grad norm, gradients after ddp_finish and
