@@ -841,6 +841,17 @@ typedef struct ddp_step_stats {
     int buckets_launched;
     int64_t step;              /* which ddp_finish (1, 2, ...) these numbers describe; on the NCCL
                                   backend the newest one whose GPU work has completed */
+    /* Stragglers (STRAGGLERS in the manual): who arrived last at the step's synchronizing
+       exchanges (each gradient bucket; with uneven inputs the count of ranks with data) and what
+       it cost. CPU and MPI backends; -1 and zeros where unknown (one rank, a step with sync off,
+       the NCCL backend). */
+    int slowest_rank;          /* the rank that arrived last at the exchange whose arrivals spread
+                                  most this step (the same on every rank of a host); this rank itself
+                                  when it kept the others waiting */
+    double straggler_wait_ms;  /* this rank's waits for the last arrival, summed over the exchanges */
+    double straggler_first_wait_ms; /* the first exchange's part: a slower forward/backward elsewhere */
+    double straggler_spread_ms;/* last arrival - first arrival, summed over the exchanges: what the
+                                  straggler cost the rank that waited most (an upper bound) */
 } ddp_step_stats;
 
 /* Process group. On failure *out may still hold a context that only reports the error: call
@@ -2191,6 +2202,14 @@ typedef struct ddp__workq {
     double seconds, last_seconds;  /* this step's time in the buckets, and the last bucket's */
 } ddp__workq;
 
+/* Who arrived last at this step's synchronizing exchanges, kept by a backend that can tell (cpu,
+   mpi: ddp__straggle_note in >>engine) and folded into ddp_step_stats at ddp_finish. */
+typedef struct ddp__straggle {
+    double wait, first_wait, spread;   /* seconds, summed: this rank's waits, the first one, last - first arrival */
+    double worst;                      /* the largest spread so far: its last arrival is the slowest rank */
+    int slowest, exchanges;            /* exchanges: noted since the last fold (0: slowest is unknown) */
+} ddp__straggle;
+
 /* The bf16 conversions a backend does for param_dtype BF16 (the gradients need none: they are
    reduced, normed and stepped from in bf16): the fp32 master rounded into the working copies. */
 enum { DDP__BF16_ROUND_PARAMS = 1,
@@ -2610,7 +2629,8 @@ static uint64_t ddp__sample(const ddp_sampler *s, uint64_t epoch, uint64_t i) {
    turns its events into Chrome trace JSON and rank 0 gathers them into one file.
    -------------------------------------------------------------------------------------------- */
 enum { DDP__EV_FORWARD, DDP__EV_BACKWARD_OP, DDP__EV_READY, DDP__EV_ALLREDUCE, DDP__EV_WAIT,
-       DDP__EV_ADAMW, DDP__EV_STEP, DDP__EV_GPU_BACKWARD, DDP__EV_GPU_EXPOSED };
+       DDP__EV_ADAMW, DDP__EV_STEP, DDP__EV_GPU_BACKWARD, DDP__EV_GPU_EXPOSED,
+       DDP__EV_STRAGGLER /* this rank waited for the last arrival: index the bucket, bytes the rank */ };
 #define DDP__TIMELINE_MAX_EVENTS 150000      /* per thread: keeps a rank's trace under the store's cap */
 
 typedef struct ddp__event {
@@ -2681,8 +2701,8 @@ static void ddp__text_json_name(ddp__text *t, const char *name) {
 
 static void ddp__tl_event_json(ddp_context *ctx, ddp__text *t, const ddp__event *e) {
     static const char *cats[] = { "forward", "backward", "ready", "comm", "exposed", "optimizer", "step",
-                                  "gpu_backward", "gpu_exposed" };
-    static const int tids[] = { 0, 0, 0, 1, 0, 0, 2, 1, 1 };   /* NCCL: the comm lane is the GPU clock */
+                                  "gpu_backward", "gpu_exposed", "straggler" };
+    static const int tids[] = { 0, 0, 0, 1, 0, 0, 2, 1, 1, 1 };   /* NCCL: the comm lane is the GPU clock */
     const char *cat = e->kind == DDP__EV_ALLREDUCE && e->index < 0 ? "user_comm" : cats[e->kind];
     double ts = 1e6 * (e->t0 - ctx->tl.origin), dur = 1e6 * (e->t1 - e->t0);
     int i;
@@ -2697,6 +2717,7 @@ static void ddp__tl_event_json(ddp_context *ctx, ddp__text *t, const ddp__event 
     case DDP__EV_WAIT: ddp__text_printf(t, "wait for comm"); break;
     case DDP__EV_GPU_BACKWARD: ddp__text_printf(t, "backward (gpu)"); break;
     case DDP__EV_GPU_EXPOSED: ddp__text_printf(t, "exposed comm (gpu)"); break;
+    case DDP__EV_STRAGGLER: ddp__text_printf(t, "wait for rank %d", (int)e->bytes); break;
     default: ddp__text_printf(t, "%s", e->kind == DDP__EV_ADAMW ? "adamw" : cats[e->kind]); break;
     }
     ddp__text_printf(t, "\",\"cat\":\"%s\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,", cat, ctx->rank, tids[e->kind], ts);
@@ -2705,6 +2726,8 @@ static void ddp__tl_event_json(ddp_context *ctx, ddp__text *t, const ddp__event 
     ddp__text_printf(t, "\"args\":{\"step\":%d", e->step);
     if (e->kind == DDP__EV_READY || (e->kind == DDP__EV_ALLREDUCE && e->index >= 0)) ddp__text_printf(t, ",\"bucket\":%d", e->index);
     if (e->kind == DDP__EV_ALLREDUCE) ddp__text_printf(t, ",\"bytes\":%llu", (unsigned long long)e->bytes);
+    if (e->kind == DDP__EV_STRAGGLER)   /* bucket -1: the count of the ranks with data (uneven inputs) */
+        ddp__text_printf(t, ",\"bucket\":%d,\"rank\":%d", e->index, (int)e->bytes);
     if (e->kind == DDP__EV_BACKWARD_OP && e->num_params > 0) {
         ddp__text_printf(t, ",\"params\":\"");
         for (i = 0; i < e->num_params && i < 4; i++) {
@@ -4407,6 +4430,30 @@ static void ddp__workq_stop(ddp__workq *q) {
     q->started = 0;
 }
 
+/* Stragglers: one exchange's arrivals on one clock (this rank's, the first, the last) and who
+   came last. A wait of at least DDP__STRAGGLE_EVENT_S goes on the timeline as "wait for rank N"
+   (shorter ones are the handshake itself). */
+#define DDP__STRAGGLE_EVENT_S 1e-4
+static void ddp__straggle_note(ddp_context *ctx, ddp__straggle *s, ddp__timeline *tl, int bucket,
+                               double mine, double first, double last, int last_rank) {
+    double wait = last > mine ? last - mine : 0, spread = last > first ? last - first : 0;
+    if (!s->exchanges) s->first_wait = wait;
+    if (!s->exchanges || spread > s->worst) { s->worst = spread; s->slowest = last_rank; }
+    s->wait += wait;
+    s->spread += spread;
+    s->exchanges++;
+    if (wait >= DDP__STRAGGLE_EVENT_S) ddp__record(ctx, tl, DDP__EV_STRAGGLER, mine, last, bucket, (uint64_t)last_rank);
+}
+
+/* ddp_finish: the step's stragglers into its stats, the record emptied for the next step. */
+static void ddp__straggle_fold(ddp__straggle *s, ddp_step_stats *st) {
+    st->slowest_rank = s->exchanges ? s->slowest : -1;
+    st->straggler_wait_ms = 1e3 * s->wait;
+    st->straggler_first_wait_ms = 1e3 * s->first_wait;
+    st->straggler_spread_ms = 1e3 * s->spread;
+    memset(s, 0, sizeof *s);
+}
+
 
 #if defined(DDP_MPI) || defined(DDP_CUDA)
 #define DDP__WATCH_TICK_S 0.1
@@ -4919,7 +4966,8 @@ typedef struct ddp__shm_rank {
     int32_t pid;
     int32_t tid;           /* the thread that steps this rank (ranks may be threads of one process) */
     ddp__shm_sig sig;
-    char pad1[64 - 8 - sizeof(ddp__shm_sig)];
+    double arrived;        /* when this rank posted its last gradient bucket (or join count): stragglers */
+    char pad1[64 - 8 - sizeof(ddp__shm_sig) - sizeof(double)];
     ddp__shm_counter stage[3];
 } ddp__shm_rank;
 enum { DDP__STAGE_IN = 0, DDP__STAGE_RED = 1, DDP__STAGE_OUT = 2 };
@@ -4956,6 +5004,7 @@ struct ddp__cpu {
     ddp__workq comm;               /* the communication thread's queue (>>engine) */
     uint32_t out_pending;          /* in place: the peers may still copy from this rank's buffer until
                                       every rank posts STAGE_OUT this far (0: nothing pending) */
+    ddp__straggle straggle;        /* this step's last arrivals (ddp__cpu_arrivals) */
 };
 
 static size_t ddp__shm_ranks_offset(void) { return ddp__round_up(sizeof(ddp__shm_header), 64); }
@@ -5249,6 +5298,26 @@ static void ddp__stage_out(ddp_context *ctx, uint32_t kind, unsigned char *buf, 
     }
 }
 
+/* A gradient bucket's exchange, or the count of the ranks with data (uneven inputs), is one a
+   straggler holds up: this rank's arrival goes into its block before it posts, and once every
+   rank has posted (the first wait) all arrivals are there, on one clock (the segment's ranks share
+   a host), and stay until this rank posts the exchange's next stage. */
+static int ddp__cpu_counts_arrival(ddp_context *ctx, uint32_t kind) {
+    return ctx->world > 1 && (ctx->impl.cpu->sig_bucket || kind == DDP__KIND_JOIN);
+}
+
+static void ddp__cpu_arrivals(ddp_context *ctx, double mine) {
+    double first = mine, last = mine;
+    int s, last_rank = ctx->rank, bucket = (int)ctx->impl.cpu->sig_bucket - 1;
+    for (s = 0; s < ctx->world; s++) {
+        double t = ddp__shm_block(ctx, s)->arrived;
+        if (t < first) first = t;
+        if (t > last) { last = t; last_rank = s; }
+    }
+    ddp__straggle_note(ctx, &ctx->impl.cpu->straggle, bucket >= 0 ? ctx->tl.comm : ctx->tl.main, bucket,
+                       mine, first, last, last_rank);
+}
+
 /* Benchmarks and tests stand a slow network in for shared memory: sleep what the transfer
    would have cost beyond the time it took. */
 static void ddp__inject_comm_delay(ddp_context *ctx, size_t bytes, double started) {
@@ -5265,7 +5334,7 @@ static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *dat
     size_t wire = kind == DDP__KIND_AVG_BF16 ? sizeof(uint16_t) : unit;     /* in the slots */
     size_t per_chunk = DDP__CHUNK_BYTES / wire, done = 0;
     unsigned char *buf = (unsigned char *)data;
-    int first = 1;
+    int first = 1, arrival = ddp__cpu_counts_arrival(ctx, kind);
     double started = ddp__now();
     if (ddp__failed(ctx)) return ddp__failed(ctx);
     sig->id = ++ctx->impl.cpu->shm_collectives;
@@ -5273,6 +5342,7 @@ static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *dat
     sig->root = (uint32_t)root;
     sig->bucket = ctx->impl.cpu->sig_bucket;
     sig->count = count;
+    if (arrival) ddp__shm_block(ctx, ctx->rank)->arrived = started;
     do {
         uint32_t q = ctx->impl.cpu->shm_seq;
         size_t m = count - done < per_chunk ? count - done : per_chunk;
@@ -5284,6 +5354,7 @@ static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *dat
         ddp__shm_post(ctx, DDP__STAGE_IN, q + 1);
         if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_IN, q + 1)) != DDP_OK) return r;
         if (first && (r = ddp__shm_check_sigs(ctx)) != DDP_OK) return r;
+        if (first && arrival) ddp__cpu_arrivals(ctx, started);
         if (reduces) {
             ddp__part(m, ctx->world, ctx->rank, &lo, &hi);
             if (kind == DDP__KIND_AVG_BF16) ddp__reduce_part_bf16(ctx, (float *)(void *)at, lo, hi, q);
@@ -5393,9 +5464,11 @@ static ddp_result ddp__shm_bucket_in_place(ddp_context *ctx, size_t offset, size
     sig->root = 0;
     sig->bucket = ctx->impl.cpu->sig_bucket;
     sig->count = count;
+    ddp__shm_block(ctx, ctx->rank)->arrived = started;
     ddp__shm_post(ctx, DDP__STAGE_IN, q + 1);                 /* my gradients are final */
     if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_IN, q + 1)) != DDP_OK) return r;
     if ((r = ddp__shm_check_sigs(ctx)) != DDP_OK) return r;
+    ddp__cpu_arrivals(ctx, started);
     if (bucket >= 0) {   /* sharded: a reduce-scatter; each rank's part is where its AdamW needs it */
         ddp__shard_range(ctx, bucket, ctx->rank, &lo, &hi);
         ddp__average_part_in_place(ctx, offset, lo - offset, hi - offset);
@@ -5836,6 +5909,7 @@ static ddp_result ddp__cpu_finish(ddp_context *ctx, double t_wait) {
     ddp__nocancel_begin(&cancel_state);
     __atomic_store_n(&c->host_waiting, 1, __ATOMIC_RELEASE);
     r = ddp__workq_wait(&c->comm, 1, &ctx->step.stats);   /* this thread reduces the next bucket itself when it can */
+    ddp__straggle_fold(&c->straggle, &ctx->step.stats);
     out = c->out_pending;   /* the last turn wrote it before it counted its bucket done */
     c->out_pending = 0;
     if (r == DDP_OK && out) {   /* every peer has copied its parts of the last bucket from this rank's buffer */
@@ -8597,6 +8671,7 @@ static ddp_result ddp__begin_step(ddp_context *ctx) {
     ctx->step.first_launch_moment = -1;
     ctx->step.start = ddp__now();
     memset(&ctx->step.stats, 0, sizeof ctx->step.stats);
+    ctx->step.stats.slowest_rank = -1;   /* unknown unless the backend tells (ddp__straggle_fold) */
     for (i = 0; i < ctx->model.num_buckets; i++)
         ctx->model.buckets[i].pending = ctx->model.buckets[i].last_param - ctx->model.buckets[i].first_param + 1;
     ctx->step.next_launch = 0;
@@ -10261,8 +10336,9 @@ void ddp_set_sync(ddp_context *ctx, int enabled) {
 
 ddp_step_stats ddp_last_step_stats(const ddp_context *ctx) {
     ddp_step_stats none;
-    if (!ctx) { memset(&none, 0, sizeof none); return none; }
+    if (!ctx) { memset(&none, 0, sizeof none); none.slowest_rank = -1; return none; }
     if (ctx->be && ctx->up && ctx->be->stats) ctx->be->stats((ddp_context *)(uintptr_t)ctx);   /* refreshes a cache only */
+    if (!ctx->step.last_stats.step) { none = ctx->step.last_stats; none.slowest_rank = -1; return none; }   /* no step yet */
     return ctx->step.last_stats;
 }
 
