@@ -4430,19 +4430,21 @@ static void ddp__workq_stop(ddp__workq *q) {
     q->started = 0;
 }
 
-/* Stragglers: one exchange's arrivals on one clock (this rank's, the first, the last) and who
-   came last. A wait of at least DDP__STRAGGLE_EVENT_S goes on the timeline as "wait for rank N"
-   (shorter ones are the handshake itself). */
+/* Stragglers: one exchange (bucket, or -1: the count of the ranks with data) that this rank
+   reached at `mine` and then waited `wait` seconds in for `last_rank`, the last to arrive;
+   `spread`: the most any rank waited in it. A wait of at least DDP__STRAGGLE_EVENT_S goes on the
+   timeline as "wait for rank N" (shorter ones are the handshake itself). */
 #define DDP__STRAGGLE_EVENT_S 1e-4
 static void ddp__straggle_note(ddp_context *ctx, ddp__straggle *s, ddp__timeline *tl, int bucket,
-                               double mine, double first, double last, int last_rank) {
-    double wait = last > mine ? last - mine : 0, spread = last > first ? last - first : 0;
+                               double mine, double wait, double spread, int last_rank) {
+    if (wait < 0) wait = 0;
+    if (spread < wait) spread = wait;
     if (!s->exchanges) s->first_wait = wait;
     if (!s->exchanges || spread > s->worst) { s->worst = spread; s->slowest = last_rank; }
     s->wait += wait;
     s->spread += spread;
     s->exchanges++;
-    if (wait >= DDP__STRAGGLE_EVENT_S) ddp__record(ctx, tl, DDP__EV_STRAGGLER, mine, last, bucket, (uint64_t)last_rank);
+    if (wait >= DDP__STRAGGLE_EVENT_S) ddp__record(ctx, tl, DDP__EV_STRAGGLER, mine, mine + wait, bucket, (uint64_t)last_rank);
 }
 
 /* ddp_finish: the step's stragglers into its stats, the record emptied for the next step. */
@@ -4981,6 +4983,10 @@ typedef struct ddp__shm_header {
     int32_t failed_code;
     char failed_msg[DDP__ERR_MAX];
     int32_t poison_claimed; /* 1 once a rank has begun to write failed_*: one writer, then failed_rank */
+    /* an MPI host group's leader tells its host's ranks who came last to a gradient exchange across
+       hosts (ddp__mpi_relay): written before it posts the result's broadcast, read after it */
+    int32_t relay_rank;
+    double relay_wait, relay_spread;
 } ddp__shm_header;
 
 /* The CPU backend's state: the collective segment, every rank's gradients in one more segment,
@@ -5315,7 +5321,7 @@ static void ddp__cpu_arrivals(ddp_context *ctx, double mine) {
         if (t > last) { last = t; last_rank = s; }
     }
     ddp__straggle_note(ctx, &ctx->impl.cpu->straggle, bucket >= 0 ? ctx->tl.comm : ctx->tl.main, bucket,
-                       mine, first, last, last_rank);
+                       mine, last - mine, last - first, last_rank);
 }
 
 /* Benchmarks and tests stand a slow network in for shared memory: sleep what the transfer
@@ -6030,6 +6036,16 @@ struct ddp__mpi {
     double seen_since, next_beat, snap_at, failed_at;
     char seen_what[96];
     long beat, *beats_before;
+    /* stragglers (ddp__mpi_arrivals): the exchange in progress is gradient bucket straggle_bucket - 1
+       (0: none; the count of the ranks with data counts too); each signature exchange's end, per
+       communicator (leaders, world), is the zero the next one's arrivals count from */
+    int straggle_bucket, straggle_counted;
+    double sig_exit[2];
+    double host_at, host_wait, host_spread;   /* this exchange's host group part: arrival, this rank's wait, the spread */
+    int host_last;                            /* the host's last arrival (a world rank) */
+    double cross_at, cross_wait, cross_spread;/* its part across the signature exchange's members (leaders or all) */
+    int cross_last;                           /* -1: not known (no zero yet, or not a member) */
+    ddp__straggle straggle;
 };
 
 static int ddp__mpi_owned, ddp__mpi_dirty;   /* ddp.h initialized MPI; a context failed */
@@ -6082,11 +6098,75 @@ static ddp_result ddp__mpi_host(ddp_context *ctx, uint32_t kind, void *data, siz
     h->what = ctx->what;
     h->life = ctx->life;
     if (ddp__cancel_requested(ctx)) __atomic_store_n(&h->embed.cancel, 1, __ATOMIC_RELEASE);
-    if ((r = ddp__shm_collective(h, kind, data, count, root)) == DDP_OK) return DDP_OK;
+    /* a gradient bucket's host sum notes the host's arrivals (ddp__cpu_arrivals) */
+    h->impl.cpu->sig_bucket = ctx->impl.mpi->straggle_counted && kind != DDP__KIND_BROADCAST ? (uint32_t)ctx->impl.mpi->straggle_bucket : 0;
+    if (kind == DDP__KIND_JOIN || h->impl.cpu->sig_bucket) {
+        memset(&h->impl.cpu->straggle, 0, sizeof h->impl.cpu->straggle);
+        ctx->impl.mpi->host_at = ddp__now();
+    }
+    r = ddp__shm_collective(h, kind, data, count, root);
+    h->impl.cpu->sig_bucket = 0;
+    if (r == DDP_OK) return DDP_OK;
     if (ddp__failed(ctx)) return ddp__failed(ctx);
     ddp__mpi_host_ranks(ctx, ctx->impl.mpi->node, ranks, sizeof ranks);
     return ddp__fail_group(ctx, r, "on host %s (its local ranks 0.. are ranks %s): %s", ddp__mpi_host_name(ctx, ctx->rank),
                            ranks, ddp__err_body(h, eb));
+}
+
+/* Stragglers across the members of a signature exchange (ddp__mpi_check_sigs_on's 7 words a
+   member): the last to arrive, this member's wait for it, and the most any rank waited (a
+   member's wait plus its host's spread). */
+static void ddp__mpi_cross_arrivals(ddp_context *ctx, const uint64_t *all, int n, int me, double at) {
+    ddp__mpi *m = ctx->impl.mpi;
+    double a_last = -1, a_me = -1, a, lead;
+    int i, last = -1;
+    m->cross_last = -1;
+    m->cross_at = at;
+    m->cross_wait = m->cross_spread = 0;
+    for (i = 0; i < n; i++) {
+        memcpy(&a, &all[7 * i + 4], sizeof a);
+        if (a < 0) return;   /* a member without a zero yet: the first exchange of the job */
+        if (a > a_last) { a_last = a; last = i; }
+    }
+    for (i = 0; i < n; i++) {
+        memcpy(&a, &all[7 * i + 4], sizeof a);
+        memcpy(&lead, &all[7 * i + 6], sizeof lead);
+        if (a_last - a + lead > m->cross_spread) m->cross_spread = a_last - a + lead;
+    }
+    memcpy(&a_me, &all[7 * me + 4], sizeof a_me);
+    m->cross_wait = a_last - a_me;
+    m->cross_last = (int)(int64_t)all[7 * last + 5];
+}
+
+/* After a counted exchange's host sum: the host group's part (local ranks made world ranks). */
+static void ddp__mpi_host_arrivals(ddp_context *ctx) {
+    ddp__mpi *m = ctx->impl.mpi;
+    const ddp__straggle *hs = m->host && m->host->impl.cpu ? &m->host->impl.cpu->straggle : NULL;
+    int s;
+    m->host_wait = m->host_spread = 0;
+    m->host_last = ctx->rank;
+    m->cross_last = -1;
+    if (!hs || !hs->exchanges) return;   /* alone on the host */
+    m->host_wait = hs->wait;
+    m->host_spread = hs->spread;
+    for (s = 0; s < ctx->world; s++)
+        if (m->rank_node[s] == m->node && m->rank_local[s] == hs->slowest) m->host_last = s;
+}
+
+/* The exchange's stragglers into the step's: the host part, then the part across hosts (the
+   leader's own, or what it relayed to this rank: ddp__mpi_relay), each its own timeline event. */
+static void ddp__mpi_arrivals(ddp_context *ctx, double relay_end) {
+    ddp__mpi *m = ctx->impl.mpi;
+    int bucket = m->straggle_bucket - 1, last = m->cross_last >= 0 ? m->cross_last : m->host_last;
+    ddp__timeline *tl = bucket >= 0 ? ctx->tl.comm : ctx->tl.main;
+    double cross_wait = m->cross_last >= 0 ? m->cross_wait : 0, spread = m->cross_last >= 0 ? m->cross_spread : m->host_spread;
+    if (m->host_wait >= DDP__STRAGGLE_EVENT_S)
+        ddp__record(ctx, tl, DDP__EV_STRAGGLER, m->host_at, m->host_at + m->host_wait, bucket, (uint64_t)m->host_last);
+    if (cross_wait >= DDP__STRAGGLE_EVENT_S) {   /* a rank that is no leader waited for it in the result's broadcast */
+        double t0 = relay_end > 0 ? relay_end - cross_wait : m->cross_at;
+        ddp__record(ctx, tl, DDP__EV_STRAGGLER, t0, t0 + cross_wait, bucket, (uint64_t)last);
+    }
+    ddp__straggle_note(ctx, &m->straggle, NULL, bucket, m->host_at, m->host_wait + cross_wait, spread, last);
 }
 
 /* Every member of `comm` in the same collective (what, how much, from where), else a named
@@ -6095,14 +6175,25 @@ static ddp_result ddp__mpi_host(ddp_context *ctx, uint32_t kind, void *data, siz
 static ddp_result ddp__mpi_check_sigs_on(ddp_context *ctx, MPI_Comm comm, int n, int by_rank, uint64_t seq, uint32_t kind,
                                          size_t count, int root) {
     ddp__mpi *m = ctx->impl.mpi;
-    uint64_t mine[4], *all;
-    int i, rc;
+    uint64_t mine[7], *all;
+    int i, rc, zero = comm == m->leaders ? 0 : 1;
+    double at = ddp__now(), t;
     mine[0] = seq; mine[1] = kind; mine[2] = count; mine[3] = (uint64_t)(int64_t)root;
+    /* stragglers: when this member arrived, counted from the end of the last signature exchange
+       on this communicator (all members left it together, within a latency: one zero for all,
+       with no clock shared across hosts), its host's last arrival and spread */
+    t = m->sig_exit[zero] > 0 ? at - m->sig_exit[zero] : -1;
+    memcpy(&mine[4], &t, sizeof t);
+    mine[5] = (uint64_t)(int64_t)(comm == m->leaders ? m->host_last : ctx->rank);
+    t = comm == m->leaders ? m->host_spread : 0;
+    memcpy(&mine[6], &t, sizeof t);
     if (!(all = (uint64_t *)ddp__calloc(sizeof mine * (size_t)n))) return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
-    rc = MPI_Allgather(mine, 4, MPI_UINT64_T, all, 4, MPI_UINT64_T, comm);
+    rc = MPI_Allgather(mine, 7, MPI_UINT64_T, all, 7, MPI_UINT64_T, comm);
+    m->sig_exit[zero] = ddp__now();
     if (rc != MPI_SUCCESS) { DDP_FREE(all); return ddp__mpi_check(ctx, rc, "MPI_Allgather"); }
+    if (m->straggle_counted) ddp__mpi_cross_arrivals(ctx, all, n, zero ? ctx->rank : m->node, at);
     for (i = 0; i < n; i++) {
-        const uint64_t *o = all + 4 * i;
+        const uint64_t *o = all + 7 * i;
         if (o[1] != mine[1] || o[2] != mine[2] || o[3] != mine[3] || o[0] != mine[0]) {
             int s, other = by_rank ? i : -1;
             char a[128], b[128];
@@ -6188,16 +6279,34 @@ static ddp_result ddp__mpi_collective_run(ddp_context *ctx, uint32_t kind, void 
         return ddp__mpi_host(ctx, kind, NULL, 0, 0);
     }
     /* sum, average, the count of ranks with data: the host's sum first, in local rank order */
-    if ((r = ddp__mpi_host(ctx, kind == DDP__KIND_JOIN ? DDP__KIND_JOIN : DDP__KIND_SUM, data, count, 0)) != DDP_OK) return r;
-    if (m->leader) {
-        if ((r = ddp__mpi_check_sigs(ctx, kind, count, 0)) != DDP_OK) return r;
+    m->straggle_counted = m->straggle_bucket || kind == DDP__KIND_JOIN;
+    if (m->straggle_counted) m->host_at = ddp__now();
+    r = ddp__mpi_host(ctx, kind == DDP__KIND_JOIN ? DDP__KIND_JOIN : DDP__KIND_SUM, data, count, 0);
+    if (r == DDP_OK && m->straggle_counted) ddp__mpi_host_arrivals(ctx);
+    if (r == DDP_OK && m->leader) {
+        if ((r = ddp__mpi_check_sigs(ctx, kind, count, 0)) != DDP_OK) { m->straggle_counted = 0; return r; }
         for (done = 0; done < count; done += step) {
             step = count - done < DDP__MPI_MAX_COUNT ? count - done : DDP__MPI_MAX_COUNT;
             if ((r = ddp__mpi_leaders_sum(ctx, (float *)data + done, step, kind == DDP__KIND_AVG ? (float)ctx->world : 0)) != DDP_OK)
-                return r;
+                break;
         }
     }
-    return ddp__mpi_host(ctx, DDP__KIND_BROADCAST, data, count * sizeof(float), 0);
+    if (r == DDP_OK && m->straggle_counted && m->host) {   /* the leader's word to its host: ddp__mpi_arrivals */
+        ddp__shm_header *hh = ddp__shm_hdr(m->host);
+        if (m->leader) { hh->relay_rank = m->cross_last; hh->relay_wait = m->cross_wait; hh->relay_spread = m->cross_spread; }
+    }
+    if (r == DDP_OK) r = ddp__mpi_host(ctx, DDP__KIND_BROADCAST, data, count * sizeof(float), 0);
+    if (r == DDP_OK && m->straggle_counted) {
+        double relay_end = 0;
+        if (!m->leader && m->host) {
+            ddp__shm_header *hh = ddp__shm_hdr(m->host);
+            m->cross_last = hh->relay_rank; m->cross_wait = hh->relay_wait; m->cross_spread = hh->relay_spread;
+            relay_end = ddp__now();
+        }
+        ddp__mpi_arrivals(ctx, relay_end);
+    }
+    m->straggle_counted = 0;
+    return r;
 }
 
 static ddp_result ddp__mpi_collective_timed(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root) {
@@ -6298,7 +6407,12 @@ static ddp_result ddp__mpi_bucket_bf16(ddp_context *ctx, int b) {
     ddp_bf16 *g = ctx->flat.grads_bf16 ? ctx->flat.grads_bf16 + k->offset : m->rounded;
     ddp_result r;
     if (!ctx->flat.grads_bf16) for (j = 0; j < k->count; j++) g[j] = ddp__to_bf16(ctx->flat.grads[k->offset + j]);
-    if ((r = ddp__mpi_check_sigs_on(ctx, m->world, ctx->world, 1, ++m->wseq, DDP__KIND_AVG_BF16, k->count, b)) != DDP_OK) return r;
+    m->straggle_counted = 1;   /* every rank a member: no host part */
+    m->host_at = ddp__now(); m->host_wait = m->host_spread = 0; m->host_last = ctx->rank;
+    r = ddp__mpi_check_sigs_on(ctx, m->world, ctx->world, 1, ++m->wseq, DDP__KIND_AVG_BF16, k->count, b);
+    if (r == DDP_OK) ddp__mpi_arrivals(ctx, 0);
+    m->straggle_counted = 0;
+    if (r != DDP_OK) return r;
     for (c0 = 0; c0 < k->count; c0 = c1) {
         c1 = k->count - c0 < win ? k->count : c0 + win;
         if ((r = ddp__mpi_average_window(ctx, g, b, scatter, c0, c1)) != DDP_OK) return r;
@@ -6361,9 +6475,14 @@ static ddp_result ddp__mpi_bucket(ddp_context *ctx, int b) {
     const ddp__bucket *k = &ctx->model.buckets[b];
     double started = ddp__now();
     ddp_result r;
-    if (k->wire.grads == DDP_DTYPE_FP32 && k->wire.dtype == DDP_DTYPE_FP32)   /* the plan: fp32 all the way */
-        return ddp__mpi_collective_timed(ctx, DDP__KIND_AVG, ctx->flat.grads + k->offset, k->count, 0);
+    ctx->impl.mpi->straggle_bucket = b + 1;   /* the exchange notes its arrivals (ddp__mpi_arrivals) */
+    if (k->wire.grads == DDP_DTYPE_FP32 && k->wire.dtype == DDP_DTYPE_FP32) {   /* the plan: fp32 all the way */
+        r = ddp__mpi_collective_timed(ctx, DDP__KIND_AVG, ctx->flat.grads + k->offset, k->count, 0);
+        ctx->impl.mpi->straggle_bucket = 0;
+        return r;
+    }
     r = ddp__mpi_watched(ctx, ddp__mpi_bucket_bf16, b);
+    ctx->impl.mpi->straggle_bucket = 0;
     if (r == DDP_OK && (ctx->desc.inject_comm_latency_ms > 0 || ctx->desc.inject_comm_gbps > 0))
         ddp__inject_comm_delay(ctx, k->wire.bytes, started);
     return r;
@@ -6775,6 +6894,7 @@ static ddp_result ddp__mpi_finish(ddp_context *ctx, double t_wait) {
     int cancel_state;
     pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
     r = ddp__workq_wait(&m->comm, 0, &ctx->step.stats);
+    ddp__straggle_fold(&m->straggle, &ctx->step.stats);
     pthread_setcancelstate(cancel_state, NULL);
     ddp__host_step_done(ctx, t_wait);
     return r;
