@@ -8,7 +8,7 @@
 
    CONTENTS
      QUICK START · ONE STEP, AS DATA FLOWS · OWN AUTOGRAD · MEMORY LAYOUT AND OVERLAP ·
-     FAST MATH · STRUCTS ACROSS VERSIONS · OPTIONS · ADAMW · SHARDED OPTIMIZER (ZeRO-1) ·
+     STRAGGLERS · FAST MATH · STRUCTS ACROSS VERSIONS · OPTIONS · ADAMW · SHARDED OPTIMIZER (ZeRO-1) ·
      PARAMETER DTYPE (bf16 parameters, fp32 master weights) · CHECKPOINTS · BACKENDS ·
      ENVIRONMENT · JOB IDENTITY · ERRORS · NULL, LIFETIME AND THREADS · EMBEDDING: CANCEL,
      PROGRESS, UNEVEN INPUTS · SAMPLER · PLATFORMS (Linux, Windows, macOS) · COMPILE-TIME
@@ -85,6 +85,44 @@
      complete under 2% of the step (since the previous ddp_finish, >= 1 ms) before ddp_finish is
      warned too, with the measured times.
 
+   STRAGGLERS (ddp_step_stats; tests/test_straggler.c; README.md "Stragglers")
+     A synchronizing step waits for its slowest rank: at each exchange (every gradient bucket,
+     and with uneven_inputs the count of the ranks with data that begins the step) every rank
+     waits until the last one's gradients are final. ddp_last_step_stats says, per step:
+       slowest_rank             the rank that arrived last at the exchange whose arrivals spread
+                                most (the same on every rank; this rank itself when it kept the
+                                others waiting); -1: not known (below)
+       straggler_wait_ms        this rank's waits for the last arrival, summed over the step's
+                                exchanges (part of it may hide under this rank's own backward:
+                                exposed_ms says what reached the step)
+       straggler_first_wait_ms  the first exchange's part: what a slower forward, backward or data
+                                loading on another rank cost this rank
+       straggler_spread_ms      last arrival minus first, summed over the exchanges: what the
+                                straggler cost the rank that waited most (an upper bound where
+                                different ranks came first at different buckets)
+     So rank 0 alone, with no collective, can say "rank 3 costs the others 30% of the step"
+     (examples/gpt/train_gpt.c --straggler-pct). With timeline_path the waits of 0.1 ms or more
+     are events "wait for rank N" (category "straggler", args bucket and rank; bucket -1: the
+     uneven-inputs count) on the comm lane.
+     How each backend knows (no collective, no system call added to a step):
+       cpu     each rank writes its arrival (one clock: the ranks share a host) into its block of
+               the segment before it posts the exchange (the clock value it had read; the
+               block's cache line is one the signature check reads anyway); once every rank has
+               posted, all arrivals are there: exact, the same numbers on every rank.
+       mpi     within a host as cpu. Across hosts the exchange's signature check (an
+               MPI_Allgather of a few words each bucket already; 3 words more, 2 clock reads)
+               carries each member's arrival counted from the end of the previous signature
+               check on that communicator (all members left it together, within one network
+               latency: a common zero without a common clock), its host's last arrival and
+               spread; the host leaders relay the result to their host's ranks through the
+               segment. Error: about one latency of the network. The job's first exchange has
+               no zero yet: its hosts' parts only.
+       nccl    not known (-1, zeros): the wait is inside NCCL's kernels on the GPU, which tell no
+               arrival; it shows as a longer first bucket in comm_ms and on the timeline's comm
+               lane. Naming the rank would need a host exchange of step times each step (a host
+               wait the NCCL path avoids): a program can allgather its own times if it wants that.
+       single  no peers: -1. A step with sync off exchanges nothing: -1 and zeros.
+
    FAST MATH (-Ofast, -ffast-math, nvcc --use_fast_math; tests/test_fastmath.c)
      Non-finite values are found by their bits (exponent all ones: ddp__finite_f/_d/_bf16 in
      >>util, ddp_k__finite_d in ddp_kernels.cuh), never by isfinite(); so NaN/Inf gradients still
@@ -144,7 +182,8 @@
                                            (tools/trace_svg.py draws it); costs nothing when off.
                                            NCCL: the comm lane from CUDA events, plus per step
                                            "backward (gpu)" and "exposed comm (gpu)" (README.md,
-                                           "Seeing the overlap")
+                                           "Seeing the overlap"); cpu and mpi: the waits for a
+                                           straggler, "wait for rank N" (STRAGGLERS)
      inject_comm_latency_ms, inject_comm_gbps
                                            benchmarks/tests only: allreduces also take as long as
                                            a network of that latency and bandwidth would (NCCL: a
@@ -614,7 +653,8 @@
                     (cycle-walking Feistel; an exact shuffle up to 32 samples), a rank's i-th
                     sample; pure (its entry points, which
                     only check the struct, are in >>public like every other)
-     >>timeline     per-thread event lists, the Chrome trace written at shutdown
+     >>timeline     per-thread event lists, the Chrome trace written at shutdown (a straggler's
+                    wait: DDP__EV_STRAGGLER, "wait for rank N")
      >>env          the launcher environment (under srun: Slurm's hostlist syntax, the step's
                     first node and port); the descriptor: ddp__desc_check_given (flags, enums,
                     NaN, as the program gave it), the DDP_* variables (one rule:
@@ -626,7 +666,8 @@
      >>engine       what every backend's communication shares, written once: the communication
                     thread's work queue (ddp__workq: cpu, mpi; the backend gives its one-bucket
                     function) and the watchdog (ddp__watchdog: mpi, nccl; the 0.1 s tick, the
-                    stopped time, the store's poison and lost ranks, the backend's hooks)
+                    stopped time, the store's poison and lost ranks, the backend's hooks); the
+                    stragglers' record (ddp__straggle_note, folded into ddp_step_stats at finish)
      >>shard        the shard layout (ddp__shard_range, ddp__master_parts) and the norm's blocks'
                     fixed-order sum every backend uses
      >>host         what single and cpu share: host flat buffers, AdamW arithmetic (bf16 parameters:
@@ -634,13 +675,15 @@
                     the norm's blocks' sums of squares
      >>single       the single backend's table
      >>cpu          its types (the segment's blocks, ddp__cpu); shared-memory collectives,
-                    liveness, poison; >>cpu-grads buckets averaged (or reduce-scattered) in place
+                    liveness, poison; each exchange's arrivals (ddp__cpu_arrivals); >>cpu-grads
+                    buckets averaged (or reduce-scattered) in place
                     (bf16 parameters: bf16 gradients, summed in float); sharded AdamW and its
                     all-gather; its one-bucket function for the work queue; the cpu backend's table
      >>mpi          the MPI backend (only with DDP_MPI): host groups on the cpu backend's
                     segment, the leaders' fixed-order sum; bf16 buckets and the sharded optimizer
-                    among all ranks (the CPU backend's rank order); the watchdog's hooks
-                    (heartbeats, the collective's age, MPI_Abort), its table
+                    among all ranks (the CPU backend's rank order); stragglers across hosts
+                    through the signature check (ddp__mpi_cross_arrivals, the leaders' relay);
+                    the watchdog's hooks (heartbeats, the collective's age, MPI_Abort), its table
      >>nccl         the NCCL backend (only with DDP_CUDA): the communicator's life, the
                     watchdog's hooks, set-up, buckets on the comm stream as the wire plan says
                     (sharded: reduce-scattered), the norm's blocks, AdamW kernels (sharded: per
@@ -846,8 +889,8 @@ typedef struct ddp_step_stats {
        it cost. CPU and MPI backends; -1 and zeros where unknown (one rank, a step with sync off,
        the NCCL backend). */
     int slowest_rank;          /* the rank that arrived last at the exchange whose arrivals spread
-                                  most this step (the same on every rank of a host); this rank itself
-                                  when it kept the others waiting */
+                                  most this step (the same on every rank); this rank itself when it
+                                  kept the others waiting */
     double straggler_wait_ms;  /* this rank's waits for the last arrival, summed over the exchanges */
     double straggler_first_wait_ms; /* the first exchange's part: a slower forward/backward elsewhere */
     double straggler_spread_ms;/* last arrival - first arrival, summed over the exchanges: what the
