@@ -5027,7 +5027,7 @@ typedef struct ddp__shm_header {
     char failed_msg[DDP__ERR_MAX];
     int32_t poison_claimed; /* 1 once a rank has begun to write failed_*: one writer, then failed_rank */
     /* an MPI host group's leader tells its host's ranks who came last to a gradient exchange across
-       hosts (ddp__mpi_relay): written before it posts the result's broadcast, read after it */
+       hosts (ddp__mpi_collective_run): written before it posts the result's broadcast, read after it */
     int32_t relay_rank;
     double relay_wait, relay_spread;
 } ddp__shm_header;
@@ -6197,7 +6197,7 @@ static void ddp__mpi_host_arrivals(ddp_context *ctx) {
 }
 
 /* The exchange's stragglers into the step's: the host part, then the part across hosts (the
-   leader's own, or what it relayed to this rank: ddp__mpi_relay), each its own timeline event. */
+   leader's own, or what it relayed to this rank in ddp__mpi_collective_run), each its own timeline event. */
 static void ddp__mpi_arrivals(ddp_context *ctx, double relay_end) {
     ddp__mpi *m = ctx->impl.mpi;
     int bucket = m->straggle_bucket - 1, last = m->cross_last >= 0 ? m->cross_last : m->host_last;
