@@ -9,7 +9,8 @@
    CONTENTS
      QUICK START · ONE STEP, AS DATA FLOWS · OWN AUTOGRAD · MEMORY LAYOUT AND OVERLAP ·
      STRAGGLERS · FAST MATH · STRUCTS ACROSS VERSIONS · OPTIONS · ADAMW · SHARDED OPTIMIZER (ZeRO-1) ·
-     PARAMETER DTYPE (bf16 parameters, fp32 master weights) · CHECKPOINTS · BACKENDS ·
+     PARAMETER DTYPE (bf16 parameters, fp32 master weights) · OUTER SYNC (replica groups,
+     DiLoCo, streaming DiLoCo) · CHECKPOINTS · BACKENDS ·
      ENVIRONMENT · JOB IDENTITY · ERRORS · NULL, LIFETIME AND THREADS · EMBEDDING: CANCEL,
      PROGRESS, UNEVEN INPUTS · SAMPLER · PLATFORMS (Linux, Windows, macOS) · COMPILE-TIME
      OPTIONS · THE IMPLEMENTATION, SECTION BY SECTION
@@ -207,6 +208,9 @@
      shard_optimizer  0 ($DDP_SHARD_       1: ZeRO stage 1, AdamW's m and v split across the ranks
                       OPTIMIZER)           (SHARDED OPTIMIZER below); the same bits as 0; ranks
                                            must agree; not with uneven_inputs
+     outer            mode DDP_OUTER_OFF   replica groups and their outer sync: DiLoCo,
+                                           streaming DiLoCo, periodic averaging (OUTER SYNC);
+                                           ranks must agree
 
    ADAMW (ddp_adamw; ddp_adamw_step(ddp, &opt, &norm or NULL))
      lr as given (0 is valid); beta1, beta2, eps: 0 means 0.9, 0.999, 1e-8 unless as_given = 1,
@@ -325,6 +329,48 @@
      runs and world sizes.
      Tests: tests/test_bf16_params.c; on the MPI backend tests/mpi_parity.c (the CPU backend's
      bits, checkpoints across the two).
+
+   OUTER SYNC (ddp_desc.outer: replica groups, DiLoCo, streaming DiLoCo, periodic averaging)
+     When: the network between groups of ranks (hosts) is much slower than the compute wants
+     (Ethernet between workstations, cloud hosts without RDMA): DDP's every-step allreduce
+     then dominates (bench/RESULTS.md, "across slow links"). The ranks split into groups of
+     group_size (default local_world_size: a group a host); within a group every step is the DDP
+     step above; across groups only the parameters meet, every inner_steps (H) steps:
+       desc.outer = (ddp_outer){ .mode = DDP_OUTER_DILOCO, .inner_steps = 50 };
+       ... every step as before: backward, ddp_adamw_step (it takes the outer step when due)
+     DILOCO (arXiv 2311.08105): each group keeps an fp32 outer copy of the parameters and an outer
+     momentum; at an outer step the outer gradient (outer copy minus the group's parameters),
+     averaged over the groups, takes an outer SGD step with Nesterov momentum exactly as
+     torch.optim.SGD(nesterov=True) defines it (lr 0.7, momentum 0.9 by default), and every
+     group's parameters become the new outer copy; AdamW's state is kept. AVERAGE: lr 1 and
+     momentum 0 (PyTorch's post-local SGD), the mean of the groups' parameters (what travels is
+     then the parameters, in fp32: one group gives plain training bit for bit). STREAMING (arXiv
+     2501.18512): the flat buffer is cut into `fragments` contiguous ranges, equal to within 16
+     floats; fragment f is sent every H steps, at the steps t (1, 2, ...) with (t + f*H/F) % H
+     == 0, so at most one is in flight; its exchange runs on a thread of its own while the next
+     `delay_steps` inner steps compute, and then it merges: parameters = mix * their own + (1 -
+     mix) * the new outer values (the paper's alpha; 0 with delay 0 is DiLoCo on the fragment).
+     What travels (wire): BF16 by default (FP32 for AVERAGE), or INT8, one fp32 scale for every
+     quant_block (64) values (max |x| / 127, values rounded to nearest): 1/4 of fp32 plus 1/16.
+     Every group's encoding reaches every rank (a broadcast from each group's first rank) and
+     every rank adds the decoded values in group order: all ranks compute the same bits.
+     A program with its own optimizer: ddp_consume_grads, its update, ddp_outer_step (every
+     rank, every step; ddp_adamw_step calls it itself). ddp_outer_state: groups, this rank's
+     group, inner steps, fragments merged, the one in flight, what the last exchange took and
+     what the steps waited for exchanges (0 when the overlap hid them), and the straggler: an
+     exchange begins with a barrier, each group's first rank sends what it waited there, so
+     every rank names the group that arrived last and what it cost the earliest one.
+     Checks: group_size must divide the world, H >= 1, fragments <= H and delay_steps < H /
+     fragments (ddp_init), fragments <= the model's blocks of 16 floats (ddp_commit), every rank
+     the same settings (ddp_commit: DDP_ERR_MISMATCH naming both). Backends: CPU and MPI; NCCL
+     with groups of one rank (each GPU its own replica: its buckets move nothing) or one group,
+     the exchange staged through host memory and not overlapped (its collectives are ordered on
+     the program's compute stream; tested on tests/fakegpu, not yet on a GPU). Not yet:
+     shard_optimizer, uneven_inputs (refused by name). A host lost during an exchange: the
+     backend's collective fails on every survivor within the timeout, as any collective does.
+     Continuing without the lost group would take: the survivors agreeing on who is left (the
+     store), a new group count for the average, and the outer state kept (it is the same on every
+     group); not built.
 
    CHECKPOINTS (ddp_save, ddp_load, ddp_save_check; collective: every rank calls them alike)
        int holds;
@@ -704,6 +750,9 @@
                     gradients guard, and ddp_consume_grads for a program's own optimizer
      >>collectives  user collectives, host copies of the state
      >>join         uneven inputs: ddp_join's shadow steps, the replicas synced at the end
+     >>outer        replica groups and their outer sync: fragments, the wire's encodings, the
+                    exchange (its own thread when delayed; the wire's users wait for it), the
+                    outer Nesterov step and the merge
      >>checkpoint   ddp_save / ddp_load: the file format, the atomic write, the strict two-pass
                     read, rank 0's verdict broadcast to every rank
      >>public       every public function: checks its arguments and the context, hands off
@@ -794,6 +843,33 @@ typedef enum ddp_log_level {
 /* rank is -1 for messages from before the rank is known. */
 typedef void (*ddp_log_fn)(void *user, ddp_log_level level, int rank, const char *message);
 
+/* Outer synchronization across replica groups (OUTER SYNC in the manual): the ranks split into
+   groups of group_size; within a group every step is data parallel as without it; across groups
+   the parameters meet only every inner_steps steps (DiLoCo, arXiv 2311.08105), or in fragments
+   at staggered steps, overlapped with the inner steps (streaming DiLoCo, arXiv 2501.18512). */
+typedef enum ddp_outer_mode {
+    DDP_OUTER_OFF = 0,         /* every step synchronizes the whole world (plain DDP) */
+    DDP_OUTER_AVERAGE,         /* periodic parameter averaging (post-local SGD): outer lr 1, momentum 0 */
+    DDP_OUTER_DILOCO,          /* outer Nesterov SGD on the averaged outer gradient, all at once */
+    DDP_OUTER_STREAMING        /* DiLoCo in fragments, each overlapped with delay_steps inner steps */
+} ddp_outer_mode;
+/* What an outer gradient travels as: FP32, BF16, or INT8 (blockwise: one fp32 scale for every
+   quant_block values, max |x| / 127, each value rounded to nearest). Default: BF16, except
+   AVERAGE: FP32 (exact parameter averaging). */
+typedef enum ddp_outer_wire { DDP_WIRE_DEFAULT = 0, DDP_WIRE_FP32, DDP_WIRE_BF16, DDP_WIRE_INT8 } ddp_outer_wire;
+typedef struct ddp_outer {
+    ddp_outer_mode mode;
+    int group_size;            /* ranks a group (0: local_world_size, one group per host); divides the world */
+    int inner_steps;           /* H > 0: a fragment (DiLoCo: the whole model) meets every H steps */
+    float lr, momentum;        /* outer Nesterov SGD; 0: 0.7 and 0.9 unless as_given (AVERAGE: 1, 0) */
+    int as_given;              /* 1: lr and momentum exactly as given, 0 included */
+    int fragments;             /* STREAMING: F >= 1 contiguous ranges of the flat buffer (0: 1) */
+    int delay_steps;           /* STREAMING: tau, inner steps a fragment's exchange overlaps (0: 0) */
+    float mix;                 /* STREAMING: alpha; the merge keeps alpha of the local values (0: 0) */
+    ddp_outer_wire wire;       /* what the outer gradients travel as (above) */
+    int quant_block;           /* INT8: values per scale (0: 64) */
+} ddp_outer;
+
 typedef struct ddp_desc {
     ddp_backend backend;
     double timeout_s;
@@ -850,6 +926,9 @@ typedef struct ddp_desc {
        averaged (with several ranks: a wrong average). DDP_ERR_INVALID_STATE names the parameter.
        Costs a copy of the gradients. */
     int check_ready;
+    /* Replica groups and their outer synchronization (OUTER SYNC in the manual). Default: off.
+       Ranks must agree (checked at commit). */
+    ddp_outer outer;
 } ddp_desc;
 
 typedef struct ddp_context ddp_context;
@@ -1009,6 +1088,25 @@ ddp_result ddp_broadcast(ddp_context *ctx, void *data, size_t bytes, int root);
 ddp_result ddp_barrier(ddp_context *ctx);
 
 ddp_step_stats ddp_last_step_stats(const ddp_context *ctx);   /* of the last ddp_finish */
+
+/* Outer sync (desc.outer; OUTER SYNC in the manual). ddp_adamw_step calls ddp_outer_step itself;
+   a program with its own optimizer calls it right after each of its updates (collective: every
+   rank, every inner step). Off: nothing happens. */
+ddp_result ddp_outer_step(ddp_context *ctx);
+typedef struct ddp_outer_status {
+    int groups, group;         /* how many replica groups; this rank's (0 .. groups - 1) */
+    int group_size, group_rank;/* ranks a group; this rank's index in it */
+    int64_t inner_steps;       /* inner steps taken (ddp_outer_step calls) */
+    int64_t syncs;             /* fragments merged so far (DiLoCo: outer steps) */
+    int in_flight;             /* the fragment whose exchange is in flight, -1: none */
+    double exchange_ms;        /* the last merged fragment's exchange took (its own thread with delay_steps) */
+    double wait_ms;            /* all the time this rank waited for exchanges in flight (0: fully hidden) */
+    /* the last merged exchange's straggler: the group whose first rank arrived last at its barrier
+       (-1: one group), and how much longer than it the earliest group waited there */
+    int slowest_group;
+    double straggler_ms;
+} ddp_outer_status;
+ddp_outer_status ddp_outer_state(const ddp_context *ctx);
 
 /* Embedding: cancel, progress, uneven inputs (NULL, LIFETIME AND THREADS in the manual says
    which thread may call what). */
@@ -2408,6 +2506,38 @@ struct ddp_context {
         int shadow;                /* ddp_join's shadow step: the count is taken already */
         int pending;               /* micro-steps with sync off since the last zero_grad or sync */
     } join;
+    struct {                       /* replica groups and the outer sync (>>outer; desc.outer) */
+        int groups, group;         /* G = world / group_size groups; this rank's is ranks [group * size, + size) */
+        int size, index;           /* ranks a group; this rank's index in its group (the team of the inner steps) */
+        int64_t inner;             /* inner steps taken (ddp_outer_step calls that counted) */
+        int64_t syncs;             /* fragments merged */
+        size_t *frag;              /* fragments + 1 offsets into the flat buffer */
+        float *theta, *mom;        /* the fp32 outer parameters and Nesterov momentum, flat.count each */
+        unsigned char *recv;       /* every group's encoded fragment, in group order, slot bytes apart */
+        size_t slot;
+        float *sum;                /* the averaged outer gradient of the fragment in flight */
+        float *host;               /* a fragment of the parameters in host memory (the NCCL backend's are on the device) */
+        int flight;                /* the fragment in flight (-1: none) */
+        int64_t lands;             /* the inner step after which it merges */
+        int owed;                  /* ddp_consume_grads since the last ddp_outer_step (own optimizer) */
+        struct {                   /* the exchange in the background (delay_steps > 0): a thread of its own */
+            ddp__thread thread;
+            ddp__mutex lock;
+            ddp__cond cond;
+            int started, job, stop;/* job: the fragment to exchange, -1: none */
+            ddp_result result;
+            double seconds;        /* the last exchange took */
+            double slow_s;         /* its longest broadcast from another group: that group's lateness, roughly */
+            int slow_group;
+            /* the backend's slots the exchange shares the wire with: they wait for it first */
+            ddp_result (*collective)(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root);
+            ddp_result (*launch)(ddp_context *ctx, int bucket);
+            void (*stop_backend)(ddp_context *ctx);
+        } bg;
+        double exchange_ms, wait_ms;   /* the last exchange; what the step waited for it in all */
+        double straggler_ms;       /* the last exchange's longest wait for one group's broadcast */
+        int slowest_group;         /* that group (-1: none) */
+    } outer;
 };
 
 /* --------------------------------------------------------------------------------------------
@@ -3310,12 +3440,17 @@ static ddp_result ddp__desc_check_given(ddp_context *ctx, const ddp_desc *d) {
         { "skip_nonfinite", d->skip_nonfinite, 1 },                 { "log_level", (int)d->log_level, (int)DDP_LOG_OFF },
         { "reduce_dtype", (int)d->reduce_dtype, (int)DDP_DTYPE_BF16 }, { "uneven_inputs", (int)d->uneven_inputs, (int)DDP_JOIN_DIVIDE_BY_ACTIVE },
         { "shard_optimizer", d->shard_optimizer, 1 },               { "param_dtype", (int)d->param_dtype, (int)DDP_DTYPE_BF16 },
-        { "check_ready", d->check_ready, 1 },
+        { "check_ready", d->check_ready, 1 },                       { "outer.mode", (int)d->outer.mode, (int)DDP_OUTER_STREAMING },
+        { "outer.wire", (int)d->outer.wire, (int)DDP_WIRE_INT8 },   { "outer.as_given", d->outer.as_given, 1 },
+        { "outer.group_size", d->outer.group_size, INT_MAX },       { "outer.inner_steps", d->outer.inner_steps, INT_MAX },
+        { "outer.fragments", d->outer.fragments, INT_MAX },         { "outer.delay_steps", d->outer.delay_steps, INT_MAX },
+        { "outer.quant_block", d->outer.quant_block, INT_MAX },
     };
     const struct { const char *name; double value; } x[] = {
         { "timeout_s", d->timeout_s }, { "bucket_cap_mb", d->bucket_cap_mb }, { "first_bucket_mb", d->first_bucket_mb },
         { "inject_comm_latency_ms", d->inject_comm_latency_ms }, { "inject_comm_gbps", d->inject_comm_gbps },
-        { "shutdown_timeout_s", d->shutdown_timeout_s },
+        { "shutdown_timeout_s", d->shutdown_timeout_s }, { "outer.lr", d->outer.lr }, { "outer.momentum", d->outer.momentum },
+        { "outer.mix", d->outer.mix },
     };
     size_t i;
     for (i = 0; i < sizeof f / sizeof f[0]; i++)
@@ -3335,6 +3470,59 @@ static ddp_result ddp__desc_check_given(ddp_context *ctx, const ddp_desc *d) {
     return DDP_OK;
 }
 
+/* The outer settings resolved (defaults: ddp_outer's comments) and checked, and the replica
+   groups laid out: group g is ranks [g * size, (g + 1) * size), so with a launcher that numbers
+   a host's ranks together (ddprun, torchrun, Slurm's block distribution) the default size,
+   local_world_size, makes one group a host. */
+static ddp_result ddp__outer_resolve(ddp_context *ctx) {
+    ddp_outer *o = &ctx->desc.outer;
+    int gap, given = o->group_size;
+    ctx->outer.flight = -1;
+    ctx->outer.slowest_group = -1;
+    ctx->outer.groups = 1;
+    ctx->outer.size = ctx->world;
+    ctx->outer.index = ctx->rank;
+    if (o->mode == DDP_OUTER_OFF) return DDP_OK;
+    if (o->group_size == 0) o->group_size = ctx->local_world;
+    if (o->group_size > ctx->world || ctx->world % o->group_size)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: group_size %d does not divide the %d ranks into "
+                         "groups of equal size%s", o->group_size, ctx->world, given == 0 ?
+                         " (the default, local_world_size: every host must run as many ranks)" : "");
+    if (o->inner_steps <= 0)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: inner_steps is %d: the groups must meet every H "
+                         "inner steps, H >= 1 (DiLoCo's paper: 500; H = 1 with AVERAGE is DDP on the parameters)", o->inner_steps);
+    if (o->mode == DDP_OUTER_AVERAGE && (o->lr != 0 || o->momentum != 0 || o->as_given))
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: AVERAGE is outer lr 1 and momentum 0; lr %g, "
+                         "momentum %g (as_given %d) were given: use DDP_OUTER_DILOCO for another outer optimizer",
+                         o->lr, o->momentum, o->as_given);
+    if (o->mode != DDP_OUTER_STREAMING && (o->fragments > 1 || o->delay_steps || o->mix != 0))
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: fragments %d, delay_steps %d, mix %g are streaming "
+                         "DiLoCo's: set mode DDP_OUTER_STREAMING", o->fragments, o->delay_steps, o->mix);
+    if (o->mode == DDP_OUTER_AVERAGE) { o->lr = 1; o->momentum = 0; }
+    else if (!o->as_given) { if (o->lr == 0) o->lr = 0.7f; if (o->momentum == 0) o->momentum = 0.9f; }
+    if (o->fragments == 0) o->fragments = 1;
+    if (o->quant_block == 0) o->quant_block = 64;
+    if (o->wire == DDP_WIRE_DEFAULT) o->wire = o->mode == DDP_OUTER_AVERAGE ? DDP_WIRE_FP32 : DDP_WIRE_BF16;
+    if (!ddp__finite_d(o->lr) || !(o->lr > 0) || !(o->momentum < 1) || !(o->mix < 1) || o->quant_block > 1 << 20)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: lr %g, momentum %g, mix %g or quant_block %d out "
+                         "of range (lr finite and > 0; momentum and mix in [0, 1); quant_block in 1 .. 1048576)",
+                         o->lr, o->momentum, o->mix, o->quant_block);
+    gap = o->inner_steps / o->fragments;   /* the fewest steps between two fragments' sends */
+    if (o->fragments > o->inner_steps || o->delay_steps >= gap)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: %d fragments over inner_steps %d with delay_steps "
+                         "%d: a fragment is sent every %d steps, so at most one is in flight only if fragments <= "
+                         "inner_steps and delay_steps < inner_steps / fragments", o->fragments, o->inner_steps,
+                         o->delay_steps, gap > 0 ? gap : 0);
+    if (ctx->desc.shard_optimizer || ctx->desc.uneven_inputs != DDP_JOIN_OFF)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: replica groups are not built (yet) with %s: turn "
+                         "it off", ctx->desc.shard_optimizer ? "shard_optimizer" : "uneven_inputs");
+    ctx->outer.size = o->group_size;
+    ctx->outer.groups = ctx->world / o->group_size;
+    ctx->outer.group = ctx->rank / o->group_size;
+    ctx->outer.index = ctx->rank % o->group_size;
+    return DDP_OK;
+}
+
 /* The descriptor as ddp_config() reports it: copied, environment, defaults, checked, the group
    resolved. The backend is chosen later (>>group), once the backends are defined. */
 static ddp_result ddp__resolve_desc(ddp_context *ctx, const ddp_desc *in) {
@@ -3345,6 +3533,7 @@ static ddp_result ddp__resolve_desc(ddp_context *ctx, const ddp_desc *in) {
     ddp__desc_defaults(&ctx->desc);
     if ((r = ddp__desc_validate(ctx, &ctx->desc)) != DDP_OK) return r;
     if ((r = ddp__resolve_group(ctx)) != DDP_OK) return r;
+    if ((r = ddp__outer_resolve(ctx)) != DDP_OK) return r;
     if (ctx->job.env_overrides[0] && ctx->rank == 0)   /* once a job: every rank reads the same environment */
         ddp__log(ctx, DDP_LOG_WARN, "the environment overrides the program's settings (a DDP_* variable that is set wins): %s",
                  ctx->job.env_overrides);
@@ -8369,6 +8558,8 @@ static ddp_result ddp__group_barrier(ddp_context *ctx) {
     return ctx->be->collective(ctx, DDP__KIND_SHUTDOWN, NULL, 0, 0);
 }
 
+static ddp_result ddp__outer_backend(ddp_context *ctx);   /* >>outer */
+
 /* Environment and descriptor, the timeline's lists, the backend; with peers, the store and the
    rendezvous; then the backend's data plane. */
 static ddp_result ddp__init(ddp_context *ctx, const ddp_desc *desc) {
@@ -8389,6 +8580,7 @@ static ddp_result ddp__init(ddp_context *ctx, const ddp_desc *desc) {
         if (!ctx->tl.main || !ctx->tl.comm) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the timeline");
     }
     if ((r = ddp__choose_backend(ctx)) != DDP_OK) return r;
+    if ((r = ddp__outer_backend(ctx)) != DDP_OK) return r;
     if (ctx->desc.shard_optimizer && !ctx->be->shards)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_optimizer is not supported by the %s backend "
                          "(yet): run unsharded there", ctx->be->name);
@@ -8457,6 +8649,12 @@ static ddp_result ddp__shutdown(ddp_context *ctx) {
     DDP_FREE(ctx->shard.norm_sums);
     DDP_FREE(ctx->tape.ops);
     DDP_FREE(ctx->tape.arena);
+    DDP_FREE(ctx->outer.frag);   /* >>outer */
+    ddp__free_floats(ctx->outer.theta);
+    ddp__free_floats(ctx->outer.mom);
+    ddp__free_floats(ctx->outer.sum);
+    ddp__free_floats(ctx->outer.host);
+    DDP_FREE(ctx->outer.recv);
     ddp__mutex_destroy(&ctx->err_lock);
     DDP_FREE(ctx);
     return r;
@@ -8625,7 +8823,7 @@ static ddp_result ddp__zero_grads(ddp_context *ctx, size_t offset, size_t count)
 
 /* One line per parameter; every rank must produce the same text. */
 static char *ddp__layout_text(ddp_context *ctx, size_t *len_out) {
-    size_t cap = 256 + (size_t)ctx->model.num_params * (DDP__NAME_MAX + 48), len;
+    size_t cap = 512 + (size_t)ctx->model.num_params * (DDP__NAME_MAX + 48), len;
     char *text = (char *)DDP_MALLOC(cap);
     int i;
     if (!text) return NULL;
@@ -8635,6 +8833,11 @@ static char *ddp__layout_text(ddp_context *ctx, size_t *len_out) {
                            ctx->desc.shard_optimizer, ddp__bf16_params(ctx) ? "bf16" : "fp32");
     /* a timeline on some ranks only would stall shutdown (rank 0 waits for each missing trace) */
     len += (size_t)snprintf(text + len, cap - len, "timeline %s\n", ctx->tl.path[0] ? "on" : "off");
+    len += (size_t)snprintf(text + len, cap - len, "outer mode %d group_size %d inner_steps %d lr %.9g momentum %.9g "
+                            "fragments %d delay_steps %d mix %.9g wire %d quant_block %d\n", (int)ctx->desc.outer.mode,
+                            ctx->desc.outer.group_size, ctx->desc.outer.inner_steps, ctx->desc.outer.lr,
+                            ctx->desc.outer.momentum, ctx->desc.outer.fragments, ctx->desc.outer.delay_steps,
+                            ctx->desc.outer.mix, (int)ctx->desc.outer.wire, ctx->desc.outer.quant_block);
     for (i = 0; i < ctx->model.num_params; i++)
         len += (size_t)snprintf(text + len, cap - len, "%s %zu %u\n", ctx->model.params[i].name,
                                 ctx->model.params[i].count, ctx->model.params[i].flags);
@@ -8658,12 +8861,15 @@ static ddp_result ddp__layout_mismatch(ddp_context *ctx, const char *a, const ch
     if (i == 0)
         return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks 0 and %d use different options: rank 0 has '%s', rank %d "
                          "has '%s' (first_bucket_mb, bucket_cap_mb, find_unused, reduce_dtype, uneven_inputs, shard_optimizer, param_dtype)", rank_b, la, rank_b, lb);
+    if (i == 2)
+        return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks 0 and %d use different outer settings (ddp_desc.outer): rank 0 "
+                         "has '%s', rank %d has '%s'", rank_b, la, rank_b, lb);
     if (i == 1)
         return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks 0 and %d use different options: the timeline (DDP_TIMELINE or "
                          "ddp_desc.timeline_path) is set on rank %d and not on rank %d; set it on every rank or on none",
                          rank_b, strcmp(la, "timeline on") ? rank_b : 0, strcmp(la, "timeline on") ? 0 : rank_b);
     return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks registered different parameters: parameter #%d is '%s' "
-                     "(name, elements, flags) on rank 0 but '%s' on rank %d", i - 2, la, lb, rank_b);
+                     "(name, elements, flags) on rank 0 but '%s' on rank %d", i - 3, la, lb, rank_b);
 }
 
 /* All ranks fetch rank 0's layout and every other rank's, so all reach the same verdict. */
@@ -8739,7 +8945,7 @@ static void ddp__plan_wire(ddp_context *ctx) {
     for (b = 0; b < ctx->model.num_buckets; b++) {
         ddp__bucket *k = &ctx->model.buckets[b];
         ddp__wire *w = &k->wire;
-        w->moves = ctx->world > 1;
+        w->moves = ctx->world > 1 && ctx->outer.size > 1;   /* replica groups of one rank average nothing (>>outer) */
         w->grads = ddp__bf16_params(ctx) ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
         w->dtype = ctx->desc.reduce_dtype == DDP_DTYPE_BF16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
         w->convert = !w->moves || w->grads == w->dtype ? DDP__WIRE_AS_IS
@@ -9514,6 +9720,363 @@ static ddp_result ddp__join(ddp_context *ctx) {
     ctx->join.uneven = 0;
     ctx->join.active = 0;
     return r;
+}
+
+/* --------------------------------------------------------------------------------------------
+   >>outer  Replica groups and their outer synchronization (desc.outer; OUTER SYNC in the
+   manual). Within a group every step is the data-parallel step of the sections above (a group
+   of one rank averages nothing: ddp__outer_backend). Across groups only the parameters meet: the
+   flat buffer is cut into F fragments (DiLoCo: F = 1), fragment p is sent every H inner steps,
+   staggered by p * H / F steps, and merged delay_steps later. What a group sends is its outer
+   gradient, the fp32 outer copy minus its parameters, encoded for the wire; every rank receives
+   every group's (one broadcast from each group's first rank) and adds them decoded in group
+   order, so every rank computes the same bits. Then an outer Nesterov SGD step on the outer
+   copy, and the parameters take the new outer values (mixed with the local ones by mix).
+   -------------------------------------------------------------------------------------------- */
+static int ddp__outer_on(const ddp_context *ctx) { return ctx->desc.outer.mode != DDP_OUTER_OFF; }
+
+/* lr 1, momentum 0 and an fp32 wire: the outer step is the mean of the groups' parameters, and
+   the parameters themselves travel (one group: its own values exactly, as plain training). */
+static int ddp__outer_plain_mean(const ddp_context *ctx) {
+    const ddp_outer *o = &ctx->desc.outer;
+    return o->lr == 1 && o->momentum == 0 && o->wire == DDP_WIRE_FP32;
+}
+
+/* Bytes one group's fragment of n floats takes on the wire: INT8 is every block's fp32 scale,
+   then the values. */
+static size_t ddp__outer_wire_bytes(const ddp_context *ctx, size_t n) {
+    size_t block = (size_t)ctx->desc.outer.quant_block;
+    switch (ctx->desc.outer.wire) {
+    case DDP_WIRE_BF16: return n * sizeof(ddp_bf16);
+    case DDP_WIRE_INT8: return (n + block - 1) / block * sizeof(float) + n;
+    default: return n * sizeof(float);
+    }
+}
+
+/* INT8, one block of n values: scale = max |x| / 127, q = x / scale rounded to nearest (even),
+   in [-127, 127]. A block of zeros has scale 0 (all q 0); a non-finite value makes the scale
+   NaN, and the block decodes to NaN, as an fp32 wire would carry it. */
+static void ddp__quant_block(const float *x, size_t n, float *scale_out, int8_t *q) {
+    float amax = 0, scale;
+    size_t i;
+    int bad = 0;
+    for (i = 0; i < n; i++) {
+        float a = x[i] < 0 ? -x[i] : x[i];
+        if (!ddp__finite_f(x[i])) bad = 1;
+        else if (a > amax) amax = a;
+    }
+    scale = amax / 127.0f;
+    if (bad) { uint32_t nan = 0x7fc00000u; memcpy(&scale, &nan, 4); }
+    for (i = 0; i < n; i++) {
+        long v = bad || scale == 0 ? 0 : lrintf(x[i] / scale);
+        q[i] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+    }
+    *scale_out = scale;
+}
+
+static void ddp__outer_encode(const ddp_context *ctx, const float *x, size_t n, unsigned char *out) {
+    size_t i, block = (size_t)ctx->desc.outer.quant_block, nb = (n + block - 1) / block;
+    switch (ctx->desc.outer.wire) {
+    case DDP_WIRE_BF16:
+        for (i = 0; i < n; i++) { ddp_bf16 h = ddp__to_bf16(x[i]); memcpy(out + i * sizeof h, &h, sizeof h); }
+        return;
+    case DDP_WIRE_INT8:
+        for (i = 0; i < nb; i++) {
+            float scale;
+            size_t lo = i * block, m = n - lo < block ? n - lo : block;
+            ddp__quant_block(x + lo, m, &scale, (int8_t *)(void *)(out + nb * sizeof(float) + lo));
+            memcpy(out + i * sizeof(float), &scale, sizeof scale);
+        }
+        return;
+    default: memcpy(out, x, n * sizeof(float)); return;
+    }
+}
+
+/* sum (n floats) = the decoded values (first) or sum + them: the same adds on every rank. */
+static void ddp__outer_decode_add(const ddp_context *ctx, const unsigned char *in, size_t n, float *sum, int first) {
+    size_t i, block = (size_t)ctx->desc.outer.quant_block, nb = (n + block - 1) / block;
+    for (i = 0; i < n; i++) {
+        float v;
+        if (ctx->desc.outer.wire == DDP_WIRE_BF16) { ddp_bf16 h; memcpy(&h, in + i * sizeof h, sizeof h); v = ddp__from_bf16(h); }
+        else if (ctx->desc.outer.wire == DDP_WIRE_INT8) {
+            float scale;
+            memcpy(&scale, in + (i / block) * sizeof(float), sizeof scale);
+            v = (float)((const int8_t *)(const void *)(in + nb * sizeof(float)))[i] * scale;
+        } else memcpy(&v, in + i * sizeof v, sizeof v);
+        sum[i] = first ? v : sum[i] + v;
+    }
+}
+
+/* A group's slot: a head (what its first rank waited at the exchange's barrier), then the
+   encoding. */
+#define DDP__OUTER_HEAD 64
+
+/* Fragment f: floats [frag[f], frag[f + 1]), equal to within DDP__ALIGN_FLOATS (the flat
+   buffer's count is a multiple of it). */
+static ddp_result ddp__outer_commit(ddp_context *ctx) {
+    size_t n = ctx->flat.count, units = n / DDP__ALIGN_FLOATS, most = 0, bytes;
+    int f, F = ctx->desc.outer.fragments;
+    if (!ddp__outer_on(ctx)) return DDP_OK;
+    if ((size_t)F > units)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: %d fragments, but the model's %zu floats make "
+                         "only %zu blocks of %d (a fragment is at least one)", F, n, units, DDP__ALIGN_FLOATS);
+    if (!(ctx->outer.frag = (size_t *)ddp__calloc(sizeof(size_t) * (size_t)(F + 1))))
+        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the outer fragments");
+    for (f = 0; f <= F; f++) ctx->outer.frag[f] = units * (size_t)f / (size_t)F * DDP__ALIGN_FLOATS;
+    for (f = 0; f < F; f++) if (ctx->outer.frag[f + 1] - ctx->outer.frag[f] > most) most = ctx->outer.frag[f + 1] - ctx->outer.frag[f];
+    bytes = ctx->outer.slot = DDP__OUTER_HEAD + ddp__round_up(ddp__outer_wire_bytes(ctx, most), 64);
+    ctx->outer.theta = ddp__alloc_floats(n);
+    ctx->outer.mom = ctx->desc.outer.momentum > 0 ? ddp__alloc_floats(n) : NULL;
+    ctx->outer.sum = ddp__alloc_floats(most);
+    ctx->outer.host = ddp__alloc_floats(most);
+    ctx->outer.recv = (unsigned char *)ddp__calloc(bytes * (size_t)ctx->outer.groups);
+    if (!ctx->outer.theta || (ctx->desc.outer.momentum > 0 && !ctx->outer.mom) || !ctx->outer.sum || !ctx->outer.host || !ctx->outer.recv)
+        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the outer state (%zu floats of outer parameters%s, "
+                         "%zu bytes of wire buffers)", n, ctx->outer.mom ? " and momentum" : "", bytes * (size_t)ctx->outer.groups);
+    if (ctx->outer.mom) memset(ctx->outer.mom, 0, n * sizeof(float));
+    /* rank 0's, as every rank's (commit) */
+    return ctx->be->copy(ctx, ctx->outer.theta, ctx->flat.params, n * sizeof(float), 1);
+}
+
+/* Fragment f, sent: this group's outer gradient (or, ddp__outer_plain_mean, its parameters) as
+   they are now, encoded into the group's slot. */
+static ddp_result ddp__outer_pack(ddp_context *ctx, int f) {
+    size_t lo = ctx->outer.frag[f], n = ctx->outer.frag[f + 1] - lo, i;
+    const float *p = ctx->outer.host, *theta = ctx->outer.theta + lo;
+    float *delta = ctx->outer.sum;   /* scratch until the sum replaces it */
+    ddp_result r = ctx->be->copy(ctx, ctx->outer.host, ctx->flat.params + lo, n * sizeof(float), 1);
+    if (r != DDP_OK) return ddp__fatal(ctx, r);   /* the peers are about to exchange */
+    if (ddp__outer_plain_mean(ctx)) memcpy(delta, p, n * sizeof(float));
+    else for (i = 0; i < n; i++) delta[i] = theta[i] - p[i];
+    ddp__outer_encode(ctx, delta, n, ctx->outer.recv + (size_t)ctx->outer.group * ctx->outer.slot + DDP__OUTER_HEAD);
+    return DDP_OK;
+}
+
+/* Every group's slot to every rank (a broadcast from each group's first rank, through the
+   backend's own collective), added into outer.sum in group order. Any thread: the main one, or
+   the exchange's own while the inner steps run (nothing else uses the wire meanwhile). A barrier
+   first: what each group's first rank waited in it travels in its slot's head, so every rank
+   knows the group that arrived last (it waited least) and what it cost the others. */
+static ddp_result ddp__outer_transfer(ddp_context *ctx, int f) {
+    size_t n = ctx->outer.frag[f + 1] - ctx->outer.frag[f], wire = ddp__outer_wire_bytes(ctx, n), slot = ctx->outer.slot;
+    unsigned char *mine = ctx->outer.recv + (size_t)ctx->outer.group * slot;
+    ddp_result r = DDP_OK;
+    double t0 = ddp__now(), w, least = 0;
+    int g;
+    ctx->outer.bg.slow_s = 0;
+    ctx->outer.bg.slow_group = -1;
+    if (ctx->outer.groups > 1) {
+        r = ctx->outer.bg.collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0);
+        w = ddp__now() - t0;
+        memcpy(mine, &w, sizeof w);
+    }
+    for (g = 0; g < ctx->outer.groups && r == DDP_OK && ctx->outer.groups > 1; g++)
+        r = ctx->outer.bg.collective(ctx, DDP__KIND_BROADCAST, ctx->outer.recv + (size_t)g * slot, DDP__OUTER_HEAD + wire,
+                                     g * ctx->outer.size);
+    if (r != DDP_OK) return r;
+    for (g = 0; g < ctx->outer.groups; g++) {
+        memcpy(&w, ctx->outer.recv + (size_t)g * slot, sizeof w);
+        if (ctx->outer.groups > 1 && (g == 0 || w < least)) { least = w; ctx->outer.bg.slow_group = g; }
+        if (w > ctx->outer.bg.slow_s) ctx->outer.bg.slow_s = w;
+        ddp__outer_decode_add(ctx, ctx->outer.recv + (size_t)g * slot + DDP__OUTER_HEAD, n, ctx->outer.sum, g == 0);
+    }
+    ctx->outer.bg.slow_s -= least;
+    ctx->outer.bg.seconds = ddp__now() - t0;
+    return DDP_OK;
+}
+
+static void *ddp__outer_main(void *arg) {
+    ddp_context *ctx = (ddp_context *)arg;
+    ddp__mutex_lock(&ctx->outer.bg.lock);
+    for (;;) {
+        while (ctx->outer.bg.job < 0 && !ctx->outer.bg.stop) ddp__cond_wait(&ctx->outer.bg.cond, &ctx->outer.bg.lock);
+        if (ctx->outer.bg.job < 0) break;   /* stopped */
+        ddp__mutex_unlock(&ctx->outer.bg.lock);
+        ctx->outer.bg.result = ddp__outer_transfer(ctx, ctx->outer.bg.job);
+        ddp__mutex_lock(&ctx->outer.bg.lock);
+        ctx->outer.bg.job = -1;
+        ddp__cond_broadcast(&ctx->outer.bg.cond);
+    }
+    ddp__mutex_unlock(&ctx->outer.bg.lock);
+    return NULL;
+}
+
+/* The exchange in flight, if any, done: its result (a failure is the group's already). */
+static ddp_result ddp__outer_settle(ddp_context *ctx) {
+    ddp_result r;
+    double t0;
+    if (!ctx->outer.bg.started) return DDP_OK;
+    t0 = ddp__now();
+    ddp__mutex_lock(&ctx->outer.bg.lock);
+    while (ctx->outer.bg.job >= 0) ddp__cond_wait(&ctx->outer.bg.cond, &ctx->outer.bg.lock);
+    r = ctx->outer.bg.result;
+    ctx->outer.bg.result = DDP_OK;
+    ddp__mutex_unlock(&ctx->outer.bg.lock);
+    ctx->outer.wait_ms += 1e3 * (ddp__now() - t0);
+    return r;
+}
+
+/* The settled exchange's times, for ddp_outer_state (main thread: the exchange's thread is idle). */
+static void ddp__outer_times(ddp_context *ctx) {
+    ctx->outer.exchange_ms = 1e3 * ctx->outer.bg.seconds;
+    ctx->outer.straggler_ms = 1e3 * ctx->outer.bg.slow_s;
+    ctx->outer.slowest_group = ctx->outer.bg.slow_group;
+}
+
+/* Fragment f's exchange: at once, or (delay_steps > 0) handed to the exchange's thread. */
+static ddp_result ddp__outer_exchange(ddp_context *ctx, int f) {
+    ddp_result r;
+    snprintf(ctx->what_buf, sizeof ctx->what_buf, "the outer exchange of fragment %d (%zu floats)", f,
+             ctx->outer.frag[f + 1] - ctx->outer.frag[f]);
+    ctx->what = ctx->what_buf;
+    if ((r = ddp__outer_pack(ctx, f)) != DDP_OK) return r;
+    /* the NCCL backend's collectives are ordered on the program's compute stream: no thread */
+    if (!ctx->desc.outer.delay_steps || ctx->outer.groups == 1 || ctx->be->id == DDP_BACKEND_NCCL) {
+        r = ddp__outer_transfer(ctx, f);
+        ddp__outer_times(ctx);
+        return r;
+    }
+    if (!ctx->outer.bg.started) {
+        ctx->outer.bg.job = -1;
+        ddp__mutex_init(&ctx->outer.bg.lock);
+        ddp__cond_init(&ctx->outer.bg.cond);
+        if (ddp__thread_create(&ctx->outer.bg.thread, ddp__outer_main, ctx)) {
+            ddp__mutex_destroy(&ctx->outer.bg.lock);
+            ddp__cond_destroy(&ctx->outer.bg.cond);
+            return ddp__fail_group(ctx, DDP_ERR_SYSTEM, "cannot start the outer exchange's thread");
+        }
+        ctx->outer.bg.started = 1;
+    }
+    ddp__mutex_lock(&ctx->outer.bg.lock);
+    ctx->outer.bg.job = f;
+    ddp__cond_signal(&ctx->outer.bg.cond);
+    ddp__mutex_unlock(&ctx->outer.bg.lock);
+    return DDP_OK;
+}
+
+/* The backend's slots that use the wire wait for the exchange in flight first. */
+static ddp_result ddp__outer_collective(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root) {
+    ddp_result r = ddp__outer_settle(ctx);
+    return r != DDP_OK ? r : ctx->outer.bg.collective(ctx, kind, data, count, root);
+}
+
+static ddp_result ddp__outer_launch(ddp_context *ctx, int bucket) {
+    ddp_result r = ddp__outer_settle(ctx);
+    return r != DDP_OK ? r : ctx->outer.bg.launch(ctx, bucket);
+}
+
+/* Shutdown: the exchange settled and its thread ended before the backend stops. */
+static void ddp__outer_stop(ddp_context *ctx) {
+    if (ctx->outer.bg.started) {
+        (void)ddp__outer_settle(ctx);
+        ddp__mutex_lock(&ctx->outer.bg.lock);
+        ctx->outer.bg.stop = 1;
+        ddp__cond_signal(&ctx->outer.bg.cond);
+        ddp__mutex_unlock(&ctx->outer.bg.lock);
+        ddp__thread_join(ctx->outer.bg.thread);
+        ddp__mutex_destroy(&ctx->outer.bg.lock);
+        ddp__cond_destroy(&ctx->outer.bg.cond);
+        ctx->outer.bg.started = 0;
+    }
+    if (ctx->outer.bg.stop_backend) ctx->outer.bg.stop_backend(ctx);
+}
+/* Replica groups on the chosen backend (ddp_init). The inner steps average within a group; a
+   group of one rank averages nothing, so its buckets take the single backend's launch and finish
+   (the backend's collectives still reach every rank: the outer exchange uses them). The slots
+   that use the wire are wrapped so that they wait for an exchange in flight first. */
+static ddp_result ddp__outer_backend(ddp_context *ctx) {
+    if (ctx->desc.outer.mode == DDP_OUTER_OFF) return DDP_OK;
+    if (ctx->outer.size > 1 && ctx->outer.groups > 1)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: groups of %d ranks are not built (yet) on the %s "
+                         "backend: group_size 1 (every rank its own replica) or %d (one group: plain DDP)", ctx->outer.size,
+                         ctx->be->name, ctx->world);
+    /* (the NCCL backend's buckets follow the wire plan, which moves nothing for a group of one) */
+    if (ctx->outer.size == 1 && ctx->world > 1 && ctx->be->id != DDP_BACKEND_NCCL) {
+        ctx->table.launch = ddp__single_launch;
+        ctx->table.finish = ddp__single_finish;
+    }
+    ctx->outer.bg.collective = ctx->table.collective;
+    ctx->outer.bg.launch = ctx->table.launch;
+    ctx->outer.bg.stop_backend = ctx->table.stop;
+    ctx->table.collective = ddp__outer_collective;
+    if (ctx->outer.size > 1) ctx->table.launch = ddp__outer_launch;
+    ctx->table.stop = ddp__outer_stop;
+    return DDP_OK;
+}
+
+/* Fragment f lands: the averaged outer gradient (outer.sum / groups) takes an outer Nesterov SGD
+   step on the outer copy (torch.optim.SGD(nesterov=True): buf = momentum * buf + g, then
+   g + momentum * buf; the first buf is g), and the parameters become the outer values, keeping
+   mix of their own (streaming). bf16 parameters: the working copies follow, rounded. */
+static ddp_result ddp__outer_merge(ddp_context *ctx, int f) {
+    const ddp_outer *o = &ctx->desc.outer;
+    size_t lo = ctx->outer.frag[f], n = ctx->outer.frag[f + 1] - lo, i;
+    float *theta = ctx->outer.theta + lo, *p = ctx->outer.host, *sum = ctx->outer.sum;
+    ddp_result r;
+    float G = (float)ctx->outer.groups, mu = o->momentum, mix = o->mix;
+    if (ddp__outer_plain_mean(ctx))
+        for (i = 0; i < n; i++) theta[i] = ctx->outer.groups == 1 ? sum[i] : sum[i] / G;
+    else
+        for (i = 0; i < n; i++) {
+            float g = ctx->outer.groups == 1 ? sum[i] : sum[i] / G;
+            if (ctx->outer.mom) { float *b = ctx->outer.mom + lo + i; *b = mu * *b + g; g = g + mu * *b; }
+            theta[i] -= o->lr * g;
+        }
+    ctx->outer.syncs++;
+    ctx->outer.flight = -1;
+    if (mix == 0) p = theta;
+    else {   /* the parameters as they are now, delay_steps after the send */
+        if ((r = ctx->be->copy(ctx, p, ctx->flat.params + lo, n * sizeof(float), 1)) != DDP_OK) return ddp__fatal(ctx, r);
+        for (i = 0; i < n; i++) p[i] = mix * p[i] + (1 - mix) * theta[i];
+    }
+    if ((r = ctx->be->copy(ctx, ctx->flat.params + lo, p, n * sizeof(float), 0)) != DDP_OK) return ddp__fatal(ctx, r);
+    return ddp__bf16_op(ctx, DDP__BF16_ROUND_PARAMS, lo, n);
+}
+
+/* The fragment whose send step is inner step t (1, 2, ...), or -1: fragment f is sent at the
+   steps t with (t + f * H / F) % H == 0. */
+static int ddp__outer_due(const ddp_context *ctx, int64_t t) {
+    int f, H = ctx->desc.outer.inner_steps, F = ctx->desc.outer.fragments;
+    for (f = 0; f < F; f++)
+        if ((t + (int64_t)f * H / F) % H == 0) return f;
+    return -1;
+}
+
+/* After an inner step's update: the count, the fragment in flight merged when its delay is
+   over, and the fragment due sent (merged at once without a delay). */
+static ddp_result ddp__outer_step(ddp_context *ctx) {
+    ddp_result r;
+    int f;
+    if (!ddp__outer_on(ctx)) return DDP_OK;
+    if (ddp__in_backward(ctx)) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_outer_step while a backward is in flight");
+    ctx->outer.inner++;
+    if (ctx->outer.flight >= 0 && ctx->outer.inner >= ctx->outer.lands) {
+        if ((r = ddp__outer_settle(ctx)) != DDP_OK) return r;
+        ddp__outer_times(ctx);
+        if ((r = ddp__outer_merge(ctx, ctx->outer.flight)) != DDP_OK) return r;
+    }
+    if ((f = ddp__outer_due(ctx, ctx->outer.inner)) < 0) return DDP_OK;
+    if ((r = ddp__outer_exchange(ctx, f)) != DDP_OK) return r;
+    ctx->outer.flight = f;
+    ctx->outer.lands = ctx->outer.inner + ctx->desc.outer.delay_steps;
+    return ctx->desc.outer.delay_steps ? DDP_OK : ddp__outer_merge(ctx, f);
+}
+
+static ddp_outer_status ddp__outer_status(const ddp_context *ctx) {
+    ddp_outer_status s;
+    memset(&s, 0, sizeof s);
+    s.groups = ctx->outer.groups;
+    s.group = ctx->outer.group;
+    s.group_size = ctx->outer.size;
+    s.group_rank = ctx->outer.index;
+    s.inner_steps = ctx->outer.inner;
+    s.syncs = ctx->outer.syncs;
+    s.in_flight = ctx->outer.flight;
+    s.exchange_ms = ctx->outer.exchange_ms;
+    s.wait_ms = ctx->outer.wait_ms;
+    s.straggler_ms = ctx->outer.straggler_ms;
+    s.slowest_group = ctx->outer.slowest_group;
+    return s;
 }
 
 /* --------------------------------------------------------------------------------------------
@@ -10307,6 +10870,15 @@ static ddp_result ddp__usable(ddp_context *ctx, int need_commit, const char *cal
     return DDP_OK;
 }
 
+/* A call that uses the wire: an outer exchange in flight (>>outer) settles first, so that the
+   exchange's thread and this one never share the wire, nor ctx->what. `buckets`: the call
+   launches gradient buckets, which use the wire only in groups of several ranks. */
+static ddp_result ddp__usable_wire(ddp_context *ctx, int need_commit, const char *call, int buckets) {
+    ddp_result r = ddp__usable(ctx, need_commit, call);
+    if (r != DDP_OK || (buckets && ctx->outer.size == 1)) return r;
+    return ddp__outer_settle(ctx);
+}
+
 const char *ddp_result_string(ddp_result result) {
     switch (result) {
     case DDP_OK: return "ok";
@@ -10372,7 +10944,10 @@ ddp_result ddp_register_param(ddp_context *ctx, const char *name, size_t count, 
 
 ddp_result ddp_commit(ddp_context *ctx) {
     ddp_result r = ddp__usable(ctx, 0, "ddp_commit");
-    return r != DDP_OK ? r : ddp__cancel_wins(ctx, ddp__commit(ctx), "ddp_commit");
+    if (r != DDP_OK) return r;
+    /* committed, the outer state must exist: a rank without it cannot step (alike on every rank) */
+    if ((r = ddp__commit(ctx)) == DDP_OK && (r = ddp__outer_commit(ctx)) != DDP_OK) r = ddp__fatal(ctx, r);
+    return ddp__cancel_wins(ctx, r, "ddp_commit");
 }
 
 /* The views exist from ddp_commit on; before it, or for an id no parameter has, NULL with an error. */
@@ -10470,19 +11045,19 @@ ddp_result ddp_tape_record(ddp_context *ctx, ddp_backward_fn backward, const voi
 }
 
 ddp_result ddp_backward(ddp_context *ctx) {
-    ddp_result r = ddp__usable(ctx, 1, "ddp_backward");
+    ddp_result r = ddp__usable_wire(ctx, 1, "ddp_backward", 1);
     return r != DDP_OK ? r : ddp__backward(ctx);
 }
 
 void ddp_tape_reset(ddp_context *ctx) { if (ctx) ddp__tape_reset(ctx); }
 
 ddp_result ddp_grad_ready(ddp_context *ctx, int id) {
-    ddp_result r = ddp__usable(ctx, 1, "ddp_grad_ready");
+    ddp_result r = ddp__usable_wire(ctx, 1, "ddp_grad_ready", 1);
     return r != DDP_OK ? r : ddp__grad_ready(ctx, id);
 }
 
 ddp_result ddp_finish(ddp_context *ctx) {
-    ddp_result r = ddp__usable(ctx, 1, "ddp_finish");
+    ddp_result r = ddp__usable_wire(ctx, 1, "ddp_finish", 1);
     return r != DDP_OK ? r : ddp__finish(ctx);
 }
 
@@ -10507,12 +11082,36 @@ ddp_step_stats ddp_last_step_stats(const ddp_context *ctx) {
 
 ddp_result ddp_adamw_step(ddp_context *ctx, const ddp_adamw *opt, float *grad_norm_out) {
     ddp_result r = ddp__usable(ctx, 1, "ddp_adamw_step");
-    return r != DDP_OK ? r : ddp__adamw_step(ctx, opt, grad_norm_out);
+    if (r == DDP_OK && (r = ddp__adamw_step(ctx, opt, grad_norm_out)) == DDP_OK) r = ddp__outer_step(ctx);
+    return r;
 }
 
 ddp_result ddp_consume_grads(ddp_context *ctx) {
     ddp_result r = ddp__usable(ctx, 1, "ddp_consume_grads");
-    return r != DDP_OK ? r : ddp__consume_grads(ctx);
+    if (r == DDP_OK && ctx->outer.owed)
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_consume_grads: the last update's ddp_outer_step is missing "
+                         "(with desc.outer, a program's own optimizer calls ddp_outer_step after each update)");
+    if (r == DDP_OK && (r = ddp__consume_grads(ctx)) == DDP_OK) ctx->outer.owed = ddp__outer_on(ctx);
+    return r;
+}
+
+ddp_result ddp_outer_step(ddp_context *ctx) {
+    ddp_result r = ddp__usable(ctx, 1, "ddp_outer_step");
+    if (r != DDP_OK || !ddp__outer_on(ctx)) return r;
+    if (!ctx->outer.owed)
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_outer_step without an update since the last one: call it once "
+                         "after each update of your own optimizer (ddp_consume_grads, then the update, then ddp_outer_step); "
+                         "ddp_adamw_step takes the outer step itself");
+    ctx->outer.owed = 0;
+    return ddp__outer_step(ctx);
+}
+
+ddp_outer_status ddp_outer_state(const ddp_context *ctx) {
+    ddp_outer_status s;
+    if (ctx) return ddp__outer_status(ctx);
+    memset(&s, 0, sizeof s);
+    s.in_flight = s.slowest_group = -1;
+    return s;
 }
 
 ddp_result ddp_adamw_state(ddp_context *ctx, float **m, float **v, int64_t **step) {
@@ -10543,19 +11142,19 @@ ddp_result ddp_copy_from_host(ddp_context *ctx, ddp_buffer which, size_t offset,
 }
 
 ddp_result ddp_gather_to_host(ddp_context *ctx, ddp_buffer which, size_t offset, float *dst, size_t count, int root) {
-    ddp_result r = ddp__usable(ctx, 1, "ddp_gather_to_host");
+    ddp_result r = ddp__usable_wire(ctx, 1, "ddp_gather_to_host", 0);
     if (r == DDP_OK) r = ddp__check_root(ctx, root, "ddp_gather_to_host");
     return r != DDP_OK ? r : ddp__gather_to_host(ctx, which, offset, dst, count, root);
 }
 
 ddp_result ddp_scatter_from_host(ddp_context *ctx, ddp_buffer which, size_t offset, const float *src, size_t count, int root) {
-    ddp_result r = ddp__usable(ctx, 1, "ddp_scatter_from_host");
+    ddp_result r = ddp__usable_wire(ctx, 1, "ddp_scatter_from_host", 0);
     if (r == DDP_OK) r = ddp__check_root(ctx, root, "ddp_scatter_from_host");
     return r != DDP_OK ? r : ddp__scatter_from_host(ctx, which, offset, src, count, root);
 }
 
 ddp_result ddp_save(ddp_context *ctx, const char *path, const void *user, size_t user_bytes) {
-    ddp_result r = ddp__usable(ctx, 1, "ddp_save");
+    ddp_result r = ddp__usable_wire(ctx, 1, "ddp_save", 0);
     if (r != DDP_OK) return r;
     if (!path || !*path) return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_save: no path (NULL or empty)");
     if (strlen(path) >= PATH_MAX - 64) return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_save: the path is %zu bytes long", strlen(path));
@@ -10574,7 +11173,7 @@ ddp_result ddp_save_check(ddp_context *ctx, const char *path, int *holds_out) {
 
 ddp_result ddp_load(ddp_context *ctx, const char *path, void *user, size_t user_capacity,
                     ddp_checkpoint_check_fn check, void *check_arg, ddp_checkpoint_info *info_out) {
-    ddp_result r = ddp__usable(ctx, 1, "ddp_load");
+    ddp_result r = ddp__usable_wire(ctx, 1, "ddp_load", 0);
     if (r != DDP_OK) return r;
     if (!path || !*path) return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_load: no path (NULL or empty)");
     if (user_capacity && !user) return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_load: NULL user buffer of %zu bytes", user_capacity);
@@ -10582,19 +11181,19 @@ ddp_result ddp_load(ddp_context *ctx, const char *path, void *user, size_t user_
 }
 
 ddp_result ddp_allreduce(ddp_context *ctx, float *data, size_t count, ddp_op op) {
-    ddp_result r = ddp__usable(ctx, 0, "ddp_allreduce");
+    ddp_result r = ddp__usable_wire(ctx, 0, "ddp_allreduce", 0);
     if (r != DDP_OK) return r;
     if (op != DDP_AVG && op != DDP_SUM) return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_allreduce: unknown op %d", (int)op);
     return ddp__user_collective(ctx, op == DDP_SUM ? DDP__KIND_SUM : DDP__KIND_AVG, data, count, 0, "ddp_allreduce");
 }
 
 ddp_result ddp_broadcast(ddp_context *ctx, void *data, size_t bytes, int root) {
-    ddp_result r = ddp__usable(ctx, 0, "ddp_broadcast");
+    ddp_result r = ddp__usable_wire(ctx, 0, "ddp_broadcast", 0);
     return r != DDP_OK ? r : ddp__user_collective(ctx, DDP__KIND_BROADCAST, data, bytes, root, "ddp_broadcast");
 }
 
 ddp_result ddp_barrier(ddp_context *ctx) {
-    ddp_result r = ddp__usable(ctx, 0, "ddp_barrier");
+    ddp_result r = ddp__usable_wire(ctx, 0, "ddp_barrier", 0);
     return r != DDP_OK ? r : ddp__user_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0, "ddp_barrier");
 }
 
@@ -10629,7 +11228,7 @@ ddp_result ddp_report_loss(ddp_context *ctx, float loss) {
 }
 
 ddp_result ddp_join(ddp_context *ctx) {
-    ddp_result r = ddp__usable(ctx, 1, "ddp_join");
+    ddp_result r = ddp__usable_wire(ctx, 1, "ddp_join", 0);
     return r != DDP_OK ? r : ddp__join(ctx);
 }
 
