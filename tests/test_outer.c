@@ -181,7 +181,7 @@ static const config reference_configs[] = {
     { "diloco_3groups_adamw_fp32_delta",       DDP_OUTER_DILOCO,    1, 3, 3, 1, 0, 0,  8,  0.0f, 0,    0,    DDP_WIRE_FP32, 0 },
     { "average_3groups_adamw",                 DDP_OUTER_AVERAGE,   1, 3, 3, 1, 0, 0,  8,  0.0f, 0,    0,    DDP_WIRE_DEFAULT, 0 },
     { "streaming_3groups_F3_delay1_mix_bf16",  DDP_OUTER_STREAMING, 1, 3, 6, 3, 1, 0,  14, 0.5f, 0,    0,    DDP_WIRE_BF16, 0 },
-    { "streaming_2groups_F3_H7_int8_sgd",      DDP_OUTER_STREAMING, 1, 2, 7, 3, 1, 24, 15, 0.25f, 0,   0,    DDP_WIRE_INT8, 1 },
+    { "streaming_2groups_F3_H8_int8_sgd",      DDP_OUTER_STREAMING, 1, 2, 8, 3, 1, 24, 15, 0.25f, 0,   0,    DDP_WIRE_INT8, 1 },
     { "streaming_2groups_F2_delay0_int8",      DDP_OUTER_STREAMING, 1, 2, 4, 2, 0, 64, 9,  0.0f, 0,    0,    DDP_WIRE_INT8, 0 },
     /* groups of 2 ranks (SKIP while ddp_init refuses them) */
     { "diloco_2groups_of_2_adamw_bf16",        DDP_OUTER_DILOCO,    2, 2, 3, 1, 0, 0,  7,  0.0f, 0,    0,    DDP_WIRE_BF16, 0 },
@@ -233,8 +233,8 @@ static void test_reference(void) {
         for (i = 0; i < NREF; i++, at += per_config[i - 1]) {
             const config *c = &reference_configs[i];
             char name[128], why[600];
-            double worst = 0, bound_sum = 0, err_sum = 0;
-            int r, t, bad = 0, first_t = -1, first_i = -1, first_r = -1, n = 0, got;
+            double worst = 0, bound_sum = 0, err_sum = 0, bound_max = 0;
+            int r, t, bad = 0, loose = 0, first_t = -1, first_i = -1, first_r = -1, n = 0, got;
             snprintf(name, sizeof name, "outer_reference_%s", c->name);
             if ((got = run_config(c, &res, name, why, sizeof why)) == 0) {
                 printf("SKIP %s: groups of %d ranks: ddp_init refuses them: %s\n", name, c->S, why);
@@ -248,6 +248,8 @@ static void test_reference(void) {
                     for (k = 0; k < COUNT; k++) {
                         double err = fabs((double)res.params[r][t][k] - want[k]);
                         if (bound[k] > 0) { bound_sum += bound[k]; err_sum += err; n++; }
+                        if (bound[k] > bound_max) bound_max = bound[k];
+                        loose += bound[k] > 1e-5;
                         if (err > bound[k] || (bound[k] == 0 && err != 0)) {
                             if (!bad++) { first_t = t; first_i = k; first_r = r; }
                         }
@@ -260,9 +262,13 @@ static void test_reference(void) {
                         bad, first_t + 1, first_r, first_i, (double)res.params[first_r][first_t][first_i], want[first_i],
                         want[COUNT + first_i]);
             } else {
-                printf("  (%s: worst error %.3g of its bound; mean bound %.3g, mean error %.3g)\n", name, worst,
-                       n ? bound_sum / n : 0.0, n ? err_sum / n : 0.0);
-                verdict(1, name, "");
+                printf("  (%s: worst error %.3g of its bound; bound mean %.3g, largest %.3g, above 1e-5 at %d of %d values "
+                       "(a wire rounding boundary within reach); mean error %.3g)\n", name, worst, n ? bound_sum / n : 0.0, bound_max,
+                       loose, n, n ? err_sum / n : 0.0);
+                /* Where a wire rounding boundary is within reach the bound must take a whole quantum
+                   (~1e-4 here), as large as an error of the algorithm: such values must stay few. */
+                verdict(loose * 20 <= n, name, "the derived bound is above 1e-5 at %d of %d values: too loose to check the "
+                        "algorithm", loose, n);
             }
         }
     }
@@ -544,7 +550,8 @@ static void test_refusals(void) {
 
 int main(void) {
     static const int send6_step[] = { 2, 4, 6, 8, 10, 12, 14 }, send6_frag[] = { 2, 1, 0, 2, 1, 0, 2 };
-    static const int send7_step[] = { 3, 5, 7, 10, 12, 14 }, send7_frag[] = { 2, 1, 0, 2, 1, 0 };
+    /* H 8, F 3: offsets f * 8 / 3 = 0, 2, 5 (not f * (8 / 3) = 0, 2, 4) */
+    static const int send8_step[] = { 3, 6, 8, 11, 14, 16 }, send8_frag[] = { 2, 1, 0, 2, 1, 0 };
     test_reference();
     test_one_group_is_plain(1);
     test_one_group_is_plain(2);
@@ -552,7 +559,7 @@ int main(void) {
     test_sgd_h1_is_ddp(3);
     test_replicas_meet();
     test_streaming_schedule(6, 3, 1, send6_step, send6_frag, 7, 14);
-    test_streaming_schedule(7, 3, 0, send7_step, send7_frag, 6, 15);
+    test_streaming_schedule(8, 3, 0, send8_step, send8_frag, 6, 16);
     test_refusals();
     return test_summary("test_outer");
 }

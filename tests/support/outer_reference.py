@@ -159,16 +159,19 @@ def bf16(x32):
     return r.astype(np.uint32).view(np.float32).astype(np.float64)
 
 
-def int8_block(x32, scale=None):
-    """One block: the decoded values as float64 (q * scale rounded to float32, as ddp.h's
-    decode multiplies in float32). scale given: that scale (the bracket's ends)."""
-    x32 = x32.astype(np.float32)
-    if scale is None:
-        scale = np.float32(np.max(np.abs(x32)) / np.float32(127.0)) if x32.size else np.float32(0)
-    if scale == 0:
-        return np.zeros(x32.size), scale
-    q = np.clip(np.rint((x32 / scale).astype(np.float32)), -127, 127)
-    return (q.astype(np.float32) * scale).astype(np.float32).astype(np.float64), scale
+def int8_scale(amax):
+    """A block's scale from its largest |x| (a float32): max |x| / 127 in float32."""
+    return np.float32(np.float32(amax) / np.float32(127.0))
+
+
+def int8_q(x32, scale):
+    """The codes: x / scale in float32, rounded half to even, clamped to [-127, 127]."""
+    return np.clip(np.rint((x32 / scale).astype(np.float32)), -127, 127)
+
+
+def int8_value(q, scale):
+    """Decoded: q * scale multiplied in float32, as ddp.h's decode does."""
+    return (q.astype(np.float32) * np.float32(scale)).astype(np.float32).astype(np.float64)
 
 
 def wire(kind, qb, x, e):
@@ -180,32 +183,32 @@ def wire(kind, qb, x, e):
         ref = x32.astype(np.float64)
         return ref, np.maximum(np.abs(hi32 - ref), np.abs(ref - lo32))
     if kind == "bf16":
-        ref = bf16(x32)
-        return ref, np.maximum(np.abs(bf16(hi32) - ref), np.abs(ref - bf16(lo32)))
+        ref, v_lo, v_hi = bf16(x32), bf16(lo32), bf16(hi32)
+        assert np.all(v_lo <= ref) and np.all(ref <= v_hi), "bf16: the reference's own code is outside its bracket"
+        return ref, np.maximum(v_hi - ref, ref - v_lo)
     ref, bound = np.zeros(x.size), np.zeros(x.size)
     for b0 in range(0, x.size, qb):
         sl = slice(b0, min(b0 + qb, x.size))
-        ref[sl], _ = int8_block(x32[sl])
+        scale = int8_scale(np.max(np.abs(x32[sl])))
+        ref[sl] = int8_value(int8_q(x32[sl], scale), scale) if scale != 0 else 0.0
         if not np.any(e[sl] > 0):
             continue                       # ddp.h's input is exactly the reference's
         amax_lo = np.float32(np.max(np.maximum(np.abs(x[sl]) - e[sl], 0.0)))
         amax_hi = np.float32(np.max(np.abs(x[sl]) + e[sl]))
-        s_lo, s_hi = np.float32(amax_lo / np.float32(127.0)), np.float32(amax_hi / np.float32(127.0))
+        s_lo, s_hi = int8_scale(amax_lo), int8_scale(amax_hi)
         if s_lo == 0:                      # the scale may be 0 (all q 0) or tiny (q up to 127)
             bound[sl] = np.abs(ref[sl]) + 127.0 * float(s_hi)
             continue
         ends = []
         for xs in (lo32[sl], hi32[sl]):
             for s in (s_lo, s_hi):
-                q = np.clip(np.rint((xs / s).astype(np.float32)), -127, 127)
-                ends.append(q)
+                ends.append(int8_q(xs, s))
         q_lo, q_hi = np.minimum.reduce(ends), np.maximum.reduce(ends)
-        worst = np.zeros(ref[sl].size)
-        for q in (q_lo, q_hi):
-            for s in (s_lo, s_hi):
-                v = (q.astype(np.float32) * s).astype(np.float32).astype(np.float64)
-                worst = np.maximum(worst, np.abs(v - ref[sl]))
-        bound[sl] = worst
+        corners = [int8_value(q, s) for q in (q_lo, q_hi) for s in (s_lo, s_hi)]
+        v_lo, v_hi = np.minimum.reduce(corners), np.maximum.reduce(corners)
+        if np.any(ref[sl] < v_lo) or np.any(ref[sl] > v_hi):
+            raise AssertionError("int8: the reference's own code is outside its bracket")
+        bound[sl] = np.maximum(v_hi - ref[sl], ref[sl] - v_lo)
     return ref, bound
 
 
