@@ -189,32 +189,71 @@ static const config reference_configs[] = {
 };
 enum { NREF = sizeof reference_configs / sizeof reference_configs[0] };
 
+/* Deliberately wrong references (outer_reference.py's MUTANTS), each against a config where
+   its error shows: ddp.h's run must fall outside each one's bound, or the comparison could not
+   see that kind of error. */
+static const struct { const char *mutant, *config, *what; } mutants[] = {
+    { "heavy_ball", "diloco_3groups_adamw_bf16", "heavy-ball momentum instead of Nesterov" },
+    { "offsets_f_times_H_over_F", "streaming_2groups_F3_H8_int8_sgd", "fragment offsets f * (H / F) instead of f * H / F" },
+    { "no_delay", "streaming_3groups_F3_delay1_mix_bf16", "merges at the send step, ignoring delay_steps" },
+    { "no_mix", "streaming_2groups_F3_H8_int8_sgd", "ignores mix" },
+    { "bf16_truncated", "diloco_3groups_adamw_bf16", "truncates to bf16 instead of rounding to nearest even" },
+    { "int8_over_128", "diloco_2groups_sgd_int8_block20", "scales int8 blocks by max / 128" },
+    { "unaligned_fragments", "streaming_2groups_F2_delay0_int8", "cuts fragments without 16-float alignment" },
+    { "no_division_by_groups", "average_3groups_adamw", "sums the groups without dividing by their number" },
+};
+enum { NMUT = sizeof mutants / sizeof mutants[0] };
+
+/* ddp.h's run of config c against reference values `at` (per step, per group: the values, then
+   their bounds): how many values are outside, the worst error / bound, and the bound's spread. */
+typedef struct cmp { int bad, first_t, first_r, first_i, loose, n; double worst, bound_sum, err_sum, bound_max; } cmp;
+static cmp compare(const config *c, const run_result *res, const double *at) {
+    cmp m;
+    int t, r, k;
+    memset(&m, 0, sizeof m);
+    for (t = 0; t < c->steps; t++)
+        for (r = 0; r < c->S * c->G; r++) {
+            const double *want = at + ((size_t)t * c->G + (size_t)(r / c->S)) * 2 * COUNT, *bound = want + COUNT;
+            for (k = 0; k < COUNT; k++) {
+                double err = fabs((double)res->params[r][t][k] - want[k]);
+                if (bound[k] > 0) { m.bound_sum += bound[k]; m.err_sum += err; m.n++; }
+                if (bound[k] > m.bound_max) m.bound_max = bound[k];
+                m.loose += bound[k] > 1e-5;
+                if (err > bound[k] && !m.bad++) { m.first_t = t; m.first_i = k; m.first_r = r; }
+                if (bound[k] > 0 && err / bound[k] > m.worst) m.worst = err / bound[k];
+            }
+        }
+    return m;
+}
+
 static void test_reference(void) {
     char cmd[8192], path[] = "/tmp/test_outer_refXXXXXX", text[256];
     const char *py = getenv("OUTER_PYTHON"), *script = getenv("OUTER_REFERENCE");
-    static run_result res;
-    size_t per_config[NREF], total = 0, len;
+    static run_result res[NREF];
+    size_t start[NREF + NMUT], total = 0, len;
+    int ran[NREF], i, j, fd, rc;
     double *ref = NULL;
     FILE *f;
-    int i, fd, rc;
     if (!py || !*py) py = "/usr/bin/python3";
     if (!script || !*script) script = "tests/support/outer_reference.py";
-    for (i = 0; i < NREF; i++) {
-        const config *c = &reference_configs[i];
-        per_config[i] = (size_t)c->steps * (size_t)c->G * 2 * COUNT;
-        total += per_config[i];
-    }
     snprintf(cmd, sizeof cmd, "%s -c 'import numpy' >/dev/null 2>&1", py);
     if (access(script, R_OK) != 0 || system(cmd) != 0) {
         printf("SKIP outer_reference: needs %s with numpy and %s (run from the repository root)\n", py, script);
         return;
     }
+    /* the reference first: the one fork of this process comes before any thread-rank exists */
     if ((fd = mkstemp(path)) < 0) { verdict(0, "outer_reference", "mkstemp: %s", strerror(errno)); return; }
     close(fd);
     len = (size_t)snprintf(cmd, sizeof cmd, "%s %s %s", py, script, path);
-    for (i = 0; i < NREF; i++) {
-        config_text(&reference_configs[i], text, sizeof text);
-        len += (size_t)snprintf(cmd + len, sizeof cmd - len, " %s", text);
+    for (i = 0; i < NREF + NMUT; i++) {
+        const config *c = NULL;
+        if (i < NREF) c = &reference_configs[i];
+        else for (j = 0; j < NREF; j++) if (!strcmp(reference_configs[j].name, mutants[i - NREF].config)) c = &reference_configs[j];
+        if (!c) { verdict(0, "outer_reference", "mutant %s: no config %s", mutants[i - NREF].mutant, mutants[i - NREF].config); return; }
+        config_text(c, text, sizeof text);
+        len += (size_t)snprintf(cmd + len, sizeof cmd - len, " %s%s%s", text, i < NREF ? "" : ",mutant=", i < NREF ? "" : mutants[i - NREF].mutant);
+        start[i] = total;
+        total += (size_t)c->steps * (size_t)c->G * 2 * COUNT;
     }
     rc = system(cmd);
     ref = (double *)malloc(total * sizeof(double));
@@ -228,49 +267,45 @@ static void test_reference(void) {
     }
     fclose(f);
     remove(path);
-    {
-        const double *at = ref;
-        for (i = 0; i < NREF; i++, at += per_config[i - 1]) {
-            const config *c = &reference_configs[i];
-            char name[128], why[600];
-            double worst = 0, bound_sum = 0, err_sum = 0, bound_max = 0;
-            int r, t, bad = 0, loose = 0, first_t = -1, first_i = -1, first_r = -1, n = 0, got;
-            snprintf(name, sizeof name, "outer_reference_%s", c->name);
-            if ((got = run_config(c, &res, name, why, sizeof why)) == 0) {
-                printf("SKIP %s: groups of %d ranks: ddp_init refuses them: %s\n", name, c->S, why);
-                continue;
-            }
-            if (got < 0) continue;
-            for (t = 0; t < c->steps; t++)
-                for (r = 0; r < c->S * c->G; r++) {
-                    const double *want = at + ((size_t)t * c->G + (size_t)(r / c->S)) * 2 * COUNT, *bound = want + COUNT;
-                    int k;
-                    for (k = 0; k < COUNT; k++) {
-                        double err = fabs((double)res.params[r][t][k] - want[k]);
-                        if (bound[k] > 0) { bound_sum += bound[k]; err_sum += err; n++; }
-                        if (bound[k] > bound_max) bound_max = bound[k];
-                        loose += bound[k] > 1e-5;
-                        if (err > bound[k] || (bound[k] == 0 && err != 0)) {
-                            if (!bad++) { first_t = t; first_i = k; first_r = r; }
-                        }
-                        if (bound[k] > 0 && err / bound[k] > worst) worst = err / bound[k];
-                    }
-                }
-            if (bad) {
-                const double *want = at + ((size_t)first_t * c->G + (size_t)(first_r / c->S)) * 2 * COUNT;
-                verdict(0, name, "%d values outside the bound; first: step %d rank %d element %d: %.9g, reference %.9g, bound %.3g",
-                        bad, first_t + 1, first_r, first_i, (double)res.params[first_r][first_t][first_i], want[first_i],
-                        want[COUNT + first_i]);
-            } else {
-                printf("  (%s: worst error %.3g of its bound; bound mean %.3g, largest %.3g, above 1e-5 at %d of %d values "
-                       "(a wire rounding boundary within reach); mean error %.3g)\n", name, worst, n ? bound_sum / n : 0.0, bound_max,
-                       loose, n, n ? err_sum / n : 0.0);
-                /* Where a wire rounding boundary is within reach the bound must take a whole quantum
-                   (~1e-4 here), as large as an error of the algorithm: such values must stay few. */
-                verdict(loose * 20 <= n, name, "the derived bound is above 1e-5 at %d of %d values: too loose to check the "
-                        "algorithm", loose, n);
-            }
+    for (i = 0; i < NREF; i++) {
+        const config *c = &reference_configs[i];
+        char name[128], why[1100];
+        cmp m;
+        int got;
+        snprintf(name, sizeof name, "outer_reference_%s", c->name);
+        ran[i] = 0;
+        if ((got = run_config(c, &res[i], name, why, sizeof why)) == 0) {
+            printf("SKIP %s: groups of %d ranks: ddp_init refuses them: %s\n", name, c->S, why);
+            continue;
         }
+        if (got < 0) continue;
+        ran[i] = 1;
+        m = compare(c, &res[i], ref + start[i]);
+        if (m.bad) {
+            const double *want = ref + start[i] + ((size_t)m.first_t * c->G + (size_t)(m.first_r / c->S)) * 2 * COUNT;
+            verdict(0, name, "%d values outside the bound; first: step %d rank %d element %d: %.9g, reference %.9g, bound %.3g",
+                    m.bad, m.first_t + 1, m.first_r, m.first_i, (double)res[i].params[m.first_r][m.first_t][m.first_i],
+                    want[m.first_i], want[COUNT + m.first_i]);
+            continue;
+        }
+        printf("  (%s: worst error %.3g of its bound; bound mean %.3g, largest %.3g, above 1e-5 at %d of %d values "
+               "(a wire rounding boundary within reach); mean error %.3g)\n", name, m.worst, m.n ? m.bound_sum / m.n : 0.0,
+               m.bound_max, m.loose, m.n, m.n ? m.err_sum / m.n : 0.0);
+        /* Where a wire rounding boundary is within reach the bound must take a whole quantum
+           (~1e-4 here), as large as an error of the algorithm: such values must stay few. */
+        verdict(m.loose * 20 <= m.n, name, "the derived bound is above 1e-5 at %d of %d values: too loose to check the "
+                "algorithm", m.loose, m.n);
+    }
+    for (i = 0; i < NMUT; i++) {
+        char name[128];
+        cmp m;
+        for (j = 0; j < NREF; j++) if (!strcmp(reference_configs[j].name, mutants[i].config)) break;
+        snprintf(name, sizeof name, "outer_reference_catches_%s", mutants[i].mutant);
+        if (!ran[j]) { printf("SKIP %s: %s did not run\n", name, mutants[i].config); continue; }
+        m = compare(&reference_configs[j], &res[j], ref + start[NREF + i]);
+        if (m.bad) printf("  (%s: %d of %d values outside the bound of a reference that %s)\n", name, m.bad, m.n, mutants[i].what);
+        verdict(m.bad > 0, name, "ddp.h's %s run is within the bound of a reference that %s: the comparison cannot see that "
+                "error", mutants[i].config, mutants[i].what);
     }
     free(ref);
 }

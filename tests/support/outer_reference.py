@@ -66,7 +66,7 @@ instead of Nesterov momentum, a missing mix) is many bounds away.
 Usage: outer_reference.py OUT CONFIG...
   CONFIG: comma-separated key=value: mode (average|diloco|streaming), S (group size), G
   (groups), H, F, delay, mix, wire (fp32|bf16|int8), qb (quant_block), inner (adamw|sgd), lr,
-  mom (outer), steps. OUT gets, for each config in order, for each step 1..steps, for each
+  mom (outer), steps; mutant (one of MUTANTS: a deliberately wrong variant). OUT gets, for each config in order, for each step 1..steps, for each
   group 0..G-1: the 144 parameters then their 144 bounds, float64 little-endian."""
 import sys
 
@@ -155,13 +155,16 @@ def const(c):
 # ---- the wire, in float32 exactly as ddp.h encodes ----
 def bf16(x32):
     bits = x32.astype(np.float32).view(np.uint32).astype(np.uint64)
-    r = ((bits + np.uint64(0x7FFF) + ((bits >> np.uint64(16)) & np.uint64(1))) >> np.uint64(16)) << np.uint64(16)
+    if "bf16_truncated" in MUTANT:
+        r = (bits >> np.uint64(16)) << np.uint64(16)
+    else:
+        r = ((bits + np.uint64(0x7FFF) + ((bits >> np.uint64(16)) & np.uint64(1))) >> np.uint64(16)) << np.uint64(16)
     return r.astype(np.uint32).view(np.float32).astype(np.float64)
 
 
 def int8_scale(amax):
     """A block's scale from its largest |x| (a float32): max |x| / 127 in float32."""
-    return np.float32(np.float32(amax) / np.float32(127.0))
+    return np.float32(np.float32(amax) / np.float32(128.0 if "int8_over_128" in MUTANT else 127.0))
 
 
 def int8_q(x32, scale):
@@ -213,12 +216,19 @@ def wire(kind, qb, x, e):
 
 
 # ---- the run ----
+# Deliberately wrong variants (config key mutant=NAME), which test_outer.c must see ddp.h miss:
+# proof that the comparison can fail for each kind of error.
+MUTANTS = ("heavy_ball", "offsets_f_times_H_over_F", "no_delay", "no_mix", "bf16_truncated", "int8_over_128",
+           "unaligned_fragments", "no_division_by_groups")
+MUTANT = set()
+
+
 def parse(text):
     c = dict(mode="diloco", S=1, G=2, H=4, F=1, delay=0, mix=0.0, wire="bf16", qb=64, inner="adamw",
              lr=None, mom=None, steps=8)
     for kv in text.split(","):
         k, v = kv.split("=")
-        c[k] = v if k in ("mode", "wire", "inner") else float(v) if k in ("mix", "lr", "mom") else int(v)
+        c[k] = v if k in ("mode", "wire", "inner", "mutant") else float(v) if k in ("mix", "lr", "mom") else int(v)
     if c["mode"] == "average":
         c["lr"], c["mom"] = 1.0, 0.0
     c["lr"] = float(F32(0.7 if c["lr"] is None else c["lr"]))
@@ -228,6 +238,11 @@ def parse(text):
 
 
 def run(c):
+    MUTANT.clear()
+    if c.get("mutant"):
+        if c["mutant"] not in MUTANTS:
+            raise ValueError("no mutant " + c["mutant"])
+        MUTANT.add(c["mutant"])
     G, S, H, F, steps = c["G"], c["S"], c["H"], c["F"], c["steps"]
     init = (np.float32(0.5) * test_value(77, np.arange(COUNT))).astype(np.float64) * MASK
     p = [init.copy() for _ in range(G)]                 # each group's replica
@@ -240,6 +255,8 @@ def run(c):
     buf, ebuf = np.zeros(COUNT), np.zeros(COUNT)
     units = COUNT // ALIGN
     frag = [units * f // F * ALIGN for f in range(F + 1)]
+    if "unaligned_fragments" in MUTANT:
+        frag = [COUNT * f // F for f in range(F + 1)]
     plain_mean = c["lr"] == 1.0 and c["mom"] == 0.0 and c["wire"] == "fp32"
     flight = None                                       # (fragment, lands at, sum, bound)
     out = []
@@ -247,7 +264,7 @@ def run(c):
     def merge(f, total, etotal):
         nonlocal theta, etheta, buf, ebuf
         lo, hi = frag[f], frag[f + 1]
-        if G > 1:
+        if G > 1 and "no_division_by_groups" not in MUTANT:
             g, eg = div(total, etotal, float(G), 0.0)
         else:
             g, eg = total, etotal
@@ -260,12 +277,12 @@ def run(c):
                 b, eb = add(mb, emb, g, eg)
                 buf[lo:hi], ebuf[lo:hi] = b, eb
                 mb, emb = mul(b, eb, c["mom"], 0.0)
-                g, eg = add(g, eg, mb, emb)
+                g, eg = (b, eb) if "heavy_ball" in MUTANT else add(g, eg, mb, emb)
             step, estep = mul(g, eg, c["lr"], 0.0)
             th, eth = sub(th, eth, step, estep)
         theta[lo:hi], etheta[lo:hi] = th, eth
         for k in range(G):
-            if c["mix"] == 0:
+            if c["mix"] == 0 or "no_mix" in MUTANT:
                 p[k][lo:hi], ep[k][lo:hi] = th, eth
             else:
                 keep, ekeep = mul(p[k][lo:hi], ep[k][lo:hi], c["mix"], 0.0)
@@ -320,7 +337,7 @@ def run(c):
         if flight is not None and n >= flight[1]:
             merge(flight[0], flight[2], flight[3])
             flight = None
-        due = [f for f in range(F) if (n + f * H // F) % H == 0]
+        due = [f for f in range(F) if (n + (f * (H // F) if "offsets_f_times_H_over_F" in MUTANT else f * H // F)) % H == 0]
         if due:
             f = due[0]
             lo, hi = frag[f], frag[f + 1]
@@ -336,7 +353,7 @@ def run(c):
                 else:
                     total, etotal = add(total, etotal, d, ed)
             flight = (f, n + c["delay"], total, etotal)
-            if c["delay"] == 0:
+            if c["delay"] == 0 or "no_delay" in MUTANT:
                 merge(f, total, etotal)
                 flight = None
         for k in range(G):
