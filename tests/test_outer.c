@@ -447,6 +447,88 @@ static void test_streaming_schedule(int H, int F, int delay, const int *send_ste
     verdict(!bad, name, "%d steps off the schedule", bad);
 }
 
+/* bf16 parameters (fp32 master, bf16 working copies; inner AdamW, the gradients given in bf16):
+   after every step every working copy is its master rounded (the merge rounds the copies of the
+   floats it changed; a copy left behind would also fail the next ddp_adamw_step), and right
+   after each DiLoCo sync the masters and the copies are the same bits on every rank. */
+typedef struct bf16_job {
+    test_rank_fn fn;
+    float master[3][12][COUNT];
+    ddp_bf16 copy[3][12][COUNT];
+    int64_t syncs[3][12];
+    int stale[3];
+    ddp_result r[3];
+    char error[3][1024];
+} bf16_job;
+enum { BF16_STEPS = 12, BF16_H = 4 };
+
+static void bf16_rank(test_rank *self) {
+    bf16_job *jb = (bf16_job *)self->shared;
+    ddp_desc d = test_desc(self);
+    ddp_context *ddp = NULL;
+    ddp_adamw opt;
+    int ids[NPARAM], t, k, i, me = self->rank;
+    ddp_result r;
+    d.param_dtype = DDP_DTYPE_BF16;
+    d.outer.mode = DDP_OUTER_DILOCO;
+    d.outer.group_size = 1;
+    d.outer.inner_steps = BF16_H;
+    memset(&opt, 0, sizeof opt);
+    opt.lr = 0.02f;
+    opt.weight_decay = 0.1f;
+    if ((r = ddp_init(&ddp, &d)) == DDP_OK) r = open_model(ddp, ids);
+    for (t = 0; r == DDP_OK && t < BF16_STEPS; t++) {
+        size_t n;
+        const float *master;
+        const ddp_bf16 *copy;
+        for (k = 0; k < NPARAM && r == DDP_OK; k++) {
+            const ddp_bf16 *w = ddp_param_bf16(ddp, ids[k]);
+            ddp_bf16 *g = ddp_grad_bf16(ddp, ids[k]);
+            for (i = 0; i < sizes[k]; i++) {
+                float p = ddp__from_bf16(w[i]);
+                g[i] = ddp__to_bf16(p * p * 0.5f - test_value((uint64_t)(1000 * t + 100000 * me + 1), (uint64_t)(offsets[k] + i)));
+            }
+            r = ddp_grad_ready(ddp, ids[k]);
+        }
+        if (r == DDP_OK) r = ddp_finish(ddp);
+        if (r == DDP_OK) r = ddp_adamw_step(ddp, &opt, NULL);
+        if (r != DDP_OK) break;
+        master = ddp_flat_params(ddp, &n);
+        copy = ddp_flat_params_bf16(ddp, NULL);
+        memcpy(jb->master[me][t], master, sizeof jb->master[me][t]);
+        memcpy(jb->copy[me][t], copy, sizeof jb->copy[me][t]);
+        for (i = 0; i < COUNT; i++) jb->stale[me] += copy[i] != ddp__to_bf16(master[i]);
+        jb->syncs[me][t] = ddp_outer_state(ddp).syncs;
+    }
+    if (r != DDP_OK) snprintf(jb->error[me], sizeof jb->error[me], "%s", ddp ? ddp_last_error(ddp) : ddp_last_error(NULL));
+    jb->r[me] = r;
+    ddp_shutdown(ddp);
+}
+
+static void test_bf16_params(void) {
+    static bf16_job jb;
+    test_rank ranks[3];
+    const char *name = "outer_diloco_bf16_parameters_copies_follow_the_master_and_meet";
+    int t, r, bad = 0, stale = 0, apart = 0;
+    memset(&jb, 0, sizeof jb);
+    jb.fn = bf16_rank;
+    test_run_ranks(3, (void **)&jb, ranks);
+    for (r = 0; r < 3; r++)
+        if (jb.r[r] != DDP_OK) { verdict(0, name, "rank %d: %s", r, jb.error[r]); return; }
+    for (r = 0; r < 3; r++) stale += jb.stale[r];
+    for (t = 0; t < BF16_STEPS; t++) {
+        int synced = (t + 1) % BF16_H == 0, same = 1;
+        for (r = 1; r < 3; r++)
+            same &= !memcmp(jb.master[r][t], jb.master[0][t], sizeof jb.master[0][t]) &&
+                    !memcmp(jb.copy[r][t], jb.copy[0][t], sizeof jb.copy[0][t]);
+        if (synced && (!same || jb.syncs[0][t] != (t + 1) / BF16_H)) bad++;
+        if (!synced && !same) apart++;
+    }
+    verdict(!bad && !stale && apart == BF16_STEPS - BF16_STEPS / BF16_H, name, "%d syncs left ranks apart or uncounted; %d "
+            "working copies not their master rounded; apart between syncs %d of %d steps", bad, stale, apart,
+            BF16_STEPS - BF16_STEPS / BF16_H);
+}
+
 /* ---------------- 3. bad input ---------------- */
 
 static int contains(const char *s, const char *part) { return s && strstr(s, part) != NULL; }
@@ -593,6 +675,7 @@ int main(void) {
     test_sgd_h1_is_ddp(2);
     test_sgd_h1_is_ddp(3);
     test_replicas_meet();
+    test_bf16_params();
     test_streaming_schedule(6, 3, 1, send6_step, send6_frag, 7, 14);
     test_streaming_schedule(8, 3, 0, send8_step, send8_frag, 6, 16);
     test_refusals();
