@@ -59,9 +59,12 @@ S + 1 roundings, E <= gamma_{S+1} * mean |g_r| with gamma_k = k u / (1 - k u).
 The reference's own float64 rounding (2^-53 per operation, 2^29 times below u) is covered by
 inflating the bound by 1e-6 relative and 1e-12 absolute.
 The bound is per element, rigorous to first order and second order where it is cheap, and
-tight where nothing rounds across a boundary: ddp.h's error in practice is a small fraction of
-it (test_outer prints the worst ratio), and an error in the algorithm (a wrong schedule, plain
-instead of Nesterov momentum, a missing mix) is many bounds away.
+tight where nothing rounds across a boundary: ddp.h's error in practice is a fraction of it
+(test_outer prints the worst ratio and how many values' bounds reach 1e-5, i.e. where a wire
+boundary was within reach: a few per cent at most), and an error in the algorithm is many
+bounds away: test_outer checks that ddp.h's runs fall outside the bound of each MUTANT below
+(a wrong schedule, heavy-ball instead of Nesterov momentum, no delay, no mix, bf16 truncation,
+a wrong int8 scale, unaligned fragments, no division by the groups).
 
 Usage: outer_reference.py OUT CONFIG...
   CONFIG: comma-separated key=value: mode (average|diloco|streaming), S (group size), G
