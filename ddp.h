@@ -323,7 +323,10 @@
      every rank names the group that arrived last and what it cost the earliest one.
      Checks: group_size must divide the world, H >= 1, fragments <= H and delay_steps < H /
      fragments (ddp_init), fragments <= the model's blocks of 16 floats (ddp_commit), every rank
-     the same settings (ddp_commit: DDP_ERR_MISMATCH naming both). Not yet: the NCCL backend,
+     the same settings (ddp_commit: DDP_ERR_MISMATCH naming both). Backends: CPU and MPI; NCCL
+     with groups of one rank (each GPU its own replica: its buckets move nothing) or one group,
+     the exchange staged through host memory and not overlapped (its collectives are ordered on
+     the program's compute stream; tested on tests/fakegpu, not yet on a GPU). Not yet:
      shard_optimizer, uneven_inputs (refused by name). A host lost during an exchange: the
      backend's collective fails on every survivor within the timeout, as any collective does.
      Continuing without the lost group would take: the survivors agreeing on who is left (the
@@ -2451,6 +2454,7 @@ struct ddp_context {
         unsigned char *recv;       /* every group's encoded fragment, in group order, slot bytes apart */
         size_t slot;
         float *sum;                /* the averaged outer gradient of the fragment in flight */
+        float *host;               /* a fragment of the parameters in host memory (the NCCL backend's are on the device) */
         int flight;                /* the fragment in flight (-1: none) */
         int64_t lands;             /* the inner step after which it merges */
         int owed;                  /* ddp_consume_grads since the last ddp_outer_step (own optimizer) */
@@ -8413,6 +8417,7 @@ static ddp_result ddp__shutdown(ddp_context *ctx) {
     ddp__free_floats(ctx->outer.theta);
     ddp__free_floats(ctx->outer.mom);
     ddp__free_floats(ctx->outer.sum);
+    ddp__free_floats(ctx->outer.host);
     DDP_FREE(ctx->outer.recv);
     ddp__mutex_destroy(&ctx->err_lock);
     DDP_FREE(ctx);
@@ -8704,7 +8709,7 @@ static void ddp__plan_wire(ddp_context *ctx) {
     for (b = 0; b < ctx->model.num_buckets; b++) {
         ddp__bucket *k = &ctx->model.buckets[b];
         ddp__wire *w = &k->wire;
-        w->moves = ctx->world > 1;
+        w->moves = ctx->world > 1 && ctx->outer.size > 1;   /* replica groups of one rank average nothing (>>outer) */
         w->grads = ddp__bf16_params(ctx) ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
         w->dtype = ctx->desc.reduce_dtype == DDP_DTYPE_BF16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
         w->convert = !w->moves || w->grads == w->dtype ? DDP__WIRE_AS_IS
@@ -9586,24 +9591,28 @@ static ddp_result ddp__outer_commit(ddp_context *ctx) {
     ctx->outer.theta = ddp__alloc_floats(n);
     ctx->outer.mom = ctx->desc.outer.momentum > 0 ? ddp__alloc_floats(n) : NULL;
     ctx->outer.sum = ddp__alloc_floats(most);
+    ctx->outer.host = ddp__alloc_floats(most);
     ctx->outer.recv = (unsigned char *)ddp__calloc(bytes * (size_t)ctx->outer.groups);
-    if (!ctx->outer.theta || (ctx->desc.outer.momentum > 0 && !ctx->outer.mom) || !ctx->outer.sum || !ctx->outer.recv)
+    if (!ctx->outer.theta || (ctx->desc.outer.momentum > 0 && !ctx->outer.mom) || !ctx->outer.sum || !ctx->outer.host || !ctx->outer.recv)
         return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the outer state (%zu floats of outer parameters%s, "
                          "%zu bytes of wire buffers)", n, ctx->outer.mom ? " and momentum" : "", bytes * (size_t)ctx->outer.groups);
-    memcpy(ctx->outer.theta, ctx->flat.params, n * sizeof(float));   /* rank 0's, as every rank's (commit) */
     if (ctx->outer.mom) memset(ctx->outer.mom, 0, n * sizeof(float));
-    return DDP_OK;
+    /* rank 0's, as every rank's (commit) */
+    return ctx->be->copy(ctx, ctx->outer.theta, ctx->flat.params, n * sizeof(float), 1);
 }
 
 /* Fragment f, sent: this group's outer gradient (or, ddp__outer_plain_mean, its parameters) as
    they are now, encoded into the group's slot. */
-static void ddp__outer_pack(ddp_context *ctx, int f) {
+static ddp_result ddp__outer_pack(ddp_context *ctx, int f) {
     size_t lo = ctx->outer.frag[f], n = ctx->outer.frag[f + 1] - lo, i;
-    const float *p = ctx->flat.params + lo, *theta = ctx->outer.theta + lo;
+    const float *p = ctx->outer.host, *theta = ctx->outer.theta + lo;
     float *delta = ctx->outer.sum;   /* scratch until the sum replaces it */
+    ddp_result r = ctx->be->copy(ctx, ctx->outer.host, ctx->flat.params + lo, n * sizeof(float), 1);
+    if (r != DDP_OK) return ddp__fatal(ctx, r);   /* the peers are about to exchange */
     if (ddp__outer_plain_mean(ctx)) memcpy(delta, p, n * sizeof(float));
     else for (i = 0; i < n; i++) delta[i] = theta[i] - p[i];
     ddp__outer_encode(ctx, delta, n, ctx->outer.recv + (size_t)ctx->outer.group * ctx->outer.slot + DDP__OUTER_HEAD);
+    return DDP_OK;
 }
 
 /* Every group's slot to every rank (a broadcast from each group's first rank, through the
@@ -9683,8 +9692,9 @@ static ddp_result ddp__outer_exchange(ddp_context *ctx, int f) {
     snprintf(ctx->what_buf, sizeof ctx->what_buf, "the outer exchange of fragment %d (%zu floats)", f,
              ctx->outer.frag[f + 1] - ctx->outer.frag[f]);
     ctx->what = ctx->what_buf;
-    ddp__outer_pack(ctx, f);
-    if (!ctx->desc.outer.delay_steps || ctx->outer.groups == 1) {
+    if ((r = ddp__outer_pack(ctx, f)) != DDP_OK) return r;
+    /* the NCCL backend's collectives are ordered on the program's compute stream: no thread */
+    if (!ctx->desc.outer.delay_steps || ctx->outer.groups == 1 || ctx->be->id == DDP_BACKEND_NCCL) {
         r = ddp__outer_transfer(ctx, f);
         ddp__outer_times(ctx);
         return r;
@@ -9739,13 +9749,12 @@ static void ddp__outer_stop(ddp_context *ctx) {
    that use the wire are wrapped so that they wait for an exchange in flight first. */
 static ddp_result ddp__outer_backend(ddp_context *ctx) {
     if (ctx->desc.outer.mode == DDP_OUTER_OFF) return DDP_OK;
-    if (ctx->be->id == DDP_BACKEND_NCCL)
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: replica groups are not built (yet) on the nccl "
-                         "backend: run the CPU or MPI backend, or outer mode off");
     if (ctx->outer.size > 1 && ctx->outer.groups > 1)
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: groups of %d ranks are not built (yet): group_size "
-                         "1 (every rank its own replica) or %d (one group: plain DDP)", ctx->outer.size, ctx->world);
-    if (ctx->outer.size == 1 && ctx->world > 1) {
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: groups of %d ranks are not built (yet) on the %s "
+                         "backend: group_size 1 (every rank its own replica) or %d (one group: plain DDP)", ctx->outer.size,
+                         ctx->be->name, ctx->world);
+    /* (the NCCL backend's buckets follow the wire plan, which moves nothing for a group of one) */
+    if (ctx->outer.size == 1 && ctx->world > 1 && ctx->be->id != DDP_BACKEND_NCCL) {
         ctx->table.launch = ddp__single_launch;
         ctx->table.finish = ddp__single_finish;
     }
@@ -9765,7 +9774,8 @@ static ddp_result ddp__outer_backend(ddp_context *ctx) {
 static ddp_result ddp__outer_merge(ddp_context *ctx, int f) {
     const ddp_outer *o = &ctx->desc.outer;
     size_t lo = ctx->outer.frag[f], n = ctx->outer.frag[f + 1] - lo, i;
-    float *theta = ctx->outer.theta + lo, *p = ctx->flat.params + lo, *sum = ctx->outer.sum;
+    float *theta = ctx->outer.theta + lo, *p = ctx->outer.host, *sum = ctx->outer.sum;
+    ddp_result r;
     float G = (float)ctx->outer.groups, mu = o->momentum, mix = o->mix;
     if (ddp__outer_plain_mean(ctx))
         for (i = 0; i < n; i++) theta[i] = ctx->outer.groups == 1 ? sum[i] : sum[i] / G;
@@ -9775,10 +9785,14 @@ static ddp_result ddp__outer_merge(ddp_context *ctx, int f) {
             if (ctx->outer.mom) { float *b = ctx->outer.mom + lo + i; *b = mu * *b + g; g = g + mu * *b; }
             theta[i] -= o->lr * g;
         }
-    if (mix == 0) memcpy(p, theta, n * sizeof(float));
-    else for (i = 0; i < n; i++) p[i] = mix * p[i] + (1 - mix) * theta[i];
     ctx->outer.syncs++;
     ctx->outer.flight = -1;
+    if (mix == 0) p = theta;
+    else {   /* the parameters as they are now, delay_steps after the send */
+        if ((r = ctx->be->copy(ctx, p, ctx->flat.params + lo, n * sizeof(float), 1)) != DDP_OK) return ddp__fatal(ctx, r);
+        for (i = 0; i < n; i++) p[i] = mix * p[i] + (1 - mix) * theta[i];
+    }
+    if ((r = ctx->be->copy(ctx, ctx->flat.params + lo, p, n * sizeof(float), 0)) != DDP_OK) return ddp__fatal(ctx, r);
     return ddp__bf16_op(ctx, DDP__BF16_ROUND_PARAMS, lo, n);
 }
 
