@@ -8,7 +8,7 @@
 
    CONTENTS
      QUICK START · ONE STEP, AS DATA FLOWS · OWN AUTOGRAD · MEMORY LAYOUT AND OVERLAP ·
-     FAST MATH · STRUCTS ACROSS VERSIONS · OPTIONS · ADAMW · SHARDED OPTIMIZER (ZeRO-1) ·
+     STRAGGLERS · FAST MATH · STRUCTS ACROSS VERSIONS · OPTIONS · ADAMW · SHARDED OPTIMIZER (ZeRO-1) ·
      PARAMETER DTYPE (bf16 parameters, fp32 master weights) · OUTER SYNC (replica groups,
      DiLoCo, streaming DiLoCo) · CHECKPOINTS · BACKENDS ·
      ENVIRONMENT · JOB IDENTITY · ERRORS · NULL, LIFETIME AND THREADS · EMBEDDING: CANCEL,
@@ -86,6 +86,44 @@
      complete under 2% of the step (since the previous ddp_finish, >= 1 ms) before ddp_finish is
      warned too, with the measured times.
 
+   STRAGGLERS (ddp_step_stats; tests/test_straggler.c; README.md "Stragglers")
+     A synchronizing step waits for its slowest rank: at each exchange (every gradient bucket,
+     and with uneven_inputs the count of the ranks with data that begins the step) every rank
+     waits until the last one's gradients are final. ddp_last_step_stats says, per step:
+       slowest_rank             the rank that arrived last at the exchange whose arrivals spread
+                                most (the same on every rank; this rank itself when it kept the
+                                others waiting); -1: not known (below)
+       straggler_wait_ms        this rank's waits for the last arrival, summed over the step's
+                                exchanges (part of it may hide under this rank's own backward:
+                                exposed_ms says what reached the step)
+       straggler_first_wait_ms  the first exchange's part: what a slower forward, backward or data
+                                loading on another rank cost this rank
+       straggler_spread_ms      last arrival minus first, summed over the exchanges: what the
+                                straggler cost the rank that waited most (an upper bound where
+                                different ranks came first at different buckets)
+     So rank 0 alone, with no collective, can say "rank 3 costs the others 30% of the step"
+     (examples/gpt/train_gpt.c --straggler-pct). With timeline_path the waits of 0.1 ms or more
+     are events "wait for rank N" (category "straggler", args bucket and rank; bucket -1: the
+     uneven-inputs count) on the comm lane.
+     How each backend knows (no collective, no system call added to a step):
+       cpu     each rank writes its arrival (one clock: the ranks share a host) into its block of
+               the segment before it posts the exchange (the clock value it had read; the
+               block's cache line is one the signature check reads anyway); once every rank has
+               posted, all arrivals are there: exact, the same numbers on every rank.
+       mpi     within a host as cpu. Across hosts the exchange's signature check (an
+               MPI_Allgather of a few words each bucket already; 3 words more, 2 clock reads)
+               carries each member's arrival counted from the end of the previous signature
+               check on that communicator (all members left it together, within one network
+               latency: a common zero without a common clock), its host's last arrival and
+               spread; the host leaders relay the result to their host's ranks through the
+               segment. Error: about one latency of the network. The job's first exchange has
+               no zero yet: its hosts' parts only.
+       nccl    not known (-1, zeros): the wait is inside NCCL's kernels on the GPU, which tell no
+               arrival; it shows as a longer first bucket in comm_ms and on the timeline's comm
+               lane. Naming the rank would need a host exchange of step times each step (a host
+               wait the NCCL path avoids): a program can allgather its own times if it wants that.
+       single  no peers: -1. A step with sync off exchanges nothing: -1 and zeros.
+
    FAST MATH (-Ofast, -ffast-math, nvcc --use_fast_math; tests/test_fastmath.c)
      Non-finite values are found by their bits (exponent all ones: ddp__finite_f/_d/_bf16 in
      >>util, ddp_k__finite_d in ddp_kernels.cuh), never by isfinite(); so NaN/Inf gradients still
@@ -145,7 +183,8 @@
                                            (tools/trace_svg.py draws it); costs nothing when off.
                                            NCCL: the comm lane from CUDA events, plus per step
                                            "backward (gpu)" and "exposed comm (gpu)" (README.md,
-                                           "Seeing the overlap")
+                                           "Seeing the overlap"); cpu and mpi: the waits for a
+                                           straggler, "wait for rank N" (STRAGGLERS)
      inject_comm_latency_ms, inject_comm_gbps
                                            benchmarks/tests only: allreduces also take as long as
                                            a network of that latency and bandwidth would (NCCL: a
@@ -660,7 +699,8 @@
                     (cycle-walking Feistel; an exact shuffle up to 32 samples), a rank's i-th
                     sample; pure (its entry points, which
                     only check the struct, are in >>public like every other)
-     >>timeline     per-thread event lists, the Chrome trace written at shutdown
+     >>timeline     per-thread event lists, the Chrome trace written at shutdown (a straggler's
+                    wait: DDP__EV_STRAGGLER, "wait for rank N")
      >>env          the launcher environment (under srun: Slurm's hostlist syntax, the step's
                     first node and port); the descriptor: ddp__desc_check_given (flags, enums,
                     NaN, as the program gave it), the DDP_* variables (one rule:
@@ -672,7 +712,8 @@
      >>engine       what every backend's communication shares, written once: the communication
                     thread's work queue (ddp__workq: cpu, mpi; the backend gives its one-bucket
                     function) and the watchdog (ddp__watchdog: mpi, nccl; the 0.1 s tick, the
-                    stopped time, the store's poison and lost ranks, the backend's hooks)
+                    stopped time, the store's poison and lost ranks, the backend's hooks); the
+                    stragglers' record (ddp__straggle_note, folded into ddp_step_stats at finish)
      >>shard        the shard layout (ddp__shard_range, ddp__master_parts) and the norm's blocks'
                     fixed-order sum every backend uses
      >>host         what single and cpu share: host flat buffers, AdamW arithmetic (bf16 parameters:
@@ -680,13 +721,15 @@
                     the norm's blocks' sums of squares
      >>single       the single backend's table
      >>cpu          its types (the segment's blocks, ddp__cpu); shared-memory collectives,
-                    liveness, poison; >>cpu-grads buckets averaged (or reduce-scattered) in place
+                    liveness, poison; each exchange's arrivals (ddp__cpu_arrivals); >>cpu-grads
+                    buckets averaged (or reduce-scattered) in place
                     (bf16 parameters: bf16 gradients, summed in float); sharded AdamW and its
                     all-gather; its one-bucket function for the work queue; the cpu backend's table
      >>mpi          the MPI backend (only with DDP_MPI): host groups on the cpu backend's
                     segment, the leaders' fixed-order sum; bf16 buckets and the sharded optimizer
-                    among all ranks (the CPU backend's rank order); the watchdog's hooks
-                    (heartbeats, the collective's age, MPI_Abort), its table
+                    among all ranks (the CPU backend's rank order); stragglers across hosts
+                    through the signature check (ddp__mpi_cross_arrivals, the leaders' relay);
+                    the watchdog's hooks (heartbeats, the collective's age, MPI_Abort), its table
      >>nccl         the NCCL backend (only with DDP_CUDA): the communicator's life, the
                     watchdog's hooks, set-up, buckets on the comm stream as the wire plan says
                     (sharded: reduce-scattered), the norm's blocks, AdamW kernels (sharded: per
@@ -920,6 +963,17 @@ typedef struct ddp_step_stats {
     int buckets_launched;
     int64_t step;              /* which ddp_finish (1, 2, ...) these numbers describe; on the NCCL
                                   backend the newest one whose GPU work has completed */
+    /* Stragglers (STRAGGLERS in the manual): who arrived last at the step's synchronizing
+       exchanges (each gradient bucket; with uneven inputs the count of ranks with data) and what
+       it cost. CPU and MPI backends; -1 and zeros where unknown (one rank, a step with sync off,
+       the NCCL backend). */
+    int slowest_rank;          /* the rank that arrived last at the exchange whose arrivals spread
+                                  most this step (the same on every rank); this rank itself when it
+                                  kept the others waiting */
+    double straggler_wait_ms;  /* this rank's waits for the last arrival, summed over the exchanges */
+    double straggler_first_wait_ms; /* the first exchange's part: a slower forward/backward elsewhere */
+    double straggler_spread_ms;/* last arrival - first arrival, summed over the exchanges: what the
+                                  straggler cost the rank that waited most (an upper bound) */
 } ddp_step_stats;
 
 /* Process group. On failure *out may still hold a context that only reports the error: call
@@ -2289,6 +2343,14 @@ typedef struct ddp__workq {
     double seconds, last_seconds;  /* this step's time in the buckets, and the last bucket's */
 } ddp__workq;
 
+/* Who arrived last at this step's synchronizing exchanges, kept by a backend that can tell (cpu,
+   mpi: ddp__straggle_note in >>engine) and folded into ddp_step_stats at ddp_finish. */
+typedef struct ddp__straggle {
+    double wait, first_wait, spread;   /* seconds, summed: this rank's waits, the first one, last - first arrival */
+    double worst;                      /* the largest spread so far: its last arrival is the slowest rank */
+    int slowest, exchanges;            /* exchanges: noted since the last fold (0: slowest is unknown) */
+} ddp__straggle;
+
 /* The bf16 conversions a backend does for param_dtype BF16 (the gradients need none: they are
    reduced, normed and stepped from in bf16): the fp32 master rounded into the working copies. */
 enum { DDP__BF16_ROUND_PARAMS = 1,
@@ -2741,7 +2803,8 @@ static uint64_t ddp__sample(const ddp_sampler *s, uint64_t epoch, uint64_t i) {
    turns its events into Chrome trace JSON and rank 0 gathers them into one file.
    -------------------------------------------------------------------------------------------- */
 enum { DDP__EV_FORWARD, DDP__EV_BACKWARD_OP, DDP__EV_READY, DDP__EV_ALLREDUCE, DDP__EV_WAIT,
-       DDP__EV_ADAMW, DDP__EV_STEP, DDP__EV_GPU_BACKWARD, DDP__EV_GPU_EXPOSED };
+       DDP__EV_ADAMW, DDP__EV_STEP, DDP__EV_GPU_BACKWARD, DDP__EV_GPU_EXPOSED,
+       DDP__EV_STRAGGLER /* this rank waited for the last arrival: index the bucket, bytes the rank */ };
 #define DDP__TIMELINE_MAX_EVENTS 150000      /* per thread: keeps a rank's trace under the store's cap */
 
 typedef struct ddp__event {
@@ -2812,8 +2875,8 @@ static void ddp__text_json_name(ddp__text *t, const char *name) {
 
 static void ddp__tl_event_json(ddp_context *ctx, ddp__text *t, const ddp__event *e) {
     static const char *cats[] = { "forward", "backward", "ready", "comm", "exposed", "optimizer", "step",
-                                  "gpu_backward", "gpu_exposed" };
-    static const int tids[] = { 0, 0, 0, 1, 0, 0, 2, 1, 1 };   /* NCCL: the comm lane is the GPU clock */
+                                  "gpu_backward", "gpu_exposed", "straggler" };
+    static const int tids[] = { 0, 0, 0, 1, 0, 0, 2, 1, 1, 1 };   /* NCCL: the comm lane is the GPU clock */
     const char *cat = e->kind == DDP__EV_ALLREDUCE && e->index < 0 ? "user_comm" : cats[e->kind];
     double ts = 1e6 * (e->t0 - ctx->tl.origin), dur = 1e6 * (e->t1 - e->t0);
     int i;
@@ -2828,6 +2891,7 @@ static void ddp__tl_event_json(ddp_context *ctx, ddp__text *t, const ddp__event 
     case DDP__EV_WAIT: ddp__text_printf(t, "wait for comm"); break;
     case DDP__EV_GPU_BACKWARD: ddp__text_printf(t, "backward (gpu)"); break;
     case DDP__EV_GPU_EXPOSED: ddp__text_printf(t, "exposed comm (gpu)"); break;
+    case DDP__EV_STRAGGLER: ddp__text_printf(t, "wait for rank %d", (int)e->bytes); break;
     default: ddp__text_printf(t, "%s", e->kind == DDP__EV_ADAMW ? "adamw" : cats[e->kind]); break;
     }
     ddp__text_printf(t, "\",\"cat\":\"%s\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,", cat, ctx->rank, tids[e->kind], ts);
@@ -2836,6 +2900,8 @@ static void ddp__tl_event_json(ddp_context *ctx, ddp__text *t, const ddp__event 
     ddp__text_printf(t, "\"args\":{\"step\":%d", e->step);
     if (e->kind == DDP__EV_READY || (e->kind == DDP__EV_ALLREDUCE && e->index >= 0)) ddp__text_printf(t, ",\"bucket\":%d", e->index);
     if (e->kind == DDP__EV_ALLREDUCE) ddp__text_printf(t, ",\"bytes\":%llu", (unsigned long long)e->bytes);
+    if (e->kind == DDP__EV_STRAGGLER)   /* bucket -1: the count of the ranks with data (uneven inputs) */
+        ddp__text_printf(t, ",\"bucket\":%d,\"rank\":%d", e->index, (int)e->bytes);
     if (e->kind == DDP__EV_BACKWARD_OP && e->num_params > 0) {
         ddp__text_printf(t, ",\"params\":\"");
         for (i = 0; i < e->num_params && i < 4; i++) {
@@ -4597,6 +4663,32 @@ static void ddp__workq_stop(ddp__workq *q) {
     q->started = 0;
 }
 
+/* Stragglers: one exchange (bucket, or -1: the count of the ranks with data) that this rank
+   reached at `mine` and then waited `wait` seconds in for `last_rank`, the last to arrive;
+   `spread`: the most any rank waited in it. A wait of at least DDP__STRAGGLE_EVENT_S goes on the
+   timeline as "wait for rank N" (shorter ones are the handshake itself). */
+#define DDP__STRAGGLE_EVENT_S 1e-4
+static void ddp__straggle_note(ddp_context *ctx, ddp__straggle *s, ddp__timeline *tl, int bucket,
+                               double mine, double wait, double spread, int last_rank) {
+    if (wait < 0) wait = 0;
+    if (spread < wait) spread = wait;
+    if (!s->exchanges) s->first_wait = wait;
+    if (!s->exchanges || spread > s->worst) { s->worst = spread; s->slowest = last_rank; }
+    s->wait += wait;
+    s->spread += spread;
+    s->exchanges++;
+    if (wait >= DDP__STRAGGLE_EVENT_S) ddp__record(ctx, tl, DDP__EV_STRAGGLER, mine, mine + wait, bucket, (uint64_t)last_rank);
+}
+
+/* ddp_finish: the step's stragglers into its stats, the record emptied for the next step. */
+static void ddp__straggle_fold(ddp__straggle *s, ddp_step_stats *st) {
+    st->slowest_rank = s->exchanges ? s->slowest : -1;
+    st->straggler_wait_ms = 1e3 * s->wait;
+    st->straggler_first_wait_ms = 1e3 * s->first_wait;
+    st->straggler_spread_ms = 1e3 * s->spread;
+    memset(s, 0, sizeof *s);
+}
+
 
 #if defined(DDP_MPI) || defined(DDP_CUDA)
 #define DDP__WATCH_TICK_S 0.1
@@ -5109,7 +5201,8 @@ typedef struct ddp__shm_rank {
     int32_t pid;
     int32_t tid;           /* the thread that steps this rank (ranks may be threads of one process) */
     ddp__shm_sig sig;
-    char pad1[64 - 8 - sizeof(ddp__shm_sig)];
+    double arrived;        /* when this rank posted its last gradient bucket (or join count): stragglers */
+    char pad1[64 - 8 - sizeof(ddp__shm_sig) - sizeof(double)];
     ddp__shm_counter stage[3];
 } ddp__shm_rank;
 enum { DDP__STAGE_IN = 0, DDP__STAGE_RED = 1, DDP__STAGE_OUT = 2 };
@@ -5123,6 +5216,10 @@ typedef struct ddp__shm_header {
     int32_t failed_code;
     char failed_msg[DDP__ERR_MAX];
     int32_t poison_claimed; /* 1 once a rank has begun to write failed_*: one writer, then failed_rank */
+    /* an MPI host group's leader tells its host's ranks who came last to a gradient exchange across
+       hosts (ddp__mpi_collective_run): written before it posts the result's broadcast, read after it */
+    int32_t relay_rank;
+    double relay_wait, relay_spread;
 } ddp__shm_header;
 
 /* The CPU backend's state: the collective segment, every rank's gradients in one more segment,
@@ -5146,6 +5243,7 @@ struct ddp__cpu {
     ddp__workq comm;               /* the communication thread's queue (>>engine) */
     uint32_t out_pending;          /* in place: the peers may still copy from this rank's buffer until
                                       every rank posts STAGE_OUT this far (0: nothing pending) */
+    ddp__straggle straggle;        /* this step's last arrivals (ddp__cpu_arrivals) */
 };
 
 static size_t ddp__shm_ranks_offset(void) { return ddp__round_up(sizeof(ddp__shm_header), 64); }
@@ -5439,6 +5537,26 @@ static void ddp__stage_out(ddp_context *ctx, uint32_t kind, unsigned char *buf, 
     }
 }
 
+/* A gradient bucket's exchange, or the count of the ranks with data (uneven inputs), is one a
+   straggler holds up: this rank's arrival goes into its block before it posts, and once every
+   rank has posted (the first wait) all arrivals are there, on one clock (the segment's ranks share
+   a host), and stay until this rank posts the exchange's next stage. */
+static int ddp__cpu_counts_arrival(ddp_context *ctx, uint32_t kind) {
+    return ctx->world > 1 && (ctx->impl.cpu->sig_bucket || kind == DDP__KIND_JOIN);
+}
+
+static void ddp__cpu_arrivals(ddp_context *ctx, double mine) {
+    double first = mine, last = mine;
+    int s, last_rank = ctx->rank, bucket = (int)ctx->impl.cpu->sig_bucket - 1;
+    for (s = 0; s < ctx->world; s++) {
+        double t = ddp__shm_block(ctx, s)->arrived;
+        if (t < first) first = t;
+        if (t > last) { last = t; last_rank = s; }
+    }
+    ddp__straggle_note(ctx, &ctx->impl.cpu->straggle, bucket >= 0 ? ctx->tl.comm : ctx->tl.main, bucket,
+                       mine, last - mine, last - first, last_rank);
+}
+
 /* Benchmarks and tests stand a slow network in for shared memory: sleep what the transfer
    would have cost beyond the time it took. */
 static void ddp__inject_comm_delay(ddp_context *ctx, size_t bytes, double started) {
@@ -5455,7 +5573,7 @@ static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *dat
     size_t wire = kind == DDP__KIND_AVG_BF16 ? sizeof(uint16_t) : unit;     /* in the slots */
     size_t per_chunk = DDP__CHUNK_BYTES / wire, done = 0;
     unsigned char *buf = (unsigned char *)data;
-    int first = 1;
+    int first = 1, arrival = ddp__cpu_counts_arrival(ctx, kind);
     double started = ddp__now();
     if (ddp__failed(ctx)) return ddp__failed(ctx);
     sig->id = ++ctx->impl.cpu->shm_collectives;
@@ -5463,6 +5581,7 @@ static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *dat
     sig->root = (uint32_t)root;
     sig->bucket = ctx->impl.cpu->sig_bucket;
     sig->count = count;
+    if (arrival) ddp__shm_block(ctx, ctx->rank)->arrived = started;
     do {
         uint32_t q = ctx->impl.cpu->shm_seq;
         size_t m = count - done < per_chunk ? count - done : per_chunk;
@@ -5474,6 +5593,7 @@ static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *dat
         ddp__shm_post(ctx, DDP__STAGE_IN, q + 1);
         if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_IN, q + 1)) != DDP_OK) return r;
         if (first && (r = ddp__shm_check_sigs(ctx)) != DDP_OK) return r;
+        if (first && arrival) ddp__cpu_arrivals(ctx, started);
         if (reduces) {
             ddp__part(m, ctx->world, ctx->rank, &lo, &hi);
             if (kind == DDP__KIND_AVG_BF16) ddp__reduce_part_bf16(ctx, (float *)(void *)at, lo, hi, q);
@@ -5583,9 +5703,11 @@ static ddp_result ddp__shm_bucket_in_place(ddp_context *ctx, size_t offset, size
     sig->root = 0;
     sig->bucket = ctx->impl.cpu->sig_bucket;
     sig->count = count;
+    ddp__shm_block(ctx, ctx->rank)->arrived = started;
     ddp__shm_post(ctx, DDP__STAGE_IN, q + 1);                 /* my gradients are final */
     if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_IN, q + 1)) != DDP_OK) return r;
     if ((r = ddp__shm_check_sigs(ctx)) != DDP_OK) return r;
+    ddp__cpu_arrivals(ctx, started);
     if (bucket >= 0) {   /* sharded: a reduce-scatter; each rank's part is where its AdamW needs it */
         ddp__shard_range(ctx, bucket, ctx->rank, &lo, &hi);
         ddp__average_part_in_place(ctx, offset, lo - offset, hi - offset);
@@ -6026,6 +6148,7 @@ static ddp_result ddp__cpu_finish(ddp_context *ctx, double t_wait) {
     ddp__nocancel_begin(&cancel_state);
     __atomic_store_n(&c->host_waiting, 1, __ATOMIC_RELEASE);
     r = ddp__workq_wait(&c->comm, 1, &ctx->step.stats);   /* this thread reduces the next bucket itself when it can */
+    ddp__straggle_fold(&c->straggle, &ctx->step.stats);
     out = c->out_pending;   /* the last turn wrote it before it counted its bucket done */
     c->out_pending = 0;
     if (r == DDP_OK && out) {   /* every peer has copied its parts of the last bucket from this rank's buffer */
@@ -6146,6 +6269,16 @@ struct ddp__mpi {
     double seen_since, next_beat, snap_at, failed_at;
     char seen_what[96];
     long beat, *beats_before;
+    /* stragglers (ddp__mpi_arrivals): the exchange in progress is gradient bucket straggle_bucket - 1
+       (0: none; the count of the ranks with data counts too); each signature exchange's end, per
+       communicator (leaders, world), is the zero the next one's arrivals count from */
+    int straggle_bucket, straggle_counted;
+    double sig_exit[2];
+    double host_at, host_wait, host_spread;   /* this exchange's host group part: arrival, this rank's wait, the spread */
+    int host_last;                            /* the host's last arrival (a world rank) */
+    double cross_at, cross_wait, cross_spread;/* its part across the signature exchange's members (leaders or all) */
+    int cross_last;                           /* -1: not known (no zero yet, or not a member) */
+    ddp__straggle straggle;
 };
 
 static int ddp__mpi_owned, ddp__mpi_dirty;   /* ddp.h initialized MPI; a context failed */
@@ -6198,11 +6331,75 @@ static ddp_result ddp__mpi_host(ddp_context *ctx, uint32_t kind, void *data, siz
     h->what = ctx->what;
     h->life = ctx->life;
     if (ddp__cancel_requested(ctx)) __atomic_store_n(&h->embed.cancel, 1, __ATOMIC_RELEASE);
-    if ((r = ddp__shm_collective(h, kind, data, count, root)) == DDP_OK) return DDP_OK;
+    /* a gradient bucket's host sum notes the host's arrivals (ddp__cpu_arrivals) */
+    h->impl.cpu->sig_bucket = ctx->impl.mpi->straggle_counted && kind != DDP__KIND_BROADCAST ? (uint32_t)ctx->impl.mpi->straggle_bucket : 0;
+    if (kind == DDP__KIND_JOIN || h->impl.cpu->sig_bucket) {
+        memset(&h->impl.cpu->straggle, 0, sizeof h->impl.cpu->straggle);
+        ctx->impl.mpi->host_at = ddp__now();
+    }
+    r = ddp__shm_collective(h, kind, data, count, root);
+    h->impl.cpu->sig_bucket = 0;
+    if (r == DDP_OK) return DDP_OK;
     if (ddp__failed(ctx)) return ddp__failed(ctx);
     ddp__mpi_host_ranks(ctx, ctx->impl.mpi->node, ranks, sizeof ranks);
     return ddp__fail_group(ctx, r, "on host %s (its local ranks 0.. are ranks %s): %s", ddp__mpi_host_name(ctx, ctx->rank),
                            ranks, ddp__err_body(h, eb));
+}
+
+/* Stragglers across the members of a signature exchange (ddp__mpi_check_sigs_on's 7 words a
+   member): the last to arrive, this member's wait for it, and the most any rank waited (a
+   member's wait plus its host's spread). */
+static void ddp__mpi_cross_arrivals(ddp_context *ctx, const uint64_t *all, int n, int me, double at) {
+    ddp__mpi *m = ctx->impl.mpi;
+    double a_last = -1, a_me = -1, a, lead;
+    int i, last = -1;
+    m->cross_last = -1;
+    m->cross_at = at;
+    m->cross_wait = m->cross_spread = 0;
+    for (i = 0; i < n; i++) {
+        memcpy(&a, &all[7 * i + 4], sizeof a);
+        if (a < 0) return;   /* a member without a zero yet: the first exchange of the job */
+        if (a > a_last) { a_last = a; last = i; }
+    }
+    for (i = 0; i < n; i++) {
+        memcpy(&a, &all[7 * i + 4], sizeof a);
+        memcpy(&lead, &all[7 * i + 6], sizeof lead);
+        if (a_last - a + lead > m->cross_spread) m->cross_spread = a_last - a + lead;
+    }
+    memcpy(&a_me, &all[7 * me + 4], sizeof a_me);
+    m->cross_wait = a_last - a_me;
+    m->cross_last = (int)(int64_t)all[7 * last + 5];
+}
+
+/* After a counted exchange's host sum: the host group's part (local ranks made world ranks). */
+static void ddp__mpi_host_arrivals(ddp_context *ctx) {
+    ddp__mpi *m = ctx->impl.mpi;
+    const ddp__straggle *hs = m->host && m->host->impl.cpu ? &m->host->impl.cpu->straggle : NULL;
+    int s;
+    m->host_wait = m->host_spread = 0;
+    m->host_last = ctx->rank;
+    m->cross_last = -1;
+    if (!hs || !hs->exchanges) return;   /* alone on the host */
+    m->host_wait = hs->wait;
+    m->host_spread = hs->spread;
+    for (s = 0; s < ctx->world; s++)
+        if (m->rank_node[s] == m->node && m->rank_local[s] == hs->slowest) m->host_last = s;
+}
+
+/* The exchange's stragglers into the step's: the host part, then the part across hosts (the
+   leader's own, or what it relayed to this rank in ddp__mpi_collective_run), each its own timeline event. */
+static void ddp__mpi_arrivals(ddp_context *ctx, double relay_end) {
+    ddp__mpi *m = ctx->impl.mpi;
+    int bucket = m->straggle_bucket - 1, last = m->cross_last >= 0 ? m->cross_last : m->host_last;
+    ddp__timeline *tl = bucket >= 0 ? ctx->tl.comm : ctx->tl.main;
+    double cross_wait = m->cross_last >= 0 ? m->cross_wait : 0, spread = m->cross_last >= 0 ? m->cross_spread : m->host_spread;
+    if (m->host_wait >= DDP__STRAGGLE_EVENT_S)
+        ddp__record(ctx, tl, DDP__EV_STRAGGLER, m->host_at, m->host_at + m->host_wait, bucket, (uint64_t)m->host_last);
+    if (cross_wait >= DDP__STRAGGLE_EVENT_S) {   /* a rank that is no leader waited for it in the result's broadcast */
+        double t0 = relay_end > 0 ? relay_end - cross_wait : m->cross_at;
+        ddp__record(ctx, tl, DDP__EV_STRAGGLER, t0, t0 + cross_wait, bucket, (uint64_t)last);
+    }
+    ddp__straggle_note(ctx, &m->straggle, NULL, bucket, m->host_at, m->host_wait + cross_wait, spread, last);
 }
 
 /* Every member of `comm` in the same collective (what, how much, from where), else a named
@@ -6211,14 +6408,25 @@ static ddp_result ddp__mpi_host(ddp_context *ctx, uint32_t kind, void *data, siz
 static ddp_result ddp__mpi_check_sigs_on(ddp_context *ctx, MPI_Comm comm, int n, int by_rank, uint64_t seq, uint32_t kind,
                                          size_t count, int root) {
     ddp__mpi *m = ctx->impl.mpi;
-    uint64_t mine[4], *all;
-    int i, rc;
+    uint64_t mine[7], *all;
+    int i, rc, zero = comm == m->leaders ? 0 : 1;
+    double at = ddp__now(), t;
     mine[0] = seq; mine[1] = kind; mine[2] = count; mine[3] = (uint64_t)(int64_t)root;
+    /* stragglers: when this member arrived, counted from the end of the last signature exchange
+       on this communicator (all members left it together, within a latency: one zero for all,
+       with no clock shared across hosts), its host's last arrival and spread */
+    t = m->sig_exit[zero] > 0 ? at - m->sig_exit[zero] : -1;
+    memcpy(&mine[4], &t, sizeof t);
+    mine[5] = (uint64_t)(int64_t)(comm == m->leaders ? m->host_last : ctx->rank);
+    t = comm == m->leaders ? m->host_spread : 0;
+    memcpy(&mine[6], &t, sizeof t);
     if (!(all = (uint64_t *)ddp__calloc(sizeof mine * (size_t)n))) return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
-    rc = MPI_Allgather(mine, 4, MPI_UINT64_T, all, 4, MPI_UINT64_T, comm);
+    rc = MPI_Allgather(mine, 7, MPI_UINT64_T, all, 7, MPI_UINT64_T, comm);
+    m->sig_exit[zero] = ddp__now();
     if (rc != MPI_SUCCESS) { DDP_FREE(all); return ddp__mpi_check(ctx, rc, "MPI_Allgather"); }
+    if (m->straggle_counted) ddp__mpi_cross_arrivals(ctx, all, n, zero ? ctx->rank : m->node, at);
     for (i = 0; i < n; i++) {
-        const uint64_t *o = all + 4 * i;
+        const uint64_t *o = all + 7 * i;
         if (o[1] != mine[1] || o[2] != mine[2] || o[3] != mine[3] || o[0] != mine[0]) {
             int s, other = by_rank ? i : -1;
             char a[128], b[128];
@@ -6304,16 +6512,34 @@ static ddp_result ddp__mpi_collective_run(ddp_context *ctx, uint32_t kind, void 
         return ddp__mpi_host(ctx, kind, NULL, 0, 0);
     }
     /* sum, average, the count of ranks with data: the host's sum first, in local rank order */
-    if ((r = ddp__mpi_host(ctx, kind == DDP__KIND_JOIN ? DDP__KIND_JOIN : DDP__KIND_SUM, data, count, 0)) != DDP_OK) return r;
-    if (m->leader) {
-        if ((r = ddp__mpi_check_sigs(ctx, kind, count, 0)) != DDP_OK) return r;
+    m->straggle_counted = m->straggle_bucket || kind == DDP__KIND_JOIN;
+    if (m->straggle_counted) m->host_at = ddp__now();
+    r = ddp__mpi_host(ctx, kind == DDP__KIND_JOIN ? DDP__KIND_JOIN : DDP__KIND_SUM, data, count, 0);
+    if (r == DDP_OK && m->straggle_counted) ddp__mpi_host_arrivals(ctx);
+    if (r == DDP_OK && m->leader) {
+        if ((r = ddp__mpi_check_sigs(ctx, kind, count, 0)) != DDP_OK) { m->straggle_counted = 0; return r; }
         for (done = 0; done < count; done += step) {
             step = count - done < DDP__MPI_MAX_COUNT ? count - done : DDP__MPI_MAX_COUNT;
             if ((r = ddp__mpi_leaders_sum(ctx, (float *)data + done, step, kind == DDP__KIND_AVG ? (float)ctx->world : 0)) != DDP_OK)
-                return r;
+                break;
         }
     }
-    return ddp__mpi_host(ctx, DDP__KIND_BROADCAST, data, count * sizeof(float), 0);
+    if (r == DDP_OK && m->straggle_counted && m->host) {   /* the leader's word to its host: ddp__mpi_arrivals */
+        ddp__shm_header *hh = ddp__shm_hdr(m->host);
+        if (m->leader) { hh->relay_rank = m->cross_last; hh->relay_wait = m->cross_wait; hh->relay_spread = m->cross_spread; }
+    }
+    if (r == DDP_OK) r = ddp__mpi_host(ctx, DDP__KIND_BROADCAST, data, count * sizeof(float), 0);
+    if (r == DDP_OK && m->straggle_counted) {
+        double relay_end = 0;
+        if (!m->leader && m->host) {
+            ddp__shm_header *hh = ddp__shm_hdr(m->host);
+            m->cross_last = hh->relay_rank; m->cross_wait = hh->relay_wait; m->cross_spread = hh->relay_spread;
+            relay_end = ddp__now();
+        }
+        ddp__mpi_arrivals(ctx, relay_end);
+    }
+    m->straggle_counted = 0;
+    return r;
 }
 
 static ddp_result ddp__mpi_collective_timed(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root) {
@@ -6414,7 +6640,12 @@ static ddp_result ddp__mpi_bucket_bf16(ddp_context *ctx, int b) {
     ddp_bf16 *g = ctx->flat.grads_bf16 ? ctx->flat.grads_bf16 + k->offset : m->rounded;
     ddp_result r;
     if (!ctx->flat.grads_bf16) for (j = 0; j < k->count; j++) g[j] = ddp__to_bf16(ctx->flat.grads[k->offset + j]);
-    if ((r = ddp__mpi_check_sigs_on(ctx, m->world, ctx->world, 1, ++m->wseq, DDP__KIND_AVG_BF16, k->count, b)) != DDP_OK) return r;
+    m->straggle_counted = 1;   /* every rank a member: no host part */
+    m->host_at = ddp__now(); m->host_wait = m->host_spread = 0; m->host_last = ctx->rank;
+    r = ddp__mpi_check_sigs_on(ctx, m->world, ctx->world, 1, ++m->wseq, DDP__KIND_AVG_BF16, k->count, b);
+    if (r == DDP_OK) ddp__mpi_arrivals(ctx, 0);
+    m->straggle_counted = 0;
+    if (r != DDP_OK) return r;
     for (c0 = 0; c0 < k->count; c0 = c1) {
         c1 = k->count - c0 < win ? k->count : c0 + win;
         if ((r = ddp__mpi_average_window(ctx, g, b, scatter, c0, c1)) != DDP_OK) return r;
@@ -6477,9 +6708,14 @@ static ddp_result ddp__mpi_bucket(ddp_context *ctx, int b) {
     const ddp__bucket *k = &ctx->model.buckets[b];
     double started = ddp__now();
     ddp_result r;
-    if (k->wire.grads == DDP_DTYPE_FP32 && k->wire.dtype == DDP_DTYPE_FP32)   /* the plan: fp32 all the way */
-        return ddp__mpi_collective_timed(ctx, DDP__KIND_AVG, ctx->flat.grads + k->offset, k->count, 0);
+    ctx->impl.mpi->straggle_bucket = b + 1;   /* the exchange notes its arrivals (ddp__mpi_arrivals) */
+    if (k->wire.grads == DDP_DTYPE_FP32 && k->wire.dtype == DDP_DTYPE_FP32) {   /* the plan: fp32 all the way */
+        r = ddp__mpi_collective_timed(ctx, DDP__KIND_AVG, ctx->flat.grads + k->offset, k->count, 0);
+        ctx->impl.mpi->straggle_bucket = 0;
+        return r;
+    }
     r = ddp__mpi_watched(ctx, ddp__mpi_bucket_bf16, b);
+    ctx->impl.mpi->straggle_bucket = 0;
     if (r == DDP_OK && (ctx->desc.inject_comm_latency_ms > 0 || ctx->desc.inject_comm_gbps > 0))
         ddp__inject_comm_delay(ctx, k->wire.bytes, started);
     return r;
@@ -6891,6 +7127,7 @@ static ddp_result ddp__mpi_finish(ddp_context *ctx, double t_wait) {
     int cancel_state;
     pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
     r = ddp__workq_wait(&m->comm, 0, &ctx->step.stats);
+    ddp__straggle_fold(&m->straggle, &ctx->step.stats);
     pthread_setcancelstate(cancel_state, NULL);
     ddp__host_step_done(ctx, t_wait);
     return r;
@@ -8804,6 +9041,7 @@ static ddp_result ddp__begin_step(ddp_context *ctx) {
     ctx->step.first_launch_moment = -1;
     ctx->step.start = ddp__now();
     memset(&ctx->step.stats, 0, sizeof ctx->step.stats);
+    ctx->step.stats.slowest_rank = -1;   /* unknown unless the backend tells (ddp__straggle_fold) */
     for (i = 0; i < ctx->model.num_buckets; i++)
         ctx->model.buckets[i].pending = ctx->model.buckets[i].last_param - ctx->model.buckets[i].first_param + 1;
     ctx->step.next_launch = 0;
@@ -10837,8 +11075,9 @@ void ddp_set_sync(ddp_context *ctx, int enabled) {
 
 ddp_step_stats ddp_last_step_stats(const ddp_context *ctx) {
     ddp_step_stats none;
-    if (!ctx) { memset(&none, 0, sizeof none); return none; }
+    if (!ctx) { memset(&none, 0, sizeof none); none.slowest_rank = -1; return none; }
     if (ctx->be && ctx->up && ctx->be->stats) ctx->be->stats((ddp_context *)(uintptr_t)ctx);   /* refreshes a cache only */
+    if (!ctx->step.last_stats.step) { none = ctx->step.last_stats; none.slowest_rank = -1; return none; }   /* no step yet */
     return ctx->step.last_stats;
 }
 

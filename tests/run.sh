@@ -38,6 +38,7 @@ run "sharded optimizer vs PyTorch ZeroRedundancyOptimizer(AdamW) over gloo, 2 an
 run "tiny GPT trainer --shard-optimizer = unsharded, bit for bit, 2 and 3 ranks" tests/test_shard_gpt.sh "$B"
 for n in 2 3; do run "bf16 reduction, $n ranks" "$B/ddprun" -n "$n" "$B/test_bf16"; done
 run "overlap, 2 ranks" "$B/ddprun" -n 2 "$B/test_overlap"
+run "stragglers: a slow rank named by every rank, its wait in the stats and on the timeline, 3 thread-ranks" "$B/test_straggler"
 run "timeline" tests/test_timeline.sh "$B"
 run "svg tools" tests/test_svg_tools.sh
 run "failures" tests/test_failures.sh "$B"
