@@ -316,6 +316,33 @@
      the checkpoint 'P': why"), so no rank waits for ever. After ddp_load on M ranks every rank
      holds the saved bits, and M ranks continue exactly as M ranks handed that state in memory
      (tests/test_checkpoint.c). Format: >>checkpoint.
+     With the outer sync (desc.outer) the groups' inner states differ between syncs, so the file
+     holds every group's: its parameters, m and v (from the group's first rank, through the
+     broadcast every backend has, in the same chunks; all ranks of a group hold the same), and
+     the outer state every rank holds alike: the fp32 outer parameters, the outer momentum, the
+     inner step count, the syncs, the fragment in flight, when it lands and the groups' summed
+     outer gradient for it (format version 2; a run without the outer sync writes version 1,
+     as before, and both load). Between outer steps or with a fragment in flight, a run that
+     saves, ends, and is loaded by a run of the same settings goes on bit for bit as if it never
+     stopped (tests/test_outer_checkpoint.c). What a load makes of another run's state:
+       another group count (or world size): group g takes the saved group g mod G_saved's
+         parameters, m and v; the outer parameters and momentum are every group's. Each group
+         goes on from a trajectory that existed, its moments matching its parameters, and
+         nothing the outer optimizer accumulated is lost; with more groups than saved, groups
+         that start alike part as their data differ; with fewer, the saved groups past them are
+         dropped (their progress reaches the others only through the outer parameters, which
+         hold it up to the last sync). The fragment in flight stays in flight, its sum scaled
+         to the new group count (the average the saved groups sent lands as planned);
+       another schedule (fragments, inner_steps, delay_steps, the kind of sum: averaging's
+         parameters or an outer gradient) or parameter layout: the fragment in flight lands at
+         the load, with this run's outer step; the inner step count goes on (the next sends
+         follow this run's schedule from it); outer lr, momentum, mix and wire are this run's;
+         momentum zeros when the file holds none;
+       the outer sync off in the loading run: group 0's parameters, m and v (right after a
+         full DiLoCo sync, mix 0, they are the outer parameters);
+       a file without outer state (version 1) into a run with it: the outer parameters are the
+         loaded ones, momentum 0, the schedule from its start (inner step 0).
+     ddp_checkpoint_info says what the file holds (outer_groups 0: no outer state).
 
    BACKENDS (one table each: THE IMPLEMENTATION below)
      single  one rank, no launcher: no network, no shared memory, no thread
