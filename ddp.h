@@ -689,7 +689,8 @@
      >>collectives  user collectives, host copies of the state
      >>join         uneven inputs: ddp_join's shadow steps, the replicas synced at the end
      >>checkpoint   ddp_save / ddp_load: the file format, the atomic write, the strict two-pass
-                    read, rank 0's verdict broadcast to every rank
+                    read, rank 0's verdict broadcast to every rank; the outer sync's state
+                    (every group's, ddp__ckpt_outer_save / ddp__ckpt_outer_load)
      >>public       every public function: checks its arguments and the context, hands off
      The backend table (ddp__backend in >>types) is the only way generic code reaches a
      backend: setup, alloc_flat, commit, begin_step, launch, finish, zero, scale, bf16, adamw,
