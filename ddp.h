@@ -10199,6 +10199,8 @@ static ddp_result ddp__save(ddp_context *ctx, const char *path, const void *user
     ddp_result r;
     int renamed = 0;
     if (ddp__in_backward(ctx)) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_save while a backward is in flight (call it between steps)");
+    if (ddp__outer_on(ctx) && ddp__sharded(ctx))   /* a group's m and v would be in parts across its ranks */
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_save: the outer sync's checkpoint with shard_optimizer is not built");
     if ((r = ctx->be->adamw_state(ctx)) != DDP_OK) return ddp__fatal(ctx, r);   /* the peers are on their way to the broadcast */
     memset(&st, 0, sizeof st);
     memset(&f, 0, sizeof f);
@@ -10639,6 +10641,8 @@ static ddp_result ddp__load(ddp_context *ctx, const char *path, void *user, size
     uint64_t data_at = 0, stored = 0, *offsets = NULL;
     ddp_result r;
     if (ddp__in_backward(ctx)) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_load while a backward is in flight (call it between steps)");
+    if (ddp__outer_on(ctx) && ddp__sharded(ctx))
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_load: the outer sync's checkpoint with shard_optimizer is not built");
     if ((r = ctx->be->adamw_state(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     memset(&st, 0, sizeof st);
     memset(&f, 0, sizeof f);
