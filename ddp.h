@@ -10270,8 +10270,7 @@ static ddp_result ddp__ckpt_outer_stream(ddp_context *ctx, ddp__ckpt_file *f, fl
 /* ddp_save with the outer sync on, after group 0's parameters, m and v (rank 0's own): theta,
    momentum, every other group's parameters, m and v (from the group's first rank: every rank of
    a group holds the same), the in-flight fragment's sum. The outer state is alike on every rank:
-   rank 0 writes its own. (An exchange that runs in the background must have landed in
-   outer.sum before this reads it.) */
+   rank 0 writes its own (ddp__save settled the exchange in flight first: outer.sum is whole). */
 static ddp_result ddp__ckpt_outer_save(ddp_context *ctx, ddp__ckpt_file *f) {
     float *buf = (float *)DDP_MALLOC(DDP__CKPT_CHUNK * sizeof(float));
     ddp_result r = DDP_OK;
@@ -10409,6 +10408,7 @@ static ddp_result ddp__save(ddp_context *ctx, const char *path, const void *user
     if (ddp__in_backward(ctx)) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_save while a backward is in flight (call it between steps)");
     if (ddp__outer_on(ctx) && ddp__sharded(ctx))   /* a group's m and v would be in parts across its ranks */
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_save: the outer sync's checkpoint with shard_optimizer is not built");
+    if ((r = ddp__outer_settle(ctx)) != DDP_OK) return r;   /* the exchange in flight has landed in outer.sum */
     if ((r = ctx->be->adamw_state(ctx)) != DDP_OK) return ddp__fatal(ctx, r);   /* the peers are on their way to the broadcast */
     memset(&st, 0, sizeof st);
     memset(&f, 0, sizeof f);
@@ -10851,6 +10851,7 @@ static ddp_result ddp__load(ddp_context *ctx, const char *path, void *user, size
     if (ddp__in_backward(ctx)) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_load while a backward is in flight (call it between steps)");
     if (ddp__outer_on(ctx) && ddp__sharded(ctx))
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_load: the outer sync's checkpoint with shard_optimizer is not built");
+    if ((r = ddp__outer_settle(ctx)) != DDP_OK) return r;   /* the exchange in flight has landed in outer.sum */
     if ((r = ctx->be->adamw_state(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     memset(&st, 0, sizeof st);
     memset(&f, 0, sizeof f);
