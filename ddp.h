@@ -2670,8 +2670,9 @@ static size_t ddp__wire_bytes(const ddp_context *ctx) {
 /* The life cycle's transitions, all of them (DDP__ON_* in >>types). */
 static void ddp__life_event(ddp_context *ctx, int ev) {
     switch (ev) {
-    case DDP__ON_COMMIT: case DDP__ON_FINISH: ctx->life = DDP__LIFE_IDLE; break;
-    case DDP__ON_BACKWARD: ctx->life = DDP__LIFE_BACKWARD; break;
+    /* atomic: the outer exchange's thread reads it across steps (ddp__shm_wait_all's spin) */
+    case DDP__ON_COMMIT: case DDP__ON_FINISH: __atomic_store_n(&ctx->life, DDP__LIFE_IDLE, __ATOMIC_RELAXED); break;
+    case DDP__ON_BACKWARD: __atomic_store_n(&ctx->life, DDP__LIFE_BACKWARD, __ATOMIC_RELAXED); break;
     case DDP__ON_AVERAGED: ctx->step.grads_averaged = 1; break;
     case DDP__ON_STEPPED: ctx->step.grads_averaged = 0; break;
     case DDP__ON_TAPE_FAILED: ctx->tape.failed = 1; break;
@@ -2679,8 +2680,8 @@ static void ddp__life_event(ddp_context *ctx, int ev) {
     default: break;
     }
 }
-static int ddp__is_committed(const ddp_context *ctx) { return ctx->life != DDP__LIFE_REGISTERING; }
-static int ddp__in_backward(const ddp_context *ctx) { return ctx->life == DDP__LIFE_BACKWARD; }
+static int ddp__is_committed(const ddp_context *ctx) { return __atomic_load_n(&ctx->life, __ATOMIC_RELAXED) != DDP__LIFE_REGISTERING; }
+static int ddp__in_backward(const ddp_context *ctx) { return __atomic_load_n(&ctx->life, __ATOMIC_RELAXED) == DDP__LIFE_BACKWARD; }
 
 /* Derived facts, one definition each: the optimizer state is held in parts (shard_optimizer on
    several ranks); the parameters are bf16 working copies of an fp32 master. */
