@@ -328,7 +328,8 @@
      backend's collective fails on every survivor within the timeout, as any collective does.
      Continuing without the lost group would take: the survivors agreeing on who is left (the
      store), a new group count for the average, and the outer state kept (it is the same on every
-     group); not built.
+     group); not built. Checkpoints hold every group's state and the outer state, and resume bit
+     for bit, a fragment in flight included; another group count loads too (CHECKPOINTS).
 
    CHECKPOINTS (ddp_save, ddp_load, ddp_save_check; collective: every rank calls them alike)
        int holds;
