@@ -288,6 +288,7 @@ int main(void) {
     o = outer_of(DDP_OUTER_DILOCO, 4, 0, 0, 0, DDP_WIRE_DEFAULT);
     resume_case("outer_ckpt_diloco_resume_between_outer_steps_bit_identical", 2, &o, 6, T, 0, path_of(0, "diloco6"));
     resume_case("outer_ckpt_diloco_resume_at_an_outer_step_bit_identical", 2, &o, 8, T, 0, path_of(0, "diloco8"));
+    resume_case("outer_ckpt_one_group_resume_bit_identical", 1, &o, 5, 10, 0, path_of(0, "one"));
     o = outer_of(DDP_OUTER_AVERAGE, 3, 0, 0, 0, DDP_WIRE_DEFAULT);
     resume_case("outer_ckpt_average_resume_bit_identical", 2, &o, 4, T - 4, 0, path_of(0, "average"));
     /* fragment f is sent at the steps t with (t + 2f) % 6 == 0: fragment 2 at step 8, landing after 9 */
@@ -399,8 +400,8 @@ int main(void) {
         free_jobs(b, 3);
     }
     {
-        const char *left[] = { "diloco6", "diloco8", "average", "stream", "stream2", "two", "three", "plain" };
-        for (r = 0; r < 8; r++) remove(path_of(0, left[r]));
+        const char *left[] = { "diloco6", "diloco8", "one", "average", "stream", "stream2", "two", "three", "plain" };
+        for (r = 0; r < 9; r++) remove(path_of(0, left[r]));
         rmdir(dir);
     }
     return test_summary("test_outer_checkpoint");
