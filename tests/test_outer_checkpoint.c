@@ -13,7 +13,8 @@
    Changed group counts (2 -> 3, 3 -> 2): group g takes saved group g mod G's parameters, m and v,
    the outer state is every group's; a fragment in flight stays in flight. Another schedule (a
    streaming checkpoint loaded by a DiLoCo run): the fragment in flight lands at the load. The
-   outer sync off: group 0's state. A file without outer state into an outer run: the outer
+   outer sync off: group 0's state. Another outer mode (averaging <-> DiLoCo): the outer
+   parameters kept, momentum zeros or dropped. A file without outer state into an outer run: the outer
    parameters are the loaded ones, momentum 0, the schedule from its start. A damaged outer
    block: refused by name.
    The library's chunk is made small (DDP__CKPT_CHUNK) so that parameters cross chunk borders. */
@@ -273,6 +274,32 @@ static void regroup_case(const char *name, const ddp_outer *o, int saved, int lo
     free_jobs(a, saved); free_jobs(b, loaded);
 }
 
+/* Saved with one outer mode, loaded by a run of another (the same groups, nothing in flight):
+   every group its own inner state, the outer parameters as saved, the momentum as saved, zeros
+   where the file holds none, none where the loading run keeps none; training goes on. */
+static void cross_case(const char *name, const ddp_outer *saved, const ddp_outer *loaded, int k, const char *file) {
+    job a[2], b[2];
+    char why[700] = "";
+    int r, ok = !run(a, 2, saved, 0, k, NULL, file, why, sizeof why) && !run(b, 2, loaded, k, k + 3, file, NULL, why, sizeof why);
+    for (r = 0; ok && r < 2; r++) {
+        const snap *s = &a[r].at_end, *l = &b[r].at_load;
+        char w[600];
+        size_t i = 0;
+        if (l->mom && !s->mom) for (i = 0; i < l->n && l->mom[i] == 0; i++) {}
+        if (!same_state(s, l, 0, w, sizeof w) || !same_floats(s->theta, l->theta, l->n, "the outer parameters", w, sizeof w) ||
+            (l->mom && s->mom && !same_floats(s->mom, l->mom, l->n, "the outer momentum", w, sizeof w))) {
+            snprintf(why, sizeof why, "rank %d: %s", r, w);
+            ok = 0;
+        } else if ((l->mom && !s->mom && i != l->n) || l->st.inner_steps != k || l->st.syncs != s->st.syncs) {
+            snprintf(why, sizeof why, "rank %d: momentum nonzero at float %zu, inner %lld, syncs %lld (saved %lld)", r, i,
+                     (long long)l->st.inner_steps, (long long)l->st.syncs, (long long)s->st.syncs);
+            ok = 0;
+        }
+    }
+    verdict(ok, name, "%s", why);
+    free_jobs(a, 2); free_jobs(b, 2);
+}
+
 int main(void) {
     ddp_outer o;
     char why[700] = "";
@@ -298,6 +325,11 @@ int main(void) {
     o = outer_of(DDP_OUTER_STREAMING, 8, 2, 3, 0, DDP_WIRE_BF16);
     resume_case("outer_ckpt_streaming_resume_delay3_bf16_bit_identical", 2, &o, 5, T, 1, path_of(0, "stream2"));
 
+    {
+        ddp_outer avg = outer_of(DDP_OUTER_AVERAGE, 3, 0, 0, 0, DDP_WIRE_DEFAULT), dil = outer_of(DDP_OUTER_DILOCO, 3, 0, 0, 0, DDP_WIRE_DEFAULT);
+        cross_case("outer_ckpt_averaging_loaded_by_diloco_momentum_starts_at_zero", &avg, &dil, 4, path_of(0, "cross"));
+        cross_case("outer_ckpt_diloco_loaded_by_averaging_momentum_dropped", &dil, &avg, 4, path_of(0, "cross"));
+    }
     o = outer_of(DDP_OUTER_DILOCO, 4, 0, 0, 0, DDP_WIRE_DEFAULT);
     regroup_case("outer_ckpt_2_groups_loaded_as_3_group_g_takes_saved_g_mod_2", &o, 2, 3, 6, 8, path_of(0, "two"));
     o = outer_of(DDP_OUTER_STREAMING, 6, 3, 1, 0.25f, DDP_WIRE_INT8);
@@ -400,8 +432,8 @@ int main(void) {
         free_jobs(b, 3);
     }
     {
-        const char *left[] = { "diloco6", "diloco8", "one", "average", "stream", "stream2", "two", "three", "plain" };
-        for (r = 0; r < 9; r++) remove(path_of(0, left[r]));
+        const char *left[] = { "diloco6", "diloco8", "one", "average", "stream", "stream2", "two", "three", "plain", "cross" };
+        for (r = 0; r < 10; r++) remove(path_of(0, left[r]));
         rmdir(dir);
     }
     return test_summary("test_outer_checkpoint");
