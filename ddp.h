@@ -323,7 +323,10 @@
      every rank names the group that arrived last and what it cost the earliest one.
      Checks: group_size must divide the world, H >= 1, fragments <= H and delay_steps < H /
      fragments (ddp_init), fragments <= the model's blocks of 16 floats (ddp_commit), every rank
-     the same settings (ddp_commit: DDP_ERR_MISMATCH naming both). Not yet: the NCCL backend,
+     the same settings (ddp_commit: DDP_ERR_MISMATCH naming both). Backends: CPU and MPI; NCCL
+     with groups of one rank (each GPU its own replica: its buckets move nothing) or one group,
+     the exchange staged through host memory and not overlapped (its collectives are ordered on
+     the program's compute stream; tested on tests/fakegpu, not yet on a GPU). Not yet:
      shard_optimizer, uneven_inputs (refused by name). A host lost during an exchange: the
      backend's collective fails on every survivor within the timeout, as any collective does.
      Continuing without the lost group would take: the survivors agreeing on who is left (the
@@ -2486,6 +2489,7 @@ struct ddp_context {
         unsigned char *recv;       /* every group's encoded fragment, in group order, slot bytes apart */
         size_t slot;
         float *sum;                /* the averaged outer gradient of the fragment in flight */
+        float *host;               /* a fragment of the parameters in host memory (the NCCL backend's are on the device) */
         int flight;                /* the fragment in flight (-1: none) */
         int64_t lands;             /* the inner step after which it merges */
         int owed;                  /* ddp_consume_grads since the last ddp_outer_step (own optimizer) */
@@ -2674,7 +2678,7 @@ static size_t ddp__wire_bytes(const ddp_context *ctx) {
 /* The life cycle's transitions, all of them (DDP__ON_* in >>types). */
 static void ddp__life_event(ddp_context *ctx, int ev) {
     switch (ev) {
-    /* atomic: the outer exchange's thread reads it across steps (ddp__shm_wait_all's spin) */
+    /* atomic: the outer exchange's thread reads it (ddp__shm_wait_all) while the inner steps run */
     case DDP__ON_COMMIT: case DDP__ON_FINISH: __atomic_store_n(&ctx->life, DDP__LIFE_IDLE, __ATOMIC_RELAXED); break;
     case DDP__ON_BACKWARD: __atomic_store_n(&ctx->life, DDP__LIFE_BACKWARD, __ATOMIC_RELAXED); break;
     case DDP__ON_AVERAGED: ctx->step.grads_averaged = 1; break;
@@ -8448,6 +8452,7 @@ static ddp_result ddp__shutdown(ddp_context *ctx) {
     ddp__free_floats(ctx->outer.theta);
     ddp__free_floats(ctx->outer.mom);
     ddp__free_floats(ctx->outer.sum);
+    ddp__free_floats(ctx->outer.host);
     DDP_FREE(ctx->outer.recv);
     ddp__mutex_destroy(&ctx->err_lock);
     DDP_FREE(ctx);
@@ -8739,7 +8744,7 @@ static void ddp__plan_wire(ddp_context *ctx) {
     for (b = 0; b < ctx->model.num_buckets; b++) {
         ddp__bucket *k = &ctx->model.buckets[b];
         ddp__wire *w = &k->wire;
-        w->moves = ctx->world > 1;
+        w->moves = ctx->world > 1 && ctx->outer.size > 1;   /* replica groups of one rank average nothing (>>outer) */
         w->grads = ddp__bf16_params(ctx) ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
         w->dtype = ctx->desc.reduce_dtype == DDP_DTYPE_BF16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
         w->convert = !w->moves || w->grads == w->dtype ? DDP__WIRE_AS_IS
@@ -9621,24 +9626,28 @@ static ddp_result ddp__outer_commit(ddp_context *ctx) {
     ctx->outer.theta = ddp__alloc_floats(n);
     ctx->outer.mom = ctx->desc.outer.momentum > 0 ? ddp__alloc_floats(n) : NULL;
     ctx->outer.sum = ddp__alloc_floats(most);
+    ctx->outer.host = ddp__alloc_floats(most);
     ctx->outer.recv = (unsigned char *)ddp__calloc(bytes * (size_t)ctx->outer.groups);
-    if (!ctx->outer.theta || (ctx->desc.outer.momentum > 0 && !ctx->outer.mom) || !ctx->outer.sum || !ctx->outer.recv)
+    if (!ctx->outer.theta || (ctx->desc.outer.momentum > 0 && !ctx->outer.mom) || !ctx->outer.sum || !ctx->outer.host || !ctx->outer.recv)
         return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the outer state (%zu floats of outer parameters%s, "
                          "%zu bytes of wire buffers)", n, ctx->outer.mom ? " and momentum" : "", bytes * (size_t)ctx->outer.groups);
-    memcpy(ctx->outer.theta, ctx->flat.params, n * sizeof(float));   /* rank 0's, as every rank's (commit) */
     if (ctx->outer.mom) memset(ctx->outer.mom, 0, n * sizeof(float));
-    return DDP_OK;
+    /* rank 0's, as every rank's (commit) */
+    return ctx->be->copy(ctx, ctx->outer.theta, ctx->flat.params, n * sizeof(float), 1);
 }
 
 /* Fragment f, sent: this group's outer gradient (or, ddp__outer_plain_mean, its parameters) as
    they are now, encoded into the group's slot. */
-static void ddp__outer_pack(ddp_context *ctx, int f) {
+static ddp_result ddp__outer_pack(ddp_context *ctx, int f) {
     size_t lo = ctx->outer.frag[f], n = ctx->outer.frag[f + 1] - lo, i;
-    const float *p = ctx->flat.params + lo, *theta = ctx->outer.theta + lo;
+    const float *p = ctx->outer.host, *theta = ctx->outer.theta + lo;
     float *delta = ctx->outer.sum;   /* scratch until the sum replaces it */
+    ddp_result r = ctx->be->copy(ctx, ctx->outer.host, ctx->flat.params + lo, n * sizeof(float), 1);
+    if (r != DDP_OK) return ddp__fatal(ctx, r);   /* the peers are about to exchange */
     if (ddp__outer_plain_mean(ctx)) memcpy(delta, p, n * sizeof(float));
     else for (i = 0; i < n; i++) delta[i] = theta[i] - p[i];
     ddp__outer_encode(ctx, delta, n, ctx->outer.recv + (size_t)ctx->outer.group * ctx->outer.slot + DDP__OUTER_HEAD);
+    return DDP_OK;
 }
 
 /* Every group's slot to every rank (a broadcast from each group's first rank, through the
@@ -9718,8 +9727,9 @@ static ddp_result ddp__outer_exchange(ddp_context *ctx, int f) {
     snprintf(ctx->what_buf, sizeof ctx->what_buf, "the outer exchange of fragment %d (%zu floats)", f,
              ctx->outer.frag[f + 1] - ctx->outer.frag[f]);
     ctx->what = ctx->what_buf;
-    ddp__outer_pack(ctx, f);
-    if (!ctx->desc.outer.delay_steps || ctx->outer.groups == 1) {
+    if ((r = ddp__outer_pack(ctx, f)) != DDP_OK) return r;
+    /* the NCCL backend's collectives are ordered on the program's compute stream: no thread */
+    if (!ctx->desc.outer.delay_steps || ctx->outer.groups == 1 || ctx->be->id == DDP_BACKEND_NCCL) {
         r = ddp__outer_transfer(ctx, f);
         ddp__outer_times(ctx);
         return r;
@@ -9774,13 +9784,12 @@ static void ddp__outer_stop(ddp_context *ctx) {
    that use the wire are wrapped so that they wait for an exchange in flight first. */
 static ddp_result ddp__outer_backend(ddp_context *ctx) {
     if (ctx->desc.outer.mode == DDP_OUTER_OFF) return DDP_OK;
-    if (ctx->be->id == DDP_BACKEND_NCCL)
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: replica groups are not built (yet) on the nccl "
-                         "backend: run the CPU or MPI backend, or outer mode off");
     if (ctx->outer.size > 1 && ctx->outer.groups > 1)
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: groups of %d ranks are not built (yet): group_size "
-                         "1 (every rank its own replica) or %d (one group: plain DDP)", ctx->outer.size, ctx->world);
-    if (ctx->outer.size == 1 && ctx->world > 1) {
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: groups of %d ranks are not built (yet) on the %s "
+                         "backend: group_size 1 (every rank its own replica) or %d (one group: plain DDP)", ctx->outer.size,
+                         ctx->be->name, ctx->world);
+    /* (the NCCL backend's buckets follow the wire plan, which moves nothing for a group of one) */
+    if (ctx->outer.size == 1 && ctx->world > 1 && ctx->be->id != DDP_BACKEND_NCCL) {
         ctx->table.launch = ddp__single_launch;
         ctx->table.finish = ddp__single_finish;
     }
@@ -9800,7 +9809,8 @@ static ddp_result ddp__outer_backend(ddp_context *ctx) {
 static ddp_result ddp__outer_merge(ddp_context *ctx, int f) {
     const ddp_outer *o = &ctx->desc.outer;
     size_t lo = ctx->outer.frag[f], n = ctx->outer.frag[f + 1] - lo, i;
-    float *theta = ctx->outer.theta + lo, *p = ctx->flat.params + lo, *sum = ctx->outer.sum;
+    float *theta = ctx->outer.theta + lo, *p = ctx->outer.host, *sum = ctx->outer.sum;
+    ddp_result r;
     float G = (float)ctx->outer.groups, mu = o->momentum, mix = o->mix;
     if (ddp__outer_plain_mean(ctx))
         for (i = 0; i < n; i++) theta[i] = ctx->outer.groups == 1 ? sum[i] : sum[i] / G;
@@ -9810,10 +9820,14 @@ static ddp_result ddp__outer_merge(ddp_context *ctx, int f) {
             if (ctx->outer.mom) { float *b = ctx->outer.mom + lo + i; *b = mu * *b + g; g = g + mu * *b; }
             theta[i] -= o->lr * g;
         }
-    if (mix == 0) memcpy(p, theta, n * sizeof(float));
-    else for (i = 0; i < n; i++) p[i] = mix * p[i] + (1 - mix) * theta[i];
     ctx->outer.syncs++;
     ctx->outer.flight = -1;
+    if (mix == 0) p = theta;
+    else {   /* the parameters as they are now, delay_steps after the send */
+        if ((r = ctx->be->copy(ctx, p, ctx->flat.params + lo, n * sizeof(float), 1)) != DDP_OK) return ddp__fatal(ctx, r);
+        for (i = 0; i < n; i++) p[i] = mix * p[i] + (1 - mix) * theta[i];
+    }
+    if ((r = ctx->be->copy(ctx, ctx->flat.params + lo, p, n * sizeof(float), 0)) != DDP_OK) return ddp__fatal(ctx, r);
     return ddp__bf16_op(ctx, DDP__BF16_ROUND_PARAMS, lo, n);
 }
 
@@ -10298,27 +10312,31 @@ static ddp_result ddp__ckpt_outer_save(ddp_context *ctx, ddp__ckpt_file *f) {
    element `at` of the saved layout: soff) are mapped parameter by parameter to this layout and
    take this run's outer step, as ddp__outer_merge does: the average outer gradient (the saved
    sum over the saved group count; a saved plain mean's parameters become theta minus them),
-   Nesterov momentum, theta -= lr * g, the parameters to theta (mixed). */
+   Nesterov momentum, theta -= lr * g, the parameters to theta (mixed). The parameters go
+   through `stage` (n floats of host memory: they may be device memory). */
 static ddp_result ddp__ckpt_outer_land(ddp_context *ctx, const ddp__ckpt_status *st, const uint64_t *soff, uint64_t at,
-                                       const float *sum, size_t n) {
+                                       const float *sum, size_t n, float *stage) {
     const ddp_outer *o = &ctx->desc.outer;
     float Gs = (float)st->groups, mu = o->momentum, mix = o->mix;
     ddp_result r = DDP_OK;
     int i;
     for (i = 0; i < ctx->model.num_params && r == DDP_OK; i++) {
         uint64_t lo = soff[i], hi = soff[i] + ctx->model.params[i].count, a = lo > at ? lo : at, z = hi < at + n ? hi : at + n, j;
-        size_t to;
+        size_t to, len;
         if (z <= a) continue;
         to = ctx->model.params[i].offset + (size_t)(a - lo);
-        for (j = 0; j < z - a; j++) {
-            float *theta = ctx->outer.theta + to + j, *p = ctx->flat.params + to + j;
+        len = (size_t)(z - a);
+        if ((r = ctx->be->copy(ctx, stage, ctx->flat.params + to, len * sizeof(float), 1)) != DDP_OK) break;
+        for (j = 0; j < len; j++) {
+            float *theta = ctx->outer.theta + to + j;
             float avg = st->groups == 1 ? sum[a - at + j] : sum[a - at + j] / Gs;
             float g = st->flags & 2 ? *theta - avg : avg;
             if (ctx->outer.mom) { float *b = ctx->outer.mom + to + j; *b = mu * *b + g; g = g + mu * *b; }
             *theta -= o->lr * g;
-            *p = mix == 0 ? *theta : mix * *p + (1 - mix) * *theta;
+            stage[j] = mix == 0 ? *theta : mix * stage[j] + (1 - mix) * *theta;
         }
-        r = ddp__bf16_op(ctx, DDP__BF16_ROUND_PARAMS, to, (size_t)(z - a));
+        if ((r = ctx->be->copy(ctx, ctx->flat.params + to, stage, len * sizeof(float), 0)) == DDP_OK)
+            r = ddp__bf16_op(ctx, DDP__BF16_ROUND_PARAMS, to, len);
     }
     return r;
 }
@@ -10348,7 +10366,7 @@ static ddp_result ddp__ckpt_outer_load(ddp_context *ctx, ddp__ckpt_file *f, cons
         ctx->outer.flight = -1;
         return ddp__state_copy(ctx, DDP_PARAMS, ctx->flat.params, 0, ctx->outer.theta, ctx->flat.count, 1);
     }
-    buf = (float *)DDP_MALLOC(DDP__CKPT_CHUNK * sizeof(float));
+    buf = (float *)DDP_MALLOC(2 * DDP__CKPT_CHUNK * sizeof(float));   /* a chunk, and the landing fragment's stage */
     if (land) offs = (uint64_t *)DDP_MALLOC(sizeof(uint64_t) * (size_t)ctx->model.num_params + 1);
     if (!buf || (land && !offs)) {
         DDP_FREE(buf);
@@ -10373,7 +10391,7 @@ static ddp_result ddp__ckpt_outer_load(ddp_context *ctx, ddp__ckpt_file *f, cons
         if (!on) continue;
         ctx->what = "ddp_load's broadcast of the outer sum in flight";
         if (ctx->world > 1 && (r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, buf, (size_t)n * sizeof(float), 0)) != DDP_OK) break;
-        if (land) r = ddp__ckpt_outer_land(ctx, st, offs, st->sum_lo + done, buf, (size_t)n);
+        if (land) r = ddp__ckpt_outer_land(ctx, st, offs, st->sum_lo + done, buf, (size_t)n, buf + DDP__CKPT_CHUNK);
         else {
             uint64_t j;
             for (j = 0; j < n; j++) ctx->outer.sum[done + j] = Gs == G ? buf[j] : buf[j] / (float)Gs * (float)G;

@@ -55,6 +55,7 @@ for cc in gcc clang; do
 done
 run "public structs with garbage in a flag, enum or number field: refused, zero-initialize" "$B/test_structs"
 run "own autograd (no tape): its error words, ddp_consume_grads, bucket plan, no-overlap warning, 2 ranks" "$B/ddprun" -n 2 "$B/test_own_path"
+run "outer sync (DiLoCo, streaming, averaging): float64 reference within its derived bound, 2 and 3 groups of thread-ranks; one group = plain training bit for bit; own SGD, H = 1 = DDP; replicas meet at each sync; the fragment schedule; bad input refused" "$B/test_outer"
 run "own-autograd example: 2 ranks = 1 rank at 2x batch, accumulation, stacked tensor, own optimizer and AdamW; ddprun lines" tests/test_own_autograd.sh "$B"
 # Checkpoints (ddp_save / ddp_load): saved on 2 ranks, loaded on 3, 1 and 2; refusals; another model.
 # ZeRO-1 (ddp_desc.shard_optimizer): the *-sharded phases SKIP until ddp.h has it and the build
