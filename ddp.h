@@ -371,7 +371,7 @@
      outer gradient for it (format version 2; a run without the outer sync writes version 1,
      as before, and both load). Between outer steps or with a fragment in flight, a run that
      saves, ends, and is loaded by a run of the same settings goes on bit for bit as if it never
-     stopped (tests/test_outer_checkpoint.c). The cost: a file of (3 G + 1) model-sized arrays
+     stopped (tests/test_outer_checkpoint.c; on NCCL, tests/test_fake_nccl.c). The cost: a file of (3 G + 1) model-sized arrays
      (G groups; + 1 with outer momentum), and every other group's 3 arrays cross the network as
      broadcasts to rank 0, the slow links included: on such links save every many outer steps,
      not every step. What a load makes of another run's state:
