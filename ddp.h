@@ -371,10 +371,10 @@
      outer gradient for it (format version 2; a run without the outer sync writes version 1,
      as before, and both load). Between outer steps or with a fragment in flight, a run that
      saves, ends, and is loaded by a run of the same settings goes on bit for bit as if it never
-     stopped (tests/test_outer_checkpoint.c; on NCCL, tests/test_fake_nccl.c). The cost: a file of (3 G + 1) model-sized arrays
-     (G groups; + 1 with outer momentum), and every other group's 3 arrays cross the network as
-     broadcasts to rank 0, the slow links included: on such links save every many outer steps,
-     not every step. What a load makes of another run's state:
+     stopped (tests/test_outer_checkpoint.c; on NCCL, tests/test_fake_nccl.c). The cost: a file
+     of 3 G + 1 model-sized arrays (G groups; + 1 with outer momentum), and every other group's
+     3 arrays cross the network as broadcasts to rank 0, the slow links included: on such links
+     save every many outer steps, not every step. What a load makes of another run's state:
        another group count (or world size): group g takes the saved group g mod G_saved's
          parameters, m and v; the outer parameters and momentum are every group's. Each group
          goes on from a trajectory that existed, its moments matching its parameters, and
@@ -10355,7 +10355,7 @@ static ddp_result ddp__ckpt_outer_land(ddp_context *ctx, const ddp__ckpt_status 
    schedule from its start (inner step 0, nothing in flight). soff: the saved layout (rank 0's). */
 static ddp_result ddp__ckpt_outer_load(ddp_context *ctx, ddp__ckpt_file *f, const ddp__ckpt_status *st, const uint64_t *soff) {
     static const ddp_buffer state[3] = { DDP_PARAMS, DDP_ADAM_M, DDP_ADAM_V };
-    int on = ddp__outer_on(ctx), Gs = st->groups, G = ctx->outer.groups, s, k, land = on && st->flight >= 0 && !st->keep;
+    int on = ddp__outer_on(ctx), Gs = st->groups, G = ctx->outer.groups, s, k, land = on && Gs && st->flight >= 0 && !st->keep;
     uint64_t *offs = NULL, done, n;
     float *buf;
     ddp_result r = DDP_OK;
