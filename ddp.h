@@ -370,7 +370,8 @@
      backend's collective fails on every survivor within the timeout, as any collective does.
      Continuing without the lost group would take: the survivors agreeing on who is left (the
      store), a new group count for the average, and the outer state kept (it is the same on every
-     group); not built.
+     group); not built. Checkpoints hold every group's state and the outer state, and resume bit
+     for bit, a fragment in flight included; another group count loads too (CHECKPOINTS).
 
    CHECKPOINTS (ddp_save, ddp_load, ddp_save_check; collective: every rank calls them alike)
        int holds;
@@ -401,6 +402,36 @@
      the checkpoint 'P': why"), so no rank waits for ever. After ddp_load on M ranks every rank
      holds the saved bits, and M ranks continue exactly as M ranks handed that state in memory
      (tests/test_checkpoint.c). Format: >>checkpoint.
+     With the outer sync (desc.outer) the groups' inner states differ between syncs, so the file
+     holds every group's: its parameters, m and v (from the group's first rank, through the
+     broadcast every backend has, in the same chunks; all ranks of a group hold the same), and
+     the outer state every rank holds alike: the fp32 outer parameters, the outer momentum, the
+     inner step count, the syncs, the fragment in flight, when it lands and the groups' summed
+     outer gradient for it (format version 2; a run without the outer sync writes version 1,
+     as before, and both load). Between outer steps or with a fragment in flight, a run that
+     saves, ends, and is loaded by a run of the same settings goes on bit for bit as if it never
+     stopped (tests/test_outer_checkpoint.c; on NCCL, tests/test_fake_nccl.c). The cost: a file
+     of 3 G + 1 model-sized arrays (G groups; + 1 with outer momentum), and every other group's
+     3 arrays cross the network as broadcasts to rank 0, the slow links included: on such links
+     save every many outer steps, not every step. What a load makes of another run's state:
+       another group count (or world size): group g takes the saved group g mod G_saved's
+         parameters, m and v; the outer parameters and momentum are every group's. Each group
+         goes on from a trajectory that existed, its moments matching its parameters, and
+         nothing the outer optimizer accumulated is lost; with more groups than saved, groups
+         that start alike part as their data differ; with fewer, the saved groups past them are
+         dropped (their progress reaches the others only through the outer parameters, which
+         hold it up to the last sync). The fragment in flight stays in flight, its sum scaled
+         to the new group count (the average the saved groups sent lands as planned);
+       another schedule (fragments, inner_steps, delay_steps, the kind of sum: averaging's
+         parameters or an outer gradient) or parameter layout: the fragment in flight lands at
+         the load, with this run's outer step; the inner step count goes on (the next sends
+         follow this run's schedule from it); outer lr, momentum, mix and wire are this run's;
+         momentum zeros when the file holds none;
+       the outer sync off in the loading run: group 0's parameters, m and v (right after a
+         full DiLoCo sync, mix 0, they are the outer parameters);
+       a file without outer state (version 1) into a run with it: the outer parameters are the
+         loaded ones, momentum 0, the schedule from its start (inner step 0).
+     ddp_checkpoint_info says what the file holds (outer_groups 0: no outer state).
 
    BACKENDS (one table each: THE IMPLEMENTATION below)
      single  one rank, no launcher: no network, no shared memory, no thread
@@ -754,7 +785,8 @@
                     exchange (its own thread when delayed; the wire's users wait for it), the
                     outer Nesterov step and the merge
      >>checkpoint   ddp_save / ddp_load: the file format, the atomic write, the strict two-pass
-                    read, rank 0's verdict broadcast to every rank
+                    read, rank 0's verdict broadcast to every rank; the outer sync's state
+                    (every group's, ddp__ckpt_outer_save / ddp__ckpt_outer_load)
      >>public       every public function: checks its arguments and the context, hands off
      The backend table (ddp__backend in >>types) is the only way generic code reaches a
      backend: setup, alloc_flat, commit, begin_step, launch, finish, zero, scale, bf16, adamw,
@@ -1068,6 +1100,9 @@ typedef struct ddp_checkpoint_info {
     int32_t world_size;        /* of the run that saved it (information: any world size loads it) */
     int32_t sharded;           /* 1: that run's optimizer state was sharded (information) */
     uint64_t user_bytes;       /* the size of the user blob it holds */
+    int32_t outer_groups;      /* replica groups of the run that saved it (0: no outer state in it) */
+    int64_t outer_inner_steps; /* its outer sync's inner steps taken and fragments merged */
+    int64_t outer_syncs;
 } ddp_checkpoint_info;
 /* Rank 0's look at a checkpoint's user blob (checksum verified) before anything is loaded:
    return 0 to refuse it, with the reason in err (the caller's error on every rank). */
@@ -10092,6 +10127,21 @@ static ddp_outer_status ddp__outer_status(const ddp_context *ctx) {
      length, name, u64 count, u32 flags) | parameters, then m, then v, each parameter's floats in
      registration order (no padding) | the user blob | u64 checksum of every byte before it
      (ddp__sum_add: FNV-1a's step on 64-bit words in four lanes, then FNV-1a of lanes and tail).
+   Version 2 (written only with the outer sync on; version 1 otherwise, so an older ddp.h reads
+   every file of a run without it; both are read) is version 1 plus the outer state, in two places:
+     after the parameter table, the outer block: u32 groups u32 group_size u32 mode u32
+       inner_steps u32 fragments u32 delay_steps u32 wire u32 quant_block f32 lr f32 momentum f32
+       mix u32 flags (1: momentum stored; 2: the sum holds parameters, ddp__outer_plain_mean) i64
+       inner i64 syncs i32 flight (-1: none) u32 0 i64 lands u64 flat_count u64 sum_lo u64
+       sum_floats | num_params x u64 each parameter's offset in the flat buffer (the layout the
+       in-flight sum's flat range refers to);
+     after v, before the user blob: theta (the fp32 outer parameters), then momentum (flag 1),
+       each in registration order like the parameters; then groups 1 .. groups - 1's parameters,
+       m and v (the parameters, m, v above are group 0's, rank 0's own); then the in-flight
+       fragment's sum of the groups' outer gradients, sum_floats floats of the flat buffer from
+       sum_lo, padding included (as decoded, before the division by the groups).
+   What a load makes of it (another group count, the outer sync off, a file without the outer
+   state): CHECKPOINTS in the manual, and ddp__ckpt_outer_load.
    Writing: a path that is not a regular file or symlink is refused first (rename would replace
    a FIFO or device node); a temporary PATH.tmp.<pid>.<random> (O_CREAT|O_EXCL|O_NOFOLLOW), fsync, rename,
    fsync of the directory; temporaries of writers that died are swept first. Reading: the kind
@@ -10103,8 +10153,10 @@ static ddp_outer_status ddp__outer_status(const ddp_context *ctx) {
    each names rank 0's reason.
    -------------------------------------------------------------------------------------------- */
 #define DDP__CKPT_MAGIC "DDP-CKPT"
-#define DDP__CKPT_VERSION 1u
+#define DDP__CKPT_VERSION 1u                /* without the outer state */
+#define DDP__CKPT_VERSION_OUTER 2u          /* with it (the outer block and arrays) */
 #define DDP__CKPT_FIXED 56u                 /* bytes before the shard table */
+#define DDP__CKPT_OUTER_FIXED 104u          /* the outer block before its offset table */
 #ifndef DDP__CKPT_CHUNK                     /* tests make it small, to stream in many chunks */
 #define DDP__CKPT_CHUNK ((size_t)1 << 20)   /* floats per gather / scatter: 4 MiB on rank 0 */
 #endif
@@ -10199,6 +10251,11 @@ typedef struct ddp__ckpt_status {
     int32_t code, world, sharded, pad;
     int64_t step;
     uint64_t user_bytes;
+    /* the outer block (groups 0: none in the file) and what this run makes of it */
+    int32_t groups, group_size, flags, flight;
+    int64_t inner, syncs, lands;
+    uint64_t sum_lo, sum_floats, data_floats;   /* data_floats: every array's floats, rank 0's */
+    int32_t keep, fragments;   /* keep: the fragment in flight stays in flight (same schedule and layout) */
     char msg[DDP__ERR_MAX - 64];
 } ddp__ckpt_status;
 
@@ -10338,6 +10395,37 @@ static int ddp__ckpt_read(ddp__ckpt_file *f, void *data, size_t n, int hashed) {
     return 1;
 }
 
+/* The outer block (version 2) of this run's outer state, DDP__CKPT_OUTER_FIXED bytes and the
+   parameters' offsets. Every rank holds the same outer state, so rank 0's is the one. */
+static void ddp__ckpt_outer_block(const ddp_context *ctx, unsigned char *b) {
+    const ddp_outer *o = &ctx->desc.outer;
+    int flight = ctx->outer.flight, i;
+    uint64_t lo = flight >= 0 ? ctx->outer.frag[flight] : 0, n = flight >= 0 ? ctx->outer.frag[flight + 1] - lo : 0;
+    uint32_t bits[3];
+    memcpy(&bits[0], &o->lr, 4);
+    memcpy(&bits[1], &o->momentum, 4);
+    memcpy(&bits[2], &o->mix, 4);
+    ddp__put_le(b, (uint64_t)ctx->outer.groups, 4);
+    ddp__put_le(b + 4, (uint64_t)ctx->outer.size, 4);
+    ddp__put_le(b + 8, (uint64_t)o->mode, 4);
+    ddp__put_le(b + 12, (uint64_t)o->inner_steps, 4);
+    ddp__put_le(b + 16, (uint64_t)o->fragments, 4);
+    ddp__put_le(b + 20, (uint64_t)o->delay_steps, 4);
+    ddp__put_le(b + 24, (uint64_t)o->wire, 4);
+    ddp__put_le(b + 28, (uint64_t)o->quant_block, 4);
+    for (i = 0; i < 3; i++) ddp__put_le(b + 32 + 4 * i, bits[i], 4);
+    ddp__put_le(b + 44, (uint64_t)((ctx->outer.mom ? 1 : 0) | (ddp__outer_plain_mean(ctx) ? 2 : 0)), 4);
+    ddp__put_le(b + 48, (uint64_t)ctx->outer.inner, 8);
+    ddp__put_le(b + 56, (uint64_t)ctx->outer.syncs, 8);
+    ddp__put_le(b + 64, (uint64_t)(uint32_t)flight, 4);
+    ddp__put_le(b + 68, 0, 4);
+    ddp__put_le(b + 72, (uint64_t)(flight >= 0 ? ctx->outer.lands : 0), 8);
+    ddp__put_le(b + 80, ctx->flat.count, 8);
+    ddp__put_le(b + 88, lo, 8);
+    ddp__put_le(b + 96, n, 8);
+    for (i = 0; i < ctx->model.num_params; i++) ddp__put_le(b + DDP__CKPT_OUTER_FIXED + 8 * (size_t)i, ctx->model.params[i].offset, 8);
+}
+
 /* The header of this model's state as rank 0 writes it; NULL when out of memory. */
 static unsigned char *ddp__ckpt_header(ddp_context *ctx, uint64_t user_bytes, size_t *len) {
     int i, shards = ddp__ckpt_sharded(ctx) ? ctx->world : 1;
@@ -10345,9 +10433,10 @@ static unsigned char *ddp__ckpt_header(ddp_context *ctx, uint64_t user_bytes, si
     uint64_t floats = 0;
     unsigned char *h;
     for (i = 0; i < ctx->model.num_params; i++) { n += 16 + strlen(ctx->model.params[i].name); floats += ctx->model.params[i].count; }
+    if (ddp__outer_on(ctx)) n += DDP__CKPT_OUTER_FIXED + 8 * (size_t)ctx->model.num_params;
     if (!(h = (unsigned char *)DDP_MALLOC(n))) return NULL;
     memcpy(h, DDP__CKPT_MAGIC, 8);
-    ddp__put_le(h + 8, DDP__CKPT_VERSION, 4);
+    ddp__put_le(h + 8, ddp__outer_on(ctx) ? DDP__CKPT_VERSION_OUTER : DDP__CKPT_VERSION, 4);
     ddp__put_le(h + 12, (uint64_t)ctx->world, 4);
     ddp__put_le(h + 16, (uint64_t)ddp__ckpt_sharded(ctx), 4);
     ddp__put_le(h + 20, (uint64_t)ctx->model.num_params, 4);
@@ -10367,6 +10456,7 @@ static unsigned char *ddp__ckpt_header(ddp_context *ctx, uint64_t user_bytes, si
         ddp__put_le(h + at + 12 + l, p->flags, 4);
         at += 16 + l;
     }
+    if (ddp__outer_on(ctx)) ddp__ckpt_outer_block(ctx, h + at);
     *len = n;
     return h;
 }
@@ -10393,6 +10483,169 @@ static ddp_result ddp__ckpt_stream(ddp_context *ctx, ddp_buffer which, ddp__ckpt
     return r;
 }
 
+/* One array of the outer state, parameter by parameter (registration order, no padding), chunk
+   by chunk; buf holds a chunk on every rank. Save: the values of rank `src`'s `which` (sent to
+   rank 0 by a broadcast, the collective every backend has), or, host != NULL, of the host array
+   every rank holds alike (rank 0's own: nothing is sent); rank 0 writes them. Load: rank 0 reads
+   them (zeros for a chunk it cannot read, f->err set); unless `skip` (no rank takes them: read
+   for the checksum only) every rank receives them, and a rank with `take` puts them into `host`,
+   or into `which` (bf16 parameters: the working copies follow). */
+static ddp_result ddp__ckpt_outer_stream(ddp_context *ctx, ddp__ckpt_file *f, float *buf, int save, ddp_buffer which,
+                                         float *host, int src, int take, int skip) {
+    float *flat = NULL;
+    ddp_result r = DDP_OK;
+    int i;
+    if (!host && (r = ddp__state_buffer(ctx, which, 0, buf, 0, save ? "ddp_save" : "ddp_load", &flat)) != DDP_OK) return r;
+    for (i = 0; i < ctx->model.num_params && r == DDP_OK; i++) {
+        size_t done, n, count = ctx->model.params[i].count, offset = ctx->model.params[i].offset;
+        for (done = 0; done < count && r == DDP_OK; done += n) {
+            size_t at = offset + done;
+            n = count - done < DDP__CKPT_CHUNK ? count - done : DDP__CKPT_CHUNK;
+            if (save) {
+                if (!host && ctx->rank == src) r = ddp__state_copy(ctx, which, flat ? flat + at : NULL, at, buf, n, 1);
+                if (r == DDP_OK && !host && src != 0) {
+                    ctx->what = "ddp_save's broadcast of a replica group's state";
+                    r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, buf, n * sizeof(float), src);
+                }
+                if (r == DDP_OK && f) ddp__ckpt_write(f, host ? host + at : buf, n * sizeof(float), 1);
+                continue;
+            }
+            if (f && !ddp__ckpt_read(f, buf, n * sizeof(float), 1)) memset(buf, 0, n * sizeof(float));
+            if (skip) continue;
+            if (ctx->world > 1) {
+                ctx->what = "ddp_load's broadcast of the outer state";
+                if ((r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, buf, n * sizeof(float), 0)) != DDP_OK) break;
+            }
+            if (!take) continue;
+            if (host) memcpy(host + at, buf, n * sizeof(float));
+            else r = ddp__state_written(ctx, which, at, n, ddp__state_copy(ctx, which, flat ? flat + at : NULL, at, buf, n, 0));
+        }
+    }
+    return r;
+}
+
+/* ddp_save with the outer sync on, after group 0's parameters, m and v (rank 0's own): theta,
+   momentum, every other group's parameters, m and v (from the group's first rank: every rank of
+   a group holds the same), the in-flight fragment's sum. The outer state is alike on every rank:
+   rank 0 writes its own (ddp__save settled the exchange in flight first: outer.sum is whole). */
+static ddp_result ddp__ckpt_outer_save(ddp_context *ctx, ddp__ckpt_file *f) {
+    float *buf = (float *)DDP_MALLOC(DDP__CKPT_CHUNK * sizeof(float));
+    ddp_result r = DDP_OK;
+    int g, k, flight = ctx->outer.flight;
+    static const ddp_buffer state[3] = { DDP_PARAMS, DDP_ADAM_M, DDP_ADAM_V };
+    if (!buf) return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "ddp_save: no memory for a chunk of the outer state (%zu floats)",
+                                     (size_t)DDP__CKPT_CHUNK);
+    r = ddp__ckpt_outer_stream(ctx, f, buf, 1, DDP_PARAMS, ctx->outer.theta, 0, 0, 0);
+    if (r == DDP_OK && ctx->outer.mom) r = ddp__ckpt_outer_stream(ctx, f, buf, 1, DDP_PARAMS, ctx->outer.mom, 0, 0, 0);
+    for (g = 1; g < ctx->outer.groups && r == DDP_OK; g++)
+        for (k = 0; k < 3 && r == DDP_OK; k++) r = ddp__ckpt_outer_stream(ctx, f, buf, 1, state[k], NULL, g * ctx->outer.size, 0, 0);
+    if (r == DDP_OK && f && flight >= 0)
+        ddp__ckpt_write(f, ctx->outer.sum, (ctx->outer.frag[flight + 1] - ctx->outer.frag[flight]) * sizeof(float), 1);
+    DDP_FREE(buf);
+    return r;
+}
+
+/* A fragment that was in flight in the saved run but cannot stay in flight in this one (it cuts
+   or schedules fragments otherwise): it lands at the load. n floats of its sum (sum, from flat
+   element `at` of the saved layout: soff) are mapped parameter by parameter to this layout and
+   take this run's outer step, as ddp__outer_merge does: the average outer gradient (the saved
+   sum over the saved group count; a saved plain mean's parameters become theta minus them),
+   Nesterov momentum, theta -= lr * g, the parameters to theta (mixed). The parameters go
+   through `stage` (n floats of host memory: they may be device memory). */
+static ddp_result ddp__ckpt_outer_land(ddp_context *ctx, const ddp__ckpt_status *st, const uint64_t *soff, uint64_t at,
+                                       const float *sum, size_t n, float *stage) {
+    const ddp_outer *o = &ctx->desc.outer;
+    float Gs = (float)st->groups, mu = o->momentum, mix = o->mix;
+    ddp_result r = DDP_OK;
+    int i;
+    for (i = 0; i < ctx->model.num_params && r == DDP_OK; i++) {
+        uint64_t lo = soff[i], hi = soff[i] + ctx->model.params[i].count, a = lo > at ? lo : at, z = hi < at + n ? hi : at + n, j;
+        size_t to, len;
+        if (z <= a) continue;
+        to = ctx->model.params[i].offset + (size_t)(a - lo);
+        len = (size_t)(z - a);
+        if ((r = ctx->be->copy(ctx, stage, ctx->flat.params + to, len * sizeof(float), 1)) != DDP_OK) break;
+        for (j = 0; j < len; j++) {
+            float *theta = ctx->outer.theta + to + j;
+            float avg = st->groups == 1 ? sum[a - at + j] : sum[a - at + j] / Gs;
+            float g = st->flags & 2 ? *theta - avg : avg;
+            if (ctx->outer.mom) { float *b = ctx->outer.mom + to + j; *b = mu * *b + g; g = g + mu * *b; }
+            *theta -= o->lr * g;
+            stage[j] = mix == 0 ? *theta : mix * stage[j] + (1 - mix) * *theta;
+        }
+        if ((r = ctx->be->copy(ctx, ctx->flat.params + to, stage, len * sizeof(float), 0)) == DDP_OK)
+            r = ddp__bf16_op(ctx, DDP__BF16_ROUND_PARAMS, to, len);
+    }
+    return r;
+}
+
+/* ddp_load's outer part, after group 0's parameters, m and v reached every rank. What a file's
+   outer state (st->groups > 0) becomes in this run:
+   - the outer sync on: this run's group g takes the saved group g mod G_saved's parameters, m
+     and v (the same group count: its own; more groups: some start alike and part with their
+     data; fewer: the saved groups past them are dropped); theta and momentum are every rank's
+     (momentum zeros where the file has none, ignored where this run keeps none); inner steps and
+     syncs as saved; the fragment in flight stays in flight, landing when it would have, when this
+     run cuts and schedules fragments alike (st->keep; its sum scaled to this group count), and
+     lands at the load otherwise (ddp__ckpt_outer_land);
+   - the outer sync off: group 0's state only, loaded already; the rest is read for the checksum.
+   A file without outer state into a run with it: theta = the loaded parameters, momentum 0, the
+   schedule from its start (inner step 0, nothing in flight). soff: the saved layout (rank 0's). */
+static ddp_result ddp__ckpt_outer_load(ddp_context *ctx, ddp__ckpt_file *f, const ddp__ckpt_status *st, const uint64_t *soff) {
+    static const ddp_buffer state[3] = { DDP_PARAMS, DDP_ADAM_M, DDP_ADAM_V };
+    int on = ddp__outer_on(ctx), Gs = st->groups, G = ctx->outer.groups, s, k, land = on && Gs && st->flight >= 0 && !st->keep;
+    uint64_t *offs = NULL, done, n;
+    float *buf;
+    ddp_result r = DDP_OK;
+    if (!Gs) {
+        if (!on) return DDP_OK;
+        if (ctx->outer.mom) memset(ctx->outer.mom, 0, ctx->flat.count * sizeof(float));
+        ctx->outer.inner = ctx->outer.syncs = ctx->outer.lands = 0;
+        ctx->outer.flight = -1;
+        return ddp__state_copy(ctx, DDP_PARAMS, ctx->flat.params, 0, ctx->outer.theta, ctx->flat.count, 1);
+    }
+    buf = (float *)DDP_MALLOC(2 * DDP__CKPT_CHUNK * sizeof(float));   /* a chunk, and the landing fragment's stage */
+    if (land) offs = (uint64_t *)DDP_MALLOC(sizeof(uint64_t) * (size_t)ctx->model.num_params + 1);
+    if (!buf || (land && !offs)) {
+        DDP_FREE(buf);
+        DDP_FREE(offs);
+        return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "ddp_load: no memory for a chunk of the outer state (%zu floats)",
+                               (size_t)DDP__CKPT_CHUNK);
+    }
+    if (land) {   /* the saved layout, to map the landing fragment's floats */
+        if (ctx->rank == 0) memcpy(offs, soff, sizeof(uint64_t) * (size_t)ctx->model.num_params);
+        ctx->what = "ddp_load's broadcast of the saved layout";
+        if (ctx->world > 1) r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, offs, sizeof(uint64_t) * (size_t)ctx->model.num_params, 0);
+    }
+    if (r == DDP_OK) r = ddp__ckpt_outer_stream(ctx, f, buf, 0, DDP_PARAMS, ctx->outer.theta, 0, 1, !on);
+    if (r == DDP_OK && (st->flags & 1)) r = ddp__ckpt_outer_stream(ctx, f, buf, 0, DDP_PARAMS, ctx->outer.mom, 0, 1, !ctx->outer.mom);
+    else if (ctx->outer.mom) memset(ctx->outer.mom, 0, ctx->flat.count * sizeof(float));
+    for (s = 1; s < Gs && r == DDP_OK; s++)   /* saved group s: this run's groups g with g % Gs == s take it */
+        for (k = 0; k < 3 && r == DDP_OK; k++)
+            r = ddp__ckpt_outer_stream(ctx, f, buf, 0, state[k], NULL, 0, on && ctx->outer.group % Gs == s, !on || s >= G);
+    for (done = 0; done < st->sum_floats && r == DDP_OK; done += n) {
+        n = st->sum_floats - done < DDP__CKPT_CHUNK ? st->sum_floats - done : DDP__CKPT_CHUNK;
+        if (f && !ddp__ckpt_read(f, buf, (size_t)n * sizeof(float), 1)) memset(buf, 0, (size_t)n * sizeof(float));
+        if (!on) continue;
+        ctx->what = "ddp_load's broadcast of the outer sum in flight";
+        if (ctx->world > 1 && (r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, buf, (size_t)n * sizeof(float), 0)) != DDP_OK) break;
+        if (land) r = ddp__ckpt_outer_land(ctx, st, offs, st->sum_lo + done, buf, (size_t)n, buf + DDP__CKPT_CHUNK);
+        else {
+            uint64_t j;
+            for (j = 0; j < n; j++) ctx->outer.sum[done + j] = Gs == G ? buf[j] : buf[j] / (float)Gs * (float)G;
+        }
+    }
+    if (r == DDP_OK && on) {
+        ctx->outer.inner = st->inner;
+        ctx->outer.syncs = st->syncs + (land ? 1 : 0);
+        ctx->outer.flight = st->flight >= 0 && st->keep ? st->flight : -1;
+        ctx->outer.lands = ctx->outer.flight >= 0 ? st->lands : 0;
+    }
+    DDP_FREE(buf);
+    DDP_FREE(offs);
+    return r;
+}
+
 /* Tests only (DDP_TEST_KILL_POINTS): DDP_TEST_DIE_IN_CHECKPOINT=S SIGKILLs rank 0 in the middle
    of writing the checkpoint of AdamW step S: header and parameters written, m and v not. */
 static void ddp__ckpt_kill_point(const ddp_context *ctx) {
@@ -10414,6 +10667,9 @@ static ddp_result ddp__save(ddp_context *ctx, const char *path, const void *user
     ddp_result r;
     int renamed = 0;
     if (ddp__in_backward(ctx)) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_save while a backward is in flight (call it between steps)");
+    if (ddp__outer_on(ctx) && ddp__sharded(ctx))   /* a group's m and v would be in parts across its ranks */
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_save: the outer sync's checkpoint with shard_optimizer is not built");
+    if ((r = ddp__outer_settle(ctx)) != DDP_OK) return r;   /* the exchange in flight has landed in outer.sum */
     if ((r = ctx->be->adamw_state(ctx)) != DDP_OK) return ddp__fatal(ctx, r);   /* the peers are on their way to the broadcast */
     memset(&st, 0, sizeof st);
     memset(&f, 0, sizeof f);
@@ -10447,6 +10703,7 @@ static ddp_result ddp__save(ddp_context *ctx, const char *path, const void *user
         ddp__ckpt_kill_point(ctx);
         if (r == DDP_OK) r = ddp__ckpt_stream(ctx, DDP_ADAM_M, fp, buf, 1);
         if (r == DDP_OK) r = ddp__ckpt_stream(ctx, DDP_ADAM_V, fp, buf, 1);
+        if (r == DDP_OK && ddp__outer_on(ctx)) r = ddp__ckpt_outer_save(ctx, fp);
     }
     if (r == DDP_OK && ctx->rank == 0) {
         if (user_bytes) ddp__ckpt_write(&f, user, user_bytes, 1);
@@ -10520,7 +10777,8 @@ static ddp_result ddp__save_check(ddp_context *ctx, const char *path, int *holds
    each returns 1 to go on, or 0 with st refused (the first reason counts). */
 typedef struct ddp__ckpt_head {
     uint64_t floats, shards;   /* floats in each of parameters, m and v; entries of the shard table */
-    uint32_t nparams;
+    uint64_t arrays;           /* model-sized arrays in the data: 3 (parameters, m, v), more with the outer state */
+    uint32_t nparams, version;
     char mismatch[512];        /* the first difference from this model: refused after the program's check */
 } ddp__ckpt_head;
 
@@ -10569,9 +10827,11 @@ static int ddp__ckpt_check_head(const ddp__ckpt_file *f, const char *path, ddp__
     h->floats = ddp__get_le(fixed + 32, 8);
     st->user_bytes = ddp__get_le(fixed + 40, 8);
     h->shards = ddp__get_le(fixed + 48, 4);
-    if (version != DDP__CKPT_VERSION) {
-        ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' has format version %u; this ddp.h reads version %u",
-                         path, version, DDP__CKPT_VERSION);
+    h->version = version;
+    h->arrays = 3;
+    if (version != DDP__CKPT_VERSION && version != DDP__CKPT_VERSION_OUTER) {
+        ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' has format version %u; this ddp.h reads versions "
+                         "%u and %u", path, version, DDP__CKPT_VERSION, DDP__CKPT_VERSION_OUTER);
         return 0;
     }
     if (world < 1 || world > INT32_MAX || sharded > 1 || h->shards != (sharded ? world : 1u) ||
@@ -10662,14 +10922,83 @@ static int ddp__ckpt_check_params(const ddp_context *ctx, ddp__ckpt_file *f, con
     return 1;
 }
 
-/* The file's length: the data (parameters, m, v), the user blob and the checksum, nothing after. */
+/* Version 2's outer block: the values it can hold, the offset table (rank 0 keeps it in
+   *offsets: a fragment in flight that lands at the load is mapped through it), how many arrays
+   the data holds, and whether the fragment in flight can stay in flight in this run (st->keep:
+   the outer sync on, the same fragments, schedule, layout and kind of sum; outer.sum has room
+   for it then). */
+static int ddp__ckpt_check_outer(const ddp_context *ctx, ddp__ckpt_file *f, const char *path, ddp__ckpt_status *st,
+                                 ddp__ckpt_head *h, uint64_t **offsets) {
+    const ddp_outer *o = &ctx->desc.outer;
+    unsigned char b[DDP__CKPT_OUTER_FIXED];
+    uint64_t groups, gsize, mode, steps, frags, delay, flags, flat, i;
+    int same;
+    if (h->version != DDP__CKPT_VERSION_OUTER) return 1;
+    if (!ddp__ckpt_read(f, b, sizeof b, 1)) return ddp__ckpt_truncated(st, path, f);
+    groups = ddp__get_le(b, 4); gsize = ddp__get_le(b + 4, 4); mode = ddp__get_le(b + 8, 4); steps = ddp__get_le(b + 12, 4);
+    frags = ddp__get_le(b + 16, 4); delay = ddp__get_le(b + 20, 4); flags = ddp__get_le(b + 44, 4);
+    st->inner = (int64_t)ddp__get_le(b + 48, 8);
+    st->syncs = (int64_t)ddp__get_le(b + 56, 8);
+    st->flight = (int32_t)(uint32_t)ddp__get_le(b + 64, 4);
+    st->lands = (int64_t)ddp__get_le(b + 72, 8);
+    flat = ddp__get_le(b + 80, 8);
+    st->sum_lo = ddp__get_le(b + 88, 8);
+    st->sum_floats = ddp__get_le(b + 96, 8);
+    if (groups < 1 || gsize < 1 || groups * gsize != (uint64_t)st->world || mode < DDP_OUTER_AVERAGE || mode > DDP_OUTER_STREAMING ||
+        steps < 1 || steps > INT32_MAX || frags < 1 || frags > steps || delay >= steps || flags > 3 || st->inner < 0 ||
+        st->syncs < 0 || st->lands < 0 || st->flight < -1 || (int64_t)st->flight >= (int64_t)frags || ddp__get_le(b + 68, 4) ||
+        flat < h->floats || (st->flight < 0 ? st->sum_floats || st->sum_lo : !st->sum_floats || st->sum_lo > flat ||
+                             st->sum_floats > flat - st->sum_lo)) {
+        ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' has an impossible outer block: %llu groups of %llu "
+                         "ranks (world %d), mode %llu, inner_steps %llu, %llu fragments, delay %llu, flags %llu, inner step "
+                         "%lld, %lld syncs, fragment %d in flight (lands %lld; its sum: %llu floats from %llu of %llu)", path,
+                         (unsigned long long)groups, (unsigned long long)gsize, st->world, (unsigned long long)mode,
+                         (unsigned long long)steps, (unsigned long long)frags, (unsigned long long)delay,
+                         (unsigned long long)flags, (long long)st->inner, (long long)st->syncs, st->flight, (long long)st->lands,
+                         (unsigned long long)st->sum_floats, (unsigned long long)st->sum_lo, (unsigned long long)flat);
+        return 0;
+    }
+    st->groups = (int32_t)groups;
+    st->group_size = (int32_t)gsize;
+    st->flags = (int32_t)flags;
+    st->fragments = (int32_t)frags;
+    if (h->nparams > (f->size - f->pos) / 8) return ddp__ckpt_truncated(st, path, f);
+    if (!(*offsets = (uint64_t *)DDP_MALLOC(sizeof(uint64_t) * (size_t)h->nparams + 1))) {
+        ddp__ckpt_refuse(st, DDP_ERR_OUT_OF_MEMORY, "no memory to read the checkpoint '%s' (its layout table)", path);
+        return 0;
+    }
+    same = flat == ctx->flat.count && h->nparams == (uint32_t)ctx->model.num_params;
+    for (i = 0; i < h->nparams; i++) {
+        if (!ddp__ckpt_read(f, b, 8, 1)) return ddp__ckpt_truncated(st, path, f);
+        (*offsets)[i] = ddp__get_le(b, 8);
+        if (i < (uint64_t)ctx->model.num_params && ((*offsets)[i] > flat || ctx->model.params[i].count > flat - (*offsets)[i])) {
+            ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' has an impossible layout: parameter %llu at "
+                             "offset %llu of a flat buffer of %llu floats", path, (unsigned long long)i,
+                             (unsigned long long)(*offsets)[i], (unsigned long long)flat);
+            return 0;
+        }
+        if (same && (*offsets)[i] != ctx->model.params[i].offset) same = 0;
+    }
+    h->arrays = 4 + (flags & 1) + 3 * (groups - 1);
+    st->keep = ddp__outer_on(ctx) && st->flight >= 0 && same && frags == (uint64_t)o->fragments && steps == (uint64_t)o->inner_steps &&
+               delay == (uint64_t)o->delay_steps && !!(flags & 2) == ddp__outer_plain_mean(ctx) &&
+               st->sum_lo == ctx->outer.frag[st->flight] && st->sum_floats == ctx->outer.frag[st->flight + 1] - st->sum_lo;
+    return 1;
+}
+
+/* The file's length: the data (parameters, m, v; the outer state), the user blob and the
+   checksum, nothing after. */
 static int ddp__ckpt_check_length(const ddp__ckpt_file *f, const char *path, ddp__ckpt_status *st, const ddp__ckpt_head *h,
                                   uint64_t *data_at) {
-    uint64_t left = f->size - f->pos, expect;
+    uint64_t left = f->size - f->pos, expect, data;
     *data_at = f->pos;
-    if (h->floats > (left / 12) || st->user_bytes > left - 12 * h->floats || left - 12 * h->floats - st->user_bytes < 8)
+    if (h->floats && h->arrays > left / 4 / h->floats) return ddp__ckpt_truncated(st, path, f);
+    data = h->floats * h->arrays;
+    if (st->sum_floats > left / 4 - data) return ddp__ckpt_truncated(st, path, f);
+    st->data_floats = data += st->sum_floats;
+    if (st->user_bytes > left - 4 * data || left - 4 * data - st->user_bytes < 8)
         return ddp__ckpt_truncated(st, path, f);
-    expect = f->pos + 12 * h->floats + st->user_bytes + 8;
+    expect = f->pos + 4 * data + st->user_bytes + 8;
     if (expect != f->size) {
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' goes on after its checksum (%llu bytes; its header "
                          "describes %llu): not a file ddp_save wrote, or two files run together", path,
@@ -10691,7 +11020,8 @@ static int ddp__ckpt_check_sum(ddp__ckpt_file *f, const char *path, ddp__ckpt_st
                          (unsigned long long)st->user_bytes);
         goto out;
     }
-    for (left = 12 * h->floats; left > 0;) {
+    (void)h;
+    for (left = 4 * st->data_floats; left > 0;) {
         size_t n = left < DDP__CKPT_CHUNK * sizeof(float) ? (size_t)left : DDP__CKPT_CHUNK * sizeof(float);
         if (!ddp__ckpt_read(f, buf, n, 1)) break;
         left -= n;
@@ -10722,6 +11052,10 @@ static int ddp__ckpt_check_user(const char *path, ddp__ckpt_status *st, size_t u
         return 0;
     }
     if (!check) return 1;
+    memset(&info, 0, sizeof info);
+    info.outer_groups = st->groups;
+    info.outer_inner_steps = st->inner;
+    info.outer_syncs = st->syncs;
     info.step = st->step;
     info.world_size = st->world;
     info.sharded = st->sharded;
@@ -10741,7 +11075,8 @@ static int ddp__ckpt_check_user(const char *path, ddp__ckpt_status *st, size_t u
    `blob` receives the user blob (st->user_bytes of it). A file of another model is refused
    last, after the program's check (whose reason, e.g. "another seed", says more). */
 static int ddp__ckpt_verify(ddp_context *ctx, const char *path, size_t user_capacity, ddp_checkpoint_check_fn check,
-                            void *check_arg, ddp__ckpt_status *st, void **blob, uint64_t *data_at, uint64_t *stored) {
+                            void *check_arg, ddp__ckpt_status *st, void **blob, uint64_t *data_at, uint64_t *stored,
+                            uint64_t **offsets) {
     ddp__ckpt_file f;
     ddp__ckpt_head h;
     unsigned char fixed[DDP__CKPT_FIXED];
@@ -10751,7 +11086,8 @@ static int ddp__ckpt_verify(ddp_context *ctx, const char *path, size_t user_capa
     *blob = NULL;
     if (ddp__ckpt_open_file(&f, path, st) && ddp__ckpt_read_fixed(&f, path, st, fixed) &&
         ddp__ckpt_check_head(&f, path, st, fixed, &h) && ddp__ckpt_check_shards(&f, path, st, &h) &&
-        ddp__ckpt_check_params(ctx, &f, path, st, &h) && ddp__ckpt_check_length(&f, path, st, &h, data_at) &&
+        ddp__ckpt_check_params(ctx, &f, path, st, &h) && ddp__ckpt_check_outer(ctx, &f, path, st, &h, offsets) &&
+        ddp__ckpt_check_length(&f, path, st, &h, data_at) &&
         ddp__ckpt_check_sum(&f, path, st, &h, blob, stored) &&
         ddp__ckpt_check_user(path, st, user_capacity, check, check_arg, *blob)) {
         if (!h.mismatch[0]) return f.fd;
@@ -10759,6 +11095,8 @@ static int ddp__ckpt_verify(ddp_context *ctx, const char *path, size_t user_capa
     }
     DDP_FREE(*blob);
     *blob = NULL;
+    DDP_FREE(*offsets);
+    *offsets = NULL;
     if (f.fd >= 0) ddp__file_close(f.fd);
     return -1;
 }
@@ -10769,15 +11107,18 @@ static ddp_result ddp__load(ddp_context *ctx, const char *path, void *user, size
     ddp__ckpt_file f;
     void *blob = NULL;
     float *buf = NULL;
-    uint64_t data_at = 0, stored = 0;
+    uint64_t data_at = 0, stored = 0, *offsets = NULL;
     ddp_result r;
     if (ddp__in_backward(ctx)) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_load while a backward is in flight (call it between steps)");
+    if (ddp__outer_on(ctx) && ddp__sharded(ctx))
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_load: the outer sync's checkpoint with shard_optimizer is not built");
+    if ((r = ddp__outer_settle(ctx)) != DDP_OK) return r;   /* the exchange in flight has landed in outer.sum */
     if ((r = ctx->be->adamw_state(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     memset(&st, 0, sizeof st);
     memset(&f, 0, sizeof f);
     f.fd = -1;
     if (ctx->rank == 0) {
-        f.fd = ddp__ckpt_verify(ctx, path, user_capacity, check, check_arg, &st, &blob, &data_at, &stored);
+        f.fd = ddp__ckpt_verify(ctx, path, user_capacity, check, check_arg, &st, &blob, &data_at, &stored, &offsets);
         if (f.fd >= 0 && !(buf = (float *)DDP_MALLOC(DDP__CKPT_CHUNK * sizeof(float))))
             ddp__ckpt_refuse(&st, DDP_ERR_OUT_OF_MEMORY, "no memory to read the checkpoint '%s'", path);
     }
@@ -10800,11 +11141,9 @@ static ddp_result ddp__load(ddp_context *ctx, const char *path, void *user, size
     }
     if (ctx->rank == 0) {   /* the second pass checksums what it puts in place: header again, data, blob */
         unsigned char hb[4096];
-        uint64_t at, floats = 0;
-        int i;
-        for (i = 0; i < ctx->model.num_params; i++) floats += ctx->model.params[i].count;
+        uint64_t at;
         ddp__sum_init(&f.sum);
-        f.size = data_at + 12 * floats + st.user_bytes;   /* the length the first pass checked, less the checksum */
+        f.size = data_at + 4 * st.data_floats + st.user_bytes;   /* the length the first pass checked, less the checksum */
         for (at = 0; at < data_at;) {
             size_t n = data_at - at < sizeof hb ? (size_t)(data_at - at) : sizeof hb;
             if (!ddp__ckpt_read(&f, hb, n, 1)) break;
@@ -10816,6 +11155,7 @@ static ddp_result ddp__load(ddp_context *ctx, const char *path, void *user, size
         r = ddp__ckpt_stream(ctx, DDP_PARAMS, fp, buf, 0);
         if (r == DDP_OK) r = ddp__ckpt_stream(ctx, DDP_ADAM_M, fp, buf, 0);
         if (r == DDP_OK) r = ddp__ckpt_stream(ctx, DDP_ADAM_V, fp, buf, 0);
+        if (r == DDP_OK) r = ddp__ckpt_outer_load(ctx, fp, &st, offsets);
         if (r != DDP_OK) goto out;
     }
     if (ctx->rank == 0) {
@@ -10833,9 +11173,13 @@ static ddp_result ddp__load(ddp_context *ctx, const char *path, void *user, size
         info_out->world_size = st.world;
         info_out->sharded = st.sharded;
         info_out->user_bytes = st.user_bytes;
+        info_out->outer_groups = st.groups;
+        info_out->outer_inner_steps = st.inner;
+        info_out->outer_syncs = st.syncs;
     }
 out:
     if (f.fd >= 0) ddp__file_close(f.fd);
+    DDP_FREE(offsets);
     DDP_FREE(blob);
     DDP_FREE(buf);
     return r;

@@ -74,6 +74,7 @@ if [ -s "$ckdir/ck" ]; then
     for n in 3 1; do run "sharded checkpoint of 2 ranks loaded unsharded on $n" "$B/ddprun" -n "$n" "$B/test_checkpoint" resume "$ckdir"; done
 fi
 rm -rf "$ckdir"
+run "outer sync checkpoints (thread-ranks, groups of 1): resume bit for bit between outer steps and with a fragment in flight, 2 -> 3 and 3 -> 2 groups, another schedule, outer off, a file without outer state" "$B/test_outer_checkpoint"
 run "embedding: NULL contexts, messages, thread-ranks, host copies" "$B/test_embed"
 run "host program: cancel in every phase, progress, thread-ranks exiting mid-backward, uneven inputs (ddp_join)" "$B/test_host"
 run "engine example: ranks as threads, progress, cancel, join" sh -c '"$1" && "$1" --batches 60 --cancel-after 0 && echo PASS engine_example_cancels_and_joins && { "$1" --batches abc 2>/dev/null; [ $? = 2 ]; } && { "$1" --bogus 5 2>/dev/null; [ $? = 2 ]; } && echo PASS engine_example_bad_arguments_refused' sh "$B/engine"
