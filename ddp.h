@@ -354,6 +354,8 @@
      quant_block (64) values (max |x| / 127, values rounded to nearest): 1/4 of fp32 plus 1/16.
      Every group's encoding reaches every rank (a broadcast from each group's first rank) and
      every rank adds the decoded values in group order: all ranks compute the same bits.
+     Parameters the program writes after ddp_commit (ddp_copy_from_host, ddp_scatter_from_host:
+     its own weights, the same on every rank) become the outer copy too.
      A program with its own optimizer: ddp_consume_grads, its update, ddp_outer_step (every
      rank, every step; ddp_adamw_step calls it itself). ddp_outer_state: groups, this rank's
      group, inner steps, fragments merged, the one in flight, what the last exchange took and
@@ -10098,6 +10100,14 @@ static ddp_result ddp__outer_step(ddp_context *ctx) {
     return ctx->desc.outer.delay_steps ? DDP_OK : ddp__outer_merge(ctx, f);
 }
 
+/* The program wrote parameters (ddp_copy_from_host, ddp_scatter_from_host; the same values on
+   every rank): the outer copy takes them too, or the next outer step would pull the parameters
+   back towards the values they had at commit. */
+static ddp_result ddp__outer_params_set(ddp_context *ctx, ddp_buffer which, size_t offset, size_t count, ddp_result r) {
+    if (r != DDP_OK || which != DDP_PARAMS || !count || !ddp__outer_on(ctx) || !ctx->outer.theta) return r;
+    return ctx->be->copy(ctx, ctx->outer.theta + offset, ctx->flat.params + offset, count * sizeof(float), 1);
+}
+
 static ddp_outer_status ddp__outer_status(const ddp_context *ctx) {
     ddp_outer_status s;
     memset(&s, 0, sizeof s);
@@ -11482,8 +11492,9 @@ ddp_result ddp_copy_from_host(ddp_context *ctx, ddp_buffer which, size_t offset,
     ddp_result r = ddp__usable(ctx, 1, "ddp_copy_from_host");
     float *at = NULL;
     if (r != DDP_OK || (r = ddp__state_at(ctx, which, offset, src, count, "ddp_copy_from_host", 1, &at)) != DDP_OK) return r;
-    return count ? ddp__state_written(ctx, which, offset, count, ddp__state_copy(ctx, which, at, offset, (float *)(uintptr_t)src,
-                                                                                 count, 0)) : DDP_OK;
+    if (count) r = ddp__state_written(ctx, which, offset, count, ddp__state_copy(ctx, which, at, offset, (float *)(uintptr_t)src,
+                                                                                count, 0));
+    return ddp__outer_params_set(ctx, which, offset, count, r);
 }
 
 ddp_result ddp_gather_to_host(ddp_context *ctx, ddp_buffer which, size_t offset, float *dst, size_t count, int root) {
@@ -11495,7 +11506,8 @@ ddp_result ddp_gather_to_host(ddp_context *ctx, ddp_buffer which, size_t offset,
 ddp_result ddp_scatter_from_host(ddp_context *ctx, ddp_buffer which, size_t offset, const float *src, size_t count, int root) {
     ddp_result r = ddp__usable_wire(ctx, 1, "ddp_scatter_from_host", 0);
     if (r == DDP_OK) r = ddp__check_root(ctx, root, "ddp_scatter_from_host");
-    return r != DDP_OK ? r : ddp__scatter_from_host(ctx, which, offset, src, count, root);
+    if (r == DDP_OK) r = ddp__scatter_from_host(ctx, which, offset, src, count, root);
+    return ddp__outer_params_set(ctx, which, offset, count, r);
 }
 
 ddp_result ddp_save(ddp_context *ctx, const char *path, const void *user, size_t user_bytes) {

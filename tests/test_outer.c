@@ -531,6 +531,53 @@ static void test_bf16_params(void) {
 
 /* ---------------- 3. bad input ---------------- */
 
+/* Parameters the program writes after ddp_commit (its own weights, the same on every rank) are
+   the outer copy's too: with AdamW at lr 0 the parameters stay, and the outer step at H leaves
+   them where the program put them (were the outer copy still the commit's values, DiLoCo would
+   pull them back towards those). */
+static float written_params[MAXRANKS][COUNT];
+static void written_rank(test_rank *self) {
+    ddp_context *ddp = NULL;
+    ddp_desc d = test_desc(self);
+    float vals[COUNT];
+    int ids[NPARAM], t, i, k;
+    ddp_adamw opt;
+    ddp_result r;
+    memset(&opt, 0, sizeof opt);   /* lr 0 */
+    d.outer.mode = DDP_OUTER_DILOCO;
+    d.outer.group_size = 1;
+    d.outer.inner_steps = 2;
+    d.outer.wire = DDP_WIRE_FP32;
+    for (i = 0; i < COUNT; i++) vals[i] = 0.25f * test_value(5, (uint64_t)i);
+    if ((r = ddp_init(&ddp, &d)) == DDP_OK) r = open_model(ddp, ids);
+    if (r == DDP_OK) r = ddp_copy_from_host(ddp, DDP_PARAMS, 0, vals, COUNT);
+    for (t = 0; r == DDP_OK && t < 2; t++) {
+        for (k = 0; k < NPARAM && r == DDP_OK; k++) r = ddp_grad_ready(ddp, ids[k]);
+        if (r == DDP_OK) r = ddp_finish(ddp);
+        if (r == DDP_OK) r = ddp_adamw_step(ddp, &opt, NULL);
+    }
+    if (r == DDP_OK && ddp_outer_state(ddp).syncs != 1) r = DDP_ERR_INVALID_STATE;
+    if (r == DDP_OK) r = ddp_copy_to_host(ddp, DDP_PARAMS, 0, written_params[self->rank], COUNT);
+    if (r != DDP_OK) written_params[self->rank][0] = -1e30f;
+    ddp_shutdown(ddp);
+}
+
+static void test_written_params(void) {
+    void *shared[1];
+    test_rank ranks[2];
+    float vals[COUNT];
+    int i, r, differ = 0;
+    for (i = 0; i < COUNT; i++) vals[i] = 0.25f * test_value(5, (uint64_t)i);
+    shared[0] = (void *)written_rank;
+    test_run_ranks(2, shared, ranks);
+    for (r = 0; r < 2; r++)
+        for (i = 0; i < COUNT; i++) {
+            int pad = (i >= 37 && i < 48) || (i >= 98 && i < 112) || i >= 135;   /* the layout's padding */
+            if (!pad && memcmp(&vals[i], &written_params[r][i], sizeof(float))) differ++;
+        }
+    verdict(differ == 0, "outer_params_written_after_commit_are_the_outer_copy", "%d values moved at the outer step", differ);
+}
+
 static int contains(const char *s, const char *part) { return s && strstr(s, part) != NULL; }
 
 /* ddp_init (and ddp_commit) of one rank alone with these outer settings: the result and message. */
@@ -678,6 +725,7 @@ int main(void) {
     test_bf16_params();
     test_streaming_schedule(6, 3, 1, send6_step, send6_frag, 7, 14);
     test_streaming_schedule(8, 3, 0, send8_step, send8_frag, 6, 16);
+    test_written_params();
     test_refusals();
     return test_summary("test_outer");
 }
