@@ -38,7 +38,7 @@ want() {
     return 1
 }
 for g in ${GPT_TEST_ONLY:-}; do
-    case $g in buckets | dropout | flags | tape | dump_full | shakespeare | resume | refused | fsync | data | oom | sample | optimes | kernels2 | bf16 | nvcc_cpu) ;;
+    case $g in buckets | dropout | flags | tape | dump_full | shakespeare | resume | refused | fsync | data | oom | sample | straggler | optimes | kernels2 | bf16 | nvcc_cpu) ;;
     *) echo "FAIL ${pfx}_test_only: GPT_TEST_ONLY names '$g', no group of tests/test_gpt.sh"; exit 1 ;;
     esac
 done
@@ -304,6 +304,23 @@ again=$(timeout 60 "$BIN" "${TINY[@]}" --steps 3 --sample 200 --seed 5 --top-k 2
 sample_of() { sed -n '/---- sample/,/---- end of sample/p' <<<"$1"; }
 [ -n "$(sample_of "$out")" ] && [ "$(sample_of "$out")" = "$(sample_of "$again")" ] && pass gpt_sample_seeded || fail gpt_sample_seeded "two runs with --seed 5 differ"
 fi   # sample
+
+if want straggler; then
+# --- --straggler-pct: rank N-1 sleeps 100 ms before each step (GPT_TEST_SLOW_RANK, a test hook):
+#     rank 0's log names it with the wait; --straggler-pct 0 prints nothing; out of range refused ---
+out=$(GPT_TEST_SLOW_RANK=$((N - 1)):100 train --steps 3 --log-every 1 2>&1)
+if grep -q "ddp.h: nccl backend" <<<"$out"; then echo "SKIP ${pfx}_straggler_line: the NCCL backend cannot tell who arrived last (ddp.h, STRAGGLERS)"
+else
+    waited=$(sed -n "s/.*straggler: step [0-9]* | rank $((N - 1)) arrived last: the ranks waited up to \([0-9.]*\) ms.*/\1/p" <<<"$out" | head -n 1)
+    if [ -n "$waited" ] && awk -v w="$waited" 'BEGIN { exit !(w >= 75) }'; then pass gpt_straggler_line_names_the_slow_rank; echo "  (waited $waited ms of the 100 ms)"
+    else fail gpt_straggler_line_names_the_slow_rank "no straggler line naming rank $((N - 1)) with >= 75 ms: $(grep -m1 -E 'straggler|rror' <<<"$out")"; fi
+    out=$(GPT_TEST_SLOW_RANK=$((N - 1)):100 train --steps 2 --straggler-pct 0 2>&1)
+    if grep -qE "step +2/2" <<<"$out" && ! grep -q "straggler:" <<<"$out"; then pass gpt_straggler_pct_0_is_off
+    else fail gpt_straggler_pct_0_is_off "$(grep -m1 -E 'straggler:|rror' <<<"$out")"; fi
+fi
+if ! out=$("$BIN" "${TINY[@]}" --steps 1 --straggler-pct 150 2>&1) && grep -q -- "--straggler-pct is a share of the step, 0 to 100" <<<"$out"; then pass gpt_straggler_pct_out_of_range_refused
+else fail gpt_straggler_pct_out_of_range_refused "$(tail -n 1 <<<"$out")"; fi
+fi   # straggler
 
 if want optimes; then
 # --- GPT_OP_TIMES=1: the CUDA model's per-op times (CUDA events; host clock in emulation): a
