@@ -91,6 +91,12 @@ static void step_and_check(ddp_context *ctx, const config *c, const int *ids, in
         if ((r = ddp_grad_ready(ctx, ids[p])) != DDP_OK) goto fail;
     }
     if ((r = ddp_finish(ctx)) != DDP_OK) goto fail;
+    {   /* stragglers: who this rank waited for is a member of its group */
+        ddp_step_stats st = ddp_last_step_stats(ctx);
+        snprintf(name, sizeof name, "groups_%s_%s_rank%d_slowest_rank_in_group", c->name, tag, rank);
+        verdict(st.slowest_rank >= first && st.slowest_rank < first + S, name, "slowest_rank %d, the group is ranks %d..%d",
+                st.slowest_rank, first, first + S - 1);
+    }
     for (i = 0, p = 0; p < NPARAM; p++)
         for (j = 0; j < sizes[p]; j++, i++) {
             float got = c->bf16 ? ddp__from_bf16(ddp_grad_bf16(ctx, ids[p])[j]) : ddp_grad(ctx, ids[p])[j];
