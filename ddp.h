@@ -504,8 +504,12 @@
              zero on its owner only (so exact in any order), and each bucket's parts are all-
              gathered once updated (MPI_Allgatherv of the fp32 parameters, or of the bf16 working
              copies): sharded gives unsharded's bits. Checkpoints move between the MPI and CPU
-             backends and world sizes, sharded or not. Tests: tests/test_mpi_parity.sh (one host,
-             flat and hierarchical), tests/test_mpi_hosts.sh (2 hosts x 2 ranks).
+             backends and world sizes, sharded or not. Replica groups of several ranks
+             (OUTER SYNC): every bucket, fp32 too, goes that owner's way among the group's ranks
+             only, through a communicator of the group (MPI_Comm_split): the CPU backend's bits
+             for the same groups, on any hosts; the world's collectives stay as above.
+             Tests: tests/test_mpi_parity.sh (one host, flat and hierarchical),
+             tests/test_mpi_hosts.sh (2 hosts x 2 ranks), tests/test_groups.sh (groups).
              Over TCP (Open MPI's btl tcp): where ddp.h initializes MPI it sets the Open MPI
              parameters that mpirun --mca / OMPI_MCA_* left unset: btl_tcp_eager_limit,
              btl_tcp_rndv_eager_limit and btl_tcp_max_send_size 1 MiB, btl_tcp_links 2,
