@@ -1,8 +1,8 @@
 /* test_groups.c — replica groups of several ranks (desc.outer): every synchronizing step averages
    the gradients within each group only. 4 ranks in 2 groups of 2 — thread-ranks on the CPU
-   backend (no argument), or with "env" the ranks a launcher started (ddprun -n 4, or mpirun -n 4
-   with the MPI build: build/mpi/test_groups). Every rank's data differs, and any rank can make
-   any rank's (test_value), so each checks locally:
+   backend (no argument; and 6 thread-ranks in 2 groups of 3), or with "env" the ranks a launcher
+   started (ddprun -n 4, or mpirun -n 4 with the MPI build: build/mpi/test_groups). Every rank's
+   data differs, and any rank can make any rank's (test_value), so each checks locally:
    - after a step it holds its group's average, bit for bit the arithmetic ddp.h promises (the
      members' values added in float in rank order, divided by the group size; bf16 gradients and
      a bf16 wire: the bf16 values added in float, rounded once), within a float64 bound, and not
@@ -17,17 +17,20 @@
    of more than 1 MiB takes several in-place chunks and staging slots. */
 #include "testlib.h"
 
-#define WORLD 4
+#define MAXW 6
 #define NPARAM 3
 static const size_t sizes[NPARAM] = { 300001, 5003, 1000 };   /* reverse order: a small bucket first, then >1 MiB */
 
 /* delay: streaming DiLoCo, one fragment, its exchange on its own thread for 1 step (the merge
-   after step 3; step 3's buckets wait for it) */
-typedef struct config { const char *name; int bf16, bf16_wire, staged, group_size, delay; } config;
+   after step 3; step 3's buckets wait for it);
+   world: ranks (4; 6 = 2 groups of 3, thread-ranks only: a divisor that is no power of two, the
+   in-place average's path for 3+ members) */
+typedef struct config { const char *name; int bf16, bf16_wire, staged, group_size, delay, world; } config;
 static const config configs[] = {
-    { "fp32", 0, 0, 0, 2, 0 },        { "bf16", 1, 0, 0, 2, 0 },        { "fp32_bf16wire", 0, 1, 0, 2, 0 },
-    { "fp32_staged", 0, 0, 1, 2, 0 }, { "bf16_staged", 1, 0, 1, 2, 0 }, { "fp32_one_group", 0, 0, 0, 4, 0 },
-    { "bf16_one_group", 1, 0, 0, 4, 0 }, { "bf16_streaming_delay1", 1, 0, 0, 2, 1 },
+    { "fp32", 0, 0, 0, 2, 0, 4 },        { "bf16", 1, 0, 0, 2, 0, 4 },        { "fp32_bf16wire", 0, 1, 0, 2, 0, 4 },
+    { "fp32_staged", 0, 0, 1, 2, 0, 4 }, { "bf16_staged", 1, 0, 1, 2, 0, 4 }, { "fp32_one_group", 0, 0, 0, 4, 0, 4 },
+    { "bf16_one_group", 1, 0, 0, 4, 0, 4 }, { "bf16_streaming_delay1", 1, 0, 0, 2, 1, 4 },
+    { "fp32_groups_of_3", 0, 0, 0, 3, 0, 6 }, { "bf16_groups_of_3", 1, 0, 0, 3, 0, 6 }, { "fp32_staged_groups_of_3", 0, 0, 1, 3, 0, 6 },
 };
 
 /* Rank r's gradient of parameter p at step t, as the program writes it (bf16 parameters: rounded). */
@@ -59,8 +62,8 @@ static float expected(const config *c, float *const *v, int first, int n, size_t
 static int rank_order_bits(ddp_context *ctx, const config *c) {
 #ifdef DDP_MPI
     const char *flat = getenv("DDP_MPI_FLAT");
-    if (c->group_size == WORLD && !c->bf16 && !c->bf16_wire && !(flat && !strcmp(flat, "1")) &&
-        ddp_config(ctx)->local_world_size < WORLD)
+    if (c->group_size == c->world && !c->bf16 && !c->bf16_wire && !(flat && !strcmp(flat, "1")) &&
+        ddp_config(ctx)->local_world_size < c->world)
         return 0;
 #endif
     (void)ctx; (void)c;
@@ -69,15 +72,15 @@ static int rank_order_bits(ddp_context *ctx, const config *c) {
 
 /* One synchronizing step's gradients, then the checks of the average. */
 static void step_and_check(ddp_context *ctx, const config *c, const int *ids, int t, const char *tag) {
-    int rank = ddp_rank(ctx), S = c->group_size, first = rank / S * S, other = (first + S) % WORLD, p, s;
+    int rank = ddp_rank(ctx), S = c->group_size, first = rank / S * S, other = (first + S) % c->world, p, s, W = c->world;
     int exact = rank_order_bits(ctx, c);
     size_t j, i, bad = 0, same_other = 0, same_world = 0, far = 0;
-    float *v[WORLD];
+    float *v[MAXW];
     char name[160];
     ddp_result r = DDP_ERR_OUT_OF_MEMORY;
     double worst = 0;
-    for (s = 0; s < WORLD; s++) v[s] = NULL;
-    for (s = 0; s < WORLD; s++) {
+    for (s = 0; s < MAXW; s++) v[s] = NULL;
+    for (s = 0; s < W; s++) {
         if (!(v[s] = (float *)malloc(TOTAL * sizeof(float)))) goto fail;
         for (i = 0, p = 0; p < NPARAM; p++) for (j = 0; j < sizes[p]; j++) v[s][i++] = grad_value(c, s, t, p, j);
     }
@@ -109,25 +112,25 @@ static void step_and_check(ddp_context *ctx, const config *c, const int *ids, in
             if (err > worst) worst = err;
             if (err > mag * (c->bf16 || c->bf16_wire ? 3.0 / 256 : (S + 1) * 1.2e-7)) far++;
             if (exact && memcmp(&got, &want, sizeof got)) bad++;
-            if (S < WORLD && got == expected(c, v, other, S, i)) same_other++;
-            if (S < WORLD && got == expected(c, v, 0, WORLD, i)) same_world++;
+            if (S < W && got == expected(c, v, other, S, i)) same_other++;
+            if (S < W && got == expected(c, v, 0, W, i)) same_world++;
         }
     snprintf(name, sizeof name, "groups_%s_%s_rank%d_group_average_bits%s", c->name, tag, rank, exact ? "" : "_host_order");
     verdict(!bad, name, "%zu of %d values are not the float average of ranks %d..%d", bad, TOTAL, first, first + S - 1);
     snprintf(name, sizeof name, "groups_%s_%s_rank%d_group_average_within_float64_bound", c->name, tag, rank);
     verdict(!far, name, "%zu values beyond the bound (worst %g)", far, worst);
-    if (S < WORLD) {
+    if (S < W) {
         snprintf(name, sizeof name, "groups_%s_%s_rank%d_not_the_other_groups_nor_the_worlds", c->name, tag, rank);
         /* two independent averages agree by chance on a few values at most (bf16: a few more) */
         verdict(same_other < TOTAL / 8 && same_world < TOTAL / 8, name, "%zu values equal the other group's, %zu the "
                 "world's average (of %d)", same_other, same_world, TOTAL);
     }
-    for (s = 0; s < WORLD; s++) free(v[s]);
+    for (s = 0; s < MAXW; s++) free(v[s]);
     return;
 fail:
     printf("FAIL groups_%s_%s_rank%d_step: %s: %s\n", c->name, tag, rank, ddp_result_string(r), ddp_last_error(ctx));
     test_failures++;
-    for (s = 0; s < WORLD; s++) free(v[s]);
+    for (s = 0; s < MAXW; s++) free(v[s]);
 }
 
 /* Every rank's hash of its parameters (the fp32 master; bf16: and the working copies). */
@@ -141,7 +144,7 @@ static int param_hashes(ddp_context *ctx, const config *c, uint64_t *all) {
         const ddp_bf16 *w = ddp_flat_params_bf16(ctx, &n);
         mine ^= test_hash(w, n * sizeof(ddp_bf16)) * 31;
     }
-    for (s = 0; s < WORLD; s++) {
+    for (s = 0; s < ddp_world_size(ctx) && s < MAXW; s++) {
         all[s] = mine;
         if (ddp_broadcast(ctx, &all[s], sizeof all[s], s) != DDP_OK) return 0;
     }
@@ -153,7 +156,7 @@ static void run_config(ddp_desc d, const config *c) {
     ddp_context *ctx = NULL;
     ddp_adamw opt;
     ddp_outer_status st;
-    uint64_t h[WORLD];
+    uint64_t h[MAXW];
     int ids[NPARAM], p, s, rank, S = c->group_size, first, ok;
     char name[160];
     ddp_result r;
@@ -182,15 +185,15 @@ static void run_config(ddp_desc d, const config *c) {
     if (r != DDP_OK) goto fail;
     st = ddp_outer_state(ctx);
     snprintf(name, sizeof name, "groups_%s_rank%d_layout", c->name, rank);
-    verdict(st.groups == WORLD / S && st.group == rank / S && st.group_size == S && st.group_rank == rank % S &&
-            ddp_world_size(ctx) == WORLD && ddp_num_buckets(ctx) >= 2 && ddp_config(ctx)->backend == d.backend, name,
+    verdict(st.groups == c->world / S && st.group == rank / S && st.group_size == S && st.group_rank == rank % S &&
+            ddp_world_size(ctx) == c->world && ddp_num_buckets(ctx) >= 2 && ddp_config(ctx)->backend == d.backend, name,
             "groups %d group %d size %d index %d, world %d, %d bucket(s), backend %s", st.groups, st.group, st.group_size,
             st.group_rank, ddp_world_size(ctx), ddp_num_buckets(ctx), ddp_backend_name(ctx));
     /* step 1: averaged within the groups; the groups' parameters part */
     step_and_check(ctx, c, ids, 1, "step1");
     if ((r = ddp_adamw_step(ctx, &opt, NULL)) != DDP_OK) goto fail;
     if (!param_hashes(ctx, c, h)) { r = DDP_ERR_BACKEND; goto fail; }
-    for (ok = 1, s = 0; s < WORLD; s++) ok &= (s / S == rank / S) == (h[s] == h[rank]);
+    for (ok = 1, s = 0; s < c->world; s++) ok &= (s / S == rank / S) == (h[s] == h[rank]);
     snprintf(name, sizeof name, "groups_%s_rank%d_inner_step_replicas_equal_within_group_only", c->name, rank);
     verdict(ok, name, "parameter hashes %016llx %016llx %016llx %016llx (groups of %d)", (unsigned long long)h[0],
             (unsigned long long)h[1], (unsigned long long)h[2], (unsigned long long)h[3], S);
@@ -208,7 +211,7 @@ static void run_config(ddp_desc d, const config *c) {
     }
     st = ddp_outer_state(ctx);
     if (!param_hashes(ctx, c, h)) { r = DDP_ERR_BACKEND; goto fail; }
-    for (ok = st.syncs == 1, s = 0; s < WORLD; s++) ok &= h[s] == h[0];
+    for (ok = st.syncs == 1, s = 0; s < c->world; s++) ok &= h[s] == h[0];
     snprintf(name, sizeof name, "groups_%s_rank%d_outer_sync_replicas_equal", c->name, rank);
     verdict(ok, name, "syncs %lld, parameter hashes %016llx %016llx %016llx %016llx", (long long)st.syncs,
             (unsigned long long)h[0], (unsigned long long)h[1], (unsigned long long)h[2], (unsigned long long)h[3]);
@@ -241,6 +244,7 @@ int main(int argc, char **argv) {
 #ifdef DDP_MPI
         if (c->staged) continue;   /* the staging slots are the CPU backend's */
 #endif
+        if (env && c->world != 4) continue;   /* a launcher's 4 ranks */
         if (c->staged) setenv("DDP_STAGED_GRADS", "1", 1);
         if (env) {
             ddp_desc d;
@@ -253,10 +257,10 @@ int main(int argc, char **argv) {
 #endif
             run_config(d, c);
         } else {
-            test_rank ranks[WORLD];
+            test_rank ranks[MAXW];
             void *shared[1] = { (void *)rank_main };
             current = c;
-            test_run_ranks(WORLD, shared, ranks);
+            test_run_ranks(c->world, shared, ranks);
         }
         if (c->staged) unsetenv("DDP_STAGED_GRADS");
     }
