@@ -6365,7 +6365,9 @@ struct ddp__mpi {
     int *wcounts, *wdispls, *wrcounts, *wrdispls;   /* world entries each */
     ddp_bf16 *wire, *rounded;             /* this rank's piece from every rank; fp32 gradients rounded */
     size_t wire_count;
-    float *wire_f32;                      /* replica groups, fp32 buckets: this rank's piece from every member */
+    float *wire_f32;                      /* replica groups, fp32 buckets: this rank's piece from every
+                                             member (team_host, bf16 gradients: one bucket widened) */
+    int team_host;                        /* the team is this host's ranks: buckets through its segment */
     size_t wire_f32_count;
     uint64_t wseq;                        /* their collectives issued: the same on every rank */
     ddp__workq comm;                      /* the communication thread's queue (>>engine) */
@@ -6856,9 +6858,53 @@ static ddp_result ddp__mpi_watched(ddp_context *ctx, ddp_result (*run)(ddp_conte
     return r;
 }
 
+/* Replica groups where a group is exactly this host's ranks, in local rank order (the default:
+   group_size = local_world_size, with a launcher that numbers a host's ranks together): its
+   buckets are averaged through the host's segment (ddp__mpi_host: the CPU backend's staging
+   slots, no MPI), the same bits as through the team's communicator (members added in order,
+   divided by the group's size; bf16 gradients widened and rounded once, as the CPU backend's
+   staged path). Every member decides alike (the layout tables are every rank's). */
+static int ddp__mpi_team_is_host(ddp_context *ctx) {
+    ddp__mpi *m = ctx->impl.mpi;
+    int i, first = ddp__team_peer(ctx, 0), n = ddp__team_world(ctx);
+    if (!m->host || m->host->world != n) return 0;
+    for (i = 0; i < n; i++)
+        if (m->rank_node[first + i] != m->node || m->rank_local[first + i] != i) return 0;
+    return 1;
+}
+
+static ddp_result ddp__mpi_bucket_host(ddp_context *ctx, int b) {
+    ddp__mpi *m = ctx->impl.mpi;
+    const ddp__bucket *k = &ctx->model.buckets[b];
+    ddp_bf16 *g = ctx->flat.grads_bf16 ? ctx->flat.grads_bf16 + k->offset : NULL;
+    size_t j;
+    ddp_result r;
+    if (g && (m->wire_f32_count < k->count || !m->wire_f32)) {   /* one bucket's floats, kept */
+        ddp__free_floats(m->wire_f32);
+        m->wire_f32_count = k->count;
+        if (!(m->wire_f32 = ddp__alloc_floats(k->count ? k->count : 1)))
+            return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for one bucket's %zu floats", k->count);
+    }
+    m->straggle_counted = 1;   /* the host's arrivals are the group's */
+    m->host_at = ddp__now();
+    if (g) {
+        for (j = 0; j < k->count; j++) m->wire_f32[j] = ddp__from_bf16(g[j]);
+        r = ddp__mpi_host(ctx, DDP__KIND_AVG, m->wire_f32, k->count, 0);
+        if (r == DDP_OK) for (j = 0; j < k->count; j++) g[j] = ddp__to_bf16(m->wire_f32[j]);
+    } else r = ddp__mpi_host(ctx, k->wire.dtype == DDP_DTYPE_BF16 ? DDP__KIND_AVG_BF16 : DDP__KIND_AVG,
+                             ctx->flat.grads + k->offset, k->count, 0);
+    if (r == DDP_OK) {
+        ddp__mpi_host_arrivals(ctx);
+        ddp__mpi_arrivals(ctx, 0);
+    }
+    m->straggle_counted = 0;
+    return r;
+}
+
 /* The communication thread's work for bucket b (ddp__workq_turn): fp32 gradients through the host groups and
    leaders (ddp__mpi_collective_run; sharded too, averaged whole: the bits of unsharded), bf16
-   ones among all ranks; with replica groups both among the team (ddp__mpi_bucket_f32). */
+   ones among all ranks; with replica groups both among the team (ddp__mpi_bucket_f32), through
+   the host's segment where the team is the host's ranks (ddp__mpi_bucket_host). */
 static ddp_result ddp__mpi_bucket(ddp_context *ctx, int b) {
     const ddp__bucket *k = &ctx->model.buckets[b];
     double started = ddp__now();
@@ -6870,7 +6916,8 @@ static ddp_result ddp__mpi_bucket(ddp_context *ctx, int b) {
         ctx->impl.mpi->straggle_bucket = 0;
         return r;
     }
-    r = ddp__mpi_watched(ctx, f32 ? ddp__mpi_bucket_f32 : ddp__mpi_bucket_bf16, b);
+    r = ddp__mpi_watched(ctx, ddp__mpi_teams(ctx) && ctx->impl.mpi->team_host ? ddp__mpi_bucket_host
+                              : f32 ? ddp__mpi_bucket_f32 : ddp__mpi_bucket_bf16, b);
     ctx->impl.mpi->straggle_bucket = 0;
     if (r == DDP_OK && (ctx->desc.inject_comm_latency_ms > 0 || ctx->desc.inject_comm_gbps > 0))
         ddp__inject_comm_delay(ctx, k->wire.bytes, started);
@@ -7270,6 +7317,12 @@ static ddp_result ddp__mpi_commit(ddp_context *ctx) {
     if ((r = ddp__mpi_collective_timed(ctx, DDP__KIND_BROADCAST, ctx->flat.params, ctx->flat.count * sizeof(float), 0)) != DDP_OK)
         return r;
     if ((r = ddp__mpi_ranks_alloc(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
+    if (ddp__mpi_teams(ctx) && ctx->outer.size > 1) {
+        ctx->impl.mpi->team_host = ddp__mpi_team_is_host(ctx);
+        ddp__log(ctx, DDP_LOG_INFO, "replica group %d (ranks %d..%d): its buckets through %s", ctx->outer.group,
+                 ddp__team_peer(ctx, 0), ddp__team_peer(ctx, ctx->outer.size - 1),
+                 ctx->impl.mpi->team_host ? "the host's shared memory (the group is the host's ranks)" : "its MPI communicator");
+    }
     if ((r = ddp__workq_start(&ctx->impl.mpi->comm)) != DDP_OK) return ddp__fatal(ctx, r);
     return DDP_OK;
 }
