@@ -367,8 +367,9 @@
      the same settings (ddp_commit: DDP_ERR_MISMATCH naming both). Backends: CPU and MPI, groups
      of any size: a group's buckets are averaged among its ranks only, overlapped with backward as
      without groups (CPU: through the shared segment, waiting for the group's ranks only; MPI: a
-     communicator per group, each piece's owner adding the group's values in rank order: the CPU
-     backend's bits), while every other collective spans the world; NCCL
+     communicator per group, each piece's owner adding the group's values in rank order, or a
+     group of one host's ranks through that host's shared memory: the CPU backend's bits either
+     way), while every other collective spans the world; NCCL
      with groups of one rank (each GPU its own replica: its buckets move nothing) or one group,
      the exchange staged through host memory and not overlapped (its collectives are ordered on
      the program's compute stream; tested on tests/fakegpu, not yet on a GPU). Not yet:
@@ -507,7 +508,10 @@
              backends and world sizes, sharded or not. Replica groups of several ranks
              (OUTER SYNC): every bucket, fp32 too, goes that owner's way among the group's ranks
              only, through a communicator of the group (MPI_Comm_split): the CPU backend's bits
-             for the same groups, on any hosts; the world's collectives stay as above.
+             for the same groups, on any hosts; a group that is exactly one host's ranks (the
+             default, one group a host, with a launcher that numbers a host's ranks together)
+             averages through the host's shared memory instead, no MPI, the same bits (DDP_LOG=
+             info says which). The world's collectives stay as above.
              Tests: tests/test_mpi_parity.sh (one host, flat and hierarchical),
              tests/test_mpi_hosts.sh (2 hosts x 2 ranks), tests/test_groups.sh (groups).
              Over TCP (Open MPI's btl tcp): where ddp.h initializes MPI it sets the Open MPI
@@ -770,7 +774,8 @@
      >>mpi          the MPI backend (only with DDP_MPI): host groups on the cpu backend's
                     segment, the leaders' fixed-order sum; bf16 buckets and the sharded optimizer
                     among all ranks (the CPU backend's rank order); with replica groups every
-                    bucket among the team, through its own communicator; stragglers across hosts
+                    bucket among the team, through its own communicator (a team that is a host's
+                    ranks: through the host's segment); stragglers across hosts
                     through the signature check (ddp__mpi_cross_arrivals, the leaders' relay);
                     the watchdog's hooks (heartbeats, the collective's age, MPI_Abort), its table
      >>nccl         the NCCL backend (only with DDP_CUDA): the communicator's life, the
