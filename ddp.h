@@ -9,7 +9,8 @@
    CONTENTS
      QUICK START · ONE STEP, AS DATA FLOWS · OWN AUTOGRAD · MEMORY LAYOUT AND OVERLAP ·
      FAST MATH · STRUCTS ACROSS VERSIONS · OPTIONS · ADAMW · SHARDED OPTIMIZER (ZeRO-1) ·
-     PARAMETER DTYPE (bf16 parameters, fp32 master weights) · CHECKPOINTS · BACKENDS ·
+     PARAMETER DTYPE (bf16 parameters, fp32 master weights) · OUTER SYNC (replica groups,
+     DiLoCo, streaming DiLoCo) · CHECKPOINTS · BACKENDS ·
      ENVIRONMENT · JOB IDENTITY · ERRORS · NULL, LIFETIME AND THREADS · EMBEDDING: CANCEL,
      PROGRESS, UNEVEN INPUTS · SAMPLER · PLATFORMS (Linux, Windows, macOS) · COMPILE-TIME
      OPTIONS · THE IMPLEMENTATION, SECTION BY SECTION
@@ -168,6 +169,9 @@
      shard_optimizer  0 ($DDP_SHARD_       1: ZeRO stage 1, AdamW's m and v split across the ranks
                       OPTIMIZER)           (SHARDED OPTIMIZER below); the same bits as 0; ranks
                                            must agree; not with uneven_inputs
+     outer            mode DDP_OUTER_OFF   replica groups and their outer sync: DiLoCo,
+                                           streaming DiLoCo, periodic averaging (OUTER SYNC);
+                                           ranks must agree
 
    ADAMW (ddp_adamw; ddp_adamw_step(ddp, &opt, &norm or NULL))
      lr as given (0 is valid); beta1, beta2, eps: 0 means 0.9, 0.999, 1e-8 unless as_given = 1,
@@ -286,6 +290,45 @@
      runs and world sizes.
      Tests: tests/test_bf16_params.c; on the MPI backend tests/mpi_parity.c (the CPU backend's
      bits, checkpoints across the two).
+
+   OUTER SYNC (ddp_desc.outer: replica groups, DiLoCo, streaming DiLoCo, periodic averaging)
+     When: the network between groups of ranks (hosts) is much slower than the compute wants
+     (Ethernet between workstations, cloud hosts without RDMA): DDP's every-step allreduce
+     then dominates (bench/RESULTS.md, "across slow links"). The ranks split into groups of
+     group_size (default local_world_size: a group a host); within a group every step is the DDP
+     step above; across groups only the parameters meet, every inner_steps (H) steps:
+       desc.outer = (ddp_outer){ .mode = DDP_OUTER_DILOCO, .inner_steps = 50 };
+       ... every step as before: backward, ddp_adamw_step (it takes the outer step when due)
+     DILOCO (arXiv 2311.08105): each group keeps an fp32 outer copy of the parameters and an outer
+     momentum; at an outer step the outer gradient (outer copy minus the group's parameters),
+     averaged over the groups, takes an outer SGD step with Nesterov momentum exactly as
+     torch.optim.SGD(nesterov=True) defines it (lr 0.7, momentum 0.9 by default), and every
+     group's parameters become the new outer copy; AdamW's state is kept. AVERAGE: lr 1 and
+     momentum 0 (PyTorch's post-local SGD), the mean of the groups' parameters (what travels is
+     then the parameters, in fp32: one group gives plain training bit for bit). STREAMING (arXiv
+     2501.18512): the flat buffer is cut into `fragments` contiguous ranges, equal to within 16
+     floats; fragment f is sent every H steps, at the steps t (1, 2, ...) with (t + f*H/F) % H
+     == 0, so at most one is in flight; its exchange runs on a thread of its own while the next
+     `delay_steps` inner steps compute, and then it merges: parameters = mix * their own + (1 -
+     mix) * the new outer values (the paper's alpha; 0 with delay 0 is DiLoCo on the fragment).
+     What travels (wire): BF16 by default (FP32 for AVERAGE), or INT8, one fp32 scale for every
+     quant_block (64) values (max |x| / 127, values rounded to nearest): 1/4 of fp32 plus 1/16.
+     Every group's encoding reaches every rank (a broadcast from each group's first rank) and
+     every rank adds the decoded values in group order: all ranks compute the same bits.
+     A program with its own optimizer: ddp_consume_grads, its update, ddp_outer_step (every
+     rank, every step; ddp_adamw_step calls it itself). ddp_outer_state: groups, this rank's
+     group, inner steps, fragments merged, the one in flight, what the last exchange took and
+     what the steps waited for exchanges (0 when the overlap hid them), and the straggler: an
+     exchange begins with a barrier, each group's first rank sends what it waited there, so
+     every rank names the group that arrived last and what it cost the earliest one.
+     Checks: group_size must divide the world, H >= 1, fragments <= H and delay_steps < H /
+     fragments (ddp_init), fragments <= the model's blocks of 16 floats (ddp_commit), every rank
+     the same settings (ddp_commit: DDP_ERR_MISMATCH naming both). Not yet: the NCCL backend,
+     shard_optimizer, uneven_inputs (refused by name). A host lost during an exchange: the
+     backend's collective fails on every survivor within the timeout, as any collective does.
+     Continuing without the lost group would take: the survivors agreeing on who is left (the
+     store), a new group count for the average, and the outer state kept (it is the same on every
+     group); not built.
 
    CHECKPOINTS (ddp_save, ddp_load, ddp_save_check; collective: every rank calls them alike)
        int holds;
@@ -661,6 +704,9 @@
                     gradients guard, and ddp_consume_grads for a program's own optimizer
      >>collectives  user collectives, host copies of the state
      >>join         uneven inputs: ddp_join's shadow steps, the replicas synced at the end
+     >>outer        replica groups and their outer sync: fragments, the wire's encodings, the
+                    exchange (its own thread when delayed; the wire's users wait for it), the
+                    outer Nesterov step and the merge
      >>checkpoint   ddp_save / ddp_load: the file format, the atomic write, the strict two-pass
                     read, rank 0's verdict broadcast to every rank
      >>public       every public function: checks its arguments and the context, hands off
@@ -996,6 +1042,12 @@ typedef struct ddp_outer_status {
     int64_t inner_steps;       /* inner steps taken (ddp_outer_step calls) */
     int64_t syncs;             /* fragments merged so far (DiLoCo: outer steps) */
     int in_flight;             /* the fragment whose exchange is in flight, -1: none */
+    double exchange_ms;        /* the last merged fragment's exchange took (its own thread with delay_steps) */
+    double wait_ms;            /* all the time this rank waited for exchanges in flight (0: fully hidden) */
+    /* the last merged exchange's straggler: the group whose first rank arrived last at its barrier
+       (-1: one group), and how much longer than it the earliest group waited there */
+    int slowest_group;
+    double straggler_ms;
 } ddp_outer_status;
 ddp_outer_status ddp_outer_state(const ddp_context *ctx);
 
@@ -2402,6 +2454,23 @@ struct ddp_context {
         int flight;                /* the fragment in flight (-1: none) */
         int64_t lands;             /* the inner step after which it merges */
         int owed;                  /* ddp_consume_grads since the last ddp_outer_step (own optimizer) */
+        struct {                   /* the exchange in the background (delay_steps > 0): a thread of its own */
+            ddp__thread thread;
+            ddp__mutex lock;
+            ddp__cond cond;
+            int started, job, stop;/* job: the fragment to exchange, -1: none */
+            ddp_result result;
+            double seconds;        /* the last exchange took */
+            double slow_s;         /* its longest broadcast from another group: that group's lateness, roughly */
+            int slow_group;
+            /* the backend's slots the exchange shares the wire with: they wait for it first */
+            ddp_result (*collective)(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root);
+            ddp_result (*launch)(ddp_context *ctx, int bucket);
+            void (*stop_backend)(ddp_context *ctx);
+        } bg;
+        double exchange_ms, wait_ms;   /* the last exchange; what the step waited for it in all */
+        double straggler_ms;       /* the last exchange's longest wait for one group's broadcast */
+        int slowest_group;         /* that group (-1: none) */
     } outer;
 };
 
@@ -3339,6 +3408,7 @@ static ddp_result ddp__outer_resolve(ddp_context *ctx) {
     ddp_outer *o = &ctx->desc.outer;
     int gap, given = o->group_size;
     ctx->outer.flight = -1;
+    ctx->outer.slowest_group = -1;
     ctx->outer.groups = 1;
     ctx->outer.size = ctx->world;
     ctx->outer.index = ctx->rank;
@@ -8247,23 +8317,7 @@ static ddp_result ddp__group_barrier(ddp_context *ctx) {
     return ctx->be->collective(ctx, DDP__KIND_SHUTDOWN, NULL, 0, 0);
 }
 
-/* Replica groups (desc.outer, >>outer) on the chosen backend. The inner steps average within a
-   group; a group of one rank averages nothing, so its buckets take the single backend's launch
-   and finish (the backend's collectives still reach every rank: the outer exchange uses them). */
-static ddp_result ddp__outer_backend(ddp_context *ctx) {
-    if (ctx->desc.outer.mode == DDP_OUTER_OFF) return DDP_OK;
-    if (ctx->be->id == DDP_BACKEND_NCCL)
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: replica groups are not built (yet) on the nccl "
-                         "backend: run the CPU or MPI backend, or outer mode off");
-    if (ctx->outer.size > 1 && ctx->outer.groups > 1)
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: groups of %d ranks are not built (yet): group_size "
-                         "1 (every rank its own replica) or %d (one group: plain DDP)", ctx->outer.size, ctx->world);
-    if (ctx->outer.size == 1 && ctx->world > 1) {
-        ctx->table.launch = ddp__single_launch;
-        ctx->table.finish = ddp__single_finish;
-    }
-    return DDP_OK;
-}
+static ddp_result ddp__outer_backend(ddp_context *ctx);   /* >>outer */
 
 /* Environment and descriptor, the timeline's lists, the backend; with peers, the store and the
    rendezvous; then the backend's data plane. */
@@ -9510,6 +9564,10 @@ static void ddp__outer_decode_add(const ddp_context *ctx, const unsigned char *i
     }
 }
 
+/* A group's slot: a head (what its first rank waited at the exchange's barrier), then the
+   encoding. */
+#define DDP__OUTER_HEAD 64
+
 /* Fragment f: floats [frag[f], frag[f + 1]), equal to within DDP__ALIGN_FLOATS (the flat
    buffer's count is a multiple of it). */
 static ddp_result ddp__outer_commit(ddp_context *ctx) {
@@ -9523,7 +9581,7 @@ static ddp_result ddp__outer_commit(ddp_context *ctx) {
         return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the outer fragments");
     for (f = 0; f <= F; f++) ctx->outer.frag[f] = units * (size_t)f / (size_t)F * DDP__ALIGN_FLOATS;
     for (f = 0; f < F; f++) if (ctx->outer.frag[f + 1] - ctx->outer.frag[f] > most) most = ctx->outer.frag[f + 1] - ctx->outer.frag[f];
-    bytes = ctx->outer.slot = ddp__round_up(ddp__outer_wire_bytes(ctx, most), 64);
+    bytes = ctx->outer.slot = DDP__OUTER_HEAD + ddp__round_up(ddp__outer_wire_bytes(ctx, most), 64);
     ctx->outer.theta = ddp__alloc_floats(n);
     ctx->outer.mom = ctx->desc.outer.momentum > 0 ? ddp__alloc_floats(n) : NULL;
     ctx->outer.sum = ddp__alloc_floats(most);
@@ -9536,26 +9594,169 @@ static ddp_result ddp__outer_commit(ddp_context *ctx) {
     return DDP_OK;
 }
 
-/* Fragment f's exchange: this group's encoded outer gradient (or, ddp__outer_plain_mean, its
-   parameters) to every rank, every group's added into outer.sum in group order. */
-static ddp_result ddp__outer_exchange(ddp_context *ctx, int f) {
+/* Fragment f, sent: this group's outer gradient (or, ddp__outer_plain_mean, its parameters) as
+   they are now, encoded into the group's slot. */
+static void ddp__outer_pack(ddp_context *ctx, int f) {
     size_t lo = ctx->outer.frag[f], n = ctx->outer.frag[f + 1] - lo, i;
-    size_t wire = ddp__outer_wire_bytes(ctx, n), slot = ctx->outer.slot;
     const float *p = ctx->flat.params + lo, *theta = ctx->outer.theta + lo;
     float *delta = ctx->outer.sum;   /* scratch until the sum replaces it */
-    ddp_result r = DDP_OK;
-    int g;
     if (ddp__outer_plain_mean(ctx)) memcpy(delta, p, n * sizeof(float));
     else for (i = 0; i < n; i++) delta[i] = theta[i] - p[i];
-    ddp__outer_encode(ctx, delta, n, ctx->outer.recv + (size_t)ctx->outer.group * slot);
-    snprintf(ctx->what_buf, sizeof ctx->what_buf, "the outer exchange of fragment %d (%zu floats)", f, n);
-    ctx->what = ctx->what_buf;
-    for (g = 0; g < ctx->outer.groups && r == DDP_OK && ctx->world > 1; g++)
-        r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, ctx->outer.recv + (size_t)g * slot, wire, g * ctx->outer.size);
+    ddp__outer_encode(ctx, delta, n, ctx->outer.recv + (size_t)ctx->outer.group * ctx->outer.slot + DDP__OUTER_HEAD);
+}
+
+/* Every group's slot to every rank (a broadcast from each group's first rank, through the
+   backend's own collective), added into outer.sum in group order. Any thread: the main one, or
+   the exchange's own while the inner steps run (nothing else uses the wire meanwhile). A barrier
+   first: what each group's first rank waited in it travels in its slot's head, so every rank
+   knows the group that arrived last (it waited least) and what it cost the others. */
+static ddp_result ddp__outer_transfer(ddp_context *ctx, int f) {
+    size_t n = ctx->outer.frag[f + 1] - ctx->outer.frag[f], wire = ddp__outer_wire_bytes(ctx, n), slot = ctx->outer.slot;
+    unsigned char *mine = ctx->outer.recv + (size_t)ctx->outer.group * slot;
+    ddp_result r = DDP_OK;
+    double t0 = ddp__now(), w, least = 0;
+    int g;
+    ctx->outer.bg.slow_s = 0;
+    ctx->outer.bg.slow_group = -1;
+    if (ctx->outer.groups > 1) {
+        r = ctx->outer.bg.collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0);
+        w = ddp__now() - t0;
+        memcpy(mine, &w, sizeof w);
+    }
+    for (g = 0; g < ctx->outer.groups && r == DDP_OK && ctx->outer.groups > 1; g++)
+        r = ctx->outer.bg.collective(ctx, DDP__KIND_BROADCAST, ctx->outer.recv + (size_t)g * slot, DDP__OUTER_HEAD + wire,
+                                     g * ctx->outer.size);
     if (r != DDP_OK) return r;
-    for (g = 0; g < ctx->outer.groups; g++) ddp__outer_decode_add(ctx, ctx->outer.recv + (size_t)g * slot, n, ctx->outer.sum, g == 0);
+    for (g = 0; g < ctx->outer.groups; g++) {
+        memcpy(&w, ctx->outer.recv + (size_t)g * slot, sizeof w);
+        if (ctx->outer.groups > 1 && (g == 0 || w < least)) { least = w; ctx->outer.bg.slow_group = g; }
+        if (w > ctx->outer.bg.slow_s) ctx->outer.bg.slow_s = w;
+        ddp__outer_decode_add(ctx, ctx->outer.recv + (size_t)g * slot + DDP__OUTER_HEAD, n, ctx->outer.sum, g == 0);
+    }
+    ctx->outer.bg.slow_s -= least;
+    ctx->outer.bg.seconds = ddp__now() - t0;
     return DDP_OK;
 }
+
+static void *ddp__outer_main(void *arg) {
+    ddp_context *ctx = (ddp_context *)arg;
+    ddp__mutex_lock(&ctx->outer.bg.lock);
+    for (;;) {
+        while (ctx->outer.bg.job < 0 && !ctx->outer.bg.stop) ddp__cond_wait(&ctx->outer.bg.cond, &ctx->outer.bg.lock);
+        if (ctx->outer.bg.job < 0) break;   /* stopped */
+        ddp__mutex_unlock(&ctx->outer.bg.lock);
+        ctx->outer.bg.result = ddp__outer_transfer(ctx, ctx->outer.bg.job);
+        ddp__mutex_lock(&ctx->outer.bg.lock);
+        ctx->outer.bg.job = -1;
+        ddp__cond_broadcast(&ctx->outer.bg.cond);
+    }
+    ddp__mutex_unlock(&ctx->outer.bg.lock);
+    return NULL;
+}
+
+/* The exchange in flight, if any, done: its result (a failure is the group's already). */
+static ddp_result ddp__outer_settle(ddp_context *ctx) {
+    ddp_result r;
+    double t0;
+    if (!ctx->outer.bg.started) return DDP_OK;
+    t0 = ddp__now();
+    ddp__mutex_lock(&ctx->outer.bg.lock);
+    while (ctx->outer.bg.job >= 0) ddp__cond_wait(&ctx->outer.bg.cond, &ctx->outer.bg.lock);
+    r = ctx->outer.bg.result;
+    ctx->outer.bg.result = DDP_OK;
+    ddp__mutex_unlock(&ctx->outer.bg.lock);
+    ctx->outer.wait_ms += 1e3 * (ddp__now() - t0);
+    return r;
+}
+
+/* The settled exchange's times, for ddp_outer_state (main thread: the exchange's thread is idle). */
+static void ddp__outer_times(ddp_context *ctx) {
+    ctx->outer.exchange_ms = 1e3 * ctx->outer.bg.seconds;
+    ctx->outer.straggler_ms = 1e3 * ctx->outer.bg.slow_s;
+    ctx->outer.slowest_group = ctx->outer.bg.slow_group;
+}
+
+/* Fragment f's exchange: at once, or (delay_steps > 0) handed to the exchange's thread. */
+static ddp_result ddp__outer_exchange(ddp_context *ctx, int f) {
+    ddp_result r;
+    snprintf(ctx->what_buf, sizeof ctx->what_buf, "the outer exchange of fragment %d (%zu floats)", f,
+             ctx->outer.frag[f + 1] - ctx->outer.frag[f]);
+    ctx->what = ctx->what_buf;
+    ddp__outer_pack(ctx, f);
+    if (!ctx->desc.outer.delay_steps || ctx->outer.groups == 1) {
+        r = ddp__outer_transfer(ctx, f);
+        ddp__outer_times(ctx);
+        return r;
+    }
+    if (!ctx->outer.bg.started) {
+        ctx->outer.bg.job = -1;
+        ddp__mutex_init(&ctx->outer.bg.lock);
+        ddp__cond_init(&ctx->outer.bg.cond);
+        if (ddp__thread_create(&ctx->outer.bg.thread, ddp__outer_main, ctx)) {
+            ddp__mutex_destroy(&ctx->outer.bg.lock);
+            ddp__cond_destroy(&ctx->outer.bg.cond);
+            return ddp__fail_group(ctx, DDP_ERR_SYSTEM, "cannot start the outer exchange's thread");
+        }
+        ctx->outer.bg.started = 1;
+    }
+    ddp__mutex_lock(&ctx->outer.bg.lock);
+    ctx->outer.bg.job = f;
+    ddp__cond_signal(&ctx->outer.bg.cond);
+    ddp__mutex_unlock(&ctx->outer.bg.lock);
+    return DDP_OK;
+}
+
+/* The backend's slots that use the wire wait for the exchange in flight first. */
+static ddp_result ddp__outer_collective(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root) {
+    ddp_result r = ddp__outer_settle(ctx);
+    return r != DDP_OK ? r : ctx->outer.bg.collective(ctx, kind, data, count, root);
+}
+
+static ddp_result ddp__outer_launch(ddp_context *ctx, int bucket) {
+    ddp_result r = ddp__outer_settle(ctx);
+    return r != DDP_OK ? r : ctx->outer.bg.launch(ctx, bucket);
+}
+
+/* Shutdown: the exchange settled and its thread ended before the backend stops. */
+static void ddp__outer_stop(ddp_context *ctx) {
+    if (ctx->outer.bg.started) {
+        (void)ddp__outer_settle(ctx);
+        ddp__mutex_lock(&ctx->outer.bg.lock);
+        ctx->outer.bg.stop = 1;
+        ddp__cond_signal(&ctx->outer.bg.cond);
+        ddp__mutex_unlock(&ctx->outer.bg.lock);
+        ddp__thread_join(ctx->outer.bg.thread);
+        ddp__mutex_destroy(&ctx->outer.bg.lock);
+        ddp__cond_destroy(&ctx->outer.bg.cond);
+        ctx->outer.bg.started = 0;
+    }
+    if (ctx->outer.bg.stop_backend) ctx->outer.bg.stop_backend(ctx);
+}
+/* Replica groups on the chosen backend (ddp_init). The inner steps average within a group; a
+   group of one rank averages nothing, so its buckets take the single backend's launch and finish
+   (the backend's collectives still reach every rank: the outer exchange uses them). The slots
+   that use the wire are wrapped so that they wait for an exchange in flight first. */
+static ddp_result ddp__outer_backend(ddp_context *ctx) {
+    if (ctx->desc.outer.mode == DDP_OUTER_OFF) return DDP_OK;
+    if (ctx->be->id == DDP_BACKEND_NCCL)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: replica groups are not built (yet) on the nccl "
+                         "backend: run the CPU or MPI backend, or outer mode off");
+    if (ctx->outer.size > 1 && ctx->outer.groups > 1)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: groups of %d ranks are not built (yet): group_size "
+                         "1 (every rank its own replica) or %d (one group: plain DDP)", ctx->outer.size, ctx->world);
+    if (ctx->outer.size == 1 && ctx->world > 1) {
+        ctx->table.launch = ddp__single_launch;
+        ctx->table.finish = ddp__single_finish;
+    }
+    ctx->outer.bg.collective = ctx->table.collective;
+    ctx->outer.bg.launch = ctx->table.launch;
+    ctx->outer.bg.stop_backend = ctx->table.stop;
+    ctx->table.collective = ddp__outer_collective;
+    if (ctx->outer.size > 1) ctx->table.launch = ddp__outer_launch;
+    ctx->table.stop = ddp__outer_stop;
+    return DDP_OK;
+}
+
 /* Fragment f lands: the averaged outer gradient (outer.sum / groups) takes an outer Nesterov SGD
    step on the outer copy (torch.optim.SGD(nesterov=True): buf = momentum * buf + g, then
    g + momentum * buf; the first buf is g), and the parameters become the outer values, keeping
@@ -9597,8 +9798,11 @@ static ddp_result ddp__outer_step(ddp_context *ctx) {
     if (!ddp__outer_on(ctx)) return DDP_OK;
     if (ddp__in_backward(ctx)) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_outer_step while a backward is in flight");
     ctx->outer.inner++;
-    if (ctx->outer.flight >= 0 && ctx->outer.inner >= ctx->outer.lands && (r = ddp__outer_merge(ctx, ctx->outer.flight)) != DDP_OK)
-        return r;
+    if (ctx->outer.flight >= 0 && ctx->outer.inner >= ctx->outer.lands) {
+        if ((r = ddp__outer_settle(ctx)) != DDP_OK) return r;
+        ddp__outer_times(ctx);
+        if ((r = ddp__outer_merge(ctx, ctx->outer.flight)) != DDP_OK) return r;
+    }
     if ((f = ddp__outer_due(ctx, ctx->outer.inner)) < 0) return DDP_OK;
     if ((r = ddp__outer_exchange(ctx, f)) != DDP_OK) return r;
     ctx->outer.flight = f;
@@ -9616,6 +9820,10 @@ static ddp_outer_status ddp__outer_status(const ddp_context *ctx) {
     s.inner_steps = ctx->outer.inner;
     s.syncs = ctx->outer.syncs;
     s.in_flight = ctx->outer.flight;
+    s.exchange_ms = ctx->outer.exchange_ms;
+    s.wait_ms = ctx->outer.wait_ms;
+    s.straggler_ms = ctx->outer.straggler_ms;
+    s.slowest_group = ctx->outer.slowest_group;
     return s;
 }
 
@@ -10410,6 +10618,15 @@ static ddp_result ddp__usable(ddp_context *ctx, int need_commit, const char *cal
     return DDP_OK;
 }
 
+/* A call that uses the wire: an outer exchange in flight (>>outer) settles first, so that the
+   exchange's thread and this one never share the wire, nor ctx->what. `buckets`: the call
+   launches gradient buckets, which use the wire only in groups of several ranks. */
+static ddp_result ddp__usable_wire(ddp_context *ctx, int need_commit, const char *call, int buckets) {
+    ddp_result r = ddp__usable(ctx, need_commit, call);
+    if (r != DDP_OK || (buckets && ctx->outer.size == 1)) return r;
+    return ddp__outer_settle(ctx);
+}
+
 const char *ddp_result_string(ddp_result result) {
     switch (result) {
     case DDP_OK: return "ok";
@@ -10576,19 +10793,19 @@ ddp_result ddp_tape_record(ddp_context *ctx, ddp_backward_fn backward, const voi
 }
 
 ddp_result ddp_backward(ddp_context *ctx) {
-    ddp_result r = ddp__usable(ctx, 1, "ddp_backward");
+    ddp_result r = ddp__usable_wire(ctx, 1, "ddp_backward", 1);
     return r != DDP_OK ? r : ddp__backward(ctx);
 }
 
 void ddp_tape_reset(ddp_context *ctx) { if (ctx) ddp__tape_reset(ctx); }
 
 ddp_result ddp_grad_ready(ddp_context *ctx, int id) {
-    ddp_result r = ddp__usable(ctx, 1, "ddp_grad_ready");
+    ddp_result r = ddp__usable_wire(ctx, 1, "ddp_grad_ready", 1);
     return r != DDP_OK ? r : ddp__grad_ready(ctx, id);
 }
 
 ddp_result ddp_finish(ddp_context *ctx) {
-    ddp_result r = ddp__usable(ctx, 1, "ddp_finish");
+    ddp_result r = ddp__usable_wire(ctx, 1, "ddp_finish", 1);
     return r != DDP_OK ? r : ddp__finish(ctx);
 }
 
@@ -10640,7 +10857,7 @@ ddp_outer_status ddp_outer_state(const ddp_context *ctx) {
     ddp_outer_status s;
     if (ctx) return ddp__outer_status(ctx);
     memset(&s, 0, sizeof s);
-    s.in_flight = -1;
+    s.in_flight = s.slowest_group = -1;
     return s;
 }
 
@@ -10672,19 +10889,19 @@ ddp_result ddp_copy_from_host(ddp_context *ctx, ddp_buffer which, size_t offset,
 }
 
 ddp_result ddp_gather_to_host(ddp_context *ctx, ddp_buffer which, size_t offset, float *dst, size_t count, int root) {
-    ddp_result r = ddp__usable(ctx, 1, "ddp_gather_to_host");
+    ddp_result r = ddp__usable_wire(ctx, 1, "ddp_gather_to_host", 0);
     if (r == DDP_OK) r = ddp__check_root(ctx, root, "ddp_gather_to_host");
     return r != DDP_OK ? r : ddp__gather_to_host(ctx, which, offset, dst, count, root);
 }
 
 ddp_result ddp_scatter_from_host(ddp_context *ctx, ddp_buffer which, size_t offset, const float *src, size_t count, int root) {
-    ddp_result r = ddp__usable(ctx, 1, "ddp_scatter_from_host");
+    ddp_result r = ddp__usable_wire(ctx, 1, "ddp_scatter_from_host", 0);
     if (r == DDP_OK) r = ddp__check_root(ctx, root, "ddp_scatter_from_host");
     return r != DDP_OK ? r : ddp__scatter_from_host(ctx, which, offset, src, count, root);
 }
 
 ddp_result ddp_save(ddp_context *ctx, const char *path, const void *user, size_t user_bytes) {
-    ddp_result r = ddp__usable(ctx, 1, "ddp_save");
+    ddp_result r = ddp__usable_wire(ctx, 1, "ddp_save", 0);
     if (r != DDP_OK) return r;
     if (!path || !*path) return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_save: no path (NULL or empty)");
     if (strlen(path) >= PATH_MAX - 64) return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_save: the path is %zu bytes long", strlen(path));
@@ -10703,7 +10920,7 @@ ddp_result ddp_save_check(ddp_context *ctx, const char *path, int *holds_out) {
 
 ddp_result ddp_load(ddp_context *ctx, const char *path, void *user, size_t user_capacity,
                     ddp_checkpoint_check_fn check, void *check_arg, ddp_checkpoint_info *info_out) {
-    ddp_result r = ddp__usable(ctx, 1, "ddp_load");
+    ddp_result r = ddp__usable_wire(ctx, 1, "ddp_load", 0);
     if (r != DDP_OK) return r;
     if (!path || !*path) return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_load: no path (NULL or empty)");
     if (user_capacity && !user) return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_load: NULL user buffer of %zu bytes", user_capacity);
@@ -10711,19 +10928,19 @@ ddp_result ddp_load(ddp_context *ctx, const char *path, void *user, size_t user_
 }
 
 ddp_result ddp_allreduce(ddp_context *ctx, float *data, size_t count, ddp_op op) {
-    ddp_result r = ddp__usable(ctx, 0, "ddp_allreduce");
+    ddp_result r = ddp__usable_wire(ctx, 0, "ddp_allreduce", 0);
     if (r != DDP_OK) return r;
     if (op != DDP_AVG && op != DDP_SUM) return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_allreduce: unknown op %d", (int)op);
     return ddp__user_collective(ctx, op == DDP_SUM ? DDP__KIND_SUM : DDP__KIND_AVG, data, count, 0, "ddp_allreduce");
 }
 
 ddp_result ddp_broadcast(ddp_context *ctx, void *data, size_t bytes, int root) {
-    ddp_result r = ddp__usable(ctx, 0, "ddp_broadcast");
+    ddp_result r = ddp__usable_wire(ctx, 0, "ddp_broadcast", 0);
     return r != DDP_OK ? r : ddp__user_collective(ctx, DDP__KIND_BROADCAST, data, bytes, root, "ddp_broadcast");
 }
 
 ddp_result ddp_barrier(ddp_context *ctx) {
-    ddp_result r = ddp__usable(ctx, 0, "ddp_barrier");
+    ddp_result r = ddp__usable_wire(ctx, 0, "ddp_barrier", 0);
     return r != DDP_OK ? r : ddp__user_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0, "ddp_barrier");
 }
 
@@ -10758,7 +10975,7 @@ ddp_result ddp_report_loss(ddp_context *ctx, float loss) {
 }
 
 ddp_result ddp_join(ddp_context *ctx) {
-    ddp_result r = ddp__usable(ctx, 1, "ddp_join");
+    ddp_result r = ddp__usable_wire(ctx, 1, "ddp_join", 0);
     return r != DDP_OK ? r : ddp__join(ctx);
 }
 
