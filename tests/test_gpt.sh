@@ -417,7 +417,7 @@ else
         name="gpt_outer_diloco_groups_of_one_sync_every_h_${N}ranks"
         train --steps 6 --outer diloco --inner-steps 3 --group-size 1 --outer-wire int8 >"$tmp/outer_dl.log" 2>&1; rc=$?
         d=$(hash_of "$tmp/outer_dl.log")
-        steps=$(sed -n 's/.*outer step *\([0-9]*\) | sent fragment 0\/1 | merged fragment 0\/1 | syncs \([0-9]*\) .*/\1:\2/p' "$tmp/outer_dl.log" | tr '\n' ' ')
+        steps=$(sed -n 's/.*outer step *\([0-9]*\) | sent fragment 0\/1 | merged fragment 0\/1 | exchange [0-9.]* ms | .*syncs \([0-9]*\) | .*/\1:\2/p' "$tmp/outer_dl.log" | tr '\n' ' ')
         if [ $rc -eq 0 ] && [ "$steps" = "3:1 6:2 " ] && [ -n "$d" ] && [ "$d" != "$a" ] &&
             grep -q "outer: diloco | $N group(s) of 1 rank(s) | every 3 inner steps | outer lr 0.7 momentum 0.9 .* | wire int8 (blocks of 64)" "$tmp/outer_dl.log"; then
             pass "$name"; echo "  (syncs at steps $steps(step:syncs); params fnv1a $d, DDP's $a)"

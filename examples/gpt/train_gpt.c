@@ -890,10 +890,14 @@ int main(int argc, char **argv) {
                 int sent = after.inner_steps != before.inner_steps ? outer_due(u, after.inner_steps) : -1;
                 printf("outer step %5d | ", step);
                 if (sent >= 0) printf("sent fragment %d/%d | ", sent, u->fragments);
-                if (after.syncs != before.syncs) printf("merged fragment %d/%d | ", before.in_flight >= 0 ? before.in_flight : sent, u->fragments);
+                if (after.syncs != before.syncs) {
+                    printf("merged fragment %d/%d | exchange %.1f ms | ", before.in_flight >= 0 ? before.in_flight : sent, u->fragments,
+                           after.exchange_ms);
+                    if (after.slowest_group >= 0) printf("last at the exchange: group %d, +%.1f ms | ", after.slowest_group, after.straggler_ms);
+                }
                 if (after.in_flight >= 0) printf("in flight until inner step %lld | ", (long long)(after.inner_steps + u->delay_steps));
-                printf("syncs %lld | inner steps %lld | adamw + outer %.1f ms\n", (long long)after.syncs,
-                       (long long)after.inner_steps, 1e3 * (now_s() - t0));
+                printf("syncs %lld | inner steps %lld | adamw + outer %.1f ms | waited for exchanges %.1f ms in all\n",
+                       (long long)after.syncs, (long long)after.inner_steps, 1e3 * (now_s() - t0), after.wait_ms);
             }
         }
         model_time_end(&mo);
