@@ -3,13 +3,14 @@
 # GPT on 2 namespace hosts (tools/hosts.sh) x 1 rank, the MPI backend (build/mpi/train_gpt under
 # mpirun), links shaped by tbf to each --rates value, every run trained to the same token budget.
 #
-#   bench/outer_hosts.sh [BUILD_DIR] [--rates "1gbit 100mbit"] [--steps 400] [--runs "..."]
-#                        [--eval-every 50] [--no-write]
+#   bench/outer_hosts.sh [BUILD_DIR] [--rates "100mbit 1gbit"] [--steps 400] [--runs "..."]
+#                        [--int8-at "100mbit"] [--eval-every 50] [--no-write]
 #
 # Runs (--runs picks among them, in this order): ddp (--outer off: every step averages the
 # gradients across the link), diloco10, diloco50, diloco200 (--outer diloco --inner-steps H, bf16
 # outer gradients, outer lr 0.7 momentum 0.9), streaming (--outer streaming --inner-steps 50
-# --fragments 5 --outer-delay 5, bf16), streaming_int8 (the same, int8 blockwise). Groups of one
+# --fragments 5 --outer-delay 5, bf16); and at the rates --int8-at names, streaming_int8 (the
+# same, int8 blockwise: its effect on the loss, where the bytes matter most). Groups of one
 # rank: each host is a replica. First, on unshaped links: one host alone (1 rank: the base of
 # the scaling efficiency and of the loss per wall-clock second) and a short DDP run on both with
 # DDP_TIMELINE (the base the scaling model predicts from: compute and bucket readiness).
@@ -25,10 +26,11 @@ set -u
 cd "$(dirname "$0")/.." || exit 1
 B=build
 [ $# -gt 0 ] && [ "${1#-}" = "$1" ] && { B=$1; shift; }
-RATES="1gbit 100mbit"
+RATES="100mbit 1gbit"
+INT8_AT="100mbit"
 STEPS=400
 EVAL_EVERY=50
-RUNS="ddp diloco10 diloco50 diloco200 streaming streaming_int8"
+RUNS="ddp diloco10 diloco50 diloco200 streaming"
 WRITE=1
 CMDLINE="bench/outer_hosts.sh${*:+ $*}"
 while [ $# -gt 0 ]; do
@@ -36,9 +38,10 @@ while [ $# -gt 0 ]; do
     --rates) RATES=$2; shift 2 ;;
     --steps) STEPS=$2; shift 2 ;;
     --runs) RUNS=$2; shift 2 ;;
+    --int8-at) INT8_AT=$2; shift 2 ;;
     --eval-every) EVAL_EVERY=$2; shift 2 ;;
     --no-write) WRITE=0; shift ;;
-    *) echo "usage: $0 [BUILD_DIR] [--rates R] [--steps N] [--runs \"ddp diloco10 ...\"] [--eval-every N] [--no-write]" >&2; exit 2 ;;
+    *) echo "usage: $0 [BUILD_DIR] [--rates R] [--steps N] [--runs \"ddp diloco10 ...\"] [--int8-at \"RATES\"] [--eval-every N] [--no-write]" >&2; exit 2 ;;
     esac
 done
 for r in $RUNS; do
@@ -117,7 +120,9 @@ for rate in $RATES; do
     A1=$("$H" addr h1)
     G=$(gbps "$rate")
     ddp_val=""
-    for run in $RUNS; do
+    runs=$RUNS
+    case " $INT8_AT " in *" $rate "*) case " $runs " in *" streaming_int8 "*) ;; *) runs="$runs streaming_int8" ;; esac ;; esac
+    for run in $runs; do
         # shellcheck disable=SC2046
         gpt "$tmp/$rate-$run.log" h1:1,h2:1 -- $(flags_of "$run")
         read -r wall val syncs < <(summary "$tmp/$rate-$run.log")
