@@ -92,6 +92,22 @@ summary() {
     syncs=$(grep -c "outer step .*merged fragment" "$1")
     echo "${wall:-nan} ${val:-nan} $syncs"
 }
+# "EXCHANGE_MS WAITED_MS" of a log: DDP: the mean allreduce time of a step (its log lines' comm) and
+# its exposed wait x the steps; diloco: the mean exchange of a merge and their sum (a delay of 0
+# blocks the step for it); streaming: the mean exchange and what the steps waited for them in all.
+comm_of() {
+    case $2 in
+    ddp) awk '/^(\[rank 0\] )?step +[0-9]+\/[0-9]+ \|/ { n = $0; sub(/^(\[rank 0\] )?step +/, "", n); sub(/\/.*/, "", n); if (n + 0 > 1) {
+                  match($0, /comm [0-9.]+/); c += substr($0, RSTART + 5, RLENGTH - 5)
+                  match($0, /exposed [0-9.]+/); e += substr($0, RSTART + 8, RLENGTH - 8); k++ } }
+              END { if (k) printf "%.1f - %.1f\n", c / k, e / k * s; else print "nan - nan" }' s="$3" "$1" ;;
+    *) awk '/outer step .*merged fragment/ { match($0, /exchange [0-9.]+/); x += substr($0, RSTART + 9, RLENGTH - 9); k++
+                # rank 0 waited at the barrier of the exchange where the other group arrived last
+                if (match($0, /last at the exchange: group [1-9][0-9]*, \+[0-9.]+/)) { l = substr($0, RSTART, RLENGTH); sub(/.*\+/, "", l); sw += l } }
+            /waited for exchanges/ { match($0, /waited for exchanges [0-9.]+/); w = substr($0, RSTART + 21, RLENGTH - 21) }
+            END { if (!k) { print "nan - nan"; exit } printf "%.1f %.0f %.1f\n", x / k, sw / k, (d ? w : x) }' d="$([ "${2#streaming}" != "$2" ] && echo 1 || echo 0)" "$1" ;;
+    esac
+}
 # the val curve of a log: "SECONDS LOSS" lines (the last one: the final evaluation at the run's wall time)
 curve() {
     sed -n 's/.*step *[0-9]* | val loss \([0-9.]*\) | \([0-9.]*\) s training$/\2 \1/p' "$1"
@@ -128,16 +144,25 @@ for rate in $RATES; do
         read -r wall val syncs < <(summary "$tmp/$rate-$run.log")
         [ "$run" = ddp ] && ddp_val=$val
         # shellcheck disable=SC2046
-        pred=$(python3 tools/scaling.py "$tmp/base.json" --algo ring --ranks-per-node 1 --nics-per-node 1 --inter-gbps "$G" \
-            --inter-latency-us 50 --ranks 1,2 $(flags_of "$run") -o /dev/null |
-            awk -v o="$([ "$run" = ddp ] && echo 0 || echo 1)" '$1 == 2 { print (o ? $6 : $2) }')
+        load=$(cut -d' ' -f1 /proc/loadavg)
+        read -r xm xw waited < <(comm_of "$tmp/$rate-$run.log" "$run" "$STEPS")
+        # the model: "C STEP EXCHANGE" (C: its step on 1 rank, the base's compute; EXCHANGE: DDP's
+        # allreduces of a step, or the outer exchange of a sync or fragment)
+        # shellcheck disable=SC2046
+        read -r pc pred px < <(python3 tools/scaling.py "$tmp/base.json" --algo ring --ranks-per-node 1 --nics-per-node 1 \
+            --inter-gbps "$G" --inter-latency-us 50 --ranks 1,2 $(flags_of "$run") -o /dev/null |
+            awk -v o="$([ "$run" = ddp ] && echo 0 || echo 1)" '$1 == 1 { c = $2 } $1 == 2 { print c, (o ? $6 : $2), (o ? $7 : $3) }')
         line=$(awk -v run="$run" -v rate="$rate" -v w="$wall" -v s="$STEPS" -v b=$BATCH -v t=$SEQ -v one="$one_tps" -v onems="$one_ms" \
-            -v val="$val" -v dv="${ddp_val:-}" -v p="$pred" -v syncs="$syncs" 'BEGIN {
+            -v val="$val" -v dv="${ddp_val:-}" -v p="$pred" -v pc="$pc" -v px="$px" -v xm="$xm" -v xw="$xw" -v waited="$waited" \
+            -v syncs="$syncs" -v load="$load" 'BEGIN {
                 ms = 1000 * w / s; tps = 2 * s * b * t / w; eff = 100 * tps / (2 * one)
                 peff = 100 * onems / p; err = 100 * (p - ms) / ms
+                # B: this run'"'"'s own compute (its wall less the communication it waited for) + the model'"'"'s communication
+                pb = (1000 * w - waited) / s + (p - pc); errb = 100 * (pb - ms) / ms
                 dval = (dv != "" && run != "ddp") ? sprintf("%+.1f %%", 100 * (val - dv) / dv) : "-"
-                printf "| %s | %s | %s | %.1f | %.0f | %.1f %% | %s | %s | %.1f | %.1f %% | %+.0f %% |\n",
-                    rate, run, syncs, w, tps, eff, val, dval, p * s / 1000, peff, err }')
+                xs = xw == "-" ? xm : sprintf("%s (%s waiting)", xm, xw)
+                printf "| %s | %s | %s | %s | %.1f | %.0f | %.1f %% | %s | %s | %s / %.1f | %.1f, %.1f %% (%+.0f %%) | %.1f (%+.0f %%) |\n",
+                    rate, run, syncs, load, w, tps, eff, val, dval, xs, px, p * s / 1000, peff, err, pb * s / 1000, errb }')
         echo "$line"
         echo "$line" >>"$rows"
         curve "$tmp/$rate-$run.log" | sed "s/^/$rate $run /" >>"$tmp/curves.txt"
@@ -168,13 +193,20 @@ out=$tmp/section.md
     echo "The model's base (DDP on 2 unshaped hosts, 60 steps, DDP_TIMELINE): ${base_line#\# }."
     echo
     echo "Wall: training seconds (validations left out). Efficiency: tokens/s over 2 x one host's."
-    echo "vs DDP: the final validation loss against DDP's at the same link. Predicted: tools/scaling.py"
-    echo "from the base trace, \`--algo ring --ranks-per-node 1 --inter-gbps RATE --inter-latency-us 50 --ranks 2\`"
-    echo "(+ \`--outer MODE --group-size 1 --inner-steps H ...\`), its step x $STEPS; predicted efficiency: one"
-    echo "host's measured step over the predicted step; error: predicted step against the measured one."
+    echo "Merges: fragments merged (DiLoCo: outer steps). Load: the machine's 1-minute load average at the"
+    echo "run's end (2 CPUs; above 2 the ranks' compute waits for other jobs). vs DDP: the final validation"
+    echo "loss against DDP's at the same link. Exchange: DDP's allreduces of a step (the log's comm), the"
+    echo "outer exchange of a sync or fragment (the log's exchange: from the barrier that starts it to its"
+    echo "end; in brackets: what rank 0 waited there for the other host, its straggler), measured / the"
+    echo "model's. The model: tools/scaling.py from the base trace, \`--algo ring"
+    echo "--ranks-per-node 1 --inter-gbps RATE --inter-latency-us 50 --ranks 2\` (+ \`--outer MODE --group-size 1"
+    echo "--inner-steps H ...\`). A: its step x $STEPS, and the efficiency against one host's measured step"
+    echo "(error: A's wall against the measured one). B: the run's own compute (its wall less what it"
+    echo "waited for communication, from its log) plus the model's communication: only the model of the"
+    echo "communication is tested."
     echo
-    echo "| link | run | syncs | wall s | tokens/s | efficiency | final val loss | vs DDP | predicted wall s | predicted efficiency | error |"
-    echo "|---|---|---|---|---|---|---|---|---|---|---|"
+    echo "| link | run | merges | load | wall s | tokens/s | efficiency | final val loss | vs DDP | exchange ms | A: wall s, efficiency (error) | B: wall s (error) |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
     cat "$rows"
     echo
     echo "![validation loss against wall-clock](outer_hosts.svg)"
