@@ -20,7 +20,8 @@
 # --outer MODE --group-size 1 ... for the outer runs) beside the measured step.
 # Results: a table per rate and bench/outer_hosts.svg (validation loss against wall-clock);
 # they replace the section between <!-- outer-hosts:begin --> and <!-- outer-hosts:end --> of
-# bench/RESULTS.md (unless --no-write). A SKIP line where mpirun, mpicc or the namespaces are
+# bench/RESULTS.md (unless --no-write); the logs, the base trace and the curves stay in
+# BUILD_DIR/outer_hosts/. A SKIP line where mpirun, mpicc or the namespaces are
 # missing. DDP_HOSTS_PREFIX: OUTER_HOSTS_PREFIX (default i26b) + this shell's pid.
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -161,8 +162,9 @@ for rate in $RATES; do
                 pb = (1000 * w - waited) / s + (p - pc); errb = 100 * (pb - ms) / ms
                 dval = (dv != "" && run != "ddp") ? sprintf("%+.1f %%", 100 * (val - dv) / dv) : "-"
                 xs = xw == "-" ? xm : sprintf("%s (%s waiting)", xm, xw)
-                printf "| %s | %s | %s | %s | %.1f | %.0f | %.1f %% | %s | %s | %s / %.1f | %.1f, %.1f %% (%+.0f %%) | %.1f (%+.0f %%) |\n",
-                    rate, run, syncs, load, w, tps, eff, val, dval, xs, px, p * s / 1000, peff, err, pb * s / 1000, errb }')
+                own = 100 * (1000 * w - waited) / (1000 * w)
+                printf "| %s | %s | %s | %s | %.1f | %.0f | %.1f %% | %.1f %% | %s | %s | %s / %.1f | %.1f, %.1f %% (%+.0f %%) | %.1f (%+.0f %%) |\n",
+                    rate, run, syncs, load, w, tps, eff, own, val, dval, xs, px, p * s / 1000, peff, err, pb * s / 1000, errb }')
         echo "$line"
         echo "$line" >>"$rows"
         curve "$tmp/$rate-$run.log" | sed "s/^/$rate $run /" >>"$tmp/curves.txt"
@@ -170,7 +172,10 @@ for rate in $RATES; do
 done
 "$H" down >/dev/null 2>&1
 T1=$(date +%s)
+# the logs, the base trace and the curves stay in BUILD_DIR/outer_hosts/ (ignored by git)
+mkdir -p "$B/outer_hosts" && cp "$tmp"/*.log "$tmp"/base.json "$tmp"/curve_one.txt "$B/outer_hosts/" 2>/dev/null
 sed "s/^/one one /" "$tmp/curve_one.txt" >>"$tmp/curves.txt"
+cp "$tmp/curves.txt" "$B/outer_hosts/"
 python3 bench/outer_svg.py "$tmp/curves.txt" bench/outer_hosts.svg \
     "Validation loss against wall-clock: the tiny GPT on 2 hosts x 1 rank, $STEPS steps, same tokens" || exit 1
 
@@ -192,7 +197,10 @@ out=$tmp/section.md
     echo "($one_ms ms a step), final validation loss $one_val (half the tokens of the 2-host runs)."
     echo "The model's base (DDP on 2 unshaped hosts, 60 steps, DDP_TIMELINE): ${base_line#\# }."
     echo
-    echo "Wall: training seconds (validations left out). Efficiency: tokens/s over 2 x one host's."
+    echo "Wall: training seconds (validations left out). Efficiency: tokens/s over 2 x one host's (one host"
+    echo "measured once, at the start: on a loaded machine it can land above 100 %). Compute share: the"
+    echo "run's wall less what it waited for communication (its log), over its wall: the efficiency"
+    echo "against its own compute, which the load moves far less."
     echo "Merges: fragments merged (DiLoCo: outer steps). Load: the machine's 1-minute load average at the"
     echo "run's end (2 CPUs; above 2 the ranks' compute waits for other jobs). vs DDP: the final validation"
     echo "loss against DDP's at the same link. Exchange: DDP's allreduces of a step (the log's comm), the"
@@ -205,8 +213,8 @@ out=$tmp/section.md
     echo "waited for communication, from its log) plus the model's communication: only the model of the"
     echo "communication is tested."
     echo
-    echo "| link | run | merges | load | wall s | tokens/s | efficiency | final val loss | vs DDP | exchange ms | A: wall s, efficiency (error) | B: wall s (error) |"
-    echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+    echo "| link | run | merges | load | wall s | tokens/s | efficiency | compute share | final val loss | vs DDP | exchange ms | A: wall s, efficiency (error) | B: wall s (error) |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     cat "$rows"
     echo
     echo "![validation loss against wall-clock](outer_hosts.svg)"

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """outer_svg.py - validation loss against wall-clock for bench/outer_hosts.sh: one panel a link
 rate, one line a run (DDP, DiLoCo H=..., streaming), one host alone (grey, dashed) in each panel.
+The time axis is logarithmic (1-2-5 ticks), the same in every panel: DDP on a slow link takes ten
+times as long as the rest, which a linear axis would squeeze into a corner.
 
 usage: bench/outer_svg.py CURVES.txt OUT.svg TITLE
   CURVES.txt: lines "RATE RUN SECONDS LOSS" (RATE "one" for the one-host run), in time order a run.
@@ -43,10 +45,22 @@ def main():
     if not rates:
         die("%s holds no 2-host run" % sys.argv[1])
     pts = [p for r in curves.values() for c in r.values() for p in c] + one
-    xmax = max(p[0] for p in pts)
+    pts = [p for p in pts if p[0] > 0]
+    if not pts:
+        die("%s holds no point after 0 s" % sys.argv[1])
+    xmax, xmin = max(p[0] for p in pts), min(p[0] for p in pts)
     ylo, yhi = min(p[1] for p in pts), max(p[1] for p in pts)
-    xs, ys = nice_step(xmax, 6), nice_step(max(yhi - ylo, 1e-3), 5)
-    xtop, ybot, ytop = xs * math.ceil(xmax / xs), ys * math.floor(ylo / ys), ys * math.ceil(yhi / ys)
+    ys = nice_step(max(yhi - ylo, 1e-3), 5)
+    ybot, ytop = ys * math.floor(ylo / ys), ys * math.ceil(yhi / ys)
+    # decades of 1-2-5 ticks covering [xmin, xmax]
+    lo, hi = 10 ** math.floor(math.log10(xmin)), 10 ** math.ceil(math.log10(xmax))
+    ticks = [m * 10 ** e for e in range(int(round(math.log10(lo))), int(round(math.log10(hi))) + 1) for m in (1, 2, 5)]
+    ticks = [t for t in ticks if lo <= t <= hi]
+    while len(ticks) > 2 and ticks[1] <= xmin:
+        ticks.pop(0)
+    while len(ticks) > 2 and ticks[-2] >= xmax:
+        ticks.pop()
+    xbot, xtop = math.log10(ticks[0]), math.log10(ticks[-1])
     PW, PH, L, T, GAP = 420, 300, 60, 70, 50
     W, H = L + len(rates) * (PW + GAP) + 180, T + PH + 60
     out = []
@@ -59,7 +73,7 @@ def main():
         x0 = L + k * (PW + GAP)
 
         def X(t):
-            return x0 + PW * t / xtop
+            return x0 + PW * (math.log10(max(t, ticks[0])) - xbot) / (xtop - xbot)
 
         def Y(v):
             return T + PH * (1 - (v - ybot) / (ytop - ybot))
@@ -70,11 +84,11 @@ def main():
             out.append('<line x1="%s" x2="%s" y1="%s" y2="%s" stroke="%s"/>' % (num(x0), num(x0 + PW), num(Y(v)), num(Y(v)), GRID))
             out.append('<text x="%s" y="%s" text-anchor="end" fill="%s">%.*f</text>' % (num(x0 - 5), num(Y(v) + 4), MUTED, d, v))
             v += ys
-        t = 0.0
-        while t <= xtop + 1e-9:
+        for t in ticks:
+            out.append('<line x1="%s" x2="%s" y1="%d" y2="%d" stroke="%s"/>' % (num(X(t)), num(X(t)), T, T + PH, GRID))
             out.append('<text x="%s" y="%d" text-anchor="middle" fill="%s">%g</text>' % (num(X(t)), T + PH + 16, MUTED, t))
-            t += xs
-        out.append('<text x="%s" y="%d" text-anchor="middle" fill="%s">seconds of training</text>' % (num(x0 + PW / 2), T + PH + 36, INK))
+        out.append('<text x="%s" y="%d" text-anchor="middle" fill="%s">seconds of training (log scale)</text>' % (
+            num(x0 + PW / 2), T + PH + 36, INK))
         lines = list(curves[rate].items()) + ([("one", one)] if one else [])
         for run, c in lines:
             color = COLORS.get(run, "#9aa0a6")
