@@ -8,7 +8,7 @@
 
    CONTENTS
      QUICK START · ONE STEP, AS DATA FLOWS · OWN AUTOGRAD · MEMORY LAYOUT AND OVERLAP ·
-     FAST MATH · STRUCTS ACROSS VERSIONS · OPTIONS · ADAMW · SHARDED OPTIMIZER (ZeRO-1) ·
+     STRAGGLERS · FAST MATH · STRUCTS ACROSS VERSIONS · OPTIONS · ADAMW · SHARDED OPTIMIZER (ZeRO-1) ·
      PARAMETER DTYPE (bf16 parameters, fp32 master weights) · OUTER SYNC (replica groups,
      DiLoCo, streaming DiLoCo) · CHECKPOINTS · BACKENDS ·
      ENVIRONMENT · JOB IDENTITY · ERRORS · NULL, LIFETIME AND THREADS · EMBEDDING: CANCEL,
@@ -86,6 +86,44 @@
      complete under 2% of the step (since the previous ddp_finish, >= 1 ms) before ddp_finish is
      warned too, with the measured times.
 
+   STRAGGLERS (ddp_step_stats; tests/test_straggler.c; README.md "Stragglers")
+     A synchronizing step waits for its slowest rank: at each exchange (every gradient bucket,
+     and with uneven_inputs the count of the ranks with data that begins the step) every rank
+     waits until the last one's gradients are final. ddp_last_step_stats says, per step:
+       slowest_rank             the rank that arrived last at the exchange whose arrivals spread
+                                most (the same on every rank; this rank itself when it kept the
+                                others waiting); -1: not known (below)
+       straggler_wait_ms        this rank's waits for the last arrival, summed over the step's
+                                exchanges (part of it may hide under this rank's own backward:
+                                exposed_ms says what reached the step)
+       straggler_first_wait_ms  the first exchange's part: what a slower forward, backward or data
+                                loading on another rank cost this rank
+       straggler_spread_ms      last arrival minus first, summed over the exchanges: what the
+                                straggler cost the rank that waited most (an upper bound where
+                                different ranks came first at different buckets)
+     So rank 0 alone, with no collective, can say "rank 3 costs the others 30% of the step"
+     (examples/gpt/train_gpt.c --straggler-pct). With timeline_path the waits of 0.1 ms or more
+     are events "wait for rank N" (category "straggler", args bucket and rank; bucket -1: the
+     uneven-inputs count) on the comm lane.
+     How each backend knows (no collective, no system call added to a step):
+       cpu     each rank writes its arrival (one clock: the ranks share a host) into its block of
+               the segment before it posts the exchange (the clock value it had read; the
+               block's cache line is one the signature check reads anyway); once every rank has
+               posted, all arrivals are there: exact, the same numbers on every rank.
+       mpi     within a host as cpu. Across hosts the exchange's signature check (an
+               MPI_Allgather of a few words each bucket already; 3 words more, 2 clock reads)
+               carries each member's arrival counted from the end of the previous signature
+               check on that communicator (all members left it together, within one network
+               latency: a common zero without a common clock), its host's last arrival and
+               spread; the host leaders relay the result to their host's ranks through the
+               segment. Error: about one latency of the network. The job's first exchange has
+               no zero yet: its hosts' parts only.
+       nccl    not known (-1, zeros): the wait is inside NCCL's kernels on the GPU, which tell no
+               arrival; it shows as a longer first bucket in comm_ms and on the timeline's comm
+               lane. Naming the rank would need a host exchange of step times each step (a host
+               wait the NCCL path avoids): a program can allgather its own times if it wants that.
+       single  no peers: -1. A step with sync off exchanges nothing: -1 and zeros.
+
    FAST MATH (-Ofast, -ffast-math, nvcc --use_fast_math; tests/test_fastmath.c)
      Non-finite values are found by their bits (exponent all ones: ddp__finite_f/_d/_bf16 in
      >>util, ddp_k__finite_d in ddp_kernels.cuh), never by isfinite(); so NaN/Inf gradients still
@@ -145,7 +183,8 @@
                                            (tools/trace_svg.py draws it); costs nothing when off.
                                            NCCL: the comm lane from CUDA events, plus per step
                                            "backward (gpu)" and "exposed comm (gpu)" (README.md,
-                                           "Seeing the overlap")
+                                           "Seeing the overlap"); cpu and mpi: the waits for a
+                                           straggler, "wait for rank N" (STRAGGLERS)
      inject_comm_latency_ms, inject_comm_gbps
                                            benchmarks/tests only: allreduces also take as long as
                                            a network of that latency and bandwidth would (NCCL: a
@@ -315,6 +354,8 @@
      quant_block (64) values (max |x| / 127, values rounded to nearest): 1/4 of fp32 plus 1/16.
      Every group's encoding reaches every rank (a broadcast from each group's first rank) and
      every rank adds the decoded values in group order: all ranks compute the same bits.
+     Parameters the program writes after ddp_commit (ddp_copy_from_host, ddp_scatter_from_host:
+     its own weights, the same on every rank) become the outer copy too.
      A program with its own optimizer: ddp_consume_grads, its update, ddp_outer_step (every
      rank, every step; ddp_adamw_step calls it itself). ddp_outer_state: groups, this rank's
      group, inner steps, fragments merged, the one in flight, what the last exchange took and
@@ -323,12 +364,16 @@
      every rank names the group that arrived last and what it cost the earliest one.
      Checks: group_size must divide the world, H >= 1, fragments <= H and delay_steps < H /
      fragments (ddp_init), fragments <= the model's blocks of 16 floats (ddp_commit), every rank
-     the same settings (ddp_commit: DDP_ERR_MISMATCH naming both). Not yet: the NCCL backend,
+     the same settings (ddp_commit: DDP_ERR_MISMATCH naming both). Backends: CPU and MPI; NCCL
+     with groups of one rank (each GPU its own replica: its buckets move nothing) or one group,
+     the exchange staged through host memory and not overlapped (its collectives are ordered on
+     the program's compute stream; tested on tests/fakegpu, not yet on a GPU). Not yet:
      shard_optimizer, uneven_inputs (refused by name). A host lost during an exchange: the
      backend's collective fails on every survivor within the timeout, as any collective does.
      Continuing without the lost group would take: the survivors agreeing on who is left (the
      store), a new group count for the average, and the outer state kept (it is the same on every
-     group); not built.
+     group); not built. Checkpoints hold every group's state and the outer state, and resume bit
+     for bit, a fragment in flight included; another group count loads too (CHECKPOINTS).
 
    CHECKPOINTS (ddp_save, ddp_load, ddp_save_check; collective: every rank calls them alike)
        int holds;
@@ -359,6 +404,36 @@
      the checkpoint 'P': why"), so no rank waits for ever. After ddp_load on M ranks every rank
      holds the saved bits, and M ranks continue exactly as M ranks handed that state in memory
      (tests/test_checkpoint.c). Format: >>checkpoint.
+     With the outer sync (desc.outer) the groups' inner states differ between syncs, so the file
+     holds every group's: its parameters, m and v (from the group's first rank, through the
+     broadcast every backend has, in the same chunks; all ranks of a group hold the same), and
+     the outer state every rank holds alike: the fp32 outer parameters, the outer momentum, the
+     inner step count, the syncs, the fragment in flight, when it lands and the groups' summed
+     outer gradient for it (format version 2; a run without the outer sync writes version 1,
+     as before, and both load). Between outer steps or with a fragment in flight, a run that
+     saves, ends, and is loaded by a run of the same settings goes on bit for bit as if it never
+     stopped (tests/test_outer_checkpoint.c; on NCCL, tests/test_fake_nccl.c). The cost: a file
+     of 3 G + 1 model-sized arrays (G groups; + 1 with outer momentum), and every other group's
+     3 arrays cross the network as broadcasts to rank 0, the slow links included: on such links
+     save every many outer steps, not every step. What a load makes of another run's state:
+       another group count (or world size): group g takes the saved group g mod G_saved's
+         parameters, m and v; the outer parameters and momentum are every group's. Each group
+         goes on from a trajectory that existed, its moments matching its parameters, and
+         nothing the outer optimizer accumulated is lost; with more groups than saved, groups
+         that start alike part as their data differ; with fewer, the saved groups past them are
+         dropped (their progress reaches the others only through the outer parameters, which
+         hold it up to the last sync). The fragment in flight stays in flight, its sum scaled
+         to the new group count (the average the saved groups sent lands as planned);
+       another schedule (fragments, inner_steps, delay_steps, the kind of sum: averaging's
+         parameters or an outer gradient) or parameter layout: the fragment in flight lands at
+         the load, with this run's outer step; the inner step count goes on (the next sends
+         follow this run's schedule from it); outer lr, momentum, mix and wire are this run's;
+         momentum zeros when the file holds none;
+       the outer sync off in the loading run: group 0's parameters, m and v (right after a
+         full DiLoCo sync, mix 0, they are the outer parameters);
+       a file without outer state (version 1) into a run with it: the outer parameters are the
+         loaded ones, momentum 0, the schedule from its start (inner step 0).
+     ddp_checkpoint_info says what the file holds (outer_groups 0: no outer state).
 
    BACKENDS (one table each: THE IMPLEMENTATION below)
      single  one rank, no launcher: no network, no shared memory, no thread
@@ -657,7 +732,8 @@
                     (cycle-walking Feistel; an exact shuffle up to 32 samples), a rank's i-th
                     sample; pure (its entry points, which
                     only check the struct, are in >>public like every other)
-     >>timeline     per-thread event lists, the Chrome trace written at shutdown
+     >>timeline     per-thread event lists, the Chrome trace written at shutdown (a straggler's
+                    wait: DDP__EV_STRAGGLER, "wait for rank N")
      >>env          the launcher environment (under srun: Slurm's hostlist syntax, the step's
                     first node and port); the descriptor: ddp__desc_check_given (flags, enums,
                     NaN, as the program gave it), the DDP_* variables (one rule:
@@ -669,7 +745,8 @@
      >>engine       what every backend's communication shares, written once: the communication
                     thread's work queue (ddp__workq: cpu, mpi; the backend gives its one-bucket
                     function) and the watchdog (ddp__watchdog: mpi, nccl; the 0.1 s tick, the
-                    stopped time, the store's poison and lost ranks, the backend's hooks)
+                    stopped time, the store's poison and lost ranks, the backend's hooks); the
+                    stragglers' record (ddp__straggle_note, folded into ddp_step_stats at finish)
      >>shard        the shard layout (ddp__shard_range, ddp__master_parts) and the norm's blocks'
                     fixed-order sum every backend uses
      >>host         what single and cpu share: host flat buffers, AdamW arithmetic (bf16 parameters:
@@ -677,13 +754,15 @@
                     the norm's blocks' sums of squares
      >>single       the single backend's table
      >>cpu          its types (the segment's blocks, ddp__cpu); shared-memory collectives,
-                    liveness, poison; >>cpu-grads buckets averaged (or reduce-scattered) in place
+                    liveness, poison; each exchange's arrivals (ddp__cpu_arrivals); >>cpu-grads
+                    buckets averaged (or reduce-scattered) in place
                     (bf16 parameters: bf16 gradients, summed in float); sharded AdamW and its
                     all-gather; its one-bucket function for the work queue; the cpu backend's table
      >>mpi          the MPI backend (only with DDP_MPI): host groups on the cpu backend's
                     segment, the leaders' fixed-order sum; bf16 buckets and the sharded optimizer
-                    among all ranks (the CPU backend's rank order); the watchdog's hooks
-                    (heartbeats, the collective's age, MPI_Abort), its table
+                    among all ranks (the CPU backend's rank order); stragglers across hosts
+                    through the signature check (ddp__mpi_cross_arrivals, the leaders' relay);
+                    the watchdog's hooks (heartbeats, the collective's age, MPI_Abort), its table
      >>nccl         the NCCL backend (only with DDP_CUDA): the communicator's life, the
                     watchdog's hooks, set-up, buckets on the comm stream as the wire plan says
                     (sharded: reduce-scattered), the norm's blocks, AdamW kernels (sharded: per
@@ -708,7 +787,8 @@
                     exchange (its own thread when delayed; the wire's users wait for it), the
                     outer Nesterov step and the merge
      >>checkpoint   ddp_save / ddp_load: the file format, the atomic write, the strict two-pass
-                    read, rank 0's verdict broadcast to every rank
+                    read, rank 0's verdict broadcast to every rank; the outer sync's state
+                    (every group's, ddp__ckpt_outer_save / ddp__ckpt_outer_load)
      >>public       every public function: checks its arguments and the context, hands off
      The backend table (ddp__backend in >>types) is the only way generic code reaches a
      backend: setup, alloc_flat, commit, begin_step, launch, finish, zero, scale, bf16, adamw,
@@ -917,6 +997,17 @@ typedef struct ddp_step_stats {
     int buckets_launched;
     int64_t step;              /* which ddp_finish (1, 2, ...) these numbers describe; on the NCCL
                                   backend the newest one whose GPU work has completed */
+    /* Stragglers (STRAGGLERS in the manual): who arrived last at the step's synchronizing
+       exchanges (each gradient bucket; with uneven inputs the count of ranks with data) and what
+       it cost. CPU and MPI backends; -1 and zeros where unknown (one rank, a step with sync off,
+       the NCCL backend). */
+    int slowest_rank;          /* the rank that arrived last at the exchange whose arrivals spread
+                                  most this step (the same on every rank); this rank itself when it
+                                  kept the others waiting */
+    double straggler_wait_ms;  /* this rank's waits for the last arrival, summed over the exchanges */
+    double straggler_first_wait_ms; /* the first exchange's part: a slower forward/backward elsewhere */
+    double straggler_spread_ms;/* last arrival - first arrival, summed over the exchanges: what the
+                                  straggler cost the rank that waited most (an upper bound) */
 } ddp_step_stats;
 
 /* Process group. On failure *out may still hold a context that only reports the error: call
@@ -1011,6 +1102,9 @@ typedef struct ddp_checkpoint_info {
     int32_t world_size;        /* of the run that saved it (information: any world size loads it) */
     int32_t sharded;           /* 1: that run's optimizer state was sharded (information) */
     uint64_t user_bytes;       /* the size of the user blob it holds */
+    int32_t outer_groups;      /* replica groups of the run that saved it (0: no outer state in it) */
+    int64_t outer_inner_steps; /* its outer sync's inner steps taken and fragments merged */
+    int64_t outer_syncs;
 } ddp_checkpoint_info;
 /* Rank 0's look at a checkpoint's user blob (checksum verified) before anything is loaded:
    return 0 to refuse it, with the reason in err (the caller's error on every rank). */
@@ -2286,6 +2380,14 @@ typedef struct ddp__workq {
     double seconds, last_seconds;  /* this step's time in the buckets, and the last bucket's */
 } ddp__workq;
 
+/* Who arrived last at this step's synchronizing exchanges, kept by a backend that can tell (cpu,
+   mpi: ddp__straggle_note in >>engine) and folded into ddp_step_stats at ddp_finish. */
+typedef struct ddp__straggle {
+    double wait, first_wait, spread;   /* seconds, summed: this rank's waits, the first one, last - first arrival */
+    double worst;                      /* the largest spread so far: its last arrival is the slowest rank */
+    int slowest, exchanges;            /* exchanges: noted since the last fold (0: slowest is unknown) */
+} ddp__straggle;
+
 /* The bf16 conversions a backend does for param_dtype BF16 (the gradients need none: they are
    reduced, normed and stepped from in bf16): the fp32 master rounded into the working copies. */
 enum { DDP__BF16_ROUND_PARAMS = 1,
@@ -2451,6 +2553,7 @@ struct ddp_context {
         unsigned char *recv;       /* every group's encoded fragment, in group order, slot bytes apart */
         size_t slot;
         float *sum;                /* the averaged outer gradient of the fragment in flight */
+        float *host;               /* a fragment of the parameters in host memory (the NCCL backend's are on the device) */
         int flight;                /* the fragment in flight (-1: none) */
         int64_t lands;             /* the inner step after which it merges */
         int owed;                  /* ddp_consume_grads since the last ddp_outer_step (own optimizer) */
@@ -2639,8 +2742,9 @@ static size_t ddp__wire_bytes(const ddp_context *ctx) {
 /* The life cycle's transitions, all of them (DDP__ON_* in >>types). */
 static void ddp__life_event(ddp_context *ctx, int ev) {
     switch (ev) {
-    case DDP__ON_COMMIT: case DDP__ON_FINISH: ctx->life = DDP__LIFE_IDLE; break;
-    case DDP__ON_BACKWARD: ctx->life = DDP__LIFE_BACKWARD; break;
+    /* atomic: the outer exchange's thread reads it (ddp__shm_wait_all) while the inner steps run */
+    case DDP__ON_COMMIT: case DDP__ON_FINISH: __atomic_store_n(&ctx->life, DDP__LIFE_IDLE, __ATOMIC_RELAXED); break;
+    case DDP__ON_BACKWARD: __atomic_store_n(&ctx->life, DDP__LIFE_BACKWARD, __ATOMIC_RELAXED); break;
     case DDP__ON_AVERAGED: ctx->step.grads_averaged = 1; break;
     case DDP__ON_STEPPED: ctx->step.grads_averaged = 0; break;
     case DDP__ON_TAPE_FAILED: ctx->tape.failed = 1; break;
@@ -2648,8 +2752,8 @@ static void ddp__life_event(ddp_context *ctx, int ev) {
     default: break;
     }
 }
-static int ddp__is_committed(const ddp_context *ctx) { return ctx->life != DDP__LIFE_REGISTERING; }
-static int ddp__in_backward(const ddp_context *ctx) { return ctx->life == DDP__LIFE_BACKWARD; }
+static int ddp__is_committed(const ddp_context *ctx) { return __atomic_load_n(&ctx->life, __ATOMIC_RELAXED) != DDP__LIFE_REGISTERING; }
+static int ddp__in_backward(const ddp_context *ctx) { return __atomic_load_n(&ctx->life, __ATOMIC_RELAXED) == DDP__LIFE_BACKWARD; }
 
 /* Derived facts, one definition each: the optimizer state is held in parts (shard_optimizer on
    several ranks); the parameters are bf16 working copies of an fp32 master. */
@@ -2736,7 +2840,8 @@ static uint64_t ddp__sample(const ddp_sampler *s, uint64_t epoch, uint64_t i) {
    turns its events into Chrome trace JSON and rank 0 gathers them into one file.
    -------------------------------------------------------------------------------------------- */
 enum { DDP__EV_FORWARD, DDP__EV_BACKWARD_OP, DDP__EV_READY, DDP__EV_ALLREDUCE, DDP__EV_WAIT,
-       DDP__EV_ADAMW, DDP__EV_STEP, DDP__EV_GPU_BACKWARD, DDP__EV_GPU_EXPOSED };
+       DDP__EV_ADAMW, DDP__EV_STEP, DDP__EV_GPU_BACKWARD, DDP__EV_GPU_EXPOSED,
+       DDP__EV_STRAGGLER /* this rank waited for the last arrival: index the bucket, bytes the rank */ };
 #define DDP__TIMELINE_MAX_EVENTS 150000      /* per thread: keeps a rank's trace under the store's cap */
 
 typedef struct ddp__event {
@@ -2807,8 +2912,8 @@ static void ddp__text_json_name(ddp__text *t, const char *name) {
 
 static void ddp__tl_event_json(ddp_context *ctx, ddp__text *t, const ddp__event *e) {
     static const char *cats[] = { "forward", "backward", "ready", "comm", "exposed", "optimizer", "step",
-                                  "gpu_backward", "gpu_exposed" };
-    static const int tids[] = { 0, 0, 0, 1, 0, 0, 2, 1, 1 };   /* NCCL: the comm lane is the GPU clock */
+                                  "gpu_backward", "gpu_exposed", "straggler" };
+    static const int tids[] = { 0, 0, 0, 1, 0, 0, 2, 1, 1, 1 };   /* NCCL: the comm lane is the GPU clock */
     const char *cat = e->kind == DDP__EV_ALLREDUCE && e->index < 0 ? "user_comm" : cats[e->kind];
     double ts = 1e6 * (e->t0 - ctx->tl.origin), dur = 1e6 * (e->t1 - e->t0);
     int i;
@@ -2823,6 +2928,7 @@ static void ddp__tl_event_json(ddp_context *ctx, ddp__text *t, const ddp__event 
     case DDP__EV_WAIT: ddp__text_printf(t, "wait for comm"); break;
     case DDP__EV_GPU_BACKWARD: ddp__text_printf(t, "backward (gpu)"); break;
     case DDP__EV_GPU_EXPOSED: ddp__text_printf(t, "exposed comm (gpu)"); break;
+    case DDP__EV_STRAGGLER: ddp__text_printf(t, "wait for rank %d", (int)e->bytes); break;
     default: ddp__text_printf(t, "%s", e->kind == DDP__EV_ADAMW ? "adamw" : cats[e->kind]); break;
     }
     ddp__text_printf(t, "\",\"cat\":\"%s\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,", cat, ctx->rank, tids[e->kind], ts);
@@ -2831,6 +2937,8 @@ static void ddp__tl_event_json(ddp_context *ctx, ddp__text *t, const ddp__event 
     ddp__text_printf(t, "\"args\":{\"step\":%d", e->step);
     if (e->kind == DDP__EV_READY || (e->kind == DDP__EV_ALLREDUCE && e->index >= 0)) ddp__text_printf(t, ",\"bucket\":%d", e->index);
     if (e->kind == DDP__EV_ALLREDUCE) ddp__text_printf(t, ",\"bytes\":%llu", (unsigned long long)e->bytes);
+    if (e->kind == DDP__EV_STRAGGLER)   /* bucket -1: the count of the ranks with data (uneven inputs) */
+        ddp__text_printf(t, ",\"bucket\":%d,\"rank\":%d", e->index, (int)e->bytes);
     if (e->kind == DDP__EV_BACKWARD_OP && e->num_params > 0) {
         ddp__text_printf(t, ",\"params\":\"");
         for (i = 0; i < e->num_params && i < 4; i++) {
@@ -4592,6 +4700,32 @@ static void ddp__workq_stop(ddp__workq *q) {
     q->started = 0;
 }
 
+/* Stragglers: one exchange (bucket, or -1: the count of the ranks with data) that this rank
+   reached at `mine` and then waited `wait` seconds in for `last_rank`, the last to arrive;
+   `spread`: the most any rank waited in it. A wait of at least DDP__STRAGGLE_EVENT_S goes on the
+   timeline as "wait for rank N" (shorter ones are the handshake itself). */
+#define DDP__STRAGGLE_EVENT_S 1e-4
+static void ddp__straggle_note(ddp_context *ctx, ddp__straggle *s, ddp__timeline *tl, int bucket,
+                               double mine, double wait, double spread, int last_rank) {
+    if (wait < 0) wait = 0;
+    if (spread < wait) spread = wait;
+    if (!s->exchanges) s->first_wait = wait;
+    if (!s->exchanges || spread > s->worst) { s->worst = spread; s->slowest = last_rank; }
+    s->wait += wait;
+    s->spread += spread;
+    s->exchanges++;
+    if (wait >= DDP__STRAGGLE_EVENT_S) ddp__record(ctx, tl, DDP__EV_STRAGGLER, mine, mine + wait, bucket, (uint64_t)last_rank);
+}
+
+/* ddp_finish: the step's stragglers into its stats, the record emptied for the next step. */
+static void ddp__straggle_fold(ddp__straggle *s, ddp_step_stats *st) {
+    st->slowest_rank = s->exchanges ? s->slowest : -1;
+    st->straggler_wait_ms = 1e3 * s->wait;
+    st->straggler_first_wait_ms = 1e3 * s->first_wait;
+    st->straggler_spread_ms = 1e3 * s->spread;
+    memset(s, 0, sizeof *s);
+}
+
 
 #if defined(DDP_MPI) || defined(DDP_CUDA)
 #define DDP__WATCH_TICK_S 0.1
@@ -5104,7 +5238,8 @@ typedef struct ddp__shm_rank {
     int32_t pid;
     int32_t tid;           /* the thread that steps this rank (ranks may be threads of one process) */
     ddp__shm_sig sig;
-    char pad1[64 - 8 - sizeof(ddp__shm_sig)];
+    double arrived;        /* when this rank posted its last gradient bucket (or join count): stragglers */
+    char pad1[64 - 8 - sizeof(ddp__shm_sig) - sizeof(double)];
     ddp__shm_counter stage[3];
 } ddp__shm_rank;
 enum { DDP__STAGE_IN = 0, DDP__STAGE_RED = 1, DDP__STAGE_OUT = 2 };
@@ -5118,6 +5253,10 @@ typedef struct ddp__shm_header {
     int32_t failed_code;
     char failed_msg[DDP__ERR_MAX];
     int32_t poison_claimed; /* 1 once a rank has begun to write failed_*: one writer, then failed_rank */
+    /* an MPI host group's leader tells its host's ranks who came last to a gradient exchange across
+       hosts (ddp__mpi_collective_run): written before it posts the result's broadcast, read after it */
+    int32_t relay_rank;
+    double relay_wait, relay_spread;
 } ddp__shm_header;
 
 /* The CPU backend's state: the collective segment, every rank's gradients in one more segment,
@@ -5141,6 +5280,7 @@ struct ddp__cpu {
     ddp__workq comm;               /* the communication thread's queue (>>engine) */
     uint32_t out_pending;          /* in place: the peers may still copy from this rank's buffer until
                                       every rank posts STAGE_OUT this far (0: nothing pending) */
+    ddp__straggle straggle;        /* this step's last arrivals (ddp__cpu_arrivals) */
 };
 
 static size_t ddp__shm_ranks_offset(void) { return ddp__round_up(sizeof(ddp__shm_header), 64); }
@@ -5434,6 +5574,26 @@ static void ddp__stage_out(ddp_context *ctx, uint32_t kind, unsigned char *buf, 
     }
 }
 
+/* A gradient bucket's exchange, or the count of the ranks with data (uneven inputs), is one a
+   straggler holds up: this rank's arrival goes into its block before it posts, and once every
+   rank has posted (the first wait) all arrivals are there, on one clock (the segment's ranks share
+   a host), and stay until this rank posts the exchange's next stage. */
+static int ddp__cpu_counts_arrival(ddp_context *ctx, uint32_t kind) {
+    return ctx->world > 1 && (ctx->impl.cpu->sig_bucket || kind == DDP__KIND_JOIN);
+}
+
+static void ddp__cpu_arrivals(ddp_context *ctx, double mine) {
+    double first = mine, last = mine;
+    int s, last_rank = ctx->rank, bucket = (int)ctx->impl.cpu->sig_bucket - 1;
+    for (s = 0; s < ctx->world; s++) {
+        double t = ddp__shm_block(ctx, s)->arrived;
+        if (t < first) first = t;
+        if (t > last) { last = t; last_rank = s; }
+    }
+    ddp__straggle_note(ctx, &ctx->impl.cpu->straggle, bucket >= 0 ? ctx->tl.comm : ctx->tl.main, bucket,
+                       mine, last - mine, last - first, last_rank);
+}
+
 /* Benchmarks and tests stand a slow network in for shared memory: sleep what the transfer
    would have cost beyond the time it took. */
 static void ddp__inject_comm_delay(ddp_context *ctx, size_t bytes, double started) {
@@ -5450,7 +5610,7 @@ static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *dat
     size_t wire = kind == DDP__KIND_AVG_BF16 ? sizeof(uint16_t) : unit;     /* in the slots */
     size_t per_chunk = DDP__CHUNK_BYTES / wire, done = 0;
     unsigned char *buf = (unsigned char *)data;
-    int first = 1;
+    int first = 1, arrival = ddp__cpu_counts_arrival(ctx, kind);
     double started = ddp__now();
     if (ddp__failed(ctx)) return ddp__failed(ctx);
     sig->id = ++ctx->impl.cpu->shm_collectives;
@@ -5458,6 +5618,7 @@ static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *dat
     sig->root = (uint32_t)root;
     sig->bucket = ctx->impl.cpu->sig_bucket;
     sig->count = count;
+    if (arrival) ddp__shm_block(ctx, ctx->rank)->arrived = started;
     do {
         uint32_t q = ctx->impl.cpu->shm_seq;
         size_t m = count - done < per_chunk ? count - done : per_chunk;
@@ -5469,6 +5630,7 @@ static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *dat
         ddp__shm_post(ctx, DDP__STAGE_IN, q + 1);
         if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_IN, q + 1)) != DDP_OK) return r;
         if (first && (r = ddp__shm_check_sigs(ctx)) != DDP_OK) return r;
+        if (first && arrival) ddp__cpu_arrivals(ctx, started);
         if (reduces) {
             ddp__part(m, ctx->world, ctx->rank, &lo, &hi);
             if (kind == DDP__KIND_AVG_BF16) ddp__reduce_part_bf16(ctx, (float *)(void *)at, lo, hi, q);
@@ -5578,9 +5740,11 @@ static ddp_result ddp__shm_bucket_in_place(ddp_context *ctx, size_t offset, size
     sig->root = 0;
     sig->bucket = ctx->impl.cpu->sig_bucket;
     sig->count = count;
+    ddp__shm_block(ctx, ctx->rank)->arrived = started;
     ddp__shm_post(ctx, DDP__STAGE_IN, q + 1);                 /* my gradients are final */
     if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_IN, q + 1)) != DDP_OK) return r;
     if ((r = ddp__shm_check_sigs(ctx)) != DDP_OK) return r;
+    ddp__cpu_arrivals(ctx, started);
     if (bucket >= 0) {   /* sharded: a reduce-scatter; each rank's part is where its AdamW needs it */
         ddp__shard_range(ctx, bucket, ctx->rank, &lo, &hi);
         ddp__average_part_in_place(ctx, offset, lo - offset, hi - offset);
@@ -6021,6 +6185,7 @@ static ddp_result ddp__cpu_finish(ddp_context *ctx, double t_wait) {
     ddp__nocancel_begin(&cancel_state);
     __atomic_store_n(&c->host_waiting, 1, __ATOMIC_RELEASE);
     r = ddp__workq_wait(&c->comm, 1, &ctx->step.stats);   /* this thread reduces the next bucket itself when it can */
+    ddp__straggle_fold(&c->straggle, &ctx->step.stats);
     out = c->out_pending;   /* the last turn wrote it before it counted its bucket done */
     c->out_pending = 0;
     if (r == DDP_OK && out) {   /* every peer has copied its parts of the last bucket from this rank's buffer */
@@ -6141,6 +6306,16 @@ struct ddp__mpi {
     double seen_since, next_beat, snap_at, failed_at;
     char seen_what[96];
     long beat, *beats_before;
+    /* stragglers (ddp__mpi_arrivals): the exchange in progress is gradient bucket straggle_bucket - 1
+       (0: none; the count of the ranks with data counts too); each signature exchange's end, per
+       communicator (leaders, world), is the zero the next one's arrivals count from */
+    int straggle_bucket, straggle_counted;
+    double sig_exit[2];
+    double host_at, host_wait, host_spread;   /* this exchange's host group part: arrival, this rank's wait, the spread */
+    int host_last;                            /* the host's last arrival (a world rank) */
+    double cross_at, cross_wait, cross_spread;/* its part across the signature exchange's members (leaders or all) */
+    int cross_last;                           /* -1: not known (no zero yet, or not a member) */
+    ddp__straggle straggle;
 };
 
 static int ddp__mpi_owned, ddp__mpi_dirty;   /* ddp.h initialized MPI; a context failed */
@@ -6193,11 +6368,75 @@ static ddp_result ddp__mpi_host(ddp_context *ctx, uint32_t kind, void *data, siz
     h->what = ctx->what;
     h->life = ctx->life;
     if (ddp__cancel_requested(ctx)) __atomic_store_n(&h->embed.cancel, 1, __ATOMIC_RELEASE);
-    if ((r = ddp__shm_collective(h, kind, data, count, root)) == DDP_OK) return DDP_OK;
+    /* a gradient bucket's host sum notes the host's arrivals (ddp__cpu_arrivals) */
+    h->impl.cpu->sig_bucket = ctx->impl.mpi->straggle_counted && kind != DDP__KIND_BROADCAST ? (uint32_t)ctx->impl.mpi->straggle_bucket : 0;
+    if (kind == DDP__KIND_JOIN || h->impl.cpu->sig_bucket) {
+        memset(&h->impl.cpu->straggle, 0, sizeof h->impl.cpu->straggle);
+        ctx->impl.mpi->host_at = ddp__now();
+    }
+    r = ddp__shm_collective(h, kind, data, count, root);
+    h->impl.cpu->sig_bucket = 0;
+    if (r == DDP_OK) return DDP_OK;
     if (ddp__failed(ctx)) return ddp__failed(ctx);
     ddp__mpi_host_ranks(ctx, ctx->impl.mpi->node, ranks, sizeof ranks);
     return ddp__fail_group(ctx, r, "on host %s (its local ranks 0.. are ranks %s): %s", ddp__mpi_host_name(ctx, ctx->rank),
                            ranks, ddp__err_body(h, eb));
+}
+
+/* Stragglers across the members of a signature exchange (ddp__mpi_check_sigs_on's 7 words a
+   member): the last to arrive, this member's wait for it, and the most any rank waited (a
+   member's wait plus its host's spread). */
+static void ddp__mpi_cross_arrivals(ddp_context *ctx, const uint64_t *all, int n, int me, double at) {
+    ddp__mpi *m = ctx->impl.mpi;
+    double a_last = -1, a_me = -1, a, lead;
+    int i, last = -1;
+    m->cross_last = -1;
+    m->cross_at = at;
+    m->cross_wait = m->cross_spread = 0;
+    for (i = 0; i < n; i++) {
+        memcpy(&a, &all[7 * i + 4], sizeof a);
+        if (a < 0) return;   /* a member without a zero yet: the first exchange of the job */
+        if (a > a_last) { a_last = a; last = i; }
+    }
+    for (i = 0; i < n; i++) {
+        memcpy(&a, &all[7 * i + 4], sizeof a);
+        memcpy(&lead, &all[7 * i + 6], sizeof lead);
+        if (a_last - a + lead > m->cross_spread) m->cross_spread = a_last - a + lead;
+    }
+    memcpy(&a_me, &all[7 * me + 4], sizeof a_me);
+    m->cross_wait = a_last - a_me;
+    m->cross_last = (int)(int64_t)all[7 * last + 5];
+}
+
+/* After a counted exchange's host sum: the host group's part (local ranks made world ranks). */
+static void ddp__mpi_host_arrivals(ddp_context *ctx) {
+    ddp__mpi *m = ctx->impl.mpi;
+    const ddp__straggle *hs = m->host && m->host->impl.cpu ? &m->host->impl.cpu->straggle : NULL;
+    int s;
+    m->host_wait = m->host_spread = 0;
+    m->host_last = ctx->rank;
+    m->cross_last = -1;
+    if (!hs || !hs->exchanges) return;   /* alone on the host */
+    m->host_wait = hs->wait;
+    m->host_spread = hs->spread;
+    for (s = 0; s < ctx->world; s++)
+        if (m->rank_node[s] == m->node && m->rank_local[s] == hs->slowest) m->host_last = s;
+}
+
+/* The exchange's stragglers into the step's: the host part, then the part across hosts (the
+   leader's own, or what it relayed to this rank in ddp__mpi_collective_run), each its own timeline event. */
+static void ddp__mpi_arrivals(ddp_context *ctx, double relay_end) {
+    ddp__mpi *m = ctx->impl.mpi;
+    int bucket = m->straggle_bucket - 1, last = m->cross_last >= 0 ? m->cross_last : m->host_last;
+    ddp__timeline *tl = bucket >= 0 ? ctx->tl.comm : ctx->tl.main;
+    double cross_wait = m->cross_last >= 0 ? m->cross_wait : 0, spread = m->cross_last >= 0 ? m->cross_spread : m->host_spread;
+    if (m->host_wait >= DDP__STRAGGLE_EVENT_S)
+        ddp__record(ctx, tl, DDP__EV_STRAGGLER, m->host_at, m->host_at + m->host_wait, bucket, (uint64_t)m->host_last);
+    if (cross_wait >= DDP__STRAGGLE_EVENT_S) {   /* a rank that is no leader waited for it in the result's broadcast */
+        double t0 = relay_end > 0 ? relay_end - cross_wait : m->cross_at;
+        ddp__record(ctx, tl, DDP__EV_STRAGGLER, t0, t0 + cross_wait, bucket, (uint64_t)last);
+    }
+    ddp__straggle_note(ctx, &m->straggle, NULL, bucket, m->host_at, m->host_wait + cross_wait, spread, last);
 }
 
 /* Every member of `comm` in the same collective (what, how much, from where), else a named
@@ -6206,14 +6445,25 @@ static ddp_result ddp__mpi_host(ddp_context *ctx, uint32_t kind, void *data, siz
 static ddp_result ddp__mpi_check_sigs_on(ddp_context *ctx, MPI_Comm comm, int n, int by_rank, uint64_t seq, uint32_t kind,
                                          size_t count, int root) {
     ddp__mpi *m = ctx->impl.mpi;
-    uint64_t mine[4], *all;
-    int i, rc;
+    uint64_t mine[7], *all;
+    int i, rc, zero = comm == m->leaders ? 0 : 1;
+    double at = ddp__now(), t;
     mine[0] = seq; mine[1] = kind; mine[2] = count; mine[3] = (uint64_t)(int64_t)root;
+    /* stragglers: when this member arrived, counted from the end of the last signature exchange
+       on this communicator (all members left it together, within a latency: one zero for all,
+       with no clock shared across hosts), its host's last arrival and spread */
+    t = m->sig_exit[zero] > 0 ? at - m->sig_exit[zero] : -1;
+    memcpy(&mine[4], &t, sizeof t);
+    mine[5] = (uint64_t)(int64_t)(comm == m->leaders ? m->host_last : ctx->rank);
+    t = comm == m->leaders ? m->host_spread : 0;
+    memcpy(&mine[6], &t, sizeof t);
     if (!(all = (uint64_t *)ddp__calloc(sizeof mine * (size_t)n))) return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
-    rc = MPI_Allgather(mine, 4, MPI_UINT64_T, all, 4, MPI_UINT64_T, comm);
+    rc = MPI_Allgather(mine, 7, MPI_UINT64_T, all, 7, MPI_UINT64_T, comm);
+    m->sig_exit[zero] = ddp__now();
     if (rc != MPI_SUCCESS) { DDP_FREE(all); return ddp__mpi_check(ctx, rc, "MPI_Allgather"); }
+    if (m->straggle_counted) ddp__mpi_cross_arrivals(ctx, all, n, zero ? ctx->rank : m->node, at);
     for (i = 0; i < n; i++) {
-        const uint64_t *o = all + 4 * i;
+        const uint64_t *o = all + 7 * i;
         if (o[1] != mine[1] || o[2] != mine[2] || o[3] != mine[3] || o[0] != mine[0]) {
             int s, other = by_rank ? i : -1;
             char a[128], b[128];
@@ -6299,16 +6549,34 @@ static ddp_result ddp__mpi_collective_run(ddp_context *ctx, uint32_t kind, void 
         return ddp__mpi_host(ctx, kind, NULL, 0, 0);
     }
     /* sum, average, the count of ranks with data: the host's sum first, in local rank order */
-    if ((r = ddp__mpi_host(ctx, kind == DDP__KIND_JOIN ? DDP__KIND_JOIN : DDP__KIND_SUM, data, count, 0)) != DDP_OK) return r;
-    if (m->leader) {
-        if ((r = ddp__mpi_check_sigs(ctx, kind, count, 0)) != DDP_OK) return r;
+    m->straggle_counted = m->straggle_bucket || kind == DDP__KIND_JOIN;
+    if (m->straggle_counted) m->host_at = ddp__now();
+    r = ddp__mpi_host(ctx, kind == DDP__KIND_JOIN ? DDP__KIND_JOIN : DDP__KIND_SUM, data, count, 0);
+    if (r == DDP_OK && m->straggle_counted) ddp__mpi_host_arrivals(ctx);
+    if (r == DDP_OK && m->leader) {
+        if ((r = ddp__mpi_check_sigs(ctx, kind, count, 0)) != DDP_OK) { m->straggle_counted = 0; return r; }
         for (done = 0; done < count; done += step) {
             step = count - done < DDP__MPI_MAX_COUNT ? count - done : DDP__MPI_MAX_COUNT;
             if ((r = ddp__mpi_leaders_sum(ctx, (float *)data + done, step, kind == DDP__KIND_AVG ? (float)ctx->world : 0)) != DDP_OK)
-                return r;
+                break;
         }
     }
-    return ddp__mpi_host(ctx, DDP__KIND_BROADCAST, data, count * sizeof(float), 0);
+    if (r == DDP_OK && m->straggle_counted && m->host) {   /* the leader's word to its host: ddp__mpi_arrivals */
+        ddp__shm_header *hh = ddp__shm_hdr(m->host);
+        if (m->leader) { hh->relay_rank = m->cross_last; hh->relay_wait = m->cross_wait; hh->relay_spread = m->cross_spread; }
+    }
+    if (r == DDP_OK) r = ddp__mpi_host(ctx, DDP__KIND_BROADCAST, data, count * sizeof(float), 0);
+    if (r == DDP_OK && m->straggle_counted) {
+        double relay_end = 0;
+        if (!m->leader && m->host) {
+            ddp__shm_header *hh = ddp__shm_hdr(m->host);
+            m->cross_last = hh->relay_rank; m->cross_wait = hh->relay_wait; m->cross_spread = hh->relay_spread;
+            relay_end = ddp__now();
+        }
+        ddp__mpi_arrivals(ctx, relay_end);
+    }
+    m->straggle_counted = 0;
+    return r;
 }
 
 static ddp_result ddp__mpi_collective_timed(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root) {
@@ -6409,7 +6677,12 @@ static ddp_result ddp__mpi_bucket_bf16(ddp_context *ctx, int b) {
     ddp_bf16 *g = ctx->flat.grads_bf16 ? ctx->flat.grads_bf16 + k->offset : m->rounded;
     ddp_result r;
     if (!ctx->flat.grads_bf16) for (j = 0; j < k->count; j++) g[j] = ddp__to_bf16(ctx->flat.grads[k->offset + j]);
-    if ((r = ddp__mpi_check_sigs_on(ctx, m->world, ctx->world, 1, ++m->wseq, DDP__KIND_AVG_BF16, k->count, b)) != DDP_OK) return r;
+    m->straggle_counted = 1;   /* every rank a member: no host part */
+    m->host_at = ddp__now(); m->host_wait = m->host_spread = 0; m->host_last = ctx->rank;
+    r = ddp__mpi_check_sigs_on(ctx, m->world, ctx->world, 1, ++m->wseq, DDP__KIND_AVG_BF16, k->count, b);
+    if (r == DDP_OK) ddp__mpi_arrivals(ctx, 0);
+    m->straggle_counted = 0;
+    if (r != DDP_OK) return r;
     for (c0 = 0; c0 < k->count; c0 = c1) {
         c1 = k->count - c0 < win ? k->count : c0 + win;
         if ((r = ddp__mpi_average_window(ctx, g, b, scatter, c0, c1)) != DDP_OK) return r;
@@ -6472,9 +6745,14 @@ static ddp_result ddp__mpi_bucket(ddp_context *ctx, int b) {
     const ddp__bucket *k = &ctx->model.buckets[b];
     double started = ddp__now();
     ddp_result r;
-    if (k->wire.grads == DDP_DTYPE_FP32 && k->wire.dtype == DDP_DTYPE_FP32)   /* the plan: fp32 all the way */
-        return ddp__mpi_collective_timed(ctx, DDP__KIND_AVG, ctx->flat.grads + k->offset, k->count, 0);
+    ctx->impl.mpi->straggle_bucket = b + 1;   /* the exchange notes its arrivals (ddp__mpi_arrivals) */
+    if (k->wire.grads == DDP_DTYPE_FP32 && k->wire.dtype == DDP_DTYPE_FP32) {   /* the plan: fp32 all the way */
+        r = ddp__mpi_collective_timed(ctx, DDP__KIND_AVG, ctx->flat.grads + k->offset, k->count, 0);
+        ctx->impl.mpi->straggle_bucket = 0;
+        return r;
+    }
     r = ddp__mpi_watched(ctx, ddp__mpi_bucket_bf16, b);
+    ctx->impl.mpi->straggle_bucket = 0;
     if (r == DDP_OK && (ctx->desc.inject_comm_latency_ms > 0 || ctx->desc.inject_comm_gbps > 0))
         ddp__inject_comm_delay(ctx, k->wire.bytes, started);
     return r;
@@ -6886,6 +7164,7 @@ static ddp_result ddp__mpi_finish(ddp_context *ctx, double t_wait) {
     int cancel_state;
     pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
     r = ddp__workq_wait(&m->comm, 0, &ctx->step.stats);
+    ddp__straggle_fold(&m->straggle, &ctx->step.stats);
     pthread_setcancelstate(cancel_state, NULL);
     ddp__host_step_done(ctx, t_wait);
     return r;
@@ -8412,6 +8691,7 @@ static ddp_result ddp__shutdown(ddp_context *ctx) {
     ddp__free_floats(ctx->outer.theta);
     ddp__free_floats(ctx->outer.mom);
     ddp__free_floats(ctx->outer.sum);
+    ddp__free_floats(ctx->outer.host);
     DDP_FREE(ctx->outer.recv);
     ddp__mutex_destroy(&ctx->err_lock);
     DDP_FREE(ctx);
@@ -8703,7 +8983,7 @@ static void ddp__plan_wire(ddp_context *ctx) {
     for (b = 0; b < ctx->model.num_buckets; b++) {
         ddp__bucket *k = &ctx->model.buckets[b];
         ddp__wire *w = &k->wire;
-        w->moves = ctx->world > 1;
+        w->moves = ctx->world > 1 && ctx->outer.size > 1;   /* replica groups of one rank average nothing (>>outer) */
         w->grads = ddp__bf16_params(ctx) ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
         w->dtype = ctx->desc.reduce_dtype == DDP_DTYPE_BF16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
         w->convert = !w->moves || w->grads == w->dtype ? DDP__WIRE_AS_IS
@@ -8798,6 +9078,7 @@ static ddp_result ddp__begin_step(ddp_context *ctx) {
     ctx->step.first_launch_moment = -1;
     ctx->step.start = ddp__now();
     memset(&ctx->step.stats, 0, sizeof ctx->step.stats);
+    ctx->step.stats.slowest_rank = -1;   /* unknown unless the backend tells (ddp__straggle_fold) */
     for (i = 0; i < ctx->model.num_buckets; i++)
         ctx->model.buckets[i].pending = ctx->model.buckets[i].last_param - ctx->model.buckets[i].first_param + 1;
     ctx->step.next_launch = 0;
@@ -9585,24 +9866,28 @@ static ddp_result ddp__outer_commit(ddp_context *ctx) {
     ctx->outer.theta = ddp__alloc_floats(n);
     ctx->outer.mom = ctx->desc.outer.momentum > 0 ? ddp__alloc_floats(n) : NULL;
     ctx->outer.sum = ddp__alloc_floats(most);
+    ctx->outer.host = ddp__alloc_floats(most);
     ctx->outer.recv = (unsigned char *)ddp__calloc(bytes * (size_t)ctx->outer.groups);
-    if (!ctx->outer.theta || (ctx->desc.outer.momentum > 0 && !ctx->outer.mom) || !ctx->outer.sum || !ctx->outer.recv)
+    if (!ctx->outer.theta || (ctx->desc.outer.momentum > 0 && !ctx->outer.mom) || !ctx->outer.sum || !ctx->outer.host || !ctx->outer.recv)
         return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the outer state (%zu floats of outer parameters%s, "
                          "%zu bytes of wire buffers)", n, ctx->outer.mom ? " and momentum" : "", bytes * (size_t)ctx->outer.groups);
-    memcpy(ctx->outer.theta, ctx->flat.params, n * sizeof(float));   /* rank 0's, as every rank's (commit) */
     if (ctx->outer.mom) memset(ctx->outer.mom, 0, n * sizeof(float));
-    return DDP_OK;
+    /* rank 0's, as every rank's (commit) */
+    return ctx->be->copy(ctx, ctx->outer.theta, ctx->flat.params, n * sizeof(float), 1);
 }
 
 /* Fragment f, sent: this group's outer gradient (or, ddp__outer_plain_mean, its parameters) as
    they are now, encoded into the group's slot. */
-static void ddp__outer_pack(ddp_context *ctx, int f) {
+static ddp_result ddp__outer_pack(ddp_context *ctx, int f) {
     size_t lo = ctx->outer.frag[f], n = ctx->outer.frag[f + 1] - lo, i;
-    const float *p = ctx->flat.params + lo, *theta = ctx->outer.theta + lo;
+    const float *p = ctx->outer.host, *theta = ctx->outer.theta + lo;
     float *delta = ctx->outer.sum;   /* scratch until the sum replaces it */
+    ddp_result r = ctx->be->copy(ctx, ctx->outer.host, ctx->flat.params + lo, n * sizeof(float), 1);
+    if (r != DDP_OK) return ddp__fatal(ctx, r);   /* the peers are about to exchange */
     if (ddp__outer_plain_mean(ctx)) memcpy(delta, p, n * sizeof(float));
     else for (i = 0; i < n; i++) delta[i] = theta[i] - p[i];
     ddp__outer_encode(ctx, delta, n, ctx->outer.recv + (size_t)ctx->outer.group * ctx->outer.slot + DDP__OUTER_HEAD);
+    return DDP_OK;
 }
 
 /* Every group's slot to every rank (a broadcast from each group's first rank, through the
@@ -9682,8 +9967,9 @@ static ddp_result ddp__outer_exchange(ddp_context *ctx, int f) {
     snprintf(ctx->what_buf, sizeof ctx->what_buf, "the outer exchange of fragment %d (%zu floats)", f,
              ctx->outer.frag[f + 1] - ctx->outer.frag[f]);
     ctx->what = ctx->what_buf;
-    ddp__outer_pack(ctx, f);
-    if (!ctx->desc.outer.delay_steps || ctx->outer.groups == 1) {
+    if ((r = ddp__outer_pack(ctx, f)) != DDP_OK) return r;
+    /* the NCCL backend's collectives are ordered on the program's compute stream: no thread */
+    if (!ctx->desc.outer.delay_steps || ctx->outer.groups == 1 || ctx->be->id == DDP_BACKEND_NCCL) {
         r = ddp__outer_transfer(ctx, f);
         ddp__outer_times(ctx);
         return r;
@@ -9738,13 +10024,12 @@ static void ddp__outer_stop(ddp_context *ctx) {
    that use the wire are wrapped so that they wait for an exchange in flight first. */
 static ddp_result ddp__outer_backend(ddp_context *ctx) {
     if (ctx->desc.outer.mode == DDP_OUTER_OFF) return DDP_OK;
-    if (ctx->be->id == DDP_BACKEND_NCCL)
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: replica groups are not built (yet) on the nccl "
-                         "backend: run the CPU or MPI backend, or outer mode off");
     if (ctx->outer.size > 1 && ctx->outer.groups > 1)
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: groups of %d ranks are not built (yet): group_size "
-                         "1 (every rank its own replica) or %d (one group: plain DDP)", ctx->outer.size, ctx->world);
-    if (ctx->outer.size == 1 && ctx->world > 1) {
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: groups of %d ranks are not built (yet) on the %s "
+                         "backend: group_size 1 (every rank its own replica) or %d (one group: plain DDP)", ctx->outer.size,
+                         ctx->be->name, ctx->world);
+    /* (the NCCL backend's buckets follow the wire plan, which moves nothing for a group of one) */
+    if (ctx->outer.size == 1 && ctx->world > 1 && ctx->be->id != DDP_BACKEND_NCCL) {
         ctx->table.launch = ddp__single_launch;
         ctx->table.finish = ddp__single_finish;
     }
@@ -9764,7 +10049,8 @@ static ddp_result ddp__outer_backend(ddp_context *ctx) {
 static ddp_result ddp__outer_merge(ddp_context *ctx, int f) {
     const ddp_outer *o = &ctx->desc.outer;
     size_t lo = ctx->outer.frag[f], n = ctx->outer.frag[f + 1] - lo, i;
-    float *theta = ctx->outer.theta + lo, *p = ctx->flat.params + lo, *sum = ctx->outer.sum;
+    float *theta = ctx->outer.theta + lo, *p = ctx->outer.host, *sum = ctx->outer.sum;
+    ddp_result r;
     float G = (float)ctx->outer.groups, mu = o->momentum, mix = o->mix;
     if (ddp__outer_plain_mean(ctx))
         for (i = 0; i < n; i++) theta[i] = ctx->outer.groups == 1 ? sum[i] : sum[i] / G;
@@ -9774,10 +10060,14 @@ static ddp_result ddp__outer_merge(ddp_context *ctx, int f) {
             if (ctx->outer.mom) { float *b = ctx->outer.mom + lo + i; *b = mu * *b + g; g = g + mu * *b; }
             theta[i] -= o->lr * g;
         }
-    if (mix == 0) memcpy(p, theta, n * sizeof(float));
-    else for (i = 0; i < n; i++) p[i] = mix * p[i] + (1 - mix) * theta[i];
     ctx->outer.syncs++;
     ctx->outer.flight = -1;
+    if (mix == 0) p = theta;
+    else {   /* the parameters as they are now, delay_steps after the send */
+        if ((r = ctx->be->copy(ctx, p, ctx->flat.params + lo, n * sizeof(float), 1)) != DDP_OK) return ddp__fatal(ctx, r);
+        for (i = 0; i < n; i++) p[i] = mix * p[i] + (1 - mix) * theta[i];
+    }
+    if ((r = ctx->be->copy(ctx, ctx->flat.params + lo, p, n * sizeof(float), 0)) != DDP_OK) return ddp__fatal(ctx, r);
     return ddp__bf16_op(ctx, DDP__BF16_ROUND_PARAMS, lo, n);
 }
 
@@ -9810,6 +10100,14 @@ static ddp_result ddp__outer_step(ddp_context *ctx) {
     return ctx->desc.outer.delay_steps ? DDP_OK : ddp__outer_merge(ctx, f);
 }
 
+/* The program wrote parameters (ddp_copy_from_host, ddp_scatter_from_host; the same values on
+   every rank): the outer copy takes them too, or the next outer step would pull the parameters
+   back towards the values they had at commit. */
+static ddp_result ddp__outer_params_set(ddp_context *ctx, ddp_buffer which, size_t offset, size_t count, ddp_result r) {
+    if (r != DDP_OK || which != DDP_PARAMS || !count || !ddp__outer_on(ctx) || !ctx->outer.theta) return r;
+    return ctx->be->copy(ctx, ctx->outer.theta + offset, ctx->flat.params + offset, count * sizeof(float), 1);
+}
+
 static ddp_outer_status ddp__outer_status(const ddp_context *ctx) {
     ddp_outer_status s;
     memset(&s, 0, sizeof s);
@@ -9839,6 +10137,21 @@ static ddp_outer_status ddp__outer_status(const ddp_context *ctx) {
      length, name, u64 count, u32 flags) | parameters, then m, then v, each parameter's floats in
      registration order (no padding) | the user blob | u64 checksum of every byte before it
      (ddp__sum_add: FNV-1a's step on 64-bit words in four lanes, then FNV-1a of lanes and tail).
+   Version 2 (written only with the outer sync on; version 1 otherwise, so an older ddp.h reads
+   every file of a run without it; both are read) is version 1 plus the outer state, in two places:
+     after the parameter table, the outer block: u32 groups u32 group_size u32 mode u32
+       inner_steps u32 fragments u32 delay_steps u32 wire u32 quant_block f32 lr f32 momentum f32
+       mix u32 flags (1: momentum stored; 2: the sum holds parameters, ddp__outer_plain_mean) i64
+       inner i64 syncs i32 flight (-1: none) u32 0 i64 lands u64 flat_count u64 sum_lo u64
+       sum_floats | num_params x u64 each parameter's offset in the flat buffer (the layout the
+       in-flight sum's flat range refers to);
+     after v, before the user blob: theta (the fp32 outer parameters), then momentum (flag 1),
+       each in registration order like the parameters; then groups 1 .. groups - 1's parameters,
+       m and v (the parameters, m, v above are group 0's, rank 0's own); then the in-flight
+       fragment's sum of the groups' outer gradients, sum_floats floats of the flat buffer from
+       sum_lo, padding included (as decoded, before the division by the groups).
+   What a load makes of it (another group count, the outer sync off, a file without the outer
+   state): CHECKPOINTS in the manual, and ddp__ckpt_outer_load.
    Writing: a path that is not a regular file or symlink is refused first (rename would replace
    a FIFO or device node); a temporary PATH.tmp.<pid>.<random> (O_CREAT|O_EXCL|O_NOFOLLOW), fsync, rename,
    fsync of the directory; temporaries of writers that died are swept first. Reading: the kind
@@ -9850,8 +10163,10 @@ static ddp_outer_status ddp__outer_status(const ddp_context *ctx) {
    each names rank 0's reason.
    -------------------------------------------------------------------------------------------- */
 #define DDP__CKPT_MAGIC "DDP-CKPT"
-#define DDP__CKPT_VERSION 1u
+#define DDP__CKPT_VERSION 1u                /* without the outer state */
+#define DDP__CKPT_VERSION_OUTER 2u          /* with it (the outer block and arrays) */
 #define DDP__CKPT_FIXED 56u                 /* bytes before the shard table */
+#define DDP__CKPT_OUTER_FIXED 104u          /* the outer block before its offset table */
 #ifndef DDP__CKPT_CHUNK                     /* tests make it small, to stream in many chunks */
 #define DDP__CKPT_CHUNK ((size_t)1 << 20)   /* floats per gather / scatter: 4 MiB on rank 0 */
 #endif
@@ -9946,6 +10261,11 @@ typedef struct ddp__ckpt_status {
     int32_t code, world, sharded, pad;
     int64_t step;
     uint64_t user_bytes;
+    /* the outer block (groups 0: none in the file) and what this run makes of it */
+    int32_t groups, group_size, flags, flight;
+    int64_t inner, syncs, lands;
+    uint64_t sum_lo, sum_floats, data_floats;   /* data_floats: every array's floats, rank 0's */
+    int32_t keep, fragments;   /* keep: the fragment in flight stays in flight (same schedule and layout) */
     char msg[DDP__ERR_MAX - 64];
 } ddp__ckpt_status;
 
@@ -10085,6 +10405,37 @@ static int ddp__ckpt_read(ddp__ckpt_file *f, void *data, size_t n, int hashed) {
     return 1;
 }
 
+/* The outer block (version 2) of this run's outer state, DDP__CKPT_OUTER_FIXED bytes and the
+   parameters' offsets. Every rank holds the same outer state, so rank 0's is the one. */
+static void ddp__ckpt_outer_block(const ddp_context *ctx, unsigned char *b) {
+    const ddp_outer *o = &ctx->desc.outer;
+    int flight = ctx->outer.flight, i;
+    uint64_t lo = flight >= 0 ? ctx->outer.frag[flight] : 0, n = flight >= 0 ? ctx->outer.frag[flight + 1] - lo : 0;
+    uint32_t bits[3];
+    memcpy(&bits[0], &o->lr, 4);
+    memcpy(&bits[1], &o->momentum, 4);
+    memcpy(&bits[2], &o->mix, 4);
+    ddp__put_le(b, (uint64_t)ctx->outer.groups, 4);
+    ddp__put_le(b + 4, (uint64_t)ctx->outer.size, 4);
+    ddp__put_le(b + 8, (uint64_t)o->mode, 4);
+    ddp__put_le(b + 12, (uint64_t)o->inner_steps, 4);
+    ddp__put_le(b + 16, (uint64_t)o->fragments, 4);
+    ddp__put_le(b + 20, (uint64_t)o->delay_steps, 4);
+    ddp__put_le(b + 24, (uint64_t)o->wire, 4);
+    ddp__put_le(b + 28, (uint64_t)o->quant_block, 4);
+    for (i = 0; i < 3; i++) ddp__put_le(b + 32 + 4 * i, bits[i], 4);
+    ddp__put_le(b + 44, (uint64_t)((ctx->outer.mom ? 1 : 0) | (ddp__outer_plain_mean(ctx) ? 2 : 0)), 4);
+    ddp__put_le(b + 48, (uint64_t)ctx->outer.inner, 8);
+    ddp__put_le(b + 56, (uint64_t)ctx->outer.syncs, 8);
+    ddp__put_le(b + 64, (uint64_t)(uint32_t)flight, 4);
+    ddp__put_le(b + 68, 0, 4);
+    ddp__put_le(b + 72, (uint64_t)(flight >= 0 ? ctx->outer.lands : 0), 8);
+    ddp__put_le(b + 80, ctx->flat.count, 8);
+    ddp__put_le(b + 88, lo, 8);
+    ddp__put_le(b + 96, n, 8);
+    for (i = 0; i < ctx->model.num_params; i++) ddp__put_le(b + DDP__CKPT_OUTER_FIXED + 8 * (size_t)i, ctx->model.params[i].offset, 8);
+}
+
 /* The header of this model's state as rank 0 writes it; NULL when out of memory. */
 static unsigned char *ddp__ckpt_header(ddp_context *ctx, uint64_t user_bytes, size_t *len) {
     int i, shards = ddp__ckpt_sharded(ctx) ? ctx->world : 1;
@@ -10092,9 +10443,10 @@ static unsigned char *ddp__ckpt_header(ddp_context *ctx, uint64_t user_bytes, si
     uint64_t floats = 0;
     unsigned char *h;
     for (i = 0; i < ctx->model.num_params; i++) { n += 16 + strlen(ctx->model.params[i].name); floats += ctx->model.params[i].count; }
+    if (ddp__outer_on(ctx)) n += DDP__CKPT_OUTER_FIXED + 8 * (size_t)ctx->model.num_params;
     if (!(h = (unsigned char *)DDP_MALLOC(n))) return NULL;
     memcpy(h, DDP__CKPT_MAGIC, 8);
-    ddp__put_le(h + 8, DDP__CKPT_VERSION, 4);
+    ddp__put_le(h + 8, ddp__outer_on(ctx) ? DDP__CKPT_VERSION_OUTER : DDP__CKPT_VERSION, 4);
     ddp__put_le(h + 12, (uint64_t)ctx->world, 4);
     ddp__put_le(h + 16, (uint64_t)ddp__ckpt_sharded(ctx), 4);
     ddp__put_le(h + 20, (uint64_t)ctx->model.num_params, 4);
@@ -10114,6 +10466,7 @@ static unsigned char *ddp__ckpt_header(ddp_context *ctx, uint64_t user_bytes, si
         ddp__put_le(h + at + 12 + l, p->flags, 4);
         at += 16 + l;
     }
+    if (ddp__outer_on(ctx)) ddp__ckpt_outer_block(ctx, h + at);
     *len = n;
     return h;
 }
@@ -10140,6 +10493,169 @@ static ddp_result ddp__ckpt_stream(ddp_context *ctx, ddp_buffer which, ddp__ckpt
     return r;
 }
 
+/* One array of the outer state, parameter by parameter (registration order, no padding), chunk
+   by chunk; buf holds a chunk on every rank. Save: the values of rank `src`'s `which` (sent to
+   rank 0 by a broadcast, the collective every backend has), or, host != NULL, of the host array
+   every rank holds alike (rank 0's own: nothing is sent); rank 0 writes them. Load: rank 0 reads
+   them (zeros for a chunk it cannot read, f->err set); unless `skip` (no rank takes them: read
+   for the checksum only) every rank receives them, and a rank with `take` puts them into `host`,
+   or into `which` (bf16 parameters: the working copies follow). */
+static ddp_result ddp__ckpt_outer_stream(ddp_context *ctx, ddp__ckpt_file *f, float *buf, int save, ddp_buffer which,
+                                         float *host, int src, int take, int skip) {
+    float *flat = NULL;
+    ddp_result r = DDP_OK;
+    int i;
+    if (!host && (r = ddp__state_buffer(ctx, which, 0, buf, 0, save ? "ddp_save" : "ddp_load", &flat)) != DDP_OK) return r;
+    for (i = 0; i < ctx->model.num_params && r == DDP_OK; i++) {
+        size_t done, n, count = ctx->model.params[i].count, offset = ctx->model.params[i].offset;
+        for (done = 0; done < count && r == DDP_OK; done += n) {
+            size_t at = offset + done;
+            n = count - done < DDP__CKPT_CHUNK ? count - done : DDP__CKPT_CHUNK;
+            if (save) {
+                if (!host && ctx->rank == src) r = ddp__state_copy(ctx, which, flat ? flat + at : NULL, at, buf, n, 1);
+                if (r == DDP_OK && !host && src != 0) {
+                    ctx->what = "ddp_save's broadcast of a replica group's state";
+                    r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, buf, n * sizeof(float), src);
+                }
+                if (r == DDP_OK && f) ddp__ckpt_write(f, host ? host + at : buf, n * sizeof(float), 1);
+                continue;
+            }
+            if (f && !ddp__ckpt_read(f, buf, n * sizeof(float), 1)) memset(buf, 0, n * sizeof(float));
+            if (skip) continue;
+            if (ctx->world > 1) {
+                ctx->what = "ddp_load's broadcast of the outer state";
+                if ((r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, buf, n * sizeof(float), 0)) != DDP_OK) break;
+            }
+            if (!take) continue;
+            if (host) memcpy(host + at, buf, n * sizeof(float));
+            else r = ddp__state_written(ctx, which, at, n, ddp__state_copy(ctx, which, flat ? flat + at : NULL, at, buf, n, 0));
+        }
+    }
+    return r;
+}
+
+/* ddp_save with the outer sync on, after group 0's parameters, m and v (rank 0's own): theta,
+   momentum, every other group's parameters, m and v (from the group's first rank: every rank of
+   a group holds the same), the in-flight fragment's sum. The outer state is alike on every rank:
+   rank 0 writes its own (ddp__save settled the exchange in flight first: outer.sum is whole). */
+static ddp_result ddp__ckpt_outer_save(ddp_context *ctx, ddp__ckpt_file *f) {
+    float *buf = (float *)DDP_MALLOC(DDP__CKPT_CHUNK * sizeof(float));
+    ddp_result r = DDP_OK;
+    int g, k, flight = ctx->outer.flight;
+    static const ddp_buffer state[3] = { DDP_PARAMS, DDP_ADAM_M, DDP_ADAM_V };
+    if (!buf) return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "ddp_save: no memory for a chunk of the outer state (%zu floats)",
+                                     (size_t)DDP__CKPT_CHUNK);
+    r = ddp__ckpt_outer_stream(ctx, f, buf, 1, DDP_PARAMS, ctx->outer.theta, 0, 0, 0);
+    if (r == DDP_OK && ctx->outer.mom) r = ddp__ckpt_outer_stream(ctx, f, buf, 1, DDP_PARAMS, ctx->outer.mom, 0, 0, 0);
+    for (g = 1; g < ctx->outer.groups && r == DDP_OK; g++)
+        for (k = 0; k < 3 && r == DDP_OK; k++) r = ddp__ckpt_outer_stream(ctx, f, buf, 1, state[k], NULL, g * ctx->outer.size, 0, 0);
+    if (r == DDP_OK && f && flight >= 0)
+        ddp__ckpt_write(f, ctx->outer.sum, (ctx->outer.frag[flight + 1] - ctx->outer.frag[flight]) * sizeof(float), 1);
+    DDP_FREE(buf);
+    return r;
+}
+
+/* A fragment that was in flight in the saved run but cannot stay in flight in this one (it cuts
+   or schedules fragments otherwise): it lands at the load. n floats of its sum (sum, from flat
+   element `at` of the saved layout: soff) are mapped parameter by parameter to this layout and
+   take this run's outer step, as ddp__outer_merge does: the average outer gradient (the saved
+   sum over the saved group count; a saved plain mean's parameters become theta minus them),
+   Nesterov momentum, theta -= lr * g, the parameters to theta (mixed). The parameters go
+   through `stage` (n floats of host memory: they may be device memory). */
+static ddp_result ddp__ckpt_outer_land(ddp_context *ctx, const ddp__ckpt_status *st, const uint64_t *soff, uint64_t at,
+                                       const float *sum, size_t n, float *stage) {
+    const ddp_outer *o = &ctx->desc.outer;
+    float Gs = (float)st->groups, mu = o->momentum, mix = o->mix;
+    ddp_result r = DDP_OK;
+    int i;
+    for (i = 0; i < ctx->model.num_params && r == DDP_OK; i++) {
+        uint64_t lo = soff[i], hi = soff[i] + ctx->model.params[i].count, a = lo > at ? lo : at, z = hi < at + n ? hi : at + n, j;
+        size_t to, len;
+        if (z <= a) continue;
+        to = ctx->model.params[i].offset + (size_t)(a - lo);
+        len = (size_t)(z - a);
+        if ((r = ctx->be->copy(ctx, stage, ctx->flat.params + to, len * sizeof(float), 1)) != DDP_OK) break;
+        for (j = 0; j < len; j++) {
+            float *theta = ctx->outer.theta + to + j;
+            float avg = st->groups == 1 ? sum[a - at + j] : sum[a - at + j] / Gs;
+            float g = st->flags & 2 ? *theta - avg : avg;
+            if (ctx->outer.mom) { float *b = ctx->outer.mom + to + j; *b = mu * *b + g; g = g + mu * *b; }
+            *theta -= o->lr * g;
+            stage[j] = mix == 0 ? *theta : mix * stage[j] + (1 - mix) * *theta;
+        }
+        if ((r = ctx->be->copy(ctx, ctx->flat.params + to, stage, len * sizeof(float), 0)) == DDP_OK)
+            r = ddp__bf16_op(ctx, DDP__BF16_ROUND_PARAMS, to, len);
+    }
+    return r;
+}
+
+/* ddp_load's outer part, after group 0's parameters, m and v reached every rank. What a file's
+   outer state (st->groups > 0) becomes in this run:
+   - the outer sync on: this run's group g takes the saved group g mod G_saved's parameters, m
+     and v (the same group count: its own; more groups: some start alike and part with their
+     data; fewer: the saved groups past them are dropped); theta and momentum are every rank's
+     (momentum zeros where the file has none, ignored where this run keeps none); inner steps and
+     syncs as saved; the fragment in flight stays in flight, landing when it would have, when this
+     run cuts and schedules fragments alike (st->keep; its sum scaled to this group count), and
+     lands at the load otherwise (ddp__ckpt_outer_land);
+   - the outer sync off: group 0's state only, loaded already; the rest is read for the checksum.
+   A file without outer state into a run with it: theta = the loaded parameters, momentum 0, the
+   schedule from its start (inner step 0, nothing in flight). soff: the saved layout (rank 0's). */
+static ddp_result ddp__ckpt_outer_load(ddp_context *ctx, ddp__ckpt_file *f, const ddp__ckpt_status *st, const uint64_t *soff) {
+    static const ddp_buffer state[3] = { DDP_PARAMS, DDP_ADAM_M, DDP_ADAM_V };
+    int on = ddp__outer_on(ctx), Gs = st->groups, G = ctx->outer.groups, s, k, land = on && Gs && st->flight >= 0 && !st->keep;
+    uint64_t *offs = NULL, done, n;
+    float *buf;
+    ddp_result r = DDP_OK;
+    if (!Gs) {
+        if (!on) return DDP_OK;
+        if (ctx->outer.mom) memset(ctx->outer.mom, 0, ctx->flat.count * sizeof(float));
+        ctx->outer.inner = ctx->outer.syncs = ctx->outer.lands = 0;
+        ctx->outer.flight = -1;
+        return ddp__state_copy(ctx, DDP_PARAMS, ctx->flat.params, 0, ctx->outer.theta, ctx->flat.count, 1);
+    }
+    buf = (float *)DDP_MALLOC(2 * DDP__CKPT_CHUNK * sizeof(float));   /* a chunk, and the landing fragment's stage */
+    if (land) offs = (uint64_t *)DDP_MALLOC(sizeof(uint64_t) * (size_t)ctx->model.num_params + 1);
+    if (!buf || (land && !offs)) {
+        DDP_FREE(buf);
+        DDP_FREE(offs);
+        return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "ddp_load: no memory for a chunk of the outer state (%zu floats)",
+                               (size_t)DDP__CKPT_CHUNK);
+    }
+    if (land) {   /* the saved layout, to map the landing fragment's floats */
+        if (ctx->rank == 0) memcpy(offs, soff, sizeof(uint64_t) * (size_t)ctx->model.num_params);
+        ctx->what = "ddp_load's broadcast of the saved layout";
+        if (ctx->world > 1) r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, offs, sizeof(uint64_t) * (size_t)ctx->model.num_params, 0);
+    }
+    if (r == DDP_OK) r = ddp__ckpt_outer_stream(ctx, f, buf, 0, DDP_PARAMS, ctx->outer.theta, 0, 1, !on);
+    if (r == DDP_OK && (st->flags & 1)) r = ddp__ckpt_outer_stream(ctx, f, buf, 0, DDP_PARAMS, ctx->outer.mom, 0, 1, !ctx->outer.mom);
+    else if (ctx->outer.mom) memset(ctx->outer.mom, 0, ctx->flat.count * sizeof(float));
+    for (s = 1; s < Gs && r == DDP_OK; s++)   /* saved group s: this run's groups g with g % Gs == s take it */
+        for (k = 0; k < 3 && r == DDP_OK; k++)
+            r = ddp__ckpt_outer_stream(ctx, f, buf, 0, state[k], NULL, 0, on && ctx->outer.group % Gs == s, !on || s >= G);
+    for (done = 0; done < st->sum_floats && r == DDP_OK; done += n) {
+        n = st->sum_floats - done < DDP__CKPT_CHUNK ? st->sum_floats - done : DDP__CKPT_CHUNK;
+        if (f && !ddp__ckpt_read(f, buf, (size_t)n * sizeof(float), 1)) memset(buf, 0, (size_t)n * sizeof(float));
+        if (!on) continue;
+        ctx->what = "ddp_load's broadcast of the outer sum in flight";
+        if (ctx->world > 1 && (r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, buf, (size_t)n * sizeof(float), 0)) != DDP_OK) break;
+        if (land) r = ddp__ckpt_outer_land(ctx, st, offs, st->sum_lo + done, buf, (size_t)n, buf + DDP__CKPT_CHUNK);
+        else {
+            uint64_t j;
+            for (j = 0; j < n; j++) ctx->outer.sum[done + j] = Gs == G ? buf[j] : buf[j] / (float)Gs * (float)G;
+        }
+    }
+    if (r == DDP_OK && on) {
+        ctx->outer.inner = st->inner;
+        ctx->outer.syncs = st->syncs + (land ? 1 : 0);
+        ctx->outer.flight = st->flight >= 0 && st->keep ? st->flight : -1;
+        ctx->outer.lands = ctx->outer.flight >= 0 ? st->lands : 0;
+    }
+    DDP_FREE(buf);
+    DDP_FREE(offs);
+    return r;
+}
+
 /* Tests only (DDP_TEST_KILL_POINTS): DDP_TEST_DIE_IN_CHECKPOINT=S SIGKILLs rank 0 in the middle
    of writing the checkpoint of AdamW step S: header and parameters written, m and v not. */
 static void ddp__ckpt_kill_point(const ddp_context *ctx) {
@@ -10161,6 +10677,9 @@ static ddp_result ddp__save(ddp_context *ctx, const char *path, const void *user
     ddp_result r;
     int renamed = 0;
     if (ddp__in_backward(ctx)) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_save while a backward is in flight (call it between steps)");
+    if (ddp__outer_on(ctx) && ddp__sharded(ctx))   /* a group's m and v would be in parts across its ranks */
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_save: the outer sync's checkpoint with shard_optimizer is not built");
+    if ((r = ddp__outer_settle(ctx)) != DDP_OK) return r;   /* the exchange in flight has landed in outer.sum */
     if ((r = ctx->be->adamw_state(ctx)) != DDP_OK) return ddp__fatal(ctx, r);   /* the peers are on their way to the broadcast */
     memset(&st, 0, sizeof st);
     memset(&f, 0, sizeof f);
@@ -10194,6 +10713,7 @@ static ddp_result ddp__save(ddp_context *ctx, const char *path, const void *user
         ddp__ckpt_kill_point(ctx);
         if (r == DDP_OK) r = ddp__ckpt_stream(ctx, DDP_ADAM_M, fp, buf, 1);
         if (r == DDP_OK) r = ddp__ckpt_stream(ctx, DDP_ADAM_V, fp, buf, 1);
+        if (r == DDP_OK && ddp__outer_on(ctx)) r = ddp__ckpt_outer_save(ctx, fp);
     }
     if (r == DDP_OK && ctx->rank == 0) {
         if (user_bytes) ddp__ckpt_write(&f, user, user_bytes, 1);
@@ -10267,7 +10787,8 @@ static ddp_result ddp__save_check(ddp_context *ctx, const char *path, int *holds
    each returns 1 to go on, or 0 with st refused (the first reason counts). */
 typedef struct ddp__ckpt_head {
     uint64_t floats, shards;   /* floats in each of parameters, m and v; entries of the shard table */
-    uint32_t nparams;
+    uint64_t arrays;           /* model-sized arrays in the data: 3 (parameters, m, v), more with the outer state */
+    uint32_t nparams, version;
     char mismatch[512];        /* the first difference from this model: refused after the program's check */
 } ddp__ckpt_head;
 
@@ -10316,9 +10837,11 @@ static int ddp__ckpt_check_head(const ddp__ckpt_file *f, const char *path, ddp__
     h->floats = ddp__get_le(fixed + 32, 8);
     st->user_bytes = ddp__get_le(fixed + 40, 8);
     h->shards = ddp__get_le(fixed + 48, 4);
-    if (version != DDP__CKPT_VERSION) {
-        ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' has format version %u; this ddp.h reads version %u",
-                         path, version, DDP__CKPT_VERSION);
+    h->version = version;
+    h->arrays = 3;
+    if (version != DDP__CKPT_VERSION && version != DDP__CKPT_VERSION_OUTER) {
+        ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' has format version %u; this ddp.h reads versions "
+                         "%u and %u", path, version, DDP__CKPT_VERSION, DDP__CKPT_VERSION_OUTER);
         return 0;
     }
     if (world < 1 || world > INT32_MAX || sharded > 1 || h->shards != (sharded ? world : 1u) ||
@@ -10409,14 +10932,83 @@ static int ddp__ckpt_check_params(const ddp_context *ctx, ddp__ckpt_file *f, con
     return 1;
 }
 
-/* The file's length: the data (parameters, m, v), the user blob and the checksum, nothing after. */
+/* Version 2's outer block: the values it can hold, the offset table (rank 0 keeps it in
+   *offsets: a fragment in flight that lands at the load is mapped through it), how many arrays
+   the data holds, and whether the fragment in flight can stay in flight in this run (st->keep:
+   the outer sync on, the same fragments, schedule, layout and kind of sum; outer.sum has room
+   for it then). */
+static int ddp__ckpt_check_outer(const ddp_context *ctx, ddp__ckpt_file *f, const char *path, ddp__ckpt_status *st,
+                                 ddp__ckpt_head *h, uint64_t **offsets) {
+    const ddp_outer *o = &ctx->desc.outer;
+    unsigned char b[DDP__CKPT_OUTER_FIXED];
+    uint64_t groups, gsize, mode, steps, frags, delay, flags, flat, i;
+    int same;
+    if (h->version != DDP__CKPT_VERSION_OUTER) return 1;
+    if (!ddp__ckpt_read(f, b, sizeof b, 1)) return ddp__ckpt_truncated(st, path, f);
+    groups = ddp__get_le(b, 4); gsize = ddp__get_le(b + 4, 4); mode = ddp__get_le(b + 8, 4); steps = ddp__get_le(b + 12, 4);
+    frags = ddp__get_le(b + 16, 4); delay = ddp__get_le(b + 20, 4); flags = ddp__get_le(b + 44, 4);
+    st->inner = (int64_t)ddp__get_le(b + 48, 8);
+    st->syncs = (int64_t)ddp__get_le(b + 56, 8);
+    st->flight = (int32_t)(uint32_t)ddp__get_le(b + 64, 4);
+    st->lands = (int64_t)ddp__get_le(b + 72, 8);
+    flat = ddp__get_le(b + 80, 8);
+    st->sum_lo = ddp__get_le(b + 88, 8);
+    st->sum_floats = ddp__get_le(b + 96, 8);
+    if (groups < 1 || gsize < 1 || groups * gsize != (uint64_t)st->world || mode < DDP_OUTER_AVERAGE || mode > DDP_OUTER_STREAMING ||
+        steps < 1 || steps > INT32_MAX || frags < 1 || frags > steps || delay >= steps || flags > 3 || st->inner < 0 ||
+        st->syncs < 0 || st->lands < 0 || st->flight < -1 || (int64_t)st->flight >= (int64_t)frags || ddp__get_le(b + 68, 4) ||
+        flat < h->floats || (st->flight < 0 ? st->sum_floats || st->sum_lo : !st->sum_floats || st->sum_lo > flat ||
+                             st->sum_floats > flat - st->sum_lo)) {
+        ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' has an impossible outer block: %llu groups of %llu "
+                         "ranks (world %d), mode %llu, inner_steps %llu, %llu fragments, delay %llu, flags %llu, inner step "
+                         "%lld, %lld syncs, fragment %d in flight (lands %lld; its sum: %llu floats from %llu of %llu)", path,
+                         (unsigned long long)groups, (unsigned long long)gsize, st->world, (unsigned long long)mode,
+                         (unsigned long long)steps, (unsigned long long)frags, (unsigned long long)delay,
+                         (unsigned long long)flags, (long long)st->inner, (long long)st->syncs, st->flight, (long long)st->lands,
+                         (unsigned long long)st->sum_floats, (unsigned long long)st->sum_lo, (unsigned long long)flat);
+        return 0;
+    }
+    st->groups = (int32_t)groups;
+    st->group_size = (int32_t)gsize;
+    st->flags = (int32_t)flags;
+    st->fragments = (int32_t)frags;
+    if (h->nparams > (f->size - f->pos) / 8) return ddp__ckpt_truncated(st, path, f);
+    if (!(*offsets = (uint64_t *)DDP_MALLOC(sizeof(uint64_t) * (size_t)h->nparams + 1))) {
+        ddp__ckpt_refuse(st, DDP_ERR_OUT_OF_MEMORY, "no memory to read the checkpoint '%s' (its layout table)", path);
+        return 0;
+    }
+    same = flat == ctx->flat.count && h->nparams == (uint32_t)ctx->model.num_params;
+    for (i = 0; i < h->nparams; i++) {
+        if (!ddp__ckpt_read(f, b, 8, 1)) return ddp__ckpt_truncated(st, path, f);
+        (*offsets)[i] = ddp__get_le(b, 8);
+        if (i < (uint64_t)ctx->model.num_params && ((*offsets)[i] > flat || ctx->model.params[i].count > flat - (*offsets)[i])) {
+            ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' has an impossible layout: parameter %llu at "
+                             "offset %llu of a flat buffer of %llu floats", path, (unsigned long long)i,
+                             (unsigned long long)(*offsets)[i], (unsigned long long)flat);
+            return 0;
+        }
+        if (same && (*offsets)[i] != ctx->model.params[i].offset) same = 0;
+    }
+    h->arrays = 4 + (flags & 1) + 3 * (groups - 1);
+    st->keep = ddp__outer_on(ctx) && st->flight >= 0 && same && frags == (uint64_t)o->fragments && steps == (uint64_t)o->inner_steps &&
+               delay == (uint64_t)o->delay_steps && !!(flags & 2) == ddp__outer_plain_mean(ctx) &&
+               st->sum_lo == ctx->outer.frag[st->flight] && st->sum_floats == ctx->outer.frag[st->flight + 1] - st->sum_lo;
+    return 1;
+}
+
+/* The file's length: the data (parameters, m, v; the outer state), the user blob and the
+   checksum, nothing after. */
 static int ddp__ckpt_check_length(const ddp__ckpt_file *f, const char *path, ddp__ckpt_status *st, const ddp__ckpt_head *h,
                                   uint64_t *data_at) {
-    uint64_t left = f->size - f->pos, expect;
+    uint64_t left = f->size - f->pos, expect, data;
     *data_at = f->pos;
-    if (h->floats > (left / 12) || st->user_bytes > left - 12 * h->floats || left - 12 * h->floats - st->user_bytes < 8)
+    if (h->floats && h->arrays > left / 4 / h->floats) return ddp__ckpt_truncated(st, path, f);
+    data = h->floats * h->arrays;
+    if (st->sum_floats > left / 4 - data) return ddp__ckpt_truncated(st, path, f);
+    st->data_floats = data += st->sum_floats;
+    if (st->user_bytes > left - 4 * data || left - 4 * data - st->user_bytes < 8)
         return ddp__ckpt_truncated(st, path, f);
-    expect = f->pos + 12 * h->floats + st->user_bytes + 8;
+    expect = f->pos + 4 * data + st->user_bytes + 8;
     if (expect != f->size) {
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' goes on after its checksum (%llu bytes; its header "
                          "describes %llu): not a file ddp_save wrote, or two files run together", path,
@@ -10438,7 +11030,8 @@ static int ddp__ckpt_check_sum(ddp__ckpt_file *f, const char *path, ddp__ckpt_st
                          (unsigned long long)st->user_bytes);
         goto out;
     }
-    for (left = 12 * h->floats; left > 0;) {
+    (void)h;
+    for (left = 4 * st->data_floats; left > 0;) {
         size_t n = left < DDP__CKPT_CHUNK * sizeof(float) ? (size_t)left : DDP__CKPT_CHUNK * sizeof(float);
         if (!ddp__ckpt_read(f, buf, n, 1)) break;
         left -= n;
@@ -10469,6 +11062,10 @@ static int ddp__ckpt_check_user(const char *path, ddp__ckpt_status *st, size_t u
         return 0;
     }
     if (!check) return 1;
+    memset(&info, 0, sizeof info);
+    info.outer_groups = st->groups;
+    info.outer_inner_steps = st->inner;
+    info.outer_syncs = st->syncs;
     info.step = st->step;
     info.world_size = st->world;
     info.sharded = st->sharded;
@@ -10488,7 +11085,8 @@ static int ddp__ckpt_check_user(const char *path, ddp__ckpt_status *st, size_t u
    `blob` receives the user blob (st->user_bytes of it). A file of another model is refused
    last, after the program's check (whose reason, e.g. "another seed", says more). */
 static int ddp__ckpt_verify(ddp_context *ctx, const char *path, size_t user_capacity, ddp_checkpoint_check_fn check,
-                            void *check_arg, ddp__ckpt_status *st, void **blob, uint64_t *data_at, uint64_t *stored) {
+                            void *check_arg, ddp__ckpt_status *st, void **blob, uint64_t *data_at, uint64_t *stored,
+                            uint64_t **offsets) {
     ddp__ckpt_file f;
     ddp__ckpt_head h;
     unsigned char fixed[DDP__CKPT_FIXED];
@@ -10498,7 +11096,8 @@ static int ddp__ckpt_verify(ddp_context *ctx, const char *path, size_t user_capa
     *blob = NULL;
     if (ddp__ckpt_open_file(&f, path, st) && ddp__ckpt_read_fixed(&f, path, st, fixed) &&
         ddp__ckpt_check_head(&f, path, st, fixed, &h) && ddp__ckpt_check_shards(&f, path, st, &h) &&
-        ddp__ckpt_check_params(ctx, &f, path, st, &h) && ddp__ckpt_check_length(&f, path, st, &h, data_at) &&
+        ddp__ckpt_check_params(ctx, &f, path, st, &h) && ddp__ckpt_check_outer(ctx, &f, path, st, &h, offsets) &&
+        ddp__ckpt_check_length(&f, path, st, &h, data_at) &&
         ddp__ckpt_check_sum(&f, path, st, &h, blob, stored) &&
         ddp__ckpt_check_user(path, st, user_capacity, check, check_arg, *blob)) {
         if (!h.mismatch[0]) return f.fd;
@@ -10506,6 +11105,8 @@ static int ddp__ckpt_verify(ddp_context *ctx, const char *path, size_t user_capa
     }
     DDP_FREE(*blob);
     *blob = NULL;
+    DDP_FREE(*offsets);
+    *offsets = NULL;
     if (f.fd >= 0) ddp__file_close(f.fd);
     return -1;
 }
@@ -10516,15 +11117,18 @@ static ddp_result ddp__load(ddp_context *ctx, const char *path, void *user, size
     ddp__ckpt_file f;
     void *blob = NULL;
     float *buf = NULL;
-    uint64_t data_at = 0, stored = 0;
+    uint64_t data_at = 0, stored = 0, *offsets = NULL;
     ddp_result r;
     if (ddp__in_backward(ctx)) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_load while a backward is in flight (call it between steps)");
+    if (ddp__outer_on(ctx) && ddp__sharded(ctx))
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_load: the outer sync's checkpoint with shard_optimizer is not built");
+    if ((r = ddp__outer_settle(ctx)) != DDP_OK) return r;   /* the exchange in flight has landed in outer.sum */
     if ((r = ctx->be->adamw_state(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     memset(&st, 0, sizeof st);
     memset(&f, 0, sizeof f);
     f.fd = -1;
     if (ctx->rank == 0) {
-        f.fd = ddp__ckpt_verify(ctx, path, user_capacity, check, check_arg, &st, &blob, &data_at, &stored);
+        f.fd = ddp__ckpt_verify(ctx, path, user_capacity, check, check_arg, &st, &blob, &data_at, &stored, &offsets);
         if (f.fd >= 0 && !(buf = (float *)DDP_MALLOC(DDP__CKPT_CHUNK * sizeof(float))))
             ddp__ckpt_refuse(&st, DDP_ERR_OUT_OF_MEMORY, "no memory to read the checkpoint '%s'", path);
     }
@@ -10547,11 +11151,9 @@ static ddp_result ddp__load(ddp_context *ctx, const char *path, void *user, size
     }
     if (ctx->rank == 0) {   /* the second pass checksums what it puts in place: header again, data, blob */
         unsigned char hb[4096];
-        uint64_t at, floats = 0;
-        int i;
-        for (i = 0; i < ctx->model.num_params; i++) floats += ctx->model.params[i].count;
+        uint64_t at;
         ddp__sum_init(&f.sum);
-        f.size = data_at + 12 * floats + st.user_bytes;   /* the length the first pass checked, less the checksum */
+        f.size = data_at + 4 * st.data_floats + st.user_bytes;   /* the length the first pass checked, less the checksum */
         for (at = 0; at < data_at;) {
             size_t n = data_at - at < sizeof hb ? (size_t)(data_at - at) : sizeof hb;
             if (!ddp__ckpt_read(&f, hb, n, 1)) break;
@@ -10563,6 +11165,7 @@ static ddp_result ddp__load(ddp_context *ctx, const char *path, void *user, size
         r = ddp__ckpt_stream(ctx, DDP_PARAMS, fp, buf, 0);
         if (r == DDP_OK) r = ddp__ckpt_stream(ctx, DDP_ADAM_M, fp, buf, 0);
         if (r == DDP_OK) r = ddp__ckpt_stream(ctx, DDP_ADAM_V, fp, buf, 0);
+        if (r == DDP_OK) r = ddp__ckpt_outer_load(ctx, fp, &st, offsets);
         if (r != DDP_OK) goto out;
     }
     if (ctx->rank == 0) {
@@ -10580,9 +11183,13 @@ static ddp_result ddp__load(ddp_context *ctx, const char *path, void *user, size
         info_out->world_size = st.world;
         info_out->sharded = st.sharded;
         info_out->user_bytes = st.user_bytes;
+        info_out->outer_groups = st.groups;
+        info_out->outer_inner_steps = st.inner;
+        info_out->outer_syncs = st.syncs;
     }
 out:
     if (f.fd >= 0) ddp__file_close(f.fd);
+    DDP_FREE(offsets);
     DDP_FREE(blob);
     DDP_FREE(buf);
     return r;
@@ -10822,8 +11429,9 @@ void ddp_set_sync(ddp_context *ctx, int enabled) {
 
 ddp_step_stats ddp_last_step_stats(const ddp_context *ctx) {
     ddp_step_stats none;
-    if (!ctx) { memset(&none, 0, sizeof none); return none; }
+    if (!ctx) { memset(&none, 0, sizeof none); none.slowest_rank = -1; return none; }
     if (ctx->be && ctx->up && ctx->be->stats) ctx->be->stats((ddp_context *)(uintptr_t)ctx);   /* refreshes a cache only */
+    if (!ctx->step.last_stats.step) { none = ctx->step.last_stats; none.slowest_rank = -1; return none; }   /* no step yet */
     return ctx->step.last_stats;
 }
 
@@ -10884,8 +11492,9 @@ ddp_result ddp_copy_from_host(ddp_context *ctx, ddp_buffer which, size_t offset,
     ddp_result r = ddp__usable(ctx, 1, "ddp_copy_from_host");
     float *at = NULL;
     if (r != DDP_OK || (r = ddp__state_at(ctx, which, offset, src, count, "ddp_copy_from_host", 1, &at)) != DDP_OK) return r;
-    return count ? ddp__state_written(ctx, which, offset, count, ddp__state_copy(ctx, which, at, offset, (float *)(uintptr_t)src,
-                                                                                 count, 0)) : DDP_OK;
+    if (count) r = ddp__state_written(ctx, which, offset, count, ddp__state_copy(ctx, which, at, offset, (float *)(uintptr_t)src,
+                                                                                count, 0));
+    return ddp__outer_params_set(ctx, which, offset, count, r);
 }
 
 ddp_result ddp_gather_to_host(ddp_context *ctx, ddp_buffer which, size_t offset, float *dst, size_t count, int root) {
@@ -10897,7 +11506,8 @@ ddp_result ddp_gather_to_host(ddp_context *ctx, ddp_buffer which, size_t offset,
 ddp_result ddp_scatter_from_host(ddp_context *ctx, ddp_buffer which, size_t offset, const float *src, size_t count, int root) {
     ddp_result r = ddp__usable_wire(ctx, 1, "ddp_scatter_from_host", 0);
     if (r == DDP_OK) r = ddp__check_root(ctx, root, "ddp_scatter_from_host");
-    return r != DDP_OK ? r : ddp__scatter_from_host(ctx, which, offset, src, count, root);
+    if (r == DDP_OK) r = ddp__scatter_from_host(ctx, which, offset, src, count, root);
+    return ddp__outer_params_set(ctx, which, offset, count, r);
 }
 
 ddp_result ddp_save(ddp_context *ctx, const char *path, const void *user, size_t user_bytes) {

@@ -4,7 +4,8 @@
    with a message ("rank 0: ..."), leave the state untouched when it refuses and the context
    usable, and never read or write out of bounds. What it accepts must be exactly what the file
    holds: the parameters, m and v as stored floats, a step >= 0, a user blob that fits.
-   Seeds: a valid checkpoint and damaged ones, written by this binary when it is run with
+   Seeds: a valid checkpoint (and one of version 2, saved with the outer sync on: the outer block
+   and arrays after group 0's state) and damaged ones, written by this binary when it is run with
    FUZZ_WRITE_SEEDS=DIR (fuzz/corpus/checkpoint holds them). */
 #define DDP_IMPLEMENTATION
 #include "../ddp.h"
@@ -48,6 +49,28 @@ static void write_seeds(const char *dir) {
     fclose(f);
     snprintf(path, sizeof path, "%s/truncated", dir);
     write_file(path, buf, (size_t)n / 2);
+    {   /* version 2: the same state saved by a run with the outer sync on (its outer block and arrays) */
+        ddp_context *outer = NULL, *plain = fuzz_ddp;
+        ddp_desc desc;
+        float s[3][NW + NB];
+        int64_t *step;
+        memset(&desc, 0, sizeof desc);
+        desc.world_size = 1;
+        desc.log_level = DDP_LOG_OFF;
+        desc.outer.mode = DDP_OUTER_DILOCO;
+        desc.outer.inner_steps = 2;
+        snprintf(path, sizeof path, "%s/valid_outer", dir);
+        state(s, 1);
+        if (ddp_init(&outer, &desc) != DDP_OK || ddp_register_param(outer, "w", NW, 0, s[0], NULL) != DDP_OK ||
+            ddp_register_param(outer, "b", NB, DDP_NO_DECAY, s[0] + NW, NULL) != DDP_OK || ddp_commit(outer) != DDP_OK ||
+            ddp_adamw_state(outer, NULL, NULL, &step) != DDP_OK) { fprintf(stderr, "%s\n", ddp_last_error(outer)); exit(1); }
+        fuzz_ddp = outer;   /* m and v as the plain context's */
+        state(s, 0);
+        fuzz_ddp = plain;
+        *step = 7;
+        if (ddp_save(outer, path, user, sizeof user) != DDP_OK) { fprintf(stderr, "%s\n", ddp_last_error(outer)); exit(1); }
+        ddp_shutdown(outer);
+    }
     snprintf(path, sizeof path, "%s/header_only", dir);
     write_file(path, buf, 56);
     buf[n / 3] ^= 0x40;
@@ -101,14 +124,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         return 0;
     }
-    {   /* accepted: the state is the file's floats (they end 8 + user bytes before its end) */
-        size_t at;
-        if (info.step < 0 || info.user_bytes > USER_CAP || *step != info.step || size < 8 + info.user_bytes + sizeof got) {
+    {   /* accepted: the state is the file's floats, right after its header (version 1: they end 8 + user
+           bytes before its end; version 2, saved with the outer sync: group 0's, before the outer arrays) */
+        size_t at = 56 + 8 * (size_t)ddp__get_le(data + 48, 4), k;
+        for (k = 0; k < (size_t)ddp__get_le(data + 20, 4); k++) at += 16 + (size_t)ddp__get_le(data + at, 4);
+        if (ddp__get_le(data + 8, 4) == 2) at += 104 + 8 * (size_t)ddp__get_le(data + 20, 4);
+        if (info.step < 0 || info.user_bytes > USER_CAP || *step != info.step || size < 8 + info.user_bytes + sizeof got ||
+            at > size - 8 - info.user_bytes - sizeof got || (ddp__get_le(data + 8, 4) == 1 && at != size - 8 - info.user_bytes - sizeof got)) {
             fprintf(stderr, "fuzz_checkpoint: accepted step %lld, user blob %llu bytes, file %zu bytes\n", (long long)info.step,
                     (unsigned long long)info.user_bytes, size);
             abort();
         }
-        at = size - 8 - (size_t)info.user_bytes - sizeof got;
         if (memcmp(got, data + at, sizeof got) != 0 || memcmp(user, data + size - 8 - info.user_bytes, (size_t)info.user_bytes) != 0) {
             fprintf(stderr, "fuzz_checkpoint: the loaded state is not the file's\n");
             abort();

@@ -264,6 +264,47 @@ static void refusals(void) {
     ddp_shutdown(ddp);
 }
 
+/* Stragglers (mpi_parity straggler): the last rank sleeps 100 ms before each backward; every rank
+   must name it in ddp_step_stats, the others must have waited most of it, it hardly at all; fp32
+   buckets (through the host groups and leaders) and a bf16 wire (among all ranks). */
+static void stragglers(void) {
+    static const config plain = { "fp32", 0, 0, 0, 1, 0, 0, 0 }, wire = { "bf16wire", 0, 1, 0, 1, 0, 0, 0 };
+    const config *cs[2];
+    int n, k, step, ids[NP];
+    cs[0] = &plain; cs[1] = &wire;
+    for (n = 0; n < 2; n++) {
+        const config *c = cs[n];
+        ddp_context *ddp = NULL;
+        ddp_result r = open_model(c, 0, &ddp, ids, 1);
+        int named = 1, slow = world - 1;
+        double least = 1e9, self_most = 0;
+        char name[160];
+        for (step = 0; r == DDP_OK && step < 4; step++) {
+            ddp_step_stats st;
+            ddp_zero_grad(ddp);
+            if (step > 0 && rank == slow) usleep(100 * 1000);   /* step 0: the exchanges' zero is set */
+            for (k = NP - 1; k >= 0 && r == DDP_OK; k--) {   /* registered last, ready first */
+                forward_backward(ddp, c, ids[k], k, step, 0);
+                r = ddp_grad_ready(ddp, ids[k]);
+            }
+            if (r == DDP_OK) r = ddp_finish(ddp);
+            st = ddp_last_step_stats(ddp);
+            if (step == 0) continue;
+            named &= st.slowest_rank == slow;
+            if (rank == slow) { if (st.straggler_wait_ms > self_most) self_most = st.straggler_wait_ms; }
+            else if (st.straggler_first_wait_ms < least) least = st.straggler_first_wait_ms;
+            if (rank == 0 && step == 1)
+                printf("  (%s %s: rank 0 waited %.1f ms for rank %d, first exchange %.1f ms, spread %.1f ms)\n", MPI_OR_CPU, c->name,
+                       st.straggler_wait_ms, st.slowest_rank, st.straggler_first_wait_ms, st.straggler_spread_ms);
+        }
+        snprintf(name, sizeof name, "parity_straggler_named_%s_%s_ranks%d", c->name, MPI_OR_CPU, world);
+        verdict(r == DDP_OK && named && (rank == slow ? self_most < 30 : least >= 75), name,
+                "rank %d: %s; named %d, least wait %.1f ms, the slow rank's own %.1f ms", rank,
+                r == DDP_OK ? "ok" : ddp_last_error(ddp), named, least, self_most);
+        ddp_shutdown(ddp);
+    }
+}
+
 int main(int argc, char **argv) {
     const char *env_rank = getenv("OMPI_COMM_WORLD_RANK") ? getenv("OMPI_COMM_WORLD_RANK") : getenv("RANK");
     size_t i;
@@ -273,6 +314,7 @@ int main(int argc, char **argv) {
         for (i = 0; i < sizeof configs / sizeof configs[0]; i++) train(argv[2], &configs[i]);
         refusals();
     } else if (argc == 5 && !strcmp(argv[1], "load")) load(argv[2], atoi(argv[3]), argv[4]);
-    else { fprintf(stderr, "usage: mpi_parity train DIR | load CHECKPOINT SHARD OUT\n"); return 2; }
+    else if (argc == 2 && !strcmp(argv[1], "straggler") && world > 1) stragglers();
+    else { fprintf(stderr, "usage: mpi_parity train DIR | load CHECKPOINT SHARD OUT | straggler (2 ranks or more)\n"); return 2; }
     return test_summary("mpi_parity");
 }

@@ -38,6 +38,7 @@ run "sharded optimizer vs PyTorch ZeroRedundancyOptimizer(AdamW) over gloo, 2 an
 run "tiny GPT trainer --shard-optimizer = unsharded, bit for bit, 2 and 3 ranks" tests/test_shard_gpt.sh "$B"
 for n in 2 3; do run "bf16 reduction, $n ranks" "$B/ddprun" -n "$n" "$B/test_bf16"; done
 run "overlap, 2 ranks" "$B/ddprun" -n 2 "$B/test_overlap"
+run "stragglers: a slow rank named by every rank, its wait in the stats and on the timeline, 3 thread-ranks" "$B/test_straggler"
 run "timeline" tests/test_timeline.sh "$B"
 run "svg tools" tests/test_svg_tools.sh
 run "failures" tests/test_failures.sh "$B"
@@ -55,6 +56,7 @@ for cc in gcc clang; do
 done
 run "public structs with garbage in a flag, enum or number field: refused, zero-initialize" "$B/test_structs"
 run "own autograd (no tape): its error words, ddp_consume_grads, bucket plan, no-overlap warning, 2 ranks" "$B/ddprun" -n 2 "$B/test_own_path"
+run "outer sync (DiLoCo, streaming, averaging): float64 reference within its derived bound, 2 and 3 groups of thread-ranks; one group = plain training bit for bit; own SGD, H = 1 = DDP; replicas meet at each sync; the fragment schedule; bad input refused" "$B/test_outer"
 run "own-autograd example: 2 ranks = 1 rank at 2x batch, accumulation, stacked tensor, own optimizer and AdamW; ddprun lines" tests/test_own_autograd.sh "$B"
 # Checkpoints (ddp_save / ddp_load): saved on 2 ranks, loaded on 3, 1 and 2; refusals; another model.
 # ZeRO-1 (ddp_desc.shard_optimizer): the *-sharded phases SKIP until ddp.h has it and the build
@@ -72,6 +74,7 @@ if [ -s "$ckdir/ck" ]; then
     for n in 3 1; do run "sharded checkpoint of 2 ranks loaded unsharded on $n" "$B/ddprun" -n "$n" "$B/test_checkpoint" resume "$ckdir"; done
 fi
 rm -rf "$ckdir"
+run "outer sync checkpoints (thread-ranks, groups of 1): resume bit for bit between outer steps and with a fragment in flight, 2 -> 3 and 3 -> 2 groups, another schedule, outer off, a file without outer state" "$B/test_outer_checkpoint"
 run "embedding: NULL contexts, messages, thread-ranks, host copies" "$B/test_embed"
 run "host program: cancel in every phase, progress, thread-ranks exiting mid-backward, uneven inputs (ddp_join)" "$B/test_host"
 run "engine example: ranks as threads, progress, cancel, join" sh -c '"$1" && "$1" --batches 60 --cancel-after 0 && echo PASS engine_example_cancels_and_joins && { "$1" --batches abc 2>/dev/null; [ $? = 2 ]; } && { "$1" --bogus 5 2>/dev/null; [ $? = 2 ]; } && echo PASS engine_example_bad_arguments_refused' sh "$B/engine"

@@ -351,8 +351,8 @@ static void phase_errors(const char *dir) {
     refused("ckpt_flipped_data_bit_refused", p, "is corrupt (checksum mismatch)", &sn);
     if (rank == 0) { unsigned char x = (unsigned char)('e' ^ 0x01); patch(ck, p, DDP__CKPT_FIXED + 8 + 4, &x, 1, 0); }
     refused("ckpt_flipped_name_byte_refused", p, "is corrupt (checksum mismatch)", &sn);
-    if (rank == 0) { unsigned char x = 2; patch(ck, p, 8, &x, 1, 0); }
-    refused("ckpt_other_version_refused", p, "has format version 2; this ddp.h reads version 1", &sn);
+    if (rank == 0) { unsigned char x = 3; patch(ck, p, 8, &x, 1, 0); }
+    refused("ckpt_other_version_refused", p, "has format version 3; this ddp.h reads versions 1 and 2", &sn);
     if (rank == 0) patch(ck, p, 0, "NOTACKPT", 8, 0);
     refused("ckpt_no_magic_refused", p, "is not a ddp.h checkpoint", &sn);
     {   /* integers at their stored width: a step of 2^32 + 5 arrives whole (an int32 read would say 5) */

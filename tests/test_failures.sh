@@ -41,6 +41,31 @@ for where in forward backward optimizer; do
   else pass "killed_in_${where}_port_released"; fi
 done
 
+# 1a. The same kill just before an outer step (replica groups of one rank, DiLoCo every 5 steps:
+#     the peers are in the outer exchange; streaming with a delay: in the exchange's own thread,
+#     found when the fragment is due to merge): every survivor names the dead rank within 10 s.
+for delay in 0 1; do
+  p=$(port)
+  pids=()
+  for r in 0 1 2; do
+    if [ "$delay" -eq 0 ]; then od=(); else od=(OUTER_DELAY=$delay); fi
+    env RANK=$r WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$p DIE_RANK=1 DIE_STEP=14 DIE_WHERE=optimizer OUTER=5 "${od[@]}" \
+      timeout 60 "$B/test_fault" 100000 >"$tmp/out$r" 2>"$tmp/err$r" &
+    pids+=($!)
+  done
+  wait "${pids[1]}" 2>/dev/null; died_at=$(now)
+  for r in 0 2; do
+    wait "${pids[$r]}"; rc=$?; t=$(now)
+    secs=$(awk -v a="$died_at" -v b="$t" 'BEGIN { printf "%.2f", b - a }')
+    if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && awk -v s="$secs" 'BEGIN { exit !(s < 10) }' &&
+       grep -q "rank 1 (pid [0-9]*) died" "$tmp/err$r"; then
+      pass "killed_before_outer_step_delay${delay}_rank${r}_names_rank1 (${secs}s)"
+    else
+      fail "killed_before_outer_step_delay${delay}_rank${r}_names_rank1" "rc=$rc after ${secs}s: $(tail -n 1 "$tmp/err$r")"
+    fi
+  done
+done
+
 # 1b. A rank killed during the rendezvous: rank 0 is waiting for the others and names it at once.
 p=$(port)
 RANK=0 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$p timeout 60 "$B/test_fault" 3 >/dev/null 2>"$tmp/rdv0" &

@@ -54,6 +54,11 @@ static struct {
     int slow_shutdown_rank;        /* that rank's GPU events complete 0.4 s late from ddp_shutdown on */
     const char *timeline;          /* ddp_desc.timeline_path */
     int step_sleep_ms;             /* the host sleeps after each step (a host slower than its GPU) */
+    ddp_outer outer;               /* ddp_desc.outer (replicas may differ at the end: streaming) */
+    const char *save_path;         /* ddp_save there after step save_step - 1 */
+    int save_step;
+    const char *load_path;         /* ddp_load before the steps, which then begin at first_step */
+    int first_step;
 } cfg;
 static result res[MAX_WORLD];
 
@@ -89,13 +94,15 @@ static void train_rank(test_rank *self) {
     d.first_bucket_mb = 0.001;
     d.reduce_dtype = cfg.bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
     d.shard_optimizer = cfg.shard;
+    d.outer = cfg.outer;
     d.inject_comm_latency_ms = cfg.inject_comm_ms;
     if (cfg.timeline) d.timeline_path = cfg.timeline;
     if (cfg.timeout_s > 0) d.timeout_s = cfg.timeout_s;
     out->fail_step = -1;
     out->r = ddp_init(&ctx, &d);
     if (out->r == DDP_OK) out->r = mlp_init(m, ctx);
-    for (step = 0; out->r == DDP_OK && step < cfg.steps; step++) {
+    if (out->r == DDP_OK && cfg.load_path) out->r = ddp_load(ctx, cfg.load_path, NULL, 0, NULL, NULL, NULL);
+    for (step = cfg.first_step; out->r == DDP_OK && step < cfg.steps; step++) {
         float norm = 0;
         if (self->rank == cfg.hold_rank && step == cfg.hold_step) fakegpu_hold_device(ctx->impl.gpu->device, 1);
         if (self->rank == cfg.abort_rank && step == cfg.abort_step) ddp__gpu_abort(ctx);   /* as the watchdog does */
@@ -108,6 +115,7 @@ static void train_rank(test_rank *self) {
         }
         out->r = mlp_step_norm(m, step, self->rank * n, n, cfg.micro, cfg.norm_every && step % cfg.norm_every == 0 ? &norm : NULL);
         if (out->r != DDP_OK) out->fail_step = step;
+        if (out->r == DDP_OK && cfg.save_path && step + 1 == cfg.save_step) out->r = ddp_save(ctx, cfg.save_path, NULL, 0);
         if (cfg.step_sleep_ms) usleep(1000 * cfg.step_sleep_ms);
     }
     out->t_fail = ddp__now() - t_start;
@@ -165,7 +173,7 @@ static int train(int world, ddp_backend backend, float **params, size_t *count, 
                      res[r].logged[0] ? ": " : "", res[r].logged);
             return 0;
         }
-        if (!res[r].same_as_rank0) { snprintf(why, cap, "rank %d's parameters differ from rank 0's", r); ok = 0; }
+        if (!res[r].same_as_rank0 && !cfg.outer.delay_steps) { snprintf(why, cap, "rank %d's parameters differ from rank 0's", r); ok = 0; }
     }
     *params = res[0].params;
     *count = res[0].count;
@@ -215,8 +223,10 @@ static void test_training_shard(int world, int micro, int bf16, int norm_every, 
                 tol_abs, tol_rel);
     }
     snprintf(name, sizeof name, "fake_nccl_ranks%d_accum%d%s_stats", world, micro, bf16 ? "_bf16" : "");
-    verdict(st.step == (int64_t)STEPS * micro && st.buckets_launched == buckets && buckets > 2, name,
-            "step %lld (want %d), %d of %d buckets", (long long)st.step, STEPS * micro, st.buckets_launched, buckets);
+    verdict(st.step == (int64_t)STEPS * micro && st.buckets_launched == buckets && buckets > 2 &&
+            st.slowest_rank == -1 && st.straggler_wait_ms == 0, name,   /* NCCL cannot tell who arrived last */
+            "step %lld (want %d), %d of %d buckets, slowest_rank %d", (long long)st.step, STEPS * micro, st.buckets_launched,
+            buckets, st.slowest_rank);
     free(gpu);
     free(cpu);
     snprintf(name, sizeof name, "train_ranks%d_accum%d%s%s", world, micro, bf16 ? "_bf16" : "", shard ? "_sharded" : "");
@@ -225,6 +235,75 @@ static void test_training_shard(int world, int micro, int bf16, int norm_every, 
 
 static void test_training(int world, int micro, int bf16, int norm_every, int premul) {
     test_training_shard(world, micro, bf16, norm_every, premul, 0);
+}
+
+/* ---- replica groups of one rank and their outer sync (>>outer): the NCCL backend's buckets move
+   nothing, the exchange stages the parameters through host memory; every rank's parameters are
+   the CPU backend's bits (DiLoCo with 30 steps, H = 5: the replicas are equal at the end;
+   streaming with a delayed, mixed fragment: they differ, each rank as on the CPU) ---- */
+static void test_training_outer(int world, ddp_outer_mode mode, ddp_outer_wire wire, int fragments, int delay, float mix, int bf16) {
+    uint64_t hash[MAX_WORLD];
+    float *gpu = NULL, *cpu = NULL;
+    size_t n = 0;
+    char name[160], why[DDP__ERR_MAX + 64];
+    int r, ok, differ = 0;
+    ddp_outer o;
+    memset(&o, 0, sizeof o);
+    o.mode = mode; o.group_size = 1; o.inner_steps = 5; o.wire = wire; o.fragments = fragments; o.delay_steps = delay; o.mix = mix;
+    snprintf(name, sizeof name, "fake_nccl_ranks%d_outer_mode%d_wire%d_f%d_delay%d%s_equals_cpu_backend", world, (int)mode,
+             (int)wire, fragments, delay, bf16 ? "_bf16" : "");
+    fakegpu_reset();
+    reset_cfg();
+    cfg.outer = o; cfg.bf16 = bf16;
+    why[0] = 0;
+    ok = train(world, DDP_BACKEND_NCCL, &gpu, &n, why, sizeof why);
+    for (r = 0; r < world; r++) hash[r] = res[r].hash;
+    if (!ok) { verdict(0, name, "%s", why); free(gpu); return; }
+    reset_cfg();
+    cfg.outer = o; cfg.bf16 = bf16;
+    if (!train(world, DDP_BACKEND_CPU, &cpu, &n, why, sizeof why)) { verdict(0, name, "the CPU reference failed: %s", why); free(gpu); free(cpu); return; }
+    for (r = 0; r < world; r++) differ += hash[r] != res[r].hash;
+    verdict(differ == 0, name, "%d of %d ranks' parameters differ from the CPU backend's", differ, world);
+    free(gpu);
+    free(cpu);
+    check_clean("outer");
+}
+
+/* The outer sync's checkpoint on the NCCL backend (parameters and moments in device memory):
+   k steps, ddp_save, a new run, ddp_load, the rest, ends on every rank with the bits of a run
+   that never stopped (streaming: a fragment in flight at the save). */
+static void test_outer_resume(int world, ddp_outer_mode mode, ddp_outer_wire wire, int fragments, int delay, float mix, int k) {
+    uint64_t hash[MAX_WORLD];
+    char name[160], why[DDP__ERR_MAX + 64], path[64];
+    int r, phase, ok = 1;
+    ddp_outer o;
+    memset(&o, 0, sizeof o);
+    o.mode = mode; o.group_size = 1; o.inner_steps = 5; o.wire = wire; o.fragments = fragments; o.delay_steps = delay; o.mix = mix;
+    snprintf(name, sizeof name, "fake_nccl_ranks%d_outer_mode%d_f%d_delay%d_saved_at_%d_resumes_bit_for_bit", world, (int)mode,
+             fragments, delay, k);
+    snprintf(path, sizeof path, "/tmp/ddp_fake_outer_ckpt.%d", (int)getpid());
+    why[0] = 0;
+    fakegpu_reset();
+    for (phase = 0; phase < 3 && ok; phase++) {   /* straight; k steps and save; load and the rest */
+        reset_cfg();
+        cfg.outer = o;
+        if (phase == 1) { cfg.steps = k; cfg.save_path = path; cfg.save_step = k; }
+        if (phase == 2) { cfg.load_path = path; cfg.first_step = k; }
+        run(world, train_rank);
+        for (r = 0; r < world && ok; r++) {
+            if (res[r].r != DDP_OK || res[r].shut != DDP_OK) {
+                snprintf(why, sizeof why, "run %d, rank %d: %s", phase, r, res[r].err);
+                ok = 0;
+            } else if (phase == 0) hash[r] = res[r].hash;
+            else if (phase == 2 && hash[r] != res[r].hash) {
+                snprintf(why, sizeof why, "rank %d's parameters differ from the run that never stopped", r);
+                ok = 0;
+            }
+        }
+    }
+    remove(path);
+    verdict(ok, name, "%s", why);
+    check_clean("outer_resume");
 }
 
 /* ---- sharded AdamW (shard_optimizer) on parameters large enough that every rank holds a part
@@ -938,6 +1017,11 @@ int main(void) {
     test_shard_parts(3, 2, 0);
     test_shard_parts(4, 1, 1);
     test_shard_parts(1, 1, 0);
+    test_training_outer(2, DDP_OUTER_DILOCO, DDP_WIRE_DEFAULT, 1, 0, 0, 0);
+    test_training_outer(3, DDP_OUTER_AVERAGE, DDP_WIRE_DEFAULT, 1, 0, 0, 1);
+    test_training_outer(3, DDP_OUTER_STREAMING, DDP_WIRE_INT8, 2, 1, 0.5f, 0);
+    test_outer_resume(2, DDP_OUTER_DILOCO, DDP_WIRE_DEFAULT, 1, 0, 0, 7);
+    test_outer_resume(3, DDP_OUTER_STREAMING, DDP_WIRE_INT8, 2, 1, 0.5f, 8);   /* fragment 1: sent at inner step 8, lands after 9 */
     slow_nccl(2);
     slow_shutdown(2, 0);
     slow_shutdown(3, 0);

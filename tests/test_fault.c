@@ -2,7 +2,9 @@
    A deep stack of linear layers with gradients in several buckets, so allreduces are in flight
    while backward runs. With DIE_RANK=r and DIE_STEP=s, rank r SIGKILLs itself inside the
    backward of step s, while its peers are mid-allreduce; DIE_WHERE=forward or optimizer moves the
-   kill before the forward or between backward and the AdamW step.
+   kill before the forward or between backward and the AdamW step. OUTER=H (and OUTER_DELAY=d):
+   replica groups of one rank and their outer sync, so that a kill before the AdamW step of an
+   outer step leaves the peers in the exchange (or, delayed, its thread).
    Usage: test_fault STEPS; prints "step N" per step; on error prints the error, exits 3. */
 #include "testlib.h"
 #include <signal.h>
@@ -54,6 +56,14 @@ int main(int argc, char **argv) {
     if (getenv("DIE_RANK")) die_rank = atoi(getenv("DIE_RANK"));
     if (getenv("DIE_STEP")) die_step = atoi(getenv("DIE_STEP"));
     if (getenv("DIE_WHERE")) die_where = getenv("DIE_WHERE");
+    /* OUTER=H: every rank its own replica, DiLoCo every H steps; OUTER_DELAY=d: streaming, the
+       exchange on its own thread for d steps (a fault test: a rank dies before an exchange) */
+    if (getenv("OUTER")) {
+        desc.outer.mode = getenv("OUTER_DELAY") ? DDP_OUTER_STREAMING : DDP_OUTER_DILOCO;
+        desc.outer.group_size = 1;
+        desc.outer.inner_steps = atoi(getenv("OUTER"));
+        desc.outer.delay_steps = getenv("OUTER_DELAY") ? atoi(getenv("OUTER_DELAY")) : 0;
+    }
     if (ddp_init(&ddp, &desc) != DDP_OK) goto fail;
     for (l = 0; l < LAYERS; l++) {
         char name[32];

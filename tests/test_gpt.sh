@@ -40,7 +40,7 @@ want() {
     return 1
 }
 for g in ${GPT_TEST_ONLY:-}; do
-    case $g in buckets | dropout | flags | tape | dump_full | shakespeare | resume | refused | fsync | data | oom | sample | optimes | kernels2 | bf16 | outer | nvcc_cpu) ;;
+    case $g in buckets | dropout | flags | tape | dump_full | shakespeare | resume | refused | fsync | data | oom | sample | straggler | optimes | kernels2 | bf16 | outer | nvcc_cpu) ;;
     *) echo "FAIL ${pfx}_test_only: GPT_TEST_ONLY names '$g', no group of tests/test_gpt.sh"; exit 1 ;;
     esac
 done
@@ -307,6 +307,23 @@ sample_of() { sed -n '/---- sample/,/---- end of sample/p' <<<"$1"; }
 [ -n "$(sample_of "$out")" ] && [ "$(sample_of "$out")" = "$(sample_of "$again")" ] && pass gpt_sample_seeded || fail gpt_sample_seeded "two runs with --seed 5 differ"
 fi   # sample
 
+if want straggler; then
+# --- --straggler-pct: rank N-1 sleeps 100 ms before each step (GPT_TEST_SLOW_RANK, a test hook):
+#     rank 0's log names it with the wait; --straggler-pct 0 prints nothing; out of range refused ---
+out=$(GPT_TEST_SLOW_RANK=$((N - 1)):100 train --steps 3 --log-every 1 2>&1)
+if grep -q "ddp.h: nccl backend" <<<"$out"; then echo "SKIP ${pfx}_straggler_line: the NCCL backend cannot tell who arrived last (ddp.h, STRAGGLERS)"
+else
+    waited=$(sed -n "s/.*straggler: step [0-9]* | rank $((N - 1)) arrived last: the ranks waited up to \([0-9.]*\) ms.*/\1/p" <<<"$out" | head -n 1)
+    if [ -n "$waited" ] && awk -v w="$waited" 'BEGIN { exit !(w >= 75) }'; then pass gpt_straggler_line_names_the_slow_rank; echo "  (waited $waited ms of the 100 ms)"
+    else fail gpt_straggler_line_names_the_slow_rank "no straggler line naming rank $((N - 1)) with >= 75 ms: $(grep -m1 -E 'straggler|rror' <<<"$out")"; fi
+    out=$(GPT_TEST_SLOW_RANK=$((N - 1)):100 train --steps 2 --straggler-pct 0 2>&1)
+    if grep -qE "step +2/2" <<<"$out" && ! grep -q "straggler:" <<<"$out"; then pass gpt_straggler_pct_0_is_off
+    else fail gpt_straggler_pct_0_is_off "$(grep -m1 -E 'straggler:|rror' <<<"$out")"; fi
+fi
+if ! out=$("$BIN" "${TINY[@]}" --steps 1 --straggler-pct 150 2>&1) && grep -q -- "--straggler-pct is a share of the step, 0 to 100" <<<"$out"; then pass gpt_straggler_pct_out_of_range_refused
+else fail gpt_straggler_pct_out_of_range_refused "$(tail -n 1 <<<"$out")"; fi
+fi   # straggler
+
 if want optimes; then
 # --- GPT_OP_TIMES=1: the CUDA model's per-op times (CUDA events; host clock in emulation): a
 #     table with every op of the model at its calls per step, the ops' and the rest's shares
@@ -431,6 +448,27 @@ else
             pass "$name"; echo "  (H 4, F 2, delay 1: $got)"
         else fail "$name" "rc $rc, lines '$got': $(tail -n 2 "$tmp/outer_st.log")"; fi
     fi
+    if [ "$N" -ge 2 ]; then
+        # resume: ddp_save holds the outer state (the outer copy, momentum, the schedule, a fragment
+        # in flight), so stopping between syncs, or with a fragment in flight, changes nothing
+        name="gpt_outer_resume_bitwise_${N}ranks"
+        why=""
+        for mode in "diloco --inner-steps 3" "streaming --inner-steps 4 --fragments 2 --outer-delay 1 --outer-wire int8"; do
+            # shellcheck disable=SC2086
+            train --steps 8 --outer $mode --group-size 1 >"$tmp/outer_straight.log" 2>&1
+            rm -f "$tmp/outer.ckpt"
+            # shellcheck disable=SC2086
+            train --steps 8 --stop-at 4 --save "$tmp/outer.ckpt" --outer $mode --group-size 1 >"$tmp/outer_first.log" 2>&1; rc1=$?
+            # shellcheck disable=SC2086
+            train --steps 8 --save "$tmp/outer.ckpt" --outer $mode --group-size 1 >"$tmp/outer_rest.log" 2>&1; rc2=$?
+            a=$(hash_of "$tmp/outer_straight.log"); c=$(hash_of "$tmp/outer_rest.log")
+            if [ $rc1 -ne 0 ] || [ $rc2 -ne 0 ] || [ -z "$a" ] || [ "$a" != "$c" ] || ! grep -q "resumed from .* at step 4" "$tmp/outer_rest.log"; then
+                why="$why [--outer $mode: rc $rc1/$rc2, straight $a, 4 + resume + 4 $c: $(tail -n 2 "$tmp/outer_rest.log" | tr '\n' ' ')]"
+            fi
+        done
+        if [ -z "$why" ]; then pass "$name"; echo "  (diloco H 3 stopped between syncs, streaming with fragment 0 in flight at step 4: the same bits)"
+        else fail "$name" "$why"; fi
+    fi
     name=gpt_outer_bad_flags_refused
     bad=""
     while IFS='|' read -r flags words; do
@@ -450,7 +488,6 @@ else
 --outer diloco --inner-steps 4 --outer-momentum 1|--outer-momentum must be in [0, 1)
 --outer streaming --inner-steps 4 --outer-mix 1|--outer-mix must be in [0, 1)
 --outer diloco --inner-steps 4 --quant-block 16|--quant-block goes with --outer-wire int8
---outer diloco --inner-steps 4 --save x.ckpt|does not go with --save or --resume yet
 EOF_BAD
     # a group size that does not divide the ranks: ddp.h's own refusal, by name, on every rank
     out=$(train --steps 2 --outer diloco --inner-steps 2 --group-size 3 2>&1); rc=$?

@@ -115,6 +115,21 @@ else
     echo "SKIP mpi_parity_2hosts: no $M/mpi_parity or $B/mpi_parity"
 fi
 
+# 1c. Stragglers (tests/mpi_parity.c straggler): rank 3 (h2, not its host's leader) sleeps 100 ms
+#     before each backward; all 4 ranks name it in ddp_step_stats, the others waited most of it:
+#     rank 1 (h1, no leader) learns it from its leader (the relay through h1's segment), fp32
+#     buckets through the host groups and a bf16 wire among all ranks; hierarchical and flat.
+if [ -x "$M/mpi_parity" ]; then
+    for flat in 0 1; do
+        mode=hierarchical; [ $flat = 1 ] && mode=flat
+        DDP_MPI_FLAT=$flat mpi h1:2,h2:2 $((120 * SLOW)) "$M/mpi_parity" straggler >"$tmp/strag$flat.log" 2>&1
+        rc=$?
+        n=$(grep -c "^PASS parity_straggler_named_.*_mpi_ranks4" "$tmp/strag$flat.log")
+        if [ $rc -eq 0 ] && [ "$n" -eq 8 ]; then pass "mpi_2hosts_x2_${mode}_straggler_named_by_every_rank"; grep "^  (" "$tmp/strag$flat.log"
+        else fail "mpi_2hosts_x2_${mode}_straggler_named_by_every_rank" "exit $rc, $n of 8 PASS: $(grep '^FAIL' "$tmp/strag$flat.log" | head -n 4; tail -n 2 "$tmp/strag$flat.log")"; fi
+    done
+fi
+
 # 2. User collectives across hosts (allreduce, broadcast, barrier; float64 references) and the
 #    tiny GPT (vs PyTorch; 4 ranks vs 1 rank, bit-identical across ranks), 2 hosts x 2 ranks.
 for p in test_collectives test_gpt; do

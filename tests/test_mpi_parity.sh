@@ -7,6 +7,7 @@
 # ddp_finish, its parameters, every step; the master, m and v gathered at the end):
 #   3 ranks, DDP_MPI_FLAT=1 (every rank in MPI) = ddprun -n 3, file by file;
 #   2 ranks hierarchical (one host group of 2 through shared memory, its leader in MPI) = ddprun -n 2;
+#   stragglers: the last of 3 ranks slowed, named in every rank's ddp_step_stats (CPU, MPI flat and hierarchical);
 #   a checkpoint saved by the MPI run (sharded, bf16) loaded on the CPU backend on 2 ranks
 #   sharded and on 1 rank, and one saved by the CPU run loaded by the MPI backend on 2 ranks:
 #   every loading rank holds the saved master, m, v and step, the working copies its master rounded.
@@ -66,6 +67,12 @@ DDP_LOG=info run "$tmp/mpi2.log" mpi 2 "$B/mpi/mpi_parity" train "$tmp/mpi2"
 grep -q "rank 1 of 2 up (mpi backend, host " "$tmp/mpi2.log" && ! grep -q "up (mpi backend, flat" "$tmp/mpi2.log" ||
     fail mpi_hierarchical_ranks2_up "not the hierarchical MPI backend: $(grep ' up (' "$tmp/mpi2.log" | head -n 2)"
 same mpi_hierarchical_ranks2 "$tmp/cpu2" "$tmp/mpi2" 2
+
+# Stragglers (mpi_parity straggler): the last rank sleeps before each backward; every rank names it
+# in ddp_step_stats, on the CPU backend and on MPI flat and hierarchical (3 ranks, one host group)
+run "$tmp/s_cpu.log" "$B/ddprun" -n 3 "$B/mpi_parity" straggler
+DDP_MPI_FLAT=1 run "$tmp/s_flat.log" mpi 3 "$B/mpi/mpi_parity" straggler
+run "$tmp/s_hier.log" mpi 3 "$B/mpi/mpi_parity" straggler
 
 # Checkpoints across backends and world sizes: the loading ranks hold what the saver's rank 0 gathered.
 saved() { sed -n 's/^final //p' "$1/bf16_shard.rank0"; }

@@ -46,12 +46,13 @@ CATS = {
     "comm":      ("#f58518", "allreduce (comm)"),
     "exposed":   ("#e45756", "exposed comm wait"),
     "optimizer": ("#54a24b", "optimizer"),
+    "straggler": ("#b279a2", "wait for a straggler (\"wait for rank N\")"),
     # the NCCL backend's comm lane: the step's device-side spans, from the GPU's own events
     "gpu_backward": ("#b7cde3", "backward on the GPU"),
     "gpu_exposed":  ("#e45756", "exposed comm on the GPU"),
     "other":     ("#cfd4da", "other"),
 }
-CAT_ORDER = ["forward", "backward", "gpu_backward", "comm", "exposed", "gpu_exposed", "optimizer", "other"]
+CAT_ORDER = ["forward", "backward", "gpu_backward", "comm", "straggler", "exposed", "gpu_exposed", "optimizer", "other"]
 EXPOSED_CATS = ("exposed", "gpu_exposed")
 
 

@@ -43,6 +43,7 @@ typedef struct options {
     int fresh;                     /* --fresh: --save PATH starts over even where PATH holds a checkpoint */
     float lr, min_lr, wd, clip, beta1, beta2, temperature, bucket_mb, dropout;
     float inject_latency_ms, inject_gbps;   /* ddp.h's emulated network (benchmarks: tools/scaling.py) */
+    float straggler_pct;           /* --straggler-pct: a straggler line when the wait for the last rank is this share of a step */
     uint64_t seed;
     /* --outer and its flags: ddp_desc.outer (replica groups, DiLoCo, streaming DiLoCo). The
        lr, momentum, mix < 0 and wire -1 mean "not given" (ddp.h's defaults). */
@@ -83,6 +84,9 @@ static void usage(FILE *f) {
         "  --temperature X    sampling temperature (1.0)      --top-k N   0 = off (0)\n"
         "  --prompt TEXT      what generation starts from (a newline)\n"
         "  --log-every N      progress line every N steps (1)\n"
+        "  --straggler-pct P  a straggler line (with the progress line) when the ranks waited P%% of a step or\n"
+        "                     more (and 1 ms or more) for the rank that arrived last: which rank, how long (20;\n"
+        "                     0 = off; CPU and MPI backends: ddp_step_stats.slowest_rank, straggler_*)\n"
         "  --bucket-mb X      gradient bucket cap in MiB (ddp.h's default, 25; smaller: more, earlier buckets)\n"
         "  --inject-latency-ms X --inject-gbps X  benchmarks only: each allreduce takes at least as long as\n"
         "                     over a network of X ms latency and X GB/s (1e9 bytes/s) (ddp.h's inject_comm_*)\n"
@@ -166,13 +170,6 @@ static int outer_args(options *o, char *err, size_t errn) {
         return 0;
     }
     if (u->quant_block > 0 && u->wire != DDP_WIRE_INT8) { snprintf(err, errn, "--quant-block goes with --outer-wire int8"); return 0; }
-    if (o->save || o->resume) {
-        /* ddp_save keeps the parameters and AdamW's state, not the outer copy and momentum: a
-           resumed run would silently start its outer optimizer over */
-        snprintf(err, errn, "--outer %s does not go with --save or --resume yet: ddp.h's checkpoints do not hold the outer state "
-                 "(the outer parameters and momentum)", mode);
-        return 0;
-    }
     if (o->shard) { snprintf(err, errn, "--outer %s does not go with --shard-optimizer (ddp.h's replica groups do not shard yet)", mode); return 0; }
     /* Given lr or momentum: both exactly as given (0 momentum included), the other one its default. */
     if (lr_given || mom_given) {
@@ -194,7 +191,7 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errn)
     o->model.layers = 4; o->model.heads = 4; o->model.dim = 128; o->model.seq = 64; o->model.batch = 8;
     o->steps = 500; o->warmup = 100; o->accum = 1; o->eval_every = 100; o->eval_batches = 20; o->sample = 300;
     o->lr = 1e-3f; o->min_lr = 1e-4f; o->wd = 0.1f; o->clip = 1.0f; o->beta1 = 0.9f; o->beta2 = 0.99f;
-    o->temperature = 1.0f; o->seed = 1337; o->log_every = 1; o->prompt = "\n";
+    o->temperature = 1.0f; o->seed = 1337; o->log_every = 1; o->prompt = "\n"; o->straggler_pct = 20;
     o->outer.lr = o->outer.momentum = o->outer.mix = -1;   /* not given */
     o->outer.inner_steps = o->outer.group_size = o->outer.fragments = o->outer.delay_steps = o->outer.quant_block = -1;
     for (i = 1; i < argc; i++) {
@@ -240,6 +237,7 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errn)
         else if (!strcmp(a, "--dropout")) fp = &o->dropout;
         else if (!strcmp(a, "--inject-latency-ms")) fp = &o->inject_latency_ms;
         else if (!strcmp(a, "--inject-gbps")) fp = &o->inject_gbps;
+        else if (!strcmp(a, "--straggler-pct")) fp = &o->straggler_pct;
         else if (!strcmp(a, "--inner-steps")) ip = &o->outer.inner_steps;
         else if (!strcmp(a, "--group-size")) ip = &o->outer.group_size;
         else if (!strcmp(a, "--fragments")) ip = &o->outer.fragments;
@@ -289,6 +287,7 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errn)
         }
     }
     if (!gpt_config_check(&o->model, err, errn)) return 0;
+    if (!(o->straggler_pct <= 100)) { snprintf(err, errn, "--straggler-pct is a share of the step, 0 to 100 (got %g)", (double)o->straggler_pct); return 0; }
     if (!(o->dropout < 1)) { snprintf(err, errn, "--dropout must be in [0, 1) (got %g)", (double)o->dropout); return 0; }
     if (o->accum < 1 || o->eval_batches < 1 || o->log_every < 1) { snprintf(err, errn, "--grad-accum, --eval-batches and --log-every must be >= 1"); return 0; }
     if (!(o->beta1 < 1 && o->beta2 < 1) || !(o->temperature > 0)) { snprintf(err, errn, "betas must be < 1 and the temperature > 0"); return 0; }
@@ -486,6 +485,19 @@ static const char *model_describe(const model *mo, char *buf, size_t n) {
    ":save" (rank 0) in the middle of writing the checkpoint of step S (ddp.h's own test hook,
    DDP_TEST_DIE_IN_CHECKPOINT, does the kill inside ddp_save). With DDP_TEST_KILL_ONCE=DIR each
    point fires once (it leaves DIR/kill.<its index>), so a restarted job gets past it. */
+/* Tests (tests/test_gpt.sh, straggler): GPT_TEST_SLOW_RANK=R:MS makes rank R sleep MS ms before
+   each step's forward, a straggler the others must see. */
+static void test_slow_rank(int rank) {
+    const char *p = getenv("GPT_TEST_SLOW_RANK");
+    int r, ms;
+    if (p && sscanf(p, "%d:%d", &r, &ms) == 2 && r == rank && ms > 0) {
+        struct timespec ts;
+        ts.tv_sec = ms / 1000;
+        ts.tv_nsec = (long)(ms % 1000) * 1000000L;
+        nanosleep(&ts, NULL);
+    }
+}
+
 static void test_kill_point(int rank, int step, const char *where) {
     const char *p = getenv("DDP_TEST_KILL"), *once = getenv("DDP_TEST_KILL_ONCE");
     int index = 0;
@@ -678,6 +690,30 @@ static const char *failure_text(ddp_context *ddp, ddp_result r, char *buf, size_
 #define DIE(...) do { fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); if (ddp) ddp_shutdown(ddp); return 1; } while (0)
 #define CHECK(call) do { ddp_result r_ = (call); if (r_ != DDP_OK) DIE("%s", failure_text(ddp, r_, why, sizeof why)); } while (0)
 
+/* --straggler-pct: the steps since the last progress line in which the ranks waited that share of
+   the step (and 1 ms or more) for the rank that arrived last; the line shows the worst. The
+   spread is the same on every rank of a host (ddp_step_stats), so rank 0 says it, no collective. */
+typedef struct stragglers {
+    int over, step, rank;
+    double share, spread_ms, wait_ms, step_ms;
+} stragglers;
+
+static void straggler_note(stragglers *l, const options *o, const ddp_step_stats *st, int step, double step_ms) {
+    double share = step_ms > 0 ? 100.0 * st->straggler_spread_ms / step_ms : 0;
+    if (o->straggler_pct <= 0 || st->slowest_rank < 0 || st->straggler_spread_ms < 1.0 || share < o->straggler_pct) return;
+    if (!l->over++ || share > l->share) {
+        l->step = step; l->rank = st->slowest_rank; l->share = share;
+        l->spread_ms = st->straggler_spread_ms; l->wait_ms = st->straggler_wait_ms; l->step_ms = step_ms;
+    }
+}
+
+static void straggler_print(const stragglers *l, const options *o) {
+    if (!l->over) return;
+    printf("straggler: step %d | rank %d arrived last: the ranks waited up to %.1f ms for it, %.0f%% of the step's %.1f ms "
+           "(--straggler-pct %g) | rank 0 waited %.1f ms | %d step(s) over since the last line\n", l->step, l->rank,
+           l->spread_ms, l->share, l->step_ms, (double)o->straggler_pct, l->wait_ms, l->over);
+}
+
 int main(int argc, char **argv) {
     options o;
     char err[8192], what[256], why[512];
@@ -690,6 +726,7 @@ int main(int argc, char **argv) {
     ddp_sampler sampler;           /* this rank's share of each epoch of training windows */
     double t_start, t_line;   /* t_line, step_line: when and at which step the last progress line was */
     double t_eval = 0;        /* seconds spent in the validations so far: the val lines' clock leaves them out */
+    stragglers late;          /* the steps a straggler held up since the last progress line */
     int step_line, timed_after;
     float val = NAN;
 
@@ -849,14 +886,16 @@ int main(int argc, char **argv) {
 
     t_start = t_line = now_s();
     step_line = step;
+    memset(&late, 0, sizeof late);
     timed_after = step + (o.steps - step > 4 ? 3 : 1);   /* GPT_OP_TIMES: the steps after these */
     while (step < o.steps && !(o.stop_at > 0 && step >= o.stop_at)) {
-        double ms;
+        double ms, t_step = now_s();
         float loss, lr = lr_at(&o, step), norm = 0;
         ddp_adamw opt;
         ddp_step_stats st;
         int u, logs;
         CHECK(ddp_zero_grad(ddp));
+        test_slow_rank(rank);
         for (u = 0; u < o.accum; u++) {   /* micro-step u: this rank's next B samples of the epoch */
             uint64_t epoch = 0, first = 0;
             if (gpt_batch_position(&sampler, B, o.accum, (uint64_t)step, u, &epoch, &first) != DDP_OK ||
@@ -902,6 +941,7 @@ int main(int argc, char **argv) {
         }
         model_time_end(&mo);
         st = ddp_last_step_stats(ddp);
+        straggler_note(&late, &o, &st, step, 1e3 * (now_s() - t_step));
         if (logs) {
             loss = model_loss_sum(&mo, (float)o.accum, o.accum);   /* this step's; GPU: waits for the device */
             CHECK(ddp_allreduce(ddp, &loss, 1, DDP_AVG));
@@ -913,6 +953,8 @@ int main(int argc, char **argv) {
                        "exposed %.2f ms overlap %3.0f%% last bucket %.2f ms\n", step, o.steps, loss, lr, norm, ms,
                        (double)world * B * T * o.accum / (ms / 1e3), st.backward_ms, st.comm_ms, st.exposed_ms, st.overlap_pct,
                        st.last_bucket_comm_ms);
+            if (rank == 0) straggler_print(&late, &o);
+            memset(&late, 0, sizeof late);
         }
         /* op times: the step's end (a device wait, only with GPT_OP_TIMES=1); the run's first
            steps are warm-up and not counted */
