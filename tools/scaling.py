@@ -87,7 +87,10 @@ THE OUTER SYNC (--outer average|diloco|streaming: ddp.h's desc.outer, next to DD
                      (a fragment every H / F steps, overlapped with tau = --outer-delay inner steps;
                      --no-overlap: a ddp.h whose exchange blocks at the send step, tau taken as 0)
   Efficiency = step(1) / step, as for DDP. Not modelled: the outer optimizer's effect on the loss
-  per token (the tokens a step are the same: N x the batch); contention of the exchange with compute.
+  per token (the tokens a step are the same: N x the batch); contention of the exchange with compute;
+  stragglers: between syncs nothing holds the groups together, so the group ahead waits at the
+  barrier each exchange begins with for the one behind (bench/RESULTS.md, "Issue 26: across slow
+  links", measures it; ddp_outer_status names the group).
 
 OUTPUT
   A table on stdout (N, step ms, comm ms, exposed ms, efficiency %; with --outer also the outer
