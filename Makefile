@@ -26,7 +26,7 @@ CLANG ?= $(shell command -v clang 2>/dev/null)
 FASTMATH := $(B)/test_fastmath_gcc $(if $(strip $(CLANG)),$(B)/test_fastmath_clang) $(B)/own_autograd_fastmath
 PROGRAMS += $(FASTMATH)
 
-.PHONY: all mpi windows help run train-2-ranks deps bench-deps test test-asan test-tsan fuzz bench bench-gpt bench-gpu gpu-window clean
+.PHONY: all mpi windows help run train-2-ranks deps bench-deps test test-asan test-tsan fuzz bench bench-gpt bench-gpu bench-outer gpu-window clean
 all: $(PROGRAMS) $(CHECKS) gpu mpi windows
 
 # ---- The GPU path: built whenever nvcc is found (CI compiles and links it on every run);
@@ -323,6 +323,12 @@ bench: bench-deps $(B)/ddprun $(B)/bench_allreduce $(B)/copy_bw $(B)/bench_overl
 	@bench/bench_gpt.sh $(B)
 	@bench/mpi_hosts.sh $(B)
 	@bench/scaling_hosts.sh $(B)
+	@bench/outer_hosts.sh $(B)
+
+# Across slow links (issue 26): DDP vs DiLoCo vs streaming DiLoCo on 2 namespace hosts at 1 Gbit/s
+# and 100 Mbit/s, the scaling model beside each run (bench/RESULTS.md, bench/outer_hosts.svg).
+bench-outer:
+	@bench/outer_hosts.sh $(B)
 
 # What the side-by-side comparisons run against: Open MPI and PyTorch's gloo (Debian's packages;
 # without apt-get, or when it fails, the comparison skips them with a note).
@@ -386,6 +392,7 @@ help:
 	@echo "make mpi          the MPI backend's programs (build/mpi/: mpi_steps, train_gpt, tests), with mpicc"
 	@echo "make bench        allreduce vs Open MPI and gloo, overlap and bucket sweep, the GPT's throughput, GPU benchmarks"
 	@echo "make bench-gpt    the tiny GPT's tokens/s on 1 and 2 ranks, next to PyTorch"
+	@echo "make bench-outer  DDP vs DiLoCo vs streaming DiLoCo across 2 namespace hosts at 1 Gbit/s and 100 Mbit/s"
 	@echo "make bench-deps   install Open MPI and PyTorch (Debian packages) for the comparisons; make bench does it first"
 	@echo "make bench-gpu    GPU benchmarks: AdamW bandwidth, ddp.h's cost at 1 rank, GPT-2-small-sized training (SKIP without a GPU)"
 	@echo "make deps         install OpenBLAS for the GPT's matmuls (Debian, when missing)"

@@ -256,19 +256,19 @@ kill -KILL "$victim" 2>/dev/null; wait "${pids[1]}" 2>/dev/null
 
 # 1d. The whole job stopped (Ctrl-Z on every rank) for twice DDP_TIMEOUT, then continued: time a
 #     rank could not run is not waiting for its peers, so nobody times out and the run finishes.
-#     (Rank 0 waits 0.3 s before its own stop, leaving 2.7 s after SIGCONT for rank 1 to get the
-#     CPU back and arrive: enough under the sanitizers on 2 busy cores, where 1.5 s was not.)
+#     (Rank 0 waits 0.3 s before its own stop, leaving 4.7 s after SIGCONT for rank 1 to get the
+#     CPU back and arrive: 2.7 s was not always enough under ThreadSanitizer on 2 loaded cores.)
 p=$(port)
 pids=()
 for r in 0 1; do
-  RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$p DDP_TIMEOUT=3 \
+  RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$p DDP_TIMEOUT=5 \
     timeout 60 "$B/test_fault" 400 >"$tmp/out$r" 2>"$tmp/err$r" &
   pids+=($!)
 done
 for _ in $(seq 200); do grep -q "^step 5$" "$tmp/out1" 2>/dev/null && break; sleep 0.05; done
 r0=$(pgrep -P "${pids[0]}" | head -n 1); r1=$(pgrep -P "${pids[1]}" | head -n 1)
 kill -STOP "$r1"; sleep 0.3    # rank 0 is now waiting for rank 1: its wait began before the stop
-kill -STOP "$r0"; sleep 6; kill -CONT "$r0" "$r1"
+kill -STOP "$r0"; sleep 11; kill -CONT "$r0" "$r1"
 ok=1; why=""
 for r in 0 1; do
   wait "${pids[$r]}"; rc=$?

@@ -6,7 +6,9 @@
 #   FIFO is refused; the rename of a checkpoint is followed by an fsync of its directory; a
 #   missing, empty, too small or FIFO data file is a clear error and a non-zero exit, and so is
 #   running out of memory;
-#   --dump-init and --sample work; and where nvcc built BUILD_DIR/gpu/train_gpt, its CPU path
+#   --dump-init and --sample work; the outer sync's flags (--outer average|diloco|streaming) fill
+#   ddp_desc.outer: one group averaging is DDP bit for bit, groups of one sync when the schedule
+#   says, bad values are refused by name; and where nvcc built BUILD_DIR/gpu/train_gpt, its CPU path
 #   (--cpu) trains bit for bit what build/train_gpt trains. Prints one PASS/FAIL line per check.
 # Usage: tests/test_gpt.sh [BUILD_DIR]      (data: ddp.h itself, any file is bytes)
 #   env: TRAIN_GPT (the trainer to test, default BUILD_DIR/train_gpt), GPT_TEST_RANKS (2),
@@ -38,7 +40,7 @@ want() {
     return 1
 }
 for g in ${GPT_TEST_ONLY:-}; do
-    case $g in buckets | dropout | flags | tape | dump_full | shakespeare | resume | refused | fsync | data | oom | sample | straggler | optimes | kernels2 | bf16 | nvcc_cpu) ;;
+    case $g in buckets | dropout | flags | tape | dump_full | shakespeare | resume | refused | fsync | data | oom | sample | straggler | optimes | kernels2 | bf16 | outer | nvcc_cpu) ;;
     *) echo "FAIL ${pfx}_test_only: GPT_TEST_ONLY names '$g', no group of tests/test_gpt.sh"; exit 1 ;;
     esac
 done
@@ -411,6 +413,88 @@ elif [ -z "${TRAIN_GPT:-}" ]; then
     else fail gpt_bf16_refused_without_cuda_model "rc $rc: $out"; fi
 fi
 fi   # bf16
+
+if want outer; then
+# --- the outer sync's flags (--outer ...: ddp_desc.outer): one group averaging its parameters is
+#     DDP bit for bit; two groups of one rank sync at the steps the schedule names and train
+#     something else than DDP; streaming's fragments are sent and merged at their staggered steps;
+#     bad values are refused by name. Skipped where ddp.h runs NCCL (no replica groups there yet). ---
+train --steps 6 >"$tmp/outer_ddp.log" 2>&1
+train --steps 6 --outer average --inner-steps 2 >"$tmp/outer_avg.log" 2>&1; rc=$?
+if grep -q "replica groups are not built (yet) on the nccl" "$tmp/outer_avg.log"; then
+    echo "SKIP gpt_outer: ddp.h runs its NCCL backend here, which has no replica groups yet"
+else
+    name="gpt_outer_average_one_group_is_ddp_${N}ranks"
+    a=$(hash_of "$tmp/outer_ddp.log"); c=$(hash_of "$tmp/outer_avg.log")
+    syncs=$(grep -c "outer step .*merged fragment 0/1" "$tmp/outer_avg.log")
+    if [ $rc -eq 0 ] && [ -n "$a" ] && [ "$a" = "$c" ] && [ "$syncs" -eq 3 ] && grep -q "outer: average | 1 group(s) of $N rank(s)" "$tmp/outer_avg.log"; then
+        pass "$name"; echo "  (6 steps, a sync every 2: 3 sync lines; params fnv1a $a, both)"
+    else fail "$name" "rc $rc, DDP $a, --outer average $c, $syncs sync lines: $(tail -n 2 "$tmp/outer_avg.log")"; fi
+    if [ "$N" -ge 2 ]; then
+        name="gpt_outer_diloco_groups_of_one_sync_every_h_${N}ranks"
+        train --steps 6 --outer diloco --inner-steps 3 --group-size 1 --outer-wire int8 >"$tmp/outer_dl.log" 2>&1; rc=$?
+        d=$(hash_of "$tmp/outer_dl.log")
+        steps=$(sed -n 's/.*outer step *\([0-9]*\) | sent fragment 0\/1 | merged fragment 0\/1 | exchange [0-9.]* ms | .*syncs \([0-9]*\) | .*/\1:\2/p' "$tmp/outer_dl.log" | tr '\n' ' ')
+        if [ $rc -eq 0 ] && [ "$steps" = "3:1 6:2 " ] && [ -n "$d" ] && [ "$d" != "$a" ] &&
+            grep -q "outer: diloco | $N group(s) of 1 rank(s) | every 3 inner steps | outer lr 0.7 momentum 0.9 .* | wire int8 (blocks of 64)" "$tmp/outer_dl.log"; then
+            pass "$name"; echo "  (syncs at steps $steps(step:syncs); params fnv1a $d, DDP's $a)"
+        else fail "$name" "rc $rc, sync lines '$steps' (want '3:1 6:2 '), params $d (DDP $a): $(tail -n 2 "$tmp/outer_dl.log")"; fi
+        name="gpt_outer_streaming_fragments_staggered_${N}ranks"
+        train --steps 8 --outer streaming --inner-steps 4 --fragments 2 --outer-delay 1 --outer-mix 0.25 --group-size 1 \
+            --outer-lr 1 --outer-momentum 0 >"$tmp/outer_st.log" 2>&1; rc=$?
+        got=$(sed -n 's/.*outer step *\([0-9]*\) | \(sent\|merged\) fragment \([0-9]\)\/2 .*/\1\2\3/p' "$tmp/outer_st.log" | tr '\n' ' ')
+        if [ $rc -eq 0 ] && [ "$got" = "2sent1 3merged1 4sent0 5merged0 6sent1 7merged1 8sent0 " ] &&
+            grep -q "outer lr 1 momentum 0 .*| 2 fragment(s), one every 2 steps, delay 1, mix 0.25" "$tmp/outer_st.log"; then
+            pass "$name"; echo "  (H 4, F 2, delay 1: $got)"
+        else fail "$name" "rc $rc, lines '$got': $(tail -n 2 "$tmp/outer_st.log")"; fi
+    fi
+    if [ "$N" -ge 2 ]; then
+        # resume: ddp_save holds the outer state (the outer copy, momentum, the schedule, a fragment
+        # in flight), so stopping between syncs, or with a fragment in flight, changes nothing
+        name="gpt_outer_resume_bitwise_${N}ranks"
+        why=""
+        for mode in "diloco --inner-steps 3" "streaming --inner-steps 4 --fragments 2 --outer-delay 1 --outer-wire int8"; do
+            # shellcheck disable=SC2086
+            train --steps 8 --outer $mode --group-size 1 >"$tmp/outer_straight.log" 2>&1
+            rm -f "$tmp/outer.ckpt"
+            # shellcheck disable=SC2086
+            train --steps 8 --stop-at 4 --save "$tmp/outer.ckpt" --outer $mode --group-size 1 >"$tmp/outer_first.log" 2>&1; rc1=$?
+            # shellcheck disable=SC2086
+            train --steps 8 --save "$tmp/outer.ckpt" --outer $mode --group-size 1 >"$tmp/outer_rest.log" 2>&1; rc2=$?
+            a=$(hash_of "$tmp/outer_straight.log"); c=$(hash_of "$tmp/outer_rest.log")
+            if [ $rc1 -ne 0 ] || [ $rc2 -ne 0 ] || [ -z "$a" ] || [ "$a" != "$c" ] || ! grep -q "resumed from .* at step 4" "$tmp/outer_rest.log"; then
+                why="$why [--outer $mode: rc $rc1/$rc2, straight $a, 4 + resume + 4 $c: $(tail -n 2 "$tmp/outer_rest.log" | tr '\n' ' ')]"
+            fi
+        done
+        if [ -z "$why" ]; then pass "$name"; echo "  (diloco H 3 stopped between syncs, streaming with fragment 0 in flight at step 4: the same bits)"
+        else fail "$name" "$why"; fi
+    fi
+    name=gpt_outer_bad_flags_refused
+    bad=""
+    while IFS='|' read -r flags words; do
+        # shellcheck disable=SC2086
+        out=$("$BIN" "${TINY[@]}" $flags 2>&1); rc=$?
+        [ $rc -eq 2 ] && grep -qF -- "$words" <<<"$out" || bad="$bad [$flags: rc $rc, '$out']"
+    done <<'EOF_BAD'
+--outer diloco|--outer diloco needs --inner-steps H >= 1
+--outer diloco --inner-steps 0|not 0
+--outer sometimes --inner-steps 4|--outer: 'sometimes' is not one of off, average, diloco, streaming
+--inner-steps 4|--inner-steps is a setting of the outer sync
+--outer average --inner-steps 4 --outer-lr 0.5|--outer average is outer lr 1 and momentum 0
+--outer diloco --inner-steps 4 --fragments 2|--fragments is streaming DiLoCo's
+--outer streaming --inner-steps 4 --fragments 8|--fragments 8 is more than --inner-steps 4
+--outer streaming --inner-steps 8 --fragments 2 --outer-delay 4|--outer-delay 4 must be less than --inner-steps / --fragments = 4
+--outer diloco --inner-steps 4 --outer-wire fp8|--outer-wire: 'fp8' is not one of fp32, bf16, int8
+--outer diloco --inner-steps 4 --outer-momentum 1|--outer-momentum must be in [0, 1)
+--outer streaming --inner-steps 4 --outer-mix 1|--outer-mix must be in [0, 1)
+--outer diloco --inner-steps 4 --quant-block 16|--quant-block goes with --outer-wire int8
+EOF_BAD
+    # a group size that does not divide the ranks: ddp.h's own refusal, by name, on every rank
+    out=$(train --steps 2 --outer diloco --inner-steps 2 --group-size 3 2>&1); rc=$?
+    [ "$N" -eq 3 ] || { [ $rc -ne 0 ] && grep -q "group_size 3 does not divide the $N ranks" <<<"$out"; } || bad="$bad [--group-size 3: rc $rc, '$(tail -n 2 <<<"$out")']"
+    if [ -z "$bad" ]; then pass "$name"; else fail "$name" "$bad"; fi
+fi
+fi   # outer
 
 if want nvcc_cpu; then
 # --- the nvcc build's CPU path is the C build, bit for bit (same source, same host math) ---

@@ -346,6 +346,47 @@ for e in ev:
 json.dump(d,open(sys.argv[2],"w"))' "$tmp/scal.json" "$tmp/nulldur.json"
 bad "scaling: events with dur null exit 2" $S "$tmp/nulldur.json" --inter-gbps 1
 
+# ---------------------------------------------------------------- tools/scaling.py: the outer sync
+# The same trace (C = 45 ms, 5e6 gradient bytes = 1.25e6 floats), flat 1 ms + bytes / 1e9 B/s.
+#   diloco, groups of 1, H 10, bf16: 2.5e6 bytes a sync, each of the 2 groups' broadcasts
+#     1 + 2.5 = 3.5 ms: exchange 7 ms, step 45 + 7 / 10 = 45.7 ms, 98.5 %;
+#   streaming F 2, int8: 625000 floats + 4 x ceil(625000 / 64) = 664064 bytes a fragment, exchange
+#     2 x 1.664064 = 3.328 ms, step 45 + 2 x 3.328128 / 10 = 45.666 ms; delay 4: 4 x 45 ms hide
+#     it (45.000); --no-overlap: 45.666 again;
+#   average, groups of 2 on 4 ranks, H 4: inner = DDP on 2 (50 ms), fp32 5e6 bytes: 2 x 6 ms,
+#     step 50 + 12 / 4 = 53 ms, 45 / 53 = 84.9 %; 3 ranks: not groups of 2 ("-");
+#   no trace, 20 ms and 4e6 bytes: buckets of 1048576 and 2951424 bytes ready at 20 ms: exposed
+#     2.048576 + 3.951424 = 6 ms, DDP 26 ms (76.9 %); diloco H 100: 2 x (1 + 2) ms / 100: 20.060 ms.
+outer() { $PY $S "$tmp/scal.json" --algo flat --inter-latency-us 1000 --inter-gbps 8 -o "$tmp/outer.svg" "$@"; }
+outer --ranks 2 --outer diloco --group-size 1 --inner-steps 10 --csv "$tmp/outer.csv" >"$tmp/o1.out" 2>&1
+same "scaling: diloco beside DDP, 2 groups of 1, H 10, bf16" "$(row 2 "$tmp/o1.out")" "50.000 7.000 5.000 90.0%"
+same "scaling: diloco's step, exchange and efficiency" "$(awk '$1 == 2 { print $6, $7, $8 }' "$tmp/o1.out")" "45.700 7.000 98.5%"
+has "scaling: diloco in the CSV" "$tmp/outer.csv" "2,50.0000,7.0000,5.0000,90.00,45.7000,7.0000,98.47"
+has "scaling: the outer settings are said" "$tmp/o1.out" "# outer: diloco: groups of 1 rank(s), every 10 inner steps, wire bf16; 1250000 floats: 2.5 MB a sync"
+wellformed "scaling SVG with the outer lines is well-formed XML" "$tmp/outer.svg"
+has "scaling SVG has the outer step line" "$tmp/outer.svg" "diloco: step time"
+st() { awk '$1 == 2 { print $6, $7 }' "$1"; }
+outer --ranks 2 --outer streaming --group-size 1 --inner-steps 10 --fragments 2 --outer-wire int8 >"$tmp/o2.out" 2>&1
+same "scaling: streaming, 2 int8 fragments, no delay" "$(st "$tmp/o2.out")" "45.666 3.328"
+outer --ranks 2 --outer streaming --group-size 1 --inner-steps 10 --fragments 2 --outer-wire int8 --outer-delay 4 >"$tmp/o3.out" 2>&1
+same "scaling: streaming, the delay hides the exchange" "$(st "$tmp/o3.out")" "45.000 3.328"
+outer --ranks 2 --outer streaming --group-size 1 --inner-steps 10 --fragments 2 --outer-wire int8 --outer-delay 4 --no-overlap >"$tmp/o4.out" 2>&1
+same "scaling: streaming --no-overlap exposes it" "$(st "$tmp/o4.out")" "45.666 3.328"
+outer --ranks 3,4 --outer average --group-size 2 --inner-steps 4 >"$tmp/o5.out" 2>&1
+same "scaling: average, groups of 2: inner DDP on 2 + fp32 exchange / H" "$(awk '$1 == 4 { print $6, $7, $8 }' "$tmp/o5.out")" "53.000 12.000 84.9%"
+same "scaling: a group size that does not divide N is a dash" "$(awk '$1 == 3 { print $6, $7, $8 }' "$tmp/o5.out")" "- - -"
+$PY $S --compute-ms 20 --grad-bytes 4e6 --algo flat --inter-gbps 8 --inter-latency-us 1000 --ranks 2 --outer diloco --group-size 1 \
+    --inner-steps 100 -o "$tmp/nt.svg" >"$tmp/nt.out" 2>&1
+same "scaling: no trace: DDP with every bucket ready at the end" "$(row 2 "$tmp/nt.out")" "26.000 6.000 6.000 76.9%"
+same "scaling: no trace: diloco H 100" "$(st "$tmp/nt.out")" "20.060 6.000"
+bad "scaling: --inner-steps without --outer exits 2" $S "$tmp/scal.json" --inter-gbps 1 --inner-steps 10
+bad "scaling: --outer without --inner-steps exits 2" $S "$tmp/scal.json" --inter-gbps 1 --outer diloco
+bad "scaling: fragments with diloco exit 2" $S "$tmp/scal.json" --inter-gbps 1 --outer diloco --inner-steps 10 --fragments 2
+bad "scaling: a delay of H / F exits 2" $S "$tmp/scal.json" --inter-gbps 1 --outer streaming --inner-steps 10 --fragments 2 --outer-delay 5
+bad "scaling: an unknown wire exits 2" $S "$tmp/scal.json" --inter-gbps 1 --outer diloco --inner-steps 10 --outer-wire fp16
+bad "scaling: no trace and no --compute-ms exits 2" $S --inter-gbps 1 --grad-bytes 1e6
+has "scaling: what is missing is said" "$tmp/bad.err" "give a trace (TRACE.json), or --compute-ms C and --grad-bytes BYTES"
+
 # ---------------------------------------------------------------- tools/scaling.py on GPU traces
 # The NCCL backend's trace: host times on the compute lane (enqueue: forward 0-2 ms, backward ops
 # 2-6, buckets "ready" at 3 and 5 ms, adamw 6-7), the GPU clock on the comm lane: backward (gpu)

@@ -2,8 +2,9 @@
 """scaling.py - will it scale? Predict a data-parallel step on N = 1 .. 1024 ranks from one
 measured step (a ddp.h DDP_TIMELINE trace) and a description of the network.
 
-usage: tools/scaling.py TRACE.json [--rank R] [--step N] [fabric] [workload] [-o OUT.svg]
+usage: tools/scaling.py TRACE.json [--rank R] [--step N] [fabric] [workload] [outer] [-o OUT.svg]
                         [--csv OUT.csv] [--ranks 1,2,4,...] [--title TEXT]
+       tools/scaling.py --compute-ms C --grad-bytes BYTES [fabric] [outer] ...   (no trace)
 
 THE MODEL (weak scaling: every rank keeps its batch, so N ranks do N times the work)
   From the trace, for the chosen rank and step (default: rank 0, every complete step after the
@@ -63,9 +64,38 @@ THE WORKLOAD (to ask about a model that was not measured; each is an assumption 
                           (a tied token embedding: GPT-2 small's wte + wpe are 0.317 of its bytes);
                           the rest keeps the measured readiness curve
 
+WITHOUT A TRACE
+  --compute-ms C with --grad-bytes BYTES: a step of C ms of compute whose gradients are all ready
+  only at its end (buckets of --bucket-mb): DDP's prediction then hides nothing under backward (an
+  upper bound of its step; a trace gives the overlap).
+
+THE OUTER SYNC (--outer average|diloco|streaming: ddp.h's desc.outer, next to DDP's prediction)
+  The N ranks split into G = N / S replica groups of S ranks (--group-size S, default
+  --ranks-per-node). Inside a group every inner step is DDP on S ranks: inner = the step above
+  with N = S (S = 1: the compute C alone). Across groups only the parameters meet: n floats (the
+  gradient bytes / 4, or --params n) encoded as --outer-wire W (fp32: 4n bytes; bf16: 2n; int8:
+  n + 4 ceil(n / q), one fp32 scale per --quant-block q values), a fragment of n / F of them at a
+  time (F = --fragments; 1 for average and diloco). ddp.h sends it as G broadcasts, one from each
+  group's first rank to all N ranks, one after another (>>outer), so a fragment's exchange is
+    X = G x Tb(w / F, N),  Tb(w, N) = ceil(log2 nodes) a_out + w / B_out     (across nodes, if > 1)
+                                    + ceil(log2 m) a_in + w / B_in            (inside one, m > 1)
+  with nodes = ceil(N / G'), G' = --ranks-per-node, m = min(N, G'): a pipelined broadcast (the
+  root's bytes cross each link once, one latency a tree level); flat: Tb = a + w / B. Plus L / F,
+  --outer-local-ms L: encoding, decoding G copies and the merge, per whole-model sync (default 0).
+    average, diloco: step = inner + (X + L) / H           (the exchange blocks; every H steps)
+    streaming:       step = inner + F max(0, X + L / F - tau x inner) / H
+                     (a fragment every H / F steps, overlapped with tau = --outer-delay inner steps;
+                     --no-overlap: a ddp.h whose exchange blocks at the send step, tau taken as 0)
+  Efficiency = step(1) / step, as for DDP. Not modelled: the outer optimizer's effect on the loss
+  per token (the tokens a step are the same: N x the batch); contention of the exchange with compute;
+  stragglers: between syncs nothing holds the groups together, so the group ahead waits at the
+  barrier each exchange begins with for the one behind (bench/RESULTS.md, "Issue 26: across slow
+  links", measures it; ddp_outer_status names the group).
+
 OUTPUT
-  A table on stdout (N, step ms, comm ms, exposed ms, efficiency %), the same as CSV with --csv,
-  and an SVG (OUT.svg, default TRACE with .scaling.svg): step time and exposed communication
+  A table on stdout (N, step ms, comm ms, exposed ms, efficiency %; with --outer also the outer
+  mode's step ms, its exchange ms per sync or fragment, and its efficiency, "-" where S does not
+  divide N), the same as CSV with --csv, and an SVG (OUT.svg, default TRACE with .scaling.svg): step time and exposed communication
   against N (log scale), and the efficiency. Bad input: a message on stderr, exit status 2.
   Python 3 standard library only.
 """
@@ -276,6 +306,20 @@ class Fabric:
         share = self.b_out * min(self.nics, self.g) / self.g   # each local rank's part of the NICs
         return self.level(nbytes, self.g, self.a_in, self.b_in) + self.level(nbytes / self.g, nodes, self.a_out, share)
 
+    def broadcast_s(self, nbytes, n):
+        """Seconds for a broadcast of nbytes from one rank to n (pipelined: the bytes cross each
+        link once; one latency per tree level)."""
+        if n <= 1:
+            return 0.0
+        if self.algo == "flat":
+            return self.a_out + nbytes / self.b_out
+        t, nodes, inside = 0.0, int(math.ceil(n / self.g)), min(n, self.g)
+        if nodes > 1:
+            t += math.ceil(math.log2(nodes)) * self.a_out + nbytes / self.b_out
+        if inside > 1:
+            t += math.ceil(math.log2(inside)) * self.a_in + nbytes / self.b_in
+        return t
+
     def describe(self):
         if self.algo == "flat":
             return "flat: %.3g ms + bytes / %.3g Gbit/s per allreduce" % (self.a_out * 1e3, self.b_out * 8 / 1e9)
@@ -287,6 +331,19 @@ class Fabric:
 
 
 # ---------------------------------------------------------------- the workload, re-made
+
+def bucket_sizes(grad_bytes, bucket_mb):
+    """ddp.h's buckets for grad_bytes: the first 1 MiB (or the cap), then the cap each."""
+    cap = bucket_mb * 1024 * 1024
+    if grad_bytes / cap > 1e6:
+        die("--grad-bytes %g in buckets of --bucket-mb %g is %.3g buckets, more than 1e6" % (grad_bytes, bucket_mb, grad_bytes / cap))
+    sizes, left, first = [], float(grad_bytes), min(1024 * 1024, cap)
+    while left > 0:
+        b = min(left, first if not sizes else cap)
+        sizes.append(b)
+        left -= b
+    return sizes
+
 
 def remake(step, compute_scale, grad_bytes, bucket_mb, ready_at_end=None):
     """The step with compute scaled and, with grad_bytes, buckets re-made from the readiness curve."""
@@ -321,14 +378,7 @@ def remake(step, compute_scale, grad_bytes, bucket_mb, ready_at_end=None):
                     x = x1 if y1 == y0 else x0 + (x1 - x0) * (frac - y0) / (y1 - y0)
                     return t0 + x * (t1 - t0)
             return t1
-        cap = bucket_mb * 1024 * 1024
-        if grad_bytes / cap > 1e6:
-            die("--grad-bytes %g in buckets of --bucket-mb %g is %.3g buckets, more than 1e6" % (grad_bytes, bucket_mb, grad_bytes / cap))
-        sizes, left, first = [], float(grad_bytes), min(1024 * 1024, cap)
-        while left > 0:
-            b = min(left, first if not sizes else cap)
-            sizes.append(b)
-            left -= b
+        sizes = bucket_sizes(grad_bytes, bucket_mb)
         bk, done = [], 0.0
         for i, b in enumerate(sizes):
             done += b
@@ -353,6 +403,61 @@ def predict(step, fabric, n):
     return step["compute"] + exposed + user, comm + user, exposed
 
 
+class Outer:
+    """The outer sync's settings (ddp.h's desc.outer) for the prediction."""
+    def __init__(self, mode, group_size, inner_steps, fragments, delay, wire, quant_block, local_ms, overlap):
+        if mode not in ("average", "diloco", "streaming"):
+            die("--outer must be average, diloco or streaming, not %r" % (mode,))
+        if wire not in ("fp32", "bf16", "int8"):
+            die("--outer-wire must be fp32, bf16 or int8, not %r" % (wire,))
+        self.mode, self.wire = mode, wire
+        self.s = number("--group-size", group_size, 1, 1 << 20, integer=True)
+        self.h = number("--inner-steps", inner_steps, 1, 1 << 30, integer=True)
+        self.f = number("--fragments", fragments, 1, 1 << 20, integer=True)
+        self.tau = number("--outer-delay", delay, 0, 1 << 30, integer=True)
+        self.q = number("--quant-block", quant_block, 1, 1 << 20, integer=True)
+        self.local_us = number("--outer-local-ms", local_ms, 0, 1e9) * 1e3
+        self.overlap = overlap
+        if mode != "streaming" and (self.f != 1 or self.tau != 0):
+            die("--fragments and --outer-delay are streaming DiLoCo's: use --outer streaming")
+        if self.f > self.h or self.tau >= self.h // self.f:
+            die("--fragments %d over --inner-steps %d with --outer-delay %d: ddp.h needs F <= H and delay < H / F"
+                % (self.f, self.h, self.tau))
+
+    def wire_bytes(self, n):
+        if self.wire == "fp32":
+            return 4.0 * n
+        if self.wire == "bf16":
+            return 2.0 * n
+        return n + 4.0 * math.ceil(n / self.q)
+
+    def predict(self, step, fabric, n_ranks, floats):
+        """(step us, exchange us per fragment) on n_ranks, or None where S does not divide them."""
+        if n_ranks % self.s:
+            return None
+        groups = n_ranks // self.s
+        inner = predict(step, fabric, self.s)[0]
+        frag = self.wire_bytes(floats / self.f)
+        x = groups * fabric.broadcast_s(frag, n_ranks) * 1e6 if n_ranks > 1 else 0.0
+        local = self.local_us / self.f
+        if self.mode != "streaming":
+            return inner + (x + local) / self.h, x
+        hidden = self.tau * inner if self.overlap else 0.0
+        return inner + self.f * max(0.0, x + local - hidden) / self.h, x
+
+    def describe(self, floats):
+        s = "%s: groups of %d rank(s), every %d inner steps, wire %s%s" % (
+            self.mode, self.s, self.h, self.wire, " (blocks of %d)" % self.q if self.wire == "int8" else "")
+        if self.mode == "streaming":
+            s += ", %d fragment(s) (one every %d steps), delay %d%s" % (
+                self.f, self.h // self.f, self.tau, "" if self.overlap else ", exchange not overlapped (--no-overlap)")
+        s += "; %.0f floats: %.3g MB a %s" % (floats, self.wire_bytes(floats / self.f) / 1e6,
+                                              "fragment" if self.f > 1 else "sync")
+        if self.local_us:
+            s += ", %.3g ms local work a whole-model sync" % (self.local_us / 1e3)
+        return s
+
+
 def parse_ranks(text):
     try:
         ranks = sorted({int(x) for x in text.split(",") if x.strip()})
@@ -365,13 +470,14 @@ def parse_ranks(text):
 
 # ---------------------------------------------------------------- the picture
 
-def draw(rows, title, subtitle, path):
+def draw(rows, title, subtitle, path, outer_name=None):
     W, H = 760, 470
     L, R, T, B = 70, 70, 70, 60
     pw, ph = W - L - R, H - T - B
     ns = [r[0] for r in rows]
     xmin, xmax = math.log2(ns[0]), math.log2(ns[-1]) if ns[-1] > ns[0] else math.log2(ns[0]) + 1
-    ymax = max(r[1] for r in rows) / 1000.0
+    outer_rows = [r for r in rows if len(r) > 6 and r[6] is not None]
+    ymax = max([r[1] for r in rows] + [r[6] for r in outer_rows]) / 1000.0
     ystep = 10 ** math.floor(math.log10(ymax)) if ymax > 0 else 1
     for m in (1, 2, 2.5, 5, 10):
         if ymax / (m * ystep) <= 6:
@@ -420,14 +526,26 @@ def draw(rows, title, subtitle, path):
                % " ".join("%s,%s" % (num(x), num(y)) for x, y in step))
     out.append('<polyline points="%s" fill="none" stroke="#2ca02c" stroke-width="2"/>'
                % " ".join("%s,%s" % (num(X(r[0])), num(Ye(r[5]))) for r in rows))
+    if outer_rows:   # the outer mode's step (purple) and efficiency (dashed green)
+        out.append('<polyline points="%s" fill="none" stroke="#9467bd" stroke-width="2"/>'
+                   % " ".join("%s,%s" % (num(X(r[0])), num(Y(r[6] / 1000.0))) for r in outer_rows))
+        out.append('<polyline points="%s" fill="none" stroke="#2ca02c" stroke-width="2" stroke-dasharray="6 3"/>'
+                   % " ".join("%s,%s" % (num(X(r[0])), num(Ye(r[8]))) for r in outer_rows))
+        for r in outer_rows:
+            out.append('<circle cx="%s" cy="%s" r="2.5" fill="#9467bd"><title>%s</title></circle>' % (
+                num(X(r[0])), num(Y(r[6] / 1000.0)), esc("N=%d, %s: step %.2f ms, exchange %.2f ms, efficiency %.1f %%" % (
+                    r[0], outer_name, r[6] / 1e3, r[7] / 1e3, r[8]))))
     for r in rows:
         out.append('<circle cx="%s" cy="%s" r="2.5" fill="#4c78a8"><title>%s</title></circle>' % (
             num(X(r[0])), num(Y(r[1] / 1000.0)),
             esc("N=%d: step %.2f ms, comm %.2f ms, exposed %.2f ms, efficiency %.1f %%" % (
                 r[0], r[1] / 1e3, r[2] / 1e3, r[3] / 1e3, r[5]))))
     lx, ly = L + 8, T + 14
-    for color, label, dash in (("#4c78a8", "step time", ""), ("#9aa0a6", "compute (no communication)", "4 3"),
-                               ("#e45756", "exposed communication", ""), ("#2ca02c", "efficiency (right axis)", "")):
+    legend = [("#4c78a8", "step time", ""), ("#9aa0a6", "compute (no communication)", "4 3"),
+              ("#e45756", "exposed communication", ""), ("#2ca02c", "efficiency (right axis)", "")]
+    if outer_rows:
+        legend += [("#9467bd", "%s: step time" % outer_name, ""), ("#2ca02c", "%s: efficiency" % outer_name, "6 3")]
+    for color, label, dash in legend:
         out.append('<line x1="%d" x2="%d" y1="%d" y2="%d" stroke="%s" stroke-width="%s"%s/>' % (
             lx, lx + 18, ly - 4, ly - 4, color, "6" if label.startswith("exposed") else "2",
             ' stroke-dasharray="%s"' % dash if dash else ""))
@@ -448,7 +566,7 @@ def draw(rows, title, subtitle, path):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog=PROG, description="Predict step time and scaling efficiency from a ddp.h timeline.")
-    ap.add_argument("trace")
+    ap.add_argument("trace", nargs="?")
     ap.add_argument("--rank", type=int, default=0)
     ap.add_argument("--step", type=int, default=None, help="one step (default: the median of every complete step after the first)")
     ap.add_argument("--fabric", help="JSON file with the fabric's keys (algo, ranks_per_node, intra_gbps, ...)")
@@ -468,6 +586,17 @@ def main(argv=None):
     ap.add_argument("-o", "--output")
     ap.add_argument("--csv")
     ap.add_argument("--title", default="Predicted scaling")
+    ap.add_argument("--compute-ms", type=float, help="without a trace: the step's compute (ms); needs --grad-bytes")
+    ap.add_argument("--outer", help="average, diloco or streaming: ddp.h's outer sync beside DDP")
+    ap.add_argument("--group-size", type=int, help="ranks a replica group (default: --ranks-per-node)")
+    ap.add_argument("--inner-steps", type=int)
+    ap.add_argument("--fragments", type=int, default=1)
+    ap.add_argument("--outer-delay", type=int, default=0)
+    ap.add_argument("--outer-wire", help="fp32, bf16 or int8 (default bf16; average: fp32)")
+    ap.add_argument("--quant-block", type=int, default=64)
+    ap.add_argument("--outer-local-ms", type=float, default=0.0)
+    ap.add_argument("--no-overlap", action="store_true")
+    ap.add_argument("--params", type=float, help="floats the outer sync sends (default: gradient bytes / 4)")
     a = ap.parse_args(argv)
 
     keys = {}
@@ -496,17 +625,44 @@ def main(argv=None):
     if a.ready_at_end is not None and (a.grad_bytes is None or not 0 <= a.ready_at_end < 1):
         die("--ready-at-end needs --grad-bytes and a share in [0, 1), not %r" % a.ready_at_end)
     ranks = parse_ranks(a.ranks)
+    outer = None
+    if a.outer is not None:
+        if a.inner_steps is None:
+            die("--outer %s needs --inner-steps H" % a.outer)
+        outer = Outer(a.outer, a.group_size if a.group_size is not None else fabric.g, a.inner_steps, a.fragments,
+                      a.outer_delay, a.outer_wire or ("fp32" if a.outer == "average" else "bf16"), a.quant_block,
+                      a.outer_local_ms, not a.no_overlap)
+    elif any(v is not None for v in (a.group_size, a.inner_steps, a.outer_wire, a.params)) or a.no_overlap:
+        die("--group-size, --inner-steps, --outer-wire, --params and --no-overlap describe the outer sync: add --outer MODE")
+    if a.params is not None:
+        number("--params", a.params, 0, 1e15, lo_open=True)
 
-    events = load_events(a.trace)
-    steps = measure_steps(events, a.rank)
-    if a.step is not None:
-        steps = [s for s in steps if s["step"] == a.step]
-        if not steps:
-            die("step %d is not a complete step of rank %d in the trace" % (a.step, a.rank))
-    elif len(steps) > 1:
-        steps = steps[1:]   # the first step warms up (allocations, first touches)
-    measured = steps
-    steps = [remake(s, a.compute_scale, a.grad_bytes, a.bucket_mb, a.ready_at_end) for s in steps]
+    events = None
+    if a.trace is None:
+        # no trace: a step of compute C whose gradients are ready only at its end
+        if a.compute_ms is None or a.grad_bytes is None:
+            die("give a trace (TRACE.json), or --compute-ms C and --grad-bytes BYTES")
+        if a.ready_at_end is not None:
+            die("--ready-at-end needs a trace (its readiness curve)")
+        c = number("--compute-ms", a.compute_ms, 0, 1e9, lo_open=True) * 1e3
+        number("--grad-bytes", a.grad_bytes, 0, 1e15, lo_open=True)
+        bk = [{"id": i, "bytes": b, "ready": c} for i, b in enumerate(bucket_sizes(a.grad_bytes, a.bucket_mb))]
+        steps = [{"step": 0, "period": c, "compute": c, "bwd_start": 0.0, "bwd_end": c, "exposed": 0.0, "user_us": 0.0,
+                  "user_bytes": [], "buckets": bk, "comm": 0.0, "clock": "host"}]
+        measured = steps
+    else:
+        if a.compute_ms is not None:
+            die("--compute-ms is for a prediction without a trace (--compute-scale scales a trace's compute)")
+        events = load_events(a.trace)
+        steps = measure_steps(events, a.rank)
+        if a.step is not None:
+            steps = [s for s in steps if s["step"] == a.step]
+            if not steps:
+                die("step %d is not a complete step of rank %d in the trace" % (a.step, a.rank))
+        elif len(steps) > 1:
+            steps = steps[1:]   # the first step warms up (allocations, first touches)
+        measured = steps
+        steps = [remake(s, a.compute_scale, a.grad_bytes, a.bucket_mb, a.ready_at_end) for s in steps]
 
     rows = []
     base = statistics.median(predict(s, fabric, 1)[0] for s in steps)
@@ -516,21 +672,38 @@ def main(argv=None):
         comm = statistics.median(p[1] for p in preds)
         exp_ = statistics.median(p[2] for p in preds)
         user = t - exp_ - statistics.median(s["compute"] for s in steps)
-        rows.append((n, t, comm, exp_, max(0.0, user), 100.0 * base / t if t > 0 else 0.0))
+        row = (n, t, comm, exp_, max(0.0, user), 100.0 * base / t if t > 0 else 0.0)
+        if outer:
+            floats = a.params if a.params is not None else sum(b["bytes"] for b in steps[0]["buckets"]) / 4.0
+            po = [outer.predict(s, fabric, n, floats) for s in steps]
+            if po[0] is None:
+                row += (None, None, None)
+            else:
+                ot = statistics.median(p[0] for p in po)
+                row += (ot, statistics.median(p[1] for p in po), 100.0 * base / ot if ot > 0 else 0.0)
+        rows.append(row)
 
     med = lambda key, ss=measured: statistics.median(s[key] for s in ss)
     mb = [sum(b["bytes"] for b in s["buckets"]) for s in measured]
     print("# %s" % fabric.describe())
+    if outer:
+        print("# outer: %s" % outer.describe(a.params if a.params is not None else
+                                              sum(b["bytes"] for b in steps[0]["buckets"]) / 4.0))
     clock = measured[0]["clock"]
     # on the GPU clock the step's start (the host's first event) and backward are on two clocks
     # that meet only at the lane's anchor: only backward's length means something there
     bwd = ("backward ends at %.2f ms" % (med("bwd_end") / 1e3) if clock == "host" else
            "backward %.2f ms on the GPU" % (statistics.median(s["bwd_end"] - s["bwd_start"] for s in measured) / 1e3))
-    print("# measured: rank %d, %d step(s) used; step %.2f ms of which compute %.2f ms (%s); "
-          "%d bucket(s), %.2f MB of gradients; measured comm %.2f ms, exposed %.2f ms" % (
-              a.rank, len(measured), med("period") / 1e3, med("compute") / 1e3, bwd,
-              len(measured[0]["buckets"]), statistics.median(mb) / 1e6, med("comm") / 1e3, med("exposed") / 1e3))
-    if clock != "host":
+    if events is None:
+        print("# given: compute %.2f ms, %.2f MB of gradients in %d bucket(s), all ready when the compute ends "
+              "(no overlap: DDP's step is an upper bound)" % (med("compute") / 1e3, statistics.median(mb) / 1e6,
+                                                               len(measured[0]["buckets"])))
+    else:
+        print("# measured: rank %d, %d step(s) used; step %.2f ms of which compute %.2f ms (%s); "
+              "%d bucket(s), %.2f MB of gradients; measured comm %.2f ms, exposed %.2f ms" % (
+                  a.rank, len(measured), med("period") / 1e3, med("compute") / 1e3, bwd,
+                  len(measured[0]["buckets"]), statistics.median(mb) / 1e6, med("comm") / 1e3, med("exposed") / 1e3))
+    if clock != "host" and events is not None:
         nr = len(trace_ranks(events))
         print("# GPU trace (NCCL backend): %s; bucket readiness from the comm lane's starts%s" % (
                             "backward and exposed from the 'backward (gpu)' and 'exposed comm (gpu)' spans" if clock == "gpu"
@@ -539,25 +712,37 @@ def main(argv=None):
                             " (%d ranks: a start is only an upper bound of readiness)" % nr if nr > 1 else ""))
     nb = len(steps[0]["buckets"])
     gb = sum(b["bytes"] for b in steps[0]["buckets"])
-    if a.compute_scale != 1 or a.grad_bytes:
+    if events is not None and (a.compute_scale != 1 or a.grad_bytes):
         print("# modelled: compute x %.4g: %.2f ms, backward ends at %.2f ms; %d bucket(s) of at most %g MiB, %.2f MB of "
               "gradients%s" % (a.compute_scale, med("compute", steps) / 1e3, med("bwd_end", steps) / 1e3, nb,
                                a.bucket_mb if a.grad_bytes else float("nan"), gb / 1e6,
                                ", %.1f %% of them ready only when backward ends" % (100 * a.ready_at_end)
                                if a.ready_at_end is not None else ""))
-    print("%6s %12s %12s %12s %11s" % ("ranks", "step_ms", "comm_ms", "exposed_ms", "efficiency"))
+    head = "%6s %12s %12s %12s %11s" % ("ranks", "step_ms", "comm_ms", "exposed_ms", "efficiency")
+    print(head + ("  %14s %14s %16s" % (a.outer + "_ms", "exchange_ms", a.outer + "_eff") if outer else ""))
+
+    def outer_cols(r, fmt, dash):
+        if not outer:
+            return ""
+        if r[6] is None:
+            return dash
+        return fmt % (r[6] / 1e3, r[7] / 1e3, r[8])
     for r in rows:
-        print("%6d %12.3f %12.3f %12.3f %10.1f%%" % (r[0], r[1] / 1e3, r[2] / 1e3, r[3] / 1e3, r[5]))
+        print("%6d %12.3f %12.3f %12.3f %10.1f%%" % (r[0], r[1] / 1e3, r[2] / 1e3, r[3] / 1e3, r[5]) +
+              outer_cols(r, "  %14.3f %14.3f %15.1f%%", "  %14s %14s %16s" % ("-", "-", "-")))
     if a.csv:
         try:
             with open(a.csv, "w") as f:
-                f.write("ranks,step_ms,comm_ms,exposed_ms,efficiency_pct\n")
+                f.write("ranks,step_ms,comm_ms,exposed_ms,efficiency_pct%s\n" % (
+                    ",outer_step_ms,outer_exchange_ms,outer_efficiency_pct" if outer else ""))
                 for r in rows:
-                    f.write("%d,%.4f,%.4f,%.4f,%.2f\n" % (r[0], r[1] / 1e3, r[2] / 1e3, r[3] / 1e3, r[5]))
+                    f.write("%d,%.4f,%.4f,%.4f,%.2f%s\n" % (r[0], r[1] / 1e3, r[2] / 1e3, r[3] / 1e3, r[5],
+                                                          outer_cols(r, ",%.4f,%.4f,%.2f", ",,,")))
         except OSError as e:
             die("cannot write %s: %s" % (a.csv, e.strerror or e))
-    out = a.output or os.path.splitext(a.trace)[0] + ".scaling.svg"
-    draw(rows, a.title, "%s; %d bucket(s), %.1f MB of gradients" % (fabric.describe(), nb, gb / 1e6), out)
+    out = a.output or (os.path.splitext(a.trace)[0] + ".scaling.svg" if a.trace else "scaling.svg")
+    draw(rows, a.title, "%s; %d bucket(s), %.1f MB of gradients" % (fabric.describe(), nb, gb / 1e6), out,
+         a.outer)
     return 0
 
 

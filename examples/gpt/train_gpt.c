@@ -45,6 +45,10 @@ typedef struct options {
     float inject_latency_ms, inject_gbps;   /* ddp.h's emulated network (benchmarks: tools/scaling.py) */
     float straggler_pct;           /* --straggler-pct: a straggler line when the wait for the last rank is this share of a step */
     uint64_t seed;
+    /* --outer and its flags: ddp_desc.outer (replica groups, DiLoCo, streaming DiLoCo). The
+       lr, momentum, mix < 0 and wire -1 mean "not given" (ddp.h's defaults). */
+    ddp_outer outer;
+    int outer_wire_given;
 } options;
 
 static double now_s(void) {
@@ -91,7 +95,94 @@ static void usage(FILE *f) {
         "  --shard-optimizer  AdamW's m and v sharded across the ranks (ZeRO-1; same results)\n"
         "  --tf32             GPU: TF32 tensor-core matmuls (faster, less exact; default pure fp32)\n"
         "  --bf16             GPU: bf16 weights, gradients and activations, fp32 accumulation and master\n"
-        "                     weights (the CUDA model only: not with --cpu or --tf32)\n");
+        "                     weights (the CUDA model only: not with --cpu or --tf32)\n"
+        "outer sync across replica groups (ddp_desc.outer; across slow links: DiLoCo, streaming DiLoCo):\n"
+        "  --outer MODE       off (default: DDP, every step averages the whole world), average (the groups'\n"
+        "                     parameters averaged every H steps), diloco (outer Nesterov SGD every H steps),\n"
+        "                     streaming (diloco in --fragments F pieces, one every H/F steps)\n"
+        "  --inner-steps H    inner steps between two syncs of a fragment (the whole model: diloco), H >= 1\n"
+        "  --group-size S     ranks a replica group (DDP inside it); default: the ranks on a host\n"
+        "  --outer-lr X       outer learning rate, > 0 (diloco, streaming: 0.7)\n"
+        "  --outer-momentum X outer Nesterov momentum, in [0, 1) (0.9)\n"
+        "  --outer-wire W     fp32, bf16 or int8 (blockwise, one scale per --quant-block values): what the\n"
+        "                     outer gradient travels as (bf16; average: fp32)\n"
+        "  --quant-block N    int8 wire: values per scale (64)\n"
+        "  --fragments F      streaming: contiguous pieces of the parameters, F <= H (1)\n"
+        "  --outer-delay T    streaming: inner steps a fragment's exchange overlaps, T < H/F (0)\n"
+        "  --outer-mix A      streaming: the merge keeps A of the local values, in [0, 1) (0)\n");
+}
+
+/* The fragment ddp.h sends after inner step t (1, 2, ...), or -1: fragment f at the steps with
+   (t + f * H / F) % H == 0 (ddp.h's >>outer schedule; for the log lines only). */
+static int outer_due(const ddp_outer *u, int64_t t) {
+    int f, H = u->inner_steps, F = u->fragments > 0 ? u->fragments : 1;
+    for (f = 0; f < F && H > 0; f++)
+        if ((t + (int64_t)f * H / F) % H == 0) return f;
+    return -1;
+}
+
+/* The outer flags checked against each other and filled into o->outer as ddp_desc.outer wants
+   it (0: ddp.h's default). What ddp.h would also refuse is said here in the flags' names. */
+static int outer_args(options *o, char *err, size_t errn) {
+    ddp_outer *u = &o->outer;
+    static const char *const mode_name[] = { "off", "average", "diloco", "streaming" };
+    const char *mode = mode_name[u->mode];
+    int lr_given = u->lr >= 0, mom_given = u->momentum >= 0;
+    if (u->mode == DDP_OUTER_OFF) {
+        const char *stray = u->inner_steps >= 0 ? "--inner-steps" : u->group_size >= 0 ? "--group-size" : lr_given ? "--outer-lr" :
+                            mom_given ? "--outer-momentum" : o->outer_wire_given ? "--outer-wire" : u->quant_block >= 0 ? "--quant-block" :
+                            u->fragments >= 0 ? "--fragments" : u->delay_steps >= 0 ? "--outer-delay" : u->mix >= 0 ? "--outer-mix" : NULL;
+        if (stray) { snprintf(err, errn, "%s is a setting of the outer sync: add --outer average|diloco|streaming (or drop it)", stray); return 0; }
+        memset(u, 0, sizeof *u);
+        return 1;
+    }
+    if (u->inner_steps < 1) {
+        snprintf(err, errn, "--outer %s needs --inner-steps H >= 1 (the inner steps between two syncs; DiLoCo's paper: 500)%s", mode,
+                 u->inner_steps == 0 ? ", not 0" : "");
+        return 0;
+    }
+    if (u->group_size == 0) { snprintf(err, errn, "--group-size must be >= 1 (or left out: the ranks on a host)"); return 0; }
+    if (u->mode == DDP_OUTER_AVERAGE && (lr_given || mom_given)) {
+        snprintf(err, errn, "--outer average is outer lr 1 and momentum 0: --outer-lr and --outer-momentum go with --outer diloco or streaming");
+        return 0;
+    }
+    if (lr_given && !(u->lr > 0)) { snprintf(err, errn, "--outer-lr must be > 0 (got %g)", (double)u->lr); return 0; }
+    if (mom_given && !(u->momentum < 1)) { snprintf(err, errn, "--outer-momentum must be in [0, 1) (got %g)", (double)u->momentum); return 0; }
+    if (u->mode != DDP_OUTER_STREAMING && (u->fragments >= 0 || u->delay_steps >= 0 || u->mix >= 0)) {
+        snprintf(err, errn, "%s is streaming DiLoCo's: use --outer streaming (not --outer %s)",
+                 u->fragments >= 0 ? "--fragments" : u->delay_steps >= 0 ? "--outer-delay" : "--outer-mix", mode);
+        return 0;
+    }
+    if (u->fragments == 0) { snprintf(err, errn, "--fragments must be >= 1"); return 0; }
+    if (u->mix >= 0 && !(u->mix < 1)) { snprintf(err, errn, "--outer-mix must be in [0, 1) (got %g)", (double)u->mix); return 0; }
+    if (u->fragments > u->inner_steps) {
+        snprintf(err, errn, "--fragments %d is more than --inner-steps %d: each fragment is sent once every H steps, one every "
+                 "H/F steps", u->fragments, u->inner_steps);
+        return 0;
+    }
+    if (u->delay_steps >= 0 && u->delay_steps >= u->inner_steps / (u->fragments > 0 ? u->fragments : 1)) {
+        snprintf(err, errn, "--outer-delay %d must be less than --inner-steps / --fragments = %d: at most one fragment is in flight",
+                 u->delay_steps, u->inner_steps / (u->fragments > 0 ? u->fragments : 1));
+        return 0;
+    }
+    if (u->quant_block == 0 || (u->quant_block > 0 && u->quant_block > 1 << 20)) {
+        snprintf(err, errn, "--quant-block must be in 1 .. 1048576 (got %d)", u->quant_block);
+        return 0;
+    }
+    if (u->quant_block > 0 && u->wire != DDP_WIRE_INT8) { snprintf(err, errn, "--quant-block goes with --outer-wire int8"); return 0; }
+    if (o->shard) { snprintf(err, errn, "--outer %s does not go with --shard-optimizer (ddp.h's replica groups do not shard yet)", mode); return 0; }
+    /* Given lr or momentum: both exactly as given (0 momentum included), the other one its default. */
+    if (lr_given || mom_given) {
+        u->as_given = 1;
+        if (!lr_given) u->lr = 0.7f;
+        if (!mom_given) u->momentum = 0.9f;
+    } else u->lr = u->momentum = 0;
+    if (u->group_size < 0) u->group_size = 0;
+    if (u->fragments < 0) u->fragments = 0;
+    if (u->delay_steps < 0) u->delay_steps = 0;
+    if (u->mix < 0) u->mix = 0;
+    if (u->quant_block < 0) u->quant_block = 0;
+    return 1;
 }
 
 static int parse_args(int argc, char **argv, options *o, char *err, size_t errn) {
@@ -101,6 +192,8 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errn)
     o->steps = 500; o->warmup = 100; o->accum = 1; o->eval_every = 100; o->eval_batches = 20; o->sample = 300;
     o->lr = 1e-3f; o->min_lr = 1e-4f; o->wd = 0.1f; o->clip = 1.0f; o->beta1 = 0.9f; o->beta2 = 0.99f;
     o->temperature = 1.0f; o->seed = 1337; o->log_every = 1; o->prompt = "\n"; o->straggler_pct = 20;
+    o->outer.lr = o->outer.momentum = o->outer.mix = -1;   /* not given */
+    o->outer.inner_steps = o->outer.group_size = o->outer.fragments = o->outer.delay_steps = o->outer.quant_block = -1;
     for (i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         char *end = NULL;
@@ -145,6 +238,29 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errn)
         else if (!strcmp(a, "--inject-latency-ms")) fp = &o->inject_latency_ms;
         else if (!strcmp(a, "--inject-gbps")) fp = &o->inject_gbps;
         else if (!strcmp(a, "--straggler-pct")) fp = &o->straggler_pct;
+        else if (!strcmp(a, "--inner-steps")) ip = &o->outer.inner_steps;
+        else if (!strcmp(a, "--group-size")) ip = &o->outer.group_size;
+        else if (!strcmp(a, "--fragments")) ip = &o->outer.fragments;
+        else if (!strcmp(a, "--outer-delay")) ip = &o->outer.delay_steps;
+        else if (!strcmp(a, "--quant-block")) ip = &o->outer.quant_block;
+        else if (!strcmp(a, "--outer-lr")) fp = &o->outer.lr;
+        else if (!strcmp(a, "--outer-momentum")) fp = &o->outer.momentum;
+        else if (!strcmp(a, "--outer-mix")) fp = &o->outer.mix;
+        else if (!strcmp(a, "--outer") || !strcmp(a, "--outer-wire")) {
+            static const char *const modes[] = { "off", "average", "diloco", "streaming" }, *const wires[] = { "fp32", "bf16", "int8" };
+            int is_mode = !strcmp(a, "--outer"), k, n = is_mode ? 4 : 3;
+            const char *const *names = is_mode ? modes : wires;
+            if (!v) { snprintf(err, errn, "%s needs a value", a); return 0; }
+            for (k = 0; k < n && strcmp(v, names[k]) != 0; k++) {}
+            if (k == n) {
+                snprintf(err, errn, "%s: '%s' is not one of %s", a, v, is_mode ? "off, average, diloco, streaming" : "fp32, bf16, int8");
+                return 0;
+            }
+            if (is_mode) o->outer.mode = (ddp_outer_mode)k;   /* DDP_OUTER_OFF, _AVERAGE, _DILOCO, _STREAMING in order */
+            else { o->outer.wire = (ddp_outer_wire)(k + 1); o->outer_wire_given = 1; }   /* DDP_WIRE_FP32, _BF16, _INT8 */
+            i++;
+            continue;
+        }
         else if (!strcmp(a, "--seed")) {
             if (!v) { snprintf(err, errn, "%s needs a value", a); return 0; }
             errno = 0;
@@ -181,7 +297,7 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errn)
 #ifndef TRAIN_CUDA_MODEL
     if (o->bf16) { snprintf(err, errn, "--bf16 needs the CUDA model: this build has none (build/gpu/train_gpt, or build/train_gpt_emulated)"); return 0; }
 #endif
-    return 1;
+    return outer_args(o, err, errn);
 }
 
 /* Learning rate at step s: linear warmup to lr over `warmup` steps, then a cosine to min_lr at
@@ -609,6 +725,7 @@ int main(int argc, char **argv) {
     uint64_t windows = 0;          /* training windows consumed, all ranks (the checkpoint's position) */
     ddp_sampler sampler;           /* this rank's share of each epoch of training windows */
     double t_start, t_line;   /* t_line, step_line: when and at which step the last progress line was */
+    double t_eval = 0;        /* seconds spent in the validations so far: the val lines' clock leaves them out */
     stragglers late;          /* the steps a straggler held up since the last progress line */
     int step_line, timed_after;
     float val = NAN;
@@ -660,6 +777,7 @@ int main(int argc, char **argv) {
            weights and AdamW's moments; gradient buckets travel as bf16 (reduce_dtype's default).
            Without it the field stays 0 (the default), and DDP_PARAM_DTYPE may choose. */
         desc.param_dtype = o.bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_DEFAULT;
+        desc.outer = o.outer;   /* --outer and its flags (outer_args); mode off: zeros, plain DDP */
 #ifdef __CUDACC__
         /* The compute stream: this thread's per-thread default stream. It is a stream of
            whichever device ddp_init selects (LOCAL_RANK modulo the devices), so it can be named
@@ -749,6 +867,19 @@ int main(int argc, char **argv) {
                    c->check_ready, (unsigned)c->log_level <= DDP_LOG_OFF ? levels[c->log_level] : "?",
                    c->timeline_path && *c->timeline_path ? c->timeline_path : "off", c->job_id ? c->job_id : "");
         }
+        if (o.outer.mode != DDP_OUTER_OFF) {   /* what ddp.h resolved: the defaults filled in */
+            static const char *const modes[] = { "off", "average", "diloco", "streaming" }, *const wires[] = { "default", "fp32", "bf16", "int8" };
+            const ddp_outer *u = &ddp_config(ddp)->outer;
+            ddp_outer_status os = ddp_outer_state(ddp);
+            printf("outer: %s | %d group(s) of %d rank(s) | every %d inner steps | outer lr %g momentum %g%s | wire %s",
+                   modes[u->mode], os.groups, os.group_size, u->inner_steps, u->lr, u->momentum, u->momentum > 0 ? " (Nesterov)" : "",
+                   wires[u->wire]);
+            if (u->wire == DDP_WIRE_INT8) printf(" (blocks of %d)", u->quant_block);
+            if (u->mode == DDP_OUTER_STREAMING)
+                printf(" | %d fragment(s), one every %d steps, delay %d, mix %g", u->fragments, u->inner_steps / u->fragments,
+                       u->delay_steps, u->mix);
+            printf("\n");
+        }
         if (o.resume) printf("resumed from %s at step %d\n", o.resume, step);
         else if (resume_from) printf("resumed from %s at step %d (the --save path held a checkpoint; --fresh starts over)\n", resume_from, step);
     }
@@ -786,7 +917,28 @@ int main(int argc, char **argv) {
            happens on the device). The same decision on every rank: it depends on the step. */
         logs = step % o.log_every == 0 || step == 1 || step == o.steps;
         model_time_begin(&mo, "ddp adamw step (+ norm, clip)");
-        CHECK(ddp_adamw_step(ddp, &opt, logs ? &norm : NULL));
+        {
+            ddp_outer_status before = ddp_outer_state(ddp), after;
+            double t0 = now_s();
+            CHECK(ddp_adamw_step(ddp, &opt, logs ? &norm : NULL));   /* with --outer: the outer step too, when due */
+            after = ddp_outer_state(ddp);
+            /* An outer sync line where a fragment was sent or merged: the step's optimizer time
+               (AdamW, the exchange, the merge) is what the sync cost this rank. */
+            if (rank == 0 && o.outer.mode != DDP_OUTER_OFF && (after.syncs != before.syncs || after.in_flight != before.in_flight)) {
+                const ddp_outer *u = &ddp_config(ddp)->outer;
+                int sent = after.inner_steps != before.inner_steps ? outer_due(u, after.inner_steps) : -1;
+                printf("outer step %5d | ", step);
+                if (sent >= 0) printf("sent fragment %d/%d | ", sent, u->fragments);
+                if (after.syncs != before.syncs) {
+                    printf("merged fragment %d/%d | exchange %.1f ms | ", before.in_flight >= 0 ? before.in_flight : sent, u->fragments,
+                           after.exchange_ms);
+                    if (after.slowest_group >= 0) printf("last at the exchange: group %d, +%.1f ms | ", after.slowest_group, after.straggler_ms);
+                }
+                if (after.in_flight >= 0) printf("in flight until inner step %lld | ", (long long)(after.inner_steps + u->delay_steps));
+                printf("syncs %lld | inner steps %lld | adamw + outer %.1f ms | waited for exchanges %.1f ms in all\n",
+                       (long long)after.syncs, (long long)after.inner_steps, 1e3 * (now_s() - t0), after.wait_ms);
+            }
+        }
         model_time_end(&mo);
         st = ddp_last_step_stats(ddp);
         straggler_note(&late, &o, &st, step, 1e3 * (now_s() - t_step));
@@ -808,8 +960,11 @@ int main(int argc, char **argv) {
            steps are warm-up and not counted */
         model_op_times_step(&mo, step, timed_after);
         if (o.eval_every > 0 && step % o.eval_every == 0 && step < o.steps) {
+            double t_val = now_s();
             CHECK(evaluate(ddp, &mo, &o, &data, tok, tgt, &val));
-            if (rank == 0) printf("step %5d | val loss %.4f\n", step, val);
+            /* the training time so far (validations left out): a loss-against-wall-clock curve */
+            if (rank == 0) printf("step %5d | val loss %.4f | %.2f s training\n", step, val, t_val - t_start - t_eval);
+            t_eval += now_s() - t_val;
             model_op_times_restart(&mo);
             t_line = now_s();   /* the next line's mean is of training steps only */
             step_line = step;
@@ -826,7 +981,7 @@ int main(int argc, char **argv) {
         CHECK(evaluate(ddp, &mo, &o, &data, tok, tgt, &val));
         CHECK(params_hash(ddp, &hash));
         if (rank == 0) {
-            printf("done: step %d | val loss %.4f | %.1f s training\n", step, val, secs);
+            printf("done: step %d | val loss %.4f | %.1f s training | %.2f s without the validations\n", step, val, secs, secs - t_eval);
             printf("params fnv1a %016llx\n", (unsigned long long)hash);
         }
     }
