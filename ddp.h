@@ -352,8 +352,10 @@
      mix) * the new outer values (the paper's alpha; 0 with delay 0 is DiLoCo on the fragment).
      What travels (wire): BF16 by default (FP32 for AVERAGE), or INT8, one fp32 scale for every
      quant_block (64) values (max |x| / 127, values rounded to nearest): 1/4 of fp32 plus 1/16.
-     Every group's encoding reaches every rank (a broadcast from each group's first rank) and
-     every rank adds the decoded values in group order: all ranks compute the same bits.
+     Every group's encoding reaches every rank (a broadcast from each group's first rank; on the
+     MPI backend with groups of one rank, one MPI_Allgather, which uses both directions of every
+     link at once) and every rank adds the decoded values in group order: all ranks compute the
+     same bits, on every backend.
      Parameters the program writes after ddp_commit (ddp_copy_from_host, ddp_scatter_from_host:
      its own weights, the same on every rank) become the outer copy too.
      A program with its own optimizer: ddp_consume_grads, its update, ddp_outer_step (every
@@ -807,11 +809,12 @@
      >>public       every public function: checks its arguments and the context, hands off
      The backend table (ddp__backend in >>types) is the only way generic code reaches a
      backend: setup, alloc_flat, commit, begin_step, launch, finish, zero, scale, bf16, adamw,
-     adamw_state, copy, collective, stats, poison, stop, teardown; its `shards` flag says whether
-     it runs shard_optimizer (ddp_init refuses it by the backend's name otherwise). Each backend
-     fills it by name (ddp__cpu_table and its like, into the context's own copy); an optional
-     slot left NULL (setup, commit, begin_step, stats, poison, stop) is nothing to do, and the
-     generic caller checks. A backend carries out each bucket's wire plan (ddp__wire, made at
+     adamw_state, copy, collective, allgather, stats, poison, stop, teardown; its `shards` flag
+     says whether it runs shard_optimizer (ddp_init refuses it by the backend's name otherwise).
+     Each backend fills it by name (ddp__cpu_table and its like, into the context's own copy);
+     an optional slot left NULL (setup, commit, begin_step, allgather, stats, poison, stop) is
+     nothing to do (allgather: the outer exchange broadcasts instead), and the generic caller
+     checks. A backend carries out each bucket's wire plan (ddp__wire, made at
      commit), and reaches the work queue and the watchdog (>>engine) through its hooks. Adding
      a backend is adding a section that fills one and a line in ddp__choose_backend.
      The error rule. ddp__fail records a message (rank first) and returns its code: for errors
@@ -2342,7 +2345,8 @@ enum { DDP__ON_COMMIT, DDP__ON_BACKWARD, DDP__ON_FINISH, DDP__ON_AVERAGED /* a d
 enum { DDP__KIND_BARRIER = 1, DDP__KIND_BROADCAST, DDP__KIND_SUM, DDP__KIND_AVG, DDP__KIND_AVG_BF16,
        DDP__KIND_SHUTDOWN /* a barrier, named so that a peer still training can say why it ended */,
        DDP__KIND_JOIN     /* a sum: which ranks have data this step (uneven inputs, >>join) */,
-       DDP__KIND_GATHER   /* sharded AdamW: the updated parameters, bucket by bucket (>>cpu-grads) */ };
+       DDP__KIND_GATHER   /* sharded AdamW: the updated parameters, bucket by bucket (>>cpu-grads) */,
+       DDP__KIND_OUTER    /* the outer exchange: every rank's encoded fragment to every rank (>>outer) */ };
 
 typedef struct ddp__store_server ddp__store_server;
 
@@ -2444,6 +2448,9 @@ typedef struct ddp__backend {
     /* a copy between a flat buffer (params, grads, m, v: device memory on NCCL) and host memory */
     ddp_result (*copy)(ddp_context *ctx, void *dst, const void *src, size_t bytes, int to_host);
     ddp_result (*collective)(ddp_context *ctx, uint32_t kind, void *data, size_t count, int root);
+    /* optional: every rank's `bytes` at recv + rank * stride to every rank (the outer exchange of
+       groups of one rank, >>outer; NULL: a broadcast from each rank) */
+    ddp_result (*allgather)(ddp_context *ctx, unsigned char *recv, size_t bytes, size_t stride);
     void (*stats)(ddp_context *ctx);                             /* bring ctx->step.last_stats up to date */
     void (*poison)(ddp_context *ctx, ddp_result code);           /* tell the peers; any thread */
     void (*stop)(ddp_context *ctx);                              /* shutdown: no step work in flight */
@@ -5494,6 +5501,7 @@ static const char *ddp__describe_sig(const ddp__shm_sig *sig, char *out, size_t 
     case DDP__KIND_BROADCAST: snprintf(out, cap, "a broadcast of %llu bytes from rank %u", n, sig->root); break;
     case DDP__KIND_SUM: snprintf(out, cap, "an allreduce(sum) of %llu elements", n); break;
     case DDP__KIND_GATHER: snprintf(out, cap, "ddp_adamw_step's all-gather of the updated parameters (shard_optimizer)"); break;
+    case DDP__KIND_OUTER: snprintf(out, cap, "the outer exchange's all-gather of %llu bytes a rank (desc.outer)", n); break;
     case DDP__KIND_JOIN: snprintf(out, cap, "the count of the ranks with data (uneven inputs: a step, or ddp_join; "
                                   "no user collective while a rank has joined)"); break;
     case DDP__KIND_AVG: case DDP__KIND_AVG_BF16:
@@ -7412,6 +7420,34 @@ static void ddp__mpi_teardown(ddp_context *ctx) {
     ddp__host_free(ctx);
 }
 
+/* The outer exchange of groups of one rank (>>outer): one MPI_Allgather among all ranks, which
+   uses both directions of every link at once (a broadcast from each rank in turn would not). The
+   slots are `stride` apart: a derived type whose extent is the stride. */
+static ddp_result ddp__mpi_allgather(ddp_context *ctx, unsigned char *recv, size_t bytes, size_t stride) {
+    ddp__mpi *m = ctx->impl.mpi;
+    MPI_Datatype slot, spaced;
+    ddp_result r;
+    int rc;
+    if (ddp__failed(ctx)) return ddp__failed(ctx);
+    if ((r = ddp__check_cancel(ctx, ctx->what)) != DDP_OK) return r;
+    if (bytes > DDP__MPI_MAX_COUNT || stride > DDP__MPI_MAX_COUNT)
+        return ddp__fail_group(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: %zu bytes a rank is above MPI's count (use more fragments)",
+                               ctx->what, bytes);
+    ddp__mpi_busy(ctx, 1);
+    r = ddp__mpi_check_sigs_on(ctx, m->world, ctx->world, 1, ++m->wseq, DDP__KIND_OUTER, bytes, 0);
+    if (r == DDP_OK) {
+        MPI_Type_contiguous((int)bytes, MPI_BYTE, &slot);
+        MPI_Type_create_resized(slot, 0, (MPI_Aint)stride, &spaced);
+        MPI_Type_commit(&spaced);
+        rc = MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, 1, spaced, m->world);
+        MPI_Type_free(&spaced);
+        MPI_Type_free(&slot);
+        r = ddp__mpi_check(ctx, rc, "MPI_Allgather");
+    }
+    ddp__mpi_busy(ctx, 0);
+    return r;
+}
+
 static void ddp__mpi_table(ddp__backend *t) {
     ddp__host_table(t);
     t->name = "mpi";
@@ -7424,6 +7460,7 @@ static void ddp__mpi_table(ddp__backend *t) {
     t->finish = ddp__mpi_finish;
     t->adamw = ddp__mpi_adamw;
     t->collective = ddp__mpi_collective;
+    t->allgather = ddp__mpi_allgather;
     t->poison = ddp__mpi_poison;
     t->stop = ddp__mpi_stop;
     t->teardown = ddp__mpi_teardown;
@@ -10096,9 +10133,12 @@ static ddp_result ddp__outer_transfer(ddp_context *ctx, int f) {
         w = ddp__now() - t0;
         memcpy(mine, &w, sizeof w);
     }
-    for (g = 0; g < ctx->outer.groups && r == DDP_OK && ctx->outer.groups > 1; g++)
-        r = ctx->outer.bg.collective(ctx, DDP__KIND_BROADCAST, ctx->outer.recv + (size_t)g * slot, DDP__OUTER_HEAD + wire,
-                                     g * ctx->outer.size);
+    if (r == DDP_OK && ctx->outer.groups > 1 && ctx->outer.size == 1 && ctx->be->allgather)   /* every rank a group */
+        r = ctx->be->allgather(ctx, ctx->outer.recv, DDP__OUTER_HEAD + wire, slot);
+    else
+        for (g = 0; g < ctx->outer.groups && r == DDP_OK && ctx->outer.groups > 1; g++)
+            r = ctx->outer.bg.collective(ctx, DDP__KIND_BROADCAST, ctx->outer.recv + (size_t)g * slot, DDP__OUTER_HEAD + wire,
+                                         g * ctx->outer.size);
     if (r != DDP_OK) return r;
     for (g = 0; g < ctx->outer.groups; g++) {
         memcpy(&w, ctx->outer.recv + (size_t)g * slot, sizeof w);

@@ -28,18 +28,22 @@ static const size_t sizes[NP] = { 5000, 17, 2100, 40, 3100, 300 };
 typedef struct config {
     const char *name;
     int bf16, wire_bf16, shard, micro, find_unused, nan, uneven;
+    int outer;                 /* replica groups of one rank: 1 DiLoCo every 2 steps (bf16 wire), 2 streaming every
+                                  4 (int8, 2 fragments, delay 1, mix 0.5: the exchange on its thread) */
 } config;
 
 /* pairs that differ only in shard_optimizer (sharded = unsharded: the hierarchical fp32 check) */
 static const config configs[] = {
-    { "fp32", 0, 0, 0, 2, 1, 1, 0 },
-    { "fp32_shard", 0, 0, 1, 2, 1, 1, 0 },
-    { "bf16", 1, 1, 0, 2, 1, 1, 0 },
-    { "bf16_shard", 1, 1, 1, 2, 1, 1, 0 },
-    { "fp32_bf16wire", 0, 1, 0, 1, 0, 0, 0 },
-    { "bf16_fp32wire_shard", 1, 0, 1, 1, 0, 0, 0 },
-    { "fp32_join", 0, 0, 0, 2, 0, 0, 1 },
-    { "bf16_join", 1, 1, 0, 1, 0, 0, 1 },
+    { "fp32", 0, 0, 0, 2, 1, 1, 0, 0 },
+    { "fp32_shard", 0, 0, 1, 2, 1, 1, 0, 0 },
+    { "bf16", 1, 1, 0, 2, 1, 1, 0, 0 },
+    { "bf16_shard", 1, 1, 1, 2, 1, 1, 0, 0 },
+    { "fp32_bf16wire", 0, 1, 0, 1, 0, 0, 0, 0 },
+    { "bf16_fp32wire_shard", 1, 0, 1, 1, 0, 0, 0, 0 },
+    { "fp32_join", 0, 0, 0, 2, 0, 0, 1, 0 },
+    { "bf16_join", 1, 1, 0, 1, 0, 0, 1, 0 },
+    { "fp32_diloco", 0, 0, 0, 1, 0, 0, 0, 1 },
+    { "bf16_streaming", 1, 1, 0, 1, 0, 0, 0, 2 },
 };
 
 static int rank, world;
@@ -56,6 +60,12 @@ static ddp_result open_model(const config *c, int shard, ddp_context **out, int 
 #ifdef DDP_MPI
     d.backend = DDP_BACKEND_MPI;
 #endif
+    if (c->outer) {
+        d.outer.mode = c->outer == 1 ? DDP_OUTER_DILOCO : DDP_OUTER_STREAMING;
+        d.outer.group_size = 1;
+        d.outer.inner_steps = c->outer == 1 ? 2 : 4;
+        if (c->outer == 2) { d.outer.fragments = 2; d.outer.delay_steps = 1; d.outer.mix = 0.5f; d.outer.wire = DDP_WIRE_INT8; }
+    }
     d.bucket_cap_mb = 0.02;   /* ~5200 floats: several buckets, parts of 1024-float grains on 2-4 ranks */
     d.first_bucket_mb = 0.005;
     d.param_dtype = c->bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
@@ -187,7 +197,7 @@ static void train(const char *dir, const config *c) {
         if ((r = ddp_adamw_step(ddp, &opt, &norm)) != DDP_OK) break;
         mine = root = params_hash(ddp, c);
         if (!c->uneven && (r = ddp_broadcast(ddp, &root, sizeof root, 0)) != DDP_OK) break;   /* joined ranks: no collectives */
-        if (mine != root) differ++;
+        if (mine != root && !c->outer) differ++;   /* replica groups differ between their syncs */
         fprintf(f, " norm %08x params %016llx\n", bits(norm), (unsigned long long)mine);
     }
     if (r == DDP_OK && c->uneven && (r = ddp_join(ddp)) == DDP_OK) {   /* the replicas synced: equal now */
@@ -210,7 +220,7 @@ static void train(const char *dir, const config *c) {
 }
 
 static void load(const char *path, int shard, const char *out_path) {
-    static const config bf16 = { "load", 1, 1, 0, 1, 0, 0, 0 };
+    static const config bf16 = { "load", 1, 1, 0, 1, 0, 0, 0, 0 };
     ddp_context *ddp = NULL;
     ddp_result r;
     int ids[NP], bad = 0;
@@ -268,7 +278,7 @@ static void refusals(void) {
    must name it in ddp_step_stats, the others must have waited most of it, it hardly at all; fp32
    buckets (through the host groups and leaders) and a bf16 wire (among all ranks). */
 static void stragglers(void) {
-    static const config plain = { "fp32", 0, 0, 0, 1, 0, 0, 0 }, wire = { "bf16wire", 0, 1, 0, 1, 0, 0, 0 };
+    static const config plain = { "fp32", 0, 0, 0, 1, 0, 0, 0, 0 }, wire = { "bf16wire", 0, 1, 0, 1, 0, 0, 0, 0 };
     const config *cs[2];
     int n, k, step, ids[NP];
     cs[0] = &plain; cs[1] = &wire;

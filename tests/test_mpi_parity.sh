@@ -28,7 +28,7 @@ trap 'rm -rf "$tmp"' EXIT
 fails=0
 pass() { echo "PASS $1"; }
 fail() { echo "FAIL $1: $2"; fails=$((fails + 1)); }
-CONFIGS="fp32 fp32_shard bf16 bf16_shard fp32_bf16wire bf16_fp32wire_shard fp32_join bf16_join"
+CONFIGS="fp32 fp32_shard bf16 bf16_shard fp32_bf16wire bf16_fp32wire_shard fp32_join bf16_join fp32_diloco bf16_streaming"
 
 # mpirun on this host: N ranks, rank 0's store on a free port; the rest of the arguments are the program's.
 mpi() {
