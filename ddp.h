@@ -7434,7 +7434,7 @@ static ddp_result ddp__mpi_allgather(ddp_context *ctx, unsigned char *recv, size
         return ddp__fail_group(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: %zu bytes a rank is above MPI's count (use more fragments)",
                                ctx->what, bytes);
     ddp__mpi_busy(ctx, 1);
-    r = ddp__mpi_check_sigs_on(ctx, m->world, ctx->world, 1, ++m->wseq, DDP__KIND_OUTER, bytes, 0);
+    r = ddp__mpi_check_sigs_on(ctx, m->world, ctx->world, 0, ++m->wseq, DDP__KIND_OUTER, bytes, 0);   /* member i: rank 0 + i */
     if (r == DDP_OK) {
         MPI_Type_contiguous((int)bytes, MPI_BYTE, &slot);
         MPI_Type_create_resized(slot, 0, (MPI_Aint)stride, &spaced);
