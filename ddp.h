@@ -366,7 +366,12 @@
      every rank names the group that arrived last and what it cost the earliest one.
      Checks: group_size must divide the world, H >= 1, fragments <= H and delay_steps < H /
      fragments (ddp_init), fragments <= the model's blocks of 16 floats (ddp_commit), every rank
-     the same settings (ddp_commit: DDP_ERR_MISMATCH naming both). Backends: CPU and MPI; NCCL
+     the same settings (ddp_commit: DDP_ERR_MISMATCH naming both). Backends: CPU and MPI, groups
+     of any size: a group's buckets are averaged among its ranks only, overlapped with backward as
+     without groups (CPU: through the shared segment, waiting for the group's ranks only; MPI: a
+     communicator per group, each piece's owner adding the group's values in rank order, or a
+     group of one host's ranks through that host's shared memory: the CPU backend's bits either
+     way), while every other collective spans the world; NCCL
      with groups of one rank (each GPU its own replica: its buckets move nothing) or one group,
      the exchange staged through host memory and not overlapped (its collectives are ordered on
      the program's compute stream; tested on tests/fakegpu, not yet on a GPU). Not yet:
@@ -502,8 +507,15 @@
              zero on its owner only (so exact in any order), and each bucket's parts are all-
              gathered once updated (MPI_Allgatherv of the fp32 parameters, or of the bf16 working
              copies): sharded gives unsharded's bits. Checkpoints move between the MPI and CPU
-             backends and world sizes, sharded or not. Tests: tests/test_mpi_parity.sh (one host,
-             flat and hierarchical), tests/test_mpi_hosts.sh (2 hosts x 2 ranks).
+             backends and world sizes, sharded or not. Replica groups of several ranks
+             (OUTER SYNC): every bucket, fp32 too, goes that owner's way among the group's ranks
+             only, through a communicator of the group (MPI_Comm_split): the CPU backend's bits
+             for the same groups, on any hosts; a group that is exactly one host's ranks (the
+             default, one group a host, with a launcher that numbers a host's ranks together)
+             averages through the host's shared memory instead, no MPI, the same bits (DDP_LOG=
+             info says which). The world's collectives stay as above.
+             Tests: tests/test_mpi_parity.sh (one host, flat and hierarchical),
+             tests/test_mpi_hosts.sh (2 hosts x 2 ranks), tests/test_groups.sh (groups).
              Over TCP (Open MPI's btl tcp): where ddp.h initializes MPI it sets the Open MPI
              parameters that mpirun --mca / OMPI_MCA_* left unset: btl_tcp_eager_limit,
              btl_tcp_rndv_eager_limit and btl_tcp_max_send_size 1 MiB, btl_tcp_links 2,
@@ -755,14 +767,17 @@
                     the working copy written in the same pass), bf16 rounding and conversions,
                     the norm's blocks' sums of squares
      >>single       the single backend's table
-     >>cpu          its types (the segment's blocks, ddp__cpu); shared-memory collectives,
+     >>cpu          its types (the segment's blocks, ddp__cpu); shared-memory collectives over
+                    the world or, for a gradient bucket, the team (ddp__span_*: replica groups),
                     liveness, poison; each exchange's arrivals (ddp__cpu_arrivals); >>cpu-grads
                     buckets averaged (or reduce-scattered) in place
                     (bf16 parameters: bf16 gradients, summed in float); sharded AdamW and its
                     all-gather; its one-bucket function for the work queue; the cpu backend's table
      >>mpi          the MPI backend (only with DDP_MPI): host groups on the cpu backend's
                     segment, the leaders' fixed-order sum; bf16 buckets and the sharded optimizer
-                    among all ranks (the CPU backend's rank order); stragglers across hosts
+                    among all ranks (the CPU backend's rank order); with replica groups every
+                    bucket among the team, through its own communicator (a team that is a host's
+                    ranks: through the host's segment); stragglers across hosts
                     through the signature check (ddp__mpi_cross_arrivals, the leaders' relay);
                     the watchdog's hooks (heartbeats, the collective's age, MPI_Abort), its table
      >>nccl         the NCCL backend (only with DDP_CUDA): the communicator's life, the
@@ -2766,6 +2781,17 @@ static int ddp__in_backward(const ddp_context *ctx) { return __atomic_load_n(&ct
    several ranks); the parameters are bf16 working copies of an fp32 master. */
 static int ddp__sharded(const ddp_context *ctx) { return ctx->desc.shard_optimizer && ctx->world > 1; }
 static int ddp__bf16_params(const ddp_context *ctx) { return ctx->desc.param_dtype == DDP_DTYPE_BF16; }
+
+/* The team: the ranks a gradient bucket is averaged among. With replica groups (desc.outer,
+   >>outer) it is this rank's group, ranks [g * S, (g + 1) * S); otherwise every rank. Its
+   members are numbered 0 .. S - 1 in rank order (parts, sums and divisors follow that). Only
+   the buckets are the team's: rank and world stay global (the sampler shards over every rank)
+   and every other collective (broadcasts, user collectives, the outer exchange) spans the world.
+   (outer.size is the world without groups; 0 in a context that never resolved it: the MPI
+   backend's host context.) */
+static int ddp__team_world(const ddp_context *ctx) { return ctx->outer.size > 0 ? ctx->outer.size : ctx->world; }
+static int ddp__team_rank(const ddp_context *ctx) { return ctx->outer.size > 0 ? ctx->outer.index : ctx->rank; }
+static int ddp__team_peer(const ddp_context *ctx, int i) { return ctx->rank - ddp__team_rank(ctx) + i; }   /* member i's rank */
 
 
 /* --------------------------------------------------------------------------------------------
@@ -5235,6 +5261,11 @@ static void ddp__single_table(ddp__backend *t) {
    cache. A slot is rewritten only once every rank has posted OUT for the chunk it held.
    A waiter spins briefly, then sleeps on a futex; while asleep it checks every
    DDP__LIVENESS_PERIOD_S that its peers are alive and that the group is not poisoned.
+   With replica groups (desc.outer) a gradient bucket spans only the team, this rank's group
+   (ddp__span_*): "every rank" above is then every member, in member order, and the divisor is
+   the group's size; everything else spans the world. The counters stay one sequence on every
+   rank (all issue the same collectives in the same order), and a team chunk whose slot a
+   world-wide chunk held last waits for the world's OUT before it rewrites it (world_end).
    -------------------------------------------------------------------------------------------- */
 #define DDP__SHM_MAGIC 0x31504444534d4853ull
 
@@ -5287,6 +5318,10 @@ struct ddp__cpu {
     ddp__workq comm;               /* the communication thread's queue (>>engine) */
     uint32_t out_pending;          /* in place: the peers may still copy from this rank's buffer until
                                       every rank posts STAGE_OUT this far (0: nothing pending) */
+    int team;                      /* the collective in progress is a gradient bucket's: it spans the
+                                      team (ddp__team_*), not the world (ddp__span_*) */
+    uint32_t world_end;            /* shm_seq after the last chunk that spanned the world (a team
+                                      chunk that reuses a slot that chunk held waits for the world) */
     ddp__straggle straggle;        /* this step's last arrivals (ddp__cpu_arrivals) */
 };
 
@@ -5307,6 +5342,15 @@ static unsigned char *ddp__shm_slot(ddp_context *ctx, int r, uint32_t chunk) {
 }
 
 static int ddp__reached(uint32_t value, uint32_t target) { return (int32_t)(value - target) >= 0; }
+
+/* The ranks the collective in progress spans: the world, or for a gradient bucket the team (with
+   replica groups, this rank's group; else the world again). Every rank issues the same
+   collectives in the same order, teams and world alike (the same model, the same buckets), so
+   the stage counters and shm_seq agree on every rank, and a wait looks only at the span's
+   ranks; a member's part of a chunk, its turn in a sum and the divisor follow its place in the
+   span (ddp__span_first + i is member i). */
+static int ddp__span_first(ddp_context *ctx) { return ctx->impl.cpu->team ? ddp__team_peer(ctx, 0) : 0; }
+static int ddp__span_world(ddp_context *ctx) { return ctx->impl.cpu->team ? ddp__team_world(ctx) : ctx->world; }
 
 static void ddp__shm_post(ddp_context *ctx, int stage, uint32_t value) {
     ddp__shm_counter *c = &ddp__shm_block(ctx, ctx->rank)->stage[stage];
@@ -5345,12 +5389,13 @@ static ddp_result ddp__shm_poisoned(ddp_context *ctx) {
                            "stopped in %s because %s", ctx->what, h->failed_msg);
 }
 
-/* Checked while sleeping: the group poisoned by another rank, a dead peer, the deadline. */
-static ddp_result ddp__shm_check_peers(ddp_context *ctx, int stage, uint32_t target, double deadline) {
+/* Checked while sleeping: the group poisoned by another rank, a dead peer among ranks
+   [first, first + n) (the ones waited for), the deadline. */
+static ddp_result ddp__shm_check_peers(ddp_context *ctx, int stage, uint32_t target, double deadline, int first, int n) {
     int s;
     ddp_result r;
     if ((r = ddp__shm_poisoned(ctx)) != DDP_OK) return r;   /* the poison first */
-    for (s = 0; s < ctx->world; s++) {
+    for (s = first; s < first + n; s++) {
         int pid = __atomic_load_n(&ddp__shm_block(ctx, s)->pid, __ATOMIC_ACQUIRE);
         if (!pid && ctx->rdv.peer_pids) pid = ctx->rdv.peer_pids[s];    /* not attached yet */
         /* A peer that posted what this wait needs and then exited is done, not lost: after the
@@ -5376,7 +5421,7 @@ static ddp_result ddp__shm_check_peers(ddp_context *ctx, int stage, uint32_t tar
         char missing[256];
         size_t len = 0;
         missing[0] = 0;
-        for (s = 0; s < ctx->world && len < sizeof missing - 16; s++) {
+        for (s = first; s < first + n && len < sizeof missing - 16; s++) {
             uint32_t v = __atomic_load_n(&ddp__shm_block(ctx, s)->stage[stage].value, __ATOMIC_ACQUIRE);
             if (s != ctx->rank && !ddp__reached(v, target))
                 len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d", len ? ", " : "", s);
@@ -5393,10 +5438,11 @@ static ddp_result ddp__shm_check_peers(ddp_context *ctx, int stage, uint32_t tar
    first rank to run again would time out before its peers got the CPU back. */
 #define DDP__STOPPED_GAP_S 1.0
 
-static ddp_result ddp__shm_wait_all(ddp_context *ctx, int stage, uint32_t target) {
+/* Every rank of [first, first + n) has posted `stage` up to target. */
+static ddp_result ddp__shm_wait_ranks(ddp_context *ctx, int stage, uint32_t target, int first, int n) {
     double deadline = 0, next_check = 0, last_look = 0;
     int s;
-    for (s = 0; s < ctx->world; s++) {
+    for (s = first; s < first + n; s++) {
         ddp__shm_counter *c = &ddp__shm_block(ctx, s)->stage[stage];
         double spin_until = 0;
         int polls = 0;
@@ -5427,7 +5473,7 @@ static ddp_result ddp__shm_wait_all(ddp_context *ctx, int stage, uint32_t target
                     next_check = 0;
             }
             if (ddp__now() >= next_check) {
-                ddp_result r = ddp__shm_check_peers(ctx, stage, target, deadline);
+                ddp_result r = ddp__shm_check_peers(ctx, stage, target, deadline, first, n);
                 if (r != DDP_OK) return r;
                 next_check = ddp__now() + DDP__LIVENESS_PERIOD_S;
             }
@@ -5438,6 +5484,11 @@ static ddp_result ddp__shm_wait_all(ddp_context *ctx, int stage, uint32_t target
         }
     }
     return DDP_OK;
+}
+
+/* Every rank of the span (ddp__span_*) has posted `stage` up to target. */
+static ddp_result ddp__shm_wait_all(ddp_context *ctx, int stage, uint32_t target) {
+    return ddp__shm_wait_ranks(ctx, stage, target, ddp__span_first(ctx), ddp__span_world(ctx));
 }
 
 /* What a rank's posted collective is, in words. */
@@ -5466,8 +5517,8 @@ static const char *ddp__describe_sig(const ddp__shm_sig *sig, char *out, size_t 
 static ddp_result ddp__shm_check_sigs(ddp_context *ctx) {
     const ddp__shm_sig *mine = &ddp__shm_block(ctx, ctx->rank)->sig;
     char a[128], b[128];
-    int s;
-    for (s = 0; s < ctx->world; s++) {
+    int s, first = ddp__span_first(ctx), n = ddp__span_world(ctx);
+    for (s = first; s < first + n; s++) {
         const ddp__shm_sig *o = &ddp__shm_block(ctx, s)->sig;
         if (o->id == mine->id && o->kind == mine->kind && o->count == mine->count && o->root == mine->root &&
             o->bucket == mine->bucket)
@@ -5494,15 +5545,15 @@ static void ddp__part(size_t m, int world, int s, size_t *lo, size_t *hi) {
    first, so the result does not depend on which rank owns the part. */
 static void ddp__reduce_part_bf16(ddp_context *ctx, float *buf, size_t lo, size_t hi, uint32_t chunk) {
     uint16_t *acc = (uint16_t *)(void *)ddp__shm_slot(ctx, ctx->rank, chunk) + lo;
-    float w = (float)ctx->world;
+    int s, first = ddp__span_first(ctx), span = ddp__span_world(ctx);
+    float w = (float)span;
     size_t j, n = hi - lo;
-    int s;
     for (j = 0; j < n; j++) {
         float sum = 0;
-        for (s = 0; s < ctx->world; s++) {
+        for (s = first; s < first + span; s++) {
             float x = s == ctx->rank ? ddp__from_bf16(ddp__to_bf16(buf[lo + j]))
                                      : ddp__from_bf16(((const uint16_t *)(void *)ddp__shm_slot(ctx, s, chunk))[lo + j]);
-            sum = s == 0 ? x : sum + x;
+            sum = s == first ? x : sum + x;
         }
         acc[j] = ddp__to_bf16(sum / w);
         buf[lo + j] = ddp__from_bf16(acc[j]);
@@ -5521,20 +5572,20 @@ static void ddp__reduce_part(ddp_context *ctx, float *buf, size_t lo, size_t hi,
     float *acc = (float *)ddp__shm_slot(ctx, ctx->rank, chunk) + lo;
     const float *src[2];
     size_t j, n = hi - lo;
-    int s;
+    int s, first = ddp__span_first(ctx), span = ddp__span_world(ctx);
     if (!n) return;
-    src[0] = ctx->rank == 0 ? buf + lo : (const float *)ddp__shm_slot(ctx, 0, chunk) + lo;
-    src[1] = ctx->rank == 1 ? buf + lo : (const float *)ddp__shm_slot(ctx, 1, chunk) + lo;
+    src[0] = ctx->rank == first ? buf + lo : (const float *)ddp__shm_slot(ctx, first, chunk) + lo;
+    src[1] = ctx->rank == first + 1 ? buf + lo : (const float *)ddp__shm_slot(ctx, first + 1, chunk) + lo;
     for (j = 0; j < n; j++) acc[j] = src[0][j] + src[1][j];
-    for (s = 2; s < ctx->world; s++) {
+    for (s = first + 2; s < first + span; s++) {
         const float *x = s == ctx->rank ? buf + lo : (const float *)ddp__shm_slot(ctx, s, chunk) + lo;
         for (j = 0; j < n; j++) acc[j] += x[j];
     }
-    if (kind == DDP__KIND_AVG && !(ctx->world & (ctx->world - 1))) {   /* see ddp__div_world */
-        float inv = 1.0f / (float)ctx->world;
+    if (kind == DDP__KIND_AVG && !(span & (span - 1))) {   /* see ddp__div_world */
+        float inv = 1.0f / (float)span;
         for (j = 0; j < n; j++) acc[j] *= inv;
     } else if (kind == DDP__KIND_AVG) {
-        float w = (float)ctx->world;
+        float w = (float)span;
         for (j = 0; j < n; j++) acc[j] /= w;
     }
     memcpy(buf + lo, acc, n * sizeof(float));
@@ -5542,42 +5593,42 @@ static void ddp__reduce_part(ddp_context *ctx, float *buf, size_t lo, size_t hi,
 
 static void ddp__stage_in(ddp_context *ctx, uint32_t kind, unsigned char *buf, size_t m, int root, uint32_t chunk) {
     unsigned char *slot = ddp__shm_slot(ctx, ctx->rank, chunk);
-    int s;
+    int s, first = ddp__span_first(ctx), n = ddp__span_world(ctx);
     if (kind == DDP__KIND_AVG_BF16) {
-        for (s = 0; s < ctx->world; s++) {
+        for (s = 0; s < n; s++) {
             size_t lo, hi, j;
-            ddp__part(m, ctx->world, s, &lo, &hi);
-            if (s == ctx->rank) continue;
+            ddp__part(m, n, s, &lo, &hi);
+            if (first + s == ctx->rank) continue;
             for (j = lo; j < hi; j++) ((uint16_t *)(void *)slot)[j] = ddp__to_bf16(((const float *)(void *)buf)[j]);
         }
     } else if (kind == DDP__KIND_BROADCAST) {
         if (ctx->rank == root) memcpy(slot, buf, m);
     } else if (kind != DDP__KIND_BARRIER) {
-        for (s = 0; s < ctx->world; s++) {
+        for (s = 0; s < n; s++) {
             size_t lo, hi;
-            ddp__part(m, ctx->world, s, &lo, &hi);
-            if (s != ctx->rank && hi > lo) memcpy(slot + lo * 4, buf + lo * 4, (hi - lo) * 4);
+            ddp__part(m, n, s, &lo, &hi);
+            if (first + s != ctx->rank && hi > lo) memcpy(slot + lo * 4, buf + lo * 4, (hi - lo) * 4);
         }
     }
 }
 
 static void ddp__stage_out(ddp_context *ctx, uint32_t kind, unsigned char *buf, size_t m, int root, uint32_t chunk) {
-    int s;
+    int s, first = ddp__span_first(ctx), n = ddp__span_world(ctx);
     if (kind == DDP__KIND_AVG_BF16) {
-        for (s = 0; s < ctx->world; s++) {
-            const uint16_t *sums = (const uint16_t *)(void *)ddp__shm_slot(ctx, s, chunk);
+        for (s = 0; s < n; s++) {
+            const uint16_t *sums = (const uint16_t *)(void *)ddp__shm_slot(ctx, first + s, chunk);
             size_t lo, hi, j;
-            ddp__part(m, ctx->world, s, &lo, &hi);
-            if (s == ctx->rank) continue;
+            ddp__part(m, n, s, &lo, &hi);
+            if (first + s == ctx->rank) continue;
             for (j = lo; j < hi; j++) ((float *)(void *)buf)[j] = ddp__from_bf16(sums[j]);
         }
     } else if (kind == DDP__KIND_BROADCAST) {
         if (ctx->rank != root) memcpy(buf, ddp__shm_slot(ctx, root, chunk), m);
     } else if (kind != DDP__KIND_BARRIER) {
-        for (s = 0; s < ctx->world; s++) {
+        for (s = 0; s < n; s++) {
             size_t lo, hi;
-            ddp__part(m, ctx->world, s, &lo, &hi);
-            if (s != ctx->rank && hi > lo) memcpy(buf + lo * 4, ddp__shm_slot(ctx, s, chunk) + lo * 4, (hi - lo) * 4);
+            ddp__part(m, n, s, &lo, &hi);
+            if (first + s != ctx->rank && hi > lo) memcpy(buf + lo * 4, ddp__shm_slot(ctx, first + s, chunk) + lo * 4, (hi - lo) * 4);
         }
     }
 }
@@ -5592,8 +5643,8 @@ static int ddp__cpu_counts_arrival(ddp_context *ctx, uint32_t kind) {
 
 static void ddp__cpu_arrivals(ddp_context *ctx, double mine) {
     double first = mine, last = mine;
-    int s, last_rank = ctx->rank, bucket = (int)ctx->impl.cpu->sig_bucket - 1;
-    for (s = 0; s < ctx->world; s++) {
+    int s, last_rank = ctx->rank, bucket = (int)ctx->impl.cpu->sig_bucket - 1, first_rank = ddp__span_first(ctx);
+    for (s = first_rank; s < first_rank + ddp__span_world(ctx); s++) {   /* the team's, for a bucket */
         double t = ddp__shm_block(ctx, s)->arrived;
         if (t < first) first = t;
         if (t > last) { last = t; last_rank = s; }
@@ -5632,7 +5683,11 @@ static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *dat
         size_t m = count - done < per_chunk ? count - done : per_chunk;
         size_t lo, hi;
         unsigned char *at = buf ? buf + done * unit : buf;   /* an empty collective may have no buffer */
-        ddp_result r = ddp__shm_wait_all(ctx, DDP__STAGE_OUT, q + 1 - DDP__SLOTS);
+        /* slot q's last chunk, q - DDP__SLOTS, done by every rank that read it: the span's, or
+           the world's where a chunk that spanned the world may have held it */
+        ddp_result r = ddp__reached(ctx->impl.cpu->world_end, q + 1 - DDP__SLOTS)
+                       ? ddp__shm_wait_ranks(ctx, DDP__STAGE_OUT, q + 1 - DDP__SLOTS, 0, ctx->world)
+                       : ddp__shm_wait_all(ctx, DDP__STAGE_OUT, q + 1 - DDP__SLOTS);
         if (r != DDP_OK) return r;
         ddp__stage_in(ctx, kind, at, m, root, q);
         ddp__shm_post(ctx, DDP__STAGE_IN, q + 1);
@@ -5640,7 +5695,7 @@ static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *dat
         if (first && (r = ddp__shm_check_sigs(ctx)) != DDP_OK) return r;
         if (first && arrival) ddp__cpu_arrivals(ctx, started);
         if (reduces) {
-            ddp__part(m, ctx->world, ctx->rank, &lo, &hi);
+            ddp__part(m, ddp__span_world(ctx), ctx->rank - ddp__span_first(ctx), &lo, &hi);
             if (kind == DDP__KIND_AVG_BF16) ddp__reduce_part_bf16(ctx, (float *)(void *)at, lo, hi, q);
             else ddp__reduce_part(ctx, (float *)(void *)at, lo, hi, q, kind);
         }
@@ -5649,6 +5704,7 @@ static ddp_result ddp__shm_collective(ddp_context *ctx, uint32_t kind, void *dat
         ddp__stage_out(ctx, kind, at, m, root, q);
         ddp__shm_post(ctx, DDP__STAGE_OUT, q + 1);
         ctx->impl.cpu->shm_seq = q + 1;
+        if (!ctx->impl.cpu->team) ctx->impl.cpu->world_end = q + 1;
         done += m;
         first = 0;
     } while (done < count);
@@ -5703,33 +5759,41 @@ static void ddp__average_bf16(const ddp_bf16 *x, size_t stride, int world, size_
     }
 }
 
-/* bf16 gradients in the segment: every rank's buffer is 2 * grads_stride bf16 from the last. */
-static void ddp__average_part_in_place_bf16(ddp_context *ctx, size_t offset, size_t lo, size_t hi) {
-    ddp__average_bf16(ddp__rank_grads_bf16(ctx, 0) + offset + lo, 2 * ctx->impl.cpu->grads_stride, ctx->world, hi - lo,
-                      ddp__rank_grads_bf16(ctx, ctx->rank) + offset + lo);
-}
-
-static void ddp__average_part_in_place(ddp_context *ctx, size_t offset, size_t lo, size_t hi) {
-    float *mine = ddp__rank_grads(ctx, ctx->rank) + offset;
-    const float *a = ddp__rank_grads(ctx, 0) + offset, *b = ddp__rank_grads(ctx, 1) + offset;
-    float w = (float)ctx->world;
+/* The fp32 average of `world` (2 or more) ranks' n values, rank s's at x + s * stride: added in
+   rank order, divided by world (ddp__div_world), into out (which may be one rank's own values):
+   the staged path's bits. The CPU backend's in-place buckets and the MPI backend's owners of a
+   part with replica groups (>>mpi) both reduce through it. */
+static void ddp__average_f32(const float *x, size_t stride, int world, size_t n, float *out) {
+    const float *a = x, *b = x + stride;
+    float w = (float)world;
     size_t j;
     int s;
-    if (ctx->flat.grads_bf16) { ddp__average_part_in_place_bf16(ctx, offset, lo, hi); return; }
-    if (ctx->world == 2) {   /* the common case: a loop without an inner one, which the compiler vectorizes */
-        for (j = lo; j < hi; j++) mine[j] = (a[j] + b[j]) * 0.5f;   /* = / 2 (ddp__div_world) */
+    if (world == 2) {   /* the common case: a loop without an inner one, which the compiler vectorizes */
+        for (j = 0; j < n; j++) out[j] = (a[j] + b[j]) * 0.5f;   /* = / 2 (ddp__div_world) */
         return;
     }
-    for (j = lo; j < hi; j += DDP__AVG_BLOCK) {   /* a block at a time, each rank's values in turn: vectorized */
+    for (j = 0; j < n; j += DDP__AVG_BLOCK) {   /* a block at a time, each rank's values in turn: vectorized */
         float sum[DDP__AVG_BLOCK];
-        size_t i, n = hi - j < DDP__AVG_BLOCK ? hi - j : DDP__AVG_BLOCK;
-        for (i = 0; i < n; i++) sum[i] = a[j + i] + b[j + i];
-        for (s = 2; s < ctx->world; s++) {
-            const float *x = ddp__rank_grads(ctx, s) + offset + j;
-            for (i = 0; i < n; i++) sum[i] += x[i];
+        size_t i, m = n - j < DDP__AVG_BLOCK ? n - j : DDP__AVG_BLOCK;
+        for (i = 0; i < m; i++) sum[i] = a[j + i] + b[j + i];
+        for (s = 2; s < world; s++) {
+            const float *y = x + (size_t)s * stride + j;
+            for (i = 0; i < m; i++) sum[i] += y[i];
         }
-        for (i = 0; i < n; i++) mine[j + i] = ddp__div_world(sum[i], w);
+        for (i = 0; i < m; i++) out[j + i] = ddp__div_world(sum[i], w);
     }
+}
+
+/* This rank's part [lo, hi) of the chunk at offset, averaged over the team (ddp__team_*: its
+   members' buffers follow one another in the segment, grads_stride floats apart; bf16
+   gradients: 2 * grads_stride bf16). */
+static void ddp__average_part_in_place(ddp_context *ctx, size_t offset, size_t lo, size_t hi) {
+    int first = ddp__team_peer(ctx, 0), n = ddp__team_world(ctx);
+    if (ctx->flat.grads_bf16)
+        ddp__average_bf16(ddp__rank_grads_bf16(ctx, first) + offset + lo, 2 * ctx->impl.cpu->grads_stride, n, hi - lo,
+                          ddp__rank_grads_bf16(ctx, ctx->rank) + offset + lo);
+    else ddp__average_f32(ddp__rank_grads(ctx, first) + offset + lo, ctx->impl.cpu->grads_stride, n, hi - lo,
+                          ddp__rank_grads(ctx, ctx->rank) + offset + lo);
 }
 
 /* A bucket averaged in place: an allreduce, or with bucket >= 0 (sharded) a reduce-scatter into
@@ -5770,18 +5834,19 @@ static ddp_result ddp__shm_bucket_in_place(ddp_context *ctx, size_t offset, size
     for (k = 0; k <= chunks; k++) {   /* average chunk k, then copy out chunk k - 1 */
         if (k < chunks) {
             size_t c0 = (size_t)k * per, m = count - c0 < per ? count - c0 : per;
-            ddp__part(m, ctx->world, ctx->rank, &lo, &hi);
+            ddp__part(m, ddp__team_world(ctx), ddp__team_rank(ctx), &lo, &hi);
             ddp__average_part_in_place(ctx, offset + c0, lo, hi);
             ddp__shm_post(ctx, DDP__STAGE_RED, q + 1 + k);
         }
         if (k > 0) {
             size_t c0 = (size_t)(k - 1) * per, m = count - c0 < per ? count - c0 : per;
             if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_RED, q + k)) != DDP_OK) return r;
-            for (s = 0; s < ctx->world; s++) {
-                if (s == ctx->rank) continue;
-                ddp__part(m, ctx->world, s, &lo, &hi);
+            for (s = 0; s < ddp__team_world(ctx); s++) {   /* the team's other members' parts */
+                if (s == ddp__team_rank(ctx)) continue;
+                ddp__part(m, ddp__team_world(ctx), s, &lo, &hi);
                 if (hi > lo) memcpy((unsigned char *)ddp__rank_grads(ctx, ctx->rank) + (offset + c0 + lo) * es,
-                                    (unsigned char *)ddp__rank_grads(ctx, s) + (offset + c0 + lo) * es, (hi - lo) * es);
+                                    (unsigned char *)ddp__rank_grads(ctx, ddp__team_peer(ctx, s)) + (offset + c0 + lo) * es,
+                                    (hi - lo) * es);
             }
         }
     }
@@ -6120,11 +6185,17 @@ static ddp_result ddp__cpu_run_bucket(ddp_context *ctx, int index) {
     const ddp__bucket *b = &ctx->model.buckets[index];
     const ddp__wire *w = &b->wire;
     ddp_result r;
+    /* Replica groups: a team's waits never look at the other groups, so a group whose peer group
+       failed (a rank died, say) would train on until the next world-wide collective, possibly
+       H steps away; the poison is looked at before each bucket instead. */
+    if (ddp__team_world(ctx) < ctx->world && (r = ddp__shm_poisoned(ctx)) != DDP_OK) return r;
     c->sig_bucket = (uint32_t)index + 1;
+    c->team = 1;   /* averaged among the team (replica groups: this rank's group), not the world */
     r = w->in_place ? ddp__shm_bucket_in_place(ctx, b->offset, b->count, w->scatter ? index : -1)
         : w->grads == DDP_DTYPE_BF16 ? ddp__shm_bucket_staged_bf16(ctx, b->offset, b->count)
         : ddp__shm_collective(ctx, w->dtype == DDP_DTYPE_BF16 ? DDP__KIND_AVG_BF16 : DDP__KIND_AVG,
                               ctx->flat.grads + b->offset, b->count, 0);
+    c->team = 0;
     c->sig_bucket = 0;
     return r;
 }
@@ -6196,9 +6267,11 @@ static ddp_result ddp__cpu_finish(ddp_context *ctx, double t_wait) {
     ddp__straggle_fold(&c->straggle, &ctx->step.stats);
     out = c->out_pending;   /* the last turn wrote it before it counted its bucket done */
     c->out_pending = 0;
-    if (r == DDP_OK && out) {   /* every peer has copied its parts of the last bucket from this rank's buffer */
+    if (r == DDP_OK && out) {   /* every peer of the team has copied its parts of the last bucket from this rank's buffer */
         ctx->what = "the end of the gradient buckets' allreduce (the peers' last copies)";
+        c->team = 1;
         r = ddp__shm_wait_all(ctx, DDP__STAGE_OUT, out);
+        c->team = 0;
     }
     __atomic_store_n(&c->host_waiting, 0, __ATOMIC_RELEASE);
     ddp__nocancel_end(cancel_state);
@@ -6292,6 +6365,8 @@ static void ddp__cpu_table(ddp__backend *t) {
 struct ddp__mpi {
     int flat, leader, nodes, node;
     MPI_Comm world, local, leaders;       /* MPI_COMM_NULL where this rank has none */
+    MPI_Comm team;                        /* the team's (ddp__team_*), split from world: with replica
+                                             groups this rank's group, else every rank */
     int *rank_node, *rank_local;          /* world entries */
     char (*hosts)[64];                    /* each rank's host name */
     ddp_context *host;                    /* this host's ranks through shared memory; NULL: alone */
@@ -6303,6 +6378,10 @@ struct ddp__mpi {
     int *wcounts, *wdispls, *wrcounts, *wrdispls;   /* world entries each */
     ddp_bf16 *wire, *rounded;             /* this rank's piece from every rank; fp32 gradients rounded */
     size_t wire_count;
+    float *wire_f32;                      /* replica groups, fp32 buckets: this rank's piece from every
+                                             member (team_host, bf16 gradients: one bucket widened) */
+    int team_host;                        /* the team is this host's ranks: buckets through its segment */
+    size_t wire_f32_count;
     uint64_t wseq;                        /* their collectives issued: the same on every rank */
     ddp__workq comm;                      /* the communication thread's queue (>>engine) */
     pthread_mutex_t lock;                 /* the watch fields */
@@ -6448,9 +6527,9 @@ static void ddp__mpi_arrivals(ddp_context *ctx, double relay_end) {
 }
 
 /* Every member of `comm` in the same collective (what, how much, from where), else a named
-   mismatch on every member: the n members are the leaders (member i is host i), or with
-   by_rank every rank; seq counts the collectives on comm. */
-static ddp_result ddp__mpi_check_sigs_on(ddp_context *ctx, MPI_Comm comm, int n, int by_rank, uint64_t seq, uint32_t kind,
+   mismatch on every member: the n members are the leaders (member i is host i; first < 0), or
+   ranks (member i is rank first + i: every rank, or the team); seq counts the collectives on comm. */
+static ddp_result ddp__mpi_check_sigs_on(ddp_context *ctx, MPI_Comm comm, int n, int first, uint64_t seq, uint32_t kind,
                                          size_t count, int root) {
     ddp__mpi *m = ctx->impl.mpi;
     uint64_t mine[7], *all;
@@ -6469,11 +6548,11 @@ static ddp_result ddp__mpi_check_sigs_on(ddp_context *ctx, MPI_Comm comm, int n,
     rc = MPI_Allgather(mine, 7, MPI_UINT64_T, all, 7, MPI_UINT64_T, comm);
     m->sig_exit[zero] = ddp__now();
     if (rc != MPI_SUCCESS) { DDP_FREE(all); return ddp__mpi_check(ctx, rc, "MPI_Allgather"); }
-    if (m->straggle_counted) ddp__mpi_cross_arrivals(ctx, all, n, zero ? ctx->rank : m->node, at);
+    if (m->straggle_counted) ddp__mpi_cross_arrivals(ctx, all, n, zero ? ctx->rank - first : m->node, at);
     for (i = 0; i < n; i++) {
         const uint64_t *o = all + 7 * i;
         if (o[1] != mine[1] || o[2] != mine[2] || o[3] != mine[3] || o[0] != mine[0]) {
-            int s, other = by_rank ? i : -1;
+            int s, by_rank = first >= 0, other = by_rank ? first + i : -1;
             char a[128], b[128];
             ddp__shm_sig sa, sb;
             for (s = 0; s < ctx->world && other < 0; s++) if (m->rank_node[s] == i) other = s;
@@ -6497,7 +6576,7 @@ static ddp_result ddp__mpi_check_sigs_on(ddp_context *ctx, MPI_Comm comm, int n,
 /* Leaders: every leader in the same collective. */
 static ddp_result ddp__mpi_check_sigs(ddp_context *ctx, uint32_t kind, size_t count, int root) {
     ddp__mpi *m = ctx->impl.mpi;
-    return ddp__mpi_check_sigs_on(ctx, m->leaders, m->nodes, 0, ++m->seq, kind, count, root);
+    return ddp__mpi_check_sigs_on(ctx, m->leaders, m->nodes, -1, ++m->seq, kind, count, root);
 }
 
 /* Leaders: buf = the sum over hosts, in host order, divided by `divide` when > 0. */
@@ -6607,10 +6686,14 @@ static ddp_result ddp__mpi_collective_timed(ddp_context *ctx, uint32_t kind, voi
    in another order, so each piece of a bucket has an owner, every rank's values of it travel to
    the owner (MPI_Alltoallv, 2 bytes an element), which averages them with the CPU backend's
    ddp__average_bf16, and MPI_Allgatherv brings the pieces back (sharded bf16 gradients: the
-   pieces are the ranks' parts and stay where they are, a reduce-scatter). The sharded optimizer:
+   pieces are the ranks' parts and stay where they are, a reduce-scatter). With replica groups
+   (desc.outer) every bucket, fp32 too (ddp__average_f32), goes this way among the team only,
+   through its communicator (m->team; the pieces, owners and order are the team's members'):
+   the CPU backend's bits for the same groups. The sharded optimizer:
    the norm's blocks (each non-zero on its owner only, so MPI_Allreduce's sum adds zeros to it:
    exact in any order) and the all-gather of each bucket's updated parts (MPI_Allgatherv). */
 static int ddp__mpi_bf16_wire(const ddp_context *ctx) { return ctx->flat.grads_bf16 || ctx->desc.reduce_dtype == DDP_DTYPE_BF16; }
+static int ddp__mpi_teams(const ddp_context *ctx) { return ddp__team_world(ctx) < ctx->world; }   /* replica groups of several ranks */
 
 /* Elements of a bucket per exchange: MPI counts and displacements are ints, and an owner
    receives world pieces of up to this many. */
@@ -6619,12 +6702,13 @@ static size_t ddp__mpi_window(const ddp_context *ctx) {
     return w ? w : DDP__SHARD_GRAIN;
 }
 
-/* Rank s's piece [lo, hi) of the window [c0, c1) of bucket b (counted from the bucket's start):
-   with by_shard its part (ddp__shard_range) within the window, else ddp__part of the window. */
+/* Team member s's piece [lo, hi) of the window [c0, c1) of bucket b (counted from the bucket's
+   start): with by_shard its part (ddp__shard_range; sharded, the team is the world) within the
+   window, else ddp__part of the window. */
 static void ddp__mpi_piece(ddp_context *ctx, int b, int by_shard, size_t c0, size_t c1, int s, size_t *lo, size_t *hi) {
     size_t off = ctx->model.buckets[b].offset;
     if (!by_shard) {
-        ddp__part(c1 - c0, ctx->world, s, lo, hi);
+        ddp__part(c1 - c0, ddp__team_world(ctx), s, lo, hi);
         *lo += c0; *hi += c0;
         return;
     }
@@ -6633,46 +6717,73 @@ static void ddp__mpi_piece(ddp_context *ctx, int b, int by_shard, size_t c0, siz
     *hi = *hi - off < *lo ? *lo : *hi - off > c1 ? c1 : *hi - off;
 }
 
-/* Every rank's piece of the window as MPI counts and displacements from c0; this rank's piece
-   starts at *mine and is the count returned. */
+/* Every team member's piece of the window as MPI counts and displacements from c0; this rank's
+   piece starts at *mine and is the count returned. */
 static size_t ddp__mpi_pieces(ddp_context *ctx, int b, int by_shard, size_t c0, size_t c1, size_t *mine) {
     ddp__mpi *m = ctx->impl.mpi;
     size_t lo, hi, k = 0;
     int s;
     *mine = c0;
-    for (s = 0; s < ctx->world; s++) {
+    for (s = 0; s < ddp__team_world(ctx); s++) {
         ddp__mpi_piece(ctx, b, by_shard, c0, c1, s, &lo, &hi);
         m->wcounts[s] = (int)(hi - lo);
         m->wdispls[s] = (int)(lo - c0);
-        if (s == ctx->rank) { *mine = lo; k = hi - lo; }
+        if (s == ddp__team_rank(ctx)) { *mine = lo; k = hi - lo; }
     }
     return k;
 }
 
-/* The window [c0, c1) of a bucket's bf16 values g: every rank's values of this rank's piece
-   arrive side by side, and their average replaces this rank's piece. */
-static ddp_result ddp__mpi_average_window(ddp_context *ctx, ddp_bf16 *g, int b, int by_shard, size_t c0, size_t c1) {
+/* The window [c0, c1) of a bucket's values g (bf16, or with f32 floats): every team member's
+   values of this rank's piece arrive side by side, and their average replaces this rank's piece. */
+static ddp_result ddp__mpi_average_window(ddp_context *ctx, void *g, int f32, int b, int by_shard, size_t c0, size_t c1) {
     ddp__mpi *m = ctx->impl.mpi;
-    size_t lo, k = ddp__mpi_pieces(ctx, b, by_shard, c0, c1, &lo);
-    int s, rc;
-    if (m->wire_count < k * (size_t)ctx->world || !m->wire) {
+    size_t lo, k = ddp__mpi_pieces(ctx, b, by_shard, c0, c1, &lo), need;
+    int s, rc, n = ddp__team_world(ctx);
+    need = k * (size_t)n;
+    if (f32 && (m->wire_f32_count < need || !m->wire_f32)) {
+        ddp__free_floats(m->wire_f32);
+        m->wire_f32_count = need;
+        if (!(m->wire_f32 = ddp__alloc_floats(need ? need : 1)))
+            return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %zu gradients", need);
+    } else if (!f32 && (m->wire_count < need || !m->wire)) {
         ddp__free_floats((float *)(void *)m->wire);
-        m->wire_count = k * (size_t)ctx->world;
+        m->wire_count = need;
         if (!(m->wire = (ddp_bf16 *)(void *)ddp__alloc_floats(m->wire_count / 2 + 1)))
             return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %zu bf16 gradients", m->wire_count);
     }
-    for (s = 0; s < ctx->world; s++) { m->wrcounts[s] = (int)k; m->wrdispls[s] = (int)k * s; }
-    rc = MPI_Alltoallv(g + c0, m->wcounts, m->wdispls, MPI_UINT16_T, m->wire, m->wrcounts, m->wrdispls, MPI_UINT16_T, m->world);
+    for (s = 0; s < n; s++) { m->wrcounts[s] = (int)k; m->wrdispls[s] = (int)k * s; }
+    if (f32) {
+        rc = MPI_Alltoallv((float *)g + c0, m->wcounts, m->wdispls, MPI_FLOAT, m->wire_f32, m->wrcounts, m->wrdispls,
+                           MPI_FLOAT, m->team);
+        if (rc != MPI_SUCCESS) return ddp__mpi_check(ctx, rc, "MPI_Alltoallv");
+        if (k) ddp__average_f32(m->wire_f32, k, n, k, (float *)g + lo);
+        return DDP_OK;
+    }
+    rc = MPI_Alltoallv((ddp_bf16 *)g + c0, m->wcounts, m->wdispls, MPI_UINT16_T, m->wire, m->wrcounts, m->wrdispls,
+                       MPI_UINT16_T, m->team);
     if (rc != MPI_SUCCESS) return ddp__mpi_check(ctx, rc, "MPI_Alltoallv");
-    if (k) ddp__average_bf16(m->wire, k, ctx->world, k, g + lo);
+    if (k) ddp__average_bf16(m->wire, k, n, k, (ddp_bf16 *)g + lo);
     return DDP_OK;
 }
 
-/* Every rank's piece of the window (ddp__mpi_pieces said which) to every rank, in place. */
-static ddp_result ddp__mpi_gather_window(ddp_context *ctx, void *window, MPI_Datatype type) {
+/* Every member's piece of the window (ddp__mpi_pieces said which) to every member of comm, in place. */
+static ddp_result ddp__mpi_gather_window(ddp_context *ctx, void *window, MPI_Datatype type, MPI_Comm comm) {
     ddp__mpi *m = ctx->impl.mpi;
-    int rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, window, m->wcounts, m->wdispls, type, m->world);
+    int rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, window, m->wcounts, m->wdispls, type, comm);
     return ddp__mpi_check(ctx, rc, "MPI_Allgatherv");
+}
+
+/* A bucket's signature check among the team (every team member in the same exchange), which
+   also says who arrived last (stragglers: every member counted, no host part). */
+static ddp_result ddp__mpi_team_sigs(ddp_context *ctx, uint32_t kind, size_t count, int b) {
+    ddp__mpi *m = ctx->impl.mpi;
+    ddp_result r;
+    m->straggle_counted = 1;
+    m->host_at = ddp__now(); m->host_wait = m->host_spread = 0; m->host_last = ctx->rank;
+    r = ddp__mpi_check_sigs_on(ctx, m->team, ddp__team_world(ctx), ddp__team_peer(ctx, 0), ++m->wseq, kind, count, b);
+    if (r == DDP_OK) ddp__mpi_arrivals(ctx, 0);
+    m->straggle_counted = 0;
+    return r;
 }
 
 /* A bucket of bf16 gradients averaged with the CPU backend's bits (fp32 gradients with
@@ -6685,18 +6796,31 @@ static ddp_result ddp__mpi_bucket_bf16(ddp_context *ctx, int b) {
     ddp_bf16 *g = ctx->flat.grads_bf16 ? ctx->flat.grads_bf16 + k->offset : m->rounded;
     ddp_result r;
     if (!ctx->flat.grads_bf16) for (j = 0; j < k->count; j++) g[j] = ddp__to_bf16(ctx->flat.grads[k->offset + j]);
-    m->straggle_counted = 1;   /* every rank a member: no host part */
-    m->host_at = ddp__now(); m->host_wait = m->host_spread = 0; m->host_last = ctx->rank;
-    r = ddp__mpi_check_sigs_on(ctx, m->world, ctx->world, 1, ++m->wseq, DDP__KIND_AVG_BF16, k->count, b);
-    if (r == DDP_OK) ddp__mpi_arrivals(ctx, 0);
-    m->straggle_counted = 0;
-    if (r != DDP_OK) return r;
+    if ((r = ddp__mpi_team_sigs(ctx, DDP__KIND_AVG_BF16, k->count, b)) != DDP_OK) return r;
     for (c0 = 0; c0 < k->count; c0 = c1) {
         c1 = k->count - c0 < win ? k->count : c0 + win;
-        if ((r = ddp__mpi_average_window(ctx, g, b, scatter, c0, c1)) != DDP_OK) return r;
-        if (!scatter && (r = ddp__mpi_gather_window(ctx, g + c0, MPI_UINT16_T)) != DDP_OK) return r;
+        if ((r = ddp__mpi_average_window(ctx, g, 0, b, scatter, c0, c1)) != DDP_OK) return r;
+        if (!scatter && (r = ddp__mpi_gather_window(ctx, g + c0, MPI_UINT16_T, m->team)) != DDP_OK) return r;
     }
     if (!ctx->flat.grads_bf16) for (j = 0; j < k->count; j++) ctx->flat.grads[k->offset + j] = ddp__from_bf16(g[j]);
+    return DDP_OK;
+}
+
+/* Replica groups: a bucket of fp32 gradients averaged among the team, the CPU backend's bits
+   (its members' values added in team order: ddp__average_f32). Without groups fp32 buckets go
+   through the host groups and leaders (ddp__mpi_collective_run) instead. */
+static ddp_result ddp__mpi_bucket_f32(ddp_context *ctx, int b) {
+    ddp__mpi *m = ctx->impl.mpi;
+    const ddp__bucket *k = &ctx->model.buckets[b];
+    size_t win = ddp__mpi_window(ctx), c0, c1;
+    float *g = ctx->flat.grads + k->offset;
+    ddp_result r;
+    if ((r = ddp__mpi_team_sigs(ctx, DDP__KIND_AVG, k->count, b)) != DDP_OK) return r;
+    for (c0 = 0; c0 < k->count; c0 = c1) {
+        c1 = k->count - c0 < win ? k->count : c0 + win;
+        if ((r = ddp__mpi_average_window(ctx, g, 1, b, 0, c0, c1)) != DDP_OK) return r;
+        if ((r = ddp__mpi_gather_window(ctx, g + c0, MPI_FLOAT, m->team)) != DDP_OK) return r;
+    }
     return DDP_OK;
 }
 
@@ -6709,7 +6833,7 @@ static ddp_result ddp__mpi_norm_exchange(ddp_context *ctx, int unused) {
     (void)unused;
     memset(ctx->shard.norm_sums, 0, ctx->shard.norm_blocks * sizeof(double));
     ddp__norm_blocks(ctx, ctx->shard.norm_sums);
-    if ((r = ddp__mpi_check_sigs_on(ctx, m->world, ctx->world, 1, ++m->wseq, DDP__KIND_SUM, ctx->shard.norm_blocks, 0)) != DDP_OK) return r;
+    if ((r = ddp__mpi_check_sigs_on(ctx, m->world, ctx->world, 0, ++m->wseq, DDP__KIND_SUM, ctx->shard.norm_blocks, 0)) != DDP_OK) return r;
     for (done = 0; done < ctx->shard.norm_blocks; done += n) {
         n = ctx->shard.norm_blocks - done < DDP__MPI_MAX_COUNT ? ctx->shard.norm_blocks - done : DDP__MPI_MAX_COUNT;
         rc = MPI_Allreduce(MPI_IN_PLACE, ctx->shard.norm_sums + done, (int)n, MPI_DOUBLE, MPI_SUM, m->world);
@@ -6725,12 +6849,13 @@ static ddp_result ddp__mpi_gather_params(ddp_context *ctx, int b) {
     size_t win = ddp__mpi_window(ctx), es = ctx->flat.params_bf16 ? sizeof(ddp_bf16) : sizeof(float), c0, c1, lo;
     unsigned char *base = ctx->flat.params_bf16 ? (unsigned char *)(ctx->flat.params_bf16 + k->offset) : (unsigned char *)(ctx->flat.params + k->offset);
     ddp_result r;
-    if (b == 0 && (r = ddp__mpi_check_sigs_on(ctx, m->world, ctx->world, 1, ++m->wseq, DDP__KIND_GATHER, ctx->flat.count, 0)) != DDP_OK)
+    if (b == 0 && (r = ddp__mpi_check_sigs_on(ctx, m->world, ctx->world, 0, ++m->wseq, DDP__KIND_GATHER, ctx->flat.count, 0)) != DDP_OK)
         return r;
     for (c0 = 0; c0 < k->count; c0 = c1) {
         c1 = k->count - c0 < win ? k->count : c0 + win;
         ddp__mpi_pieces(ctx, b, 1, c0, c1, &lo);
-        if ((r = ddp__mpi_gather_window(ctx, base + c0 * es, ctx->flat.params_bf16 ? MPI_UINT16_T : MPI_FLOAT)) != DDP_OK) return r;
+        if ((r = ddp__mpi_gather_window(ctx, base + c0 * es, ctx->flat.params_bf16 ? MPI_UINT16_T : MPI_FLOAT, m->world)) != DDP_OK)
+            return r;
     }
     return DDP_OK;
 }
@@ -6746,20 +6871,66 @@ static ddp_result ddp__mpi_watched(ddp_context *ctx, ddp_result (*run)(ddp_conte
     return r;
 }
 
+/* Replica groups where a group is exactly this host's ranks, in local rank order (the default:
+   group_size = local_world_size, with a launcher that numbers a host's ranks together): its
+   buckets are averaged through the host's segment (ddp__mpi_host: the CPU backend's staging
+   slots, no MPI), the same bits as through the team's communicator (members added in order,
+   divided by the group's size; bf16 gradients widened and rounded once, as the CPU backend's
+   staged path). Every member decides alike (the layout tables are every rank's). */
+static int ddp__mpi_team_is_host(ddp_context *ctx) {
+    ddp__mpi *m = ctx->impl.mpi;
+    int i, first = ddp__team_peer(ctx, 0), n = ddp__team_world(ctx);
+    if (!m->host || m->host->world != n) return 0;
+    for (i = 0; i < n; i++)
+        if (m->rank_node[first + i] != m->node || m->rank_local[first + i] != i) return 0;
+    return 1;
+}
+
+static ddp_result ddp__mpi_bucket_host(ddp_context *ctx, int b) {
+    ddp__mpi *m = ctx->impl.mpi;
+    const ddp__bucket *k = &ctx->model.buckets[b];
+    ddp_bf16 *g = ctx->flat.grads_bf16 ? ctx->flat.grads_bf16 + k->offset : NULL;
+    size_t j;
+    ddp_result r;
+    if (g && (m->wire_f32_count < k->count || !m->wire_f32)) {   /* one bucket's floats, kept */
+        ddp__free_floats(m->wire_f32);
+        m->wire_f32_count = k->count;
+        if (!(m->wire_f32 = ddp__alloc_floats(k->count ? k->count : 1)))
+            return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for one bucket's %zu floats", k->count);
+    }
+    m->straggle_counted = 1;   /* the host's arrivals are the group's */
+    m->host_at = ddp__now();
+    if (g) {
+        for (j = 0; j < k->count; j++) m->wire_f32[j] = ddp__from_bf16(g[j]);
+        r = ddp__mpi_host(ctx, DDP__KIND_AVG, m->wire_f32, k->count, 0);
+        if (r == DDP_OK) for (j = 0; j < k->count; j++) g[j] = ddp__to_bf16(m->wire_f32[j]);
+    } else r = ddp__mpi_host(ctx, k->wire.dtype == DDP_DTYPE_BF16 ? DDP__KIND_AVG_BF16 : DDP__KIND_AVG,
+                             ctx->flat.grads + k->offset, k->count, 0);
+    if (r == DDP_OK) {
+        ddp__mpi_host_arrivals(ctx);
+        ddp__mpi_arrivals(ctx, 0);
+    }
+    m->straggle_counted = 0;
+    return r;
+}
+
 /* The communication thread's work for bucket b (ddp__workq_turn): fp32 gradients through the host groups and
    leaders (ddp__mpi_collective_run; sharded too, averaged whole: the bits of unsharded), bf16
-   ones among all ranks. */
+   ones among all ranks; with replica groups both among the team (ddp__mpi_bucket_f32), through
+   the host's segment where the team is the host's ranks (ddp__mpi_bucket_host). */
 static ddp_result ddp__mpi_bucket(ddp_context *ctx, int b) {
     const ddp__bucket *k = &ctx->model.buckets[b];
     double started = ddp__now();
+    int f32 = k->wire.grads == DDP_DTYPE_FP32 && k->wire.dtype == DDP_DTYPE_FP32;   /* the plan: fp32 all the way */
     ddp_result r;
     ctx->impl.mpi->straggle_bucket = b + 1;   /* the exchange notes its arrivals (ddp__mpi_arrivals) */
-    if (k->wire.grads == DDP_DTYPE_FP32 && k->wire.dtype == DDP_DTYPE_FP32) {   /* the plan: fp32 all the way */
+    if (f32 && !ddp__mpi_teams(ctx)) {
         r = ddp__mpi_collective_timed(ctx, DDP__KIND_AVG, ctx->flat.grads + k->offset, k->count, 0);
         ctx->impl.mpi->straggle_bucket = 0;
         return r;
     }
-    r = ddp__mpi_watched(ctx, ddp__mpi_bucket_bf16, b);
+    r = ddp__mpi_watched(ctx, ddp__mpi_teams(ctx) && ctx->impl.mpi->team_host ? ddp__mpi_bucket_host
+                              : f32 ? ddp__mpi_bucket_f32 : ddp__mpi_bucket_bf16, b);
     ctx->impl.mpi->straggle_bucket = 0;
     if (r == DDP_OK && (ctx->desc.inject_comm_latency_ms > 0 || ctx->desc.inject_comm_gbps > 0))
         ddp__inject_comm_delay(ctx, k->wire.bytes, started);
@@ -7076,6 +7247,15 @@ static ddp_result ddp__mpi_layout(ddp_context *ctx) {
     m->flat = flat && strcmp(flat, "0") && *flat;
     if ((rc = MPI_Comm_dup(MPI_COMM_WORLD, &m->world)) != MPI_SUCCESS) return ddp__mpi_check(ctx, rc, "MPI_Comm_dup");
     MPI_Comm_set_errhandler(m->world, MPI_ERRORS_RETURN);
+    /* the team's own communicator, members in rank order (without replica groups: every rank).
+       Every rank splits, whatever its settings: ranks that disagree on them are told at commit
+       (the layout check), not left in a collective only some of them call. */
+    ctx->what = "the split of the replica groups' communicators";
+    if ((rc = MPI_Comm_split(m->world, ctx->outer.group, ctx->rank, &m->team)) != MPI_SUCCESS) {
+        m->team = MPI_COMM_NULL;
+        return ddp__mpi_check(ctx, rc, "MPI_Comm_split");
+    }
+    MPI_Comm_set_errhandler(m->team, MPI_ERRORS_RETURN);
     m->hosts = (char (*)[64])ddp__calloc(64 * (size_t)ctx->world);
     m->rank_node = (int *)ddp__calloc(sizeof(int) * (size_t)ctx->world);
     m->rank_local = (int *)ddp__calloc(sizeof(int) * (size_t)ctx->world);
@@ -7124,7 +7304,7 @@ static ddp_result ddp__mpi_setup(ddp_context *ctx, double deadline) {
     ddp__mpi *m;
     ddp_result r;
     if (!(m = ctx->impl.mpi = (ddp__mpi *)ddp__calloc(sizeof *m))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
-    m->world = m->local = m->leaders = MPI_COMM_NULL;
+    m->world = m->local = m->leaders = m->team = MPI_COMM_NULL;
     ddp__workq_init(&m->comm, ctx, ddp__mpi_bucket);
     pthread_mutex_init(&m->lock, NULL);
     ddp__watchdog_init(&m->wd, ctx, &m->lock);
@@ -7150,6 +7330,12 @@ static ddp_result ddp__mpi_commit(ddp_context *ctx) {
     if ((r = ddp__mpi_collective_timed(ctx, DDP__KIND_BROADCAST, ctx->flat.params, ctx->flat.count * sizeof(float), 0)) != DDP_OK)
         return r;
     if ((r = ddp__mpi_ranks_alloc(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
+    if (ddp__mpi_teams(ctx) && ctx->outer.size > 1) {
+        ctx->impl.mpi->team_host = ddp__mpi_team_is_host(ctx);
+        ddp__log(ctx, DDP_LOG_INFO, "replica group %d (ranks %d..%d): its buckets through %s", ctx->outer.group,
+                 ddp__team_peer(ctx, 0), ddp__team_peer(ctx, ctx->outer.size - 1),
+                 ctx->impl.mpi->team_host ? "the host's shared memory (the group is the host's ranks)" : "its MPI communicator");
+    }
     if ((r = ddp__workq_start(&ctx->impl.mpi->comm)) != DDP_OK) return ddp__fatal(ctx, r);
     return DDP_OK;
 }
@@ -7210,12 +7396,14 @@ static void ddp__mpi_teardown(ddp_context *ctx) {
         }
         if (ddp__failed(ctx)) __atomic_store_n(&ddp__mpi_dirty, 1, __ATOMIC_RELEASE);   /* MPI_Finalize would wait for the lost */
         else {
+            if (m->team != MPI_COMM_NULL) MPI_Comm_free(&m->team);
             if (m->leaders != MPI_COMM_NULL) MPI_Comm_free(&m->leaders);
             if (m->local != MPI_COMM_NULL) MPI_Comm_free(&m->local);
             if (m->world != MPI_COMM_NULL) MPI_Comm_free(&m->world);
         }
         ddp__free_floats(m->scratch);
         ddp__free_floats((float *)(void *)m->wire);
+        ddp__free_floats(m->wire_f32);
         ddp__free_floats((float *)(void *)m->rounded);
         DDP_FREE(m->wcounts);
         DDP_FREE(m->counts);
@@ -7246,7 +7434,7 @@ static ddp_result ddp__mpi_allgather(ddp_context *ctx, unsigned char *recv, size
         return ddp__fail_group(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: %zu bytes a rank is above MPI's count (use more fragments)",
                                ctx->what, bytes);
     ddp__mpi_busy(ctx, 1);
-    r = ddp__mpi_check_sigs_on(ctx, m->world, ctx->world, 1, ++m->wseq, DDP__KIND_OUTER, bytes, 0);
+    r = ddp__mpi_check_sigs_on(ctx, m->world, ctx->world, 0, ++m->wseq, DDP__KIND_OUTER, bytes, 0);   /* member i: rank 0 + i */
     if (r == DDP_OK) {
         MPI_Type_contiguous((int)bytes, MPI_BYTE, &slot);
         MPI_Type_create_resized(slot, 0, (MPI_Aint)stride, &spaced);
@@ -10058,16 +10246,19 @@ static void ddp__outer_stop(ddp_context *ctx) {
     }
     if (ctx->outer.bg.stop_backend) ctx->outer.bg.stop_backend(ctx);
 }
-/* Replica groups on the chosen backend (ddp_init). The inner steps average within a group; a
-   group of one rank averages nothing, so its buckets take the single backend's launch and finish
-   (the backend's collectives still reach every rank: the outer exchange uses them). The slots
-   that use the wire are wrapped so that they wait for an exchange in flight first. */
+/* Replica groups on the chosen backend (ddp_init). The inner steps average within a group, the
+   team (ddp__team_*): the CPU backend's buckets wait for and add the team's members only (>>cpu:
+   ddp__span_*), the MPI backend's go through a communicator of the team (>>mpi); NCCL has no
+   team communicator (yet). A group of one rank averages nothing, so its buckets take the single
+   backend's launch and finish (the backend's collectives still reach every rank: the outer
+   exchange uses them). The slots that use the wire are wrapped so that they wait for an
+   exchange in flight first. */
 static ddp_result ddp__outer_backend(ddp_context *ctx) {
     if (ctx->desc.outer.mode == DDP_OUTER_OFF) return DDP_OK;
-    if (ctx->outer.size > 1 && ctx->outer.groups > 1)
+    if (ctx->outer.size > 1 && ctx->outer.groups > 1 && ctx->be->id == DDP_BACKEND_NCCL)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: groups of %d ranks are not built (yet) on the %s "
-                         "backend: group_size 1 (every rank its own replica) or %d (one group: plain DDP)", ctx->outer.size,
-                         ctx->be->name, ctx->world);
+                         "backend (the CPU and MPI backends have them): group_size 1 (every rank its own replica) or %d "
+                         "(one group: plain DDP)", ctx->outer.size, ctx->be->name, ctx->world);
     /* (the NCCL backend's buckets follow the wire plan, which moves nothing for a group of one) */
     if (ctx->outer.size == 1 && ctx->world > 1 && ctx->be->id != DDP_BACKEND_NCCL) {
         ctx->table.launch = ddp__single_launch;

@@ -66,6 +66,31 @@ for delay in 0 1; do
   done
 done
 
+# 1c. Replica groups of 2 ranks (4 ranks, DiLoCo with H far beyond the run): rank 1 killed inside
+#     backward. Its group's peer is mid-bucket and names it; the other group never waits for
+#     rank 1 in its own buckets and sees the poison at its next bucket (or wait): every survivor names the
+#     dead rank within 10 s (not H steps later, at the next outer sync).
+p=$(port)
+pids=()
+for r in 0 1 2 3; do
+  RANK=$r WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=$p DIE_RANK=1 DIE_STEP=15 DIE_WHERE=backward OUTER=1000000 OUTER_GROUP=2 \
+    timeout 60 "$B/test_fault" 100000 >"$tmp/out$r" 2>"$tmp/err$r" &
+  pids+=($!)
+done
+wait "${pids[1]}" 2>/dev/null; died_at=$(now)
+for r in 0 2 3; do
+  wait "${pids[$r]}"; rc=$?; t=$(now)
+  secs=$(awk -v a="$died_at" -v b="$t" 'BEGIN { printf "%.2f", b - a }')
+  if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && awk -v s="$secs" 'BEGIN { exit !(s < 10) }' &&
+     grep -q "rank 1 (pid [0-9]*) died" "$tmp/err$r"; then
+    pass "killed_in_backward_groups_of_2_rank${r}_names_rank1 (${secs}s)"
+  else
+    fail "killed_in_backward_groups_of_2_rank${r}_names_rank1" "rc=$rc after ${secs}s: $(tail -n 1 "$tmp/err$r")"
+  fi
+done
+left=$(shm_ours "$(IFS='|'; echo "${pids[*]}")")
+[ -z "$left" ] && pass "killed_in_backward_groups_of_2_no_shm_left" || fail "killed_in_backward_groups_of_2_no_shm_left" "$left"
+
 # 1b. A rank killed during the rendezvous: rank 0 is waiting for the others and names it at once.
 p=$(port)
 RANK=0 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$p timeout 60 "$B/test_fault" 3 >/dev/null 2>"$tmp/rdv0" &

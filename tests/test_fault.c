@@ -3,8 +3,9 @@
    while backward runs. With DIE_RANK=r and DIE_STEP=s, rank r SIGKILLs itself inside the
    backward of step s, while its peers are mid-allreduce; DIE_WHERE=forward or optimizer moves the
    kill before the forward or between backward and the AdamW step. OUTER=H (and OUTER_DELAY=d):
-   replica groups of one rank and their outer sync, so that a kill before the AdamW step of an
-   outer step leaves the peers in the exchange (or, delayed, its thread).
+   replica groups of one rank (OUTER_GROUP=S: of S ranks) and their outer sync, so that a kill
+   before the AdamW step of an outer step leaves the peers in the exchange (or, delayed, its
+   thread).
    Usage: test_fault STEPS; prints "step N" per step; on error prints the error, exits 3. */
 #include "testlib.h"
 #include <signal.h>
@@ -60,7 +61,7 @@ int main(int argc, char **argv) {
        exchange on its own thread for d steps (a fault test: a rank dies before an exchange) */
     if (getenv("OUTER")) {
         desc.outer.mode = getenv("OUTER_DELAY") ? DDP_OUTER_STREAMING : DDP_OUTER_DILOCO;
-        desc.outer.group_size = 1;
+        desc.outer.group_size = getenv("OUTER_GROUP") ? atoi(getenv("OUTER_GROUP")) : 1;   /* ranks a group */
         desc.outer.inner_steps = atoi(getenv("OUTER"));
         desc.outer.delay_steps = getenv("OUTER_DELAY") ? atoi(getenv("OUTER_DELAY")) : 0;
     }

@@ -67,6 +67,29 @@ for flat in 0 1; do
         fail "mpi_2hosts_x2_equivalence_${mode}_bit_identical_on_every_rank" "${why#; }: $(grep -v ' info: ' "$tmp/eq$flat.log" | tail -n 5)"
 done
 
+# 1a. Replica groups of 2 ranks (tests/test_groups.c): each rank holds its group's average only, bit
+#     for bit, the groups' replicas part and meet at the outer sync, across the link. Ranks placed
+#     by host, a group is a host's 2 ranks: its buckets through the host's shared memory; dealt
+#     round the hosts (--map-by node: ranks 0 and 2 on h1), a group spans both hosts: through its
+#     MPI communicator. The log says which each group took.
+if [ -x "$M/test_groups" ]; then
+    for place in hosts interleaved; do
+        map=(); want="the host's shared memory"; tag=shared_memory
+        [ $place = interleaved ] && { map=(--map-by node); want="its MPI communicator"; tag=mpi_communicator; }
+        DDP_LOG=info mpi h1:2,h2:2 $((120 * SLOW)) "${map[@]}" "$M/test_groups" env >"$tmp/groups_$place.log" 2>&1
+        rc=$?
+        n=$(grep -c "^PASS groups_" "$tmp/groups_$place.log")
+        why=""
+        [ $rc -eq 0 ] || why="$why; status $rc"
+        [ "$n" -gt 0 ] || why="$why; no PASS line"
+        grep -q "^FAIL " "$tmp/groups_$place.log" && why="$why; $(grep -E '^FAIL ' "$tmp/groups_$place.log" | head -n 3)"
+        grep -q "replica group 1 (ranks 2..3): its buckets through $want" "$tmp/groups_$place.log" ||
+            why="$why; not through $want: $(grep 'replica group' "$tmp/groups_$place.log" | head -n 2)"
+        [ -z "$why" ] && pass "mpi_2hosts_x2_replica_groups_by_${place}_through_${tag} ($n checks)" ||
+            fail "mpi_2hosts_x2_replica_groups_by_${place}" "${why#; }: $(grep -v ' info: ' "$tmp/groups_$place.log" | tail -n 3)"
+    done
+fi
+
 # 1b. bf16 parameters, the sharded optimizer, both, and the other wire dtype (tests/mpi_parity.c) on
 #     2 hosts x 2 ranks, hierarchical and flat, against the CPU backend's 4 ranks on this machine
 #     (ddprun -n 4), file by file (each rank's loss, grad norm, gradients after ddp_finish and

@@ -1041,7 +1041,7 @@ static void exited_peer_rank(test_rank *self) {
         if (child == 0) _exit(0);
         waitid(P_PID, (id_t)child, &info, WEXITED | WNOWAIT);   /* a zombie: dead to ddp__pid_alive */
         peer->pid = (int)child;
-        self->result = ddp__shm_check_peers(ctx, 0, peer->stage[0].value, ddp__now() + 10);
+        self->result = ddp__shm_check_peers(ctx, 0, peer->stage[0].value, ddp__now() + 10, 0, ddp_world_size(ctx));
         snprintf(self->error, sizeof self->error, "%s", ddp_last_error(ctx));
         peer->pid = live_pid;
         waitpid(child, NULL, 0);
