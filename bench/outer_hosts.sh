@@ -151,7 +151,8 @@ for rate in $RATES; do
         # allreduces of a step, or the outer exchange of a sync or fragment)
         # shellcheck disable=SC2046
         read -r pc pred px < <(python3 tools/scaling.py "$tmp/base.json" --algo ring --ranks-per-node 1 --nics-per-node 1 \
-            --inter-gbps "$G" --inter-latency-us 50 --ranks 1,2 $(flags_of "$run") -o /dev/null |
+            --inter-gbps "$G" --inter-latency-us 50 --ranks 1,2 $(flags_of "$run") \
+            $([ "$run" = ddp ] || echo --outer-exchange allgather) -o /dev/null |
             awk -v o="$([ "$run" = ddp ] && echo 0 || echo 1)" '$1 == 1 { c = $2 } $1 == 2 { print c, (o ? $6 : $2), (o ? $7 : $3) }')
         line=$(awk -v run="$run" -v rate="$rate" -v w="$wall" -v s="$STEPS" -v b=$BATCH -v t=$SEQ -v one="$one_tps" -v onems="$one_ms" \
             -v val="$val" -v dv="${ddp_val:-}" -v p="$pred" -v pc="$pc" -v px="$px" -v xm="$xm" -v xw="$xw" -v waited="$waited" \

@@ -379,6 +379,13 @@ $PY $S --compute-ms 20 --grad-bytes 4e6 --algo flat --inter-gbps 8 --inter-laten
     --inner-steps 100 -o "$tmp/nt.svg" >"$tmp/nt.out" 2>&1
 same "scaling: no trace: DDP with every bucket ready at the end" "$(row 2 "$tmp/nt.out")" "26.000 6.000 6.000 76.9%"
 same "scaling: no trace: diloco H 100" "$(st "$tmp/nt.out")" "20.060 6.000"
+# MPI with groups of one rank: one MPI_Allgather, (G - 1) hops of a ring, both directions at once
+$PY $S --compute-ms 20 --grad-bytes 4e6 --algo flat --inter-gbps 8 --inter-latency-us 1000 --ranks 2,3 --outer diloco \
+    --group-size 1 --inner-steps 10 --outer-exchange allgather -o "$tmp/ag.svg" --csv "$tmp/ag.csv" >"$tmp/ag.out" 2>&1
+has "scaling: the allgather exchange of 2 groups is one hop (1 ms + 2 MB at 1 GB/s)" "$tmp/ag.csv" ",20.3000,3.0000,"
+has "scaling: the allgather exchange of 3 groups is two hops" "$tmp/ag.csv" ",20.6000,6.0000,"
+bad "scaling: --outer-exchange allgather with groups of 2 exits 2" $S "$tmp/scal.json" --inter-gbps 1 --outer diloco --inner-steps 10 \
+    --group-size 2 --outer-exchange allgather
 bad "scaling: --inner-steps without --outer exits 2" $S "$tmp/scal.json" --inter-gbps 1 --inner-steps 10
 bad "scaling: --outer without --inner-steps exits 2" $S "$tmp/scal.json" --inter-gbps 1 --outer diloco
 bad "scaling: fragments with diloco exit 2" $S "$tmp/scal.json" --inter-gbps 1 --outer diloco --inner-steps 10 --fragments 2

@@ -80,7 +80,10 @@ THE OUTER SYNC (--outer average|diloco|streaming: ddp.h's desc.outer, next to DD
     X = G x Tb(w / F, N),  Tb(w, N) = ceil(log2 nodes) a_out + w / B_out     (across nodes, if > 1)
                                     + ceil(log2 m) a_in + w / B_in            (inside one, m > 1)
   with nodes = ceil(N / G'), G' = --ranks-per-node, m = min(N, G'): a pipelined broadcast (the
-  root's bytes cross each link once, one latency a tree level); flat: Tb = a + w / B. Plus L / F,
+  root's bytes cross each link once, one latency a tree level); flat: Tb = a + w / B. On the MPI
+  backend with groups of one rank ddp.h sends one MPI_Allgather instead (--outer-exchange
+  allgather): a ring in which every link carries both directions at once,
+    X = (G - 1) x (a + w / F / B)   (a, B: across nodes when the N ranks span nodes). Plus L / F,
   --outer-local-ms L: encoding, decoding G copies and the merge, per whole-model sync (default 0).
     average, diloco: step = inner + (X + L) / H           (the exchange blocks; every H steps)
     streaming:       step = inner + F max(0, X + L / F - tau x inner) / H
@@ -306,6 +309,13 @@ class Fabric:
         share = self.b_out * min(self.nics, self.g) / self.g   # each local rank's part of the NICs
         return self.level(nbytes, self.g, self.a_in, self.b_in) + self.level(nbytes / self.g, nodes, self.a_out, share)
 
+    def ring_hop_s(self, nbytes, n):
+        """Seconds for one hop of a ring over n ranks: nbytes over the slowest link it crosses
+        (across nodes when the ranks span nodes), one latency."""
+        if self.algo == "flat" or n > self.g:
+            return self.a_out + nbytes / self.b_out
+        return self.a_in + nbytes / self.b_in
+
     def broadcast_s(self, nbytes, n):
         """Seconds for a broadcast of nbytes from one rank to n (pipelined: the bytes cross each
         link once; one latency per tree level)."""
@@ -405,7 +415,7 @@ def predict(step, fabric, n):
 
 class Outer:
     """The outer sync's settings (ddp.h's desc.outer) for the prediction."""
-    def __init__(self, mode, group_size, inner_steps, fragments, delay, wire, quant_block, local_ms, overlap):
+    def __init__(self, mode, group_size, inner_steps, fragments, delay, wire, quant_block, local_ms, overlap, exchange="broadcast"):
         if mode not in ("average", "diloco", "streaming"):
             die("--outer must be average, diloco or streaming, not %r" % (mode,))
         if wire not in ("fp32", "bf16", "int8"):
@@ -418,6 +428,11 @@ class Outer:
         self.q = number("--quant-block", quant_block, 1, 1 << 20, integer=True)
         self.local_us = number("--outer-local-ms", local_ms, 0, 1e9) * 1e3
         self.overlap = overlap
+        if exchange not in ("broadcast", "allgather"):
+            die("--outer-exchange must be broadcast or allgather, not %r" % (exchange,))
+        if exchange == "allgather" and self.s != 1:
+            die("--outer-exchange allgather: ddp.h gathers so only with groups of one rank (--group-size 1)")
+        self.exchange = exchange
         if mode != "streaming" and (self.f != 1 or self.tau != 0):
             die("--fragments and --outer-delay are streaming DiLoCo's: use --outer streaming")
         if self.f > self.h or self.tau >= self.h // self.f:
@@ -438,7 +453,12 @@ class Outer:
         groups = n_ranks // self.s
         inner = predict(step, fabric, self.s)[0]
         frag = self.wire_bytes(floats / self.f)
-        x = groups * fabric.broadcast_s(frag, n_ranks) * 1e6 if n_ranks > 1 else 0.0
+        if n_ranks <= 1:
+            x = 0.0
+        elif self.exchange == "allgather":
+            x = (groups - 1) * fabric.ring_hop_s(frag, n_ranks) * 1e6
+        else:
+            x = groups * fabric.broadcast_s(frag, n_ranks) * 1e6
         local = self.local_us / self.f
         if self.mode != "streaming":
             return inner + (x + local) / self.h, x
@@ -596,6 +616,7 @@ def main(argv=None):
     ap.add_argument("--quant-block", type=int, default=64)
     ap.add_argument("--outer-local-ms", type=float, default=0.0)
     ap.add_argument("--no-overlap", action="store_true")
+    ap.add_argument("--outer-exchange", default="broadcast", help="broadcast (default) or allgather (MPI, groups of one rank)")
     ap.add_argument("--params", type=float, help="floats the outer sync sends (default: gradient bytes / 4)")
     a = ap.parse_args(argv)
 
@@ -631,7 +652,7 @@ def main(argv=None):
             die("--outer %s needs --inner-steps H" % a.outer)
         outer = Outer(a.outer, a.group_size if a.group_size is not None else fabric.g, a.inner_steps, a.fragments,
                       a.outer_delay, a.outer_wire or ("fp32" if a.outer == "average" else "bf16"), a.quant_block,
-                      a.outer_local_ms, not a.no_overlap)
+                      a.outer_local_ms, not a.no_overlap, a.outer_exchange)
     elif any(v is not None for v in (a.group_size, a.inner_steps, a.outer_wire, a.params)) or a.no_overlap:
         die("--group-size, --inner-steps, --outer-wire, --params and --no-overlap describe the outer sync: add --outer MODE")
     if a.params is not None:
