@@ -2778,8 +2778,11 @@ static int ddp__is_committed(const ddp_context *ctx) { return __atomic_load_n(&c
 static int ddp__in_backward(const ddp_context *ctx) { return __atomic_load_n(&ctx->life, __ATOMIC_RELAXED) == DDP__LIFE_BACKWARD; }
 
 /* Derived facts, one definition each: the optimizer state is held in parts (shard_optimizer on
-   several ranks); the parameters are bf16 working copies of an fp32 master. */
-static int ddp__sharded(const ddp_context *ctx) { return ctx->desc.shard_optimizer && ctx->world > 1; }
+   a team of several ranks: the world, or with replica groups the group; a group of one rank
+   keeps it whole, there is nobody to share it with); the parameters are bf16 working copies of
+   an fp32 master. */
+static int ddp__team_world(const ddp_context *ctx);
+static int ddp__sharded(const ddp_context *ctx) { return ctx->desc.shard_optimizer && ddp__team_world(ctx) > 1; }
 static int ddp__bf16_params(const ddp_context *ctx) { return ctx->desc.param_dtype == DDP_DTYPE_BF16; }
 
 /* The team: the ranks a gradient bucket is averaged among. With replica groups (desc.outer,
@@ -3584,9 +3587,16 @@ static ddp_result ddp__outer_resolve(ddp_context *ctx) {
                          "%d: a fragment is sent every %d steps, so at most one is in flight only if fragments <= "
                          "inner_steps and delay_steps < inner_steps / fragments", o->fragments, o->inner_steps,
                          o->delay_steps, gap > 0 ? gap : 0);
-    if (ctx->desc.shard_optimizer || ctx->desc.uneven_inputs != DDP_JOIN_OFF)
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: replica groups are not built (yet) with %s: turn "
-                         "it off", ctx->desc.shard_optimizer ? "shard_optimizer" : "uneven_inputs");
+    if (ctx->desc.uneven_inputs != DDP_JOIN_OFF)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: replica groups are not built (yet) with "
+                         "uneven_inputs: turn it off");
+    /* sharded within a group, the fp32 master would be in parts across the group's ranks, and
+       the outer exchange reads and writes it whole */
+    if (ctx->desc.shard_optimizer && ctx->desc.param_dtype == DDP_DTYPE_BF16 && o->group_size > 1)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: shard_optimizer with bf16 parameters "
+                         "(param_dtype) in groups of %d ranks is not built (yet): the fp32 master would be in parts "
+                         "across the group; fp32 parameters are sharded within a group, or turn one of them off",
+                         o->group_size);
     ctx->outer.size = o->group_size;
     ctx->outer.groups = ctx->world / o->group_size;
     ctx->outer.group = ctx->rank / o->group_size;
@@ -4867,18 +4877,21 @@ static void ddp__watchdog_stop(ddp__watchdog *w) {
    (DDP__SHARD_GRAIN), whether the master is held in parts, and the fixed-order sum of the
    gradient norm's blocks (the blocks' sums of squares: >>host, and ddp_kernels.cuh on NCCL).
    -------------------------------------------------------------------------------------------- */
-/* This rank's part of bucket b, as a range of the flat buffer. Unsharded (or one rank) every
-   rank holds all of it. Sharded, rank s holds [s*P, (s+1)*P) of the bucket, P its 1/world share
-   rounded down to DDP__SHARD_GRAIN, and the last rank the rest up to the bucket's end: parts
-   are contiguous (a bucket is one reduce-scatter, its parts one all-gather), balanced to within
-   world * DDP__SHARD_GRAIN floats, and a norm block never straddles two owners. */
+/* Team member s's part of bucket b, as a range of the flat buffer. Unsharded (or one rank) every
+   rank holds all of it. Sharded, member s of the team (ddp__team_*: the world, or with replica
+   groups the group; every group has the same layout) holds [s*P, (s+1)*P) of the bucket, P its
+   1/team share rounded down to DDP__SHARD_GRAIN, and the last member the rest up to the
+   bucket's end: parts are contiguous (a bucket is one reduce-scatter, its parts one
+   all-gather), balanced to within team * DDP__SHARD_GRAIN floats, and a norm block never
+   straddles two owners. */
 static void ddp__shard_range(const ddp_context *ctx, int b, int s, size_t *lo, size_t *hi) {
     const ddp__bucket *k = &ctx->model.buckets[b];
     size_t part;
+    int n = ddp__team_world(ctx);
     if (!ddp__sharded(ctx)) { *lo = k->offset; *hi = k->offset + k->count; return; }
-    part = k->count / (size_t)ctx->world / DDP__SHARD_GRAIN * DDP__SHARD_GRAIN;
+    part = k->count / (size_t)n / DDP__SHARD_GRAIN * DDP__SHARD_GRAIN;
     *lo = k->offset + part * (size_t)s;
-    *hi = s == ctx->world - 1 ? k->offset + k->count : *lo + part;
+    *hi = s == n - 1 ? k->offset + k->count : *lo + part;
 }
 
 static int ddp__holds(const ddp_context *ctx, size_t i) {
@@ -4887,7 +4900,7 @@ static int ddp__holds(const ddp_context *ctx, size_t i) {
     for (b = 0; b < ctx->model.num_buckets; b++) {
         const ddp__bucket *k = &ctx->model.buckets[b];
         if (i < k->offset || i >= k->offset + k->count) continue;
-        ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
+        ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
         return i >= lo && i < hi;
     }
     return 0;
@@ -4973,7 +4986,7 @@ static void ddp__norm_blocks(ddp_context *ctx, double *sums) {
     for (b = 0; b < ctx->model.num_buckets; b++) {
         const ddp__bucket *k = &ctx->model.buckets[b];
         size_t lo, hi, at;
-        ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
+        ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
         for (at = lo; at < hi; at += DDP__SHARD_GRAIN) {
             size_t n = hi - at < DDP__SHARD_GRAIN ? hi - at : DDP__SHARD_GRAIN;
             sums[ctx->shard.norm_base[b] + (at - k->offset) / DDP__SHARD_GRAIN] =
@@ -5092,7 +5105,7 @@ static ddp_result ddp__host_shard_master(ddp_context *ctx) {
     int b;
     if (!parts) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %zu floats of the fp32 master", ctx->shard.count);
     for (b = 0; b < ctx->model.num_buckets; b++) {
-        ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
+        ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
         memcpy(parts + ctx->shard.base[b], ctx->flat.params + lo, (hi - lo) * sizeof(float));
     }
     ddp__free_floats(ctx->flat.params);
@@ -5142,7 +5155,7 @@ static void ddp__adamw_bucket(ddp_context *ctx, int b, const ddp_adamw *opt, con
     const ddp__bucket *k = &ctx->model.buckets[b];
     size_t lo, hi;
     int i;
-    ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
+    ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
     for (i = k->first_param; i <= k->last_param; i++) {
         const ddp__param *p = &ctx->model.params[i];
         size_t from = p->offset > lo ? p->offset : lo, to = p->offset + p->count < hi ? p->offset + p->count : hi;
@@ -5818,7 +5831,7 @@ static ddp_result ddp__shm_bucket_in_place(ddp_context *ctx, size_t offset, size
     if ((r = ddp__shm_check_sigs(ctx)) != DDP_OK) return r;
     ddp__cpu_arrivals(ctx, started);
     if (bucket >= 0) {   /* sharded: a reduce-scatter; each rank's part is where its AdamW needs it */
-        ddp__shard_range(ctx, bucket, ctx->rank, &lo, &hi);
+        ddp__shard_range(ctx, bucket, ddp__team_rank(ctx), &lo, &hi);
         ddp__average_part_in_place(ctx, offset, lo - offset, hi - offset);
         ddp__shm_post(ctx, DDP__STAGE_RED, q + 1);
         /* every rank has read my buffer once all have averaged: then it may change */
@@ -6015,7 +6028,7 @@ static unsigned char *ddp__grads_create(ddp_context *ctx, size_t bytes, ddp_resu
    (ddp__grads_unlink, after the next collective). */
 static ddp_result ddp__grads_share(ddp_context *ctx, double deadline) {
     size_t page = ddp__page_size(), bytes;
-    int copies = ctx->desc.shard_optimizer ? 2 : 1;   /* sharded: the parameters too (the all-gather) */
+    int copies = ddp__sharded(ctx) ? 2 : 1;   /* sharded: the parameters too (the all-gather) */
     unsigned char *p = NULL;
     size_t es = ctx->flat.grads_bf16 ? sizeof(ddp_bf16) : sizeof(float);   /* bf16 parameters: bf16 gradients and copies */
     ctx->impl.cpu->grads_stride = ddp__round_up(ctx->flat.count * es, page) / sizeof(float);
@@ -6092,12 +6105,12 @@ static ddp_result ddp__cpu_norm_exchange(ddp_context *ctx) {
     if (!ctx->impl.cpu->norm_recv && !(ctx->impl.cpu->norm_recv = (double *)ddp__calloc(bytes ? bytes : 1)))
         return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the gradient norm's blocks");
     ctx->what = "ddp_adamw_step's exchange of the gradient norm's blocks (shard_optimizer)";
-    for (s = 0; s < ctx->world; s++) {
-        if (s == ctx->rank) {
-            if ((r = ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->shard.norm_sums, bytes, s)) != DDP_OK) return r;
+    for (s = 0; s < ddp__team_world(ctx); s++) {   /* the team's members (c->team: the caller's) */
+        if (s == ddp__team_rank(ctx)) {
+            if ((r = ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->shard.norm_sums, bytes, ctx->rank)) != DDP_OK) return r;
             continue;
         }
-        if ((r = ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->impl.cpu->norm_recv, bytes, s)) != DDP_OK) return r;
+        if ((r = ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->impl.cpu->norm_recv, bytes, ddp__team_peer(ctx, s))) != DDP_OK) return r;
         for (b = 0; b < ctx->model.num_buckets; b++) {
             size_t first, end, off = ctx->model.buckets[b].offset;
             ddp__shard_range(ctx, b, s, &lo, &hi);
@@ -6116,42 +6129,47 @@ static ddp_result ddp__cpu_gather_bucket(ddp_context *ctx, int b, uint32_t q, in
     int s;
     if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_IN, q + 1)) != DDP_OK) return r;
     if (first && (r = ddp__shm_check_sigs(ctx)) != DDP_OK) return r;
-    for (s = 0; s < ctx->world; s++) {
-        if (s == ctx->rank) continue;
+    for (s = 0; s < ddp__team_world(ctx); s++) {   /* the team's members */
+        if (s == ddp__team_rank(ctx)) continue;
         ddp__shard_range(ctx, b, s, &lo, &hi);
         if (hi > lo && ctx->flat.params_bf16)
-            memcpy(ctx->flat.params_bf16 + lo, (ddp_bf16 *)(void *)ddp__rank_params(ctx, s) + lo, (hi - lo) * sizeof(ddp_bf16));
-        else if (hi > lo) memcpy(ctx->flat.params + lo, ddp__rank_params(ctx, s) + lo, (hi - lo) * sizeof(float));
+            memcpy(ctx->flat.params_bf16 + lo, (ddp_bf16 *)(void *)ddp__rank_params(ctx, ddp__team_peer(ctx, s)) + lo,
+                   (hi - lo) * sizeof(ddp_bf16));
+        else if (hi > lo) memcpy(ctx->flat.params + lo, ddp__rank_params(ctx, ddp__team_peer(ctx, s)) + lo, (hi - lo) * sizeof(float));
     }
     ddp__shm_post(ctx, DDP__STAGE_RED, q + 1);
     ddp__shm_post(ctx, DDP__STAGE_OUT, q + 1);
     return DDP_OK;
 }
 
-static ddp_result ddp__cpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b1, float b2, float eps, float *grad_norm_out) {
+/* Replica groups: the team is this rank's group, so every exchange here waits for and reads the
+   group's members only (c->team), like its buckets; a group's skipped step (skip_nonfinite: the
+   norm is the group's) still runs the gather, of unchanged values, so that every group takes
+   the same count of exchanges. */
+static ddp_result ddp__cpu_adamw_team(ddp_context *ctx, const ddp_adamw *opt, float b1, float b2, float eps, float *grad_norm_out) {
     ddp__shm_sig *sig;
     ddp__adamw_now now;
     ddp_result r;
     uint32_t q0;
     size_t lo, hi;
     int b, s, skip;
-    if (!ddp__sharded(ctx)) return ddp__host_adamw(ctx, opt, b1, b2, eps, grad_norm_out);
-    if ((r = ddp__host_adamw_state(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     ddp__norm_blocks(ctx, ctx->shard.norm_sums);
     if ((r = ddp__cpu_norm_exchange(ctx)) != DDP_OK) return r;
     r = ddp__adamw_prepare(ctx, opt, b1, b2, eps, ddp__norm_total(ctx->shard.norm_sums, ctx->shard.norm_blocks), grad_norm_out, &now, &skip);
-    if (r != DDP_OK || skip) return r;   /* the norm is the same everywhere: every rank returns here alike */
+    /* the norm is the same on the team's ranks: they return here alike (the world's, without groups) */
+    if (r != DDP_OK || (skip && ddp__team_world(ctx) == ctx->world)) return r;
     ctx->what = "ddp_adamw_step's all-gather of the updated parameters (shard_optimizer)";
     if (!ctx->impl.cpu->params_shared) {
-        for (b = 0; b < ctx->model.num_buckets; b++) ddp__adamw_bucket(ctx, b, opt, &now);
+        for (b = 0; b < ctx->model.num_buckets && !skip; b++) ddp__adamw_bucket(ctx, b, opt, &now);
         for (b = 0; b < ctx->model.num_buckets; b++)
-            for (s = 0; s < ctx->world; s++) {
+            for (s = 0; s < ddp__team_world(ctx); s++) {
+                int root = ddp__team_peer(ctx, s);
                 ddp__shard_range(ctx, b, s, &lo, &hi);
                 if (hi > lo && (r = ctx->flat.params_bf16
                                         ? ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->flat.params_bf16 + lo,
-                                                              (hi - lo) * sizeof(ddp_bf16), s)
+                                                              (hi - lo) * sizeof(ddp_bf16), root)
                                         : ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->flat.params + lo,
-                                                              (hi - lo) * sizeof(float), s)) != DDP_OK) return r;
+                                                              (hi - lo) * sizeof(float), root)) != DDP_OK) return r;
             }
         return DDP_OK;
     }
@@ -6165,13 +6183,25 @@ static ddp_result ddp__cpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b
     q0 = ctx->impl.cpu->shm_seq;
     for (b = 0; b <= ctx->model.num_buckets; b++) {
         if (b < ctx->model.num_buckets) {
-            ddp__adamw_bucket(ctx, b, opt, &now);
+            if (!skip) ddp__adamw_bucket(ctx, b, opt, &now);
             ddp__shm_post(ctx, DDP__STAGE_IN, q0 + (uint32_t)b + 1);
         }
         if (b > 0 && (r = ddp__cpu_gather_bucket(ctx, b - 1, q0 + (uint32_t)b - 1, b == 1)) != DDP_OK) return r;
     }
     ctx->impl.cpu->shm_seq = q0 + (uint32_t)ctx->model.num_buckets;
     return ddp__shm_wait_all(ctx, DDP__STAGE_OUT, ctx->impl.cpu->shm_seq);
+}
+
+static ddp_result ddp__cpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b1, float b2, float eps, float *grad_norm_out) {
+    ddp_result r;
+    if (!ddp__sharded(ctx)) return ddp__host_adamw(ctx, opt, b1, b2, eps, grad_norm_out);
+    if ((r = ddp__host_adamw_state(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
+    /* a team's waits never look at the other groups: a peer group's failure is looked at first */
+    if (ddp__team_world(ctx) < ctx->world && (r = ddp__shm_poisoned(ctx)) != DDP_OK) return r;
+    ctx->impl.cpu->team = ddp__team_world(ctx) < ctx->world;
+    r = ddp__cpu_adamw_team(ctx, opt, b1, b2, eps, grad_norm_out);
+    ctx->impl.cpu->team = 0;
+    return r;
 }
 
 /* One bucket on the communication thread's turn (ddp__workq_turn): the turn is launched buckets
@@ -6831,12 +6861,14 @@ static ddp_result ddp__mpi_norm_exchange(ddp_context *ctx, int unused) {
     ddp_result r;
     int rc;
     (void)unused;
+    MPI_Comm comm = ddp__mpi_teams(ctx) ? m->team : m->world;   /* replica groups: the group's */
     memset(ctx->shard.norm_sums, 0, ctx->shard.norm_blocks * sizeof(double));
     ddp__norm_blocks(ctx, ctx->shard.norm_sums);
-    if ((r = ddp__mpi_check_sigs_on(ctx, m->world, ctx->world, 0, ++m->wseq, DDP__KIND_SUM, ctx->shard.norm_blocks, 0)) != DDP_OK) return r;
+    if ((r = ddp__mpi_check_sigs_on(ctx, comm, ddp__team_world(ctx), ddp__team_peer(ctx, 0), ++m->wseq, DDP__KIND_SUM,
+                                    ctx->shard.norm_blocks, 0)) != DDP_OK) return r;
     for (done = 0; done < ctx->shard.norm_blocks; done += n) {
         n = ctx->shard.norm_blocks - done < DDP__MPI_MAX_COUNT ? ctx->shard.norm_blocks - done : DDP__MPI_MAX_COUNT;
-        rc = MPI_Allreduce(MPI_IN_PLACE, ctx->shard.norm_sums + done, (int)n, MPI_DOUBLE, MPI_SUM, m->world);
+        rc = MPI_Allreduce(MPI_IN_PLACE, ctx->shard.norm_sums + done, (int)n, MPI_DOUBLE, MPI_SUM, comm);
         if ((r = ddp__mpi_check(ctx, rc, "MPI_Allreduce")) != DDP_OK) return r;
     }
     return DDP_OK;
@@ -6849,12 +6881,14 @@ static ddp_result ddp__mpi_gather_params(ddp_context *ctx, int b) {
     size_t win = ddp__mpi_window(ctx), es = ctx->flat.params_bf16 ? sizeof(ddp_bf16) : sizeof(float), c0, c1, lo;
     unsigned char *base = ctx->flat.params_bf16 ? (unsigned char *)(ctx->flat.params_bf16 + k->offset) : (unsigned char *)(ctx->flat.params + k->offset);
     ddp_result r;
-    if (b == 0 && (r = ddp__mpi_check_sigs_on(ctx, m->world, ctx->world, 0, ++m->wseq, DDP__KIND_GATHER, ctx->flat.count, 0)) != DDP_OK)
+    MPI_Comm comm = ddp__mpi_teams(ctx) ? m->team : m->world;   /* replica groups: the group's */
+    if (b == 0 && (r = ddp__mpi_check_sigs_on(ctx, comm, ddp__team_world(ctx), ddp__team_peer(ctx, 0), ++m->wseq, DDP__KIND_GATHER,
+                                              ctx->flat.count, 0)) != DDP_OK)
         return r;
     for (c0 = 0; c0 < k->count; c0 = c1) {
         c1 = k->count - c0 < win ? k->count : c0 + win;
         ddp__mpi_pieces(ctx, b, 1, c0, c1, &lo);
-        if ((r = ddp__mpi_gather_window(ctx, base + c0 * es, ctx->flat.params_bf16 ? MPI_UINT16_T : MPI_FLOAT, m->world)) != DDP_OK)
+        if ((r = ddp__mpi_gather_window(ctx, base + c0 * es, ctx->flat.params_bf16 ? MPI_UINT16_T : MPI_FLOAT, comm)) != DDP_OK)
             return r;
     }
     return DDP_OK;
@@ -6943,15 +6977,17 @@ static ddp_result ddp__mpi_adamw(ddp_context *ctx, const ddp_adamw *opt, float b
     ddp__adamw_now now;
     ddp_result r;
     int b, skip;
-    if (!ctx->desc.shard_optimizer) return ddp__host_adamw(ctx, opt, b1, b2, eps, grad_norm_out);
+    if (!ddp__sharded(ctx)) return ddp__host_adamw(ctx, opt, b1, b2, eps, grad_norm_out);
     if ((r = ddp__host_adamw_state(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     ctx->what = "ddp_adamw_step's exchange of the gradient norm's blocks (shard_optimizer)";
     if ((r = ddp__mpi_watched(ctx, ddp__mpi_norm_exchange, 0)) != DDP_OK) return r;
     r = ddp__adamw_prepare(ctx, opt, b1, b2, eps, ddp__norm_total(ctx->shard.norm_sums, ctx->shard.norm_blocks), grad_norm_out, &now, &skip);
-    if (r != DDP_OK || skip) return r;   /* the norm is the same everywhere: every rank returns here alike */
+    /* the norm is the team's: its ranks return here alike; with replica groups a group's skipped
+       step still gathers (unchanged values), so every group counts the same exchanges */
+    if (r != DDP_OK || (skip && !ddp__mpi_teams(ctx))) return r;
     ctx->what = "ddp_adamw_step's all-gather of the updated parameters (shard_optimizer)";
     for (b = 0; b < ctx->model.num_buckets; b++) {
-        ddp__adamw_bucket(ctx, b, opt, &now);
+        if (!skip) ddp__adamw_bucket(ctx, b, opt, &now);
         if ((r = ddp__mpi_watched(ctx, ddp__mpi_gather_params, b)) != DDP_OK) return r;
     }
     return DDP_OK;
@@ -8291,7 +8327,7 @@ static ddp_result ddp__gpu_bf16(ddp_context *ctx, int op, size_t offset, size_t 
         int b;
         DDP__CUDA(cudaMalloc((void **)&parts, (ctx->shard.count ? ctx->shard.count : 1) * sizeof(float)));
         for (b = 0; b < ctx->model.num_buckets; b++) {
-            ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
+            ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
             if (hi > lo)
                 DDP__CUDA(cudaMemcpyAsync(parts + ctx->shard.base[b], ctx->flat.params + lo, (hi - lo) * sizeof(float),
                                           cudaMemcpyDeviceToDevice, s));
@@ -8368,7 +8404,7 @@ static ddp_result ddp__gpu_norm(ddp_context *ctx) {
     if (sharded) DDP__CUDA(cudaMemsetAsync(g->norm_blocks, 0, ctx->shard.norm_blocks * sizeof(double), g->compute));
     for (b = 0; b < ctx->model.num_buckets; b++) {
         size_t off = ctx->model.buckets[b].offset;
-        ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
+        ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
         double *out = g->norm_blocks + ctx->shard.norm_base[b] + (lo - off) / DDP__SHARD_GRAIN;
         if (ctx->flat.grads_bf16) DDP__CUDA(ddp_k_norm_blocks_bf16(ctx->flat.grads_bf16 + lo, hi - lo, DDP__SHARD_GRAIN, out, g->compute));
         else DDP__CUDA(ddp_k_norm_blocks(ctx->flat.grads + lo, hi - lo, DDP__SHARD_GRAIN, out, g->compute));
@@ -8410,7 +8446,7 @@ static ddp_result ddp__gpu_update(ddp_context *ctx, const ddp_adamw *opt, float 
         const ddp__bucket *k = &ctx->model.buckets[b];
         char what[96];
         ddp_result r;
-        ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
+        ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
         if (ctx->flat.params_bf16)   /* this part's master (packed) and working copies; the others' copies come gathered */
             DDP__CUDA(ddp_k_adamw_bf16(ctx->flat.params + ctx->shard.base[b], ctx->flat.params_bf16 + lo, ctx->flat.grads_bf16 + lo,
                                        ctx->adam.m + ctx->shard.base[b], ctx->adam.v + ctx->shard.base[b], hi - lo,
@@ -9057,7 +9093,7 @@ static ddp_result ddp__shard_layout(ddp_context *ctx) {
     ctx->shard.norm_base = (size_t *)ddp__calloc(sizeof(size_t) * (size_t)ctx->model.num_buckets);
     if (!ctx->shard.base || !ctx->shard.norm_base) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the shard layout");
     for (b = ctx->model.num_buckets - 1; b >= 0; b--) {   /* the last bucket holds the first parameters */
-        ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
+        ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
         ctx->shard.base[b] = at;
         at += hi - lo;
     }
@@ -9215,7 +9251,7 @@ static void ddp__plan_wire(ddp_context *ctx) {
                      : w->grads == DDP_DTYPE_FP32 ? DDP__WIRE_NARROW : DDP__WIRE_WIDEN;
         w->scatter = ddp__sharded(ctx);
         w->in_place = w->convert == DDP__WIRE_AS_IS;
-        ddp__shard_range(ctx, b, ctx->rank, &w->lo, &w->hi);
+        ddp__shard_range(ctx, b, ddp__team_rank(ctx), &w->lo, &w->hi);
         w->bytes = k->count * ddp__wire_bytes(ctx);
     }
 }
@@ -9784,7 +9820,7 @@ static ddp_result ddp__state_at(ddp_context *ctx, ddp_buffer which, size_t offse
         return DDP_OK;
     }
     for (b = 0; b < ctx->model.num_buckets; b++) {
-        ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
+        ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
         if (offset >= lo && offset + count <= hi) { *at = flat + ctx->shard.base[b] + (offset - lo); return DDP_OK; }
     }
     return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: floats [%zu, %zu) of %s are not all held by rank %d: with "
@@ -9804,35 +9840,39 @@ static ddp_result ddp__sharded_move(ddp_context *ctx, ddp_buffer which, size_t o
                                 : which == DDP_PARAMS ? ctx->flat.params : ctx->flat.grads;
     size_t lo, hi, chunk = count < DDP__SCATTER_CHUNK ? count : DDP__SCATTER_CHUNK;
     ddp_result r = DDP_OK;
-    int b, s;
+    int b, s, team = ddp__team_world(ctx), me = ddp__team_rank(ctx);
     if (!(bounce = (float *)DDP_MALLOC(chunk * sizeof(float) + 1)))   /* the peers are in it already: they must hear */
         return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "%s: no memory for a bounce buffer of %zu floats",
                                gather ? "ddp_gather_to_host" : "ddp_scatter_from_host", chunk);
     ctx->what = gather ? "ddp_gather_to_host's broadcast from a part's owner" : "ddp_scatter_from_host's broadcast";
+    /* With replica groups every group holds every part, member s of each: a gather takes them
+       from the root's group (its first rank: root - root % team), a scatter gives each part to
+       member s of every group. */
     for (b = 0; b < ctx->model.num_buckets && r == DDP_OK; b++)
-        for (s = 0; s < ctx->world && r == DDP_OK; s++) {
+        for (s = 0; s < team && r == DDP_OK; s++) {
             size_t a, z, done, n, mlo, mhi;
             float *local = NULL;
+            int owner = root - root % team + s;   /* the part's owner in the root's group */
             ddp__shard_range(ctx, b, s, &lo, &hi);
             a = lo > offset ? lo : offset;
             z = hi < offset + count ? hi : offset + count;
             if (z <= a) continue;
-            if (s == ctx->rank && mine) {   /* where the piece is here (bf16 gradients: ddp__state_copy finds them) */
-                ddp__shard_range(ctx, b, ctx->rank, &mlo, &mhi);
+            if (s == me && mine) {   /* where the piece is here (bf16 gradients: ddp__state_copy finds them) */
+                ddp__shard_range(ctx, b, me, &mlo, &mhi);
                 local = which == DDP_GRADS ? mine + a : mine + ctx->shard.base[b] + (a - mlo);
             }
-            if (s == root) {
+            if (owner == root && (gather || team == ctx->world)) {   /* nobody else needs it */
                 if (ctx->rank == root) r = ddp__state_copy(ctx, which, local, a, host + (a - offset), z - a, gather);
                 continue;
             }
             for (done = a; done < z && r == DDP_OK; done += n) {
                 n = z - done < chunk ? z - done : chunk;
-                if (gather && s == ctx->rank) r = ddp__state_copy(ctx, which, local ? local + (done - a) : NULL, done, bounce, n, 1);
+                if (gather && owner == ctx->rank) r = ddp__state_copy(ctx, which, local ? local + (done - a) : NULL, done, bounce, n, 1);
                 if (!gather && ctx->rank == root) memcpy(bounce, host + (done - offset), n * sizeof(float));
-                if (r == DDP_OK) r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, bounce, n * sizeof(float), gather ? s : root);
+                if (r == DDP_OK) r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, bounce, n * sizeof(float), gather ? owner : root);
                 if (r != DDP_OK) break;
                 if (gather && ctx->rank == root) memcpy(host + (done - offset), bounce, n * sizeof(float));
-                if (!gather && s == ctx->rank) r = ddp__state_copy(ctx, which, local ? local + (done - a) : NULL, done, bounce, n, 0);
+                if (!gather && s == me) r = ddp__state_copy(ctx, which, local ? local + (done - a) : NULL, done, bounce, n, 0);
             }
         }
     DDP_FREE(bounce);
@@ -9847,7 +9887,7 @@ static ddp_result ddp__master_parts_put(ddp_context *ctx, size_t offset, const f
     ddp_result r = DDP_OK;
     int b;
     for (b = 0; b < ctx->model.num_buckets && r == DDP_OK; b++) {
-        ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
+        ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
         a = lo > offset ? lo : offset;
         z = hi < offset + n ? hi : offset + n;
         if (z > a) r = ctx->be->copy(ctx, ctx->flat.params + ctx->shard.base[b] + (a - lo), src + (a - offset), (z - a) * sizeof(float), 0);
@@ -9901,7 +9941,7 @@ static ddp_result ddp__scatter_from_host(ddp_context *ctx, ddp_buffer which, siz
     if (ctx->world == 1)
         return ddp__state_written(ctx, which, offset, count, ddp__state_copy(ctx, which, flat ? flat + offset : NULL, offset,
                                                                              (float *)(uintptr_t)src, count, 0));
-    if ((which == DDP_ADAM_M || which == DDP_ADAM_V) && ctx->desc.shard_optimizer)
+    if ((which == DDP_ADAM_M || which == DDP_ADAM_V) && ddp__sharded(ctx))
         return ddp__sharded_move(ctx, which, offset, (float *)(uintptr_t)src, count, root, 0);
     if (which == DDP_PARAMS && ddp__master_parts(ctx)) return ddp__scatter_master_parts(ctx, offset, src, count, root);
     bounce = (float *)DDP_MALLOC((count < DDP__SCATTER_CHUNK ? count : DDP__SCATTER_CHUNK) * sizeof(float));
@@ -11667,7 +11707,9 @@ ddp_step_stats ddp_last_step_stats(const ddp_context *ctx) {
 }
 
 ddp_result ddp_adamw_step(ddp_context *ctx, const ddp_adamw *opt, float *grad_norm_out) {
-    ddp_result r = ddp__usable(ctx, 1, "ddp_adamw_step");
+    /* sharded, the step uses the wire (the norm's blocks, the gather): an outer exchange settles first */
+    ddp_result r = ctx && ddp__is_committed(ctx) && ddp__sharded(ctx) ? ddp__usable_wire(ctx, 1, "ddp_adamw_step", 0)
+                                                                      : ddp__usable(ctx, 1, "ddp_adamw_step");
     if (r == DDP_OK && (r = ddp__adamw_step(ctx, opt, grad_norm_out)) == DDP_OK) r = ddp__outer_step(ctx);
     return r;
 }

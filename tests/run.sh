@@ -39,6 +39,7 @@ run "tiny GPT trainer --shard-optimizer = unsharded, bit for bit, 2 and 3 ranks"
 for n in 2 3; do run "bf16 reduction, $n ranks" "$B/ddprun" -n "$n" "$B/test_bf16"; done
 run "replica groups: 4 thread-ranks in 2 groups of 2 and 6 in 2 of 3, each group's average only (bit for bit; fp32, bf16, bf16 wire, in place and staged), replicas equal after the outer sync" "$B/test_groups"
 run "replica groups with process ranks: ddprun -n 4 (CPU backend), mpirun -n 4 (MPI backend, hierarchical and flat)" tests/test_groups.sh "$B"
+run "shard_optimizer (ZeRO-1) within replica groups: 4 thread-ranks in 2 groups of 2, DiLoCo H=2 and streaming, clipping, one group skipping a step, in place and staged: parameters, m and v = unsharded, bit for bit; bf16 parameters refused by name; groups of one not sharded" "$B/test_groups_shard"
 run "overlap, 2 ranks" "$B/ddprun" -n 2 "$B/test_overlap"
 run "stragglers: a slow rank named by every rank, its wait in the stats and on the timeline, 3 thread-ranks" "$B/test_straggler"
 run "timeline" tests/test_timeline.sh "$B"
