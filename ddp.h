@@ -10709,7 +10709,7 @@ static void ddp__ckpt_outer_block(const ddp_context *ctx, unsigned char *b) {
 
 /* The header of this model's state as rank 0 writes it; NULL when out of memory. */
 static unsigned char *ddp__ckpt_header(ddp_context *ctx, uint64_t user_bytes, size_t *len) {
-    int i, shards = ddp__ckpt_sharded(ctx) ? ctx->world : 1;
+    int i, shards = ddp__ckpt_sharded(ctx) ? ddp__team_world(ctx) : 1;   /* replica groups: a group's members */
     size_t n = DDP__CKPT_FIXED + 8 * (size_t)shards, at;
     uint64_t floats = 0;
     unsigned char *h;
@@ -10764,6 +10764,36 @@ static ddp_result ddp__ckpt_stream(ddp_context *ctx, ddp_buffer which, ddp__ckpt
     return r;
 }
 
+/* Flat elements [at, at + n) of `which` held in parts (shard_optimizer within replica groups:
+   m and v), buf holding them. Save: member s of the group whose first rank is `src` holds
+   piece s of each bucket and broadcasts it to rank 0 (every rank walks the same pieces). Load
+   (every rank has buf): this rank takes its own pieces. */
+static ddp_result ddp__ckpt_parts(ddp_context *ctx, ddp_buffer which, float *flat, float *buf, size_t at, size_t n, int src,
+                                  int save) {
+    size_t lo, hi, a, z;
+    ddp_result r = DDP_OK;
+    int b, s;
+    for (b = 0; b < ctx->model.num_buckets && r == DDP_OK; b++)
+        for (s = 0; s < ddp__team_world(ctx) && r == DDP_OK; s++) {
+            float *local;
+            ddp__shard_range(ctx, b, s, &lo, &hi);
+            a = lo > at ? lo : at;
+            z = hi < at + n ? hi : at + n;
+            if (z <= a) continue;
+            local = flat + ctx->shard.base[b] + (a - lo);
+            if (!save) {
+                if (s == ddp__team_rank(ctx)) r = ddp__state_copy(ctx, which, local, a, buf + (a - at), z - a, 0);
+                continue;
+            }
+            if (ctx->rank == src + s) r = ddp__state_copy(ctx, which, local, a, buf + (a - at), z - a, 1);
+            if (r == DDP_OK && src + s != 0) {
+                ctx->what = "ddp_save's broadcast of a replica group's state";
+                r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, buf + (a - at), (z - a) * sizeof(float), src + s);
+            }
+        }
+    return r;
+}
+
 /* One array of the outer state, parameter by parameter (registration order, no padding), chunk
    by chunk; buf holds a chunk on every rank. Save: the values of rank `src`'s `which` (sent to
    rank 0 by a broadcast, the collective every backend has), or, host != NULL, of the host array
@@ -10782,6 +10812,11 @@ static ddp_result ddp__ckpt_outer_stream(ddp_context *ctx, ddp__ckpt_file *f, fl
         for (done = 0; done < count && r == DDP_OK; done += n) {
             size_t at = offset + done;
             n = count - done < DDP__CKPT_CHUNK ? count - done : DDP__CKPT_CHUNK;
+            if (save && !host && ddp__in_parts(ctx, which)) {
+                r = ddp__ckpt_parts(ctx, which, flat, buf, at, n, src, 1);
+                if (r == DDP_OK && f) ddp__ckpt_write(f, buf, n * sizeof(float), 1);
+                continue;
+            }
             if (save) {
                 if (!host && ctx->rank == src) r = ddp__state_copy(ctx, which, flat ? flat + at : NULL, at, buf, n, 1);
                 if (r == DDP_OK && !host && src != 0) {
@@ -10799,6 +10834,7 @@ static ddp_result ddp__ckpt_outer_stream(ddp_context *ctx, ddp__ckpt_file *f, fl
             }
             if (!take) continue;
             if (host) memcpy(host + at, buf, n * sizeof(float));
+            else if (ddp__in_parts(ctx, which)) r = ddp__ckpt_parts(ctx, which, flat, buf, at, n, 0, 0);
             else r = ddp__state_written(ctx, which, at, n, ddp__state_copy(ctx, which, flat ? flat + at : NULL, at, buf, n, 0));
         }
     }
@@ -10948,8 +10984,6 @@ static ddp_result ddp__save(ddp_context *ctx, const char *path, const void *user
     ddp_result r;
     int renamed = 0;
     if (ddp__in_backward(ctx)) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_save while a backward is in flight (call it between steps)");
-    if (ddp__outer_on(ctx) && ddp__sharded(ctx))   /* a group's m and v would be in parts across its ranks */
-        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_save: the outer sync's checkpoint with shard_optimizer is not built");
     if ((r = ddp__outer_settle(ctx)) != DDP_OK) return r;   /* the exchange in flight has landed in outer.sum */
     if ((r = ctx->be->adamw_state(ctx)) != DDP_OK) return ddp__fatal(ctx, r);   /* the peers are on their way to the broadcast */
     memset(&st, 0, sizeof st);
@@ -11115,7 +11149,10 @@ static int ddp__ckpt_check_head(const ddp__ckpt_file *f, const char *path, ddp__
                          "%u and %u", path, version, DDP__CKPT_VERSION, DDP__CKPT_VERSION_OUTER);
         return 0;
     }
-    if (world < 1 || world > INT32_MAX || sharded > 1 || h->shards != (sharded ? world : 1u) ||
+    /* sharded: a shard per rank, or with the outer sync a shard per member of a replica group */
+    if (world < 1 || world > INT32_MAX || sharded > 1 ||
+        (sharded ? h->shards < 1 || h->shards > world || world % h->shards ||
+                   (version != DDP__CKPT_VERSION_OUTER && h->shards != world) : h->shards != 1u) ||
         ddp__get_le(fixed + 52, 4) != 0 || st->step < 0) {
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' has an impossible header: world size %u, sharded %u, "
                          "%llu shards, reserved field %llu, AdamW step %lld", path, world, sharded, (unsigned long long)h->shards,
@@ -11391,8 +11428,6 @@ static ddp_result ddp__load(ddp_context *ctx, const char *path, void *user, size
     uint64_t data_at = 0, stored = 0, *offsets = NULL;
     ddp_result r;
     if (ddp__in_backward(ctx)) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_load while a backward is in flight (call it between steps)");
-    if (ddp__outer_on(ctx) && ddp__sharded(ctx))
-        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_load: the outer sync's checkpoint with shard_optimizer is not built");
     if ((r = ddp__outer_settle(ctx)) != DDP_OK) return r;   /* the exchange in flight has landed in outer.sum */
     if ((r = ctx->be->adamw_state(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     memset(&st, 0, sizeof st);

@@ -5,10 +5,13 @@
    ddp_gather_to_host, so from its group's owners) AdamW's m and v with the unsharded run's:
    - DiLoCo H = 2 and streaming DiLoCo (2 fragments, H = 4, one step in flight, mix 0.5);
    - clipping on (the norm is the group's: each group's blocks exchanged among its ranks);
-   - skip_nonfinite with a NaN in group 1's gradients at step 3 only: group 1 skips, group 0
+   - skip_nonfinite with a NaN in group 1's gradients at step 5 only: group 1 skips, group 0
      steps, and both go on in step (the skipping group still gathers, so the exchanges agree);
    - in place (the parameters in the shared segment) and staged (DDP_STAGED_GRADS=1: the parts
      by broadcast among the group), CPU backend only.
+   - checkpoints: a sharded run saved mid-way (DiLoCo between syncs; streaming with a fragment in
+     flight; each group's m and v from its own members) and loaded by a sharded and by an
+     unsharded run, which finish with the same bits.
    And: bf16 parameters with shard_optimizer in groups of 2 are refused at ddp_init by name;
    groups of one rank take shard_optimizer as a no-op (nothing to shard across: m and v whole). */
 #include "testlib.h"
@@ -22,18 +25,22 @@ static const size_t sizes[NPARAM] = { 70001, 3003 };   /* buckets of several 102
 typedef struct config { const char *name; int streaming, staged; } config;
 static const config configs[] = { { "diloco", 0, 0 }, { "streaming", 1, 0 }, { "diloco_staged", 0, 1 } };
 
-/* Rank r's gradient of element i at step t: group 1's are NaN at step 3 (skip_nonfinite). */
+/* Rank r's gradient of element i at step t: group 1's are NaN at step 5 (skip_nonfinite; after the checkpoint: the file holds one AdamW step count, rank 0's). */
 static float grad_value(int r, int t, size_t i) {
-    if (t == 3 && r >= 2 && i == 17) return NAN;
+    if (t == 5 && r >= 2 && i == 17) return NAN;
     return test_value((uint64_t)(500 + 10 * r + t), i);
 }
 
-static uint64_t got_hash[2][W][3];   /* [sharded][rank][params, m, v] */
+static uint64_t got_hash[4][W][3];   /* [run][rank][params, m, v]: run 0 unsharded, 1 sharded, 2 and 3 resumed */
+static char ckpt_path[256];
 
-static ddp_result train(ddp_desc d, const config *c, int shard, int *rank_out) {
+/* A run: shard_optimizer off or on; run 2 saves after step `save_at` (streaming: a fragment in
+   flight) and stops; run 3 (sharded) and run 4 (unsharded, hashed into slot 2) load that file
+   and train the remaining steps. */
+static ddp_result train(ddp_desc d, const config *c, int shard, int *rank_out, int run) {
     ddp_context *ctx = NULL;
     ddp_adamw opt;
-    int ids[NPARAM], p, t, rank, which;
+    int ids[NPARAM], p, t, rank, which, save_at = c->streaming ? 2 : 3, slot = run == 4 ? 2 : run;
     size_t j, i, n;
     ddp_result r;
     float *buf = NULL;
@@ -58,7 +65,8 @@ static ddp_result train(ddp_desc d, const config *c, int shard, int *rank_out) {
         if ((r = ddp_register_param(ctx, pn, sizes[p], 0, init, &ids[p])) != DDP_OK) goto out;
     }
     if ((r = ddp_commit(ctx)) != DDP_OK) goto out;
-    for (t = 1; t <= STEPS; t++) {
+    if (run >= 3 && (r = ddp_load(ctx, ckpt_path, NULL, 0, NULL, NULL, NULL)) != DDP_OK) goto out;
+    for (t = run >= 3 ? save_at + 1 : 1; t <= STEPS; t++) {
         if ((r = ddp_zero_grad(ctx)) != DDP_OK) goto out;
         for (p = NPARAM - 1; p >= 0; p--) {
             for (j = 0; j < sizes[p]; j++) ddp_grad(ctx, ids[p])[j] = grad_value(rank, t, (p ? sizes[0] : 0) + j);
@@ -66,11 +74,19 @@ static ddp_result train(ddp_desc d, const config *c, int shard, int *rank_out) {
         }
         if ((r = ddp_finish(ctx)) != DDP_OK) goto out;
         if ((r = ddp_adamw_step(ctx, &opt, NULL)) != DDP_OK) goto out;
+        if (run == 2 && t == save_at) {
+            ddp_outer_status st = ddp_outer_state(ctx);
+            snprintf(name, sizeof name, "groups_shard_%s_rank%d_saved_%s", c->name, rank, c->streaming ? "in_flight" : "between_syncs");
+            verdict(c->streaming ? st.in_flight >= 0 : st.in_flight < 0 && st.inner_steps % 2, name, "in flight %d, inner %lld",
+                    st.in_flight, (long long)st.inner_steps);
+            r = ddp_save(ctx, ckpt_path, NULL, 0);
+            goto out;
+        }
     }
-    {
+    if (run < 2) {
         ddp_outer_status st = ddp_outer_state(ctx);
         int64_t *step = NULL;
-        /* sharded: m is in parts (all of it is refused here); group 1 skipped step 3 */
+        /* sharded: m is in parts (all of it is refused here); group 1 skipped step 5 */
         ddp_result whole = ddp_copy_to_host(ctx, DDP_ADAM_M, 0, buf, TOTAL);
         ddp_adamw_state(ctx, NULL, NULL, &step);
         snprintf(name, sizeof name, "groups_shard_%s_%s_rank%d_layout_and_skip", c->name, shard ? "on" : "off", rank);
@@ -85,7 +101,7 @@ static ddp_result train(ddp_desc d, const config *c, int shard, int *rank_out) {
         int root;
         for (root = 0; root < ddp_world_size(ctx); root++) {
             if ((r = ddp_gather_to_host(ctx, b, 0, buf, TOTAL, root)) != DDP_OK) goto out;
-            if (root == rank) got_hash[shard][rank][which] = test_hash(buf, TOTAL * sizeof(float));
+            if (root == rank) got_hash[slot][rank][which] = test_hash(buf, TOTAL * sizeof(float));
         }
     }
     (void)i; (void)n;
@@ -104,12 +120,20 @@ out:
 static void compare(const config *c, int rank) {
     char name[128];
     static const char *what[3] = { "params", "m", "v" };
-    int k;
-    for (k = 0; k < 3; k++) {
-        snprintf(name, sizeof name, "groups_shard_%s_rank%d_%s_equal_unsharded_bits", c->name, rank, what[k]);
-        verdict(got_hash[0][rank][k] == got_hash[1][rank][k], name, "hash %016llx sharded, %016llx unsharded",
-                (unsigned long long)got_hash[1][rank][k], (unsigned long long)got_hash[0][rank][k]);
-    }
+    static const char *runs[4] = { "", "sharded", "unsharded_resumed_from_sharded", "sharded_resumed" };
+    int k, run;
+    for (run = 1; run < 4; run++)
+        for (k = 0; k < 3; k++) {
+            snprintf(name, sizeof name, "groups_shard_%s_rank%d_%s_%s_equal_unsharded_bits", c->name, rank, runs[run], what[k]);
+            verdict(got_hash[0][rank][k] == got_hash[run][rank][k], name, "hash %016llx, %016llx unsharded",
+                    (unsigned long long)got_hash[run][rank][k], (unsigned long long)got_hash[0][rank][k]);
+        }
+}
+
+/* The four runs of a configuration on this rank. */
+static int runs(ddp_desc d, const config *c, int *rank) {
+    return train(d, c, 0, rank, 0) == DDP_OK && train(d, c, 1, rank, 1) == DDP_OK && train(d, c, 1, rank, 2) == DDP_OK &&
+           train(d, c, 1, rank, 3) == DDP_OK && train(d, c, 0, rank, 4) == DDP_OK;
 }
 
 /* The groups' replicas differ between syncs and meet at one: guard that the comparison above
@@ -167,12 +191,18 @@ static void rank_main(test_rank *self) {
     d.log_level = DDP_LOG_ERROR;
     if (!current) { refusals(d, d.rank); return; }
     int rank;
-    if (train(d, current, 0, &rank) != DDP_OK || train(d, current, 1, &rank) != DDP_OK) { test_failures++; return; }
+    if (!runs(d, current, &rank)) test_failures++;
 }
 
 int main(int argc, char **argv) {
     size_t i;
     int env = argc > 1 && !strcmp(argv[1], "env");
+    const char *dir = getenv("TMPDIR");
+    char tag[64];
+    /* every rank names the same file: a launcher's ranks by the job's port, thread-ranks by the pid */
+    if (env) snprintf(tag, sizeof tag, "port%s", getenv("MASTER_PORT") ? getenv("MASTER_PORT") : "");
+    else snprintf(tag, sizeof tag, "pid%ld", (long)getpid());
+    snprintf(ckpt_path, sizeof ckpt_path, "%s/ddp_groups_shard_%s.ckpt", dir && *dir ? dir : "/tmp", tag);
     for (i = 0; i < sizeof configs / sizeof configs[0]; i++) {
         const config *c = &configs[i];
         int rank;
@@ -191,7 +221,7 @@ int main(int argc, char **argv) {
             d.backend = DDP_BACKEND_MPI;
 #endif
             rank = 0;
-            if (train(d, c, 0, &rank) == DDP_OK && train(d, c, 1, &rank) == DDP_OK) compare(c, rank);
+            if (runs(d, c, &rank)) compare(c, rank);
             else test_failures++;
             if (i == 0) refusals(d, rank);   /* once */
         } else {
@@ -209,5 +239,6 @@ int main(int argc, char **argv) {
         current = NULL;
         test_run_ranks(W, shared, ranks);
     }
+    if (env ? getenv("RANK") && !strcmp(getenv("RANK"), "0") : 1) remove(ckpt_path);
     return test_summary("test_groups_shard");
 }
