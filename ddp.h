@@ -2451,6 +2451,10 @@ typedef struct ddp__backend {
     /* optional: every rank's `bytes` at recv + rank * stride to every rank (the outer exchange of
        groups of one rank, >>outer; NULL: a broadcast from each rank) */
     ddp_result (*allgather)(ddp_context *ctx, unsigned char *recv, size_t bytes, size_t stride);
+    /* optional: `bytes` of host memory from team member `member` (ddp__team_*) to the team's
+       other members only (the fp32 master in parts within a replica group, >>outer); NULL: the
+       backend has no teams of several ranks beside the world's */
+    ddp_result (*team_bcast)(ddp_context *ctx, void *data, size_t bytes, int member);
     void (*stats)(ddp_context *ctx);                             /* bring ctx->step.last_stats up to date */
     void (*poison)(ddp_context *ctx, ddp_result code);           /* tell the peers; any thread */
     void (*stop)(ddp_context *ctx);                              /* shutdown: no step work in flight */
@@ -3590,13 +3594,6 @@ static ddp_result ddp__outer_resolve(ddp_context *ctx) {
     if (ctx->desc.uneven_inputs != DDP_JOIN_OFF)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: replica groups are not built (yet) with "
                          "uneven_inputs: turn it off");
-    /* sharded within a group, the fp32 master would be in parts across the group's ranks, and
-       the outer exchange reads and writes it whole */
-    if (ctx->desc.shard_optimizer && ctx->desc.param_dtype == DDP_DTYPE_BF16 && o->group_size > 1)
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: shard_optimizer with bf16 parameters "
-                         "(param_dtype) in groups of %d ranks is not built (yet): the fp32 master would be in parts "
-                         "across the group; fp32 parameters are sharded within a group, or turn one of them off",
-                         o->group_size);
     ctx->outer.size = o->group_size;
     ctx->outer.groups = ctx->world / o->group_size;
     ctx->outer.group = ctx->rank / o->group_size;
@@ -6192,6 +6189,15 @@ static ddp_result ddp__cpu_adamw_team(ddp_context *ctx, const ddp_adamw *opt, fl
     return ddp__shm_wait_all(ctx, DDP__STAGE_OUT, ctx->impl.cpu->shm_seq);
 }
 
+/* A broadcast among the team only (be->team_bcast): its members' slots and waits (c->team). */
+static ddp_result ddp__cpu_team_bcast(ddp_context *ctx, void *data, size_t bytes, int member) {
+    ddp_result r;
+    ctx->impl.cpu->team = ddp__team_world(ctx) < ctx->world;
+    r = ddp__shm_collective(ctx, DDP__KIND_BROADCAST, data, bytes, ddp__team_peer(ctx, member));
+    ctx->impl.cpu->team = 0;
+    return r;
+}
+
 static ddp_result ddp__cpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b1, float b2, float eps, float *grad_norm_out) {
     ddp_result r;
     if (!ddp__sharded(ctx)) return ddp__host_adamw(ctx, opt, b1, b2, eps, grad_norm_out);
@@ -6362,6 +6368,7 @@ static void ddp__cpu_table(ddp__backend *t) {
     t->finish = ddp__cpu_finish;
     t->adamw = ddp__cpu_adamw;
     t->collective = ddp__cpu_collective;
+    t->team_bcast = ddp__cpu_team_bcast;
     t->poison = ddp__cpu_poison;
     t->stop = ddp__cpu_stop;
     t->teardown = ddp__cpu_teardown;
@@ -7484,6 +7491,27 @@ static ddp_result ddp__mpi_allgather(ddp_context *ctx, unsigned char *recv, size
     return r;
 }
 
+/* A broadcast among the team only (be->team_bcast): its communicator (the world's without groups). */
+static ddp_result ddp__mpi_team_bcast(ddp_context *ctx, void *data, size_t bytes, int member) {
+    ddp__mpi *m = ctx->impl.mpi;
+    MPI_Comm comm = ddp__mpi_teams(ctx) ? m->team : m->world;
+    size_t done, n;
+    ddp_result r;
+    int rc;
+    if (ddp__failed(ctx)) return ddp__failed(ctx);
+    if ((r = ddp__check_cancel(ctx, ctx->what)) != DDP_OK) return r;
+    ddp__mpi_busy(ctx, 1);
+    r = ddp__mpi_check_sigs_on(ctx, comm, ddp__team_world(ctx), ddp__team_peer(ctx, 0), ++m->wseq, DDP__KIND_BROADCAST, bytes,
+                               member);
+    for (done = 0; done < bytes && r == DDP_OK; done += n) {
+        n = bytes - done < DDP__MPI_MAX_COUNT ? bytes - done : DDP__MPI_MAX_COUNT;
+        rc = MPI_Bcast((unsigned char *)data + done, (int)n, MPI_BYTE, member, comm);
+        r = ddp__mpi_check(ctx, rc, "MPI_Bcast");
+    }
+    ddp__mpi_busy(ctx, 0);
+    return r;
+}
+
 static void ddp__mpi_table(ddp__backend *t) {
     ddp__host_table(t);
     t->name = "mpi";
@@ -7497,6 +7525,7 @@ static void ddp__mpi_table(ddp__backend *t) {
     t->adamw = ddp__mpi_adamw;
     t->collective = ddp__mpi_collective;
     t->allgather = ddp__mpi_allgather;
+    t->team_bcast = ddp__mpi_team_bcast;
     t->poison = ddp__mpi_poison;
     t->stop = ddp__mpi_stop;
     t->teardown = ddp__mpi_teardown;
@@ -10045,6 +10074,43 @@ static int ddp__outer_plain_mean(const ddp_context *ctx) {
     return o->lr == 1 && o->momentum == 0 && o->wire == DDP_WIRE_FP32;
 }
 
+/* The fp32 parameters [lo, lo + n) whole, into host memory `out`. With shard_optimizer and bf16
+   parameters within a group the master is in parts across the group's ranks: each member's
+   pieces reach the group's other members (be->team_bcast, nothing leaves the group), so every
+   rank computes the outer step on the whole range, as unsharded, with the same bits. */
+static ddp_result ddp__outer_master_get(ddp_context *ctx, size_t lo, size_t n, float *out) {
+    size_t plo, phi, a, z;
+    ddp_result r = DDP_OK;
+    int b, s;
+    if (!ddp__master_parts(ctx)) return ctx->be->copy(ctx, out, ctx->flat.params + lo, n * sizeof(float), 1);
+    for (b = 0; b < ctx->model.num_buckets && r == DDP_OK; b++)
+        for (s = 0; s < ddp__team_world(ctx) && r == DDP_OK; s++) {
+            ddp__shard_range(ctx, b, s, &plo, &phi);
+            a = plo > lo ? plo : lo;
+            z = phi < lo + n ? phi : lo + n;
+            if (z <= a) continue;
+            if (s == ddp__team_rank(ctx)) memcpy(out + (a - lo), ctx->flat.params + ctx->shard.base[b] + (a - plo), (z - a) * sizeof(float));
+            r = ctx->be->team_bcast(ctx, out + (a - lo), (z - a) * sizeof(float), s);
+        }
+    return r;
+}
+
+/* The fp32 parameters [lo, lo + n) from host memory `in` (the same on the group's ranks), the
+   bf16 working copies rounded from them; the master in parts: this rank's parts of it. */
+static ddp_result ddp__outer_master_put(ddp_context *ctx, size_t lo, size_t n, const float *in) {
+    ddp_bf16 *rounded;
+    ddp_result r;
+    if (!ddp__master_parts(ctx)) {
+        if ((r = ctx->be->copy(ctx, ctx->flat.params + lo, in, n * sizeof(float), 0)) != DDP_OK) return r;
+        return ddp__bf16_op(ctx, DDP__BF16_ROUND_PARAMS, lo, n);
+    }
+    if (!(rounded = (ddp_bf16 *)DDP_MALLOC(n * sizeof(ddp_bf16) + 1)))
+        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %zu bf16 working copies", n);
+    r = ddp__master_parts_put(ctx, lo, in, n, rounded);
+    DDP_FREE(rounded);
+    return r;
+}
+
 /* Bytes one group's fragment of n floats takes on the wire: INT8 is every block's fp32 scale,
    then the values. */
 static size_t ddp__outer_wire_bytes(const ddp_context *ctx, size_t n) {
@@ -10138,7 +10204,7 @@ static ddp_result ddp__outer_commit(ddp_context *ctx) {
                          "%zu bytes of wire buffers)", n, ctx->outer.mom ? " and momentum" : "", bytes * (size_t)ctx->outer.groups);
     if (ctx->outer.mom) memset(ctx->outer.mom, 0, n * sizeof(float));
     /* rank 0's, as every rank's (commit) */
-    return ctx->be->copy(ctx, ctx->outer.theta, ctx->flat.params, n * sizeof(float), 1);
+    return ddp__outer_master_get(ctx, 0, n, ctx->outer.theta);
 }
 
 /* Fragment f, sent: this group's outer gradient (or, ddp__outer_plain_mean, its parameters) as
@@ -10147,7 +10213,7 @@ static ddp_result ddp__outer_pack(ddp_context *ctx, int f) {
     size_t lo = ctx->outer.frag[f], n = ctx->outer.frag[f + 1] - lo, i;
     const float *p = ctx->outer.host, *theta = ctx->outer.theta + lo;
     float *delta = ctx->outer.sum;   /* scratch until the sum replaces it */
-    ddp_result r = ctx->be->copy(ctx, ctx->outer.host, ctx->flat.params + lo, n * sizeof(float), 1);
+    ddp_result r = ddp__outer_master_get(ctx, lo, n, ctx->outer.host);
     if (r != DDP_OK) return ddp__fatal(ctx, r);   /* the peers are about to exchange */
     if (ddp__outer_plain_mean(ctx)) memcpy(delta, p, n * sizeof(float));
     else for (i = 0; i < n; i++) delta[i] = theta[i] - p[i];
@@ -10299,6 +10365,12 @@ static ddp_result ddp__outer_backend(ddp_context *ctx) {
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: groups of %d ranks are not built (yet) on the %s "
                          "backend (the CPU and MPI backends have them): group_size 1 (every rank its own replica) or %d "
                          "(one group: plain DDP)", ctx->outer.size, ctx->be->name, ctx->world);
+    /* the master in parts (bf16 parameters, sharded within a group): the outer step gathers it
+       among the group (be->team_bcast), which the NCCL backend has not */
+    if (ctx->desc.shard_optimizer && ctx->desc.param_dtype == DDP_DTYPE_BF16 && ctx->outer.size > 1 && !ctx->be->team_bcast)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: shard_optimizer with bf16 parameters (param_dtype) "
+                         "in groups of %d ranks is not built (yet) on the %s backend (the CPU and MPI backends have it): "
+                         "turn one of them off", ctx->outer.size, ctx->be->name);
     /* (the NCCL backend's buckets follow the wire plan, which moves nothing for a group of one) */
     if (ctx->outer.size == 1 && ctx->world > 1 && ctx->be->id != DDP_BACKEND_NCCL) {
         ctx->table.launch = ddp__single_launch;
@@ -10335,11 +10407,11 @@ static ddp_result ddp__outer_merge(ddp_context *ctx, int f) {
     ctx->outer.flight = -1;
     if (mix == 0) p = theta;
     else {   /* the parameters as they are now, delay_steps after the send */
-        if ((r = ctx->be->copy(ctx, p, ctx->flat.params + lo, n * sizeof(float), 1)) != DDP_OK) return ddp__fatal(ctx, r);
+        if ((r = ddp__outer_master_get(ctx, lo, n, p)) != DDP_OK) return ddp__fatal(ctx, r);
         for (i = 0; i < n; i++) p[i] = mix * p[i] + (1 - mix) * theta[i];
     }
-    if ((r = ctx->be->copy(ctx, ctx->flat.params + lo, p, n * sizeof(float), 0)) != DDP_OK) return ddp__fatal(ctx, r);
-    return ddp__bf16_op(ctx, DDP__BF16_ROUND_PARAMS, lo, n);
+    if ((r = ddp__outer_master_put(ctx, lo, n, p)) != DDP_OK) return ddp__fatal(ctx, r);
+    return DDP_OK;
 }
 
 /* The fragment whose send step is inner step t (1, 2, ...), or -1: fragment f is sent at the
@@ -10376,7 +10448,7 @@ static ddp_result ddp__outer_step(ddp_context *ctx) {
    back towards the values they had at commit. */
 static ddp_result ddp__outer_params_set(ddp_context *ctx, ddp_buffer which, size_t offset, size_t count, ddp_result r) {
     if (r != DDP_OK || which != DDP_PARAMS || !count || !ddp__outer_on(ctx) || !ctx->outer.theta) return r;
-    return ctx->be->copy(ctx, ctx->outer.theta + offset, ctx->flat.params + offset, count * sizeof(float), 1);
+    return ddp__outer_master_get(ctx, offset, count, ctx->outer.theta + offset);
 }
 
 static ddp_outer_status ddp__outer_status(const ddp_context *ctx) {
@@ -10765,7 +10837,7 @@ static ddp_result ddp__ckpt_stream(ddp_context *ctx, ddp_buffer which, ddp__ckpt
 }
 
 /* Flat elements [at, at + n) of `which` held in parts (shard_optimizer within replica groups:
-   m and v), buf holding them. Save: member s of the group whose first rank is `src` holds
+   m and v; with bf16 parameters the master too), buf holding them. Save: member s of the group whose first rank is `src` holds
    piece s of each bucket and broadcasts it to rank 0 (every rank walks the same pieces). Load
    (every rank has buf): this rank takes its own pieces. */
 static ddp_result ddp__ckpt_parts(ddp_context *ctx, ddp_buffer which, float *flat, float *buf, size_t at, size_t n, int src,
@@ -10781,8 +10853,8 @@ static ddp_result ddp__ckpt_parts(ddp_context *ctx, ddp_buffer which, float *fla
             z = hi < at + n ? hi : at + n;
             if (z <= a) continue;
             local = flat + ctx->shard.base[b] + (a - lo);
-            if (!save) {
-                if (s == ddp__team_rank(ctx)) r = ddp__state_copy(ctx, which, local, a, buf + (a - at), z - a, 0);
+            if (!save) {   /* (the master: every working copy of the chunk too, below) */
+                if (s == ddp__team_rank(ctx) && which != DDP_PARAMS) r = ddp__state_copy(ctx, which, local, a, buf + (a - at), z - a, 0);
                 continue;
             }
             if (ctx->rank == src + s) r = ddp__state_copy(ctx, which, local, a, buf + (a - at), z - a, 1);
@@ -10791,6 +10863,7 @@ static ddp_result ddp__ckpt_parts(ddp_context *ctx, ddp_buffer which, float *fla
                 r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, buf + (a - at), (z - a) * sizeof(float), src + s);
             }
         }
+    if (r == DDP_OK && !save && which == DDP_PARAMS) r = ddp__outer_master_put(ctx, at, n, buf);
     return r;
 }
 
@@ -10881,7 +10954,7 @@ static ddp_result ddp__ckpt_outer_land(ddp_context *ctx, const ddp__ckpt_status 
         if (z <= a) continue;
         to = ctx->model.params[i].offset + (size_t)(a - lo);
         len = (size_t)(z - a);
-        if ((r = ctx->be->copy(ctx, stage, ctx->flat.params + to, len * sizeof(float), 1)) != DDP_OK) break;
+        if ((r = ddp__outer_master_get(ctx, to, len, stage)) != DDP_OK) break;
         for (j = 0; j < len; j++) {
             float *theta = ctx->outer.theta + to + j;
             float avg = st->groups == 1 ? sum[a - at + j] : sum[a - at + j] / Gs;
@@ -10890,8 +10963,7 @@ static ddp_result ddp__ckpt_outer_land(ddp_context *ctx, const ddp__ckpt_status 
             *theta -= o->lr * g;
             stage[j] = mix == 0 ? *theta : mix * stage[j] + (1 - mix) * *theta;
         }
-        if ((r = ctx->be->copy(ctx, ctx->flat.params + to, stage, len * sizeof(float), 0)) == DDP_OK)
-            r = ddp__bf16_op(ctx, DDP__BF16_ROUND_PARAMS, to, len);
+        r = ddp__outer_master_put(ctx, to, len, stage);
     }
     return r;
 }
@@ -10919,7 +10991,7 @@ static ddp_result ddp__ckpt_outer_load(ddp_context *ctx, ddp__ckpt_file *f, cons
         if (ctx->outer.mom) memset(ctx->outer.mom, 0, ctx->flat.count * sizeof(float));
         ctx->outer.inner = ctx->outer.syncs = ctx->outer.lands = 0;
         ctx->outer.flight = -1;
-        return ddp__state_copy(ctx, DDP_PARAMS, ctx->flat.params, 0, ctx->outer.theta, ctx->flat.count, 1);
+        return ddp__outer_master_get(ctx, 0, ctx->flat.count, ctx->outer.theta);
     }
     buf = (float *)DDP_MALLOC(2 * DDP__CKPT_CHUNK * sizeof(float));   /* a chunk, and the landing fragment's stage */
     if (land) offs = (uint64_t *)DDP_MALLOC(sizeof(uint64_t) * (size_t)ctx->model.num_params + 1);

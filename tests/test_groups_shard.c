@@ -12,8 +12,9 @@
    - checkpoints: a sharded run saved mid-way (DiLoCo between syncs; streaming with a fragment in
      flight; each group's m and v from its own members) and loaded by a sharded and by an
      unsharded run, which finish with the same bits.
-   And: bf16 parameters with shard_optimizer in groups of 2 are refused at ddp_init by name;
-   groups of one rank take shard_optimizer as a no-op (nothing to shard across: m and v whole). */
+   Each with fp32 and with bf16 parameters (the fp32 master in parts within the group, gathered
+   among it for the outer step; the bf16 working copies compared too). And: groups of one rank
+   take shard_optimizer as a no-op (nothing to shard across: m and v whole). */
 #include "testlib.h"
 
 #define W 4
@@ -22,8 +23,9 @@
 static const size_t sizes[NPARAM] = { 70001, 3003 };   /* buckets of several 1024-float parts */
 #define TOTAL (70001 + 3003)
 
-typedef struct config { const char *name; int streaming, staged; } config;
-static const config configs[] = { { "diloco", 0, 0 }, { "streaming", 1, 0 }, { "diloco_staged", 0, 1 } };
+typedef struct config { const char *name; int streaming, staged, bf16; } config;
+static const config configs[] = { { "diloco", 0, 0, 0 },      { "streaming", 1, 0, 0 },      { "diloco_staged", 0, 1, 0 },
+                                  { "diloco_bf16", 0, 0, 1 }, { "streaming_bf16", 1, 0, 1 }, { "streaming_bf16_staged", 1, 1, 1 } };
 
 /* Rank r's gradient of element i at step t: group 1's are NaN at step 5 (skip_nonfinite; after the checkpoint: the file holds one AdamW step count, rank 0's). */
 static float grad_value(int r, int t, size_t i) {
@@ -31,7 +33,7 @@ static float grad_value(int r, int t, size_t i) {
     return test_value((uint64_t)(500 + 10 * r + t), i);
 }
 
-static uint64_t got_hash[4][W][3];   /* [run][rank][params, m, v]: run 0 unsharded, 1 sharded, 2 and 3 resumed */
+static uint64_t got_hash[4][W][4];   /* [run][rank][params (the fp32 master), m, v, bf16 working copies]: run 0 unsharded, 1 sharded, 2 and 3 resumed */
 static char ckpt_path[256];
 
 /* A run: shard_optimizer off or on; run 2 saves after step `save_at` (streaming: a fragment in
@@ -50,6 +52,7 @@ static ddp_result train(ddp_desc d, const config *c, int shard, int *rank_out, i
     d.outer.inner_steps = c->streaming ? 4 : 2;
     if (c->streaming) { d.outer.fragments = 2; d.outer.delay_steps = 1; d.outer.mix = 0.5f; }
     d.shard_optimizer = shard;
+    d.param_dtype = c->bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
     d.skip_nonfinite = 1;
     memset(&opt, 0, sizeof opt);
     opt.lr = 0.01f;
@@ -69,7 +72,11 @@ static ddp_result train(ddp_desc d, const config *c, int shard, int *rank_out, i
     for (t = run >= 3 ? save_at + 1 : 1; t <= STEPS; t++) {
         if ((r = ddp_zero_grad(ctx)) != DDP_OK) goto out;
         for (p = NPARAM - 1; p >= 0; p--) {
-            for (j = 0; j < sizes[p]; j++) ddp_grad(ctx, ids[p])[j] = grad_value(rank, t, (p ? sizes[0] : 0) + j);
+            for (j = 0; j < sizes[p]; j++) {
+                float g = grad_value(rank, t, (p ? sizes[0] : 0) + j);
+                if (c->bf16) ddp_grad_bf16(ctx, ids[p])[j] = ddp__to_bf16(g);
+                else ddp_grad(ctx, ids[p])[j] = g;
+            }
             if ((r = ddp_grad_ready(ctx, ids[p])) != DDP_OK) goto out;
         }
         if ((r = ddp_finish(ctx)) != DDP_OK) goto out;
@@ -104,6 +111,7 @@ static ddp_result train(ddp_desc d, const config *c, int shard, int *rank_out, i
             if (root == rank) got_hash[slot][rank][which] = test_hash(buf, TOTAL * sizeof(float));
         }
     }
+    if (c->bf16) got_hash[slot][rank][3] = test_hash(ddp_flat_params_bf16(ctx, NULL), TOTAL * sizeof(ddp_bf16));
     (void)i; (void)n;
 out:
     if (r != DDP_OK)
@@ -119,11 +127,11 @@ out:
 
 static void compare(const config *c, int rank) {
     char name[128];
-    static const char *what[3] = { "params", "m", "v" };
+    static const char *what[4] = { "params", "m", "v", "bf16_working_copies" };
     static const char *runs[4] = { "", "sharded", "unsharded_resumed_from_sharded", "sharded_resumed" };
     int k, run;
     for (run = 1; run < 4; run++)
-        for (k = 0; k < 3; k++) {
+        for (k = 0; k < (c->bf16 ? 4 : 3); k++) {
             snprintf(name, sizeof name, "groups_shard_%s_rank%d_%s_%s_equal_unsharded_bits", c->name, rank, runs[run], what[k]);
             verdict(got_hash[0][rank][k] == got_hash[run][rank][k], name, "hash %016llx, %016llx unsharded",
                     (unsigned long long)got_hash[run][rank][k], (unsigned long long)got_hash[0][rank][k]);
@@ -145,23 +153,15 @@ static void groups_differ(const config *c, int rank) {
     verdict(got_hash[1][rank][1] != got_hash[1][other][1], name, "rank %d and %d (other group) hold the same m", rank, other);
 }
 
-/* bf16 parameters + shard_optimizer in groups of 2: refused by name; groups of 1: a no-op. */
+/* Groups of one rank: shard_optimizer is a no-op (nothing to shard across). */
 static void refusals(ddp_desc d, int rank) {
     ddp_context *ctx = NULL;
     char name[128];
     ddp_result r;
     d.outer.mode = DDP_OUTER_DILOCO;
-    d.outer.group_size = 2;
     d.outer.inner_steps = 2;
     d.shard_optimizer = 1;
-    d.param_dtype = DDP_DTYPE_BF16;
     d.log_level = DDP_LOG_OFF;
-    r = ddp_init(&ctx, &d);
-    snprintf(name, sizeof name, "groups_shard_bf16_params_refused_rank%d", rank);
-    verdict(r == DDP_ERR_INVALID_ARGUMENT && ctx && strstr(ddp_last_error(ctx), "shard_optimizer with bf16 parameters"), name,
-            "%s: %s", ddp_result_string(r), ddp_last_error(ctx));
-    ddp_shutdown(ctx);
-    ctx = NULL;
     d.outer.group_size = 1;   /* every rank its own group: nothing to shard across */
     d.param_dtype = DDP_DTYPE_FP32;
     if ((r = ddp_init(&ctx, &d)) == DDP_OK) {
