@@ -206,7 +206,8 @@
      uneven_inputs    DDP_JOIN_OFF         DDP_JOIN_DIVIDE_BY_WORLD or _BY_ACTIVE: ranks may run
                                            out of data and ddp_join (EMBEDDING); ranks must agree
      shard_optimizer  0 ($DDP_SHARD_       1: ZeRO stage 1, AdamW's m and v split across the ranks
-                      OPTIMIZER)           (SHARDED OPTIMIZER below); the same bits as 0; ranks
+                      OPTIMIZER)           (with outer: a group's ranks; SHARDED OPTIMIZER below);
+                                           the same bits as 0; ranks
                                            must agree; not with uneven_inputs
      outer            mode DDP_OUTER_OFF   replica groups and their outer sync: DiLoCo,
                                            streaming DiLoCo, periodic averaging (OUTER SYNC);
@@ -243,6 +244,14 @@
      padding: the flat layout, and so every offset, is the same sharded or not at any world size.
      NCCL: the equal parts through ncclReduceScatter / ncclAllGather in place, the tail through
      one ncclReduce to, and one ncclBroadcast from, the last rank.
+     Replica groups (desc.outer, OUTER SYNC): the state is sharded within each group, across its
+     S ranks, by the same rule with world -> S (member s of every group holds the same parts);
+     every sharded exchange stays in the group, as its buckets do (the reduce-scatter, the
+     norm's blocks, skip_nonfinite's verdict, which is the group's, and the all-gather; a group
+     that skips a step still gathers, unchanged values, so the groups keep in step). Groups of
+     one rank: shard_optimizer is a no-op there (nothing to shard across; as on one rank), m
+     and v stay whole. ddp_gather_to_host takes each part from the root's group;
+     ddp_scatter_from_host gives each part to its holder in every group.
      The norm: blocks of 1024 floats never straddle two owners; each rank sums the squares of its
      own blocks, the block sums reach every rank unchanged, and every rank adds all blocks in
      order: the norm is bit-identical to the unsharded one (ADAMW above).
@@ -257,7 +266,7 @@
      Memory per parameter and rank: 4 (parameters) + 4 (gradients) + 8/world (m, v) bytes,
      against 16 unsharded (plus the CPU backend's shared segment: its parameters and gradients
      ARE the flat buffers, nothing more). reduce_dtype BF16, find_unused, skip_nonfinite,
-     accumulation, clipping: supported, same bits. uneven_inputs (ddp_join): refused at ddp_init.
+     accumulation, clipping, the outer sync: supported, same bits. uneven_inputs (ddp_join): refused at ddp_init.
      CPU: the parameters live in the shared segment beside the gradients, and each peer's part
      is copied from the peer's parameters; without the segment (DDP_STAGED_GRADS, no room in
      /dev/shm) the buckets are averaged whole and the parts travel by broadcast: the same bits,
@@ -371,11 +380,27 @@
      without groups (CPU: through the shared segment, waiting for the group's ranks only; MPI: a
      communicator per group, each piece's owner adding the group's values in rank order, or a
      group of one host's ranks through that host's shared memory: the CPU backend's bits either
-     way), while every other collective spans the world; NCCL
+     way), while every other collective spans the world (but the sharded optimizer's, below); NCCL
      with groups of one rank (each GPU its own replica: its buckets move nothing) or one group,
      the exchange staged through host memory and not overlapped (its collectives are ordered on
      the program's compute stream; tested on tests/fakegpu, not yet on a GPU). Not yet:
-     shard_optimizer, uneven_inputs (refused by name). A host lost during an exchange: the
+     uneven_inputs (refused by name).
+     shard_optimizer (ZeRO-1) within the groups (CPU and MPI; NCCL with groups of one rank, where
+     it is a no-op, or one group): each group shards AdamW's state across its own ranks and every
+     sharded exchange stays in the group (SHARDED OPTIMIZER); the outer exchange is as without
+     it (fp32 parameters are whole on every rank). With bf16 parameters the fp32 master is in
+     parts across the group's ranks: before a fragment is packed, and before it merges with mix,
+     each member's parts of it travel to the group's other members (a broadcast among the group
+     only: the CPU segment, MPI_Bcast on the group's communicator; fp32, the fragment's size
+     once per group, nothing across the slow link), so every rank holds the group's whole master
+     of the fragment, exchanges and steps it as unsharded (the same bits), then keeps the master
+     of its own parts and writes all its working copies of the fragment (no gather after it).
+     NCCL refuses bf16 parameters + shard_optimizer in groups of several ranks by name.
+     Checkpoints: each group's m, v (and master) come from its own members. Tests:
+     tests/test_groups_shard.c (4 thread-ranks in 2 groups of 2; mpirun -n 4 in
+     tests/test_groups.sh): sharded = unsharded bit for bit, fp32 and bf16 parameters, DiLoCo and
+     streaming, a group skipping a step, resumed from a checkpoint either way.
+     A host lost during an exchange: the
      backend's collective fails on every survivor within the timeout, as any collective does.
      Continuing without the lost group would take: the survivors agreeing on who is left (the
      store), a new group count for the average, and the outer state kept (it is the same on every
@@ -413,7 +438,8 @@
      (tests/test_checkpoint.c). Format: >>checkpoint.
      With the outer sync (desc.outer) the groups' inner states differ between syncs, so the file
      holds every group's: its parameters, m and v (from the group's first rank, through the
-     broadcast every backend has, in the same chunks; all ranks of a group hold the same), and
+     broadcast every backend has, in the same chunks; all ranks of a group hold the same;
+     shard_optimizer: each part from its holder in the group), and
      the outer state every rank holds alike: the fp32 outer parameters, the outer momentum, the
      inner step count, the syncs, the fragment in flight, when it lands and the groups' summed
      outer gradient for it (format version 2; a run without the outer sync writes version 1,
@@ -802,7 +828,8 @@
      >>join         uneven inputs: ddp_join's shadow steps, the replicas synced at the end
      >>outer        replica groups and their outer sync: fragments, the wire's encodings, the
                     exchange (its own thread when delayed; the wire's users wait for it), the
-                    outer Nesterov step and the merge
+                    outer Nesterov step and the merge; the master in parts gathered within the
+                    group (ddp__outer_master_get / _put, be->team_bcast)
      >>checkpoint   ddp_save / ddp_load: the file format, the atomic write, the strict two-pass
                     read, rank 0's verdict broadcast to every rank; the outer sync's state
                     (every group's, ddp__ckpt_outer_save / ddp__ckpt_outer_load)
@@ -4871,7 +4898,7 @@ static void ddp__watchdog_stop(ddp__watchdog *w) {
 
 /* --------------------------------------------------------------------------------------------
    >>shard  The shard layout every backend follows: which rank holds which part of a bucket
-   (DDP__SHARD_GRAIN), whether the master is held in parts, and the fixed-order sum of the
+   (DDP__SHARD_GRAIN; with replica groups, which member of the group), whether the master is held in parts, and the fixed-order sum of the
    gradient norm's blocks (the blocks' sums of squares: >>host, and ddp_kernels.cuh on NCCL).
    -------------------------------------------------------------------------------------------- */
 /* Team member s's part of bucket b, as a range of the flat buffer. Unsharded (or one rank) every
@@ -10476,7 +10503,8 @@ static ddp_outer_status ddp__outer_status(const ddp_context *ctx) {
    an index would need a commit across files; one rename commits one file.) Format, little-endian,
    every integer at its stated width:
      "DDP-CKPT" u32 version u32 world u32 sharded u32 num_params i64 step u64 floats u64 user_bytes
-     u32 num_shards u32 0 | num_shards x u64 the floats the shards before it hold | num_params x (u32 name
+     u32 num_shards u32 0 | num_shards x u64 the floats the shards before it hold (num_shards: world
+     if sharded, else 1; version 2: a replica group's size, a divisor of world) | num_params x (u32 name
      length, name, u64 count, u32 flags) | parameters, then m, then v, each parameter's floats in
      registration order (no padding) | the user blob | u64 checksum of every byte before it
      (ddp__sum_add: FNV-1a's step on 64-bit words in four lanes, then FNV-1a of lanes and tail).
@@ -10916,7 +10944,8 @@ static ddp_result ddp__ckpt_outer_stream(ddp_context *ctx, ddp__ckpt_file *f, fl
 
 /* ddp_save with the outer sync on, after group 0's parameters, m and v (rank 0's own): theta,
    momentum, every other group's parameters, m and v (from the group's first rank: every rank of
-   a group holds the same), the in-flight fragment's sum. The outer state is alike on every rank:
+   a group holds the same; held in parts, from each part's holder: ddp__ckpt_parts), the
+   in-flight fragment's sum. The outer state is alike on every rank:
    rank 0 writes its own (ddp__save settled the exchange in flight first: outer.sum is whole). */
 static ddp_result ddp__ckpt_outer_save(ddp_context *ctx, ddp__ckpt_file *f) {
     float *buf = (float *)DDP_MALLOC(DDP__CKPT_CHUNK * sizeof(float));
