@@ -2586,6 +2586,7 @@ struct ddp_context {
             int started, job, stop;/* job: the fragment to exchange, -1: none */
             ddp_result result;
             double seconds;        /* the last exchange took */
+            double t0, t1;         /* when the last exchange ran (the timeline's event) */
             double slow_s;         /* its longest broadcast from another group: that group's lateness, roughly */
             int slow_group;
             /* the backend's slots the exchange shares the wire with: they wait for it first */
@@ -2874,7 +2875,8 @@ static uint64_t ddp__sample(const ddp_sampler *s, uint64_t epoch, uint64_t i) {
    -------------------------------------------------------------------------------------------- */
 enum { DDP__EV_FORWARD, DDP__EV_BACKWARD_OP, DDP__EV_READY, DDP__EV_ALLREDUCE, DDP__EV_WAIT,
        DDP__EV_ADAMW, DDP__EV_STEP, DDP__EV_GPU_BACKWARD, DDP__EV_GPU_EXPOSED,
-       DDP__EV_STRAGGLER /* this rank waited for the last arrival: index the bucket, bytes the rank */ };
+       DDP__EV_STRAGGLER /* this rank waited for the last arrival: index the bucket, bytes the rank */,
+       DDP__EV_OUTER     /* an outer exchange (>>outer): index the fragment, bytes a group's encoding */ };
 #define DDP__TIMELINE_MAX_EVENTS 150000      /* per thread: keeps a rank's trace under the store's cap */
 
 typedef struct ddp__event {
@@ -2945,8 +2947,8 @@ static void ddp__text_json_name(ddp__text *t, const char *name) {
 
 static void ddp__tl_event_json(ddp_context *ctx, ddp__text *t, const ddp__event *e) {
     static const char *cats[] = { "forward", "backward", "ready", "comm", "exposed", "optimizer", "step",
-                                  "gpu_backward", "gpu_exposed", "straggler" };
-    static const int tids[] = { 0, 0, 0, 1, 0, 0, 2, 1, 1, 1 };   /* NCCL: the comm lane is the GPU clock */
+                                  "gpu_backward", "gpu_exposed", "straggler", "outer" };
+    static const int tids[] = { 0, 0, 0, 1, 0, 0, 2, 1, 1, 1, 3 };   /* NCCL: the comm lane is the GPU clock */
     const char *cat = e->kind == DDP__EV_ALLREDUCE && e->index < 0 ? "user_comm" : cats[e->kind];
     double ts = 1e6 * (e->t0 - ctx->tl.origin), dur = 1e6 * (e->t1 - e->t0);
     int i;
@@ -2962,6 +2964,7 @@ static void ddp__tl_event_json(ddp_context *ctx, ddp__text *t, const ddp__event 
     case DDP__EV_GPU_BACKWARD: ddp__text_printf(t, "backward (gpu)"); break;
     case DDP__EV_GPU_EXPOSED: ddp__text_printf(t, "exposed comm (gpu)"); break;
     case DDP__EV_STRAGGLER: ddp__text_printf(t, "wait for rank %d", (int)e->bytes); break;
+    case DDP__EV_OUTER: ddp__text_printf(t, "outer exchange, fragment %d", e->index); break;
     default: ddp__text_printf(t, "%s", e->kind == DDP__EV_ADAMW ? "adamw" : cats[e->kind]); break;
     }
     ddp__text_printf(t, "\",\"cat\":\"%s\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,", cat, ctx->rank, tids[e->kind], ts);
@@ -2970,6 +2973,7 @@ static void ddp__tl_event_json(ddp_context *ctx, ddp__text *t, const ddp__event 
     ddp__text_printf(t, "\"args\":{\"step\":%d", e->step);
     if (e->kind == DDP__EV_READY || (e->kind == DDP__EV_ALLREDUCE && e->index >= 0)) ddp__text_printf(t, ",\"bucket\":%d", e->index);
     if (e->kind == DDP__EV_ALLREDUCE) ddp__text_printf(t, ",\"bytes\":%llu", (unsigned long long)e->bytes);
+    if (e->kind == DDP__EV_OUTER) ddp__text_printf(t, ",\"fragment\":%d,\"bytes\":%llu", e->index, (unsigned long long)e->bytes);
     if (e->kind == DDP__EV_STRAGGLER)   /* bucket -1: the count of the ranks with data (uneven inputs) */
         ddp__text_printf(t, ",\"bucket\":%d,\"rank\":%d", e->index, (int)e->bytes);
     if (e->kind == DDP__EV_BACKWARD_OP && e->num_params > 0) {
@@ -2986,13 +2990,13 @@ static void ddp__tl_event_json(ddp_context *ctx, ddp__text *t, const ddp__event 
 
 /* This rank's part of the trace: its process/thread names, then its events. */
 static void ddp__tl_rank_json(ddp_context *ctx, ddp__text *t) {
-    static const char *threads[] = { "compute", "comm", "steps" };
+    static const char *threads[] = { "compute", "comm", "steps", "outer exchange" };
     const ddp__timeline *lists[2];
     size_t i;
     int k;
     lists[0] = ctx->tl.main; lists[1] = ctx->tl.comm;
     ddp__text_printf(t, ",\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}", ctx->rank, ctx->rank);
-    for (k = 0; k < 3; k++)
+    for (k = 0; k < 4; k++)
         ddp__text_printf(t, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s\"}}",
                          ctx->rank, k, threads[k]);
     for (k = 0; k < 2; k++)
@@ -10147,6 +10151,8 @@ static ddp_result ddp__outer_transfer(ddp_context *ctx, int f) {
         ddp__outer_decode_add(ctx, ctx->outer.recv + (size_t)g * slot + DDP__OUTER_HEAD, n, ctx->outer.sum, g == 0);
     }
     ctx->outer.bg.slow_s -= least;
+    ctx->outer.bg.t0 = t0;
+    ctx->outer.bg.t1 = ddp__now();
     ctx->outer.bg.seconds = ddp__now() - t0;
     return DDP_OK;
 }
@@ -10183,7 +10189,9 @@ static ddp_result ddp__outer_settle(ddp_context *ctx) {
 }
 
 /* The settled exchange's times, for ddp_outer_state (main thread: the exchange's thread is idle). */
-static void ddp__outer_times(ddp_context *ctx) {
+static void ddp__outer_times(ddp_context *ctx, int f) {
+    ddp__record(ctx, ctx->tl.main, DDP__EV_OUTER, ctx->outer.bg.t0, ctx->outer.bg.t1, f,
+                ddp__outer_wire_bytes(ctx, ctx->outer.frag[f + 1] - ctx->outer.frag[f]));
     ctx->outer.exchange_ms = 1e3 * ctx->outer.bg.seconds;
     ctx->outer.straggler_ms = 1e3 * ctx->outer.bg.slow_s;
     ctx->outer.slowest_group = ctx->outer.bg.slow_group;
@@ -10199,7 +10207,7 @@ static ddp_result ddp__outer_exchange(ddp_context *ctx, int f) {
     /* the NCCL backend's collectives are ordered on the program's compute stream: no thread */
     if (!ctx->desc.outer.delay_steps || ctx->outer.groups == 1 || ctx->be->id == DDP_BACKEND_NCCL) {
         r = ddp__outer_transfer(ctx, f);
-        ddp__outer_times(ctx);
+        if (r == DDP_OK) ddp__outer_times(ctx, f);
         return r;
     }
     if (!ctx->outer.bg.started) {
@@ -10321,7 +10329,7 @@ static ddp_result ddp__outer_step(ddp_context *ctx) {
     ctx->outer.inner++;
     if (ctx->outer.flight >= 0 && ctx->outer.inner >= ctx->outer.lands) {
         if ((r = ddp__outer_settle(ctx)) != DDP_OK) return r;
-        ddp__outer_times(ctx);
+        ddp__outer_times(ctx, ctx->outer.flight);
         if ((r = ddp__outer_merge(ctx, ctx->outer.flight)) != DDP_OK) return r;
     }
     if ((f = ddp__outer_due(ctx, ctx->outer.inner)) < 0) return DDP_OK;
