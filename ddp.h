@@ -371,11 +371,15 @@
      without groups (CPU: through the shared segment, waiting for the group's ranks only; MPI: a
      communicator per group, each piece's owner adding the group's values in rank order, or a
      group of one host's ranks through that host's shared memory: the CPU backend's bits either
-     way), while every other collective spans the world; NCCL
-     with groups of one rank (each GPU its own replica: its buckets move nothing) or one group,
-     the exchange staged through host memory and not overlapped (its collectives are ordered on
-     the program's compute stream; tested on tests/fakegpu, not yet on a GPU). Not yet:
-     shard_optimizer, uneven_inputs (refused by name). A host lost during an exchange: the
+     way), while every other collective spans the world; NCCL:
+     groups of one rank (each GPU its own replica: its buckets move nothing), one group, or
+     groups of several ranks, whose buckets go through a second communicator over the group's
+     ranks (set up at ddp_init from an ncclUniqueId the group's first rank puts in the store;
+     ncclAvg divides by the group's size: the CPU backend's bits), while the exchange and every
+     other collective use the world's; the exchange staged through host memory and not
+     overlapped (its collectives are ordered on the program's compute stream; tested on
+     tests/fakegpu, not yet on a GPU). Not yet: shard_optimizer (on NCCL with groups of several
+     ranks too), uneven_inputs (refused by name). A host lost during an exchange: the
      backend's collective fails on every survivor within the timeout, as any collective does.
      Continuing without the lost group would take: the survivors agreeing on who is left (the
      store), a new group count for the average, and the outer state kept (it is the same on every
@@ -465,8 +469,12 @@
              the compute stream's work and before its later work; host buffers are staged and
              waited for. A watchdog thread polls NCCL's asynchronous errors, the age of
              unfinished communication and the group's poison, and aborts the communicator rather
-             than hang, until ddp_shutdown has destroyed it. Step stats come from CUDA events,
-             read lazily (stats.step names the step they describe).
+             than hang, until ddp_shutdown has destroyed it. Replica groups of several ranks
+             (OUTER SYNC): a second communicator over each group's ranks (its ncclUniqueId from
+             the group's first rank through the store; ncclCommInitRankConfig, so any NCCL from
+             2.10), on which the buckets are averaged; the watchdog, aborts and shutdown cover it
+             as they do the world's. Step stats come from CUDA events, read lazily (stats.step
+             names the step they describe).
 
      mpi     CPU ranks on several hosts (only with -DDDP_MPI, built by mpicc; tested with Open MPI
              4.1; MPICH's own environment (PMI_RANK) is not read by ENVIRONMENT below yet).
@@ -780,7 +788,8 @@
                     ranks: through the host's segment); stragglers across hosts
                     through the signature check (ddp__mpi_cross_arrivals, the leaders' relay);
                     the watchdog's hooks (heartbeats, the collective's age, MPI_Abort), its table
-     >>nccl         the NCCL backend (only with DDP_CUDA): the communicator's life, the
+     >>nccl         the NCCL backend (only with DDP_CUDA): the communicators' life (the
+                    world's; a replica group's: ddp__gpu_init_team), the
                     watchdog's hooks, set-up, buckets on the comm stream as the wire plan says
                     (sharded: reduce-scattered), the norm's blocks, AdamW kernels (sharded: per
                     bucket, then all-gathered); its table
@@ -7476,6 +7485,9 @@ static void ddp__mpi_table(ddp__backend *t) {
    non-blocking, so no NCCL call can hang the caller; a watchdog thread polls NCCL's
    asynchronous errors, the age of unfinished communication (timeout_s) and the store's poison
    key, and aborts the communicator instead of letting the job hang, until teardown is done.
+   With replica groups of several ranks (>>outer) a second communicator spans the group's ranks
+   and carries the buckets; everything else stays on the world's, and the life, the watchdog's
+   look, aborts and teardown cover both.
    Every CUDA and NCCL call is checked; a failure is DDP_ERR_BACKEND (or _PEER_LOST, _TIMEOUT)
    with the call, file, line and rank.
    -------------------------------------------------------------------------------------------- */
@@ -10335,8 +10347,8 @@ static void ddp__outer_stop(ddp_context *ctx) {
 /* Replica groups on the chosen backend (ddp_init). The inner steps average within a group, the
    team (ddp__team_*): the CPU backend's buckets wait for and add the team's members only (>>cpu:
    ddp__span_*), the MPI backend's go through a communicator of the team (>>mpi), the NCCL
-   backend's through one of the group's ranks (>>nccl: ddp__gpu_init_team). A group of one rank averages nothing, so its buckets take the single
-   backend's launch and finish (the backend's collectives still reach every rank: the outer
+   backend's through an NCCL communicator of the team (>>nccl: ddp__gpu_init_team). A group of
+   one rank averages nothing, so its buckets take the single backend's launch and finish (the backend's collectives still reach every rank: the outer
    exchange uses them). The slots that use the wire are wrapped so that they wait for an
    exchange in flight first. */
 static ddp_result ddp__outer_backend(ddp_context *ctx) {

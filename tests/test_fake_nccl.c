@@ -11,6 +11,10 @@
      CPU backend (single for 1 rank), with accumulation, bf16 buckets, clipping and the norm read
      back on some steps; with NCCL's pre-multiplied ncclAvg, the same bits on 2 ranks and a
      stated bound on 3;
+   - replica groups (desc.outer): groups of one rank, and 4 ranks in 2 groups of 2 (the buckets on
+     a second communicator over the group's ranks, the exchange on the world's), DiLoCo and
+     streaming, fp32 and bf16 buckets: every rank ends with the CPU backend's bits; a rank of one
+     group that aborts fails every rank, the other group's too, by name;
    - user collectives on device and host buffers, host copies of every flat buffer, step stats;
    - non-finite gradients, named by the step with grad_norm_out, reported by the next without;
    - faults: an asynchronous NCCL error on one rank, a rank that aborts its communicator, a rank
