@@ -14,7 +14,8 @@
    - replica groups (desc.outer): groups of one rank, and 4 ranks in 2 groups of 2 (the buckets on
      a second communicator over the group's ranks, the exchange on the world's), DiLoCo and
      streaming, fp32 and bf16 buckets: every rank ends with the CPU backend's bits; a rank of one
-     group that aborts fails every rank, the other group's too, by name;
+     group that aborts fails every rank, the other group's too, by name; a group's communicator
+     whose set-up never finishes is named with the group's ranks;
    - user collectives on device and host buffers, host copies of every flat buffer, step stats;
    - non-finite gradients, named by the step with grad_norm_out, reported by the next without;
    - faults: an asynchronous NCCL error on one rank, a rank that aborts its communicator, a rank
@@ -850,6 +851,23 @@ static void init_never_completes(void) {
     expect_failure("fake_nccl_setup_never_completes_timeout_names_ranks", 3, 6, want);
 }
 
+/* 2 groups of 2 on 4 ranks: rank 3's second set-up (its group's communicator) never finishes.
+   Its group times out naming the group's ranks (not the world's), the other group's ranks fail
+   by name instead of waiting for the first broadcast, and the stalled communicator is freed. */
+static void team_init_never_completes(void) {
+#define TEAM_PEER_LOST "stopped because rank 2|stopped because rank 3|rank 2 disconnected|rank 3 disconnected"
+    const char *want[3] = { TEAM_PEER_LOST, TEAM_PEER_LOST,
+                            "replica group's communicator; rank(s) never started it: none; rank(s) that did not finish it: 2, 3;" };
+    fakegpu_reset();
+    reset_cfg();
+    fakegpu_stall_init_on(3, 1);
+    cfg.outer.mode = DDP_OUTER_DILOCO; cfg.outer.group_size = 2; cfg.outer.inner_steps = 5;
+    cfg.timeout_s = 2;
+    run(4, train_rank);
+    expect_failure("fake_nccl_ranks4_groups_of2_group_setup_never_completes_timeout_names_its_ranks", 4, 6, want);
+#undef TEAM_PEER_LOST
+}
+
 static void duplicate_gpu(void) {
     const char *want[3] = { "Duplicate GPU detected", "Duplicate GPU detected", NULL };
     fakegpu_reset();
@@ -1075,6 +1093,7 @@ int main(void) {
     fault_stop();
     fault_hold();
     init_never_completes();
+    team_init_never_completes();
     duplicate_gpu();
     timeline_gpu_spans(1);
     timeline_gpu_spans(2);
