@@ -380,11 +380,15 @@
      without groups (CPU: through the shared segment, waiting for the group's ranks only; MPI: a
      communicator per group, each piece's owner adding the group's values in rank order, or a
      group of one host's ranks through that host's shared memory: the CPU backend's bits either
-     way), while every other collective spans the world (but the sharded optimizer's, below); NCCL
-     with groups of one rank (each GPU its own replica: its buckets move nothing) or one group,
-     the exchange staged through host memory and not overlapped (its collectives are ordered on
-     the program's compute stream; tested on tests/fakegpu, not yet on a GPU). Not yet:
-     uneven_inputs (refused by name).
+     way), while every other collective spans the world (but the sharded optimizer's, below); NCCL:
+     groups of one rank (each GPU its own replica: its buckets move nothing), one group, or
+     groups of several ranks, whose buckets go through a second communicator over the group's
+     ranks (set up at ddp_init from an ncclUniqueId the group's first rank puts in the store;
+     ncclAvg divides by the group's size: the CPU backend's bits), while the exchange and every
+     other collective use the world's; the exchange staged through host memory and not
+     overlapped (its collectives are ordered on the program's compute stream; tested on
+     tests/fakegpu, not yet on a GPU). Not yet: shard_optimizer on NCCL with groups of several
+     ranks, uneven_inputs (refused by name).
      shard_optimizer (ZeRO-1) within the groups (CPU and MPI; NCCL with groups of one rank, where
      it is a no-op, or one group): each group shards AdamW's state across its own ranks and every
      sharded exchange stays in the group (SHARDED OPTIMIZER); the outer exchange is as without
@@ -395,7 +399,7 @@
      once per group, nothing across the slow link), so every rank holds the group's whole master
      of the fragment, exchanges and steps it as unsharded (the same bits), then keeps the master
      of its own parts and writes all its working copies of the fragment (no gather after it).
-     NCCL refuses bf16 parameters + shard_optimizer in groups of several ranks by name.
+     NCCL refuses bf16 parameters + shard_optimizer in one group of several ranks by name.
      Checkpoints: each group's m, v (and master) come from its own members. Tests:
      tests/test_groups_shard.c (4 thread-ranks in 2 groups of 2; mpirun -n 4 in
      tests/test_groups.sh): sharded = unsharded bit for bit, fp32 and bf16 parameters, DiLoCo and
@@ -491,8 +495,12 @@
              the compute stream's work and before its later work; host buffers are staged and
              waited for. A watchdog thread polls NCCL's asynchronous errors, the age of
              unfinished communication and the group's poison, and aborts the communicator rather
-             than hang, until ddp_shutdown has destroyed it. Step stats come from CUDA events,
-             read lazily (stats.step names the step they describe).
+             than hang, until ddp_shutdown has destroyed it. Replica groups of several ranks
+             (OUTER SYNC): a second communicator over each group's ranks (its ncclUniqueId from
+             the group's first rank through the store; ncclCommInitRankConfig, so any NCCL from
+             2.10), on which the buckets are averaged; the watchdog, aborts and shutdown cover it
+             as they do the world's. Step stats come from CUDA events, read lazily (stats.step
+             names the step they describe).
 
      mpi     CPU ranks on several hosts (only with -DDDP_MPI, built by mpicc; tested with Open MPI
              4.1; MPICH's own environment (PMI_RANK) is not read by ENVIRONMENT below yet).
@@ -806,7 +814,8 @@
                     ranks: through the host's segment); stragglers across hosts
                     through the signature check (ddp__mpi_cross_arrivals, the leaders' relay);
                     the watchdog's hooks (heartbeats, the collective's age, MPI_Abort), its table
-     >>nccl         the NCCL backend (only with DDP_CUDA): the communicator's life, the
+     >>nccl         the NCCL backend (only with DDP_CUDA): the communicators' life (the
+                    world's; a replica group's: ddp__gpu_init_team), the
                     watchdog's hooks, set-up, buckets on the comm stream as the wire plan says
                     (sharded: reduce-scattered), the norm's blocks, AdamW kernels (sharded: per
                     bucket, then all-gathered); its table
@@ -2617,6 +2626,7 @@ struct ddp_context {
             int started, job, stop;/* job: the fragment to exchange, -1: none */
             ddp_result result;
             double seconds;        /* the last exchange took */
+            double t0, t1;         /* when the last exchange ran (the timeline's event) */
             double slow_s;         /* its longest broadcast from another group: that group's lateness, roughly */
             int slow_group;
             /* the backend's slots the exchange shares the wire with: they wait for it first */
@@ -2908,7 +2918,8 @@ static uint64_t ddp__sample(const ddp_sampler *s, uint64_t epoch, uint64_t i) {
    -------------------------------------------------------------------------------------------- */
 enum { DDP__EV_FORWARD, DDP__EV_BACKWARD_OP, DDP__EV_READY, DDP__EV_ALLREDUCE, DDP__EV_WAIT,
        DDP__EV_ADAMW, DDP__EV_STEP, DDP__EV_GPU_BACKWARD, DDP__EV_GPU_EXPOSED,
-       DDP__EV_STRAGGLER /* this rank waited for the last arrival: index the bucket, bytes the rank */ };
+       DDP__EV_STRAGGLER /* this rank waited for the last arrival: index the bucket, bytes the rank */,
+       DDP__EV_OUTER     /* an outer exchange (>>outer): index the fragment, bytes a group's encoding */ };
 #define DDP__TIMELINE_MAX_EVENTS 150000      /* per thread: keeps a rank's trace under the store's cap */
 
 typedef struct ddp__event {
@@ -2979,8 +2990,8 @@ static void ddp__text_json_name(ddp__text *t, const char *name) {
 
 static void ddp__tl_event_json(ddp_context *ctx, ddp__text *t, const ddp__event *e) {
     static const char *cats[] = { "forward", "backward", "ready", "comm", "exposed", "optimizer", "step",
-                                  "gpu_backward", "gpu_exposed", "straggler" };
-    static const int tids[] = { 0, 0, 0, 1, 0, 0, 2, 1, 1, 1 };   /* NCCL: the comm lane is the GPU clock */
+                                  "gpu_backward", "gpu_exposed", "straggler", "outer" };
+    static const int tids[] = { 0, 0, 0, 1, 0, 0, 2, 1, 1, 1, 3 };   /* NCCL: the comm lane is the GPU clock */
     const char *cat = e->kind == DDP__EV_ALLREDUCE && e->index < 0 ? "user_comm" : cats[e->kind];
     double ts = 1e6 * (e->t0 - ctx->tl.origin), dur = 1e6 * (e->t1 - e->t0);
     int i;
@@ -2996,6 +3007,7 @@ static void ddp__tl_event_json(ddp_context *ctx, ddp__text *t, const ddp__event 
     case DDP__EV_GPU_BACKWARD: ddp__text_printf(t, "backward (gpu)"); break;
     case DDP__EV_GPU_EXPOSED: ddp__text_printf(t, "exposed comm (gpu)"); break;
     case DDP__EV_STRAGGLER: ddp__text_printf(t, "wait for rank %d", (int)e->bytes); break;
+    case DDP__EV_OUTER: ddp__text_printf(t, "outer exchange, fragment %d", e->index); break;
     default: ddp__text_printf(t, "%s", e->kind == DDP__EV_ADAMW ? "adamw" : cats[e->kind]); break;
     }
     ddp__text_printf(t, "\",\"cat\":\"%s\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,", cat, ctx->rank, tids[e->kind], ts);
@@ -3004,6 +3016,7 @@ static void ddp__tl_event_json(ddp_context *ctx, ddp__text *t, const ddp__event 
     ddp__text_printf(t, "\"args\":{\"step\":%d", e->step);
     if (e->kind == DDP__EV_READY || (e->kind == DDP__EV_ALLREDUCE && e->index >= 0)) ddp__text_printf(t, ",\"bucket\":%d", e->index);
     if (e->kind == DDP__EV_ALLREDUCE) ddp__text_printf(t, ",\"bytes\":%llu", (unsigned long long)e->bytes);
+    if (e->kind == DDP__EV_OUTER) ddp__text_printf(t, ",\"fragment\":%d,\"bytes\":%llu", e->index, (unsigned long long)e->bytes);
     if (e->kind == DDP__EV_STRAGGLER)   /* bucket -1: the count of the ranks with data (uneven inputs) */
         ddp__text_printf(t, ",\"bucket\":%d,\"rank\":%d", e->index, (int)e->bytes);
     if (e->kind == DDP__EV_BACKWARD_OP && e->num_params > 0) {
@@ -3020,13 +3033,13 @@ static void ddp__tl_event_json(ddp_context *ctx, ddp__text *t, const ddp__event 
 
 /* This rank's part of the trace: its process/thread names, then its events. */
 static void ddp__tl_rank_json(ddp_context *ctx, ddp__text *t) {
-    static const char *threads[] = { "compute", "comm", "steps" };
+    static const char *threads[] = { "compute", "comm", "steps", "outer exchange" };
     const ddp__timeline *lists[2];
     size_t i;
     int k;
     lists[0] = ctx->tl.main; lists[1] = ctx->tl.comm;
     ddp__text_printf(t, ",\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}", ctx->rank, ctx->rank);
-    for (k = 0; k < 3; k++)
+    for (k = 0; k < 4; k++)
         ddp__text_printf(t, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s\"}}",
                          ctx->rank, k, threads[k]);
     for (k = 0; k < 2; k++)
@@ -7568,6 +7581,9 @@ static void ddp__mpi_table(ddp__backend *t) {
    non-blocking, so no NCCL call can hang the caller; a watchdog thread polls NCCL's
    asynchronous errors, the age of unfinished communication (timeout_s) and the store's poison
    key, and aborts the communicator instead of letting the job hang, until teardown is done.
+   With replica groups of several ranks (>>outer) a second communicator spans the group's ranks
+   and carries the buckets; everything else stays on the world's, and the life, the watchdog's
+   look, aborts and teardown cover both.
    Every CUDA and NCCL call is checked; a failure is DDP_ERR_BACKEND (or _PEER_LOST, _TIMEOUT)
    with the call, file, line and rank.
    -------------------------------------------------------------------------------------------- */
@@ -7656,6 +7672,9 @@ struct ddp__gpu {
     cudaStream_t comm;             /* ours: bucket allreduces */
     ncclComm_t nccl;               /* non-blocking: no NCCL call waits for the peers */
     ddp__life life;                /* under lock */
+    ncclComm_t team;               /* replica groups of several ranks (>>outer): the group's ranks, for the
+                                      buckets (ddp__team_*); NULL: the buckets go on nccl */
+    ddp__life team_life;           /* team's, under lock */
     pthread_mutex_t lock;          /* life, the watch fields; never held across an NCCL call */
     cudaEvent_t *ready;            /* per bucket: the compute stream reached its last gradient */
     cudaEvent_t *comm_start[2], *comm_end[2];   /* per bucket; two steps' worth (parity) */
@@ -7726,42 +7745,47 @@ static int ddp__gpu_visible(void) {
     return n > 0;
 }
 
-/* The communicator's life under g->lock: a thread that calls NCCL enters (refused once the
+/* The communicators: the world's (team 0) and, with replica groups of several ranks, the
+   group's (team 1, the buckets'). */
+static ddp__life *ddp__nccl_life(ddp__gpu *g, int team) { return team ? &g->team_life : &g->life; }
+static ncclComm_t ddp__nccl_comm(const ddp__gpu *g, int team) { return team ? g->team : g->nccl; }
+
+/* A communicator's life under g->lock: a thread that calls NCCL enters (refused once the
    communicator is aborted or claimed for teardown), makes the call without the lock, and
    leaves. An abort asked for while a call is in progress is left to the last thread out, so
    nobody frees the communicator under a call, and the watchdog never waits on one. */
-static int ddp__nccl_enter(ddp__gpu *g) {
+static int ddp__nccl_enter(ddp__gpu *g, int team) {
     int live;
     pthread_mutex_lock(&g->lock);
-    live = ddp__life_enter(&g->life);
+    live = ddp__life_enter(ddp__nccl_life(g, team));
     pthread_mutex_unlock(&g->lock);
     return live;
 }
 
-static void ddp__nccl_leave(ddp__gpu *g) {
+static void ddp__nccl_leave(ddp__gpu *g, int team) {
     int abort_now;
     pthread_mutex_lock(&g->lock);
-    abort_now = ddp__life_leave(&g->life);
+    abort_now = ddp__life_leave(ddp__nccl_life(g, team));
     pthread_mutex_unlock(&g->lock);
-    if (abort_now) ncclCommAbort(g->nccl);
+    if (abort_now) ncclCommAbort(ddp__nccl_comm(g, team));
 }
 
-/* Abort the communicator (any thread): whatever of this rank waits on its peers ends. */
+/* Abort the communicators (any thread): whatever of this rank waits on its peers ends. */
 static void ddp__gpu_abort(ddp_context *ctx) {
     ddp__gpu *g = ctx->impl.gpu;
-    int abort_now;
+    int abort_now[2], k;
     if (!g) return;
     pthread_mutex_lock(&g->lock);
-    abort_now = ddp__life_abort(&g->life);
+    for (k = 0; k < 2; k++) abort_now[k] = ddp__life_abort(ddp__nccl_life(g, k));
     pthread_mutex_unlock(&g->lock);
-    if (abort_now) ncclCommAbort(g->nccl);
+    for (k = 0; k < 2; k++) if (abort_now[k]) ncclCommAbort(ddp__nccl_comm(g, k));
 }
 
-/* Take the communicator for teardown: 1 if this thread may now destroy it. */
-static int ddp__nccl_claim(ddp__gpu *g) {
+/* Take a communicator for teardown: 1 if this thread may now destroy it. */
+static int ddp__nccl_claim(ddp__gpu *g, int team) {
     int mine;
     pthread_mutex_lock(&g->lock);
-    mine = ddp__life_claim(&g->life);
+    mine = ddp__life_claim(ddp__nccl_life(g, team));
     pthread_mutex_unlock(&g->lock);
     return mine;
 }
@@ -7783,6 +7807,7 @@ static void ddp__gpu_poison(ddp_context *ctx, ddp_result code) {
 static ddp_result ddp__gpu_inspect_locked(ddp_context *ctx, char *msg, size_t cap) {
     ddp__gpu *g = ctx->impl.gpu;
     ncclResult_t async = ncclSuccess;
+    int k;
     if (!g->life.live) return DDP_OK;
     /* The clock first, so that an asynchronous error names what is still unfinished, not an
        operation that completed long ago and was not yet seen complete. */
@@ -7801,12 +7826,16 @@ static ddp_result ddp__gpu_inspect_locked(ddp_context *ctx, char *msg, size_t ca
         }
         break;
     }
-    if (ncclCommGetAsyncError(g->nccl, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress) {
-        const char *detail = ncclGetLastError(g->nccl);
-        snprintf(msg, cap, "NCCL reported an asynchronous error during %s: %s%s%s; the communicator was aborted",
-                 g->watch.since > 0 ? g->watch.what : "communication", ncclGetErrorString(async),
-                 detail && *detail ? ": " : "", detail ? detail : "");
-        return async == ncclRemoteError ? DDP_ERR_PEER_LOST : DDP_ERR_BACKEND;
+    for (k = 0; k < 2; k++) {   /* the world's communicator, then the group's */
+        ncclComm_t c = ddp__nccl_comm(g, k);
+        if (!ddp__nccl_life(g, k)->live) continue;
+        if (ncclCommGetAsyncError(c, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress) {
+            const char *detail = ncclGetLastError(c);
+            snprintf(msg, cap, "NCCL reported an asynchronous error%s during %s: %s%s%s; the communicator was aborted",
+                     k ? " on the replica group's communicator" : "", g->watch.since > 0 ? g->watch.what : "communication",
+                     ncclGetErrorString(async), detail && *detail ? ": " : "", detail ? detail : "");
+            return async == ncclRemoteError ? DDP_ERR_PEER_LOST : DDP_ERR_BACKEND;
+        }
     }
     if (ddp__watch_expired(&g->watch, ddp__now(), ctx->desc.timeout_s)) {
         snprintf(msg, cap, "timed out after %g s in %s: the GPU never finished it (a peer stuck or gone?); "
@@ -7929,8 +7958,9 @@ static ddp_result ddp__nccl_remote_fail(ddp_context *ctx, ncclResult_t e, const 
    background (set-up, a first connection to a peer), and nothing else may be called on the
    communicator before it has. Poll its state until then, against `deadline`, the group's
    poison and (at set-up, where the watchdog does not run yet) the store. Call between
-   ddp__nccl_enter and _leave, so that the communicator cannot be freed meanwhile. */
-static ddp_result ddp__nccl_settle(ddp_context *ctx, ncclResult_t e, const char *what, double deadline) {
+   ddp__nccl_enter and _leave, so that the communicator (team: ddp__nccl_comm) cannot be freed
+   meanwhile. */
+static ddp_result ddp__nccl_settle(ddp_context *ctx, int team, ncclResult_t e, const char *what, double deadline) {
     ddp__gpu *g = ctx->impl.gpu;
     double next_store_check = 0;
     char msg[DDP__ERR_MAX - 64];
@@ -7945,7 +7975,7 @@ static ddp_result ddp__nccl_settle(ddp_context *ctx, ncclResult_t e, const char 
         }
         if (ddp__now() > deadline) return DDP_ERR_TIMEOUT;   /* the caller names what is missing */
         usleep(200);
-        if (ncclCommGetAsyncError(g->nccl, &e) != ncclSuccess) e = ncclInternalError;
+        if (ncclCommGetAsyncError(ddp__nccl_comm(g, team), &e) != ncclSuccess) e = ncclInternalError;
     }
     if (e != ncclSuccess && ddp__failed(ctx)) return ddp__failed(ctx);
     if (e == ncclRemoteError) return ddp__nccl_remote_fail(ctx, e, what);
@@ -7955,26 +7985,29 @@ static ddp_result ddp__nccl_settle(ddp_context *ctx, ncclResult_t e, const char 
 
 /* One collective on ddp.h's comm stream: entered, settled, left, then noted for the watchdog.
    Nothing waits for it. count is NCCL's: a reduce-scatter's per-rank result, an all-gather's
-   per-rank contribution (in place when recv/send is the other + rank * count). */
+   per-rank contribution (in place when recv/send is the other + rank * count). team: on the
+   replica group's communicator (ranks and roots are then the group's), else the world's. */
 enum { DDP__NCCL_ALLREDUCE, DDP__NCCL_BROADCAST, DDP__NCCL_REDUCE, DDP__NCCL_REDUCE_SCATTER, DDP__NCCL_ALL_GATHER };
-static ddp_result ddp__nccl_call(ddp_context *ctx, int call, const void *send, void *recv, size_t count, ncclDataType_t type,
-                                 ncclRedOp_t op, int root, const char *what) {
+static ddp_result ddp__nccl_call(ddp_context *ctx, int team, int call, const void *send, void *recv, size_t count,
+                                 ncclDataType_t type, ncclRedOp_t op, int root, const char *what) {
     ddp__gpu *g = ctx->impl.gpu;
+    ncclComm_t c = ddp__nccl_comm(g, team);
     ncclResult_t e;
     ddp_result r;
     cudaError_t w;
-    if (!ddp__nccl_enter(g))
-        return ddp__failed(ctx) ? ddp__failed(ctx) : ddp__fail_group(ctx, DDP_ERR_BACKEND, "%s: the NCCL "
-                                                                                "communicator is gone (aborted)", what);
+    if (!ddp__nccl_enter(g, team))
+        return ddp__failed(ctx) ? ddp__failed(ctx) : ddp__fail_group(ctx, DDP_ERR_BACKEND, "%s: the NCCL %s"
+                                                                                "communicator is gone (aborted)", what,
+                                                                                team ? "replica group's " : "");
     switch (call) {
-    case DDP__NCCL_BROADCAST: e = ncclBroadcast(send, recv, count, type, root, g->nccl, g->comm); break;
-    case DDP__NCCL_REDUCE: e = ncclReduce(send, recv, count, type, op, root, g->nccl, g->comm); break;
-    case DDP__NCCL_REDUCE_SCATTER: e = ncclReduceScatter(send, recv, count, type, op, g->nccl, g->comm); break;
-    case DDP__NCCL_ALL_GATHER: e = ncclAllGather(send, recv, count, type, g->nccl, g->comm); break;
-    default: e = ncclAllReduce(send, recv, count, type, op, g->nccl, g->comm); break;
+    case DDP__NCCL_BROADCAST: e = ncclBroadcast(send, recv, count, type, root, c, g->comm); break;
+    case DDP__NCCL_REDUCE: e = ncclReduce(send, recv, count, type, op, root, c, g->comm); break;
+    case DDP__NCCL_REDUCE_SCATTER: e = ncclReduceScatter(send, recv, count, type, op, c, g->comm); break;
+    case DDP__NCCL_ALL_GATHER: e = ncclAllGather(send, recv, count, type, c, g->comm); break;
+    default: e = ncclAllReduce(send, recv, count, type, op, c, g->comm); break;
     }
-    r = ddp__nccl_settle(ctx, e, what, ddp__now() + ctx->desc.timeout_s);
-    ddp__nccl_leave(g);
+    r = ddp__nccl_settle(ctx, team, e, what, ddp__now() + ctx->desc.timeout_s);
+    ddp__nccl_leave(g, team);
     if (r == DDP_ERR_TIMEOUT && !ddp__failed(ctx))
         r = ddp__fail_group(ctx, DDP_ERR_TIMEOUT, "timed out after %g s in %s: NCCL never finished "
                                       "enqueueing it (a peer stuck or gone?)", ctx->desc.timeout_s, what);
@@ -7989,8 +8022,14 @@ static ddp_result ddp__nccl_call(ddp_context *ctx, int call, const void *send, v
 /* In place: an allreduce, or a broadcast from broadcast_root >= 0. */
 static ddp_result ddp__nccl_enqueue(ddp_context *ctx, void *buf, size_t count, ncclDataType_t type, ncclRedOp_t op,
                                     int broadcast_root, const char *what) {
-    return ddp__nccl_call(ctx, broadcast_root >= 0 ? DDP__NCCL_BROADCAST : DDP__NCCL_ALLREDUCE, buf, buf, count, type, op,
+    return ddp__nccl_call(ctx, 0, broadcast_root >= 0 ? DDP__NCCL_BROADCAST : DDP__NCCL_ALLREDUCE, buf, buf, count, type, op,
                           broadcast_root, what);
+}
+
+/* A gradient bucket averaged in place among the team (ddp__team_*): on the replica group's
+   communicator when there is one (ncclAvg then divides by the group's size), else the world's. */
+static ddp_result ddp__nccl_bucket(ddp_context *ctx, void *buf, size_t count, ncclDataType_t type, const char *what) {
+    return ddp__nccl_call(ctx, ctx->impl.gpu->team != NULL, DDP__NCCL_ALLREDUCE, buf, buf, count, type, ncclAvg, -1, what);
 }
 
 /* Sharded (ddp__shard_range): bucket b's parts, rank s's at s * part for part floats, the last
@@ -8007,52 +8046,103 @@ static ddp_result ddp__nccl_parts(ddp_context *ctx, int b, void *base, ncclDataT
     part = hi - lo;
     tail = k->count - part * (size_t)ctx->world;
     if (part) {
-        r = gather ? ddp__nccl_call(ctx, DDP__NCCL_ALL_GATHER, at + (size_t)ctx->rank * part * elem, at, part, type, ncclSum, 0, what)
-                   : ddp__nccl_call(ctx, DDP__NCCL_REDUCE_SCATTER, at, at + (size_t)ctx->rank * part * elem, part, type, ncclAvg, 0, what);
+        r = gather ? ddp__nccl_call(ctx, 0, DDP__NCCL_ALL_GATHER, at + (size_t)ctx->rank * part * elem, at, part, type, ncclSum, 0, what)
+                   : ddp__nccl_call(ctx, 0, DDP__NCCL_REDUCE_SCATTER, at, at + (size_t)ctx->rank * part * elem, part, type, ncclAvg, 0, what);
         if (r != DDP_OK) return r;
     }
     if (!tail) return DDP_OK;
     at += part * (size_t)ctx->world * elem;
-    return ddp__nccl_call(ctx, gather ? DDP__NCCL_BROADCAST : DDP__NCCL_REDUCE, at, at, tail, type, ncclAvg, ctx->world - 1, what);
+    return ddp__nccl_call(ctx, 0, gather ? DDP__NCCL_BROADCAST : DDP__NCCL_REDUCE, at, at, tail, type, ncclAvg, ctx->world - 1, what);
 }
 
 /* Every entry point runs on the caller's thread, which may have another device current. */
 #define DDP__GPU_DEVICE(g) DDP__CUDA(cudaSetDevice((g)->device))
 
-/* The communicator, non-blocking: ncclCommInitRank would wait for every peer with no deadline,
+/* The ranks [first, first + n) that have not set PREFIX<rank> in the store, as "2, 5". */
+static ddp_result ddp__nccl_missing(ddp_context *ctx, const char *prefix, int first, int n, char *out, size_t cap) {
+    size_t len = 0;
+    int s, exists;
+    out[0] = 0;
+    for (s = first; s < first + n && len + 16 < cap; s++) {
+        char key[64];
+        ddp_result r;
+        snprintf(key, sizeof key, "%s%d", prefix, s);
+        if ((r = ddp__store_check(ctx, key, &exists)) != DDP_OK) return r;
+        if (!exists) len += (size_t)snprintf(out + len, cap - len, "%s%d", len ? ", " : "", s);
+    }
+    return DDP_OK;
+}
+
+/* A communicator, non-blocking: ncclCommInitRank would wait for every peer with no deadline,
    and one that died or never came would hang this rank for good. Each rank says in the store
    when it starts and when it is done, so a timeout can name the ranks that never came and
-   those that came but never finished. */
-static ddp_result ddp__gpu_init_comm(ddp_context *ctx, ncclUniqueId *id, double deadline, int version) {
+   those that came but never finished. team 0: the world's; 1: the replica group's, ranks
+   [first, first + n) of the world, this rank its member ddp__team_rank. */
+static ddp_result ddp__gpu_init_comm(ddp_context *ctx, int team, ncclUniqueId *id, double deadline, int version) {
     ddp__gpu *g = ctx->impl.gpu;
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     ncclResult_t e;
     ddp_result r;
-    char key[32], never[256], unfinished[256];
+    ddp__life *life = ddp__nccl_life(g, team);
+    const char *start = team ? "nccl/team-start/" : "nccl/start/", *done = team ? "nccl/team-done/" : "nccl/done/";
+    int n = team ? ddp__team_world(ctx) : ctx->world, first = team ? ddp__team_peer(ctx, 0) : 0;
+    char key[40], never[256], unfinished[256];
     config.blocking = 0;
-    snprintf(key, sizeof key, "nccl/start/%d", ctx->rank);
+    snprintf(key, sizeof key, "%s%d", start, ctx->rank);
     if (ctx->world > 1 && (r = ddp__store_set(ctx, key, "1", 1)) != DDP_OK) return r;
-    e = ncclCommInitRankConfig(&g->nccl, ctx->world, *id, ctx->rank, &config);
+    e = ncclCommInitRankConfig(team ? &g->team : &g->nccl, n, *id, team ? ddp__team_rank(ctx) : ctx->rank, &config);
     if (e != ncclSuccess && e != ncclInProgress) return ddp__nccl_fail(ctx, e, "ncclCommInitRankConfig", __FILE__, __LINE__);
-    g->life.live = 1;
-    g->life.in_call = 1;   /* alone until set-up returns: nobody else can reach g yet */
-    r = ddp__nccl_settle(ctx, e, "NCCL's set-up (ncclCommInitRankConfig)", deadline);
-    ddp__nccl_leave(g);
+    life->live = 1;
+    life->in_call = 1;   /* alone until set-up returns: nobody else can reach it yet */
+    r = ddp__nccl_settle(ctx, team, e, team ? "NCCL's set-up of the replica group's communicator (ncclCommInitRankConfig)"
+                         : "NCCL's set-up (ncclCommInitRankConfig)", deadline);
+    ddp__nccl_leave(g, team);
     if (r == DDP_ERR_TIMEOUT && !ddp__failed(ctx)) {
         never[0] = unfinished[0] = 0;
-        if (ctx->world > 1 && ddp__list_missing(ctx, "nccl/start/", 0, never, sizeof never) == DDP_OK)
-            ddp__list_missing(ctx, "nccl/done/", 0, unfinished, sizeof unfinished);
+        if (ctx->world > 1 && ddp__nccl_missing(ctx, start, first, n, never, sizeof never) == DDP_OK)
+            ddp__nccl_missing(ctx, done, first, n, unfinished, sizeof unfinished);
         ddp__gpu_abort(ctx);
-        return ddp__fail(ctx, DDP_ERR_TIMEOUT, "timed out after %g s in NCCL's set-up; rank(s) never started it: "
+        return ddp__fail(ctx, DDP_ERR_TIMEOUT, "timed out after %g s in NCCL's set-up%s; rank(s) never started it: "
                          "%s; rank(s) that did not finish it: %s; the communicator was aborted", ctx->desc.timeout_s,
-                         never[0] ? never : "none", unfinished[0] ? unfinished : "none");
+                         team ? " of the replica group's communicator" : "", never[0] ? never : "none",
+                         unfinished[0] ? unfinished : "none");
     }
     if (r != DDP_OK) return r;
-    snprintf(key, sizeof key, "nccl/done/%d", ctx->rank);
+    snprintf(key, sizeof key, "%s%d", done, ctx->rank);
     if (ctx->world > 1 && (r = ddp__store_set(ctx, key, "1", 1)) != DDP_OK) return r;
-    ddp__log(ctx, DDP_LOG_INFO, "rank %d of %d up (nccl backend %d.%d.%d, device %d)", ctx->rank, ctx->world,
-             version / 10000, version / 100 % 100, version % 100, g->device);
+    if (team) ddp__log(ctx, DDP_LOG_INFO, "rank %d: replica group %d's communicator up (ranks %d .. %d)", ctx->rank,
+                       ctx->outer.group, first, first + n - 1);
+    else ddp__log(ctx, DDP_LOG_INFO, "rank %d of %d up (nccl backend %d.%d.%d, device %d)", ctx->rank, ctx->world,
+                  version / 10000, version / 100 % 100, version % 100, g->device);
     return DDP_OK;
+}
+
+/* Replica groups of several ranks (desc.outer, >>outer; more than one group): a second
+   communicator over the group's ranks, for the buckets (its ncclAvg divides by the group's
+   size); everything else stays on the world's. Its ncclUniqueId comes from the group's first
+   rank through the store (ncclCommInitRankConfig, not ncclCommSplit: any NCCL from 2.10, and
+   the same set-up path, deadline and naming of missing ranks as the world's). */
+static ddp_result ddp__gpu_init_team(ddp_context *ctx, double deadline, int version) {
+    ncclUniqueId id;
+    char key[40];
+    ddp_result r;
+    if (ctx->desc.outer.mode == DDP_OUTER_OFF || ddp__team_world(ctx) <= 1 || ddp__team_world(ctx) >= ctx->world) return DDP_OK;
+    snprintf(key, sizeof key, "nccl/team-id/%d", ctx->outer.group);
+    if (ddp__team_rank(ctx) == 0) {
+        DDP__NCCL(ncclGetUniqueId(&id));
+        if ((r = ddp__store_set(ctx, key, &id, sizeof id)) != DDP_OK) return r;
+    } else {
+        unsigned char *val;
+        uint32_t len;
+        int found = 0;
+        if ((r = ddp__store_get(ctx, key, deadline, &val, &len, &found)) != DDP_OK) return r;
+        if (!found) return ddp__fail(ctx, DDP_ERR_TIMEOUT, "rank %d (replica group %d's first) did not publish the group's "
+                                     "ncclUniqueId in time", ddp__team_peer(ctx, 0), ctx->outer.group);
+        if (len != sizeof id) { DDP_FREE(val); return ddp__fail(ctx, DDP_ERR_MISMATCH, "rank %d's ncclUniqueId has %u bytes, not %zu (another NCCL version?)", ddp__team_peer(ctx, 0), len, sizeof id); }
+        memcpy(&id, val, sizeof id);
+        DDP_FREE(val);
+    }
+    return ddp__gpu_init_comm(ctx, 1, &id, deadline, version);
 }
 
 /* Bring-up: the device (LOCAL_RANK modulo the devices visible), the comm stream, and the
@@ -8101,7 +8191,10 @@ static ddp_result ddp__gpu_setup(ddp_context *ctx, double deadline) {
         memcpy(&id, val, sizeof id);
         DDP_FREE(val);
     }
-    return ddp__gpu_init_comm(ctx, &id, deadline, version);
+    {
+        ddp_result r = ddp__gpu_init_comm(ctx, 0, &id, deadline, version);
+        return r != DDP_OK ? r : ddp__gpu_init_team(ctx, deadline, version);
+    }
 }
 
 /* The no-decay mask ddp_k_adamw reads: one byte per DDP_K_MASK_GROUP elements of the flat
@@ -8213,10 +8306,10 @@ static ddp_result ddp__gpu_launch_bf16(ddp_context *ctx, int index, const char *
     ddp_result r;
     if (w->convert == DDP__WIRE_AS_IS)
         return w->scatter ? ddp__nccl_parts(ctx, index, grads, ncclBfloat16, sizeof(ddp_bf16), 0, what)
-                          : ddp__nccl_enqueue(ctx, grads, b->count, ncclBfloat16, ncclAvg, -1, what);
+                          : ddp__nccl_bucket(ctx, grads, b->count, ncclBfloat16, what);
     DDP__CUDA(ddp_k_bf16_to_f32(grads, g->f32, b->count, g->comm));
     r = w->scatter ? ddp__nccl_parts(ctx, index, g->f32, ncclFloat, sizeof(float), 0, what)
-                   : ddp__nccl_enqueue(ctx, g->f32, b->count, ncclFloat, ncclAvg, -1, what);
+                   : ddp__nccl_bucket(ctx, g->f32, b->count, ncclFloat, what);
     if (r != DDP_OK) return r;
     DDP__CUDA(ddp_k_f32_to_bf16(g->f32 + (w->lo - b->offset), ctx->flat.grads_bf16 + w->lo, w->hi - w->lo, g->comm));
     return DDP_OK;
@@ -8255,8 +8348,8 @@ static ddp_result ddp__gpu_launch(ddp_context *ctx, int index) {
         if (bf16) DDP__CUDA(ddp_k_bf16_to_f32(g->bf16 + (w->lo - b->offset), ctx->flat.grads + w->lo, w->hi - w->lo, g->comm));
     } else if (w->moves) {   /* one rank: its gradients are the average already, nothing to move */
         snprintf(what, sizeof what, "the allreduce of gradient bucket %d (%zu elements)", index, b->count);
-        if (bf16) r = ddp__nccl_enqueue(ctx, g->bf16, b->count, ncclBfloat16, ncclAvg, -1, what);
-        else r = ddp__nccl_enqueue(ctx, grads, b->count, ncclFloat, ncclAvg, -1, what);
+        if (bf16) r = ddp__nccl_bucket(ctx, g->bf16, b->count, ncclBfloat16, what);
+        else r = ddp__nccl_bucket(ctx, grads, b->count, ncclFloat, what);
         if (r != DDP_OK) return r;
         if (bf16) DDP__CUDA(ddp_k_bf16_to_f32(g->bf16, grads, b->count, g->comm));
     }
@@ -8647,22 +8740,31 @@ static ddp_result ddp__gpu_collective(ddp_context *ctx, uint32_t kind, void *dat
     return ddp__gpu_wait(ctx, g->compute, ctx->what);
 }
 
-/* The communicator's end: finalized (every operation issued completes; polled, the watchdog
+/* A communicator's end: finalized (every operation issued completes; polled, the watchdog
    still watching) and destroyed; after a failure, or when finalizing fails, aborted (destroy
-   would wait for operations that can never finish). */
-static void ddp__gpu_close_comm(ddp_context *ctx) {
+   would wait for operations that can never finish), with the other one. */
+static void ddp__gpu_close_one(ddp_context *ctx, int team) {
     ddp__gpu *g = ctx->impl.gpu;
     ddp_result r = DDP_ERR_BACKEND;
-    if (!ddp__failed(ctx) && ddp__nccl_enter(g)) {
+    if (team && !g->team) return;   /* no replica group's communicator */
+    if (!ddp__failed(ctx) && ddp__nccl_enter(g, team)) {
         r = ddp__gpu_wait(ctx, g->comm, "the last communication before shutdown");
-        if (r == DDP_OK) r = ddp__nccl_settle(ctx, ncclCommFinalize(g->nccl), "ncclCommFinalize", ddp__now() + ctx->desc.timeout_s);
-        ddp__nccl_leave(g);
+        if (r == DDP_OK) r = ddp__nccl_settle(ctx, team, ncclCommFinalize(ddp__nccl_comm(g, team)), "ncclCommFinalize",
+                                              ddp__now() + ctx->desc.timeout_s);
+        ddp__nccl_leave(g, team);
         if (r == DDP_ERR_TIMEOUT && !ddp__failed(ctx))
-            ddp__set_failed(ctx, ddp__fail(ctx, DDP_ERR_TIMEOUT, "timed out after %g s finalizing the NCCL communicator "
-                                           "at shutdown (a peer stuck or gone?); it was aborted", ctx->desc.timeout_s));
+            ddp__set_failed(ctx, ddp__fail(ctx, DDP_ERR_TIMEOUT, "timed out after %g s finalizing the NCCL %scommunicator "
+                                           "at shutdown (a peer stuck or gone?); it was aborted", ctx->desc.timeout_s,
+                                           team ? "replica group's " : ""));
     }
-    if (r == DDP_OK && ddp__nccl_claim(g)) ncclCommDestroy(g->nccl);
+    if (r == DDP_OK && ddp__nccl_claim(g, team)) ncclCommDestroy(ddp__nccl_comm(g, team));
     else ddp__gpu_abort(ctx);
+}
+
+/* The replica group's communicator first, then the world's (set-up's reverse). */
+static void ddp__gpu_close_comm(ddp_context *ctx) {
+    ddp__gpu_close_one(ctx, 1);
+    ddp__gpu_close_one(ctx, 0);
 }
 
 /* Teardown: the communicator closed while the watchdog still runs, then the watchdog, then
@@ -10280,6 +10382,8 @@ static ddp_result ddp__outer_transfer(ddp_context *ctx, int f) {
         ddp__outer_decode_add(ctx, ctx->outer.recv + (size_t)g * slot + DDP__OUTER_HEAD, n, ctx->outer.sum, g == 0);
     }
     ctx->outer.bg.slow_s -= least;
+    ctx->outer.bg.t0 = t0;
+    ctx->outer.bg.t1 = ddp__now();
     ctx->outer.bg.seconds = ddp__now() - t0;
     return DDP_OK;
 }
@@ -10316,7 +10420,9 @@ static ddp_result ddp__outer_settle(ddp_context *ctx) {
 }
 
 /* The settled exchange's times, for ddp_outer_state (main thread: the exchange's thread is idle). */
-static void ddp__outer_times(ddp_context *ctx) {
+static void ddp__outer_times(ddp_context *ctx, int f) {
+    ddp__record(ctx, ctx->tl.main, DDP__EV_OUTER, ctx->outer.bg.t0, ctx->outer.bg.t1, f,
+                ddp__outer_wire_bytes(ctx, ctx->outer.frag[f + 1] - ctx->outer.frag[f]));
     ctx->outer.exchange_ms = 1e3 * ctx->outer.bg.seconds;
     ctx->outer.straggler_ms = 1e3 * ctx->outer.bg.slow_s;
     ctx->outer.slowest_group = ctx->outer.bg.slow_group;
@@ -10332,7 +10438,7 @@ static ddp_result ddp__outer_exchange(ddp_context *ctx, int f) {
     /* the NCCL backend's collectives are ordered on the program's compute stream: no thread */
     if (!ctx->desc.outer.delay_steps || ctx->outer.groups == 1 || ctx->be->id == DDP_BACKEND_NCCL) {
         r = ddp__outer_transfer(ctx, f);
-        ddp__outer_times(ctx);
+        if (r == DDP_OK) ddp__outer_times(ctx, f);
         return r;
     }
     if (!ctx->outer.bg.started) {
@@ -10381,17 +10487,17 @@ static void ddp__outer_stop(ddp_context *ctx) {
 }
 /* Replica groups on the chosen backend (ddp_init). The inner steps average within a group, the
    team (ddp__team_*): the CPU backend's buckets wait for and add the team's members only (>>cpu:
-   ddp__span_*), the MPI backend's go through a communicator of the team (>>mpi); NCCL has no
-   team communicator (yet). A group of one rank averages nothing, so its buckets take the single
-   backend's launch and finish (the backend's collectives still reach every rank: the outer
+   ddp__span_*), the MPI backend's go through a communicator of the team (>>mpi), the NCCL
+   backend's through an NCCL communicator of the team (>>nccl: ddp__gpu_init_team). A group of
+   one rank averages nothing, so its buckets take the single backend's launch and finish (the backend's collectives still reach every rank: the outer
    exchange uses them). The slots that use the wire are wrapped so that they wait for an
    exchange in flight first. */
 static ddp_result ddp__outer_backend(ddp_context *ctx) {
     if (ctx->desc.outer.mode == DDP_OUTER_OFF) return DDP_OK;
-    if (ctx->outer.size > 1 && ctx->outer.groups > 1 && ctx->be->id == DDP_BACKEND_NCCL)
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: groups of %d ranks are not built (yet) on the %s "
-                         "backend (the CPU and MPI backends have them): group_size 1 (every rank its own replica) or %d "
-                         "(one group: plain DDP)", ctx->outer.size, ctx->be->name, ctx->world);
+    if (ctx->outer.size > 1 && ctx->outer.groups > 1 && ctx->be->id == DDP_BACKEND_NCCL && ctx->desc.shard_optimizer)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: groups of %d ranks with shard_optimizer are not "
+                         "built (yet) on the %s backend: unsharded, or group_size 1 or %d", ctx->outer.size, ctx->be->name,
+                         ctx->world);
     /* the master in parts (bf16 parameters, sharded within a group): the outer step gathers it
        among the group (be->team_bcast), which the NCCL backend has not */
     if (ctx->desc.shard_optimizer && ctx->desc.param_dtype == DDP_DTYPE_BF16 && ctx->outer.size > 1 && !ctx->be->team_bcast)
@@ -10460,7 +10566,7 @@ static ddp_result ddp__outer_step(ddp_context *ctx) {
     ctx->outer.inner++;
     if (ctx->outer.flight >= 0 && ctx->outer.inner >= ctx->outer.lands) {
         if ((r = ddp__outer_settle(ctx)) != DDP_OK) return r;
-        ddp__outer_times(ctx);
+        ddp__outer_times(ctx, ctx->outer.flight);
         if ((r = ddp__outer_merge(ctx, ctx->outer.flight)) != DDP_OK) return r;
     }
     if ((f = ddp__outer_due(ctx, ctx->outer.inner)) < 0) return DDP_OK;

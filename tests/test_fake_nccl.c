@@ -11,6 +11,11 @@
      CPU backend (single for 1 rank), with accumulation, bf16 buckets, clipping and the norm read
      back on some steps; with NCCL's pre-multiplied ncclAvg, the same bits on 2 ranks and a
      stated bound on 3;
+   - replica groups (desc.outer): groups of one rank, and 4 ranks in 2 groups of 2 (the buckets on
+     a second communicator over the group's ranks, the exchange on the world's), DiLoCo and
+     streaming, fp32 and bf16 buckets: every rank ends with the CPU backend's bits; a rank of one
+     group that aborts fails every rank, the other group's too, by name; a group's communicator
+     whose set-up never finishes is named with the group's ranks;
    - user collectives on device and host buffers, host copies of every flat buffer, step stats;
    - non-finite gradients, named by the step with grad_norm_out, reported by the next without;
    - faults: an asynchronous NCCL error on one rank, a rank that aborts its communicator, a rank
@@ -173,7 +178,7 @@ static int train(int world, ddp_backend backend, float **params, size_t *count, 
                      res[r].logged[0] ? ": " : "", res[r].logged);
             return 0;
         }
-        if (!res[r].same_as_rank0 && !cfg.outer.delay_steps) { snprintf(why, cap, "rank %d's parameters differ from rank 0's", r); ok = 0; }
+        if (!res[r].same_as_rank0 && cfg.outer.mode != DDP_OUTER_STREAMING) {   /* streaming: the groups differ between syncs */ snprintf(why, cap, "rank %d's parameters differ from rank 0's", r); ok = 0; }
     }
     *params = res[0].params;
     *count = res[0].count;
@@ -237,20 +242,25 @@ static void test_training(int world, int micro, int bf16, int norm_every, int pr
     test_training_shard(world, micro, bf16, norm_every, premul, 0);
 }
 
-/* ---- replica groups of one rank and their outer sync (>>outer): the NCCL backend's buckets move
-   nothing, the exchange stages the parameters through host memory; every rank's parameters are
+/* ---- replica groups and their outer sync (>>outer). Groups of one rank: the NCCL backend's
+   buckets move nothing; groups of several ranks: the buckets are averaged on the group's own
+   communicator (ncclAvg over the group's ranks), while the exchange goes over the world's. Either
+   way the exchange stages the parameters through host memory, and every rank's parameters are
    the CPU backend's bits (DiLoCo with 30 steps, H = 5: the replicas are equal at the end;
-   streaming with a delayed, mixed fragment: they differ, each rank as on the CPU) ---- */
-static void test_training_outer(int world, ddp_outer_mode mode, ddp_outer_wire wire, int fragments, int delay, float mix, int bf16) {
+   streaming with a delayed, mixed fragment: they differ, each rank as on the CPU). A bucket
+   averaged over the world instead of the group, or a group's ranks apart, would show. ---- */
+static void test_training_outer(int world, int group, ddp_outer_mode mode, ddp_outer_wire wire, int fragments, int delay, float mix,
+                                int bf16) {
     uint64_t hash[MAX_WORLD];
     float *gpu = NULL, *cpu = NULL;
     size_t n = 0;
-    char name[160], why[DDP__ERR_MAX + 64];
-    int r, ok, differ = 0;
+    char name[160], why[DDP__ERR_MAX + 64], size[32] = "";
+    int r, ok, differ = 0, apart = 0;
     ddp_outer o;
     memset(&o, 0, sizeof o);
-    o.mode = mode; o.group_size = 1; o.inner_steps = 5; o.wire = wire; o.fragments = fragments; o.delay_steps = delay; o.mix = mix;
-    snprintf(name, sizeof name, "fake_nccl_ranks%d_outer_mode%d_wire%d_f%d_delay%d%s_equals_cpu_backend", world, (int)mode,
+    o.mode = mode; o.group_size = group; o.inner_steps = 5; o.wire = wire; o.fragments = fragments; o.delay_steps = delay; o.mix = mix;
+    if (group > 1) snprintf(size, sizeof size, "_groups_of%d", group);
+    snprintf(name, sizeof name, "fake_nccl_ranks%d%s_outer_mode%d_wire%d_f%d_delay%d%s_equals_cpu_backend", world, size, (int)mode,
              (int)wire, fragments, delay, bf16 ? "_bf16" : "");
     fakegpu_reset();
     reset_cfg();
@@ -263,7 +273,9 @@ static void test_training_outer(int world, ddp_outer_mode mode, ddp_outer_wire w
     cfg.outer = o; cfg.bf16 = bf16;
     if (!train(world, DDP_BACKEND_CPU, &cpu, &n, why, sizeof why)) { verdict(0, name, "the CPU reference failed: %s", why); free(gpu); free(cpu); return; }
     for (r = 0; r < world; r++) differ += hash[r] != res[r].hash;
-    verdict(differ == 0, name, "%d of %d ranks' parameters differ from the CPU backend's", differ, world);
+    for (r = 0; r < world; r++) apart += hash[r] != hash[r - r % group];   /* a group's ranks hold one replica */
+    verdict(differ == 0 && apart == 0, name, "%d of %d ranks' parameters differ from the CPU backend's, %d from their group's "
+            "first rank's", differ, world, apart);
     free(gpu);
     free(cpu);
     check_clean("outer");
@@ -777,6 +789,20 @@ static void fault_abort(int world) {
                    world, 5, want);
 }
 
+/* Replica groups of 2 on 4 ranks: rank 1 (group 0) aborts its communicators (the group's and
+   the world's); its group's peer and the other group's ranks, which share no bucket with it,
+   fail by name too, within seconds, and nothing leaks. */
+static void fault_abort_in_group(void) {
+    const char *want[3] = { "stopped because rank 1|rank 1 disconnected", "communicator is gone (aborted)",
+                            "stopped because rank 1|rank 1 disconnected" };
+    fakegpu_reset();
+    reset_cfg();
+    cfg.outer.mode = DDP_OUTER_DILOCO; cfg.outer.group_size = 2; cfg.outer.inner_steps = 5;
+    cfg.abort_rank = 1; cfg.abort_step = 3;
+    run(4, train_rank);
+    expect_failure("fake_nccl_ranks4_groups_of2_rank1_aborts_fails_every_rank", 4, 5, want);
+}
+
 /* A cancel is not a failure: every rank, the peers too, ends with DDP_ERR_CANCELLED (the
    poison in the store carries the code), not with a lost peer. */
 static void fault_cancel(int world) {
@@ -823,6 +849,23 @@ static void init_never_completes(void) {
     cfg.timeout_s = 2;
     run(3, train_rank);
     expect_failure("fake_nccl_setup_never_completes_timeout_names_ranks", 3, 6, want);
+}
+
+/* 2 groups of 2 on 4 ranks: rank 3's second set-up (its group's communicator) never finishes.
+   Its group times out naming the group's ranks (not the world's), the other group's ranks fail
+   by name instead of waiting for the first broadcast, and the stalled communicator is freed. */
+static void team_init_never_completes(void) {
+#define TEAM_PEER_LOST "stopped because rank 2|stopped because rank 3|rank 2 disconnected|rank 3 disconnected"
+    const char *want[3] = { TEAM_PEER_LOST, TEAM_PEER_LOST,
+                            "replica group's communicator; rank(s) never started it: none; rank(s) that did not finish it: 2, 3;" };
+    fakegpu_reset();
+    reset_cfg();
+    fakegpu_stall_init_on(3, 1);
+    cfg.outer.mode = DDP_OUTER_DILOCO; cfg.outer.group_size = 2; cfg.outer.inner_steps = 5;
+    cfg.timeout_s = 2;
+    run(4, train_rank);
+    expect_failure("fake_nccl_ranks4_groups_of2_group_setup_never_completes_timeout_names_its_ranks", 4, 6, want);
+#undef TEAM_PEER_LOST
 }
 
 static void duplicate_gpu(void) {
@@ -1017,9 +1060,13 @@ int main(void) {
     test_shard_parts(3, 2, 0);
     test_shard_parts(4, 1, 1);
     test_shard_parts(1, 1, 0);
-    test_training_outer(2, DDP_OUTER_DILOCO, DDP_WIRE_DEFAULT, 1, 0, 0, 0);
-    test_training_outer(3, DDP_OUTER_AVERAGE, DDP_WIRE_DEFAULT, 1, 0, 0, 1);
-    test_training_outer(3, DDP_OUTER_STREAMING, DDP_WIRE_INT8, 2, 1, 0.5f, 0);
+    test_training_outer(2, 1, DDP_OUTER_DILOCO, DDP_WIRE_DEFAULT, 1, 0, 0, 0);
+    test_training_outer(3, 1, DDP_OUTER_AVERAGE, DDP_WIRE_DEFAULT, 1, 0, 0, 1);
+    test_training_outer(3, 1, DDP_OUTER_STREAMING, DDP_WIRE_INT8, 2, 1, 0.5f, 0);
+    test_training_outer(4, 2, DDP_OUTER_DILOCO, DDP_WIRE_DEFAULT, 1, 0, 0, 0);    /* 2 groups of 2: fp32 buckets */
+    test_training_outer(4, 2, DDP_OUTER_DILOCO, DDP_WIRE_INT8, 1, 0, 0, 1);       /* bf16 buckets */
+    test_training_outer(4, 2, DDP_OUTER_STREAMING, DDP_WIRE_BF16, 2, 1, 0.5f, 1);
+    test_training_outer(4, 2, DDP_OUTER_STREAMING, DDP_WIRE_FP32, 2, 0, 0, 0);
     test_outer_resume(2, DDP_OUTER_DILOCO, DDP_WIRE_DEFAULT, 1, 0, 0, 7);
     test_outer_resume(3, DDP_OUTER_STREAMING, DDP_WIRE_INT8, 2, 1, 0.5f, 8);   /* fragment 1: sent at inner step 8, lands after 9 */
     slow_nccl(2);
@@ -1040,11 +1087,13 @@ int main(void) {
     fault_async_idle();
     fault_abort(2);
     fault_abort(3);
+    fault_abort_in_group();
     fault_cancel(2);
     fault_cancel(3);
     fault_stop();
     fault_hold();
     init_never_completes();
+    team_init_never_completes();
     duplicate_gpu();
     timeline_gpu_spans(1);
     timeline_gpu_spans(2);

@@ -51,6 +51,22 @@ if python3 tools/trace_svg.py "$tmp/trace.json" -o "$tmp/trace.svg" >/dev/null 2
 else
   echo "FAIL timeline_draws_as_svg: trace_svg.py failed"; rc=1
 fi
+# The outer sync's exchanges (replica groups of one rank; streaming, each fragment's exchange on
+# its own thread for one step): an event each on the "outer exchange" lane, on every rank
+if OUTER=5 OUTER_DELAY=1 DDP_TIMELINE="$tmp/outer.json" timeout 60 "$B/ddprun" -n 2 "$B/test_fault" 20 >"$tmp/out" 2>&1 &&
+   python3 - "$tmp/outer.json" <<'PY'
+import json, sys
+ev = json.load(open(sys.argv[1]))["traceEvents"]
+lane = {(e["pid"], e["tid"]) for e in ev if e.get("ph") == "M" and e["name"] == "thread_name" and e["args"]["name"] == "outer exchange"}
+outer = [e for e in ev if e.get("cat") == "outer"]
+# sent at inner steps 5, 10, 15, 20; merged (and recorded) one step later: 6, 11, 16 (20's lands after the run)
+ok = lane == {(0, 3), (1, 3)} and all(sorted(e["args"]["fragment"] for e in outer if e["pid"] == r) == [0, 0, 0] for r in (0, 1)) \
+     and all(e["tid"] == 3 and e["dur"] >= 0 and e["args"]["bytes"] > 0 for e in outer)
+sys.exit(0 if ok else 1)
+PY
+then echo "PASS timeline_outer_exchanges_on_their_lane"
+else echo "FAIL timeline_outer_exchanges_on_their_lane: $(tail -n 2 "$tmp/out")"; rc=1
+fi
 # DDP_TIMELINE on rank 1 only: a named disagreement at ddp_commit, not a stall at shutdown
 start=$(date +%s)
 DDP_TIMEOUT=20 timeout 60 "$B/ddprun" -n 2 sh -c '[ "$RANK" = 1 ] && export DDP_TIMELINE="$1"; exec "$2"' sh "$tmp/half.json" "$B/minimal" >"$tmp/out" 2>&1

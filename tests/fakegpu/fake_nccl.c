@@ -62,6 +62,7 @@ static struct ncclComm *comms;   /* every communicator ever made: a destroyed on
 static unsigned long long id_counter;
 static ncclUniqueId last_made, last_joined;   /* under nccl_lock */
 static int avg_premul, inprogress_polls, stall_rank = -1, inject_rank = -1, inject_after;
+static int stall_device = -1, stall_nth, inits_on[FAKEGPU_MAX_DEVICES];   /* under nccl_lock */
 static ncclResult_t inject_error = ncclSystemError;
 static double init_delay_s, nccl_timeout_s = 60;
 static __thread char last_error[600];
@@ -70,6 +71,11 @@ void fakegpu_set_avg_premul(int premul) { avg_premul = premul; }
 void fakegpu_set_inprogress_polls(int polls) { inprogress_polls = polls; }
 void fakegpu_set_init_delay(double seconds) { init_delay_s = seconds; }
 void fakegpu_stall_init(int rank) { stall_rank = rank; }
+void fakegpu_stall_init_on(int device, int nth) {
+    pthread_mutex_lock(&nccl_lock);
+    stall_device = device; stall_nth = nth;
+    pthread_mutex_unlock(&nccl_lock);
+}
 void fakegpu_inject_async_error(int rank, int after, ncclResult_t error) {
     struct ncclComm *c;
     pthread_mutex_lock(&nccl_lock);
@@ -88,6 +94,7 @@ void fakegpu_nccl_reset(void) {
     while (comms) { struct ncclComm *c = comms; comms = c->next; if (c->magic == COMM_MAGIC) fprintf(stderr, "fakegpu_reset: a communicator (rank %d) is still live\n", c->rank); free(c); }
     while (groups) { group *g = groups; groups = g->next; free(g); }
     avg_premul = 0; inprogress_polls = 0; stall_rank = -1; inject_rank = -1; init_delay_s = 0; nccl_timeout_s = 60;
+    stall_device = -1; stall_nth = 0; memset(inits_on, 0, sizeof inits_on);
     pthread_mutex_unlock(&nccl_lock);
 }
 
@@ -199,7 +206,7 @@ static int wait_locked(double give_up) {
 ncclResult_t ncclCommInitRankConfig(ncclComm_t *out, int nranks, ncclUniqueId id, int rank, ncclConfig_t *config) {
     struct ncclComm *c;
     group *g;
-    int blocking = 1, s;
+    int blocking = 1, s, nth;
     if (!out) return failmsg(ncclInvalidArgument, "fake NCCL: comm is NULL");
     *out = NULL;
     if (config) {
@@ -215,7 +222,8 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *out, int nranks, ncclUniqueId id
     c->next = comms; comms = c;
     *out = c;
     last_joined = id;
-    if (rank == stall_rank) {   /* started, never joins */
+    nth = c->device >= 0 && c->device < FAKEGPU_MAX_DEVICES ? inits_on[c->device]++ : -1;
+    if (rank == stall_rank || (c->device == stall_device && nth == stall_nth)) {   /* started, never joins */
         c->state = ST_STALLED;
         if (!blocking) { pthread_mutex_unlock(&nccl_lock); return ncclInProgress; }
         pthread_mutex_unlock(&nccl_lock);

@@ -53,6 +53,9 @@ void fakegpu_set_init_delay(double seconds);
 /* Rank `rank`'s ncclCommInitRankConfig starts and never finishes (non-blocking: ncclInProgress
    for ever; it never joins, so its peers never finish either). -1: none. */
 void fakegpu_stall_init(int rank);
+/* The same for the communicator set-up number `nth` (0: the first) made on `device`: a second
+   communicator of a rank (replica groups) whose set-up never finishes. -1: none. */
+void fakegpu_stall_init_on(int device, int nth);
 
 /* Rank `rank`'s communicator reports `error` as its asynchronous error once it has enqueued
    `after` collectives; its collective number `after` (counting from 0) is never delivered to
