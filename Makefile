@@ -14,6 +14,7 @@ PROGRAMS := $(B)/ddprun $(B)/minimal $(B)/own_autograd $(B)/engine $(B)/texture 
             $(B)/test_overlap $(B)/test_straggler $(B)/test_bf16 $(B)/test_shard $(B)/test_structs $(B)/test_own_path $(B)/test_outer $(B)/test_embed $(B)/test_host $(B)/test_sampler $(B)/test_checkpoint $(B)/test_outer_checkpoint $(B)/train_gpt $(B)/test_gpt \
             $(B)/train_gpt_emulated $(B)/test_gpt_gpu_emulated $(B)/test_fake_nccl $(B)/hosts_nccl_fake $(B)/test_bf16_params
 PROGRAMS += $(B)/test_groups          # replica groups of several ranks (desc.outer): averages within each group
+PROGRAMS += $(B)/test_groups_shard    # shard_optimizer within replica groups = unsharded, bit for bit
 CHECKS   := $(B)/cxx_check.o
 PROGRAMS += $(B)/mpi_parity          # the CPU side of tests/test_mpi_parity.sh
 PROGRAMS += $(B)/bench_shard_memory   # sharded optimizer: bytes per parameter (bench/RESULTS.md)
@@ -116,6 +117,7 @@ MPI_PROGRAMS := $(M)/mpi_steps $(M)/test_equivalence $(M)/test_collectives $(M)/
 # the same source is build/mpi_parity)
 MPI_PROGRAMS += $(M)/mpi_parity
 MPI_PROGRAMS += $(M)/test_groups      # the same replica groups on the MPI backend (tests/test_groups.sh)
+MPI_PROGRAMS += $(M)/test_groups_shard   # shard_optimizer within the groups on the MPI backend
 ifeq ($(strip $(MPICC)),)
 mpi:
 	@echo "no mpicc: the MPI backend's programs are not built (apt-get install openmpi-bin libopenmpi-dev)"

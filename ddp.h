@@ -206,7 +206,8 @@
      uneven_inputs    DDP_JOIN_OFF         DDP_JOIN_DIVIDE_BY_WORLD or _BY_ACTIVE: ranks may run
                                            out of data and ddp_join (EMBEDDING); ranks must agree
      shard_optimizer  0 ($DDP_SHARD_       1: ZeRO stage 1, AdamW's m and v split across the ranks
-                      OPTIMIZER)           (SHARDED OPTIMIZER below); the same bits as 0; ranks
+                      OPTIMIZER)           (with outer: a group's ranks; SHARDED OPTIMIZER below);
+                                           the same bits as 0; ranks
                                            must agree; not with uneven_inputs
      outer            mode DDP_OUTER_OFF   replica groups and their outer sync: DiLoCo,
                                            streaming DiLoCo, periodic averaging (OUTER SYNC);
@@ -243,6 +244,14 @@
      padding: the flat layout, and so every offset, is the same sharded or not at any world size.
      NCCL: the equal parts through ncclReduceScatter / ncclAllGather in place, the tail through
      one ncclReduce to, and one ncclBroadcast from, the last rank.
+     Replica groups (desc.outer, OUTER SYNC): the state is sharded within each group, across its
+     S ranks, by the same rule with world -> S (member s of every group holds the same parts);
+     every sharded exchange stays in the group, as its buckets do (the reduce-scatter, the
+     norm's blocks, skip_nonfinite's verdict, which is the group's, and the all-gather; a group
+     that skips a step still gathers, unchanged values, so the groups keep in step). Groups of
+     one rank: shard_optimizer is a no-op there (nothing to shard across; as on one rank), m
+     and v stay whole. ddp_gather_to_host takes each part from the root's group;
+     ddp_scatter_from_host gives each part to its holder in every group.
      The norm: blocks of 1024 floats never straddle two owners; each rank sums the squares of its
      own blocks, the block sums reach every rank unchanged, and every rank adds all blocks in
      order: the norm is bit-identical to the unsharded one (ADAMW above).
@@ -257,7 +266,7 @@
      Memory per parameter and rank: 4 (parameters) + 4 (gradients) + 8/world (m, v) bytes,
      against 16 unsharded (plus the CPU backend's shared segment: its parameters and gradients
      ARE the flat buffers, nothing more). reduce_dtype BF16, find_unused, skip_nonfinite,
-     accumulation, clipping: supported, same bits. uneven_inputs (ddp_join): refused at ddp_init.
+     accumulation, clipping, the outer sync: supported, same bits. uneven_inputs (ddp_join): refused at ddp_init.
      CPU: the parameters live in the shared segment beside the gradients, and each peer's part
      is copied from the peer's parameters; without the segment (DDP_STAGED_GRADS, no room in
      /dev/shm) the buckets are averaged whole and the parts travel by broadcast: the same bits,
@@ -371,15 +380,31 @@
      without groups (CPU: through the shared segment, waiting for the group's ranks only; MPI: a
      communicator per group, each piece's owner adding the group's values in rank order, or a
      group of one host's ranks through that host's shared memory: the CPU backend's bits either
-     way), while every other collective spans the world; NCCL:
+     way), while every other collective spans the world (but the sharded optimizer's, below); NCCL:
      groups of one rank (each GPU its own replica: its buckets move nothing), one group, or
      groups of several ranks, whose buckets go through a second communicator over the group's
      ranks (set up at ddp_init from an ncclUniqueId the group's first rank puts in the store;
      ncclAvg divides by the group's size: the CPU backend's bits), while the exchange and every
      other collective use the world's; the exchange staged through host memory and not
      overlapped (its collectives are ordered on the program's compute stream; tested on
-     tests/fakegpu, not yet on a GPU). Not yet: shard_optimizer (on NCCL with groups of several
-     ranks too), uneven_inputs (refused by name). A host lost during an exchange: the
+     tests/fakegpu, not yet on a GPU). Not yet: shard_optimizer on NCCL with groups of several
+     ranks, uneven_inputs (refused by name).
+     shard_optimizer (ZeRO-1) within the groups (CPU and MPI; NCCL with groups of one rank, where
+     it is a no-op, or one group): each group shards AdamW's state across its own ranks and every
+     sharded exchange stays in the group (SHARDED OPTIMIZER); the outer exchange is as without
+     it (fp32 parameters are whole on every rank). With bf16 parameters the fp32 master is in
+     parts across the group's ranks: before a fragment is packed, and before it merges with mix,
+     each member's parts of it travel to the group's other members (a broadcast among the group
+     only: the CPU segment, MPI_Bcast on the group's communicator; fp32, the fragment's size
+     once per group, nothing across the slow link), so every rank holds the group's whole master
+     of the fragment, exchanges and steps it as unsharded (the same bits), then keeps the master
+     of its own parts and writes all its working copies of the fragment (no gather after it).
+     NCCL refuses bf16 parameters + shard_optimizer in one group of several ranks by name.
+     Checkpoints: each group's m, v (and master) come from its own members. Tests:
+     tests/test_groups_shard.c (4 thread-ranks in 2 groups of 2; mpirun -n 4 in
+     tests/test_groups.sh): sharded = unsharded bit for bit, fp32 and bf16 parameters, DiLoCo and
+     streaming, a group skipping a step, resumed from a checkpoint either way.
+     A host lost during an exchange: the
      backend's collective fails on every survivor within the timeout, as any collective does.
      Continuing without the lost group would take: the survivors agreeing on who is left (the
      store), a new group count for the average, and the outer state kept (it is the same on every
@@ -417,7 +442,8 @@
      (tests/test_checkpoint.c). Format: >>checkpoint.
      With the outer sync (desc.outer) the groups' inner states differ between syncs, so the file
      holds every group's: its parameters, m and v (from the group's first rank, through the
-     broadcast every backend has, in the same chunks; all ranks of a group hold the same), and
+     broadcast every backend has, in the same chunks; all ranks of a group hold the same;
+     shard_optimizer: each part from its holder in the group), and
      the outer state every rank holds alike: the fp32 outer parameters, the outer momentum, the
      inner step count, the syncs, the fragment in flight, when it lands and the groups' summed
      outer gradient for it (format version 2; a run without the outer sync writes version 1,
@@ -811,7 +837,8 @@
      >>join         uneven inputs: ddp_join's shadow steps, the replicas synced at the end
      >>outer        replica groups and their outer sync: fragments, the wire's encodings, the
                     exchange (its own thread when delayed; the wire's users wait for it), the
-                    outer Nesterov step and the merge
+                    outer Nesterov step and the merge; the master in parts gathered within the
+                    group (ddp__outer_master_get / _put, be->team_bcast)
      >>checkpoint   ddp_save / ddp_load: the file format, the atomic write, the strict two-pass
                     read, rank 0's verdict broadcast to every rank; the outer sync's state
                     (every group's, ddp__ckpt_outer_save / ddp__ckpt_outer_load)
@@ -2460,6 +2487,10 @@ typedef struct ddp__backend {
     /* optional: every rank's `bytes` at recv + rank * stride to every rank (the outer exchange of
        groups of one rank, >>outer; NULL: a broadcast from each rank) */
     ddp_result (*allgather)(ddp_context *ctx, unsigned char *recv, size_t bytes, size_t stride);
+    /* optional: `bytes` of host memory from team member `member` (ddp__team_*) to the team's
+       other members only (the fp32 master in parts within a replica group, >>outer); NULL: the
+       backend has no teams of several ranks beside the world's */
+    ddp_result (*team_bcast)(ddp_context *ctx, void *data, size_t bytes, int member);
     void (*stats)(ddp_context *ctx);                             /* bring ctx->step.last_stats up to date */
     void (*poison)(ddp_context *ctx, ddp_result code);           /* tell the peers; any thread */
     void (*stop)(ddp_context *ctx);                              /* shutdown: no step work in flight */
@@ -2788,8 +2819,11 @@ static int ddp__is_committed(const ddp_context *ctx) { return __atomic_load_n(&c
 static int ddp__in_backward(const ddp_context *ctx) { return __atomic_load_n(&ctx->life, __ATOMIC_RELAXED) == DDP__LIFE_BACKWARD; }
 
 /* Derived facts, one definition each: the optimizer state is held in parts (shard_optimizer on
-   several ranks); the parameters are bf16 working copies of an fp32 master. */
-static int ddp__sharded(const ddp_context *ctx) { return ctx->desc.shard_optimizer && ctx->world > 1; }
+   a team of several ranks: the world, or with replica groups the group; a group of one rank
+   keeps it whole, there is nobody to share it with); the parameters are bf16 working copies of
+   an fp32 master. */
+static int ddp__team_world(const ddp_context *ctx);
+static int ddp__sharded(const ddp_context *ctx) { return ctx->desc.shard_optimizer && ddp__team_world(ctx) > 1; }
 static int ddp__bf16_params(const ddp_context *ctx) { return ctx->desc.param_dtype == DDP_DTYPE_BF16; }
 
 /* The team: the ranks a gradient bucket is averaged among. With replica groups (desc.outer,
@@ -3597,9 +3631,9 @@ static ddp_result ddp__outer_resolve(ddp_context *ctx) {
                          "%d: a fragment is sent every %d steps, so at most one is in flight only if fragments <= "
                          "inner_steps and delay_steps < inner_steps / fragments", o->fragments, o->inner_steps,
                          o->delay_steps, gap > 0 ? gap : 0);
-    if (ctx->desc.shard_optimizer || ctx->desc.uneven_inputs != DDP_JOIN_OFF)
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: replica groups are not built (yet) with %s: turn "
-                         "it off", ctx->desc.shard_optimizer ? "shard_optimizer" : "uneven_inputs");
+    if (ctx->desc.uneven_inputs != DDP_JOIN_OFF)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: replica groups are not built (yet) with "
+                         "uneven_inputs: turn it off");
     ctx->outer.size = o->group_size;
     ctx->outer.groups = ctx->world / o->group_size;
     ctx->outer.group = ctx->rank / o->group_size;
@@ -4877,21 +4911,24 @@ static void ddp__watchdog_stop(ddp__watchdog *w) {
 
 /* --------------------------------------------------------------------------------------------
    >>shard  The shard layout every backend follows: which rank holds which part of a bucket
-   (DDP__SHARD_GRAIN), whether the master is held in parts, and the fixed-order sum of the
+   (DDP__SHARD_GRAIN; with replica groups, which member of the group), whether the master is held in parts, and the fixed-order sum of the
    gradient norm's blocks (the blocks' sums of squares: >>host, and ddp_kernels.cuh on NCCL).
    -------------------------------------------------------------------------------------------- */
-/* This rank's part of bucket b, as a range of the flat buffer. Unsharded (or one rank) every
-   rank holds all of it. Sharded, rank s holds [s*P, (s+1)*P) of the bucket, P its 1/world share
-   rounded down to DDP__SHARD_GRAIN, and the last rank the rest up to the bucket's end: parts
-   are contiguous (a bucket is one reduce-scatter, its parts one all-gather), balanced to within
-   world * DDP__SHARD_GRAIN floats, and a norm block never straddles two owners. */
+/* Team member s's part of bucket b, as a range of the flat buffer. Unsharded (or one rank) every
+   rank holds all of it. Sharded, member s of the team (ddp__team_*: the world, or with replica
+   groups the group; every group has the same layout) holds [s*P, (s+1)*P) of the bucket, P its
+   1/team share rounded down to DDP__SHARD_GRAIN, and the last member the rest up to the
+   bucket's end: parts are contiguous (a bucket is one reduce-scatter, its parts one
+   all-gather), balanced to within team * DDP__SHARD_GRAIN floats, and a norm block never
+   straddles two owners. */
 static void ddp__shard_range(const ddp_context *ctx, int b, int s, size_t *lo, size_t *hi) {
     const ddp__bucket *k = &ctx->model.buckets[b];
     size_t part;
+    int n = ddp__team_world(ctx);
     if (!ddp__sharded(ctx)) { *lo = k->offset; *hi = k->offset + k->count; return; }
-    part = k->count / (size_t)ctx->world / DDP__SHARD_GRAIN * DDP__SHARD_GRAIN;
+    part = k->count / (size_t)n / DDP__SHARD_GRAIN * DDP__SHARD_GRAIN;
     *lo = k->offset + part * (size_t)s;
-    *hi = s == ctx->world - 1 ? k->offset + k->count : *lo + part;
+    *hi = s == n - 1 ? k->offset + k->count : *lo + part;
 }
 
 static int ddp__holds(const ddp_context *ctx, size_t i) {
@@ -4900,7 +4937,7 @@ static int ddp__holds(const ddp_context *ctx, size_t i) {
     for (b = 0; b < ctx->model.num_buckets; b++) {
         const ddp__bucket *k = &ctx->model.buckets[b];
         if (i < k->offset || i >= k->offset + k->count) continue;
-        ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
+        ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
         return i >= lo && i < hi;
     }
     return 0;
@@ -4986,7 +5023,7 @@ static void ddp__norm_blocks(ddp_context *ctx, double *sums) {
     for (b = 0; b < ctx->model.num_buckets; b++) {
         const ddp__bucket *k = &ctx->model.buckets[b];
         size_t lo, hi, at;
-        ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
+        ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
         for (at = lo; at < hi; at += DDP__SHARD_GRAIN) {
             size_t n = hi - at < DDP__SHARD_GRAIN ? hi - at : DDP__SHARD_GRAIN;
             sums[ctx->shard.norm_base[b] + (at - k->offset) / DDP__SHARD_GRAIN] =
@@ -5105,7 +5142,7 @@ static ddp_result ddp__host_shard_master(ddp_context *ctx) {
     int b;
     if (!parts) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %zu floats of the fp32 master", ctx->shard.count);
     for (b = 0; b < ctx->model.num_buckets; b++) {
-        ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
+        ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
         memcpy(parts + ctx->shard.base[b], ctx->flat.params + lo, (hi - lo) * sizeof(float));
     }
     ddp__free_floats(ctx->flat.params);
@@ -5155,7 +5192,7 @@ static void ddp__adamw_bucket(ddp_context *ctx, int b, const ddp_adamw *opt, con
     const ddp__bucket *k = &ctx->model.buckets[b];
     size_t lo, hi;
     int i;
-    ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
+    ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
     for (i = k->first_param; i <= k->last_param; i++) {
         const ddp__param *p = &ctx->model.params[i];
         size_t from = p->offset > lo ? p->offset : lo, to = p->offset + p->count < hi ? p->offset + p->count : hi;
@@ -5831,7 +5868,7 @@ static ddp_result ddp__shm_bucket_in_place(ddp_context *ctx, size_t offset, size
     if ((r = ddp__shm_check_sigs(ctx)) != DDP_OK) return r;
     ddp__cpu_arrivals(ctx, started);
     if (bucket >= 0) {   /* sharded: a reduce-scatter; each rank's part is where its AdamW needs it */
-        ddp__shard_range(ctx, bucket, ctx->rank, &lo, &hi);
+        ddp__shard_range(ctx, bucket, ddp__team_rank(ctx), &lo, &hi);
         ddp__average_part_in_place(ctx, offset, lo - offset, hi - offset);
         ddp__shm_post(ctx, DDP__STAGE_RED, q + 1);
         /* every rank has read my buffer once all have averaged: then it may change */
@@ -6028,7 +6065,7 @@ static unsigned char *ddp__grads_create(ddp_context *ctx, size_t bytes, ddp_resu
    (ddp__grads_unlink, after the next collective). */
 static ddp_result ddp__grads_share(ddp_context *ctx, double deadline) {
     size_t page = ddp__page_size(), bytes;
-    int copies = ctx->desc.shard_optimizer ? 2 : 1;   /* sharded: the parameters too (the all-gather) */
+    int copies = ddp__sharded(ctx) ? 2 : 1;   /* sharded: the parameters too (the all-gather) */
     unsigned char *p = NULL;
     size_t es = ctx->flat.grads_bf16 ? sizeof(ddp_bf16) : sizeof(float);   /* bf16 parameters: bf16 gradients and copies */
     ctx->impl.cpu->grads_stride = ddp__round_up(ctx->flat.count * es, page) / sizeof(float);
@@ -6105,12 +6142,12 @@ static ddp_result ddp__cpu_norm_exchange(ddp_context *ctx) {
     if (!ctx->impl.cpu->norm_recv && !(ctx->impl.cpu->norm_recv = (double *)ddp__calloc(bytes ? bytes : 1)))
         return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the gradient norm's blocks");
     ctx->what = "ddp_adamw_step's exchange of the gradient norm's blocks (shard_optimizer)";
-    for (s = 0; s < ctx->world; s++) {
-        if (s == ctx->rank) {
-            if ((r = ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->shard.norm_sums, bytes, s)) != DDP_OK) return r;
+    for (s = 0; s < ddp__team_world(ctx); s++) {   /* the team's members (c->team: the caller's) */
+        if (s == ddp__team_rank(ctx)) {
+            if ((r = ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->shard.norm_sums, bytes, ctx->rank)) != DDP_OK) return r;
             continue;
         }
-        if ((r = ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->impl.cpu->norm_recv, bytes, s)) != DDP_OK) return r;
+        if ((r = ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->impl.cpu->norm_recv, bytes, ddp__team_peer(ctx, s))) != DDP_OK) return r;
         for (b = 0; b < ctx->model.num_buckets; b++) {
             size_t first, end, off = ctx->model.buckets[b].offset;
             ddp__shard_range(ctx, b, s, &lo, &hi);
@@ -6129,42 +6166,47 @@ static ddp_result ddp__cpu_gather_bucket(ddp_context *ctx, int b, uint32_t q, in
     int s;
     if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_IN, q + 1)) != DDP_OK) return r;
     if (first && (r = ddp__shm_check_sigs(ctx)) != DDP_OK) return r;
-    for (s = 0; s < ctx->world; s++) {
-        if (s == ctx->rank) continue;
+    for (s = 0; s < ddp__team_world(ctx); s++) {   /* the team's members */
+        if (s == ddp__team_rank(ctx)) continue;
         ddp__shard_range(ctx, b, s, &lo, &hi);
         if (hi > lo && ctx->flat.params_bf16)
-            memcpy(ctx->flat.params_bf16 + lo, (ddp_bf16 *)(void *)ddp__rank_params(ctx, s) + lo, (hi - lo) * sizeof(ddp_bf16));
-        else if (hi > lo) memcpy(ctx->flat.params + lo, ddp__rank_params(ctx, s) + lo, (hi - lo) * sizeof(float));
+            memcpy(ctx->flat.params_bf16 + lo, (ddp_bf16 *)(void *)ddp__rank_params(ctx, ddp__team_peer(ctx, s)) + lo,
+                   (hi - lo) * sizeof(ddp_bf16));
+        else if (hi > lo) memcpy(ctx->flat.params + lo, ddp__rank_params(ctx, ddp__team_peer(ctx, s)) + lo, (hi - lo) * sizeof(float));
     }
     ddp__shm_post(ctx, DDP__STAGE_RED, q + 1);
     ddp__shm_post(ctx, DDP__STAGE_OUT, q + 1);
     return DDP_OK;
 }
 
-static ddp_result ddp__cpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b1, float b2, float eps, float *grad_norm_out) {
+/* Replica groups: the team is this rank's group, so every exchange here waits for and reads the
+   group's members only (c->team), like its buckets; a group's skipped step (skip_nonfinite: the
+   norm is the group's) still runs the gather, of unchanged values, so that every group takes
+   the same count of exchanges. */
+static ddp_result ddp__cpu_adamw_team(ddp_context *ctx, const ddp_adamw *opt, float b1, float b2, float eps, float *grad_norm_out) {
     ddp__shm_sig *sig;
     ddp__adamw_now now;
     ddp_result r;
     uint32_t q0;
     size_t lo, hi;
     int b, s, skip;
-    if (!ddp__sharded(ctx)) return ddp__host_adamw(ctx, opt, b1, b2, eps, grad_norm_out);
-    if ((r = ddp__host_adamw_state(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     ddp__norm_blocks(ctx, ctx->shard.norm_sums);
     if ((r = ddp__cpu_norm_exchange(ctx)) != DDP_OK) return r;
     r = ddp__adamw_prepare(ctx, opt, b1, b2, eps, ddp__norm_total(ctx->shard.norm_sums, ctx->shard.norm_blocks), grad_norm_out, &now, &skip);
-    if (r != DDP_OK || skip) return r;   /* the norm is the same everywhere: every rank returns here alike */
+    /* the norm is the same on the team's ranks: they return here alike (the world's, without groups) */
+    if (r != DDP_OK || (skip && ddp__team_world(ctx) == ctx->world)) return r;
     ctx->what = "ddp_adamw_step's all-gather of the updated parameters (shard_optimizer)";
     if (!ctx->impl.cpu->params_shared) {
-        for (b = 0; b < ctx->model.num_buckets; b++) ddp__adamw_bucket(ctx, b, opt, &now);
+        for (b = 0; b < ctx->model.num_buckets && !skip; b++) ddp__adamw_bucket(ctx, b, opt, &now);
         for (b = 0; b < ctx->model.num_buckets; b++)
-            for (s = 0; s < ctx->world; s++) {
+            for (s = 0; s < ddp__team_world(ctx); s++) {
+                int root = ddp__team_peer(ctx, s);
                 ddp__shard_range(ctx, b, s, &lo, &hi);
                 if (hi > lo && (r = ctx->flat.params_bf16
                                         ? ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->flat.params_bf16 + lo,
-                                                              (hi - lo) * sizeof(ddp_bf16), s)
+                                                              (hi - lo) * sizeof(ddp_bf16), root)
                                         : ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->flat.params + lo,
-                                                              (hi - lo) * sizeof(float), s)) != DDP_OK) return r;
+                                                              (hi - lo) * sizeof(float), root)) != DDP_OK) return r;
             }
         return DDP_OK;
     }
@@ -6178,13 +6220,34 @@ static ddp_result ddp__cpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b
     q0 = ctx->impl.cpu->shm_seq;
     for (b = 0; b <= ctx->model.num_buckets; b++) {
         if (b < ctx->model.num_buckets) {
-            ddp__adamw_bucket(ctx, b, opt, &now);
+            if (!skip) ddp__adamw_bucket(ctx, b, opt, &now);
             ddp__shm_post(ctx, DDP__STAGE_IN, q0 + (uint32_t)b + 1);
         }
         if (b > 0 && (r = ddp__cpu_gather_bucket(ctx, b - 1, q0 + (uint32_t)b - 1, b == 1)) != DDP_OK) return r;
     }
     ctx->impl.cpu->shm_seq = q0 + (uint32_t)ctx->model.num_buckets;
     return ddp__shm_wait_all(ctx, DDP__STAGE_OUT, ctx->impl.cpu->shm_seq);
+}
+
+/* A broadcast among the team only (be->team_bcast): its members' slots and waits (c->team). */
+static ddp_result ddp__cpu_team_bcast(ddp_context *ctx, void *data, size_t bytes, int member) {
+    ddp_result r;
+    ctx->impl.cpu->team = ddp__team_world(ctx) < ctx->world;
+    r = ddp__shm_collective(ctx, DDP__KIND_BROADCAST, data, bytes, ddp__team_peer(ctx, member));
+    ctx->impl.cpu->team = 0;
+    return r;
+}
+
+static ddp_result ddp__cpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b1, float b2, float eps, float *grad_norm_out) {
+    ddp_result r;
+    if (!ddp__sharded(ctx)) return ddp__host_adamw(ctx, opt, b1, b2, eps, grad_norm_out);
+    if ((r = ddp__host_adamw_state(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
+    /* a team's waits never look at the other groups: a peer group's failure is looked at first */
+    if (ddp__team_world(ctx) < ctx->world && (r = ddp__shm_poisoned(ctx)) != DDP_OK) return r;
+    ctx->impl.cpu->team = ddp__team_world(ctx) < ctx->world;
+    r = ddp__cpu_adamw_team(ctx, opt, b1, b2, eps, grad_norm_out);
+    ctx->impl.cpu->team = 0;
+    return r;
 }
 
 /* One bucket on the communication thread's turn (ddp__workq_turn): the turn is launched buckets
@@ -6345,6 +6408,7 @@ static void ddp__cpu_table(ddp__backend *t) {
     t->finish = ddp__cpu_finish;
     t->adamw = ddp__cpu_adamw;
     t->collective = ddp__cpu_collective;
+    t->team_bcast = ddp__cpu_team_bcast;
     t->poison = ddp__cpu_poison;
     t->stop = ddp__cpu_stop;
     t->teardown = ddp__cpu_teardown;
@@ -6844,12 +6908,14 @@ static ddp_result ddp__mpi_norm_exchange(ddp_context *ctx, int unused) {
     ddp_result r;
     int rc;
     (void)unused;
+    MPI_Comm comm = ddp__mpi_teams(ctx) ? m->team : m->world;   /* replica groups: the group's */
     memset(ctx->shard.norm_sums, 0, ctx->shard.norm_blocks * sizeof(double));
     ddp__norm_blocks(ctx, ctx->shard.norm_sums);
-    if ((r = ddp__mpi_check_sigs_on(ctx, m->world, ctx->world, 0, ++m->wseq, DDP__KIND_SUM, ctx->shard.norm_blocks, 0)) != DDP_OK) return r;
+    if ((r = ddp__mpi_check_sigs_on(ctx, comm, ddp__team_world(ctx), ddp__team_peer(ctx, 0), ++m->wseq, DDP__KIND_SUM,
+                                    ctx->shard.norm_blocks, 0)) != DDP_OK) return r;
     for (done = 0; done < ctx->shard.norm_blocks; done += n) {
         n = ctx->shard.norm_blocks - done < DDP__MPI_MAX_COUNT ? ctx->shard.norm_blocks - done : DDP__MPI_MAX_COUNT;
-        rc = MPI_Allreduce(MPI_IN_PLACE, ctx->shard.norm_sums + done, (int)n, MPI_DOUBLE, MPI_SUM, m->world);
+        rc = MPI_Allreduce(MPI_IN_PLACE, ctx->shard.norm_sums + done, (int)n, MPI_DOUBLE, MPI_SUM, comm);
         if ((r = ddp__mpi_check(ctx, rc, "MPI_Allreduce")) != DDP_OK) return r;
     }
     return DDP_OK;
@@ -6862,12 +6928,14 @@ static ddp_result ddp__mpi_gather_params(ddp_context *ctx, int b) {
     size_t win = ddp__mpi_window(ctx), es = ctx->flat.params_bf16 ? sizeof(ddp_bf16) : sizeof(float), c0, c1, lo;
     unsigned char *base = ctx->flat.params_bf16 ? (unsigned char *)(ctx->flat.params_bf16 + k->offset) : (unsigned char *)(ctx->flat.params + k->offset);
     ddp_result r;
-    if (b == 0 && (r = ddp__mpi_check_sigs_on(ctx, m->world, ctx->world, 0, ++m->wseq, DDP__KIND_GATHER, ctx->flat.count, 0)) != DDP_OK)
+    MPI_Comm comm = ddp__mpi_teams(ctx) ? m->team : m->world;   /* replica groups: the group's */
+    if (b == 0 && (r = ddp__mpi_check_sigs_on(ctx, comm, ddp__team_world(ctx), ddp__team_peer(ctx, 0), ++m->wseq, DDP__KIND_GATHER,
+                                              ctx->flat.count, 0)) != DDP_OK)
         return r;
     for (c0 = 0; c0 < k->count; c0 = c1) {
         c1 = k->count - c0 < win ? k->count : c0 + win;
         ddp__mpi_pieces(ctx, b, 1, c0, c1, &lo);
-        if ((r = ddp__mpi_gather_window(ctx, base + c0 * es, ctx->flat.params_bf16 ? MPI_UINT16_T : MPI_FLOAT, m->world)) != DDP_OK)
+        if ((r = ddp__mpi_gather_window(ctx, base + c0 * es, ctx->flat.params_bf16 ? MPI_UINT16_T : MPI_FLOAT, comm)) != DDP_OK)
             return r;
     }
     return DDP_OK;
@@ -6956,15 +7024,17 @@ static ddp_result ddp__mpi_adamw(ddp_context *ctx, const ddp_adamw *opt, float b
     ddp__adamw_now now;
     ddp_result r;
     int b, skip;
-    if (!ctx->desc.shard_optimizer) return ddp__host_adamw(ctx, opt, b1, b2, eps, grad_norm_out);
+    if (!ddp__sharded(ctx)) return ddp__host_adamw(ctx, opt, b1, b2, eps, grad_norm_out);
     if ((r = ddp__host_adamw_state(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     ctx->what = "ddp_adamw_step's exchange of the gradient norm's blocks (shard_optimizer)";
     if ((r = ddp__mpi_watched(ctx, ddp__mpi_norm_exchange, 0)) != DDP_OK) return r;
     r = ddp__adamw_prepare(ctx, opt, b1, b2, eps, ddp__norm_total(ctx->shard.norm_sums, ctx->shard.norm_blocks), grad_norm_out, &now, &skip);
-    if (r != DDP_OK || skip) return r;   /* the norm is the same everywhere: every rank returns here alike */
+    /* the norm is the team's: its ranks return here alike; with replica groups a group's skipped
+       step still gathers (unchanged values), so every group counts the same exchanges */
+    if (r != DDP_OK || (skip && !ddp__mpi_teams(ctx))) return r;
     ctx->what = "ddp_adamw_step's all-gather of the updated parameters (shard_optimizer)";
     for (b = 0; b < ctx->model.num_buckets; b++) {
-        ddp__adamw_bucket(ctx, b, opt, &now);
+        if (!skip) ddp__adamw_bucket(ctx, b, opt, &now);
         if ((r = ddp__mpi_watched(ctx, ddp__mpi_gather_params, b)) != DDP_OK) return r;
     }
     return DDP_OK;
@@ -7461,6 +7531,27 @@ static ddp_result ddp__mpi_allgather(ddp_context *ctx, unsigned char *recv, size
     return r;
 }
 
+/* A broadcast among the team only (be->team_bcast): its communicator (the world's without groups). */
+static ddp_result ddp__mpi_team_bcast(ddp_context *ctx, void *data, size_t bytes, int member) {
+    ddp__mpi *m = ctx->impl.mpi;
+    MPI_Comm comm = ddp__mpi_teams(ctx) ? m->team : m->world;
+    size_t done, n;
+    ddp_result r;
+    int rc;
+    if (ddp__failed(ctx)) return ddp__failed(ctx);
+    if ((r = ddp__check_cancel(ctx, ctx->what)) != DDP_OK) return r;
+    ddp__mpi_busy(ctx, 1);
+    r = ddp__mpi_check_sigs_on(ctx, comm, ddp__team_world(ctx), ddp__team_peer(ctx, 0), ++m->wseq, DDP__KIND_BROADCAST, bytes,
+                               member);
+    for (done = 0; done < bytes && r == DDP_OK; done += n) {
+        n = bytes - done < DDP__MPI_MAX_COUNT ? bytes - done : DDP__MPI_MAX_COUNT;
+        rc = MPI_Bcast((unsigned char *)data + done, (int)n, MPI_BYTE, member, comm);
+        r = ddp__mpi_check(ctx, rc, "MPI_Bcast");
+    }
+    ddp__mpi_busy(ctx, 0);
+    return r;
+}
+
 static void ddp__mpi_table(ddp__backend *t) {
     ddp__host_table(t);
     t->name = "mpi";
@@ -7474,6 +7565,7 @@ static void ddp__mpi_table(ddp__backend *t) {
     t->adamw = ddp__mpi_adamw;
     t->collective = ddp__mpi_collective;
     t->allgather = ddp__mpi_allgather;
+    t->team_bcast = ddp__mpi_team_bcast;
     t->poison = ddp__mpi_poison;
     t->stop = ddp__mpi_stop;
     t->teardown = ddp__mpi_teardown;
@@ -8384,7 +8476,7 @@ static ddp_result ddp__gpu_bf16(ddp_context *ctx, int op, size_t offset, size_t 
         int b;
         DDP__CUDA(cudaMalloc((void **)&parts, (ctx->shard.count ? ctx->shard.count : 1) * sizeof(float)));
         for (b = 0; b < ctx->model.num_buckets; b++) {
-            ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
+            ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
             if (hi > lo)
                 DDP__CUDA(cudaMemcpyAsync(parts + ctx->shard.base[b], ctx->flat.params + lo, (hi - lo) * sizeof(float),
                                           cudaMemcpyDeviceToDevice, s));
@@ -8461,7 +8553,7 @@ static ddp_result ddp__gpu_norm(ddp_context *ctx) {
     if (sharded) DDP__CUDA(cudaMemsetAsync(g->norm_blocks, 0, ctx->shard.norm_blocks * sizeof(double), g->compute));
     for (b = 0; b < ctx->model.num_buckets; b++) {
         size_t off = ctx->model.buckets[b].offset;
-        ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
+        ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
         double *out = g->norm_blocks + ctx->shard.norm_base[b] + (lo - off) / DDP__SHARD_GRAIN;
         if (ctx->flat.grads_bf16) DDP__CUDA(ddp_k_norm_blocks_bf16(ctx->flat.grads_bf16 + lo, hi - lo, DDP__SHARD_GRAIN, out, g->compute));
         else DDP__CUDA(ddp_k_norm_blocks(ctx->flat.grads + lo, hi - lo, DDP__SHARD_GRAIN, out, g->compute));
@@ -8503,7 +8595,7 @@ static ddp_result ddp__gpu_update(ddp_context *ctx, const ddp_adamw *opt, float 
         const ddp__bucket *k = &ctx->model.buckets[b];
         char what[96];
         ddp_result r;
-        ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
+        ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
         if (ctx->flat.params_bf16)   /* this part's master (packed) and working copies; the others' copies come gathered */
             DDP__CUDA(ddp_k_adamw_bf16(ctx->flat.params + ctx->shard.base[b], ctx->flat.params_bf16 + lo, ctx->flat.grads_bf16 + lo,
                                        ctx->adam.m + ctx->shard.base[b], ctx->adam.v + ctx->shard.base[b], hi - lo,
@@ -9159,7 +9251,7 @@ static ddp_result ddp__shard_layout(ddp_context *ctx) {
     ctx->shard.norm_base = (size_t *)ddp__calloc(sizeof(size_t) * (size_t)ctx->model.num_buckets);
     if (!ctx->shard.base || !ctx->shard.norm_base) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the shard layout");
     for (b = ctx->model.num_buckets - 1; b >= 0; b--) {   /* the last bucket holds the first parameters */
-        ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
+        ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
         ctx->shard.base[b] = at;
         at += hi - lo;
     }
@@ -9317,7 +9409,7 @@ static void ddp__plan_wire(ddp_context *ctx) {
                      : w->grads == DDP_DTYPE_FP32 ? DDP__WIRE_NARROW : DDP__WIRE_WIDEN;
         w->scatter = ddp__sharded(ctx);
         w->in_place = w->convert == DDP__WIRE_AS_IS;
-        ddp__shard_range(ctx, b, ctx->rank, &w->lo, &w->hi);
+        ddp__shard_range(ctx, b, ddp__team_rank(ctx), &w->lo, &w->hi);
         w->bytes = k->count * ddp__wire_bytes(ctx);
     }
 }
@@ -9886,7 +9978,7 @@ static ddp_result ddp__state_at(ddp_context *ctx, ddp_buffer which, size_t offse
         return DDP_OK;
     }
     for (b = 0; b < ctx->model.num_buckets; b++) {
-        ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
+        ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
         if (offset >= lo && offset + count <= hi) { *at = flat + ctx->shard.base[b] + (offset - lo); return DDP_OK; }
     }
     return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: floats [%zu, %zu) of %s are not all held by rank %d: with "
@@ -9906,35 +9998,39 @@ static ddp_result ddp__sharded_move(ddp_context *ctx, ddp_buffer which, size_t o
                                 : which == DDP_PARAMS ? ctx->flat.params : ctx->flat.grads;
     size_t lo, hi, chunk = count < DDP__SCATTER_CHUNK ? count : DDP__SCATTER_CHUNK;
     ddp_result r = DDP_OK;
-    int b, s;
+    int b, s, team = ddp__team_world(ctx), me = ddp__team_rank(ctx);
     if (!(bounce = (float *)DDP_MALLOC(chunk * sizeof(float) + 1)))   /* the peers are in it already: they must hear */
         return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "%s: no memory for a bounce buffer of %zu floats",
                                gather ? "ddp_gather_to_host" : "ddp_scatter_from_host", chunk);
     ctx->what = gather ? "ddp_gather_to_host's broadcast from a part's owner" : "ddp_scatter_from_host's broadcast";
+    /* With replica groups every group holds every part, member s of each: a gather takes them
+       from the root's group (its first rank: root - root % team), a scatter gives each part to
+       member s of every group. */
     for (b = 0; b < ctx->model.num_buckets && r == DDP_OK; b++)
-        for (s = 0; s < ctx->world && r == DDP_OK; s++) {
+        for (s = 0; s < team && r == DDP_OK; s++) {
             size_t a, z, done, n, mlo, mhi;
             float *local = NULL;
+            int owner = root - root % team + s;   /* the part's owner in the root's group */
             ddp__shard_range(ctx, b, s, &lo, &hi);
             a = lo > offset ? lo : offset;
             z = hi < offset + count ? hi : offset + count;
             if (z <= a) continue;
-            if (s == ctx->rank && mine) {   /* where the piece is here (bf16 gradients: ddp__state_copy finds them) */
-                ddp__shard_range(ctx, b, ctx->rank, &mlo, &mhi);
+            if (s == me && mine) {   /* where the piece is here (bf16 gradients: ddp__state_copy finds them) */
+                ddp__shard_range(ctx, b, me, &mlo, &mhi);
                 local = which == DDP_GRADS ? mine + a : mine + ctx->shard.base[b] + (a - mlo);
             }
-            if (s == root) {
+            if (owner == root && (gather || team == ctx->world)) {   /* nobody else needs it */
                 if (ctx->rank == root) r = ddp__state_copy(ctx, which, local, a, host + (a - offset), z - a, gather);
                 continue;
             }
             for (done = a; done < z && r == DDP_OK; done += n) {
                 n = z - done < chunk ? z - done : chunk;
-                if (gather && s == ctx->rank) r = ddp__state_copy(ctx, which, local ? local + (done - a) : NULL, done, bounce, n, 1);
+                if (gather && owner == ctx->rank) r = ddp__state_copy(ctx, which, local ? local + (done - a) : NULL, done, bounce, n, 1);
                 if (!gather && ctx->rank == root) memcpy(bounce, host + (done - offset), n * sizeof(float));
-                if (r == DDP_OK) r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, bounce, n * sizeof(float), gather ? s : root);
+                if (r == DDP_OK) r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, bounce, n * sizeof(float), gather ? owner : root);
                 if (r != DDP_OK) break;
                 if (gather && ctx->rank == root) memcpy(host + (done - offset), bounce, n * sizeof(float));
-                if (!gather && s == ctx->rank) r = ddp__state_copy(ctx, which, local ? local + (done - a) : NULL, done, bounce, n, 0);
+                if (!gather && s == me) r = ddp__state_copy(ctx, which, local ? local + (done - a) : NULL, done, bounce, n, 0);
             }
         }
     DDP_FREE(bounce);
@@ -9949,7 +10045,7 @@ static ddp_result ddp__master_parts_put(ddp_context *ctx, size_t offset, const f
     ddp_result r = DDP_OK;
     int b;
     for (b = 0; b < ctx->model.num_buckets && r == DDP_OK; b++) {
-        ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
+        ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
         a = lo > offset ? lo : offset;
         z = hi < offset + n ? hi : offset + n;
         if (z > a) r = ctx->be->copy(ctx, ctx->flat.params + ctx->shard.base[b] + (a - lo), src + (a - offset), (z - a) * sizeof(float), 0);
@@ -10003,7 +10099,7 @@ static ddp_result ddp__scatter_from_host(ddp_context *ctx, ddp_buffer which, siz
     if (ctx->world == 1)
         return ddp__state_written(ctx, which, offset, count, ddp__state_copy(ctx, which, flat ? flat + offset : NULL, offset,
                                                                              (float *)(uintptr_t)src, count, 0));
-    if ((which == DDP_ADAM_M || which == DDP_ADAM_V) && ctx->desc.shard_optimizer)
+    if ((which == DDP_ADAM_M || which == DDP_ADAM_V) && ddp__sharded(ctx))
         return ddp__sharded_move(ctx, which, offset, (float *)(uintptr_t)src, count, root, 0);
     if (which == DDP_PARAMS && ddp__master_parts(ctx)) return ddp__scatter_master_parts(ctx, offset, src, count, root);
     bounce = (float *)DDP_MALLOC((count < DDP__SCATTER_CHUNK ? count : DDP__SCATTER_CHUNK) * sizeof(float));
@@ -10107,6 +10203,43 @@ static int ddp__outer_plain_mean(const ddp_context *ctx) {
     return o->lr == 1 && o->momentum == 0 && o->wire == DDP_WIRE_FP32;
 }
 
+/* The fp32 parameters [lo, lo + n) whole, into host memory `out`. With shard_optimizer and bf16
+   parameters within a group the master is in parts across the group's ranks: each member's
+   pieces reach the group's other members (be->team_bcast, nothing leaves the group), so every
+   rank computes the outer step on the whole range, as unsharded, with the same bits. */
+static ddp_result ddp__outer_master_get(ddp_context *ctx, size_t lo, size_t n, float *out) {
+    size_t plo, phi, a, z;
+    ddp_result r = DDP_OK;
+    int b, s;
+    if (!ddp__master_parts(ctx)) return ctx->be->copy(ctx, out, ctx->flat.params + lo, n * sizeof(float), 1);
+    for (b = 0; b < ctx->model.num_buckets && r == DDP_OK; b++)
+        for (s = 0; s < ddp__team_world(ctx) && r == DDP_OK; s++) {
+            ddp__shard_range(ctx, b, s, &plo, &phi);
+            a = plo > lo ? plo : lo;
+            z = phi < lo + n ? phi : lo + n;
+            if (z <= a) continue;
+            if (s == ddp__team_rank(ctx)) memcpy(out + (a - lo), ctx->flat.params + ctx->shard.base[b] + (a - plo), (z - a) * sizeof(float));
+            r = ctx->be->team_bcast(ctx, out + (a - lo), (z - a) * sizeof(float), s);
+        }
+    return r;
+}
+
+/* The fp32 parameters [lo, lo + n) from host memory `in` (the same on the group's ranks), the
+   bf16 working copies rounded from them; the master in parts: this rank's parts of it. */
+static ddp_result ddp__outer_master_put(ddp_context *ctx, size_t lo, size_t n, const float *in) {
+    ddp_bf16 *rounded;
+    ddp_result r;
+    if (!ddp__master_parts(ctx)) {
+        if ((r = ctx->be->copy(ctx, ctx->flat.params + lo, in, n * sizeof(float), 0)) != DDP_OK) return r;
+        return ddp__bf16_op(ctx, DDP__BF16_ROUND_PARAMS, lo, n);
+    }
+    if (!(rounded = (ddp_bf16 *)DDP_MALLOC(n * sizeof(ddp_bf16) + 1)))
+        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %zu bf16 working copies", n);
+    r = ddp__master_parts_put(ctx, lo, in, n, rounded);
+    DDP_FREE(rounded);
+    return r;
+}
+
 /* Bytes one group's fragment of n floats takes on the wire: INT8 is every block's fp32 scale,
    then the values. */
 static size_t ddp__outer_wire_bytes(const ddp_context *ctx, size_t n) {
@@ -10200,7 +10333,7 @@ static ddp_result ddp__outer_commit(ddp_context *ctx) {
                          "%zu bytes of wire buffers)", n, ctx->outer.mom ? " and momentum" : "", bytes * (size_t)ctx->outer.groups);
     if (ctx->outer.mom) memset(ctx->outer.mom, 0, n * sizeof(float));
     /* rank 0's, as every rank's (commit) */
-    return ctx->be->copy(ctx, ctx->outer.theta, ctx->flat.params, n * sizeof(float), 1);
+    return ddp__outer_master_get(ctx, 0, n, ctx->outer.theta);
 }
 
 /* Fragment f, sent: this group's outer gradient (or, ddp__outer_plain_mean, its parameters) as
@@ -10209,7 +10342,7 @@ static ddp_result ddp__outer_pack(ddp_context *ctx, int f) {
     size_t lo = ctx->outer.frag[f], n = ctx->outer.frag[f + 1] - lo, i;
     const float *p = ctx->outer.host, *theta = ctx->outer.theta + lo;
     float *delta = ctx->outer.sum;   /* scratch until the sum replaces it */
-    ddp_result r = ctx->be->copy(ctx, ctx->outer.host, ctx->flat.params + lo, n * sizeof(float), 1);
+    ddp_result r = ddp__outer_master_get(ctx, lo, n, ctx->outer.host);
     if (r != DDP_OK) return ddp__fatal(ctx, r);   /* the peers are about to exchange */
     if (ddp__outer_plain_mean(ctx)) memcpy(delta, p, n * sizeof(float));
     else for (i = 0; i < n; i++) delta[i] = theta[i] - p[i];
@@ -10365,6 +10498,12 @@ static ddp_result ddp__outer_backend(ddp_context *ctx) {
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: groups of %d ranks with shard_optimizer are not "
                          "built (yet) on the %s backend: unsharded, or group_size 1 or %d", ctx->outer.size, ctx->be->name,
                          ctx->world);
+    /* the master in parts (bf16 parameters, sharded within a group): the outer step gathers it
+       among the group (be->team_bcast), which the NCCL backend has not */
+    if (ctx->desc.shard_optimizer && ctx->desc.param_dtype == DDP_DTYPE_BF16 && ctx->outer.size > 1 && !ctx->be->team_bcast)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: shard_optimizer with bf16 parameters (param_dtype) "
+                         "in groups of %d ranks is not built (yet) on the %s backend (the CPU and MPI backends have it): "
+                         "turn one of them off", ctx->outer.size, ctx->be->name);
     /* (the NCCL backend's buckets follow the wire plan, which moves nothing for a group of one) */
     if (ctx->outer.size == 1 && ctx->world > 1 && ctx->be->id != DDP_BACKEND_NCCL) {
         ctx->table.launch = ddp__single_launch;
@@ -10401,11 +10540,11 @@ static ddp_result ddp__outer_merge(ddp_context *ctx, int f) {
     ctx->outer.flight = -1;
     if (mix == 0) p = theta;
     else {   /* the parameters as they are now, delay_steps after the send */
-        if ((r = ctx->be->copy(ctx, p, ctx->flat.params + lo, n * sizeof(float), 1)) != DDP_OK) return ddp__fatal(ctx, r);
+        if ((r = ddp__outer_master_get(ctx, lo, n, p)) != DDP_OK) return ddp__fatal(ctx, r);
         for (i = 0; i < n; i++) p[i] = mix * p[i] + (1 - mix) * theta[i];
     }
-    if ((r = ctx->be->copy(ctx, ctx->flat.params + lo, p, n * sizeof(float), 0)) != DDP_OK) return ddp__fatal(ctx, r);
-    return ddp__bf16_op(ctx, DDP__BF16_ROUND_PARAMS, lo, n);
+    if ((r = ddp__outer_master_put(ctx, lo, n, p)) != DDP_OK) return ddp__fatal(ctx, r);
+    return DDP_OK;
 }
 
 /* The fragment whose send step is inner step t (1, 2, ...), or -1: fragment f is sent at the
@@ -10442,7 +10581,7 @@ static ddp_result ddp__outer_step(ddp_context *ctx) {
    back towards the values they had at commit. */
 static ddp_result ddp__outer_params_set(ddp_context *ctx, ddp_buffer which, size_t offset, size_t count, ddp_result r) {
     if (r != DDP_OK || which != DDP_PARAMS || !count || !ddp__outer_on(ctx) || !ctx->outer.theta) return r;
-    return ctx->be->copy(ctx, ctx->outer.theta + offset, ctx->flat.params + offset, count * sizeof(float), 1);
+    return ddp__outer_master_get(ctx, offset, count, ctx->outer.theta + offset);
 }
 
 static ddp_outer_status ddp__outer_status(const ddp_context *ctx) {
@@ -10470,7 +10609,8 @@ static ddp_outer_status ddp__outer_status(const ddp_context *ctx) {
    an index would need a commit across files; one rename commits one file.) Format, little-endian,
    every integer at its stated width:
      "DDP-CKPT" u32 version u32 world u32 sharded u32 num_params i64 step u64 floats u64 user_bytes
-     u32 num_shards u32 0 | num_shards x u64 the floats the shards before it hold | num_params x (u32 name
+     u32 num_shards u32 0 | num_shards x u64 the floats the shards before it hold (num_shards: world
+     if sharded, else 1; version 2: a replica group's size, a divisor of world) | num_params x (u32 name
      length, name, u64 count, u32 flags) | parameters, then m, then v, each parameter's floats in
      registration order (no padding) | the user blob | u64 checksum of every byte before it
      (ddp__sum_add: FNV-1a's step on 64-bit words in four lanes, then FNV-1a of lanes and tail).
@@ -10775,7 +10915,7 @@ static void ddp__ckpt_outer_block(const ddp_context *ctx, unsigned char *b) {
 
 /* The header of this model's state as rank 0 writes it; NULL when out of memory. */
 static unsigned char *ddp__ckpt_header(ddp_context *ctx, uint64_t user_bytes, size_t *len) {
-    int i, shards = ddp__ckpt_sharded(ctx) ? ctx->world : 1;
+    int i, shards = ddp__ckpt_sharded(ctx) ? ddp__team_world(ctx) : 1;   /* replica groups: a group's members */
     size_t n = DDP__CKPT_FIXED + 8 * (size_t)shards, at;
     uint64_t floats = 0;
     unsigned char *h;
@@ -10830,6 +10970,37 @@ static ddp_result ddp__ckpt_stream(ddp_context *ctx, ddp_buffer which, ddp__ckpt
     return r;
 }
 
+/* Flat elements [at, at + n) of `which` held in parts (shard_optimizer within replica groups:
+   m and v; with bf16 parameters the master too), buf holding them. Save: member s of the group whose first rank is `src` holds
+   piece s of each bucket and broadcasts it to rank 0 (every rank walks the same pieces). Load
+   (every rank has buf): this rank takes its own pieces. */
+static ddp_result ddp__ckpt_parts(ddp_context *ctx, ddp_buffer which, float *flat, float *buf, size_t at, size_t n, int src,
+                                  int save) {
+    size_t lo, hi, a, z;
+    ddp_result r = DDP_OK;
+    int b, s;
+    for (b = 0; b < ctx->model.num_buckets && r == DDP_OK; b++)
+        for (s = 0; s < ddp__team_world(ctx) && r == DDP_OK; s++) {
+            float *local;
+            ddp__shard_range(ctx, b, s, &lo, &hi);
+            a = lo > at ? lo : at;
+            z = hi < at + n ? hi : at + n;
+            if (z <= a) continue;
+            local = flat + ctx->shard.base[b] + (a - lo);
+            if (!save) {   /* (the master: every working copy of the chunk too, below) */
+                if (s == ddp__team_rank(ctx) && which != DDP_PARAMS) r = ddp__state_copy(ctx, which, local, a, buf + (a - at), z - a, 0);
+                continue;
+            }
+            if (ctx->rank == src + s) r = ddp__state_copy(ctx, which, local, a, buf + (a - at), z - a, 1);
+            if (r == DDP_OK && src + s != 0) {
+                ctx->what = "ddp_save's broadcast of a replica group's state";
+                r = ctx->be->collective(ctx, DDP__KIND_BROADCAST, buf + (a - at), (z - a) * sizeof(float), src + s);
+            }
+        }
+    if (r == DDP_OK && !save && which == DDP_PARAMS) r = ddp__outer_master_put(ctx, at, n, buf);
+    return r;
+}
+
 /* One array of the outer state, parameter by parameter (registration order, no padding), chunk
    by chunk; buf holds a chunk on every rank. Save: the values of rank `src`'s `which` (sent to
    rank 0 by a broadcast, the collective every backend has), or, host != NULL, of the host array
@@ -10848,6 +11019,11 @@ static ddp_result ddp__ckpt_outer_stream(ddp_context *ctx, ddp__ckpt_file *f, fl
         for (done = 0; done < count && r == DDP_OK; done += n) {
             size_t at = offset + done;
             n = count - done < DDP__CKPT_CHUNK ? count - done : DDP__CKPT_CHUNK;
+            if (save && !host && ddp__in_parts(ctx, which)) {
+                r = ddp__ckpt_parts(ctx, which, flat, buf, at, n, src, 1);
+                if (r == DDP_OK && f) ddp__ckpt_write(f, buf, n * sizeof(float), 1);
+                continue;
+            }
             if (save) {
                 if (!host && ctx->rank == src) r = ddp__state_copy(ctx, which, flat ? flat + at : NULL, at, buf, n, 1);
                 if (r == DDP_OK && !host && src != 0) {
@@ -10865,6 +11041,7 @@ static ddp_result ddp__ckpt_outer_stream(ddp_context *ctx, ddp__ckpt_file *f, fl
             }
             if (!take) continue;
             if (host) memcpy(host + at, buf, n * sizeof(float));
+            else if (ddp__in_parts(ctx, which)) r = ddp__ckpt_parts(ctx, which, flat, buf, at, n, 0, 0);
             else r = ddp__state_written(ctx, which, at, n, ddp__state_copy(ctx, which, flat ? flat + at : NULL, at, buf, n, 0));
         }
     }
@@ -10873,7 +11050,8 @@ static ddp_result ddp__ckpt_outer_stream(ddp_context *ctx, ddp__ckpt_file *f, fl
 
 /* ddp_save with the outer sync on, after group 0's parameters, m and v (rank 0's own): theta,
    momentum, every other group's parameters, m and v (from the group's first rank: every rank of
-   a group holds the same), the in-flight fragment's sum. The outer state is alike on every rank:
+   a group holds the same; held in parts, from each part's holder: ddp__ckpt_parts), the
+   in-flight fragment's sum. The outer state is alike on every rank:
    rank 0 writes its own (ddp__save settled the exchange in flight first: outer.sum is whole). */
 static ddp_result ddp__ckpt_outer_save(ddp_context *ctx, ddp__ckpt_file *f) {
     float *buf = (float *)DDP_MALLOC(DDP__CKPT_CHUNK * sizeof(float));
@@ -10911,7 +11089,7 @@ static ddp_result ddp__ckpt_outer_land(ddp_context *ctx, const ddp__ckpt_status 
         if (z <= a) continue;
         to = ctx->model.params[i].offset + (size_t)(a - lo);
         len = (size_t)(z - a);
-        if ((r = ctx->be->copy(ctx, stage, ctx->flat.params + to, len * sizeof(float), 1)) != DDP_OK) break;
+        if ((r = ddp__outer_master_get(ctx, to, len, stage)) != DDP_OK) break;
         for (j = 0; j < len; j++) {
             float *theta = ctx->outer.theta + to + j;
             float avg = st->groups == 1 ? sum[a - at + j] : sum[a - at + j] / Gs;
@@ -10920,8 +11098,7 @@ static ddp_result ddp__ckpt_outer_land(ddp_context *ctx, const ddp__ckpt_status 
             *theta -= o->lr * g;
             stage[j] = mix == 0 ? *theta : mix * stage[j] + (1 - mix) * *theta;
         }
-        if ((r = ctx->be->copy(ctx, ctx->flat.params + to, stage, len * sizeof(float), 0)) == DDP_OK)
-            r = ddp__bf16_op(ctx, DDP__BF16_ROUND_PARAMS, to, len);
+        r = ddp__outer_master_put(ctx, to, len, stage);
     }
     return r;
 }
@@ -10949,7 +11126,7 @@ static ddp_result ddp__ckpt_outer_load(ddp_context *ctx, ddp__ckpt_file *f, cons
         if (ctx->outer.mom) memset(ctx->outer.mom, 0, ctx->flat.count * sizeof(float));
         ctx->outer.inner = ctx->outer.syncs = ctx->outer.lands = 0;
         ctx->outer.flight = -1;
-        return ddp__state_copy(ctx, DDP_PARAMS, ctx->flat.params, 0, ctx->outer.theta, ctx->flat.count, 1);
+        return ddp__outer_master_get(ctx, 0, ctx->flat.count, ctx->outer.theta);
     }
     buf = (float *)DDP_MALLOC(2 * DDP__CKPT_CHUNK * sizeof(float));   /* a chunk, and the landing fragment's stage */
     if (land) offs = (uint64_t *)DDP_MALLOC(sizeof(uint64_t) * (size_t)ctx->model.num_params + 1);
@@ -11014,8 +11191,6 @@ static ddp_result ddp__save(ddp_context *ctx, const char *path, const void *user
     ddp_result r;
     int renamed = 0;
     if (ddp__in_backward(ctx)) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_save while a backward is in flight (call it between steps)");
-    if (ddp__outer_on(ctx) && ddp__sharded(ctx))   /* a group's m and v would be in parts across its ranks */
-        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_save: the outer sync's checkpoint with shard_optimizer is not built");
     if ((r = ddp__outer_settle(ctx)) != DDP_OK) return r;   /* the exchange in flight has landed in outer.sum */
     if ((r = ctx->be->adamw_state(ctx)) != DDP_OK) return ddp__fatal(ctx, r);   /* the peers are on their way to the broadcast */
     memset(&st, 0, sizeof st);
@@ -11181,7 +11356,10 @@ static int ddp__ckpt_check_head(const ddp__ckpt_file *f, const char *path, ddp__
                          "%u and %u", path, version, DDP__CKPT_VERSION, DDP__CKPT_VERSION_OUTER);
         return 0;
     }
-    if (world < 1 || world > INT32_MAX || sharded > 1 || h->shards != (sharded ? world : 1u) ||
+    /* sharded: a shard per rank, or with the outer sync a shard per member of a replica group */
+    if (world < 1 || world > INT32_MAX || sharded > 1 ||
+        (sharded ? h->shards < 1 || h->shards > world || world % h->shards ||
+                   (version != DDP__CKPT_VERSION_OUTER && h->shards != world) : h->shards != 1u) ||
         ddp__get_le(fixed + 52, 4) != 0 || st->step < 0) {
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' has an impossible header: world size %u, sharded %u, "
                          "%llu shards, reserved field %llu, AdamW step %lld", path, world, sharded, (unsigned long long)h->shards,
@@ -11457,8 +11635,6 @@ static ddp_result ddp__load(ddp_context *ctx, const char *path, void *user, size
     uint64_t data_at = 0, stored = 0, *offsets = NULL;
     ddp_result r;
     if (ddp__in_backward(ctx)) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_load while a backward is in flight (call it between steps)");
-    if (ddp__outer_on(ctx) && ddp__sharded(ctx))
-        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_load: the outer sync's checkpoint with shard_optimizer is not built");
     if ((r = ddp__outer_settle(ctx)) != DDP_OK) return r;   /* the exchange in flight has landed in outer.sum */
     if ((r = ctx->be->adamw_state(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     memset(&st, 0, sizeof st);
@@ -11773,7 +11949,9 @@ ddp_step_stats ddp_last_step_stats(const ddp_context *ctx) {
 }
 
 ddp_result ddp_adamw_step(ddp_context *ctx, const ddp_adamw *opt, float *grad_norm_out) {
-    ddp_result r = ddp__usable(ctx, 1, "ddp_adamw_step");
+    /* sharded, the step uses the wire (the norm's blocks, the gather): an outer exchange settles first */
+    ddp_result r = ctx && ddp__is_committed(ctx) && ddp__sharded(ctx) ? ddp__usable_wire(ctx, 1, "ddp_adamw_step", 0)
+                                                                      : ddp__usable(ctx, 1, "ddp_adamw_step");
     if (r == DDP_OK && (r = ddp__adamw_step(ctx, opt, grad_norm_out)) == DDP_OK) r = ddp__outer_step(ctx);
     return r;
 }

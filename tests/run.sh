@@ -35,10 +35,11 @@ for n in 1 2 3 4; do run "collectives, $n rank(s)" "$B/ddprun" -n "$n" "$B/test_
 for n in 1 2 4; do run "equivalence, $n rank(s)" "$B/ddprun" -n "$n" "$B/test_equivalence"; done
 for n in 1 2 3 4; do run "sharded optimizer (ZeRO-1) = unsharded, bit for bit, $n rank(s)" "$B/ddprun" -n "$n" "$B/test_shard"; done
 run "sharded optimizer vs PyTorch ZeroRedundancyOptimizer(AdamW) over gloo, 2 and 3 ranks" tests/test_shard_torch.sh "$B"
-run "tiny GPT trainer --shard-optimizer = unsharded, bit for bit, 2 and 3 ranks" tests/test_shard_gpt.sh "$B"
+run "tiny GPT trainer --shard-optimizer = unsharded, bit for bit, 2 and 3 ranks, and 4 ranks in 2 DiLoCo groups of 2" tests/test_shard_gpt.sh "$B"
 for n in 2 3; do run "bf16 reduction, $n ranks" "$B/ddprun" -n "$n" "$B/test_bf16"; done
 run "replica groups: 4 thread-ranks in 2 groups of 2 and 6 in 2 of 3, each group's average only (bit for bit; fp32, bf16, bf16 wire, in place and staged), replicas equal after the outer sync" "$B/test_groups"
 run "replica groups with process ranks: ddprun -n 4 (CPU backend), mpirun -n 4 (MPI backend, hierarchical and flat)" tests/test_groups.sh "$B"
+run "shard_optimizer (ZeRO-1) within replica groups: 4 thread-ranks in 2 groups of 2, DiLoCo H=2 and streaming, clipping, one group skipping a step, in place and staged: parameters, m and v = unsharded, bit for bit; bf16 parameters refused by name; groups of one not sharded" "$B/test_groups_shard"
 run "overlap, 2 ranks" "$B/ddprun" -n 2 "$B/test_overlap"
 run "stragglers: a slow rank named by every rank, its wait in the stats and on the timeline, 3 thread-ranks" "$B/test_straggler"
 run "timeline" tests/test_timeline.sh "$B"

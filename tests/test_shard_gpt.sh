@@ -17,6 +17,11 @@ for n in 2 3; do
     if [ -n "$a" ] && [ "$a" = "$b" ]; then echo "PASS gpt_shard_optimizer_ranks${n}_bitwise_equals_unsharded"
     else echo "FAIL gpt_shard_optimizer_ranks${n}_bitwise_equals_unsharded: parameters' hash '$a' unsharded, '$b' sharded"; fi
 done
+# Replica groups (--outer diloco, 2 groups of 2): the state sharded within each group, the same bits.
+a=$(OPENBLAS_NUM_THREADS=1 "$B/ddprun" -n 4 "$B/train_gpt" "${args[@]}" --outer diloco --inner-steps 3 --group-size 2 2>&1 | sed -n 's/.*params fnv1a //p')
+b=$(OPENBLAS_NUM_THREADS=1 "$B/ddprun" -n 4 "$B/train_gpt" "${args[@]}" --outer diloco --inner-steps 3 --group-size 2 --shard-optimizer 2>&1 | sed -n 's/.*params fnv1a //p')
+if [ -n "$a" ] && [ "$a" = "$b" ]; then echo "PASS gpt_shard_optimizer_outer_groups_of_2_bitwise_equals_unsharded"
+else echo "FAIL gpt_shard_optimizer_outer_groups_of_2_bitwise_equals_unsharded: parameters' hash '$a' unsharded, '$b' sharded"; fi
 # Checkpoints (ddp_save / ddp_load gather and scatter the parts): saved at step 6 sharded and
 # unsharded, the same file but for the record of the sharding (the header's flag and shard table,
 # and so the checksum); resumed either way, the same end as a straight run.

@@ -170,7 +170,6 @@ static int outer_args(options *o, char *err, size_t errn) {
         return 0;
     }
     if (u->quant_block > 0 && u->wire != DDP_WIRE_INT8) { snprintf(err, errn, "--quant-block goes with --outer-wire int8"); return 0; }
-    if (o->shard) { snprintf(err, errn, "--outer %s does not go with --shard-optimizer (ddp.h's replica groups do not shard yet)", mode); return 0; }
     /* Given lr or momentum: both exactly as given (0 momentum included), the other one its default. */
     if (lr_given || mom_given) {
         u->as_given = 1;
