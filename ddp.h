@@ -4656,12 +4656,12 @@ static ddp_result ddp__fetch_from_rank0(ddp_context *ctx, const char *key, const
     return DDP_OK;
 }
 
-/* The ranks from `from` on that have not set PREFIX<rank> in the store, as "2, 5". */
-static ddp_result ddp__list_missing(ddp_context *ctx, const char *prefix, int from, char *out, size_t cap) {
+/* The ranks [first, first + n) that have not set PREFIX<rank> in the store, as "2, 5". */
+static ddp_result ddp__list_missing(ddp_context *ctx, const char *prefix, int first, int n, char *out, size_t cap) {
     size_t len = 0;
     int s, exists;
     out[0] = 0;
-    for (s = from; s < ctx->world && len + 16 < cap; s++) {
+    for (s = first; s < first + n && len + 16 < cap; s++) {
         char key[64];
         ddp_result r;
         snprintf(key, sizeof key, "%s%d", prefix, s);
@@ -8058,21 +8058,6 @@ static ddp_result ddp__nccl_parts(ddp_context *ctx, int b, void *base, ncclDataT
 /* Every entry point runs on the caller's thread, which may have another device current. */
 #define DDP__GPU_DEVICE(g) DDP__CUDA(cudaSetDevice((g)->device))
 
-/* The ranks [first, first + n) that have not set PREFIX<rank> in the store, as "2, 5". */
-static ddp_result ddp__nccl_missing(ddp_context *ctx, const char *prefix, int first, int n, char *out, size_t cap) {
-    size_t len = 0;
-    int s, exists;
-    out[0] = 0;
-    for (s = first; s < first + n && len + 16 < cap; s++) {
-        char key[64];
-        ddp_result r;
-        snprintf(key, sizeof key, "%s%d", prefix, s);
-        if ((r = ddp__store_check(ctx, key, &exists)) != DDP_OK) return r;
-        if (!exists) len += (size_t)snprintf(out + len, cap - len, "%s%d", len ? ", " : "", s);
-    }
-    return DDP_OK;
-}
-
 /* A communicator, non-blocking: ncclCommInitRank would wait for every peer with no deadline,
    and one that died or never came would hang this rank for good. Each rank says in the store
    when it starts and when it is done, so a timeout can name the ranks that never came and
@@ -8099,8 +8084,8 @@ static ddp_result ddp__gpu_init_comm(ddp_context *ctx, int team, ncclUniqueId *i
     ddp__nccl_leave(g, team);
     if (r == DDP_ERR_TIMEOUT && !ddp__failed(ctx)) {
         never[0] = unfinished[0] = 0;
-        if (ctx->world > 1 && ddp__nccl_missing(ctx, start, first, n, never, sizeof never) == DDP_OK)
-            ddp__nccl_missing(ctx, done, first, n, unfinished, sizeof unfinished);
+        if (ctx->world > 1 && ddp__list_missing(ctx, start, first, n, never, sizeof never) == DDP_OK)
+            ddp__list_missing(ctx, done, first, n, unfinished, sizeof unfinished);
         ddp__gpu_abort(ctx);
         return ddp__fail(ctx, DDP_ERR_TIMEOUT, "timed out after %g s in NCCL's set-up%s; rank(s) never started it: "
                          "%s; rank(s) that did not finish it: %s; the communicator was aborted", ctx->desc.timeout_s,
@@ -8952,7 +8937,7 @@ static ddp_result ddp__rendezvous(ddp_context *ctx, double deadline) {
         if ((r = ddp__store_get(ctx, key, deadline, &reply, &len, &found)) != DDP_OK) return r;
         if (!found) {
             char missing[256];
-            if ((r = ddp__list_missing(ctx, "rank/", s, missing, sizeof missing)) != DDP_OK) return r;
+            if ((r = ddp__list_missing(ctx, "rank/", s, ctx->world - s, missing, sizeof missing)) != DDP_OK) return r;
             return ddp__fail(ctx, DDP_ERR_TIMEOUT, "rank(s) %s never arrived at the rendezvous on %s:%d within "
                              "%g s (WORLD_SIZE=%d)", missing, ctx->job.master_addr, ctx->desc.master_port,
                              ctx->desc.timeout_s, ctx->world);
