@@ -845,12 +845,13 @@
      >>public       every public function: checks its arguments and the context, hands off
      The backend table (ddp__backend in >>types) is the only way generic code reaches a
      backend: setup, alloc_flat, commit, begin_step, launch, finish, zero, scale, bf16, adamw,
-     adamw_state, copy, collective, allgather, stats, poison, stop, teardown; its `shards` flag
-     says whether it runs shard_optimizer (ddp_init refuses it by the backend's name otherwise).
-     Each backend fills it by name (ddp__cpu_table and its like, into the context's own copy);
-     an optional slot left NULL (setup, commit, begin_step, allgather, stats, poison, stop) is
-     nothing to do (allgather: the outer exchange broadcasts instead), and the generic caller
-     checks. A backend carries out each bucket's wire plan (ddp__wire, made at
+     adamw_state, copy, collective, allgather, team_bcast, stats, poison, stop, teardown; its
+     `shards` flag says whether it runs shard_optimizer (ddp_init refuses it by the backend's
+     name otherwise). Each backend fills it by name (ddp__cpu_table and its like, into the
+     context's own copy); an optional slot left NULL (setup, commit, begin_step, allgather,
+     team_bcast, stats, poison, stop) is nothing to do (allgather: the outer exchange broadcasts
+     instead; team_bcast: bf16 + shard_optimizer in groups of several ranks is refused), and the
+     generic caller checks. A backend carries out each bucket's wire plan (ddp__wire, made at
      commit), and reaches the work queue and the watchdog (>>engine) through its hooks. Adding
      a backend is adding a section that fills one and a line in ddp__choose_backend.
      The error rule. ddp__fail records a message (rank first) and returns its code: for errors
