@@ -209,6 +209,12 @@
                       OPTIMIZER)           (with outer: a group's ranks; SHARDED OPTIMIZER below);
                                            the same bits as 0; ranks
                                            must agree; not with uneven_inputs
+     shard            DDP_SHARD_DEFAULT    the sharding level: NONE, OPTIMIZER (= shard_optimizer
+                      ($DDP_SHARD)         1), GRADIENTS (ZeRO-2), PARAMETERS (ZeRO-3); DEFAULT:
+                                           as shard_optimizer says; ranks must agree
+     shard_group      0 ($DDP_SHARD_GROUP) the ranks a shard spans: 0 every rank (with outer:
+                                           the replica group); N: hybrid, within N consecutive
+                                           ranks, replicated across
      outer            mode DDP_OUTER_OFF   replica groups and their outer sync: DiLoCo,
                                            streaming DiLoCo, periodic averaging (OUTER SYNC);
                                            ranks must agree
@@ -597,6 +603,8 @@
                      on every rank or none: ddp_commit refuses a mix, naming the ranks)
      DDP_CHECK_READY=0|1      check_ready
      DDP_SHARD_OPTIMIZER=0|1  shard_optimizer
+     DDP_SHARD=none|optimizer|gradients|parameters  shard
+     DDP_SHARD_GROUP=N        shard_group
      DDP_PARAM_DTYPE=fp32|bf16  param_dtype
    and three with no field (0|1 as well; a typo is refused on every backend):
      DDP_MPI_FLAT=1  (MPI backend, the same on every rank) every rank in MPI, no host groups
@@ -920,6 +928,15 @@ typedef uint16_t ddp_bf16;
 /* Uneven inputs (ddp_join): what a step's averaged gradient is divided by while some ranks have
    joined: the initial world size (their zeros count; PyTorch's default) or the ranks with data. */
 typedef enum ddp_join_mode { DDP_JOIN_OFF = 0, DDP_JOIN_DIVIDE_BY_WORLD, DDP_JOIN_DIVIDE_BY_ACTIVE } ddp_join_mode;
+/* How much of the training state is held in parts across the ranks (SHARDED STATE in the manual).
+   DEFAULT: as shard_optimizer says (1: OPTIMIZER, 0: NONE). Every level gives the same bits. */
+typedef enum ddp_shard {
+    DDP_SHARD_DEFAULT = 0,
+    DDP_SHARD_NONE,            /* DDP: every rank holds everything */
+    DDP_SHARD_OPTIMIZER,       /* ZeRO-1: AdamW's m, v (and a bf16 run's fp32 master) in parts */
+    DDP_SHARD_GRADIENTS,       /* ZeRO-2: the averaged gradients too */
+    DDP_SHARD_PARAMETERS       /* ZeRO-3 / FSDP: the parameters too, gathered a unit at a time */
+} ddp_shard;
 
 /* A cancel token the host program owns (zero-initialized), shared by any number of contexts
    (ddp_desc.cancel_token): ddp_cancel_token_set stops every rank that holds it. It outlives the
@@ -1018,6 +1035,14 @@ typedef struct ddp_desc {
     /* Replica groups and their outer synchronization (OUTER SYNC in the manual). Default: off.
        Ranks must agree (checked at commit). */
     ddp_outer outer;
+    /* The sharding level (default $DDP_SHARD=none|optimizer|gradients|parameters, else as
+       shard_optimizer says; resolved, shard_optimizer is 1 for every level from OPTIMIZER up).
+       Ranks must agree. */
+    ddp_shard shard;
+    /* The ranks a shard spans (default $DDP_SHARD_GROUP, else 0): 0 = every rank (with outer:
+       the replica group); N, a divisor of the world below it: hybrid sharding, the state in
+       parts within each N consecutive ranks, replicated across those groups. */
+    int shard_group;
 } ddp_desc;
 
 typedef struct ddp_context ddp_context;
@@ -3467,6 +3492,29 @@ static ddp_result ddp__desc_from_env(ddp_context *ctx, ddp_desc *d) {
     }
     if ((r = ddp__env_flag(ctx, "DDP_CHECK_READY", &d->check_ready, "check_ready")) != DDP_OK) return r;
     if ((r = ddp__env_flag(ctx, "DDP_SHARD_OPTIMIZER", &d->shard_optimizer, "shard_optimizer")) != DDP_OK) return r;
+    if ((s = ddp__env_set("DDP_SHARD")) != NULL) {
+        static const char *const shard_names[] = { "", "none", "optimizer", "gradients", "parameters" };
+        for (i = 1; i <= (int)DDP_SHARD_PARAMETERS && strcmp(s, shard_names[i]); i++) {}
+        if (i > (int)DDP_SHARD_PARAMETERS)
+            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_SHARD='%s' is none of none, optimizer, gradients, parameters", s);
+        if (d->shard && (int)d->shard != i)
+            ddp__env_overrode(ctx, "DDP_SHARD", s, "shard", (int)d->shard >= 1 && (int)d->shard <= (int)DDP_SHARD_PARAMETERS
+                              ? shard_names[d->shard] : "?");
+        d->shard = (ddp_shard)i;
+        if (d->shard_optimizer && d->shard == DDP_SHARD_NONE)
+            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_SHARD=none contradicts shard_optimizer 1 (set one of them)");
+    }
+    if ((s = ddp__env_set("DDP_SHARD_GROUP")) != NULL) {
+        double g = 0;
+        if (!ddp__plain_decimal(s, &g) || g < 0 || g > 1e6 || g != (double)(int)g)
+            return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_SHARD_GROUP='%s' is not a count of ranks (0: every rank)", s);
+        if (d->shard_group && d->shard_group != (int)g) {
+            char was[32];
+            snprintf(was, sizeof was, "%d", d->shard_group);
+            ddp__env_overrode(ctx, "DDP_SHARD_GROUP", s, "shard_group", was);
+        }
+        d->shard_group = (int)g;
+    }
     if ((s = ddp__env_set("DDP_PARAM_DTYPE")) != NULL) {
         ddp_dtype t = !strcmp(s, "fp32") ? DDP_DTYPE_FP32 : !strcmp(s, "bf16") ? DDP_DTYPE_BF16 : DDP_DTYPE_DEFAULT;
         if (t == DDP_DTYPE_DEFAULT)
@@ -3490,6 +3538,8 @@ static void ddp__desc_defaults(ddp_desc *d) {
     if (d->shutdown_timeout_s == 0) d->shutdown_timeout_s = 1;
     if (!d->param_dtype) d->param_dtype = DDP_DTYPE_FP32;
     if (!d->reduce_dtype) d->reduce_dtype = d->param_dtype;   /* bf16 gradients travel as bf16 unless asked */
+    if (!d->shard) d->shard = d->shard_optimizer ? DDP_SHARD_OPTIMIZER : DDP_SHARD_NONE;
+    d->shard_optimizer = d->shard >= DDP_SHARD_OPTIMIZER;     /* every level shards AdamW's state */
 }
 
 /* What only the resolved descriptor can show: ranges and combinations. Every flag, enum and
@@ -3516,6 +3566,11 @@ static ddp_result ddp__desc_validate(ddp_context *ctx, const ddp_desc *d) {
     if (d->shard_optimizer && d->uneven_inputs != DDP_JOIN_OFF)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_optimizer cannot be combined with uneven_inputs "
                          "(a rank inside ddp_join takes no optimizer steps, but sharded every rank must update its part)");
+    /* TEMPORARY (issue 27 in progress): the levels above ZeRO-1 and hybrid sharding are being built */
+    if (d->shard > DDP_SHARD_OPTIMIZER || d->shard_group)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard %s%s is not built yet",
+                         d->shard == DDP_SHARD_GRADIENTS ? "DDP_SHARD_GRADIENTS" : d->shard == DDP_SHARD_PARAMETERS ?
+                         "DDP_SHARD_PARAMETERS" : "", d->shard_group ? " / shard_group (hybrid)" : "");
     return DDP_OK;
 }
 
@@ -3564,6 +3619,7 @@ static ddp_result ddp__desc_check_given(ddp_context *ctx, const ddp_desc *d) {
         { "outer.group_size", d->outer.group_size, INT_MAX },       { "outer.inner_steps", d->outer.inner_steps, INT_MAX },
         { "outer.fragments", d->outer.fragments, INT_MAX },         { "outer.delay_steps", d->outer.delay_steps, INT_MAX },
         { "outer.quant_block", d->outer.quant_block, INT_MAX },
+        { "shard", (int)d->shard, (int)DDP_SHARD_PARAMETERS },       { "shard_group", d->shard_group, INT_MAX },
     };
     const struct { const char *name; double value; } x[] = {
         { "timeout_s", d->timeout_s }, { "bucket_cap_mb", d->bucket_cap_mb }, { "first_bucket_mb", d->first_bucket_mb },
@@ -3586,6 +3642,9 @@ static ddp_result ddp__desc_check_given(ddp_context *ctx, const ddp_desc *d) {
             return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: cancel_token holds %d, neither 0 (not cancelled) "
                              "nor 1 (cancelled): %s", c, DDP__ZERO_INIT_HINT);
     }
+    if (d->shard_optimizer && d->shard == DDP_SHARD_NONE)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard DDP_SHARD_NONE contradicts shard_optimizer 1 "
+                         "(set one of them: shard is the level, shard_optimizer 1 means DDP_SHARD_OPTIMIZER)");
     return DDP_OK;
 }
 
