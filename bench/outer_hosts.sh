@@ -16,7 +16,9 @@
 # same, int8 blockwise: its effect on the loss, where the bytes matter most). Any other setting by
 # its name: dilocoH or streamHfFtT (--inner-steps H --fragments F --outer-delay T), each followed
 # by any of _lrX (--outer-lr X, default 0.7), _mY (--outer-momentum Y, default 0.9) and _int8
-# (--outer-wire int8): e.g. diloco50_lr1_m0.5, stream10f5t1_int8. Groups of --ranks-per-host
+# (--outer-wire int8): e.g. diloco50_lr1_m0.5, stream10f5t1_int8. By default: ddp, diloco10,
+# diloco50, diloco200, streaming and the settings bench/RESULTS.md found best for short runs,
+# diloco50_lr1_m0.5, diloco20_lr1_m0.5_int8, stream25f5t2_lr1_m0.5_int8. Groups of --ranks-per-host
 # ranks (--group-size; DDP inside a host's shared memory, the outer sync across): each host a
 # replica. --hosts 3: h1..h3. --model: trainer flags for another shape (e.g. "--layers 6 --dim
 # 256"), in every run and in the bases. First, on unshaped links: one rank alone on h1 (the base
@@ -43,7 +45,7 @@ RATES="100mbit 1gbit"
 INT8_AT="100mbit"
 STEPS=400
 EVAL_EVERY=50
-RUNS="ddp diloco10 diloco50 diloco200 streaming"
+RUNS="ddp diloco10 diloco50 diloco200 streaming diloco50_lr1_m0.5 diloco20_lr1_m0.5_int8 stream25f5t2_lr1_m0.5_int8"
 WRITE=1
 NHOSTS=2
 RPH=1
@@ -51,7 +53,9 @@ MODEL=""
 BASE_STEPS=60
 PORT0=${OUTER_HOSTS_PORT:-32600}
 TAG=""
-CMDLINE="bench/outer_hosts.sh${*:+ $*}"
+# the command as given (BUILD_DIR too; arguments with spaces or empty quoted), for the results
+CMDLINE="bench/outer_hosts.sh$([ "$B" != build ] && printf ' %s' "$B")"
+for a in "$@"; do case $a in "" | *" "*) CMDLINE="$CMDLINE \"$a\"" ;; *) CMDLINE="$CMDLINE $a" ;; esac; done
 usage() {
     echo "usage: $0 [BUILD_DIR] [--rates R] [--steps N] [--runs \"ddp diloco10 ...\"] [--int8-at \"RATES\"] [--eval-every N]" >&2
     echo "       [--hosts 2|3] [--ranks-per-host 1|2] [--model \"FLAGS\"] [--base-steps N] [--port P] [--tag NAME] [--no-write]" >&2
