@@ -15,6 +15,7 @@ PROGRAMS := $(B)/ddprun $(B)/minimal $(B)/own_autograd $(B)/engine $(B)/texture 
             $(B)/train_gpt_emulated $(B)/test_gpt_gpu_emulated $(B)/test_fake_nccl $(B)/hosts_nccl_fake $(B)/test_bf16_params
 PROGRAMS += $(B)/test_groups          # replica groups of several ranks (desc.outer): averages within each group
 PROGRAMS += $(B)/test_groups_shard    # shard_optimizer within replica groups = unsharded, bit for bit
+PROGRAMS += $(B)/test_zero2          # ZeRO-2 (shard GRADIENTS) = unsharded, bit for bit; released gradient pages
 CHECKS   := $(B)/cxx_check.o
 PROGRAMS += $(B)/mpi_parity          # the CPU side of tests/test_mpi_parity.sh
 PROGRAMS += $(B)/bench_shard_memory   # sharded optimizer: bytes per parameter (bench/RESULTS.md)
@@ -192,6 +193,7 @@ $(B)/%: bench/%.c bench/bench_sizes.h ddp.h | $(B)
 	$(CC) -std=c99 $(CFLAGS) $(WARN) -o $@ $< $(LDLIBS)
 # test_equivalence's model (shared with test_fake_nccl and the GPU tests): one more prerequisite
 $(B)/test_equivalence $(M)/test_equivalence: tests/support/equivalence_model.h
+$(B)/test_zero2: tests/test_shard.c   # its harness, included
 
 # The neural-texture host program (examples/engine/), built as C and as C++.
 $(B)/texture: examples/engine/texture.c ddp.h | $(B)

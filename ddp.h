@@ -1722,6 +1722,15 @@ static void ddp__seg_unmap(unsigned char *p, size_t bytes) {
 /* Nothing outlives a crashed job's last handle: nothing to sweep. */
 static void ddp__seg_sweep_stale(char *removed, size_t n) { if (n) removed[0] = 0; }
 
+/* ---- pages given back (ZeRO-2's released gradients, >>cpu-grads) ----
+   ddp__pages_punch(p, bytes): give the whole pages of [p, p + bytes) back to the system, so that
+   they read as zeros and cost no memory until written again; returns 1 when it did, 0 when the
+   caller must zero the range itself. Windows: 0 always. A view of a section (the shared segment)
+   cannot be decommitted while mapped, and MEM_RESET / DiscardVirtualMemory keep the pages
+   committed with undefined contents, which the gradients' zeros cannot take: released gradients
+   are zeroed there and stay resident (the layout, the bits and the checks are those of Linux). */
+static int ddp__pages_punch(void *p, size_t bytes) { (void)p; (void)bytes; return 0; }
+
 /* ---- sockets (Winsock; descriptors as int: Windows' socket handles are small numbers) ---- */
 typedef int ddp__socklen;
 static int ddp__net_init(void) {
@@ -2162,6 +2171,25 @@ static int ddp__seg_open(const char *name, size_t bytes, unsigned char **out, in
 }
 #define ddp__seg_unlink(name) ((void)shm_unlink(name))
 #define ddp__seg_unmap(p, bytes) ((void)munmap((p), (bytes)))
+/* ---- pages given back (ZeRO-2's released gradients, >>cpu-grads) ----
+   ddp__pages_punch(p, bytes): p and bytes whole pages. Give them back to the system so that they
+   read as zeros and cost no memory until written again: 1 when done, 0 when the caller must
+   zero the range itself. A shared mapping (the gradient segment, tmpfs): MADV_REMOVE punches
+   the hole in the segment itself, so the pages leave the page cache for every rank that maps
+   them (MADV_DONTNEED would only unmap them here and keep the contents). Private memory
+   (DDP_STAGED_GRADS, the MPI backend): MADV_REMOVE is refused (EINVAL), MADV_DONTNEED frees
+   them and the next touch maps a zero page. A punched page is no longer reserved by the
+   segment's posix_fallocate: writing it again takes a page of /dev/shm, which a full /dev/shm
+   refuses with SIGBUS (as any shared memory that grows). Systems without MADV_REMOVE (macOS):
+   MADV_DONTNEED does not zero shared pages there, so 0 (zeroed by the caller, resident). */
+static int ddp__pages_punch(void *p, size_t bytes) {
+    if (!bytes) return 1;
+#ifdef MADV_REMOVE
+    if (madvise(p, bytes, MADV_REMOVE) == 0) return 1;
+    if (errno == EINVAL && madvise(p, bytes, MADV_DONTNEED) == 0) return 1;   /* private anonymous memory */
+#endif
+    return 0;
+}
 /* Segments are named after the creating pid, so a segment whose creator is gone belongs to a
    crashed job and can go. The names removed are listed in `removed`. */
 static void ddp__seg_sweep_stale(char *removed, size_t n) {
@@ -2488,6 +2516,8 @@ typedef struct ddp__backend {
     int stats_later;               /* a synchronizing step's stats arrive later (stats below) */
     int shards;                    /* 1: runs desc.shard_optimizer (adamw then updates this rank's part
                                       and all-gathers the parameters); 0: ddp_init refuses it */
+    int shards_grads;              /* 1: runs DDP_SHARD_GRADIENTS (ZeRO-2: its gradients are host memory
+                                      that ddp__z2_release gives back); 0: ddp_init refuses it by name */
     /* after the rendezvous (world > 1; the NCCL backend also at world 1): bring up the data plane */
     ddp_result (*setup)(ddp_context *ctx, double deadline);
     /* commit, first half: ctx->flat.params / .grads for ctx->flat.count floats (bf16
@@ -3567,10 +3597,9 @@ static ddp_result ddp__desc_validate(ddp_context *ctx, const ddp_desc *d) {
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_optimizer cannot be combined with uneven_inputs "
                          "(a rank inside ddp_join takes no optimizer steps, but sharded every rank must update its part)");
     /* TEMPORARY (issue 27 in progress): the levels above ZeRO-1 and hybrid sharding are being built */
-    if (d->shard > DDP_SHARD_OPTIMIZER || d->shard_group)
+    if (d->shard > DDP_SHARD_GRADIENTS || d->shard_group)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard %s%s is not built yet",
-                         d->shard == DDP_SHARD_GRADIENTS ? "DDP_SHARD_GRADIENTS" : d->shard == DDP_SHARD_PARAMETERS ?
-                         "DDP_SHARD_PARAMETERS" : "", d->shard_group ? " / shard_group (hybrid)" : "");
+                         d->shard == DDP_SHARD_PARAMETERS ? "DDP_SHARD_PARAMETERS" : "", d->shard_group ? " / shard_group (hybrid)" : "");
     return DDP_OK;
 }
 
@@ -5010,6 +5039,39 @@ static int ddp__master_parts(const ddp_context *ctx) {
     return ctx->flat.params_bf16 && ddp__sharded(ctx);
 }
 
+/* ZeRO-2 (desc.shard DDP_SHARD_GRADIENTS, SHARDED GRADIENTS in the manual): on top of ZeRO-1's
+   parts, the gradients outside this rank's part of a bucket are released once the bucket's
+   reduce-scatter is settled (every member has read them), and zeroed that way by ddp_zero_grad.
+   The views never move: released pages read as zeros and come back when the backward writes
+   them again. Off on one rank (nothing to shard across), as ZeRO-1. */
+static int ddp__z2(const ddp_context *ctx) { return ctx->desc.shard == DDP_SHARD_GRADIENTS && ddp__sharded(ctx); }
+
+/* Flat gradient elements [from, to) of this rank's buffer read as zeros afterwards: the whole
+   pages strictly inside given back (ddp__pages_punch), the rest zeroed (a page shared with a
+   neighbouring range, or a system that cannot punch). Called for ranges nobody else touches
+   now: a settled bucket's part (the communication thread), or every bucket (ddp_zero_grad). */
+static void ddp__z2_clear(ddp_context *ctx, size_t from, size_t to) {
+    size_t es = ctx->flat.grads_bf16 ? sizeof(ddp_bf16) : sizeof(float), page = ddp__page_size();
+    unsigned char *base = ctx->flat.grads_bf16 ? (unsigned char *)ctx->flat.grads_bf16 : (unsigned char *)ctx->flat.grads;
+    uintptr_t a = (uintptr_t)(base + from * es), e = (uintptr_t)(base + to * es);
+    uintptr_t pa = (a + page - 1) / page * page, pe = e / page * page;
+    if (to <= from) return;
+    if (pe > pa && ddp__pages_punch((void *)pa, (size_t)(pe - pa))) {
+        memset((void *)a, 0, (size_t)(pa - a));
+        memset((void *)pe, 0, (size_t)(e - pe));
+    } else memset((void *)a, 0, (size_t)(e - a));
+}
+
+/* Bucket b is settled on this rank (its reduce-scatter done, every member has read this rank's
+   values): what lies outside this rank's part is released. */
+static void ddp__z2_release(ddp_context *ctx, int b) {
+    const ddp__bucket *k = &ctx->model.buckets[b];
+    size_t lo, hi;
+    ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
+    ddp__z2_clear(ctx, k->offset, lo);
+    ddp__z2_clear(ctx, hi, k->offset + k->count);
+}
+
 /* The sum of the norm's blocks in a fixed order: DDP__SUM_LANES running sums, sum j taking
    sums[j], sums[j + 256], ... in order, then the running sums added in order. The same terms in
    the same order, and so the same bits, whether one rank computed every block or each its own;
@@ -5099,7 +5161,13 @@ static ddp_result ddp__nonfinite(ddp_context *ctx, const float *grads, const ddp
     size_t k;
     for (i = 0; i < ctx->model.num_params; i++) {
         const ddp__param *p = &ctx->model.params[i];
-        for (k = 0; k < p->count; k++) {
+        size_t k0 = 0, k1 = p->count, lo, hi;
+        if (ddp__z2(ctx)) {   /* ZeRO-2: this rank's part only (a read of the released rest would bring its pages back) */
+            ddp__shard_range(ctx, p->bucket, ddp__team_rank(ctx), &lo, &hi);
+            k0 = lo > p->offset ? lo - p->offset : 0;
+            k1 = hi <= p->offset ? 0 : hi - p->offset < p->count ? hi - p->offset : p->count;
+        }
+        for (k = k0; k < k1; k++) {
             float g = grads16 ? ddp__from_bf16(grads16[p->offset + k]) : grads[p->offset + k];
             if ((grads16 ? ddp__finite_bf16(grads16[p->offset + k]) : ddp__finite_f(g)) || (ctx->desc.shard_optimizer && !ddp__holds(ctx, p->offset + k))) continue;
             if (ctx->desc.skip_nonfinite) {
@@ -5350,6 +5418,7 @@ static void ddp__single_table(ddp__backend *t) {
     t->name = "single";
     t->id = DDP_BACKEND_SINGLE;
     t->shards = 1;
+    t->shards_grads = 1;
     t->launch = ddp__single_launch;   /* one rank: its gradients are the average already */
     t->finish = ddp__single_finish;
     t->collective = ddp__single_collective;
@@ -6336,6 +6405,15 @@ static ddp_result ddp__cpu_run_bucket(ddp_context *ctx, int index) {
     return r;
 }
 
+/* ZeRO-2: once a bucket is settled, this rank's gradients outside its part are released
+   (ddp__z2_release). In place that is after every member has averaged its part, which is when
+   the sharded ddp__shm_bucket_in_place returns; staged, the bucket was averaged whole here. */
+static ddp_result ddp__z2_cpu_bucket(ddp_context *ctx, int index) {
+    ddp_result r = ddp__cpu_run_bucket(ctx, index);
+    if (r == DDP_OK && ddp__z2(ctx)) ddp__z2_release(ctx, index);
+    return r;
+}
+
 /* The CPU backend's entry points (the table at the end). */
 static ddp_result ddp__cpu_setup(ddp_context *ctx, double deadline) {
     ddp__cpu *c;
@@ -6344,7 +6422,7 @@ static ddp_result ddp__cpu_setup(ddp_context *ctx, double deadline) {
         return ddp__fail(ctx, DDP_ERR_BAD_ENV, "the CPU backend needs every rank on one host, but "
                          "WORLD_SIZE=%d and LOCAL_WORLD_SIZE=%d", ctx->world, ctx->local_world);
     if (!(c = ctx->impl.cpu = (ddp__cpu *)ddp__calloc(sizeof *c))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
-    ddp__workq_init(&c->comm, ctx, ddp__cpu_run_bucket);
+    ddp__workq_init(&c->comm, ctx, ddp__z2_cpu_bucket);
     if ((r = ddp__shm_setup(ctx, deadline)) != DDP_OK) return r;
     ddp__log(ctx, DDP_LOG_INFO, "rank %d of %d up (cpu backend, segment %s)", ctx->rank, ctx->world, c->shm_name);
     return DDP_OK;
@@ -6461,6 +6539,7 @@ static void ddp__cpu_table(ddp__backend *t) {
     t->name = "cpu";
     t->id = DDP_BACKEND_CPU;
     t->shards = 1;
+    t->shards_grads = 1;
     t->setup = ddp__cpu_setup;
     t->commit = ddp__cpu_commit;
     t->begin_step = ddp__cpu_begin_step;
@@ -7078,6 +7157,14 @@ static ddp_result ddp__mpi_bucket(ddp_context *ctx, int b) {
     return r;
 }
 
+/* ZeRO-2: a bucket's MPI calls have all returned, so no peer reads this rank's values of it
+   any more: what lies outside this rank's part is released (private memory: MADV_DONTNEED). */
+static ddp_result ddp__z2_mpi_bucket(ddp_context *ctx, int b) {
+    ddp_result r = ddp__mpi_bucket(ctx, b);
+    if (r == DDP_OK && ddp__z2(ctx)) ddp__z2_release(ctx, b);
+    return r;
+}
+
 /* AdamW: unsharded the host arithmetic on every rank; sharded, this rank's parts (the norm from
    every rank's blocks), each bucket's parts all-gathered once updated. */
 static ddp_result ddp__mpi_adamw(ddp_context *ctx, const ddp_adamw *opt, float b1, float b2, float eps, float *grad_norm_out) {
@@ -7448,7 +7535,7 @@ static ddp_result ddp__mpi_setup(ddp_context *ctx, double deadline) {
     ddp_result r;
     if (!(m = ctx->impl.mpi = (ddp__mpi *)ddp__calloc(sizeof *m))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
     m->world = m->local = m->leaders = m->team = MPI_COMM_NULL;
-    ddp__workq_init(&m->comm, ctx, ddp__mpi_bucket);
+    ddp__workq_init(&m->comm, ctx, ddp__z2_mpi_bucket);
     pthread_mutex_init(&m->lock, NULL);
     ddp__watchdog_init(&m->wd, ctx, &m->lock);
     ddp__mpi_watch_hooks(&m->wd.hooks);
@@ -7617,6 +7704,7 @@ static void ddp__mpi_table(ddp__backend *t) {
     t->name = "mpi";
     t->id = DDP_BACKEND_MPI;
     t->shards = 1;
+    t->shards_grads = 1;
     t->setup = ddp__mpi_setup;
     t->commit = ddp__mpi_commit;
     t->begin_step = ddp__mpi_begin_step;
@@ -9086,6 +9174,10 @@ static ddp_result ddp__init(ddp_context *ctx, const ddp_desc *desc) {
     if (ctx->desc.shard_optimizer && !ctx->be->shards)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_optimizer is not supported by the %s backend "
                          "(yet): run unsharded there", ctx->be->name);
+    if (ctx->desc.shard == DDP_SHARD_GRADIENTS && !ctx->be->shards_grads)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard DDP_SHARD_GRADIENTS (ZeRO-2) is not built yet on "
+                         "the %s backend (giving device memory back needs CUDA's virtual memory management): use "
+                         "DDP_SHARD_OPTIMIZER there (the same reduce-scatter, the gradients kept whole)", ctx->be->name);
     deadline = ddp__now() + ctx->desc.timeout_s;
     if (ctx->world > 1) {
         if (!ctx->job.token[0] && !ctx->job.id[0])
@@ -9332,7 +9424,7 @@ static char *ddp__layout_text(ddp_context *ctx, size_t *len_out) {
     len = (size_t)snprintf(text, cap, "buckets %.6f %.6f %d reduce %s uneven %d shard %d param %s\n", ctx->desc.first_bucket_mb,
                            ctx->desc.bucket_cap_mb, ctx->desc.find_unused,
                            ctx->desc.reduce_dtype == DDP_DTYPE_BF16 ? "bf16" : "fp32", (int)ctx->desc.uneven_inputs,
-                           ctx->desc.shard_optimizer, ddp__bf16_params(ctx) ? "bf16" : "fp32");
+                           (int)ctx->desc.shard, ddp__bf16_params(ctx) ? "bf16" : "fp32");   /* the level (shard_optimizer follows it) */
     /* a timeline on some ranks only would stall shutdown (rank 0 waits for each missing trace) */
     len += (size_t)snprintf(text + len, cap - len, "timeline %s\n", ctx->tl.path[0] ? "on" : "off");
     len += (size_t)snprintf(text + len, cap - len, "outer mode %d group_size %d inner_steps %d lr %.9g momentum %.9g "
@@ -9362,7 +9454,7 @@ static ddp_result ddp__layout_mismatch(ddp_context *ctx, const char *a, const ch
     while (!strcmp(ddp__line(a, i, la, sizeof la), ddp__line(b, i, lb, sizeof lb))) i++;
     if (i == 0)
         return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks 0 and %d use different options: rank 0 has '%s', rank %d "
-                         "has '%s' (first_bucket_mb, bucket_cap_mb, find_unused, reduce_dtype, uneven_inputs, shard_optimizer, param_dtype)", rank_b, la, rank_b, lb);
+                         "has '%s' (first_bucket_mb, bucket_cap_mb, find_unused, reduce_dtype, uneven_inputs, shard_optimizer / shard, param_dtype)", rank_b, la, rank_b, lb);
     if (i == 2)
         return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks 0 and %d use different outer settings (ddp_desc.outer): rank 0 "
                          "has '%s', rank %d has '%s'", rank_b, la, rank_b, lb);
@@ -9823,11 +9915,25 @@ static ddp_result ddp__backward(ddp_context *ctx) {
     return r == DDP_OK ? ddp__finish(ctx) : r;
 }
 
+/* ZeRO-2's ddp_zero_grad: this rank's parts zeroed, the rest released (ddp__z2_clear: after a
+   synchronizing step it is released already, and punching it again costs a system call a
+   bucket; after micro-steps with sync off it holds this rank's accumulated gradients). */
+static void ddp__z2_zero(ddp_context *ctx) {
+    size_t lo, hi;
+    int b;
+    for (b = 0; b < ctx->model.num_buckets; b++) {
+        ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
+        ddp__z2_clear(ctx, lo, hi);   /* a part is whole pages only where it is large: the same call */
+        ddp__z2_release(ctx, b);
+    }
+}
+
 static ddp_result ddp__zero_grad(ddp_context *ctx) {
     ddp_result r;
     int i;
     if (ddp__in_backward(ctx)) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_zero_grad while a backward is in flight");
-    if ((r = ddp__zero_grads(ctx, 0, ctx->flat.count)) != DDP_OK) return r;
+    if (ddp__z2(ctx)) ddp__z2_zero(ctx);   /* host memory (CPU, MPI): no memset that would bring the released pages back */
+    else if ((r = ddp__zero_grads(ctx, 0, ctx->flat.count)) != DDP_OK) return r;
     for (i = 0; i < ctx->model.num_params; i++) ctx->model.params[i].touched = 0;
     ctx->join.pending = 0;
     return DDP_OK;
@@ -10018,6 +10124,17 @@ static ddp_result ddp__state_at(ddp_context *ctx, ddp_buffer which, size_t offse
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: rank %d cannot write parameters alone: with shard_optimizer "
                          "and bf16 parameters each rank holds the fp32 master only for its own part of each bucket, and "
                          "every rank's bf16 working copies must follow; use ddp_scatter_from_host (collective)", call, ctx->rank);
+    if (!write && which == DDP_GRADS && ddp__z2(ctx) && count) {   /* ZeRO-2: the rest is released (zeros) */
+        for (b = 0; b < ctx->model.num_buckets; b++) {
+            ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
+            if (offset >= lo && offset + count <= hi) break;
+        }
+        if (b == ctx->model.num_buckets)
+            return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: floats [%zu, %zu) of the gradients are not all held by rank "
+                             "%d: with DDP_SHARD_GRADIENTS each rank keeps the averaged gradients only for its own part of "
+                             "each bucket, the rest is released after each step (ddp_gather_to_host reaches any range)",
+                             call, offset, offset + count, ctx->rank);
+    }
     if (!ddp__in_parts(ctx, which) || !count) {
         *at = flat ? flat + offset : NULL;   /* NULL: the bf16 gradients (ddp__state_copy) */
         return DDP_OK;
