@@ -119,6 +119,7 @@ MPI_PROGRAMS := $(M)/mpi_steps $(M)/test_equivalence $(M)/test_collectives $(M)/
 MPI_PROGRAMS += $(M)/mpi_parity
 MPI_PROGRAMS += $(M)/test_groups      # the same replica groups on the MPI backend (tests/test_groups.sh)
 MPI_PROGRAMS += $(M)/test_groups_shard   # shard_optimizer within the groups on the MPI backend
+MPI_PROGRAMS += $(M)/test_zero2      # ZeRO-2 on the MPI backend (tests/test_zero2_mpi.sh)
 ifeq ($(strip $(MPICC)),)
 mpi:
 	@echo "no mpicc: the MPI backend's programs are not built (apt-get install openmpi-bin libopenmpi-dev)"
@@ -129,6 +130,7 @@ $(M):
 	@mkdir -p $(M)
 $(M)/%: tests/%.c tests/testlib.h ddp.h | $(M)
 	$(MPICC) -std=c99 $(CFLAGS) $(WARN) -DDDP_MPI -o $@ $< $(LDLIBS)
+$(M)/test_zero2: tests/test_shard.c   # its harness, included
 $(M)/%: examples/%.c ddp.h | $(M)
 	$(MPICC) -std=c99 $(CFLAGS) $(WARN) -DDDP_MPI -o $@ $< $(LDLIBS)
 $(M)/%: bench/%.c ddp.h | $(M)
