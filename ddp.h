@@ -1043,6 +1043,13 @@ typedef struct ddp_desc {
        the replica group); N, a divisor of the world below it: hybrid sharding, the state in
        parts within each N consecutive ranks, replicated across those groups. */
     int shard_group;
+    /* DDP_SHARD_GRADIENTS only (default $DDP_SHARD_ACCUMULATE, else 0): how micro-steps with sync
+       off accumulate. 0: on each rank, the whole gradients kept until the synchronizing micro-step
+       (PyTorch's no_sync; the bits of unsharded accumulation). 1: every micro-step's buckets are
+       reduce-scattered and added into an fp32 accumulator of this rank's parts, the rest released
+       at once (1/world of the gradient memory while accumulating, a reduce-scatter per micro-step;
+       the same bits on every rank, not those of unsharded accumulation: SHARDED GRADIENTS). */
+    int shard_accumulate;
 } ddp_desc;
 
 typedef struct ddp_context ddp_context;
@@ -2619,6 +2626,9 @@ struct ddp_context {
         size_t *base, *norm_base;
         size_t count, norm_blocks;
         double *norm_sums;
+        float *z2_acc;             /* ZeRO-2 with shard_accumulate: this rank's parts' sum of the micro-steps'
+                                      averages since the last synchronizing one (count floats, packed as m) */
+        int z2_acc_steps;          /* micro-steps (sync off) in z2_acc: 0, it holds nothing */
     } shard;
     struct {                       /* the tape (>>step) */
         ddp__tape_op *ops;
@@ -3522,6 +3532,7 @@ static ddp_result ddp__desc_from_env(ddp_context *ctx, ddp_desc *d) {
     }
     if ((r = ddp__env_flag(ctx, "DDP_CHECK_READY", &d->check_ready, "check_ready")) != DDP_OK) return r;
     if ((r = ddp__env_flag(ctx, "DDP_SHARD_OPTIMIZER", &d->shard_optimizer, "shard_optimizer")) != DDP_OK) return r;
+    if ((r = ddp__env_flag(ctx, "DDP_SHARD_ACCUMULATE", &d->shard_accumulate, "shard_accumulate")) != DDP_OK) return r;
     if ((s = ddp__env_set("DDP_SHARD")) != NULL) {
         static const char *const shard_names[] = { "", "none", "optimizer", "gradients", "parameters" };
         for (i = 1; i <= (int)DDP_SHARD_PARAMETERS && strcmp(s, shard_names[i]); i++) {}
@@ -3596,6 +3607,9 @@ static ddp_result ddp__desc_validate(ddp_context *ctx, const ddp_desc *d) {
     if (d->shard_optimizer && d->uneven_inputs != DDP_JOIN_OFF)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_optimizer cannot be combined with uneven_inputs "
                          "(a rank inside ddp_join takes no optimizer steps, but sharded every rank must update its part)");
+    if (d->shard_accumulate && d->shard != DDP_SHARD_GRADIENTS)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_accumulate 1 needs shard DDP_SHARD_GRADIENTS (it says how "
+                         "ZeRO-2 accumulates micro-steps; the other levels keep the gradients whole)");
     /* TEMPORARY (issue 27 in progress): the levels above ZeRO-1 and hybrid sharding are being built */
     if (d->shard > DDP_SHARD_GRADIENTS || d->shard_group)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard %s%s is not built yet",
@@ -3649,6 +3663,7 @@ static ddp_result ddp__desc_check_given(ddp_context *ctx, const ddp_desc *d) {
         { "outer.fragments", d->outer.fragments, INT_MAX },         { "outer.delay_steps", d->outer.delay_steps, INT_MAX },
         { "outer.quant_block", d->outer.quant_block, INT_MAX },
         { "shard", (int)d->shard, (int)DDP_SHARD_PARAMETERS },       { "shard_group", d->shard_group, INT_MAX },
+        { "shard_accumulate", d->shard_accumulate, 1 },
     };
     const struct { const char *name; double value; } x[] = {
         { "timeout_s", d->timeout_s }, { "bucket_cap_mb", d->bucket_cap_mb }, { "first_bucket_mb", d->first_bucket_mb },
@@ -5072,6 +5087,9 @@ static void ddp__z2_release(ddp_context *ctx, int b) {
     ddp__z2_clear(ctx, hi, k->offset + k->count);
 }
 
+/* shard_accumulate: every micro-step's buckets are reduce-scattered, sync off too. */
+static int ddp__z2_acc_on(const ddp_context *ctx) { return ctx->desc.shard_accumulate && ddp__z2(ctx); }
+
 /* The sum of the norm's blocks in a fixed order: DDP__SUM_LANES running sums, sum j taking
    sums[j], sums[j + 256], ... in order, then the running sums added in order. The same terms in
    the same order, and so the same bits, whether one rank computed every block or each its own;
@@ -5396,6 +5414,47 @@ static void ddp__host_table(ddp__backend *t) {
     t->adamw_state = ddp__host_adamw_state;
     t->copy = ddp__host_copy;
     t->teardown = ddp__host_free;
+}
+
+/* ZeRO-2 (>>shard: ddp__z2) on the host backends' gradients (cpu, mpi: host memory). */
+/* shard_accumulate, bucket b settled: a micro-step with sync off adds this rank's part (this
+   micro-step's average) into the accumulator and releases the part, so that the next micro-step
+   starts from zeros; the synchronizing one leaves accumulator + its average in the part, where
+   AdamW, the norm and ddp_gather_to_host read it. In float, micro-step after micro-step (bf16
+   gradients: widened exactly, rounded once at the end). */
+static void ddp__z2_accumulate(ddp_context *ctx, int b) {
+    size_t lo, hi, i, n;
+    float *acc = ctx->shard.z2_acc + ctx->shard.base[b];
+    int first = ctx->shard.z2_acc_steps == 0;
+    ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
+    n = hi - lo;
+    if (!ctx->step.sync) {
+        if (ctx->flat.grads_bf16) {
+            const ddp_bf16 *g = ctx->flat.grads_bf16 + lo;
+            for (i = 0; i < n; i++) acc[i] = first ? ddp__from_bf16(g[i]) : acc[i] + ddp__from_bf16(g[i]);
+        } else {
+            const float *g = ctx->flat.grads + lo;
+            if (first) memcpy(acc, g, n * sizeof(float));
+            else for (i = 0; i < n; i++) acc[i] += g[i];
+        }
+        return;   /* the caller releases the whole bucket */
+    }
+    if (first) return;   /* one micro-step: the part holds the average already */
+    if (ctx->flat.grads_bf16) {
+        ddp_bf16 *g = ctx->flat.grads_bf16 + lo;
+        for (i = 0; i < n; i++) g[i] = ddp__to_bf16(acc[i] + ddp__from_bf16(g[i]));
+    } else {
+        float *g = ctx->flat.grads + lo;
+        for (i = 0; i < n; i++) g[i] = acc[i] + g[i];
+    }
+}
+
+/* The communication thread's end of a settled bucket under ZeRO-2 (ddp__z2_cpu_bucket, _mpi_). */
+static void ddp__z2_settled(ddp_context *ctx, int b) {
+    const ddp__bucket *k = &ctx->model.buckets[b];
+    if (ddp__z2_acc_on(ctx)) ddp__z2_accumulate(ctx, b);
+    if (ddp__z2_acc_on(ctx) && !ctx->step.sync) ddp__z2_clear(ctx, k->offset, k->offset + k->count);   /* all of it, in one */
+    else ddp__z2_release(ctx, b);
 }
 
 /* --------------------------------------------------------------------------------------------
@@ -6410,7 +6469,7 @@ static ddp_result ddp__cpu_run_bucket(ddp_context *ctx, int index) {
    the sharded ddp__shm_bucket_in_place returns; staged, the bucket was averaged whole here. */
 static ddp_result ddp__z2_cpu_bucket(ddp_context *ctx, int index) {
     ddp_result r = ddp__cpu_run_bucket(ctx, index);
-    if (r == DDP_OK && ddp__z2(ctx)) ddp__z2_release(ctx, index);
+    if (r == DDP_OK && ddp__z2(ctx)) ddp__z2_settled(ctx, index);
     return r;
 }
 
@@ -7161,7 +7220,7 @@ static ddp_result ddp__mpi_bucket(ddp_context *ctx, int b) {
    any more: what lies outside this rank's part is released (private memory: MADV_DONTNEED). */
 static ddp_result ddp__z2_mpi_bucket(ddp_context *ctx, int b) {
     ddp_result r = ddp__mpi_bucket(ctx, b);
-    if (r == DDP_OK && ddp__z2(ctx)) ddp__z2_release(ctx, b);
+    if (r == DDP_OK && ddp__z2(ctx)) ddp__z2_settled(ctx, b);
     return r;
 }
 
@@ -9241,6 +9300,7 @@ static ddp_result ddp__shutdown(ddp_context *ctx) {
     DDP_FREE(ctx->shard.base);
     DDP_FREE(ctx->shard.norm_base);
     DDP_FREE(ctx->shard.norm_sums);
+    ddp__free_floats(ctx->shard.z2_acc);
     DDP_FREE(ctx->tape.ops);
     DDP_FREE(ctx->tape.arena);
     DDP_FREE(ctx->outer.frag);   /* >>outer */
@@ -9421,10 +9481,11 @@ static char *ddp__layout_text(ddp_context *ctx, size_t *len_out) {
     char *text = (char *)DDP_MALLOC(cap);
     int i;
     if (!text) return NULL;
-    len = (size_t)snprintf(text, cap, "buckets %.6f %.6f %d reduce %s uneven %d shard %d param %s\n", ctx->desc.first_bucket_mb,
+    len = (size_t)snprintf(text, cap, "buckets %.6f %.6f %d reduce %s uneven %d shard %d%s param %s\n", ctx->desc.first_bucket_mb,
                            ctx->desc.bucket_cap_mb, ctx->desc.find_unused,
                            ctx->desc.reduce_dtype == DDP_DTYPE_BF16 ? "bf16" : "fp32", (int)ctx->desc.uneven_inputs,
-                           (int)ctx->desc.shard, ddp__bf16_params(ctx) ? "bf16" : "fp32");   /* the level (shard_optimizer follows it) */
+                           (int)ctx->desc.shard, ctx->desc.shard_accumulate ? " accumulate" : "",   /* the level (shard_optimizer follows it) */
+                           ddp__bf16_params(ctx) ? "bf16" : "fp32");
     /* a timeline on some ranks only would stall shutdown (rank 0 waits for each missing trace) */
     len += (size_t)snprintf(text + len, cap - len, "timeline %s\n", ctx->tl.path[0] ? "on" : "off");
     len += (size_t)snprintf(text + len, cap - len, "outer mode %d group_size %d inner_steps %d lr %.9g momentum %.9g "
@@ -9454,7 +9515,7 @@ static ddp_result ddp__layout_mismatch(ddp_context *ctx, const char *a, const ch
     while (!strcmp(ddp__line(a, i, la, sizeof la), ddp__line(b, i, lb, sizeof lb))) i++;
     if (i == 0)
         return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks 0 and %d use different options: rank 0 has '%s', rank %d "
-                         "has '%s' (first_bucket_mb, bucket_cap_mb, find_unused, reduce_dtype, uneven_inputs, shard_optimizer / shard, param_dtype)", rank_b, la, rank_b, lb);
+                         "has '%s' (first_bucket_mb, bucket_cap_mb, find_unused, reduce_dtype, uneven_inputs, shard_optimizer / shard / shard_accumulate, param_dtype)", rank_b, la, rank_b, lb);
     if (i == 2)
         return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks 0 and %d use different outer settings (ddp_desc.outer): rank 0 "
                          "has '%s', rank %d has '%s'", rank_b, la, rank_b, lb);
@@ -9567,6 +9628,9 @@ static ddp_result ddp__commit(ddp_context *ctx) {
     if ((r = ctx->be->alloc_flat(ctx)) != DDP_OK) return r;
     if ((r = ddp__build_buckets(ctx)) != DDP_OK) return r;
     if ((r = ddp__shard_layout(ctx)) != DDP_OK) return r;
+    if (ddp__z2_acc_on(ctx) && !(ctx->shard.z2_acc = ddp__alloc_floats(ctx->shard.count ? ctx->shard.count : 1)))
+        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the gradients' accumulator (%zu floats, shard_accumulate)",
+                         ctx->shard.count);
     ddp__plan_wire(ctx);
     if (ctx->world > 1 && (r = ddp__verify_layout(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     if (ctx->be->commit && (r = ctx->be->commit(ctx)) != DDP_OK) return r;
@@ -9589,7 +9653,7 @@ static ddp_result ddp__commit(ddp_context *ctx) {
    one GPU runs the path many GPUs run. */
 static ddp_result ddp__launch_ready(ddp_context *ctx) {
     ddp_result r = DDP_OK;
-    if (!ctx->step.sync) return DDP_OK;
+    if (!ctx->step.sync && !ddp__z2_acc_on(ctx)) return DDP_OK;   /* ZeRO-2's shard_accumulate: every micro-step */
     while (r == DDP_OK && ctx->step.next_launch < ctx->model.num_buckets && ctx->model.buckets[ctx->step.next_launch].pending == 0) {
         r = ctx->be->launch(ctx, ctx->step.next_launch++);
     }
@@ -9799,11 +9863,12 @@ static ddp_result ddp__finish(ddp_context *ctx) {
     if ((r = ddp__begin_step(ctx)) != DDP_OK) return r;
     t_wait = ddp__now();
     ctx->step.stats.backward_ms = 1e3 * (t_wait - ctx->step.start);
-    if (ctx->step.sync) {
+    if (ctx->step.sync || ddp__z2_acc_on(ctx)) {   /* ZeRO-2's shard_accumulate: every micro-step reduce-scatters */
         ddp__overlap_check(ctx);
         if ((r = ddp__handle_unused(ctx)) != DDP_OK) return r;
         if ((r = ddp__launch_ready(ctx)) != DDP_OK) return r;
         r = ctx->be->finish(ctx, t_wait);
+        if (ddp__z2_acc_on(ctx)) ctx->shard.z2_acc_steps = ctx->step.sync ? 0 : ctx->shard.z2_acc_steps + 1;
         /* uneven inputs, divided by the ranks with data: the buckets divided by the world size */
         if (r == DDP_OK && ctx->desc.uneven_inputs == DDP_JOIN_DIVIDE_BY_ACTIVE && ctx->join.active > 0 &&
             ctx->join.active < ctx->world)
@@ -9915,17 +9980,12 @@ static ddp_result ddp__backward(ddp_context *ctx) {
     return r == DDP_OK ? ddp__finish(ctx) : r;
 }
 
-/* ZeRO-2's ddp_zero_grad: this rank's parts zeroed, the rest released (ddp__z2_clear: after a
-   synchronizing step it is released already, and punching it again costs a system call a
-   bucket; after micro-steps with sync off it holds this rank's accumulated gradients). */
+/* ZeRO-2's ddp_zero_grad: every bucket released, this rank's parts too (ddp__z2_clear: a
+   system call a bucket; the backward brings the pages back as it writes them). */
 static void ddp__z2_zero(ddp_context *ctx) {
-    size_t lo, hi;
     int b;
-    for (b = 0; b < ctx->model.num_buckets; b++) {
-        ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
-        ddp__z2_clear(ctx, lo, hi);   /* a part is whole pages only where it is large: the same call */
-        ddp__z2_release(ctx, b);
-    }
+    for (b = 0; b < ctx->model.num_buckets; b++)   /* the whole bucket in one: the pages across its parts' ends too */
+        ddp__z2_clear(ctx, ctx->model.buckets[b].offset, ctx->model.buckets[b].offset + ctx->model.buckets[b].count);
 }
 
 static ddp_result ddp__zero_grad(ddp_context *ctx) {
@@ -9934,6 +9994,7 @@ static ddp_result ddp__zero_grad(ddp_context *ctx) {
     if (ddp__in_backward(ctx)) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_zero_grad while a backward is in flight");
     if (ddp__z2(ctx)) ddp__z2_zero(ctx);   /* host memory (CPU, MPI): no memset that would bring the released pages back */
     else if ((r = ddp__zero_grads(ctx, 0, ctx->flat.count)) != DDP_OK) return r;
+    ctx->shard.z2_acc_steps = 0;           /* shard_accumulate: the accumulator holds nothing */
     for (i = 0; i < ctx->model.num_params; i++) ctx->model.params[i].touched = 0;
     ctx->join.pending = 0;
     return DDP_OK;

@@ -298,6 +298,134 @@ static void ckpt_load(const char *path) {
             (unsigned long long)h[0], (unsigned long long)h[1], (unsigned long long)h[2]);
 }
 
+/* ---- shard_accumulate: every micro-step reduce-scattered into an accumulator of this rank's parts ----
+   Gradients independent of the parameters (so rank 0 can compute every rank's), K micro-steps,
+   an unused parameter on one micro-step (find_unused). After each step's last ddp_finish the
+   gradients gathered from their owners against a float64 reference of (1/N) sum_s sum_k g: the
+   mode computes sum_k fl(fl(sum_s g_sk) / N) in float, micro-step after micro-step, so each
+   element is within u (1 + (K - 1) / N) sum_k sum_s |g_sk| of it (u = 2^-24, first order; 1%
+   added for the second). After a micro-step with sync off every page of this rank's gradients
+   is released (the accumulator holds its part), where the default mode keeps them whole. The
+   parameters equal on every rank after every step. */
+enum { ACC_MICRO = 3, ACC_STEPS = 4 };
+
+static float acc_grad(int s, int step, int micro, int k, size_t i) {
+    return test_value(555 + 1000 * (uint64_t)step + 10 * (uint64_t)micro + 100000 * (uint64_t)s, (uint64_t)k * 100000 + i);
+}
+static int acc_unused(int s, int micro, int k) { return s == 0 && micro == 1 && k == NPARAMS - 1; }
+
+static ddp_result acc_train(int mode, float *grads_out) {
+    ddp_context *ddp;
+    ddp_desc d;
+    ddp_adamw opt;
+    ddp_result r;
+    int ids[NPARAMS], k, step, u, s, differ_ranks = 0;
+    long worst_off = 0, kept = 0;
+    double worst = 0;
+    size_t i, n = 0;
+    static float init[NPARAMS][MAXN];
+    char name[128];
+    memset(&d, 0, sizeof d);
+    d.bucket_cap_mb = 0.05; d.first_bucket_mb = 0.01;
+    d.find_unused = 1;
+    d.shard = DDP_SHARD_GRADIENTS;
+    d.shard_accumulate = mode;
+    memset(&opt, 0, sizeof opt);
+    opt.lr = 0.01f; opt.max_grad_norm = 5.0f;
+    if ((r = ddp_init(&ddp, &d)) != DDP_OK) { printf("FAIL zero2_accumulate%d_init: %s\n", mode, ddp_last_error(ddp)); ddp_shutdown(ddp); return r; }
+    for (k = 0; k < NPARAMS && r == DDP_OK; k++) {
+        for (i = 0; i < sizes[k]; i++) init[k][i] = 0.5f * test_value(77 + (uint64_t)k, i);
+        snprintf(name, sizeof name, "p%d", k);
+        r = ddp_register_param(ddp, name, sizes[k], 0, init[k], &ids[k]);
+    }
+    if (r == DDP_OK) r = ddp_commit(ddp);
+    if (r == DDP_OK) ddp_flat_grads(ddp, &n);
+    counters_reset();
+    for (step = 0; step < ACC_STEPS && r == DDP_OK; step++) {
+        float *all = (float *)calloc(n, sizeof(float));
+        r = ddp_zero_grad(ddp);
+        for (u = 0; u < ACC_MICRO && r == DDP_OK; u++) {
+            ddp_set_sync(ddp, u == ACC_MICRO - 1);
+            for (k = NPARAMS - 1; k >= 0 && r == DDP_OK; k--) {
+                float *g = ddp_grad(ddp, ids[k]);
+                if (acc_unused(rank, u, k)) continue;
+                for (i = 0; i < sizes[k]; i++) g[i] += acc_grad(rank, step, u, k, i);
+                r = ddp_grad_ready(ddp, ids[k]);
+            }
+            if (r == DDP_OK) r = ddp_finish(ddp);
+            if (r == DDP_OK && u < ACC_MICRO - 1 && world > 1) {   /* between micro-steps */
+                long before = nonzero;
+                int b;
+                for (b = 0; b < ddp_num_buckets(ddp); b++) {   /* a page across two buckets' ends is released by neither */
+                    ddp_bucket_info info;
+                    ddp_bucket(ddp, b, &info);
+                    check_released_range((unsigned char *)ddp_flat_grads(ddp, NULL), sizeof(float), info.offset, info.offset + info.count);
+                }
+                kept += nonzero - before;
+                if (!mode) nonzero = before;   /* the default mode keeps them: counted as kept, not as a failure */
+            }
+        }
+        if (r == DDP_OK) r = ddp_gather_to_host(ddp, DDP_GRADS, 0, rank == 0 ? all : NULL, n, 0);
+        if (r == DDP_OK && rank == 0) {
+            for (k = 0; k < NPARAMS; k++) {
+                size_t off = (size_t)(ddp_grad(ddp, ids[k]) - ddp_flat_grads(ddp, NULL));
+                for (i = 0; i < sizes[k]; i++) {
+                    double ref = 0, mag = 0, err, bound;
+                    for (s = 0; s < world; s++)
+                        for (u = 0; u < ACC_MICRO; u++) {
+                            double g = acc_unused(s, u, k) ? 0 : acc_grad(s, step, u, k, i);
+                            ref += g; mag += fabs(g);
+                        }
+                    ref /= world;
+                    bound = 1.01 * ldexp(1.0, -24) * (1.0 + (double)(ACC_MICRO - 1) / world) * mag + 1e-30;
+                    err = fabs((double)all[off + i] - ref);
+                    if (err > bound) worst_off++;
+                    if (err / bound > worst) worst = err / bound;
+                }
+            }
+            if (step == ACC_STEPS - 1 && grads_out) memcpy(grads_out, all, n * sizeof(float));
+        }
+        free(all);
+        if (r == DDP_OK) r = ddp_adamw_step(ddp, &opt, NULL);
+        if (r == DDP_OK) {
+            uint64_t mine = test_hash(ddp_flat_params(ddp, NULL), n * sizeof(float)), first = mine;
+            ddp_broadcast(ddp, &first, sizeof first, 0);
+            differ_ranks += mine != first;
+        }
+    }
+    if (r != DDP_OK) printf("FAIL zero2_accumulate%d_train: %s\n", mode, ddp_last_error(ddp));
+    snprintf(name, sizeof name, "zero2_accumulate%d_ranks%d_grads_within_float64_bound_params_equal_on_ranks", mode, world);
+    verdict(r == DDP_OK && worst_off == 0 && differ_ranks == 0, name, "%ld elements beyond the bound (worst %.3g of it), "
+            "parameters differ from rank 0's on %d steps", worst_off, worst, differ_ranks);
+    printf("  (%s: worst error %.3g of the bound)\n", name, worst);
+    if (world > 1) {
+        snprintf(name, sizeof name, "zero2_accumulate%d_ranks%d_between_micro_steps_%s", mode, world,
+                 mode ? "every_gradient_page_released" : "gradients_kept_whole");
+        if (mode) verdict(nonzero == 0 && resident == 0 && pages_checked > 0, name, "%ld non-zero bytes, %ld of %ld pages resident",
+                          nonzero, resident, pages_checked);
+        else verdict(kept > 0, name, "no gradient byte kept between micro-steps (%ld)", kept);
+    }
+    ddp_shutdown(ddp);
+    return r;
+}
+
+static void acc_compare(void) {
+    size_t n = 0, i, differ = 0;
+    float *a, *b;
+    {   /* the flat size, as acc_train's model has it */
+        int k;
+        for (k = 0; k < NPARAMS; k++) n += (sizes[k] + 15) / 16 * 16;
+    }
+    a = (float *)calloc(n, sizeof(float));
+    b = (float *)calloc(n, sizeof(float));
+    if (acc_train(0, a) == DDP_OK && acc_train(1, b) == DDP_OK && rank == 0) {
+        for (i = 0; i < n; i++) differ += memcmp(&a[i], &b[i], sizeof(float)) != 0;
+        printf("  (zero2_accumulate_ranks%d: the last step's averaged gradients differ from the default mode's (= unsharded "
+               "accumulation) in %zu of %zu floats: the sum order differs)\n", world, differ, n);
+    }
+    free(a); free(b);
+}
+
 static void z2_refusals(void) {
     ddp_context *ddp = NULL;
     ddp_desc d;
@@ -310,6 +438,20 @@ static void z2_refusals(void) {
     d.log_level = DDP_LOG_OFF;
     r = ddp_init(&ddp, &d);
     verdict(r == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(ddp), "uneven_inputs"), "zero2_with_uneven_inputs_refused",
+            "%s: %s", ddp_result_string(r), ddp_last_error(ddp));
+    ddp_shutdown(ddp);
+    memset(&d, 0, sizeof d);
+    d.shard = DDP_SHARD_OPTIMIZER;
+    d.shard_accumulate = 1;
+    d.log_level = DDP_LOG_OFF;
+    r = ddp_init(&ddp, &d);
+    verdict(r == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(ddp), "shard_accumulate 1 needs shard DDP_SHARD_GRADIENTS"),
+            "zero2_accumulate_without_gradients_level_refused", "%s: %s", ddp_result_string(r), ddp_last_error(ddp));
+    ddp_shutdown(ddp);
+    d.shard = DDP_SHARD_GRADIENTS;
+    d.shard_accumulate = 2;
+    r = ddp_init(&ddp, &d);
+    verdict(r == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(ddp), "shard_accumulate"), "zero2_accumulate_bad_value_refused",
             "%s: %s", ddp_result_string(r), ddp_last_error(ddp));
     ddp_shutdown(ddp);
     if (world > 1) {   /* ZeRO-1 on one rank, ZeRO-2 on the others: named at the commit */
@@ -358,6 +500,7 @@ int main(int argc, char **argv) {
     }
     step_hook = NULL;
     bf16_compare();
+    acc_compare();
     z2_refusals();
     return test_summary("test_zero2");
 }
