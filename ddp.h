@@ -9,6 +9,7 @@
    CONTENTS
      QUICK START · ONE STEP, AS DATA FLOWS · OWN AUTOGRAD · MEMORY LAYOUT AND OVERLAP ·
      STRAGGLERS · FAST MATH · STRUCTS ACROSS VERSIONS · OPTIONS · ADAMW · SHARDED OPTIMIZER (ZeRO-1) ·
+     SHARDED GRADIENTS (ZeRO-2) ·
      PARAMETER DTYPE (bf16 parameters, fp32 master weights) · OUTER SYNC (replica groups,
      DiLoCo, streaming DiLoCo) · CHECKPOINTS · BACKENDS ·
      ENVIRONMENT · JOB IDENTITY · ERRORS · NULL, LIFETIME AND THREADS · EMBEDDING: CANCEL,
@@ -215,6 +216,9 @@
      shard_group      0 ($DDP_SHARD_GROUP) the ranks a shard spans: 0 every rank (with outer:
                                            the replica group); N: hybrid, within N consecutive
                                            ranks, replicated across
+     shard_accumulate 0 ($DDP_SHARD_      shard GRADIENTS only: 1 reduce-scatters every micro-
+                      ACCUMULATE)          step (sync off too) into an fp32 accumulator of this
+                                           rank's parts (SHARDED GRADIENTS); ranks must agree
      outer            mode DDP_OUTER_OFF   replica groups and their outer sync: DiLoCo,
                                            streaming DiLoCo, periodic averaging (OUTER SYNC);
                                            ranks must agree
@@ -281,6 +285,65 @@
      all ranks; the norm's blocks by one MPI_Allreduce (each non-zero on its owner only), each
      bucket's parts by MPI_Allgatherv after its update (BACKENDS). The gather does not overlap
      the next forward. How each backend runs the step: docs/design.md.
+
+   SHARDED GRADIENTS (ZeRO-2; ddp_desc.shard = DDP_SHARD_GRADIENTS, or DDP_SHARD=gradients)
+     What: ZeRO-1 (above: the parts, the reduce-scatter, m, v and the master in parts, the norm's
+     blocks, the all-gather), and the gradients: once a bucket's reduce-scatter is settled (every
+     member of the team has read this rank's values of it), this rank's gradients outside its
+     part of the bucket are RELEASED: their pages given back to the system (ddp__pages_punch in
+     >>platform), so they read as zeros and cost nothing until the next backward writes them.
+     The views never move: ddp_grad(id), ddp_flat_grads and the bf16 accessors return the same
+     addresses for the whole run; released pages come back, zeroed, as the backward writes them.
+     Only whole pages strictly inside a released range go (a part is 1024 floats, 4 KiB, aligned
+     but at a bucket's ends): the bytes of a page shared with a neighbour are zeroed instead, at
+     most 3 pages a bucket stay resident. Same bits as unsharded training (tests/test_zero2.c,
+     1-4 ranks: fp32, accumulation, find_unused, skip_nonfinite, a bf16 wire, the staged path,
+     bf16 parameters, clipping; the released pages not resident by mincore).
+     Memory per parameter and rank: fp32 parameters 4 + 4/world (gradients) + 8/world (m, v) =
+     4 + 12/world bytes (10 on 2 ranks, 7 on 4, against 12 and 10 for ZeRO-1 and 16 unsharded);
+     bf16 parameters 2 + 2/world + 12/world (master, m, v) = 2 + 14/world (9, 5.5). Plus, during a
+     backward, the gradients of the buckets not settled yet: the one the backward writes and the
+     one being reduced (about 2 * bucket_cap_mb, the pages across part and bucket ends).
+     When: after a synchronizing bucket's reduce-scatter, on the backend's communication thread
+     (the reduce-scatter is each part's owner reading every member's values: released once all
+     have read); ddp_zero_grad releases every bucket whole instead of a memset (which would fault
+     every page back in). find_unused's zero-fill and a backward write released pages like any
+     other; skip_nonfinite's search for the culprit reads this rank's parts only.
+     Reading them: after a step only this rank's parts hold gradients (the averages), the rest
+     reads zeros; ddp_copy_to_host of DDP_GRADS takes a range inside one of this rank's parts and
+     refuses any other by name ("not all held by rank R"; ddp_copy_from_host writes anywhere);
+     ddp_gather_to_host reaches any range through its owners.
+     Accumulation (sync off) costs memory by default: each rank adds its micro-steps into its
+     whole gradients, kept until the synchronizing micro-step reduce-scatters them (PyTorch's
+     no_sync does the same; the bits of unsharded accumulation): 4 (bf16: 2) bytes a parameter
+     more while accumulating. The cheaper choice, desc.shard_accumulate = 1
+     (DDP_SHARD_ACCUMULATE=1): every micro-step's buckets are reduce-scattered, sync off too
+     (find_unused and the ready rules then hold at every micro-step), this rank's part is added
+     in float into an accumulator of its parts (4/world bytes a parameter, allocated at commit)
+     and the whole bucket released at once; the synchronizing micro-step leaves accumulator +
+     its own average in the part, where AdamW, the norm and ddp_gather_to_host read it. Costs a
+     reduce-scatter per micro-step (k times the traffic for k micro-steps) and saves the
+     gradients' memory between micro-steps (only the buckets in flight). Its sum, over micro-
+     steps of the ranks' averages, is another order than unsharded accumulation's (the average of
+     each rank's sum): within float rounding of it, not its bits (tests/test_zero2.c: within
+     u (1 + (k-1)/world) sum |g| of a float64 reference, u = 2^-24), the same bits on every rank;
+     bf16 gradients are widened into it and rounded once at the end. Without sync off (one
+     micro-step) it is plain ZeRO-2.
+     Checkpoints: as ZeRO-1 (the gradients are not in them): saved at any level and world size,
+     loaded at any other, the same continuation (tests/test_zero2.c save / load).
+     Backends: CPU: the gradients live in the shared gradient segment (>>cpu-grads), released by
+     MADV_REMOVE (the hole punched in the segment: the pages leave /dev/shm for every rank that
+     maps it; writing them again takes pages of /dev/shm again: a /dev/shm filled by something
+     else meanwhile is SIGBUS, as for any shared memory that grows); without the segment
+     (DDP_STAGED_GRADS) private memory, MADV_DONTNEED. MPI: the gradients are the rank's private
+     memory (MADV_DONTNEED), released once the bucket's MPI calls have returned
+     (tests/test_zero2_mpi.sh, hierarchical and flat). NCCL: refused by name at ddp_init ("not
+     built yet on the nccl backend": giving device memory back while the pointers stay needs
+     CUDA's virtual memory management, cuMemAddressReserve / cuMemMap / cuMemUnmap); ZeRO-1 is
+     the same reduce-scatter with the gradients kept. Windows: released gradients are zeroed and
+     stay resident (a mapped view cannot give its pages back and keep zeros: >>platform); a
+     POSIX system without MADV_REMOVE (macOS) likewise for the segment. uneven_inputs: refused,
+     as for ZeRO-1. With replica groups (desc.outer) the parts and their release are the team's.
 
    PARAMETER DTYPE (ddp_desc.param_dtype = DDP_DTYPE_BF16, or DDP_PARAM_DTYPE=bf16)
      bf16 training with fp32 master weights (docs/design.md): every parameter has a bf16 working
@@ -605,6 +668,7 @@
      DDP_SHARD_OPTIMIZER=0|1  shard_optimizer
      DDP_SHARD=none|optimizer|gradients|parameters  shard
      DDP_SHARD_GROUP=N        shard_group
+     DDP_SHARD_ACCUMULATE=0|1 shard_accumulate
      DDP_PARAM_DTYPE=fp32|bf16  param_dtype
    and three with no field (0|1 as well; a typo is refused on every backend):
      DDP_MPI_FLAT=1  (MPI backend, the same on every rank) every rank in MPI, no host groups
@@ -775,6 +839,7 @@
      >>platform     the one place POSIX and Windows differ, one block per concern, each with both
                     halves: threads and locks, time and sleep, processes and threads alive, the
                     counters' wait/wake (futex; Windows: named semaphores), named shared memory,
+                    pages given back (ddp__pages_punch: ZeRO-2's released gradients),
                     sockets, random bytes, files (the checkpoint's atomic replace); nothing below
                     asks which system it runs on
      >>types        tunables; parameters, buckets and their wire plan (ddp__wire), tape ops; the
@@ -804,24 +869,28 @@
                     stopped time, the store's poison and lost ranks, the backend's hooks); the
                     stragglers' record (ddp__straggle_note, folded into ddp_step_stats at finish)
      >>shard        the shard layout (ddp__shard_range, ddp__master_parts) and the norm's blocks'
-                    fixed-order sum every backend uses
+                    fixed-order sum every backend uses; ZeRO-2's release of a settled bucket's
+                    gradients outside this rank's part (ddp__z2, ddp__z2_clear, ddp__z2_release)
      >>host         what single and cpu share: host flat buffers, AdamW arithmetic (bf16 parameters:
                     the working copy written in the same pass), bf16 rounding and conversions,
-                    the norm's blocks' sums of squares
+                    the norm's blocks' sums of squares; ZeRO-2 on host gradients (cpu, mpi): a
+                    settled bucket (ddp__z2_settled) and shard_accumulate's accumulator
      >>single       the single backend's table
      >>cpu          its types (the segment's blocks, ddp__cpu); shared-memory collectives over
                     the world or, for a gradient bucket, the team (ddp__span_*: replica groups),
                     liveness, poison; each exchange's arrivals (ddp__cpu_arrivals); >>cpu-grads
                     buckets averaged (or reduce-scattered) in place
                     (bf16 parameters: bf16 gradients, summed in float); sharded AdamW and its
-                    all-gather; its one-bucket function for the work queue; the cpu backend's table
+                    all-gather; its one-bucket function for the work queue (ZeRO-2: then the
+                    release, ddp__z2_cpu_bucket); the cpu backend's table
      >>mpi          the MPI backend (only with DDP_MPI): host groups on the cpu backend's
                     segment, the leaders' fixed-order sum; bf16 buckets and the sharded optimizer
                     among all ranks (the CPU backend's rank order); with replica groups every
                     bucket among the team, through its own communicator (a team that is a host's
                     ranks: through the host's segment); stragglers across hosts
                     through the signature check (ddp__mpi_cross_arrivals, the leaders' relay);
-                    the watchdog's hooks (heartbeats, the collective's age, MPI_Abort), its table
+                    the watchdog's hooks (heartbeats, the collective's age, MPI_Abort); ZeRO-2's
+                    release after a bucket's MPI calls (ddp__z2_mpi_bucket); its table
      >>nccl         the NCCL backend (only with DDP_CUDA): the communicators' life (the
                     world's; a replica group's: ddp__gpu_init_team), the
                     watchdog's hooks, set-up, buckets on the comm stream as the wire plan says
@@ -838,7 +907,8 @@
                     working copies; the gradients need none)
      >>step         ready hooks, launch in bucket order, the tape, finish (the no-overlap check;
                     messages worded for the tape or the program's own backward); with uneven
-                    inputs the count of the ranks with data that begins a synchronizing step
+                    inputs the count of the ranks with data that begins a synchronizing step;
+                    ZeRO-2's shard_accumulate launches the buckets of micro-steps with sync off too
      >>adamw        hyperparameters resolved and checked, handed to the backend; the averaged-
                     gradients guard, and ddp_consume_grads for a program's own optimizer
      >>collectives  user collectives, host copies of the state
@@ -855,7 +925,7 @@
      backend: setup, alloc_flat, commit, begin_step, launch, finish, zero, scale, bf16, adamw,
      adamw_state, copy, collective, allgather, team_bcast, stats, poison, stop, teardown; its
      `shards` flag says whether it runs shard_optimizer (ddp_init refuses it by the backend's
-     name otherwise). Each backend fills it by name (ddp__cpu_table and its like, into the
+     name otherwise), `shards_grads` likewise for DDP_SHARD_GRADIENTS. Each backend fills it by name (ddp__cpu_table and its like, into the
      context's own copy); an optional slot left NULL (setup, commit, begin_step, allgather,
      team_bcast, stats, poison, stop) is nothing to do (allgather: the outer exchange broadcasts
      instead; team_bcast: bf16 + shard_optimizer in groups of several ranks is refused), and the
