@@ -10050,12 +10050,19 @@ static ddp_result ddp__backward(ddp_context *ctx) {
     return r == DDP_OK ? ddp__finish(ctx) : r;
 }
 
-/* ZeRO-2's ddp_zero_grad: every bucket released, this rank's parts too (ddp__z2_clear: a
-   system call a bucket; the backward brings the pages back as it writes them). */
+/* ZeRO-2's ddp_zero_grad: this rank's parts zeroed in place (their pages are written every step:
+   giving them back would cost a fault a page in the next backward), the rest released (after a
+   synchronizing step it is released already, and punching an empty range costs a system call;
+   after micro-steps with sync off it holds this rank's accumulated gradients). */
 static void ddp__z2_zero(ddp_context *ctx) {
+    size_t lo, hi, es = ctx->flat.grads_bf16 ? sizeof(ddp_bf16) : sizeof(float);
+    unsigned char *base = ctx->flat.grads_bf16 ? (unsigned char *)ctx->flat.grads_bf16 : (unsigned char *)ctx->flat.grads;
     int b;
-    for (b = 0; b < ctx->model.num_buckets; b++)   /* the whole bucket in one: the pages across its parts' ends too */
-        ddp__z2_clear(ctx, ctx->model.buckets[b].offset, ctx->model.buckets[b].offset + ctx->model.buckets[b].count);
+    for (b = 0; b < ctx->model.num_buckets; b++) {
+        ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
+        memset(base + lo * es, 0, (hi - lo) * es);
+        ddp__z2_release(ctx, b);
+    }
 }
 
 static ddp_result ddp__zero_grad(ddp_context *ctx) {

@@ -10,7 +10,11 @@
           of the machine's memory, what the levels' formulas predict
    in bytes a parameter above the baseline; the peak Rss over the steps (VmHWM, reset through
    /proc/self/clear_refs before each level); the mean step time over steps 2..STEPS. Linux only.
-   Run: build/ddprun -n N build/bench_zero2_memory [PARAMS_MILLIONS (8)] [STEPS (20)] */
+   Run: build/ddprun -n N build/bench_zero2_memory [PARAMS_MILLIONS (8)] [STEPS (20)] [LEVEL]
+   Without LEVEL the three levels run in turn in one process (the step times side by side; the
+   memory of the later ones is understated: the allocator keeps pages of the earlier ones and
+   hands them out again); with LEVEL (0 NONE, 1 OPTIMIZER, 2 GRADIENTS) only that one, whose
+   memory is then its own: one process a level for the memory columns. */
 #define DDP_IMPLEMENTATION
 #include "../ddp.h"
 
@@ -91,6 +95,15 @@ int main(int argc, char **argv) {
     level_result res[3];
     const char *r = getenv("RANK");
     if (r) rank = atoi(r);
+    if (argc > 3) {   /* one level in this process: its memory alone (a level run before would leave the allocator's pages) */
+        l = atoi(argv[3]);
+        if (l < 0 || l > 2) { fprintf(stderr, "LEVEL: 0 NONE, 1 OPTIMIZER, 2 GRADIENTS\n"); return 2; }
+        res[l] = run_level(levels[l], params, steps, &world);
+        if (rank <= 0)
+            printf("| %d | %s | %.2f | %.2f | %.2f | %.2f | %.2f |\n", world, names[l],
+                   l == 0 ? 16.0 : l == 1 ? 8 + 8.0 / world : 4 + 12.0 / world, res[l].pss, res[l].rss, res[l].peak, res[l].step_ms);
+        return 0;
+    }
     for (l = 0; l < 3; l++) res[l] = run_level(levels[l], params, steps, &world);
     if (rank <= 0) {
         double n = (double)world;
