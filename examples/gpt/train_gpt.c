@@ -40,7 +40,9 @@ typedef struct options {
     int steps, warmup, accum, eval_every, eval_batches, sample, top_k, stop_at, save_every, log_every;
     int cpu, tf32, bf16;           /* --cpu: CPU backend and model even where a GPU is; --tf32; --bf16 */
     int shard;                     /* --shard LEVEL: ddp_desc.shard (a ddp_shard; 0: ddp.h's default, so DDP_SHARD
-                                      may choose); --shard-optimizer = --shard optimizer (ZeRO-1) */
+                                      may choose); after ddp_init the level ddp.h resolved */
+    int shard_optimizer;           /* --shard-optimizer: ddp_desc.shard_optimizer = 1, which is --shard optimizer
+                                      (the field, so that DDP_SHARD_OPTIMIZER=0 still overrides it) */
     int shard_group;               /* --shard-group N: ddp_desc.shard_group (hybrid: shard within N consecutive ranks) */
     int fresh;                     /* --fresh: --save PATH starts over even where PATH holds a checkpoint */
     float lr, min_lr, wd, clip, beta1, beta2, temperature, bucket_mb, dropout;
@@ -211,7 +213,7 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errn)
         else if (!strcmp(a, "--cpu")) { o->cpu = 1; continue; }
         else if (!strcmp(a, "--tf32")) { o->tf32 = 1; continue; }
         else if (!strcmp(a, "--bf16")) { o->bf16 = 1; continue; }
-        else if (!strcmp(a, "--shard-optimizer")) { o->shard = DDP_SHARD_OPTIMIZER; continue; }
+        else if (!strcmp(a, "--shard-optimizer")) { o->shard_optimizer = 1; continue; }
         else if (!strcmp(a, "--shard-group")) ip = &o->shard_group;
         else if (!strcmp(a, "--shard")) {
             static const char *const levels[] = { "none", "optimizer", "gradients", "parameters" };
@@ -791,6 +793,7 @@ int main(int argc, char **argv) {
         desc.inject_comm_gbps = o.inject_gbps;
         desc.backend = o.cpu ? DDP_BACKEND_CPU : DDP_BACKEND_AUTO;
         desc.shard = (ddp_shard)o.shard;
+        desc.shard_optimizer = o.shard_optimizer;
         desc.shard_group = o.shard_group;
         /* --bf16: ddp.h keeps bf16 working copies and gradients (the model's) and the fp32 master
            weights and AdamW's moments; gradient buckets travel as bf16 (reduce_dtype's default).
