@@ -2589,6 +2589,9 @@ struct ddp_context {
         size_t *base, *norm_base;
         size_t count, norm_blocks;
         double *norm_sums;
+        int hybrid;                /* hybrid sharding (desc.shard_group, >>shard): the shard group's
+                                      size S, 2 <= S < world, the team of every sharded exchange while
+                                      a bucket's average spans the world; 0: off */
     } shard;
     struct {                       /* the tape (>>step) */
         ddp__tape_op *ops;
@@ -2858,9 +2861,17 @@ static int ddp__bf16_params(const ddp_context *ctx) { return ctx->desc.param_dty
    the buckets are the team's: rank and world stay global (the sampler shards over every rank)
    and every other collective (broadcasts, user collectives, the outer exchange) spans the world.
    (outer.size is the world without groups; 0 in a context that never resolved it: the MPI
-   backend's host context.) */
-static int ddp__team_world(const ddp_context *ctx) { return ctx->outer.size > 0 ? ctx->outer.size : ctx->world; }
-static int ddp__team_rank(const ddp_context *ctx) { return ctx->outer.size > 0 ? ctx->outer.index : ctx->rank; }
+   backend's host context.)
+   Hybrid sharding (desc.shard_group, no replica groups) makes the shard group the team of the
+   sharded exchanges (the parts, the norm's blocks, the all-gather), while its buckets are
+   averaged over the world (ddp__hybrid: the backends' bucket paths ask it). */
+static int ddp__team_world(const ddp_context *ctx) {
+    return ctx->shard.hybrid ? ctx->shard.hybrid : ctx->outer.size > 0 ? ctx->outer.size : ctx->world;
+}
+static int ddp__team_rank(const ddp_context *ctx) {
+    return ctx->shard.hybrid ? ctx->rank % ctx->shard.hybrid : ctx->outer.size > 0 ? ctx->outer.index : ctx->rank;
+}
+static int ddp__hybrid(const ddp_context *ctx) { return ctx->shard.hybrid > 0; }
 static int ddp__team_peer(const ddp_context *ctx, int i) { return ctx->rank - ddp__team_rank(ctx) + i; }   /* member i's rank */
 
 
@@ -3566,11 +3577,16 @@ static ddp_result ddp__desc_validate(ddp_context *ctx, const ddp_desc *d) {
     if (d->shard_optimizer && d->uneven_inputs != DDP_JOIN_OFF)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_optimizer cannot be combined with uneven_inputs "
                          "(a rank inside ddp_join takes no optimizer steps, but sharded every rank must update its part)");
-    /* TEMPORARY (issue 27 in progress): the levels above ZeRO-1 and hybrid sharding are being built */
-    if (d->shard > DDP_SHARD_OPTIMIZER || d->shard_group)
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard %s%s is not built yet",
+    /* TEMPORARY (issue 27 in progress): the levels above ZeRO-1 are being built */
+    if (d->shard > DDP_SHARD_OPTIMIZER)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard %s is not built yet",
                          d->shard == DDP_SHARD_GRADIENTS ? "DDP_SHARD_GRADIENTS" : d->shard == DDP_SHARD_PARAMETERS ?
-                         "DDP_SHARD_PARAMETERS" : "", d->shard_group ? " / shard_group (hybrid)" : "");
+                         "DDP_SHARD_PARAMETERS" : "");
+    /* hybrid: a group to shard within needs something sharded (the world's checks: ddp__hybrid_resolve) */
+    if (d->shard_group && d->shard < DDP_SHARD_OPTIMIZER)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_group %d shards within groups of %d ranks, but "
+                         "shard is DDP_SHARD_NONE (shard_optimizer 0): set shard to DDP_SHARD_OPTIMIZER or above, or "
+                         "shard_group to 0", d->shard_group, d->shard_group);
     return DDP_OK;
 }
 
@@ -3648,6 +3664,35 @@ static ddp_result ddp__desc_check_given(ddp_context *ctx, const ddp_desc *d) {
     return DDP_OK;
 }
 
+/* Hybrid sharding (desc.shard_group = S, >>shard): the state in parts within each S consecutive
+   ranks, replicated across the world / S groups. S = world is plain sharding and S = 1 a shard of
+   one rank (everything whole on every rank: DDP, the level resolved to NONE); neither is hybrid.
+   With replica groups the shard is the group already: S must be 0 or the group's size. */
+static ddp_result ddp__hybrid_resolve(ddp_context *ctx) {
+    ddp_desc *d = &ctx->desc;
+    int s = d->shard_group;
+    ctx->shard.hybrid = 0;
+    if (!s) return DDP_OK;
+    if (d->outer.mode != DDP_OUTER_OFF) {
+        if (s != ctx->outer.size)
+            return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_group %d with replica groups of %d ranks "
+                             "(outer.group_size): the sharded state is already split within each replica group, so "
+                             "shard_group must be 0 or %d", s, ctx->outer.size, ctx->outer.size);
+        return DDP_OK;
+    }
+    if (s > ctx->world || ctx->world % s)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_group %d does not divide the %d ranks into groups "
+                         "of equal size (hybrid sharding: the state in parts within each group of shard_group "
+                         "consecutive ranks)", s, ctx->world);
+    if (s == 1) {   /* nothing to share a part with: every rank holds everything, as DDP */
+        d->shard = DDP_SHARD_NONE;
+        d->shard_optimizer = 0;
+        return DDP_OK;
+    }
+    if (s < ctx->world) ctx->shard.hybrid = s;
+    return DDP_OK;
+}
+
 /* The outer settings resolved (defaults: ddp_outer's comments) and checked, and the replica
    groups laid out: group g is ranks [g * size, (g + 1) * size), so with a launcher that numbers
    a host's ranks together (ddprun, torchrun, Slurm's block distribution) the default size,
@@ -3712,6 +3757,7 @@ static ddp_result ddp__resolve_desc(ddp_context *ctx, const ddp_desc *in) {
     if ((r = ddp__desc_validate(ctx, &ctx->desc)) != DDP_OK) return r;
     if ((r = ddp__resolve_group(ctx)) != DDP_OK) return r;
     if ((r = ddp__outer_resolve(ctx)) != DDP_OK) return r;
+    if ((r = ddp__hybrid_resolve(ctx)) != DDP_OK) return r;
     if (ctx->job.env_overrides[0] && ctx->rank == 0)   /* once a job: every rank reads the same environment */
         ddp__log(ctx, DDP_LOG_WARN, "the environment overrides the program's settings (a DDP_* variable that is set wins): %s",
                  ctx->job.env_overrides);
@@ -5906,6 +5952,43 @@ static void ddp__average_part_in_place(ddp_context *ctx, size_t offset, size_t l
                           ddp__rank_grads(ctx, ctx->rank) + offset + lo);
 }
 
+/* Hybrid sharding (desc.shard_group): bucket b reduce-scattered into the shard group's parts
+   (ddp__shard_range), each averaged over the WORLD: the G = world / S ranks that hold part s
+   (member s of every group) split it G ways; holder g adds its piece of every rank's buffer in
+   rank order (the unsharded in-place bits: element by element the same sum, the same division)
+   into its own buffer, and once every rank has posted that, copies the other holders' pieces
+   from theirs. On one host the groups share the segment, so the cross-group allreduce is those
+   copies. The peers copy from this rank's buffer after this returns: ddp_finish waits for them
+   (out_pending), as for an unsharded bucket. The span (c->team 0) is the world. */
+static ddp_result ddp__hybrid_bucket_in_place(ddp_context *ctx, size_t offset, size_t count, int bucket, uint32_t q,
+                                              double started) {
+    size_t lo, hi, a, z, es = ctx->flat.grads_bf16 ? sizeof(ddp_bf16) : sizeof(float);
+    int g, groups = ctx->world / ctx->shard.hybrid, me = ctx->rank / ctx->shard.hybrid, s = ddp__team_rank(ctx);
+    ddp_result r;
+    ddp__shard_range(ctx, bucket, s, &lo, &hi);
+    ddp__part(hi - lo, groups, me, &a, &z);
+    if (z > a && ctx->flat.grads_bf16)
+        ddp__average_bf16(ddp__rank_grads_bf16(ctx, 0) + lo + a, 2 * ctx->impl.cpu->grads_stride, ctx->world, z - a,
+                          ddp__rank_grads_bf16(ctx, ctx->rank) + lo + a);
+    else if (z > a) ddp__average_f32(ddp__rank_grads(ctx, 0) + lo + a, ctx->impl.cpu->grads_stride, ctx->world, z - a,
+                                     ddp__rank_grads(ctx, ctx->rank) + lo + a);
+    ddp__shm_post(ctx, DDP__STAGE_RED, q + 1);
+    if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_RED, q + 1)) != DDP_OK) return r;
+    for (g = 0; g < groups; g++) {   /* the other holders' pieces of part s */
+        if (g == me) continue;
+        ddp__part(hi - lo, groups, g, &a, &z);
+        if (z > a) memcpy((unsigned char *)ddp__rank_grads(ctx, ctx->rank) + (lo + a) * es,
+                          (unsigned char *)ddp__rank_grads(ctx, g * ctx->shard.hybrid + s) + (lo + a) * es, (z - a) * es);
+    }
+    ddp__shm_post(ctx, DDP__STAGE_OUT, q + 1);
+    ctx->impl.cpu->out_pending = q + 1;
+    ctx->impl.cpu->shm_seq = q + 1;
+    (void)offset;
+    if (ctx->desc.inject_comm_latency_ms > 0 || ctx->desc.inject_comm_gbps > 0)
+        ddp__inject_comm_delay(ctx, count * ddp__wire_bytes(ctx), started);
+    return DDP_OK;
+}
+
 /* A bucket averaged in place: an allreduce, or with bucket >= 0 (sharded) a reduce-scatter into
    the parts ddp__shard_range gives. */
 static ddp_result ddp__shm_bucket_in_place(ddp_context *ctx, size_t offset, size_t count, int bucket) {
@@ -5927,6 +6010,7 @@ static ddp_result ddp__shm_bucket_in_place(ddp_context *ctx, size_t offset, size
     if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_IN, q + 1)) != DDP_OK) return r;
     if ((r = ddp__shm_check_sigs(ctx)) != DDP_OK) return r;
     ddp__cpu_arrivals(ctx, started);
+    if (bucket >= 0 && ddp__hybrid(ctx)) return ddp__hybrid_bucket_in_place(ctx, offset, count, bucket, q, started);
     if (bucket >= 0) {   /* sharded: a reduce-scatter; each rank's part is where its AdamW needs it */
         ddp__shard_range(ctx, bucket, ddp__team_rank(ctx), &lo, &hi);
         ddp__average_part_in_place(ctx, offset, lo - offset, hi - offset);
@@ -6326,7 +6410,8 @@ static ddp_result ddp__cpu_run_bucket(ddp_context *ctx, int index) {
        H steps away; the poison is looked at before each bucket instead. */
     if (ddp__team_world(ctx) < ctx->world && (r = ddp__shm_poisoned(ctx)) != DDP_OK) return r;
     c->sig_bucket = (uint32_t)index + 1;
-    c->team = 1;   /* averaged among the team (replica groups: this rank's group), not the world */
+    c->team = !ddp__hybrid(ctx);   /* averaged among the team (replica groups: this rank's group), not the world;
+                                      hybrid sharding: the world (ddp__hybrid_bucket_in_place) */
     r = w->in_place ? ddp__shm_bucket_in_place(ctx, b->offset, b->count, w->scatter ? index : -1)
         : w->grads == DDP_DTYPE_BF16 ? ddp__shm_bucket_staged_bf16(ctx, b->offset, b->count)
         : ddp__shm_collective(ctx, w->dtype == DDP_DTYPE_BF16 ? DDP__KIND_AVG_BF16 : DDP__KIND_AVG,
@@ -6405,7 +6490,7 @@ static ddp_result ddp__cpu_finish(ddp_context *ctx, double t_wait) {
     c->out_pending = 0;
     if (r == DDP_OK && out) {   /* every peer of the team has copied its parts of the last bucket from this rank's buffer */
         ctx->what = "the end of the gradient buckets' allreduce (the peers' last copies)";
-        c->team = 1;
+        c->team = !ddp__hybrid(ctx);   /* hybrid: every rank of the world may copy from it */
         r = ddp__shm_wait_all(ctx, DDP__STAGE_OUT, out);
         c->team = 0;
     }
@@ -9086,6 +9171,10 @@ static ddp_result ddp__init(ddp_context *ctx, const ddp_desc *desc) {
     if (ctx->desc.shard_optimizer && !ctx->be->shards)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_optimizer is not supported by the %s backend "
                          "(yet): run unsharded there", ctx->be->name);
+    if (ddp__hybrid(ctx) && ctx->be->id != DDP_BACKEND_CPU)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_group %d (hybrid sharding) is not built yet on the "
+                         "%s backend (the CPU backend has it): shard_group 0 shards across every rank", ctx->shard.hybrid,
+                         ctx->be->name);
     deadline = ddp__now() + ctx->desc.timeout_s;
     if (ctx->world > 1) {
         if (!ctx->job.token[0] && !ctx->job.id[0])
@@ -10655,7 +10744,8 @@ static ddp_outer_status ddp__outer_status(const ddp_context *ctx) {
    every integer at its stated width:
      "DDP-CKPT" u32 version u32 world u32 sharded u32 num_params i64 step u64 floats u64 user_bytes
      u32 num_shards u32 0 | num_shards x u64 the floats the shards before it hold (num_shards: world
-     if sharded, else 1; version 2: a replica group's size, a divisor of world) | num_params x (u32 name
+     if sharded, else 1; version 2: a replica group's size; hybrid sharding: the shard group's; a
+     divisor of world) | num_params x (u32 name
      length, name, u64 count, u32 flags) | parameters, then m, then v, each parameter's floats in
      registration order (no padding) | the user blob | u64 checksum of every byte before it
      (ddp__sum_add: FNV-1a's step on 64-bit words in four lanes, then FNV-1a of lanes and tail).
@@ -11401,10 +11491,10 @@ static int ddp__ckpt_check_head(const ddp__ckpt_file *f, const char *path, ddp__
                          "%u and %u", path, version, DDP__CKPT_VERSION, DDP__CKPT_VERSION_OUTER);
         return 0;
     }
-    /* sharded: a shard per rank, or with the outer sync a shard per member of a replica group */
+    /* sharded: a shard per rank, or with the outer sync (or hybrid sharding, version 1) a shard per
+       member of a replica (or shard) group */
     if (world < 1 || world > INT32_MAX || sharded > 1 ||
-        (sharded ? h->shards < 1 || h->shards > world || world % h->shards ||
-                   (version != DDP__CKPT_VERSION_OUTER && h->shards != world) : h->shards != 1u) ||
+        (sharded ? h->shards < 1 || h->shards > world || world % h->shards : h->shards != 1u) ||
         ddp__get_le(fixed + 52, 4) != 0 || st->step < 0) {
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' has an impossible header: world size %u, sharded %u, "
                          "%llu shards, reserved field %llu, AdamW step %lld", path, world, sharded, (unsigned long long)h->shards,
