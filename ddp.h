@@ -6603,6 +6603,11 @@ struct ddp__mpi {
     float *wire_f32;                      /* replica groups, fp32 buckets: this rank's piece from every
                                              member (team_host, bf16 gradients: one bucket widened) */
     int team_host;                        /* the team is this host's ranks: buckets through its segment */
+    MPI_Comm hcross;                      /* hybrid sharding: the ranks holding the same part (member s
+                                             of every shard group), in group order; else MPI_COMM_NULL */
+    int *hcounts, *hdispls, *hrcounts, *hrdispls;   /* hybrid: an entry per shard group */
+    float *hscratch, *hbucket;            /* hybrid: the owner's pieces; one bucket in float (bf16 wire) */
+    size_t hscratch_count, hbucket_count;
     size_t wire_f32_count;
     uint64_t wseq;                        /* their collectives issued: the same on every rank */
     ddp__workq comm;                      /* the communication thread's queue (>>engine) */
@@ -7140,6 +7145,116 @@ static ddp_result ddp__mpi_bucket_host(ddp_context *ctx, int b) {
     return r;
 }
 
+/* Hybrid sharding (desc.shard_group, >>shard) on the MPI backend: each shard group must be one
+   host's ranks in local rank order (the case it is for: shard within the fast host, replicate
+   across the slow links), so that a bucket's sum is the hierarchical path's. Told at commit. */
+static ddp_result ddp__hybrid_mpi_commit(ddp_context *ctx) {
+    ddp__mpi *m = ctx->impl.mpi;
+    int groups = ctx->world / ctx->shard.hybrid;
+    if (!(m->team_host = ddp__mpi_team_is_host(ctx)))
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_group %d (hybrid sharding) on the %s backend needs "
+                         "every shard group to be one host's ranks (hierarchical, not DDP_MPI_FLAT; LOCAL_WORLD_SIZE %d, "
+                         "ranks %d..%d: %s)", ctx->shard.hybrid, ctx->be->name, ctx->local_world, ddp__team_peer(ctx, 0),
+                         ddp__team_peer(ctx, ctx->shard.hybrid - 1), m->flat ? "DDP_MPI_FLAT is set" :
+                         "not this host's ranks: shard_group = the ranks a host runs");
+    if (!(m->hcounts = (int *)ddp__calloc(sizeof(int) * 4 * (size_t)groups)))
+        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
+    m->hdispls = m->hcounts + groups; m->hrcounts = m->hdispls + groups; m->hrdispls = m->hrcounts + groups;
+    ddp__log(ctx, DDP_LOG_INFO, "hybrid sharding: the state in parts across host %s's %d ranks, each part averaged across "
+             "the %d hosts by MPI among the ranks that hold it", ddp__mpi_host_name(ctx, ctx->rank), ctx->shard.hybrid, groups);
+    return DDP_OK;
+}
+
+/* Every holder of this part (hcross) in the same exchange, else a named mismatch. */
+static ddp_result ddp__hybrid_mpi_sigs(ddp_context *ctx, uint64_t seq, size_t count, int b) {
+    ddp__mpi *m = ctx->impl.mpi;
+    uint64_t mine[3], *all;
+    int i, rc, groups = ctx->world / ctx->shard.hybrid;
+    mine[0] = seq; mine[1] = (uint64_t)b; mine[2] = count;
+    if (!(all = (uint64_t *)ddp__calloc(sizeof mine * (size_t)groups))) return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
+    rc = MPI_Allgather(mine, 3, MPI_UINT64_T, all, 3, MPI_UINT64_T, m->hcross);
+    if (rc != MPI_SUCCESS) { DDP_FREE(all); return ddp__mpi_check(ctx, rc, "MPI_Allgather"); }
+    for (i = 0; i < groups; i++)
+        if (memcmp(all + 3 * i, mine, sizeof mine)) {
+            int other = i * ctx->shard.hybrid + ddp__team_rank(ctx);
+            long long ob = (long long)all[3 * i + 1], oc = (long long)all[3 * i + 2];
+            DDP_FREE(all);
+            return ddp__fail_group(ctx, DDP_ERR_MISMATCH, "ranks called different collectives: this rank is in the hybrid "
+                                   "reduction of gradient bucket %d (%zu elements), rank %d (host %s) in that of bucket %lld "
+                                   "(%lld elements)", b, count, other, ddp__mpi_host_name(ctx, other), ob, oc);
+        }
+    DDP_FREE(all);
+    return DDP_OK;
+}
+
+/* Bucket b, hybrid: the host's sum of the whole bucket through its segment (the CPU backend's
+   staging, local rank order: the hierarchical path's host sum), then this rank's part across
+   the hosts among its holders (hcross) as the leaders do the whole bucket (ddp__mpi_leaders_sum:
+   each owns a piece, MPI_Alltoallv, the host sums added in host order and divided by the world,
+   MPI_Allgatherv): fp32, the unsharded hierarchical bits, with 1/S of the bucket a rank on the
+   slow links. bf16 on the wire (bf16 parameters or reduce_dtype BF16): the values rounded to
+   bf16 (as the CPU backend's slots carry them) and summed in float the same way, the average
+   rounded once; that order (the hosts' sums) is not the unsharded bf16 path's (every rank in
+   rank order), so bf16 differs from unsharded by float rounding (HYBRID SHARDING). */
+static ddp_result ddp__hybrid_mpi_bucket(ddp_context *ctx, int b) {
+    ddp__mpi *m = ctx->impl.mpi;
+    const ddp__bucket *k = &ctx->model.buckets[b];
+    int groups = ctx->world / ctx->shard.hybrid, me = ctx->rank / ctx->shard.hybrid, i, rc;
+    int bf16 = k->wire.grads == DDP_DTYPE_BF16 || k->wire.dtype == DDP_DTYPE_BF16;
+    size_t lo, hi, a, z, j, n, mine, c0, c1, win = (size_t)DDP__MPI_MAX_COUNT / (size_t)groups;
+    float *f = bf16 ? NULL : ctx->flat.grads + k->offset;
+    ddp_result r;
+    ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
+    lo -= k->offset; hi -= k->offset;
+    if (bf16) {
+        if (m->hbucket_count < k->count || !m->hbucket) {
+            ddp__free_floats(m->hbucket);
+            m->hbucket_count = k->count;
+            if (!(m->hbucket = ddp__alloc_floats(k->count ? k->count : 1)))
+                return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for one bucket's %zu floats", k->count);
+        }
+        f = m->hbucket;
+        if (ctx->flat.grads_bf16) for (j = 0; j < k->count; j++) f[j] = ddp__from_bf16(ctx->flat.grads_bf16[k->offset + j]);
+        else for (j = 0; j < k->count; j++) f[j] = ddp__from_bf16(ddp__to_bf16(ctx->flat.grads[k->offset + j]));
+    }
+    m->straggle_counted = 1;   /* the host's arrivals (the part across hosts is not counted) */
+    m->host_at = ddp__now();
+    r = ddp__mpi_host(ctx, DDP__KIND_SUM, f, k->count, 0);
+    if (r == DDP_OK) { ddp__mpi_host_arrivals(ctx); ddp__mpi_arrivals(ctx, 0); }
+    m->straggle_counted = 0;
+    if (r != DDP_OK) return r;
+    if ((r = ddp__hybrid_mpi_sigs(ctx, ++m->wseq, k->count, b)) != DDP_OK) return r;
+    for (c0 = lo; c0 < hi; c0 = c1) {   /* windows: MPI counts are ints */
+        c1 = hi - c0 < win ? hi : c0 + win;
+        n = c1 - c0;
+        ddp__part(n, groups, me, &a, &z);
+        mine = z - a;
+        if (m->hscratch_count < mine * (size_t)groups || !m->hscratch) {
+            ddp__free_floats(m->hscratch);
+            m->hscratch_count = mine * (size_t)groups;
+            if (!(m->hscratch = ddp__alloc_floats(m->hscratch_count ? m->hscratch_count : 1)))
+                return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %zu floats", m->hscratch_count);
+        }
+        for (i = 0; i < groups; i++) {
+            ddp__part(n, groups, i, &a, &z);
+            m->hcounts[i] = (int)(z - a); m->hdispls[i] = (int)a;
+            m->hrcounts[i] = (int)mine; m->hrdispls[i] = (int)mine * i;
+        }
+        rc = MPI_Alltoallv(f + c0, m->hcounts, m->hdispls, MPI_FLOAT, m->hscratch, m->hrcounts, m->hrdispls, MPI_FLOAT, m->hcross);
+        if (rc != MPI_SUCCESS) return ddp__mpi_check(ctx, rc, "MPI_Alltoallv");
+        for (j = 0; j < mine; j++) {   /* the leaders' arithmetic (ddp__mpi_leaders_sum) */
+            float sum = groups > 1 ? m->hscratch[j] + m->hscratch[mine + j] : m->hscratch[j];
+            for (i = 2; i < groups; i++) sum += m->hscratch[(size_t)i * mine + j];
+            m->hscratch[j] = sum / (float)ctx->world;
+        }
+        rc = MPI_Allgatherv(m->hscratch, (int)mine, MPI_FLOAT, f + c0, m->hcounts, m->hdispls, MPI_FLOAT, m->hcross);
+        if (rc != MPI_SUCCESS) return ddp__mpi_check(ctx, rc, "MPI_Allgatherv");
+    }
+    if (bf16 && ctx->flat.grads_bf16) for (j = lo; j < hi; j++) ctx->flat.grads_bf16[k->offset + j] = ddp__to_bf16(f[j]);
+    else if (bf16) for (j = lo; j < hi; j++) ctx->flat.grads[k->offset + j] = ddp__from_bf16(ddp__to_bf16(f[j]));
+    return DDP_OK;
+}
+
 /* The communication thread's work for bucket b (ddp__workq_turn): fp32 gradients through the host groups and
    leaders (ddp__mpi_collective_run; sharded too, averaged whole: the bits of unsharded), bf16
    ones among all ranks; with replica groups both among the team (ddp__mpi_bucket_f32), through
@@ -7150,6 +7265,13 @@ static ddp_result ddp__mpi_bucket(ddp_context *ctx, int b) {
     int f32 = k->wire.grads == DDP_DTYPE_FP32 && k->wire.dtype == DDP_DTYPE_FP32;   /* the plan: fp32 all the way */
     ddp_result r;
     ctx->impl.mpi->straggle_bucket = b + 1;   /* the exchange notes its arrivals (ddp__mpi_arrivals) */
+    if (ddp__hybrid(ctx)) {
+        r = ddp__mpi_watched(ctx, ddp__hybrid_mpi_bucket, b);
+        ctx->impl.mpi->straggle_bucket = 0;
+        if (r == DDP_OK && (ctx->desc.inject_comm_latency_ms > 0 || ctx->desc.inject_comm_gbps > 0))
+            ddp__inject_comm_delay(ctx, k->wire.bytes, started);
+        return r;
+    }
     if (f32 && !ddp__mpi_teams(ctx)) {
         r = ddp__mpi_collective_timed(ctx, DDP__KIND_AVG, ctx->flat.grads + k->offset, k->count, 0);
         ctx->impl.mpi->straggle_bucket = 0;
@@ -7479,11 +7601,18 @@ static ddp_result ddp__mpi_layout(ddp_context *ctx) {
        Every rank splits, whatever its settings: ranks that disagree on them are told at commit
        (the layout check), not left in a collective only some of them call. */
     ctx->what = "the split of the replica groups' communicators";
-    if ((rc = MPI_Comm_split(m->world, ctx->outer.group, ctx->rank, &m->team)) != MPI_SUCCESS) {
+    if ((rc = MPI_Comm_split(m->world, ddp__hybrid(ctx) ? ctx->rank / ctx->shard.hybrid : ctx->outer.group, ctx->rank,
+                             &m->team)) != MPI_SUCCESS) {
         m->team = MPI_COMM_NULL;
         return ddp__mpi_check(ctx, rc, "MPI_Comm_split");
     }
     MPI_Comm_set_errhandler(m->team, MPI_ERRORS_RETURN);
+    /* hybrid sharding: member s of every shard group (every rank splits: MPI_UNDEFINED without it) */
+    if ((rc = MPI_Comm_split(m->world, ddp__hybrid(ctx) ? ddp__team_rank(ctx) : MPI_UNDEFINED, ctx->rank, &m->hcross)) != MPI_SUCCESS) {
+        m->hcross = MPI_COMM_NULL;
+        return ddp__mpi_check(ctx, rc, "MPI_Comm_split");
+    }
+    if (m->hcross != MPI_COMM_NULL) MPI_Comm_set_errhandler(m->hcross, MPI_ERRORS_RETURN);
     m->hosts = (char (*)[64])ddp__calloc(64 * (size_t)ctx->world);
     m->rank_node = (int *)ddp__calloc(sizeof(int) * (size_t)ctx->world);
     m->rank_local = (int *)ddp__calloc(sizeof(int) * (size_t)ctx->world);
@@ -7533,6 +7662,7 @@ static ddp_result ddp__mpi_setup(ddp_context *ctx, double deadline) {
     ddp_result r;
     if (!(m = ctx->impl.mpi = (ddp__mpi *)ddp__calloc(sizeof *m))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
     m->world = m->local = m->leaders = m->team = MPI_COMM_NULL;
+    m->hcross = MPI_COMM_NULL;
     ddp__workq_init(&m->comm, ctx, ddp__mpi_bucket);
     pthread_mutex_init(&m->lock, NULL);
     ddp__watchdog_init(&m->wd, ctx, &m->lock);
@@ -7558,6 +7688,7 @@ static ddp_result ddp__mpi_commit(ddp_context *ctx) {
     if ((r = ddp__mpi_collective_timed(ctx, DDP__KIND_BROADCAST, ctx->flat.params, ctx->flat.count * sizeof(float), 0)) != DDP_OK)
         return r;
     if ((r = ddp__mpi_ranks_alloc(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
+    if (ddp__hybrid(ctx) && (r = ddp__hybrid_mpi_commit(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     if (ddp__mpi_teams(ctx) && ctx->outer.size > 1) {
         ctx->impl.mpi->team_host = ddp__mpi_team_is_host(ctx);
         ddp__log(ctx, DDP_LOG_INFO, "replica group %d (ranks %d..%d): its buckets through %s", ctx->outer.group,
@@ -7625,6 +7756,7 @@ static void ddp__mpi_teardown(ddp_context *ctx) {
         if (ddp__failed(ctx)) __atomic_store_n(&ddp__mpi_dirty, 1, __ATOMIC_RELEASE);   /* MPI_Finalize would wait for the lost */
         else {
             if (m->team != MPI_COMM_NULL) MPI_Comm_free(&m->team);
+            if (m->hcross != MPI_COMM_NULL) MPI_Comm_free(&m->hcross);
             if (m->leaders != MPI_COMM_NULL) MPI_Comm_free(&m->leaders);
             if (m->local != MPI_COMM_NULL) MPI_Comm_free(&m->local);
             if (m->world != MPI_COMM_NULL) MPI_Comm_free(&m->world);
@@ -7633,6 +7765,9 @@ static void ddp__mpi_teardown(ddp_context *ctx) {
         ddp__free_floats((float *)(void *)m->wire);
         ddp__free_floats(m->wire_f32);
         ddp__free_floats((float *)(void *)m->rounded);
+        ddp__free_floats(m->hscratch);
+        ddp__free_floats(m->hbucket);
+        DDP_FREE(m->hcounts);
         DDP_FREE(m->wcounts);
         DDP_FREE(m->counts);
         DDP_FREE(m->hosts);
@@ -9171,10 +9306,10 @@ static ddp_result ddp__init(ddp_context *ctx, const ddp_desc *desc) {
     if (ctx->desc.shard_optimizer && !ctx->be->shards)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_optimizer is not supported by the %s backend "
                          "(yet): run unsharded there", ctx->be->name);
-    if (ddp__hybrid(ctx) && ctx->be->id != DDP_BACKEND_CPU)
+    if (ddp__hybrid(ctx) && ctx->be->id != DDP_BACKEND_CPU && ctx->be->id != DDP_BACKEND_MPI)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_group %d (hybrid sharding) is not built yet on the "
-                         "%s backend (the CPU backend has it): shard_group 0 shards across every rank", ctx->shard.hybrid,
-                         ctx->be->name);
+                         "%s backend (the CPU and MPI backends have it): shard_group 0 shards across every rank",
+                         ctx->shard.hybrid, ctx->be->name);
     deadline = ddp__now() + ctx->desc.timeout_s;
     if (ctx->world > 1) {
         if (!ctx->job.token[0] && !ctx->job.id[0])
