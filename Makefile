@@ -119,6 +119,7 @@ MPI_PROGRAMS := $(M)/mpi_steps $(M)/test_equivalence $(M)/test_collectives $(M)/
 MPI_PROGRAMS += $(M)/mpi_parity
 MPI_PROGRAMS += $(M)/test_groups      # the same replica groups on the MPI backend (tests/test_groups.sh)
 MPI_PROGRAMS += $(M)/test_groups_shard   # shard_optimizer within the groups on the MPI backend
+MPI_PROGRAMS += $(M)/test_hybrid         # hybrid sharding across hosts (tests/test_hybrid.sh)
 ifeq ($(strip $(MPICC)),)
 mpi:
 	@echo "no mpicc: the MPI backend's programs are not built (apt-get install openmpi-bin libopenmpi-dev)"

@@ -12,7 +12,13 @@
    compared every step), in place and staged (DDP_STAGED_GRADS=1: no gradient segment).
    Checkpoints: the hybrid run saved after step 3 and loaded by an unsharded and by a hybrid run
    of the same world, which finish with the unsharded run's bits, and by 2 unsharded ranks (another
-   world size), which hold the saved state. Then the bad inputs, each refused by name. */
+   world size), which hold the saved state. Then the bad inputs, each refused by name.
+   With "env" (tests/test_hybrid.sh: mpirun across 2 namespace hosts x 2 ranks, the MPI build
+   build/mpi/test_hybrid, a shard group a host): fp32 parameters give the unsharded hierarchical
+   MPI run's bits every step (the hosts' sums added in host order either way); bf16 parameters
+   (the unsharded MPI path adds every rank in rank order, hybrid the hosts' sums) are the same
+   bits on every rank every step, within the bound below of the unsharded run, and resume bit for
+   bit. */
 #include "testlib.h"
 
 #define MAXW 6
@@ -36,6 +42,8 @@ enum { RUN_PLAIN, RUN_HYBRID, RUN_SAVE, RUN_LOAD_PLAIN, RUN_LOAD_HYBRID, RUN_LOA
 static uint64_t step_hash[RUNS][MAXW][STEPS + 1];   /* the working parameters after each step */
 static uint64_t end_hash[RUNS][MAXW][3];            /* params (the fp32 master), m, v, gathered */
 static char ckpt_path[256];
+static int env_mode;
+static float *final_params[RUNS];   /* env: this rank's gathered parameters at the end of each run */
 static const config *current;
 static int current_run;
 
@@ -48,6 +56,7 @@ static ddp_result gather_state(ddp_context *ctx, float *buf, uint64_t out[3]) {
             ddp_buffer b = which == 0 ? DDP_PARAMS : which == 1 ? DDP_ADAM_M : DDP_ADAM_V;
             if ((r = ddp_gather_to_host(ctx, b, 0, buf, TOTAL, root)) != DDP_OK) return r;
             if (root == rank) out[which] = test_hash(buf, TOTAL * sizeof(float));
+            if (root == rank && which == 0 && final_params[current_run]) memcpy(final_params[current_run], buf, TOTAL * sizeof(float));
         }
     return DDP_OK;
 }
@@ -73,6 +82,7 @@ static ddp_result train(ddp_desc d, const config *c, int run) {
     opt.weight_decay = 0.1f;
     opt.max_grad_norm = 20.0f;   /* the summed micro-steps' norm is ~ 100: clips */
     if ((r = ddp_init(&ctx, &d)) != DDP_OK) goto out;
+    rank = ddp_rank(ctx);
     if (!(buf = (float *)malloc(TOTAL * sizeof(float)))) { r = DDP_ERR_OUT_OF_MEMORY; goto out; }
     for (p = 0; p < NPARAM; p++) {
         char pn[16];
@@ -104,6 +114,14 @@ static ddp_result train(ddp_desc d, const config *c, int run) {
     }
     if ((r = gather_state(ctx, buf, end_hash[run][rank])) != DDP_OK) goto out;
     if (run == RUN_SAVE) r = ddp_save(ctx, ckpt_path, NULL, 0);
+    if (env_mode) {   /* every rank's step hashes against rank 0's: the same bits everywhere */
+        uint64_t zero[STEPS + 1];
+        memcpy(zero, step_hash[run][rank], sizeof zero);
+        if ((r = ddp_broadcast(ctx, zero, sizeof zero, 0)) != DDP_OK) goto out;
+        snprintf(name, sizeof name, "hybrid_%s_run%d_rank%d_every_step_same_bits_as_rank0", c->name, run, rank);
+        verdict(!memcmp(zero + first, step_hash[run][rank] + first, sizeof(uint64_t) * (size_t)(last - first + 1)) || last < first,
+                name, "parameters differ from rank 0's");
+    }
     if (run == RUN_HYBRID) {
         int64_t *step = NULL;
         /* m in parts of the shard group: all of it is not this rank's */
@@ -140,15 +158,46 @@ static void run_all(const config *c, int run, int world) {
     test_run_ranks(world, shared, ranks);
 }
 
-static void compare(const config *c) {
+/* The MPI backend's bf16 hybrid sums in another order than its unsharded path: how far apart
+   two AdamW runs can be whose gradients differ. Each AdamW update moves a parameter by at most
+   lr * (1 - beta1) / sqrt(1 - beta2) (Kingma and Ba, section 2.1, as 1 - beta1 > sqrt(1 - beta2)
+   here) plus the decay lr * wd * |p| (|p| < 1 here), so after n steps each run is within
+   n * that of the common start, and the two within twice it, plus one bf16 rounding of the
+   working copy (2^-8 relative, |p| < 1). A wrong reduction (a part averaged over one group only,
+   say) moves far more. */
+static double bf16_bound(int steps) {
+    double lr = 0.01, step_max = lr * (1 - 0.9) / sqrt(1 - 0.999) + lr * 0.1 * 1.0;
+    return 2.0 * steps * step_max + 1.0 / 256;
+}
+
+static void compare_env_bf16(const config *c, int rank) {
+    char name[160];
+    double worst = 0, bound = bf16_bound(STEPS - 1);   /* one step is skipped everywhere */
+    size_t i;
+    int t, k;
+    for (i = 0; i < TOTAL; i++) {
+        double d = fabs((double)final_params[RUN_HYBRID][i] - (double)final_params[RUN_PLAIN][i]);
+        if (!(d <= worst)) worst = d;
+    }
+    snprintf(name, sizeof name, "hybrid_%s_mpi_rank%d_within_bound_of_unsharded", c->name, rank);
+    verdict(worst <= bound, name, "largest difference %g, bound %g", worst, bound);
+    for (t = 4; t <= STEPS; t++)
+        if (step_hash[RUN_LOAD_HYBRID][rank][t] != step_hash[RUN_HYBRID][rank][t]) break;
+    for (k = 0; k < 3; k++) if (end_hash[RUN_LOAD_HYBRID][rank][k] != end_hash[RUN_HYBRID][rank][k]) break;
+    snprintf(name, sizeof name, "hybrid_%s_mpi_rank%d_resumed_equal_uninterrupted_bits", c->name, rank);
+    verdict(t > STEPS && k == 3, name, "step %d or state %d differs", t, k);
+}
+
+static void compare(const config *c, int only) {
     char name[160];
     static const char *what[3] = { "params", "m", "v" };
     int rank, t, k, run;
     for (rank = 0; rank < c->world; rank++) {
+        if (only >= 0 && rank != only) continue;
         int steps_ok = 1, bad_t = 0;
         for (t = 1; t <= STEPS; t++)
             if (step_hash[RUN_HYBRID][rank][t] != step_hash[RUN_PLAIN][rank][t] ||
-                step_hash[RUN_PLAIN][rank][t] != step_hash[RUN_PLAIN][0][t]) { steps_ok = 0; bad_t = t; break; }
+                (only < 0 && step_hash[RUN_PLAIN][rank][t] != step_hash[RUN_PLAIN][0][t])) { steps_ok = 0; bad_t = t; break; }
         snprintf(name, sizeof name, "hybrid_%s_rank%d_every_step_equal_unsharded_bits", c->name, rank);
         verdict(steps_ok, name, "step %d differs", bad_t);
         for (run = RUN_HYBRID; run <= RUN_LOAD_HYBRID; run++) {
@@ -166,7 +215,7 @@ static void compare(const config *c) {
         snprintf(name, sizeof name, "hybrid_%s_rank%d_resumed_every_step_equal", c->name, rank);
         verdict(t > STEPS, name, "step %d differs", t);
     }
-    for (rank = 0; rank < 2; rank++)
+    for (rank = 0; rank < 2 && only < 0; rank++)
         for (k = 0; k < 3; k++) {
             snprintf(name, sizeof name, "hybrid_%s_loaded_by_2_ranks_rank%d_%s_equal_saved", c->name, rank, what[k]);
             verdict(end_hash[RUN_LOAD_OTHER_WORLD][rank][k] == end_hash[RUN_SAVE][0][k], name, "hash %016llx, %016llx saved",
@@ -220,9 +269,82 @@ static void bad_rank(test_rank *self) {
     ddp_shutdown(ctx);
 }
 
-int main(void) {
+/* env: the ranks a launcher started (mpirun across hosts: tests/test_hybrid.sh), 4 in 2 groups. */
+static int main_env(void) {
+    static const config env_configs[] = { { "mpi_w4_g2_fp32", 4, 2, 0, 0 }, { "mpi_w4_g2_bf16", 4, 2, 1, 0 } };
+    size_t i;
+    int run, rank = atoi(getenv("RANK") ? getenv("RANK") : getenv("OMPI_COMM_WORLD_RANK") ? getenv("OMPI_COMM_WORLD_RANK") : "0");
+    env_mode = 1;
+    for (run = 0; run < RUNS; run++) final_params[run] = (float *)malloc(TOTAL * sizeof(float));
+    for (i = 0; i < sizeof env_configs / sizeof env_configs[0]; i++) {
+        const config *c = &env_configs[i];
+        ddp_desc d;
+        int ok = 1;
+        memset(&d, 0, sizeof d);
+        d.timeout_s = 60;
+        d.log_level = DDP_LOG_ERROR;
+#ifdef DDP_MPI
+        d.backend = DDP_BACKEND_MPI;
+#else
+        d.backend = DDP_BACKEND_CPU;
+#endif
+        memset(step_hash, 0, sizeof step_hash);
+        memset(end_hash, 0, sizeof end_hash);
+        current = c;
+        for (run = RUN_PLAIN; run <= RUN_LOAD_HYBRID && ok; run++) {
+            current_run = run;
+            ok = train(d, c, run) == DDP_OK;
+        }
+        if (!ok) { test_failures++; continue; }
+        if (c->bf16) compare_env_bf16(c, rank);
+        else compare(c, rank);
+    }
+    if (rank == 0) remove(ckpt_path);
+    for (run = 0; run < RUNS; run++) free(final_params[run]);
+    return test_summary("test_hybrid");
+}
+
+/* env-refused: ranks placed so that a shard group is not one host's ranks (mpirun --map-by node):
+   the MPI backend refuses hybrid sharding by name at commit, on every rank, no hang. */
+static int main_env_refused(void) {
+    ddp_context *ctx = NULL;
+    ddp_desc d;
+    float x[4096];
+    int id;
+    ddp_result r;
+    memset(&d, 0, sizeof d);
+    memset(x, 0, sizeof x);
+    d.timeout_s = 60;
+    d.log_level = DDP_LOG_OFF;
+    d.shard = DDP_SHARD_OPTIMIZER;
+    d.shard_group = 2;
+    if ((r = ddp_init(&ctx, &d)) == DDP_OK && (r = ddp_register_param(ctx, "x", 4096, 0, x, &id)) == DDP_OK)
+        r = ddp_commit(ctx);
+    verdict(r != DDP_OK && (strstr(ddp_last_error(ctx), "needs every shard group to be one host's ranks") ||
+                            strstr(ddp_last_error(ctx), "shard_group")), "hybrid_mpi_group_across_hosts_refused_by_name",
+            "%s: %s", ddp_result_string(r), ddp_last_error(ctx));
+    ddp_shutdown(ctx);
+#ifdef DDP_MPI
+    {   /* ddp.h leaves MPI unfinalized after a failure (a lost peer would hang it); every peer here
+           is alive and refused alike, so the test finalizes, and mpirun sees a clean exit */
+        int up = 0, down = 0;
+        MPI_Initialized(&up);
+        MPI_Finalized(&down);
+        if (up && !down) MPI_Finalize();
+    }
+#endif
+    return test_summary("test_hybrid");
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "env-refused")) return main_env_refused();
     size_t i;
     const char *dir = getenv("TMPDIR");
+    if (argc > 1 && !strcmp(argv[1], "env")) {   /* every rank names the same file: the job's port */
+        snprintf(ckpt_path, sizeof ckpt_path, "%s/ddp_hybrid_port%s.ckpt", dir && *dir ? dir : "/tmp",
+                 getenv("MASTER_PORT") ? getenv("MASTER_PORT") : "");
+        return main_env();
+    }
     snprintf(ckpt_path, sizeof ckpt_path, "%s/ddp_hybrid_pid%ld.ckpt", dir && *dir ? dir : "/tmp", (long)getpid());
     for (i = 0; i < sizeof configs / sizeof configs[0]; i++) {
         const config *c = &configs[i];
@@ -236,7 +358,7 @@ int main(void) {
         run_all(c, RUN_LOAD_HYBRID, c->world);
         run_all(c, RUN_LOAD_OTHER_WORLD, 2);
         if (c->staged) unsetenv("DDP_STAGED_GRADS");
-        compare(c);
+        compare(c, -1);
     }
     remove(ckpt_path);
     for (i = 0; i < sizeof bad / sizeof bad[0]; i++) {
