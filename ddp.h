@@ -9,7 +9,7 @@
    CONTENTS
      QUICK START · ONE STEP, AS DATA FLOWS · OWN AUTOGRAD · MEMORY LAYOUT AND OVERLAP ·
      STRAGGLERS · FAST MATH · STRUCTS ACROSS VERSIONS · OPTIONS · ADAMW · SHARDED OPTIMIZER (ZeRO-1) ·
-     PARAMETER DTYPE (bf16 parameters, fp32 master weights) · OUTER SYNC (replica groups,
+     HYBRID SHARDING · PARAMETER DTYPE (bf16 parameters, fp32 master weights) · OUTER SYNC (replica groups,
      DiLoCo, streaming DiLoCo) · CHECKPOINTS · BACKENDS ·
      ENVIRONMENT · JOB IDENTITY · ERRORS · NULL, LIFETIME AND THREADS · EMBEDDING: CANCEL,
      PROGRESS, UNEVEN INPUTS · SAMPLER · PLATFORMS (Linux, Windows, macOS) · COMPILE-TIME
@@ -214,7 +214,8 @@
                                            as shard_optimizer says; ranks must agree
      shard_group      0 ($DDP_SHARD_GROUP) the ranks a shard spans: 0 every rank (with outer:
                                            the replica group); N: hybrid, within N consecutive
-                                           ranks, replicated across
+                                           ranks, replicated across (HYBRID SHARDING); N
+                                           divides the world; 1: DDP; CPU and MPI backends
      outer            mode DDP_OUTER_OFF   replica groups and their outer sync: DiLoCo,
                                            streaming DiLoCo, periodic averaging (OUTER SYNC);
                                            ranks must agree
@@ -281,6 +282,57 @@
      all ranks; the norm's blocks by one MPI_Allreduce (each non-zero on its owner only), each
      bucket's parts by MPI_Allgatherv after its update (BACKENDS). The gather does not overlap
      the next forward. How each backend runs the step: docs/design.md.
+
+   HYBRID SHARDING (ddp_desc.shard_group = S, or DDP_SHARD_GROUP=S; with shard >= OPTIMIZER)
+     What: the sharded state is split within each group of S consecutive ranks (ranks [g*S,
+     (g+1)*S): with a launcher that numbers a host's ranks together, S = LOCAL_WORLD_SIZE is a
+     group a host) and replicated across the G = world / S groups; every synchronizing step still
+     averages the gradients over the whole world (it is DDP across the groups, not the outer
+     sync). Member s of every group holds the same parts (SHARDED OPTIMIZER's layout with world
+     -> S), and every sharded exchange stays in the group: the norm's blocks, skip_nonfinite's
+     verdict (every group's is the same: their averages are equal), the all-gather of the
+     parameters after the update. A bucket: reduce-scattered within the group, then each part
+     allreduced across the groups among the ranks that hold it (member s of every group), then
+     the norm, AdamW on the part, the all-gather within the group. Every rank ends every step
+     with the same parameters, bit for bit.
+     When: the state does not fit when held whole (DDP) but fits split S ways (a host's ranks),
+     and the link between hosts is slow: flat sharding (S = world) puts the all-gather of the
+     parameters (and, on the MPI backend, bf16 buckets' reduce-scatter among all ranks) on the
+     slow link; hybrid keeps them on the host's fast one.
+     Memory per parameter and rank (fp32 parameters): 4 (parameters) + 4 (gradients) + 8/S (m,
+     v); bf16 parameters: 2 + 2 + 12/S (the master in parts too). S = world is flat sharding,
+     S = 1 is DDP (16 bytes). (Levels above OPTIMIZER divide their parts by S alike.)
+     The slow link, per step: each rank sends, and receives, 2 (G-1)/G of its part of the
+     gradients (an allreduce of 1/S of them; fp32: 8 (G-1)/(G S) bytes a parameter), so a host
+     (S ranks) sends 8 (G-1)/G bytes a parameter, what the MPI backend's unsharded hierarchical
+     allreduce sends (there by the host's leader alone; here by all S ranks at once); flat
+     ZeRO-1 sends that plus the parameters' all-gather across the hosts.
+     Values: S must divide the world (else DDP_ERR_INVALID_ARGUMENT naming shard_group and the
+     world); S = world is plain sharding, and S = 1 a shard of one rank: everything whole on every
+     rank, the level resolved to DDP_SHARD_NONE (ddp_config() says so), both accepted. shard_group
+     with shard NONE (shard_optimizer 0): refused, naming both. With replica groups (desc.outer)
+     the state is already split within each group: shard_group must be 0 or outer.group_size.
+     uneven_inputs: refused, as for every sharded level.
+     The bits. CPU backend: each part's average is every rank's gradient added in rank order and
+     divided by the world (the G holders of a part split it G ways; each averages its piece of
+     every rank's buffer in the segment into its own, and copies the other holders' pieces once
+     every rank is done): unsharded's bits, at any S (tests/test_hybrid.c); without the segment
+     (DDP_STAGED_GRADS) the buckets are averaged whole: the same bits. MPI backend: each group
+     must be one host's ranks in local rank order (hierarchical; a group across hosts or
+     DDP_MPI_FLAT: refused by name at ddp_commit); the host's sum of the bucket through its shared
+     memory (local rank order), then this rank's part across the hosts through a communicator of
+     its holders: each holds a piece, MPI_Alltoallv, the host sums added in host order, divided
+     by the world, MPI_Allgatherv: fp32 gradients give the unsharded hierarchical run's bits
+     (tests/test_hybrid.sh, 2 hosts x 2 ranks). bf16 on the wire (bf16 parameters, reduce_dtype
+     BF16): the values as bf16, summed in float the same way and rounded once: every rank the
+     same bits, but not unsharded's, which adds every rank in rank order (the test holds them
+     within a bound it derives from AdamW's largest update). Outside a rank's part its gradient
+     buffer holds the host's sum there (CPU: its own gradients). The stragglers of a hybrid bucket
+     are the host's (the part across hosts is not counted). NCCL: not built yet (refused at
+     ddp_init by name).
+     Checkpoints: the shard table has S entries (format version 1); the file loads at any world
+     size and sharding, and a hybrid run loads any file (an older ddp.h refuses hybrid files as an
+     impossible header). ddp_gather_to_host takes each part from the root's group.
 
    PARAMETER DTYPE (ddp_desc.param_dtype = DDP_DTYPE_BF16, or DDP_PARAM_DTYPE=bf16)
      bf16 training with fp32 master weights (docs/design.md): every parameter has a bf16 working
@@ -553,9 +605,13 @@
              for the same groups, on any hosts; a group that is exactly one host's ranks (the
              default, one group a host, with a launcher that numbers a host's ranks together)
              averages through the host's shared memory instead, no MPI, the same bits (DDP_LOG=
-             info says which). The world's collectives stay as above.
+             info says which). The world's collectives stay as above. Hybrid sharding
+             (desc.shard_group, a group a host): each bucket's host sum through the host's
+             shared memory, then each part across the hosts through a communicator of the ranks
+             that hold it (the leaders' order: fp32 keeps the unsharded bits; HYBRID SHARDING).
              Tests: tests/test_mpi_parity.sh (one host, flat and hierarchical),
-             tests/test_mpi_hosts.sh (2 hosts x 2 ranks), tests/test_groups.sh (groups).
+             tests/test_mpi_hosts.sh (2 hosts x 2 ranks), tests/test_groups.sh (groups),
+             tests/test_hybrid.sh (hybrid sharding).
              Over TCP (Open MPI's btl tcp): where ddp.h initializes MPI it sets the Open MPI
              parameters that mpirun --mca / OMPI_MCA_* left unset: btl_tcp_eager_limit,
              btl_tcp_rndv_eager_limit and btl_tcp_max_send_size 1 MiB, btl_tcp_links 2,
@@ -804,7 +860,8 @@
                     stopped time, the store's poison and lost ranks, the backend's hooks); the
                     stragglers' record (ddp__straggle_note, folded into ddp_step_stats at finish)
      >>shard        the shard layout (ddp__shard_range, ddp__master_parts) and the norm's blocks'
-                    fixed-order sum every backend uses
+                    fixed-order sum every backend uses; the team (>>util: ddp__team_*) is the shard
+                    group under hybrid sharding (ddp__hybrid; resolved by ddp__hybrid_resolve, >>env)
      >>host         what single and cpu share: host flat buffers, AdamW arithmetic (bf16 parameters:
                     the working copy written in the same pass), bf16 rounding and conversions,
                     the norm's blocks' sums of squares
@@ -813,13 +870,15 @@
                     the world or, for a gradient bucket, the team (ddp__span_*: replica groups),
                     liveness, poison; each exchange's arrivals (ddp__cpu_arrivals); >>cpu-grads
                     buckets averaged (or reduce-scattered) in place
-                    (bf16 parameters: bf16 gradients, summed in float); sharded AdamW and its
+                    (bf16 parameters: bf16 gradients, summed in float; hybrid sharding: each part
+                    over the world, ddp__hybrid_bucket_in_place); sharded AdamW and its
                     all-gather; its one-bucket function for the work queue; the cpu backend's table
      >>mpi          the MPI backend (only with DDP_MPI): host groups on the cpu backend's
                     segment, the leaders' fixed-order sum; bf16 buckets and the sharded optimizer
                     among all ranks (the CPU backend's rank order); with replica groups every
                     bucket among the team, through its own communicator (a team that is a host's
-                    ranks: through the host's segment); stragglers across hosts
+                    ranks: through the host's segment); hybrid sharding (ddp__hybrid_mpi_*: the
+                    host's sum, each part across the hosts among its holders); stragglers across hosts
                     through the signature check (ddp__mpi_cross_arrivals, the leaders' relay);
                     the watchdog's hooks (heartbeats, the collective's age, MPI_Abort), its table
      >>nccl         the NCCL backend (only with DDP_CUDA): the communicators' life (the
@@ -1040,8 +1099,9 @@ typedef struct ddp_desc {
        Ranks must agree. */
     ddp_shard shard;
     /* The ranks a shard spans (default $DDP_SHARD_GROUP, else 0): 0 = every rank (with outer:
-       the replica group); N, a divisor of the world below it: hybrid sharding, the state in
-       parts within each N consecutive ranks, replicated across those groups. */
+       the replica group, or its size); N, a divisor of the world below it: hybrid sharding, the
+       state in parts within each N consecutive ranks, replicated across those groups (HYBRID
+       SHARDING in the manual); the world: plain sharding; 1: DDP. Needs shard >= OPTIMIZER. */
     int shard_group;
 } ddp_desc;
 
