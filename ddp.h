@@ -8369,7 +8369,8 @@ static ddp_result ddp__nccl_enqueue(ddp_context *ctx, void *buf, size_t count, n
 /* A gradient bucket averaged in place among the team (ddp__team_*): on the replica group's
    communicator when there is one (ncclAvg then divides by the group's size), else the world's. */
 static ddp_result ddp__nccl_bucket(ddp_context *ctx, void *buf, size_t count, ncclDataType_t type, const char *what) {
-    return ddp__nccl_call(ctx, ctx->impl.gpu->team != NULL, DDP__NCCL_ALLREDUCE, buf, buf, count, type, ncclAvg, -1, what);
+    int team = ctx->impl.gpu->team != NULL && !ddp__hybrid(ctx);   /* hybrid: the team is the shard group's; buckets span the world */
+    return ddp__nccl_call(ctx, team, DDP__NCCL_ALLREDUCE, buf, buf, count, type, ncclAvg, -1, what);
 }
 
 /* Sharded (ddp__shard_range): bucket b's parts, rank s's at s * part for part floats, the last
@@ -8382,17 +8383,20 @@ static ddp_result ddp__nccl_parts(ddp_context *ctx, int b, void *base, ncclDataT
     size_t lo, hi, part, tail;
     unsigned char *at = (unsigned char *)base;
     ddp_result r;
+    /* hybrid sharding: the parts are the shard group's, on its communicator (only the gather:
+       its buckets are averaged whole, ddp__gpu_launch) */
+    int team = ddp__hybrid(ctx), n = team ? ddp__team_world(ctx) : ctx->world, me = team ? ddp__team_rank(ctx) : ctx->rank;
     ddp__shard_range(ctx, b, 0, &lo, &hi);
     part = hi - lo;
-    tail = k->count - part * (size_t)ctx->world;
+    tail = k->count - part * (size_t)n;
     if (part) {
-        r = gather ? ddp__nccl_call(ctx, 0, DDP__NCCL_ALL_GATHER, at + (size_t)ctx->rank * part * elem, at, part, type, ncclSum, 0, what)
-                   : ddp__nccl_call(ctx, 0, DDP__NCCL_REDUCE_SCATTER, at, at + (size_t)ctx->rank * part * elem, part, type, ncclAvg, 0, what);
+        r = gather ? ddp__nccl_call(ctx, team, DDP__NCCL_ALL_GATHER, at + (size_t)me * part * elem, at, part, type, ncclSum, 0, what)
+                   : ddp__nccl_call(ctx, team, DDP__NCCL_REDUCE_SCATTER, at, at + (size_t)me * part * elem, part, type, ncclAvg, 0, what);
         if (r != DDP_OK) return r;
     }
     if (!tail) return DDP_OK;
-    at += part * (size_t)ctx->world * elem;
-    return ddp__nccl_call(ctx, 0, gather ? DDP__NCCL_BROADCAST : DDP__NCCL_REDUCE, at, at, tail, type, ncclAvg, ctx->world - 1, what);
+    at += part * (size_t)n * elem;
+    return ddp__nccl_call(ctx, team, gather ? DDP__NCCL_BROADCAST : DDP__NCCL_REDUCE, at, at, tail, type, ncclAvg, n - 1, what);
 }
 
 /* Every entry point runs on the caller's thread, which may have another device current. */
@@ -8435,8 +8439,8 @@ static ddp_result ddp__gpu_init_comm(ddp_context *ctx, int team, ncclUniqueId *i
     if (r != DDP_OK) return r;
     snprintf(key, sizeof key, "%s%d", done, ctx->rank);
     if (ctx->world > 1 && (r = ddp__store_set(ctx, key, "1", 1)) != DDP_OK) return r;
-    if (team) ddp__log(ctx, DDP_LOG_INFO, "rank %d: replica group %d's communicator up (ranks %d .. %d)", ctx->rank,
-                       ctx->outer.group, first, first + n - 1);
+    if (team) ddp__log(ctx, DDP_LOG_INFO, "rank %d: %s group %d's communicator up (ranks %d .. %d)", ctx->rank,
+                       ddp__hybrid(ctx) ? "shard" : "replica", first / n, first, first + n - 1);
     else ddp__log(ctx, DDP_LOG_INFO, "rank %d of %d up (nccl backend %d.%d.%d, device %d)", ctx->rank, ctx->world,
                   version / 10000, version / 100 % 100, version % 100, g->device);
     return DDP_OK;
@@ -8451,8 +8455,10 @@ static ddp_result ddp__gpu_init_team(ddp_context *ctx, double deadline, int vers
     ncclUniqueId id;
     char key[40];
     ddp_result r;
-    if (ctx->desc.outer.mode == DDP_OUTER_OFF || ddp__team_world(ctx) <= 1 || ddp__team_world(ctx) >= ctx->world) return DDP_OK;
-    snprintf(key, sizeof key, "nccl/team-id/%d", ctx->outer.group);
+    int group = ddp__hybrid(ctx) ? ctx->rank / ctx->shard.hybrid : ctx->outer.group;   /* hybrid: the shard group's */
+    if ((ctx->desc.outer.mode == DDP_OUTER_OFF && !ddp__hybrid(ctx)) || ddp__team_world(ctx) <= 1 || ddp__team_world(ctx) >= ctx->world)
+        return DDP_OK;
+    snprintf(key, sizeof key, "nccl/team-id/%d", group);
     if (ddp__team_rank(ctx) == 0) {
         DDP__NCCL(ncclGetUniqueId(&id));
         if ((r = ddp__store_set(ctx, key, &id, sizeof id)) != DDP_OK) return r;
@@ -8462,7 +8468,7 @@ static ddp_result ddp__gpu_init_team(ddp_context *ctx, double deadline, int vers
         int found = 0;
         if ((r = ddp__store_get(ctx, key, deadline, &val, &len, &found)) != DDP_OK) return r;
         if (!found) return ddp__fail(ctx, DDP_ERR_TIMEOUT, "rank %d (replica group %d's first) did not publish the group's "
-                                     "ncclUniqueId in time", ddp__team_peer(ctx, 0), ctx->outer.group);
+                                     "ncclUniqueId in time", ddp__team_peer(ctx, 0), group);
         if (len != sizeof id) { DDP_FREE(val); return ddp__fail(ctx, DDP_ERR_MISMATCH, "rank %d's ncclUniqueId has %u bytes, not %zu (another NCCL version?)", ddp__team_peer(ctx, 0), len, sizeof id); }
         memcpy(&id, val, sizeof id);
         DDP_FREE(val);
@@ -8629,12 +8635,13 @@ static ddp_result ddp__gpu_launch_bf16(ddp_context *ctx, int index, const char *
     const ddp__wire *w = &b->wire;
     ddp_bf16 *grads = ctx->flat.grads_bf16 + b->offset;
     ddp_result r;
+    int scatter = w->scatter && !ddp__hybrid(ctx);   /* hybrid: averaged whole over the world (ddp__gpu_launch) */
     if (w->convert == DDP__WIRE_AS_IS)
-        return w->scatter ? ddp__nccl_parts(ctx, index, grads, ncclBfloat16, sizeof(ddp_bf16), 0, what)
-                          : ddp__nccl_bucket(ctx, grads, b->count, ncclBfloat16, what);
+        return scatter ? ddp__nccl_parts(ctx, index, grads, ncclBfloat16, sizeof(ddp_bf16), 0, what)
+                       : ddp__nccl_bucket(ctx, grads, b->count, ncclBfloat16, what);
     DDP__CUDA(ddp_k_bf16_to_f32(grads, g->f32, b->count, g->comm));
-    r = w->scatter ? ddp__nccl_parts(ctx, index, g->f32, ncclFloat, sizeof(float), 0, what)
-                   : ddp__nccl_bucket(ctx, g->f32, b->count, ncclFloat, what);
+    r = scatter ? ddp__nccl_parts(ctx, index, g->f32, ncclFloat, sizeof(float), 0, what)
+                : ddp__nccl_bucket(ctx, g->f32, b->count, ncclFloat, what);
     if (r != DDP_OK) return r;
     DDP__CUDA(ddp_k_f32_to_bf16(g->f32 + (w->lo - b->offset), ctx->flat.grads_bf16 + w->lo, w->hi - w->lo, g->comm));
     return DDP_OK;
@@ -8665,7 +8672,7 @@ static ddp_result ddp__gpu_launch(ddp_context *ctx, int index) {
         snprintf(what, sizeof what, "the %s of gradient bucket %d (%zu elements)",
                  ctx->desc.shard_optimizer ? "reduce-scatter" : "allreduce", index, b->count);
         if (w->moves && (r = ddp__gpu_launch_bf16(ctx, index, what)) != DDP_OK) return r;
-    } else if (w->scatter) {   /* a reduce-scatter: this rank's part is averaged */
+    } else if (w->scatter && !ddp__hybrid(ctx)) {   /* a reduce-scatter: this rank's part is averaged (hybrid: whole, below) */
         snprintf(what, sizeof what, "the reduce-scatter of gradient bucket %d (%zu elements)", index, b->count);
         r = bf16 ? ddp__nccl_parts(ctx, index, g->bf16, ncclBfloat16, sizeof(uint16_t), 0, what)
                  : ddp__nccl_parts(ctx, index, grads, ncclFloat, sizeof(float), 0, what);
@@ -8887,8 +8894,8 @@ static ddp_result ddp__gpu_norm(ddp_context *ctx) {
         ddp_result r;
         DDP__CUDA(cudaEventRecord(g->coll_ready, g->compute));
         DDP__CUDA(cudaStreamWaitEvent(g->comm, g->coll_ready, 0));
-        r = ddp__nccl_enqueue(ctx, g->norm_blocks, ctx->shard.norm_blocks, ncclFloat64, ncclSum, -1,
-                              "ddp_adamw_step's allreduce of the gradient norm's blocks (shard_optimizer)");
+        r = ddp__nccl_call(ctx, ddp__hybrid(ctx), DDP__NCCL_ALLREDUCE, g->norm_blocks, g->norm_blocks, ctx->shard.norm_blocks,
+                           ncclFloat64, ncclSum, -1, "ddp_adamw_step's allreduce of the gradient norm's blocks (shard_optimizer)");
         if (r != DDP_OK) return r;
         DDP__CUDA(cudaEventRecord(g->coll_done, g->comm));
         DDP__CUDA(cudaStreamWaitEvent(g->compute, g->coll_done, 0));
@@ -9366,10 +9373,6 @@ static ddp_result ddp__init(ddp_context *ctx, const ddp_desc *desc) {
     if (ctx->desc.shard_optimizer && !ctx->be->shards)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_optimizer is not supported by the %s backend "
                          "(yet): run unsharded there", ctx->be->name);
-    if (ddp__hybrid(ctx) && ctx->be->id != DDP_BACKEND_CPU && ctx->be->id != DDP_BACKEND_MPI)
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_group %d (hybrid sharding) is not built yet on the "
-                         "%s backend (the CPU and MPI backends have it): shard_group 0 shards across every rank",
-                         ctx->shard.hybrid, ctx->be->name);
     deadline = ddp__now() + ctx->desc.timeout_s;
     if (ctx->world > 1) {
         if (!ctx->job.token[0] && !ctx->job.id[0])
