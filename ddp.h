@@ -215,7 +215,7 @@
      shard_group      0 ($DDP_SHARD_GROUP) the ranks a shard spans: 0 every rank (with outer:
                                            the replica group); N: hybrid, within N consecutive
                                            ranks, replicated across (HYBRID SHARDING); N
-                                           divides the world; 1: DDP; CPU and MPI backends
+                                           divides the world; 1: DDP
      outer            mode DDP_OUTER_OFF   replica groups and their outer sync: DiLoCo,
                                            streaming DiLoCo, periodic averaging (OUTER SYNC);
                                            ranks must agree
@@ -328,8 +328,14 @@
      same bits, but not unsharded's, which adds every rank in rank order (the test holds them
      within a bound it derives from AdamW's largest update). Outside a rank's part its gradient
      buffer holds the host's sum there (CPU: its own gradients). The stragglers of a hybrid bucket
-     are the host's (the part across hosts is not counted). NCCL: not built yet (refused at
-     ddp_init by name).
+     are the host's (the part across hosts is not counted). NCCL: each bucket is averaged whole
+     over the world by ncclAllReduce(ncclAvg), as unsharded (so an unsharded NCCL run's bits;
+     NCCL picks its own route, rings and trees that keep most bytes inside a host), and the
+     norm's blocks and the all-gather run on a second communicator, the shard group's (set up
+     as a replica group's: BACKENDS); the memory is saved, the slow link's bytes are DDP's (a
+     reduce-scatter within the group and an allreduce across would need a third communicator:
+     not built). Tested on tests/fakegpu (tests/test_fake_nccl.c: the CPU backend's unsharded
+     bits), not yet on GPUs.
      Checkpoints: the shard table has S entries (format version 1); the file loads at any world
      size and sharding, and a hybrid run loads any file (an older ddp.h refuses hybrid files as an
      impossible header). ddp_gather_to_host takes each part from the root's group.
@@ -557,8 +563,10 @@
              (OUTER SYNC): a second communicator over each group's ranks (its ncclUniqueId from
              the group's first rank through the store; ncclCommInitRankConfig, so any NCCL from
              2.10), on which the buckets are averaged; the watchdog, aborts and shutdown cover it
-             as they do the world's. Step stats come from CUDA events, read lazily (stats.step
-             names the step they describe).
+             as they do the world's. Hybrid sharding (desc.shard_group): the shard group gets
+             that second communicator, for the norm's blocks and the all-gather; the buckets
+             stay on the world's (HYBRID SHARDING). Step stats come from CUDA events, read
+             lazily (stats.step names the step they describe).
 
      mpi     CPU ranks on several hosts (only with -DDDP_MPI, built by mpicc; tested with Open MPI
              4.1; MPICH's own environment (PMI_RANK) is not read by ENVIRONMENT below yet).
@@ -882,7 +890,7 @@
                     through the signature check (ddp__mpi_cross_arrivals, the leaders' relay);
                     the watchdog's hooks (heartbeats, the collective's age, MPI_Abort), its table
      >>nccl         the NCCL backend (only with DDP_CUDA): the communicators' life (the
-                    world's; a replica group's: ddp__gpu_init_team), the
+                    world's; a replica group's or, hybrid, a shard group's: ddp__gpu_init_team), the
                     watchdog's hooks, set-up, buckets on the comm stream as the wire plan says
                     (sharded: reduce-scattered), the norm's blocks, AdamW kernels (sharded: per
                     bucket, then all-gathered); its table
