@@ -234,6 +234,8 @@ static const bad_case bad[] = {
     { "outer_same_size", NULL, 4, 2, DDP_SHARD_OPTIMIZER, 2, 0, DDP_OK },
     { "one_rank_groups_is_ddp", NULL, 4, 1, DDP_SHARD_OPTIMIZER, 0, 0, DDP_OK },
     { "the_world_is_plain_sharding", NULL, 4, 4, DDP_SHARD_OPTIMIZER, 0, 0, DDP_OK },
+    /* ranks 2 and 3 without shard_group: told at ddp_commit (the layout check), by name */
+    { "ranks_disagree", "shard_group", 4, 2, DDP_SHARD_OPTIMIZER, 0, 0, DDP_ERR_MISMATCH },
 };
 static const bad_case *bad_now;
 
@@ -248,9 +250,15 @@ static void bad_rank(test_rank *self) {
     d.shard_group = b->group;
     if (b->outer_size) { d.outer.mode = DDP_OUTER_DILOCO; d.outer.group_size = b->outer_size; d.outer.inner_steps = 2; }
     if (b->uneven) d.uneven_inputs = DDP_JOIN_DIVIDE_BY_WORLD;
+    if (b->want == DDP_ERR_MISMATCH && self->rank >= 2) d.shard_group = 0;
     r = ddp_init(&ctx, &d);
     snprintf(name, sizeof name, "hybrid_bad_input_%s_rank%d", b->name, self->rank);
-    if (b->want != DDP_OK) {
+    if (b->want == DDP_ERR_MISMATCH) {
+        float x[64] = { 0 };
+        int id;
+        if (r == DDP_OK && (r = ddp_register_param(ctx, "x", 64, 0, x, &id)) == DDP_OK) r = ddp_commit(ctx);
+        verdict(r == b->want && strstr(ddp_last_error(ctx), b->needle), name, "%s: %s", ddp_result_string(r), ddp_last_error(ctx));
+    } else if (b->want != DDP_OK) {
         verdict(r == b->want && strstr(ddp_last_error(ctx), b->needle) && strstr(ddp_last_error(ctx), "shard"), name, "%s: %s", ddp_result_string(r), ddp_last_error(ctx));
     } else if (r != DDP_OK) {
         verdict(0, name, "%s: %s", ddp_result_string(r), ddp_last_error(ctx));
