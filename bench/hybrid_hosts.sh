@@ -34,7 +34,8 @@ DATA=../shared/data/tinyshakespeare.txt
 [ -f "$DATA" ] || DATA=$B/fortunes.txt
 hosts_begin "hybrid_hosts bench" hyb 2 --rate "$RATE"
 port=32700
-link_bytes() { "$H" exec h1 sh -c 'echo $(( $(cat /sys/class/net/eth0/statistics/tx_bytes) + $(cat /sys/class/net/eth0/statistics/rx_bytes) ))'; }
+# what h1's eth0 received and sent so far (/proc/net/dev is the namespace's own)
+link_bytes() { "$H" exec h1 cat /proc/net/dev | awk '{ sub(/^ +/, "") } /^eth0:/ { sub(/^eth0: */, ""); split($0, f, / +/); print f[1] + f[9] }'; }
 # run CONFIG STEPS: prints "WALL_S BYTES"
 run() {
     local cfg=$1 steps=$2 xs=() b0 b1 wall log=$tmp/$1_$2.log
@@ -49,7 +50,7 @@ run() {
         --eval-every 0 --eval-batches 4 --sample 0 --log-every 1000 >"$log" 2>&1 ||
         { echo "train_gpt ($cfg, $steps steps) failed: $(tail -n 5 "$log")" >&2; exit 1; }
     b1=$(link_bytes)
-    wall=$(sed -n 's/.*done: step [0-9]* | val loss [0-9.]* | \([0-9.]*\) s training.*/\1/p' "$log" | head -n 1)
+    wall=$(sed -n 's/.*done: step [0-9]* | val loss [0-9.]* | [0-9.]* s training | \([0-9.]*\) s without the validations.*/\1/p' "$log" | head -n 1)
     echo "${wall:-nan} $((b1 - b0))"
 }
 params=""
