@@ -306,7 +306,8 @@
      gradients (an allreduce of 1/S of them; fp32: 8 (G-1)/(G S) bytes a parameter), so a host
      (S ranks) sends 8 (G-1)/G bytes a parameter, what the MPI backend's unsharded hierarchical
      allreduce sends (there by the host's leader alone; here by all S ranks at once); flat
-     ZeRO-1 sends that plus the parameters' all-gather across the hosts.
+     ZeRO-1 sends that plus the parameters' all-gather across the hosts (measured:
+     bench/RESULTS.md, "Issue 27").
      Values: S must divide the world (else DDP_ERR_INVALID_ARGUMENT naming shard_group and the
      world); S = world is plain sharding, and S = 1 a shard of one rank: everything whole on every
      rank, the level resolved to DDP_SHARD_NONE (ddp_config() says so), both accepted. shard_group
@@ -6042,6 +6043,7 @@ static ddp_result ddp__hybrid_bucket_in_place(ddp_context *ctx, size_t offset, s
                                      ddp__rank_grads(ctx, ctx->rank) + lo + a);
     ddp__shm_post(ctx, DDP__STAGE_RED, q + 1);
     if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_RED, q + 1)) != DDP_OK) return r;
+    /* from here no rank reads this rank's buffer outside its part [lo, hi) (the holders copy from it) */
     for (g = 0; g < groups; g++) {   /* the other holders' pieces of part s */
         if (g == me) continue;
         ddp__part(hi - lo, groups, g, &a, &z);
