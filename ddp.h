@@ -840,7 +840,8 @@
      >>platform     the one place POSIX and Windows differ, one block per concern, each with both
                     halves: threads and locks, time and sleep, processes and threads alive, the
                     counters' wait/wake (futex; Windows: named semaphores), named shared memory,
-                    sockets, random bytes, files (the checkpoint's atomic replace); nothing below
+                    sockets, random bytes, address space (ddp__vm_*: reserve, commit, decommit,
+                    release), files (the checkpoint's atomic replace); nothing below
                     asks which system it runs on
      >>types        tunables; parameters, buckets and their wire plan (ddp__wire), tape ops; the
                     engine's work queue and watchdog; the backend table ddp__backend; ddp_context,
@@ -1874,6 +1875,26 @@ static int ddp__os_random(void *buf, size_t len) {
     return BCryptGenRandom(NULL, (PUCHAR)buf, (ULONG)len, BCRYPT_USE_SYSTEM_PREFERRED_RNG) == 0 ? 0 : (errno = EIO, -1);
 }
 
+/* ---- address space (sharded parameters: a range reserved once, its pages committed and
+   decommitted as units are gathered and released; see the POSIX half). VirtualAlloc reserves at
+   the allocation granularity (64 KiB) and commits by page; a page committed again reads as zeros. ---- */
+static size_t ddp__vm_page(void) { return ddp__page_size(); }
+static void *ddp__vm_reserve(size_t bytes) {
+    void *p = VirtualAlloc(NULL, bytes, MEM_RESERVE, PAGE_NOACCESS);
+    if (!p) ddp__set_errno_win();
+    return p;
+}
+static int ddp__vm_commit(void *p, size_t bytes) {
+    return VirtualAlloc(p, bytes, MEM_COMMIT, PAGE_READWRITE) ? 0 : ddp__set_errno_win();
+}
+static int ddp__vm_decommit(void *p, size_t bytes) {
+    return VirtualFree(p, bytes, MEM_DECOMMIT) ? 0 : ddp__set_errno_win();
+}
+static int ddp__vm_release(void *p, size_t bytes) {
+    (void)bytes;   /* MEM_RELEASE frees the whole reservation, and wants size 0 */
+    return VirtualFree(p, 0, MEM_RELEASE) ? 0 : ddp__set_errno_win();
+}
+
 
 /* ---- files (checkpoints): UTF-8 paths, wide Win32 calls; descriptors are the CRT's over the
    handles. The checkpoint's atomic replace is MoveFileExW(MOVEFILE_REPLACE_EXISTING |
@@ -2325,6 +2346,35 @@ static int ddp__os_random(void *buf, size_t len) {
     close(fd);
     return 0;
 }
+/* ---- address space: a range reserved once whose pages are committed and decommitted (sharded
+   parameters: a unit's pages stand behind its parameters only while it is gathered, and the
+   pointers never move). Reserve: PROT_NONE and MAP_NORESERVE, so it costs no memory and no
+   commit charge; commit: read-write (pages appear, zero-filled, at the first touch); decommit:
+   the contents dropped (MADV_DONTNEED on a private anonymous mapping frees them at once on Linux;
+   elsewhere a fresh PROT_NONE mapping over the range, which drops them on every POSIX system) and
+   PROT_NONE again, so a touch faults (SIGSEGV) instead of reading stale data. The calls take
+   page-aligned addresses and sizes (ddp__vm_page). 0, or -1 with errno (reserve: NULL). ---- */
+#if !defined(MAP_ANONYMOUS) && defined(MAP_ANON)
+#define MAP_ANONYMOUS MAP_ANON
+#endif
+#ifndef MAP_NORESERVE
+#define MAP_NORESERVE 0
+#endif
+static size_t ddp__vm_page(void) { return ddp__page_size(); }
+static void *ddp__vm_reserve(size_t bytes) {
+    void *p = mmap(NULL, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+static int ddp__vm_commit(void *p, size_t bytes) { return mprotect(p, bytes, PROT_READ | PROT_WRITE); }
+static int ddp__vm_decommit(void *p, size_t bytes) {
+#ifdef __linux__
+    if (madvise(p, bytes, MADV_DONTNEED) != 0) return -1;
+    return mprotect(p, bytes, PROT_NONE);
+#else
+    return mmap(p, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED ? -1 : 0;
+#endif
+}
+static int ddp__vm_release(void *p, size_t bytes) { return munmap(p, bytes); }
 /* ---- files (checkpoints) ---- */
 static int ddp__file_open_read(const char *path) { return open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); }   /* a FIFO must not block the open */
 static const char *ddp__file_kind(mode_t mode) {
