@@ -326,8 +326,8 @@
      by the world, MPI_Allgatherv: fp32 gradients give the unsharded hierarchical run's bits
      (tests/test_hybrid.sh, 2 hosts x 2 ranks). bf16 on the wire (bf16 parameters, reduce_dtype
      BF16): the values as bf16, summed in float the same way and rounded once: every rank the
-     same bits, but not unsharded's, which adds every rank in rank order (the test holds them
-     within a bound it derives from AdamW's largest update). Outside a rank's part its gradient
+     same bits, but not unsharded's, which adds every rank in rank order (the test holds the
+     averaged gradients within a bound it derives: 3 float roundings of the sum, one to bf16). Outside a rank's part its gradient
      buffer holds the host's sum there (CPU: its own gradients). The stragglers of a hybrid bucket
      are the host's (the part across hosts is not counted). NCCL: each bucket is averaged whole
      over the world by ncclAllReduce(ncclAvg), as unsharded (so an unsharded NCCL run's bits;

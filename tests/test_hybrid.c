@@ -5,7 +5,9 @@
    STEPS steps unsharded and hybrid, and every rank compares, bit for bit, its parameters after
    EVERY step (the CPU backend adds every rank's gradient in rank order either way, so hybrid
    gives unsharded's bits) and, at the end, m and v (through ddp_gather_to_host: each part from
-   its holder in the root's group) with the unsharded run's. Every step: 2 micro-steps of
+   its holder in the root's group) with the unsharded run's, and the averaged gradients of steps 1
+   and 2 (clipping and Adam's scale invariance would hide a wrongly scaled average in the
+   parameters). Every step: 2 micro-steps of
    accumulation (sync off, then on), clipping by the global norm (which clips), an unused
    parameter (find_unused), and at step 4 a NaN in one rank's gradients (skip_nonfinite: every
    rank skips). fp32 and bf16 parameters (the fp32 master in parts; its bf16 working copies
@@ -17,8 +19,8 @@
    build/mpi/test_hybrid, a shard group a host): fp32 parameters give the unsharded hierarchical
    MPI run's bits every step (the hosts' sums added in host order either way); bf16 parameters
    (the unsharded MPI path adds every rank in rank order, hybrid the hosts' sums) are the same
-   bits on every rank every step, within the bound below of the unsharded run, and resume bit for
-   bit. */
+   bits on every rank every step, their averaged gradients within a derived bound of the exact
+   average (check_average), and they resume bit for bit. */
 #include "testlib.h"
 
 #define MAXW 6
@@ -26,6 +28,9 @@
 #define STEPS 5
 static const size_t sizes[NPARAM] = { 70001, 3003, 100 };   /* p2 never gets a gradient (find_unused) */
 #define TOTAL (70001 + 3003 + 100)
+/* the flat layout: each parameter starts on 16 floats (the manual's MEMORY LAYOUT) */
+static const size_t offs[NPARAM] = { 0, 70016, 70016 + 3008 };
+#define FLAT (70016 + 3008 + 112)
 
 typedef struct config { const char *name; int world, group, bf16, staged; } config;
 static const config configs[] = {
@@ -41,6 +46,8 @@ static float grad_value(int r, int t, int micro, size_t i) {
 enum { RUN_PLAIN, RUN_HYBRID, RUN_SAVE, RUN_LOAD_PLAIN, RUN_LOAD_HYBRID, RUN_LOAD_OTHER_WORLD, RUNS };
 static uint64_t step_hash[RUNS][MAXW][STEPS + 1];   /* the working parameters after each step */
 static uint64_t end_hash[RUNS][MAXW][3];            /* params (the fp32 master), m, v, gathered */
+static uint64_t grad_hash[RUNS][3];                 /* the averaged gradients of steps 1 and 2, gathered to rank 0 (clipping
+                                                       and Adam would hide a wrong scale in the parameters) */
 static char ckpt_path[256];
 static int env_mode;
 static float *final_params[RUNS];   /* env: this rank's gathered parameters at the end of each run */
@@ -54,10 +61,46 @@ static ddp_result gather_state(ddp_context *ctx, float *buf, uint64_t out[3]) {
     for (which = 0; which < 3; which++)
         for (root = 0; root < ddp_world_size(ctx); root++) {
             ddp_buffer b = which == 0 ? DDP_PARAMS : which == 1 ? DDP_ADAM_M : DDP_ADAM_V;
-            if ((r = ddp_gather_to_host(ctx, b, 0, buf, TOTAL, root)) != DDP_OK) return r;
-            if (root == rank) out[which] = test_hash(buf, TOTAL * sizeof(float));
-            if (root == rank && which == 0 && final_params[current_run]) memcpy(final_params[current_run], buf, TOTAL * sizeof(float));
+            if ((r = ddp_gather_to_host(ctx, b, 0, buf, FLAT, root)) != DDP_OK) return r;
+            if (root == rank) out[which] = test_hash(buf, FLAT * sizeof(float));
+            if (root == rank && which == 0 && final_params[current_run]) memcpy(final_params[current_run], buf, FLAT * sizeof(float));
         }
+    return DDP_OK;
+}
+
+/* env, bf16: the averaged gradients of step t (every part from its holder, to rank 0) against
+   the exact average, in double, of the bf16 gradients the ranks wrote (each rank's two
+   micro-steps added as the training loop adds them). Hybrid on the MPI backend sums 4 exact
+   values in float (3 roundings, each at most 2^-24 of the sum of magnitudes S), divides by 4
+   (exact) and rounds once to bf16 (at most 2^-8 relative): |avg - exact| <= 2^-8 (|exact| + e) + e,
+   e = 3 * 2^-24 * S / 4. A part averaged over one host only, or summed twice, is off by the order
+   of the gradients themselves. */
+static ddp_result check_average(ddp_context *ctx, const config *c, int t, float *buf) {
+    int rank = ddp_rank(ctx), world = ddp_world_size(ctx), s, bad = -1;
+    size_t i;
+    char name[160];
+    double worst = 0, worst_bound = 0;
+    ddp_result r = ddp_gather_to_host(ctx, DDP_GRADS, 0, buf, FLAT, 0);
+    if (r != DDP_OK || rank != 0) return r;
+    for (i = 0; i < TOTAL; i++) {   /* i: the element's index in the test's own numbering (grad_value) */
+        double exact = 0, mag = 0, e, bound, d;
+        int p = i < sizes[0] ? 0 : i < sizes[0] + sizes[1] ? 1 : 2;
+        size_t at = offs[p] + (i - (p == 0 ? 0 : p == 1 ? sizes[0] : sizes[0] + sizes[1]));
+        for (s = 0; s < world && p < 2; s++) {   /* p2 gets no gradient: zeros */
+            ddp_bf16 b = ddp__to_bf16(grad_value(s, t, 0, i));
+            double x = ddp__from_bf16(ddp__to_bf16(ddp__from_bf16(b) + grad_value(s, t, 1, i)));
+            exact += x;
+            mag += fabs(x);
+        }
+        exact /= world;
+        e = 3.0 * ldexp(1.0, -24) * mag / world;
+        bound = ldexp(1.0, -8) * (fabs(exact) + e) + e;
+        d = fabs((double)buf[at] - exact);
+        if (!(d <= bound)) { bad = (int)at; worst = d; worst_bound = bound; break; }
+    }
+    snprintf(name, sizeof name, "hybrid_%s_step%d_averaged_gradients_within_bound_of_exact", c->name, t);
+    verdict(bad < 0, name, "element %d: %.9g, exact %.9g, off by %g, bound %g", bad, bad >= 0 ? buf[bad] : 0.0,
+            bad >= 0 ? buf[bad] - worst : 0.0, worst, worst_bound);
     return DDP_OK;
 }
 
@@ -83,7 +126,7 @@ static ddp_result train(ddp_desc d, const config *c, int run) {
     opt.max_grad_norm = 20.0f;   /* the summed micro-steps' norm is ~ 100: clips */
     if ((r = ddp_init(&ctx, &d)) != DDP_OK) goto out;
     rank = ddp_rank(ctx);
-    if (!(buf = (float *)malloc(TOTAL * sizeof(float)))) { r = DDP_ERR_OUT_OF_MEMORY; goto out; }
+    if (!(buf = (float *)malloc(FLAT * sizeof(float)))) { r = DDP_ERR_OUT_OF_MEMORY; goto out; }
     for (p = 0; p < NPARAM; p++) {
         char pn[16];
         float *init = buf + (p == 0 ? 0 : p == 1 ? sizes[0] : sizes[0] + sizes[1]);
@@ -108,9 +151,14 @@ static ddp_result train(ddp_desc d, const config *c, int run) {
             }
             if ((r = ddp_finish(ctx)) != DDP_OK) goto out;
         }
+        if (env_mode && c->bf16 && run == RUN_HYBRID && t <= 2 && (r = check_average(ctx, c, t, buf)) != DDP_OK) goto out;
+        if ((run == RUN_PLAIN || run == RUN_HYBRID) && t <= 2) {
+            if ((r = ddp_gather_to_host(ctx, DDP_GRADS, 0, buf, FLAT, 0)) != DDP_OK) goto out;
+            if (rank == 0) grad_hash[run][t] = test_hash(buf, FLAT * sizeof(float));
+        }
         if ((r = ddp_adamw_step(ctx, &opt, NULL)) != DDP_OK) goto out;
-        step_hash[run][rank][t] = c->bf16 ? test_hash(ddp_flat_params_bf16(ctx, NULL), TOTAL * sizeof(ddp_bf16))
-                                  : test_hash(ddp_flat_params(ctx, NULL), TOTAL * sizeof(float));
+        step_hash[run][rank][t] = c->bf16 ? test_hash(ddp_flat_params_bf16(ctx, NULL), FLAT * sizeof(ddp_bf16))
+                                  : test_hash(ddp_flat_params(ctx, NULL), FLAT * sizeof(float));
     }
     if ((r = gather_state(ctx, buf, end_hash[run][rank])) != DDP_OK) goto out;
     if (run == RUN_SAVE) r = ddp_save(ctx, ckpt_path, NULL, 0);
@@ -125,7 +173,7 @@ static ddp_result train(ddp_desc d, const config *c, int run) {
     if (run == RUN_HYBRID) {
         int64_t *step = NULL;
         /* m in parts of the shard group: all of it is not this rank's */
-        ddp_result whole = ddp_copy_to_host(ctx, DDP_ADAM_M, 0, buf, TOTAL);
+        ddp_result whole = ddp_copy_to_host(ctx, DDP_ADAM_M, 0, buf, FLAT);
         ddp_adamw_state(ctx, NULL, NULL, &step);
         snprintf(name, sizeof name, "hybrid_%s_rank%d_m_in_parts_step_skipped", c->name, rank);
         verdict(whole == DDP_ERR_INVALID_ARGUMENT && step && *step == STEPS - 1, name, "copy of all of m: %s, step %lld",
@@ -163,8 +211,8 @@ static void run_all(const config *c, int run, int world) {
    lr * (1 - beta1) / sqrt(1 - beta2) (Kingma and Ba, section 2.1, as 1 - beta1 > sqrt(1 - beta2)
    here) plus the decay lr * wd * |p| (|p| < 1 here), so after n steps each run is within
    n * that of the common start, and the two within twice it, plus one bf16 rounding of the
-   working copy (2^-8 relative, |p| < 1). A wrong reduction (a part averaged over one group only,
-   say) moves far more. */
+   working copy (2^-8 relative, |p| < 1). That bound holds whatever the gradients (Adam's step is
+   bounded), so it only says the run is sane: what catches a wrong reduction is check_average. */
 static double bf16_bound(int steps) {
     double lr = 0.01, step_max = lr * (1 - 0.9) / sqrt(1 - 0.999) + lr * 0.1 * 1.0;
     return 2.0 * steps * step_max + 1.0 / 256;
@@ -175,7 +223,7 @@ static void compare_env_bf16(const config *c, int rank) {
     double worst = 0, bound = bf16_bound(STEPS - 1);   /* one step is skipped everywhere */
     size_t i;
     int t, k;
-    for (i = 0; i < TOTAL; i++) {
+    for (i = 0; i < FLAT; i++) {
         double d = fabs((double)final_params[RUN_HYBRID][i] - (double)final_params[RUN_PLAIN][i]);
         if (!(d <= worst)) worst = d;
     }
@@ -200,6 +248,13 @@ static void compare(const config *c, int only) {
                 (only < 0 && step_hash[RUN_PLAIN][rank][t] != step_hash[RUN_PLAIN][0][t])) { steps_ok = 0; bad_t = t; break; }
         snprintf(name, sizeof name, "hybrid_%s_rank%d_every_step_equal_unsharded_bits", c->name, rank);
         verdict(steps_ok, name, "step %d differs", bad_t);
+        if (rank == 0) {
+            snprintf(name, sizeof name, "hybrid_%s_averaged_gradients_steps_1_2_equal_unsharded_bits", c->name);
+            verdict(grad_hash[RUN_HYBRID][1] == grad_hash[RUN_PLAIN][1] && grad_hash[RUN_HYBRID][2] == grad_hash[RUN_PLAIN][2] &&
+                    grad_hash[RUN_PLAIN][1] != 0, name, "hashes %016llx %016llx, unsharded %016llx %016llx",
+                    (unsigned long long)grad_hash[RUN_HYBRID][1], (unsigned long long)grad_hash[RUN_HYBRID][2],
+                    (unsigned long long)grad_hash[RUN_PLAIN][1], (unsigned long long)grad_hash[RUN_PLAIN][2]);
+        }
         for (run = RUN_HYBRID; run <= RUN_LOAD_HYBRID; run++) {
             if (run == RUN_SAVE) continue;
             for (k = 0; k < 3; k++) {
@@ -283,7 +338,7 @@ static int main_env(void) {
     size_t i;
     int run, rank = atoi(getenv("RANK") ? getenv("RANK") : getenv("OMPI_COMM_WORLD_RANK") ? getenv("OMPI_COMM_WORLD_RANK") : "0");
     env_mode = 1;
-    for (run = 0; run < RUNS; run++) final_params[run] = (float *)malloc(TOTAL * sizeof(float));
+    for (run = 0; run < RUNS; run++) final_params[run] = (float *)malloc(FLAT * sizeof(float));
     for (i = 0; i < sizeof env_configs / sizeof env_configs[0]; i++) {
         const config *c = &env_configs[i];
         ddp_desc d;
@@ -298,6 +353,7 @@ static int main_env(void) {
 #endif
         memset(step_hash, 0, sizeof step_hash);
         memset(end_hash, 0, sizeof end_hash);
+        memset(grad_hash, 0, sizeof grad_hash);
         current = c;
         for (run = RUN_PLAIN; run <= RUN_LOAD_HYBRID && ok; run++) {
             current_run = run;
@@ -358,6 +414,7 @@ int main(int argc, char **argv) {
         const config *c = &configs[i];
         memset(step_hash, 0, sizeof step_hash);
         memset(end_hash, 0, sizeof end_hash);
+        memset(grad_hash, 0, sizeof grad_hash);
         if (c->staged) setenv("DDP_STAGED_GRADS", "1", 1);
         run_all(c, RUN_PLAIN, c->world);
         run_all(c, RUN_HYBRID, c->world);
