@@ -16,6 +16,7 @@ PROGRAMS := $(B)/ddprun $(B)/minimal $(B)/own_autograd $(B)/engine $(B)/texture 
 PROGRAMS += $(B)/test_groups          # replica groups of several ranks (desc.outer): averages within each group
 PROGRAMS += $(B)/test_groups_shard    # shard_optimizer within replica groups = unsharded, bit for bit
 PROGRAMS += $(B)/test_zero2          # ZeRO-2 (shard GRADIENTS) = unsharded, bit for bit; released gradient pages
+PROGRAMS += $(B)/test_hybrid          # hybrid sharding (shard_group) = unsharded, bit for bit
 CHECKS   := $(B)/cxx_check.o
 PROGRAMS += $(B)/mpi_parity          # the CPU side of tests/test_mpi_parity.sh
 PROGRAMS += $(B)/bench_shard_memory   # sharded optimizer: bytes per parameter (bench/RESULTS.md)
@@ -121,6 +122,7 @@ MPI_PROGRAMS += $(M)/mpi_parity
 MPI_PROGRAMS += $(M)/test_groups      # the same replica groups on the MPI backend (tests/test_groups.sh)
 MPI_PROGRAMS += $(M)/test_groups_shard   # shard_optimizer within the groups on the MPI backend
 MPI_PROGRAMS += $(M)/test_zero2      # ZeRO-2 on the MPI backend (tests/test_zero2_mpi.sh)
+MPI_PROGRAMS += $(M)/test_hybrid         # hybrid sharding across hosts (tests/test_hybrid.sh)
 ifeq ($(strip $(MPICC)),)
 mpi:
 	@echo "no mpicc: the MPI backend's programs are not built (apt-get install openmpi-bin libopenmpi-dev)"

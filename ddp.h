@@ -9,8 +9,8 @@
    CONTENTS
      QUICK START · ONE STEP, AS DATA FLOWS · OWN AUTOGRAD · MEMORY LAYOUT AND OVERLAP ·
      STRAGGLERS · FAST MATH · STRUCTS ACROSS VERSIONS · OPTIONS · ADAMW · SHARDED OPTIMIZER (ZeRO-1) ·
-     SHARDED GRADIENTS (ZeRO-2) ·
-     PARAMETER DTYPE (bf16 parameters, fp32 master weights) · OUTER SYNC (replica groups,
+     SHARDED GRADIENTS (ZeRO-2) · HYBRID SHARDING · PARAMETER DTYPE (bf16 parameters, fp32 master
+     weights) · OUTER SYNC (replica groups,
      DiLoCo, streaming DiLoCo) · CHECKPOINTS · BACKENDS ·
      ENVIRONMENT · JOB IDENTITY · ERRORS · NULL, LIFETIME AND THREADS · EMBEDDING: CANCEL,
      PROGRESS, UNEVEN INPUTS · SAMPLER · PLATFORMS (Linux, Windows, macOS) · COMPILE-TIME
@@ -215,7 +215,8 @@
                                            as shard_optimizer says; ranks must agree
      shard_group      0 ($DDP_SHARD_GROUP) the ranks a shard spans: 0 every rank (with outer:
                                            the replica group); N: hybrid, within N consecutive
-                                           ranks, replicated across
+                                           ranks, replicated across (HYBRID SHARDING); N
+                                           divides the world; 1: DDP
      shard_accumulate 0 ($DDP_SHARD_      shard GRADIENTS only: 1 reduce-scatters every micro-
                       ACCUMULATE)          step (sync off too) into an fp32 accumulator of this
                                            rank's parts (SHARDED GRADIENTS); ranks must agree
@@ -343,7 +344,66 @@
      the same reduce-scatter with the gradients kept. Windows: released gradients are zeroed and
      stay resident (a mapped view cannot give its pages back and keep zeros: >>platform); a
      POSIX system without MADV_REMOVE (macOS) likewise for the segment. uneven_inputs: refused,
-     as for ZeRO-1. With replica groups (desc.outer) the parts and their release are the team's.
+     as for ZeRO-1. With replica groups (desc.outer) the parts and their release are the team's;
+     with hybrid sharding (HYBRID SHARDING) the shard group's (a rank's buffer outside its part is
+     free once the bucket's function returns); shard_accumulate with shard_group: refused by name.
+   HYBRID SHARDING (ddp_desc.shard_group = S, or DDP_SHARD_GROUP=S; with shard >= OPTIMIZER)
+     What: the sharded state is split within each group of S consecutive ranks (ranks [g*S,
+     (g+1)*S): with a launcher that numbers a host's ranks together, S = LOCAL_WORLD_SIZE is a
+     group a host) and replicated across the G = world / S groups; every synchronizing step still
+     averages the gradients over the whole world (it is DDP across the groups, not the outer
+     sync). Member s of every group holds the same parts (SHARDED OPTIMIZER's layout with world
+     -> S), and every sharded exchange stays in the group: the norm's blocks, skip_nonfinite's
+     verdict (every group's is the same: their averages are equal), the all-gather of the
+     parameters after the update. A bucket: reduce-scattered within the group, then each part
+     allreduced across the groups among the ranks that hold it (member s of every group), then
+     the norm, AdamW on the part, the all-gather within the group. Every rank ends every step
+     with the same parameters, bit for bit.
+     When: the state does not fit when held whole (DDP) but fits split S ways (a host's ranks),
+     and the link between hosts is slow: flat sharding (S = world) puts the all-gather of the
+     parameters (and, on the MPI backend, bf16 buckets' reduce-scatter among all ranks) on the
+     slow link; hybrid keeps them on the host's fast one.
+     Memory per parameter and rank (fp32 parameters): 4 (parameters) + 4 (gradients) + 8/S (m,
+     v); bf16 parameters: 2 + 2 + 12/S (the master in parts too). S = world is flat sharding,
+     S = 1 is DDP (16 bytes). (Levels above OPTIMIZER divide their parts by S alike.)
+     The slow link, per step: each rank sends, and receives, 2 (G-1)/G of its part of the
+     gradients (an allreduce of 1/S of them; fp32: 8 (G-1)/(G S) bytes a parameter), so a host
+     (S ranks) sends 8 (G-1)/G bytes a parameter, what the MPI backend's unsharded hierarchical
+     allreduce sends (there by the host's leader alone; here by all S ranks at once); flat
+     ZeRO-1 sends that plus the parameters' all-gather across the hosts (measured:
+     bench/RESULTS.md, "Issue 27").
+     Values: S must divide the world (else DDP_ERR_INVALID_ARGUMENT naming shard_group and the
+     world); S = world is plain sharding, and S = 1 a shard of one rank: everything whole on every
+     rank, the level resolved to DDP_SHARD_NONE (ddp_config() says so), both accepted. shard_group
+     with shard NONE (shard_optimizer 0): refused, naming both. With replica groups (desc.outer)
+     the state is already split within each group: shard_group must be 0 or outer.group_size.
+     uneven_inputs: refused, as for every sharded level.
+     The bits. CPU backend: each part's average is every rank's gradient added in rank order and
+     divided by the world (the G holders of a part split it G ways; each averages its piece of
+     every rank's buffer in the segment into its own, and copies the other holders' pieces once
+     every rank is done): unsharded's bits, at any S (tests/test_hybrid.c); without the segment
+     (DDP_STAGED_GRADS) the buckets are averaged whole: the same bits. MPI backend: each group
+     must be one host's ranks in local rank order (hierarchical; a group across hosts or
+     DDP_MPI_FLAT: refused by name at ddp_commit); the host's sum of the bucket through its shared
+     memory (local rank order), then this rank's part across the hosts through a communicator of
+     its holders: each holds a piece, MPI_Alltoallv, the host sums added in host order, divided
+     by the world, MPI_Allgatherv: fp32 gradients give the unsharded hierarchical run's bits
+     (tests/test_hybrid.sh, 2 hosts x 2 ranks). bf16 on the wire (bf16 parameters, reduce_dtype
+     BF16): the values as bf16, summed in float the same way and rounded once: every rank the
+     same bits, but not unsharded's, which adds every rank in rank order (the test holds the
+     averaged gradients within a bound it derives: 3 float roundings of the sum, one to bf16). Outside a rank's part its gradient
+     buffer holds the host's sum there (CPU: its own gradients). The stragglers of a hybrid bucket
+     are the host's (the part across hosts is not counted). NCCL: each bucket is averaged whole
+     over the world by ncclAllReduce(ncclAvg), as unsharded (so an unsharded NCCL run's bits;
+     NCCL picks its own route, rings and trees that keep most bytes inside a host), and the
+     norm's blocks and the all-gather run on a second communicator, the shard group's (set up
+     as a replica group's: BACKENDS); the memory is saved, the slow link's bytes are DDP's (a
+     reduce-scatter within the group and an allreduce across would need a third communicator:
+     not built). Tested on tests/fakegpu (tests/test_fake_nccl.c: the CPU backend's unsharded
+     bits), not yet on GPUs.
+     Checkpoints: the shard table has S entries (format version 1); the file loads at any world
+     size and sharding, and a hybrid run loads any file (an older ddp.h refuses hybrid files as an
+     impossible header). ddp_gather_to_host takes each part from the root's group.
 
    PARAMETER DTYPE (ddp_desc.param_dtype = DDP_DTYPE_BF16, or DDP_PARAM_DTYPE=bf16)
      bf16 training with fp32 master weights (docs/design.md): every parameter has a bf16 working
@@ -568,8 +628,10 @@
              (OUTER SYNC): a second communicator over each group's ranks (its ncclUniqueId from
              the group's first rank through the store; ncclCommInitRankConfig, so any NCCL from
              2.10), on which the buckets are averaged; the watchdog, aborts and shutdown cover it
-             as they do the world's. Step stats come from CUDA events, read lazily (stats.step
-             names the step they describe).
+             as they do the world's. Hybrid sharding (desc.shard_group): the shard group gets
+             that second communicator, for the norm's blocks and the all-gather; the buckets
+             stay on the world's (HYBRID SHARDING). Step stats come from CUDA events, read
+             lazily (stats.step names the step they describe).
 
      mpi     CPU ranks on several hosts (only with -DDDP_MPI, built by mpicc; tested with Open MPI
              4.1; MPICH's own environment (PMI_RANK) is not read by ENVIRONMENT below yet).
@@ -616,9 +678,13 @@
              for the same groups, on any hosts; a group that is exactly one host's ranks (the
              default, one group a host, with a launcher that numbers a host's ranks together)
              averages through the host's shared memory instead, no MPI, the same bits (DDP_LOG=
-             info says which). The world's collectives stay as above.
+             info says which). The world's collectives stay as above. Hybrid sharding
+             (desc.shard_group, a group a host): each bucket's host sum through the host's
+             shared memory, then each part across the hosts through a communicator of the ranks
+             that hold it (the leaders' order: fp32 keeps the unsharded bits; HYBRID SHARDING).
              Tests: tests/test_mpi_parity.sh (one host, flat and hierarchical),
-             tests/test_mpi_hosts.sh (2 hosts x 2 ranks), tests/test_groups.sh (groups).
+             tests/test_mpi_hosts.sh (2 hosts x 2 ranks), tests/test_groups.sh (groups),
+             tests/test_hybrid.sh (hybrid sharding).
              Over TCP (Open MPI's btl tcp): where ddp.h initializes MPI it sets the Open MPI
              parameters that mpirun --mca / OMPI_MCA_* left unset: btl_tcp_eager_limit,
              btl_tcp_rndv_eager_limit and btl_tcp_max_send_size 1 MiB, btl_tcp_links 2,
@@ -870,8 +936,10 @@
                     stopped time, the store's poison and lost ranks, the backend's hooks); the
                     stragglers' record (ddp__straggle_note, folded into ddp_step_stats at finish)
      >>shard        the shard layout (ddp__shard_range, ddp__master_parts) and the norm's blocks'
-                    fixed-order sum every backend uses; ZeRO-2's release of a settled bucket's
-                    gradients outside this rank's part (ddp__z2, ddp__z2_clear, ddp__z2_release)
+                    fixed-order sum every backend uses; the team (>>util: ddp__team_*) is the shard
+                    group under hybrid sharding (ddp__hybrid; resolved by ddp__hybrid_resolve, >>env);
+                    ZeRO-2's release of a settled bucket's gradients outside this rank's part
+                    (ddp__z2, ddp__z2_clear, ddp__z2_release)
      >>host         what single and cpu share: host flat buffers, AdamW arithmetic (bf16 parameters:
                     the working copy written in the same pass), bf16 rounding and conversions,
                     the norm's blocks' sums of squares; ZeRO-2 on host gradients (cpu, mpi): a
@@ -881,19 +949,21 @@
                     the world or, for a gradient bucket, the team (ddp__span_*: replica groups),
                     liveness, poison; each exchange's arrivals (ddp__cpu_arrivals); >>cpu-grads
                     buckets averaged (or reduce-scattered) in place
-                    (bf16 parameters: bf16 gradients, summed in float); sharded AdamW and its
+                    (bf16 parameters: bf16 gradients, summed in float; hybrid sharding: each part
+                    over the world, ddp__hybrid_bucket_in_place); sharded AdamW and its
                     all-gather; its one-bucket function for the work queue (ZeRO-2: then the
                     release, ddp__z2_cpu_bucket); the cpu backend's table
      >>mpi          the MPI backend (only with DDP_MPI): host groups on the cpu backend's
                     segment, the leaders' fixed-order sum; bf16 buckets and the sharded optimizer
                     among all ranks (the CPU backend's rank order); with replica groups every
                     bucket among the team, through its own communicator (a team that is a host's
-                    ranks: through the host's segment); stragglers across hosts
+                    ranks: through the host's segment); hybrid sharding (ddp__hybrid_mpi_*: the
+                    host's sum, each part across the hosts among its holders); stragglers across hosts
                     through the signature check (ddp__mpi_cross_arrivals, the leaders' relay);
                     the watchdog's hooks (heartbeats, the collective's age, MPI_Abort); ZeRO-2's
                     release after a bucket's MPI calls (ddp__z2_mpi_bucket); its table
      >>nccl         the NCCL backend (only with DDP_CUDA): the communicators' life (the
-                    world's; a replica group's: ddp__gpu_init_team), the
+                    world's; a replica group's or, hybrid, a shard group's: ddp__gpu_init_team), the
                     watchdog's hooks, set-up, buckets on the comm stream as the wire plan says
                     (sharded: reduce-scattered), the norm's blocks, AdamW kernels (sharded: per
                     bucket, then all-gathered); its table
@@ -1111,8 +1181,9 @@ typedef struct ddp_desc {
        Ranks must agree. */
     ddp_shard shard;
     /* The ranks a shard spans (default $DDP_SHARD_GROUP, else 0): 0 = every rank (with outer:
-       the replica group); N, a divisor of the world below it: hybrid sharding, the state in
-       parts within each N consecutive ranks, replicated across those groups. */
+       the replica group, or its size); N, a divisor of the world below it: hybrid sharding, the
+       state in parts within each N consecutive ranks, replicated across those groups (HYBRID
+       SHARDING in the manual); the world: plain sharding; 1: DDP. Needs shard >= OPTIMIZER. */
     int shard_group;
     /* DDP_SHARD_GRADIENTS only (default $DDP_SHARD_ACCUMULATE, else 0): how micro-steps with sync
        off accumulate. 0: on each rank, the whole gradients kept until the synchronizing micro-step
@@ -2746,6 +2817,9 @@ struct ddp_context {
         size_t *base, *norm_base;
         size_t count, norm_blocks;
         double *norm_sums;
+        int hybrid;                /* hybrid sharding (desc.shard_group, >>shard): the shard group's
+                                      size S, 2 <= S < world, the team of every sharded exchange while
+                                      a bucket's average spans the world; 0: off */
         float *z2_acc;             /* ZeRO-2 with shard_accumulate: this rank's parts' sum of the micro-steps'
                                       averages since the last synchronizing one (count floats, packed as m) */
         int z2_acc_steps;          /* micro-steps (sync off) in z2_acc: 0, it holds nothing */
@@ -3018,9 +3092,17 @@ static int ddp__bf16_params(const ddp_context *ctx) { return ctx->desc.param_dty
    the buckets are the team's: rank and world stay global (the sampler shards over every rank)
    and every other collective (broadcasts, user collectives, the outer exchange) spans the world.
    (outer.size is the world without groups; 0 in a context that never resolved it: the MPI
-   backend's host context.) */
-static int ddp__team_world(const ddp_context *ctx) { return ctx->outer.size > 0 ? ctx->outer.size : ctx->world; }
-static int ddp__team_rank(const ddp_context *ctx) { return ctx->outer.size > 0 ? ctx->outer.index : ctx->rank; }
+   backend's host context.)
+   Hybrid sharding (desc.shard_group, no replica groups) makes the shard group the team of the
+   sharded exchanges (the parts, the norm's blocks, the all-gather), while its buckets are
+   averaged over the world (ddp__hybrid: the backends' bucket paths ask it). */
+static int ddp__team_world(const ddp_context *ctx) {
+    return ctx->shard.hybrid ? ctx->shard.hybrid : ctx->outer.size > 0 ? ctx->outer.size : ctx->world;
+}
+static int ddp__team_rank(const ddp_context *ctx) {
+    return ctx->shard.hybrid ? ctx->rank % ctx->shard.hybrid : ctx->outer.size > 0 ? ctx->outer.index : ctx->rank;
+}
+static int ddp__hybrid(const ddp_context *ctx) { return ctx->shard.hybrid > 0; }
 static int ddp__team_peer(const ddp_context *ctx, int i) { return ctx->rank - ddp__team_rank(ctx) + i; }   /* member i's rank */
 
 
@@ -3730,10 +3812,20 @@ static ddp_result ddp__desc_validate(ddp_context *ctx, const ddp_desc *d) {
     if (d->shard_accumulate && d->shard != DDP_SHARD_GRADIENTS)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_accumulate 1 needs shard DDP_SHARD_GRADIENTS (it says how "
                          "ZeRO-2 accumulates micro-steps; the other levels keep the gradients whole)");
-    /* TEMPORARY (issue 27 in progress): the levels above ZeRO-1 and hybrid sharding are being built */
-    if (d->shard > DDP_SHARD_GRADIENTS || d->shard_group)
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard %s%s is not built yet",
-                         d->shard == DDP_SHARD_PARAMETERS ? "DDP_SHARD_PARAMETERS" : "", d->shard_group ? " / shard_group (hybrid)" : "");
+    /* hybrid: the other holders of this rank's part copy it after the bucket (out_pending), so it cannot
+       be moved into the accumulator and released at once */
+    if (d->shard_accumulate && d->shard_group)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_accumulate 1 with shard_group %d (hybrid sharding) "
+                         "is not built yet: accumulate with the whole gradients (shard_accumulate 0)", d->shard_group);
+    /* TEMPORARY (issue 27 in progress): the levels above ZeRO-2 are being built */
+    if (d->shard > DDP_SHARD_GRADIENTS)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard %s is not built yet",
+                         d->shard == DDP_SHARD_PARAMETERS ? "DDP_SHARD_PARAMETERS" : "");
+    /* hybrid: a group to shard within needs something sharded (the world's checks: ddp__hybrid_resolve) */
+    if (d->shard_group && d->shard < DDP_SHARD_OPTIMIZER)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_group %d shards within groups of %d ranks, but "
+                         "shard is DDP_SHARD_NONE (shard_optimizer 0): set shard to DDP_SHARD_OPTIMIZER or above, or "
+                         "shard_group to 0", d->shard_group, d->shard_group);
     return DDP_OK;
 }
 
@@ -3812,6 +3904,35 @@ static ddp_result ddp__desc_check_given(ddp_context *ctx, const ddp_desc *d) {
     return DDP_OK;
 }
 
+/* Hybrid sharding (desc.shard_group = S, >>shard): the state in parts within each S consecutive
+   ranks, replicated across the world / S groups. S = world is plain sharding and S = 1 a shard of
+   one rank (everything whole on every rank: DDP, the level resolved to NONE); neither is hybrid.
+   With replica groups the shard is the group already: S must be 0 or the group's size. */
+static ddp_result ddp__hybrid_resolve(ddp_context *ctx) {
+    ddp_desc *d = &ctx->desc;
+    int s = d->shard_group;
+    ctx->shard.hybrid = 0;
+    if (!s) return DDP_OK;
+    if (d->outer.mode != DDP_OUTER_OFF) {
+        if (s != ctx->outer.size)
+            return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_group %d with replica groups of %d ranks "
+                             "(outer.group_size): the sharded state is already split within each replica group, so "
+                             "shard_group must be 0 or %d", s, ctx->outer.size, ctx->outer.size);
+        return DDP_OK;
+    }
+    if (s > ctx->world || ctx->world % s)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_group %d does not divide the %d ranks into groups "
+                         "of equal size (hybrid sharding: the state in parts within each group of shard_group "
+                         "consecutive ranks)", s, ctx->world);
+    if (s == 1) {   /* nothing to share a part with: every rank holds everything, as DDP */
+        d->shard = DDP_SHARD_NONE;
+        d->shard_optimizer = 0;
+        return DDP_OK;
+    }
+    if (s < ctx->world) ctx->shard.hybrid = s;
+    return DDP_OK;
+}
+
 /* The outer settings resolved (defaults: ddp_outer's comments) and checked, and the replica
    groups laid out: group g is ranks [g * size, (g + 1) * size), so with a launcher that numbers
    a host's ranks together (ddprun, torchrun, Slurm's block distribution) the default size,
@@ -3876,6 +3997,7 @@ static ddp_result ddp__resolve_desc(ddp_context *ctx, const ddp_desc *in) {
     if ((r = ddp__desc_validate(ctx, &ctx->desc)) != DDP_OK) return r;
     if ((r = ddp__resolve_group(ctx)) != DDP_OK) return r;
     if ((r = ddp__outer_resolve(ctx)) != DDP_OK) return r;
+    if ((r = ddp__hybrid_resolve(ctx)) != DDP_OK) return r;
     if (ctx->job.env_overrides[0] && ctx->rank == 0)   /* once a job: every rank reads the same environment */
         ddp__log(ctx, DDP_LOG_WARN, "the environment overrides the program's settings (a DDP_* variable that is set wins): %s",
                  ctx->job.env_overrides);
@@ -6154,6 +6276,44 @@ static void ddp__average_part_in_place(ddp_context *ctx, size_t offset, size_t l
                           ddp__rank_grads(ctx, ctx->rank) + offset + lo);
 }
 
+/* Hybrid sharding (desc.shard_group): bucket b reduce-scattered into the shard group's parts
+   (ddp__shard_range), each averaged over the WORLD: the G = world / S ranks that hold part s
+   (member s of every group) split it G ways; holder g adds its piece of every rank's buffer in
+   rank order (the unsharded in-place bits: element by element the same sum, the same division)
+   into its own buffer, and once every rank has posted that, copies the other holders' pieces
+   from theirs. On one host the groups share the segment, so the cross-group allreduce is those
+   copies. The peers copy from this rank's buffer after this returns: ddp_finish waits for them
+   (out_pending), as for an unsharded bucket. The span (c->team 0) is the world. */
+static ddp_result ddp__hybrid_bucket_in_place(ddp_context *ctx, size_t offset, size_t count, int bucket, uint32_t q,
+                                              double started) {
+    size_t lo, hi, a, z, es = ctx->flat.grads_bf16 ? sizeof(ddp_bf16) : sizeof(float);
+    int g, groups = ctx->world / ctx->shard.hybrid, me = ctx->rank / ctx->shard.hybrid, s = ddp__team_rank(ctx);
+    ddp_result r;
+    ddp__shard_range(ctx, bucket, s, &lo, &hi);
+    ddp__part(hi - lo, groups, me, &a, &z);
+    if (z > a && ctx->flat.grads_bf16)
+        ddp__average_bf16(ddp__rank_grads_bf16(ctx, 0) + lo + a, 2 * ctx->impl.cpu->grads_stride, ctx->world, z - a,
+                          ddp__rank_grads_bf16(ctx, ctx->rank) + lo + a);
+    else if (z > a) ddp__average_f32(ddp__rank_grads(ctx, 0) + lo + a, ctx->impl.cpu->grads_stride, ctx->world, z - a,
+                                     ddp__rank_grads(ctx, ctx->rank) + lo + a);
+    ddp__shm_post(ctx, DDP__STAGE_RED, q + 1);
+    if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_RED, q + 1)) != DDP_OK) return r;
+    /* from here no rank reads this rank's buffer outside its part [lo, hi) (the holders copy from it) */
+    for (g = 0; g < groups; g++) {   /* the other holders' pieces of part s */
+        if (g == me) continue;
+        ddp__part(hi - lo, groups, g, &a, &z);
+        if (z > a) memcpy((unsigned char *)ddp__rank_grads(ctx, ctx->rank) + (lo + a) * es,
+                          (unsigned char *)ddp__rank_grads(ctx, g * ctx->shard.hybrid + s) + (lo + a) * es, (z - a) * es);
+    }
+    ddp__shm_post(ctx, DDP__STAGE_OUT, q + 1);
+    ctx->impl.cpu->out_pending = q + 1;
+    ctx->impl.cpu->shm_seq = q + 1;
+    (void)offset;
+    if (ctx->desc.inject_comm_latency_ms > 0 || ctx->desc.inject_comm_gbps > 0)
+        ddp__inject_comm_delay(ctx, count * ddp__wire_bytes(ctx), started);
+    return DDP_OK;
+}
+
 /* A bucket averaged in place: an allreduce, or with bucket >= 0 (sharded) a reduce-scatter into
    the parts ddp__shard_range gives. */
 static ddp_result ddp__shm_bucket_in_place(ddp_context *ctx, size_t offset, size_t count, int bucket) {
@@ -6175,6 +6335,7 @@ static ddp_result ddp__shm_bucket_in_place(ddp_context *ctx, size_t offset, size
     if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_IN, q + 1)) != DDP_OK) return r;
     if ((r = ddp__shm_check_sigs(ctx)) != DDP_OK) return r;
     ddp__cpu_arrivals(ctx, started);
+    if (bucket >= 0 && ddp__hybrid(ctx)) return ddp__hybrid_bucket_in_place(ctx, offset, count, bucket, q, started);
     if (bucket >= 0) {   /* sharded: a reduce-scatter; each rank's part is where its AdamW needs it */
         ddp__shard_range(ctx, bucket, ddp__team_rank(ctx), &lo, &hi);
         ddp__average_part_in_place(ctx, offset, lo - offset, hi - offset);
@@ -6574,7 +6735,8 @@ static ddp_result ddp__cpu_run_bucket(ddp_context *ctx, int index) {
        H steps away; the poison is looked at before each bucket instead. */
     if (ddp__team_world(ctx) < ctx->world && (r = ddp__shm_poisoned(ctx)) != DDP_OK) return r;
     c->sig_bucket = (uint32_t)index + 1;
-    c->team = 1;   /* averaged among the team (replica groups: this rank's group), not the world */
+    c->team = !ddp__hybrid(ctx);   /* averaged among the team (replica groups: this rank's group), not the world;
+                                      hybrid sharding: the world (ddp__hybrid_bucket_in_place) */
     r = w->in_place ? ddp__shm_bucket_in_place(ctx, b->offset, b->count, w->scatter ? index : -1)
         : w->grads == DDP_DTYPE_BF16 ? ddp__shm_bucket_staged_bf16(ctx, b->offset, b->count)
         : ddp__shm_collective(ctx, w->dtype == DDP_DTYPE_BF16 ? DDP__KIND_AVG_BF16 : DDP__KIND_AVG,
@@ -6662,7 +6824,7 @@ static ddp_result ddp__cpu_finish(ddp_context *ctx, double t_wait) {
     c->out_pending = 0;
     if (r == DDP_OK && out) {   /* every peer of the team has copied its parts of the last bucket from this rank's buffer */
         ctx->what = "the end of the gradient buckets' allreduce (the peers' last copies)";
-        c->team = 1;
+        c->team = !ddp__hybrid(ctx);   /* hybrid: every rank of the world may copy from it */
         r = ddp__shm_wait_all(ctx, DDP__STAGE_OUT, out);
         c->team = 0;
     }
@@ -6776,6 +6938,11 @@ struct ddp__mpi {
     float *wire_f32;                      /* replica groups, fp32 buckets: this rank's piece from every
                                              member (team_host, bf16 gradients: one bucket widened) */
     int team_host;                        /* the team is this host's ranks: buckets through its segment */
+    MPI_Comm hcross;                      /* hybrid sharding: the ranks holding the same part (member s
+                                             of every shard group), in group order; else MPI_COMM_NULL */
+    int *hcounts, *hdispls, *hrcounts, *hrdispls;   /* hybrid: an entry per shard group */
+    float *hscratch, *hbucket;            /* hybrid: the owner's pieces; one bucket in float (bf16 wire) */
+    size_t hscratch_count, hbucket_count;
     size_t wire_f32_count;
     uint64_t wseq;                        /* their collectives issued: the same on every rank */
     ddp__workq comm;                      /* the communication thread's queue (>>engine) */
@@ -7313,6 +7480,116 @@ static ddp_result ddp__mpi_bucket_host(ddp_context *ctx, int b) {
     return r;
 }
 
+/* Hybrid sharding (desc.shard_group, >>shard) on the MPI backend: each shard group must be one
+   host's ranks in local rank order (the case it is for: shard within the fast host, replicate
+   across the slow links), so that a bucket's sum is the hierarchical path's. Told at commit. */
+static ddp_result ddp__hybrid_mpi_commit(ddp_context *ctx) {
+    ddp__mpi *m = ctx->impl.mpi;
+    int groups = ctx->world / ctx->shard.hybrid;
+    if (!(m->team_host = ddp__mpi_team_is_host(ctx)))
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_group %d (hybrid sharding) on the %s backend needs "
+                         "every shard group to be one host's ranks (hierarchical, not DDP_MPI_FLAT; LOCAL_WORLD_SIZE %d, "
+                         "ranks %d..%d: %s)", ctx->shard.hybrid, ctx->be->name, ctx->local_world, ddp__team_peer(ctx, 0),
+                         ddp__team_peer(ctx, ctx->shard.hybrid - 1), m->flat ? "DDP_MPI_FLAT is set" :
+                         "not this host's ranks: shard_group = the ranks a host runs");
+    if (!(m->hcounts = (int *)ddp__calloc(sizeof(int) * 4 * (size_t)groups)))
+        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
+    m->hdispls = m->hcounts + groups; m->hrcounts = m->hdispls + groups; m->hrdispls = m->hrcounts + groups;
+    ddp__log(ctx, DDP_LOG_INFO, "hybrid sharding: the state in parts across host %s's %d ranks, each part averaged across "
+             "the %d hosts by MPI among the ranks that hold it", ddp__mpi_host_name(ctx, ctx->rank), ctx->shard.hybrid, groups);
+    return DDP_OK;
+}
+
+/* Every holder of this part (hcross) in the same exchange, else a named mismatch. */
+static ddp_result ddp__hybrid_mpi_sigs(ddp_context *ctx, uint64_t seq, size_t count, int b) {
+    ddp__mpi *m = ctx->impl.mpi;
+    uint64_t mine[3], *all;
+    int i, rc, groups = ctx->world / ctx->shard.hybrid;
+    mine[0] = seq; mine[1] = (uint64_t)b; mine[2] = count;
+    if (!(all = (uint64_t *)ddp__calloc(sizeof mine * (size_t)groups))) return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
+    rc = MPI_Allgather(mine, 3, MPI_UINT64_T, all, 3, MPI_UINT64_T, m->hcross);
+    if (rc != MPI_SUCCESS) { DDP_FREE(all); return ddp__mpi_check(ctx, rc, "MPI_Allgather"); }
+    for (i = 0; i < groups; i++)
+        if (memcmp(all + 3 * i, mine, sizeof mine)) {
+            int other = i * ctx->shard.hybrid + ddp__team_rank(ctx);
+            long long ob = (long long)all[3 * i + 1], oc = (long long)all[3 * i + 2];
+            DDP_FREE(all);
+            return ddp__fail_group(ctx, DDP_ERR_MISMATCH, "ranks called different collectives: this rank is in the hybrid "
+                                   "reduction of gradient bucket %d (%zu elements), rank %d (host %s) in that of bucket %lld "
+                                   "(%lld elements)", b, count, other, ddp__mpi_host_name(ctx, other), ob, oc);
+        }
+    DDP_FREE(all);
+    return DDP_OK;
+}
+
+/* Bucket b, hybrid: the host's sum of the whole bucket through its segment (the CPU backend's
+   staging, local rank order: the hierarchical path's host sum), then this rank's part across
+   the hosts among its holders (hcross) as the leaders do the whole bucket (ddp__mpi_leaders_sum:
+   each owns a piece, MPI_Alltoallv, the host sums added in host order and divided by the world,
+   MPI_Allgatherv): fp32, the unsharded hierarchical bits, with 1/S of the bucket a rank on the
+   slow links. bf16 on the wire (bf16 parameters or reduce_dtype BF16): the values rounded to
+   bf16 (as the CPU backend's slots carry them) and summed in float the same way, the average
+   rounded once; that order (the hosts' sums) is not the unsharded bf16 path's (every rank in
+   rank order), so bf16 differs from unsharded by float rounding (HYBRID SHARDING). */
+static ddp_result ddp__hybrid_mpi_bucket(ddp_context *ctx, int b) {
+    ddp__mpi *m = ctx->impl.mpi;
+    const ddp__bucket *k = &ctx->model.buckets[b];
+    int groups = ctx->world / ctx->shard.hybrid, me = ctx->rank / ctx->shard.hybrid, i, rc;
+    int bf16 = k->wire.grads == DDP_DTYPE_BF16 || k->wire.dtype == DDP_DTYPE_BF16;
+    size_t lo, hi, a, z, j, n, mine, c0, c1, win = (size_t)DDP__MPI_MAX_COUNT / (size_t)groups;
+    float *f = bf16 ? NULL : ctx->flat.grads + k->offset;
+    ddp_result r;
+    ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
+    lo -= k->offset; hi -= k->offset;
+    if (bf16) {
+        if (m->hbucket_count < k->count || !m->hbucket) {
+            ddp__free_floats(m->hbucket);
+            m->hbucket_count = k->count;
+            if (!(m->hbucket = ddp__alloc_floats(k->count ? k->count : 1)))
+                return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for one bucket's %zu floats", k->count);
+        }
+        f = m->hbucket;
+        if (ctx->flat.grads_bf16) for (j = 0; j < k->count; j++) f[j] = ddp__from_bf16(ctx->flat.grads_bf16[k->offset + j]);
+        else for (j = 0; j < k->count; j++) f[j] = ddp__from_bf16(ddp__to_bf16(ctx->flat.grads[k->offset + j]));
+    }
+    m->straggle_counted = 1;   /* the host's arrivals (the part across hosts is not counted) */
+    m->host_at = ddp__now();
+    r = ddp__mpi_host(ctx, DDP__KIND_SUM, f, k->count, 0);
+    if (r == DDP_OK) { ddp__mpi_host_arrivals(ctx); ddp__mpi_arrivals(ctx, 0); }
+    m->straggle_counted = 0;
+    if (r != DDP_OK) return r;
+    if ((r = ddp__hybrid_mpi_sigs(ctx, ++m->wseq, k->count, b)) != DDP_OK) return r;
+    for (c0 = lo; c0 < hi; c0 = c1) {   /* windows: MPI counts are ints */
+        c1 = hi - c0 < win ? hi : c0 + win;
+        n = c1 - c0;
+        ddp__part(n, groups, me, &a, &z);
+        mine = z - a;
+        if (m->hscratch_count < mine * (size_t)groups || !m->hscratch) {
+            ddp__free_floats(m->hscratch);
+            m->hscratch_count = mine * (size_t)groups;
+            if (!(m->hscratch = ddp__alloc_floats(m->hscratch_count ? m->hscratch_count : 1)))
+                return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %zu floats", m->hscratch_count);
+        }
+        for (i = 0; i < groups; i++) {
+            ddp__part(n, groups, i, &a, &z);
+            m->hcounts[i] = (int)(z - a); m->hdispls[i] = (int)a;
+            m->hrcounts[i] = (int)mine; m->hrdispls[i] = (int)mine * i;
+        }
+        rc = MPI_Alltoallv(f + c0, m->hcounts, m->hdispls, MPI_FLOAT, m->hscratch, m->hrcounts, m->hrdispls, MPI_FLOAT, m->hcross);
+        if (rc != MPI_SUCCESS) return ddp__mpi_check(ctx, rc, "MPI_Alltoallv");
+        for (j = 0; j < mine; j++) {   /* the leaders' arithmetic (ddp__mpi_leaders_sum) */
+            float sum = groups > 1 ? m->hscratch[j] + m->hscratch[mine + j] : m->hscratch[j];
+            for (i = 2; i < groups; i++) sum += m->hscratch[(size_t)i * mine + j];
+            m->hscratch[j] = sum / (float)ctx->world;
+        }
+        rc = MPI_Allgatherv(m->hscratch, (int)mine, MPI_FLOAT, f + c0, m->hcounts, m->hdispls, MPI_FLOAT, m->hcross);
+        if (rc != MPI_SUCCESS) return ddp__mpi_check(ctx, rc, "MPI_Allgatherv");
+    }
+    if (bf16 && ctx->flat.grads_bf16) for (j = lo; j < hi; j++) ctx->flat.grads_bf16[k->offset + j] = ddp__to_bf16(f[j]);
+    else if (bf16) for (j = lo; j < hi; j++) ctx->flat.grads[k->offset + j] = ddp__from_bf16(ddp__to_bf16(f[j]));
+    return DDP_OK;
+}
+
 /* The communication thread's work for bucket b (ddp__workq_turn): fp32 gradients through the host groups and
    leaders (ddp__mpi_collective_run; sharded too, averaged whole: the bits of unsharded), bf16
    ones among all ranks; with replica groups both among the team (ddp__mpi_bucket_f32), through
@@ -7323,6 +7600,13 @@ static ddp_result ddp__mpi_bucket(ddp_context *ctx, int b) {
     int f32 = k->wire.grads == DDP_DTYPE_FP32 && k->wire.dtype == DDP_DTYPE_FP32;   /* the plan: fp32 all the way */
     ddp_result r;
     ctx->impl.mpi->straggle_bucket = b + 1;   /* the exchange notes its arrivals (ddp__mpi_arrivals) */
+    if (ddp__hybrid(ctx)) {
+        r = ddp__mpi_watched(ctx, ddp__hybrid_mpi_bucket, b);
+        ctx->impl.mpi->straggle_bucket = 0;
+        if (r == DDP_OK && (ctx->desc.inject_comm_latency_ms > 0 || ctx->desc.inject_comm_gbps > 0))
+            ddp__inject_comm_delay(ctx, k->wire.bytes, started);
+        return r;
+    }
     if (f32 && !ddp__mpi_teams(ctx)) {
         r = ddp__mpi_collective_timed(ctx, DDP__KIND_AVG, ctx->flat.grads + k->offset, k->count, 0);
         ctx->impl.mpi->straggle_bucket = 0;
@@ -7660,11 +7944,18 @@ static ddp_result ddp__mpi_layout(ddp_context *ctx) {
        Every rank splits, whatever its settings: ranks that disagree on them are told at commit
        (the layout check), not left in a collective only some of them call. */
     ctx->what = "the split of the replica groups' communicators";
-    if ((rc = MPI_Comm_split(m->world, ctx->outer.group, ctx->rank, &m->team)) != MPI_SUCCESS) {
+    if ((rc = MPI_Comm_split(m->world, ddp__hybrid(ctx) ? ctx->rank / ctx->shard.hybrid : ctx->outer.group, ctx->rank,
+                             &m->team)) != MPI_SUCCESS) {
         m->team = MPI_COMM_NULL;
         return ddp__mpi_check(ctx, rc, "MPI_Comm_split");
     }
     MPI_Comm_set_errhandler(m->team, MPI_ERRORS_RETURN);
+    /* hybrid sharding: member s of every shard group (every rank splits: MPI_UNDEFINED without it) */
+    if ((rc = MPI_Comm_split(m->world, ddp__hybrid(ctx) ? ddp__team_rank(ctx) : MPI_UNDEFINED, ctx->rank, &m->hcross)) != MPI_SUCCESS) {
+        m->hcross = MPI_COMM_NULL;
+        return ddp__mpi_check(ctx, rc, "MPI_Comm_split");
+    }
+    if (m->hcross != MPI_COMM_NULL) MPI_Comm_set_errhandler(m->hcross, MPI_ERRORS_RETURN);
     m->hosts = (char (*)[64])ddp__calloc(64 * (size_t)ctx->world);
     m->rank_node = (int *)ddp__calloc(sizeof(int) * (size_t)ctx->world);
     m->rank_local = (int *)ddp__calloc(sizeof(int) * (size_t)ctx->world);
@@ -7714,6 +8005,7 @@ static ddp_result ddp__mpi_setup(ddp_context *ctx, double deadline) {
     ddp_result r;
     if (!(m = ctx->impl.mpi = (ddp__mpi *)ddp__calloc(sizeof *m))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
     m->world = m->local = m->leaders = m->team = MPI_COMM_NULL;
+    m->hcross = MPI_COMM_NULL;
     ddp__workq_init(&m->comm, ctx, ddp__z2_mpi_bucket);
     pthread_mutex_init(&m->lock, NULL);
     ddp__watchdog_init(&m->wd, ctx, &m->lock);
@@ -7739,6 +8031,7 @@ static ddp_result ddp__mpi_commit(ddp_context *ctx) {
     if ((r = ddp__mpi_collective_timed(ctx, DDP__KIND_BROADCAST, ctx->flat.params, ctx->flat.count * sizeof(float), 0)) != DDP_OK)
         return r;
     if ((r = ddp__mpi_ranks_alloc(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
+    if (ddp__hybrid(ctx) && (r = ddp__hybrid_mpi_commit(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     if (ddp__mpi_teams(ctx) && ctx->outer.size > 1) {
         ctx->impl.mpi->team_host = ddp__mpi_team_is_host(ctx);
         ddp__log(ctx, DDP_LOG_INFO, "replica group %d (ranks %d..%d): its buckets through %s", ctx->outer.group,
@@ -7806,6 +8099,7 @@ static void ddp__mpi_teardown(ddp_context *ctx) {
         if (ddp__failed(ctx)) __atomic_store_n(&ddp__mpi_dirty, 1, __ATOMIC_RELEASE);   /* MPI_Finalize would wait for the lost */
         else {
             if (m->team != MPI_COMM_NULL) MPI_Comm_free(&m->team);
+            if (m->hcross != MPI_COMM_NULL) MPI_Comm_free(&m->hcross);
             if (m->leaders != MPI_COMM_NULL) MPI_Comm_free(&m->leaders);
             if (m->local != MPI_COMM_NULL) MPI_Comm_free(&m->local);
             if (m->world != MPI_COMM_NULL) MPI_Comm_free(&m->world);
@@ -7814,6 +8108,9 @@ static void ddp__mpi_teardown(ddp_context *ctx) {
         ddp__free_floats((float *)(void *)m->wire);
         ddp__free_floats(m->wire_f32);
         ddp__free_floats((float *)(void *)m->rounded);
+        ddp__free_floats(m->hscratch);
+        ddp__free_floats(m->hbucket);
+        DDP_FREE(m->hcounts);
         DDP_FREE(m->wcounts);
         DDP_FREE(m->counts);
         DDP_FREE(m->hosts);
@@ -8356,7 +8653,8 @@ static ddp_result ddp__nccl_enqueue(ddp_context *ctx, void *buf, size_t count, n
 /* A gradient bucket averaged in place among the team (ddp__team_*): on the replica group's
    communicator when there is one (ncclAvg then divides by the group's size), else the world's. */
 static ddp_result ddp__nccl_bucket(ddp_context *ctx, void *buf, size_t count, ncclDataType_t type, const char *what) {
-    return ddp__nccl_call(ctx, ctx->impl.gpu->team != NULL, DDP__NCCL_ALLREDUCE, buf, buf, count, type, ncclAvg, -1, what);
+    int team = ctx->impl.gpu->team != NULL && !ddp__hybrid(ctx);   /* hybrid: the team is the shard group's; buckets span the world */
+    return ddp__nccl_call(ctx, team, DDP__NCCL_ALLREDUCE, buf, buf, count, type, ncclAvg, -1, what);
 }
 
 /* Sharded (ddp__shard_range): bucket b's parts, rank s's at s * part for part floats, the last
@@ -8369,17 +8667,20 @@ static ddp_result ddp__nccl_parts(ddp_context *ctx, int b, void *base, ncclDataT
     size_t lo, hi, part, tail;
     unsigned char *at = (unsigned char *)base;
     ddp_result r;
+    /* hybrid sharding: the parts are the shard group's, on its communicator (only the gather:
+       its buckets are averaged whole, ddp__gpu_launch) */
+    int team = ddp__hybrid(ctx), n = team ? ddp__team_world(ctx) : ctx->world, me = team ? ddp__team_rank(ctx) : ctx->rank;
     ddp__shard_range(ctx, b, 0, &lo, &hi);
     part = hi - lo;
-    tail = k->count - part * (size_t)ctx->world;
+    tail = k->count - part * (size_t)n;
     if (part) {
-        r = gather ? ddp__nccl_call(ctx, 0, DDP__NCCL_ALL_GATHER, at + (size_t)ctx->rank * part * elem, at, part, type, ncclSum, 0, what)
-                   : ddp__nccl_call(ctx, 0, DDP__NCCL_REDUCE_SCATTER, at, at + (size_t)ctx->rank * part * elem, part, type, ncclAvg, 0, what);
+        r = gather ? ddp__nccl_call(ctx, team, DDP__NCCL_ALL_GATHER, at + (size_t)me * part * elem, at, part, type, ncclSum, 0, what)
+                   : ddp__nccl_call(ctx, team, DDP__NCCL_REDUCE_SCATTER, at, at + (size_t)me * part * elem, part, type, ncclAvg, 0, what);
         if (r != DDP_OK) return r;
     }
     if (!tail) return DDP_OK;
-    at += part * (size_t)ctx->world * elem;
-    return ddp__nccl_call(ctx, 0, gather ? DDP__NCCL_BROADCAST : DDP__NCCL_REDUCE, at, at, tail, type, ncclAvg, ctx->world - 1, what);
+    at += part * (size_t)n * elem;
+    return ddp__nccl_call(ctx, team, gather ? DDP__NCCL_BROADCAST : DDP__NCCL_REDUCE, at, at, tail, type, ncclAvg, n - 1, what);
 }
 
 /* Every entry point runs on the caller's thread, which may have another device current. */
@@ -8422,8 +8723,8 @@ static ddp_result ddp__gpu_init_comm(ddp_context *ctx, int team, ncclUniqueId *i
     if (r != DDP_OK) return r;
     snprintf(key, sizeof key, "%s%d", done, ctx->rank);
     if (ctx->world > 1 && (r = ddp__store_set(ctx, key, "1", 1)) != DDP_OK) return r;
-    if (team) ddp__log(ctx, DDP_LOG_INFO, "rank %d: replica group %d's communicator up (ranks %d .. %d)", ctx->rank,
-                       ctx->outer.group, first, first + n - 1);
+    if (team) ddp__log(ctx, DDP_LOG_INFO, "rank %d: %s group %d's communicator up (ranks %d .. %d)", ctx->rank,
+                       ddp__hybrid(ctx) ? "shard" : "replica", first / n, first, first + n - 1);
     else ddp__log(ctx, DDP_LOG_INFO, "rank %d of %d up (nccl backend %d.%d.%d, device %d)", ctx->rank, ctx->world,
                   version / 10000, version / 100 % 100, version % 100, g->device);
     return DDP_OK;
@@ -8438,8 +8739,10 @@ static ddp_result ddp__gpu_init_team(ddp_context *ctx, double deadline, int vers
     ncclUniqueId id;
     char key[40];
     ddp_result r;
-    if (ctx->desc.outer.mode == DDP_OUTER_OFF || ddp__team_world(ctx) <= 1 || ddp__team_world(ctx) >= ctx->world) return DDP_OK;
-    snprintf(key, sizeof key, "nccl/team-id/%d", ctx->outer.group);
+    int group = ddp__hybrid(ctx) ? ctx->rank / ctx->shard.hybrid : ctx->outer.group;   /* hybrid: the shard group's */
+    if ((ctx->desc.outer.mode == DDP_OUTER_OFF && !ddp__hybrid(ctx)) || ddp__team_world(ctx) <= 1 || ddp__team_world(ctx) >= ctx->world)
+        return DDP_OK;
+    snprintf(key, sizeof key, "nccl/team-id/%d", group);
     if (ddp__team_rank(ctx) == 0) {
         DDP__NCCL(ncclGetUniqueId(&id));
         if ((r = ddp__store_set(ctx, key, &id, sizeof id)) != DDP_OK) return r;
@@ -8449,7 +8752,7 @@ static ddp_result ddp__gpu_init_team(ddp_context *ctx, double deadline, int vers
         int found = 0;
         if ((r = ddp__store_get(ctx, key, deadline, &val, &len, &found)) != DDP_OK) return r;
         if (!found) return ddp__fail(ctx, DDP_ERR_TIMEOUT, "rank %d (replica group %d's first) did not publish the group's "
-                                     "ncclUniqueId in time", ddp__team_peer(ctx, 0), ctx->outer.group);
+                                     "ncclUniqueId in time", ddp__team_peer(ctx, 0), group);
         if (len != sizeof id) { DDP_FREE(val); return ddp__fail(ctx, DDP_ERR_MISMATCH, "rank %d's ncclUniqueId has %u bytes, not %zu (another NCCL version?)", ddp__team_peer(ctx, 0), len, sizeof id); }
         memcpy(&id, val, sizeof id);
         DDP_FREE(val);
@@ -8616,12 +8919,13 @@ static ddp_result ddp__gpu_launch_bf16(ddp_context *ctx, int index, const char *
     const ddp__wire *w = &b->wire;
     ddp_bf16 *grads = ctx->flat.grads_bf16 + b->offset;
     ddp_result r;
+    int scatter = w->scatter && !ddp__hybrid(ctx);   /* hybrid: averaged whole over the world (ddp__gpu_launch) */
     if (w->convert == DDP__WIRE_AS_IS)
-        return w->scatter ? ddp__nccl_parts(ctx, index, grads, ncclBfloat16, sizeof(ddp_bf16), 0, what)
-                          : ddp__nccl_bucket(ctx, grads, b->count, ncclBfloat16, what);
+        return scatter ? ddp__nccl_parts(ctx, index, grads, ncclBfloat16, sizeof(ddp_bf16), 0, what)
+                       : ddp__nccl_bucket(ctx, grads, b->count, ncclBfloat16, what);
     DDP__CUDA(ddp_k_bf16_to_f32(grads, g->f32, b->count, g->comm));
-    r = w->scatter ? ddp__nccl_parts(ctx, index, g->f32, ncclFloat, sizeof(float), 0, what)
-                   : ddp__nccl_bucket(ctx, g->f32, b->count, ncclFloat, what);
+    r = scatter ? ddp__nccl_parts(ctx, index, g->f32, ncclFloat, sizeof(float), 0, what)
+                : ddp__nccl_bucket(ctx, g->f32, b->count, ncclFloat, what);
     if (r != DDP_OK) return r;
     DDP__CUDA(ddp_k_f32_to_bf16(g->f32 + (w->lo - b->offset), ctx->flat.grads_bf16 + w->lo, w->hi - w->lo, g->comm));
     return DDP_OK;
@@ -8652,7 +8956,7 @@ static ddp_result ddp__gpu_launch(ddp_context *ctx, int index) {
         snprintf(what, sizeof what, "the %s of gradient bucket %d (%zu elements)",
                  ctx->desc.shard_optimizer ? "reduce-scatter" : "allreduce", index, b->count);
         if (w->moves && (r = ddp__gpu_launch_bf16(ctx, index, what)) != DDP_OK) return r;
-    } else if (w->scatter) {   /* a reduce-scatter: this rank's part is averaged */
+    } else if (w->scatter && !ddp__hybrid(ctx)) {   /* a reduce-scatter: this rank's part is averaged (hybrid: whole, below) */
         snprintf(what, sizeof what, "the reduce-scatter of gradient bucket %d (%zu elements)", index, b->count);
         r = bf16 ? ddp__nccl_parts(ctx, index, g->bf16, ncclBfloat16, sizeof(uint16_t), 0, what)
                  : ddp__nccl_parts(ctx, index, grads, ncclFloat, sizeof(float), 0, what);
@@ -8874,8 +9178,8 @@ static ddp_result ddp__gpu_norm(ddp_context *ctx) {
         ddp_result r;
         DDP__CUDA(cudaEventRecord(g->coll_ready, g->compute));
         DDP__CUDA(cudaStreamWaitEvent(g->comm, g->coll_ready, 0));
-        r = ddp__nccl_enqueue(ctx, g->norm_blocks, ctx->shard.norm_blocks, ncclFloat64, ncclSum, -1,
-                              "ddp_adamw_step's allreduce of the gradient norm's blocks (shard_optimizer)");
+        r = ddp__nccl_call(ctx, ddp__hybrid(ctx), DDP__NCCL_ALLREDUCE, g->norm_blocks, g->norm_blocks, ctx->shard.norm_blocks,
+                           ncclFloat64, ncclSum, -1, "ddp_adamw_step's allreduce of the gradient norm's blocks (shard_optimizer)");
         if (r != DDP_OK) return r;
         DDP__CUDA(cudaEventRecord(g->coll_done, g->comm));
         DDP__CUDA(cudaStreamWaitEvent(g->compute, g->coll_done, 0));
@@ -9601,11 +9905,11 @@ static char *ddp__layout_text(ddp_context *ctx, size_t *len_out) {
     char *text = (char *)DDP_MALLOC(cap);
     int i;
     if (!text) return NULL;
-    len = (size_t)snprintf(text, cap, "buckets %.6f %.6f %d reduce %s uneven %d shard %d%s param %s\n", ctx->desc.first_bucket_mb,
-                           ctx->desc.bucket_cap_mb, ctx->desc.find_unused,
+    len = (size_t)snprintf(text, cap, "buckets %.6f %.6f %d reduce %s uneven %d shard %d%s param %s shard_group %d\n",
+                           ctx->desc.first_bucket_mb, ctx->desc.bucket_cap_mb, ctx->desc.find_unused,
                            ctx->desc.reduce_dtype == DDP_DTYPE_BF16 ? "bf16" : "fp32", (int)ctx->desc.uneven_inputs,
                            (int)ctx->desc.shard, ctx->desc.shard_accumulate ? " accumulate" : "",   /* the level (shard_optimizer follows it) */
-                           ddp__bf16_params(ctx) ? "bf16" : "fp32");
+                           ddp__bf16_params(ctx) ? "bf16" : "fp32", ctx->shard.hybrid);
     /* a timeline on some ranks only would stall shutdown (rank 0 waits for each missing trace) */
     len += (size_t)snprintf(text + len, cap - len, "timeline %s\n", ctx->tl.path[0] ? "on" : "off");
     len += (size_t)snprintf(text + len, cap - len, "outer mode %d group_size %d inner_steps %d lr %.9g momentum %.9g "
@@ -9635,7 +9939,7 @@ static ddp_result ddp__layout_mismatch(ddp_context *ctx, const char *a, const ch
     while (!strcmp(ddp__line(a, i, la, sizeof la), ddp__line(b, i, lb, sizeof lb))) i++;
     if (i == 0)
         return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks 0 and %d use different options: rank 0 has '%s', rank %d "
-                         "has '%s' (first_bucket_mb, bucket_cap_mb, find_unused, reduce_dtype, uneven_inputs, shard_optimizer / shard / shard_accumulate, param_dtype)", rank_b, la, rank_b, lb);
+                         "has '%s' (first_bucket_mb, bucket_cap_mb, find_unused, reduce_dtype, uneven_inputs, shard_optimizer / shard / shard_accumulate, param_dtype, shard_group)", rank_b, la, rank_b, lb);
     if (i == 2)
         return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks 0 and %d use different outer settings (ddp_desc.outer): rank 0 "
                          "has '%s', rank %d has '%s'", rank_b, la, rank_b, lb);
@@ -10960,7 +11264,8 @@ static ddp_outer_status ddp__outer_status(const ddp_context *ctx) {
    every integer at its stated width:
      "DDP-CKPT" u32 version u32 world u32 sharded u32 num_params i64 step u64 floats u64 user_bytes
      u32 num_shards u32 0 | num_shards x u64 the floats the shards before it hold (num_shards: world
-     if sharded, else 1; version 2: a replica group's size, a divisor of world) | num_params x (u32 name
+     if sharded, else 1; version 2: a replica group's size; hybrid sharding: the shard group's; a
+     divisor of world) | num_params x (u32 name
      length, name, u64 count, u32 flags) | parameters, then m, then v, each parameter's floats in
      registration order (no padding) | the user blob | u64 checksum of every byte before it
      (ddp__sum_add: FNV-1a's step on 64-bit words in four lanes, then FNV-1a of lanes and tail).
@@ -11706,10 +12011,10 @@ static int ddp__ckpt_check_head(const ddp__ckpt_file *f, const char *path, ddp__
                          "%u and %u", path, version, DDP__CKPT_VERSION, DDP__CKPT_VERSION_OUTER);
         return 0;
     }
-    /* sharded: a shard per rank, or with the outer sync a shard per member of a replica group */
+    /* sharded: a shard per rank, or with the outer sync (or hybrid sharding, version 1) a shard per
+       member of a replica (or shard) group */
     if (world < 1 || world > INT32_MAX || sharded > 1 ||
-        (sharded ? h->shards < 1 || h->shards > world || world % h->shards ||
-                   (version != DDP__CKPT_VERSION_OUTER && h->shards != world) : h->shards != 1u) ||
+        (sharded ? h->shards < 1 || h->shards > world || world % h->shards : h->shards != 1u) ||
         ddp__get_le(fixed + 52, 4) != 0 || st->step < 0) {
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' has an impossible header: world size %u, sharded %u, "
                          "%llu shards, reserved field %llu, AdamW step %lld", path, world, sharded, (unsigned long long)h->shards,

@@ -45,6 +45,8 @@ for n in 2 3; do run "bf16 reduction, $n ranks" "$B/ddprun" -n "$n" "$B/test_bf1
 run "replica groups: 4 thread-ranks in 2 groups of 2 and 6 in 2 of 3, each group's average only (bit for bit; fp32, bf16, bf16 wire, in place and staged), replicas equal after the outer sync" "$B/test_groups"
 run "replica groups with process ranks: ddprun -n 4 (CPU backend), mpirun -n 4 (MPI backend, hierarchical and flat)" tests/test_groups.sh "$B"
 run "shard_optimizer (ZeRO-1) within replica groups: 4 thread-ranks in 2 groups of 2, DiLoCo H=2 and streaming, clipping, one group skipping a step, in place and staged: parameters, m and v = unsharded, bit for bit; bf16 parameters refused by name; groups of one not sharded" "$B/test_groups_shard"
+run "hybrid sharding (shard_group): 4 thread-ranks in 2 groups of 2, 6 in 3 of 2 and in 2 of 3, accumulation, clipping, an unused parameter, skip_nonfinite, fp32 and bf16 parameters, in place and staged: every step = unsharded, bit for bit; saved hybrid, resumed unsharded, hybrid and at 2 ranks; bad input named" "$B/test_hybrid"
+run "hybrid sharding on the MPI backend: mpirun across 2 namespace hosts x 2 ranks, a shard group a host (fp32: the unsharded hierarchical bits every step; bf16: every rank the same bits, within a derived bound; checkpoints); groups across hosts refused by name" tests/test_hybrid.sh "$B"
 run "overlap, 2 ranks" "$B/ddprun" -n 2 "$B/test_overlap"
 run "stragglers: a slow rank named by every rank, its wait in the stats and on the timeline, 3 thread-ranks" "$B/test_straggler"
 run "timeline" tests/test_timeline.sh "$B"
