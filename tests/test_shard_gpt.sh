@@ -21,6 +21,12 @@ for n in 2 3; do
     if [ -n "$a" ] && [ "$a" = "$c" ]; then echo "PASS gpt_shard_gradients_ranks${n}_bitwise_equals_unsharded"
     else echo "FAIL gpt_shard_gradients_ranks${n}_bitwise_equals_unsharded: parameters' hash '$a' unsharded, '$c' with --shard gradients"; fi
 done
+# ZeRO-2 under hybrid sharding (--shard-group 2 on 4 ranks): each rank releases what lies outside
+# its shard group's part; the same bits as unsharded on 4 ranks
+a4=$(OPENBLAS_NUM_THREADS=1 "$B/ddprun" -n 4 "$B/train_gpt" "${args[@]}" 2>&1 | sed -n 's/.*params fnv1a //p')
+c4=$(OPENBLAS_NUM_THREADS=1 "$B/ddprun" -n 4 "$B/train_gpt" "${args[@]}" --shard gradients --shard-group 2 2>&1 | sed -n 's/.*params fnv1a //p')
+if [ -n "$a4" ] && [ "$a4" = "$c4" ]; then echo "PASS gpt_shard_gradients_hybrid_groups_of_2_bitwise_equals_unsharded"
+else echo "FAIL gpt_shard_gradients_hybrid_groups_of_2_bitwise_equals_unsharded: parameters' hash '$a4' unsharded, '$c4' with --shard gradients --shard-group 2"; fi
 # --shard takes a level by name; anything else is refused before training, naming the flag
 bad=$("$B/train_gpt" "${args[@]}" --shard everything 2>&1); rc=$?
 case $bad in *"--shard: 'everything' is not one of none, optimizer, gradients, parameters"*) ok=1 ;; *) ok=0 ;; esac
