@@ -9,7 +9,8 @@
    CONTENTS
      QUICK START · ONE STEP, AS DATA FLOWS · OWN AUTOGRAD · MEMORY LAYOUT AND OVERLAP ·
      STRAGGLERS · FAST MATH · STRUCTS ACROSS VERSIONS · OPTIONS · ADAMW · SHARDED OPTIMIZER (ZeRO-1) ·
-     HYBRID SHARDING · PARAMETER DTYPE (bf16 parameters, fp32 master weights) · OUTER SYNC (replica groups,
+     SHARDED GRADIENTS (ZeRO-2) · HYBRID SHARDING · PARAMETER DTYPE (bf16 parameters, fp32 master
+     weights) · OUTER SYNC (replica groups,
      DiLoCo, streaming DiLoCo) · CHECKPOINTS · BACKENDS ·
      ENVIRONMENT · JOB IDENTITY · ERRORS · NULL, LIFETIME AND THREADS · EMBEDDING: CANCEL,
      PROGRESS, UNEVEN INPUTS · SAMPLER · PLATFORMS (Linux, Windows, macOS) · COMPILE-TIME
@@ -216,6 +217,9 @@
                                            the replica group); N: hybrid, within N consecutive
                                            ranks, replicated across (HYBRID SHARDING); N
                                            divides the world; 1: DDP
+     shard_accumulate 0 ($DDP_SHARD_      shard GRADIENTS only: 1 reduce-scatters every micro-
+                      ACCUMULATE)          step (sync off too) into an fp32 accumulator of this
+                                           rank's parts (SHARDED GRADIENTS); ranks must agree
      outer            mode DDP_OUTER_OFF   replica groups and their outer sync: DiLoCo,
                                            streaming DiLoCo, periodic averaging (OUTER SYNC);
                                            ranks must agree
@@ -283,6 +287,66 @@
      bucket's parts by MPI_Allgatherv after its update (BACKENDS). The gather does not overlap
      the next forward. How each backend runs the step: docs/design.md.
 
+   SHARDED GRADIENTS (ZeRO-2; ddp_desc.shard = DDP_SHARD_GRADIENTS, or DDP_SHARD=gradients)
+     What: ZeRO-1 (above: the parts, the reduce-scatter, m, v and the master in parts, the norm's
+     blocks, the all-gather), and the gradients: once a bucket's reduce-scatter is settled (every
+     member of the team has read this rank's values of it), this rank's gradients outside its
+     part of the bucket are RELEASED: their pages given back to the system (ddp__pages_punch in
+     >>platform), so they read as zeros and cost nothing until the next backward writes them.
+     The views never move: ddp_grad(id), ddp_flat_grads and the bf16 accessors return the same
+     addresses for the whole run; released pages come back, zeroed, as the backward writes them.
+     Only whole pages strictly inside a released range go (a part is 1024 floats, 4 KiB, aligned
+     but at a bucket's ends): the bytes of a page shared with a neighbour are zeroed instead, at
+     most 3 pages a bucket stay resident. Same bits as unsharded training (tests/test_zero2.c,
+     1-4 ranks: fp32, accumulation, find_unused, skip_nonfinite, a bf16 wire, the staged path,
+     bf16 parameters, clipping; the released pages not resident by mincore).
+     Memory per parameter and rank: fp32 parameters 4 + 4/world (gradients) + 8/world (m, v) =
+     4 + 12/world bytes (10 on 2 ranks, 7 on 4, against 12 and 10 for ZeRO-1 and 16 unsharded);
+     bf16 parameters 2 + 2/world + 12/world (master, m, v) = 2 + 14/world (9, 5.5). Plus, during a
+     backward, the gradients of the buckets not settled yet: the one the backward writes and the
+     one being reduced (about 2 * bucket_cap_mb, the pages across part and bucket ends).
+     When: after a synchronizing bucket's reduce-scatter, on the backend's communication thread
+     (the reduce-scatter is each part's owner reading every member's values: released once all
+     have read); ddp_zero_grad releases every bucket whole instead of a memset (which would fault
+     every page back in). find_unused's zero-fill and a backward write released pages like any
+     other; skip_nonfinite's search for the culprit reads this rank's parts only.
+     Reading them: after a step only this rank's parts hold gradients (the averages), the rest
+     reads zeros; ddp_copy_to_host of DDP_GRADS takes a range inside one of this rank's parts and
+     refuses any other by name ("not all held by rank R"; ddp_copy_from_host writes anywhere);
+     ddp_gather_to_host reaches any range through its owners.
+     Accumulation (sync off) costs memory by default: each rank adds its micro-steps into its
+     whole gradients, kept until the synchronizing micro-step reduce-scatters them (PyTorch's
+     no_sync does the same; the bits of unsharded accumulation): 4 (bf16: 2) bytes a parameter
+     more while accumulating. The cheaper choice, desc.shard_accumulate = 1
+     (DDP_SHARD_ACCUMULATE=1): every micro-step's buckets are reduce-scattered, sync off too
+     (find_unused and the ready rules then hold at every micro-step), this rank's part is added
+     in float into an accumulator of its parts (4/world bytes a parameter, allocated at commit)
+     and the whole bucket released at once; the synchronizing micro-step leaves accumulator +
+     its own average in the part, where AdamW, the norm and ddp_gather_to_host read it. Costs a
+     reduce-scatter per micro-step (k times the traffic for k micro-steps) and saves the
+     gradients' memory between micro-steps (only the buckets in flight). Its sum, over micro-
+     steps of the ranks' averages, is another order than unsharded accumulation's (the average of
+     each rank's sum): within float rounding of it, not its bits (tests/test_zero2.c: within
+     u (1 + (k-1)/world) sum |g| of a float64 reference, u = 2^-24), the same bits on every rank;
+     bf16 gradients are widened into it and rounded once at the end. Without sync off (one
+     micro-step) it is plain ZeRO-2.
+     Checkpoints: as ZeRO-1 (the gradients are not in them): saved at any level and world size,
+     loaded at any other, the same continuation (tests/test_zero2.c save / load).
+     Backends: CPU: the gradients live in the shared gradient segment (>>cpu-grads), released by
+     MADV_REMOVE (the hole punched in the segment: the pages leave /dev/shm for every rank that
+     maps it; writing them again takes pages of /dev/shm again: a /dev/shm filled by something
+     else meanwhile is SIGBUS, as for any shared memory that grows); without the segment
+     (DDP_STAGED_GRADS) private memory, MADV_DONTNEED. MPI: the gradients are the rank's private
+     memory (MADV_DONTNEED), released once the bucket's MPI calls have returned
+     (tests/test_zero2_mpi.sh, hierarchical and flat). NCCL: refused by name at ddp_init ("not
+     built yet on the nccl backend": giving device memory back while the pointers stay needs
+     CUDA's virtual memory management, cuMemAddressReserve / cuMemMap / cuMemUnmap); ZeRO-1 is
+     the same reduce-scatter with the gradients kept. Windows: released gradients are zeroed and
+     stay resident (a mapped view cannot give its pages back and keep zeros: >>platform); a
+     POSIX system without MADV_REMOVE (macOS) likewise for the segment. uneven_inputs: refused,
+     as for ZeRO-1. With replica groups (desc.outer) the parts and their release are the team's;
+     with hybrid sharding (HYBRID SHARDING) the shard group's (a rank's buffer outside its part is
+     free once the bucket's function returns); shard_accumulate with shard_group: refused by name.
    HYBRID SHARDING (ddp_desc.shard_group = S, or DDP_SHARD_GROUP=S; with shard >= OPTIMIZER)
      What: the sharded state is split within each group of S consecutive ranks (ranks [g*S,
      (g+1)*S): with a launcher that numbers a host's ranks together, S = LOCAL_WORLD_SIZE is a
@@ -670,6 +734,7 @@
      DDP_SHARD_OPTIMIZER=0|1  shard_optimizer
      DDP_SHARD=none|optimizer|gradients|parameters  shard
      DDP_SHARD_GROUP=N        shard_group
+     DDP_SHARD_ACCUMULATE=0|1 shard_accumulate
      DDP_PARAM_DTYPE=fp32|bf16  param_dtype
    and three with no field (0|1 as well; a typo is refused on every backend):
      DDP_MPI_FLAT=1  (MPI backend, the same on every rank) every rank in MPI, no host groups
@@ -840,6 +905,7 @@
      >>platform     the one place POSIX and Windows differ, one block per concern, each with both
                     halves: threads and locks, time and sleep, processes and threads alive, the
                     counters' wait/wake (futex; Windows: named semaphores), named shared memory,
+                    pages given back (ddp__pages_punch: ZeRO-2's released gradients),
                     sockets, random bytes, address space (ddp__vm_*: reserve, commit, decommit,
                     release), files (the checkpoint's atomic replace); nothing below
                     asks which system it runs on
@@ -871,10 +937,13 @@
                     stragglers' record (ddp__straggle_note, folded into ddp_step_stats at finish)
      >>shard        the shard layout (ddp__shard_range, ddp__master_parts) and the norm's blocks'
                     fixed-order sum every backend uses; the team (>>util: ddp__team_*) is the shard
-                    group under hybrid sharding (ddp__hybrid; resolved by ddp__hybrid_resolve, >>env)
+                    group under hybrid sharding (ddp__hybrid; resolved by ddp__hybrid_resolve, >>env);
+                    ZeRO-2's release of a settled bucket's gradients outside this rank's part
+                    (ddp__z2, ddp__z2_clear, ddp__z2_release)
      >>host         what single and cpu share: host flat buffers, AdamW arithmetic (bf16 parameters:
                     the working copy written in the same pass), bf16 rounding and conversions,
-                    the norm's blocks' sums of squares
+                    the norm's blocks' sums of squares; ZeRO-2 on host gradients (cpu, mpi): a
+                    settled bucket (ddp__z2_settled) and shard_accumulate's accumulator
      >>single       the single backend's table
      >>cpu          its types (the segment's blocks, ddp__cpu); shared-memory collectives over
                     the world or, for a gradient bucket, the team (ddp__span_*: replica groups),
@@ -882,7 +951,8 @@
                     buckets averaged (or reduce-scattered) in place
                     (bf16 parameters: bf16 gradients, summed in float; hybrid sharding: each part
                     over the world, ddp__hybrid_bucket_in_place); sharded AdamW and its
-                    all-gather; its one-bucket function for the work queue; the cpu backend's table
+                    all-gather; its one-bucket function for the work queue (ZeRO-2: then the
+                    release, ddp__z2_cpu_bucket); the cpu backend's table
      >>mpi          the MPI backend (only with DDP_MPI): host groups on the cpu backend's
                     segment, the leaders' fixed-order sum; bf16 buckets and the sharded optimizer
                     among all ranks (the CPU backend's rank order); with replica groups every
@@ -890,7 +960,8 @@
                     ranks: through the host's segment); hybrid sharding (ddp__hybrid_mpi_*: the
                     host's sum, each part across the hosts among its holders); stragglers across hosts
                     through the signature check (ddp__mpi_cross_arrivals, the leaders' relay);
-                    the watchdog's hooks (heartbeats, the collective's age, MPI_Abort), its table
+                    the watchdog's hooks (heartbeats, the collective's age, MPI_Abort); ZeRO-2's
+                    release after a bucket's MPI calls (ddp__z2_mpi_bucket); its table
      >>nccl         the NCCL backend (only with DDP_CUDA): the communicators' life (the
                     world's; a replica group's or, hybrid, a shard group's: ddp__gpu_init_team), the
                     watchdog's hooks, set-up, buckets on the comm stream as the wire plan says
@@ -907,7 +978,8 @@
                     working copies; the gradients need none)
      >>step         ready hooks, launch in bucket order, the tape, finish (the no-overlap check;
                     messages worded for the tape or the program's own backward); with uneven
-                    inputs the count of the ranks with data that begins a synchronizing step
+                    inputs the count of the ranks with data that begins a synchronizing step;
+                    ZeRO-2's shard_accumulate launches the buckets of micro-steps with sync off too
      >>adamw        hyperparameters resolved and checked, handed to the backend; the averaged-
                     gradients guard, and ddp_consume_grads for a program's own optimizer
      >>collectives  user collectives, host copies of the state
@@ -924,7 +996,7 @@
      backend: setup, alloc_flat, commit, begin_step, launch, finish, zero, scale, bf16, adamw,
      adamw_state, copy, collective, allgather, team_bcast, stats, poison, stop, teardown; its
      `shards` flag says whether it runs shard_optimizer (ddp_init refuses it by the backend's
-     name otherwise). Each backend fills it by name (ddp__cpu_table and its like, into the
+     name otherwise), `shards_grads` likewise for DDP_SHARD_GRADIENTS. Each backend fills it by name (ddp__cpu_table and its like, into the
      context's own copy); an optional slot left NULL (setup, commit, begin_step, allgather,
      team_bcast, stats, poison, stop) is nothing to do (allgather: the outer exchange broadcasts
      instead; team_bcast: bf16 + shard_optimizer in groups of several ranks is refused), and the
@@ -1113,6 +1185,13 @@ typedef struct ddp_desc {
        state in parts within each N consecutive ranks, replicated across those groups (HYBRID
        SHARDING in the manual); the world: plain sharding; 1: DDP. Needs shard >= OPTIMIZER. */
     int shard_group;
+    /* DDP_SHARD_GRADIENTS only (default $DDP_SHARD_ACCUMULATE, else 0): how micro-steps with sync
+       off accumulate. 0: on each rank, the whole gradients kept until the synchronizing micro-step
+       (PyTorch's no_sync; the bits of unsharded accumulation). 1: every micro-step's buckets are
+       reduce-scattered and added into an fp32 accumulator of this rank's parts, the rest released
+       at once (1/world of the gradient memory while accumulating, a reduce-scatter per micro-step;
+       the same bits on every rank, not those of unsharded accumulation: SHARDED GRADIENTS). */
+    int shard_accumulate;
 } ddp_desc;
 
 typedef struct ddp_context ddp_context;
@@ -1792,6 +1871,15 @@ static void ddp__seg_unmap(unsigned char *p, size_t bytes) {
 /* Nothing outlives a crashed job's last handle: nothing to sweep. */
 static void ddp__seg_sweep_stale(char *removed, size_t n) { if (n) removed[0] = 0; }
 
+/* ---- pages given back (ZeRO-2's released gradients, >>cpu-grads) ----
+   ddp__pages_punch(p, bytes): give the whole pages of [p, p + bytes) back to the system, so that
+   they read as zeros and cost no memory until written again; returns 1 when it did, 0 when the
+   caller must zero the range itself. Windows: 0 always. A view of a section (the shared segment)
+   cannot be decommitted while mapped, and MEM_RESET / DiscardVirtualMemory keep the pages
+   committed with undefined contents, which the gradients' zeros cannot take: released gradients
+   are zeroed there and stay resident (the layout, the bits and the checks are those of Linux). */
+static int ddp__pages_punch(void *p, size_t bytes) { (void)p; (void)bytes; return 0; }
+
 /* ---- sockets (Winsock; descriptors as int: Windows' socket handles are small numbers) ---- */
 typedef int ddp__socklen;
 static int ddp__net_init(void) {
@@ -2252,6 +2340,25 @@ static int ddp__seg_open(const char *name, size_t bytes, unsigned char **out, in
 }
 #define ddp__seg_unlink(name) ((void)shm_unlink(name))
 #define ddp__seg_unmap(p, bytes) ((void)munmap((p), (bytes)))
+/* ---- pages given back (ZeRO-2's released gradients, >>cpu-grads) ----
+   ddp__pages_punch(p, bytes): p and bytes whole pages. Give them back to the system so that they
+   read as zeros and cost no memory until written again: 1 when done, 0 when the caller must
+   zero the range itself. A shared mapping (the gradient segment, tmpfs): MADV_REMOVE punches
+   the hole in the segment itself, so the pages leave the page cache for every rank that maps
+   them (MADV_DONTNEED would only unmap them here and keep the contents). Private memory
+   (DDP_STAGED_GRADS, the MPI backend): MADV_REMOVE is refused (EINVAL), MADV_DONTNEED frees
+   them and the next touch maps a zero page. A punched page is no longer reserved by the
+   segment's posix_fallocate: writing it again takes a page of /dev/shm, which a full /dev/shm
+   refuses with SIGBUS (as any shared memory that grows). Systems without MADV_REMOVE (macOS):
+   MADV_DONTNEED does not zero shared pages there, so 0 (zeroed by the caller, resident). */
+static int ddp__pages_punch(void *p, size_t bytes) {
+    if (!bytes) return 1;
+#ifdef MADV_REMOVE
+    if (madvise(p, bytes, MADV_REMOVE) == 0) return 1;
+    if (errno == EINVAL && madvise(p, bytes, MADV_DONTNEED) == 0) return 1;   /* private anonymous memory */
+#endif
+    return 0;
+}
 /* Segments are named after the creating pid, so a segment whose creator is gone belongs to a
    crashed job and can go. The names removed are listed in `removed`. */
 static void ddp__seg_sweep_stale(char *removed, size_t n) {
@@ -2607,6 +2714,8 @@ typedef struct ddp__backend {
     int stats_later;               /* a synchronizing step's stats arrive later (stats below) */
     int shards;                    /* 1: runs desc.shard_optimizer (adamw then updates this rank's part
                                       and all-gathers the parameters); 0: ddp_init refuses it */
+    int shards_grads;              /* 1: runs DDP_SHARD_GRADIENTS (ZeRO-2: its gradients are host memory
+                                      that ddp__z2_release gives back); 0: ddp_init refuses it by name */
     /* after the rendezvous (world > 1; the NCCL backend also at world 1): bring up the data plane */
     ddp_result (*setup)(ddp_context *ctx, double deadline);
     /* commit, first half: ctx->flat.params / .grads for ctx->flat.count floats (bf16
@@ -2711,6 +2820,9 @@ struct ddp_context {
         int hybrid;                /* hybrid sharding (desc.shard_group, >>shard): the shard group's
                                       size S, 2 <= S < world, the team of every sharded exchange while
                                       a bucket's average spans the world; 0: off */
+        float *z2_acc;             /* ZeRO-2 with shard_accumulate: this rank's parts' sum of the micro-steps'
+                                      averages since the last synchronizing one (count floats, packed as m) */
+        int z2_acc_steps;          /* micro-steps (sync off) in z2_acc: 0, it holds nothing */
     } shard;
     struct {                       /* the tape (>>step) */
         ddp__tape_op *ops;
@@ -3622,6 +3734,7 @@ static ddp_result ddp__desc_from_env(ddp_context *ctx, ddp_desc *d) {
     }
     if ((r = ddp__env_flag(ctx, "DDP_CHECK_READY", &d->check_ready, "check_ready")) != DDP_OK) return r;
     if ((r = ddp__env_flag(ctx, "DDP_SHARD_OPTIMIZER", &d->shard_optimizer, "shard_optimizer")) != DDP_OK) return r;
+    if ((r = ddp__env_flag(ctx, "DDP_SHARD_ACCUMULATE", &d->shard_accumulate, "shard_accumulate")) != DDP_OK) return r;
     if ((s = ddp__env_set("DDP_SHARD")) != NULL) {
         static const char *const shard_names[] = { "", "none", "optimizer", "gradients", "parameters" };
         for (i = 1; i <= (int)DDP_SHARD_PARAMETERS && strcmp(s, shard_names[i]); i++) {}
@@ -3696,11 +3809,18 @@ static ddp_result ddp__desc_validate(ddp_context *ctx, const ddp_desc *d) {
     if (d->shard_optimizer && d->uneven_inputs != DDP_JOIN_OFF)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_optimizer cannot be combined with uneven_inputs "
                          "(a rank inside ddp_join takes no optimizer steps, but sharded every rank must update its part)");
-    /* TEMPORARY (issue 27 in progress): the levels above ZeRO-1 are being built */
-    if (d->shard > DDP_SHARD_OPTIMIZER)
+    if (d->shard_accumulate && d->shard != DDP_SHARD_GRADIENTS)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_accumulate 1 needs shard DDP_SHARD_GRADIENTS (it says how "
+                         "ZeRO-2 accumulates micro-steps; the other levels keep the gradients whole)");
+    /* hybrid: the other holders of this rank's part copy it after the bucket (out_pending), so it cannot
+       be moved into the accumulator and released at once */
+    if (d->shard_accumulate && d->shard_group)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_accumulate 1 with shard_group %d (hybrid sharding) "
+                         "is not built yet: accumulate with the whole gradients (shard_accumulate 0)", d->shard_group);
+    /* TEMPORARY (issue 27 in progress): the levels above ZeRO-2 are being built */
+    if (d->shard > DDP_SHARD_GRADIENTS)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard %s is not built yet",
-                         d->shard == DDP_SHARD_GRADIENTS ? "DDP_SHARD_GRADIENTS" : d->shard == DDP_SHARD_PARAMETERS ?
-                         "DDP_SHARD_PARAMETERS" : "");
+                         d->shard == DDP_SHARD_PARAMETERS ? "DDP_SHARD_PARAMETERS" : "");
     /* hybrid: a group to shard within needs something sharded (the world's checks: ddp__hybrid_resolve) */
     if (d->shard_group && d->shard < DDP_SHARD_OPTIMIZER)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_group %d shards within groups of %d ranks, but "
@@ -3755,6 +3875,7 @@ static ddp_result ddp__desc_check_given(ddp_context *ctx, const ddp_desc *d) {
         { "outer.fragments", d->outer.fragments, INT_MAX },         { "outer.delay_steps", d->outer.delay_steps, INT_MAX },
         { "outer.quant_block", d->outer.quant_block, INT_MAX },
         { "shard", (int)d->shard, (int)DDP_SHARD_PARAMETERS },       { "shard_group", d->shard_group, INT_MAX },
+        { "shard_accumulate", d->shard_accumulate, 1 },
     };
     const struct { const char *name; double value; } x[] = {
         { "timeout_s", d->timeout_s }, { "bucket_cap_mb", d->bucket_cap_mb }, { "first_bucket_mb", d->first_bucket_mb },
@@ -5175,6 +5296,42 @@ static int ddp__master_parts(const ddp_context *ctx) {
     return ctx->flat.params_bf16 && ddp__sharded(ctx);
 }
 
+/* ZeRO-2 (desc.shard DDP_SHARD_GRADIENTS, SHARDED GRADIENTS in the manual): on top of ZeRO-1's
+   parts, the gradients outside this rank's part of a bucket are released once the bucket's
+   reduce-scatter is settled (every member has read them), and zeroed that way by ddp_zero_grad.
+   The views never move: released pages read as zeros and come back when the backward writes
+   them again. Off on one rank (nothing to shard across), as ZeRO-1. */
+static int ddp__z2(const ddp_context *ctx) { return ctx->desc.shard == DDP_SHARD_GRADIENTS && ddp__sharded(ctx); }
+
+/* Flat gradient elements [from, to) of this rank's buffer read as zeros afterwards: the whole
+   pages strictly inside given back (ddp__pages_punch), the rest zeroed (a page shared with a
+   neighbouring range, or a system that cannot punch). Called for ranges nobody else touches
+   now: a settled bucket's part (the communication thread), or every bucket (ddp_zero_grad). */
+static void ddp__z2_clear(ddp_context *ctx, size_t from, size_t to) {
+    size_t es = ctx->flat.grads_bf16 ? sizeof(ddp_bf16) : sizeof(float), page = ddp__page_size();
+    unsigned char *base = ctx->flat.grads_bf16 ? (unsigned char *)ctx->flat.grads_bf16 : (unsigned char *)ctx->flat.grads;
+    uintptr_t a = (uintptr_t)(base + from * es), e = (uintptr_t)(base + to * es);
+    uintptr_t pa = (a + page - 1) / page * page, pe = e / page * page;
+    if (to <= from) return;
+    if (pe > pa && ddp__pages_punch((void *)pa, (size_t)(pe - pa))) {
+        memset((void *)a, 0, (size_t)(pa - a));
+        memset((void *)pe, 0, (size_t)(e - pe));
+    } else memset((void *)a, 0, (size_t)(e - a));
+}
+
+/* Bucket b is settled on this rank (its reduce-scatter done, every member has read this rank's
+   values): what lies outside this rank's part is released. */
+static void ddp__z2_release(ddp_context *ctx, int b) {
+    const ddp__bucket *k = &ctx->model.buckets[b];
+    size_t lo, hi;
+    ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
+    ddp__z2_clear(ctx, k->offset, lo);
+    ddp__z2_clear(ctx, hi, k->offset + k->count);
+}
+
+/* shard_accumulate: every micro-step's buckets are reduce-scattered, sync off too. */
+static int ddp__z2_acc_on(const ddp_context *ctx) { return ctx->desc.shard_accumulate && ddp__z2(ctx); }
+
 /* The sum of the norm's blocks in a fixed order: DDP__SUM_LANES running sums, sum j taking
    sums[j], sums[j + 256], ... in order, then the running sums added in order. The same terms in
    the same order, and so the same bits, whether one rank computed every block or each its own;
@@ -5264,7 +5421,13 @@ static ddp_result ddp__nonfinite(ddp_context *ctx, const float *grads, const ddp
     size_t k;
     for (i = 0; i < ctx->model.num_params; i++) {
         const ddp__param *p = &ctx->model.params[i];
-        for (k = 0; k < p->count; k++) {
+        size_t k0 = 0, k1 = p->count, lo, hi;
+        if (ddp__z2(ctx)) {   /* ZeRO-2: this rank's part only (a read of the released rest would bring its pages back) */
+            ddp__shard_range(ctx, p->bucket, ddp__team_rank(ctx), &lo, &hi);
+            k0 = lo > p->offset ? lo - p->offset : 0;
+            k1 = hi <= p->offset ? 0 : hi - p->offset < p->count ? hi - p->offset : p->count;
+        }
+        for (k = k0; k < k1; k++) {
             float g = grads16 ? ddp__from_bf16(grads16[p->offset + k]) : grads[p->offset + k];
             if ((grads16 ? ddp__finite_bf16(grads16[p->offset + k]) : ddp__finite_f(g)) || (ctx->desc.shard_optimizer && !ddp__holds(ctx, p->offset + k))) continue;
             if (ctx->desc.skip_nonfinite) {
@@ -5495,6 +5658,47 @@ static void ddp__host_table(ddp__backend *t) {
     t->teardown = ddp__host_free;
 }
 
+/* ZeRO-2 (>>shard: ddp__z2) on the host backends' gradients (cpu, mpi: host memory). */
+/* shard_accumulate, bucket b settled: a micro-step with sync off adds this rank's part (this
+   micro-step's average) into the accumulator and releases the part, so that the next micro-step
+   starts from zeros; the synchronizing one leaves accumulator + its average in the part, where
+   AdamW, the norm and ddp_gather_to_host read it. In float, micro-step after micro-step (bf16
+   gradients: widened exactly, rounded once at the end). */
+static void ddp__z2_accumulate(ddp_context *ctx, int b) {
+    size_t lo, hi, i, n;
+    float *acc = ctx->shard.z2_acc + ctx->shard.base[b];
+    int first = ctx->shard.z2_acc_steps == 0;
+    ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
+    n = hi - lo;
+    if (!ctx->step.sync) {
+        if (ctx->flat.grads_bf16) {
+            const ddp_bf16 *g = ctx->flat.grads_bf16 + lo;
+            for (i = 0; i < n; i++) acc[i] = first ? ddp__from_bf16(g[i]) : acc[i] + ddp__from_bf16(g[i]);
+        } else {
+            const float *g = ctx->flat.grads + lo;
+            if (first) memcpy(acc, g, n * sizeof(float));
+            else for (i = 0; i < n; i++) acc[i] += g[i];
+        }
+        return;   /* the caller releases the whole bucket */
+    }
+    if (first) return;   /* one micro-step: the part holds the average already */
+    if (ctx->flat.grads_bf16) {
+        ddp_bf16 *g = ctx->flat.grads_bf16 + lo;
+        for (i = 0; i < n; i++) g[i] = ddp__to_bf16(acc[i] + ddp__from_bf16(g[i]));
+    } else {
+        float *g = ctx->flat.grads + lo;
+        for (i = 0; i < n; i++) g[i] = acc[i] + g[i];
+    }
+}
+
+/* The communication thread's end of a settled bucket under ZeRO-2 (ddp__z2_cpu_bucket, _mpi_). */
+static void ddp__z2_settled(ddp_context *ctx, int b) {
+    const ddp__bucket *k = &ctx->model.buckets[b];
+    if (ddp__z2_acc_on(ctx)) ddp__z2_accumulate(ctx, b);
+    if (ddp__z2_acc_on(ctx) && !ctx->step.sync) ddp__z2_clear(ctx, k->offset, k->offset + k->count);   /* all of it, in one */
+    else ddp__z2_release(ctx, b);
+}
+
 /* --------------------------------------------------------------------------------------------
    >>single  One rank and nobody to talk to: no network, no shared memory, no thread. Buckets
    are still built and marked ready (the same bookkeeping as with peers), and launching one
@@ -5515,6 +5719,7 @@ static void ddp__single_table(ddp__backend *t) {
     t->name = "single";
     t->id = DDP_BACKEND_SINGLE;
     t->shards = 1;
+    t->shards_grads = 1;
     t->launch = ddp__single_launch;   /* one rank: its gradients are the average already */
     t->finish = ddp__single_finish;
     t->collective = ddp__single_collective;
@@ -6541,6 +6746,15 @@ static ddp_result ddp__cpu_run_bucket(ddp_context *ctx, int index) {
     return r;
 }
 
+/* ZeRO-2: once a bucket is settled, this rank's gradients outside its part are released
+   (ddp__z2_release). In place that is after every member has averaged its part, which is when
+   the sharded ddp__shm_bucket_in_place returns; staged, the bucket was averaged whole here. */
+static ddp_result ddp__z2_cpu_bucket(ddp_context *ctx, int index) {
+    ddp_result r = ddp__cpu_run_bucket(ctx, index);
+    if (r == DDP_OK && ddp__z2(ctx)) ddp__z2_settled(ctx, index);
+    return r;
+}
+
 /* The CPU backend's entry points (the table at the end). */
 static ddp_result ddp__cpu_setup(ddp_context *ctx, double deadline) {
     ddp__cpu *c;
@@ -6549,7 +6763,7 @@ static ddp_result ddp__cpu_setup(ddp_context *ctx, double deadline) {
         return ddp__fail(ctx, DDP_ERR_BAD_ENV, "the CPU backend needs every rank on one host, but "
                          "WORLD_SIZE=%d and LOCAL_WORLD_SIZE=%d", ctx->world, ctx->local_world);
     if (!(c = ctx->impl.cpu = (ddp__cpu *)ddp__calloc(sizeof *c))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
-    ddp__workq_init(&c->comm, ctx, ddp__cpu_run_bucket);
+    ddp__workq_init(&c->comm, ctx, ddp__z2_cpu_bucket);
     if ((r = ddp__shm_setup(ctx, deadline)) != DDP_OK) return r;
     ddp__log(ctx, DDP_LOG_INFO, "rank %d of %d up (cpu backend, segment %s)", ctx->rank, ctx->world, c->shm_name);
     return DDP_OK;
@@ -6666,6 +6880,7 @@ static void ddp__cpu_table(ddp__backend *t) {
     t->name = "cpu";
     t->id = DDP_BACKEND_CPU;
     t->shards = 1;
+    t->shards_grads = 1;
     t->setup = ddp__cpu_setup;
     t->commit = ddp__cpu_commit;
     t->begin_step = ddp__cpu_begin_step;
@@ -7405,6 +7620,14 @@ static ddp_result ddp__mpi_bucket(ddp_context *ctx, int b) {
     return r;
 }
 
+/* ZeRO-2: a bucket's MPI calls have all returned, so no peer reads this rank's values of it
+   any more: what lies outside this rank's part is released (private memory: MADV_DONTNEED). */
+static ddp_result ddp__z2_mpi_bucket(ddp_context *ctx, int b) {
+    ddp_result r = ddp__mpi_bucket(ctx, b);
+    if (r == DDP_OK && ddp__z2(ctx)) ddp__z2_settled(ctx, b);
+    return r;
+}
+
 /* AdamW: unsharded the host arithmetic on every rank; sharded, this rank's parts (the norm from
    every rank's blocks), each bucket's parts all-gathered once updated. */
 static ddp_result ddp__mpi_adamw(ddp_context *ctx, const ddp_adamw *opt, float b1, float b2, float eps, float *grad_norm_out) {
@@ -7783,7 +8006,7 @@ static ddp_result ddp__mpi_setup(ddp_context *ctx, double deadline) {
     if (!(m = ctx->impl.mpi = (ddp__mpi *)ddp__calloc(sizeof *m))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
     m->world = m->local = m->leaders = m->team = MPI_COMM_NULL;
     m->hcross = MPI_COMM_NULL;
-    ddp__workq_init(&m->comm, ctx, ddp__mpi_bucket);
+    ddp__workq_init(&m->comm, ctx, ddp__z2_mpi_bucket);
     pthread_mutex_init(&m->lock, NULL);
     ddp__watchdog_init(&m->wd, ctx, &m->lock);
     ddp__mpi_watch_hooks(&m->wd.hooks);
@@ -7957,6 +8180,7 @@ static void ddp__mpi_table(ddp__backend *t) {
     t->name = "mpi";
     t->id = DDP_BACKEND_MPI;
     t->shards = 1;
+    t->shards_grads = 1;
     t->setup = ddp__mpi_setup;
     t->commit = ddp__mpi_commit;
     t->begin_step = ddp__mpi_begin_step;
@@ -9433,6 +9657,10 @@ static ddp_result ddp__init(ddp_context *ctx, const ddp_desc *desc) {
     if (ctx->desc.shard_optimizer && !ctx->be->shards)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_optimizer is not supported by the %s backend "
                          "(yet): run unsharded there", ctx->be->name);
+    if (ctx->desc.shard == DDP_SHARD_GRADIENTS && !ctx->be->shards_grads)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard DDP_SHARD_GRADIENTS (ZeRO-2) is not built yet on "
+                         "the %s backend (giving device memory back needs CUDA's virtual memory management): use "
+                         "DDP_SHARD_OPTIMIZER there (the same reduce-scatter, the gradients kept whole)", ctx->be->name);
     deadline = ddp__now() + ctx->desc.timeout_s;
     if (ctx->world > 1) {
         if (!ctx->job.token[0] && !ctx->job.id[0])
@@ -9496,6 +9724,7 @@ static ddp_result ddp__shutdown(ddp_context *ctx) {
     DDP_FREE(ctx->shard.base);
     DDP_FREE(ctx->shard.norm_base);
     DDP_FREE(ctx->shard.norm_sums);
+    ddp__free_floats(ctx->shard.z2_acc);
     DDP_FREE(ctx->tape.ops);
     DDP_FREE(ctx->tape.arena);
     DDP_FREE(ctx->outer.frag);   /* >>outer */
@@ -9676,10 +9905,11 @@ static char *ddp__layout_text(ddp_context *ctx, size_t *len_out) {
     char *text = (char *)DDP_MALLOC(cap);
     int i;
     if (!text) return NULL;
-    len = (size_t)snprintf(text, cap, "buckets %.6f %.6f %d reduce %s uneven %d shard %d param %s shard_group %d\n",
+    len = (size_t)snprintf(text, cap, "buckets %.6f %.6f %d reduce %s uneven %d shard %d%s param %s shard_group %d\n",
                            ctx->desc.first_bucket_mb, ctx->desc.bucket_cap_mb, ctx->desc.find_unused,
                            ctx->desc.reduce_dtype == DDP_DTYPE_BF16 ? "bf16" : "fp32", (int)ctx->desc.uneven_inputs,
-                           ctx->desc.shard_optimizer, ddp__bf16_params(ctx) ? "bf16" : "fp32", ctx->shard.hybrid);
+                           (int)ctx->desc.shard, ctx->desc.shard_accumulate ? " accumulate" : "",   /* the level (shard_optimizer follows it) */
+                           ddp__bf16_params(ctx) ? "bf16" : "fp32", ctx->shard.hybrid);
     /* a timeline on some ranks only would stall shutdown (rank 0 waits for each missing trace) */
     len += (size_t)snprintf(text + len, cap - len, "timeline %s\n", ctx->tl.path[0] ? "on" : "off");
     len += (size_t)snprintf(text + len, cap - len, "outer mode %d group_size %d inner_steps %d lr %.9g momentum %.9g "
@@ -9709,7 +9939,7 @@ static ddp_result ddp__layout_mismatch(ddp_context *ctx, const char *a, const ch
     while (!strcmp(ddp__line(a, i, la, sizeof la), ddp__line(b, i, lb, sizeof lb))) i++;
     if (i == 0)
         return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks 0 and %d use different options: rank 0 has '%s', rank %d "
-                         "has '%s' (first_bucket_mb, bucket_cap_mb, find_unused, reduce_dtype, uneven_inputs, shard_optimizer, param_dtype, shard_group)", rank_b, la, rank_b, lb);
+                         "has '%s' (first_bucket_mb, bucket_cap_mb, find_unused, reduce_dtype, uneven_inputs, shard_optimizer / shard / shard_accumulate, param_dtype, shard_group)", rank_b, la, rank_b, lb);
     if (i == 2)
         return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks 0 and %d use different outer settings (ddp_desc.outer): rank 0 "
                          "has '%s', rank %d has '%s'", rank_b, la, rank_b, lb);
@@ -9822,6 +10052,9 @@ static ddp_result ddp__commit(ddp_context *ctx) {
     if ((r = ctx->be->alloc_flat(ctx)) != DDP_OK) return r;
     if ((r = ddp__build_buckets(ctx)) != DDP_OK) return r;
     if ((r = ddp__shard_layout(ctx)) != DDP_OK) return r;
+    if (ddp__z2_acc_on(ctx) && !(ctx->shard.z2_acc = ddp__alloc_floats(ctx->shard.count ? ctx->shard.count : 1)))
+        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the gradients' accumulator (%zu floats, shard_accumulate)",
+                         ctx->shard.count);
     ddp__plan_wire(ctx);
     if (ctx->world > 1 && (r = ddp__verify_layout(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     if (ctx->be->commit && (r = ctx->be->commit(ctx)) != DDP_OK) return r;
@@ -9844,7 +10077,7 @@ static ddp_result ddp__commit(ddp_context *ctx) {
    one GPU runs the path many GPUs run. */
 static ddp_result ddp__launch_ready(ddp_context *ctx) {
     ddp_result r = DDP_OK;
-    if (!ctx->step.sync) return DDP_OK;
+    if (!ctx->step.sync && !ddp__z2_acc_on(ctx)) return DDP_OK;   /* ZeRO-2's shard_accumulate: every micro-step */
     while (r == DDP_OK && ctx->step.next_launch < ctx->model.num_buckets && ctx->model.buckets[ctx->step.next_launch].pending == 0) {
         r = ctx->be->launch(ctx, ctx->step.next_launch++);
     }
@@ -10054,11 +10287,12 @@ static ddp_result ddp__finish(ddp_context *ctx) {
     if ((r = ddp__begin_step(ctx)) != DDP_OK) return r;
     t_wait = ddp__now();
     ctx->step.stats.backward_ms = 1e3 * (t_wait - ctx->step.start);
-    if (ctx->step.sync) {
+    if (ctx->step.sync || ddp__z2_acc_on(ctx)) {   /* ZeRO-2's shard_accumulate: every micro-step reduce-scatters */
         ddp__overlap_check(ctx);
         if ((r = ddp__handle_unused(ctx)) != DDP_OK) return r;
         if ((r = ddp__launch_ready(ctx)) != DDP_OK) return r;
         r = ctx->be->finish(ctx, t_wait);
+        if (ddp__z2_acc_on(ctx)) ctx->shard.z2_acc_steps = ctx->step.sync ? 0 : ctx->shard.z2_acc_steps + 1;
         /* uneven inputs, divided by the ranks with data: the buckets divided by the world size */
         if (r == DDP_OK && ctx->desc.uneven_inputs == DDP_JOIN_DIVIDE_BY_ACTIVE && ctx->join.active > 0 &&
             ctx->join.active < ctx->world)
@@ -10170,11 +10404,28 @@ static ddp_result ddp__backward(ddp_context *ctx) {
     return r == DDP_OK ? ddp__finish(ctx) : r;
 }
 
+/* ZeRO-2's ddp_zero_grad: this rank's parts zeroed in place (their pages are written every step:
+   giving them back would cost a fault a page in the next backward), the rest released (after a
+   synchronizing step it is released already, and punching an empty range costs a system call;
+   after micro-steps with sync off it holds this rank's accumulated gradients). */
+static void ddp__z2_zero(ddp_context *ctx) {
+    size_t lo, hi, es = ctx->flat.grads_bf16 ? sizeof(ddp_bf16) : sizeof(float);
+    unsigned char *base = ctx->flat.grads_bf16 ? (unsigned char *)ctx->flat.grads_bf16 : (unsigned char *)ctx->flat.grads;
+    int b;
+    for (b = 0; b < ctx->model.num_buckets; b++) {
+        ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
+        memset(base + lo * es, 0, (hi - lo) * es);
+        ddp__z2_release(ctx, b);
+    }
+}
+
 static ddp_result ddp__zero_grad(ddp_context *ctx) {
     ddp_result r;
     int i;
     if (ddp__in_backward(ctx)) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_zero_grad while a backward is in flight");
-    if ((r = ddp__zero_grads(ctx, 0, ctx->flat.count)) != DDP_OK) return r;
+    if (ddp__z2(ctx)) ddp__z2_zero(ctx);   /* host memory (CPU, MPI): no memset that would bring the released pages back */
+    else if ((r = ddp__zero_grads(ctx, 0, ctx->flat.count)) != DDP_OK) return r;
+    ctx->shard.z2_acc_steps = 0;           /* shard_accumulate: the accumulator holds nothing */
     for (i = 0; i < ctx->model.num_params; i++) ctx->model.params[i].touched = 0;
     ctx->join.pending = 0;
     return DDP_OK;
@@ -10365,6 +10616,17 @@ static ddp_result ddp__state_at(ddp_context *ctx, ddp_buffer which, size_t offse
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: rank %d cannot write parameters alone: with shard_optimizer "
                          "and bf16 parameters each rank holds the fp32 master only for its own part of each bucket, and "
                          "every rank's bf16 working copies must follow; use ddp_scatter_from_host (collective)", call, ctx->rank);
+    if (!write && which == DDP_GRADS && ddp__z2(ctx) && count) {   /* ZeRO-2: the rest is released (zeros) */
+        for (b = 0; b < ctx->model.num_buckets; b++) {
+            ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
+            if (offset >= lo && offset + count <= hi) break;
+        }
+        if (b == ctx->model.num_buckets)
+            return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: floats [%zu, %zu) of the gradients are not all held by rank "
+                             "%d: with DDP_SHARD_GRADIENTS each rank keeps the averaged gradients only for its own part of "
+                             "each bucket, the rest is released after each step (ddp_gather_to_host reaches any range)",
+                             call, offset, offset + count, ctx->rank);
+    }
     if (!ddp__in_parts(ctx, which) || !count) {
         *at = flat ? flat + offset : NULL;   /* NULL: the bf16 gradients (ddp__state_copy) */
         return DDP_OK;

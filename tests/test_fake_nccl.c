@@ -890,6 +890,17 @@ static void auto_backend(void) {
     ddp_init(&ctx, &d);
     verdict(!strcmp(ddp_backend_name(ctx), "nccl"), "fake_auto_backend_is_nccl_with_a_gpu", "got %s", ddp_backend_name(ctx));
     ddp_shutdown(ctx);
+    {   /* ZeRO-2 is not built on NCCL (it needs CUDA's virtual memory management): refused by name */
+        ddp_result r;
+        d.shard = DDP_SHARD_GRADIENTS;
+        fakegpu_reset();
+        r = ddp_init(&ctx, &d);
+        verdict(r == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(ctx), "DDP_SHARD_GRADIENTS (ZeRO-2) is not built yet on the nccl"),
+                "fake_nccl_shard_gradients_refused_by_name", "%s: %s", ddp_result_string(r), ddp_last_error(ctx));
+        ddp_shutdown(ctx);
+        d.shard = DDP_SHARD_DEFAULT;
+        fakegpu_reset();
+    }
     fakegpu_set_device_count(0);
     ddp_init(&ctx, &d);
     verdict(!strcmp(ddp_backend_name(ctx), "single"), "fake_auto_backend_without_a_gpu", "got %s", ddp_backend_name(ctx));
