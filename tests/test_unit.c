@@ -262,6 +262,21 @@ static void test_unused(void) {
     }
 }
 
+/* ---- the address space block (>>platform): a reserved range whose pages come and go ---- */
+static void test_vm(void) {
+    size_t page = ddp__vm_page(), i, n = 4 * page;
+    unsigned char *base = (unsigned char *)ddp__vm_reserve(n);
+    int ok = base != NULL && page >= 4096 && (page & (page - 1)) == 0, zero = 1;
+    if (ok) ok = ddp__vm_commit(base + page, 2 * page) == 0;
+    if (ok) { memset(base + page, 0xab, 2 * page); ok = base[page] == 0xab && base[3 * page - 1] == 0xab; }
+    if (ok) ok = ddp__vm_decommit(base + page, page) == 0;                 /* the first of the two */
+    if (ok) ok = base[2 * page] == 0xab && ddp__vm_commit(base + page, page) == 0;
+    if (ok) for (i = 0; i < page; i++) zero &= base[page + i] == 0;        /* contents gone */
+    if (base) ok = ddp__vm_release(base, n) == 0 && ok;
+    verdict(ok && zero, "vm_reserve_commit_decommit_release", "page %lu, base %p, ok %d, zero after decommit %d",
+            (unsigned long)page, (void *)base, ok, zero);
+}
+
 /* ---- marking a gradient ready twice ---- */
 static void test_double_ready(void) {
     ddp_context *ctx;
@@ -1346,5 +1361,6 @@ int main(void) {
     test_shm_owner_only();
     test_exited_peer();
     test_wrong_order();
+    test_vm();
     return test_summary("test_unit");
 }
