@@ -335,9 +335,13 @@ bench: bench-deps $(B)/ddprun $(B)/bench_allreduce $(B)/copy_bw $(B)/bench_overl
 	@bench/outer_hosts.sh $(B)
 
 # Across slow links (issue 26): DDP vs DiLoCo vs streaming DiLoCo on 2 namespace hosts at 1 Gbit/s
-# and 100 Mbit/s, the scaling model beside each run (bench/RESULTS.md, bench/outer_hosts.svg).
+# and 100 Mbit/s, the scaling model beside each run (bench/RESULTS.md, bench/outer_hosts.svg);
+# then 3 hosts, 2 ranks a host (groups of 2) and a 25.6 MB shape (RESULTS' further tables).
 bench-outer:
 	@bench/outer_hosts.sh $(B)
+	@bench/outer_hosts.sh $(B) --hosts 3 --rates 100mbit --runs "ddp diloco50_lr1_m0.5 stream25f5t2_lr1_m0.5_int8" --int8-at "" --tag hosts3
+	@bench/outer_hosts.sh $(B) --ranks-per-host 2 --steps 200 --base-steps 30 --rates 100mbit --runs "ddp diloco50_lr1_m0.5 stream25f5t2_lr1_m0.5_int8" --int8-at "" --tag rph2
+	@bench/outer_hosts.sh $(B) --model "--layers 8 --dim 256" --steps 20 --base-steps 6 --eval-every 10 --rates "1gbit 100mbit" --runs "ddp diloco10_lr1_m0.5 stream10f5t1_lr1_m0.5_int8" --int8-at "" --tag large
 
 # What the side-by-side comparisons run against: Open MPI and PyTorch's gloo (Debian's packages;
 # without apt-get, or when it fails, the comparison skips them with a note).
