@@ -15,6 +15,7 @@ PROGRAMS := $(B)/ddprun $(B)/minimal $(B)/own_autograd $(B)/engine $(B)/texture 
             $(B)/train_gpt_emulated $(B)/test_gpt_gpu_emulated $(B)/test_fake_nccl $(B)/hosts_nccl_fake $(B)/test_bf16_params
 PROGRAMS += $(B)/test_groups          # replica groups of several ranks (desc.outer): averages within each group
 PROGRAMS += $(B)/test_groups_shard    # shard_optimizer within replica groups = unsharded, bit for bit
+PROGRAMS += $(B)/test_zero3           # sharded parameters (ZeRO-3 / FSDP) = unsharded, bit for bit
 CHECKS   := $(B)/cxx_check.o
 PROGRAMS += $(B)/mpi_parity          # the CPU side of tests/test_mpi_parity.sh
 PROGRAMS += $(B)/bench_shard_memory   # sharded optimizer: bytes per parameter (bench/RESULTS.md)
