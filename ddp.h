@@ -1838,6 +1838,21 @@ static int ddp__vm_release(void *p, size_t bytes) {
 /* Pages of a shared segment whose contents nobody needs: a pagefile-backed view cannot give
    pages back to the system, so nothing happens (more memory, the same results). */
 static int ddp__vm_drop_shared(void *p, size_t bytes) { (void)p; (void)bytes; errno = ENOSYS; return -1; }
+/* A hook told the address of each access violation before the system's handling goes on (a
+   debugging run names what was touched; see the POSIX half): a vectored exception handler. */
+static void (*ddp__fault_fn)(void *addr);
+static PVOID ddp__fault_handle;
+static LONG CALLBACK ddp__fault_vectored(PEXCEPTION_POINTERS e) {
+    if (e->ExceptionRecord->ExceptionCode == EXCEPTION_ACCESS_VIOLATION && ddp__fault_fn && e->ExceptionRecord->NumberParameters >= 2)
+        ddp__fault_fn((void *)e->ExceptionRecord->ExceptionInformation[1]);
+    return EXCEPTION_CONTINUE_SEARCH;
+}
+static void ddp__fault_hook(void (*fn)(void *addr)) {
+    ddp__fault_fn = fn;
+    if (fn && !ddp__fault_handle) ddp__fault_handle = AddVectoredExceptionHandler(1, ddp__fault_vectored);
+    if (!fn && ddp__fault_handle) { RemoveVectoredExceptionHandler(ddp__fault_handle); ddp__fault_handle = NULL; }
+}
+static void ddp__write_stderr(const char *s) { DWORD n; WriteFile(GetStdHandle(STD_ERROR_HANDLE), s, (DWORD)strlen(s), &n, NULL); }
 
 
 /* ---- files (checkpoints): UTF-8 paths, wide Win32 calls; descriptors are the CRT's over the
@@ -2322,6 +2337,29 @@ static int ddp__vm_release(void *p, size_t bytes) { return munmap(p, bytes); }
 /* Pages of a shared segment (MAP_SHARED, tmpfs) whose contents nobody needs, given back to the
    system (MADV_REMOVE: a later touch reads zeros). Where there is no such call, nothing happens
    (more memory, the same results). */
+/* A hook told the address of each SIGSEGV (fn NULL: removed). The handler calls it, puts the
+   handler that was there before back, and returns: the access faults again and meets that one
+   (by default the process dies of SIGSEGV, as it would have). Process-wide: one at a time. */
+static void (*ddp__fault_fn)(void *addr);
+static struct sigaction ddp__fault_prev;
+static void ddp__fault_action(int sig, siginfo_t *si, void *uc) {
+    (void)sig; (void)uc;
+    if (ddp__fault_fn) ddp__fault_fn(si->si_addr);
+    ddp__fault_fn = NULL;
+    sigaction(SIGSEGV, &ddp__fault_prev, NULL);
+}
+static void ddp__fault_hook(void (*fn)(void *addr)) {
+    struct sigaction sa;
+    if (fn && !ddp__fault_fn) {
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = ddp__fault_action;
+        sa.sa_flags = SA_SIGINFO;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGSEGV, &sa, &ddp__fault_prev);
+    } else if (!fn && ddp__fault_fn) sigaction(SIGSEGV, &ddp__fault_prev, NULL);
+    ddp__fault_fn = fn;
+}
+static void ddp__write_stderr(const char *s) { if (write(2, s, strlen(s)) < 0) { /* nothing more to do in a fault */ } }
 static int ddp__vm_drop_shared(void *p, size_t bytes) {
 #ifdef MADV_REMOVE
     return madvise(p, bytes, MADV_REMOVE);
@@ -9907,6 +9945,26 @@ static void ddp__z3_drop_unowned(ddp_context *ctx) {
     DDP_FREE(keep);
 }
 
+/* check_ready (a debugging run, one rank): a touch of a released page is named before the
+   process dies of it. The handler may run at any moment: it only reads what commit fixed (the
+   view, the units' ranges, the parameters' offsets and names) and writes with write(2). */
+static ddp_context *ddp__z3_fault_ctx;
+static void ddp__z3_fault(void *addr) {
+    ddp_context *ctx = ddp__z3_fault_ctx;
+    const unsigned char *a = (const unsigned char *)addr;
+    size_t at;
+    int u, i;
+    if (!ctx || a < ctx->z3.view || a >= ctx->z3.view + ctx->z3.view_bytes) return;
+    at = (size_t)(a - ctx->z3.view) / ctx->z3.es;
+    for (u = 0; u < ctx->z3.num_units && !(at >= ctx->z3.units[u].lo && at < ctx->z3.units[u].hi); u++) {}
+    for (i = ctx->model.num_params - 1; i > 0 && ctx->model.params[i].offset > at; i--) {}
+    ddp__write_stderr("ddp rank 0 error: DDP_CHECK_READY: the program touched parameter '");
+    ddp__write_stderr(ctx->model.params[i].name);
+    ddp__write_stderr("' of unit '");
+    ddp__write_stderr(u < ctx->z3.num_units ? ctx->z3.units[u].name : "?");
+    ddp__write_stderr("', which is released (DDP_SHARD_PARAMETERS: its pages are gone until ddp_unit_gather); the fault goes on\n");
+}
+
 /* The end of ddp_commit at PARAMETERS: units' ranges, the view reserved (every unit released),
    the owner storage trimmed to this rank's parts, the prefetch thread. */
 static ddp_result ddp__z3_commit(ddp_context *ctx) {
@@ -9953,6 +10011,7 @@ static ddp_result ddp__z3_commit(ddp_context *ctx) {
     }
     ctx->z3.started = 1;
     ctx->z3.on = 1;
+    if (ctx->desc.check_ready && !ddp__z3_fault_ctx) { ddp__z3_fault_ctx = ctx; ddp__fault_hook(ddp__z3_fault); }
     return DDP_OK;
 }
 
@@ -9968,6 +10027,7 @@ static void ddp__z3_free(ddp_context *ctx) {
         ddp__mutex_destroy(&ctx->z3.lock);
         ctx->z3.started = 0;
     }
+    if (ddp__z3_fault_ctx == ctx) { ddp__fault_hook(NULL); ddp__z3_fault_ctx = NULL; }
     if (ctx->z3.view) ddp__vm_release(ctx->z3.view, ctx->z3.view_bytes);
     ctx->z3.view = NULL;
     ctx->z3.on = 0;

@@ -32,6 +32,7 @@ typedef struct config {
 
 static int rank, world;
 static int solo;   /* contexts of one rank of their own (the refusals, on rank 0 only) */
+static int check_ready;   /* the next context is a DDP_CHECK_READY debugging run */
 
 /* The model: W[l] (D x D), b[l] (D) for each layer, the head h (D), maybe an unused parameter. */
 typedef struct model {
@@ -192,6 +193,7 @@ static ddp_result open_model(model *m, const config *c, ddp_shard level) {
     d.param_dtype = c->bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
     d.shard = level;
     if (solo) d.world_size = 1;
+    d.check_ready = check_ready;
     if ((r = ddp_init(&m->ddp, &d)) != DDP_OK) return r;
     for (l = 0; l <= LAYERS; l++) {
         size_t i;
@@ -268,6 +270,29 @@ static int touch_faults(const float *p) {
         (void)x;
         _exit(0);
     }
+    if (pid < 0 || waitpid(pid, &status, 0) != pid) return 0;
+    return WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV;
+}
+
+/* Under check_ready: the child's stderr names the parameter and unit it touched, then it dies of SIGSEGV. */
+static int touch_named(const float *p, char *said, size_t cap) {
+    int fd[2], status = 0;
+    ssize_t n, got = 0;
+    pid_t pid;
+    if (pipe(fd) != 0) return 0;
+    fflush(stdout); fflush(stderr);
+    if ((pid = fork()) == 0) {
+        volatile float x;
+        dup2(fd[1], 2);
+        close(fd[0]);
+        x = p[3];
+        (void)x;
+        _exit(0);
+    }
+    close(fd[1]);
+    while (pid > 0 && (size_t)got < cap - 1 && (n = read(fd[0], said + got, cap - 1 - (size_t)got)) > 0) got += n;
+    said[got > 0 ? got : 0] = 0;
+    close(fd[0]);
     if (pid < 0 || waitpid(pid, &status, 0) != pid) return 0;
     return WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV;
 }
@@ -419,6 +444,20 @@ static void refusals(void) {
         verdict(r == DDP_ERR_INVALID_STATE && contains(ddp_last_error(m.ddp), "DDP_SHARD_PARAMETERS", NULL), "zero3_own_optimizer_refused", "%s", ddp_last_error(m.ddp));
     }
     ddp_shutdown(m.ddp);
+#ifndef _WIN32
+    check_ready = 1;
+    if (open_model(&m, &c, DDP_SHARD_PARAMETERS) == DDP_OK) {
+        char said[1024];
+        int died;
+        ddp_unit_gather(m.ddp, m.unit[1]);
+        ddp_unit_release(m.ddp, m.unit[1]);
+        died = touch_named(ddp_param(m.ddp, m.b[1]), said, sizeof said);
+        verdict(died && contains(said, "'layer1.b'", "unit 'layer1'") && contains(said, "released", NULL),
+                "zero3_check_ready_names_the_touched_parameter", "died of SIGSEGV: %d; said: %s", died, said);
+    } else { printf("FAIL zero3_check_ready_open: %s\n", ddp_last_error(m.ddp)); test_failures++; }
+    ddp_shutdown(m.ddp);
+    check_ready = 0;
+#endif
 }
 
 /* Across world sizes: `save` trains 3 steps at LEVEL and saves; `load` (another world size and
