@@ -2998,6 +2998,7 @@ static int ddp__sharded(const ddp_context *ctx) { return ctx->desc.shard_optimiz
 static int ddp__z3(const ddp_context *ctx) { return ctx->z3.on; }
 static int ddp__z3_flat_parts(const ddp_context *ctx) { return ctx->z3.on && !ctx->flat.params_bf16 && ddp__sharded(ctx); }
 static void ddp__z3_free(ddp_context *ctx);
+static int ddp__z3_unit_index(const ddp_context *ctx, int i);
 static int ddp__bf16_params(const ddp_context *ctx) { return ctx->desc.param_dtype == DDP_DTYPE_BF16; }
 
 /* The team: the ranks a gradient bucket is averaged among. With replica groups (desc.outer,
@@ -9452,7 +9453,10 @@ static ddp_result ddp__build_buckets(ddp_context *ctx) {
         size_t bytes = (end - p->offset) * sizeof(float);
         ddp__bucket *b = n ? &ctx->model.buckets[n - 1] : NULL;
         size_t limit = n <= 1 ? first_cap : cap;
-        if (!b || (b->count * sizeof(float) + bytes > limit && b->count > 0)) {
+        /* declared units (>>zero3) cut buckets at their boundaries, at every level: so a unit's
+           gradients are whole buckets, and every level has the same buckets (the norm's blocks) */
+        int cut = b && i + 1 < ctx->model.num_params && ddp__z3_unit_index(ctx, i) != ddp__z3_unit_index(ctx, i + 1);
+        if (!b || cut || (b->count * sizeof(float) + bytes > limit && b->count > 0)) {
             b = &ctx->model.buckets[n++];
             b->last_param = i;
             b->count = 0;
@@ -9705,6 +9709,14 @@ static ddp_result ddp__register_unit(ddp_context *ctx, const char *name, int fir
     ctx->z3.units[u].last_op = -1;
     if (unit_out) *unit_out = u;
     return DDP_OK;
+}
+
+/* The declared unit parameter i is in (-1: none); before ddp_commit too. */
+static int ddp__z3_unit_index(const ddp_context *ctx, int i) {
+    int u;
+    for (u = 0; u < ctx->z3.num_units; u++)
+        if (i >= ctx->z3.units[u].first && i < ctx->z3.units[u].first + ctx->z3.units[u].n) return u;
+    return -1;
 }
 
 /* At ddp_commit, before anything is laid out: under PARAMETERS every parameter is in a unit. */

@@ -425,6 +425,15 @@ static void refusals(void) {
         verdict(r == DDP_ERR_INVALID_STATE && contains(ddp_last_error(m.ddp), "'layer1.b'", "unit 'layer1'"), "zero3_record_of_released_unit_named",
                 "%s", ddp_last_error(m.ddp));
         ddp_tape_reset(m.ddp);
+        {   /* buckets follow units: each bucket's parameters are in one unit (a layer's W and b, or the head) */
+            int k, bad = 0, nb = ddp_num_buckets(m.ddp);
+            for (k = 0; k < nb; k++) {
+                ddp_bucket_info bi;
+                ddp_bucket(m.ddp, k, &bi);
+                if (bi.first_param != bi.last_param && !(bi.last_param == bi.first_param + 1 && bi.first_param != m.head && bi.first_param % 2 == 0)) bad++;
+            }
+            verdict(bad == 0 && nb >= LAYERS + 1, "zero3_buckets_follow_units", "%d of %d buckets span two units", bad, nb);
+        }
         ddp_zero_grad(m.ddp);
         r = forward(&m, 0, 0);
         release_probe = m.unit[0];   /* the head's op (replayed first) releases layer 0, which the last op needs */
