@@ -9,6 +9,7 @@
    CONTENTS
      QUICK START · ONE STEP, AS DATA FLOWS · OWN AUTOGRAD · MEMORY LAYOUT AND OVERLAP ·
      STRAGGLERS · FAST MATH · STRUCTS ACROSS VERSIONS · OPTIONS · ADAMW · SHARDED OPTIMIZER (ZeRO-1) ·
+     SHARDED PARAMETERS (ZeRO-3, FSDP) ·
      PARAMETER DTYPE (bf16 parameters, fp32 master weights) · OUTER SYNC (replica groups,
      DiLoCo, streaming DiLoCo) · CHECKPOINTS · BACKENDS ·
      ENVIRONMENT · JOB IDENTITY · ERRORS · NULL, LIFETIME AND THREADS · EMBEDDING: CANCEL,
@@ -281,6 +282,85 @@
      all ranks; the norm's blocks by one MPI_Allreduce (each non-zero on its owner only), each
      bucket's parts by MPI_Allgatherv after its update (BACKENDS). The gather does not overlap
      the next forward. How each backend runs the step: docs/design.md.
+
+   SHARDED PARAMETERS (ZeRO-3, FSDP; ddp_desc.shard = DDP_SHARD_PARAMETERS or DDP_SHARD=parameters)
+     What: ZeRO-1 (above: m, v and the bf16 master in parts; each bucket reduce-scattered; the
+     norm's blocks) and the parameters in parts too. Each rank keeps its parts of the parameters
+     (its owner storage; the bf16 working copies with bf16 parameters, the fp32 master packed as
+     under ZeRO-1), and AdamW updates them in place: no all-gather after the step. The program
+     groups parameters into units and gathers a unit before its forward and releases it after;
+     the tape's backward gathers them again itself. Same bits as unsharded training on 1-4 ranks
+     with the tape or without, accumulation, bf16, clipping, find_unused, skip_nonfinite, and
+     checkpoints saved at one level and world size, loaded at another (tests/test_zero3.c).
+       int u;
+       ddp_register_param(ddp, "l0.W", ...); ddp_register_param(ddp, "l0.b", ...);
+       ddp_register_unit(ddp, "layer0", first_id, 2, &u);   // ids first_id, first_id + 1
+       ...
+       ddp_commit(ddp);
+       forward: ddp_unit_gather(ddp, u); ddp_unit_prefetch(ddp, u + 1);  // the next copy overlaps
+                ... read ddp_param(ddp, id), ddp_tape_record(...) ...;  ddp_unit_release(ddp, u);
+       ddp_backward(ddp);                                     // gathers, prefetches, releases
+       ddp_adamw_step(ddp, &opt, NULL);
+     Units: ddp_register_unit(ctx, name, first_id, num_params, &unit) before ddp_commit, a run of
+     consecutive registration ids (so one contiguous range of the flat buffer); declared at any
+     level (gather, prefetch and release do nothing below PARAMETERS, so a program declares them
+     once and runs at every level). Declared units cut the buckets at their boundaries, at every
+     level (a unit is cut into several buckets at the cap; no bucket spans two units), so every
+     level has the same buckets and the same bits. Refused by name: a unit that overlaps another
+     (naming the parameter in both), an empty unit, ids not registered yet, a unit after
+     ddp_commit, a duplicate name; at ddp_commit under PARAMETERS, a parameter in no unit.
+     Pointers never move: ddp_param / ddp_param_bf16 / ddp_flat_params (fp32; with bf16 it is the
+     master, as below PARAMETERS) / ddp_flat_params_bf16 return the same address for the whole
+     run. The flat parameter buffer is an address range reserved once (>>platform's address
+     space: mmap PROT_NONE + MAP_NORESERVE; Windows VirtualAlloc MEM_RESERVE); a unit's pages
+     are committed when it is gathered and its parameters copied there from every owner's
+     parts, and decommitted when it is released: the contents are gone and a touch faults
+     (SIGSEGV; Windows an access violation). Neighbouring units share at most the page at their
+     boundary (no padding is added: the layout is the same at every level), which stays while
+     either is gathered; its bytes of a released neighbour read as stale values, not a fault.
+     Gather, prefetch, release: ddp_unit_gather returns once the unit is whole (waiting for its
+     prefetch if one is in flight); ddp_unit_prefetch starts the copy on the prefetch thread;
+     ddp_unit_release decommits (after waiting for a prefetch in flight). A gather of a gathered
+     unit does nothing; a release of a released one is an error. ddp_unit_gathered says.
+     On the CPU backend a gather is local copies: every rank's parts live in the shared segment
+     beside the gradients (each rank keeps pages only for its own parts), so a rank reads its
+     peers' parts directly, with no exchange and no wait; the prefetch runs on this level's own
+     thread (the communication thread keeps the buckets). The parts change only inside
+     ddp_adamw_step, which ends with a barrier; ddp_commit and a load of parameters
+     (ddp_scatter_from_host, ddp_load) end with one too, so a gather never reads a part mid-update.
+     The tape: ddp_backward replays ops last to first; before op i it gathers the units of the
+     parameter ids op i lists (so an op must list every parameter whose values its backward
+     reads), prefetches the units of the next op that lists any, and after op i releases each
+     unit that no earlier op lists. A unit kept gathered from the end of the forward (FSDP keeps
+     the last one) is used as it is and released after its last op. Every unit the tape's ops
+     list is released when ddp_backward returns.
+     Own autograd (no tape): the forward as above; the backward gathers each unit before its
+     gradients are computed (prefetching the next), calls ddp_grad_ready for its parameters,
+     releases it, and ends with ddp_finish; every unit is released before ddp_adamw_step.
+     Misuse, named (INVALID_STATE): ddp_tape_record listing a parameter of a unit that is not
+     gathered (released, or prefetched and not waited for), naming the parameter and unit;
+     ddp_adamw_step (or ddp_scatter_from_host / ddp_load of parameters) with a unit still
+     gathered ("a gather without a release"), changing nothing; ddp_unit_release during the
+     backward of a unit that an op not yet replayed lists, naming the op and parameter;
+     ddp_consume_grads (a program's own optimizer would write the gathered views, not the
+     parts). With check_ready (DDP_CHECK_READY=1, one rank), a touch of a released page is
+     named on stderr (parameter and unit) before the process dies of the fault; otherwise the
+     program sees the plain SIGSEGV. A step misused on one rank only leaves its peers waiting in
+     the step until timeout_s.
+     Gradients: as under ZeRO-1 (every rank's flat gradient buffer is whole; each bucket is
+     reduce-scattered in place). Accumulation (sync off) keeps them whole until the
+     synchronizing micro-step, as unsharded. ZeRO-2's release of the non-owned gradient pages
+     is not applied at this level yet.
+     Memory per parameter and rank, CPU backend, fp32: 4/world (parts) + 4 (gradients) +
+     8/world (m, v) + 4 x (the units gathered at once) / (all units); bf16 parameters: 2/world
+     (working copies' parts) + 2 (gradients) + 12/world (master, m, v) + 2 x gathered share. The
+     gathered share is the largest unit (or two, with a prefetch) in a layer-by-layer program.
+     Backends: single and cpu. Refused at ddp_init, by name: NCCL ("not built yet on the NCCL
+     backend", needs CUDA virtual memory management), MPI, replica groups (desc.outer),
+     uneven_inputs (as ZeRO-1); the CPU backend without its shared segment (DDP_STAGED_GRADS, or
+     no room in /dev/shm) at ddp_commit. The timeline: each gather (prefetched or not) and
+     release is an event on the comm lane ("gather unit N", "release unit N": the unit's name
+     and bytes).
 
    PARAMETER DTYPE (ddp_desc.param_dtype = DDP_DTYPE_BF16, or DDP_PARAM_DTYPE=bf16)
      bf16 training with fp32 master weights (docs/design.md): every parameter has a bf16 working
@@ -815,7 +895,9 @@
                     liveness, poison; each exchange's arrivals (ddp__cpu_arrivals); >>cpu-grads
                     buckets averaged (or reduce-scattered) in place
                     (bf16 parameters: bf16 gradients, summed in float); sharded AdamW and its
-                    all-gather; its one-bucket function for the work queue; the cpu backend's table
+                    all-gather (sharded parameters: a barrier instead, and each peer's parts read
+                    where they are, ddp__cpu_z3_parts); its one-bucket function for the work
+                    queue; the cpu backend's table
      >>mpi          the MPI backend (only with DDP_MPI): host groups on the cpu backend's
                     segment, the leaders' fixed-order sum; bf16 buckets and the sharded optimizer
                     among all ranks (the CPU backend's rank order); with replica groups every
@@ -837,6 +919,10 @@
                     layout check, commit and its bucket plan (DDP_LOG=info); the bf16
                     conversion generic code asks for (ddp__bf16_op: the master rounded into the
                     working copies; the gradients need none)
+     >>zero3        sharded parameters (ZeRO-3): units, the view reserved once and its pages'
+                    counts, gather / prefetch (its own thread) / release, the tape's plan (each
+                    unit's last op), the misuse checks, check_ready's fault naming; in >>params
+                    before ddp__commit
      >>step         ready hooks, launch in bucket order, the tape, finish (the no-overlap check;
                     messages worded for the tape or the program's own backward); with uneven
                     inputs the count of the ranks with data that begins a synchronizing step
@@ -854,12 +940,13 @@
      >>public       every public function: checks its arguments and the context, hands off
      The backend table (ddp__backend in >>types) is the only way generic code reaches a
      backend: setup, alloc_flat, commit, begin_step, launch, finish, zero, scale, bf16, adamw,
-     adamw_state, copy, collective, allgather, team_bcast, stats, poison, stop, teardown; its
+     adamw_state, copy, collective, allgather, team_bcast, z3_parts, stats, poison, stop, teardown; its
      `shards` flag says whether it runs shard_optimizer (ddp_init refuses it by the backend's
      name otherwise). Each backend fills it by name (ddp__cpu_table and its like, into the
      context's own copy); an optional slot left NULL (setup, commit, begin_step, allgather,
-     team_bcast, stats, poison, stop) is nothing to do (allgather: the outer exchange broadcasts
-     instead; team_bcast: bf16 + shard_optimizer in groups of several ranks is refused), and the
+     team_bcast, z3_parts, stats, poison, stop) is nothing to do (allgather: the outer exchange broadcasts
+     instead; team_bcast: bf16 + shard_optimizer in groups of several ranks is refused; z3_parts:
+     DDP_SHARD_PARAMETERS runs on one rank only), and the
      generic caller checks. A backend carries out each bucket's wire plan (ddp__wire, made at
      commit), and reaches the work queue and the watchdog (>>engine) through its hooks. Adding
      a backend is adding a section that fills one and a line in ddp__choose_backend.
