@@ -93,6 +93,9 @@ static void usage(FILE *f) {
         "  --dump-init PATH   write the initial parameters (float32, registration order) and exit\n"
         "  --cpu              the CPU backend and model even where a GPU is visible (GPU build)\n"
         "  --shard-optimizer  AdamW's m and v sharded across the ranks (ZeRO-1; same results)\n"
+        "  --units            declare the model's units (a block each, the embeddings, the final LayerNorm)\n"
+        "                     at every level, as DDP_SHARD=parameters does (ZeRO-3): the same buckets, so\n"
+        "                     the same bits at every level\n"
         "  --tf32             GPU: TF32 tensor-core matmuls (faster, less exact; default pure fp32)\n"
         "  --bf16             GPU: bf16 weights, gradients and activations, fp32 accumulation and master\n"
         "                     weights (the CUDA model only: not with --cpu or --tf32)\n"
@@ -204,6 +207,7 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errn)
         else if (!strcmp(a, "--tf32")) { o->tf32 = 1; continue; }
         else if (!strcmp(a, "--bf16")) { o->bf16 = 1; continue; }
         else if (!strcmp(a, "--shard-optimizer")) { o->shard = 1; continue; }
+        else if (!strcmp(a, "--units")) { gpt_declare_units = 1; continue; }
         else if (!strcmp(a, "--fresh")) { o->fresh = 1; continue; }
         else if (!strcmp(a, "--data")) sp = &o->data;
         else if (!strcmp(a, "--save")) sp = &o->save;
@@ -862,7 +866,8 @@ int main(int argc, char **argv) {
             const ddp_desc *c = ddp_config(ddp);
             printf("ddp.h: %s backend | timeout %g s | parameters %s | optimizer %s | check_ready %d | log %s | "
                    "timeline %s | job '%s'\n", ddp_backend_name(ddp), c->timeout_s,
-                   c->param_dtype == DDP_DTYPE_BF16 ? "bf16" : "fp32", c->shard_optimizer ? "sharded (ZeRO-1)" : "unsharded",
+                   c->param_dtype == DDP_DTYPE_BF16 ? "bf16" : "fp32", c->shard == DDP_SHARD_PARAMETERS ? "and parameters sharded (ZeRO-3)"
+                   : c->shard_optimizer ? "sharded (ZeRO-1)" : "unsharded",
                    c->check_ready, (unsigned)c->log_level <= DDP_LOG_OFF ? levels[c->log_level] : "?",
                    c->timeline_path && *c->timeline_path ? c->timeline_path : "off", c->job_id ? c->job_id : "");
         }
