@@ -13,28 +13,37 @@ port() { free_port; }
 now() { date +%s.%N; }
 shm_ours() { ls /dev/shm 2>/dev/null | grep -E "^ddp-($1)-" || true; }
 
-# 1. A rank SIGKILLed in the forward, inside backward (its peers mid-allreduce) or just before
-#    the optimizer step, ranks started by hand (no launcher to clean up): the others must exit
-#    non-zero within 10 s with an error that names the dead rank, and leave nothing in /dev/shm.
-for where in forward backward optimizer; do
+# kill_job NAME WORLD STEP WHERE [VAR=VALUE ...]: WORLD ranks of test_fault started by hand (no
+# launcher to clean up), rank 1 SIGKILLed at step STEP in WHERE (the variables pick the rest); every
+# other rank must exit non-zero within 10 s with an error that names rank 1. Leaves p and pids set.
+kill_job() {
+  local name=$1 world=$2 step=$3 where=$4 r rc t secs died_at
+  shift 4
   p=$(port)
   pids=()
-  for r in 0 1 2; do
-    RANK=$r WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$p DIE_RANK=1 DIE_STEP=15 DIE_WHERE=$where \
+  for ((r = 0; r < world; r++)); do
+    env RANK=$r WORLD_SIZE=$world MASTER_ADDR=127.0.0.1 MASTER_PORT=$p DIE_RANK=1 DIE_STEP=$step DIE_WHERE=$where "$@" \
       timeout 60 "$B/test_fault" 100000 >"$tmp/out$r" 2>"$tmp/err$r" &
     pids+=($!)
   done
   wait "${pids[1]}" 2>/dev/null; died_at=$(now)
-  for r in 0 2; do
+  for ((r = 0; r < world; r++)); do
+    [ "$r" -eq 1 ] && continue
     wait "${pids[$r]}"; rc=$?; t=$(now)
     secs=$(awk -v a="$died_at" -v b="$t" 'BEGIN { printf "%.2f", b - a }')
     if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && awk -v s="$secs" 'BEGIN { exit !(s < 10) }' &&
        grep -q "rank 1 (pid [0-9]*) died" "$tmp/err$r"; then
-      pass "killed_in_${where}_rank${r}_exits_nonzero_naming_rank1 (${secs}s)"
+      pass "${name}_rank${r}_names_rank1 (${secs}s)"
     else
-      fail "killed_in_${where}_rank${r}_exits_nonzero_naming_rank1" "rc=$rc after ${secs}s: $(tail -n 1 "$tmp/err$r")"
+      fail "${name}_rank${r}_names_rank1" "rc=$rc after ${secs}s: $(tail -n 1 "$tmp/err$r")"
     fi
   done
+}
+
+# 1. Killed in the forward, inside backward (its peers mid-allreduce) or just before the optimizer
+#    step: nothing left in /dev/shm, the store's port released.
+for where in forward backward optimizer; do
+  kill_job "killed_in_${where}" 3 15 "$where"
   left=$(shm_ours "$(IFS='|'; echo "${pids[*]}")")
   [ -z "$left" ] && pass "killed_in_${where}_no_shm_left" || fail "killed_in_${where}_no_shm_left" "$left"
   if ss -ltn 2>/dev/null | grep -q ":$p "; then fail "killed_in_${where}_port_released" "port $p still listening"
@@ -43,51 +52,15 @@ done
 
 # 1a. The same kill just before an outer step (replica groups of one rank, DiLoCo every 5 steps:
 #     the peers are in the outer exchange; streaming with a delay: in the exchange's own thread,
-#     found when the fragment is due to merge): every survivor names the dead rank within 10 s.
-for delay in 0 1; do
-  p=$(port)
-  pids=()
-  for r in 0 1 2; do
-    if [ "$delay" -eq 0 ]; then od=(); else od=(OUTER_DELAY=$delay); fi
-    env RANK=$r WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$p DIE_RANK=1 DIE_STEP=14 DIE_WHERE=optimizer OUTER=5 "${od[@]}" \
-      timeout 60 "$B/test_fault" 100000 >"$tmp/out$r" 2>"$tmp/err$r" &
-    pids+=($!)
-  done
-  wait "${pids[1]}" 2>/dev/null; died_at=$(now)
-  for r in 0 2; do
-    wait "${pids[$r]}"; rc=$?; t=$(now)
-    secs=$(awk -v a="$died_at" -v b="$t" 'BEGIN { printf "%.2f", b - a }')
-    if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && awk -v s="$secs" 'BEGIN { exit !(s < 10) }' &&
-       grep -q "rank 1 (pid [0-9]*) died" "$tmp/err$r"; then
-      pass "killed_before_outer_step_delay${delay}_rank${r}_names_rank1 (${secs}s)"
-    else
-      fail "killed_before_outer_step_delay${delay}_rank${r}_names_rank1" "rc=$rc after ${secs}s: $(tail -n 1 "$tmp/err$r")"
-    fi
-  done
-done
+#     found when the fragment is due to merge).
+kill_job killed_before_outer_step_delay0 3 14 optimizer OUTER=5
+kill_job killed_before_outer_step_delay1 3 14 optimizer OUTER=5 OUTER_DELAY=1
 
 # 1c. Replica groups of 2 ranks (4 ranks, DiLoCo with H far beyond the run): rank 1 killed inside
 #     backward. Its group's peer is mid-bucket and names it; the other group never waits for
-#     rank 1 in its own buckets and sees the poison at its next bucket (or wait): every survivor names the
-#     dead rank within 10 s (not H steps later, at the next outer sync).
-p=$(port)
-pids=()
-for r in 0 1 2 3; do
-  RANK=$r WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=$p DIE_RANK=1 DIE_STEP=15 DIE_WHERE=backward OUTER=1000000 OUTER_GROUP=2 \
-    timeout 60 "$B/test_fault" 100000 >"$tmp/out$r" 2>"$tmp/err$r" &
-  pids+=($!)
-done
-wait "${pids[1]}" 2>/dev/null; died_at=$(now)
-for r in 0 2 3; do
-  wait "${pids[$r]}"; rc=$?; t=$(now)
-  secs=$(awk -v a="$died_at" -v b="$t" 'BEGIN { printf "%.2f", b - a }')
-  if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && awk -v s="$secs" 'BEGIN { exit !(s < 10) }' &&
-     grep -q "rank 1 (pid [0-9]*) died" "$tmp/err$r"; then
-    pass "killed_in_backward_groups_of_2_rank${r}_names_rank1 (${secs}s)"
-  else
-    fail "killed_in_backward_groups_of_2_rank${r}_names_rank1" "rc=$rc after ${secs}s: $(tail -n 1 "$tmp/err$r")"
-  fi
-done
+#     rank 1 in its own buckets and sees the poison at its next bucket (or wait): every survivor
+#     names the dead rank within 10 s (not H steps later, at the next outer sync).
+kill_job killed_in_backward_groups_of_2 4 15 backward OUTER=1000000 OUTER_GROUP=2
 left=$(shm_ours "$(IFS='|'; echo "${pids[*]}")")
 [ -z "$left" ] && pass "killed_in_backward_groups_of_2_no_shm_left" || fail "killed_in_backward_groups_of_2_no_shm_left" "$left"
 
