@@ -9898,7 +9898,6 @@ static void *ddp__z3_main(void *arg) {
     for (;;) {
         int u;
         double t0, t1;
-        size_t bytes;
         while (!ctx->z3.stop && !ctx->z3.qlen) ddp__cond_wait(&ctx->z3.cond, &ctx->z3.lock);
         if (ctx->z3.stop) break;
         u = ctx->z3.queue[ctx->z3.qhead];
@@ -9906,13 +9905,12 @@ static void *ddp__z3_main(void *arg) {
         ctx->z3.qlen--;
         ddp__mutex_unlock(&ctx->z3.lock);
         t0 = ddp__now();
-        bytes = ddp__z3_copy(ctx, u);
+        ddp__z3_copy(ctx, u);
         t1 = ddp__now();
         ddp__mutex_lock(&ctx->z3.lock);
         ctx->z3.units[u].t0 = t0;
         ctx->z3.units[u].t1 = t1;
         ctx->z3.units[u].state = DDP__Z3_GATHERED;
-        (void)bytes;
         ddp__cond_broadcast(&ctx->z3.cond);
     }
     ddp__mutex_unlock(&ctx->z3.lock);
@@ -10170,7 +10168,7 @@ static ddp_result ddp__z3_before_op(ddp_context *ctx, int i) {
         }
         if (n->num_ids) break;
     }
-    ctx->z3.replay_op = i;
+    if (r == DDP_OK) ctx->z3.replay_op = i;
     return r;
 }
 
@@ -10793,8 +10791,10 @@ static ddp_result ddp__state_at(ddp_context *ctx, ddp_buffer which, size_t offse
     return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: floats [%zu, %zu) of %s are not all held by rank %d: with "
                      "shard_optimizer each rank holds %s only for its own part of each bucket (ddp_gather_to_host "
                      "and ddp_scatter_from_host reach any range)", call, offset, offset + count,
-                     which == DDP_ADAM_M ? "AdamW's m" : which == DDP_ADAM_V ? "AdamW's v" : "the fp32 master", ctx->rank,
-                     which == DDP_PARAMS ? "the fp32 master (bf16 parameters)" : "m and v");
+                     which == DDP_ADAM_M ? "AdamW's m" : which == DDP_ADAM_V ? "AdamW's v" : ddp__z3_flat_parts(ctx) ?
+                     "the parameters" : "the fp32 master", ctx->rank, which != DDP_PARAMS ? "m and v" : ddp__z3_flat_parts(ctx)
+                     ? "the parameters (DDP_SHARD_PARAMETERS; ddp_param's view holds a unit only while it is gathered)"
+                     : "the fp32 master (bf16 parameters)");
 }
 
 /* Sharded: the pieces of [offset, offset + count) of m, v, the master in parts (or, gathered, the averaged gradients)

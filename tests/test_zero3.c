@@ -317,6 +317,18 @@ static void run_config(const config *c) {
         verdict(touch_faults(ddp_param(z.ddp, z.W[2])), name, "a read of a released parameter did not fault");
     }
 #endif
+    if (r == DDP_OK && world > 1 && !c->bf16 && !c->own) {   /* a host copy of parameters: this rank's parts only */
+        float x[2];
+        size_t n;
+        ddp_result q;
+        ddp_flat_grads(z.ddp, &n);
+        q = ddp_copy_to_host(z.ddp, DDP_PARAMS, rank == 0 ? n - 2 : 0, x, 2);
+        if (rank == 0) {
+            snprintf(name, sizeof name, "zero3_%s_host_copy_outside_part_named_%dranks", c->name, world);
+            verdict(q == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(z.ddp), "the parameters (DDP_SHARD_PARAMETERS"), name,
+                    "%s: %s", ddp_result_string(q), ddp_last_error(z.ddp));
+        }
+    }
     if (r != DDP_OK) { printf("FAIL zero3_%s_sharded: %s\n", c->name, ddp_last_error(z.ddp)); test_failures++; }
     ddp_shutdown(z.ddp);
     for (step = 0; step < STEPS; step++)

@@ -822,6 +822,9 @@ int main(int argc, char **argv) {
         if (!gpt_load_data(&spec, rank, world, &data, err, sizeof err)) DIE("train_gpt: %s", err);
     }
     sampler = gpt_window_sampler(data.train_len, T, world, rank, o.seed);
+    if (ddp_config(ddp)->shard == DDP_SHARD_PARAMETERS && model_uses_cuda(ddp, &o))   /* its forward gathers no units */
+        DIE("train_gpt: rank %d: DDP_SHARD=parameters (ZeRO-3) runs with the CPU model only (gpt.h gathers its units; the "
+            "CUDA model does not yet)", rank);
     {
         ddp_result r = model_create(&mo, ddp, &o);
         if (r != DDP_OK) DIE("train_gpt: %s", model_create_failure(ddp, &o, r, err, sizeof err));
