@@ -15,10 +15,13 @@ PROGRAMS := $(B)/ddprun $(B)/minimal $(B)/own_autograd $(B)/engine $(B)/texture 
             $(B)/train_gpt_emulated $(B)/test_gpt_gpu_emulated $(B)/test_fake_nccl $(B)/hosts_nccl_fake $(B)/test_bf16_params
 PROGRAMS += $(B)/test_groups          # replica groups of several ranks (desc.outer): averages within each group
 PROGRAMS += $(B)/test_groups_shard    # shard_optimizer within replica groups = unsharded, bit for bit
-PROGRAMS += $(B)/test_zero3           # sharded parameters (ZeRO-3 / FSDP) = unsharded, bit for bit
+PROGRAMS += $(B)/test_zero2          # ZeRO-2 (shard GRADIENTS) = unsharded, bit for bit; released gradient pages
+PROGRAMS += $(B)/test_hybrid          # hybrid sharding (shard_group) = unsharded, bit for bit
 CHECKS   := $(B)/cxx_check.o
 PROGRAMS += $(B)/mpi_parity          # the CPU side of tests/test_mpi_parity.sh
 PROGRAMS += $(B)/bench_shard_memory   # sharded optimizer: bytes per parameter (bench/RESULTS.md)
+PROGRAMS += $(B)/bench_zero2_memory   # ZeRO-2: a rank's Pss/Rss per level, step time against NONE (bench/RESULTS.md)
+PROGRAMS += $(B)/test_zero3           # sharded parameters (ZeRO-3 / FSDP) = unsharded, bit for bit
 PROGRAMS += $(B)/bench_zero3_memory   # sharded parameters: a rank's resident bytes per parameter at every level (bench/RESULTS.md)
 PROGRAMS += $(B)/bench_bf16_step      # bf16 parameters: the library's part of a step (bench/RESULTS.md)
 PROGRAMS += $(B)/bench_adamw_guard    # bf16 parameters: the misuse guard's share of the AdamW pass
@@ -120,6 +123,8 @@ MPI_PROGRAMS := $(M)/mpi_steps $(M)/test_equivalence $(M)/test_collectives $(M)/
 MPI_PROGRAMS += $(M)/mpi_parity
 MPI_PROGRAMS += $(M)/test_groups      # the same replica groups on the MPI backend (tests/test_groups.sh)
 MPI_PROGRAMS += $(M)/test_groups_shard   # shard_optimizer within the groups on the MPI backend
+MPI_PROGRAMS += $(M)/test_zero2      # ZeRO-2 on the MPI backend (tests/test_zero2_mpi.sh)
+MPI_PROGRAMS += $(M)/test_hybrid         # hybrid sharding across hosts (tests/test_hybrid.sh)
 ifeq ($(strip $(MPICC)),)
 mpi:
 	@echo "no mpicc: the MPI backend's programs are not built (apt-get install openmpi-bin libopenmpi-dev)"
@@ -130,6 +135,7 @@ $(M):
 	@mkdir -p $(M)
 $(M)/%: tests/%.c tests/testlib.h ddp.h | $(M)
 	$(MPICC) -std=c99 $(CFLAGS) $(WARN) -DDDP_MPI -o $@ $< $(LDLIBS)
+$(M)/test_zero2: tests/test_shard.c   # its harness, included
 $(M)/%: examples/%.c ddp.h | $(M)
 	$(MPICC) -std=c99 $(CFLAGS) $(WARN) -DDDP_MPI -o $@ $< $(LDLIBS)
 $(M)/%: bench/%.c ddp.h | $(M)
@@ -194,6 +200,7 @@ $(B)/%: bench/%.c bench/bench_sizes.h ddp.h | $(B)
 	$(CC) -std=c99 $(CFLAGS) $(WARN) -o $@ $< $(LDLIBS)
 # test_equivalence's model (shared with test_fake_nccl and the GPU tests): one more prerequisite
 $(B)/test_equivalence $(M)/test_equivalence: tests/support/equivalence_model.h
+$(B)/test_zero2: tests/test_shard.c   # its harness, included
 
 # The neural-texture host program (examples/engine/), built as C and as C++.
 $(B)/texture: examples/engine/texture.c ddp.h | $(B)
@@ -330,9 +337,13 @@ bench: bench-deps $(B)/ddprun $(B)/bench_allreduce $(B)/copy_bw $(B)/bench_overl
 	@bench/outer_hosts.sh $(B)
 
 # Across slow links (issue 26): DDP vs DiLoCo vs streaming DiLoCo on 2 namespace hosts at 1 Gbit/s
-# and 100 Mbit/s, the scaling model beside each run (bench/RESULTS.md, bench/outer_hosts.svg).
+# and 100 Mbit/s, the scaling model beside each run (bench/RESULTS.md, bench/outer_hosts.svg);
+# then 3 hosts, 2 ranks a host (groups of 2) and a 25.6 MB shape (RESULTS' further tables).
 bench-outer:
 	@bench/outer_hosts.sh $(B)
+	@bench/outer_hosts.sh $(B) --hosts 3 --rates 100mbit --runs "ddp diloco50_lr1_m0.5 stream25f5t2_lr1_m0.5_int8" --int8-at "" --tag hosts3
+	@bench/outer_hosts.sh $(B) --ranks-per-host 2 --steps 200 --base-steps 30 --rates 100mbit --runs "ddp diloco50_lr1_m0.5 stream25f5t2_lr1_m0.5_int8" --int8-at "" --tag rph2
+	@bench/outer_hosts.sh $(B) --model "--layers 8 --dim 256" --steps 20 --base-steps 6 --eval-every 10 --rates "1gbit 100mbit" --runs "ddp diloco10_lr1_m0.5 stream10f5t1_lr1_m0.5_int8" --int8-at "" --tag large
 
 # What the side-by-side comparisons run against: Open MPI and PyTorch's gloo (Debian's packages;
 # without apt-get, or when it fails, the comparison skips them with a note).

@@ -9,7 +9,7 @@
    CONTENTS
      QUICK START · ONE STEP, AS DATA FLOWS · OWN AUTOGRAD · MEMORY LAYOUT AND OVERLAP ·
      STRAGGLERS · FAST MATH · STRUCTS ACROSS VERSIONS · OPTIONS · ADAMW · SHARDED OPTIMIZER (ZeRO-1) ·
-     SHARDED PARAMETERS (ZeRO-3, FSDP) ·
+     SHARDED GRADIENTS (ZeRO-2) · SHARDED PARAMETERS (ZeRO-3, FSDP) · HYBRID SHARDING ·
      PARAMETER DTYPE (bf16 parameters, fp32 master weights) · OUTER SYNC (replica groups,
      DiLoCo, streaming DiLoCo) · CHECKPOINTS · BACKENDS ·
      ENVIRONMENT · JOB IDENTITY · ERRORS · NULL, LIFETIME AND THREADS · EMBEDDING: CANCEL,
@@ -215,7 +215,11 @@
                                            as shard_optimizer says; ranks must agree
      shard_group      0 ($DDP_SHARD_GROUP) the ranks a shard spans: 0 every rank (with outer:
                                            the replica group); N: hybrid, within N consecutive
-                                           ranks, replicated across
+                                           ranks, replicated across (HYBRID SHARDING); N
+                                           divides the world; 1: DDP
+     shard_accumulate 0 ($DDP_SHARD_      shard GRADIENTS only: 1 reduce-scatters every micro-
+                      ACCUMULATE)          step (sync off too) into an fp32 accumulator of this
+                                           rank's parts (SHARDED GRADIENTS); ranks must agree
      outer            mode DDP_OUTER_OFF   replica groups and their outer sync: DiLoCo,
                                            streaming DiLoCo, periodic averaging (OUTER SYNC);
                                            ranks must agree
@@ -282,6 +286,67 @@
      all ranks; the norm's blocks by one MPI_Allreduce (each non-zero on its owner only), each
      bucket's parts by MPI_Allgatherv after its update (BACKENDS). The gather does not overlap
      the next forward. How each backend runs the step: docs/design.md.
+
+   SHARDED GRADIENTS (ZeRO-2; ddp_desc.shard = DDP_SHARD_GRADIENTS, or DDP_SHARD=gradients)
+     What: ZeRO-1 (above: the parts, the reduce-scatter, m, v and the master in parts, the norm's
+     blocks, the all-gather), and the gradients: once a bucket's reduce-scatter is settled (every
+     member of the team has read this rank's values of it), this rank's gradients outside its
+     part of the bucket are RELEASED: their pages given back to the system (ddp__pages_punch in
+     >>platform), so they read as zeros and cost nothing until the next backward writes them.
+     The views never move: ddp_grad(id), ddp_flat_grads and the bf16 accessors return the same
+     addresses for the whole run; released pages come back, zeroed, as the backward writes them.
+     Only whole pages strictly inside a released range go (a part is 1024 floats, 4 KiB, aligned
+     but at a bucket's ends): the bytes of a page shared with a neighbour are zeroed instead, at
+     most 3 pages a bucket stay resident. Same bits as unsharded training (tests/test_zero2.c,
+     1-4 ranks: fp32, accumulation, find_unused, skip_nonfinite, a bf16 wire, the staged path,
+     bf16 parameters, clipping; the released pages not resident by mincore).
+     Memory per parameter and rank: fp32 parameters 4 + 4/world (gradients) + 8/world (m, v) =
+     4 + 12/world bytes (10 on 2 ranks, 7 on 4, against 12 and 10 for ZeRO-1 and 16 unsharded);
+     bf16 parameters 2 + 2/world + 12/world (master, m, v) = 2 + 14/world (9, 5.5). Plus, during a
+     backward, the gradients of the buckets not settled yet: the one the backward writes and the
+     one being reduced (about 2 * bucket_cap_mb, the pages across part and bucket ends).
+     When: after a synchronizing bucket's reduce-scatter, on the backend's communication thread
+     (the reduce-scatter is each part's owner reading every member's values: released once all
+     have read); ddp_zero_grad releases every bucket whole instead of a memset (which would fault
+     every page back in). find_unused's zero-fill and a backward write released pages like any
+     other; skip_nonfinite's search for the culprit reads this rank's parts only.
+     Reading them: after a step only this rank's parts hold gradients (the averages), the rest
+     reads zeros; ddp_copy_to_host of DDP_GRADS takes a range inside one of this rank's parts and
+     refuses any other by name ("not all held by rank R"; ddp_copy_from_host writes anywhere);
+     ddp_gather_to_host reaches any range through its owners.
+     Accumulation (sync off) costs memory by default: each rank adds its micro-steps into its
+     whole gradients, kept until the synchronizing micro-step reduce-scatters them (PyTorch's
+     no_sync does the same; the bits of unsharded accumulation): 4 (bf16: 2) bytes a parameter
+     more while accumulating. The cheaper choice, desc.shard_accumulate = 1
+     (DDP_SHARD_ACCUMULATE=1): every micro-step's buckets are reduce-scattered, sync off too
+     (find_unused and the ready rules then hold at every micro-step), this rank's part is added
+     in float into an accumulator of its parts (4/world bytes a parameter, allocated at commit)
+     and the whole bucket released at once; the synchronizing micro-step leaves accumulator +
+     its own average in the part, where AdamW, the norm and ddp_gather_to_host read it. Costs a
+     reduce-scatter per micro-step (k times the traffic for k micro-steps) and saves the
+     gradients' memory between micro-steps (only the buckets in flight). Its sum, over micro-
+     steps of the ranks' averages, is another order than unsharded accumulation's (the average of
+     each rank's sum): within float rounding of it, not its bits (tests/test_zero2.c: within
+     u (1 + (k-1)/world) sum |g| of a float64 reference, u = 2^-24), the same bits on every rank;
+     bf16 gradients are widened into it and rounded once at the end. Without sync off (one
+     micro-step) it is plain ZeRO-2.
+     Checkpoints: as ZeRO-1 (the gradients are not in them): saved at any level and world size,
+     loaded at any other, the same continuation (tests/test_zero2.c save / load).
+     Backends: CPU: the gradients live in the shared gradient segment (>>cpu-grads), released by
+     MADV_REMOVE (the hole punched in the segment: the pages leave /dev/shm for every rank that
+     maps it; writing them again takes pages of /dev/shm again: a /dev/shm filled by something
+     else meanwhile is SIGBUS, as for any shared memory that grows); without the segment
+     (DDP_STAGED_GRADS) private memory, MADV_DONTNEED. MPI: the gradients are the rank's private
+     memory (MADV_DONTNEED), released once the bucket's MPI calls have returned
+     (tests/test_zero2_mpi.sh, hierarchical and flat). NCCL: refused by name at ddp_init ("not
+     built yet on the nccl backend": giving device memory back while the pointers stay needs
+     CUDA's virtual memory management, cuMemAddressReserve / cuMemMap / cuMemUnmap); ZeRO-1 is
+     the same reduce-scatter with the gradients kept. Windows: released gradients are zeroed and
+     stay resident (a mapped view cannot give its pages back and keep zeros: >>platform); a
+     POSIX system without MADV_REMOVE (macOS) likewise for the segment. uneven_inputs: refused,
+     as for ZeRO-1. With replica groups (desc.outer) the parts and their release are the team's;
+     with hybrid sharding (HYBRID SHARDING) the shard group's (a rank's buffer outside its part is
+     free once the bucket's function returns); shard_accumulate with shard_group: refused by name.
 
    SHARDED PARAMETERS (ZeRO-3, FSDP; ddp_desc.shard = DDP_SHARD_PARAMETERS or DDP_SHARD=parameters)
      What: ZeRO-1 (above: m, v and the bf16 master in parts; each bucket reduce-scattered; the
@@ -361,6 +426,64 @@
      no room in /dev/shm) at ddp_commit. The timeline: each gather (prefetched or not) and
      release is an event on the comm lane ("gather unit N", "release unit N": the unit's name
      and bytes).
+
+   HYBRID SHARDING (ddp_desc.shard_group = S, or DDP_SHARD_GROUP=S; with shard >= OPTIMIZER)
+     What: the sharded state is split within each group of S consecutive ranks (ranks [g*S,
+     (g+1)*S): with a launcher that numbers a host's ranks together, S = LOCAL_WORLD_SIZE is a
+     group a host) and replicated across the G = world / S groups; every synchronizing step still
+     averages the gradients over the whole world (it is DDP across the groups, not the outer
+     sync). Member s of every group holds the same parts (SHARDED OPTIMIZER's layout with world
+     -> S), and every sharded exchange stays in the group: the norm's blocks, skip_nonfinite's
+     verdict (every group's is the same: their averages are equal), the all-gather of the
+     parameters after the update. A bucket: reduce-scattered within the group, then each part
+     allreduced across the groups among the ranks that hold it (member s of every group), then
+     the norm, AdamW on the part, the all-gather within the group. Every rank ends every step
+     with the same parameters, bit for bit.
+     When: the state does not fit when held whole (DDP) but fits split S ways (a host's ranks),
+     and the link between hosts is slow: flat sharding (S = world) puts the all-gather of the
+     parameters (and, on the MPI backend, bf16 buckets' reduce-scatter among all ranks) on the
+     slow link; hybrid keeps them on the host's fast one.
+     Memory per parameter and rank (fp32 parameters): 4 (parameters) + 4 (gradients) + 8/S (m,
+     v); bf16 parameters: 2 + 2 + 12/S (the master in parts too). S = world is flat sharding,
+     S = 1 is DDP (16 bytes). (Levels above OPTIMIZER divide their parts by S alike.)
+     The slow link, per step: each rank sends, and receives, 2 (G-1)/G of its part of the
+     gradients (an allreduce of 1/S of them; fp32: 8 (G-1)/(G S) bytes a parameter), so a host
+     (S ranks) sends 8 (G-1)/G bytes a parameter, what the MPI backend's unsharded hierarchical
+     allreduce sends (there by the host's leader alone; here by all S ranks at once); flat
+     ZeRO-1 sends that plus the parameters' all-gather across the hosts (measured:
+     bench/RESULTS.md, "Issue 27").
+     Values: S must divide the world (else DDP_ERR_INVALID_ARGUMENT naming shard_group and the
+     world); S = world is plain sharding, and S = 1 a shard of one rank: everything whole on every
+     rank, the level resolved to DDP_SHARD_NONE (ddp_config() says so), both accepted. shard_group
+     with shard NONE (shard_optimizer 0): refused, naming both. With replica groups (desc.outer)
+     the state is already split within each group: shard_group must be 0 or outer.group_size.
+     uneven_inputs: refused, as for every sharded level.
+     The bits. CPU backend: each part's average is every rank's gradient added in rank order and
+     divided by the world (the G holders of a part split it G ways; each averages its piece of
+     every rank's buffer in the segment into its own, and copies the other holders' pieces once
+     every rank is done): unsharded's bits, at any S (tests/test_hybrid.c); without the segment
+     (DDP_STAGED_GRADS) the buckets are averaged whole: the same bits. MPI backend: each group
+     must be one host's ranks in local rank order (hierarchical; a group across hosts or
+     DDP_MPI_FLAT: refused by name at ddp_commit); the host's sum of the bucket through its shared
+     memory (local rank order), then this rank's part across the hosts through a communicator of
+     its holders: each holds a piece, MPI_Alltoallv, the host sums added in host order, divided
+     by the world, MPI_Allgatherv: fp32 gradients give the unsharded hierarchical run's bits
+     (tests/test_hybrid.sh, 2 hosts x 2 ranks). bf16 on the wire (bf16 parameters, reduce_dtype
+     BF16): the values as bf16, summed in float the same way and rounded once: every rank the
+     same bits, but not unsharded's, which adds every rank in rank order (the test holds the
+     averaged gradients within a bound it derives: 3 float roundings of the sum, one to bf16). Outside a rank's part its gradient
+     buffer holds the host's sum there (CPU: its own gradients). The stragglers of a hybrid bucket
+     are the host's (the part across hosts is not counted). NCCL: each bucket is averaged whole
+     over the world by ncclAllReduce(ncclAvg), as unsharded (so an unsharded NCCL run's bits;
+     NCCL picks its own route, rings and trees that keep most bytes inside a host), and the
+     norm's blocks and the all-gather run on a second communicator, the shard group's (set up
+     as a replica group's: BACKENDS); the memory is saved, the slow link's bytes are DDP's (a
+     reduce-scatter within the group and an allreduce across would need a third communicator:
+     not built). Tested on tests/fakegpu (tests/test_fake_nccl.c: the CPU backend's unsharded
+     bits), not yet on GPUs.
+     Checkpoints: the shard table has S entries (format version 1); the file loads at any world
+     size and sharding, and a hybrid run loads any file (an older ddp.h refuses hybrid files as an
+     impossible header). ddp_gather_to_host takes each part from the root's group.
 
    PARAMETER DTYPE (ddp_desc.param_dtype = DDP_DTYPE_BF16, or DDP_PARAM_DTYPE=bf16)
      bf16 training with fp32 master weights (docs/design.md): every parameter has a bf16 working
@@ -585,8 +708,10 @@
              (OUTER SYNC): a second communicator over each group's ranks (its ncclUniqueId from
              the group's first rank through the store; ncclCommInitRankConfig, so any NCCL from
              2.10), on which the buckets are averaged; the watchdog, aborts and shutdown cover it
-             as they do the world's. Step stats come from CUDA events, read lazily (stats.step
-             names the step they describe).
+             as they do the world's. Hybrid sharding (desc.shard_group): the shard group gets
+             that second communicator, for the norm's blocks and the all-gather; the buckets
+             stay on the world's (HYBRID SHARDING). Step stats come from CUDA events, read
+             lazily (stats.step names the step they describe).
 
      mpi     CPU ranks on several hosts (only with -DDDP_MPI, built by mpicc; tested with Open MPI
              4.1; MPICH's own environment (PMI_RANK) is not read by ENVIRONMENT below yet).
@@ -633,9 +758,13 @@
              for the same groups, on any hosts; a group that is exactly one host's ranks (the
              default, one group a host, with a launcher that numbers a host's ranks together)
              averages through the host's shared memory instead, no MPI, the same bits (DDP_LOG=
-             info says which). The world's collectives stay as above.
+             info says which). The world's collectives stay as above. Hybrid sharding
+             (desc.shard_group, a group a host): each bucket's host sum through the host's
+             shared memory, then each part across the hosts through a communicator of the ranks
+             that hold it (the leaders' order: fp32 keeps the unsharded bits; HYBRID SHARDING).
              Tests: tests/test_mpi_parity.sh (one host, flat and hierarchical),
-             tests/test_mpi_hosts.sh (2 hosts x 2 ranks), tests/test_groups.sh (groups).
+             tests/test_mpi_hosts.sh (2 hosts x 2 ranks), tests/test_groups.sh (groups),
+             tests/test_hybrid.sh (hybrid sharding).
              Over TCP (Open MPI's btl tcp): where ddp.h initializes MPI it sets the Open MPI
              parameters that mpirun --mca / OMPI_MCA_* left unset: btl_tcp_eager_limit,
              btl_tcp_rndv_eager_limit and btl_tcp_max_send_size 1 MiB, btl_tcp_links 2,
@@ -685,6 +814,7 @@
      DDP_SHARD_OPTIMIZER=0|1  shard_optimizer
      DDP_SHARD=none|optimizer|gradients|parameters  shard
      DDP_SHARD_GROUP=N        shard_group
+     DDP_SHARD_ACCUMULATE=0|1 shard_accumulate
      DDP_PARAM_DTYPE=fp32|bf16  param_dtype
    and three with no field (0|1 as well; a typo is refused on every backend):
      DDP_MPI_FLAT=1  (MPI backend, the same on every rank) every rank in MPI, no host groups
@@ -855,6 +985,7 @@
      >>platform     the one place POSIX and Windows differ, one block per concern, each with both
                     halves: threads and locks, time and sleep, processes and threads alive, the
                     counters' wait/wake (futex; Windows: named semaphores), named shared memory,
+                    pages given back (ddp__pages_punch: ZeRO-2's released gradients),
                     sockets, random bytes, address space (ddp__vm_*: reserve, commit, decommit,
                     release), files (the checkpoint's atomic replace); nothing below
                     asks which system it runs on
@@ -885,28 +1016,35 @@
                     stopped time, the store's poison and lost ranks, the backend's hooks); the
                     stragglers' record (ddp__straggle_note, folded into ddp_step_stats at finish)
      >>shard        the shard layout (ddp__shard_range, ddp__master_parts) and the norm's blocks'
-                    fixed-order sum every backend uses
+                    fixed-order sum every backend uses; the team (>>util: ddp__team_*) is the shard
+                    group under hybrid sharding (ddp__hybrid; resolved by ddp__hybrid_resolve, >>env);
+                    ZeRO-2's release of a settled bucket's gradients outside this rank's part
+                    (ddp__z2, ddp__z2_clear, ddp__z2_release)
      >>host         what single and cpu share: host flat buffers, AdamW arithmetic (bf16 parameters:
                     the working copy written in the same pass), bf16 rounding and conversions,
-                    the norm's blocks' sums of squares
+                    the norm's blocks' sums of squares; ZeRO-2 on host gradients (cpu, mpi): a
+                    settled bucket (ddp__z2_settled) and shard_accumulate's accumulator
      >>single       the single backend's table
      >>cpu          its types (the segment's blocks, ddp__cpu); shared-memory collectives over
                     the world or, for a gradient bucket, the team (ddp__span_*: replica groups),
                     liveness, poison; each exchange's arrivals (ddp__cpu_arrivals); >>cpu-grads
                     buckets averaged (or reduce-scattered) in place
-                    (bf16 parameters: bf16 gradients, summed in float); sharded AdamW and its
+                    (bf16 parameters: bf16 gradients, summed in float; hybrid sharding: each part
+                    over the world, ddp__hybrid_bucket_in_place); sharded AdamW and its
                     all-gather (sharded parameters: a barrier instead, and each peer's parts read
                     where they are, ddp__cpu_z3_parts); its one-bucket function for the work
-                    queue; the cpu backend's table
+                    queue (ZeRO-2: then the release, ddp__z2_cpu_bucket); the cpu backend's table
      >>mpi          the MPI backend (only with DDP_MPI): host groups on the cpu backend's
                     segment, the leaders' fixed-order sum; bf16 buckets and the sharded optimizer
                     among all ranks (the CPU backend's rank order); with replica groups every
                     bucket among the team, through its own communicator (a team that is a host's
-                    ranks: through the host's segment); stragglers across hosts
+                    ranks: through the host's segment); hybrid sharding (ddp__hybrid_mpi_*: the
+                    host's sum, each part across the hosts among its holders); stragglers across hosts
                     through the signature check (ddp__mpi_cross_arrivals, the leaders' relay);
-                    the watchdog's hooks (heartbeats, the collective's age, MPI_Abort), its table
+                    the watchdog's hooks (heartbeats, the collective's age, MPI_Abort); ZeRO-2's
+                    release after a bucket's MPI calls (ddp__z2_mpi_bucket); its table
      >>nccl         the NCCL backend (only with DDP_CUDA): the communicators' life (the
-                    world's; a replica group's: ddp__gpu_init_team), the
+                    world's; a replica group's or, hybrid, a shard group's: ddp__gpu_init_team), the
                     watchdog's hooks, set-up, buckets on the comm stream as the wire plan says
                     (sharded: reduce-scattered), the norm's blocks, AdamW kernels (sharded: per
                     bucket, then all-gathered); its table
@@ -925,7 +1063,8 @@
                     before ddp__commit
      >>step         ready hooks, launch in bucket order, the tape, finish (the no-overlap check;
                     messages worded for the tape or the program's own backward); with uneven
-                    inputs the count of the ranks with data that begins a synchronizing step
+                    inputs the count of the ranks with data that begins a synchronizing step;
+                    ZeRO-2's shard_accumulate launches the buckets of micro-steps with sync off too
      >>adamw        hyperparameters resolved and checked, handed to the backend; the averaged-
                     gradients guard, and ddp_consume_grads for a program's own optimizer
      >>collectives  user collectives, host copies of the state
@@ -942,7 +1081,7 @@
      backend: setup, alloc_flat, commit, begin_step, launch, finish, zero, scale, bf16, adamw,
      adamw_state, copy, collective, allgather, team_bcast, z3_parts, stats, poison, stop, teardown; its
      `shards` flag says whether it runs shard_optimizer (ddp_init refuses it by the backend's
-     name otherwise). Each backend fills it by name (ddp__cpu_table and its like, into the
+     name otherwise), `shards_grads` likewise for DDP_SHARD_GRADIENTS. Each backend fills it by name (ddp__cpu_table and its like, into the
      context's own copy); an optional slot left NULL (setup, commit, begin_step, allgather,
      team_bcast, z3_parts, stats, poison, stop) is nothing to do (allgather: the outer exchange broadcasts
      instead; team_bcast: bf16 + shard_optimizer in groups of several ranks is refused; z3_parts:
@@ -1128,9 +1267,17 @@ typedef struct ddp_desc {
        Ranks must agree. */
     ddp_shard shard;
     /* The ranks a shard spans (default $DDP_SHARD_GROUP, else 0): 0 = every rank (with outer:
-       the replica group); N, a divisor of the world below it: hybrid sharding, the state in
-       parts within each N consecutive ranks, replicated across those groups. */
+       the replica group, or its size); N, a divisor of the world below it: hybrid sharding, the
+       state in parts within each N consecutive ranks, replicated across those groups (HYBRID
+       SHARDING in the manual); the world: plain sharding; 1: DDP. Needs shard >= OPTIMIZER. */
     int shard_group;
+    /* DDP_SHARD_GRADIENTS only (default $DDP_SHARD_ACCUMULATE, else 0): how micro-steps with sync
+       off accumulate. 0: on each rank, the whole gradients kept until the synchronizing micro-step
+       (PyTorch's no_sync; the bits of unsharded accumulation). 1: every micro-step's buckets are
+       reduce-scattered and added into an fp32 accumulator of this rank's parts, the rest released
+       at once (1/world of the gradient memory while accumulating, a reduce-scatter per micro-step;
+       the same bits on every rank, not those of unsharded accumulation: SHARDED GRADIENTS). */
+    int shard_accumulate;
 } ddp_desc;
 
 typedef struct ddp_context ddp_context;
@@ -1820,6 +1967,15 @@ static void ddp__seg_unmap(unsigned char *p, size_t bytes) {
 /* Nothing outlives a crashed job's last handle: nothing to sweep. */
 static void ddp__seg_sweep_stale(char *removed, size_t n) { if (n) removed[0] = 0; }
 
+/* ---- pages given back (ZeRO-2's released gradients, >>cpu-grads) ----
+   ddp__pages_punch(p, bytes): give the whole pages of [p, p + bytes) back to the system, so that
+   they read as zeros and cost no memory until written again; returns 1 when it did, 0 when the
+   caller must zero the range itself. Windows: 0 always. A view of a section (the shared segment)
+   cannot be decommitted while mapped, and MEM_RESET / DiscardVirtualMemory keep the pages
+   committed with undefined contents, which the gradients' zeros cannot take: released gradients
+   are zeroed there and stay resident (the layout, the bits and the checks are those of Linux). */
+static int ddp__pages_punch(void *p, size_t bytes) { (void)p; (void)bytes; return 0; }
+
 /* ---- sockets (Winsock; descriptors as int: Windows' socket handles are small numbers) ---- */
 typedef int ddp__socklen;
 static int ddp__net_init(void) {
@@ -2298,6 +2454,25 @@ static int ddp__seg_open(const char *name, size_t bytes, unsigned char **out, in
 }
 #define ddp__seg_unlink(name) ((void)shm_unlink(name))
 #define ddp__seg_unmap(p, bytes) ((void)munmap((p), (bytes)))
+/* ---- pages given back (ZeRO-2's released gradients, >>cpu-grads) ----
+   ddp__pages_punch(p, bytes): p and bytes whole pages. Give them back to the system so that they
+   read as zeros and cost no memory until written again: 1 when done, 0 when the caller must
+   zero the range itself. A shared mapping (the gradient segment, tmpfs): MADV_REMOVE punches
+   the hole in the segment itself, so the pages leave the page cache for every rank that maps
+   them (MADV_DONTNEED would only unmap them here and keep the contents). Private memory
+   (DDP_STAGED_GRADS, the MPI backend): MADV_REMOVE is refused (EINVAL), MADV_DONTNEED frees
+   them and the next touch maps a zero page. A punched page is no longer reserved by the
+   segment's posix_fallocate: writing it again takes a page of /dev/shm, which a full /dev/shm
+   refuses with SIGBUS (as any shared memory that grows). Systems without MADV_REMOVE (macOS):
+   MADV_DONTNEED does not zero shared pages there, so 0 (zeroed by the caller, resident). */
+static int ddp__pages_punch(void *p, size_t bytes) {
+    if (!bytes) return 1;
+#ifdef MADV_REMOVE
+    if (madvise(p, bytes, MADV_REMOVE) == 0) return 1;
+    if (errno == EINVAL && madvise(p, bytes, MADV_DONTNEED) == 0) return 1;   /* private anonymous memory */
+#endif
+    return 0;
+}
 /* Segments are named after the creating pid, so a segment whose creator is gone belongs to a
    crashed job and can go. The names removed are listed in `removed`. */
 static void ddp__seg_sweep_stale(char *removed, size_t n) {
@@ -2688,6 +2863,8 @@ typedef struct ddp__backend {
     int stats_later;               /* a synchronizing step's stats arrive later (stats below) */
     int shards;                    /* 1: runs desc.shard_optimizer (adamw then updates this rank's part
                                       and all-gathers the parameters); 0: ddp_init refuses it */
+    int shards_grads;              /* 1: runs DDP_SHARD_GRADIENTS (ZeRO-2: its gradients are host memory
+                                      that ddp__z2_release gives back); 0: ddp_init refuses it by name */
     /* after the rendezvous (world > 1; the NCCL backend also at world 1): bring up the data plane */
     ddp_result (*setup)(ddp_context *ctx, double deadline);
     /* commit, first half: ctx->flat.params / .grads for ctx->flat.count floats (bf16
@@ -2804,6 +2981,12 @@ struct ddp_context {
         size_t *base, *norm_base;
         size_t count, norm_blocks;
         double *norm_sums;
+        int hybrid;                /* hybrid sharding (desc.shard_group, >>shard): the shard group's
+                                      size S, 2 <= S < world, the team of every sharded exchange while
+                                      a bucket's average spans the world; 0: off */
+        float *z2_acc;             /* ZeRO-2 with shard_accumulate: this rank's parts' sum of the micro-steps'
+                                      averages since the last synchronizing one (count floats, packed as m) */
+        int z2_acc_steps;          /* micro-steps (sync off) in z2_acc: 0, it holds nothing */
     } shard;
     struct {                       /* the tape (>>step) */
         ddp__tape_op *ops;
@@ -3094,9 +3277,17 @@ static int ddp__bf16_params(const ddp_context *ctx) { return ctx->desc.param_dty
    the buckets are the team's: rank and world stay global (the sampler shards over every rank)
    and every other collective (broadcasts, user collectives, the outer exchange) spans the world.
    (outer.size is the world without groups; 0 in a context that never resolved it: the MPI
-   backend's host context.) */
-static int ddp__team_world(const ddp_context *ctx) { return ctx->outer.size > 0 ? ctx->outer.size : ctx->world; }
-static int ddp__team_rank(const ddp_context *ctx) { return ctx->outer.size > 0 ? ctx->outer.index : ctx->rank; }
+   backend's host context.)
+   Hybrid sharding (desc.shard_group, no replica groups) makes the shard group the team of the
+   sharded exchanges (the parts, the norm's blocks, the all-gather), while its buckets are
+   averaged over the world (ddp__hybrid: the backends' bucket paths ask it). */
+static int ddp__team_world(const ddp_context *ctx) {
+    return ctx->shard.hybrid ? ctx->shard.hybrid : ctx->outer.size > 0 ? ctx->outer.size : ctx->world;
+}
+static int ddp__team_rank(const ddp_context *ctx) {
+    return ctx->shard.hybrid ? ctx->rank % ctx->shard.hybrid : ctx->outer.size > 0 ? ctx->outer.index : ctx->rank;
+}
+static int ddp__hybrid(const ddp_context *ctx) { return ctx->shard.hybrid > 0; }
 static int ddp__team_peer(const ddp_context *ctx, int i) { return ctx->rank - ddp__team_rank(ctx) + i; }   /* member i's rank */
 
 
@@ -3738,6 +3929,7 @@ static ddp_result ddp__desc_from_env(ddp_context *ctx, ddp_desc *d) {
     }
     if ((r = ddp__env_flag(ctx, "DDP_CHECK_READY", &d->check_ready, "check_ready")) != DDP_OK) return r;
     if ((r = ddp__env_flag(ctx, "DDP_SHARD_OPTIMIZER", &d->shard_optimizer, "shard_optimizer")) != DDP_OK) return r;
+    if ((r = ddp__env_flag(ctx, "DDP_SHARD_ACCUMULATE", &d->shard_accumulate, "shard_accumulate")) != DDP_OK) return r;
     if ((s = ddp__env_set("DDP_SHARD")) != NULL) {
         static const char *const shard_names[] = { "", "none", "optimizer", "gradients", "parameters" };
         for (i = 1; i <= (int)DDP_SHARD_PARAMETERS && strcmp(s, shard_names[i]); i++) {}
@@ -3812,11 +4004,22 @@ static ddp_result ddp__desc_validate(ddp_context *ctx, const ddp_desc *d) {
     if (d->shard_optimizer && d->uneven_inputs != DDP_JOIN_OFF)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_optimizer cannot be combined with uneven_inputs "
                          "(a rank inside ddp_join takes no optimizer steps, but sharded every rank must update its part)");
-    /* TEMPORARY (issue 27 in progress): the levels above ZeRO-1 and hybrid sharding are being built */
-    if ((d->shard > DDP_SHARD_OPTIMIZER && d->shard != DDP_SHARD_PARAMETERS) || d->shard_group)
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard %s%s is not built yet",
-                         d->shard == DDP_SHARD_GRADIENTS ? "DDP_SHARD_GRADIENTS" : d->shard == DDP_SHARD_PARAMETERS ?
-                         "DDP_SHARD_PARAMETERS" : "", d->shard_group ? " / shard_group (hybrid)" : "");
+    if (d->shard_accumulate && d->shard != DDP_SHARD_GRADIENTS)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_accumulate 1 needs shard DDP_SHARD_GRADIENTS (it says how "
+                         "ZeRO-2 accumulates micro-steps; the other levels keep the gradients whole)");
+    /* hybrid: the other holders of this rank's part copy it after the bucket (out_pending), so it cannot
+       be moved into the accumulator and released at once */
+    if (d->shard_accumulate && d->shard_group)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_accumulate 1 with shard_group %d (hybrid sharding) "
+                         "is not built yet: accumulate with the whole gradients (shard_accumulate 0)", d->shard_group);
+    if (d->shard == DDP_SHARD_PARAMETERS && d->shard_group)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_group %d (hybrid sharding) with DDP_SHARD_PARAMETERS "
+                         "is not built yet: ZeRO-3 shards over the world (shard_group 0)", d->shard_group);
+    /* hybrid: a group to shard within needs something sharded (the world's checks: ddp__hybrid_resolve) */
+    if (d->shard_group && d->shard < DDP_SHARD_OPTIMIZER)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_group %d shards within groups of %d ranks, but "
+                         "shard is DDP_SHARD_NONE (shard_optimizer 0): set shard to DDP_SHARD_OPTIMIZER or above, or "
+                         "shard_group to 0", d->shard_group, d->shard_group);
     return DDP_OK;
 }
 
@@ -3866,6 +4069,7 @@ static ddp_result ddp__desc_check_given(ddp_context *ctx, const ddp_desc *d) {
         { "outer.fragments", d->outer.fragments, INT_MAX },         { "outer.delay_steps", d->outer.delay_steps, INT_MAX },
         { "outer.quant_block", d->outer.quant_block, INT_MAX },
         { "shard", (int)d->shard, (int)DDP_SHARD_PARAMETERS },       { "shard_group", d->shard_group, INT_MAX },
+        { "shard_accumulate", d->shard_accumulate, 1 },
     };
     const struct { const char *name; double value; } x[] = {
         { "timeout_s", d->timeout_s }, { "bucket_cap_mb", d->bucket_cap_mb }, { "first_bucket_mb", d->first_bucket_mb },
@@ -3891,6 +4095,35 @@ static ddp_result ddp__desc_check_given(ddp_context *ctx, const ddp_desc *d) {
     if (d->shard_optimizer && d->shard == DDP_SHARD_NONE)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard DDP_SHARD_NONE contradicts shard_optimizer 1 "
                          "(set one of them: shard is the level, shard_optimizer 1 means DDP_SHARD_OPTIMIZER)");
+    return DDP_OK;
+}
+
+/* Hybrid sharding (desc.shard_group = S, >>shard): the state in parts within each S consecutive
+   ranks, replicated across the world / S groups. S = world is plain sharding and S = 1 a shard of
+   one rank (everything whole on every rank: DDP, the level resolved to NONE); neither is hybrid.
+   With replica groups the shard is the group already: S must be 0 or the group's size. */
+static ddp_result ddp__hybrid_resolve(ddp_context *ctx) {
+    ddp_desc *d = &ctx->desc;
+    int s = d->shard_group;
+    ctx->shard.hybrid = 0;
+    if (!s) return DDP_OK;
+    if (d->outer.mode != DDP_OUTER_OFF) {
+        if (s != ctx->outer.size)
+            return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_group %d with replica groups of %d ranks "
+                             "(outer.group_size): the sharded state is already split within each replica group, so "
+                             "shard_group must be 0 or %d", s, ctx->outer.size, ctx->outer.size);
+        return DDP_OK;
+    }
+    if (s > ctx->world || ctx->world % s)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_group %d does not divide the %d ranks into groups "
+                         "of equal size (hybrid sharding: the state in parts within each group of shard_group "
+                         "consecutive ranks)", s, ctx->world);
+    if (s == 1) {   /* nothing to share a part with: every rank holds everything, as DDP */
+        d->shard = DDP_SHARD_NONE;
+        d->shard_optimizer = 0;
+        return DDP_OK;
+    }
+    if (s < ctx->world) ctx->shard.hybrid = s;
     return DDP_OK;
 }
 
@@ -3958,6 +4191,7 @@ static ddp_result ddp__resolve_desc(ddp_context *ctx, const ddp_desc *in) {
     if ((r = ddp__desc_validate(ctx, &ctx->desc)) != DDP_OK) return r;
     if ((r = ddp__resolve_group(ctx)) != DDP_OK) return r;
     if ((r = ddp__outer_resolve(ctx)) != DDP_OK) return r;
+    if ((r = ddp__hybrid_resolve(ctx)) != DDP_OK) return r;
     if (ctx->job.env_overrides[0] && ctx->rank == 0)   /* once a job: every rank reads the same environment */
         ddp__log(ctx, DDP_LOG_WARN, "the environment overrides the program's settings (a DDP_* variable that is set wins): %s",
                  ctx->job.env_overrides);
@@ -5256,6 +5490,42 @@ static int ddp__master_parts(const ddp_context *ctx) {
     return ctx->flat.params_bf16 && ddp__sharded(ctx);
 }
 
+/* ZeRO-2 (desc.shard DDP_SHARD_GRADIENTS, SHARDED GRADIENTS in the manual): on top of ZeRO-1's
+   parts, the gradients outside this rank's part of a bucket are released once the bucket's
+   reduce-scatter is settled (every member has read them), and zeroed that way by ddp_zero_grad.
+   The views never move: released pages read as zeros and come back when the backward writes
+   them again. Off on one rank (nothing to shard across), as ZeRO-1. */
+static int ddp__z2(const ddp_context *ctx) { return ctx->desc.shard == DDP_SHARD_GRADIENTS && ddp__sharded(ctx); }
+
+/* Flat gradient elements [from, to) of this rank's buffer read as zeros afterwards: the whole
+   pages strictly inside given back (ddp__pages_punch), the rest zeroed (a page shared with a
+   neighbouring range, or a system that cannot punch). Called for ranges nobody else touches
+   now: a settled bucket's part (the communication thread), or every bucket (ddp_zero_grad). */
+static void ddp__z2_clear(ddp_context *ctx, size_t from, size_t to) {
+    size_t es = ctx->flat.grads_bf16 ? sizeof(ddp_bf16) : sizeof(float), page = ddp__page_size();
+    unsigned char *base = ctx->flat.grads_bf16 ? (unsigned char *)ctx->flat.grads_bf16 : (unsigned char *)ctx->flat.grads;
+    uintptr_t a = (uintptr_t)(base + from * es), e = (uintptr_t)(base + to * es);
+    uintptr_t pa = (a + page - 1) / page * page, pe = e / page * page;
+    if (to <= from) return;
+    if (pe > pa && ddp__pages_punch((void *)pa, (size_t)(pe - pa))) {
+        memset((void *)a, 0, (size_t)(pa - a));
+        memset((void *)pe, 0, (size_t)(e - pe));
+    } else memset((void *)a, 0, (size_t)(e - a));
+}
+
+/* Bucket b is settled on this rank (its reduce-scatter done, every member has read this rank's
+   values): what lies outside this rank's part is released. */
+static void ddp__z2_release(ddp_context *ctx, int b) {
+    const ddp__bucket *k = &ctx->model.buckets[b];
+    size_t lo, hi;
+    ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
+    ddp__z2_clear(ctx, k->offset, lo);
+    ddp__z2_clear(ctx, hi, k->offset + k->count);
+}
+
+/* shard_accumulate: every micro-step's buckets are reduce-scattered, sync off too. */
+static int ddp__z2_acc_on(const ddp_context *ctx) { return ctx->desc.shard_accumulate && ddp__z2(ctx); }
+
 /* The sum of the norm's blocks in a fixed order: DDP__SUM_LANES running sums, sum j taking
    sums[j], sums[j + 256], ... in order, then the running sums added in order. The same terms in
    the same order, and so the same bits, whether one rank computed every block or each its own;
@@ -5345,7 +5615,13 @@ static ddp_result ddp__nonfinite(ddp_context *ctx, const float *grads, const ddp
     size_t k;
     for (i = 0; i < ctx->model.num_params; i++) {
         const ddp__param *p = &ctx->model.params[i];
-        for (k = 0; k < p->count; k++) {
+        size_t k0 = 0, k1 = p->count, lo, hi;
+        if (ddp__z2(ctx)) {   /* ZeRO-2: this rank's part only (a read of the released rest would bring its pages back) */
+            ddp__shard_range(ctx, p->bucket, ddp__team_rank(ctx), &lo, &hi);
+            k0 = lo > p->offset ? lo - p->offset : 0;
+            k1 = hi <= p->offset ? 0 : hi - p->offset < p->count ? hi - p->offset : p->count;
+        }
+        for (k = k0; k < k1; k++) {
             float g = grads16 ? ddp__from_bf16(grads16[p->offset + k]) : grads[p->offset + k];
             if ((grads16 ? ddp__finite_bf16(grads16[p->offset + k]) : ddp__finite_f(g)) || (ctx->desc.shard_optimizer && !ddp__holds(ctx, p->offset + k))) continue;
             if (ctx->desc.skip_nonfinite) {
@@ -5576,6 +5852,47 @@ static void ddp__host_table(ddp__backend *t) {
     t->teardown = ddp__host_free;
 }
 
+/* ZeRO-2 (>>shard: ddp__z2) on the host backends' gradients (cpu, mpi: host memory). */
+/* shard_accumulate, bucket b settled: a micro-step with sync off adds this rank's part (this
+   micro-step's average) into the accumulator and releases the part, so that the next micro-step
+   starts from zeros; the synchronizing one leaves accumulator + its average in the part, where
+   AdamW, the norm and ddp_gather_to_host read it. In float, micro-step after micro-step (bf16
+   gradients: widened exactly, rounded once at the end). */
+static void ddp__z2_accumulate(ddp_context *ctx, int b) {
+    size_t lo, hi, i, n;
+    float *acc = ctx->shard.z2_acc + ctx->shard.base[b];
+    int first = ctx->shard.z2_acc_steps == 0;
+    ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
+    n = hi - lo;
+    if (!ctx->step.sync) {
+        if (ctx->flat.grads_bf16) {
+            const ddp_bf16 *g = ctx->flat.grads_bf16 + lo;
+            for (i = 0; i < n; i++) acc[i] = first ? ddp__from_bf16(g[i]) : acc[i] + ddp__from_bf16(g[i]);
+        } else {
+            const float *g = ctx->flat.grads + lo;
+            if (first) memcpy(acc, g, n * sizeof(float));
+            else for (i = 0; i < n; i++) acc[i] += g[i];
+        }
+        return;   /* the caller releases the whole bucket */
+    }
+    if (first) return;   /* one micro-step: the part holds the average already */
+    if (ctx->flat.grads_bf16) {
+        ddp_bf16 *g = ctx->flat.grads_bf16 + lo;
+        for (i = 0; i < n; i++) g[i] = ddp__to_bf16(acc[i] + ddp__from_bf16(g[i]));
+    } else {
+        float *g = ctx->flat.grads + lo;
+        for (i = 0; i < n; i++) g[i] = acc[i] + g[i];
+    }
+}
+
+/* The communication thread's end of a settled bucket under ZeRO-2 (ddp__z2_cpu_bucket, _mpi_). */
+static void ddp__z2_settled(ddp_context *ctx, int b) {
+    const ddp__bucket *k = &ctx->model.buckets[b];
+    if (ddp__z2_acc_on(ctx)) ddp__z2_accumulate(ctx, b);
+    if (ddp__z2_acc_on(ctx) && !ctx->step.sync) ddp__z2_clear(ctx, k->offset, k->offset + k->count);   /* all of it, in one */
+    else ddp__z2_release(ctx, b);
+}
+
 /* --------------------------------------------------------------------------------------------
    >>single  One rank and nobody to talk to: no network, no shared memory, no thread. Buckets
    are still built and marked ready (the same bookkeeping as with peers), and launching one
@@ -5596,6 +5913,7 @@ static void ddp__single_table(ddp__backend *t) {
     t->name = "single";
     t->id = DDP_BACKEND_SINGLE;
     t->shards = 1;
+    t->shards_grads = 1;
     t->launch = ddp__single_launch;   /* one rank: its gradients are the average already */
     t->finish = ddp__single_finish;
     t->collective = ddp__single_collective;
@@ -6152,6 +6470,44 @@ static void ddp__average_part_in_place(ddp_context *ctx, size_t offset, size_t l
                           ddp__rank_grads(ctx, ctx->rank) + offset + lo);
 }
 
+/* Hybrid sharding (desc.shard_group): bucket b reduce-scattered into the shard group's parts
+   (ddp__shard_range), each averaged over the WORLD: the G = world / S ranks that hold part s
+   (member s of every group) split it G ways; holder g adds its piece of every rank's buffer in
+   rank order (the unsharded in-place bits: element by element the same sum, the same division)
+   into its own buffer, and once every rank has posted that, copies the other holders' pieces
+   from theirs. On one host the groups share the segment, so the cross-group allreduce is those
+   copies. The peers copy from this rank's buffer after this returns: ddp_finish waits for them
+   (out_pending), as for an unsharded bucket. The span (c->team 0) is the world. */
+static ddp_result ddp__hybrid_bucket_in_place(ddp_context *ctx, size_t offset, size_t count, int bucket, uint32_t q,
+                                              double started) {
+    size_t lo, hi, a, z, es = ctx->flat.grads_bf16 ? sizeof(ddp_bf16) : sizeof(float);
+    int g, groups = ctx->world / ctx->shard.hybrid, me = ctx->rank / ctx->shard.hybrid, s = ddp__team_rank(ctx);
+    ddp_result r;
+    ddp__shard_range(ctx, bucket, s, &lo, &hi);
+    ddp__part(hi - lo, groups, me, &a, &z);
+    if (z > a && ctx->flat.grads_bf16)
+        ddp__average_bf16(ddp__rank_grads_bf16(ctx, 0) + lo + a, 2 * ctx->impl.cpu->grads_stride, ctx->world, z - a,
+                          ddp__rank_grads_bf16(ctx, ctx->rank) + lo + a);
+    else if (z > a) ddp__average_f32(ddp__rank_grads(ctx, 0) + lo + a, ctx->impl.cpu->grads_stride, ctx->world, z - a,
+                                     ddp__rank_grads(ctx, ctx->rank) + lo + a);
+    ddp__shm_post(ctx, DDP__STAGE_RED, q + 1);
+    if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_RED, q + 1)) != DDP_OK) return r;
+    /* from here no rank reads this rank's buffer outside its part [lo, hi) (the holders copy from it) */
+    for (g = 0; g < groups; g++) {   /* the other holders' pieces of part s */
+        if (g == me) continue;
+        ddp__part(hi - lo, groups, g, &a, &z);
+        if (z > a) memcpy((unsigned char *)ddp__rank_grads(ctx, ctx->rank) + (lo + a) * es,
+                          (unsigned char *)ddp__rank_grads(ctx, g * ctx->shard.hybrid + s) + (lo + a) * es, (z - a) * es);
+    }
+    ddp__shm_post(ctx, DDP__STAGE_OUT, q + 1);
+    ctx->impl.cpu->out_pending = q + 1;
+    ctx->impl.cpu->shm_seq = q + 1;
+    (void)offset;
+    if (ctx->desc.inject_comm_latency_ms > 0 || ctx->desc.inject_comm_gbps > 0)
+        ddp__inject_comm_delay(ctx, count * ddp__wire_bytes(ctx), started);
+    return DDP_OK;
+}
+
 /* A bucket averaged in place: an allreduce, or with bucket >= 0 (sharded) a reduce-scatter into
    the parts ddp__shard_range gives. */
 static ddp_result ddp__shm_bucket_in_place(ddp_context *ctx, size_t offset, size_t count, int bucket) {
@@ -6173,6 +6529,7 @@ static ddp_result ddp__shm_bucket_in_place(ddp_context *ctx, size_t offset, size
     if ((r = ddp__shm_wait_all(ctx, DDP__STAGE_IN, q + 1)) != DDP_OK) return r;
     if ((r = ddp__shm_check_sigs(ctx)) != DDP_OK) return r;
     ddp__cpu_arrivals(ctx, started);
+    if (bucket >= 0 && ddp__hybrid(ctx)) return ddp__hybrid_bucket_in_place(ctx, offset, count, bucket, q, started);
     if (bucket >= 0) {   /* sharded: a reduce-scatter; each rank's part is where its AdamW needs it */
         ddp__shard_range(ctx, bucket, ddp__team_rank(ctx), &lo, &hi);
         ddp__average_part_in_place(ctx, offset, lo - offset, hi - offset);
@@ -6582,13 +6939,23 @@ static ddp_result ddp__cpu_run_bucket(ddp_context *ctx, int index) {
        H steps away; the poison is looked at before each bucket instead. */
     if (ddp__team_world(ctx) < ctx->world && (r = ddp__shm_poisoned(ctx)) != DDP_OK) return r;
     c->sig_bucket = (uint32_t)index + 1;
-    c->team = 1;   /* averaged among the team (replica groups: this rank's group), not the world */
+    c->team = !ddp__hybrid(ctx);   /* averaged among the team (replica groups: this rank's group), not the world;
+                                      hybrid sharding: the world (ddp__hybrid_bucket_in_place) */
     r = w->in_place ? ddp__shm_bucket_in_place(ctx, b->offset, b->count, w->scatter ? index : -1)
         : w->grads == DDP_DTYPE_BF16 ? ddp__shm_bucket_staged_bf16(ctx, b->offset, b->count)
         : ddp__shm_collective(ctx, w->dtype == DDP_DTYPE_BF16 ? DDP__KIND_AVG_BF16 : DDP__KIND_AVG,
                               ctx->flat.grads + b->offset, b->count, 0);
     c->team = 0;
     c->sig_bucket = 0;
+    return r;
+}
+
+/* ZeRO-2: once a bucket is settled, this rank's gradients outside its part are released
+   (ddp__z2_release). In place that is after every member has averaged its part, which is when
+   the sharded ddp__shm_bucket_in_place returns; staged, the bucket was averaged whole here. */
+static ddp_result ddp__z2_cpu_bucket(ddp_context *ctx, int index) {
+    ddp_result r = ddp__cpu_run_bucket(ctx, index);
+    if (r == DDP_OK && ddp__z2(ctx)) ddp__z2_settled(ctx, index);
     return r;
 }
 
@@ -6600,7 +6967,7 @@ static ddp_result ddp__cpu_setup(ddp_context *ctx, double deadline) {
         return ddp__fail(ctx, DDP_ERR_BAD_ENV, "the CPU backend needs every rank on one host, but "
                          "WORLD_SIZE=%d and LOCAL_WORLD_SIZE=%d", ctx->world, ctx->local_world);
     if (!(c = ctx->impl.cpu = (ddp__cpu *)ddp__calloc(sizeof *c))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
-    ddp__workq_init(&c->comm, ctx, ddp__cpu_run_bucket);
+    ddp__workq_init(&c->comm, ctx, ddp__z2_cpu_bucket);
     if ((r = ddp__shm_setup(ctx, deadline)) != DDP_OK) return r;
     ddp__log(ctx, DDP_LOG_INFO, "rank %d of %d up (cpu backend, segment %s)", ctx->rank, ctx->world, c->shm_name);
     return DDP_OK;
@@ -6661,7 +7028,7 @@ static ddp_result ddp__cpu_finish(ddp_context *ctx, double t_wait) {
     c->out_pending = 0;
     if (r == DDP_OK && out) {   /* every peer of the team has copied its parts of the last bucket from this rank's buffer */
         ctx->what = "the end of the gradient buckets' allreduce (the peers' last copies)";
-        c->team = 1;
+        c->team = !ddp__hybrid(ctx);   /* hybrid: every rank of the world may copy from it */
         r = ddp__shm_wait_all(ctx, DDP__STAGE_OUT, out);
         c->team = 0;
     }
@@ -6717,6 +7084,7 @@ static void ddp__cpu_table(ddp__backend *t) {
     t->name = "cpu";
     t->id = DDP_BACKEND_CPU;
     t->shards = 1;
+    t->shards_grads = 1;
     t->setup = ddp__cpu_setup;
     t->commit = ddp__cpu_commit;
     t->begin_step = ddp__cpu_begin_step;
@@ -6775,6 +7143,11 @@ struct ddp__mpi {
     float *wire_f32;                      /* replica groups, fp32 buckets: this rank's piece from every
                                              member (team_host, bf16 gradients: one bucket widened) */
     int team_host;                        /* the team is this host's ranks: buckets through its segment */
+    MPI_Comm hcross;                      /* hybrid sharding: the ranks holding the same part (member s
+                                             of every shard group), in group order; else MPI_COMM_NULL */
+    int *hcounts, *hdispls, *hrcounts, *hrdispls;   /* hybrid: an entry per shard group */
+    float *hscratch, *hbucket;            /* hybrid: the owner's pieces; one bucket in float (bf16 wire) */
+    size_t hscratch_count, hbucket_count;
     size_t wire_f32_count;
     uint64_t wseq;                        /* their collectives issued: the same on every rank */
     ddp__workq comm;                      /* the communication thread's queue (>>engine) */
@@ -7312,6 +7685,116 @@ static ddp_result ddp__mpi_bucket_host(ddp_context *ctx, int b) {
     return r;
 }
 
+/* Hybrid sharding (desc.shard_group, >>shard) on the MPI backend: each shard group must be one
+   host's ranks in local rank order (the case it is for: shard within the fast host, replicate
+   across the slow links), so that a bucket's sum is the hierarchical path's. Told at commit. */
+static ddp_result ddp__hybrid_mpi_commit(ddp_context *ctx) {
+    ddp__mpi *m = ctx->impl.mpi;
+    int groups = ctx->world / ctx->shard.hybrid;
+    if (!(m->team_host = ddp__mpi_team_is_host(ctx)))
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_group %d (hybrid sharding) on the %s backend needs "
+                         "every shard group to be one host's ranks (hierarchical, not DDP_MPI_FLAT; LOCAL_WORLD_SIZE %d, "
+                         "ranks %d..%d: %s)", ctx->shard.hybrid, ctx->be->name, ctx->local_world, ddp__team_peer(ctx, 0),
+                         ddp__team_peer(ctx, ctx->shard.hybrid - 1), m->flat ? "DDP_MPI_FLAT is set" :
+                         "not this host's ranks: shard_group = the ranks a host runs");
+    if (!(m->hcounts = (int *)ddp__calloc(sizeof(int) * 4 * (size_t)groups)))
+        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
+    m->hdispls = m->hcounts + groups; m->hrcounts = m->hdispls + groups; m->hrdispls = m->hrcounts + groups;
+    ddp__log(ctx, DDP_LOG_INFO, "hybrid sharding: the state in parts across host %s's %d ranks, each part averaged across "
+             "the %d hosts by MPI among the ranks that hold it", ddp__mpi_host_name(ctx, ctx->rank), ctx->shard.hybrid, groups);
+    return DDP_OK;
+}
+
+/* Every holder of this part (hcross) in the same exchange, else a named mismatch. */
+static ddp_result ddp__hybrid_mpi_sigs(ddp_context *ctx, uint64_t seq, size_t count, int b) {
+    ddp__mpi *m = ctx->impl.mpi;
+    uint64_t mine[3], *all;
+    int i, rc, groups = ctx->world / ctx->shard.hybrid;
+    mine[0] = seq; mine[1] = (uint64_t)b; mine[2] = count;
+    if (!(all = (uint64_t *)ddp__calloc(sizeof mine * (size_t)groups))) return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
+    rc = MPI_Allgather(mine, 3, MPI_UINT64_T, all, 3, MPI_UINT64_T, m->hcross);
+    if (rc != MPI_SUCCESS) { DDP_FREE(all); return ddp__mpi_check(ctx, rc, "MPI_Allgather"); }
+    for (i = 0; i < groups; i++)
+        if (memcmp(all + 3 * i, mine, sizeof mine)) {
+            int other = i * ctx->shard.hybrid + ddp__team_rank(ctx);
+            long long ob = (long long)all[3 * i + 1], oc = (long long)all[3 * i + 2];
+            DDP_FREE(all);
+            return ddp__fail_group(ctx, DDP_ERR_MISMATCH, "ranks called different collectives: this rank is in the hybrid "
+                                   "reduction of gradient bucket %d (%zu elements), rank %d (host %s) in that of bucket %lld "
+                                   "(%lld elements)", b, count, other, ddp__mpi_host_name(ctx, other), ob, oc);
+        }
+    DDP_FREE(all);
+    return DDP_OK;
+}
+
+/* Bucket b, hybrid: the host's sum of the whole bucket through its segment (the CPU backend's
+   staging, local rank order: the hierarchical path's host sum), then this rank's part across
+   the hosts among its holders (hcross) as the leaders do the whole bucket (ddp__mpi_leaders_sum:
+   each owns a piece, MPI_Alltoallv, the host sums added in host order and divided by the world,
+   MPI_Allgatherv): fp32, the unsharded hierarchical bits, with 1/S of the bucket a rank on the
+   slow links. bf16 on the wire (bf16 parameters or reduce_dtype BF16): the values rounded to
+   bf16 (as the CPU backend's slots carry them) and summed in float the same way, the average
+   rounded once; that order (the hosts' sums) is not the unsharded bf16 path's (every rank in
+   rank order), so bf16 differs from unsharded by float rounding (HYBRID SHARDING). */
+static ddp_result ddp__hybrid_mpi_bucket(ddp_context *ctx, int b) {
+    ddp__mpi *m = ctx->impl.mpi;
+    const ddp__bucket *k = &ctx->model.buckets[b];
+    int groups = ctx->world / ctx->shard.hybrid, me = ctx->rank / ctx->shard.hybrid, i, rc;
+    int bf16 = k->wire.grads == DDP_DTYPE_BF16 || k->wire.dtype == DDP_DTYPE_BF16;
+    size_t lo, hi, a, z, j, n, mine, c0, c1, win = (size_t)DDP__MPI_MAX_COUNT / (size_t)groups;
+    float *f = bf16 ? NULL : ctx->flat.grads + k->offset;
+    ddp_result r;
+    ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
+    lo -= k->offset; hi -= k->offset;
+    if (bf16) {
+        if (m->hbucket_count < k->count || !m->hbucket) {
+            ddp__free_floats(m->hbucket);
+            m->hbucket_count = k->count;
+            if (!(m->hbucket = ddp__alloc_floats(k->count ? k->count : 1)))
+                return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for one bucket's %zu floats", k->count);
+        }
+        f = m->hbucket;
+        if (ctx->flat.grads_bf16) for (j = 0; j < k->count; j++) f[j] = ddp__from_bf16(ctx->flat.grads_bf16[k->offset + j]);
+        else for (j = 0; j < k->count; j++) f[j] = ddp__from_bf16(ddp__to_bf16(ctx->flat.grads[k->offset + j]));
+    }
+    m->straggle_counted = 1;   /* the host's arrivals (the part across hosts is not counted) */
+    m->host_at = ddp__now();
+    r = ddp__mpi_host(ctx, DDP__KIND_SUM, f, k->count, 0);
+    if (r == DDP_OK) { ddp__mpi_host_arrivals(ctx); ddp__mpi_arrivals(ctx, 0); }
+    m->straggle_counted = 0;
+    if (r != DDP_OK) return r;
+    if ((r = ddp__hybrid_mpi_sigs(ctx, ++m->wseq, k->count, b)) != DDP_OK) return r;
+    for (c0 = lo; c0 < hi; c0 = c1) {   /* windows: MPI counts are ints */
+        c1 = hi - c0 < win ? hi : c0 + win;
+        n = c1 - c0;
+        ddp__part(n, groups, me, &a, &z);
+        mine = z - a;
+        if (m->hscratch_count < mine * (size_t)groups || !m->hscratch) {
+            ddp__free_floats(m->hscratch);
+            m->hscratch_count = mine * (size_t)groups;
+            if (!(m->hscratch = ddp__alloc_floats(m->hscratch_count ? m->hscratch_count : 1)))
+                return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %zu floats", m->hscratch_count);
+        }
+        for (i = 0; i < groups; i++) {
+            ddp__part(n, groups, i, &a, &z);
+            m->hcounts[i] = (int)(z - a); m->hdispls[i] = (int)a;
+            m->hrcounts[i] = (int)mine; m->hrdispls[i] = (int)mine * i;
+        }
+        rc = MPI_Alltoallv(f + c0, m->hcounts, m->hdispls, MPI_FLOAT, m->hscratch, m->hrcounts, m->hrdispls, MPI_FLOAT, m->hcross);
+        if (rc != MPI_SUCCESS) return ddp__mpi_check(ctx, rc, "MPI_Alltoallv");
+        for (j = 0; j < mine; j++) {   /* the leaders' arithmetic (ddp__mpi_leaders_sum) */
+            float sum = groups > 1 ? m->hscratch[j] + m->hscratch[mine + j] : m->hscratch[j];
+            for (i = 2; i < groups; i++) sum += m->hscratch[(size_t)i * mine + j];
+            m->hscratch[j] = sum / (float)ctx->world;
+        }
+        rc = MPI_Allgatherv(m->hscratch, (int)mine, MPI_FLOAT, f + c0, m->hcounts, m->hdispls, MPI_FLOAT, m->hcross);
+        if (rc != MPI_SUCCESS) return ddp__mpi_check(ctx, rc, "MPI_Allgatherv");
+    }
+    if (bf16 && ctx->flat.grads_bf16) for (j = lo; j < hi; j++) ctx->flat.grads_bf16[k->offset + j] = ddp__to_bf16(f[j]);
+    else if (bf16) for (j = lo; j < hi; j++) ctx->flat.grads[k->offset + j] = ddp__from_bf16(ddp__to_bf16(f[j]));
+    return DDP_OK;
+}
+
 /* The communication thread's work for bucket b (ddp__workq_turn): fp32 gradients through the host groups and
    leaders (ddp__mpi_collective_run; sharded too, averaged whole: the bits of unsharded), bf16
    ones among all ranks; with replica groups both among the team (ddp__mpi_bucket_f32), through
@@ -7322,6 +7805,13 @@ static ddp_result ddp__mpi_bucket(ddp_context *ctx, int b) {
     int f32 = k->wire.grads == DDP_DTYPE_FP32 && k->wire.dtype == DDP_DTYPE_FP32;   /* the plan: fp32 all the way */
     ddp_result r;
     ctx->impl.mpi->straggle_bucket = b + 1;   /* the exchange notes its arrivals (ddp__mpi_arrivals) */
+    if (ddp__hybrid(ctx)) {
+        r = ddp__mpi_watched(ctx, ddp__hybrid_mpi_bucket, b);
+        ctx->impl.mpi->straggle_bucket = 0;
+        if (r == DDP_OK && (ctx->desc.inject_comm_latency_ms > 0 || ctx->desc.inject_comm_gbps > 0))
+            ddp__inject_comm_delay(ctx, k->wire.bytes, started);
+        return r;
+    }
     if (f32 && !ddp__mpi_teams(ctx)) {
         r = ddp__mpi_collective_timed(ctx, DDP__KIND_AVG, ctx->flat.grads + k->offset, k->count, 0);
         ctx->impl.mpi->straggle_bucket = 0;
@@ -7332,6 +7822,14 @@ static ddp_result ddp__mpi_bucket(ddp_context *ctx, int b) {
     ctx->impl.mpi->straggle_bucket = 0;
     if (r == DDP_OK && (ctx->desc.inject_comm_latency_ms > 0 || ctx->desc.inject_comm_gbps > 0))
         ddp__inject_comm_delay(ctx, k->wire.bytes, started);
+    return r;
+}
+
+/* ZeRO-2: a bucket's MPI calls have all returned, so no peer reads this rank's values of it
+   any more: what lies outside this rank's part is released (private memory: MADV_DONTNEED). */
+static ddp_result ddp__z2_mpi_bucket(ddp_context *ctx, int b) {
+    ddp_result r = ddp__mpi_bucket(ctx, b);
+    if (r == DDP_OK && ddp__z2(ctx)) ddp__z2_settled(ctx, b);
     return r;
 }
 
@@ -7651,11 +8149,18 @@ static ddp_result ddp__mpi_layout(ddp_context *ctx) {
        Every rank splits, whatever its settings: ranks that disagree on them are told at commit
        (the layout check), not left in a collective only some of them call. */
     ctx->what = "the split of the replica groups' communicators";
-    if ((rc = MPI_Comm_split(m->world, ctx->outer.group, ctx->rank, &m->team)) != MPI_SUCCESS) {
+    if ((rc = MPI_Comm_split(m->world, ddp__hybrid(ctx) ? ctx->rank / ctx->shard.hybrid : ctx->outer.group, ctx->rank,
+                             &m->team)) != MPI_SUCCESS) {
         m->team = MPI_COMM_NULL;
         return ddp__mpi_check(ctx, rc, "MPI_Comm_split");
     }
     MPI_Comm_set_errhandler(m->team, MPI_ERRORS_RETURN);
+    /* hybrid sharding: member s of every shard group (every rank splits: MPI_UNDEFINED without it) */
+    if ((rc = MPI_Comm_split(m->world, ddp__hybrid(ctx) ? ddp__team_rank(ctx) : MPI_UNDEFINED, ctx->rank, &m->hcross)) != MPI_SUCCESS) {
+        m->hcross = MPI_COMM_NULL;
+        return ddp__mpi_check(ctx, rc, "MPI_Comm_split");
+    }
+    if (m->hcross != MPI_COMM_NULL) MPI_Comm_set_errhandler(m->hcross, MPI_ERRORS_RETURN);
     m->hosts = (char (*)[64])ddp__calloc(64 * (size_t)ctx->world);
     m->rank_node = (int *)ddp__calloc(sizeof(int) * (size_t)ctx->world);
     m->rank_local = (int *)ddp__calloc(sizeof(int) * (size_t)ctx->world);
@@ -7705,7 +8210,8 @@ static ddp_result ddp__mpi_setup(ddp_context *ctx, double deadline) {
     ddp_result r;
     if (!(m = ctx->impl.mpi = (ddp__mpi *)ddp__calloc(sizeof *m))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
     m->world = m->local = m->leaders = m->team = MPI_COMM_NULL;
-    ddp__workq_init(&m->comm, ctx, ddp__mpi_bucket);
+    m->hcross = MPI_COMM_NULL;
+    ddp__workq_init(&m->comm, ctx, ddp__z2_mpi_bucket);
     pthread_mutex_init(&m->lock, NULL);
     ddp__watchdog_init(&m->wd, ctx, &m->lock);
     ddp__mpi_watch_hooks(&m->wd.hooks);
@@ -7730,6 +8236,7 @@ static ddp_result ddp__mpi_commit(ddp_context *ctx) {
     if ((r = ddp__mpi_collective_timed(ctx, DDP__KIND_BROADCAST, ctx->flat.params, ctx->flat.count * sizeof(float), 0)) != DDP_OK)
         return r;
     if ((r = ddp__mpi_ranks_alloc(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
+    if (ddp__hybrid(ctx) && (r = ddp__hybrid_mpi_commit(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     if (ddp__mpi_teams(ctx) && ctx->outer.size > 1) {
         ctx->impl.mpi->team_host = ddp__mpi_team_is_host(ctx);
         ddp__log(ctx, DDP_LOG_INFO, "replica group %d (ranks %d..%d): its buckets through %s", ctx->outer.group,
@@ -7797,6 +8304,7 @@ static void ddp__mpi_teardown(ddp_context *ctx) {
         if (ddp__failed(ctx)) __atomic_store_n(&ddp__mpi_dirty, 1, __ATOMIC_RELEASE);   /* MPI_Finalize would wait for the lost */
         else {
             if (m->team != MPI_COMM_NULL) MPI_Comm_free(&m->team);
+            if (m->hcross != MPI_COMM_NULL) MPI_Comm_free(&m->hcross);
             if (m->leaders != MPI_COMM_NULL) MPI_Comm_free(&m->leaders);
             if (m->local != MPI_COMM_NULL) MPI_Comm_free(&m->local);
             if (m->world != MPI_COMM_NULL) MPI_Comm_free(&m->world);
@@ -7805,6 +8313,9 @@ static void ddp__mpi_teardown(ddp_context *ctx) {
         ddp__free_floats((float *)(void *)m->wire);
         ddp__free_floats(m->wire_f32);
         ddp__free_floats((float *)(void *)m->rounded);
+        ddp__free_floats(m->hscratch);
+        ddp__free_floats(m->hbucket);
+        DDP_FREE(m->hcounts);
         DDP_FREE(m->wcounts);
         DDP_FREE(m->counts);
         DDP_FREE(m->hosts);
@@ -7874,6 +8385,7 @@ static void ddp__mpi_table(ddp__backend *t) {
     t->name = "mpi";
     t->id = DDP_BACKEND_MPI;
     t->shards = 1;
+    t->shards_grads = 1;
     t->setup = ddp__mpi_setup;
     t->commit = ddp__mpi_commit;
     t->begin_step = ddp__mpi_begin_step;
@@ -8346,7 +8858,8 @@ static ddp_result ddp__nccl_enqueue(ddp_context *ctx, void *buf, size_t count, n
 /* A gradient bucket averaged in place among the team (ddp__team_*): on the replica group's
    communicator when there is one (ncclAvg then divides by the group's size), else the world's. */
 static ddp_result ddp__nccl_bucket(ddp_context *ctx, void *buf, size_t count, ncclDataType_t type, const char *what) {
-    return ddp__nccl_call(ctx, ctx->impl.gpu->team != NULL, DDP__NCCL_ALLREDUCE, buf, buf, count, type, ncclAvg, -1, what);
+    int team = ctx->impl.gpu->team != NULL && !ddp__hybrid(ctx);   /* hybrid: the team is the shard group's; buckets span the world */
+    return ddp__nccl_call(ctx, team, DDP__NCCL_ALLREDUCE, buf, buf, count, type, ncclAvg, -1, what);
 }
 
 /* Sharded (ddp__shard_range): bucket b's parts, rank s's at s * part for part floats, the last
@@ -8359,17 +8872,20 @@ static ddp_result ddp__nccl_parts(ddp_context *ctx, int b, void *base, ncclDataT
     size_t lo, hi, part, tail;
     unsigned char *at = (unsigned char *)base;
     ddp_result r;
+    /* hybrid sharding: the parts are the shard group's, on its communicator (only the gather:
+       its buckets are averaged whole, ddp__gpu_launch) */
+    int team = ddp__hybrid(ctx), n = team ? ddp__team_world(ctx) : ctx->world, me = team ? ddp__team_rank(ctx) : ctx->rank;
     ddp__shard_range(ctx, b, 0, &lo, &hi);
     part = hi - lo;
-    tail = k->count - part * (size_t)ctx->world;
+    tail = k->count - part * (size_t)n;
     if (part) {
-        r = gather ? ddp__nccl_call(ctx, 0, DDP__NCCL_ALL_GATHER, at + (size_t)ctx->rank * part * elem, at, part, type, ncclSum, 0, what)
-                   : ddp__nccl_call(ctx, 0, DDP__NCCL_REDUCE_SCATTER, at, at + (size_t)ctx->rank * part * elem, part, type, ncclAvg, 0, what);
+        r = gather ? ddp__nccl_call(ctx, team, DDP__NCCL_ALL_GATHER, at + (size_t)me * part * elem, at, part, type, ncclSum, 0, what)
+                   : ddp__nccl_call(ctx, team, DDP__NCCL_REDUCE_SCATTER, at, at + (size_t)me * part * elem, part, type, ncclAvg, 0, what);
         if (r != DDP_OK) return r;
     }
     if (!tail) return DDP_OK;
-    at += part * (size_t)ctx->world * elem;
-    return ddp__nccl_call(ctx, 0, gather ? DDP__NCCL_BROADCAST : DDP__NCCL_REDUCE, at, at, tail, type, ncclAvg, ctx->world - 1, what);
+    at += part * (size_t)n * elem;
+    return ddp__nccl_call(ctx, team, gather ? DDP__NCCL_BROADCAST : DDP__NCCL_REDUCE, at, at, tail, type, ncclAvg, n - 1, what);
 }
 
 /* Every entry point runs on the caller's thread, which may have another device current. */
@@ -8412,8 +8928,8 @@ static ddp_result ddp__gpu_init_comm(ddp_context *ctx, int team, ncclUniqueId *i
     if (r != DDP_OK) return r;
     snprintf(key, sizeof key, "%s%d", done, ctx->rank);
     if (ctx->world > 1 && (r = ddp__store_set(ctx, key, "1", 1)) != DDP_OK) return r;
-    if (team) ddp__log(ctx, DDP_LOG_INFO, "rank %d: replica group %d's communicator up (ranks %d .. %d)", ctx->rank,
-                       ctx->outer.group, first, first + n - 1);
+    if (team) ddp__log(ctx, DDP_LOG_INFO, "rank %d: %s group %d's communicator up (ranks %d .. %d)", ctx->rank,
+                       ddp__hybrid(ctx) ? "shard" : "replica", first / n, first, first + n - 1);
     else ddp__log(ctx, DDP_LOG_INFO, "rank %d of %d up (nccl backend %d.%d.%d, device %d)", ctx->rank, ctx->world,
                   version / 10000, version / 100 % 100, version % 100, g->device);
     return DDP_OK;
@@ -8428,8 +8944,10 @@ static ddp_result ddp__gpu_init_team(ddp_context *ctx, double deadline, int vers
     ncclUniqueId id;
     char key[40];
     ddp_result r;
-    if (ctx->desc.outer.mode == DDP_OUTER_OFF || ddp__team_world(ctx) <= 1 || ddp__team_world(ctx) >= ctx->world) return DDP_OK;
-    snprintf(key, sizeof key, "nccl/team-id/%d", ctx->outer.group);
+    int group = ddp__hybrid(ctx) ? ctx->rank / ctx->shard.hybrid : ctx->outer.group;   /* hybrid: the shard group's */
+    if ((ctx->desc.outer.mode == DDP_OUTER_OFF && !ddp__hybrid(ctx)) || ddp__team_world(ctx) <= 1 || ddp__team_world(ctx) >= ctx->world)
+        return DDP_OK;
+    snprintf(key, sizeof key, "nccl/team-id/%d", group);
     if (ddp__team_rank(ctx) == 0) {
         DDP__NCCL(ncclGetUniqueId(&id));
         if ((r = ddp__store_set(ctx, key, &id, sizeof id)) != DDP_OK) return r;
@@ -8439,7 +8957,7 @@ static ddp_result ddp__gpu_init_team(ddp_context *ctx, double deadline, int vers
         int found = 0;
         if ((r = ddp__store_get(ctx, key, deadline, &val, &len, &found)) != DDP_OK) return r;
         if (!found) return ddp__fail(ctx, DDP_ERR_TIMEOUT, "rank %d (replica group %d's first) did not publish the group's "
-                                     "ncclUniqueId in time", ddp__team_peer(ctx, 0), ctx->outer.group);
+                                     "ncclUniqueId in time", ddp__team_peer(ctx, 0), group);
         if (len != sizeof id) { DDP_FREE(val); return ddp__fail(ctx, DDP_ERR_MISMATCH, "rank %d's ncclUniqueId has %u bytes, not %zu (another NCCL version?)", ddp__team_peer(ctx, 0), len, sizeof id); }
         memcpy(&id, val, sizeof id);
         DDP_FREE(val);
@@ -8606,12 +9124,13 @@ static ddp_result ddp__gpu_launch_bf16(ddp_context *ctx, int index, const char *
     const ddp__wire *w = &b->wire;
     ddp_bf16 *grads = ctx->flat.grads_bf16 + b->offset;
     ddp_result r;
+    int scatter = w->scatter && !ddp__hybrid(ctx);   /* hybrid: averaged whole over the world (ddp__gpu_launch) */
     if (w->convert == DDP__WIRE_AS_IS)
-        return w->scatter ? ddp__nccl_parts(ctx, index, grads, ncclBfloat16, sizeof(ddp_bf16), 0, what)
-                          : ddp__nccl_bucket(ctx, grads, b->count, ncclBfloat16, what);
+        return scatter ? ddp__nccl_parts(ctx, index, grads, ncclBfloat16, sizeof(ddp_bf16), 0, what)
+                       : ddp__nccl_bucket(ctx, grads, b->count, ncclBfloat16, what);
     DDP__CUDA(ddp_k_bf16_to_f32(grads, g->f32, b->count, g->comm));
-    r = w->scatter ? ddp__nccl_parts(ctx, index, g->f32, ncclFloat, sizeof(float), 0, what)
-                   : ddp__nccl_bucket(ctx, g->f32, b->count, ncclFloat, what);
+    r = scatter ? ddp__nccl_parts(ctx, index, g->f32, ncclFloat, sizeof(float), 0, what)
+                : ddp__nccl_bucket(ctx, g->f32, b->count, ncclFloat, what);
     if (r != DDP_OK) return r;
     DDP__CUDA(ddp_k_f32_to_bf16(g->f32 + (w->lo - b->offset), ctx->flat.grads_bf16 + w->lo, w->hi - w->lo, g->comm));
     return DDP_OK;
@@ -8642,7 +9161,7 @@ static ddp_result ddp__gpu_launch(ddp_context *ctx, int index) {
         snprintf(what, sizeof what, "the %s of gradient bucket %d (%zu elements)",
                  ctx->desc.shard_optimizer ? "reduce-scatter" : "allreduce", index, b->count);
         if (w->moves && (r = ddp__gpu_launch_bf16(ctx, index, what)) != DDP_OK) return r;
-    } else if (w->scatter) {   /* a reduce-scatter: this rank's part is averaged */
+    } else if (w->scatter && !ddp__hybrid(ctx)) {   /* a reduce-scatter: this rank's part is averaged (hybrid: whole, below) */
         snprintf(what, sizeof what, "the reduce-scatter of gradient bucket %d (%zu elements)", index, b->count);
         r = bf16 ? ddp__nccl_parts(ctx, index, g->bf16, ncclBfloat16, sizeof(uint16_t), 0, what)
                  : ddp__nccl_parts(ctx, index, grads, ncclFloat, sizeof(float), 0, what);
@@ -8864,8 +9383,8 @@ static ddp_result ddp__gpu_norm(ddp_context *ctx) {
         ddp_result r;
         DDP__CUDA(cudaEventRecord(g->coll_ready, g->compute));
         DDP__CUDA(cudaStreamWaitEvent(g->comm, g->coll_ready, 0));
-        r = ddp__nccl_enqueue(ctx, g->norm_blocks, ctx->shard.norm_blocks, ncclFloat64, ncclSum, -1,
-                              "ddp_adamw_step's allreduce of the gradient norm's blocks (shard_optimizer)");
+        r = ddp__nccl_call(ctx, ddp__hybrid(ctx), DDP__NCCL_ALLREDUCE, g->norm_blocks, g->norm_blocks, ctx->shard.norm_blocks,
+                           ncclFloat64, ncclSum, -1, "ddp_adamw_step's allreduce of the gradient norm's blocks (shard_optimizer)");
         if (r != DDP_OK) return r;
         DDP__CUDA(cudaEventRecord(g->coll_done, g->comm));
         DDP__CUDA(cudaStreamWaitEvent(g->compute, g->coll_done, 0));
@@ -9352,6 +9871,10 @@ static ddp_result ddp__init(ddp_context *ctx, const ddp_desc *desc) {
     if (ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->desc.outer.mode != DDP_OUTER_OFF)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: DDP_SHARD_PARAMETERS is not built yet with replica groups "
                          "(desc.outer)");
+    if (ctx->desc.shard == DDP_SHARD_GRADIENTS && !ctx->be->shards_grads)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard DDP_SHARD_GRADIENTS (ZeRO-2) is not built yet on "
+                         "the %s backend (giving device memory back needs CUDA's virtual memory management): use "
+                         "DDP_SHARD_OPTIMIZER there (the same reduce-scatter, the gradients kept whole)", ctx->be->name);
     deadline = ddp__now() + ctx->desc.timeout_s;
     if (ctx->world > 1) {
         if (!ctx->job.token[0] && !ctx->job.id[0])
@@ -9416,6 +9939,7 @@ static ddp_result ddp__shutdown(ddp_context *ctx) {
     DDP_FREE(ctx->shard.base);
     DDP_FREE(ctx->shard.norm_base);
     DDP_FREE(ctx->shard.norm_sums);
+    ddp__free_floats(ctx->shard.z2_acc);
     DDP_FREE(ctx->tape.ops);
     DDP_FREE(ctx->tape.arena);
     DDP_FREE(ctx->outer.frag);   /* >>outer */
@@ -9599,10 +10123,11 @@ static char *ddp__layout_text(ddp_context *ctx, size_t *len_out) {
     char *text = (char *)DDP_MALLOC(cap);
     int i;
     if (!text) return NULL;
-    len = (size_t)snprintf(text, cap, "buckets %.6f %.6f %d reduce %s uneven %d shard %d param %s\n", ctx->desc.first_bucket_mb,
-                           ctx->desc.bucket_cap_mb, ctx->desc.find_unused,
+    len = (size_t)snprintf(text, cap, "buckets %.6f %.6f %d reduce %s uneven %d shard %d%s param %s shard_group %d\n",
+                           ctx->desc.first_bucket_mb, ctx->desc.bucket_cap_mb, ctx->desc.find_unused,
                            ctx->desc.reduce_dtype == DDP_DTYPE_BF16 ? "bf16" : "fp32", (int)ctx->desc.uneven_inputs,
-                           ctx->desc.shard_optimizer, ddp__bf16_params(ctx) ? "bf16" : "fp32");
+                           (int)ctx->desc.shard, ctx->desc.shard_accumulate ? " accumulate" : "",   /* the level (shard_optimizer follows it) */
+                           ddp__bf16_params(ctx) ? "bf16" : "fp32", ctx->shard.hybrid);
     /* a timeline on some ranks only would stall shutdown (rank 0 waits for each missing trace) */
     len += (size_t)snprintf(text + len, cap - len, "timeline %s\n", ctx->tl.path[0] ? "on" : "off");
     len += (size_t)snprintf(text + len, cap - len, "outer mode %d group_size %d inner_steps %d lr %.9g momentum %.9g "
@@ -9632,7 +10157,7 @@ static ddp_result ddp__layout_mismatch(ddp_context *ctx, const char *a, const ch
     while (!strcmp(ddp__line(a, i, la, sizeof la), ddp__line(b, i, lb, sizeof lb))) i++;
     if (i == 0)
         return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks 0 and %d use different options: rank 0 has '%s', rank %d "
-                         "has '%s' (first_bucket_mb, bucket_cap_mb, find_unused, reduce_dtype, uneven_inputs, shard_optimizer, param_dtype)", rank_b, la, rank_b, lb);
+                         "has '%s' (first_bucket_mb, bucket_cap_mb, find_unused, reduce_dtype, uneven_inputs, shard_optimizer / shard / shard_accumulate, param_dtype, shard_group)", rank_b, la, rank_b, lb);
     if (i == 2)
         return ddp__fail(ctx, DDP_ERR_MISMATCH, "ranks 0 and %d use different outer settings (ddp_desc.outer): rank 0 "
                          "has '%s', rank %d has '%s'", rank_b, la, rank_b, lb);
@@ -10227,6 +10752,9 @@ static ddp_result ddp__commit(ddp_context *ctx) {
     if ((r = ctx->be->alloc_flat(ctx)) != DDP_OK) return r;
     if ((r = ddp__build_buckets(ctx)) != DDP_OK) return r;
     if ((r = ddp__shard_layout(ctx)) != DDP_OK) return r;
+    if (ddp__z2_acc_on(ctx) && !(ctx->shard.z2_acc = ddp__alloc_floats(ctx->shard.count ? ctx->shard.count : 1)))
+        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the gradients' accumulator (%zu floats, shard_accumulate)",
+                         ctx->shard.count);
     ddp__plan_wire(ctx);
     if (ctx->world > 1 && (r = ddp__verify_layout(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     if (ctx->be->commit && (r = ctx->be->commit(ctx)) != DDP_OK) return r;
@@ -10251,7 +10779,7 @@ static ddp_result ddp__commit(ddp_context *ctx) {
    one GPU runs the path many GPUs run. */
 static ddp_result ddp__launch_ready(ddp_context *ctx) {
     ddp_result r = DDP_OK;
-    if (!ctx->step.sync) return DDP_OK;
+    if (!ctx->step.sync && !ddp__z2_acc_on(ctx)) return DDP_OK;   /* ZeRO-2's shard_accumulate: every micro-step */
     while (r == DDP_OK && ctx->step.next_launch < ctx->model.num_buckets && ctx->model.buckets[ctx->step.next_launch].pending == 0) {
         r = ctx->be->launch(ctx, ctx->step.next_launch++);
     }
@@ -10461,11 +10989,12 @@ static ddp_result ddp__finish(ddp_context *ctx) {
     if ((r = ddp__begin_step(ctx)) != DDP_OK) return r;
     t_wait = ddp__now();
     ctx->step.stats.backward_ms = 1e3 * (t_wait - ctx->step.start);
-    if (ctx->step.sync) {
+    if (ctx->step.sync || ddp__z2_acc_on(ctx)) {   /* ZeRO-2's shard_accumulate: every micro-step reduce-scatters */
         ddp__overlap_check(ctx);
         if ((r = ddp__handle_unused(ctx)) != DDP_OK) return r;
         if ((r = ddp__launch_ready(ctx)) != DDP_OK) return r;
         r = ctx->be->finish(ctx, t_wait);
+        if (ddp__z2_acc_on(ctx)) ctx->shard.z2_acc_steps = ctx->step.sync ? 0 : ctx->shard.z2_acc_steps + 1;
         /* uneven inputs, divided by the ranks with data: the buckets divided by the world size */
         if (r == DDP_OK && ctx->desc.uneven_inputs == DDP_JOIN_DIVIDE_BY_ACTIVE && ctx->join.active > 0 &&
             ctx->join.active < ctx->world)
@@ -10581,11 +11110,28 @@ static ddp_result ddp__backward(ddp_context *ctx) {
     return r == DDP_OK ? ddp__finish(ctx) : r;
 }
 
+/* ZeRO-2's ddp_zero_grad: this rank's parts zeroed in place (their pages are written every step:
+   giving them back would cost a fault a page in the next backward), the rest released (after a
+   synchronizing step it is released already, and punching an empty range costs a system call;
+   after micro-steps with sync off it holds this rank's accumulated gradients). */
+static void ddp__z2_zero(ddp_context *ctx) {
+    size_t lo, hi, es = ctx->flat.grads_bf16 ? sizeof(ddp_bf16) : sizeof(float);
+    unsigned char *base = ctx->flat.grads_bf16 ? (unsigned char *)ctx->flat.grads_bf16 : (unsigned char *)ctx->flat.grads;
+    int b;
+    for (b = 0; b < ctx->model.num_buckets; b++) {
+        ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
+        memset(base + lo * es, 0, (hi - lo) * es);
+        ddp__z2_release(ctx, b);
+    }
+}
+
 static ddp_result ddp__zero_grad(ddp_context *ctx) {
     ddp_result r;
     int i;
     if (ddp__in_backward(ctx)) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_zero_grad while a backward is in flight");
-    if ((r = ddp__zero_grads(ctx, 0, ctx->flat.count)) != DDP_OK) return r;
+    if (ddp__z2(ctx)) ddp__z2_zero(ctx);   /* host memory (CPU, MPI): no memset that would bring the released pages back */
+    else if ((r = ddp__zero_grads(ctx, 0, ctx->flat.count)) != DDP_OK) return r;
+    ctx->shard.z2_acc_steps = 0;           /* shard_accumulate: the accumulator holds nothing */
     for (i = 0; i < ctx->model.num_params; i++) ctx->model.params[i].touched = 0;
     ctx->join.pending = 0;
     return DDP_OK;
@@ -10777,6 +11323,17 @@ static ddp_result ddp__state_at(ddp_context *ctx, ddp_buffer which, size_t offse
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: rank %d cannot write parameters alone: with shard_optimizer "
                          "and bf16 parameters each rank holds the fp32 master only for its own part of each bucket, and "
                          "every rank's bf16 working copies must follow; use ddp_scatter_from_host (collective)", call, ctx->rank);
+    if (!write && which == DDP_GRADS && ddp__z2(ctx) && count) {   /* ZeRO-2: the rest is released (zeros) */
+        for (b = 0; b < ctx->model.num_buckets; b++) {
+            ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
+            if (offset >= lo && offset + count <= hi) break;
+        }
+        if (b == ctx->model.num_buckets)
+            return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: floats [%zu, %zu) of the gradients are not all held by rank "
+                             "%d: with DDP_SHARD_GRADIENTS each rank keeps the averaged gradients only for its own part of "
+                             "each bucket, the rest is released after each step (ddp_gather_to_host reaches any range)",
+                             call, offset, offset + count, ctx->rank);
+    }
     if (!ddp__in_parts(ctx, which) || !count) {
         *at = flat ? flat + offset : NULL;   /* NULL: the bf16 gradients (ddp__state_copy) */
         return DDP_OK;
@@ -11437,7 +11994,8 @@ static ddp_outer_status ddp__outer_status(const ddp_context *ctx) {
    every integer at its stated width:
      "DDP-CKPT" u32 version u32 world u32 sharded u32 num_params i64 step u64 floats u64 user_bytes
      u32 num_shards u32 0 | num_shards x u64 the floats the shards before it hold (num_shards: world
-     if sharded, else 1; version 2: a replica group's size, a divisor of world) | num_params x (u32 name
+     if sharded, else 1; version 2: a replica group's size; hybrid sharding: the shard group's; a
+     divisor of world) | num_params x (u32 name
      length, name, u64 count, u32 flags) | parameters, then m, then v, each parameter's floats in
      registration order (no padding) | the user blob | u64 checksum of every byte before it
      (ddp__sum_add: FNV-1a's step on 64-bit words in four lanes, then FNV-1a of lanes and tail).
@@ -12183,10 +12741,10 @@ static int ddp__ckpt_check_head(const ddp__ckpt_file *f, const char *path, ddp__
                          "%u and %u", path, version, DDP__CKPT_VERSION, DDP__CKPT_VERSION_OUTER);
         return 0;
     }
-    /* sharded: a shard per rank, or with the outer sync a shard per member of a replica group */
+    /* sharded: a shard per rank, or with the outer sync (or hybrid sharding, version 1) a shard per
+       member of a replica (or shard) group */
     if (world < 1 || world > INT32_MAX || sharded > 1 ||
-        (sharded ? h->shards < 1 || h->shards > world || world % h->shards ||
-                   (version != DDP__CKPT_VERSION_OUTER && h->shards != world) : h->shards != 1u) ||
+        (sharded ? h->shards < 1 || h->shards > world || world % h->shards : h->shards != 1u) ||
         ddp__get_le(fixed + 52, 4) != 0 || st->step < 0) {
         ddp__ckpt_refuse(st, DDP_ERR_INVALID_ARGUMENT, "the checkpoint '%s' has an impossible header: world size %u, sharded %u, "
                          "%llu shards, reserved field %llu, AdamW step %lld", path, world, sharded, (unsigned long long)h->shards,

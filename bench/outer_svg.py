@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """outer_svg.py - validation loss against wall-clock for bench/outer_hosts.sh: one panel a link
-rate, one line a run (DDP, DiLoCo H=..., streaming), one host alone (grey, dashed) in each panel.
+rate, one line a run (DDP, DiLoCo H=..., streaming, each labelled from its name), one rank alone (grey, dashed) in each panel.
 The time axis is logarithmic (1-2-5 ticks), the same in every panel: DDP on a slow link takes ten
 times as long as the rest, which a linear axis would squeeze into a corner.
 
@@ -10,6 +10,7 @@ Python 3 standard library only; bad input: a message on stderr, exit status 2.
 """
 import math
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
@@ -17,8 +18,28 @@ from svgkit import GRID, INK, MUTED, esc, nice_step, num, read_text, svg_open, t
 
 COLORS = {"ddp": "#e45756", "diloco10": "#4c78a8", "diloco50": "#72b7b2", "diloco200": "#54a24b",
           "streaming": "#b279a2", "streaming_int8": "#f58518"}
-LABELS = {"ddp": "DDP", "diloco10": "DiLoCo H=10", "diloco50": "DiLoCo H=50", "diloco200": "DiLoCo H=200",
-          "streaming": "streaming (H=50, F=5, bf16)", "streaming_int8": "streaming, int8", "one": "one host"}
+# colours for runs named by their settings (bench/outer_hosts.sh: dilocoH..., streamHfFtT...), in order of appearance
+SPARE = ["#9d755d", "#eeca3b", "#ff9da6", "#79706e", "#bab0ac", "#d67195", "#439894", "#8f6d31"]
+LABELS = {"ddp": "DDP", "streaming": "streaming (H=50, F=5, bf16)", "streaming_int8": "streaming, int8", "one": "one rank"}
+
+
+def label(run):
+    """A run's legend text from its name: dilocoH / streamHfFtT / streaming, then _lrX _mY _int8."""
+    if run in LABELS:
+        return LABELS[run]
+    m = re.match(r"^(?:diloco(\d+)|stream(\d+)f(\d+)t(\d+))((?:_lr[\d.]+|_m[\d.]+|_int8)*)$", run)
+    if not m:
+        return run
+    text = ("DiLoCo H=%s" % m.group(1)) if m.group(1) else ("streaming H=%s, F=%s, \u03c4=%s" % m.group(2, 3, 4))
+    extra = [("lr " + t[2:]) if t.startswith("lr") else ("mom. " + t[1:]) if t.startswith("m") else t
+             for t in m.group(5).split("_") if t]
+    return text + (" (" + ", ".join(extra) + ")" if extra else "")
+
+
+def color(run):
+    if run not in COLORS:
+        COLORS[run] = SPARE[(len(COLORS) - 6) % len(SPARE)]
+    return COLORS[run]
 
 
 def die(msg):
@@ -62,7 +83,7 @@ def main():
         ticks.pop()
     xbot, xtop = math.log10(ticks[0]), math.log10(ticks[-1])
     PW, PH, L, T, GAP = 420, 300, 60, 70, 50
-    W, H = L + len(rates) * (PW + GAP) + 180, T + PH + 60
+    W, H = L + len(rates) * (PW + GAP) + 300, T + PH + 60
     out = []
     svg_open(out, W, H, sys.argv[3])
     out.append('<rect width="%d" height="%d" fill="#ffffff"/>' % (W, H))
@@ -91,20 +112,23 @@ def main():
             num(x0 + PW / 2), T + PH + 36, INK))
         lines = list(curves[rate].items()) + ([("one", one)] if one else [])
         for run, c in lines:
-            color = COLORS.get(run, "#9aa0a6")
+            c_ = color(run) if run != "one" else "#9aa0a6"
             dash = ' stroke-dasharray="5 4"' if run == "one" else ""
             out.append('<polyline points="%s" fill="none" stroke="%s" stroke-width="2"%s><title>%s</title></polyline>' % (
-                " ".join("%s,%s" % (num(X(a)), num(Y(b))) for a, b in c), color, dash, esc(LABELS.get(run, run))))
+                " ".join("%s,%s" % (num(X(a)), num(Y(b))) for a, b in c), c_, dash, esc(label(run))))
             a, b = c[-1]
             out.append('<circle cx="%s" cy="%s" r="3" fill="%s"><title>%s</title></circle>' % (
-                num(X(a)), num(Y(b)), color, esc("%s at %s: final val loss %.4f after %.1f s" % (LABELS.get(run, run), rate, b, a))))
+                num(X(a)), num(Y(b)), c_, esc("%s at %s: final val loss %.4f after %.1f s" % (label(run), rate, b, a))))
     lx, ly = L + len(rates) * (PW + GAP) - 20, T + 10
-    seen = [r for r in list(COLORS) if any(r in c for c in curves.values())] + (["one"] if one else [])
+    seen = []
+    for r in curves.values():
+        seen += [run for run in r if run not in seen]
+    seen += ["one"] if one else []
     for run in seen:
         dash = ' stroke-dasharray="5 4"' if run == "one" else ""
         out.append('<line x1="%d" x2="%d" y1="%d" y2="%d" stroke="%s" stroke-width="2"%s/>' % (
-            lx, lx + 18, ly - 4, ly - 4, COLORS.get(run, "#9aa0a6"), dash))
-        out.append('<text x="%d" y="%d">%s</text>' % (lx + 24, ly, esc(LABELS.get(run, run))))
+            lx, lx + 18, ly - 4, ly - 4, color(run) if run != "one" else "#9aa0a6", dash))
+        out.append('<text x="%d" y="%d">%s</text>' % (lx + 24, ly, esc(label(run))))
         ly += 16
     out.append("</svg>")
     try:

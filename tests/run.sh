@@ -35,6 +35,11 @@ for n in 1 2 3 4; do run "collectives, $n rank(s)" "$B/ddprun" -n "$n" "$B/test_
 for n in 1 2 4; do run "equivalence, $n rank(s)" "$B/ddprun" -n "$n" "$B/test_equivalence"; done
 for n in 1 2 3 4; do run "sharded optimizer (ZeRO-1) = unsharded, bit for bit, $n rank(s)" "$B/ddprun" -n "$n" "$B/test_shard"; done
 run "sharded optimizer vs PyTorch ZeroRedundancyOptimizer(AdamW) over gloo, 2 and 3 ranks" tests/test_shard_torch.sh "$B"
+for n in 1 2 3 4; do run "sharded gradients (ZeRO-2) = unsharded, bit for bit (fp32, accumulation, find_unused, skip_nonfinite, bf16 wire, staged, bf16 parameters), released pages not resident, views fixed, $n rank(s)" "$B/ddprun" -n "$n" "$B/test_zero2"; done
+z2ckpt=$(mktemp -u)
+run "sharded gradients (ZeRO-2) on the MPI backend (mpirun -n 3, hierarchical and flat) = unsharded, bit for bit, released pages" tests/test_zero2_mpi.sh "$B"
+run "ZeRO-2 checkpoints: saved at ZeRO-2 on 2 ranks, resumed at NONE and ZeRO-2 on 2, loaded at NONE, ZeRO-1 and ZeRO-2 on 1 and 4 ranks, bit for bit" \
+    bash -c "'$B/ddprun' -n 2 '$B/test_zero2' save '$z2ckpt' && '$B/ddprun' -n 1 '$B/test_zero2' load '$z2ckpt' && '$B/ddprun' -n 4 '$B/test_zero2' load '$z2ckpt'; rc=\$?; rm -f '$z2ckpt'; exit \$rc"
 run "tiny GPT trainer --shard-optimizer = unsharded, bit for bit, 2 and 3 ranks, and 4 ranks in 2 DiLoCo groups of 2" tests/test_shard_gpt.sh "$B"
 for n in 1 2 3 4; do run "sharded parameters (ZeRO-3) = unsharded, bit for bit, $n rank(s): tape, accumulation, bf16, clipping, unused, own autograd; released pages; bad input" "$B/ddprun" -n "$n" "$B/test_zero3"; done
 run "sharded parameters' checkpoints across world sizes and levels (PARAMETERS on 2 -> NONE on 1, NONE on 1 -> PARAMETERS on 3)" tests/test_zero3_ckpt.sh "$B"
@@ -42,6 +47,8 @@ for n in 2 3; do run "bf16 reduction, $n ranks" "$B/ddprun" -n "$n" "$B/test_bf1
 run "replica groups: 4 thread-ranks in 2 groups of 2 and 6 in 2 of 3, each group's average only (bit for bit; fp32, bf16, bf16 wire, in place and staged), replicas equal after the outer sync" "$B/test_groups"
 run "replica groups with process ranks: ddprun -n 4 (CPU backend), mpirun -n 4 (MPI backend, hierarchical and flat)" tests/test_groups.sh "$B"
 run "shard_optimizer (ZeRO-1) within replica groups: 4 thread-ranks in 2 groups of 2, DiLoCo H=2 and streaming, clipping, one group skipping a step, in place and staged: parameters, m and v = unsharded, bit for bit; bf16 parameters refused by name; groups of one not sharded" "$B/test_groups_shard"
+run "hybrid sharding (shard_group): 4 thread-ranks in 2 groups of 2, 6 in 3 of 2 and in 2 of 3, accumulation, clipping, an unused parameter, skip_nonfinite, fp32 and bf16 parameters, in place and staged: every step = unsharded, bit for bit; saved hybrid, resumed unsharded, hybrid and at 2 ranks; bad input named" "$B/test_hybrid"
+run "hybrid sharding on the MPI backend: mpirun across 2 namespace hosts x 2 ranks, a shard group a host (fp32: the unsharded hierarchical bits every step; bf16: every rank the same bits, within a derived bound; checkpoints); groups across hosts refused by name" tests/test_hybrid.sh "$B"
 run "overlap, 2 ranks" "$B/ddprun" -n 2 "$B/test_overlap"
 run "stragglers: a slow rank named by every rank, its wait in the stats and on the timeline, 3 thread-ranks" "$B/test_straggler"
 run "timeline" tests/test_timeline.sh "$B"

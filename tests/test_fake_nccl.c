@@ -327,6 +327,7 @@ static const size_t sh_sizes[SH_PARAMS] = { 9000, 50, 6000, 3000, 700 };
 static struct { float norm[MAX_WORLD][SH_STEPS]; float *params[MAX_WORLD], *m, *v; size_t count; ddp_result r[MAX_WORLD];
                 char err[MAX_WORLD][DDP__ERR_MAX]; } sh;
 
+static int sh_group;   /* hybrid sharding: ddp_desc.shard_group of the sharded pass (0: flat) */
 static void shard_rank(test_rank *self) {
     ddp_desc d = test_desc(self);
     ddp_context *ctx = NULL;
@@ -339,6 +340,7 @@ static void shard_rank(test_rank *self) {
     d.log = keep_errors; d.log_level = DDP_LOG_ERROR;   /* ddp_shutdown's own failure, into res[].logged */
     d.backend = cfg.backend;
     d.shard_optimizer = cfg.shard;
+    d.shard_group = cfg.shard ? sh_group : 0;
     d.reduce_dtype = cfg.bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
     d.bucket_cap_mb = 0.05;
     d.first_bucket_mb = 0.01;
@@ -422,8 +424,8 @@ static void test_shard_parts(int world, int micro, int bf16) {
         for (r = 0; r < world; r++) free(sh.params[r]);
         if (pass) { free(sh.m); free(sh.v); }
     }
-    snprintf(name, sizeof name, "fake_nccl_ranks%d_accum%d%s_sharded_parts_norm_params_m_v_bitwise_equal_cpu_unsharded", world, micro,
-             bf16 ? "_bf16" : "");
+    snprintf(name, sizeof name, "fake_nccl_ranks%d_accum%d%s_sharded%s_parts_norm_params_m_v_bitwise_equal_cpu_unsharded", world, micro,
+             bf16 ? "_bf16" : "", sh_group ? "_hybrid_groups_of_2" : "");
     verdict(ok, name, "%s", why);
     free(params); free(m); free(v);
     snprintf(name, sizeof name, "shard_parts_ranks%d_accum%d%s", world, micro, bf16 ? "_bf16" : "");
@@ -888,6 +890,17 @@ static void auto_backend(void) {
     ddp_init(&ctx, &d);
     verdict(!strcmp(ddp_backend_name(ctx), "nccl"), "fake_auto_backend_is_nccl_with_a_gpu", "got %s", ddp_backend_name(ctx));
     ddp_shutdown(ctx);
+    {   /* ZeRO-2 is not built on NCCL (it needs CUDA's virtual memory management): refused by name */
+        ddp_result r;
+        d.shard = DDP_SHARD_GRADIENTS;
+        fakegpu_reset();
+        r = ddp_init(&ctx, &d);
+        verdict(r == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(ctx), "DDP_SHARD_GRADIENTS (ZeRO-2) is not built yet on the nccl"),
+                "fake_nccl_shard_gradients_refused_by_name", "%s: %s", ddp_result_string(r), ddp_last_error(ctx));
+        ddp_shutdown(ctx);
+        d.shard = DDP_SHARD_DEFAULT;
+        fakegpu_reset();
+    }
     fakegpu_set_device_count(0);
     ddp_init(&ctx, &d);
     verdict(!strcmp(ddp_backend_name(ctx), "single"), "fake_auto_backend_without_a_gpu", "got %s", ddp_backend_name(ctx));
@@ -1060,6 +1073,10 @@ int main(void) {
     test_shard_parts(3, 2, 0);
     test_shard_parts(4, 1, 1);
     test_shard_parts(1, 1, 0);
+    sh_group = 2;   /* hybrid sharding (shard_group): 4 ranks, 2 groups of 2, and the bf16 wire */
+    test_shard_parts(4, 2, 0);
+    test_shard_parts(4, 1, 1);
+    sh_group = 0;
     test_training_outer(2, 1, DDP_OUTER_DILOCO, DDP_WIRE_DEFAULT, 1, 0, 0, 0);
     test_training_outer(3, 1, DDP_OUTER_AVERAGE, DDP_WIRE_DEFAULT, 1, 0, 0, 1);
     test_training_outer(3, 1, DDP_OUTER_STREAMING, DDP_WIRE_INT8, 2, 1, 0.5f, 0);

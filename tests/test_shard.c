@@ -31,6 +31,12 @@ typedef struct run_result {
 
 static int rank, world;
 
+/* tests/test_zero2.c includes this file for its harness (TEST_SHARD_HARNESS_ONLY: no main), trains
+   at another level (`shard`: 0 unsharded, 1 ZeRO-1, or a ddp_shard level above OPTIMIZER), names
+   its checks with its own prefix and looks at each step through step_hook. */
+static const char *test_prefix = "shard";
+static void (*step_hook)(ddp_context *ddp, const int *ids, int shard, int step);
+
 static ddp_result open_group(const config *c, int shard, ddp_context **out, int *ids) {
     ddp_desc d;
     ddp_result r;
@@ -41,7 +47,8 @@ static ddp_result open_group(const config *c, int shard, ddp_context **out, int 
     d.find_unused = c->find_unused;
     d.skip_nonfinite = c->nan_step >= 0;
     d.reduce_dtype = c->bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
-    d.shard_optimizer = shard;
+    if (shard > 1) d.shard = (ddp_shard)shard;
+    else d.shard_optimizer = shard;
     if ((r = ddp_init(out, &d)) != DDP_OK) return r;
     for (k = 0; k < NPARAMS; k++) {
         static float init[NPARAMS][MAXN];   /* one each: ddp_commit reads them */
@@ -87,6 +94,7 @@ static ddp_result train(const config *c, int shard, run_result *out) {
         }
         if (r == DDP_OK) r = ddp_adamw_step(ddp, &opt, &out->norm[step]);
         if (r != DDP_OK) break;
+        if (step_hook) step_hook(ddp, ids, shard, step);
         {
             size_t n;
             const float *p = ddp_flat_params(ddp, &n);
@@ -184,23 +192,24 @@ static void compare(const config *c, const run_result *a, const run_result *b) {
         if (memcmp(&a->norm[step], &b->norm[step], sizeof(float)) && !(isnan(a->norm[step]) && isnan(b->norm[step]))) first_norm = step;
         if (a->hash[step] != b->hash[step]) first_hash = step;
     }
-    snprintf(name, sizeof name, "shard_%s_ranks%d_norm_bitwise", c->name, world);
+    snprintf(name, sizeof name, "%s_%s_ranks%d_norm_bitwise", test_prefix, c->name, world);
     verdict(first_norm < 0, name, "step %d: unsharded norm %.9g, sharded %.9g", first_norm, first_norm < 0 ? 0 : a->norm[first_norm],
             first_norm < 0 ? 0 : b->norm[first_norm]);
-    snprintf(name, sizeof name, "shard_%s_ranks%d_params_bitwise_every_step", c->name, world);
+    snprintf(name, sizeof name, "%s_%s_ranks%d_params_bitwise_every_step", test_prefix, c->name, world);
     verdict(first_hash < 0 && a->count == b->count && !memcmp(a->params, b->params, a->count * sizeof(float)), name,
             "first step that differs: %d", first_hash);
-    snprintf(name, sizeof name, "shard_%s_ranks%d_m_v_gathered_bitwise", c->name, world);
+    snprintf(name, sizeof name, "%s_%s_ranks%d_m_v_gathered_bitwise", test_prefix, c->name, world);
     verdict(a->count == b->count && !memcmp(a->m, b->m, a->count * sizeof(float)) && !memcmp(a->v, b->v, a->count * sizeof(float)),
             name, "m or v differ from the unsharded run's");
     if (c->nan_step >= 0) {
-        snprintf(name, sizeof name, "shard_%s_ranks%d_nonfinite_step_skipped", c->name, world);
+        snprintf(name, sizeof name, "%s_%s_ranks%d_nonfinite_step_skipped", test_prefix, c->name, world);
         verdict(isnan(b->norm[c->nan_step]) && b->hash[c->nan_step] == b->hash[c->nan_step - 1], name,
                 "norm %g at the NaN step; parameters %s", b->norm[c->nan_step],
                 b->hash[c->nan_step] == b->hash[c->nan_step - 1] ? "unchanged" : "changed");
     }
 }
 
+#ifndef TEST_SHARD_HARNESS_ONLY   /* test_zero2.c takes the harness above */
 static void refusals(void) {
     ddp_context *ddp = NULL;
     ddp_desc d;
@@ -328,3 +337,4 @@ int main(void) {
     refusals();
     return test_summary("test_shard");
 }
+#endif /* TEST_SHARD_HARNESS_ONLY */

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# test_shard_gpt.sh — the tiny GPT trainer with --shard-optimizer (ZeRO-1) on 2 and 3 ranks ends
-# with the same parameters, bit for bit, as without it; its checkpoints are those of an unsharded
+# test_shard_gpt.sh — the tiny GPT trainer with --shard-optimizer (ZeRO-1) and --shard gradients
+# (ZeRO-2) on 2 and 3 ranks ends with the same parameters, bit for bit, as without it; its checkpoints are those of an unsharded
 # run, byte for byte, and resume across sharding ends bit for bit where a straight run does.
 # Usage: tests/test_shard_gpt.sh [BUILD_DIR]
 set -u
@@ -16,7 +16,22 @@ for n in 2 3; do
     b=$(OPENBLAS_NUM_THREADS=1 "$B/ddprun" -n "$n" "$B/train_gpt" "${args[@]}" --shard-optimizer 2>&1 | sed -n 's/.*params fnv1a //p')
     if [ -n "$a" ] && [ "$a" = "$b" ]; then echo "PASS gpt_shard_optimizer_ranks${n}_bitwise_equals_unsharded"
     else echo "FAIL gpt_shard_optimizer_ranks${n}_bitwise_equals_unsharded: parameters' hash '$a' unsharded, '$b' sharded"; fi
+    # --shard gradients (ZeRO-2): the averaged gradients in parts too, released after each bucket
+    c=$(OPENBLAS_NUM_THREADS=1 "$B/ddprun" -n "$n" "$B/train_gpt" "${args[@]}" --shard gradients 2>&1 | sed -n 's/.*params fnv1a //p')
+    if [ -n "$a" ] && [ "$a" = "$c" ]; then echo "PASS gpt_shard_gradients_ranks${n}_bitwise_equals_unsharded"
+    else echo "FAIL gpt_shard_gradients_ranks${n}_bitwise_equals_unsharded: parameters' hash '$a' unsharded, '$c' with --shard gradients"; fi
 done
+# ZeRO-2 under hybrid sharding (--shard-group 2 on 4 ranks): each rank releases what lies outside
+# its shard group's part; the same bits as unsharded on 4 ranks
+a4=$(OPENBLAS_NUM_THREADS=1 "$B/ddprun" -n 4 "$B/train_gpt" "${args[@]}" 2>&1 | sed -n 's/.*params fnv1a //p')
+c4=$(OPENBLAS_NUM_THREADS=1 "$B/ddprun" -n 4 "$B/train_gpt" "${args[@]}" --shard gradients --shard-group 2 2>&1 | sed -n 's/.*params fnv1a //p')
+if [ -n "$a4" ] && [ "$a4" = "$c4" ]; then echo "PASS gpt_shard_gradients_hybrid_groups_of_2_bitwise_equals_unsharded"
+else echo "FAIL gpt_shard_gradients_hybrid_groups_of_2_bitwise_equals_unsharded: parameters' hash '$a4' unsharded, '$c4' with --shard gradients --shard-group 2"; fi
+# --shard takes a level by name; anything else is refused before training, naming the flag
+bad=$("$B/train_gpt" "${args[@]}" --shard everything 2>&1); rc=$?
+case $bad in *"--shard: 'everything' is not one of none, optimizer, gradients, parameters"*) ok=1 ;; *) ok=0 ;; esac
+if [ "$rc" -ne 0 ] && [ "$ok" = 1 ]; then echo "PASS gpt_shard_bad_level_refused"
+else echo "FAIL gpt_shard_bad_level_refused: status $rc: $(echo "$bad" | tail -n 2)"; fi
 # Replica groups (--outer diloco, 2 groups of 2): the state sharded within each group, the same bits.
 a=$(OPENBLAS_NUM_THREADS=1 "$B/ddprun" -n 4 "$B/train_gpt" "${args[@]}" --outer diloco --inner-steps 3 --group-size 2 2>&1 | sed -n 's/.*params fnv1a //p')
 b=$(OPENBLAS_NUM_THREADS=1 "$B/ddprun" -n 4 "$B/train_gpt" "${args[@]}" --outer diloco --inner-steps 3 --group-size 2 --shard-optimizer 2>&1 | sed -n 's/.*params fnv1a //p')

@@ -39,7 +39,11 @@ typedef struct options {
     gpt_config model;
     int steps, warmup, accum, eval_every, eval_batches, sample, top_k, stop_at, save_every, log_every;
     int cpu, tf32, bf16;           /* --cpu: CPU backend and model even where a GPU is; --tf32; --bf16 */
-    int shard;                     /* --shard-optimizer: ddp_desc.shard_optimizer (ZeRO-1) */
+    int shard;                     /* --shard LEVEL: ddp_desc.shard (a ddp_shard; 0: ddp.h's default, so DDP_SHARD
+                                      may choose); after ddp_init the level ddp.h resolved */
+    int shard_optimizer;           /* --shard-optimizer: ddp_desc.shard_optimizer = 1, which is --shard optimizer
+                                      (the field, so that DDP_SHARD_OPTIMIZER=0 still overrides it) */
+    int shard_group;               /* --shard-group N: ddp_desc.shard_group (hybrid: shard within N consecutive ranks) */
     int fresh;                     /* --fresh: --save PATH starts over even where PATH holds a checkpoint */
     float lr, min_lr, wd, clip, beta1, beta2, temperature, bucket_mb, dropout;
     float inject_latency_ms, inject_gbps;   /* ddp.h's emulated network (benchmarks: tools/scaling.py) */
@@ -92,9 +96,15 @@ static void usage(FILE *f) {
         "                     over a network of X ms latency and X GB/s (1e9 bytes/s) (ddp.h's inject_comm_*)\n"
         "  --dump-init PATH   write the initial parameters (float32, registration order) and exit\n"
         "  --cpu              the CPU backend and model even where a GPU is visible (GPU build)\n"
-        "  --shard-optimizer  AdamW's m and v sharded across the ranks (ZeRO-1; same results)\n"
+        "  --shard LEVEL      what is sharded across the ranks (ddp_desc.shard; same results at every level):\n"
+        "                     none (DDP), optimizer (ZeRO-1: AdamW's m, v and a bf16 run's fp32 master),\n"
+        "                     gradients (ZeRO-2: the averaged gradients too; CPU and MPI backends),\n"
+        "                     parameters (ZeRO-3 / FSDP); default: ddp.h's (DDP_SHARD, else none)\n"
+        "  --shard-optimizer  the same as --shard optimizer\n"
+        "  --shard-group N    hybrid sharding: shard within groups of N consecutive ranks, replicate across\n"
+        "                     them (ddp_desc.shard_group; 0: every rank, the default)\n"
         "  --units            declare the model's units (a block each, the embeddings, the final LayerNorm)\n"
-        "                     at every level, as DDP_SHARD=parameters does (ZeRO-3): the same buckets, so\n"
+        "                     at every level, as --shard parameters does (ZeRO-3): the same buckets, so\n"
         "                     the same bits at every level\n"
         "  --tf32             GPU: TF32 tensor-core matmuls (faster, less exact; default pure fp32)\n"
         "  --bf16             GPU: bf16 weights, gradients and activations, fp32 accumulation and master\n"
@@ -206,8 +216,19 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errn)
         else if (!strcmp(a, "--cpu")) { o->cpu = 1; continue; }
         else if (!strcmp(a, "--tf32")) { o->tf32 = 1; continue; }
         else if (!strcmp(a, "--bf16")) { o->bf16 = 1; continue; }
-        else if (!strcmp(a, "--shard-optimizer")) { o->shard = 1; continue; }
+        else if (!strcmp(a, "--shard-optimizer")) { o->shard_optimizer = 1; continue; }
         else if (!strcmp(a, "--units")) { gpt_declare_units = 1; continue; }
+        else if (!strcmp(a, "--shard-group")) ip = &o->shard_group;
+        else if (!strcmp(a, "--shard")) {
+            static const char *const levels[] = { "none", "optimizer", "gradients", "parameters" };
+            int k;
+            if (!v) { snprintf(err, errn, "%s needs a value", a); return 0; }
+            for (k = 0; k < 4 && strcmp(v, levels[k]) != 0; k++) {}
+            if (k == 4) { snprintf(err, errn, "%s: '%s' is not one of none, optimizer, gradients, parameters", a, v); return 0; }
+            o->shard = DDP_SHARD_NONE + k;   /* DDP_SHARD_NONE, _OPTIMIZER, _GRADIENTS, _PARAMETERS in order */
+            i++;
+            continue;
+        }
         else if (!strcmp(a, "--fresh")) { o->fresh = 1; continue; }
         else if (!strcmp(a, "--data")) sp = &o->data;
         else if (!strcmp(a, "--save")) sp = &o->save;
@@ -775,7 +796,9 @@ int main(int argc, char **argv) {
         desc.inject_comm_latency_ms = o.inject_latency_ms;
         desc.inject_comm_gbps = o.inject_gbps;
         desc.backend = o.cpu ? DDP_BACKEND_CPU : DDP_BACKEND_AUTO;
-        desc.shard_optimizer = o.shard;
+        desc.shard = (ddp_shard)o.shard;
+        desc.shard_optimizer = o.shard_optimizer;
+        desc.shard_group = o.shard_group;
         /* --bf16: ddp.h keeps bf16 working copies and gradients (the model's) and the fp32 master
            weights and AdamW's moments; gradient buckets travel as bf16 (reduce_dtype's default).
            Without it the field stays 0 (the default), and DDP_PARAM_DTYPE may choose. */
@@ -794,7 +817,7 @@ int main(int argc, char **argv) {
         gpt_blas_init(ddp_config(ddp)->local_world_size);
         /* A DDP_* variable that is set wins over the descriptor (ddp.h's ENVIRONMENT): train with
            what ddp.h resolved, and refuse what this build cannot do, as --bf16 would be. */
-        o.shard = ddp_config(ddp)->shard_optimizer;
+        o.shard = ddp_config(ddp)->shard;
         if ((ddp_config(ddp)->param_dtype == DDP_DTYPE_BF16) != o.bf16) {
             o.bf16 = !o.bf16;
 #ifndef TRAIN_CUDA_MODEL
@@ -870,7 +893,7 @@ int main(int argc, char **argv) {
             printf("ddp.h: %s backend | timeout %g s | parameters %s | optimizer %s | check_ready %d | log %s | "
                    "timeline %s | job '%s'\n", ddp_backend_name(ddp), c->timeout_s,
                    c->param_dtype == DDP_DTYPE_BF16 ? "bf16" : "fp32", c->shard == DDP_SHARD_PARAMETERS ? "and parameters sharded (ZeRO-3)"
-                   : c->shard_optimizer ? "sharded (ZeRO-1)" : "unsharded",
+                   : c->shard == DDP_SHARD_GRADIENTS ? "and gradients sharded (ZeRO-2)" : c->shard_optimizer ? "sharded (ZeRO-1)" : "unsharded",
                    c->check_ready, (unsigned)c->log_level <= DDP_LOG_OFF ? levels[c->log_level] : "?",
                    c->timeline_path && *c->timeline_path ? c->timeline_path : "off", c->job_id ? c->job_id : "");
         }
