@@ -21,6 +21,8 @@ CHECKS   := $(B)/cxx_check.o
 PROGRAMS += $(B)/mpi_parity          # the CPU side of tests/test_mpi_parity.sh
 PROGRAMS += $(B)/bench_shard_memory   # sharded optimizer: bytes per parameter (bench/RESULTS.md)
 PROGRAMS += $(B)/bench_zero2_memory   # ZeRO-2: a rank's Pss/Rss per level, step time against NONE (bench/RESULTS.md)
+PROGRAMS += $(B)/test_zero3           # sharded parameters (ZeRO-3 / FSDP) = unsharded, bit for bit
+PROGRAMS += $(B)/bench_zero3_memory   # sharded parameters: a rank's resident bytes per parameter at every level (bench/RESULTS.md)
 PROGRAMS += $(B)/bench_bf16_step      # bf16 parameters: the library's part of a step (bench/RESULTS.md)
 PROGRAMS += $(B)/bench_adamw_guard    # bf16 parameters: the misuse guard's share of the AdamW pass
 # -Ofast (-ffast-math) programs keep the NaN guard: ddp.h's implementation built with gcc -Ofast

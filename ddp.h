@@ -9,8 +9,8 @@
    CONTENTS
      QUICK START · ONE STEP, AS DATA FLOWS · OWN AUTOGRAD · MEMORY LAYOUT AND OVERLAP ·
      STRAGGLERS · FAST MATH · STRUCTS ACROSS VERSIONS · OPTIONS · ADAMW · SHARDED OPTIMIZER (ZeRO-1) ·
-     SHARDED GRADIENTS (ZeRO-2) · HYBRID SHARDING · PARAMETER DTYPE (bf16 parameters, fp32 master
-     weights) · OUTER SYNC (replica groups,
+     SHARDED GRADIENTS (ZeRO-2) · SHARDED PARAMETERS (ZeRO-3, FSDP) · HYBRID SHARDING ·
+     PARAMETER DTYPE (bf16 parameters, fp32 master weights) · OUTER SYNC (replica groups,
      DiLoCo, streaming DiLoCo) · CHECKPOINTS · BACKENDS ·
      ENVIRONMENT · JOB IDENTITY · ERRORS · NULL, LIFETIME AND THREADS · EMBEDDING: CANCEL,
      PROGRESS, UNEVEN INPUTS · SAMPLER · PLATFORMS (Linux, Windows, macOS) · COMPILE-TIME
@@ -347,6 +347,86 @@
      as for ZeRO-1. With replica groups (desc.outer) the parts and their release are the team's;
      with hybrid sharding (HYBRID SHARDING) the shard group's (a rank's buffer outside its part is
      free once the bucket's function returns); shard_accumulate with shard_group: refused by name.
+
+   SHARDED PARAMETERS (ZeRO-3, FSDP; ddp_desc.shard = DDP_SHARD_PARAMETERS or DDP_SHARD=parameters)
+     What: ZeRO-1 (above: m, v and the bf16 master in parts; each bucket reduce-scattered; the
+     norm's blocks) and the parameters in parts too. Each rank keeps its parts of the parameters
+     (its owner storage; the bf16 working copies with bf16 parameters, the fp32 master packed as
+     under ZeRO-1), and AdamW updates them in place: no all-gather after the step. The program
+     groups parameters into units and gathers a unit before its forward and releases it after;
+     the tape's backward gathers them again itself. Same bits as unsharded training on 1-4 ranks
+     with the tape or without, accumulation, bf16, clipping, find_unused, skip_nonfinite, and
+     checkpoints saved at one level and world size, loaded at another (tests/test_zero3.c).
+       int u;
+       ddp_register_param(ddp, "l0.W", ...); ddp_register_param(ddp, "l0.b", ...);
+       ddp_register_unit(ddp, "layer0", first_id, 2, &u);   // ids first_id, first_id + 1
+       ...
+       ddp_commit(ddp);
+       forward: ddp_unit_gather(ddp, u); ddp_unit_prefetch(ddp, u + 1);  // the next copy overlaps
+                ... read ddp_param(ddp, id), ddp_tape_record(...) ...;  ddp_unit_release(ddp, u);
+       ddp_backward(ddp);                                     // gathers, prefetches, releases
+       ddp_adamw_step(ddp, &opt, NULL);
+     Units: ddp_register_unit(ctx, name, first_id, num_params, &unit) before ddp_commit, a run of
+     consecutive registration ids (so one contiguous range of the flat buffer); declared at any
+     level (gather, prefetch and release do nothing below PARAMETERS, so a program declares them
+     once and runs at every level). Declared units cut the buckets at their boundaries, at every
+     level (a unit is cut into several buckets at the cap; no bucket spans two units), so every
+     level has the same buckets and the same bits. Refused by name: a unit that overlaps another
+     (naming the parameter in both), an empty unit, ids not registered yet, a unit after
+     ddp_commit, a duplicate name; at ddp_commit under PARAMETERS, a parameter in no unit.
+     Pointers never move: ddp_param / ddp_param_bf16 / ddp_flat_params (fp32; with bf16 it is the
+     master, as below PARAMETERS) / ddp_flat_params_bf16 return the same address for the whole
+     run. The flat parameter buffer is an address range reserved once (>>platform's address
+     space: mmap PROT_NONE + MAP_NORESERVE; Windows VirtualAlloc MEM_RESERVE); a unit's pages
+     are committed when it is gathered and its parameters copied there from every owner's
+     parts, and decommitted when it is released: the contents are gone and a touch faults
+     (SIGSEGV; Windows an access violation). Neighbouring units share at most the page at their
+     boundary (no padding is added: the layout is the same at every level), which stays while
+     either is gathered; its bytes of a released neighbour read as stale values, not a fault.
+     Gather, prefetch, release: ddp_unit_gather returns once the unit is whole (waiting for its
+     prefetch if one is in flight); ddp_unit_prefetch starts the copy on the prefetch thread;
+     ddp_unit_release decommits (after waiting for a prefetch in flight). A gather of a gathered
+     unit does nothing; a release of a released one is an error. ddp_unit_gathered says.
+     On the CPU backend a gather is local copies: every rank's parts live in the shared segment
+     beside the gradients (each rank keeps pages only for its own parts), so a rank reads its
+     peers' parts directly, with no exchange and no wait; the prefetch runs on this level's own
+     thread (the communication thread keeps the buckets). The parts change only inside
+     ddp_adamw_step, which ends with a barrier; ddp_commit and a load of parameters
+     (ddp_scatter_from_host, ddp_load) end with one too, so a gather never reads a part mid-update.
+     The tape: ddp_backward replays ops last to first; before op i it gathers the units of the
+     parameter ids op i lists (so an op must list every parameter whose values its backward
+     reads), prefetches the units of the next op that lists any, and after op i releases each
+     unit that no earlier op lists. A unit kept gathered from the end of the forward (FSDP keeps
+     the last one) is used as it is and released after its last op. Every unit the tape's ops
+     list is released when ddp_backward returns.
+     Own autograd (no tape): the forward as above; the backward gathers each unit before its
+     gradients are computed (prefetching the next), calls ddp_grad_ready for its parameters,
+     releases it, and ends with ddp_finish; every unit is released before ddp_adamw_step.
+     Misuse, named (INVALID_STATE): ddp_tape_record listing a parameter of a unit that is not
+     gathered (released, or prefetched and not waited for), naming the parameter and unit;
+     ddp_adamw_step (or ddp_scatter_from_host / ddp_load of parameters) with a unit still
+     gathered ("a gather without a release"), changing nothing; ddp_unit_release during the
+     backward of a unit that an op not yet replayed lists, naming the op and parameter;
+     ddp_consume_grads (a program's own optimizer would write the gathered views, not the
+     parts). With check_ready (DDP_CHECK_READY=1, one rank), a touch of a released page is
+     named on stderr (parameter and unit) before the process dies of the fault; otherwise the
+     program sees the plain SIGSEGV. A step misused on one rank only leaves its peers waiting in
+     the step until timeout_s.
+     Gradients: as under ZeRO-1 (every rank's flat gradient buffer is whole; each bucket is
+     reduce-scattered in place). Accumulation (sync off) keeps them whole until the
+     synchronizing micro-step, as unsharded. ZeRO-2's release of the non-owned gradient pages
+     is not applied at this level yet.
+     Memory per parameter and rank, CPU backend, fp32: 4/world (parts) + 4 (gradients) +
+     8/world (m, v) + 4 x (the units gathered at once) / (all units); bf16 parameters: 2/world
+     (working copies' parts) + 2 (gradients) + 12/world (master, m, v) + 2 x gathered share. The
+     gathered share is the largest unit (or two, with a prefetch) in a layer-by-layer program.
+     Backends: single and cpu. Refused at ddp_init, by name: NCCL ("not built yet on the NCCL
+     backend", needs CUDA virtual memory management), MPI, replica groups (desc.outer),
+     uneven_inputs (as ZeRO-1); the CPU backend without its shared segment (DDP_STAGED_GRADS, or
+     no room in /dev/shm) at ddp_commit. The timeline: each gather (prefetched or not) and
+     release is an event on the comm lane ("gather unit N", "release unit N": the unit's name
+     and bytes).
+
    HYBRID SHARDING (ddp_desc.shard_group = S, or DDP_SHARD_GROUP=S; with shard >= OPTIMIZER)
      What: the sharded state is split within each group of S consecutive ranks (ranks [g*S,
      (g+1)*S): with a launcher that numbers a host's ranks together, S = LOCAL_WORLD_SIZE is a
@@ -951,8 +1031,9 @@
                     buckets averaged (or reduce-scattered) in place
                     (bf16 parameters: bf16 gradients, summed in float; hybrid sharding: each part
                     over the world, ddp__hybrid_bucket_in_place); sharded AdamW and its
-                    all-gather; its one-bucket function for the work queue (ZeRO-2: then the
-                    release, ddp__z2_cpu_bucket); the cpu backend's table
+                    all-gather (sharded parameters: a barrier instead, and each peer's parts read
+                    where they are, ddp__cpu_z3_parts); its one-bucket function for the work
+                    queue (ZeRO-2: then the release, ddp__z2_cpu_bucket); the cpu backend's table
      >>mpi          the MPI backend (only with DDP_MPI): host groups on the cpu backend's
                     segment, the leaders' fixed-order sum; bf16 buckets and the sharded optimizer
                     among all ranks (the CPU backend's rank order); with replica groups every
@@ -976,6 +1057,10 @@
                     layout check, commit and its bucket plan (DDP_LOG=info); the bf16
                     conversion generic code asks for (ddp__bf16_op: the master rounded into the
                     working copies; the gradients need none)
+     >>zero3        sharded parameters (ZeRO-3): units, the view reserved once and its pages'
+                    counts, gather / prefetch (its own thread) / release, the tape's plan (each
+                    unit's last op), the misuse checks, check_ready's fault naming; in >>params
+                    before ddp__commit
      >>step         ready hooks, launch in bucket order, the tape, finish (the no-overlap check;
                     messages worded for the tape or the program's own backward); with uneven
                     inputs the count of the ranks with data that begins a synchronizing step;
@@ -994,12 +1079,13 @@
      >>public       every public function: checks its arguments and the context, hands off
      The backend table (ddp__backend in >>types) is the only way generic code reaches a
      backend: setup, alloc_flat, commit, begin_step, launch, finish, zero, scale, bf16, adamw,
-     adamw_state, copy, collective, allgather, team_bcast, stats, poison, stop, teardown; its
+     adamw_state, copy, collective, allgather, team_bcast, z3_parts, stats, poison, stop, teardown; its
      `shards` flag says whether it runs shard_optimizer (ddp_init refuses it by the backend's
      name otherwise), `shards_grads` likewise for DDP_SHARD_GRADIENTS. Each backend fills it by name (ddp__cpu_table and its like, into the
      context's own copy); an optional slot left NULL (setup, commit, begin_step, allgather,
-     team_bcast, stats, poison, stop) is nothing to do (allgather: the outer exchange broadcasts
-     instead; team_bcast: bf16 + shard_optimizer in groups of several ranks is refused), and the
+     team_bcast, z3_parts, stats, poison, stop) is nothing to do (allgather: the outer exchange broadcasts
+     instead; team_bcast: bf16 + shard_optimizer in groups of several ranks is refused; z3_parts:
+     DDP_SHARD_PARAMETERS runs on one rank only), and the
      generic caller checks. A backend carries out each bucket's wire plan (ddp__wire, made at
      commit), and reaches the work queue and the watchdog (>>engine) through its hooks. Adding
      a backend is adding a section that fills one and a line in ddp__choose_backend.
@@ -1271,6 +1357,16 @@ float *ddp_flat_grads(ddp_context *ctx, size_t *count_out);
    With shard_optimizer it is this rank's parts of the master only, *count_out = their floats. */
 ddp_bf16 *ddp_param_bf16(ddp_context *ctx, int id);
 ddp_bf16 *ddp_grad_bf16(ddp_context *ctx, int id);
+/* Units (SHARDED PARAMETERS in the manual): parameters first_id .. first_id + num_params - 1 (a
+   run of registration ids) gathered and released together under DDP_SHARD_PARAMETERS; declared
+   before ddp_commit, at any level (below PARAMETERS gather, prefetch and release do nothing).
+   unit_out (may be NULL) is the unit's index: 0, 1, ... in declaration order. */
+ddp_result ddp_register_unit(ddp_context *ctx, const char *name, int first_id, int num_params, int *unit_out);
+ddp_result ddp_unit_gather(ddp_context *ctx, int unit);     /* returns once the unit's parameters are whole */
+ddp_result ddp_unit_prefetch(ddp_context *ctx, int unit);   /* starts its gather; a later gather waits for it */
+ddp_result ddp_unit_release(ddp_context *ctx, int unit);    /* its pages go: a touch faults until the next gather */
+int ddp_num_units(const ddp_context *ctx);
+int ddp_unit_gathered(const ddp_context *ctx, int unit);    /* 1 gathered, 0 released (or in flight), -1 no such unit */
 ddp_bf16 *ddp_flat_params_bf16(ddp_context *ctx, size_t *count_out);
 ddp_bf16 *ddp_flat_grads_bf16(ddp_context *ctx, size_t *count_out);
 int ddp_num_buckets(const ddp_context *ctx);
@@ -1982,6 +2078,24 @@ static int ddp__vm_release(void *p, size_t bytes) {
     (void)bytes;   /* MEM_RELEASE frees the whole reservation, and wants size 0 */
     return VirtualFree(p, 0, MEM_RELEASE) ? 0 : ddp__set_errno_win();
 }
+/* Pages of a shared segment whose contents nobody needs: a pagefile-backed view cannot give
+   pages back to the system, so nothing happens (more memory, the same results). */
+static int ddp__vm_drop_shared(void *p, size_t bytes) { (void)p; (void)bytes; errno = ENOSYS; return -1; }
+/* A hook told the address of each access violation before the system's handling goes on (a
+   debugging run names what was touched; see the POSIX half): a vectored exception handler. */
+static void (*ddp__fault_fn)(void *addr);
+static PVOID ddp__fault_handle;
+static LONG CALLBACK ddp__fault_vectored(PEXCEPTION_POINTERS e) {
+    if (e->ExceptionRecord->ExceptionCode == EXCEPTION_ACCESS_VIOLATION && ddp__fault_fn && e->ExceptionRecord->NumberParameters >= 2)
+        ddp__fault_fn((void *)e->ExceptionRecord->ExceptionInformation[1]);
+    return EXCEPTION_CONTINUE_SEARCH;
+}
+static void ddp__fault_hook(void (*fn)(void *addr)) {
+    ddp__fault_fn = fn;
+    if (fn && !ddp__fault_handle) ddp__fault_handle = AddVectoredExceptionHandler(1, ddp__fault_vectored);
+    if (!fn && ddp__fault_handle) { RemoveVectoredExceptionHandler(ddp__fault_handle); ddp__fault_handle = NULL; }
+}
+static void ddp__write_stderr(const char *s) { DWORD n; WriteFile(GetStdHandle(STD_ERROR_HANDLE), s, (DWORD)strlen(s), &n, NULL); }
 
 
 /* ---- files (checkpoints): UTF-8 paths, wide Win32 calls; descriptors are the CRT's over the
@@ -2482,6 +2596,41 @@ static int ddp__vm_decommit(void *p, size_t bytes) {
 #endif
 }
 static int ddp__vm_release(void *p, size_t bytes) { return munmap(p, bytes); }
+/* Pages of a shared segment (MAP_SHARED, tmpfs) whose contents nobody needs, given back to the
+   system (MADV_REMOVE: a later touch reads zeros). Where there is no such call, nothing happens
+   (more memory, the same results). */
+/* A hook told the address of each SIGSEGV (fn NULL: removed). The handler calls it, puts the
+   handler that was there before back, and returns: the access faults again and meets that one
+   (by default the process dies of SIGSEGV, as it would have). Process-wide: one at a time. */
+static void (*ddp__fault_fn)(void *addr);
+static struct sigaction ddp__fault_prev;
+static void ddp__fault_action(int sig, siginfo_t *si, void *uc) {
+    (void)sig; (void)uc;
+    if (ddp__fault_fn) ddp__fault_fn(si->si_addr);
+    ddp__fault_fn = NULL;
+    sigaction(SIGSEGV, &ddp__fault_prev, NULL);
+}
+static void ddp__fault_hook(void (*fn)(void *addr)) {
+    struct sigaction sa;
+    if (fn && !ddp__fault_fn) {
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = ddp__fault_action;
+        sa.sa_flags = SA_SIGINFO;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGSEGV, &sa, &ddp__fault_prev);
+    } else if (!fn && ddp__fault_fn) sigaction(SIGSEGV, &ddp__fault_prev, NULL);
+    ddp__fault_fn = fn;
+}
+static void ddp__write_stderr(const char *s) { if (write(2, s, strlen(s)) < 0) { /* nothing more to do in a fault */ } }
+static int ddp__vm_drop_shared(void *p, size_t bytes) {
+#ifdef MADV_REMOVE
+    return madvise(p, bytes, MADV_REMOVE);
+#else
+    (void)p; (void)bytes;
+    errno = ENOSYS;
+    return -1;
+#endif
+}
 /* ---- files (checkpoints) ---- */
 static int ddp__file_open_read(const char *path) { return open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); }   /* a FIFO must not block the open */
 static const char *ddp__file_kind(mode_t mode) {
@@ -2745,11 +2894,26 @@ typedef struct ddp__backend {
        other members only (the fp32 master in parts within a replica group, >>outer); NULL: the
        backend has no teams of several ranks beside the world's */
     ddp_result (*team_bcast)(ddp_context *ctx, void *data, size_t bytes, int member);
+    /* optional: where team member `member`'s parts of the parameters are readable by this rank,
+       flat-indexed (its own parts valid; DDP_SHARD_PARAMETERS' gathers copy from there, >>zero3);
+       NULL (or a NULL result): the backend runs DDP_SHARD_PARAMETERS on one rank only */
+    unsigned char *(*z3_parts)(ddp_context *ctx, int member);
     void (*stats)(ddp_context *ctx);                             /* bring ctx->step.last_stats up to date */
     void (*poison)(ddp_context *ctx, ddp_result code);           /* tell the peers; any thread */
     void (*stop)(ddp_context *ctx);                              /* shutdown: no step work in flight */
     void (*teardown)(ddp_context *ctx);                          /* free what the backend owns */
 } ddp__backend;
+
+/* A unit of sharded parameters (>>zero3): registration ids [first, first + n), flat floats [lo, hi). */
+enum { DDP__Z3_RELEASED, DDP__Z3_IN_FLIGHT, DDP__Z3_GATHERED };
+typedef struct ddp__z3_unit {
+    char name[DDP__NAME_MAX];
+    int first, n;
+    size_t lo, hi;
+    int state;                     /* DDP__Z3_*: written under z3.lock */
+    int last_op;                   /* the backward: the last tape op to replay that lists it (-1: none) */
+    double t0, t1;                 /* its last gather's copy (the timeline; the gather thread writes them) */
+} ddp__z3_unit;
 
 struct ddp_context {
     ddp_desc desc;                 /* resolved */
@@ -2898,6 +3062,21 @@ struct ddp_context {
         double straggler_ms;       /* the last exchange's longest wait for one group's broadcast */
         int slowest_group;         /* that group (-1: none) */
     } outer;
+    struct {                       /* sharded parameters (desc.shard PARAMETERS; >>zero3) */
+        int on;                    /* committed at that level */
+        ddp__z3_unit *units;
+        int num_units, cap_units;
+        int *unit_of;              /* each parameter's unit */
+        unsigned char *view;       /* the flat parameter buffer: reserved once, pages committed while gathered */
+        size_t view_bytes, page, es;   /* es: bytes an element (4 fp32, 2 bf16) */
+        uint32_t *page_refs;       /* gathered units on each page of the view (neighbours share a page) */
+        ddp__thread thread;        /* prefetches: copies from the owners' parts */
+        ddp__mutex lock;
+        ddp__cond cond;
+        int started, stop;
+        int *queue, qhead, qlen;   /* units to copy, in order */
+        int replay_op;             /* the tape op being replayed (-1: none) */
+    } z3;
 };
 
 /* --------------------------------------------------------------------------------------------
@@ -3084,6 +3263,12 @@ static int ddp__in_backward(const ddp_context *ctx) { return __atomic_load_n(&ct
    an fp32 master. */
 static int ddp__team_world(const ddp_context *ctx);
 static int ddp__sharded(const ddp_context *ctx) { return ctx->desc.shard_optimizer && ddp__team_world(ctx) > 1; }
+/* Sharded parameters are committed (>>zero3); and then, fp32 parameters on several ranks: held in
+   parts, flat-indexed (this rank's parts valid, where ZeRO-1 keeps them whole) */
+static int ddp__z3(const ddp_context *ctx) { return ctx->z3.on; }
+static int ddp__z3_flat_parts(const ddp_context *ctx) { return ctx->z3.on && !ctx->flat.params_bf16 && ddp__sharded(ctx); }
+static void ddp__z3_free(ddp_context *ctx);
+static int ddp__z3_unit_index(const ddp_context *ctx, int i);
 static int ddp__bf16_params(const ddp_context *ctx) { return ctx->desc.param_dtype == DDP_DTYPE_BF16; }
 
 /* The team: the ranks a gradient bucket is averaged among. With replica groups (desc.outer,
@@ -3187,7 +3372,9 @@ static uint64_t ddp__sample(const ddp_sampler *s, uint64_t epoch, uint64_t i) {
 enum { DDP__EV_FORWARD, DDP__EV_BACKWARD_OP, DDP__EV_READY, DDP__EV_ALLREDUCE, DDP__EV_WAIT,
        DDP__EV_ADAMW, DDP__EV_STEP, DDP__EV_GPU_BACKWARD, DDP__EV_GPU_EXPOSED,
        DDP__EV_STRAGGLER /* this rank waited for the last arrival: index the bucket, bytes the rank */,
-       DDP__EV_OUTER     /* an outer exchange (>>outer): index the fragment, bytes a group's encoding */ };
+       DDP__EV_OUTER     /* an outer exchange (>>outer): index the fragment, bytes a group's encoding */,
+       DDP__EV_GATHER    /* sharded parameters (>>zero3): a unit's gather, index the unit, bytes copied */,
+       DDP__EV_RELEASE   /* and its release */ };
 #define DDP__TIMELINE_MAX_EVENTS 150000      /* per thread: keeps a rank's trace under the store's cap */
 
 typedef struct ddp__event {
@@ -3258,8 +3445,8 @@ static void ddp__text_json_name(ddp__text *t, const char *name) {
 
 static void ddp__tl_event_json(ddp_context *ctx, ddp__text *t, const ddp__event *e) {
     static const char *cats[] = { "forward", "backward", "ready", "comm", "exposed", "optimizer", "step",
-                                  "gpu_backward", "gpu_exposed", "straggler", "outer" };
-    static const int tids[] = { 0, 0, 0, 1, 0, 0, 2, 1, 1, 1, 3 };   /* NCCL: the comm lane is the GPU clock */
+                                  "gpu_backward", "gpu_exposed", "straggler", "outer", "gather", "release" };
+    static const int tids[] = { 0, 0, 0, 1, 0, 0, 2, 1, 1, 1, 3, 1, 1 };   /* NCCL: the comm lane is the GPU clock */
     const char *cat = e->kind == DDP__EV_ALLREDUCE && e->index < 0 ? "user_comm" : cats[e->kind];
     double ts = 1e6 * (e->t0 - ctx->tl.origin), dur = 1e6 * (e->t1 - e->t0);
     int i;
@@ -3276,6 +3463,8 @@ static void ddp__tl_event_json(ddp_context *ctx, ddp__text *t, const ddp__event 
     case DDP__EV_GPU_EXPOSED: ddp__text_printf(t, "exposed comm (gpu)"); break;
     case DDP__EV_STRAGGLER: ddp__text_printf(t, "wait for rank %d", (int)e->bytes); break;
     case DDP__EV_OUTER: ddp__text_printf(t, "outer exchange, fragment %d", e->index); break;
+    case DDP__EV_GATHER: ddp__text_printf(t, "gather unit %d", e->index); break;
+    case DDP__EV_RELEASE: ddp__text_printf(t, "release unit %d", e->index); break;
     default: ddp__text_printf(t, "%s", e->kind == DDP__EV_ADAMW ? "adamw" : cats[e->kind]); break;
     }
     ddp__text_printf(t, "\",\"cat\":\"%s\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,", cat, ctx->rank, tids[e->kind], ts);
@@ -3285,6 +3474,12 @@ static void ddp__tl_event_json(ddp_context *ctx, ddp__text *t, const ddp__event 
     if (e->kind == DDP__EV_READY || (e->kind == DDP__EV_ALLREDUCE && e->index >= 0)) ddp__text_printf(t, ",\"bucket\":%d", e->index);
     if (e->kind == DDP__EV_ALLREDUCE) ddp__text_printf(t, ",\"bytes\":%llu", (unsigned long long)e->bytes);
     if (e->kind == DDP__EV_OUTER) ddp__text_printf(t, ",\"fragment\":%d,\"bytes\":%llu", e->index, (unsigned long long)e->bytes);
+    if (e->kind == DDP__EV_GATHER || e->kind == DDP__EV_RELEASE)
+    {
+        ddp__text_printf(t, ",\"unit\":\"");
+        if (e->index >= 0 && e->index < ctx->z3.num_units) ddp__text_json_name(t, ctx->z3.units[e->index].name);
+        ddp__text_printf(t, "\",\"bytes\":%llu", (unsigned long long)e->bytes);
+    }
     if (e->kind == DDP__EV_STRAGGLER)   /* bucket -1: the count of the ranks with data (uneven inputs) */
         ddp__text_printf(t, ",\"bucket\":%d,\"rank\":%d", e->index, (int)e->bytes);
     if (e->kind == DDP__EV_BACKWARD_OP && e->num_params > 0) {
@@ -3817,10 +4012,9 @@ static ddp_result ddp__desc_validate(ddp_context *ctx, const ddp_desc *d) {
     if (d->shard_accumulate && d->shard_group)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_accumulate 1 with shard_group %d (hybrid sharding) "
                          "is not built yet: accumulate with the whole gradients (shard_accumulate 0)", d->shard_group);
-    /* TEMPORARY (issue 27 in progress): the levels above ZeRO-2 are being built */
-    if (d->shard > DDP_SHARD_GRADIENTS)
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard %s is not built yet",
-                         d->shard == DDP_SHARD_PARAMETERS ? "DDP_SHARD_PARAMETERS" : "");
+    if (d->shard == DDP_SHARD_PARAMETERS && d->shard_group)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_group %d (hybrid sharding) with DDP_SHARD_PARAMETERS "
+                         "is not built yet: ZeRO-3 shards over the world (shard_group 0)", d->shard_group);
     /* hybrid: a group to shard within needs something sharded (the world's checks: ddp__hybrid_resolve) */
     if (d->shard_group && d->shard < DDP_SHARD_OPTIMIZER)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_group %d shards within groups of %d ranks, but "
@@ -6664,6 +6858,11 @@ static ddp_result ddp__cpu_adamw_team(ddp_context *ctx, const ddp_adamw *opt, fl
     r = ddp__adamw_prepare(ctx, opt, b1, b2, eps, ddp__norm_total(ctx->shard.norm_sums, ctx->shard.norm_blocks), grad_norm_out, &now, &skip);
     /* the norm is the same on the team's ranks: they return here alike (the world's, without groups) */
     if (r != DDP_OK || (skip && ddp__team_world(ctx) == ctx->world)) return r;
+    if (ddp__z3(ctx)) {   /* sharded parameters: no all-gather (the next forward gathers), only a barrier */
+        for (b = 0; b < ctx->model.num_buckets && !skip; b++) ddp__adamw_bucket(ctx, b, opt, &now);
+        ctx->what = "ddp_adamw_step's barrier (sharded parameters: every part updated before any is gathered)";
+        return ddp__shm_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0);
+    }
     ctx->what = "ddp_adamw_step's all-gather of the updated parameters (shard_optimizer)";
     if (!ctx->impl.cpu->params_shared) {
         for (b = 0; b < ctx->model.num_buckets && !skip; b++) ddp__adamw_bucket(ctx, b, opt, &now);
@@ -6705,6 +6904,11 @@ static ddp_result ddp__cpu_team_bcast(ddp_context *ctx, void *data, size_t bytes
     r = ddp__shm_collective(ctx, DDP__KIND_BROADCAST, data, bytes, ddp__team_peer(ctx, member));
     ctx->impl.cpu->team = 0;
     return r;
+}
+
+/* Sharded parameters (>>zero3): member s's parts, in its part of the segment. */
+static unsigned char *ddp__cpu_z3_parts(ddp_context *ctx, int member) {
+    return ctx->impl.cpu && ctx->impl.cpu->params_shared ? (unsigned char *)ddp__rank_params(ctx, member) : NULL;
 }
 
 static ddp_result ddp__cpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b1, float b2, float eps, float *grad_norm_out) {
@@ -6889,6 +7093,7 @@ static void ddp__cpu_table(ddp__backend *t) {
     t->adamw = ddp__cpu_adamw;
     t->collective = ddp__cpu_collective;
     t->team_bcast = ddp__cpu_team_bcast;
+    t->z3_parts = ddp__cpu_z3_parts;
     t->poison = ddp__cpu_poison;
     t->stop = ddp__cpu_stop;
     t->teardown = ddp__cpu_teardown;
@@ -9657,6 +9862,15 @@ static ddp_result ddp__init(ddp_context *ctx, const ddp_desc *desc) {
     if (ctx->desc.shard_optimizer && !ctx->be->shards)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_optimizer is not supported by the %s backend "
                          "(yet): run unsharded there", ctx->be->name);
+    if (ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->be->id == DDP_BACKEND_NCCL)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: DDP_SHARD_PARAMETERS is not built yet on the NCCL backend "
+                         "(needs CUDA virtual memory management); DDP_SHARD_OPTIMIZER runs there");
+    if (ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->world > 1 && !ctx->be->z3_parts)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: DDP_SHARD_PARAMETERS is not built yet on the %s backend "
+                         "(the cpu backend runs it on one host; DDP_SHARD_OPTIMIZER runs here)", ctx->be->name);
+    if (ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->desc.outer.mode != DDP_OUTER_OFF)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: DDP_SHARD_PARAMETERS is not built yet with replica groups "
+                         "(desc.outer)");
     if (ctx->desc.shard == DDP_SHARD_GRADIENTS && !ctx->be->shards_grads)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard DDP_SHARD_GRADIENTS (ZeRO-2) is not built yet on "
                          "the %s backend (giving device memory back needs CUDA's virtual memory management): use "
@@ -9715,6 +9929,7 @@ static ddp_result ddp__shutdown(ddp_context *ctx) {
     if (r == DDP_OK) r = ddp__group_barrier(ctx);
     /* The context is freed below, so ddp_last_error cannot tell the caller: say it here. */
     if (r != DDP_OK) ddp__log(ctx, DDP_LOG_ERROR, "ddp_shutdown: %s", ddp__err_body(ctx, eb));
+    ddp__z3_free(ctx);   /* its thread reads the backend's segment: before the teardown */
     if (ctx->be) ctx->be->teardown(ctx);
     DDP_FREE(ctx->model.params);
     DDP_FREE(ctx->rdv.peer_pids);
@@ -9849,7 +10064,10 @@ static ddp_result ddp__build_buckets(ddp_context *ctx) {
         size_t bytes = (end - p->offset) * sizeof(float);
         ddp__bucket *b = n ? &ctx->model.buckets[n - 1] : NULL;
         size_t limit = n <= 1 ? first_cap : cap;
-        if (!b || (b->count * sizeof(float) + bytes > limit && b->count > 0)) {
+        /* declared units (>>zero3) cut buckets at their boundaries, at every level: so a unit's
+           gradients are whole buckets, and every level has the same buckets (the norm's blocks) */
+        int cut = b && i + 1 < ctx->model.num_params && ddp__z3_unit_index(ctx, i) != ddp__z3_unit_index(ctx, i + 1);
+        if (!b || cut || (b->count * sizeof(float) + bytes > limit && b->count > 0)) {
             b = &ctx->model.buckets[n++];
             b->last_param = i;
             b->count = 0;
@@ -10036,6 +10254,487 @@ static void ddp__plan_wire(ddp_context *ctx) {
     }
 }
 
+/* --------------------------------------------------------------------------------------------
+   >>zero3  Sharded parameters (desc.shard DDP_SHARD_PARAMETERS; SHARDED PARAMETERS in the
+   manual). On top of ZeRO-1's machinery (each bucket's parts by ddp__shard_range, its reduce-
+   scatter, the norm's blocks, m and v in parts, the bf16 master in parts): the flat parameter
+   buffer the program sees (ddp_param, ddp_flat_params) is an address range reserved once
+   (z3.view), whose pages stand behind a unit only while it is gathered; each rank's own parts
+   stay where ZeRO-1 keeps them (the owner storage: the rank's parameters in the CPU backend's
+   segment, flat-indexed, only its parts' pages kept; with bf16 parameters the working copies
+   there and the fp32 master packed), and AdamW updates them in place. A gather commits the
+   unit's pages and copies every part from its owner's storage (on the CPU backend a peer's
+   segment, readable by every rank: a gather is local copies, no exchange, so a prefetch runs on
+   this section's own thread); a release decommits them. Neighbouring units share at most the
+   page at their boundary (the layout is the same at every level: no padding added), which stays
+   while either is gathered (page_refs). The owners' parts change only inside ddp_adamw_step,
+   which ends with a barrier: a gather never reads a part mid-update.
+   -------------------------------------------------------------------------------------------- */
+/* This rank's owner storage: the fp32 parameters, or the bf16 working copies, flat-indexed. */
+static unsigned char *ddp__z3_own(ddp_context *ctx) {
+    return ctx->flat.params_bf16 ? (unsigned char *)ctx->flat.params_bf16 : (unsigned char *)ctx->flat.params;
+}
+static unsigned char *ddp__z3_source(ddp_context *ctx, int member) {
+    if (ctx->world == 1) return ddp__z3_own(ctx);
+    return ctx->be->z3_parts ? ctx->be->z3_parts(ctx, ddp__team_peer(ctx, member)) : NULL;
+}
+
+static ddp_result ddp__register_unit(ddp_context *ctx, const char *name, int first, int n, int *unit_out) {
+    int u;
+    if (ddp__is_committed(ctx))
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_register_unit('%s') after ddp_commit: declare units before it "
+                         "(the flat buffers are laid out there)", name ? name : "");
+    if (!name || !*name || strlen(name) >= DDP__NAME_MAX)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_register_unit: a unit needs a name of 1 to %d characters",
+                         DDP__NAME_MAX - 1);
+    if (n < 1)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_register_unit('%s'): an empty unit (%d parameters): a unit "
+                         "holds one parameter at least", name, n);
+    if (first < 0 || first > ctx->model.num_params - n)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_register_unit('%s'): parameters %d..%d are not all registered "
+                         "(ids 0..%d are): a unit is a run of registered ids, declared after its parameters", name, first,
+                         first + n - 1, ctx->model.num_params - 1);
+    for (u = 0; u < ctx->z3.num_units; u++) {
+        const ddp__z3_unit *k = &ctx->z3.units[u];
+        int a = first > k->first ? first : k->first, z = first + n < k->first + k->n ? first + n : k->first + k->n;
+        if (!strcmp(k->name, name))
+            return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_register_unit('%s'): a unit of that name exists (unit %d)", name, u);
+        if (a < z)
+            return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_register_unit('%s'): parameters %d..%d overlap unit '%s' "
+                             "(%d..%d): parameter '%s' would be in both", name, first, first + n - 1, k->name, k->first,
+                             k->first + k->n - 1, ctx->model.params[a].name);
+    }
+    if (ctx->z3.num_units == ctx->z3.cap_units) {
+        int cap = ctx->z3.cap_units ? 2 * ctx->z3.cap_units : 16;
+        ddp__z3_unit *grown = (ddp__z3_unit *)DDP_MALLOC(sizeof *grown * (size_t)cap);
+        if (!grown) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for units");
+        if (ctx->z3.num_units) memcpy(grown, ctx->z3.units, sizeof *grown * (size_t)ctx->z3.num_units);
+        DDP_FREE(ctx->z3.units);
+        ctx->z3.units = grown;
+        ctx->z3.cap_units = cap;
+    }
+    u = ctx->z3.num_units++;
+    memset(&ctx->z3.units[u], 0, sizeof ctx->z3.units[u]);
+    snprintf(ctx->z3.units[u].name, DDP__NAME_MAX, "%s", name);
+    ctx->z3.units[u].first = first;
+    ctx->z3.units[u].n = n;
+    ctx->z3.units[u].last_op = -1;
+    if (unit_out) *unit_out = u;
+    return DDP_OK;
+}
+
+/* The declared unit parameter i is in (-1: none); before ddp_commit too. */
+static int ddp__z3_unit_index(const ddp_context *ctx, int i) {
+    int u;
+    for (u = 0; u < ctx->z3.num_units; u++)
+        if (i >= ctx->z3.units[u].first && i < ctx->z3.units[u].first + ctx->z3.units[u].n) return u;
+    return -1;
+}
+
+/* At ddp_commit, before anything is laid out: under PARAMETERS every parameter is in a unit. */
+static ddp_result ddp__z3_check_units(ddp_context *ctx) {
+    int i, u;
+    if (ctx->desc.shard != DDP_SHARD_PARAMETERS) return DDP_OK;
+    for (i = 0; i < ctx->model.num_params; i++) {
+        for (u = 0; u < ctx->z3.num_units; u++)
+            if (i >= ctx->z3.units[u].first && i < ctx->z3.units[u].first + ctx->z3.units[u].n) break;
+        if (u == ctx->z3.num_units)
+            return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_commit: parameter '%s' (id %d) is in no unit: with "
+                             "DDP_SHARD_PARAMETERS every parameter belongs to one (ddp_register_unit), which is gathered "
+                             "before its forward and released after", ctx->model.params[i].name, i);
+    }
+    return DDP_OK;
+}
+
+/* Unit u's parts, every owner's, into the view (its pages committed already): the bytes copied.
+   Runs on the rank's thread or the prefetch thread; reads only what no one writes until the
+   next ddp_adamw_step. */
+static size_t ddp__z3_copy(ddp_context *ctx, int u) {
+    const ddp__z3_unit *k = &ctx->z3.units[u];
+    size_t es = ctx->z3.es, lo, hi, a, z, bytes = 0;
+    int b, s;
+    for (b = 0; b < ctx->model.num_buckets; b++) {
+        const ddp__bucket *bk = &ctx->model.buckets[b];
+        if (bk->offset >= k->hi || bk->offset + bk->count <= k->lo) continue;
+        for (s = 0; s < ddp__team_world(ctx); s++) {
+            const unsigned char *src;
+            ddp__shard_range(ctx, b, s, &lo, &hi);
+            a = lo > k->lo ? lo : k->lo;
+            z = hi < k->hi ? hi : k->hi;
+            if (z <= a || !(src = ddp__z3_source(ctx, s))) continue;
+            memcpy(ctx->z3.view + a * es, src + a * es, (z - a) * es);
+            bytes += (z - a) * es;
+        }
+    }
+    return bytes;
+}
+
+/* The pages of unit u's range: [*p0, *p1). */
+static void ddp__z3_page_span(const ddp_context *ctx, int u, size_t *p0, size_t *p1) {
+    const ddp__z3_unit *k = &ctx->z3.units[u];
+    *p0 = k->lo * ctx->z3.es / ctx->z3.page;
+    *p1 = (k->hi * ctx->z3.es + ctx->z3.page - 1) / ctx->z3.page;
+}
+
+/* Commit the pages of unit u that no gathered unit holds, then count u on each (under z3.lock).
+   0, or -1 with errno (nothing changed). */
+static int ddp__z3_commit_pages(ddp_context *ctx, int u) {
+    size_t p0, p1, p, q, page = ctx->z3.page;
+    uint32_t *refs = ctx->z3.page_refs;
+    ddp__z3_page_span(ctx, u, &p0, &p1);
+    for (p = p0; p < p1; p = q) {
+        if (refs[p]) { q = p + 1; continue; }
+        for (q = p; q < p1 && !refs[q]; q++) {}
+        if (ddp__vm_commit(ctx->z3.view + p * page, (q - p) * page) != 0) {
+            int e = errno;
+            size_t x, y;
+            for (x = p0; x < p; x = y) {   /* undo this call's commits */
+                if (refs[x]) { y = x + 1; continue; }
+                for (y = x; y < p && !refs[y]; y++) {}
+                ddp__vm_decommit(ctx->z3.view + x * page, (y - x) * page);
+            }
+            errno = e;
+            return -1;
+        }
+    }
+    for (p = p0; p < p1; p++) refs[p]++;
+    return 0;
+}
+
+/* Uncount unit u on its pages and decommit those no gathered unit holds (under z3.lock). */
+static int ddp__z3_decommit_pages(ddp_context *ctx, int u) {
+    size_t p0, p1, p, q, page = ctx->z3.page;
+    uint32_t *refs = ctx->z3.page_refs;
+    int rc = 0;
+    ddp__z3_page_span(ctx, u, &p0, &p1);
+    for (p = p0; p < p1; p++) refs[p]--;
+    for (p = p0; p < p1; p = q) {
+        if (refs[p]) { q = p + 1; continue; }
+        for (q = p; q < p1 && !refs[q]; q++) {}
+        if (ddp__vm_decommit(ctx->z3.view + p * page, (q - p) * page) != 0) rc = -1;
+    }
+    return rc;
+}
+
+/* The prefetch thread: copies queued units, marks each gathered. */
+static void *ddp__z3_main(void *arg) {
+    ddp_context *ctx = (ddp_context *)arg;
+    ddp__mutex_lock(&ctx->z3.lock);
+    for (;;) {
+        int u;
+        double t0, t1;
+        while (!ctx->z3.stop && !ctx->z3.qlen) ddp__cond_wait(&ctx->z3.cond, &ctx->z3.lock);
+        if (ctx->z3.stop) break;
+        u = ctx->z3.queue[ctx->z3.qhead];
+        ctx->z3.qhead = (ctx->z3.qhead + 1) % ctx->z3.num_units;
+        ctx->z3.qlen--;
+        ddp__mutex_unlock(&ctx->z3.lock);
+        t0 = ddp__now();
+        ddp__z3_copy(ctx, u);
+        t1 = ddp__now();
+        ddp__mutex_lock(&ctx->z3.lock);
+        ctx->z3.units[u].t0 = t0;
+        ctx->z3.units[u].t1 = t1;
+        ctx->z3.units[u].state = DDP__Z3_GATHERED;
+        ddp__cond_broadcast(&ctx->z3.cond);
+    }
+    ddp__mutex_unlock(&ctx->z3.lock);
+    return NULL;
+}
+
+static size_t ddp__z3_unit_bytes(const ddp_context *ctx, int u) { return (ctx->z3.units[u].hi - ctx->z3.units[u].lo) * ctx->z3.es; }
+
+/* Unit u gathered, on this thread or by waiting for its prefetch. */
+static ddp_result ddp__z3_gather(ddp_context *ctx, int u) {
+    double t0, t1;
+    int was;
+    ddp__mutex_lock(&ctx->z3.lock);
+    was = ctx->z3.units[u].state;
+    while (ctx->z3.units[u].state == DDP__Z3_IN_FLIGHT) ddp__cond_wait(&ctx->z3.cond, &ctx->z3.lock);
+    if (ctx->z3.units[u].state == DDP__Z3_GATHERED) {
+        t0 = ctx->z3.units[u].t0; t1 = ctx->z3.units[u].t1;
+        ddp__mutex_unlock(&ctx->z3.lock);
+        if (was == DDP__Z3_IN_FLIGHT) ddp__record(ctx, ctx->tl.main, DDP__EV_GATHER, t0, t1, u, ddp__z3_unit_bytes(ctx, u));
+        return DDP_OK;
+    }
+    if (ddp__z3_commit_pages(ctx, u) != 0) {
+        int e = errno;
+        ddp__mutex_unlock(&ctx->z3.lock);
+        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "ddp_unit_gather: no memory for unit '%s' (%zu bytes): %s",
+                         ctx->z3.units[u].name, ddp__z3_unit_bytes(ctx, u), ddp__strerror(e));
+    }
+    ctx->z3.units[u].state = DDP__Z3_IN_FLIGHT;   /* the pages are ours: copy outside the lock */
+    ddp__mutex_unlock(&ctx->z3.lock);
+    t0 = ddp__now();
+    ddp__z3_copy(ctx, u);
+    t1 = ddp__now();
+    ddp__mutex_lock(&ctx->z3.lock);
+    ctx->z3.units[u].state = DDP__Z3_GATHERED;
+    ctx->z3.units[u].t0 = t0;
+    ctx->z3.units[u].t1 = t1;
+    ddp__cond_broadcast(&ctx->z3.cond);
+    ddp__mutex_unlock(&ctx->z3.lock);
+    ddp__record(ctx, ctx->tl.main, DDP__EV_GATHER, t0, t1, u, ddp__z3_unit_bytes(ctx, u));
+    return DDP_OK;
+}
+
+/* Unit u's gather started on the prefetch thread (nothing to do if it is gathered or on its way). */
+static ddp_result ddp__z3_prefetch(ddp_context *ctx, int u) {
+    ddp__mutex_lock(&ctx->z3.lock);
+    if (ctx->z3.units[u].state != DDP__Z3_RELEASED) { ddp__mutex_unlock(&ctx->z3.lock); return DDP_OK; }
+    if (ddp__z3_commit_pages(ctx, u) != 0) {
+        int e = errno;
+        ddp__mutex_unlock(&ctx->z3.lock);
+        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "ddp_unit_prefetch: no memory for unit '%s' (%zu bytes): %s",
+                         ctx->z3.units[u].name, ddp__z3_unit_bytes(ctx, u), ddp__strerror(e));
+    }
+    ctx->z3.units[u].state = DDP__Z3_IN_FLIGHT;
+    ctx->z3.queue[(ctx->z3.qhead + ctx->z3.qlen) % ctx->z3.num_units] = u;
+    ctx->z3.qlen++;
+    ddp__cond_broadcast(&ctx->z3.cond);
+    ddp__mutex_unlock(&ctx->z3.lock);
+    return DDP_OK;
+}
+
+/* A parameter of unit u that tape op `op` lists (for messages). */
+static const char *ddp__z3_op_param(const ddp_context *ctx, int op, int u) {
+    const ddp__tape_op *o = &ctx->tape.ops[op];
+    int j, id;
+    for (j = 0; j < o->num_ids; j++) {
+        memcpy(&id, ctx->tape.arena + o->ids_offset + sizeof(int) * (size_t)j, sizeof id);
+        if (ctx->z3.unit_of[id] == u) return ctx->model.params[id].name;
+    }
+    return "?";
+}
+
+/* Unit u's pages decommitted. quiet: the backward's own release (nothing to do if released). */
+static ddp_result ddp__z3_release(ddp_context *ctx, int u, int quiet) {
+    double t0 = ddp__now();
+    int rc;
+    if (!quiet && ctx->z3.replay_op >= 0 && ctx->z3.units[u].last_op >= 0 && ctx->z3.units[u].last_op < ctx->z3.replay_op)
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_unit_release: unit '%s' is still in use by a recorded op: tape op "
+                         "%d, not replayed yet, lists its parameter '%s' (ddp_backward releases the unit itself once its "
+                         "last op has run)", ctx->z3.units[u].name, ctx->z3.units[u].last_op,
+                         ddp__z3_op_param(ctx, ctx->z3.units[u].last_op, u));
+    ddp__mutex_lock(&ctx->z3.lock);
+    while (ctx->z3.units[u].state == DDP__Z3_IN_FLIGHT) ddp__cond_wait(&ctx->z3.cond, &ctx->z3.lock);
+    if (ctx->z3.units[u].state != DDP__Z3_GATHERED) {
+        ddp__mutex_unlock(&ctx->z3.lock);
+        return quiet ? DDP_OK : ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_unit_release: unit '%s' is not gathered "
+                                          "(released twice?)", ctx->z3.units[u].name);
+    }
+    ctx->z3.units[u].state = DDP__Z3_RELEASED;
+    rc = ddp__z3_decommit_pages(ctx, u);
+    ddp__mutex_unlock(&ctx->z3.lock);
+    if (rc != 0)
+        return ddp__fail(ctx, DDP_ERR_SYSTEM, "ddp_unit_release: unit '%s': its pages could not be decommitted: %s",
+                         ctx->z3.units[u].name, ddp__strerror(errno));
+    ddp__record(ctx, ctx->tl.main, DDP__EV_RELEASE, t0, ddp__now(), u, ddp__z3_unit_bytes(ctx, u));
+    return DDP_OK;
+}
+
+static int ddp__z3_state(ddp_context *ctx, int u) {
+    int s;
+    ddp__mutex_lock(&ctx->z3.lock);
+    s = ctx->z3.units[u].state;
+    ddp__mutex_unlock(&ctx->z3.lock);
+    return s;
+}
+
+/* The first unit not released (-1: none). */
+static int ddp__z3_any_gathered(ddp_context *ctx) {
+    int u;
+    for (u = 0; ddp__z3(ctx) && u < ctx->z3.num_units; u++) if (ddp__z3_state(ctx, u) != DDP__Z3_RELEASED) return u;
+    return -1;
+}
+
+/* Pages of this rank's owner storage outside its parts hold nothing anyone reads (the commit's
+   broadcast filled them): given back (the CPU backend's segment: ddp__vm_drop_shared). */
+static void ddp__z3_drop_unowned(ddp_context *ctx) {
+    size_t page = ctx->z3.page, es = ctx->z3.es, np = (ctx->flat.count * es + page - 1) / page, lo, hi, p, q;
+    unsigned char *keep = (unsigned char *)ddp__calloc(np ? np : 1), *own = ddp__z3_own(ctx);
+    int b;
+    if (!keep) return;   /* nothing given back: more memory, the same results */
+    for (b = 0; b < ctx->model.num_buckets; b++) {
+        ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
+        if (hi > lo) for (p = lo * es / page; p < (hi * es + page - 1) / page; p++) keep[p] = 1;
+    }
+    for (p = 0; p < np; p = q) {
+        if (keep[p]) { q = p + 1; continue; }
+        for (q = p; q < np && !keep[q]; q++) {}
+        (void)ddp__vm_drop_shared(own + p * page, (q - p) * page);
+    }
+    DDP_FREE(keep);
+}
+
+/* check_ready (a debugging run, one rank): a touch of a released page is named before the
+   process dies of it. The handler may run at any moment: it only reads what commit fixed (the
+   view, the units' ranges, the parameters' offsets and names) and writes with write(2). */
+static ddp_context *ddp__z3_fault_ctx;
+static void ddp__z3_fault(void *addr) {
+    ddp_context *ctx = ddp__z3_fault_ctx;
+    const unsigned char *a = (const unsigned char *)addr;
+    size_t at;
+    int u, i;
+    if (!ctx || a < ctx->z3.view || a >= ctx->z3.view + ctx->z3.view_bytes) return;
+    at = (size_t)(a - ctx->z3.view) / ctx->z3.es;
+    for (u = 0; u < ctx->z3.num_units && !(at >= ctx->z3.units[u].lo && at < ctx->z3.units[u].hi); u++) {}
+    for (i = ctx->model.num_params - 1; i > 0 && ctx->model.params[i].offset > at; i--) {}
+    ddp__write_stderr("ddp rank 0 error: DDP_CHECK_READY: the program touched parameter '");
+    ddp__write_stderr(ctx->model.params[i].name);
+    ddp__write_stderr("' of unit '");
+    ddp__write_stderr(u < ctx->z3.num_units ? ctx->z3.units[u].name : "?");
+    ddp__write_stderr("', which is released (DDP_SHARD_PARAMETERS: its pages are gone until ddp_unit_gather); the fault goes on\n");
+}
+
+/* The end of ddp_commit at PARAMETERS: units' ranges, the view reserved (every unit released),
+   the owner storage trimmed to this rank's parts, the prefetch thread. */
+static ddp_result ddp__z3_commit(ddp_context *ctx) {
+    size_t np;
+    int u, i;
+    if (ctx->desc.shard != DDP_SHARD_PARAMETERS) return DDP_OK;
+    ctx->z3.es = ctx->flat.params_bf16 ? sizeof(ddp_bf16) : sizeof(float);
+    ctx->z3.page = ddp__vm_page();
+    ctx->z3.replay_op = -1;
+    if (ctx->world > 1 && !ddp__z3_source(ctx, 0))
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_commit: DDP_SHARD_PARAMETERS on the %s backend needs the parameters' "
+                         "parts in its shared segment, which it does not have (DDP_STAGED_GRADS is set, or /dev/shm had no "
+                         "room: see the warning above)", ctx->be->name);
+    if (!(ctx->z3.unit_of = (int *)DDP_MALLOC(sizeof(int) * (size_t)ctx->model.num_params)) ||
+        !(ctx->z3.queue = (int *)DDP_MALLOC(sizeof(int) * (size_t)ctx->z3.num_units)))
+        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the units");
+    for (u = 0; u < ctx->z3.num_units; u++) {
+        ddp__z3_unit *k = &ctx->z3.units[u];
+        for (i = k->first; i < k->first + k->n; i++) ctx->z3.unit_of[i] = u;
+        k->lo = ctx->model.params[k->first].offset;
+        k->hi = k->first + k->n < ctx->model.num_params ? ctx->model.params[k->first + k->n].offset : ctx->flat.count;
+        k->state = DDP__Z3_RELEASED;
+    }
+    ctx->z3.view_bytes = ddp__round_up(ctx->flat.count * ctx->z3.es, ctx->z3.page);
+    np = ctx->z3.view_bytes / ctx->z3.page;
+    if (!(ctx->z3.page_refs = (uint32_t *)ddp__calloc(sizeof(uint32_t) * (np ? np : 1))))
+        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the units' page counts");
+    if (!(ctx->z3.view = (unsigned char *)ddp__vm_reserve(ctx->z3.view_bytes)))
+        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "cannot reserve %zu bytes of address space for the sharded "
+                         "parameters: %s", ctx->z3.view_bytes, ddp__strerror(errno));
+    if (ctx->world > 1) {
+        ddp_result r;
+        ddp__z3_drop_unowned(ctx);
+        /* a peer may still be writing its parts (the commit's broadcast, the rounding): no gather before all are done */
+        ctx->what = "ddp_commit's barrier (sharded parameters: every rank's parts in place before any gather)";
+        if ((r = ctx->be->collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0)) != DDP_OK) return r;
+    }
+    ddp__mutex_init(&ctx->z3.lock);
+    ddp__cond_init(&ctx->z3.cond);
+    if (ddp__thread_create(&ctx->z3.thread, ddp__z3_main, ctx) != 0) {
+        ddp__cond_destroy(&ctx->z3.cond);
+        ddp__mutex_destroy(&ctx->z3.lock);
+        return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot start the prefetch thread of the sharded parameters");
+    }
+    ctx->z3.started = 1;
+    ctx->z3.on = 1;
+    if (ctx->desc.check_ready && !ddp__z3_fault_ctx) { ddp__z3_fault_ctx = ctx; ddp__fault_hook(ddp__z3_fault); }
+    return DDP_OK;
+}
+
+/* Shutdown (before the backend's teardown: the thread reads the peers' parts). */
+static void ddp__z3_free(ddp_context *ctx) {
+    if (ctx->z3.started) {
+        ddp__mutex_lock(&ctx->z3.lock);
+        ctx->z3.stop = 1;
+        ddp__cond_broadcast(&ctx->z3.cond);
+        ddp__mutex_unlock(&ctx->z3.lock);
+        ddp__thread_join(ctx->z3.thread);
+        ddp__cond_destroy(&ctx->z3.cond);
+        ddp__mutex_destroy(&ctx->z3.lock);
+        ctx->z3.started = 0;
+    }
+    if (ddp__z3_fault_ctx == ctx) { ddp__fault_hook(NULL); ddp__z3_fault_ctx = NULL; }
+    if (ctx->z3.view) ddp__vm_release(ctx->z3.view, ctx->z3.view_bytes);
+    ctx->z3.view = NULL;
+    ctx->z3.on = 0;
+    DDP_FREE(ctx->z3.page_refs);
+    DDP_FREE(ctx->z3.unit_of);
+    DDP_FREE(ctx->z3.queue);
+    DDP_FREE(ctx->z3.units);
+    ctx->z3.page_refs = NULL; ctx->z3.unit_of = NULL; ctx->z3.queue = NULL; ctx->z3.units = NULL;
+    ctx->z3.num_units = 0;
+}
+
+/* The tape's backward (ddp__backward): which op last needs each unit, then around op i the
+   units it lists gathered, the next ops' prefetched, and those it was the last to need released. */
+static void ddp__z3_plan_backward(ddp_context *ctx) {
+    int i, j, id, u;
+    for (u = 0; u < ctx->z3.num_units; u++) ctx->z3.units[u].last_op = -1;
+    for (i = 0; i < ctx->tape.len; i++) {
+        const ddp__tape_op *o = &ctx->tape.ops[i];
+        for (j = 0; j < o->num_ids; j++) {
+            memcpy(&id, ctx->tape.arena + o->ids_offset + sizeof(int) * (size_t)j, sizeof id);
+            u = ctx->z3.unit_of[id];
+            if (ctx->z3.units[u].last_op < 0) ctx->z3.units[u].last_op = i;
+        }
+    }
+}
+
+#define DDP__Z3_LOOKAHEAD 8   /* tape ops the prefetch looks past for the next one that lists parameters */
+static ddp_result ddp__z3_before_op(ddp_context *ctx, int i) {
+    const ddp__tape_op *o = &ctx->tape.ops[i];
+    ddp_result r = DDP_OK;
+    int j, k, id;
+    for (j = 0; j < o->num_ids && r == DDP_OK; j++) {
+        memcpy(&id, ctx->tape.arena + o->ids_offset + sizeof(int) * (size_t)j, sizeof id);
+        r = ddp__z3_gather(ctx, ctx->z3.unit_of[id]);
+    }
+    for (k = i - 1; k >= 0 && k >= i - DDP__Z3_LOOKAHEAD && r == DDP_OK; k--) {   /* the next op with parameters */
+        const ddp__tape_op *n = &ctx->tape.ops[k];
+        for (j = 0; j < n->num_ids && r == DDP_OK; j++) {
+            memcpy(&id, ctx->tape.arena + n->ids_offset + sizeof(int) * (size_t)j, sizeof id);
+            r = ddp__z3_prefetch(ctx, ctx->z3.unit_of[id]);
+        }
+        if (n->num_ids) break;
+    }
+    if (r == DDP_OK) ctx->z3.replay_op = i;
+    return r;
+}
+
+static ddp_result ddp__z3_after_op(ddp_context *ctx, int i) {
+    const ddp__tape_op *o = &ctx->tape.ops[i];
+    ddp_result r = DDP_OK;
+    int j, id, u;
+    ctx->z3.replay_op = -1;
+    for (j = 0; j < o->num_ids && r == DDP_OK; j++) {
+        memcpy(&id, ctx->tape.arena + o->ids_offset + sizeof(int) * (size_t)j, sizeof id);
+        u = ctx->z3.unit_of[id];
+        if (ctx->z3.units[u].last_op == i) r = ddp__z3_release(ctx, u, 1);
+    }
+    return r;
+}
+
+/* ddp_tape_record in the forward: the parameters an op lists are gathered (their values behind
+   ddp_param are what the op read). */
+static ddp_result ddp__z3_check_record(ddp_context *ctx, const int *ids, int n) {
+    int j, u;
+    if (!ddp__z3(ctx) || ctx->tape.replaying) return DDP_OK;
+    for (j = 0; j < n; j++) {
+        u = ctx->z3.unit_of[ids[j]];
+        if (ddp__z3_state(ctx, u) != DDP__Z3_GATHERED)
+            return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_tape_record: parameter '%s' is in unit '%s', which is not "
+                             "gathered (released, or prefetched and not waited for): its memory holds no values; call "
+                             "ddp_unit_gather(ddp, %d) before the op's forward", ctx->model.params[ids[j]].name,
+                             ctx->z3.units[u].name, u);
+    }
+    return DDP_OK;
+}
+
+/* ddp_adamw_step at PARAMETERS: every unit released (its values would be stale after the step). */
+static ddp_result ddp__z3_check_step(ddp_context *ctx, const char *call) {
+    int u = ddp__z3_any_gathered(ctx);
+    if (u < 0) return DDP_OK;
+    return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s: unit '%s' is still gathered (a gather without a release): release "
+                     "every unit first (ddp_unit_release; the tape's backward releases the units its ops list), or its "
+                     "gathered parameters would keep the values from before; nothing was changed", call, ctx->z3.units[u].name);
+}
+
 /* The layout (parameters on 16-float boundaries), the backend's flat buffers, the buckets, the
    check that every rank registered the same, then the backend's own commit. */
 static ddp_result ddp__commit(ddp_context *ctx) {
@@ -10044,6 +10743,7 @@ static ddp_result ddp__commit(ddp_context *ctx) {
     int i;
     if (ddp__is_committed(ctx)) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_commit called twice");
     if (ctx->model.num_params == 0) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_commit with no parameters registered");
+    if ((r = ddp__z3_check_units(ctx)) != DDP_OK) return r;
     for (i = 0; i < ctx->model.num_params; i++) {
         ctx->model.params[i].offset = offset;
         offset += ddp__round_up(ctx->model.params[i].count, DDP__ALIGN_FLOATS);
@@ -10063,6 +10763,8 @@ static ddp_result ddp__commit(ddp_context *ctx) {
     /* sharded: from here on this rank holds the master of its parts only */
     if (ddp__master_parts(ctx) && (r = ddp__bf16_op(ctx, DDP__BF16_SHARD_MASTER, 0, ctx->flat.count)) != DDP_OK)
         return ddp__fatal(ctx, r);
+    /* sharded parameters: the flat buffer the program sees becomes the view, every unit released */
+    if ((r = ddp__z3_commit(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     if (ctx->desc.check_ready && (r = ddp__ready_check_alloc(ctx)) != DDP_OK) return r;
     ddp__life_event(ctx, DDP__ON_COMMIT);
     ddp__log_plan(ctx);
@@ -10319,6 +11021,7 @@ static ddp_result ddp__tape_record(ddp_context *ctx, ddp_backward_fn backward, c
     for (i = 0; i < num_param_ids; i++)
         if (param_ids[i] < 0 || param_ids[i] >= ctx->model.num_params)
             return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_tape_record: no parameter has id %d", param_ids[i]);
+    if (ddp__z3(ctx) && ddp__z3_check_record(ctx, param_ids, num_param_ids) != DDP_OK) return DDP_ERR_INVALID_STATE;
     args_at = ddp__round_up(ctx->tape.arena_len, 16);
     ids_at = ddp__round_up(args_at + args_size, sizeof(int));
     need = ids_at + sizeof(int) * (size_t)num_param_ids;
@@ -10386,12 +11089,15 @@ static ddp_result ddp__backward(ddp_context *ctx) {
     ctx->tape.replaying = 1;
     if (ctx->tl.main && ctx->tape.len && ctx->tl.forward_start != 0)
         ddp__record(ctx, ctx->tl.main, DDP__EV_FORWARD, ctx->tl.forward_start, ctx->step.start, -1, 0);
+    if (ddp__z3(ctx)) ddp__z3_plan_backward(ctx);
     for (i = ctx->tape.len - 1; i >= 0 && r == DDP_OK; i--) {
         const ddp__tape_op *op = &ctx->tape.ops[i];
         int ids[64];
         int n = op->num_ids;
         double t0 = ctx->tl.main ? ddp__now() : 0;
+        if (ddp__z3(ctx) && (r = ddp__z3_before_op(ctx, i)) != DDP_OK) break;   /* its units gathered, the next prefetched */
         op->fn(ctx->tape.arena + op->args_offset);
+        if (ddp__z3(ctx) && (r = ddp__z3_after_op(ctx, i)) != DDP_OK) break;    /* the units it needed last released */
         ctx->step.ready_moment++;
         if (ctx->tl.main) ddp__tl_record_op(ctx, op, i, t0);
         for (k = 0; k < n && r == DDP_OK; k += 64) {
@@ -10498,6 +11204,7 @@ static ddp_result ddp__adamw_step(ddp_context *ctx, const ddp_adamw *opt, float 
                          "max_grad_norm=%g out of range (lr, eps, weight_decay, max_grad_norm finite and >= 0; betas in [0, 1))",
                          opt->lr, b1, b2, eps, opt->weight_decay, opt->max_grad_norm);
     if ((r = ddp__check_averaged(ctx, "ddp_adamw_step")) != DDP_OK) return r;
+    if ((r = ddp__z3_check_step(ctx, "ddp_adamw_step")) != DDP_OK) return r;
     t0 = ddp__now();
     ddp__life_event(ctx, DDP__ON_STEPPED);   /* the next step needs the next backward's averages */
     r = ctx->be->adamw(ctx, opt, b1, b2, eps, grad_norm_out);
@@ -10597,7 +11304,7 @@ static ddp_result ddp__state_copy(ddp_context *ctx, ddp_buffer which, float *loc
 /* Is `which` held in parts (packed: ddp__shard_layout)? Sharded, m and v; with bf16 parameters
    the fp32 master too (ddp__master_parts). */
 static int ddp__in_parts(const ddp_context *ctx, ddp_buffer which) {
-    if (which == DDP_PARAMS) return ddp__master_parts(ctx);
+    if (which == DDP_PARAMS) return ddp__master_parts(ctx) || ddp__z3_flat_parts(ctx);   /* sharded parameters: flat-indexed */
     return (which == DDP_ADAM_M || which == DDP_ADAM_V) && ddp__sharded(ctx);
 }
 
@@ -10633,13 +11340,18 @@ static ddp_result ddp__state_at(ddp_context *ctx, ddp_buffer which, size_t offse
     }
     for (b = 0; b < ctx->model.num_buckets; b++) {
         ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
-        if (offset >= lo && offset + count <= hi) { *at = flat + ctx->shard.base[b] + (offset - lo); return DDP_OK; }
+        if (offset >= lo && offset + count <= hi) {
+            *at = flat + (which == DDP_PARAMS && ddp__z3_flat_parts(ctx) ? offset : ctx->shard.base[b] + (offset - lo));
+            return DDP_OK;
+        }
     }
     return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: floats [%zu, %zu) of %s are not all held by rank %d: with "
                      "shard_optimizer each rank holds %s only for its own part of each bucket (ddp_gather_to_host "
                      "and ddp_scatter_from_host reach any range)", call, offset, offset + count,
-                     which == DDP_ADAM_M ? "AdamW's m" : which == DDP_ADAM_V ? "AdamW's v" : "the fp32 master", ctx->rank,
-                     which == DDP_PARAMS ? "the fp32 master (bf16 parameters)" : "m and v");
+                     which == DDP_ADAM_M ? "AdamW's m" : which == DDP_ADAM_V ? "AdamW's v" : ddp__z3_flat_parts(ctx) ?
+                     "the parameters" : "the fp32 master", ctx->rank, which != DDP_PARAMS ? "m and v" : ddp__z3_flat_parts(ctx)
+                     ? "the parameters (DDP_SHARD_PARAMETERS; ddp_param's view holds a unit only while it is gathered)"
+                     : "the fp32 master (bf16 parameters)");
 }
 
 /* Sharded: the pieces of [offset, offset + count) of m, v, the master in parts (or, gathered, the averaged gradients)
@@ -10671,7 +11383,8 @@ static ddp_result ddp__sharded_move(ddp_context *ctx, ddp_buffer which, size_t o
             if (z <= a) continue;
             if (s == me && mine) {   /* where the piece is here (bf16 gradients: ddp__state_copy finds them) */
                 ddp__shard_range(ctx, b, me, &mlo, &mhi);
-                local = which == DDP_GRADS ? mine + a : mine + ctx->shard.base[b] + (a - mlo);
+                local = which == DDP_GRADS || (which == DDP_PARAMS && ddp__z3_flat_parts(ctx)) ? mine + a   /* flat-indexed */
+                        : mine + ctx->shard.base[b] + (a - mlo);
             }
             if (owner == root && (gather || team == ctx->world)) {   /* nobody else needs it */
                 if (ctx->rank == root) r = ddp__state_copy(ctx, which, local, a, host + (a - offset), z - a, gather);
@@ -10705,6 +11418,13 @@ static ddp_result ddp__master_parts_put(ddp_context *ctx, size_t offset, const f
         if (z > a) r = ctx->be->copy(ctx, ctx->flat.params + ctx->shard.base[b] + (a - lo), src + (a - offset), (z - a) * sizeof(float), 0);
     }
     for (i = 0; i < n; i++) rounded[i] = ddp__to_bf16(src[i]);
+    for (b = 0; b < ctx->model.num_buckets && r == DDP_OK && ddp__z3(ctx); b++) {   /* sharded parameters: own parts only */
+        ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
+        a = lo > offset ? lo : offset;
+        z = hi < offset + n ? hi : offset + n;
+        if (z > a) r = ctx->be->copy(ctx, ctx->flat.params_bf16 + a, rounded + (a - offset), (z - a) * sizeof(ddp_bf16), 0);
+    }
+    if (ddp__z3(ctx)) return r;
     return r != DDP_OK ? r : ctx->be->copy(ctx, ctx->flat.params_bf16 + offset, rounded, n * sizeof(ddp_bf16), 0);
 }
 
@@ -10737,13 +11457,22 @@ static ddp_result ddp__gather_to_host(ddp_context *ctx, ddp_buffer which, size_t
     float *flat = NULL;
     ddp_result r = ddp__state_buffer(ctx, which, offset, ctx->rank == root ? (const void *)dst : (const void *)ctx, count,
                                      "ddp_gather_to_host", &flat);
-    if (r == DDP_OK && count && (which != DDP_PARAMS || ddp__master_parts(ctx)) && ddp__sharded(ctx))
+    if (r == DDP_OK && count && (which != DDP_PARAMS || ddp__master_parts(ctx) || ddp__z3_flat_parts(ctx)) && ddp__sharded(ctx))
         return ddp__sharded_move(ctx, which, offset, dst, count, root, 1);
     if (r != DDP_OK || ctx->rank != root || !count) return r;
     return ddp__state_copy(ctx, which, flat ? flat + offset : NULL, offset, dst, count, 1);
 }
 
+static ddp_result ddp__scatter_from_host_any(ddp_context *ctx, ddp_buffer which, size_t offset, const float *src, size_t count, int root);
+/* Sharded parameters: every owner's parts written before any rank's next gather reads them. */
 static ddp_result ddp__scatter_from_host(ddp_context *ctx, ddp_buffer which, size_t offset, const float *src, size_t count, int root) {
+    ddp_result r = ddp__scatter_from_host_any(ctx, which, offset, src, count, root);
+    if (r != DDP_OK || which != DDP_PARAMS || !ddp__z3(ctx) || ctx->world == 1) return r;
+    ctx->what = "ddp_scatter_from_host's barrier (sharded parameters: every part written before any gather)";
+    return ctx->be->collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0);
+}
+
+static ddp_result ddp__scatter_from_host_any(ddp_context *ctx, ddp_buffer which, size_t offset, const float *src, size_t count, int root) {
     float *flat = NULL, *bounce;
     size_t done, n;
     ddp_result r = ddp__state_buffer(ctx, which, offset, ctx, count, "ddp_scatter_from_host", &flat);
@@ -10753,7 +11482,8 @@ static ddp_result ddp__scatter_from_host(ddp_context *ctx, ddp_buffer which, siz
     if (ctx->world == 1)
         return ddp__state_written(ctx, which, offset, count, ddp__state_copy(ctx, which, flat ? flat + offset : NULL, offset,
                                                                              (float *)(uintptr_t)src, count, 0));
-    if ((which == DDP_ADAM_M || which == DDP_ADAM_V) && ddp__sharded(ctx))
+    if (which == DDP_PARAMS && (r = ddp__z3_check_step(ctx, "ddp_scatter_from_host")) != DDP_OK) return r;
+    if (((which == DDP_ADAM_M || which == DDP_ADAM_V) && ddp__sharded(ctx)) || (which == DDP_PARAMS && ddp__z3_flat_parts(ctx)))
         return ddp__sharded_move(ctx, which, offset, (float *)(uintptr_t)src, count, root, 0);
     if (which == DDP_PARAMS && ddp__master_parts(ctx)) return ddp__scatter_master_parts(ctx, offset, src, count, root);
     bounce = (float *)DDP_MALLOC((count < DDP__SCATTER_CHUNK ? count : DDP__SCATTER_CHUNK) * sizeof(float));
@@ -12465,6 +13195,41 @@ ddp_result ddp_register_param(ddp_context *ctx, const char *name, size_t count, 
     return r;
 }
 
+ddp_result ddp_register_unit(ddp_context *ctx, const char *name, int first_id, int num_params, int *unit_out) {
+    ddp_result r = ddp__usable(ctx, 0, "ddp_register_unit");
+    if (r == DDP_OK) return ddp__register_unit(ctx, name, first_id, num_params, unit_out);
+    if (unit_out) *unit_out = -1;
+    return r;
+}
+
+/* gather, prefetch, release: a unit index checked; below PARAMETERS nothing to do */
+static ddp_result ddp__unit_call(ddp_context *ctx, int unit, const char *call) {
+    ddp_result r = ddp__usable(ctx, 1, call);
+    if (r != DDP_OK) return r;
+    if (!ddp__is_committed(ctx)) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s before ddp_commit", call);
+    if (unit < 0 || unit >= ctx->z3.num_units)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: no unit %d (%d declared)", call, unit, ctx->z3.num_units);
+    return DDP_OK;
+}
+ddp_result ddp_unit_gather(ddp_context *ctx, int unit) {
+    ddp_result r = ddp__unit_call(ctx, unit, "ddp_unit_gather");
+    return r != DDP_OK || !ddp__z3(ctx) ? r : ddp__z3_gather(ctx, unit);
+}
+ddp_result ddp_unit_prefetch(ddp_context *ctx, int unit) {
+    ddp_result r = ddp__unit_call(ctx, unit, "ddp_unit_prefetch");
+    return r != DDP_OK || !ddp__z3(ctx) ? r : ddp__z3_prefetch(ctx, unit);
+}
+ddp_result ddp_unit_release(ddp_context *ctx, int unit) {
+    ddp_result r = ddp__unit_call(ctx, unit, "ddp_unit_release");
+    return r != DDP_OK || !ddp__z3(ctx) ? r : ddp__z3_release(ctx, unit, 0);
+}
+int ddp_num_units(const ddp_context *ctx) { return ctx ? ctx->z3.num_units : 0; }
+int ddp_unit_gathered(const ddp_context *ctx, int unit) {
+    if (!ctx || unit < 0 || unit >= ctx->z3.num_units) return -1;
+    if (!ddp__z3(ctx)) return 1;   /* below PARAMETERS every parameter is always there */
+    return ddp__z3_state((ddp_context *)(uintptr_t)ctx, unit) == DDP__Z3_GATHERED;
+}
+
 ddp_result ddp_commit(ddp_context *ctx) {
     ddp_result r = ddp__usable(ctx, 0, "ddp_commit");
     if (r != DDP_OK) return r;
@@ -12507,13 +13272,15 @@ static int ddp__dtype_is(ddp_context *ctx, ddp_dtype want, const char *call) {
     return 0;
 }
 float *ddp_param(ddp_context *ctx, int id) {
-    return ddp__valid_id(ctx, id, "ddp_param") && ddp__dtype_is(ctx, DDP_DTYPE_FP32, "ddp_param") ? ctx->flat.params + ctx->model.params[id].offset : NULL;
+    return ddp__valid_id(ctx, id, "ddp_param") && ddp__dtype_is(ctx, DDP_DTYPE_FP32, "ddp_param")
+           ? (ddp__z3(ctx) ? (float *)(void *)ctx->z3.view : ctx->flat.params) + ctx->model.params[id].offset : NULL;
 }
 float *ddp_grad(ddp_context *ctx, int id) {
     return ddp__valid_id(ctx, id, "ddp_grad") && ddp__dtype_is(ctx, DDP_DTYPE_FP32, "ddp_grad") ? ctx->flat.grads + ctx->model.params[id].offset : NULL;
 }
 ddp_bf16 *ddp_param_bf16(ddp_context *ctx, int id) {
-    return ddp__valid_id(ctx, id, "ddp_param_bf16") && ddp__dtype_is(ctx, DDP_DTYPE_BF16, "ddp_param_bf16") ? ctx->flat.params_bf16 + ctx->model.params[id].offset : NULL;
+    return ddp__valid_id(ctx, id, "ddp_param_bf16") && ddp__dtype_is(ctx, DDP_DTYPE_BF16, "ddp_param_bf16")
+           ? (ddp__z3(ctx) ? (ddp_bf16 *)(void *)ctx->z3.view : ctx->flat.params_bf16) + ctx->model.params[id].offset : NULL;
 }
 ddp_bf16 *ddp_grad_bf16(ddp_context *ctx, int id) {
     return ddp__valid_id(ctx, id, "ddp_grad_bf16") && ddp__dtype_is(ctx, DDP_DTYPE_BF16, "ddp_grad_bf16") ? ctx->flat.grads_bf16 + ctx->model.params[id].offset : NULL;
@@ -12525,7 +13292,8 @@ int ddp_num_buckets(const ddp_context *ctx) { return ctx ? ctx->model.num_bucket
 
 float *ddp_flat_params(ddp_context *ctx, size_t *count_out) {
     if (count_out) *count_out = !ctx ? 0 : ddp__master_parts(ctx) ? ctx->shard.count : ctx->flat.count;
-    return ddp__committed(ctx, "ddp_flat_params") ? ctx->flat.params : NULL;
+    if (!ddp__committed(ctx, "ddp_flat_params")) return NULL;
+    return ddp__z3(ctx) && !ctx->flat.params_bf16 ? (float *)(void *)ctx->z3.view : ctx->flat.params;   /* bf16: the master, as below PARAMETERS */
 }
 
 float *ddp_flat_grads(ddp_context *ctx, size_t *count_out) {
@@ -12535,7 +13303,8 @@ float *ddp_flat_grads(ddp_context *ctx, size_t *count_out) {
 
 ddp_bf16 *ddp_flat_params_bf16(ddp_context *ctx, size_t *count_out) {
     if (count_out) *count_out = ctx ? ctx->flat.count : 0;
-    return ddp__committed(ctx, "ddp_flat_params_bf16") && ddp__dtype_is(ctx, DDP_DTYPE_BF16, "ddp_flat_params_bf16") ? ctx->flat.params_bf16 : NULL;
+    return ddp__committed(ctx, "ddp_flat_params_bf16") && ddp__dtype_is(ctx, DDP_DTYPE_BF16, "ddp_flat_params_bf16")
+           ? (ddp__z3(ctx) ? (ddp_bf16 *)(void *)ctx->z3.view : ctx->flat.params_bf16) : NULL;
 }
 
 ddp_bf16 *ddp_flat_grads_bf16(ddp_context *ctx, size_t *count_out) {
@@ -12613,6 +13382,10 @@ ddp_result ddp_adamw_step(ddp_context *ctx, const ddp_adamw *opt, float *grad_no
 
 ddp_result ddp_consume_grads(ddp_context *ctx) {
     ddp_result r = ddp__usable(ctx, 1, "ddp_consume_grads");
+    if (r == DDP_OK && ddp__z3(ctx))
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_consume_grads: not with DDP_SHARD_PARAMETERS (each rank's parts of "
+                         "the parameters live apart from the gathered views a program's own optimizer would write): use "
+                         "ddp_adamw_step");
     if (r == DDP_OK && ctx->outer.owed)
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_consume_grads: the last update's ddp_outer_step is missing "
                          "(with desc.outer, a program's own optimizer calls ddp_outer_step after each update)");

@@ -40,7 +40,7 @@ want() {
     return 1
 }
 for g in ${GPT_TEST_ONLY:-}; do
-    case $g in buckets | dropout | flags | tape | dump_full | shakespeare | resume | refused | fsync | data | oom | sample | straggler | optimes | kernels2 | bf16 | outer | nvcc_cpu) ;;
+    case $g in buckets | dropout | flags | tape | dump_full | shakespeare | resume | refused | fsync | data | oom | sample | straggler | optimes | kernels2 | bf16 | outer | nvcc_cpu | zero3) ;;
     *) echo "FAIL ${pfx}_test_only: GPT_TEST_ONLY names '$g', no group of tests/test_gpt.sh"; exit 1 ;;
     esac
 done
@@ -372,6 +372,33 @@ if [[ "$BIN" == *emulated* || "$BIN" == */gpu/train_gpt ]]; then
     else fail gpt_kernels_bad_value_refused "rc $rc: $(tail -n 2 <<<"$out" | tr '\n' ' ')"; fi
 fi
 fi   # kernels2
+
+if want zero3; then
+# --- DDP_SHARD=parameters (ZeRO-3): the model's units gathered in the forward, by the tape in the
+#     backward; the same bits as unsharded training with the same buckets (--units), with
+#     accumulation and clipping; a checkpoint of a ZeRO-3 run resumed unsharded ends the same ---
+if [[ "$BIN" == *emulated* || "$BIN" == */gpu/train_gpt ]]; then
+    # the CUDA model's forward gathers no units: refused by name, never a fault
+    name="gpt_zero3_cuda_model_refused_${N}ranks"
+    DDP_SHARD=parameters train --steps 2 >"$tmp/z3_cuda.log" 2>&1; rc=$?
+    if [ $rc -ne 0 ] && grep -q "DDP_SHARD=parameters (ZeRO-3) runs with the CPU model only\|DDP_SHARD_PARAMETERS is not built yet on the NCCL backend" "$tmp/z3_cuda.log" &&
+       ! grep -q "Segmentation fault" "$tmp/z3_cuda.log"; then pass "$name"
+    else fail "$name" "rc $rc: $(tail -n 2 "$tmp/z3_cuda.log")"; fi
+else
+    name="gpt_zero3_equals_unsharded_bitwise_${N}ranks"
+    train --steps 8 --grad-accum 2 --clip 0.5 --units >"$tmp/z3_none.log" 2>&1
+    DDP_SHARD=parameters train --steps 8 --grad-accum 2 --clip 0.5 >"$tmp/z3.log" 2>&1
+    a=$(hash_of "$tmp/z3_none.log"); c=$(hash_of "$tmp/z3.log")
+    if [ -n "$a" ] && [ "$a" = "$c" ] && grep -q "parameters sharded (ZeRO-3)" "$tmp/z3.log"; then pass "$name"; echo "  (params fnv1a $a, both)"
+    else fail "$name" "unsharded $a, ZeRO-3 $c: $(tail -n 2 "$tmp/z3.log")"; fi
+    name="gpt_zero3_checkpoint_resumed_unsharded_bitwise_${N}ranks"
+    DDP_SHARD=parameters train --steps 8 --grad-accum 2 --clip 0.5 --stop-at 4 --save "$tmp/z3.ck" >/dev/null 2>&1
+    train --steps 8 --grad-accum 2 --clip 0.5 --units --resume "$tmp/z3.ck" >"$tmp/z3_resumed.log" 2>&1
+    c=$(hash_of "$tmp/z3_resumed.log")
+    if [ -n "$a" ] && [ "$a" = "$c" ]; then pass "$name"
+    else fail "$name" "straight $a, resumed $c: $(tail -n 2 "$tmp/z3_resumed.log")"; fi
+fi
+fi   # zero3
 
 if want bf16; then
 # --- --bf16: the CUDA model's bf16 mode (the emulated build; the GPU trainer in tests/gpu/run.sh),

@@ -80,6 +80,8 @@ typedef struct gpt {
     gpt_config cfg;
     ddp_context *ddp;
     int wte, wpe, lnfw, lnfb;
+    int units;                     /* units declared (sharded parameters): unit 0 the embeddings, 1..L the
+                                      blocks, L + 1 the final LayerNorm; the forward gathers and releases them */
     gpt_layer_ids *layer;
     gpt_layer_acts *acts;
     float *res0, *lnf, *lnf_mean, *lnf_rstd, *logits;
@@ -547,6 +549,9 @@ typedef struct { gpt *m; } gpt__head_args;
 static void gpt__head_backward(void *p) {
     gpt *m = ((gpt__head_args *)p)->m;
     int C = m->cfg.dim, BT = m->B * m->T;
+    /* the tied wte is listed by the embedding's op (which finishes its gradient), not this one:
+       its unit is gathered here (kept from the forward; the tape releases it after that op) */
+    if (m->units && ddp_unit_gather(m->ddp, 0) != DDP_OK) { fprintf(stderr, "%s\n", ddp_last_error(m->ddp)); exit(1); }
     gpt_gemm(0, 0, BT, C, GPT_VOCAB, 1.0f, m->dlogits, GPT_VOCAB, ddp_param(m->ddp, m->wte), C, 0.0f, m->dln, C);
     gpt_gemm(1, 0, GPT_VOCAB, C, BT, 1.0f, m->dlogits, GPT_VOCAB, m->lnf, C, 1.0f, ddp_grad(m->ddp, m->wte), C);
 }
@@ -617,6 +622,11 @@ static inline int gpt_config_check(const gpt_config *c, char *why, size_t n) {
 
 static size_t gpt__round16(size_t n) { return (n + 15) & ~(size_t)15; }
 
+/* Units (ddp.h's sharded parameters): declared when the run shards parameters, or at every level
+   when this is 1 (train_gpt --units): declared units cut the buckets at their boundaries, so
+   runs at every level then have the same buckets and the same bits. */
+static int gpt_declare_units = 0;
+
 /* The parameter ids of a model, in registration (= forward) order. */
 typedef struct gpt_param_ids {
     int wte, wpe, lnfw, lnfb;
@@ -665,6 +675,12 @@ static ddp_result gpt_register_params(ddp_context *ddp, const gpt_config *cfg, u
     }
     GPT__REG("lnf.w", C, DDP_NO_DECAY, 1, 0.0f, &ids_out->lnfw);
     GPT__REG("lnf.b", C, DDP_NO_DECAY, 0, 0.0f, &ids_out->lnfb);
+    /* a unit per block, one for the embeddings (wte is also the head's) and one for the final LayerNorm */
+    if (r == DDP_OK && (gpt_declare_units || ddp_config(ddp)->shard == DDP_SHARD_PARAMETERS)) {
+        r = ddp_register_unit(ddp, "embeddings", ids_out->wte, 2, NULL);
+        for (l = 0; l < L && r == DDP_OK; l++) r = ddp_register_unit(ddp, GPT__NAME("block"), ids_out->layer[l].ln1w, 12, NULL);
+        if (r == DDP_OK) r = ddp_register_unit(ddp, "lnf", ids_out->lnfw, 2, NULL);
+    }
 #undef GPT__NAME
 #undef GPT__REG
     if (r == DDP_OK) r = ddp_commit(ddp);
@@ -689,6 +705,7 @@ static ddp_result gpt_create(gpt *m, ddp_context *ddp, const gpt_config *cfg, ui
     ids.layer = m->layer;
     if ((r = gpt_register_params(ddp, cfg, seed, &ids, &m->num_floats)) != DDP_OK) return r;
     m->wte = ids.wte; m->wpe = ids.wpe; m->lnfw = ids.lnfw; m->lnfb = ids.lnfb;
+    m->units = ddp_num_units(ddp) == L + 2;
 
     /* Activations for the largest batch: one arena, every buffer 64-byte aligned. */
     {
@@ -737,6 +754,17 @@ static void gpt_destroy(gpt *m) {
     memset(m, 0, sizeof *m);
 }
 
+/* Sharded parameters: a unit gathered before the ops that read it, the next one prefetched,
+   each released after (ddp.h gathers them again for the backward). Nothing without units. */
+enum { GPT__GATHER, GPT__PREFETCH, GPT__RELEASE };
+static void gpt__unit(gpt *m, int unit, int what) {
+    ddp_result r;
+    if (!m->units || unit > m->cfg.layers + 1) return;
+    r = what == GPT__GATHER ? ddp_unit_gather(m->ddp, unit) : what == GPT__PREFETCH ? ddp_unit_prefetch(m->ddp, unit)
+                                                                                      : ddp_unit_release(m->ddp, unit);
+    if (r != DDP_OK) { fprintf(stderr, "%s\n", ddp_last_error(m->ddp)); exit(1); }
+}
+
 /* Forward over B sequences of T tokens (B <= cfg.batch, T <= cfg.seq). With targets, returns the
    mean cross-entropy; with train, records the backward on the tape and leaves dlogits =
    loss_scale * d(mean loss)/d(logits) (loss_scale: 1/accumulation steps). */
@@ -753,10 +781,15 @@ static float gpt_forward(gpt *m, const int *tokens, const int *targets, int B, i
     m->dropping = train && m->drop_p > 0.0f;
     memcpy(m->tokens, tokens, sizeof(int) * BT);
     if (targets) memcpy(m->targets, targets, sizeof(int) * BT);
+    gpt__unit(m, 0, GPT__GATHER);
+    gpt__unit(m, 1, GPT__PREFETCH);
     gpt__embed(m, train);
+    gpt__unit(m, 0, GPT__RELEASE);
     for (l = 0; l < L; l++) {
         const gpt_layer_ids *id = &m->layer[l];
         gpt_layer_acts *a = &m->acts[l];
+        gpt__unit(m, l + 1, GPT__GATHER);
+        gpt__unit(m, l + 2, GPT__PREFETCH);   /* the next block's (or lnf's) copy overlaps this block */
         gpt__layernorm(m, id->ln1w, id->ln1b, a->res_in, a->ln1, a->ln1_mean, a->ln1_rstd, m->dln, m->dres, 1, train);
         gpt__linear(m, id->qkvw, id->qkvb, a->ln1, a->qkv, NULL, C, 3 * C, m->dqkv, m->dln, 0, train);
         gpt__attention(m, a->qkv, a->att, a->att_out, m->datt_out, m->dqkv, GPT_DROP_ATT(l), train);
@@ -765,9 +798,15 @@ static float gpt_forward(gpt *m, const int *tokens, const int *targets, int B, i
         gpt__linear(m, id->fcw, id->fcb, a->ln2, a->fc, NULL, C, 4 * C, m->dfc, m->dln, 0, train);
         gpt__gelu(m, a->fc, a->gelu, a->gelu_s, BT * 4 * C, m->dgelu, m->dfc, train);
         gpt__linear(m, id->fcprojw, id->fcprojb, a->gelu, a->res_out, a->res_mid, 4 * C, C, m->dres, m->dgelu, GPT_DROP_MLP_RESID(l), train);
+        gpt__unit(m, l + 1, GPT__RELEASE);
     }
+    gpt__unit(m, L + 1, GPT__GATHER);
+    gpt__unit(m, 0, GPT__PREFETCH);           /* the head reads the tied wte */
     gpt__layernorm(m, m->lnfw, m->lnfb, m->acts[L - 1].res_out, m->lnf, m->lnf_mean, m->lnf_rstd, m->dln, m->dres, 0, train);
+    gpt__unit(m, L + 1, GPT__RELEASE);
+    gpt__unit(m, 0, GPT__GATHER);
     gpt__head(m, train);
+    if (!train) gpt__unit(m, 0, GPT__RELEASE);   /* training keeps it for the head's backward, the first op replayed */
     if (targets) loss = gpt__cross_entropy(m, loss_scale, train);
     return loss;
 }

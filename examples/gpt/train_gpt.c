@@ -103,6 +103,9 @@ static void usage(FILE *f) {
         "  --shard-optimizer  the same as --shard optimizer\n"
         "  --shard-group N    hybrid sharding: shard within groups of N consecutive ranks, replicate across\n"
         "                     them (ddp_desc.shard_group; 0: every rank, the default)\n"
+        "  --units            declare the model's units (a block each, the embeddings, the final LayerNorm)\n"
+        "                     at every level, as --shard parameters does (ZeRO-3): the same buckets, so\n"
+        "                     the same bits at every level\n"
         "  --tf32             GPU: TF32 tensor-core matmuls (faster, less exact; default pure fp32)\n"
         "  --bf16             GPU: bf16 weights, gradients and activations, fp32 accumulation and master\n"
         "                     weights (the CUDA model only: not with --cpu or --tf32)\n"
@@ -214,6 +217,7 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errn)
         else if (!strcmp(a, "--tf32")) { o->tf32 = 1; continue; }
         else if (!strcmp(a, "--bf16")) { o->bf16 = 1; continue; }
         else if (!strcmp(a, "--shard-optimizer")) { o->shard_optimizer = 1; continue; }
+        else if (!strcmp(a, "--units")) { gpt_declare_units = 1; continue; }
         else if (!strcmp(a, "--shard-group")) ip = &o->shard_group;
         else if (!strcmp(a, "--shard")) {
             static const char *const levels[] = { "none", "optimizer", "gradients", "parameters" };
@@ -841,6 +845,9 @@ int main(int argc, char **argv) {
         if (!gpt_load_data(&spec, rank, world, &data, err, sizeof err)) DIE("train_gpt: %s", err);
     }
     sampler = gpt_window_sampler(data.train_len, T, world, rank, o.seed);
+    if (ddp_config(ddp)->shard == DDP_SHARD_PARAMETERS && model_uses_cuda(ddp, &o))   /* its forward gathers no units */
+        DIE("train_gpt: rank %d: DDP_SHARD=parameters (ZeRO-3) runs with the CPU model only (gpt.h gathers its units; the "
+            "CUDA model does not yet)", rank);
     {
         ddp_result r = model_create(&mo, ddp, &o);
         if (r != DDP_OK) DIE("train_gpt: %s", model_create_failure(ddp, &o, r, err, sizeof err));
@@ -885,7 +892,8 @@ int main(int argc, char **argv) {
             const ddp_desc *c = ddp_config(ddp);
             printf("ddp.h: %s backend | timeout %g s | parameters %s | optimizer %s | check_ready %d | log %s | "
                    "timeline %s | job '%s'\n", ddp_backend_name(ddp), c->timeout_s,
-                   c->param_dtype == DDP_DTYPE_BF16 ? "bf16" : "fp32", c->shard == DDP_SHARD_GRADIENTS ? "and gradients sharded (ZeRO-2)" : c->shard_optimizer ? "sharded (ZeRO-1)" : "unsharded",
+                   c->param_dtype == DDP_DTYPE_BF16 ? "bf16" : "fp32", c->shard == DDP_SHARD_PARAMETERS ? "and parameters sharded (ZeRO-3)"
+                   : c->shard == DDP_SHARD_GRADIENTS ? "and gradients sharded (ZeRO-2)" : c->shard_optimizer ? "sharded (ZeRO-1)" : "unsharded",
                    c->check_ready, (unsigned)c->log_level <= DDP_LOG_OFF ? levels[c->log_level] : "?",
                    c->timeline_path && *c->timeline_path ? c->timeline_path : "off", c->job_id ? c->job_id : "");
         }
