@@ -412,14 +412,17 @@
      named on stderr (parameter and unit) before the process dies of the fault; otherwise the
      program sees the plain SIGSEGV. A step misused on one rank only leaves its peers waiting in
      the step until timeout_s.
-     Gradients: as under ZeRO-1 (every rank's flat gradient buffer is whole; each bucket is
-     reduce-scattered in place). Accumulation (sync off) keeps them whole until the
-     synchronizing micro-step, as unsharded. ZeRO-2's release of the non-owned gradient pages
-     is not applied at this level yet.
-     Memory per parameter and rank, CPU backend, fp32: 4/world (parts) + 4 (gradients) +
-     8/world (m, v) + 4 x (the units gathered at once) / (all units); bf16 parameters: 2/world
-     (working copies' parts) + 2 (gradients) + 12/world (master, m, v) + 2 x gathered share. The
-     gathered share is the largest unit (or two, with a prefetch) in a layer-by-layer program.
+     Gradients: as under ZeRO-2 (SHARDED GRADIENTS): each bucket (a unit's, or a piece of one)
+     is reduce-scattered in place, and once it is settled this rank's gradients outside its part
+     are released, so between backwards only this rank's parts hold memory. Accumulation (sync
+     off) keeps a rank's gradients whole until the synchronizing micro-step, as unsharded
+     (shard_accumulate is ZeRO-2's only).
+     Memory per parameter and rank, CPU backend, fp32: 4/world (parts) + 4/world (gradients) +
+     8/world (m, v) = 16/world, + 4 x (the units gathered at once) / (all units), + the
+     gradients of the buckets in flight during a backward; bf16 parameters: 2/world (working
+     copies' parts) + 2/world (gradients) + 12/world (master, m, v) = 16/world, + 2 x gathered
+     share. The gathered share is the largest unit (or two, with a prefetch) in a layer-by-layer
+     program.
      Backends: single and cpu. Refused at ddp_init, by name: NCCL ("not built yet on the NCCL
      backend", needs CUDA virtual memory management), MPI, replica groups (desc.outer),
      uneven_inputs (as ZeRO-1); the CPU backend without its shared segment (DDP_STAGED_GRADS, or
@@ -5494,8 +5497,9 @@ static int ddp__master_parts(const ddp_context *ctx) {
    parts, the gradients outside this rank's part of a bucket are released once the bucket's
    reduce-scatter is settled (every member has read them), and zeroed that way by ddp_zero_grad.
    The views never move: released pages read as zeros and come back when the backward writes
-   them again. Off on one rank (nothing to shard across), as ZeRO-1. */
-static int ddp__z2(const ddp_context *ctx) { return ctx->desc.shard == DDP_SHARD_GRADIENTS && ddp__sharded(ctx); }
+   them again. Off on one rank (nothing to shard across), as ZeRO-1. ZeRO-3 (PARAMETERS) shards
+   the gradients too: the same release. */
+static int ddp__z2(const ddp_context *ctx) { return ctx->desc.shard >= DDP_SHARD_GRADIENTS && ddp__sharded(ctx); }
 
 /* Flat gradient elements [from, to) of this rank's buffer read as zeros afterwards: the whole
    pages strictly inside given back (ddp__pages_punch), the rest zeroed (a page shared with a

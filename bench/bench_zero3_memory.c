@@ -6,7 +6,7 @@
    gathered. The model: PARAMS_MILLIONS fp32 parameters in 8 units of one parameter each; one
    step of the program's own backward (gradients written whole, ddp_grad_ready, ddp_finish) and
    ddp_adamw_step. The formula (CPU backend, fp32): NONE 4 + 4 + 8 = 16; OPTIMIZER 4 + 4 + 8/N;
-   PARAMETERS 4/N + 4 + 8/N (+ 4 x a unit's share while it is gathered).
+   PARAMETERS 4/N + 4/N + 8/N = 16/N (+ 4 x a unit's share while it is gathered).
    One level a process (memory a run freed stays in the allocator's heap and would blur the next).
    Run: build/ddprun -n N build/bench_zero3_memory PARAMS_MILLIONS none|optimizer|parameters   (Linux) */
 #define DDP_IMPLEMENTATION
@@ -79,7 +79,7 @@ int main(int argc, char **argv) {
     for (k = 0; k < 3; k++) {
         if (argc > 2 && strcmp(argv[2], names[k])) continue;
         double per = 0, peak = 0, n = world;
-        double formula = k == 0 ? 16 : k == 1 ? 8 + 8 / n : 4 + 12 / n;
+        double formula = k == 0 ? 16 : k == 1 ? 8 + 8 / n : 16 / n;
         if (run(levels[k], params, &per, &peak)) return 1;
         if (rank == 0)
             printf("N=%d %-10s formula %5.2f B/param | measured PSS after the step %5.2f B/param, peak (one unit gathered) %5.2f\n",
