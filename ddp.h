@@ -2081,9 +2081,6 @@ static int ddp__vm_release(void *p, size_t bytes) {
     (void)bytes;   /* MEM_RELEASE frees the whole reservation, and wants size 0 */
     return VirtualFree(p, 0, MEM_RELEASE) ? 0 : ddp__set_errno_win();
 }
-/* Pages of a shared segment whose contents nobody needs: a pagefile-backed view cannot give
-   pages back to the system, so nothing happens (more memory, the same results). */
-static int ddp__vm_drop_shared(void *p, size_t bytes) { (void)p; (void)bytes; errno = ENOSYS; return -1; }
 /* A hook told the address of each access violation before the system's handling goes on (a
    debugging run names what was touched; see the POSIX half): a vectored exception handler. */
 static void (*ddp__fault_fn)(void *addr);
@@ -2625,15 +2622,6 @@ static void ddp__fault_hook(void (*fn)(void *addr)) {
     ddp__fault_fn = fn;
 }
 static void ddp__write_stderr(const char *s) { if (write(2, s, strlen(s)) < 0) { /* nothing more to do in a fault */ } }
-static int ddp__vm_drop_shared(void *p, size_t bytes) {
-#ifdef MADV_REMOVE
-    return madvise(p, bytes, MADV_REMOVE);
-#else
-    (void)p; (void)bytes;
-    errno = ENOSYS;
-    return -1;
-#endif
-}
 /* ---- files (checkpoints) ---- */
 static int ddp__file_open_read(const char *path) { return open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); }   /* a FIFO must not block the open */
 static const char *ddp__file_kind(mode_t mode) {
@@ -10553,7 +10541,8 @@ static int ddp__z3_any_gathered(ddp_context *ctx) {
 }
 
 /* Pages of this rank's owner storage outside its parts hold nothing anyone reads (the commit's
-   broadcast filled them): given back (the CPU backend's segment: ddp__vm_drop_shared). */
+   broadcast filled them): given back (ddp__pages_punch; where it cannot, they stay: more memory,
+   the same results). */
 static void ddp__z3_drop_unowned(ddp_context *ctx) {
     size_t page = ctx->z3.page, es = ctx->z3.es, np = (ctx->flat.count * es + page - 1) / page, lo, hi, p, q;
     unsigned char *keep = (unsigned char *)ddp__calloc(np ? np : 1), *own = ddp__z3_own(ctx);
@@ -10566,7 +10555,7 @@ static void ddp__z3_drop_unowned(ddp_context *ctx) {
     for (p = 0; p < np; p = q) {
         if (keep[p]) { q = p + 1; continue; }
         for (q = p; q < np && !keep[q]; q++) {}
-        (void)ddp__vm_drop_shared(own + p * page, (q - p) * page);
+        (void)ddp__pages_punch(own + p * page, (q - p) * page);
     }
     DDP_FREE(keep);
 }
