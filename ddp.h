@@ -10408,27 +10408,32 @@ static int ddp__z3_decommit_pages(ddp_context *ctx, int u) {
     return rc;
 }
 
+/* Unit u's pages committed and its state IN_FLIGHT (this thread's to fill), the lock not held:
+   copy it, then mark it gathered with the copy's times (the timeline). Returns with the lock held. */
+static void ddp__z3_fill(ddp_context *ctx, int u) {
+    double t0 = ddp__now(), t1;
+    ddp__z3_copy(ctx, u);
+    t1 = ddp__now();
+    ddp__mutex_lock(&ctx->z3.lock);
+    ctx->z3.units[u].t0 = t0;
+    ctx->z3.units[u].t1 = t1;
+    ctx->z3.units[u].state = DDP__Z3_GATHERED;
+    ddp__cond_broadcast(&ctx->z3.cond);
+}
+
 /* The prefetch thread: copies queued units, marks each gathered. */
 static void *ddp__z3_main(void *arg) {
     ddp_context *ctx = (ddp_context *)arg;
     ddp__mutex_lock(&ctx->z3.lock);
     for (;;) {
         int u;
-        double t0, t1;
         while (!ctx->z3.stop && !ctx->z3.qlen) ddp__cond_wait(&ctx->z3.cond, &ctx->z3.lock);
         if (ctx->z3.stop) break;
         u = ctx->z3.queue[ctx->z3.qhead];
         ctx->z3.qhead = (ctx->z3.qhead + 1) % ctx->z3.num_units;
         ctx->z3.qlen--;
         ddp__mutex_unlock(&ctx->z3.lock);
-        t0 = ddp__now();
-        ddp__z3_copy(ctx, u);
-        t1 = ddp__now();
-        ddp__mutex_lock(&ctx->z3.lock);
-        ctx->z3.units[u].t0 = t0;
-        ctx->z3.units[u].t1 = t1;
-        ctx->z3.units[u].state = DDP__Z3_GATHERED;
-        ddp__cond_broadcast(&ctx->z3.cond);
+        ddp__z3_fill(ctx, u);
     }
     ddp__mutex_unlock(&ctx->z3.lock);
     return NULL;
@@ -10457,14 +10462,8 @@ static ddp_result ddp__z3_gather(ddp_context *ctx, int u) {
     }
     ctx->z3.units[u].state = DDP__Z3_IN_FLIGHT;   /* the pages are ours: copy outside the lock */
     ddp__mutex_unlock(&ctx->z3.lock);
-    t0 = ddp__now();
-    ddp__z3_copy(ctx, u);
-    t1 = ddp__now();
-    ddp__mutex_lock(&ctx->z3.lock);
-    ctx->z3.units[u].state = DDP__Z3_GATHERED;
-    ctx->z3.units[u].t0 = t0;
-    ctx->z3.units[u].t1 = t1;
-    ddp__cond_broadcast(&ctx->z3.cond);
+    ddp__z3_fill(ctx, u);
+    t0 = ctx->z3.units[u].t0; t1 = ctx->z3.units[u].t1;
     ddp__mutex_unlock(&ctx->z3.lock);
     ddp__record(ctx, ctx->tl.main, DDP__EV_GATHER, t0, t1, u, ddp__z3_unit_bytes(ctx, u));
     return DDP_OK;
