@@ -220,6 +220,9 @@
      shard_accumulate 0 ($DDP_SHARD_      shard GRADIENTS only: 1 reduce-scatters every micro-
                       ACCUMULATE)          step (sync off too) into an fp32 accumulator of this
                                            rank's parts (SHARDED GRADIENTS); ranks must agree
+     shard_prefetch_off 0 ($DDP_SHARD_    shard PARAMETERS: 1 turns the next unit's prefetch
+                      PREFETCH=on|off)     off (one unit gathered at a time: less memory, no
+                                           overlap; SHARDED PARAMETERS); the same bits either way
      outer            mode DDP_OUTER_OFF   replica groups and their outer sync: DiLoCo,
                                            streaming DiLoCo, periodic averaging (OUTER SYNC);
                                            ranks must agree
@@ -387,6 +390,12 @@
      prefetch if one is in flight); ddp_unit_prefetch starts the copy on the prefetch thread;
      ddp_unit_release decommits (after waiting for a prefetch in flight). A gather of a gathered
      unit does nothing; a release of a released one is an error. ddp_unit_gathered says.
+     Prefetch off (desc.shard_prefetch_off = 1, DDP_SHARD_PREFETCH=off; a rank's own choice):
+     ddp_unit_prefetch does nothing and the tape's backward gathers each unit only when its
+     first op replays, so at most one unit (plus any the program keeps) is gathered at a time
+     instead of two, and no copy overlaps compute. The same bits. Turn it off when memory is
+     what limits (the gathered share below halves for a layer-by-layer program); keep it on
+     for speed (bench/RESULTS.md measures both).
      On the CPU backend a gather is local copies: every rank's parts live in the shared segment
      beside the gradients (each rank keeps pages only for its own parts), so a rank reads its
      peers' parts directly, with no exchange and no wait; the prefetch runs on this level's own
@@ -421,14 +430,14 @@
      8/world (m, v) = 16/world, + 4 x (the units gathered at once) / (all units), + the
      gradients of the buckets in flight during a backward; bf16 parameters: 2/world (working
      copies' parts) + 2/world (gradients) + 12/world (master, m, v) = 16/world, + 2 x gathered
-     share. The gathered share is the largest unit (or two, with a prefetch) in a layer-by-layer
-     program.
+     share. The gathered share is the largest unit (or two, with a prefetch; one with
+     shard_prefetch_off) in a layer-by-layer program.
      Backends: single and cpu. Refused at ddp_init, by name: NCCL ("not built yet on the NCCL
      backend", needs CUDA virtual memory management), MPI, replica groups (desc.outer),
      uneven_inputs (as ZeRO-1); the CPU backend without its shared segment (DDP_STAGED_GRADS, or
      no room in /dev/shm) at ddp_commit. The timeline: each gather (prefetched or not) and
      release is an event on the comm lane ("gather unit N", "release unit N": the unit's name
-     and bytes).
+     and bytes; a gather's "prefetched" says whether the prefetch thread made its copy).
 
    HYBRID SHARDING (ddp_desc.shard_group = S, or DDP_SHARD_GROUP=S; with shard >= OPTIMIZER)
      What: the sharded state is split within each group of S consecutive ranks (ranks [g*S,
@@ -818,6 +827,7 @@
      DDP_SHARD=none|optimizer|gradients|parameters  shard
      DDP_SHARD_GROUP=N        shard_group
      DDP_SHARD_ACCUMULATE=0|1 shard_accumulate
+     DDP_SHARD_PREFETCH=on|off shard_prefetch_off (off: 1)
      DDP_PARAM_DTYPE=fp32|bf16  param_dtype
    and three with no field (0|1 as well; a typo is refused on every backend):
      DDP_MPI_FLAT=1  (MPI backend, the same on every rank) every rank in MPI, no host groups
@@ -1281,6 +1291,11 @@ typedef struct ddp_desc {
        at once (1/world of the gradient memory while accumulating, a reduce-scatter per micro-step;
        the same bits on every rank, not those of unsharded accumulation: SHARDED GRADIENTS). */
     int shard_accumulate;
+    /* DDP_SHARD_PARAMETERS only (default $DDP_SHARD_PREFETCH=on|off, else 0): 1 turns the next
+       unit's prefetch off: ddp_unit_prefetch does nothing and the tape's backward gathers each
+       unit only when its first op replays (one unit gathered at a time instead of two: less
+       memory, no overlap; the same bits). Each rank decides for itself. */
+    int shard_prefetch_off;
 } ddp_desc;
 
 typedef struct ddp_context ddp_context;
@@ -2904,6 +2919,7 @@ typedef struct ddp__z3_unit {
     int state;                     /* DDP__Z3_*: written under z3.lock */
     int last_op;                   /* the backward: the last tape op to replay that lists it (-1: none) */
     double t0, t1;                 /* its last gather's copy (the timeline; the gather thread writes them) */
+    int fetched;                   /* prefetched, its gather event not recorded yet (under z3.lock) */
 } ddp__z3_unit;
 
 struct ddp_context {
@@ -3470,6 +3486,7 @@ static void ddp__tl_event_json(ddp_context *ctx, ddp__text *t, const ddp__event 
         ddp__text_printf(t, ",\"unit\":\"");
         if (e->index >= 0 && e->index < ctx->z3.num_units) ddp__text_json_name(t, ctx->z3.units[e->index].name);
         ddp__text_printf(t, "\",\"bytes\":%llu", (unsigned long long)e->bytes);
+        if (e->kind == DDP__EV_GATHER) ddp__text_printf(t, ",\"prefetched\":%d", e->first_param == 1);
     }
     if (e->kind == DDP__EV_STRAGGLER)   /* bucket -1: the count of the ranks with data (uneven inputs) */
         ddp__text_printf(t, ",\"bucket\":%d,\"rank\":%d", e->index, (int)e->bytes);
@@ -3944,6 +3961,13 @@ static ddp_result ddp__desc_from_env(ddp_context *ctx, ddp_desc *d) {
         }
         d->shard_group = (int)g;
     }
+    if ((s = ddp__env_set("DDP_SHARD_PREFETCH")) != NULL) {
+        int off = !strcmp(s, "off") ? 1 : !strcmp(s, "on") ? 0 : -1;
+        if (off < 0) return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_SHARD_PREFETCH='%s' is neither on nor off", s);
+        if (d->shard_prefetch_off && d->shard_prefetch_off != off)
+            ddp__env_overrode(ctx, "DDP_SHARD_PREFETCH", s, "shard_prefetch_off", "1");
+        d->shard_prefetch_off = off;
+    }
     if ((s = ddp__env_set("DDP_PARAM_DTYPE")) != NULL) {
         ddp_dtype t = !strcmp(s, "fp32") ? DDP_DTYPE_FP32 : !strcmp(s, "bf16") ? DDP_DTYPE_BF16 : DDP_DTYPE_DEFAULT;
         if (t == DDP_DTYPE_DEFAULT)
@@ -4060,7 +4084,7 @@ static ddp_result ddp__desc_check_given(ddp_context *ctx, const ddp_desc *d) {
         { "outer.fragments", d->outer.fragments, INT_MAX },         { "outer.delay_steps", d->outer.delay_steps, INT_MAX },
         { "outer.quant_block", d->outer.quant_block, INT_MAX },
         { "shard", (int)d->shard, (int)DDP_SHARD_PARAMETERS },       { "shard_group", d->shard_group, INT_MAX },
-        { "shard_accumulate", d->shard_accumulate, 1 },
+        { "shard_accumulate", d->shard_accumulate, 1 },         { "shard_prefetch_off", d->shard_prefetch_off, 1 },
     };
     const struct { const char *name; double value; } x[] = {
         { "timeout_s", d->timeout_s }, { "bucket_cap_mb", d->bucket_cap_mb }, { "first_bucket_mb", d->first_bucket_mb },
@@ -10441,17 +10465,27 @@ static void *ddp__z3_main(void *arg) {
 
 static size_t ddp__z3_unit_bytes(const ddp_context *ctx, int u) { return (ctx->z3.units[u].hi - ctx->z3.units[u].lo) * ctx->z3.es; }
 
+/* The timeline's gather event: the copy's times; prefetched (args "prefetched": 1) when the
+   prefetch thread made it. */
+static void ddp__z3_record_gather(ddp_context *ctx, int u, double t0, double t1, int prefetched) {
+    ddp__timeline *tl = ctx->tl.main;
+    size_t len = tl ? tl->len : 0;
+    ddp__record(ctx, tl, DDP__EV_GATHER, t0, t1, u, ddp__z3_unit_bytes(ctx, u));
+    if (tl && tl->len == len + 1) tl->ev[len].first_param = prefetched;
+}
+
 /* Unit u gathered, on this thread or by waiting for its prefetch. */
 static ddp_result ddp__z3_gather(ddp_context *ctx, int u) {
     double t0, t1;
-    int was;
+    int fetched;
     ddp__mutex_lock(&ctx->z3.lock);
-    was = ctx->z3.units[u].state;
     while (ctx->z3.units[u].state == DDP__Z3_IN_FLIGHT) ddp__cond_wait(&ctx->z3.cond, &ctx->z3.lock);
     if (ctx->z3.units[u].state == DDP__Z3_GATHERED) {
         t0 = ctx->z3.units[u].t0; t1 = ctx->z3.units[u].t1;
+        fetched = ctx->z3.units[u].fetched;   /* its prefetch's event, once (a gathered unit's gather: none) */
+        ctx->z3.units[u].fetched = 0;
         ddp__mutex_unlock(&ctx->z3.lock);
-        if (was == DDP__Z3_IN_FLIGHT) ddp__record(ctx, ctx->tl.main, DDP__EV_GATHER, t0, t1, u, ddp__z3_unit_bytes(ctx, u));
+        if (fetched) ddp__z3_record_gather(ctx, u, t0, t1, 1);
         return DDP_OK;
     }
     if (ddp__z3_commit_pages(ctx, u) != 0) {
@@ -10465,12 +10499,13 @@ static ddp_result ddp__z3_gather(ddp_context *ctx, int u) {
     ddp__z3_fill(ctx, u);
     t0 = ctx->z3.units[u].t0; t1 = ctx->z3.units[u].t1;
     ddp__mutex_unlock(&ctx->z3.lock);
-    ddp__record(ctx, ctx->tl.main, DDP__EV_GATHER, t0, t1, u, ddp__z3_unit_bytes(ctx, u));
+    ddp__z3_record_gather(ctx, u, t0, t1, 0);
     return DDP_OK;
 }
 
 /* Unit u's gather started on the prefetch thread (nothing to do if it is gathered or on its way). */
 static ddp_result ddp__z3_prefetch(ddp_context *ctx, int u) {
+    if (ctx->desc.shard_prefetch_off) return DDP_OK;   /* the unit is gathered when it is needed */
     ddp__mutex_lock(&ctx->z3.lock);
     if (ctx->z3.units[u].state != DDP__Z3_RELEASED) { ddp__mutex_unlock(&ctx->z3.lock); return DDP_OK; }
     if (ddp__z3_commit_pages(ctx, u) != 0) {
@@ -10480,6 +10515,7 @@ static ddp_result ddp__z3_prefetch(ddp_context *ctx, int u) {
                          ctx->z3.units[u].name, ddp__z3_unit_bytes(ctx, u), ddp__strerror(e));
     }
     ctx->z3.units[u].state = DDP__Z3_IN_FLIGHT;
+    ctx->z3.units[u].fetched = 1;
     ctx->z3.queue[(ctx->z3.qhead + ctx->z3.qlen) % ctx->z3.num_units] = u;
     ctx->z3.qlen++;
     ddp__cond_broadcast(&ctx->z3.cond);
@@ -10516,7 +10552,13 @@ static ddp_result ddp__z3_release(ddp_context *ctx, int u, int quiet) {
     }
     ctx->z3.units[u].state = DDP__Z3_RELEASED;
     rc = ddp__z3_decommit_pages(ctx, u);
-    ddp__mutex_unlock(&ctx->z3.lock);
+    if (ctx->z3.units[u].fetched) {   /* prefetched and released unused: its copy still happened */
+        double c0 = ctx->z3.units[u].t0, c1 = ctx->z3.units[u].t1;
+        ctx->z3.units[u].fetched = 0;
+        ddp__mutex_unlock(&ctx->z3.lock);
+        ddp__z3_record_gather(ctx, u, c0, c1, 1);
+    } else
+        ddp__mutex_unlock(&ctx->z3.lock);
     if (rc != 0)
         return ddp__fail(ctx, DDP_ERR_SYSTEM, "ddp_unit_release: unit '%s': its pages could not be decommitted: %s",
                          ctx->z3.units[u].name, ddp__strerror(errno));

@@ -33,6 +33,8 @@ typedef struct config {
 static int rank, world;
 static int solo;   /* contexts of one rank of their own (the refusals, on rank 0 only) */
 static int check_ready;   /* the next context is a DDP_CHECK_READY debugging run */
+static int prefetch_off;  /* the next context: ddp_desc.shard_prefetch_off */
+static const char *timeline;   /* the next context's ddp_desc.timeline_path */
 
 /* The model: W[l] (D x D), b[l] (D) for each layer, the head h (D), maybe an unused parameter. */
 typedef struct model {
@@ -194,6 +196,8 @@ static ddp_result open_model(model *m, const config *c, ddp_shard level) {
     d.shard = level;
     if (solo) d.world_size = 1;
     d.check_ready = check_ready;
+    d.shard_prefetch_off = prefetch_off;
+    d.timeline_path = timeline;
     if ((r = ddp_init(&m->ddp, &d)) != DDP_OK) return r;
     for (l = 0; l <= LAYERS; l++) {
         size_t i;
@@ -346,6 +350,72 @@ static void run_config(const config *c) {
     }
 }
 
+/* How often `what` occurs in the file at path (-1: unreadable). */
+static long count_in_file(const char *path, const char *what) {
+    FILE *f = fopen(path, "rb");
+    char *text;
+    long n = 0, len;
+    const char *p;
+    if (!f) return -1;
+    fseek(f, 0, SEEK_END);
+    len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    text = (char *)calloc((size_t)(len > 0 ? len : 0) + 1, 1);
+    if (!text || (len > 0 && fread(text, 1, (size_t)len, f) != (size_t)len)) { free(text); fclose(f); return -1; }
+    fclose(f);
+    for (p = text; (p = strstr(p, what)) != NULL; p++) n++;
+    free(text);
+    return n;
+}
+
+/* The prefetch switch (desc.shard_prefetch_off): ZeRO-3 with prefetch on and off, the same bits
+   (the tape, accumulation, keep_last); the timeline's gather events: prefetched ones with it on,
+   none with it off (each unit gathered by the rank's own thread when needed). */
+static void prefetch_switch(const char *dir) {
+    static const config c = { "prefetch", 2, 0, 0, -1, 0, 1, 0.5f };
+    run_result res[2];
+    long gathers[2], prefetched[2];
+    char path[2][600], name[96];
+    int k, step, same = 1, first_diff = -1, ok = 1;
+    memset(res, 0, sizeof res);
+    for (k = 0; k < 2; k++) {
+        model z;
+        ddp_result r;
+        snprintf(path[k], sizeof path[k], "%s/prefetch_%s.json", dir, k ? "off" : "on");
+        prefetch_off = k;
+        timeline = path[k];
+        r = open_model(&z, &c, DDP_SHARD_PARAMETERS);
+        if (r == DDP_OK && ddp_config(z.ddp)->shard_prefetch_off != k) {
+            printf("FAIL zero3_prefetch_config: ddp_config()->shard_prefetch_off %d, set %d\n", ddp_config(z.ddp)->shard_prefetch_off, k);
+            test_failures++;
+        }
+        if (r == DDP_OK) r = train_steps(&z, 0, STEPS, &res[k]);
+        if (r != DDP_OK) { printf("FAIL zero3_prefetch_%s: %s\n", k ? "off" : "on", ddp_last_error(z.ddp)); test_failures++; ok = 0; }
+        ddp_shutdown(z.ddp);   /* the timeline written by rank 0 */
+        prefetch_off = 0;
+        timeline = NULL;
+        gathers[k] = rank == 0 ? count_in_file(path[k], "\"name\":\"gather unit") : 0;
+        prefetched[k] = rank == 0 ? count_in_file(path[k], "\"prefetched\":1") : 0;
+        if (rank == 0) remove(path[k]);
+    }
+    for (step = 0; step < STEPS; step++)
+        if (memcmp(&res[0].norm[step], &res[1].norm[step], sizeof(float)) || res[0].hash[step] != res[1].hash[step] ||
+            (rank == 0 && !res[0].hash[step])) { same = 0; if (first_diff < 0) first_diff = step; }
+    if (rank != 0) return;
+    snprintf(name, sizeof name, "zero3_prefetch_off_equals_on_%dranks", world);
+    verdict(ok && same, name, "step %d: norm %.9g vs %.9g", first_diff, first_diff >= 0 ? res[0].norm[first_diff] : 0.0,
+            first_diff >= 0 ? res[1].norm[first_diff] : 0.0);
+    /* every rank's events are in rank 0's file: with prefetch on, the forward's prefetches at least
+       (LAYERS a micro-step); off, not one, and still every unit gathered in the forward and the backward */
+    snprintf(name, sizeof name, "zero3_prefetch_on_events_%dranks", world);
+    verdict(gathers[0] > 0 && prefetched[0] >= (long)world * STEPS * c.micro * LAYERS, name,
+            "%ld gather events, %ld prefetched (want >= %d)", gathers[0], prefetched[0], world * STEPS * c.micro * LAYERS);
+    snprintf(name, sizeof name, "zero3_prefetch_off_no_prefetch_%dranks", world);
+    verdict(prefetched[1] == 0 && gathers[1] >= (long)world * STEPS * c.micro * (2 * LAYERS + 1), name,
+            "%ld gather events, %ld prefetched (want 0 prefetched, >= %d gathers)", gathers[1], prefetched[1],
+            world * STEPS * c.micro * (2 * LAYERS + 1));
+}
+
 /* Checkpoints at the same world size: saved at one level after 3 steps, loaded at the other,
    3 more steps: the hashes of the run that never stopped. */
 static void checkpoint_levels(const char *dir) {
@@ -426,6 +496,26 @@ static void refusals(void) {
     r = ddp_init(&ddp, &d);
     verdict(r == DDP_ERR_INVALID_ARGUMENT && contains(ddp_last_error(ddp), "uneven_inputs", NULL), "zero3_uneven_inputs_refused", "%s", ddp_last_error(ddp));
     ddp_shutdown(ddp);
+    d.uneven_inputs = DDP_JOIN_OFF;
+
+    /* the prefetch switch: a field out of range, a typo in the variable, the variable over the field */
+    d.shard_prefetch_off = 2;
+    r = ddp_init(&ddp, &d);
+    verdict(r == DDP_ERR_INVALID_ARGUMENT && contains(ddp_last_error(ddp), "shard_prefetch_off 2", NULL), "zero3_prefetch_field_range_refused",
+            "%s", ddp_last_error(ddp));
+    ddp_shutdown(ddp);
+    d.shard_prefetch_off = 1;
+    setenv("DDP_SHARD_PREFETCH", "of", 1);
+    r = ddp_init(&ddp, &d);
+    verdict(r == DDP_ERR_BAD_ENV && contains(ddp_last_error(ddp), "DDP_SHARD_PREFETCH='of'", "neither on nor off"),
+            "zero3_prefetch_env_typo_refused", "%s", ddp_last_error(ddp));
+    ddp_shutdown(ddp);
+    setenv("DDP_SHARD_PREFETCH", "on", 1);
+    r = ddp_init(&ddp, &d);
+    verdict(r == DDP_OK && ddp_config(ddp)->shard_prefetch_off == 0, "zero3_prefetch_env_wins", "%s", ddp_last_error(ddp));
+    ddp_shutdown(ddp);
+    unsetenv("DDP_SHARD_PREFETCH");
+    d.shard_prefetch_off = 0;
 
     /* the model, one rank: tape records of a released unit, a step with a unit gathered, a release in the backward */
     if (open_model(&m, &c, DDP_SHARD_PARAMETERS) != DDP_OK) { printf("FAIL zero3_refusals_model: %s\n", ddp_last_error(m.ddp)); test_failures++; ddp_shutdown(m.ddp); return; }
@@ -549,6 +639,7 @@ int main(int argc, char **argv) {
         if (dir[0]) {
             char path[600];
             checkpoint_levels(dir);
+            prefetch_switch(dir);
             if (rank == 0) { snprintf(path, sizeof path, "%s/levels.ckpt", dir); remove(path); rmdir(dir); }
         }
     }
