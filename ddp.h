@@ -5698,7 +5698,19 @@ static size_t ddp__adamw_range_bf16(float *DDP__RESTRICT p, ddp_bf16 *DDP__RESTR
     return diverged;
 }
 
+/* ZeRO-3 with fp32 parameters on the CPU backend's several ranks: no private flat buffers at all.
+   The parameters and gradients live in the shared segment from the start (ddp__grads_share), and
+   rank 0's initial values reach each rank's parts a bucket at a time (ddp__cpu_z3_seed): the
+   commit never holds the whole model in one rank's memory. Without the segment, ddp__grads_share
+   allocates them here after all (and ddp__z3_commit refuses by name). */
+static int ddp__z3_seed_deferred(const ddp_context *ctx) {
+    return ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->be->id == DDP_BACKEND_CPU && ctx->world > 1 && !ddp__bf16_params(ctx);
+}
+static ddp_result ddp__host_alloc_private(ddp_context *ctx);
 static ddp_result ddp__host_alloc_flat(ddp_context *ctx) {
+    return ddp__z3_seed_deferred(ctx) ? DDP_OK : ddp__host_alloc_private(ctx);   /* deferred: the initial values stay the program's */
+}
+static ddp_result ddp__host_alloc_private(ddp_context *ctx) {
     int i;
     ctx->flat.params = ddp__alloc_floats(ctx->flat.count);
     if (ddp__bf16_params(ctx)) {   /* flat.count is a multiple of 16: whole floats */
@@ -6754,7 +6766,7 @@ static ddp_result ddp__grads_share(ddp_context *ctx, double deadline) {
         p = ddp__grads_create(ctx, bytes, &r);
         if (r != DDP_OK) return r;
         ddp__kill_point(ctx, "grads-published");
-        if (!p) return DDP_OK;
+        if (!p) return ddp__z3_seed_deferred(ctx) ? ddp__host_alloc_private(ctx) : DDP_OK;   /* private gradients (and parameters) */
     } else {
         unsigned char *name;
         uint32_t len;
@@ -6762,7 +6774,8 @@ static ddp_result ddp__grads_share(ddp_context *ctx, double deadline) {
         if (r != DDP_OK) return r;
         snprintf(ctx->impl.cpu->grads_name, sizeof ctx->impl.cpu->grads_name, "%.*s", (int)len, (const char *)name);
         DDP_FREE(name);
-        if (!ctx->impl.cpu->grads_name[0]) return DDP_OK;   /* rank 0 had no room: private gradients everywhere */
+        if (!ctx->impl.cpu->grads_name[0])   /* rank 0 had no room: private gradients everywhere */
+            return ddp__z3_seed_deferred(ctx) ? ddp__host_alloc_private(ctx) : DDP_OK;
         {
             int stage, err = ddp__seg_open(ctx->impl.cpu->grads_name, bytes, &p, &stage);
             if (err == DDP__SEG_WRONG_SIZE)
@@ -6775,6 +6788,12 @@ static ddp_result ddp__grads_share(ddp_context *ctx, double deadline) {
     }
     ctx->impl.cpu->grads_shm = p;
     ctx->impl.cpu->grads_shm_bytes = bytes;
+    if (ddp__z3_seed_deferred(ctx)) {   /* straight into the segment (zeros): ddp__cpu_z3_seed fills this rank's parts */
+        ctx->flat.grads = ddp__rank_grads(ctx, ctx->rank);
+        ctx->flat.params = ddp__rank_grads(ctx, ctx->world + ctx->rank);
+        ctx->impl.cpu->params_shared = 1;
+        return DDP_OK;
+    }
     if (ctx->flat.grads_bf16) {
         ddp__free_floats((float *)(void *)ctx->flat.grads_bf16);
         ctx->flat.grads_bf16 = ddp__rank_grads_bf16(ctx, ctx->rank);
@@ -6989,6 +7008,49 @@ static ddp_result ddp__cpu_setup(ddp_context *ctx, double deadline) {
     return DDP_OK;
 }
 
+/* ZeRO-3's commit without a whole-model copy (ddp__z3_seed_deferred): a bucket at a time, rank 0
+   writes the bucket's initial values (the program's, registered with each parameter) into its
+   parameters in the segment, every peer copies its own part of it from there, and once all have
+   (a barrier) rank 0 gives back the bucket's pages that hold none of its own parts. So a rank
+   holds its parts, and rank 0 one bucket (and a page) more, never the model: the same values as
+   the broadcast of rank 0's whole buffer, every rank's parts rank 0's initial values. */
+static ddp_result ddp__cpu_z3_seed(ddp_context *ctx) {
+    size_t page = ddp__page_size(), np = ddp__round_up(ctx->flat.count * sizeof(float), page) / page, lo, hi, q;
+    float *root = ddp__rank_params(ctx, 0);
+    unsigned char *keep = NULL;
+    ddp_result r = DDP_OK;
+    int b, i;
+    if (ctx->rank == 0) {   /* rank 0's own parts' pages stay */
+        if (!(keep = (unsigned char *)ddp__calloc(np ? np : 1)))
+            return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the sharded parameters' page map");
+        for (b = 0; b < ctx->model.num_buckets; b++) {
+            ddp__shard_range(ctx, b, 0, &lo, &hi);
+            if (hi > lo) for (q = lo * sizeof(float) / page; q < (hi * sizeof(float) + page - 1) / page; q++) keep[q] = 1;
+        }
+    }
+    ctx->what = "ddp_commit's seeding of the sharded parameters (rank 0's initial values, a bucket at a time)";
+    for (b = 0; b < ctx->model.num_buckets && r == DDP_OK; b++) {
+        const ddp__bucket *k = &ctx->model.buckets[b];
+        size_t a = k->offset, z = k->offset + k->count;
+        if (ctx->rank == 0)
+            for (i = 0; i < ctx->model.num_params; i++) {   /* the parameters' pieces inside the bucket */
+                const ddp__param *p = &ctx->model.params[i];
+                size_t s0 = p->offset > a ? p->offset : a, s1 = p->offset + p->count < z ? p->offset + p->count : z;
+                if (p->init && s1 > s0) memcpy(root + s0, p->init + (s0 - p->offset), (s1 - s0) * sizeof(float));
+            }
+        if ((r = ddp__shm_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0)) != DDP_OK) break;   /* written */
+        ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
+        if (ctx->rank != 0 && hi > lo) memcpy(ctx->flat.params + lo, root + lo, (hi - lo) * sizeof(float));
+        if ((r = ddp__shm_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0)) != DDP_OK) break;   /* copied by every peer */
+        if (ctx->rank == 0)   /* pages it shares with the next bucket are written again there and given back after */
+            for (q = a * sizeof(float) / page; q < (z * sizeof(float) + page - 1) / page; q++)
+                if (!keep[q]) (void)ddp__pages_punch((unsigned char *)root + q * page, page);
+    }
+    DDP_FREE(keep);
+    for (i = 0; i < ctx->model.num_params; i++) ctx->model.params[i].init = NULL;
+    return r;
+}
+
 /* Every rank's gradients into the shared segment, rank 0's parameters to everyone, the
    communication thread. */
 static ddp_result ddp__cpu_commit(ddp_context *ctx) {
@@ -7003,8 +7065,11 @@ static ddp_result ddp__cpu_commit(ddp_context *ctx) {
     }
     if (ctx->flat.grads_bf16 && !ctx->impl.cpu->grads_shm && !(ctx->impl.cpu->bucket_f32 = ddp__alloc_floats(largest ? largest : 1)))
         return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for one bucket's %zu floats", largest));
-    ctx->what = "the broadcast of rank 0's initial parameters";
-    r = ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->flat.params, ctx->flat.count * sizeof(float), 0);
+    if (ddp__z3_seed_deferred(ctx) && ctx->impl.cpu->grads_shm) r = ddp__cpu_z3_seed(ctx);
+    else {
+        ctx->what = "the broadcast of rank 0's initial parameters";
+        r = ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->flat.params, ctx->flat.count * sizeof(float), 0);
+    }
     ddp__grads_unlink(ctx);   /* every rank passed ddp__grads_share to get here */
     if (r != DDP_OK) return r;
     if ((r = ddp__workq_start(&ctx->impl.cpu->comm)) != DDP_OK) return ddp__fatal(ctx, r);

@@ -201,7 +201,8 @@ static ddp_result open_model(model *m, const config *c, ddp_shard level) {
     if ((r = ddp_init(&m->ddp, &d)) != DDP_OK) return r;
     for (l = 0; l <= LAYERS; l++) {
         size_t i;
-        for (i = 0; i < D * D; i++) init[l][i] = 0.3f * test_value(77 + (uint64_t)l, i);
+        /* every rank's own initial values: rank 0's must win everywhere (ddp_commit), at every level */
+        for (i = 0; i < D * D; i++) init[l][i] = 0.3f * test_value(77 + (uint64_t)l, i) + (rank ? 0.25f * (float)rank : 0.0f);
     }
     for (l = 0; l < LAYERS && r == DDP_OK; l++) {
         snprintf(name, sizeof name, "layer%d.W", l);
