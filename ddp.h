@@ -432,6 +432,14 @@
      copies' parts) + 2/world (gradients) + 12/world (master, m, v) = 16/world, + 2 x gathered
      share. The gathered share is the largest unit (or two, with a prefetch; one with
      shard_prefetch_off) in a layer-by-layer program.
+     The commit holds no whole copy of the model (CPU backend, several ranks, fp32 parameters):
+     no private flat buffers are made; the parameters and gradients go straight into the shared
+     segment, and a bucket at a time rank 0 writes the bucket's initial values there, every peer
+     copies its own part, and rank 0 gives the bucket's pages outside its parts back. So a rank
+     holds its parts and rank 0 one bucket more, never the model; every rank's parts hold rank
+     0's initial values, as the broadcast gives at the other levels. The program's initial
+     values (ddp_register_param's init) are read until ddp_commit returns: keep them until then.
+     With bf16 parameters the fp32 master is still made whole for a moment (then packed).
      Backends: single and cpu. Refused at ddp_init, by name: NCCL ("not built yet on the NCCL
      backend", needs CUDA virtual memory management), MPI, replica groups (desc.outer),
      uneven_inputs (as ZeRO-1); the CPU backend without its shared segment (DDP_STAGED_GRADS, or
@@ -1045,7 +1053,9 @@
                     (bf16 parameters: bf16 gradients, summed in float; hybrid sharding: each part
                     over the world, ddp__hybrid_bucket_in_place); sharded AdamW and its
                     all-gather (sharded parameters: a barrier instead, and each peer's parts read
-                    where they are, ddp__cpu_z3_parts); its one-bucket function for the work
+                    where they are, ddp__cpu_z3_parts; its commit seeds each rank's parts from
+                    rank 0's initial values a bucket at a time, ddp__cpu_z3_seed, with no
+                    private flat buffers, ddp__z3_seed_deferred); its one-bucket function for the work
                     queue (ZeRO-2: then the release, ddp__z2_cpu_bucket); the cpu backend's table
      >>mpi          the MPI backend (only with DDP_MPI): host groups on the cpu backend's
                     segment, the leaders' fixed-order sum; bf16 buckets and the sharded optimizer
