@@ -391,8 +391,8 @@
      ddp_unit_release decommits (after waiting for a prefetch in flight). A gather of a gathered
      unit does nothing; a release of a released one is an error. ddp_unit_gathered says.
      Prefetch off (desc.shard_prefetch_off = 1, DDP_SHARD_PREFETCH=off; a rank's own choice):
-     ddp_unit_prefetch does nothing and the tape's backward gathers each unit only when its
-     first op replays, so at most one unit (plus any the program keeps) is gathered at a time
+     ddp_unit_prefetch does nothing (no prefetch thread is started) and the tape's backward
+     gathers each unit only when its first op replays, so at most one unit (plus any the program keeps) is gathered at a time
      instead of two, and no copy overlaps compute. The same bits. Turn it off when memory is
      what limits (the gathered share below halves for a layer-by-layer program); keep it on
      for speed (bench/RESULTS.md measures both).
@@ -3091,6 +3091,7 @@ struct ddp_context {
         ddp__mutex lock;
         ddp__cond cond;
         int started, stop;
+        int threaded;              /* the prefetch thread runs (not with shard_prefetch_off: nothing to do) */
         int *queue, qhead, qlen;   /* units to copy, in order */
         int replay_op;             /* the tape op being replayed (-1: none) */
     } z3;
@@ -10735,11 +10736,14 @@ static ddp_result ddp__z3_commit(ddp_context *ctx) {
     }
     ddp__mutex_init(&ctx->z3.lock);
     ddp__cond_init(&ctx->z3.cond);
-    if (ddp__thread_create(&ctx->z3.thread, ddp__z3_main, ctx) != 0) {
+    /* prefetch off: no thread (nor its stack) at all */
+    if (!ctx->desc.shard_prefetch_off && ddp__thread_create(&ctx->z3.thread, ddp__z3_main, ctx) != 0) {
         ddp__cond_destroy(&ctx->z3.cond);
         ddp__mutex_destroy(&ctx->z3.lock);
-        return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot start the prefetch thread of the sharded parameters");
+        return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot start the prefetch thread of the sharded parameters (with "
+                         "DDP_SHARD_PREFETCH=off there is none)");
     }
+    ctx->z3.threaded = !ctx->desc.shard_prefetch_off;
     ctx->z3.started = 1;
     ctx->z3.on = 1;
     if (ctx->desc.check_ready && !ddp__z3_fault_ctx) { ddp__z3_fault_ctx = ctx; ddp__fault_hook(ddp__z3_fault); }
@@ -10753,7 +10757,8 @@ static void ddp__z3_free(ddp_context *ctx) {
         ctx->z3.stop = 1;
         ddp__cond_broadcast(&ctx->z3.cond);
         ddp__mutex_unlock(&ctx->z3.lock);
-        ddp__thread_join(ctx->z3.thread);
+        if (ctx->z3.threaded) ddp__thread_join(ctx->z3.thread);
+        ctx->z3.threaded = 0;
         ddp__cond_destroy(&ctx->z3.cond);
         ddp__mutex_destroy(&ctx->z3.lock);
         ctx->z3.started = 0;
