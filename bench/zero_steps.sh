@@ -43,7 +43,8 @@ TIME=/usr/bin/time
 [ -x "$TIME" ] || TIME=
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-CPUS=$(nproc 2>/dev/null || echo 1)
+CPUS=$(nproc 2>/dev/null || echo 1)   # the CPUs this job may run on (its affinity), not the machine's
+ONLINE=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo "$CPUS")
 
 median() { sort -n | awk '{ a[NR] = $1 } END { if (!NR) print 0; else print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 flags() { case "$1" in parameters_off) echo "--shard parameters --prefetch off" ;; *) echo "--shard $1" ;; esac; }
@@ -64,7 +65,7 @@ run() {
     echo "$ms ${faults:-0}"
 }
 # the run's end: the parameters' hash and the last progress line's loss
-bits() { sed -E 's/^\[rank [0-9]+\] //' "$1" | awk '/^params fnv1a/ { h = $3 } /^step +[0-9]+\/[0-9]+ \| loss/ { l = $4 } END { print h " " l }'; }
+bits() { sed -E 's/^\[rank [0-9]+\] //' "$1" | awk '/^params fnv1a/ { h = $3 } /^step +[0-9]+\/[0-9]+ \| loss/ { l = $5 } END { print h " " l }'; }
 
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
 start=$(date -u +%H:%M)
@@ -116,7 +117,7 @@ section=$tmp/section
 {
     echo "### Step time at every level, N = 2 and 4, ZeRO-3's prefetch on and off (\`bench/zero_steps.sh\`)"
     echo
-    echo "Run $(date -u +%Y-%m-%d) $start-$(date -u +%H:%M) UTC on $(uname -n): $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $CPUS CPU(s), CPU backend, fp32, \`OPENBLAS_NUM_THREADS=1\`. Load average (1, 5, 15 min) $load0 at the start, $load1 at the end."
+    echo "Run $(date -u +%Y-%m-%d) $start-$(date -u +%H:%M) UTC on $(uname -n): $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $CPUS CPU(s) for this job ($ONLINE online), CPU backend, fp32, \`OPENBLAS_NUM_THREADS=1\`. Load average (1, 5, 15 min) $load0 at the start, $load1 at the end."
     echo "Command: \`ROUNDS=$ROUNDS STEPS=$STEPS SKIP=$SKIP NS=\"$NS\" bench/zero_steps.sh $B\`: each run \`$B/ddprun -n N $B/train_gpt --data $DATA ${CFG[*]} --steps $STEPS --shard LEVEL [--prefetch off]\`; $ROUNDS rounds of the five levels interleaved; a run's ms/step the median of its progress lines after step $SKIP, a level's the median of its runs."
     echo
     echo "| N | level | ms/step | against none | minor faults / step / rank | rank 0 ms/step: own gathers, prefetched copies, releases |"
