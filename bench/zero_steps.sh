@@ -10,9 +10,11 @@
 #   of its runs. Checked: at each N the final parameters' hash (train_gpt's "params fnv1a") and
 #   last loss line are the same at every level and round, else the script says so and fails.
 #   Beside the times: minor page faults a step and rank (GNU time over ddprun and its ranks: the
-#   commit / decommit of ZeRO-3's pages shows here), and from one timeline run of ZeRO-3 each way
-#   (DDP_TIMELINE, rank 0, steps after SKIP) the ms a step its rank's thread spent copying units
-#   (gathers not prefetched), the prefetch thread's copies, and the releases (decommits).
+#   commit / decommit of ZeRO-3's pages shows here),
+#   and from one timeline run of each level (DDP_TIMELINE, rank 0, steps after SKIP) the ms a step
+#   in ddp_adamw_step (ZeRO-1/2: with the all-gather; ZeRO-3: with its closing barrier), waiting
+#   for the gradients' communication (exposed), copying units on the rank's thread (gathers not
+#   prefetched), on the prefetch thread, and releasing units (decommits).
 #   Writes the table between <!-- zero-steps:begin --> and <!-- zero-steps:end --> of
 #   bench/RESULTS.md (unless --no-write), with the command, the machine and its load.
 # Usage: bench/zero_steps.sh [BUILD_DIR] [--no-write]
@@ -88,15 +90,15 @@ for n in $NS; do
         cut -d' ' -f1 /proc/loadavg >>"$tmp/load_$n"
     done
     echo "$ref" >"$tmp/ref_$n"
-    # the timeline of ZeRO-3 each way (one run each, after the timed rounds)
-    for lvl in parameters parameters_off; do
+    # one timeline run of each level (after the timed rounds)
+    for lvl in "${LEVELS[@]}"; do
         run "$n" "$lvl" "$tmp/tl_${n}_$lvl.log" DDP_TIMELINE="$tmp/tl_${n}_$lvl.json" >/dev/null
-        python3 - "$tmp/tl_${n}_$lvl.json" "$SKIP" >"$tmp/tl_${n}_$lvl" <<'EOF' || echo "- - - -" >"$tmp/tl_${n}_$lvl"
+        python3 - "$tmp/tl_${n}_$lvl.json" "$SKIP" >"$tmp/tl_${n}_$lvl" <<'EOF' || echo "- - - - - -" >"$tmp/tl_${n}_$lvl"
 import json, sys
 ev = json.load(open(sys.argv[1]))
 ev = ev["traceEvents"] if isinstance(ev, dict) else ev
 skip = int(sys.argv[2])
-own = pre = rel = 0.0
+own = pre = rel = opt = exp = 0.0
 steps = set()
 for e in ev:
     a = e.get("args") or {}
@@ -106,8 +108,10 @@ for e in ev:
         if a.get("prefetched"): pre += e["dur"]
         else: own += e["dur"]
     elif e.get("cat") == "release": rel += e["dur"]
+    elif e.get("cat") == "optimizer": opt += e["dur"]
+    elif e.get("cat") == "exposed": exp += e["dur"]
 k = max(len(steps), 1)
-print("%.2f %.2f %.2f %d" % (own / 1e3 / k, pre / 1e3 / k, rel / 1e3 / k, len(steps)))
+print("%.2f %.2f %.2f %.2f %.2f %d" % (opt / 1e3 / k, exp / 1e3 / k, own / 1e3 / k, pre / 1e3 / k, rel / 1e3 / k, len(steps)))
 EOF
     done
 done
@@ -120,7 +124,7 @@ section=$tmp/section
     echo "Run $(date -u +%Y-%m-%d) $start-$(date -u +%H:%M) UTC on $(uname -n): $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $CPUS CPU(s) for this job ($ONLINE online), CPU backend, fp32, \`OPENBLAS_NUM_THREADS=1\`. Load average (1, 5, 15 min) $load0 at the start, $load1 at the end."
     echo "Command: \`ROUNDS=$ROUNDS STEPS=$STEPS SKIP=$SKIP NS=\"$NS\" bench/zero_steps.sh $B\`: each run \`$B/ddprun -n N $B/train_gpt --data $DATA ${CFG[*]} --steps $STEPS --shard LEVEL [--prefetch off]\`; $ROUNDS rounds of the five levels interleaved; a run's ms/step the median of its progress lines after step $SKIP, a level's the median of its runs."
     echo
-    echo "| N | level | ms/step | against none | minor faults / step / rank | rank 0 ms/step: own gathers, prefetched copies, releases |"
+    echo "| N | level | ms/step | against none | minor faults / step / rank | rank 0 ms/step (timeline): optimizer, exposed comm, own gathers, prefetched copies, releases |"
     echo "|---|---|---|---|---|---|"
     for n in $NS; do
         base=$(median <"$tmp/ms_${n}_none")
@@ -128,7 +132,7 @@ section=$tmp/section
             ms=$(median <"$tmp/ms_${n}_$lvl")
             fl=$(median <"$tmp/f_${n}_$lvl")
             tl="-"
-            [ -f "$tmp/tl_${n}_$lvl" ] && tl=$(awk '{ if ($1 == "-") print "-"; else printf "%s, %s, %s", $1, $2, $3 }' "$tmp/tl_${n}_$lvl")
+            [ -f "$tmp/tl_${n}_$lvl" ] && tl=$(awk '{ if ($1 == "-") print "-"; else printf "%s, %s, %s, %s, %s", $1, $2, $3, $4, $5 }' "$tmp/tl_${n}_$lvl")
             name=$lvl
             case $lvl in
                 none) name="none (DDP)" ;; optimizer) name="optimizer (ZeRO-1)" ;; gradients) name="gradients (ZeRO-2)" ;;
