@@ -11,14 +11,17 @@
    every step; after the step no page of the flat parameter buffer resident (mincore), while
    gathered every page of the unit's range resident; a child process that touches a released
    parameter dies of SIGSEGV. Checkpoints: saved at one level, loaded at the other (same world
-   size, training goes on bit for bit), and across world sizes (the modes below). Every bad input
-   named. Run: build/ddprun -n N build/test_zero3          (N = 1..4)
+   size, training goes on bit for bit), and across world sizes (the modes below). The prefetch
+   switch (shard_prefetch_off): on and off the same bits, no prefetched gather on the timeline when
+   off. ddp_commit under an RLIMIT_DATA far below the model's size: it holds no whole copy. Every
+   bad input named. Ranks register different initial values: rank 0's win everywhere. Run: build/ddprun -n N build/test_zero3          (N = 1..4)
         build/ddprun -n N build/test_zero3 save DIR LEVEL  (train 3 steps, save DIR/z3.ckpt and the
                                                             parameters' hash)
         build/ddprun -n M build/test_zero3 load DIR LEVEL  (load it: the same parameters) */
 #include "testlib.h"
 #ifndef _WIN32
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #endif
 
@@ -417,6 +420,60 @@ static void prefetch_switch(const char *dir) {
             world * STEPS * c.micro * (2 * LAYERS + 1));
 }
 
+#if !defined(_WIN32) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+/* This process's private writable memory (VmData, what RLIMIT_DATA caps), in bytes; 0: unknown. */
+static size_t vm_data(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    size_t kb = 0;
+    if (!f) return 0;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmData:", 7)) kb = (size_t)strtoull(line + 7, NULL, 10);
+    fclose(f);
+    return kb * 1024;
+}
+
+/* ddp_commit at PARAMETERS holds no whole copy of the model: under an RLIMIT_DATA of what the
+   rank holds before the commit plus 40 MB, a 64 MB model (8 units of 8 MB) commits and gathers a
+   unit; a commit that made the private flat buffers (parameters and gradients, 128 MB) fails. */
+static void commit_under_cap(void) {
+    enum { UNITS = 8, COUNT = 2 << 20 };
+    struct rlimit old, cap;
+    ddp_context *ddp;
+    ddp_desc d;
+    ddp_result r;
+    size_t before;
+    int i, id, capped = 0;
+    char name[96];
+    memset(&d, 0, sizeof d);
+    d.shard = DDP_SHARD_PARAMETERS;
+    if ((r = ddp_init(&ddp, &d)) == DDP_OK)
+        for (i = 0; i < UNITS && r == DDP_OK; i++) {   /* zeros: the program holds no initial values either */
+            snprintf(name, sizeof name, "big%d", i);
+            if ((r = ddp_register_param(ddp, name, COUNT, 0, NULL, &id)) == DDP_OK) r = ddp_register_unit(ddp, name, id, 1, NULL);
+        }
+    before = vm_data();
+    if (r == DDP_OK && before && getrlimit(RLIMIT_DATA, &old) == 0 && (old.rlim_cur == RLIM_INFINITY || old.rlim_cur > before + (40u << 20))) {
+        cap = old;
+        cap.rlim_cur = (rlim_t)(before + (40u << 20));
+        capped = setrlimit(RLIMIT_DATA, &cap) == 0;
+    }
+    if (r == DDP_OK) r = ddp_commit(ddp);
+    if (r == DDP_OK && (r = ddp_unit_gather(ddp, 3)) == DDP_OK) {
+        ddp_param(ddp, 3)[COUNT - 1] = 1.0f;   /* its pages are this rank's now */
+        r = ddp_unit_release(ddp, 3);
+    }
+    if (capped) setrlimit(RLIMIT_DATA, &old);
+    if (r != DDP_OK || !capped) local_fail("commit under a data cap: %s (capped %ld)", r != DDP_OK ? ddp_last_error(ddp) : "no cap set", capped, 0);
+    if (rank == 0) {
+        snprintf(name, sizeof name, "zero3_commit_holds_no_whole_copy_%dranks", world);
+        verdict(r == DDP_OK && capped, name, "a 64 MB model under a cap of 40 MB more than before ddp_commit: %s",
+                r != DDP_OK ? ddp_last_error(ddp) : "no cap could be set");
+    }
+    ddp_shutdown(ddp);
+}
+#endif
+
 /* Checkpoints at the same world size: saved at one level after 3 steps, loaded at the other,
    3 more steps: the hashes of the run that never stopped. */
 static void checkpoint_levels(const char *dir) {
@@ -645,6 +702,9 @@ int main(int argc, char **argv) {
         }
     }
     if (rank == 0) { solo = 1; refusals(); solo = 0; }
+#if !defined(_WIN32) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+    if (world > 1) commit_under_cap();   /* one rank: the whole model is its part */
+#endif
     {   /* the local properties, every rank's */
         ddp_context *ddp;
         float bad = (float)local_bad;
