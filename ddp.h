@@ -432,14 +432,15 @@
      copies' parts) + 2/world (gradients) + 12/world (master, m, v) = 16/world, + 2 x gathered
      share. The gathered share is the largest unit (or two, with a prefetch; one with
      shard_prefetch_off) in a layer-by-layer program.
-     The commit holds no whole copy of the model (CPU backend, several ranks, fp32 parameters):
-     no private flat buffers are made; the parameters and gradients go straight into the shared
-     segment, and a bucket at a time rank 0 writes the bucket's initial values there, every peer
-     copies its own part, and rank 0 gives the bucket's pages outside its parts back. So a rank
-     holds its parts and rank 0 one bucket more, never the model; every rank's parts hold rank
-     0's initial values, as the broadcast gives at the other levels. The program's initial
-     values (ddp_register_param's init) are read until ddp_commit returns: keep them until then.
-     With bf16 parameters the fp32 master is still made whole for a moment (then packed).
+     The commit holds no whole copy of the model (CPU backend, several ranks): no whole private
+     flat buffers are made; the parameters (bf16: the working copies) and gradients go straight
+     into the shared segment, and a bucket at a time rank 0 writes the bucket's initial values
+     there, every peer copies its own part, and rank 0 gives the bucket's pages outside its parts
+     back (bf16: the fp32 values pass through rank 0's gradient buffer, a chunk at a time, and
+     each rank keeps its parts of the master packed and of the working copies rounded). So a
+     rank holds its parts and rank 0 one bucket more, never the model; every rank's parts hold
+     rank 0's initial values, as the broadcast gives at the other levels (the same bits). The
+     program's initial values (ddp_register_param's init) are read until ddp_commit returns.
      Backends: single and cpu. Refused at ddp_init, by name: NCCL ("not built yet on the NCCL
      backend", needs CUDA virtual memory management), MPI, replica groups (desc.outer),
      uneven_inputs (as ZeRO-1); the CPU backend without its shared segment (DDP_STAGED_GRADS, or
@@ -1054,8 +1055,8 @@
                     over the world, ddp__hybrid_bucket_in_place); sharded AdamW and its
                     all-gather (sharded parameters: a barrier instead, and each peer's parts read
                     where they are, ddp__cpu_z3_parts; its commit seeds each rank's parts from
-                    rank 0's initial values a bucket at a time, ddp__cpu_z3_seed, with no
-                    private flat buffers, ddp__z3_seed_deferred); its one-bucket function for the work
+                    rank 0's initial values a bucket at a time, ddp__cpu_z3_seed / _seed_bf16,
+                    with no whole private flat buffers, ddp__z3_seed_deferred); its one-bucket function for the work
                     queue (ZeRO-2: then the release, ddp__z2_cpu_bucket); the cpu backend's table
      >>mpi          the MPI backend (only with DDP_MPI): host groups on the cpu backend's
                     segment, the leaders' fixed-order sum; bf16 buckets and the sharded optimizer
@@ -3092,6 +3093,7 @@ struct ddp_context {
         ddp__cond cond;
         int started, stop;
         int threaded;              /* the prefetch thread runs (not with shard_prefetch_off: nothing to do) */
+        int seeded;                /* ddp_commit seeded the parts itself (ddp__cpu_z3_seed): no rounding, no packing after */
         int *queue, qhead, qlen;   /* units to copy, in order */
         int replay_op;             /* the tape op being replayed (-1: none) */
     } z3;
@@ -5709,13 +5711,14 @@ static size_t ddp__adamw_range_bf16(float *DDP__RESTRICT p, ddp_bf16 *DDP__RESTR
     return diverged;
 }
 
-/* ZeRO-3 with fp32 parameters on the CPU backend's several ranks: no private flat buffers at all.
-   The parameters and gradients live in the shared segment from the start (ddp__grads_share), and
-   rank 0's initial values reach each rank's parts a bucket at a time (ddp__cpu_z3_seed): the
-   commit never holds the whole model in one rank's memory. Without the segment, ddp__grads_share
-   allocates them here after all (and ddp__z3_commit refuses by name). */
+/* ZeRO-3 on the CPU backend's several ranks: no whole private flat buffers at all. The
+   parameters (bf16: the working copies) and gradients live in the shared segment from the start
+   (ddp__grads_share; bf16: the fp32 master as its packed parts only), and rank 0's initial values
+   reach each rank's parts a bucket at a time (ddp__cpu_z3_seed): the commit never holds the whole
+   model in one rank's memory. Without the segment, ddp__grads_share allocates them here after
+   all (and ddp__z3_commit refuses by name). */
 static int ddp__z3_seed_deferred(const ddp_context *ctx) {
-    return ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->be->id == DDP_BACKEND_CPU && ctx->world > 1 && !ddp__bf16_params(ctx);
+    return ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->be->id == DDP_BACKEND_CPU && ctx->world > 1;
 }
 static ddp_result ddp__host_alloc_private(ddp_context *ctx);
 static ddp_result ddp__host_alloc_flat(ddp_context *ctx) {
@@ -6769,7 +6772,7 @@ static ddp_result ddp__grads_share(ddp_context *ctx, double deadline) {
     size_t page = ddp__page_size(), bytes;
     int copies = ddp__sharded(ctx) ? 2 : 1;   /* sharded: the parameters too (the all-gather) */
     unsigned char *p = NULL;
-    size_t es = ctx->flat.grads_bf16 ? sizeof(ddp_bf16) : sizeof(float);   /* bf16 parameters: bf16 gradients and copies */
+    size_t es = ctx->flat.grads_bf16 || ddp__bf16_params(ctx) ? sizeof(ddp_bf16) : sizeof(float);   /* bf16 parameters: bf16 gradients and copies */
     ctx->impl.cpu->grads_stride = ddp__round_up(ctx->flat.count * es, page) / sizeof(float);
     bytes = ctx->impl.cpu->grads_stride * sizeof(float) * (size_t)ctx->world * (size_t)copies;
     if (ctx->rank == 0) {
@@ -6800,9 +6803,16 @@ static ddp_result ddp__grads_share(ddp_context *ctx, double deadline) {
     ctx->impl.cpu->grads_shm = p;
     ctx->impl.cpu->grads_shm_bytes = bytes;
     if (ddp__z3_seed_deferred(ctx)) {   /* straight into the segment (zeros): ddp__cpu_z3_seed fills this rank's parts */
-        ctx->flat.grads = ddp__rank_grads(ctx, ctx->rank);
-        ctx->flat.params = ddp__rank_grads(ctx, ctx->world + ctx->rank);
         ctx->impl.cpu->params_shared = 1;
+        if (ctx->flat.grads_bf16 || ddp__bf16_params(ctx)) {   /* the master: this rank's parts, packed, from the start */
+            ctx->flat.grads_bf16 = ddp__rank_grads_bf16(ctx, ctx->rank);
+            ctx->flat.params_bf16 = (ddp_bf16 *)(void *)ddp__rank_grads(ctx, ctx->world + ctx->rank);
+            if (!(ctx->flat.params = ddp__alloc_floats(ctx->shard.count ? ctx->shard.count : 1)))
+                return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %zu floats of the fp32 master", ctx->shard.count);
+        } else {
+            ctx->flat.grads = ddp__rank_grads(ctx, ctx->rank);
+            ctx->flat.params = ddp__rank_grads(ctx, ctx->world + ctx->rank);
+        }
         return DDP_OK;
     }
     if (ctx->flat.grads_bf16) {
@@ -7059,6 +7069,50 @@ static ddp_result ddp__cpu_z3_seed(ddp_context *ctx) {
     }
     DDP_FREE(keep);
     for (i = 0; i < ctx->model.num_params; i++) ctx->model.params[i].init = NULL;
+    ctx->z3.seeded = r == DDP_OK;
+    return r;
+}
+
+/* The same with bf16 parameters: the fp32 initial values travel through rank 0's gradient buffer
+   in the segment (zeros until the first backward; a chunk of it at a time, as many floats as it
+   holds), and each rank keeps its parts twice: the fp32 master packed (ddp__master_parts) and the
+   working copies rounded (what DDP__BF16_ROUND_PARAMS and _SHARD_MASTER make from a whole master
+   at the other levels). Rank 0's gradient buffer is zeros again at the end. */
+static ddp_result ddp__cpu_z3_seed_bf16(ddp_context *ctx) {
+    float *stage = ddp__rank_grads(ctx, 0);
+    size_t chunk = ctx->impl.cpu->grads_stride, used = 0, lo, hi, c0, c1, x;
+    ddp_result r = DDP_OK;
+    int b, i;
+    ctx->what = "ddp_commit's seeding of the sharded parameters (rank 0's initial values, a bucket at a time)";
+    for (b = 0; b < ctx->model.num_buckets && r == DDP_OK; b++) {
+        const ddp__bucket *k = &ctx->model.buckets[b];
+        ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
+        for (c0 = k->offset; c0 < k->offset + k->count && r == DDP_OK; c0 = c1) {
+            c1 = k->offset + k->count - c0 < chunk ? k->offset + k->count : c0 + chunk;
+            if (ctx->rank == 0) {   /* [c0, c1) at stage[0 ..], padding zeros */
+                memset(stage, 0, (c1 - c0) * sizeof(float));
+                if (c1 - c0 > used) used = c1 - c0;
+                for (i = 0; i < ctx->model.num_params; i++) {
+                    const ddp__param *p = &ctx->model.params[i];
+                    size_t s0 = p->offset > c0 ? p->offset : c0, s1 = p->offset + p->count < c1 ? p->offset + p->count : c1;
+                    if (p->init && s1 > s0) memcpy(stage + (s0 - c0), p->init + (s0 - p->offset), (s1 - s0) * sizeof(float));
+                }
+            }
+            if ((r = ddp__shm_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0)) != DDP_OK) break;   /* written */
+            for (x = lo > c0 ? lo : c0; x < hi && x < c1; x++) {
+                ctx->flat.params[ctx->shard.base[b] + (x - lo)] = stage[x - c0];
+                ctx->flat.params_bf16[x] = ddp__to_bf16(stage[x - c0]);
+            }
+            if ((r = ddp__shm_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0)) != DDP_OK) break;   /* copied by every rank */
+        }
+    }
+    if (ctx->rank == 0 && used) {   /* the gradients start at zero; the pages go back where the system can */
+        memset(stage, 0, used * sizeof(float));
+        size_t whole = used * sizeof(float) / ddp__page_size() * ddp__page_size();   /* the pages it covers entirely */
+        if (whole) (void)ddp__pages_punch(stage, whole);
+    }
+    for (i = 0; i < ctx->model.num_params; i++) ctx->model.params[i].init = NULL;
+    ctx->z3.seeded = r == DDP_OK;
     return r;
 }
 
@@ -7076,7 +7130,8 @@ static ddp_result ddp__cpu_commit(ddp_context *ctx) {
     }
     if (ctx->flat.grads_bf16 && !ctx->impl.cpu->grads_shm && !(ctx->impl.cpu->bucket_f32 = ddp__alloc_floats(largest ? largest : 1)))
         return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for one bucket's %zu floats", largest));
-    if (ddp__z3_seed_deferred(ctx) && ctx->impl.cpu->grads_shm) r = ddp__cpu_z3_seed(ctx);
+    if (ddp__z3_seed_deferred(ctx) && ctx->impl.cpu->grads_shm)
+        r = ddp__bf16_params(ctx) ? ddp__cpu_z3_seed_bf16(ctx) : ddp__cpu_z3_seed(ctx);
     else {
         ctx->what = "the broadcast of rank 0's initial parameters";
         r = ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->flat.params, ctx->flat.count * sizeof(float), 0);
@@ -10872,10 +10927,11 @@ static ddp_result ddp__commit(ddp_context *ctx) {
     ddp__plan_wire(ctx);
     if (ctx->world > 1 && (r = ddp__verify_layout(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     if (ctx->be->commit && (r = ctx->be->commit(ctx)) != DDP_OK) return r;
-    /* the working copies: rank 0's initial values, rounded; the gradients start at zero (alloc_flat) */
-    if ((r = ddp__bf16_op(ctx, DDP__BF16_ROUND_PARAMS, 0, ctx->flat.count)) != DDP_OK) return r;
+    /* the working copies: rank 0's initial values, rounded; the gradients start at zero (alloc_flat);
+       ZeRO-3's seeded commit (ddp__cpu_z3_seed_bf16) made both of its parts already */
+    if (!ctx->z3.seeded && (r = ddp__bf16_op(ctx, DDP__BF16_ROUND_PARAMS, 0, ctx->flat.count)) != DDP_OK) return r;
     /* sharded: from here on this rank holds the master of its parts only */
-    if (ddp__master_parts(ctx) && (r = ddp__bf16_op(ctx, DDP__BF16_SHARD_MASTER, 0, ctx->flat.count)) != DDP_OK)
+    if (!ctx->z3.seeded && ddp__master_parts(ctx) && (r = ddp__bf16_op(ctx, DDP__BF16_SHARD_MASTER, 0, ctx->flat.count)) != DDP_OK)
         return ddp__fatal(ctx, r);
     /* sharded parameters: the flat buffer the program sees becomes the view, every unit released */
     if ((r = ddp__z3_commit(ctx)) != DDP_OK) return ddp__fatal(ctx, r);

@@ -435,39 +435,44 @@ static size_t vm_data(void) {
 
 /* ddp_commit at PARAMETERS holds no whole copy of the model: under an RLIMIT_DATA of what the
    rank holds before the commit plus 40 MB, a 64 MB model (8 units of 8 MB) commits and gathers a
-   unit; a commit that made the private flat buffers (parameters and gradients, 128 MB) fails. */
-static void commit_under_cap(void) {
+   unit; a commit that made the private flat buffers (parameters and gradients, 128 MB) fails.
+   bf16 parameters: the cap grows by the fp32 master's parts (64 MB / world), which the rank keeps;
+   the whole master, working copies and gradients (128 MB) do not fit. */
+static void commit_under_cap(int bf16) {
     enum { UNITS = 8, COUNT = 2 << 20 };
     struct rlimit old, cap;
     ddp_context *ddp;
     ddp_desc d;
     ddp_result r;
-    size_t before;
+    size_t vm, before;
     int i, id, capped = 0;
     char name[96];
     memset(&d, 0, sizeof d);
     d.shard = DDP_SHARD_PARAMETERS;
+    d.param_dtype = bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
     if ((r = ddp_init(&ddp, &d)) == DDP_OK)
         for (i = 0; i < UNITS && r == DDP_OK; i++) {   /* zeros: the program holds no initial values either */
             snprintf(name, sizeof name, "big%d", i);
             if ((r = ddp_register_param(ddp, name, COUNT, 0, NULL, &id)) == DDP_OK) r = ddp_register_unit(ddp, name, id, 1, NULL);
         }
-    before = vm_data();
-    if (r == DDP_OK && before && getrlimit(RLIMIT_DATA, &old) == 0 && (old.rlim_cur == RLIM_INFINITY || old.rlim_cur > before + (40u << 20))) {
+    vm = vm_data();
+    before = vm + (40u << 20) + (bf16 ? (size_t)UNITS * COUNT * sizeof(float) / (size_t)world : 0);
+    if (r == DDP_OK && vm && getrlimit(RLIMIT_DATA, &old) == 0 && (old.rlim_cur == RLIM_INFINITY || old.rlim_cur > before)) {
         cap = old;
-        cap.rlim_cur = (rlim_t)(before + (40u << 20));
+        cap.rlim_cur = (rlim_t)before;
         capped = setrlimit(RLIMIT_DATA, &cap) == 0;
     }
     if (r == DDP_OK) r = ddp_commit(ddp);
     if (r == DDP_OK && (r = ddp_unit_gather(ddp, 3)) == DDP_OK) {
-        ddp_param(ddp, 3)[COUNT - 1] = 1.0f;   /* its pages are this rank's now */
+        if (bf16) ddp_param_bf16(ddp, 3)[COUNT - 1] = ddp__to_bf16(1.0f);   /* its pages are this rank's now */
+        else ddp_param(ddp, 3)[COUNT - 1] = 1.0f;
         r = ddp_unit_release(ddp, 3);
     }
     if (capped) setrlimit(RLIMIT_DATA, &old);
     if (r != DDP_OK || !capped) local_fail("commit under a data cap: %s (capped %ld)", r != DDP_OK ? ddp_last_error(ddp) : "no cap set", capped, 0);
     if (rank == 0) {
-        snprintf(name, sizeof name, "zero3_commit_holds_no_whole_copy_%dranks", world);
-        verdict(r == DDP_OK && capped, name, "a 64 MB model under a cap of 40 MB more than before ddp_commit: %s",
+        snprintf(name, sizeof name, "zero3_commit_holds_no_whole_copy_%s_%dranks", bf16 ? "bf16" : "fp32", world);
+        verdict(r == DDP_OK && capped, name, "a 64 MB model under a cap of 40 MB (and the master's parts) more than before ddp_commit: %s",
                 r != DDP_OK ? ddp_last_error(ddp) : "no cap could be set");
     }
     ddp_shutdown(ddp);
@@ -703,7 +708,7 @@ int main(int argc, char **argv) {
     }
     if (rank == 0) { solo = 1; refusals(); solo = 0; }
 #if !defined(_WIN32) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-    if (world > 1) commit_under_cap();   /* one rank: the whole model is its part */
+    if (world > 1) { commit_under_cap(0); commit_under_cap(1); }   /* one rank: the whole model is its part */
 #endif
     {   /* the local properties, every rank's */
         ddp_context *ddp;
