@@ -392,10 +392,10 @@
      unit does nothing; a release of a released one is an error. ddp_unit_gathered says.
      Prefetch off (desc.shard_prefetch_off = 1, DDP_SHARD_PREFETCH=off; a rank's own choice):
      ddp_unit_prefetch does nothing (no prefetch thread is started) and the tape's backward
-     gathers each unit only when its first op replays, so at most one unit (plus any the program keeps) is gathered at a time
-     instead of two, and no copy overlaps compute. The same bits. Turn it off when memory is
-     what limits (the gathered share below halves for a layer-by-layer program); keep it on
-     for speed (bench/RESULTS.md measures both).
+     gathers each unit only when its first op replays, so at most one unit (plus any the
+     program keeps) is gathered at a time instead of two, and no copy overlaps compute. The
+     same bits. Turn it off when memory is what limits (the gathered share below halves for a
+     layer-by-layer program); keep it on for speed (bench/RESULTS.md measures both).
      On the CPU backend a gather is local copies: every rank's parts live in the shared segment
      beside the gradients (each rank keeps pages only for its own parts), so a rank reads its
      peers' parts directly, with no exchange and no wait; the prefetch runs on this level's own
