@@ -904,7 +904,8 @@ int main(int argc, char **argv) {
             const ddp_desc *c = ddp_config(ddp);
             printf("ddp.h: %s backend | timeout %g s | parameters %s | optimizer %s | check_ready %d | log %s | "
                    "timeline %s | job '%s'\n", ddp_backend_name(ddp), c->timeout_s,
-                   c->param_dtype == DDP_DTYPE_BF16 ? "bf16" : "fp32", c->shard == DDP_SHARD_PARAMETERS ? "and parameters sharded (ZeRO-3)"
+                   c->param_dtype == DDP_DTYPE_BF16 ? "bf16" : "fp32", c->shard == DDP_SHARD_PARAMETERS
+                   ? (c->shard_prefetch_off ? "and parameters sharded (ZeRO-3, prefetch off)" : "and parameters sharded (ZeRO-3)")
                    : c->shard == DDP_SHARD_GRADIENTS ? "and gradients sharded (ZeRO-2)" : c->shard_optimizer ? "sharded (ZeRO-1)" : "unsharded",
                    c->check_ready, (unsigned)c->log_level <= DDP_LOG_OFF ? levels[c->log_level] : "?",
                    c->timeline_path && *c->timeline_path ? c->timeline_path : "off", c->job_id ? c->job_id : "");
