@@ -423,12 +423,33 @@
      copies' parts) + 2/world (gradients) + 12/world (master, m, v) = 16/world, + 2 x gathered
      share. The gathered share is the largest unit (or two, with a prefetch) in a layer-by-layer
      program.
-     Backends: single and cpu. Refused at ddp_init, by name: NCCL ("not built yet on the NCCL
-     backend", needs CUDA virtual memory management), MPI, replica groups (desc.outer),
-     uneven_inputs (as ZeRO-1); the CPU backend without its shared segment (DDP_STAGED_GRADS, or
-     no room in /dev/shm) at ddp_commit. The timeline: each gather (prefetched or not) and
-     release is an event on the comm lane ("gather unit N", "release unit N": the unit's name
-     and bytes).
+     On the NCCL backend (>>nccl: ddp__gpu_z3_*) the view is device address space reserved once
+     with CUDA's virtual memory management (cuMemAddressReserve; physical memory by granules of
+     the allocation granularity, cuMemCreate + cuMemMap), and the rank's own parts of every
+     bucket stay mapped for the whole run: they are its owner storage, flat-indexed, updated in
+     place by AdamW (bf16: the working copies there, the fp32 master packed as under ZeRO-1),
+     with no all-gather after the step. A gather maps the unit's other granules and enqueues,
+     on the comm stream after the compute stream's work so far, the in-place all-gather of each
+     of the unit's buckets (the equal parts and the last rank's tail, as ZeRO-1's after AdamW),
+     then records the unit's event; ddp_unit_gather makes the compute stream wait on it
+     (cudaStreamWaitEvent): the host never waits, and the program's kernels on desc.cuda_stream
+     see the unit whole. ddp_unit_prefetch is that enqueue alone (no thread: the comm stream
+     overlaps it with the compute stream's work). A release records an event on the compute
+     stream (the unit's last use); its granules are unmapped once that event has completed,
+     checked at each later gather, release and step; the host waits for it only when a map
+     finds no memory, and at ddp_adamw_step (every released unit's memory back each step).
+     Neighbouring units share at most a granule, counted like the host's pages. Collectives are
+     enqueued from the program's thread in the order it calls gather, prefetch and the buckets'
+     hooks, alike on every rank: nothing depends on timing. Gradients stay whole on NCCL (its
+     backend has no ZeRO-2 release yet, shards_grads 0), reduce-scattered as under ZeRO-1. A
+     touch of a released unit by a kernel or copy is a fault on the device (tests/fakegpu counts
+     it as misuse); check_ready's naming is the host backends'.
+     Backends: single, cpu and NCCL. Refused at ddp_init, by name: MPI, replica groups
+     (desc.outer), hybrid sharding (shard_group), uneven_inputs (as ZeRO-1); the CPU backend
+     without its shared segment (DDP_STAGED_GRADS, or no room in /dev/shm) at ddp_commit; NCCL
+     on a driver without virtual memory management (named at ddp_commit). The timeline: each
+     gather (prefetched or not) and release is an event on the comm lane ("gather unit N",
+     "release unit N": the unit's name and bytes; on NCCL the host's enqueue times).
 
    HYBRID SHARDING (ddp_desc.shard_group = S, or DDP_SHARD_GROUP=S; with shard >= OPTIMIZER)
      What: the sharded state is split within each group of S consecutive ranks (ranks [g*S,
@@ -1050,7 +1071,9 @@
                     world's; a replica group's or, hybrid, a shard group's: ddp__gpu_init_team), the
                     watchdog's hooks, set-up, buckets on the comm stream as the wire plan says
                     (sharded: reduce-scattered), the norm's blocks, AdamW kernels (sharded: per
-                    bucket, then all-gathered); its table
+                    bucket, then all-gathered; sharded parameters: in place in the view, no
+                    all-gather); ZeRO-3's device side (ddp__gpu_z3_*: the view's granules, a
+                    unit's all-gather on the comm stream and its events, deferred unmaps); its table
      >>group        ddp__choose_backend (the one place that knows every backend), rendezvous,
                     init, shutdown
      >>embed        progress: the seqlock the rank writes and any thread reads (cancel itself:
@@ -1062,8 +1085,9 @@
                     working copies; the gradients need none)
      >>zero3        sharded parameters (ZeRO-3): units, the view reserved once and its pages'
                     counts, gather / prefetch (its own thread) / release, the tape's plan (each
-                    unit's last op), the misuse checks, check_ready's fault naming; in >>params
-                    before ddp__commit
+                    unit's last op), the misuse checks, check_ready's fault naming; on NCCL the
+                    same primitives hand the view, the gathers and the releases to >>nccl
+                    (z3.device); in >>params before ddp__commit
      >>step         ready hooks, launch in bucket order, the tape, finish (the no-overlap check;
                     messages worded for the tape or the program's own backward); with uneven
                     inputs the count of the ranks with data that begins a synchronizing step;
