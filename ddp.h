@@ -1074,6 +1074,9 @@
                     bucket, then all-gathered; sharded parameters: in place in the view, no
                     all-gather); ZeRO-3's device side (ddp__gpu_z3_*: the view's granules, a
                     unit's all-gather on the comm stream and its events, deferred unmaps); its table
+     >>nccl-vm      inside >>nccl: the device address-space layer (ddp__gvm_*): a range reserved
+                    once, granules mapped / released by holder counts through CUDA's virtual
+                    memory management (driver entry points via the runtime, no -lcuda)
      >>group        ddp__choose_backend (the one place that knows every backend), rendezvous,
                     init, shutdown
      >>embed        progress: the seqlock the rank writes and any thread reads (cancel itself:
@@ -1626,6 +1629,7 @@ ddp_result ddp_sample(const ddp_sampler *s, uint64_t epoch, uint64_t i, uint64_t
 
 #ifdef DDP_CUDA
 #include <cuda_runtime_api.h>
+#include <cuda.h>       /* types only (>>nccl-vm): the driver's entry points come through the runtime, no -lcuda */
 #include <nccl.h>
 #if defined(__CUDACC__) && !defined(DDP_KERNELS_IMPLEMENTATION)
 #define DDP_KERNELS_IMPLEMENTATION   /* nvcc: the kernels come with the implementation */
@@ -8600,6 +8604,275 @@ static int ddp__gpu_visible(void) {
     if (e != cudaSuccess) { ddp__cuda_forget(e); return 0; }
     return n > 0;
 }
+
+/* >>nccl-vm  The device address-space layer (ZeRO-2's gradients, ZeRO-3's parameters on NCCL):
+   a range of device addresses reserved once (pointers never move), its granules backed by
+   physical memory on demand and given back when no holder wants them. CUDA's virtual memory
+   management is the driver API; ddp.h links only the runtime (no -lcuda: a program built
+   against the runtime alone keeps working), so the eight driver functions come through
+   cudaGetDriverEntryPointByVersion (CUDA >= 12.5), loaded once per process at the first use
+   (driver entry points are process-wide), under a lock: a rank reads the table only after its
+   own load saw it complete. A driver without them is asked again at the next reservation. */
+/* The layer's functions serve ZeRO-2's gradients and ZeRO-3's parameters: a build, or a
+   branch, that uses only some of them must not warn about the rest. */
+#if defined(__GNUC__) || defined(__clang__)
+#define DDP__GVM_FN static __attribute__((unused))
+#else
+#define DDP__GVM_FN static
+#endif
+typedef CUresult (*ddp__cu_reserve_fn)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+typedef CUresult (*ddp__cu_afree_fn)(CUdeviceptr, size_t);
+typedef CUresult (*ddp__cu_create_fn)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+typedef CUresult (*ddp__cu_release_fn)(CUmemGenericAllocationHandle);
+typedef CUresult (*ddp__cu_map_fn)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+typedef CUresult (*ddp__cu_unmap_fn)(CUdeviceptr, size_t);
+typedef CUresult (*ddp__cu_access_fn)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+typedef CUresult (*ddp__cu_gran_fn)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags);
+static struct {
+    ddp__cu_reserve_fn reserve;
+    ddp__cu_afree_fn address_free;
+    ddp__cu_create_fn create;
+    ddp__cu_release_fn release;
+    ddp__cu_map_fn map;
+    ddp__cu_unmap_fn unmap;
+    ddp__cu_access_fn set_access;
+    ddp__cu_gran_fn granularity;
+    int loaded;
+    char missing[160];             /* what could not be loaded at the last try */
+} ddp__cuvm;
+static pthread_mutex_t ddp__cuvm_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void ddp__cuvm_load_locked(void) {
+    static const char *const names[8] = { "cuMemAddressReserve", "cuMemAddressFree", "cuMemCreate", "cuMemRelease",
+                                          "cuMemMap", "cuMemUnmap", "cuMemSetAccess", "cuMemGetAllocationGranularity" };
+    void *fn[8];
+    int i;
+    ddp__cuvm.missing[0] = 0;
+    for (i = 0; i < 8; i++) {
+        fn[i] = NULL;
+#if CUDART_VERSION >= 12050
+        {
+            enum cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+            cudaError_t e = cudaGetDriverEntryPointByVersion(names[i], &fn[i], 12000, cudaEnableDefault, &found);
+            if (e != cudaSuccess || found != cudaDriverEntryPointSuccess) {
+                if (e != cudaSuccess) ddp__cuda_forget(e);
+                snprintf(ddp__cuvm.missing, sizeof ddp__cuvm.missing, "%s (%s)", names[i],
+                         e != cudaSuccess ? cudaGetErrorName(e) : found == cudaDriverEntryPointVersionNotSufficent
+                         ? "the driver is older than CUDA 12.0" : "not in the driver");
+                return;
+            }
+        }
+#else
+        snprintf(ddp__cuvm.missing, sizeof ddp__cuvm.missing, "%s (built against a CUDA runtime older than 12.5, "
+                 "without cudaGetDriverEntryPointByVersion)", names[i]);
+        return;
+#endif
+    }
+    /* object pointers to function pointers through memcpy: C99 has no cast between the two */
+    memcpy(&ddp__cuvm.reserve, &fn[0], sizeof fn[0]);
+    memcpy(&ddp__cuvm.address_free, &fn[1], sizeof fn[1]);
+    memcpy(&ddp__cuvm.create, &fn[2], sizeof fn[2]);
+    memcpy(&ddp__cuvm.release, &fn[3], sizeof fn[3]);
+    memcpy(&ddp__cuvm.map, &fn[4], sizeof fn[4]);
+    memcpy(&ddp__cuvm.unmap, &fn[5], sizeof fn[5]);
+    memcpy(&ddp__cuvm.set_access, &fn[6], sizeof fn[6]);
+    memcpy(&ddp__cuvm.granularity, &fn[7], sizeof fn[7]);
+    ddp__cuvm.loaded = 1;
+}
+
+/* The driver's functions, or a named error (at ddp_init / commit, where the first range is reserved). */
+static ddp_result ddp__cuvm_load(ddp_context *ctx, const char *what) {
+    char missing[sizeof ddp__cuvm.missing];
+    pthread_mutex_lock(&ddp__cuvm_lock);
+    if (!ddp__cuvm.loaded) ddp__cuvm_load_locked();
+    memcpy(missing, ddp__cuvm.missing, sizeof missing);
+    pthread_mutex_unlock(&ddp__cuvm_lock);
+    if (!missing[0]) return DDP_OK;
+    return ddp__fail(ctx, DDP_ERR_BACKEND, "%s needs CUDA virtual memory management (cuMemAddressReserve, cuMemCreate, "
+                     "cuMemMap, ...), which this CUDA driver does not offer: %s", what, missing);
+}
+
+static const char *ddp__cu_name(CUresult r) {
+    switch ((int)r) {
+    case 1: return "CUDA_ERROR_INVALID_VALUE";
+    case 2: return "CUDA_ERROR_OUT_OF_MEMORY";
+    case 3: return "CUDA_ERROR_NOT_INITIALIZED";
+    case 101: return "CUDA_ERROR_INVALID_DEVICE";
+    case 201: return "CUDA_ERROR_INVALID_CONTEXT";
+    case 801: return "CUDA_ERROR_NOT_SUPPORTED";
+    default: return "CUDA driver error";
+    }
+}
+
+typedef struct ddp__gvm {           /* a device address range reserved once; granules mapped on demand */
+    unsigned char *base;            /* fixed for the whole run: pointers never move */
+    size_t bytes, gran;             /* reserved bytes (a multiple of gran), the allocation granularity */
+    int device;
+    unsigned long long *handle;     /* per granule: its physical allocation (0: none mapped) */
+    uint32_t *refs;                 /* per granule: how many holders want it mapped */
+} ddp__gvm;
+
+static void ddp__gvm_prop(const ddp__gvm *g, int device, CUmemAllocationProp *prop) {
+    memset(prop, 0, sizeof *prop);
+    prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop->requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+    prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop->location.id = g ? g->device : device;
+}
+
+/* Reserve `bytes` (rounded up to the granularity) on ctx's device; nothing mapped. */
+DDP__GVM_FN ddp_result ddp__gvm_reserve(ddp_context *ctx, ddp__gvm *g, size_t bytes, const char *what) {
+    CUmemAllocationProp prop;
+    CUdeviceptr ptr = 0;
+    CUresult cr;
+    size_t gran = 0, n;
+    int device = 0;
+    ddp_result r;
+    memset(g, 0, sizeof *g);
+    if ((r = ddp__cuvm_load(ctx, what)) != DDP_OK) return r;
+    DDP__CUDA(cudaGetDevice(&device));
+    ddp__gvm_prop(NULL, device, &prop);
+    if ((cr = ddp__cuvm.granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)) != CUDA_SUCCESS || !gran)
+        return ddp__fail(ctx, DDP_ERR_BACKEND, "cuMemGetAllocationGranularity on device %d for %s failed: %s (%d)", device,
+                         what, ddp__cu_name(cr), (int)cr);
+    n = (bytes ? bytes : 1) / gran + ((bytes ? bytes : 1) % gran != 0);
+    g->handle = (unsigned long long *)ddp__calloc(sizeof *g->handle * n);
+    g->refs = (uint32_t *)ddp__calloc(sizeof *g->refs * n);
+    if (!g->handle || !g->refs) {
+        DDP_FREE(g->handle); DDP_FREE(g->refs);
+        memset(g, 0, sizeof *g);
+        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the granule table of %s", what);
+    }
+    if ((cr = ddp__cuvm.reserve(&ptr, n * gran, gran, 0, 0)) != CUDA_SUCCESS) {
+        DDP_FREE(g->handle); DDP_FREE(g->refs);
+        memset(g, 0, sizeof *g);
+        return ddp__fail(ctx, cr == CUDA_ERROR_OUT_OF_MEMORY ? DDP_ERR_OUT_OF_MEMORY : DDP_ERR_BACKEND,
+                         "cuMemAddressReserve of %zu bytes for %s on device %d failed: %s (%d)", n * gran, what, device,
+                         ddp__cu_name(cr), (int)cr);
+    }
+    g->base = (unsigned char *)(uintptr_t)ptr;
+    g->bytes = n * gran;
+    g->gran = gran;
+    g->device = device;
+    return DDP_OK;
+}
+
+/* The granules [*g0, *g1) that touch [off, off + len); 0 when the range leaves the reservation. */
+static int ddp__gvm_span(const ddp__gvm *g, size_t off, size_t len, size_t *g0, size_t *g1) {
+    if (!g->base || off > g->bytes || len > g->bytes - off) return 0;
+    *g0 = off / g->gran;
+    *g1 = len ? (off + len + g->gran - 1) / g->gran : *g0;
+    return 1;
+}
+
+/* Give granule i's physical memory back (its last holder left). */
+static CUresult ddp__gvm_drop(ddp__gvm *g, size_t i) {
+    CUresult a = ddp__cuvm.unmap((CUdeviceptr)(uintptr_t)(g->base + i * g->gran), g->gran);
+    CUresult b = ddp__cuvm.release((CUmemGenericAllocationHandle)g->handle[i]);
+    g->handle[i] = 0;
+    return a != CUDA_SUCCESS ? a : b;
+}
+
+/* ddp__gvm_map, and the byte range it newly mapped ([*mapped_lo, *mapped_hi), empty when every
+   granule was mapped already; either pointer may be NULL): a caller that must fill new memory
+   (zero it, copy a part in) fills only that. */
+DDP__GVM_FN ddp_result ddp__gvm_map_range(ddp_context *ctx, ddp__gvm *g, size_t off, size_t len, const char *what,
+                                     size_t *mapped_lo, size_t *mapped_hi) {
+    CUmemAllocationProp prop;
+    CUmemAccessDesc access;
+    size_t g0, g1, i, lo = 0, hi = 0;
+    if (mapped_lo) *mapped_lo = 0;
+    if (mapped_hi) *mapped_hi = 0;
+    if (!ddp__gvm_span(g, off, len, &g0, &g1))
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "mapping [%zu, +%zu) of %s: outside its reserved %zu bytes", off, len,
+                         what, g->bytes);
+    ddp__gvm_prop(g, 0, &prop);
+    memset(&access, 0, sizeof access);
+    access.location = prop.location;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    for (i = g0; i < g1; i++) {
+        CUmemGenericAllocationHandle h = 0;
+        CUdeviceptr at = (CUdeviceptr)(uintptr_t)(g->base + i * g->gran);
+        CUresult cr;
+        const char *call = "cuMemCreate";
+        if (g->refs[i]++) continue;
+        if ((cr = ddp__cuvm.create(&h, g->gran, &prop, 0)) == CUDA_SUCCESS) {
+            call = "cuMemMap";
+            if ((cr = ddp__cuvm.map(at, g->gran, 0, h, 0)) == CUDA_SUCCESS) {
+                call = "cuMemSetAccess";
+                if ((cr = ddp__cuvm.set_access(at, g->gran, &access, 1)) != CUDA_SUCCESS) (void)ddp__cuvm.unmap(at, g->gran);
+            }
+            if (cr != CUDA_SUCCESS) (void)ddp__cuvm.release(h);
+        }
+        if (cr != CUDA_SUCCESS) {
+            /* nothing changes: this granule's count back, and the granules before it as they were */
+            size_t j;
+            g->refs[i]--;
+            for (j = g0; j < i; j++)
+                if (--g->refs[j] == 0) (void)ddp__gvm_drop(g, j);
+            return ddp__fail(ctx, cr == CUDA_ERROR_OUT_OF_MEMORY ? DDP_ERR_OUT_OF_MEMORY : DDP_ERR_BACKEND,
+                             "%s of %zu bytes for %s on device %d failed: %s (%d)%s", call, g->gran, what, g->device,
+                             ddp__cu_name(cr), (int)cr, cr == CUDA_ERROR_OUT_OF_MEMORY
+                             ? " (the device is out of memory: fewer or smaller buckets, a higher shard level, or more ranks)" : "");
+        }
+        g->handle[i] = (unsigned long long)h;
+        if (hi == 0) lo = i * g->gran;
+        hi = (i + 1) * g->gran;
+    }
+    if (mapped_lo) *mapped_lo = lo;
+    if (mapped_hi) *mapped_hi = hi;
+    return DDP_OK;
+}
+
+/* Count one holder on every granule touching [off, off+len); map (cuMemCreate + cuMemMap +
+   cuMemSetAccess) the ones that go 0 -> 1. On failure nothing changes (DDP_ERR_OUT_OF_MEMORY named
+   with `what`, the bytes and the device). Contents of newly mapped granules are undefined: the
+   caller fills/zeroes what it needs (ddp__gvm_map_range says which bytes are new). */
+DDP__GVM_FN ddp_result ddp__gvm_map(ddp_context *ctx, ddp__gvm *g, size_t off, size_t len, const char *what) {
+    return ddp__gvm_map_range(ctx, g, off, len, what, NULL, NULL);
+}
+
+/* Uncount; unmap + release granules that go 1 -> 0. The CALLER guarantees no stream still uses
+   them (an event it synchronized / queried). An unmap of what nobody holds is a bug of ddp.h:
+   refused by name, nothing changes. */
+DDP__GVM_FN ddp_result ddp__gvm_unmap(ddp_context *ctx, ddp__gvm *g, size_t off, size_t len) {
+    size_t g0, g1, i;
+    CUresult first = CUDA_SUCCESS;
+    if (!ddp__gvm_span(g, off, len, &g0, &g1))
+        return ddp__fail(ctx, DDP_ERR_BACKEND, "unmapping [%zu, +%zu): outside the reserved %zu bytes", off, len, g->bytes);
+    for (i = g0; i < g1; i++)
+        if (!g->refs[i]) return ddp__fail(ctx, DDP_ERR_BACKEND, "unmapping granule %zu of a device range: not mapped", i);
+    for (i = g0; i < g1; i++)
+        if (--g->refs[i] == 0) {
+            CUresult cr = ddp__gvm_drop(g, i);
+            if (first == CUDA_SUCCESS) first = cr;
+        }
+    if (first != CUDA_SUCCESS)
+        return ddp__fail(ctx, DDP_ERR_BACKEND, "cuMemUnmap / cuMemRelease on device %d failed: %s (%d)", g->device,
+                         ddp__cu_name(first), (int)first);
+    return DDP_OK;
+}
+
+/* Bytes mapped now (device bytes; for stats and tests). */
+DDP__GVM_FN size_t ddp__gvm_mapped(const ddp__gvm *g) {
+    size_t i, n = g->gran ? g->bytes / g->gran : 0, mapped = 0;
+    for (i = 0; i < n; i++) if (g->refs[i]) mapped += g->gran;
+    return mapped;
+}
+
+/* Unmap everything, free the reservation (teardown; idempotent on a zeroed struct). */
+DDP__GVM_FN void ddp__gvm_free(ddp_context *ctx, ddp__gvm *g) {
+    size_t i, n = g->gran ? g->bytes / g->gran : 0;
+    (void)ctx;
+    if (g->base) {
+        for (i = 0; i < n; i++) if (g->refs[i]) { g->refs[i] = 0; (void)ddp__gvm_drop(g, i); }
+        (void)ddp__cuvm.address_free((CUdeviceptr)(uintptr_t)g->base, g->bytes);
+    }
+    DDP_FREE(g->handle);
+    DDP_FREE(g->refs);
+    memset(g, 0, sizeof *g);
+}
+
 
 /* The communicators: the world's (team 0) and, with replica groups of several ranks, the
    group's (team 1, the buckets'). */

@@ -471,6 +471,99 @@ static ddp_result small_backward(ddp_context *ctx, int a, int b, int rank, int n
 #define CHECK(cond, ...) do { if (!(cond)) { snprintf(out->err, sizeof out->err, __VA_ARGS__); out->r = DDP_ERR_BACKEND; goto done; } } while (0)
 #define CALL(call) do { ddp_result r_ = (call); if (r_ != DDP_OK) { snprintf(out->err, sizeof out->err, "%.60s: %.900s", #call, ddp_last_error(ctx)); out->r = r_; goto done; } } while (0)
 
+/* ---- the device address-space layer (ddp.h's >>nccl-vm) through the fake driver ---- */
+static void gvm_rank(test_rank *self) {
+    result *out = &res[self->rank];
+    ddp_context *ctx = NULL;
+    ddp__gvm g;
+    int a, b, dev;
+    size_t gran = (size_t)64 << 10, base_bytes, lo, hi, i;
+    int base_res = fakegpu_vm_live_reservations(), base_misuse = fakegpu_misuse_count();
+    memset(&g, 0, sizeof g);
+    CALL(small_init(self, &ctx, &a, &b, 0));
+    dev = ctx->impl.gpu->device;
+    base_bytes = fakegpu_device_bytes(dev);
+    CALL(ddp__gvm_reserve(ctx, &g, 4 * gran + 100, "the test's range"));
+    CHECK(g.gran == gran && g.bytes == 5 * gran && g.base && ((uintptr_t)g.base % gran) == 0,
+          "reserve: gran %zu bytes %zu (want %zu, %zu, aligned)", g.gran, g.bytes, gran, 5 * gran);
+    CHECK(ddp__gvm_mapped(&g) == 0 && fakegpu_device_bytes(dev) == base_bytes && fakegpu_vm_live_reservations() == base_res + 1,
+          "a reservation holds no memory (mapped %zu, device bytes %zu -> %zu)", ddp__gvm_mapped(&g), base_bytes,
+          fakegpu_device_bytes(dev));
+    /* a map inside one granule maps it; an overlapping one maps only the new granules */
+    CALL(ddp__gvm_map_range(ctx, &g, gran / 2, gran / 2, "part", &lo, &hi));
+    CHECK(lo == 0 && hi == gran && g.refs[0] == 1 && g.handle[0] && ddp__gvm_mapped(&g) == gran &&
+          fakegpu_device_bytes(dev) == base_bytes + gran, "first map: [%zu, %zu) refs %u bytes %zu", lo, hi, g.refs[0],
+          fakegpu_device_bytes(dev) - base_bytes);
+    CALL(ddp__gvm_map_range(ctx, &g, 100, 2 * gran + 1 - 100, "span", &lo, &hi));
+    CHECK(lo == gran && hi == 3 * gran && g.refs[0] == 2 && g.refs[1] == 1 && g.refs[2] == 1 && g.refs[3] == 0 &&
+          fakegpu_device_bytes(dev) == base_bytes + 3 * gran, "second map: [%zu, %zu) refs %u %u %u %u", lo, hi, g.refs[0],
+          g.refs[1], g.refs[2], g.refs[3]);
+    /* mapped granules are one piece of device memory to a copy across them */
+    CHECK(cudaMemsetAsync(g.base, 0, 3 * gran, NULL) == cudaSuccess && fakegpu_misuse_count() == base_misuse,
+          "a memset across three mapped granules was refused: %s", fakegpu_misuse_first());
+    for (i = 0; i < 3 * gran; i += 4096) g.base[i] = (unsigned char)(i / 4096);
+    /* an unmap that leaves a holder keeps the granule and its contents */
+    CALL(ddp__gvm_unmap(ctx, &g, gran / 2, gran / 2));
+    CHECK(g.refs[0] == 1 && g.handle[0] && g.base[4096] == 1 && ddp__gvm_mapped(&g) == 3 * gran,
+          "unmap of one holder of two: refs %u, contents %d", g.refs[0], g.base[4096]);
+    /* a map the device cannot back fails by name and changes nothing (granule 3 mapped, 4 not) */
+    fakegpu_set_device_memory(dev, fakegpu_device_bytes(dev) + gran);
+    {
+        ddp_result r = ddp__gvm_map(ctx, &g, 0, 5 * gran, "the test's full range");
+        fakegpu_set_device_memory(dev, 0);
+        CHECK(r == DDP_ERR_OUT_OF_MEMORY && strstr(ddp_last_error(ctx), "the test's full range") &&
+              strstr(ddp_last_error(ctx), "out of memory"), "a map beyond the device: %d %.900s", (int)r, ddp_last_error(ctx));
+    }
+    CHECK(g.refs[0] == 1 && g.refs[1] == 1 && g.refs[2] == 1 && g.refs[3] == 0 && g.refs[4] == 0 && !g.handle[3] &&
+          fakegpu_device_bytes(dev) == base_bytes + 3 * gran && g.base[4096] == 1,
+          "a failed map changed the range: refs %u %u %u %u %u, bytes %zu", g.refs[0], g.refs[1], g.refs[2], g.refs[3], g.refs[4],
+          fakegpu_device_bytes(dev) - base_bytes);
+    /* an unmap of what nobody holds is refused and changes nothing */
+    CHECK(ddp__gvm_unmap(ctx, &g, 2 * gran, 2 * gran) != DDP_OK && g.refs[2] == 1 && g.handle[2],
+          "unmapping an unmapped granule was accepted or changed granule 2");
+    CHECK(ddp__gvm_unmap(ctx, &g, 0, 6 * gran) != DDP_OK, "an unmap beyond the reservation was accepted");
+    /* last holders out: the memory goes back, the addresses stay reserved */
+    CALL(ddp__gvm_unmap(ctx, &g, 0, 3 * gran));
+    CHECK(ddp__gvm_mapped(&g) == 0 && fakegpu_device_bytes(dev) == base_bytes && !g.handle[0] && g.base,
+          "all unmapped: mapped %zu, device bytes +%zu", ddp__gvm_mapped(&g), fakegpu_device_bytes(dev) - base_bytes);
+    /* the same addresses map again; teardown with mappings gives everything back, twice is harmless */
+    CALL(ddp__gvm_map(ctx, &g, 4 * gran, 1, "again"));
+    CHECK(fakegpu_device_bytes(dev) == base_bytes + gran, "remap: +%zu", fakegpu_device_bytes(dev) - base_bytes);
+    ddp__gvm_free(ctx, &g);
+    ddp__gvm_free(ctx, &g);
+    CHECK(fakegpu_device_bytes(dev) == base_bytes && fakegpu_vm_live_reservations() == base_res && fakegpu_vm_live_handles() == 0 &&
+          fakegpu_misuse_count() == base_misuse, "teardown: bytes +%zu, reservations %d, handles %d, misuse: %s",
+          fakegpu_device_bytes(dev) - base_bytes, fakegpu_vm_live_reservations() - base_res, fakegpu_vm_live_handles(),
+          fakegpu_misuse_first());
+    CALL(ddp_barrier(ctx));
+done:
+    if (ctx) ddp__gvm_free(ctx, &g);
+    out->shut = ddp_shutdown(ctx);
+}
+
+/* A driver without virtual memory management: a reservation fails by name, nothing else does.
+   (Before any other use: ddp.h keeps the functions once it found them.) */
+static void gvm_missing_rank(test_rank *self) {
+    result *out = &res[self->rank];
+    ddp_context *ctx = NULL;
+    ddp__gvm g;
+    int a, b;
+    ddp_result r;
+    memset(&g, 0, sizeof g);
+    CALL(small_init(self, &ctx, &a, &b, 0));
+    fakegpu_set_vm_missing(1);
+    r = ddp__gvm_reserve(ctx, &g, 1000, "the test's range");
+    fakegpu_set_vm_missing(0);
+    CHECK(r == DDP_ERR_BACKEND && strstr(ddp_last_error(ctx), "needs CUDA virtual memory management") &&
+          strstr(ddp_last_error(ctx), "the test's range") && !g.base, "without the driver's functions: %d %.900s", (int)r,
+          ddp_last_error(ctx));
+    CALL(ddp__gvm_reserve(ctx, &g, 1000, "the test's range"));   /* asked again: found now */
+    CHECK(g.base && g.bytes == g.gran, "reserve after the driver came back: %zu bytes", g.bytes);
+done:
+    if (ctx) ddp__gvm_free(ctx, &g);
+    out->shut = ddp_shutdown(ctx);
+}
+
 /* ---- (b) user collectives, (c) host copies, (d) stats ---- */
 static void collectives_rank(test_rank *self) {
     result *out = &res[self->rank];
@@ -1117,6 +1210,14 @@ static void z3_local(z3_model *m, const char *fmt, const char *what, long x, lon
     if (!z3.local[m->rank][0]) snprintf(z3.local[m->rank], sizeof z3.local[m->rank], fmt, what, x, y);
 }
 
+/* [p, p + n) is device memory to the fake (its first and last byte: a granule is mapped whole). */
+static int z3_is_device(const unsigned char *p, size_t n) {
+    struct cudaPointerAttributes a, z;
+    cudaPointerGetAttributes(&a, p);
+    cudaPointerGetAttributes(&z, p + n - 1);
+    return a.type == cudaMemoryTypeDevice && z.type == cudaMemoryTypeDevice;
+}
+
 /* Unit u's floats [lo, hi) in the flat buffer. */
 static void z3_unit_range(z3_model *m, int u, size_t *lo, size_t *hi) {
     *lo = m->ddp->z3.units[u].lo;
@@ -1141,7 +1242,7 @@ static int z3_check_granules(z3_model *m, int u, int gathered) {
     g0 = lo * es / Z3_GRAN;
     g1 = (hi * es + Z3_GRAN - 1) / Z3_GRAN;
     for (g = g0; g < g1; g++) {
-        int mapped = fakegpu_is_device_range(base + g * Z3_GRAN, Z3_GRAN, -1);
+        int mapped = z3_is_device(base + g * Z3_GRAN, Z3_GRAN);
         int want = gathered || z3_owns_some(m, g * Z3_GRAN / es, (g + 1) * Z3_GRAN / es) ||
                    (g == g0 && u > 0 && m->ddp->z3.units[u - 1].state != DDP__Z3_RELEASED) ||
                    (g == g1 - 1 && u < Z3_LAYERS && m->ddp->z3.units[u + 1].state != DDP__Z3_RELEASED);
@@ -1412,7 +1513,7 @@ static void z3_misuse_rank(test_rank *self) {
         if (me == 0) {   /* a granule of the view that is not mapped now (every unit released) */
             int before = fakegpu_misuse_count();
             cudaError_t e = cudaSuccess;
-            for (g = 0; g < m->ddp->z3.view_bytes / Z3_GRAN && fakegpu_is_device_range(m->ddp->z3.view + g * Z3_GRAN, Z3_GRAN, -1); g++) {}
+            for (g = 0; g < m->ddp->z3.view_bytes / Z3_GRAN && z3_is_device(m->ddp->z3.view + g * Z3_GRAN, Z3_GRAN); g++) {}
             if (g < m->ddp->z3.view_bytes / Z3_GRAN)
                 e = cudaMemcpy(x, m->ddp->z3.view + g * Z3_GRAN + 8, 2 * sizeof(float), cudaMemcpyDeviceToHost);
             verdict(g < m->ddp->z3.view_bytes / Z3_GRAN && e != cudaSuccess && fakegpu_misuse_count() == before + 1,
@@ -1489,6 +1590,9 @@ static void test_zero3_misuse(int world) {
 
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
+    /* the device address-space layer (>>nccl-vm) */
+    run_small("fake_nccl_gvm_driver_without_vmm_named", 1, gvm_missing_rank);
+    run_small("fake_nccl_gvm_map_unmap_refcounts_bytes_failed_map", 1, gvm_rank);
     /* (a) training equals the CPU backend */
     test_training(1, 1, 0, 0, 0);
     test_training(2, 1, 0, 0, 0);
