@@ -9961,7 +9961,7 @@ static ddp_result ddp__gpu_z3_gather(ddp_context *ctx, int u) {
     const ddp__z3_unit *k = &ctx->z3.units[u];
     size_t off, len, es = ctx->z3.es;
     ddp_result r;
-    char what[160];
+    char what[DDP__NAME_MAX + 160];
     int b;
     DDP__GPU_DEVICE(g);
     if ((r = ddp__gpu_z3_drain(ctx, 0)) != DDP_OK) return r;

@@ -1446,13 +1446,13 @@ static void test_zero3(int world, const z3_config *c) {
    counted by the fake (it is no device memory); a checkpoint saved at PARAMETERS loads unsharded. */
 static char z3_ck_path[64];
 static int z3_contains(const char *s, const char *a, const char *b) { return strstr(s, a) && (!b || strstr(s, b)); }
-static int z3_probe = -1;                 /* a unit the next backward op tries to release */
+static int z3_probe[MAX_WORLD] = { -1, -1, -1, -1 };   /* per rank: a unit its next backward op tries to release */
 static ddp_result z3_probe_result[MAX_WORLD];
 static char z3_probe_err[MAX_WORLD][DDP__ERR_MAX];
 static void z3_probe_op(void *p) {
     z3_op *a = (z3_op *)p;
-    if (a->layer == Z3_LAYERS && z3_probe >= 0) {
-        z3_probe_result[a->m->rank] = ddp_unit_release(a->m->ddp, z3_probe);
+    if (a->layer == Z3_LAYERS && z3_probe[a->m->rank] >= 0) {
+        z3_probe_result[a->m->rank] = ddp_unit_release(a->m->ddp, z3_probe[a->m->rank]);
         snprintf(z3_probe_err[a->m->rank], DDP__ERR_MAX, "%s", ddp_last_error(a->m->ddp));
     }
     z3_backward_op(p);
@@ -1474,18 +1474,12 @@ static void z3_misuse_rank(test_rank *self) {
     q = ddp_tape_record(m->ddp, z3_backward_op, &a, sizeof a, ids, 2);
     if (me == 0) verdict(q == DDP_ERR_INVALID_STATE && z3_contains(ddp_last_error(m->ddp), "'layer1.W'", "unit 'layer1'"),
                          "fake_nccl_zero3_record_of_released_unit_named", "%s", ddp_last_error(m->ddp));
+    ddp_tape_reset(m->ddp);
     q = ddp_unit_release(m->ddp, m->unit[0]);
     if (me == 0) verdict(q == DDP_ERR_INVALID_STATE && z3_contains(ddp_last_error(m->ddp), "'layer0'", "not gathered"),
                          "fake_nccl_zero3_release_of_released_named", "%s", ddp_last_error(m->ddp));
-    /* a gather without a release, then the step */
-    if ((r = ddp_unit_gather(m->ddp, m->unit[2])) == DDP_OK) {
-        q = ddp_adamw_step(m->ddp, &opt, NULL);
-        if (me == 0) verdict(q == DDP_ERR_INVALID_STATE && z3_contains(ddp_last_error(m->ddp), "'layer2'", "without a release"),
-                             "fake_nccl_zero3_step_with_gathered_unit_named", "%s", ddp_last_error(m->ddp));
-        r = ddp_unit_release(m->ddp, m->unit[2]);
-    }
     /* the backward releasing a unit a later-replayed op still lists */
-    if (r == DDP_OK) r = ddp_zero_grad(m->ddp);
+    r = ddp_zero_grad(m->ddp);
     for (l = 0; l <= Z3_LAYERS && r == DDP_OK; l++) {
         int n = l < Z3_LAYERS ? 2 : 1;
         if ((r = ddp_unit_gather(m->ddp, m->unit[l])) != DDP_OK) break;
@@ -1496,11 +1490,22 @@ static void z3_misuse_rank(test_rank *self) {
         r = ddp_tape_record(m->ddp, z3_probe_op, &a, sizeof a, ids, n);
         if (r == DDP_OK) r = ddp_unit_release(m->ddp, m->unit[l]);
     }
-    z3_probe = m->unit[0];   /* the head's op runs first: layer 0's ops are still to replay */
+    z3_probe[me] = m->unit[0];   /* the head's op runs first: layer 0's ops are still to replay */
     if (r == DDP_OK) r = ddp_backward(m->ddp);
+    z3_probe[me] = -1;
     if (me == 0) verdict(r == DDP_OK && z3_probe_result[0] == DDP_ERR_INVALID_STATE &&
                          z3_contains(z3_probe_err[0], "still in use by a recorded op", "'layer0'"),
                          "fake_nccl_zero3_release_of_unit_in_use_by_recorded_op_named", "%s / %s", ddp_result_string(r), z3_probe_err[0]);
+    for (l = 0; l <= Z3_LAYERS && r == DDP_OK; l++)
+        if (ddp_unit_gathered(m->ddp, m->unit[l]) != 0) r = DDP_ERR_INVALID_STATE;
+    if (me == 0) verdict(r == DDP_OK, "fake_nccl_zero3_backward_releases_every_unit", "a unit is still gathered after ddp_backward");
+    /* a gather without a release, then the step */
+    if (r == DDP_OK && (r = ddp_unit_gather(m->ddp, m->unit[2])) == DDP_OK) {
+        q = ddp_adamw_step(m->ddp, &opt, NULL);
+        if (me == 0) verdict(q == DDP_ERR_INVALID_STATE && z3_contains(ddp_last_error(m->ddp), "'layer2'", "without a release"),
+                             "fake_nccl_zero3_step_with_gathered_unit_named", "%s", ddp_last_error(m->ddp));
+        r = ddp_unit_release(m->ddp, m->unit[2]);
+    }
     if (r == DDP_OK) r = ddp_adamw_step(m->ddp, &opt, NULL);
     /* a copy of parameters outside this rank's parts: named; a raw copy from released memory: the fake's misuse */
     if (r == DDP_OK && self->world > 1) {
