@@ -10006,11 +10006,6 @@ static ddp_result ddp__gpu_z3_release(ddp_context *ctx, int u) {
     return ddp__gpu_z3_drain(ctx, 0);
 }
 
-/* Device bytes the view has mapped now (tests, stats). */
-static size_t ddp__gpu_z3_mapped(const ddp_context *ctx) {
-    return ctx->impl.gpu && ctx->impl.gpu->z3vm ? ddp__gvm_mapped(ctx->impl.gpu->z3vm) : 0;
-}
-
 static void ddp__gpu_close_one(ddp_context *ctx, int team) {
     ddp__gpu *g = ctx->impl.gpu;
     ddp_result r = DDP_ERR_BACKEND;

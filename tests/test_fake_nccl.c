@@ -1390,7 +1390,7 @@ static void z3_rank(test_rank *self) {
         }
     }
     if (r == DDP_OK && sharded && self->rank == 0) {
-        z3.mapped_after = ddp__gpu_z3_mapped(m->ddp);
+        z3.mapped_after = ddp__gvm_mapped(m->ddp->impl.gpu->z3vm);
         z3.view_bytes = m->ddp->z3.view_bytes;
     }
     z3.r[self->rank] = r;
