@@ -547,6 +547,7 @@ static void hybrid_rank(test_rank *self) {
     d.bucket_cap_mb = 0.05;
     d.first_bucket_mb = 0.01;
     if (hy.tl_path && nccl) d.timeline_path = hy.tl_path;
+    if (cfg.timeout_s > 0) d.timeout_s = cfg.timeout_s;
     out->fail_step = -1;
     r = ddp_init(&ctx, &d);
     for (k = 0; k < SH_PARAMS && r == DDP_OK; k++) {
@@ -736,6 +737,22 @@ static void hybrid_cross_fails(void) {
     run(4, hybrid_rank);
     expect_failure("fake_nccl_hybrid_ranks4_groups_of2_cross_group_communicator_fails_named", 4, 5, want);
     hy_reset(2, 1, 0, 0);
+}
+
+/* Rank 3's third set-up (the cross-group communicator of part 1: ranks 1 and 3) never finishes:
+   those two time out naming that communicator and its ranks, ranks 0 and 2 fail by name. */
+static void hybrid_cross_init_never_completes(void) {
+#define HY_PEER_LOST "stopped because rank 1|stopped because rank 3|rank 1 disconnected|rank 3 disconnected"
+#define HY_TIMED_OUT "in NCCL's set-up of the cross-group communicator; rank(s) never started it: none; rank(s) that did not finish it: 1, 3;"
+    const char *want[3] = { HY_PEER_LOST, HY_TIMED_OUT, HY_PEER_LOST "|" HY_TIMED_OUT };   /* the last: ranks 2 and 3 */
+    fakegpu_reset(); reset_cfg(); hy_reset(2, 1, 0, 0);
+    fakegpu_stall_init_on(3, 2);
+    cfg.timeout_s = 2;
+    run(4, hybrid_rank);
+    expect_failure("fake_nccl_hybrid_ranks4_groups_of2_cross_setup_never_completes_timeout_names_its_ranks", 4, 6, want);
+    hy_reset(2, 1, 0, 0);
+#undef HY_PEER_LOST
+#undef HY_TIMED_OUT
 }
 
 /* ---- a small model whose gradients the test writes itself ---- */
@@ -1387,6 +1404,7 @@ int main(void) {
     test_hybrid(6, 3, 2, 1, 0, 0);
     test_hybrid(6, 3, 1, 1, 1, 0);   /* bf16 parameters, bf16 on the wire */
     hybrid_cross_fails();
+    hybrid_cross_init_never_completes();
     test_training_outer(2, 1, DDP_OUTER_DILOCO, DDP_WIRE_DEFAULT, 1, 0, 0, 0);
     test_training_outer(3, 1, DDP_OUTER_AVERAGE, DDP_WIRE_DEFAULT, 1, 0, 0, 1);
     test_training_outer(3, 1, DDP_OUTER_STREAMING, DDP_WIRE_INT8, 2, 1, 0.5f, 0);
