@@ -476,14 +476,33 @@
      same bits, but not unsharded's, which adds every rank in rank order (the test holds the
      averaged gradients within a bound it derives: 3 float roundings of the sum, one to bf16). Outside a rank's part its gradient
      buffer holds the host's sum there (CPU: its own gradients). The stragglers of a hybrid bucket
-     are the host's (the part across hosts is not counted). NCCL: each bucket is averaged whole
-     over the world by ncclAllReduce(ncclAvg), as unsharded (so an unsharded NCCL run's bits;
-     NCCL picks its own route, rings and trees that keep most bytes inside a host), and the
-     norm's blocks and the all-gather run on a second communicator, the shard group's (set up
-     as a replica group's: BACKENDS); the memory is saved, the slow link's bytes are DDP's (a
-     reduce-scatter within the group and an allreduce across would need a third communicator:
-     not built). Tested on tests/fakegpu (tests/test_fake_nccl.c: the CPU backend's unsharded
-     bits), not yet on GPUs.
+     are the host's (the part across hosts is not counted). NCCL: three communicators, the
+     world's, the shard group's (ranks [g*S, (g+1)*S)) and a cross-group one of the part's
+     holders (ranks s, s+S, ..., s+(G-1)S), each set up non-blocking through the store (ids from
+     the group's first rank and from rank s), watched, aborted and torn down alike, a set-up
+     that never finishes named with its ranks. A bucket, on the comm stream: ncclReduceScatter
+     (ncclSum) in the group into this rank's part (the tail reduced to the last member), then
+     ncclAllReduce (ncclSum) of the part across the groups, then times 1/world; so a rank sends
+     1/S of the bucket across the groups (an allreduce of its part: 2 (G-1)/G of it on a ring),
+     as the MPI backend's hybrid does. The wire plan's conversions as for flat sharding: bf16 on
+     the wire (reduce_dtype BF16) narrowed into staging, summed as bf16, widened and scaled in
+     float; bf16 parameters summed as bf16 and scaled once into bf16, or (reduce_dtype FP32)
+     widened, summed and scaled in float, rounded back once. The bits: NCCL's allreduce leaves
+     every holder of a part the same values, so every rank ends every step with the same
+     parameters; the sum is hierarchical (the group's in NCCL's order, then the groups'), and
+     the factor 1/world is rounded to float (a power-of-two world: exact, so the sum divided by
+     it rounded once), so they are not unsharded's bits (ncclAvg over the world adds in its own
+     order too). Bound: with W ranks, M the sum of the magnitudes of the W values an element
+     sums and u the rounding unit, |average - exact| <= (W-1) u M / W + 3 u |exact| (fp32: u =
+     2^-24; with bf16 sums u = 2^-8 + 2^-24 and 2^-7 |exact| for the last roundings), which
+     unsharded's average obeys as well, so the two differ by at most twice it. tests/
+     test_fake_nccl.c holds every step's averaged parts to that bound against the exact (double)
+     average on 4 ranks in groups of 2 and 6 in groups of 2 and of 3 (fp32 and bf16 wire, bf16
+     parameters, clipping, accumulation), counts the bytes each rank's cross-group communicator
+     carries (its parts exactly; the world's carries none during a step), and names a failing
+     cross-group communicator; on tests/fakegpu, not yet on GPUs. The timeline's comm lane shows
+     both: "reduce-scatter bucket N (shard group)" and "allreduce bucket N's part across the
+     shard groups" (bytes: the part's).
      Checkpoints: the shard table has S entries (format version 1); the file loads at any world
      size and sharding, and a hybrid run loads any file (an older ddp.h refuses hybrid files as an
      impossible header). ddp_gather_to_host takes each part from the root's group.
@@ -712,8 +731,9 @@
              the group's first rank through the store; ncclCommInitRankConfig, so any NCCL from
              2.10), on which the buckets are averaged; the watchdog, aborts and shutdown cover it
              as they do the world's. Hybrid sharding (desc.shard_group): the shard group gets
-             that second communicator, for the norm's blocks and the all-gather; the buckets
-             stay on the world's (HYBRID SHARDING). Step stats come from CUDA events, read
+             that second communicator (each bucket's reduce-scatter, the norm's blocks, the
+             all-gather), and a third spans the holders of this rank's part, member s of every
+             group, for the part's allreduce across the groups (HYBRID SHARDING). Step stats come from CUDA events, read
              lazily (stats.step names the step they describe).
 
      mpi     CPU ranks on several hosts (only with -DDDP_MPI, built by mpicc; tested with Open MPI
@@ -1047,9 +1067,11 @@
                     the watchdog's hooks (heartbeats, the collective's age, MPI_Abort); ZeRO-2's
                     release after a bucket's MPI calls (ddp__z2_mpi_bucket); its table
      >>nccl         the NCCL backend (only with DDP_CUDA): the communicators' life (the
-                    world's; a replica group's or, hybrid, a shard group's: ddp__gpu_init_team), the
+                    world's; a replica group's or, hybrid, a shard group's: ddp__gpu_init_team;
+                    hybrid's cross-group one of a part's holders: ddp__gpu_init_cross), the
                     watchdog's hooks, set-up, buckets on the comm stream as the wire plan says
-                    (sharded: reduce-scattered), the norm's blocks, AdamW kernels (sharded: per
+                    (sharded: reduce-scattered; hybrid: ddp__nccl_hybrid, the group's reduce-
+                    scatter then the part's allreduce across the groups), the norm's blocks, AdamW kernels (sharded: per
                     bucket, then all-gathered); its table
      >>group        ddp__choose_backend (the one place that knows every backend), rendezvous,
                     init, shutdown
@@ -8409,7 +8431,8 @@ static void ddp__mpi_table(ddp__backend *t) {
    key, and aborts the communicator instead of letting the job hang, until teardown is done.
    With replica groups of several ranks (>>outer) a second communicator spans the group's ranks
    and carries the buckets; everything else stays on the world's, and the life, the watchdog's
-   look, aborts and teardown cover both.
+   look, aborts and teardown cover both. Hybrid sharding: the second spans the shard group, a
+   third (DDP__NCCL_CROSS) the holders of this rank's part across the groups; all three alike.
    Every CUDA and NCCL call is checked; a failure is DDP_ERR_BACKEND (or _PEER_LOST, _TIMEOUT)
    with the call, file, line and rank.
    -------------------------------------------------------------------------------------------- */
