@@ -495,8 +495,8 @@
      order too). Bound: with W ranks, M the sum of the magnitudes of the W values an element
      sums and u the rounding unit, |average - exact| <= (W-1) u M / W + 3 u |exact| (fp32: u =
      2^-24; with bf16 sums u = 2^-8 + 2^-24 and 2^-7 |exact| for the last roundings), which
-     unsharded's average obeys as well, so the two differ by at most twice it. tests/
-     test_fake_nccl.c holds every step's averaged parts to that bound against the exact (double)
+     unsharded's average obeys as well (to first order), so the two differ by at most about
+     twice it. tests/test_fake_nccl.c holds every step's averaged parts to that bound against the exact (double)
      average on 4 ranks in groups of 2 and 6 in groups of 2 and of 3 (fp32 and bf16 wire, bf16
      parameters, clipping, accumulation), counts the bytes each rank's cross-group communicator
      carries (its parts exactly; the world's carries none during a step), and names a failing
