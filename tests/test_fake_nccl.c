@@ -29,6 +29,12 @@
      that stops, a GPU that stops (events never complete) — every rank fails with a named error
      within seconds, nothing hangs, shutdown is fast; set-up that completes late, that never
      completes (the timeout names the ranks), two ranks on one GPU;
+   - sharded parameters (ZeRO-3, DDP_SHARD_PARAMETERS): a model of three layers and a head, a
+     unit each, on 1-4 ranks with the tape and with its own autograd, accumulation, bf16
+     parameters, clipping, an unused parameter: every step's norm and the parameters the same bits
+     as unsharded; ddp_param never moves; a gathered unit's granules all device memory, a released
+     one's exactly those holding this rank's parts; a copy from released memory counted as misuse
+     by the fake; >>zero3's misuse checks named; a checkpoint saved at PARAMETERS loads unsharded;
    - the fake saw no misuse of the CUDA or NCCL API (wrong pointers, devices, destroyed handles)
      and nothing leaked (communicators, events, device memory). */
 #include "testlib.h"
