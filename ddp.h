@@ -423,12 +423,33 @@
      copies' parts) + 2/world (gradients) + 12/world (master, m, v) = 16/world, + 2 x gathered
      share. The gathered share is the largest unit (or two, with a prefetch) in a layer-by-layer
      program.
-     Backends: single and cpu. Refused at ddp_init, by name: NCCL ("not built yet on the NCCL
-     backend", needs CUDA virtual memory management), MPI, replica groups (desc.outer),
-     uneven_inputs (as ZeRO-1); the CPU backend without its shared segment (DDP_STAGED_GRADS, or
-     no room in /dev/shm) at ddp_commit. The timeline: each gather (prefetched or not) and
-     release is an event on the comm lane ("gather unit N", "release unit N": the unit's name
-     and bytes).
+     On the NCCL backend (>>nccl: ddp__gpu_z3_*) the view is device address space reserved once
+     with CUDA's virtual memory management (cuMemAddressReserve; physical memory by granules of
+     the allocation granularity, cuMemCreate + cuMemMap), and the rank's own parts of every
+     bucket stay mapped for the whole run: they are its owner storage, flat-indexed, updated in
+     place by AdamW (bf16: the working copies there, the fp32 master packed as under ZeRO-1),
+     with no all-gather after the step. A gather maps the unit's other granules and enqueues,
+     on the comm stream after the compute stream's work so far, the in-place all-gather of each
+     of the unit's buckets (the equal parts and the last rank's tail, as ZeRO-1's after AdamW),
+     then records the unit's event; ddp_unit_gather makes the compute stream wait on it
+     (cudaStreamWaitEvent): the host never waits, and the program's kernels on desc.cuda_stream
+     see the unit whole. ddp_unit_prefetch is that enqueue alone (no thread: the comm stream
+     overlaps it with the compute stream's work). A release records an event on the compute
+     stream (the unit's last use); its granules are unmapped once that event has completed,
+     checked at each later gather, release and step; the host waits for it only when a map
+     finds no memory, and at ddp_adamw_step (every released unit's memory back each step).
+     Neighbouring units share at most a granule, counted like the host's pages. Collectives are
+     enqueued from the program's thread in the order it calls gather, prefetch and the buckets'
+     hooks, alike on every rank: nothing depends on timing. Gradients stay whole on NCCL (its
+     backend has no ZeRO-2 release yet, shards_grads 0), reduce-scattered as under ZeRO-1. A
+     touch of a released unit by a kernel or copy is a fault on the device (tests/fakegpu counts
+     it as misuse); check_ready's naming is the host backends'.
+     Backends: single, cpu and NCCL. Refused at ddp_init, by name: MPI, replica groups
+     (desc.outer), hybrid sharding (shard_group), uneven_inputs (as ZeRO-1); the CPU backend
+     without its shared segment (DDP_STAGED_GRADS, or no room in /dev/shm) at ddp_commit; NCCL
+     on a driver without virtual memory management (named at ddp_commit). The timeline: each
+     gather (prefetched or not) and release is an event on the comm lane ("gather unit N",
+     "release unit N": the unit's name and bytes; on NCCL the host's enqueue times).
 
    HYBRID SHARDING (ddp_desc.shard_group = S, or DDP_SHARD_GROUP=S; with shard >= OPTIMIZER)
      What: the sharded state is split within each group of S consecutive ranks (ranks [g*S,
@@ -1072,7 +1093,12 @@
                     watchdog's hooks, set-up, buckets on the comm stream as the wire plan says
                     (sharded: reduce-scattered; hybrid: ddp__nccl_hybrid, the group's reduce-
                     scatter then the part's allreduce across the groups), the norm's blocks, AdamW kernels (sharded: per
-                    bucket, then all-gathered); its table
+                    bucket, then all-gathered; sharded parameters: in place in the view, no
+                    all-gather); ZeRO-3's device side (ddp__gpu_z3_*: the view's granules, a
+                    unit's all-gather on the comm stream and its events, deferred unmaps); its table
+     >>nccl-vm      inside >>nccl: the device address-space layer (ddp__gvm_*): a range reserved
+                    once, granules mapped / released by holder counts through CUDA's virtual
+                    memory management (driver entry points via the runtime, no -lcuda)
      >>group        ddp__choose_backend (the one place that knows every backend), rendezvous,
                     init, shutdown
      >>embed        progress: the seqlock the rank writes and any thread reads (cancel itself:
@@ -1084,8 +1110,9 @@
                     working copies; the gradients need none)
      >>zero3        sharded parameters (ZeRO-3): units, the view reserved once and its pages'
                     counts, gather / prefetch (its own thread) / release, the tape's plan (each
-                    unit's last op), the misuse checks, check_ready's fault naming; in >>params
-                    before ddp__commit
+                    unit's last op), the misuse checks, check_ready's fault naming; on NCCL the
+                    same primitives hand the view, the gathers and the releases to >>nccl
+                    (z3.device); in >>params before ddp__commit
      >>step         ready hooks, launch in bucket order, the tape, finish (the no-overlap check;
                     messages worded for the tape or the program's own backward); with uneven
                     inputs the count of the ranks with data that begins a synchronizing step;
@@ -1624,6 +1651,7 @@ ddp_result ddp_sample(const ddp_sampler *s, uint64_t epoch, uint64_t i, uint64_t
 
 #ifdef DDP_CUDA
 #include <cuda_runtime_api.h>
+#include <cuda.h>       /* types only (>>nccl-vm): the driver's entry points come through the runtime, no -lcuda */
 #include <nccl.h>
 #if defined(__CUDACC__) && !defined(DDP_KERNELS_IMPLEMENTATION)
 #define DDP_KERNELS_IMPLEMENTATION   /* nvcc: the kernels come with the implementation */
@@ -3089,6 +3117,7 @@ struct ddp_context {
         int started, stop;
         int *queue, qhead, qlen;   /* units to copy, in order */
         int replay_op;             /* the tape op being replayed (-1: none) */
+        int device;                /* NCCL: the view is device memory, the backend's (ddp__gpu_z3_*); no thread */
     } z3;
 };
 
@@ -5514,7 +5543,9 @@ static int ddp__master_parts(const ddp_context *ctx) {
    The views never move: released pages read as zeros and come back when the backward writes
    them again. Off on one rank (nothing to shard across), as ZeRO-1. ZeRO-3 (PARAMETERS) shards
    the gradients too: the same release. */
-static int ddp__z2(const ddp_context *ctx) { return ctx->desc.shard >= DDP_SHARD_GRADIENTS && ddp__sharded(ctx); }
+static int ddp__z2(const ddp_context *ctx) {   /* (PARAMETERS on a backend without shards_grads: whole gradients) */
+    return ctx->desc.shard >= DDP_SHARD_GRADIENTS && ddp__sharded(ctx) && ctx->be && ctx->be->shards_grads;
+}
 
 /* Flat gradient elements [from, to) of this rank's buffer read as zeros afterwards: the whole
    pages strictly inside given back (ddp__pages_punch), the rest zeroed (a page shared with a
@@ -8558,6 +8589,14 @@ struct ddp__gpu {
     cudaEvent_t watch_newer;       /* everything enqueued after that group */
     ddp__watch watch;
     ddp__watchdog wd;              /* its thread and store connection (>>engine) */
+    /* DDP_SHARD_PARAMETERS (>>zero3, ddp__gpu_z3_*): the view, reserved once (>>nccl-vm), its own
+       parts mapped for the whole run, a unit's other granules while it is gathered */
+    struct ddp__gvm *z3vm;
+    int z3_units;                  /* the units the events below are for */
+    cudaEvent_t *z3_gathered;      /* per unit: its all-gather on the comm stream is done */
+    cudaEvent_t *z3_used;          /* per unit: the compute stream is past its last use before a release */
+    int *z3_unmaps, z3_pending;    /* per unit: releases whose unmap waits for z3_used; their sum */
+    cudaEvent_t z3_ready;          /* the compute stream's work before a gather (AdamW's updates of the parts) */
 };
 
 static ddp_result ddp__cuda_fail(ddp_context *ctx, cudaError_t e, const char *call, const char *file, int line) {
@@ -8599,6 +8638,275 @@ static int ddp__gpu_visible(void) {
     if (e != cudaSuccess) { ddp__cuda_forget(e); return 0; }
     return n > 0;
 }
+
+/* >>nccl-vm  The device address-space layer (ZeRO-2's gradients, ZeRO-3's parameters on NCCL):
+   a range of device addresses reserved once (pointers never move), its granules backed by
+   physical memory on demand and given back when no holder wants them. CUDA's virtual memory
+   management is the driver API; ddp.h links only the runtime (no -lcuda: a program built
+   against the runtime alone keeps working), so the eight driver functions come through
+   cudaGetDriverEntryPointByVersion (CUDA >= 12.5), loaded once per process at the first use
+   (driver entry points are process-wide), under a lock: a rank reads the table only after its
+   own load saw it complete. A driver without them is asked again at the next reservation. */
+/* The layer's functions serve ZeRO-2's gradients and ZeRO-3's parameters: a build, or a
+   branch, that uses only some of them must not warn about the rest. */
+#if defined(__GNUC__) || defined(__clang__)
+#define DDP__GVM_FN static __attribute__((unused))
+#else
+#define DDP__GVM_FN static
+#endif
+typedef CUresult (*ddp__cu_reserve_fn)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+typedef CUresult (*ddp__cu_afree_fn)(CUdeviceptr, size_t);
+typedef CUresult (*ddp__cu_create_fn)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+typedef CUresult (*ddp__cu_release_fn)(CUmemGenericAllocationHandle);
+typedef CUresult (*ddp__cu_map_fn)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+typedef CUresult (*ddp__cu_unmap_fn)(CUdeviceptr, size_t);
+typedef CUresult (*ddp__cu_access_fn)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+typedef CUresult (*ddp__cu_gran_fn)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags);
+static struct {
+    ddp__cu_reserve_fn reserve;
+    ddp__cu_afree_fn address_free;
+    ddp__cu_create_fn create;
+    ddp__cu_release_fn release;
+    ddp__cu_map_fn map;
+    ddp__cu_unmap_fn unmap;
+    ddp__cu_access_fn set_access;
+    ddp__cu_gran_fn granularity;
+    int loaded;
+    char missing[160];             /* what could not be loaded at the last try */
+} ddp__cuvm;
+static pthread_mutex_t ddp__cuvm_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void ddp__cuvm_load_locked(void) {
+    static const char *const names[8] = { "cuMemAddressReserve", "cuMemAddressFree", "cuMemCreate", "cuMemRelease",
+                                          "cuMemMap", "cuMemUnmap", "cuMemSetAccess", "cuMemGetAllocationGranularity" };
+    void *fn[8];
+    int i;
+    ddp__cuvm.missing[0] = 0;
+    for (i = 0; i < 8; i++) {
+        fn[i] = NULL;
+#if CUDART_VERSION >= 12050
+        {
+            enum cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+            cudaError_t e = cudaGetDriverEntryPointByVersion(names[i], &fn[i], 12000, cudaEnableDefault, &found);
+            if (e != cudaSuccess || found != cudaDriverEntryPointSuccess) {
+                if (e != cudaSuccess) ddp__cuda_forget(e);
+                snprintf(ddp__cuvm.missing, sizeof ddp__cuvm.missing, "%s (%s)", names[i],
+                         e != cudaSuccess ? cudaGetErrorName(e) : found == cudaDriverEntryPointVersionNotSufficent
+                         ? "the driver is older than CUDA 12.0" : "not in the driver");
+                return;
+            }
+        }
+#else
+        snprintf(ddp__cuvm.missing, sizeof ddp__cuvm.missing, "%s (built against a CUDA runtime older than 12.5, "
+                 "without cudaGetDriverEntryPointByVersion)", names[i]);
+        return;
+#endif
+    }
+    /* object pointers to function pointers through memcpy: C99 has no cast between the two */
+    memcpy(&ddp__cuvm.reserve, &fn[0], sizeof fn[0]);
+    memcpy(&ddp__cuvm.address_free, &fn[1], sizeof fn[1]);
+    memcpy(&ddp__cuvm.create, &fn[2], sizeof fn[2]);
+    memcpy(&ddp__cuvm.release, &fn[3], sizeof fn[3]);
+    memcpy(&ddp__cuvm.map, &fn[4], sizeof fn[4]);
+    memcpy(&ddp__cuvm.unmap, &fn[5], sizeof fn[5]);
+    memcpy(&ddp__cuvm.set_access, &fn[6], sizeof fn[6]);
+    memcpy(&ddp__cuvm.granularity, &fn[7], sizeof fn[7]);
+    ddp__cuvm.loaded = 1;
+}
+
+/* The driver's functions, or a named error (at ddp_init / commit, where the first range is reserved). */
+static ddp_result ddp__cuvm_load(ddp_context *ctx, const char *what) {
+    char missing[sizeof ddp__cuvm.missing];
+    pthread_mutex_lock(&ddp__cuvm_lock);
+    if (!ddp__cuvm.loaded) ddp__cuvm_load_locked();
+    memcpy(missing, ddp__cuvm.missing, sizeof missing);
+    pthread_mutex_unlock(&ddp__cuvm_lock);
+    if (!missing[0]) return DDP_OK;
+    return ddp__fail(ctx, DDP_ERR_BACKEND, "%s needs CUDA virtual memory management (cuMemAddressReserve, cuMemCreate, "
+                     "cuMemMap, ...), which this CUDA driver does not offer: %s", what, missing);
+}
+
+static const char *ddp__cu_name(CUresult r) {
+    switch ((int)r) {
+    case 1: return "CUDA_ERROR_INVALID_VALUE";
+    case 2: return "CUDA_ERROR_OUT_OF_MEMORY";
+    case 3: return "CUDA_ERROR_NOT_INITIALIZED";
+    case 101: return "CUDA_ERROR_INVALID_DEVICE";
+    case 201: return "CUDA_ERROR_INVALID_CONTEXT";
+    case 801: return "CUDA_ERROR_NOT_SUPPORTED";
+    default: return "CUDA driver error";
+    }
+}
+
+typedef struct ddp__gvm {           /* a device address range reserved once; granules mapped on demand */
+    unsigned char *base;            /* fixed for the whole run: pointers never move */
+    size_t bytes, gran;             /* reserved bytes (a multiple of gran), the allocation granularity */
+    int device;
+    unsigned long long *handle;     /* per granule: its physical allocation (0: none mapped) */
+    uint32_t *refs;                 /* per granule: how many holders want it mapped */
+} ddp__gvm;
+
+static void ddp__gvm_prop(const ddp__gvm *g, int device, CUmemAllocationProp *prop) {
+    memset(prop, 0, sizeof *prop);
+    prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop->requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+    prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop->location.id = g ? g->device : device;
+}
+
+/* Reserve `bytes` (rounded up to the granularity) on ctx's device; nothing mapped. */
+DDP__GVM_FN ddp_result ddp__gvm_reserve(ddp_context *ctx, ddp__gvm *g, size_t bytes, const char *what) {
+    CUmemAllocationProp prop;
+    CUdeviceptr ptr = 0;
+    CUresult cr;
+    size_t gran = 0, n;
+    int device = 0;
+    ddp_result r;
+    memset(g, 0, sizeof *g);
+    if ((r = ddp__cuvm_load(ctx, what)) != DDP_OK) return r;
+    DDP__CUDA(cudaGetDevice(&device));
+    ddp__gvm_prop(NULL, device, &prop);
+    if ((cr = ddp__cuvm.granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)) != CUDA_SUCCESS || !gran)
+        return ddp__fail(ctx, DDP_ERR_BACKEND, "cuMemGetAllocationGranularity on device %d for %s failed: %s (%d)", device,
+                         what, ddp__cu_name(cr), (int)cr);
+    n = (bytes ? bytes : 1) / gran + ((bytes ? bytes : 1) % gran != 0);
+    g->handle = (unsigned long long *)ddp__calloc(sizeof *g->handle * n);
+    g->refs = (uint32_t *)ddp__calloc(sizeof *g->refs * n);
+    if (!g->handle || !g->refs) {
+        DDP_FREE(g->handle); DDP_FREE(g->refs);
+        memset(g, 0, sizeof *g);
+        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the granule table of %s", what);
+    }
+    if ((cr = ddp__cuvm.reserve(&ptr, n * gran, gran, 0, 0)) != CUDA_SUCCESS) {
+        DDP_FREE(g->handle); DDP_FREE(g->refs);
+        memset(g, 0, sizeof *g);
+        return ddp__fail(ctx, cr == CUDA_ERROR_OUT_OF_MEMORY ? DDP_ERR_OUT_OF_MEMORY : DDP_ERR_BACKEND,
+                         "cuMemAddressReserve of %zu bytes for %s on device %d failed: %s (%d)", n * gran, what, device,
+                         ddp__cu_name(cr), (int)cr);
+    }
+    g->base = (unsigned char *)(uintptr_t)ptr;
+    g->bytes = n * gran;
+    g->gran = gran;
+    g->device = device;
+    return DDP_OK;
+}
+
+/* The granules [*g0, *g1) that touch [off, off + len); 0 when the range leaves the reservation. */
+static int ddp__gvm_span(const ddp__gvm *g, size_t off, size_t len, size_t *g0, size_t *g1) {
+    if (!g->base || off > g->bytes || len > g->bytes - off) return 0;
+    *g0 = off / g->gran;
+    *g1 = len ? (off + len + g->gran - 1) / g->gran : *g0;
+    return 1;
+}
+
+/* Give granule i's physical memory back (its last holder left). */
+static CUresult ddp__gvm_drop(ddp__gvm *g, size_t i) {
+    CUresult a = ddp__cuvm.unmap((CUdeviceptr)(uintptr_t)(g->base + i * g->gran), g->gran);
+    CUresult b = ddp__cuvm.release((CUmemGenericAllocationHandle)g->handle[i]);
+    g->handle[i] = 0;
+    return a != CUDA_SUCCESS ? a : b;
+}
+
+/* ddp__gvm_map, and the byte range it newly mapped ([*mapped_lo, *mapped_hi), empty when every
+   granule was mapped already; either pointer may be NULL): a caller that must fill new memory
+   (zero it, copy a part in) fills only that. */
+DDP__GVM_FN ddp_result ddp__gvm_map_range(ddp_context *ctx, ddp__gvm *g, size_t off, size_t len, const char *what,
+                                     size_t *mapped_lo, size_t *mapped_hi) {
+    CUmemAllocationProp prop;
+    CUmemAccessDesc access;
+    size_t g0, g1, i, lo = 0, hi = 0;
+    if (mapped_lo) *mapped_lo = 0;
+    if (mapped_hi) *mapped_hi = 0;
+    if (!ddp__gvm_span(g, off, len, &g0, &g1))
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "mapping [%zu, +%zu) of %s: outside its reserved %zu bytes", off, len,
+                         what, g->bytes);
+    ddp__gvm_prop(g, 0, &prop);
+    memset(&access, 0, sizeof access);
+    access.location = prop.location;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    for (i = g0; i < g1; i++) {
+        CUmemGenericAllocationHandle h = 0;
+        CUdeviceptr at = (CUdeviceptr)(uintptr_t)(g->base + i * g->gran);
+        CUresult cr;
+        const char *call = "cuMemCreate";
+        if (g->refs[i]++) continue;
+        if ((cr = ddp__cuvm.create(&h, g->gran, &prop, 0)) == CUDA_SUCCESS) {
+            call = "cuMemMap";
+            if ((cr = ddp__cuvm.map(at, g->gran, 0, h, 0)) == CUDA_SUCCESS) {
+                call = "cuMemSetAccess";
+                if ((cr = ddp__cuvm.set_access(at, g->gran, &access, 1)) != CUDA_SUCCESS) (void)ddp__cuvm.unmap(at, g->gran);
+            }
+            if (cr != CUDA_SUCCESS) (void)ddp__cuvm.release(h);
+        }
+        if (cr != CUDA_SUCCESS) {
+            /* nothing changes: this granule's count back, and the granules before it as they were */
+            size_t j;
+            g->refs[i]--;
+            for (j = g0; j < i; j++)
+                if (--g->refs[j] == 0) (void)ddp__gvm_drop(g, j);
+            return ddp__fail(ctx, cr == CUDA_ERROR_OUT_OF_MEMORY ? DDP_ERR_OUT_OF_MEMORY : DDP_ERR_BACKEND,
+                             "%s of %zu bytes for %s on device %d failed: %s (%d)%s", call, g->gran, what, g->device,
+                             ddp__cu_name(cr), (int)cr, cr == CUDA_ERROR_OUT_OF_MEMORY
+                             ? " (the device is out of memory: fewer or smaller buckets, a higher shard level, or more ranks)" : "");
+        }
+        g->handle[i] = (unsigned long long)h;
+        if (hi == 0) lo = i * g->gran;
+        hi = (i + 1) * g->gran;
+    }
+    if (mapped_lo) *mapped_lo = lo;
+    if (mapped_hi) *mapped_hi = hi;
+    return DDP_OK;
+}
+
+/* Count one holder on every granule touching [off, off+len); map (cuMemCreate + cuMemMap +
+   cuMemSetAccess) the ones that go 0 -> 1. On failure nothing changes (DDP_ERR_OUT_OF_MEMORY named
+   with `what`, the bytes and the device). Contents of newly mapped granules are undefined: the
+   caller fills/zeroes what it needs (ddp__gvm_map_range says which bytes are new). */
+DDP__GVM_FN ddp_result ddp__gvm_map(ddp_context *ctx, ddp__gvm *g, size_t off, size_t len, const char *what) {
+    return ddp__gvm_map_range(ctx, g, off, len, what, NULL, NULL);
+}
+
+/* Uncount; unmap + release granules that go 1 -> 0. The CALLER guarantees no stream still uses
+   them (an event it synchronized / queried). An unmap of what nobody holds is a bug of ddp.h:
+   refused by name, nothing changes. */
+DDP__GVM_FN ddp_result ddp__gvm_unmap(ddp_context *ctx, ddp__gvm *g, size_t off, size_t len) {
+    size_t g0, g1, i;
+    CUresult first = CUDA_SUCCESS;
+    if (!ddp__gvm_span(g, off, len, &g0, &g1))
+        return ddp__fail(ctx, DDP_ERR_BACKEND, "unmapping [%zu, +%zu): outside the reserved %zu bytes", off, len, g->bytes);
+    for (i = g0; i < g1; i++)
+        if (!g->refs[i]) return ddp__fail(ctx, DDP_ERR_BACKEND, "unmapping granule %zu of a device range: not mapped", i);
+    for (i = g0; i < g1; i++)
+        if (--g->refs[i] == 0) {
+            CUresult cr = ddp__gvm_drop(g, i);
+            if (first == CUDA_SUCCESS) first = cr;
+        }
+    if (first != CUDA_SUCCESS)
+        return ddp__fail(ctx, DDP_ERR_BACKEND, "cuMemUnmap / cuMemRelease on device %d failed: %s (%d)", g->device,
+                         ddp__cu_name(first), (int)first);
+    return DDP_OK;
+}
+
+/* Bytes mapped now (device bytes; for stats and tests). */
+DDP__GVM_FN size_t ddp__gvm_mapped(const ddp__gvm *g) {
+    size_t i, n = g->gran ? g->bytes / g->gran : 0, mapped = 0;
+    for (i = 0; i < n; i++) if (g->refs[i]) mapped += g->gran;
+    return mapped;
+}
+
+/* Unmap everything, free the reservation (teardown; idempotent on a zeroed struct). */
+DDP__GVM_FN void ddp__gvm_free(ddp_context *ctx, ddp__gvm *g) {
+    size_t i, n = g->gran ? g->bytes / g->gran : 0;
+    (void)ctx;
+    if (g->base) {
+        for (i = 0; i < n; i++) if (g->refs[i]) { g->refs[i] = 0; (void)ddp__gvm_drop(g, i); }
+        (void)ddp__cuvm.address_free((CUdeviceptr)(uintptr_t)g->base, g->bytes);
+    }
+    DDP_FREE(g->handle);
+    DDP_FREE(g->refs);
+    memset(g, 0, sizeof *g);
+}
+
 
 /* The communicators: the world's (team 0) and, with replica groups of several ranks, the
    group's (team 1, the buckets'); hybrid sharding: the shard group's (team 1) and the holders'
@@ -9163,6 +9471,8 @@ static unsigned char *ddp__gpu_no_decay_mask(const ddp_context *ctx, ddp_result 
     return mask;
 }
 
+static ddp_result ddp__gpu_z3_reserve(ddp_context *ctx, void **at, size_t bytes);
+
 /* Commit, first half: the flat buffers in device memory with this rank's initial values (rank
    0's reach everyone later, by broadcast), and the no-decay mask. */
 static ddp_result ddp__gpu_alloc_flat(ddp_context *ctx) {
@@ -9171,11 +9481,17 @@ static ddp_result ddp__gpu_alloc_flat(ddp_context *ctx) {
     unsigned char *mask;
     ddp_result r;
     int i;
+    int z3 = ctx->desc.shard == DDP_SHARD_PARAMETERS, bf16 = ddp__bf16_params(ctx);
     DDP__GPU_DEVICE(g);
-    DDP__CUDA(cudaMalloc((void **)&ctx->flat.params, bytes));
+    /* sharded parameters: what the program sees (fp32, or the bf16 working copies) is the view,
+       whole until ddp__gpu_z3_commit keeps this rank's parts */
+    if (z3 && !bf16 && (r = ddp__gpu_z3_reserve(ctx, (void **)&ctx->flat.params, bytes)) != DDP_OK) return r;
+    if (!z3 || bf16) DDP__CUDA(cudaMalloc((void **)&ctx->flat.params, bytes));
     DDP__CUDA(cudaMemset(ctx->flat.params, 0, bytes));
-    if (ddp__bf16_params(ctx)) {   /* the working copies are filled at commit, from the master */
-        DDP__CUDA(cudaMalloc((void **)&ctx->flat.params_bf16, ctx->flat.count * sizeof(ddp_bf16)));
+    if (bf16) {   /* the working copies are filled at commit, from the master */
+        if (z3 && (r = ddp__gpu_z3_reserve(ctx, (void **)&ctx->flat.params_bf16, ctx->flat.count * sizeof(ddp_bf16))) != DDP_OK)
+            return r;
+        if (!z3) DDP__CUDA(cudaMalloc((void **)&ctx->flat.params_bf16, ctx->flat.count * sizeof(ddp_bf16)));
         DDP__CUDA(cudaMalloc((void **)&ctx->flat.grads_bf16, ctx->flat.count * sizeof(ddp_bf16)));
         DDP__CUDA(cudaMemset(ctx->flat.grads_bf16, 0, ctx->flat.count * sizeof(ddp_bf16)));
     } else {
@@ -9573,6 +9889,7 @@ static ddp_result ddp__gpu_update(ddp_context *ctx, const ddp_adamw *opt, float 
             DDP__CUDA(ddp_k_adamw(ctx->flat.params + lo, ctx->flat.grads + lo, ctx->adam.m + ctx->shard.base[b],
                                   ctx->adam.v + ctx->shard.base[b], hi - lo, g->no_decay ? g->no_decay + lo / DDP_K_MASK_GROUP : NULL,
                                   opt->lr, b1, b2, eps, opt->weight_decay, g->state, g->compute));
+        if (ddp__z3(ctx)) continue;   /* sharded parameters: the parts are updated in the view; gathers come per unit */
         DDP__CUDA(cudaEventRecord(g->updated[b], g->compute));
         DDP__CUDA(cudaStreamWaitEvent(g->comm, g->updated[b], 0));
         snprintf(what, sizeof what, "the all-gather of bucket %d's updated parameters (shard_optimizer)", b);
@@ -9580,6 +9897,7 @@ static ddp_result ddp__gpu_update(ddp_context *ctx, const ddp_adamw *opt, float 
                              : ddp__nccl_parts(ctx, b, ctx->flat.params + k->offset, ncclFloat, sizeof(float), 1, what);
         if (r != DDP_OK) return r;
     }
+    if (ddp__z3(ctx)) return DDP_OK;
     DDP__CUDA(cudaEventRecord(g->gathered, g->comm));
     DDP__CUDA(cudaStreamWaitEvent(g->compute, g->gathered, 0));
     return DDP_OK;
@@ -9711,6 +10029,138 @@ static ddp_result ddp__gpu_collective(ddp_context *ctx, uint32_t kind, void *dat
 /* A communicator's end: finalized (every operation issued completes; polled, the watchdog
    still watching) and destroyed; after a failure, or when finalizing fails, aborted (destroy
    would wait for operations that can never finish), with the other one. */
+/* DDP_SHARD_PARAMETERS here (>>zero3's device side): the view is device address space reserved
+   once (ddp__gvm), so ddp_param never moves. This rank's parts stay mapped for the whole run:
+   they are its owner storage, flat-indexed as ZeRO-1 keeps them, and AdamW updates them in
+   place with no all-gather. A gather maps the unit's other granules and enqueues, on the comm
+   stream after the compute stream's work so far (AdamW's updates), the in-place all-gather of
+   each of its buckets (a unit is whole buckets), as ZeRO-1's after AdamW, and records the
+   unit's event; the compute stream waits on that event, the host never does. A release records
+   an event on the compute stream (the unit's last use) and its granules are unmapped once that
+   event has completed: a deferred count drained at each gather, release and step, with a host
+   wait only when a map finds no memory or at the step. Every collective is enqueued from the
+   program's thread in the order the program calls gather, prefetch and the buckets, the same on
+   every rank: nothing depends on timing. */
+static ddp_result ddp__gpu_z3_reserve(ddp_context *ctx, void **at, size_t bytes) {
+    ddp__gpu *g = ctx->impl.gpu;
+    ddp_result r;
+    if (!g->z3vm && !(g->z3vm = (struct ddp__gvm *)ddp__calloc(sizeof *g->z3vm)))
+        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the sharded parameters' view");
+    if ((r = ddp__gvm_reserve(ctx, g->z3vm, bytes, "the sharded parameters' view (DDP_SHARD_PARAMETERS)")) != DDP_OK) return r;
+    if ((r = ddp__gvm_map(ctx, g->z3vm, 0, bytes, "the parameters until ddp_commit (DDP_SHARD_PARAMETERS)")) != DDP_OK) return r;
+    *at = g->z3vm->base;
+    return DDP_OK;
+}
+
+/* Unit u's bytes in the view. */
+static void ddp__gpu_z3_span(const ddp_context *ctx, int u, size_t *off, size_t *len) {
+    *off = ctx->z3.units[u].lo * ctx->z3.es;
+    *len = (ctx->z3.units[u].hi - ctx->z3.units[u].lo) * ctx->z3.es;
+}
+
+/* The end of ddp_commit (ddp__z3_commit): the view holds this rank's parts only from here on. */
+static ddp_result ddp__gpu_z3_commit(ddp_context *ctx) {
+    ddp__gpu *g = ctx->impl.gpu;
+    size_t lo, hi, es = ctx->z3.es;
+    ddp_result r;
+    int u, b;
+    DDP__GPU_DEVICE(g);
+    ctx->z3.view = g->z3vm->base;
+    ctx->z3.view_bytes = g->z3vm->bytes;
+    ctx->z3.page = g->z3vm->gran;
+    g->z3_units = ctx->z3.num_units;
+    if (!(g->z3_gathered = (cudaEvent_t *)ddp__calloc(sizeof(cudaEvent_t) * (size_t)g->z3_units)) ||
+        !(g->z3_used = (cudaEvent_t *)ddp__calloc(sizeof(cudaEvent_t) * (size_t)g->z3_units)) ||
+        !(g->z3_unmaps = (int *)ddp__calloc(sizeof(int) * (size_t)g->z3_units)))
+        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the units' events");
+    for (u = 0; u < g->z3_units; u++) {
+        DDP__CUDA(cudaEventCreateWithFlags(&g->z3_gathered[u], cudaEventDisableTiming));
+        DDP__CUDA(cudaEventCreateWithFlags(&g->z3_used[u], cudaEventDisableTiming));
+    }
+    DDP__CUDA(cudaEventCreateWithFlags(&g->z3_ready, cudaEventDisableTiming));
+    /* the broadcast, the rounding and the master's packing read and wrote the whole view */
+    if ((r = ddp__gpu_wait(ctx, g->compute, "the parameters' setup (DDP_SHARD_PARAMETERS)")) != DDP_OK) return r;
+    if ((r = ddp__gpu_wait(ctx, g->comm, "the broadcast of rank 0's initial parameters")) != DDP_OK) return r;
+    for (b = 0; b < ctx->model.num_buckets; b++) {   /* one holder on the own parts' granules, for good */
+        ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
+        if (hi > lo && (r = ddp__gvm_map(ctx, g->z3vm, lo * es, (hi - lo) * es, "this rank's parts of the parameters")) != DDP_OK)
+            return r;
+    }
+    return ddp__gvm_unmap(ctx, g->z3vm, 0, ctx->flat.count * es);   /* the setup's holder on everything */
+}
+
+/* Released units whose last use has completed: unmapped. wait: the compute stream first. */
+static ddp_result ddp__gpu_z3_drain(ddp_context *ctx, int wait) {
+    ddp__gpu *g = ctx->impl.gpu;
+    size_t off, len;
+    ddp_result r;
+    int u;
+    if (!g->z3_pending) return DDP_OK;
+    if (wait && (r = ddp__gpu_wait(ctx, g->compute, "the last use of released units (DDP_SHARD_PARAMETERS)")) != DDP_OK)
+        return r;
+    for (u = 0; u < g->z3_units && g->z3_pending; u++) {
+        cudaError_t q;
+        if (!g->z3_unmaps[u]) continue;
+        if ((q = ddp__gpu_query(g->z3_used[u])) == cudaErrorNotReady) continue;
+        DDP__CUDA(q);
+        ddp__gpu_z3_span(ctx, u, &off, &len);
+        for (; g->z3_unmaps[u]; g->z3_unmaps[u]--, g->z3_pending--)
+            if ((r = ddp__gvm_unmap(ctx, g->z3vm, off, len)) != DDP_OK) return r;
+    }
+    return DDP_OK;
+}
+
+/* Unit u's gather enqueued: its granules mapped, its buckets all-gathered on the comm stream. */
+static ddp_result ddp__gpu_z3_gather(ddp_context *ctx, int u) {
+    ddp__gpu *g = ctx->impl.gpu;
+    const ddp__z3_unit *k = &ctx->z3.units[u];
+    size_t off, len, es = ctx->z3.es;
+    ddp_result r;
+    char what[DDP__NAME_MAX + 160];
+    int b;
+    DDP__GPU_DEVICE(g);
+    if ((r = ddp__gpu_z3_drain(ctx, 0)) != DDP_OK) return r;
+    ddp__gpu_z3_span(ctx, u, &off, &len);
+    r = ddp__gvm_map(ctx, g->z3vm, off, len, k->name);
+    if (r == DDP_ERR_OUT_OF_MEMORY && g->z3_pending) {   /* released units' memory, once their last use is done */
+        if ((r = ddp__gpu_z3_drain(ctx, 1)) != DDP_OK) return r;
+        r = ddp__gvm_map(ctx, g->z3vm, off, len, k->name);
+    }
+    if (r != DDP_OK) return r;
+    if (ctx->world > 1) {   /* one rank: its parts are the whole view, mapped */
+        DDP__CUDA(cudaEventRecord(g->z3_ready, g->compute));
+        DDP__CUDA(cudaStreamWaitEvent(g->comm, g->z3_ready, 0));
+        for (b = 0; b < ctx->model.num_buckets; b++) {
+            const ddp__bucket *bk = &ctx->model.buckets[b];
+            if (bk->offset < k->lo || bk->offset >= k->hi) continue;
+            snprintf(what, sizeof what, "the all-gather of unit '%s' (bucket %d, %zu elements; DDP_SHARD_PARAMETERS)", k->name, b,
+                     bk->count);
+            r = es == sizeof(ddp_bf16) ? ddp__nccl_parts(ctx, b, ctx->z3.view + bk->offset * es, ncclBfloat16, es, 1, what)
+                                       : ddp__nccl_parts(ctx, b, ctx->z3.view + bk->offset * es, ncclFloat, es, 1, what);
+            if (r != DDP_OK) return r;
+        }
+    }
+    DDP__CUDA(cudaEventRecord(g->z3_gathered[u], ctx->world > 1 ? g->comm : g->compute));
+    return DDP_OK;
+}
+
+/* The compute stream's later work waits for unit u's gather. */
+static ddp_result ddp__gpu_z3_wait(ddp_context *ctx, int u) {
+    DDP__GPU_DEVICE(ctx->impl.gpu);
+    DDP__CUDA(cudaStreamWaitEvent(ctx->impl.gpu->compute, ctx->impl.gpu->z3_gathered[u], 0));
+    return DDP_OK;
+}
+
+/* Unit u released: its granules go once the compute stream's work so far is done. */
+static ddp_result ddp__gpu_z3_release(ddp_context *ctx, int u) {
+    ddp__gpu *g = ctx->impl.gpu;
+    DDP__GPU_DEVICE(g);
+    DDP__CUDA(cudaEventRecord(g->z3_used[u], g->compute));
+    g->z3_unmaps[u]++;
+    g->z3_pending++;
+    return ddp__gpu_z3_drain(ctx, 0);
+}
+
 static void ddp__gpu_close_one(ddp_context *ctx, int team) {
     ddp__gpu *g = ctx->impl.gpu;
     ddp_result r = DDP_ERR_BACKEND;
@@ -9745,6 +10195,10 @@ static void ddp__gpu_teardown(ddp_context *ctx) {
     cudaSetDevice(g->device);
     ddp__gpu_close_comm(ctx);
     ddp__gpu_stop_watchdog(ctx);
+    if (g->z3vm) {   /* the view is not cudaMalloc's: freed below, after cudaFree has synchronized the device */
+        if ((void *)ctx->flat.params == (void *)g->z3vm->base) ctx->flat.params = NULL;
+        if ((void *)ctx->flat.params_bf16 == (void *)g->z3vm->base) ctx->flat.params_bf16 = NULL;
+    }
     cudaFree(ctx->flat.params); cudaFree(ctx->flat.grads); cudaFree(ctx->adam.m); cudaFree(ctx->adam.v);
     cudaFree(ctx->flat.params_bf16); cudaFree(ctx->flat.grads_bf16);
     ctx->flat.params = ctx->flat.grads = ctx->adam.m = ctx->adam.v = NULL;
@@ -9776,6 +10230,14 @@ static void ddp__gpu_teardown(ddp_context *ctx) {
     if (g->watch_event) cudaEventDestroy(g->watch_event);
     if (g->watch_newer) cudaEventDestroy(g->watch_newer);
     if (g->state_copied) cudaEventDestroy(g->state_copied);
+    for (k = 0; k < g->z3_units; k++) {
+        if (g->z3_gathered && g->z3_gathered[k]) cudaEventDestroy(g->z3_gathered[k]);
+        if (g->z3_used && g->z3_used[k]) cudaEventDestroy(g->z3_used[k]);
+    }
+    if (g->z3_ready) cudaEventDestroy(g->z3_ready);
+    DDP_FREE(g->z3_gathered); DDP_FREE(g->z3_used); DDP_FREE(g->z3_unmaps);
+    if (g->z3vm) ddp__gvm_free(ctx, g->z3vm);
+    DDP_FREE(g->z3vm);
     if (g->comm) cudaStreamDestroy(g->comm);
     ddp__watchdog_destroy(&g->wd);
     pthread_mutex_destroy(&g->lock);
@@ -10011,10 +10473,8 @@ static ddp_result ddp__init(ddp_context *ctx, const ddp_desc *desc) {
     if (ctx->desc.shard_optimizer && !ctx->be->shards)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_optimizer is not supported by the %s backend "
                          "(yet): run unsharded there", ctx->be->name);
-    if (ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->be->id == DDP_BACKEND_NCCL)
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: DDP_SHARD_PARAMETERS is not built yet on the NCCL backend "
-                         "(needs CUDA virtual memory management); DDP_SHARD_OPTIMIZER runs there");
-    if (ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->world > 1 && !ctx->be->z3_parts)
+    /* NCCL gathers by all-gather (>>nccl: ddp__gpu_z3_*), the host backends copy from z3_parts */
+    if (ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->world > 1 && !ctx->be->z3_parts && ctx->be->id != DDP_BACKEND_NCCL)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: DDP_SHARD_PARAMETERS is not built yet on the %s backend "
                          "(the cpu backend runs it on one host; DDP_SHARD_OPTIMIZER runs here)", ctx->be->name);
     if (ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->desc.outer.mode != DDP_OUTER_OFF)
@@ -10598,10 +11058,26 @@ static void *ddp__z3_main(void *arg) {
 
 static size_t ddp__z3_unit_bytes(const ddp_context *ctx, int u) { return (ctx->z3.units[u].hi - ctx->z3.units[u].lo) * ctx->z3.es; }
 
+static int ddp__z3_state(ddp_context *ctx, int u);
+static ddp_result ddp__z3_prefetch(ddp_context *ctx, int u);
+
 /* Unit u gathered, on this thread or by waiting for its prefetch. */
 static ddp_result ddp__z3_gather(ddp_context *ctx, int u) {
     double t0, t1;
     int was;
+#ifdef DDP_CUDA
+    if (ctx->z3.device) {   /* enqueued (or prefetched), and the compute stream waits for it: no host wait */
+        ddp_result r;
+        if ((was = ddp__z3_state(ctx, u)) == DDP__Z3_GATHERED) return DDP_OK;
+        if (was == DDP__Z3_RELEASED && (r = ddp__z3_prefetch(ctx, u)) != DDP_OK) return r;
+        if ((r = ddp__gpu_z3_wait(ctx, u)) != DDP_OK) return r;
+        ddp__mutex_lock(&ctx->z3.lock);
+        ctx->z3.units[u].state = DDP__Z3_GATHERED;
+        ddp__mutex_unlock(&ctx->z3.lock);
+        ddp__record(ctx, ctx->tl.main, DDP__EV_GATHER, ctx->z3.units[u].t0, ctx->z3.units[u].t1, u, ddp__z3_unit_bytes(ctx, u));
+        return DDP_OK;
+    }
+#endif
     ddp__mutex_lock(&ctx->z3.lock);
     was = ctx->z3.units[u].state;
     while (ctx->z3.units[u].state == DDP__Z3_IN_FLIGHT) ddp__cond_wait(&ctx->z3.cond, &ctx->z3.lock);
@@ -10628,6 +11104,20 @@ static ddp_result ddp__z3_gather(ddp_context *ctx, int u) {
 
 /* Unit u's gather started on the prefetch thread (nothing to do if it is gathered or on its way). */
 static ddp_result ddp__z3_prefetch(ddp_context *ctx, int u) {
+#ifdef DDP_CUDA
+    if (ctx->z3.device) {   /* the gather enqueued on the comm stream (its times: the enqueue's) */
+        ddp_result r;
+        double t0 = ddp__now();
+        if (ddp__z3_state(ctx, u) != DDP__Z3_RELEASED) return DDP_OK;
+        if ((r = ddp__gpu_z3_gather(ctx, u)) != DDP_OK) return r;
+        ddp__mutex_lock(&ctx->z3.lock);
+        ctx->z3.units[u].t0 = t0;
+        ctx->z3.units[u].t1 = ddp__now();
+        ctx->z3.units[u].state = DDP__Z3_IN_FLIGHT;
+        ddp__mutex_unlock(&ctx->z3.lock);
+        return DDP_OK;
+    }
+#endif
     ddp__mutex_lock(&ctx->z3.lock);
     if (ctx->z3.units[u].state != DDP__Z3_RELEASED) { ddp__mutex_unlock(&ctx->z3.lock); return DDP_OK; }
     if (ddp__z3_commit_pages(ctx, u) != 0) {
@@ -10664,6 +11154,22 @@ static ddp_result ddp__z3_release(ddp_context *ctx, int u, int quiet) {
                          "%d, not replayed yet, lists its parameter '%s' (ddp_backward releases the unit itself once its "
                          "last op has run)", ctx->z3.units[u].name, ctx->z3.units[u].last_op,
                          ddp__z3_op_param(ctx, ctx->z3.units[u].last_op, u));
+#ifdef DDP_CUDA
+    if (ctx->z3.device) {   /* unmapped once the compute stream is past the unit's last use (ddp__gpu_z3_drain) */
+        ddp_result r;
+        int s = ddp__z3_state(ctx, u);
+        if (s == DDP__Z3_RELEASED)
+            return quiet ? DDP_OK : ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_unit_release: unit '%s' is not gathered "
+                                              "(released twice?)", ctx->z3.units[u].name);
+        if (s == DDP__Z3_IN_FLIGHT && (r = ddp__gpu_z3_wait(ctx, u)) != DDP_OK) return r;   /* prefetched: its gather first */
+        ddp__mutex_lock(&ctx->z3.lock);
+        ctx->z3.units[u].state = DDP__Z3_RELEASED;
+        ddp__mutex_unlock(&ctx->z3.lock);
+        if ((r = ddp__gpu_z3_release(ctx, u)) != DDP_OK) return r;
+        ddp__record(ctx, ctx->tl.main, DDP__EV_RELEASE, t0, ddp__now(), u, ddp__z3_unit_bytes(ctx, u));
+        return DDP_OK;
+    }
+#endif
     ddp__mutex_lock(&ctx->z3.lock);
     while (ctx->z3.units[u].state == DDP__Z3_IN_FLIGHT) ddp__cond_wait(&ctx->z3.cond, &ctx->z3.lock);
     if (ctx->z3.units[u].state != DDP__Z3_GATHERED) {
@@ -10745,7 +11251,8 @@ static ddp_result ddp__z3_commit(ddp_context *ctx) {
     ctx->z3.es = ctx->flat.params_bf16 ? sizeof(ddp_bf16) : sizeof(float);
     ctx->z3.page = ddp__vm_page();
     ctx->z3.replay_op = -1;
-    if (ctx->world > 1 && !ddp__z3_source(ctx, 0))
+    ctx->z3.device = ctx->be->id == DDP_BACKEND_NCCL;
+    if (ctx->world > 1 && !ctx->z3.device && !ddp__z3_source(ctx, 0))
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_commit: DDP_SHARD_PARAMETERS on the %s backend needs the parameters' "
                          "parts in its shared segment, which it does not have (DDP_STAGED_GRADS is set, or /dev/shm had no "
                          "room: see the warning above)", ctx->be->name);
@@ -10759,6 +11266,16 @@ static ddp_result ddp__z3_commit(ddp_context *ctx) {
         k->hi = k->first + k->n < ctx->model.num_params ? ctx->model.params[k->first + k->n].offset : ctx->flat.count;
         k->state = DDP__Z3_RELEASED;
     }
+#ifdef DDP_CUDA
+    if (ctx->z3.device) {   /* the view is the backend's device memory: no pages here, no thread */
+        ddp_result r;
+        if ((r = ddp__gpu_z3_commit(ctx)) != DDP_OK) return r;
+        ddp__mutex_init(&ctx->z3.lock);
+        ddp__cond_init(&ctx->z3.cond);
+        ctx->z3.on = 1;
+        return DDP_OK;
+    }
+#endif
     ctx->z3.view_bytes = ddp__round_up(ctx->flat.count * ctx->z3.es, ctx->z3.page);
     np = ctx->z3.view_bytes / ctx->z3.page;
     if (!(ctx->z3.page_refs = (uint32_t *)ddp__calloc(sizeof(uint32_t) * (np ? np : 1))))
@@ -10797,9 +11314,12 @@ static void ddp__z3_free(ddp_context *ctx) {
         ddp__cond_destroy(&ctx->z3.cond);
         ddp__mutex_destroy(&ctx->z3.lock);
         ctx->z3.started = 0;
+    } else if (ctx->z3.device && ctx->z3.on) {   /* the lock without a thread */
+        ddp__cond_destroy(&ctx->z3.cond);
+        ddp__mutex_destroy(&ctx->z3.lock);
     }
     if (ddp__z3_fault_ctx == ctx) { ddp__fault_hook(NULL); ddp__z3_fault_ctx = NULL; }
-    if (ctx->z3.view) ddp__vm_release(ctx->z3.view, ctx->z3.view_bytes);
+    if (ctx->z3.view && !ctx->z3.device) ddp__vm_release(ctx->z3.view, ctx->z3.view_bytes);   /* NCCL: the backend's */
     ctx->z3.view = NULL;
     ctx->z3.on = 0;
     DDP_FREE(ctx->z3.page_refs);
@@ -10878,6 +11398,9 @@ static ddp_result ddp__z3_check_record(ddp_context *ctx, const int *ids, int n) 
 /* ddp_adamw_step at PARAMETERS: every unit released (its values would be stale after the step). */
 static ddp_result ddp__z3_check_step(ddp_context *ctx, const char *call) {
     int u = ddp__z3_any_gathered(ctx);
+#ifdef DDP_CUDA
+    if (u < 0 && ctx->z3.device) return ddp__gpu_z3_drain(ctx, 1);   /* the step: every released unit's memory back */
+#endif
     if (u < 0) return DDP_OK;
     return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s: unit '%s' is still gathered (a gather without a release): release "
                      "every unit first (ddp_unit_release; the tape's backward releases the units its ops list), or its "
