@@ -256,8 +256,8 @@ $(B)/test_gpt_gpu_emulated: tests/gpu/test_gpt_gpu.cu tests/support/gpt_referenc
 # host_kernels.awk; C++, no fused multiply-adds). No nvcc needed: built and run by every `make
 # test`, sanitizer runs included.
 FAKE_DIR   := tests/fakegpu
-FAKE_HDRS  := $(FAKE_DIR)/cuda_runtime_api.h $(FAKE_DIR)/nccl.h $(FAKE_DIR)/fakegpu.h $(FAKE_DIR)/fake_internal.h
-FAKE_OBJS  := $(B)/fakegpu/fake_cuda.o $(B)/fakegpu/fake_nccl.o $(B)/fakegpu/fake_kernels.o
+FAKE_HDRS  := $(FAKE_DIR)/cuda_runtime_api.h $(FAKE_DIR)/cuda.h $(FAKE_DIR)/nccl.h $(FAKE_DIR)/fakegpu.h $(FAKE_DIR)/fake_internal.h
+FAKE_OBJS  := $(B)/fakegpu/fake_cuda.o $(B)/fakegpu/fake_vm.o $(B)/fakegpu/fake_nccl.o $(B)/fakegpu/fake_kernels.o
 $(B)/fakegpu:
 	@mkdir -p $(B)/fakegpu
 $(B)/fakegpu/ddp_kernels_host.inc: ddp_kernels.cuh $(FAKE_DIR)/host_kernels.awk | $(B)/fakegpu

@@ -441,12 +441,34 @@
      rank holds its parts and rank 0 one bucket more, never the model; every rank's parts hold
      rank 0's initial values, as the broadcast gives at the other levels (the same bits). The
      program's initial values (ddp_register_param's init) are read until ddp_commit returns.
-     Backends: single and cpu. Refused at ddp_init, by name: NCCL ("not built yet on the NCCL
-     backend", needs CUDA virtual memory management), MPI, replica groups (desc.outer),
-     uneven_inputs (as ZeRO-1); the CPU backend without its shared segment (DDP_STAGED_GRADS, or
-     no room in /dev/shm) at ddp_commit. The timeline: each gather (prefetched or not) and
-     release is an event on the comm lane ("gather unit N", "release unit N": the unit's name
-     and bytes; a gather's "prefetched" says whether the prefetch thread made its copy).
+     On the NCCL backend (>>nccl: ddp__gpu_z3_*) the view is device address space reserved once
+     with CUDA's virtual memory management (cuMemAddressReserve; physical memory by granules of
+     the allocation granularity, cuMemCreate + cuMemMap), and the rank's own parts of every
+     bucket stay mapped for the whole run: they are its owner storage, flat-indexed, updated in
+     place by AdamW (bf16: the working copies there, the fp32 master packed as under ZeRO-1),
+     with no all-gather after the step. A gather maps the unit's other granules and enqueues,
+     on the comm stream after the compute stream's work so far, the in-place all-gather of each
+     of the unit's buckets (the equal parts and the last rank's tail, as ZeRO-1's after AdamW),
+     then records the unit's event; ddp_unit_gather makes the compute stream wait on it
+     (cudaStreamWaitEvent): the host never waits, and the program's kernels on desc.cuda_stream
+     see the unit whole. ddp_unit_prefetch is that enqueue alone (no thread: the comm stream
+     overlaps it with the compute stream's work). A release records an event on the compute
+     stream (the unit's last use); its granules are unmapped once that event has completed,
+     checked at each later gather, release and step; the host waits for it only when a map
+     finds no memory, and at ddp_adamw_step (every released unit's memory back each step).
+     Neighbouring units share at most a granule, counted like the host's pages. Collectives are
+     enqueued from the program's thread in the order it calls gather, prefetch and the buckets'
+     hooks, alike on every rank: nothing depends on timing. Gradients stay whole on NCCL (its
+     backend has no ZeRO-2 release yet, shards_grads 0), reduce-scattered as under ZeRO-1. A
+     touch of a released unit by a kernel or copy is a fault on the device (tests/fakegpu counts
+     it as misuse); check_ready's naming is the host backends'.
+     Backends: single, cpu and NCCL. Refused at ddp_init, by name: MPI, replica groups
+     (desc.outer), hybrid sharding (shard_group), uneven_inputs (as ZeRO-1); the CPU backend
+     without its shared segment (DDP_STAGED_GRADS, or no room in /dev/shm) at ddp_commit; NCCL
+     on a driver without virtual memory management (named at ddp_commit). The timeline: each
+     gather (prefetched or not) and release is an event on the comm lane ("gather unit N",
+     "release unit N": the unit's name and bytes; on NCCL the host's enqueue times; a gather's
+     "prefetched" says whether ddp_unit_prefetch started it).
 
    HYBRID SHARDING (ddp_desc.shard_group = S, or DDP_SHARD_GROUP=S; with shard >= OPTIMIZER)
      What: the sharded state is split within each group of S consecutive ranks (ranks [g*S,
@@ -494,14 +516,33 @@
      same bits, but not unsharded's, which adds every rank in rank order (the test holds the
      averaged gradients within a bound it derives: 3 float roundings of the sum, one to bf16). Outside a rank's part its gradient
      buffer holds the host's sum there (CPU: its own gradients). The stragglers of a hybrid bucket
-     are the host's (the part across hosts is not counted). NCCL: each bucket is averaged whole
-     over the world by ncclAllReduce(ncclAvg), as unsharded (so an unsharded NCCL run's bits;
-     NCCL picks its own route, rings and trees that keep most bytes inside a host), and the
-     norm's blocks and the all-gather run on a second communicator, the shard group's (set up
-     as a replica group's: BACKENDS); the memory is saved, the slow link's bytes are DDP's (a
-     reduce-scatter within the group and an allreduce across would need a third communicator:
-     not built). Tested on tests/fakegpu (tests/test_fake_nccl.c: the CPU backend's unsharded
-     bits), not yet on GPUs.
+     are the host's (the part across hosts is not counted). NCCL: three communicators, the
+     world's, the shard group's (ranks [g*S, (g+1)*S)) and a cross-group one of the part's
+     holders (ranks s, s+S, ..., s+(G-1)S), each set up non-blocking through the store (ids from
+     the group's first rank and from rank s), watched, aborted and torn down alike, a set-up
+     that never finishes named with its ranks. A bucket, on the comm stream: ncclReduceScatter
+     (ncclSum) in the group into this rank's part (the tail reduced to the last member), then
+     ncclAllReduce (ncclSum) of the part across the groups, then times 1/world; so a rank sends
+     1/S of the bucket across the groups (an allreduce of its part: 2 (G-1)/G of it on a ring),
+     as the MPI backend's hybrid does. The wire plan's conversions as for flat sharding: bf16 on
+     the wire (reduce_dtype BF16) narrowed into staging, summed as bf16, widened and scaled in
+     float; bf16 parameters summed as bf16 and scaled once into bf16, or (reduce_dtype FP32)
+     widened, summed and scaled in float, rounded back once. The bits: NCCL's allreduce leaves
+     every holder of a part the same values, so every rank ends every step with the same
+     parameters; the sum is hierarchical (the group's in NCCL's order, then the groups'), and
+     the factor 1/world is rounded to float (a power-of-two world: exact, so the sum divided by
+     it rounded once), so they are not unsharded's bits (ncclAvg over the world adds in its own
+     order too). Bound: with W ranks, M the sum of the magnitudes of the W values an element
+     sums and u the rounding unit, |average - exact| <= (W-1) u M / W + 3 u |exact| (fp32: u =
+     2^-24; with bf16 sums u = 2^-8 + 2^-24 and 2^-7 |exact| for the last roundings), which
+     unsharded's average obeys as well (to first order), so the two differ by at most about
+     twice it. tests/test_fake_nccl.c holds every step's averaged parts to that bound against the exact (double)
+     average on 4 ranks in groups of 2 and 6 in groups of 2 and of 3 (fp32 and bf16 wire, bf16
+     parameters, clipping, accumulation), counts the bytes each rank's cross-group communicator
+     carries (its parts exactly; the world's carries none during a step), and names a failing
+     cross-group communicator; on tests/fakegpu, not yet on GPUs. The timeline's comm lane shows
+     both: "reduce-scatter bucket N (shard group)" and "allreduce bucket N's part across the
+     shard groups" (bytes: the part's).
      Checkpoints: the shard table has S entries (format version 1); the file loads at any world
      size and sharding, and a hybrid run loads any file (an older ddp.h refuses hybrid files as an
      impossible header). ddp_gather_to_host takes each part from the root's group.
@@ -730,8 +771,9 @@
              the group's first rank through the store; ncclCommInitRankConfig, so any NCCL from
              2.10), on which the buckets are averaged; the watchdog, aborts and shutdown cover it
              as they do the world's. Hybrid sharding (desc.shard_group): the shard group gets
-             that second communicator, for the norm's blocks and the all-gather; the buckets
-             stay on the world's (HYBRID SHARDING). Step stats come from CUDA events, read
+             that second communicator (each bucket's reduce-scatter, the norm's blocks, the
+             all-gather), and a third spans the holders of this rank's part, member s of every
+             group, for the part's allreduce across the groups (HYBRID SHARDING). Step stats come from CUDA events, read
              lazily (stats.step names the step they describe).
 
      mpi     CPU ranks on several hosts (only with -DDDP_MPI, built by mpicc; tested with Open MPI
@@ -1068,10 +1110,17 @@
                     the watchdog's hooks (heartbeats, the collective's age, MPI_Abort); ZeRO-2's
                     release after a bucket's MPI calls (ddp__z2_mpi_bucket); its table
      >>nccl         the NCCL backend (only with DDP_CUDA): the communicators' life (the
-                    world's; a replica group's or, hybrid, a shard group's: ddp__gpu_init_team), the
+                    world's; a replica group's or, hybrid, a shard group's: ddp__gpu_init_team;
+                    hybrid's cross-group one of a part's holders: ddp__gpu_init_cross), the
                     watchdog's hooks, set-up, buckets on the comm stream as the wire plan says
-                    (sharded: reduce-scattered), the norm's blocks, AdamW kernels (sharded: per
-                    bucket, then all-gathered); its table
+                    (sharded: reduce-scattered; hybrid: ddp__nccl_hybrid, the group's reduce-
+                    scatter then the part's allreduce across the groups), the norm's blocks, AdamW kernels (sharded: per
+                    bucket, then all-gathered; sharded parameters: in place in the view, no
+                    all-gather); ZeRO-3's device side (ddp__gpu_z3_*: the view's granules, a
+                    unit's all-gather on the comm stream and its events, deferred unmaps); its table
+     >>nccl-vm      inside >>nccl: the device address-space layer (ddp__gvm_*): a range reserved
+                    once, granules mapped / released by holder counts through CUDA's virtual
+                    memory management (driver entry points via the runtime, no -lcuda)
      >>group        ddp__choose_backend (the one place that knows every backend), rendezvous,
                     init, shutdown
      >>embed        progress: the seqlock the rank writes and any thread reads (cancel itself:
@@ -1083,8 +1132,9 @@
                     working copies; the gradients need none)
      >>zero3        sharded parameters (ZeRO-3): units, the view reserved once and its pages'
                     counts, gather / prefetch (its own thread) / release, the tape's plan (each
-                    unit's last op), the misuse checks, check_ready's fault naming; in >>params
-                    before ddp__commit
+                    unit's last op), the misuse checks, check_ready's fault naming; on NCCL the
+                    same primitives hand the view, the gathers and the releases to >>nccl
+                    (z3.device); in >>params before ddp__commit
      >>step         ready hooks, launch in bucket order, the tape, finish (the no-overlap check;
                     messages worded for the tape or the program's own backward); with uneven
                     inputs the count of the ranks with data that begins a synchronizing step;
@@ -1628,6 +1678,7 @@ ddp_result ddp_sample(const ddp_sampler *s, uint64_t epoch, uint64_t i, uint64_t
 
 #ifdef DDP_CUDA
 #include <cuda_runtime_api.h>
+#include <cuda.h>       /* types only (>>nccl-vm): the driver's entry points come through the runtime, no -lcuda */
 #include <nccl.h>
 #if defined(__CUDACC__) && !defined(DDP_KERNELS_IMPLEMENTATION)
 #define DDP_KERNELS_IMPLEMENTATION   /* nvcc: the kernels come with the implementation */
@@ -3096,6 +3147,7 @@ struct ddp_context {
         int seeded;                /* ddp_commit seeded the parts itself (ddp__cpu_z3_seed): no rounding, no packing after */
         int *queue, qhead, qlen;   /* units to copy, in order */
         int replay_op;             /* the tape op being replayed (-1: none) */
+        int device;                /* NCCL: the view is device memory, the backend's (ddp__gpu_z3_*); no thread */
     } z3;
 };
 
@@ -3394,7 +3446,8 @@ enum { DDP__EV_FORWARD, DDP__EV_BACKWARD_OP, DDP__EV_READY, DDP__EV_ALLREDUCE, D
        DDP__EV_STRAGGLER /* this rank waited for the last arrival: index the bucket, bytes the rank */,
        DDP__EV_OUTER     /* an outer exchange (>>outer): index the fragment, bytes a group's encoding */,
        DDP__EV_GATHER    /* sharded parameters (>>zero3): a unit's gather, index the unit, bytes copied */,
-       DDP__EV_RELEASE   /* and its release */ };
+       DDP__EV_RELEASE   /* and its release */,
+       DDP__EV_CROSS     /* hybrid sharding on NCCL: a bucket's part summed across the shard groups, bytes the part's */ };
 #define DDP__TIMELINE_MAX_EVENTS 150000      /* per thread: keeps a rank's trace under the store's cap */
 
 typedef struct ddp__event {
@@ -3465,8 +3518,8 @@ static void ddp__text_json_name(ddp__text *t, const char *name) {
 
 static void ddp__tl_event_json(ddp_context *ctx, ddp__text *t, const ddp__event *e) {
     static const char *cats[] = { "forward", "backward", "ready", "comm", "exposed", "optimizer", "step",
-                                  "gpu_backward", "gpu_exposed", "straggler", "outer", "gather", "release" };
-    static const int tids[] = { 0, 0, 0, 1, 0, 0, 2, 1, 1, 1, 3, 1, 1 };   /* NCCL: the comm lane is the GPU clock */
+                                  "gpu_backward", "gpu_exposed", "straggler", "outer", "gather", "release", "comm" };
+    static const int tids[] = { 0, 0, 0, 1, 0, 0, 2, 1, 1, 1, 3, 1, 1, 1 };   /* NCCL: the comm lane is the GPU clock */
     const char *cat = e->kind == DDP__EV_ALLREDUCE && e->index < 0 ? "user_comm" : cats[e->kind];
     double ts = 1e6 * (e->t0 - ctx->tl.origin), dur = 1e6 * (e->t1 - e->t0);
     int i;
@@ -3474,10 +3527,13 @@ static void ddp__tl_event_json(ddp_context *ctx, ddp__text *t, const ddp__event 
     switch (e->kind) {
     case DDP__EV_BACKWARD_OP: ddp__text_printf(t, "backward op %d", e->index); break;
     case DDP__EV_READY: ddp__text_printf(t, "bucket %d ready", e->index); break;
-    case DDP__EV_ALLREDUCE:
-        if (e->index >= 0) ddp__text_printf(t, "allreduce bucket %d", e->index);
+    case DDP__EV_ALLREDUCE:   /* hybrid sharding on NCCL: the group's part of the bucket's reduction (then DDP__EV_CROSS) */
+        if (e->index >= 0 && ddp__hybrid(ctx) && ctx->be && ctx->be->id == DDP_BACKEND_NCCL)
+            ddp__text_printf(t, "reduce-scatter bucket %d (shard group)", e->index);
+        else if (e->index >= 0) ddp__text_printf(t, "allreduce bucket %d", e->index);
         else ddp__text_printf(t, "allreduce (user)");
         break;
+    case DDP__EV_CROSS: ddp__text_printf(t, "allreduce bucket %d's part across the shard groups", e->index); break;
     case DDP__EV_WAIT: ddp__text_printf(t, "wait for comm"); break;
     case DDP__EV_GPU_BACKWARD: ddp__text_printf(t, "backward (gpu)"); break;
     case DDP__EV_GPU_EXPOSED: ddp__text_printf(t, "exposed comm (gpu)"); break;
@@ -3491,8 +3547,9 @@ static void ddp__tl_event_json(ddp_context *ctx, ddp__text *t, const ddp__event 
     if (e->kind == DDP__EV_READY) ddp__text_printf(t, "\"ph\":\"i\",\"s\":\"t\",");
     else ddp__text_printf(t, "\"ph\":\"X\",\"dur\":%.3f,", dur);
     ddp__text_printf(t, "\"args\":{\"step\":%d", e->step);
-    if (e->kind == DDP__EV_READY || (e->kind == DDP__EV_ALLREDUCE && e->index >= 0)) ddp__text_printf(t, ",\"bucket\":%d", e->index);
-    if (e->kind == DDP__EV_ALLREDUCE) ddp__text_printf(t, ",\"bytes\":%llu", (unsigned long long)e->bytes);
+    if (e->kind == DDP__EV_READY || e->kind == DDP__EV_CROSS || (e->kind == DDP__EV_ALLREDUCE && e->index >= 0))
+        ddp__text_printf(t, ",\"bucket\":%d", e->index);
+    if (e->kind == DDP__EV_ALLREDUCE || e->kind == DDP__EV_CROSS) ddp__text_printf(t, ",\"bytes\":%llu", (unsigned long long)e->bytes);
     if (e->kind == DDP__EV_OUTER) ddp__text_printf(t, ",\"fragment\":%d,\"bytes\":%llu", e->index, (unsigned long long)e->bytes);
     if (e->kind == DDP__EV_GATHER || e->kind == DDP__EV_RELEASE)
     {
@@ -5524,7 +5581,9 @@ static int ddp__master_parts(const ddp_context *ctx) {
    The views never move: released pages read as zeros and come back when the backward writes
    them again. Off on one rank (nothing to shard across), as ZeRO-1. ZeRO-3 (PARAMETERS) shards
    the gradients too: the same release. */
-static int ddp__z2(const ddp_context *ctx) { return ctx->desc.shard >= DDP_SHARD_GRADIENTS && ddp__sharded(ctx); }
+static int ddp__z2(const ddp_context *ctx) {   /* (PARAMETERS on a backend without shards_grads: whole gradients) */
+    return ctx->desc.shard >= DDP_SHARD_GRADIENTS && ddp__sharded(ctx) && ctx->be && ctx->be->shards_grads;
+}
 
 /* Flat gradient elements [from, to) of this rank's buffer read as zeros afterwards: the whole
    pages strictly inside given back (ddp__pages_punch), the rest zeroed (a page shared with a
@@ -8559,7 +8618,8 @@ static void ddp__mpi_table(ddp__backend *t) {
    key, and aborts the communicator instead of letting the job hang, until teardown is done.
    With replica groups of several ranks (>>outer) a second communicator spans the group's ranks
    and carries the buckets; everything else stays on the world's, and the life, the watchdog's
-   look, aborts and teardown cover both.
+   look, aborts and teardown cover both. Hybrid sharding: the second spans the shard group, a
+   third (DDP__NCCL_CROSS) the holders of this rank's part across the groups; all three alike.
    Every CUDA and NCCL call is checked; a failure is DDP_ERR_BACKEND (or _PEER_LOST, _TIMEOUT)
    with the call, file, line and rank.
    -------------------------------------------------------------------------------------------- */
@@ -8651,9 +8711,15 @@ struct ddp__gpu {
     ncclComm_t team;               /* replica groups of several ranks (>>outer): the group's ranks, for the
                                       buckets (ddp__team_*); NULL: the buckets go on nccl */
     ddp__life team_life;           /* team's, under lock */
+    ncclComm_t cross;              /* hybrid sharding (desc.shard_group): the holders of this rank's part, member
+                                      ddp__team_rank of every shard group (ranks s, s + S, ...), for each bucket's
+                                      part across the groups (ddp__nccl_hybrid); NULL otherwise */
+    ddp__life cross_life;          /* cross's, under lock */
     pthread_mutex_t lock;          /* life, the watch fields; never held across an NCCL call */
     cudaEvent_t *ready;            /* per bucket: the compute stream reached its last gradient */
     cudaEvent_t *comm_start[2], *comm_end[2];   /* per bucket; two steps' worth (parity) */
+    cudaEvent_t *comm_cross[2];    /* hybrid: per bucket, the group's reduce-scatter done, the part's allreduce
+                                      across the groups begins (the timeline's two spans) */
     cudaEvent_t step_begin[2], step_finish[2];
     int timed[2], last_bucket[2];  /* that parity holds a step whose times are not read yet */
     double host_begin[2];          /* host clock when step_begin was recorded: the timeline's anchor */
@@ -8679,6 +8745,14 @@ struct ddp__gpu {
     cudaEvent_t watch_newer;       /* everything enqueued after that group */
     ddp__watch watch;
     ddp__watchdog wd;              /* its thread and store connection (>>engine) */
+    /* DDP_SHARD_PARAMETERS (>>zero3, ddp__gpu_z3_*): the view, reserved once (>>nccl-vm), its own
+       parts mapped for the whole run, a unit's other granules while it is gathered */
+    struct ddp__gvm *z3vm;
+    int z3_units;                  /* the units the events below are for */
+    cudaEvent_t *z3_gathered;      /* per unit: its all-gather on the comm stream is done */
+    cudaEvent_t *z3_used;          /* per unit: the compute stream is past its last use before a release */
+    int *z3_unmaps, z3_pending;    /* per unit: releases whose unmap waits for z3_used; their sum */
+    cudaEvent_t z3_ready;          /* the compute stream's work before a gather (AdamW's updates of the parts) */
 };
 
 static ddp_result ddp__cuda_fail(ddp_context *ctx, cudaError_t e, const char *call, const char *file, int line) {
@@ -8721,10 +8795,288 @@ static int ddp__gpu_visible(void) {
     return n > 0;
 }
 
+/* >>nccl-vm  The device address-space layer (ZeRO-2's gradients, ZeRO-3's parameters on NCCL):
+   a range of device addresses reserved once (pointers never move), its granules backed by
+   physical memory on demand and given back when no holder wants them. CUDA's virtual memory
+   management is the driver API; ddp.h links only the runtime (no -lcuda: a program built
+   against the runtime alone keeps working), so the eight driver functions come through
+   cudaGetDriverEntryPointByVersion (CUDA >= 12.5), loaded once per process at the first use
+   (driver entry points are process-wide), under a lock: a rank reads the table only after its
+   own load saw it complete. A driver without them is asked again at the next reservation. */
+/* The layer's functions serve ZeRO-2's gradients and ZeRO-3's parameters: a build, or a
+   branch, that uses only some of them must not warn about the rest. */
+#if defined(__GNUC__) || defined(__clang__)
+#define DDP__GVM_FN static __attribute__((unused))
+#else
+#define DDP__GVM_FN static
+#endif
+typedef CUresult (*ddp__cu_reserve_fn)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+typedef CUresult (*ddp__cu_afree_fn)(CUdeviceptr, size_t);
+typedef CUresult (*ddp__cu_create_fn)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+typedef CUresult (*ddp__cu_release_fn)(CUmemGenericAllocationHandle);
+typedef CUresult (*ddp__cu_map_fn)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+typedef CUresult (*ddp__cu_unmap_fn)(CUdeviceptr, size_t);
+typedef CUresult (*ddp__cu_access_fn)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+typedef CUresult (*ddp__cu_gran_fn)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags);
+static struct {
+    ddp__cu_reserve_fn reserve;
+    ddp__cu_afree_fn address_free;
+    ddp__cu_create_fn create;
+    ddp__cu_release_fn release;
+    ddp__cu_map_fn map;
+    ddp__cu_unmap_fn unmap;
+    ddp__cu_access_fn set_access;
+    ddp__cu_gran_fn granularity;
+    int loaded;
+    char missing[160];             /* what could not be loaded at the last try */
+} ddp__cuvm;
+static pthread_mutex_t ddp__cuvm_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void ddp__cuvm_load_locked(void) {
+    static const char *const names[8] = { "cuMemAddressReserve", "cuMemAddressFree", "cuMemCreate", "cuMemRelease",
+                                          "cuMemMap", "cuMemUnmap", "cuMemSetAccess", "cuMemGetAllocationGranularity" };
+    void *fn[8];
+    int i;
+    ddp__cuvm.missing[0] = 0;
+    for (i = 0; i < 8; i++) {
+        fn[i] = NULL;
+#if CUDART_VERSION >= 12050
+        {
+            enum cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+            cudaError_t e = cudaGetDriverEntryPointByVersion(names[i], &fn[i], 12000, cudaEnableDefault, &found);
+            if (e != cudaSuccess || found != cudaDriverEntryPointSuccess) {
+                if (e != cudaSuccess) ddp__cuda_forget(e);
+                snprintf(ddp__cuvm.missing, sizeof ddp__cuvm.missing, "%s (%s)", names[i],
+                         e != cudaSuccess ? cudaGetErrorName(e) : found == cudaDriverEntryPointVersionNotSufficent
+                         ? "the driver is older than CUDA 12.0" : "not in the driver");
+                return;
+            }
+        }
+#else
+        snprintf(ddp__cuvm.missing, sizeof ddp__cuvm.missing, "%s (built against a CUDA runtime older than 12.5, "
+                 "without cudaGetDriverEntryPointByVersion)", names[i]);
+        return;
+#endif
+    }
+    /* object pointers to function pointers through memcpy: C99 has no cast between the two */
+    memcpy(&ddp__cuvm.reserve, &fn[0], sizeof fn[0]);
+    memcpy(&ddp__cuvm.address_free, &fn[1], sizeof fn[1]);
+    memcpy(&ddp__cuvm.create, &fn[2], sizeof fn[2]);
+    memcpy(&ddp__cuvm.release, &fn[3], sizeof fn[3]);
+    memcpy(&ddp__cuvm.map, &fn[4], sizeof fn[4]);
+    memcpy(&ddp__cuvm.unmap, &fn[5], sizeof fn[5]);
+    memcpy(&ddp__cuvm.set_access, &fn[6], sizeof fn[6]);
+    memcpy(&ddp__cuvm.granularity, &fn[7], sizeof fn[7]);
+    ddp__cuvm.loaded = 1;
+}
+
+/* The driver's functions, or a named error (at ddp_init / commit, where the first range is reserved). */
+static ddp_result ddp__cuvm_load(ddp_context *ctx, const char *what) {
+    char missing[sizeof ddp__cuvm.missing];
+    pthread_mutex_lock(&ddp__cuvm_lock);
+    if (!ddp__cuvm.loaded) ddp__cuvm_load_locked();
+    memcpy(missing, ddp__cuvm.missing, sizeof missing);
+    pthread_mutex_unlock(&ddp__cuvm_lock);
+    if (!missing[0]) return DDP_OK;
+    return ddp__fail(ctx, DDP_ERR_BACKEND, "%s needs CUDA virtual memory management (cuMemAddressReserve, cuMemCreate, "
+                     "cuMemMap, ...), which this CUDA driver does not offer: %s", what, missing);
+}
+
+static const char *ddp__cu_name(CUresult r) {
+    switch ((int)r) {
+    case 1: return "CUDA_ERROR_INVALID_VALUE";
+    case 2: return "CUDA_ERROR_OUT_OF_MEMORY";
+    case 3: return "CUDA_ERROR_NOT_INITIALIZED";
+    case 101: return "CUDA_ERROR_INVALID_DEVICE";
+    case 201: return "CUDA_ERROR_INVALID_CONTEXT";
+    case 801: return "CUDA_ERROR_NOT_SUPPORTED";
+    default: return "CUDA driver error";
+    }
+}
+
+typedef struct ddp__gvm {           /* a device address range reserved once; granules mapped on demand */
+    unsigned char *base;            /* fixed for the whole run: pointers never move */
+    size_t bytes, gran;             /* reserved bytes (a multiple of gran), the allocation granularity */
+    int device;
+    unsigned long long *handle;     /* per granule: its physical allocation (0: none mapped) */
+    uint32_t *refs;                 /* per granule: how many holders want it mapped */
+} ddp__gvm;
+
+static void ddp__gvm_prop(const ddp__gvm *g, int device, CUmemAllocationProp *prop) {
+    memset(prop, 0, sizeof *prop);
+    prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop->requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+    prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop->location.id = g ? g->device : device;
+}
+
+/* Reserve `bytes` (rounded up to the granularity) on ctx's device; nothing mapped. */
+DDP__GVM_FN ddp_result ddp__gvm_reserve(ddp_context *ctx, ddp__gvm *g, size_t bytes, const char *what) {
+    CUmemAllocationProp prop;
+    CUdeviceptr ptr = 0;
+    CUresult cr;
+    size_t gran = 0, n;
+    int device = 0;
+    ddp_result r;
+    memset(g, 0, sizeof *g);
+    if ((r = ddp__cuvm_load(ctx, what)) != DDP_OK) return r;
+    DDP__CUDA(cudaGetDevice(&device));
+    ddp__gvm_prop(NULL, device, &prop);
+    if ((cr = ddp__cuvm.granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)) != CUDA_SUCCESS || !gran)
+        return ddp__fail(ctx, DDP_ERR_BACKEND, "cuMemGetAllocationGranularity on device %d for %s failed: %s (%d)", device,
+                         what, ddp__cu_name(cr), (int)cr);
+    n = (bytes ? bytes : 1) / gran + ((bytes ? bytes : 1) % gran != 0);
+    g->handle = (unsigned long long *)ddp__calloc(sizeof *g->handle * n);
+    g->refs = (uint32_t *)ddp__calloc(sizeof *g->refs * n);
+    if (!g->handle || !g->refs) {
+        DDP_FREE(g->handle); DDP_FREE(g->refs);
+        memset(g, 0, sizeof *g);
+        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the granule table of %s", what);
+    }
+    if ((cr = ddp__cuvm.reserve(&ptr, n * gran, gran, 0, 0)) != CUDA_SUCCESS) {
+        DDP_FREE(g->handle); DDP_FREE(g->refs);
+        memset(g, 0, sizeof *g);
+        return ddp__fail(ctx, cr == CUDA_ERROR_OUT_OF_MEMORY ? DDP_ERR_OUT_OF_MEMORY : DDP_ERR_BACKEND,
+                         "cuMemAddressReserve of %zu bytes for %s on device %d failed: %s (%d)", n * gran, what, device,
+                         ddp__cu_name(cr), (int)cr);
+    }
+    g->base = (unsigned char *)(uintptr_t)ptr;
+    g->bytes = n * gran;
+    g->gran = gran;
+    g->device = device;
+    return DDP_OK;
+}
+
+/* The granules [*g0, *g1) that touch [off, off + len); 0 when the range leaves the reservation. */
+static int ddp__gvm_span(const ddp__gvm *g, size_t off, size_t len, size_t *g0, size_t *g1) {
+    if (!g->base || off > g->bytes || len > g->bytes - off) return 0;
+    *g0 = off / g->gran;
+    *g1 = len ? (off + len + g->gran - 1) / g->gran : *g0;
+    return 1;
+}
+
+/* Give granule i's physical memory back (its last holder left). */
+static CUresult ddp__gvm_drop(ddp__gvm *g, size_t i) {
+    CUresult a = ddp__cuvm.unmap((CUdeviceptr)(uintptr_t)(g->base + i * g->gran), g->gran);
+    CUresult b = ddp__cuvm.release((CUmemGenericAllocationHandle)g->handle[i]);
+    g->handle[i] = 0;
+    return a != CUDA_SUCCESS ? a : b;
+}
+
+/* ddp__gvm_map, and the byte range it newly mapped ([*mapped_lo, *mapped_hi), empty when every
+   granule was mapped already; either pointer may be NULL): a caller that must fill new memory
+   (zero it, copy a part in) fills only that. */
+DDP__GVM_FN ddp_result ddp__gvm_map_range(ddp_context *ctx, ddp__gvm *g, size_t off, size_t len, const char *what,
+                                     size_t *mapped_lo, size_t *mapped_hi) {
+    CUmemAllocationProp prop;
+    CUmemAccessDesc access;
+    size_t g0, g1, i, lo = 0, hi = 0;
+    if (mapped_lo) *mapped_lo = 0;
+    if (mapped_hi) *mapped_hi = 0;
+    if (!ddp__gvm_span(g, off, len, &g0, &g1))
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "mapping [%zu, +%zu) of %s: outside its reserved %zu bytes", off, len,
+                         what, g->bytes);
+    ddp__gvm_prop(g, 0, &prop);
+    memset(&access, 0, sizeof access);
+    access.location = prop.location;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    for (i = g0; i < g1; i++) {
+        CUmemGenericAllocationHandle h = 0;
+        CUdeviceptr at = (CUdeviceptr)(uintptr_t)(g->base + i * g->gran);
+        CUresult cr;
+        const char *call = "cuMemCreate";
+        if (g->refs[i]++) continue;
+        if ((cr = ddp__cuvm.create(&h, g->gran, &prop, 0)) == CUDA_SUCCESS) {
+            call = "cuMemMap";
+            if ((cr = ddp__cuvm.map(at, g->gran, 0, h, 0)) == CUDA_SUCCESS) {
+                call = "cuMemSetAccess";
+                if ((cr = ddp__cuvm.set_access(at, g->gran, &access, 1)) != CUDA_SUCCESS) (void)ddp__cuvm.unmap(at, g->gran);
+            }
+            if (cr != CUDA_SUCCESS) (void)ddp__cuvm.release(h);
+        }
+        if (cr != CUDA_SUCCESS) {
+            /* nothing changes: this granule's count back, and the granules before it as they were */
+            size_t j;
+            g->refs[i]--;
+            for (j = g0; j < i; j++)
+                if (--g->refs[j] == 0) (void)ddp__gvm_drop(g, j);
+            return ddp__fail(ctx, cr == CUDA_ERROR_OUT_OF_MEMORY ? DDP_ERR_OUT_OF_MEMORY : DDP_ERR_BACKEND,
+                             "%s of %zu bytes for %s on device %d failed: %s (%d)%s", call, g->gran, what, g->device,
+                             ddp__cu_name(cr), (int)cr, cr == CUDA_ERROR_OUT_OF_MEMORY
+                             ? " (the device is out of memory: fewer or smaller buckets, a higher shard level, or more ranks)" : "");
+        }
+        g->handle[i] = (unsigned long long)h;
+        if (hi == 0) lo = i * g->gran;
+        hi = (i + 1) * g->gran;
+    }
+    if (mapped_lo) *mapped_lo = lo;
+    if (mapped_hi) *mapped_hi = hi;
+    return DDP_OK;
+}
+
+/* Count one holder on every granule touching [off, off+len); map (cuMemCreate + cuMemMap +
+   cuMemSetAccess) the ones that go 0 -> 1. On failure nothing changes (DDP_ERR_OUT_OF_MEMORY named
+   with `what`, the bytes and the device). Contents of newly mapped granules are undefined: the
+   caller fills/zeroes what it needs (ddp__gvm_map_range says which bytes are new). */
+DDP__GVM_FN ddp_result ddp__gvm_map(ddp_context *ctx, ddp__gvm *g, size_t off, size_t len, const char *what) {
+    return ddp__gvm_map_range(ctx, g, off, len, what, NULL, NULL);
+}
+
+/* Uncount; unmap + release granules that go 1 -> 0. The CALLER guarantees no stream still uses
+   them (an event it synchronized / queried). An unmap of what nobody holds is a bug of ddp.h:
+   refused by name, nothing changes. */
+DDP__GVM_FN ddp_result ddp__gvm_unmap(ddp_context *ctx, ddp__gvm *g, size_t off, size_t len) {
+    size_t g0, g1, i;
+    CUresult first = CUDA_SUCCESS;
+    if (!ddp__gvm_span(g, off, len, &g0, &g1))
+        return ddp__fail(ctx, DDP_ERR_BACKEND, "unmapping [%zu, +%zu): outside the reserved %zu bytes", off, len, g->bytes);
+    for (i = g0; i < g1; i++)
+        if (!g->refs[i]) return ddp__fail(ctx, DDP_ERR_BACKEND, "unmapping granule %zu of a device range: not mapped", i);
+    for (i = g0; i < g1; i++)
+        if (--g->refs[i] == 0) {
+            CUresult cr = ddp__gvm_drop(g, i);
+            if (first == CUDA_SUCCESS) first = cr;
+        }
+    if (first != CUDA_SUCCESS)
+        return ddp__fail(ctx, DDP_ERR_BACKEND, "cuMemUnmap / cuMemRelease on device %d failed: %s (%d)", g->device,
+                         ddp__cu_name(first), (int)first);
+    return DDP_OK;
+}
+
+/* Bytes mapped now (device bytes; for stats and tests). */
+DDP__GVM_FN size_t ddp__gvm_mapped(const ddp__gvm *g) {
+    size_t i, n = g->gran ? g->bytes / g->gran : 0, mapped = 0;
+    for (i = 0; i < n; i++) if (g->refs[i]) mapped += g->gran;
+    return mapped;
+}
+
+/* Unmap everything, free the reservation (teardown; idempotent on a zeroed struct). */
+DDP__GVM_FN void ddp__gvm_free(ddp_context *ctx, ddp__gvm *g) {
+    size_t i, n = g->gran ? g->bytes / g->gran : 0;
+    (void)ctx;
+    if (g->base) {
+        for (i = 0; i < n; i++) if (g->refs[i]) { g->refs[i] = 0; (void)ddp__gvm_drop(g, i); }
+        (void)ddp__cuvm.address_free((CUdeviceptr)(uintptr_t)g->base, g->bytes);
+    }
+    DDP_FREE(g->handle);
+    DDP_FREE(g->refs);
+    memset(g, 0, sizeof *g);
+}
+
+
 /* The communicators: the world's (team 0) and, with replica groups of several ranks, the
-   group's (team 1, the buckets'). */
-static ddp__life *ddp__nccl_life(ddp__gpu *g, int team) { return team ? &g->team_life : &g->life; }
-static ncclComm_t ddp__nccl_comm(const ddp__gpu *g, int team) { return team ? g->team : g->nccl; }
+   group's (team 1, the buckets'); hybrid sharding: the shard group's (team 1) and the holders'
+   across the groups (DDP__NCCL_CROSS). */
+#define DDP__NCCL_CROSS 2
+#define DDP__NCCL_COMMS 3
+static ddp__life *ddp__nccl_life(ddp__gpu *g, int team) {
+    return team == DDP__NCCL_CROSS ? &g->cross_life : team ? &g->team_life : &g->life;
+}
+static ncclComm_t ddp__nccl_comm(const ddp__gpu *g, int team) { return team == DDP__NCCL_CROSS ? g->cross : team ? g->team : g->nccl; }
+/* Its name in messages: "" (the world's), "replica group's " / "shard group's ", "cross-group ". */
+static const char *ddp__nccl_whose(const ddp_context *ctx, int team) {
+    return team == DDP__NCCL_CROSS ? "cross-group " : !team ? "" : ddp__hybrid(ctx) ? "shard group's " : "replica group's ";
+}
 
 /* A communicator's life under g->lock: a thread that calls NCCL enters (refused once the
    communicator is aborted or claimed for teardown), makes the call without the lock, and
@@ -8749,12 +9101,12 @@ static void ddp__nccl_leave(ddp__gpu *g, int team) {
 /* Abort the communicators (any thread): whatever of this rank waits on its peers ends. */
 static void ddp__gpu_abort(ddp_context *ctx) {
     ddp__gpu *g = ctx->impl.gpu;
-    int abort_now[2], k;
+    int abort_now[DDP__NCCL_COMMS], k;
     if (!g) return;
     pthread_mutex_lock(&g->lock);
-    for (k = 0; k < 2; k++) abort_now[k] = ddp__life_abort(ddp__nccl_life(g, k));
+    for (k = 0; k < DDP__NCCL_COMMS; k++) abort_now[k] = ddp__life_abort(ddp__nccl_life(g, k));
     pthread_mutex_unlock(&g->lock);
-    for (k = 0; k < 2; k++) if (abort_now[k]) ncclCommAbort(ddp__nccl_comm(g, k));
+    for (k = 0; k < DDP__NCCL_COMMS; k++) if (abort_now[k]) ncclCommAbort(ddp__nccl_comm(g, k));
 }
 
 /* Take a communicator for teardown: 1 if this thread may now destroy it. */
@@ -8802,13 +9154,14 @@ static ddp_result ddp__gpu_inspect_locked(ddp_context *ctx, char *msg, size_t ca
         }
         break;
     }
-    for (k = 0; k < 2; k++) {   /* the world's communicator, then the group's */
+    for (k = 0; k < DDP__NCCL_COMMS; k++) {   /* the world's communicator, then the group's, then the cross-group one */
         ncclComm_t c = ddp__nccl_comm(g, k);
         if (!ddp__nccl_life(g, k)->live) continue;
         if (ncclCommGetAsyncError(c, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress) {
             const char *detail = ncclGetLastError(c);
-            snprintf(msg, cap, "NCCL reported an asynchronous error%s during %s: %s%s%s; the communicator was aborted",
-                     k ? " on the replica group's communicator" : "", g->watch.since > 0 ? g->watch.what : "communication",
+            snprintf(msg, cap, "NCCL reported an asynchronous error%s%s%s during %s: %s%s%s; the communicator was aborted",
+                     k ? " on the " : "", k ? ddp__nccl_whose(ctx, k) : "", k ? "communicator" : "",
+                     g->watch.since > 0 ? g->watch.what : "communication",
                      ncclGetErrorString(async), detail && *detail ? ": " : "", detail ? detail : "");
             return async == ncclRemoteError ? DDP_ERR_PEER_LOST : DDP_ERR_BACKEND;
         }
@@ -8974,7 +9327,7 @@ static ddp_result ddp__nccl_call(ddp_context *ctx, int team, int call, const voi
     if (!ddp__nccl_enter(g, team))
         return ddp__failed(ctx) ? ddp__failed(ctx) : ddp__fail_group(ctx, DDP_ERR_BACKEND, "%s: the NCCL %s"
                                                                                 "communicator is gone (aborted)", what,
-                                                                                team ? "replica group's " : "");
+                                                                                ddp__nccl_whose(ctx, team));
     switch (call) {
     case DDP__NCCL_BROADCAST: e = ncclBroadcast(send, recv, count, type, root, c, g->comm); break;
     case DDP__NCCL_REDUCE: e = ncclReduce(send, recv, count, type, op, root, c, g->comm); break;
@@ -9020,7 +9373,7 @@ static ddp_result ddp__nccl_parts(ddp_context *ctx, int b, void *base, ncclDataT
     unsigned char *at = (unsigned char *)base;
     ddp_result r;
     /* hybrid sharding: the parts are the shard group's, on its communicator (only the gather:
-       its buckets are averaged whole, ddp__gpu_launch) */
+       its buckets are summed by ddp__nccl_hybrid) */
     int team = ddp__hybrid(ctx), n = team ? ddp__team_world(ctx) : ctx->world, me = team ? ddp__team_rank(ctx) : ctx->rank;
     ddp__shard_range(ctx, b, 0, &lo, &hi);
     part = hi - lo;
@@ -9035,47 +9388,108 @@ static ddp_result ddp__nccl_parts(ddp_context *ctx, int b, void *base, ncclDataT
     return ddp__nccl_call(ctx, team, gather ? DDP__NCCL_BROADCAST : DDP__NCCL_REDUCE, at, at, tail, type, ncclAvg, n - 1, what);
 }
 
+/* Hybrid sharding (desc.shard_group = S, >>shard; HYBRID SHARDING): bucket b summed into this
+   rank's part, on the comm stream. First a reduce-scatter in the shard group (ncclSum on the
+   group's communicator: the equal parts in place, the tail reduced to the last member, as
+   ddp__nccl_parts lays them out), then the part, which member s of every group holds, summed
+   across the G = world / S groups (ncclAllReduce, ncclSum, on the cross-group communicator of
+   its holders): 1/S of the bucket on the link between the groups. The caller scales the sum by
+   1/world (ddp__gpu_hybrid_scale). NCCL's allreduce leaves every holder the same bits, so every
+   rank ends with the same average; its order is hierarchical (the group's sum, then the groups'),
+   not the world's rank order. The comm stream records comm_cross[par][b] between the two. */
+static ddp_result ddp__nccl_hybrid(ddp_context *ctx, int b, void *base, ncclDataType_t type, size_t elem) {
+    ddp__gpu *g = ctx->impl.gpu;
+    const ddp__bucket *k = &ctx->model.buckets[b];
+    size_t lo, hi, part, tail;
+    unsigned char *at = (unsigned char *)base;
+    int n = ddp__team_world(ctx), me = ddp__team_rank(ctx), par = ctx->tl.step & 1;
+    char what[160];
+    ddp_result r;
+    ddp__shard_range(ctx, b, 0, &lo, &hi);
+    part = hi - lo;
+    tail = k->count - part * (size_t)n;
+    snprintf(what, sizeof what, "the reduce-scatter of gradient bucket %d (%zu elements) in the shard group", b, k->count);
+    if (part && (r = ddp__nccl_call(ctx, 1, DDP__NCCL_REDUCE_SCATTER, at, at + (size_t)me * part * elem, part, type, ncclSum, 0,
+                                    what)) != DDP_OK) return r;
+    if (tail && (r = ddp__nccl_call(ctx, 1, DDP__NCCL_REDUCE, at + part * (size_t)n * elem, at + part * (size_t)n * elem, tail,
+                                    type, ncclSum, n - 1, what)) != DDP_OK) return r;
+    if (g->comm_cross[par]) DDP__CUDA(cudaEventRecord(g->comm_cross[par][b], g->comm));
+    ddp__shard_range(ctx, b, me, &lo, &hi);
+    if (hi == lo) return DDP_OK;   /* an empty part (a small bucket: the last member holds it all); so for every holder */
+    snprintf(what, sizeof what, "the allreduce of gradient bucket %d's part (%zu of %zu elements) across the shard groups "
+             "(the cross-group communicator)", b, hi - lo, k->count);
+    return ddp__nccl_call(ctx, DDP__NCCL_CROSS, DDP__NCCL_ALLREDUCE, at + (lo - k->offset) * elem, at + (lo - k->offset) * elem,
+                          hi - lo, type, ncclSum, -1, what);
+}
+
+/* The hybrid sum (ddp__nccl_hybrid) made an average: times 1/world rounded to float, one rounding
+   of the product (a power-of-two world: the sum divided by it exactly, rounded once), on the
+   comm stream. bf16 gradients: in float, rounded back to bf16 once. */
+static ddp_result ddp__gpu_hybrid_scale(ddp_context *ctx, float *f32, uint16_t *bf16, size_t n) {
+    float inv = 1.0f / (float)ctx->world;
+    if (f32) DDP__CUDA(ddp_k_scale(f32, n, inv, ctx->impl.gpu->comm));
+    else DDP__CUDA(ddp_k_scale_bf16(bf16, n, inv, ctx->impl.gpu->comm));
+    return DDP_OK;
+}
+
 /* Every entry point runs on the caller's thread, which may have another device current. */
 #define DDP__GPU_DEVICE(g) DDP__CUDA(cudaSetDevice((g)->device))
 
 /* A communicator, non-blocking: ncclCommInitRank would wait for every peer with no deadline,
    and one that died or never came would hang this rank for good. Each rank says in the store
    when it starts and when it is done, so a timeout can name the ranks that never came and
-   those that came but never finished. team 0: the world's; 1: the replica group's, ranks
-   [first, first + n) of the world, this rank its member ddp__team_rank. */
+   those that came but never finished. team 0: the world's; 1: the replica group's (hybrid: the
+   shard group's), ranks [first, first + n) of the world, this rank its member ddp__team_rank;
+   DDP__NCCL_CROSS (hybrid): the holders of this rank's part, ranks s, s + S, ... (s its member
+   number, S the group's size), this rank the holder rank / S. */
 static ddp_result ddp__gpu_init_comm(ddp_context *ctx, int team, ncclUniqueId *id, double deadline, int version) {
     ddp__gpu *g = ctx->impl.gpu;
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     ncclResult_t e;
     ddp_result r;
     ddp__life *life = ddp__nccl_life(g, team);
-    const char *start = team ? "nccl/team-start/" : "nccl/start/", *done = team ? "nccl/team-done/" : "nccl/done/";
-    int n = team ? ddp__team_world(ctx) : ctx->world, first = team ? ddp__team_peer(ctx, 0) : 0;
-    char key[40], never[256], unfinished[256];
+    int cross = team == DDP__NCCL_CROSS, i;
+    const char *start = cross ? "nccl/cross-start/" : team ? "nccl/team-start/" : "nccl/start/";
+    const char *done = cross ? "nccl/cross-done/" : team ? "nccl/team-done/" : "nccl/done/";
+    int n = cross ? ctx->world / ddp__team_world(ctx) : team ? ddp__team_world(ctx) : ctx->world;
+    int first = cross ? ddp__team_rank(ctx) : team ? ddp__team_peer(ctx, 0) : 0, stride = cross ? ddp__team_world(ctx) : 1;
+    int me = cross ? ctx->rank / stride : team ? ddp__team_rank(ctx) : ctx->rank;
+    char key[40], never[256], unfinished[256], what[128];
     config.blocking = 0;
     snprintf(key, sizeof key, "%s%d", start, ctx->rank);
     if (ctx->world > 1 && (r = ddp__store_set(ctx, key, "1", 1)) != DDP_OK) return r;
-    e = ncclCommInitRankConfig(team ? &g->team : &g->nccl, n, *id, team ? ddp__team_rank(ctx) : ctx->rank, &config);
+    e = ncclCommInitRankConfig(cross ? &g->cross : team ? &g->team : &g->nccl, n, *id, me, &config);
     if (e != ncclSuccess && e != ncclInProgress) return ddp__nccl_fail(ctx, e, "ncclCommInitRankConfig", __FILE__, __LINE__);
     life->live = 1;
     life->in_call = 1;   /* alone until set-up returns: nobody else can reach it yet */
-    r = ddp__nccl_settle(ctx, team, e, team ? "NCCL's set-up of the replica group's communicator (ncclCommInitRankConfig)"
-                         : "NCCL's set-up (ncclCommInitRankConfig)", deadline);
+    snprintf(what, sizeof what, "NCCL's set-up%s%s%s (ncclCommInitRankConfig)", team ? " of the " : "",
+             ddp__nccl_whose(ctx, team), team ? "communicator" : "");
+    r = ddp__nccl_settle(ctx, team, e, what, deadline);
     ddp__nccl_leave(g, team);
     if (r == DDP_ERR_TIMEOUT && !ddp__failed(ctx)) {
+        size_t a = 0, z = 0;
+        int k, exists;
         never[0] = unfinished[0] = 0;
-        if (ctx->world > 1 && ddp__list_missing(ctx, start, first, n, never, sizeof never) == DDP_OK)
-            ddp__list_missing(ctx, done, first, n, unfinished, sizeof unfinished);
+        for (i = 0; ctx->world > 1 && i < n && a + 16 < sizeof never && z + 16 < sizeof unfinished; i++)
+            for (k = 0; k < 2; k++) {   /* the members in rank order (cross: every S-th rank), as ddp__list_missing */
+                snprintf(key, sizeof key, "%s%d", k ? done : start, first + i * stride);
+                if (ddp__store_check(ctx, key, &exists) != DDP_OK) { i = n; break; }
+                if (exists) continue;
+                if (k) z += (size_t)snprintf(unfinished + z, sizeof unfinished - z, "%s%d", z ? ", " : "", first + i * stride);
+                else a += (size_t)snprintf(never + a, sizeof never - a, "%s%d", a ? ", " : "", first + i * stride);
+            }
         ddp__gpu_abort(ctx);
-        return ddp__fail(ctx, DDP_ERR_TIMEOUT, "timed out after %g s in NCCL's set-up%s; rank(s) never started it: "
+        return ddp__fail(ctx, DDP_ERR_TIMEOUT, "timed out after %g s in NCCL's set-up%s%s%s; rank(s) never started it: "
                          "%s; rank(s) that did not finish it: %s; the communicator was aborted", ctx->desc.timeout_s,
-                         team ? " of the replica group's communicator" : "", never[0] ? never : "none",
-                         unfinished[0] ? unfinished : "none");
+                         team ? " of the " : "", ddp__nccl_whose(ctx, team), team ? "communicator" : "",
+                         never[0] ? never : "none", unfinished[0] ? unfinished : "none");
     }
     if (r != DDP_OK) return r;
     snprintf(key, sizeof key, "%s%d", done, ctx->rank);
     if (ctx->world > 1 && (r = ddp__store_set(ctx, key, "1", 1)) != DDP_OK) return r;
-    if (team) ddp__log(ctx, DDP_LOG_INFO, "rank %d: %s group %d's communicator up (ranks %d .. %d)", ctx->rank,
+    if (cross) ddp__log(ctx, DDP_LOG_INFO, "rank %d: the cross-group communicator of part %d up (ranks %d, %d, .. %d: "
+                        "member %d of every shard group)", ctx->rank, first, first, first + stride, first + (n - 1) * stride, first);
+    else if (team) ddp__log(ctx, DDP_LOG_INFO, "rank %d: %s group %d's communicator up (ranks %d .. %d)", ctx->rank,
                        ddp__hybrid(ctx) ? "shard" : "replica", first / n, first, first + n - 1);
     else ddp__log(ctx, DDP_LOG_INFO, "rank %d of %d up (nccl backend %d.%d.%d, device %d)", ctx->rank, ctx->world,
                   version / 10000, version / 100 % 100, version % 100, g->device);
@@ -9110,6 +9524,35 @@ static ddp_result ddp__gpu_init_team(ddp_context *ctx, double deadline, int vers
         DDP_FREE(val);
     }
     return ddp__gpu_init_comm(ctx, 1, &id, deadline, version);
+}
+
+/* Hybrid sharding (desc.shard_group = S; 1 < S < world): a third communicator over the holders
+   of this rank's part, member s of every shard group (ranks s, s + S, ..., the world / S of
+   them, numbered by group), on which each bucket's part is summed across the groups
+   (ddp__nccl_hybrid). Its ncclUniqueId comes from rank s (group 0's member s) through the
+   store, as the shard group's does from its first rank. */
+static ddp_result ddp__gpu_init_cross(ddp_context *ctx, double deadline, int version) {
+    ncclUniqueId id;
+    char key[40];
+    ddp_result r;
+    int s = ddp__team_rank(ctx);
+    if (!ddp__hybrid(ctx) || ddp__team_world(ctx) <= 1 || ddp__team_world(ctx) >= ctx->world) return DDP_OK;
+    snprintf(key, sizeof key, "nccl/cross-id/%d", s);
+    if (ctx->rank == s) {
+        DDP__NCCL(ncclGetUniqueId(&id));
+        if ((r = ddp__store_set(ctx, key, &id, sizeof id)) != DDP_OK) return r;
+    } else {
+        unsigned char *val;
+        uint32_t len;
+        int found = 0;
+        if ((r = ddp__store_get(ctx, key, deadline, &val, &len, &found)) != DDP_OK) return r;
+        if (!found) return ddp__fail(ctx, DDP_ERR_TIMEOUT, "rank %d (shard group 0's member %d) did not publish the "
+                                     "cross-group communicator's ncclUniqueId in time", s, s);
+        if (len != sizeof id) { DDP_FREE(val); return ddp__fail(ctx, DDP_ERR_MISMATCH, "rank %d's ncclUniqueId has %u bytes, not %zu (another NCCL version?)", s, len, sizeof id); }
+        memcpy(&id, val, sizeof id);
+        DDP_FREE(val);
+    }
+    return ddp__gpu_init_comm(ctx, DDP__NCCL_CROSS, &id, deadline, version);
 }
 
 /* Bring-up: the device (LOCAL_RANK modulo the devices visible), the comm stream, and the
@@ -9160,7 +9603,8 @@ static ddp_result ddp__gpu_setup(ddp_context *ctx, double deadline) {
     }
     {
         ddp_result r = ddp__gpu_init_comm(ctx, 0, &id, deadline, version);
-        return r != DDP_OK ? r : ddp__gpu_init_team(ctx, deadline, version);
+        if (r == DDP_OK) r = ddp__gpu_init_team(ctx, deadline, version);
+        return r != DDP_OK ? r : ddp__gpu_init_cross(ctx, deadline, version);
     }
 }
 
@@ -9183,6 +9627,8 @@ static unsigned char *ddp__gpu_no_decay_mask(const ddp_context *ctx, ddp_result 
     return mask;
 }
 
+static ddp_result ddp__gpu_z3_reserve(ddp_context *ctx, void **at, size_t bytes);
+
 /* Commit, first half: the flat buffers in device memory with this rank's initial values (rank
    0's reach everyone later, by broadcast), and the no-decay mask. */
 static ddp_result ddp__gpu_alloc_flat(ddp_context *ctx) {
@@ -9191,11 +9637,17 @@ static ddp_result ddp__gpu_alloc_flat(ddp_context *ctx) {
     unsigned char *mask;
     ddp_result r;
     int i;
+    int z3 = ctx->desc.shard == DDP_SHARD_PARAMETERS, bf16 = ddp__bf16_params(ctx);
     DDP__GPU_DEVICE(g);
-    DDP__CUDA(cudaMalloc((void **)&ctx->flat.params, bytes));
+    /* sharded parameters: what the program sees (fp32, or the bf16 working copies) is the view,
+       whole until ddp__gpu_z3_commit keeps this rank's parts */
+    if (z3 && !bf16 && (r = ddp__gpu_z3_reserve(ctx, (void **)&ctx->flat.params, bytes)) != DDP_OK) return r;
+    if (!z3 || bf16) DDP__CUDA(cudaMalloc((void **)&ctx->flat.params, bytes));
     DDP__CUDA(cudaMemset(ctx->flat.params, 0, bytes));
-    if (ddp__bf16_params(ctx)) {   /* the working copies are filled at commit, from the master */
-        DDP__CUDA(cudaMalloc((void **)&ctx->flat.params_bf16, ctx->flat.count * sizeof(ddp_bf16)));
+    if (bf16) {   /* the working copies are filled at commit, from the master */
+        if (z3 && (r = ddp__gpu_z3_reserve(ctx, (void **)&ctx->flat.params_bf16, ctx->flat.count * sizeof(ddp_bf16))) != DDP_OK)
+            return r;
+        if (!z3) DDP__CUDA(cudaMalloc((void **)&ctx->flat.params_bf16, ctx->flat.count * sizeof(ddp_bf16)));
         DDP__CUDA(cudaMalloc((void **)&ctx->flat.grads_bf16, ctx->flat.count * sizeof(ddp_bf16)));
         DDP__CUDA(cudaMemset(ctx->flat.grads_bf16, 0, ctx->flat.count * sizeof(ddp_bf16)));
     } else {
@@ -9242,6 +9694,7 @@ static ddp_result ddp__gpu_commit(ddp_context *ctx) {
     for (k = 0; k < 2; k++) {
         if ((r = ddp__gpu_create_events(ctx, &g->comm_start[k], cudaEventDefault)) != DDP_OK) return r;
         if ((r = ddp__gpu_create_events(ctx, &g->comm_end[k], cudaEventDefault)) != DDP_OK) return r;
+        if (g->cross && (r = ddp__gpu_create_events(ctx, &g->comm_cross[k], cudaEventDefault)) != DDP_OK) return r;
     }
     if (ddp__sharded(ctx)) {
         if ((r = ddp__gpu_create_events(ctx, &g->updated, cudaEventDisableTiming)) != DDP_OK) return r;
@@ -9271,14 +9724,20 @@ static ddp_result ddp__gpu_launch_bf16(ddp_context *ctx, int index, const char *
     const ddp__wire *w = &b->wire;
     ddp_bf16 *grads = ctx->flat.grads_bf16 + b->offset;
     ddp_result r;
-    int scatter = w->scatter && !ddp__hybrid(ctx);   /* hybrid: averaged whole over the world (ddp__gpu_launch) */
+    int scatter = w->scatter && !ddp__hybrid(ctx), hybrid = w->scatter && ddp__hybrid(ctx);   /* hybrid: ddp__nccl_hybrid */
+    if (w->convert == DDP__WIRE_AS_IS && hybrid) {   /* bf16 sums; the average rounded to bf16 once more */
+        if ((r = ddp__nccl_hybrid(ctx, index, grads, ncclBfloat16, sizeof(ddp_bf16))) != DDP_OK) return r;
+        return ddp__gpu_hybrid_scale(ctx, NULL, ctx->flat.grads_bf16 + w->lo, w->hi - w->lo);
+    }
     if (w->convert == DDP__WIRE_AS_IS)
         return scatter ? ddp__nccl_parts(ctx, index, grads, ncclBfloat16, sizeof(ddp_bf16), 0, what)
                        : ddp__nccl_bucket(ctx, grads, b->count, ncclBfloat16, what);
     DDP__CUDA(ddp_k_bf16_to_f32(grads, g->f32, b->count, g->comm));
-    r = scatter ? ddp__nccl_parts(ctx, index, g->f32, ncclFloat, sizeof(float), 0, what)
+    r = hybrid ? ddp__nccl_hybrid(ctx, index, g->f32, ncclFloat, sizeof(float))
+        : scatter ? ddp__nccl_parts(ctx, index, g->f32, ncclFloat, sizeof(float), 0, what)
                 : ddp__nccl_bucket(ctx, g->f32, b->count, ncclFloat, what);
     if (r != DDP_OK) return r;
+    if (hybrid && (r = ddp__gpu_hybrid_scale(ctx, g->f32 + (w->lo - b->offset), NULL, w->hi - w->lo)) != DDP_OK) return r;
     DDP__CUDA(ddp_k_f32_to_bf16(g->f32 + (w->lo - b->offset), ctx->flat.grads_bf16 + w->lo, w->hi - w->lo, g->comm));
     return DDP_OK;
 }
@@ -9308,7 +9767,13 @@ static ddp_result ddp__gpu_launch(ddp_context *ctx, int index) {
         snprintf(what, sizeof what, "the %s of gradient bucket %d (%zu elements)",
                  ctx->desc.shard_optimizer ? "reduce-scatter" : "allreduce", index, b->count);
         if (w->moves && (r = ddp__gpu_launch_bf16(ctx, index, what)) != DDP_OK) return r;
-    } else if (w->scatter && !ddp__hybrid(ctx)) {   /* a reduce-scatter: this rank's part is averaged (hybrid: whole, below) */
+    } else if (w->scatter && ddp__hybrid(ctx)) {   /* summed in the shard group, the part across the groups */
+        r = bf16 ? ddp__nccl_hybrid(ctx, index, g->bf16, ncclBfloat16, sizeof(uint16_t))
+                 : ddp__nccl_hybrid(ctx, index, grads, ncclFloat, sizeof(float));
+        if (r != DDP_OK) return r;
+        if (bf16) DDP__CUDA(ddp_k_bf16_to_f32(g->bf16 + (w->lo - b->offset), ctx->flat.grads + w->lo, w->hi - w->lo, g->comm));
+        if ((r = ddp__gpu_hybrid_scale(ctx, ctx->flat.grads + w->lo, NULL, w->hi - w->lo)) != DDP_OK) return r;   /* in float */
+    } else if (w->scatter) {   /* a reduce-scatter: this rank's part is averaged */
         snprintf(what, sizeof what, "the reduce-scatter of gradient bucket %d (%zu elements)", index, b->count);
         r = bf16 ? ddp__nccl_parts(ctx, index, g->bf16, ncclBfloat16, sizeof(uint16_t), 0, what)
                  : ddp__nccl_parts(ctx, index, grads, ncclFloat, sizeof(float), 0, what);
@@ -9345,11 +9810,18 @@ static void ddp__gpu_timeline(ddp_context *ctx, int par, const ddp_step_stats *s
             cudaEventElapsedTime(&t0, g->step_begin[par], g->comm_end[par][g->last_bucket[par]]) == cudaSuccess)
             ddp__tl_add(ctx->tl.comm, DDP__EV_GPU_EXPOSED, step, h + 1e-3 * t1, h + 1e-3 * (t0 > t1 ? t0 : t1), -1, 0);
     }
-    for (b = 0; b < st->buckets_launched; b++)
-        if (cudaEventElapsedTime(&t0, g->step_begin[par], g->comm_start[par][b]) == cudaSuccess &&
-            cudaEventElapsedTime(&t1, g->step_begin[par], g->comm_end[par][b]) == cudaSuccess)
-            ddp__tl_add(ctx->tl.comm, DDP__EV_ALLREDUCE, step, h + 1e-3 * t0,
-                        h + 1e-3 * t1, b, ctx->model.buckets[b].wire.bytes);
+    for (b = 0; b < st->buckets_launched; b++) {
+        float tx;
+        const ddp__wire *w = &ctx->model.buckets[b].wire;
+        if (cudaEventElapsedTime(&t0, g->step_begin[par], g->comm_start[par][b]) != cudaSuccess ||
+            cudaEventElapsedTime(&t1, g->step_begin[par], g->comm_end[par][b]) != cudaSuccess) continue;
+        if (g->comm_cross[par] && w->scatter &&   /* hybrid: the group's reduce-scatter, then the part across the groups */
+            cudaEventElapsedTime(&tx, g->step_begin[par], g->comm_cross[par][b]) == cudaSuccess) {
+            ddp__tl_add(ctx->tl.comm, DDP__EV_ALLREDUCE, step, h + 1e-3 * t0, h + 1e-3 * tx, b, w->bytes);
+            ddp__tl_add(ctx->tl.comm, DDP__EV_CROSS, step, h + 1e-3 * tx, h + 1e-3 * t1, b,
+                        (w->hi - w->lo) * (w->bytes / (ctx->model.buckets[b].count ? ctx->model.buckets[b].count : 1)));
+        } else ddp__tl_add(ctx->tl.comm, DDP__EV_ALLREDUCE, step, h + 1e-3 * t0, h + 1e-3 * t1, b, w->bytes);
+    }
 }
 
 /* The GPU times of a step, once its events have completed (never waited for). */
@@ -9573,6 +10045,7 @@ static ddp_result ddp__gpu_update(ddp_context *ctx, const ddp_adamw *opt, float 
             DDP__CUDA(ddp_k_adamw(ctx->flat.params + lo, ctx->flat.grads + lo, ctx->adam.m + ctx->shard.base[b],
                                   ctx->adam.v + ctx->shard.base[b], hi - lo, g->no_decay ? g->no_decay + lo / DDP_K_MASK_GROUP : NULL,
                                   opt->lr, b1, b2, eps, opt->weight_decay, g->state, g->compute));
+        if (ddp__z3(ctx)) continue;   /* sharded parameters: the parts are updated in the view; gathers come per unit */
         DDP__CUDA(cudaEventRecord(g->updated[b], g->compute));
         DDP__CUDA(cudaStreamWaitEvent(g->comm, g->updated[b], 0));
         snprintf(what, sizeof what, "the all-gather of bucket %d's updated parameters (shard_optimizer)", b);
@@ -9580,6 +10053,7 @@ static ddp_result ddp__gpu_update(ddp_context *ctx, const ddp_adamw *opt, float 
                              : ddp__nccl_parts(ctx, b, ctx->flat.params + k->offset, ncclFloat, sizeof(float), 1, what);
         if (r != DDP_OK) return r;
     }
+    if (ddp__z3(ctx)) return DDP_OK;
     DDP__CUDA(cudaEventRecord(g->gathered, g->comm));
     DDP__CUDA(cudaStreamWaitEvent(g->compute, g->gathered, 0));
     return DDP_OK;
@@ -9711,10 +10185,142 @@ static ddp_result ddp__gpu_collective(ddp_context *ctx, uint32_t kind, void *dat
 /* A communicator's end: finalized (every operation issued completes; polled, the watchdog
    still watching) and destroyed; after a failure, or when finalizing fails, aborted (destroy
    would wait for operations that can never finish), with the other one. */
+/* DDP_SHARD_PARAMETERS here (>>zero3's device side): the view is device address space reserved
+   once (ddp__gvm), so ddp_param never moves. This rank's parts stay mapped for the whole run:
+   they are its owner storage, flat-indexed as ZeRO-1 keeps them, and AdamW updates them in
+   place with no all-gather. A gather maps the unit's other granules and enqueues, on the comm
+   stream after the compute stream's work so far (AdamW's updates), the in-place all-gather of
+   each of its buckets (a unit is whole buckets), as ZeRO-1's after AdamW, and records the
+   unit's event; the compute stream waits on that event, the host never does. A release records
+   an event on the compute stream (the unit's last use) and its granules are unmapped once that
+   event has completed: a deferred count drained at each gather, release and step, with a host
+   wait only when a map finds no memory or at the step. Every collective is enqueued from the
+   program's thread in the order the program calls gather, prefetch and the buckets, the same on
+   every rank: nothing depends on timing. */
+static ddp_result ddp__gpu_z3_reserve(ddp_context *ctx, void **at, size_t bytes) {
+    ddp__gpu *g = ctx->impl.gpu;
+    ddp_result r;
+    if (!g->z3vm && !(g->z3vm = (struct ddp__gvm *)ddp__calloc(sizeof *g->z3vm)))
+        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the sharded parameters' view");
+    if ((r = ddp__gvm_reserve(ctx, g->z3vm, bytes, "the sharded parameters' view (DDP_SHARD_PARAMETERS)")) != DDP_OK) return r;
+    if ((r = ddp__gvm_map(ctx, g->z3vm, 0, bytes, "the parameters until ddp_commit (DDP_SHARD_PARAMETERS)")) != DDP_OK) return r;
+    *at = g->z3vm->base;
+    return DDP_OK;
+}
+
+/* Unit u's bytes in the view. */
+static void ddp__gpu_z3_span(const ddp_context *ctx, int u, size_t *off, size_t *len) {
+    *off = ctx->z3.units[u].lo * ctx->z3.es;
+    *len = (ctx->z3.units[u].hi - ctx->z3.units[u].lo) * ctx->z3.es;
+}
+
+/* The end of ddp_commit (ddp__z3_commit): the view holds this rank's parts only from here on. */
+static ddp_result ddp__gpu_z3_commit(ddp_context *ctx) {
+    ddp__gpu *g = ctx->impl.gpu;
+    size_t lo, hi, es = ctx->z3.es;
+    ddp_result r;
+    int u, b;
+    DDP__GPU_DEVICE(g);
+    ctx->z3.view = g->z3vm->base;
+    ctx->z3.view_bytes = g->z3vm->bytes;
+    ctx->z3.page = g->z3vm->gran;
+    g->z3_units = ctx->z3.num_units;
+    if (!(g->z3_gathered = (cudaEvent_t *)ddp__calloc(sizeof(cudaEvent_t) * (size_t)g->z3_units)) ||
+        !(g->z3_used = (cudaEvent_t *)ddp__calloc(sizeof(cudaEvent_t) * (size_t)g->z3_units)) ||
+        !(g->z3_unmaps = (int *)ddp__calloc(sizeof(int) * (size_t)g->z3_units)))
+        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the units' events");
+    for (u = 0; u < g->z3_units; u++) {
+        DDP__CUDA(cudaEventCreateWithFlags(&g->z3_gathered[u], cudaEventDisableTiming));
+        DDP__CUDA(cudaEventCreateWithFlags(&g->z3_used[u], cudaEventDisableTiming));
+    }
+    DDP__CUDA(cudaEventCreateWithFlags(&g->z3_ready, cudaEventDisableTiming));
+    /* the broadcast, the rounding and the master's packing read and wrote the whole view */
+    if ((r = ddp__gpu_wait(ctx, g->compute, "the parameters' setup (DDP_SHARD_PARAMETERS)")) != DDP_OK) return r;
+    if ((r = ddp__gpu_wait(ctx, g->comm, "the broadcast of rank 0's initial parameters")) != DDP_OK) return r;
+    for (b = 0; b < ctx->model.num_buckets; b++) {   /* one holder on the own parts' granules, for good */
+        ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
+        if (hi > lo && (r = ddp__gvm_map(ctx, g->z3vm, lo * es, (hi - lo) * es, "this rank's parts of the parameters")) != DDP_OK)
+            return r;
+    }
+    return ddp__gvm_unmap(ctx, g->z3vm, 0, ctx->flat.count * es);   /* the setup's holder on everything */
+}
+
+/* Released units whose last use has completed: unmapped. wait: the compute stream first. */
+static ddp_result ddp__gpu_z3_drain(ddp_context *ctx, int wait) {
+    ddp__gpu *g = ctx->impl.gpu;
+    size_t off, len;
+    ddp_result r;
+    int u;
+    if (!g->z3_pending) return DDP_OK;
+    if (wait && (r = ddp__gpu_wait(ctx, g->compute, "the last use of released units (DDP_SHARD_PARAMETERS)")) != DDP_OK)
+        return r;
+    for (u = 0; u < g->z3_units && g->z3_pending; u++) {
+        cudaError_t q;
+        if (!g->z3_unmaps[u]) continue;
+        if ((q = ddp__gpu_query(g->z3_used[u])) == cudaErrorNotReady) continue;
+        DDP__CUDA(q);
+        ddp__gpu_z3_span(ctx, u, &off, &len);
+        for (; g->z3_unmaps[u]; g->z3_unmaps[u]--, g->z3_pending--)
+            if ((r = ddp__gvm_unmap(ctx, g->z3vm, off, len)) != DDP_OK) return r;
+    }
+    return DDP_OK;
+}
+
+/* Unit u's gather enqueued: its granules mapped, its buckets all-gathered on the comm stream. */
+static ddp_result ddp__gpu_z3_gather(ddp_context *ctx, int u) {
+    ddp__gpu *g = ctx->impl.gpu;
+    const ddp__z3_unit *k = &ctx->z3.units[u];
+    size_t off, len, es = ctx->z3.es;
+    ddp_result r;
+    char what[DDP__NAME_MAX + 160];
+    int b;
+    DDP__GPU_DEVICE(g);
+    if ((r = ddp__gpu_z3_drain(ctx, 0)) != DDP_OK) return r;
+    ddp__gpu_z3_span(ctx, u, &off, &len);
+    r = ddp__gvm_map(ctx, g->z3vm, off, len, k->name);
+    if (r == DDP_ERR_OUT_OF_MEMORY && g->z3_pending) {   /* released units' memory, once their last use is done */
+        if ((r = ddp__gpu_z3_drain(ctx, 1)) != DDP_OK) return r;
+        r = ddp__gvm_map(ctx, g->z3vm, off, len, k->name);
+    }
+    if (r != DDP_OK) return r;
+    if (ctx->world > 1) {   /* one rank: its parts are the whole view, mapped */
+        DDP__CUDA(cudaEventRecord(g->z3_ready, g->compute));
+        DDP__CUDA(cudaStreamWaitEvent(g->comm, g->z3_ready, 0));
+        for (b = 0; b < ctx->model.num_buckets; b++) {
+            const ddp__bucket *bk = &ctx->model.buckets[b];
+            if (bk->offset < k->lo || bk->offset >= k->hi) continue;
+            snprintf(what, sizeof what, "the all-gather of unit '%s' (bucket %d, %zu elements; DDP_SHARD_PARAMETERS)", k->name, b,
+                     bk->count);
+            r = es == sizeof(ddp_bf16) ? ddp__nccl_parts(ctx, b, ctx->z3.view + bk->offset * es, ncclBfloat16, es, 1, what)
+                                       : ddp__nccl_parts(ctx, b, ctx->z3.view + bk->offset * es, ncclFloat, es, 1, what);
+            if (r != DDP_OK) return r;
+        }
+    }
+    DDP__CUDA(cudaEventRecord(g->z3_gathered[u], ctx->world > 1 ? g->comm : g->compute));
+    return DDP_OK;
+}
+
+/* The compute stream's later work waits for unit u's gather. */
+static ddp_result ddp__gpu_z3_wait(ddp_context *ctx, int u) {
+    DDP__GPU_DEVICE(ctx->impl.gpu);
+    DDP__CUDA(cudaStreamWaitEvent(ctx->impl.gpu->compute, ctx->impl.gpu->z3_gathered[u], 0));
+    return DDP_OK;
+}
+
+/* Unit u released: its granules go once the compute stream's work so far is done. */
+static ddp_result ddp__gpu_z3_release(ddp_context *ctx, int u) {
+    ddp__gpu *g = ctx->impl.gpu;
+    DDP__GPU_DEVICE(g);
+    DDP__CUDA(cudaEventRecord(g->z3_used[u], g->compute));
+    g->z3_unmaps[u]++;
+    g->z3_pending++;
+    return ddp__gpu_z3_drain(ctx, 0);
+}
+
 static void ddp__gpu_close_one(ddp_context *ctx, int team) {
     ddp__gpu *g = ctx->impl.gpu;
     ddp_result r = DDP_ERR_BACKEND;
-    if (team && !g->team) return;   /* no replica group's communicator */
+    if (!ddp__nccl_comm(g, team)) return;   /* no such communicator (replica or shard group's, cross-group) */
     if (!ddp__failed(ctx) && ddp__nccl_enter(g, team)) {
         r = ddp__gpu_wait(ctx, g->comm, "the last communication before shutdown");
         if (r == DDP_OK) r = ddp__nccl_settle(ctx, team, ncclCommFinalize(ddp__nccl_comm(g, team)), "ncclCommFinalize",
@@ -9723,14 +10329,15 @@ static void ddp__gpu_close_one(ddp_context *ctx, int team) {
         if (r == DDP_ERR_TIMEOUT && !ddp__failed(ctx))
             ddp__set_failed(ctx, ddp__fail(ctx, DDP_ERR_TIMEOUT, "timed out after %g s finalizing the NCCL %scommunicator "
                                            "at shutdown (a peer stuck or gone?); it was aborted", ctx->desc.timeout_s,
-                                           team ? "replica group's " : ""));
+                                           ddp__nccl_whose(ctx, team)));
     }
     if (r == DDP_OK && ddp__nccl_claim(g, team)) ncclCommDestroy(ddp__nccl_comm(g, team));
     else ddp__gpu_abort(ctx);
 }
 
-/* The replica group's communicator first, then the world's (set-up's reverse). */
+/* The cross-group communicator, the group's, then the world's (set-up's reverse). */
 static void ddp__gpu_close_comm(ddp_context *ctx) {
+    ddp__gpu_close_one(ctx, DDP__NCCL_CROSS);
     ddp__gpu_close_one(ctx, 1);
     ddp__gpu_close_one(ctx, 0);
 }
@@ -9744,6 +10351,10 @@ static void ddp__gpu_teardown(ddp_context *ctx) {
     cudaSetDevice(g->device);
     ddp__gpu_close_comm(ctx);
     ddp__gpu_stop_watchdog(ctx);
+    if (g->z3vm) {   /* the view is not cudaMalloc's: freed below, after cudaFree has synchronized the device */
+        if ((void *)ctx->flat.params == (void *)g->z3vm->base) ctx->flat.params = NULL;
+        if ((void *)ctx->flat.params_bf16 == (void *)g->z3vm->base) ctx->flat.params_bf16 = NULL;
+    }
     cudaFree(ctx->flat.params); cudaFree(ctx->flat.grads); cudaFree(ctx->adam.m); cudaFree(ctx->adam.v);
     cudaFree(ctx->flat.params_bf16); cudaFree(ctx->flat.grads_bf16);
     ctx->flat.params = ctx->flat.grads = ctx->adam.m = ctx->adam.v = NULL;
@@ -9757,6 +10368,7 @@ static void ddp__gpu_teardown(ddp_context *ctx) {
         for (k = 0; k < 2; k++) {
             if (g->comm_start[k]) cudaEventDestroy(g->comm_start[k][b]);
             if (g->comm_end[k]) cudaEventDestroy(g->comm_end[k][b]);
+            if (g->comm_cross[k]) cudaEventDestroy(g->comm_cross[k][b]);
         }
     }
     for (b = 0; g->updated && b < ctx->model.num_buckets; b++) cudaEventDestroy(g->updated[b]);
@@ -9764,7 +10376,7 @@ static void ddp__gpu_teardown(ddp_context *ctx) {
     if (g->gathered) cudaEventDestroy(g->gathered);
     DDP_FREE(g->ready);
     for (k = 0; k < 2; k++) {
-        DDP_FREE(g->comm_start[k]); DDP_FREE(g->comm_end[k]);
+        DDP_FREE(g->comm_start[k]); DDP_FREE(g->comm_end[k]); DDP_FREE(g->comm_cross[k]);
         if (g->step_begin[k]) cudaEventDestroy(g->step_begin[k]);
         if (g->step_finish[k]) cudaEventDestroy(g->step_finish[k]);
     }
@@ -9774,6 +10386,14 @@ static void ddp__gpu_teardown(ddp_context *ctx) {
     if (g->watch_event) cudaEventDestroy(g->watch_event);
     if (g->watch_newer) cudaEventDestroy(g->watch_newer);
     if (g->state_copied) cudaEventDestroy(g->state_copied);
+    for (k = 0; k < g->z3_units; k++) {
+        if (g->z3_gathered && g->z3_gathered[k]) cudaEventDestroy(g->z3_gathered[k]);
+        if (g->z3_used && g->z3_used[k]) cudaEventDestroy(g->z3_used[k]);
+    }
+    if (g->z3_ready) cudaEventDestroy(g->z3_ready);
+    DDP_FREE(g->z3_gathered); DDP_FREE(g->z3_used); DDP_FREE(g->z3_unmaps);
+    if (g->z3vm) ddp__gvm_free(ctx, g->z3vm);
+    DDP_FREE(g->z3vm);
     if (g->comm) cudaStreamDestroy(g->comm);
     ddp__watchdog_destroy(&g->wd);
     pthread_mutex_destroy(&g->lock);
@@ -10009,10 +10629,8 @@ static ddp_result ddp__init(ddp_context *ctx, const ddp_desc *desc) {
     if (ctx->desc.shard_optimizer && !ctx->be->shards)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_optimizer is not supported by the %s backend "
                          "(yet): run unsharded there", ctx->be->name);
-    if (ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->be->id == DDP_BACKEND_NCCL)
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: DDP_SHARD_PARAMETERS is not built yet on the NCCL backend "
-                         "(needs CUDA virtual memory management); DDP_SHARD_OPTIMIZER runs there");
-    if (ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->world > 1 && !ctx->be->z3_parts)
+    /* NCCL gathers by all-gather (>>nccl: ddp__gpu_z3_*), the host backends copy from z3_parts */
+    if (ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->world > 1 && !ctx->be->z3_parts && ctx->be->id != DDP_BACKEND_NCCL)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: DDP_SHARD_PARAMETERS is not built yet on the %s backend "
                          "(the cpu backend runs it on one host; DDP_SHARD_OPTIMIZER runs here)", ctx->be->name);
     if (ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->desc.outer.mode != DDP_OUTER_OFF)
@@ -10597,18 +11215,33 @@ static void *ddp__z3_main(void *arg) {
 static size_t ddp__z3_unit_bytes(const ddp_context *ctx, int u) { return (ctx->z3.units[u].hi - ctx->z3.units[u].lo) * ctx->z3.es; }
 
 /* The timeline's gather event: the copy's times; prefetched (args "prefetched": 1) when the
-   prefetch thread made it. */
+   prefetch thread made it (NCCL: when ddp_unit_prefetch enqueued it). */
 static void ddp__z3_record_gather(ddp_context *ctx, int u, double t0, double t1, int prefetched) {
     ddp__timeline *tl = ctx->tl.main;
     size_t len = tl ? tl->len : 0;
     ddp__record(ctx, tl, DDP__EV_GATHER, t0, t1, u, ddp__z3_unit_bytes(ctx, u));
     if (tl && tl->len == len + 1) tl->ev[len].first_param = prefetched;
 }
+static int ddp__z3_state(ddp_context *ctx, int u);
+static ddp_result ddp__z3_prefetch(ddp_context *ctx, int u);
 
 /* Unit u gathered, on this thread or by waiting for its prefetch. */
 static ddp_result ddp__z3_gather(ddp_context *ctx, int u) {
     double t0, t1;
-    int fetched;
+    int was, fetched;
+#ifdef DDP_CUDA
+    if (ctx->z3.device) {   /* enqueued (or prefetched), and the compute stream waits for it: no host wait */
+        ddp_result r;
+        if ((was = ddp__z3_state(ctx, u)) == DDP__Z3_GATHERED) return DDP_OK;
+        if (was == DDP__Z3_RELEASED && (r = ddp__z3_prefetch(ctx, u)) != DDP_OK) return r;
+        if ((r = ddp__gpu_z3_wait(ctx, u)) != DDP_OK) return r;
+        ddp__mutex_lock(&ctx->z3.lock);
+        ctx->z3.units[u].state = DDP__Z3_GATHERED;
+        ddp__mutex_unlock(&ctx->z3.lock);
+        ddp__z3_record_gather(ctx, u, ctx->z3.units[u].t0, ctx->z3.units[u].t1, was == DDP__Z3_IN_FLIGHT);
+        return DDP_OK;
+    }
+#endif
     ddp__mutex_lock(&ctx->z3.lock);
     while (ctx->z3.units[u].state == DDP__Z3_IN_FLIGHT) ddp__cond_wait(&ctx->z3.cond, &ctx->z3.lock);
     if (ctx->z3.units[u].state == DDP__Z3_GATHERED) {
@@ -10636,7 +11269,20 @@ static ddp_result ddp__z3_gather(ddp_context *ctx, int u) {
 
 /* Unit u's gather started on the prefetch thread (nothing to do if it is gathered or on its way). */
 static ddp_result ddp__z3_prefetch(ddp_context *ctx, int u) {
-    if (ctx->desc.shard_prefetch_off) return DDP_OK;   /* the unit is gathered when it is needed */
+#ifdef DDP_CUDA
+    if (ctx->z3.device) {   /* the gather enqueued on the comm stream (its times: the enqueue's) */
+        ddp_result r;
+        double t0 = ddp__now();
+        if (ddp__z3_state(ctx, u) != DDP__Z3_RELEASED) return DDP_OK;
+        if ((r = ddp__gpu_z3_gather(ctx, u)) != DDP_OK) return r;
+        ddp__mutex_lock(&ctx->z3.lock);
+        ctx->z3.units[u].t0 = t0;
+        ctx->z3.units[u].t1 = ddp__now();
+        ctx->z3.units[u].state = DDP__Z3_IN_FLIGHT;
+        ddp__mutex_unlock(&ctx->z3.lock);
+        return DDP_OK;
+    }
+#endif
     ddp__mutex_lock(&ctx->z3.lock);
     if (ctx->z3.units[u].state != DDP__Z3_RELEASED) { ddp__mutex_unlock(&ctx->z3.lock); return DDP_OK; }
     if (ddp__z3_commit_pages(ctx, u) != 0) {
@@ -10674,6 +11320,22 @@ static ddp_result ddp__z3_release(ddp_context *ctx, int u, int quiet) {
                          "%d, not replayed yet, lists its parameter '%s' (ddp_backward releases the unit itself once its "
                          "last op has run)", ctx->z3.units[u].name, ctx->z3.units[u].last_op,
                          ddp__z3_op_param(ctx, ctx->z3.units[u].last_op, u));
+#ifdef DDP_CUDA
+    if (ctx->z3.device) {   /* unmapped once the compute stream is past the unit's last use (ddp__gpu_z3_drain) */
+        ddp_result r;
+        int s = ddp__z3_state(ctx, u);
+        if (s == DDP__Z3_RELEASED)
+            return quiet ? DDP_OK : ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_unit_release: unit '%s' is not gathered "
+                                              "(released twice?)", ctx->z3.units[u].name);
+        if (s == DDP__Z3_IN_FLIGHT && (r = ddp__gpu_z3_wait(ctx, u)) != DDP_OK) return r;   /* prefetched: its gather first */
+        ddp__mutex_lock(&ctx->z3.lock);
+        ctx->z3.units[u].state = DDP__Z3_RELEASED;
+        ddp__mutex_unlock(&ctx->z3.lock);
+        if ((r = ddp__gpu_z3_release(ctx, u)) != DDP_OK) return r;
+        ddp__record(ctx, ctx->tl.main, DDP__EV_RELEASE, t0, ddp__now(), u, ddp__z3_unit_bytes(ctx, u));
+        return DDP_OK;
+    }
+#endif
     ddp__mutex_lock(&ctx->z3.lock);
     while (ctx->z3.units[u].state == DDP__Z3_IN_FLIGHT) ddp__cond_wait(&ctx->z3.cond, &ctx->z3.lock);
     if (ctx->z3.units[u].state != DDP__Z3_GATHERED) {
@@ -10761,7 +11423,8 @@ static ddp_result ddp__z3_commit(ddp_context *ctx) {
     ctx->z3.es = ctx->flat.params_bf16 ? sizeof(ddp_bf16) : sizeof(float);
     ctx->z3.page = ddp__vm_page();
     ctx->z3.replay_op = -1;
-    if (ctx->world > 1 && !ddp__z3_source(ctx, 0))
+    ctx->z3.device = ctx->be->id == DDP_BACKEND_NCCL;
+    if (ctx->world > 1 && !ctx->z3.device && !ddp__z3_source(ctx, 0))
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_commit: DDP_SHARD_PARAMETERS on the %s backend needs the parameters' "
                          "parts in its shared segment, which it does not have (DDP_STAGED_GRADS is set, or /dev/shm had no "
                          "room: see the warning above)", ctx->be->name);
@@ -10775,6 +11438,16 @@ static ddp_result ddp__z3_commit(ddp_context *ctx) {
         k->hi = k->first + k->n < ctx->model.num_params ? ctx->model.params[k->first + k->n].offset : ctx->flat.count;
         k->state = DDP__Z3_RELEASED;
     }
+#ifdef DDP_CUDA
+    if (ctx->z3.device) {   /* the view is the backend's device memory: no pages here, no thread */
+        ddp_result r;
+        if ((r = ddp__gpu_z3_commit(ctx)) != DDP_OK) return r;
+        ddp__mutex_init(&ctx->z3.lock);
+        ddp__cond_init(&ctx->z3.cond);
+        ctx->z3.on = 1;
+        return DDP_OK;
+    }
+#endif
     ctx->z3.view_bytes = ddp__round_up(ctx->flat.count * ctx->z3.es, ctx->z3.page);
     np = ctx->z3.view_bytes / ctx->z3.page;
     if (!(ctx->z3.page_refs = (uint32_t *)ddp__calloc(sizeof(uint32_t) * (np ? np : 1))))
@@ -10817,9 +11490,12 @@ static void ddp__z3_free(ddp_context *ctx) {
         ddp__cond_destroy(&ctx->z3.cond);
         ddp__mutex_destroy(&ctx->z3.lock);
         ctx->z3.started = 0;
+    } else if (ctx->z3.device && ctx->z3.on) {   /* the lock without a thread */
+        ddp__cond_destroy(&ctx->z3.cond);
+        ddp__mutex_destroy(&ctx->z3.lock);
     }
     if (ddp__z3_fault_ctx == ctx) { ddp__fault_hook(NULL); ddp__z3_fault_ctx = NULL; }
-    if (ctx->z3.view) ddp__vm_release(ctx->z3.view, ctx->z3.view_bytes);
+    if (ctx->z3.view && !ctx->z3.device) ddp__vm_release(ctx->z3.view, ctx->z3.view_bytes);   /* NCCL: the backend's */
     ctx->z3.view = NULL;
     ctx->z3.on = 0;
     DDP_FREE(ctx->z3.page_refs);
@@ -10854,7 +11530,7 @@ static ddp_result ddp__z3_before_op(ddp_context *ctx, int i) {
         memcpy(&id, ctx->tape.arena + o->ids_offset + sizeof(int) * (size_t)j, sizeof id);
         r = ddp__z3_gather(ctx, ctx->z3.unit_of[id]);
     }
-    for (k = i - 1; k >= 0 && k >= i - DDP__Z3_LOOKAHEAD && r == DDP_OK; k--) {   /* the next op with parameters */
+    for (k = i - 1; k >= 0 && k >= i - DDP__Z3_LOOKAHEAD && r == DDP_OK && !ctx->desc.shard_prefetch_off; k--) {   /* the next op with parameters */
         const ddp__tape_op *n = &ctx->tape.ops[k];
         for (j = 0; j < n->num_ids && r == DDP_OK; j++) {
             memcpy(&id, ctx->tape.arena + n->ids_offset + sizeof(int) * (size_t)j, sizeof id);
@@ -10898,6 +11574,9 @@ static ddp_result ddp__z3_check_record(ddp_context *ctx, const int *ids, int n) 
 /* ddp_adamw_step at PARAMETERS: every unit released (its values would be stale after the step). */
 static ddp_result ddp__z3_check_step(ddp_context *ctx, const char *call) {
     int u = ddp__z3_any_gathered(ctx);
+#ifdef DDP_CUDA
+    if (u < 0 && ctx->z3.device) return ddp__gpu_z3_drain(ctx, 1);   /* the step: every released unit's memory back */
+#endif
     if (u < 0) return DDP_OK;
     return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s: unit '%s' is still gathered (a gather without a release): release "
                      "every unit first (ddp_unit_release; the tape's backward releases the units its ops list), or its "
@@ -13387,7 +14066,8 @@ ddp_result ddp_unit_gather(ddp_context *ctx, int unit) {
 }
 ddp_result ddp_unit_prefetch(ddp_context *ctx, int unit) {
     ddp_result r = ddp__unit_call(ctx, unit, "ddp_unit_prefetch");
-    return r != DDP_OK || !ddp__z3(ctx) ? r : ddp__z3_prefetch(ctx, unit);
+    /* shard_prefetch_off: the unit is gathered when it is needed */
+    return r != DDP_OK || !ddp__z3(ctx) || ctx->desc.shard_prefetch_off ? r : ddp__z3_prefetch(ctx, unit);
 }
 ddp_result ddp_unit_release(ddp_context *ctx, int unit) {
     ddp_result r = ddp__unit_call(ctx, unit, "ddp_unit_release");

@@ -16,19 +16,32 @@
      streaming, fp32 and bf16 buckets: every rank ends with the CPU backend's bits; a rank of one
      group that aborts fails every rank, the other group's too, by name; a group's communicator
      whose set-up never finishes is named with the group's ranks;
+   - hybrid sharding (shard_group; 4 ranks in groups of 2, 6 in groups of 2 and of 3): the
+     group's reduce-scatter and the part's allreduce across the groups on a third communicator:
+     every step's averaged parts within a derived bound of the exact average, the same bits on
+     every rank, the parameters near unsharded training's, exactly the parts' bytes across the
+     groups and none on the world's communicator, both collectives on the timeline, fp32 and
+     bf16 on the wire, bf16 parameters, clipping, accumulation; a failing cross-group
+     communicator named;
    - user collectives on device and host buffers, host copies of every flat buffer, step stats;
    - non-finite gradients, named by the step with grad_norm_out, reported by the next without;
    - faults: an asynchronous NCCL error on one rank, a rank that aborts its communicator, a rank
      that stops, a GPU that stops (events never complete) — every rank fails with a named error
      within seconds, nothing hangs, shutdown is fast; set-up that completes late, that never
      completes (the timeout names the ranks), two ranks on one GPU;
+   - sharded parameters (ZeRO-3, DDP_SHARD_PARAMETERS): a model of three layers and a head, a
+     unit each, on 1-4 ranks with the tape and with its own autograd, accumulation, bf16
+     parameters, clipping, an unused parameter: every step's norm and the parameters the same bits
+     as unsharded; ddp_param never moves; a gathered unit's granules all device memory, a released
+     one's exactly those holding this rank's parts; a copy from released memory counted as misuse
+     by the fake; >>zero3's misuse checks named; a checkpoint saved at PARAMETERS loads unsharded;
    - the fake saw no misuse of the CUDA or NCCL API (wrong pointers, devices, destroyed handles)
      and nothing leaked (communicators, events, device memory). */
 #include "testlib.h"
 #include "support/equivalence_model.h"   /* test_equivalence.c's model, data and CPU ops */
 #include "fakegpu/fakegpu.h"
 
-#define MAX_WORLD 4
+#define MAX_WORLD 6   /* hybrid sharding: 6 ranks in groups of 2 and of 3 */
 
 typedef struct result {
     ddp_result r, shut;
@@ -327,7 +340,6 @@ static const size_t sh_sizes[SH_PARAMS] = { 9000, 50, 6000, 3000, 700 };
 static struct { float norm[MAX_WORLD][SH_STEPS]; float *params[MAX_WORLD], *m, *v; size_t count; ddp_result r[MAX_WORLD];
                 char err[MAX_WORLD][DDP__ERR_MAX]; } sh;
 
-static int sh_group;   /* hybrid sharding: ddp_desc.shard_group of the sharded pass (0: flat) */
 static void shard_rank(test_rank *self) {
     ddp_desc d = test_desc(self);
     ddp_context *ctx = NULL;
@@ -340,7 +352,6 @@ static void shard_rank(test_rank *self) {
     d.log = keep_errors; d.log_level = DDP_LOG_ERROR;   /* ddp_shutdown's own failure, into res[].logged */
     d.backend = cfg.backend;
     d.shard_optimizer = cfg.shard;
-    d.shard_group = cfg.shard ? sh_group : 0;
     d.reduce_dtype = cfg.bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
     d.bucket_cap_mb = 0.05;
     d.first_bucket_mb = 0.01;
@@ -424,12 +435,330 @@ static void test_shard_parts(int world, int micro, int bf16) {
         for (r = 0; r < world; r++) free(sh.params[r]);
         if (pass) { free(sh.m); free(sh.v); }
     }
-    snprintf(name, sizeof name, "fake_nccl_ranks%d_accum%d%s_sharded%s_parts_norm_params_m_v_bitwise_equal_cpu_unsharded", world, micro,
-             bf16 ? "_bf16" : "", sh_group ? "_hybrid_groups_of_2" : "");
+    snprintf(name, sizeof name, "fake_nccl_ranks%d_accum%d%s_sharded_parts_norm_params_m_v_bitwise_equal_cpu_unsharded", world, micro,
+             bf16 ? "_bf16" : "");
     verdict(ok, name, "%s", why);
     free(params); free(m); free(v);
     snprintf(name, sizeof name, "shard_parts_ranks%d_accum%d%s", world, micro, bf16 ? "_bf16" : "");
     check_clean(name);
+}
+
+/* ---- hybrid sharding (desc.shard_group = S): each bucket reduce-scattered (ncclSum) within the
+   shard group, this rank's part allreduced (ncclSum) across the groups on a third communicator
+   (the holders of the part: ranks s, s + S, ...), times 1/world. The sum's order is hierarchical
+   (the group's, then the groups'), not the world's rank order, so the bits are not unsharded's:
+   - every step, every rank's averaged part against the exact average (in double) of the
+     gradients every rank wrote (the test recomputes them all: the parameters are the same on
+     every rank). Each rank's value x_r enters exactly (fp32) or as the bf16 value the wire
+     carries; any summation tree of W values rounds at most W - 1 times, each by at most u times
+     the sum of magnitudes M (u = 2^-24 fp32; 2^-8 where a sum is rounded to bf16, + 2^-24 for
+     the float sums in between), and the product by 1/W (rounded) adds two more roundings of the
+     result: |avg - exact| <= (W - 1) (u_sum) M / W + 3 u |exact| (bf16 results: 2^-7 |exact|);
+     a part summed within one group only, or twice, is off by the gradients' own size;
+   - every holder of a part has the same bits, and every rank the same parameters;
+   - the parameters against unsharded training on the CPU backend: two AdamW runs whose
+     gradients differ move each parameter by at most lr (1 - b1) / sqrt(1 - b2) + lr wd |p| a
+     step (Kingma and Ba 2.1; |p| < 1 here), so they lie within twice n of those of each other
+     (bf16 parameters: plus one rounding of the working copy) — a sanity bound; the per-step
+     gradient check above is the one that catches a wrong reduction;
+   - the bytes: the cross-group communicator carries exactly each bucket's part a synchronizing
+     step (count x the wire's element), and the world's communicator nothing during the steps
+     (before, every bucket went whole over the world);
+   - with a timeline, the comm lane holds both collectives of every bucket;
+   fp32 on the wire and in the parameters, the parameters must also lie within 1e-5 of
+   unsharded's (the averages differ by a few ulps; seen here: ~1e-7). ---- */
+static struct {
+    int S, micro, wire_bf16, param_bf16, timeline;
+    int inject_rank, inject_step;          /* that rank's cross-group communicator fails before that step */
+    float *params[MAX_WORLD], *avg[MAX_WORLD];   /* the final parameters; the last step's averaged gradients (own parts) */
+    float norm[MAX_WORLD][SH_STEPS];
+    size_t count;
+    char bad[MAX_WORLD][400];              /* the first gradient outside its bound, per rank */
+    double worst[MAX_WORLD];               /* the largest |avg - exact| / bound seen */
+    unsigned long long cross[MAX_WORLD], expect[MAX_WORLD], world_bytes[MAX_WORLD], bucket_bytes[MAX_WORLD];
+    int cross_ops[MAX_WORLD], expect_ops[MAX_WORLD];
+    const char *tl_path;
+} hy;
+
+static void expect_failure(const char *name, int world, double within_s, const char *const *want);
+
+static float hy_grad(float p, int step, int u, int rank, int k, size_t j) {
+    float scale = step % 3 == 0 ? 0.01f : 1.0f;
+    return scale * tanhf(1.7f * p + test_value(1000 * (uint64_t)step + 10 * (uint64_t)u + 100000 * (uint64_t)rank,
+                                               (uint64_t)k * 100000 + j));
+}
+
+/* Rank `self`'s averaged parts of step `step` against the exact average of every rank's gradients. */
+static ddp_result hy_check(ddp_context *ctx, test_rank *self, const int *ids, int step, float *buf) {
+    int W = self->world, rr, u, k, b, me = self->rank;
+    double ufl = ldexp(1.0, -24), usum = hy.wire_bf16 || hy.param_bf16 ? ldexp(1.0, -8) + ufl : ufl;
+    double urel = hy.param_bf16 ? ldexp(1.0, -7) : hy.wire_bf16 ? ldexp(1.0, -7) : 3 * ufl;
+    size_t n = hy.count, i, j;
+    double *exact = (double *)calloc(n, sizeof(double)), *mag = (double *)calloc(n, sizeof(double));
+    ddp_result r = DDP_OK;
+    if (!exact || !mag) { free(exact); free(mag); return DDP_ERR_OUT_OF_MEMORY; }
+    for (k = 0; k < SH_PARAMS; k++) {
+        size_t off = hy.param_bf16 ? (size_t)(ddp_param_bf16(ctx, ids[k]) - ddp_flat_params_bf16(ctx, NULL))
+                                   : (size_t)(ddp_param(ctx, ids[k]) - ddp_flat_params(ctx, NULL));
+        for (j = 0; j < sh_sizes[k]; j++) {
+            float p = hy.param_bf16 ? ddp__from_bf16(ddp_param_bf16(ctx, ids[k])[j]) : ddp_param(ctx, ids[k])[j];
+            for (rr = 0; rr < W; rr++) {
+                float acc = 0;
+                double x;
+                for (u = 0; u < hy.micro; u++) {   /* as the rank accumulated its micro-steps */
+                    if (hy.param_bf16) acc = ddp__from_bf16(ddp__to_bf16(acc + hy_grad(p, step, u, rr, k, j)));
+                    else acc += hy_grad(p, step, u, rr, k, j);
+                }
+                x = hy.wire_bf16 && !hy.param_bf16 ? ddp__from_bf16(ddp__to_bf16(acc)) : acc;   /* what the wire carries */
+                exact[off + j] += x;
+                mag[off + j] += fabs(x);
+            }
+        }
+    }
+    for (b = 0; b < ctx->model.num_buckets && r == DDP_OK; b++) {
+        const ddp__wire *w = &ctx->model.buckets[b].wire;
+        if (w->hi == w->lo) continue;
+        if ((r = ddp_copy_to_host(ctx, DDP_GRADS, w->lo, buf + w->lo, w->hi - w->lo)) != DDP_OK) break;
+        for (i = w->lo; i < w->hi; i++) {
+            double e = exact[i] / W, bound = (W - 1) * usum * mag[i] / W + urel * fabs(e), d = fabs((double)buf[i] - e);
+            if (bound > 0 && d / bound > hy.worst[me]) hy.worst[me] = d / bound;
+            if (!(d <= bound) && !hy.bad[me][0])
+                snprintf(hy.bad[me], sizeof hy.bad[me], "step %d, element %zu (bucket %d): %.9g, exact %.9g, off by %g > bound %g",
+                         step, i, b, buf[i], e, d, bound);
+        }
+    }
+    free(exact); free(mag);
+    return r;
+}
+
+static void hybrid_rank(test_rank *self) {
+    result *out = &res[self->rank];
+    ddp_desc d = test_desc(self);
+    ddp_context *ctx = NULL;
+    ddp_adamw opt;
+    ddp_result r;
+    int ids[SH_PARAMS], k, step, u, me = self->rank, nccl = cfg.backend == DDP_BACKEND_NCCL;
+    unsigned long long world0 = 0, cross0 = 0;
+    int ops0 = 0, ops1 = 0, b;
+    float *buf = NULL;
+    static float init[MAX_WORLD][SH_PARAMS][SH_MAX];   /* one each: ddp_commit reads them */
+    memset(&opt, 0, sizeof opt);
+    opt.lr = 0.01f; opt.weight_decay = 0.1f; opt.max_grad_norm = 5.0f;   /* clips the steps of scale 1 (norm ~ 70) */
+    d.log = keep_errors; d.log_level = DDP_LOG_ERROR;
+    d.backend = cfg.backend;
+    d.shard_optimizer = nccl;
+    d.shard_group = nccl ? hy.S : 0;
+    d.reduce_dtype = hy.wire_bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
+    d.param_dtype = hy.param_bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
+    d.bucket_cap_mb = 0.05;
+    d.first_bucket_mb = 0.01;
+    if (hy.tl_path && nccl) d.timeline_path = hy.tl_path;
+    if (cfg.timeout_s > 0) d.timeout_s = cfg.timeout_s;
+    out->fail_step = -1;
+    r = ddp_init(&ctx, &d);
+    for (k = 0; k < SH_PARAMS && r == DDP_OK; k++) {
+        char name[16];
+        size_t i;
+        for (i = 0; i < sh_sizes[k]; i++) init[me][k][i] = 0.5f * test_value(77 + (uint64_t)k, i);
+        snprintf(name, sizeof name, "p%d", k);
+        r = ddp_register_param(ctx, name, sh_sizes[k], k % 2 ? DDP_NO_DECAY : 0, init[me][k], &ids[k]);
+    }
+    if (r == DDP_OK) r = ddp_commit(ctx);
+    if (r == DDP_OK) {
+        if (hy.param_bf16) ddp_flat_params_bf16(ctx, &hy.count);
+        else ddp_flat_params(ctx, &hy.count);
+        if (!(buf = (float *)calloc(hy.count, sizeof(float)))) r = DDP_ERR_OUT_OF_MEMORY;
+    }
+    if (r == DDP_OK && nccl) {   /* what the steps alone send */
+        world0 = fakegpu_comm_bytes(ctx->impl.gpu->nccl, NULL);
+        cross0 = fakegpu_comm_bytes(ctx->impl.gpu->cross, &ops0);
+        for (b = 0; b < ctx->model.num_buckets; b++) {
+            const ddp__wire *w = &ctx->model.buckets[b].wire;
+            hy.expect[me] += (unsigned long long)SH_STEPS * (w->hi - w->lo) * (w->bytes / ctx->model.buckets[b].count);
+            hy.expect_ops[me] += SH_STEPS * (w->hi > w->lo);
+            hy.bucket_bytes[me] += (unsigned long long)SH_STEPS * w->bytes;
+        }
+    }
+    for (step = 0; step < SH_STEPS && r == DDP_OK; step++) {
+        if (me == hy.inject_rank && step == hy.inject_step) fakegpu_inject_comm_error(ctx->impl.gpu->cross, ncclSystemError);
+        r = ddp_zero_grad(ctx);
+        for (u = 0; u < hy.micro && r == DDP_OK; u++) {
+            ddp_set_sync(ctx, u == hy.micro - 1);
+            for (k = SH_PARAMS - 1; k >= 0 && r == DDP_OK; k--) {
+                size_t i;
+                for (i = 0; i < sh_sizes[k]; i++) {   /* device memory is host memory here */
+                    if (hy.param_bf16) {
+                        ddp_bf16 *g = ddp_grad_bf16(ctx, ids[k]);
+                        g[i] = ddp__to_bf16(ddp__from_bf16(g[i]) + hy_grad(ddp__from_bf16(ddp_param_bf16(ctx, ids[k])[i]), step, u, me, k, i));
+                    } else ddp_grad(ctx, ids[k])[i] += hy_grad(ddp_param(ctx, ids[k])[i], step, u, me, k, i);
+                }
+                r = ddp_grad_ready(ctx, ids[k]);
+            }
+            if (r == DDP_OK) r = ddp_finish(ctx);
+        }
+        if (r == DDP_OK && nccl) r = hy_check(ctx, self, ids, step, buf);
+        if (r == DDP_OK) r = ddp_adamw_step(ctx, &opt, &hy.norm[me][step]);
+        if (r != DDP_OK) out->fail_step = step;
+    }
+    out->t_fail = ddp__now() - t_start;
+    if (r == DDP_OK && nccl) {
+        hy.world_bytes[me] = fakegpu_comm_bytes(ctx->impl.gpu->nccl, NULL) - world0;
+        hy.cross[me] = fakegpu_comm_bytes(ctx->impl.gpu->cross, &ops1) - cross0;
+        hy.cross_ops[me] = ops1 - ops0;
+        hy.avg[me] = buf; buf = NULL;
+    }
+    if (r == DDP_OK) {
+        hy.params[me] = (float *)malloc(hy.count * sizeof(float));
+        if (hy.param_bf16) {   /* the working copies the program computes with, once every rank's gathers are done */
+            size_t i;
+            const ddp_bf16 *wc = ddp_flat_params_bf16(ctx, NULL);
+            r = ddp_gather_to_host(ctx, DDP_PARAMS, 0, hy.params[me], hy.count, 0);   /* (a collective: after them) */
+            for (i = 0; r == DDP_OK && i < hy.count; i++) hy.params[me][i] = ddp__from_bf16(wc[i]);
+        } else r = ddp_copy_to_host(ctx, DDP_PARAMS, 0, hy.params[me], hy.count);
+    }
+    out->r = r;
+    snprintf(out->err, sizeof out->err, "%s", ddp_last_error(ctx));
+    free(buf);
+    {
+        double t0 = ddp__now();
+        out->shut = ddp_shutdown(ctx);
+        out->t_shutdown = ddp__now() - t0;
+    }
+}
+
+static void hy_reset(int S, int micro, int wire_bf16, int param_bf16) {
+    int r;
+    for (r = 0; r < MAX_WORLD; r++) { free(hy.params[r]); free(hy.avg[r]); }
+    memset(&hy, 0, sizeof hy);
+    hy.S = S; hy.micro = micro; hy.wire_bf16 = wire_bf16; hy.param_bf16 = param_bf16;
+    hy.inject_rank = -1;
+}
+
+static int hy_count(const char *path, const char *what) {
+    char line[1024];
+    int n = 0;
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    while (fgets(line, sizeof line, f)) n += strstr(line, what) != NULL;
+    fclose(f);
+    return n;
+}
+
+static void test_hybrid(int world, int S, int micro, int wire_bf16, int param_bf16, int timeline) {
+    float *ref = NULL, ref_norm[SH_STEPS];
+    char name[200], tag[96], why[DDP__ERR_MAX + 200] = "", path[64] = "";
+    int r, ok = 1, step, fd = -1;
+    double worst = 0, worst_ratio = 0, lr = 0.01, bound = 2.0 * SH_STEPS * (lr * (1 - 0.9) / sqrt(1 - 0.999) + lr * 0.1) +
+                                                     (param_bf16 ? 1.0 / 256 : 0);
+    size_t i, count = 0;
+    snprintf(tag, sizeof tag, "ranks%d_groups_of%d_accum%d%s%s", world, S, micro, wire_bf16 ? "_bf16_wire" : "",
+             param_bf16 ? "_bf16_params" : "");
+    /* the reference: unsharded, on the CPU backend */
+    fakegpu_reset(); reset_cfg(); hy_reset(S, micro, wire_bf16, param_bf16);
+    cfg.backend = DDP_BACKEND_CPU;
+    run(world, hybrid_rank);
+    for (r = 0; r < world && ok; r++)
+        if (res[r].r != DDP_OK) { ok = 0; snprintf(why, sizeof why, "the CPU reference, rank %d: %s", r, res[r].err); }
+    if (ok) { ref = hy.params[0]; hy.params[0] = NULL; count = hy.count; memcpy(ref_norm, hy.norm[0], sizeof ref_norm); }
+    /* hybrid on the NCCL backend */
+    fakegpu_reset(); reset_cfg(); hy_reset(S, micro, wire_bf16, param_bf16);
+    fakegpu_set_device_count(world);   /* a GPU a rank (the fake's default is 4) */
+    if (timeline) {
+        snprintf(path, sizeof path, "/tmp/ddp_fake_hy_XXXXXX");
+        if ((fd = mkstemp(path)) >= 0) close(fd);
+        hy.tl_path = path;
+    }
+    if (ok) run(world, hybrid_rank);
+    for (r = 0; r < world && ok; r++)
+        if (res[r].r != DDP_OK || res[r].shut != DDP_OK) {
+            ok = 0;
+            snprintf(why, sizeof why, "rank %d: %s; ddp_shutdown %s%s%.300s", r, res[r].err, ddp_result_string(res[r].shut),
+                     res[r].logged[0] ? ": " : "", res[r].logged);
+        }
+    snprintf(name, sizeof name, "fake_nccl_hybrid_%s_trains", tag);
+    verdict(ok, name, "%s", why);
+    if (!ok) { free(ref); if (path[0]) unlink(path); return; }
+    /* the averages, every step, every rank */
+    why[0] = 0;
+    for (r = 0; r < world; r++) {
+        if (hy.worst[r] > worst_ratio) worst_ratio = hy.worst[r];
+        if (hy.bad[r][0] && !why[0]) snprintf(why, sizeof why, "rank %d: %s", r, hy.bad[r]);
+    }
+    snprintf(name, sizeof name, "fake_nccl_hybrid_%s_every_steps_averaged_parts_within_bound_of_exact", tag);
+    verdict(!why[0], name, "%s", why);
+    printf("  (%s: worst |avg - exact| %.3f of the bound)\n", name, worst_ratio);
+    /* one part's holders: the same bits; every rank: the same parameters */
+    why[0] = 0;
+    for (r = world - 1; r >= 0 && !why[0]; r--) {
+        int h = r % S;   /* rank h: group 0's holder of the same part */
+        if (memcmp(hy.params[r], hy.params[0], count * sizeof(float))) snprintf(why, sizeof why, "rank %d's parameters differ from rank 0's", r);
+        else if (r != h && memcmp(hy.avg[r], hy.avg[h], count * sizeof(float)))
+            snprintf(why, sizeof why, "rank %d's averaged part differs from rank %d's (the same part)", r, h);
+    }
+    snprintf(name, sizeof name, "fake_nccl_hybrid_%s_same_bits_on_every_rank", tag);
+    verdict(!why[0], name, "%s", why);
+    for (i = 0; i < count; i++) {
+        double d = fabs((double)hy.params[0][i] - ref[i]);
+        if (!(d <= worst)) worst = d;
+    }
+    why[0] = 0;
+    if (!wire_bf16 && !param_bf16 && !(worst <= 1e-5))   /* fp32: the averages differ by ulps (seen: ~1e-7 here) */
+        snprintf(why, sizeof why, "fp32: a parameter differs by more than 1e-5;");
+    for (step = 0; step < SH_STEPS; step++) {
+        double d = fabs((double)hy.norm[0][step] - ref_norm[step]) / ref_norm[step];
+        if (!(d <= (wire_bf16 || param_bf16 ? 1e-2 : 1e-5)) && !why[0])
+            snprintf(why, sizeof why, "step %d: norm %.9g hybrid, %.9g unsharded", step, hy.norm[0][step], ref_norm[step]);
+    }
+    snprintf(name, sizeof name, "fake_nccl_hybrid_%s_params_and_norm_within_bound_of_unsharded", tag);
+    verdict(worst <= bound && !why[0], name, "%s largest parameter difference %g, bound %g", why, worst, bound);
+    printf("  (%s: largest parameter difference %g, bound %g)\n", name, worst, bound);
+    /* the bytes across the groups: the parts */
+    why[0] = 0;
+    for (r = 0; r < world && !why[0]; r++)
+        if (hy.cross[r] != hy.expect[r] || hy.cross_ops[r] != hy.expect_ops[r] || hy.world_bytes[r] != 0 || hy.expect[r] == 0)
+            snprintf(why, sizeof why, "rank %d: %llu bytes in %d collectives across the groups (want its parts: %llu in %d; the "
+                     "buckets are %llu), %llu bytes on the world's communicator during the steps (want 0)", r, hy.cross[r],
+                     hy.cross_ops[r], hy.expect[r], hy.expect_ops[r], hy.bucket_bytes[r], hy.world_bytes[r]);
+    snprintf(name, sizeof name, "fake_nccl_hybrid_%s_sends_its_part_across_groups_not_the_bucket", tag);
+    verdict(!why[0], name, "%s", why);
+    printf("  (%s: rank 0 sends %llu bytes across the groups in %d steps; its buckets are %llu)\n", name, hy.cross[0], SH_STEPS,
+           hy.bucket_bytes[0]);
+    if (timeline) {   /* both collectives of every bucket on the comm lane */
+        int rs = hy_count(path, "(shard group)"), cr = hy_count(path, "across the shard groups");
+        snprintf(name, sizeof name, "fake_nccl_hybrid_%s_timeline_shows_both_collectives", tag);
+        verdict(rs > 0 && rs == cr, name, "%d reduce-scatter and %d cross-group span(s) in %s", rs, cr, path);
+        unlink(path);
+    }
+    free(ref);
+    snprintf(name, sizeof name, "hybrid_%s", tag);
+    check_clean(name);
+}
+
+/* The cross-group communicator fails (an asynchronous error on rank 1's): every rank fails
+   within seconds, rank 1 naming that communicator, and nothing leaks. */
+static void hybrid_cross_fails(void) {
+    const char *want[3] = { "stopped because rank 1|rank 1 disconnected", "cross-group", "stopped because rank 1|rank 1 disconnected" };
+    fakegpu_reset(); reset_cfg(); hy_reset(2, 1, 0, 0);
+    hy.inject_rank = 1; hy.inject_step = 2;
+    run(4, hybrid_rank);
+    expect_failure("fake_nccl_hybrid_ranks4_groups_of2_cross_group_communicator_fails_named", 4, 5, want);
+    hy_reset(2, 1, 0, 0);
+}
+
+/* Rank 3's third set-up (the cross-group communicator of part 1: ranks 1 and 3) never finishes:
+   those two time out naming that communicator and its ranks, ranks 0 and 2 fail by name. */
+static void hybrid_cross_init_never_completes(void) {
+#define HY_PEER_LOST "stopped because rank 1|stopped because rank 3|rank 1 disconnected|rank 3 disconnected"
+#define HY_TIMED_OUT "in NCCL's set-up of the cross-group communicator; rank(s) never started it: none; rank(s) that did not finish it: 1, 3;"
+    const char *want[3] = { HY_PEER_LOST, HY_TIMED_OUT, HY_PEER_LOST "|" HY_TIMED_OUT };   /* the last: ranks 2 and 3 */
+    fakegpu_reset(); reset_cfg(); hy_reset(2, 1, 0, 0);
+    fakegpu_stall_init_on(3, 2);
+    cfg.timeout_s = 2;
+    run(4, hybrid_rank);
+    expect_failure("fake_nccl_hybrid_ranks4_groups_of2_cross_setup_never_completes_timeout_names_its_ranks", 4, 6, want);
+    hy_reset(2, 1, 0, 0);
+#undef HY_PEER_LOST
+#undef HY_TIMED_OUT
 }
 
 /* ---- a small model whose gradients the test writes itself ---- */
@@ -470,6 +799,99 @@ static ddp_result small_backward(ddp_context *ctx, int a, int b, int rank, int n
 
 #define CHECK(cond, ...) do { if (!(cond)) { snprintf(out->err, sizeof out->err, __VA_ARGS__); out->r = DDP_ERR_BACKEND; goto done; } } while (0)
 #define CALL(call) do { ddp_result r_ = (call); if (r_ != DDP_OK) { snprintf(out->err, sizeof out->err, "%.60s: %.900s", #call, ddp_last_error(ctx)); out->r = r_; goto done; } } while (0)
+
+/* ---- the device address-space layer (ddp.h's >>nccl-vm) through the fake driver ---- */
+static void gvm_rank(test_rank *self) {
+    result *out = &res[self->rank];
+    ddp_context *ctx = NULL;
+    ddp__gvm g;
+    int a, b, dev;
+    size_t gran = (size_t)64 << 10, base_bytes, lo, hi, i;
+    int base_res = fakegpu_vm_live_reservations(), base_misuse = fakegpu_misuse_count();
+    memset(&g, 0, sizeof g);
+    CALL(small_init(self, &ctx, &a, &b, 0));
+    dev = ctx->impl.gpu->device;
+    base_bytes = fakegpu_device_bytes(dev);
+    CALL(ddp__gvm_reserve(ctx, &g, 4 * gran + 100, "the test's range"));
+    CHECK(g.gran == gran && g.bytes == 5 * gran && g.base && ((uintptr_t)g.base % gran) == 0,
+          "reserve: gran %zu bytes %zu (want %zu, %zu, aligned)", g.gran, g.bytes, gran, 5 * gran);
+    CHECK(ddp__gvm_mapped(&g) == 0 && fakegpu_device_bytes(dev) == base_bytes && fakegpu_vm_live_reservations() == base_res + 1,
+          "a reservation holds no memory (mapped %zu, device bytes %zu -> %zu)", ddp__gvm_mapped(&g), base_bytes,
+          fakegpu_device_bytes(dev));
+    /* a map inside one granule maps it; an overlapping one maps only the new granules */
+    CALL(ddp__gvm_map_range(ctx, &g, gran / 2, gran / 2, "part", &lo, &hi));
+    CHECK(lo == 0 && hi == gran && g.refs[0] == 1 && g.handle[0] && ddp__gvm_mapped(&g) == gran &&
+          fakegpu_device_bytes(dev) == base_bytes + gran, "first map: [%zu, %zu) refs %u bytes %zu", lo, hi, g.refs[0],
+          fakegpu_device_bytes(dev) - base_bytes);
+    CALL(ddp__gvm_map_range(ctx, &g, 100, 2 * gran + 1 - 100, "span", &lo, &hi));
+    CHECK(lo == gran && hi == 3 * gran && g.refs[0] == 2 && g.refs[1] == 1 && g.refs[2] == 1 && g.refs[3] == 0 &&
+          fakegpu_device_bytes(dev) == base_bytes + 3 * gran, "second map: [%zu, %zu) refs %u %u %u %u", lo, hi, g.refs[0],
+          g.refs[1], g.refs[2], g.refs[3]);
+    /* mapped granules are one piece of device memory to a copy across them */
+    CHECK(cudaMemsetAsync(g.base, 0, 3 * gran, NULL) == cudaSuccess && fakegpu_misuse_count() == base_misuse,
+          "a memset across three mapped granules was refused: %s", fakegpu_misuse_first());
+    for (i = 0; i < 3 * gran; i += 4096) g.base[i] = (unsigned char)(i / 4096);
+    /* an unmap that leaves a holder keeps the granule and its contents */
+    CALL(ddp__gvm_unmap(ctx, &g, gran / 2, gran / 2));
+    CHECK(g.refs[0] == 1 && g.handle[0] && g.base[4096] == 1 && ddp__gvm_mapped(&g) == 3 * gran,
+          "unmap of one holder of two: refs %u, contents %d", g.refs[0], g.base[4096]);
+    /* a map the device cannot back fails by name and changes nothing (granule 3 mapped, 4 not) */
+    fakegpu_set_device_memory(dev, fakegpu_device_bytes(dev) + gran);
+    {
+        ddp_result r = ddp__gvm_map(ctx, &g, 0, 5 * gran, "the test's full range");
+        fakegpu_set_device_memory(dev, 0);
+        CHECK(r == DDP_ERR_OUT_OF_MEMORY && strstr(ddp_last_error(ctx), "the test's full range") &&
+              strstr(ddp_last_error(ctx), "out of memory"), "a map beyond the device: %d %.900s", (int)r, ddp_last_error(ctx));
+    }
+    CHECK(g.refs[0] == 1 && g.refs[1] == 1 && g.refs[2] == 1 && g.refs[3] == 0 && g.refs[4] == 0 && !g.handle[3] &&
+          fakegpu_device_bytes(dev) == base_bytes + 3 * gran && g.base[4096] == 1,
+          "a failed map changed the range: refs %u %u %u %u %u, bytes %zu", g.refs[0], g.refs[1], g.refs[2], g.refs[3], g.refs[4],
+          fakegpu_device_bytes(dev) - base_bytes);
+    /* an unmap of what nobody holds is refused and changes nothing */
+    CHECK(ddp__gvm_unmap(ctx, &g, 2 * gran, 2 * gran) != DDP_OK && g.refs[2] == 1 && g.handle[2],
+          "unmapping an unmapped granule was accepted or changed granule 2");
+    CHECK(ddp__gvm_unmap(ctx, &g, 0, 6 * gran) != DDP_OK, "an unmap beyond the reservation was accepted");
+    /* last holders out: the memory goes back, the addresses stay reserved */
+    CALL(ddp__gvm_unmap(ctx, &g, 0, 3 * gran));
+    CHECK(ddp__gvm_mapped(&g) == 0 && fakegpu_device_bytes(dev) == base_bytes && !g.handle[0] && g.base,
+          "all unmapped: mapped %zu, device bytes +%zu", ddp__gvm_mapped(&g), fakegpu_device_bytes(dev) - base_bytes);
+    /* the same addresses map again; teardown with mappings gives everything back, twice is harmless */
+    CALL(ddp__gvm_map(ctx, &g, 4 * gran, 1, "again"));
+    CHECK(fakegpu_device_bytes(dev) == base_bytes + gran, "remap: +%zu", fakegpu_device_bytes(dev) - base_bytes);
+    ddp__gvm_free(ctx, &g);
+    ddp__gvm_free(ctx, &g);
+    CHECK(fakegpu_device_bytes(dev) == base_bytes && fakegpu_vm_live_reservations() == base_res && fakegpu_vm_live_handles() == 0 &&
+          fakegpu_misuse_count() == base_misuse, "teardown: bytes +%zu, reservations %d, handles %d, misuse: %s",
+          fakegpu_device_bytes(dev) - base_bytes, fakegpu_vm_live_reservations() - base_res, fakegpu_vm_live_handles(),
+          fakegpu_misuse_first());
+    CALL(ddp_barrier(ctx));
+done:
+    if (ctx) ddp__gvm_free(ctx, &g);
+    out->shut = ddp_shutdown(ctx);
+}
+
+/* A driver without virtual memory management: a reservation fails by name, nothing else does.
+   (Before any other use: ddp.h keeps the functions once it found them.) */
+static void gvm_missing_rank(test_rank *self) {
+    result *out = &res[self->rank];
+    ddp_context *ctx = NULL;
+    ddp__gvm g;
+    int a, b;
+    ddp_result r;
+    memset(&g, 0, sizeof g);
+    CALL(small_init(self, &ctx, &a, &b, 0));
+    fakegpu_set_vm_missing(1);
+    r = ddp__gvm_reserve(ctx, &g, 1000, "the test's range");
+    fakegpu_set_vm_missing(0);
+    CHECK(r == DDP_ERR_BACKEND && strstr(ddp_last_error(ctx), "needs CUDA virtual memory management") &&
+          strstr(ddp_last_error(ctx), "the test's range") && !g.base, "without the driver's functions: %d %.900s", (int)r,
+          ddp_last_error(ctx));
+    CALL(ddp__gvm_reserve(ctx, &g, 1000, "the test's range"));   /* asked again: found now */
+    CHECK(g.base && g.bytes == g.gran, "reserve after the driver came back: %zu bytes", g.bytes);
+done:
+    if (ctx) ddp__gvm_free(ctx, &g);
+    out->shut = ddp_shutdown(ctx);
+}
 
 /* ---- (b) user collectives, (c) host copies, (d) stats ---- */
 static void collectives_rank(test_rank *self) {
@@ -1051,8 +1473,460 @@ static void timeline_gpu_spans(int world) {
     check_clean(name);
 }
 
+/* ---- sharded parameters (ZeRO-3, DDP_SHARD_PARAMETERS) on the NCCL backend: a model of three
+   tanh layers and a head, a unit each, trained by one program (its forward gathers, prefetches
+   and releases units; at DDP_SHARD_NONE those calls do nothing) at NONE and at PARAMETERS on
+   fake NCCL: every step's norm and the parameters gathered to rank 0 the same bits; ddp_param
+   never moves; after each step every released unit's granules that hold no part of this rank
+   unmapped (not device memory for the fake), those that do mapped; while gathered all of the
+   unit mapped; a collective or copy that touches a released unit counted as misuse; ---- */
+enum { Z3_D = 64, Z3_LAYERS = 3, Z3_B = 3, Z3_STEPS = 4, Z3_UNUSED = 300, Z3_GRAN = 4096 };
+typedef struct z3_config { const char *name; int micro, bf16, unused, own; float clip; } z3_config;
+typedef struct z3_model {
+    ddp_context *ddp;
+    const z3_config *c;
+    int rank, world;
+    int W[Z3_LAYERS], b[Z3_LAYERS], head, unused, unit[Z3_LAYERS + 1];
+    float act[Z3_B][Z3_LAYERS + 1][Z3_D], out[Z3_B], dact[Z3_B][Z3_LAYERS + 1][Z3_D];
+} z3_model;
+static struct {
+    const z3_config *c;
+    ddp_shard level;
+    float norm[MAX_WORLD][Z3_STEPS];
+    uint64_t hash[Z3_STEPS];
+    ddp_result r[MAX_WORLD];
+    char err[MAX_WORLD][DDP__ERR_MAX], local[MAX_WORLD][256];   /* local: a broken local property */
+    size_t mapped_after, view_bytes;   /* rank 0 at PARAMETERS: the view's device bytes after the last step, reserved */
+} z3;
+
+static float z3_pv(z3_model *m, int id, size_t i) {
+    return m->c->bf16 ? ddp__from_bf16(ddp_param_bf16(m->ddp, id)[i]) : ddp_param(m->ddp, id)[i];
+}
+static void z3_gadd(z3_model *m, int id, size_t i, float v) {
+    if (m->c->bf16) { ddp_bf16 *g = ddp_grad_bf16(m->ddp, id); g[i] = ddp__to_bf16(ddp__from_bf16(g[i]) + v); }
+    else ddp_grad(m->ddp, id)[i] += v;
+}
+typedef struct z3_op { z3_model *m; int layer; } z3_op;
+static void z3_backward_op(void *p) {
+    const z3_op *a = (const z3_op *)p;
+    z3_model *m = a->m;
+    int s, i, j, l = a->layer;
+    if (l == Z3_LAYERS) {   /* out = head . act; loss = out^2 / 2 */
+        for (s = 0; s < Z3_B; s++)
+            for (i = 0; i < Z3_D; i++) {
+                z3_gadd(m, m->head, (size_t)i, m->out[s] * m->act[s][Z3_LAYERS][i]);
+                m->dact[s][Z3_LAYERS][i] = m->out[s] * z3_pv(m, m->head, (size_t)i);
+            }
+        return;
+    }
+    for (s = 0; s < Z3_B; s++) {
+        float da[Z3_D];
+        for (j = 0; j < Z3_D; j++) {
+            float h = m->act[s][l + 1][j];
+            da[j] = m->dact[s][l + 1][j] * (1.0f - h * h);
+            z3_gadd(m, m->b[l], (size_t)j, da[j]);
+            for (i = 0; i < Z3_D; i++) z3_gadd(m, m->W[l], (size_t)j * Z3_D + (size_t)i, da[j] * m->act[s][l][i]);
+        }
+        for (i = 0; i < Z3_D; i++) {
+            float acc = 0;
+            for (j = 0; j < Z3_D; j++) acc += z3_pv(m, m->W[l], (size_t)j * Z3_D + (size_t)i) * da[j];
+            m->dact[s][l][i] = acc;
+        }
+    }
+}
+
+static void z3_local(z3_model *m, const char *fmt, const char *what, long x, long y) {
+    if (!z3.local[m->rank][0]) snprintf(z3.local[m->rank], sizeof z3.local[m->rank], fmt, what, x, y);
+}
+
+/* [p, p + n) is device memory to the fake (its first and last byte: a granule is mapped whole). */
+static int z3_is_device(const unsigned char *p, size_t n) {
+    struct cudaPointerAttributes a, z;
+    cudaPointerGetAttributes(&a, p);
+    cudaPointerGetAttributes(&z, p + n - 1);
+    return a.type == cudaMemoryTypeDevice && z.type == cudaMemoryTypeDevice;
+}
+
+/* Unit u's floats [lo, hi) in the flat buffer. */
+static void z3_unit_range(z3_model *m, int u, size_t *lo, size_t *hi) {
+    *lo = m->ddp->z3.units[u].lo;
+    *hi = m->ddp->z3.units[u].hi;
+}
+/* Does this rank own a part of any bucket touching flat elements [a, z)? */
+static int z3_owns_some(z3_model *m, size_t a, size_t z) {
+    size_t lo, hi;
+    int b;
+    for (b = 0; b < m->ddp->model.num_buckets; b++) {
+        ddp__shard_range(m->ddp, b, ddp__team_rank(m->ddp), &lo, &hi);
+        if (hi > lo && lo < z && hi > a) return 1;
+    }
+    return 0;
+}
+/* Unit u's granules as the fake sees them: gathered, all device memory; released, exactly those
+   holding a part of this rank (or of a gathered neighbour) stay. Returns the unit's granules unmapped. */
+static int z3_check_granules(z3_model *m, int u, int gathered) {
+    size_t es = m->c->bf16 ? 2 : 4, lo, hi, g0, g1, g, gone = 0;
+    const unsigned char *base = m->ddp->z3.view;
+    z3_unit_range(m, u, &lo, &hi);
+    g0 = lo * es / Z3_GRAN;
+    g1 = (hi * es + Z3_GRAN - 1) / Z3_GRAN;
+    for (g = g0; g < g1; g++) {
+        int mapped = z3_is_device(base + g * Z3_GRAN, Z3_GRAN);
+        int want = gathered || z3_owns_some(m, g * Z3_GRAN / es, (g + 1) * Z3_GRAN / es) ||
+                   (g == g0 && u > 0 && m->ddp->z3.units[u - 1].state != DDP__Z3_RELEASED) ||
+                   (g == g1 - 1 && u < Z3_LAYERS && m->ddp->z3.units[u + 1].state != DDP__Z3_RELEASED);
+        if (mapped != want) {
+            z3_local(m, "%s: unit %ld granule %ld mapped when it should not be, or the reverse", m->c->name, u, (long)g);
+            return -1;
+        }
+        gone += !mapped;
+    }
+    return (int)gone;
+}
+
+/* Layer l's forward (the head's: out). */
+static void z3_layer_values(z3_model *m, int l) {
+    int s, i, j;
+    if (l < Z3_LAYERS)
+        for (s = 0; s < Z3_B; s++)
+            for (j = 0; j < Z3_D; j++) {
+                float acc = z3_pv(m, m->b[l], (size_t)j);
+                for (i = 0; i < Z3_D; i++) acc += z3_pv(m, m->W[l], (size_t)j * Z3_D + (size_t)i) * m->act[s][l][i];
+                m->act[s][l + 1][j] = tanhf(acc);
+            }
+    else
+        for (s = 0; s < Z3_B; s++) {
+            float acc = 0;
+            for (i = 0; i < Z3_D; i++) acc += z3_pv(m, m->head, (size_t)i) * m->act[s][Z3_LAYERS][i];
+            m->out[s] = acc;
+        }
+}
+
+static ddp_result z3_forward(z3_model *m, int step, int micro) {
+    ddp_context *ddp = m->ddp;
+    ddp_result r = DDP_OK;
+    int s, i, l, sharded = ddp_config(ddp)->shard == DDP_SHARD_PARAMETERS;
+    for (s = 0; s < Z3_B; s++)
+        for (i = 0; i < Z3_D; i++)
+            m->act[s][0][i] = test_value(1000 * (uint64_t)step + 10 * (uint64_t)micro + 100000 * (uint64_t)m->rank + (uint64_t)s, (uint64_t)i);
+    for (l = 0; l <= Z3_LAYERS && r == DDP_OK; l++) {
+        z3_op a;
+        if ((r = ddp_unit_gather(ddp, m->unit[l])) != DDP_OK) break;
+        if (l < Z3_LAYERS) r = ddp_unit_prefetch(ddp, m->unit[l + 1]);
+        if (r == DDP_OK && sharded && z3_check_granules(m, m->unit[l], 1) != 0 && !z3.local[m->rank][0])
+            z3_local(m, "%s: gathered unit %ld is not all device memory (step %ld)", m->c->name, l, step);
+        if (r == DDP_OK) z3_layer_values(m, l);
+        a.m = m; a.layer = l;
+        if (!m->c->own && r == DDP_OK) {
+            int ids[2];
+            ids[0] = l < Z3_LAYERS ? m->W[l] : m->head;
+            ids[1] = l < Z3_LAYERS ? m->b[l] : m->head;
+            r = ddp_tape_record(ddp, z3_backward_op, &a, sizeof a, ids, l < Z3_LAYERS ? 2 : 1);
+        }
+        if (r == DDP_OK) r = ddp_unit_release(ddp, m->unit[l]);
+    }
+    return r;
+}
+
+/* The program's own backward: units gathered in reverse, released after their gradients. */
+static ddp_result z3_own_backward(z3_model *m) {
+    ddp_result r = DDP_OK;
+    int l;
+    for (l = Z3_LAYERS; l >= 0 && r == DDP_OK; l--) {
+        z3_op a;
+        a.m = m; a.layer = l;
+        if ((r = ddp_unit_gather(m->ddp, m->unit[l])) != DDP_OK) break;
+        if (l > 0 && (r = ddp_unit_prefetch(m->ddp, m->unit[l - 1])) != DDP_OK) break;
+        z3_backward_op(&a);
+        if (l == Z3_LAYERS) r = ddp_grad_ready(m->ddp, m->head);
+        else if ((r = ddp_grad_ready(m->ddp, m->W[l])) == DDP_OK) r = ddp_grad_ready(m->ddp, m->b[l]);
+        if (r == DDP_OK) r = ddp_unit_release(m->ddp, m->unit[l]);
+    }
+    return r == DDP_OK ? ddp_finish(m->ddp) : r;
+}
+
+static ddp_result z3_open(test_rank *self, z3_model *m, const z3_config *c, ddp_shard level) {
+    ddp_desc d = test_desc(self);
+    ddp_result r;
+    int l;
+    char name[32];
+    static float init[MAX_WORLD][Z3_LAYERS + 1][Z3_D * Z3_D];   /* one each: ddp_commit reads them */
+    memset(m, 0, sizeof *m);
+    m->c = c;
+    m->rank = self->rank;
+    m->world = self->world;
+    m->unused = -1;
+    d.log = keep_errors; d.log_level = DDP_LOG_ERROR;
+    d.backend = DDP_BACKEND_NCCL;
+    d.bucket_cap_mb = 0.01;   /* buckets of ~2600 floats: a layer's unit is two */
+    d.first_bucket_mb = 0.004;
+    d.find_unused = c->unused;
+    d.param_dtype = c->bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
+    d.shard = level;
+    if ((r = ddp_init(&m->ddp, &d)) != DDP_OK) return r;
+    for (l = 0; l <= Z3_LAYERS; l++) {
+        size_t i;
+        for (i = 0; i < Z3_D * Z3_D; i++) init[self->rank][l][i] = 0.2f * test_value(77 + (uint64_t)l, i);
+    }
+    for (l = 0; l < Z3_LAYERS && r == DDP_OK; l++) {
+        snprintf(name, sizeof name, "layer%d.W", l);
+        r = ddp_register_param(m->ddp, name, Z3_D * Z3_D, 0, init[self->rank][l], &m->W[l]);
+        snprintf(name, sizeof name, "layer%d.b", l);
+        if (r == DDP_OK) r = ddp_register_param(m->ddp, name, Z3_D, DDP_NO_DECAY, init[self->rank][Z3_LAYERS] + 100 * l, &m->b[l]);
+        snprintf(name, sizeof name, "layer%d", l);
+        if (r == DDP_OK) r = ddp_register_unit(m->ddp, name, m->W[l], 2, &m->unit[l]);
+    }
+    if (r == DDP_OK) r = ddp_register_param(m->ddp, "head", Z3_D, 0, init[self->rank][Z3_LAYERS] + 500, &m->head);
+    if (r == DDP_OK && c->unused)
+        r = ddp_register_param(m->ddp, "never.used", Z3_UNUSED, 0, init[self->rank][Z3_LAYERS] + 900, &m->unused);
+    if (r == DDP_OK) r = ddp_register_unit(m->ddp, "head", m->head, c->unused ? 2 : 1, &m->unit[Z3_LAYERS]);
+    return r == DDP_OK ? ddp_commit(m->ddp) : r;
+}
+
+static void z3_rank(test_rank *self) {
+    const z3_config *c = z3.c;
+    z3_model *m = (z3_model *)calloc(1, sizeof *m);
+    ddp_adamw opt;
+    ddp_result r;
+    int step, u, k, sharded = z3.level == DDP_SHARD_PARAMETERS;
+    const void *w0 = NULL;
+    memset(&opt, 0, sizeof opt);
+    opt.lr = 0.01f; opt.weight_decay = 0.1f; opt.max_grad_norm = c->clip;
+    r = z3_open(self, m, c, z3.level);
+    if (r == DDP_OK) w0 = c->bf16 ? (const void *)ddp_param_bf16(m->ddp, m->W[1]) : (const void *)ddp_param(m->ddp, m->W[1]);
+    for (step = 0; step < Z3_STEPS && r == DDP_OK; step++) {
+        size_t n;
+        float *all;
+        if ((r = ddp_zero_grad(m->ddp)) != DDP_OK) break;
+        for (u = 0; u < c->micro && r == DDP_OK; u++) {
+            ddp_set_sync(m->ddp, u == c->micro - 1);
+            if ((r = z3_forward(m, step, u)) == DDP_OK) r = c->own ? z3_own_backward(m) : ddp_backward(m->ddp);
+        }
+        if (r == DDP_OK) r = ddp_adamw_step(m->ddp, &opt, &z3.norm[self->rank][step]);
+        if (r != DDP_OK) break;
+        if (c->bf16) ddp_flat_grads_bf16(m->ddp, &n);
+        else ddp_flat_grads(m->ddp, &n);
+        all = (float *)calloc(n, sizeof(float));
+        r = ddp_gather_to_host(m->ddp, DDP_PARAMS, 0, self->rank == 0 ? all : NULL, n, 0);
+        if (self->rank == 0) z3.hash[step] = test_hash(all, n * sizeof(float));
+        free(all);
+        if ((c->bf16 ? (const void *)ddp_param_bf16(m->ddp, m->W[1]) : (const void *)ddp_param(m->ddp, m->W[1])) != w0)
+            z3_local(m, "%s: ddp_param moved at step %ld (%ld)", c->name, step, 0);
+        if (sharded && self->world > 1) {
+            int gone = 0, g;
+            for (k = 0; k <= Z3_LAYERS; k++) if ((g = z3_check_granules(m, k, 0)) > 0) gone += g;
+            if (gone == 0) z3_local(m, "%s: no granule of any released unit was unmapped (step %ld, %ld)", c->name, step, 0);
+        }
+    }
+    if (r == DDP_OK && sharded && self->rank == 0) {
+        z3.mapped_after = ddp__gvm_mapped(m->ddp->impl.gpu->z3vm);
+        z3.view_bytes = m->ddp->z3.view_bytes;
+    }
+    z3.r[self->rank] = r;
+    snprintf(z3.err[self->rank], sizeof z3.err[self->rank], "%s", ddp_last_error(m->ddp));
+    if (ddp_shutdown(m->ddp) != DDP_OK && z3.r[self->rank] == DDP_OK) z3.r[self->rank] = DDP_ERR_BACKEND;
+    free(m);
+}
+
+static void test_zero3(int world, const z3_config *c) {
+    float norm[Z3_STEPS];
+    uint64_t hash[Z3_STEPS];
+    char name[160], why[DDP__ERR_MAX + 128];
+    int pass, r, ok = 1, step;
+    why[0] = 0;
+    for (pass = 0; pass < 2 && ok; pass++) {   /* 0: unsharded, 1: DDP_SHARD_PARAMETERS */
+        fakegpu_reset();
+        fakegpu_set_vm_granularity(Z3_GRAN);
+        reset_cfg();
+        memset(&z3, 0, sizeof z3);
+        z3.c = c;
+        z3.level = pass ? DDP_SHARD_PARAMETERS : DDP_SHARD_NONE;
+        run(world, z3_rank);
+        for (r = 0; r < world && ok; r++) {
+            if (z3.r[r] != DDP_OK) {
+                snprintf(why, sizeof why, "%s, rank %d: %s%s%.400s", pass ? "parameters" : "none", r, z3.err[r],
+                         res[r].logged[0] ? "; ddp_shutdown: " : "", res[r].logged);
+                ok = 0;
+            } else if (z3.local[r][0]) {
+                snprintf(why, sizeof why, "rank %d: %s", r, z3.local[r]);
+                ok = 0;
+            }
+        }
+        if (ok && pass == 0) { memcpy(norm, z3.norm[0], sizeof norm); memcpy(hash, z3.hash, sizeof hash); }
+        for (step = 0; ok && pass == 1 && step < Z3_STEPS; step++)
+            if (memcmp(&norm[step], &z3.norm[0][step], sizeof(float)) || hash[step] != z3.hash[step] || !hash[step]) {
+                snprintf(why, sizeof why, "step %d: norm %.9g sharded, %.9g unsharded; hash %llx, %llx", step, z3.norm[0][step],
+                         norm[step], (unsigned long long)z3.hash[step], (unsigned long long)hash[step]);
+                ok = 0;
+            }
+        if (ok && pass == 1 && world > 1 && !(z3.mapped_after > 0 && z3.mapped_after < z3.view_bytes)) {
+            snprintf(why, sizeof why, "after the steps the view has %zu of %zu bytes mapped (want some, not all)", z3.mapped_after,
+                     z3.view_bytes);
+            ok = 0;
+        }
+        snprintf(name, sizeof name, "zero3_%s_ranks%d_%s", c->name, world, pass ? "parameters" : "none");
+        check_clean(name);
+    }
+    snprintf(name, sizeof name, "fake_nccl_zero3_%s_ranks%d_equals_unsharded_granules_released_pointers_fixed", c->name, world);
+    verdict(ok, name, "%s", why);
+}
+
+/* Misuse on NCCL: each of >>zero3's checks named; a copy from a released unit's memory is
+   counted by the fake (it is no device memory); a checkpoint saved at PARAMETERS loads unsharded. */
+static char z3_ck_path[64];
+static int z3_contains(const char *s, const char *a, const char *b) { return strstr(s, a) && (!b || strstr(s, b)); }
+static int z3_probe[MAX_WORLD] = { -1, -1, -1, -1 };   /* per rank: a unit its next backward op tries to release */
+static ddp_result z3_probe_result[MAX_WORLD];
+static char z3_probe_err[MAX_WORLD][DDP__ERR_MAX];
+static void z3_probe_op(void *p) {
+    z3_op *a = (z3_op *)p;
+    if (a->layer == Z3_LAYERS && z3_probe[a->m->rank] >= 0) {
+        z3_probe_result[a->m->rank] = ddp_unit_release(a->m->ddp, z3_probe[a->m->rank]);
+        snprintf(z3_probe_err[a->m->rank], DDP__ERR_MAX, "%s", ddp_last_error(a->m->ddp));
+    }
+    z3_backward_op(p);
+}
+static void z3_misuse_rank(test_rank *self) {
+    static const z3_config c = { "misuse", 1, 0, 0, 0, 0 };
+    z3_model *m = (z3_model *)calloc(1, sizeof *m);
+    ddp_adamw opt;
+    ddp_result r, q;
+    int ids[2], l, me = self->rank;
+    z3_op a;
+    memset(&opt, 0, sizeof opt);
+    opt.lr = 0.01f;
+    r = z3_open(self, m, &c, DDP_SHARD_PARAMETERS);
+    if (r != DDP_OK) { z3.r[me] = r; snprintf(z3.err[me], DDP__ERR_MAX, "%s", ddp_last_error(m->ddp)); ddp_shutdown(m->ddp); free(m); return; }
+    /* a recorded op whose unit is released */
+    ids[0] = m->W[1]; ids[1] = m->b[1];
+    a.m = m; a.layer = 1;
+    q = ddp_tape_record(m->ddp, z3_backward_op, &a, sizeof a, ids, 2);
+    if (me == 0) verdict(q == DDP_ERR_INVALID_STATE && z3_contains(ddp_last_error(m->ddp), "'layer1.W'", "unit 'layer1'"),
+                         "fake_nccl_zero3_record_of_released_unit_named", "%s", ddp_last_error(m->ddp));
+    ddp_tape_reset(m->ddp);
+    q = ddp_unit_release(m->ddp, m->unit[0]);
+    if (me == 0) verdict(q == DDP_ERR_INVALID_STATE && z3_contains(ddp_last_error(m->ddp), "'layer0'", "not gathered"),
+                         "fake_nccl_zero3_release_of_released_named", "%s", ddp_last_error(m->ddp));
+    /* the backward releasing a unit a later-replayed op still lists */
+    r = ddp_zero_grad(m->ddp);
+    for (l = 0; l <= Z3_LAYERS && r == DDP_OK; l++) {
+        int n = l < Z3_LAYERS ? 2 : 1;
+        if ((r = ddp_unit_gather(m->ddp, m->unit[l])) != DDP_OK) break;
+        a.layer = l;
+        ids[0] = l < Z3_LAYERS ? m->W[l] : m->head;
+        ids[1] = l < Z3_LAYERS ? m->b[l] : m->head;
+        z3_layer_values(m, l);
+        r = ddp_tape_record(m->ddp, z3_probe_op, &a, sizeof a, ids, n);
+        if (r == DDP_OK) r = ddp_unit_release(m->ddp, m->unit[l]);
+    }
+    z3_probe[me] = m->unit[0];   /* the head's op runs first: layer 0's ops are still to replay */
+    if (r == DDP_OK) r = ddp_backward(m->ddp);
+    z3_probe[me] = -1;
+    if (me == 0) verdict(r == DDP_OK && z3_probe_result[0] == DDP_ERR_INVALID_STATE &&
+                         z3_contains(z3_probe_err[0], "still in use by a recorded op", "'layer0'"),
+                         "fake_nccl_zero3_release_of_unit_in_use_by_recorded_op_named", "%s / %s", ddp_result_string(r), z3_probe_err[0]);
+    for (l = 0; l <= Z3_LAYERS && r == DDP_OK; l++)
+        if (ddp_unit_gathered(m->ddp, m->unit[l]) != 0) r = DDP_ERR_INVALID_STATE;
+    if (me == 0) verdict(r == DDP_OK, "fake_nccl_zero3_backward_releases_every_unit", "a unit is still gathered after ddp_backward");
+    /* a gather without a release, then the step */
+    if (r == DDP_OK && (r = ddp_unit_gather(m->ddp, m->unit[2])) == DDP_OK) {
+        q = ddp_adamw_step(m->ddp, &opt, NULL);
+        if (me == 0) verdict(q == DDP_ERR_INVALID_STATE && z3_contains(ddp_last_error(m->ddp), "'layer2'", "without a release"),
+                             "fake_nccl_zero3_step_with_gathered_unit_named", "%s", ddp_last_error(m->ddp));
+        r = ddp_unit_release(m->ddp, m->unit[2]);
+    }
+    if (r == DDP_OK) r = ddp_adamw_step(m->ddp, &opt, NULL);
+    /* a copy of parameters outside this rank's parts: named; a raw copy from released memory: the fake's misuse */
+    if (r == DDP_OK && self->world > 1) {
+        float x[2];
+        size_t n, g;
+        ddp_flat_grads(m->ddp, &n);
+        q = ddp_copy_to_host(m->ddp, DDP_PARAMS, me == 0 ? n - 2 : 0, x, 2);
+        if (me == 0) verdict(q == DDP_ERR_INVALID_ARGUMENT && z3_contains(ddp_last_error(m->ddp), "the parameters (DDP_SHARD_PARAMETERS", NULL),
+                             "fake_nccl_zero3_host_copy_outside_parts_named", "%s: %s", ddp_result_string(q), ddp_last_error(m->ddp));
+        if (me == 0) {   /* a granule of the view that is not mapped now (every unit released) */
+            int before = fakegpu_misuse_count();
+            cudaError_t e = cudaSuccess;
+            for (g = 0; g < m->ddp->z3.view_bytes / Z3_GRAN && z3_is_device(m->ddp->z3.view + g * Z3_GRAN, Z3_GRAN); g++) {}
+            if (g < m->ddp->z3.view_bytes / Z3_GRAN)
+                e = cudaMemcpy(x, m->ddp->z3.view + g * Z3_GRAN + 8, 2 * sizeof(float), cudaMemcpyDeviceToHost);
+            verdict(g < m->ddp->z3.view_bytes / Z3_GRAN && e != cudaSuccess && fakegpu_misuse_count() == before + 1,
+                    "fake_nccl_zero3_copy_from_released_unit_is_misuse", "granule %zu of %zu: cudaMemcpy %s, misuse %d -> %d", g,
+                    m->ddp->z3.view_bytes / Z3_GRAN, cudaGetErrorName(e), before, fakegpu_misuse_count());
+        }
+    }
+    /* a checkpoint saved here (PARAMETERS) */
+    if (r == DDP_OK) r = ddp_save(m->ddp, z3_ck_path, NULL, 0);
+    if (r == DDP_OK) {
+        size_t n;
+        float *all;
+        ddp_flat_grads(m->ddp, &n);
+        all = (float *)calloc(n, sizeof(float));
+        r = ddp_gather_to_host(m->ddp, DDP_PARAMS, 0, me == 0 ? all : NULL, n, 0);
+        if (me == 0) z3.hash[0] = test_hash(all, n * sizeof(float));
+        free(all);
+    }
+    z3.r[me] = r;
+    snprintf(z3.err[me], DDP__ERR_MAX, "%s", ddp_last_error(m->ddp));
+    ddp_shutdown(m->ddp);
+    free(m);
+}
+
+/* Loads the checkpoint unsharded (NCCL, DDP_SHARD_NONE): the parameters saved. */
+static void z3_load_rank(test_rank *self) {
+    static const z3_config c = { "load", 1, 0, 0, 0, 0 };
+    z3_model *m = (z3_model *)calloc(1, sizeof *m);
+    ddp_result r = z3_open(self, m, &c, DDP_SHARD_NONE);
+    if (r == DDP_OK) r = ddp_load(m->ddp, z3_ck_path, NULL, 0, NULL, NULL, NULL);
+    if (r == DDP_OK) {
+        size_t n;
+        float *all;
+        ddp_flat_grads(m->ddp, &n);
+        all = (float *)calloc(n, sizeof(float));
+        r = ddp_gather_to_host(m->ddp, DDP_PARAMS, 0, self->rank == 0 ? all : NULL, n, 0);
+        if (self->rank == 0) z3.hash[1] = test_hash(all, n * sizeof(float));
+        free(all);
+    }
+    z3.r[self->rank] = r;
+    snprintf(z3.err[self->rank], DDP__ERR_MAX, "%s", ddp_last_error(m->ddp));
+    ddp_shutdown(m->ddp);
+    free(m);
+}
+
+static void test_zero3_misuse(int world) {
+    char why[DDP__ERR_MAX + 64];
+    int r, ok = 1;
+    snprintf(z3_ck_path, sizeof z3_ck_path, "/tmp/ddp_fake_z3_%d.ckpt", (int)getpid());
+    fakegpu_reset();
+    fakegpu_set_vm_granularity(Z3_GRAN);
+    reset_cfg();
+    memset(&z3, 0, sizeof z3);
+    run(world, z3_misuse_rank);
+    why[0] = 0;
+    for (r = 0; r < world && ok; r++)
+        if (z3.r[r] != DDP_OK) { snprintf(why, sizeof why, "rank %d: %s", r, z3.err[r]); ok = 0; }
+    verdict(ok, "fake_nccl_zero3_misuse_run_completes", "%s", why);
+    verdict(fakegpu_misuse_count() == (world > 1) && fakegpu_live_comms() == 0 && fakegpu_live_events() == 0 &&
+            fakegpu_live_device_bytes() == 0, "fake_zero3_misuse_only_the_tests_own_nothing_leaked",
+            "%d misuse(s) (first: %s), %d communicator(s), %d event(s), %zu device bytes left", fakegpu_misuse_count(),
+            fakegpu_misuse_first(), fakegpu_live_comms(), fakegpu_live_events(), fakegpu_live_device_bytes());
+    fakegpu_reset();   /* the misuse above was the test's own */
+    fakegpu_set_vm_granularity(Z3_GRAN);
+    reset_cfg();
+    run(world, z3_load_rank);
+    for (r = 0; r < world && ok; r++)
+        if (z3.r[r] != DDP_OK) { snprintf(why, sizeof why, "load, rank %d: %s", r, z3.err[r]); ok = 0; }
+    verdict(ok && z3.hash[0] && z3.hash[0] == z3.hash[1], "fake_nccl_zero3_checkpoint_loads_unsharded_bitwise", "%s (hash %llx saved, %llx loaded)",
+            why, (unsigned long long)z3.hash[0], (unsigned long long)z3.hash[1]);
+    check_clean("zero3_load");
+    remove(z3_ck_path);
+}
+
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
+    /* the device address-space layer (>>nccl-vm) */
+    run_small("fake_nccl_gvm_driver_without_vmm_named", 1, gvm_missing_rank);
+    run_small("fake_nccl_gvm_map_unmap_refcounts_bytes_failed_map", 1, gvm_rank);
     /* (a) training equals the CPU backend */
     test_training(1, 1, 0, 0, 0);
     test_training(2, 1, 0, 0, 0);
@@ -1073,10 +1947,15 @@ int main(void) {
     test_shard_parts(3, 2, 0);
     test_shard_parts(4, 1, 1);
     test_shard_parts(1, 1, 0);
-    sh_group = 2;   /* hybrid sharding (shard_group): 4 ranks, 2 groups of 2, and the bf16 wire */
-    test_shard_parts(4, 2, 0);
-    test_shard_parts(4, 1, 1);
-    sh_group = 0;
+    /* hybrid sharding (shard_group): the group's reduce-scatter, the part across the groups */
+    test_hybrid(4, 2, 2, 0, 0, 1);   /* fp32, accumulation, the timeline's two spans */
+    test_hybrid(4, 2, 1, 1, 0, 0);   /* the bf16 wire */
+    test_hybrid(4, 2, 2, 0, 1, 0);   /* bf16 parameters, fp32 on the wire (widened) */
+    test_hybrid(6, 2, 1, 0, 0, 0);
+    test_hybrid(6, 3, 2, 1, 0, 0);
+    test_hybrid(6, 3, 1, 1, 1, 0);   /* bf16 parameters, bf16 on the wire */
+    hybrid_cross_fails();
+    hybrid_cross_init_never_completes();
     test_training_outer(2, 1, DDP_OUTER_DILOCO, DDP_WIRE_DEFAULT, 1, 0, 0, 0);
     test_training_outer(3, 1, DDP_OUTER_AVERAGE, DDP_WIRE_DEFAULT, 1, 0, 0, 1);
     test_training_outer(3, 1, DDP_OUTER_STREAMING, DDP_WIRE_INT8, 2, 1, 0.5f, 0);
@@ -1114,5 +1993,18 @@ int main(void) {
     duplicate_gpu();
     timeline_gpu_spans(1);
     timeline_gpu_spans(2);
+    {   /* sharded parameters (ZeRO-3) */
+        static const z3_config tape = { "tape", 1, 0, 0, 0, 0 }, accum = { "accum2", 2, 0, 0, 0, 0 },
+                               bf16 = { "bf16", 1, 1, 0, 0, 0 }, clip = { "clip", 1, 0, 0, 0, 0.05f },
+                               unused = { "unused", 1, 0, 1, 0, 0 }, own = { "own_autograd", 2, 0, 0, 1, 0 };
+        int w;
+        for (w = 1; w <= 4; w++) test_zero3(w, &tape);
+        test_zero3(2, &accum);
+        test_zero3(3, &bf16);
+        test_zero3(4, &clip);
+        test_zero3(3, &unused);
+        test_zero3(2, &own);
+        test_zero3_misuse(2);
+    }
     return test_summary("test_fake_nccl");
 }

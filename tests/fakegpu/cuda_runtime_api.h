@@ -8,7 +8,7 @@
 #include <stddef.h>
 
 #define FAKEGPU 1   /* lets a test tell the fake from the real thing */
-#define CUDART_VERSION 12040
+#define CUDART_VERSION 12050   /* cudaGetDriverEntryPointByVersion is 12.5's */
 
 #ifdef __cplusplus
 extern "C" {
@@ -54,6 +54,18 @@ struct cudaPointerAttributes {
     void *hostPointer;
 };
 
+/* The driver's entry points (ddp.h's >>nccl-vm takes CUDA's virtual memory management from here). */
+enum cudaGetDriverEntryPointFlags {
+    cudaEnableDefault = 0x0,
+    cudaEnableLegacyStream = 0x1,
+    cudaEnablePerThreadDefaultStream = 0x2
+};
+enum cudaDriverEntryPointQueryResult {
+    cudaDriverEntryPointSuccess = 0,
+    cudaDriverEntryPointSymbolNotFound = 1,
+    cudaDriverEntryPointVersionNotSufficent = 2
+};
+
 #define cudaEventDefault 0x00u
 #define cudaEventBlockingSync 0x01u
 #define cudaEventDisableTiming 0x02u
@@ -94,6 +106,9 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream);
 cudaError_t cudaEventQuery(cudaEvent_t event);
 cudaError_t cudaEventSynchronize(cudaEvent_t event);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
+
+cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **funcPtr, unsigned int cudaVersion,
+                                             unsigned long long flags, enum cudaDriverEntryPointQueryResult *driverStatus);
 
 #ifdef __cplusplus
 }

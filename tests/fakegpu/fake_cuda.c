@@ -30,12 +30,14 @@ typedef struct alloc {
     size_t size;
     int device;                    /* -1: pinned host memory (cudaMallocHost) */
     int live;
+    int vm;                        /* a mapped, accessible range of a reservation (fake_vm.c): not cudaFree's */
 } alloc;
 
 pthread_mutex_t fakegpu_lock = PTHREAD_MUTEX_INITIALIZER;
 static alloc *allocs;
 static int nallocs, cap_allocs;
 static int device_count = 4;
+static size_t device_cap[FAKEGPU_MAX_DEVICES];   /* fakegpu_set_device_memory; 0: no limit */
 static int held[FAKEGPU_MAX_DEVICES];
 static double held_since[FAKEGPU_MAX_DEVICES], event_delay[FAKEGPU_MAX_DEVICES];
 static double sync_timeout_s = 60;
@@ -98,6 +100,8 @@ void fakegpu_reset(void) {
     int d;
     pthread_mutex_lock(&fakegpu_lock);
     device_count = 4;
+    for (d = 0; d < FAKEGPU_MAX_DEVICES; d++) device_cap[d] = 0;
+    fakegpu_vm_reset_locked();
     sync_timeout_s = 60;
     for (d = 0; d < FAKEGPU_MAX_DEVICES; d++) { held[d] = 0; event_delay[d] = 0; legacy[d].busy_until = 0; }
     misuse_count = 0;
@@ -106,21 +110,38 @@ void fakegpu_reset(void) {
     fakegpu_nccl_reset();
 }
 
-size_t fakegpu_live_device_bytes(void) {
+/* cudaMalloc'd bytes live on `device` (-1: every device), and the physical memory of
+   cuMemCreate (fake_vm.c): what the device holds. */
+static size_t device_bytes_locked(int device) {
     size_t total = 0;
     int i;
+    for (i = 0; i < nallocs; i++)
+        if (allocs[i].live && !allocs[i].vm && allocs[i].device >= 0 && (device < 0 || allocs[i].device == device))
+            total += allocs[i].size;
+    return total + fakegpu_vm_phys_bytes_locked(device);
+}
+size_t fakegpu_live_device_bytes(void) {
+    size_t total;
     pthread_mutex_lock(&fakegpu_lock);
-    for (i = 0; i < nallocs; i++) if (allocs[i].live && allocs[i].device >= 0) total += allocs[i].size;
+    total = device_bytes_locked(-1);
     pthread_mutex_unlock(&fakegpu_lock);
     return total;
 }
 size_t fakegpu_device_bytes(int device) {
-    size_t total = 0;
-    int i;
+    size_t total;
     pthread_mutex_lock(&fakegpu_lock);
-    for (i = 0; i < nallocs; i++) if (allocs[i].live && allocs[i].device == device) total += allocs[i].size;
+    total = device_bytes_locked(device);
     pthread_mutex_unlock(&fakegpu_lock);
     return total;
+}
+void fakegpu_set_device_memory(int device, size_t bytes) {
+    pthread_mutex_lock(&fakegpu_lock);
+    if (device >= 0 && device < FAKEGPU_MAX_DEVICES) device_cap[device] = bytes;
+    pthread_mutex_unlock(&fakegpu_lock);
+}
+int fakegpu_device_fits_locked(int device, size_t bytes) {
+    size_t cap = device >= 0 && device < FAKEGPU_MAX_DEVICES ? device_cap[device] : 0;
+    return !cap || (bytes <= cap && device_bytes_locked(device) <= cap - bytes);
 }
 int fakegpu_live_events(void) {
     int n;
@@ -192,14 +213,48 @@ static alloc *find_alloc_locked(const void *p) {
     return NULL;
 }
 
+/* A range may cross from one mapped range of a reservation into the next adjacent one (the
+   granules of a virtual range, fake_vm.c): that is one piece of device memory to a kernel. */
 int fakegpu_is_device_range(const void *p, size_t bytes, int device) {
     alloc *a;
     int ok;
     pthread_mutex_lock(&fakegpu_lock);
     a = find_alloc_locked(p);
-    ok = a && a->device >= 0 && (device < 0 || a->device == device) && (size_t)((const char *)p - a->base) + bytes <= a->size;
+    ok = a && a->device >= 0 && (device < 0 || a->device == device);
+    while (ok && (size_t)((const char *)p - a->base) + bytes > a->size) {
+        const char *end = a->base + a->size;
+        alloc *next;
+        if (!a->vm) { ok = 0; break; }
+        next = find_alloc_locked(end);
+        ok = next && next->vm && next->base == end && next->device == a->device;
+        if (ok) { bytes -= (size_t)(end - (const char *)p); p = end; a = next; }
+    }
     pthread_mutex_unlock(&fakegpu_lock);
     return ok;
+}
+
+/* fake_vm.c: a range mapped and made accessible becomes device memory to the checks, and stops
+   being it at its unmap. Lock held. */
+int fakegpu_vm_register_locked(char *base, size_t size, int device) {
+    alloc *a = NULL;
+    int i;
+    for (i = 0; i < nallocs; i++) if (!allocs[i].live) { a = &allocs[i]; break; }
+    if (!a) {
+        if (nallocs == cap_allocs) {
+            int cap = cap_allocs ? 2 * cap_allocs : 64;
+            alloc *grown = (alloc *)realloc(allocs, sizeof(alloc) * (size_t)cap);
+            if (!grown) return 0;
+            allocs = grown;
+            cap_allocs = cap;
+        }
+        a = &allocs[nallocs++];
+    }
+    a->base = base; a->size = size; a->device = device; a->live = 1; a->vm = 1;
+    return 1;
+}
+void fakegpu_vm_unregister_locked(char *base) {
+    int i;
+    for (i = 0; i < nallocs; i++) if (allocs[i].live && allocs[i].vm && allocs[i].base == base) allocs[i].live = 0;
 }
 
 static cudaError_t add_alloc(void **ptr, size_t size, int device) {
@@ -209,6 +264,10 @@ static cudaError_t add_alloc(void **ptr, size_t size, int device) {
     if (!ptr) return fail(cudaErrorInvalidValue);
     /* 256-byte aligned as cudaMalloc's; device memory starts as NaN bytes so that what ddp.h
        reads before it was written shows */
+    pthread_mutex_lock(&fakegpu_lock);
+    i = device < 0 || fakegpu_device_fits_locked(device, size);
+    pthread_mutex_unlock(&fakegpu_lock);
+    if (!i) return fail(cudaErrorMemoryAllocation);
     if (posix_memalign((void **)&p, 256, size ? size : 1)) return fail(cudaErrorMemoryAllocation);
     memset(p, device >= 0 ? 0xff : 0, size);
     pthread_mutex_lock(&fakegpu_lock);
@@ -223,7 +282,7 @@ static cudaError_t add_alloc(void **ptr, size_t size, int device) {
         }
         a = &allocs[nallocs++];
     }
-    a->base = p; a->size = size; a->device = device; a->live = 1;
+    a->base = p; a->size = size; a->device = device; a->live = 1; a->vm = 0;
     pthread_mutex_unlock(&fakegpu_lock);
     *ptr = p;
     return cudaSuccess;
@@ -234,7 +293,7 @@ static cudaError_t free_alloc(void *ptr, int host, const char *call) {
     if (!ptr) return cudaSuccess;
     pthread_mutex_lock(&fakegpu_lock);
     a = find_alloc_locked(ptr);
-    if (!a || a->base != (char *)ptr || (a->device < 0) != host) {
+    if (!a || a->vm || a->base != (char *)ptr || (a->device < 0) != host) {
         pthread_mutex_unlock(&fakegpu_lock);
         fakegpu_misuse("%s(%p): not a live %s allocation", call, ptr, host ? "cudaMallocHost" : "cudaMalloc");
         return fail(cudaErrorInvalidValue);

@@ -30,6 +30,15 @@ int fakegpu_is_device_range(const void *p, size_t bytes, int device);
    or cudaErrorIllegalAddress recorded as the launch's error); ms of device time added. */
 cudaError_t fakegpu_launch(cudaStream_t stream, const char *kernel, double ms, int nptr, const void **ptrs,
                            const size_t *bytes);
+/* Virtual memory (fake_vm.c): a mapped, accessible range becomes device memory to the checks
+   above (register) until its unmap (unregister); 0 when out of host memory. Lock held. */
+int fakegpu_vm_register_locked(char *base, size_t size, int device);
+void fakegpu_vm_unregister_locked(char *base);
+/* cuMemCreate'd bytes not released on `device` (-1: all); back to defaults (fakegpu_reset). Lock held. */
+size_t fakegpu_vm_phys_bytes_locked(int device);
+void fakegpu_vm_reset_locked(void);
+/* `bytes` more on `device` stay within fakegpu_set_device_memory's limit. Lock held. */
+int fakegpu_device_fits_locked(int device, size_t bytes);
 /* The thread's last error (what cudaGetLastError returns). */
 void fakegpu_set_last_error(cudaError_t e);
 

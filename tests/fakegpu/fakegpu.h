@@ -62,6 +62,16 @@ void fakegpu_stall_init_on(int device, int nth);
    its peers, as when that rank's GPU or network failed. rank -1: none. after < 0: at once, on
    that rank's live communicators (nothing enqueued: only a poll of the error finds it). */
 void fakegpu_inject_async_error(int rank, int after, ncclResult_t error);
+/* The same at once on one communicator (a rank's second or third one: a replica or shard group's,
+   hybrid sharding's cross-group one), which fakegpu_inject_async_error's rank numbers cannot
+   single out (they are the communicator's own). */
+void fakegpu_inject_comm_error(ncclComm_t comm, ncclResult_t error);
+
+/* What a communicator carried so far: the collectives this rank posted on it and the sum of their
+   counts times the element's size, count as NCCL takes it (an allreduce's or reduce's elements,
+   a reduce-scatter's result a rank, an all-gather's contribution a rank, a broadcast's elements).
+   0 for NULL or a destroyed communicator. */
+unsigned long long fakegpu_comm_bytes(ncclComm_t comm, int *ops);
 
 /* How long a blocking NCCL call or a synchronizing CUDA call waits for peers or a held device
    before it fails (default 60 s): the fake itself never hangs. */
@@ -80,8 +90,31 @@ const char *fakegpu_misuse_first(void);
 /* Communicators, device allocations and events live now (leak checks). */
 int fakegpu_live_comms(void);
 size_t fakegpu_live_device_bytes(void);
-/* What one device holds now (cudaMalloc'd, not freed): a rank's memory, from its allocations. */
+/* What one device holds now (cudaMalloc'd, not freed, and cuMemCreate'd, not released): a
+   rank's memory, from its allocations. */
 size_t fakegpu_device_bytes(int device);
+/* A device of `bytes` (0, the default: no limit): cudaMalloc and cuMemCreate beyond it fail
+   with out of memory, as a full GPU's. */
+void fakegpu_set_device_memory(int device, size_t bytes);
+
+/* CUDA's virtual memory management (tests/fakegpu/cuda.h's eight driver functions, reached as
+   ddp.h reaches them, through cudaGetDriverEntryPointByVersion): a reservation is an mmap
+   PROT_NONE; cuMemCreate is physical memory (counted in fakegpu_device_bytes, within
+   fakegpu_set_device_memory); cuMemMap + cuMemSetAccess make a granule read-write (filled with
+   0xff bytes, NaN floats, as cudaMalloc's: undefined contents show) and device memory to the
+   pointer checks; cuMemUnmap drops its pages (madvise DONTNEED) and makes it PROT_NONE again, so
+   a host touch of an unmapped granule faults. Misuse counted: a map over a mapped range or of a
+   range outside a reservation, an unmap of what is not mapped (or of part of a mapping), a
+   release of a handle twice, freeing a reservation that still has mappings, cudaFree of a
+   mapped range. The allocation granularity (default 64 KiB, a multiple of the page size, so
+   tests with small models see partial release); 0: back to the default. */
+void fakegpu_set_vm_granularity(size_t bytes);
+/* 1: the driver lacks the virtual memory functions (cudaGetDriverEntryPointByVersion finds
+   none of them), as an old driver. */
+void fakegpu_set_vm_missing(int missing);
+/* Reservations live now, and cuMemCreate handles not released (leak checks). */
+int fakegpu_vm_live_reservations(void);
+int fakegpu_vm_live_handles(void);
 int fakegpu_live_events(void);
 
 #ifdef __cplusplus
