@@ -11228,10 +11228,11 @@ static ddp_result ddp__z3_prefetch(ddp_context *ctx, int u);
 /* Unit u gathered, on this thread or by waiting for its prefetch. */
 static ddp_result ddp__z3_gather(ddp_context *ctx, int u) {
     double t0, t1;
-    int was, fetched;
+    int fetched;
 #ifdef DDP_CUDA
     if (ctx->z3.device) {   /* enqueued (or prefetched), and the compute stream waits for it: no host wait */
         ddp_result r;
+        int was;
         if ((was = ddp__z3_state(ctx, u)) == DDP__Z3_GATHERED) return DDP_OK;
         if (was == DDP__Z3_RELEASED && (r = ddp__z3_prefetch(ctx, u)) != DDP_OK) return r;
         if ((r = ddp__gpu_z3_wait(ctx, u)) != DDP_OK) return r;
