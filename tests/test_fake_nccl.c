@@ -438,6 +438,7 @@ enum { Z2_STEPS = 6 };
 static struct {
     ddp_shard shard;               /* ddp_desc.shard (0: the default, unsharded) */
     int micro, wire_bf16, params_bf16, unused, group;
+    int outer_group;               /* >0: DiLoCo replica groups of that many ranks (desc.outer) */
     size_t gran;                   /* fakegpu_set_vm_granularity (0: the default) */
     const char *save_path;         /* ddp_save after step save_step - 1 */
     int save_step;
@@ -482,6 +483,7 @@ static void z2_rank(test_rank *self) {
     d.reduce_dtype = z2c.wire_bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_DEFAULT;
     d.param_dtype = z2c.params_bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_DEFAULT;
     d.find_unused = z2c.unused;
+    if (z2c.outer_group) { d.outer.mode = DDP_OUTER_DILOCO; d.outer.group_size = z2c.outer_group; d.outer.inner_steps = 2; }
     d.bucket_cap_mb = 0.05;
     d.first_bucket_mb = 0.01;
     r = ddp_init(&ctx, &d);
@@ -522,7 +524,7 @@ static void z2_rank(test_rank *self) {
         /* ZeRO-2 on several ranks: after the step only the granules touching this rank's parts
            stay mapped; the drop from ddp_zero_grad's (everything mapped) is the rest, exactly
            (step 0 allocates AdamW's state: from step 1 on) */
-        if (r == DDP_OK && z2c.shard == DDP_SHARD_GRADIENTS && self->world > 1 && step > z2c.first_step) {
+        if (r == DDP_OK && z2c.shard == DDP_SHARD_GRADIENTS && ctx->impl.gpu->z2vm && step > z2c.first_step) {
             size_t es = z2c.params_bf16 ? sizeof(ddp_bf16) : sizeof(float), gran = ctx->impl.gpu->z2vm->gran;
             size_t all = (ctx->flat.count * es + gran - 1) / gran, part = z2_part_granules(ctx, es, gran, all);
             size_t after = fakegpu_device_bytes(dev), mapped = ddp__gvm_mapped(ctx->impl.gpu->z2vm);
@@ -575,13 +577,14 @@ static float *z2_run(int world, float *norms, size_t *count, char *why, size_t c
 
 /* ZeRO-2 against unsharded, both on the NCCL backend: the same norms and parameters, bit for
    bit, and (several ranks) the device bytes after every step. */
-static void test_z2(int world, int micro, int wire_bf16, int params_bf16, int unused, int group, size_t gran) {
+static void test_z2_outer(int world, int micro, int wire_bf16, int params_bf16, int unused, int group, size_t gran, int outer_group) {
     float na[Z2_STEPS], nb[Z2_STEPS], *a, *b = NULL;
     size_t ca = 0, cb = 0;
     int ok, checks = 0, r;
     char name[200], why[DDP__ERR_MAX + 64] = "";
     memset(&z2c, 0, sizeof z2c);
     z2c.micro = micro; z2c.wire_bf16 = wire_bf16; z2c.params_bf16 = params_bf16; z2c.unused = unused; z2c.group = group; z2c.gran = gran;
+    z2c.outer_group = outer_group;
     a = z2_run(world, na, &ca, why, sizeof why);
     z2c.shard = DDP_SHARD_GRADIENTS;
     if (a) b = z2_run(world, nb, &cb, why, sizeof why);
@@ -589,13 +592,18 @@ static void test_z2(int world, int micro, int wire_bf16, int params_bf16, int un
     ok = a && b && ca == cb;
     if (ok && memcmp(na, nb, sizeof na)) { snprintf(why, sizeof why, "the gradient norms differ (step 1: %.9g, %.9g)", na[1], nb[1]); ok = 0; }
     if (ok && memcmp(a, b, ca * sizeof(float))) { snprintf(why, sizeof why, "the parameters differ"); ok = 0; }
-    if (ok && world > 1 && checks != world * (Z2_STEPS - 1)) { snprintf(why, sizeof why, "%d device-byte checks, want %d", checks, world * (Z2_STEPS - 1)); ok = 0; }
-    snprintf(name, sizeof name, "fake_nccl_zero2_ranks%d_accum%d%s%s%s%s_gran%zuk_bitwise_equals_unsharded%s", world, micro,
+    if (ok && world > 1 && outer_group != 1 && checks != world * (Z2_STEPS - 1)) { snprintf(why, sizeof why, "%d device-byte checks, want %d", checks, world * (Z2_STEPS - 1)); ok = 0; }
+    snprintf(name, sizeof name, "fake_nccl_zero2_ranks%d_accum%d%s%s%s%s%s_gran%zuk_bitwise_equals_unsharded%s", world, micro,
              wire_bf16 ? "_bf16wire" : "", params_bf16 ? "_bf16params" : "", unused ? "_unused" : "", group ? "_hybrid2" : "",
-             (gran ? gran : (size_t)64 << 10) >> 10, world > 1 ? "_device_bytes_drop" : "");
+             outer_group ? (outer_group == world ? "_diloco_one_group" : "_diloco_groups_of1") : "",
+             (gran ? gran : (size_t)64 << 10) >> 10, world > 1 && outer_group != 1 ? "_device_bytes_drop" : "");
     verdict(ok, name, "%s", why);
     free(a); free(b);
     check_clean(name);
+}
+
+static void test_z2(int world, int micro, int wire_bf16, int params_bf16, int unused, int group, size_t gran) {
+    test_z2_outer(world, micro, wire_bf16, params_bf16, unused, group, gran, 0);
 }
 
 /* A checkpoint saved under ZeRO-2 loads unsharded, and one saved unsharded loads under ZeRO-2:
@@ -1367,6 +1375,8 @@ int main(void) {
     test_z2(3, 1, 0, 1, 0, 0, 0);         /* bf16 parameters, the default 64 KiB granules */
     test_z2(2, 1, 0, 0, 0, 0, 0);
     test_z2(4, 1, 0, 0, 0, 2, 4096);      /* hybrid: shard groups of 2 */
+    test_z2_outer(2, 1, 0, 0, 0, 0, 4096, 2);   /* DiLoCo, one group of every rank: sharded across it */
+    test_z2_outer(2, 1, 0, 0, 0, 0, 4096, 1);   /* groups of one rank: nothing to shard */
     test_z2_checkpoint(2);
     /* (a) training equals the CPU backend */
     test_training(1, 1, 0, 0, 0);
