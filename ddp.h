@@ -338,10 +338,33 @@
      else meanwhile is SIGBUS, as for any shared memory that grows); without the segment
      (DDP_STAGED_GRADS) private memory, MADV_DONTNEED. MPI: the gradients are the rank's private
      memory (MADV_DONTNEED), released once the bucket's MPI calls have returned
-     (tests/test_zero2_mpi.sh, hierarchical and flat). NCCL: refused by name at ddp_init ("not
-     built yet on the nccl backend": giving device memory back while the pointers stay needs
-     CUDA's virtual memory management, cuMemAddressReserve / cuMemMap / cuMemUnmap); ZeRO-1 is
-     the same reduce-scatter with the gradients kept. Windows: released gradients are zeroed and
+     (tests/test_zero2_mpi.sh, hierarchical and flat). NCCL: the gradients (fp32, or bf16 with
+     bf16 parameters) are one device address range reserved at commit and backed granule by
+     granule (CUDA's virtual memory management: cuMemAddressReserve / cuMemCreate / cuMemMap /
+     cuMemUnmap, taken from the driver through cudaGetDriverEntryPointByVersion: no -lcuda; a
+     driver without them is named at ddp_commit). This rank's parts stay mapped for the whole run;
+     ddp_zero_grad maps the rest again and zeroes the buffer (cudaMemsetAsync on the compute
+     stream); the end of ddp_adamw_step, its kernels and all-gathers enqueued, unmaps what lies
+     outside this rank's parts of every bucket reduce-scattered that step. That waits (polled, with
+     timeout_s) for an event recorded on the compute stream when the step began: the backward, the
+     reduce-scatters and the program's own kernels before the step are done with the gradients,
+     while the device still has the step's norm, AdamW and all-gathers queued (not at ddp_finish:
+     a host wait there would hold the host back while the network works, and until the step every
+     gradient address stays valid for the program's kernels). So between ddp_adamw_step and the
+     next ddp_zero_grad the gradients outside this rank's parts are not mapped: a kernel of the
+     program that touches them there faults (ddp_copy_to_host refuses them by name, as on the
+     CPU); a backward that begins without ddp_zero_grad maps them again, zeroed, when ddp.h first
+     sees it (the tape: before its first op; by hand: call ddp_zero_grad before the backward's
+     kernels, the usual loop). The granularity (2 MiB on current GPUs) is the cost: a granule
+     that a part shares with the rest stays mapped, up to 2 granules a bucket part (2 * granule *
+     buckets bytes above the formula; the buckets' spans tile the buffer, so a granule two
+     buckets share goes when both are released). Micro-steps with sync off keep whole gradients
+     (as on the CPU); shard_accumulate: refused by name on NCCL. Replica groups of several ranks:
+     refused with any shard level on NCCL (as ZeRO-1); one group of every rank, hybrid sharding
+     (shard_group): the same release of the team's parts. Tests: tests/test_fake_nccl.c on the
+     fake GPU (tests/fakegpu: its VMM is mmap'd, a granularity knob), ZeRO-2 = unsharded bit for
+     bit on 1-4 ranks with the device bytes after each step by formula; not yet measured on a
+     GPU. Windows: released gradients are zeroed and
      stay resident (a mapped view cannot give its pages back and keep zeros: >>platform); a
      POSIX system without MADV_REMOVE (macOS) likewise for the segment. uneven_inputs: refused,
      as for ZeRO-1. With replica groups (desc.outer) the parts and their release are the team's;
@@ -1050,7 +1073,8 @@
                     world's; a replica group's or, hybrid, a shard group's: ddp__gpu_init_team), the
                     watchdog's hooks, set-up, buckets on the comm stream as the wire plan says
                     (sharded: reduce-scattered), the norm's blocks, AdamW kernels (sharded: per
-                    bucket, then all-gathered); its table
+                    bucket, then all-gathered); ZeRO-2's gradients on device (ddp__gpu_z2_*:
+                    mapped by ddp_zero_grad, released at the end of ddp_adamw_step); its table
      >>nccl-vm      inside >>nccl: the device address-space layer (ddp__gvm_*): a range reserved
                     once, granules mapped / released by holder counts through CUDA's virtual
                     memory management (driver entry points via the runtime, no -lcuda)
@@ -1087,7 +1111,8 @@
      backend: setup, alloc_flat, commit, begin_step, launch, finish, zero, scale, bf16, adamw,
      adamw_state, copy, collective, allgather, team_bcast, z3_parts, stats, poison, stop, teardown; its
      `shards` flag says whether it runs shard_optimizer (ddp_init refuses it by the backend's
-     name otherwise), `shards_grads` likewise for DDP_SHARD_GRADIENTS. Each backend fills it by name (ddp__cpu_table and its like, into the
+     name otherwise), `shards_grads` likewise for DDP_SHARD_GRADIENTS (1: host memory that
+     ddp__z2_release gives back; 2: device memory the backend maps and releases itself, NCCL). Each backend fills it by name (ddp__cpu_table and its like, into the
      context's own copy); an optional slot left NULL (setup, commit, begin_step, allgather,
      team_bcast, z3_parts, stats, poison, stop) is nothing to do (allgather: the outer exchange broadcasts
      instead; team_bcast: bf16 + shard_optimizer in groups of several ranks is refused; z3_parts:
@@ -11275,7 +11300,7 @@ static ddp_result ddp__begin_step(ddp_context *ctx) {
         ctx->model.buckets[i].pending = ctx->model.buckets[i].last_param - ctx->model.buckets[i].first_param + 1;
     ctx->step.next_launch = 0;
     if (ctx->be->begin_step) ctx->be->begin_step(ctx);
-    return DDP_OK;
+    return ddp__failed(ctx);   /* (NCCL ZeRO-2: the gradients could not be mapped again) */
 }
 
 /* check_ready: copy a gradient as it is marked ready (take = 1), or say whether it is still

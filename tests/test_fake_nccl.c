@@ -451,6 +451,7 @@ static struct {
     ddp_result r[MAX_WORLD];
     char err[MAX_WORLD][DDP__ERR_MAX];
     int bytes_checks[MAX_WORLD];   /* steps whose device bytes were checked */
+    size_t grad_bytes[MAX_WORLD], kept[MAX_WORLD];   /* the gradients' mapped bytes: whole, after the last step */
 } z2;
 
 /* Granules of `gran` bytes touching this rank's part of any bucket: what stays mapped after a step. */
@@ -538,6 +539,8 @@ static void z2_rank(test_rank *self) {
                 break;
             }
             z2.bytes_checks[self->rank]++;
+            z2.grad_bytes[self->rank] = all * gran;
+            z2.kept[self->rank] = mapped;
         }
         if (r == DDP_OK && z2c.save_path && step + 1 == z2c.save_step) r = ddp_save(ctx, z2c.save_path, NULL, 0);
     }
@@ -589,6 +592,10 @@ static void test_z2_outer(int world, int micro, int wire_bf16, int params_bf16, 
     z2c.shard = DDP_SHARD_GRADIENTS;
     if (a) b = z2_run(world, nb, &cb, why, sizeof why);
     for (r = 0; r < world; r++) checks += z2.bytes_checks[r];
+    if (checks)
+        printf("  (ZeRO-2 on %d ranks, %zu B granules (fake): rank 0's gradients %zu B mapped from ddp_zero_grad to the step, "
+               "%zu B after it (%.1f %%); rank %d: %zu of %zu B)\n", world, gran ? gran : (size_t)64 << 10, z2.grad_bytes[0], z2.kept[0],
+               100.0 * (double)z2.kept[0] / (double)z2.grad_bytes[0], world - 1, z2.kept[world - 1], z2.grad_bytes[world - 1]);
     ok = a && b && ca == cb;
     if (ok && memcmp(na, nb, sizeof na)) { snprintf(why, sizeof why, "the gradient norms differ (step 1: %.9g, %.9g)", na[1], nb[1]); ok = 0; }
     if (ok && memcmp(a, b, ca * sizeof(float))) { snprintf(why, sizeof why, "the parameters differ"); ok = 0; }
