@@ -1073,11 +1073,12 @@
                     world's; a replica group's or, hybrid, a shard group's: ddp__gpu_init_team), the
                     watchdog's hooks, set-up, buckets on the comm stream as the wire plan says
                     (sharded: reduce-scattered), the norm's blocks, AdamW kernels (sharded: per
-                    bucket, then all-gathered); ZeRO-2's gradients on device (ddp__gpu_z2_*:
-                    mapped by ddp_zero_grad, released at the end of ddp_adamw_step); its table
+                    bucket, then all-gathered); its table
      >>nccl-vm      inside >>nccl: the device address-space layer (ddp__gvm_*): a range reserved
                     once, granules mapped / released by holder counts through CUDA's virtual
-                    memory management (driver entry points via the runtime, no -lcuda)
+                    memory management (driver entry points via the runtime, no -lcuda); ZeRO-2's
+                    gradients on it (ddp__gpu_z2_*, in >>nccl: mapped by ddp_zero_grad, released
+                    at the end of ddp_adamw_step)
      >>group        ddp__choose_backend (the one place that knows every backend), rendezvous,
                     init, shutdown
      >>embed        progress: the seqlock the rank writes and any thread reads (cancel itself:
@@ -9322,25 +9323,6 @@ static ddp_result ddp__gpu_setup(ddp_context *ctx, double deadline) {
     }
 }
 
-/* The no-decay mask ddp_k_adamw reads: one byte per DDP_K_MASK_GROUP elements of the flat
-   buffer, 1 where the parameter there is flagged DDP_NO_DECAY (parameters start on 16-float
-   boundaries, so a group never mixes two). NULL with *status DDP_OK when no parameter is. */
-static unsigned char *ddp__gpu_no_decay_mask(const ddp_context *ctx, ddp_result *status) {
-    size_t groups = ctx->flat.count / DDP_K_MASK_GROUP, k;
-    unsigned char *mask;
-    int i, any = 0;
-    *status = DDP_OK;
-    for (i = 0; i < ctx->model.num_params; i++) any |= (ctx->model.params[i].flags & DDP_NO_DECAY) != 0;
-    if (!any) return NULL;
-    if (!(mask = (unsigned char *)ddp__calloc(groups))) { *status = DDP_ERR_OUT_OF_MEMORY; return NULL; }
-    for (i = 0; i < ctx->model.num_params; i++) {
-        const ddp__param *p = &ctx->model.params[i];
-        if (!(p->flags & DDP_NO_DECAY)) continue;
-        for (k = p->offset / DDP_K_MASK_GROUP; k < (p->offset + p->count + DDP_K_MASK_GROUP - 1) / DDP_K_MASK_GROUP; k++) mask[k] = 1;
-    }
-    return mask;
-}
-
 /* ZeRO-2 on the NCCL backend (ddp__z2; SHARDED GRADIENTS in the manual). The gradients (flat.grads,
    or grads_bf16 with bf16 parameters) are one device range reserved once (>>nccl-vm), so
    ddp_grad's pointers never move. Its holders: this rank's part of every bucket, for the whole
@@ -9475,6 +9457,25 @@ static ddp_result ddp__gpu_z2_release(ddp_context *ctx) {
             return ddp__fatal(ctx, r);
     }
     return DDP_OK;
+}
+
+/* The no-decay mask ddp_k_adamw reads: one byte per DDP_K_MASK_GROUP elements of the flat
+   buffer, 1 where the parameter there is flagged DDP_NO_DECAY (parameters start on 16-float
+   boundaries, so a group never mixes two). NULL with *status DDP_OK when no parameter is. */
+static unsigned char *ddp__gpu_no_decay_mask(const ddp_context *ctx, ddp_result *status) {
+    size_t groups = ctx->flat.count / DDP_K_MASK_GROUP, k;
+    unsigned char *mask;
+    int i, any = 0;
+    *status = DDP_OK;
+    for (i = 0; i < ctx->model.num_params; i++) any |= (ctx->model.params[i].flags & DDP_NO_DECAY) != 0;
+    if (!any) return NULL;
+    if (!(mask = (unsigned char *)ddp__calloc(groups))) { *status = DDP_ERR_OUT_OF_MEMORY; return NULL; }
+    for (i = 0; i < ctx->model.num_params; i++) {
+        const ddp__param *p = &ctx->model.params[i];
+        if (!(p->flags & DDP_NO_DECAY)) continue;
+        for (k = p->offset / DDP_K_MASK_GROUP; k < (p->offset + p->count + DDP_K_MASK_GROUP - 1) / DDP_K_MASK_GROUP; k++) mask[k] = 1;
+    }
+    return mask;
 }
 
 /* Commit, first half: the flat buffers in device memory with this rank's initial values (rank
@@ -10053,13 +10054,13 @@ static void ddp__gpu_teardown(ddp_context *ctx) {
     ddp__gpu *g = ctx->impl.gpu;
     int k, b;
     if (!g) return;
-    cudaSetDevice(g->device);
-    ddp__gpu_close_comm(ctx);
-    ddp__gpu_stop_watchdog(ctx);
     if (g->z2vm) {   /* ZeRO-2: the gradients are the range's, freed below, not cudaMalloc's */
         if (ctx->flat.grads == (float *)g->z2vm->base) ctx->flat.grads = NULL;
         if (ctx->flat.grads_bf16 == (ddp_bf16 *)g->z2vm->base) ctx->flat.grads_bf16 = NULL;
     }
+    cudaSetDevice(g->device);
+    ddp__gpu_close_comm(ctx);
+    ddp__gpu_stop_watchdog(ctx);
     cudaFree(ctx->flat.params); cudaFree(ctx->flat.grads); cudaFree(ctx->adam.m); cudaFree(ctx->adam.v);
     cudaFree(ctx->flat.params_bf16); cudaFree(ctx->flat.grads_bf16);
     ctx->flat.params = ctx->flat.grads = ctx->adam.m = ctx->adam.v = NULL;
@@ -10342,7 +10343,7 @@ static ddp_result ddp__init(ddp_context *ctx, const ddp_desc *desc) {
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard DDP_SHARD_GRADIENTS (ZeRO-2) is not built yet on "
                          "the %s backend: use DDP_SHARD_OPTIMIZER there (the same reduce-scatter, the gradients kept "
                          "whole)", ctx->be->name);
-    if (ctx->desc.shard == DDP_SHARD_GRADIENTS && ctx->desc.shard_accumulate && ctx->be->shards_grads == 2)
+    if (ctx->desc.shard >= DDP_SHARD_GRADIENTS && ctx->desc.shard_accumulate && ctx->be->shards_grads == 2)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_accumulate is not built yet on the %s backend "
                          "(its gradients are device memory): with DDP_SHARD_GRADIENTS there, accumulation keeps whole "
                          "gradients until the synchronizing micro-step, as without shard_accumulate", ctx->be->name);
