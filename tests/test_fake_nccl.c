@@ -439,6 +439,7 @@ static struct {
     ddp_shard shard;               /* ddp_desc.shard (0: the default, unsharded) */
     int micro, wire_bf16, params_bf16, unused, group;
     int outer_group;               /* >0: DiLoCo replica groups of that many ranks (desc.outer) */
+    int oom_step;                  /* >0: rank 0's device is full at that step's ddp_zero_grad: refused by name, then retried */
     size_t gran;                   /* fakegpu_set_vm_granularity (0: the default) */
     const char *save_path;         /* ddp_save after step save_step - 1 */
     int save_step;
@@ -451,7 +452,8 @@ static struct {
     ddp_result r[MAX_WORLD];
     char err[MAX_WORLD][DDP__ERR_MAX];
     int bytes_checks[MAX_WORLD];   /* steps whose device bytes were checked */
-    size_t grad_bytes[MAX_WORLD], kept[MAX_WORLD];   /* the gradients' mapped bytes: whole, after the last step */
+    size_t grad_bytes[MAX_WORLD], kept[MAX_WORLD];
+    int oom_named;                 /* rank 0's ddp_zero_grad on a full device was refused by name, nothing changed */   /* the gradients' mapped bytes: whole, after the last step */
 } z2;
 
 /* Granules of `gran` bytes touching this rank's part of any bucket: what stays mapped after a step. */
@@ -500,6 +502,21 @@ static void z2_rank(test_rank *self) {
     if (r == DDP_OK && z2c.load_path) r = ddp_load(ctx, z2c.load_path, NULL, 0, NULL, NULL, NULL);
     for (step = z2c.first_step; step < Z2_STEPS && r == DDP_OK; step++) {
         size_t before = 0;
+        if (z2c.oom_step && step == z2c.oom_step && self->rank == 0) {   /* nothing more fits on the device */
+            size_t held = fakegpu_device_bytes(dev), mapped = ddp__gvm_mapped(ctx->impl.gpu->z2vm);
+            fakegpu_set_device_memory(dev, held);
+            r = ddp_zero_grad(ctx);
+            fakegpu_set_device_memory(dev, 0);
+            if (r != DDP_ERR_OUT_OF_MEMORY || !strstr(ddp_last_error(ctx), "out of memory") ||
+                !strstr(ddp_last_error(ctx), "the gradients of bucket") || fakegpu_device_bytes(dev) != held ||
+                ddp__gvm_mapped(ctx->impl.gpu->z2vm) != mapped) {
+                snprintf(z2.err[0], sizeof z2.err[0], "ddp_zero_grad on a full device: %s (%.800s), device bytes %zu -> %zu",
+                         ddp_result_string(r), ddp_last_error(ctx), held, fakegpu_device_bytes(dev));
+                r = DDP_ERR_BACKEND;
+                break;
+            }
+            z2.oom_named = 1;
+        }
         r = ddp_zero_grad(ctx);
         before = fakegpu_device_bytes(dev);
         for (u = 0; u < z2c.micro && r == DDP_OK; u++) {
@@ -611,6 +628,27 @@ static void test_z2_outer(int world, int micro, int wire_bf16, int params_bf16, 
 
 static void test_z2(int world, int micro, int wire_bf16, int params_bf16, int unused, int group, size_t gran) {
     test_z2_outer(world, micro, wire_bf16, params_bf16, unused, group, gran, 0);
+}
+
+/* A full device: ddp_zero_grad cannot map the released gradients again. Refused by name
+   (DDP_ERR_OUT_OF_MEMORY, the bucket), nothing changes; once memory is back the same call
+   goes on and training ends with the bits of unsharded training. */
+static void test_z2_oom(int world) {
+    float na[Z2_STEPS], nb[Z2_STEPS], *a, *b = NULL;
+    size_t ca = 0, cb = 0;
+    int ok, named;
+    char name[160], why[DDP__ERR_MAX + 64] = "";
+    memset(&z2c, 0, sizeof z2c);
+    z2c.micro = 1; z2c.gran = 4096;
+    a = z2_run(world, na, &ca, why, sizeof why);
+    z2c.shard = DDP_SHARD_GRADIENTS; z2c.oom_step = 3;
+    if (a) b = z2_run(world, nb, &cb, why, sizeof why);
+    named = z2.oom_named;
+    ok = a && b && named && ca == cb && !memcmp(a, b, ca * sizeof(float)) && !memcmp(na, nb, sizeof na);
+    snprintf(name, sizeof name, "fake_nccl_zero2_ranks%d_zero_grad_on_full_device_named_nothing_changes_retry_same_bits", world);
+    verdict(ok, name, "%s", why[0] ? why : !named ? "the full device was not met" : "the bits differ after the retry");
+    free(a); free(b);
+    check_clean(name);
 }
 
 /* A checkpoint saved under ZeRO-2 loads unsharded, and one saved unsharded loads under ZeRO-2:
@@ -1385,6 +1423,7 @@ int main(void) {
     test_z2_outer(2, 1, 0, 0, 0, 0, 4096, 2);   /* DiLoCo, one group of every rank: sharded across it */
     test_z2_outer(2, 1, 0, 0, 0, 0, 4096, 1);   /* groups of one rank: nothing to shard */
     test_z2_checkpoint(2);
+    test_z2_oom(2);
     /* (a) training equals the CPU backend */
     test_training(1, 1, 0, 0, 0);
     test_training(2, 1, 0, 0, 0);
