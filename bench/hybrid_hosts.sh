@@ -27,11 +27,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 . tests/lib.sh
-command -v mpirun >/dev/null || { echo "SKIP hybrid_hosts bench: no mpirun"; exit 0; }
-[ -n "$(command -v mpicc)" ] || { echo "SKIP hybrid_hosts bench: no mpicc"; exit 0; }
-make --no-print-directory B="$B" "$B/mpi/train_gpt" "$B/fortunes.txt" >/dev/null || exit 1
-DATA=../shared/data/tinyshakespeare.txt
-[ -f "$DATA" ] || DATA=$B/fortunes.txt
+bench_mpi_begin hybrid_hosts "$B" "$B/mpi/train_gpt"
 hosts_begin "hybrid_hosts bench" hyb 2 --rate "$RATE"
 port=32700
 # what h1's eth0 received and sent so far (/proc/net/dev is the namespace's own)

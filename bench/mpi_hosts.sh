@@ -35,9 +35,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 . tests/lib.sh
-command -v mpirun >/dev/null || { echo "SKIP mpi_hosts bench: no mpirun"; exit 0; }
-[ -n "$(command -v mpicc)" ] || { echo "SKIP mpi_hosts bench: no mpicc"; exit 0; }
-make --no-print-directory B="$B" "$B/mpi/bench_allreduce" "$B/mpi/train_gpt" "$B/fortunes.txt" >/dev/null || exit 1
+bench_mpi_begin mpi_hosts "$B" "$B/mpi/bench_allreduce" "$B/mpi/train_gpt"
 [ -x "$B/mpi_allreduce" ] && [ "$B/mpi_allreduce" -nt bench/mpi_allreduce.c ] ||
     mpicc -std=c99 -O3 -march=native -o "$B/mpi_allreduce" bench/mpi_allreduce.c || exit 1
 hosts_begin "mpi_hosts bench" bm 2

@@ -118,11 +118,7 @@ for r in $RUNS; do
         { echo "outer_hosts: unknown run '$r' (ddp, dilocoH, streaming, streaming_int8, streamHfFtT; + _lrX _mY _int8)" >&2; exit 2; }
 done
 . tests/lib.sh
-command -v mpirun >/dev/null || { echo "SKIP outer_hosts bench: no mpirun"; exit 0; }
-[ -n "$(command -v mpicc)" ] || { echo "SKIP outer_hosts bench: no mpicc"; exit 0; }
-make --no-print-directory B="$B" "$B/mpi/train_gpt" "$B/fortunes.txt" >/dev/null || exit 1
-DATA=../shared/data/tinyshakespeare.txt
-[ -f "$DATA" ] || DATA=$B/fortunes.txt
+bench_mpi_begin outer_hosts "$B" "$B/mpi/train_gpt"
 BATCH=8
 SEQ=64
 T0=$(date +%s)

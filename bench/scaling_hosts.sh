@@ -40,9 +40,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 . tests/lib.sh
-command -v mpirun >/dev/null || { echo "SKIP scaling_hosts bench: no mpirun"; exit 0; }
-[ -n "$(command -v mpicc)" ] || { echo "SKIP scaling_hosts bench: no mpicc"; exit 0; }
-make --no-print-directory B="$B" "$B/mpi/train_gpt" "$B/fortunes.txt" >/dev/null || exit 1
+bench_mpi_begin scaling_hosts "$B" "$B/mpi/train_gpt"
 hosts_begin "scaling_hosts bench" sc 2
 port=29850
 out=$tmp/section.md

@@ -52,3 +52,46 @@ hosts_mpirun() {
         -H "$hosts" --bind-to none --mca plm_rsh_agent "$H agent" --mca oob_tcp_if_include eth0 \
         -x MASTER_ADDR -x MASTER_PORT -x DDP_JOB_TOKEN "$@"
 }
+
+# ---- Open MPI tests (test_mpi_parity.sh, test_mpi_hosts.sh, test_groups.sh, test_zero2_mpi.sh,
+# test_hybrid.sh).
+# mpi_begin NAME BUILD_DIR PROGRAM...: "SKIP NAME: why" and exit (status: 1 if the script counted
+# failures in $fails before, else 0) in sanitizer builds (Open MPI's start-up and TCP progress
+# under ASan/TSan take minutes a job: the MPI backend is checked in the plain build), without
+# mpirun, or where a PROGRAM (a path) was not built.
+mpi_begin() {
+    local name=$1 b=$2 p
+    shift 2
+    case $b in *asan*|*tsan*) echo "SKIP $name: not in sanitizer builds (Open MPI under ASan/TSan takes minutes a job)"; exit $((${fails:-0} > 0)) ;; esac
+    command -v mpirun >/dev/null || { echo "SKIP $name: no mpirun (apt-get install openmpi-bin libopenmpi-dev)"; exit $((${fails:-0} > 0)); }
+    for p in "$@"; do
+        [ -x "$p" ] || { echo "SKIP $name: no $p (built by make where mpicc is)"; exit $((${fails:-0} > 0)); }
+    done
+}
+
+# mpi_local N LIMIT_S PROGRAM [ARGS...]: mpirun on this host, N ranks (oversubscribed: the
+# machine may have fewer cores), TCP between them, rank 0's store on a free port and the job
+# token; DDP_MPI_FLAT and DDP_LOG go to the ranks where set.
+mpi_local() {
+    local n=$1 limit=$2 pass=(-x MASTER_ADDR -x MASTER_PORT -x DDP_JOB_TOKEN)
+    shift 2
+    [ -n "${DDP_MPI_FLAT+x}" ] && pass+=(-x DDP_MPI_FLAT)
+    [ -n "${DDP_LOG+x}" ] && pass+=(-x DDP_LOG)
+    MASTER_ADDR=127.0.0.1 MASTER_PORT=$(free_port) DDP_JOB_TOKEN=$HOSTS_TOKEN timeout "$limit" mpirun --allow-run-as-root \
+        --oversubscribe --bind-to none --mca btl tcp,self -n "$n" "${pass[@]}" "$@"
+}
+
+# bench_mpi_begin NAME BUILD_DIR TARGET...: for the benchmarks across namespace hosts (bench/
+# mpi_hosts.sh, scaling_hosts.sh, outer_hosts.sh, hybrid_hosts.sh): "SKIP NAME bench: why" and exit
+# 0 without mpirun or mpicc; else make the TARGETs (BUILD_DIR/mpi/train_gpt, ...) and
+# BUILD_DIR/fortunes.txt (exit 1 where that fails), and set DATA: tinyshakespeare where
+# ../shared has it, else the fortunes.
+bench_mpi_begin() {
+    local name=$1 b=$2
+    shift 2
+    command -v mpirun >/dev/null || { echo "SKIP $name bench: no mpirun"; exit 0; }
+    [ -n "$(command -v mpicc)" ] || { echo "SKIP $name bench: no mpicc"; exit 0; }
+    make --no-print-directory B="$b" "$@" "$b/fortunes.txt" >/dev/null || exit 1
+    DATA=../shared/data/tinyshakespeare.txt
+    [ -f "$DATA" ] || DATA=$b/fortunes.txt
+}

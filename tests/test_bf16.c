@@ -57,7 +57,7 @@ int main(void) {
     if (ddp_init(&ddp, &d) != DDP_OK) { printf("FAIL bf16_init: %s\n", ddp_last_error(ddp)); return 1; }
     rank = ddp_rank(ddp);
     world = ddp_world_size(ddp);
-    if (rank != 0) { FILE *quiet = freopen("/dev/null", "w", stdout); (void)quiet; }
+    test_quiet_others(rank);
     if (rank == 0) test_rounding();
     if (world < 2) { printf("SKIP bf16 reduction: needs 2 or more ranks\n"); ddp_shutdown(ddp); return 0; }
 

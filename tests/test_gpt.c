@@ -218,7 +218,7 @@ static int test_equivalence_ranks(void) {
     if (ddp_init(&ddp, NULL) != DDP_OK) { fprintf(stderr, "%s\n", ddp_last_error(ddp)); return 0; }
     rank = ddp_rank(ddp);
     world = ddp_world_size(ddp);
-    if (rank != 0) { FILE *quiet = freopen("/dev/null", "w", stdout); (void)quiet; }
+    test_quiet_others(rank);
     if (rank == 0) test_reference();
     if (rank == 0) test_batches_across_epochs();
     if (EQ_GLOBAL % (2 * world)) { printf("FAIL gpt_equivalence: world %d must divide %d\n", world, EQ_GLOBAL / 2); return 0; }

@@ -31,14 +31,8 @@ run() {
 run groups_ddprun_processes timeout 200 "$B/ddprun" -n 4 "$B/test_groups" env
 run groups_shard_ddprun_processes timeout 200 "$B/ddprun" -n 4 "$B/test_groups_shard" env
 
-case $B in *asan*|*tsan*) echo "SKIP groups_mpi: not in sanitizer builds (Open MPI under ASan/TSan takes minutes a job)"; exit $((fails > 0)) ;; esac
-if ! command -v mpirun >/dev/null; then echo "SKIP groups_mpi: no mpirun (apt-get install openmpi-bin libopenmpi-dev)"; exit $((fails > 0)); fi
-if [ ! -x "$B/mpi/test_groups" ]; then echo "SKIP groups_mpi: no $B/mpi/test_groups (built by make where mpicc is)"; exit $((fails > 0)); fi
-mpi() {
-    MASTER_ADDR=127.0.0.1 MASTER_PORT=$(free_port) DDP_JOB_TOKEN=$HOSTS_TOKEN timeout 200 mpirun --allow-run-as-root \
-        --oversubscribe --bind-to none --mca btl tcp,self -n 4 -x MASTER_ADDR -x MASTER_PORT -x DDP_JOB_TOKEN \
-        -x DDP_MPI_FLAT "$B/mpi/${1:-test_groups}" env
-}
+mpi_begin groups_mpi "$B" "$B/mpi/test_groups"
+mpi() { mpi_local 4 200 "$B/mpi/${1:-test_groups}" env; }
 DDP_MPI_FLAT=0 run groups_mpi_hierarchical mpi
 DDP_MPI_FLAT=1 run groups_mpi_flat mpi
 # shard_optimizer within the groups (tests/test_groups_shard.c): sharded = unsharded, bit for bit

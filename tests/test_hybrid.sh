@@ -11,9 +11,7 @@ set -u
 B=${1:-build}
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
-case $B in *asan*|*tsan*) echo "SKIP hybrid_mpi_hosts: not in sanitizer builds (Open MPI under ASan/TSan takes minutes a job)"; exit 0 ;; esac
-command -v mpirun >/dev/null || { echo "SKIP hybrid_mpi_hosts: no mpirun (apt-get install openmpi-bin libopenmpi-dev)"; exit 0; }
-[ -x "$B/mpi/test_hybrid" ] || { echo "SKIP hybrid_mpi_hosts: no $B/mpi/test_hybrid (built by make where mpicc is)"; exit 0; }
+mpi_begin hybrid_mpi_hosts "$B" "$B/mpi/test_hybrid"
 hosts_begin hybrid_mpi_hosts hy 2
 fails=0
 # run NAME HOSTS_MPIRUN_ARGS...: the program's PASS/FAIL lines; a failure without one is named

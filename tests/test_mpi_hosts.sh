@@ -26,12 +26,7 @@ fail() { echo "FAIL $1: $2"; fails=$((fails + 1)); }
 case $B in *asan*|*tsan*) SLOW=3 ;; *) SLOW=1 ;; esac
 # Under the sanitizers Open MPI's start-up and TCP progress slow each mpirun to minutes (a full run
 # took over 15): the MPI backend is checked in the plain build only, for now.
-case $B in *asan*|*tsan*) echo "SKIP mpi_hosts: not in sanitizer builds (Open MPI under ASan/TSan takes minutes a job)"; exit 0 ;; esac
-
-command -v mpirun >/dev/null || { echo "SKIP mpi_hosts: no mpirun (apt-get install openmpi-bin libopenmpi-dev)"; exit 0; }
-for p in mpi_steps test_equivalence test_collectives test_gpt; do
-    [ -x "$M/$p" ] || { echo "SKIP mpi_hosts: no $M/$p (built by make where mpicc is)"; exit 0; }
-done
+mpi_begin mpi_hosts "$B" "$M/mpi_steps" "$M/test_equivalence" "$M/test_collectives" "$M/test_gpt"
 # Sanitized builds: Open MPI's own allocations live until exit (not ddp.h's leaks).
 export LSAN_OPTIONS=${LSAN_OPTIONS:+$LSAN_OPTIONS:}suppressions=$PWD/tests/lsan_mpi.supp:print_suppressions=0
 hosts_begin mpi_hosts dm 2

@@ -18,11 +18,7 @@ set -u
 B=${1:-build}
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
-case $B in *asan*|*tsan*) echo "SKIP mpi_parity: not in sanitizer builds (Open MPI under ASan/TSan takes minutes a job)"; exit 0 ;; esac
-command -v mpirun >/dev/null || { echo "SKIP mpi_parity: no mpirun (apt-get install openmpi-bin libopenmpi-dev)"; exit 0; }
-for p in "$B/mpi/mpi_parity" "$B/mpi_parity" "$B/ddprun"; do
-    [ -x "$p" ] || { echo "SKIP mpi_parity: no $p (built by make where mpicc is)"; exit 0; }
-done
+mpi_begin mpi_parity "$B" "$B/mpi/mpi_parity" "$B/mpi_parity" "$B/ddprun"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fails=0
@@ -31,12 +27,7 @@ fail() { echo "FAIL $1: $2"; fails=$((fails + 1)); }
 CONFIGS="fp32 fp32_shard bf16 bf16_shard fp32_bf16wire bf16_fp32wire_shard fp32_join bf16_join fp32_diloco bf16_streaming"
 
 # mpirun on this host: N ranks, rank 0's store on a free port; the rest of the arguments are the program's.
-mpi() {
-    local n=$1; shift
-    MASTER_ADDR=127.0.0.1 MASTER_PORT=$(free_port) DDP_JOB_TOKEN=$HOSTS_TOKEN timeout 120 mpirun --allow-run-as-root \
-        --oversubscribe --bind-to none --mca btl tcp,self -n "$n" -x MASTER_ADDR -x MASTER_PORT -x DDP_JOB_TOKEN \
-        -x DDP_MPI_FLAT -x DDP_LOG "$@"
-}
+mpi() { local n=$1; shift; mpi_local "$n" 120 "$@"; }
 # run LOG CMD...: the command's PASS/FAIL lines are this script's too
 run() {
     local log=$1; shift

@@ -122,6 +122,23 @@ static inline ddp_desc test_desc(const test_rank *self) {
     return d;
 }
 
+/* stdout quiet on every rank but 0: rank 0 speaks for all (the verdicts are the same everywhere). */
+static inline void test_quiet_others(int rank) {
+    if (rank != 0) { FILE *quiet = freopen("/dev/null", "w", stdout); (void)quiet; }
+}
+
+/* The launcher's rank and world, from a context opened and shut down at once (for a test that
+   opens its own contexts later), then test_quiet_others. 0, or -1 with the error on stderr. */
+static inline int test_probe(int *rank, int *world) {
+    ddp_context *probe;
+    if (ddp_init(&probe, NULL) != DDP_OK) { fprintf(stderr, "%s\n", ddp_last_error(probe)); ddp_shutdown(probe); return -1; }
+    *rank = ddp_rank(probe);
+    *world = ddp_world_size(probe);
+    ddp_shutdown(probe);
+    test_quiet_others(*rank);
+    return 0;
+}
+
 static inline int test_summary(const char *program) {
     fprintf(stderr, "%s: %d failure(s)\n", program, test_failures);
     return test_failures ? 1 : 0;
