@@ -22,6 +22,12 @@
      that stops, a GPU that stops (events never complete) — every rank fails with a named error
      within seconds, nothing hangs, shutdown is fast; set-up that completes late, that never
      completes (the timeout names the ranks), two ranks on one GPU;
+   - the device address-space layer (ddp.h's >>nccl-vm) through the fake driver: holder counts,
+     bytes, a failed map that changes nothing, a driver without virtual memory management named;
+   - ZeRO-2 (DDP_SHARD_GRADIENTS) on 1-4 ranks: the same norms and parameters as unsharded, bit
+     for bit (accumulation, an unused parameter, the bf16 wire, bf16 parameters, hybrid groups,
+     DiLoCo groups), the device bytes after each step by formula from the parts and the
+     granularity, checkpoints across levels, ddp_zero_grad on a full device named;
    - the fake saw no misuse of the CUDA or NCCL API (wrong pointers, devices, destroyed handles)
      and nothing leaked (communicators, events, device memory). */
 #include "testlib.h"
