@@ -499,14 +499,33 @@
      same bits, but not unsharded's, which adds every rank in rank order (the test holds the
      averaged gradients within a bound it derives: 3 float roundings of the sum, one to bf16). Outside a rank's part its gradient
      buffer holds the host's sum there (CPU: its own gradients). The stragglers of a hybrid bucket
-     are the host's (the part across hosts is not counted). NCCL: each bucket is averaged whole
-     over the world by ncclAllReduce(ncclAvg), as unsharded (so an unsharded NCCL run's bits;
-     NCCL picks its own route, rings and trees that keep most bytes inside a host), and the
-     norm's blocks and the all-gather run on a second communicator, the shard group's (set up
-     as a replica group's: BACKENDS); the memory is saved, the slow link's bytes are DDP's (a
-     reduce-scatter within the group and an allreduce across would need a third communicator:
-     not built). Tested on tests/fakegpu (tests/test_fake_nccl.c: the CPU backend's unsharded
-     bits), not yet on GPUs.
+     are the host's (the part across hosts is not counted). NCCL: three communicators, the
+     world's, the shard group's (ranks [g*S, (g+1)*S)) and a cross-group one of the part's
+     holders (ranks s, s+S, ..., s+(G-1)S), each set up non-blocking through the store (ids from
+     the group's first rank and from rank s), watched, aborted and torn down alike, a set-up
+     that never finishes named with its ranks. A bucket, on the comm stream: ncclReduceScatter
+     (ncclSum) in the group into this rank's part (the tail reduced to the last member), then
+     ncclAllReduce (ncclSum) of the part across the groups, then times 1/world; so a rank sends
+     1/S of the bucket across the groups (an allreduce of its part: 2 (G-1)/G of it on a ring),
+     as the MPI backend's hybrid does. The wire plan's conversions as for flat sharding: bf16 on
+     the wire (reduce_dtype BF16) narrowed into staging, summed as bf16, widened and scaled in
+     float; bf16 parameters summed as bf16 and scaled once into bf16, or (reduce_dtype FP32)
+     widened, summed and scaled in float, rounded back once. The bits: NCCL's allreduce leaves
+     every holder of a part the same values, so every rank ends every step with the same
+     parameters; the sum is hierarchical (the group's in NCCL's order, then the groups'), and
+     the factor 1/world is rounded to float (a power-of-two world: exact, so the sum divided by
+     it rounded once), so they are not unsharded's bits (ncclAvg over the world adds in its own
+     order too). Bound: with W ranks, M the sum of the magnitudes of the W values an element
+     sums and u the rounding unit, |average - exact| <= (W-1) u M / W + 3 u |exact| (fp32: u =
+     2^-24; with bf16 sums u = 2^-8 + 2^-24 and 2^-7 |exact| for the last roundings), which
+     unsharded's average obeys as well (to first order), so the two differ by at most about
+     twice it. tests/test_fake_nccl.c holds every step's averaged parts to that bound against the exact (double)
+     average on 4 ranks in groups of 2 and 6 in groups of 2 and of 3 (fp32 and bf16 wire, bf16
+     parameters, clipping, accumulation), counts the bytes each rank's cross-group communicator
+     carries (its parts exactly; the world's carries none during a step), and names a failing
+     cross-group communicator; on tests/fakegpu, not yet on GPUs. The timeline's comm lane shows
+     both: "reduce-scatter bucket N (shard group)" and "allreduce bucket N's part across the
+     shard groups" (bytes: the part's).
      Checkpoints: the shard table has S entries (format version 1); the file loads at any world
      size and sharding, and a hybrid run loads any file (an older ddp.h refuses hybrid files as an
      impossible header). ddp_gather_to_host takes each part from the root's group.
@@ -735,8 +754,9 @@
              the group's first rank through the store; ncclCommInitRankConfig, so any NCCL from
              2.10), on which the buckets are averaged; the watchdog, aborts and shutdown cover it
              as they do the world's. Hybrid sharding (desc.shard_group): the shard group gets
-             that second communicator, for the norm's blocks and the all-gather; the buckets
-             stay on the world's (HYBRID SHARDING). Step stats come from CUDA events, read
+             that second communicator (each bucket's reduce-scatter, the norm's blocks, the
+             all-gather), and a third spans the holders of this rank's part, member s of every
+             group, for the part's allreduce across the groups (HYBRID SHARDING). Step stats come from CUDA events, read
              lazily (stats.step names the step they describe).
 
      mpi     CPU ranks on several hosts (only with -DDDP_MPI, built by mpicc; tested with Open MPI
@@ -1070,9 +1090,11 @@
                     the watchdog's hooks (heartbeats, the collective's age, MPI_Abort); ZeRO-2's
                     release after a bucket's MPI calls (ddp__z2_mpi_bucket); its table
      >>nccl         the NCCL backend (only with DDP_CUDA): the communicators' life (the
-                    world's; a replica group's or, hybrid, a shard group's: ddp__gpu_init_team), the
+                    world's; a replica group's or, hybrid, a shard group's: ddp__gpu_init_team;
+                    hybrid's cross-group one of a part's holders: ddp__gpu_init_cross), the
                     watchdog's hooks, set-up, buckets on the comm stream as the wire plan says
-                    (sharded: reduce-scattered), the norm's blocks, AdamW kernels (sharded: per
+                    (sharded: reduce-scattered; hybrid: ddp__nccl_hybrid, the group's reduce-
+                    scatter then the part's allreduce across the groups), the norm's blocks, AdamW kernels (sharded: per
                     bucket, then all-gathered); its table
      >>nccl-vm      inside >>nccl: the device address-space layer (ddp__gvm_*): a range reserved
                     once, granules mapped / released by holder counts through CUDA's virtual
@@ -3397,7 +3419,8 @@ enum { DDP__EV_FORWARD, DDP__EV_BACKWARD_OP, DDP__EV_READY, DDP__EV_ALLREDUCE, D
        DDP__EV_STRAGGLER /* this rank waited for the last arrival: index the bucket, bytes the rank */,
        DDP__EV_OUTER     /* an outer exchange (>>outer): index the fragment, bytes a group's encoding */,
        DDP__EV_GATHER    /* sharded parameters (>>zero3): a unit's gather, index the unit, bytes copied */,
-       DDP__EV_RELEASE   /* and its release */ };
+       DDP__EV_RELEASE   /* and its release */,
+       DDP__EV_CROSS     /* hybrid sharding on NCCL: a bucket's part summed across the shard groups, bytes the part's */ };
 #define DDP__TIMELINE_MAX_EVENTS 150000      /* per thread: keeps a rank's trace under the store's cap */
 
 typedef struct ddp__event {
@@ -3468,8 +3491,8 @@ static void ddp__text_json_name(ddp__text *t, const char *name) {
 
 static void ddp__tl_event_json(ddp_context *ctx, ddp__text *t, const ddp__event *e) {
     static const char *cats[] = { "forward", "backward", "ready", "comm", "exposed", "optimizer", "step",
-                                  "gpu_backward", "gpu_exposed", "straggler", "outer", "gather", "release" };
-    static const int tids[] = { 0, 0, 0, 1, 0, 0, 2, 1, 1, 1, 3, 1, 1 };   /* NCCL: the comm lane is the GPU clock */
+                                  "gpu_backward", "gpu_exposed", "straggler", "outer", "gather", "release", "comm" };
+    static const int tids[] = { 0, 0, 0, 1, 0, 0, 2, 1, 1, 1, 3, 1, 1, 1 };   /* NCCL: the comm lane is the GPU clock */
     const char *cat = e->kind == DDP__EV_ALLREDUCE && e->index < 0 ? "user_comm" : cats[e->kind];
     double ts = 1e6 * (e->t0 - ctx->tl.origin), dur = 1e6 * (e->t1 - e->t0);
     int i;
@@ -3477,10 +3500,13 @@ static void ddp__tl_event_json(ddp_context *ctx, ddp__text *t, const ddp__event 
     switch (e->kind) {
     case DDP__EV_BACKWARD_OP: ddp__text_printf(t, "backward op %d", e->index); break;
     case DDP__EV_READY: ddp__text_printf(t, "bucket %d ready", e->index); break;
-    case DDP__EV_ALLREDUCE:
-        if (e->index >= 0) ddp__text_printf(t, "allreduce bucket %d", e->index);
+    case DDP__EV_ALLREDUCE:   /* hybrid sharding on NCCL: the group's part of the bucket's reduction (then DDP__EV_CROSS) */
+        if (e->index >= 0 && ddp__hybrid(ctx) && ctx->be && ctx->be->id == DDP_BACKEND_NCCL)
+            ddp__text_printf(t, "reduce-scatter bucket %d (shard group)", e->index);
+        else if (e->index >= 0) ddp__text_printf(t, "allreduce bucket %d", e->index);
         else ddp__text_printf(t, "allreduce (user)");
         break;
+    case DDP__EV_CROSS: ddp__text_printf(t, "allreduce bucket %d's part across the shard groups", e->index); break;
     case DDP__EV_WAIT: ddp__text_printf(t, "wait for comm"); break;
     case DDP__EV_GPU_BACKWARD: ddp__text_printf(t, "backward (gpu)"); break;
     case DDP__EV_GPU_EXPOSED: ddp__text_printf(t, "exposed comm (gpu)"); break;
@@ -3494,8 +3520,9 @@ static void ddp__tl_event_json(ddp_context *ctx, ddp__text *t, const ddp__event 
     if (e->kind == DDP__EV_READY) ddp__text_printf(t, "\"ph\":\"i\",\"s\":\"t\",");
     else ddp__text_printf(t, "\"ph\":\"X\",\"dur\":%.3f,", dur);
     ddp__text_printf(t, "\"args\":{\"step\":%d", e->step);
-    if (e->kind == DDP__EV_READY || (e->kind == DDP__EV_ALLREDUCE && e->index >= 0)) ddp__text_printf(t, ",\"bucket\":%d", e->index);
-    if (e->kind == DDP__EV_ALLREDUCE) ddp__text_printf(t, ",\"bytes\":%llu", (unsigned long long)e->bytes);
+    if (e->kind == DDP__EV_READY || e->kind == DDP__EV_CROSS || (e->kind == DDP__EV_ALLREDUCE && e->index >= 0))
+        ddp__text_printf(t, ",\"bucket\":%d", e->index);
+    if (e->kind == DDP__EV_ALLREDUCE || e->kind == DDP__EV_CROSS) ddp__text_printf(t, ",\"bytes\":%llu", (unsigned long long)e->bytes);
     if (e->kind == DDP__EV_OUTER) ddp__text_printf(t, ",\"fragment\":%d,\"bytes\":%llu", e->index, (unsigned long long)e->bytes);
     if (e->kind == DDP__EV_GATHER || e->kind == DDP__EV_RELEASE)
     {
@@ -8436,7 +8463,8 @@ static void ddp__mpi_table(ddp__backend *t) {
    key, and aborts the communicator instead of letting the job hang, until teardown is done.
    With replica groups of several ranks (>>outer) a second communicator spans the group's ranks
    and carries the buckets; everything else stays on the world's, and the life, the watchdog's
-   look, aborts and teardown cover both.
+   look, aborts and teardown cover both. Hybrid sharding: the second spans the shard group, a
+   third (DDP__NCCL_CROSS) the holders of this rank's part across the groups; all three alike.
    Every CUDA and NCCL call is checked; a failure is DDP_ERR_BACKEND (or _PEER_LOST, _TIMEOUT)
    with the call, file, line and rank.
    -------------------------------------------------------------------------------------------- */
@@ -8528,9 +8556,15 @@ struct ddp__gpu {
     ncclComm_t team;               /* replica groups of several ranks (>>outer): the group's ranks, for the
                                       buckets (ddp__team_*); NULL: the buckets go on nccl */
     ddp__life team_life;           /* team's, under lock */
+    ncclComm_t cross;              /* hybrid sharding (desc.shard_group): the holders of this rank's part, member
+                                      ddp__team_rank of every shard group (ranks s, s + S, ...), for each bucket's
+                                      part across the groups (ddp__nccl_hybrid); NULL otherwise */
+    ddp__life cross_life;          /* cross's, under lock */
     pthread_mutex_t lock;          /* life, the watch fields; never held across an NCCL call */
     cudaEvent_t *ready;            /* per bucket: the compute stream reached its last gradient */
     cudaEvent_t *comm_start[2], *comm_end[2];   /* per bucket; two steps' worth (parity) */
+    cudaEvent_t *comm_cross[2];    /* hybrid: per bucket, the group's reduce-scatter done, the part's allreduce
+                                      across the groups begins (the timeline's two spans) */
     cudaEvent_t step_begin[2], step_finish[2];
     int timed[2], last_bucket[2];  /* that parity holds a step whose times are not read yet */
     double host_begin[2];          /* host clock when step_begin was recorded: the timeline's anchor */
@@ -8877,9 +8911,18 @@ DDP__GVM_FN void ddp__gvm_free(ddp_context *ctx, ddp__gvm *g) {
 
 
 /* The communicators: the world's (team 0) and, with replica groups of several ranks, the
-   group's (team 1, the buckets'). */
-static ddp__life *ddp__nccl_life(ddp__gpu *g, int team) { return team ? &g->team_life : &g->life; }
-static ncclComm_t ddp__nccl_comm(const ddp__gpu *g, int team) { return team ? g->team : g->nccl; }
+   group's (team 1, the buckets'); hybrid sharding: the shard group's (team 1) and the holders'
+   across the groups (DDP__NCCL_CROSS). */
+#define DDP__NCCL_CROSS 2
+#define DDP__NCCL_COMMS 3
+static ddp__life *ddp__nccl_life(ddp__gpu *g, int team) {
+    return team == DDP__NCCL_CROSS ? &g->cross_life : team ? &g->team_life : &g->life;
+}
+static ncclComm_t ddp__nccl_comm(const ddp__gpu *g, int team) { return team == DDP__NCCL_CROSS ? g->cross : team ? g->team : g->nccl; }
+/* Its name in messages: "" (the world's), "replica group's " / "shard group's ", "cross-group ". */
+static const char *ddp__nccl_whose(const ddp_context *ctx, int team) {
+    return team == DDP__NCCL_CROSS ? "cross-group " : !team ? "" : ddp__hybrid(ctx) ? "shard group's " : "replica group's ";
+}
 
 /* A communicator's life under g->lock: a thread that calls NCCL enters (refused once the
    communicator is aborted or claimed for teardown), makes the call without the lock, and
@@ -8904,12 +8947,12 @@ static void ddp__nccl_leave(ddp__gpu *g, int team) {
 /* Abort the communicators (any thread): whatever of this rank waits on its peers ends. */
 static void ddp__gpu_abort(ddp_context *ctx) {
     ddp__gpu *g = ctx->impl.gpu;
-    int abort_now[2], k;
+    int abort_now[DDP__NCCL_COMMS], k;
     if (!g) return;
     pthread_mutex_lock(&g->lock);
-    for (k = 0; k < 2; k++) abort_now[k] = ddp__life_abort(ddp__nccl_life(g, k));
+    for (k = 0; k < DDP__NCCL_COMMS; k++) abort_now[k] = ddp__life_abort(ddp__nccl_life(g, k));
     pthread_mutex_unlock(&g->lock);
-    for (k = 0; k < 2; k++) if (abort_now[k]) ncclCommAbort(ddp__nccl_comm(g, k));
+    for (k = 0; k < DDP__NCCL_COMMS; k++) if (abort_now[k]) ncclCommAbort(ddp__nccl_comm(g, k));
 }
 
 /* Take a communicator for teardown: 1 if this thread may now destroy it. */
@@ -8957,13 +9000,14 @@ static ddp_result ddp__gpu_inspect_locked(ddp_context *ctx, char *msg, size_t ca
         }
         break;
     }
-    for (k = 0; k < 2; k++) {   /* the world's communicator, then the group's */
+    for (k = 0; k < DDP__NCCL_COMMS; k++) {   /* the world's communicator, then the group's, then the cross-group one */
         ncclComm_t c = ddp__nccl_comm(g, k);
         if (!ddp__nccl_life(g, k)->live) continue;
         if (ncclCommGetAsyncError(c, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress) {
             const char *detail = ncclGetLastError(c);
-            snprintf(msg, cap, "NCCL reported an asynchronous error%s during %s: %s%s%s; the communicator was aborted",
-                     k ? " on the replica group's communicator" : "", g->watch.since > 0 ? g->watch.what : "communication",
+            snprintf(msg, cap, "NCCL reported an asynchronous error%s%s%s during %s: %s%s%s; the communicator was aborted",
+                     k ? " on the " : "", k ? ddp__nccl_whose(ctx, k) : "", k ? "communicator" : "",
+                     g->watch.since > 0 ? g->watch.what : "communication",
                      ncclGetErrorString(async), detail && *detail ? ": " : "", detail ? detail : "");
             return async == ncclRemoteError ? DDP_ERR_PEER_LOST : DDP_ERR_BACKEND;
         }
@@ -9133,7 +9177,7 @@ static ddp_result ddp__nccl_call(ddp_context *ctx, int team, int call, const voi
     if (!ddp__nccl_enter(g, team))
         return ddp__failed(ctx) ? ddp__failed(ctx) : ddp__fail_group(ctx, DDP_ERR_BACKEND, "%s: the NCCL %s"
                                                                                 "communicator is gone (aborted)", what,
-                                                                                team ? "replica group's " : "");
+                                                                                ddp__nccl_whose(ctx, team));
     switch (call) {
     case DDP__NCCL_BROADCAST: e = ncclBroadcast(send, recv, count, type, root, c, g->comm); break;
     case DDP__NCCL_REDUCE: e = ncclReduce(send, recv, count, type, op, root, c, g->comm); break;
@@ -9179,7 +9223,7 @@ static ddp_result ddp__nccl_parts(ddp_context *ctx, int b, void *base, ncclDataT
     unsigned char *at = (unsigned char *)base;
     ddp_result r;
     /* hybrid sharding: the parts are the shard group's, on its communicator (only the gather:
-       its buckets are averaged whole, ddp__gpu_launch) */
+       its buckets are summed by ddp__nccl_hybrid) */
     int team = ddp__hybrid(ctx), n = team ? ddp__team_world(ctx) : ctx->world, me = team ? ddp__team_rank(ctx) : ctx->rank;
     ddp__shard_range(ctx, b, 0, &lo, &hi);
     part = hi - lo;
@@ -9194,47 +9238,108 @@ static ddp_result ddp__nccl_parts(ddp_context *ctx, int b, void *base, ncclDataT
     return ddp__nccl_call(ctx, team, gather ? DDP__NCCL_BROADCAST : DDP__NCCL_REDUCE, at, at, tail, type, ncclAvg, n - 1, what);
 }
 
+/* Hybrid sharding (desc.shard_group = S, >>shard; HYBRID SHARDING): bucket b summed into this
+   rank's part, on the comm stream. First a reduce-scatter in the shard group (ncclSum on the
+   group's communicator: the equal parts in place, the tail reduced to the last member, as
+   ddp__nccl_parts lays them out), then the part, which member s of every group holds, summed
+   across the G = world / S groups (ncclAllReduce, ncclSum, on the cross-group communicator of
+   its holders): 1/S of the bucket on the link between the groups. The caller scales the sum by
+   1/world (ddp__gpu_hybrid_scale). NCCL's allreduce leaves every holder the same bits, so every
+   rank ends with the same average; its order is hierarchical (the group's sum, then the groups'),
+   not the world's rank order. The comm stream records comm_cross[par][b] between the two. */
+static ddp_result ddp__nccl_hybrid(ddp_context *ctx, int b, void *base, ncclDataType_t type, size_t elem) {
+    ddp__gpu *g = ctx->impl.gpu;
+    const ddp__bucket *k = &ctx->model.buckets[b];
+    size_t lo, hi, part, tail;
+    unsigned char *at = (unsigned char *)base;
+    int n = ddp__team_world(ctx), me = ddp__team_rank(ctx), par = ctx->tl.step & 1;
+    char what[160];
+    ddp_result r;
+    ddp__shard_range(ctx, b, 0, &lo, &hi);
+    part = hi - lo;
+    tail = k->count - part * (size_t)n;
+    snprintf(what, sizeof what, "the reduce-scatter of gradient bucket %d (%zu elements) in the shard group", b, k->count);
+    if (part && (r = ddp__nccl_call(ctx, 1, DDP__NCCL_REDUCE_SCATTER, at, at + (size_t)me * part * elem, part, type, ncclSum, 0,
+                                    what)) != DDP_OK) return r;
+    if (tail && (r = ddp__nccl_call(ctx, 1, DDP__NCCL_REDUCE, at + part * (size_t)n * elem, at + part * (size_t)n * elem, tail,
+                                    type, ncclSum, n - 1, what)) != DDP_OK) return r;
+    if (g->comm_cross[par]) DDP__CUDA(cudaEventRecord(g->comm_cross[par][b], g->comm));
+    ddp__shard_range(ctx, b, me, &lo, &hi);
+    if (hi == lo) return DDP_OK;   /* an empty part (a small bucket: the last member holds it all); so for every holder */
+    snprintf(what, sizeof what, "the allreduce of gradient bucket %d's part (%zu of %zu elements) across the shard groups "
+             "(the cross-group communicator)", b, hi - lo, k->count);
+    return ddp__nccl_call(ctx, DDP__NCCL_CROSS, DDP__NCCL_ALLREDUCE, at + (lo - k->offset) * elem, at + (lo - k->offset) * elem,
+                          hi - lo, type, ncclSum, -1, what);
+}
+
+/* The hybrid sum (ddp__nccl_hybrid) made an average: times 1/world rounded to float, one rounding
+   of the product (a power-of-two world: the sum divided by it exactly, rounded once), on the
+   comm stream. bf16 gradients: in float, rounded back to bf16 once. */
+static ddp_result ddp__gpu_hybrid_scale(ddp_context *ctx, float *f32, uint16_t *bf16, size_t n) {
+    float inv = 1.0f / (float)ctx->world;
+    if (f32) DDP__CUDA(ddp_k_scale(f32, n, inv, ctx->impl.gpu->comm));
+    else DDP__CUDA(ddp_k_scale_bf16(bf16, n, inv, ctx->impl.gpu->comm));
+    return DDP_OK;
+}
+
 /* Every entry point runs on the caller's thread, which may have another device current. */
 #define DDP__GPU_DEVICE(g) DDP__CUDA(cudaSetDevice((g)->device))
 
 /* A communicator, non-blocking: ncclCommInitRank would wait for every peer with no deadline,
    and one that died or never came would hang this rank for good. Each rank says in the store
    when it starts and when it is done, so a timeout can name the ranks that never came and
-   those that came but never finished. team 0: the world's; 1: the replica group's, ranks
-   [first, first + n) of the world, this rank its member ddp__team_rank. */
+   those that came but never finished. team 0: the world's; 1: the replica group's (hybrid: the
+   shard group's), ranks [first, first + n) of the world, this rank its member ddp__team_rank;
+   DDP__NCCL_CROSS (hybrid): the holders of this rank's part, ranks s, s + S, ... (s its member
+   number, S the group's size), this rank the holder rank / S. */
 static ddp_result ddp__gpu_init_comm(ddp_context *ctx, int team, ncclUniqueId *id, double deadline, int version) {
     ddp__gpu *g = ctx->impl.gpu;
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     ncclResult_t e;
     ddp_result r;
     ddp__life *life = ddp__nccl_life(g, team);
-    const char *start = team ? "nccl/team-start/" : "nccl/start/", *done = team ? "nccl/team-done/" : "nccl/done/";
-    int n = team ? ddp__team_world(ctx) : ctx->world, first = team ? ddp__team_peer(ctx, 0) : 0;
-    char key[40], never[256], unfinished[256];
+    int cross = team == DDP__NCCL_CROSS, i;
+    const char *start = cross ? "nccl/cross-start/" : team ? "nccl/team-start/" : "nccl/start/";
+    const char *done = cross ? "nccl/cross-done/" : team ? "nccl/team-done/" : "nccl/done/";
+    int n = cross ? ctx->world / ddp__team_world(ctx) : team ? ddp__team_world(ctx) : ctx->world;
+    int first = cross ? ddp__team_rank(ctx) : team ? ddp__team_peer(ctx, 0) : 0, stride = cross ? ddp__team_world(ctx) : 1;
+    int me = cross ? ctx->rank / stride : team ? ddp__team_rank(ctx) : ctx->rank;
+    char key[40], never[256], unfinished[256], what[128];
     config.blocking = 0;
     snprintf(key, sizeof key, "%s%d", start, ctx->rank);
     if (ctx->world > 1 && (r = ddp__store_set(ctx, key, "1", 1)) != DDP_OK) return r;
-    e = ncclCommInitRankConfig(team ? &g->team : &g->nccl, n, *id, team ? ddp__team_rank(ctx) : ctx->rank, &config);
+    e = ncclCommInitRankConfig(cross ? &g->cross : team ? &g->team : &g->nccl, n, *id, me, &config);
     if (e != ncclSuccess && e != ncclInProgress) return ddp__nccl_fail(ctx, e, "ncclCommInitRankConfig", __FILE__, __LINE__);
     life->live = 1;
     life->in_call = 1;   /* alone until set-up returns: nobody else can reach it yet */
-    r = ddp__nccl_settle(ctx, team, e, team ? "NCCL's set-up of the replica group's communicator (ncclCommInitRankConfig)"
-                         : "NCCL's set-up (ncclCommInitRankConfig)", deadline);
+    snprintf(what, sizeof what, "NCCL's set-up%s%s%s (ncclCommInitRankConfig)", team ? " of the " : "",
+             ddp__nccl_whose(ctx, team), team ? "communicator" : "");
+    r = ddp__nccl_settle(ctx, team, e, what, deadline);
     ddp__nccl_leave(g, team);
     if (r == DDP_ERR_TIMEOUT && !ddp__failed(ctx)) {
+        size_t a = 0, z = 0;
+        int k, exists;
         never[0] = unfinished[0] = 0;
-        if (ctx->world > 1 && ddp__list_missing(ctx, start, first, n, never, sizeof never) == DDP_OK)
-            ddp__list_missing(ctx, done, first, n, unfinished, sizeof unfinished);
+        for (i = 0; ctx->world > 1 && i < n && a + 16 < sizeof never && z + 16 < sizeof unfinished; i++)
+            for (k = 0; k < 2; k++) {   /* the members in rank order (cross: every S-th rank), as ddp__list_missing */
+                snprintf(key, sizeof key, "%s%d", k ? done : start, first + i * stride);
+                if (ddp__store_check(ctx, key, &exists) != DDP_OK) { i = n; break; }
+                if (exists) continue;
+                if (k) z += (size_t)snprintf(unfinished + z, sizeof unfinished - z, "%s%d", z ? ", " : "", first + i * stride);
+                else a += (size_t)snprintf(never + a, sizeof never - a, "%s%d", a ? ", " : "", first + i * stride);
+            }
         ddp__gpu_abort(ctx);
-        return ddp__fail(ctx, DDP_ERR_TIMEOUT, "timed out after %g s in NCCL's set-up%s; rank(s) never started it: "
+        return ddp__fail(ctx, DDP_ERR_TIMEOUT, "timed out after %g s in NCCL's set-up%s%s%s; rank(s) never started it: "
                          "%s; rank(s) that did not finish it: %s; the communicator was aborted", ctx->desc.timeout_s,
-                         team ? " of the replica group's communicator" : "", never[0] ? never : "none",
-                         unfinished[0] ? unfinished : "none");
+                         team ? " of the " : "", ddp__nccl_whose(ctx, team), team ? "communicator" : "",
+                         never[0] ? never : "none", unfinished[0] ? unfinished : "none");
     }
     if (r != DDP_OK) return r;
     snprintf(key, sizeof key, "%s%d", done, ctx->rank);
     if (ctx->world > 1 && (r = ddp__store_set(ctx, key, "1", 1)) != DDP_OK) return r;
-    if (team) ddp__log(ctx, DDP_LOG_INFO, "rank %d: %s group %d's communicator up (ranks %d .. %d)", ctx->rank,
+    if (cross) ddp__log(ctx, DDP_LOG_INFO, "rank %d: the cross-group communicator of part %d up (ranks %d, %d, .. %d: "
+                        "member %d of every shard group)", ctx->rank, first, first, first + stride, first + (n - 1) * stride, first);
+    else if (team) ddp__log(ctx, DDP_LOG_INFO, "rank %d: %s group %d's communicator up (ranks %d .. %d)", ctx->rank,
                        ddp__hybrid(ctx) ? "shard" : "replica", first / n, first, first + n - 1);
     else ddp__log(ctx, DDP_LOG_INFO, "rank %d of %d up (nccl backend %d.%d.%d, device %d)", ctx->rank, ctx->world,
                   version / 10000, version / 100 % 100, version % 100, g->device);
@@ -9269,6 +9374,35 @@ static ddp_result ddp__gpu_init_team(ddp_context *ctx, double deadline, int vers
         DDP_FREE(val);
     }
     return ddp__gpu_init_comm(ctx, 1, &id, deadline, version);
+}
+
+/* Hybrid sharding (desc.shard_group = S; 1 < S < world): a third communicator over the holders
+   of this rank's part, member s of every shard group (ranks s, s + S, ..., the world / S of
+   them, numbered by group), on which each bucket's part is summed across the groups
+   (ddp__nccl_hybrid). Its ncclUniqueId comes from rank s (group 0's member s) through the
+   store, as the shard group's does from its first rank. */
+static ddp_result ddp__gpu_init_cross(ddp_context *ctx, double deadline, int version) {
+    ncclUniqueId id;
+    char key[40];
+    ddp_result r;
+    int s = ddp__team_rank(ctx);
+    if (!ddp__hybrid(ctx) || ddp__team_world(ctx) <= 1 || ddp__team_world(ctx) >= ctx->world) return DDP_OK;
+    snprintf(key, sizeof key, "nccl/cross-id/%d", s);
+    if (ctx->rank == s) {
+        DDP__NCCL(ncclGetUniqueId(&id));
+        if ((r = ddp__store_set(ctx, key, &id, sizeof id)) != DDP_OK) return r;
+    } else {
+        unsigned char *val;
+        uint32_t len;
+        int found = 0;
+        if ((r = ddp__store_get(ctx, key, deadline, &val, &len, &found)) != DDP_OK) return r;
+        if (!found) return ddp__fail(ctx, DDP_ERR_TIMEOUT, "rank %d (shard group 0's member %d) did not publish the "
+                                     "cross-group communicator's ncclUniqueId in time", s, s);
+        if (len != sizeof id) { DDP_FREE(val); return ddp__fail(ctx, DDP_ERR_MISMATCH, "rank %d's ncclUniqueId has %u bytes, not %zu (another NCCL version?)", s, len, sizeof id); }
+        memcpy(&id, val, sizeof id);
+        DDP_FREE(val);
+    }
+    return ddp__gpu_init_comm(ctx, DDP__NCCL_CROSS, &id, deadline, version);
 }
 
 /* Bring-up: the device (LOCAL_RANK modulo the devices visible), the comm stream, and the
@@ -9319,7 +9453,8 @@ static ddp_result ddp__gpu_setup(ddp_context *ctx, double deadline) {
     }
     {
         ddp_result r = ddp__gpu_init_comm(ctx, 0, &id, deadline, version);
-        return r != DDP_OK ? r : ddp__gpu_init_team(ctx, deadline, version);
+        if (r == DDP_OK) r = ddp__gpu_init_team(ctx, deadline, version);
+        return r != DDP_OK ? r : ddp__gpu_init_cross(ctx, deadline, version);
     }
 }
 
@@ -9543,6 +9678,7 @@ static ddp_result ddp__gpu_commit(ddp_context *ctx) {
     for (k = 0; k < 2; k++) {
         if ((r = ddp__gpu_create_events(ctx, &g->comm_start[k], cudaEventDefault)) != DDP_OK) return r;
         if ((r = ddp__gpu_create_events(ctx, &g->comm_end[k], cudaEventDefault)) != DDP_OK) return r;
+        if (g->cross && (r = ddp__gpu_create_events(ctx, &g->comm_cross[k], cudaEventDefault)) != DDP_OK) return r;
     }
     if (ddp__sharded(ctx)) {
         if ((r = ddp__gpu_create_events(ctx, &g->updated, cudaEventDisableTiming)) != DDP_OK) return r;
@@ -9573,14 +9709,20 @@ static ddp_result ddp__gpu_launch_bf16(ddp_context *ctx, int index, const char *
     const ddp__wire *w = &b->wire;
     ddp_bf16 *grads = ctx->flat.grads_bf16 + b->offset;
     ddp_result r;
-    int scatter = w->scatter && !ddp__hybrid(ctx);   /* hybrid: averaged whole over the world (ddp__gpu_launch) */
+    int scatter = w->scatter && !ddp__hybrid(ctx), hybrid = w->scatter && ddp__hybrid(ctx);   /* hybrid: ddp__nccl_hybrid */
+    if (w->convert == DDP__WIRE_AS_IS && hybrid) {   /* bf16 sums; the average rounded to bf16 once more */
+        if ((r = ddp__nccl_hybrid(ctx, index, grads, ncclBfloat16, sizeof(ddp_bf16))) != DDP_OK) return r;
+        return ddp__gpu_hybrid_scale(ctx, NULL, ctx->flat.grads_bf16 + w->lo, w->hi - w->lo);
+    }
     if (w->convert == DDP__WIRE_AS_IS)
         return scatter ? ddp__nccl_parts(ctx, index, grads, ncclBfloat16, sizeof(ddp_bf16), 0, what)
                        : ddp__nccl_bucket(ctx, grads, b->count, ncclBfloat16, what);
     DDP__CUDA(ddp_k_bf16_to_f32(grads, g->f32, b->count, g->comm));
-    r = scatter ? ddp__nccl_parts(ctx, index, g->f32, ncclFloat, sizeof(float), 0, what)
+    r = hybrid ? ddp__nccl_hybrid(ctx, index, g->f32, ncclFloat, sizeof(float))
+        : scatter ? ddp__nccl_parts(ctx, index, g->f32, ncclFloat, sizeof(float), 0, what)
                 : ddp__nccl_bucket(ctx, g->f32, b->count, ncclFloat, what);
     if (r != DDP_OK) return r;
+    if (hybrid && (r = ddp__gpu_hybrid_scale(ctx, g->f32 + (w->lo - b->offset), NULL, w->hi - w->lo)) != DDP_OK) return r;
     DDP__CUDA(ddp_k_f32_to_bf16(g->f32 + (w->lo - b->offset), ctx->flat.grads_bf16 + w->lo, w->hi - w->lo, g->comm));
     return DDP_OK;
 }
@@ -9610,7 +9752,13 @@ static ddp_result ddp__gpu_launch(ddp_context *ctx, int index) {
         snprintf(what, sizeof what, "the %s of gradient bucket %d (%zu elements)",
                  ctx->desc.shard_optimizer ? "reduce-scatter" : "allreduce", index, b->count);
         if (w->moves && (r = ddp__gpu_launch_bf16(ctx, index, what)) != DDP_OK) return r;
-    } else if (w->scatter && !ddp__hybrid(ctx)) {   /* a reduce-scatter: this rank's part is averaged (hybrid: whole, below) */
+    } else if (w->scatter && ddp__hybrid(ctx)) {   /* summed in the shard group, the part across the groups */
+        r = bf16 ? ddp__nccl_hybrid(ctx, index, g->bf16, ncclBfloat16, sizeof(uint16_t))
+                 : ddp__nccl_hybrid(ctx, index, grads, ncclFloat, sizeof(float));
+        if (r != DDP_OK) return r;
+        if (bf16) DDP__CUDA(ddp_k_bf16_to_f32(g->bf16 + (w->lo - b->offset), ctx->flat.grads + w->lo, w->hi - w->lo, g->comm));
+        if ((r = ddp__gpu_hybrid_scale(ctx, ctx->flat.grads + w->lo, NULL, w->hi - w->lo)) != DDP_OK) return r;   /* in float */
+    } else if (w->scatter) {   /* a reduce-scatter: this rank's part is averaged */
         snprintf(what, sizeof what, "the reduce-scatter of gradient bucket %d (%zu elements)", index, b->count);
         r = bf16 ? ddp__nccl_parts(ctx, index, g->bf16, ncclBfloat16, sizeof(uint16_t), 0, what)
                  : ddp__nccl_parts(ctx, index, grads, ncclFloat, sizeof(float), 0, what);
@@ -9648,11 +9796,18 @@ static void ddp__gpu_timeline(ddp_context *ctx, int par, const ddp_step_stats *s
             cudaEventElapsedTime(&t0, g->step_begin[par], g->comm_end[par][g->last_bucket[par]]) == cudaSuccess)
             ddp__tl_add(ctx->tl.comm, DDP__EV_GPU_EXPOSED, step, h + 1e-3 * t1, h + 1e-3 * (t0 > t1 ? t0 : t1), -1, 0);
     }
-    for (b = 0; b < st->buckets_launched; b++)
-        if (cudaEventElapsedTime(&t0, g->step_begin[par], g->comm_start[par][b]) == cudaSuccess &&
-            cudaEventElapsedTime(&t1, g->step_begin[par], g->comm_end[par][b]) == cudaSuccess)
-            ddp__tl_add(ctx->tl.comm, DDP__EV_ALLREDUCE, step, h + 1e-3 * t0,
-                        h + 1e-3 * t1, b, ctx->model.buckets[b].wire.bytes);
+    for (b = 0; b < st->buckets_launched; b++) {
+        float tx;
+        const ddp__wire *w = &ctx->model.buckets[b].wire;
+        if (cudaEventElapsedTime(&t0, g->step_begin[par], g->comm_start[par][b]) != cudaSuccess ||
+            cudaEventElapsedTime(&t1, g->step_begin[par], g->comm_end[par][b]) != cudaSuccess) continue;
+        if (g->comm_cross[par] && w->scatter &&   /* hybrid: the group's reduce-scatter, then the part across the groups */
+            cudaEventElapsedTime(&tx, g->step_begin[par], g->comm_cross[par][b]) == cudaSuccess) {
+            ddp__tl_add(ctx->tl.comm, DDP__EV_ALLREDUCE, step, h + 1e-3 * t0, h + 1e-3 * tx, b, w->bytes);
+            ddp__tl_add(ctx->tl.comm, DDP__EV_CROSS, step, h + 1e-3 * tx, h + 1e-3 * t1, b,
+                        (w->hi - w->lo) * (w->bytes / (ctx->model.buckets[b].count ? ctx->model.buckets[b].count : 1)));
+        } else ddp__tl_add(ctx->tl.comm, DDP__EV_ALLREDUCE, step, h + 1e-3 * t0, h + 1e-3 * t1, b, w->bytes);
+    }
 }
 
 /* The GPU times of a step, once its events have completed (never waited for). */
@@ -10027,7 +10182,7 @@ static ddp_result ddp__gpu_collective(ddp_context *ctx, uint32_t kind, void *dat
 static void ddp__gpu_close_one(ddp_context *ctx, int team) {
     ddp__gpu *g = ctx->impl.gpu;
     ddp_result r = DDP_ERR_BACKEND;
-    if (team && !g->team) return;   /* no replica group's communicator */
+    if (!ddp__nccl_comm(g, team)) return;   /* no such communicator (replica or shard group's, cross-group) */
     if (!ddp__failed(ctx) && ddp__nccl_enter(g, team)) {
         r = ddp__gpu_wait(ctx, g->comm, "the last communication before shutdown");
         if (r == DDP_OK) r = ddp__nccl_settle(ctx, team, ncclCommFinalize(ddp__nccl_comm(g, team)), "ncclCommFinalize",
@@ -10036,14 +10191,15 @@ static void ddp__gpu_close_one(ddp_context *ctx, int team) {
         if (r == DDP_ERR_TIMEOUT && !ddp__failed(ctx))
             ddp__set_failed(ctx, ddp__fail(ctx, DDP_ERR_TIMEOUT, "timed out after %g s finalizing the NCCL %scommunicator "
                                            "at shutdown (a peer stuck or gone?); it was aborted", ctx->desc.timeout_s,
-                                           team ? "replica group's " : ""));
+                                           ddp__nccl_whose(ctx, team)));
     }
     if (r == DDP_OK && ddp__nccl_claim(g, team)) ncclCommDestroy(ddp__nccl_comm(g, team));
     else ddp__gpu_abort(ctx);
 }
 
-/* The replica group's communicator first, then the world's (set-up's reverse). */
+/* The cross-group communicator, the group's, then the world's (set-up's reverse). */
 static void ddp__gpu_close_comm(ddp_context *ctx) {
+    ddp__gpu_close_one(ctx, DDP__NCCL_CROSS);
     ddp__gpu_close_one(ctx, 1);
     ddp__gpu_close_one(ctx, 0);
 }
@@ -10077,6 +10233,7 @@ static void ddp__gpu_teardown(ddp_context *ctx) {
         for (k = 0; k < 2; k++) {
             if (g->comm_start[k]) cudaEventDestroy(g->comm_start[k][b]);
             if (g->comm_end[k]) cudaEventDestroy(g->comm_end[k][b]);
+            if (g->comm_cross[k]) cudaEventDestroy(g->comm_cross[k][b]);
         }
     }
     for (b = 0; g->updated && b < ctx->model.num_buckets; b++) cudaEventDestroy(g->updated[b]);
@@ -10084,7 +10241,7 @@ static void ddp__gpu_teardown(ddp_context *ctx) {
     if (g->gathered) cudaEventDestroy(g->gathered);
     DDP_FREE(g->ready);
     for (k = 0; k < 2; k++) {
-        DDP_FREE(g->comm_start[k]); DDP_FREE(g->comm_end[k]);
+        DDP_FREE(g->comm_start[k]); DDP_FREE(g->comm_end[k]); DDP_FREE(g->comm_cross[k]);
         if (g->step_begin[k]) cudaEventDestroy(g->step_begin[k]);
         if (g->step_finish[k]) cudaEventDestroy(g->step_finish[k]);
     }

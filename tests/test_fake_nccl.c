@@ -16,6 +16,13 @@
      streaming, fp32 and bf16 buckets: every rank ends with the CPU backend's bits; a rank of one
      group that aborts fails every rank, the other group's too, by name; a group's communicator
      whose set-up never finishes is named with the group's ranks;
+   - hybrid sharding (shard_group; 4 ranks in groups of 2, 6 in groups of 2 and of 3): the
+     group's reduce-scatter and the part's allreduce across the groups on a third communicator:
+     every step's averaged parts within a derived bound of the exact average, the same bits on
+     every rank, the parameters near unsharded training's, exactly the parts' bytes across the
+     groups and none on the world's communicator, both collectives on the timeline, fp32 and
+     bf16 on the wire, bf16 parameters, clipping, accumulation; a failing cross-group
+     communicator named;
    - user collectives on device and host buffers, host copies of every flat buffer, step stats;
    - non-finite gradients, named by the step with grad_norm_out, reported by the next without;
    - faults: an asynchronous NCCL error on one rank, a rank that aborts its communicator, a rank
@@ -34,7 +41,7 @@
 #include "support/equivalence_model.h"   /* test_equivalence.c's model, data and CPU ops */
 #include "fakegpu/fakegpu.h"
 
-#define MAX_WORLD 4
+#define MAX_WORLD 6   /* hybrid sharding: 6 ranks in groups of 2 and of 3 */
 
 typedef struct result {
     ddp_result r, shut;
@@ -333,7 +340,6 @@ static const size_t sh_sizes[SH_PARAMS] = { 9000, 50, 6000, 3000, 700 };
 static struct { float norm[MAX_WORLD][SH_STEPS]; float *params[MAX_WORLD], *m, *v; size_t count; ddp_result r[MAX_WORLD];
                 char err[MAX_WORLD][DDP__ERR_MAX]; } sh;
 
-static int sh_group;   /* hybrid sharding: ddp_desc.shard_group of the sharded pass (0: flat) */
 static void shard_rank(test_rank *self) {
     ddp_desc d = test_desc(self);
     ddp_context *ctx = NULL;
@@ -346,7 +352,6 @@ static void shard_rank(test_rank *self) {
     d.log = keep_errors; d.log_level = DDP_LOG_ERROR;   /* ddp_shutdown's own failure, into res[].logged */
     d.backend = cfg.backend;
     d.shard_optimizer = cfg.shard;
-    d.shard_group = cfg.shard ? sh_group : 0;
     d.reduce_dtype = cfg.bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
     d.bucket_cap_mb = 0.05;
     d.first_bucket_mb = 0.01;
@@ -430,12 +435,330 @@ static void test_shard_parts(int world, int micro, int bf16) {
         for (r = 0; r < world; r++) free(sh.params[r]);
         if (pass) { free(sh.m); free(sh.v); }
     }
-    snprintf(name, sizeof name, "fake_nccl_ranks%d_accum%d%s_sharded%s_parts_norm_params_m_v_bitwise_equal_cpu_unsharded", world, micro,
-             bf16 ? "_bf16" : "", sh_group ? "_hybrid_groups_of_2" : "");
+    snprintf(name, sizeof name, "fake_nccl_ranks%d_accum%d%s_sharded_parts_norm_params_m_v_bitwise_equal_cpu_unsharded", world, micro,
+             bf16 ? "_bf16" : "");
     verdict(ok, name, "%s", why);
     free(params); free(m); free(v);
     snprintf(name, sizeof name, "shard_parts_ranks%d_accum%d%s", world, micro, bf16 ? "_bf16" : "");
     check_clean(name);
+}
+
+/* ---- hybrid sharding (desc.shard_group = S): each bucket reduce-scattered (ncclSum) within the
+   shard group, this rank's part allreduced (ncclSum) across the groups on a third communicator
+   (the holders of the part: ranks s, s + S, ...), times 1/world. The sum's order is hierarchical
+   (the group's, then the groups'), not the world's rank order, so the bits are not unsharded's:
+   - every step, every rank's averaged part against the exact average (in double) of the
+     gradients every rank wrote (the test recomputes them all: the parameters are the same on
+     every rank). Each rank's value x_r enters exactly (fp32) or as the bf16 value the wire
+     carries; any summation tree of W values rounds at most W - 1 times, each by at most u times
+     the sum of magnitudes M (u = 2^-24 fp32; 2^-8 where a sum is rounded to bf16, + 2^-24 for
+     the float sums in between), and the product by 1/W (rounded) adds two more roundings of the
+     result: |avg - exact| <= (W - 1) (u_sum) M / W + 3 u |exact| (bf16 results: 2^-7 |exact|);
+     a part summed within one group only, or twice, is off by the gradients' own size;
+   - every holder of a part has the same bits, and every rank the same parameters;
+   - the parameters against unsharded training on the CPU backend: two AdamW runs whose
+     gradients differ move each parameter by at most lr (1 - b1) / sqrt(1 - b2) + lr wd |p| a
+     step (Kingma and Ba 2.1; |p| < 1 here), so they lie within twice n of those of each other
+     (bf16 parameters: plus one rounding of the working copy) — a sanity bound; the per-step
+     gradient check above is the one that catches a wrong reduction;
+   - the bytes: the cross-group communicator carries exactly each bucket's part a synchronizing
+     step (count x the wire's element), and the world's communicator nothing during the steps
+     (before, every bucket went whole over the world);
+   - with a timeline, the comm lane holds both collectives of every bucket;
+   fp32 on the wire and in the parameters, the parameters must also lie within 1e-5 of
+   unsharded's (the averages differ by a few ulps; seen here: ~1e-7). ---- */
+static struct {
+    int S, micro, wire_bf16, param_bf16, timeline;
+    int inject_rank, inject_step;          /* that rank's cross-group communicator fails before that step */
+    float *params[MAX_WORLD], *avg[MAX_WORLD];   /* the final parameters; the last step's averaged gradients (own parts) */
+    float norm[MAX_WORLD][SH_STEPS];
+    size_t count;
+    char bad[MAX_WORLD][400];              /* the first gradient outside its bound, per rank */
+    double worst[MAX_WORLD];               /* the largest |avg - exact| / bound seen */
+    unsigned long long cross[MAX_WORLD], expect[MAX_WORLD], world_bytes[MAX_WORLD], bucket_bytes[MAX_WORLD];
+    int cross_ops[MAX_WORLD], expect_ops[MAX_WORLD];
+    const char *tl_path;
+} hy;
+
+static void expect_failure(const char *name, int world, double within_s, const char *const *want);
+
+static float hy_grad(float p, int step, int u, int rank, int k, size_t j) {
+    float scale = step % 3 == 0 ? 0.01f : 1.0f;
+    return scale * tanhf(1.7f * p + test_value(1000 * (uint64_t)step + 10 * (uint64_t)u + 100000 * (uint64_t)rank,
+                                               (uint64_t)k * 100000 + j));
+}
+
+/* Rank `self`'s averaged parts of step `step` against the exact average of every rank's gradients. */
+static ddp_result hy_check(ddp_context *ctx, test_rank *self, const int *ids, int step, float *buf) {
+    int W = self->world, rr, u, k, b, me = self->rank;
+    double ufl = ldexp(1.0, -24), usum = hy.wire_bf16 || hy.param_bf16 ? ldexp(1.0, -8) + ufl : ufl;
+    double urel = hy.param_bf16 ? ldexp(1.0, -7) : hy.wire_bf16 ? ldexp(1.0, -7) : 3 * ufl;
+    size_t n = hy.count, i, j;
+    double *exact = (double *)calloc(n, sizeof(double)), *mag = (double *)calloc(n, sizeof(double));
+    ddp_result r = DDP_OK;
+    if (!exact || !mag) { free(exact); free(mag); return DDP_ERR_OUT_OF_MEMORY; }
+    for (k = 0; k < SH_PARAMS; k++) {
+        size_t off = hy.param_bf16 ? (size_t)(ddp_param_bf16(ctx, ids[k]) - ddp_flat_params_bf16(ctx, NULL))
+                                   : (size_t)(ddp_param(ctx, ids[k]) - ddp_flat_params(ctx, NULL));
+        for (j = 0; j < sh_sizes[k]; j++) {
+            float p = hy.param_bf16 ? ddp__from_bf16(ddp_param_bf16(ctx, ids[k])[j]) : ddp_param(ctx, ids[k])[j];
+            for (rr = 0; rr < W; rr++) {
+                float acc = 0;
+                double x;
+                for (u = 0; u < hy.micro; u++) {   /* as the rank accumulated its micro-steps */
+                    if (hy.param_bf16) acc = ddp__from_bf16(ddp__to_bf16(acc + hy_grad(p, step, u, rr, k, j)));
+                    else acc += hy_grad(p, step, u, rr, k, j);
+                }
+                x = hy.wire_bf16 && !hy.param_bf16 ? ddp__from_bf16(ddp__to_bf16(acc)) : acc;   /* what the wire carries */
+                exact[off + j] += x;
+                mag[off + j] += fabs(x);
+            }
+        }
+    }
+    for (b = 0; b < ctx->model.num_buckets && r == DDP_OK; b++) {
+        const ddp__wire *w = &ctx->model.buckets[b].wire;
+        if (w->hi == w->lo) continue;
+        if ((r = ddp_copy_to_host(ctx, DDP_GRADS, w->lo, buf + w->lo, w->hi - w->lo)) != DDP_OK) break;
+        for (i = w->lo; i < w->hi; i++) {
+            double e = exact[i] / W, bound = (W - 1) * usum * mag[i] / W + urel * fabs(e), d = fabs((double)buf[i] - e);
+            if (bound > 0 && d / bound > hy.worst[me]) hy.worst[me] = d / bound;
+            if (!(d <= bound) && !hy.bad[me][0])
+                snprintf(hy.bad[me], sizeof hy.bad[me], "step %d, element %zu (bucket %d): %.9g, exact %.9g, off by %g > bound %g",
+                         step, i, b, buf[i], e, d, bound);
+        }
+    }
+    free(exact); free(mag);
+    return r;
+}
+
+static void hybrid_rank(test_rank *self) {
+    result *out = &res[self->rank];
+    ddp_desc d = test_desc(self);
+    ddp_context *ctx = NULL;
+    ddp_adamw opt;
+    ddp_result r;
+    int ids[SH_PARAMS], k, step, u, me = self->rank, nccl = cfg.backend == DDP_BACKEND_NCCL;
+    unsigned long long world0 = 0, cross0 = 0;
+    int ops0 = 0, ops1 = 0, b;
+    float *buf = NULL;
+    static float init[MAX_WORLD][SH_PARAMS][SH_MAX];   /* one each: ddp_commit reads them */
+    memset(&opt, 0, sizeof opt);
+    opt.lr = 0.01f; opt.weight_decay = 0.1f; opt.max_grad_norm = 5.0f;   /* clips the steps of scale 1 (norm ~ 70) */
+    d.log = keep_errors; d.log_level = DDP_LOG_ERROR;
+    d.backend = cfg.backend;
+    d.shard_optimizer = nccl;
+    d.shard_group = nccl ? hy.S : 0;
+    d.reduce_dtype = hy.wire_bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
+    d.param_dtype = hy.param_bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
+    d.bucket_cap_mb = 0.05;
+    d.first_bucket_mb = 0.01;
+    if (hy.tl_path && nccl) d.timeline_path = hy.tl_path;
+    if (cfg.timeout_s > 0) d.timeout_s = cfg.timeout_s;
+    out->fail_step = -1;
+    r = ddp_init(&ctx, &d);
+    for (k = 0; k < SH_PARAMS && r == DDP_OK; k++) {
+        char name[16];
+        size_t i;
+        for (i = 0; i < sh_sizes[k]; i++) init[me][k][i] = 0.5f * test_value(77 + (uint64_t)k, i);
+        snprintf(name, sizeof name, "p%d", k);
+        r = ddp_register_param(ctx, name, sh_sizes[k], k % 2 ? DDP_NO_DECAY : 0, init[me][k], &ids[k]);
+    }
+    if (r == DDP_OK) r = ddp_commit(ctx);
+    if (r == DDP_OK) {
+        if (hy.param_bf16) ddp_flat_params_bf16(ctx, &hy.count);
+        else ddp_flat_params(ctx, &hy.count);
+        if (!(buf = (float *)calloc(hy.count, sizeof(float)))) r = DDP_ERR_OUT_OF_MEMORY;
+    }
+    if (r == DDP_OK && nccl) {   /* what the steps alone send */
+        world0 = fakegpu_comm_bytes(ctx->impl.gpu->nccl, NULL);
+        cross0 = fakegpu_comm_bytes(ctx->impl.gpu->cross, &ops0);
+        for (b = 0; b < ctx->model.num_buckets; b++) {
+            const ddp__wire *w = &ctx->model.buckets[b].wire;
+            hy.expect[me] += (unsigned long long)SH_STEPS * (w->hi - w->lo) * (w->bytes / ctx->model.buckets[b].count);
+            hy.expect_ops[me] += SH_STEPS * (w->hi > w->lo);
+            hy.bucket_bytes[me] += (unsigned long long)SH_STEPS * w->bytes;
+        }
+    }
+    for (step = 0; step < SH_STEPS && r == DDP_OK; step++) {
+        if (me == hy.inject_rank && step == hy.inject_step) fakegpu_inject_comm_error(ctx->impl.gpu->cross, ncclSystemError);
+        r = ddp_zero_grad(ctx);
+        for (u = 0; u < hy.micro && r == DDP_OK; u++) {
+            ddp_set_sync(ctx, u == hy.micro - 1);
+            for (k = SH_PARAMS - 1; k >= 0 && r == DDP_OK; k--) {
+                size_t i;
+                for (i = 0; i < sh_sizes[k]; i++) {   /* device memory is host memory here */
+                    if (hy.param_bf16) {
+                        ddp_bf16 *g = ddp_grad_bf16(ctx, ids[k]);
+                        g[i] = ddp__to_bf16(ddp__from_bf16(g[i]) + hy_grad(ddp__from_bf16(ddp_param_bf16(ctx, ids[k])[i]), step, u, me, k, i));
+                    } else ddp_grad(ctx, ids[k])[i] += hy_grad(ddp_param(ctx, ids[k])[i], step, u, me, k, i);
+                }
+                r = ddp_grad_ready(ctx, ids[k]);
+            }
+            if (r == DDP_OK) r = ddp_finish(ctx);
+        }
+        if (r == DDP_OK && nccl) r = hy_check(ctx, self, ids, step, buf);
+        if (r == DDP_OK) r = ddp_adamw_step(ctx, &opt, &hy.norm[me][step]);
+        if (r != DDP_OK) out->fail_step = step;
+    }
+    out->t_fail = ddp__now() - t_start;
+    if (r == DDP_OK && nccl) {
+        hy.world_bytes[me] = fakegpu_comm_bytes(ctx->impl.gpu->nccl, NULL) - world0;
+        hy.cross[me] = fakegpu_comm_bytes(ctx->impl.gpu->cross, &ops1) - cross0;
+        hy.cross_ops[me] = ops1 - ops0;
+        hy.avg[me] = buf; buf = NULL;
+    }
+    if (r == DDP_OK) {
+        hy.params[me] = (float *)malloc(hy.count * sizeof(float));
+        if (hy.param_bf16) {   /* the working copies the program computes with, once every rank's gathers are done */
+            size_t i;
+            const ddp_bf16 *wc = ddp_flat_params_bf16(ctx, NULL);
+            r = ddp_gather_to_host(ctx, DDP_PARAMS, 0, hy.params[me], hy.count, 0);   /* (a collective: after them) */
+            for (i = 0; r == DDP_OK && i < hy.count; i++) hy.params[me][i] = ddp__from_bf16(wc[i]);
+        } else r = ddp_copy_to_host(ctx, DDP_PARAMS, 0, hy.params[me], hy.count);
+    }
+    out->r = r;
+    snprintf(out->err, sizeof out->err, "%s", ddp_last_error(ctx));
+    free(buf);
+    {
+        double t0 = ddp__now();
+        out->shut = ddp_shutdown(ctx);
+        out->t_shutdown = ddp__now() - t0;
+    }
+}
+
+static void hy_reset(int S, int micro, int wire_bf16, int param_bf16) {
+    int r;
+    for (r = 0; r < MAX_WORLD; r++) { free(hy.params[r]); free(hy.avg[r]); }
+    memset(&hy, 0, sizeof hy);
+    hy.S = S; hy.micro = micro; hy.wire_bf16 = wire_bf16; hy.param_bf16 = param_bf16;
+    hy.inject_rank = -1;
+}
+
+static int hy_count(const char *path, const char *what) {
+    char line[1024];
+    int n = 0;
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    while (fgets(line, sizeof line, f)) n += strstr(line, what) != NULL;
+    fclose(f);
+    return n;
+}
+
+static void test_hybrid(int world, int S, int micro, int wire_bf16, int param_bf16, int timeline) {
+    float *ref = NULL, ref_norm[SH_STEPS];
+    char name[200], tag[96], why[DDP__ERR_MAX + 200] = "", path[64] = "";
+    int r, ok = 1, step, fd = -1;
+    double worst = 0, worst_ratio = 0, lr = 0.01, bound = 2.0 * SH_STEPS * (lr * (1 - 0.9) / sqrt(1 - 0.999) + lr * 0.1) +
+                                                     (param_bf16 ? 1.0 / 256 : 0);
+    size_t i, count = 0;
+    snprintf(tag, sizeof tag, "ranks%d_groups_of%d_accum%d%s%s", world, S, micro, wire_bf16 ? "_bf16_wire" : "",
+             param_bf16 ? "_bf16_params" : "");
+    /* the reference: unsharded, on the CPU backend */
+    fakegpu_reset(); reset_cfg(); hy_reset(S, micro, wire_bf16, param_bf16);
+    cfg.backend = DDP_BACKEND_CPU;
+    run(world, hybrid_rank);
+    for (r = 0; r < world && ok; r++)
+        if (res[r].r != DDP_OK) { ok = 0; snprintf(why, sizeof why, "the CPU reference, rank %d: %s", r, res[r].err); }
+    if (ok) { ref = hy.params[0]; hy.params[0] = NULL; count = hy.count; memcpy(ref_norm, hy.norm[0], sizeof ref_norm); }
+    /* hybrid on the NCCL backend */
+    fakegpu_reset(); reset_cfg(); hy_reset(S, micro, wire_bf16, param_bf16);
+    fakegpu_set_device_count(world);   /* a GPU a rank (the fake's default is 4) */
+    if (timeline) {
+        snprintf(path, sizeof path, "/tmp/ddp_fake_hy_XXXXXX");
+        if ((fd = mkstemp(path)) >= 0) close(fd);
+        hy.tl_path = path;
+    }
+    if (ok) run(world, hybrid_rank);
+    for (r = 0; r < world && ok; r++)
+        if (res[r].r != DDP_OK || res[r].shut != DDP_OK) {
+            ok = 0;
+            snprintf(why, sizeof why, "rank %d: %s; ddp_shutdown %s%s%.300s", r, res[r].err, ddp_result_string(res[r].shut),
+                     res[r].logged[0] ? ": " : "", res[r].logged);
+        }
+    snprintf(name, sizeof name, "fake_nccl_hybrid_%s_trains", tag);
+    verdict(ok, name, "%s", why);
+    if (!ok) { free(ref); if (path[0]) unlink(path); return; }
+    /* the averages, every step, every rank */
+    why[0] = 0;
+    for (r = 0; r < world; r++) {
+        if (hy.worst[r] > worst_ratio) worst_ratio = hy.worst[r];
+        if (hy.bad[r][0] && !why[0]) snprintf(why, sizeof why, "rank %d: %s", r, hy.bad[r]);
+    }
+    snprintf(name, sizeof name, "fake_nccl_hybrid_%s_every_steps_averaged_parts_within_bound_of_exact", tag);
+    verdict(!why[0], name, "%s", why);
+    printf("  (%s: worst |avg - exact| %.3f of the bound)\n", name, worst_ratio);
+    /* one part's holders: the same bits; every rank: the same parameters */
+    why[0] = 0;
+    for (r = world - 1; r >= 0 && !why[0]; r--) {
+        int h = r % S;   /* rank h: group 0's holder of the same part */
+        if (memcmp(hy.params[r], hy.params[0], count * sizeof(float))) snprintf(why, sizeof why, "rank %d's parameters differ from rank 0's", r);
+        else if (r != h && memcmp(hy.avg[r], hy.avg[h], count * sizeof(float)))
+            snprintf(why, sizeof why, "rank %d's averaged part differs from rank %d's (the same part)", r, h);
+    }
+    snprintf(name, sizeof name, "fake_nccl_hybrid_%s_same_bits_on_every_rank", tag);
+    verdict(!why[0], name, "%s", why);
+    for (i = 0; i < count; i++) {
+        double d = fabs((double)hy.params[0][i] - ref[i]);
+        if (!(d <= worst)) worst = d;
+    }
+    why[0] = 0;
+    if (!wire_bf16 && !param_bf16 && !(worst <= 1e-5))   /* fp32: the averages differ by ulps (seen: ~1e-7 here) */
+        snprintf(why, sizeof why, "fp32: a parameter differs by more than 1e-5;");
+    for (step = 0; step < SH_STEPS; step++) {
+        double d = fabs((double)hy.norm[0][step] - ref_norm[step]) / ref_norm[step];
+        if (!(d <= (wire_bf16 || param_bf16 ? 1e-2 : 1e-5)) && !why[0])
+            snprintf(why, sizeof why, "step %d: norm %.9g hybrid, %.9g unsharded", step, hy.norm[0][step], ref_norm[step]);
+    }
+    snprintf(name, sizeof name, "fake_nccl_hybrid_%s_params_and_norm_within_bound_of_unsharded", tag);
+    verdict(worst <= bound && !why[0], name, "%s largest parameter difference %g, bound %g", why, worst, bound);
+    printf("  (%s: largest parameter difference %g, bound %g)\n", name, worst, bound);
+    /* the bytes across the groups: the parts */
+    why[0] = 0;
+    for (r = 0; r < world && !why[0]; r++)
+        if (hy.cross[r] != hy.expect[r] || hy.cross_ops[r] != hy.expect_ops[r] || hy.world_bytes[r] != 0 || hy.expect[r] == 0)
+            snprintf(why, sizeof why, "rank %d: %llu bytes in %d collectives across the groups (want its parts: %llu in %d; the "
+                     "buckets are %llu), %llu bytes on the world's communicator during the steps (want 0)", r, hy.cross[r],
+                     hy.cross_ops[r], hy.expect[r], hy.expect_ops[r], hy.bucket_bytes[r], hy.world_bytes[r]);
+    snprintf(name, sizeof name, "fake_nccl_hybrid_%s_sends_its_part_across_groups_not_the_bucket", tag);
+    verdict(!why[0], name, "%s", why);
+    printf("  (%s: rank 0 sends %llu bytes across the groups in %d steps; its buckets are %llu)\n", name, hy.cross[0], SH_STEPS,
+           hy.bucket_bytes[0]);
+    if (timeline) {   /* both collectives of every bucket on the comm lane */
+        int rs = hy_count(path, "(shard group)"), cr = hy_count(path, "across the shard groups");
+        snprintf(name, sizeof name, "fake_nccl_hybrid_%s_timeline_shows_both_collectives", tag);
+        verdict(rs > 0 && rs == cr, name, "%d reduce-scatter and %d cross-group span(s) in %s", rs, cr, path);
+        unlink(path);
+    }
+    free(ref);
+    snprintf(name, sizeof name, "hybrid_%s", tag);
+    check_clean(name);
+}
+
+/* The cross-group communicator fails (an asynchronous error on rank 1's): every rank fails
+   within seconds, rank 1 naming that communicator, and nothing leaks. */
+static void hybrid_cross_fails(void) {
+    const char *want[3] = { "stopped because rank 1|rank 1 disconnected", "cross-group", "stopped because rank 1|rank 1 disconnected" };
+    fakegpu_reset(); reset_cfg(); hy_reset(2, 1, 0, 0);
+    hy.inject_rank = 1; hy.inject_step = 2;
+    run(4, hybrid_rank);
+    expect_failure("fake_nccl_hybrid_ranks4_groups_of2_cross_group_communicator_fails_named", 4, 5, want);
+    hy_reset(2, 1, 0, 0);
+}
+
+/* Rank 3's third set-up (the cross-group communicator of part 1: ranks 1 and 3) never finishes:
+   those two time out naming that communicator and its ranks, ranks 0 and 2 fail by name. */
+static void hybrid_cross_init_never_completes(void) {
+#define HY_PEER_LOST "stopped because rank 1|stopped because rank 3|rank 1 disconnected|rank 3 disconnected"
+#define HY_TIMED_OUT "in NCCL's set-up of the cross-group communicator; rank(s) never started it: none; rank(s) that did not finish it: 1, 3;"
+    const char *want[3] = { HY_PEER_LOST, HY_TIMED_OUT, HY_PEER_LOST "|" HY_TIMED_OUT };   /* the last: ranks 2 and 3 */
+    fakegpu_reset(); reset_cfg(); hy_reset(2, 1, 0, 0);
+    fakegpu_stall_init_on(3, 2);
+    cfg.timeout_s = 2;
+    run(4, hybrid_rank);
+    expect_failure("fake_nccl_hybrid_ranks4_groups_of2_cross_setup_never_completes_timeout_names_its_ranks", 4, 6, want);
+    hy_reset(2, 1, 0, 0);
+#undef HY_PEER_LOST
+#undef HY_TIMED_OUT
 }
 
 /* ---- ZeRO-2 (DDP_SHARD_GRADIENTS) on the NCCL backend: the gradients a device range whose
@@ -458,8 +781,8 @@ static struct {
     ddp_result r[MAX_WORLD];
     char err[MAX_WORLD][DDP__ERR_MAX];
     int bytes_checks[MAX_WORLD];   /* steps whose device bytes were checked */
-    size_t grad_bytes[MAX_WORLD], kept[MAX_WORLD];
-    int oom_named;                 /* rank 0's ddp_zero_grad on a full device was refused by name, nothing changed */   /* the gradients' mapped bytes: whole, after the last step */
+    size_t grad_bytes[MAX_WORLD], kept[MAX_WORLD];   /* the gradients' mapped bytes: whole, after the last step */
+    int oom_named;                 /* rank 0's ddp_zero_grad on a full device was refused by name, nothing changed */
 } z2;
 
 /* Granules of `gran` bytes touching this rank's part of any bucket: what stays mapped after a step. */
@@ -488,7 +811,7 @@ static void z2_rank(test_rank *self) {
     d.log = keep_errors; d.log_level = DDP_LOG_ERROR;
     d.backend = DDP_BACKEND_NCCL;
     d.shard = z2c.shard;
-    d.shard_group = z2c.shard == DDP_SHARD_GRADIENTS ? z2c.group : 0;
+    d.shard_group = z2c.shard == DDP_SHARD_GRADIENTS || z2c.shard == DDP_SHARD_OPTIMIZER ? z2c.group : 0;
     d.reduce_dtype = z2c.wire_bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_DEFAULT;
     d.param_dtype = z2c.params_bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_DEFAULT;
     d.find_unused = z2c.unused;
@@ -611,6 +934,9 @@ static void test_z2_outer(int world, int micro, int wire_bf16, int params_bf16, 
     memset(&z2c, 0, sizeof z2c);
     z2c.micro = micro; z2c.wire_bf16 = wire_bf16; z2c.params_bf16 = params_bf16; z2c.unused = unused; z2c.group = group; z2c.gran = gran;
     z2c.outer_group = outer_group;
+    /* hybrid: averaged in the shard group, then across the groups (another order than a flat
+       average): the reference is ZeRO-1 with the same groups, which keeps the gradients */
+    if (group) z2c.shard = DDP_SHARD_OPTIMIZER;
     a = z2_run(world, na, &ca, why, sizeof why);
     z2c.shard = DDP_SHARD_GRADIENTS;
     if (a) b = z2_run(world, nb, &cb, why, sizeof why);
@@ -623,10 +949,10 @@ static void test_z2_outer(int world, int micro, int wire_bf16, int params_bf16, 
     if (ok && memcmp(na, nb, sizeof na)) { snprintf(why, sizeof why, "the gradient norms differ (step 1: %.9g, %.9g)", na[1], nb[1]); ok = 0; }
     if (ok && memcmp(a, b, ca * sizeof(float))) { snprintf(why, sizeof why, "the parameters differ"); ok = 0; }
     if (ok && world > 1 && outer_group != 1 && checks != world * (Z2_STEPS - 1)) { snprintf(why, sizeof why, "%d device-byte checks, want %d", checks, world * (Z2_STEPS - 1)); ok = 0; }
-    snprintf(name, sizeof name, "fake_nccl_zero2_ranks%d_accum%d%s%s%s%s%s_gran%zuk_bitwise_equals_unsharded%s", world, micro,
+    snprintf(name, sizeof name, "fake_nccl_zero2_ranks%d_accum%d%s%s%s%s%s_gran%zuk_bitwise_equals_%s%s", world, micro,
              wire_bf16 ? "_bf16wire" : "", params_bf16 ? "_bf16params" : "", unused ? "_unused" : "", group ? "_hybrid2" : "",
              outer_group ? (outer_group == world ? "_diloco_one_group" : "_diloco_groups_of1") : "",
-             (gran ? gran : (size_t)64 << 10) >> 10, world > 1 && outer_group != 1 ? "_device_bytes_drop" : "");
+             (gran ? gran : (size_t)64 << 10) >> 10, group ? "zero1" : "unsharded", world > 1 && outer_group != 1 ? "_device_bytes_drop" : "");
     verdict(ok, name, "%s", why);
     free(a); free(b);
     check_clean(name);
@@ -1450,10 +1776,15 @@ int main(void) {
     test_shard_parts(3, 2, 0);
     test_shard_parts(4, 1, 1);
     test_shard_parts(1, 1, 0);
-    sh_group = 2;   /* hybrid sharding (shard_group): 4 ranks, 2 groups of 2, and the bf16 wire */
-    test_shard_parts(4, 2, 0);
-    test_shard_parts(4, 1, 1);
-    sh_group = 0;
+    /* hybrid sharding (shard_group): the group's reduce-scatter, the part across the groups */
+    test_hybrid(4, 2, 2, 0, 0, 1);   /* fp32, accumulation, the timeline's two spans */
+    test_hybrid(4, 2, 1, 1, 0, 0);   /* the bf16 wire */
+    test_hybrid(4, 2, 2, 0, 1, 0);   /* bf16 parameters, fp32 on the wire (widened) */
+    test_hybrid(6, 2, 1, 0, 0, 0);
+    test_hybrid(6, 3, 2, 1, 0, 0);
+    test_hybrid(6, 3, 1, 1, 1, 0);   /* bf16 parameters, bf16 on the wire */
+    hybrid_cross_fails();
+    hybrid_cross_init_never_completes();
     test_training_outer(2, 1, DDP_OUTER_DILOCO, DDP_WIRE_DEFAULT, 1, 0, 0, 0);
     test_training_outer(3, 1, DDP_OUTER_AVERAGE, DDP_WIRE_DEFAULT, 1, 0, 0, 1);
     test_training_outer(3, 1, DDP_OUTER_STREAMING, DDP_WIRE_INT8, 2, 1, 0.5f, 0);

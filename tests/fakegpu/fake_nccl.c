@@ -51,6 +51,7 @@ struct ncclComm {
     int rank, nranks, device, blocking, state;
     unsigned long long next_seq, pending_seq;
     int pending, inprogress_left, ops;
+    unsigned long long bytes;      /* fakegpu_comm_bytes */
     ncclResult_t async_error;
     struct ncclComm *next;
 };
@@ -86,6 +87,20 @@ void fakegpu_inject_async_error(int rank, int after, ncclResult_t error) {
         inject_rank = rank; inject_after = after; inject_error = error;
     }
     pthread_mutex_unlock(&nccl_lock);
+}
+void fakegpu_inject_comm_error(ncclComm_t comm, ncclResult_t error) {
+    pthread_mutex_lock(&nccl_lock);
+    if (comm && comm->magic == COMM_MAGIC) comm->async_error = error;
+    pthread_mutex_unlock(&nccl_lock);
+}
+unsigned long long fakegpu_comm_bytes(ncclComm_t comm, int *ops) {
+    unsigned long long b = 0;
+    int n = 0;
+    pthread_mutex_lock(&nccl_lock);
+    if (comm && comm->magic == COMM_MAGIC) { b = comm->bytes; n = comm->ops; }
+    pthread_mutex_unlock(&nccl_lock);
+    if (ops) *ops = n;
+    return b;
 }
 void fakegpu_nccl_set_timeout(double seconds) { nccl_timeout_s = seconds; }
 
@@ -526,6 +541,7 @@ static ncclResult_t post(const entry *in, ncclComm_t comm, cudaStream_t stream, 
         return ncclSuccess;   /* the enqueue worked; the failure shows asynchronously */
     }
     c->ops++;
+    c->bytes += bytes;
     seq = ++c->next_seq;
     if (seq != g->done_seq + 1) {   /* cannot happen while ranks settle each call before the next */
         pthread_mutex_unlock(&nccl_lock);

@@ -62,6 +62,16 @@ void fakegpu_stall_init_on(int device, int nth);
    its peers, as when that rank's GPU or network failed. rank -1: none. after < 0: at once, on
    that rank's live communicators (nothing enqueued: only a poll of the error finds it). */
 void fakegpu_inject_async_error(int rank, int after, ncclResult_t error);
+/* The same at once on one communicator (a rank's second or third one: a replica or shard group's,
+   hybrid sharding's cross-group one), which fakegpu_inject_async_error's rank numbers cannot
+   single out (they are the communicator's own). */
+void fakegpu_inject_comm_error(ncclComm_t comm, ncclResult_t error);
+
+/* What a communicator carried so far: the collectives this rank posted on it and the sum of their
+   counts times the element's size, count as NCCL takes it (an allreduce's or reduce's elements,
+   a reduce-scatter's result a rank, an all-gather's contribution a rank, a broadcast's elements).
+   0 for NULL or a destroyed communicator. */
+unsigned long long fakegpu_comm_bytes(ncclComm_t comm, int *ops);
 
 /* How long a blocking NCCL call or a synchronizing CUDA call waits for peers or a held device
    before it fails (default 60 s): the fake itself never hangs. */
