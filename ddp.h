@@ -446,12 +446,34 @@
      copies' parts) + 2/world (gradients) + 12/world (master, m, v) = 16/world, + 2 x gathered
      share. The gathered share is the largest unit (or two, with a prefetch) in a layer-by-layer
      program.
-     Backends: single and cpu. Refused at ddp_init, by name: NCCL ("not built yet on the NCCL
-     backend", needs CUDA virtual memory management), MPI, replica groups (desc.outer),
-     uneven_inputs (as ZeRO-1); the CPU backend without its shared segment (DDP_STAGED_GRADS, or
-     no room in /dev/shm) at ddp_commit. The timeline: each gather (prefetched or not) and
-     release is an event on the comm lane ("gather unit N", "release unit N": the unit's name
-     and bytes).
+     On the NCCL backend (>>nccl: ddp__gpu_z3_*) the view is device address space reserved once
+     with CUDA's virtual memory management (cuMemAddressReserve; physical memory by granules of
+     the allocation granularity, cuMemCreate + cuMemMap), and the rank's own parts of every
+     bucket stay mapped for the whole run: they are its owner storage, flat-indexed, updated in
+     place by AdamW (bf16: the working copies there, the fp32 master packed as under ZeRO-1),
+     with no all-gather after the step. A gather maps the unit's other granules and enqueues,
+     on the comm stream after the compute stream's work so far, the in-place all-gather of each
+     of the unit's buckets (the equal parts and the last rank's tail, as ZeRO-1's after AdamW),
+     then records the unit's event; ddp_unit_gather makes the compute stream wait on it
+     (cudaStreamWaitEvent): the host never waits, and the program's kernels on desc.cuda_stream
+     see the unit whole. ddp_unit_prefetch is that enqueue alone (no thread: the comm stream
+     overlaps it with the compute stream's work). A release records an event on the compute
+     stream (the unit's last use); its granules are unmapped once that event has completed,
+     checked at each later gather, release and step; the host waits for it only when a map
+     finds no memory, and at ddp_adamw_step (every released unit's memory back each step).
+     Neighbouring units share at most a granule, counted like the host's pages. Collectives are
+     enqueued from the program's thread in the order it calls gather, prefetch and the buckets'
+     hooks, alike on every rank: nothing depends on timing. Gradients on NCCL: ZeRO-2's device
+     release (SHARDED GRADIENTS: mapped by ddp_zero_grad, the rest of each bucket unmapped at the
+     end of ddp_adamw_step; tests/test_fake_nccl.c runs ZeRO-3 with it). A
+     touch of a released unit by a kernel or copy is a fault on the device (tests/fakegpu counts
+     it as misuse); check_ready's naming is the host backends'.
+     Backends: single, cpu and NCCL. Refused at ddp_init, by name: MPI, replica groups
+     (desc.outer), hybrid sharding (shard_group), uneven_inputs (as ZeRO-1); the CPU backend
+     without its shared segment (DDP_STAGED_GRADS, or no room in /dev/shm) at ddp_commit; NCCL
+     on a driver without virtual memory management (named at ddp_commit). The timeline: each
+     gather (prefetched or not) and release is an event on the comm lane ("gather unit N",
+     "release unit N": the unit's name and bytes; on NCCL the host's enqueue times).
 
    HYBRID SHARDING (ddp_desc.shard_group = S, or DDP_SHARD_GROUP=S; with shard >= OPTIMIZER)
      What: the sharded state is split within each group of S consecutive ranks (ranks [g*S,
@@ -1095,7 +1117,9 @@
                     watchdog's hooks, set-up, buckets on the comm stream as the wire plan says
                     (sharded: reduce-scattered; hybrid: ddp__nccl_hybrid, the group's reduce-
                     scatter then the part's allreduce across the groups), the norm's blocks, AdamW kernels (sharded: per
-                    bucket, then all-gathered); its table
+                    bucket, then all-gathered; sharded parameters: in place in the view, no
+                    all-gather); ZeRO-3's device side (ddp__gpu_z3_*: the view's granules, a
+                    unit's all-gather on the comm stream and its events, deferred unmaps); its table
      >>nccl-vm      inside >>nccl: the device address-space layer (ddp__gvm_*): a range reserved
                     once, granules mapped / released by holder counts through CUDA's virtual
                     memory management (driver entry points via the runtime, no -lcuda); ZeRO-2's
@@ -1112,8 +1136,9 @@
                     working copies; the gradients need none)
      >>zero3        sharded parameters (ZeRO-3): units, the view reserved once and its pages'
                     counts, gather / prefetch (its own thread) / release, the tape's plan (each
-                    unit's last op), the misuse checks, check_ready's fault naming; in >>params
-                    before ddp__commit
+                    unit's last op), the misuse checks, check_ready's fault naming; on NCCL the
+                    same primitives hand the view, the gathers and the releases to >>nccl
+                    (z3.device); in >>params before ddp__commit
      >>step         ready hooks, launch in bucket order, the tape, finish (the no-overlap check;
                     messages worded for the tape or the program's own backward); with uneven
                     inputs the count of the ranks with data that begins a synchronizing step;
@@ -3121,6 +3146,7 @@ struct ddp_context {
         int started, stop;
         int *queue, qhead, qlen;   /* units to copy, in order */
         int replay_op;             /* the tape op being replayed (-1: none) */
+        int device;                /* NCCL: the view is device memory, the backend's (ddp__gpu_z3_*); no thread */
     } z3;
 };
 
@@ -5546,7 +5572,9 @@ static int ddp__master_parts(const ddp_context *ctx) {
    The views never move: released pages read as zeros and come back when the backward writes
    them again. Off on one rank (nothing to shard across), as ZeRO-1. ZeRO-3 (PARAMETERS) shards
    the gradients too: the same release. */
-static int ddp__z2(const ddp_context *ctx) { return ctx->desc.shard >= DDP_SHARD_GRADIENTS && ddp__sharded(ctx); }
+static int ddp__z2(const ddp_context *ctx) {   /* (PARAMETERS on a backend without shards_grads: whole gradients) */
+    return ctx->desc.shard >= DDP_SHARD_GRADIENTS && ddp__sharded(ctx) && ctx->be && ctx->be->shards_grads;
+}
 
 /* Flat gradient elements [from, to) of this rank's buffer read as zeros afterwards: the whole
    pages strictly inside given back (ddp__pages_punch), the rest zeroed (a page shared with a
@@ -8599,6 +8627,14 @@ struct ddp__gpu {
     cudaEvent_t watch_newer;       /* everything enqueued after that group */
     ddp__watch watch;
     ddp__watchdog wd;              /* its thread and store connection (>>engine) */
+    /* DDP_SHARD_PARAMETERS (>>zero3, ddp__gpu_z3_*): the view, reserved once (>>nccl-vm), its own
+       parts mapped for the whole run, a unit's other granules while it is gathered */
+    struct ddp__gvm *z3vm;
+    int z3_units;                  /* the units the events below are for */
+    cudaEvent_t *z3_gathered;      /* per unit: its all-gather on the comm stream is done */
+    cudaEvent_t *z3_used;          /* per unit: the compute stream is past its last use before a release */
+    int *z3_unmaps, z3_pending;    /* per unit: releases whose unmap waits for z3_used; their sum */
+    cudaEvent_t z3_ready;          /* the compute stream's work before a gather (AdamW's updates of the parts) */
 };
 
 static ddp_result ddp__cuda_fail(ddp_context *ctx, cudaError_t e, const char *call, const char *file, int line) {
@@ -9613,6 +9649,8 @@ static unsigned char *ddp__gpu_no_decay_mask(const ddp_context *ctx, ddp_result 
     return mask;
 }
 
+static ddp_result ddp__gpu_z3_reserve(ddp_context *ctx, void **at, size_t bytes);
+
 /* Commit, first half: the flat buffers in device memory with this rank's initial values (rank
    0's reach everyone later, by broadcast), and the no-decay mask. */
 static ddp_result ddp__gpu_alloc_flat(ddp_context *ctx) {
@@ -9621,12 +9659,18 @@ static ddp_result ddp__gpu_alloc_flat(ddp_context *ctx) {
     unsigned char *mask;
     ddp_result r;
     int i;
+    int z3 = ctx->desc.shard == DDP_SHARD_PARAMETERS, bf16 = ddp__bf16_params(ctx);
     DDP__GPU_DEVICE(g);
-    DDP__CUDA(cudaMalloc((void **)&ctx->flat.params, bytes));
+    /* sharded parameters: what the program sees (fp32, or the bf16 working copies) is the view,
+       whole until ddp__gpu_z3_commit keeps this rank's parts */
+    if (z3 && !bf16 && (r = ddp__gpu_z3_reserve(ctx, (void **)&ctx->flat.params, bytes)) != DDP_OK) return r;
+    if (!z3 || bf16) DDP__CUDA(cudaMalloc((void **)&ctx->flat.params, bytes));
     DDP__CUDA(cudaMemset(ctx->flat.params, 0, bytes));
-    if (ddp__bf16_params(ctx)) {   /* the working copies are filled at commit, from the master */
-        DDP__CUDA(cudaMalloc((void **)&ctx->flat.params_bf16, ctx->flat.count * sizeof(ddp_bf16)));
-        if (ddp__z2(ctx)) {
+    if (bf16) {   /* the working copies are filled at commit, from the master */
+        if (z3 && (r = ddp__gpu_z3_reserve(ctx, (void **)&ctx->flat.params_bf16, ctx->flat.count * sizeof(ddp_bf16))) != DDP_OK)
+            return r;
+        if (!z3) DDP__CUDA(cudaMalloc((void **)&ctx->flat.params_bf16, ctx->flat.count * sizeof(ddp_bf16)));
+        if (ddp__z2(ctx)) {   /* ZeRO-2 (and ZeRO-3's gradients): a device range, >>nccl-vm */
             if ((r = ddp__gpu_z2_alloc(ctx, 1)) != DDP_OK) return r;
         } else {
             DDP__CUDA(cudaMalloc((void **)&ctx->flat.grads_bf16, ctx->flat.count * sizeof(ddp_bf16)));
@@ -10040,6 +10084,7 @@ static ddp_result ddp__gpu_update(ddp_context *ctx, const ddp_adamw *opt, float 
             DDP__CUDA(ddp_k_adamw(ctx->flat.params + lo, ctx->flat.grads + lo, ctx->adam.m + ctx->shard.base[b],
                                   ctx->adam.v + ctx->shard.base[b], hi - lo, g->no_decay ? g->no_decay + lo / DDP_K_MASK_GROUP : NULL,
                                   opt->lr, b1, b2, eps, opt->weight_decay, g->state, g->compute));
+        if (ddp__z3(ctx)) continue;   /* sharded parameters: the parts are updated in the view; gathers come per unit */
         DDP__CUDA(cudaEventRecord(g->updated[b], g->compute));
         DDP__CUDA(cudaStreamWaitEvent(g->comm, g->updated[b], 0));
         snprintf(what, sizeof what, "the all-gather of bucket %d's updated parameters (shard_optimizer)", b);
@@ -10047,6 +10092,7 @@ static ddp_result ddp__gpu_update(ddp_context *ctx, const ddp_adamw *opt, float 
                              : ddp__nccl_parts(ctx, b, ctx->flat.params + k->offset, ncclFloat, sizeof(float), 1, what);
         if (r != DDP_OK) return r;
     }
+    if (ddp__z3(ctx)) return DDP_OK;
     DDP__CUDA(cudaEventRecord(g->gathered, g->comm));
     DDP__CUDA(cudaStreamWaitEvent(g->compute, g->gathered, 0));
     return DDP_OK;
@@ -10179,6 +10225,138 @@ static ddp_result ddp__gpu_collective(ddp_context *ctx, uint32_t kind, void *dat
 /* A communicator's end: finalized (every operation issued completes; polled, the watchdog
    still watching) and destroyed; after a failure, or when finalizing fails, aborted (destroy
    would wait for operations that can never finish), with the other one. */
+/* DDP_SHARD_PARAMETERS here (>>zero3's device side): the view is device address space reserved
+   once (ddp__gvm), so ddp_param never moves. This rank's parts stay mapped for the whole run:
+   they are its owner storage, flat-indexed as ZeRO-1 keeps them, and AdamW updates them in
+   place with no all-gather. A gather maps the unit's other granules and enqueues, on the comm
+   stream after the compute stream's work so far (AdamW's updates), the in-place all-gather of
+   each of its buckets (a unit is whole buckets), as ZeRO-1's after AdamW, and records the
+   unit's event; the compute stream waits on that event, the host never does. A release records
+   an event on the compute stream (the unit's last use) and its granules are unmapped once that
+   event has completed: a deferred count drained at each gather, release and step, with a host
+   wait only when a map finds no memory or at the step. Every collective is enqueued from the
+   program's thread in the order the program calls gather, prefetch and the buckets, the same on
+   every rank: nothing depends on timing. */
+static ddp_result ddp__gpu_z3_reserve(ddp_context *ctx, void **at, size_t bytes) {
+    ddp__gpu *g = ctx->impl.gpu;
+    ddp_result r;
+    if (!g->z3vm && !(g->z3vm = (struct ddp__gvm *)ddp__calloc(sizeof *g->z3vm)))
+        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the sharded parameters' view");
+    if ((r = ddp__gvm_reserve(ctx, g->z3vm, bytes, "the sharded parameters' view (DDP_SHARD_PARAMETERS)")) != DDP_OK) return r;
+    if ((r = ddp__gvm_map(ctx, g->z3vm, 0, bytes, "the parameters until ddp_commit (DDP_SHARD_PARAMETERS)")) != DDP_OK) return r;
+    *at = g->z3vm->base;
+    return DDP_OK;
+}
+
+/* Unit u's bytes in the view. */
+static void ddp__gpu_z3_span(const ddp_context *ctx, int u, size_t *off, size_t *len) {
+    *off = ctx->z3.units[u].lo * ctx->z3.es;
+    *len = (ctx->z3.units[u].hi - ctx->z3.units[u].lo) * ctx->z3.es;
+}
+
+/* The end of ddp_commit (ddp__z3_commit): the view holds this rank's parts only from here on. */
+static ddp_result ddp__gpu_z3_commit(ddp_context *ctx) {
+    ddp__gpu *g = ctx->impl.gpu;
+    size_t lo, hi, es = ctx->z3.es;
+    ddp_result r;
+    int u, b;
+    DDP__GPU_DEVICE(g);
+    ctx->z3.view = g->z3vm->base;
+    ctx->z3.view_bytes = g->z3vm->bytes;
+    ctx->z3.page = g->z3vm->gran;
+    g->z3_units = ctx->z3.num_units;
+    if (!(g->z3_gathered = (cudaEvent_t *)ddp__calloc(sizeof(cudaEvent_t) * (size_t)g->z3_units)) ||
+        !(g->z3_used = (cudaEvent_t *)ddp__calloc(sizeof(cudaEvent_t) * (size_t)g->z3_units)) ||
+        !(g->z3_unmaps = (int *)ddp__calloc(sizeof(int) * (size_t)g->z3_units)))
+        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the units' events");
+    for (u = 0; u < g->z3_units; u++) {
+        DDP__CUDA(cudaEventCreateWithFlags(&g->z3_gathered[u], cudaEventDisableTiming));
+        DDP__CUDA(cudaEventCreateWithFlags(&g->z3_used[u], cudaEventDisableTiming));
+    }
+    DDP__CUDA(cudaEventCreateWithFlags(&g->z3_ready, cudaEventDisableTiming));
+    /* the broadcast, the rounding and the master's packing read and wrote the whole view */
+    if ((r = ddp__gpu_wait(ctx, g->compute, "the parameters' setup (DDP_SHARD_PARAMETERS)")) != DDP_OK) return r;
+    if ((r = ddp__gpu_wait(ctx, g->comm, "the broadcast of rank 0's initial parameters")) != DDP_OK) return r;
+    for (b = 0; b < ctx->model.num_buckets; b++) {   /* one holder on the own parts' granules, for good */
+        ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
+        if (hi > lo && (r = ddp__gvm_map(ctx, g->z3vm, lo * es, (hi - lo) * es, "this rank's parts of the parameters")) != DDP_OK)
+            return r;
+    }
+    return ddp__gvm_unmap(ctx, g->z3vm, 0, ctx->flat.count * es);   /* the setup's holder on everything */
+}
+
+/* Released units whose last use has completed: unmapped. wait: the compute stream first. */
+static ddp_result ddp__gpu_z3_drain(ddp_context *ctx, int wait) {
+    ddp__gpu *g = ctx->impl.gpu;
+    size_t off, len;
+    ddp_result r;
+    int u;
+    if (!g->z3_pending) return DDP_OK;
+    if (wait && (r = ddp__gpu_wait(ctx, g->compute, "the last use of released units (DDP_SHARD_PARAMETERS)")) != DDP_OK)
+        return r;
+    for (u = 0; u < g->z3_units && g->z3_pending; u++) {
+        cudaError_t q;
+        if (!g->z3_unmaps[u]) continue;
+        if ((q = ddp__gpu_query(g->z3_used[u])) == cudaErrorNotReady) continue;
+        DDP__CUDA(q);
+        ddp__gpu_z3_span(ctx, u, &off, &len);
+        for (; g->z3_unmaps[u]; g->z3_unmaps[u]--, g->z3_pending--)
+            if ((r = ddp__gvm_unmap(ctx, g->z3vm, off, len)) != DDP_OK) return r;
+    }
+    return DDP_OK;
+}
+
+/* Unit u's gather enqueued: its granules mapped, its buckets all-gathered on the comm stream. */
+static ddp_result ddp__gpu_z3_gather(ddp_context *ctx, int u) {
+    ddp__gpu *g = ctx->impl.gpu;
+    const ddp__z3_unit *k = &ctx->z3.units[u];
+    size_t off, len, es = ctx->z3.es;
+    ddp_result r;
+    char what[DDP__NAME_MAX + 160];
+    int b;
+    DDP__GPU_DEVICE(g);
+    if ((r = ddp__gpu_z3_drain(ctx, 0)) != DDP_OK) return r;
+    ddp__gpu_z3_span(ctx, u, &off, &len);
+    r = ddp__gvm_map(ctx, g->z3vm, off, len, k->name);
+    if (r == DDP_ERR_OUT_OF_MEMORY && g->z3_pending) {   /* released units' memory, once their last use is done */
+        if ((r = ddp__gpu_z3_drain(ctx, 1)) != DDP_OK) return r;
+        r = ddp__gvm_map(ctx, g->z3vm, off, len, k->name);
+    }
+    if (r != DDP_OK) return r;
+    if (ctx->world > 1) {   /* one rank: its parts are the whole view, mapped */
+        DDP__CUDA(cudaEventRecord(g->z3_ready, g->compute));
+        DDP__CUDA(cudaStreamWaitEvent(g->comm, g->z3_ready, 0));
+        for (b = 0; b < ctx->model.num_buckets; b++) {
+            const ddp__bucket *bk = &ctx->model.buckets[b];
+            if (bk->offset < k->lo || bk->offset >= k->hi) continue;
+            snprintf(what, sizeof what, "the all-gather of unit '%s' (bucket %d, %zu elements; DDP_SHARD_PARAMETERS)", k->name, b,
+                     bk->count);
+            r = es == sizeof(ddp_bf16) ? ddp__nccl_parts(ctx, b, ctx->z3.view + bk->offset * es, ncclBfloat16, es, 1, what)
+                                       : ddp__nccl_parts(ctx, b, ctx->z3.view + bk->offset * es, ncclFloat, es, 1, what);
+            if (r != DDP_OK) return r;
+        }
+    }
+    DDP__CUDA(cudaEventRecord(g->z3_gathered[u], ctx->world > 1 ? g->comm : g->compute));
+    return DDP_OK;
+}
+
+/* The compute stream's later work waits for unit u's gather. */
+static ddp_result ddp__gpu_z3_wait(ddp_context *ctx, int u) {
+    DDP__GPU_DEVICE(ctx->impl.gpu);
+    DDP__CUDA(cudaStreamWaitEvent(ctx->impl.gpu->compute, ctx->impl.gpu->z3_gathered[u], 0));
+    return DDP_OK;
+}
+
+/* Unit u released: its granules go once the compute stream's work so far is done. */
+static ddp_result ddp__gpu_z3_release(ddp_context *ctx, int u) {
+    ddp__gpu *g = ctx->impl.gpu;
+    DDP__GPU_DEVICE(g);
+    DDP__CUDA(cudaEventRecord(g->z3_used[u], g->compute));
+    g->z3_unmaps[u]++;
+    g->z3_pending++;
+    return ddp__gpu_z3_drain(ctx, 0);
+}
+
 static void ddp__gpu_close_one(ddp_context *ctx, int team) {
     ddp__gpu *g = ctx->impl.gpu;
     ddp_result r = DDP_ERR_BACKEND;
@@ -10217,6 +10395,10 @@ static void ddp__gpu_teardown(ddp_context *ctx) {
     cudaSetDevice(g->device);
     ddp__gpu_close_comm(ctx);
     ddp__gpu_stop_watchdog(ctx);
+    if (g->z3vm) {   /* the view is not cudaMalloc's: freed below, after cudaFree has synchronized the device */
+        if ((void *)ctx->flat.params == (void *)g->z3vm->base) ctx->flat.params = NULL;
+        if ((void *)ctx->flat.params_bf16 == (void *)g->z3vm->base) ctx->flat.params_bf16 = NULL;
+    }
     cudaFree(ctx->flat.params); cudaFree(ctx->flat.grads); cudaFree(ctx->adam.m); cudaFree(ctx->adam.v);
     cudaFree(ctx->flat.params_bf16); cudaFree(ctx->flat.grads_bf16);
     ctx->flat.params = ctx->flat.grads = ctx->adam.m = ctx->adam.v = NULL;
@@ -10251,6 +10433,14 @@ static void ddp__gpu_teardown(ddp_context *ctx) {
     if (g->watch_event) cudaEventDestroy(g->watch_event);
     if (g->watch_newer) cudaEventDestroy(g->watch_newer);
     if (g->state_copied) cudaEventDestroy(g->state_copied);
+    for (k = 0; k < g->z3_units; k++) {
+        if (g->z3_gathered && g->z3_gathered[k]) cudaEventDestroy(g->z3_gathered[k]);
+        if (g->z3_used && g->z3_used[k]) cudaEventDestroy(g->z3_used[k]);
+    }
+    if (g->z3_ready) cudaEventDestroy(g->z3_ready);
+    DDP_FREE(g->z3_gathered); DDP_FREE(g->z3_used); DDP_FREE(g->z3_unmaps);
+    if (g->z3vm) ddp__gvm_free(ctx, g->z3vm);
+    DDP_FREE(g->z3vm);
     if (g->comm) cudaStreamDestroy(g->comm);
     ddp__watchdog_destroy(&g->wd);
     pthread_mutex_destroy(&g->lock);
@@ -10487,10 +10677,8 @@ static ddp_result ddp__init(ddp_context *ctx, const ddp_desc *desc) {
     if (ctx->desc.shard_optimizer && !ctx->be->shards)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_optimizer is not supported by the %s backend "
                          "(yet): run unsharded there", ctx->be->name);
-    if (ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->be->id == DDP_BACKEND_NCCL)
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: DDP_SHARD_PARAMETERS is not built yet on the NCCL backend "
-                         "(needs CUDA virtual memory management); DDP_SHARD_OPTIMIZER runs there");
-    if (ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->world > 1 && !ctx->be->z3_parts)
+    /* NCCL gathers by all-gather (>>nccl: ddp__gpu_z3_*), the host backends copy from z3_parts */
+    if (ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->world > 1 && !ctx->be->z3_parts && ctx->be->id != DDP_BACKEND_NCCL)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: DDP_SHARD_PARAMETERS is not built yet on the %s backend "
                          "(the cpu backend runs it on one host; DDP_SHARD_OPTIMIZER runs here)", ctx->be->name);
     if (ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->desc.outer.mode != DDP_OUTER_OFF)
@@ -11078,10 +11266,26 @@ static void *ddp__z3_main(void *arg) {
 
 static size_t ddp__z3_unit_bytes(const ddp_context *ctx, int u) { return (ctx->z3.units[u].hi - ctx->z3.units[u].lo) * ctx->z3.es; }
 
+static int ddp__z3_state(ddp_context *ctx, int u);
+static ddp_result ddp__z3_prefetch(ddp_context *ctx, int u);
+
 /* Unit u gathered, on this thread or by waiting for its prefetch. */
 static ddp_result ddp__z3_gather(ddp_context *ctx, int u) {
     double t0, t1;
     int was;
+#ifdef DDP_CUDA
+    if (ctx->z3.device) {   /* enqueued (or prefetched), and the compute stream waits for it: no host wait */
+        ddp_result r;
+        if ((was = ddp__z3_state(ctx, u)) == DDP__Z3_GATHERED) return DDP_OK;
+        if (was == DDP__Z3_RELEASED && (r = ddp__z3_prefetch(ctx, u)) != DDP_OK) return r;
+        if ((r = ddp__gpu_z3_wait(ctx, u)) != DDP_OK) return r;
+        ddp__mutex_lock(&ctx->z3.lock);
+        ctx->z3.units[u].state = DDP__Z3_GATHERED;
+        ddp__mutex_unlock(&ctx->z3.lock);
+        ddp__record(ctx, ctx->tl.main, DDP__EV_GATHER, ctx->z3.units[u].t0, ctx->z3.units[u].t1, u, ddp__z3_unit_bytes(ctx, u));
+        return DDP_OK;
+    }
+#endif
     ddp__mutex_lock(&ctx->z3.lock);
     was = ctx->z3.units[u].state;
     while (ctx->z3.units[u].state == DDP__Z3_IN_FLIGHT) ddp__cond_wait(&ctx->z3.cond, &ctx->z3.lock);
@@ -11108,6 +11312,20 @@ static ddp_result ddp__z3_gather(ddp_context *ctx, int u) {
 
 /* Unit u's gather started on the prefetch thread (nothing to do if it is gathered or on its way). */
 static ddp_result ddp__z3_prefetch(ddp_context *ctx, int u) {
+#ifdef DDP_CUDA
+    if (ctx->z3.device) {   /* the gather enqueued on the comm stream (its times: the enqueue's) */
+        ddp_result r;
+        double t0 = ddp__now();
+        if (ddp__z3_state(ctx, u) != DDP__Z3_RELEASED) return DDP_OK;
+        if ((r = ddp__gpu_z3_gather(ctx, u)) != DDP_OK) return r;
+        ddp__mutex_lock(&ctx->z3.lock);
+        ctx->z3.units[u].t0 = t0;
+        ctx->z3.units[u].t1 = ddp__now();
+        ctx->z3.units[u].state = DDP__Z3_IN_FLIGHT;
+        ddp__mutex_unlock(&ctx->z3.lock);
+        return DDP_OK;
+    }
+#endif
     ddp__mutex_lock(&ctx->z3.lock);
     if (ctx->z3.units[u].state != DDP__Z3_RELEASED) { ddp__mutex_unlock(&ctx->z3.lock); return DDP_OK; }
     if (ddp__z3_commit_pages(ctx, u) != 0) {
@@ -11144,6 +11362,22 @@ static ddp_result ddp__z3_release(ddp_context *ctx, int u, int quiet) {
                          "%d, not replayed yet, lists its parameter '%s' (ddp_backward releases the unit itself once its "
                          "last op has run)", ctx->z3.units[u].name, ctx->z3.units[u].last_op,
                          ddp__z3_op_param(ctx, ctx->z3.units[u].last_op, u));
+#ifdef DDP_CUDA
+    if (ctx->z3.device) {   /* unmapped once the compute stream is past the unit's last use (ddp__gpu_z3_drain) */
+        ddp_result r;
+        int s = ddp__z3_state(ctx, u);
+        if (s == DDP__Z3_RELEASED)
+            return quiet ? DDP_OK : ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_unit_release: unit '%s' is not gathered "
+                                              "(released twice?)", ctx->z3.units[u].name);
+        if (s == DDP__Z3_IN_FLIGHT && (r = ddp__gpu_z3_wait(ctx, u)) != DDP_OK) return r;   /* prefetched: its gather first */
+        ddp__mutex_lock(&ctx->z3.lock);
+        ctx->z3.units[u].state = DDP__Z3_RELEASED;
+        ddp__mutex_unlock(&ctx->z3.lock);
+        if ((r = ddp__gpu_z3_release(ctx, u)) != DDP_OK) return r;
+        ddp__record(ctx, ctx->tl.main, DDP__EV_RELEASE, t0, ddp__now(), u, ddp__z3_unit_bytes(ctx, u));
+        return DDP_OK;
+    }
+#endif
     ddp__mutex_lock(&ctx->z3.lock);
     while (ctx->z3.units[u].state == DDP__Z3_IN_FLIGHT) ddp__cond_wait(&ctx->z3.cond, &ctx->z3.lock);
     if (ctx->z3.units[u].state != DDP__Z3_GATHERED) {
@@ -11225,7 +11459,8 @@ static ddp_result ddp__z3_commit(ddp_context *ctx) {
     ctx->z3.es = ctx->flat.params_bf16 ? sizeof(ddp_bf16) : sizeof(float);
     ctx->z3.page = ddp__vm_page();
     ctx->z3.replay_op = -1;
-    if (ctx->world > 1 && !ddp__z3_source(ctx, 0))
+    ctx->z3.device = ctx->be->id == DDP_BACKEND_NCCL;
+    if (ctx->world > 1 && !ctx->z3.device && !ddp__z3_source(ctx, 0))
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_commit: DDP_SHARD_PARAMETERS on the %s backend needs the parameters' "
                          "parts in its shared segment, which it does not have (DDP_STAGED_GRADS is set, or /dev/shm had no "
                          "room: see the warning above)", ctx->be->name);
@@ -11239,6 +11474,16 @@ static ddp_result ddp__z3_commit(ddp_context *ctx) {
         k->hi = k->first + k->n < ctx->model.num_params ? ctx->model.params[k->first + k->n].offset : ctx->flat.count;
         k->state = DDP__Z3_RELEASED;
     }
+#ifdef DDP_CUDA
+    if (ctx->z3.device) {   /* the view is the backend's device memory: no pages here, no thread */
+        ddp_result r;
+        if ((r = ddp__gpu_z3_commit(ctx)) != DDP_OK) return r;
+        ddp__mutex_init(&ctx->z3.lock);
+        ddp__cond_init(&ctx->z3.cond);
+        ctx->z3.on = 1;
+        return DDP_OK;
+    }
+#endif
     ctx->z3.view_bytes = ddp__round_up(ctx->flat.count * ctx->z3.es, ctx->z3.page);
     np = ctx->z3.view_bytes / ctx->z3.page;
     if (!(ctx->z3.page_refs = (uint32_t *)ddp__calloc(sizeof(uint32_t) * (np ? np : 1))))
@@ -11277,9 +11522,12 @@ static void ddp__z3_free(ddp_context *ctx) {
         ddp__cond_destroy(&ctx->z3.cond);
         ddp__mutex_destroy(&ctx->z3.lock);
         ctx->z3.started = 0;
+    } else if (ctx->z3.device && ctx->z3.on) {   /* the lock without a thread */
+        ddp__cond_destroy(&ctx->z3.cond);
+        ddp__mutex_destroy(&ctx->z3.lock);
     }
     if (ddp__z3_fault_ctx == ctx) { ddp__fault_hook(NULL); ddp__z3_fault_ctx = NULL; }
-    if (ctx->z3.view) ddp__vm_release(ctx->z3.view, ctx->z3.view_bytes);
+    if (ctx->z3.view && !ctx->z3.device) ddp__vm_release(ctx->z3.view, ctx->z3.view_bytes);   /* NCCL: the backend's */
     ctx->z3.view = NULL;
     ctx->z3.on = 0;
     DDP_FREE(ctx->z3.page_refs);
@@ -11358,6 +11606,9 @@ static ddp_result ddp__z3_check_record(ddp_context *ctx, const int *ids, int n) 
 /* ddp_adamw_step at PARAMETERS: every unit released (its values would be stale after the step). */
 static ddp_result ddp__z3_check_step(ddp_context *ctx, const char *call) {
     int u = ddp__z3_any_gathered(ctx);
+#ifdef DDP_CUDA
+    if (u < 0 && ctx->z3.device) return ddp__gpu_z3_drain(ctx, 1);   /* the step: every released unit's memory back */
+#endif
     if (u < 0) return DDP_OK;
     return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "%s: unit '%s' is still gathered (a gather without a release): release "
                      "every unit first (ddp_unit_release; the tape's backward releases the units its ops list), or its "

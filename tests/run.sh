@@ -103,7 +103,7 @@ run "tiny GPT, CUDA model emulated on the host: vs PyTorch, vs the CPU model, de
 run "tiny GPT trainer, CUDA model emulated on the host" env TRAIN_GPT="$B/train_gpt_emulated" TEST_PREFIX=gpt_emulated_cuda tests/test_gpt.sh "$B"
 run "rank 0 killed while writing a checkpoint, 3 ranks" tests/test_checkpoint_crash.sh "$B"
 run "ddprun --max-restarts through random kills: resume, same final checkpoint" tests/test_restart.sh "$B"
-run "NCCL backend on a fake GPU (tests/fakegpu): training = CPU backend, collectives, faults; hybrid sharding (the group's reduce-scatter, each part across the groups: within a derived bound of the exact average, the parts' bytes across the groups)" "$B/test_fake_nccl"
+run "NCCL backend on a fake GPU (tests/fakegpu): training = CPU backend, collectives, faults; hybrid sharding (the group's reduce-scatter, each part across the groups: within a derived bound of the exact average, the parts' bytes across the groups); ZeRO-3 (sharded parameters: the same bits as unsharded, granules mapped and released)" "$B/test_fake_nccl"
 run "bf16 parameters, fp32 master: float64 reference, CPU = NCCL on the fake GPU, sharded, checkpoints" "$B/test_bf16_params"
 # The GPU kernels' arithmetic on the host: built wherever nvcc is, needs no GPU.
 if [ -x "$B/gpu/test_kernel_math_host" ]; then run "gpu kernel math on the host" "$B/gpu/test_kernel_math_host"; fi

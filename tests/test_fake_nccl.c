@@ -35,6 +35,12 @@
      for bit (accumulation, an unused parameter, the bf16 wire, bf16 parameters, hybrid groups,
      DiLoCo groups), the device bytes after each step by formula from the parts and the
      granularity, checkpoints across levels, ddp_zero_grad on a full device named;
+   - sharded parameters (ZeRO-3, DDP_SHARD_PARAMETERS): a model of three layers and a head, a
+     unit each, on 1-4 ranks with the tape and with its own autograd, accumulation, bf16
+     parameters, clipping, an unused parameter: every step's norm and the parameters the same bits
+     as unsharded; ddp_param never moves; a gathered unit's granules all device memory, a released
+     one's exactly those holding this rank's parts; a copy from released memory counted as misuse
+     by the fake; >>zero3's misuse checks named; a checkpoint saved at PARAMETERS loads unsharded;
    - the fake saw no misuse of the CUDA or NCCL API (wrong pointers, devices, destroyed handles)
      and nothing leaked (communicators, events, device memory). */
 #include "testlib.h"
@@ -1738,6 +1744,455 @@ static void timeline_gpu_spans(int world) {
     check_clean(name);
 }
 
+/* ---- sharded parameters (ZeRO-3, DDP_SHARD_PARAMETERS) on the NCCL backend: a model of three
+   tanh layers and a head, a unit each, trained by one program (its forward gathers, prefetches
+   and releases units; at DDP_SHARD_NONE those calls do nothing) at NONE and at PARAMETERS on
+   fake NCCL: every step's norm and the parameters gathered to rank 0 the same bits; ddp_param
+   never moves; after each step every released unit's granules that hold no part of this rank
+   unmapped (not device memory for the fake), those that do mapped; while gathered all of the
+   unit mapped; a collective or copy that touches a released unit counted as misuse; ---- */
+enum { Z3_D = 64, Z3_LAYERS = 3, Z3_B = 3, Z3_STEPS = 4, Z3_UNUSED = 300, Z3_GRAN = 4096 };
+typedef struct z3_config { const char *name; int micro, bf16, unused, own; float clip; } z3_config;
+typedef struct z3_model {
+    ddp_context *ddp;
+    const z3_config *c;
+    int rank, world;
+    int W[Z3_LAYERS], b[Z3_LAYERS], head, unused, unit[Z3_LAYERS + 1];
+    float act[Z3_B][Z3_LAYERS + 1][Z3_D], out[Z3_B], dact[Z3_B][Z3_LAYERS + 1][Z3_D];
+} z3_model;
+static struct {
+    const z3_config *c;
+    ddp_shard level;
+    float norm[MAX_WORLD][Z3_STEPS];
+    uint64_t hash[Z3_STEPS];
+    ddp_result r[MAX_WORLD];
+    char err[MAX_WORLD][DDP__ERR_MAX], local[MAX_WORLD][256];   /* local: a broken local property */
+    size_t mapped_after, view_bytes;   /* rank 0 at PARAMETERS: the view's device bytes after the last step, reserved */
+} z3;
+
+static float z3_pv(z3_model *m, int id, size_t i) {
+    return m->c->bf16 ? ddp__from_bf16(ddp_param_bf16(m->ddp, id)[i]) : ddp_param(m->ddp, id)[i];
+}
+static void z3_gadd(z3_model *m, int id, size_t i, float v) {
+    if (m->c->bf16) { ddp_bf16 *g = ddp_grad_bf16(m->ddp, id); g[i] = ddp__to_bf16(ddp__from_bf16(g[i]) + v); }
+    else ddp_grad(m->ddp, id)[i] += v;
+}
+typedef struct z3_op { z3_model *m; int layer; } z3_op;
+static void z3_backward_op(void *p) {
+    const z3_op *a = (const z3_op *)p;
+    z3_model *m = a->m;
+    int s, i, j, l = a->layer;
+    if (l == Z3_LAYERS) {   /* out = head . act; loss = out^2 / 2 */
+        for (s = 0; s < Z3_B; s++)
+            for (i = 0; i < Z3_D; i++) {
+                z3_gadd(m, m->head, (size_t)i, m->out[s] * m->act[s][Z3_LAYERS][i]);
+                m->dact[s][Z3_LAYERS][i] = m->out[s] * z3_pv(m, m->head, (size_t)i);
+            }
+        return;
+    }
+    for (s = 0; s < Z3_B; s++) {
+        float da[Z3_D];
+        for (j = 0; j < Z3_D; j++) {
+            float h = m->act[s][l + 1][j];
+            da[j] = m->dact[s][l + 1][j] * (1.0f - h * h);
+            z3_gadd(m, m->b[l], (size_t)j, da[j]);
+            for (i = 0; i < Z3_D; i++) z3_gadd(m, m->W[l], (size_t)j * Z3_D + (size_t)i, da[j] * m->act[s][l][i]);
+        }
+        for (i = 0; i < Z3_D; i++) {
+            float acc = 0;
+            for (j = 0; j < Z3_D; j++) acc += z3_pv(m, m->W[l], (size_t)j * Z3_D + (size_t)i) * da[j];
+            m->dact[s][l][i] = acc;
+        }
+    }
+}
+
+static void z3_local(z3_model *m, const char *fmt, const char *what, long x, long y) {
+    if (!z3.local[m->rank][0]) snprintf(z3.local[m->rank], sizeof z3.local[m->rank], fmt, what, x, y);
+}
+
+/* [p, p + n) is device memory to the fake (its first and last byte: a granule is mapped whole). */
+static int z3_is_device(const unsigned char *p, size_t n) {
+    struct cudaPointerAttributes a, z;
+    cudaPointerGetAttributes(&a, p);
+    cudaPointerGetAttributes(&z, p + n - 1);
+    return a.type == cudaMemoryTypeDevice && z.type == cudaMemoryTypeDevice;
+}
+
+/* Unit u's floats [lo, hi) in the flat buffer. */
+static void z3_unit_range(z3_model *m, int u, size_t *lo, size_t *hi) {
+    *lo = m->ddp->z3.units[u].lo;
+    *hi = m->ddp->z3.units[u].hi;
+}
+/* Does this rank own a part of any bucket touching flat elements [a, z)? */
+static int z3_owns_some(z3_model *m, size_t a, size_t z) {
+    size_t lo, hi;
+    int b;
+    for (b = 0; b < m->ddp->model.num_buckets; b++) {
+        ddp__shard_range(m->ddp, b, ddp__team_rank(m->ddp), &lo, &hi);
+        if (hi > lo && lo < z && hi > a) return 1;
+    }
+    return 0;
+}
+/* Unit u's granules as the fake sees them: gathered, all device memory; released, exactly those
+   holding a part of this rank (or of a gathered neighbour) stay. Returns the unit's granules unmapped. */
+static int z3_check_granules(z3_model *m, int u, int gathered) {
+    size_t es = m->c->bf16 ? 2 : 4, lo, hi, g0, g1, g, gone = 0;
+    const unsigned char *base = m->ddp->z3.view;
+    z3_unit_range(m, u, &lo, &hi);
+    g0 = lo * es / Z3_GRAN;
+    g1 = (hi * es + Z3_GRAN - 1) / Z3_GRAN;
+    for (g = g0; g < g1; g++) {
+        int mapped = z3_is_device(base + g * Z3_GRAN, Z3_GRAN);
+        int want = gathered || z3_owns_some(m, g * Z3_GRAN / es, (g + 1) * Z3_GRAN / es) ||
+                   (g == g0 && u > 0 && m->ddp->z3.units[u - 1].state != DDP__Z3_RELEASED) ||
+                   (g == g1 - 1 && u < Z3_LAYERS && m->ddp->z3.units[u + 1].state != DDP__Z3_RELEASED);
+        if (mapped != want) {
+            z3_local(m, "%s: unit %ld granule %ld mapped when it should not be, or the reverse", m->c->name, u, (long)g);
+            return -1;
+        }
+        gone += !mapped;
+    }
+    return (int)gone;
+}
+
+/* Layer l's forward (the head's: out). */
+static void z3_layer_values(z3_model *m, int l) {
+    int s, i, j;
+    if (l < Z3_LAYERS)
+        for (s = 0; s < Z3_B; s++)
+            for (j = 0; j < Z3_D; j++) {
+                float acc = z3_pv(m, m->b[l], (size_t)j);
+                for (i = 0; i < Z3_D; i++) acc += z3_pv(m, m->W[l], (size_t)j * Z3_D + (size_t)i) * m->act[s][l][i];
+                m->act[s][l + 1][j] = tanhf(acc);
+            }
+    else
+        for (s = 0; s < Z3_B; s++) {
+            float acc = 0;
+            for (i = 0; i < Z3_D; i++) acc += z3_pv(m, m->head, (size_t)i) * m->act[s][Z3_LAYERS][i];
+            m->out[s] = acc;
+        }
+}
+
+static ddp_result z3_forward(z3_model *m, int step, int micro) {
+    ddp_context *ddp = m->ddp;
+    ddp_result r = DDP_OK;
+    int s, i, l, sharded = ddp_config(ddp)->shard == DDP_SHARD_PARAMETERS;
+    for (s = 0; s < Z3_B; s++)
+        for (i = 0; i < Z3_D; i++)
+            m->act[s][0][i] = test_value(1000 * (uint64_t)step + 10 * (uint64_t)micro + 100000 * (uint64_t)m->rank + (uint64_t)s, (uint64_t)i);
+    for (l = 0; l <= Z3_LAYERS && r == DDP_OK; l++) {
+        z3_op a;
+        if ((r = ddp_unit_gather(ddp, m->unit[l])) != DDP_OK) break;
+        if (l < Z3_LAYERS) r = ddp_unit_prefetch(ddp, m->unit[l + 1]);
+        if (r == DDP_OK && sharded && z3_check_granules(m, m->unit[l], 1) != 0 && !z3.local[m->rank][0])
+            z3_local(m, "%s: gathered unit %ld is not all device memory (step %ld)", m->c->name, l, step);
+        if (r == DDP_OK) z3_layer_values(m, l);
+        a.m = m; a.layer = l;
+        if (!m->c->own && r == DDP_OK) {
+            int ids[2];
+            ids[0] = l < Z3_LAYERS ? m->W[l] : m->head;
+            ids[1] = l < Z3_LAYERS ? m->b[l] : m->head;
+            r = ddp_tape_record(ddp, z3_backward_op, &a, sizeof a, ids, l < Z3_LAYERS ? 2 : 1);
+        }
+        if (r == DDP_OK) r = ddp_unit_release(ddp, m->unit[l]);
+    }
+    return r;
+}
+
+/* The program's own backward: units gathered in reverse, released after their gradients. */
+static ddp_result z3_own_backward(z3_model *m) {
+    ddp_result r = DDP_OK;
+    int l;
+    for (l = Z3_LAYERS; l >= 0 && r == DDP_OK; l--) {
+        z3_op a;
+        a.m = m; a.layer = l;
+        if ((r = ddp_unit_gather(m->ddp, m->unit[l])) != DDP_OK) break;
+        if (l > 0 && (r = ddp_unit_prefetch(m->ddp, m->unit[l - 1])) != DDP_OK) break;
+        z3_backward_op(&a);
+        if (l == Z3_LAYERS) r = ddp_grad_ready(m->ddp, m->head);
+        else if ((r = ddp_grad_ready(m->ddp, m->W[l])) == DDP_OK) r = ddp_grad_ready(m->ddp, m->b[l]);
+        if (r == DDP_OK) r = ddp_unit_release(m->ddp, m->unit[l]);
+    }
+    return r == DDP_OK ? ddp_finish(m->ddp) : r;
+}
+
+static ddp_result z3_open(test_rank *self, z3_model *m, const z3_config *c, ddp_shard level) {
+    ddp_desc d = test_desc(self);
+    ddp_result r;
+    int l;
+    char name[32];
+    static float init[MAX_WORLD][Z3_LAYERS + 1][Z3_D * Z3_D];   /* one each: ddp_commit reads them */
+    memset(m, 0, sizeof *m);
+    m->c = c;
+    m->rank = self->rank;
+    m->world = self->world;
+    m->unused = -1;
+    d.log = keep_errors; d.log_level = DDP_LOG_ERROR;
+    d.backend = DDP_BACKEND_NCCL;
+    d.bucket_cap_mb = 0.01;   /* buckets of ~2600 floats: a layer's unit is two */
+    d.first_bucket_mb = 0.004;
+    d.find_unused = c->unused;
+    d.param_dtype = c->bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
+    d.shard = level;
+    if ((r = ddp_init(&m->ddp, &d)) != DDP_OK) return r;
+    for (l = 0; l <= Z3_LAYERS; l++) {
+        size_t i;
+        for (i = 0; i < Z3_D * Z3_D; i++) init[self->rank][l][i] = 0.2f * test_value(77 + (uint64_t)l, i);
+    }
+    for (l = 0; l < Z3_LAYERS && r == DDP_OK; l++) {
+        snprintf(name, sizeof name, "layer%d.W", l);
+        r = ddp_register_param(m->ddp, name, Z3_D * Z3_D, 0, init[self->rank][l], &m->W[l]);
+        snprintf(name, sizeof name, "layer%d.b", l);
+        if (r == DDP_OK) r = ddp_register_param(m->ddp, name, Z3_D, DDP_NO_DECAY, init[self->rank][Z3_LAYERS] + 100 * l, &m->b[l]);
+        snprintf(name, sizeof name, "layer%d", l);
+        if (r == DDP_OK) r = ddp_register_unit(m->ddp, name, m->W[l], 2, &m->unit[l]);
+    }
+    if (r == DDP_OK) r = ddp_register_param(m->ddp, "head", Z3_D, 0, init[self->rank][Z3_LAYERS] + 500, &m->head);
+    if (r == DDP_OK && c->unused)
+        r = ddp_register_param(m->ddp, "never.used", Z3_UNUSED, 0, init[self->rank][Z3_LAYERS] + 900, &m->unused);
+    if (r == DDP_OK) r = ddp_register_unit(m->ddp, "head", m->head, c->unused ? 2 : 1, &m->unit[Z3_LAYERS]);
+    return r == DDP_OK ? ddp_commit(m->ddp) : r;
+}
+
+static void z3_rank(test_rank *self) {
+    const z3_config *c = z3.c;
+    z3_model *m = (z3_model *)calloc(1, sizeof *m);
+    ddp_adamw opt;
+    ddp_result r;
+    int step, u, k, sharded = z3.level == DDP_SHARD_PARAMETERS;
+    const void *w0 = NULL;
+    memset(&opt, 0, sizeof opt);
+    opt.lr = 0.01f; opt.weight_decay = 0.1f; opt.max_grad_norm = c->clip;
+    r = z3_open(self, m, c, z3.level);
+    if (r == DDP_OK) w0 = c->bf16 ? (const void *)ddp_param_bf16(m->ddp, m->W[1]) : (const void *)ddp_param(m->ddp, m->W[1]);
+    for (step = 0; step < Z3_STEPS && r == DDP_OK; step++) {
+        size_t n;
+        float *all;
+        if ((r = ddp_zero_grad(m->ddp)) != DDP_OK) break;
+        for (u = 0; u < c->micro && r == DDP_OK; u++) {
+            ddp_set_sync(m->ddp, u == c->micro - 1);
+            if ((r = z3_forward(m, step, u)) == DDP_OK) r = c->own ? z3_own_backward(m) : ddp_backward(m->ddp);
+        }
+        if (r == DDP_OK) r = ddp_adamw_step(m->ddp, &opt, &z3.norm[self->rank][step]);
+        if (r != DDP_OK) break;
+        if (c->bf16) ddp_flat_grads_bf16(m->ddp, &n);
+        else ddp_flat_grads(m->ddp, &n);
+        all = (float *)calloc(n, sizeof(float));
+        r = ddp_gather_to_host(m->ddp, DDP_PARAMS, 0, self->rank == 0 ? all : NULL, n, 0);
+        if (self->rank == 0) z3.hash[step] = test_hash(all, n * sizeof(float));
+        free(all);
+        if ((c->bf16 ? (const void *)ddp_param_bf16(m->ddp, m->W[1]) : (const void *)ddp_param(m->ddp, m->W[1])) != w0)
+            z3_local(m, "%s: ddp_param moved at step %ld (%ld)", c->name, step, 0);
+        if (sharded && self->world > 1) {
+            int gone = 0, g;
+            for (k = 0; k <= Z3_LAYERS; k++) if ((g = z3_check_granules(m, k, 0)) > 0) gone += g;
+            if (gone == 0) z3_local(m, "%s: no granule of any released unit was unmapped (step %ld, %ld)", c->name, step, 0);
+        }
+    }
+    if (r == DDP_OK && sharded && self->rank == 0) {
+        z3.mapped_after = ddp__gvm_mapped(m->ddp->impl.gpu->z3vm);
+        z3.view_bytes = m->ddp->z3.view_bytes;
+    }
+    z3.r[self->rank] = r;
+    snprintf(z3.err[self->rank], sizeof z3.err[self->rank], "%s", ddp_last_error(m->ddp));
+    if (ddp_shutdown(m->ddp) != DDP_OK && z3.r[self->rank] == DDP_OK) z3.r[self->rank] = DDP_ERR_BACKEND;
+    free(m);
+}
+
+static void test_zero3(int world, const z3_config *c) {
+    float norm[Z3_STEPS];
+    uint64_t hash[Z3_STEPS];
+    char name[160], why[DDP__ERR_MAX + 128];
+    int pass, r, ok = 1, step;
+    why[0] = 0;
+    for (pass = 0; pass < 2 && ok; pass++) {   /* 0: unsharded, 1: DDP_SHARD_PARAMETERS */
+        fakegpu_reset();
+        fakegpu_set_vm_granularity(Z3_GRAN);
+        reset_cfg();
+        memset(&z3, 0, sizeof z3);
+        z3.c = c;
+        z3.level = pass ? DDP_SHARD_PARAMETERS : DDP_SHARD_NONE;
+        run(world, z3_rank);
+        for (r = 0; r < world && ok; r++) {
+            if (z3.r[r] != DDP_OK) {
+                snprintf(why, sizeof why, "%s, rank %d: %s%s%.400s", pass ? "parameters" : "none", r, z3.err[r],
+                         res[r].logged[0] ? "; ddp_shutdown: " : "", res[r].logged);
+                ok = 0;
+            } else if (z3.local[r][0]) {
+                snprintf(why, sizeof why, "rank %d: %s", r, z3.local[r]);
+                ok = 0;
+            }
+        }
+        if (ok && pass == 0) { memcpy(norm, z3.norm[0], sizeof norm); memcpy(hash, z3.hash, sizeof hash); }
+        for (step = 0; ok && pass == 1 && step < Z3_STEPS; step++)
+            if (memcmp(&norm[step], &z3.norm[0][step], sizeof(float)) || hash[step] != z3.hash[step] || !hash[step]) {
+                snprintf(why, sizeof why, "step %d: norm %.9g sharded, %.9g unsharded; hash %llx, %llx", step, z3.norm[0][step],
+                         norm[step], (unsigned long long)z3.hash[step], (unsigned long long)hash[step]);
+                ok = 0;
+            }
+        if (ok && pass == 1 && world > 1 && !(z3.mapped_after > 0 && z3.mapped_after < z3.view_bytes)) {
+            snprintf(why, sizeof why, "after the steps the view has %zu of %zu bytes mapped (want some, not all)", z3.mapped_after,
+                     z3.view_bytes);
+            ok = 0;
+        }
+        snprintf(name, sizeof name, "zero3_%s_ranks%d_%s", c->name, world, pass ? "parameters" : "none");
+        check_clean(name);
+    }
+    snprintf(name, sizeof name, "fake_nccl_zero3_%s_ranks%d_equals_unsharded_granules_released_pointers_fixed", c->name, world);
+    verdict(ok, name, "%s", why);
+}
+
+/* Misuse on NCCL: each of >>zero3's checks named; a copy from a released unit's memory is
+   counted by the fake (it is no device memory); a checkpoint saved at PARAMETERS loads unsharded. */
+static char z3_ck_path[64];
+static int z3_contains(const char *s, const char *a, const char *b) { return strstr(s, a) && (!b || strstr(s, b)); }
+static int z3_probe[MAX_WORLD] = { -1, -1, -1, -1 };   /* per rank: a unit its next backward op tries to release */
+static ddp_result z3_probe_result[MAX_WORLD];
+static char z3_probe_err[MAX_WORLD][DDP__ERR_MAX];
+static void z3_probe_op(void *p) {
+    z3_op *a = (z3_op *)p;
+    if (a->layer == Z3_LAYERS && z3_probe[a->m->rank] >= 0) {
+        z3_probe_result[a->m->rank] = ddp_unit_release(a->m->ddp, z3_probe[a->m->rank]);
+        snprintf(z3_probe_err[a->m->rank], DDP__ERR_MAX, "%s", ddp_last_error(a->m->ddp));
+    }
+    z3_backward_op(p);
+}
+static void z3_misuse_rank(test_rank *self) {
+    static const z3_config c = { "misuse", 1, 0, 0, 0, 0 };
+    z3_model *m = (z3_model *)calloc(1, sizeof *m);
+    ddp_adamw opt;
+    ddp_result r, q;
+    int ids[2], l, me = self->rank;
+    z3_op a;
+    memset(&opt, 0, sizeof opt);
+    opt.lr = 0.01f;
+    r = z3_open(self, m, &c, DDP_SHARD_PARAMETERS);
+    if (r != DDP_OK) { z3.r[me] = r; snprintf(z3.err[me], DDP__ERR_MAX, "%s", ddp_last_error(m->ddp)); ddp_shutdown(m->ddp); free(m); return; }
+    /* a recorded op whose unit is released */
+    ids[0] = m->W[1]; ids[1] = m->b[1];
+    a.m = m; a.layer = 1;
+    q = ddp_tape_record(m->ddp, z3_backward_op, &a, sizeof a, ids, 2);
+    if (me == 0) verdict(q == DDP_ERR_INVALID_STATE && z3_contains(ddp_last_error(m->ddp), "'layer1.W'", "unit 'layer1'"),
+                         "fake_nccl_zero3_record_of_released_unit_named", "%s", ddp_last_error(m->ddp));
+    ddp_tape_reset(m->ddp);
+    q = ddp_unit_release(m->ddp, m->unit[0]);
+    if (me == 0) verdict(q == DDP_ERR_INVALID_STATE && z3_contains(ddp_last_error(m->ddp), "'layer0'", "not gathered"),
+                         "fake_nccl_zero3_release_of_released_named", "%s", ddp_last_error(m->ddp));
+    /* the backward releasing a unit a later-replayed op still lists */
+    r = ddp_zero_grad(m->ddp);
+    for (l = 0; l <= Z3_LAYERS && r == DDP_OK; l++) {
+        int n = l < Z3_LAYERS ? 2 : 1;
+        if ((r = ddp_unit_gather(m->ddp, m->unit[l])) != DDP_OK) break;
+        a.layer = l;
+        ids[0] = l < Z3_LAYERS ? m->W[l] : m->head;
+        ids[1] = l < Z3_LAYERS ? m->b[l] : m->head;
+        z3_layer_values(m, l);
+        r = ddp_tape_record(m->ddp, z3_probe_op, &a, sizeof a, ids, n);
+        if (r == DDP_OK) r = ddp_unit_release(m->ddp, m->unit[l]);
+    }
+    z3_probe[me] = m->unit[0];   /* the head's op runs first: layer 0's ops are still to replay */
+    if (r == DDP_OK) r = ddp_backward(m->ddp);
+    z3_probe[me] = -1;
+    if (me == 0) verdict(r == DDP_OK && z3_probe_result[0] == DDP_ERR_INVALID_STATE &&
+                         z3_contains(z3_probe_err[0], "still in use by a recorded op", "'layer0'"),
+                         "fake_nccl_zero3_release_of_unit_in_use_by_recorded_op_named", "%s / %s", ddp_result_string(r), z3_probe_err[0]);
+    for (l = 0; l <= Z3_LAYERS && r == DDP_OK; l++)
+        if (ddp_unit_gathered(m->ddp, m->unit[l]) != 0) r = DDP_ERR_INVALID_STATE;
+    if (me == 0) verdict(r == DDP_OK, "fake_nccl_zero3_backward_releases_every_unit", "a unit is still gathered after ddp_backward");
+    /* a gather without a release, then the step */
+    if (r == DDP_OK && (r = ddp_unit_gather(m->ddp, m->unit[2])) == DDP_OK) {
+        q = ddp_adamw_step(m->ddp, &opt, NULL);
+        if (me == 0) verdict(q == DDP_ERR_INVALID_STATE && z3_contains(ddp_last_error(m->ddp), "'layer2'", "without a release"),
+                             "fake_nccl_zero3_step_with_gathered_unit_named", "%s", ddp_last_error(m->ddp));
+        r = ddp_unit_release(m->ddp, m->unit[2]);
+    }
+    if (r == DDP_OK) r = ddp_adamw_step(m->ddp, &opt, NULL);
+    /* a copy of parameters outside this rank's parts: named; a raw copy from released memory: the fake's misuse */
+    if (r == DDP_OK && self->world > 1) {
+        float x[2];
+        size_t n, g;
+        ddp_flat_grads(m->ddp, &n);
+        q = ddp_copy_to_host(m->ddp, DDP_PARAMS, me == 0 ? n - 2 : 0, x, 2);
+        if (me == 0) verdict(q == DDP_ERR_INVALID_ARGUMENT && z3_contains(ddp_last_error(m->ddp), "the parameters (DDP_SHARD_PARAMETERS", NULL),
+                             "fake_nccl_zero3_host_copy_outside_parts_named", "%s: %s", ddp_result_string(q), ddp_last_error(m->ddp));
+        if (me == 0) {   /* a granule of the view that is not mapped now (every unit released) */
+            int before = fakegpu_misuse_count();
+            cudaError_t e = cudaSuccess;
+            for (g = 0; g < m->ddp->z3.view_bytes / Z3_GRAN && z3_is_device(m->ddp->z3.view + g * Z3_GRAN, Z3_GRAN); g++) {}
+            if (g < m->ddp->z3.view_bytes / Z3_GRAN)
+                e = cudaMemcpy(x, m->ddp->z3.view + g * Z3_GRAN + 8, 2 * sizeof(float), cudaMemcpyDeviceToHost);
+            verdict(g < m->ddp->z3.view_bytes / Z3_GRAN && e != cudaSuccess && fakegpu_misuse_count() == before + 1,
+                    "fake_nccl_zero3_copy_from_released_unit_is_misuse", "granule %zu of %zu: cudaMemcpy %s, misuse %d -> %d", g,
+                    m->ddp->z3.view_bytes / Z3_GRAN, cudaGetErrorName(e), before, fakegpu_misuse_count());
+        }
+    }
+    /* a checkpoint saved here (PARAMETERS) */
+    if (r == DDP_OK) r = ddp_save(m->ddp, z3_ck_path, NULL, 0);
+    if (r == DDP_OK) {
+        size_t n;
+        float *all;
+        ddp_flat_grads(m->ddp, &n);
+        all = (float *)calloc(n, sizeof(float));
+        r = ddp_gather_to_host(m->ddp, DDP_PARAMS, 0, me == 0 ? all : NULL, n, 0);
+        if (me == 0) z3.hash[0] = test_hash(all, n * sizeof(float));
+        free(all);
+    }
+    z3.r[me] = r;
+    snprintf(z3.err[me], DDP__ERR_MAX, "%s", ddp_last_error(m->ddp));
+    ddp_shutdown(m->ddp);
+    free(m);
+}
+
+/* Loads the checkpoint unsharded (NCCL, DDP_SHARD_NONE): the parameters saved. */
+static void z3_load_rank(test_rank *self) {
+    static const z3_config c = { "load", 1, 0, 0, 0, 0 };
+    z3_model *m = (z3_model *)calloc(1, sizeof *m);
+    ddp_result r = z3_open(self, m, &c, DDP_SHARD_NONE);
+    if (r == DDP_OK) r = ddp_load(m->ddp, z3_ck_path, NULL, 0, NULL, NULL, NULL);
+    if (r == DDP_OK) {
+        size_t n;
+        float *all;
+        ddp_flat_grads(m->ddp, &n);
+        all = (float *)calloc(n, sizeof(float));
+        r = ddp_gather_to_host(m->ddp, DDP_PARAMS, 0, self->rank == 0 ? all : NULL, n, 0);
+        if (self->rank == 0) z3.hash[1] = test_hash(all, n * sizeof(float));
+        free(all);
+    }
+    z3.r[self->rank] = r;
+    snprintf(z3.err[self->rank], DDP__ERR_MAX, "%s", ddp_last_error(m->ddp));
+    ddp_shutdown(m->ddp);
+    free(m);
+}
+
+static void test_zero3_misuse(int world) {
+    char why[DDP__ERR_MAX + 64];
+    int r, ok = 1;
+    snprintf(z3_ck_path, sizeof z3_ck_path, "/tmp/ddp_fake_z3_%d.ckpt", (int)getpid());
+    fakegpu_reset();
+    fakegpu_set_vm_granularity(Z3_GRAN);
+    reset_cfg();
+    memset(&z3, 0, sizeof z3);
+    run(world, z3_misuse_rank);
+    why[0] = 0;
+    for (r = 0; r < world && ok; r++)
+        if (z3.r[r] != DDP_OK) { snprintf(why, sizeof why, "rank %d: %s", r, z3.err[r]); ok = 0; }
+    verdict(ok, "fake_nccl_zero3_misuse_run_completes", "%s", why);
+    verdict(fakegpu_misuse_count() == (world > 1) && fakegpu_live_comms() == 0 && fakegpu_live_events() == 0 &&
+            fakegpu_live_device_bytes() == 0, "fake_zero3_misuse_only_the_tests_own_nothing_leaked",
+            "%d misuse(s) (first: %s), %d communicator(s), %d event(s), %zu device bytes left", fakegpu_misuse_count(),
+            fakegpu_misuse_first(), fakegpu_live_comms(), fakegpu_live_events(), fakegpu_live_device_bytes());
+    fakegpu_reset();   /* the misuse above was the test's own */
+    fakegpu_set_vm_granularity(Z3_GRAN);
+    reset_cfg();
+    run(world, z3_load_rank);
+    for (r = 0; r < world && ok; r++)
+        if (z3.r[r] != DDP_OK) { snprintf(why, sizeof why, "load, rank %d: %s", r, z3.err[r]); ok = 0; }
+    verdict(ok && z3.hash[0] && z3.hash[0] == z3.hash[1], "fake_nccl_zero3_checkpoint_loads_unsharded_bitwise", "%s (hash %llx saved, %llx loaded)",
+            why, (unsigned long long)z3.hash[0], (unsigned long long)z3.hash[1]);
+    check_clean("zero3_load");
+    remove(z3_ck_path);
+}
+
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     /* the device address-space layer (>>nccl-vm) */
@@ -1822,5 +2277,18 @@ int main(void) {
     duplicate_gpu();
     timeline_gpu_spans(1);
     timeline_gpu_spans(2);
+    {   /* sharded parameters (ZeRO-3) */
+        static const z3_config tape = { "tape", 1, 0, 0, 0, 0 }, accum = { "accum2", 2, 0, 0, 0, 0 },
+                               bf16 = { "bf16", 1, 1, 0, 0, 0 }, clip = { "clip", 1, 0, 0, 0, 0.05f },
+                               unused = { "unused", 1, 0, 1, 0, 0 }, own = { "own_autograd", 2, 0, 0, 1, 0 };
+        int w;
+        for (w = 1; w <= 4; w++) test_zero3(w, &tape);
+        test_zero3(2, &accum);
+        test_zero3(3, &bf16);
+        test_zero3(4, &clip);
+        test_zero3(3, &unused);
+        test_zero3(2, &own);
+        test_zero3_misuse(2);
+    }
     return test_summary("test_fake_nccl");
 }
