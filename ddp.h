@@ -341,10 +341,33 @@
      else meanwhile is SIGBUS, as for any shared memory that grows); without the segment
      (DDP_STAGED_GRADS) private memory, MADV_DONTNEED. MPI: the gradients are the rank's private
      memory (MADV_DONTNEED), released once the bucket's MPI calls have returned
-     (tests/test_zero2_mpi.sh, hierarchical and flat). NCCL: refused by name at ddp_init ("not
-     built yet on the nccl backend": giving device memory back while the pointers stay needs
-     CUDA's virtual memory management, cuMemAddressReserve / cuMemMap / cuMemUnmap); ZeRO-1 is
-     the same reduce-scatter with the gradients kept. Windows: released gradients are zeroed and
+     (tests/test_zero2_mpi.sh, hierarchical and flat). NCCL: the gradients (fp32, or bf16 with
+     bf16 parameters) are one device address range reserved at commit and backed granule by
+     granule (CUDA's virtual memory management: cuMemAddressReserve / cuMemCreate / cuMemMap /
+     cuMemUnmap, taken from the driver through cudaGetDriverEntryPointByVersion: no -lcuda; a
+     driver without them is named at ddp_commit). This rank's parts stay mapped for the whole run;
+     ddp_zero_grad maps the rest again and zeroes the buffer (cudaMemsetAsync on the compute
+     stream); the end of ddp_adamw_step, its kernels and all-gathers enqueued, unmaps what lies
+     outside this rank's parts of every bucket reduce-scattered that step. That waits (polled, with
+     timeout_s) for an event recorded on the compute stream when the step began: the backward, the
+     reduce-scatters and the program's own kernels before the step are done with the gradients,
+     while the device still has the step's norm, AdamW and all-gathers queued (not at ddp_finish:
+     a host wait there would hold the host back while the network works, and until the step every
+     gradient address stays valid for the program's kernels). So between ddp_adamw_step and the
+     next ddp_zero_grad the gradients outside this rank's parts are not mapped: a kernel of the
+     program that touches them there faults (ddp_copy_to_host refuses them by name, as on the
+     CPU); a backward that begins without ddp_zero_grad maps them again, zeroed, when ddp.h first
+     sees it (the tape: before its first op; by hand: call ddp_zero_grad before the backward's
+     kernels, the usual loop). The granularity (2 MiB on current GPUs) is the cost: a granule
+     that a part shares with the rest stays mapped, up to 2 granules a bucket part (2 * granule *
+     buckets bytes above the formula; the buckets' spans tile the buffer, so a granule two
+     buckets share goes when both are released). Micro-steps with sync off keep whole gradients
+     (as on the CPU); shard_accumulate: refused by name on NCCL. Replica groups of several ranks:
+     refused with any shard level on NCCL (as ZeRO-1); one group of every rank, hybrid sharding
+     (shard_group): the same release of the team's parts. Tests: tests/test_fake_nccl.c on the
+     fake GPU (tests/fakegpu: its VMM is mmap'd, a granularity knob), ZeRO-2 = unsharded bit for
+     bit on 1-4 ranks with the device bytes after each step by formula; not yet measured on a
+     GPU. Windows: released gradients are zeroed and
      stay resident (a mapped view cannot give its pages back and keep zeros: >>platform); a
      POSIX system without MADV_REMOVE (macOS) likewise for the segment. uneven_inputs: refused,
      as for ZeRO-1. With replica groups (desc.outer) the parts and their release are the team's;
@@ -458,8 +481,9 @@
      finds no memory, and at ddp_adamw_step (every released unit's memory back each step).
      Neighbouring units share at most a granule, counted like the host's pages. Collectives are
      enqueued from the program's thread in the order it calls gather, prefetch and the buckets'
-     hooks, alike on every rank: nothing depends on timing. Gradients stay whole on NCCL (its
-     backend has no ZeRO-2 release yet, shards_grads 0), reduce-scattered as under ZeRO-1. A
+     hooks, alike on every rank: nothing depends on timing. Gradients on NCCL: ZeRO-2's device
+     release (SHARDED GRADIENTS: mapped by ddp_zero_grad, the rest of each bucket unmapped at the
+     end of ddp_adamw_step; tests/test_fake_nccl.c runs ZeRO-3 with it). A
      touch of a released unit by a kernel or copy is a fault on the device (tests/fakegpu counts
      it as misuse); check_ready's naming is the host backends'.
      Backends: single, cpu and NCCL. Refused at ddp_init, by name: MPI, replica groups
@@ -1120,7 +1144,9 @@
                     unit's all-gather on the comm stream and its events, deferred unmaps); its table
      >>nccl-vm      inside >>nccl: the device address-space layer (ddp__gvm_*): a range reserved
                     once, granules mapped / released by holder counts through CUDA's virtual
-                    memory management (driver entry points via the runtime, no -lcuda)
+                    memory management (driver entry points via the runtime, no -lcuda); ZeRO-2's
+                    gradients on it (ddp__gpu_z2_*, in >>nccl: mapped by ddp_zero_grad, released
+                    at the end of ddp_adamw_step)
      >>group        ddp__choose_backend (the one place that knows every backend), rendezvous,
                     init, shutdown
      >>embed        progress: the seqlock the rank writes and any thread reads (cancel itself:
@@ -1155,7 +1181,8 @@
      backend: setup, alloc_flat, commit, begin_step, launch, finish, zero, scale, bf16, adamw,
      adamw_state, copy, collective, allgather, team_bcast, z3_parts, stats, poison, stop, teardown; its
      `shards` flag says whether it runs shard_optimizer (ddp_init refuses it by the backend's
-     name otherwise), `shards_grads` likewise for DDP_SHARD_GRADIENTS. Each backend fills it by name (ddp__cpu_table and its like, into the
+     name otherwise), `shards_grads` likewise for DDP_SHARD_GRADIENTS (1: host memory that
+     ddp__z2_release gives back; 2: device memory the backend maps and releases itself, NCCL). Each backend fills it by name (ddp__cpu_table and its like, into the
      context's own copy); an optional slot left NULL (setup, commit, begin_step, allgather,
      team_bcast, z3_parts, stats, poison, stop) is nothing to do (allgather: the outer exchange broadcasts
      instead; team_bcast: bf16 + shard_optimizer in groups of several ranks is refused; z3_parts:
@@ -2932,7 +2959,9 @@ typedef struct ddp__backend {
     int shards;                    /* 1: runs desc.shard_optimizer (adamw then updates this rank's part
                                       and all-gathers the parameters); 0: ddp_init refuses it */
     int shards_grads;              /* 1: runs DDP_SHARD_GRADIENTS (ZeRO-2: its gradients are host memory
-                                      that ddp__z2_release gives back); 0: ddp_init refuses it by name */
+                                      that ddp__z2_release gives back); 2: runs it on device memory it
+                                      gives back itself (NCCL: its zero maps, its adamw releases,
+                                      ddp__gpu_z2_*); 0: ddp_init refuses it by name */
     /* after the rendezvous (world > 1; the NCCL backend also at world 1): bring up the data plane */
     ddp_result (*setup)(ddp_context *ctx, double deadline);
     /* commit, first half: ctx->flat.params / .grads for ctx->flat.count floats (bf16
@@ -8728,6 +8757,15 @@ struct ddp__gpu {
     double *norm_blocks;           /* ddp.h's norm: one sum of squares per block (ctx->shard.norm_blocks) */
     cudaEvent_t *updated;          /* sharded, per bucket: the compute stream updated this rank's part */
     cudaEvent_t gathered;          /* sharded: the comm stream has all-gathered every bucket */
+    /* ZeRO-2 (ddp__z2, ddp__gpu_z2_*): the gradients (flat.grads, or grads_bf16) are a device
+       range (>>nccl-vm) whose holders are this rank's parts (the whole run) and each bucket's
+       span (from ddp_zero_grad to the end of the ddp_adamw_step after its reduce-scatter) */
+    struct ddp__gvm *z2vm;
+    size_t *z2_span;               /* per bucket b: elements [z2_span[2b], z2_span[2b + 1]); the spans tile the buffer */
+    unsigned char *z2_held;        /* per bucket: its span is mapped (a holder counted) */
+    unsigned char *z2_due;         /* per bucket: reduce-scattered this step: its span goes at the end of ddp_adamw_step */
+    cudaEvent_t z2_used;           /* the compute stream at ddp_adamw_step's start: the backward's and the
+                                      reduce-scatters' use of the spans ends before it (ddp__gpu_z2_release) */
     double *norm_sq;
     ddp_k_adamw_state *state;      /* device: step, clip, skip */
     ddp_k_adamw_state *state_host; /* pinned copy, read when state_copied has completed */
@@ -9244,13 +9282,12 @@ static cudaError_t ddp__gpu_watch_locked(ddp__gpu *g, cudaStream_t stream, const
 
 /* Wait for `stream` on the host without blocking in CUDA: poll, so that a timeout, an
    asynchronous NCCL error or a poisoned group ends the wait. Only outside the step. */
-static ddp_result ddp__gpu_wait(ddp_context *ctx, cudaStream_t stream, const char *what) {
+static ddp_result ddp__gpu_wait_event(ddp_context *ctx, cudaEvent_t event, const char *what) {
     ddp__gpu *g = ctx->impl.gpu;
     double deadline = ddp__now() + ctx->desc.timeout_s;
     char msg[DDP__ERR_MAX - 64];
-    DDP__CUDA(cudaEventRecord(g->sync_event, stream));
     for (;;) {
-        cudaError_t q = ddp__gpu_query(g->sync_event);
+        cudaError_t q = ddp__gpu_query(event);
         ddp_result r;
         if (q == cudaSuccess) return DDP_OK;
         if (q != cudaErrorNotReady) return ddp__fatal(ctx, ddp__cuda_fail(ctx, q, what, __FILE__, __LINE__));
@@ -9268,6 +9305,11 @@ static ddp_result ddp__gpu_wait(ddp_context *ctx, cudaStream_t stream, const cha
                                              ctx->desc.timeout_s, what);
         usleep(50);
     }
+}
+/* The same for everything enqueued on `stream` so far. */
+static ddp_result ddp__gpu_wait(ddp_context *ctx, cudaStream_t stream, const char *what) {
+    DDP__CUDA(cudaEventRecord(ctx->impl.gpu->sync_event, stream));
+    return ddp__gpu_wait_event(ctx, ctx->impl.gpu->sync_event, what);
 }
 
 /* NCCL's remote error says a peer went away, not which: a failing rank leaves its message in
@@ -9608,6 +9650,142 @@ static ddp_result ddp__gpu_setup(ddp_context *ctx, double deadline) {
     }
 }
 
+/* ZeRO-2 on the NCCL backend (ddp__z2; SHARDED GRADIENTS in the manual). The gradients (flat.grads,
+   or grads_bf16 with bf16 parameters) are one device range reserved once (>>nccl-vm), so
+   ddp_grad's pointers never move. Its holders: this rank's part of every bucket, for the whole
+   run; and each bucket's span (its elements and the padding up to the next bucket's, so that the
+   spans tile the buffer), from ddp_zero_grad, which maps every span and zeroes the buffer on the
+   compute stream, to the end of the ddp_adamw_step after the bucket's reduce-scatter. What only a
+   span held is then unmapped: the gradients outside this rank's parts, but for the granules a
+   part shares with them (up to 2 a bucket part). */
+static size_t ddp__gpu_z2_es(const ddp_context *ctx) { return ctx->flat.grads_bf16 ? sizeof(ddp_bf16) : sizeof(float); }
+
+/* alloc_flat: the range, mapped whole under one holder until commit knows the buckets, zeroed. */
+static ddp_result ddp__gpu_z2_alloc(ddp_context *ctx, int bf16) {
+    ddp__gpu *g = ctx->impl.gpu;
+    size_t bytes = ctx->flat.count * (bf16 ? sizeof(ddp_bf16) : sizeof(float));
+    const char *what = "the gradients (DDP_SHARD_GRADIENTS)";
+    ddp_result r;
+    if (!(g->z2vm = (struct ddp__gvm *)ddp__calloc(sizeof *g->z2vm))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
+    if ((r = ddp__gvm_reserve(ctx, g->z2vm, bytes, what)) != DDP_OK) return r;
+    if ((r = ddp__gvm_map(ctx, g->z2vm, 0, bytes, what)) != DDP_OK) return r;
+    if (bf16) ctx->flat.grads_bf16 = (ddp_bf16 *)g->z2vm->base;
+    else ctx->flat.grads = (float *)g->z2vm->base;
+    DDP__CUDA(cudaMemset(g->z2vm->base, 0, bytes));
+    return DDP_OK;
+}
+
+/* commit (buckets and parts known): the spans; this rank's parts and every span held; the
+   alloc's holder dropped (nothing is unmapped: every granule is in some span). */
+static ddp_result ddp__gpu_z2_commit(ddp_context *ctx) {
+    ddp__gpu *g = ctx->impl.gpu;
+    size_t es = ddp__gpu_z2_es(ctx), lo, hi;
+    int b, c, nb = ctx->model.num_buckets;
+    ddp_result r;
+    g->z2_span = (size_t *)ddp__calloc(sizeof(size_t) * 2 * (size_t)nb);
+    g->z2_held = (unsigned char *)ddp__calloc((size_t)nb);
+    g->z2_due = (unsigned char *)ddp__calloc((size_t)nb);
+    if (!g->z2_span || !g->z2_held || !g->z2_due) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
+    DDP__CUDA(cudaEventCreateWithFlags(&g->z2_used, cudaEventDisableTiming));
+    for (b = 0; b < nb; b++) {
+        size_t off = ctx->model.buckets[b].offset, end = ctx->flat.count;
+        int lowest = 1;
+        for (c = 0; c < nb; c++) {
+            size_t o = ctx->model.buckets[c].offset;
+            if (o > off && o < end) end = o;
+            if (o < off) lowest = 0;
+        }
+        g->z2_span[2 * b] = lowest ? 0 : off;
+        g->z2_span[2 * b + 1] = end;
+    }
+    for (b = 0; b < nb; b++) {
+        ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
+        if (hi > lo && (r = ddp__gvm_map(ctx, g->z2vm, lo * es, (hi - lo) * es, "this rank's parts of the gradients")) != DDP_OK)
+            return r;
+    }
+    for (b = 0; b < nb; b++) {
+        if ((r = ddp__gvm_map(ctx, g->z2vm, g->z2_span[2 * b] * es, (g->z2_span[2 * b + 1] - g->z2_span[2 * b]) * es,
+                              "the gradients of a bucket")) != DDP_OK)
+            return r;
+        g->z2_held[b] = 1;
+    }
+    return ddp__gvm_unmap(ctx, g->z2vm, 0, ctx->flat.count * es);
+}
+
+/* Bucket b's span mapped again (ddp_zero_grad; or a backward that begins without it): granule
+   by granule, so that exactly the newly mapped ones are zeroed (on the compute stream), as
+   released gradients read zeros; a part's granules keep their values. On failure nothing
+   changes (the granules mapped so far go again): an out-of-memory error naming the device. */
+static ddp_result ddp__gpu_z2_hold(ddp_context *ctx, int b) {
+    ddp__gpu *g = ctx->impl.gpu;
+    struct ddp__gvm *vm = g->z2vm;
+    size_t es = ddp__gpu_z2_es(ctx), lo = g->z2_span[2 * b] * es, hi = g->z2_span[2 * b + 1] * es, at;
+    size_t total = ctx->flat.count * es, run_lo = 0, run_hi = 0;
+    ddp_result r;
+    char what[96];
+    if (g->z2_held[b]) return DDP_OK;
+    snprintf(what, sizeof what, "the gradients of bucket %d (DDP_SHARD_GRADIENTS)", b);
+    for (at = lo; at < hi;) {
+        size_t end = (at / vm->gran + 1) * vm->gran, nlo, nhi;
+        if (end > hi) end = hi;
+        if ((r = ddp__gvm_map_range(ctx, vm, at, end - at, what, &nlo, &nhi)) != DDP_OK) {
+            if (at > lo) (void)ddp__gvm_unmap(ctx, vm, lo, at - lo);
+            return r;
+        }
+        if (nhi > total) nhi = total;
+        if (nhi > nlo) {
+            if (run_hi != nlo && run_hi > run_lo) DDP__CUDA(cudaMemsetAsync(vm->base + run_lo, 0, run_hi - run_lo, g->compute));
+            if (run_hi != nlo) run_lo = nlo;
+            run_hi = nhi;
+        }
+        at = end;
+    }
+    if (run_hi > run_lo) DDP__CUDA(cudaMemsetAsync(vm->base + run_lo, 0, run_hi - run_lo, g->compute));
+    g->z2_held[b] = 1;
+    return DDP_OK;
+}
+
+/* Every span touching gradient elements [offset, offset + count) held (ddp__gpu_zero's range;
+   a backward's: all). */
+static ddp_result ddp__gpu_z2_hold_range(ddp_context *ctx, size_t offset, size_t count) {
+    ddp__gpu *g = ctx->impl.gpu;
+    ddp_result r;
+    int b;
+    for (b = 0; b < ctx->model.num_buckets; b++)
+        if (g->z2_span[2 * b] < offset + count && offset < g->z2_span[2 * b + 1] && (r = ddp__gpu_z2_hold(ctx, b)) != DDP_OK)
+            return r;
+    return DDP_OK;
+}
+
+/* The end of ddp_adamw_step (its kernels and all-gathers enqueued): the spans of the buckets
+   reduce-scattered this step are unmapped. Unmapping needs the device done with them: the
+   program's backward, its reduce-scatter (the compute stream waited for the last one at
+   ddp_finish), and any kernel of the program's that read the gradients before the step. All
+   that is before z2_used, recorded on the compute stream when this step began. Why here and
+   not at ddp_finish: a host wait there (for the reduce-scatters) would stop the host from
+   enqueueing the step while the network works; an event query there finds them mostly not
+   done; and until the step every gradient address stays valid for the program's own kernels.
+   Here the host waits only for the backward's device work, while the device has the step's
+   norm, AdamW and all-gathers queued behind it: it never idles for this wait. */
+static ddp_result ddp__gpu_z2_release(ddp_context *ctx) {
+    ddp__gpu *g = ctx->impl.gpu;
+    size_t es = ddp__gpu_z2_es(ctx);
+    ddp_result r;
+    int b, any = 0;
+    for (b = 0; b < ctx->model.num_buckets; b++) any |= g->z2_due[b] && g->z2_held[b];
+    if (!any) return DDP_OK;
+    if ((r = ddp__gpu_wait_event(ctx, g->z2_used, "the backward's use of the gradients before their release "
+                                 "(DDP_SHARD_GRADIENTS)")) != DDP_OK)
+        return r;
+    for (b = 0; b < ctx->model.num_buckets; b++) {
+        if (!g->z2_due[b] || !g->z2_held[b]) continue;
+        g->z2_due[b] = g->z2_held[b] = 0;
+        if ((r = ddp__gvm_unmap(ctx, g->z2vm, g->z2_span[2 * b] * es, (g->z2_span[2 * b + 1] - g->z2_span[2 * b]) * es)) != DDP_OK)
+            return ddp__fatal(ctx, r);
+    }
+    return DDP_OK;
+}
+
 /* The no-decay mask ddp_k_adamw reads: one byte per DDP_K_MASK_GROUP elements of the flat
    buffer, 1 where the parameter there is flagged DDP_NO_DECAY (parameters start on 16-float
    boundaries, so a group never mixes two). NULL with *status DDP_OK when no parameter is. */
@@ -9648,8 +9826,14 @@ static ddp_result ddp__gpu_alloc_flat(ddp_context *ctx) {
         if (z3 && (r = ddp__gpu_z3_reserve(ctx, (void **)&ctx->flat.params_bf16, ctx->flat.count * sizeof(ddp_bf16))) != DDP_OK)
             return r;
         if (!z3) DDP__CUDA(cudaMalloc((void **)&ctx->flat.params_bf16, ctx->flat.count * sizeof(ddp_bf16)));
-        DDP__CUDA(cudaMalloc((void **)&ctx->flat.grads_bf16, ctx->flat.count * sizeof(ddp_bf16)));
-        DDP__CUDA(cudaMemset(ctx->flat.grads_bf16, 0, ctx->flat.count * sizeof(ddp_bf16)));
+        if (ddp__z2(ctx)) {   /* ZeRO-2 (and ZeRO-3's gradients): a device range, >>nccl-vm */
+            if ((r = ddp__gpu_z2_alloc(ctx, 1)) != DDP_OK) return r;
+        } else {
+            DDP__CUDA(cudaMalloc((void **)&ctx->flat.grads_bf16, ctx->flat.count * sizeof(ddp_bf16)));
+            DDP__CUDA(cudaMemset(ctx->flat.grads_bf16, 0, ctx->flat.count * sizeof(ddp_bf16)));
+        }
+    } else if (ddp__z2(ctx)) {
+        if ((r = ddp__gpu_z2_alloc(ctx, 0)) != DDP_OK) return r;
     } else {
         DDP__CUDA(cudaMalloc((void **)&ctx->flat.grads, bytes));
         DDP__CUDA(cudaMemset(ctx->flat.grads, 0, bytes));
@@ -9700,6 +9884,7 @@ static ddp_result ddp__gpu_commit(ddp_context *ctx) {
         if ((r = ddp__gpu_create_events(ctx, &g->updated, cudaEventDisableTiming)) != DDP_OK) return r;
         DDP__CUDA(cudaEventCreateWithFlags(&g->gathered, cudaEventDisableTiming));
     }
+    if (g->z2vm && (r = ddp__gpu_z2_commit(ctx)) != DDP_OK) return r;
     for (b = 0; b < ctx->model.num_buckets; b++) if (ctx->model.buckets[b].count > largest) largest = ctx->model.buckets[b].count;
     if (ctx->desc.reduce_dtype == DDP_DTYPE_BF16 && ctx->world > 1 && !ctx->flat.grads_bf16)
         DDP__CUDA(cudaMalloc((void **)&g->bf16, largest * sizeof(uint16_t)));
@@ -9788,6 +9973,7 @@ static ddp_result ddp__gpu_launch(ddp_context *ctx, int index) {
     }
     DDP__CUDA(cudaEventRecord(g->comm_end[par][index], g->comm));
     g->last_bucket[par] = index;
+    if (g->z2vm && ctx->step.sync) g->z2_due[index] = 1;   /* ZeRO-2: released at the end of ddp_adamw_step */
     return DDP_OK;
 }
 
@@ -9856,6 +10042,10 @@ static void ddp__gpu_begin_step(ddp_context *ctx) {
         ddp__fail_group(ctx, DDP_ERR_BACKEND, "cudaSetDevice(%d) failed at the start of a step", g->device);
         return;
     }
+    if (g->z2_span) {   /* ZeRO-2: a backward without ddp_zero_grad after a step: the released gradients back, zeroed */
+        ddp_result r = ddp__gpu_z2_hold_range(ctx, 0, ctx->flat.count);
+        if (r != DDP_OK) { ddp__fatal(ctx, r); return; }
+    }
     ddp__gpu_harvest(ctx, par);       /* two steps ago */
     ddp__gpu_harvest(ctx, par ^ 1);   /* the last step: newest wins */
     g->timed[par] = 0;   /* two steps old and still running: its times are lost, its events reused */
@@ -9894,6 +10084,11 @@ static ddp_result ddp__gpu_finish(ddp_context *ctx, double t_wait) {
 
 static ddp_result ddp__gpu_zero(ddp_context *ctx, size_t offset, size_t count) {
     DDP__GPU_DEVICE(ctx->impl.gpu);
+    if (ctx->impl.gpu->z2_span) {   /* ZeRO-2: what is zeroed is mapped (ddp_zero_grad: all of it) */
+        ddp_result r;
+        if (offset == 0 && count == ctx->flat.count) memset(ctx->impl.gpu->z2_due, 0, (size_t)ctx->model.num_buckets);
+        if ((r = ddp__gpu_z2_hold_range(ctx, offset, count)) != DDP_OK) return r;
+    }
     if (ctx->flat.grads_bf16) DDP__CUDA(cudaMemsetAsync(ctx->flat.grads_bf16 + offset, 0, count * sizeof(ddp_bf16), ctx->impl.gpu->compute));
     else DDP__CUDA(cudaMemsetAsync(ctx->flat.grads + offset, 0, count * sizeof(float), ctx->impl.gpu->compute));
     return DDP_OK;
@@ -10069,6 +10264,7 @@ static ddp_result ddp__gpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b
     ddp_result r;
     DDP__GPU_DEVICE(g);
     if ((r = ddp__gpu_alloc_adamw(ctx)) != DDP_OK) return r;
+    if (g->z2vm) DDP__CUDA(cudaEventRecord(g->z2_used, g->compute));   /* ZeRO-2: see ddp__gpu_z2_release */
     /* This call waits for the compute stream below anyway. An earlier step's lazy copy of the
        state that has not completed yet (the host ran ahead) would be overwritten by this step's
        and its skip counted as seen, never reported: settle it first, before anything of this
@@ -10110,7 +10306,7 @@ static ddp_result ddp__gpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b
         DDP__CUDA(cudaEventRecord(g->state_copied, g->compute));
         g->state_pending = 1;
     }
-    return DDP_OK;
+    return g->z2vm ? ddp__gpu_z2_release(ctx) : DDP_OK;
 }
 
 /* Checkpoints: m and v are device pointers; the step count is read from the device now, and
@@ -10348,6 +10544,10 @@ static void ddp__gpu_teardown(ddp_context *ctx) {
     ddp__gpu *g = ctx->impl.gpu;
     int k, b;
     if (!g) return;
+    if (g->z2vm) {   /* ZeRO-2: the gradients are the range's, freed below, not cudaMalloc's */
+        if (ctx->flat.grads == (float *)g->z2vm->base) ctx->flat.grads = NULL;
+        if (ctx->flat.grads_bf16 == (ddp_bf16 *)g->z2vm->base) ctx->flat.grads_bf16 = NULL;
+    }
     cudaSetDevice(g->device);
     ddp__gpu_close_comm(ctx);
     ddp__gpu_stop_watchdog(ctx);
@@ -10361,6 +10561,9 @@ static void ddp__gpu_teardown(ddp_context *ctx) {
     ctx->flat.params_bf16 = ctx->flat.grads_bf16 = NULL;
     cudaFree(g->no_decay); cudaFree(g->norm_blocks); cudaFree(g->norm_sq); cudaFree(g->state); cudaFree(g->bf16); cudaFree(g->f32);
     cudaFree(g->scratch);
+    if (g->z2vm) { ddp__gvm_free(ctx, g->z2vm); DDP_FREE(g->z2vm); }   /* after cudaFree's device-wide wait */
+    DDP_FREE(g->z2_span); DDP_FREE(g->z2_held); DDP_FREE(g->z2_due);
+    if (g->z2_used) cudaEventDestroy(g->z2_used);
     if (g->scratch_host) cudaFreeHost(g->scratch_host);
     if (g->state_host) cudaFreeHost(g->state_host);
     for (b = 0; b < ctx->model.num_buckets; b++) {
@@ -10428,6 +10631,7 @@ static void ddp__nccl_table(ddp__backend *t) {
     t->id = DDP_BACKEND_NCCL;
     t->stats_later = 1;
     t->shards = 1;
+    t->shards_grads = 2;   /* ZeRO-2 on device memory it maps and releases itself (ddp__gpu_z2_*) */
     t->setup = ddp__gpu_setup;
     t->alloc_flat = ddp__gpu_alloc_flat;
     t->commit = ddp__gpu_commit;
@@ -10638,8 +10842,12 @@ static ddp_result ddp__init(ddp_context *ctx, const ddp_desc *desc) {
                          "(desc.outer)");
     if (ctx->desc.shard == DDP_SHARD_GRADIENTS && !ctx->be->shards_grads)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard DDP_SHARD_GRADIENTS (ZeRO-2) is not built yet on "
-                         "the %s backend (giving device memory back needs CUDA's virtual memory management): use "
-                         "DDP_SHARD_OPTIMIZER there (the same reduce-scatter, the gradients kept whole)", ctx->be->name);
+                         "the %s backend: use DDP_SHARD_OPTIMIZER there (the same reduce-scatter, the gradients kept "
+                         "whole)", ctx->be->name);
+    if (ctx->desc.shard >= DDP_SHARD_GRADIENTS && ctx->desc.shard_accumulate && ctx->be->shards_grads == 2)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_accumulate is not built yet on the %s backend "
+                         "(its gradients are device memory): with DDP_SHARD_GRADIENTS there, accumulation keeps whole "
+                         "gradients until the synchronizing micro-step, as without shard_accumulate", ctx->be->name);
     deadline = ddp__now() + ctx->desc.timeout_s;
     if (ctx->world > 1) {
         if (!ctx->job.token[0] && !ctx->job.id[0])
@@ -11679,7 +11887,7 @@ static ddp_result ddp__begin_step(ddp_context *ctx) {
         ctx->model.buckets[i].pending = ctx->model.buckets[i].last_param - ctx->model.buckets[i].first_param + 1;
     ctx->step.next_launch = 0;
     if (ctx->be->begin_step) ctx->be->begin_step(ctx);
-    return DDP_OK;
+    return ddp__failed(ctx);   /* (NCCL ZeRO-2: the gradients could not be mapped again) */
 }
 
 /* check_ready: copy a gradient as it is marked ready (take = 1), or say whether it is still
@@ -11979,7 +12187,7 @@ static ddp_result ddp__zero_grad(ddp_context *ctx) {
     ddp_result r;
     int i;
     if (ddp__in_backward(ctx)) return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_zero_grad while a backward is in flight");
-    if (ddp__z2(ctx)) ddp__z2_zero(ctx);   /* host memory (CPU, MPI): no memset that would bring the released pages back */
+    if (ddp__z2(ctx) && ctx->be->shards_grads == 1) ddp__z2_zero(ctx);   /* host memory (CPU, MPI): no memset that would bring the released pages back */
     else if ((r = ddp__zero_grads(ctx, 0, ctx->flat.count)) != DDP_OK) return r;
     ctx->shard.z2_acc_steps = 0;           /* shard_accumulate: the accumulator holds nothing */
     for (i = 0; i < ctx->model.num_params; i++) ctx->model.params[i].touched = 0;

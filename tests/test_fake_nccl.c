@@ -29,6 +29,12 @@
      that stops, a GPU that stops (events never complete) — every rank fails with a named error
      within seconds, nothing hangs, shutdown is fast; set-up that completes late, that never
      completes (the timeout names the ranks), two ranks on one GPU;
+   - the device address-space layer (ddp.h's >>nccl-vm) through the fake driver: holder counts,
+     bytes, a failed map that changes nothing, a driver without virtual memory management named;
+   - ZeRO-2 (DDP_SHARD_GRADIENTS) on 1-4 ranks: the same norms and parameters as unsharded, bit
+     for bit (accumulation, an unused parameter, the bf16 wire, bf16 parameters, hybrid groups,
+     DiLoCo groups), the device bytes after each step by formula from the parts and the
+     granularity, checkpoints across levels, ddp_zero_grad on a full device named;
    - sharded parameters (ZeRO-3, DDP_SHARD_PARAMETERS): a model of three layers and a head, a
      unit each, on 1-4 ranks with the tape and with its own autograd, accumulation, bf16
      parameters, clipping, an unused parameter: every step's norm and the parameters the same bits
@@ -761,6 +767,266 @@ static void hybrid_cross_init_never_completes(void) {
 #undef HY_TIMED_OUT
 }
 
+/* ---- ZeRO-2 (DDP_SHARD_GRADIENTS) on the NCCL backend: the gradients a device range whose
+   granules outside this rank's parts go back at the end of each ddp_adamw_step ---- */
+enum { Z2_STEPS = 6 };
+static struct {
+    ddp_shard shard;               /* ddp_desc.shard (0: the default, unsharded) */
+    int micro, wire_bf16, params_bf16, unused, group;
+    int outer_group;               /* >0: DiLoCo replica groups of that many ranks (desc.outer) */
+    int oom_step;                  /* >0: rank 0's device is full at that step's ddp_zero_grad: refused by name, then retried */
+    size_t gran;                   /* fakegpu_set_vm_granularity (0: the default) */
+    const char *save_path;         /* ddp_save after step save_step - 1 */
+    int save_step;
+    const char *load_path;         /* ddp_load, then steps from first_step */
+    int first_step;
+} z2c;
+static struct {
+    float *params[MAX_WORLD], norm[MAX_WORLD][Z2_STEPS];
+    size_t count;
+    ddp_result r[MAX_WORLD];
+    char err[MAX_WORLD][DDP__ERR_MAX];
+    int bytes_checks[MAX_WORLD];   /* steps whose device bytes were checked */
+    size_t grad_bytes[MAX_WORLD], kept[MAX_WORLD];   /* the gradients' mapped bytes: whole, after the last step */
+    int oom_named;                 /* rank 0's ddp_zero_grad on a full device was refused by name, nothing changed */
+} z2;
+
+/* Granules of `gran` bytes touching this rank's part of any bucket: what stays mapped after a step. */
+static size_t z2_part_granules(ddp_context *ctx, size_t es, size_t gran, size_t total_granules) {
+    unsigned char *touched = (unsigned char *)calloc(total_granules + 1, 1);
+    size_t lo, hi, i, n = 0;
+    int b;
+    for (b = 0; b < ctx->model.num_buckets; b++) {
+        ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
+        if (hi > lo) for (i = lo * es / gran; i <= (hi * es - 1) / gran; i++) touched[i] = 1;
+    }
+    for (i = 0; i < total_granules; i++) n += touched[i];
+    free(touched);
+    return n;
+}
+
+static void z2_rank(test_rank *self) {
+    ddp_desc d = test_desc(self);
+    ddp_context *ctx = NULL;
+    ddp_adamw opt;
+    ddp_result r;
+    int ids[SH_PARAMS], k, step, u, dev = -1;
+    static float init[MAX_WORLD][SH_PARAMS][SH_MAX];
+    memset(&opt, 0, sizeof opt);
+    opt.lr = 0.01f; opt.weight_decay = 0.1f; opt.max_grad_norm = 5.0f;   /* clips the steps of scale 1, not those of 0.01 */
+    d.log = keep_errors; d.log_level = DDP_LOG_ERROR;
+    d.backend = DDP_BACKEND_NCCL;
+    d.shard = z2c.shard;
+    d.shard_group = z2c.shard == DDP_SHARD_GRADIENTS || z2c.shard == DDP_SHARD_OPTIMIZER ? z2c.group : 0;
+    d.reduce_dtype = z2c.wire_bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_DEFAULT;
+    d.param_dtype = z2c.params_bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_DEFAULT;
+    d.find_unused = z2c.unused;
+    if (z2c.outer_group) { d.outer.mode = DDP_OUTER_DILOCO; d.outer.group_size = z2c.outer_group; d.outer.inner_steps = 2; }
+    d.bucket_cap_mb = 0.05;
+    d.first_bucket_mb = 0.01;
+    r = ddp_init(&ctx, &d);
+    for (k = 0; k < SH_PARAMS && r == DDP_OK; k++) {
+        char name[16];
+        size_t i;
+        for (i = 0; i < sh_sizes[k]; i++) init[self->rank][k][i] = 0.5f * test_value(77 + (uint64_t)k, i);
+        snprintf(name, sizeof name, "p%d", k);
+        r = ddp_register_param(ctx, name, sh_sizes[k], k % 2 ? DDP_NO_DECAY : 0, init[self->rank][k], &ids[k]);
+    }
+    if (r == DDP_OK) r = ddp_commit(ctx);
+    if (r == DDP_OK) dev = ctx->impl.gpu->device;
+    if (r == DDP_OK && z2c.load_path) r = ddp_load(ctx, z2c.load_path, NULL, 0, NULL, NULL, NULL);
+    for (step = z2c.first_step; step < Z2_STEPS && r == DDP_OK; step++) {
+        size_t before = 0;
+        if (z2c.oom_step && step == z2c.oom_step && self->rank == 0) {   /* nothing more fits on the device */
+            size_t held = fakegpu_device_bytes(dev), mapped = ddp__gvm_mapped(ctx->impl.gpu->z2vm);
+            fakegpu_set_device_memory(dev, held);
+            r = ddp_zero_grad(ctx);
+            fakegpu_set_device_memory(dev, 0);
+            if (r != DDP_ERR_OUT_OF_MEMORY || !strstr(ddp_last_error(ctx), "out of memory") ||
+                !strstr(ddp_last_error(ctx), "the gradients of bucket") || fakegpu_device_bytes(dev) != held ||
+                ddp__gvm_mapped(ctx->impl.gpu->z2vm) != mapped) {
+                snprintf(z2.err[0], sizeof z2.err[0], "ddp_zero_grad on a full device: %s (%.800s), device bytes %zu -> %zu",
+                         ddp_result_string(r), ddp_last_error(ctx), held, fakegpu_device_bytes(dev));
+                r = DDP_ERR_BACKEND;
+                break;
+            }
+            z2.oom_named = 1;
+        }
+        r = ddp_zero_grad(ctx);
+        before = fakegpu_device_bytes(dev);
+        for (u = 0; u < z2c.micro && r == DDP_OK; u++) {
+            ddp_set_sync(ctx, u == z2c.micro - 1);
+            for (k = SH_PARAMS - 1; k >= 0 && r == DDP_OK; k--) {
+                float scale = step % 3 == 0 ? 0.01f : 1.0f;
+                size_t i;
+                if (z2c.unused && k == 1 && step % 2) continue;   /* p1 gets no gradient on odd steps (find_unused) */
+                for (i = 0; i < sh_sizes[k]; i++) {   /* device memory is host memory here */
+                    float p = z2c.params_bf16 ? ddp__from_bf16(ddp_param_bf16(ctx, ids[k])[i]) : ddp_param(ctx, ids[k])[i];
+                    float v = scale * tanhf(1.7f * p + test_value(1000 * (uint64_t)step + 10 * (uint64_t)u + 100000 * (uint64_t)self->rank,
+                                                                  (uint64_t)k * 100000 + i));
+                    if (z2c.params_bf16) {
+                        ddp_bf16 *g = ddp_grad_bf16(ctx, ids[k]);
+                        g[i] = ddp__to_bf16(ddp__from_bf16(g[i]) + v);
+                    } else ddp_grad(ctx, ids[k])[i] += v;
+                }
+                r = ddp_grad_ready(ctx, ids[k]);
+            }
+            if (r == DDP_OK) r = ddp_finish(ctx);
+        }
+        if (r == DDP_OK) r = ddp_adamw_step(ctx, &opt, &z2.norm[self->rank][step]);
+        /* ZeRO-2 on several ranks: after the step only the granules touching this rank's parts
+           stay mapped; the drop from ddp_zero_grad's (everything mapped) is the rest, exactly
+           (step 0 allocates AdamW's state: from step 1 on) */
+        if (r == DDP_OK && z2c.shard == DDP_SHARD_GRADIENTS && ctx->impl.gpu->z2vm && step > z2c.first_step) {
+            size_t es = z2c.params_bf16 ? sizeof(ddp_bf16) : sizeof(float), gran = ctx->impl.gpu->z2vm->gran;
+            size_t all = (ctx->flat.count * es + gran - 1) / gran, part = z2_part_granules(ctx, es, gran, all);
+            size_t after = fakegpu_device_bytes(dev), mapped = ddp__gvm_mapped(ctx->impl.gpu->z2vm);
+            if (mapped != part * gran || before - after != (all - part) * gran || gran != (z2c.gran ? z2c.gran : (size_t)64 << 10) ||
+                (gran == 4096 && part == all)) {   /* small granules: something must go */
+                snprintf(z2.err[self->rank], sizeof z2.err[self->rank], "step %d: %zu gradient bytes mapped after the step (want "
+                         "%zu granules of %zu touching this rank's parts), device bytes %zu -> %zu (want a drop of %zu = %zu "
+                         "granules of %zu not touching a part)", step, mapped, part, gran, before, after, (all - part) * gran,
+                         all - part, all);
+                r = DDP_ERR_BACKEND;
+                break;
+            }
+            z2.bytes_checks[self->rank]++;
+            z2.grad_bytes[self->rank] = all * gran;
+            z2.kept[self->rank] = mapped;
+        }
+        if (r == DDP_OK && z2c.save_path && step + 1 == z2c.save_step) r = ddp_save(ctx, z2c.save_path, NULL, 0);
+    }
+    if (r == DDP_OK) {
+        size_t n = ctx->flat.count;   /* (ddp_flat_params counts the master's parts with bf16 parameters) */
+        z2.params[self->rank] = (float *)calloc(n, sizeof(float));
+        if (self->rank == 0) z2.count = n;
+        r = ddp_gather_to_host(ctx, DDP_PARAMS, 0, self->rank == 0 ? z2.params[0] : NULL, n, 0);
+    }
+    z2.r[self->rank] = r;
+    if (!z2.err[self->rank][0]) snprintf(z2.err[self->rank], sizeof z2.err[self->rank], "%s", ddp_last_error(ctx));
+    if (ddp_shutdown(ctx) != DDP_OK && z2.r[self->rank] == DDP_OK) z2.r[self->rank] = DDP_ERR_BACKEND;
+}
+
+/* One run of z2_rank with z2c as set; rank 0's gathered parameters and norms returned (NULL: failed, why said). */
+static float *z2_run(int world, float *norms, size_t *count, char *why, size_t cap) {
+    float *p;
+    int r;
+    fakegpu_reset();
+    reset_cfg();
+    if (z2c.gran) fakegpu_set_vm_granularity(z2c.gran);
+    memset(&z2, 0, sizeof z2);
+    run(world, z2_rank);
+    for (r = 0; r < world; r++)
+        if (z2.r[r] != DDP_OK) {
+            snprintf(why, cap, "shard %d, rank %d: %s%s%.400s", (int)z2c.shard, r, z2.err[r], res[r].logged[0] ? "; ddp_shutdown: " : "",
+                     res[r].logged);
+            for (r = 0; r < world; r++) free(z2.params[r]);
+            return NULL;
+        }
+    p = z2.params[0];
+    for (r = 1; r < world; r++) free(z2.params[r]);
+    memcpy(norms, z2.norm[0], sizeof z2.norm[0]);
+    *count = z2.count;
+    return p;
+}
+
+/* ZeRO-2 against unsharded, both on the NCCL backend: the same norms and parameters, bit for
+   bit, and (several ranks) the device bytes after every step. */
+static void test_z2_outer(int world, int micro, int wire_bf16, int params_bf16, int unused, int group, size_t gran, int outer_group) {
+    float na[Z2_STEPS], nb[Z2_STEPS], *a, *b = NULL;
+    size_t ca = 0, cb = 0;
+    int ok, checks = 0, r;
+    char name[200], why[DDP__ERR_MAX + 64] = "";
+    memset(&z2c, 0, sizeof z2c);
+    z2c.micro = micro; z2c.wire_bf16 = wire_bf16; z2c.params_bf16 = params_bf16; z2c.unused = unused; z2c.group = group; z2c.gran = gran;
+    z2c.outer_group = outer_group;
+    /* hybrid: averaged in the shard group, then across the groups (another order than a flat
+       average): the reference is ZeRO-1 with the same groups, which keeps the gradients */
+    if (group) z2c.shard = DDP_SHARD_OPTIMIZER;
+    a = z2_run(world, na, &ca, why, sizeof why);
+    z2c.shard = DDP_SHARD_GRADIENTS;
+    if (a) b = z2_run(world, nb, &cb, why, sizeof why);
+    for (r = 0; r < world; r++) checks += z2.bytes_checks[r];
+    if (checks)
+        printf("  (ZeRO-2 on %d ranks, %zu B granules (fake): rank 0's gradients %zu B mapped from ddp_zero_grad to the step, "
+               "%zu B after it (%.1f %%); rank %d: %zu of %zu B)\n", world, gran ? gran : (size_t)64 << 10, z2.grad_bytes[0], z2.kept[0],
+               100.0 * (double)z2.kept[0] / (double)z2.grad_bytes[0], world - 1, z2.kept[world - 1], z2.grad_bytes[world - 1]);
+    ok = a && b && ca == cb;
+    if (ok && memcmp(na, nb, sizeof na)) { snprintf(why, sizeof why, "the gradient norms differ (step 1: %.9g, %.9g)", na[1], nb[1]); ok = 0; }
+    if (ok && memcmp(a, b, ca * sizeof(float))) { snprintf(why, sizeof why, "the parameters differ"); ok = 0; }
+    if (ok && world > 1 && outer_group != 1 && checks != world * (Z2_STEPS - 1)) { snprintf(why, sizeof why, "%d device-byte checks, want %d", checks, world * (Z2_STEPS - 1)); ok = 0; }
+    snprintf(name, sizeof name, "fake_nccl_zero2_ranks%d_accum%d%s%s%s%s%s_gran%zuk_bitwise_equals_%s%s", world, micro,
+             wire_bf16 ? "_bf16wire" : "", params_bf16 ? "_bf16params" : "", unused ? "_unused" : "", group ? "_hybrid2" : "",
+             outer_group ? (outer_group == world ? "_diloco_one_group" : "_diloco_groups_of1") : "",
+             (gran ? gran : (size_t)64 << 10) >> 10, group ? "zero1" : "unsharded", world > 1 && outer_group != 1 ? "_device_bytes_drop" : "");
+    verdict(ok, name, "%s", why);
+    free(a); free(b);
+    check_clean(name);
+}
+
+static void test_z2(int world, int micro, int wire_bf16, int params_bf16, int unused, int group, size_t gran) {
+    test_z2_outer(world, micro, wire_bf16, params_bf16, unused, group, gran, 0);
+}
+
+/* A full device: ddp_zero_grad cannot map the released gradients again. Refused by name
+   (DDP_ERR_OUT_OF_MEMORY, the bucket), nothing changes; once memory is back the same call
+   goes on and training ends with the bits of unsharded training. */
+static void test_z2_oom(int world) {
+    float na[Z2_STEPS], nb[Z2_STEPS], *a, *b = NULL;
+    size_t ca = 0, cb = 0;
+    int ok, named;
+    char name[160], why[DDP__ERR_MAX + 64] = "";
+    memset(&z2c, 0, sizeof z2c);
+    z2c.micro = 1; z2c.gran = 4096;
+    a = z2_run(world, na, &ca, why, sizeof why);
+    z2c.shard = DDP_SHARD_GRADIENTS; z2c.oom_step = 3;
+    if (a) b = z2_run(world, nb, &cb, why, sizeof why);
+    named = z2.oom_named;
+    ok = a && b && named && ca == cb && !memcmp(a, b, ca * sizeof(float)) && !memcmp(na, nb, sizeof na);
+    snprintf(name, sizeof name, "fake_nccl_zero2_ranks%d_zero_grad_on_full_device_named_nothing_changes_retry_same_bits", world);
+    verdict(ok, name, "%s", why[0] ? why : !named ? "the full device was not met" : "the bits differ after the retry");
+    free(a); free(b);
+    check_clean(name);
+}
+
+/* A checkpoint saved under ZeRO-2 loads unsharded, and one saved unsharded loads under ZeRO-2:
+   the continuation has the bits of the uninterrupted run. */
+static void test_z2_checkpoint(int world) {
+    float nref[Z2_STEPS], n2[Z2_STEPS], *ref, *got = NULL;
+    size_t cref = 0, c2 = 0;
+    int ok = 1, dir;
+    char name[160], why[DDP__ERR_MAX + 64] = "", path[64];
+    snprintf(path, sizeof path, "/tmp/ddp_z2_nccl_%d.ckpt", (int)getpid());
+    memset(&z2c, 0, sizeof z2c);
+    z2c.micro = 1; z2c.gran = 4096;
+    ref = z2_run(world, nref, &cref, why, sizeof why);
+    ok = ref != NULL;
+    for (dir = 0; dir < 2 && ok; dir++) {   /* 0: saved under ZeRO-2, loaded unsharded; 1: the other way */
+        memset(&z2c, 0, sizeof z2c);
+        z2c.micro = 1; z2c.gran = 4096;
+        z2c.shard = dir ? DDP_SHARD_NONE : DDP_SHARD_GRADIENTS;
+        z2c.save_path = path; z2c.save_step = 3;
+        if (!(got = z2_run(world, n2, &c2, why, sizeof why))) { ok = 0; break; }
+        free(got); got = NULL;
+        z2c.save_path = NULL;
+        z2c.shard = dir ? DDP_SHARD_GRADIENTS : DDP_SHARD_NONE;
+        z2c.load_path = path; z2c.first_step = 3;
+        got = z2_run(world, n2, &c2, why, sizeof why);
+        if (!(ok = got != NULL)) break;
+        if (c2 != cref || memcmp(got, ref, cref * sizeof(float)) || memcmp(&n2[3], &nref[3], 3 * sizeof(float))) {
+            snprintf(why, sizeof why, "saved %s, loaded %s: the continuation differs from the uninterrupted run",
+                     dir ? "unsharded" : "under ZeRO-2", dir ? "under ZeRO-2" : "unsharded");
+            ok = 0;
+        }
+        free(got); got = NULL;
+    }
+    remove(path);
+    free(ref); free(got);
+    snprintf(name, sizeof name, "fake_nccl_zero2_ranks%d_checkpoint_saved_sharded_loads_unsharded_and_back", world);
+    verdict(ok, name, "%s", why);
+    check_clean(name);
+}
+
 /* ---- a small model whose gradients the test writes itself ---- */
 enum { NA = 100, NB = 37 };
 
@@ -1312,13 +1578,18 @@ static void auto_backend(void) {
     ddp_init(&ctx, &d);
     verdict(!strcmp(ddp_backend_name(ctx), "nccl"), "fake_auto_backend_is_nccl_with_a_gpu", "got %s", ddp_backend_name(ctx));
     ddp_shutdown(ctx);
-    {   /* ZeRO-2 is not built on NCCL (it needs CUDA's virtual memory management): refused by name */
+    {   /* ZeRO-2 runs on NCCL; its shard_accumulate is not built there: refused by name */
         ddp_result r;
         d.shard = DDP_SHARD_GRADIENTS;
+        d.shard_accumulate = 1;
         fakegpu_reset();
         r = ddp_init(&ctx, &d);
-        verdict(r == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(ctx), "DDP_SHARD_GRADIENTS (ZeRO-2) is not built yet on the nccl"),
-                "fake_nccl_shard_gradients_refused_by_name", "%s: %s", ddp_result_string(r), ddp_last_error(ctx));
+        verdict(r == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(ctx), "shard_accumulate is not built yet on the nccl"),
+                "fake_nccl_zero2_shard_accumulate_refused_by_name", "%s: %s", ddp_result_string(r), ddp_last_error(ctx));
+        ddp_shutdown(ctx);
+        d.shard_accumulate = 0;
+        r = ddp_init(&ctx, &d);
+        verdict(r == DDP_OK, "fake_nccl_zero2_accepted", "%s: %s", ddp_result_string(r), ddp_last_error(ctx));
         ddp_shutdown(ctx);
         d.shard = DDP_SHARD_DEFAULT;
         fakegpu_reset();
@@ -1927,6 +2198,19 @@ int main(void) {
     /* the device address-space layer (>>nccl-vm) */
     run_small("fake_nccl_gvm_driver_without_vmm_named", 1, gvm_missing_rank);
     run_small("fake_nccl_gvm_map_unmap_refcounts_bytes_failed_map", 1, gvm_rank);
+    /* ZeRO-2 on NCCL (the gradients' granules outside this rank's parts released after each step) */
+    test_z2(1, 1, 0, 0, 0, 0, 4096);
+    test_z2(2, 1, 0, 0, 0, 0, 4096);
+    test_z2(3, 2, 0, 0, 1, 0, 4096);      /* accumulation, an unused parameter */
+    test_z2(4, 1, 1, 0, 0, 0, 4096);      /* the bf16 wire */
+    test_z2(2, 2, 0, 1, 1, 0, 4096);      /* bf16 parameters */
+    test_z2(3, 1, 0, 1, 0, 0, 0);         /* bf16 parameters, the default 64 KiB granules */
+    test_z2(2, 1, 0, 0, 0, 0, 0);
+    test_z2(4, 1, 0, 0, 0, 2, 4096);      /* hybrid: shard groups of 2 */
+    test_z2_outer(2, 1, 0, 0, 0, 0, 4096, 2);   /* DiLoCo, one group of every rank: sharded across it */
+    test_z2_outer(2, 1, 0, 0, 0, 0, 4096, 1);   /* groups of one rank: nothing to shard */
+    test_z2_checkpoint(2);
+    test_z2_oom(2);
     /* (a) training equals the CPU backend */
     test_training(1, 1, 0, 0, 0);
     test_training(2, 1, 0, 0, 0);

@@ -5,8 +5,10 @@
    the whole batch on the CPU (a second, single-rank CPU context); the parameters must agree to
    float32 rounding (the GPU's expf/logf/tanhf differ from glibc's by an ulp or two) and be the
    same bits on every rank. With 2 or more ranks also: shard_optimizer (ZeRO-1: reduce-scatter,
-   per-part AdamW, all-gather) must end with the same bits as unsharded, and bf16 buckets must
-   stay within bf16 rounding of the reference and differ from the fp32 run (they were used).
+   per-part AdamW, all-gather) and ZeRO-2 (the gradients a CUDA virtual memory range whose
+   granules outside this rank's parts are unmapped after each step) must end with the same bits
+   as unsharded, and bf16 buckets must stay within bf16 rounding of the reference and differ
+   from the fp32 run (they were used).
    Run: build/gpu/test_gpu_train (1 rank), or under ddprun -n 2 with NCCL_MULTI_RANK_GPU_ENABLE=1
    (NCCL >= 2.30.3) for 2 ranks on one GPU. Prints "SKIP gpu: ..." without a device. */
 #include "../testlib.h"
@@ -135,20 +137,22 @@ int main(void) {
     CK(cudaMalloc((void **)&gpu_model.da, sizeof(float) * GLOBAL_BATCH * HID));
     CK(cudaMalloc((void **)&gpu_model.dz, sizeof(float) * GLOBAL_BATCH * CLASSES));
     CK(cudaMalloc((void **)&gpu_model.label, sizeof(int) * GLOBAL_BATCH));
-    /* the runs: accumulation 1 .. MICRO in fp32, then (2+ ranks) sharded, and bf16 buckets */
-    for (run = 0; run < MICRO + 2; run++) {
+    /* the runs: accumulation 1 .. MICRO in fp32, then (2+ ranks) sharded, bf16 buckets, and
+       ZeRO-2 (the gradients outside this rank's parts unmapped after each step: CUDA VMM) */
+    for (run = 0; run < MICRO + 3; run++) {
         size_t count, i;
         float *got;
         const float *want;
-        int shard = run == MICRO, bf16 = run == MICRO + 1;
+        int z2 = run == MICRO + 2, shard = run == MICRO || z2, bf16 = run == MICRO + 1;
         /* bf16: a gradient whose ranks' parts nearly cancel can flip sign once rounded, and AdamW
            then moves its parameter by up to about lr the other way: the reference bounds only
            that drift (2 * lr * STEPS); what bf16 must do exactly is checked on the gradients */
         double worst = 0, tol_abs = bf16 ? 2 * 0.01 * STEPS : 1e-5, tol_rel = bf16 ? 0 : 1e-4;
-        const char *kind = shard ? "_sharded" : bf16 ? "_bf16_buckets" : "";
+        const char *kind = z2 ? "_zero2" : shard ? "_sharded" : bf16 ? "_bf16_buckets" : "";
         int bad = 0;
         micro = run < MICRO ? run + 1 : 1;
         d.shard_optimizer = shard;
+        d.shard = z2 ? DDP_SHARD_GRADIENTS : DDP_SHARD_DEFAULT;
         d.reduce_dtype = bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
         if (run >= MICRO && world < 2) break;   /* one rank: nothing sharded, nothing sent in bf16 */
         if (ddp_init(&gpu, &d) != DDP_OK || ddp_init(&cpu, &solo) != DDP_OK) {
@@ -196,7 +200,7 @@ int main(void) {
                 verdict(differ == 0, name, "%g rank(s) differ from rank 0", differ);
             }
             if (shard) {
-                snprintf(name, sizeof name, "gpu_nccl_ranks%d_sharded_bitwise_equals_unsharded", world);
+                snprintf(name, sizeof name, "gpu_nccl_ranks%d%s_bitwise_equals_unsharded", world, kind);
                 verdict(mine == plain_hash, name, "parameters' hash %016llx sharded, %016llx unsharded",
                         (unsigned long long)mine, (unsigned long long)plain_hash);
             }
