@@ -32,7 +32,7 @@ CLANG ?= $(shell command -v clang 2>/dev/null)
 FASTMATH := $(B)/test_fastmath_gcc $(if $(strip $(CLANG)),$(B)/test_fastmath_clang) $(B)/own_autograd_fastmath
 PROGRAMS += $(FASTMATH)
 
-.PHONY: all mpi windows help run train-2-ranks deps bench-deps test test-asan test-tsan fuzz bench bench-gpt bench-gpu bench-outer gpu-window clean
+.PHONY: all mpi windows help run train-2-ranks deps bench-deps test test-asan test-tsan fuzz bench bench-gpt bench-zero bench-gpu bench-outer gpu-window clean
 all: $(PROGRAMS) $(CHECKS) gpu mpi windows
 
 # ---- The GPU path: built whenever nvcc is found (CI compiles and links it on every run);
@@ -353,6 +353,11 @@ bench-deps:
 	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev python3-torch >/dev/null; } \
 	    || echo "could not install them: the comparisons skip Open MPI and gloo"; }
 
+# Issue 27: the tiny GPT's step time at every sharding level against DDP at N = 2 and 4, ZeRO-3's
+# prefetch on and off, interleaved rounds, the same bits checked (bench/RESULTS.md, zero-steps).
+bench-zero: $(B)/ddprun $(B)/train_gpt
+	@bench/zero_steps.sh $(B)
+
 # The tiny GPT's throughput: ours on 1 and 2 ranks next to PyTorch (needs python3-torch for that half).
 bench-gpt: $(B)/ddprun $(B)/train_gpt
 	@bench/bench_gpt.sh $(B)
@@ -407,6 +412,7 @@ help:
 	@echo "make mpi          the MPI backend's programs (build/mpi/: mpi_steps, train_gpt, tests), with mpicc"
 	@echo "make bench        allreduce vs Open MPI and gloo, overlap and bucket sweep, the GPT's throughput, GPU benchmarks"
 	@echo "make bench-gpt    the tiny GPT's tokens/s on 1 and 2 ranks, next to PyTorch"
+	@echo "make bench-zero   step time at every sharding level vs DDP, N = 2 and 4, ZeRO-3 prefetch on/off"
 	@echo "make bench-outer  DDP vs DiLoCo vs streaming DiLoCo across 2 namespace hosts at 1 Gbit/s and 100 Mbit/s"
 	@echo "make bench-deps   install Open MPI and PyTorch (Debian packages) for the comparisons; make bench does it first"
 	@echo "make bench-gpu    GPU benchmarks: AdamW bandwidth, ddp.h's cost at 1 rank, GPT-2-small-sized training (SKIP without a GPU)"

@@ -220,6 +220,9 @@
      shard_accumulate 0 ($DDP_SHARD_      shard GRADIENTS only: 1 reduce-scatters every micro-
                       ACCUMULATE)          step (sync off too) into an fp32 accumulator of this
                                            rank's parts (SHARDED GRADIENTS); ranks must agree
+     shard_prefetch_off 0 ($DDP_SHARD_    shard PARAMETERS: 1 turns the next unit's prefetch
+                      PREFETCH=on|off)     off (one unit gathered at a time: less memory, no
+                                           overlap; SHARDED PARAMETERS); the same bits either way
      outer            mode DDP_OUTER_OFF   replica groups and their outer sync: DiLoCo,
                                            streaming DiLoCo, periodic averaging (OUTER SYNC);
                                            ranks must agree
@@ -410,6 +413,12 @@
      prefetch if one is in flight); ddp_unit_prefetch starts the copy on the prefetch thread;
      ddp_unit_release decommits (after waiting for a prefetch in flight). A gather of a gathered
      unit does nothing; a release of a released one is an error. ddp_unit_gathered says.
+     Prefetch off (desc.shard_prefetch_off = 1, DDP_SHARD_PREFETCH=off; a rank's own choice):
+     ddp_unit_prefetch does nothing (no prefetch thread is started) and the tape's backward
+     gathers each unit only when its first op replays, so at most one unit (plus any the
+     program keeps) is gathered at a time instead of two, and no copy overlaps compute. The
+     same bits. Turn it off when memory is what limits (the gathered share below halves for a
+     layer-by-layer program); keep it on for speed (bench/RESULTS.md measures both).
      On the CPU backend a gather is local copies: every rank's parts live in the shared segment
      beside the gradients (each rank keeps pages only for its own parts), so a rank reads its
      peers' parts directly, with no exchange and no wait; the prefetch runs on this level's own
@@ -444,8 +453,17 @@
      8/world (m, v) = 16/world, + 4 x (the units gathered at once) / (all units), + the
      gradients of the buckets in flight during a backward; bf16 parameters: 2/world (working
      copies' parts) + 2/world (gradients) + 12/world (master, m, v) = 16/world, + 2 x gathered
-     share. The gathered share is the largest unit (or two, with a prefetch) in a layer-by-layer
-     program.
+     share. The gathered share is the largest unit (or two, with a prefetch; one with
+     shard_prefetch_off) in a layer-by-layer program.
+     The commit holds no whole copy of the model (CPU backend, several ranks): no whole private
+     flat buffers are made; the parameters (bf16: the working copies) and gradients go straight
+     into the shared segment, and a bucket at a time rank 0 writes the bucket's initial values
+     there, every peer copies its own part, and rank 0 gives the bucket's pages outside its parts
+     back (bf16: the fp32 values pass through rank 0's gradient buffer, a chunk at a time, and
+     each rank keeps its parts of the master packed and of the working copies rounded). So a
+     rank holds its parts and rank 0 one bucket more, never the model; every rank's parts hold
+     rank 0's initial values, as the broadcast gives at the other levels (the same bits). The
+     program's initial values (ddp_register_param's init) are read until ddp_commit returns.
      On the NCCL backend (>>nccl: ddp__gpu_z3_*) the view is device address space reserved once
      with CUDA's virtual memory management (cuMemAddressReserve; physical memory by granules of
      the allocation granularity, cuMemCreate + cuMemMap), and the rank's own parts of every
@@ -473,7 +491,8 @@
      without its shared segment (DDP_STAGED_GRADS, or no room in /dev/shm) at ddp_commit; NCCL
      on a driver without virtual memory management (named at ddp_commit). The timeline: each
      gather (prefetched or not) and release is an event on the comm lane ("gather unit N",
-     "release unit N": the unit's name and bytes; on NCCL the host's enqueue times).
+     "release unit N": the unit's name and bytes; on NCCL the host's enqueue times; a gather's
+     "prefetched" says whether ddp_unit_prefetch started it).
 
    HYBRID SHARDING (ddp_desc.shard_group = S, or DDP_SHARD_GROUP=S; with shard >= OPTIMIZER)
      What: the sharded state is split within each group of S consecutive ranks (ranks [g*S,
@@ -883,6 +902,7 @@
      DDP_SHARD=none|optimizer|gradients|parameters  shard
      DDP_SHARD_GROUP=N        shard_group
      DDP_SHARD_ACCUMULATE=0|1 shard_accumulate
+     DDP_SHARD_PREFETCH=on|off shard_prefetch_off (off: 1)
      DDP_PARAM_DTYPE=fp32|bf16  param_dtype
    and three with no field (0|1 as well; a typo is refused on every backend):
      DDP_MPI_FLAT=1  (MPI backend, the same on every rank) every rank in MPI, no host groups
@@ -1100,7 +1120,9 @@
                     (bf16 parameters: bf16 gradients, summed in float; hybrid sharding: each part
                     over the world, ddp__hybrid_bucket_in_place); sharded AdamW and its
                     all-gather (sharded parameters: a barrier instead, and each peer's parts read
-                    where they are, ddp__cpu_z3_parts); its one-bucket function for the work
+                    where they are, ddp__cpu_z3_parts; its commit seeds each rank's parts from
+                    rank 0's initial values a bucket at a time, ddp__cpu_z3_seed / _seed_bf16,
+                    with no whole private flat buffers, ddp__z3_seed_deferred); its one-bucket function for the work
                     queue (ZeRO-2: then the release, ddp__z2_cpu_bucket); the cpu backend's table
      >>mpi          the MPI backend (only with DDP_MPI): host groups on the cpu backend's
                     segment, the leaders' fixed-order sum; bf16 buckets and the sharded optimizer
@@ -1357,6 +1379,11 @@ typedef struct ddp_desc {
        at once (1/world of the gradient memory while accumulating, a reduce-scatter per micro-step;
        the same bits on every rank, not those of unsharded accumulation: SHARDED GRADIENTS). */
     int shard_accumulate;
+    /* DDP_SHARD_PARAMETERS only (default $DDP_SHARD_PREFETCH=on|off, else 0): 1 turns the next
+       unit's prefetch off: ddp_unit_prefetch does nothing and the tape's backward gathers each
+       unit only when its first op replays (one unit gathered at a time instead of two: less
+       memory, no overlap; the same bits). Each rank decides for itself. */
+    int shard_prefetch_off;
 } ddp_desc;
 
 typedef struct ddp_context ddp_context;
@@ -2983,6 +3010,7 @@ typedef struct ddp__z3_unit {
     int state;                     /* DDP__Z3_*: written under z3.lock */
     int last_op;                   /* the backward: the last tape op to replay that lists it (-1: none) */
     double t0, t1;                 /* its last gather's copy (the timeline; the gather thread writes them) */
+    int fetched;                   /* prefetched, its gather event not recorded yet (under z3.lock) */
 } ddp__z3_unit;
 
 struct ddp_context {
@@ -3144,6 +3172,8 @@ struct ddp_context {
         ddp__mutex lock;
         ddp__cond cond;
         int started, stop;
+        int threaded;              /* the prefetch thread runs (not with shard_prefetch_off: nothing to do) */
+        int seeded;                /* ddp_commit seeded the parts itself (ddp__cpu_z3_seed): no rounding, no packing after */
         int *queue, qhead, qlen;   /* units to copy, in order */
         int replay_op;             /* the tape op being replayed (-1: none) */
         int device;                /* NCCL: the view is device memory, the backend's (ddp__gpu_z3_*); no thread */
@@ -3555,6 +3585,7 @@ static void ddp__tl_event_json(ddp_context *ctx, ddp__text *t, const ddp__event 
         ddp__text_printf(t, ",\"unit\":\"");
         if (e->index >= 0 && e->index < ctx->z3.num_units) ddp__text_json_name(t, ctx->z3.units[e->index].name);
         ddp__text_printf(t, "\",\"bytes\":%llu", (unsigned long long)e->bytes);
+        if (e->kind == DDP__EV_GATHER) ddp__text_printf(t, ",\"prefetched\":%d", e->first_param == 1);
     }
     if (e->kind == DDP__EV_STRAGGLER)   /* bucket -1: the count of the ranks with data (uneven inputs) */
         ddp__text_printf(t, ",\"bucket\":%d,\"rank\":%d", e->index, (int)e->bytes);
@@ -4029,6 +4060,13 @@ static ddp_result ddp__desc_from_env(ddp_context *ctx, ddp_desc *d) {
         }
         d->shard_group = (int)g;
     }
+    if ((s = ddp__env_set("DDP_SHARD_PREFETCH")) != NULL) {
+        int off = !strcmp(s, "off") ? 1 : !strcmp(s, "on") ? 0 : -1;
+        if (off < 0) return ddp__fail(ctx, DDP_ERR_BAD_ENV, "DDP_SHARD_PREFETCH='%s' is neither on nor off", s);
+        if (d->shard_prefetch_off && d->shard_prefetch_off != off)
+            ddp__env_overrode(ctx, "DDP_SHARD_PREFETCH", s, "shard_prefetch_off", "1");
+        d->shard_prefetch_off = off;
+    }
     if ((s = ddp__env_set("DDP_PARAM_DTYPE")) != NULL) {
         ddp_dtype t = !strcmp(s, "fp32") ? DDP_DTYPE_FP32 : !strcmp(s, "bf16") ? DDP_DTYPE_BF16 : DDP_DTYPE_DEFAULT;
         if (t == DDP_DTYPE_DEFAULT)
@@ -4145,7 +4183,7 @@ static ddp_result ddp__desc_check_given(ddp_context *ctx, const ddp_desc *d) {
         { "outer.fragments", d->outer.fragments, INT_MAX },         { "outer.delay_steps", d->outer.delay_steps, INT_MAX },
         { "outer.quant_block", d->outer.quant_block, INT_MAX },
         { "shard", (int)d->shard, (int)DDP_SHARD_PARAMETERS },       { "shard_group", d->shard_group, INT_MAX },
-        { "shard_accumulate", d->shard_accumulate, 1 },
+        { "shard_accumulate", d->shard_accumulate, 1 },         { "shard_prefetch_off", d->shard_prefetch_off, 1 },
     };
     const struct { const char *name; double value; } x[] = {
         { "timeout_s", d->timeout_s }, { "bucket_cap_mb", d->bucket_cap_mb }, { "first_bucket_mb", d->first_bucket_mb },
@@ -5761,7 +5799,20 @@ static size_t ddp__adamw_range_bf16(float *DDP__RESTRICT p, ddp_bf16 *DDP__RESTR
     return diverged;
 }
 
+/* ZeRO-3 on the CPU backend's several ranks: no whole private flat buffers at all. The
+   parameters (bf16: the working copies) and gradients live in the shared segment from the start
+   (ddp__grads_share; bf16: the fp32 master as its packed parts only), and rank 0's initial values
+   reach each rank's parts a bucket at a time (ddp__cpu_z3_seed): the commit never holds the whole
+   model in one rank's memory. Without the segment, ddp__grads_share allocates them here after
+   all (and ddp__z3_commit refuses by name). */
+static int ddp__z3_seed_deferred(const ddp_context *ctx) {
+    return ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->be->id == DDP_BACKEND_CPU && ctx->world > 1;
+}
+static ddp_result ddp__host_alloc_private(ddp_context *ctx);
 static ddp_result ddp__host_alloc_flat(ddp_context *ctx) {
+    return ddp__z3_seed_deferred(ctx) ? DDP_OK : ddp__host_alloc_private(ctx);   /* deferred: the initial values stay the program's */
+}
+static ddp_result ddp__host_alloc_private(ddp_context *ctx) {
     int i;
     ctx->flat.params = ddp__alloc_floats(ctx->flat.count);
     if (ddp__bf16_params(ctx)) {   /* flat.count is a multiple of 16: whole floats */
@@ -6809,7 +6860,7 @@ static ddp_result ddp__grads_share(ddp_context *ctx, double deadline) {
     size_t page = ddp__page_size(), bytes;
     int copies = ddp__sharded(ctx) ? 2 : 1;   /* sharded: the parameters too (the all-gather) */
     unsigned char *p = NULL;
-    size_t es = ctx->flat.grads_bf16 ? sizeof(ddp_bf16) : sizeof(float);   /* bf16 parameters: bf16 gradients and copies */
+    size_t es = ctx->flat.grads_bf16 || ddp__bf16_params(ctx) ? sizeof(ddp_bf16) : sizeof(float);   /* bf16 parameters: bf16 gradients and copies */
     ctx->impl.cpu->grads_stride = ddp__round_up(ctx->flat.count * es, page) / sizeof(float);
     bytes = ctx->impl.cpu->grads_stride * sizeof(float) * (size_t)ctx->world * (size_t)copies;
     if (ctx->rank == 0) {
@@ -6817,7 +6868,7 @@ static ddp_result ddp__grads_share(ddp_context *ctx, double deadline) {
         p = ddp__grads_create(ctx, bytes, &r);
         if (r != DDP_OK) return r;
         ddp__kill_point(ctx, "grads-published");
-        if (!p) return DDP_OK;
+        if (!p) return ddp__z3_seed_deferred(ctx) ? ddp__host_alloc_private(ctx) : DDP_OK;   /* private gradients (and parameters) */
     } else {
         unsigned char *name;
         uint32_t len;
@@ -6825,7 +6876,8 @@ static ddp_result ddp__grads_share(ddp_context *ctx, double deadline) {
         if (r != DDP_OK) return r;
         snprintf(ctx->impl.cpu->grads_name, sizeof ctx->impl.cpu->grads_name, "%.*s", (int)len, (const char *)name);
         DDP_FREE(name);
-        if (!ctx->impl.cpu->grads_name[0]) return DDP_OK;   /* rank 0 had no room: private gradients everywhere */
+        if (!ctx->impl.cpu->grads_name[0])   /* rank 0 had no room: private gradients everywhere */
+            return ddp__z3_seed_deferred(ctx) ? ddp__host_alloc_private(ctx) : DDP_OK;
         {
             int stage, err = ddp__seg_open(ctx->impl.cpu->grads_name, bytes, &p, &stage);
             if (err == DDP__SEG_WRONG_SIZE)
@@ -6838,6 +6890,19 @@ static ddp_result ddp__grads_share(ddp_context *ctx, double deadline) {
     }
     ctx->impl.cpu->grads_shm = p;
     ctx->impl.cpu->grads_shm_bytes = bytes;
+    if (ddp__z3_seed_deferred(ctx)) {   /* straight into the segment (zeros): ddp__cpu_z3_seed fills this rank's parts */
+        ctx->impl.cpu->params_shared = 1;
+        if (ctx->flat.grads_bf16 || ddp__bf16_params(ctx)) {   /* the master: this rank's parts, packed, from the start */
+            ctx->flat.grads_bf16 = ddp__rank_grads_bf16(ctx, ctx->rank);
+            ctx->flat.params_bf16 = (ddp_bf16 *)(void *)ddp__rank_grads(ctx, ctx->world + ctx->rank);
+            if (!(ctx->flat.params = ddp__alloc_floats(ctx->shard.count ? ctx->shard.count : 1)))
+                return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %zu floats of the fp32 master", ctx->shard.count);
+        } else {
+            ctx->flat.grads = ddp__rank_grads(ctx, ctx->rank);
+            ctx->flat.params = ddp__rank_grads(ctx, ctx->world + ctx->rank);
+        }
+        return DDP_OK;
+    }
     if (ctx->flat.grads_bf16) {
         ddp__free_floats((float *)(void *)ctx->flat.grads_bf16);
         ctx->flat.grads_bf16 = ddp__rank_grads_bf16(ctx, ctx->rank);
@@ -7052,6 +7117,93 @@ static ddp_result ddp__cpu_setup(ddp_context *ctx, double deadline) {
     return DDP_OK;
 }
 
+/* ZeRO-3's commit without a whole-model copy (ddp__z3_seed_deferred): a bucket at a time, rank 0
+   writes the bucket's initial values (the program's, registered with each parameter) into its
+   parameters in the segment, every peer copies its own part of it from there, and once all have
+   (a barrier) rank 0 gives back the bucket's pages that hold none of its own parts. So a rank
+   holds its parts, and rank 0 one bucket (and a page) more, never the model: the same values as
+   the broadcast of rank 0's whole buffer, every rank's parts rank 0's initial values. */
+static ddp_result ddp__cpu_z3_seed(ddp_context *ctx) {
+    size_t page = ddp__page_size(), np = ddp__round_up(ctx->flat.count * sizeof(float), page) / page, lo, hi, q;
+    float *root = ddp__rank_params(ctx, 0);
+    unsigned char *keep = NULL;
+    ddp_result r = DDP_OK;
+    int b, i;
+    if (ctx->rank == 0) {   /* rank 0's own parts' pages stay */
+        if (!(keep = (unsigned char *)ddp__calloc(np ? np : 1)))
+            return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the sharded parameters' page map");
+        for (b = 0; b < ctx->model.num_buckets; b++) {
+            ddp__shard_range(ctx, b, 0, &lo, &hi);
+            if (hi > lo) for (q = lo * sizeof(float) / page; q < (hi * sizeof(float) + page - 1) / page; q++) keep[q] = 1;
+        }
+    }
+    ctx->what = "ddp_commit's seeding of the sharded parameters (rank 0's initial values, a bucket at a time)";
+    for (b = 0; b < ctx->model.num_buckets && r == DDP_OK; b++) {
+        const ddp__bucket *k = &ctx->model.buckets[b];
+        size_t a = k->offset, z = k->offset + k->count;
+        if (ctx->rank == 0)
+            for (i = 0; i < ctx->model.num_params; i++) {   /* the parameters' pieces inside the bucket */
+                const ddp__param *p = &ctx->model.params[i];
+                size_t s0 = p->offset > a ? p->offset : a, s1 = p->offset + p->count < z ? p->offset + p->count : z;
+                if (p->init && s1 > s0) memcpy(root + s0, p->init + (s0 - p->offset), (s1 - s0) * sizeof(float));
+            }
+        if ((r = ddp__shm_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0)) != DDP_OK) break;   /* written */
+        ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
+        if (ctx->rank != 0 && hi > lo) memcpy(ctx->flat.params + lo, root + lo, (hi - lo) * sizeof(float));
+        if ((r = ddp__shm_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0)) != DDP_OK) break;   /* copied by every peer */
+        if (ctx->rank == 0)   /* pages it shares with the next bucket are written again there and given back after */
+            for (q = a * sizeof(float) / page; q < (z * sizeof(float) + page - 1) / page; q++)
+                if (!keep[q]) (void)ddp__pages_punch((unsigned char *)root + q * page, page);
+    }
+    DDP_FREE(keep);
+    for (i = 0; i < ctx->model.num_params; i++) ctx->model.params[i].init = NULL;
+    ctx->z3.seeded = r == DDP_OK;
+    return r;
+}
+
+/* The same with bf16 parameters: the fp32 initial values travel through rank 0's gradient buffer
+   in the segment (zeros until the first backward; a chunk of it at a time, as many floats as it
+   holds), and each rank keeps its parts twice: the fp32 master packed (ddp__master_parts) and the
+   working copies rounded (what DDP__BF16_ROUND_PARAMS and _SHARD_MASTER make from a whole master
+   at the other levels). Rank 0's gradient buffer is zeros again at the end. */
+static ddp_result ddp__cpu_z3_seed_bf16(ddp_context *ctx) {
+    float *stage = ddp__rank_grads(ctx, 0);
+    size_t chunk = ctx->impl.cpu->grads_stride, used = 0, lo, hi, c0, c1, x;
+    ddp_result r = DDP_OK;
+    int b, i;
+    ctx->what = "ddp_commit's seeding of the sharded parameters (rank 0's initial values, a bucket at a time)";
+    for (b = 0; b < ctx->model.num_buckets && r == DDP_OK; b++) {
+        const ddp__bucket *k = &ctx->model.buckets[b];
+        ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
+        for (c0 = k->offset; c0 < k->offset + k->count && r == DDP_OK; c0 = c1) {
+            c1 = k->offset + k->count - c0 < chunk ? k->offset + k->count : c0 + chunk;
+            if (ctx->rank == 0) {   /* [c0, c1) at stage[0 ..], padding zeros */
+                memset(stage, 0, (c1 - c0) * sizeof(float));
+                if (c1 - c0 > used) used = c1 - c0;
+                for (i = 0; i < ctx->model.num_params; i++) {
+                    const ddp__param *p = &ctx->model.params[i];
+                    size_t s0 = p->offset > c0 ? p->offset : c0, s1 = p->offset + p->count < c1 ? p->offset + p->count : c1;
+                    if (p->init && s1 > s0) memcpy(stage + (s0 - c0), p->init + (s0 - p->offset), (s1 - s0) * sizeof(float));
+                }
+            }
+            if ((r = ddp__shm_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0)) != DDP_OK) break;   /* written */
+            for (x = lo > c0 ? lo : c0; x < hi && x < c1; x++) {
+                ctx->flat.params[ctx->shard.base[b] + (x - lo)] = stage[x - c0];
+                ctx->flat.params_bf16[x] = ddp__to_bf16(stage[x - c0]);
+            }
+            if ((r = ddp__shm_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0)) != DDP_OK) break;   /* copied by every rank */
+        }
+    }
+    if (ctx->rank == 0 && used) {   /* the gradients start at zero; the pages go back where the system can */
+        memset(stage, 0, used * sizeof(float));
+        size_t whole = used * sizeof(float) / ddp__page_size() * ddp__page_size();   /* the pages it covers entirely */
+        if (whole) (void)ddp__pages_punch(stage, whole);
+    }
+    for (i = 0; i < ctx->model.num_params; i++) ctx->model.params[i].init = NULL;
+    ctx->z3.seeded = r == DDP_OK;
+    return r;
+}
+
 /* Every rank's gradients into the shared segment, rank 0's parameters to everyone, the
    communication thread. */
 static ddp_result ddp__cpu_commit(ddp_context *ctx) {
@@ -7066,8 +7218,12 @@ static ddp_result ddp__cpu_commit(ddp_context *ctx) {
     }
     if (ctx->flat.grads_bf16 && !ctx->impl.cpu->grads_shm && !(ctx->impl.cpu->bucket_f32 = ddp__alloc_floats(largest ? largest : 1)))
         return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for one bucket's %zu floats", largest));
-    ctx->what = "the broadcast of rank 0's initial parameters";
-    r = ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->flat.params, ctx->flat.count * sizeof(float), 0);
+    if (ddp__z3_seed_deferred(ctx) && ctx->impl.cpu->grads_shm)
+        r = ddp__bf16_params(ctx) ? ddp__cpu_z3_seed_bf16(ctx) : ddp__cpu_z3_seed(ctx);
+    else {
+        ctx->what = "the broadcast of rank 0's initial parameters";
+        r = ddp__shm_collective(ctx, DDP__KIND_BROADCAST, ctx->flat.params, ctx->flat.count * sizeof(float), 0);
+    }
     ddp__grads_unlink(ctx);   /* every rank passed ddp__grads_share to get here */
     if (r != DDP_OK) return r;
     if ((r = ddp__workq_start(&ctx->impl.cpu->comm)) != DDP_OK) return ddp__fatal(ctx, r);
@@ -11266,33 +11422,43 @@ static void *ddp__z3_main(void *arg) {
 
 static size_t ddp__z3_unit_bytes(const ddp_context *ctx, int u) { return (ctx->z3.units[u].hi - ctx->z3.units[u].lo) * ctx->z3.es; }
 
+/* The timeline's gather event: the copy's times; prefetched (args "prefetched": 1) when the
+   prefetch thread made it (NCCL: when ddp_unit_prefetch enqueued it). */
+static void ddp__z3_record_gather(ddp_context *ctx, int u, double t0, double t1, int prefetched) {
+    ddp__timeline *tl = ctx->tl.main;
+    size_t len = tl ? tl->len : 0;
+    ddp__record(ctx, tl, DDP__EV_GATHER, t0, t1, u, ddp__z3_unit_bytes(ctx, u));
+    if (tl && tl->len == len + 1) tl->ev[len].first_param = prefetched;
+}
 static int ddp__z3_state(ddp_context *ctx, int u);
 static ddp_result ddp__z3_prefetch(ddp_context *ctx, int u);
 
 /* Unit u gathered, on this thread or by waiting for its prefetch. */
 static ddp_result ddp__z3_gather(ddp_context *ctx, int u) {
     double t0, t1;
-    int was;
+    int fetched;
 #ifdef DDP_CUDA
     if (ctx->z3.device) {   /* enqueued (or prefetched), and the compute stream waits for it: no host wait */
         ddp_result r;
+        int was;
         if ((was = ddp__z3_state(ctx, u)) == DDP__Z3_GATHERED) return DDP_OK;
         if (was == DDP__Z3_RELEASED && (r = ddp__z3_prefetch(ctx, u)) != DDP_OK) return r;
         if ((r = ddp__gpu_z3_wait(ctx, u)) != DDP_OK) return r;
         ddp__mutex_lock(&ctx->z3.lock);
         ctx->z3.units[u].state = DDP__Z3_GATHERED;
         ddp__mutex_unlock(&ctx->z3.lock);
-        ddp__record(ctx, ctx->tl.main, DDP__EV_GATHER, ctx->z3.units[u].t0, ctx->z3.units[u].t1, u, ddp__z3_unit_bytes(ctx, u));
+        ddp__z3_record_gather(ctx, u, ctx->z3.units[u].t0, ctx->z3.units[u].t1, was == DDP__Z3_IN_FLIGHT);
         return DDP_OK;
     }
 #endif
     ddp__mutex_lock(&ctx->z3.lock);
-    was = ctx->z3.units[u].state;
     while (ctx->z3.units[u].state == DDP__Z3_IN_FLIGHT) ddp__cond_wait(&ctx->z3.cond, &ctx->z3.lock);
     if (ctx->z3.units[u].state == DDP__Z3_GATHERED) {
         t0 = ctx->z3.units[u].t0; t1 = ctx->z3.units[u].t1;
+        fetched = ctx->z3.units[u].fetched;   /* its prefetch's event, once (a gathered unit's gather: none) */
+        ctx->z3.units[u].fetched = 0;
         ddp__mutex_unlock(&ctx->z3.lock);
-        if (was == DDP__Z3_IN_FLIGHT) ddp__record(ctx, ctx->tl.main, DDP__EV_GATHER, t0, t1, u, ddp__z3_unit_bytes(ctx, u));
+        if (fetched) ddp__z3_record_gather(ctx, u, t0, t1, 1);
         return DDP_OK;
     }
     if (ddp__z3_commit_pages(ctx, u) != 0) {
@@ -11306,7 +11472,7 @@ static ddp_result ddp__z3_gather(ddp_context *ctx, int u) {
     ddp__z3_fill(ctx, u);
     t0 = ctx->z3.units[u].t0; t1 = ctx->z3.units[u].t1;
     ddp__mutex_unlock(&ctx->z3.lock);
-    ddp__record(ctx, ctx->tl.main, DDP__EV_GATHER, t0, t1, u, ddp__z3_unit_bytes(ctx, u));
+    ddp__z3_record_gather(ctx, u, t0, t1, 0);
     return DDP_OK;
 }
 
@@ -11335,6 +11501,7 @@ static ddp_result ddp__z3_prefetch(ddp_context *ctx, int u) {
                          ctx->z3.units[u].name, ddp__z3_unit_bytes(ctx, u), ddp__strerror(e));
     }
     ctx->z3.units[u].state = DDP__Z3_IN_FLIGHT;
+    ctx->z3.units[u].fetched = 1;
     ctx->z3.queue[(ctx->z3.qhead + ctx->z3.qlen) % ctx->z3.num_units] = u;
     ctx->z3.qlen++;
     ddp__cond_broadcast(&ctx->z3.cond);
@@ -11387,7 +11554,13 @@ static ddp_result ddp__z3_release(ddp_context *ctx, int u, int quiet) {
     }
     ctx->z3.units[u].state = DDP__Z3_RELEASED;
     rc = ddp__z3_decommit_pages(ctx, u);
-    ddp__mutex_unlock(&ctx->z3.lock);
+    if (ctx->z3.units[u].fetched) {   /* prefetched and released unused: its copy still happened */
+        double c0 = ctx->z3.units[u].t0, c1 = ctx->z3.units[u].t1;
+        ctx->z3.units[u].fetched = 0;
+        ddp__mutex_unlock(&ctx->z3.lock);
+        ddp__z3_record_gather(ctx, u, c0, c1, 1);
+    } else
+        ddp__mutex_unlock(&ctx->z3.lock);
     if (rc != 0)
         return ddp__fail(ctx, DDP_ERR_SYSTEM, "ddp_unit_release: unit '%s': its pages could not be decommitted: %s",
                          ctx->z3.units[u].name, ddp__strerror(errno));
@@ -11500,11 +11673,14 @@ static ddp_result ddp__z3_commit(ddp_context *ctx) {
     }
     ddp__mutex_init(&ctx->z3.lock);
     ddp__cond_init(&ctx->z3.cond);
-    if (ddp__thread_create(&ctx->z3.thread, ddp__z3_main, ctx) != 0) {
+    /* prefetch off: no thread (nor its stack) at all */
+    if (!ctx->desc.shard_prefetch_off && ddp__thread_create(&ctx->z3.thread, ddp__z3_main, ctx) != 0) {
         ddp__cond_destroy(&ctx->z3.cond);
         ddp__mutex_destroy(&ctx->z3.lock);
-        return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot start the prefetch thread of the sharded parameters");
+        return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot start the prefetch thread of the sharded parameters (with "
+                         "DDP_SHARD_PREFETCH=off there is none)");
     }
+    ctx->z3.threaded = !ctx->desc.shard_prefetch_off;
     ctx->z3.started = 1;
     ctx->z3.on = 1;
     if (ctx->desc.check_ready && !ddp__z3_fault_ctx) { ddp__z3_fault_ctx = ctx; ddp__fault_hook(ddp__z3_fault); }
@@ -11518,7 +11694,8 @@ static void ddp__z3_free(ddp_context *ctx) {
         ctx->z3.stop = 1;
         ddp__cond_broadcast(&ctx->z3.cond);
         ddp__mutex_unlock(&ctx->z3.lock);
-        ddp__thread_join(ctx->z3.thread);
+        if (ctx->z3.threaded) ddp__thread_join(ctx->z3.thread);
+        ctx->z3.threaded = 0;
         ddp__cond_destroy(&ctx->z3.cond);
         ddp__mutex_destroy(&ctx->z3.lock);
         ctx->z3.started = 0;
@@ -11562,7 +11739,7 @@ static ddp_result ddp__z3_before_op(ddp_context *ctx, int i) {
         memcpy(&id, ctx->tape.arena + o->ids_offset + sizeof(int) * (size_t)j, sizeof id);
         r = ddp__z3_gather(ctx, ctx->z3.unit_of[id]);
     }
-    for (k = i - 1; k >= 0 && k >= i - DDP__Z3_LOOKAHEAD && r == DDP_OK; k--) {   /* the next op with parameters */
+    for (k = i - 1; k >= 0 && k >= i - DDP__Z3_LOOKAHEAD && r == DDP_OK && !ctx->desc.shard_prefetch_off; k--) {   /* the next op with parameters */
         const ddp__tape_op *n = &ctx->tape.ops[k];
         for (j = 0; j < n->num_ids && r == DDP_OK; j++) {
             memcpy(&id, ctx->tape.arena + n->ids_offset + sizeof(int) * (size_t)j, sizeof id);
@@ -11638,10 +11815,11 @@ static ddp_result ddp__commit(ddp_context *ctx) {
     ddp__plan_wire(ctx);
     if (ctx->world > 1 && (r = ddp__verify_layout(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     if (ctx->be->commit && (r = ctx->be->commit(ctx)) != DDP_OK) return r;
-    /* the working copies: rank 0's initial values, rounded; the gradients start at zero (alloc_flat) */
-    if ((r = ddp__bf16_op(ctx, DDP__BF16_ROUND_PARAMS, 0, ctx->flat.count)) != DDP_OK) return r;
+    /* the working copies: rank 0's initial values, rounded; the gradients start at zero (alloc_flat);
+       ZeRO-3's seeded commit (ddp__cpu_z3_seed_bf16) made both of its parts already */
+    if (!ctx->z3.seeded && (r = ddp__bf16_op(ctx, DDP__BF16_ROUND_PARAMS, 0, ctx->flat.count)) != DDP_OK) return r;
     /* sharded: from here on this rank holds the master of its parts only */
-    if (ddp__master_parts(ctx) && (r = ddp__bf16_op(ctx, DDP__BF16_SHARD_MASTER, 0, ctx->flat.count)) != DDP_OK)
+    if (!ctx->z3.seeded && ddp__master_parts(ctx) && (r = ddp__bf16_op(ctx, DDP__BF16_SHARD_MASTER, 0, ctx->flat.count)) != DDP_OK)
         return ddp__fatal(ctx, r);
     /* sharded parameters: the flat buffer the program sees becomes the view, every unit released */
     if ((r = ddp__z3_commit(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
@@ -14097,7 +14275,8 @@ ddp_result ddp_unit_gather(ddp_context *ctx, int unit) {
 }
 ddp_result ddp_unit_prefetch(ddp_context *ctx, int unit) {
     ddp_result r = ddp__unit_call(ctx, unit, "ddp_unit_prefetch");
-    return r != DDP_OK || !ddp__z3(ctx) ? r : ddp__z3_prefetch(ctx, unit);
+    /* shard_prefetch_off: the unit is gathered when it is needed */
+    return r != DDP_OK || !ddp__z3(ctx) || ctx->desc.shard_prefetch_off ? r : ddp__z3_prefetch(ctx, unit);
 }
 ddp_result ddp_unit_release(ddp_context *ctx, int unit) {
     ddp_result r = ddp__unit_call(ctx, unit, "ddp_unit_release");

@@ -397,6 +397,16 @@ else
     c=$(hash_of "$tmp/z3_resumed.log")
     if [ -n "$a" ] && [ "$a" = "$c" ]; then pass "$name"
     else fail "$name" "straight $a, resumed $c: $(tail -n 2 "$tmp/z3_resumed.log")"; fi
+    # --prefetch off (ddp_desc.shard_prefetch_off): each unit gathered when needed, the same bits;
+    # a value other than on / off refused by the trainer
+    name="gpt_zero3_prefetch_off_equals_unsharded_bitwise_${N}ranks"
+    DDP_SHARD=parameters train --steps 8 --grad-accum 2 --clip 0.5 --prefetch off >"$tmp/z3_off.log" 2>&1
+    c=$(hash_of "$tmp/z3_off.log")
+    if [ -n "$a" ] && [ "$a" = "$c" ]; then pass "$name"
+    else fail "$name" "unsharded $a, prefetch off $c: $(tail -n 2 "$tmp/z3_off.log")"; fi
+    out=$("$BIN" "${TINY[@]}" --prefetch maybe 2>&1); rc=$?
+    if [ $rc -eq 2 ] && grep -qF -- "--prefetch: 'maybe' is neither on nor off" <<<"$out"; then pass gpt_prefetch_bad_value_refused
+    else fail gpt_prefetch_bad_value_refused "rc $rc: $(tail -n 2 <<<"$out" | tr '\n' ' ')"; fi
 fi
 fi   # zero3
 

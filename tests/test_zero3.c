@@ -11,14 +11,17 @@
    every step; after the step no page of the flat parameter buffer resident (mincore), while
    gathered every page of the unit's range resident; a child process that touches a released
    parameter dies of SIGSEGV. Checkpoints: saved at one level, loaded at the other (same world
-   size, training goes on bit for bit), and across world sizes (the modes below). Every bad input
-   named. Run: build/ddprun -n N build/test_zero3          (N = 1..4)
+   size, training goes on bit for bit), and across world sizes (the modes below). The prefetch
+   switch (shard_prefetch_off): on and off the same bits, no prefetched gather on the timeline when
+   off. ddp_commit under an RLIMIT_DATA far below the model's size: it holds no whole copy. Every
+   bad input named. Ranks register different initial values: rank 0's win everywhere. Run: build/ddprun -n N build/test_zero3          (N = 1..4)
         build/ddprun -n N build/test_zero3 save DIR LEVEL  (train 3 steps, save DIR/z3.ckpt and the
                                                             parameters' hash)
         build/ddprun -n M build/test_zero3 load DIR LEVEL  (load it: the same parameters) */
 #include "testlib.h"
 #ifndef _WIN32
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #endif
 
@@ -33,6 +36,8 @@ typedef struct config {
 static int rank, world;
 static int solo;   /* contexts of one rank of their own (the refusals, on rank 0 only) */
 static int check_ready;   /* the next context is a DDP_CHECK_READY debugging run */
+static int prefetch_off;  /* the next context: ddp_desc.shard_prefetch_off */
+static const char *timeline;   /* the next context's ddp_desc.timeline_path */
 
 /* The model: W[l] (D x D), b[l] (D) for each layer, the head h (D), maybe an unused parameter. */
 typedef struct model {
@@ -194,10 +199,13 @@ static ddp_result open_model(model *m, const config *c, ddp_shard level) {
     d.shard = level;
     if (solo) d.world_size = 1;
     d.check_ready = check_ready;
+    d.shard_prefetch_off = prefetch_off;
+    d.timeline_path = timeline;
     if ((r = ddp_init(&m->ddp, &d)) != DDP_OK) return r;
     for (l = 0; l <= LAYERS; l++) {
         size_t i;
-        for (i = 0; i < D * D; i++) init[l][i] = 0.3f * test_value(77 + (uint64_t)l, i);
+        /* every rank's own initial values: rank 0's must win everywhere (ddp_commit), at every level */
+        for (i = 0; i < D * D; i++) init[l][i] = 0.3f * test_value(77 + (uint64_t)l, i) + (rank ? 0.25f * (float)rank : 0.0f);
     }
     for (l = 0; l < LAYERS && r == DDP_OK; l++) {
         snprintf(name, sizeof name, "layer%d.W", l);
@@ -346,6 +354,131 @@ static void run_config(const config *c) {
     }
 }
 
+/* How often `what` occurs in the file at path (-1: unreadable). */
+static long count_in_file(const char *path, const char *what) {
+    FILE *f = fopen(path, "rb");
+    char *text;
+    long n = 0, len;
+    const char *p;
+    if (!f) return -1;
+    fseek(f, 0, SEEK_END);
+    len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    text = (char *)calloc((size_t)(len > 0 ? len : 0) + 1, 1);
+    if (!text || (len > 0 && fread(text, 1, (size_t)len, f) != (size_t)len)) { free(text); fclose(f); return -1; }
+    fclose(f);
+    for (p = text; (p = strstr(p, what)) != NULL; p++) n++;
+    free(text);
+    return n;
+}
+
+/* The prefetch switch (desc.shard_prefetch_off): ZeRO-3 with prefetch on and off, the same bits
+   (the tape, accumulation, keep_last); the timeline's gather events: prefetched ones with it on,
+   none with it off (each unit gathered by the rank's own thread when needed). */
+static void prefetch_switch(const char *dir) {
+    static const config c = { "prefetch", 2, 0, 0, -1, 0, 1, 0.5f };
+    run_result res[2];
+    long gathers[2], prefetched[2];
+    char path[2][600], name[96];
+    int k, step, same = 1, first_diff = -1, ok = 1;
+    memset(res, 0, sizeof res);
+    for (k = 0; k < 2; k++) {
+        model z;
+        ddp_result r;
+        snprintf(path[k], sizeof path[k], "%s/prefetch_%s.json", dir, k ? "off" : "on");
+        prefetch_off = k;
+        timeline = path[k];
+        r = open_model(&z, &c, DDP_SHARD_PARAMETERS);
+        if (r == DDP_OK && ddp_config(z.ddp)->shard_prefetch_off != k) {
+            printf("FAIL zero3_prefetch_config: ddp_config()->shard_prefetch_off %d, set %d\n", ddp_config(z.ddp)->shard_prefetch_off, k);
+            test_failures++;
+        }
+        if (r == DDP_OK) r = train_steps(&z, 0, STEPS, &res[k]);
+        if (r != DDP_OK) { printf("FAIL zero3_prefetch_%s: %s\n", k ? "off" : "on", ddp_last_error(z.ddp)); test_failures++; ok = 0; }
+        ddp_shutdown(z.ddp);   /* the timeline written by rank 0 */
+        prefetch_off = 0;
+        timeline = NULL;
+        gathers[k] = rank == 0 ? count_in_file(path[k], "\"name\":\"gather unit") : 0;
+        prefetched[k] = rank == 0 ? count_in_file(path[k], "\"prefetched\":1") : 0;
+        if (rank == 0) remove(path[k]);
+    }
+    for (step = 0; step < STEPS; step++)
+        if (memcmp(&res[0].norm[step], &res[1].norm[step], sizeof(float)) || res[0].hash[step] != res[1].hash[step] ||
+            (rank == 0 && !res[0].hash[step])) { same = 0; if (first_diff < 0) first_diff = step; }
+    if (rank != 0) return;
+    snprintf(name, sizeof name, "zero3_prefetch_off_equals_on_%dranks", world);
+    verdict(ok && same, name, "step %d: norm %.9g vs %.9g", first_diff, first_diff >= 0 ? res[0].norm[first_diff] : 0.0,
+            first_diff >= 0 ? res[1].norm[first_diff] : 0.0);
+    /* every rank's events are in rank 0's file: with prefetch on, the forward's prefetches at least
+       (LAYERS a micro-step); off, not one, and still every unit gathered in the forward and the backward */
+    snprintf(name, sizeof name, "zero3_prefetch_on_events_%dranks", world);
+    verdict(gathers[0] > 0 && prefetched[0] >= (long)world * STEPS * c.micro * LAYERS, name,
+            "%ld gather events, %ld prefetched (want >= %d)", gathers[0], prefetched[0], world * STEPS * c.micro * LAYERS);
+    snprintf(name, sizeof name, "zero3_prefetch_off_no_prefetch_%dranks", world);
+    verdict(prefetched[1] == 0 && gathers[1] >= (long)world * STEPS * c.micro * (2 * LAYERS + 1), name,
+            "%ld gather events, %ld prefetched (want 0 prefetched, >= %d gathers)", gathers[1], prefetched[1],
+            world * STEPS * c.micro * (2 * LAYERS + 1));
+}
+
+#if !defined(_WIN32) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+/* This process's private writable memory (VmData, what RLIMIT_DATA caps), in bytes; 0: unknown. */
+static size_t vm_data(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    size_t kb = 0;
+    if (!f) return 0;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmData:", 7)) kb = (size_t)strtoull(line + 7, NULL, 10);
+    fclose(f);
+    return kb * 1024;
+}
+
+/* ddp_commit at PARAMETERS holds no whole copy of the model: under an RLIMIT_DATA of what the
+   rank holds before the commit plus 40 MB, a 64 MB model (8 units of 8 MB) commits and gathers a
+   unit; a commit that made the private flat buffers (parameters and gradients, 128 MB) fails.
+   bf16 parameters: the cap grows by the fp32 master's parts (64 MB / world), which the rank keeps;
+   the whole master, working copies and gradients (128 MB) do not fit. */
+static void commit_under_cap(int bf16) {
+    enum { UNITS = 8, COUNT = 2 << 20 };
+    struct rlimit old, cap;
+    ddp_context *ddp;
+    ddp_desc d;
+    ddp_result r;
+    size_t vm, before;
+    int i, id, capped = 0;
+    char name[96];
+    memset(&d, 0, sizeof d);
+    d.shard = DDP_SHARD_PARAMETERS;
+    d.param_dtype = bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
+    if ((r = ddp_init(&ddp, &d)) == DDP_OK)
+        for (i = 0; i < UNITS && r == DDP_OK; i++) {   /* zeros: the program holds no initial values either */
+            snprintf(name, sizeof name, "big%d", i);
+            if ((r = ddp_register_param(ddp, name, COUNT, 0, NULL, &id)) == DDP_OK) r = ddp_register_unit(ddp, name, id, 1, NULL);
+        }
+    vm = vm_data();
+    before = vm + (40u << 20) + (bf16 ? (size_t)UNITS * COUNT * sizeof(float) / (size_t)world : 0);
+    if (r == DDP_OK && vm && getrlimit(RLIMIT_DATA, &old) == 0 && (old.rlim_cur == RLIM_INFINITY || old.rlim_cur > before)) {
+        cap = old;
+        cap.rlim_cur = (rlim_t)before;
+        capped = setrlimit(RLIMIT_DATA, &cap) == 0;
+    }
+    if (r == DDP_OK) r = ddp_commit(ddp);
+    if (r == DDP_OK && (r = ddp_unit_gather(ddp, 3)) == DDP_OK) {
+        if (bf16) ddp_param_bf16(ddp, 3)[COUNT - 1] = ddp__to_bf16(1.0f);   /* its pages are this rank's now */
+        else ddp_param(ddp, 3)[COUNT - 1] = 1.0f;
+        r = ddp_unit_release(ddp, 3);
+    }
+    if (capped) setrlimit(RLIMIT_DATA, &old);
+    if (r != DDP_OK || !capped) local_fail("commit under a data cap: %s (capped %ld)", r != DDP_OK ? ddp_last_error(ddp) : "no cap set", capped, 0);
+    if (rank == 0) {
+        snprintf(name, sizeof name, "zero3_commit_holds_no_whole_copy_%s_%dranks", bf16 ? "bf16" : "fp32", world);
+        verdict(r == DDP_OK && capped, name, "a 64 MB model under a cap of 40 MB (and the master's parts) more than before ddp_commit: %s",
+                r != DDP_OK ? ddp_last_error(ddp) : "no cap could be set");
+    }
+    ddp_shutdown(ddp);
+}
+#endif
+
 /* Checkpoints at the same world size: saved at one level after 3 steps, loaded at the other,
    3 more steps: the hashes of the run that never stopped. */
 static void checkpoint_levels(const char *dir) {
@@ -426,6 +559,26 @@ static void refusals(void) {
     r = ddp_init(&ddp, &d);
     verdict(r == DDP_ERR_INVALID_ARGUMENT && contains(ddp_last_error(ddp), "uneven_inputs", NULL), "zero3_uneven_inputs_refused", "%s", ddp_last_error(ddp));
     ddp_shutdown(ddp);
+    d.uneven_inputs = DDP_JOIN_OFF;
+
+    /* the prefetch switch: a field out of range, a typo in the variable, the variable over the field */
+    d.shard_prefetch_off = 2;
+    r = ddp_init(&ddp, &d);
+    verdict(r == DDP_ERR_INVALID_ARGUMENT && contains(ddp_last_error(ddp), "shard_prefetch_off 2", NULL), "zero3_prefetch_field_range_refused",
+            "%s", ddp_last_error(ddp));
+    ddp_shutdown(ddp);
+    d.shard_prefetch_off = 1;
+    setenv("DDP_SHARD_PREFETCH", "of", 1);
+    r = ddp_init(&ddp, &d);
+    verdict(r == DDP_ERR_BAD_ENV && contains(ddp_last_error(ddp), "DDP_SHARD_PREFETCH='of'", "neither on nor off"),
+            "zero3_prefetch_env_typo_refused", "%s", ddp_last_error(ddp));
+    ddp_shutdown(ddp);
+    setenv("DDP_SHARD_PREFETCH", "on", 1);
+    r = ddp_init(&ddp, &d);
+    verdict(r == DDP_OK && ddp_config(ddp)->shard_prefetch_off == 0, "zero3_prefetch_env_wins", "%s", ddp_last_error(ddp));
+    ddp_shutdown(ddp);
+    unsetenv("DDP_SHARD_PREFETCH");
+    d.shard_prefetch_off = 0;
 
     /* the model, one rank: tape records of a released unit, a step with a unit gathered, a release in the backward */
     if (open_model(&m, &c, DDP_SHARD_PARAMETERS) != DDP_OK) { printf("FAIL zero3_refusals_model: %s\n", ddp_last_error(m.ddp)); test_failures++; ddp_shutdown(m.ddp); return; }
@@ -549,10 +702,14 @@ int main(int argc, char **argv) {
         if (dir[0]) {
             char path[600];
             checkpoint_levels(dir);
+            prefetch_switch(dir);
             if (rank == 0) { snprintf(path, sizeof path, "%s/levels.ckpt", dir); remove(path); rmdir(dir); }
         }
     }
     if (rank == 0) { solo = 1; refusals(); solo = 0; }
+#if !defined(_WIN32) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+    if (world > 1) { commit_under_cap(0); commit_under_cap(1); }   /* one rank: the whole model is its part */
+#endif
     {   /* the local properties, every rank's */
         ddp_context *ddp;
         float bad = (float)local_bad;

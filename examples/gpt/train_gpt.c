@@ -44,6 +44,7 @@ typedef struct options {
     int shard_optimizer;           /* --shard-optimizer: ddp_desc.shard_optimizer = 1, which is --shard optimizer
                                       (the field, so that DDP_SHARD_OPTIMIZER=0 still overrides it) */
     int shard_group;               /* --shard-group N: ddp_desc.shard_group (hybrid: shard within N consecutive ranks) */
+    int prefetch_off;              /* --prefetch off: ddp_desc.shard_prefetch_off = 1 (ZeRO-3 gathers each unit when needed) */
     int fresh;                     /* --fresh: --save PATH starts over even where PATH holds a checkpoint */
     float lr, min_lr, wd, clip, beta1, beta2, temperature, bucket_mb, dropout;
     float inject_latency_ms, inject_gbps;   /* ddp.h's emulated network (benchmarks: tools/scaling.py) */
@@ -103,6 +104,9 @@ static void usage(FILE *f) {
         "  --shard-optimizer  the same as --shard optimizer\n"
         "  --shard-group N    hybrid sharding: shard within groups of N consecutive ranks, replicate across\n"
         "                     them (ddp_desc.shard_group; 0: every rank, the default)\n"
+        "  --prefetch on|off  ZeRO-3: prefetch the next unit's gather (on, the default) or gather each unit\n"
+        "                     only when it is needed (off: one unit gathered at a time, less memory, no\n"
+        "                     overlap; ddp_desc.shard_prefetch_off; DDP_SHARD_PREFETCH wins); same results\n"
         "  --units            declare the model's units (a block each, the embeddings, the final LayerNorm)\n"
         "                     at every level, as --shard parameters does (ZeRO-3): the same buckets, so\n"
         "                     the same bits at every level\n"
@@ -226,6 +230,13 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errn)
             for (k = 0; k < 4 && strcmp(v, levels[k]) != 0; k++) {}
             if (k == 4) { snprintf(err, errn, "%s: '%s' is not one of none, optimizer, gradients, parameters", a, v); return 0; }
             o->shard = DDP_SHARD_NONE + k;   /* DDP_SHARD_NONE, _OPTIMIZER, _GRADIENTS, _PARAMETERS in order */
+            i++;
+            continue;
+        }
+        else if (!strcmp(a, "--prefetch")) {
+            if (!v) { snprintf(err, errn, "%s needs a value", a); return 0; }
+            if (strcmp(v, "on") != 0 && strcmp(v, "off") != 0) { snprintf(err, errn, "%s: '%s' is neither on nor off", a, v); return 0; }
+            o->prefetch_off = !strcmp(v, "off");
             i++;
             continue;
         }
@@ -799,6 +810,7 @@ int main(int argc, char **argv) {
         desc.shard = (ddp_shard)o.shard;
         desc.shard_optimizer = o.shard_optimizer;
         desc.shard_group = o.shard_group;
+        desc.shard_prefetch_off = o.prefetch_off;
         /* --bf16: ddp.h keeps bf16 working copies and gradients (the model's) and the fp32 master
            weights and AdamW's moments; gradient buckets travel as bf16 (reduce_dtype's default).
            Without it the field stays 0 (the default), and DDP_PARAM_DTYPE may choose. */
@@ -892,7 +904,8 @@ int main(int argc, char **argv) {
             const ddp_desc *c = ddp_config(ddp);
             printf("ddp.h: %s backend | timeout %g s | parameters %s | optimizer %s | check_ready %d | log %s | "
                    "timeline %s | job '%s'\n", ddp_backend_name(ddp), c->timeout_s,
-                   c->param_dtype == DDP_DTYPE_BF16 ? "bf16" : "fp32", c->shard == DDP_SHARD_PARAMETERS ? "and parameters sharded (ZeRO-3)"
+                   c->param_dtype == DDP_DTYPE_BF16 ? "bf16" : "fp32", c->shard == DDP_SHARD_PARAMETERS
+                   ? (c->shard_prefetch_off ? "and parameters sharded (ZeRO-3, prefetch off)" : "and parameters sharded (ZeRO-3)")
                    : c->shard == DDP_SHARD_GRADIENTS ? "and gradients sharded (ZeRO-2)" : c->shard_optimizer ? "sharded (ZeRO-1)" : "unsharded",
                    c->check_ready, (unsigned)c->log_level <= DDP_LOG_OFF ? levels[c->log_level] : "?",
                    c->timeline_path && *c->timeline_path ? c->timeline_path : "off", c->job_id ? c->job_id : "");
