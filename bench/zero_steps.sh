@@ -45,7 +45,7 @@ TIME=/usr/bin/time
 [ -x "$TIME" ] || TIME=
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-CPUS=$(nproc 2>/dev/null || echo 1)   # the CPUs this job may run on (its affinity), not the machine's
+CPUS=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 1)   # the CPUs this job may run on (its affinity; nproc obeys OMP_NUM_THREADS), not the machine's
 ONLINE=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo "$CPUS")
 
 median() { sort -n | awk '{ a[NR] = $1 } END { if (!NR) print 0; else print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
