@@ -9538,6 +9538,32 @@ static ddp_result ddp__gpu_init_comm(ddp_context *ctx, int team, ncclUniqueId *i
     return DDP_OK;
 }
 
+/* A second communicator's ncclUniqueId, through the store under `key`: made and published by rank
+   `maker`, fetched by every other member (`who`: the maker in the timeout's words; `whose`: the
+   communicator's). */
+static ddp_result ddp__nccl_share_id(ddp_context *ctx, const char *key, int maker, const char *who, const char *whose,
+                                     double deadline, ncclUniqueId *id) {
+    unsigned char *val;
+    uint32_t len;
+    int found = 0;
+    ddp_result r;
+    if (ctx->rank == maker) {
+        DDP__NCCL(ncclGetUniqueId(id));
+        return ddp__store_set(ctx, key, id, sizeof *id);
+    }
+    if ((r = ddp__store_get(ctx, key, deadline, &val, &len, &found)) != DDP_OK) return r;
+    if (!found)
+        return ddp__fail(ctx, DDP_ERR_TIMEOUT, "rank %d (%s) did not publish %s ncclUniqueId in time", maker, who, whose);
+    if (len != sizeof *id) {
+        DDP_FREE(val);
+        return ddp__fail(ctx, DDP_ERR_MISMATCH, "rank %d's ncclUniqueId has %u bytes, not %zu (another NCCL version?)", maker,
+                         len, sizeof *id);
+    }
+    memcpy(id, val, sizeof *id);
+    DDP_FREE(val);
+    return DDP_OK;
+}
+
 /* Replica groups of several ranks (desc.outer, >>outer; more than one group): a second
    communicator over the group's ranks, for the buckets (its ncclAvg divides by the group's
    size); everything else stays on the world's. Its ncclUniqueId comes from the group's first
@@ -9545,26 +9571,14 @@ static ddp_result ddp__gpu_init_comm(ddp_context *ctx, int team, ncclUniqueId *i
    the same set-up path, deadline and naming of missing ranks as the world's). */
 static ddp_result ddp__gpu_init_team(ddp_context *ctx, double deadline, int version) {
     ncclUniqueId id;
-    char key[40];
+    char key[40], who[48];
     ddp_result r;
     int group = ddp__hybrid(ctx) ? ctx->rank / ctx->shard.hybrid : ctx->outer.group;   /* hybrid: the shard group's */
     if ((ctx->desc.outer.mode == DDP_OUTER_OFF && !ddp__hybrid(ctx)) || ddp__team_world(ctx) <= 1 || ddp__team_world(ctx) >= ctx->world)
         return DDP_OK;
     snprintf(key, sizeof key, "nccl/team-id/%d", group);
-    if (ddp__team_rank(ctx) == 0) {
-        DDP__NCCL(ncclGetUniqueId(&id));
-        if ((r = ddp__store_set(ctx, key, &id, sizeof id)) != DDP_OK) return r;
-    } else {
-        unsigned char *val;
-        uint32_t len;
-        int found = 0;
-        if ((r = ddp__store_get(ctx, key, deadline, &val, &len, &found)) != DDP_OK) return r;
-        if (!found) return ddp__fail(ctx, DDP_ERR_TIMEOUT, "rank %d (replica group %d's first) did not publish the group's "
-                                     "ncclUniqueId in time", ddp__team_peer(ctx, 0), group);
-        if (len != sizeof id) { DDP_FREE(val); return ddp__fail(ctx, DDP_ERR_MISMATCH, "rank %d's ncclUniqueId has %u bytes, not %zu (another NCCL version?)", ddp__team_peer(ctx, 0), len, sizeof id); }
-        memcpy(&id, val, sizeof id);
-        DDP_FREE(val);
-    }
+    snprintf(who, sizeof who, "%s group %d's first", ddp__hybrid(ctx) ? "shard" : "replica", group);
+    if ((r = ddp__nccl_share_id(ctx, key, ddp__team_peer(ctx, 0), who, "the group's", deadline, &id)) != DDP_OK) return r;
     return ddp__gpu_init_comm(ctx, 1, &id, deadline, version);
 }
 
@@ -9575,25 +9589,13 @@ static ddp_result ddp__gpu_init_team(ddp_context *ctx, double deadline, int vers
    store, as the shard group's does from its first rank. */
 static ddp_result ddp__gpu_init_cross(ddp_context *ctx, double deadline, int version) {
     ncclUniqueId id;
-    char key[40];
+    char key[40], who[48];
     ddp_result r;
     int s = ddp__team_rank(ctx);
     if (!ddp__hybrid(ctx) || ddp__team_world(ctx) <= 1 || ddp__team_world(ctx) >= ctx->world) return DDP_OK;
     snprintf(key, sizeof key, "nccl/cross-id/%d", s);
-    if (ctx->rank == s) {
-        DDP__NCCL(ncclGetUniqueId(&id));
-        if ((r = ddp__store_set(ctx, key, &id, sizeof id)) != DDP_OK) return r;
-    } else {
-        unsigned char *val;
-        uint32_t len;
-        int found = 0;
-        if ((r = ddp__store_get(ctx, key, deadline, &val, &len, &found)) != DDP_OK) return r;
-        if (!found) return ddp__fail(ctx, DDP_ERR_TIMEOUT, "rank %d (shard group 0's member %d) did not publish the "
-                                     "cross-group communicator's ncclUniqueId in time", s, s);
-        if (len != sizeof id) { DDP_FREE(val); return ddp__fail(ctx, DDP_ERR_MISMATCH, "rank %d's ncclUniqueId has %u bytes, not %zu (another NCCL version?)", s, len, sizeof id); }
-        memcpy(&id, val, sizeof id);
-        DDP_FREE(val);
-    }
+    snprintf(who, sizeof who, "shard group 0's member %d", s);
+    if ((r = ddp__nccl_share_id(ctx, key, s, who, "the cross-group communicator's", deadline, &id)) != DDP_OK) return r;
     return ddp__gpu_init_comm(ctx, DDP__NCCL_CROSS, &id, deadline, version);
 }
 

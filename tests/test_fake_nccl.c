@@ -343,6 +343,21 @@ static void test_outer_resume(int world, ddp_outer_mode mode, ddp_outer_wire wir
    the parameters, and m and v gathered to rank 0 ---- */
 enum { SH_PARAMS = 5, SH_STEPS = 6, SH_MAX = 9000 };
 static const size_t sh_sizes[SH_PARAMS] = { 9000, 50, 6000, 3000, 700 };
+
+/* The sharding scenarios' parameters p0..p4 (sh_sizes; the odd ones without weight decay), their
+   initial values in `init` (the same on every rank; ddp_commit reads them). */
+static ddp_result sh_register(ddp_context *ctx, float init[SH_PARAMS][SH_MAX], int *ids) {
+    ddp_result r = DDP_OK;
+    int k;
+    for (k = 0; k < SH_PARAMS && r == DDP_OK; k++) {
+        char name[16];
+        size_t i;
+        for (i = 0; i < sh_sizes[k]; i++) init[k][i] = 0.5f * test_value(77 + (uint64_t)k, i);
+        snprintf(name, sizeof name, "p%d", k);
+        r = ddp_register_param(ctx, name, sh_sizes[k], k % 2 ? DDP_NO_DECAY : 0, init[k], &ids[k]);
+    }
+    return r;
+}
 static struct { float norm[MAX_WORLD][SH_STEPS]; float *params[MAX_WORLD], *m, *v; size_t count; ddp_result r[MAX_WORLD];
                 char err[MAX_WORLD][DDP__ERR_MAX]; } sh;
 
@@ -362,13 +377,7 @@ static void shard_rank(test_rank *self) {
     d.bucket_cap_mb = 0.05;
     d.first_bucket_mb = 0.01;
     r = ddp_init(&ctx, &d);
-    for (k = 0; k < SH_PARAMS && r == DDP_OK; k++) {
-        char name[16];
-        size_t i;
-        for (i = 0; i < sh_sizes[k]; i++) init[self->rank][k][i] = 0.5f * test_value(77 + (uint64_t)k, i);
-        snprintf(name, sizeof name, "p%d", k);
-        r = ddp_register_param(ctx, name, sh_sizes[k], k % 2 ? DDP_NO_DECAY : 0, init[self->rank][k], &ids[k]);
-    }
+    if (r == DDP_OK) r = sh_register(ctx, init[self->rank], ids);
     if (r == DDP_OK) r = ddp_commit(ctx);
     for (step = 0; step < SH_STEPS && r == DDP_OK; step++) {
         r = ddp_zero_grad(ctx);
@@ -825,13 +834,7 @@ static void z2_rank(test_rank *self) {
     d.bucket_cap_mb = 0.05;
     d.first_bucket_mb = 0.01;
     r = ddp_init(&ctx, &d);
-    for (k = 0; k < SH_PARAMS && r == DDP_OK; k++) {
-        char name[16];
-        size_t i;
-        for (i = 0; i < sh_sizes[k]; i++) init[self->rank][k][i] = 0.5f * test_value(77 + (uint64_t)k, i);
-        snprintf(name, sizeof name, "p%d", k);
-        r = ddp_register_param(ctx, name, sh_sizes[k], k % 2 ? DDP_NO_DECAY : 0, init[self->rank][k], &ids[k]);
-    }
+    if (r == DDP_OK) r = sh_register(ctx, init[self->rank], ids);
     if (r == DDP_OK) r = ddp_commit(ctx);
     if (r == DDP_OK) dev = ctx->impl.gpu->device;
     if (r == DDP_OK && z2c.load_path) r = ddp_load(ctx, z2c.load_path, NULL, 0, NULL, NULL, NULL);
