@@ -5,7 +5,9 @@
 # middle of writing a checkpoint; each fires once): the job restarts N times, each restart printed
 # with the rank killed, resumes from its last complete checkpoint (--save PATH holds it), and ends
 # with the same final checkpoint, byte for byte, as a run that was never killed. N+1 kills: ddprun
-# gives up after N restarts and names the last failure.
+# gives up after N restarts and names the last failure. Across the sharding levels: a run killed
+# under ZeRO-3, resumed under ZeRO-2 and killed again, resumed unsharded, ends with the straight
+# run's parameters, bit for bit.
 # Prints one PASS/FAIL line per check; exits 1 if any failed.
 # Usage: tests/test_restart.sh [BUILD_DIR]      (env SEED: the kill points' seed; printed)
 set -u
@@ -100,6 +102,30 @@ if [ "$rc" -eq 137 ] && [ "$(grep -c '^ddprun: restart ' err.n1)" -eq $N ] &&
   pass "gives_up_after_${N}_restarts_naming_the_failure"
 else
   fail "gives_up_after_${N}_restarts_naming_the_failure" "rc=$rc (want 137), rank $r: $(grep '^ddprun' err.n1 | tail -n 2 | tr '\n' '|')"
+fi
+
+# ---- across sharding levels (ddp_desc.shard): killed under ZeRO-3, resumed under ZeRO-2 and killed
+# again, resumed unsharded: the straight unsharded run's bits. Every run declares the model's
+# units (--units; ZeRO-3 needs them), so every level has the same buckets and the same bits; a
+# checkpoint holds the same data at every level. ----
+hash_of() { sed -n 's/.*params fnv1a \([0-9a-f]*\).*/\1/p' "$1" | tail -n 1; }
+timeout 120 "$B/ddprun" -n 2 "$B/train_gpt" "${GPT[@]}" --units >out.units 2>&1
+a=$(hash_of out.units)
+lv() {   # LEVEL KILL_POINT LOG: the job at that level with that kill point (none: "")
+  mkdir -p "once.$3"   # a point's mark is its index in the list: one directory a run
+  DDP_SHARD=$1 DDP_TEST_KILL=$2 DDP_TEST_KILL_ONCE="once.$3" timeout 120 "$B/ddprun" -n 2 "$B/train_gpt" "${GPT[@]}" \
+    --units --save ck.levels >"$3" 2>&1
+}
+lv parameters 1:25 out.lv1; rc1=$?
+lv gradients 0:43 out.lv2; rc2=$?
+lv none "" out.lv3; rc3=$?
+c=$(hash_of out.lv3)
+if [ -n "$a" ] && [ "$a" = "$c" ] && [ $rc1 -ne 0 ] && [ $rc2 -ne 0 ] && [ $rc3 -eq 0 ] &&
+   grep -q "parameters sharded (ZeRO-3)" out.lv1 && grep -q "resumed from ck.levels at step 20" out.lv2 &&
+   grep -q "resumed from ck.levels at step 40" out.lv3; then
+  pass "killed_under_zero3_resumed_under_zero2_then_unsharded_equals_straight (params fnv1a $a)"
+else
+  fail "killed_under_zero3_resumed_under_zero2_then_unsharded_equals_straight" "straight $a, resumed $c; exits $rc1 $rc2 $rc3: $(tail -n 2 out.lv3 | tr '\n' ' ')"
 fi
 
 [ "$fails" -eq 0 ] || { echo "test_restart: $fails check(s) failed"; exit 1; }
