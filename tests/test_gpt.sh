@@ -418,6 +418,32 @@ if want zero3; then
         if [ $rc -eq 0 ] && [ -n "$a" ] && [ "$a" = "$c" ] && [ "$(grep -c -- "---- sample (60 bytes" "$tmp/z3s.log")" = 1 ]; then pass "$name"
         else fail "$name" "rc $rc, unsharded '$a', ZeRO-3 '$c': $(tail -n 2 "$tmp/z3s.log")"; fi
     fi
+    # The same model on ddp.h's NCCL backend (tests/fakegpu; 1 rank, the fake's ranks being threads):
+    # its gathers map the unit's granules and all-gather on the comm stream. fp32 with accumulation
+    # and clipping, bf16 with prefetch off, and the sample: ZeRO-3 ends as unsharded, no misuse.
+    if [[ "$BIN" == *emulated* ]]; then
+        name="gpt_zero3_cuda_model_on_fake_nccl_equals_unsharded_1rank"
+        if [ ! -x "$B/train_gpt_fakegpu" ]; then echo "SKIP ${name/#gpt_/${pfx}_}: $B/train_gpt_fakegpu not built"
+        else
+            fk() { timeout 120 "$B/train_gpt_fakegpu" "${TINY[@]}" --steps 6 --grad-accum 2 --clip 0.5 --seed 5 --sample 40 "$@"; }
+            bad=""
+            for v in "" "--bf16 --prefetch off"; do
+                # shellcheck disable=SC2086
+                fk --units $v >"$tmp/fk_none.log" 2>&1
+                # shellcheck disable=SC2086
+                DDP_SHARD=parameters fk $v >"$tmp/fk_z3.log" 2>&1
+                a=$(hash_of "$tmp/fk_none.log"); c=$(hash_of "$tmp/fk_z3.log")
+                sa=$(sed -n '/---- sample/,/---- end of sample/p' "$tmp/fk_none.log"); sc=$(sed -n '/---- sample/,/---- end of sample/p' "$tmp/fk_z3.log")
+                if [ -z "$a" ] || [ "$a" != "$c" ] || [ -z "$sa" ] || [ "$sa" != "$sc" ] || ! grep -q "nccl backend" "$tmp/fk_z3.log" ||
+                   ! grep -q "parameters sharded (ZeRO-3" "$tmp/fk_z3.log" || grep -q "FAKEGPU MISUSE" "$tmp/fk_none.log" "$tmp/fk_z3.log"; then
+                    bad="${v:-fp32}: unsharded $a, ZeRO-3 $c: $(grep -h "FAKEGPU MISUSE" "$tmp/fk_z3.log" | head -n 1) $(tail -n 2 "$tmp/fk_z3.log" | tr '\n' ' ')"
+                    break
+                fi
+            done
+            if [ -z "$bad" ]; then pass "$name"; echo "  (fp32, and bf16 with prefetch off: the parameters and the sample the same)"
+            else fail "$name" "$bad"; fi
+        fi
+    fi
 fi   # zero3
 
 if want bf16; then
