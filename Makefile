@@ -13,6 +13,7 @@ PROGRAMS := $(B)/ddprun $(B)/minimal $(B)/own_autograd $(B)/engine $(B)/texture 
             $(B)/test_unit $(B)/test_collectives $(B)/test_equivalence $(B)/test_fault \
             $(B)/test_overlap $(B)/test_straggler $(B)/test_bf16 $(B)/test_shard $(B)/test_structs $(B)/test_own_path $(B)/test_outer $(B)/test_embed $(B)/test_host $(B)/test_sampler $(B)/test_checkpoint $(B)/test_outer_checkpoint $(B)/train_gpt $(B)/test_gpt \
             $(B)/train_gpt_emulated $(B)/test_gpt_gpu_emulated $(B)/test_fake_nccl $(B)/hosts_nccl_fake $(B)/test_bf16_params
+PROGRAMS += $(B)/train_gpt_fakegpu    # the CUDA model emulated, on the NCCL backend on tests/fakegpu (ZeRO-3's device path)
 PROGRAMS += $(B)/test_groups          # replica groups of several ranks (desc.outer): averages within each group
 PROGRAMS += $(B)/test_groups_shard    # shard_optimizer within replica groups = unsharded, bit for bit
 PROGRAMS += $(B)/test_zero2          # ZeRO-2 (shard GRADIENTS) = unsharded, bit for bit; released gradient pages
@@ -269,6 +270,13 @@ $(B)/fakegpu/fake_kernels.o: $(FAKE_DIR)/fake_kernels.cpp $(B)/fakegpu/ddp_kerne
 $(B)/test_fake_nccl: tests/test_fake_nccl.c tests/support/equivalence_model.h tests/testlib.h ddp.h ddp_kernels.cuh $(FAKE_OBJS) $(FAKE_HDRS) | $(B)
 	$(CC) -std=c99 $(CFLAGS) $(WARN) -DDDP_CUDA -I$(FAKE_DIR) -c -o $(B)/fakegpu/test_fake_nccl.o $<
 	$(CXX) $(CFLAGS) -o $@ $(B)/fakegpu/test_fake_nccl.o $(FAKE_OBJS) $(LDLIBS)
+
+# The trainer with the CUDA model emulated on the host (as train_gpt_emulated) on ddp.h's NCCL
+# backend on the fake GPU: one rank (the fake's ranks are threads of one process), so the model's
+# ZeRO-3 gathers run ddp.h's device path (mapped granules, gathers as collectives) without a GPU.
+$(B)/train_gpt_fakegpu: examples/gpt/train_gpt.c examples/gpt/gpt_data.h examples/gpt/gpt_cuda.cuh examples/gpt/gpt.h ddp.h ddp_kernels.cuh $(FAKE_OBJS) $(FAKE_HDRS) | $(B)
+	$(CXX) -std=c++17 $(CFLAGS) $(WARN) -fno-math-errno -DGPT_CUDA_EMULATE -DDDP_CUDA -I$(FAKE_DIR) $(GPT_DEFS) -x c++ -c -o $(B)/fakegpu/train_gpt_fakegpu.o $<
+	$(CXX) $(CFLAGS) -o $@ $(B)/fakegpu/train_gpt_fakegpu.o $(FAKE_OBJS) $(GPT_LIBS) $(LDLIBS)
 
 # bf16 parameters (fp32 master) on the CPU backend and on the NCCL backend on the fake GPU, one binary.
 $(B)/test_bf16_params: tests/test_bf16_params.c tests/testlib.h ddp.h ddp_kernels.cuh $(FAKE_OBJS) $(FAKE_HDRS) | $(B)

@@ -377,14 +377,6 @@ if want zero3; then
 # --- DDP_SHARD=parameters (ZeRO-3): the model's units gathered in the forward, by the tape in the
 #     backward; the same bits as unsharded training with the same buckets (--units), with
 #     accumulation and clipping; a checkpoint of a ZeRO-3 run resumed unsharded ends the same ---
-if [[ "$BIN" == *emulated* || "$BIN" == */gpu/train_gpt ]]; then
-    # the CUDA model's forward gathers no units: refused by name, never a fault
-    name="gpt_zero3_cuda_model_refused_${N}ranks"
-    DDP_SHARD=parameters train --steps 2 >"$tmp/z3_cuda.log" 2>&1; rc=$?
-    if [ $rc -ne 0 ] && grep -q "DDP_SHARD=parameters (ZeRO-3) runs with the CPU model only\|DDP_SHARD_PARAMETERS is not built yet on the NCCL backend" "$tmp/z3_cuda.log" &&
-       ! grep -q "Segmentation fault" "$tmp/z3_cuda.log"; then pass "$name"
-    else fail "$name" "rc $rc: $(tail -n 2 "$tmp/z3_cuda.log")"; fi
-else
     name="gpt_zero3_equals_unsharded_bitwise_${N}ranks"
     train --steps 8 --grad-accum 2 --clip 0.5 --units >"$tmp/z3_none.log" 2>&1
     DDP_SHARD=parameters train --steps 8 --grad-accum 2 --clip 0.5 >"$tmp/z3.log" 2>&1
@@ -407,7 +399,51 @@ else
     out=$("$BIN" "${TINY[@]}" --prefetch maybe 2>&1); rc=$?
     if [ $rc -eq 2 ] && grep -qF -- "--prefetch: 'maybe' is neither on nor off" <<<"$out"; then pass gpt_prefetch_bad_value_refused
     else fail gpt_prefetch_bad_value_refused "rc $rc: $(tail -n 2 <<<"$out" | tr '\n' ' ')"; fi
-fi
+    # The CUDA model (the emulated build; the GPU trainer): its forward gathers the units as gpt.h's
+    # does. bf16 too (the context's bf16 working copies sharded, the fp32 master in parts), and a
+    # sample after a ZeRO-3 run (every rank runs its forwards there) is the unsharded run's text.
+    if [[ "$BIN" == *emulated* || "$BIN" == */gpu/train_gpt ]]; then
+        name="gpt_zero3_bf16_equals_unsharded_bitwise_${N}ranks"
+        train --steps 8 --grad-accum 2 --clip 0.5 --bf16 --units >"$tmp/z3b_none.log" 2>&1
+        DDP_SHARD=parameters train --steps 8 --grad-accum 2 --clip 0.5 --bf16 >"$tmp/z3b.log" 2>&1
+        a=$(hash_of "$tmp/z3b_none.log"); c=$(hash_of "$tmp/z3b.log")
+        if [ -n "$a" ] && [ "$a" = "$c" ] && grep -q ", bf16" "$tmp/z3b.log" && grep -q "parameters sharded (ZeRO-3)" "$tmp/z3b.log"
+        then pass "$name"; echo "  (params fnv1a $a, both)"
+        else fail "$name" "unsharded $a, ZeRO-3 $c: $(tail -n 2 "$tmp/z3b.log")"; fi
+        name="gpt_zero3_sample_equals_unsharded_${N}ranks"
+        train --steps 4 --units --sample 60 --seed 5 >"$tmp/z3s_none.log" 2>&1
+        DDP_SHARD=parameters train --steps 4 --sample 60 --seed 5 >"$tmp/z3s.log" 2>&1; rc=$?
+        sample_in() { sed -n '/---- sample/,/---- end of sample/p' "$1" | sed -E 's/^\[rank [0-9]+\] //'; }
+        a=$(sample_in "$tmp/z3s_none.log"); c=$(sample_in "$tmp/z3s.log")
+        if [ $rc -eq 0 ] && [ -n "$a" ] && [ "$a" = "$c" ] && [ "$(grep -c -- "---- sample (60 bytes" "$tmp/z3s.log")" = 1 ]; then pass "$name"
+        else fail "$name" "rc $rc, unsharded '$a', ZeRO-3 '$c': $(tail -n 2 "$tmp/z3s.log")"; fi
+    fi
+    # The same model on ddp.h's NCCL backend (tests/fakegpu; 1 rank, the fake's ranks being threads):
+    # its gathers map the unit's granules and all-gather on the comm stream. fp32 with accumulation
+    # and clipping, bf16 with prefetch off, and the sample: ZeRO-3 ends as unsharded, no misuse.
+    if [[ "$BIN" == *emulated* ]]; then
+        name="gpt_zero3_cuda_model_on_fake_nccl_equals_unsharded_1rank"
+        if [ ! -x "$B/train_gpt_fakegpu" ]; then echo "SKIP ${name/#gpt_/${pfx}_}: $B/train_gpt_fakegpu not built"
+        else
+            fk() { timeout 120 "$B/train_gpt_fakegpu" "${TINY[@]}" --steps 6 --grad-accum 2 --clip 0.5 --seed 5 --sample 40 "$@"; }
+            bad=""
+            for v in "" "--bf16 --prefetch off"; do
+                # shellcheck disable=SC2086
+                fk --units $v >"$tmp/fk_none.log" 2>&1
+                # shellcheck disable=SC2086
+                DDP_SHARD=parameters fk $v >"$tmp/fk_z3.log" 2>&1
+                a=$(hash_of "$tmp/fk_none.log"); c=$(hash_of "$tmp/fk_z3.log")
+                sa=$(sed -n '/---- sample/,/---- end of sample/p' "$tmp/fk_none.log"); sc=$(sed -n '/---- sample/,/---- end of sample/p' "$tmp/fk_z3.log")
+                if [ -z "$a" ] || [ "$a" != "$c" ] || [ -z "$sa" ] || [ "$sa" != "$sc" ] || ! grep -q "nccl backend" "$tmp/fk_z3.log" ||
+                   ! grep -q "parameters sharded (ZeRO-3" "$tmp/fk_z3.log" || grep -q "FAKEGPU MISUSE" "$tmp/fk_none.log" "$tmp/fk_z3.log"; then
+                    bad="${v:-fp32}: unsharded $a, ZeRO-3 $c: $(grep -h "FAKEGPU MISUSE" "$tmp/fk_z3.log" | head -n 1) $(tail -n 2 "$tmp/fk_z3.log" | tr '\n' ' ')"
+                    break
+                fi
+            done
+            if [ -z "$bad" ]; then pass "$name"; echo "  (fp32, and bf16 with prefetch off: the parameters and the sample the same)"
+            else fail "$name" "$bad"; fi
+        fi
+    fi
 fi   # zero3
 
 if want bf16; then

@@ -14,6 +14,11 @@
    slots (the host waits for a slot only when it runs GC_UPLOAD_SLOTS forwards ahead of the
    GPU), and each forward's loss stays on the device until gpt_cuda_losses() reads them all at
    once (the trainer does that for its progress lines, after ddp_adamw_step).
+   Sharded parameters (ZeRO-3, DDP_SHARD_PARAMETERS): gpt.h's units (gpt_register_params declares
+   them), gathered, prefetched and released by the forward exactly as gpt_forward does; the
+   tape's backward gathers them again (ddp.h). On NCCL a gather is an all-gather on ddp.h's comm
+   stream that the compute stream waits on, so every rank must run the same forwards (the
+   trainer's sampling runs on every rank then). bf16 needs the context's bf16 parameters there.
 
    Determinism. No atomics anywhere. Every reduction has a fixed order: a row's sums go through
    a fixed butterfly of the warp; parameter gradients of LayerNorm and biases are column sums
@@ -332,6 +337,8 @@ typedef struct gpt_cuda {
     int dropping;
     void *ddrop;
     size_t num_floats;
+    int units;                     /* units declared (sharded parameters), as gpt.h: 0 the embeddings, 1..L the
+                                      blocks, L + 1 the final LayerNorm; the forward gathers and releases them */
     struct gc_op_timer *timer;     /* GPT_OP_TIMES=1: per-op device times (NULL: off) */
     void **allocs;                 /* every device buffer, freed by gpt_cuda_destroy */
     int num_allocs, cap_allocs;
@@ -1211,6 +1218,9 @@ typedef struct { gpt_cuda *m; } gc_head_args;
 template <class S> static void gc_head_backward(void *p) {
     gpt_cuda *m = ((gc_head_args *)p)->m;
     int C = m->cfg.dim, BT = m->B * m->T;
+    /* the tied wte is listed by the embedding's op (which finishes its gradient), not this one:
+       its unit is gathered here (kept from the forward; the tape releases it after that op) */
+    if (m->units && ddp_unit_gather(m->ddp, 0) != DDP_OK) { fprintf(stderr, "%s\n", ddp_last_error(m->ddp)); exit(1); }
     gc_time(m, "bwd matmul head dx, dW");
     GC_MATMUL(m, 0, 0, BT, C, GPT_VOCAB, 1.0f, (const S *)m->dlogits, GPT_VOCAB, gc_param<S>(m, m->wte), C, 0.0f, (S *)m->dln, C);
     GC_MATMUL(m, 1, 0, GPT_VOCAB, C, BT, 1.0f, (const S *)m->dlogits, GPT_VOCAB, (const S *)m->lnf, C, 1.0f, gc_grad<S>(m, m->wte), C);
@@ -1261,18 +1271,35 @@ template <class S> static void gc_cross_entropy(gpt_cuda *m, float scale, int gr
     gc_time_end(m);
 }
 
-/* The forward of gpt_cuda_forward, in S. */
+/* Sharded parameters: gpt.h's gpt__unit. A unit gathered before the ops that read it, the next
+   one prefetched, each released after (ddp.h gathers them again for the backward); on NCCL each
+   is an event the stream waits on, so the host never waits. Nothing without units. */
+enum { GC_GATHER, GC_PREFETCH, GC_RELEASE };
+static void gc_unit(gpt_cuda *m, int unit, int what) {
+    ddp_result r;
+    if (!m->units || unit > m->cfg.layers + 1) return;
+    r = what == GC_GATHER ? ddp_unit_gather(m->ddp, unit) : what == GC_PREFETCH ? ddp_unit_prefetch(m->ddp, unit)
+                                                                              : ddp_unit_release(m->ddp, unit);
+    if (r != DDP_OK) { fprintf(stderr, "%s\n", ddp_last_error(m->ddp)); exit(1); }
+}
+
+/* The forward of gpt_cuda_forward, in S; the units as gpt_forward gathers them. */
 template <class S> static void gc_forward(gpt_cuda *m, int have_targets, float loss_scale, int train) {
     int L = m->cfg.layers, C = m->cfg.dim, l;
     size_t BT = (size_t)m->B * m->T;
     S *dln = (S *)m->dln, *dres = (S *)m->dres, *dqkv = (S *)m->dqkv, *datt_out = (S *)m->datt_out;
     S *dfc = (S *)m->dfc, *dgelu = (S *)m->dgelu;
+    gc_unit(m, 0, GC_GATHER);
+    gc_unit(m, 1, GC_PREFETCH);
     gc_embed<S>(m, train);
+    gc_unit(m, 0, GC_RELEASE);
     for (l = 0; l < L; l++) {
         const gpt_layer_ids *id = &m->layer[l];
         gpt_cuda_layer *a = &m->acts[l];
         S *res_in = (S *)a->res_in, *ln1 = (S *)a->ln1, *qkv = (S *)a->qkv, *att = (S *)a->att, *att_out = (S *)a->att_out;
         S *res_mid = (S *)a->res_mid, *ln2 = (S *)a->ln2, *fc = (S *)a->fc, *gelu = (S *)a->gelu, *res_out = (S *)a->res_out;
+        gc_unit(m, l + 1, GC_GATHER);
+        gc_unit(m, l + 2, GC_PREFETCH);   /* the next block's (or lnf's) copy overlaps this block */
         gc_layernorm<S>(m, id->ln1w, id->ln1b, res_in, ln1, a->ln1_mean, a->ln1_rstd, dln, dres, 1, train);
         gc_linear<S>(m, id->qkvw, id->qkvb, ln1, qkv, NULL, C, 3 * C, dqkv, dln, 0, train);
         gc_attention<S>(m, qkv, att, att_out, datt_out, dqkv, GPT_DROP_ATT(l), train);
@@ -1281,9 +1308,15 @@ template <class S> static void gc_forward(gpt_cuda *m, int have_targets, float l
         gc_linear<S>(m, id->fcw, id->fcb, ln2, fc, NULL, C, 4 * C, dfc, dln, 0, train);
         gc_gelu<S>(m, fc, gelu, BT * 4 * C, dgelu, dfc, train);
         gc_linear<S>(m, id->fcprojw, id->fcprojb, gelu, res_out, res_mid, 4 * C, C, dres, dgelu, GPT_DROP_MLP_RESID(l), train);
+        gc_unit(m, l + 1, GC_RELEASE);
     }
+    gc_unit(m, L + 1, GC_GATHER);
+    gc_unit(m, 0, GC_PREFETCH);           /* the head reads the tied wte */
     gc_layernorm<S>(m, m->lnfw, m->lnfb, (const S *)m->acts[L - 1].res_out, (S *)m->lnf, m->lnf_mean, m->lnf_rstd, dln, dres, 0, train);
+    gc_unit(m, L + 1, GC_RELEASE);
+    gc_unit(m, 0, GC_GATHER);
     gc_head<S>(m, train);
+    if (!train) gc_unit(m, 0, GC_RELEASE);   /* training keeps it for the head's backward, the first op replayed */
     if (have_targets) gc_cross_entropy<S>(m, loss_scale, train);
 }
 /* ---------------------------------------------------------------------------------------------
@@ -1370,6 +1403,7 @@ static inline ddp_result gpt_cuda_create(gpt_cuda *m, ddp_context *ddp, const gp
     ids.layer = m->layer;
     if ((r = gpt_register_params(ddp, cfg, seed, &ids, &m->num_floats)) != DDP_OK) return r;
     m->wte = ids.wte; m->wpe = ids.wpe; m->lnfw = ids.lnfw; m->lnfb = ids.lnfb;
+    m->units = ddp_num_units(ddp) == L + 2;
     m->stream = (gc_stream)ddp_config(ddp)->cuda_stream;
     m->flat_params = ddp_flat_params(ddp, NULL);
     m->flat_grads = ddp_flat_grads(ddp, NULL);
@@ -1377,6 +1411,12 @@ static inline ddp_result gpt_cuda_create(gpt_cuda *m, ddp_context *ddp, const gp
     if (!m->bf16 && ddp_config(ddp)->param_dtype == DDP_DTYPE_BF16) {
         fprintf(stderr, "gpt_cuda_create: the context's parameters are bf16 (param_dtype DDP_DTYPE_BF16): pass precision "
                         "GPT_CUDA_BF16\n");
+        return DDP_ERR_INVALID_ARGUMENT;
+    }
+    if (m->own16 && ddp_config(ddp)->shard == DDP_SHARD_PARAMETERS) {   /* its copies span the whole flat buffer */
+        fprintf(stderr, "gpt_cuda_create: rank %d: precision GPT_CUDA_BF16 on an fp32 context keeps whole bf16 copies of the "
+                        "parameters, which ZeRO-3 (DDP_SHARD_PARAMETERS) shards: give the context param_dtype DDP_DTYPE_BF16\n",
+                ddp_rank(ddp));
         return DDP_ERR_INVALID_ARGUMENT;
     }
 #ifndef GPT_CUDA_EMULATE

@@ -673,9 +673,11 @@ static void put_byte(int c) {
     else printf("\\x%02x", c);
 }
 
-/* Rank 0 only: generate n bytes after the prompt, temperature and optional top-k, seeded.
-   Returns 0 when out of memory. */
-static int sample_text(model *mo, const options *o) {
+/* Generate n bytes after the prompt, temperature and optional top-k, seeded; printed when `print`
+   (rank 0). Returns 0 when out of memory. Rank 0 alone, except where the forward's gathers are
+   collectives (ZeRO-3 with the CUDA model: NCCL's all-gathers): every rank then, each drawing
+   the same bytes from the same logits. */
+static int sample_text(model *mo, const options *o, int print) {
     size_t cap = strlen(o->prompt) + (size_t)o->sample + 1;
     int T = o->model.seq, len = 0, i, v;
     int *ctx = (int *)malloc(sizeof(int) * cap);
@@ -684,8 +686,8 @@ static int sample_text(model *mo, const options *o) {
     if (!ctx) return 0;
     for (i = 0; o->prompt[i]; i++) ctx[len++] = (unsigned char)o->prompt[i];
     if (len == 0) ctx[len++] = '\n';
-    printf("---- sample (%d bytes, temperature %g%s) ----\n", o->sample, o->temperature, o->top_k ? ", top-k" : "");
-    for (i = 0; o->prompt[i]; i++) put_byte((unsigned char)o->prompt[i]);
+    if (print) printf("---- sample (%d bytes, temperature %g%s) ----\n", o->sample, o->temperature, o->top_k ? ", top-k" : "");
+    for (i = 0; print && o->prompt[i]; i++) put_byte((unsigned char)o->prompt[i]);
     for (i = 0; i < o->sample; i++) {
         int n = len < T ? len : T, pick = GPT_VOCAB - 1;
         float mx, sum = 0, cut = -INFINITY, u, acc = 0;
@@ -704,9 +706,9 @@ static int sample_text(model *mo, const options *o) {
         u = (float)((rng_next(&rng) >> 40) / 16777216.0) * sum;
         for (v = 0; v < GPT_VOCAB; v++) { acc += probs[v]; if (u < acc) { pick = v; break; } }
         ctx[len++] = pick;
-        put_byte(pick);
+        if (print) put_byte(pick);
     }
-    printf("\n---- end of sample ----\n");
+    if (print) printf("\n---- end of sample ----\n");
     fflush(stdout);
     free(ctx);
     return 1;
@@ -857,9 +859,6 @@ int main(int argc, char **argv) {
         if (!gpt_load_data(&spec, rank, world, &data, err, sizeof err)) DIE("train_gpt: %s", err);
     }
     sampler = gpt_window_sampler(data.train_len, T, world, rank, o.seed);
-    if (ddp_config(ddp)->shard == DDP_SHARD_PARAMETERS && model_uses_cuda(ddp, &o))   /* its forward gathers no units */
-        DIE("train_gpt: rank %d: DDP_SHARD=parameters (ZeRO-3) runs with the CPU model only (gpt.h gathers its units; the "
-            "CUDA model does not yet)", rank);
     {
         ddp_result r = model_create(&mo, ddp, &o);
         if (r != DDP_OK) DIE("train_gpt: %s", model_create_failure(ddp, &o, r, err, sizeof err));
@@ -1030,7 +1029,9 @@ int main(int argc, char **argv) {
     }
     if (o.save) CHECK(save_run(ddp, &o, step, windows));
     if (o.save && rank == 0) printf("checkpoint: %s (step %d)\n", o.save, step);
-    if (rank == 0 && o.sample > 0 && !sample_text(&mo, &o)) DIE("train_gpt: rank 0: out of memory for a sample of %d bytes", o.sample);
+    if (o.sample > 0 && (rank == 0 || (mo.on_gpu && ddp_config(ddp)->shard == DDP_SHARD_PARAMETERS)) &&
+        !sample_text(&mo, &o, rank == 0))
+        DIE("train_gpt: rank %d: out of memory for a sample of %d bytes", rank, o.sample);
     CHECK(ddp_barrier(ddp));
     free(tok); free(tgt); free(data.bytes);
     model_destroy(&mo);
