@@ -487,7 +487,7 @@ static struct {
     int inject_rank, inject_step;          /* that rank's cross-group communicator fails before that step */
     float *params[MAX_WORLD], *avg[MAX_WORLD];   /* the final parameters; the last step's averaged gradients (own parts) */
     float norm[MAX_WORLD][SH_STEPS];
-    size_t count;
+    size_t count[MAX_WORLD];               /* the flat buffer's floats, as each rank's ddp.h says (each its own: no race) */
     char bad[MAX_WORLD][400];              /* the first gradient outside its bound, per rank */
     double worst[MAX_WORLD];               /* the largest |avg - exact| / bound seen */
     unsigned long long cross[MAX_WORLD], expect[MAX_WORLD], world_bytes[MAX_WORLD], bucket_bytes[MAX_WORLD];
@@ -508,7 +508,7 @@ static ddp_result hy_check(ddp_context *ctx, test_rank *self, const int *ids, in
     int W = self->world, rr, u, k, b, me = self->rank;
     double ufl = ldexp(1.0, -24), usum = hy.wire_bf16 || hy.param_bf16 ? ldexp(1.0, -8) + ufl : ufl;
     double urel = hy.param_bf16 ? ldexp(1.0, -7) : hy.wire_bf16 ? ldexp(1.0, -7) : 3 * ufl;
-    size_t n = hy.count, i, j;
+    size_t n = hy.count[me], i, j;
     double *exact = (double *)calloc(n, sizeof(double)), *mag = (double *)calloc(n, sizeof(double));
     ddp_result r = DDP_OK;
     if (!exact || !mag) { free(exact); free(mag); return DDP_ERR_OUT_OF_MEMORY; }
@@ -580,9 +580,9 @@ static void hybrid_rank(test_rank *self) {
     }
     if (r == DDP_OK) r = ddp_commit(ctx);
     if (r == DDP_OK) {
-        if (hy.param_bf16) ddp_flat_params_bf16(ctx, &hy.count);
-        else ddp_flat_params(ctx, &hy.count);
-        if (!(buf = (float *)calloc(hy.count, sizeof(float)))) r = DDP_ERR_OUT_OF_MEMORY;
+        if (hy.param_bf16) ddp_flat_params_bf16(ctx, &hy.count[me]);
+        else ddp_flat_params(ctx, &hy.count[me]);
+        if (!(buf = (float *)calloc(hy.count[me], sizeof(float)))) r = DDP_ERR_OUT_OF_MEMORY;
     }
     if (r == DDP_OK && nccl) {   /* what the steps alone send */
         world0 = fakegpu_comm_bytes(ctx->impl.gpu->nccl, NULL);
@@ -623,13 +623,13 @@ static void hybrid_rank(test_rank *self) {
         hy.avg[me] = buf; buf = NULL;
     }
     if (r == DDP_OK) {
-        hy.params[me] = (float *)malloc(hy.count * sizeof(float));
+        hy.params[me] = (float *)malloc(hy.count[me] * sizeof(float));
         if (hy.param_bf16) {   /* the working copies the program computes with, once every rank's gathers are done */
             size_t i;
             const ddp_bf16 *wc = ddp_flat_params_bf16(ctx, NULL);
-            r = ddp_gather_to_host(ctx, DDP_PARAMS, 0, hy.params[me], hy.count, 0);   /* (a collective: after them) */
-            for (i = 0; r == DDP_OK && i < hy.count; i++) hy.params[me][i] = ddp__from_bf16(wc[i]);
-        } else r = ddp_copy_to_host(ctx, DDP_PARAMS, 0, hy.params[me], hy.count);
+            r = ddp_gather_to_host(ctx, DDP_PARAMS, 0, hy.params[me], hy.count[me], 0);   /* (a collective: after them) */
+            for (i = 0; r == DDP_OK && i < hy.count[me]; i++) hy.params[me][i] = ddp__from_bf16(wc[i]);
+        } else r = ddp_copy_to_host(ctx, DDP_PARAMS, 0, hy.params[me], hy.count[me]);
     }
     out->r = r;
     snprintf(out->err, sizeof out->err, "%s", ddp_last_error(ctx));
@@ -674,7 +674,7 @@ static void test_hybrid(int world, int S, int micro, int wire_bf16, int param_bf
     run(world, hybrid_rank);
     for (r = 0; r < world && ok; r++)
         if (res[r].r != DDP_OK) { ok = 0; snprintf(why, sizeof why, "the CPU reference, rank %d: %s", r, res[r].err); }
-    if (ok) { ref = hy.params[0]; hy.params[0] = NULL; count = hy.count; memcpy(ref_norm, hy.norm[0], sizeof ref_norm); }
+    if (ok) { ref = hy.params[0]; hy.params[0] = NULL; count = hy.count[0]; memcpy(ref_norm, hy.norm[0], sizeof ref_norm); }
     /* hybrid on the NCCL backend */
     fakegpu_reset(); reset_cfg(); hy_reset(S, micro, wire_bf16, param_bf16);
     fakegpu_set_device_count(world);   /* a GPU a rank (the fake's default is 4) */
