@@ -757,13 +757,16 @@ static void gpt_destroy(gpt *m) {
 /* Sharded parameters: a unit gathered before the ops that read it, the next one prefetched,
    each released after (ddp.h gathers them again for the backward). Nothing without units. */
 enum { GPT__GATHER, GPT__PREFETCH, GPT__RELEASE };
-static void gpt__unit(gpt *m, int unit, int what) {
+/* What both models' forwards call (gpt_cuda.cuh too): `units` says whether the model declared
+   them, `layers` its blocks (units 0 .. layers + 1). */
+static void gpt_unit_op(ddp_context *ddp, int units, int layers, int unit, int what) {
     ddp_result r;
-    if (!m->units || unit > m->cfg.layers + 1) return;
-    r = what == GPT__GATHER ? ddp_unit_gather(m->ddp, unit) : what == GPT__PREFETCH ? ddp_unit_prefetch(m->ddp, unit)
-                                                                                      : ddp_unit_release(m->ddp, unit);
-    if (r != DDP_OK) { fprintf(stderr, "%s\n", ddp_last_error(m->ddp)); exit(1); }
+    if (!units || unit > layers + 1) return;
+    r = what == GPT__GATHER ? ddp_unit_gather(ddp, unit) : what == GPT__PREFETCH ? ddp_unit_prefetch(ddp, unit)
+                                                                                  : ddp_unit_release(ddp, unit);
+    if (r != DDP_OK) { fprintf(stderr, "%s\n", ddp_last_error(ddp)); exit(1); }
 }
+static void gpt__unit(gpt *m, int unit, int what) { gpt_unit_op(m->ddp, m->units, m->cfg.layers, unit, what); }
 
 /* Forward over B sequences of T tokens (B <= cfg.batch, T <= cfg.seq). With targets, returns the
    mean cross-entropy; with train, records the backward on the tape and leaves dlogits =

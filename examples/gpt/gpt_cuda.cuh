@@ -1271,17 +1271,11 @@ template <class S> static void gc_cross_entropy(gpt_cuda *m, float scale, int gr
     gc_time_end(m);
 }
 
-/* Sharded parameters: gpt.h's gpt__unit. A unit gathered before the ops that read it, the next
+/* Sharded parameters: gpt.h's gpt_unit_op. A unit gathered before the ops that read it, the next
    one prefetched, each released after (ddp.h gathers them again for the backward); on NCCL each
    is an event the stream waits on, so the host never waits. Nothing without units. */
-enum { GC_GATHER, GC_PREFETCH, GC_RELEASE };
-static void gc_unit(gpt_cuda *m, int unit, int what) {
-    ddp_result r;
-    if (!m->units || unit > m->cfg.layers + 1) return;
-    r = what == GC_GATHER ? ddp_unit_gather(m->ddp, unit) : what == GC_PREFETCH ? ddp_unit_prefetch(m->ddp, unit)
-                                                                              : ddp_unit_release(m->ddp, unit);
-    if (r != DDP_OK) { fprintf(stderr, "%s\n", ddp_last_error(m->ddp)); exit(1); }
-}
+enum { GC_GATHER = GPT__GATHER, GC_PREFETCH = GPT__PREFETCH, GC_RELEASE = GPT__RELEASE };
+static void gc_unit(gpt_cuda *m, int unit, int what) { gpt_unit_op(m->ddp, m->units, m->cfg.layers, unit, what); }
 
 /* The forward of gpt_cuda_forward, in S; the units as gpt_forward gathers them. */
 template <class S> static void gc_forward(gpt_cuda *m, int have_targets, float loss_scale, int train) {
