@@ -1146,8 +1146,11 @@ static void supervise(struct job *job)
                 if (job->ranks[i].err.fd >= 0) close_stream(job, &job->ranks[i].err);
             }
         check_ranks(job);
+        /* Every rank gone: the cause is named once their pipes are drained too (a rank's last
+         * words, ddp.h's "waiting for rank(s) N", may still be in its pipe when its exit is
+         * seen), or at the settle time, whichever comes first. */
         if (job->exit_status < 0 && job->failures_seen &&
-            (now_seconds() >= job->settle_until || running_ranks(job) == 0))
+            (now_seconds() >= job->settle_until || (running_ranks(job) == 0 && open_streams(job) == 0)))
             name_the_cause(job);
         if (job->stopping && !job->killed && now_seconds() >= job->kill_at)
             kill_now(job);
