@@ -4126,9 +4126,6 @@ static ddp_result ddp__desc_validate(ddp_context *ctx, const ddp_desc *d) {
     if (d->shard_accumulate && d->shard_group)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_accumulate 1 with shard_group %d (hybrid sharding) "
                          "is not built yet: accumulate with the whole gradients (shard_accumulate 0)", d->shard_group);
-    if (d->shard == DDP_SHARD_PARAMETERS && d->shard_group)
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_group %d (hybrid sharding) with DDP_SHARD_PARAMETERS "
-                         "is not built yet: ZeRO-3 shards over the world (shard_group 0)", d->shard_group);
     /* hybrid: a group to shard within needs something sharded (the world's checks: ddp__hybrid_resolve) */
     if (d->shard_group && d->shard < DDP_SHARD_OPTIMIZER)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_group %d shards within groups of %d ranks, but "
@@ -7148,7 +7145,7 @@ static ddp_result ddp__cpu_z3_seed(ddp_context *ctx) {
                 if (p->init && s1 > s0) memcpy(root + s0, p->init + (s0 - p->offset), (s1 - s0) * sizeof(float));
             }
         if ((r = ddp__shm_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0)) != DDP_OK) break;   /* written */
-        ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
+        ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);   /* hybrid: member s of every group holds part s */
         if (ctx->rank != 0 && hi > lo) memcpy(ctx->flat.params + lo, root + lo, (hi - lo) * sizeof(float));
         if ((r = ddp__shm_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0)) != DDP_OK) break;   /* copied by every peer */
         if (ctx->rank == 0)   /* pages it shares with the next bucket are written again there and given back after */
