@@ -1766,6 +1766,7 @@ typedef struct z3_model {
 static struct {
     const z3_config *c;
     ddp_shard level;
+    int group;   /* shard_group at a sharded level (hybrid), 0: none */
     float norm[MAX_WORLD][Z3_STEPS];
     uint64_t hash[Z3_STEPS];
     ddp_result r[MAX_WORLD];
@@ -1937,6 +1938,7 @@ static ddp_result z3_open(test_rank *self, z3_model *m, const z3_config *c, ddp_
     d.find_unused = c->unused;
     d.param_dtype = c->bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
     d.shard = level;
+    d.shard_group = level != DDP_SHARD_NONE ? z3.group : 0;
     if ((r = ddp_init(&m->ddp, &d)) != DDP_OK) return r;
     for (l = 0; l <= Z3_LAYERS; l++) {
         size_t i;
@@ -2002,19 +2004,25 @@ static void z3_rank(test_rank *self) {
     free(m);
 }
 
-static void test_zero3(int world, const z3_config *c) {
+/* group > 0: hybrid sharding (shard_group), whose average is hierarchical (the group's sum, then
+   the groups'), another order than a flat one: the reference is then ZeRO-1 with the same groups,
+   whose parameters are whole, and ZeRO-3 within the groups must give its bits (the same reduction,
+   the same AdamW on the same parts; only where the parameters live differs). */
+static void test_zero3_group(int world, const z3_config *c, int group) {
     float norm[Z3_STEPS];
     uint64_t hash[Z3_STEPS];
     char name[160], why[DDP__ERR_MAX + 128];
     int pass, r, ok = 1, step;
     why[0] = 0;
-    for (pass = 0; pass < 2 && ok; pass++) {   /* 0: unsharded, 1: DDP_SHARD_PARAMETERS */
+    for (pass = 0; pass < 2 && ok; pass++) {   /* 0: unsharded (hybrid: ZeRO-1), 1: DDP_SHARD_PARAMETERS */
         fakegpu_reset();
         fakegpu_set_vm_granularity(Z3_GRAN);
+        if (world > 4) fakegpu_set_device_count(world);   /* a GPU a rank (the fake's default is 4) */
         reset_cfg();
         memset(&z3, 0, sizeof z3);
         z3.c = c;
-        z3.level = pass ? DDP_SHARD_PARAMETERS : DDP_SHARD_NONE;
+        z3.group = group;
+        z3.level = pass ? DDP_SHARD_PARAMETERS : group ? DDP_SHARD_OPTIMIZER : DDP_SHARD_NONE;
         run(world, z3_rank);
         for (r = 0; r < world && ok; r++) {
             if (z3.r[r] != DDP_OK) {
@@ -2041,9 +2049,12 @@ static void test_zero3(int world, const z3_config *c) {
         snprintf(name, sizeof name, "zero3_%s_ranks%d_%s", c->name, world, pass ? "parameters" : "none");
         check_clean(name);
     }
-    snprintf(name, sizeof name, "fake_nccl_zero3_%s_ranks%d_equals_unsharded_granules_released_pointers_fixed", c->name, world);
+    if (group) snprintf(name, sizeof name, "fake_nccl_zero3_%s_ranks%d_groups_of%d_equals_hybrid_zero1_granules_released_pointers_fixed",
+                        c->name, world, group);
+    else snprintf(name, sizeof name, "fake_nccl_zero3_%s_ranks%d_equals_unsharded_granules_released_pointers_fixed", c->name, world);
     verdict(ok, name, "%s", why);
 }
+static void test_zero3(int world, const z3_config *c) { test_zero3_group(world, c, 0); }
 
 /* Misuse on NCCL: each of >>zero3's checks named; a copy from a released unit's memory is
    counted by the fake (it is no device memory); a checkpoint saved at PARAMETERS loads unsharded. */
@@ -2291,6 +2302,9 @@ int main(void) {
         test_zero3(4, &clip);
         test_zero3(3, &unused);
         test_zero3(2, &own);
+        test_zero3_group(4, &clip, 2);   /* hybrid: ZeRO-3 within shard groups */
+        test_zero3_group(6, &accum, 3);
+        test_zero3_group(6, &bf16, 2);
         test_zero3_misuse(2);
     }
     return test_summary("test_fake_nccl");
