@@ -6855,7 +6855,9 @@ static unsigned char *ddp__grads_create(ddp_context *ctx, size_t bytes, ddp_resu
    (ddp__grads_unlink, after the next collective). */
 static ddp_result ddp__grads_share(ddp_context *ctx, double deadline) {
     size_t page = ddp__page_size(), bytes;
-    int copies = ddp__sharded(ctx) ? 2 : 1;   /* sharded: the parameters too (the all-gather) */
+    /* sharded: the parameters too (the all-gather); ZeRO-3 always (its gathers copy from there,
+       even in replica groups of one rank, where each rank's part is everything) */
+    int copies = ddp__sharded(ctx) || ddp__z3_seed_deferred(ctx) ? 2 : 1;
     unsigned char *p = NULL;
     size_t es = ctx->flat.grads_bf16 || ddp__bf16_params(ctx) ? sizeof(ddp_bf16) : sizeof(float);   /* bf16 parameters: bf16 gradients and copies */
     ctx->impl.cpu->grads_stride = ddp__round_up(ctx->flat.count * es, page) / sizeof(float);
@@ -10836,9 +10838,6 @@ static ddp_result ddp__init(ddp_context *ctx, const ddp_desc *desc) {
     if (ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->world > 1 && !ctx->be->z3_parts && ctx->be->id != DDP_BACKEND_NCCL)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: DDP_SHARD_PARAMETERS is not built yet on the %s backend "
                          "(the cpu backend runs it on one host; DDP_SHARD_OPTIMIZER runs here)", ctx->be->name);
-    if (ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->desc.outer.mode != DDP_OUTER_OFF)
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: DDP_SHARD_PARAMETERS is not built yet with replica groups "
-                         "(desc.outer)");
     if (ctx->desc.shard == DDP_SHARD_GRADIENTS && !ctx->be->shards_grads)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard DDP_SHARD_GRADIENTS (ZeRO-2) is not built yet on "
                          "the %s backend: use DDP_SHARD_OPTIMIZER there (the same reduce-scatter, the gradients kept "
@@ -12380,6 +12379,11 @@ static ddp_result ddp__state_at(ddp_context *ctx, ddp_buffer which, size_t offse
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: rank %d cannot write parameters alone: with shard_optimizer "
                          "and bf16 parameters each rank holds the fp32 master only for its own part of each bucket, and "
                          "every rank's bf16 working copies must follow; use ddp_scatter_from_host (collective)", call, ctx->rank);
+    /* the outer copy (>>outer) takes what is written, the same on every rank: from parts, a collective */
+    if (write && which == DDP_PARAMS && ddp__z3_flat_parts(ctx) && ctx->desc.outer.mode != DDP_OUTER_OFF)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: rank %d cannot write parameters alone: with DDP_SHARD_PARAMETERS "
+                         "in replica groups (desc.outer) each rank holds only its parts, and the outer copy of the "
+                         "parameters must follow on every rank; use ddp_scatter_from_host (collective)", call, ctx->rank);
     if (!write && which == DDP_GRADS && ddp__z2(ctx) && count) {   /* ZeRO-2: the rest is released (zeros) */
         for (b = 0; b < ctx->model.num_buckets; b++) {
             ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
@@ -12645,31 +12649,46 @@ static int ddp__outer_plain_mean(const ddp_context *ctx) {
 }
 
 /* The fp32 parameters [lo, lo + n) whole, into host memory `out`. With shard_optimizer and bf16
-   parameters within a group the master is in parts across the group's ranks: each member's
-   pieces reach the group's other members (be->team_bcast, nothing leaves the group), so every
-   rank computes the outer step on the whole range, as unsharded, with the same bits. */
+   parameters within a group the master is in parts across the group's ranks (packed), and with
+   sharded parameters (ZeRO-3) and fp32 ones the parameters themselves (this rank's owner storage,
+   flat-indexed): each member's pieces reach the group's other members (be->team_bcast, nothing
+   leaves the group), so every rank computes the outer step on the whole range, as unsharded,
+   with the same bits. */
 static ddp_result ddp__outer_master_get(ddp_context *ctx, size_t lo, size_t n, float *out) {
     size_t plo, phi, a, z;
     ddp_result r = DDP_OK;
-    int b, s;
-    if (!ddp__master_parts(ctx)) return ctx->be->copy(ctx, out, ctx->flat.params + lo, n * sizeof(float), 1);
+    int b, s, flat = ddp__z3_flat_parts(ctx);
+    if (!ddp__master_parts(ctx) && !flat) return ctx->be->copy(ctx, out, ctx->flat.params + lo, n * sizeof(float), 1);
     for (b = 0; b < ctx->model.num_buckets && r == DDP_OK; b++)
         for (s = 0; s < ddp__team_world(ctx) && r == DDP_OK; s++) {
             ddp__shard_range(ctx, b, s, &plo, &phi);
             a = plo > lo ? plo : lo;
             z = phi < lo + n ? phi : lo + n;
             if (z <= a) continue;
-            if (s == ddp__team_rank(ctx)) memcpy(out + (a - lo), ctx->flat.params + ctx->shard.base[b] + (a - plo), (z - a) * sizeof(float));
+            if (s == ddp__team_rank(ctx))
+                memcpy(out + (a - lo), ctx->flat.params + (flat ? a : ctx->shard.base[b] + (a - plo)), (z - a) * sizeof(float));
             r = ctx->be->team_bcast(ctx, out + (a - lo), (z - a) * sizeof(float), s);
         }
     return r;
 }
 
 /* The fp32 parameters [lo, lo + n) from host memory `in` (the same on the group's ranks), the
-   bf16 working copies rounded from them; the master in parts: this rank's parts of it. */
+   bf16 working copies rounded from them; the master in parts: this rank's parts of it (ZeRO-3:
+   and of the working copies); fp32 parameters in parts (ZeRO-3): this rank's parts of them. */
 static ddp_result ddp__outer_master_put(ddp_context *ctx, size_t lo, size_t n, const float *in) {
     ddp_bf16 *rounded;
-    ddp_result r;
+    ddp_result r = DDP_OK;
+    if (ddp__z3_flat_parts(ctx)) {
+        size_t plo, phi, a, z;
+        int b;
+        for (b = 0; b < ctx->model.num_buckets && r == DDP_OK; b++) {
+            ddp__shard_range(ctx, b, ddp__team_rank(ctx), &plo, &phi);
+            a = plo > lo ? plo : lo;
+            z = phi < lo + n ? phi : lo + n;
+            if (z > a) r = ctx->be->copy(ctx, ctx->flat.params + a, in + (a - lo), (z - a) * sizeof(float), 0);
+        }
+        return r;
+    }
     if (!ddp__master_parts(ctx)) {
         if ((r = ctx->be->copy(ctx, ctx->flat.params + lo, in, n * sizeof(float), 0)) != DDP_OK) return r;
         return ddp__bf16_op(ctx, DDP__BF16_ROUND_PARAMS, lo, n);
@@ -12945,6 +12964,12 @@ static ddp_result ddp__outer_backend(ddp_context *ctx) {
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: shard_optimizer with bf16 parameters (param_dtype) "
                          "in groups of %d ranks is not built (yet) on the %s backend (the CPU and MPI backends have it): "
                          "turn one of them off", ctx->outer.size, ctx->be->name);
+    /* sharded parameters: the parameters themselves are in parts within a group, gathered for the
+       outer step the same way */
+    if (ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->outer.size > 1 && !ctx->be->team_bcast)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: DDP_SHARD_PARAMETERS in replica groups of %d ranks is "
+                         "not built (yet) on the %s backend (the CPU backend has it): group_size 1 (each rank its own "
+                         "replica, nothing sharded), or DDP_SHARD_OPTIMIZER", ctx->outer.size, ctx->be->name);
     /* (the NCCL backend's buckets follow the wire plan, which moves nothing for a group of one) */
     if (ctx->outer.size == 1 && ctx->world > 1 && ctx->be->id != DDP_BACKEND_NCCL) {
         ctx->table.launch = ddp__single_launch;
@@ -12985,6 +13010,13 @@ static ddp_result ddp__outer_merge(ddp_context *ctx, int f) {
         for (i = 0; i < n; i++) p[i] = mix * p[i] + (1 - mix) * theta[i];
     }
     if ((r = ddp__outer_master_put(ctx, lo, n, p)) != DDP_OK) return ddp__fatal(ctx, r);
+    /* sharded parameters in groups: the group's members read this rank's parts at their next
+       gather (>>zero3), so none gathers before every part is written (the exchange is settled:
+       the wire is free) */
+    if (ddp__z3(ctx) && ddp__team_world(ctx) > 1) {
+        ctx->what = "the outer step's barrier (sharded parameters: every part merged before any is gathered)";
+        return ctx->outer.bg.collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0);
+    }
     return DDP_OK;
 }
 
@@ -13428,7 +13460,7 @@ static ddp_result ddp__ckpt_parts(ddp_context *ctx, ddp_buffer which, float *fla
             a = lo > at ? lo : at;
             z = hi < at + n ? hi : at + n;
             if (z <= a) continue;
-            local = flat + ctx->shard.base[b] + (a - lo);
+            local = flat + (which == DDP_PARAMS && ddp__z3_flat_parts(ctx) ? a : ctx->shard.base[b] + (a - lo));   /* ZeRO-3: flat-indexed */
             if (!save) {   /* (the master: every working copy of the chunk too, below) */
                 if (s == ddp__team_rank(ctx) && which != DDP_PARAMS) r = ddp__state_copy(ctx, which, local, a, buf + (a - at), z - a, 0);
                 continue;
