@@ -10480,7 +10480,7 @@ static ddp_result ddp__gpu_z3_gather(ddp_context *ctx, int u) {
         r = ddp__gvm_map(ctx, g->z3vm, off, len, k->name);
     }
     if (r != DDP_OK) return r;
-    if (ctx->world > 1) {   /* one rank: its parts are the whole view, mapped */
+    if (ddp__sharded(ctx)) {   /* one rank (or replica groups of one): its parts are the whole view, mapped */
         DDP__CUDA(cudaEventRecord(g->z3_ready, g->compute));
         DDP__CUDA(cudaStreamWaitEvent(g->comm, g->z3_ready, 0));
         for (b = 0; b < ctx->model.num_buckets; b++) {
@@ -10493,7 +10493,7 @@ static ddp_result ddp__gpu_z3_gather(ddp_context *ctx, int u) {
             if (r != DDP_OK) return r;
         }
     }
-    DDP__CUDA(cudaEventRecord(g->z3_gathered[u], ctx->world > 1 ? g->comm : g->compute));
+    DDP__CUDA(cudaEventRecord(g->z3_gathered[u], ddp__sharded(ctx) ? g->comm : g->compute));
     return DDP_OK;
 }
 

@@ -26,10 +26,11 @@ static const size_t sizes[NPARAM] = { 70001, 3003 };   /* buckets of several 102
 /* z3: the sharded runs at DDP_SHARD_PARAMETERS (ZeRO-3 within the groups: the parameters in parts
    too, gathered among the group for the outer step; every run of the config declares the same
    two units, so every level has the same buckets) */
-typedef struct config { const char *name; int streaming, staged, bf16, z3; } config;
-static const config configs[] = { { "diloco", 0, 0, 0, 0 },      { "streaming", 1, 0, 0, 0 },      { "diloco_staged", 0, 1, 0, 0 },
-                                  { "diloco_bf16", 0, 0, 1, 0 }, { "streaming_bf16", 1, 0, 1, 0 }, { "streaming_bf16_staged", 1, 1, 1, 0 },
-                                  { "diloco_z3", 0, 0, 0, 1 },   { "streaming_z3", 1, 0, 0, 1 },   { "streaming_bf16_z3", 1, 0, 1, 1 } };
+typedef struct config { const char *name; int streaming, staged, bf16, z3, one; } config;   /* one: groups of one rank */
+static const config configs[] = { { "diloco", 0, 0, 0, 0, 0 },      { "streaming", 1, 0, 0, 0, 0 },      { "diloco_staged", 0, 1, 0, 0, 0 },
+                                  { "diloco_bf16", 0, 0, 1, 0, 0 }, { "streaming_bf16", 1, 0, 1, 0, 0 }, { "streaming_bf16_staged", 1, 1, 1, 0, 0 },
+                                  { "diloco_z3", 0, 0, 0, 1, 0 },   { "streaming_z3", 1, 0, 0, 1, 0 },   { "streaming_bf16_z3", 1, 0, 1, 1, 0 },
+                                  { "diloco_z3_groups_of_one", 0, 0, 0, 1, 1 }, { "streaming_bf16_z3_groups_of_one", 1, 0, 1, 1, 1 } };
 
 /* Rank r's gradient of element i at step t: group 1's are NaN at step 5 (skip_nonfinite; after the checkpoint: the file holds one AdamW step count, rank 0's). */
 static float grad_value(int r, int t, size_t i) {
@@ -52,7 +53,7 @@ static ddp_result train(ddp_desc d, const config *c, int shard, int *rank_out, i
     float *buf = NULL;
     char name[128];
     d.outer.mode = c->streaming ? DDP_OUTER_STREAMING : DDP_OUTER_DILOCO;
-    d.outer.group_size = 2;
+    d.outer.group_size = c->one ? 1 : 2;
     d.outer.inner_steps = c->streaming ? 4 : 2;
     if (c->streaming) { d.outer.fragments = 2; d.outer.delay_steps = 1; d.outer.mix = 0.5f; }
     d.shard_optimizer = shard;
@@ -103,10 +104,10 @@ static ddp_result train(ddp_desc d, const config *c, int shard, int *rank_out, i
         ddp_result whole = ddp_copy_to_host(ctx, DDP_ADAM_M, 0, buf, TOTAL);
         ddp_adamw_state(ctx, NULL, NULL, &step);
         snprintf(name, sizeof name, "groups_shard_%s_%s_rank%d_layout_and_skip", c->name, shard ? "on" : "off", rank);
-        verdict((whole == DDP_OK) == !shard && step && *step == (rank < 2 ? STEPS : STEPS - 1), name,
+        verdict((whole == DDP_OK) == (!shard || c->one) && step && *step == (rank < 2 ? STEPS : STEPS - 1), name,
                 "copy of all of m: %s, step %lld", ddp_result_string(whole), step ? (long long)*step : -1LL);
         snprintf(name, sizeof name, "groups_shard_%s_%s_rank%d_synced", c->name, shard ? "on" : "off", rank);
-        verdict(st.syncs >= 2 && st.groups == 2, name, "syncs %lld, groups %d", (long long)st.syncs, st.groups);
+        verdict(st.syncs >= 2 && st.groups == (c->one ? W : 2), name, "syncs %lld, groups %d", (long long)st.syncs, st.groups);
     }
     /* every rank gathers every buffer to itself in turn: each part from its owner in its group */
     for (which = 0; which < 3; which++) {
