@@ -1597,6 +1597,25 @@ static void auto_backend(void) {
         d.shard = DDP_SHARD_DEFAULT;
         fakegpu_reset();
     }
+    {   /* ZeRO-3 in replica groups of several ranks: the outer step gathers the parameters among the
+           group, which NCCL has no broadcast for: refused by name at ddp_init (before any rendezvous) */
+        ddp_result r;
+        ddp_desc z = d;
+        z.world_size = 2;
+        z.rank = 0;
+        z.master_port = 1;   /* never reached */
+        z.backend = DDP_BACKEND_NCCL;
+        z.shard = DDP_SHARD_PARAMETERS;
+        z.outer.mode = DDP_OUTER_DILOCO;
+        z.outer.group_size = 2;
+        z.outer.inner_steps = 2;
+        r = ddp_init(&ctx, &z);
+        verdict(r == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(ctx), "DDP_SHARD_PARAMETERS in replica groups of 2 ranks") &&
+                strstr(ddp_last_error(ctx), "nccl"), "fake_nccl_zero3_replica_groups_of_several_refused_by_name", "%s: %s",
+                ddp_result_string(r), ddp_last_error(ctx));
+        ddp_shutdown(ctx);
+        fakegpu_reset();
+    }
     fakegpu_set_device_count(0);
     ddp_init(&ctx, &d);
     verdict(!strcmp(ddp_backend_name(ctx), "single"), "fake_auto_backend_without_a_gpu", "got %s", ddp_backend_name(ctx));
