@@ -486,8 +486,21 @@
      end of ddp_adamw_step; tests/test_fake_nccl.c runs ZeRO-3 with it). A
      touch of a released unit by a kernel or copy is a fault on the device (tests/fakegpu counts
      it as misuse); check_ready's naming is the host backends'.
-     Backends: single, cpu and NCCL. Refused at ddp_init, by name: MPI, replica groups
-     (desc.outer), hybrid sharding (shard_group), uneven_inputs (as ZeRO-1); the CPU backend
+     Hybrid sharding (shard_group = S, HYBRID SHARDING): the parts are the shard group's (member
+     s of every group holds part s), a gather reads the group's members' parts only (CPU: their
+     parts in the segment; NCCL: the in-place all-gathers on the group's communicator), the
+     gradients go the hybrid way (reduce-scatter in the group, the part allreduced across the
+     groups) and are released as ZeRO-2's: the same bits as hybrid ZeRO-1 with the same groups
+     (CPU: unsharded's; tests/test_hybrid.c, tests/test_fake_nccl.c). Replica groups (desc.outer,
+     OUTER SYNC): the parts are the replica group's; the outer step gathers the parameters among
+     the group (fp32: from the members' owner storage; bf16: the master, as under ZeRO-1) and
+     writes back this rank's parts only, then a barrier (no member gathers a part mid-write): the
+     same bits as unsharded (tests/test_groups_shard.c). CPU backend; NCCL in groups of one rank,
+     where nothing is sharded (each rank's part is everything: a gather moves nothing).
+     Backends: single, cpu and NCCL. Refused at ddp_init, by name: MPI, replica groups of several
+     ranks on NCCL (no broadcast within a group there), uneven_inputs (as ZeRO-1); with replica
+     groups, a lone ddp_copy_from_host of parameters (the outer copy must follow on every rank:
+     ddp_scatter_from_host); the CPU backend
      without its shared segment (DDP_STAGED_GRADS, or no room in /dev/shm) at ddp_commit; NCCL
      on a driver without virtual memory management (named at ddp_commit). The timeline: each
      gather (prefetched or not) and release is an event on the comm lane ("gather unit N",
@@ -512,7 +525,9 @@
      slow link; hybrid keeps them on the host's fast one.
      Memory per parameter and rank (fp32 parameters): 4 (parameters) + 4 (gradients) + 8/S (m,
      v); bf16 parameters: 2 + 2 + 12/S (the master in parts too). S = world is flat sharding,
-     S = 1 is DDP (16 bytes). (Levels above OPTIMIZER divide their parts by S alike.)
+     S = 1 is DDP (16 bytes). (Levels above OPTIMIZER divide their parts by S alike: ZeRO-3
+     within groups of S is 16/S bytes, plus the gathered units, as SHARDED PARAMETERS says with
+     world -> S; every level from OPTIMIZER to PARAMETERS, on the CPU and NCCL backends.)
      The slow link, per step: each rank sends, and receives, 2 (G-1)/G of its part of the
      gradients (an allreduce of 1/S of them; fp32: 8 (G-1)/(G S) bytes a parameter), so a host
      (S ranks) sends 8 (G-1)/G bytes a parameter, what the MPI backend's unsharded hierarchical
@@ -695,6 +710,15 @@
      of the fragment, exchanges and steps it as unsharded (the same bits), then keeps the master
      of its own parts and writes all its working copies of the fragment (no gather after it).
      NCCL refuses bf16 parameters + shard_optimizer in one group of several ranks by name.
+     ZeRO-3 (DDP_SHARD_PARAMETERS) within the groups, CPU backend (NCCL: groups of one rank, a no-op
+     there; groups of several refused by name): the parameters are in parts too; a fragment's
+     fp32 parameters are gathered among the group as the bf16 master is above (fp32: from each
+     member's own parts, flat-indexed), stepped whole, and each member writes back its own parts
+     (bf16: its master and working copies of them), then the world meets at a barrier so that no
+     unit is gathered from a part still being written. The outer copy and momentum stay whole on
+     every rank (4 and 4 bytes a parameter on top of ZeRO-3's 16/S). The same bits as unsharded
+     (tests/test_groups_shard.c: DiLoCo, streaming with a fragment in flight, fp32 and bf16,
+     checkpoints both ways; the GPT trainer's --shard parameters --outer diloco).
      Checkpoints: each group's m, v (and master) come from its own members. Tests:
      tests/test_groups_shard.c (4 thread-ranks in 2 groups of 2; mpirun -n 4 in
      tests/test_groups.sh): sharded = unsharded bit for bit, fp32 and bf16 parameters, DiLoCo and
@@ -1171,8 +1195,9 @@
      >>join         uneven inputs: ddp_join's shadow steps, the replicas synced at the end
      >>outer        replica groups and their outer sync: fragments, the wire's encodings, the
                     exchange (its own thread when delayed; the wire's users wait for it), the
-                    outer Nesterov step and the merge; the master in parts gathered within the
-                    group (ddp__outer_master_get / _put, be->team_bcast)
+                    outer Nesterov step and the merge; the master in parts (ZeRO-3: the fp32
+                    parameters' parts too) gathered within the group (ddp__outer_master_get /
+                    _put, be->team_bcast), a barrier after a ZeRO-3 merge
      >>checkpoint   ddp_save / ddp_load: the file format, the atomic write, the strict two-pass
                     read, rank 0's verdict broadcast to every rank; the outer sync's state
                     (every group's, ddp__ckpt_outer_save / ddp__ckpt_outer_load)
