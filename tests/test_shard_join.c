@@ -18,7 +18,9 @@
    always engaged; weight decay with a DDP_NO_DECAY parameter. One rank: ddp_join returns at once.
    Hybrid sharding (4 ranks in shard groups of 2) and the CPU backend's staging slots
    (DDP_STAGED_GRADS=1, 3 ranks) at ZeRO-1 and ZeRO-2.
-   Refusals: DDP_SHARD_PARAMETERS with uneven_inputs on NCCL, shard_accumulate with uneven_inputs.
+   A root whose ddp_adamw_step fails (bad options) makes the joined rank's ddp_join fail, naming it.
+   Refusals: DDP_SHARD_PARAMETERS with uneven_inputs on NCCL, shard_accumulate with uneven_inputs,
+   replica groups (desc.outer) with uneven_inputs.
    Run: build/test_shard_join */
 #include "testlib.h"
 #include "fakegpu/fakegpu.h"
@@ -231,6 +233,41 @@ static void test_case(ddp_backend backend, int world, int group, int bf16, ddp_j
     }
 }
 
+/* The root's ddp_adamw_step fails before its exchanges (a negative lr): the joined rank's
+   ddp_join fails too, naming the root, instead of waiting for the step's exchanges. */
+static void bad_options_rank(test_rank *self) {
+    ddp_desc d = test_desc(self);
+    ddp_context *ctx = NULL;
+    ddp_adamw opt;
+    int id;
+    memset(&opt, 0, sizeof opt);
+    opt.lr = -1;
+    d.backend = DDP_BACKEND_CPU;
+    d.shard = DDP_SHARD_OPTIMIZER;
+    d.uneven_inputs = DDP_JOIN_DIVIDE_BY_WORLD;
+    if ((self->result = ddp_init(&ctx, &d)) == DDP_OK &&
+        (self->result = ddp_register_param(ctx, "p", 3000, 0, init[0], &id)) == DDP_OK && (self->result = ddp_commit(ctx)) == DDP_OK) {
+        if (self->rank == 0) self->result = ddp_join(ctx);
+        else {
+            ddp_zero_grad(ctx);
+            if ((self->result = ddp_grad_ready(ctx, id)) == DDP_OK && (self->result = ddp_finish(ctx)) == DDP_OK)
+                self->result = ddp_adamw_step(ctx, &opt, NULL);
+        }
+    }
+    snprintf(self->error, sizeof self->error, "%s", ddp_last_error(ctx));
+    ddp_shutdown(ctx);
+}
+
+static void test_bad_options(void) {
+    void *shared[1] = { (void *)bad_options_rank };
+    test_rank ranks[2];
+    test_run_ranks(2, shared, ranks);
+    verdict(ranks[1].result == DDP_ERR_INVALID_ARGUMENT && strstr(ranks[1].error, "lr=-1") &&
+            ranks[0].result == DDP_ERR_INVALID_STATE && strstr(ranks[0].error, "ddp_adamw_step of rank 1"),
+            "shard_join_root_step_failure_named_on_the_joined_rank", "rank 0: %s: %s | rank 1: %s: %s", ddp_result_string(ranks[0].result),
+            ranks[0].error, ddp_result_string(ranks[1].result), ranks[1].error);
+}
+
 /* What stays refused, by name. */
 static void refusal_rank(test_rank *self) {
     ddp_desc d = test_desc(self);
@@ -239,6 +276,7 @@ static void refusal_rank(test_rank *self) {
     d.shard = cfg.level;
     d.shard_accumulate = cfg.accum;
     d.uneven_inputs = DDP_JOIN_DIVIDE_BY_WORLD;
+    if (cfg.group) { d.outer.mode = DDP_OUTER_DILOCO; d.outer.group_size = cfg.group; d.outer.inner_steps = 2; }
     self->result = ddp_init(&ctx, &d);
     snprintf(self->error, sizeof self->error, "%s", ddp_last_error(ctx));
     ddp_shutdown(ctx);
@@ -259,6 +297,12 @@ static void test_refusals(void) {
     test_run_ranks(2, shared, ranks);
     verdict(ranks[0].result == DDP_ERR_INVALID_ARGUMENT && strstr(ranks[0].error, "shard_accumulate 1 cannot be combined with uneven_inputs"),
             "shard_join_shard_accumulate_refused_by_name", "%s: %s", ddp_result_string(ranks[0].result), ranks[0].error);
+    /* replica groups (desc.outer): refused with uneven inputs at every level, sharded or not */
+    memset(&cfg, 0, sizeof cfg);
+    cfg.backend = DDP_BACKEND_CPU; cfg.level = DDP_SHARD_OPTIMIZER; cfg.group = 1;
+    test_run_ranks(2, shared, ranks);
+    verdict(ranks[0].result == DDP_ERR_INVALID_ARGUMENT && strstr(ranks[0].error, "replica groups") && strstr(ranks[0].error, "uneven_inputs"),
+            "shard_join_replica_groups_refused_by_name", "%s: %s", ddp_result_string(ranks[0].result), ranks[0].error);
 }
 
 int main(void) {
@@ -285,6 +329,7 @@ int main(void) {
     test_case(DDP_BACKEND_CPU, 3, 0, 1, DDP_JOIN_DIVIDE_BY_ACTIVE, 2, 1, accum);
     staged = 0;
     unsetenv("DDP_STAGED_GRADS");
+    test_bad_options();
     test_refusals();
     return test_summary("test_shard_join");
 }
