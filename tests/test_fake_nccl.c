@@ -41,6 +41,9 @@
      as unsharded; ddp_param never moves; a gathered unit's granules all device memory, a released
      one's exactly those holding this rank's parts; a copy from released memory counted as misuse
      by the fake; >>zero3's misuse checks named; a checkpoint saved at PARAMETERS loads unsharded;
+     within shard groups (4 ranks in groups of 2, 6 in groups of 3 and of 2) the norms and
+     parameters of hybrid ZeRO-1 with the same groups, bit for bit; in DiLoCo replica groups of
+     one rank those of unsharded, nothing released; in groups of several, refused by name;
    - the fake saw no misuse of the CUDA or NCCL API (wrong pointers, devices, destroyed handles)
      and nothing leaked (communicators, events, device memory). */
 #include "testlib.h"

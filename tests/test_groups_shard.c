@@ -14,7 +14,11 @@
      unsharded run, which finish with the same bits.
    Each with fp32 and with bf16 parameters (the fp32 master in parts within the group, gathered
    among it for the outer step; the bf16 working copies compared too). And: groups of one rank
-   take shard_optimizer as a no-op (nothing to shard across: m and v whole). */
+   take shard_optimizer as a no-op (nothing to shard across: m and v whole). ZeRO-3 within the
+   groups (the _z3 configurations: DDP_SHARD_PARAMETERS in the sharded runs, the same two units
+   in every run): the same comparisons, the outer step gathering the group's parts of the
+   parameters; in groups of one rank too (trained, and the parameters whole); and a lone write of
+   parameters in groups of two refused by name, ddp_scatter_from_host reaching every part. */
 #include "testlib.h"
 
 #define W 4

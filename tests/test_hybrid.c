@@ -14,7 +14,10 @@
    compared every step), in place and staged (DDP_STAGED_GRADS=1: no gradient segment).
    Checkpoints: the hybrid run saved after step 3 and loaded by an unsharded and by a hybrid run
    of the same world, which finish with the unsharded run's bits, and by 2 unsharded ranks (another
-   world size), which hold the saved state. Then the bad inputs, each refused by name.
+   world size), which hold the saved state; an unsharded file resumed hybrid ends with the
+   unsharded bits too. ZeRO-3 within the groups (the z3_ configurations, DDP_SHARD_PARAMETERS, two
+   units in every run of them): the parameters hashed every step are the gathered units' views,
+   read from the group's parts, and must give the same bits. Then the bad inputs, each refused by name.
    With "env" (tests/test_hybrid.sh: mpirun across 2 namespace hosts x 2 ranks, the MPI build
    build/mpi/test_hybrid, a shard group a host): fp32 parameters give the unsharded hierarchical
    MPI run's bits every step (the hosts' sums added in host order either way); bf16 parameters
