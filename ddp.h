@@ -2995,6 +2995,11 @@ typedef struct ddp__backend {
        flat-indexed (its own parts valid; DDP_SHARD_PARAMETERS' gathers copy from there, >>zero3);
        NULL (or a NULL result): the backend runs DDP_SHARD_PARAMETERS on one rank only */
     unsigned char *(*z3_parts)(ddp_context *ctx, int member);
+    /* optional: a unit's gather by the backend's own exchange (MPI: ddp__mpi_z3_*), into the view
+       (its pages committed): z3_start begins it (nonblocking), z3_wait completes it; every rank
+       starts the same units in the same order. NULL: copies from z3_parts */
+    ddp_result (*z3_start)(ddp_context *ctx, int unit);
+    ddp_result (*z3_wait)(ddp_context *ctx, int unit);
     void (*stats)(ddp_context *ctx);                             /* bring ctx->step.last_stats up to date */
     void (*poison)(ddp_context *ctx, ddp_result code);           /* tell the peers; any thread */
     void (*stop)(ddp_context *ctx);                              /* shutdown: no step work in flight */
@@ -4126,9 +4131,6 @@ static ddp_result ddp__desc_validate(ddp_context *ctx, const ddp_desc *d) {
     if (d->shard_accumulate && d->shard_group)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_accumulate 1 with shard_group %d (hybrid sharding) "
                          "is not built yet: accumulate with the whole gradients (shard_accumulate 0)", d->shard_group);
-    if (d->shard == DDP_SHARD_PARAMETERS && d->shard_group)
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_group %d (hybrid sharding) with DDP_SHARD_PARAMETERS "
-                         "is not built yet: ZeRO-3 shards over the world (shard_group 0)", d->shard_group);
     /* hybrid: a group to shard within needs something sharded (the world's checks: ddp__hybrid_resolve) */
     if (d->shard_group && d->shard < DDP_SHARD_OPTIMIZER)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_group %d shards within groups of %d ranks, but "
@@ -7405,7 +7407,20 @@ struct ddp__mpi {
     double cross_at, cross_wait, cross_spread;/* its part across the signature exchange's members (leaders or all) */
     int cross_last;                           /* -1: not known (no zero yet, or not a member) */
     ddp__straggle straggle;
+    MPI_Comm z3comm;                      /* sharded parameters: the gathers' own duplicate of team
+                                             (ddp__mpi_z3_*); MPI_COMM_NULL below that level */
+    struct ddp__mpi_z3 *z3;               /* each unit's gather in flight */
+    uint64_t z3seq;                       /* gathers started: the same on every rank of the team */
 };
+
+/* One unit's gather in flight (ddp__mpi_z3_start): its requests (req[0] the signature), each
+   data request's counts and displacements (MPI reads them until it completes), the signatures. */
+typedef struct ddp__mpi_z3 {
+    MPI_Request *req;
+    int nreq;
+    int *cd;
+    uint64_t mine[2], *sigs;
+} ddp__mpi_z3;
 
 static int ddp__mpi_owned, ddp__mpi_dirty;   /* ddp.h initialized MPI; a context failed */
 static void ddp__mpi_atexit(void) {
@@ -8068,6 +8083,128 @@ static ddp_result ddp__z2_mpi_bucket(ddp_context *ctx, int b) {
     return r;
 }
 
+/* Sharded parameters (>>zero3: be->z3_start / z3_wait). A gather of unit u is, per bucket of the
+   unit (per window: MPI counts are ints), MPI_Iallgatherv of the team's parts (the equal parts and
+   the last member's tail, ddp__shard_range: ZeRO-1's layout after AdamW) from each owner's
+   storage (flat.params, or the bf16 working copies: flat-indexed, only its parts kept) into the
+   view, on m->z3comm: the world's ranks, or the shard group's with hybrid sharding, the ranks
+   that hold the unit's parts. Before them a signature ({gathers so far, u}) is all-gathered, so
+   ranks that gather different units are named, not left in mismatched exchanges.
+   Why nonblocking, started on the program's thread: MPI matches collectives on a communicator by
+   the order they are started, and only the program's own calls (ddp_unit_gather, _prefetch and
+   the tape's backward) have the same order on every rank; a prefetch thread would race the
+   program's next gather, and the comm thread's buckets run in another order (their readiness).
+   On a communicator of their own the gathers never meet the buckets' exchanges (world, host,
+   leaders, hcross on the comm thread: MPI_THREAD_MULTIPLE, which the backend requires). So
+   ddp_unit_prefetch starts the exchange and returns; the transfer goes on while the program
+   computes as far as the MPI library progresses nonblocking collectives by itself (Open MPI: while
+   any of this rank's threads is inside MPI, as the comm thread is during a backward); the wait
+   polls (MPI_Test) and checks the group's failure, cancel and timeout_s, as a watched collective. */
+static ddp_result ddp__mpi_z3_check(ddp_context *ctx, int rc, const char *call, int u) {
+    char e[MPI_MAX_ERROR_STRING];
+    int n = 0;
+    if (rc == MPI_SUCCESS) return DDP_OK;
+    if (ddp__failed(ctx)) return ddp__failed(ctx);
+    e[0] = 0;
+    MPI_Error_string(rc, e, &n);
+    return ddp__fail_group(ctx, DDP_ERR_PEER_LOST, "%s failed in the gather of unit '%s' (sharded parameters): %s", call,
+                           ctx->z3.units[u].name, e);
+}
+
+static ddp_result ddp__mpi_z3_start(ddp_context *ctx, int u) {
+    ddp__mpi *m = ctx->impl.mpi;
+    ddp__mpi_z3 *x = &m->z3[u];
+    const ddp__z3_unit *k = &ctx->z3.units[u];
+    size_t es = ctx->z3.es, win = ddp__mpi_window(ctx), c0, c1, lo, hi, mine;
+    int n = ddp__team_world(ctx), me = ddp__team_rank(ctx), b, s, i, nreq = 1, rc;
+    unsigned char *own = ctx->flat.params_bf16 ? (unsigned char *)ctx->flat.params_bf16 : (unsigned char *)ctx->flat.params;
+    MPI_Datatype type = es == sizeof(ddp_bf16) ? MPI_UINT16_T : MPI_FLOAT;
+    if (ddp__failed(ctx)) return ddp__failed(ctx);
+    for (b = 0; b < ctx->model.num_buckets; b++) {
+        const ddp__bucket *bk = &ctx->model.buckets[b];
+        if (bk->offset >= k->lo && bk->offset + bk->count <= k->hi) nreq += (int)((bk->count + win - 1) / win);
+    }
+    x->req = (MPI_Request *)ddp__calloc(sizeof(MPI_Request) * (size_t)nreq);
+    x->cd = (int *)ddp__calloc(sizeof(int) * 2 * (size_t)n * (size_t)nreq);
+    x->sigs = (uint64_t *)ddp__calloc(sizeof(uint64_t) * 2 * (size_t)n);
+    if (!x->req || !x->cd || !x->sigs) {
+        DDP_FREE(x->req); DDP_FREE(x->cd); DDP_FREE(x->sigs);
+        x->req = NULL; x->cd = NULL; x->sigs = NULL;
+        return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the gather of unit '%s'", k->name);
+    }
+    x->mine[0] = ++m->z3seq;
+    x->mine[1] = (uint64_t)u;
+    rc = MPI_Iallgather(x->mine, 2, MPI_UINT64_T, x->sigs, 2, MPI_UINT64_T, m->z3comm, &x->req[0]);
+    x->nreq = 1;
+    if (rc != MPI_SUCCESS) return ddp__mpi_z3_check(ctx, rc, "MPI_Iallgather", u);
+    for (b = 0, i = 1; b < ctx->model.num_buckets; b++) {
+        const ddp__bucket *bk = &ctx->model.buckets[b];
+        if (bk->offset < k->lo || bk->offset + bk->count > k->hi) continue;   /* units cut the buckets: whole ones */
+        for (c0 = 0; c0 < bk->count; c0 = c1, i++) {
+            int *counts = x->cd + 2 * (size_t)n * (size_t)i, *displs = counts + n;
+            c1 = bk->count - c0 < win ? bk->count : c0 + win;
+            for (s = 0, mine = c0; s < n; s++) {   /* ddp__mpi_pieces' layout, in this request's own arrays */
+                ddp__mpi_piece(ctx, b, 1, c0, c1, s, &lo, &hi);
+                counts[s] = (int)(hi - lo);
+                displs[s] = (int)(lo - c0);
+                if (s == me) mine = lo;
+            }
+            rc = MPI_Iallgatherv(own + (bk->offset + mine) * es, counts[me], type, ctx->z3.view + (bk->offset + c0) * es, counts,
+                                 displs, type, m->z3comm, &x->req[i]);
+            x->nreq = i + 1;
+            if (rc != MPI_SUCCESS) return ddp__mpi_z3_check(ctx, rc, "MPI_Iallgatherv", u);
+        }
+    }
+    return DDP_OK;
+}
+
+/* Requests [from, to) of unit u's gather completed (polled: the group's failure, cancel and
+   timeout_s are looked at meanwhile). */
+static ddp_result ddp__mpi_z3_poll(ddp_context *ctx, int u, int from, int to) {
+    ddp__mpi_z3 *x = &ctx->impl.mpi->z3[u];
+    double deadline = ddp__now() + ctx->desc.timeout_s;
+    ddp_result r;
+    int done = 0, spins = 0, rc;
+    for (;;) {
+        rc = MPI_Testall(to - from, x->req + from, &done, MPI_STATUSES_IGNORE);
+        if (rc != MPI_SUCCESS) return ddp__mpi_z3_check(ctx, rc, "MPI_Testall", u);
+        if (done) return DDP_OK;
+        if ((r = ddp__failed(ctx)) != DDP_OK) return r;
+        if ((r = ddp__check_cancel(ctx, "ddp_unit_gather")) != DDP_OK) return r;
+        if (ddp__now() > deadline)
+            return ddp__fail_group(ctx, DDP_ERR_TIMEOUT, "the gather of unit '%s' (sharded parameters, MPI) did not complete "
+                                   "within %g s: a rank of its %d did not gather or prefetch it (every rank gathers the "
+                                   "same units in the same order)", ctx->z3.units[u].name, ctx->desc.timeout_s,
+                                   ddp__team_world(ctx));
+        if (++spins > 200) ddp__usleep(50);   /* the other threads (the comm thread's buckets) get the cores */
+        else ddp__yield();
+    }
+}
+
+static ddp_result ddp__mpi_z3_wait(ddp_context *ctx, int u) {
+    ddp__mpi *m = ctx->impl.mpi;
+    ddp__mpi_z3 *x = &m->z3[u];
+    ddp_result r;
+    int s, n = ddp__team_world(ctx);
+    if (!x->nreq) return ddp__failed(ctx);   /* nothing in flight (a failed start: the group knows) */
+    if ((r = ddp__mpi_z3_poll(ctx, u, 0, 1)) != DDP_OK) return r;   /* the signatures first: mismatched sizes never wait */
+    for (s = 0; s < n; s++)
+        if (x->sigs[2 * s] != x->mine[0] || x->sigs[2 * s + 1] != x->mine[1]) {
+            int other = ddp__team_peer(ctx, s);
+            uint64_t ou = x->sigs[2 * s + 1];
+            return ddp__fail_group(ctx, DDP_ERR_MISMATCH, "ranks called different collectives: this rank gathers unit '%s' "
+                                   "(its gather %llu of the sharded parameters), rank %d unit '%s' (its gather %llu): every "
+                                   "rank gathers and prefetches the same units in the same order", ctx->z3.units[u].name,
+                                   (unsigned long long)x->mine[0], other, ou < (uint64_t)ctx->z3.num_units ?
+                                   ctx->z3.units[ou].name : "?", (unsigned long long)x->sigs[2 * s]);
+        }
+    if ((r = ddp__mpi_z3_poll(ctx, u, 1, x->nreq)) != DDP_OK) return r;
+    DDP_FREE(x->req); DDP_FREE(x->cd); DDP_FREE(x->sigs);   /* completed: MPI holds none of them now */
+    x->req = NULL; x->cd = NULL; x->sigs = NULL;
+    x->nreq = 0;
+    return DDP_OK;
+}
+
 /* AdamW: unsharded the host arithmetic on every rank; sharded, this rank's parts (the norm from
    every rank's blocks), each bucket's parts all-gathered once updated. */
 static ddp_result ddp__mpi_adamw(ddp_context *ctx, const ddp_adamw *opt, float b1, float b2, float eps, float *grad_norm_out) {
@@ -8082,6 +8219,10 @@ static ddp_result ddp__mpi_adamw(ddp_context *ctx, const ddp_adamw *opt, float b
     /* the norm is the team's: its ranks return here alike; with replica groups a group's skipped
        step still gathers (unchanged values), so every group counts the same exchanges */
     if (r != DDP_OK || (skip && !ddp__mpi_teams(ctx))) return r;
+    if (ddp__z3(ctx)) {   /* sharded parameters: updated in place, no all-gather (the next gather's exchange reads them) */
+        for (b = 0; b < ctx->model.num_buckets && !skip; b++) ddp__adamw_bucket(ctx, b, opt, &now);
+        return DDP_OK;
+    }
     ctx->what = "ddp_adamw_step's all-gather of the updated parameters (shard_optimizer)";
     for (b = 0; b < ctx->model.num_buckets; b++) {
         if (!skip) ddp__adamw_bucket(ctx, b, opt, &now);
@@ -8446,6 +8587,7 @@ static ddp_result ddp__mpi_setup(ddp_context *ctx, double deadline) {
     if (!(m = ctx->impl.mpi = (ddp__mpi *)ddp__calloc(sizeof *m))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
     m->world = m->local = m->leaders = m->team = MPI_COMM_NULL;
     m->hcross = MPI_COMM_NULL;
+    m->z3comm = MPI_COMM_NULL;
     ddp__workq_init(&m->comm, ctx, ddp__z2_mpi_bucket);
     pthread_mutex_init(&m->lock, NULL);
     ddp__watchdog_init(&m->wd, ctx, &m->lock);
@@ -8472,6 +8614,17 @@ static ddp_result ddp__mpi_commit(ddp_context *ctx) {
         return r;
     if ((r = ddp__mpi_ranks_alloc(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     if (ddp__hybrid(ctx) && (r = ddp__hybrid_mpi_commit(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
+    if (ctx->desc.shard == DDP_SHARD_PARAMETERS) {   /* the gathers' own communicator (ddp__mpi_z3_start says why) */
+        int rc;
+        ctx->what = "the duplicate of the team's communicator for the sharded parameters' gathers";
+        if ((rc = MPI_Comm_dup(ctx->impl.mpi->team, &ctx->impl.mpi->z3comm)) != MPI_SUCCESS) {
+            ctx->impl.mpi->z3comm = MPI_COMM_NULL;
+            return ddp__mpi_check(ctx, rc, "MPI_Comm_dup");
+        }
+        MPI_Comm_set_errhandler(ctx->impl.mpi->z3comm, MPI_ERRORS_RETURN);
+        if (!(ctx->impl.mpi->z3 = (ddp__mpi_z3 *)ddp__calloc(sizeof(ddp__mpi_z3) * (size_t)(ctx->z3.num_units ? ctx->z3.num_units : 1))))
+            return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the units' gathers"));
+    }
     if (ddp__mpi_teams(ctx) && ctx->outer.size > 1) {
         ctx->impl.mpi->team_host = ddp__mpi_team_is_host(ctx);
         ddp__log(ctx, DDP_LOG_INFO, "replica group %d (ranks %d..%d): its buckets through %s", ctx->outer.group,
@@ -8540,6 +8693,7 @@ static void ddp__mpi_teardown(ddp_context *ctx) {
         else {
             if (m->team != MPI_COMM_NULL) MPI_Comm_free(&m->team);
             if (m->hcross != MPI_COMM_NULL) MPI_Comm_free(&m->hcross);
+            if (m->z3comm != MPI_COMM_NULL) MPI_Comm_free(&m->z3comm);
             if (m->leaders != MPI_COMM_NULL) MPI_Comm_free(&m->leaders);
             if (m->local != MPI_COMM_NULL) MPI_Comm_free(&m->local);
             if (m->world != MPI_COMM_NULL) MPI_Comm_free(&m->world);
@@ -8550,6 +8704,7 @@ static void ddp__mpi_teardown(ddp_context *ctx) {
         ddp__free_floats((float *)(void *)m->rounded);
         ddp__free_floats(m->hscratch);
         ddp__free_floats(m->hbucket);
+        DDP_FREE(m->z3);   /* each unit's arrays went at its wait (after a failure a request may still hold them: left) */
         DDP_FREE(m->hcounts);
         DDP_FREE(m->wcounts);
         DDP_FREE(m->counts);
@@ -8630,6 +8785,8 @@ static void ddp__mpi_table(ddp__backend *t) {
     t->collective = ddp__mpi_collective;
     t->allgather = ddp__mpi_allgather;
     t->team_bcast = ddp__mpi_team_bcast;
+    t->z3_start = ddp__mpi_z3_start;
+    t->z3_wait = ddp__mpi_z3_wait;
     t->poison = ddp__mpi_poison;
     t->stop = ddp__mpi_stop;
     t->teardown = ddp__mpi_teardown;
@@ -10835,10 +10992,16 @@ static ddp_result ddp__init(ddp_context *ctx, const ddp_desc *desc) {
     if (ctx->desc.shard_optimizer && !ctx->be->shards)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_optimizer is not supported by the %s backend "
                          "(yet): run unsharded there", ctx->be->name);
-    /* NCCL gathers by all-gather (>>nccl: ddp__gpu_z3_*), the host backends copy from z3_parts */
-    if (ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->world > 1 && !ctx->be->z3_parts && ctx->be->id != DDP_BACKEND_NCCL)
+    /* NCCL gathers by all-gather (>>nccl: ddp__gpu_z3_*), MPI by its own exchange (z3_start), the cpu backend copies from z3_parts */
+    if (ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->world > 1 && !ctx->be->z3_parts && !ctx->be->z3_start &&
+        ctx->be->id != DDP_BACKEND_NCCL)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: DDP_SHARD_PARAMETERS is not built yet on the %s backend "
                          "(the cpu backend runs it on one host; DDP_SHARD_OPTIMIZER runs here)", ctx->be->name);
+    /* hybrid: the MPI backend gathers within the shard group's communicator (ddp__mpi_z3_start) */
+    if (ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->desc.shard_group && ctx->be->id != DDP_BACKEND_MPI)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_group %d (hybrid sharding) with DDP_SHARD_PARAMETERS "
+                         "is not built yet on the %s backend (the mpi backend runs it): ZeRO-3 shards over the world there "
+                         "(shard_group 0)", ctx->desc.shard_group, ctx->be->name);
     if (ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->desc.outer.mode != DDP_OUTER_OFF)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: DDP_SHARD_PARAMETERS is not built yet with replica groups "
                          "(desc.outer)");
@@ -11435,10 +11598,57 @@ static void ddp__z3_record_gather(ddp_context *ctx, int u, double t0, double t1,
 static int ddp__z3_state(ddp_context *ctx, int u);
 static ddp_result ddp__z3_prefetch(ddp_context *ctx, int u);
 
+/* The backend's exchange (be->z3_start, MPI): unit u's pages committed and its gather started
+   on this thread (a collective: the program's calls order it alike on every rank); the wait is
+   ddp__z3_exchange_wait. fetched: started by a prefetch (the timeline says so). */
+static ddp_result ddp__z3_exchange_start(ddp_context *ctx, int u, int fetched, const char *call) {
+    ddp_result r;
+    int rc;
+    ddp__mutex_lock(&ctx->z3.lock);
+    rc = ddp__z3_commit_pages(ctx, u);
+    if (rc == 0) {
+        ctx->z3.units[u].state = DDP__Z3_IN_FLIGHT;
+        ctx->z3.units[u].fetched = fetched;
+        ctx->z3.units[u].t0 = ddp__now();
+    }
+    ddp__mutex_unlock(&ctx->z3.lock);
+    if (rc != 0) {   /* a local failure before any exchange: the ranks stay in step only if every rank fails alike */
+        int e = errno;
+        return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "%s: no memory for unit '%s' (%zu bytes): %s", call,
+                               ctx->z3.units[u].name, ddp__z3_unit_bytes(ctx, u), ddp__strerror(e));
+    }
+    if ((r = ctx->be->z3_start(ctx, u)) != DDP_OK) return r;   /* failed the group: the view stays as it is */
+    return DDP_OK;
+}
+
+/* The exchange of a unit in flight completed: the unit is gathered. */
+static ddp_result ddp__z3_exchange_wait(ddp_context *ctx, int u) {
+    ddp_result r = ctx->be->z3_wait(ctx, u);
+    if (r != DDP_OK) return r;
+    ddp__mutex_lock(&ctx->z3.lock);
+    ctx->z3.units[u].t1 = ddp__now();
+    ctx->z3.units[u].state = DDP__Z3_GATHERED;
+    ddp__mutex_unlock(&ctx->z3.lock);
+    return DDP_OK;
+}
+
 /* Unit u gathered, on this thread or by waiting for its prefetch. */
 static ddp_result ddp__z3_gather(ddp_context *ctx, int u) {
     double t0, t1;
     int fetched;
+    if (ctx->be->z3_start && ctx->world > 1) {   /* MPI: started here or by a prefetch, completed here */
+        ddp_result r;
+        int was = ddp__z3_state(ctx, u);
+        if (was == DDP__Z3_GATHERED) return DDP_OK;
+        if (was == DDP__Z3_RELEASED && (r = ddp__z3_exchange_start(ctx, u, 0, "ddp_unit_gather")) != DDP_OK) return r;
+        if ((r = ddp__z3_exchange_wait(ctx, u)) != DDP_OK) return r;
+        ddp__mutex_lock(&ctx->z3.lock);
+        fetched = ctx->z3.units[u].fetched;
+        ctx->z3.units[u].fetched = 0;
+        ddp__mutex_unlock(&ctx->z3.lock);
+        ddp__z3_record_gather(ctx, u, ctx->z3.units[u].t0, ctx->z3.units[u].t1, fetched);
+        return DDP_OK;
+    }
 #ifdef DDP_CUDA
     if (ctx->z3.device) {   /* enqueued (or prefetched), and the compute stream waits for it: no host wait */
         ddp_result r;
@@ -11494,6 +11704,8 @@ static ddp_result ddp__z3_prefetch(ddp_context *ctx, int u) {
         return DDP_OK;
     }
 #endif
+    if (ctx->be->z3_start && ctx->world > 1)   /* MPI: the exchange started now, on this thread (ddp__mpi_z3_start says why) */
+        return ddp__z3_state(ctx, u) != DDP__Z3_RELEASED ? DDP_OK : ddp__z3_exchange_start(ctx, u, 1, "ddp_unit_prefetch");
     ddp__mutex_lock(&ctx->z3.lock);
     if (ctx->z3.units[u].state != DDP__Z3_RELEASED) { ddp__mutex_unlock(&ctx->z3.lock); return DDP_OK; }
     if (ddp__z3_commit_pages(ctx, u) != 0) {
@@ -11547,6 +11759,10 @@ static ddp_result ddp__z3_release(ddp_context *ctx, int u, int quiet) {
         return DDP_OK;
     }
 #endif
+    if (ctx->be->z3_start && ctx->world > 1 && ddp__z3_state(ctx, u) == DDP__Z3_IN_FLIGHT) {   /* MPI: prefetched, its exchange first */
+        ddp_result r = ddp__z3_exchange_wait(ctx, u);
+        if (r != DDP_OK) return r;
+    }
     ddp__mutex_lock(&ctx->z3.lock);
     while (ctx->z3.units[u].state == DDP__Z3_IN_FLIGHT) ddp__cond_wait(&ctx->z3.cond, &ctx->z3.lock);
     if (ctx->z3.units[u].state != DDP__Z3_GATHERED) {
@@ -11635,7 +11851,7 @@ static ddp_result ddp__z3_commit(ddp_context *ctx) {
     ctx->z3.page = ddp__vm_page();
     ctx->z3.replay_op = -1;
     ctx->z3.device = ctx->be->id == DDP_BACKEND_NCCL;
-    if (ctx->world > 1 && !ctx->z3.device && !ddp__z3_source(ctx, 0))
+    if (ctx->world > 1 && !ctx->z3.device && !ctx->be->z3_start && !ddp__z3_source(ctx, 0))
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_commit: DDP_SHARD_PARAMETERS on the %s backend needs the parameters' "
                          "parts in its shared segment, which it does not have (DDP_STAGED_GRADS is set, or /dev/shm had no "
                          "room: see the warning above)", ctx->be->name);
@@ -11675,14 +11891,15 @@ static ddp_result ddp__z3_commit(ddp_context *ctx) {
     }
     ddp__mutex_init(&ctx->z3.lock);
     ddp__cond_init(&ctx->z3.cond);
-    /* prefetch off: no thread (nor its stack) at all */
-    if (!ctx->desc.shard_prefetch_off && ddp__thread_create(&ctx->z3.thread, ddp__z3_main, ctx) != 0) {
+    /* prefetch off, or the backend's exchange (MPI: started on the program's thread): no thread (nor its stack) at all */
+    if (!ctx->desc.shard_prefetch_off && !(ctx->be->z3_start && ctx->world > 1) &&
+        ddp__thread_create(&ctx->z3.thread, ddp__z3_main, ctx) != 0) {
         ddp__cond_destroy(&ctx->z3.cond);
         ddp__mutex_destroy(&ctx->z3.lock);
         return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot start the prefetch thread of the sharded parameters (with "
                          "DDP_SHARD_PREFETCH=off there is none)");
     }
-    ctx->z3.threaded = !ctx->desc.shard_prefetch_off;
+    ctx->z3.threaded = !ctx->desc.shard_prefetch_off && !(ctx->be->z3_start && ctx->world > 1);
     ctx->z3.started = 1;
     ctx->z3.on = 1;
     if (ctx->desc.check_ready && !ddp__z3_fault_ctx) { ddp__z3_fault_ctx = ctx; ddp__fault_hook(ddp__z3_fault); }
@@ -11691,6 +11908,12 @@ static ddp_result ddp__z3_commit(ddp_context *ctx) {
 
 /* Shutdown (before the backend's teardown: the thread reads the peers' parts). */
 static void ddp__z3_free(ddp_context *ctx) {
+    int u, pending = 0;
+    /* MPI: a prefetch never waited for still writes into the view: completed first (after a failure
+       it may never complete: the view's address range is then left reserved, not handed back) */
+    for (u = 0; ctx->z3.on && ctx->be->z3_start && ctx->world > 1 && u < ctx->z3.num_units; u++)
+        if (ctx->z3.units[u].state == DDP__Z3_IN_FLIGHT && (ddp__failed(ctx) || ctx->be->z3_wait(ctx, u) != DDP_OK)) pending = 1;
+    if (pending) ctx->z3.view = NULL;
     if (ctx->z3.started) {
         ddp__mutex_lock(&ctx->z3.lock);
         ctx->z3.stop = 1;
