@@ -11803,20 +11803,24 @@ static int ddp__z3_any_gathered(ddp_context *ctx) {
 
 /* Pages of this rank's owner storage outside its parts hold nothing anyone reads (the commit's
    broadcast filled them): given back (ddp__pages_punch; where it cannot, they stay: more memory,
-   the same results). */
+   the same results). Pages counted on the machine's grid, and only those wholly inside the
+   storage: the MPI backend's is a 64-byte aligned heap block whose neighbours share its end pages. */
 static void ddp__z3_drop_unowned(ddp_context *ctx) {
-    size_t page = ctx->z3.page, es = ctx->z3.es, np = (ctx->flat.count * es + page - 1) / page, lo, hi, p, q;
-    unsigned char *keep = (unsigned char *)ddp__calloc(np ? np : 1), *own = ddp__z3_own(ctx);
+    size_t page = ctx->z3.page, es = ctx->z3.es, bytes = ctx->flat.count * es, lo, hi, p, q, np;
+    unsigned char *own = ddp__z3_own(ctx), *base = own - (uintptr_t)own % page, *keep;
     int b;
-    if (!keep) return;   /* nothing given back: more memory, the same results */
+    np = ((size_t)(own - base) + bytes + page - 1) / page;
+    if (!(keep = (unsigned char *)ddp__calloc(np ? np : 1))) return;   /* nothing given back: more memory, the same results */
+    if (np) { keep[0] = own != base; keep[np - 1] |= (size_t)(own + bytes - base) % page != 0; }   /* shared with a neighbour */
     for (b = 0; b < ctx->model.num_buckets; b++) {
         ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
-        if (hi > lo) for (p = lo * es / page; p < (hi * es + page - 1) / page; p++) keep[p] = 1;
+        if (hi > lo)
+            for (p = (size_t)(own + lo * es - base) / page; p < ((size_t)(own + hi * es - base) + page - 1) / page; p++) keep[p] = 1;
     }
     for (p = 0; p < np; p = q) {
         if (keep[p]) { q = p + 1; continue; }
         for (q = p; q < np && !keep[q]; q++) {}
-        (void)ddp__pages_punch(own + p * page, (q - p) * page);
+        (void)ddp__pages_punch(base + p * page, (q - p) * page);
     }
     DDP_FREE(keep);
 }
