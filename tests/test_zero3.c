@@ -201,6 +201,9 @@ static ddp_result open_model(model *m, const config *c, ddp_shard level) {
     d.param_dtype = c->bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
     d.shard = level;
     if (level >= DDP_SHARD_OPTIMIZER && !solo) d.shard_group = shard_group;
+#ifdef DDP_MPI
+    if (!solo && world > 1) d.backend = DDP_BACKEND_MPI;   /* on one host auto would pick the cpu backend */
+#endif
     if (solo) d.world_size = 1;
     d.check_ready = check_ready;
     d.shard_prefetch_off = prefetch_off;
@@ -327,6 +330,12 @@ static void run_config(const config *c) {
     if (r != DDP_OK) { printf("FAIL zero3_%s_unsharded: %s\n", c->name, ddp_last_error(a.ddp)); test_failures++; }
     ddp_shutdown(a.ddp);
     r = open_model(&z, c, DDP_SHARD_PARAMETERS);
+#ifdef DDP_MPI
+    if (r == DDP_OK && rank == 0 && world > 1) {   /* what this build is for */
+        snprintf(name, sizeof name, "zero3_%s_on_the_mpi_backend_%dranks", c->name, world);
+        verdict(ddp_config(z.ddp)->backend == DDP_BACKEND_MPI, name, "backend %s", ddp_backend_name(z.ddp));
+    }
+#endif
     if (r == DDP_OK) r = train_steps(&z, 0, STEPS, &rz);
 #ifndef _WIN32
     if (r == DDP_OK && rank == 0 && !c->bf16 && !c->own) {
