@@ -486,13 +486,31 @@
      end of ddp_adamw_step; tests/test_fake_nccl.c runs ZeRO-3 with it). A
      touch of a released unit by a kernel or copy is a fault on the device (tests/fakegpu counts
      it as misuse); check_ready's naming is the host backends'.
-     Backends: single, cpu and NCCL. Refused at ddp_init, by name: MPI, replica groups
-     (desc.outer), hybrid sharding (shard_group), uneven_inputs (as ZeRO-1); the CPU backend
-     without its shared segment (DDP_STAGED_GRADS, or no room in /dev/shm) at ddp_commit; NCCL
-     on a driver without virtual memory management (named at ddp_commit). The timeline: each
+     On the MPI backend (>>mpi: ddp__mpi_z3_*) the view is the reserved range as on the CPU
+     backend, and each rank's owner storage is its private flat buffers, only its parts' pages
+     kept (the commit's broadcast fills them whole a moment: the MPI commit holds the model once
+     per rank, unlike the CPU backend's). A gather commits the unit's pages and runs, per bucket
+     of the unit, MPI_Iallgatherv of the parts (the equal parts and the last rank's tail, ZeRO-1's
+     layout) from every owner's storage into the view, on a duplicate of the world's communicator
+     (hybrid: the shard group's), after a small signature exchange that names ranks gathering
+     different units; a release decommits; AdamW updates the parts in place, no all-gather.
+     Prefetch: ddp_unit_prefetch starts those nonblocking exchanges on the program's thread and
+     ddp_unit_gather waits for them (polling MPI_Test, with the failure, cancel and timeout_s
+     checks of any wait), so the transfer overlaps compute as far as MPI progresses it (Open MPI:
+     while another thread of the rank is inside MPI, as the communication thread is during a
+     backward). Not a prefetch thread: MPI matches a communicator's collectives by the order they
+     start, and only the program's calls have the same order on every rank. The gradients:
+     ZeRO-2's on MPI (the bucket's exchange, then the release outside this rank's parts); with
+     hybrid sharding the hybrid path (the host's sum, each part across the hosts among its
+     holders), whose bits ZeRO-1 in the same groups gives too (tests/test_zero3_mpi.sh).
+     Backends: single, cpu, NCCL and MPI. Refused at ddp_init, by name: replica groups
+     (desc.outer), hybrid sharding (shard_group) except on MPI, uneven_inputs (as ZeRO-1); the
+     CPU backend without its shared segment (DDP_STAGED_GRADS, or no room in /dev/shm) at
+     ddp_commit; NCCL on a driver without virtual memory management (named at ddp_commit). The timeline: each
      gather (prefetched or not) and release is an event on the comm lane ("gather unit N",
-     "release unit N": the unit's name and bytes; on NCCL the host's enqueue times; a gather's
-     "prefetched" says whether ddp_unit_prefetch started it).
+     "release unit N": the unit's name and bytes; on NCCL the host's enqueue times, on MPI from
+     the exchange's start to the wait's end; a gather's "prefetched" says whether
+     ddp_unit_prefetch started it).
 
    HYBRID SHARDING (ddp_desc.shard_group = S, or DDP_SHARD_GROUP=S; with shard >= OPTIMIZER)
      What: the sharded state is split within each group of S consecutive ranks (ranks [g*S,
@@ -570,6 +588,11 @@
      Checkpoints: the shard table has S entries (format version 1); the file loads at any world
      size and sharding, and a hybrid run loads any file (an older ddp.h refuses hybrid files as an
      impossible header). ddp_gather_to_host takes each part from the root's group.
+     With DDP_SHARD_PARAMETERS (MPI backend only; the others refuse it at ddp_init): the
+     parameters in parts within the group too (4/S fp32 parameters, gathered per unit), a
+     unit's gather an MPI_Iallgatherv among the group's ranks (a host's: no traffic across
+     hosts), the gradients as above; the same bits as DDP_SHARD_OPTIMIZER in the same groups
+     (tests/test_zero3_mpi.sh, 2 hosts x 2 ranks, S = 2).
 
    PARAMETER DTYPE (ddp_desc.param_dtype = DDP_DTYPE_BF16, or DDP_PARAM_DTYPE=bf16)
      bf16 training with fp32 master weights (docs/design.md): every parameter has a bf16 working
@@ -839,7 +862,11 @@
              zero on its owner only (so exact in any order), and each bucket's parts are all-
              gathered once updated (MPI_Allgatherv of the fp32 parameters, or of the bf16 working
              copies): sharded gives unsharded's bits. Checkpoints move between the MPI and CPU
-             backends and world sizes, sharded or not. Replica groups of several ranks
+             backends and world sizes, sharded or not. ZeRO-2: each bucket's exchange as above,
+             then the gradients outside this rank's parts released. ZeRO-3 (SHARDED PARAMETERS):
+             a unit's gather is an MPI_Iallgatherv of the parts per bucket, started by
+             ddp_unit_gather or ddp_unit_prefetch, on a communicator of the gathers' own;
+             hybrid sharding too (within the host's ranks). Replica groups of several ranks
              (OUTER SYNC): every bucket, fp32 too, goes that owner's way among the group's ranks
              only, through a communicator of the group (MPI_Comm_split): the CPU backend's bits
              for the same groups, on any hosts; a group that is exactly one host's ranks (the
@@ -851,7 +878,8 @@
              that hold it (the leaders' order: fp32 keeps the unsharded bits; HYBRID SHARDING).
              Tests: tests/test_mpi_parity.sh (one host, flat and hierarchical),
              tests/test_mpi_hosts.sh (2 hosts x 2 ranks), tests/test_groups.sh (groups),
-             tests/test_hybrid.sh (hybrid sharding).
+             tests/test_hybrid.sh (hybrid sharding), tests/test_zero2_mpi.sh, tests/test_zero3_mpi.sh
+             (ZeRO-2, ZeRO-3 and ZeRO-3 hybrid).
              Over TCP (Open MPI's btl tcp): where ddp.h initializes MPI it sets the Open MPI
              parameters that mpirun --mca / OMPI_MCA_* left unset: btl_tcp_eager_limit,
              btl_tcp_rndv_eager_limit and btl_tcp_max_send_size 1 MiB, btl_tcp_links 2,
@@ -1132,7 +1160,9 @@
                     host's sum, each part across the hosts among its holders); stragglers across hosts
                     through the signature check (ddp__mpi_cross_arrivals, the leaders' relay);
                     the watchdog's hooks (heartbeats, the collective's age, MPI_Abort); ZeRO-2's
-                    release after a bucket's MPI calls (ddp__z2_mpi_bucket); its table
+                    release after a bucket's MPI calls (ddp__z2_mpi_bucket); ZeRO-3's gathers
+                    (ddp__mpi_z3_*: MPI_Iallgatherv per bucket of a unit on the gathers' own
+                    communicator, started by gather or prefetch, polled by the wait); its table
      >>nccl         the NCCL backend (only with DDP_CUDA): the communicators' life (the
                     world's; a replica group's or, hybrid, a shard group's: ddp__gpu_init_team;
                     hybrid's cross-group one of a part's holders: ddp__gpu_init_cross), the
@@ -1160,7 +1190,8 @@
                     counts, gather / prefetch (its own thread) / release, the tape's plan (each
                     unit's last op), the misuse checks, check_ready's fault naming; on NCCL the
                     same primitives hand the view, the gathers and the releases to >>nccl
-                    (z3.device); in >>params before ddp__commit
+                    (z3.device); on MPI the gathers to the backend's exchange (be->z3_start /
+                    z3_wait, >>mpi: no thread); in >>params before ddp__commit
      >>step         ready hooks, launch in bucket order, the tape, finish (the no-overlap check;
                     messages worded for the tape or the program's own backward); with uneven
                     inputs the count of the ranks with data that begins a synchronizing step;
@@ -1179,14 +1210,14 @@
      >>public       every public function: checks its arguments and the context, hands off
      The backend table (ddp__backend in >>types) is the only way generic code reaches a
      backend: setup, alloc_flat, commit, begin_step, launch, finish, zero, scale, bf16, adamw,
-     adamw_state, copy, collective, allgather, team_bcast, z3_parts, stats, poison, stop, teardown; its
+     adamw_state, copy, collective, allgather, team_bcast, z3_parts, z3_start, z3_wait, stats, poison, stop, teardown; its
      `shards` flag says whether it runs shard_optimizer (ddp_init refuses it by the backend's
      name otherwise), `shards_grads` likewise for DDP_SHARD_GRADIENTS (1: host memory that
      ddp__z2_release gives back; 2: device memory the backend maps and releases itself, NCCL). Each backend fills it by name (ddp__cpu_table and its like, into the
      context's own copy); an optional slot left NULL (setup, commit, begin_step, allgather,
-     team_bcast, z3_parts, stats, poison, stop) is nothing to do (allgather: the outer exchange broadcasts
-     instead; team_bcast: bf16 + shard_optimizer in groups of several ranks is refused; z3_parts:
-     DDP_SHARD_PARAMETERS runs on one rank only), and the
+     team_bcast, z3_parts, z3_start, z3_wait, stats, poison, stop) is nothing to do (allgather: the outer exchange broadcasts
+     instead; team_bcast: bf16 + shard_optimizer in groups of several ranks is refused; z3_parts
+     and z3_start both NULL: DDP_SHARD_PARAMETERS runs on one rank only, or on NCCL's own path), and the
      generic caller checks. A backend carries out each bucket's wire plan (ddp__wire, made at
      commit), and reaches the work queue and the watchdog (>>engine) through its hooks. Adding
      a backend is adding a section that fills one and a line in ddp__choose_backend.

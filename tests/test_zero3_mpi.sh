@@ -5,7 +5,8 @@
 # checkpoints across levels; released pages gone, a touch faults) under mpirun -n 1..4 on this
 # host, hierarchical and (at 3 ranks) flat; checkpoints across world sizes (PARAMETERS on 2 ->
 # NONE on 1, NONE on 1 -> PARAMETERS on 3). Then hybrid sharding (shard_group 2) on 2 namespace
-# hosts x 2 ranks, a shard group a host, against ZeRO-1 in the same groups (TEST_ZERO3_SHARD_GROUP).
+# hosts x 2 ranks, a shard group a host, against ZeRO-1 in the same groups (TEST_ZERO3_SHARD_GROUP),
+# and the GPT trainer there: --shard parameters, flat and hybrid, ends with DDP's parameters (and samples).
 # One SKIP line where mpirun or the MPI build is missing, and in sanitizer builds (Open MPI under
 # ASan/TSan takes minutes a job); the hybrid part SKIPs alone without namespaces.
 # Usage: tests/test_zero3_mpi.sh [BUILD_DIR]
@@ -43,6 +44,22 @@ rm -f "$log"
     hosts_mpirun h1:2,h2:2 400 "$(free_port)" --mca btl tcp,self --mca btl_tcp_if_include eth0 -x TEST_ZERO3_SHARD_GROUP=2 \
         "$PWD/$B/mpi/test_zero3" >"$tmp/hybrid.log" 2>&1
     lines hybrid_2hosts_x2 "$tmp/hybrid.log" $?
+    # the GPT trainer on the MPI backend (2 hosts): --shard parameters, flat and hybrid, ends with DDP's parameters
+    if [ -x "$B/mpi/train_gpt" ] && [ -f "$B/fortunes.txt" ]; then
+        args=(--data "$PWD/$B/fortunes.txt" --layers 2 --heads 2 --dim 64 --seq 32 --batch 2 --steps 8 --warmup 2 --eval-every 0 --units --sample 40)
+        want=
+        for level in "none" "parameters" "parameters --shard-group 2"; do
+            # shellcheck disable=SC2086
+            hosts_mpirun h1:2,h2:2 200 "$(free_port)" --mca btl tcp,self --mca btl_tcp_if_include eth0 -x OPENBLAS_NUM_THREADS=1 \
+                "$PWD/$B/mpi/train_gpt" "${args[@]}" --shard $level >"$tmp/gpt.log" 2>&1
+            rc=$?
+            got=$(sed -n 's/.*params fnv1a //p' "$tmp/gpt.log" | head -n 1)
+            [ -z "$want" ] && want=$got
+            name=zero3_mpi_gpt_$(echo "$level" | tr -d '-' | tr ' ' '_')
+            if [ $rc -eq 0 ] && [ -n "$got" ] && [ "$got" = "$want" ]; then echo "PASS ${name}_equals_ddp"
+            else echo "FAIL ${name}_equals_ddp: status $rc, params $got, DDP's $want: $(tail -n 3 "$tmp/gpt.log" | tr '\n' ' ')"; fails=$((fails + 1)); fi
+        done
+    else echo "SKIP zero3_mpi_gpt: no $B/mpi/train_gpt or $B/fortunes.txt (make)"; fi
     [ -n "${KEEP_LOGS:-}" ] && cp "$tmp"/*.log "$KEEP_LOGS"/
     exit $((fails > 0))
 ) || fails=$((fails + 1))
