@@ -685,6 +685,26 @@ static int ckpt_mode(const char *mode, const char *dir, const char *level) {
     }
 }
 
+#ifdef DDP_MPI
+/* `mismatch` (MPI build, 2+ ranks; tests/test_zero3_mpi.sh): rank 0 gathers unit 0, the others
+   unit 1, a collective each on the MPI backend: every rank names it (the gathers' signature),
+   none hangs. The group is failed after it, so this mode is a job of its own. */
+static int mismatch_mode(void) {
+    static const config c = { "mismatch", 1, 0, 0, -1, 0, 0, 0 };
+    model m;
+    ddp_result r = open_model(&m, &c, DDP_SHARD_PARAMETERS);
+    const char *e;
+    char name[96];
+    if (r == DDP_OK) r = ddp_unit_gather(m.ddp, rank == 0 ? m.unit[0] : m.unit[1]);
+    e = ddp_last_error(m.ddp);
+    snprintf(name, sizeof name, "zero3_mpi_gather_of_other_units_named_rank%d", rank);
+    verdict(r == DDP_ERR_MISMATCH && strstr(e, "ranks called different collectives") && strstr(e, "gathers unit 'layer"), name,
+            "%s: %s", ddp_result_string(r), e);
+    ddp_shutdown(m.ddp);
+    return test_summary("test_zero3 mismatch");
+}
+#endif
+
 int main(int argc, char **argv) {
     static const config configs[] = {
         /* name          micro bf16 unused nan own keep clip */
@@ -701,6 +721,9 @@ int main(int argc, char **argv) {
     world = w ? atoi(w) : 1;
     shard_group = getenv("TEST_ZERO3_SHARD_GROUP") ? atoi(getenv("TEST_ZERO3_SHARD_GROUP")) : 0;
     if (argc == 4) return ckpt_mode(argv[1], argv[2], argv[3]);
+#ifdef DDP_MPI
+    if (argc == 2 && !strcmp(argv[1], "mismatch")) return mismatch_mode();
+#endif
     for (i = 0; i < sizeof configs / sizeof configs[0]; i++) run_config(&configs[i]);
     {
         char dir[] = "/tmp/test_zero3_XXXXXX";

@@ -4,7 +4,8 @@
 # accumulation, bf16 parameters, clipping, an unused parameter, skip_nonfinite, prefetch on = off,
 # checkpoints across levels; released pages gone, a touch faults) under mpirun -n 1..4 on this
 # host, hierarchical and (at 3 ranks) flat; checkpoints across world sizes (PARAMETERS on 2 ->
-# NONE on 1, NONE on 1 -> PARAMETERS on 3). Then hybrid sharding (shard_group 2) on 2 namespace
+# NONE on 1, NONE on 1 -> PARAMETERS on 3), ranks gathering different units named on every
+# rank. Then hybrid sharding (shard_group 2) on 2 namespace
 # hosts x 2 ranks, a shard group a host, against ZeRO-1 in the same groups (TEST_ZERO3_SHARD_GROUP),
 # and the GPT trainer there: --shard parameters, flat and hybrid, ends with DDP's parameters (and samples).
 # One SKIP line where mpirun or the MPI build is missing, and in sanitizer builds (Open MPI under
@@ -35,6 +36,15 @@ dir=$(mktemp -d)
   mpi_local 1 120 "$B/mpi/test_zero3" save "$dir" none && mpi_local 3 120 "$B/mpi/test_zero3" load "$dir" parameters; } >"$log" 2>&1
 lines ckpt_worlds "$log" $?
 rm -rf "$dir"
+# ranks that gather different units: named on every rank (the gathers' signature), no hang; the
+# group is failed then, so MPI is not finalized and mpirun's status is not 0: the lines decide
+mpi_local 2 120 "$B/mpi/test_zero3" mismatch >"$log" 2>&1
+if [ "$(grep -acE "^(\[rank [0-9]+\] )?PASS zero3_mpi_gather_of_other_units_named_rank[01]$" "$log")" = 2 ]; then
+    echo "PASS mpi_zero3_gather_of_other_units_named_on_every_rank"
+else
+    echo "FAIL mpi_zero3_gather_of_other_units_named_on_every_rank: $(grep -aE "(PASS|FAIL) " "$log" | tr '\n' ' ') $(tail -n 3 "$log" | tr '\n' ' ')"
+    fails=$((fails + 1))
+fi
 rm -f "$log"
 # hybrid: a shard group a host (the MPI backend's hybrid needs that), 2 hosts x 2 ranks; in a
 # subshell (hosts_begin exits it with a SKIP line where namespaces are missing, and takes the hosts down)
