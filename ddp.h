@@ -2971,6 +2971,9 @@ typedef struct ddp__backend {
        parameters to everyone, whatever runs beside the step */
     ddp_result (*commit)(ddp_context *ctx);
     void (*begin_step)(ddp_context *ctx);
+    /* ddp_set_sync, shard_accumulate: the gradients released after the last micro-step mapped
+       again (NCCL: ddp__gpu_z2_map); NULL: nothing released needs mapping (host pages) */
+    ddp_result (*grads_map)(ddp_context *ctx);
     ddp_result (*launch)(ddp_context *ctx, int bucket);          /* average one bucket, in bucket order */
     ddp_result (*finish)(ddp_context *ctx, double t_wait);       /* every bucket launched: settle them */
     /* gradients [offset, offset + count), in their dtype (fp32, or bf16 with bf16 parameters) */
@@ -8765,7 +8768,10 @@ struct ddp__gpu {
     unsigned char *z2_held;        /* per bucket: its span is mapped (a holder counted) */
     unsigned char *z2_due;         /* per bucket: reduce-scattered this step: its span goes at the end of ddp_adamw_step */
     cudaEvent_t z2_used;           /* the compute stream at ddp_adamw_step's start: the backward's and the
-                                      reduce-scatters' use of the spans ends before it (ddp__gpu_z2_release) */
+                                      reduce-scatters' use of the spans ends before it (ddp__gpu_z2_release);
+                                      with shard_accumulate also at a micro-step's ddp_finish */
+    float *z2_acc;                 /* shard_accumulate: the device accumulator of this rank's parts
+                                      (ctx->shard.count floats, packed as m: ctx->shard.base[b]) */
     double *norm_sq;
     ddp_k_adamw_state *state;      /* device: step, clip, skip */
     ddp_k_adamw_state *state_host; /* pinned copy, read when state_copied has completed */
@@ -9711,6 +9717,7 @@ static ddp_result ddp__gpu_z2_commit(ddp_context *ctx) {
             return r;
         g->z2_held[b] = 1;
     }
+    if (ddp__z2_acc_on(ctx)) DDP__CUDA(cudaMalloc((void **)&g->z2_acc, (ctx->shard.count ? ctx->shard.count : 1) * sizeof(float)));
     return ddp__gvm_unmap(ctx, g->z2vm, 0, ctx->flat.count * es);
 }
 
@@ -9786,6 +9793,63 @@ static ddp_result ddp__gpu_z2_release(ddp_context *ctx) {
             return ddp__fatal(ctx, r);
     }
     return DDP_OK;
+}
+
+/* shard_accumulate (ddp__z2_acc_on; SHARDED GRADIENTS): bucket b's reduce-scatter is enqueued
+   on the comm stream, every micro-step; its part (this micro-step's average, in flat.grads or
+   grads_bf16) goes into the device accumulator, after it on the same stream. The CPU backend's
+   ddp__z2_accumulate, operation for operation (ddp_k_accumulate): sync off, the first
+   micro-step copies and the others add (acc + g, in float); the synchronizing one leaves acc + g
+   in the part (bf16: rounded once), nothing to do after a single micro-step. */
+static ddp_result ddp__gpu_z2_accumulate(ddp_context *ctx, int b) {
+    ddp__gpu *g = ctx->impl.gpu;
+    size_t lo, hi;
+    float *acc = g->z2_acc + ctx->shard.base[b];
+    int first = ctx->shard.z2_acc_steps == 0, mode;
+    if (ctx->step.sync && first) return DDP_OK;   /* one micro-step: the part holds the average already */
+    mode = ctx->step.sync ? DDP_K_ACC_FINAL : first ? DDP_K_ACC_FIRST : DDP_K_ACC_ADD;
+    ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
+    if (ctx->flat.grads_bf16) DDP__CUDA(ddp_k_accumulate_bf16(acc, ctx->flat.grads_bf16 + lo, hi - lo, mode, g->comm));
+    else DDP__CUDA(ddp_k_accumulate(acc, ctx->flat.grads + lo, hi - lo, mode, g->comm));
+    return DDP_OK;
+}
+
+/* shard_accumulate, a micro-step with sync off (ddp_finish; the compute stream waits for the
+   last bucket already): the gradients read zeros for the next micro-step, as on the CPU, and
+   only this rank's parts stay mapped. What stays mapped is the granules touching a part (the
+   part holders'): zeroed on the compute stream (the part, now in the accumulator, and the
+   neighbours' leftovers that share its granules); the rest is unmapped (ddp__gpu_z2_release,
+   waiting for the compute stream up to here, so for every bucket's reduce-scatter and
+   accumulation) and comes back zeroed when mapped again: ddp_set_sync (ddp__gpu_z2_map), the
+   next backward's start, or ddp_zero_grad. A host wait at every micro-step's end: the price of
+   giving the memory back before the next forward (the device has nothing queued behind it
+   that the host could have added meanwhile but the next micro-step). */
+static ddp_result ddp__gpu_z2_micro_release(ddp_context *ctx) {
+    ddp__gpu *g = ctx->impl.gpu;
+    struct ddp__gvm *vm = g->z2vm;
+    size_t es = ddp__gpu_z2_es(ctx), total = ctx->flat.count * es, lo, hi;
+    int b;
+    for (b = 0; b < ctx->model.num_buckets; b++) {
+        ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
+        if (hi <= lo) continue;
+        lo = lo * es / vm->gran * vm->gran;
+        hi = (hi * es + vm->gran - 1) / vm->gran * vm->gran;
+        if (hi > total) hi = total;
+        DDP__CUDA(cudaMemsetAsync(vm->base + lo, 0, hi - lo, g->compute));
+    }
+    DDP__CUDA(cudaEventRecord(g->z2_used, g->compute));
+    return ddp__gpu_z2_release(ctx);
+}
+
+/* shard_accumulate: ddp_set_sync before a micro-step maps the gradients released after the
+   last one again (zeroed), so that a program's own backward kernels, which write them before
+   ddp.h sees that backward, find memory there. Out of device memory: named, nothing changes;
+   the backward's start tries again. */
+static ddp_result ddp__gpu_z2_map(ddp_context *ctx) {
+    ddp__gpu *g = ctx->impl.gpu;
+    if (!g || !g->z2_acc || !g->z2_span) return DDP_OK;
+    DDP__GPU_DEVICE(g);
+    return ddp__gpu_z2_hold_range(ctx, 0, ctx->flat.count);
 }
 
 /* The no-decay mask ddp_k_adamw reads: one byte per DDP_K_MASK_GROUP elements of the flat
@@ -9973,9 +10037,11 @@ static ddp_result ddp__gpu_launch(ddp_context *ctx, int index) {
         if (r != DDP_OK) return r;
         if (bf16) DDP__CUDA(ddp_k_bf16_to_f32(g->bf16, grads, b->count, g->comm));
     }
+    if (g->z2_acc && (r = ddp__gpu_z2_accumulate(ctx, index)) != DDP_OK) return r;
     DDP__CUDA(cudaEventRecord(g->comm_end[par][index], g->comm));
     g->last_bucket[par] = index;
-    if (g->z2vm && ctx->step.sync) g->z2_due[index] = 1;   /* ZeRO-2: released at the end of ddp_adamw_step */
+    /* ZeRO-2: released at the end of ddp_adamw_step (shard_accumulate, sync off: at ddp_finish) */
+    if (g->z2vm && (ctx->step.sync || g->z2_acc)) g->z2_due[index] = 1;
     return DDP_OK;
 }
 
@@ -10081,6 +10147,10 @@ static ddp_result ddp__gpu_finish(ddp_context *ctx, double t_wait) {
     g->timed_stats[par] = ctx->step.stats;
     g->timed_stats[par].step = ctx->tl.step + 1;
     g->timed[par] = 1;
+    if (g->z2_acc && !ctx->step.sync) {   /* shard_accumulate: the micro-step's gradients go now */
+        ddp_result r = ddp__gpu_z2_micro_release(ctx);
+        if (r != DDP_OK) return r;
+    }
     return ddp__failed(ctx);
 }
 
@@ -10565,6 +10635,7 @@ static void ddp__gpu_teardown(ddp_context *ctx) {
     cudaFree(g->scratch);
     if (g->z2vm) { ddp__gvm_free(ctx, g->z2vm); DDP_FREE(g->z2vm); }   /* after cudaFree's device-wide wait */
     DDP_FREE(g->z2_span); DDP_FREE(g->z2_held); DDP_FREE(g->z2_due);
+    cudaFree(g->z2_acc);
     if (g->z2_used) cudaEventDestroy(g->z2_used);
     if (g->scratch_host) cudaFreeHost(g->scratch_host);
     if (g->state_host) cudaFreeHost(g->state_host);
@@ -10638,6 +10709,7 @@ static void ddp__nccl_table(ddp__backend *t) {
     t->alloc_flat = ddp__gpu_alloc_flat;
     t->commit = ddp__gpu_commit;
     t->begin_step = ddp__gpu_begin_step;
+    t->grads_map = ddp__gpu_z2_map;
     t->launch = ddp__gpu_launch;
     t->finish = ddp__gpu_finish;
     t->zero = ddp__gpu_zero;
@@ -10846,10 +10918,6 @@ static ddp_result ddp__init(ddp_context *ctx, const ddp_desc *desc) {
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard DDP_SHARD_GRADIENTS (ZeRO-2) is not built yet on "
                          "the %s backend: use DDP_SHARD_OPTIMIZER there (the same reduce-scatter, the gradients kept "
                          "whole)", ctx->be->name);
-    if (ctx->desc.shard >= DDP_SHARD_GRADIENTS && ctx->desc.shard_accumulate && ctx->be->shards_grads == 2)
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_accumulate is not built yet on the %s backend "
-                         "(its gradients are device memory): with DDP_SHARD_GRADIENTS there, accumulation keeps whole "
-                         "gradients until the synchronizing micro-step, as without shard_accumulate", ctx->be->name);
     deadline = ddp__now() + ctx->desc.timeout_s;
     if (ctx->world > 1) {
         if (!ctx->job.token[0] && !ctx->job.id[0])
@@ -11811,7 +11879,8 @@ static ddp_result ddp__commit(ddp_context *ctx) {
     if ((r = ctx->be->alloc_flat(ctx)) != DDP_OK) return r;
     if ((r = ddp__build_buckets(ctx)) != DDP_OK) return r;
     if ((r = ddp__shard_layout(ctx)) != DDP_OK) return r;
-    if (ddp__z2_acc_on(ctx) && !(ctx->shard.z2_acc = ddp__alloc_floats(ctx->shard.count ? ctx->shard.count : 1)))
+    if (ddp__z2_acc_on(ctx) && ctx->be->shards_grads == 1 &&   /* (NCCL: a device one, ddp__gpu_z2_commit) */
+        !(ctx->shard.z2_acc = ddp__alloc_floats(ctx->shard.count ? ctx->shard.count : 1)))
         return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the gradients' accumulator (%zu floats, shard_accumulate)",
                          ctx->shard.count);
     ddp__plan_wire(ctx);
@@ -14423,6 +14492,13 @@ void ddp_set_sync(ddp_context *ctx, int enabled) {
     if (!ctx) return;
     if (ddp__in_backward(ctx)) { ddp__log(ctx, DDP_LOG_WARN, "ddp_set_sync ignored: a backward is in flight"); return; }
     ctx->step.sync = enabled != 0;
+    /* shard_accumulate on device gradients: mapped again before the program's backward writes them
+       (a failure is named in ddp_last_error and logged; the backward's start tries again) */
+    if (ctx->be && ddp__is_committed(ctx) && !ddp__failed(ctx) && ddp__z2_acc_on(ctx) && ctx->be->grads_map &&
+        ctx->be->grads_map(ctx) != DDP_OK) {
+        char buf[DDP__ERR_MAX];
+        ddp__log(ctx, DDP_LOG_ERROR, "ddp_set_sync: %s", ddp__err_body(ctx, buf));
+    }
 }
 
 ddp_step_stats ddp_last_step_stats(const ddp_context *ctx) {
