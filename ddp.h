@@ -332,7 +332,9 @@
      each rank's sum): within float rounding of it, not its bits (tests/test_zero2.c: within
      u (1 + (k-1)/world) sum |g| of a float64 reference, u = 2^-24), the same bits on every rank;
      bf16 gradients are widened into it and rounded once at the end. Without sync off (one
-     micro-step) it is plain ZeRO-2.
+     micro-step) it is plain ZeRO-2. Every backend that runs ZeRO-2 runs it (CPU, MPI, NCCL:
+     the same bits on each, below); not with hybrid sharding (shard_group) nor under
+     PARAMETERS, refused by name.
      Checkpoints: as ZeRO-1 (the gradients are not in them): saved at any level and world size,
      loaded at any other, the same continuation (tests/test_zero2.c save / load).
      Backends: CPU: the gradients live in the shared gradient segment (>>cpu-grads), released by
@@ -362,12 +364,34 @@
      that a part shares with the rest stays mapped, up to 2 granules a bucket part (2 * granule *
      buckets bytes above the formula; the buckets' spans tile the buffer, so a granule two
      buckets share goes when both are released). Micro-steps with sync off keep whole gradients
-     (as on the CPU); shard_accumulate: refused by name on NCCL. Replica groups of several ranks:
+     (as on the CPU). With shard_accumulate each micro-step's buckets are reduce-scattered on the
+     comm stream as a synchronizing step's, and this rank's part goes into a device accumulator
+     (4/world bytes a parameter, cudaMalloc'd at commit) by ddp_k_accumulate on the same stream:
+     the CPU's adds in the CPU's order (the first micro-step copies, the next add, the
+     synchronizing one leaves accumulator + its average in the part; bf16 gradients widened,
+     rounded once), so the same bits as the CPU backend's shard_accumulate (and the bf16 wire,
+     bf16 parameters, find_unused, clipping and skip_nonfinite as in plain ZeRO-2: they read the
+     parts at the step). A micro-step with sync off ends (ddp_finish) by zeroing the granules
+     touching this rank's parts on the compute stream and unmapping the rest, after a host wait
+     for the compute stream (the backward, every reduce-scatter and accumulation): between
+     micro-steps only the parts' granules hold device memory, and the gradients read zeros, as
+     on the CPU. The price: a reduce-scatter per micro-step and that host wait at its end (the
+     host cannot enqueue the next forward while the last bucket is on the wire). They are mapped
+     again, zeroed, by ddp_set_sync (the call every accumulation loop makes before a
+     micro-step: make it after the forward and before the backward's kernels, and the forward
+     runs without them) or, with the tape, by ddp_backward before its first op; a program's own
+     backward that writes gradients before either faults on the unmapped range. Out of device
+     memory there: named in ddp_last_error (and logged: ddp_set_sync returns nothing), nothing
+     changes, and the backward's start (ddp_backward, the first ddp_grad_ready) tries again and
+     returns the error. Replica groups of several ranks:
      refused with any shard level on NCCL (as ZeRO-1); one group of every rank, hybrid sharding
      (shard_group): the same release of the team's parts. Tests: tests/test_fake_nccl.c on the
      fake GPU (tests/fakegpu: its VMM is mmap'd, a granularity knob), ZeRO-2 = unsharded bit for
-     bit on 1-4 ranks with the device bytes after each step by formula; not yet measured on a
-     GPU. Windows: released gradients are zeroed and
+     bit on 1-4 ranks with the device bytes after each step by formula; shard_accumulate = the
+     CPU backend's bit for bit on 1-4 ranks (bf16 wire, bf16 parameters, an unused parameter),
+     the device bytes between micro-steps by formula, a full device at ddp_set_sync named;
+     ddp_k_accumulate against the CPU's loop in tests/gpu (host math; on a GPU). Not yet
+     measured on a GPU. Windows: released gradients are zeroed and
      stay resident (a mapped view cannot give its pages back and keep zeros: >>platform); a
      POSIX system without MADV_REMOVE (macOS) likewise for the segment. uneven_inputs: refused,
      as for ZeRO-1. With replica groups (desc.outer) the parts and their release are the team's;
@@ -1146,7 +1170,9 @@
                     once, granules mapped / released by holder counts through CUDA's virtual
                     memory management (driver entry points via the runtime, no -lcuda); ZeRO-2's
                     gradients on it (ddp__gpu_z2_*, in >>nccl: mapped by ddp_zero_grad, released
-                    at the end of ddp_adamw_step)
+                    at the end of ddp_adamw_step; shard_accumulate: ddp__gpu_z2_accumulate into
+                    a device accumulator, ddp__gpu_z2_micro_release at a micro-step's ddp_finish,
+                    ddp__gpu_z2_map from ddp_set_sync through the table's grads_map)
      >>group        ddp__choose_backend (the one place that knows every backend), rendezvous,
                     init, shutdown
      >>embed        progress: the seqlock the rank writes and any thread reads (cancel itself:
@@ -10369,6 +10395,10 @@ static ddp_result ddp__gpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b
             DDP__CUDA(e);
             r = ctx->flat.grads_bf16 ? ddp__nonfinite(ctx, NULL, (const ddp_bf16 *)host, norm) : ddp__nonfinite(ctx, (const float *)host, NULL, norm);
             DDP_FREE(host);
+            if (g->z2vm) {   /* ZeRO-2: a skipped step gives the gradients back like any other */
+                ddp_result rr = ddp__gpu_z2_release(ctx);
+                if (rr != DDP_OK) return rr;
+            }
             return r;
         }
     }

@@ -783,6 +783,8 @@ static struct {
     ddp_shard shard;               /* ddp_desc.shard (0: the default, unsharded) */
     int micro, wire_bf16, params_bf16, unused, group;
     int acc;                       /* ddp_desc.shard_accumulate */
+    int wire_fp32;                 /* reduce_dtype FP32 (with bf16 parameters: an fp32 wire) */
+    int nan_step;                  /* >0: skip_nonfinite, and rank world-1's first micro-step of that step has a NaN */
     ddp_backend backend;           /* 0: NCCL (the CPU backend: shard_accumulate's reference) */
     int acc_oom;                   /* shard_accumulate: rank 0's device is full at step 2's second
                                       micro-step's ddp_set_sync: named, nothing changes, then retried */
@@ -833,7 +835,8 @@ static void z2_rank(test_rank *self) {
     d.shard = z2c.shard;
     d.shard_accumulate = z2c.acc;
     d.shard_group = z2c.shard == DDP_SHARD_GRADIENTS || z2c.shard == DDP_SHARD_OPTIMIZER ? z2c.group : 0;
-    d.reduce_dtype = z2c.wire_bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_DEFAULT;
+    d.reduce_dtype = z2c.wire_bf16 ? DDP_DTYPE_BF16 : z2c.wire_fp32 ? DDP_DTYPE_FP32 : DDP_DTYPE_DEFAULT;
+    d.skip_nonfinite = z2c.nan_step > 0;
     d.param_dtype = z2c.params_bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_DEFAULT;
     d.find_unused = z2c.unused;
     if (z2c.outer_group) { d.outer.mode = DDP_OUTER_DILOCO; d.outer.group_size = z2c.outer_group; d.outer.inner_steps = 2; }
@@ -894,6 +897,7 @@ static void z2_rank(test_rank *self) {
                     float p = z2c.params_bf16 ? ddp__from_bf16(ddp_param_bf16(ctx, ids[k])[i]) : ddp_param(ctx, ids[k])[i];
                     float v = scale * tanhf(1.7f * p + test_value(1000 * (uint64_t)step + 10 * (uint64_t)u + 100000 * (uint64_t)self->rank,
                                                                   (uint64_t)k * 100000 + i));
+                    if (z2c.nan_step && z2c.nan_step == step && u == 0 && self->rank == self->world - 1 && k == 0 && i == 3) v = NAN;
                     if (z2c.params_bf16) {
                         ddp_bf16 *g = ddp_grad_bf16(ctx, ids[k]);
                         g[i] = ddp__to_bf16(ddp__from_bf16(g[i]) + v);
@@ -926,6 +930,7 @@ static void z2_rank(test_rank *self) {
             }
         }
         if (r == DDP_OK) r = ddp_adamw_step(ctx, &opt, &z2.norm[self->rank][step]);
+        if (r == DDP_ERR_NONFINITE && z2c.nan_step && z2c.nan_step == step) r = DDP_OK;   /* skipped, named: the run goes on */
         /* ZeRO-2 on several ranks: after the step only the granules touching this rank's parts
            stay mapped; the drop from ddp_zero_grad's (everything mapped) is the rest, exactly
            (step 0 allocates AdamW's state: from step 1 on) */
@@ -1046,14 +1051,15 @@ static void test_z2_oom(int world) {
    same order: tests/test_zero2.c says how that differs from unsharded accumulation); between
    micro-steps only the granules of this rank's parts mapped, and zeros (several ranks); oom: a
    full device when ddp_set_sync maps the gradients back, named, nothing changed, retried. */
-static void test_z2_acc(int world, int micro, int wire_bf16, int params_bf16, int unused, size_t gran, int oom) {
+static void test_z2_acc_more(int world, int micro, int wire_bf16, int params_bf16, int unused, size_t gran, int oom, int wire_fp32,
+                             int nan_step) {
     float na[Z2_STEPS], nb[Z2_STEPS], *a, *b = NULL;
     size_t ca = 0, cb = 0;
     int ok, checks = 0, r, named = 0;
     char name[200], why[DDP__ERR_MAX + 64] = "";
     memset(&z2c, 0, sizeof z2c);
     z2c.micro = micro; z2c.wire_bf16 = wire_bf16; z2c.params_bf16 = params_bf16; z2c.unused = unused; z2c.gran = gran;
-    z2c.shard = DDP_SHARD_GRADIENTS; z2c.acc = 1;
+    z2c.shard = DDP_SHARD_GRADIENTS; z2c.acc = 1; z2c.wire_fp32 = wire_fp32; z2c.nan_step = nan_step;
     z2c.backend = DDP_BACKEND_CPU;
     a = z2_run(world, na, &ca, why, sizeof why);
     z2c.backend = DDP_BACKEND_NCCL; z2c.acc_oom = oom;
@@ -1071,13 +1077,23 @@ static void test_z2_acc(int world, int micro, int wire_bf16, int params_bf16, in
         ok = 0;
     }
     if (ok && oom && !named) { snprintf(why, sizeof why, "the full device was not met"); ok = 0; }
-    snprintf(name, sizeof name, "fake_nccl_zero2_accumulate_ranks%d_accum%d%s%s%s_gran%zuk%s_bitwise_equals_cpu_backend%s", world,
-             micro, wire_bf16 ? "_bf16wire" : "", params_bf16 ? "_bf16params" : "", unused ? "_unused" : "",
+    if (ok && nan_step && (na[nan_step] == na[nan_step] || na[nan_step + 1] != na[nan_step + 1])) {
+        snprintf(why, sizeof why, "step %d's norm %g, the next %g: want NaN (skipped), then a number", nan_step, na[nan_step],
+                 na[nan_step + 1]);
+        ok = 0;
+    }
+    snprintf(name, sizeof name, "fake_nccl_zero2_accumulate_ranks%d_accum%d%s%s%s%s%s_gran%zuk%s_bitwise_equals_cpu_backend%s", world,
+             micro, wire_bf16 ? "_bf16wire" : "", wire_fp32 ? "_fp32wire" : "", params_bf16 ? "_bf16params" : "", unused ? "_unused" : "",
+             nan_step ? "_nan_skipped" : "",
              (gran ? gran : (size_t)64 << 10) >> 10, oom ? "_set_sync_on_full_device_named_retried" : "",
              world > 1 ? "_only_parts_mapped_between_micro_steps" : "");
     verdict(ok, name, "%s", why);
     free(a); free(b);
     check_clean(name);
+}
+
+static void test_z2_acc(int world, int micro, int wire_bf16, int params_bf16, int unused, size_t gran, int oom) {
+    test_z2_acc_more(world, micro, wire_bf16, params_bf16, unused, gran, oom, 0, 0);
 }
 
 /* A checkpoint saved under ZeRO-2 loads unsharded, and one saved unsharded loads under ZeRO-2:
@@ -2315,6 +2331,8 @@ int main(void) {
     test_z2_acc(2, 3, 0, 1, 1, 4096, 0);   /* bf16 parameters (bf16 gradients) */
     test_z2_acc(3, 2, 0, 1, 0, 0, 0);      /* the default 64 KiB granules */
     test_z2_acc(2, 3, 0, 0, 0, 4096, 1);   /* a full device at ddp_set_sync */
+    test_z2_acc_more(2, 2, 0, 1, 0, 4096, 0, 1, 0);   /* bf16 parameters on an fp32 wire */
+    test_z2_acc_more(3, 2, 0, 0, 0, 4096, 0, 0, 4);   /* skip_nonfinite: a NaN in a micro-step skips the step */
     /* (a) training equals the CPU backend */
     test_training(1, 1, 0, 0, 0);
     test_training(2, 1, 0, 0, 0);
