@@ -377,9 +377,10 @@
      micro-steps only the parts' granules hold device memory, and the gradients read zeros, as
      on the CPU. The price: a reduce-scatter per micro-step and that host wait at its end (the
      host cannot enqueue the next forward while the last bucket is on the wire). They are mapped
-     again, zeroed, by ddp_set_sync (the call every accumulation loop makes before a
+     again, zeroed: with the tape by ddp_backward before its first op (so the next forward runs
+     without them); by hand by ddp_set_sync (the call every accumulation loop makes before a
      micro-step: make it after the forward and before the backward's kernels, and the forward
-     runs without them) or, with the tape, by ddp_backward before its first op; a program's own
+     runs without them), unless the last micro-step's backward was the tape's. A program's own
      backward that writes gradients before either faults on the unmapped range. Out of device
      memory there: named in ddp_last_error (and logged: ddp_set_sync returns nothing), nothing
      changes, and the backward's start (ddp_backward, the first ddp_grad_ready) tries again and
@@ -8798,6 +8799,8 @@ struct ddp__gpu {
                                       with shard_accumulate also at a micro-step's ddp_finish */
     float *z2_acc;                 /* shard_accumulate: the device accumulator of this rank's parts
                                       (ctx->shard.count floats, packed as m: ctx->shard.base[b]) */
+    int z2_taped;                  /* shard_accumulate: the last micro-step's backward was the tape's
+                                      (ddp_backward maps the gradients back: ddp_set_sync leaves them) */
     double *norm_sq;
     ddp_k_adamw_state *state;      /* device: step, clip, skip */
     ddp_k_adamw_state *state_host; /* pinned copy, read when state_copied has completed */
@@ -9864,16 +9867,18 @@ static ddp_result ddp__gpu_z2_micro_release(ddp_context *ctx) {
         DDP__CUDA(cudaMemsetAsync(vm->base + lo, 0, hi - lo, g->compute));
     }
     DDP__CUDA(cudaEventRecord(g->z2_used, g->compute));
+    g->z2_taped = ctx->tape.replaying;
     return ddp__gpu_z2_release(ctx);
 }
 
 /* shard_accumulate: ddp_set_sync before a micro-step maps the gradients released after the
    last one again (zeroed), so that a program's own backward kernels, which write them before
-   ddp.h sees that backward, find memory there. Out of device memory: named, nothing changes;
-   the backward's start tries again. */
+   ddp.h sees that backward, find memory there. Not after a backward of the tape's: ddp_backward
+   maps them before its first op, and the forward between runs without them. Out of device
+   memory: named, nothing changes; the backward's start tries again. */
 static ddp_result ddp__gpu_z2_map(ddp_context *ctx) {
     ddp__gpu *g = ctx->impl.gpu;
-    if (!g || !g->z2_acc || !g->z2_span) return DDP_OK;
+    if (!g || !g->z2_acc || !g->z2_span || g->z2_taped) return DDP_OK;
     DDP__GPU_DEVICE(g);
     return ddp__gpu_z2_hold_range(ctx, 0, ctx->flat.count);
 }

@@ -785,6 +785,7 @@ static struct {
     int acc;                       /* ddp_desc.shard_accumulate */
     int wire_fp32;                 /* reduce_dtype FP32 (with bf16 parameters: an fp32 wire) */
     int nan_step;                  /* >0: skip_nonfinite, and rank world-1's first micro-step of that step has a NaN */
+    int tape;                      /* the backward is the tape's (ddp_tape_record, ddp_backward), else by hand */
     ddp_backend backend;           /* 0: NCCL (the CPU backend: shard_accumulate's reference) */
     int acc_oom;                   /* shard_accumulate: rank 0's device is full at step 2's second
                                       micro-step's ddp_set_sync: named, nothing changes, then retried */
@@ -819,6 +820,30 @@ static size_t z2_part_granules(ddp_context *ctx, size_t es, size_t gran, size_t 
     for (i = 0; i < total_granules; i++) n += touched[i];
     free(touched);
     return n;
+}
+
+/* Parameter k's gradient in micro-step u of step `step`, added where the backward writes it
+   (device memory is host memory here); a NaN on the last rank with nan_step; none for p1 on
+   odd steps with unused (find_unused). */
+static void z2_write_grad(ddp_context *ctx, int id, int k, int step, int u, int rank, int world) {
+    float scale = step % 3 == 0 ? 0.01f : 1.0f;
+    size_t i;
+    if (z2c.unused && k == 1 && step % 2) return;
+    for (i = 0; i < sh_sizes[k]; i++) {
+        float p = z2c.params_bf16 ? ddp__from_bf16(ddp_param_bf16(ctx, id)[i]) : ddp_param(ctx, id)[i];
+        float v = scale * tanhf(1.7f * p + test_value(1000 * (uint64_t)step + 10 * (uint64_t)u + 100000 * (uint64_t)rank,
+                                                      (uint64_t)k * 100000 + i));
+        if (z2c.nan_step && z2c.nan_step == step && u == 0 && rank == world - 1 && k == 0 && i == 3) v = NAN;
+        if (z2c.params_bf16) {
+            ddp_bf16 *g = ddp_grad_bf16(ctx, id);
+            g[i] = ddp__to_bf16(ddp__from_bf16(g[i]) + v);
+        } else ddp_grad(ctx, id)[i] += v;
+    }
+}
+typedef struct z2_op { ddp_context *ctx; int id, k, step, u, rank, world; } z2_op;
+static void z2_backward_op(void *p) {
+    const z2_op *a = (const z2_op *)p;
+    z2_write_grad(a->ctx, a->id, a->k, a->step, a->u, a->rank, a->world);
 }
 
 static void z2_rank(test_rank *self) {
@@ -883,29 +908,35 @@ static void z2_rank(test_rank *self) {
             }
             ddp_set_sync(ctx, u == z2c.micro - 1);
             /* shard_accumulate: ddp_set_sync mapped back what the last micro-step released */
-            if (z2c.acc && u > 0 && dev >= 0 && self->world > 1 && fakegpu_device_bytes(dev) != before) {
+            if (z2c.acc && !z2c.tape && u > 0 && dev >= 0 && self->world > 1 && fakegpu_device_bytes(dev) != before) {
                 snprintf(z2.err[self->rank], sizeof z2.err[self->rank], "step %d micro-step %d: device bytes %zu after "
                          "ddp_set_sync, want %zu (every gradient mapped again)", step, u, fakegpu_device_bytes(dev), before);
                 r = DDP_ERR_BACKEND;
                 break;
             }
-            for (k = SH_PARAMS - 1; k >= 0 && r == DDP_OK; k--) {
-                float scale = step % 3 == 0 ? 0.01f : 1.0f;
-                size_t i;
-                if (z2c.unused && k == 1 && step % 2) continue;   /* p1 gets no gradient on odd steps (find_unused) */
-                for (i = 0; i < sh_sizes[k]; i++) {   /* device memory is host memory here */
-                    float p = z2c.params_bf16 ? ddp__from_bf16(ddp_param_bf16(ctx, ids[k])[i]) : ddp_param(ctx, ids[k])[i];
-                    float v = scale * tanhf(1.7f * p + test_value(1000 * (uint64_t)step + 10 * (uint64_t)u + 100000 * (uint64_t)self->rank,
-                                                                  (uint64_t)k * 100000 + i));
-                    if (z2c.nan_step && z2c.nan_step == step && u == 0 && self->rank == self->world - 1 && k == 0 && i == 3) v = NAN;
-                    if (z2c.params_bf16) {
-                        ddp_bf16 *g = ddp_grad_bf16(ctx, ids[k]);
-                        g[i] = ddp__to_bf16(ddp__from_bf16(g[i]) + v);
-                    } else ddp_grad(ctx, ids[k])[i] += v;
+            if (z2c.tape) {   /* the tape: one op a parameter, replayed last to first as the loop below */
+                z2_op a;
+                a.ctx = ctx; a.step = step; a.u = u; a.rank = self->rank; a.world = self->world;
+                for (k = 0; k < SH_PARAMS && r == DDP_OK; k++) {
+                    a.id = ids[k]; a.k = k;
+                    r = ddp_tape_record(ctx, z2_backward_op, &a, sizeof a, &ids[k], 1);
                 }
-                r = ddp_grad_ready(ctx, ids[k]);
+                /* the last micro-step's backward was the tape's: ddp_set_sync left the gradients
+                   released, ddp_backward maps them before its first op */
+                if (r == DDP_OK && z2c.acc && u > 0 && dev >= 0 && self->world > 1 && fakegpu_device_bytes(dev) == before) {
+                    snprintf(z2.err[self->rank], sizeof z2.err[self->rank], "step %d micro-step %d (the tape): every gradient "
+                             "mapped before ddp_backward (%zu device bytes): the forward ran with them", step, u, before);
+                    r = DDP_ERR_BACKEND;
+                    break;
+                }
+                if (r == DDP_OK) r = ddp_backward(ctx);
+            } else {
+                for (k = SH_PARAMS - 1; k >= 0 && r == DDP_OK; k--) {
+                    z2_write_grad(ctx, ids[k], k, step, u, self->rank, self->world);
+                    r = ddp_grad_ready(ctx, ids[k]);
+                }
+                if (r == DDP_OK) r = ddp_finish(ctx);
             }
-            if (r == DDP_OK) r = ddp_finish(ctx);
             /* shard_accumulate, sync off: between micro-steps only the granules touching this
                rank's parts hold memory, and the rest of the gradients reads zeros */
             if (r == DDP_OK && z2c.acc && u < z2c.micro - 1 && dev >= 0 && self->world > 1) {
@@ -1052,14 +1083,14 @@ static void test_z2_oom(int world) {
    micro-steps only the granules of this rank's parts mapped, and zeros (several ranks); oom: a
    full device when ddp_set_sync maps the gradients back, named, nothing changed, retried. */
 static void test_z2_acc_more(int world, int micro, int wire_bf16, int params_bf16, int unused, size_t gran, int oom, int wire_fp32,
-                             int nan_step) {
+                             int nan_step, int tape) {
     float na[Z2_STEPS], nb[Z2_STEPS], *a, *b = NULL;
     size_t ca = 0, cb = 0;
     int ok, checks = 0, r, named = 0;
-    char name[200], why[DDP__ERR_MAX + 64] = "";
+    char name[256], why[DDP__ERR_MAX + 64] = "";
     memset(&z2c, 0, sizeof z2c);
     z2c.micro = micro; z2c.wire_bf16 = wire_bf16; z2c.params_bf16 = params_bf16; z2c.unused = unused; z2c.gran = gran;
-    z2c.shard = DDP_SHARD_GRADIENTS; z2c.acc = 1; z2c.wire_fp32 = wire_fp32; z2c.nan_step = nan_step;
+    z2c.shard = DDP_SHARD_GRADIENTS; z2c.acc = 1; z2c.wire_fp32 = wire_fp32; z2c.nan_step = nan_step; z2c.tape = tape;
     z2c.backend = DDP_BACKEND_CPU;
     a = z2_run(world, na, &ca, why, sizeof why);
     z2c.backend = DDP_BACKEND_NCCL; z2c.acc_oom = oom;
@@ -1084,7 +1115,7 @@ static void test_z2_acc_more(int world, int micro, int wire_bf16, int params_bf1
     }
     snprintf(name, sizeof name, "fake_nccl_zero2_accumulate_ranks%d_accum%d%s%s%s%s%s_gran%zuk%s_bitwise_equals_cpu_backend%s", world,
              micro, wire_bf16 ? "_bf16wire" : "", wire_fp32 ? "_fp32wire" : "", params_bf16 ? "_bf16params" : "", unused ? "_unused" : "",
-             nan_step ? "_nan_skipped" : "",
+             nan_step ? (tape ? "_nan_skipped_tape" : "_nan_skipped") : tape ? "_tape" : "",
              (gran ? gran : (size_t)64 << 10) >> 10, oom ? "_set_sync_on_full_device_named_retried" : "",
              world > 1 ? "_only_parts_mapped_between_micro_steps" : "");
     verdict(ok, name, "%s", why);
@@ -1093,7 +1124,7 @@ static void test_z2_acc_more(int world, int micro, int wire_bf16, int params_bf1
 }
 
 static void test_z2_acc(int world, int micro, int wire_bf16, int params_bf16, int unused, size_t gran, int oom) {
-    test_z2_acc_more(world, micro, wire_bf16, params_bf16, unused, gran, oom, 0, 0);
+    test_z2_acc_more(world, micro, wire_bf16, params_bf16, unused, gran, oom, 0, 0, 0);
 }
 
 /* A checkpoint saved under ZeRO-2 loads unsharded, and one saved unsharded loads under ZeRO-2:
@@ -2331,8 +2362,9 @@ int main(void) {
     test_z2_acc(2, 3, 0, 1, 1, 4096, 0);   /* bf16 parameters (bf16 gradients) */
     test_z2_acc(3, 2, 0, 1, 0, 0, 0);      /* the default 64 KiB granules */
     test_z2_acc(2, 3, 0, 0, 0, 4096, 1);   /* a full device at ddp_set_sync */
-    test_z2_acc_more(2, 2, 0, 1, 0, 4096, 0, 1, 0);   /* bf16 parameters on an fp32 wire */
-    test_z2_acc_more(3, 2, 0, 0, 0, 4096, 0, 0, 4);   /* skip_nonfinite: a NaN in a micro-step skips the step */
+    test_z2_acc_more(2, 2, 0, 1, 0, 4096, 0, 1, 0, 0);   /* bf16 parameters on an fp32 wire */
+    test_z2_acc_more(3, 2, 0, 0, 0, 4096, 0, 0, 4, 0);   /* skip_nonfinite: a NaN in a micro-step skips the step */
+    test_z2_acc_more(2, 3, 0, 0, 1, 4096, 0, 0, 0, 1);   /* the tape: ddp_backward maps the gradients back */
     /* (a) training equals the CPU backend */
     test_training(1, 1, 0, 0, 0);
     test_training(2, 1, 0, 0, 0);
