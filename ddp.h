@@ -383,8 +383,8 @@
      runs without them), unless the last micro-step's backward was the tape's. A program's own
      backward that writes gradients before either faults on the unmapped range. Out of device
      memory there: named in ddp_last_error (and logged: ddp_set_sync returns nothing), nothing
-     changes, and the backward's start (ddp_backward, the first ddp_grad_ready) tries again and
-     returns the error. Replica groups of several ranks:
+     changes; the backward's start (ddp_backward, the first ddp_grad_ready) tries again, and a
+     failure there fails the context (as for a backward begun without ddp_zero_grad after a step). Replica groups of several ranks:
      refused with any shard level on NCCL (as ZeRO-1); one group of every rank, hybrid sharding
      (shard_group): the same release of the team's parts. Tests: tests/test_fake_nccl.c on the
      fake GPU (tests/fakegpu: its VMM is mmap'd, a granularity knob), ZeRO-2 = unsharded bit for
