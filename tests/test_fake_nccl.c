@@ -35,6 +35,12 @@
      for bit (accumulation, an unused parameter, the bf16 wire, bf16 parameters, hybrid groups,
      DiLoCo groups), the device bytes after each step by formula from the parts and the
      granularity, checkpoints across levels, ddp_zero_grad on a full device named;
+   - ZeRO-2's shard_accumulate on 1-4 ranks, 2-3 micro-steps: every step's norm and the
+     parameters the CPU backend's shard_accumulate bits (fp32, the bf16 wire, bf16 parameters on
+     bf16 and fp32 wires, an unused parameter, a NaN micro-step skipped, the tape); between
+     micro-steps only the granules touching this rank's parts mapped (by formula), all zeros;
+     ddp_set_sync maps the rest back (not after a tape's backward: ddp_backward does), on a full
+     device named with nothing changed, then retried;
    - sharded parameters (ZeRO-3, DDP_SHARD_PARAMETERS): a model of three layers and a head, a
      unit each, on 1-4 ranks with the tape and with its own autograd, accumulation, bf16
      parameters, clipping, an unused parameter: every step's norm and the parameters the same bits
