@@ -12,7 +12,8 @@ B        := build
 PROGRAMS := $(B)/ddprun $(B)/minimal $(B)/own_autograd $(B)/engine $(B)/texture $(B)/texture_cxx $(B)/bench_allreduce $(B)/bench_overlap $(B)/copy_bw \
             $(B)/test_unit $(B)/test_collectives $(B)/test_equivalence $(B)/test_fault \
             $(B)/test_overlap $(B)/test_straggler $(B)/test_bf16 $(B)/test_shard $(B)/test_structs $(B)/test_own_path $(B)/test_outer $(B)/test_embed $(B)/test_host $(B)/test_sampler $(B)/test_checkpoint $(B)/test_outer_checkpoint $(B)/train_gpt $(B)/test_gpt \
-            $(B)/train_gpt_emulated $(B)/test_gpt_gpu_emulated $(B)/test_fake_nccl $(B)/hosts_nccl_fake $(B)/test_bf16_params
+            $(B)/train_gpt_emulated $(B)/test_gpt_gpu_emulated $(B)/test_fake_nccl $(B)/hosts_nccl_fake $(B)/test_bf16_params \
+            $(B)/test_shard_join
 PROGRAMS += $(B)/train_gpt_fakegpu    # the CUDA model emulated, on the NCCL backend on tests/fakegpu (ZeRO-3's device path)
 PROGRAMS += $(B)/test_groups          # replica groups of several ranks (desc.outer): averages within each group
 PROGRAMS += $(B)/test_groups_shard    # shard_optimizer within replica groups = unsharded, bit for bit
@@ -282,6 +283,10 @@ $(B)/train_gpt_fakegpu: examples/gpt/train_gpt.c examples/gpt/gpt_data.h example
 $(B)/test_bf16_params: tests/test_bf16_params.c tests/testlib.h ddp.h ddp_kernels.cuh $(FAKE_OBJS) $(FAKE_HDRS) | $(B)
 	$(CC) -std=c99 $(CFLAGS) $(WARN) -DDDP_CUDA -I$(FAKE_DIR) -c -o $(B)/fakegpu/test_bf16_params.o $<
 	$(CXX) $(CFLAGS) -o $@ $(B)/fakegpu/test_bf16_params.o $(FAKE_OBJS) $(LDLIBS)
+# uneven inputs (ddp_join) at every sharded level, CPU and NCCL on the fake GPU, one binary.
+$(B)/test_shard_join: tests/test_shard_join.c tests/testlib.h ddp.h ddp_kernels.cuh $(FAKE_OBJS) $(FAKE_HDRS) | $(B)
+	$(CC) -std=c99 $(CFLAGS) $(WARN) -DDDP_CUDA -I$(FAKE_DIR) -c -o $(B)/fakegpu/test_shard_join.o $<
+	$(CXX) $(CFLAGS) -o $@ $(B)/fakegpu/test_shard_join.o $(FAKE_OBJS) $(LDLIBS)
 # tests/test_hosts.sh's NCCL rank on the fake GPU: one process per rank, on namespace hosts.
 $(B)/hosts_nccl_fake: tests/hosts_nccl.c ddp.h ddp_kernels.cuh $(FAKE_OBJS) $(FAKE_HDRS) | $(B)
 	$(CC) -std=c99 $(CFLAGS) $(WARN) -DDDP_CUDA -DHOSTS_FAKEGPU -I$(FAKE_DIR) -c -o $(B)/fakegpu/hosts_nccl_fake.o $<

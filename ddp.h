@@ -209,7 +209,7 @@
      shard_optimizer  0 ($DDP_SHARD_       1: ZeRO stage 1, AdamW's m and v split across the ranks
                       OPTIMIZER)           (with outer: a group's ranks; SHARDED OPTIMIZER below);
                                            the same bits as 0; ranks
-                                           must agree; not with uneven_inputs
+                                           must agree
      shard            DDP_SHARD_DEFAULT    the sharding level: NONE, OPTIMIZER (= shard_optimizer
                       ($DDP_SHARD)         1), GRADIENTS (ZeRO-2), PARAMETERS (ZeRO-3); DEFAULT:
                                            as shard_optimizer says; ranks must agree
@@ -280,7 +280,8 @@
      Memory per parameter and rank: 4 (parameters) + 4 (gradients) + 8/world (m, v) bytes,
      against 16 unsharded (plus the CPU backend's shared segment: its parameters and gradients
      ARE the flat buffers, nothing more). reduce_dtype BF16, find_unused, skip_nonfinite,
-     accumulation, clipping, the outer sync: supported, same bits. uneven_inputs (ddp_join): refused at ddp_init.
+     accumulation, clipping, the outer sync: supported, same bits. uneven_inputs (ddp_join):
+     supported, same bits (a joined rank steps its parts with the others' options: EMBEDDING).
      CPU: the parameters live in the shared segment beside the gradients, and each peer's part
      is copied from the peer's parameters; without the segment (DDP_STAGED_GRADS, no room in
      /dev/shm) the buckets are averaged whole and the parts travel by broadcast: the same bits,
@@ -394,8 +395,9 @@
      ddp_k_accumulate against the CPU's loop in tests/gpu (host math; on a GPU). Not yet
      measured on a GPU. Windows: released gradients are zeroed and
      stay resident (a mapped view cannot give its pages back and keep zeros: >>platform); a
-     POSIX system without MADV_REMOVE (macOS) likewise for the segment. uneven_inputs: refused,
-     as for ZeRO-1. With replica groups (desc.outer) the parts and their release are the team's;
+     POSIX system without MADV_REMOVE (macOS) likewise for the segment. uneven_inputs: as ZeRO-1
+     (every backend; with shard_accumulate refused by name: each micro-step's reduce-scatter
+     would need the joined ranks, which answer synchronizing steps only). With replica groups (desc.outer) the parts and their release are the team's;
      with hybrid sharding (HYBRID SHARDING) the shard group's (a rank's buffer outside its part is
      free once the bucket's function returns); shard_accumulate with shard_group: refused by name.
 
@@ -512,7 +514,10 @@
      touch of a released unit by a kernel or copy is a fault on the device (tests/fakegpu counts
      it as misuse); check_ready's naming is the host backends'.
      Backends: single, cpu and NCCL. Refused at ddp_init, by name: MPI, replica groups
-     (desc.outer), hybrid sharding (shard_group), uneven_inputs (as ZeRO-1); the CPU backend
+     (desc.outer), hybrid sharding (shard_group), uneven_inputs on NCCL (there a unit's gather is
+     a collective every rank makes, and a rank inside ddp_join runs no forward; the CPU backend's
+     gathers are local reads of the owners' parts, so it runs uneven inputs as ZeRO-1, the joined
+     rank stepping its parts and keeping them: EMBEDDING); the CPU backend
      without its shared segment (DDP_STAGED_GRADS, or no room in /dev/shm) at ddp_commit; NCCL
      on a driver without virtual memory management (named at ddp_commit). The timeline: each
      gather (prefetched or not) and release is an event on the comm lane ("gather unit N",
@@ -549,7 +554,8 @@
      rank, the level resolved to DDP_SHARD_NONE (ddp_config() says so), both accepted. shard_group
      with shard NONE (shard_optimizer 0): refused, naming both. With replica groups (desc.outer)
      the state is already split within each group: shard_group must be 0 or outer.group_size.
-     uneven_inputs: refused, as for every sharded level.
+     uneven_inputs: as ZeRO-1 (the options reach every rank; each group's parts step and gather
+     within it).
      The bits. CPU backend: each part's average is every rank's gradient added in rank order and
      divided by the world (the G holders of a part split it G ways; each averages its piece of
      every rank's buffer in the segment into its own, and copies the other holders' pieces once
@@ -1038,6 +1044,30 @@
      ddp_join leaves ddp_set_sync as it found it. While a rank has joined, the others may not
      call user collectives (ddp_allreduce, ddp_broadcast, ddp_barrier): both sides fail with an
      error that names ddp_join, instead of hanging.
+     Sharded (ZeRO-1, -2 and, on the CPU backend, -3; hybrid too), a joined rank owns parts of the
+     state only it updates (m, v, the bf16 master; under ZeRO-3 the parameters), and the step's
+     exchanges (the norm's blocks, skip_nonfinite's verdict, the all-gather) need every rank. So
+     inside ddp_join each shadow step is followed by the joined rank's own ddp_adamw_step on its
+     parts (PyTorch's ZeroRedundancyOptimizer does the same under Join), with the options the
+     ranks with data pass: in a step some rank has joined, ddp_adamw_step's start broadcasts
+     them (lr, betas, eps, weight_decay, max_grad_norm, as_given: values, 32 bytes) from the
+     lowest rank with data; in even steps nothing is sent. Per-parameter settings (DDP_NO_DECAY)
+     are each rank's own registration, the same everywhere. Why the bits are the unsharded run's:
+     the joined rank's parts of the gradient are its parts of the same average (its zeros were
+     in it, as they are unsharded), the norm and the skip verdict are exchanged as in every step,
+     and its step count moved with the others' (it stepped in every step before it joined and
+     steps in every one after), so each part takes the update the unsharded run's root makes on
+     those floats; the all-gather (ZeRO-1, -2) or the owners' parts (ZeRO-3) then hold the
+     unsharded parameters, and m, v and the step are the root's, in parts. So no broadcast ends
+     a sharded join (nobody holds everything to send); unsharded, it ends as above. A step
+     skipped (skip_nonfinite) or refused as non-finite is skipped by the joined rank alike (no
+     error for it: the others go on). If the root's ddp_adamw_step fails before its exchanges
+     (bad options, no averaged gradients), the joined ranks' ddp_join fails too, naming the
+     root, instead of waiting. While a rank has joined, every synchronizing step of the ranks
+     with data must end in ddp_adamw_step (the joined ranks wait for its options). Refused by
+     name: shard_accumulate (its micro-steps' reduce-scatters need every rank; ddp_join answers
+     synchronizing steps only), ZeRO-3 on NCCL (SHARDED PARAMETERS), replica groups (desc.outer,
+     with or without sharding).
 
    SAMPLER (ddp_sampler; PyTorch's DistributedSampler, without its table of n indices)
        ddp_sampler s = { .n = samples, .world = ddp_world_size(ddp), .rank = ddp_rank(ddp),
@@ -1195,7 +1225,9 @@
      >>adamw        hyperparameters resolved and checked, handed to the backend; the averaged-
                     gradients guard, and ddp_consume_grads for a program's own optimizer
      >>collectives  user collectives, host copies of the state
-     >>join         uneven inputs: ddp_join's shadow steps, the replicas synced at the end
+     >>join         uneven inputs: ddp_join's shadow steps (sharded, each followed by the joined
+                    rank's AdamW on its parts, with the options the root sends), the replicas
+                    synced at the end (unsharded)
      >>outer        replica groups and their outer sync: fragments, the wire's encodings, the
                     exchange (its own thread when delayed; the wire's users wait for it), the
                     outer Nesterov step and the merge; the master in parts gathered within the
@@ -1623,8 +1655,9 @@ ddp_result ddp_progress_read(const ddp_context *ctx, ddp_progress *out);   /* an
 ddp_result ddp_report_loss(ddp_context *ctx, float loss);                  /* this rank's; no communication */
 /* Uneven inputs (ddp_desc.uneven_inputs): a rank out of data calls ddp_join between steps (or
    micro-steps: what it accumulated goes into the others' next step) and answers the other
-   ranks' steps with zero gradients until every rank has joined; then every rank holds the
-   parameters and AdamW state of the last ranks with data. */
+   ranks' steps with zero gradients until every rank has joined (sharded, it also steps its
+   parts of the state); then every rank holds the parameters and AdamW state of the last ranks
+   with data. */
 ddp_result ddp_join(ddp_context *ctx);
 
 /* The distributed sampler (SAMPLER in the manual): this rank's disjoint share of each epoch of a
@@ -3156,6 +3189,7 @@ struct ddp_context {
         int uneven;                /* some step since the last ddp_join ran with joined ranks */
         int shadow;                /* ddp_join's shadow step: the count is taken already */
         int pending;               /* micro-steps with sync off since the last zero_grad or sync */
+        int step_uneven;           /* this step's count had joined ranks: sharded, ddp_adamw_step sends them its options */
     } join;
     struct {                       /* replica groups and the outer sync (>>outer; desc.outer) */
         int groups, group;         /* G = world / group_size groups; this rank's is ranks [group * size, + size) */
@@ -4143,11 +4177,11 @@ static ddp_result ddp__desc_validate(ddp_context *ctx, const ddp_desc *d) {
     if (d->bucket_cap_mb > 1048576.0 || d->first_bucket_mb > 1048576.0)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: bucket_cap_mb %g or first_bucket_mb %g is above "
                          "1048576 MiB (1 TiB)", d->bucket_cap_mb, d->first_bucket_mb);
-    /* A rank that has joined takes no optimizer steps, but sharded, the others' parameters need
-       its part of every step: it would have to keep updating its shard inside ddp_join. */
-    if (d->shard_optimizer && d->uneven_inputs != DDP_JOIN_OFF)
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_optimizer cannot be combined with uneven_inputs "
-                         "(a rank inside ddp_join takes no optimizer steps, but sharded every rank must update its part)");
+    /* ddp_join answers the synchronizing steps only; shard_accumulate reduce-scatters every micro-step */
+    if (d->shard_accumulate && d->uneven_inputs != DDP_JOIN_OFF)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_accumulate 1 cannot be combined with uneven_inputs "
+                         "(each micro-step's reduce-scatter would need the joined ranks, which answer synchronizing steps "
+                         "only): accumulate with the whole gradients (shard_accumulate 0)");
     if (d->shard_accumulate && d->shard != DDP_SHARD_GRADIENTS)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_accumulate 1 needs shard DDP_SHARD_GRADIENTS (it says how "
                          "ZeRO-2 accumulates micro-steps; the other levels keep the gradients whole)");
@@ -10946,6 +10980,13 @@ static ddp_result ddp__init(ddp_context *ctx, const ddp_desc *desc) {
     if (ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->world > 1 && !ctx->be->z3_parts && ctx->be->id != DDP_BACKEND_NCCL)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: DDP_SHARD_PARAMETERS is not built yet on the %s backend "
                          "(the cpu backend runs it on one host; DDP_SHARD_OPTIMIZER runs here)", ctx->be->name);
+    /* a joined rank runs no forward, so it makes none of the others' gathers: only local reads work */
+    if (ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->world > 1 && ctx->desc.uneven_inputs != DDP_JOIN_OFF &&
+        ctx->be->id != DDP_BACKEND_CPU)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: DDP_SHARD_PARAMETERS with uneven_inputs is not built on "
+                         "the %s backend: there a unit's gather is a collective every rank makes, and a rank inside "
+                         "ddp_join runs no forward (the cpu backend's gathers are local reads: it runs this; "
+                         "DDP_SHARD_GRADIENTS runs here)", ctx->be->name);
     if (ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->desc.outer.mode != DDP_OUTER_OFF)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: DDP_SHARD_PARAMETERS is not built yet with replica groups "
                          "(desc.outer)");
@@ -11969,7 +12010,8 @@ static ddp_result ddp__join_count(ddp_context *ctx, int has_data, int *stepping)
         if (ctx->join.mask[s] == 1.0f) { steps++; if (first < 0) first = s; }
     }
     ctx->join.active = n;
-    if (steps > 0 && steps < ctx->world) { ctx->join.uneven = 1; ctx->join.root = first; }
+    ctx->join.step_uneven = steps > 0 && steps < ctx->world;
+    if (ctx->join.step_uneven) { ctx->join.uneven = 1; ctx->join.root = first; }
     if (stepping) *stepping = steps;
     return DDP_OK;
 }
@@ -12343,12 +12385,10 @@ static ddp_result ddp__consume_grads(ddp_context *ctx) {
     return DDP_OK;
 }
 
-static ddp_result ddp__adamw_step(ddp_context *ctx, const ddp_adamw *opt, float *grad_norm_out) {
+/* The options resolved (0 -> the defaults) and checked, and the step's guards. */
+static ddp_result ddp__adamw_resolve(ddp_context *ctx, const ddp_adamw *opt, float *b1_out, float *b2_out, float *eps_out) {
     float b1, b2, eps;
-    double t0;
     ddp_result r;
-    if (ddp__in_backward(ctx))
-        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_adamw_step while a backward is in flight (call ddp_finish first)");
     if (!opt) return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_adamw_step needs options (a ddp_adamw)");
     if (opt->as_given != 0 && opt->as_given != 1)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_adamw.as_given is %d, not 0 or 1: %s", opt->as_given,
@@ -12369,6 +12409,28 @@ static ddp_result ddp__adamw_step(ddp_context *ctx, const ddp_adamw *opt, float 
                          opt->lr, b1, b2, eps, opt->weight_decay, opt->max_grad_norm);
     if ((r = ddp__check_averaged(ctx, "ddp_adamw_step")) != DDP_OK) return r;
     if ((r = ddp__z3_check_step(ctx, "ddp_adamw_step")) != DDP_OK) return r;
+    *b1_out = b1; *b2_out = b2; *eps_out = eps;
+    return DDP_OK;
+}
+
+static ddp_result ddp__join_send_options(ddp_context *ctx, const ddp_adamw *opt, int go);
+
+static ddp_result ddp__adamw_step(ddp_context *ctx, const ddp_adamw *opt, float *grad_norm_out) {
+    float b1 = 0, b2 = 0, eps = 0;
+    double t0;
+    ddp_result r;
+    if (ddp__in_backward(ctx))
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_adamw_step while a backward is in flight (call ddp_finish first)");
+    r = ddp__adamw_resolve(ctx, opt, &b1, &b2, &eps);
+    /* uneven inputs, sharded: the joined ranks wait in ddp_join for these options (>>join), also
+       when this call fails (then they are told to fail too, instead of waiting) */
+    if (ctx->join.step_uneven && ddp__sharded(ctx)) {
+        ddp_result s;
+        ctx->join.step_uneven = 0;
+        s = ddp__join_send_options(ctx, opt, r == DDP_OK);
+        if (r == DDP_OK) r = s;
+    }
+    if (r != DDP_OK) return r;
     t0 = ddp__now();
     ddp__life_event(ctx, DDP__ON_STEPPED);   /* the next step needs the next backward's averages */
     r = ctx->be->adamw(ctx, opt, b1, b2, eps, grad_norm_out);
@@ -12674,9 +12736,13 @@ static ddp_result ddp__scatter_from_host_any(ddp_context *ctx, ddp_buffer which,
    rank that joins in the middle of an accumulation window (micro-steps with sync off since its
    last zero_grad or synchronizing step) says 2 in its first count instead: its first shadow
    step sends the gradients it accumulated instead of zeros, and it counts among the ranks with
-   data for that step's divisor, but takes no step. It takes no AdamW steps of its own: once no
-   rank steps (every rank has joined), the lowest rank that stepped in the last uneven step
-   broadcasts its parameters and AdamW state to all, so every replica ends bit-identical.
+   data for that step's divisor, but takes no step. Unsharded it takes no AdamW steps of its
+   own: once no rank steps (every rank has joined), the lowest rank that stepped in the last
+   uneven step broadcasts its parameters and AdamW state to all, so every replica ends
+   bit-identical. Sharded, each shadow step ends in ddp_adamw_step on this rank's parts, with the
+   options the root sends at the start of its own (join.step_uneven says the step had joined
+   ranks; EMBEDDING in the manual says why the bits are the unsharded run's), and nothing is
+   broadcast at the end.
    Nothing here depends on the backend's bucket path (the CPU backend's in-place buckets wait
    until every peer has read a rank's buffer before the step ends, so the next shadow step may
    zero it) or on reduce_dtype (a zero is a zero in bf16; the rescale of DIVIDE_BY_ACTIVE is the
@@ -12699,6 +12765,56 @@ static ddp_result ddp__join_sync_replicas(ddp_context *ctx) {
     return ctx->be->collective(ctx, DDP__KIND_BROADCAST, &ctx->adam.step, sizeof ctx->adam.step, root);
 }
 
+/* Sharded (>>join): an uneven step's options for AdamW, as values (ddp_adamw holds no pointers;
+   the per-parameter DDP_NO_DECAY flags are each rank's own registration, equal on every rank),
+   from the lowest rank with data to every rank; go 0: its ddp_adamw_step failed before any
+   exchange, and the joined ranks fail too instead of waiting for the step's exchanges. */
+typedef struct ddp__join_options {
+    float lr, beta1, beta2, eps, weight_decay, max_grad_norm;
+    int32_t as_given, go;
+} ddp__join_options;
+
+static ddp_result ddp__join_options_bcast(ddp_context *ctx, ddp__join_options *o) {
+    ctx->what = "ddp_adamw_step's options to the joined ranks (uneven inputs, sharded)";
+    return ctx->be->collective(ctx, DDP__KIND_BROADCAST, o, sizeof *o, ctx->join.root);
+}
+
+/* A rank with data, at the start of an uneven step's ddp_adamw_step (the root's values count). */
+static ddp_result ddp__join_send_options(ddp_context *ctx, const ddp_adamw *opt, int go) {
+    ddp__join_options o;
+    memset(&o, 0, sizeof o);
+    if (opt) {
+        o.lr = opt->lr; o.beta1 = opt->beta1; o.beta2 = opt->beta2; o.eps = opt->eps;
+        o.weight_decay = opt->weight_decay; o.max_grad_norm = opt->max_grad_norm; o.as_given = opt->as_given;
+    }
+    o.go = opt && go;
+    return ddp__join_options_bcast(ctx, &o);
+}
+
+/* A joined rank, after a shadow step's ddp_finish (sharded): the same ddp_adamw_step on its parts
+   as the ranks with data take on theirs. Its gradients are its parts of the same average (its
+   zeros were in it), the norm's blocks and skip_nonfinite's verdict are exchanged as in any step,
+   and its step count moved with the others' in every step before: so its parts take the bits they
+   would take had it called ddp_adamw_step itself with zero gradients, and the all-gather (ZeRO-1,
+   ZeRO-2) or the parts kept (ZeRO-3) leave every rank with the unsharded run's state. */
+static ddp_result ddp__join_shadow_adamw(ddp_context *ctx) {
+    ddp__join_options o;
+    ddp_adamw opt;
+    ddp_result r;
+    memset(&o, 0, sizeof o);
+    ctx->join.step_uneven = 0;   /* received here, not sent again by the call below */
+    if ((r = ddp__join_options_bcast(ctx, &o)) != DDP_OK) return r;
+    if (!o.go)
+        return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_join: the ddp_adamw_step of rank %d (a rank with data) failed "
+                         "before its exchanges (its own error names why), so this rank's parts of the state took no "
+                         "step; the ranks are out of step now", ctx->join.root);
+    memset(&opt, 0, sizeof opt);
+    opt.lr = o.lr; opt.beta1 = o.beta1; opt.beta2 = o.beta2; opt.eps = o.eps;
+    opt.weight_decay = o.weight_decay; opt.max_grad_norm = o.max_grad_norm; opt.as_given = o.as_given;
+    r = ddp__adamw_step(ctx, &opt, NULL);
+    return r == DDP_ERR_NONFINITE ? DDP_OK : r;   /* skipped alike everywhere, nothing changed: the others go on */
+}
+
 static ddp_result ddp__join(ddp_context *ctx) {
     ddp_result r = DDP_OK;
     int i, stepping, sync = ctx->step.sync, pending = ctx->join.pending;
@@ -12713,7 +12829,10 @@ static ddp_result ddp__join(ddp_context *ctx) {
         if ((r = ddp__join_count(ctx, pending ? 2 : 0, &stepping)) != DDP_OK) break;
         if (stepping == 0) break;   /* every rank has joined (gradients still pending are dropped: no one steps) */
         /* a shadow step: zero gradients (or the pending ones, once), every bucket in order, the same finish */
-        if (!pending && (r = ddp__zero_grads(ctx, 0, ctx->flat.count)) != DDP_OK) break;
+        if (!pending) {   /* ZeRO-2 on host memory: no memset that would bring the released pages back */
+            if (ddp__z2(ctx) && ctx->be->shards_grads == 1) ddp__z2_zero(ctx);
+            else if ((r = ddp__zero_grads(ctx, 0, ctx->flat.count)) != DDP_OK) break;
+        }
         pending = 0;
         for (i = 0; i < ctx->model.num_params; i++) ctx->model.params[i].touched = 0;
         ddp__tape_reset(ctx);
@@ -12721,12 +12840,15 @@ static ddp_result ddp__join(ddp_context *ctx) {
         for (i = 0; i < ctx->model.num_params && r == DDP_OK; i++) r = ddp__grad_ready(ctx, i);
         if (r == DDP_OK) r = ddp__finish(ctx);
         ctx->join.shadow = 0;
+        if (r == DDP_OK && ddp__sharded(ctx)) r = ddp__join_shadow_adamw(ctx);   /* this rank's parts step too */
         if (r != DDP_OK) break;
     }
-    if (r == DDP_OK && ctx->join.uneven) r = ddp__join_sync_replicas(ctx);
+    /* sharded, every rank stepped its parts in every step: nothing to copy (and no rank holds all) */
+    if (r == DDP_OK && ctx->join.uneven && !ddp__sharded(ctx)) r = ddp__join_sync_replicas(ctx);
     ctx->step.sync = sync;
     ctx->join.pending = 0;
     ctx->join.uneven = 0;
+    ctx->join.step_uneven = 0;
     ctx->join.active = 0;
     return r;
 }

@@ -11,10 +11,11 @@
    copies with bf16 parameters); rank 0 adds a last line with the master, m and v gathered from
    their owners, the working copies and the step count. The *_join runs have uneven inputs:
    rank r stops after STEPS - r % 3 steps and calls ddp_join, answering the others' last steps
-   with zeros (their averages divided by the world size); the replicas must end equal. The
-   bf16_shard run is saved to
+   with zeros (their averages divided by the world size); the replicas must end equal; sharded
+   (*_shard_join, *_zero2_join) a joined rank also steps its parts, and the final line is the
+   unsharded run's (tests/test_mpi_parity.sh compares). The bf16_shard run is saved to
    DIR/bf16_shard.ck. In the program: every rank's parameters equal rank 0's after every step,
-   and the shard_optimizer + uneven_inputs combination (no backend runs it) refused by name.
+   and the shard_accumulate + uneven_inputs combination (no backend runs it) refused by name.
    Usage: mpi_parity train DIR
           mpi_parity load CHECKPOINT SHARD OUT   (a fresh bf16 model, sharded or not, loads the
             checkpoint; rank 0 writes the last line's form to OUT; the working copies must be
@@ -27,7 +28,7 @@ static const size_t sizes[NP] = { 5000, 17, 2100, 40, 3100, 300 };
 
 typedef struct config {
     const char *name;
-    int bf16, wire_bf16, shard, micro, find_unused, nan, uneven;
+    int bf16, wire_bf16, shard, micro, find_unused, nan, uneven;   /* shard: 1 ZeRO-1, 2 ZeRO-2 */
     int outer;                 /* replica groups of one rank: 1 DiLoCo every 2 steps (bf16 wire), 2 streaming every
                                   4 (int8, 2 fragments, delay 1, mix 0.5: the exchange on its thread) */
 } config;
@@ -42,6 +43,9 @@ static const config configs[] = {
     { "bf16_fp32wire_shard", 1, 0, 1, 1, 0, 0, 0, 0 },
     { "fp32_join", 0, 0, 0, 2, 0, 0, 1, 0 },
     { "bf16_join", 1, 1, 0, 1, 0, 0, 1, 0 },
+    { "fp32_shard_join", 0, 0, 1, 2, 0, 0, 1, 0 },      /* = fp32_join at ZeRO-1 (the joined ranks step their parts) */
+    { "fp32_zero2_join", 0, 0, 2, 2, 0, 0, 1, 0 },      /* and at ZeRO-2 */
+    { "bf16_shard_join", 1, 1, 1, 1, 0, 0, 1, 0 },
     { "fp32_diloco", 0, 0, 0, 1, 0, 0, 0, 1 },
     { "bf16_streaming", 1, 1, 0, 1, 0, 0, 0, 2 },
 };
@@ -70,7 +74,8 @@ static ddp_result open_model(const config *c, int shard, ddp_context **out, int 
     d.first_bucket_mb = 0.005;
     d.param_dtype = c->bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
     d.reduce_dtype = c->wire_bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
-    d.shard_optimizer = shard;
+    d.shard_optimizer = shard == 1;
+    if (shard == 2) d.shard = DDP_SHARD_GRADIENTS;
     d.find_unused = c->find_unused;
     d.skip_nonfinite = c->nan;
     d.uneven_inputs = c->uneven ? DDP_JOIN_DIVIDE_BY_WORLD : DDP_JOIN_OFF;
@@ -263,13 +268,14 @@ static void refusals(void) {
 #else
 #define MPI_OR_CPU "cpu"
 #endif
-    d.shard_optimizer = 1;
+    d.shard = DDP_SHARD_GRADIENTS;
+    d.shard_accumulate = 1;
     d.param_dtype = DDP_DTYPE_BF16;
     d.uneven_inputs = DDP_JOIN_DIVIDE_BY_WORLD;
     d.log_level = DDP_LOG_OFF;
-    snprintf(name, sizeof name, "parity_shard_with_uneven_inputs_refused_by_name_%s_ranks%d", MPI_OR_CPU, world);
+    snprintf(name, sizeof name, "parity_shard_accumulate_with_uneven_inputs_refused_by_name_%s_ranks%d", MPI_OR_CPU, world);
     r = ddp_init(&ddp, &d);
-    verdict(r == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(ddp), "shard_optimizer cannot be combined with uneven_inputs"),
+    verdict(r == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(ddp), "shard_accumulate 1 cannot be combined with uneven_inputs"),
             name, "%s: %s", ddp_result_string(r), ddp_last_error(ddp));
     ddp_shutdown(ddp);
 }

@@ -105,6 +105,7 @@ run "rank 0 killed while writing a checkpoint, 3 ranks" tests/test_checkpoint_cr
 run "ddprun --max-restarts through random kills: resume, same final checkpoint" tests/test_restart.sh "$B"
 run "NCCL backend on a fake GPU (tests/fakegpu): training = CPU backend, collectives, faults; hybrid sharding (the group's reduce-scatter, each part across the groups: within a derived bound of the exact average, the parts' bytes across the groups); ZeRO-3 (sharded parameters: the same bits as unsharded, granules mapped and released)" "$B/test_fake_nccl"
 run "bf16 parameters, fp32 master: float64 reference, CPU = NCCL on the fake GPU, sharded, checkpoints" "$B/test_bf16_params"
+run "uneven inputs (ddp_join) at ZeRO-1, ZeRO-2, ZeRO-3 (CPU) and hybrid = unsharded, bit for bit, 1-4 thread-ranks, CPU and NCCL on the fake GPU; checkpoints after the join load unsharded; the refusals named" "$B/test_shard_join"
 # The GPU kernels' arithmetic on the host: built wherever nvcc is, needs no GPU.
 if [ -x "$B/gpu/test_kernel_math_host" ]; then run "gpu kernel math on the host" "$B/gpu/test_kernel_math_host"; fi
 if [ -x "$B/gpu/test_kernel_math_host_fastmath" ]; then run "gpu kernel math on the host, --use_fast_math / -ffinite-math-only (NaN steps still skipped)" "$B/gpu/test_kernel_math_host_fastmath"; fi

@@ -2,7 +2,7 @@
 # test_mpi_parity.sh — the MPI backend (build/mpi/mpi_parity, mpicc -DDDP_MPI) gives the CPU
 # backend's bits (build/mpi_parity under ddprun) on one host, for bf16 parameters, the sharded
 # optimizer, both, a bf16 wire under fp32 parameters and a fp32 wire under bf16 parameters,
-# uneven inputs (ddp_join) in fp32 and bf16
+# uneven inputs (ddp_join) in fp32 and bf16, unsharded, ZeRO-1 and ZeRO-2 (their final state = the unsharded join's)
 # (tests/mpi_parity.c says what each rank writes: its loss, the grad norm, its gradients after
 # ddp_finish, its parameters, every step; the master, m and v gathered at the end):
 #   3 ranks, DDP_MPI_FLAT=1 (every rank in MPI) = ddprun -n 3, file by file;
@@ -24,7 +24,7 @@ trap 'rm -rf "$tmp"' EXIT
 fails=0
 pass() { echo "PASS $1"; }
 fail() { echo "FAIL $1: $2"; fails=$((fails + 1)); }
-CONFIGS="fp32 fp32_shard bf16 bf16_shard fp32_bf16wire bf16_fp32wire_shard fp32_join bf16_join fp32_diloco bf16_streaming"
+CONFIGS="fp32 fp32_shard bf16 bf16_shard fp32_bf16wire bf16_fp32wire_shard fp32_join bf16_join fp32_shard_join fp32_zero2_join bf16_shard_join fp32_diloco bf16_streaming"
 
 # mpirun on this host: N ranks, rank 0's store on a free port; the rest of the arguments are the program's.
 mpi() { local n=$1; shift; mpi_local "$n" 120 "$@"; }
@@ -58,6 +58,16 @@ DDP_LOG=info run "$tmp/mpi2.log" mpi 2 "$B/mpi/mpi_parity" train "$tmp/mpi2"
 grep -q "rank 1 of 2 up (mpi backend, host " "$tmp/mpi2.log" && ! grep -q "up (mpi backend, flat" "$tmp/mpi2.log" ||
     fail mpi_hierarchical_ranks2_up "not the hierarchical MPI backend: $(grep ' up (' "$tmp/mpi2.log" | head -n 2)"
 same mpi_hierarchical_ranks2 "$tmp/cpu2" "$tmp/mpi2" 2
+
+# Uneven inputs sharded: after ddp_join the master, m, v (gathered) and step are the unsharded join's
+# (fp32: on every backend; bf16 wire: on the CPU backend, where sharded = unsharded bit for bit)
+final() { sed -n 's/^final //p' "$1"; }
+for t in "cpu3 fp32_shard_join fp32_join" "cpu3 fp32_zero2_join fp32_join" "cpu3 bf16_shard_join bf16_join" \
+         "mpi3 fp32_shard_join fp32_join" "mpi3 fp32_zero2_join fp32_join" "cpu2 fp32_zero2_join fp32_join" "mpi2 fp32_zero2_join fp32_join"; do
+    set -- $t
+    s=$(final "$tmp/$1/$2.rank0"); u=$(final "$tmp/$1/$3.rank0")
+    [ -n "$s" ] && [ "$s" = "$u" ] && pass "${1}_${2}_final_state_equals_unsharded" || fail "${1}_${2}_final_state_equals_unsharded" "sharded '$s', unsharded '$u'"
+done
 
 # Stragglers (mpi_parity straggler): the last rank sleeps before each backward; every rank names it
 # in ddp_step_stats, on the CPU backend and on MPI flat and hierarchical (3 ranks, one host group)

@@ -223,12 +223,7 @@ static void refusals(void) {
     verdict(r == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(ddp), "shard_optimizer 2"), "shard_bad_value_refused", "%s: %s",
             ddp_result_string(r), ddp_last_error(ddp));
     ddp_shutdown(ddp);
-    d.shard_optimizer = 1;
-    d.uneven_inputs = DDP_JOIN_DIVIDE_BY_WORLD;
-    r = ddp_init(&ddp, &d);
-    verdict(r == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(ddp), "shard_optimizer cannot be combined with uneven_inputs"),
-            "shard_with_uneven_inputs_refused", "%s: %s", ddp_result_string(r), ddp_last_error(ddp));
-    ddp_shutdown(ddp);
+    /* uneven inputs run sharded (tests/test_shard_join.c) */
     setenv("DDP_SHARD_OPTIMIZER", "yes", 1);
     r = ddp_init(&ddp, NULL);
     verdict(r == DDP_ERR_BAD_ENV && strstr(ddp_last_error(ddp), "DDP_SHARD_OPTIMIZER='yes'"), "shard_bad_env_refused", "%s: %s",

@@ -434,10 +434,12 @@ static void z2_refusals(void) {
     config plain = { "mismatch", 1, 0, -1, 0, 0 };
     memset(&d, 0, sizeof d);
     d.shard = DDP_SHARD_GRADIENTS;
+    d.shard_accumulate = 1;   /* uneven inputs run at ZeRO-2 (tests/test_shard_join.c), not with shard_accumulate */
     d.uneven_inputs = DDP_JOIN_DIVIDE_BY_WORLD;
     d.log_level = DDP_LOG_OFF;
     r = ddp_init(&ddp, &d);
-    verdict(r == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(ddp), "uneven_inputs"), "zero2_with_uneven_inputs_refused",
+    verdict(r == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(ddp), "shard_accumulate 1 cannot be combined with uneven_inputs"),
+            "zero2_shard_accumulate_with_uneven_inputs_refused",
             "%s: %s", ddp_result_string(r), ddp_last_error(ddp));
     ddp_shutdown(ddp);
     memset(&d, 0, sizeof d);

@@ -554,12 +554,7 @@ static void refusals(void) {
     verdict(r == DDP_ERR_INVALID_ARGUMENT && contains(ddp_last_error(ddp), "no unit 9", NULL), "zero3_no_such_unit_named", "%s", ddp_last_error(ddp));
     ddp_shutdown(ddp);
 
-    /* uneven inputs: refused as under ZeRO-1 */
-    d.uneven_inputs = DDP_JOIN_DIVIDE_BY_WORLD;
-    r = ddp_init(&ddp, &d);
-    verdict(r == DDP_ERR_INVALID_ARGUMENT && contains(ddp_last_error(ddp), "uneven_inputs", NULL), "zero3_uneven_inputs_refused", "%s", ddp_last_error(ddp));
-    ddp_shutdown(ddp);
-    d.uneven_inputs = DDP_JOIN_OFF;
+    /* uneven inputs: run on the CPU backend, refused on NCCL (tests/test_shard_join.c) */
 
     /* the prefetch switch: a field out of range, a typo in the variable, the variable over the field */
     d.shard_prefetch_off = 2;
