@@ -333,7 +333,9 @@
      each rank's sum): within float rounding of it, not its bits (tests/test_zero2.c: within
      u (1 + (k-1)/world) sum |g| of a float64 reference, u = 2^-24), the same bits on every rank;
      bf16 gradients are widened into it and rounded once at the end. Without sync off (one
-     micro-step) it is plain ZeRO-2.
+     micro-step) it is plain ZeRO-2. Every backend that runs ZeRO-2 runs it (CPU, MPI, NCCL:
+     the same bits on each, below); not with hybrid sharding (shard_group) nor under
+     PARAMETERS, refused by name.
      Checkpoints: as ZeRO-1 (the gradients are not in them): saved at any level and world size,
      loaded at any other, the same continuation (tests/test_zero2.c save / load).
      Backends: CPU: the gradients live in the shared gradient segment (>>cpu-grads), released by
@@ -363,12 +365,35 @@
      that a part shares with the rest stays mapped, up to 2 granules a bucket part (2 * granule *
      buckets bytes above the formula; the buckets' spans tile the buffer, so a granule two
      buckets share goes when both are released). Micro-steps with sync off keep whole gradients
-     (as on the CPU); shard_accumulate: refused by name on NCCL. Replica groups of several ranks:
+     (as on the CPU). With shard_accumulate each micro-step's buckets are reduce-scattered on the
+     comm stream as a synchronizing step's, and this rank's part goes into a device accumulator
+     (4/world bytes a parameter, cudaMalloc'd at commit) by ddp_k_accumulate on the same stream:
+     the CPU's adds in the CPU's order (the first micro-step copies, the next add, the
+     synchronizing one leaves accumulator + its average in the part; bf16 gradients widened,
+     rounded once), so the same bits as the CPU backend's shard_accumulate (and the bf16 wire,
+     bf16 parameters, find_unused, clipping and skip_nonfinite as in plain ZeRO-2: they read the
+     parts at the step). A micro-step with sync off ends (ddp_finish) by zeroing the granules
+     touching this rank's parts on the compute stream and unmapping the rest, after a host wait
+     for the compute stream (the backward, every reduce-scatter and accumulation): between
+     micro-steps only the parts' granules hold device memory, and the gradients read zeros, as
+     on the CPU. The price: a reduce-scatter per micro-step and that host wait at its end (the
+     host cannot enqueue the next forward while the last bucket is on the wire). They are mapped
+     again, zeroed: with the tape by ddp_backward before its first op (so the next forward runs
+     without them); by hand by ddp_set_sync (the call every accumulation loop makes before a
+     micro-step: make it after the forward and before the backward's kernels, and the forward
+     runs without them), unless the last micro-step's backward was the tape's. A program's own
+     backward that writes gradients before either faults on the unmapped range. Out of device
+     memory there: named in ddp_last_error (and logged: ddp_set_sync returns nothing), nothing
+     changes; the backward's start (ddp_backward, the first ddp_grad_ready) tries again, and a
+     failure there fails the context (as for a backward begun without ddp_zero_grad after a step). Replica groups of several ranks:
      refused with any shard level on NCCL (as ZeRO-1); one group of every rank, hybrid sharding
      (shard_group): the same release of the team's parts. Tests: tests/test_fake_nccl.c on the
      fake GPU (tests/fakegpu: its VMM is mmap'd, a granularity knob), ZeRO-2 = unsharded bit for
-     bit on 1-4 ranks with the device bytes after each step by formula; not yet measured on a
-     GPU. Windows: released gradients are zeroed and
+     bit on 1-4 ranks with the device bytes after each step by formula; shard_accumulate = the
+     CPU backend's bit for bit on 1-4 ranks (bf16 wire, bf16 parameters, an unused parameter),
+     the device bytes between micro-steps by formula, a full device at ddp_set_sync named;
+     ddp_k_accumulate against the CPU's loop in tests/gpu (host math; on a GPU). Not yet
+     measured on a GPU. Windows: released gradients are zeroed and
      stay resident (a mapped view cannot give its pages back and keep zeros: >>platform); a
      POSIX system without MADV_REMOVE (macOS) likewise for the segment. uneven_inputs: as ZeRO-1
      (every backend; with shard_accumulate refused by name: each micro-step's reduce-scatter
@@ -1206,7 +1231,9 @@
                     once, granules mapped / released by holder counts through CUDA's virtual
                     memory management (driver entry points via the runtime, no -lcuda); ZeRO-2's
                     gradients on it (ddp__gpu_z2_*, in >>nccl: mapped by ddp_zero_grad, released
-                    at the end of ddp_adamw_step)
+                    at the end of ddp_adamw_step; shard_accumulate: ddp__gpu_z2_accumulate into
+                    a device accumulator, ddp__gpu_z2_micro_release at a micro-step's ddp_finish,
+                    ddp__gpu_z2_map from ddp_set_sync through the table's grads_map)
      >>group        ddp__choose_backend (the one place that knows every backend), rendezvous,
                     init, shutdown
      >>embed        progress: the seqlock the rank writes and any thread reads (cancel itself:
@@ -3035,6 +3062,9 @@ typedef struct ddp__backend {
        parameters to everyone, whatever runs beside the step */
     ddp_result (*commit)(ddp_context *ctx);
     void (*begin_step)(ddp_context *ctx);
+    /* ddp_set_sync, shard_accumulate: the gradients released after the last micro-step mapped
+       again (NCCL: ddp__gpu_z2_map); NULL: nothing released needs mapping (host pages) */
+    ddp_result (*grads_map)(ddp_context *ctx);
     ddp_result (*launch)(ddp_context *ctx, int bucket);          /* average one bucket, in bucket order */
     ddp_result (*finish)(ddp_context *ctx, double t_wait);       /* every bucket launched: settle them */
     /* gradients [offset, offset + count), in their dtype (fp32, or bf16 with bf16 parameters) */
@@ -8987,7 +9017,12 @@ struct ddp__gpu {
     unsigned char *z2_held;        /* per bucket: its span is mapped (a holder counted) */
     unsigned char *z2_due;         /* per bucket: reduce-scattered this step: its span goes at the end of ddp_adamw_step */
     cudaEvent_t z2_used;           /* the compute stream at ddp_adamw_step's start: the backward's and the
-                                      reduce-scatters' use of the spans ends before it (ddp__gpu_z2_release) */
+                                      reduce-scatters' use of the spans ends before it (ddp__gpu_z2_release);
+                                      with shard_accumulate also at a micro-step's ddp_finish */
+    float *z2_acc;                 /* shard_accumulate: the device accumulator of this rank's parts
+                                      (ctx->shard.count floats, packed as m: ctx->shard.base[b]) */
+    int z2_taped;                  /* shard_accumulate: the last micro-step's backward was the tape's
+                                      (ddp_backward maps the gradients back: ddp_set_sync leaves them) */
     double *norm_sq;
     ddp_k_adamw_state *state;      /* device: step, clip, skip */
     ddp_k_adamw_state *state_host; /* pinned copy, read when state_copied has completed */
@@ -9933,6 +9968,7 @@ static ddp_result ddp__gpu_z2_commit(ddp_context *ctx) {
             return r;
         g->z2_held[b] = 1;
     }
+    if (ddp__z2_acc_on(ctx)) DDP__CUDA(cudaMalloc((void **)&g->z2_acc, (ctx->shard.count ? ctx->shard.count : 1) * sizeof(float)));
     return ddp__gvm_unmap(ctx, g->z2vm, 0, ctx->flat.count * es);
 }
 
@@ -10008,6 +10044,65 @@ static ddp_result ddp__gpu_z2_release(ddp_context *ctx) {
             return ddp__fatal(ctx, r);
     }
     return DDP_OK;
+}
+
+/* shard_accumulate (ddp__z2_acc_on; SHARDED GRADIENTS): bucket b's reduce-scatter is enqueued
+   on the comm stream, every micro-step; its part (this micro-step's average, in flat.grads or
+   grads_bf16) goes into the device accumulator, after it on the same stream. The CPU backend's
+   ddp__z2_accumulate, operation for operation (ddp_k_accumulate): sync off, the first
+   micro-step copies and the others add (acc + g, in float); the synchronizing one leaves acc + g
+   in the part (bf16: rounded once), nothing to do after a single micro-step. */
+static ddp_result ddp__gpu_z2_accumulate(ddp_context *ctx, int b) {
+    ddp__gpu *g = ctx->impl.gpu;
+    size_t lo, hi;
+    float *acc = g->z2_acc + ctx->shard.base[b];
+    int first = ctx->shard.z2_acc_steps == 0, mode;
+    if (ctx->step.sync && first) return DDP_OK;   /* one micro-step: the part holds the average already */
+    mode = ctx->step.sync ? DDP_K_ACC_FINAL : first ? DDP_K_ACC_FIRST : DDP_K_ACC_ADD;
+    ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
+    if (ctx->flat.grads_bf16) DDP__CUDA(ddp_k_accumulate_bf16(acc, ctx->flat.grads_bf16 + lo, hi - lo, mode, g->comm));
+    else DDP__CUDA(ddp_k_accumulate(acc, ctx->flat.grads + lo, hi - lo, mode, g->comm));
+    return DDP_OK;
+}
+
+/* shard_accumulate, a micro-step with sync off (ddp_finish; the compute stream waits for the
+   last bucket already): the gradients read zeros for the next micro-step, as on the CPU, and
+   only this rank's parts stay mapped. What stays mapped is the granules touching a part (the
+   part holders'): zeroed on the compute stream (the part, now in the accumulator, and the
+   neighbours' leftovers that share its granules); the rest is unmapped (ddp__gpu_z2_release,
+   waiting for the compute stream up to here, so for every bucket's reduce-scatter and
+   accumulation) and comes back zeroed when mapped again: ddp_set_sync (ddp__gpu_z2_map), the
+   next backward's start, or ddp_zero_grad. A host wait at every micro-step's end: the price of
+   giving the memory back before the next forward (the device has nothing queued behind it
+   that the host could have added meanwhile but the next micro-step). */
+static ddp_result ddp__gpu_z2_micro_release(ddp_context *ctx) {
+    ddp__gpu *g = ctx->impl.gpu;
+    struct ddp__gvm *vm = g->z2vm;
+    size_t es = ddp__gpu_z2_es(ctx), total = ctx->flat.count * es, lo, hi;
+    int b;
+    for (b = 0; b < ctx->model.num_buckets; b++) {
+        ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
+        if (hi <= lo) continue;
+        lo = lo * es / vm->gran * vm->gran;
+        hi = (hi * es + vm->gran - 1) / vm->gran * vm->gran;
+        if (hi > total) hi = total;
+        DDP__CUDA(cudaMemsetAsync(vm->base + lo, 0, hi - lo, g->compute));
+    }
+    DDP__CUDA(cudaEventRecord(g->z2_used, g->compute));
+    g->z2_taped = ctx->tape.replaying;
+    return ddp__gpu_z2_release(ctx);
+}
+
+/* shard_accumulate: ddp_set_sync before a micro-step maps the gradients released after the
+   last one again (zeroed), so that a program's own backward kernels, which write them before
+   ddp.h sees that backward, find memory there. Not after a backward of the tape's: ddp_backward
+   maps them before its first op, and the forward between runs without them. Out of device
+   memory: named, nothing changes; the backward's start tries again. */
+static ddp_result ddp__gpu_z2_map(ddp_context *ctx) {
+    ddp__gpu *g = ctx->impl.gpu;
+    if (!g || !g->z2_acc || !g->z2_span || g->z2_taped) return DDP_OK;
+    DDP__GPU_DEVICE(g);
+    return ddp__gpu_z2_hold_range(ctx, 0, ctx->flat.count);
 }
 
 /* The no-decay mask ddp_k_adamw reads: one byte per DDP_K_MASK_GROUP elements of the flat
@@ -10195,9 +10290,11 @@ static ddp_result ddp__gpu_launch(ddp_context *ctx, int index) {
         if (r != DDP_OK) return r;
         if (bf16) DDP__CUDA(ddp_k_bf16_to_f32(g->bf16, grads, b->count, g->comm));
     }
+    if (g->z2_acc && (r = ddp__gpu_z2_accumulate(ctx, index)) != DDP_OK) return r;
     DDP__CUDA(cudaEventRecord(g->comm_end[par][index], g->comm));
     g->last_bucket[par] = index;
-    if (g->z2vm && ctx->step.sync) g->z2_due[index] = 1;   /* ZeRO-2: released at the end of ddp_adamw_step */
+    /* ZeRO-2: released at the end of ddp_adamw_step (shard_accumulate, sync off: at ddp_finish) */
+    if (g->z2vm && (ctx->step.sync || g->z2_acc)) g->z2_due[index] = 1;
     return DDP_OK;
 }
 
@@ -10303,6 +10400,10 @@ static ddp_result ddp__gpu_finish(ddp_context *ctx, double t_wait) {
     g->timed_stats[par] = ctx->step.stats;
     g->timed_stats[par].step = ctx->tl.step + 1;
     g->timed[par] = 1;
+    if (g->z2_acc && !ctx->step.sync) {   /* shard_accumulate: the micro-step's gradients go now */
+        ddp_result r = ddp__gpu_z2_micro_release(ctx);
+        if (r != DDP_OK) return r;
+    }
     return ddp__failed(ctx);
 }
 
@@ -10521,6 +10622,10 @@ static ddp_result ddp__gpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b
             DDP__CUDA(e);
             r = ctx->flat.grads_bf16 ? ddp__nonfinite(ctx, NULL, (const ddp_bf16 *)host, norm) : ddp__nonfinite(ctx, (const float *)host, NULL, norm);
             DDP_FREE(host);
+            if (g->z2vm) {   /* ZeRO-2: a skipped step gives the gradients back like any other */
+                ddp_result rr = ddp__gpu_z2_release(ctx);
+                if (rr != DDP_OK) return rr;
+            }
             return r;
         }
     }
@@ -10787,6 +10892,7 @@ static void ddp__gpu_teardown(ddp_context *ctx) {
     cudaFree(g->scratch);
     if (g->z2vm) { ddp__gvm_free(ctx, g->z2vm); DDP_FREE(g->z2vm); }   /* after cudaFree's device-wide wait */
     DDP_FREE(g->z2_span); DDP_FREE(g->z2_held); DDP_FREE(g->z2_due);
+    cudaFree(g->z2_acc);
     if (g->z2_used) cudaEventDestroy(g->z2_used);
     if (g->scratch_host) cudaFreeHost(g->scratch_host);
     if (g->state_host) cudaFreeHost(g->state_host);
@@ -10860,6 +10966,7 @@ static void ddp__nccl_table(ddp__backend *t) {
     t->alloc_flat = ddp__gpu_alloc_flat;
     t->commit = ddp__gpu_commit;
     t->begin_step = ddp__gpu_begin_step;
+    t->grads_map = ddp__gpu_z2_map;
     t->launch = ddp__gpu_launch;
     t->finish = ddp__gpu_finish;
     t->zero = ddp__gpu_zero;
@@ -11081,10 +11188,6 @@ static ddp_result ddp__init(ddp_context *ctx, const ddp_desc *desc) {
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard DDP_SHARD_GRADIENTS (ZeRO-2) is not built yet on "
                          "the %s backend: use DDP_SHARD_OPTIMIZER there (the same reduce-scatter, the gradients kept "
                          "whole)", ctx->be->name);
-    if (ctx->desc.shard >= DDP_SHARD_GRADIENTS && ctx->desc.shard_accumulate && ctx->be->shards_grads == 2)
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_accumulate is not built yet on the %s backend "
-                         "(its gradients are device memory): with DDP_SHARD_GRADIENTS there, accumulation keeps whole "
-                         "gradients until the synchronizing micro-step, as without shard_accumulate", ctx->be->name);
     deadline = ddp__now() + ctx->desc.timeout_s;
     if (ctx->world > 1) {
         if (!ctx->job.token[0] && !ctx->job.id[0])
@@ -12110,7 +12213,8 @@ static ddp_result ddp__commit(ddp_context *ctx) {
     if ((r = ctx->be->alloc_flat(ctx)) != DDP_OK) return r;
     if ((r = ddp__build_buckets(ctx)) != DDP_OK) return r;
     if ((r = ddp__shard_layout(ctx)) != DDP_OK) return r;
-    if (ddp__z2_acc_on(ctx) && !(ctx->shard.z2_acc = ddp__alloc_floats(ctx->shard.count ? ctx->shard.count : 1)))
+    if (ddp__z2_acc_on(ctx) && ctx->be->shards_grads == 1 &&   /* (NCCL: a device one, ddp__gpu_z2_commit) */
+        !(ctx->shard.z2_acc = ddp__alloc_floats(ctx->shard.count ? ctx->shard.count : 1)))
         return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the gradients' accumulator (%zu floats, shard_accumulate)",
                          ctx->shard.count);
     ddp__plan_wire(ctx);
@@ -14803,6 +14907,13 @@ void ddp_set_sync(ddp_context *ctx, int enabled) {
     if (!ctx) return;
     if (ddp__in_backward(ctx)) { ddp__log(ctx, DDP_LOG_WARN, "ddp_set_sync ignored: a backward is in flight"); return; }
     ctx->step.sync = enabled != 0;
+    /* shard_accumulate on device gradients: mapped again before the program's backward writes them
+       (a failure is named in ddp_last_error and logged; the backward's start tries again) */
+    if (ctx->be && ddp__is_committed(ctx) && !ddp__failed(ctx) && ddp__z2_acc_on(ctx) && ctx->be->grads_map &&
+        ctx->be->grads_map(ctx) != DDP_OK) {
+        char buf[DDP__ERR_MAX];
+        ddp__log(ctx, DDP_LOG_ERROR, "ddp_set_sync: %s", ddp__err_body(ctx, buf));
+    }
 }
 
 ddp_step_stats ddp_last_step_stats(const ddp_context *ctx) {
