@@ -126,6 +126,7 @@ MPI_PROGRAMS += $(M)/mpi_parity
 MPI_PROGRAMS += $(M)/test_groups      # the same replica groups on the MPI backend (tests/test_groups.sh)
 MPI_PROGRAMS += $(M)/test_groups_shard   # shard_optimizer within the groups on the MPI backend
 MPI_PROGRAMS += $(M)/test_zero2      # ZeRO-2 on the MPI backend (tests/test_zero2_mpi.sh)
+MPI_PROGRAMS += $(M)/test_zero3      # ZeRO-3 on the MPI backend, flat and hybrid (tests/test_zero3_mpi.sh)
 MPI_PROGRAMS += $(M)/test_hybrid         # hybrid sharding across hosts (tests/test_hybrid.sh)
 ifeq ($(strip $(MPICC)),)
 mpi:

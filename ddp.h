@@ -333,7 +333,9 @@
      each rank's sum): within float rounding of it, not its bits (tests/test_zero2.c: within
      u (1 + (k-1)/world) sum |g| of a float64 reference, u = 2^-24), the same bits on every rank;
      bf16 gradients are widened into it and rounded once at the end. Without sync off (one
-     micro-step) it is plain ZeRO-2.
+     micro-step) it is plain ZeRO-2. Every backend that runs ZeRO-2 runs it (CPU, MPI, NCCL:
+     the same bits on each, below); not with hybrid sharding (shard_group) nor under
+     PARAMETERS, refused by name.
      Checkpoints: as ZeRO-1 (the gradients are not in them): saved at any level and world size,
      loaded at any other, the same continuation (tests/test_zero2.c save / load).
      Backends: CPU: the gradients live in the shared gradient segment (>>cpu-grads), released by
@@ -363,12 +365,35 @@
      that a part shares with the rest stays mapped, up to 2 granules a bucket part (2 * granule *
      buckets bytes above the formula; the buckets' spans tile the buffer, so a granule two
      buckets share goes when both are released). Micro-steps with sync off keep whole gradients
-     (as on the CPU); shard_accumulate: refused by name on NCCL. Replica groups of several ranks:
+     (as on the CPU). With shard_accumulate each micro-step's buckets are reduce-scattered on the
+     comm stream as a synchronizing step's, and this rank's part goes into a device accumulator
+     (4/world bytes a parameter, cudaMalloc'd at commit) by ddp_k_accumulate on the same stream:
+     the CPU's adds in the CPU's order (the first micro-step copies, the next add, the
+     synchronizing one leaves accumulator + its average in the part; bf16 gradients widened,
+     rounded once), so the same bits as the CPU backend's shard_accumulate (and the bf16 wire,
+     bf16 parameters, find_unused, clipping and skip_nonfinite as in plain ZeRO-2: they read the
+     parts at the step). A micro-step with sync off ends (ddp_finish) by zeroing the granules
+     touching this rank's parts on the compute stream and unmapping the rest, after a host wait
+     for the compute stream (the backward, every reduce-scatter and accumulation): between
+     micro-steps only the parts' granules hold device memory, and the gradients read zeros, as
+     on the CPU. The price: a reduce-scatter per micro-step and that host wait at its end (the
+     host cannot enqueue the next forward while the last bucket is on the wire). They are mapped
+     again, zeroed: with the tape by ddp_backward before its first op (so the next forward runs
+     without them); by hand by ddp_set_sync (the call every accumulation loop makes before a
+     micro-step: make it after the forward and before the backward's kernels, and the forward
+     runs without them), unless the last micro-step's backward was the tape's. A program's own
+     backward that writes gradients before either faults on the unmapped range. Out of device
+     memory there: named in ddp_last_error (and logged: ddp_set_sync returns nothing), nothing
+     changes; the backward's start (ddp_backward, the first ddp_grad_ready) tries again, and a
+     failure there fails the context (as for a backward begun without ddp_zero_grad after a step). Replica groups of several ranks:
      refused with any shard level on NCCL (as ZeRO-1); one group of every rank, hybrid sharding
      (shard_group): the same release of the team's parts. Tests: tests/test_fake_nccl.c on the
      fake GPU (tests/fakegpu: its VMM is mmap'd, a granularity knob), ZeRO-2 = unsharded bit for
-     bit on 1-4 ranks with the device bytes after each step by formula; not yet measured on a
-     GPU. Windows: released gradients are zeroed and
+     bit on 1-4 ranks with the device bytes after each step by formula; shard_accumulate = the
+     CPU backend's bit for bit on 1-4 ranks (bf16 wire, bf16 parameters, an unused parameter),
+     the device bytes between micro-steps by formula, a full device at ddp_set_sync named;
+     ddp_k_accumulate against the CPU's loop in tests/gpu (host math; on a GPU). Not yet
+     measured on a GPU. Windows: released gradients are zeroed and
      stay resident (a mapped view cannot give its pages back and keep zeros: >>platform); a
      POSIX system without MADV_REMOVE (macOS) likewise for the segment. uneven_inputs: as ZeRO-1
      (every backend; with shard_accumulate refused by name: each micro-step's reduce-scatter
@@ -493,24 +518,42 @@
      parts in the segment; NCCL: the in-place all-gathers on the group's communicator), the
      gradients go the hybrid way (reduce-scatter in the group, the part allreduced across the
      groups) and are released as ZeRO-2's: the same bits as hybrid ZeRO-1 with the same groups
-     (CPU: unsharded's; tests/test_hybrid.c, tests/test_fake_nccl.c). Replica groups (desc.outer,
+     (CPU: unsharded's; tests/test_hybrid.c, tests/test_fake_nccl.c; MPI below). Replica groups (desc.outer,
      OUTER SYNC): the parts are the replica group's; the outer step gathers the parameters among
      the group (fp32: from the members' owner storage; bf16: the master, as under ZeRO-1) and
      writes back this rank's parts only, then a barrier (no member gathers a part mid-write): the
      same bits as unsharded (tests/test_groups_shard.c). CPU backend; NCCL in groups of one rank,
-     where nothing is sharded (each rank's part is everything: a gather moves nothing).
-     Backends: single, cpu and NCCL. Refused at ddp_init, by name: MPI, replica groups of several
-     ranks on NCCL (no broadcast within a group there), uneven_inputs on NCCL (there a unit's
-     gather is a collective every rank makes, and a rank inside ddp_join runs no forward; the CPU
-     backend's gathers are local reads of the owners' parts, so it runs uneven inputs as ZeRO-1,
-     the joined rank stepping its parts and keeping them: EMBEDDING); with replica groups, a lone
-     ddp_copy_from_host of parameters (the outer copy must follow on every rank:
-     ddp_scatter_from_host); the CPU backend
-     without its shared segment (DDP_STAGED_GRADS, or no room in /dev/shm) at ddp_commit; NCCL
-     on a driver without virtual memory management (named at ddp_commit). The timeline: each
+     where nothing is sharded (each rank's part is everything: a gather moves nothing); not MPI.
+     On the MPI backend (>>mpi: ddp__mpi_z3_*) the view is the reserved range as on the CPU
+     backend, and each rank's owner storage is its private flat buffers, only its parts' pages
+     kept (the commit's broadcast fills them whole a moment: the MPI commit holds the model once
+     per rank, unlike the CPU backend's). A gather commits the unit's pages and runs, per bucket
+     of the unit, MPI_Iallgatherv of the parts (the equal parts and the last rank's tail, ZeRO-1's
+     layout) from every owner's storage into the view, on a duplicate of the world's communicator
+     (hybrid: the shard group's), after a small signature exchange that names ranks gathering
+     different units; a release decommits; AdamW updates the parts in place, no all-gather.
+     Prefetch: ddp_unit_prefetch starts those nonblocking exchanges on the program's thread and
+     ddp_unit_gather waits for them (polling MPI_Test, with the failure, cancel and timeout_s
+     checks of any wait), so the transfer overlaps compute as far as MPI progresses it (Open MPI:
+     while another thread of the rank is inside MPI, as the communication thread is during a
+     backward). Not a prefetch thread: MPI matches a communicator's collectives by the order they
+     start, and only the program's calls have the same order on every rank. The gradients:
+     ZeRO-2's on MPI (the bucket's exchange, then the release outside this rank's parts); with
+     hybrid sharding the hybrid path (the host's sum, each part across the hosts among its
+     holders), whose bits ZeRO-1 in the same groups gives too (tests/test_zero3_mpi.sh).
+     Backends: single, cpu, NCCL and MPI. Refused at ddp_init, by name: replica groups (desc.outer)
+     on MPI and in groups of several ranks on NCCL (no broadcast within a group there),
+     uneven_inputs on NCCL and MPI (there a unit's gather is a collective every rank makes, and a
+     rank inside ddp_join runs no forward; the CPU backend's gathers are local reads of the owners'
+     parts, so it runs uneven inputs as ZeRO-1, the joined rank stepping its parts and keeping
+     them: EMBEDDING); with replica groups, a lone ddp_copy_from_host of parameters (the outer
+     copy must follow on every rank: ddp_scatter_from_host); the CPU
+     backend without its shared segment (DDP_STAGED_GRADS, or no room in /dev/shm) at
+     ddp_commit; NCCL on a driver without virtual memory management (named at ddp_commit). The timeline: each
      gather (prefetched or not) and release is an event on the comm lane ("gather unit N",
-     "release unit N": the unit's name and bytes; on NCCL the host's enqueue times; a gather's
-     "prefetched" says whether ddp_unit_prefetch started it).
+     "release unit N": the unit's name and bytes; on NCCL the host's enqueue times, on MPI from
+     the exchange's start to the wait's end; a gather's "prefetched" says whether
+     ddp_unit_prefetch started it).
 
    HYBRID SHARDING (ddp_desc.shard_group = S, or DDP_SHARD_GROUP=S; with shard >= OPTIMIZER)
      What: the sharded state is split within each group of S consecutive ranks (ranks [g*S,
@@ -532,7 +575,7 @@
      v); bf16 parameters: 2 + 2 + 12/S (the master in parts too). S = world is flat sharding,
      S = 1 is DDP (16 bytes). (Levels above OPTIMIZER divide their parts by S alike: ZeRO-3
      within groups of S is 16/S bytes, plus the gathered units, as SHARDED PARAMETERS says with
-     world -> S; every level from OPTIMIZER to PARAMETERS, on the CPU and NCCL backends.)
+     world -> S; every level from OPTIMIZER to PARAMETERS, on the CPU, NCCL and MPI backends.)
      The slow link, per step: each rank sends, and receives, 2 (G-1)/G of its part of the
      gradients (an allreduce of 1/S of them; fp32: 8 (G-1)/(G S) bytes a parameter), so a host
      (S ranks) sends 8 (G-1)/G bytes a parameter, what the MPI backend's unsharded hierarchical
@@ -591,6 +634,11 @@
      Checkpoints: the shard table has S entries (format version 1); the file loads at any world
      size and sharding, and a hybrid run loads any file (an older ddp.h refuses hybrid files as an
      impossible header). ddp_gather_to_host takes each part from the root's group.
+     With DDP_SHARD_PARAMETERS (MPI backend only; the others refuse it at ddp_init): the
+     parameters in parts within the group too (4/S fp32 parameters, gathered per unit), a
+     unit's gather an MPI_Iallgatherv among the group's ranks (a host's: no traffic across
+     hosts), the gradients as above; the same bits as DDP_SHARD_OPTIMIZER in the same groups
+     (tests/test_zero3_mpi.sh, 2 hosts x 2 ranks, S = 2).
 
    PARAMETER DTYPE (ddp_desc.param_dtype = DDP_DTYPE_BF16, or DDP_PARAM_DTYPE=bf16)
      bf16 training with fp32 master weights (docs/design.md): every parameter has a bf16 working
@@ -869,7 +917,11 @@
              zero on its owner only (so exact in any order), and each bucket's parts are all-
              gathered once updated (MPI_Allgatherv of the fp32 parameters, or of the bf16 working
              copies): sharded gives unsharded's bits. Checkpoints move between the MPI and CPU
-             backends and world sizes, sharded or not. Replica groups of several ranks
+             backends and world sizes, sharded or not. ZeRO-2: each bucket's exchange as above,
+             then the gradients outside this rank's parts released. ZeRO-3 (SHARDED PARAMETERS):
+             a unit's gather is an MPI_Iallgatherv of the parts per bucket, started by
+             ddp_unit_gather or ddp_unit_prefetch, on a communicator of the gathers' own;
+             hybrid sharding too (within the host's ranks). Replica groups of several ranks
              (OUTER SYNC): every bucket, fp32 too, goes that owner's way among the group's ranks
              only, through a communicator of the group (MPI_Comm_split): the CPU backend's bits
              for the same groups, on any hosts; a group that is exactly one host's ranks (the
@@ -881,7 +933,8 @@
              that hold it (the leaders' order: fp32 keeps the unsharded bits; HYBRID SHARDING).
              Tests: tests/test_mpi_parity.sh (one host, flat and hierarchical),
              tests/test_mpi_hosts.sh (2 hosts x 2 ranks), tests/test_groups.sh (groups),
-             tests/test_hybrid.sh (hybrid sharding).
+             tests/test_hybrid.sh (hybrid sharding), tests/test_zero2_mpi.sh, tests/test_zero3_mpi.sh
+             (ZeRO-2, ZeRO-3 and ZeRO-3 hybrid).
              Over TCP (Open MPI's btl tcp): where ddp.h initializes MPI it sets the Open MPI
              parameters that mpirun --mca / OMPI_MCA_* left unset: btl_tcp_eager_limit,
              btl_tcp_rndv_eager_limit and btl_tcp_max_send_size 1 MiB, btl_tcp_links 2,
@@ -1186,7 +1239,9 @@
                     host's sum, each part across the hosts among its holders); stragglers across hosts
                     through the signature check (ddp__mpi_cross_arrivals, the leaders' relay);
                     the watchdog's hooks (heartbeats, the collective's age, MPI_Abort); ZeRO-2's
-                    release after a bucket's MPI calls (ddp__z2_mpi_bucket); its table
+                    release after a bucket's MPI calls (ddp__z2_mpi_bucket); ZeRO-3's gathers
+                    (ddp__mpi_z3_*: MPI_Iallgatherv per bucket of a unit on the gathers' own
+                    communicator, started by gather or prefetch, polled by the wait); its table
      >>nccl         the NCCL backend (only with DDP_CUDA): the communicators' life (the
                     world's; a replica group's or, hybrid, a shard group's: ddp__gpu_init_team;
                     hybrid's cross-group one of a part's holders: ddp__gpu_init_cross), the
@@ -1200,7 +1255,9 @@
                     once, granules mapped / released by holder counts through CUDA's virtual
                     memory management (driver entry points via the runtime, no -lcuda); ZeRO-2's
                     gradients on it (ddp__gpu_z2_*, in >>nccl: mapped by ddp_zero_grad, released
-                    at the end of ddp_adamw_step)
+                    at the end of ddp_adamw_step; shard_accumulate: ddp__gpu_z2_accumulate into
+                    a device accumulator, ddp__gpu_z2_micro_release at a micro-step's ddp_finish,
+                    ddp__gpu_z2_map from ddp_set_sync through the table's grads_map)
      >>group        ddp__choose_backend (the one place that knows every backend), rendezvous,
                     init, shutdown
      >>embed        progress: the seqlock the rank writes and any thread reads (cancel itself:
@@ -1214,7 +1271,8 @@
                     counts, gather / prefetch (its own thread) / release, the tape's plan (each
                     unit's last op), the misuse checks, check_ready's fault naming; on NCCL the
                     same primitives hand the view, the gathers and the releases to >>nccl
-                    (z3.device); in >>params before ddp__commit
+                    (z3.device); on MPI the gathers to the backend's exchange (be->z3_start /
+                    z3_wait, >>mpi: no thread); in >>params before ddp__commit
      >>step         ready hooks, launch in bucket order, the tape, finish (the no-overlap check;
                     messages worded for the tape or the program's own backward); with uneven
                     inputs the count of the ranks with data that begins a synchronizing step;
@@ -1236,14 +1294,14 @@
      >>public       every public function: checks its arguments and the context, hands off
      The backend table (ddp__backend in >>types) is the only way generic code reaches a
      backend: setup, alloc_flat, commit, begin_step, launch, finish, zero, scale, bf16, adamw,
-     adamw_state, copy, collective, allgather, team_bcast, z3_parts, stats, poison, stop, teardown; its
+     adamw_state, copy, collective, allgather, team_bcast, z3_parts, z3_start, z3_wait, stats, poison, stop, teardown; its
      `shards` flag says whether it runs shard_optimizer (ddp_init refuses it by the backend's
      name otherwise), `shards_grads` likewise for DDP_SHARD_GRADIENTS (1: host memory that
      ddp__z2_release gives back; 2: device memory the backend maps and releases itself, NCCL). Each backend fills it by name (ddp__cpu_table and its like, into the
      context's own copy); an optional slot left NULL (setup, commit, begin_step, allgather,
-     team_bcast, z3_parts, stats, poison, stop) is nothing to do (allgather: the outer exchange broadcasts
-     instead; team_bcast: bf16 + shard_optimizer in groups of several ranks is refused; z3_parts:
-     DDP_SHARD_PARAMETERS runs on one rank only), and the
+     team_bcast, z3_parts, z3_start, z3_wait, stats, poison, stop) is nothing to do (allgather: the outer exchange broadcasts
+     instead; team_bcast: bf16 + shard_optimizer in groups of several ranks is refused; z3_parts
+     and z3_start both NULL: DDP_SHARD_PARAMETERS runs on one rank only, or on NCCL's own path), and the
      generic caller checks. A backend carries out each bucket's wire plan (ddp__wire, made at
      commit), and reaches the work queue and the watchdog (>>engine) through its hooks. Adding
      a backend is adding a section that fills one and a line in ddp__choose_backend.
@@ -3029,6 +3087,9 @@ typedef struct ddp__backend {
        parameters to everyone, whatever runs beside the step */
     ddp_result (*commit)(ddp_context *ctx);
     void (*begin_step)(ddp_context *ctx);
+    /* ddp_set_sync, shard_accumulate: the gradients released after the last micro-step mapped
+       again (NCCL: ddp__gpu_z2_map); NULL: nothing released needs mapping (host pages) */
+    ddp_result (*grads_map)(ddp_context *ctx);
     ddp_result (*launch)(ddp_context *ctx, int bucket);          /* average one bucket, in bucket order */
     ddp_result (*finish)(ddp_context *ctx, double t_wait);       /* every bucket launched: settle them */
     /* gradients [offset, offset + count), in their dtype (fp32, or bf16 with bf16 parameters) */
@@ -3053,6 +3114,11 @@ typedef struct ddp__backend {
        flat-indexed (its own parts valid; DDP_SHARD_PARAMETERS' gathers copy from there, >>zero3);
        NULL (or a NULL result): the backend runs DDP_SHARD_PARAMETERS on one rank only */
     unsigned char *(*z3_parts)(ddp_context *ctx, int member);
+    /* optional: a unit's gather by the backend's own exchange (MPI: ddp__mpi_z3_*), into the view
+       (its pages committed): z3_start begins it (nonblocking), z3_wait completes it; every rank
+       starts the same units in the same order. NULL: copies from z3_parts */
+    ddp_result (*z3_start)(ddp_context *ctx, int unit);
+    ddp_result (*z3_wait)(ddp_context *ctx, int unit);
     void (*stats)(ddp_context *ctx);                             /* bring ctx->step.last_stats up to date */
     void (*poison)(ddp_context *ctx, ddp_result code);           /* tell the peers; any thread */
     void (*stop)(ddp_context *ctx);                              /* shutdown: no step work in flight */
@@ -7463,7 +7529,20 @@ struct ddp__mpi {
     double cross_at, cross_wait, cross_spread;/* its part across the signature exchange's members (leaders or all) */
     int cross_last;                           /* -1: not known (no zero yet, or not a member) */
     ddp__straggle straggle;
+    MPI_Comm z3comm;                      /* sharded parameters: the gathers' own duplicate of team
+                                             (ddp__mpi_z3_*); MPI_COMM_NULL below that level */
+    struct ddp__mpi_z3 *z3;               /* each unit's gather in flight */
+    uint64_t z3seq;                       /* gathers started: the same on every rank of the team */
 };
+
+/* One unit's gather in flight (ddp__mpi_z3_start): its requests (req[0] the signature), each
+   data request's counts and displacements (MPI reads them until it completes), the signatures. */
+typedef struct ddp__mpi_z3 {
+    MPI_Request *req;
+    int nreq;
+    int *cd;
+    uint64_t mine[2], *sigs;
+} ddp__mpi_z3;
 
 static int ddp__mpi_owned, ddp__mpi_dirty;   /* ddp.h initialized MPI; a context failed */
 static void ddp__mpi_atexit(void) {
@@ -8126,6 +8205,128 @@ static ddp_result ddp__z2_mpi_bucket(ddp_context *ctx, int b) {
     return r;
 }
 
+/* Sharded parameters (>>zero3: be->z3_start / z3_wait). A gather of unit u is, per bucket of the
+   unit (per window: MPI counts are ints), MPI_Iallgatherv of the team's parts (the equal parts and
+   the last member's tail, ddp__shard_range: ZeRO-1's layout after AdamW) from each owner's
+   storage (flat.params, or the bf16 working copies: flat-indexed, only its parts kept) into the
+   view, on m->z3comm: the world's ranks, or the shard group's with hybrid sharding, the ranks
+   that hold the unit's parts. Before them a signature ({gathers so far, u}) is all-gathered, so
+   ranks that gather different units are named, not left in mismatched exchanges.
+   Why nonblocking, started on the program's thread: MPI matches collectives on a communicator by
+   the order they are started, and only the program's own calls (ddp_unit_gather, _prefetch and
+   the tape's backward) have the same order on every rank; a prefetch thread would race the
+   program's next gather, and the comm thread's buckets run in another order (their readiness).
+   On a communicator of their own the gathers never meet the buckets' exchanges (world, host,
+   leaders, hcross on the comm thread: MPI_THREAD_MULTIPLE, which the backend requires). So
+   ddp_unit_prefetch starts the exchange and returns; the transfer goes on while the program
+   computes as far as the MPI library progresses nonblocking collectives by itself (Open MPI: while
+   any of this rank's threads is inside MPI, as the comm thread is during a backward); the wait
+   polls (MPI_Test) and checks the group's failure, cancel and timeout_s, as a watched collective. */
+static ddp_result ddp__mpi_z3_check(ddp_context *ctx, int rc, const char *call, int u) {
+    char e[MPI_MAX_ERROR_STRING];
+    int n = 0;
+    if (rc == MPI_SUCCESS) return DDP_OK;
+    if (ddp__failed(ctx)) return ddp__failed(ctx);
+    e[0] = 0;
+    MPI_Error_string(rc, e, &n);
+    return ddp__fail_group(ctx, DDP_ERR_PEER_LOST, "%s failed in the gather of unit '%s' (sharded parameters): %s", call,
+                           ctx->z3.units[u].name, e);
+}
+
+static ddp_result ddp__mpi_z3_start(ddp_context *ctx, int u) {
+    ddp__mpi *m = ctx->impl.mpi;
+    ddp__mpi_z3 *x = &m->z3[u];
+    const ddp__z3_unit *k = &ctx->z3.units[u];
+    size_t es = ctx->z3.es, win = ddp__mpi_window(ctx), c0, c1, lo, hi, mine;
+    int n = ddp__team_world(ctx), me = ddp__team_rank(ctx), b, s, i, nreq = 1, rc;
+    unsigned char *own = ctx->flat.params_bf16 ? (unsigned char *)ctx->flat.params_bf16 : (unsigned char *)ctx->flat.params;
+    MPI_Datatype type = es == sizeof(ddp_bf16) ? MPI_UINT16_T : MPI_FLOAT;
+    if (ddp__failed(ctx)) return ddp__failed(ctx);
+    for (b = 0; b < ctx->model.num_buckets; b++) {
+        const ddp__bucket *bk = &ctx->model.buckets[b];
+        if (bk->offset >= k->lo && bk->offset + bk->count <= k->hi) nreq += (int)((bk->count + win - 1) / win);
+    }
+    x->req = (MPI_Request *)ddp__calloc(sizeof(MPI_Request) * (size_t)nreq);
+    x->cd = (int *)ddp__calloc(sizeof(int) * 2 * (size_t)n * (size_t)nreq);
+    x->sigs = (uint64_t *)ddp__calloc(sizeof(uint64_t) * 2 * (size_t)n);
+    if (!x->req || !x->cd || !x->sigs) {
+        DDP_FREE(x->req); DDP_FREE(x->cd); DDP_FREE(x->sigs);
+        x->req = NULL; x->cd = NULL; x->sigs = NULL;
+        return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the gather of unit '%s'", k->name);
+    }
+    x->mine[0] = ++m->z3seq;
+    x->mine[1] = (uint64_t)u;
+    rc = MPI_Iallgather(x->mine, 2, MPI_UINT64_T, x->sigs, 2, MPI_UINT64_T, m->z3comm, &x->req[0]);
+    x->nreq = 1;
+    if (rc != MPI_SUCCESS) return ddp__mpi_z3_check(ctx, rc, "MPI_Iallgather", u);
+    for (b = 0, i = 1; b < ctx->model.num_buckets; b++) {
+        const ddp__bucket *bk = &ctx->model.buckets[b];
+        if (bk->offset < k->lo || bk->offset + bk->count > k->hi) continue;   /* units cut the buckets: whole ones */
+        for (c0 = 0; c0 < bk->count; c0 = c1, i++) {
+            int *counts = x->cd + 2 * (size_t)n * (size_t)i, *displs = counts + n;
+            c1 = bk->count - c0 < win ? bk->count : c0 + win;
+            for (s = 0, mine = c0; s < n; s++) {   /* ddp__mpi_pieces' layout, in this request's own arrays */
+                ddp__mpi_piece(ctx, b, 1, c0, c1, s, &lo, &hi);
+                counts[s] = (int)(hi - lo);
+                displs[s] = (int)(lo - c0);
+                if (s == me) mine = lo;
+            }
+            rc = MPI_Iallgatherv(own + (bk->offset + mine) * es, counts[me], type, ctx->z3.view + (bk->offset + c0) * es, counts,
+                                 displs, type, m->z3comm, &x->req[i]);
+            x->nreq = i + 1;
+            if (rc != MPI_SUCCESS) return ddp__mpi_z3_check(ctx, rc, "MPI_Iallgatherv", u);
+        }
+    }
+    return DDP_OK;
+}
+
+/* Requests [from, to) of unit u's gather completed (polled: the group's failure, cancel and
+   timeout_s are looked at meanwhile). */
+static ddp_result ddp__mpi_z3_poll(ddp_context *ctx, int u, int from, int to) {
+    ddp__mpi_z3 *x = &ctx->impl.mpi->z3[u];
+    double deadline = ddp__now() + ctx->desc.timeout_s;
+    ddp_result r;
+    int done = 0, spins = 0, rc;
+    for (;;) {
+        rc = MPI_Testall(to - from, x->req + from, &done, MPI_STATUSES_IGNORE);
+        if (rc != MPI_SUCCESS) return ddp__mpi_z3_check(ctx, rc, "MPI_Testall", u);
+        if (done) return DDP_OK;
+        if ((r = ddp__failed(ctx)) != DDP_OK) return r;
+        if ((r = ddp__check_cancel(ctx, "ddp_unit_gather")) != DDP_OK) return r;
+        if (ddp__now() > deadline)
+            return ddp__fail_group(ctx, DDP_ERR_TIMEOUT, "the gather of unit '%s' (sharded parameters, MPI) did not complete "
+                                   "within %g s: a rank of its %d did not gather or prefetch it (every rank gathers the "
+                                   "same units in the same order)", ctx->z3.units[u].name, ctx->desc.timeout_s,
+                                   ddp__team_world(ctx));
+        if (++spins > 200) ddp__usleep(50);   /* the other threads (the comm thread's buckets) get the cores */
+        else ddp__yield();
+    }
+}
+
+static ddp_result ddp__mpi_z3_wait(ddp_context *ctx, int u) {
+    ddp__mpi *m = ctx->impl.mpi;
+    ddp__mpi_z3 *x = &m->z3[u];
+    ddp_result r;
+    int s, n = ddp__team_world(ctx);
+    if (!x->nreq) return ddp__failed(ctx);   /* nothing in flight (a failed start: the group knows) */
+    if ((r = ddp__mpi_z3_poll(ctx, u, 0, 1)) != DDP_OK) return r;   /* the signatures first: mismatched sizes never wait */
+    for (s = 0; s < n; s++)
+        if (x->sigs[2 * s] != x->mine[0] || x->sigs[2 * s + 1] != x->mine[1]) {
+            int other = ddp__team_peer(ctx, s);
+            uint64_t ou = x->sigs[2 * s + 1];
+            return ddp__fail_group(ctx, DDP_ERR_MISMATCH, "ranks called different collectives: this rank gathers unit '%s' "
+                                   "(its gather %llu of the sharded parameters), rank %d unit '%s' (its gather %llu): every "
+                                   "rank gathers and prefetches the same units in the same order", ctx->z3.units[u].name,
+                                   (unsigned long long)x->mine[0], other, ou < (uint64_t)ctx->z3.num_units ?
+                                   ctx->z3.units[ou].name : "?", (unsigned long long)x->sigs[2 * s]);
+        }
+    if ((r = ddp__mpi_z3_poll(ctx, u, 1, x->nreq)) != DDP_OK) return r;
+    DDP_FREE(x->req); DDP_FREE(x->cd); DDP_FREE(x->sigs);   /* completed: MPI holds none of them now */
+    x->req = NULL; x->cd = NULL; x->sigs = NULL;
+    x->nreq = 0;
+    return DDP_OK;
+}
+
 /* AdamW: unsharded the host arithmetic on every rank; sharded, this rank's parts (the norm from
    every rank's blocks), each bucket's parts all-gathered once updated. */
 static ddp_result ddp__mpi_adamw(ddp_context *ctx, const ddp_adamw *opt, float b1, float b2, float eps, float *grad_norm_out) {
@@ -8140,6 +8341,10 @@ static ddp_result ddp__mpi_adamw(ddp_context *ctx, const ddp_adamw *opt, float b
     /* the norm is the team's: its ranks return here alike; with replica groups a group's skipped
        step still gathers (unchanged values), so every group counts the same exchanges */
     if (r != DDP_OK || (skip && !ddp__mpi_teams(ctx))) return r;
+    if (ddp__z3(ctx)) {   /* sharded parameters: updated in place, no all-gather (the next gather's exchange reads them) */
+        for (b = 0; b < ctx->model.num_buckets && !skip; b++) ddp__adamw_bucket(ctx, b, opt, &now);
+        return DDP_OK;
+    }
     ctx->what = "ddp_adamw_step's all-gather of the updated parameters (shard_optimizer)";
     for (b = 0; b < ctx->model.num_buckets; b++) {
         if (!skip) ddp__adamw_bucket(ctx, b, opt, &now);
@@ -8504,6 +8709,7 @@ static ddp_result ddp__mpi_setup(ddp_context *ctx, double deadline) {
     if (!(m = ctx->impl.mpi = (ddp__mpi *)ddp__calloc(sizeof *m))) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory");
     m->world = m->local = m->leaders = m->team = MPI_COMM_NULL;
     m->hcross = MPI_COMM_NULL;
+    m->z3comm = MPI_COMM_NULL;
     ddp__workq_init(&m->comm, ctx, ddp__z2_mpi_bucket);
     pthread_mutex_init(&m->lock, NULL);
     ddp__watchdog_init(&m->wd, ctx, &m->lock);
@@ -8530,6 +8736,17 @@ static ddp_result ddp__mpi_commit(ddp_context *ctx) {
         return r;
     if ((r = ddp__mpi_ranks_alloc(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     if (ddp__hybrid(ctx) && (r = ddp__hybrid_mpi_commit(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
+    if (ctx->desc.shard == DDP_SHARD_PARAMETERS) {   /* the gathers' own communicator (ddp__mpi_z3_start says why) */
+        int rc;
+        ctx->what = "the duplicate of the team's communicator for the sharded parameters' gathers";
+        if ((rc = MPI_Comm_dup(ctx->impl.mpi->team, &ctx->impl.mpi->z3comm)) != MPI_SUCCESS) {
+            ctx->impl.mpi->z3comm = MPI_COMM_NULL;
+            return ddp__mpi_check(ctx, rc, "MPI_Comm_dup");
+        }
+        MPI_Comm_set_errhandler(ctx->impl.mpi->z3comm, MPI_ERRORS_RETURN);
+        if (!(ctx->impl.mpi->z3 = (ddp__mpi_z3 *)ddp__calloc(sizeof(ddp__mpi_z3) * (size_t)(ctx->z3.num_units ? ctx->z3.num_units : 1))))
+            return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the units' gathers"));
+    }
     if (ddp__mpi_teams(ctx) && ctx->outer.size > 1) {
         ctx->impl.mpi->team_host = ddp__mpi_team_is_host(ctx);
         ddp__log(ctx, DDP_LOG_INFO, "replica group %d (ranks %d..%d): its buckets through %s", ctx->outer.group,
@@ -8598,6 +8815,7 @@ static void ddp__mpi_teardown(ddp_context *ctx) {
         else {
             if (m->team != MPI_COMM_NULL) MPI_Comm_free(&m->team);
             if (m->hcross != MPI_COMM_NULL) MPI_Comm_free(&m->hcross);
+            if (m->z3comm != MPI_COMM_NULL) MPI_Comm_free(&m->z3comm);
             if (m->leaders != MPI_COMM_NULL) MPI_Comm_free(&m->leaders);
             if (m->local != MPI_COMM_NULL) MPI_Comm_free(&m->local);
             if (m->world != MPI_COMM_NULL) MPI_Comm_free(&m->world);
@@ -8608,6 +8826,7 @@ static void ddp__mpi_teardown(ddp_context *ctx) {
         ddp__free_floats((float *)(void *)m->rounded);
         ddp__free_floats(m->hscratch);
         ddp__free_floats(m->hbucket);
+        DDP_FREE(m->z3);   /* each unit's arrays went at its wait (after a failure a request may still hold them: left) */
         DDP_FREE(m->hcounts);
         DDP_FREE(m->wcounts);
         DDP_FREE(m->counts);
@@ -8688,6 +8907,8 @@ static void ddp__mpi_table(ddp__backend *t) {
     t->collective = ddp__mpi_collective;
     t->allgather = ddp__mpi_allgather;
     t->team_bcast = ddp__mpi_team_bcast;
+    t->z3_start = ddp__mpi_z3_start;
+    t->z3_wait = ddp__mpi_z3_wait;
     t->poison = ddp__mpi_poison;
     t->stop = ddp__mpi_stop;
     t->teardown = ddp__mpi_teardown;
@@ -8823,7 +9044,12 @@ struct ddp__gpu {
     unsigned char *z2_held;        /* per bucket: its span is mapped (a holder counted) */
     unsigned char *z2_due;         /* per bucket: reduce-scattered this step: its span goes at the end of ddp_adamw_step */
     cudaEvent_t z2_used;           /* the compute stream at ddp_adamw_step's start: the backward's and the
-                                      reduce-scatters' use of the spans ends before it (ddp__gpu_z2_release) */
+                                      reduce-scatters' use of the spans ends before it (ddp__gpu_z2_release);
+                                      with shard_accumulate also at a micro-step's ddp_finish */
+    float *z2_acc;                 /* shard_accumulate: the device accumulator of this rank's parts
+                                      (ctx->shard.count floats, packed as m: ctx->shard.base[b]) */
+    int z2_taped;                  /* shard_accumulate: the last micro-step's backward was the tape's
+                                      (ddp_backward maps the gradients back: ddp_set_sync leaves them) */
     double *norm_sq;
     ddp_k_adamw_state *state;      /* device: step, clip, skip */
     ddp_k_adamw_state *state_host; /* pinned copy, read when state_copied has completed */
@@ -9769,6 +9995,7 @@ static ddp_result ddp__gpu_z2_commit(ddp_context *ctx) {
             return r;
         g->z2_held[b] = 1;
     }
+    if (ddp__z2_acc_on(ctx)) DDP__CUDA(cudaMalloc((void **)&g->z2_acc, (ctx->shard.count ? ctx->shard.count : 1) * sizeof(float)));
     return ddp__gvm_unmap(ctx, g->z2vm, 0, ctx->flat.count * es);
 }
 
@@ -9844,6 +10071,65 @@ static ddp_result ddp__gpu_z2_release(ddp_context *ctx) {
             return ddp__fatal(ctx, r);
     }
     return DDP_OK;
+}
+
+/* shard_accumulate (ddp__z2_acc_on; SHARDED GRADIENTS): bucket b's reduce-scatter is enqueued
+   on the comm stream, every micro-step; its part (this micro-step's average, in flat.grads or
+   grads_bf16) goes into the device accumulator, after it on the same stream. The CPU backend's
+   ddp__z2_accumulate, operation for operation (ddp_k_accumulate): sync off, the first
+   micro-step copies and the others add (acc + g, in float); the synchronizing one leaves acc + g
+   in the part (bf16: rounded once), nothing to do after a single micro-step. */
+static ddp_result ddp__gpu_z2_accumulate(ddp_context *ctx, int b) {
+    ddp__gpu *g = ctx->impl.gpu;
+    size_t lo, hi;
+    float *acc = g->z2_acc + ctx->shard.base[b];
+    int first = ctx->shard.z2_acc_steps == 0, mode;
+    if (ctx->step.sync && first) return DDP_OK;   /* one micro-step: the part holds the average already */
+    mode = ctx->step.sync ? DDP_K_ACC_FINAL : first ? DDP_K_ACC_FIRST : DDP_K_ACC_ADD;
+    ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
+    if (ctx->flat.grads_bf16) DDP__CUDA(ddp_k_accumulate_bf16(acc, ctx->flat.grads_bf16 + lo, hi - lo, mode, g->comm));
+    else DDP__CUDA(ddp_k_accumulate(acc, ctx->flat.grads + lo, hi - lo, mode, g->comm));
+    return DDP_OK;
+}
+
+/* shard_accumulate, a micro-step with sync off (ddp_finish; the compute stream waits for the
+   last bucket already): the gradients read zeros for the next micro-step, as on the CPU, and
+   only this rank's parts stay mapped. What stays mapped is the granules touching a part (the
+   part holders'): zeroed on the compute stream (the part, now in the accumulator, and the
+   neighbours' leftovers that share its granules); the rest is unmapped (ddp__gpu_z2_release,
+   waiting for the compute stream up to here, so for every bucket's reduce-scatter and
+   accumulation) and comes back zeroed when mapped again: ddp_set_sync (ddp__gpu_z2_map), the
+   next backward's start, or ddp_zero_grad. A host wait at every micro-step's end: the price of
+   giving the memory back before the next forward (the device has nothing queued behind it
+   that the host could have added meanwhile but the next micro-step). */
+static ddp_result ddp__gpu_z2_micro_release(ddp_context *ctx) {
+    ddp__gpu *g = ctx->impl.gpu;
+    struct ddp__gvm *vm = g->z2vm;
+    size_t es = ddp__gpu_z2_es(ctx), total = ctx->flat.count * es, lo, hi;
+    int b;
+    for (b = 0; b < ctx->model.num_buckets; b++) {
+        ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
+        if (hi <= lo) continue;
+        lo = lo * es / vm->gran * vm->gran;
+        hi = (hi * es + vm->gran - 1) / vm->gran * vm->gran;
+        if (hi > total) hi = total;
+        DDP__CUDA(cudaMemsetAsync(vm->base + lo, 0, hi - lo, g->compute));
+    }
+    DDP__CUDA(cudaEventRecord(g->z2_used, g->compute));
+    g->z2_taped = ctx->tape.replaying;
+    return ddp__gpu_z2_release(ctx);
+}
+
+/* shard_accumulate: ddp_set_sync before a micro-step maps the gradients released after the
+   last one again (zeroed), so that a program's own backward kernels, which write them before
+   ddp.h sees that backward, find memory there. Not after a backward of the tape's: ddp_backward
+   maps them before its first op, and the forward between runs without them. Out of device
+   memory: named, nothing changes; the backward's start tries again. */
+static ddp_result ddp__gpu_z2_map(ddp_context *ctx) {
+    ddp__gpu *g = ctx->impl.gpu;
+    if (!g || !g->z2_acc || !g->z2_span || g->z2_taped) return DDP_OK;
+    DDP__GPU_DEVICE(g);
+    return ddp__gpu_z2_hold_range(ctx, 0, ctx->flat.count);
 }
 
 /* The no-decay mask ddp_k_adamw reads: one byte per DDP_K_MASK_GROUP elements of the flat
@@ -10031,9 +10317,11 @@ static ddp_result ddp__gpu_launch(ddp_context *ctx, int index) {
         if (r != DDP_OK) return r;
         if (bf16) DDP__CUDA(ddp_k_bf16_to_f32(g->bf16, grads, b->count, g->comm));
     }
+    if (g->z2_acc && (r = ddp__gpu_z2_accumulate(ctx, index)) != DDP_OK) return r;
     DDP__CUDA(cudaEventRecord(g->comm_end[par][index], g->comm));
     g->last_bucket[par] = index;
-    if (g->z2vm && ctx->step.sync) g->z2_due[index] = 1;   /* ZeRO-2: released at the end of ddp_adamw_step */
+    /* ZeRO-2: released at the end of ddp_adamw_step (shard_accumulate, sync off: at ddp_finish) */
+    if (g->z2vm && (ctx->step.sync || g->z2_acc)) g->z2_due[index] = 1;
     return DDP_OK;
 }
 
@@ -10139,6 +10427,10 @@ static ddp_result ddp__gpu_finish(ddp_context *ctx, double t_wait) {
     g->timed_stats[par] = ctx->step.stats;
     g->timed_stats[par].step = ctx->tl.step + 1;
     g->timed[par] = 1;
+    if (g->z2_acc && !ctx->step.sync) {   /* shard_accumulate: the micro-step's gradients go now */
+        ddp_result r = ddp__gpu_z2_micro_release(ctx);
+        if (r != DDP_OK) return r;
+    }
     return ddp__failed(ctx);
 }
 
@@ -10357,6 +10649,10 @@ static ddp_result ddp__gpu_adamw(ddp_context *ctx, const ddp_adamw *opt, float b
             DDP__CUDA(e);
             r = ctx->flat.grads_bf16 ? ddp__nonfinite(ctx, NULL, (const ddp_bf16 *)host, norm) : ddp__nonfinite(ctx, (const float *)host, NULL, norm);
             DDP_FREE(host);
+            if (g->z2vm) {   /* ZeRO-2: a skipped step gives the gradients back like any other */
+                ddp_result rr = ddp__gpu_z2_release(ctx);
+                if (rr != DDP_OK) return rr;
+            }
             return r;
         }
     }
@@ -10623,6 +10919,7 @@ static void ddp__gpu_teardown(ddp_context *ctx) {
     cudaFree(g->scratch);
     if (g->z2vm) { ddp__gvm_free(ctx, g->z2vm); DDP_FREE(g->z2vm); }   /* after cudaFree's device-wide wait */
     DDP_FREE(g->z2_span); DDP_FREE(g->z2_held); DDP_FREE(g->z2_due);
+    cudaFree(g->z2_acc);
     if (g->z2_used) cudaEventDestroy(g->z2_used);
     if (g->scratch_host) cudaFreeHost(g->scratch_host);
     if (g->state_host) cudaFreeHost(g->state_host);
@@ -10696,6 +10993,7 @@ static void ddp__nccl_table(ddp__backend *t) {
     t->alloc_flat = ddp__gpu_alloc_flat;
     t->commit = ddp__gpu_commit;
     t->begin_step = ddp__gpu_begin_step;
+    t->grads_map = ddp__gpu_z2_map;
     t->launch = ddp__gpu_launch;
     t->finish = ddp__gpu_finish;
     t->zero = ddp__gpu_zero;
@@ -10893,10 +11191,17 @@ static ddp_result ddp__init(ddp_context *ctx, const ddp_desc *desc) {
     if (ctx->desc.shard_optimizer && !ctx->be->shards)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_optimizer is not supported by the %s backend "
                          "(yet): run unsharded there", ctx->be->name);
-    /* NCCL gathers by all-gather (>>nccl: ddp__gpu_z3_*), the host backends copy from z3_parts */
-    if (ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->world > 1 && !ctx->be->z3_parts && ctx->be->id != DDP_BACKEND_NCCL)
+    /* NCCL gathers by all-gather (>>nccl: ddp__gpu_z3_*), MPI by its own exchange (z3_start), the cpu backend copies from z3_parts */
+    if (ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->world > 1 && !ctx->be->z3_parts && !ctx->be->z3_start &&
+        ctx->be->id != DDP_BACKEND_NCCL)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: DDP_SHARD_PARAMETERS is not built yet on the %s backend "
                          "(the cpu backend runs it on one host; DDP_SHARD_OPTIMIZER runs here)", ctx->be->name);
+    /* hybrid: every backend gathers within the shard group (cpu: its members' parts; NCCL: the
+       group's communicator; MPI: ddp__mpi_z3_start on the group's). Replica groups: the outer
+       step's gather of the parameters' parts is the cpu backend's and NCCL's (groups of one) */
+    if (ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->desc.outer.mode != DDP_OUTER_OFF && ctx->be->id == DDP_BACKEND_MPI)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: DDP_SHARD_PARAMETERS with replica groups (desc.outer) is not "
+                         "built yet on the %s backend (the cpu backend runs it): DDP_SHARD_OPTIMIZER runs there", ctx->be->name);
     /* a joined rank runs no forward, so it makes none of the others' gathers: only local reads work */
     if (ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->world > 1 && ctx->desc.uneven_inputs != DDP_JOIN_OFF &&
         ctx->be->id != DDP_BACKEND_CPU)
@@ -10908,10 +11213,6 @@ static ddp_result ddp__init(ddp_context *ctx, const ddp_desc *desc) {
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard DDP_SHARD_GRADIENTS (ZeRO-2) is not built yet on "
                          "the %s backend: use DDP_SHARD_OPTIMIZER there (the same reduce-scatter, the gradients kept "
                          "whole)", ctx->be->name);
-    if (ctx->desc.shard >= DDP_SHARD_GRADIENTS && ctx->desc.shard_accumulate && ctx->be->shards_grads == 2)
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_accumulate is not built yet on the %s backend "
-                         "(its gradients are device memory): with DDP_SHARD_GRADIENTS there, accumulation keeps whole "
-                         "gradients until the synchronizing micro-step, as without shard_accumulate", ctx->be->name);
     deadline = ddp__now() + ctx->desc.timeout_s;
     if (ctx->world > 1) {
         if (!ctx->job.token[0] && !ctx->job.id[0])
@@ -11497,10 +11798,57 @@ static void ddp__z3_record_gather(ddp_context *ctx, int u, double t0, double t1,
 static int ddp__z3_state(ddp_context *ctx, int u);
 static ddp_result ddp__z3_prefetch(ddp_context *ctx, int u);
 
+/* The backend's exchange (be->z3_start, MPI): unit u's pages committed and its gather started
+   on this thread (a collective: the program's calls order it alike on every rank); the wait is
+   ddp__z3_exchange_wait. fetched: started by a prefetch (the timeline says so). */
+static ddp_result ddp__z3_exchange_start(ddp_context *ctx, int u, int fetched, const char *call) {
+    ddp_result r;
+    int rc;
+    ddp__mutex_lock(&ctx->z3.lock);
+    rc = ddp__z3_commit_pages(ctx, u);
+    if (rc == 0) {
+        ctx->z3.units[u].state = DDP__Z3_IN_FLIGHT;
+        ctx->z3.units[u].fetched = fetched;
+        ctx->z3.units[u].t0 = ddp__now();
+    }
+    ddp__mutex_unlock(&ctx->z3.lock);
+    if (rc != 0) {   /* a local failure before any exchange: the ranks stay in step only if every rank fails alike */
+        int e = errno;
+        return ddp__fail_group(ctx, DDP_ERR_OUT_OF_MEMORY, "%s: no memory for unit '%s' (%zu bytes): %s", call,
+                               ctx->z3.units[u].name, ddp__z3_unit_bytes(ctx, u), ddp__strerror(e));
+    }
+    if ((r = ctx->be->z3_start(ctx, u)) != DDP_OK) return r;   /* failed the group: the view stays as it is */
+    return DDP_OK;
+}
+
+/* The exchange of a unit in flight completed: the unit is gathered. */
+static ddp_result ddp__z3_exchange_wait(ddp_context *ctx, int u) {
+    ddp_result r = ctx->be->z3_wait(ctx, u);
+    if (r != DDP_OK) return r;
+    ddp__mutex_lock(&ctx->z3.lock);
+    ctx->z3.units[u].t1 = ddp__now();
+    ctx->z3.units[u].state = DDP__Z3_GATHERED;
+    ddp__mutex_unlock(&ctx->z3.lock);
+    return DDP_OK;
+}
+
 /* Unit u gathered, on this thread or by waiting for its prefetch. */
 static ddp_result ddp__z3_gather(ddp_context *ctx, int u) {
     double t0, t1;
     int fetched;
+    if (ctx->be->z3_start && ctx->world > 1) {   /* MPI: started here or by a prefetch, completed here */
+        ddp_result r;
+        int was = ddp__z3_state(ctx, u);
+        if (was == DDP__Z3_GATHERED) return DDP_OK;
+        if (was == DDP__Z3_RELEASED && (r = ddp__z3_exchange_start(ctx, u, 0, "ddp_unit_gather")) != DDP_OK) return r;
+        if ((r = ddp__z3_exchange_wait(ctx, u)) != DDP_OK) return r;
+        ddp__mutex_lock(&ctx->z3.lock);
+        fetched = ctx->z3.units[u].fetched;
+        ctx->z3.units[u].fetched = 0;
+        ddp__mutex_unlock(&ctx->z3.lock);
+        ddp__z3_record_gather(ctx, u, ctx->z3.units[u].t0, ctx->z3.units[u].t1, fetched);
+        return DDP_OK;
+    }
 #ifdef DDP_CUDA
     if (ctx->z3.device) {   /* enqueued (or prefetched), and the compute stream waits for it: no host wait */
         ddp_result r;
@@ -11556,6 +11904,8 @@ static ddp_result ddp__z3_prefetch(ddp_context *ctx, int u) {
         return DDP_OK;
     }
 #endif
+    if (ctx->be->z3_start && ctx->world > 1)   /* MPI: the exchange started now, on this thread (ddp__mpi_z3_start says why) */
+        return ddp__z3_state(ctx, u) != DDP__Z3_RELEASED ? DDP_OK : ddp__z3_exchange_start(ctx, u, 1, "ddp_unit_prefetch");
     ddp__mutex_lock(&ctx->z3.lock);
     if (ctx->z3.units[u].state != DDP__Z3_RELEASED) { ddp__mutex_unlock(&ctx->z3.lock); return DDP_OK; }
     if (ddp__z3_commit_pages(ctx, u) != 0) {
@@ -11609,6 +11959,10 @@ static ddp_result ddp__z3_release(ddp_context *ctx, int u, int quiet) {
         return DDP_OK;
     }
 #endif
+    if (ctx->be->z3_start && ctx->world > 1 && ddp__z3_state(ctx, u) == DDP__Z3_IN_FLIGHT) {   /* MPI: prefetched, its exchange first */
+        ddp_result r = ddp__z3_exchange_wait(ctx, u);
+        if (r != DDP_OK) return r;
+    }
     ddp__mutex_lock(&ctx->z3.lock);
     while (ctx->z3.units[u].state == DDP__Z3_IN_FLIGHT) ddp__cond_wait(&ctx->z3.cond, &ctx->z3.lock);
     if (ctx->z3.units[u].state != DDP__Z3_GATHERED) {
@@ -11649,20 +12003,24 @@ static int ddp__z3_any_gathered(ddp_context *ctx) {
 
 /* Pages of this rank's owner storage outside its parts hold nothing anyone reads (the commit's
    broadcast filled them): given back (ddp__pages_punch; where it cannot, they stay: more memory,
-   the same results). */
+   the same results). Pages counted on the machine's grid, and only those wholly inside the
+   storage: the MPI backend's is a 64-byte aligned heap block whose neighbours share its end pages. */
 static void ddp__z3_drop_unowned(ddp_context *ctx) {
-    size_t page = ctx->z3.page, es = ctx->z3.es, np = (ctx->flat.count * es + page - 1) / page, lo, hi, p, q;
-    unsigned char *keep = (unsigned char *)ddp__calloc(np ? np : 1), *own = ddp__z3_own(ctx);
+    size_t page = ctx->z3.page, es = ctx->z3.es, bytes = ctx->flat.count * es, lo, hi, p, q, np;
+    unsigned char *own = ddp__z3_own(ctx), *base = own - (uintptr_t)own % page, *keep;
     int b;
-    if (!keep) return;   /* nothing given back: more memory, the same results */
+    np = ((size_t)(own - base) + bytes + page - 1) / page;
+    if (!(keep = (unsigned char *)ddp__calloc(np ? np : 1))) return;   /* nothing given back: more memory, the same results */
+    if (np) { keep[0] = own != base; keep[np - 1] |= (size_t)(own + bytes - base) % page != 0; }   /* shared with a neighbour */
     for (b = 0; b < ctx->model.num_buckets; b++) {
         ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
-        if (hi > lo) for (p = lo * es / page; p < (hi * es + page - 1) / page; p++) keep[p] = 1;
+        if (hi > lo)
+            for (p = (size_t)(own + lo * es - base) / page; p < ((size_t)(own + hi * es - base) + page - 1) / page; p++) keep[p] = 1;
     }
     for (p = 0; p < np; p = q) {
         if (keep[p]) { q = p + 1; continue; }
         for (q = p; q < np && !keep[q]; q++) {}
-        (void)ddp__pages_punch(own + p * page, (q - p) * page);
+        (void)ddp__pages_punch(base + p * page, (q - p) * page);
     }
     DDP_FREE(keep);
 }
@@ -11697,7 +12055,7 @@ static ddp_result ddp__z3_commit(ddp_context *ctx) {
     ctx->z3.page = ddp__vm_page();
     ctx->z3.replay_op = -1;
     ctx->z3.device = ctx->be->id == DDP_BACKEND_NCCL;
-    if (ctx->world > 1 && !ctx->z3.device && !ddp__z3_source(ctx, 0))
+    if (ctx->world > 1 && !ctx->z3.device && !ctx->be->z3_start && !ddp__z3_source(ctx, 0))
         return ddp__fail(ctx, DDP_ERR_INVALID_STATE, "ddp_commit: DDP_SHARD_PARAMETERS on the %s backend needs the parameters' "
                          "parts in its shared segment, which it does not have (DDP_STAGED_GRADS is set, or /dev/shm had no "
                          "room: see the warning above)", ctx->be->name);
@@ -11737,14 +12095,15 @@ static ddp_result ddp__z3_commit(ddp_context *ctx) {
     }
     ddp__mutex_init(&ctx->z3.lock);
     ddp__cond_init(&ctx->z3.cond);
-    /* prefetch off: no thread (nor its stack) at all */
-    if (!ctx->desc.shard_prefetch_off && ddp__thread_create(&ctx->z3.thread, ddp__z3_main, ctx) != 0) {
+    /* prefetch off, or the backend's exchange (MPI: started on the program's thread): no thread (nor its stack) at all */
+    if (!ctx->desc.shard_prefetch_off && !(ctx->be->z3_start && ctx->world > 1) &&
+        ddp__thread_create(&ctx->z3.thread, ddp__z3_main, ctx) != 0) {
         ddp__cond_destroy(&ctx->z3.cond);
         ddp__mutex_destroy(&ctx->z3.lock);
         return ddp__fail(ctx, DDP_ERR_SYSTEM, "cannot start the prefetch thread of the sharded parameters (with "
                          "DDP_SHARD_PREFETCH=off there is none)");
     }
-    ctx->z3.threaded = !ctx->desc.shard_prefetch_off;
+    ctx->z3.threaded = !ctx->desc.shard_prefetch_off && !(ctx->be->z3_start && ctx->world > 1);
     ctx->z3.started = 1;
     ctx->z3.on = 1;
     if (ctx->desc.check_ready && !ddp__z3_fault_ctx) { ddp__z3_fault_ctx = ctx; ddp__fault_hook(ddp__z3_fault); }
@@ -11753,6 +12112,12 @@ static ddp_result ddp__z3_commit(ddp_context *ctx) {
 
 /* Shutdown (before the backend's teardown: the thread reads the peers' parts). */
 static void ddp__z3_free(ddp_context *ctx) {
+    int u, pending = 0;
+    /* MPI: a prefetch never waited for still writes into the view: completed first (after a failure
+       it may never complete: the view's address range is then left reserved, not handed back) */
+    for (u = 0; ctx->z3.on && ctx->be->z3_start && ctx->world > 1 && u < ctx->z3.num_units; u++)
+        if (ctx->z3.units[u].state == DDP__Z3_IN_FLIGHT && (ddp__failed(ctx) || ctx->be->z3_wait(ctx, u) != DDP_OK)) pending = 1;
+    if (pending) ctx->z3.view = NULL;
     if (ctx->z3.started) {
         ddp__mutex_lock(&ctx->z3.lock);
         ctx->z3.stop = 1;
@@ -11873,7 +12238,8 @@ static ddp_result ddp__commit(ddp_context *ctx) {
     if ((r = ctx->be->alloc_flat(ctx)) != DDP_OK) return r;
     if ((r = ddp__build_buckets(ctx)) != DDP_OK) return r;
     if ((r = ddp__shard_layout(ctx)) != DDP_OK) return r;
-    if (ddp__z2_acc_on(ctx) && !(ctx->shard.z2_acc = ddp__alloc_floats(ctx->shard.count ? ctx->shard.count : 1)))
+    if (ddp__z2_acc_on(ctx) && ctx->be->shards_grads == 1 &&   /* (NCCL: a device one, ddp__gpu_z2_commit) */
+        !(ctx->shard.z2_acc = ddp__alloc_floats(ctx->shard.count ? ctx->shard.count : 1)))
         return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the gradients' accumulator (%zu floats, shard_accumulate)",
                          ctx->shard.count);
     ddp__plan_wire(ctx);
@@ -14599,6 +14965,13 @@ void ddp_set_sync(ddp_context *ctx, int enabled) {
     if (!ctx) return;
     if (ddp__in_backward(ctx)) { ddp__log(ctx, DDP_LOG_WARN, "ddp_set_sync ignored: a backward is in flight"); return; }
     ctx->step.sync = enabled != 0;
+    /* shard_accumulate on device gradients: mapped again before the program's backward writes them
+       (a failure is named in ddp_last_error and logged; the backward's start tries again) */
+    if (ctx->be && ddp__is_committed(ctx) && !ddp__failed(ctx) && ddp__z2_acc_on(ctx) && ctx->be->grads_map &&
+        ctx->be->grads_map(ctx) != DDP_OK) {
+        char buf[DDP__ERR_MAX];
+        ddp__log(ctx, DDP_LOG_ERROR, "ddp_set_sync: %s", ddp__err_body(ctx, buf));
+    }
 }
 
 ddp_step_stats ddp_last_step_stats(const ddp_context *ctx) {

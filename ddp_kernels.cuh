@@ -6,7 +6,8 @@
    (fixed grid, per-block partial sums in double, a second kernel that adds the partials in a
    fixed order: the same bits on every run and every GPU); the sums of squares of fixed blocks
    in ddp.h's CPU order, of fp32 or bf16 values, and their sum in order (ddp.h's norm, the same bits as its CPU backend); scale (fp32, bf16); fill; fp32 <-> bf16 casts with
-   round-to-nearest-even (NaN stays NaN, sign kept); AdamW on an fp32 master from bf16 gradients
+   round-to-nearest-even (NaN stays NaN, sign kept); ZeRO-2's accumulator of a rank's gradient parts
+   (fp32, bf16 gradients); AdamW on an fp32 master from bf16 gradients
    that writes its bf16 working copy in the same pass, and the rounding of fp32 values to bf16 in place; and a spin kernel that holds a stream for a
    while (tests and benchmarks stand it in for a slow network).
 
@@ -131,6 +132,14 @@ cudaError_t ddp_k_f32_to_bf16(const float *in, uint16_t *out, size_t n, cudaStre
 cudaError_t ddp_k_bf16_to_f32(const uint16_t *in, float *out, size_t n, cudaStream_t stream);
 /* Keep `stream` busy for about `ms` milliseconds (one thread spinning on the global timer). */
 cudaError_t ddp_k_spin(double ms, cudaStream_t stream);
+/* ZeRO-2's shard_accumulate (ddp.h): g is this rank's part of a bucket after a micro-step's
+   reduce-scatter (its average), acc the sum of the earlier micro-steps' parts, in float.
+   DDP_K_ACC_FIRST: acc = g; DDP_K_ACC_ADD: acc = acc + g; DDP_K_ACC_FINAL: g = acc + g (the
+   synchronizing micro-step). The _bf16 variant widens g exactly and, in FINAL, rounds the sum
+   to bf16 once (nearest even): ddp.h's CPU accumulator, operation for operation. */
+enum { DDP_K_ACC_FIRST = 0, DDP_K_ACC_ADD = 1, DDP_K_ACC_FINAL = 2 };
+cudaError_t ddp_k_accumulate(float *acc, float *g, size_t n, int mode, cudaStream_t stream);
+cudaError_t ddp_k_accumulate_bf16(float *acc, uint16_t *g, size_t n, int mode, cudaStream_t stream);
 
 #ifdef __cplusplus
 }
@@ -480,6 +489,28 @@ static __global__ void ddp_k__round_bf16_kernel(float *x, uint16_t *out, size_t 
         x[i] = ddp_k__from_bf16(h);
     }
 }
+/* shard_accumulate's element step (ddp_k_accumulate): every sum rounded on its own */
+static __host__ __device__ __forceinline__ void ddp_k__accumulate_one(float *acc, float *g, size_t i, int mode) {
+    if (mode == DDP_K_ACC_FIRST) acc[i] = g[i];
+    else if (mode == DDP_K_ACC_ADD) acc[i] = ddp_k__add(acc[i], g[i]);
+    else g[i] = ddp_k__add(acc[i], g[i]);
+}
+static __host__ __device__ __forceinline__ void ddp_k__accumulate_bf16_one(float *acc, uint16_t *g, size_t i, int mode) {
+    float w = ddp_k__from_bf16(g[i]);
+    if (mode == DDP_K_ACC_FIRST) acc[i] = w;
+    else if (mode == DDP_K_ACC_ADD) acc[i] = ddp_k__add(acc[i], w);
+    else g[i] = ddp_k__to_bf16(ddp_k__add(acc[i], w));
+}
+static __global__ void ddp_k__accumulate(float *acc, float *g, size_t n, int mode) {
+    size_t i;
+    for (i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        ddp_k__accumulate_one(acc, g, i, mode);
+}
+static __global__ void ddp_k__accumulate_bf16(float *acc, uint16_t *g, size_t n, int mode) {
+    size_t i;
+    for (i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        ddp_k__accumulate_bf16_one(acc, g, i, mode);
+}
 static __global__ void ddp_k__spin(unsigned long long ns) {
     unsigned long long t0, t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
@@ -615,6 +646,20 @@ extern "C" cudaError_t ddp_k_spin(double ms, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
+extern "C" cudaError_t ddp_k_accumulate(float *acc, float *g, size_t n, int mode, cudaStream_t stream) {
+    ddp_k__forget_not_ready();
+    if (n == 0) return cudaSuccess;
+    ddp_k__accumulate<<<ddp_k__blocks(n, 256), 256, 0, stream>>>(acc, g, n, mode);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t ddp_k_accumulate_bf16(float *acc, uint16_t *g, size_t n, int mode, cudaStream_t stream) {
+    ddp_k__forget_not_ready();
+    if (n == 0) return cudaSuccess;
+    ddp_k__accumulate_bf16<<<ddp_k__blocks(n, 256), 256, 0, stream>>>(acc, g, n, mode);
+    return cudaGetLastError();
+}
+
 #ifdef DDP_KERNELS_HOST_REFERENCE
 /* ---- the kernels' arithmetic on the host, for tests on machines without a GPU
    (tests/gpu/test_kernel_math_host.cu): the same element functions in the same split as the
@@ -653,6 +698,16 @@ static inline void ddp_k__adamw_bf16_host(float *p, uint16_t *w, const uint16_t 
 static inline void ddp_k__scale_bf16_host(uint16_t *x, size_t n, float factor) {
     size_t i;
     for (i = 0; i < n; i++) x[i] = ddp_k__scale_bf16_one(x[i], factor);
+}
+
+/* ddp_k_accumulate and ddp_k_accumulate_bf16 on the host (elements are independent). */
+static inline void ddp_k__accumulate_host(float *acc, float *g, size_t n, int mode) {
+    size_t i;
+    for (i = 0; i < n; i++) ddp_k__accumulate_one(acc, g, i, mode);
+}
+static inline void ddp_k__accumulate_bf16_host(float *acc, uint16_t *g, size_t n, int mode) {
+    size_t i;
+    for (i = 0; i < n; i++) ddp_k__accumulate_bf16_one(acc, g, i, mode);
 }
 
 /* ddp_k__block_sum's order: at each level t += t + stride, strides halving. */

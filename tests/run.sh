@@ -43,6 +43,7 @@ run "ZeRO-2 checkpoints: saved at ZeRO-2 on 2 ranks, resumed at NONE and ZeRO-2 
 run "tiny GPT trainer --shard-optimizer = unsharded, bit for bit, 2 and 3 ranks, and 4 ranks in 2 DiLoCo groups of 2; --shard parameters on 4 ranks in shard groups and in DiLoCo groups of 2 = unsharded with --units" tests/test_shard_gpt.sh "$B"
 for n in 1 2 3 4; do run "sharded parameters (ZeRO-3) = unsharded, bit for bit, $n rank(s): tape, accumulation, bf16, clipping, unused, own autograd; released pages; prefetch on = off (and none when off); commit under a data cap holds no whole copy; bad input" "$B/ddprun" -n "$n" "$B/test_zero3"; done
 run "sharded parameters' checkpoints across world sizes and levels (PARAMETERS on 2 -> NONE on 1, NONE on 1 -> PARAMETERS on 3)" tests/test_zero3_ckpt.sh "$B"
+run "sharded parameters (ZeRO-3) on the MPI backend: mpirun -n 1..4 (and 3 flat) = unsharded, bit for bit (tape, accumulation, bf16, clipping, unused, own autograd, prefetch on = off, checkpoints across levels and world sizes); hybrid (shard_group 2) on 2 namespace hosts x 2 ranks = ZeRO-1 in the same groups" tests/test_zero3_mpi.sh "$B"
 for n in 2 3; do run "bf16 reduction, $n ranks" "$B/ddprun" -n "$n" "$B/test_bf16"; done
 run "replica groups: 4 thread-ranks in 2 groups of 2 and 6 in 2 of 3, each group's average only (bit for bit; fp32, bf16, bf16 wire, in place and staged), replicas equal after the outer sync" "$B/test_groups"
 run "replica groups with process ranks: ddprun -n 4 (CPU backend), mpirun -n 4 (MPI backend, hierarchical and flat)" tests/test_groups.sh "$B"

@@ -38,6 +38,9 @@ static int solo;   /* contexts of one rank of their own (the refusals, on rank 0
 static int check_ready;   /* the next context is a DDP_CHECK_READY debugging run */
 static int prefetch_off;  /* the next context: ddp_desc.shard_prefetch_off */
 static const char *timeline;   /* the next context's ddp_desc.timeline_path */
+static int shard_group;   /* TEST_ZERO3_SHARD_GROUP (hybrid sharding, the MPI build across hosts): the sharded
+                             contexts' ddp_desc.shard_group, and the reference is DDP_SHARD_OPTIMIZER in the same
+                             groups (bf16 hybrid sums in the hosts' order, not unsharded's: HYBRID SHARDING) */
 
 /* The model: W[l] (D x D), b[l] (D) for each layer, the head h (D), maybe an unused parameter. */
 typedef struct model {
@@ -197,6 +200,10 @@ static ddp_result open_model(model *m, const config *c, ddp_shard level) {
     d.skip_nonfinite = c->nan_step >= 0;
     d.param_dtype = c->bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
     d.shard = level;
+    if (level >= DDP_SHARD_OPTIMIZER && !solo) d.shard_group = shard_group;
+#ifdef DDP_MPI
+    if (!solo && world > 1) d.backend = DDP_BACKEND_MPI;   /* on one host auto would pick the cpu backend */
+#endif
     if (solo) d.world_size = 1;
     d.check_ready = check_ready;
     d.shard_prefetch_off = prefetch_off;
@@ -318,11 +325,17 @@ static void run_config(const config *c) {
     char name[96];
     int step, same = 1, first_diff = -1;
     memset(&ra, 0, sizeof ra); memset(&rz, 0, sizeof rz);
-    r = open_model(&a, c, DDP_SHARD_NONE);
+    r = open_model(&a, c, shard_group ? DDP_SHARD_OPTIMIZER : DDP_SHARD_NONE);
     if (r == DDP_OK) r = train_steps(&a, 0, STEPS, &ra);
     if (r != DDP_OK) { printf("FAIL zero3_%s_unsharded: %s\n", c->name, ddp_last_error(a.ddp)); test_failures++; }
     ddp_shutdown(a.ddp);
     r = open_model(&z, c, DDP_SHARD_PARAMETERS);
+#ifdef DDP_MPI
+    if (r == DDP_OK && rank == 0 && world > 1) {   /* what this build is for */
+        snprintf(name, sizeof name, "zero3_%s_on_the_mpi_backend_%dranks", c->name, world);
+        verdict(ddp_config(z.ddp)->backend == DDP_BACKEND_MPI, name, "backend %s", ddp_backend_name(z.ddp));
+    }
+#endif
     if (r == DDP_OK) r = train_steps(&z, 0, STEPS, &rz);
 #ifndef _WIN32
     if (r == DDP_OK && rank == 0 && !c->bf16 && !c->own) {
@@ -420,7 +433,7 @@ static void prefetch_switch(const char *dir) {
             world * STEPS * c.micro * (2 * LAYERS + 1));
 }
 
-#if !defined(_WIN32) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#if !defined(_WIN32) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__) && !defined(DDP_MPI)
 /* This process's private writable memory (VmData, what RLIMIT_DATA caps), in bytes; 0: unknown. */
 static size_t vm_data(void) {
     FILE *f = fopen("/proc/self/status", "r");
@@ -672,6 +685,26 @@ static int ckpt_mode(const char *mode, const char *dir, const char *level) {
     }
 }
 
+#ifdef DDP_MPI
+/* `mismatch` (MPI build, 2+ ranks; tests/test_zero3_mpi.sh): rank 0 gathers unit 0, the others
+   unit 1, a collective each on the MPI backend: every rank names it (the gathers' signature),
+   none hangs. The group is failed after it, so this mode is a job of its own. */
+static int mismatch_mode(void) {
+    static const config c = { "mismatch", 1, 0, 0, -1, 0, 0, 0 };
+    model m;
+    ddp_result r = open_model(&m, &c, DDP_SHARD_PARAMETERS);
+    const char *e;
+    char name[96];
+    if (r == DDP_OK) r = ddp_unit_gather(m.ddp, rank == 0 ? m.unit[0] : m.unit[1]);
+    e = ddp_last_error(m.ddp);
+    snprintf(name, sizeof name, "zero3_mpi_gather_of_other_units_named_rank%d", rank);
+    verdict(r == DDP_ERR_MISMATCH && strstr(e, "ranks called different collectives") && strstr(e, "gathers unit 'layer"), name,
+            "%s: %s", ddp_result_string(r), e);
+    ddp_shutdown(m.ddp);
+    return test_summary("test_zero3 mismatch");
+}
+#endif
+
 int main(int argc, char **argv) {
     static const config configs[] = {
         /* name          micro bf16 unused nan own keep clip */
@@ -683,9 +716,14 @@ int main(int argc, char **argv) {
     };
     size_t i;
     const char *r = getenv("RANK"), *w = getenv("WORLD_SIZE");
+    if (!r || !w) { r = getenv("OMPI_COMM_WORLD_RANK"); w = getenv("OMPI_COMM_WORLD_SIZE"); }   /* mpirun (the MPI build) */
     rank = r ? atoi(r) : 0;
     world = w ? atoi(w) : 1;
+    shard_group = getenv("TEST_ZERO3_SHARD_GROUP") ? atoi(getenv("TEST_ZERO3_SHARD_GROUP")) : 0;
     if (argc == 4) return ckpt_mode(argv[1], argv[2], argv[3]);
+#ifdef DDP_MPI
+    if (argc == 2 && !strcmp(argv[1], "mismatch")) return mismatch_mode();
+#endif
     for (i = 0; i < sizeof configs / sizeof configs[0]; i++) run_config(&configs[i]);
     {
         char dir[] = "/tmp/test_zero3_XXXXXX";
@@ -702,7 +740,9 @@ int main(int argc, char **argv) {
         }
     }
     if (rank == 0) { solo = 1; refusals(); solo = 0; }
-#if !defined(_WIN32) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#if defined(DDP_MPI)   /* its commit broadcasts rank 0's whole model to every rank, then each keeps its parts */
+    if (world > 1 && rank == 0) printf("SKIP zero3_commit_holds_no_whole_copy: the MPI backend's commit holds the whole model a moment (SHARDED PARAMETERS)\n");
+#elif !defined(_WIN32) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
     if (world > 1) { commit_under_cap(0); commit_under_cap(1); }   /* one rank: the whole model is its part */
 #endif
     {   /* the local properties, every rank's */

@@ -1029,7 +1029,9 @@ int main(int argc, char **argv) {
     }
     if (o.save) CHECK(save_run(ddp, &o, step, windows));
     if (o.save && rank == 0) printf("checkpoint: %s (step %d)\n", o.save, step);
-    if (o.sample > 0 && (rank == 0 || (mo.on_gpu && ddp_config(ddp)->shard == DDP_SHARD_PARAMETERS)) &&
+    /* ZeRO-3 where a gather is a collective (NCCL's all-gather, MPI's): every rank samples alike */
+    if (o.sample > 0 && (rank == 0 || ((mo.on_gpu || ddp_config(ddp)->backend == DDP_BACKEND_MPI) &&
+                                       ddp_config(ddp)->shard == DDP_SHARD_PARAMETERS)) &&
         !sample_text(&mo, &o, rank == 0))
         DIE("train_gpt: rank %d: out of memory for a sample of %d bytes", rank, o.sample);
     CHECK(ddp_barrier(ddp));

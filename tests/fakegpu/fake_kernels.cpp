@@ -184,6 +184,26 @@ extern "C" cudaError_t ddp_k_bf16_to_f32(const uint16_t *in, float *out, size_t 
     return cudaGetLastError();
 }
 
+extern "C" cudaError_t ddp_k_accumulate(float *acc, float *g, size_t n, int mode, cudaStream_t stream) {
+    const void *p[2] = { acc, g };
+    size_t b[2] = { n * sizeof(float), n * sizeof(float) };
+    cudaError_t e;
+    if (n == 0) { forget_not_ready(); return cudaSuccess; }
+    if ((e = launch(stream, "ddp_k_accumulate", 0, 2, p, b)) != cudaSuccess) return e;
+    ddp_k__accumulate_host(acc, g, n, mode);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t ddp_k_accumulate_bf16(float *acc, uint16_t *g, size_t n, int mode, cudaStream_t stream) {
+    const void *p[2] = { acc, g };
+    size_t b[2] = { n * sizeof(float), n * sizeof(uint16_t) };
+    cudaError_t e;
+    if (n == 0) { forget_not_ready(); return cudaSuccess; }
+    if ((e = launch(stream, "ddp_k_accumulate_bf16", 0, 2, p, b)) != cudaSuccess) return e;
+    ddp_k__accumulate_bf16_host(acc, g, n, mode);
+    return cudaGetLastError();
+}
+
 /* The stream is busy `ms` longer: later events on it complete that much later. */
 extern "C" cudaError_t ddp_k_spin(double ms, cudaStream_t stream) {
     cudaError_t e;

@@ -3,7 +3,8 @@
    (ddp_k_scale_bf16, the bf16 norm, ddp_k_adamw_bf16) against ddp.h's CPU bf16 step bit for bit, the sum of squares
    against float64 (and the same bits twice), ddp.h's norm blocks and their total against its
    CPU functions bit for bit, fp32->bf16 over all 2^32 bit patterns and
-   bf16->fp32 over all 2^16 against the CPU's round-to-nearest-even, fill and scale, and a
+   bf16->fp32 over all 2^16 against the CPU's round-to-nearest-even, fill and scale, ZeRO-2's
+   shard_accumulate kernels (fp32, bf16) against ddp.h's CPU accumulator bit for bit, and a
    launcher after the caller's polling left cudaErrorNotReady behind.
    Prints "SKIP gpu: ..." and exits 0 without a device. */
 #include "../testlib.h"
@@ -316,6 +317,55 @@ static void test_stale_not_ready(void) {
     cudaFree(d);
 }
 
+/* ZeRO-2's shard_accumulate on the device: three micro-steps (copy, add, the final sum into g)
+   of fp32 and bf16 gradients against ddp.h's CPU accumulator's loop, bit for bit. */
+static void test_accumulate(void) {
+    enum { N = 100003, MICRO = 3 };
+    float *acc = (float *)malloc(N * 4), *g = (float *)malloc(N * 4), *ref = (float *)malloc(N * 4), *d_acc, *d_g;
+    uint16_t *gb = (uint16_t *)malloc(N * 2), *d_gb;
+    size_t i, bad = 0, bad_bf16 = 0;
+    int u, bf16;
+    CK(cudaMalloc((void **)&d_acc, N * 4));
+    CK(cudaMalloc((void **)&d_g, N * 4));
+    CK(cudaMalloc((void **)&d_gb, N * 2));
+    for (bf16 = 0; bf16 < 2; bf16++)
+        for (u = 0; u < MICRO; u++) {
+            int mode = u == MICRO - 1 ? DDP_K_ACC_FINAL : u == 0 ? DDP_K_ACC_FIRST : DDP_K_ACC_ADD;
+            for (i = 0; i < N; i++) {
+                g[i] = (float)test_value(31 * (uint64_t)u + 7 * (uint64_t)bf16, i) * (i % 5 == 0 ? 1e-30f : i % 7 == 0 ? 1e20f : 1.0f);
+                if (i % 11 == 0) g[i] = -0.0f;
+                gb[i] = ddp__to_bf16(g[i]);
+            }
+            if (bf16) CK(cudaMemcpy(d_gb, gb, N * 2, cudaMemcpyHostToDevice));
+            else CK(cudaMemcpy(d_g, g, N * 4, cudaMemcpyHostToDevice));
+            CK(bf16 ? ddp_k_accumulate_bf16(d_acc, d_gb, N, mode, 0) : ddp_k_accumulate(d_acc, d_g, N, mode, 0));
+            for (i = 0; i < N; i++) {   /* ddp__z2_accumulate's loop */
+                float w = bf16 ? ddp__from_bf16(gb[i]) : g[i];
+                if (mode == DDP_K_ACC_FIRST) ref[i] = w;
+                else if (mode == DDP_K_ACC_ADD) ref[i] = ref[i] + w;
+                else if (bf16) gb[i] = ddp__to_bf16(ref[i] + w);
+                else g[i] = ref[i] + w;
+            }
+            CK(cudaMemcpy(acc, d_acc, N * 4, cudaMemcpyDeviceToHost));
+            for (i = 0; i < N; i++) (bf16 ? bad_bf16 : bad) += memcmp(&acc[i], &ref[i], 4) != 0;
+            if (mode == DDP_K_ACC_FINAL && bf16) {
+                uint16_t *out = (uint16_t *)malloc(N * 2);
+                CK(cudaMemcpy(out, d_gb, N * 2, cudaMemcpyDeviceToHost));
+                for (i = 0; i < N; i++) bad_bf16 += out[i] != gb[i];
+                free(out);
+            } else if (mode == DDP_K_ACC_FINAL) {
+                float *out = (float *)malloc(N * 4);
+                CK(cudaMemcpy(out, d_g, N * 4, cudaMemcpyDeviceToHost));
+                for (i = 0; i < N; i++) bad += memcmp(&out[i], &g[i], 4) != 0;
+                free(out);
+            }
+        }
+    verdict(bad == 0, "gpu_accumulate_vs_cpu_zero2_accumulator_bitwise", "%zu element-steps differ", bad);
+    verdict(bad_bf16 == 0, "gpu_accumulate_bf16_vs_cpu_zero2_accumulator_bitwise", "%zu element-steps differ", bad_bf16);
+    cudaFree(d_acc); cudaFree(d_g); cudaFree(d_gb);
+    free(acc); free(g); free(ref); free(gb);
+}
+
 int main(void) {
     gpu_require_device();
     test_stale_not_ready();
@@ -328,5 +378,6 @@ int main(void) {
     test_norm_blocks(0);
     test_norm_blocks(1);
     test_casts();
+    test_accumulate();
     return test_summary("test_gpu_kernels");
 }

@@ -14,6 +14,8 @@
    - fp32 -> bf16 (round to nearest even) against an independent reference written in double
      arithmetic, over the special cases and sweeps of bit patterns, and against the CPU
      backend's cast; bf16 -> fp32 over all 2^16;
+   - ZeRO-2's shard_accumulate: ddp_k_accumulate and its bf16 variant equal ddp.h's CPU
+     accumulator bit for bit over three micro-steps (signed zeros, denormals, infinities);
    - the two-stage sum of squares in the kernels' order against float64, and exactly on data
      whose sum is exact (an element missed or counted twice shows);
    - the watchdog's clock (ddp__watch): a host running ahead of the GPU for 1000 s is never a
@@ -354,6 +356,58 @@ static void test_bf16(void) {
     verdict(bad == 0, "host_bf16_to_f32_all_2^16_and_round_trip", "%zu wrong", bad);
 }
 
+/* ---- ZeRO-2's shard_accumulate: ddp_k_accumulate(_bf16)'s element math == ddp.h's CPU
+   accumulator (ddp__z2_accumulate: acc = g, acc += g, g = acc + g; bf16 gradients widened,
+   the sum rounded once), over three micro-steps of values with signed zeros, denormals,
+   infinities and magnitudes far apart ---- */
+static float acc_value(uint32_t *seed, int k) {
+    static const uint32_t special[] = { 0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu, 0x7f800000u, 0xff7fffffu,
+                                        0x3f800000u, 0x33800000u };
+    uint32_t u = xorshift32(seed);
+    float f;
+    if (k % 17 < 8) u = special[k % 17];
+    else if (k % 3 == 0) u = (u & 0x807fffffu) | (uint32_t)(100 + u % 60) << 23;   /* near 1, cancellations */
+    memcpy(&f, &u, 4);
+    return f;
+}
+static void test_accumulate(void) {
+    enum { N = 4099, MICRO = 3 };
+    static float acc[N], ref_acc[N], g[N], ref_g[N];
+    static uint16_t gb[N], ref_gb[N];
+    uint32_t seed = 0x2545f491u;
+    size_t i, bad = 0, bad_bf16 = 0;
+    int u;
+    for (u = 0; u < MICRO; u++) {
+        int mode = u == MICRO - 1 ? DDP_K_ACC_FINAL : u == 0 ? DDP_K_ACC_FIRST : DDP_K_ACC_ADD;
+        for (i = 0; i < N; i++) {
+            ref_g[i] = g[i] = acc_value(&seed, (int)(i + (size_t)u * 5));
+            ref_gb[i] = gb[i] = ddp__to_bf16(acc_value(&seed, (int)(i + (size_t)u * 7)));
+        }
+        ddp_k__accumulate_host(acc, g, N, mode);
+        for (i = 0; i < N; i++) {   /* the CPU backend's loop */
+            if (mode == DDP_K_ACC_FIRST) ref_acc[i] = ref_g[i];
+            else if (mode == DDP_K_ACC_ADD) ref_acc[i] += ref_g[i];
+            else ref_g[i] = ref_acc[i] + ref_g[i];
+        }
+        for (i = 0; i < N; i++) bad += memcmp(&acc[i], &ref_acc[i], 4) != 0 || memcmp(&g[i], &ref_g[i], 4) != 0;
+    }
+    memset(acc, 0, sizeof acc); memset(ref_acc, 0, sizeof ref_acc);
+    for (u = 0; u < MICRO; u++) {
+        int mode = u == MICRO - 1 ? DDP_K_ACC_FINAL : u == 0 ? DDP_K_ACC_FIRST : DDP_K_ACC_ADD;
+        for (i = 0; i < N; i++) ref_gb[i] = gb[i] = ddp__to_bf16(acc_value(&seed, (int)(i + (size_t)u * 7)));
+        ddp_k__accumulate_bf16_host(acc, gb, N, mode);
+        for (i = 0; i < N; i++) {
+            if (mode == DDP_K_ACC_FIRST) ref_acc[i] = ddp__from_bf16(ref_gb[i]);
+            else if (mode == DDP_K_ACC_ADD) ref_acc[i] = ref_acc[i] + ddp__from_bf16(ref_gb[i]);
+            else ref_gb[i] = ddp__to_bf16(ref_acc[i] + ddp__from_bf16(ref_gb[i]));
+        }
+        for (i = 0; i < N; i++) bad_bf16 += memcmp(&acc[i], &ref_acc[i], 4) != 0 || gb[i] != ref_gb[i];
+    }
+    verdict(bad == 0, "host_accumulate_kernel_math_equals_cpu_zero2_accumulator", "%zu of %d element-steps differ", bad, N * MICRO);
+    verdict(bad_bf16 == 0, "host_accumulate_bf16_kernel_math_equals_cpu_zero2_accumulator", "%zu of %d element-steps differ",
+            bad_bf16, N * MICRO);
+}
+
 /* ---- the two-stage sum of squares ---- */
 static void test_norm(void) {
     static const size_t sizes[] = { 0, 1, 3, 4, 5, 17, 1023, 262143, 262144 * 4 + 3, 3000001 };
@@ -487,6 +541,7 @@ int main(void) {
     test_adamw_parity();
     test_adamw_bf16_parity();
     test_bf16();
+    test_accumulate();
     test_norm();
     test_watch();
     return test_summary("test_kernel_math_host");
