@@ -513,6 +513,17 @@
      end of ddp_adamw_step; tests/test_fake_nccl.c runs ZeRO-3 with it). A
      touch of a released unit by a kernel or copy is a fault on the device (tests/fakegpu counts
      it as misuse); check_ready's naming is the host backends'.
+     Hybrid sharding (shard_group = S, HYBRID SHARDING): the parts are the shard group's (member
+     s of every group holds part s), a gather reads the group's members' parts only (CPU: their
+     parts in the segment; NCCL: the in-place all-gathers on the group's communicator), the
+     gradients go the hybrid way (reduce-scatter in the group, the part allreduced across the
+     groups) and are released as ZeRO-2's: the same bits as hybrid ZeRO-1 with the same groups
+     (CPU: unsharded's; tests/test_hybrid.c, tests/test_fake_nccl.c; MPI below). Replica groups (desc.outer,
+     OUTER SYNC): the parts are the replica group's; the outer step gathers the parameters among
+     the group (fp32: from the members' owner storage; bf16: the master, as under ZeRO-1) and
+     writes back this rank's parts only, then a barrier (no member gathers a part mid-write): the
+     same bits as unsharded (tests/test_groups_shard.c). CPU backend; NCCL in groups of one rank,
+     where nothing is sharded (each rank's part is everything: a gather moves nothing); not MPI.
      On the MPI backend (>>mpi: ddp__mpi_z3_*) the view is the reserved range as on the CPU
      backend, and each rank's owner storage is its private flat buffers, only its parts' pages
      kept (the commit's broadcast fills them whole a moment: the MPI commit holds the model once
@@ -530,11 +541,13 @@
      ZeRO-2's on MPI (the bucket's exchange, then the release outside this rank's parts); with
      hybrid sharding the hybrid path (the host's sum, each part across the hosts among its
      holders), whose bits ZeRO-1 in the same groups gives too (tests/test_zero3_mpi.sh).
-     Backends: single, cpu, NCCL and MPI. Refused at ddp_init, by name: replica groups
-     (desc.outer), hybrid sharding (shard_group) except on MPI, uneven_inputs on NCCL and MPI
-     (there a unit's gather is a collective every rank makes, and a rank inside ddp_join runs no
-     forward; the CPU backend's gathers are local reads of the owners' parts, so it runs uneven
-     inputs as ZeRO-1, the joined rank stepping its parts and keeping them: EMBEDDING); the CPU
+     Backends: single, cpu, NCCL and MPI. Refused at ddp_init, by name: replica groups (desc.outer)
+     on MPI and in groups of several ranks on NCCL (no broadcast within a group there),
+     uneven_inputs on NCCL and MPI (there a unit's gather is a collective every rank makes, and a
+     rank inside ddp_join runs no forward; the CPU backend's gathers are local reads of the owners'
+     parts, so it runs uneven inputs as ZeRO-1, the joined rank stepping its parts and keeping
+     them: EMBEDDING); with replica groups, a lone ddp_copy_from_host of parameters (the outer
+     copy must follow on every rank: ddp_scatter_from_host); the CPU
      backend without its shared segment (DDP_STAGED_GRADS, or no room in /dev/shm) at
      ddp_commit; NCCL on a driver without virtual memory management (named at ddp_commit). The timeline: each
      gather (prefetched or not) and release is an event on the comm lane ("gather unit N",
@@ -560,7 +573,9 @@
      slow link; hybrid keeps them on the host's fast one.
      Memory per parameter and rank (fp32 parameters): 4 (parameters) + 4 (gradients) + 8/S (m,
      v); bf16 parameters: 2 + 2 + 12/S (the master in parts too). S = world is flat sharding,
-     S = 1 is DDP (16 bytes). (Levels above OPTIMIZER divide their parts by S alike.)
+     S = 1 is DDP (16 bytes). (Levels above OPTIMIZER divide their parts by S alike: ZeRO-3
+     within groups of S is 16/S bytes, plus the gathered units, as SHARDED PARAMETERS says with
+     world -> S; every level from OPTIMIZER to PARAMETERS, on the CPU, NCCL and MPI backends.)
      The slow link, per step: each rank sends, and receives, 2 (G-1)/G of its part of the
      gradients (an allreduce of 1/S of them; fp32: 8 (G-1)/(G S) bytes a parameter), so a host
      (S ranks) sends 8 (G-1)/G bytes a parameter, what the MPI backend's unsharded hierarchical
@@ -749,6 +764,15 @@
      of the fragment, exchanges and steps it as unsharded (the same bits), then keeps the master
      of its own parts and writes all its working copies of the fragment (no gather after it).
      NCCL refuses bf16 parameters + shard_optimizer in one group of several ranks by name.
+     ZeRO-3 (DDP_SHARD_PARAMETERS) within the groups, CPU backend (NCCL: groups of one rank, a no-op
+     there; groups of several refused by name): the parameters are in parts too; a fragment's
+     fp32 parameters are gathered among the group as the bf16 master is above (fp32: from each
+     member's own parts, flat-indexed), stepped whole, and each member writes back its own parts
+     (bf16: its master and working copies of them), then the world meets at a barrier so that no
+     unit is gathered from a part still being written. The outer copy and momentum stay whole on
+     every rank (4 and 4 bytes a parameter on top of ZeRO-3's 16/S). The same bits as unsharded
+     (tests/test_groups_shard.c: DiLoCo, streaming with a fragment in flight, fp32 and bf16,
+     checkpoints both ways; the GPT trainer's --shard parameters --outer diloco).
      Checkpoints: each group's m, v (and master) come from its own members. Tests:
      tests/test_groups_shard.c (4 thread-ranks in 2 groups of 2; mpirun -n 4 in
      tests/test_groups.sh): sharded = unsharded bit for bit, fp32 and bf16 parameters, DiLoCo and
@@ -1261,8 +1285,9 @@
                     synced at the end (unsharded)
      >>outer        replica groups and their outer sync: fragments, the wire's encodings, the
                     exchange (its own thread when delayed; the wire's users wait for it), the
-                    outer Nesterov step and the merge; the master in parts gathered within the
-                    group (ddp__outer_master_get / _put, be->team_bcast)
+                    outer Nesterov step and the merge; the master in parts (ZeRO-3: the fp32
+                    parameters' parts too) gathered within the group (ddp__outer_master_get /
+                    _put, be->team_bcast), a barrier after a ZeRO-3 merge
      >>checkpoint   ddp_save / ddp_load: the file format, the atomic write, the strict two-pass
                     read, rank 0's verdict broadcast to every rank; the outer sync's state
                     (every group's, ddp__ckpt_outer_save / ddp__ckpt_outer_load)
@@ -6955,7 +6980,9 @@ static unsigned char *ddp__grads_create(ddp_context *ctx, size_t bytes, ddp_resu
    (ddp__grads_unlink, after the next collective). */
 static ddp_result ddp__grads_share(ddp_context *ctx, double deadline) {
     size_t page = ddp__page_size(), bytes;
-    int copies = ddp__sharded(ctx) ? 2 : 1;   /* sharded: the parameters too (the all-gather) */
+    /* sharded: the parameters too (the all-gather); ZeRO-3 always (its gathers copy from there,
+       even in replica groups of one rank, where each rank's part is everything) */
+    int copies = ddp__sharded(ctx) || ddp__z3_seed_deferred(ctx) ? 2 : 1;
     unsigned char *p = NULL;
     size_t es = ctx->flat.grads_bf16 || ddp__bf16_params(ctx) ? sizeof(ddp_bf16) : sizeof(float);   /* bf16 parameters: bf16 gradients and copies */
     ctx->impl.cpu->grads_stride = ddp__round_up(ctx->flat.count * es, page) / sizeof(float);
@@ -7245,7 +7272,7 @@ static ddp_result ddp__cpu_z3_seed(ddp_context *ctx) {
                 if (p->init && s1 > s0) memcpy(root + s0, p->init + (s0 - p->offset), (s1 - s0) * sizeof(float));
             }
         if ((r = ddp__shm_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0)) != DDP_OK) break;   /* written */
-        ddp__shard_range(ctx, b, ctx->rank, &lo, &hi);
+        ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);   /* hybrid: member s of every group holds part s */
         if (ctx->rank != 0 && hi > lo) memcpy(ctx->flat.params + lo, root + lo, (hi - lo) * sizeof(float));
         if ((r = ddp__shm_collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0)) != DDP_OK) break;   /* copied by every peer */
         if (ctx->rank == 0)   /* pages it shares with the next bucket are written again there and given back after */
@@ -10808,7 +10835,7 @@ static ddp_result ddp__gpu_z3_gather(ddp_context *ctx, int u) {
         r = ddp__gvm_map(ctx, g->z3vm, off, len, k->name);
     }
     if (r != DDP_OK) return r;
-    if (ctx->world > 1) {   /* one rank: its parts are the whole view, mapped */
+    if (ddp__sharded(ctx)) {   /* one rank (or replica groups of one): its parts are the whole view, mapped */
         DDP__CUDA(cudaEventRecord(g->z3_ready, g->compute));
         DDP__CUDA(cudaStreamWaitEvent(g->comm, g->z3_ready, 0));
         for (b = 0; b < ctx->model.num_buckets; b++) {
@@ -10821,7 +10848,7 @@ static ddp_result ddp__gpu_z3_gather(ddp_context *ctx, int u) {
             if (r != DDP_OK) return r;
         }
     }
-    DDP__CUDA(cudaEventRecord(g->z3_gathered[u], ctx->world > 1 ? g->comm : g->compute));
+    DDP__CUDA(cudaEventRecord(g->z3_gathered[u], ddp__sharded(ctx) ? g->comm : g->compute));
     return DDP_OK;
 }
 
@@ -11169,11 +11196,12 @@ static ddp_result ddp__init(ddp_context *ctx, const ddp_desc *desc) {
         ctx->be->id != DDP_BACKEND_NCCL)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: DDP_SHARD_PARAMETERS is not built yet on the %s backend "
                          "(the cpu backend runs it on one host; DDP_SHARD_OPTIMIZER runs here)", ctx->be->name);
-    /* hybrid: the MPI backend gathers within the shard group's communicator (ddp__mpi_z3_start) */
-    if (ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->desc.shard_group && ctx->be->id != DDP_BACKEND_MPI)
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard_group %d (hybrid sharding) with DDP_SHARD_PARAMETERS "
-                         "is not built yet on the %s backend (the mpi backend runs it): ZeRO-3 shards over the world there "
-                         "(shard_group 0)", ctx->desc.shard_group, ctx->be->name);
+    /* hybrid: every backend gathers within the shard group (cpu: its members' parts; NCCL: the
+       group's communicator; MPI: ddp__mpi_z3_start on the group's). Replica groups: the outer
+       step's gather of the parameters' parts is the cpu backend's and NCCL's (groups of one) */
+    if (ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->desc.outer.mode != DDP_OUTER_OFF && ctx->be->id == DDP_BACKEND_MPI)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: DDP_SHARD_PARAMETERS with replica groups (desc.outer) is not "
+                         "built yet on the %s backend (the cpu backend runs it): DDP_SHARD_OPTIMIZER runs there", ctx->be->name);
     /* a joined rank runs no forward, so it makes none of the others' gathers: only local reads work */
     if (ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->world > 1 && ctx->desc.uneven_inputs != DDP_JOIN_OFF &&
         ctx->be->id != DDP_BACKEND_CPU)
@@ -11181,9 +11209,6 @@ static ddp_result ddp__init(ddp_context *ctx, const ddp_desc *desc) {
                          "the %s backend: there a unit's gather is a collective every rank makes, and a rank inside "
                          "ddp_join runs no forward (the cpu backend's gathers are local reads: it runs this; "
                          "DDP_SHARD_GRADIENTS runs here)", ctx->be->name);
-    if (ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->desc.outer.mode != DDP_OUTER_OFF)
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: DDP_SHARD_PARAMETERS is not built yet with replica groups "
-                         "(desc.outer)");
     if (ctx->desc.shard == DDP_SHARD_GRADIENTS && !ctx->be->shards_grads)
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: shard DDP_SHARD_GRADIENTS (ZeRO-2) is not built yet on "
                          "the %s backend: use DDP_SHARD_OPTIMIZER there (the same reduce-scatter, the gradients kept "
@@ -12807,6 +12832,11 @@ static ddp_result ddp__state_at(ddp_context *ctx, ddp_buffer which, size_t offse
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: rank %d cannot write parameters alone: with shard_optimizer "
                          "and bf16 parameters each rank holds the fp32 master only for its own part of each bucket, and "
                          "every rank's bf16 working copies must follow; use ddp_scatter_from_host (collective)", call, ctx->rank);
+    /* the outer copy (>>outer) takes what is written, the same on every rank: from parts, a collective */
+    if (write && which == DDP_PARAMS && ddp__z3_flat_parts(ctx) && ctx->desc.outer.mode != DDP_OUTER_OFF)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "%s: rank %d cannot write parameters alone: with DDP_SHARD_PARAMETERS "
+                         "in replica groups (desc.outer) each rank holds only its parts, and the outer copy of the "
+                         "parameters must follow on every rank; use ddp_scatter_from_host (collective)", call, ctx->rank);
     if (!write && which == DDP_GRADS && ddp__z2(ctx) && count) {   /* ZeRO-2: the rest is released (zeros) */
         for (b = 0; b < ctx->model.num_buckets; b++) {
             ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
@@ -13132,31 +13162,46 @@ static int ddp__outer_plain_mean(const ddp_context *ctx) {
 }
 
 /* The fp32 parameters [lo, lo + n) whole, into host memory `out`. With shard_optimizer and bf16
-   parameters within a group the master is in parts across the group's ranks: each member's
-   pieces reach the group's other members (be->team_bcast, nothing leaves the group), so every
-   rank computes the outer step on the whole range, as unsharded, with the same bits. */
+   parameters within a group the master is in parts across the group's ranks (packed), and with
+   sharded parameters (ZeRO-3) and fp32 ones the parameters themselves (this rank's owner storage,
+   flat-indexed): each member's pieces reach the group's other members (be->team_bcast, nothing
+   leaves the group), so every rank computes the outer step on the whole range, as unsharded,
+   with the same bits. */
 static ddp_result ddp__outer_master_get(ddp_context *ctx, size_t lo, size_t n, float *out) {
     size_t plo, phi, a, z;
     ddp_result r = DDP_OK;
-    int b, s;
-    if (!ddp__master_parts(ctx)) return ctx->be->copy(ctx, out, ctx->flat.params + lo, n * sizeof(float), 1);
+    int b, s, flat = ddp__z3_flat_parts(ctx);
+    if (!ddp__master_parts(ctx) && !flat) return ctx->be->copy(ctx, out, ctx->flat.params + lo, n * sizeof(float), 1);
     for (b = 0; b < ctx->model.num_buckets && r == DDP_OK; b++)
         for (s = 0; s < ddp__team_world(ctx) && r == DDP_OK; s++) {
             ddp__shard_range(ctx, b, s, &plo, &phi);
             a = plo > lo ? plo : lo;
             z = phi < lo + n ? phi : lo + n;
             if (z <= a) continue;
-            if (s == ddp__team_rank(ctx)) memcpy(out + (a - lo), ctx->flat.params + ctx->shard.base[b] + (a - plo), (z - a) * sizeof(float));
+            if (s == ddp__team_rank(ctx))
+                memcpy(out + (a - lo), ctx->flat.params + (flat ? a : ctx->shard.base[b] + (a - plo)), (z - a) * sizeof(float));
             r = ctx->be->team_bcast(ctx, out + (a - lo), (z - a) * sizeof(float), s);
         }
     return r;
 }
 
 /* The fp32 parameters [lo, lo + n) from host memory `in` (the same on the group's ranks), the
-   bf16 working copies rounded from them; the master in parts: this rank's parts of it. */
+   bf16 working copies rounded from them; the master in parts: this rank's parts of it (ZeRO-3:
+   and of the working copies); fp32 parameters in parts (ZeRO-3): this rank's parts of them. */
 static ddp_result ddp__outer_master_put(ddp_context *ctx, size_t lo, size_t n, const float *in) {
     ddp_bf16 *rounded;
-    ddp_result r;
+    ddp_result r = DDP_OK;
+    if (ddp__z3_flat_parts(ctx)) {
+        size_t plo, phi, a, z;
+        int b;
+        for (b = 0; b < ctx->model.num_buckets && r == DDP_OK; b++) {
+            ddp__shard_range(ctx, b, ddp__team_rank(ctx), &plo, &phi);
+            a = plo > lo ? plo : lo;
+            z = phi < lo + n ? phi : lo + n;
+            if (z > a) r = ctx->be->copy(ctx, ctx->flat.params + a, in + (a - lo), (z - a) * sizeof(float), 0);
+        }
+        return r;
+    }
     if (!ddp__master_parts(ctx)) {
         if ((r = ctx->be->copy(ctx, ctx->flat.params + lo, in, n * sizeof(float), 0)) != DDP_OK) return r;
         return ddp__bf16_op(ctx, DDP__BF16_ROUND_PARAMS, lo, n);
@@ -13432,6 +13477,12 @@ static ddp_result ddp__outer_backend(ddp_context *ctx) {
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: shard_optimizer with bf16 parameters (param_dtype) "
                          "in groups of %d ranks is not built (yet) on the %s backend (the CPU and MPI backends have it): "
                          "turn one of them off", ctx->outer.size, ctx->be->name);
+    /* sharded parameters: the parameters themselves are in parts within a group, gathered for the
+       outer step the same way */
+    if (ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->outer.size > 1 && !ctx->be->team_bcast)
+        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc.outer: DDP_SHARD_PARAMETERS in replica groups of %d ranks is "
+                         "not built (yet) on the %s backend (the CPU backend has it): group_size 1 (each rank its own "
+                         "replica, nothing sharded), or DDP_SHARD_OPTIMIZER", ctx->outer.size, ctx->be->name);
     /* (the NCCL backend's buckets follow the wire plan, which moves nothing for a group of one) */
     if (ctx->outer.size == 1 && ctx->world > 1 && ctx->be->id != DDP_BACKEND_NCCL) {
         ctx->table.launch = ddp__single_launch;
@@ -13472,6 +13523,13 @@ static ddp_result ddp__outer_merge(ddp_context *ctx, int f) {
         for (i = 0; i < n; i++) p[i] = mix * p[i] + (1 - mix) * theta[i];
     }
     if ((r = ddp__outer_master_put(ctx, lo, n, p)) != DDP_OK) return ddp__fatal(ctx, r);
+    /* sharded parameters in groups: the group's members read this rank's parts at their next
+       gather (>>zero3), so none gathers before every part is written (the exchange is settled:
+       the wire is free) */
+    if (ddp__z3(ctx) && ddp__team_world(ctx) > 1) {
+        ctx->what = "the outer step's barrier (sharded parameters: every part merged before any is gathered)";
+        return ctx->outer.bg.collective(ctx, DDP__KIND_BARRIER, NULL, 0, 0);
+    }
     return DDP_OK;
 }
 
@@ -13915,7 +13973,7 @@ static ddp_result ddp__ckpt_parts(ddp_context *ctx, ddp_buffer which, float *fla
             a = lo > at ? lo : at;
             z = hi < at + n ? hi : at + n;
             if (z <= a) continue;
-            local = flat + ctx->shard.base[b] + (a - lo);
+            local = flat + (which == DDP_PARAMS && ddp__z3_flat_parts(ctx) ? a : ctx->shard.base[b] + (a - lo));   /* ZeRO-3: flat-indexed */
             if (!save) {   /* (the master: every working copy of the chunk too, below) */
                 if (s == ddp__team_rank(ctx) && which != DDP_PARAMS) r = ddp__state_copy(ctx, which, local, a, buf + (a - at), z - a, 0);
                 continue;

@@ -47,6 +47,9 @@
      as unsharded; ddp_param never moves; a gathered unit's granules all device memory, a released
      one's exactly those holding this rank's parts; a copy from released memory counted as misuse
      by the fake; >>zero3's misuse checks named; a checkpoint saved at PARAMETERS loads unsharded;
+     within shard groups (4 ranks in groups of 2, 6 in groups of 3 and of 2) the norms and
+     parameters of hybrid ZeRO-1 with the same groups, bit for bit; in DiLoCo replica groups of
+     one rank those of unsharded, nothing released; in groups of several, refused by name;
    - the fake saw no misuse of the CUDA or NCCL API (wrong pointers, devices, destroyed handles)
      and nothing leaked (communicators, events, device memory). */
 #include "testlib.h"
@@ -1744,6 +1747,25 @@ static void auto_backend(void) {
         d.shard = DDP_SHARD_DEFAULT;
         fakegpu_reset();
     }
+    {   /* ZeRO-3 in replica groups of several ranks: the outer step gathers the parameters among the
+           group, which NCCL has no broadcast for: refused by name at ddp_init (before any rendezvous) */
+        ddp_result r;
+        ddp_desc z = d;
+        z.world_size = 2;
+        z.rank = 0;
+        z.master_port = 1;   /* never reached */
+        z.backend = DDP_BACKEND_NCCL;
+        z.shard = DDP_SHARD_PARAMETERS;
+        z.outer.mode = DDP_OUTER_DILOCO;
+        z.outer.group_size = 2;
+        z.outer.inner_steps = 2;
+        r = ddp_init(&ctx, &z);
+        verdict(r == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(ctx), "DDP_SHARD_PARAMETERS in replica groups of 2 ranks") &&
+                strstr(ddp_last_error(ctx), "nccl"), "fake_nccl_zero3_replica_groups_of_several_refused_by_name", "%s: %s",
+                ddp_result_string(r), ddp_last_error(ctx));
+        ddp_shutdown(ctx);
+        fakegpu_reset();
+    }
     fakegpu_set_device_count(0);
     ddp_init(&ctx, &d);
     verdict(!strcmp(ddp_backend_name(ctx), "single"), "fake_auto_backend_without_a_gpu", "got %s", ddp_backend_name(ctx));
@@ -1913,6 +1935,8 @@ typedef struct z3_model {
 static struct {
     const z3_config *c;
     ddp_shard level;
+    int group;   /* shard_group at a sharded level (hybrid), 0: none */
+    int outer;   /* replica groups of one rank (desc.outer, DiLoCo H = 2) at every level: 1, 0: none */
     float norm[MAX_WORLD][Z3_STEPS];
     uint64_t hash[Z3_STEPS];
     ddp_result r[MAX_WORLD];
@@ -2084,6 +2108,8 @@ static ddp_result z3_open(test_rank *self, z3_model *m, const z3_config *c, ddp_
     d.find_unused = c->unused;
     d.param_dtype = c->bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
     d.shard = level;
+    d.shard_group = level != DDP_SHARD_NONE ? z3.group : 0;
+    if (z3.outer) { d.outer.mode = DDP_OUTER_DILOCO; d.outer.group_size = 1; d.outer.inner_steps = 2; }
     if ((r = ddp_init(&m->ddp, &d)) != DDP_OK) return r;
     for (l = 0; l <= Z3_LAYERS; l++) {
         size_t i;
@@ -2136,7 +2162,9 @@ static void z3_rank(test_rank *self) {
         if (sharded && self->world > 1) {
             int gone = 0, g;
             for (k = 0; k <= Z3_LAYERS; k++) if ((g = z3_check_granules(m, k, 0)) > 0) gone += g;
-            if (gone == 0) z3_local(m, "%s: no granule of any released unit was unmapped (step %ld, %ld)", c->name, step, 0);
+            /* replica groups of one rank: every part is this rank's, nothing goes */
+            if (gone == 0 && !z3.outer) z3_local(m, "%s: no granule of any released unit was unmapped (step %ld, %ld)", c->name, step, 0);
+            if (gone > 0 && z3.outer) z3_local(m, "%s: %ld granule(s) unmapped in groups of one rank (step %ld)", c->name, gone, step);
         }
     }
     if (r == DDP_OK && sharded && self->rank == 0) {
@@ -2149,19 +2177,26 @@ static void z3_rank(test_rank *self) {
     free(m);
 }
 
-static void test_zero3(int world, const z3_config *c) {
+/* group > 0: hybrid sharding (shard_group), whose average is hierarchical (the group's sum, then
+   the groups'), another order than a flat one: the reference is then ZeRO-1 with the same groups,
+   whose parameters are whole, and ZeRO-3 within the groups must give its bits (the same reduction,
+   the same AdamW on the same parts; only where the parameters live differs). */
+static void test_zero3_group(int world, const z3_config *c, int group, int outer) {
     float norm[Z3_STEPS];
     uint64_t hash[Z3_STEPS];
     char name[160], why[DDP__ERR_MAX + 128];
     int pass, r, ok = 1, step;
     why[0] = 0;
-    for (pass = 0; pass < 2 && ok; pass++) {   /* 0: unsharded, 1: DDP_SHARD_PARAMETERS */
+    for (pass = 0; pass < 2 && ok; pass++) {   /* 0: unsharded (hybrid: ZeRO-1), 1: DDP_SHARD_PARAMETERS */
         fakegpu_reset();
         fakegpu_set_vm_granularity(Z3_GRAN);
+        if (world > 4) fakegpu_set_device_count(world);   /* a GPU a rank (the fake's default is 4) */
         reset_cfg();
         memset(&z3, 0, sizeof z3);
         z3.c = c;
-        z3.level = pass ? DDP_SHARD_PARAMETERS : DDP_SHARD_NONE;
+        z3.group = group;
+        z3.outer = outer;
+        z3.level = pass ? DDP_SHARD_PARAMETERS : group ? DDP_SHARD_OPTIMIZER : DDP_SHARD_NONE;
         run(world, z3_rank);
         for (r = 0; r < world && ok; r++) {
             if (z3.r[r] != DDP_OK) {
@@ -2180,7 +2215,7 @@ static void test_zero3(int world, const z3_config *c) {
                          norm[step], (unsigned long long)z3.hash[step], (unsigned long long)hash[step]);
                 ok = 0;
             }
-        if (ok && pass == 1 && world > 1 && !(z3.mapped_after > 0 && z3.mapped_after < z3.view_bytes)) {
+        if (ok && pass == 1 && world > 1 && !z3.outer && !(z3.mapped_after > 0 && z3.mapped_after < z3.view_bytes)) {
             snprintf(why, sizeof why, "after the steps the view has %zu of %zu bytes mapped (want some, not all)", z3.mapped_after,
                      z3.view_bytes);
             ok = 0;
@@ -2188,9 +2223,13 @@ static void test_zero3(int world, const z3_config *c) {
         snprintf(name, sizeof name, "zero3_%s_ranks%d_%s", c->name, world, pass ? "parameters" : "none");
         check_clean(name);
     }
-    snprintf(name, sizeof name, "fake_nccl_zero3_%s_ranks%d_equals_unsharded_granules_released_pointers_fixed", c->name, world);
+    if (outer) snprintf(name, sizeof name, "fake_nccl_zero3_%s_ranks%d_diloco_groups_of1_equals_unsharded_pointers_fixed", c->name, world);
+    else if (group) snprintf(name, sizeof name, "fake_nccl_zero3_%s_ranks%d_groups_of%d_equals_hybrid_zero1_granules_released_pointers_fixed",
+                        c->name, world, group);
+    else snprintf(name, sizeof name, "fake_nccl_zero3_%s_ranks%d_equals_unsharded_granules_released_pointers_fixed", c->name, world);
     verdict(ok, name, "%s", why);
 }
+static void test_zero3(int world, const z3_config *c) { test_zero3_group(world, c, 0, 0); }
 
 /* Misuse on NCCL: each of >>zero3's checks named; a copy from a released unit's memory is
    counted by the fake (it is no device memory); a checkpoint saved at PARAMETERS loads unsharded. */
@@ -2448,6 +2487,11 @@ int main(void) {
         test_zero3(4, &clip);
         test_zero3(3, &unused);
         test_zero3(2, &own);
+        test_zero3_group(4, &clip, 2, 0);   /* hybrid: ZeRO-3 within shard groups */
+        test_zero3_group(6, &accum, 3, 0);
+        test_zero3_group(6, &bf16, 2, 0);
+        test_zero3_group(2, &tape, 0, 1);   /* DiLoCo, each rank its own replica: nothing sharded */
+        test_zero3_group(3, &bf16, 0, 1);
         test_zero3_misuse(2);
     }
     return test_summary("test_fake_nccl");

@@ -14,7 +14,11 @@
      unsharded run, which finish with the same bits.
    Each with fp32 and with bf16 parameters (the fp32 master in parts within the group, gathered
    among it for the outer step; the bf16 working copies compared too). And: groups of one rank
-   take shard_optimizer as a no-op (nothing to shard across: m and v whole). */
+   take shard_optimizer as a no-op (nothing to shard across: m and v whole). ZeRO-3 within the
+   groups (the _z3 configurations: DDP_SHARD_PARAMETERS in the sharded runs, the same two units
+   in every run): the same comparisons, the outer step gathering the group's parts of the
+   parameters; in groups of one rank too (trained, and the parameters whole); and a lone write of
+   parameters in groups of two refused by name, ddp_scatter_from_host reaching every part. */
 #include "testlib.h"
 
 #define W 4
@@ -23,9 +27,14 @@
 static const size_t sizes[NPARAM] = { 70001, 3003 };   /* buckets of several 1024-float parts */
 #define TOTAL (70001 + 3003)
 
-typedef struct config { const char *name; int streaming, staged, bf16; } config;
-static const config configs[] = { { "diloco", 0, 0, 0 },      { "streaming", 1, 0, 0 },      { "diloco_staged", 0, 1, 0 },
-                                  { "diloco_bf16", 0, 0, 1 }, { "streaming_bf16", 1, 0, 1 }, { "streaming_bf16_staged", 1, 1, 1 } };
+/* z3: the sharded runs at DDP_SHARD_PARAMETERS (ZeRO-3 within the groups: the parameters in parts
+   too, gathered among the group for the outer step; every run of the config declares the same
+   two units, so every level has the same buckets) */
+typedef struct config { const char *name; int streaming, staged, bf16, z3, one; } config;   /* one: groups of one rank */
+static const config configs[] = { { "diloco", 0, 0, 0, 0, 0 },      { "streaming", 1, 0, 0, 0, 0 },      { "diloco_staged", 0, 1, 0, 0, 0 },
+                                  { "diloco_bf16", 0, 0, 1, 0, 0 }, { "streaming_bf16", 1, 0, 1, 0, 0 }, { "streaming_bf16_staged", 1, 1, 1, 0, 0 },
+                                  { "diloco_z3", 0, 0, 0, 1, 0 },   { "streaming_z3", 1, 0, 0, 1, 0 },   { "streaming_bf16_z3", 1, 0, 1, 1, 0 },
+                                  { "diloco_z3_groups_of_one", 0, 0, 0, 1, 1 }, { "streaming_bf16_z3_groups_of_one", 1, 0, 1, 1, 1 } };
 
 /* Rank r's gradient of element i at step t: group 1's are NaN at step 5 (skip_nonfinite; after the checkpoint: the file holds one AdamW step count, rank 0's). */
 static float grad_value(int r, int t, size_t i) {
@@ -42,16 +51,17 @@ static char ckpt_path[256];
 static ddp_result train(ddp_desc d, const config *c, int shard, int *rank_out, int run) {
     ddp_context *ctx = NULL;
     ddp_adamw opt;
-    int ids[NPARAM], p, t, rank, which, save_at = c->streaming ? 2 : 3, slot = run == 4 ? 2 : run;
+    int ids[NPARAM], units[NPARAM], p, t, rank, which, save_at = c->streaming ? 2 : 3, slot = run == 4 ? 2 : run;
     size_t j, i, n;
     ddp_result r;
     float *buf = NULL;
     char name[128];
     d.outer.mode = c->streaming ? DDP_OUTER_STREAMING : DDP_OUTER_DILOCO;
-    d.outer.group_size = 2;
+    d.outer.group_size = c->one ? 1 : 2;
     d.outer.inner_steps = c->streaming ? 4 : 2;
     if (c->streaming) { d.outer.fragments = 2; d.outer.delay_steps = 1; d.outer.mix = 0.5f; }
     d.shard_optimizer = shard;
+    d.shard = shard && c->z3 ? DDP_SHARD_PARAMETERS : DDP_SHARD_DEFAULT;
     d.param_dtype = c->bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
     d.skip_nonfinite = 1;
     memset(&opt, 0, sizeof opt);
@@ -66,6 +76,7 @@ static ddp_result train(ddp_desc d, const config *c, int shard, int *rank_out, i
         for (j = 0; j < sizes[p]; j++) init[j] = 0.5f * test_value((uint64_t)(3 + p), j);
         snprintf(pn, sizeof pn, "p%d", p);
         if ((r = ddp_register_param(ctx, pn, sizes[p], 0, init, &ids[p])) != DDP_OK) goto out;
+        if (c->z3 && (r = ddp_register_unit(ctx, pn, ids[p], 1, &units[p])) != DDP_OK) goto out;
     }
     if ((r = ddp_commit(ctx)) != DDP_OK) goto out;
     if (run >= 3 && (r = ddp_load(ctx, ckpt_path, NULL, 0, NULL, NULL, NULL)) != DDP_OK) goto out;
@@ -97,10 +108,10 @@ static ddp_result train(ddp_desc d, const config *c, int shard, int *rank_out, i
         ddp_result whole = ddp_copy_to_host(ctx, DDP_ADAM_M, 0, buf, TOTAL);
         ddp_adamw_state(ctx, NULL, NULL, &step);
         snprintf(name, sizeof name, "groups_shard_%s_%s_rank%d_layout_and_skip", c->name, shard ? "on" : "off", rank);
-        verdict((whole == DDP_OK) == !shard && step && *step == (rank < 2 ? STEPS : STEPS - 1), name,
+        verdict((whole == DDP_OK) == (!shard || c->one) && step && *step == (rank < 2 ? STEPS : STEPS - 1), name,
                 "copy of all of m: %s, step %lld", ddp_result_string(whole), step ? (long long)*step : -1LL);
         snprintf(name, sizeof name, "groups_shard_%s_%s_rank%d_synced", c->name, shard ? "on" : "off", rank);
-        verdict(st.syncs >= 2 && st.groups == 2, name, "syncs %lld, groups %d", (long long)st.syncs, st.groups);
+        verdict(st.syncs >= 2 && st.groups == (c->one ? W : 2), name, "syncs %lld, groups %d", (long long)st.syncs, st.groups);
     }
     /* every rank gathers every buffer to itself in turn: each part from its owner in its group */
     for (which = 0; which < 3; which++) {
@@ -111,7 +122,14 @@ static ddp_result train(ddp_desc d, const config *c, int shard, int *rank_out, i
             if (root == rank) got_hash[slot][rank][which] = test_hash(buf, TOTAL * sizeof(float));
         }
     }
+    /* ZeRO-3: the working copies are there while the units are gathered (from the group's parts) */
+    for (p = 0; p < NPARAM && c->z3; p++) if ((r = ddp_unit_gather(ctx, units[p])) != DDP_OK) goto out;
     if (c->bf16) got_hash[slot][rank][3] = test_hash(ddp_flat_params_bf16(ctx, NULL), TOTAL * sizeof(ddp_bf16));
+    for (p = 0; p < NPARAM && c->z3; p++) if ((r = ddp_unit_release(ctx, units[p])) != DDP_OK) goto out;
+    if (c->z3 && shard && ddp_config(ctx)->shard != DDP_SHARD_PARAMETERS) {
+        printf("FAIL groups_shard_%s_rank%d: the level is %d, not DDP_SHARD_PARAMETERS\n", c->name, rank, (int)ddp_config(ctx)->shard);
+        test_failures++;
+    }
     (void)i; (void)n;
 out:
     if (r != DDP_OK)
@@ -181,6 +199,57 @@ static void refusals(ddp_desc d, int rank) {
         test_failures++;
     }
     ddp_shutdown(ctx);
+    /* ZeRO-3: groups of one hold everything (the unit gathers this rank's own values); groups of
+       two: a lone write of parameters is refused by name (the outer copy must follow on every
+       rank), the collective write reaches every rank's parts and their gathered view */
+    for (int kase = 0; kase < 3; kase++) {   /* groups of one, fp32 and bf16; groups of two, fp32 */
+        float x[4096], y[4096];
+        int id, u, ok, size = kase < 2 ? 1 : 2;
+        size_t k;
+        ctx = NULL;
+        d.outer.group_size = size;
+        d.param_dtype = kase == 1 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
+        d.shard = DDP_SHARD_PARAMETERS;
+        for (k = 0; k < 4096; k++) x[k] = (float)k;
+#ifdef DDP_MPI
+        /* not built on MPI (its gathers span the world or the shard group): refused by name at ddp_init */
+        r = ddp_init(&ctx, &d);
+        snprintf(name, sizeof name, "groups_shard_z3_groups_of_%d_%s_refused_on_mpi_rank%d", size, kase == 1 ? "bf16" : "fp32", rank);
+        verdict(r == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(ctx), "DDP_SHARD_PARAMETERS with replica groups (desc.outer) "
+                "is not built yet on the mpi backend"), name, "%s: %s", ddp_result_string(r), ddp_last_error(ctx));
+        ddp_shutdown(ctx);
+        (void)id; (void)u; (void)ok; (void)y;
+        continue;
+#endif
+        if ((r = ddp_init(&ctx, &d)) == DDP_OK && (r = ddp_register_param(ctx, "x", 4096, 0, x, &id)) == DDP_OK &&
+            (r = ddp_register_unit(ctx, "x", id, 1, &u)) == DDP_OK && (r = ddp_commit(ctx)) == DDP_OK) {
+            if (size == 1) {
+                ok = ddp_copy_to_host(ctx, DDP_ADAM_M, 0, y, 4096) == DDP_OK && ddp_unit_gather(ctx, u) == DDP_OK;
+                for (k = 0; k < 4096 && ok; k++)   /* small integers: exact in bf16 up to 256, rounded to even above */
+                    ok = (kase ? ddp__from_bf16(ddp_param_bf16(ctx, id)[k]) : ddp_param(ctx, id)[k]) ==
+                         (kase ? ddp__from_bf16(ddp__to_bf16(x[k])) : x[k]);
+                ok = ok && ddp_unit_release(ctx, u) == DDP_OK && ddp_copy_to_host(ctx, DDP_PARAMS, 0, y, 4096) == DDP_OK &&
+                     !memcmp(x, y, sizeof x);   /* the fp32 parameters (bf16: the master) whole on every rank */
+                snprintf(name, sizeof name, "groups_shard_z3_groups_of_one_%s_not_sharded_rank%d", kase ? "bf16" : "fp32", rank);
+                verdict(ok, name, "%s", ddp_last_error(ctx));
+            } else {
+                ddp_result lone = ddp_copy_from_host(ctx, DDP_PARAMS, rank % 2 ? 2048 : 0, x, 16);
+                snprintf(name, sizeof name, "groups_shard_z3_groups_of_two_lone_parameter_write_refused_rank%d", rank);
+                verdict(lone == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_last_error(ctx), "cannot write parameters alone") &&
+                        strstr(ddp_last_error(ctx), "ddp_scatter_from_host"), name, "%s: %s", ddp_result_string(lone),
+                        ddp_last_error(ctx));
+                for (k = 0; k < 4096; k++) y[k] = -(float)k;
+                ok = ddp_scatter_from_host(ctx, DDP_PARAMS, 0, y, 4096, 0) == DDP_OK && ddp_unit_gather(ctx, u) == DDP_OK &&
+                     !memcmp(ddp_param(ctx, id), y, sizeof y) && ddp_unit_release(ctx, u) == DDP_OK;
+                snprintf(name, sizeof name, "groups_shard_z3_groups_of_two_scatter_reaches_every_part_rank%d", rank);
+                verdict(ok, name, "%s", ddp_last_error(ctx));
+            }
+        } else {
+            printf("FAIL groups_shard_z3_groups_of_%d_rank%d: %s: %s\n", size, rank, ddp_result_string(r), ddp_last_error(ctx));
+            test_failures++;
+        }
+        ddp_shutdown(ctx);
+    }
 }
 
 static const config *current;
@@ -208,6 +277,7 @@ int main(int argc, char **argv) {
         int rank;
 #ifdef DDP_MPI
         if (c->staged) continue;   /* the staging slots are the CPU backend's */
+        if (c->z3) continue;       /* DDP_SHARD_PARAMETERS on MPI: its own issue */
 #endif
         if (c->staged) setenv("DDP_STAGED_GRADS", "1", 1);
         memset(got_hash, 0, sizeof got_hash);

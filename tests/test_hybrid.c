@@ -14,7 +14,10 @@
    compared every step), in place and staged (DDP_STAGED_GRADS=1: no gradient segment).
    Checkpoints: the hybrid run saved after step 3 and loaded by an unsharded and by a hybrid run
    of the same world, which finish with the unsharded run's bits, and by 2 unsharded ranks (another
-   world size), which hold the saved state. Then the bad inputs, each refused by name.
+   world size), which hold the saved state; an unsharded file resumed hybrid ends with the
+   unsharded bits too. ZeRO-3 within the groups (the z3_ configurations, DDP_SHARD_PARAMETERS, two
+   units in every run of them): the parameters hashed every step are the gathered units' views,
+   read from the group's parts, and must give the same bits. Then the bad inputs, each refused by name.
    With "env" (tests/test_hybrid.sh: mpirun across 2 namespace hosts x 2 ranks, the MPI build
    build/mpi/test_hybrid, a shard group a host): fp32 parameters give the unsharded hierarchical
    MPI run's bits every step (the hosts' sums added in host order either way); bf16 parameters
@@ -32,10 +35,14 @@ static const size_t sizes[NPARAM] = { 70001, 3003, 100 };   /* p2 never gets a g
 static const size_t offs[NPARAM] = { 0, 70016, 70016 + 3008 };
 #define FLAT (70016 + 3008 + 112)
 
-typedef struct config { const char *name; int world, group, bf16, staged; } config;
+typedef struct config { const char *name; int world, group, bf16, staged, z3; } config;
 static const config configs[] = {
-    { "w4_g2_fp32", 4, 2, 0, 0 }, { "w4_g2_bf16", 4, 2, 1, 0 }, { "w4_g2_fp32_staged", 4, 2, 0, 1 },
-    { "w6_g2_fp32", 6, 2, 0, 0 }, { "w6_g3_bf16", 6, 3, 1, 0 },
+    { "w4_g2_fp32", 4, 2, 0, 0, 0 }, { "w4_g2_bf16", 4, 2, 1, 0, 0 }, { "w4_g2_fp32_staged", 4, 2, 0, 1, 0 },
+    { "w6_g2_fp32", 6, 2, 0, 0, 0 }, { "w6_g3_bf16", 6, 3, 1, 0, 0 },
+    /* ZeRO-3 within the groups: two units (p0; p1 + p2) in every run of the config, so every level
+       has the same buckets; the parameters hashed every step are the gathered units' views */
+    { "z3_w4_g2_fp32", 4, 2, 0, 0, 1 }, { "z3_w4_g2_bf16", 4, 2, 1, 0, 1 }, { "z3_w6_g2_fp32", 6, 2, 0, 0, 1 },
+    { "z3_w6_g3_bf16", 6, 3, 1, 0, 1 },
 };
 
 static float grad_value(int r, int t, int micro, size_t i) {
@@ -43,12 +50,13 @@ static float grad_value(int r, int t, int micro, size_t i) {
     return test_value((uint64_t)(700 + 10 * r + t + 1000 * micro), i);
 }
 
-enum { RUN_PLAIN, RUN_HYBRID, RUN_SAVE, RUN_LOAD_PLAIN, RUN_LOAD_HYBRID, RUN_LOAD_OTHER_WORLD, RUNS };
+enum { RUN_PLAIN, RUN_HYBRID, RUN_SAVE, RUN_LOAD_PLAIN, RUN_LOAD_HYBRID, RUN_LOAD_OTHER_WORLD,
+       RUN_SAVE_PLAIN, RUN_LOAD_HYBRID_FROM_PLAIN, RUNS };   /* the last two: an unsharded file resumed hybrid */
 static uint64_t step_hash[RUNS][MAXW][STEPS + 1];   /* the working parameters after each step */
 static uint64_t end_hash[RUNS][MAXW][3];            /* params (the fp32 master), m, v, gathered */
 static uint64_t grad_hash[RUNS][3];                 /* the averaged gradients of steps 1 and 2, gathered to rank 0 (clipping
                                                        and Adam would hide a wrong scale in the parameters) */
-static char ckpt_path[256];
+static char ckpt_path[256], plain_ckpt_path[256];
 static int env_mode;
 static float *final_params[RUNS];   /* env: this rank's gathered parameters at the end of each run */
 static const config *current;
@@ -107,13 +115,15 @@ static ddp_result check_average(ddp_context *ctx, const config *c, int t, float 
 static ddp_result train(ddp_desc d, const config *c, int run) {
     ddp_context *ctx = NULL;
     ddp_adamw opt;
-    int ids[NPARAM], p, t, micro, rank = d.rank, hybrid = run == RUN_HYBRID || run == RUN_SAVE || run == RUN_LOAD_HYBRID;
-    int first = run >= RUN_LOAD_PLAIN ? 4 : 1, last = run == RUN_SAVE ? 3 : run == RUN_LOAD_OTHER_WORLD ? 0 : STEPS;
+    int ids[NPARAM], units[2], p, t, micro, rank = d.rank;
+    int hybrid = run == RUN_HYBRID || run == RUN_SAVE || run == RUN_LOAD_HYBRID || run == RUN_LOAD_HYBRID_FROM_PLAIN;
+    int loads = run == RUN_LOAD_PLAIN || run == RUN_LOAD_HYBRID || run == RUN_LOAD_OTHER_WORLD || run == RUN_LOAD_HYBRID_FROM_PLAIN;
+    int first = loads ? 4 : 1, last = run == RUN_SAVE || run == RUN_SAVE_PLAIN ? 3 : run == RUN_LOAD_OTHER_WORLD ? 0 : STEPS;
     size_t j;
     ddp_result r;
     float *buf = NULL;
     char name[160];
-    d.shard = hybrid ? DDP_SHARD_OPTIMIZER : DDP_SHARD_NONE;
+    d.shard = !hybrid ? DDP_SHARD_NONE : c->z3 ? DDP_SHARD_PARAMETERS : DDP_SHARD_OPTIMIZER;
     d.shard_group = hybrid ? c->group : 0;
     d.param_dtype = c->bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
     d.skip_nonfinite = 1;
@@ -134,8 +144,11 @@ static ddp_result train(ddp_desc d, const config *c, int run) {
         snprintf(pn, sizeof pn, "p%d", p);
         if ((r = ddp_register_param(ctx, pn, sizes[p], 0, init, &ids[p])) != DDP_OK) goto out;
     }
+    if (c->z3 && ((r = ddp_register_unit(ctx, "u0", ids[0], 1, &units[0])) != DDP_OK ||
+                  (r = ddp_register_unit(ctx, "u1", ids[1], 2, &units[1])) != DDP_OK)) goto out;
     if ((r = ddp_commit(ctx)) != DDP_OK) goto out;
-    if (run >= RUN_LOAD_PLAIN && (r = ddp_load(ctx, ckpt_path, NULL, 0, NULL, NULL, NULL)) != DDP_OK) goto out;
+    if (loads && (r = ddp_load(ctx, run == RUN_LOAD_HYBRID_FROM_PLAIN ? plain_ckpt_path : ckpt_path, NULL, 0, NULL, NULL,
+                               NULL)) != DDP_OK) goto out;
     for (t = first; t <= last; t++) {
         if ((r = ddp_zero_grad(ctx)) != DDP_OK) goto out;
         for (micro = 0; micro < 2; micro++) {
@@ -157,11 +170,15 @@ static ddp_result train(ddp_desc d, const config *c, int run) {
             if (rank == 0) grad_hash[run][t] = test_hash(buf, FLAT * sizeof(float));
         }
         if ((r = ddp_adamw_step(ctx, &opt, NULL)) != DDP_OK) goto out;
+        /* ZeRO-3: the parameters are there only while their units are gathered (from the group's
+           members' parts); below PARAMETERS gather and release do nothing */
+        if (c->z3 && ((r = ddp_unit_gather(ctx, units[0])) != DDP_OK || (r = ddp_unit_gather(ctx, units[1])) != DDP_OK)) goto out;
         step_hash[run][rank][t] = c->bf16 ? test_hash(ddp_flat_params_bf16(ctx, NULL), FLAT * sizeof(ddp_bf16))
                                   : test_hash(ddp_flat_params(ctx, NULL), FLAT * sizeof(float));
+        if (c->z3 && ((r = ddp_unit_release(ctx, units[0])) != DDP_OK || (r = ddp_unit_release(ctx, units[1])) != DDP_OK)) goto out;
     }
     if ((r = gather_state(ctx, buf, end_hash[run][rank])) != DDP_OK) goto out;
-    if (run == RUN_SAVE) r = ddp_save(ctx, ckpt_path, NULL, 0);
+    if (run == RUN_SAVE || run == RUN_SAVE_PLAIN) r = ddp_save(ctx, run == RUN_SAVE ? ckpt_path : plain_ckpt_path, NULL, 0);
     if (env_mode) {   /* every rank's step hashes against rank 0's: the same bits everywhere */
         uint64_t zero[STEPS + 1];
         memcpy(zero, step_hash[run][rank], sizeof zero);
@@ -178,6 +195,12 @@ static ddp_result train(ddp_desc d, const config *c, int run) {
         snprintf(name, sizeof name, "hybrid_%s_rank%d_m_in_parts_step_skipped", c->name, rank);
         verdict(whole == DDP_ERR_INVALID_ARGUMENT && step && *step == STEPS - 1, name, "copy of all of m: %s, step %lld",
                 ddp_result_string(whole), step ? (long long)*step : -1LL);
+        if (c->z3) {   /* the level held (not resolved down) and the units released after each step's hash */
+            snprintf(name, sizeof name, "hybrid_%s_rank%d_sharded_parameters_units_released", c->name, rank);
+            verdict(ddp_config(ctx)->shard == DDP_SHARD_PARAMETERS && ddp_unit_gathered(ctx, units[0]) == 0 &&
+                    ddp_unit_gathered(ctx, units[1]) == 0, name, "shard %d, gathered %d %d", (int)ddp_config(ctx)->shard,
+                    ddp_unit_gathered(ctx, units[0]), ddp_unit_gathered(ctx, units[1]));
+        }
     }
 out:
     if (r != DDP_OK)
@@ -269,6 +292,12 @@ static void compare(const config *c, int only) {
             if (step_hash[RUN_LOAD_HYBRID][rank][t] != step_hash[RUN_PLAIN][rank][t]) break;
         snprintf(name, sizeof name, "hybrid_%s_rank%d_resumed_every_step_equal", c->name, rank);
         verdict(t > STEPS, name, "step %d differs", t);
+        if (only >= 0) continue;   /* env: the MPI runs take no unsharded file */
+        for (t = 4; t <= STEPS; t++)
+            if (step_hash[RUN_LOAD_HYBRID_FROM_PLAIN][rank][t] != step_hash[RUN_PLAIN][rank][t]) break;
+        for (k = 0; k < 3; k++) if (end_hash[RUN_LOAD_HYBRID_FROM_PLAIN][rank][k] != end_hash[RUN_PLAIN][rank][k]) break;
+        snprintf(name, sizeof name, "hybrid_%s_rank%d_unsharded_file_resumed_hybrid_equal_unsharded_bits", c->name, rank);
+        verdict(t > STEPS && k == 3, name, "step %d or state %d differs", t, k);
     }
     for (rank = 0; rank < 2 && only < 0; rank++)
         for (k = 0; k < 3; k++) {
@@ -334,7 +363,7 @@ static void bad_rank(test_rank *self) {
 
 /* env: the ranks a launcher started (mpirun across hosts: tests/test_hybrid.sh), 4 in 2 groups. */
 static int main_env(void) {
-    static const config env_configs[] = { { "mpi_w4_g2_fp32", 4, 2, 0, 0 }, { "mpi_w4_g2_bf16", 4, 2, 1, 0 } };
+    static const config env_configs[] = { { "mpi_w4_g2_fp32", 4, 2, 0, 0, 0 }, { "mpi_w4_g2_bf16", 4, 2, 1, 0, 0 } };
     size_t i;
     int run, rank = atoi(getenv("RANK") ? getenv("RANK") : getenv("OMPI_COMM_WORLD_RANK") ? getenv("OMPI_COMM_WORLD_RANK") : "0");
     env_mode = 1;
@@ -410,6 +439,7 @@ int main(int argc, char **argv) {
         return main_env();
     }
     snprintf(ckpt_path, sizeof ckpt_path, "%s/ddp_hybrid_pid%ld.ckpt", dir && *dir ? dir : "/tmp", (long)getpid());
+    snprintf(plain_ckpt_path, sizeof plain_ckpt_path, "%s/ddp_hybrid_plain_pid%ld.ckpt", dir && *dir ? dir : "/tmp", (long)getpid());
     for (i = 0; i < sizeof configs / sizeof configs[0]; i++) {
         const config *c = &configs[i];
         memset(step_hash, 0, sizeof step_hash);
@@ -422,10 +452,13 @@ int main(int argc, char **argv) {
         run_all(c, RUN_LOAD_PLAIN, c->world);
         run_all(c, RUN_LOAD_HYBRID, c->world);
         run_all(c, RUN_LOAD_OTHER_WORLD, 2);
+        run_all(c, RUN_SAVE_PLAIN, c->world);
+        run_all(c, RUN_LOAD_HYBRID_FROM_PLAIN, c->world);
         if (c->staged) unsetenv("DDP_STAGED_GRADS");
         compare(c, -1);
     }
     remove(ckpt_path);
+    remove(plain_ckpt_path);
     for (i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         test_rank ranks[MAXW];
         void *shared[1] = { (void *)bad_rank };

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # test_shard_gpt.sh — the tiny GPT trainer with --shard-optimizer (ZeRO-1) and --shard gradients
-# (ZeRO-2) on 2 and 3 ranks ends with the same parameters, bit for bit, as without it; its checkpoints are those of an unsharded
+# (ZeRO-2) on 2 and 3 ranks ends with the same parameters, bit for bit, as without it (and --shard
+# parameters, ZeRO-3, on 4 ranks in shard groups and in DiLoCo groups of 2); its checkpoints are those of an unsharded
 # run, byte for byte, and resume across sharding ends bit for bit where a straight run does.
 # Usage: tests/test_shard_gpt.sh [BUILD_DIR]
 set -u
@@ -27,6 +28,17 @@ a4=$(OPENBLAS_NUM_THREADS=1 "$B/ddprun" -n 4 "$B/train_gpt" "${args[@]}" 2>&1 | 
 c4=$(OPENBLAS_NUM_THREADS=1 "$B/ddprun" -n 4 "$B/train_gpt" "${args[@]}" --shard gradients --shard-group 2 2>&1 | sed -n 's/.*params fnv1a //p')
 if [ -n "$a4" ] && [ "$a4" = "$c4" ]; then echo "PASS gpt_shard_gradients_hybrid_groups_of_2_bitwise_equals_unsharded"
 else echo "FAIL gpt_shard_gradients_hybrid_groups_of_2_bitwise_equals_unsharded: parameters' hash '$a4' unsharded, '$c4' with --shard gradients --shard-group 2"; fi
+# ZeRO-3 (--shard parameters) within shard groups of 2 on 4 ranks (hybrid: each unit gathered from
+# the group's parts) and within DiLoCo replica groups of 2 (the outer step gathers the group's
+# parts of the parameters): the same bits as unsharded runs that declare the same units (--units)
+u4=$(OPENBLAS_NUM_THREADS=1 "$B/ddprun" -n 4 "$B/train_gpt" "${args[@]}" --units 2>&1 | sed -n 's/.*params fnv1a //p')
+p4=$(OPENBLAS_NUM_THREADS=1 "$B/ddprun" -n 4 "$B/train_gpt" "${args[@]}" --shard parameters --shard-group 2 2>&1 | sed -n 's/.*params fnv1a //p')
+if [ -n "$u4" ] && [ "$u4" = "$p4" ]; then echo "PASS gpt_shard_parameters_hybrid_groups_of_2_bitwise_equals_unsharded"
+else echo "FAIL gpt_shard_parameters_hybrid_groups_of_2_bitwise_equals_unsharded: parameters' hash '$u4' unsharded with --units, '$p4' with --shard parameters --shard-group 2"; fi
+uo=$(OPENBLAS_NUM_THREADS=1 "$B/ddprun" -n 4 "$B/train_gpt" "${args[@]}" --units --outer diloco --inner-steps 3 --group-size 2 2>&1 | sed -n 's/.*params fnv1a //p')
+po=$(OPENBLAS_NUM_THREADS=1 "$B/ddprun" -n 4 "$B/train_gpt" "${args[@]}" --shard parameters --outer diloco --inner-steps 3 --group-size 2 2>&1 | sed -n 's/.*params fnv1a //p')
+if [ -n "$uo" ] && [ "$uo" = "$po" ]; then echo "PASS gpt_shard_parameters_outer_groups_of_2_bitwise_equals_unsharded"
+else echo "FAIL gpt_shard_parameters_outer_groups_of_2_bitwise_equals_unsharded: parameters' hash '$uo' unsharded with --units, '$po' with --shard parameters"; fi
 # --shard takes a level by name; anything else is refused before training, naming the flag
 bad=$("$B/train_gpt" "${args[@]}" --shard everything 2>&1); rc=$?
 case $bad in *"--shard: 'everything' is not one of none, optimizer, gradients, parameters"*) ok=1 ;; *) ok=0 ;; esac
