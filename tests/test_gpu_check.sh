@@ -112,17 +112,17 @@ fi
 # passes, its files are what the device tool brings back.
 OUT=$tmp/cb timeout 120 bench/gpu/check_bf16.sh --no-build "$B" >"$tmp/cb.log" 2>&1
 rc=$?
-n=$(grep -cE "^SKIP (smoke_bf16_gpt2|sanitizer_bf16|bench_bf16_tf32|gpt_model_bf16|gpu_kernels|gpt_model_rest|two_ranks_bf16_resume|two_ranks_bf16_exposed_comm|op_times_bf16_kernels1|op_times_bf16_kernels2|op_times_tf32_kernels1|bench_bf16_kernels2|bench_fp32|bench_bf16_torch_compile) " "$tmp/cb/bf16-summary.txt" 2>/dev/null)
-if [ $rc -eq 0 ] && [ "${n:-0}" -eq 14 ] && grep -q "^# check_bf16: 0 step(s) ok, 0 not ok" "$tmp/cb/bf16-summary.txt" && out_ok "$tmp/cb"; then
+n=$(grep -cE "^SKIP (smoke_bf16_gpt2|sanitizer_bf16|bench_bf16_tf32|gpt_model_bf16|gpu_kernels|gpt_model_rest|two_ranks_bf16_resume|two_ranks_bf16_exposed_comm|zero_2ranks|op_times_bf16_kernels1|op_times_bf16_kernels2|op_times_tf32_kernels1|bench_bf16_kernels2|bench_fp32|bench_bf16_torch_compile) " "$tmp/cb/bf16-summary.txt" 2>/dev/null)
+if [ $rc -eq 0 ] && [ "${n:-0}" -eq 15 ] && grep -q "^# check_bf16: 0 step(s) ok, 0 not ok" "$tmp/cb/bf16-summary.txt" && out_ok "$tmp/cb"; then
     pass gpu_check_bf16_dry_run_every_step_skips
 else
-    fail gpu_check_bf16_dry_run_every_step_skips "exit $rc, $n of 14 steps SKIP: $(tail -n 3 "$tmp/cb.log" | tr '\n' ' ')"
+    fail gpu_check_bf16_dry_run_every_step_skips "exit $rc, $n of 15 steps SKIP: $(tail -n 3 "$tmp/cb.log" | tr '\n' ' ')"
 fi
 
 # The same call on a stand-in GPU: gpu_count says 1, nvidia-smi names a GPU, the trainer is the
 # CUDA model emulated on the host (build/train_gpt_emulated) at a tiny shape, PyTorch and
 # compute-sanitizer are stand-ins. What runs is the call's own logic — the steps' verdicts, the
-# benchmark's rows and RESULT lines, the 2-rank bf16 resume, the op times — all but CUDA.
+# benchmark's rows and RESULT lines, the 2-rank bf16 resume, the ZeRO levels, the op times — all but CUDA.
 if [ -x "$B/train_gpt_emulated" ] && [ -x "$B/ddprun" ]; then
     fb=$tmp/fake_build
     mkdir -p "$fb/gpu" "$tmp/fakebin"
@@ -131,7 +131,8 @@ if [ -x "$B/train_gpt_emulated" ] && [ -x "$B/ddprun" ]; then
     printf '#!/bin/sh\necho 1\n' >"$fb/gpu/gpu_count"
     printf '#!/bin/sh\necho 22803\n' >"$fb/gpu/nccl_version"
     for t in test_gpt_gpu test_gpu_kernels; do printf '#!/bin/sh\necho "PASS stand_in_%s $*"\n' $t >"$fb/gpu/$t"; done
-    printf '#!/bin/sh\necho "Stand-in GPU, 580.00, 81559 MiB"\n' >"$tmp/fakebin/nvidia-smi"
+    # (the compute processes: one stand-in pid and its MiB, as zero_2ranks.sh samples them)
+    printf '#!/bin/sh\ncase "$1" in --query-compute-apps=*) echo "4242, 1234" ;; --query-gpu=memory.used) echo 2500 ;;\n*) echo "Stand-in GPU, 580.00, 81559 MiB" ;; esac\n' >"$tmp/fakebin/nvidia-smi"
     printf '#!/bin/sh\n[ "$1" = -c ] && { echo 2.11.0-stand-in; exit 0; }\necho "torch tokens/s 100 (1 rank(s), median of 6 steps, 320.0 ms, loss 5.000, cuda:0)"\n' >"$tmp/fakebin/python"
     printf '#!/bin/sh\nshift 6\n"$@"; rc=$?\necho "========= ERROR SUMMARY: 0 errors"\nexit $rc\n' >"$tmp/fakebin/compute-sanitizer"
     chmod +x "$fb/gpu/"* "$tmp/fakebin/"*
@@ -144,14 +145,17 @@ if [ -x "$B/train_gpt_emulated" ] && [ -x "$B/ddprun" ]; then
     why=""
     [ $rc -eq 0 ] || why="exit $rc"
     ok=$(grep -c "^ok " "$sum" 2>/dev/null)
-    [ "${ok:-0}" -eq 14 ] || why="$why; $ok of 14 steps ok: $(grep -vE '^(#|ok )' "$sum" | tr '\n' ' ')"
+    [ "${ok:-0}" -eq 15 ] || why="$why; $ok of 15 steps ok: $(grep -vE '^(#|ok )' "$sum" | tr '\n' ' ')"
     for want in "PASS smoke_bf16_gpt2_trains" "PASS sanitizer_memcheck_bf16_odd_shapes" "PASS gpt_gpu_bf16_resume_bitwise_2ranks" \
-                "^op times \\(GPT_OP_TIMES=1" "RESULT gpu=\"Stand-in GPU, 580.00, 81559 MiB\" gpt2small_bf16 ours_tokens_per_s=[0-9]+ torch_tokens_per_s=100 ratio="; do
+                "^op times \\(GPT_OP_TIMES=1" "PASS zero_2ranks_fp32_parameters_prefetch_off_equals_none" "PASS zero_2ranks_bf16_gradients_equals_none" "RESULT gpu=\"Stand-in GPU, 580.00, 81559 MiB\" gpt2small_bf16 ours_tokens_per_s=[0-9]+ torch_tokens_per_s=100 ratio="; do
         grep -qE -- "$want" "$tmp/cf"/bf16-*.log || why="$why; no '$want'"
     done
     for p in bf16 tf32 fp32 bf16_kernels2; do grep -q "^# RESULT .*gpt2small_$p " "$sum" || why="$why; no $p RESULT in the summary"; done
     grep -q "GPT_KERNELS=2" "$tmp/cf/bf16-6-more.log" || why="$why; the GPT_KERNELS=2 runs do not say so" 
     grep -q "compile_tokens_per_s=100 " "$sum" || why="$why; no torch.compile RESULT"
+    # the ZeRO table in the summary: five fp32 levels, each with the stand-in pid's MiB
+    [ "$(grep -cE "^# ZERO fp32 [a-z,-]+ +\| [0-9.]+ +\| [0-9a-f]{16} \| +[0-9.]+ \| +[0-9.]+x \| 1234 \(1 pid\(s\)\); GPU used 2500, \+0 over idle" "$sum")" -eq 5 ] ||
+        why="$why; the summary lacks the five fp32 ZERO lines: $(grep -m2 "^# ZERO" "$sum" | tr '\n' ' ')"
     out_ok "$tmp/cf" || why="$why; files: $(cd "$tmp/cf" && ls | tr '\n' ' ')"
     if [ -z "$why" ]; then pass gpu_check_bf16_on_a_stand_in_gpu_runs_every_step
         echo "  ($ok steps ok in $(grep -o '[0-9]* s; logs' "$sum" | cut -d' ' -f1) s; $(grep -c '^# RESULT' "$sum") RESULT lines)"

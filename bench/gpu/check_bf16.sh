@@ -22,6 +22,11 @@
 #   7 two_ranks_bf16         2 ranks sharing the GPU in bf16: tests/test_gpt.sh's bf16 and resume
 #                            groups (resume bit for bit), then the exposed communication of a
 #                            40-step run of the shakespeare_char model
+#   7b zero_2ranks           the same 2 ranks, shakespeare_char's shape, 30 steps at --shard none,
+#                            optimizer, gradients, parameters, parameters --prefetch off (issue
+#                            27), fp32 then bf16 while time lasts: the params hash against none's
+#                            (PASS/FAIL a level), step ms, a rank's device MiB (nvidia-smi);
+#                            bench/gpu/zero_2ranks.sh
 #   8 op_times_*             GPT_OP_TIMES=1: where a bf16 step goes, kernel by kernel, with the
 #                            old and the new kernels (GPT_KERNELS=2), then TF32; the new
 #                            kernels' bf16 tokens/s (bench_bf16_kernels2)
@@ -29,10 +34,10 @@
 #   9 bench_fp32_compile     if time is left: fp32 against PyTorch, then bf16 against torch.compile
 # Files under $OUT (8 at most, as the device tool brings back), written as the steps run:
 #   bf16-summary.txt   one line a step (STATUS NAME SECONDS passed failed skipped), the RESULT
-#                      lines and the benchmark tables, the verdict last
+#                      lines, the benchmark tables and the ZeRO table (ZERO lines), the verdict last
 #   bf16-env.txt       GPU, driver, nvcc, NCCL, cuBLAS, what the binaries load; the build log
 #   bf16-1-smoke.log  bf16-2-sanitizer.log  bf16-3-bench.log  bf16-4-tests.log (steps 4-6)
-#   bf16-5-2ranks.log  bf16-6-more.log (steps 8-9)
+#   bf16-5-2ranks.log (steps 7, 7b)  bf16-6-more.log (steps 8-9)
 # Without a GPU (tests/test_gpu_check.sh runs it so): every GPU step says SKIP, exit 0.
 # Usage: bench/gpu/check_bf16.sh [--build] [--no-build] [BUILD_DIR (build-gpu)]
 #   env: OUT (build/gpu-check), CHECK_BUDGET_S (460), CHECK_JOBS, DATA (the text; default: the
@@ -155,6 +160,12 @@ read -r -a SHAPE2 <<<"${CHECK_2RANKS_SHAPE:---layers 6 --heads 6 --dim 384 --seq
 step two_ranks_bf16_exposed_comm 90 "$OUT/bf16-5-2ranks.log" "$B/ddprun $G/train_gpt" --gpu-only \
     "$B/ddprun" -n 2 tools/nccl_one_gpu.sh "$G/train_gpt" --data "$DATA" "${SHAPE2[@]}" --steps 40 --log-every 10 "${QUIET[@]}" --bf16
 
+# 7b. ZeRO on NCCL (issue 27): the same 2 ranks, shakespeare_char's shape, 30 steps at each --shard
+#     level and ZeRO-3 with --prefetch off, fp32 then bf16: the same parameters as --shard none bit
+#     for bit, step ms against none, a rank's device MiB (bench/gpu/zero_2ranks.sh).
+step zero_2ranks 100 "$OUT/bf16-5-2ranks.log" "$B/ddprun $G/train_gpt" --gpu-only \
+    bench/gpu/zero_2ranks.sh "$B/ddprun" "$G/train_gpt" --data "$DATA" "${SHAPE2[@]}" "${QUIET[@]}"
+
 # 8. Where a step goes: per-op CUDA-event times of the GPT-2-sized model, bf16 with the old and
 #    the new kernels (GPT_KERNELS=2), then TF32; and the new kernels' tokens/s in bf16.
 for run in bf16:1 bf16:2 tf32:1; do
@@ -178,4 +189,5 @@ step bench_bf16_torch_compile 200 "$OUT/bf16-6-more.log" "$G/train_gpt" env PREC
 grep -h "^RESULT" "$OUT"/bf16-*.log 2>/dev/null | sed 's/^/# /' >>"$SUMMARY"
 grep -h "^| " "$OUT/bf16-3-bench.log" "$OUT/bf16-6-more.log" 2>/dev/null | sed 's/^/# /' >>"$SUMMARY"
 grep -h -A3 "exposed" "$OUT/bf16-5-2ranks.log" 2>/dev/null | grep -E "^\[rank 0\] step +40/40|^step +40/40" | sed 's/^/# 2 ranks: /' >>"$SUMMARY"
+grep -hE "^(ZERO |FAIL zero_2ranks|note: zero_2ranks)" "$OUT/bf16-5-2ranks.log" 2>/dev/null | sed 's/^/# /' >>"$SUMMARY"
 check_verdict
