@@ -522,15 +522,17 @@
      OUTER SYNC): the parts are the replica group's; the outer step gathers the parameters among
      the group (fp32: from the members' owner storage; bf16: the master, as under ZeRO-1) and
      writes back this rank's parts only, then a barrier (no member gathers a part mid-write): the
-     same bits as unsharded (tests/test_groups_shard.c). CPU backend; NCCL in groups of one rank,
-     where nothing is sharded (each rank's part is everything: a gather moves nothing); not MPI.
+     same bits as unsharded (tests/test_groups_shard.c). CPU and MPI backends (MPI: the gathers
+     on a duplicate of the replica group's communicator, the outer step's through the group's
+     broadcast; tests/test_groups.sh); NCCL in groups of one rank, where nothing is sharded (each
+     rank's part is everything: a gather moves nothing).
      On the MPI backend (>>mpi: ddp__mpi_z3_*) the view is the reserved range as on the CPU
      backend, and each rank's owner storage is its private flat buffers, only its parts' pages
      kept (the commit's broadcast fills them whole a moment: the MPI commit holds the model once
      per rank, unlike the CPU backend's). A gather commits the unit's pages and runs, per bucket
      of the unit, MPI_Iallgatherv of the parts (the equal parts and the last rank's tail, ZeRO-1's
      layout) from every owner's storage into the view, on a duplicate of the world's communicator
-     (hybrid: the shard group's), after a small signature exchange that names ranks gathering
+     (hybrid: the shard group's; replica groups: the group's), after a small signature exchange that names ranks gathering
      different units; a release decommits; AdamW updates the parts in place, no all-gather.
      Prefetch: ddp_unit_prefetch starts those nonblocking exchanges on the program's thread and
      ddp_unit_gather waits for them (polling MPI_Test, with the failure, cancel and timeout_s
@@ -542,7 +544,7 @@
      hybrid sharding the hybrid path (the host's sum, each part across the hosts among its
      holders), whose bits ZeRO-1 in the same groups gives too (tests/test_zero3_mpi.sh).
      Backends: single, cpu, NCCL and MPI. Refused at ddp_init, by name: replica groups (desc.outer)
-     on MPI and in groups of several ranks on NCCL (no broadcast within a group there),
+     in groups of several ranks on NCCL (no broadcast within a group there),
      uneven_inputs on NCCL and MPI (there a unit's gather is a collective every rank makes, and a
      rank inside ddp_join runs no forward; the CPU backend's gathers are local reads of the owners'
      parts, so it runs uneven inputs as ZeRO-1, the joined rank stepping its parts and keeping
@@ -764,8 +766,9 @@
      of the fragment, exchanges and steps it as unsharded (the same bits), then keeps the master
      of its own parts and writes all its working copies of the fragment (no gather after it).
      NCCL refuses bf16 parameters + shard_optimizer in one group of several ranks by name.
-     ZeRO-3 (DDP_SHARD_PARAMETERS) within the groups, CPU backend (NCCL: groups of one rank, a no-op
-     there; groups of several refused by name): the parameters are in parts too; a fragment's
+     ZeRO-3 (DDP_SHARD_PARAMETERS) within the groups, CPU and MPI backends (MPI: a unit's gathers on
+     a duplicate of the group's communicator; NCCL: groups of one rank, a no-op there; groups of
+     several refused by name): the parameters are in parts too; a fragment's
      fp32 parameters are gathered among the group as the bf16 master is above (fp32: from each
      member's own parts, flat-indexed), stepped whole, and each member writes back its own parts
      (bf16: its master and working copies of them), then the world meets at a barrier so that no
@@ -921,7 +924,8 @@
              then the gradients outside this rank's parts released. ZeRO-3 (SHARDED PARAMETERS):
              a unit's gather is an MPI_Iallgatherv of the parts per bucket, started by
              ddp_unit_gather or ddp_unit_prefetch, on a communicator of the gathers' own;
-             hybrid sharding too (within the host's ranks). Replica groups of several ranks
+             hybrid sharding too (within the host's ranks), and replica groups (within the
+             group's ranks: a duplicate of its communicator). Replica groups of several ranks
              (OUTER SYNC): every bucket, fp32 too, goes that owner's way among the group's ranks
              only, through a communicator of the group (MPI_Comm_split): the CPU backend's bits
              for the same groups, on any hosts; a group that is exactly one host's ranks (the
@@ -7530,7 +7534,8 @@ struct ddp__mpi {
     int cross_last;                           /* -1: not known (no zero yet, or not a member) */
     ddp__straggle straggle;
     MPI_Comm z3comm;                      /* sharded parameters: the gathers' own duplicate of team
-                                             (ddp__mpi_z3_*); MPI_COMM_NULL below that level */
+                                             (the world's, the shard or replica group's: ddp__mpi_z3_*);
+                                             MPI_COMM_NULL below that level */
     struct ddp__mpi_z3 *z3;               /* each unit's gather in flight */
     uint64_t z3seq;                       /* gathers started: the same on every rank of the team */
 };
@@ -8209,8 +8214,9 @@ static ddp_result ddp__z2_mpi_bucket(ddp_context *ctx, int b) {
    unit (per window: MPI counts are ints), MPI_Iallgatherv of the team's parts (the equal parts and
    the last member's tail, ddp__shard_range: ZeRO-1's layout after AdamW) from each owner's
    storage (flat.params, or the bf16 working copies: flat-indexed, only its parts kept) into the
-   view, on m->z3comm: the world's ranks, or the shard group's with hybrid sharding, the ranks
-   that hold the unit's parts. Before them a signature ({gathers so far, u}) is all-gathered, so
+   view, on m->z3comm: the world's ranks, the shard group's with hybrid sharding, or the replica
+   group's with desc.outer (member s of every group holds the same parts), the ranks that hold
+   the unit's parts. Before them a signature ({gathers so far, u}) is all-gathered, so
    ranks that gather different units are named, not left in mismatched exchanges.
    Why nonblocking, started on the program's thread: MPI matches collectives on a communicator by
    the order they are started, and only the program's own calls (ddp_unit_gather, _prefetch and
@@ -11197,11 +11203,9 @@ static ddp_result ddp__init(ddp_context *ctx, const ddp_desc *desc) {
         return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: DDP_SHARD_PARAMETERS is not built yet on the %s backend "
                          "(the cpu backend runs it on one host; DDP_SHARD_OPTIMIZER runs here)", ctx->be->name);
     /* hybrid: every backend gathers within the shard group (cpu: its members' parts; NCCL: the
-       group's communicator; MPI: ddp__mpi_z3_start on the group's). Replica groups: the outer
-       step's gather of the parameters' parts is the cpu backend's and NCCL's (groups of one) */
-    if (ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->desc.outer.mode != DDP_OUTER_OFF && ctx->be->id == DDP_BACKEND_MPI)
-        return ddp__fail(ctx, DDP_ERR_INVALID_ARGUMENT, "ddp_desc: DDP_SHARD_PARAMETERS with replica groups (desc.outer) is not "
-                         "built yet on the %s backend (the cpu backend runs it): DDP_SHARD_OPTIMIZER runs there", ctx->be->name);
+       group's communicator; MPI: ddp__mpi_z3_start on the group's). Replica groups: within the
+       replica group likewise (MPI: a duplicate of the group's communicator, m->team), the outer
+       step's gather of the parameters' parts through be->team_bcast (>>outer) */
     /* a joined rank runs no forward, so it makes none of the others' gathers: only local reads work */
     if (ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->world > 1 && ctx->desc.uneven_inputs != DDP_JOIN_OFF &&
         ctx->be->id != DDP_BACKEND_CPU)

@@ -7,7 +7,8 @@
 # NONE on 1, NONE on 1 -> PARAMETERS on 3), ranks gathering different units named on every
 # rank. Then hybrid sharding (shard_group 2) on 2 namespace
 # hosts x 2 ranks, a shard group a host, against ZeRO-1 in the same groups (TEST_ZERO3_SHARD_GROUP),
-# and the GPT trainer there: --shard parameters, flat and hybrid, ends with DDP's parameters (and samples).
+# and the GPT trainer there: --shard parameters, flat and hybrid, ends with DDP's parameters (and samples),
+# and in DiLoCo replica groups of 2, a group a host (--outer diloco --group-size 2), with the unsharded run's.
 # One SKIP line where mpirun or the MPI build is missing, and in sanitizer builds (Open MPI under
 # ASan/TSan takes minutes a job); the hybrid part SKIPs alone without namespaces.
 # Usage: tests/test_zero3_mpi.sh [BUILD_DIR]
@@ -68,6 +69,19 @@ rm -f "$log"
             name=zero3_mpi_gpt_$(echo "$level" | tr -d '-' | tr ' ' '_')
             if [ $rc -eq 0 ] && [ -n "$got" ] && [ "$got" = "$want" ]; then echo "PASS ${name}_equals_ddp"
             else echo "FAIL ${name}_equals_ddp: status $rc, params $got, DDP's $want: $(tail -n 3 "$tmp/gpt.log" | tr '\n' ' ')"; fails=$((fails + 1)); fi
+        done
+        # DiLoCo replica groups of 2, a group a host (its buckets through the host's shared memory,
+        # its gathers on the group's communicator): --shard parameters ends with the unsharded run's bits
+        want=
+        for level in "none" "parameters"; do
+            # shellcheck disable=SC2086
+            hosts_mpirun h1:2,h2:2 200 "$(free_port)" --mca btl tcp,self --mca btl_tcp_if_include eth0 -x OPENBLAS_NUM_THREADS=1 \
+                "$PWD/$B/mpi/train_gpt" "${args[@]}" --outer diloco --inner-steps 3 --group-size 2 --shard $level >"$tmp/gpt.log" 2>&1
+            rc=$?
+            got=$(sed -n 's/.*params fnv1a //p' "$tmp/gpt.log" | head -n 1)
+            [ -z "$want" ] && want=$got
+            if [ $rc -eq 0 ] && [ -n "$got" ] && [ "$got" = "$want" ]; then echo "PASS zero3_mpi_gpt_outer_groups_a_host_${level}_equals_unsharded"
+            else echo "FAIL zero3_mpi_gpt_outer_groups_a_host_${level}_equals_unsharded: status $rc, params $got, unsharded $want: $(tail -n 3 "$tmp/gpt.log" | tr '\n' ' ')"; fails=$((fails + 1)); fi
         done
     else echo "SKIP zero3_mpi_gpt: no $B/mpi/train_gpt or $B/fortunes.txt (make)"; fi
     [ -n "${KEEP_LOGS:-}" ] && cp "$tmp"/*.log "$KEEP_LOGS"/
