@@ -269,9 +269,11 @@ check_data gpt_data_missing_is_a_clear_error "$tmp/nope.txt" "No such file"
 check_data gpt_data_empty_is_a_clear_error "$tmp/empty.txt" "is empty (0 bytes)"
 check_data gpt_data_too_small_is_a_clear_error "$tmp/small.txt" "is too small (20 bytes)"
 # an epoch must hold one optimizer step: every rank's share of the windows (the sampler's
-# floor(n / world)) at least batch x grad-accum
-out=$(timeout 60 "$B/ddprun" -n "$N" "${WRAP[@]}" "$BIN" "${TINY[@]}" --steps 1 --grad-accum 200000 2>&1); rc=$?
-if [ $rc -ne 0 ] && grep -q "rank [01]: the training data 'ddp.h' (.* bytes) is too small for one optimizer step: .* windows of seq 16 + 1 bytes .*a step takes batch 2 x grad-accum 200000 = 400000 a rank (world $N)" <<<"$out"; then
+# floor(n / world)) at least batch x grad-accum; a text of a fixed size (ddp.h grows: once it held
+# a step of 200000 micro-steps, and the run trained instead of failing)
+head -c 100000 ddp.h >"$tmp/text100k.txt"
+out=$(timeout 60 "$B/ddprun" -n "$N" "${WRAP[@]}" "$BIN" "${TINY[@]}" --data "$tmp/text100k.txt" --steps 1 --grad-accum 200000 2>&1); rc=$?
+if [ $rc -ne 0 ] && grep -q "rank [01]: the training data '$tmp/text100k.txt' (100000 bytes) is too small for one optimizer step: .* windows of seq 16 + 1 bytes .*a step takes batch 2 x grad-accum 200000 = 400000 a rank (world $N)" <<<"$out"; then
     pass gpt_data_less_than_one_step_is_a_clear_error; echo "  ($(grep -m1 -o "rank [01]: .*" <<<"$out" | cut -c1-200))"
 else fail gpt_data_less_than_one_step_is_a_clear_error "rc $rc: $(tail -n 2 <<<"$out" | tr '\n' ' ')"; fi
 # a FIFO would block in open forever, before any timeout applies
