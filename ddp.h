@@ -7570,15 +7570,19 @@ static void ddp__mpi_host_ranks(ddp_context *ctx, int node, char *out, size_t ca
             len += (size_t)snprintf(out + len, cap - len, "%s%d", len ? ", " : "", s);
 }
 
-static ddp_result ddp__mpi_check(ddp_context *ctx, int rc, const char *call) {
+/* An MPI call's error, failing the group; `what` says what the call was doing (ctx->what, or a
+   caller's own words where ctx->what_buf belongs to another thread) */
+static ddp_result ddp__mpi_check_in(ddp_context *ctx, int rc, const char *call, const char *what) {
     char s[MPI_MAX_ERROR_STRING];
     int n = 0;
     if (rc == MPI_SUCCESS) return DDP_OK;
     if (ddp__failed(ctx)) return ddp__failed(ctx);
     s[0] = 0;
     MPI_Error_string(rc, s, &n);
-    return ddp__fail_group(ctx, DDP_ERR_PEER_LOST, "%s failed in %s: %s", call, ctx->what, s);
+    return ddp__fail_group(ctx, DDP_ERR_PEER_LOST, "%s failed in %s: %s", call, what, s);
 }
+
+static ddp_result ddp__mpi_check(ddp_context *ctx, int rc, const char *call) { return ddp__mpi_check_in(ctx, rc, call, ctx->what); }
 
 static void ddp__mpi_busy(ddp_context *ctx, int on) {
     ddp__mpi *m = ctx->impl.mpi;
@@ -8229,14 +8233,10 @@ static ddp_result ddp__z2_mpi_bucket(ddp_context *ctx, int b) {
    any of this rank's threads is inside MPI, as the comm thread is during a backward); the wait
    polls (MPI_Test) and checks the group's failure, cancel and timeout_s, as a watched collective. */
 static ddp_result ddp__mpi_z3_check(ddp_context *ctx, int rc, const char *call, int u) {
-    char e[MPI_MAX_ERROR_STRING];
-    int n = 0;
+    char what[DDP__NAME_MAX + 64];
     if (rc == MPI_SUCCESS) return DDP_OK;
-    if (ddp__failed(ctx)) return ddp__failed(ctx);
-    e[0] = 0;
-    MPI_Error_string(rc, e, &n);
-    return ddp__fail_group(ctx, DDP_ERR_PEER_LOST, "%s failed in the gather of unit '%s' (sharded parameters): %s", call,
-                           ctx->z3.units[u].name, e);
+    snprintf(what, sizeof what, "the gather of unit '%s' (sharded parameters)", ctx->z3.units[u].name);
+    return ddp__mpi_check_in(ctx, rc, call, what);
 }
 
 static ddp_result ddp__mpi_z3_start(ddp_context *ctx, int u) {
