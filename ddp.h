@@ -3155,6 +3155,7 @@ struct ddp_context {
     int life;                      /* DDP__LIFE_*: registering, between steps, in a backward (ddp__life_event) */
     int closing;                   /* ddp_shutdown has begun (atomic: the NCCL watchdog reads it) */
     int failed;                    /* sticky ddp_result, set when the group is poisoned (atomic) */
+    int telling;                   /* poisons in progress (atomic): ddp__shutdown hangs up only after them */
     char err[DDP__ERR_MAX];
     char err_shown[DDP__ERR_MAX];  /* ddp_last_error's copy: the caller reads it while err may change */
     ddp__mutex err_lock;
@@ -3425,8 +3426,10 @@ static ddp_result ddp__set_failed(ddp_context *ctx, ddp_result code) {
 /* A failure that leaves the ranks out of step: mark the context dead and tell the peers. For an
    error a callee has recorded already (ddp__fail); ddp__fail_group records and escalates in one. */
 static ddp_result ddp__fatal(ddp_context *ctx, ddp_result code) {
+    __atomic_add_fetch(&ctx->telling, 1, __ATOMIC_ACQ_REL);   /* before the mark another thread may see */
     ddp__set_failed(ctx, code);
     if (ctx->be && ctx->be->poison) ctx->be->poison(ctx, code);
+    __atomic_sub_fetch(&ctx->telling, 1, __ATOMIC_ACQ_REL);
     return code;
 }
 
@@ -11264,6 +11267,13 @@ static ddp_result ddp__shutdown(ddp_context *ctx) {
         __atomic_store_n(&ctx->quiet, 1, __ATOMIC_RELAXED);
         (void)ddp__store_set(ctx, bye, "1", 1);
         __atomic_store_n(&ctx->quiet, 0, __ATOMIC_RELAXED);
+    }
+    /* A poison in flight on another thread (the watchdog's) is published first: hung up before it,
+       this rank's connection would tell the peers only "rank N disconnected", not why. Bounded:
+       a poison's store request gives up at the job's timeout. */
+    {
+        double until = ddp__now() + ctx->desc.timeout_s;
+        while (__atomic_load_n(&ctx->telling, __ATOMIC_ACQUIRE) > 0 && ddp__now() < until) ddp__usleep(1000);
     }
     if (ctx->rdv.store_fd >= 0) ddp__sock_close(ctx->rdv.store_fd);
     ctx->rdv.store_fd = -1;   /* a late poison must not write to a reused descriptor */
