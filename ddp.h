@@ -491,6 +491,15 @@
      rank holds its parts and rank 0 one bucket more, never the model; every rank's parts hold
      rank 0's initial values, as the broadcast gives at the other levels (the same bits). The
      program's initial values (ddp_register_param's init) are read until ddp_commit returns.
+     On the MPI backend (several ranks) neither: the whole-size private flat buffers (fp32
+     parameters or bf16 working copies, gradients) are made without touching a page, the fp32
+     master of bf16 parameters as this rank's packed parts only, and rank 0's initial values
+     reach every rank a 4 MB chunk at a time (DDP__Z3_SEED_FLOATS; a broadcast over the world,
+     since in shard groups or replica groups several ranks hold each part), each rank copying
+     its parts of the chunk (bf16: the master's and, rounded, the working copies'). So a rank's
+     commit peaks at its parts plus the chunk (tests/test_zero3.c measures VmHWM: a 64 MB
+     model, 2 to 4 ranks, fp32 and bf16, within 16 MB of the parts; the whole model or more
+     before), with the same bits as the broadcast of rank 0's whole buffer.
      On the NCCL backend (>>nccl: ddp__gpu_z3_*) the view is device address space reserved once
      with CUDA's virtual memory management (cuMemAddressReserve; physical memory by granules of
      the allocation granularity, cuMemCreate + cuMemMap), and the rank's own parts of every
@@ -528,8 +537,7 @@
      rank's part is everything: a gather moves nothing).
      On the MPI backend (>>mpi: ddp__mpi_z3_*) the view is the reserved range as on the CPU
      backend, and each rank's owner storage is its private flat buffers, only its parts' pages
-     kept (the commit's broadcast fills them whole a moment: the MPI commit holds the model once
-     per rank, unlike the CPU backend's). A gather commits the unit's pages and runs, per bucket
+     ever touched (the commit seeds the parts a chunk at a time, above). A gather commits the unit's pages and runs, per bucket
      of the unit, MPI_Iallgatherv of the parts (the equal parts and the last rank's tail, ZeRO-1's
      layout) from every owner's storage into the view, on a duplicate of the world's communicator
      (hybrid: the shard group's; replica groups: the group's), after a small signature exchange that names ranks gathering
@@ -1219,7 +1227,8 @@
                     group under hybrid sharding (ddp__hybrid; resolved by ddp__hybrid_resolve, >>env);
                     ZeRO-2's release of a settled bucket's gradients outside this rank's part
                     (ddp__z2, ddp__z2_clear, ddp__z2_release)
-     >>host         what single and cpu share: host flat buffers, AdamW arithmetic (bf16 parameters:
+     >>host         what single and cpu share: host flat buffers (ZeRO-3 on MPI: whole-size ones
+                    never touched, ddp__host_alloc_untouched), AdamW arithmetic (bf16 parameters:
                     the working copy written in the same pass), bf16 rounding and conversions,
                     the norm's blocks' sums of squares; ZeRO-2 on host gradients (cpu, mpi): a
                     settled bucket (ddp__z2_settled) and shard_accumulate's accumulator
@@ -1245,7 +1254,10 @@
                     the watchdog's hooks (heartbeats, the collective's age, MPI_Abort); ZeRO-2's
                     release after a bucket's MPI calls (ddp__z2_mpi_bucket); ZeRO-3's gathers
                     (ddp__mpi_z3_*: MPI_Iallgatherv per bucket of a unit on the gathers' own
-                    communicator, started by gather or prefetch, polled by the wait); its table
+                    communicator, started by gather or prefetch, polled by the wait) and its
+                    commit (ddp__mpi_z3_seed: rank 0's initial values broadcast a chunk at a
+                    time into each rank's parts, the whole-size buffers untouched,
+                    ddp__z3_seed_mpi in >>host); its table
      >>nccl         the NCCL backend (only with DDP_CUDA): the communicators' life (the
                     world's; a replica group's or, hybrid, a shard group's: ddp__gpu_init_team;
                     hybrid's cross-group one of a part's holders: ddp__gpu_init_cross), the

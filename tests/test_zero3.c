@@ -13,7 +13,8 @@
    parameter dies of SIGSEGV. Checkpoints: saved at one level, loaded at the other (same world
    size, training goes on bit for bit), and across world sizes (the modes below). The prefetch
    switch (shard_prefetch_off): on and off the same bits, no prefetched gather on the timeline when
-   off. ddp_commit under an RLIMIT_DATA far below the model's size: it holds no whole copy. Every
+   off. ddp_commit holds no whole copy: under an RLIMIT_DATA far below the model's size (CPU
+   backend), and (MPI backend) its peak resident memory grows by the rank's parts and 16 MB. Every
    bad input named. Ranks register different initial values: rank 0's win everywhere. Run: build/ddprun -n N build/test_zero3          (N = 1..4)
         build/ddprun -n N build/test_zero3 save DIR LEVEL  (train 3 steps, save DIR/z3.ckpt and the
                                                             parameters' hash)
@@ -508,7 +509,8 @@ static size_t vm_status(const char *key) {
 /* The MPI backend's ddp_commit at PARAMETERS holds no whole copy of the model: the peak resident
    memory (VmHWM, reset to the resident size just before by `echo 5 > /proc/self/clear_refs`)
    grows by this rank's parts (fp32: the parameters' parts; bf16: the fp32 master's parts and the
-   working copies' parts) plus at most SLACK, for a 64 MB model (8 units of 8 MB) with rank 0's
+   working copies' parts) plus at most SLACK_MB (the commit's 4 MB chunk, the allocator's and
+   MPI's own), for a 64 MB model (8 units of 8 MB) with rank 0's
    real initial values (the others register none: rank 0's win). A commit that broadcast the
    whole model (or touched the whole gradients' buffer) grows by 64 MB or more. Then every value
    of a gathered unit is rank 0's (bf16: rounded). Every rank's growth is checked; rank 0 says. */
@@ -553,7 +555,7 @@ static void commit_rss(int bf16) {
     }
     all = (float *)calloc((size_t)world * 3, sizeof(float));
     if (all) {   /* every rank's growth (MB), whether it measured, its wrong values */
-        all[3 * rank] = (float)((double)(peak - base) / 1048576.0);
+        all[3 * rank] = peak >= base ? (float)((double)(peak - base) / 1048576.0) : 0.0f;
         all[3 * rank + 1] = (float)(reset && base && peak >= base);
         all[3 * rank + 2] = (float)wrong;
         if (r == DDP_OK) r = ddp_allreduce(ddp, all, (size_t)world * 3, DDP_SUM);
@@ -561,11 +563,11 @@ static void commit_rss(int bf16) {
     if (rank == 0) {
         char why[512];
         size_t at = 0;
-        int ok = r == DDP_OK && all != NULL, q;
+        int ok = r == DDP_OK && all != NULL, measured = 1, q;
         why[0] = 0;
         for (q = 0; all && q < world; q++) {
-            int fine = all[3 * q + 1] == 1 && all[3 * q] <= parts + SLACK_MB && all[3 * q + 2] == 0;
-            ok &= fine;
+            measured &= all[3 * q + 1] == 1;
+            ok &= all[3 * q] <= parts + SLACK_MB && all[3 * q + 2] == 0;
             if (at < sizeof why - 1)
                 at += (size_t)snprintf(why + at, sizeof why - at, "%srank %d %.1f MB%s%s", q ? ", " : "", q, all[3 * q],
                                        all[3 * q + 1] == 1 ? "" : " (no measure)", all[3 * q + 2] ? " (values not rank 0's)" : "");
@@ -573,7 +575,8 @@ static void commit_rss(int bf16) {
         if (at >= sizeof why) at = sizeof why - 1;
         printf("# zero3_mpi_commit_rss %s, %d ranks (team %d): peak growth %s; parts %.1f MB\n", bf16 ? "bf16" : "fp32", world, team, why, parts);
         snprintf(name, sizeof name, "zero3_commit_holds_no_whole_copy_%s_%dranks", bf16 ? "bf16" : "fp32", world);
-        verdict(ok, name, "a 64 MB model: peak growth of ddp_commit over this rank's parts (%.1f MB) + %d MB: %s%s%s", parts,
+        if (ok && !measured) printf("SKIP %s: /proc/self/clear_refs could not reset VmHWM (%s)\n", name, why);
+        else verdict(ok, name, "a 64 MB model: peak growth of ddp_commit over this rank's parts (%.1f MB) + %d MB: %s%s%s", parts,
                 SLACK_MB, why, r != DDP_OK ? ": " : "", r != DDP_OK ? ddp_last_error(ddp) : "");
     }
     free(all);
@@ -813,9 +816,6 @@ int main(int argc, char **argv) {
     if (argc == 4) return ckpt_mode(argv[1], argv[2], argv[3]);
 #ifdef DDP_MPI
     if (argc == 2 && !strcmp(argv[1], "mismatch")) return mismatch_mode();
-#endif
-#if defined(DDP_MPI) && defined(__linux__) && !defined(TEST_SANITIZED)
-    if (argc == 2 && !strcmp(argv[1], "DEVRSS")) { commit_rss(0); commit_rss(1); return test_summary("dev"); }
 #endif
     for (i = 0; i < sizeof configs / sizeof configs[0]; i++) run_config(&configs[i]);
     {
