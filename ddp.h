@@ -537,9 +537,9 @@
      rank's part is everything: a gather moves nothing).
      On the MPI backend (>>mpi: ddp__mpi_z3_*) the view is the reserved range as on the CPU
      backend, and each rank's owner storage is its private flat buffers, only its parts' pages
-     ever touched (the commit seeds the parts a chunk at a time, above). A gather commits the unit's pages and runs, per bucket
-     of the unit, MPI_Iallgatherv of the parts (the equal parts and the last rank's tail, ZeRO-1's
-     layout) from every owner's storage into the view, on a duplicate of the world's communicator
+     ever touched (the commit seeds the parts a chunk at a time, above). A gather commits the
+     unit's pages and runs, per bucket of the unit, MPI_Iallgatherv of the parts (the equal
+     parts and the last rank's tail, ZeRO-1's layout) from every owner's storage into the view, on a duplicate of the world's communicator
      (hybrid: the shard group's; replica groups: the group's), after a small signature exchange that names ranks gathering
      different units; a release decommits; AdamW updates the parts in place, no all-gather.
      Prefetch: ddp_unit_prefetch starts those nonblocking exchanges on the program's thread and
@@ -8807,11 +8807,13 @@ static ddp_result ddp__mpi_z3_seed(ddp_context *ctx) {
     int bf16 = ctx->flat.params_bf16 != NULL, parts = ddp__master_parts(ctx), b, i;
     float *stage, *m;
     ddp_result r = DDP_OK;
+    /* out of memory: the group is failed (the peers wait in the broadcast; they read why) */
     if (bf16 && !(ctx->flat.params = ddp__alloc_floats(parts ? (ctx->shard.count ? ctx->shard.count : 1) : ctx->flat.count)))
-        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %zu floats of the fp32 master",
-                         parts ? ctx->shard.count : ctx->flat.count);
+        return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %zu floats of the fp32 master",
+                                         parts ? ctx->shard.count : ctx->flat.count));
     if (!(stage = ddp__alloc_floats(chunk ? chunk : 1)))
-        return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the sharded parameters' staging (%zu floats)", chunk);
+        return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the sharded parameters' staging (%zu floats)",
+                                         chunk));
     ctx->what = "ddp_commit's seeding of the sharded parameters (the broadcast of rank 0's initial values, a chunk at a time)";
     for (c0 = 0; c0 < ctx->flat.count && r == DDP_OK; c0 = c1) {
         c1 = ctx->flat.count - c0 < chunk ? ctx->flat.count : c0 + chunk;
