@@ -8801,7 +8801,7 @@ static ddp_result ddp__mpi_setup(ddp_context *ctx, double deadline) {
    holds its parts and the chunk (DDP__Z3_SEED_FLOATS), never the model; the same values as the
    broadcast of rank 0's whole buffer. Pages of the whole-size buffers outside the parts stay
    untouched (ddp__host_alloc_untouched). */
-enum { DDP__Z3_SEED_FLOATS = 1 << 20 };   /* 4 MB a chunk: 16 broadcasts a 64 MB model */
+#define DDP__Z3_SEED_FLOATS ((size_t)1 << 20)   /* 4 MB a chunk: 16 broadcasts a 64 MB model */
 static ddp_result ddp__mpi_z3_seed(ddp_context *ctx) {
     size_t chunk = ctx->flat.count < DDP__Z3_SEED_FLOATS ? ctx->flat.count : DDP__Z3_SEED_FLOATS, c0, c1, lo, hi, a, z, x;
     int bf16 = ctx->flat.params_bf16 != NULL, parts = ddp__master_parts(ctx), b, i;
