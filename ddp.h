@@ -491,6 +491,15 @@
      rank holds its parts and rank 0 one bucket more, never the model; every rank's parts hold
      rank 0's initial values, as the broadcast gives at the other levels (the same bits). The
      program's initial values (ddp_register_param's init) are read until ddp_commit returns.
+     On the MPI backend (several ranks) neither: the whole-size private flat buffers (fp32
+     parameters or bf16 working copies, gradients) are made without touching a page, the fp32
+     master of bf16 parameters as this rank's packed parts only, and rank 0's initial values
+     reach every rank a 4 MB chunk at a time (DDP__Z3_SEED_FLOATS; a broadcast over the world,
+     since in shard groups or replica groups several ranks hold each part), each rank copying
+     its parts of the chunk (bf16: the master's and, rounded, the working copies'). So a rank's
+     commit peaks at its parts plus the chunk (tests/test_zero3.c measures VmHWM: a 64 MB
+     model, 2 to 4 ranks, fp32 and bf16, within 16 MB of the parts; the whole model or more
+     before), with the same bits as the broadcast of rank 0's whole buffer.
      On the NCCL backend (>>nccl: ddp__gpu_z3_*) the view is device address space reserved once
      with CUDA's virtual memory management (cuMemAddressReserve; physical memory by granules of
      the allocation granularity, cuMemCreate + cuMemMap), and the rank's own parts of every
@@ -528,10 +537,9 @@
      rank's part is everything: a gather moves nothing).
      On the MPI backend (>>mpi: ddp__mpi_z3_*) the view is the reserved range as on the CPU
      backend, and each rank's owner storage is its private flat buffers, only its parts' pages
-     kept (the commit's broadcast fills them whole a moment: the MPI commit holds the model once
-     per rank, unlike the CPU backend's). A gather commits the unit's pages and runs, per bucket
-     of the unit, MPI_Iallgatherv of the parts (the equal parts and the last rank's tail, ZeRO-1's
-     layout) from every owner's storage into the view, on a duplicate of the world's communicator
+     ever touched (the commit seeds the parts a chunk at a time, above). A gather commits the
+     unit's pages and runs, per bucket of the unit, MPI_Iallgatherv of the parts (the equal
+     parts and the last rank's tail, ZeRO-1's layout) from every owner's storage into the view, on a duplicate of the world's communicator
      (hybrid: the shard group's; replica groups: the group's), after a small signature exchange that names ranks gathering
      different units; a release decommits; AdamW updates the parts in place, no all-gather.
      Prefetch: ddp_unit_prefetch starts those nonblocking exchanges on the program's thread and
@@ -1219,7 +1227,8 @@
                     group under hybrid sharding (ddp__hybrid; resolved by ddp__hybrid_resolve, >>env);
                     ZeRO-2's release of a settled bucket's gradients outside this rank's part
                     (ddp__z2, ddp__z2_clear, ddp__z2_release)
-     >>host         what single and cpu share: host flat buffers, AdamW arithmetic (bf16 parameters:
+     >>host         what single and cpu share: host flat buffers (ZeRO-3 on MPI: whole-size ones
+                    never touched, ddp__host_alloc_untouched), AdamW arithmetic (bf16 parameters:
                     the working copy written in the same pass), bf16 rounding and conversions,
                     the norm's blocks' sums of squares; ZeRO-2 on host gradients (cpu, mpi): a
                     settled bucket (ddp__z2_settled) and shard_accumulate's accumulator
@@ -1245,7 +1254,10 @@
                     the watchdog's hooks (heartbeats, the collective's age, MPI_Abort); ZeRO-2's
                     release after a bucket's MPI calls (ddp__z2_mpi_bucket); ZeRO-3's gathers
                     (ddp__mpi_z3_*: MPI_Iallgatherv per bucket of a unit on the gathers' own
-                    communicator, started by gather or prefetch, polled by the wait); its table
+                    communicator, started by gather or prefetch, polled by the wait) and its
+                    commit (ddp__mpi_z3_seed: rank 0's initial values broadcast a chunk at a
+                    time into each rank's parts, the whole-size buffers untouched,
+                    ddp__z3_seed_mpi in >>host); its table
      >>nccl         the NCCL backend (only with DDP_CUDA): the communicators' life (the
                     world's; a replica group's or, hybrid, a shard group's: ddp__gpu_init_team;
                     hybrid's cross-group one of a part's holders: ddp__gpu_init_cross), the
@@ -5937,9 +5949,50 @@ static size_t ddp__adamw_range_bf16(float *DDP__RESTRICT p, ddp_bf16 *DDP__RESTR
 static int ddp__z3_seed_deferred(const ddp_context *ctx) {
     return ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->be->id == DDP_BACKEND_CPU && ctx->world > 1;
 }
+/* ZeRO-3 on the MPI backend's several ranks: the whole-size flat buffers (parameters or bf16
+   working copies, gradients) are made without touching a page (ddp__alloc_floats_untouched), the
+   fp32 master of bf16 parameters waits for the shard layout, and rank 0's initial values reach
+   each rank's parts a chunk at a time at commit (ddp__mpi_z3_seed): no rank holds the model. */
+static int ddp__z3_seed_mpi(const ddp_context *ctx) {
+    return ctx->desc.shard == DDP_SHARD_PARAMETERS && ctx->be->id == DDP_BACKEND_MPI && ctx->world > 1;
+}
 static ddp_result ddp__host_alloc_private(ddp_context *ctx);
+static ddp_result ddp__host_alloc_untouched(ddp_context *ctx);
 static ddp_result ddp__host_alloc_flat(ddp_context *ctx) {
+    if (ddp__z3_seed_mpi(ctx)) return ddp__host_alloc_untouched(ctx);
     return ddp__z3_seed_deferred(ctx) ? DDP_OK : ddp__host_alloc_private(ctx);   /* deferred: the initial values stay the program's */
+}
+/* ddp__alloc_floats' zeros without touching the block's whole pages: they are given back
+   (ddp__pages_punch: untouched, they cost nothing; reused heap memory reads as zeros after), only
+   the partial pages at the ends are written. Where pages cannot be given back, memset. */
+static float *ddp__alloc_floats_untouched(size_t count) {
+    size_t bytes = count * sizeof(float) + 64 + sizeof(void *), page = ddp__page_size();
+    unsigned char *raw = (unsigned char *)DDP_MALLOC(bytes), *a;
+    uintptr_t pa, pe, e;
+    if (!raw) return NULL;
+    a = (unsigned char *)(((uintptr_t)(raw + sizeof(void *)) + 63u) & ~(uintptr_t)63u);
+    memcpy(a - sizeof(void *), &raw, sizeof(void *));
+    e = (uintptr_t)a + count * sizeof(float);
+    pa = ((uintptr_t)a + page - 1) / page * page;
+    pe = e / page * page;
+    if (pe > pa && ddp__pages_punch((void *)pa, (size_t)(pe - pa))) {
+        memset(a, 0, (size_t)(pa - (uintptr_t)a));
+        memset((void *)pe, 0, (size_t)(e - pe));
+    } else memset(a, 0, count * sizeof(float));
+    return (float *)(void *)a;
+}
+static ddp_result ddp__host_alloc_untouched(ddp_context *ctx) {
+    if (ddp__bf16_params(ctx)) {   /* the fp32 master: this rank's parts, made by the seed */
+        ctx->flat.params_bf16 = (ddp_bf16 *)(void *)ddp__alloc_floats_untouched(ctx->flat.count / 2);
+        ctx->flat.grads_bf16 = (ddp_bf16 *)(void *)ddp__alloc_floats_untouched(ctx->flat.count / 2);
+        if (!ctx->flat.params_bf16 || !ctx->flat.grads_bf16)
+            return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %zu bf16 parameters", ctx->flat.count);
+        return DDP_OK;
+    }
+    ctx->flat.params = ddp__alloc_floats_untouched(ctx->flat.count);
+    ctx->flat.grads = ddp__alloc_floats_untouched(ctx->flat.count);
+    if (!ctx->flat.params || !ctx->flat.grads) return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %zu parameters", ctx->flat.count);
+    return DDP_OK;
 }
 static ddp_result ddp__host_alloc_private(ddp_context *ctx) {
     int i;
@@ -8738,11 +8791,66 @@ static ddp_result ddp__mpi_setup(ddp_context *ctx, double deadline) {
     return DDP_OK;
 }
 
+/* ZeRO-3's commit without a whole-model copy (ddp__z3_seed_mpi): rank 0 writes a chunk of the
+   flat buffer's initial values (the program's, registered with each parameter; padding and NULL
+   are zeros) into a staging buffer, the world's broadcast (hierarchical: the host's shared memory,
+   then the leaders) brings it to every rank, and each copies the pieces of its parts inside it
+   (bf16: into the fp32 master's packed parts and, rounded, the working copies). A broadcast, not
+   a scatter: every shard group's member s (hybrid) or replica group's (desc.outer) holds part s,
+   so a part goes to several ranks, and the host-first path is the whole broadcast's. Each rank
+   holds its parts and the chunk (DDP__Z3_SEED_FLOATS), never the model; the same values as the
+   broadcast of rank 0's whole buffer. Pages of the whole-size buffers outside the parts stay
+   untouched (ddp__host_alloc_untouched). */
+#define DDP__Z3_SEED_FLOATS ((size_t)1 << 20)   /* 4 MB a chunk: 16 broadcasts a 64 MB model */
+static ddp_result ddp__mpi_z3_seed(ddp_context *ctx) {
+    size_t chunk = ctx->flat.count < DDP__Z3_SEED_FLOATS ? ctx->flat.count : DDP__Z3_SEED_FLOATS, c0, c1, lo, hi, a, z, x;
+    int bf16 = ctx->flat.params_bf16 != NULL, parts = ddp__master_parts(ctx), b, i;
+    float *stage, *m;
+    ddp_result r = DDP_OK;
+    /* out of memory: the group is failed (the peers wait in the broadcast; they read why) */
+    if (bf16 && !(ctx->flat.params = ddp__alloc_floats(parts ? (ctx->shard.count ? ctx->shard.count : 1) : ctx->flat.count)))
+        return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for %zu floats of the fp32 master",
+                                         parts ? ctx->shard.count : ctx->flat.count));
+    if (!(stage = ddp__alloc_floats(chunk ? chunk : 1)))
+        return ddp__fatal(ctx, ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory for the sharded parameters' staging (%zu floats)",
+                                         chunk));
+    ctx->what = "ddp_commit's seeding of the sharded parameters (the broadcast of rank 0's initial values, a chunk at a time)";
+    for (c0 = 0; c0 < ctx->flat.count && r == DDP_OK; c0 = c1) {
+        c1 = ctx->flat.count - c0 < chunk ? ctx->flat.count : c0 + chunk;
+        if (ctx->rank == 0) {   /* [c0, c1) at stage[0 ..], padding zeros */
+            memset(stage, 0, (c1 - c0) * sizeof(float));
+            for (i = 0; i < ctx->model.num_params; i++) {
+                const ddp__param *p = &ctx->model.params[i];
+                size_t s0 = p->offset > c0 ? p->offset : c0, s1 = p->offset + p->count < c1 ? p->offset + p->count : c1;
+                if (p->init && s1 > s0) memcpy(stage + (s0 - c0), p->init + (s0 - p->offset), (s1 - s0) * sizeof(float));
+            }
+        }
+        if ((r = ddp__mpi_collective_timed(ctx, DDP__KIND_BROADCAST, stage, (c1 - c0) * sizeof(float), 0)) != DDP_OK) break;
+        for (b = 0; b < ctx->model.num_buckets; b++) {   /* this rank's parts inside the chunk: [a, z) */
+            ddp__shard_range(ctx, b, ddp__team_rank(ctx), &lo, &hi);
+            a = lo > c0 ? lo : c0;
+            z = hi < c1 ? hi : c1;
+            if (z <= a) continue;
+            if (!bf16) { memcpy(ctx->flat.params + a, stage + (a - c0), (z - a) * sizeof(float)); continue; }
+            m = ctx->flat.params + (parts ? ctx->shard.base[b] + (a - lo) : a);   /* flat element a in the master */
+            for (x = a; x < z; x++) {
+                m[x - a] = stage[x - c0];
+                ctx->flat.params_bf16[x] = ddp__to_bf16(stage[x - c0]);
+            }
+        }
+    }
+    ddp__free_floats(stage);
+    for (i = 0; i < ctx->model.num_params; i++) ctx->model.params[i].init = NULL;
+    ctx->z3.seeded = r == DDP_OK;
+    return r;
+}
+
 static ddp_result ddp__mpi_commit(ddp_context *ctx) {
     ddp_result r;
     ctx->what = "the broadcast of rank 0's initial parameters";
-    if ((r = ddp__mpi_collective_timed(ctx, DDP__KIND_BROADCAST, ctx->flat.params, ctx->flat.count * sizeof(float), 0)) != DDP_OK)
-        return r;
+    if (ddp__z3_seed_mpi(ctx)) r = ddp__mpi_z3_seed(ctx);
+    else r = ddp__mpi_collective_timed(ctx, DDP__KIND_BROADCAST, ctx->flat.params, ctx->flat.count * sizeof(float), 0);
+    if (r != DDP_OK) return r;
     if ((r = ddp__mpi_ranks_alloc(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     if (ddp__hybrid(ctx) && (r = ddp__hybrid_mpi_commit(ctx)) != DDP_OK) return ddp__fatal(ctx, r);
     if (ctx->desc.shard == DDP_SHARD_PARAMETERS) {   /* the gathers' own communicator (ddp__mpi_z3_start says why) */

@@ -13,7 +13,8 @@
    parameter dies of SIGSEGV. Checkpoints: saved at one level, loaded at the other (same world
    size, training goes on bit for bit), and across world sizes (the modes below). The prefetch
    switch (shard_prefetch_off): on and off the same bits, no prefetched gather on the timeline when
-   off. ddp_commit under an RLIMIT_DATA far below the model's size: it holds no whole copy. Every
+   off. ddp_commit holds no whole copy: under an RLIMIT_DATA far below the model's size (CPU
+   backend), and (MPI backend) its peak resident memory grows by the rank's parts and 16 MB. Every
    bad input named. Ranks register different initial values: rank 0's win everywhere. Run: build/ddprun -n N build/test_zero3          (N = 1..4)
         build/ddprun -n N build/test_zero3 save DIR LEVEL  (train 3 steps, save DIR/z3.ckpt and the
                                                             parameters' hash)
@@ -492,6 +493,98 @@ static void commit_under_cap(int bf16) {
 }
 #endif
 
+#if defined(DDP_MPI) && defined(__linux__) && !defined(TEST_SANITIZED)
+/* This process's VmHWM or VmRSS (/proc/self/status), in bytes; 0: unknown. */
+static size_t vm_status(const char *key) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    size_t kb = 0, n = strlen(key);
+    if (!f) return 0;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, key, n) && line[n] == ':') kb = (size_t)strtoull(line + n + 1, NULL, 10);
+    fclose(f);
+    return kb * 1024;
+}
+
+/* The MPI backend's ddp_commit at PARAMETERS holds no whole copy of the model: the peak resident
+   memory (VmHWM, reset to the resident size just before by `echo 5 > /proc/self/clear_refs`)
+   grows by this rank's parts (fp32: the parameters' parts; bf16: the fp32 master's parts and the
+   working copies' parts) plus at most SLACK_MB (the commit's 4 MB chunk, the allocator's and
+   MPI's own), for a 64 MB model (8 units of 8 MB) with rank 0's
+   real initial values (the others register none: rank 0's win). A commit that broadcast the
+   whole model (or touched the whole gradients' buffer) grows by 64 MB or more. Then every value
+   of a gathered unit is rank 0's (bf16: rounded). Every rank's growth is checked; rank 0 says. */
+static void commit_rss(int bf16) {
+    enum { UNITS = 8, COUNT = 2 << 20, SLACK_MB = 16 };
+    ddp_context *ddp;
+    ddp_desc d;
+    ddp_result r;
+    float *init = NULL, *all;
+    size_t base = 0, peak = 0, i, wrong = 0;
+    double parts;
+    int u, id, team = shard_group > 0 ? shard_group : world, reset = 0;
+    char name[96];
+    FILE *f;
+    memset(&d, 0, sizeof d);
+    d.shard = DDP_SHARD_PARAMETERS;
+    d.shard_group = shard_group;
+    d.backend = DDP_BACKEND_MPI;
+    d.param_dtype = bf16 ? DDP_DTYPE_BF16 : DDP_DTYPE_FP32;
+    if (rank == 0 && !(init = (float *)malloc((size_t)UNITS * COUNT * sizeof(float)))) {
+        printf("FAIL zero3_mpi_commit_rss: out of memory for the initial values\n");
+        test_failures++;
+    }
+    for (i = 0; init && i < (size_t)UNITS * COUNT; i++) init[i] = test_value(91, i);   /* resident before the measure */
+    if ((r = ddp_init(&ddp, &d)) == DDP_OK)
+        for (u = 0; u < UNITS && r == DDP_OK; u++) {
+            snprintf(name, sizeof name, "big%d", u);
+            if ((r = ddp_register_param(ddp, name, COUNT, 0, init ? init + (size_t)u * COUNT : NULL, &id)) == DDP_OK)
+                r = ddp_register_unit(ddp, name, id, 1, NULL);
+        }
+    if ((f = fopen("/proc/self/clear_refs", "w"))) { reset = fputs("5", f) >= 0; reset &= fclose(f) == 0; }
+    base = vm_status("VmHWM");
+    if (r == DDP_OK) r = ddp_commit(ddp);
+    peak = vm_status("VmHWM");
+    parts = (double)UNITS * COUNT * (bf16 ? sizeof(float) + sizeof(ddp_bf16) : sizeof(float)) / team / 1048576.0;
+    if (r == DDP_OK && (r = ddp_unit_gather(ddp, 3)) == DDP_OK) {   /* rank 0's initial values, every one */
+        for (i = 0; i < COUNT; i++) {
+            float want = init ? init[3 * (size_t)COUNT + i] : test_value(91, 3 * (size_t)COUNT + i);
+            if (bf16 ? ddp_param_bf16(ddp, 3)[i] != ddp__to_bf16(want) : memcmp(&ddp_param(ddp, 3)[i], &want, sizeof want)) wrong++;
+        }
+        r = ddp_unit_release(ddp, 3);
+    }
+    all = (float *)calloc((size_t)world * 3, sizeof(float));
+    if (all) {   /* every rank's growth (MB), whether it measured, its wrong values */
+        all[3 * rank] = peak >= base ? (float)((double)(peak - base) / 1048576.0) : 0.0f;
+        all[3 * rank + 1] = (float)(reset && base && peak >= base);
+        all[3 * rank + 2] = (float)wrong;
+        if (r == DDP_OK) r = ddp_allreduce(ddp, all, (size_t)world * 3, DDP_SUM);
+    }
+    if (rank == 0) {
+        char why[512];
+        size_t at = 0;
+        int ok = r == DDP_OK && all != NULL, measured = 1, q;
+        why[0] = 0;
+        for (q = 0; all && q < world; q++) {
+            measured &= all[3 * q + 1] == 1;
+            ok &= all[3 * q] <= parts + SLACK_MB && all[3 * q + 2] == 0;
+            if (at < sizeof why - 1)
+                at += (size_t)snprintf(why + at, sizeof why - at, "%srank %d %.1f MB%s%s", q ? ", " : "", q, all[3 * q],
+                                       all[3 * q + 1] == 1 ? "" : " (no measure)", all[3 * q + 2] ? " (values not rank 0's)" : "");
+        }
+        if (at >= sizeof why) at = sizeof why - 1;
+        printf("# zero3_mpi_commit_rss %s, %d ranks (team %d): peak growth %s; parts %.1f MB\n", bf16 ? "bf16" : "fp32", world, team, why, parts);
+        snprintf(name, sizeof name, "zero3_commit_holds_no_whole_copy_%s_%dranks", bf16 ? "bf16" : "fp32", world);
+        if (ok && !measured) printf("SKIP %s: /proc/self/clear_refs could not reset VmHWM (%s)\n", name, why);
+        else verdict(ok, name, "a 64 MB model: peak growth of ddp_commit over this rank's parts (%.1f MB) + %d MB: %s%s%s", parts,
+                SLACK_MB, why, r != DDP_OK ? ": " : "", r != DDP_OK ? ddp_last_error(ddp) : "");
+    }
+    free(all);
+    ddp_shutdown(ddp);
+    free(init);
+}
+#endif
+
 /* Checkpoints at the same world size: saved at one level after 3 steps, loaded at the other,
    3 more steps: the hashes of the run that never stopped. */
 static void checkpoint_levels(const char *dir) {
@@ -740,8 +833,10 @@ int main(int argc, char **argv) {
         }
     }
     if (rank == 0) { solo = 1; refusals(); solo = 0; }
-#if defined(DDP_MPI)   /* its commit broadcasts rank 0's whole model to every rank, then each keeps its parts */
-    if (world > 1 && rank == 0) printf("SKIP zero3_commit_holds_no_whole_copy: the MPI backend's commit holds the whole model a moment (SHARDED PARAMETERS)\n");
+#if defined(DDP_MPI) && defined(__linux__) && !defined(TEST_SANITIZED)
+    if (world > 1) { commit_rss(0); commit_rss(1); }   /* the peak resident memory (no data cap: the heap block is reserved whole) */
+#elif defined(DDP_MPI)
+    if (world > 1 && rank == 0) printf("SKIP zero3_commit_holds_no_whole_copy: peak resident memory is /proc's (Linux) and means nothing under sanitizers\n");
 #elif !defined(_WIN32) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
     if (world > 1) { commit_under_cap(0); commit_under_cap(1); }   /* one rank: the whole model is its part */
 #endif

@@ -2,7 +2,8 @@
 # test_zero3_mpi.sh — sharded parameters (ZeRO-3, DDP_SHARD_PARAMETERS) on the MPI backend:
 # build/mpi/test_zero3 (tests/test_zero3.c: the same bits as unsharded with the tape and without,
 # accumulation, bf16 parameters, clipping, an unused parameter, skip_nonfinite, prefetch on = off,
-# checkpoints across levels; released pages gone, a touch faults) under mpirun -n 1..4 on this
+# checkpoints across levels; released pages gone, a touch faults; ddp_commit's peak resident
+# memory at 2+ ranks: the rank's parts, no whole model) under mpirun -n 1..4 on this
 # host, hierarchical and (at 3 ranks) flat; checkpoints across world sizes (PARAMETERS on 2 ->
 # NONE on 1, NONE on 1 -> PARAMETERS on 3), ranks gathering different units named on every
 # rank. Then hybrid sharding (shard_group 2) on 2 namespace
