@@ -3361,15 +3361,21 @@ static void *ddp__calloc(size_t bytes) {
 
 /* Buffers the hot loops stream over are 64-byte aligned; the original pointer sits just
    before the aligned block so DDP_FREE gets what DDP_MALLOC returned. */
-static float *ddp__alloc_floats(size_t count) {
+/* `count` floats, 64-byte aligned, the block's start stored just before them (ddp__free_floats);
+   not yet zeroed. */
+static float *ddp__alloc_floats_raw(size_t count) {
     size_t bytes = count * sizeof(float) + 64 + sizeof(void *);
     unsigned char *raw = (unsigned char *)DDP_MALLOC(bytes);
     uintptr_t aligned;
     if (!raw) return NULL;
     aligned = ((uintptr_t)(raw + sizeof(void *)) + 63u) & ~(uintptr_t)63u;
     memcpy((unsigned char *)aligned - sizeof(void *), &raw, sizeof(void *));
-    memset((void *)aligned, 0, count * sizeof(float));
     return (float *)aligned;
+}
+static float *ddp__alloc_floats(size_t count) {
+    float *p = ddp__alloc_floats_raw(count);
+    if (p) memset(p, 0, count * sizeof(float));
+    return p;
 }
 
 static void ddp__free_floats(float *p) {
@@ -5966,12 +5972,10 @@ static ddp_result ddp__host_alloc_flat(ddp_context *ctx) {
    (ddp__pages_punch: untouched, they cost nothing; reused heap memory reads as zeros after), only
    the partial pages at the ends are written. Where pages cannot be given back, memset. */
 static float *ddp__alloc_floats_untouched(size_t count) {
-    size_t bytes = count * sizeof(float) + 64 + sizeof(void *), page = ddp__page_size();
-    unsigned char *raw = (unsigned char *)DDP_MALLOC(bytes), *a;
+    size_t page = ddp__page_size();
+    unsigned char *a = (unsigned char *)ddp__alloc_floats_raw(count);
     uintptr_t pa, pe, e;
-    if (!raw) return NULL;
-    a = (unsigned char *)(((uintptr_t)(raw + sizeof(void *)) + 63u) & ~(uintptr_t)63u);
-    memcpy(a - sizeof(void *), &raw, sizeof(void *));
+    if (!a) return NULL;
     e = (uintptr_t)a + count * sizeof(float);
     pa = ((uintptr_t)a + page - 1) / page * page;
     pe = e / page * page;
