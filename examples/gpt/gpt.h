@@ -636,7 +636,9 @@ typedef struct gpt_param_ids {
 /* Registers every parameter (forward order, initial values from seed) and commits. Matrices
    (wte and wpe included) decay; biases and LayerNorm parameters do not. The initial values are
    made here on the host for both models (gpt.h's and gpt_cuda.cuh's): ddp_commit copies them
-   into its flat buffer (device memory on the NCCL backend), so a seed gives the same bits. */
+   into its flat buffer (device memory on the NCCL backend), so a seed gives the same bits. Only
+   rank 0 makes them: ddp_commit gives every rank rank 0's, so the others register NULL and never
+   hold a whole copy of the model (what --shard parameters is for). */
 static ddp_result gpt_register_params(ddp_context *ddp, const gpt_config *cfg, uint64_t seed, gpt_param_ids *ids_out,
                                       size_t *num_floats) {
     int L = cfg->layers, C = cfg->dim, T = cfg->seq, l, stream = 0;
@@ -646,13 +648,13 @@ static ddp_result gpt_register_params(ddp_context *ddp, const gpt_config *cfg, u
     float proj_std = 0.02f / sqrtf(2.0f * (float)L);
     char name[64];
     total = (size_t)GPT_VOCAB * C + (size_t)T * C + (size_t)L * (12 * (size_t)C * C + 13 * (size_t)C) + 2 * (size_t)C;
-    init = (float *)malloc(sizeof(float) * total);   /* read by ddp_commit: lives until then */
-    if (!init) return DDP_ERR_OUT_OF_MEMORY;
+    init = ddp_rank(ddp) == 0 ? (float *)calloc(total, sizeof(float)) : NULL;   /* read by ddp_commit: lives until then */
+    if (!init && ddp_rank(ddp) == 0) return DDP_ERR_OUT_OF_MEMORY;
 
     /* Each tensor is its own stream of the seeded normal generator. */
 #define GPT__REG(nm, count, flags, kind, std, id) do { \
-        float *v_ = init + used; size_t n_ = (size_t)(count); \
-        for (k = 0; k < n_; k++) v_[k] = (kind) == 0 ? 0.0f : (kind) == 1 ? 1.0f : (std) * gpt__normal(seed, (uint64_t)stream, k); \
+        float *v_ = init ? init + used : NULL; size_t n_ = (size_t)(count); \
+        if (v_) for (k = 0; k < n_; k++) v_[k] = (kind) == 0 ? 0.0f : (kind) == 1 ? 1.0f : (std) * gpt__normal(seed, (uint64_t)stream, k); \
         stream++; used += n_; \
         if (r == DDP_OK) r = ddp_register_param(ddp, nm, n_, flags, v_, id); } while (0)
 #define GPT__NAME(s) (snprintf(name, sizeof name, "h%d.%s", l, s), name)
