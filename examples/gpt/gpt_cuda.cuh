@@ -1,7 +1,8 @@
 /* gpt_cuda.cuh — the GPT of gpt.h on a GPU: the same parameters (registered and initialised by
    gpt.h's own gpt_register_params, so a seed gives the same bits), the same ops in the same
    order, the same tape; activations in device memory, cuBLAS for every matmul (attention's
-   Q K^T and P V included, strided-batched over the heads), kernels of ours for the rest.
+   Q K^T and P V included, strided-batched over the heads, or with GPT_KERNELS=2 one batched
+   call over sequences and heads), kernels of ours for the rest.
 
    Include after ddp.h and gpt.h in a file nvcc compiles (CUDA C++17); link cuBLAS.
 
@@ -32,8 +33,10 @@
    above. 2: the token embedding's backward in segments of at most GC_WTE_SEGMENT positions
    (partial sums, then each token's segments in order: a blocked sum, deterministic, not the
    CPU's order), the causal softmax in one pass plus the write (online max and sum) and its
-   backward reading the lower triangle only, and GELU and the bias init as 16-byte maps (the
-   same bits as the one-element kernels). Both are kept so that one GPU call can time old and
+   backward reading the lower triangle only, GELU and the bias init as 16-byte maps (the
+   same bits as the one-element kernels), each attention matmul as one pointer-array batched
+   call over B x heads (gc_attn_gemm) and LayerNorm's backward as one launch plus the partials'
+   sum (gc_layernorm_bwd_fused), both with GPT_KERNELS=1's bits. Both are kept so that one GPU call can time old and
    new (bench/gpu/check_bf16.sh).
 
    Op times (GPT_OP_TIMES=1): per-op CUDA-event times, printed by the trainer (gc_op_timer).
@@ -52,8 +55,10 @@
    Host emulation (-DGPT_CUDA_EMULATE, any C++17 compiler, no CUDA at all). Each kernel is a
    row or element function, written once: on the GPU a warp shares a row (lane l takes elements
    l, l+32, ...) or a thread takes an element; in emulation a host loop calls the same function
-   with a "warp" of one lane. cuBLAS calls go to a naive column-major sgemm that enforces
-   cuBLAS's argument rules (leading dimensions) and does not read C when beta is 0; device
+   with a "warp" of one lane (a block function, gc_for_blocks: its 8 warps, then its 256
+   threads, one at a time). cuBLAS calls go to a naive column-major sgemm that enforces
+   cuBLAS's argument rules (leading dimensions; for the batched calls also the count, the
+   pointer arrays and distinct outputs) and does not read C when beta is 0; device
    memory is malloc, one block per buffer (so AddressSanitizer sees every overrun), filled with
    NaN like the GPU's buffers (a read of something never written shows up). The CPU tests run
    the model that way on every machine: its buffers, strides, the row-major to column-major
