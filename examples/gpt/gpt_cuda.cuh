@@ -356,6 +356,7 @@ typedef struct gpt_cuda {
     size_t act_bytes;              /* sizeof(float) or sizeof(gc_bf16) */
     float *flat_params, *flat_grads;
     gc_bf16 *params16, *grads16;
+    size_t flat_floats;            /* own16: their length, ddp.h's flat buffer's (its offsets, padding included) */
     int B, T;                      /* this forward's shape */
     /* dropout, as gpt.h (gpt_cuda_set_dropout, gpt_cuda_set_rows); ddrop: [BT, C] the masked
        branch gradient */
@@ -1542,7 +1543,7 @@ static inline ddp_result gpt_cuda_create(gpt_cuda *m, ddp_context *ddp, const gp
     m->units = ddp_num_units(ddp) == L + 2;
     m->stream = (gc_stream)ddp_config(ddp)->cuda_stream;
     m->flat_params = ddp_flat_params(ddp, NULL);
-    m->flat_grads = ddp_flat_grads(ddp, NULL);
+    m->flat_grads = ddp_flat_grads(ddp, &m->flat_floats);   /* > num_floats where a tensor's length is no multiple of the padding */
     m->own16 = m->bf16 && ddp_config(ddp)->param_dtype != DDP_DTYPE_BF16;
     if (!m->bf16 && ddp_config(ddp)->param_dtype == DDP_DTYPE_BF16) {
         fprintf(stderr, "gpt_cuda_create: the context's parameters are bf16 (param_dtype DDP_DTYPE_BF16): pass precision "
@@ -1589,8 +1590,8 @@ static inline ddp_result gpt_cuda_create(gpt_cuda *m, ddp_context *ddp, const gp
         }
     }
     if (m->own16) {   /* the bf16 working copies (rounded from the fp32 init) and gradients */
-        m->params16 = (gc_bf16 *)gc_device_alloc(m, m->num_floats * sizeof(gc_bf16));
-        m->grads16 = (gc_bf16 *)gc_device_alloc(m, m->num_floats * sizeof(gc_bf16));
+        m->params16 = (gc_bf16 *)gc_device_alloc(m, m->flat_floats * sizeof(gc_bf16));
+        m->grads16 = (gc_bf16 *)gc_device_alloc(m, m->flat_floats * sizeof(gc_bf16));
     }
     m->res0 = gc_acts(m, BT * C);
     for (l = 0; l < L; l++) {
@@ -1638,7 +1639,7 @@ static inline ddp_result gpt_cuda_create(gpt_cuda *m, ddp_context *ddp, const gp
 #endif
     if (m->own16) {
         gc_round_bf16 round = { m->flat_params, m->params16 };
-        GC_FOR_EACH(m, round, m->num_floats);
+        GC_FOR_EACH(m, round, m->flat_floats);
     }
     return DDP_OK;
 }
@@ -1651,19 +1652,19 @@ static inline ddp_result gpt_cuda_create(gpt_cuda *m, ddp_context *ddp, const gp
    (after ddp_backward, before ddp_adamw_step). On ddp.h's stream, like everything else. */
 static inline void gpt_cuda_bf16_round_params(gpt_cuda *m) {
     gc_round_bf16 round = { m->flat_params, m->params16 };
-    if (m->own16) GC_FOR_EACH(m, round, m->num_floats);
+    if (m->own16) GC_FOR_EACH(m, round, m->flat_floats);
 }
 static inline void gpt_cuda_bf16_zero_grads(gpt_cuda *m) {
     if (!m->own16) return;
 #ifdef GPT_CUDA_EMULATE
-    memset(m->grads16, 0, m->num_floats * sizeof(gc_bf16));
+    memset(m->grads16, 0, m->flat_floats * sizeof(gc_bf16));
 #else
-    GC_CUDA(cudaMemsetAsync(m->grads16, 0, m->num_floats * sizeof(gc_bf16), m->stream));
+    GC_CUDA(cudaMemsetAsync(m->grads16, 0, m->flat_floats * sizeof(gc_bf16), m->stream));
 #endif
 }
 static inline void gpt_cuda_bf16_grads_to_fp32(gpt_cuda *m) {
     gc_widen_bf16 widen = { m->grads16, m->flat_grads };
-    if (m->own16) GC_FOR_EACH(m, widen, m->num_floats);
+    if (m->own16) GC_FOR_EACH(m, widen, m->flat_floats);
 }
 
 static inline void gpt_cuda_destroy(gpt_cuda *m) {

@@ -642,8 +642,8 @@ static void test_cuda_bf16(const gpt_config *cfg) {
         exit(1);
     }
     /* the fp32 model gets the bf16 working copies' values */
-    p32 = download_bf16(d16, m16.params16, m16.num_floats);
-    count = m16.num_floats;
+    p32 = download_bf16(d16, m16.params16, m16.flat_floats);   /* the flat layout, padding included */
+    count = m16.flat_floats;
     gpt_cuda_upload(ddp_config(d32)->cuda_stream, ddp_flat_params(d32, NULL), p32, count * sizeof(float));
     free(p32);
     tok = (int *)malloc(sizeof(int) * BT);
