@@ -592,7 +592,11 @@ static void gc_gemm(gpt_cuda *m, int ta, int tb, int M, int N, int K, float alph
    mode, so each problem is the same GEMM). The arrays are written on the device by one small
    kernel per call into m->attn_ptrs (stream order keeps them until the matmul has read them):
    B, T and the layer's buffers change from call to call, so arrays built once would need one
-   set per layer, operand and shape. One sequence (B = 1) stays one strided-batched call. */
+   set per layer, operand and shape. One sequence (B = 1) stays one strided-batched call, and so
+   does a shape where some problem's operand would not be 16-byte aligned (odd head sizes or T):
+   cuBLAS cannot see the alignment of pointers that sit in device memory, so the batched call is
+   only made where every one is aligned as at GPT-2's shapes (hs, 3C, T*T multiples of 8 values).
+   Returns 1 where the one batched call was made. */
 template <class S> struct gc_attn_pointers {
     const S *A, *B;
     S *C;
@@ -607,15 +611,19 @@ template <class S> struct gc_attn_pointers {
         pc[i] = C + b * Cb + h * Ch;
     }
 };
+static int gc_steps_aligned16(const void *base, long long step1, long long step2, size_t elem) {
+    return (uintptr_t)base % 16 == 0 && (step1 * (long long)elem) % 16 == 0 && (step2 * (long long)elem) % 16 == 0;
+}
 template <class S>
-static void gc_attn_gemm(gpt_cuda *m, int ta, int tb, int M, int N, int K, float alpha, const S *A, int lda, long long Ab,
-                         long long Ah, const S *B, int ldb, long long Bb, long long Bh, S *C, int ldc, long long Cb, long long Ch,
-                         const char *file, int line) {
+static int gc_attn_gemm(gpt_cuda *m, int ta, int tb, int M, int N, int K, float alpha, const S *A, int lda, long long Ab,
+                        long long Ah, const S *B, int ldb, long long Bb, long long Bh, S *C, int ldc, long long Cb, long long Ch,
+                        const char *file, int line) {
     int nb = m->B, NH = m->cfg.heads, b, count = nb * NH;
-    if (m->kernels != 2 || nb == 1) {
+    if (m->kernels != 2 || nb == 1 || !gc_steps_aligned16(A, Ab, Ah, sizeof(S)) || !gc_steps_aligned16(B, Bb, Bh, sizeof(S)) ||
+        !gc_steps_aligned16(C, Cb, Ch, sizeof(S))) {
         for (b = 0; b < nb; b++)
             gc_gemm(m, ta, tb, M, N, K, alpha, A + b * Ab, lda, Ah, B + b * Bb, ldb, Bh, 0.0f, C + b * Cb, ldc, Ch, NH, file, line);
-        return;
+        return 0;
     }
     {
         const S **pa = (const S **)m->attn_ptrs, **pb = pa + count;
@@ -629,6 +637,7 @@ static void gc_attn_gemm(gpt_cuda *m, int ta, int tb, int M, int N, int K, float
                              0.0f, pc, ldc, count, file, line);
 #endif
     }
+    return 1;
 }
 #define GC_ATTN_MATMUL(m, ta, tb, M, N, K, alpha, A, lda, Ab, Ah, B, ldb, Bb, Bh, C, ldc, Cb, Ch) \
     gc_attn_gemm(m, ta, tb, M, N, K, alpha, A, lda, Ab, Ah, B, ldb, Bb, Bh, C, ldc, Cb, Ch, __FILE__, __LINE__)

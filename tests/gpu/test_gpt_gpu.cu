@@ -850,13 +850,16 @@ static void test_vec_maps(void) {
 }
 
 /* GPT_KERNELS=2's batched attention matmuls and fused LayerNorm backward against GPT_KERNELS=1's
-   calls, bit for bit, in S = float and bf16, at an odd shape (3 heads of 19, T = 11 of 13, B = 4):
+   calls, bit for bit, in S = float and bf16, B = 4 sequences of T < the allocated 13, 3 heads:
    each of the attention's six matmuls (gc_attention's operands, strides and transposes) run both
-   ways on the same inputs; the LayerNorm backward (dx accumulated, w and b gradients added) on
-   2500 rows (chunks of 40: more rows than a chunk's 4 blocks x 8 warps, so each warp takes
-   several; the last chunk part-filled, one empty). On the GPU the same bits hold when cuBLAS
-   computes each batch entry as the same GEMM (same types, compute type, math mode): what this
-   checks there. The comparison is shown to see a change: a perturbed input must differ. */
+   ways on the same inputs, at heads of 8 and T = 12 (every operand 16-byte aligned: all six must
+   be one batched call) and at heads of 19 and T = 11 (not aligned: all six must fall back to the
+   per-sequence calls); the LayerNorm backward (dx accumulated, w and b gradients added) at
+   C = 57 on 2500 rows (chunks of 40: more rows than a chunk's 4 blocks x 8 warps, so each warp
+   takes several; the last chunk part-filled, one empty), the partials' scratch refilled with NaN
+   before each run. On the GPU the same bits hold when cuBLAS computes each batch entry as the
+   same GEMM (same types, compute type, math mode): what this checks there. The comparison is
+   shown to see a change: a perturbed input must differ. */
 template <class S> static int same_bits(gpt_cuda *m, const S *a, const S *b, size_t n, const char *what) {
     S *x = (S *)malloc(sizeof(S) * n), *y = (S *)malloc(sizeof(S) * n);
     size_t i;
@@ -872,20 +875,22 @@ template <class S> static int same_bits(gpt_cuda *m, const S *a, const S *b, siz
     free(x); free(y);
     return !bad;
 }
-template <class S> static void test_kernels2_same_bits_one(int precision, const char *type) {
+/* One model's six attention matmuls, each way: same bits, and whether GPT_KERNELS=2 made the one
+   batched call (want_batched: an aligned shape; else it must have fallen back). */
+template <class S> static void test_attn_matmuls_same_bits(int precision, const char *type, int C, int T, int want_batched) {
     ddp_context *d = open_solo(1);
-    gpt_config cfg = { 1, 3, 57, 13, 4 };
+    gpt_config cfg = { 1, 3, C, 13, 4 };
     gpt_cuda m;
-    int B = 4, T = 11, C = 57, NH = 3, hs = C / NH, C3 = 3 * C, rows = 2500, i, bad = 0, sees = 0;
+    int B = 4, NH = 3, hs = C / NH, C3 = 3 * C, i, bad = 0, sees = 0, batched = 1;
     long long TT = (long long)T * T, sq = (long long)T * C3, so = (long long)T * C, HTT = NH * TT;
-    size_t nqkv = (size_t)B * T * C3, natt = (size_t)B * NH * TT, nout = (size_t)B * T * C, nx = (size_t)rows * C, k;
+    size_t nqkv = (size_t)B * T * C3, natt = (size_t)B * NH * TT, nout = (size_t)B * T * C, k;
     float scale = 1.0f / sqrtf((float)hs);
-    char name[128];
+    char name[160];
     if (gpt_cuda_create(&m, d, &cfg, 1, precision) != DDP_OK) { printf("FAIL %s: %s\n", NAME("kernels2_create"), ddp_last_error(d)); exit(1); }
     m.B = B;
     m.T = T;
-    S *h = (S *)malloc(sizeof(S) * (nqkv + natt + nout + 2 * nx));
-    for (k = 0; k < nqkv + natt + nout + 2 * nx; k++) gc_put(&h[k], test_value(71, k) * 2.0f - 1.0f);
+    S *h = (S *)malloc(sizeof(S) * (nqkv + natt + nout));
+    for (k = 0; k < nqkv + natt + nout; k++) gc_put(&h[k], test_value(71, k) * 2.0f - 1.0f);
     S *qkv = (S *)gc_device_alloc(&m, sizeof(S) * nqkv), *att = (S *)gc_device_alloc(&m, sizeof(S) * natt);
     S *dout = (S *)gc_device_alloc(&m, sizeof(S) * nout);
     S *o[2][6];
@@ -894,16 +899,18 @@ template <class S> static void test_kernels2_same_bits_one(int precision, const 
     gpt_cuda_upload(m.stream, dout, h + nqkv + natt, sizeof(S) * nout);
     for (int kern = 1; kern <= 2; kern++) {   /* the six matmuls of gc_attention and its backward, each way */
         S **r = o[kern - 1];
+        int made = 0;
         gpt_cuda_set_kernels(&m, kern);
         r[0] = (S *)gc_device_alloc(&m, sizeof(S) * natt); r[1] = (S *)gc_device_alloc(&m, sizeof(S) * nout);
         r[2] = (S *)gc_device_alloc(&m, sizeof(S) * nqkv); r[3] = (S *)gc_device_alloc(&m, sizeof(S) * natt);
         r[4] = (S *)gc_device_alloc(&m, sizeof(S) * nqkv); r[5] = r[4];   /* dQ and dK: the q and k columns of one dqkv */
-        GC_ATTN_MATMUL(&m, 0, 1, T, T, hs, scale, qkv, C3, sq, hs, qkv + C, C3, sq, hs, r[0], T, HTT, TT);          /* S = scale Q K^T */
-        GC_ATTN_MATMUL(&m, 0, 0, T, hs, T, 1.0f, att, T, HTT, TT, qkv + 2 * C, C3, sq, hs, r[1], C, so, hs);        /* O = P V */
-        GC_ATTN_MATMUL(&m, 1, 0, T, hs, T, 1.0f, att, T, HTT, TT, dout, C, so, hs, r[2] + 2 * C, C3, sq, hs);       /* dV = P^T dO */
-        GC_ATTN_MATMUL(&m, 0, 1, T, T, hs, 1.0f, dout, C, so, hs, qkv + 2 * C, C3, sq, hs, r[3], T, HTT, TT);       /* dP = dO V^T */
-        GC_ATTN_MATMUL(&m, 0, 0, T, hs, T, scale, att, T, HTT, TT, qkv + C, C3, sq, hs, r[4], C3, sq, hs);         /* dQ = scale dS K */
-        GC_ATTN_MATMUL(&m, 1, 0, T, hs, T, scale, att, T, HTT, TT, qkv, C3, sq, hs, r[4] + C, C3, sq, hs);         /* dK = scale dS^T Q */
+        made += GC_ATTN_MATMUL(&m, 0, 1, T, T, hs, scale, qkv, C3, sq, hs, qkv + C, C3, sq, hs, r[0], T, HTT, TT);     /* S = scale Q K^T */
+        made += GC_ATTN_MATMUL(&m, 0, 0, T, hs, T, 1.0f, att, T, HTT, TT, qkv + 2 * C, C3, sq, hs, r[1], C, so, hs);   /* O = P V */
+        made += GC_ATTN_MATMUL(&m, 1, 0, T, hs, T, 1.0f, att, T, HTT, TT, dout, C, so, hs, r[2] + 2 * C, C3, sq, hs);  /* dV = P^T dO */
+        made += GC_ATTN_MATMUL(&m, 0, 1, T, T, hs, 1.0f, dout, C, so, hs, qkv + 2 * C, C3, sq, hs, r[3], T, HTT, TT);  /* dP = dO V^T */
+        made += GC_ATTN_MATMUL(&m, 0, 0, T, hs, T, scale, att, T, HTT, TT, qkv + C, C3, sq, hs, r[4], C3, sq, hs);    /* dQ = scale dS K */
+        made += GC_ATTN_MATMUL(&m, 1, 0, T, hs, T, scale, att, T, HTT, TT, qkv, C3, sq, hs, r[4] + C, C3, sq, hs);    /* dK = scale dS^T Q */
+        if (made != (kern == 2 && want_batched ? 6 : 0)) batched = 0;
     }
     {   /* written parts only: dV's columns of r[2] (the rest stays NaN in both), the q|k columns of r[4] */
         const char *names[5] = { "S = Q K^T", "O = P V", "dV", "dP", "dQ, dK" };
@@ -922,15 +929,33 @@ template <class S> static void test_kernels2_same_bits_one(int precision, const 
         GC_ATTN_MATMUL(&m, 0, 1, T, T, hs, scale, qkv, C3, sq, hs, qkv + C, C3, sq, hs, o[1][0], T, HTT, TT);
         sees = !same_bits(&m, o[0][0], o[1][0], natt, NULL);
     }
-    snprintf(name, sizeof name, NAME("kernels2_batched_attention_matmuls_same_bits_%s"), type);
-    verdict(bad == 0 && sees, name, "%d of 5 outputs differ from the per-sequence calls; a perturbed input seen: %d", bad, sees);
+    snprintf(name, sizeof name, NAME("kernels2_%s_attention_matmuls_same_bits_%s_C%d_T%d"), want_batched ? "batched" : "unaligned",
+             type, C, T);
+    verdict(bad == 0 && sees && batched, name, "%d of 5 outputs differ from the per-sequence calls; a perturbed input seen: %d; "
+            "%s: %d", bad, sees, want_batched ? "all six were one batched call" : "all six fell back to the per-sequence calls", batched);
+    free(h);
+    gpt_cuda_set_kernels(&m, 1);
+    gpt_cuda_destroy(&m);
+    ddp_shutdown(d);
+}
 
+/* LayerNorm backward: fused (GPT_KERNELS=2) against dx, then the partials (1), at C = 57. */
+template <class S> static void test_fused_layernorm_same_bits(int precision, const char *type) {
+    ddp_context *d = open_solo(1);
+    gpt_config cfg = { 1, 3, 57, 13, 4 };
+    gpt_cuda m;
+    int C = 57, rows = 2500, bad = 0;
+    size_t nx = (size_t)rows * C, k;
+    char name[128];
+    if (gpt_cuda_create(&m, d, &cfg, 1, precision) != DDP_OK) { printf("FAIL %s: %s\n", NAME("kernels2_create"), ddp_last_error(d)); exit(1); }
+    S *h = (S *)malloc(sizeof(S) * (2 * nx + C));   /* x, dy; then room for a run's gradients */
+    for (k = 0; k < 2 * nx; k++) gc_put(&h[k], test_value(73, k) * 2.0f - 1.0f);
     {   /* LayerNorm backward: fused (2) against dx, then partials (1) */
         S *x = (S *)gc_device_alloc(&m, sizeof(S) * nx), *dy = (S *)gc_device_alloc(&m, sizeof(S) * nx), *ln = (S *)gc_device_alloc(&m, sizeof(S) * nx);
         S *dx[2], *gw[2], *gb[2];
         float *mean = gc_floats(&m, (size_t)rows), *rstd = gc_floats(&m, (size_t)rows);
         S *w = gc_param<S>(&m, m.lnfw), *gwp = gc_grad<S>(&m, m.lnfw), *gbp = gc_grad<S>(&m, m.lnfb);
-        const S *hx = h + nqkv + natt + nout;
+        const S *hx = h;
         void *nan_bytes = malloc(sizeof(float) * GC_CHUNKS * C);
         memset(nan_bytes, 0xff, sizeof(float) * GC_CHUNKS * C);
         gpt_cuda_upload(m.stream, x, hx, sizeof(S) * nx);
@@ -952,10 +977,10 @@ template <class S> static void test_kernels2_same_bits_one(int precision, const 
             a.m = &m; a.w = m.lnfw; a.b = m.lnfb; a.rows = rows; a.accumulate = 1;
             a.x = x; a.mean = mean; a.rstd = rstd; a.dout = dy; a.dx = dx[kern - 1];
             gc_layernorm_backward<S>(&a);
-            gpt_cuda_download(m.stream, h + nqkv, gwp, sizeof(S) * C);   /* keep this run's gradients */
-            gpt_cuda_upload(m.stream, gw[kern - 1], h + nqkv, sizeof(S) * C);
-            gpt_cuda_download(m.stream, h + nqkv, gbp, sizeof(S) * C);
-            gpt_cuda_upload(m.stream, gb[kern - 1], h + nqkv, sizeof(S) * C);
+            gpt_cuda_download(m.stream, h + 2 * nx, gwp, sizeof(S) * C);   /* keep this run's gradients */
+            gpt_cuda_upload(m.stream, gw[kern - 1], h + 2 * nx, sizeof(S) * C);
+            gpt_cuda_download(m.stream, h + 2 * nx, gbp, sizeof(S) * C);
+            gpt_cuda_upload(m.stream, gb[kern - 1], h + 2 * nx, sizeof(S) * C);
         }
         bad = !same_bits(&m, dx[0], dx[1], nx, "LayerNorm dx") + !same_bits(&m, gw[0], gw[1], (size_t)C, "LayerNorm dw") +
               !same_bits(&m, gb[0], gb[1], (size_t)C, "LayerNorm db");
@@ -969,8 +994,12 @@ template <class S> static void test_kernels2_same_bits_one(int precision, const 
     ddp_shutdown(d);
 }
 static void test_kernels2_same_bits(void) {
-    test_kernels2_same_bits_one<float>(GPT_CUDA_FP32, "fp32");
-    test_kernels2_same_bits_one<gc_bf16>(GPT_CUDA_BF16, "bf16");
+    test_attn_matmuls_same_bits<float>(GPT_CUDA_FP32, "fp32", 24, 12, 1);    /* 3 heads of 8: every operand 16-byte aligned */
+    test_attn_matmuls_same_bits<gc_bf16>(GPT_CUDA_BF16, "bf16", 24, 12, 1);
+    test_attn_matmuls_same_bits<float>(GPT_CUDA_FP32, "fp32", 57, 11, 0);    /* 3 heads of 19, T = 11: not aligned */
+    test_attn_matmuls_same_bits<gc_bf16>(GPT_CUDA_BF16, "bf16", 57, 11, 0);
+    test_fused_layernorm_same_bits<float>(GPT_CUDA_FP32, "fp32");
+    test_fused_layernorm_same_bits<gc_bf16>(GPT_CUDA_BF16, "bf16");
 }
 
 /* Which parts run: all by default; else the names given as arguments or in GPT_GPU_PARTS
