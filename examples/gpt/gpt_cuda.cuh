@@ -36,6 +36,18 @@
    same bits as the one-element kernels). Both are kept so that one GPU call can time old and
    new (bench/gpu/check_bf16.sh).
 
+   Attention (GPT_ATTENTION, read by gpt_cuda_create; gpt_cuda_set_attention). explicit, the
+   default: as above, the [B, NH, T, T] scores and probabilities in memory, cuBLAS for Q K^T,
+   P V and their backward. fused: no T x T matrix anywhere (gc_att_fused_fwd and the two backward
+   row functions): a warp per query row walks its keys with an online softmax, keeps the head's
+   output accumulator in registers (head size <= GC_ATT_MAX_HS, refused otherwise) and saves the
+   row's logsumexp ([B, NH, T] floats per layer); the backward recomputes P from it, a warp per
+   query row for dQ (and D = dO . O), a warp per key row for dK and dV, in fixed order, no
+   atomics. Dropout on P draws the explicit path's mask (the same element index), so both train
+   the same model. A model created fused makes no [T, T] buffers (so it cannot switch back);
+   created explicit it can switch either way. Not the same bits as explicit (other summation
+   orders, and in bf16 no rounding of S and P): test_gpt_gpu's fused part bounds the difference.
+
    Op times (GPT_OP_TIMES=1): per-op CUDA-event times, printed by the trainer (gc_op_timer).
 
    Precision (gpt_cuda_create's precision). GPT_CUDA_FP32: fp32 throughout, TF32 off
