@@ -41,7 +41,9 @@
    7. GPT_ATTENTION=fused (no [T, T] matrices) against the explicit attention: the op at an odd
       shape, fp32 and bf16, forward and dQ, dK, dV, with and without dropout, within bounds
       derived there (see test_fused_attention_op), and a broken mask that must fail them; the
-      switch; the model against the CPU model as in part 2 (with dropout).
+      switch; the model against the CPU model as in part 2 (with dropout); part 4 with both
+      models fused (the bf16 model then rounds neither scores nor probabilities: fewer roundings
+      than part 4's bounds count).
    Parts: all by default; `test_gpt_gpu bf16 gemm` (or GPT_GPU_PARTS=bf16,gemm) runs those only.
    Built twice from this file: by nvcc (build/gpu/test_gpt_gpu: NCCL backend; prints "SKIP
    gpu: ..." without a device) and by a C++ compiler with -DGPT_CUDA_EMULATE
@@ -638,7 +640,8 @@ static void test_cuda_bf16(const gpt_config *cfg) {
     const char *worst_grad_name = "";
     char bad[1024] = "";
     float *p32, l32, l16;
-    snprintf(what, sizeof what, "%dL_%dH_C%d_T%d_B%d", cfg->layers, cfg->heads, cfg->dim, cfg->seq, cfg->batch);
+    snprintf(what, sizeof what, "%dL_%dH_C%d_T%d_B%d%s", cfg->layers, cfg->heads, cfg->dim, cfg->seq, cfg->batch,
+             getenv("GPT_ATTENTION") && !strcmp(getenv("GPT_ATTENTION"), "fused") ? "_fused_attention" : "");   /* part 7 */
     if (gpt_cuda_create(&m32, d32, cfg, 7, GPT_CUDA_FP32) != DDP_OK || gpt_cuda_create(&m16, d16, cfg, 7, GPT_CUDA_BF16) != DDP_OK) {
         printf("FAIL %s: %s / %s\n", NAME("bf16_create"), ddp_last_error(d32), ddp_last_error(d16));
         exit(1);
@@ -1083,6 +1086,9 @@ int main(int argc, char **argv) {
         test_fused_attention_op(0.2f);
         test_fused_attention_switch();
         test_cuda_vs_cpu(&small, 0.2f, 1, 1);
+        setenv("GPT_ATTENTION", "fused", 1);   /* the bf16 model against fp32, both fused: part 4's bounds (fewer roundings) */
+        test_cuda_bf16(&small);
+        unsetenv("GPT_ATTENTION");
     }
     return test_summary(NAME("test"));
 }
