@@ -103,7 +103,8 @@ enum {
     GC_UPLOAD_SLOTS = 8,       /* pinned batch slots: how far the host may run ahead */
     GC_LOSS_SLOTS = 1024,      /* per-forward losses kept on the device until read */
     GC_WTE_SEGMENT = 32,       /* GPT_KERNELS=2: positions per partial sum of the token embedding's backward */
-    GC_ATT_MAX_HS = 128        /* GPT_ATTENTION=fused: the largest head size (a row's vectors live in registers) */
+    GC_ATT_MAX_HS = 128,       /* GPT_ATTENTION=fused: the largest head size (a row's vectors live in registers) */
+    GC_ATT_KEYS = 4            /* GPT_ATTENTION=fused: keys whose scores the forward reduces together */
 };
 
 /* ---------------------------------------------------------------------------------------------
@@ -837,26 +838,36 @@ template <class S> struct gc_att_fused_fwd {
             qr[j] = c < hs ? gc_ld(q[c]) : 0.0f;
             acc[j] = 0;
         }
-        for (u = 0; u < n; u++) {
-            const S *k = k0 + (size_t)u * C3, *v = k + C;
-            float d = 0, s, p;
-            for (j = 0; j < PER; j++) {
-                int c = g.lane() + j * g.size();
-                if (c < hs) d += qr[j] * gc_ld(k[c]);
+        for (u = 0; u < n; u += GC_ATT_KEYS) {   /* GC_ATT_KEYS independent butterflies in flight, then the keys in order */
+            float sc[GC_ATT_KEYS];
+            int kk, m = n - u < GC_ATT_KEYS ? n - u : GC_ATT_KEYS;
+            for (kk = 0; kk < GC_ATT_KEYS; kk++) {
+                sc[kk] = 0;
+                if (kk < m) {
+                    const S *k = k0 + (size_t)(u + kk) * C3;
+                    for (j = 0; j < PER; j++) {
+                        int c = g.lane() + j * g.size();
+                        if (c < hs) sc[kk] += qr[j] * gc_ld(k[c]);
+                    }
+                }
             }
-            s = sh.scale * g.sum(d);
-            if (s > mx) {   /* the same in every lane: s is the butterfly's */
-                float corr = expf(mx - s);   /* 0 at the first key */
-                l *= corr;
-                for (j = 0; j < PER; j++) acc[j] *= corr;
-                mx = s;
-            }
-            p = expf(s - mx);
-            l += p;
-            p *= sh.drop(key, h, t, u);
-            for (j = 0; j < PER; j++) {
-                int c = g.lane() + j * g.size();
-                if (c < hs) acc[j] += p * gc_ld(v[c]);
+            for (kk = 0; kk < GC_ATT_KEYS; kk++) sc[kk] = sh.scale * g.sum(sc[kk]);
+            for (kk = 0; kk < m; kk++) {
+                const S *v = k0 + (size_t)(u + kk) * C3 + C;
+                float s = sc[kk], p;
+                if (s > mx) {   /* the same in every lane: s is the butterfly's */
+                    float corr = expf(mx - s);   /* 0 at the first key */
+                    l *= corr;
+                    for (j = 0; j < PER; j++) acc[j] *= corr;
+                    mx = s;
+                }
+                p = expf(s - mx);
+                l += p;
+                p *= sh.drop(key, h, t, u + kk);
+                for (j = 0; j < PER; j++) {
+                    int c = g.lane() + j * g.size();
+                    if (c < hs) acc[j] += p * gc_ld(v[c]);
+                }
             }
         }
         {
