@@ -104,7 +104,7 @@ enum {
     GC_LOSS_SLOTS = 1024,      /* per-forward losses kept on the device until read */
     GC_WTE_SEGMENT = 32,       /* GPT_KERNELS=2: positions per partial sum of the token embedding's backward */
     GC_ATT_MAX_HS = 128,       /* GPT_ATTENTION=fused: the largest head size (a row's vectors live in registers) */
-    GC_ATT_KEYS = 4            /* GPT_ATTENTION=fused: keys whose scores the forward reduces together */
+    GC_ATT_KEYS = 4            /* GPT_ATTENTION=fused: keys (queries) whose dot products a row reduces together */
 };
 
 /* ---------------------------------------------------------------------------------------------
@@ -907,19 +907,27 @@ template <class S> struct gc_att_fused_bwd_q {
         }
         Dt = g.sum(Dt);
         if (g.lane() == 0) D[row] = Dt;
-        for (u = 0; u <= t; u++) {
-            const S *k = k0 + (size_t)u * C3, *v = k + C;
-            float d = 0, dp = 0, ds;
-            for (j = 0; j < PER; j++) {
-                int c = g.lane() + j * g.size();
-                if (c < hs) { d += qr[j] * gc_ld(k[c]); dp += dor[j] * gc_ld(v[c]); }
+        for (u = 0; u <= t; u += GC_ATT_KEYS) {   /* as the forward: the keys' sums together, then in order */
+            float d[GC_ATT_KEYS], dp[GC_ATT_KEYS];
+            int kk, m = t + 1 - u < GC_ATT_KEYS ? t + 1 - u : GC_ATT_KEYS;
+            for (kk = 0; kk < GC_ATT_KEYS; kk++) {
+                d[kk] = dp[kk] = 0;
+                if (kk < m) {
+                    const S *k = k0 + (size_t)(u + kk) * C3, *v = k + C;
+                    for (j = 0; j < PER; j++) {
+                        int c = g.lane() + j * g.size();
+                        if (c < hs) { d[kk] += qr[j] * gc_ld(k[c]); dp[kk] += dor[j] * gc_ld(v[c]); }
+                    }
+                }
             }
-            d = g.sum(d);
-            dp = g.sum(dp);
-            ds = expf(sh.scale * d - L) * (dp * sh.drop(key, h, t, u) - Dt);
-            for (j = 0; j < PER; j++) {
-                int c = g.lane() + j * g.size();
-                if (c < hs) dq[j] += ds * gc_ld(k[c]);
+            for (kk = 0; kk < GC_ATT_KEYS; kk++) { d[kk] = g.sum(d[kk]); dp[kk] = g.sum(dp[kk]); }
+            for (kk = 0; kk < m; kk++) {
+                const S *k = k0 + (size_t)(u + kk) * C3;
+                float ds = expf(sh.scale * d[kk] - L) * (dp[kk] * sh.drop(key, h, t, u + kk) - Dt);
+                for (j = 0; j < PER; j++) {
+                    int c = g.lane() + j * g.size();
+                    if (c < hs) dq[j] += ds * gc_ld(k[c]);
+                }
             }
         }
         for (j = 0; j < PER; j++) {
@@ -950,22 +958,29 @@ template <class S> struct gc_att_fused_bwd_kv {
             vr[j] = c < hs ? gc_ld(v[c]) : 0.0f;
             dk[j] = dv[j] = 0;
         }
-        for (t = u; t < T; t++) {
-            const S *q = q0 + (size_t)t * C3, *dO = do0 + (size_t)t * C;
-            float d = 0, dp = 0, p, f, ds;
-            for (j = 0; j < PER; j++) {
-                int c = g.lane() + j * g.size();
-                if (c < hs) { d += gc_ld(q[c]) * kr[j]; dp += gc_ld(dO[c]) * vr[j]; }
+        for (t = u; t < T; t += GC_ATT_KEYS) {   /* GC_ATT_KEYS queries' sums together, then in order */
+            float d[GC_ATT_KEYS], dp[GC_ATT_KEYS];
+            int kk, m = T - t < GC_ATT_KEYS ? T - t : GC_ATT_KEYS;
+            for (kk = 0; kk < GC_ATT_KEYS; kk++) {
+                d[kk] = dp[kk] = 0;
+                if (kk < m) {
+                    const S *q = q0 + (size_t)(t + kk) * C3, *dO = do0 + (size_t)(t + kk) * C;
+                    for (j = 0; j < PER; j++) {
+                        int c = g.lane() + j * g.size();
+                        if (c < hs) { d[kk] += gc_ld(q[c]) * kr[j]; dp[kk] += gc_ld(dO[c]) * vr[j]; }
+                    }
+                }
             }
-            d = g.sum(d);
-            dp = g.sum(dp);
-            p = expf(sh.scale * d - lse[bh + t]);
-            f = sh.drop(key, h, t, u);
-            ds = p * (dp * f - D[bh + t]);
-            p *= f;
-            for (j = 0; j < PER; j++) {
-                int c = g.lane() + j * g.size();
-                if (c < hs) { dv[j] += p * gc_ld(dO[c]); dk[j] += ds * gc_ld(q[c]); }
+            for (kk = 0; kk < GC_ATT_KEYS; kk++) { d[kk] = g.sum(d[kk]); dp[kk] = g.sum(dp[kk]); }
+            for (kk = 0; kk < m; kk++) {
+                const S *q = q0 + (size_t)(t + kk) * C3, *dO = do0 + (size_t)(t + kk) * C;
+                float p = expf(sh.scale * d[kk] - lse[bh + t + kk]), f = sh.drop(key, h, t + kk, u);
+                float ds = p * (dp[kk] * f - D[bh + t + kk]);
+                p *= f;
+                for (j = 0; j < PER; j++) {
+                    int c = g.lane() + j * g.size();
+                    if (c < hs) { dv[j] += p * gc_ld(dO[c]); dk[j] += ds * gc_ld(q[c]); }
+                }
             }
         }
         for (j = 0; j < PER; j++) {
