@@ -1000,7 +1000,7 @@ static void test_fused_attention_op(float dropout) {
 }
 
 /* The switch: GPT_ATTENTION refused by name for another value; a model created fused has no
-   [T, T] buffers and refuses a switch back to explicit. */
+   [T, T] buffers and refuses a switch back to explicit; a head over GC_ATT_MAX_HS refused. */
 static void test_fused_attention_switch(void) {
     gpt_config cfg = { 1, 2, 32, 8, 1 };
     ddp_context *d = open_solo(1);
@@ -1020,6 +1020,23 @@ static void test_fused_attention_switch(void) {
             m.attention_fused, m.acts[0].att, m.datt);
     gpt_cuda_destroy(&m);
     ddp_shutdown(d);
+    {   /* a head of 160 > GC_ATT_MAX_HS: refused at create and by the setter */
+        gpt_config wide = { 1, 1, 160, 8, 1 };
+        int set;
+        d = open_solo(1);
+        setenv("GPT_ATTENTION", "fused", 1);
+        r = gpt_cuda_create(&m, d, &wide, 1, GPT_CUDA_FP32);
+        unsetenv("GPT_ATTENTION");
+        gpt_cuda_destroy(&m);
+        ddp_shutdown(d);
+        d = open_solo(1);
+        if (gpt_cuda_create(&m, d, &wide, 1, GPT_CUDA_FP32) != DDP_OK) { printf("FAIL %s: %s\n", NAME("fused_create"), ddp_last_error(d)); exit(1); }
+        set = gpt_cuda_set_attention(&m, 1);
+        verdict(r == DDP_ERR_INVALID_ARGUMENT && !set && !m.attention_fused, NAME("fused_attention_refuses_head_over_128"),
+                "head size 160: create returned %d, the setter %d", (int)r, set);
+        gpt_cuda_destroy(&m);
+        ddp_shutdown(d);
+    }
 }
 
 /* Which parts run: all by default; else the names given as arguments or in GPT_GPU_PARTS
