@@ -100,7 +100,7 @@ run "include order" tests/test_include_order.sh
 run "make run and make help" tests/test_make.sh
 for n in 1 2 4; do run "tiny GPT vs PyTorch, N ranks vs 1, $n rank(s)" "$B/ddprun" -n "$n" "$B/test_gpt"; done
 run "tiny GPT trainer: resume, checkpoints, data errors, sampling" tests/test_gpt.sh "$B"
-run "tiny GPT, CUDA model emulated on the host: vs PyTorch, vs the CPU model, determinism" "$B/test_gpt_gpu_emulated"
+run "tiny GPT, CUDA model emulated on the host: vs PyTorch, vs the CPU model, determinism, fused attention" "$B/test_gpt_gpu_emulated"
 run "tiny GPT trainer, CUDA model emulated on the host" env TRAIN_GPT="$B/train_gpt_emulated" TEST_PREFIX=gpt_emulated_cuda tests/test_gpt.sh "$B"
 run "rank 0 killed while writing a checkpoint, 3 ranks" tests/test_checkpoint_crash.sh "$B"
 run "ddprun --max-restarts through random kills: resume, same final checkpoint" tests/test_restart.sh "$B"

@@ -245,14 +245,16 @@ test_blocked_stdout() {
 # runs on alone (it would wait for a stopped peer and time out). ddprun runs as a job of a shell
 # with job control (set -m), so its process group is not orphaned and a stop is not discarded.
 test_ctrl_z() {
-    local why="" pid ranks r before after st
+    local why="" pid ranks r before after st again
     export PIDS="$TMP/tstp" && mkdir -p "$PIDS"
     ( set -m
-      "$DDPRUN" -n 2 sh -c 'i=0; while [ $i -lt 40 ]; do echo $i >"$PIDS/count.$RANK"; echo "tick $i"; i=$((i + 1)); sleep 0.05; done' \
+      # each rank counts until the test says go (a cap of 600 ticks): none can finish before the
+      # stop, however late the other one started on a loaded machine
+      "$DDPRUN" -n 2 sh -c 'i=0; while [ ! -e "$PIDS/go" ] && [ $i -lt 600 ]; do echo $i >"$PIDS/count.$RANK"; echo "tick $i"; i=$((i + 1)); sleep 0.05; done; echo "done at $i"' \
           >"$TMP/out" 2>"$TMP/err" &
       echo $! >"$PIDS/ddprun"
       wait $!; echo $? >"$PIDS/rc" ) &
-    for _ in $(seq 50); do [ -s "$PIDS/count.0" ] && [ -s "$PIDS/count.1" ] && break; sleep 0.05; done
+    for _ in $(seq 200); do [ -s "$PIDS/count.0" ] && [ -s "$PIDS/count.1" ] && break; sleep 0.05; done
     pid=$(cat "$PIDS/ddprun")
     ranks=$(pgrep -P "$pid" | tr '\n' ' ')
     kill -TSTP "$pid"
@@ -267,9 +269,17 @@ test_ctrl_z() {
     done
     [ "$before" = "$after" ] || why="$why; the ranks went on counting while stopped ($before -> $after)"
     kill -CONT "$pid"
+    set -- $after
+    again=0
+    for _ in $(seq 100); do   # both count again (a count file read while rewritten is empty: read again)
+        [ "$(cat "$PIDS/count.0")" -gt "$1" ] 2>/dev/null && [ "$(cat "$PIDS/count.1")" -gt "$2" ] 2>/dev/null && { again=1; break; }
+        sleep 0.05
+    done
+    [ "$again" = 1 ] || why="$why; the ranks did not both go on counting after SIGCONT ($after -> $(cat "$PIDS/count.0") $(cat "$PIDS/count.1"))"
+    touch "$PIDS/go"
     wait
     [ "$(cat "$PIDS/rc" 2>/dev/null)" = 0 ] || why="$why; exit $(cat "$PIDS/rc" 2>/dev/null) after SIGCONT: $(tr '\n' '|' <"$TMP/err")"
-    [ "$(grep -c 'tick 39$' "$TMP/out")" -eq 2 ] || why="$why; the ranks did not both finish"
+    [ "$(grep -c 'done at [0-9]*$' "$TMP/out")" -eq 2 ] || why="$why; the ranks did not both finish"
     report "Ctrl-Z stops every rank, SIGCONT continues them all" "${why#; }"
 }
 

@@ -359,7 +359,8 @@ fi   # optimes
 if want kernels2; then
 # --- GPT_KERNELS=2 (the CUDA model's new kernels): a run resumes bit for bit, other bits than
 #     the old kernels' (another summation order), its op times name the fused LayerNorm backward
-#     (the straight run times its ops: the timer changes no bits), a bad value refused ---
+#     (the straight run times its ops: the timer changes no bits), a bad value refused;
+#     GPT_ATTENTION=fused ---
 if [[ "$BIN" == *emulated* || "$BIN" == */gpu/train_gpt ]]; then
     name="gpt_kernels2_resume_bitwise_${N}ranks"
     GPT_KERNELS=2 GPT_OP_TIMES=1 train --steps 8 --seq 64 --batch 8 >"$tmp/k2.log" 2>&1
@@ -379,6 +380,28 @@ if [[ "$BIN" == *emulated* || "$BIN" == */gpu/train_gpt ]]; then
     grep -q "^  bwd layernorm dx " "$tmp/k2t.log" && why="$why; the unfused 'bwd layernorm dx' timed too"
     if [ -z "$why" ]; then pass gpt_kernels2_op_times_name_the_fused_layernorm
     else fail gpt_kernels2_op_times_name_the_fused_layernorm "${why#; }: $(grep -A4 '^op times' "$tmp/k2t.log" | tr '\n' ' ')"; fi
+    # GPT_ATTENTION=fused (no [T, T] matrices): a run with dropout resumes bit for bit, and its
+    # losses follow the explicit attention's: the first step's within the CUDA model's loss
+    # tolerance against the CPU model (2e-5 relative; the log prints 6 decimals), the later ones
+    # within 1e-3 (AdamW turns gradients that are rounding noise into lr-sized steps, which the
+    # two summation orders take differently); a bad value refused.
+    name="gpt_fused_attention_resume_bitwise_follows_explicit_${N}ranks"
+    GPT_ATTENTION=fused train --steps 8 --seq 64 --batch 8 --dropout 0.1 >"$tmp/fa.log" 2>&1
+    GPT_ATTENTION=fused train --steps 8 --seq 64 --batch 8 --dropout 0.1 --stop-at 4 --save "$tmp/fa.ck" >/dev/null 2>&1
+    GPT_ATTENTION=fused train --steps 8 --seq 64 --batch 8 --dropout 0.1 --resume "$tmp/fa.ck" >"$tmp/far.log" 2>&1
+    train --steps 8 --seq 64 --batch 8 --dropout 0.1 >"$tmp/fe.log" 2>&1
+    a=$(hash_of "$tmp/fa.log"); c=$(hash_of "$tmp/far.log")
+    losses() { sed -n 's/.*step *\([0-9]*\)\/8 | loss \([0-9.]*\) .*/\1 \2/p' "$1"; }
+    far=$(join <(losses "$tmp/fa.log") <(losses "$tmp/fe.log") |
+          awk '{ d = $2 - $3; if (d < 0) d = -d; lim = $1 == 1 ? 2e-5 * $3 + 1e-6 : 1e-3; if (d > lim) printf "step %d: %s vs %s; ", $1, $2, $3; n++ }
+               END { if (n != 8) printf "%d steps compared, 8 expected", n }')
+    if [ -n "$a" ] && [ "$a" = "$c" ] && [ -z "$far" ] && grep -q "GPT_ATTENTION=fused" "$tmp/fa.log"; then
+        pass "$name"; echo "  (params fnv1a $a, both; 8 steps' losses within the bounds of the explicit attention's)"
+    else fail "$name" "straight $a, resumed $c; ${far:-losses close}: $(tail -n 2 "$tmp/far.log" | tr '\n' ' ')"; fi
+    out=$(GPT_ATTENTION=flash timeout 60 "$BIN" "${TINY[@]}" --steps 1 2>&1); rc=$?
+    if [ $rc -ne 0 ] && grep -q "GPT_ATTENTION is 'flash': explicit (the \[T, T\] matrices, the default) or fused" <<<"$out"; then
+        pass gpt_attention_bad_value_refused
+    else fail gpt_attention_bad_value_refused "rc $rc: $(tail -n 2 <<<"$out" | tr '\n' ' ')"; fi
     out=$(GPT_KERNELS=3 timeout 60 "$BIN" "${TINY[@]}" --steps 1 2>&1); rc=$?
     if [ $rc -ne 0 ] && grep -q "GPT_KERNELS is '3': 1 (the kernels as they were) or 2 (the new ones)" <<<"$out"; then pass gpt_kernels_bad_value_refused
     else fail gpt_kernels_bad_value_refused "rc $rc: $(tail -n 2 <<<"$out" | tr '\n' ' ')"; fi

@@ -112,11 +112,11 @@ fi
 # passes, its files are what the device tool brings back.
 OUT=$tmp/cb timeout 120 bench/gpu/check_bf16.sh --no-build "$B" >"$tmp/cb.log" 2>&1
 rc=$?
-n=$(grep -cE "^SKIP (smoke_bf16_gpt2|sanitizer_bf16|bench_bf16_tf32|gpt_model_bf16|gpu_kernels|gpt_model_rest|two_ranks_bf16_resume|two_ranks_bf16_exposed_comm|zero_2ranks|op_times_bf16_kernels1|op_times_bf16_kernels2|op_times_tf32_kernels1|bench_bf16_kernels2|bench_fp32|bench_bf16_torch_compile) " "$tmp/cb/bf16-summary.txt" 2>/dev/null)
-if [ $rc -eq 0 ] && [ "${n:-0}" -eq 15 ] && grep -q "^# check_bf16: 0 step(s) ok, 0 not ok" "$tmp/cb/bf16-summary.txt" && out_ok "$tmp/cb"; then
+n=$(grep -cE "^SKIP (smoke_bf16_gpt2|sanitizer_bf16|bench_bf16_tf32|gpt_model_bf16|gpu_kernels|gpt_model_rest|two_ranks_bf16_resume|two_ranks_bf16_exposed_comm|zero_2ranks|op_times_bf16_kernels1|op_times_bf16_kernels2|op_times_bf16_kernels2_fused_attention|op_times_tf32_kernels1|bench_bf16_kernels2|bench_fp32|bench_bf16_torch_compile) " "$tmp/cb/bf16-summary.txt" 2>/dev/null)
+if [ $rc -eq 0 ] && [ "${n:-0}" -eq 16 ] && grep -q "^# check_bf16: 0 step(s) ok, 0 not ok" "$tmp/cb/bf16-summary.txt" && out_ok "$tmp/cb"; then
     pass gpu_check_bf16_dry_run_every_step_skips
 else
-    fail gpu_check_bf16_dry_run_every_step_skips "exit $rc, $n of 15 steps SKIP: $(tail -n 3 "$tmp/cb.log" | tr '\n' ' ')"
+    fail gpu_check_bf16_dry_run_every_step_skips "exit $rc, $n of 16 steps SKIP: $(tail -n 3 "$tmp/cb.log" | tr '\n' ' ')"
 fi
 
 # The same call on a stand-in GPU: gpu_count says 1, nvidia-smi names a GPU, the trainer is the
@@ -145,13 +145,14 @@ if [ -x "$B/train_gpt_emulated" ] && [ -x "$B/ddprun" ]; then
     why=""
     [ $rc -eq 0 ] || why="exit $rc"
     ok=$(grep -c "^ok " "$sum" 2>/dev/null)
-    [ "${ok:-0}" -eq 15 ] || why="$why; $ok of 15 steps ok: $(grep -vE '^(#|ok )' "$sum" | tr '\n' ' ')"
+    [ "${ok:-0}" -eq 16 ] || why="$why; $ok of 16 steps ok: $(grep -vE '^(#|ok )' "$sum" | tr '\n' ' ')"
     for want in "PASS smoke_bf16_gpt2_trains" "PASS sanitizer_memcheck_bf16_odd_shapes" "PASS gpt_gpu_bf16_resume_bitwise_2ranks" \
                 "^op times \\(GPT_OP_TIMES=1" "PASS zero_2ranks_fp32_parameters_prefetch_off_equals_none" "PASS zero_2ranks_bf16_gradients_equals_none" "RESULT gpu=\"Stand-in GPU, 580.00, 81559 MiB\" gpt2small_bf16 ours_tokens_per_s=[0-9]+ torch_tokens_per_s=100 ratio="; do
         grep -qE -- "$want" "$tmp/cf"/bf16-*.log || why="$why; no '$want'"
     done
     for p in bf16 tf32 fp32 bf16_kernels2; do grep -q "^# RESULT .*gpt2small_$p " "$sum" || why="$why; no $p RESULT in the summary"; done
     grep -q "GPT_KERNELS=2" "$tmp/cf/bf16-6-more.log" || why="$why; the GPT_KERNELS=2 runs do not say so" 
+    grep -q "GPT_ATTENTION=fused" "$tmp/cf/bf16-6-more.log" || why="$why; the GPT_ATTENTION=fused run does not say so"
     grep -q "compile_tokens_per_s=100 " "$sum" || why="$why; no torch.compile RESULT"
     # the ZeRO table in the summary: five fp32 levels, each with the stand-in pid's MiB
     [ "$(grep -cE "^# ZERO fp32 [a-z,-]+ +\| [0-9.]+ +\| [0-9a-f]{16} \| +[0-9.]+ \| +[0-9.]+x \| 1234 \(1 pid\(s\)\); GPU used 2500, \+0 over idle" "$sum")" -eq 5 ] ||

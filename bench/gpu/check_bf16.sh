@@ -16,8 +16,9 @@
 #   2 sanitizer_bf16         compute-sanitizer memcheck on a small odd-shaped --bf16 run (sizes
 #                            no multiple of 32), 3 steps with dropout
 #   3 bench_bf16_tf32        bench_gpt_gpu.sh PRECISIONS="bf16 tf32": ours against PyTorch eager
-#   4 gpt_model_bf16         test_gpt_gpu gemm bf16 kernels2: the split-K bf16 GEMM bound and
-#                            math mode, the bf16 model against fp32, GPT_KERNELS=2 against the CPU
+#   4 gpt_model_bf16         test_gpt_gpu gemm bf16 kernels2 fused: the split-K bf16 GEMM bound and
+#                            math mode, the bf16 model against fp32, GPT_KERNELS=2 against the CPU,
+#                            GPT_ATTENTION=fused against the explicit attention
 #   5 gpu_kernels            test_gpu_kernels (the bf16 AdamW/scale against the CPU bit for bit)
 #   7 two_ranks_bf16         2 ranks sharing the GPU in bf16: tests/test_gpt.sh's bf16 and resume
 #                            groups (resume bit for bit), then the exposed communication of a
@@ -28,7 +29,8 @@
 #                            (PASS/FAIL a level), step ms, a rank's device MiB (nvidia-smi);
 #                            bench/gpu/zero_2ranks.sh
 #   8 op_times_*             GPT_OP_TIMES=1: where a bf16 step goes, kernel by kernel, with the
-#                            old and the new kernels (GPT_KERNELS=2), then TF32; the new
+#                            old and the new kernels (GPT_KERNELS=2), the new ones with the fused
+#                            attention (GPT_ATTENTION=fused), then TF32; the new
 #                            kernels' bf16 tokens/s (bench_bf16_kernels2)
 #   6 gpt_model_rest         test_gpt_gpu reference vs_cpu determinism (the templated fp32 model)
 #   9 bench_fp32_compile     if time is left: fp32 against PyTorch, then bf16 against torch.compile
@@ -150,7 +152,7 @@ step bench_bf16_tf32 240 "$OUT/bf16-3-bench.log" "$G/train_gpt" env PRECISIONS="
 
 # 4-5. The GPT model test's bf16 parts (the rest, the templated fp32 model, comes after the op
 #      times: its CPU side may run without OpenBLAS there and take minutes); the kernels.
-step gpt_model_bf16 150 "$OUT/bf16-4-tests.log" "$G/test_gpt_gpu" "$G/test_gpt_gpu" gemm bf16 kernels2
+step gpt_model_bf16 150 "$OUT/bf16-4-tests.log" "$G/test_gpt_gpu" "$G/test_gpt_gpu" gemm bf16 kernels2 fused
 step gpu_kernels 150 "$OUT/bf16-4-tests.log" "$G/test_gpu_kernels" "$G/test_gpu_kernels"
 
 # 7. Two ranks sharing the GPU (NCCL over loopback sockets: tools/nccl_one_gpu.sh) in bf16.
@@ -167,10 +169,13 @@ step zero_2ranks 100 "$OUT/bf16-5-2ranks.log" "$B/ddprun $G/train_gpt" --gpu-onl
     bench/gpu/zero_2ranks.sh "$B/ddprun" "$G/train_gpt" --data "$DATA" "${SHAPE2[@]}" "${QUIET[@]}"
 
 # 8. Where a step goes: per-op CUDA-event times of the GPT-2-sized model, bf16 with the old and
-#    the new kernels (GPT_KERNELS=2), then TF32; and the new kernels' tokens/s in bf16.
-for run in bf16:1 bf16:2 tf32:1; do
-    p=${run%:*} k=${run#*:}
-    step "op_times_${p}_kernels$k" 60 "$OUT/bf16-6-more.log" "$G/train_gpt" --gpu-only env GPT_OP_TIMES=1 GPT_KERNELS=$k "$G/train_gpt" \
+#    the new kernels (GPT_KERNELS=2), the new ones with the fused attention (GPT_ATTENTION=fused:
+#    no [T, T] matrices), then TF32; and the new kernels' tokens/s in bf16.
+for run in bf16:1:explicit bf16:2:explicit bf16:2:fused tf32:1:explicit; do
+    IFS=: read -r p k att <<<"$run"
+    name="op_times_${p}_kernels$k"
+    [ "$att" = fused ] && name="${name}_fused_attention"
+    step "$name" 60 "$OUT/bf16-6-more.log" "$G/train_gpt" --gpu-only env GPT_OP_TIMES=1 GPT_KERNELS=$k GPT_ATTENTION=$att "$G/train_gpt" \
         "${GPT2[@]}" "${QUIET[@]}" --steps 12 --warmup 2 --log-every 4 "--$p"
 done
 step bench_bf16_kernels2 90 "$OUT/bf16-6-more.log" "$G/train_gpt" env PRECISIONS=bf16 IMPLS=ours OURS_ENV=GPT_KERNELS=2 TAG=_kernels2 \

@@ -39,6 +39,18 @@
    sum (gc_layernorm_bwd_fused), both with GPT_KERNELS=1's bits. Both are kept so that one GPU call can time old and
    new (bench/gpu/check_bf16.sh).
 
+   Attention (GPT_ATTENTION, read by gpt_cuda_create; gpt_cuda_set_attention). explicit, the
+   default: as above, the [B, NH, T, T] scores and probabilities in memory, cuBLAS for Q K^T,
+   P V and their backward. fused: no T x T matrix anywhere (gc_att_fused_fwd and the two backward
+   row functions): a warp per query row walks its keys with an online softmax, keeps the head's
+   output accumulator in registers (head size <= GC_ATT_MAX_HS, refused otherwise) and saves the
+   row's logsumexp ([B, NH, T] floats per layer); the backward recomputes P from it, a warp per
+   query row for dQ (and D = dO . O), a warp per key row for dK and dV, in fixed order, no
+   atomics. Dropout on P draws the explicit path's mask (the same element index), so both train
+   the same model. A model created fused makes no [T, T] buffers (so it cannot switch back);
+   created explicit it can switch either way. Not the same bits as explicit (other summation
+   orders, and in bf16 no rounding of S and P): test_gpt_gpu's fused part bounds the difference.
+
    Op times (GPT_OP_TIMES=1): per-op CUDA-event times, printed by the trainer (gc_op_timer).
 
    Precision (gpt_cuda_create's precision). GPT_CUDA_FP32: fp32 throughout, TF32 off
@@ -95,7 +107,9 @@ enum {
     GC_CHUNKS = 64,            /* column sums: rows are cut into this many chunks, summed in order */
     GC_UPLOAD_SLOTS = 8,       /* pinned batch slots: how far the host may run ahead */
     GC_LOSS_SLOTS = 1024,      /* per-forward losses kept on the device until read */
-    GC_WTE_SEGMENT = 32        /* GPT_KERNELS=2: positions per partial sum of the token embedding's backward */
+    GC_WTE_SEGMENT = 32,       /* GPT_KERNELS=2: positions per partial sum of the token embedding's backward */
+    GC_ATT_MAX_HS = 128,       /* GPT_ATTENTION=fused: the largest head size (a row's vectors live in registers) */
+    GC_ATT_KEYS = 4            /* GPT_ATTENTION=fused: keys (queries) whose dot products a row reduces together */
 };
 
 /* ---------------------------------------------------------------------------------------------
@@ -129,6 +143,7 @@ static void gc_check_cublas(cublasStatus_t s, const char *what, const char *file
    the same two values in each lane of a pair (a + b == b + a exactly), stage after stage.
    --------------------------------------------------------------------------------------------- */
 struct gc_one_lane {
+    enum { WIDTH = 1 };   /* lanes per row, known at compile time (register arrays per lane) */
     GC_HD int lane() const { return 0; }
     GC_HD int size() const { return 1; }
     GC_HD float sum(float v) const { return v; }
@@ -138,6 +153,7 @@ struct gc_one_lane {
 
 #ifndef GPT_CUDA_EMULATE
 struct gc_warp_lanes {
+    enum { WIDTH = GC_WARP };
 #ifdef __CUDA_ARCH__
     __device__ int lane() const { return (int)(threadIdx.x % GC_WARP); }
     __device__ int size() const { return GC_WARP; }
@@ -305,7 +321,9 @@ typedef struct gpt_cuda_layer {    /* one block's saved activations (device), as
     void *ln1;
     float *ln1_mean, *ln1_rstd;
     void *qkv;                     /* [BT, 3C] */
-    void *att;                     /* [B, NH, T, T] softmax probabilities, 0 above the diagonal */
+    void *att;                     /* [B, NH, T, T] softmax probabilities, 0 above the diagonal (NULL:
+                                      created with GPT_ATTENTION=fused) */
+    float *lse;                    /* [B, NH, T] GPT_ATTENTION=fused: each query row's logsumexp */
     void *att_out;                 /* [BT, C] */
     void *res_mid;
     void *ln2;
@@ -338,6 +356,8 @@ typedef struct gpt_cuda {
     size_t batch_ints;
     int kernels;                   /* 1: the kernels as they were; 2 (GPT_KERNELS=2): the new ones */
     void **attn_ptrs;              /* GPT_KERNELS=2: [3, batch * heads] operand pointers of one batched attention matmul */
+    int attention_fused;           /* GPT_ATTENTION=fused: gc_attention_fused instead of gc_attention */
+    float *att_D;                  /* [B, NH, T] the fused backward's dO . O per query row */
     int *upload[GC_UPLOAD_SLOTS];  /* pinned host slots, same layout */
     gc_event upload_done[GC_UPLOAD_SLOTS];
     int upload_used[GC_UPLOAD_SLOTS], upload_next;
@@ -934,6 +954,206 @@ template <class S> struct gc_causal_softmax_bwd {
     }
 };
 
+/* GPT_ATTENTION=fused: causal attention without the [T, T] matrices. One row function per query
+   row (b, h, t) for the forward and dQ, one per key row (b, h, u) for dK and dV; a row's head
+   vectors are spread over the lanes (lane l holds elements l, l + lanes, ..., at most
+   GC_ATT_MAX_HS / lanes of them, in registers), each dot product is the lanes' butterfly sum,
+   so every lane sees the same score bits and takes the same branches. Keys run in increasing
+   order: deterministic, no atomics. Dropout on P uses the explicit path's mask: element
+   h T^2 + t T + u of sample b's mask at the layer's site (gc_dropout with per_sample NH T^2). */
+struct gc_att_shape {
+    int T, C, NH;
+    float scale;   /* 1 / sqrt(hs) */
+    int dropping;
+    uint64_t seed, step, row0, stride;
+    uint32_t site, threshold;
+    float drop_scale;
+    GC_HD uint64_t drop_key(int b) const { return gpt__drop_key(seed, step, row0 + (uint64_t)b * stride, site); }
+    GC_HD float drop(uint64_t key, int h, int t, int u) const {   /* P's mask factor at (h, t, u) */
+        return dropping ? gpt__drop_factor(key, ((uint64_t)h * T + (uint64_t)t) * T + (uint64_t)u, threshold, drop_scale) : 1.0f;
+    }
+};
+
+/* Forward of query row (b, h, t): online softmax over keys u <= t (the running max mx, the sum l
+   of exp(s - mx), the output accumulator rescaled when mx grows), O = acc / l, and the row's
+   logsumexp mx + log l (float) for the backward. With dropout, l sums P unmasked (the softmax)
+   and acc the masked P times V, as O = dropout(P) V. extra_keys is 0; the test sets 1 (a mask
+   off by one, which its bound must catch). */
+template <class S> struct gc_att_fused_fwd {
+    const S *qkv;
+    S *out;
+    float *lse;
+    gc_att_shape sh;
+    int extra_keys;
+    template <class Lanes> GC_HD void operator()(const Lanes &g, int row) const {
+        enum { PER = (GC_ATT_MAX_HS + Lanes::WIDTH - 1) / Lanes::WIDTH };
+        int T = sh.T, C = sh.C, hs = C / sh.NH, t = row % T, h = (row / T) % sh.NH, b = row / T / sh.NH, n = t + 1 + extra_keys, u, j;
+        size_t C3 = 3 * (size_t)C;
+        const S *q = qkv + ((size_t)b * T + t) * C3 + (size_t)h * hs, *k0 = qkv + (size_t)b * T * C3 + C + (size_t)h * hs;
+        float qr[PER], acc[PER], mx = -INFINITY, l = 0;
+        uint64_t key = sh.drop_key(b);
+        if (n > T) n = T;
+        for (j = 0; j < PER; j++) {
+            int c = g.lane() + j * g.size();
+            qr[j] = c < hs ? gc_ld(q[c]) : 0.0f;
+            acc[j] = 0;
+        }
+        for (u = 0; u < n; u += GC_ATT_KEYS) {   /* GC_ATT_KEYS independent butterflies in flight, then the keys in order */
+            float sc[GC_ATT_KEYS];
+            int kk, m = n - u < GC_ATT_KEYS ? n - u : GC_ATT_KEYS;
+            for (kk = 0; kk < GC_ATT_KEYS; kk++) {
+                sc[kk] = 0;
+                if (kk < m) {
+                    const S *k = k0 + (size_t)(u + kk) * C3;
+                    for (j = 0; j < PER; j++) {
+                        int c = g.lane() + j * g.size();
+                        if (c < hs) sc[kk] += qr[j] * gc_ld(k[c]);
+                    }
+                }
+            }
+            for (kk = 0; kk < GC_ATT_KEYS; kk++) sc[kk] = sh.scale * g.sum(sc[kk]);
+            for (kk = 0; kk < m; kk++) {
+                const S *v = k0 + (size_t)(u + kk) * C3 + C;
+                float s = sc[kk], p;
+                if (s > mx) {   /* the same in every lane: s is the butterfly's */
+                    float corr = expf(mx - s);   /* 0 at the first key */
+                    l *= corr;
+                    for (j = 0; j < PER; j++) acc[j] *= corr;
+                    mx = s;
+                }
+                p = expf(s - mx);
+                l += p;
+                p *= sh.drop(key, h, t, u + kk);
+                for (j = 0; j < PER; j++) {
+                    int c = g.lane() + j * g.size();
+                    if (c < hs) acc[j] += p * gc_ld(v[c]);
+                }
+            }
+        }
+        {
+            S *o = out + ((size_t)b * T + t) * C + (size_t)h * hs;
+            float inv = 1.0f / l;
+            for (j = 0; j < PER; j++) {
+                int c = g.lane() + j * g.size();
+                if (c < hs) gc_put(&o[c], acc[j] * inv);
+            }
+            if (g.lane() == 0) lse[row] = mx + logf(l);
+        }
+    }
+};
+
+/* Backward of query row (b, h, t): D_t = dO_t . O_t (= sum_u Pd_tu dPd_tu, what the explicit
+   softmax backward subtracts), kept in D for the key rows; P_tu = exp(s_tu - lse_t) recomputed;
+   dS_tu = P_tu (m_tu dO_t . V_u - D_t) with m the dropout factor; dQ_t = scale sum_u dS_tu K_u. */
+template <class S> struct gc_att_fused_bwd_q {
+    const S *qkv, *out, *dout;
+    const float *lse;
+    float *D;
+    S *dqkv;
+    gc_att_shape sh;
+    template <class Lanes> GC_HD void operator()(const Lanes &g, int row) const {
+        enum { PER = (GC_ATT_MAX_HS + Lanes::WIDTH - 1) / Lanes::WIDTH };
+        int T = sh.T, C = sh.C, hs = C / sh.NH, t = row % T, h = (row / T) % sh.NH, b = row / T / sh.NH, u, j;
+        size_t C3 = 3 * (size_t)C, at = ((size_t)b * T + t) * C + (size_t)h * hs;
+        const S *q = qkv + ((size_t)b * T + t) * C3 + (size_t)h * hs, *k0 = qkv + (size_t)b * T * C3 + C + (size_t)h * hs;
+        float qr[PER], dor[PER], dq[PER], Dt = 0, L = lse[row];
+        uint64_t key = sh.drop_key(b);
+        for (j = 0; j < PER; j++) {
+            int c = g.lane() + j * g.size();
+            qr[j] = c < hs ? gc_ld(q[c]) : 0.0f;
+            dor[j] = c < hs ? gc_ld(dout[at + c]) : 0.0f;
+            dq[j] = 0;
+            if (c < hs) Dt += dor[j] * gc_ld(out[at + c]);
+        }
+        Dt = g.sum(Dt);
+        if (g.lane() == 0) D[row] = Dt;
+        for (u = 0; u <= t; u += GC_ATT_KEYS) {   /* as the forward: the keys' sums together, then in order */
+            float d[GC_ATT_KEYS], dp[GC_ATT_KEYS];
+            int kk, m = t + 1 - u < GC_ATT_KEYS ? t + 1 - u : GC_ATT_KEYS;
+            for (kk = 0; kk < GC_ATT_KEYS; kk++) {
+                d[kk] = dp[kk] = 0;
+                if (kk < m) {
+                    const S *k = k0 + (size_t)(u + kk) * C3, *v = k + C;
+                    for (j = 0; j < PER; j++) {
+                        int c = g.lane() + j * g.size();
+                        if (c < hs) { d[kk] += qr[j] * gc_ld(k[c]); dp[kk] += dor[j] * gc_ld(v[c]); }
+                    }
+                }
+            }
+            for (kk = 0; kk < GC_ATT_KEYS; kk++) { d[kk] = g.sum(d[kk]); dp[kk] = g.sum(dp[kk]); }
+            for (kk = 0; kk < m; kk++) {
+                const S *k = k0 + (size_t)(u + kk) * C3;
+                float ds = expf(sh.scale * d[kk] - L) * (dp[kk] * sh.drop(key, h, t, u + kk) - Dt);
+                for (j = 0; j < PER; j++) {
+                    int c = g.lane() + j * g.size();
+                    if (c < hs) dq[j] += ds * gc_ld(k[c]);
+                }
+            }
+        }
+        for (j = 0; j < PER; j++) {
+            int c = g.lane() + j * g.size();
+            if (c < hs) gc_put(&dqkv[((size_t)b * T + t) * C3 + (size_t)h * hs + c], sh.scale * dq[j]);
+        }
+    }
+};
+
+/* Backward of key row (b, h, u), over queries t >= u in increasing order: dV_u = sum_t Pd_tu dO_t,
+   dK_u = scale sum_t dS_tu Q_t (lse and D from the forward and the query rows). */
+template <class S> struct gc_att_fused_bwd_kv {
+    const S *qkv, *dout;
+    const float *lse, *D;
+    S *dqkv;
+    gc_att_shape sh;
+    template <class Lanes> GC_HD void operator()(const Lanes &g, int row) const {
+        enum { PER = (GC_ATT_MAX_HS + Lanes::WIDTH - 1) / Lanes::WIDTH };
+        int T = sh.T, C = sh.C, hs = C / sh.NH, u = row % T, h = (row / T) % sh.NH, b = row / T / sh.NH, t, j;
+        size_t C3 = 3 * (size_t)C, bh = (size_t)(row / T) * T;
+        const S *k = qkv + ((size_t)b * T + u) * C3 + C + (size_t)h * hs, *v = k + C, *q0 = qkv + (size_t)b * T * C3 + (size_t)h * hs;
+        const S *do0 = dout + (size_t)b * T * C + (size_t)h * hs;
+        float kr[PER], vr[PER], dk[PER], dv[PER];
+        uint64_t key = sh.drop_key(b);
+        for (j = 0; j < PER; j++) {
+            int c = g.lane() + j * g.size();
+            kr[j] = c < hs ? gc_ld(k[c]) : 0.0f;
+            vr[j] = c < hs ? gc_ld(v[c]) : 0.0f;
+            dk[j] = dv[j] = 0;
+        }
+        for (t = u; t < T; t += GC_ATT_KEYS) {   /* GC_ATT_KEYS queries' sums together, then in order */
+            float d[GC_ATT_KEYS], dp[GC_ATT_KEYS];
+            int kk, m = T - t < GC_ATT_KEYS ? T - t : GC_ATT_KEYS;
+            for (kk = 0; kk < GC_ATT_KEYS; kk++) {
+                d[kk] = dp[kk] = 0;
+                if (kk < m) {
+                    const S *q = q0 + (size_t)(t + kk) * C3, *dO = do0 + (size_t)(t + kk) * C;
+                    for (j = 0; j < PER; j++) {
+                        int c = g.lane() + j * g.size();
+                        if (c < hs) { d[kk] += gc_ld(q[c]) * kr[j]; dp[kk] += gc_ld(dO[c]) * vr[j]; }
+                    }
+                }
+            }
+            for (kk = 0; kk < GC_ATT_KEYS; kk++) { d[kk] = g.sum(d[kk]); dp[kk] = g.sum(dp[kk]); }
+            for (kk = 0; kk < m; kk++) {
+                const S *q = q0 + (size_t)(t + kk) * C3, *dO = do0 + (size_t)(t + kk) * C;
+                float p = expf(sh.scale * d[kk] - lse[bh + t + kk]), f = sh.drop(key, h, t + kk, u);
+                float ds = p * (dp[kk] * f - D[bh + t + kk]);
+                p *= f;
+                for (j = 0; j < PER; j++) {
+                    int c = g.lane() + j * g.size();
+                    if (c < hs) { dv[j] += p * gc_ld(dO[c]); dk[j] += ds * gc_ld(q[c]); }
+                }
+            }
+        }
+        for (j = 0; j < PER; j++) {
+            int c = g.lane() + j * g.size();
+            if (c < hs) {
+                S *dst = dqkv + ((size_t)b * T + u) * C3 + (size_t)h * hs + c;
+                gc_put(&dst[C], sh.scale * dk[j]);
+                gc_put(&dst[2 * C], dv[j]);
+            }
+        }
+    }
+};
+
 /* GELU, tanh form: x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3), as gpt__gelu. */
 #define GC_GELU_K 0.7978845608028654f
 static GC_HD inline float gc_gelu(float v) {
@@ -1339,6 +1559,50 @@ template <class S> static void gc_attention(gpt_cuda *m, const S *qkv, S *att, S
     }
 }
 
+/* GPT_ATTENTION=fused: the same op as gc_attention without the [B, NH, T, T] buffers (see
+   gc_att_fused_fwd); lse [B, NH, T] is the layer's, D [B, NH, T] scratch shared by the layers. */
+static gc_att_shape gc_att_shape_of(const gpt_cuda *m, uint32_t site) {
+    gc_att_shape sh;
+    sh.T = m->T; sh.C = m->cfg.dim; sh.NH = m->cfg.heads;
+    sh.scale = 1.0f / sqrtf((float)(m->cfg.dim / m->cfg.heads));
+    sh.dropping = m->dropping;
+    sh.seed = m->drop_seed; sh.step = m->drop_step; sh.row0 = m->drop_row0; sh.stride = m->drop_stride;
+    sh.site = site; sh.threshold = m->drop_threshold; sh.drop_scale = m->drop_scale;
+    return sh;
+}
+template <class S> struct gc_att_fused_args { gpt_cuda *m; const S *qkv, *out, *dout; const float *lse; S *dqkv; uint32_t site; };
+
+template <class S> static void gc_attention_fused_backward(void *p) {
+    const gc_att_fused_args<S> *a = (const gc_att_fused_args<S> *)p;
+    gpt_cuda *m = a->m;
+    int rows = m->B * m->cfg.heads * m->T;
+    gc_att_fused_bwd_q<S> bq;
+    gc_att_fused_bwd_kv<S> bkv;
+    bq.qkv = a->qkv; bq.out = a->out; bq.dout = a->dout; bq.lse = a->lse; bq.D = m->att_D; bq.dqkv = a->dqkv;
+    bq.sh = gc_att_shape_of(m, a->site);
+    bkv.qkv = a->qkv; bkv.dout = a->dout; bkv.lse = a->lse; bkv.D = m->att_D; bkv.dqkv = a->dqkv; bkv.sh = bq.sh;
+    gc_time(m, "bwd attention fused dQ (+ D)");
+    GC_FOR_ROWS(m, bq, rows);
+    gc_time_end(m);
+    gc_time(m, "bwd attention fused dK, dV");
+    GC_FOR_ROWS(m, bkv, rows);
+    gc_time_end(m);
+}
+
+template <class S> static void gc_attention_fused(gpt_cuda *m, const S *qkv, float *lse, S *out, const S *dout, S *dqkv, uint32_t site,
+                                                  int record) {
+    gc_att_fused_fwd<S> f;
+    f.qkv = qkv; f.out = out; f.lse = lse; f.sh = gc_att_shape_of(m, site); f.extra_keys = 0;
+    gc_time(m, "fwd attention fused");
+    GC_FOR_ROWS(m, f, m->B * m->cfg.heads * m->T);
+    gc_time_end(m);
+    if (record) {
+        gc_att_fused_args<S> a;
+        a.m = m; a.qkv = qkv; a.out = out; a.dout = dout; a.lse = lse; a.dqkv = dqkv; a.site = site;
+        gc_record(m, gc_attention_fused_backward<S>, &a, sizeof a, NULL, 0);
+    }
+}
+
 /* GELU; the backward recomputes the sigmoid from x (cheaper than keeping it). */
 template <class S> struct gc_gelu_args { gpt_cuda *m; size_t n; const S *x, *dout; S *dx; };
 
@@ -1448,7 +1712,8 @@ template <class S> static void gc_forward(gpt_cuda *m, int have_targets, float l
         gc_unit(m, l + 2, GC_PREFETCH);   /* the next block's (or lnf's) copy overlaps this block */
         gc_layernorm<S>(m, id->ln1w, id->ln1b, res_in, ln1, a->ln1_mean, a->ln1_rstd, dln, dres, 1, train);
         gc_linear<S>(m, id->qkvw, id->qkvb, ln1, qkv, NULL, C, 3 * C, dqkv, dln, 0, train);
-        gc_attention<S>(m, qkv, att, att_out, datt_out, dqkv, GPT_DROP_ATT(l), train);
+        if (m->attention_fused) gc_attention_fused<S>(m, qkv, a->lse, att_out, datt_out, dqkv, GPT_DROP_ATT(l), train);
+        else gc_attention<S>(m, qkv, att, att_out, datt_out, dqkv, GPT_DROP_ATT(l), train);
         gc_linear<S>(m, id->projw, id->projb, att_out, res_mid, res_in, C, C, dres, datt_out, GPT_DROP_ATTN_RESID(l), train);
         gc_layernorm<S>(m, id->ln2w, id->ln2b, res_mid, ln2, a->ln2_mean, a->ln2_rstd, dln, dres, 1, train);
         gc_linear<S>(m, id->fcw, id->fcb, ln2, fc, NULL, C, 4 * C, dfc, dln, 0, train);
@@ -1583,6 +1848,19 @@ static inline ddp_result gpt_cuda_create(gpt_cuda *m, ddp_context *ddp, const gp
         }
         m->kernels = e && strcmp(e, "2") == 0 ? 2 : 1;
     }
+    {   /* GPT_ATTENTION=fused: attention without the [T, T] matrices (their buffers are then not made) */
+        const char *e = getenv("GPT_ATTENTION");
+        if (e && strcmp(e, "explicit") != 0 && strcmp(e, "fused") != 0) {
+            fprintf(stderr, "gpt_cuda_create: GPT_ATTENTION is '%s': explicit (the [T, T] matrices, the default) or fused\n", e);
+            return DDP_ERR_INVALID_ARGUMENT;
+        }
+        m->attention_fused = e && strcmp(e, "fused") == 0;
+        if (m->attention_fused && C / NH > GC_ATT_MAX_HS) {
+            fprintf(stderr, "gpt_cuda_create: rank %d: GPT_ATTENTION=fused takes a head size (dim / heads) of at most %d, not %d\n",
+                    ddp_rank(ddp), (int)GC_ATT_MAX_HS, C / NH);
+            return DDP_ERR_INVALID_ARGUMENT;
+        }
+    }
     {   /* GPT_OP_TIMES=1: per-op times (see gc_op_timer) */
         const char *e = getenv("GPT_OP_TIMES");
         if (e && strcmp(e, "0") != 0 && strcmp(e, "1") != 0) {
@@ -1607,7 +1885,8 @@ static inline ddp_result gpt_cuda_create(gpt_cuda *m, ddp_context *ddp, const gp
         gpt_cuda_layer *a = &m->acts[l];
         a->res_in = l == 0 ? m->res0 : m->acts[l - 1].res_out;
         a->ln1 = gc_acts(m, BT * C); a->ln1_mean = gc_floats(m, BT); a->ln1_rstd = gc_floats(m, BT);
-        a->qkv = gc_acts(m, BT * 3 * C); a->att = gc_acts(m, BHTT);
+        a->qkv = gc_acts(m, BT * 3 * C); a->att = m->attention_fused ? NULL : gc_acts(m, BHTT);
+        a->lse = gc_floats(m, BT * NH);
         a->att_out = gc_acts(m, BT * C); a->res_mid = gc_acts(m, BT * C);
         a->ln2 = gc_acts(m, BT * C); a->ln2_mean = gc_floats(m, BT); a->ln2_rstd = gc_floats(m, BT);
         a->fc = gc_acts(m, BT * 4 * C); a->gelu = gc_acts(m, BT * 4 * C);
@@ -1617,7 +1896,8 @@ static inline ddp_result gpt_cuda_create(gpt_cuda *m, ddp_context *ddp, const gp
     m->logits = gc_acts(m, BT * GPT_VOCAB); m->dlogits = gc_acts(m, BT * GPT_VOCAB);
     m->dres = gc_acts(m, BT * C); m->dln = gc_acts(m, BT * C); m->datt_out = gc_acts(m, BT * C);
     m->dqkv = gc_acts(m, BT * 3 * C); m->dfc = gc_acts(m, BT * 4 * C); m->dgelu = gc_acts(m, BT * 4 * C);
-    m->datt = gc_acts(m, BHTT);
+    m->datt = m->attention_fused ? NULL : gc_acts(m, BHTT);
+    m->att_D = gc_floats(m, BT * NH);
     m->ddrop = gc_acts(m, BT * C);
     m->row_loss = gc_floats(m, BT);
     m->losses = gc_floats(m, GC_LOSS_SLOTS);
@@ -1763,6 +2043,16 @@ static inline int gpt_cuda_set_kernels(gpt_cuda *m, int kernels) {
     return 1;
 }
 
+/* Which attention (GPT_ATTENTION at create): 0 explicit, 1 fused. Returns 0 (nothing changed)
+   for explicit on a model created fused (its [T, T] buffers were never made) or fused with a
+   head size over GC_ATT_MAX_HS. */
+static inline int gpt_cuda_set_attention(gpt_cuda *m, int fused) {
+    if (fused && m->cfg.dim / m->cfg.heads > GC_ATT_MAX_HS) return 0;
+    if (!fused && !m->datt) return 0;
+    m->attention_fused = fused != 0;
+    return 1;
+}
+
 /* Per-op times (GPT_OP_TIMES=1; each a no-op when it is off). gpt_cuda_op_times_on: whether
    it is on. gpt_cuda_time_begin / _end: a span of the trainer's own on the compute stream (e.g.
    "ddp adamw step"), not nested in another. gpt_cuda_op_times_step: the end of a step: its span
@@ -1840,8 +2130,8 @@ static inline void gpt_cuda_op_times_print(gpt_cuda *m, FILE *f) {
 /* "CUDA <device>, cuBLAS fp32" and the like, for the trainer's banner. */
 static inline void gpt_cuda_describe(const gpt_cuda *m, char *buf, size_t n) {
 #ifdef GPT_CUDA_EMULATE
-    snprintf(buf, n, "CUDA model emulated on the host (GPT_CUDA_EMULATE)%s%s", m->tf32 ? ", --tf32 ignored" : m->bf16 ? ", bf16" : "",
-             m->kernels == 2 ? ", GPT_KERNELS=2" : "");
+    snprintf(buf, n, "CUDA model emulated on the host (GPT_CUDA_EMULATE)%s%s%s", m->tf32 ? ", --tf32 ignored" : m->bf16 ? ", bf16" : "",
+             m->kernels == 2 ? ", GPT_KERNELS=2" : "", m->attention_fused ? ", GPT_ATTENTION=fused" : "");
 #else
     int dev = 0;
     struct cudaDeviceProp prop;
@@ -1850,9 +2140,9 @@ static inline void gpt_cuda_describe(const gpt_cuda *m, char *buf, size_t n) {
         snprintf(prop.name, sizeof prop.name, "unknown GPU");
     }
     /* ", bf16" as in the emulation's banner: tests/test_gpt.sh looks for it */
-    snprintf(buf, n, "CUDA %.120s (device %d), %s%s", prop.name, dev,
+    snprintf(buf, n, "CUDA %.120s (device %d), %s%s%s", prop.name, dev,
              m->tf32 ? "cuBLAS TF32 tensor cores" : m->bf16 ? "cuBLAS, bf16 (fp32 accumulation)" : "cuBLAS fp32, TF32 off",
-             m->kernels == 2 ? ", GPT_KERNELS=2" : "");
+             m->kernels == 2 ? ", GPT_KERNELS=2" : "", m->attention_fused ? ", GPT_ATTENTION=fused" : "");
 #endif
 }
 

@@ -40,6 +40,12 @@
       against the CPU model as in part 2, with batches where a byte fills several segments; the
       maps, the batched attention matmuls and the fused LayerNorm backward against GPT_KERNELS=1's
       kernels and calls bit for bit (fp32 and bf16).
+   7. GPT_ATTENTION=fused (no [T, T] matrices) against the explicit attention: the op at an odd
+      shape, fp32 and bf16, forward and dQ, dK, dV, with and without dropout, within bounds
+      derived there (see test_fused_attention_op), and a broken mask that must fail them; the
+      switch; the model against the CPU model as in part 2 (with dropout); part 4 with both
+      models fused (the bf16 model then rounds neither scores nor probabilities: fewer roundings
+      than part 4's bounds count).
    Parts: all by default; `test_gpt_gpu bf16 gemm` (or GPT_GPU_PARTS=bf16,gemm) runs those only.
    Built twice from this file: by nvcc (build/gpu/test_gpt_gpu: NCCL backend; prints "SKIP
    gpu: ..." without a device) and by a C++ compiler with -DGPT_CUDA_EMULATE
@@ -432,7 +438,7 @@ static void make_text(void) {   /* text-like bytes: letters, spaces, a few newli
     }
 }
 
-static void test_cuda_vs_cpu(const gpt_config *cfg, float dropout, int kernels) {
+static void test_cuda_vs_cpu(const gpt_config *cfg, float dropout, int kernels, int fused = 0) {
     ddp_context *gd = open_solo(1), *cd = open_solo(0);
     gpt_cuda gm;
     gpt cm;
@@ -440,11 +446,15 @@ static void test_cuda_vs_cpu(const gpt_config *cfg, float dropout, int kernels) 
     char name[160], what[96], bad[1024], first_bad[1024] = "";
     int B = cfg->batch, T = cfg->seq, *tok, *tgt, step, u, nbad, bad_steps = 0, forwards = 0, most_segments = 0;
     size_t BT = (size_t)B * T, count;
+    ddp_result r;
     double w, worst_loss = 0, worst_grad = 0;
     const char *worst_name, *worst_grad_name = "";
     snprintf(what, sizeof what, "%dL_%dH_C%d_T%d_B%d%s%s", cfg->layers, cfg->heads, cfg->dim, cfg->seq, cfg->batch,
-             dropout > 0 ? "_dropout" : "", kernels == 2 ? "_kernels2" : "");
-    if (gpt_cuda_create(&gm, gd, cfg, 7, 0) != DDP_OK || gpt_create(&cm, cd, cfg, 7) != DDP_OK) {
+             dropout > 0 ? "_dropout" : "", kernels == 2 ? "_kernels2" : fused ? "_fused_attention" : "");
+    if (fused) setenv("GPT_ATTENTION", "fused", 1);   /* as a user sets it: no [T, T] buffers */
+    r = gpt_cuda_create(&gm, gd, cfg, 7, 0);
+    unsetenv("GPT_ATTENTION");
+    if (r != DDP_OK || gpt_create(&cm, cd, cfg, 7) != DDP_OK) {
         printf("FAIL %s: %s / %s\n", NAME("vs_cpu_create"), ddp_last_error(gd), ddp_last_error(cd));
         exit(1);
     }
@@ -632,7 +642,8 @@ static void test_cuda_bf16(const gpt_config *cfg) {
     const char *worst_grad_name = "";
     char bad[1024] = "";
     float *p32, l32, l16;
-    snprintf(what, sizeof what, "%dL_%dH_C%d_T%d_B%d", cfg->layers, cfg->heads, cfg->dim, cfg->seq, cfg->batch);
+    snprintf(what, sizeof what, "%dL_%dH_C%d_T%d_B%d%s", cfg->layers, cfg->heads, cfg->dim, cfg->seq, cfg->batch,
+             getenv("GPT_ATTENTION") && !strcmp(getenv("GPT_ATTENTION"), "fused") ? "_fused_attention" : "");   /* part 7 */
     if (gpt_cuda_create(&m32, d32, cfg, 7, GPT_CUDA_FP32) != DDP_OK || gpt_cuda_create(&m16, d16, cfg, 7, GPT_CUDA_BF16) != DDP_OK) {
         printf("FAIL %s: %s / %s\n", NAME("bf16_create"), ddp_last_error(d32), ddp_last_error(d16));
         exit(1);
@@ -1002,12 +1013,193 @@ static void test_kernels2_same_bits(void) {
     test_fused_layernorm_same_bits<gc_bf16>(GPT_CUDA_BF16, "bf16");
 }
 
+/* ---- 7. GPT_ATTENTION=fused against the explicit attention ---- */
+
+/* The op alone at an odd shape (B 2, 3 heads of 40, T 37): the fused forward O and backward dQ,
+   dK, dV (S = float, and S = bf16) against the explicit fp32 op on the same inputs (values in
+   [-1, 1), bf16-representable). Bounds, u = 2^-24: a score s = scale q.k carries an absolute
+   error <= (hs + 1) u a (a = scale hs max|q| max|k|, the largest |s| can be), which exp turns
+   into a relative error of P; the softmax's sum and O = P V add (T + 4) u relative at the scale
+   of max|V|; each path is that far from the exact value, so they differ by twice it:
+       fp32 O       |err| <= 2 (2 (hs + 1) a + T + 8) u max|ref|
+   the backward goes through P again and one more sum (dS over T keys, or over T queries): twice
+   the forward's. bf16 (computed in fp32, each output rounded once): O and dV within half a bf16
+   ulp (2^-8 relative, at the tensor's scale) plus the fp32 bound; dQ and dK also through
+   D = dO . O read from the rounded O (its error, relative 2^-8, enters dS at the scale of dS): two
+   roundings. A mask off by one (the key t + 1 let in) must fail the fp32 bound. */
+static double worst_scaled(const float *got, const float *ref, size_t n, double rel) {
+    double mx = 0, worst = 0;
+    size_t i;
+    for (i = 0; i < n; i++) mx = fabs(ref[i]) > mx ? fabs(ref[i]) : mx;
+    for (i = 0; i < n; i++) {
+        double e = fabs((double)got[i] - ref[i]) / (rel * mx);
+        if (!(e <= worst)) worst = e;   /* NaN sticks */
+    }
+    return worst;
+}
+template <class S> static float *fetch(gpt_cuda *m, const S *dev, size_t n) {
+    S *h = (S *)malloc(sizeof(S) * n + 1);
+    float *f = (float *)malloc(sizeof(float) * n + 1);
+    size_t i;
+    if (!h || !f) { printf("FAIL %s: out of memory\n", NAME("fused")); exit(1); }
+    gpt_cuda_download(m->stream, h, dev, sizeof(S) * n);
+    for (i = 0; i < n; i++) f[i] = gc_ld(h[i]);
+    free(h);
+    return f;
+}
+/* The fused op on model m (S): O and dqkv, widened. extra_keys 1: the broken mask (forward only). */
+template <class S> static void run_fused(gpt_cuda *m, const float *hqkv, const float *hdout, int extra_keys, float **O, float **dqkv) {
+    size_t BT = (size_t)m->B * m->T, C = (size_t)m->cfg.dim, i;
+    S *h = (S *)malloc(sizeof(S) * BT * 3 * C);
+    S *qkv = (S *)gc_device_alloc(m, sizeof(S) * BT * 3 * C), *dout = (S *)gc_device_alloc(m, sizeof(S) * BT * C);
+    S *out = (S *)gc_device_alloc(m, sizeof(S) * BT * C), *dq = (S *)gc_device_alloc(m, sizeof(S) * BT * 3 * C);
+    for (i = 0; i < BT * 3 * C; i++) gc_put(&h[i], hqkv[i]);
+    gpt_cuda_upload(m->stream, qkv, h, sizeof(S) * BT * 3 * C);
+    for (i = 0; i < BT * C; i++) gc_put(&h[i], hdout[i]);
+    gpt_cuda_upload(m->stream, dout, h, sizeof(S) * BT * C);
+    free(h);
+    gc_att_fused_fwd<S> f;
+    f.qkv = qkv; f.out = out; f.lse = m->acts[0].lse; f.sh = gc_att_shape_of(m, GPT_DROP_ATT(0)); f.extra_keys = extra_keys;
+    GC_FOR_ROWS(m, f, m->B * m->cfg.heads * m->T);
+    gc_att_fused_args<S> a;
+    a.m = m; a.qkv = qkv; a.out = out; a.dout = dout; a.lse = m->acts[0].lse; a.dqkv = dq; a.site = GPT_DROP_ATT(0);
+    gc_attention_fused_backward<S>(&a);
+    *O = fetch<S>(m, out, BT * C);
+    *dqkv = fetch<S>(m, dq, BT * 3 * C);
+}
+/* The columns q (0), k (1), v (2) of dqkv [BT, 3C]. */
+static float *part_of(const float *dqkv, size_t BT, size_t C, int which) {
+    float *p = (float *)malloc(sizeof(float) * BT * C + 1);
+    size_t r, c;
+    for (r = 0; r < BT; r++)
+        for (c = 0; c < C; c++) p[r * C + c] = dqkv[r * 3 * C + which * C + c];
+    return p;
+}
+static void test_fused_attention_op(float dropout) {
+    gpt_config cfg = { 1, 3, 120, 37, 2 };
+    ddp_context *d32 = open_solo(1), *d16 = open_solo(1);
+    gpt_cuda m32, m16;
+    int B = cfg.batch, T = cfg.seq, C = cfg.dim, hs = C / cfg.heads, w;
+    size_t BT = (size_t)B * T, i;
+    const double u = ldexp(1.0, -24), ub = ldexp(1.0, -8);
+    double a = (1.0 / sqrt((double)hs)) * hs, k_fwd = 2 * (2 * (hs + 1) * a + T + 8) * u, k_bwd = 2 * k_fwd;
+    float *hqkv = (float *)malloc(sizeof(float) * BT * 3 * C), *hdout = (float *)malloc(sizeof(float) * BT * C);
+    float *refO, *refd, *O, *dq, *bO, *bd;
+    char name[160];
+    const char *tag = dropout > 0 ? "_dropout" : "";
+    if (gpt_cuda_create(&m32, d32, &cfg, 5, GPT_CUDA_FP32) != DDP_OK || gpt_cuda_create(&m16, d16, &cfg, 5, GPT_CUDA_BF16) != DDP_OK) {
+        printf("FAIL %s: %s / %s\n", NAME("fused_create"), ddp_last_error(d32), ddp_last_error(d16));
+        exit(1);
+    }
+    for (gpt_cuda *m = &m32; m; m = m == &m32 ? &m16 : NULL) {
+        m->B = B; m->T = T;
+        gpt_cuda_set_dropout(m, dropout, 17);
+        gpt_cuda_set_rows(m, 3, 5, 2);
+        m->dropping = dropout > 0;
+    }
+    for (i = 0; i < BT * 3 * C; i++) hqkv[i] = gc_ld(ddp_k__to_bf16(test_value(71, i)));   /* bf16-representable */
+    for (i = 0; i < BT * C; i++) hdout[i] = gc_ld(ddp_k__to_bf16(test_value(72, i)));
+    {   /* the explicit fp32 op */
+        float *qkv = (float *)gc_device_alloc(&m32, sizeof(float) * BT * 3 * C), *dout = (float *)gc_device_alloc(&m32, sizeof(float) * BT * C);
+        float *out = (float *)gc_device_alloc(&m32, sizeof(float) * BT * C), *dqkv = (float *)gc_device_alloc(&m32, sizeof(float) * BT * 3 * C);
+        gc_attn_args<float> args;
+        gpt_cuda_upload(m32.stream, qkv, hqkv, sizeof(float) * BT * 3 * C);
+        gpt_cuda_upload(m32.stream, dout, hdout, sizeof(float) * BT * C);
+        gc_attention<float>(&m32, qkv, (float *)m32.acts[0].att, out, dout, dqkv, GPT_DROP_ATT(0), 0);
+        args.m = &m32; args.qkv = qkv; args.att = (const float *)m32.acts[0].att; args.dout = dout; args.dqkv = dqkv;
+        args.site = GPT_DROP_ATT(0);
+        gc_attention_backward<float>(&args);
+        refO = fetch<float>(&m32, out, BT * C);
+        refd = fetch<float>(&m32, dqkv, BT * 3 * C);
+    }
+    run_fused<float>(&m32, hqkv, hdout, 0, &O, &dq);
+    run_fused<gc_bf16>(&m16, hqkv, hdout, 0, &bO, &bd);
+    {
+        static const char *const what[3] = { "dQ", "dK", "dV" };
+        double r = worst_scaled(O, refO, BT * C, k_fwd), rb = worst_scaled(bO, refO, BT * C, ub + k_fwd);
+        snprintf(name, sizeof name, NAME("fused_attention_forward_matches_explicit_2x3x37_hs40_fp32%s"), tag);
+        verdict(r <= 1, name, "O: worst error %.3g of the bound %.3g * max|ref|", r, k_fwd);
+        printf("  (%s: worst %.3f of the bound)\n", name, r);
+        snprintf(name, sizeof name, NAME("fused_attention_forward_matches_explicit_2x3x37_hs40_bf16%s"), tag);
+        verdict(rb <= 1, name, "O: worst error %.3g of the bound %.3g * max|ref|", rb, ub + k_fwd);
+        printf("  (%s: worst %.3f of the bound)\n", name, rb);
+        for (w = 0; w < 3; w++) {
+            float *g = part_of(dq, BT, C, w), *gb = part_of(bd, BT, C, w), *rf = part_of(refd, BT, C, w);
+            double kb = (w == 2 ? 1 : 2) * ub + k_bwd;
+            r = worst_scaled(g, rf, BT * C, k_bwd);
+            rb = worst_scaled(gb, rf, BT * C, kb);
+            snprintf(name, sizeof name, NAME("fused_attention_%s_matches_explicit_fp32%s"), what[w], tag);
+            verdict(r <= 1, name, "worst error %.3g of the bound %.3g * max|ref|", r, k_bwd);
+            printf("  (%s: worst %.3f of the bound)\n", name, r);
+            snprintf(name, sizeof name, NAME("fused_attention_%s_matches_explicit_bf16%s"), what[w], tag);
+            verdict(rb <= 1, name, "worst error %.3g of the bound %.3g * max|ref|", rb, kb);
+            printf("  (%s: worst %.3f of the bound)\n", name, rb);
+            free(g); free(gb); free(rf);
+        }
+    }
+    if (dropout == 0) {   /* the bound catches a mask off by one */
+        float *xO, *xd;
+        double r;
+        run_fused<float>(&m32, hqkv, hdout, 1, &xO, &xd);
+        r = worst_scaled(xO, refO, BT * C, k_fwd);
+        snprintf(name, sizeof name, NAME("fused_attention_bound_catches_mask_off_by_one"));
+        verdict(r > 1, name, "a forward that lets key t + 1 in is within the bound (%.3g of it): the check cannot fail", r);
+        printf("  (%s: the broken forward at %.3g x the bound)\n", name, r);
+        free(xO); free(xd);
+    }
+    free(hqkv); free(hdout); free(refO); free(refd); free(O); free(dq); free(bO); free(bd);
+    gpt_cuda_destroy(&m32);
+    gpt_cuda_destroy(&m16);
+    ddp_shutdown(d32);
+    ddp_shutdown(d16);
+}
+
+/* The switch: GPT_ATTENTION refused by name for another value; a model created fused has no
+   [T, T] buffers and refuses a switch back to explicit; a head over GC_ATT_MAX_HS refused. */
+static void test_fused_attention_switch(void) {
+    gpt_config cfg = { 1, 2, 32, 8, 1 };
+    ddp_context *d = open_solo(1);
+    gpt_cuda m;
+    ddp_result r;
+    setenv("GPT_ATTENTION", "flash", 1);
+    r = gpt_cuda_create(&m, d, &cfg, 1, GPT_CUDA_FP32);
+    gpt_cuda_destroy(&m);
+    verdict(r == DDP_ERR_INVALID_ARGUMENT, NAME("fused_attention_switch_refuses_unknown_value"), "GPT_ATTENTION=flash: create returned %d", (int)r);
+    ddp_shutdown(d);
+    d = open_solo(1);
+    setenv("GPT_ATTENTION", "fused", 1);
+    r = gpt_cuda_create(&m, d, &cfg, 1, GPT_CUDA_FP32);
+    unsetenv("GPT_ATTENTION");
+    verdict(r == DDP_OK && m.attention_fused && !m.acts[0].att && !m.datt && !gpt_cuda_set_attention(&m, 0) && m.attention_fused,
+            NAME("fused_attention_switch_fused_has_no_TxT_buffers"), "create %d, fused %d, att %p, datt %p", (int)r,
+            m.attention_fused, m.acts[0].att, m.datt);
+    gpt_cuda_destroy(&m);
+    ddp_shutdown(d);
+    {   /* a head of 160 > GC_ATT_MAX_HS: refused at create and by the setter */
+        gpt_config wide = { 1, 1, 160, 8, 1 };
+        int set;
+        d = open_solo(1);
+        setenv("GPT_ATTENTION", "fused", 1);
+        r = gpt_cuda_create(&m, d, &wide, 1, GPT_CUDA_FP32);
+        unsetenv("GPT_ATTENTION");
+        gpt_cuda_destroy(&m);
+        ddp_shutdown(d);
+        d = open_solo(1);
+        if (gpt_cuda_create(&m, d, &wide, 1, GPT_CUDA_FP32) != DDP_OK) { printf("FAIL %s: %s\n", NAME("fused_create"), ddp_last_error(d)); exit(1); }
+        set = gpt_cuda_set_attention(&m, 1);
+        verdict(r == DDP_ERR_INVALID_ARGUMENT && !set && !m.attention_fused, NAME("fused_attention_refuses_head_over_128"),
+                "head size 160: create returned %d, the setter %d", (int)r, set);
+        gpt_cuda_destroy(&m);
+        ddp_shutdown(d);
+    }
+}
+
 /* Which parts run: all by default; else the names given as arguments or in GPT_GPU_PARTS
-   (comma or space separated), in the file's order: reference vs_cpu determinism bf16 gemm kernels2.
+   (comma or space separated), in the file's order: reference vs_cpu determinism bf16 gemm kernels2 fused.
    The GPU check runs "gemm bf16" alone first: its bf16 part then comes before the parts that
    run the templated fp32 code. */
-static const char *const part_names[] = { "reference", "vs_cpu", "determinism", "bf16", "gemm", "kernels2" };
-enum { NPARTS = 6 };
+static const char *const part_names[] = { "reference", "vs_cpu", "determinism", "bf16", "gemm", "kernels2", "fused" };
+enum { NPARTS = 7 };
 static int parts_selected[NPARTS];
 static int select_parts(int argc, char **argv) {
     char list[512] = "";
@@ -1017,7 +1209,7 @@ static int select_parts(int argc, char **argv) {
     for (char *t = strtok(list, ", "); t; t = strtok(NULL, ", ")) {
         for (n = 0; n < NPARTS && strcmp(t, part_names[n]) != 0; n++) {}
         if (n == NPARTS) {
-            printf("FAIL %s: no part '%s' (parts: reference vs_cpu determinism bf16 gemm kernels2)\n", NAME("parts"), t);
+            printf("FAIL %s: no part '%s' (parts: reference vs_cpu determinism bf16 gemm kernels2 fused)\n", NAME("parts"), t);
             return 0;
         }
         parts_selected[n] = 1;
@@ -1061,6 +1253,15 @@ int main(int argc, char **argv) {
         test_kernels2_same_bits();
         test_cuda_vs_cpu(&many, 0.0f, 2);
         test_cuda_vs_cpu(&small, 0.2f, 2);
+    }
+    if (parts_selected[6]) {   /* GPT_ATTENTION=fused: the op against the explicit one, the switch, the model against the CPU's */
+        test_fused_attention_op(0.0f);
+        test_fused_attention_op(0.2f);
+        test_fused_attention_switch();
+        test_cuda_vs_cpu(&small, 0.2f, 1, 1);
+        setenv("GPT_ATTENTION", "fused", 1);   /* the bf16 model against fp32, both fused: part 4's bounds (fewer roundings) */
+        test_cuda_bf16(&small);
+        unsetenv("GPT_ATTENTION");
     }
     return test_summary(NAME("test"));
 }
