@@ -358,10 +358,12 @@ fi   # optimes
 
 if want kernels2; then
 # --- GPT_KERNELS=2 (the CUDA model's new kernels): a run resumes bit for bit, other bits than
-#     the old kernels' (another summation order), a bad value refused; GPT_ATTENTION=fused ---
+#     the old kernels' (another summation order), its op times name the fused LayerNorm backward
+#     (the straight run times its ops: the timer changes no bits), a bad value refused;
+#     GPT_ATTENTION=fused ---
 if [[ "$BIN" == *emulated* || "$BIN" == */gpu/train_gpt ]]; then
     name="gpt_kernels2_resume_bitwise_${N}ranks"
-    GPT_KERNELS=2 train --steps 8 --seq 64 --batch 8 >"$tmp/k2.log" 2>&1
+    GPT_KERNELS=2 GPT_OP_TIMES=1 train --steps 8 --seq 64 --batch 8 >"$tmp/k2.log" 2>&1
     GPT_KERNELS=2 train --steps 8 --seq 64 --batch 8 --stop-at 4 --save "$tmp/k2.ck" >/dev/null 2>&1
     GPT_KERNELS=2 train --steps 8 --seq 64 --batch 8 --resume "$tmp/k2.ck" >"$tmp/k2r.log" 2>&1
     train --steps 8 --seq 64 --batch 8 >"$tmp/k1.log" 2>&1
@@ -369,6 +371,15 @@ if [[ "$BIN" == *emulated* || "$BIN" == */gpu/train_gpt ]]; then
     if [ -n "$a" ] && [ "$a" = "$c" ] && [ -n "$o" ] && [ "$a" != "$o" ] && grep -q "GPT_KERNELS=2" "$tmp/k2.log"; then
         pass "$name"; echo "  (params fnv1a $a, both; the old kernels: $o)"
     else fail "$name" "straight $a, resumed $c, old kernels $o: $(tail -n 2 "$tmp/k2r.log" | tr '\n' ' ')"; fi
+    why=""
+    sed 's/^\[rank 0\] //' "$tmp/k2.log" >"$tmp/k2t.log"   # the launcher's rank prefix off
+    for op in "bwd layernorm dx, dw, db (fused):5.0" "fwd attention S = Q K^T:2.0" "bwd attention dQ, dK:2.0"; do
+        awk -v op="${op%:*}" -v calls="${op##*:}" 'index($0, "  " op " ") == 1 { rest = substr($0, length(op) + 3); split(rest, f, " "); if (f[1] == calls) ok = 1 } END { exit !ok }' \
+            "$tmp/k2t.log" || why="$why; no '${op%:*}' at ${op##*:} calls a step"
+    done
+    grep -q "^  bwd layernorm dx " "$tmp/k2t.log" && why="$why; the unfused 'bwd layernorm dx' timed too"
+    if [ -z "$why" ]; then pass gpt_kernels2_op_times_name_the_fused_layernorm
+    else fail gpt_kernels2_op_times_name_the_fused_layernorm "${why#; }: $(grep -A4 '^op times' "$tmp/k2t.log" | tr '\n' ' ')"; fi
     # GPT_ATTENTION=fused (no [T, T] matrices): a run with dropout resumes bit for bit, and its
     # losses follow the explicit attention's: the first step's within the CUDA model's loss
     # tolerance against the CPU model (2e-5 relative; the log prints 6 decimals), the later ones

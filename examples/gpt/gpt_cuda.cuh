@@ -1,7 +1,8 @@
 /* gpt_cuda.cuh — the GPT of gpt.h on a GPU: the same parameters (registered and initialised by
    gpt.h's own gpt_register_params, so a seed gives the same bits), the same ops in the same
    order, the same tape; activations in device memory, cuBLAS for every matmul (attention's
-   Q K^T and P V included, strided-batched over the heads), kernels of ours for the rest.
+   Q K^T and P V included, strided-batched over the heads, or with GPT_KERNELS=2 one batched
+   call over sequences and heads), kernels of ours for the rest.
 
    Include after ddp.h and gpt.h in a file nvcc compiles (CUDA C++17); link cuBLAS.
 
@@ -32,8 +33,10 @@
    above. 2: the token embedding's backward in segments of at most GC_WTE_SEGMENT positions
    (partial sums, then each token's segments in order: a blocked sum, deterministic, not the
    CPU's order), the causal softmax in one pass plus the write (online max and sum) and its
-   backward reading the lower triangle only, and GELU and the bias init as 16-byte maps (the
-   same bits as the one-element kernels). Both are kept so that one GPU call can time old and
+   backward reading the lower triangle only, GELU and the bias init as 16-byte maps (the
+   same bits as the one-element kernels), each attention matmul as one pointer-array batched
+   call over B x heads (gc_attn_gemm) and LayerNorm's backward as one launch plus the partials'
+   sum (gc_layernorm_bwd_fused), both with GPT_KERNELS=1's bits. Both are kept so that one GPU call can time old and
    new (bench/gpu/check_bf16.sh).
 
    Attention (GPT_ATTENTION, read by gpt_cuda_create; gpt_cuda_set_attention). explicit, the
@@ -64,8 +67,10 @@
    Host emulation (-DGPT_CUDA_EMULATE, any C++17 compiler, no CUDA at all). Each kernel is a
    row or element function, written once: on the GPU a warp shares a row (lane l takes elements
    l, l+32, ...) or a thread takes an element; in emulation a host loop calls the same function
-   with a "warp" of one lane. cuBLAS calls go to a naive column-major sgemm that enforces
-   cuBLAS's argument rules (leading dimensions) and does not read C when beta is 0; device
+   with a "warp" of one lane (a block function, gc_for_blocks: its 8 warps, then its 256
+   threads, one at a time). cuBLAS calls go to a naive column-major sgemm that enforces
+   cuBLAS's argument rules (leading dimensions; for the batched calls also the count, the
+   pointer arrays and distinct outputs) and does not read C when beta is 0; device
    memory is malloc, one block per buffer (so AddressSanitizer sees every overrun), filled with
    NaN like the GPU's buffers (a read of something never written shows up). The CPU tests run
    the model that way on every machine: its buffers, strides, the row-major to column-major
@@ -184,6 +189,14 @@ template <class Op> __global__ void gc_each_kernel(Op op, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) op(i);
 }
+
+/* A block op: op.rows(lanes, block, warp, warps) with each warp whole (its loop bounds depend on
+   the warp only, so the shuffles have every lane), then op.columns(block, thread, threads). The
+   two phases touch disjoint outputs, so no barrier between them. */
+template <class Op> __global__ void gc_blocks_kernel(Op op) {
+    op.rows(gc_warp_lanes(), (int)blockIdx.x, (int)(threadIdx.x / GC_WARP), (int)(blockDim.x / GC_WARP));
+    op.columns((int)blockIdx.x, (int)threadIdx.x, (int)blockDim.x);
+}
 #endif
 
 template <class Op> static void gc_for_rows(gc_stream s, const Op &op, int rows, const char *what, const char *file, int line) {
@@ -206,6 +219,20 @@ template <class Op> static void gc_for_each(gc_stream s, const Op &op, size_t n,
 #else
     unsigned blocks = (unsigned)((n + GC_THREADS - 1) / GC_THREADS);
     gc_each_kernel<<<blocks, GC_THREADS, 0, s>>>(op, n);
+    gc_check_cuda(cudaGetLastError(), what, file, line);
+#endif
+}
+
+template <class Op> static void gc_for_blocks(gc_stream s, const Op &op, int blocks, const char *what, const char *file, int line) {
+    if (blocks <= 0) return;
+#ifdef GPT_CUDA_EMULATE
+    (void)s; (void)what; (void)file; (void)line;
+    for (int b = 0; b < blocks; b++) {   /* the GPU's warps and threads, one at a time */
+        for (int w = 0; w < GC_THREADS / GC_WARP; w++) op.rows(gc_one_lane(), b, w, GC_THREADS / GC_WARP);
+        for (int t = 0; t < GC_THREADS; t++) op.columns(b, t, GC_THREADS);
+    }
+#else
+    gc_blocks_kernel<<<(unsigned)blocks, GC_THREADS, 0, s>>>(op);
     gc_check_cuda(cudaGetLastError(), what, file, line);
 #endif
 }
@@ -328,6 +355,7 @@ typedef struct gpt_cuda {
     float *wte_partial;            /* [max_segments, C] */
     size_t batch_ints;
     int kernels;                   /* 1: the kernels as they were; 2 (GPT_KERNELS=2): the new ones */
+    void **attn_ptrs;              /* GPT_KERNELS=2: [3, batch * heads] operand pointers of one batched attention matmul */
     int attention_fused;           /* GPT_ATTENTION=fused: gc_attention_fused instead of gc_attention */
     float *att_D;                  /* [B, NH, T] the fused backward's dO . O per query row */
     int *upload[GC_UPLOAD_SLOTS];  /* pinned host slots, same layout */
@@ -348,6 +376,7 @@ typedef struct gpt_cuda {
     size_t act_bytes;              /* sizeof(float) or sizeof(gc_bf16) */
     float *flat_params, *flat_grads;
     gc_bf16 *params16, *grads16;
+    size_t flat_floats;            /* own16: their length, ddp.h's flat buffer's (its offsets, padding included) */
     int B, T;                      /* this forward's shape */
     /* dropout, as gpt.h (gpt_cuda_set_dropout, gpt_cuda_set_rows); ddrop: [BT, C] the masked
        branch gradient */
@@ -482,7 +511,52 @@ static void gc_gemm_host(int transa, int transb, int M, int N, int K, float alph
             gc_put(&C[i + (size_t)j * ldc], beta == 0.0f ? alpha * s : alpha * s + beta * gc_ld(C[i + (size_t)j * ldc]));
         }
 }
+
+/* cublasSgemmBatched's / cublasGemmBatchedEx's contract (GPT_KERNELS=2's attention): the same
+   argument checks once for the whole call, a count of at least 0, the three pointer arrays
+   given, every problem's pointers set and no two problems writing the same C; each problem is
+   then gc_gemm_host's, so its bits are those of the strided-batched call's problem. */
+template <class S>
+static void gc_gemm_batched_host(int transa, int transb, int M, int N, int K, float alpha, const S *const *A, int lda,
+                                 const S *const *B, int ldb, float beta, S *const *C, int ldc, int count,
+                                 const char *file, int line) {
+    const char *what = sizeof(S) == sizeof(float) ? "cublasSgemmBatched (emulated)" : "cublasGemmBatchedEx (emulated)";
+    char why[256];
+    int i, j;
+    if (M < 0 || N < 0 || K < 0 || count < 0 || lda < gc_imax(1, transa ? K : M) || ldb < gc_imax(1, transb ? N : K) ||
+        ldc < gc_imax(1, M) || (count > 0 && (!A || !B || !C))) {
+        snprintf(why, sizeof why, "cuBLAS would refuse m=%d n=%d k=%d lda=%d ldb=%d ldc=%d (trans %d %d) batchCount=%d arrays %s",
+                 M, N, K, lda, ldb, ldc, transa, transb, count, A && B && C ? "given" : "missing");
+        gc_die(file, line, what, why);
+    }
+    for (i = 0; i < count; i++) {
+        if (!A[i] || !B[i] || !C[i]) {
+            snprintf(why, sizeof why, "problem %d of %d has a NULL operand", i, count);
+            gc_die(file, line, what, why);
+        }
+        for (j = 0; j < i; j++)
+            if (C[j] == C[i]) {
+                snprintf(why, sizeof why, "problems %d and %d write the same C", j, i);
+                gc_die(file, line, what, why);
+            }
+    }
+    for (i = 0; i < count; i++) gc_gemm_host(transa, transb, M, N, K, alpha, A[i], lda, B[i], ldb, beta, C[i], ldc, file, line);
+}
 #else
+static void gc_blas_gemm_batched(gpt_cuda *m, cublasOperation_t op_b, cublasOperation_t op_a, int N, int M, int K, float alpha,
+                                 const float *const *B, int ldb, const float *const *A, int lda, float beta, float *const *C,
+                                 int ldc, int count, const char *file, int line) {
+    gc_check_cublas(cublasSgemmBatched(m->blas, op_b, op_a, N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc, count),
+                    "cublasSgemmBatched", file, line);
+}
+static void gc_blas_gemm_batched(gpt_cuda *m, cublasOperation_t op_b, cublasOperation_t op_a, int N, int M, int K, float alpha,
+                                 const gc_bf16 *const *B, int ldb, const gc_bf16 *const *A, int lda, float beta,
+                                 gc_bf16 *const *C, int ldc, int count, const char *file, int line) {
+    gc_check_cublas(cublasGemmBatchedEx(m->blas, op_b, op_a, N, M, K, &alpha, (const void *const *)B, CUDA_R_16BF, ldb,
+                                        (const void *const *)A, CUDA_R_16BF, lda, &beta, (void *const *)C, CUDA_R_16BF, ldc,
+                                        count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                    "cublasGemmBatchedEx (bf16, fp32 compute)", file, line);
+}
 static void gc_blas_gemm(gpt_cuda *m, cublasOperation_t op_b, cublasOperation_t op_a, int N, int M, int K, float alpha,
                     const float *B, int ldb, long long sb, const float *A, int lda, long long sa, float beta,
                     float *C, int ldc, long long sc, int count, const char *file, int line) {
@@ -527,6 +601,66 @@ static void gc_gemm(gpt_cuda *m, int ta, int tb, int M, int N, int K, float alph
     gc_gemm(m, ta, tb, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1, __FILE__, __LINE__)
 #define GC_MATMUL_HEADS(m, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C, ldc, sc, count) \
     gc_gemm(m, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C, ldc, sc, count, __FILE__, __LINE__)
+
+/* One of attention's matmuls over the B sequences x NH heads of this forward: problem (b, h)'s
+   operand X starts at X + b*Xb + h*Xh. GPT_KERNELS=1: a strided-batched call over the heads per
+   sequence (B calls). GPT_KERNELS=2: one call for all B*NH problems. q, k and v inside qkv
+   [BT, 3C] and the heads' outputs inside [BT, C] step h*hs within a sequence but b*T*3C (b*T*C)
+   across sequences, which no single stride covers, so it is the pointer-array form
+   (cublasSgemmBatched in fp32/TF32, cublasGemmBatchedEx with bf16 operands and
+   CUBLAS_COMPUTE_32F in bf16: the per-sequence calls' types, compute type and the handle's math
+   mode, so each problem is the same GEMM). The arrays are written on the device by one small
+   kernel per call into m->attn_ptrs (stream order keeps them until the matmul has read them):
+   B, T and the layer's buffers change from call to call, so arrays built once would need one
+   set per layer, operand and shape. One sequence (B = 1) stays one strided-batched call, and so
+   does a shape where some problem's operand would not be 16-byte aligned (odd head sizes or T):
+   cuBLAS cannot see the alignment of pointers that sit in device memory, so the batched call is
+   only made where every one is aligned as at GPT-2's shapes (hs, 3C, T*T multiples of 8 values).
+   Returns 1 where the one batched call was made. */
+template <class S> struct gc_attn_pointers {
+    const S *A, *B;
+    S *C;
+    long long Ab, Ah, Bb, Bh, Cb, Ch;
+    int NH;
+    const S **pa, **pb;
+    S **pc;
+    GC_HD void operator()(size_t i) const {
+        long long b = (long long)(i / (size_t)NH), h = (long long)(i % (size_t)NH);
+        pa[i] = A + b * Ab + h * Ah;
+        pb[i] = B + b * Bb + h * Bh;
+        pc[i] = C + b * Cb + h * Ch;
+    }
+};
+static int gc_steps_aligned16(const void *base, long long step1, long long step2, size_t elem) {
+    return (uintptr_t)base % 16 == 0 && (step1 * (long long)elem) % 16 == 0 && (step2 * (long long)elem) % 16 == 0;
+}
+template <class S>
+static int gc_attn_gemm(gpt_cuda *m, int ta, int tb, int M, int N, int K, float alpha, const S *A, int lda, long long Ab,
+                        long long Ah, const S *B, int ldb, long long Bb, long long Bh, S *C, int ldc, long long Cb, long long Ch,
+                        const char *file, int line) {
+    int nb = m->B, NH = m->cfg.heads, b, count = nb * NH;
+    if (m->kernels != 2 || nb == 1 || !gc_steps_aligned16(A, Ab, Ah, sizeof(S)) || !gc_steps_aligned16(B, Bb, Bh, sizeof(S)) ||
+        !gc_steps_aligned16(C, Cb, Ch, sizeof(S))) {
+        for (b = 0; b < nb; b++)
+            gc_gemm(m, ta, tb, M, N, K, alpha, A + b * Ab, lda, Ah, B + b * Bb, ldb, Bh, 0.0f, C + b * Cb, ldc, Ch, NH, file, line);
+        return 0;
+    }
+    {
+        const S **pa = (const S **)m->attn_ptrs, **pb = pa + count;
+        S **pc = (S **)(m->attn_ptrs + 2 * (size_t)count);
+        gc_attn_pointers<S> ptrs = { A, B, C, Ab, Ah, Bb, Bh, Cb, Ch, NH, pa, pb, pc };
+        gc_for_each(m->stream, ptrs, (size_t)count, "the kernel launch of the attention's pointer arrays", file, line);
+#ifdef GPT_CUDA_EMULATE
+        gc_gemm_batched_host(tb, ta, N, M, K, alpha, pb, ldb, pa, lda, 0.0f, pc, ldc, count, file, line);
+#else
+        gc_blas_gemm_batched(m, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, alpha, pb, ldb, pa, lda,
+                             0.0f, pc, ldc, count, file, line);
+#endif
+    }
+    return 1;
+}
+#define GC_ATTN_MATMUL(m, ta, tb, M, N, K, alpha, A, lda, Ab, Ah, B, ldb, Bb, Bh, C, ldc, Cb, Ch) \
+    gc_attn_gemm(m, ta, tb, M, N, K, alpha, A, lda, Ab, Ah, B, ldb, Bb, Bh, C, ldc, Cb, Ch, __FILE__, __LINE__)
 
 /* ---------------------------------------------------------------------------------------------
    The kernels' bodies. Element functions take a flat index; row functions a lane group and a
@@ -678,6 +812,32 @@ template <class S> struct gc_layernorm_param_partials {
         }
         pw[i] = sw;
         pb[i] = sb;
+    }
+};
+
+/* GPT_KERNELS=2: LayerNorm's backward in one launch, the two kernels above as one block op
+   (their own functions, so their bits). Chunk k of the rows (GC_CHUNKS chunks, as the partials)
+   is `tiles` blocks: block (k, s)'s warps take the chunk's rows s*warps + w, then every
+   tiles*warps-th (dx, the row's warp butterfly as gc_layernorm_bwd_dx), its threads the columns
+   s*threads + t, then every tiles*threads-th (pw, pb: each column summed down the chunk's rows in
+   order, as gc_layernorm_param_partials). tiles = ceil(C / threads) gives every thread one column,
+   at least 4 so that the launch has 4*GC_CHUNKS = 256 blocks (about two per SM of an H100; 64
+   chunks alone would leave half of its SMs idle) and a chunk's rows split over more warps. The
+   chunks stay GC_CHUNKS with the same rows, so gc_add_partials adds the same partials. dx and
+   dout are distinct buffers (the partials read dout while dx is written). */
+template <class S> struct gc_layernorm_bwd_fused {
+    gc_layernorm_bwd_dx<S> dx;
+    gc_layernorm_param_partials<S> partials;
+    int tiles;
+    static int tiles_for(int C) { int t = (C + GC_THREADS - 1) / GC_THREADS; return t > 4 ? t : 4; }
+    template <class Lanes> GC_HD void rows(const Lanes &g, int block, int warp, int warps) const {
+        int k = block / tiles, s = block % tiles, r = k * partials.per_chunk + s * warps + warp, r1 = (k + 1) * partials.per_chunk;
+        if (r1 > partials.rows) r1 = partials.rows;
+        for (; r < r1; r += tiles * warps) dx(g, r);
+    }
+    GC_HD void columns(int block, int thread, int threads) const {
+        int k = block / tiles, s = block % tiles;
+        for (int c = s * threads + thread; c < partials.C; c += tiles * threads) partials((size_t)k * partials.C + c);
     }
 };
 
@@ -1229,6 +1389,15 @@ template <class S> static void gc_layernorm_backward(void *p) {
                                                 gc_per_chunk(a->rows) };
     gc_add_partials<S> gw = { m->partial_a, gc_grad<S>(m, a->w), C };
     gc_add_partials<S> gb = { m->partial_b, gc_grad<S>(m, a->b), C };
+    if (m->kernels == 2) {   /* dx and the partials in one launch, then the same sums of the partials */
+        gc_layernorm_bwd_fused<S> fused = { dx, partials, gc_layernorm_bwd_fused<S>::tiles_for(C) };
+        gc_time(m, "bwd layernorm dx, dw, db (fused)");
+        gc_for_blocks(m->stream, fused, GC_CHUNKS * fused.tiles, "the kernel launch of 'fused'", __FILE__, __LINE__);
+        GC_FOR_EACH(m, gw, (size_t)C);
+        GC_FOR_EACH(m, gb, (size_t)C);
+        gc_time_end(m);
+        return;
+    }
     gc_time(m, "bwd layernorm dx");
     GC_FOR_ROWS(m, dx, a->rows);
     gc_time_end(m);
@@ -1330,63 +1499,48 @@ template <class S> static void gc_linear(gpt_cuda *m, int w, int b, const S *inp
     }
 }
 
-/* Causal multi-head self-attention on qkv [BT, 3C] (q | k | v, head h at columns h*hs..). Per
-   sequence b, one strided-batched matmul covers the heads: head h's q/k/v start h*hs columns
-   further, its [T, T] score matrix T*T values further. */
+/* Causal multi-head self-attention on qkv [BT, 3C] (q | k | v, head h at columns h*hs..). Each
+   matmul is one gc_attn_gemm over the sequences and heads: head h's q/k/v start h*hs columns
+   further, its [T, T] score matrix T*T values further; sequence b's T*3C (qkv), T*C (out, dout)
+   and NH*T*T (scores) further. */
 template <class S> struct gc_attn_args { gpt_cuda *m; const S *qkv, *att, *dout; S *dqkv; uint32_t site; };
 
 template <class S> static void gc_attention_backward(void *p) {
     const gc_attn_args<S> *a = (const gc_attn_args<S> *)p;
     gpt_cuda *m = a->m;
-    int B = m->B, T = m->T, C = m->cfg.dim, NH = m->cfg.heads, hs = C / NH, C3 = 3 * C, b;
-    long long TT = (long long)T * T;
+    int B = m->B, T = m->T, C = m->cfg.dim, NH = m->cfg.heads, hs = C / NH, C3 = 3 * C;
+    long long TT = (long long)T * T, sq = (long long)T * C3, so = (long long)T * C;   /* a sequence's step in qkv, in [BT, C] */
     float scale = 1.0f / sqrtf((float)hs);
     S *datt = (S *)m->datt;
     gc_causal_softmax_bwd<S> softmax = { a->att, datt, T, m->kernels == 2 };
     const S *Pd = a->att;   /* what met V: with dropout, P masked (drawn again into datt, used before dP goes there) */
     gc_time(m, "bwd attention dV = P^T dO");
     if (m->dropping) { gc_drop<S>(m, a->site, a->att, NULL, datt, (size_t)B * NH * TT, (size_t)NH * TT); Pd = datt; }
-    for (b = 0; b < B; b++) {
-        const S *dO = a->dout + (size_t)b * T * C;
-        S *dv = a->dqkv + (size_t)b * T * C3 + 2 * C;
-        GC_MATMUL_HEADS(m, 1, 0, T, hs, T, 1.0f, Pd + (size_t)b * NH * TT, T, TT, dO, C, hs, 0.0f, dv, C3, hs, NH);   /* dV = Pd^T dO */
-    }
+    GC_ATTN_MATMUL(m, 1, 0, T, hs, T, 1.0f, Pd, T, NH * TT, TT, a->dout, C, so, hs, a->dqkv + 2 * C, C3, sq, hs);   /* dV = Pd^T dO */
     gc_time_end(m);
     gc_time(m, "bwd attention dP = dO V^T");
-    for (b = 0; b < B; b++) {
-        const S *v = a->qkv + (size_t)b * T * C3 + 2 * C;
-        const S *dO = a->dout + (size_t)b * T * C;
-        S *dP = datt + (size_t)b * NH * TT;
-        GC_MATMUL_HEADS(m, 0, 1, T, T, hs, 1.0f, dO, C, hs, v, C3, hs, 0.0f, dP, T, TT, NH);   /* dPd = dO V^T */
-    }
+    GC_ATTN_MATMUL(m, 0, 1, T, T, hs, 1.0f, a->dout, C, so, hs, a->qkv + 2 * C, C3, sq, hs, datt, T, NH * TT, TT);   /* dPd = dO V^T */
     if (m->dropping) gc_drop<S>(m, a->site, datt, NULL, datt, (size_t)B * NH * TT, (size_t)NH * TT);   /* dP = dPd * mask */
     gc_time_end(m);
     gc_time(m, "bwd attention softmax");
     GC_FOR_ROWS(m, softmax, B * NH * T);                                                       /* dS, in place */
     gc_time_end(m);
     gc_time(m, "bwd attention dQ, dK");
-    for (b = 0; b < B; b++) {
-        const S *q = a->qkv + (size_t)b * T * C3, *k = q + C, *dS = datt + (size_t)b * NH * TT;
-        S *dq = a->dqkv + (size_t)b * T * C3, *dk = dq + C;
-        GC_MATMUL_HEADS(m, 0, 0, T, hs, T, scale, dS, T, TT, k, C3, hs, 0.0f, dq, C3, hs, NH); /* dQ = scale dS K */
-        GC_MATMUL_HEADS(m, 1, 0, T, hs, T, scale, dS, T, TT, q, C3, hs, 0.0f, dk, C3, hs, NH); /* dK = scale dS^T Q */
-    }
+    GC_ATTN_MATMUL(m, 0, 0, T, hs, T, scale, datt, T, NH * TT, TT, a->qkv + C, C3, sq, hs, a->dqkv, C3, sq, hs);   /* dQ = scale dS K */
+    GC_ATTN_MATMUL(m, 1, 0, T, hs, T, scale, datt, T, NH * TT, TT, a->qkv, C3, sq, hs, a->dqkv + C, C3, sq, hs);   /* dK = scale dS^T Q */
     gc_time_end(m);
 }
 
 template <class S> static void gc_attention(gpt_cuda *m, const S *qkv, S *att, S *out, const S *dout, S *dqkv, uint32_t site,
                                             int record) {
-    int B = m->B, T = m->T, C = m->cfg.dim, NH = m->cfg.heads, hs = C / NH, C3 = 3 * C, b;
-    long long TT = (long long)T * T;
+    int B = m->B, T = m->T, C = m->cfg.dim, NH = m->cfg.heads, hs = C / NH, C3 = 3 * C;
+    long long TT = (long long)T * T, sq = (long long)T * C3, so = (long long)T * C;   /* a sequence's step in qkv, in [BT, C] */
     float scale = 1.0f / sqrtf((float)hs);
     S *datt = (S *)m->datt;
     gc_causal_softmax_fwd<S> softmax = { att, T };
     gc_causal_softmax_fwd_online<S> softmax1 = { att, T };
     gc_time(m, "fwd attention S = Q K^T");
-    for (b = 0; b < B; b++) {   /* S = scale Q K^T */
-        const S *q = qkv + (size_t)b * T * C3, *k = q + C;
-        GC_MATMUL_HEADS(m, 0, 1, T, T, hs, scale, q, C3, hs, k, C3, hs, 0.0f, att + (size_t)b * NH * TT, T, TT, NH);
-    }
+    GC_ATTN_MATMUL(m, 0, 1, T, T, hs, scale, qkv, C3, sq, hs, qkv + C, C3, sq, hs, att, T, NH * TT, TT);   /* S = scale Q K^T */
     gc_time_end(m);
     gc_time(m, "fwd attention softmax");
     if (m->kernels == 2) GC_FOR_ROWS(m, softmax1, B * NH * T);
@@ -1395,10 +1549,8 @@ template <class S> static void gc_attention(gpt_cuda *m, const S *qkv, S *att, S
     const S *Pd = att;   /* with dropout, P masked into datt (free until the backward) */
     gc_time(m, "fwd attention O = P V");
     if (m->dropping) { gc_drop<S>(m, site, att, NULL, datt, (size_t)B * NH * TT, (size_t)NH * TT); Pd = datt; }
-    for (b = 0; b < B; b++) {   /* O = dropout(P) V, the heads side by side in out [BT, C] */
-        const S *v = qkv + (size_t)b * T * C3 + 2 * C;
-        GC_MATMUL_HEADS(m, 0, 0, T, hs, T, 1.0f, Pd + (size_t)b * NH * TT, T, TT, v, C3, hs, 0.0f, out + (size_t)b * T * C, C, hs, NH);
-    }
+    /* O = dropout(P) V, the heads side by side in out [BT, C] */
+    GC_ATTN_MATMUL(m, 0, 0, T, hs, T, 1.0f, Pd, T, NH * TT, TT, qkv + 2 * C, C3, sq, hs, out, C, so, hs);
     gc_time_end(m);
     if (record) {
         gc_attn_args<S> a;
@@ -1665,7 +1817,7 @@ static inline ddp_result gpt_cuda_create(gpt_cuda *m, ddp_context *ddp, const gp
     m->units = ddp_num_units(ddp) == L + 2;
     m->stream = (gc_stream)ddp_config(ddp)->cuda_stream;
     m->flat_params = ddp_flat_params(ddp, NULL);
-    m->flat_grads = ddp_flat_grads(ddp, NULL);
+    m->flat_grads = ddp_flat_grads(ddp, &m->flat_floats);   /* > num_floats where a tensor's length is no multiple of the padding */
     m->own16 = m->bf16 && ddp_config(ddp)->param_dtype != DDP_DTYPE_BF16;
     if (!m->bf16 && ddp_config(ddp)->param_dtype == DDP_DTYPE_BF16) {
         fprintf(stderr, "gpt_cuda_create: the context's parameters are bf16 (param_dtype DDP_DTYPE_BF16): pass precision "
@@ -1725,8 +1877,8 @@ static inline ddp_result gpt_cuda_create(gpt_cuda *m, ddp_context *ddp, const gp
         }
     }
     if (m->own16) {   /* the bf16 working copies (rounded from the fp32 init) and gradients */
-        m->params16 = (gc_bf16 *)gc_device_alloc(m, m->num_floats * sizeof(gc_bf16));
-        m->grads16 = (gc_bf16 *)gc_device_alloc(m, m->num_floats * sizeof(gc_bf16));
+        m->params16 = (gc_bf16 *)gc_device_alloc(m, m->flat_floats * sizeof(gc_bf16));
+        m->grads16 = (gc_bf16 *)gc_device_alloc(m, m->flat_floats * sizeof(gc_bf16));
     }
     m->res0 = gc_acts(m, BT * C);
     for (l = 0; l < L; l++) {
@@ -1749,6 +1901,7 @@ static inline ddp_result gpt_cuda_create(gpt_cuda *m, ddp_context *ddp, const gp
     m->ddrop = gc_acts(m, BT * C);
     m->row_loss = gc_floats(m, BT);
     m->losses = gc_floats(m, GC_LOSS_SLOTS);
+    m->attn_ptrs = (void **)gc_device_alloc(m, sizeof(void *) * 3 * (size_t)B * NH);
     m->partial_a = gc_floats(m, (size_t)GC_CHUNKS * 4 * C);
     m->partial_b = gc_floats(m, (size_t)GC_CHUNKS * 4 * C);
     m->max_segments = (int)(BT / GC_WTE_SEGMENT) + GPT_VOCAB;   /* each token: floor(n/SEG) + 1 at most */
@@ -1775,7 +1928,7 @@ static inline ddp_result gpt_cuda_create(gpt_cuda *m, ddp_context *ddp, const gp
 #endif
     if (m->own16) {
         gc_round_bf16 round = { m->flat_params, m->params16 };
-        GC_FOR_EACH(m, round, m->num_floats);
+        GC_FOR_EACH(m, round, m->flat_floats);
     }
     return DDP_OK;
 }
@@ -1788,19 +1941,19 @@ static inline ddp_result gpt_cuda_create(gpt_cuda *m, ddp_context *ddp, const gp
    (after ddp_backward, before ddp_adamw_step). On ddp.h's stream, like everything else. */
 static inline void gpt_cuda_bf16_round_params(gpt_cuda *m) {
     gc_round_bf16 round = { m->flat_params, m->params16 };
-    if (m->own16) GC_FOR_EACH(m, round, m->num_floats);
+    if (m->own16) GC_FOR_EACH(m, round, m->flat_floats);
 }
 static inline void gpt_cuda_bf16_zero_grads(gpt_cuda *m) {
     if (!m->own16) return;
 #ifdef GPT_CUDA_EMULATE
-    memset(m->grads16, 0, m->num_floats * sizeof(gc_bf16));
+    memset(m->grads16, 0, m->flat_floats * sizeof(gc_bf16));
 #else
-    GC_CUDA(cudaMemsetAsync(m->grads16, 0, m->num_floats * sizeof(gc_bf16), m->stream));
+    GC_CUDA(cudaMemsetAsync(m->grads16, 0, m->flat_floats * sizeof(gc_bf16), m->stream));
 #endif
 }
 static inline void gpt_cuda_bf16_grads_to_fp32(gpt_cuda *m) {
     gc_widen_bf16 widen = { m->grads16, m->flat_grads };
-    if (m->own16) GC_FOR_EACH(m, widen, m->num_floats);
+    if (m->own16) GC_FOR_EACH(m, widen, m->flat_floats);
 }
 
 static inline void gpt_cuda_destroy(gpt_cuda *m) {

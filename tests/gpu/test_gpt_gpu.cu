@@ -36,8 +36,10 @@
    5. The bf16 matmul at a split-K shape (K = 8192) against the bound of one rounding (see
       test_cuda_bf16_gemm).
    6. GPT_KERNELS=2 (the segmented token-embedding backward, the one-pass softmax, 16-byte
-      elementwise maps) against the CPU model as in part 2, with batches where a byte fills
-      several segments; the maps against the one-element kernels bit for bit.
+      elementwise maps, one batched matmul per attention matmul, the fused LayerNorm backward)
+      against the CPU model as in part 2, with batches where a byte fills several segments; the
+      maps, the batched attention matmuls and the fused LayerNorm backward against GPT_KERNELS=1's
+      kernels and calls bit for bit (fp32 and bf16).
    7. GPT_ATTENTION=fused (no [T, T] matrices) against the explicit attention: the op at an odd
       shape, fp32 and bf16, forward and dQ, dK, dV, with and without dropout, within bounds
       derived there (see test_fused_attention_op), and a broken mask that must fail them; the
@@ -651,8 +653,8 @@ static void test_cuda_bf16(const gpt_config *cfg) {
         exit(1);
     }
     /* the fp32 model gets the bf16 working copies' values */
-    p32 = download_bf16(d16, m16.params16, m16.num_floats);
-    count = m16.num_floats;
+    p32 = download_bf16(d16, m16.params16, m16.flat_floats);   /* the flat layout, padding included */
+    count = m16.flat_floats;
     gpt_cuda_upload(ddp_config(d32)->cuda_stream, ddp_flat_params(d32, NULL), p32, count * sizeof(float));
     free(p32);
     tok = (int *)malloc(sizeof(int) * BT);
@@ -856,6 +858,159 @@ static void test_vec_maps(void) {
     test_vec_maps_one<gc_bf16>(&m, "bf16");
     gpt_cuda_destroy(&m);
     ddp_shutdown(d);
+}
+
+/* GPT_KERNELS=2's batched attention matmuls and fused LayerNorm backward against GPT_KERNELS=1's
+   calls, bit for bit, in S = float and bf16, B = 4 sequences of T < the allocated 13, 3 heads:
+   each of the attention's six matmuls (gc_attention's operands, strides and transposes) run both
+   ways on the same inputs, at heads of 8 and T = 12 (every operand 16-byte aligned: all six must
+   be one batched call) and at heads of 19 and T = 11 (not aligned: all six must fall back to the
+   per-sequence calls); the LayerNorm backward (dx accumulated, w and b gradients added) at
+   C = 57 on 2500 rows (chunks of 40: more rows than a chunk's 4 blocks x 8 warps, so each warp
+   takes several; the last chunk part-filled, one empty), the partials' scratch refilled with NaN
+   before each run. On the GPU the same bits hold when cuBLAS computes each batch entry as the
+   same GEMM (same types, compute type, math mode): what this checks there. The comparison is
+   shown to see a change: a perturbed input must differ. */
+template <class S> static int same_bits(gpt_cuda *m, const S *a, const S *b, size_t n, const char *what) {
+    S *x = (S *)malloc(sizeof(S) * n), *y = (S *)malloc(sizeof(S) * n);
+    size_t i;
+    int bad = 0;
+    gpt_cuda_download(m->stream, x, a, sizeof(S) * n);
+    gpt_cuda_download(m->stream, y, b, sizeof(S) * n);
+    for (i = 0; i < n; i++)
+        if (memcmp(&x[i], &y[i], sizeof(S)) != 0 || gc_ld(x[i]) != gc_ld(x[i])) {   /* differs, or never written (NaN) */
+            if (what) printf("  (%s: element %zu: %.9g, GPT_KERNELS=1's %.9g)\n", what, i, (double)gc_ld(y[i]), (double)gc_ld(x[i]));
+            bad = 1;
+            break;
+        }
+    free(x); free(y);
+    return !bad;
+}
+/* One model's six attention matmuls, each way: same bits, and whether GPT_KERNELS=2 made the one
+   batched call (want_batched: an aligned shape; else it must have fallen back). */
+template <class S> static void test_attn_matmuls_same_bits(int precision, const char *type, int C, int T, int want_batched) {
+    ddp_context *d = open_solo(1);
+    gpt_config cfg = { 1, 3, C, 13, 4 };
+    gpt_cuda m;
+    int B = 4, NH = 3, hs = C / NH, C3 = 3 * C, i, bad = 0, sees = 0, batched = 1;
+    long long TT = (long long)T * T, sq = (long long)T * C3, so = (long long)T * C, HTT = NH * TT;
+    size_t nqkv = (size_t)B * T * C3, natt = (size_t)B * NH * TT, nout = (size_t)B * T * C, k;
+    float scale = 1.0f / sqrtf((float)hs);
+    char name[160];
+    if (gpt_cuda_create(&m, d, &cfg, 1, precision) != DDP_OK) { printf("FAIL %s: %s\n", NAME("kernels2_create"), ddp_last_error(d)); exit(1); }
+    m.B = B;
+    m.T = T;
+    S *h = (S *)malloc(sizeof(S) * (nqkv + natt + nout));
+    for (k = 0; k < nqkv + natt + nout; k++) gc_put(&h[k], test_value(71, k) * 2.0f - 1.0f);
+    S *qkv = (S *)gc_device_alloc(&m, sizeof(S) * nqkv), *att = (S *)gc_device_alloc(&m, sizeof(S) * natt);
+    S *dout = (S *)gc_device_alloc(&m, sizeof(S) * nout);
+    S *o[2][6];
+    gpt_cuda_upload(m.stream, qkv, h, sizeof(S) * nqkv);
+    gpt_cuda_upload(m.stream, att, h + nqkv, sizeof(S) * natt);
+    gpt_cuda_upload(m.stream, dout, h + nqkv + natt, sizeof(S) * nout);
+    for (int kern = 1; kern <= 2; kern++) {   /* the six matmuls of gc_attention and its backward, each way */
+        S **r = o[kern - 1];
+        int made = 0;
+        gpt_cuda_set_kernels(&m, kern);
+        r[0] = (S *)gc_device_alloc(&m, sizeof(S) * natt); r[1] = (S *)gc_device_alloc(&m, sizeof(S) * nout);
+        r[2] = (S *)gc_device_alloc(&m, sizeof(S) * nqkv); r[3] = (S *)gc_device_alloc(&m, sizeof(S) * natt);
+        r[4] = (S *)gc_device_alloc(&m, sizeof(S) * nqkv); r[5] = r[4];   /* dQ and dK: the q and k columns of one dqkv */
+        made += GC_ATTN_MATMUL(&m, 0, 1, T, T, hs, scale, qkv, C3, sq, hs, qkv + C, C3, sq, hs, r[0], T, HTT, TT);     /* S = scale Q K^T */
+        made += GC_ATTN_MATMUL(&m, 0, 0, T, hs, T, 1.0f, att, T, HTT, TT, qkv + 2 * C, C3, sq, hs, r[1], C, so, hs);   /* O = P V */
+        made += GC_ATTN_MATMUL(&m, 1, 0, T, hs, T, 1.0f, att, T, HTT, TT, dout, C, so, hs, r[2] + 2 * C, C3, sq, hs);  /* dV = P^T dO */
+        made += GC_ATTN_MATMUL(&m, 0, 1, T, T, hs, 1.0f, dout, C, so, hs, qkv + 2 * C, C3, sq, hs, r[3], T, HTT, TT);  /* dP = dO V^T */
+        made += GC_ATTN_MATMUL(&m, 0, 0, T, hs, T, scale, att, T, HTT, TT, qkv + C, C3, sq, hs, r[4], C3, sq, hs);    /* dQ = scale dS K */
+        made += GC_ATTN_MATMUL(&m, 1, 0, T, hs, T, scale, att, T, HTT, TT, qkv, C3, sq, hs, r[4] + C, C3, sq, hs);    /* dK = scale dS^T Q */
+        if (made != (kern == 2 && want_batched ? 6 : 0)) batched = 0;
+    }
+    {   /* written parts only: dV's columns of r[2] (the rest stays NaN in both), the q|k columns of r[4] */
+        const char *names[5] = { "S = Q K^T", "O = P V", "dV", "dP", "dQ, dK" };
+        for (i = 0; i < 5; i++) {
+            if (i == 2 || i == 4) {
+                for (int row = 0; row < B * T; row++) {
+                    size_t at = (size_t)row * C3 + (i == 2 ? 2 * C : 0), n = i == 2 ? (size_t)C : 2 * (size_t)C;
+                    if (!same_bits(&m, o[0][i] + at, o[1][i] + at, n, names[i])) { bad++; break; }
+                }
+            } else if (!same_bits(&m, o[0][i], o[1][i], i == 1 ? nout : natt, names[i])) bad++;
+        }
+        /* the comparison sees a change: one head's input of sequence 2 perturbed, S recomputed */
+        S one;
+        gc_put(&one, 0.5f);
+        gpt_cuda_upload(m.stream, qkv + 2 * sq + 2 * hs + C, &one, sizeof(S));
+        GC_ATTN_MATMUL(&m, 0, 1, T, T, hs, scale, qkv, C3, sq, hs, qkv + C, C3, sq, hs, o[1][0], T, HTT, TT);
+        sees = !same_bits(&m, o[0][0], o[1][0], natt, NULL);
+    }
+    snprintf(name, sizeof name, NAME("kernels2_%s_attention_matmuls_same_bits_%s_C%d_T%d"), want_batched ? "batched" : "unaligned",
+             type, C, T);
+    verdict(bad == 0 && sees && batched, name, "%d of 5 outputs differ from the per-sequence calls; a perturbed input seen: %d; "
+            "%s: %d", bad, sees, want_batched ? "all six were one batched call" : "all six fell back to the per-sequence calls", batched);
+    free(h);
+    gpt_cuda_set_kernels(&m, 1);
+    gpt_cuda_destroy(&m);
+    ddp_shutdown(d);
+}
+
+/* LayerNorm backward: fused (GPT_KERNELS=2) against dx, then the partials (1), at C = 57. */
+template <class S> static void test_fused_layernorm_same_bits(int precision, const char *type) {
+    ddp_context *d = open_solo(1);
+    gpt_config cfg = { 1, 3, 57, 13, 4 };
+    gpt_cuda m;
+    int C = 57, rows = 2500, bad = 0;
+    size_t nx = (size_t)rows * C, k;
+    char name[128];
+    if (gpt_cuda_create(&m, d, &cfg, 1, precision) != DDP_OK) { printf("FAIL %s: %s\n", NAME("kernels2_create"), ddp_last_error(d)); exit(1); }
+    S *h = (S *)malloc(sizeof(S) * (2 * nx + C));   /* x, dy; then room for a run's gradients */
+    for (k = 0; k < 2 * nx; k++) gc_put(&h[k], test_value(73, k) * 2.0f - 1.0f);
+    {   /* LayerNorm backward: fused (2) against dx, then partials (1) */
+        S *x = (S *)gc_device_alloc(&m, sizeof(S) * nx), *dy = (S *)gc_device_alloc(&m, sizeof(S) * nx), *ln = (S *)gc_device_alloc(&m, sizeof(S) * nx);
+        S *dx[2], *gw[2], *gb[2];
+        float *mean = gc_floats(&m, (size_t)rows), *rstd = gc_floats(&m, (size_t)rows);
+        S *w = gc_param<S>(&m, m.lnfw), *gwp = gc_grad<S>(&m, m.lnfw), *gbp = gc_grad<S>(&m, m.lnfb);
+        const S *hx = h;
+        void *nan_bytes = malloc(sizeof(float) * GC_CHUNKS * C);
+        memset(nan_bytes, 0xff, sizeof(float) * GC_CHUNKS * C);
+        gpt_cuda_upload(m.stream, x, hx, sizeof(S) * nx);
+        gpt_cuda_upload(m.stream, dy, hx + nx, sizeof(S) * nx);
+        gpt_cuda_upload(m.stream, w, h, sizeof(S) * C);   /* w not all ones: dxhat = dy w */
+        gc_layernorm_fwd<S> fwd = { x, w, gc_param<S>(&m, m.lnfb), ln, mean, rstd, C };
+        GC_FOR_ROWS(&m, fwd, rows);
+        for (int kern = 1; kern <= 2; kern++) {
+            gc_ln_args<S> a;
+            dx[kern - 1] = (S *)gc_device_alloc(&m, sizeof(S) * nx);
+            gw[kern - 1] = (S *)gc_device_alloc(&m, sizeof(S) * C);
+            gb[kern - 1] = (S *)gc_device_alloc(&m, sizeof(S) * C);
+            gpt_cuda_upload(m.stream, dx[kern - 1], hx + nx / 2, sizeof(S) * nx);   /* accumulated onto */
+            gpt_cuda_upload(m.stream, gwp, h + C, sizeof(S) * C);
+            gpt_cuda_upload(m.stream, gbp, h + 2 * C, sizeof(S) * C);
+            gpt_cuda_upload(m.stream, m.partial_a, nan_bytes, sizeof(float) * GC_CHUNKS * C);   /* no partial left from run 1 */
+            gpt_cuda_upload(m.stream, m.partial_b, nan_bytes, sizeof(float) * GC_CHUNKS * C);
+            gpt_cuda_set_kernels(&m, kern);
+            a.m = &m; a.w = m.lnfw; a.b = m.lnfb; a.rows = rows; a.accumulate = 1;
+            a.x = x; a.mean = mean; a.rstd = rstd; a.dout = dy; a.dx = dx[kern - 1];
+            gc_layernorm_backward<S>(&a);
+            gpt_cuda_download(m.stream, h + 2 * nx, gwp, sizeof(S) * C);   /* keep this run's gradients */
+            gpt_cuda_upload(m.stream, gw[kern - 1], h + 2 * nx, sizeof(S) * C);
+            gpt_cuda_download(m.stream, h + 2 * nx, gbp, sizeof(S) * C);
+            gpt_cuda_upload(m.stream, gb[kern - 1], h + 2 * nx, sizeof(S) * C);
+        }
+        bad = !same_bits(&m, dx[0], dx[1], nx, "LayerNorm dx") + !same_bits(&m, gw[0], gw[1], (size_t)C, "LayerNorm dw") +
+              !same_bits(&m, gb[0], gb[1], (size_t)C, "LayerNorm db");
+        free(nan_bytes);
+        snprintf(name, sizeof name, NAME("kernels2_fused_layernorm_backward_same_bits_%s"), type);
+        verdict(bad == 0, name, "%d of 3 outputs (dx, dw, db) differ from the two kernels'", bad);
+    }
+    free(h);
+    gpt_cuda_set_kernels(&m, 1);
+    gpt_cuda_destroy(&m);
+    ddp_shutdown(d);
+}
+static void test_kernels2_same_bits(void) {
+    test_attn_matmuls_same_bits<float>(GPT_CUDA_FP32, "fp32", 24, 12, 1);    /* 3 heads of 8: every operand 16-byte aligned */
+    test_attn_matmuls_same_bits<gc_bf16>(GPT_CUDA_BF16, "bf16", 24, 12, 1);
+    test_attn_matmuls_same_bits<float>(GPT_CUDA_FP32, "fp32", 57, 11, 0);    /* 3 heads of 19, T = 11: not aligned */
+    test_attn_matmuls_same_bits<gc_bf16>(GPT_CUDA_BF16, "bf16", 57, 11, 0);
+    test_fused_layernorm_same_bits<float>(GPT_CUDA_FP32, "fp32");
+    test_fused_layernorm_same_bits<gc_bf16>(GPT_CUDA_BF16, "bf16");
 }
 
 /* ---- 7. GPT_ATTENTION=fused against the explicit attention ---- */
@@ -1095,6 +1250,7 @@ int main(int argc, char **argv) {
     if (parts_selected[5]) {   /* GPT_KERNELS=2 against the CPU model; batches where tokens need several segments */
         gpt_config many = { 2, 2, 40, 67, 7 };   /* 469 positions: the frequent bytes exceed a segment */
         test_vec_maps();
+        test_kernels2_same_bits();
         test_cuda_vs_cpu(&many, 0.0f, 2);
         test_cuda_vs_cpu(&small, 0.2f, 2);
     }
