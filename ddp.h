@@ -2037,6 +2037,7 @@ static int ddp__thread_alive(int pid, int tid) {
     if (pid <= 0 || tid <= 0) return 1;
     return ddp__handle_alive(OpenThread(SYNCHRONIZE, FALSE, (DWORD)tid));
 }
+static int ddp__pid_gone(int pid) { return !ddp__pid_alive(pid); }   /* dead, or on its way out */
 
 /* ---- errors: Win32 and Winsock codes become errno values, so every message is one path ---- */
 static int ddp__errno_from_win(DWORD e) {
@@ -2590,6 +2591,8 @@ static int ddp__pid_exiting(int pid) {
     p = strrchr(buf, ')');
     return p && sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %u", &flags) == 1 && (flags & 0x4u);
 }
+/* Dead, or on its way out (SIGKILLed: its threads torn down, not yet a zombie). */
+static int ddp__pid_gone(int pid) { return pid > 0 && (!ddp__pid_alive(pid) || ddp__pid_exiting(pid)); }
 
 /* The calling thread's id, and whether thread `tid` of process `pid` still runs. With ranks as
    threads of one process the process outlives a rank whose thread ended without ddp_shutdown:
@@ -6379,6 +6382,22 @@ static ddp_result ddp__shm_poisoned(ddp_context *ctx) {
                            "stopped in %s because %s", ctx->what, h->failed_msg);
 }
 
+/* The other ranks of [first, first + n) besides `dead` that have not posted and are gone or
+   going (a SIGKILLed rank 0 is on its way out while rank 2, which saw its socket close, has
+   already failed and exited): "; gone as well: rank 0 (pid N)", or "". */
+static void ddp__shm_gone_too(ddp_context *ctx, int stage, uint32_t target, int first, int n, int dead, char *out, size_t cap) {
+    size_t len = 0;
+    int s;
+    out[0] = 0;
+    for (s = first; s < first + n && len + 48 < cap; s++) {
+        int pid = __atomic_load_n(&ddp__shm_block(ctx, s)->pid, __ATOMIC_ACQUIRE);
+        if (!pid && ctx->rdv.peer_pids) pid = ctx->rdv.peer_pids[s];
+        if (s == dead || s == ctx->rank || !ddp__pid_gone(pid) ||
+            ddp__reached(__atomic_load_n(&ddp__shm_block(ctx, s)->stage[stage].value, __ATOMIC_ACQUIRE), target)) continue;
+        len += (size_t)snprintf(out + len, cap - len, "%srank %d (pid %d)", len ? ", " : "; gone as well: ", s, pid);
+    }
+}
+
 /* Checked while sleeping: the group poisoned by another rank, a dead peer among ranks
    [first, first + n) (the ones waited for), the deadline. */
 static ddp_result ddp__shm_check_peers(ddp_context *ctx, int stage, uint32_t target, double deadline, int first, int n) {
@@ -6401,8 +6420,12 @@ static ddp_result ddp__shm_check_peers(ddp_context *ctx, int stage, uint32_t tar
             /* A peer that poisoned the group (a cancel, say) and then ended did so after our
                first look at the poison: its poison, read after its end is seen, is the cause. */
             if ((r = ddp__shm_poisoned(ctx)) != DDP_OK) return r;
-            if (!process) return ddp__fail_group(ctx, DDP_ERR_PEER_LOST, "rank %d (pid %d) died; this rank was in %s",
-                                                 s, pid, ctx->what);
+            if (!process) {   /* a peer that failed because another died first: name that one too */
+                char also[160];
+                ddp__shm_gone_too(ctx, stage, target, first, n, s, also, sizeof also);
+                return ddp__fail_group(ctx, DDP_ERR_PEER_LOST, "rank %d (pid %d) died%s; this rank was in %s",
+                                       s, pid, also, ctx->what);
+            }
             return ddp__fail_group(ctx, DDP_ERR_PEER_LOST, "rank %d (pid %d, thread %d) ended without ddp_shutdown; "
                                    "this rank was in %s", s, pid, tid, ctx->what);
         }
