@@ -1027,16 +1027,6 @@ static void test_kernels2_same_bits(void) {
    ulp (2^-8 relative, at the tensor's scale) plus the fp32 bound; dQ and dK also through
    D = dO . O read from the rounded O (its error, relative 2^-8, enters dS at the scale of dS): two
    roundings. A mask off by one (the key t + 1 let in) must fail the fp32 bound. */
-static double worst_scaled(const float *got, const float *ref, size_t n, double rel) {
-    double mx = 0, worst = 0;
-    size_t i;
-    for (i = 0; i < n; i++) mx = fabs(ref[i]) > mx ? fabs(ref[i]) : mx;
-    for (i = 0; i < n; i++) {
-        double e = fabs((double)got[i] - ref[i]) / (rel * mx);
-        if (!(e <= worst)) worst = e;   /* NaN sticks */
-    }
-    return worst;
-}
 template <class S> static float *fetch(gpt_cuda *m, const S *dev, size_t n) {
     S *h = (S *)malloc(sizeof(S) * n + 1);
     float *f = (float *)malloc(sizeof(float) * n + 1);
@@ -1116,7 +1106,7 @@ static void test_fused_attention_op(float dropout) {
     run_fused<gc_bf16>(&m16, hqkv, hdout, 0, &bO, &bd);
     {
         static const char *const what[3] = { "dQ", "dK", "dV" };
-        double r = worst_scaled(O, refO, BT * C, k_fwd), rb = worst_scaled(bO, refO, BT * C, ub + k_fwd);
+        double r = scaled_error(O, refO, BT * C, k_fwd), rb = scaled_error(bO, refO, BT * C, ub + k_fwd);
         snprintf(name, sizeof name, NAME("fused_attention_forward_matches_explicit_2x3x37_hs40_fp32%s"), tag);
         verdict(r <= 1, name, "O: worst error %.3g of the bound %.3g * max|ref|", r, k_fwd);
         printf("  (%s: worst %.3f of the bound)\n", name, r);
@@ -1126,8 +1116,8 @@ static void test_fused_attention_op(float dropout) {
         for (w = 0; w < 3; w++) {
             float *g = part_of(dq, BT, C, w), *gb = part_of(bd, BT, C, w), *rf = part_of(refd, BT, C, w);
             double kb = (w == 2 ? 1 : 2) * ub + k_bwd;
-            r = worst_scaled(g, rf, BT * C, k_bwd);
-            rb = worst_scaled(gb, rf, BT * C, kb);
+            r = scaled_error(g, rf, BT * C, k_bwd);
+            rb = scaled_error(gb, rf, BT * C, kb);
             snprintf(name, sizeof name, NAME("fused_attention_%s_matches_explicit_fp32%s"), what[w], tag);
             verdict(r <= 1, name, "worst error %.3g of the bound %.3g * max|ref|", r, k_bwd);
             printf("  (%s: worst %.3f of the bound)\n", name, r);
@@ -1141,7 +1131,7 @@ static void test_fused_attention_op(float dropout) {
         float *xO, *xd;
         double r;
         run_fused<float>(&m32, hqkv, hdout, 1, &xO, &xd);
-        r = worst_scaled(xO, refO, BT * C, k_fwd);
+        r = scaled_error(xO, refO, BT * C, k_fwd);
         snprintf(name, sizeof name, NAME("fused_attention_bound_catches_mask_off_by_one"));
         verdict(r > 1, name, "a forward that lets key t + 1 in is within the bound (%.3g of it): the check cannot fail", r);
         printf("  (%s: the broken forward at %.3g x the bound)\n", name, r);
