@@ -1031,7 +1031,8 @@
      process group: every rank fails fast with a message naming the rank that failed first,
      instead of waiting for the timeout. A peer that dies (a process, or a thread-rank that ends
      without ddp_shutdown) is noticed within about 0.1 s on the CPU backend (every waiter looks
-     every DDP__LIVENESS_PERIOD_S; measured: bench/RESULTS.md), and by the NCCL watchdog's poll
+     every DDP__LIVENESS_PERIOD_S; measured: bench/RESULTS.md; the message names every waited-for
+     rank that is dead or still exiting, ddp__shm_gone_too), and by the NCCL watchdog's poll
      of the store (every 0.1 s) or NCCL's own error on the NCCL backend. Rank 0 gone before it
      listens (never started, or killed early) is a connection refused, as a slow rank 0 is: the
      wait stays timeout_s (docs/design.md), and is not silent: after half the timeout (10 s at
@@ -1328,7 +1329,9 @@
      code on the collective path calls it at the point of failure, and its callers only pass
      the result up. ddp__fatal escalates an error a callee recorded with ddp__fail, at the few
      boundaries where a local failure leaves the ranks out of step (a backend's setup and
-     commit). ddp__set_failed marks the context alone (the peers were told already).
+     commit). ddp__set_failed marks the context alone (the peers were told already). A poison
+     written from another thread (a watchdog's) is counted in ctx->telling, and ddp_shutdown
+     hangs up its store connection only after it, so the peers read why, not "disconnected".
 
    Version: DDP_VERSION_STRING. License: see the end of this file.
 */
