@@ -71,14 +71,23 @@ static inline int test_free_port(void) {
     struct sockaddr_in a;
     ddp__socklen len = sizeof a;
     int fd, port = 0;
+    static uint32_t seed;
+    int tries;
     (void)ddp__net_init();   /* Windows: Winsock up */
-    fd = (int)socket(AF_INET, SOCK_STREAM, 0);
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    if (fd >= 0) test_sock_close(fd);
+    /* below the kernel's ephemeral range (32768 up): a port from that range can be taken as the
+       local port of some client socket before rank 0 binds it (tests/lib.sh's free_port too) */
+    if (!seed) seed = (uint32_t)ddp__getpid() * 2654435761u ^ (uint32_t)(ddp__now() * 1e6);
+    for (tries = 0; tries < 200 && !port; tries++) {
+        seed = seed * 1664525u + 1013904223u;
+        fd = (int)socket(AF_INET, SOCK_STREAM, 0);
+        memset(&a, 0, sizeof a);
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        a.sin_port = htons((uint16_t)(20000 + (seed >> 8) % 12000));
+        if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+            port = ntohs(a.sin_port);
+        if (fd >= 0) test_sock_close(fd);
+    }
     return port;
 }
 
