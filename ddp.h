@@ -2561,38 +2561,41 @@ static void ddp__hostname(char *buf, size_t n) { if (gethostname(buf, n - 1)) sn
 
 /* ---- processes and threads ---- */
 #define ddp__getpid() ((int)getpid())
-/* Alive = exists and is not a zombie (a dead child its launcher has not reaped yet). */
+/* The fields of /proc/.../stat after "(comm) ", read into buf: NULL when it cannot be read (the
+   process or thread is gone, or was reaped while being read, or there is no /proc). */
+static const char *ddp__proc_stat(const char *path, char *buf, size_t n) {
+    FILE *f = fopen(path, "r");
+    const char *close_paren;
+    size_t got = f ? fread(buf, 1, n - 1, f) : 0;
+    if (f) fclose(f);
+    buf[got] = 0;
+    close_paren = strrchr(buf, ')');
+    return close_paren && close_paren[1] == ' ' && close_paren[2] ? close_paren + 2 : NULL;
+}
+static int ddp__no_such_pid(int pid) { return kill(pid, 0) != 0 && errno == ESRCH; }
+
+/* Alive = exists and is not a zombie (a dead child its launcher has not reaped yet). A stat that
+   cannot be read asks kill() again: a zombie reaped between the two looks is dead (taken for alive,
+   a survivor's sweep left a dead rank 0's segment in /dev/shm). */
 static int ddp__pid_alive(int pid) {
     char path[64], buf[256];
-    const char *close_paren;
-    FILE *f;
-    size_t n;
+    const char *fields;
     if (pid <= 0) return 1;              /* not attached yet: nothing to say */
-    if (kill(pid, 0) != 0 && errno == ESRCH) return 0;
+    if (ddp__no_such_pid(pid)) return 0;
     snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    if (!(f = fopen(path, "r"))) return 1;
-    n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    close_paren = strrchr(buf, ')');
-    return !(close_paren && (close_paren[2] == 'Z' || close_paren[2] == 'X'));
+    if (!(fields = ddp__proc_stat(path, buf, sizeof buf))) return !ddp__no_such_pid(pid);   /* no /proc: alive */
+    return fields[0] != 'Z' && fields[0] != 'X';
 }
 
 /* A process on its way out (SIGKILLed, say): its sockets may already be closed, so a peer can
    see it gone before it is a zombie. PF_EXITING is the 9th field of /proc/PID/stat. */
 static int ddp__pid_exiting(int pid) {
     char path[64], buf[512];
-    const char *p;
+    const char *fields;
     unsigned flags = 0;
-    FILE *f;
-    size_t n;
     snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    if (!(f = fopen(path, "r"))) return 0;
-    n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    p = strrchr(buf, ')');
-    return p && sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %u", &flags) == 1 && (flags & 0x4u);
+    fields = ddp__proc_stat(path, buf, sizeof buf);
+    return fields && sscanf(fields, "%*c %*d %*d %*d %*d %*d %u", &flags) == 1 && (flags & 0x4u);
 }
 /* Dead, or on its way out (SIGKILLed: its threads torn down, not yet a zombie). */
 static int ddp__pid_gone(int pid) { return pid > 0 && (!ddp__pid_alive(pid) || ddp__pid_exiting(pid)); }
@@ -2610,20 +2613,13 @@ static int ddp__thread_id(void) {
 
 static int ddp__thread_alive(int pid, int tid) {
     char path[64], buf[256];
-    const char *close_paren;
-    FILE *f;
-    size_t n;
+    const char *fields;
     if (pid <= 0 || tid <= 0) return 1;
     snprintf(path, sizeof path, "/proc/%d/task/%d/stat", pid, tid);
-    if (!(f = fopen(path, "r"))) {
-        snprintf(path, sizeof path, "/proc/%d", pid);
-        return access(path, F_OK) != 0;   /* no /proc to ask: nothing to say */
-    }
-    n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    close_paren = strrchr(buf, ')');
-    return !(close_paren && (close_paren[2] == 'Z' || close_paren[2] == 'X'));
+    if ((fields = ddp__proc_stat(path, buf, sizeof buf)) != NULL) return fields[0] != 'Z' && fields[0] != 'X';
+    snprintf(path, sizeof path, "/proc/%d", pid);
+    if (access(path, F_OK) == 0) return 0;   /* the process is there, the thread is not */
+    return !ddp__no_such_pid(pid);           /* reaped: dead; no /proc to ask: nothing to say */
 }
 
 /* ---- the wait and wake of a shared-memory counter: a futex (elsewhere: a short sleep) ---- */

@@ -1011,7 +1011,7 @@ static void test_log_flood(void) {
             ranks[0].error, ranks[1].error);
 }
 
-#ifndef _WIN32   /* POSIX only: they read /proc/self/map_files and fork a zombie */
+#ifndef _WIN32   /* POSIX only: they read /proc/self/map_files, fork a zombie, reap a child */
 /* ---- the shared segment is owner-only (checked through the mapping, as it is unlinked) ---- */
 static void shm_mode_rank(test_rank *self) {
     ddp_context *ctx;
@@ -1073,12 +1073,48 @@ static void test_exited_peer(void) {
             "rank 0: %d %s | rank 1: %d %s", ranks[0].result, ranks[0].error, ranks[1].result, ranks[1].error);
 }
 
+/* ---- a dead process stays dead while its parent reaps it ----
+   Once ddp__pid_alive has said a SIGKILLed child is dead (a zombie), no later look may say alive
+   while another thread reaps it: between kill(pid, 0) and reading /proc/PID/stat the zombie can
+   vanish (a survivor's sweep took a just-reaped rank 0 for alive and left its segment behind). The
+   old reading said "alive" in about half of these rounds here. */
+typedef struct reap_race { volatile int pid, reaped; } reap_race;
+static void *reap_child(void *arg) {
+    reap_race *r = (reap_race *)arg;
+    kill(r->pid, SIGKILL);
+    usleep((useconds_t)(rand() % 200));
+    waitpid(r->pid, NULL, 0);
+    __atomic_store_n(&r->reaped, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+static void test_reaped_peer(void) {
+    int round, wrong = 0, rounds = 300;
+    for (round = 0; round < rounds; round++) {
+        reap_race r;
+        pthread_t t;
+        int said_dead = 0;
+        r.reaped = 0;
+        if ((r.pid = fork()) == 0) { pause(); _exit(0); }
+        if (r.pid < 0 || pthread_create(&t, NULL, reap_child, &r)) { printf("SKIP pid_alive_reaped_child_stays_dead: cannot fork\n"); return; }
+        for (;;) {
+            int done = __atomic_load_n(&r.reaped, __ATOMIC_ACQUIRE), alive = ddp__pid_alive(r.pid);
+            if (!alive) said_dead = 1;
+            else if (said_dead) { wrong++; break; }
+            if (done && said_dead) break;
+        }
+        pthread_join(t, NULL);
+    }
+    verdict(wrong == 0, "pid_alive_reaped_child_stays_dead", "said alive again after dead in %d of %d rounds", wrong, rounds);
+}
 #else
 static void test_shm_owner_only(void) {
     printf("SKIP shm_segment_owner_only: POSIX shared memory's file mode; Windows' mapping is named in the session's Local namespace under the creator's default security\n");
 }
 static void test_exited_peer(void) {
     printf("SKIP peer_exited_after_posting_is_not_lost: it forks a zombie (POSIX); Windows has no zombies, an exited process is signalled at once\n");
+}
+static void test_reaped_peer(void) {
+    printf("SKIP pid_alive_reaped_child_stays_dead: it forks and reaps (POSIX); Windows asks a process handle, which has no such window\n");
 }
 #endif
 
@@ -1360,6 +1396,7 @@ int main(void) {
     test_log_flood();
     test_shm_owner_only();
     test_exited_peer();
+    test_reaped_peer();
     test_wrong_order();
     test_vm();
     return test_summary("test_unit");
