@@ -469,6 +469,8 @@ test_grace_kill
 signal_test "SIGINT stops the job with 130" INT 130 ""
 signal_test "SIGTERM stops the job with 143" TERM 143 ""
 signal_test "second SIGINT kills at once" INT 130 'trap "" INT TERM;' INT
+# Ctrl-\ reaches ddprun alone: it must pass it on, not die and leave the ranks' children running
+signal_test "SIGQUIT stops the job with 131, the ranks' children too" QUIT 131 ""
 # a hang-up (closed terminal or ssh session) stops the ranks and their setsid strays, like SIGTERM
 signal_test "SIGHUP stops the job with 129, setsid strays too" HUP 129 \
     'setsid sh -c "echo \$\$ >\"\$PIDS/stray.\$RANK.pid\"; exec sleep 300" </dev/null >/dev/null 2>&1 &

@@ -20,8 +20,8 @@
  * line a rank writes is copied to ddprun's stdout/stderr prefixed with "[rank R] " (a line that
  * starts with that rank's own "rank R: ", as ddp.h's messages do, loses those words: the
  * prefix says it; "ddp rank R warning: ..." becomes "ddp warning: ...").
- * If a rank fails, or ddprun gets SIGINT/SIGTERM/SIGHUP, the other ranks get
- * SIGTERM (or the forwarded SIGINT) and, after the grace period, SIGKILL.
+ * If a rank fails, or ddprun gets SIGINT/SIGTERM/SIGHUP/SIGQUIT, the other ranks get
+ * SIGTERM (or the forwarded SIGINT or SIGQUIT) and, after the grace period, SIGKILL.
  * With --max-restarts N, a failed job is then started again (a new token,
  * and a new port unless --master-port), up to N times; the program resumes
  * from its own checkpoints. Each restart waits first: --restart-delay (1 s),
@@ -33,7 +33,7 @@
  *
  * Exit status: 0 if every rank exited 0; else the first failing rank's exit
  * status (128+signal if it was killed), of the last attempt with restarts;
- * 130/143/129 after SIGINT/SIGTERM/SIGHUP; 2 for bad usage; 1 if ddprun itself could
+ * 130/143/129/131 after SIGINT/SIGTERM/SIGHUP/SIGQUIT; 2 for bad usage; 1 if ddprun itself could
  * not start the job.
  *
  * Each rank runs in its own process group so that stopping it also stops
@@ -586,8 +586,12 @@ static void install_signal_handlers(void)
     sigaddset(&sa.sa_mask, SIGINT);
     sigaddset(&sa.sa_mask, SIGTERM);
     sigaddset(&sa.sa_mask, SIGHUP);
+    sigaddset(&sa.sa_mask, SIGQUIT);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    /* Ctrl-\ reaches ddprun alone (the ranks are in groups of their own): left to its default,
+     * ddprun would die and leave the ranks' children running. Passed on, as Ctrl-C is. */
+    sigaction(SIGQUIT, &sa, NULL);
     /* A closed terminal or ssh session: the ranks (own groups) get no SIGHUP of their own, so
      * ddprun must stop them and its setsid strays, as for SIGTERM. */
     if (!hup_ignored) /* under nohup, hang-ups stay ignored */
@@ -634,6 +638,7 @@ static void exec_rank(const struct job *job, int index, int out_fd, int err_fd, 
     signal(SIGTERM, SIG_DFL);
     if (!hup_ignored)
         signal(SIGHUP, SIG_DFL);
+    signal(SIGQUIT, SIG_DFL);
     signal(SIGTSTP, SIG_DFL);
     signal(SIGCONT, SIG_DFL);
     signal(SIGPIPE, SIG_DFL);
@@ -1115,7 +1120,8 @@ static void handle_signals(struct job *job, int *signals_handled)
     /* SIGHUP is passed on as SIGTERM: a rank may take SIGHUP as "reload", not "stop". */
     begin_stop(job, sig == SIGHUP ? SIGTERM : sig,
                sig == SIGINT ? "interrupted, stopping all ranks"
-               : sig == SIGHUP ? "hung up, stopping all ranks" : "terminated, stopping all ranks");
+               : sig == SIGHUP ? "hung up, stopping all ranks"
+               : sig == SIGQUIT ? "quit, stopping all ranks" : "terminated, stopping all ranks");
 }
 
 static int strays(const struct job *job, int kill_them);
@@ -1191,6 +1197,7 @@ static void run_attempt(struct job *job)
     sigaddset(&held, SIGINT);
     sigaddset(&held, SIGTERM);
     sigaddset(&held, SIGHUP);
+    sigaddset(&held, SIGQUIT);
     sigaddset(&held, SIGTSTP);
     sigaddset(&held, SIGCONT);
     pthread_sigmask(SIG_BLOCK, &held, NULL);
@@ -1220,7 +1227,8 @@ static int restart_wait(struct job *job, double seconds)
         if (signals_received) {
             job->interrupted = 1;
             job->exit_status = 128 + first_signal;
-            say("%s while waiting to restart; not restarting", first_signal == SIGINT ? "interrupted" : first_signal == SIGHUP ? "hung up" : "terminated");
+            say("%s while waiting to restart; not restarting", first_signal == SIGINT ? "interrupted" : first_signal == SIGHUP ? "hung up"
+                : first_signal == SIGQUIT ? "quit" : "terminated");
             return 0;
         }
         handle_job_control(&idle);
