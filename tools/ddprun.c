@@ -92,6 +92,7 @@ struct rank {
     int code, sig;  /* how it ended: exit status, or the signal that killed it */
     int failed_seq; /* 0, or the order in which its failure was seen (1, 2, ...) */
     int waited_for; /* -1, or the rank its stderr said it timed out waiting for (ddp.h's words) */
+    int lost_peer;  /* -1, or the rank its stderr said was gone: died, called ddp_shutdown, disconnected */
     struct stream out, err;
 };
 
@@ -741,6 +742,34 @@ static void note_waited_for(struct job *job, int rank, const char *line, size_t 
         job->ranks[index].waited_for = peer;
 }
 
+/* ddp.h's words for a peer gone in the middle of a collective: "rank 1 (pid 42) died; ...", "rank 1
+ * called ddp_shutdown while this rank is in ...", "rank 1 disconnected from the rendezvous store".
+ * The first one named is kept: if that rank exited 0, it left early. */
+static void note_lost_peer(struct job *job, int rank, const char *line, size_t len)
+{
+    static const char *const after[] = { " called ddp_shutdown while", " disconnected from the rendezvous store", " (pid " };
+    const char *end = line + len, *at = line;
+    int index = rank - job->base, peer;
+    if (job->ranks[index].lost_peer >= 0)
+        return;
+    while ((at = memmem(at, (size_t)(end - at), "rank ", 5)) != NULL) {
+        int digits = digits_at(at += 5, end, &peer);
+        const char *rest = at + digits, *paren;
+        for (size_t k = 0; digits > 0 && k < sizeof after / sizeof after[0]; k++) {
+            size_t n = strlen(after[k]);
+            if ((size_t)(end - rest) < n || memcmp(rest, after[k], n))
+                continue;
+            /* "(pid N)" must be followed by " died" */
+            if (k == 2 && (!(paren = memchr(rest, ')', (size_t)(end - rest))) || end - paren < 6 || memcmp(paren + 1, " died", 5)))
+                continue;
+            peer -= job->base;
+            if (peer >= 0 && peer < job->nranks && peer != index)
+                job->ranks[index].lost_peer = peer;
+            return;
+        }
+    }
+}
+
 /* Length of "rank R: " (or of "rank R", in "ddp rank R level: ", ddp.h's default logger) at the
    start of a line when R is the rank that wrote it: ddp.h's messages (ddp_last_error) start
    with their rank, which the "[rank R] " prefix already says. 0 otherwise. */
@@ -770,8 +799,10 @@ static void emit_line(struct job *job, const struct stream *s, const char *line,
     }
     memcpy(out + n, line, len);
     out[(size_t)n + len] = '\n';
-    if (s->dest == STDERR_FILENO)
+    if (s->dest == STDERR_FILENO) {
         note_waited_for(job, s->rank, whole, whole_len);
+        note_lost_peer(job, s->rank, whole, whole_len);
+    }
     emit(s->dest, out, (size_t)n + len + 1);
 }
 
@@ -930,11 +961,13 @@ static struct rank *find_stalled(struct job *job, const struct rank *first, int 
     return NULL;
 }
 
-/* The rank the failed one waited for, when it had already exited with status 0: it left early
- * (before the rendezvous, or before a collective its peers made), which is the cause. */
+/* The rank the failed one waited for (or saw go: died, called ddp_shutdown), when it had already
+ * exited with status 0: it left early (before the rendezvous, or before a collective its peers
+ * made), which is the cause. */
 static struct rank *find_left_early(struct job *job, const struct rank *first)
 {
-    struct rank *w = first->waited_for >= 0 ? &job->ranks[first->waited_for] : NULL;
+    int peer = first->waited_for >= 0 ? first->waited_for : first->lost_peer;
+    struct rank *w = peer >= 0 ? &job->ranks[peer] : NULL;
     return w && !w->running && !w->failed_seq && w->code == 0 && w->sig == 0 ? w : NULL;
 }
 
@@ -1205,6 +1238,7 @@ static void run_attempt(struct job *job)
         job->ranks[i].index = i;
         job->ranks[i].rank = job->base + i;
         job->ranks[i].waited_for = -1;
+        job->ranks[i].lost_peer = -1;
         if (spawn_rank(job, &job->ranks[i]) < 0)
             abort_start(job, i);
     }
