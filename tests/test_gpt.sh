@@ -5,7 +5,7 @@
 #   not); a checkpoint of another model or seed, a damaged, overlong or out-of-range one, or a
 #   FIFO is refused; the rename of a checkpoint is followed by an fsync of its directory; a
 #   missing, empty, too small or FIFO data file is a clear error and a non-zero exit, and so is
-#   running out of memory;
+#   running out of memory; NaN or Inf flag values are refused, by the trainer built -Ofast too;
 #   --dump-init and --sample work; the outer sync's flags (--outer average|diloco|streaming) fill
 #   ddp_desc.outer: one group averaging is DDP bit for bit, groups of one sync when the schedule
 #   says, bad values are refused by name; and where nvcc built BUILD_DIR/gpu/train_gpt, its CPU path
@@ -85,6 +85,14 @@ flag_refused gpt_model_too_large_refused "the model is too large for this progra
 flag_refused gpt_batch_times_seq_too_large_refused "batch x seq" --layers 1 --heads 1 --dim 1 --seq 1000000000 --batch 8
 flag_refused gpt_negative_seed_refused "'-1' is not a non-negative integer" --seed -1
 flag_refused gpt_infinite_latency_refused "'inf' is not a finite number >= 0" --inject-latency-ms inf
+# the trainer built -Ofast (the Makefile's train_gpt_fastmath): NaN and Inf are still refused by
+# name, where a check by comparison or isinf() folds away (--dropout nan trained with NaN masks)
+FM=${TRAIN_GPT_FASTMATH:-$B/train_gpt_fastmath}
+if [ -x "$FM" ]; then
+    for fv in "--dropout nan" "--temperature inf" "--straggler-pct -nan" "--lr inf"; do
+        n=${fv:2}; BIN=$FM flag_refused "gpt_fastmath_${n// /_}_refused" "'${fv#* }' is not a finite number >= 0" $fv
+    done
+else echo "SKIP gpt_fastmath_nan_inf_flags_refused: no $FM (make builds it)"; fi
 fi   # flags
 
 if want tape; then

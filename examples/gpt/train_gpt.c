@@ -317,7 +317,9 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errn)
             *ip = (int)x;
         } else {
             float x = strtof(v, &end);
-            if (errno || !*v || *end || !(x >= 0) || isinf(x)) { snprintf(err, errn, "%s: '%s' is not a finite number >= 0", a, v); return 0; }
+            uint32_t bits;
+            memcpy(&bits, &x, sizeof bits);   /* NaN and Inf by their bits: -Ofast folds isinf/isnan and x >= 0 to "finite" */
+            if (errno || !*v || *end || (bits & 0x7f800000u) == 0x7f800000u || !(x >= 0)) { snprintf(err, errn, "%s: '%s' is not a finite number >= 0", a, v); return 0; }
             *fp = x;
         }
     }
