@@ -161,6 +161,13 @@ for accum in 1 2; do
         if [ -n "$a" ] && [ "$a" = "$c" ] && ! grep -q "resumed" "$tmp/fresh.log" && cmp -s "$tmp/fresh$accum" "$tmp/auto$accum"; then
             pass gpt_save_fresh_starts_over
         else fail gpt_save_fresh_starts_over "straight $a, --fresh $c: $(tail -n 2 "$tmp/fresh.log")"; fi
+        # --stop-at 0 stops before the first step (it once meant "no stop": a full run, exit 0):
+        # the checkpoint holds the initial state, and 8 steps from it are the straight run's
+        train --steps 8 --stop-at 0 --save "$tmp/ck0" >"$tmp/stop0.log" 2>&1
+        train --steps 8 --resume "$tmp/ck0" >"$tmp/from0.log" 2>&1
+        c=$(hash_of "$tmp/from0.log")
+        if grep -q "done: step 0 |" "$tmp/stop0.log" && [ -n "$a" ] && [ "$a" = "$c" ]; then pass gpt_stop_at_0_saves_the_initial_state
+        else fail gpt_stop_at_0_saves_the_initial_state "$(grep -m1 "done:" "$tmp/stop0.log"); straight $a, 8 steps from it $c"; fi
     fi
     # the resumed run's step lines 5..8 must print the straight run's losses exactly
     if diff <(grep -oE "step +[5-8]/8 \| loss [0-9.]+" "$tmp/straight.log") <(grep -oE "step +[5-8]/8 \| loss [0-9.]+" "$tmp/second.log") >/dev/null; then

@@ -208,6 +208,7 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errn)
     o->steps = 500; o->warmup = 100; o->accum = 1; o->eval_every = 100; o->eval_batches = 20; o->sample = 300;
     o->lr = 1e-3f; o->min_lr = 1e-4f; o->wd = 0.1f; o->clip = 1.0f; o->beta1 = 0.9f; o->beta2 = 0.99f;
     o->temperature = 1.0f; o->seed = 1337; o->log_every = 1; o->prompt = "\n"; o->straggler_pct = 20;
+    o->stop_at = -1;   /* not given (--stop-at 0 stops before the first step) */
     o->outer.lr = o->outer.momentum = o->outer.mix = -1;   /* not given */
     o->outer.inner_steps = o->outer.group_size = o->outer.fragments = o->outer.delay_steps = o->outer.quant_block = -1;
     for (i = 1; i < argc; i++) {
@@ -932,7 +933,7 @@ int main(int argc, char **argv) {
     step_line = step;
     memset(&late, 0, sizeof late);
     timed_after = step + (o.steps - step > 4 ? 3 : 1);   /* GPT_OP_TIMES: the steps after these */
-    while (step < o.steps && !(o.stop_at > 0 && step >= o.stop_at)) {
+    while (step < o.steps && !(o.stop_at >= 0 && step >= o.stop_at)) {
         double ms, t_step = now_s();
         float loss, lr = lr_at(&o, step), norm = 0;
         ddp_adamw opt;
