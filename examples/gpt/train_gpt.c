@@ -329,6 +329,7 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errn)
     if (!(o->dropout < 1)) { snprintf(err, errn, "--dropout must be in [0, 1) (got %g)", (double)o->dropout); return 0; }
     if (o->accum < 1 || o->eval_batches < 1 || o->log_every < 1) { snprintf(err, errn, "--grad-accum, --eval-batches and --log-every must be >= 1"); return 0; }
     if (!(o->beta1 < 1 && o->beta2 < 1) || !(o->temperature > 0)) { snprintf(err, errn, "betas must be < 1 and the temperature > 0"); return 0; }
+    if (o->save_every > 0 && !o->save) { snprintf(err, errn, "--save-every goes with --save PATH (where the checkpoints go)"); return 0; }
     if (o->fresh && (!o->save || o->resume)) { snprintf(err, errn, "--fresh goes with --save PATH (start over there) and not with --resume"); return 0; }
     if (o->bf16 && o->tf32) { snprintf(err, errn, "--bf16 and --tf32 are two precisions of the CUDA model's matmuls: pick one"); return 0; }
     if (o->bf16 && o->cpu) { snprintf(err, errn, "--bf16 is the CUDA model's mode and --cpu runs gpt.h's fp32 CPU model: not both"); return 0; }
