@@ -6381,6 +6381,12 @@ static ddp_result ddp__shm_poisoned(ddp_context *ctx) {
                            "stopped in %s because %s", ctx->what, h->failed_msg);
 }
 
+/* Rank s's pid: from its block once attached, from the rendezvous before. */
+static int ddp__shm_peer_pid(ddp_context *ctx, int s) {
+    int pid = __atomic_load_n(&ddp__shm_block(ctx, s)->pid, __ATOMIC_ACQUIRE);
+    return !pid && ctx->rdv.peer_pids ? ctx->rdv.peer_pids[s] : pid;
+}
+
 /* The other ranks of [first, first + n) besides `dead` that have not posted and are gone or
    going (a SIGKILLed rank 0 is on its way out while rank 2, which saw its socket close, has
    already failed and exited): "; gone as well: rank 0 (pid N)", or "". */
@@ -6389,8 +6395,7 @@ static void ddp__shm_gone_too(ddp_context *ctx, int stage, uint32_t target, int 
     int s;
     out[0] = 0;
     for (s = first; s < first + n && len + 48 < cap; s++) {
-        int pid = __atomic_load_n(&ddp__shm_block(ctx, s)->pid, __ATOMIC_ACQUIRE);
-        if (!pid && ctx->rdv.peer_pids) pid = ctx->rdv.peer_pids[s];
+        int pid = ddp__shm_peer_pid(ctx, s);
         if (s == dead || s == ctx->rank || !ddp__pid_gone(pid) ||
             ddp__reached(__atomic_load_n(&ddp__shm_block(ctx, s)->stage[stage].value, __ATOMIC_ACQUIRE), target)) continue;
         len += (size_t)snprintf(out + len, cap - len, "%srank %d (pid %d)", len ? ", " : "; gone as well: ", s, pid);
@@ -6404,8 +6409,7 @@ static ddp_result ddp__shm_check_peers(ddp_context *ctx, int stage, uint32_t tar
     ddp_result r;
     if ((r = ddp__shm_poisoned(ctx)) != DDP_OK) return r;   /* the poison first */
     for (s = first; s < first + n; s++) {
-        int pid = __atomic_load_n(&ddp__shm_block(ctx, s)->pid, __ATOMIC_ACQUIRE);
-        if (!pid && ctx->rdv.peer_pids) pid = ctx->rdv.peer_pids[s];    /* not attached yet */
+        int pid = ddp__shm_peer_pid(ctx, s);
         /* A peer that posted what this wait needs and then exited is done, not lost: after the
            last barrier of ddp_shutdown a rank may exit between our look at its counter and this
            check. Its counter is read after its death is seen, so "not reached" is final. */

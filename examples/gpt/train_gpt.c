@@ -439,13 +439,26 @@ static void model_set_rows(model *mo, int step, uint64_t row0, uint64_t stride) 
     gpt_set_rows(&mo->cpu, (uint64_t)step, row0, stride);
 }
 
+/* Whether the model keeps no [B, NH, T, T] attention matrices (the CUDA model's GPT_ATTENTION=fused,
+   known once gpt_cuda_create has read it, also when it then failed). */
+static int model_attention_fused(const model *mo) {
+#ifdef TRAIN_CUDA_MODEL
+    return mo->on_gpu && mo->gpu.attention_fused;
+#else
+    (void)mo;
+    return 0;
+#endif
+}
+
 /* What a failed model_create says. gpt.h's and gpt_cuda.cuh's own allocations fail with a bare
-   DDP_ERR_OUT_OF_MEMORY (ddp.h's last error stays empty): say then how much the model needs. */
-static const char *model_create_failure(ddp_context *ddp, const options *o, ddp_result r, char *buf, size_t n) {
+   DDP_ERR_OUT_OF_MEMORY (ddp.h's last error stays empty): say then how much the model needs
+   (fused attention keeps a row's logsumexp, [B, NH, T], where the explicit one keeps [B, NH, T, T]). */
+static const char *model_create_failure(ddp_context *ddp, const options *o, int fused, ddp_result r, char *buf, size_t n) {
     const gpt_config *c = &o->model;
     double C = c->dim, T = c->seq, L = c->layers, BT = (double)c->batch * c->seq;
     double params = GPT_VOCAB * C + T * C + L * (12 * C * C + 13 * C) + 2 * C;
-    double acts = L * (21 * BT * C + (double)c->batch * c->heads * T * T + 4 * BT) + 16 * BT * C + 2 * BT * GPT_VOCAB;
+    double att = (double)c->batch * c->heads * T * (fused ? 1 : T);
+    double acts = L * (21 * BT * C + att + 4 * BT) + 16 * BT * C + 2 * BT * GPT_VOCAB;
     if (strcmp(ddp_last_error(ddp), "no error") != 0) return ddp_last_error(ddp);
     if (r != DDP_ERR_OUT_OF_MEMORY) {
         snprintf(buf, n, "rank %d: cannot create the model: %s", ddp_rank(ddp), ddp_result_string(r));
@@ -785,7 +798,7 @@ int main(int argc, char **argv) {
         gpt_blas_init(1);
         {
             ddp_result r = gpt_create(&cpu_model, ddp, &o.model, o.seed);
-            if (r != DDP_OK) DIE("train_gpt: %s", model_create_failure(ddp, &o, r, err, sizeof err));
+            if (r != DDP_OK) DIE("train_gpt: %s", model_create_failure(ddp, &o, 0, r, err, sizeof err));
         }
         {   /* a temporary file renamed into place: a full disk leaves no partial file behind */
             const float *p = ddp_flat_params(ddp, &n);
@@ -865,7 +878,7 @@ int main(int argc, char **argv) {
     sampler = gpt_window_sampler(data.train_len, T, world, rank, o.seed);
     {
         ddp_result r = model_create(&mo, ddp, &o);
-        if (r != DDP_OK) DIE("train_gpt: %s", model_create_failure(ddp, &o, r, err, sizeof err));
+        if (r != DDP_OK) DIE("train_gpt: %s", model_create_failure(ddp, &o, model_attention_fused(&mo), r, err, sizeof err));
     }
     if (o.bf16 && !mo.on_gpu)
         DIE("train_gpt: rank %d: --bf16 (or DDP_PARAM_DTYPE=bf16) needs the CUDA model, and ddp.h chose its CPU backend (no GPU visible)", rank);
