@@ -292,6 +292,13 @@ out=$(timeout 60 "$B/ddprun" -n "$N" "${WRAP[@]}" "$BIN" "${TINY[@]}" --data "$t
 if [ $rc -ne 0 ] && grep -q "rank [01]: the training data '$tmp/text100k.txt' (100000 bytes) is too small for one optimizer step: .* windows of seq 16 + 1 bytes .*a step takes batch 2 x grad-accum 200000 = 400000 a rank (world $N)" <<<"$out"; then
     pass gpt_data_less_than_one_step_is_a_clear_error; echo "  ($(grep -m1 -o "rank [01]: .*" <<<"$out" | cut -c1-200))"
 else fail gpt_data_less_than_one_step_is_a_clear_error "rc $rc: $(tail -n 2 <<<"$out" | tr '\n' ' ')"; fi
+# a file that holds a step but whose 10% validation split is shorter than a window trains, and
+# says why its val loss is nan (it looked like a diverged run)
+head -c $((N * 34 + 11)) ddp.h >"$tmp/noval.txt"
+out=$(timeout 60 "$B/ddprun" -n "$N" "${WRAP[@]}" "$BIN" "${TINY[@]}" --data "$tmp/noval.txt" --steps 1 2>&1); rc=$?
+if [ $rc -eq 0 ] && grep -q "val [0-9]*: less than a window, so no validation: val loss is nan" <<<"$out" && grep -q "done: step 1 | val loss nan" <<<"$out"; then
+    pass gpt_data_without_validation_window_says_so
+else fail gpt_data_without_validation_window_says_so "rc $rc: $(grep -m1 "data:" <<<"$out") $(tail -n 2 <<<"$out" | tr '\n' ' ')"; fi
 # a FIFO would block in open forever, before any timeout applies
 [ -p "$tmp/fifo" ] || mkfifo "$tmp/fifo"
 out=$(timeout 30 "$B/ddprun" -n "$N" "${WRAP[@]}" "$BIN" --data "$tmp/fifo" --layers 2 --heads 2 --dim 32 --seq 16 --batch 2 --steps 2 2>&1); rc=$?

@@ -912,8 +912,9 @@ int main(int argc, char **argv) {
         printf("train_gpt: %d rank(s) | %d layers, %d heads, dim %d, context %d | %zu parameters | batch %d x %d ranks x %d accum "
                "= %d windows, %d tokens/step | %d gradient buckets | %s\n", world, o.model.layers, o.model.heads, o.model.dim, T, mo.num_floats, B,
                world, o.accum, B * world * o.accum, B * world * o.accum * T, ddp_num_buckets(ddp), model_describe(&mo, what, sizeof what));
-        printf("data: %s, %zu bytes (train %zu, val %zu) | steps %d, lr %g -> %g, warmup %d, AdamW betas %g/%g wd %g, clip %g%s\n",
-               o.data ? o.data : GPT_DEFAULT_DATA, data.len, data.train_len, data.val_len, o.steps, o.lr, o.min_lr, o.warmup,
+        printf("data: %s, %zu bytes (train %zu, val %zu%s) | steps %d, lr %g -> %g, warmup %d, AdamW betas %g/%g wd %g, clip %g%s\n",
+               o.data ? o.data : GPT_DEFAULT_DATA, data.len, data.train_len, data.val_len,
+               data.val_len < (size_t)T + 1 ? ": less than a window, so no validation: val loss is nan" : "", o.steps, o.lr, o.min_lr, o.warmup,
                o.beta1, o.beta2, o.wd, o.clip, o.resume ? "" : "");
         {   /* what ddp.h resolved (the descriptor and the DDP_* variables, which win when set) */
             static const char *const levels[] = { "default", "debug", "info", "warn", "error", "off" };
