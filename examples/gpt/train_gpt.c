@@ -208,6 +208,7 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errn)
     o->steps = 500; o->warmup = 100; o->accum = 1; o->eval_every = 100; o->eval_batches = 20; o->sample = 300;
     o->lr = 1e-3f; o->min_lr = 1e-4f; o->wd = 0.1f; o->clip = 1.0f; o->beta1 = 0.9f; o->beta2 = 0.99f;
     o->temperature = 1.0f; o->seed = 1337; o->log_every = 1; o->prompt = "\n"; o->straggler_pct = 20;
+    o->stop_at = -1;   /* not given (--stop-at 0 stops before the first step) */
     o->outer.lr = o->outer.momentum = o->outer.mix = -1;   /* not given */
     o->outer.inner_steps = o->outer.group_size = o->outer.fragments = o->outer.delay_steps = o->outer.quant_block = -1;
     for (i = 1; i < argc; i++) {
@@ -317,7 +318,9 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errn)
             *ip = (int)x;
         } else {
             float x = strtof(v, &end);
-            if (errno || !*v || *end || !(x >= 0) || isinf(x)) { snprintf(err, errn, "%s: '%s' is not a finite number >= 0", a, v); return 0; }
+            uint32_t bits;
+            memcpy(&bits, &x, sizeof bits);   /* NaN and Inf by their bits: -Ofast folds isinf/isnan and x >= 0 to "finite" */
+            if (errno || !*v || *end || (bits & 0x7f800000u) == 0x7f800000u || !(x >= 0)) { snprintf(err, errn, "%s: '%s' is not a finite number >= 0", a, v); return 0; }
             *fp = x;
         }
     }
@@ -326,6 +329,7 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errn)
     if (!(o->dropout < 1)) { snprintf(err, errn, "--dropout must be in [0, 1) (got %g)", (double)o->dropout); return 0; }
     if (o->accum < 1 || o->eval_batches < 1 || o->log_every < 1) { snprintf(err, errn, "--grad-accum, --eval-batches and --log-every must be >= 1"); return 0; }
     if (!(o->beta1 < 1 && o->beta2 < 1) || !(o->temperature > 0)) { snprintf(err, errn, "betas must be < 1 and the temperature > 0"); return 0; }
+    if (o->save_every > 0 && !o->save) { snprintf(err, errn, "--save-every goes with --save PATH (where the checkpoints go)"); return 0; }
     if (o->fresh && (!o->save || o->resume)) { snprintf(err, errn, "--fresh goes with --save PATH (start over there) and not with --resume"); return 0; }
     if (o->bf16 && o->tf32) { snprintf(err, errn, "--bf16 and --tf32 are two precisions of the CUDA model's matmuls: pick one"); return 0; }
     if (o->bf16 && o->cpu) { snprintf(err, errn, "--bf16 is the CUDA model's mode and --cpu runs gpt.h's fp32 CPU model: not both"); return 0; }
@@ -908,8 +912,9 @@ int main(int argc, char **argv) {
         printf("train_gpt: %d rank(s) | %d layers, %d heads, dim %d, context %d | %zu parameters | batch %d x %d ranks x %d accum "
                "= %d windows, %d tokens/step | %d gradient buckets | %s\n", world, o.model.layers, o.model.heads, o.model.dim, T, mo.num_floats, B,
                world, o.accum, B * world * o.accum, B * world * o.accum * T, ddp_num_buckets(ddp), model_describe(&mo, what, sizeof what));
-        printf("data: %s, %zu bytes (train %zu, val %zu) | steps %d, lr %g -> %g, warmup %d, AdamW betas %g/%g wd %g, clip %g%s\n",
-               o.data ? o.data : GPT_DEFAULT_DATA, data.len, data.train_len, data.val_len, o.steps, o.lr, o.min_lr, o.warmup,
+        printf("data: %s, %zu bytes (train %zu, val %zu%s) | steps %d, lr %g -> %g, warmup %d, AdamW betas %g/%g wd %g, clip %g%s\n",
+               o.data ? o.data : GPT_DEFAULT_DATA, data.len, data.train_len, data.val_len,
+               data.val_len < (size_t)T + 1 ? ": less than a window, so no validation: val loss is nan" : "", o.steps, o.lr, o.min_lr, o.warmup,
                o.beta1, o.beta2, o.wd, o.clip, o.resume ? "" : "");
         {   /* what ddp.h resolved (the descriptor and the DDP_* variables, which win when set) */
             static const char *const levels[] = { "default", "debug", "info", "warn", "error", "off" };
@@ -943,7 +948,7 @@ int main(int argc, char **argv) {
     step_line = step;
     memset(&late, 0, sizeof late);
     timed_after = step + (o.steps - step > 4 ? 3 : 1);   /* GPT_OP_TIMES: the steps after these */
-    while (step < o.steps && !(o.stop_at > 0 && step >= o.stop_at)) {
+    while (step < o.steps && !(o.stop_at >= 0 && step >= o.stop_at)) {
         double ms, t_step = now_s();
         float loss, lr = lr_at(&o, step), norm = 0;
         ddp_adamw opt;
