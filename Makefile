@@ -31,7 +31,7 @@ PROGRAMS += $(B)/bench_adamw_guard    # bf16 parameters: the misuse guard's shar
 # and clang -Ofast (tests/test_fastmath.c; run by tests/run.sh under ddprun -n 2). CLANG= (empty)
 # or no clang: the gcc build only.
 CLANG ?= $(shell command -v clang 2>/dev/null)
-FASTMATH := $(B)/test_fastmath_gcc $(if $(strip $(CLANG)),$(B)/test_fastmath_clang) $(B)/own_autograd_fastmath
+FASTMATH := $(B)/test_fastmath_gcc $(if $(strip $(CLANG)),$(B)/test_fastmath_clang) $(B)/own_autograd_fastmath $(B)/train_gpt_fastmath
 PROGRAMS += $(FASTMATH)
 
 .PHONY: all mpi windows help run train-2-ranks deps bench-deps test test-asan test-tsan fuzz bench bench-gpt bench-zero bench-gpu bench-outer gpu-window clean
@@ -217,6 +217,9 @@ $(B)/test_fastmath_gcc: tests/test_fastmath.c tests/testlib.h ddp.h | $(B)
 	$(CC) -std=c99 -Ofast -g $(FASTMATH_SAN) $(WARN) -o $@ $< $(LDLIBS)
 $(B)/test_fastmath_clang: tests/test_fastmath.c tests/testlib.h ddp.h | $(B)
 	$(CLANG) -std=c99 -Ofast -g $(FASTMATH_SAN) $(WARN) -o $@ $< $(LDLIBS)
+# the trainer built -Ofast: its flags' NaN/Inf checks hold (tests/test_gpt.sh, flags)
+$(B)/train_gpt_fastmath: examples/gpt/train_gpt.c examples/gpt/gpt_data.h examples/gpt/gpt.h ddp.h | $(B)
+	$(CC) -std=c99 -Ofast -g $(FASTMATH_SAN) $(WARN) $(GPT_DEFS) -o $@ $< $(GPT_LIBS) $(LDLIBS)
 # the own-autograd example built -Ofast: 2 ranks = 1 rank at 2x batch and identical replicas still
 $(B)/own_autograd_fastmath: examples/own_autograd.c ddp.h | $(B)
 	$(CC) -std=c99 -Ofast -g $(FASTMATH_SAN) $(WARN) -o $@ $< $(LDLIBS)

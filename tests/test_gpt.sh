@@ -5,7 +5,7 @@
 #   not); a checkpoint of another model or seed, a damaged, overlong or out-of-range one, or a
 #   FIFO is refused; the rename of a checkpoint is followed by an fsync of its directory; a
 #   missing, empty, too small or FIFO data file is a clear error and a non-zero exit, and so is
-#   running out of memory;
+#   running out of memory; NaN or Inf flag values are refused, by the trainer built -Ofast too;
 #   --dump-init and --sample work; the outer sync's flags (--outer average|diloco|streaming) fill
 #   ddp_desc.outer: one group averaging is DDP bit for bit, groups of one sync when the schedule
 #   says, bad values are refused by name; and where nvcc built BUILD_DIR/gpu/train_gpt, its CPU path
@@ -85,6 +85,15 @@ flag_refused gpt_model_too_large_refused "the model is too large for this progra
 flag_refused gpt_batch_times_seq_too_large_refused "batch x seq" --layers 1 --heads 1 --dim 1 --seq 1000000000 --batch 8
 flag_refused gpt_negative_seed_refused "'-1' is not a non-negative integer" --seed -1
 flag_refused gpt_infinite_latency_refused "'inf' is not a finite number >= 0" --inject-latency-ms inf
+flag_refused gpt_save_every_without_save_refused "--save-every goes with --save PATH" --save-every 1
+# the trainer built -Ofast (the Makefile's train_gpt_fastmath): NaN and Inf are still refused by
+# name, where a check by comparison or isinf() folds away (--dropout nan trained with NaN masks)
+FM=${TRAIN_GPT_FASTMATH:-$B/train_gpt_fastmath}
+if [ -x "$FM" ]; then
+    for fv in "--dropout nan" "--temperature inf" "--straggler-pct -nan" "--lr inf"; do
+        n=${fv:2}; BIN=$FM flag_refused "gpt_fastmath_${n// /_}_refused" "'${fv#* }' is not a finite number >= 0" $fv
+    done
+else echo "SKIP gpt_fastmath_nan_inf_flags_refused: no $FM (make builds it)"; fi
 fi   # flags
 
 if want tape; then
@@ -153,6 +162,13 @@ for accum in 1 2; do
         if [ -n "$a" ] && [ "$a" = "$c" ] && ! grep -q "resumed" "$tmp/fresh.log" && cmp -s "$tmp/fresh$accum" "$tmp/auto$accum"; then
             pass gpt_save_fresh_starts_over
         else fail gpt_save_fresh_starts_over "straight $a, --fresh $c: $(tail -n 2 "$tmp/fresh.log")"; fi
+        # --stop-at 0 stops before the first step (it once meant "no stop": a full run, exit 0):
+        # the checkpoint holds the initial state, and 8 steps from it are the straight run's
+        train --steps 8 --stop-at 0 --save "$tmp/ck0" >"$tmp/stop0.log" 2>&1
+        train --steps 8 --resume "$tmp/ck0" >"$tmp/from0.log" 2>&1
+        c=$(hash_of "$tmp/from0.log")
+        if grep -q "done: step 0 |" "$tmp/stop0.log" && [ -n "$a" ] && [ "$a" = "$c" ]; then pass gpt_stop_at_0_saves_the_initial_state
+        else fail gpt_stop_at_0_saves_the_initial_state "$(grep -m1 "done:" "$tmp/stop0.log"); straight $a, 8 steps from it $c"; fi
     fi
     # the resumed run's step lines 5..8 must print the straight run's losses exactly
     if diff <(grep -oE "step +[5-8]/8 \| loss [0-9.]+" "$tmp/straight.log") <(grep -oE "step +[5-8]/8 \| loss [0-9.]+" "$tmp/second.log") >/dev/null; then
@@ -276,6 +292,13 @@ out=$(timeout 60 "$B/ddprun" -n "$N" "${WRAP[@]}" "$BIN" "${TINY[@]}" --data "$t
 if [ $rc -ne 0 ] && grep -q "rank [01]: the training data '$tmp/text100k.txt' (100000 bytes) is too small for one optimizer step: .* windows of seq 16 + 1 bytes .*a step takes batch 2 x grad-accum 200000 = 400000 a rank (world $N)" <<<"$out"; then
     pass gpt_data_less_than_one_step_is_a_clear_error; echo "  ($(grep -m1 -o "rank [01]: .*" <<<"$out" | cut -c1-200))"
 else fail gpt_data_less_than_one_step_is_a_clear_error "rc $rc: $(tail -n 2 <<<"$out" | tr '\n' ' ')"; fi
+# a file that holds a step but whose 10% validation split is shorter than a window trains, and
+# says why its val loss is nan (it looked like a diverged run)
+head -c $((N * 34 + 11)) ddp.h >"$tmp/noval.txt"
+out=$(timeout 60 "$B/ddprun" -n "$N" "${WRAP[@]}" "$BIN" "${TINY[@]}" --data "$tmp/noval.txt" --steps 1 2>&1); rc=$?
+if [ $rc -eq 0 ] && grep -q "val [0-9]*: less than a window, so no validation: val loss is nan" <<<"$out" && grep -q "done: step 1 | val loss nan" <<<"$out"; then
+    pass gpt_data_without_validation_window_says_so
+else fail gpt_data_without_validation_window_says_so "rc $rc: $(grep -m1 "data:" <<<"$out") $(tail -n 2 <<<"$out" | tr '\n' ' ')"; fi
 # a FIFO would block in open forever, before any timeout applies
 [ -p "$tmp/fifo" ] || mkfifo "$tmp/fifo"
 out=$(timeout 30 "$B/ddprun" -n "$N" "${WRAP[@]}" "$BIN" --data "$tmp/fifo" --layers 2 --heads 2 --dim 32 --seq 16 --batch 2 --steps 2 2>&1); rc=$?

@@ -109,7 +109,7 @@ fi
 # units (--units; ZeRO-3 needs them), so every level has the same buckets and the same bits; a
 # checkpoint holds the same data at every level. ----
 hash_of() { sed -n 's/.*params fnv1a \([0-9a-f]*\).*/\1/p' "$1" | tail -n 1; }
-timeout 120 "$B/ddprun" -n 2 "$B/train_gpt" "${GPT[@]}" --units >out.units 2>&1
+timeout 120 "$B/ddprun" -n 2 "$B/train_gpt" "${GPT[@]}" --units --save ck.units >out.units 2>&1
 a=$(hash_of out.units)
 lv() {   # LEVEL KILL_POINT LOG: the job at that level with that kill point (none: "")
   mkdir -p "once.$3"   # a point's mark is its index in the list: one directory a run
