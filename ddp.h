@@ -5331,14 +5331,16 @@ static int ddp__store_hello(ddp_context *ctx, const struct addrinfo *ai, int ann
     const struct addrinfo *a;
     unsigned char hello[DDP__HELLO_BYTES], val[DDP__NONCE_BYTES + 32 + sizeof ctx->job.id], proof[32];
     uint32_t status = 0, vlen = 0;
-    int sfd = -1, rc;
+    int sfd = -1, rc, out_of_time = 0;
     for (a = ai; a && sfd < 0; a = a->ai_next) {
         int fd = ddp__socket(a->ai_family, SOCK_STREAM);
         if (fd < 0) continue;
         if (ddp__connect_by(fd, a, deadline) == 0) sfd = fd;
-        else { if (errno) *last_err = errno; ddp__sock_close(fd); }
+        else { if (errno) *last_err = errno; else out_of_time = 1; ddp__sock_close(fd); }
     }
-    if (sfd < 0) { *why = DDP__HELLO_NO_CONNECT; return 1; }
+    /* A connect cut short by the deadline says nothing about the address: the attempts before it
+       (a listener that closed every connection, one that stayed silent) keep their word. */
+    if (sfd < 0) { if (!out_of_time || !*why) *why = DDP__HELLO_NO_CONNECT; return 1; }
     ddp__sock_cloexec(sfd);
     ddp__sock_nodelay(sfd);
     ddp__put_u32(hello, (uint32_t)announce);

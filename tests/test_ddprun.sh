@@ -316,6 +316,17 @@ test_left_early_rank_named() {
     grep -q '^ddprun: rank 1 (pid [0-9]*) exited with status 0 before its peers were done: rank [02] exited with status 1 after waiting for it' "$TMP/err" ||
         why="$why; rank 1 not named: $(grep '^ddprun' "$TMP/err" | head -n 1)"
     report "a rank that left early (status 0) while the others waited for it is named" "${why#; }"
+    # ddp.h's words when the peer is gone in the middle of a collective (CPU backend): it died, or
+    # it called ddp_shutdown
+    why=""
+    for words in 'rank 1 (pid 4242) died; this rank was in ddp_allreduce of 1 elements' \
+        'rank 1 called ddp_shutdown while this rank is in an allreduce(sum) of 1 elements'; do
+        run 20 -n 3 sh -c 'if [ "$RANK" = 1 ]; then exit 0; fi; sleep 0.5; echo "rank $RANK: $1" >&2; exit 1' sh "$words"
+        [ $rc -eq 1 ] || why="$why; '$words': exit $rc, expected 1"
+        grep -q '^ddprun: rank 1 (pid [0-9]*) exited with status 0 before its peers were done: rank [02] exited with status 1' "$TMP/err" ||
+            why="$why; '$words': rank 1 not named: $(grep '^ddprun' "$TMP/err" | head -n 1)"
+    done
+    report "a rank that left early (status 0) is named when its peers say it died or shut down" "${why#; }"
 }
 
 # --max-restarts: a failed job starts again (a new token and port each time) until it succeeds,
@@ -469,6 +480,8 @@ test_grace_kill
 signal_test "SIGINT stops the job with 130" INT 130 ""
 signal_test "SIGTERM stops the job with 143" TERM 143 ""
 signal_test "second SIGINT kills at once" INT 130 'trap "" INT TERM;' INT
+# Ctrl-\ reaches ddprun alone: it must pass it on, not die and leave the ranks' children running
+signal_test "SIGQUIT stops the job with 131, the ranks' children too" QUIT 131 ""
 # a hang-up (closed terminal or ssh session) stops the ranks and their setsid strays, like SIGTERM
 signal_test "SIGHUP stops the job with 129, setsid strays too" HUP 129 \
     'setsid sh -c "echo \$\$ >\"\$PIDS/stray.\$RANK.pid\"; exec sleep 300" </dev/null >/dev/null 2>&1 &

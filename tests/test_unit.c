@@ -896,6 +896,16 @@ static void test_squatter(void) {
 }
 
 /* ---- waits follow the timeout, and the messages say what happened ---- */
+static int closer_stop;
+static void *closer_main(void *arg) {   /* accepts every connection and closes it at once */
+    int lfd = *(int *)arg;
+    while (!__atomic_load_n(&closer_stop, __ATOMIC_ACQUIRE)) {
+        struct pollfd pfd = { lfd, POLLIN, 0 };
+        if (poll(&pfd, 1, 20) > 0) { int fd = (int)accept(lfd, NULL, NULL); if (fd >= 0) test_sock_close(fd); }
+    }
+    return NULL;
+}
+
 static void test_store_waits(void) {
     struct sockaddr_in a;
     ddp_context *ctx;
@@ -927,6 +937,22 @@ static void test_store_waits(void) {
             !contains(ddp_last_error(ctx), "reset") && took < 5, "silent_listener_handshake_wait_follows_timeout",
             "%s after %.1f s: %s", ddp_result_string(r), took, ddp_last_error(ctx));
     ddp_shutdown(ctx);
+    /* a listener that closes every connection: the last connect, cut short by the deadline, must
+       not turn that into "nothing listened" or "cannot reach" */
+    {
+        pthread_t t;
+        __atomic_store_n(&closer_stop, 0, __ATOMIC_RELEASE);
+        pthread_create(&t, NULL, closer_main, &fd);
+        d.timeout_s = 1;
+        t0 = ddp__now();
+        r = ddp_init(&ctx, &d);
+        took = ddp__now() - t0;
+        __atomic_store_n(&closer_stop, 1, __ATOMIC_RELEASE);
+        pthread_join(t, NULL);
+        verdict(r == DDP_ERR_TIMEOUT && contains(ddp_last_error(ctx), "closed every connection during the rendezvous handshake") &&
+                took < 4, "closing_listener_named", "%s after %.1f s: %s", ddp_result_string(r), took, ddp_last_error(ctx));
+        ddp_shutdown(ctx);
+    }
     test_sock_close(fd);
 }
 

@@ -20,8 +20,8 @@
  * line a rank writes is copied to ddprun's stdout/stderr prefixed with "[rank R] " (a line that
  * starts with that rank's own "rank R: ", as ddp.h's messages do, loses those words: the
  * prefix says it; "ddp rank R warning: ..." becomes "ddp warning: ...").
- * If a rank fails, or ddprun gets SIGINT/SIGTERM/SIGHUP, the other ranks get
- * SIGTERM (or the forwarded SIGINT) and, after the grace period, SIGKILL.
+ * If a rank fails, or ddprun gets SIGINT/SIGTERM/SIGHUP/SIGQUIT, the other ranks get
+ * SIGTERM (or the forwarded SIGINT or SIGQUIT) and, after the grace period, SIGKILL.
  * With --max-restarts N, a failed job is then started again (a new token,
  * and a new port unless --master-port), up to N times; the program resumes
  * from its own checkpoints. Each restart waits first: --restart-delay (1 s),
@@ -33,7 +33,7 @@
  *
  * Exit status: 0 if every rank exited 0; else the first failing rank's exit
  * status (128+signal if it was killed), of the last attempt with restarts;
- * 130/143/129 after SIGINT/SIGTERM/SIGHUP; 2 for bad usage; 1 if ddprun itself could
+ * 130/143/129/131 after SIGINT/SIGTERM/SIGHUP/SIGQUIT; 2 for bad usage; 1 if ddprun itself could
  * not start the job.
  *
  * Each rank runs in its own process group so that stopping it also stops
@@ -92,6 +92,7 @@ struct rank {
     int code, sig;  /* how it ended: exit status, or the signal that killed it */
     int failed_seq; /* 0, or the order in which its failure was seen (1, 2, ...) */
     int waited_for; /* -1, or the rank its stderr said it timed out waiting for (ddp.h's words) */
+    int lost_peer;  /* -1, or the rank its stderr said was gone: died, called ddp_shutdown, disconnected */
     struct stream out, err;
 };
 
@@ -586,8 +587,12 @@ static void install_signal_handlers(void)
     sigaddset(&sa.sa_mask, SIGINT);
     sigaddset(&sa.sa_mask, SIGTERM);
     sigaddset(&sa.sa_mask, SIGHUP);
+    sigaddset(&sa.sa_mask, SIGQUIT);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    /* Ctrl-\ reaches ddprun alone (the ranks are in groups of their own): left to its default,
+     * ddprun would die and leave the ranks' children running. Passed on, as Ctrl-C is. */
+    sigaction(SIGQUIT, &sa, NULL);
     /* A closed terminal or ssh session: the ranks (own groups) get no SIGHUP of their own, so
      * ddprun must stop them and its setsid strays, as for SIGTERM. */
     if (!hup_ignored) /* under nohup, hang-ups stay ignored */
@@ -634,6 +639,7 @@ static void exec_rank(const struct job *job, int index, int out_fd, int err_fd, 
     signal(SIGTERM, SIG_DFL);
     if (!hup_ignored)
         signal(SIGHUP, SIG_DFL);
+    signal(SIGQUIT, SIG_DFL);
     signal(SIGTSTP, SIG_DFL);
     signal(SIGCONT, SIG_DFL);
     signal(SIGPIPE, SIG_DFL);
@@ -736,6 +742,34 @@ static void note_waited_for(struct job *job, int rank, const char *line, size_t 
         job->ranks[index].waited_for = peer;
 }
 
+/* ddp.h's words for a peer gone in the middle of a collective: "rank 1 (pid 42) died; ...", "rank 1
+ * called ddp_shutdown while this rank is in ...", "rank 1 disconnected from the rendezvous store".
+ * The first one named is kept: if that rank exited 0, it left early. */
+static void note_lost_peer(struct job *job, int rank, const char *line, size_t len)
+{
+    static const char *const after[] = { " called ddp_shutdown while", " disconnected from the rendezvous store", " (pid " };
+    const char *end = line + len, *at = line;
+    int index = rank - job->base, peer;
+    if (job->ranks[index].lost_peer >= 0)
+        return;
+    while ((at = memmem(at, (size_t)(end - at), "rank ", 5)) != NULL) {
+        int digits = digits_at(at += 5, end, &peer);
+        const char *rest = at + digits, *paren;
+        for (size_t k = 0; digits > 0 && k < sizeof after / sizeof after[0]; k++) {
+            size_t n = strlen(after[k]);
+            if ((size_t)(end - rest) < n || memcmp(rest, after[k], n))
+                continue;
+            /* "(pid N)" must be followed by " died" */
+            if (k == 2 && (!(paren = memchr(rest, ')', (size_t)(end - rest))) || end - paren < 6 || memcmp(paren + 1, " died", 5)))
+                continue;
+            peer -= job->base;
+            if (peer >= 0 && peer < job->nranks && peer != index)
+                job->ranks[index].lost_peer = peer;
+            return;
+        }
+    }
+}
+
 /* Length of "rank R: " (or of "rank R", in "ddp rank R level: ", ddp.h's default logger) at the
    start of a line when R is the rank that wrote it: ddp.h's messages (ddp_last_error) start
    with their rank, which the "[rank R] " prefix already says. 0 otherwise. */
@@ -765,8 +799,10 @@ static void emit_line(struct job *job, const struct stream *s, const char *line,
     }
     memcpy(out + n, line, len);
     out[(size_t)n + len] = '\n';
-    if (s->dest == STDERR_FILENO)
+    if (s->dest == STDERR_FILENO) {
         note_waited_for(job, s->rank, whole, whole_len);
+        note_lost_peer(job, s->rank, whole, whole_len);
+    }
     emit(s->dest, out, (size_t)n + len + 1);
 }
 
@@ -925,11 +961,13 @@ static struct rank *find_stalled(struct job *job, const struct rank *first, int 
     return NULL;
 }
 
-/* The rank the failed one waited for, when it had already exited with status 0: it left early
- * (before the rendezvous, or before a collective its peers made), which is the cause. */
+/* The rank the failed one waited for (or saw go: died, called ddp_shutdown), when it had already
+ * exited with status 0: it left early (before the rendezvous, or before a collective its peers
+ * made), which is the cause. */
 static struct rank *find_left_early(struct job *job, const struct rank *first)
 {
-    struct rank *w = first->waited_for >= 0 ? &job->ranks[first->waited_for] : NULL;
+    int peer = first->waited_for >= 0 ? first->waited_for : first->lost_peer;
+    struct rank *w = peer >= 0 ? &job->ranks[peer] : NULL;
     return w && !w->running && !w->failed_seq && w->code == 0 && w->sig == 0 ? w : NULL;
 }
 
@@ -1115,7 +1153,8 @@ static void handle_signals(struct job *job, int *signals_handled)
     /* SIGHUP is passed on as SIGTERM: a rank may take SIGHUP as "reload", not "stop". */
     begin_stop(job, sig == SIGHUP ? SIGTERM : sig,
                sig == SIGINT ? "interrupted, stopping all ranks"
-               : sig == SIGHUP ? "hung up, stopping all ranks" : "terminated, stopping all ranks");
+               : sig == SIGHUP ? "hung up, stopping all ranks"
+               : sig == SIGQUIT ? "quit, stopping all ranks" : "terminated, stopping all ranks");
 }
 
 static int strays(const struct job *job, int kill_them);
@@ -1191,6 +1230,7 @@ static void run_attempt(struct job *job)
     sigaddset(&held, SIGINT);
     sigaddset(&held, SIGTERM);
     sigaddset(&held, SIGHUP);
+    sigaddset(&held, SIGQUIT);
     sigaddset(&held, SIGTSTP);
     sigaddset(&held, SIGCONT);
     pthread_sigmask(SIG_BLOCK, &held, NULL);
@@ -1198,6 +1238,7 @@ static void run_attempt(struct job *job)
         job->ranks[i].index = i;
         job->ranks[i].rank = job->base + i;
         job->ranks[i].waited_for = -1;
+        job->ranks[i].lost_peer = -1;
         if (spawn_rank(job, &job->ranks[i]) < 0)
             abort_start(job, i);
     }
@@ -1220,7 +1261,8 @@ static int restart_wait(struct job *job, double seconds)
         if (signals_received) {
             job->interrupted = 1;
             job->exit_status = 128 + first_signal;
-            say("%s while waiting to restart; not restarting", first_signal == SIGINT ? "interrupted" : first_signal == SIGHUP ? "hung up" : "terminated");
+            say("%s while waiting to restart; not restarting", first_signal == SIGINT ? "interrupted" : first_signal == SIGHUP ? "hung up"
+                : first_signal == SIGQUIT ? "quit" : "terminated");
             return 0;
         }
         handle_job_control(&idle);
