@@ -473,6 +473,30 @@ test_multi_node_bad_flags() {
     report "inconsistent multi-node flags: exit 2, the flags named, nothing started" "${why#; }"
 }
 
+# SIGUSR1/SIGUSR2 (a scheduler's preemption warning) are passed on to every rank, and the job goes
+# on: each rank notes them in its trap, then ends on "go" with 0. (They used to kill ddprun alone.)
+test_usr_signals_passed_on() {
+    local why="" pid rc s
+    export PIDS="$TMP/usr" && mkdir -p "$PIDS"
+    "$DDPRUN" -n 2 sh -c 'trap "echo > \"\$PIDS/usr1.\$RANK\"" USR1; trap "echo > \"\$PIDS/usr2.\$RANK\"" USR2
+        echo $$ > "$PIDS/sh.$RANK.pid"; n=0
+        while [ ! -e "$PIDS/go" ] && [ $n -lt 600 ]; do sleep 0.05; n=$((n + 1)); done' >"$TMP/out" 2>"$TMP/err" &
+    pid=$!
+    for _ in $(seq 100); do [ "$(count_files "$PIDS")" -ge 2 ] && break; sleep 0.1; done
+    for s in usr1 usr2; do
+        kill -"${s^^}" "$pid"
+        for _ in $(seq 100); do [ -e "$PIDS/$s.0" ] && [ -e "$PIDS/$s.1" ] && break; sleep 0.1; done
+        [ -e "$PIDS/$s.0" ] && [ -e "$PIDS/$s.1" ] || why="$why; SIG${s^^} did not reach both ranks"
+        kill -0 "$pid" 2>/dev/null || why="$why; ddprun gone after SIG${s^^}"
+    done
+    touch "$PIDS/go"
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$pid" 2>/dev/null && { why="$why; still running after go"; kill -9 "$pid"; }
+    wait "$pid"; rc=$?
+    [ $rc -eq 0 ] || why="$why; exit $rc, expected 0: $(tail -n 2 "$TMP/err" | tr '\n' ' ')"
+    report "SIGUSR1 and SIGUSR2 are passed on to the ranks, the job goes on" "${why#; }"
+}
+
 test_environment
 test_failing_rank
 test_killed_rank
@@ -486,6 +510,7 @@ signal_test "SIGQUIT stops the job with 131, the ranks' children too" QUIT 131 "
 signal_test "SIGHUP stops the job with 129, setsid strays too" HUP 129 \
     'setsid sh -c "echo \$\$ >\"\$PIDS/stray.\$RANK.pid\"; exec sleep 300" </dev/null >/dev/null 2>&1 &
      while [ ! -s "$PIDS/stray.$RANK.pid" ]; do sleep 0.05; done;'
+test_usr_signals_passed_on
 test_bad_usage
 test_missing_program
 test_no_interleaving

@@ -29,7 +29,9 @@
  * reset after one that lasted that long (a --restart-delay-max below the default delay lowers
  * the delay); Ctrl-C ends the wait and ddprun. Exit status 127 (the program could not be run)
  * is not restarted: it would fail the same way.  SIGTSTP (Ctrl-Z) stops every rank, then ddprun;
- * SIGCONT continues them all, so no rank waits for a stopped peer and times out.
+ * SIGCONT continues them all, so no rank waits for a stopped peer and times out.  SIGUSR1 and
+ * SIGUSR2 are passed on to every rank's group (a preemption warning: the program may checkpoint);
+ * ddprun goes on supervising.
  *
  * Exit status: 0 if every rank exited 0; else the first failing rank's exit
  * status (128+signal if it was killed), of the last attempt with restarts;
@@ -125,6 +127,7 @@ struct job {
 #define SETTLE_SECONDS 0.5
 
 static volatile sig_atomic_t first_signal, signals_received, tstp_pending, cont_pending;
+static volatile sig_atomic_t usr1_pending, usr2_pending; /* to pass on to the ranks */
 static sigset_t original_sigmask; /* restored in the children */
 static struct job *started_job;   /* for die(): never leave ranks behind */
 static struct rlimit original_nofile; /* restored in the children */
@@ -576,6 +579,18 @@ static void on_job_control(int sig)
         cont_pending = 1;
 }
 
+/* SIGUSR1/SIGUSR2: for the ranks (a scheduler's "checkpoint now, preemption is near", Slurm's
+ * --signal=USR1@T, say), not for ddprun. Left to their default they killed ddprun alone and left
+ * the ranks' children running; now they are passed on, as mpirun and srun do, and ddprun goes on
+ * supervising. A rank that does not handle the signal dies of it, as it would if signalled itself. */
+static void on_pass_signal(int sig)
+{
+    if (sig == SIGUSR1)
+        usr1_pending = 1;
+    else
+        usr2_pending = 1;
+}
+
 static void install_signal_handlers(void)
 {
     struct sigaction sa;
@@ -602,6 +617,9 @@ static void install_signal_handlers(void)
     sa.sa_handler = on_job_control;
     sigaction(SIGTSTP, &sa, NULL);
     sigaction(SIGCONT, &sa, NULL);
+    sa.sa_handler = on_pass_signal;
+    sigaction(SIGUSR1, &sa, NULL);
+    sigaction(SIGUSR2, &sa, NULL);
     signal(SIGPIPE, SIG_IGN); /* a closed stdout must not kill the supervisor */
 }
 
@@ -1133,6 +1151,14 @@ static void handle_job_control(struct job *job)
     if (cont_pending) {
         cont_pending = 0;
         signal_groups(job, SIGCONT);
+    }
+    if (usr1_pending) {
+        usr1_pending = 0;
+        signal_groups(job, SIGUSR1);
+    }
+    if (usr2_pending) {
+        usr2_pending = 0;
+        signal_groups(job, SIGUSR2);
     }
 }
 
