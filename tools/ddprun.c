@@ -571,6 +571,12 @@ static void on_stop_signal(int sig)
     signals_received++;
 }
 
+/* What a stop signal to ddprun did, in its messages. */
+static const char *stopped_by(int sig)
+{
+    return sig == SIGINT ? "interrupted" : sig == SIGHUP ? "hung up" : sig == SIGQUIT ? "quit" : "terminated";
+}
+
 static void on_job_control(int sig)
 {
     if (sig == SIGTSTP)
@@ -1176,11 +1182,10 @@ static void handle_signals(struct job *job, int *signals_handled)
     job->interrupted = 1;
     if (job->exit_status < 0)
         job->exit_status = 128 + sig;
+    char message[64];
+    snprintf(message, sizeof message, "%s, stopping all ranks", stopped_by(sig));
     /* SIGHUP is passed on as SIGTERM: a rank may take SIGHUP as "reload", not "stop". */
-    begin_stop(job, sig == SIGHUP ? SIGTERM : sig,
-               sig == SIGINT ? "interrupted, stopping all ranks"
-               : sig == SIGHUP ? "hung up, stopping all ranks"
-               : sig == SIGQUIT ? "quit, stopping all ranks" : "terminated, stopping all ranks");
+    begin_stop(job, sig == SIGHUP ? SIGTERM : sig, message);
 }
 
 static int strays(const struct job *job, int kill_them);
@@ -1287,8 +1292,7 @@ static int restart_wait(struct job *job, double seconds)
         if (signals_received) {
             job->interrupted = 1;
             job->exit_status = 128 + first_signal;
-            say("%s while waiting to restart; not restarting", first_signal == SIGINT ? "interrupted" : first_signal == SIGHUP ? "hung up"
-                : first_signal == SIGQUIT ? "quit" : "terminated");
+            say("%s while waiting to restart; not restarting", stopped_by(first_signal));
             return 0;
         }
         handle_job_control(&idle);
