@@ -5332,6 +5332,7 @@ static int ddp__store_hello(ddp_context *ctx, const struct addrinfo *ai, int ann
     unsigned char hello[DDP__HELLO_BYTES], val[DDP__NONCE_BYTES + 32 + sizeof ctx->job.id], proof[32];
     uint32_t status = 0, vlen = 0;
     int sfd = -1, rc, out_of_time = 0;
+    double sent;
     for (a = ai; a && sfd < 0; a = a->ai_next) {
         int fd = ddp__socket(a->ai_family, SOCK_STREAM);
         if (fd < 0) continue;
@@ -5350,6 +5351,7 @@ static int ddp__store_hello(ddp_context *ctx, const struct addrinfo *ai, int ann
                           "/dev/urandom): %s", ddp__strerror(errno));
         return -1;
     }
+    sent = ddp__now();
     rc = ddp__send_frame(sfd, DDP__OP_HELLO, ctx->job.id, (uint32_t)strlen(ctx->job.id), hello, DDP__HELLO_BYTES, deadline)
          ? 1 : ddp__hello_reply(sfd, deadline, &status, val, sizeof val - 1, &vlen);
     if (rc == 0 && status == DDP__REPLY_OTHER_JOB) {
@@ -5390,8 +5392,11 @@ static int ddp__store_hello(ddp_context *ctx, const struct addrinfo *ai, int ann
                           "program holds the port", ctx->job.master_addr, ctx->desc.master_port);
         return -1;
     }
+    /* The same for a handshake the deadline cut short: a silence shorter than half the timeout
+       does not outweigh a listener that closed the connections before it. */
     if (rc) {
-        *why = rc == 2 ? DDP__HELLO_SILENT : DDP__HELLO_CLOSED;
+        if (rc == 1 || *why != DDP__HELLO_CLOSED || deadline - sent >= ctx->desc.timeout_s / 2)
+            *why = rc == 2 ? DDP__HELLO_SILENT : DDP__HELLO_CLOSED;
         ddp__sock_close(sfd);
         return 1;
     }
