@@ -1985,6 +1985,7 @@ static int ddp__thread_create(ddp__thread *t, void *(*fn)(void *), void *arg) {
     return 0;
 }
 static void ddp__thread_join(ddp__thread t) { WaitForSingleObject(t, INFINITE); CloseHandle(t); }
+static void ddp__thread_detach(ddp__thread t) { CloseHandle(t); }
 /* POSIX thread cancellation has no Windows counterpart: nothing to hold off */
 #define ddp__nocancel_begin(state) ((void)(*(state) = 0))
 #define ddp__nocancel_end(state) ((void)(state))
@@ -2506,6 +2507,7 @@ static inline void ddp__cond_wait_s(ddp__cond *c, ddp__mutex *m, double s) {
 }
 #define ddp__thread_create(t, fn, arg) pthread_create((t), NULL, (fn), (arg))
 #define ddp__thread_join(t) pthread_join((t), NULL)
+#define ddp__thread_detach(t) pthread_detach(t)
 /* pthread_cancel of a rank's thread inside a section that holds a lock would leave it held */
 #define ddp__nocancel_begin(state) pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, (state))
 #define ddp__nocancel_end(state) pthread_setcancelstate((state), NULL)
@@ -5038,22 +5040,106 @@ static void *ddp__server_main(void *arg) {
     return NULL;
 }
 
-static int ddp__resolve(ddp_context *ctx, int port, struct addrinfo **out) {
-    struct addrinfo hints;
-    char port_s[16];
+/* ---- name lookup by a deadline ----
+   getaddrinfo has no timeout of its own (glibc asks each nameserver for 5 s, and again), so a rank
+   whose nameserver does not answer would wait far past DDP_TIMEOUT. A name that is not an address
+   is looked up on a thread of its own; the rank waits for it until the deadline, and whichever of
+   the two finishes last frees the request. */
+typedef struct ddp__lookup {
+    ddp__mutex mu;
+    ddp__cond cv;
+    int refs, done, rc;
+    struct addrinfo *res;
+    char host[256], port[16];
+} ddp__lookup;
+
+static void ddp__lookup_put(ddp__lookup *l) {
+    int last;
+    ddp__mutex_lock(&l->mu);
+    last = --l->refs == 0;
+    ddp__mutex_unlock(&l->mu);
+    if (!last) return;
+    if (l->res) freeaddrinfo(l->res);
+    ddp__cond_destroy(&l->cv);
+    ddp__mutex_destroy(&l->mu);
+    DDP_FREE(l);
+}
+
+static void ddp__lookup_hints(struct addrinfo *h, int flags) {
+    memset(h, 0, sizeof *h);
+    h->ai_family = AF_UNSPEC;
+    h->ai_socktype = SOCK_STREAM;
+    h->ai_flags = flags;
+}
+
+static void *ddp__lookup_main(void *p) {
+    ddp__lookup *l = (ddp__lookup *)p;
+    struct addrinfo hints, *res = NULL;
     int rc;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
+    ddp__lookup_hints(&hints, 0);
+    rc = getaddrinfo(l->host, l->port, &hints, &res);
+    ddp__mutex_lock(&l->mu);
+    l->rc = rc; l->res = rc ? NULL : res; l->done = 1;
+    ddp__cond_signal(&l->cv);
+    ddp__mutex_unlock(&l->mu);
+    ddp__lookup_put(l);
+    return NULL;
+}
+
+/* getaddrinfo's answer (0, *out set) or its error code; *late when the deadline came first. */
+static int ddp__lookup_by(const char *host, const char *port, double deadline, struct addrinfo **out, int *late) {
+    struct addrinfo hints;
+    ddp__lookup *l;
+    ddp__thread t;
+    int rc;
+    *late = 0;
+    *out = NULL;
+    ddp__lookup_hints(&hints, AI_NUMERICHOST);   /* an address: no name service asked, no thread */
+    if (getaddrinfo(host, port, &hints, out) == 0) return 0;
+    l = (ddp__lookup *)ddp__calloc(sizeof *l);
+    if (l && (ddp__mutex_init(&l->mu) || ddp__cond_init(&l->cv))) { DDP_FREE(l); l = NULL; }
+    if (l) {
+        snprintf(l->host, sizeof l->host, "%s", host);
+        snprintf(l->port, sizeof l->port, "%s", port);
+        l->refs = 2;
+    }
+    if (!l || ddp__thread_create(&t, ddp__lookup_main, l)) {   /* no thread to spare: ask here, unbounded */
+        if (l) { ddp__cond_destroy(&l->cv); ddp__mutex_destroy(&l->mu); DDP_FREE(l); }
+        ddp__lookup_hints(&hints, 0);
+        return getaddrinfo(host, port, &hints, out);
+    }
+    ddp__thread_detach(t);
+    ddp__mutex_lock(&l->mu);
+    while (!l->done && ddp__now() < deadline) {
+        double left = deadline - ddp__now();
+        ddp__cond_wait_s(&l->cv, &l->mu, left < 0.1 ? left : 0.1);   /* the condition's clock may be the wall's */
+    }
+    *late = !l->done;
+    rc = l->rc;
+    *out = l->res;
+    l->res = NULL;
+    ddp__mutex_unlock(&l->mu);
+    ddp__lookup_put(l);
+    return rc;
+}
+
+static ddp_result ddp__resolve(ddp_context *ctx, int port, double deadline, struct addrinfo **out) {
+    char port_s[16];
+    int rc, late;
+    double waited = deadline - ddp__now();
     snprintf(port_s, sizeof port_s, "%d", port);
     (void)ddp__net_init();   /* Windows: Winsock up before its resolver */
-    rc = getaddrinfo(ctx->job.master_addr, port_s, &hints, out);
-    if (rc) {
-        ddp__fail(ctx, DDP_ERR_NETWORK, "cannot resolve MASTER_ADDR '%s'%s%s: %s", ctx->job.master_addr,
-                  ctx->job.master_addr_from ? ", " : "", ctx->job.master_addr_from ? ctx->job.master_addr_from : "", gai_strerror(rc));
-        return -1;
-    }
-    return 0;
+    rc = ddp__lookup_by(ctx->job.master_addr, port_s, deadline, out, &late);
+    if (late)
+        return ddp__fail(ctx, DDP_ERR_TIMEOUT, "cannot resolve MASTER_ADDR '%s'%s%s: the name service gave no answer within "
+                         "%.3g s (timeout_s, DDP_TIMEOUT). Check the nameservers (/etc/resolv.conf), or give MASTER_ADDR as "
+                         "an address", ctx->job.master_addr, ctx->job.master_addr_from ? ", " : "",
+                         ctx->job.master_addr_from ? ctx->job.master_addr_from : "", waited);
+    if (rc)
+        return ddp__fail(ctx, DDP_ERR_NETWORK, "cannot resolve MASTER_ADDR '%s'%s%s: %s", ctx->job.master_addr,
+                         ctx->job.master_addr_from ? ", " : "", ctx->job.master_addr_from ? ctx->job.master_addr_from : "",
+                         gai_strerror(rc));
+    return DDP_OK;
 }
 
 static void ddp__server_free(ddp__store_server *s) {
@@ -5073,7 +5159,8 @@ static ddp_result ddp__server_start(ddp_context *ctx) {
     struct addrinfo *ai;
     ddp__store_server *s;
     int err;
-    if (ddp__resolve(ctx, ctx->desc.master_port, &ai)) return DDP_ERR_NETWORK;
+    ddp_result r = ddp__resolve(ctx, ctx->desc.master_port, ddp__now() + ctx->desc.timeout_s, &ai);
+    if (r != DDP_OK) return r;
     s = (ddp__store_server *)ddp__calloc(sizeof *s);
     if (!s) { freeaddrinfo(ai); return ddp__fail(ctx, DDP_ERR_OUT_OF_MEMORY, "out of memory starting the store"); }
     s->ctx = ctx;
@@ -5412,7 +5499,8 @@ static ddp_result ddp__store_connect_as(ddp_context *ctx, double deadline, int a
     const char *addr = ctx->job.master_addr;
     int port = ctx->desc.master_port;
     double waited = ctx->desc.timeout_s, refused_since = 0, next_warn = 0;
-    if (ddp__resolve(ctx, ctx->desc.master_port, &ai)) return DDP_ERR_NETWORK;
+    if ((code = ddp__resolve(ctx, ctx->desc.master_port, deadline, &ai)) != DDP_OK) return code;
+    code = DDP_ERR_NETWORK;
     while ((rc = ddp__store_hello(ctx, ai, announce, deadline, fd_out, &why, &last_err, &code)) == 1 && ddp__now() < deadline) {
         double now = ddp__now();
         if (ddp__cancel_requested(ctx)) { rc = -1; code = ddp__check_cancel(ctx, "the connection to rank 0's rendezvous store"); break; }

@@ -57,7 +57,7 @@ run "svg tools" tests/test_svg_tools.sh
 run "failures" tests/test_failures.sh "$B"
 run "DDP_* variables through the GPT trainer: a variable that is set wins, overrides said, invalid values refused" tests/test_env.sh "$B"
 run "ddprun" tests/test_ddprun.sh "$B/ddprun"
-run "ranks on several namespace hosts (tools/hosts.sh): own /dev/shm, stranger refused, CPU backend refused, NCCL set-up, a host killed or cut off" tests/test_hosts.sh "$B"
+run "ranks on several namespace hosts (tools/hosts.sh): own /dev/shm, stranger refused, CPU backend refused, NCCL set-up, a host killed or cut off, a silent nameserver" tests/test_hosts.sh "$B"
 run "the MPI backend on one host (mpirun) = the CPU backend bit for bit: bf16 parameters, sharded optimizer, both, flat and hierarchical; checkpoints across backends" tests/test_mpi_parity.sh "$B"
 run "the MPI backend on 2 namespace hosts (mpirun): equivalence hierarchical and flat, collectives, GPT, ddprun refused, a host killed or cut off" tests/test_mpi_hosts.sh "$B"
 run "Slurm on 2 namespace hosts (slurmctld, slurmd, munged): srun CPU and MPI (PMIx), equivalence, GPT, two steps at once, the sbatch example, scancel, a node killed" tests/test_slurm.sh "$B"

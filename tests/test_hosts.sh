@@ -248,7 +248,29 @@ lt "$t_2" $((2 * TMO + 4 * SLOW)) || why="$why; the cut-off rank took ${t_2}s (t
 [ -z "$why" ] && pass "host_h3_cut_off_mid_setup_every_rank_fails_by_name (survivors ${t_0}s ${t_1}s, cut-off rank ${t_2}s; timeout ${TMO}s)" ||
     fail host_h3_cut_off_mid_setup_every_rank_fails_by_name "${why#; }"
 
-# 8. Nothing left in any host's /dev/shm, and `down` removes every namespace and mount.
+# 8. MASTER_ADDR a name, and a nameserver that never answers (a UDP socket on h3 that reads nothing;
+#    h2's /etc/resolv.conf points there, in a mount namespace of the rank's own). getaddrinfo alone
+#    waits 5 s a try, and tries again: the lookup must give up at DDP_TIMEOUT, and say why.
+A3=$("$H" addr h3)
+printf 'nameserver %s\n' "$A3" >"$tmp/resolv.conf"
+"$H" exec h3 /usr/bin/python3 -c 'import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind((sys.argv[1], 53)); time.sleep(120)' "$A3" &
+dns=$!
+sleep 0.5
+t0=$(now)
+"$H" exec h2 unshare -m sh -c "mount --bind '$tmp/resolv.conf' /etc/resolv.conf && WORLD_SIZE=2 RANK=1 LOCAL_RANK=1 \
+    LOCAL_WORLD_SIZE=2 MASTER_ADDR=rank0.ddp-hosts.test MASTER_PORT=$port DDP_TIMEOUT=1 exec '$B/minimal'" >"$tmp/dns.log" 2>&1
+rc=$?; took=$(secs "$t0" "$(now)")
+kill "$dns" 2>/dev/null; wait "$dns" 2>/dev/null
+why=""
+grep -q "^rank 1: cannot resolve MASTER_ADDR 'rank0.ddp-hosts.test': the name service gave no answer within 1 s (timeout_s, DDP_TIMEOUT)" "$tmp/dns.log" ||
+    why="$why; $(head -c 300 "$tmp/dns.log")"
+[ $rc -ne 0 ] || why="$why; exit status 0"
+lt "$took" $((1 + 3 * SLOW)) || why="$why; it took ${took}s at DDP_TIMEOUT=1"
+[ -z "$why" ] && pass "silent_nameserver_lookup_gives_up_at_timeout (${took}s)" ||
+    fail silent_nameserver_lookup_gives_up_at_timeout "${why#; }"
+
+# 9. Nothing left in any host's /dev/shm, and `down` removes every namespace and mount.
 left=""
 for h in h1 h2 h3; do s=$(shm_of $h); [ -n "$s" ] && left="$left $h: $s"; done
 [ -z "$left" ] && pass no_shm_left_on_any_host || fail no_shm_left_on_any_host "$left"
