@@ -475,6 +475,33 @@ test_multi_node_bad_flags() {
 
 # SIGUSR1/SIGUSR2 (a scheduler's preemption warning) are passed on to every rank, and the job goes
 # on: each rank notes them in its trap, then ends on "go" with 0. (They used to kill ddprun alone.)
+# The guard (ddpguard) of a ddprun started with GUARD_TAG=$1 in its environment.
+guard_of() {
+    local d
+    for d in /proc/[0-9]*; do
+        [ "$(cat "$d/comm" 2>/dev/null)" = ddpguard ] && tr '\0' '\n' <"$d/environ" 2>/dev/null | grep -qx "GUARD_TAG=$1" &&
+            echo "${d#/proc/}"
+    done
+}
+
+# The guard is not ddprun's child (`pgrep -P ddprun` finds the ranks alone), does not answer to
+# ddprun's name, and ends with the job.
+test_guard_out_of_the_way() {
+    local why="" pid kids g tag=guard$$
+    GUARD_TAG=$tag "$DDPRUN" -n 2 sh -c 'sleep 1' >"$TMP/out" 2>"$TMP/err" &
+    pid=$!
+    sleep 0.5
+    kids=$(pgrep -P "$pid" | wc -l)
+    [ "$kids" -eq 2 ] || why="pgrep -P ddprun found $kids processes, not the 2 ranks"
+    g=$(guard_of "$tag")
+    [ -n "$g" ] || why="$why; no ddpguard process"
+    [ -n "$g" ] && tr '\0' ' ' <"/proc/$g/cmdline" | grep -q ddprun && why="$why; the guard's command line names ddprun"
+    wait "$pid" || why="$why; exit $?"
+    for _ in $(seq 30); do [ -n "$g" ] && alive "$g" || break; sleep 0.1; done
+    [ -n "$g" ] && alive "$g" && why="$why; the guard outlived the job"
+    report "ddprun's guard is out of the way and ends with the job" "${why#; }"
+}
+
 test_usr_signals_passed_on() {
     local why="" pid rc s
     export PIDS="$TMP/usr" && mkdir -p "$PIDS"
@@ -510,6 +537,10 @@ signal_test "SIGQUIT stops the job with 131, the ranks' children too" QUIT 131 "
 signal_test "SIGHUP stops the job with 129, setsid strays too" HUP 129 \
     'setsid sh -c "echo \$\$ >\"\$PIDS/stray.\$RANK.pid\"; exec sleep 300" </dev/null >/dev/null 2>&1 &
      while [ ! -s "$PIDS/stray.$RANK.pid" ]; do sleep 0.05; done;'
+# ddprun killed outright (kill -9, the OOM killer) cleans nothing up itself: the ranks die with it
+# (PR_SET_PDEATHSIG), and its guard SIGKILLs what they started in their groups
+signal_test "SIGKILL of ddprun: its guard stops the ranks' children" KILL 137 ""
+test_guard_out_of_the_way
 test_usr_signals_passed_on
 test_bad_usage
 test_missing_program

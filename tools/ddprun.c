@@ -65,6 +65,7 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -352,12 +353,15 @@ static void usage_error(const char *fmt, ...)
 }
 
 static void signal_groups(struct job *job, int sig);
+static void tell_guard(pid_t group);
 
 static void die(const char *what)
 {
     say("%s: %s", what, strerror(errno));
-    if (started_job)
+    if (started_job) {
         signal_groups(started_job, SIGKILL);
+        tell_guard(0); /* their zombies go to init with ddprun, and the ids may be reused */
+    }
     finish_output();
     exit(1);
 }
@@ -562,6 +566,102 @@ static int pick_free_port(void)
     return ntohs(addr.sin_port);
 }
 
+/* The guard: a ddprun that dies of a signal it cannot catch (SIGKILL: an OOM kill, `kill -9`, a
+ * scheduler's hard stop) cleans nothing up. Its ranks die with it (PR_SET_PDEATHSIG), but what they
+ * started in their groups would run on. So ddprun starts a small process first, "ddpguard", that
+ * learns each rank's group id through a pipe as the rank starts (and 0: "the groups are gone", just
+ * before they are reaped). When the pipe closes, ddprun has exited; the groups still listed then
+ * are SIGKILLed. After a normal end none is listed. The ranks' zombies hold their ids until that
+ * clear, so a listed id was never reused. The guard is not ddprun's child (it is forked twice,
+ * before ddprun becomes a subreaper) and has a session of its own: `pgrep -P` finds the ranks
+ * alone, and neither Ctrl-C nor a kill of ddprun's process group reaches it. Linux only (it relies
+ * on the ranks' PR_SET_PDEATHSIG). */
+static int guard_fd = -1; /* the pipe's write end, ddprun's alone (close-on-exec) */
+
+#ifdef __linux__
+static void guard_main(int rfd, int argc, char **argv)
+{
+    static pid_t groups[MAX_RANKS];
+    int n = 0, fd = open("/dev/null", O_RDWR);
+    sigset_t none;
+    int32_t rec;
+    /* `pgrep -f ddprun` and `pkill ddprun` must not take it for ddprun: its name and command line */
+    prctl(PR_SET_NAME, "ddpguard");
+    if (argc > 0) {
+        char *end = argv[argc - 1] + strlen(argv[argc - 1]);
+        memset(argv[0], 0, (size_t)(end - argv[0]));
+        if (end - argv[0] >= 8)
+            memcpy(argv[0], "ddpguard", 8);
+    }
+    setsid();
+    for (int sig = 1; sig < NSIG; sig++)
+        if (sig != SIGKILL && sig != SIGSTOP && sig != SIGCHLD)
+            signal(sig, SIG_IGN); /* stopping the job is ddprun's */
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    for (int i = 0; fd >= 0 && i < 3; i++) /* a reader of ddprun's output sees its end when ddprun ends */
+        dup2(fd, i);
+    for (int i = 3; i < 1024; i++)
+        if (i != rfd)
+            close(i);
+    for (;;) {
+        ssize_t got = read(rfd, &rec, sizeof rec);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got != (ssize_t)sizeof rec)
+            break; /* ddprun exited */
+        if (rec == 0)
+            n = 0;
+        else if (n < MAX_RANKS)
+            groups[n++] = (pid_t)rec;
+    }
+    for (int pass = 0; pass < 2 && n > 0; pass++) { /* twice: a rank may have forked as it died */
+        for (int i = 0; i < n; i++)
+            kill(-groups[i], SIGKILL);
+        poll(NULL, 0, 50);
+    }
+    _exit(0);
+}
+#endif
+
+/* In main, before any thread or rank. Without a guard (pipe or fork failed) ddprun runs as before. */
+static void start_guard(int argc, char **argv)
+{
+#ifdef __linux__
+    int p[2], status;
+    pid_t mid;
+    if (pipe2(p, O_CLOEXEC) < 0)
+        return;
+    if ((mid = fork()) == 0) {
+        pid_t g = fork();
+        if (g != 0)
+            _exit(g < 0);
+        close(p[1]);
+        guard_main(p[0], argc, argv);
+    }
+    close(p[0]);
+    while (mid > 0 && waitpid(mid, &status, 0) < 0 && errno == EINTR)
+        ;
+    if (mid < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        close(p[1]);
+        return;
+    }
+    fcntl(p[1], F_SETFL, O_NONBLOCK); /* never blocks ddprun: 1024 ids fill 4 KB of a 64 KB pipe */
+    guard_fd = p[1];
+#else
+    (void)argc;
+    (void)argv;
+#endif
+}
+
+/* A rank's group id, or 0: the groups listed are gone */
+static void tell_guard(pid_t group)
+{
+    int32_t rec = (int32_t)group;
+    ssize_t wrote = guard_fd >= 0 ? write(guard_fd, &rec, sizeof rec) : 0;
+    (void)wrote; /* a guard that is gone: ddprun goes on without it */
+}
+
 static int hup_ignored; /* ddprun started with SIGHUP ignored (nohup) */
 
 static void on_stop_signal(int sig)
@@ -721,6 +821,7 @@ static int spawn_rank(const struct job *job, struct rank *r)
         return -1;
     }
     setpgid(pid, pid); /* also here, so the group exists before we signal it */
+    tell_guard(pid);
     r->pid = pid;
     r->running = 1;
     r->out = (struct stream){ out[0], STDOUT_FILENO, job->base + r->index, NULL, 0 };
@@ -1124,6 +1225,7 @@ static int strays(const struct job *job, int kill_them)
 static void finish_job(struct job *job)
 {
     signal_groups(job, SIGKILL);
+    tell_guard(0); /* before the reaping frees the ids */
     for (int i = 0; i < job->nranks; i++)
         while (job->ranks[i].pid > 0 && waitpid(job->ranks[i].pid, NULL, 0) < 0 && errno == EINTR)
             ;
@@ -1319,6 +1421,7 @@ int main(int argc, char **argv)
     if (!(job.ranks = calloc((size_t)job.nranks, sizeof *job.ranks)))
         die("calloc");
     pthread_sigmask(SIG_SETMASK, NULL, &original_sigmask);
+    start_guard(argc, argv); /* before the subreaper: the guard is not ddprun's child */
 #ifdef __linux__
     /* A process a rank starts with setsid escapes the rank's group and its clean-up; orphaned,
      * it comes to ddprun instead of init, and finish_job kills it (strays). */
