@@ -151,7 +151,8 @@
                                            hosts (LOCAL_WORLD_SIZE < WORLD_SIZE), CPU for several
      timeout_s        300 ($DDP_TIMEOUT)   longest wait for a peer before DDP_ERR_TIMEOUT (a
                                            dead peer is noticed much sooner: ERRORS); at most
-                                           1e6 s: no wait is infinite
+                                           1e6 s: no wait is infinite (nor MASTER_ADDR's name
+                                           lookup: a silent nameserver ends there, by name)
      bucket_cap_mb    25                   bucket size cap in MiB
      first_bucket_mb  1                    the first bucket (last parameters) is kept small so
                                            communication starts early

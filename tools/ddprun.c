@@ -44,7 +44,8 @@
  * their group id, from being reused, which makes signalling the group safe at
  * any time.  Before exiting, ddprun SIGKILLs what is left in every group,
  * and (it is the ranks' child subreaper) the orphans that had left their
- * group with setsid.
+ * group with setsid. A ddprun killed outright (SIGKILL) takes its ranks along
+ * (PR_SET_PDEATHSIG), and its guard process, "ddpguard", the rest of their groups.
  * Being in a background group, a rank reading the terminal would stop on
  * SIGTTIN, so ranks get /dev/null as stdin when ddprun's stdin is a tty.
  */
