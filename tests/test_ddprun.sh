@@ -477,10 +477,9 @@ test_multi_node_bad_flags() {
 # on: each rank notes them in its trap, then ends on "go" with 0. (They used to kill ddprun alone.)
 # The guard (ddpguard) of a ddprun started with GUARD_TAG=$1 in its environment.
 guard_of() {
-    local d
-    for d in /proc/[0-9]*; do
-        [ "$(cat "$d/comm" 2>/dev/null)" = ddpguard ] && tr '\0' '\n' <"$d/environ" 2>/dev/null | grep -qx "GUARD_TAG=$1" &&
-            echo "${d#/proc/}"
+    local g
+    for g in $(pgrep -x ddpguard); do
+        tr '\0' '\n' <"/proc/$g/environ" 2>/dev/null | grep -qx "GUARD_TAG=$1" && echo "$g"
     done
 }
 
@@ -488,9 +487,10 @@ guard_of() {
 # ddprun's name, and ends with the job.
 test_guard_out_of_the_way() {
     local why="" pid kids g tag=guard$$
-    GUARD_TAG=$tag "$DDPRUN" -n 2 sh -c 'sleep 1' >"$TMP/out" 2>"$TMP/err" &
+    GUARD_TAG=$tag "$DDPRUN" -n 2 sh -c 'sleep 3' >"$TMP/out" 2>"$TMP/err" &
     pid=$!
-    sleep 0.5
+    for _ in $(seq 40); do kids=$(pgrep -P "$pid" | wc -l); [ "$kids" -ge 2 ] && break; sleep 0.05; done
+    sleep 0.2
     kids=$(pgrep -P "$pid" | wc -l)
     [ "$kids" -eq 2 ] || why="pgrep -P ddprun found $kids processes, not the 2 ranks"
     g=$(guard_of "$tag")
