@@ -85,6 +85,7 @@ flag_refused gpt_model_too_large_refused "the model is too large for this progra
 flag_refused gpt_batch_times_seq_too_large_refused "batch x seq" --layers 1 --heads 1 --dim 1 --seq 1000000000 --batch 8
 flag_refused gpt_negative_seed_refused "'-1' is not a non-negative integer" --seed -1
 flag_refused gpt_infinite_latency_refused "'inf' is not a finite number >= 0" --inject-latency-ms inf
+flag_refused gpt_underflowing_lr_refused "'1e-999' is beyond a float's range (too small" --lr 1e-999
 flag_refused gpt_save_every_without_save_refused "--save-every goes with --save PATH" --save-every 1
 # the trainer built -Ofast (the Makefile's train_gpt_fastmath): NaN and Inf are still refused by
 # name, where a check by comparison or isinf() folds away (--dropout nan trained with NaN masks)

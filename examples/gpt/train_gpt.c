@@ -320,6 +320,11 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errn)
             float x = strtof(v, &end);
             uint32_t bits;
             memcpy(&bits, &x, sizeof bits);   /* NaN and Inf by their bits: -Ofast folds isinf/isnan and x >= 0 to "finite" */
+            if (errno == ERANGE && *v && !*end) {
+                snprintf(err, errn, "%s: '%s' is beyond a float's range (%s)", a, v,
+                         (bits & 0x7f800000u) == 0x7f800000u ? "too large" : "too small: it would round to 0 or lose its digits");
+                return 0;
+            }
             if (errno || !*v || *end || (bits & 0x7f800000u) == 0x7f800000u || !(x >= 0)) { snprintf(err, errn, "%s: '%s' is not a finite number >= 0", a, v); return 0; }
             *fp = x;
         }
