@@ -588,11 +588,16 @@ static void guard_main(int rfd, int argc, char **argv)
     int32_t rec;
     /* `pgrep -f ddprun` and `pkill ddprun` must not take it for ddprun: its name and command line */
     prctl(PR_SET_NAME, "ddpguard");
-    if (argc > 0) {
-        char *end = argv[argc - 1] + strlen(argv[argc - 1]);
-        memset(argv[0], 0, (size_t)(end - argv[0]));
-        if (end - argv[0] >= 8)
-            memcpy(argv[0], "ddpguard", 8);
+    if (argc > 0) { /* the strings as the kernel laid them out, one after another; else each alone */
+        int in_a_row = 1;
+        size_t room;
+        for (int i = 0; i + 1 < argc; i++)
+            in_a_row &= argv[i + 1] == argv[i] + strlen(argv[i]) + 1;
+        room = in_a_row ? (size_t)(argv[argc - 1] + strlen(argv[argc - 1]) - argv[0]) : strlen(argv[0]);
+        for (int i = in_a_row ? 0 : 1; i < argc; i++)
+            memset(argv[i], 0, strlen(argv[i]));
+        memset(argv[0], 0, room);
+        memcpy(argv[0], "ddpguard", room < 8 ? room : 8);
     }
     setsid();
     for (int sig = 1; sig < NSIG; sig++)
