@@ -176,6 +176,19 @@ test_bad_usage() {
     report "bad usage exits 2" "${why#; }"
 }
 
+# A parent that ignores SIGCHLD passes that on through exec: ddprun must still see its ranks exit
+# (the kernel would reap them at once, and ddprun would wait for them forever).
+test_sigchld_ignored_by_parent() {
+    local why=""
+    if ! command -v perl >/dev/null; then echo "SKIP SIGCHLD ignored by the parent: no perl here"; return; fi
+    timeout -s KILL 10 perl -e '$SIG{CHLD} = "IGNORE"; exec @ARGV or exit 126' "$DDPRUN" -n 2 sh -c 'echo hi; exit 3' \
+        >"$TMP/out" 2>"$TMP/err"
+    rc=$?
+    [ $rc -eq 3 ] || why="exit $rc, expected 3 (137: ddprun hung): $(tail -n 1 "$TMP/err")"
+    grep -q '^ddprun: rank [01] (pid [0-9]*) exited with status 3' "$TMP/err" || why="$why; the failing rank not named"
+    report "SIGCHLD ignored by ddprun's parent: the ranks' exits are still seen" "${why#; }"
+}
+
 test_missing_program() {
     local why="" prog
     for prog in /nonexistent/program no-such-program-ddprun-test; do
@@ -544,6 +557,7 @@ test_guard_out_of_the_way
 test_usr_signals_passed_on
 test_bad_usage
 test_missing_program
+test_sigchld_ignored_by_parent
 test_no_interleaving
 test_long_and_partial_lines
 test_closed_stdout

@@ -1427,6 +1427,9 @@ int main(int argc, char **argv)
     if (!(job.ranks = calloc((size_t)job.nranks, sizeof *job.ranks)))
         die("calloc");
     pthread_sigmask(SIG_SETMASK, NULL, &original_sigmask);
+    /* An ignored SIGCHLD survives exec (a parent's signal(SIGCHLD, SIG_IGN)): the kernel would reap
+     * the ranks at once, ddprun would never see them exit, and would wait forever. */
+    signal(SIGCHLD, SIG_DFL);
     start_guard(argc, argv); /* before the subreaper: the guard is not ddprun's child */
 #ifdef __linux__
     /* A process a rank starts with setsid escapes the rank's group and its clean-up; orphaned,
