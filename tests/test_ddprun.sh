@@ -189,6 +189,24 @@ test_sigchld_ignored_by_parent() {
     report "SIGCHLD ignored by ddprun's parent: the ranks' exits are still seen" "${why#; }"
 }
 
+# A mask with SIGTERM and SIGINT blocked survives exec as well: ddprun must still stop on them.
+test_signals_blocked_by_parent() {
+    local why="" pid
+    if ! command -v perl >/dev/null; then echo "SKIP signals blocked by the parent: no perl here"; return; fi
+    export PIDS="$TMP/blocked" && mkdir -p "$PIDS"
+    perl -e 'use POSIX; sigprocmask(SIG_BLOCK, POSIX::SigSet->new(SIGINT, SIGTERM)); exec @ARGV or exit 126' \
+        "$DDPRUN" --grace 1 -n 2 sh -c 'echo $$ > "$PIDS/sh.$RANK.pid"; sleep 30' >"$TMP/out" 2>"$TMP/err" &
+    pid=$!
+    for _ in $(seq 100); do [ "$(count_files "$PIDS")" -ge 2 ] && break; sleep 0.1; done
+    kill -TERM "$pid"
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$pid" 2>/dev/null && { why="still running 10 s after SIGTERM"; kill -9 "$pid"; }
+    wait "$pid"; rc=$?
+    [ $rc -eq 143 ] || why="$why; exit $rc, expected 143"
+    leftovers "$PIDS" >/dev/null || why="$why; ranks left running"
+    report "SIGTERM and SIGINT blocked by ddprun's parent: SIGTERM still stops the job" "${why#; }"
+}
+
 test_missing_program() {
     local why="" prog
     for prog in /nonexistent/program no-such-program-ddprun-test; do
@@ -558,6 +576,7 @@ test_usr_signals_passed_on
 test_bad_usage
 test_missing_program
 test_sigchld_ignored_by_parent
+test_signals_blocked_by_parent
 test_no_interleaving
 test_long_and_partial_lines
 test_closed_stdout
