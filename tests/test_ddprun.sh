@@ -462,7 +462,7 @@ test_setsid_stray() {
 # Several nodes: node-major ranks, per-node LOCAL_*, the user's address, port, token and job id
 # on every rank; both spellings of the flags; a node's failing rank is named by its job rank.
 test_multi_node() {
-    local why="" r tok=0123456789abcdef0123456789abcdef
+    local why="" r id tok=0123456789abcdef0123456789abcdef
     run 10 --nnodes 3 --node-rank 1 --master-addr 10.77.0.1 --master-port 29561 --job-token "$tok" \
         --job-id train-7 -n 2 sh -c 'echo "$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT $DDP_JOB_TOKEN $DDP_JOB_ID"'
     [ $rc -eq 0 ] || why="exit $rc: $(head -n 2 "$TMP/err")"
@@ -474,6 +474,12 @@ test_multi_node() {
     DDP_JOB_TOKEN=$tok run 10 --nnodes=3 --node-rank=2 --master-addr=h1 --master-port=29562 --nproc-per-node=1 \
         sh -c 'echo "$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT $DDP_JOB_TOKEN"'
     grep -qx "\[rank 2\] 2 3 0 1 h1 29562 $tok" "$TMP/out" || why="$why; '=' forms: $(cat "$TMP/out" "$TMP/err" | head -n 2)"
+    # --job-id takes what ddp.h takes as DDP_JOB_ID: 255 characters
+    id=$(printf 'j%.0s' $(seq 255))
+    run 10 --job-id "$id" sh -c 'echo "${#DDP_JOB_ID}"'
+    [ $rc -eq 0 ] && grep -qx '\[rank 0\] 255' "$TMP/out" || why="$why; --job-id of 255 characters: exit $rc: $(head -n 1 "$TMP/err")"
+    run 10 --job-id "${id}j" sh -c 'echo started'
+    [ $rc -eq 2 ] && grep -q 'must be 1\.\.255 characters' "$TMP/err" || why="$why; --job-id of 256 characters: exit $rc"
     # a failing rank on node 1 is named by its rank in the job
     run 10 --nnodes 2 --node-rank 1 --master-addr 127.0.0.1 --master-port 29563 --job-token "$tok" -n 2 \
         sh -c '[ "$LOCAL_RANK" = 1 ] && exit 3; sleep 30'

@@ -479,8 +479,8 @@ static void parse_args(int argc, char **argv, struct job *job)
             job->master_addr = value;
         if (is_token)
             job->user_token = value;
-        if (is_id && (!*value || strlen(value) > 127))
-            usage_error("--job-id must be 1..127 characters, not '%s'", value);
+        if (is_id && (!*value || strlen(value) > 255)) /* ddp.h's DDP_JOB_ID limit */
+            usage_error("--job-id must be 1..255 characters, not '%s'", value);
         if (is_id)
             job->job_id = value;
         if (is_restarts && parse_int(value, 0, 1000000, &job->max_restarts) < 0)
