@@ -5128,16 +5128,21 @@ static ddp_result ddp__resolve(ddp_context *ctx, int port, double deadline, stru
     char port_s[16];
     int rc, late;
     double waited = deadline - ddp__now();
+    const char *a = ctx->job.master_addr, *colon = strchr(a, ':');
+    /* the usual slips, which the resolver only calls unknown names: "host:port", "[v6 address]" */
+    const char *hint = strpbrk(a, "[]") ? " (an IPv6 address goes without brackets: MASTER_ADDR=::1)"
+                       : colon && colon == strrchr(a, ':') ? " (MASTER_ADDR is the host alone; the port goes in MASTER_PORT)"
+                       : "";
     snprintf(port_s, sizeof port_s, "%d", port);
     (void)ddp__net_init();   /* Windows: Winsock up before its resolver */
-    rc = ddp__lookup_by(ctx->job.master_addr, port_s, deadline, out, &late);
+    rc = ddp__lookup_by(a, port_s, deadline, out, &late);
     if (late)
-        return ddp__fail(ctx, DDP_ERR_TIMEOUT, "cannot resolve MASTER_ADDR '%s'%s%s: the name service gave no answer within "
-                         "%.3g s (timeout_s, DDP_TIMEOUT). Check the nameservers (/etc/resolv.conf), or give MASTER_ADDR as "
-                         "an address", ctx->job.master_addr, ctx->job.master_addr_from ? ", " : "",
+        return ddp__fail(ctx, DDP_ERR_TIMEOUT, "cannot resolve MASTER_ADDR '%s'%s%s%s: the name service gave no answer "
+                         "within %.3g s (timeout_s, DDP_TIMEOUT). Check the nameservers (/etc/resolv.conf), or give "
+                         "MASTER_ADDR as an address", a, hint, ctx->job.master_addr_from ? ", " : "",
                          ctx->job.master_addr_from ? ctx->job.master_addr_from : "", waited);
     if (rc)
-        return ddp__fail(ctx, DDP_ERR_NETWORK, "cannot resolve MASTER_ADDR '%s'%s%s: %s", ctx->job.master_addr,
+        return ddp__fail(ctx, DDP_ERR_NETWORK, "cannot resolve MASTER_ADDR '%s'%s%s%s: %s", a, hint,
                          ctx->job.master_addr_from ? ", " : "", ctx->job.master_addr_from ? ctx->job.master_addr_from : "",
                          gai_strerror(rc));
     return DDP_OK;

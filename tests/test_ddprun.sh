@@ -176,6 +176,37 @@ test_bad_usage() {
     report "bad usage exits 2" "${why#; }"
 }
 
+# A parent that ignores SIGCHLD passes that on through exec: ddprun must still see its ranks exit
+# (the kernel would reap them at once, and ddprun would wait for them forever).
+test_sigchld_ignored_by_parent() {
+    local why=""
+    if ! command -v perl >/dev/null; then echo "SKIP SIGCHLD ignored by the parent: no perl here"; return; fi
+    timeout -s KILL 10 perl -e '$SIG{CHLD} = "IGNORE"; exec @ARGV or exit 126' "$DDPRUN" -n 2 sh -c 'echo hi; exit 3' \
+        >"$TMP/out" 2>"$TMP/err"
+    rc=$?
+    [ $rc -eq 3 ] || why="exit $rc, expected 3 (137: ddprun hung): $(tail -n 1 "$TMP/err")"
+    grep -q '^ddprun: rank [01] (pid [0-9]*) exited with status 3' "$TMP/err" || why="$why; the failing rank not named"
+    report "SIGCHLD ignored by ddprun's parent: the ranks' exits are still seen" "${why#; }"
+}
+
+# A mask with SIGTERM and SIGINT blocked survives exec as well: ddprun must still stop on them.
+test_signals_blocked_by_parent() {
+    local why="" pid
+    if ! command -v perl >/dev/null; then echo "SKIP signals blocked by the parent: no perl here"; return; fi
+    export PIDS="$TMP/blocked" && mkdir -p "$PIDS"
+    perl -e 'use POSIX; sigprocmask(SIG_BLOCK, POSIX::SigSet->new(SIGINT, SIGTERM)); exec @ARGV or exit 126' \
+        "$DDPRUN" --grace 1 -n 2 sh -c 'echo $$ > "$PIDS/sh.$RANK.pid"; sleep 30' >"$TMP/out" 2>"$TMP/err" &
+    pid=$!
+    for _ in $(seq 100); do [ "$(count_files "$PIDS")" -ge 2 ] && break; sleep 0.1; done
+    kill -TERM "$pid"
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$pid" 2>/dev/null && { why="still running 10 s after SIGTERM"; kill -9 "$pid"; }
+    wait "$pid"; rc=$?
+    [ $rc -eq 143 ] || why="$why; exit $rc, expected 143"
+    leftovers "$PIDS" >/dev/null || why="$why; ranks left running"
+    report "SIGTERM and SIGINT blocked by ddprun's parent: SIGTERM still stops the job" "${why#; }"
+}
+
 test_missing_program() {
     local why="" prog
     for prog in /nonexistent/program no-such-program-ddprun-test; do
@@ -431,7 +462,7 @@ test_setsid_stray() {
 # Several nodes: node-major ranks, per-node LOCAL_*, the user's address, port, token and job id
 # on every rank; both spellings of the flags; a node's failing rank is named by its job rank.
 test_multi_node() {
-    local why="" r tok=0123456789abcdef0123456789abcdef
+    local why="" r id tok=0123456789abcdef0123456789abcdef
     run 10 --nnodes 3 --node-rank 1 --master-addr 10.77.0.1 --master-port 29561 --job-token "$tok" \
         --job-id train-7 -n 2 sh -c 'echo "$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT $DDP_JOB_TOKEN $DDP_JOB_ID"'
     [ $rc -eq 0 ] || why="exit $rc: $(head -n 2 "$TMP/err")"
@@ -443,6 +474,12 @@ test_multi_node() {
     DDP_JOB_TOKEN=$tok run 10 --nnodes=3 --node-rank=2 --master-addr=h1 --master-port=29562 --nproc-per-node=1 \
         sh -c 'echo "$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT $DDP_JOB_TOKEN"'
     grep -qx "\[rank 2\] 2 3 0 1 h1 29562 $tok" "$TMP/out" || why="$why; '=' forms: $(cat "$TMP/out" "$TMP/err" | head -n 2)"
+    # --job-id takes what ddp.h takes as DDP_JOB_ID: 255 characters
+    id=$(printf 'j%.0s' $(seq 255))
+    run 10 --job-id "$id" sh -c 'echo "${#DDP_JOB_ID}"'
+    [ $rc -eq 0 ] && grep -qx '\[rank 0\] 255' "$TMP/out" || why="$why; --job-id of 255 characters: exit $rc: $(head -n 1 "$TMP/err")"
+    run 10 --job-id "${id}j" sh -c 'echo started'
+    [ $rc -eq 2 ] && grep -q 'must be 1\.\.255 characters' "$TMP/err" || why="$why; --job-id of 256 characters: exit $rc"
     # a failing rank on node 1 is named by its rank in the job
     run 10 --nnodes 2 --node-rank 1 --master-addr 127.0.0.1 --master-port 29563 --job-token "$tok" -n 2 \
         sh -c '[ "$LOCAL_RANK" = 1 ] && exit 3; sleep 30'
@@ -544,6 +581,8 @@ test_guard_out_of_the_way
 test_usr_signals_passed_on
 test_bad_usage
 test_missing_program
+test_sigchld_ignored_by_parent
+test_signals_blocked_by_parent
 test_no_interleaving
 test_long_and_partial_lines
 test_closed_stdout

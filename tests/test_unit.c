@@ -624,6 +624,22 @@ static void test_unresolvable(void) {
     verdict(r == DDP_ERR_NETWORK && contains(ddp_last_error(ctx), "cannot resolve MASTER_ADDR 'no-such-host.invalid'"),
             "master_addr_unresolvable", "%s: %s", ddp_result_string(r), ddp_last_error(ctx));
     ddp_shutdown(ctx);
+    /* the slips the resolver only calls unknown names are named */
+    {
+        static const char *const addrs[2] = { "127.0.0.1:29500", "[::1]" };
+        static const char *const wants[2] = { "the port goes in MASTER_PORT", "goes without brackets" };
+        int i, ok = 1;
+        for (i = 0; i < 2; i++) {
+            d.master_addr = addrs[i];
+            r = ddp_init(&ctx, &d);
+            if (!contains(ddp_last_error(ctx), wants[i])) {
+                ok = 0;
+                fprintf(stderr, "  %s: %s\n", addrs[i], ddp_last_error(ctx));
+            }
+            ddp_shutdown(ctx);
+        }
+        verdict(ok, "master_addr_with_port_or_brackets_named", "see above");
+    }
 }
 
 /* Ranks run fn with a per-rank tweak of the descriptor; the tweak is in shared[1]. */

@@ -131,6 +131,7 @@ struct job {
 static volatile sig_atomic_t first_signal, signals_received, tstp_pending, cont_pending;
 static volatile sig_atomic_t usr1_pending, usr2_pending; /* to pass on to the ranks */
 static sigset_t original_sigmask; /* restored in the children */
+static sigset_t supervising_sigmask; /* ddprun's own: the original, less the signals it handles */
 static struct job *started_job;   /* for die(): never leave ranks behind */
 static struct rlimit original_nofile; /* restored in the children */
 
@@ -478,8 +479,8 @@ static void parse_args(int argc, char **argv, struct job *job)
             job->master_addr = value;
         if (is_token)
             job->user_token = value;
-        if (is_id && (!*value || strlen(value) > 127))
-            usage_error("--job-id must be 1..127 characters, not '%s'", value);
+        if (is_id && (!*value || strlen(value) > 255)) /* ddp.h's DDP_JOB_ID limit */
+            usage_error("--job-id must be 1..255 characters, not '%s'", value);
         if (is_id)
             job->job_id = value;
         if (is_restarts && parse_int(value, 0, 1000000, &job->max_restarts) < 0)
@@ -1381,7 +1382,7 @@ static void run_attempt(struct job *job)
         if (spawn_rank(job, &job->ranks[i]) < 0)
             abort_start(job, i);
     }
-    pthread_sigmask(SIG_SETMASK, &original_sigmask, NULL);
+    pthread_sigmask(SIG_SETMASK, &supervising_sigmask, NULL);
     started_job = job;
     supervise(job);
     finish_job(job);
@@ -1427,6 +1428,19 @@ int main(int argc, char **argv)
     if (!(job.ranks = calloc((size_t)job.nranks, sizeof *job.ranks)))
         die("calloc");
     pthread_sigmask(SIG_SETMASK, NULL, &original_sigmask);
+    /* A blocked mask survives exec too (a parent that blocked SIGTERM or SIGINT): ddprun's handlers
+     * would never run, and Ctrl-C or a scheduler's SIGTERM would not stop the job. The ranks get the
+     * original mask back (exec_rank). */
+    supervising_sigmask = original_sigmask;
+    {
+        static const int handled[] = { SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGTSTP, SIGCONT, SIGUSR1, SIGUSR2, SIGCHLD };
+        for (size_t k = 0; k < sizeof handled / sizeof handled[0]; k++)
+            sigdelset(&supervising_sigmask, handled[k]);
+    }
+    pthread_sigmask(SIG_SETMASK, &supervising_sigmask, NULL);
+    /* An ignored SIGCHLD survives exec (a parent's signal(SIGCHLD, SIG_IGN)): the kernel would reap
+     * the ranks at once, ddprun would never see them exit, and would wait forever. */
+    signal(SIGCHLD, SIG_DFL);
     start_guard(argc, argv); /* before the subreaper: the guard is not ddprun's child */
 #ifdef __linux__
     /* A process a rank starts with setsid escapes the rank's group and its clean-up; orphaned,

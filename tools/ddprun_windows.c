@@ -368,7 +368,7 @@ int main(int argc, char **argv) {
                 w_usage_error("--job-token must be 16..127 characters without spaces");
             jb.token = value;
         } else if (W_IS("--job-id")) {
-            if (!*value || strlen(value) > 127) w_usage_error("--job-id must be 1..127 characters, not '%s'", value);
+            if (!*value || strlen(value) > 255) w_usage_error("--job-id must be 1..255 characters, not '%s'", value);
             jb.job_id = value;
         } else if (W_IS("--nnodes") || W_IS("--node-rank") || W_IS("--node_rank") || W_IS("--master-addr") ||
                    W_IS("--master_addr")) {
