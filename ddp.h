@@ -6399,6 +6399,7 @@ struct ddp__cpu {
     uint32_t shm_seq;              /* chunks processed: the same on every rank */
     uint32_t shm_collectives;      /* collectives issued: the same on every rank */
     double spin_seconds;
+    double wait_grace_s;           /* added to timeout_s in a wait: an MPI host's non-leaders (ddp__mpi_host_up) */
     int host_waiting;              /* atomic: the rank's thread waits in ddp_finish (the comm thread may spin) */
     uint32_t sig_bucket;           /* the gradient bucket the next collective averages, + 1; 0: none */
     char grads_name[64];           /* every rank's gradients, in one segment (world > 1) */
@@ -6576,7 +6577,7 @@ static ddp_result ddp__shm_wait_ranks(ddp_context *ctx, int stage, uint32_t targ
             }
             if (deadline == 0) {
                 last_look = ddp__now();
-                deadline = last_look + ctx->desc.timeout_s;
+                deadline = last_look + ctx->desc.timeout_s + ctx->impl.cpu->wait_grace_s;
                 next_check = 0;
             }
             if (ddp__now() - last_look > DDP__STOPPED_GAP_S) deadline += ddp__now() - last_look;
@@ -8752,6 +8753,11 @@ static ddp_result ddp__mpi_host_up(ddp_context *ctx) {
     __atomic_store_n(&ddp__shm_block(h, h->rank)->tid, (int32_t)ddp__thread_id(), __ATOMIC_RELEASE);
     __atomic_store_n(&ddp__shm_block(h, h->rank)->pid, (int32_t)getpid(), __ATOMIC_RELEASE);
     h->impl.cpu->spin_seconds = h->world > sysconf(_SC_NPROCESSORS_ONLN) ? DDP__SPIN_SECONDS_OVERSUBSCRIBED : DDP__SPIN_SECONDS;
+    /* A non-leader waits on its leader, and the leader on the other hosts from a moment later: with
+       one timeout, the non-leader's would end first (on a loaded machine) and name its own leader,
+       "waiting for rank(s) 0", not the silent host. Its waits outlast the leader's, so the leader's
+       poison, which names the host, arrives first. */
+    if (h->rank != 0) h->impl.cpu->wait_grace_s = 1.0;
     ctx->what = "the host's shared-memory handshake";
     r = ddp__mpi_host(ctx, DDP__KIND_BARRIER, NULL, 0, 0);
     if (h->rank == 0) shm_unlink(h->impl.cpu->shm_name);
